@@ -1,0 +1,51 @@
+"""attnscope: run attention and see every intermediate tensor.
+
+The public API is imported lazily (PEP 562) so `attnscope --help` never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttnscopeError",
+    "MultiHeadAttention",
+    "Step",
+    "Trace",
+    "load_tensor",
+    "save_tensors",
+    "sdpa",
+    "split_heads",
+    "merge_heads",
+]
+
+_HOMES = {
+    "AttnscopeError": "attnscope.errors",
+    "MultiHeadAttention": "attnscope.attention",
+    "sdpa": "attnscope.attention",
+    "split_heads": "attnscope.attention",
+    "merge_heads": "attnscope.attention",
+    "Step": "attnscope.trace",
+    "Trace": "attnscope.trace",
+    "load_tensor": "attnscope.tensors",
+    "save_tensors": "attnscope.tensors",
+}
+
+if TYPE_CHECKING:
+    from attnscope.attention import MultiHeadAttention, merge_heads, sdpa, split_heads
+    from attnscope.errors import AttnscopeError
+    from attnscope.tensors import load_tensor, save_tensors
+    from attnscope.trace import Step, Trace
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'attnscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,6 @@
+"""`python -m attnscope`."""
+
+from attnscope.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The `attnscope` command: a thin Typer shell over the core.
+
+Each command parses its options, calls the core, and hands the result to render.py. Errors become one
+line on stderr: exit 2 for a bad option, argument, file or shape, exit 1 for a failure at run time.
+A traceback shows only with --debug. torch is never imported here, so --help starts in a blink.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from attnscope import __version__
+from attnscope.errors import AttnscopeError
+
+# Typer re-exports BadParameter but not its bases; older Typer takes them from click, newer vendors its own
+# copy. Found through the MRO, the same code works with both.
+_CLICK_BASES = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+UsageError: type[Exception] = _CLICK_BASES["UsageError"]
+ClickException: type[Exception] = _CLICK_BASES["ClickException"]
+
+app = typer.Typer(
+    name="attnscope",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    help="Run attention and see every intermediate tensor: its name, shape, named dims and the op that made it.",
+    epilog="Examples:\n\n  attnscope sdpa --nq 30 --nk 50\n\n  attnscope mha --d-feat 200 --heads 5\n\n"
+    "  attnscope bert --layer 0 --head 0",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"attnscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Run attention and see every intermediate tensor: its name, shape, named dims and the op that made it."""
+
+
+@contextmanager
+def reported(debug: bool) -> Iterator[None]:
+    """Turn every failure into one line on stderr and an exit code; --debug shows the traceback instead."""
+    from attnscope import render
+
+    try:
+        yield
+    except (typer.Exit, typer.Abort, ClickException):
+        raise
+    except AttnscopeError as exc:
+        if debug:
+            raise
+        render.error(str(exc))
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        render.error("interrupted")
+        raise typer.Exit(130) from None
+    except MemoryError:
+        if debug:
+            raise
+        render.error("out of memory; use --meta to see shapes and costs without allocating, or shrink the sizes")
+        raise typer.Exit(1) from None
+    except Exception as exc:  # a bug or a library failure: still one line, with the way to see more
+        if debug:
+            raise
+        render.error(f"{type(exc).__name__}: {exc} (run again with --debug for the traceback)")
+        raise typer.Exit(1) from None
+
+
+def _register() -> None:
+    from attnscope import cli_attention
+
+    cli_attention.register(app)
+    try:
+        from attnscope import cli_bert
+    except ImportError:  # pragma: no cover - present once the bert command lands
+        pass
+    else:
+        cli_bert.register(app)
+    try:
+        from attnscope import cli_bench
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        cli_bench.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry: like `app()`, but a usage error is one line, not a box."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(prog_name="attnscope", standalone_mode=False)
+    except UsageError as exc:
+        context = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `attnscope`: the help is the answer
+            typer.echo(context.get_help() if context else "")
+            sys.exit(0)
+        where = f" (see '{context.command_path} --help')" if context else ""
+        message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+        sys.stderr.write(f"attnscope: error: {message}{where}\n")
+        sys.exit(getattr(exc, "exit_code", 2))
+    except ClickException as exc:
+        sys.stderr.write(f"attnscope: error: {' '.join(exc.format_message().split())}\n")  # type: ignore[attr-defined]
+        sys.exit(getattr(exc, "exit_code", 1))
+    except typer.Abort:
+        sys.stderr.write("attnscope: aborted\n")
+        sys.exit(130)
+    except BrokenPipeError:  # `attnscope sdpa | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,60 @@
+"""Option types shared by several commands, declared once (the house style's aliases)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import typer
+from typer.core import TyperCommand
+
+
+class Causal(str, Enum):
+    upper_left = "upper-left"
+    lower_right = "lower-right"
+
+
+class Layout(str, Enum):
+    row = "row"
+    col = "col"
+
+
+class AttentionCommand(TyperCommand):
+    """Lets `--causal` stand alone: a bare `--causal` means `--causal upper-left`, as `is_causal=True`."""
+
+    def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
+        return super().parse_args(ctx, expand_bare_causal(list(args)))
+
+
+def expand_bare_causal(args: list[str]) -> list[str]:
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        following = args[i + 1] if i + 1 < len(args) else None
+        if arg == "--causal" and (following is None or following.startswith("-")):
+            out.append(Causal.upper_left.value)
+    return out
+
+
+def _size(help: str, flag: str) -> object:
+    return typer.Option(flag, min=1, help=help)
+
+
+Seed = Annotated[int, typer.Option("--seed", help="Seed for the random inputs and weights.")]
+QFile = Annotated[str | None, typer.Option("--q", metavar="FILE", help="Queries from a file (.npy .npz .safetensors .pt; FILE:NAME picks one tensor).", rich_help_panel="Inputs")]
+KFile = Annotated[str | None, typer.Option("--k", metavar="FILE", help="Keys from a file (default: the queries: self-attention).", rich_help_panel="Inputs")]
+VFile = Annotated[str | None, typer.Option("--v", metavar="FILE", help="Values from a file (default: the keys).", rich_help_panel="Inputs")]
+CausalOpt = Annotated[Causal | None, typer.Option("--causal", help="Causal mask; bare --causal is upper-left (as is_causal=True), or lower-right.", rich_help_panel="Masks")]
+MaskFile = Annotated[str | None, typer.Option("--mask", metavar="FILE", help="Mask file: boolean or 0/1 (True = may attend) or float (added to the scores).", rich_help_panel="Masks")]
+Pad = Annotated[int, typer.Option("--pad", min=0, metavar="N", help="Mask the last N keys of every sequence (key padding).", rich_help_panel="Masks")]
+Check = Annotated[bool, typer.Option("--check", help="Run the same inputs through PyTorch's own attention and compare; exit 1 on FAIL.", rich_help_panel="Output")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (documented in docs/json.md) instead of tables.", rich_help_panel="Output")]
+Save = Annotated[str | None, typer.Option("--save", metavar="FILE", help="Write every step by name to .safetensors, .npz or .pt.", rich_help_panel="Output")]
+Force = Annotated[bool, typer.Option("--force", help="Let --save replace an existing file.", rich_help_panel="Output")]
+Values = Annotated[bool, typer.Option("--values", help="Show the numbers of every step (corners of large ones).", rich_help_panel="Output")]
+Stats = Annotated[bool, typer.Option("--stats", help="Show min, max, mean, std and NaN/Inf counts of every step.", rich_help_panel="Output")]
+HeatmapOpt = Annotated[bool, typer.Option("--heatmap", help="Draw the attention pattern of one batch element (and head).", rich_help_panel="Output")]
+HeatmapBatch = Annotated[int, typer.Option("--heatmap-batch", min=0, help="Batch element for --heatmap.", rich_help_panel="Output")]
+Meta = Annotated[bool, typer.Option("--meta", help="Shapes, FLOPs and memory only, on PyTorch's meta device: nothing is allocated, any size.", rich_help_panel="Size")]
+MaxMemory = Annotated[str | None, typer.Option("--max-memory", metavar="SIZE", help="Refuse runs needing more than SIZE (e.g. 8GB, 512MiB); default: what the machine has available.", rich_help_panel="Size")]
+Debug = Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", hidden=False)]

@@ -1,0 +1,122 @@
+"""What a run costs: FLOPs per op, and the memory a traced or fused run needs.
+
+Pure arithmetic on shapes, no torch, so the memory guard can run before anything is allocated.
+
+Counting conventions (also in docs/performance.md):
+- a matmul `[.., m, k] @ [.., k, n]` is `2·m·k·n` per batch element;
+- a Linear `[.., n, d_in] -> [.., n, d_out]` is `2·n·d_in·d_out`, plus `n·d_out` for the bias;
+- an element-wise op (scaling, masking, adding) is 1 per output element, a softmax 5 per element
+  (max, subtract, exp, sum, divide); views, permutes and copies are 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+
+SOFTMAX_FLOPS_PER_ELEMENT = 5
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def matmul_flops(out_shape: Sequence[int], k: int) -> int:
+    """FLOPs of a matmul whose output is `out_shape` (`[.., m, n]`) and whose inner size is `k`."""
+    return 2 * numel(out_shape) * k
+
+
+def linear_flops(out_shape: Sequence[int], d_in: int, bias: bool) -> int:
+    return matmul_flops(out_shape, d_in) + (numel(out_shape) if bias else 0)
+
+
+def softmax_flops(shape: Sequence[int]) -> int:
+    return SOFTMAX_FLOPS_PER_ELEMENT * numel(shape)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """`8GB`, `512MiB`, `1.5g`, `1000000` -> bytes. Raises ValueError with a usable message."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"cannot read {text!r} as a size; write e.g. 8GB, 512MiB or 1000000")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    base = 1024 if "i" in unit else 1000
+    power = "kmgt".find(unit[:1]) + 1 if unit[:1] in "kmgt" and unit else 0
+    return int(number * base**power) if power else int(number)
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def format_flops(n: int) -> str:
+    for unit, size in (("TFLOP", 10**12), ("GFLOP", 10**9), ("MFLOP", 10**6), ("kFLOP", 10**3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} FLOP"
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can still give this process (MemAvailable on Linux), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# Steps a fused kernel (F.scaled_dot_product_attention) never materializes.
+ATTENTION_MATRICES = frozenset({"scores", "masked_scores", "attention"})
+
+
+def traced_peak_bytes(steps: Sequence[object], extra: int = 0) -> int:
+    """Memory of a traced run: every step stays alive in the trace, views add nothing, `extra` is the rest
+    (module weights, inputs not recorded as steps, the mask)."""
+    return extra + sum(s.nbytes for s in steps if s.allocates)  # type: ignore[attr-defined]
+
+
+def fused_peak_bytes(steps: Sequence[object], extra: int = 0) -> int:
+    """The same run through a fused kernel: no `[.., n_Q, n_K]` scores or attention, only a log-sum-exp per
+    query row (float32) that flash-style kernels keep."""
+    matrices = [s for s in steps if s.name in ATTENTION_MATRICES and s.allocates]  # type: ignore[attr-defined]
+    lse = numel(matrices[0].shape[:-1]) * 4 if matrices else 0  # type: ignore[attr-defined]
+    return traced_peak_bytes(steps, extra) - sum(s.nbytes for s in matrices) + lse  # type: ignore[attr-defined]
+
+
+def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, *, itemsize: int = 4,
+               masked: bool = False) -> int:
+    """Peak bytes of a traced `sdpa` on random inputs, from the sizes alone (no torch import): the guard
+    must answer before torch has even loaded. tests/test_cost.py holds it equal to the meta-traced run."""
+    inputs = batch * (n_Q * d_K + n_K * d_K + n_K * d_V)
+    matrices = batch * n_Q * n_K * (3 if masked else 2)  # scores, [masked_scores], attention
+    mask = n_Q * n_K if masked else 0  # one bool per (query, key), shared by the batch
+    return itemsize * (inputs + matrices + batch * n_Q * d_V) + mask
+
+
+def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, *, itemsize: int = 4,
+              bias: bool = True, cross: bool = False, masked: bool = False) -> int:
+    """Peak bytes of a traced `MultiHeadAttention` on random inputs: weights, inputs, Q/K/V_feat,
+    the per-head scores and attention, x_raw, x_rsh1 and x (the splits and x_rsh2 are views)."""
+    weights = 4 * d_feat * d_feat + (4 * d_feat if bias else 0)
+    inputs = batch * d_feat * (n_Q + 2 * n_K if cross else n_Q)
+    feats = batch * d_feat * (n_Q + 2 * n_K)
+    matrices = batch * n_head * n_Q * n_K * (3 if masked else 2)
+    outputs = 3 * batch * n_Q * d_feat  # x_raw, x_rsh1, x
+    mask = n_Q * n_K if masked else 0
+    return itemsize * (weights + inputs + feats + matrices + outputs) + mask

@@ -1,0 +1,224 @@
+"""Reading and writing tensor files (.npy .npz .safetensors .pt/.pth), with errors a user can act on.
+
+Saving never leaves a half-written file and never overwrites one unless asked: it writes to a
+temporary file beside the target and renames it into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+LOAD_FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
+SAVE_FORMATS = (".safetensors", ".npz", ".pt", ".pth")
+
+
+def split_spec(spec: str) -> tuple[Path, str | None]:
+    """`file.npz:name` -> (file.npz, name). A path that exists as given is taken whole, colons and all."""
+    path = Path(spec)
+    if path.exists() or ":" not in spec:
+        return path, None
+    file, _, name = spec.rpartition(":")
+    return Path(file), (name or None)
+
+
+def load_tensor(spec: str) -> torch.Tensor:
+    """Load one tensor from `FILE` or `FILE:NAME` (the name picks one tensor out of .npz/.safetensors/.pt)."""
+    path, name = split_spec(spec)
+    suffix = path.suffix.lower()
+    if suffix not in LOAD_FORMATS:
+        raise UsageError(f"{spec}: unknown tensor file type {suffix or '(no extension)'!r}; "
+                         f"use one of {', '.join(LOAD_FORMATS)}")
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{path}: cannot read the file (permission denied)")
+    try:
+        if suffix == ".npy":
+            return _one(spec, {"": _load_npy(path)}, name, single=True)
+        if suffix == ".npz":
+            return _one(spec, _load_npz(path), name)
+        if suffix == ".safetensors":
+            return _one(spec, _load_safetensors(path), name)
+        return _one(spec, _load_torch(path), name)
+    except UsageError:
+        raise
+    except (ValueError, OSError, RuntimeError, EOFError, KeyError) as exc:
+        raise UsageError(f"{path}: not a readable {suffix} tensor file ({_first_line(exc)})") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _one(spec: str, tensors: Mapping[str, Any], name: str | None, single: bool = False) -> torch.Tensor:
+    import torch
+
+    if single and name:
+        raise UsageError(f"{spec}: a .npy file holds one array; drop ':{name}'")
+    if name is None:
+        if len(tensors) != 1:
+            listed = ", ".join(sorted(tensors)[:10]) or "nothing"
+            raise UsageError(f"{spec} holds {len(tensors)} tensors ({listed}); choose one with FILE:NAME")
+        name = next(iter(tensors))
+    if name not in tensors:
+        raise UsageError(f"{spec}: no tensor named {name!r}; it holds {', '.join(sorted(tensors)[:10])}")
+    value = tensors[name]
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.from_numpy(value)
+        except TypeError as exc:
+            raise UsageError(f"{spec}: array of dtype {value.dtype} cannot be a tensor ({exc})") from None
+    return value
+
+
+def _load_npy(path: Path) -> Any:
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc) or "Object arrays" in str(exc):
+            raise UsageError(f"{path}: holds Python objects, which would run code when unpickled; refused") from None
+        raise
+
+
+def _load_npz(path: Path) -> dict[str, Any]:
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except ValueError as exc:
+        if "allow_pickle" in str(exc) or "Object arrays" in str(exc):
+            raise UsageError(f"{path}: holds Python objects, which would run code when unpickled; refused") from None
+        raise
+
+
+def _load_safetensors(path: Path) -> dict[str, Any]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as exc:
+        raise UsageError(f"{path}: not a valid .safetensors file ({_first_line(exc)})") from None
+
+
+def _load_torch(path: Path) -> dict[str, Any]:
+    import torch
+
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise UsageError(
+            f"{path}: refused: loading it would run code (torch.load with weights_only=True rejected it: "
+            f"{_first_line(exc)}); save plain tensors, or convert it to .safetensors"
+        ) from None
+    if isinstance(loaded, torch.Tensor):
+        return {"": loaded}
+    if isinstance(loaded, Mapping):
+        tensors = {str(k): v for k, v in loaded.items() if isinstance(v, torch.Tensor)}
+        if tensors:
+            return tensors
+    raise UsageError(f"{path}: holds a {type(loaded).__name__}, not a tensor or a dict of tensors")
+
+
+def check_writable(path: str | os.PathLike[str], force: bool = False) -> Path:
+    """Refuse, before any work, a target that is of an unknown type, exists (without force) or has no folder."""
+    target = Path(path)
+    if target.suffix.lower() not in SAVE_FORMATS:
+        raise UsageError(f"--save {target}: unknown file type; end the name with one of {', '.join(SAVE_FORMATS)}")
+    if target.is_dir():
+        raise UsageError(f"--save {target}: is a folder; give a file name")
+    if target.exists() and not force:
+        raise UsageError(f"--save {target}: the file exists; pass --force to replace it")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--save {target}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--save {target}: cannot write in {parent} (permission denied)")
+    return target
+
+
+def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[str], *, force: bool = False,
+                 metadata: Mapping[str, Any] | None = None) -> Path:
+    """Write tensors by name to .safetensors, .npz or .pt (by the extension), atomically.
+
+    `metadata` (e.g. each step's dims and op) goes into the safetensors header and into .pt files;
+    .npz has no place for it.
+    """
+    target = check_writable(path, force)
+    suffix = target.suffix.lower()
+    if any(t.device.type == "meta" for t in tensors.values()):
+        raise UsageError("--save needs real numbers, and --meta computes none; drop one of the two")
+    # Contiguous private copies: safetensors refuses views that share memory (Q_split is a view of Q_feat).
+    plain = {name: t.detach().cpu().contiguous().clone() for name, t in tensors.items()}
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            _write(handle, tmp, suffix, plain, metadata or {})
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _write(handle: Any, tmp: str, suffix: str, tensors: dict[str, torch.Tensor],
+           metadata: Mapping[str, Any]) -> None:
+    import torch
+
+    if suffix == ".safetensors":
+        from safetensors.torch import save
+
+        handle.write(save(tensors, metadata={"attnscope": json.dumps(metadata)}))
+    elif suffix == ".npz":
+        import numpy as np
+
+        if any(t.dtype == torch.bfloat16 for t in tensors.values()):
+            raise UsageError("--save: .npz cannot hold bfloat16; save to .safetensors or .pt instead")
+        np.savez(handle, **{name: t.numpy() for name, t in tensors.items()})  # type: ignore[arg-type]
+    else:
+        torch.save({**tensors, "__attnscope__": dict(metadata)} if metadata else tensors, handle)
+
+
+def tensor_stats(tensor: torch.Tensor) -> dict[str, float | int] | None:
+    """min, max, mean, std over the finite values, and how many are NaN or Inf; None for a meta tensor."""
+    import torch
+
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return None
+    values = tensor.detach().to(torch.float64)
+    finite = values[torch.isfinite(values)]
+    stats: dict[str, float | int] = {"nan": int(torch.isnan(values).sum()), "inf": int(torch.isinf(values).sum())}
+    if finite.numel():
+        stats.update(min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean()),
+                     std=float(finite.std()) if finite.numel() > 1 else 0.0)
+    else:
+        stats.update(min=float("nan"), max=float("nan"), mean=float("nan"), std=float("nan"))
+    return stats
+
+
+def preview(tensor: torch.Tensor, limit: int) -> str:
+    """The numbers of a small tensor, or the corners of a large one, four significant digits."""
+    import torch
+
+    if tensor.device.type == "meta":
+        return "(meta tensor: shape only, no values)"
+    torch.set_printoptions(precision=4, threshold=limit, edgeitems=3, linewidth=96, sci_mode=False)
+    try:
+        return str(tensor.detach())
+    finally:
+        torch.set_printoptions(profile="default")

@@ -1,0 +1,106 @@
+"""The record of a run: `Step`s in order, each with its tensor, symbolic dims and the op that made it.
+
+A `Trace` is a read-only mapping from step name to tensor, so `trace["x"]` is the output of a
+multi-head attention run, as the tutorials' dict of intermediates was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Step:
+    """One intermediate tensor.
+
+    `dims` names every axis (`n_batch, n_Q, d_K`, ...), `op` is the expression that produced it,
+    `flops` the floating-point operations that op cost, and `allocates` is False for views
+    (a `view`/`permute` shares its input's memory, so it adds nothing to the peak).
+    """
+
+    name: str
+    tensor: torch.Tensor
+    dims: tuple[str, ...]
+    op: str
+    flops: int = 0
+    allocates: bool = True
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    @property
+    def dtype(self) -> str:
+        return str(self.tensor.dtype).removeprefix("torch.")
+
+    def dims_text(self) -> str:
+        """`[n_batch, n_Q, d_K] = [3, 30, 128]`, the form the table and docs use."""
+        names = ", ".join(self.dims)
+        sizes = ", ".join(str(n) for n in self.shape)
+        return f"[{names}] = [{sizes}]"
+
+
+@dataclass
+class Trace(Mapping[str, "torch.Tensor"]):
+    """Steps in the order they were computed, looked up by name; `notes` are one-line remarks."""
+
+    _steps: dict[str, Step] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        dims: tuple[str, ...],
+        op: str,
+        flops: int = 0,
+        allocates: bool = True,
+    ) -> torch.Tensor:
+        """Record a step and hand its tensor back, so the computation reads as a chain of adds."""
+        if name in self._steps:
+            raise ValueError(f"step {name!r} is already in this trace; a name is never reused")
+        if len(dims) != tensor.dim():
+            raise ValueError(f"step {name!r} has {tensor.dim()} axes but {len(dims)} dim names {dims}")
+        self._steps[name] = Step(name, tensor, tuple(dims), op, flops, allocates)
+        return tensor
+
+    def add_step(self, step: Step, name: str | None = None) -> torch.Tensor:
+        """Record a step taken from another trace, optionally under a new name."""
+        return self.add(name or step.name, step.tensor, step.dims, step.op, step.flops, step.allocates)
+
+    def set_op(self, name: str, op: str) -> None:
+        """Say where an input came from (`torch.randn(...)`, `loaded from q.npy`) once the caller knows."""
+        self._steps[name] = replace(self._steps[name], op=op)
+
+    def step(self, name: str) -> Step:
+        return self._steps[name]
+
+    @property
+    def steps(self) -> list[Step]:
+        return list(self._steps.values())
+
+    @property
+    def total_flops(self) -> int:
+        return sum(s.flops for s in self._steps.values())
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._steps[name].tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._steps)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __repr__(self) -> str:
+        rows = ", ".join(f"{s.name}{list(s.shape)}" for s in self._steps.values())
+        return f"Trace({rows})"

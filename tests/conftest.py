@@ -1,0 +1,24 @@
+"""Shared fixtures. Tiny models are built on the fly; nothing is downloaded."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# The tests never reach the network: a model that is not on disk must fail fast, as offline.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("NO_COLOR", "1")
+
+
+@pytest.fixture(autouse=True)
+def _deterministic() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture()
+def runner():
+    from typer.testing import CliRunner
+
+    return CliRunner()

@@ -1,0 +1,172 @@
+"""The command line through typer.testing.CliRunner, and once as the installed `attnscope` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from attnscope.cli import app
+
+SDPA_DEMO = {
+    "Q": [3, 30, 128], "K": [3, 50, 128], "V": [3, 50, 256],
+    "scores": [3, 30, 50], "attention": [3, 30, 50], "out": [3, 30, 256],
+}
+MHA_DEMO = {
+    "Q_feat": [128, 32, 200], "K_feat": [128, 32, 200], "V_feat": [128, 32, 200],
+    "Q_split": [128, 5, 32, 40], "K_split": [128, 5, 32, 40], "V_split": [128, 5, 32, 40],
+    "scores": [128, 5, 32, 32], "attention": [128, 5, 32, 32], "x_raw": [128, 5, 32, 40],
+    "x_rsh1": [128, 32, 5, 40], "x_rsh2": [128, 32, 200], "x": [128, 32, 200],
+}
+TENSOR_KEYS = {"name", "shape", "dims", "dtype", "bytes", "op"}
+
+
+def run_json(runner, *args):
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_sdpa_demo_table(runner):
+    result = runner.invoke(app, ["sdpa"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "out = softmax(Q Kᵀ / √d_K) V" in out
+    assert "n_batch=3  n_Q=30  n_K=50  d_K=128  d_V=256" in out
+    assert "[n_batch, n_Q, d_V] = [3, 30, 256]" in out
+    # rows appear in step order
+    positions = [out.index(f"\n {name} ") for name in SDPA_DEMO]
+    assert positions == sorted(positions)
+
+
+def test_mha_demo_table(runner):
+    result = runner.invoke(app, ["mha"])
+    assert result.exit_code == 0, result.output
+    assert "[n_batch, n_head, n_Q, d_head] = [128, 5, 32, 40]" in result.stdout
+    assert "Q_feat.view(n_batch, -1, n_head, d_head).permute(0, 2, 1, 3)" in result.stdout
+
+
+def test_tables_fit_100_columns(runner):
+    for command in ("sdpa", "mha"):
+        result = runner.invoke(app, [command], env={"COLUMNS": "100"})
+        assert max(len(line) for line in result.stdout.splitlines()) <= 100
+
+
+def test_sdpa_json_contract(runner):
+    payload = run_json(runner, "sdpa")
+    assert payload["command"] == "sdpa"
+    assert {"batch", "nq", "nk", "dk", "dv", "seed"} <= set(payload["params"])
+    assert [t["name"] for t in payload["tensors"]] == list(SDPA_DEMO)
+    for tensor in payload["tensors"]:
+        assert TENSOR_KEYS <= set(tensor)
+        assert tensor["shape"] == SDPA_DEMO[tensor["name"]]
+        assert len(tensor["dims"]) == len(tensor["shape"])
+        assert tensor["bytes"] == 4 * __import__("math").prod(tensor["shape"])
+        assert tensor["dtype"] == "float32"
+    assert payload["tensors"][-1]["dims"] == ["n_batch", "n_Q", "d_V"]
+
+
+def test_mha_json_contract(runner):
+    payload = run_json(runner, "mha")
+    assert payload["command"] == "mha"
+    assert payload["params"]["d_head"] == 40
+    assert [t["name"] for t in payload["tensors"]] == list(MHA_DEMO)
+    for tensor in payload["tensors"]:
+        assert TENSOR_KEYS <= set(tensor)
+        assert tensor["shape"] == MHA_DEMO[tensor["name"]]
+
+
+def test_mha_cross_attention_when_nk_differs(runner):
+    payload = run_json(runner, "mha", "--nq", "8", "--nk", "20", "--d-feat", "32", "--heads", "4", "--batch", "2")
+    shapes = {t["name"]: t["shape"] for t in payload["tensors"]}
+    assert shapes["K_feat"] == [2, 20, 32]
+    assert shapes["scores"] == [2, 4, 8, 20]
+    assert shapes["x"] == [2, 8, 32]
+
+
+def test_options_change_the_shapes(runner):
+    payload = run_json(runner, "sdpa", "--batch", "2", "--nq", "5", "--nk", "7", "--dk", "4", "--dv", "3")
+    assert {t["name"]: t["shape"] for t in payload["tensors"]}["out"] == [2, 5, 3]
+
+
+def test_seed_makes_runs_repeatable(runner):
+    first = runner.invoke(app, ["sdpa", "--nq", "2", "--nk", "3", "--dk", "2", "--dv", "2", "--values"]).stdout
+    again = runner.invoke(app, ["sdpa", "--nq", "2", "--nk", "3", "--dk", "2", "--dv", "2", "--values"]).stdout
+    other = runner.invoke(app, ["sdpa", "--nq", "2", "--nk", "3", "--dk", "2", "--dv", "2", "--values",
+                                "--seed", "1"]).stdout
+    assert first == again
+    assert first != other
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sdpa", "--nq", "0"], "--nq"),
+        (["sdpa", "--nk", "-3"], "--nk"),
+        (["sdpa", "--dk", "0"], "--dk"),
+        (["sdpa", "--dv", "0"], "--dv"),
+        (["sdpa", "--batch", "0"], "--batch"),
+        (["mha", "--heads", "0"], "--heads"),
+        (["mha", "--d-feat", "0"], "--d-feat"),
+        (["mha", "--d-feat", "200", "--heads", "7"], "--d-feat 200 is not divisible by --heads 7"),
+        (["mha", "--dropout", "1"], "--dropout 1 is outside [0, 1)"),
+        (["mha", "--dropout", "-0.5"], "--dropout -0.5 is outside [0, 1)"),
+    ],
+)
+def test_bad_sizes_exit_2_with_a_message(runner, args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_not_divisible_suggests_the_nearest_head_counts(runner):
+    result = runner.invoke(app, ["mha", "--d-feat", "200", "--heads", "7"])
+    assert "--heads 5 or --heads 8" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_help_ends_with_examples(runner):
+    for command in ("sdpa", "mha"):
+        result = runner.invoke(app, [command, "--help"])
+        assert result.exit_code == 0
+        tail = result.stdout.rstrip().splitlines()[-6:]
+        assert any(f"attnscope {command} --" in line for line in tail), tail
+
+
+def test_version(runner):
+    from attnscope import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"attnscope {__version__}"
+
+
+def _installed_attnscope() -> list[str]:
+    exe = shutil.which("attnscope", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    return [exe] if exe else [sys.executable, "-m", "attnscope"]
+
+
+def test_installed_command_runs_and_errors_are_one_line():
+    ok = subprocess.run([*_installed_attnscope(), "sdpa", "--nq", "4", "--nk", "6"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "[n_batch, n_Q, n_K] = [3, 4, 6]" in ok.stdout
+    for bad in (["sdpa", "--nq", "0"], ["sdpa", "--nq", "abc"], ["sdpa", "--no-such-option"],
+                ["mha", "--d-feat", "10", "--heads", "3"]):
+        failed = subprocess.run([*_installed_attnscope(), *bad], capture_output=True, text=True, timeout=120)
+        assert failed.returncode == 2, (bad, failed.stderr)
+        assert failed.stdout == ""
+        lines = failed.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("attnscope: error:"), failed.stderr
+
+
+def test_python_dash_m_works():
+    result = subprocess.run([sys.executable, "-m", "attnscope", "--version"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0
+    assert result.stdout.startswith("attnscope ")
