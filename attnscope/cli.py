@@ -51,8 +51,12 @@ def _root(
 @contextmanager
 def reported(debug: bool) -> Iterator[None]:
     """Turn every failure into one line on stderr and an exit code; --debug shows the traceback instead."""
+    import warnings
+
     from attnscope import render
 
+    if not debug:  # library warnings would add lines to a one-line error; --debug shows everything
+        warnings.simplefilter("ignore")
     try:
         yield
     except (typer.Exit, typer.Abort, ClickException):

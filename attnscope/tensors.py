@@ -83,9 +83,21 @@ def _one(spec: str, tensors: Mapping[str, Any], name: str | None, single: bool =
     return value
 
 
+# What each format's first bytes are; a file without them is not that format, whatever its name says.
+MAGIC = {".npy": b"\x93NUMPY", ".npz": b"PK"}
+
+
+def _check_magic(path: Path) -> None:
+    magic = MAGIC[path.suffix.lower()]
+    with open(path, "rb") as handle:
+        if handle.read(len(magic)) != magic:
+            raise UsageError(f"{path}: not a {path.suffix.lower()} file (it does not start with the format's header)")
+
+
 def _load_npy(path: Path) -> Any:
     import numpy as np
 
+    _check_magic(path)
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as exc:
@@ -97,6 +109,7 @@ def _load_npy(path: Path) -> Any:
 def _load_npz(path: Path) -> dict[str, Any]:
     import numpy as np
 
+    _check_magic(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {key: archive[key] for key in archive.files}
@@ -122,9 +135,13 @@ def _load_torch(path: Path) -> dict[str, Any]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        # torch names the class or function the file would call ("Unsupported global: ..."); anything
+        # else it could not unpickle is simply not a torch file.
+        if "global" not in str(exc).lower():
+            raise UsageError(f"{path}: not a readable .pt file (torch.load could not read it)") from None
         raise UsageError(
-            f"{path}: refused: loading it would run code (torch.load with weights_only=True rejected it: "
-            f"{_first_line(exc)}); save plain tensors, or convert it to .safetensors"
+            f"{path}: refused: it holds Python objects that would run code when unpickled (torch.load with "
+            "weights_only=True rejected it); save plain tensors or a dict of them, or convert it to .safetensors"
         ) from None
     if isinstance(loaded, torch.Tensor):
         return {"": loaded}

@@ -170,3 +170,109 @@ def test_python_dash_m_works():
                             timeout=60)
     assert result.returncode == 0
     assert result.stdout.startswith("attnscope ")
+
+
+# --- your own tensors, masks, --save, --check (the inputs issue) ------------------------------------
+
+
+@pytest.fixture()
+def files(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shapes = {"q": (2, 4, 8), "k": (2, 6, 8), "v": (2, 6, 3), "v5": (2, 5, 3), "k9": (2, 6, 9),
+              "q1d": (8,), "kb": (3, 6, 8)}
+    paths = {}
+    for name, shape in shapes.items():
+        paths[name] = str(tmp_path / f"{name}.npy")
+        np.save(paths[name], rng.standard_normal(shape).astype(np.float32))
+    paths["badmask"] = str(tmp_path / "badmask.npy")
+    np.save(paths["badmask"], np.ones((3, 5), dtype=bool))
+    paths["text"] = str(tmp_path / "q.txt")
+    (tmp_path / "q.txt").write_text("1 2 3")
+    paths["dir"] = str(tmp_path)
+    return paths
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--q", "{dir}/missing.npy"], "missing.npy: no such file"),
+        (["--q", "{text}"], "unknown tensor file type"),
+        (["--q", "{q1d}"], "rank 1"),
+        (["--q", "{q}", "--k", "{k9}", "--v", "{v}"], "d_Q = 8 but d_K = 9"),
+        (["--q", "{q}", "--k", "{k}", "--v", "{v5}"], "n_K = 6 but n_V = 5"),
+        (["--q", "{q}", "--k", "{kb}", "--v", "{kb}"], "do not broadcast"),
+        (["--q", "{q}", "--k", "{k}", "--v", "{v}", "--mask", "{badmask}"], "[3, 5] does not broadcast"),
+    ],
+)
+def test_bad_inputs_are_one_line_and_exit_2(runner, files, args, message):
+    result = runner.invoke(app, ["sdpa", *[a.format(**files) for a in args]])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+def test_save_onto_existing_file_is_refused_and_untouched(runner, tmp_path):
+    target = tmp_path / "out.safetensors"
+    target.write_bytes(b"precious")
+    result = runner.invoke(app, ["sdpa", "--save", str(target)])
+    assert result.exit_code == 2
+    assert "--force" in result.stderr
+    assert target.read_bytes() == b"precious"
+    forced = runner.invoke(app, ["sdpa", "--save", str(target), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert target.read_bytes() != b"precious"
+
+
+def test_check_prints_pass_per_tensor(runner):
+    result = runner.invoke(app, ["mha", "--batch", "2", "--nq", "5", "--nk", "7", "--d-feat", "16", "--heads", "4",
+                                 "--check", "--causal"])
+    assert result.exit_code == 0, result.output
+    for name in ("x_raw", "attention", "x"):
+        assert any(line.split()[:1] == [name] and "PASS" in line for line in result.stdout.splitlines()), name
+
+
+def test_check_json_and_exit_1_on_fail(runner, monkeypatch):
+    from attnscope import attention
+
+    real = attention.sdpa
+    monkeypatch.setattr(attention, "sdpa", lambda Q, K, V, mask=None, scale=None, **kw: real(Q, K, V, mask, 1.0, **kw))
+    result = runner.invoke(app, ["mha", "--batch", "2", "--nq", "3", "--d-feat", "8", "--heads", "2", "--check",
+                                 "--json"])
+    assert result.exit_code == 1
+    payload = json.loads(result.stdout)
+    assert payload["check_passed"] is False
+    assert {c["name"]: c["passed"] for c in payload["check"]}["x"] is False
+
+
+def test_bare_causal_means_upper_left_and_lower_right_differs(runner):
+    base = ["sdpa", "--batch", "1", "--nq", "2", "--nk", "4", "--dk", "2", "--dv", "2", "--json", "--values"]
+    bare = json.loads(runner.invoke(app, [*base, "--causal"]).stdout)
+    upper = json.loads(runner.invoke(app, [*base, "--causal", "upper-left"]).stdout)
+    lower = json.loads(runner.invoke(app, [*base, "--causal", "lower-right"]).stdout)
+    attention = {p: {t["name"]: t for t in p_json["tensors"]}["attention"]["values"]
+                 for p, p_json in (("bare", bare), ("upper", upper), ("lower", lower))}
+    assert attention["bare"] == attention["upper"]
+    assert attention["upper"][0][0][1:] == [0.0, 0.0, 0.0]  # query 0 sees key 0 only
+    assert attention["lower"][0][0][3] == 0.0 and attention["lower"][0][0][2] > 0.0  # query 0 sees keys 0..2
+
+
+def test_stats_and_values_in_table_and_json(runner):
+    args = ["sdpa", "--batch", "1", "--nq", "2", "--nk", "3", "--dk", "2", "--dv", "2"]
+    table = runner.invoke(app, [*args, "--stats", "--values"]).stdout
+    assert "statistics" in table and "NaN" in table and "tensor([[" in table
+    payload = json.loads(runner.invoke(app, [*args, "--stats", "--values", "--json"]).stdout)
+    attention = {t["name"]: t for t in payload["tensors"]}["attention"]
+    assert set(attention["stats"]) == {"min", "max", "mean", "std", "nan", "inf"}
+    assert all(abs(sum(row) - 1) < 1e-6 for row in attention["values"][0])
+
+
+def test_integer_inputs_say_float32(runner, tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "q.npy", np.arange(6).reshape(2, 3))
+    result = runner.invoke(app, ["sdpa", "--q", str(tmp_path / "q.npy")])
+    assert result.exit_code == 0
+    assert "computed in float32" in result.stdout

@@ -1,0 +1,157 @@
+"""The run layer behind `sdpa` and `mha`: inputs from files, projections, the column layout, --check, --save."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnscope import load_tensor, runs
+from attnscope.errors import ResourceError, UsageError
+from attnscope.runs import MhaOptions, SdpaOptions, run_mha, run_sdpa
+
+ATOL = 1e-5
+
+
+@pytest.fixture()
+def qkv_files(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {"q": rng.standard_normal((2, 4, 8)), "k": rng.standard_normal((2, 6, 8)),
+              "v": rng.standard_normal((2, 6, 3))}
+    for name, array in arrays.items():
+        np.save(tmp_path / f"{name}.npy", array.astype(np.float32))
+    return {name: str(tmp_path / f"{name}.npy") for name in arrays}, arrays
+
+
+def test_sdpa_from_files_matches_pytorch(qkv_files):
+    files, arrays = qkv_files
+    result = run_sdpa(SdpaOptions(q=files["q"], k=files["k"], v=files["v"], check=True))
+    Q, K, V = (torch.from_numpy(arrays[n]).float() for n in "qkv")
+    torch.testing.assert_close(result.trace["out"], F.scaled_dot_product_attention(Q, K, V))
+    assert result.trace.step("Q").op == f"loaded from {files['q']}"
+    assert [c.passed for c in result.comparisons] == [True]
+
+
+def test_float64_inputs_stay_float64(tmp_path):
+    np.save(tmp_path / "q.npy", np.random.default_rng(1).standard_normal((3, 4)))
+    result = run_sdpa(SdpaOptions(q=str(tmp_path / "q.npy"), check=True))
+    assert result.trace["out"].dtype == torch.float64
+    assert not result.check_failed
+
+
+def test_only_q_means_self_attention(qkv_files):
+    files, arrays = qkv_files
+    result = run_sdpa(SdpaOptions(q=files["q"]))
+    Q = torch.from_numpy(arrays["q"]).float()
+    torch.testing.assert_close(result.trace["out"], F.scaled_dot_product_attention(Q, Q, Q))
+
+
+def test_projection_form_with_small_integer_matrices(tmp_path):
+    X = np.array([[1, 0, 1], [0, 2, 0], [1, 1, 1], [0, 1, 2]])
+    W = {"wq": np.array([[1, 0], [0, 1], [1, 1]]), "wk": np.array([[0, 1], [1, 0], [1, 0]]),
+         "wv": np.array([[1, 2, 0], [0, 1, 1], [1, 0, 1]])}
+    np.save(tmp_path / "x.npy", X)
+    for name, w in W.items():
+        np.save(tmp_path / f"{name}.npy", w)
+    result = run_sdpa(SdpaOptions(x=str(tmp_path / "x.npy"), **{n: str(tmp_path / f"{n}.npy") for n in W},
+                                  check=True))
+    assert list(result.trace)[:7] == ["X", "W_Q", "W_K", "W_V", "Q", "K", "V"]
+    Xt = torch.tensor(X, dtype=torch.float32)
+    Q, K, V = (Xt @ torch.tensor(W[n], dtype=torch.float32) for n in ("wq", "wk", "wv"))
+    torch.testing.assert_close(result.trace["Q"], Q)
+    assert result.trace.step("Q").op == "X @ W_Q"
+    torch.testing.assert_close(result.trace["out"], F.scaled_dot_product_attention(Q, K, V))
+    assert any("integer inputs" in note for note in result.trace.notes)
+
+
+def test_column_layout_equals_row_form_transposed():
+    result = run_sdpa(SdpaOptions(layout="col", batch=2, nq=5, nk=7, dk=4, dv=3, causal="lower-right", check=True))
+    Q, K, V = (result.trace[n] for n in ("Q", "K", "V"))
+    assert Q.shape == (2, 4, 5) and result.trace["scores"].shape == (2, 7, 5)
+    assert result.trace["out"].shape == (2, 3, 5)
+    # every column of the attention (one query) sums to 1 over the keys
+    torch.testing.assert_close(result.trace["attention"].sum(dim=-2), torch.ones(2, 5))
+    from torch.nn.attention.bias import causal_lower_right
+
+    row = F.scaled_dot_product_attention(Q.mT, K.mT, V.mT, attn_mask=causal_lower_right(5, 7))
+    torch.testing.assert_close(result.trace["out"], row.mT, atol=ATOL, rtol=ATOL)
+    assert any("transposed" in note for note in result.trace.notes)
+    assert not result.check_failed
+
+
+def test_mha_from_file_self_and_cross_attention(qkv_files, tmp_path):
+    np.save(tmp_path / "feat.npy", np.random.default_rng(2).standard_normal((2, 5, 12)).astype(np.float32))
+    np.save(tmp_path / "mem.npy", np.random.default_rng(3).standard_normal((2, 9, 12)).astype(np.float32))
+    own = run_mha(MhaOptions(q=str(tmp_path / "feat.npy"), heads=3, check=True))
+    assert own.trace["scores"].shape == (2, 3, 5, 5) and not own.check_failed
+    cross = run_mha(MhaOptions(q=str(tmp_path / "feat.npy"), k=str(tmp_path / "mem.npy"), heads=4, check=True,
+                               causal="upper-left"))
+    assert cross.trace["scores"].shape == (2, 4, 5, 9) and not cross.check_failed
+
+
+def test_check_catches_the_sqrt_d_feat_pitfall(monkeypatch):
+    """--check must fail when the math is wrong: scale by sqrt(d_feat) inside MHA, as the pitfall does."""
+    from attnscope import attention
+
+    real_sdpa = attention.sdpa
+
+    def pitfall(Q, K, V, mask=None, scale=None, **kwargs):
+        d_feat = Q.shape[-1] * Q.shape[-3]
+        return real_sdpa(Q, K, V, mask, 1 / math.sqrt(d_feat), **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa", pitfall)
+    result = run_mha(MhaOptions(batch=2, nq=6, d_feat=40, heads=5, check=True))
+    verdicts = {c.name: c.passed for c in result.comparisons}
+    assert verdicts == {"x_raw": False, "attention": False, "x": False}
+    assert result.check_failed
+
+
+def test_check_against_torch_with_pad_and_fully_masked_rows():
+    result = run_mha(MhaOptions(batch=2, nq=4, nk=6, d_feat=16, heads=2, pad=2, causal="lower-right", check=True))
+    assert not result.check_failed
+    masked = run_sdpa(SdpaOptions(batch=1, nq=6, nk=3, dk=4, dv=2, causal="lower-right", check=True))
+    assert not masked.check_failed
+    assert torch.equal(masked.trace["out"][0, :3], torch.zeros(3, 2))  # the first 3 queries see no key
+    assert any("may attend to no key" in n for n in masked.trace.notes)
+
+
+def test_save_writes_every_step_by_name(tmp_path):
+    target = tmp_path / "mha.safetensors"
+    result = run_mha(MhaOptions(batch=2, nq=3, d_feat=8, heads=2, save=str(target)))
+    assert result.saved == target
+    for name in ("Q_feat", "Q_split", "scores", "attention", "x_raw", "x_rsh1", "x"):
+        torch.testing.assert_close(load_tensor(f"{target}:{name}"), result.trace[name])
+
+
+def test_save_onto_existing_file_is_refused_before_any_work(tmp_path, monkeypatch):
+    target = tmp_path / "out.npz"
+    target.write_bytes(b"keep me")
+    monkeypatch.setattr(runs, "_sdpa_trace", lambda *a, **k: pytest.fail("computed before refusing"))
+    with pytest.raises(UsageError, match="--force"):
+        run_sdpa(SdpaOptions(save=str(target)))
+    assert target.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (SdpaOptions(meta=True, check=True), "--meta"),
+        (SdpaOptions(k="k.npy"), "need --q"),
+        (SdpaOptions(x="x.npy"), "all four"),
+        (SdpaOptions(pad=50), "--pad 50"),
+        (MhaOptions(dropout=0.2, check=True), "dropout"),
+        (MhaOptions(d_feat=10, heads=4), "--d-feat 10 is not divisible by --heads 4"),
+    ],
+)
+def test_bad_option_combinations(options, message):
+    run = run_sdpa if isinstance(options, SdpaOptions) else run_mha
+    with pytest.raises(UsageError, match=message):
+        run(options)
+
+
+def test_memory_guard_refuses_with_the_estimate():
+    with pytest.raises(ResourceError, match=r"needs about .* --max-memory .* --meta"):
+        run_sdpa(SdpaOptions(max_memory=1000))
