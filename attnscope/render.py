@@ -262,3 +262,82 @@ def _heat_style(fraction: float) -> str:
     # A blue-to-red ramp on top of the shade characters; without colour the characters alone carry it.
     red, blue = int(60 + 195 * fraction), int(200 - 160 * fraction)
     return f"rgb({red},60,{blue})"
+
+
+# --- BERT ---------------------------------------------------------------------------------------------
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from attnscope.bert import HeadWeights, SentenceRun
+
+BERT_DIMS = {"W_Q": ("d_head", "d_model"), "W_K": ("d_head", "d_model"), "W_V": ("d_head", "d_model"),
+             "b_Q": ("d_head",), "b_K": ("d_head",), "b_V": ("d_head",), "W_O": ("d_model", "d_head")}
+
+
+def bert_summary(weights: HeadWeights) -> str:
+    info = weights.info
+    return (f"{info.architecture}: {info.n_layer} layers, {info.n_head} heads, d_model {info.d_model}, "
+            f"d_head {info.d_head}   ·   layer {weights.layer}, head {weights.head}\n{info.folder}")
+
+
+def head_table(weights: HeadWeights) -> Table:
+    from attnscope.bert import weight_stats
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("weight", style="bold cyan", no_wrap=True)
+    table.add_column("dims = shape  /  from the checkpoint", overflow="fold")
+    for name in ("mean", "std", "‖·‖_F"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for name, tensor in weights.tensors.items():
+        dims = BERT_DIMS[name]
+        cell = Text(f"[{', '.join(dims)}] = {list(tensor.shape)}")
+        cell.append("\n" + weights.sources[name], style="green")
+        stats = weight_stats(tensor)
+        table.add_row(Text(name), cell, f"{stats['mean']:.4f}", f"{stats['std']:.4f}", f"{stats['norm']:.3f}")
+    return table
+
+
+def show_bert(out: Console, weights: HeadWeights, sentence: SentenceRun | None, saved: Path | None) -> None:
+    from attnscope.runs import Heatmap
+
+    out.print(Text(bert_summary(weights), style="bold"))
+    out.print(head_table(weights))
+    if sentence is not None:
+        out.print(Text(f"this head on {len(sentence.tokens)} tokens", style="bold"))
+        out.print(steps_table(sentence.trace.steps))
+        for note in sentence.trace.notes:
+            out.print(Text(f"note: {note}", style="yellow"))
+        labels = list(sentence.tokens)
+        show_heatmap(out, Heatmap(f"layer {weights.layer}, head {weights.head}: attention",
+                                  sentence.trace["attention"].tolist(), labels, labels))
+    if saved:
+        count = len(weights.tensors) + (1 if sentence is not None else 0)
+        out.print(Text(f"saved {count} tensors to {saved}"))
+
+
+def bert_json(model: str, weights: HeadWeights, sentence: SentenceRun | None, saved: Path | None) -> dict[str, Any]:
+    from attnscope.bert import weight_stats
+
+    info = weights.info
+    tensors = []
+    for name, tensor in weights.tensors.items():
+        tensors.append({"name": name, "shape": list(tensor.shape), "dims": list(BERT_DIMS[name]),
+                        "dtype": str(tensor.dtype).removeprefix("torch."),
+                        "bytes": tensor.numel() * tensor.element_size(), "op": weights.sources[name],
+                        "source": weights.sources[name], "stats": weight_stats(tensor)})
+    payload: dict[str, Any] = {
+        "command": "bert",
+        "params": {"model": model, "layer": weights.layer, "head": weights.head,
+                   "text": None if sentence is None else " ".join(sentence.tokens)},
+        "model": {"architecture": info.architecture, "path": str(info.folder), "layers": info.n_layer,
+                  "heads": info.n_head, "d_model": info.d_model, "d_head": info.d_head},
+        "tensors": tensors,
+    }
+    if sentence is not None:
+        payload["tokens"] = sentence.tokens
+        payload["attention"] = _clean(sentence.trace["attention"].tolist())
+        payload["steps"] = [step_json(step) for step in sentence.trace.steps]
+    if saved:
+        payload["saved"] = str(saved)
+    return payload
