@@ -81,8 +81,8 @@ def check_qkv(Q: Tensor, K: Tensor, V: Tensor, layout: str = "row") -> tuple[int
             f"(K {list(K.shape)}, V {list(V.shape)})"
         )
     try:
-        return tuple(torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2]))
-    except RuntimeError:
+        return cost.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    except ValueError:
         raise UsageError(
             f"the batch dims of Q {list(Q.shape[:-2])}, K {list(K.shape[:-2])} and V {list(V.shape[:-2])} "
             "do not broadcast; make them equal or 1"
@@ -129,24 +129,12 @@ def sdpa(
         "scores", scores, scores_dims, f"{names.Q} @ {names.K}.transpose(-2, -1) {scale_op}",
         cost.matmul_flops(scores.shape, d_K) + scores.numel(),
     )
-    logits = scores
-    if mask is not None:
-        mask = masks.as_attention_mask(mask.to(scores.device), tuple(scores.shape), dtype)
-        if mask.dtype == torch.bool:
-            logits = scores.masked_fill(~mask, float("-inf"))  # [.., n_Q, n_K]
-            mask_op = "scores.masked_fill(~mask, -inf)"
-        else:
-            logits = scores + mask  # [.., n_Q, n_K]
-            mask_op = "scores + mask"
-        trace.add("masked_scores", logits, scores_dims, mask_op, logits.numel())
-
+    logits, mask = _masked_scores(trace, scores, mask, scores_dims, dtype)
     attention = torch.softmax(logits, dim=-1)  # [.., n_Q, n_K]
     attention_op = f"softmax({'masked_scores' if mask is not None else 'scores'}, dim=-1)"
     if mask is not None:
         blocked = masks.fully_masked_rows(mask)  # [.., n_Q, 1]
-        attention.masked_fill_(blocked, 0.0)  # softmax of a row of -inf is NaN; PyTorch's attention gives 0
-        if attention.device.type != "meta" and bool(blocked.any()):
-            trace.notes.append(_blocked_note(blocked, n_Q))
+        attention = _zero_rows(attention, blocked, trace, n_Q)
     if dropout_p > 0.0:
         attention = F.dropout(attention, p=dropout_p, training=True)
         attention_op = f"dropout({attention_op}, p={dropout_p:g})"
@@ -156,6 +144,32 @@ def sdpa(
     trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), f"attention @ {names.V}",
               cost.matmul_flops(out.shape, n_K))
     return trace
+
+
+def _masked_scores(trace: Trace, scores: Tensor, mask: Tensor | None, dims: tuple[str, ...],
+                   dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """Apply the mask, recorded as its own step `masked_scores`; return the logits and the mask as used."""
+    if mask is None:
+        return scores, None
+    mask = masks.as_attention_mask(mask.to(scores.device), tuple(scores.shape), dtype)
+    if mask.dtype == torch.bool:
+        logits, op = scores.masked_fill(~mask, float("-inf")), "scores.masked_fill(~mask, -inf)"
+    else:
+        logits, op = scores + mask, "scores + mask"
+    trace.add("masked_scores", logits, dims, op, logits.numel())
+    return logits, mask
+
+
+def _zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Tensor:
+    """A softmax of a row of -inf is NaN; PyTorch's attention gives 0 there, and so does attnscope."""
+    if torch.is_grad_enabled() and attention.requires_grad:
+        attention = attention.masked_fill(blocked, 0.0)  # softmax's backward needs its output unchanged
+    else:
+        attention.masked_fill_(blocked, 0.0)  # in place: no second [.., n_Q, n_K] at the peak
+    if attention.device.type != "meta" and bool(blocked.any()):
+        rows = blocked if blocked.shape[-1] == 1 else blocked.transpose(-2, -1)
+        trace.notes.append(_blocked_note(rows, n_Q))
+    return attention
 
 
 def _blocked_note(blocked: Tensor, n_Q: int) -> str:
@@ -190,22 +204,11 @@ def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, sc
     scores = torch.matmul(K.transpose(-2, -1), Q).mul_(scale)  # [.., n_K, d_K] @ [.., d_K, n_Q] -> [.., n_K, n_Q]
     trace.add("scores", scores, scores_dims, f"K.transpose(-2, -1) @ Q {scale_op}",
               cost.matmul_flops(scores.shape, d_K) + scores.numel())
-    logits = scores
-    if mask is not None:
-        mask = masks.as_attention_mask(mask.to(scores.device), tuple(scores.shape), dtype)
-        if mask.dtype == torch.bool:
-            logits = scores.masked_fill(~mask, float("-inf"))
-            mask_op = "scores.masked_fill(~mask, -inf)"
-        else:
-            logits = scores + mask
-            mask_op = "scores + mask"
-        trace.add("masked_scores", logits, scores_dims, mask_op, logits.numel())
+    logits, mask = _masked_scores(trace, scores, mask, scores_dims, dtype)
     attention = torch.softmax(logits, dim=-2)  # each column (one query) sums to 1 over the keys
     if mask is not None:
         blocked = masks.fully_masked_rows(mask.transpose(-2, -1)).transpose(-2, -1)  # [.., 1, n_Q]
-        attention.masked_fill_(blocked, 0.0)
-        if attention.device.type != "meta" and bool(blocked.any()):
-            trace.notes.append(_blocked_note(blocked.transpose(-2, -1), n_Q))
+        attention = _zero_rows(attention, blocked, trace, n_Q)
     trace.add("attention", attention, scores_dims,
               f"softmax({'masked_scores' if mask is not None else 'scores'}, dim=-2)",
               cost.softmax_flops(attention.shape))
@@ -265,13 +268,6 @@ def merge_heads(x: Tensor) -> Tensor:
     return heads_last(x).flatten(-2)  # [n_batch, n, d_feat]
 
 
-def divisors_near(d_feat: int, n_head: int) -> list[int]:
-    """The head counts closest to `n_head` (one below, one above where they exist) that divide `d_feat`."""
-    below = next((h for h in range(min(n_head, d_feat), 0, -1) if d_feat % h == 0), None)
-    above = next((h for h in range(n_head + 1, d_feat + 1) if d_feat % h == 0), None)
-    return [h for h in (below, above) if h is not None]
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention as the tutorials write it: four Linear layers, split, SDPA per head, merge.
 
@@ -296,7 +292,7 @@ class MultiHeadAttention(nn.Module):
         if d_feat <= 0 or n_head <= 0:
             raise UsageError(f"d_feat ({d_feat}) and n_head ({n_head}) must be positive")
         if d_feat % n_head:
-            near = " or ".join(str(h) for h in divisors_near(d_feat, n_head))
+            near = " or ".join(str(h) for h in cost.divisors_near(d_feat, n_head))
             raise UsageError(
                 f"d_feat = {d_feat} is not divisible by n_head = {n_head}; head counts near it that divide "
                 f"{d_feat}: {near}"

@@ -3,8 +3,10 @@
 Head h of layer l is rows `h*d_head:(h+1)*d_head` of the query/key/value Linear weights (Hugging Face
 stores a Linear weight as `[out, in]`) and the same columns of `attention.output.dense.weight`.
 
-Dumping a head reads only those slices from a lazily opened safetensors file and never imports
-transformers' modeling code; only `--text` needs the model itself.
+Dumping a head reads only those slices from a lazily opened safetensors file, as NumPy arrays: it
+imports neither torch nor transformers (both take seconds to import), so it answers in a fraction of
+the time a model load takes. torch comes in only where it is needed: `--text`, `--save`, a dtype NumPy
+cannot hold (bfloat16) and `pytorch_model.bin` files.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ from urllib.parse import urlparse
 from attnscope.errors import ResourceError, UsageError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from attnscope.trace import Trace
+
+    Array = np.ndarray | torch.Tensor
+
+# safetensors dtypes NumPy can hold; the rest (BF16, F8_*) are read through torch.
+NUMPY_DTYPES = frozenset({"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL"})
 
 DEFAULT_MODEL = "bert-base-uncased"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -60,8 +68,14 @@ class HeadWeights:
     info: BertInfo
     layer: int
     head: int
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    tensors: dict[str, Array] = field(default_factory=dict)  # NumPy arrays where it could, else torch
     sources: dict[str, str] = field(default_factory=dict)
+
+    def as_torch(self) -> dict[str, torch.Tensor]:
+        import torch
+
+        return {name: t if isinstance(t, torch.Tensor) else torch.from_numpy(t.copy())
+                for name, t in self.tensors.items()}
 
 
 # --- finding the model ---------------------------------------------------------------------------------
@@ -188,7 +202,7 @@ def _keys(weights: Path) -> list[str]:
         from safetensors import SafetensorError, safe_open
 
         try:
-            with safe_open(str(weights), framework="pt") as handle:
+            with safe_open(str(weights), framework="numpy") as handle:  # reads the header only
                 return list(handle.keys())
         except SafetensorError as exc:
             raise UsageError(f"{weights}: not a valid safetensors file ({exc})") from None
@@ -244,49 +258,74 @@ def head_weights(info: BertInfo, layer: int, head: int) -> HeadWeights:
 
 
 class _reader:
-    """A context giving `read(key, axis, lo, hi) -> (tensor, slice text)` over either weight format."""
+    """A context giving `read(key, axis, lo, hi) -> (array, slice text)` over either weight format."""
 
     def __init__(self, weights: Path) -> None:
         self.weights = weights
-        self._handle: Any = None
+        self._handles: dict[str, Any] = {}
         self._state: dict[str, torch.Tensor] | None = None
 
     def __enter__(self) -> Any:
-        if self.weights.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            self._handle = safe_open(str(self.weights), framework="pt")
-            self._handle.__enter__()
-        else:
+        if self.weights.suffix != ".safetensors":
             self._state = _load_bin(self.weights)
         return self.read
 
     def __exit__(self, *exc: object) -> None:
-        if self._handle is not None:
-            self._handle.__exit__(*exc)
+        for handle in self._handles.values():
+            handle.__exit__(*exc)
         self._state = None
 
-    def read(self, key: str, axis: str, lo: int, hi: int) -> tuple[torch.Tensor, str]:
+    def _handle(self, framework: str) -> Any:
+        if framework not in self._handles:
+            from safetensors import safe_open
+
+            handle = safe_open(str(self.weights), framework=framework)
+            handle.__enter__()
+            self._handles[framework] = handle
+        return self._handles[framework]
+
+    def read(self, key: str, axis: str, lo: int, hi: int) -> tuple[Array, str]:
         try:
-            if self._handle is not None:
-                whole = self._handle.get_slice(key)
+            if self._state is None:
+                whole = self._handle("numpy").get_slice(key)
+                if whole.get_dtype() not in NUMPY_DTYPES:
+                    whole = self._handle("pt").get_slice(key)
                 rank = len(whole.get_shape())
                 tensor = whole[lo:hi] if axis == "rows" or rank == 1 else whole[:, lo:hi]
             else:
-                assert self._state is not None
-                whole = self._state[key]
-                tensor = (whole[lo:hi] if axis == "rows" or whole.dim() == 1 else whole[:, lo:hi]).clone()
-                rank = whole.dim()
+                state = self._state[key]
+                rank = state.dim()
+                tensor = (state[lo:hi] if axis == "rows" or rank == 1 else state[:, lo:hi]).clone()
         except KeyError:
             raise UsageError(f"{self.weights}: no tensor {key}; the checkpoint is incomplete") from None
         text = f"[{lo}:{hi}]" if rank == 1 else (f"[{lo}:{hi}, :]" if axis == "rows" else f"[:, {lo}:{hi}]")
         return tensor, text
 
 
-def weight_stats(tensor: torch.Tensor) -> dict[str, float]:
-    values = tensor.double()
-    return {"mean": float(values.mean()), "std": float(values.std()) if values.numel() > 1 else 0.0,
-            "norm": float(values.norm())}
+def as_float64(tensor: Array) -> np.ndarray:
+    import numpy as np
+
+    if isinstance(tensor, np.ndarray):
+        return tensor.astype(np.float64)
+    return tensor.detach().double().numpy()
+
+
+def weight_stats(tensor: Array) -> dict[str, float]:
+    """mean, std (unbiased, as torch.std) and Frobenius norm, computed in float64."""
+    import numpy as np
+
+    values = as_float64(tensor)
+    std = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    return {"mean": float(values.mean()), "std": std, "norm": float(np.linalg.norm(values))}
+
+
+def describe(tensor: Array) -> tuple[list[int], str, int]:
+    """shape, dtype name and bytes, the same for a NumPy array and a torch tensor."""
+    import numpy as np
+
+    if isinstance(tensor, np.ndarray):
+        return list(tensor.shape), str(tensor.dtype), int(tensor.nbytes)
+    return list(tensor.shape), str(tensor.dtype).removeprefix("torch."), tensor.numel() * tensor.element_size()
 
 
 # --- a sentence through the model ------------------------------------------------------------------------
@@ -316,7 +355,7 @@ def run_text(head: HeadWeights, text: str) -> SentenceRun:
     model = load_model(info.folder)
     with torch.no_grad():
         hidden = model(**encoded, output_hidden_states=True).hidden_states[head.layer][0]  # [n_tokens, d_model]
-    W = head.tensors
+    W = {name: t.to(hidden.dtype) for name, t in head.as_torch().items()}
     Q = hidden @ W["W_Q"].T + W["b_Q"]  # [n_tokens, d_model] @ [d_model, d_head] -> [n_tokens, d_head]
     K = hidden @ W["W_K"].T + W["b_K"]
     V = hidden @ W["W_V"].T + W["b_V"]

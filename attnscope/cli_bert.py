@@ -50,7 +50,7 @@ def bert(
                 sentence = core.run_text(weights, text)
         saved = None
         if save:
-            tensors = dict(weights.tensors)
+            tensors = weights.as_torch()
             if sentence is not None:
                 tensors["attention"] = sentence.trace["attention"]
             meta = {"sources": weights.sources, "model": str(info.folder), "layer": layer, "head": head,

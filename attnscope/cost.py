@@ -66,6 +66,27 @@ def format_flops(n: int) -> str:
     return f"{n} FLOP"
 
 
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """NumPy broadcasting of shapes; ValueError if they do not broadcast. (torch.broadcast_shapes would do,
+    but it imports torch's symbolic-shape machinery, half a second of start-up for plain arithmetic.)"""
+    rank = max((len(s) for s in shapes), default=0)
+    result = [1] * rank
+    for shape in shapes:
+        for axis, size in enumerate(shape, start=rank - len(shape)):
+            if size != 1 and result[axis] not in (1, size):
+                raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+            if size != 1:
+                result[axis] = size
+    return tuple(result)
+
+
+def divisors_near(d_feat: int, n_head: int) -> list[int]:
+    """The head counts closest to `n_head` (one below, one above where they exist) that divide `d_feat`."""
+    below = next((h for h in range(min(n_head, d_feat), 0, -1) if d_feat % h == 0), None)
+    above = next((h for h in range(n_head + 1, d_feat + 1) if d_feat % h == 0), None)
+    return [h for h in (below, above) if h is not None]
+
+
 def available_memory() -> int | None:
     """Bytes the machine can still give this process (MemAvailable on Linux), or None if unknown."""
     try:

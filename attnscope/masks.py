@@ -43,9 +43,11 @@ def as_attention_mask(mask: torch.Tensor, scores_shape: tuple[int, ...], dtype: 
     """Check that `mask` broadcasts to the scores and put it in the boolean-or-additive convention."""
     import torch
 
+    from attnscope.cost import broadcast_shapes
+
     try:
-        broadcast = torch.broadcast_shapes(tuple(mask.shape), scores_shape)
-    except RuntimeError:
+        broadcast: tuple[int, ...] | None = broadcast_shapes(tuple(mask.shape), scores_shape)
+    except ValueError:
         broadcast = None
     if broadcast != tuple(scores_shape):
         raise UsageError(

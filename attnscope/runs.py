@@ -214,20 +214,19 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
 
     with torch.no_grad():
         if not random_inputs:
-            estimate_trace = _sdpa_trace(o, {n: t.to("meta") for n, t in loaded.items()}, user_mask, "meta")
-            peak = cost.traced_peak_bytes(estimate_trace.steps)
+            estimate, estimate_mask = _sdpa_trace(o, {n: t.to("meta") for n, t in loaded.items()}, user_mask, "meta")
+            peak = cost.traced_peak_bytes(estimate.steps, _inputs_bytes(estimate_mask))
             if not o.meta:
                 guard_memory(peak + _save_copy(o, peak), o.max_memory)
             inputs = loaded
         else:
             inputs = _random_sdpa_inputs(o, "meta" if o.meta else "cpu")
-        trace = _sdpa_trace(o, inputs, user_mask, "meta" if o.meta else "cpu")
+        trace, mask = _sdpa_trace(o, inputs, user_mask, "meta" if o.meta else "cpu")
 
     comparisons: list[Comparison] = []
     if o.check or o.layout == "col":
         from attnscope import check
 
-        mask = _sdpa_mask(o, trace, user_mask, trace["Q"].device)
         if o.layout == "col":
             comparisons = check.check_sdpa_columns(trace, mask, o.scale)
             if not o.meta:
@@ -253,8 +252,9 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     sizes = "".join(f"{name}={n}  " for name, n in zip(trace.step("scores").dims, batch, strict=False))
     header = f"SDPA  {formula}\n{sizes}n_Q={n_Q}  n_K={n_K}  d_K={d_K}  d_V={d_V}"
     header += f"  seed={o.seed}" if random_inputs else ""
-    result = RunResult("sdpa", header, params, trace, cost.traced_peak_bytes(trace.steps),
-                       cost.fused_peak_bytes(trace.steps), comparisons)
+    extra = _inputs_bytes(mask)
+    result = RunResult("sdpa", header, params, trace, cost.traced_peak_bytes(trace.steps, extra),
+                       cost.fused_peak_bytes(trace.steps, extra), comparisons)
     return _finish(o, result, "attention", len(batch))
 
 
@@ -287,15 +287,9 @@ def _random_sdpa_inputs(o: SdpaOptions, device: str) -> dict[str, torch.Tensor]:
             for name, shape in shapes.items()}
 
 
-def _sdpa_mask(o: SdpaOptions, trace: Trace, user_mask: torch.Tensor | None, device: Any) -> torch.Tensor | None:
-    scores = trace["scores"]
-    col = o.layout == "col"
-    n_Q, n_K = (scores.shape[-1], scores.shape[-2]) if col else (scores.shape[-2], scores.shape[-1])
-    return _build_mask(o, user_mask, n_Q, n_K, device, columns=col)
-
-
 def _sdpa_trace(o: SdpaOptions, inputs: dict[str, torch.Tensor], user_mask: torch.Tensor | None,
-                device: str) -> Trace:
+                device: str) -> tuple[Trace, torch.Tensor | None]:
+    """The traced run, and the mask it used (the check needs the same mask)."""
     from attnscope.attention import project, sdpa, sdpa_columns
 
     prefix = None
@@ -316,12 +310,12 @@ def _sdpa_trace(o: SdpaOptions, inputs: dict[str, torch.Tensor], user_mask: torc
         prefix.notes.extend(trace.notes)
         for name, spec in (("X", o.x), ("W_Q", o.wq), ("W_K", o.wk), ("W_V", o.wv)):
             prefix.set_op(name, f"loaded from {spec}")
-        return prefix
+        return prefix, mask
     dims = ("d_K", "n_Q") if col else ("n_Q", "d_K")
     rand = {"Q": dims, "K": ("d_K", "n_K") if col else ("n_K", "d_K"), "V": ("d_V", "n_K") if col else ("n_K", "d_V")}
     for name, spec in (("Q", o.q), ("K", o.k or o.q), ("V", o.v or o.k or o.q)):
         trace.set_op(name, _input_op(spec, f"torch.randn(n_batch, {', '.join(rand[name])})"))
-    return trace
+    return trace, mask
 
 
 # --- mha -------------------------------------------------------------------------------------------
@@ -365,7 +359,7 @@ def run_mha(o: MhaOptions) -> RunResult:
             shadow = MultiHeadAttention(d_feat, o.heads, bias=o.bias, device="meta")
             estimate = shadow(Q.to("meta"), K.to("meta"), V.to("meta"),
                               mask.to("meta") if mask is not None else None)
-            needed = cost.traced_peak_bytes(estimate.steps, _inputs_bytes(Q, K, V) + _param_bytes(shadow))
+            needed = cost.traced_peak_bytes(estimate.steps, _inputs_bytes(Q, K, V, mask) + _param_bytes(shadow))
             guard_memory(needed + _save_copy(o, needed), o.max_memory)
         torch.manual_seed(o.seed)
         module = MultiHeadAttention(d_feat, o.heads, bias=o.bias, dropout_p=o.dropout, device=device)
@@ -378,7 +372,7 @@ def run_mha(o: MhaOptions) -> RunResult:
 
         comparisons = check.check_mha(module, trace, Q, K, V, mask)
 
-    extra = _inputs_bytes(Q, K, V) + _param_bytes(module)
+    extra = _inputs_bytes(Q, K, V, mask) + _param_bytes(module)
     params: dict[str, Any] = {"batch": n_batch, "nq": n_Q, "nk": n_K, "d_feat": d_feat, "heads": o.heads,
                               "d_head": module.d_head, "bias": o.bias, "dropout": o.dropout, "seed": o.seed,
                               "causal": o.causal, "pad": o.pad, "mask": o.mask, "meta": o.meta,
@@ -403,17 +397,15 @@ def _check_mha_options(o: MhaOptions) -> None:
 
 
 def _check_heads(d_feat: int, heads: int, from_file: bool) -> None:
-    from attnscope.attention import divisors_near
-
     if d_feat % heads:
-        near = " or ".join(f"--heads {h}" for h in divisors_near(d_feat, heads))
+        near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
         source = f"the inputs' d_feat {d_feat}" if from_file else f"--d-feat {d_feat}"
         raise UsageError(f"{source} is not divisible by --heads {heads} (d_head = d_feat / n_head must be whole); "
                          f"try {near}")
 
 
-def _inputs_bytes(*tensors: torch.Tensor) -> int:
-    unique = {id(t): t for t in tensors}
+def _inputs_bytes(*tensors: torch.Tensor | None) -> int:
+    unique = {id(t): t for t in tensors if t is not None}
     return sum(t.numel() * t.element_size() for t in unique.values())
 
 

@@ -210,3 +210,25 @@ def test_mha_dropout_applies_only_in_training():
         dropped = mha(Q)["attention"]
     assert (dropped == 0).any()
     assert "dropout" in mha.train()(Q).step("attention").op
+
+
+def test_gradients_match_pytorch_with_and_without_a_mask():
+    from attnscope.masks import causal_mask
+
+    for mask in (None, causal_mask(3, 5, "lower-right"), causal_mask(6, 5, "lower-right")):  # the last: empty rows
+        leaves = [torch.randn(2, n, 4, requires_grad=True) for n in ((6 if mask is not None and mask.shape[0] == 6
+                                                                       else 3), 5, 5)]
+        ours = sdpa(*leaves, mask)["out"]
+        torch.autograd.backward(ours.sum())
+        ours_grads = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+        F.scaled_dot_product_attention(*leaves, attn_mask=mask).sum().backward()
+        for mine, theirs in zip(ours_grads, [t.grad for t in leaves], strict=True):
+            torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=ATOL)
+
+
+def test_mha_gradients_reach_every_weight():
+    mha = MultiHeadAttention(16, 4)
+    mha(torch.randn(2, 5, 16), mask=torch.tril(torch.ones(5, 5, dtype=torch.bool)))["x"].sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mha.parameters())

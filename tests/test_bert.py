@@ -70,7 +70,7 @@ def test_head_weights_equal_the_models_parameters(request, fixture, layer, head)
     assert (info.n_layer, info.n_head, info.d_model, info.d_head) == (3, 4, 24, 6)
     weights = bert.head_weights(info, layer, head)
     for name, expected in _expected_head(model, layer, head).items():
-        torch.testing.assert_close(weights.tensors[name], expected.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(weights.as_torch()[name], expected.detach(), rtol=0, atol=0)
     expected_source = f"encoder.layer.{layer}.attention.output.dense.weight[:, {head * 6}:{head * 6 + 6}]"
     assert weights.sources["W_O"] == expected_source
 
@@ -80,7 +80,7 @@ def test_prefixed_checkpoint_of_a_task_model(tmp_path):
     info = bert.inspect(tmp_path / "mlm")
     assert info.prefix == "bert."
     weights = bert.head_weights(info, 1, 2)
-    torch.testing.assert_close(weights.tensors["W_K"], _expected_head(model.bert, 1, 2)["W_K"].detach())
+    torch.testing.assert_close(weights.as_torch()["W_K"], _expected_head(model.bert, 1, 2)["W_K"].detach())
 
 
 @pytest.mark.parametrize("fixture", ["tiny", "tiny_bin"])
@@ -99,14 +99,14 @@ def test_text_pattern_equals_eager_output_attentions(request, fixture):
     assert run.tokens[0] == "[CLS]" and run.tokens[-1] == "[SEP]" and "cat" in run.tokens
 
 
-def test_dump_does_not_import_transformers_modeling(tiny):
+def test_dump_imports_neither_torch_nor_transformers(tiny):
     import subprocess
     import sys
 
     folder, _ = tiny
     code = (f"import sys; from attnscope.cli import main; sys.argv = ['attnscope', 'bert', '--model', {str(folder)!r},"
             " '--json']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-            "print('LOADED', any(m.startswith('transformers') for m in sys.modules), file=sys.stderr)")
+            "print('LOADED', any(m.split('.')[0] in ('torch', 'transformers') for m in sys.modules), file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "LOADED False" in result.stderr, result.stderr
     assert json.loads(result.stdout)["model"]["d_head"] == 6
@@ -232,3 +232,17 @@ def test_locate_rejects_missing_local_folder():
         bert.locate("./definitely/not/here")
     with pytest.raises((ResourceError, UsageError)):
         bert.locate("not a valid name!!")
+
+
+def test_bfloat16_checkpoint_is_read_through_torch(tmp_path, tiny):
+    """NumPy has no bfloat16: those slices come through torch, with the same values."""
+    folder, model = tiny
+    bf16 = tmp_path / "bf16"
+    model.to(torch.bfloat16).save_pretrained(bf16)
+    model.to(torch.float32)
+    weights = bert.head_weights(bert.inspect(bf16), 2, 1)
+    assert weights.tensors["W_Q"].dtype == torch.bfloat16
+    expected = _expected_head(model, 2, 1)["W_Q"].detach().to(torch.bfloat16)
+    torch.testing.assert_close(weights.tensors["W_Q"], expected, rtol=0, atol=0)
+    stats = bert.weight_stats(weights.tensors["W_Q"])
+    assert abs(stats["std"] - float(expected.double().std())) < 1e-12
