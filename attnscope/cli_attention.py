@@ -8,10 +8,16 @@ import typer
 
 from attnscope.cli_options import (
     AttentionCommand,
+    Batch,
+    Bias,
     CausalOpt,
     Check,
     Debug,
+    DFeat,
+    Dk,
+    Dv,
     Force,
+    Heads,
     HeatmapBatch,
     HeatmapOpt,
     Json,
@@ -20,6 +26,9 @@ from attnscope.cli_options import (
     MaskFile,
     MaxMemory,
     Meta,
+    Nk,
+    NkOrNq,
+    Nq,
     Pad,
     QFile,
     Save,
@@ -50,11 +59,11 @@ MHA_EXAMPLES = """Examples:
 
 
 def sdpa(
-    batch: Annotated[int, typer.Option("--batch", min=1, help="n_batch of the random inputs.")] = 3,
-    nq: Annotated[int, typer.Option("--nq", min=1, help="n_Q: number of queries.")] = 30,
-    nk: Annotated[int, typer.Option("--nk", min=1, help="n_K: number of keys (and values).")] = 50,
-    dk: Annotated[int, typer.Option("--dk", min=1, help="d_K: size of each query and key.")] = 128,
-    dv: Annotated[int, typer.Option("--dv", min=1, help="d_V: size of each value (free to differ from d_K).")] = 256,
+    batch: Batch = 3,
+    nq: Nq = 30,
+    nk: Nk = 50,
+    dk: Dk = 128,
+    dv: Dv = 256,
     seed: Seed = 0,
     q: QFile = None,
     k: KFile = None,
@@ -96,12 +105,12 @@ def sdpa(
 
 
 def mha(
-    batch: Annotated[int, typer.Option("--batch", min=1, help="n_batch of the random inputs.")] = 128,
-    nq: Annotated[int, typer.Option("--nq", min=1, help="n_Q: number of queries.")] = 32,
-    nk: Annotated[int | None, typer.Option("--nk", min=1, help="n_K: number of keys; differs from --nq for cross-attention.  \\[default: --nq]")] = None,
-    d_feat: Annotated[int, typer.Option("--d-feat", min=1, help="d_feat: model width, split into --heads heads.")] = 200,
-    heads: Annotated[int, typer.Option("--heads", min=1, help="n_head: number of heads; d_head = d_feat / n_head.")] = 5,
-    bias: Annotated[bool, typer.Option("--bias/--no-bias", help="Bias in the four Linear layers.")] = True,
+    batch: Batch = 128,
+    nq: Nq = 32,
+    nk: NkOrNq = None,
+    d_feat: DFeat = 200,
+    heads: Heads = 5,
+    bias: Bias = True,
     dropout: Annotated[float, typer.Option("--dropout", help="Dropout on the attention weights, in \\[0, 1).")] = 0.0,
     seed: Seed = 0,
     q: QFile = None,

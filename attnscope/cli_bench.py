@@ -6,7 +6,21 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnscope.cli_options import AttentionCommand, CausalOpt, Debug, Json
+from attnscope.cli_options import (
+    AttentionCommand,
+    Batch,
+    Bias,
+    CausalOpt,
+    Debug,
+    DFeat,
+    Dk,
+    Dv,
+    Heads,
+    Json,
+    Nk,
+    NkOrNq,
+    Nq,
+)
 
 if TYPE_CHECKING:
     from attnscope.bench import BenchResult
@@ -37,11 +51,11 @@ MHA_EXAMPLES = """Examples:
 
 @bench_app.command("sdpa", cls=AttentionCommand, epilog=SDPA_EXAMPLES)
 def bench_sdpa(
-    batch: Annotated[int, typer.Option("--batch", min=1, help="n_batch.")] = 3,
-    nq: Annotated[int, typer.Option("--nq", min=1, help="n_Q.")] = 30,
-    nk: Annotated[int, typer.Option("--nk", min=1, help="n_K.")] = 50,
-    dk: Annotated[int, typer.Option("--dk", min=1, help="d_K.")] = 128,
-    dv: Annotated[int, typer.Option("--dv", min=1, help="d_V.")] = 256,
+    batch: Batch = 3,
+    nq: Nq = 30,
+    nk: Nk = 50,
+    dk: Dk = 128,
+    dv: Dv = 256,
     causal: CausalOpt = None,
     device: Device = "cpu",
     dtype: Dtype = "float32",
@@ -67,12 +81,12 @@ def bench_sdpa(
 
 @bench_app.command("mha", cls=AttentionCommand, epilog=MHA_EXAMPLES)
 def bench_mha(
-    batch: Annotated[int, typer.Option("--batch", min=1, help="n_batch.")] = 128,
-    nq: Annotated[int, typer.Option("--nq", min=1, help="n_Q.")] = 32,
-    nk: Annotated[int | None, typer.Option("--nk", min=1, help="n_K \\[default: --nq]")] = None,
-    d_feat: Annotated[int, typer.Option("--d-feat", min=1, help="d_feat.")] = 200,
-    heads: Annotated[int, typer.Option("--heads", min=1, help="n_head.")] = 5,
-    bias: Annotated[bool, typer.Option("--bias/--no-bias", help="Bias in the Linear layers.")] = True,
+    batch: Batch = 128,
+    nq: Nq = 32,
+    nk: NkOrNq = None,
+    d_feat: DFeat = 200,
+    heads: Heads = 5,
+    bias: Bias = True,
     causal: CausalOpt = None,
     device: Device = "cpu",
     dtype: Dtype = "float32",

@@ -40,6 +40,16 @@ def _size(help: str, flag: str) -> object:
     return typer.Option(flag, min=1, help=help)
 
 
+# Sizes: the same option means the same thing in sdpa, mha and bench; only the defaults differ per command.
+Batch = Annotated[int, typer.Option("--batch", min=1, help="n_batch: sequences in the batch.")]
+Nq = Annotated[int, typer.Option("--nq", min=1, help="n_Q: number of queries.")]
+Nk = Annotated[int, typer.Option("--nk", min=1, help="n_K: number of keys (and values).")]
+NkOrNq = Annotated[int | None, typer.Option("--nk", min=1, help="n_K: number of keys; a value other than --nq makes it cross-attention.  \\[default: --nq]")]
+Dk = Annotated[int, typer.Option("--dk", min=1, help="d_K: size of each query and key.")]
+Dv = Annotated[int, typer.Option("--dv", min=1, help="d_V: size of each value (free to differ from d_K).")]
+DFeat = Annotated[int, typer.Option("--d-feat", min=1, help="d_feat: model width, split into --heads heads.")]
+Heads = Annotated[int, typer.Option("--heads", min=1, help="n_head: number of heads; d_head = d_feat / n_head.")]
+Bias = Annotated[bool, typer.Option("--bias/--no-bias", help="Bias in the four Linear layers.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed for the random inputs and weights.")]
 QFile = Annotated[str | None, typer.Option("--q", metavar="FILE", help="Queries from a file (.npy .npz .safetensors .pt; FILE:NAME picks one tensor).", rich_help_panel="Inputs")]
 KFile = Annotated[str | None, typer.Option("--k", metavar="FILE", help="Keys from a file (default: the queries: self-attention).", rich_help_panel="Inputs")]
