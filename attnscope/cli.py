@@ -7,6 +7,7 @@ A traceback shows only with --debug. torch is never imported here, so --help sta
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,7 +60,7 @@ def reported(debug: bool) -> Iterator[None]:
         warnings.simplefilter("ignore")
     try:
         yield
-    except (typer.Exit, typer.Abort, ClickException):
+    except (typer.Exit, typer.Abort, ClickException, BrokenPipeError):
         raise
     except AttnscopeError as exc:
         if debug:
@@ -122,7 +123,8 @@ def main() -> None:
     except typer.Abort:
         sys.stderr.write("attnscope: aborted\n")
         sys.exit(130)
-    except BrokenPipeError:  # `attnscope sdpa | head`: the reader left, nothing is wrong
-        sys.stderr.close()
-        sys.exit(0)
+    except BrokenPipeError:  # `attnscope sdpa | head`: the reader left early, nothing to report
+        # Point stdout at devnull so the interpreter's final flush does not fail a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)  # 128 + SIGPIPE, what a shell tool killed by the closed pipe would give
     sys.exit(code if isinstance(code, int) else 0)

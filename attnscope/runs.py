@@ -162,10 +162,10 @@ def _input_op(spec: str | None, random_op: str) -> str:
     return f"loaded from {spec}" if spec else random_op
 
 
-def _finish(o: AttentionOptions, result: RunResult, attention_step: str, batch_dims: int) -> RunResult:
+def _finish(o: AttentionOptions, result: RunResult) -> RunResult:
     """Heatmap and --save, the same for every command."""
     if o.heatmap:
-        result.heatmap = heatmap_of(result.trace[attention_step], batch_dims, o.heatmap_batch, o.heatmap_head)
+        result.heatmap = heatmap_of(result.trace["attention"], o.heatmap_batch, o.heatmap_head)
     if o.save:
         from attnscope.tensors import save_tensors
 
@@ -174,7 +174,7 @@ def _finish(o: AttentionOptions, result: RunResult, attention_step: str, batch_d
     return result
 
 
-def heatmap_of(attention: torch.Tensor, batch_dims: int, batch: int, head: int) -> Heatmap:
+def heatmap_of(attention: torch.Tensor, batch: int, head: int) -> Heatmap:
     """Pick one [n_Q, n_K] pattern out of `[n_batch, (n_head,) n_Q, n_K]`."""
     index: list[int] = []
     leading = list(attention.shape[:-2])
@@ -199,9 +199,8 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     random_inputs = not any(files.values())
     masked = bool(o.causal or o.pad or o.mask)
     if random_inputs and not o.meta:
-        guard_memory(cost.sdpa_bytes(o.batch, o.nq, o.nk, o.dk, o.dv, masked=masked)
-                     + _save_copy(o, cost.sdpa_bytes(o.batch, o.nq, o.nk, o.dk, o.dv, masked=masked)),
-                     o.max_memory)
+        needed = cost.sdpa_bytes(o.batch, o.nq, o.nk, o.dk, o.dv, masked=masked)
+        guard_memory(needed + _save_copy(o, needed), o.max_memory)
     import torch
 
     from attnscope.tensors import load_tensor
@@ -255,7 +254,7 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     extra = _inputs_bytes(mask)
     result = RunResult("sdpa", header, params, trace, cost.traced_peak_bytes(trace.steps, extra),
                        cost.fused_peak_bytes(trace.steps, extra), comparisons)
-    return _finish(o, result, "attention", len(batch))
+    return _finish(o, result)
 
 
 def _check_sdpa_options(o: SdpaOptions) -> None:
@@ -336,6 +335,7 @@ def run_mha(o: MhaOptions) -> RunResult:
     user_mask = _load(o.mask)
     Q, K, V = _load(o.q), _load(o.k), _load(o.v)
     device = "meta" if o.meta else "cpu"
+    dtype_note = None
     d_feat = int(Q.shape[-1]) if Q is not None and Q.dim() else o.d_feat
     _check_heads(d_feat, o.heads, from_file=Q is not None)
     if Q is None:
@@ -344,10 +344,12 @@ def run_mha(o: MhaOptions) -> RunResult:
         K = torch.randn(o.batch, n_K, d_feat, generator=generator, device=device) if cross else Q
         V = torch.randn(o.batch, n_K, d_feat, generator=generator, device=device) if cross else Q
     else:
+        from attnscope.attention import common_dtype
+
         K = Q if K is None else K
         V = K if V is None else V
-        if not all(t.is_floating_point() for t in (Q, K, V)):
-            Q, K, V = Q.float(), K.float(), V.float()
+        dtype, dtype_note = common_dtype(Q, K, V)  # integers -> float32, mixed floats -> the wider one
+        Q, K, V = (t.to(dtype) for t in (Q, K, V))
         if o.meta:
             Q, K, V = Q.to("meta"), K.to("meta"), V.to("meta")
     n_batch = int(Q.shape[0]) if Q.dim() == 3 else 0
@@ -356,15 +358,18 @@ def run_mha(o: MhaOptions) -> RunResult:
 
     with torch.no_grad():
         if o.q and not o.meta:  # file inputs: the estimate needs their shapes, so it comes after loading
-            shadow = MultiHeadAttention(d_feat, o.heads, bias=o.bias, device="meta")
+            shadow = MultiHeadAttention(d_feat, o.heads, bias=o.bias, device="meta", dtype=Q.dtype)
             estimate = shadow(Q.to("meta"), K.to("meta"), V.to("meta"),
                               mask.to("meta") if mask is not None else None)
             needed = cost.traced_peak_bytes(estimate.steps, _inputs_bytes(Q, K, V, mask) + _param_bytes(shadow))
             guard_memory(needed + _save_copy(o, needed), o.max_memory)
         torch.manual_seed(o.seed)
-        module = MultiHeadAttention(d_feat, o.heads, bias=o.bias, dropout_p=o.dropout, device=device)
+        # the weights take the inputs' dtype: a float64 file runs in float64, as sdpa does
+        module = MultiHeadAttention(d_feat, o.heads, bias=o.bias, dropout_p=o.dropout, device=device, dtype=Q.dtype)
         module.train(o.dropout > 0)  # dropout is applied only when asked for
         trace = module(Q, K, V, mask)
+        if o.q and dtype_note:
+            trace.notes.append(dtype_note)
 
     comparisons: list[Comparison] = []
     if o.check:
@@ -383,7 +388,7 @@ def run_mha(o: MhaOptions) -> RunResult:
               f"d_head={module.d_head}  seed={o.seed}")
     result = RunResult("mha", header, params, trace, cost.traced_peak_bytes(trace.steps, extra),
                        cost.fused_peak_bytes(trace.steps, extra), comparisons)
-    return _finish(o, result, "attention", 2)
+    return _finish(o, result)
 
 
 def _check_mha_options(o: MhaOptions) -> None:

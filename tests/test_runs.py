@@ -155,3 +155,13 @@ def test_bad_option_combinations(options, message):
 def test_memory_guard_refuses_with_the_estimate():
     with pytest.raises(ResourceError, match=r"needs about .* --max-memory .* --meta"):
         run_sdpa(SdpaOptions(max_memory=1000))
+
+
+def test_mha_float64_and_integer_files_take_the_inputs_dtype(tmp_path):
+    np.save(tmp_path / "d.npy", np.random.default_rng(4).standard_normal((2, 5, 8)))
+    np.save(tmp_path / "i.npy", np.arange(80).reshape(2, 5, 8) % 3)
+    wide = run_mha(MhaOptions(q=str(tmp_path / "d.npy"), heads=2, check=True))
+    assert wide.trace["x"].dtype == torch.float64 and not wide.check_failed
+    ints = run_mha(MhaOptions(q=str(tmp_path / "i.npy"), heads=2, check=True))
+    assert ints.trace["x"].dtype == torch.float32 and not ints.check_failed
+    assert any("float32" in note for note in ints.trace.notes)
