@@ -41,14 +41,21 @@ def compare(name: str, reference_name: str, ours: torch.Tensor, reference: torch
             skip: torch.Tensor | None = None) -> Comparison:
     """Max |ours - reference| against `atol + rtol * max|reference|`; `skip` (broadcastable) leaves rows out."""
     atol, rtol = TOLERANCES.get(ours.dtype, TOLERANCES[torch.float32])
-    ours, reference = ours.detach().double(), reference.detach().double()
     if ours.shape != reference.shape:
         return Comparison(name, reference_name, float("inf"), 0.0)
+    if not ours.numel():
+        return Comparison(name, reference_name, 0.0, atol)
+    reference = reference.detach().to(ours.dtype)
     if skip is not None:
-        ours, reference = ours.masked_fill(skip, 0.0), reference.masked_fill(skip, 0.0)
-    diff = (ours - reference).abs().max().item() if ours.numel() else 0.0
-    scale = reference.abs().max().item() if reference.numel() else 0.0
-    return Comparison(name, reference_name, diff, atol + rtol * scale)
+        reference = torch.where(skip, 0.0, reference)
+    # One temporary in the tensors' own dtype (the compared tensors may be as large as the attention
+    # itself; float64 copies would triple the memory --check needs).
+    diff = torch.sub(ours.detach(), reference)
+    if skip is not None:
+        diff.masked_fill_(skip, 0.0)
+    max_diff = float(diff.abs_().max())  # NaN anywhere makes it NaN, and NaN never passes
+    low, high = torch.aminmax(reference)
+    return Comparison(name, reference_name, max_diff, atol + rtol * max(abs(float(low)), abs(float(high))))
 
 
 def check_sdpa(trace: Trace, mask: torch.Tensor | None, scale: float | None) -> list[Comparison]:

@@ -200,7 +200,7 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     masked = bool(o.causal or o.pad or o.mask)
     if random_inputs and not o.meta:
         needed = cost.sdpa_bytes(o.batch, o.nq, o.nk, o.dk, o.dv, masked=masked)
-        guard_memory(needed + _save_copy(o, needed), o.max_memory)
+        guard_memory(needed + _flag_overhead(o, needed), o.max_memory)
     import torch
 
     from attnscope.tensors import load_tensor
@@ -216,7 +216,7 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
             estimate, estimate_mask = _sdpa_trace(o, {n: t.to("meta") for n, t in loaded.items()}, user_mask, "meta")
             peak = cost.traced_peak_bytes(estimate.steps, _inputs_bytes(estimate_mask))
             if not o.meta:
-                guard_memory(peak + _save_copy(o, peak), o.max_memory)
+                guard_memory(peak + _flag_overhead(o, peak), o.max_memory)
             inputs = loaded
         else:
             inputs = _random_sdpa_inputs(o, "meta" if o.meta else "cpu")
@@ -270,9 +270,11 @@ def _check_sdpa_options(o: SdpaOptions) -> None:
         raise UsageError(f"--layout {o.layout}: use row or col")
 
 
-def _save_copy(o: AttentionOptions, traced: int) -> int:
-    """--save writes contiguous private copies of the steps: count them."""
-    return traced if o.save else 0
+def _flag_overhead(o: AttentionOptions, traced: int) -> int:
+    """What the output flags add to a traced run's peak: --save writes contiguous private copies of the
+    steps, and --check runs PyTorch's own attention beside it, which (on CPU, or with attention weights
+    returned) materializes as much again."""
+    return traced * (bool(o.save) + bool(o.check))
 
 
 def _random_sdpa_inputs(o: SdpaOptions, device: str) -> dict[str, torch.Tensor]:
@@ -327,7 +329,7 @@ def run_mha(o: MhaOptions) -> RunResult:
     masked = bool(o.causal or o.pad or o.mask)
     if not o.q and not o.meta:
         needed = cost.mha_bytes(o.batch, o.nq, n_K, o.d_feat, o.heads, bias=o.bias, cross=cross, masked=masked)
-        guard_memory(needed + _save_copy(o, needed), o.max_memory)
+        guard_memory(needed + _flag_overhead(o, needed), o.max_memory)
     import torch
 
     from attnscope.attention import MultiHeadAttention
@@ -362,7 +364,7 @@ def run_mha(o: MhaOptions) -> RunResult:
             estimate = shadow(Q.to("meta"), K.to("meta"), V.to("meta"),
                               mask.to("meta") if mask is not None else None)
             needed = cost.traced_peak_bytes(estimate.steps, _inputs_bytes(Q, K, V, mask) + _param_bytes(shadow))
-            guard_memory(needed + _save_copy(o, needed), o.max_memory)
+            guard_memory(needed + _flag_overhead(o, needed), o.max_memory)
         torch.manual_seed(o.seed)
         # the weights take the inputs' dtype: a float64 file runs in float64, as sdpa does
         module = MultiHeadAttention(d_feat, o.heads, bias=o.bias, dropout_p=o.dropout, device=device, dtype=Q.dtype)

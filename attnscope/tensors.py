@@ -10,11 +10,11 @@ import json
 import os
 import pickle
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnscope.errors import UsageError
+from attnscope.errors import ResourceError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +43,7 @@ def load_tensor(spec: str) -> torch.Tensor:
         raise UsageError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     if not os.access(path, os.R_OK):
         raise UsageError(f"{path}: cannot read the file (permission denied)")
+    _check_fits(path)
     try:
         if suffix == ".npy":
             return _one(spec, {"": _load_npy(path)}, name, single=True)
@@ -55,6 +56,16 @@ def load_tensor(spec: str) -> torch.Tensor:
         raise
     except (ValueError, OSError, RuntimeError, EOFError, KeyError) as exc:
         raise UsageError(f"{path}: not a readable {suffix} tensor file ({_first_line(exc)})") from exc
+
+
+def _check_fits(path: Path) -> None:
+    """A file larger than the memory left would get the process killed halfway through loading it."""
+    from attnscope.cost import available_memory, format_bytes
+
+    size, available = path.stat().st_size, available_memory()
+    if available is not None and size > available:
+        raise ResourceError(f"{path} is {format_bytes(size)}, more than the {format_bytes(available)} of memory "
+                            "this machine has available; use a smaller slice of it")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -211,18 +222,54 @@ def _write(handle: Any, tmp: str, suffix: str, tensors: dict[str, torch.Tensor],
         torch.save({**tensors, "__attnscope__": dict(metadata)} if metadata else tensors, handle)
 
 
+STATS_CHUNK = 1 << 20  # elements: float64 copies of this size at most, whatever the tensor's size
+
+
+def _chunks(tensor: torch.Tensor, limit: int = STATS_CHUNK) -> Iterator[torch.Tensor]:
+    """Flat pieces of at most `limit` elements; only a piece is ever copied (a permuted view stays a view)."""
+    if tensor.numel() <= limit:
+        yield tensor.reshape(-1)
+    elif tensor.dim() == 1:
+        yield from tensor.split(limit)
+    else:
+        rows = max(1, limit // tensor[0].numel())  # whole rows per piece
+        for block in tensor.split(rows, dim=0):
+            if block.numel() <= limit:
+                yield block.reshape(-1)
+            else:  # one row is larger than a piece
+                yield from _chunks(block[0], limit)
+
+
 def tensor_stats(tensor: torch.Tensor) -> dict[str, float | int] | None:
-    """min, max, mean, std over the finite values, and how many are NaN or Inf; None for a meta tensor."""
+    """min, max, mean, std (unbiased) over the finite values, and how many are NaN or Inf; None for a meta
+    tensor. Computed chunk by chunk in float64 (Chan's merge of means and squared deviations), so a
+    statistic never needs more than a small fraction of the tensor's memory."""
     import torch
 
     if tensor.device.type == "meta" or tensor.numel() == 0:
         return None
-    values = tensor.detach().to(torch.float64)
-    finite = values[torch.isfinite(values)]
-    stats: dict[str, float | int] = {"nan": int(torch.isnan(values).sum()), "inf": int(torch.isinf(values).sum())}
-    if finite.numel():
-        stats.update(min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean()),
-                     std=float(finite.std()) if finite.numel() > 1 else 0.0)
+    count, mean, m2 = 0, 0.0, 0.0
+    low, high = float("inf"), float("-inf")
+    nan = inf = 0
+    for chunk in _chunks(tensor.detach()):
+        values = chunk.to(torch.float64)
+        finite_mask = torch.isfinite(values)
+        nan += int(torch.isnan(values).sum())
+        inf += int(torch.isinf(values).sum())
+        finite = values[finite_mask]
+        n = finite.numel()
+        if not n:
+            continue
+        chunk_mean = float(finite.mean())
+        chunk_m2 = float(((finite - chunk_mean) ** 2).sum())
+        delta, total = chunk_mean - mean, count + n
+        mean += delta * n / total
+        m2 += chunk_m2 + delta * delta * count * n / total
+        count = total
+        low, high = min(low, float(finite.min())), max(high, float(finite.max()))
+    stats: dict[str, float | int] = {"nan": nan, "inf": inf}
+    if count:
+        stats.update(min=low, max=high, mean=mean, std=(m2 / (count - 1)) ** 0.5 if count > 1 else 0.0)
     else:
         stats.update(min=float("nan"), max=float("nan"), mean=float("nan"), std=float("nan"))
     return stats

@@ -165,3 +165,23 @@ def test_mha_float64_and_integer_files_take_the_inputs_dtype(tmp_path):
     ints = run_mha(MhaOptions(q=str(tmp_path / "i.npy"), heads=2, check=True))
     assert ints.trace["x"].dtype == torch.float32 and not ints.check_failed
     assert any("float32" in note for note in ints.trace.notes)
+
+
+def test_guard_counts_what_check_and_save_add(tmp_path):
+    traced = run_sdpa(SdpaOptions()).peak_bytes
+    run_sdpa(SdpaOptions(max_memory=int(traced * 1.5)))  # fits alone
+    with pytest.raises(ResourceError, match="needs about"):
+        run_sdpa(SdpaOptions(max_memory=int(traced * 1.5), check=True))
+    with pytest.raises(ResourceError, match="needs about"):
+        run_sdpa(SdpaOptions(max_memory=int(traced * 1.5), save=str(tmp_path / "s.npz")))
+    assert not (tmp_path / "s.npz").exists()
+
+
+def test_a_nan_never_passes_the_check():
+    from attnscope.check import compare
+
+    ours = torch.zeros(2, 3)
+    reference = ours.clone()
+    reference[1, 2] = float("nan")
+    assert not compare("out", "ref", ours, reference).passed
+    assert compare("out", "ref", ours, ours.clone()).passed

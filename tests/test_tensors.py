@@ -130,3 +130,32 @@ def test_save_rejects_unknown_suffix_and_missing_folder(tmp_path, q):
         save_tensors({"Q": q}, tmp_path / "out.csv")
     with pytest.raises(UsageError, match="does not exist"):
         save_tensors({"Q": q}, tmp_path / "no" / "out.npz")
+
+
+def test_stats_agree_with_torch_on_a_large_permuted_view():
+    from attnscope.tensors import STATS_CHUNK, tensor_stats
+
+    tensor = (torch.randn(3, 700, 1100) * 3 + 1).permute(2, 0, 1)  # > STATS_CHUNK elements, not contiguous
+    assert tensor.numel() > STATS_CHUNK
+    stats = tensor_stats(tensor)
+    values = tensor.double()
+    for key, expected in (("min", values.min()), ("max", values.max()), ("mean", values.mean()),
+                          ("std", values.std())):
+        assert stats[key] == pytest.approx(float(expected), rel=1e-9, abs=1e-9), key
+
+
+def test_stats_count_nan_and_inf_and_skip_them():
+    from attnscope.tensors import tensor_stats
+
+    stats = tensor_stats(torch.tensor([1.0, float("nan"), float("-inf"), 3.0]))
+    assert (stats["nan"], stats["inf"], stats["min"], stats["max"], stats["mean"]) == (1, 1, 1.0, 3.0, 2.0)
+
+
+def test_file_larger_than_available_memory_is_refused(tmp_path, q, monkeypatch):
+    from attnscope import cost
+    from attnscope.errors import ResourceError
+
+    np.save(tmp_path / "q.npy", q.numpy())
+    monkeypatch.setattr(cost, "available_memory", lambda: 10)
+    with pytest.raises(ResourceError, match="more than the 10 B of memory"):
+        load_tensor(str(tmp_path / "q.npy"))
