@@ -111,7 +111,10 @@ def main() -> None:
     except UsageError as exc:
         context = getattr(exc, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `attnscope`: the help is the answer
-            typer.echo(context.get_help() if context else "")
+            # Rich help was printed while the error was built; plain click help comes as its message.
+            help_text = exc.format_message()  # type: ignore[attr-defined]
+            if help_text:
+                typer.echo(help_text)
             sys.exit(0)
         where = f" (see '{context.command_path} --help')" if context else ""
         message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]

@@ -276,3 +276,10 @@ def test_integer_inputs_say_float32(runner, tmp_path):
     result = runner.invoke(app, ["sdpa", "--q", str(tmp_path / "q.npy")])
     assert result.exit_code == 0
     assert "computed in float32" in result.stdout
+
+
+@pytest.mark.parametrize("args", [[], ["bench"]])
+def test_bare_command_prints_help_once(args):
+    result = subprocess.run([*_installed_attnscope(), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert result.stdout.count("Usage:") == 1
