@@ -15,6 +15,7 @@ from attnscope.masks import causal_mask, key_padding_mask
 ATOL = 1e-5
 
 
+@pytest.mark.filterwarnings("ignore:Lower right causal bias will produce NaNs")  # n_Q > n_K: the point
 @pytest.mark.parametrize(("n_Q", "n_K"), [(4, 4), (3, 7), (6, 2)])
 def test_causal_masks_match_torch_bias(n_Q, n_K):
     assert torch.equal(causal_mask(n_Q, n_K, "upper-left"), causal_upper_left(n_Q, n_K)._materialize())
@@ -114,3 +115,16 @@ def test_mha_three_dim_mask_is_shared_by_every_head():
         expected = F.scaled_dot_product_attention(trace["Q_split"], trace["K_split"], trace["V_split"],
                                                   attn_mask=allowed.unsqueeze(1))
     torch.testing.assert_close(trace["x_raw"], expected, atol=ATOL, rtol=ATOL)
+
+
+def test_combined_boolean_and_float_masks_match_pytorch():
+    from attnscope.masks import combine
+
+    Q, K, V = torch.randn(2, 4, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 3)
+    allowed = causal_mask(4, 6, "lower-right")
+    bias = torch.randn(4, 6)
+    both = combine(allowed, bias)
+    assert both.dtype == torch.float32
+    expected = F.scaled_dot_product_attention(Q, K, V, attn_mask=bias.masked_fill(~allowed, float("-inf")))
+    torch.testing.assert_close(sdpa(Q, K, V, both)["out"], expected, atol=ATOL, rtol=ATOL)
+    assert torch.equal(combine(allowed, key_padding_mask(6, 1)), allowed & key_padding_mask(6, 1))

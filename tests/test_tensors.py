@@ -50,6 +50,7 @@ def test_file_that_would_run_code_is_refused(tmp_path):
         load_tensor(str(tmp_path / "evil.npy"))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
