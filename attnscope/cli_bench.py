@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -65,18 +66,13 @@ def bench_sdpa(
     debug: Debug = False,
 ) -> None:
     """Time attnscope's traced sdpa and F.scaled_dot_product_attention on the same inputs."""
-    from attnscope.cli import reported
+    from attnscope import cost
 
-    with reported(debug):
-        from attnscope import cost
-        from attnscope.runs import guard_memory
-
-        guard_memory(2 * cost.sdpa_bytes(batch, nq, nk, dk, dv, masked=causal is not None), None)
-        _bench().resolve(device, dtype)
-        result = _with_progress(2 * (runs + warmup), lambda tick: _bench().bench_sdpa(
-            batch, nq, nk, dk, dv, causal=causal.value if causal else None, device=device, dtype=dtype,
-            runs=runs, warmup=warmup, tick=tick))
-        _show(result, json)
+    mode = causal.value if causal else None
+    _race(debug, json, device, dtype, contenders=2, runs=runs, warmup=warmup,
+          needed=lambda: cost.sdpa_bytes(batch, nq, nk, dk, dv, masked=causal is not None),
+          work=lambda bench, tick: bench.bench_sdpa(batch, nq, nk, dk, dv, causal=mode, device=device, dtype=dtype,
+                                                    runs=runs, warmup=warmup, tick=tick))
 
 
 @bench_app.command("mha", cls=AttentionCommand, epilog=MHA_EXAMPLES)
@@ -96,46 +92,40 @@ def bench_mha(
     debug: Debug = False,
 ) -> None:
     """Time attnscope's MultiHeadAttention (traced and record=False) and torch.nn.MultiheadAttention."""
+    from attnscope import cost
+    from attnscope.runs import check_heads
+
+    n_K, mode = nq if nk is None else nk, causal.value if causal else None
+
+    def needed() -> int:
+        check_heads(d_feat, heads, from_file=False)
+        return cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=mode is not None)
+
+    _race(debug, json, device, dtype, contenders=3, runs=runs, warmup=warmup, needed=needed,
+          work=lambda bench, tick: bench.bench_mha(batch, nq, n_K, d_feat, heads, bias=bias, causal=mode,
+                                                   device=device, dtype=dtype, runs=runs, warmup=warmup, tick=tick))
+
+
+def _race(debug: bool, json: bool, device: str, dtype: str, *, contenders: int, runs: int, warmup: int,
+          needed: Callable[[], int], work: Callable[[Any, Callable[[str], None]], BenchResult]) -> None:
+    """Check the options, guard memory (every contender's inputs and one traced run's worth more), time
+    the contenders under a progress bar, show the result."""
+    from attnscope import render
     from attnscope.cli import reported
 
     with reported(debug):
-        from attnscope import cost
-        from attnscope.errors import UsageError
         from attnscope.runs import guard_memory
 
-        n_K = nq if nk is None else nk
-        if d_feat % heads:
-            near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
-            raise UsageError(f"--d-feat {d_feat} is not divisible by --heads {heads}; try {near}")
-        guard_memory(2 * cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq,
-                                        masked=causal is not None), None)
-        _bench().resolve(device, dtype)
-        result = _with_progress(3 * (runs + warmup), lambda tick: _bench().bench_mha(
-            batch, nq, n_K, d_feat, heads, bias=bias, causal=causal.value if causal else None, device=device,
-            dtype=dtype, runs=runs, warmup=warmup, tick=tick))
-        _show(result, json)
+        guard_memory(2 * needed(), None)
+        from attnscope import bench  # torch: only once the options and the memory are known to be fine
 
-
-def _bench():  # type: ignore[no-untyped-def]
-    from attnscope import bench
-
-    return bench
-
-
-def _with_progress(total: int, work):  # type: ignore[no-untyped-def]
-    from attnscope import render
-
-    with render.progress_bar(total) as tick:
-        return work(tick)
-
-
-def _show(result: BenchResult, json: bool) -> None:
-    from attnscope import render
-
-    if json:
-        render.emit_json(render.bench_json(result))
-    else:
-        render.show_bench(render.console(), result)
+        bench.resolve(device, dtype)
+        with render.progress_bar(contenders * (runs + warmup)) as tick:
+            result = work(bench, tick)
+        if json:
+            render.emit_json(render.bench_json(result))
+        else:
+            render.show_bench(render.console(), result)
 
 
 def register(app: typer.Typer) -> None:

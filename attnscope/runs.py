@@ -339,7 +339,7 @@ def run_mha(o: MhaOptions) -> RunResult:
     device = "meta" if o.meta else "cpu"
     dtype_note = None
     d_feat = int(Q.shape[-1]) if Q is not None and Q.dim() else o.d_feat
-    _check_heads(d_feat, o.heads, from_file=Q is not None)
+    check_heads(d_feat, o.heads, from_file=Q is not None)
     if Q is None:
         generator = torch.Generator().manual_seed(o.seed) if not o.meta else None
         Q = torch.randn(o.batch, o.nq, d_feat, generator=generator, device=device)
@@ -400,10 +400,11 @@ def _check_mha_options(o: MhaOptions) -> None:
     if o.check and o.dropout > 0:
         raise UsageError("--check compares exact numbers and dropout makes them random; drop --dropout or --check")
     if not o.q:
-        _check_heads(o.d_feat, o.heads, from_file=False)
+        check_heads(o.d_feat, o.heads, from_file=False)
 
 
-def _check_heads(d_feat: int, heads: int, from_file: bool) -> None:
+def check_heads(d_feat: int, heads: int, from_file: bool) -> None:
+    """d_head = d_feat / n_head must be whole; name both numbers and the nearest head counts that divide."""
     if d_feat % heads:
         near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
         source = f"the inputs' d_feat {d_feat}" if from_file else f"--d-feat {d_feat}"
