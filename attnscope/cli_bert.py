@@ -57,7 +57,7 @@ def bert(
                     "tokens": sentence.tokens if sentence else None}
             saved = save_tensors(tensors, save, force=force, metadata=meta)
         if json:
-            render.emit_json(render.bert_json(model, weights, sentence, saved))
+            render.emit_json(render.bert_json(model, text, weights, sentence, saved))
         else:
             render.show_bert(render.console(), weights, sentence, saved)
 

@@ -316,7 +316,8 @@ def show_bert(out: Console, weights: HeadWeights, sentence: SentenceRun | None, 
         out.print(Text(f"saved {count} tensors to {saved}"))
 
 
-def bert_json(model: str, weights: HeadWeights, sentence: SentenceRun | None, saved: Path | None) -> dict[str, Any]:
+def bert_json(model: str, text: str | None, weights: HeadWeights, sentence: SentenceRun | None,
+              saved: Path | None) -> dict[str, Any]:
     from attnscope.bert import describe, weight_stats
 
     info = weights.info
@@ -328,8 +329,7 @@ def bert_json(model: str, weights: HeadWeights, sentence: SentenceRun | None, sa
                         "source": weights.sources[name], "stats": weight_stats(tensor)})
     payload: dict[str, Any] = {
         "command": "bert",
-        "params": {"model": model, "layer": weights.layer, "head": weights.head,
-                   "text": None if sentence is None else " ".join(sentence.tokens)},
+        "params": {"model": model, "layer": weights.layer, "head": weights.head, "text": text},
         "model": {"architecture": info.architecture, "path": str(info.folder), "layers": info.n_layer,
                   "heads": info.n_head, "d_model": info.d_model, "d_head": info.d_head},
         "tensors": tensors,

@@ -140,7 +140,7 @@ def test_cli_text_table_heatmap_json_and_save(runner, tiny, tmp_path):
     target = tmp_path / "with-text.npz"
     payload = json.loads(runner.invoke(app, ["bert", "--model", str(folder), "--layer", "2", "--head", "1",
                                              "--text", SENTENCE, "--json", "--save", str(target)]).stdout)
-    assert payload["tokens"][0] == "[CLS]"
+    assert payload["tokens"][0] == "[CLS]" and payload["params"]["text"] == SENTENCE
     n = len(payload["tokens"])
     assert len(payload["attention"]) == n and all(abs(sum(row) - 1) < 1e-5 for row in payload["attention"])
     import numpy as np
