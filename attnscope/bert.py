@@ -98,14 +98,12 @@ def _from_hub(name: str, need_tokenizer: bool) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HFValidationError
 
-    wanted = ["config.json"]
     try:
         config = _cached_or_download(name, "config.json", hf_hub_download)
         folder = Path(config).parent
         for weights in WEIGHT_FILES:
             try:
                 _cached_or_download(name, weights, hf_hub_download)
-                wanted.append(weights)
                 break
             except FileNotFoundError:
                 continue

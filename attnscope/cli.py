@@ -83,21 +83,11 @@ def reported(debug: bool) -> Iterator[None]:
 
 
 def _register() -> None:
-    from attnscope import cli_attention
+    from attnscope import cli_attention, cli_bench, cli_bert
 
     cli_attention.register(app)
-    try:
-        from attnscope import cli_bert
-    except ImportError:  # pragma: no cover - present once the bert command lands
-        pass
-    else:
-        cli_bert.register(app)
-    try:
-        from attnscope import cli_bench
-    except ImportError:  # pragma: no cover
-        pass
-    else:
-        cli_bench.register(app)
+    cli_bert.register(app)
+    cli_bench.register(app)
 
 
 _register()

@@ -74,18 +74,13 @@ def stats_table(trace: Trace) -> Table:
     return table
 
 
-def show_trace(out: Console, header: str, trace: Trace, *, values: bool = False, stats: bool = False,
-               footer: Sequence[str] = ()) -> None:
+def show_trace(out: Console, header: str, trace: Trace, footer: Sequence[str] = ()) -> None:
     out.print(Text(header, style="bold"))
     out.print(steps_table(trace.steps))
     for line in footer:
         out.print(Text(line))
     for note in trace.notes:
         out.print(Text(f"note: {note}", style="yellow"))
-    if stats:
-        out.print(stats_table(trace))
-    if values:
-        show_values(out, trace)
 
 
 VALUES_LIMIT = 64  # elements: a preview, not a dump; bigger tensors show their corners
