@@ -194,9 +194,10 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[st
     # Contiguous private copies: safetensors refuses views that share memory (Q_split is a view of Q_feat).
     plain = {name: t.detach().cpu().contiguous().clone() for name, t in tensors.items()}
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    os.close(fd)  # each format's writer opens the path itself
     try:
-        with os.fdopen(fd, "wb") as handle:
-            _write(handle, tmp, suffix, plain, metadata or {})
+        _write(tmp, suffix, plain, metadata or {})
+        os.chmod(tmp, _file_mode(target))
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -204,22 +205,34 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[st
     return target
 
 
-def _write(handle: Any, tmp: str, suffix: str, tensors: dict[str, torch.Tensor],
-           metadata: Mapping[str, Any]) -> None:
+def _file_mode(target: Path) -> int:
+    """mkstemp makes its file private (0600); the saved file gets what a plain open() would give it, or
+    keeps the mode of the file it replaces."""
+    if target.exists():
+        return target.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _write(path: str, suffix: str, tensors: dict[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
+    """Every writer streams the tensors' own memory to the file: no second copy of the run in memory
+    (safetensors' `save` would build the whole file as bytes, twice over, before writing it)."""
     import torch
 
     if suffix == ".safetensors":
-        from safetensors.torch import save
+        from safetensors.torch import save_file
 
-        handle.write(save(tensors, metadata={"attnscope": json.dumps(metadata)}))
+        save_file(tensors, path, metadata={"attnscope": json.dumps(metadata)})
     elif suffix == ".npz":
         import numpy as np
 
         if any(t.dtype == torch.bfloat16 for t in tensors.values()):
             raise UsageError("--save: .npz cannot hold bfloat16; save to .safetensors or .pt instead")
-        np.savez(handle, **{name: t.numpy() for name, t in tensors.items()})  # type: ignore[arg-type]
+        with open(path, "wb") as handle:  # a path would get ".npz" appended to the temporary name
+            np.savez(handle, **{name: t.numpy() for name, t in tensors.items()})  # type: ignore[arg-type]
     else:
-        torch.save({**tensors, "__attnscope__": dict(metadata)} if metadata else tensors, handle)
+        torch.save({**tensors, "__attnscope__": dict(metadata)} if metadata else tensors, path)
 
 
 STATS_CHUNK = 1 << 20  # elements: float64 copies of this size at most, whatever the tensor's size

@@ -104,10 +104,12 @@ def test_save_refuses_to_overwrite_without_force(tmp_path, q):
 def test_failed_save_leaves_no_file_behind(tmp_path, q, monkeypatch):
     import safetensors.torch
 
-    def broken_save(*args, **kwargs):
+    def broken_save(tensors, path, metadata=None):
+        with open(path, "wb") as handle:  # fail halfway through the file, as a full disk would
+            handle.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(safetensors.torch, "save", broken_save)
+    monkeypatch.setattr(safetensors.torch, "save_file", broken_save)
     target = tmp_path / "out.safetensors"
     with pytest.raises(OSError):
         save_tensors({"Q": q}, target)
@@ -119,7 +121,7 @@ def test_failed_overwrite_keeps_the_old_file(tmp_path, q, monkeypatch):
 
     target = tmp_path / "out.safetensors"
     target.write_bytes(b"old")
-    monkeypatch.setattr(safetensors.torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(safetensors.torch, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
         save_tensors({"Q": q}, target, force=True)
     assert target.read_bytes() == b"old"
@@ -160,3 +162,20 @@ def test_file_larger_than_available_memory_is_refused(tmp_path, q, monkeypatch):
     monkeypatch.setattr(cost, "available_memory", lambda: 10)
     with pytest.raises(ResourceError, match="more than the 10 B of memory"):
         load_tensor(str(tmp_path / "q.npy"))
+
+
+def test_saved_file_gets_the_usual_permissions(tmp_path, q):
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        fresh = save_tensors({"Q": q}, tmp_path / "fresh.safetensors")
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
+        kept = tmp_path / "kept.npz"
+        kept.write_bytes(b"old")
+        kept.chmod(0o640)
+        save_tensors({"Q": q}, kept, force=True)
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o640
+    finally:
+        os.umask(umask)
