@@ -338,7 +338,9 @@ def run_mha(o: MhaOptions) -> RunResult:
     Q, K, V = _load(o.q), _load(o.k), _load(o.v)
     device = "meta" if o.meta else "cpu"
     dtype_note = None
-    d_feat = int(Q.shape[-1]) if Q is not None and Q.dim() else o.d_feat
+    if Q is not None and Q.dim() != 3:  # before reading d_feat from it: the rank is what is wrong
+        raise UsageError(f"--q {o.q} is {list(Q.shape)} but multi-head attention takes [n_batch, n, d_feat]")
+    d_feat = int(Q.shape[-1]) if Q is not None else o.d_feat
     check_heads(d_feat, o.heads, from_file=Q is not None)
     if Q is None:
         generator = torch.Generator().manual_seed(o.seed) if not o.meta else None

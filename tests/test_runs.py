@@ -185,3 +185,9 @@ def test_a_nan_never_passes_the_check():
     reference[1, 2] = float("nan")
     assert not compare("out", "ref", ours, reference).passed
     assert compare("out", "ref", ours, ours.clone()).passed
+
+
+def test_mha_file_of_the_wrong_rank_says_so(tmp_path):
+    np.save(tmp_path / "flat.npy", np.ones(8, dtype=np.float32))
+    with pytest.raises(UsageError, match=r"is \[8\] but multi-head attention takes \[n_batch, n, d_feat\]"):
+        run_mha(MhaOptions(q=str(tmp_path / "flat.npy")))
