@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnscope import bert
 from attnscope.cli import app
 from attnscope.errors import ResourceError, UsageError
+from attnscope.models import bert, checkpoint, hub
 
 WORDS = ["the", "cat", "sat", "on", "mat", "because", "it", "was", "tired", ".", "dog", "ran"]
 SENTENCE = "The cat sat on the mat because it was tired."
@@ -229,9 +229,9 @@ def test_save_onto_existing_file_refused(runner, tiny, tmp_path):
 
 def test_locate_rejects_missing_local_folder():
     with pytest.raises(UsageError, match="no such folder"):
-        bert.locate("./definitely/not/here")
+        hub.locate("./definitely/not/here")
     with pytest.raises((ResourceError, UsageError)):
-        bert.locate("not a valid name!!")
+        hub.locate("not a valid name!!")
 
 
 def test_bfloat16_checkpoint_is_read_through_torch(tmp_path, tiny):
@@ -244,5 +244,5 @@ def test_bfloat16_checkpoint_is_read_through_torch(tmp_path, tiny):
     assert weights.tensors["W_Q"].dtype == torch.bfloat16
     expected = _expected_head(model, 2, 1)["W_Q"].detach().to(torch.bfloat16)
     torch.testing.assert_close(weights.tensors["W_Q"], expected, rtol=0, atol=0)
-    stats = bert.weight_stats(weights.tensors["W_Q"])
+    stats = checkpoint.weight_stats(weights.tensors["W_Q"])
     assert abs(stats["std"] - float(expected.double().std())) < 1e-12

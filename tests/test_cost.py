@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from attnscope import cost
-from attnscope.runs import MhaOptions, SdpaOptions, run_mha, run_sdpa
+from attnscope.runs.mha import MhaOptions, run_mha
+from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 
 
 @pytest.mark.parametrize("causal", [None, "upper-left"])

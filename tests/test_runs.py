@@ -9,9 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnscope import load_tensor, runs
+from attnscope import load_tensor
 from attnscope.errors import ResourceError, UsageError
-from attnscope.runs import MhaOptions, SdpaOptions, run_mha, run_sdpa
+from attnscope.runs import sdpa as sdpa_run
+from attnscope.runs.mha import MhaOptions, run_mha
+from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 
 ATOL = 1e-5
 
@@ -129,7 +131,7 @@ def test_save_writes_every_step_by_name(tmp_path):
 def test_save_onto_existing_file_is_refused_before_any_work(tmp_path, monkeypatch):
     target = tmp_path / "out.npz"
     target.write_bytes(b"keep me")
-    monkeypatch.setattr(runs, "_sdpa_trace", lambda *a, **k: pytest.fail("computed before refusing"))
+    monkeypatch.setattr(sdpa_run, "_sdpa_trace", lambda *a, **k: pytest.fail("computed before refusing"))
     with pytest.raises(UsageError, match="--force"):
         run_sdpa(SdpaOptions(save=str(target)))
     assert target.read_bytes() == b"keep me"

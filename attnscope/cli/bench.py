@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnscope.cli_options import (
+from attnscope.cli.errors import reported
+from attnscope.cli.options import (
     AttentionCommand,
     Batch,
     Bias,
@@ -93,7 +94,7 @@ def bench_mha(
 ) -> None:
     """Time attnscope's MultiHeadAttention (traced and record=False) and torch.nn.MultiheadAttention."""
     from attnscope import cost
-    from attnscope.runs import check_heads
+    from attnscope.runs.common import check_heads
 
     n_K, mode = nq if nk is None else nk, causal.value if causal else None
 
@@ -111,10 +112,9 @@ def _race(debug: bool, json: bool, device: str, dtype: str, *, contenders: int, 
     """Check the options, guard memory (every contender's inputs and one traced run's worth more), time
     the contenders under a progress bar, show the result."""
     from attnscope import render
-    from attnscope.cli import reported
 
     with reported(debug):
-        from attnscope.runs import guard_memory
+        from attnscope.runs.common import guard_memory
 
         guard_memory(2 * needed(), None)
         from attnscope import bench  # torch: only once the options and the memory are known to be fine

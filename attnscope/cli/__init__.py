@@ -1,28 +1,21 @@
 """The `attnscope` command: a thin Typer shell over the core.
 
-Each command parses its options, calls the core, and hands the result to render.py. Errors become one
-line on stderr: exit 2 for a bad option, argument, file or shape, exit 1 for a failure at run time.
-A traceback shows only with --debug. torch is never imported here, so --help starts in a blink.
+One module per command (sdpa, mha, bert, bench), the shared option types in options.py and error
+reporting in errors.py. Each command parses its options, calls the core, and hands the result to
+render. Errors become one line on stderr: exit 2 for a bad option, argument, file or shape, exit 1 for
+a failure at run time. A traceback shows only with --debug. torch is never imported here, so --help starts in a blink.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 
 from attnscope import __version__
-from attnscope.errors import AttnscopeError
-
-# Typer re-exports BadParameter but not its bases; older Typer takes them from click, newer vendors its own
-# copy. Found through the MRO, the same code works with both.
-_CLICK_BASES = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
-UsageError: type[Exception] = _CLICK_BASES["UsageError"]
-ClickException: type[Exception] = _CLICK_BASES["ClickException"]
+from attnscope.cli.errors import ClickException, ClickUsageError
 
 app = typer.Typer(
     name="attnscope",
@@ -49,45 +42,13 @@ def _root(
     """Run attention and see every intermediate tensor: its name, shape, named dims and the op that made it."""
 
 
-@contextmanager
-def reported(debug: bool) -> Iterator[None]:
-    """Turn every failure into one line on stderr and an exit code; --debug shows the traceback instead."""
-    import warnings
-
-    from attnscope import render
-
-    if not debug:  # library warnings would add lines to a one-line error; --debug shows everything
-        warnings.simplefilter("ignore")
-    try:
-        yield
-    except (typer.Exit, typer.Abort, ClickException, BrokenPipeError):
-        raise
-    except AttnscopeError as exc:
-        if debug:
-            raise
-        render.error(str(exc))
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        render.error("interrupted")
-        raise typer.Exit(130) from None
-    except MemoryError:
-        if debug:
-            raise
-        render.error("out of memory; use --meta to see shapes and costs without allocating, or shrink the sizes")
-        raise typer.Exit(1) from None
-    except Exception as exc:  # a bug or a library failure: still one line, with the way to see more
-        if debug:
-            raise
-        render.error(f"{type(exc).__name__}: {exc} (run again with --debug for the traceback)")
-        raise typer.Exit(1) from None
-
-
 def _register() -> None:
-    from attnscope import cli_attention, cli_bench, cli_bert
+    from attnscope.cli import bench, bert, mha, sdpa
 
-    cli_attention.register(app)
-    cli_bert.register(app)
-    cli_bench.register(app)
+    sdpa.register(app)
+    mha.register(app)
+    bert.register(app)
+    bench.register(app)
 
 
 _register()
@@ -98,7 +59,7 @@ def main() -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(prog_name="attnscope", standalone_mode=False)
-    except UsageError as exc:
+    except ClickUsageError as exc:
         context = getattr(exc, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `attnscope`: the help is the answer
             # Rich help was printed while the error was built; plain click help comes as its message.

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli_options import Debug, Force, Json, Save
+from attnscope.cli.errors import reported
+from attnscope.cli.options import Debug, Force, Json, Save
 
 BERT_EXAMPLES = """Examples:
 
@@ -29,17 +30,17 @@ def bert(
 ) -> None:
     """One BERT head: its slice of the query/key/value/output weights, and (with --text) its attention."""
     from attnscope import render
-    from attnscope.cli import reported
 
     with reported(debug):
-        from attnscope import bert as core
+        from attnscope.models import bert as core
+        from attnscope.models import hub
         from attnscope.tensors import check_writable, save_tensors
 
         if save:
             check_writable(save, force)
         status = render.console(stderr=True)
         with status.status(f"locating {model}"):
-            folder = core.locate(model, need_tokenizer=text is not None)
+            folder = hub.locate(model, need_tokenizer=text is not None)
             info = core.inspect(folder)
             core.check_position(info, layer, head)
         with status.status(f"reading layer {layer}, head {head}"):

@@ -1,0 +1,53 @@
+"""Error reporting for every command: one line on stderr and an exit code, a traceback only with --debug.
+
+Exit 2 for a bad option, argument, file or shape (`errors.UsageError`), exit 1 for a failure at run
+time. The internal-error line ("... run again with --debug") is for real bugs only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+
+from attnscope.errors import AttnscopeError
+
+# Typer re-exports BadParameter but not its bases; older Typer takes them from click, newer vendors its own
+# copy. Found through the MRO, the same code works with both.
+_CLICK_BASES = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+ClickUsageError: type[Exception] = _CLICK_BASES["UsageError"]
+ClickException: type[Exception] = _CLICK_BASES["ClickException"]
+
+
+@contextmanager
+def reported(debug: bool) -> Iterator[None]:
+    """Turn every failure into one line on stderr and an exit code; --debug shows the traceback instead."""
+    import warnings
+
+    from attnscope import render
+
+    if not debug:  # library warnings would add lines to a one-line error; --debug shows everything
+        warnings.simplefilter("ignore")
+    try:
+        yield
+    except (typer.Exit, typer.Abort, ClickException, BrokenPipeError):
+        raise
+    except AttnscopeError as exc:
+        if debug:
+            raise
+        render.error(str(exc))
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        render.error("interrupted")
+        raise typer.Exit(130) from None
+    except MemoryError:
+        if debug:
+            raise
+        render.error("out of memory; use --meta to see shapes and costs without allocating, or shrink the sizes")
+        raise typer.Exit(1) from None
+    except Exception as exc:  # a bug or a library failure: still one line, with the way to see more
+        if debug:
+            raise
+        render.error(f"{type(exc).__name__}: {exc} (run again with --debug for the traceback)")
+        raise typer.Exit(1) from None

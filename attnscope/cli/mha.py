@@ -1,0 +1,91 @@
+"""`attnscope mha`: parse options, call attnscope.runs.mha, hand the result to render."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from attnscope.cli.common import max_memory_bytes, show_run
+from attnscope.cli.errors import reported
+from attnscope.cli.options import (
+    AttentionCommand,
+    Batch,
+    Bias,
+    CausalOpt,
+    Check,
+    Debug,
+    DFeat,
+    Force,
+    Heads,
+    HeatmapBatch,
+    HeatmapOpt,
+    Json,
+    KFile,
+    MaskFile,
+    MaxMemory,
+    Meta,
+    NkOrNq,
+    Nq,
+    Pad,
+    QFile,
+    Save,
+    Seed,
+    Stats,
+    Values,
+    VFile,
+)
+
+MHA_EXAMPLES = """Examples:
+
+  attnscope mha --d-feat 200 --heads 5
+
+  attnscope mha --nq 16 --nk 40 --heads 4 --d-feat 64 --check
+
+  attnscope mha --d-feat 4096 --heads 32 --batch 8 --nq 1000000 --meta"""
+
+
+def mha(
+    batch: Batch = 128,
+    nq: Nq = 32,
+    nk: NkOrNq = None,
+    d_feat: DFeat = 200,
+    heads: Heads = 5,
+    bias: Bias = True,
+    dropout: Annotated[float, typer.Option("--dropout", help="Dropout on the attention weights, in \\[0, 1).")] = 0.0,
+    seed: Seed = 0,
+    q: QFile = None,
+    k: KFile = None,
+    v: VFile = None,
+    causal: CausalOpt = None,
+    mask: MaskFile = None,
+    pad: Pad = 0,
+    check: Check = False,
+    json: Json = False,
+    save: Save = None,
+    force: Force = False,
+    values: Values = False,
+    stats: Stats = False,
+    heatmap: HeatmapOpt = False,
+    heatmap_batch: HeatmapBatch = 0,
+    heatmap_head: Annotated[int, typer.Option("--heatmap-head", min=0, help="Head for --heatmap.", rich_help_panel="Output")] = 0,
+    meta: Meta = False,
+    max_memory: MaxMemory = None,
+    debug: Debug = False,
+) -> None:
+    """Multi-head attention: project, split into heads, SDPA in every head, merge, project."""
+
+    with reported(debug):
+        from attnscope.runs.mha import MhaOptions, run_mha
+
+        options = MhaOptions(
+            batch=batch, nq=nq, nk=nk, d_feat=d_feat, heads=heads, bias=bias, dropout=dropout, seed=seed,
+            q=q, k=k, v=v, causal=causal.value if causal else None, mask=mask, pad=pad, check=check, meta=meta,
+            max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap, heatmap_batch=heatmap_batch,
+            heatmap_head=heatmap_head,
+        )
+        show_run(run_mha(options), json=json, values=values, stats=stats)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("mha", cls=AttentionCommand, epilog=MHA_EXAMPLES)(mha)

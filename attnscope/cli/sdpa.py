@@ -1,0 +1,94 @@
+"""`attnscope sdpa`: parse options, call attnscope.runs.sdpa, hand the result to render."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from attnscope.cli.common import max_memory_bytes, show_run
+from attnscope.cli.errors import reported
+from attnscope.cli.options import (
+    AttentionCommand,
+    Batch,
+    CausalOpt,
+    Check,
+    Debug,
+    Dk,
+    Dv,
+    Force,
+    HeatmapBatch,
+    HeatmapOpt,
+    Json,
+    KFile,
+    Layout,
+    MaskFile,
+    MaxMemory,
+    Meta,
+    Nk,
+    Nq,
+    Pad,
+    QFile,
+    Save,
+    Seed,
+    Stats,
+    Values,
+    VFile,
+)
+
+SDPA_EXAMPLES = """Examples:
+
+  attnscope sdpa --nq 30 --nk 50 --dk 128 --dv 256
+
+  attnscope sdpa --q q.npy --k k.npy --v v.npy --causal --check
+
+  attnscope sdpa --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --values"""
+
+
+def sdpa(
+    batch: Batch = 3,
+    nq: Nq = 30,
+    nk: Nk = 50,
+    dk: Dk = 128,
+    dv: Dv = 256,
+    seed: Seed = 0,
+    q: QFile = None,
+    k: KFile = None,
+    v: VFile = None,
+    x: Annotated[str | None, typer.Option("--x", metavar="FILE", help="X \\[n, p] for Q = X W_Q, K = X W_K, V = X W_V.", rich_help_panel="Inputs")] = None,
+    wq: Annotated[str | None, typer.Option("--wq", metavar="FILE", help="W_Q \\[p, d_K].", rich_help_panel="Inputs")] = None,
+    wk: Annotated[str | None, typer.Option("--wk", metavar="FILE", help="W_K \\[p, d_K].", rich_help_panel="Inputs")] = None,
+    wv: Annotated[str | None, typer.Option("--wv", metavar="FILE", help="W_V \\[p, d_V].", rich_help_panel="Inputs")] = None,
+    layout: Annotated[Layout, typer.Option("--layout", help="row: inputs \\[n, d] (PyTorch); col: inputs \\[d, n], out = V softmax(Kᵀ Q).", rich_help_panel="Inputs")] = Layout.row,
+    causal: CausalOpt = None,
+    mask: MaskFile = None,
+    pad: Pad = 0,
+    scale: Annotated[float | None, typer.Option("--scale", help="Replace 1/sqrt(d_K), as F.scaled_dot_product_attention(scale=...).", rich_help_panel="Masks")] = None,
+    check: Check = False,
+    json: Json = False,
+    save: Save = None,
+    force: Force = False,
+    values: Values = False,
+    stats: Stats = False,
+    heatmap: HeatmapOpt = False,
+    heatmap_batch: HeatmapBatch = 0,
+    meta: Meta = False,
+    max_memory: MaxMemory = None,
+    debug: Debug = False,
+) -> None:
+    """Scaled dot-product attention: softmax(Q Kᵀ / √d_K) V, every step shown."""
+
+    with reported(debug):
+        from attnscope.runs.sdpa import SdpaOptions, run_sdpa
+
+        options = SdpaOptions(
+            batch=batch, nq=nq, nk=nk, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, x=x, wq=wq, wk=wk, wv=wv,
+            layout=layout.value, causal=causal.value if causal else None, mask=mask, pad=pad, scale=scale,
+            check=check, meta=meta, max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
+            heatmap_batch=heatmap_batch,
+        )
+        show_run(run_sdpa(options), json=json, values=values, stats=stats)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sdpa", cls=AttentionCommand, epilog=SDPA_EXAMPLES)(sdpa)

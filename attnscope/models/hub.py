@@ -1,0 +1,99 @@
+"""Finding a model: a local folder as it is, or a Hugging Face model name through the local cache
+(downloading when the network allows and HF_HUB_OFFLINE is not set)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from attnscope.errors import ResourceError, UsageError
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def locate(model: str, *, need_tokenizer: bool = False) -> Path:
+    """A local folder as it is, or a Hugging Face model name through the local cache (downloading when
+    the network allows and HF_HUB_OFFLINE is not set)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise UsageError(f"--model {model} is a file; give the folder that holds config.json and the weights")
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
+        raise UsageError(f"--model {model}: no such folder")
+    return _from_hub(model, need_tokenizer)
+
+
+def _from_hub(name: str, need_tokenizer: bool) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        config = _cached_or_download(name, "config.json", hf_hub_download)
+        folder = Path(config).parent
+        for weights in WEIGHT_FILES:
+            try:
+                _cached_or_download(name, weights, hf_hub_download)
+                break
+            except FileNotFoundError:
+                continue
+        if need_tokenizer:
+            for extra in TOKENIZER_FILES:
+                try:
+                    _cached_or_download(name, extra, hf_hub_download)
+                except FileNotFoundError:
+                    pass
+        return folder
+    except HFValidationError:
+        raise UsageError(f"--model {name}: neither a folder nor a valid Hugging Face model name") from None
+
+
+def _cached_or_download(name: str, filename: str, download: Any) -> str:
+    try:
+        return str(download(name, filename, local_files_only=True))
+    except Exception as cached_miss:  # noqa: BLE001 - any miss means: go to the network, if we may
+        if _offline():
+            if filename == "config.json":
+                raise ResourceError(_not_cached(name, "HF_HUB_OFFLINE=1 forbids downloading")) from None
+            raise FileNotFoundError(filename) from cached_miss
+    if not _hub_reachable():
+        if filename == "config.json":
+            raise ResourceError(_not_cached(name, "the Hugging Face Hub cannot be reached from here")) from None
+        raise FileNotFoundError(filename)
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return str(download(name, filename))
+    except RepositoryNotFoundError:
+        raise ResourceError(f"--model {name}: no such model on the Hugging Face Hub (or it is private)") from None
+    except EntryNotFoundError:
+        if filename == "config.json":
+            raise ResourceError(f"--model {name}: the model has no config.json") from None
+        raise FileNotFoundError(filename) from None
+    except OSError as exc:
+        if filename == "config.json":
+            raise ResourceError(_not_cached(name, f"downloading failed ({type(exc).__name__})")) from None
+        raise FileNotFoundError(filename) from None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _hub_reachable() -> bool:
+    """A name lookup for the Hub, so a machine with no network learns it now, not after a minute of retries."""
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def _not_cached(name: str, why: str) -> str:
+    return (f"--model {name} is not in the Hugging Face cache and {why}; download it where the network is "
+            f"reachable (hf download {name}), or point --model at a folder with config.json and model.safetensors")

@@ -1,0 +1,77 @@
+"""An sdpa or mha run: header, steps, cost footer, check, heatmap, statistics, values; and its JSON."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.text import Text
+
+from attnscope.cost import format_bytes, format_flops
+from attnscope.render.console import clean
+from attnscope.render.heatmap import heatmap_json, show_heatmap
+from attnscope.render.tables import (
+    VALUES_LIMIT,
+    check_json,
+    check_table,
+    show_trace,
+    show_values,
+    stats_table,
+    step_json,
+)
+
+if TYPE_CHECKING:
+    from attnscope.runs.common import RunResult
+
+
+def cost_lines(result: RunResult) -> list[str]:
+    return [
+        f"total {format_flops(result.trace.total_flops)}   peak memory {format_bytes(result.peak_bytes)} traced "
+        "(every step kept)",
+        f"a fused F.scaled_dot_product_attention needs {format_bytes(result.fused_bytes)}: it never materializes "
+        "scores or attention",
+    ]
+
+
+def show_result(out: Console, result: RunResult, *, values: bool = False, stats: bool = False) -> None:
+    show_trace(out, result.header, result.trace, footer=cost_lines(result))
+    if result.comparisons:
+        out.print(check_table(result.comparisons))
+    if result.heatmap:
+        show_heatmap(out, result.heatmap)
+    if stats:
+        out.print(stats_table(result.trace))
+    if values:
+        show_values(out, result.trace)
+    if result.saved:
+        out.print(Text(f"saved {len(result.trace)} tensors to {result.saved}"))
+
+
+def result_json(result: RunResult, *, values: bool = False, stats: bool = False) -> dict[str, Any]:
+    from attnscope.tensors import tensor_stats
+
+    tensors = []
+    for step in result.trace.steps:
+        entry = step_json(step)
+        if stats:
+            entry["stats"] = clean(tensor_stats(step.tensor))
+        if values:
+            small = step.tensor.device.type != "meta" and step.tensor.numel() <= VALUES_LIMIT
+            entry["values"] = clean(step.tensor.tolist()) if small else None
+        tensors.append(entry)
+    payload: dict[str, Any] = {
+        "command": result.command,
+        "params": result.params,
+        "tensors": tensors,
+        "totals": {"flops": result.trace.total_flops, "peak_bytes": result.peak_bytes,
+                   "fused_peak_bytes": result.fused_bytes},
+        "notes": list(result.trace.notes),
+    }
+    if result.comparisons:
+        payload["check"] = [check_json(c) for c in result.comparisons]
+        payload["check_passed"] = not result.check_failed
+    if result.heatmap:
+        payload["heatmap"] = heatmap_json(result.heatmap)
+    if result.saved:
+        payload["saved"] = str(result.saved)
+    return payload

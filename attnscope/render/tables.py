@@ -1,0 +1,109 @@
+"""Tables of steps, statistics and checks: the rows every command shares."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from attnscope.cost import format_bytes
+from attnscope.render.console import finite
+
+if TYPE_CHECKING:
+    from attnscope.check import Comparison
+    from attnscope.trace import Step, Trace
+
+
+def steps_table(steps: Iterable[Step], title: str | None = None) -> Table:
+    """One row per step, in order: its name, its named dims with their sizes and, under them, the op that
+    made it; then dtype, size and FLOPs. Two lines a step keep the table readable in 100 columns."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, collapse_padding=True)
+    table.add_column("step", style="bold cyan", no_wrap=True)
+    table.add_column("dims = shape  /  op", overflow="fold")
+    table.add_column("dtype", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("FLOPs", justify="right", no_wrap=True)
+    for step in steps:
+        cell = Text(step.dims_text())
+        cell.append("\n" + step.op, style="green")
+        table.add_row(Text(step.name), cell, step.dtype,
+                      format_bytes(step.nbytes) if step.allocates else "view",
+                      short_flops(step.flops) if step.flops else "-")
+    return table
+
+
+def short_flops(n: int) -> str:
+    """`328.5M`: a narrow column; the footer spells the unit out."""
+    for unit, size in (("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def stats_table(trace: Trace) -> Table:
+    """min, max, mean, std and NaN/Inf counts of every step (the user's first stop when numbers look wrong)."""
+    from attnscope.tensors import tensor_stats
+
+    table = Table(title="statistics", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for name in ("step", "min", "max", "mean", "std", "NaN", "Inf"):
+        table.add_column(name, justify="left" if name == "step" else "right", no_wrap=True)
+    for step in trace.steps:
+        s = tensor_stats(step.tensor)
+        if s is None:
+            table.add_row(step.name, *["-"] * 6)
+            continue
+        table.add_row(step.name, f"{s['min']:.4g}", f"{s['max']:.4g}", f"{s['mean']:.4g}", f"{s['std']:.4g}",
+                      str(s["nan"]), str(s["inf"]))
+    return table
+
+
+def show_trace(out: Console, header: str, trace: Trace, footer: Sequence[str] = ()) -> None:
+    out.print(Text(header, style="bold"))
+    out.print(steps_table(trace.steps))
+    for line in footer:
+        out.print(Text(line))
+    for note in trace.notes:
+        out.print(Text(f"note: {note}", style="yellow"))
+
+
+VALUES_LIMIT = 64  # elements: a preview, not a dump; bigger tensors show their corners
+
+
+def show_values(out: Console, trace: Trace) -> None:
+    from attnscope.tensors import preview
+
+    for step in trace.steps:
+        out.print(Text(f"{step.name} {list(step.shape)}", style="bold cyan"))
+        out.print(Text(preview(step.tensor, VALUES_LIMIT)))
+
+
+def step_json(step: Step) -> dict[str, Any]:
+    return {
+        "name": step.name,
+        "shape": list(step.shape),
+        "dims": list(step.dims),
+        "dtype": step.dtype,
+        "bytes": step.nbytes,
+        "allocates": step.allocates,
+        "flops": step.flops,
+        "op": step.op,
+    }
+
+
+def check_table(comparisons: Sequence[Comparison]) -> Table:
+    table = Table(title="check against PyTorch", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for name in ("tensor", "reference", "max |diff|", "tolerance", "result"):
+        table.add_column(name, justify="right" if "|" in name or name == "tolerance" else "left")
+    for c in comparisons:
+        verdict = Text("PASS", style="bold green") if c.passed else Text("FAIL", style="bold red")
+        table.add_row(c.name, c.reference, f"{c.max_abs_diff:.2e}", f"{c.tolerance:.1e}", verdict)
+    return table
+
+
+def check_json(c: Comparison) -> dict[str, Any]:
+    return {"name": c.name, "reference": c.reference, "max_abs_diff": finite(c.max_abs_diff),
+            "tolerance": c.tolerance, "passed": c.passed}

@@ -1,0 +1,162 @@
+"""`attnscope sdpa` between parsing and rendering: build the inputs and the mask, guard memory, run the
+traced attention, check it against PyTorch, save it. torch is imported after the memory guard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnscope import cost
+from attnscope.errors import UsageError
+from attnscope.runs.common import (
+    AttentionOptions,
+    RunResult,
+    build_mask,
+    check_common,
+    finish,
+    flag_overhead,
+    guard_memory,
+    input_op,
+    inputs_bytes,
+    load,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.check import Comparison
+    from attnscope.trace import Trace
+
+
+@dataclass
+class SdpaOptions(AttentionOptions):
+    batch: int = 3
+    nq: int = 30
+    nk: int = 50
+    dk: int = 128
+    dv: int = 256
+    x: str | None = None
+    wq: str | None = None
+    wk: str | None = None
+    wv: str | None = None
+    layout: str = "row"
+    scale: float | None = None
+
+
+def run_sdpa(o: SdpaOptions) -> RunResult:
+    _check_sdpa_options(o)
+    files = {"Q": o.q, "K": o.k, "V": o.v, "X": o.x, "W_Q": o.wq, "W_K": o.wk, "W_V": o.wv}
+    random_inputs = not any(files.values())
+    masked = bool(o.causal or o.pad or o.mask)
+    if random_inputs and not o.meta:
+        needed = cost.sdpa_bytes(o.batch, o.nq, o.nk, o.dk, o.dv, masked=masked)
+        guard_memory(needed + flag_overhead(o, needed), o.max_memory)
+    import torch
+
+    from attnscope.tensors import load_tensor
+
+    user_mask = load(o.mask)
+    loaded = {name: load_tensor(spec) for name, spec in files.items() if spec}
+    if "Q" in loaded:  # self-attention when only --q (and --k) are given
+        loaded.setdefault("K", loaded["Q"])
+        loaded.setdefault("V", loaded["K"])
+
+    with torch.no_grad():
+        if not random_inputs:
+            estimate, estimate_mask = _sdpa_trace(o, {n: t.to("meta") for n, t in loaded.items()}, user_mask, "meta")
+            peak = cost.traced_peak_bytes(estimate.steps, inputs_bytes(estimate_mask))
+            if not o.meta:
+                guard_memory(peak + flag_overhead(o, peak), o.max_memory)
+            inputs = loaded
+        else:
+            inputs = _random_sdpa_inputs(o, "meta" if o.meta else "cpu")
+        trace, mask = _sdpa_trace(o, inputs, user_mask, "meta" if o.meta else "cpu")
+
+    comparisons: list[Comparison] = []
+    if o.check or o.layout == "col":
+        from attnscope import check
+
+        if o.layout == "col":
+            comparisons = check.check_sdpa_columns(trace, mask, o.scale)
+            if not o.meta:
+                trace.notes.append(f"column layout: out equals the row form's out transposed "
+                                   f"(max |diff| = {comparisons[0].max_abs_diff:.2e})")
+            comparisons = comparisons if o.check else []
+        else:
+            comparisons = check.check_sdpa(trace, mask, o.scale)
+
+    Q, K, V = trace["Q"], trace["K"], trace["V"]
+    col = o.layout == "col"
+    n_Q, d_K = (Q.shape[-1], Q.shape[-2]) if col else (Q.shape[-2], Q.shape[-1])
+    n_K, d_V = (K.shape[-1], V.shape[-2]) if col else (K.shape[-2], V.shape[-1])
+    batch = list(trace["scores"].shape[:-2])
+    params: dict[str, Any] = {"batch": batch, "nq": n_Q, "nk": n_K, "dk": d_K, "dv": d_V, "seed": o.seed,
+                              "layout": o.layout, "scale": o.scale, "causal": o.causal, "pad": o.pad,
+                              "mask": o.mask, "meta": o.meta,
+                              "inputs": {n: s for n, s in files.items() if s} or "random"}
+    formula = ("out = V · softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col
+               else "out = softmax(Q Kᵀ / √d_K) V")
+    if o.scale is not None:
+        formula = formula.replace("/ √d_K", f"· {o.scale:g}")
+    sizes = "".join(f"{name}={n}  " for name, n in zip(trace.step("scores").dims, batch, strict=False))
+    header = f"SDPA  {formula}\n{sizes}n_Q={n_Q}  n_K={n_K}  d_K={d_K}  d_V={d_V}"
+    header += f"  seed={o.seed}" if random_inputs else ""
+    extra = inputs_bytes(mask)
+    result = RunResult("sdpa", header, params, trace, cost.traced_peak_bytes(trace.steps, extra),
+                       cost.fused_peak_bytes(trace.steps, extra), comparisons)
+    return finish(o, result)
+
+
+def _check_sdpa_options(o: SdpaOptions) -> None:
+    check_common(o)
+    projection = [o.x, o.wq, o.wk, o.wv]
+    if any(projection) and not all(projection):
+        raise UsageError("the matrix form needs all four of --x, --wq, --wk and --wv")
+    if o.x and (o.q or o.k or o.v):
+        raise UsageError("give either --q/--k/--v or --x with --wq/--wk/--wv, not both")
+    if o.x and o.layout == "col":
+        raise UsageError("--x/--wq/--wk/--wv use the row layout (X [n, p] @ W [p, d]); drop --layout col")
+    if o.layout not in ("row", "col"):
+        raise UsageError(f"--layout {o.layout}: use row or col")
+
+
+def _random_sdpa_inputs(o: SdpaOptions, device: str) -> dict[str, torch.Tensor]:
+    import torch
+
+    generator = torch.Generator().manual_seed(o.seed) if device != "meta" else None
+    shapes = {"Q": (o.nq, o.dk), "K": (o.nk, o.dk), "V": (o.nk, o.dv)}
+    if o.layout == "col":
+        shapes = {name: (d, n) for name, (n, d) in shapes.items()}
+    return {name: torch.randn(o.batch, *shape, generator=generator, device=device)
+            for name, shape in shapes.items()}
+
+
+def _sdpa_trace(o: SdpaOptions, inputs: dict[str, torch.Tensor], user_mask: torch.Tensor | None,
+                device: str) -> tuple[Trace, torch.Tensor | None]:
+    """The traced run, and the mask it used (the check needs the same mask)."""
+    from attnscope.attention import project, sdpa, sdpa_columns
+
+    prefix = None
+    if "X" in inputs:
+        prefix = project(inputs["X"], inputs["W_Q"], inputs["W_K"], inputs["W_V"])
+        Q, K, V = prefix["Q"], prefix["K"], prefix["V"]
+    else:
+        Q, K, V = inputs["Q"], inputs["K"], inputs["V"]
+    col = o.layout == "col"
+    mask = None
+    if Q.dim() >= 2 and K.dim() >= 2:  # else sdpa names the bad rank
+        n_Q, n_K = (Q.shape[-1], K.shape[-1]) if col else (Q.shape[-2], K.shape[-2])
+        mask = build_mask(o, user_mask, n_Q, n_K, device, columns=col)
+    trace = sdpa_columns(Q, K, V, mask, o.scale) if col else sdpa(Q, K, V, mask, o.scale)
+    if prefix is not None:
+        for step in trace.steps[3:]:
+            prefix.add_step(step)
+        prefix.notes.extend(trace.notes)
+        for name, spec in (("X", o.x), ("W_Q", o.wq), ("W_K", o.wk), ("W_V", o.wv)):
+            prefix.set_op(name, f"loaded from {spec}")
+        return prefix, mask
+    dims = ("d_K", "n_Q") if col else ("n_Q", "d_K")
+    rand = {"Q": dims, "K": ("d_K", "n_K") if col else ("n_K", "d_K"), "V": ("d_V", "n_K") if col else ("n_K", "d_V")}
+    for name, spec in (("Q", o.q), ("K", o.k or o.q), ("V", o.v or o.k or o.q)):
+        trace.set_op(name, input_op(spec, f"torch.randn(n_batch, {', '.join(rand[name])})"))
+    return trace, mask
