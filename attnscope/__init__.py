@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttnscopeError",
     "MultiHeadAttention",
+    "Rope",
     "Step",
     "Trace",
     "load_tensor",
@@ -24,7 +25,8 @@ __all__ = [
 
 _HOMES = {
     "AttnscopeError": "attnscope.errors",
-    "MultiHeadAttention": "attnscope.attention",
+    "MultiHeadAttention": "attnscope.multihead",
+    "Rope": "attnscope.rope",
     "sdpa": "attnscope.attention",
     "split_heads": "attnscope.attention",
     "merge_heads": "attnscope.attention",
@@ -35,8 +37,10 @@ _HOMES = {
 }
 
 if TYPE_CHECKING:
-    from attnscope.attention import MultiHeadAttention, merge_heads, sdpa, split_heads
+    from attnscope.attention import merge_heads, sdpa, split_heads
     from attnscope.errors import AttnscopeError
+    from attnscope.multihead import MultiHeadAttention
+    from attnscope.rope import Rope
     from attnscope.tensors import load_tensor, save_tensors
     from attnscope.trace import Step, Trace
 

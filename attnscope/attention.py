@@ -1,19 +1,27 @@
-"""Scaled dot-product attention and multi-head attention, recorded step by step.
+"""Scaled dot-product attention, recorded step by step, with the variants of today's models.
 
-`sdpa()` is a pure function that returns a `Trace`; `MultiHeadAttention` calls it for its inner
-step, so the two can never drift apart. Nothing here prints or imports a terminal library.
+`sdpa()` is a pure function that returns a `Trace`; `MultiHeadAttention` (multihead.py) calls it for
+its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
+
+Steps, in order, each only when its option asks for it:
+`Q, K, V, [cos, sin, Q_rot, K_rot], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
+biased_scores], [masked_scores], attention, out`.
+
+Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
+float32 and `out` is cast back, as PyTorch's math path does (`_scaled_dot_product_attention_math` upcasts
+query, key and value); the steps' dtypes say so.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from attnscope import alibi as alibi_
 from attnscope import cost, masks
 from attnscope.errors import UsageError
 from attnscope.trace import Trace
@@ -21,13 +29,17 @@ from attnscope.trace import Trace
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from attnscope.rope import Rope
+
+HALF = (torch.float16, torch.bfloat16)
+
 
 @dataclass(frozen=True)
 class Names:
     """What the steps and axes of one attention are called.
 
-    `sdpa` on its own uses the textbook names; `MultiHeadAttention` passes its own (`Q_split`,
-    `x_raw`, `d_head`, batch axes `n_batch, n_head`) so its trace reads as the tutorial does.
+    `sdpa` on its own uses the textbook names; `MultiHeadAttention` passes its own (`Q_rot`, `x_raw`,
+    `d_head`, batch axes `n_batch, n_head`) so its trace reads as the tutorial does.
     """
 
     Q: str = "Q"
@@ -40,29 +52,47 @@ class Names:
 
 
 def batch_names(n: int) -> tuple[str, ...]:
-    """Leading axes: `n_batch` for one, `n_batch_1, n_batch_2, ...` for several."""
-    return ("n_batch",) if n == 1 else tuple(f"n_batch_{i + 1}" for i in range(n))
+    """Leading axes: `n_batch`; `n_batch, n_head` for two (PyTorch's `[N, H, L, E]`); with more, the last is
+    `n_head` and the others `n_batch_1, n_batch_2, ...`."""
+    if n <= 2:
+        return ("n_batch", "n_head")[:n]
+    return (*(f"n_batch_{i + 1}" for i in range(n - 1)), "n_head")
 
 
-def _leading(names: tuple[str, ...], rank: int) -> tuple[str, ...]:
+def leading_names(names: tuple[str, ...], rank: int) -> tuple[str, ...]:
     """The batch names of a tensor with `rank - 2` leading axes (batch axes broadcast from the right)."""
     return names[len(names) - (rank - 2) :] if rank > 2 else ()
 
 
 def common_dtype(*tensors: Tensor) -> tuple[torch.dtype, str | None]:
-    """The dtype attention is computed in, and a note when inputs had to be converted."""
+    """The dtype of the inputs once made alike, and a note when they had to be converted."""
     if all(t.is_floating_point() for t in tensors):
         dtype = tensors[0].dtype
         for t in tensors[1:]:
             dtype = torch.promote_types(dtype, t.dtype)
         mixed = len({t.dtype for t in tensors}) > 1
-        return dtype, (f"inputs of different dtypes were computed in {dtype}" if mixed else None)
-    found = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if not t.is_floating_point()})
+        return dtype, (f"inputs of different dtypes were computed in {dtype_name(dtype)}" if mixed else None)
+    found = sorted({dtype_name(t.dtype) for t in tensors if not t.is_floating_point()})
     return torch.float32, f"integer inputs ({', '.join(found)}) were computed in float32"
 
 
-def check_qkv(Q: Tensor, K: Tensor, V: Tensor, layout: str = "row") -> tuple[int, ...]:
-    """Validate shapes and return the broadcast batch shape. Row layout: `[.., n, d]`; column: `[.., d, n]`."""
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where scores and softmax are computed: float32 for half precision, else the inputs' dtype."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+def half_note(dtype: torch.dtype) -> str:
+    return (f"{dtype_name(dtype)} inputs: scores, softmax and attention @ V computed in float32, as PyTorch's math "
+            f"path does (_scaled_dot_product_attention_math); out cast back to {dtype_name(dtype)}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_qkv(Q: Tensor, K: Tensor, V: Tensor, layout: str = "row", enable_gqa: bool = False) -> tuple[int, ...]:
+    """Validate shapes and return the broadcast batch shape. Row layout: `[.., n, d]`; column: `[.., d, n]`.
+    With `enable_gqa`, K and V may have fewer heads (axis -3) than Q, a divisor of Q's."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if t.dim() < 2:
             raise UsageError(
@@ -80,13 +110,42 @@ def check_qkv(Q: Tensor, K: Tensor, V: Tensor, layout: str = "row") -> tuple[int
             f"n_K = {K.shape[n_axis]} but n_V = {V.shape[n_axis]}: every key needs its value "
             f"(K {list(K.shape)}, V {list(V.shape)})"
         )
+    k_batch, v_batch = list(K.shape[:-2]), list(V.shape[:-2])
+    if enable_gqa and gqa_group(Q, K, V) > 1:
+        k_batch[-1] = v_batch[-1] = Q.shape[-3]  # K_rep, V_rep have Q's heads
     try:
-        return cost.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+        return cost.broadcast_shapes(Q.shape[:-2], k_batch, v_batch)
     except ValueError:
+        hint = ""
+        if Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3] and not enable_gqa:
+            hint = "; for grouped-query attention (fewer K/V heads than Q heads) pass enable_gqa=True"
         raise UsageError(
             f"the batch dims of Q {list(Q.shape[:-2])}, K {list(K.shape[:-2])} and V {list(V.shape[:-2])} "
-            "do not broadcast; make them equal or 1"
+            f"do not broadcast; make them equal or 1{hint}"
         ) from None
+
+
+def gqa_group(Q: Tensor, K: Tensor, V: Tensor) -> int:
+    """n_group = n_head / n_kv_head: how many query heads share one K/V head (axis -3), as
+    `F.scaled_dot_product_attention(enable_gqa=True)` requires; 1 when the heads are equal."""
+    if Q.dim() < 3 or K.dim() < 3 or V.dim() < 3:
+        return 1
+    n_head, n_kv_head = Q.shape[-3], K.shape[-3]
+    if V.shape[-3] != n_kv_head:
+        raise UsageError(f"K has {n_kv_head} heads but V has {V.shape[-3]}; every key head needs its value head")
+    if n_head == n_kv_head:
+        return 1
+    if n_kv_head == 0 or n_head % n_kv_head:
+        raise UsageError(f"Q has {n_head} heads and K/V have {n_kv_head}: grouped-query attention needs the "
+                         f"query heads to be a multiple of the key/value heads")
+    return n_head // n_kv_head
+
+
+def check_scalars(scale: float | None, softcap: float | None) -> None:
+    if scale is not None and not math.isfinite(scale):
+        raise UsageError(f"scale {scale}: the scores' scale must be a finite number")
+    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
+        raise UsageError(f"softcap {softcap}: the cap must be a positive finite number (Gemma 2 uses 50)")
 
 
 def sdpa(
@@ -96,72 +155,184 @@ def sdpa(
     mask: Tensor | None = None,
     scale: float | None = None,
     *,
+    causal: bool | str | None = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    alibi: bool = False,
+    rope: Rope | None = None,
+    enable_gqa: bool = False,
     dropout_p: float = 0.0,
     names: Names | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
     Q `[.., n_Q, d_K]`, K `[.., n_K, d_K]`, V `[.., n_K, d_V]`, any leading batch dims that broadcast.
-    `mask` is boolean (True = may attend) or float (added to the scores) and broadcasts to
-    `[.., n_Q, n_K]`. Steps: `Q, K, V, scores, [masked_scores], attention, out`. A query that may
-    attend to no key gets an output of zeros, as `F.scaled_dot_product_attention` gives.
+    `mask` is boolean (True = may attend), integer 0/1 (read as boolean) or float (added to the scores)
+    and broadcasts to `[.., n_Q, n_K]`. A query that may attend to no key gets an output of zeros, as
+    `F.scaled_dot_product_attention` gives.
+
+    Variants: `causal` (True or "upper-left" as `is_causal=True`, or "lower-right"); `window` W, query i sees
+    key j when j <= i and i - j < W (Mistral's; implies causal); `softcap` C, `capped_scores = C·tanh(scores/C)`
+    (Gemma 2); `alibi`, a per-head linear bias (the head axis is -3; inputs without one are one head);
+    `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
+    with fewer heads than Q, shared by groups of query heads as `F.scaled_dot_product_attention(enable_gqa=True)`.
+    Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE and ALiBi alike.
     """
     names = names or Names()
-    batch = check_qkv(Q, K, V)
+    align = masks.alignment(causal)
+    if window is not None:
+        masks.check_window(window)
+        align = align or "upper-left"
+    check_scalars(scale, softcap)
+    batch = check_qkv(Q, K, V, enable_gqa=enable_gqa)
+    n_group = gqa_group(Q, K, V) if enable_gqa else 1
     batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
     dtype, dtype_note = common_dtype(Q, K, V)
+    acc = accumulate_dtype(dtype)
     Q, K, V = Q.to(dtype), K.to(dtype), V.to(dtype)
     n_Q, d_K, n_K = Q.shape[-2], Q.shape[-1], K.shape[-2]
 
     trace = Trace()
-    if dtype_note:
-        trace.notes.append(dtype_note)
-    trace.add(names.Q, Q, (*_leading(batch_dims, Q.dim()), "n_Q", names.d_K), "input")
-    trace.add(names.K, K, (*_leading(batch_dims, K.dim()), "n_K", names.d_K), "input")
-    trace.add(names.V, V, (*_leading(batch_dims, V.dim()), "n_K", names.d_V), "input")
+    trace.notes.extend(note for note in (dtype_note, half_note(dtype) if acc != dtype else None) if note)
+    kv_dims = batch_dims if n_group == 1 else (*batch_dims[:-1], "n_kv_head")
+    trace.add(names.Q, Q, (*leading_names(batch_dims, Q.dim()), "n_Q", names.d_K), "input")
+    trace.add(names.K, K, (*leading_names(kv_dims, K.dim()), "n_K", names.d_K), "input")
+    trace.add(names.V, V, (*leading_names(kv_dims, V.dim()), "n_K", names.d_V), "input")
+    q_name, k_name, v_name = names.Q, names.K, names.V
+
+    offset = masks.query_offset(n_Q, n_K, align)
+    if rope is not None:
+        Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
+                      dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)
+        q_name, k_name = "Q_rot", "K_rot"
+    if n_group > 1:
+        K, V = _repeat_kv(trace, K, V, n_group, (k_name, v_name), batch_dims, names)
+        k_name, v_name = "K_rep", "V_rep"
 
     scale_op = f"/ sqrt({names.d_K})" if scale is None else f"* {scale:g}"
     scale = 1.0 / math.sqrt(d_K) if scale is None else scale
     scores_dims = (*batch_dims, "n_Q", "n_K")
+    up = ".float()" if acc != dtype else ""
     # mul_ on the fresh matmul result: no second [.., n_Q, n_K] tensor at the peak.
-    scores = torch.matmul(Q, K.transpose(-2, -1)).mul_(scale)  # [.., n_Q, n_K]
-    trace.add(
-        "scores", scores, scores_dims, f"{names.Q} @ {names.K}.transpose(-2, -1) {scale_op}",
-        cost.matmul_flops(scores.shape, d_K) + scores.numel(),
-    )
-    logits, mask = _masked_scores(trace, scores, mask, scores_dims, dtype)
+    scores = torch.matmul(Q.to(acc), K.to(acc).transpose(-2, -1)).mul_(scale)  # [.., n_Q, n_K]
+    trace.add("scores", scores, scores_dims, f"{q_name}{up} @ {k_name}{up}.transpose(-2, -1) {scale_op}",
+              cost.matmul_flops(scores.shape, d_K) + scores.numel())
+    logits, last = scores, "scores"
+    if softcap is not None:
+        logits = trace.add("capped_scores", scores.div(softcap).tanh_().mul_(softcap), scores_dims,
+                           f"{softcap:g} * tanh(scores / {softcap:g})", 3 * scores.numel())
+        last = "capped_scores"
+    if alibi:
+        logits, last = _alibi(trace, logits, last, batch_dims, offset)
+    logits, blocked, last = _masked(trace, logits, last, mask, align, window, scores_dims)
+
     attention = torch.softmax(logits, dim=-1)  # [.., n_Q, n_K]
-    attention_op = f"softmax({'masked_scores' if mask is not None else 'scores'}, dim=-1)"
-    if mask is not None:
-        blocked = masks.fully_masked_rows(mask)  # [.., n_Q, 1]
-        attention = _zero_rows(attention, blocked, trace, n_Q)
+    attention_op = f"softmax({last}, dim=-1)"
+    if blocked is not None:
+        attention = zero_rows(attention, blocked, trace, n_Q)
     if dropout_p > 0.0:
         attention = F.dropout(attention, p=dropout_p, training=True)
         attention_op = f"dropout({attention_op}, p={dropout_p:g})"
     trace.add("attention", attention, scores_dims, attention_op, cost.softmax_flops(attention.shape))
 
-    out = torch.matmul(attention, V)  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
-    trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), f"attention @ {names.V}",
-              cost.matmul_flops(out.shape, n_K))
+    out = torch.matmul(attention, V.to(acc))  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
+    out_op = f"attention @ {v_name}"
+    if acc != dtype:
+        out, out_op = out.to(dtype), f"(attention @ {v_name}.float()).to({dtype_name(dtype)})"
+    trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), out_op, cost.matmul_flops(out.shape, n_K))
     return trace
 
 
-def _masked_scores(trace: Trace, scores: Tensor, mask: Tensor | None, dims: tuple[str, ...],
-                   dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
-    """Apply the mask, recorded as its own step `masked_scores`; return the logits and the mask as used."""
-    if mask is None:
-        return scores, None
-    mask = masks.as_attention_mask(mask.to(scores.device), tuple(scores.shape), dtype)
-    if mask.dtype == torch.bool:
-        logits, op = scores.masked_fill(~mask, float("-inf")), "scores.masked_fill(~mask, -inf)"
-    else:
-        logits, op = scores + mask, "scores + mask"
+def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offset: int, source: tuple[str, str],
+           dims: tuple[tuple[str, ...], tuple[str, ...]], d_name: str, n_keys: int) -> tuple[Tensor, Tensor]:
+    """Steps `cos, sin, Q_rot, K_rot` through `add` (a Trace's add, or a stand-in that keeps nothing):
+    query i at position `q_offset + i`, key j at `k_offset + j`. `n_keys` is n_K, all keys counted, which
+    names the positions' axis when the table covers exactly them."""
+    from attnscope.rope import apply_rope
+
+    n_Q, n_K, d = Q.shape[-2], K.shape[-2], Q.shape[-1]
+    n_pos = max(k_offset + n_K, q_offset + n_Q)
+    cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device)  # [n_pos, d]
+    pos = "n_K" if n_pos == n_keys else "n_pos"
+    table = f"rope({rope.describe()}): position p, pair i turns by p · inv_freq[i]"
+    add("cos", cos, (pos, d_name), f"cos({table})")
+    add("sin", sin, (pos, d_name), f"sin({table})")
+    rotated = []
+    for name, x, start, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):
+        part = "" if (start, n) == (0, n_pos) else f"[{start}:{start + n}]"
+        src = source[0] if name == "Q_rot" else source[1]
+        x_rot = apply_rope(x, cos[start : start + n], sin[start : start + n])  # [.., n, d]
+        rotated.append(add(name, x_rot, shape, f"{src} * cos{part} + rotate_half({src}) * sin{part}",
+                           3 * x_rot.numel()))
+    return rotated[0], rotated[1]
+
+
+def _repeat_kv(trace: Trace, K: Tensor, V: Tensor, n_group: int, source: tuple[str, str],
+               batch_dims: tuple[str, ...], names: Names) -> tuple[Tensor, Tensor]:
+    """Steps `K_rep, V_rep`: each K/V head repeated for the n_group query heads it serves (transformers'
+    `repeat_kv`, which is `repeat_interleave(n_group, dim=1)`)."""
+    n_kv_head = K.shape[-3]
+    K_rep = K.repeat_interleave(n_group, dim=-3)  # [.., n_kv_head, n_K, d] -> [.., n_head, n_K, d]
+    V_rep = V.repeat_interleave(n_group, dim=-3)
+    for name, src, tensor, d in (("K_rep", source[0], K_rep, names.d_K), ("V_rep", source[1], V_rep, names.d_V)):
+        trace.add(name, tensor, (*leading_names(batch_dims, tensor.dim()), "n_K", d),
+                  f"repeat_kv({src}, n_group={n_group}) = {src}.repeat_interleave({n_group}, dim=-3)")
+    shown = [f"KV head {g}: query heads {g * n_group}-{(g + 1) * n_group - 1}" for g in range(min(n_kv_head, 4))]
+    more = f", ... ({n_kv_head} KV heads)" if n_kv_head > 4 else ""
+    trace.notes.append(f"grouped-query attention, n_group = {n_group}: " + "; ".join(shown) + more)
+    return K_rep, V_rep
+
+
+def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...], offset: int) -> tuple[Tensor, str]:
+    """Steps `alibi_bias` `[n_head, n_Q, n_K]` and `biased_scores`; the head axis is the one named n_head."""
+    n_head = logits.shape[-3] if "n_head" in batch_dims and logits.dim() >= 3 else 1
+    n_Q, n_K = logits.shape[-2], logits.shape[-1]
+    bias = alibi_.bias(n_head, n_Q, n_K, offset, logits.device).to(logits.dtype)  # [n_head, n_Q, n_K]
+    slopes = ", ".join(f"{s:.4g}" for s in alibi_.slopes(n_head)[:4].tolist()) + (", ..." if n_head > 4 else "")
+    position = "i" if offset == 0 else f"(i + {offset})"
+    trace.add("alibi_bias", bias, ("n_head", "n_Q", "n_K"),
+              f"-slope[h] * ({position} - j), slopes {slopes}", 3 * bias.numel())
+    biased = logits + bias  # [.., n_head, n_Q, n_K]
+    trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel())
+    return biased, "biased_scores"
+
+
+def _masked(trace: Trace, logits: Tensor, last: str, mask: Tensor | None, align: masks.Align | None,
+            window: int | None, dims: tuple[str, ...]) -> tuple[Tensor, Tensor | None, str]:
+    """Step `masked_scores`: causal and window masks, and the user's mask under the one dtype rule (boolean
+    masks combine by AND, a float mask is added). Returns the logits, the rows that may see no key (as a
+    boolean `[.., n_Q, 1]`, None when nothing was masked) and the name of the last step."""
+    n_Q, n_K = logits.shape[-2], logits.shape[-1]
+    allowed, described = masks.structural(n_Q, n_K, align, window, logits.device)
+    parts = [described] if described else []
+    additive = None
+    if mask is not None:
+        user = masks.as_attention_mask(mask.to(logits.device), tuple(logits.shape), logits.dtype)
+        if user.dtype == torch.bool:
+            allowed = user if allowed is None else allowed & user
+            parts.append("mask")
+        else:
+            additive = user
+    if allowed is None and additive is None:
+        return logits, None, last
+    op = last
+    if additive is not None:
+        logits, op = logits + additive, f"{last} + mask"
+    if allowed is not None:
+        hidden = parts[0] if len(parts) == 1 else f"({' & '.join(parts)})"
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        op = f"({op})" if additive is not None else op
+        op = f"{op}.masked_fill(~{hidden}, -inf)"
     trace.add("masked_scores", logits, dims, op, logits.numel())
-    return logits, mask
+    if additive is not None:
+        seen = additive if allowed is None else torch.where(allowed, additive, float("-inf"))
+        return logits, masks.fully_masked_rows(seen), "masked_scores"
+    assert allowed is not None
+    return logits, masks.fully_masked_rows(allowed), "masked_scores"
 
 
-def _zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Tensor:
-    """A softmax of a row of -inf is NaN; PyTorch's attention gives 0 there, and so does attnscope."""
+def zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Tensor:
+    """A softmax of a row of -inf is NaN; PyTorch's attention gives 0 there (`_safe_softmax`), as attnscope."""
     if torch.is_grad_enabled() and attention.requires_grad:
         attention = attention.masked_fill(blocked, 0.0)  # softmax's backward needs its output unchanged
     else:
@@ -181,81 +352,10 @@ def _blocked_note(blocked: Tensor, n_Q: int) -> str:
     )
 
 
-def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, scale: float | None = None) -> Trace:
-    """The column convention: inputs stored `[.., d, n]`, `out = V · softmax(Kᵀ Q · scale)`, softmax over keys
-    (dim -2). Q `[.., d_K, n_Q]`, K `[.., d_K, n_K]`, V `[.., d_V, n_K]` give out `[.., d_V, n_Q]`, which is the
-    row form's out transposed. `mask` is in this form's scores layout, `[.., n_K, n_Q]`.
-    """
-    batch = check_qkv(Q, K, V, layout="col")
-    batch_dims = batch_names(len(batch))
-    dtype, dtype_note = common_dtype(Q, K, V)
-    Q, K, V = Q.to(dtype), K.to(dtype), V.to(dtype)
-    d_K, n_Q, n_K = Q.shape[-2], Q.shape[-1], K.shape[-1]
-
-    trace = Trace()
-    if dtype_note:
-        trace.notes.append(dtype_note)
-    trace.add("Q", Q, (*_leading(batch_dims, Q.dim()), "d_K", "n_Q"), "input")
-    trace.add("K", K, (*_leading(batch_dims, K.dim()), "d_K", "n_K"), "input")
-    trace.add("V", V, (*_leading(batch_dims, V.dim()), "d_V", "n_K"), "input")
-    scale_op = "/ sqrt(d_K)" if scale is None else f"* {scale:g}"
-    scale = 1.0 / math.sqrt(d_K) if scale is None else scale
-    scores_dims = (*batch_dims, "n_K", "n_Q")
-    scores = torch.matmul(K.transpose(-2, -1), Q).mul_(scale)  # [.., n_K, d_K] @ [.., d_K, n_Q] -> [.., n_K, n_Q]
-    trace.add("scores", scores, scores_dims, f"K.transpose(-2, -1) @ Q {scale_op}",
-              cost.matmul_flops(scores.shape, d_K) + scores.numel())
-    logits, mask = _masked_scores(trace, scores, mask, scores_dims, dtype)
-    attention = torch.softmax(logits, dim=-2)  # each column (one query) sums to 1 over the keys
-    if mask is not None:
-        blocked = masks.fully_masked_rows(mask.transpose(-2, -1)).transpose(-2, -1)  # [.., 1, n_Q]
-        attention = _zero_rows(attention, blocked, trace, n_Q)
-    trace.add("attention", attention, scores_dims,
-              f"softmax({'masked_scores' if mask is not None else 'scores'}, dim=-2)",
-              cost.softmax_flops(attention.shape))
-    out = torch.matmul(V, attention)  # [.., d_V, n_K] @ [.., n_K, n_Q] -> [.., d_V, n_Q]
-    trace.add("out", out, (*batch_dims, "d_V", "n_Q"), "V @ attention", cost.matmul_flops(out.shape, n_K))
-    return trace
-
-
-def project(X: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor) -> Trace:
-    """The matrix form of the derivation: `Q = X W_Q`, `K = X W_K`, `V = X W_V`.
-
-    X `[.., n, p]`, each W `[.., p, d]`. Steps: `X, W_Q, W_K, W_V, Q, K, V`.
-    """
-    for name, t in (("X", X), ("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V)):
-        if t.dim() < 2:
-            raise UsageError(f"{name} has rank {t.dim()} (shape {list(t.shape)}); it needs rank 2 or more")
-    for name, W in (("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V)):
-        if W.shape[-2] != X.shape[-1]:
-            raise UsageError(
-                f"X is {list(X.shape)} and {name} is {list(W.shape)}: X W needs {name}'s rows ({W.shape[-2]}) "
-                f"to equal X's columns (p = {X.shape[-1]})"
-            )
-    if W_Q.shape[-1] != W_K.shape[-1]:
-        raise UsageError(f"W_Q gives d_Q = {W_Q.shape[-1]} but W_K gives d_K = {W_K.shape[-1]}; they must be equal")
-    dtype, dtype_note = common_dtype(X, W_Q, W_K, W_V)
-    trace = Trace()
-    if dtype_note:
-        trace.notes.append(dtype_note)
-    X = trace.add("X", X.to(dtype), (*batch_names(X.dim() - 2), "n", "p")[-X.dim():], "input")
-    weights = {}
-    for name, W, d in (("W_Q", W_Q, "d_K"), ("W_K", W_K, "d_K"), ("W_V", W_V, "d_V")):
-        weights[name] = trace.add(name, W.to(dtype), (*batch_names(W.dim() - 2), "p", d)[-W.dim():], "input")
-    for name, d in (("Q", "d_K"), ("K", "d_K"), ("V", "d_V")):
-        try:
-            P = torch.matmul(X, weights[f"W_{name}"])  # [.., n, p] @ [.., p, d] -> [.., n, d]
-        except RuntimeError:
-            raise UsageError(f"the batch dims of X {list(X.shape)} and W_{name} do not broadcast") from None
-        n_dim = "n_Q" if name == "Q" else "n_K"
-        trace.add(name, P, (*batch_names(P.dim() - 2), n_dim, d)[-P.dim():], f"X @ W_{name}",
-                  cost.matmul_flops(P.shape, X.shape[-1]))
-    return trace
-
-
 def split_heads(x: Tensor, n_head: int) -> Tensor:
-    """[n_batch, n, d_feat] -> [n_batch, n_head, n, d_head], a view (BERT's `transpose_for_scores`)."""
-    n_batch, _, d_feat = x.shape
-    return x.view(n_batch, -1, n_head, d_feat // n_head).permute(0, 2, 1, 3)  # [n_batch, n_head, n, d_head]
+    """[n_batch, n, n_head·d_head] -> [n_batch, n_head, n, d_head], a view (BERT's `transpose_for_scores`)."""
+    n_batch, _, width = x.shape
+    return x.view(n_batch, -1, n_head, width // n_head).permute(0, 2, 1, 3)  # [n_batch, n_head, n, d_head]
 
 
 def heads_last(x: Tensor) -> Tensor:
@@ -264,111 +364,5 @@ def heads_last(x: Tensor) -> Tensor:
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    """[n_batch, n_head, n, d_head] -> [n_batch, n, d_feat], the inverse of `split_heads`."""
-    return heads_last(x).flatten(-2)  # [n_batch, n, d_feat]
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention as the tutorials write it: four Linear layers, split, SDPA per head, merge.
-
-    `forward(Q, K=None, V=None, mask=None)` returns a `Trace` whose steps are `Q_feat, K_feat, V_feat,
-    Q_split, K_split, V_split, scores, attention, x_raw, x_rsh1, x_rsh2, x`, so `out["x"]` is the
-    output. Scores are scaled by `1/sqrt(d_head)`, as `torch.nn.MultiheadAttention` does.
-    With `record=False` it skips the record and uses `F.scaled_dot_product_attention`; the trace
-    then holds only `x`.
-    """
-
-    def __init__(
-        self,
-        d_feat: int,
-        n_head: int,
-        bias: bool = True,
-        dropout_p: float = 0.0,
-        record: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        if d_feat <= 0 or n_head <= 0:
-            raise UsageError(f"d_feat ({d_feat}) and n_head ({n_head}) must be positive")
-        if d_feat % n_head:
-            near = " or ".join(str(h) for h in cost.divisors_near(d_feat, n_head))
-            raise UsageError(
-                f"d_feat = {d_feat} is not divisible by n_head = {n_head}; head counts near it that divide "
-                f"{d_feat}: {near}"
-            )
-        if not 0.0 <= dropout_p < 1.0:
-            raise UsageError(f"dropout_p = {dropout_p} must be in [0, 1)")
-        self.d_feat, self.n_head, self.d_head = d_feat, n_head, d_feat // n_head
-        self.dropout_p, self.record = dropout_p, record
-        factory = {"device": device, "dtype": dtype}
-        self.W_q = nn.Linear(d_feat, d_feat, bias=bias, **factory)
-        self.W_k = nn.Linear(d_feat, d_feat, bias=bias, **factory)
-        self.W_v = nn.Linear(d_feat, d_feat, bias=bias, **factory)
-        self.W_o = nn.Linear(d_feat, d_feat, bias=bias, **factory)
-
-    def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None,
-                mask: Tensor | None = None) -> Trace:
-        K = Q if K is None else K
-        V = K if V is None else V
-        self._check_inputs(Q, K, V)
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
-        dropout_p = self.dropout_p if self.training else 0.0
-        if not self.record:
-            return self._forward_fused(Q, K, V, mask, dropout_p)
-
-        n_batch, d_feat, n_head = Q.shape[0], self.d_feat, self.n_head
-        bias = self.W_q.bias is not None
-        trace = Trace()
-        for name, inp, W, n in (("Q", Q, self.W_q, "n_Q"), ("K", K, self.W_k, "n_K"), ("V", V, self.W_v, "n_K")):
-            feat = W(inp)  # [n_batch, n, d_feat]
-            trace.add(f"{name}_feat", feat, ("n_batch", n, "d_feat"), f"W_{name.lower()}({name})",
-                      cost.linear_flops(feat.shape, d_feat, bias))
-        for name, n in (("Q", "n_Q"), ("K", "n_K"), ("V", "n_K")):
-            trace.add(f"{name}_split", split_heads(trace[f"{name}_feat"], n_head),  # -> [n_batch, n_head, n, d_head]
-                      ("n_batch", "n_head", n, "d_head"),
-                      f"{name}_feat.view(n_batch, -1, n_head, d_head).permute(0, 2, 1, 3)", allocates=False)
-
-        inner = sdpa(trace["Q_split"], trace["K_split"], trace["V_split"], mask, dropout_p=dropout_p,
-                     names=MHA_NAMES)
-        for step in inner.steps[3:]:  # scores, [masked_scores], attention, x_raw: Q/K/V_split are already here
-            trace.add_step(step)
-        trace.notes.extend(inner.notes)
-
-        x_rsh1 = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
-                           "x_raw.permute(0, 2, 1, 3).contiguous()")
-        x_rsh2 = trace.add("x_rsh2", x_rsh1.view(n_batch, -1, d_feat), ("n_batch", "n_Q", "d_feat"),
-                           "x_rsh1.view(n_batch, -1, d_feat)", allocates=False)
-        x = self.W_o(x_rsh2)  # [n_batch, n_Q, d_feat]
-        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)", cost.linear_flops(x.shape, d_feat, bias))
-        return trace
-
-    def _forward_fused(self, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, dropout_p: float) -> Trace:
-        q = split_heads(self.W_q(Q), self.n_head)  # [n_batch, n_head, n_Q, d_head]
-        k = split_heads(self.W_k(K), self.n_head)  # [n_batch, n_head, n_K, d_head]
-        v = split_heads(self.W_v(V), self.n_head)  # [n_batch, n_head, n_K, d_head]
-        if mask is not None:
-            scores_shape = (Q.shape[0], self.n_head, Q.shape[1], K.shape[1])
-            mask = masks.as_attention_mask(mask.to(q.device), scores_shape, q.dtype)
-        x_raw = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
-        trace = Trace()
-        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(merge_heads(F.scaled_dot_product_attention(...)))")
-        return trace
-
-    def _check_inputs(self, Q: Tensor, K: Tensor, V: Tensor) -> None:
-        for name, t in (("Q", Q), ("K", K), ("V", V)):
-            if t.dim() != 3 or t.shape[-1] != self.d_feat:
-                raise UsageError(
-                    f"{name} is {list(t.shape)} but multi-head attention takes [n_batch, n, d_feat] "
-                    f"with d_feat = {self.d_feat}"
-                )
-        if not Q.shape[0] == K.shape[0] == V.shape[0]:
-            raise UsageError(f"n_batch differs: Q {Q.shape[0]}, K {K.shape[0]}, V {V.shape[0]}")
-        if K.shape[1] != V.shape[1]:
-            raise UsageError(f"n_K = {K.shape[1]} but n_V = {V.shape[1]}: every key needs its value")
-
-
-MHA_NAMES = Names(Q="Q_split", K="K_split", V="V_split", out="x_raw", d_K="d_head", d_V="d_head",
-                  batch=("n_batch", "n_head"))
+    """[n_batch, n_head, n, d_head] -> [n_batch, n, n_head·d_head], the inverse of `split_heads`."""
+    return heads_last(x).flatten(-2)  # [n_batch, n, n_head·d_head]

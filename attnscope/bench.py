@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import masks
-from attnscope.attention import MultiHeadAttention, sdpa
+from attnscope.attention import sdpa
 from attnscope.check import reference_mha
 from attnscope.errors import UsageError
+from attnscope.multihead import MultiHeadAttention
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import masks
-from attnscope.attention import MultiHeadAttention
+from attnscope.multihead import MultiHeadAttention
 from attnscope.trace import Trace
 
 # atol, rtol per dtype: what a different but correct summation order can give.

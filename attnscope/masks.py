@@ -1,36 +1,82 @@
 """Attention masks, in one convention: boolean, True = "may attend", as `F.scaled_dot_product_attention`.
 
-A float mask is added to the scores instead (0 keeps a score, -inf removes it). Integer 0/1 masks,
-as the tutorials' `masked_fill(mask == 0, ...)` uses them, are read as boolean.
+One rule for every mask, whatever builds it or combines with it:
+- boolean: True = may attend;
+- integer holding only 0 and 1: read as boolean (1 = may attend), as the tutorials'
+  `masked_fill(mask == 0, ...)` uses them; any other integer is refused;
+- float: added to the scores (0 keeps a score, -inf removes it);
+- anything else (complex, ...) is refused.
+A mask is put under this rule before it is combined with anything else (causal, window, padding):
+boolean masks combine by AND, and a float mask is added on top.
+
 `torch.nn.MultiheadAttention` uses the opposite boolean convention (True = masked out); the check
 against it inverts the mask (see check.py).
+
+Positions: query i sits at position `i + offset`, key j at position j. Upper-left alignment has offset 0
+(`is_causal=True`); lower-right has `offset = n_K - n_Q`, so the last query sees every key
+(`torch.nn.attention.bias.causal_lower_right`, flash-attn's `causal=True`, a KV cache).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
 
-CausalAlign = Literal["upper-left", "lower-right"]
-Device = Union["torch.device", str, None]
+Align = Literal["upper-left", "lower-right"]
+ALIGNMENTS: tuple[Align, ...] = ("upper-left", "lower-right")
 
 
-def causal_mask(n_Q: int, n_K: int, align: CausalAlign = "upper-left", device: Device = None) -> torch.Tensor:
+def alignment(causal: bool | str | None) -> Align | None:
+    """`causal` as sdpa takes it (False/None, True = upper-left as `is_causal=True`, or an alignment name)."""
+    if causal is None or causal is False:
+        return None
+    if causal is True:
+        return "upper-left"
+    if causal in ALIGNMENTS:
+        return causal  # type: ignore[return-value]
+    raise UsageError(f"causal={causal!r}: use True (upper-left), 'upper-left' or 'lower-right'")
+
+
+def query_offset(n_Q: int, n_K: int, align: Align | None) -> int:
+    """The position of query 0: 0 upper-left, n_K - n_Q lower-right."""
+    return n_K - n_Q if align == "lower-right" else 0
+
+
+def causal_mask(n_Q: int, n_K: int, align: Align = "upper-left", device: Any = None) -> torch.Tensor:
     """[n_Q, n_K] boolean. Upper-left: query i sees keys j <= i, as `is_causal=True` does.
     Lower-right: the last query sees every key, as `torch.nn.attention.bias.causal_lower_right`."""
     import torch
 
-    offset = 0 if align == "upper-left" else n_K - n_Q
+    offset = query_offset(n_Q, n_K, align)
     rows = torch.arange(n_Q, device=device).unsqueeze(-1)  # [n_Q, 1]
     cols = torch.arange(n_K, device=device)  # [n_K]
     return cols <= rows + offset  # [n_Q, n_K]
 
 
-def key_padding_mask(n_K: int, n_pad: int, device: Device = None) -> torch.Tensor:
+def window_mask(n_Q: int, n_K: int, window: int, align: Align = "upper-left", device: Any = None) -> torch.Tensor:
+    """[n_Q, n_K] boolean: query i (at position p = i + offset) sees key j when j <= p and p - j < window.
+
+    Mistral's convention: transformers' `sliding_window_causal_mask_function` (masking_utils), the causal
+    mask AND `sliding_window_overlay`'s `kv_idx > q_idx - sliding_window`."""
+    import torch
+
+    check_window(window)
+    offset = query_offset(n_Q, n_K, align)
+    position = torch.arange(n_Q, device=device).unsqueeze(-1) + offset  # [n_Q, 1]
+    cols = torch.arange(n_K, device=device)  # [n_K]
+    return (cols <= position) & (position - cols < window)  # [n_Q, n_K]
+
+
+def check_window(window: int) -> None:
+    if window < 1:
+        raise UsageError(f"sliding window {window}: a query must see at least itself, so the window is 1 or more")
+
+
+def key_padding_mask(n_K: int, n_pad: int, device: Any = None) -> torch.Tensor:
     """[n_K] boolean that hides the last `n_pad` keys of every sequence."""
     import torch
 
@@ -39,10 +85,25 @@ def key_padding_mask(n_K: int, n_pad: int, device: Device = None) -> torch.Tenso
     return torch.arange(n_K, device=device) < n_K - n_pad
 
 
-def as_attention_mask(mask: torch.Tensor, scores_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Check that `mask` broadcasts to the scores and put it in the boolean-or-additive convention."""
+def normalize(mask: torch.Tensor) -> torch.Tensor:
+    """The dtype rule: boolean as it is, integer 0/1 as boolean, float as it is (additive); else refused."""
     import torch
 
+    if mask.dtype == torch.bool or mask.is_floating_point():
+        return mask
+    if mask.is_complex():
+        raise UsageError("a complex mask means nothing here: give a boolean (True = may attend) or float mask")
+    if mask.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        mask = mask.to(torch.int64)  # uint16/32/64: few torch ops take them
+    if mask.device.type != "meta" and not bool(((mask == 0) | (mask == 1)).all()):
+        raise UsageError(
+            "an integer mask must hold only 0 (masked) and 1 (may attend); "
+            "for an additive mask give floats (0 keeps a score, -inf removes it)"
+        )
+    return mask != 0
+
+
+def check_broadcast(mask: torch.Tensor, scores_shape: tuple[int, ...]) -> None:
     from attnscope.cost import broadcast_shapes
 
     try:
@@ -54,25 +115,23 @@ def as_attention_mask(mask: torch.Tensor, scores_shape: tuple[int, ...], dtype: 
             f"mask of shape {list(mask.shape)} does not broadcast to the scores' shape {list(scores_shape)}; "
             "give a mask whose trailing dims are [n_Q, n_K] (or 1 where it is shared)"
         )
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_floating_point():
-        return mask.to(dtype)
-    if mask.is_complex():
-        raise UsageError("a complex mask means nothing here: give a boolean (True = may attend) or float mask")
-    if mask.device.type != "meta" and not bool(((mask == 0) | (mask == 1)).all()):
-        raise UsageError(
-            "an integer mask must hold only 0 (masked) and 1 (may attend); "
-            "for an additive mask give floats (0 keeps a score, -inf removes it)"
-        )
-    return mask != 0
+
+
+def as_attention_mask(mask: torch.Tensor, scores_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Check that `mask` broadcasts to the scores and put it under the rule; a float mask takes `dtype`."""
+    check_broadcast(mask, scores_shape)
+    mask = normalize(mask)
+    return mask if not mask.is_floating_point() else mask.to(dtype)
 
 
 def combine(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
-    """Both must hold for a key to be seen: AND for boolean masks, a sum when either is additive."""
+    """Both must hold for a key to be seen: AND for boolean masks, a sum when either is additive.
+    Each is put under the dtype rule first, so an integer 0/1 mask is never added to the scores."""
     if first is None or second is None:
-        return first if second is None else second
-    if first.dtype == second.dtype and first.dtype.is_floating_point is False:
+        single = first if second is None else second
+        return None if single is None else normalize(single)
+    first, second = normalize(first), normalize(second)
+    if not first.is_floating_point() and not second.is_floating_point():
         return first & second
     return to_additive(first) + to_additive(second)
 
@@ -84,6 +143,18 @@ def to_additive(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+
+
+def structural(n_Q: int, n_K: int, align: Align | None, window: int | None,
+               device: Any = None) -> tuple[torch.Tensor | None, str]:
+    """The causal and sliding-window part of a mask, `[n_Q, n_K]` boolean (None when neither), and how to
+    say it in an op (`causal(lower-right)`, `window(4, upper-left)`). A window implies causal."""
+    if window is not None:
+        align = align or "upper-left"
+        return window_mask(n_Q, n_K, window, align, device), f"window({window}, {align})"
+    if align is not None:
+        return causal_mask(n_Q, n_K, align, device), f"causal({align})"
+    return None, ""
 
 
 def fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ def run_mha(o: MhaOptions) -> RunResult:
         guard_memory(needed + flag_overhead(o, needed), o.max_memory)
     import torch
 
-    from attnscope.attention import MultiHeadAttention
+    from attnscope.multihead import MultiHeadAttention
 
     user_mask = load(o.mask)
     Q, K, V = load(o.q), load(o.k), load(o.v)

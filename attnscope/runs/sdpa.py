@@ -134,7 +134,8 @@ def _random_sdpa_inputs(o: SdpaOptions, device: str) -> dict[str, torch.Tensor]:
 def _sdpa_trace(o: SdpaOptions, inputs: dict[str, torch.Tensor], user_mask: torch.Tensor | None,
                 device: str) -> tuple[Trace, torch.Tensor | None]:
     """The traced run, and the mask it used (the check needs the same mask)."""
-    from attnscope.attention import project, sdpa, sdpa_columns
+    from attnscope.attention import sdpa
+    from attnscope.forms import project, sdpa_columns
 
     prefix = None
     if "X" in inputs:

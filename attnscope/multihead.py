@@ -1,0 +1,232 @@
+"""Multi-head attention as the tutorials write it, and as today's models shape it.
+
+Four Linear layers, split into heads, SDPA in every head (through `attention.sdpa`, so the two never
+drift), merge, project. The variants are arguments: `n_kv_head` (grouped-query attention; 1 is
+multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `rope` (rotary embeddings after the
+split, transformers' `apply_rotary_pos_emb`), `causal`, `window`, `softcap`, `alibi`, `scale`, and a KV
+cache passed to `forward`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope import alibi as alibi_
+from attnscope import attention, cost, masks
+from attnscope.attention import Names, check_scalars, heads_last, merge_heads, split_heads
+from attnscope.errors import UsageError
+from attnscope.trace import Trace
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from attnscope.rope import Rope
+
+
+class MultiHeadAttention(nn.Module):
+    """`forward(Q, K=None, V=None, mask=None, cache=None)` returns a `Trace` whose steps are `Q_feat, K_feat,
+    V_feat, Q_split, K_split, V_split, [cos, sin, Q_rot, K_rot], [K_cache, V_cache, K_cat, V_cat], [K_rep,
+    V_rep], scores, [capped_scores], [alibi_bias, biased_scores], [masked_scores], attention, x_raw, x_rsh1,
+    x_rsh2, x`, so `out["x"]` is the output. Scores are scaled by `1/sqrt(d_head)` unless `scale` is given, as
+    `torch.nn.MultiheadAttention` does. With `record=False` the steps are not kept and the attention runs
+    in `F.scaled_dot_product_attention`; the trace then holds only `x`.
+
+    W_q projects d_feat to n_head·d_head, W_k and W_v to n_kv_head·d_head, W_o n_head·d_head back to d_feat.
+    `cache=(K_cache, V_cache)`, each `[n_batch, n_kv_head, n_cache, d_head]`, holds the keys (already
+    rotated, as transformers' caches hold them) and values of earlier positions; the new queries and keys
+    then sit at positions n_cache onwards, and `causal` should be "lower-right".
+    """
+
+    def __init__(
+        self,
+        d_feat: int,
+        n_head: int,
+        bias: bool = True,
+        dropout_p: float = 0.0,
+        record: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        n_kv_head: int | None = None,
+        d_head: int | None = None,
+        out_bias: bool | None = None,
+        scale: float | None = None,
+        causal: bool | str | None = False,
+        window: int | None = None,
+        softcap: float | None = None,
+        alibi: bool = False,
+        rope: Rope | None = None,
+    ) -> None:
+        super().__init__()
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        _check_sizes(d_feat, n_head, n_kv_head, d_head)
+        if not 0.0 <= dropout_p < 1.0:
+            raise UsageError(f"dropout_p = {dropout_p} must be in [0, 1)")
+        check_scalars(scale, softcap)
+        if window is not None:
+            masks.check_window(window)
+        masks.alignment(causal)
+        self.d_feat, self.n_head, self.n_kv_head = d_feat, n_head, n_kv_head
+        self.d_head = d_feat // n_head if d_head is None else d_head
+        if rope is not None:
+            from attnscope.rope import check_head_size
+
+            check_head_size(self.d_head)
+        self.dropout_p, self.record = dropout_p, record
+        self.scale, self.causal, self.window, self.softcap, self.alibi, self.rope = (
+            scale, causal, window, softcap, alibi, rope)
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.W_q = nn.Linear(d_feat, n_head * self.d_head, bias=bias, **factory)
+        self.W_k = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
+        self.W_v = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
+        self.W_o = nn.Linear(n_head * self.d_head, d_feat, bias=bias if out_bias is None else out_bias, **factory)
+
+    @property
+    def n_group(self) -> int:
+        return self.n_head // self.n_kv_head
+
+    def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None, mask: Tensor | None = None,
+                cache: tuple[Tensor, Tensor] | None = None) -> Trace:
+        K = Q if K is None else K
+        V = K if V is None else V
+        self._check_inputs(Q, K, V, cache)
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
+        trace = Trace()
+        add = trace.add if self.record else _keep_tensor
+        Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache)
+        dropout_p = self.dropout_p if self.training else 0.0
+        n_batch = Q.shape[0]
+        if self.record:
+            inner = attention.sdpa(Q_h, K_h, V_h, mask, self.scale, causal=self.causal, window=self.window,
+                                   softcap=self.softcap, alibi=self.alibi, enable_gqa=self.n_group > 1,
+                                   dropout_p=dropout_p, names=names)
+            for step in inner.steps[3:]:  # from scores on: the inputs are already here
+                trace.add_step(step)
+            trace.notes.extend(inner.notes)
+            x_rsh1 = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
+                               "x_raw.permute(0, 2, 1, 3).contiguous()")
+            width = self._width("n_head")
+            x_rsh2 = trace.add("x_rsh2", x_rsh1.view(n_batch, -1, self.n_head * self.d_head),
+                               ("n_batch", "n_Q", width), f"x_rsh1.view(n_batch, -1, {width})", allocates=False)
+            x = self.W_o(x_rsh2)  # [n_batch, n_Q, d_feat]
+            trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
+                      cost.linear_flops(x.shape, x_rsh2.shape[-1], self.W_o.bias is not None))
+            return trace
+        x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p)  # [n_batch, n_head, n_Q, d_head]
+        x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
+        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(merge_heads(F.scaled_dot_product_attention(...)))")
+        return trace
+
+    def _width(self, heads: str) -> str:
+        """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head`."""
+        n = self.n_head if heads == "n_head" else self.n_kv_head
+        return "d_feat" if n * self.d_head == self.d_feat else f"{heads}·d_head"
+
+    def _heads(self, add: Any, Q: Tensor, K: Tensor, V: Tensor,
+               cache: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Names]:
+        """Project, split, rotate and extend with the cache: the per-head Q, K, V the attention reads, and
+        the names they go by. With a cache the new keys' axis is n_new, and n_K = n_cache + n_new."""
+        bias, kv_axis = self.W_q.bias is not None, self._kv_axis()
+        n_key = "n_K" if cache is None else "n_new"
+        plan = (("Q", self.W_q, Q, "n_Q", self.n_head, "n_head"), ("K", self.W_k, K, n_key, self.n_kv_head, kv_axis),
+                ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
+        feats = {name: add(f"{name}_feat", W(x), ("n_batch", n, self._width(axis)),  # [n_batch, n, heads·d_head]
+                           f"W_{name.lower()}({name})", cost.linear_flops((*x.shape[:-1], W.out_features),
+                                                                           self.d_feat, bias))
+                 for name, W, x, n, _, axis in plan}
+        split = {name: add(f"{name}_split", split_heads(feats[name], count),  # -> [n_batch, heads, n, d_head]
+                           ("n_batch", axis, n, "d_head"),
+                           f"{name}_feat.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
+                 for name, _, _, n, count, axis in plan}
+        q, k, v = split["Q"], split["K"], split["V"]
+        q_name, k_name, v_name = "Q_split", "K_split", "V_split"
+        n_cache = cache[0].shape[-2] if cache is not None else 0
+        if self.rope is not None:
+            n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
+            q_offset = n_cache if cache is not None else masks.query_offset(n_Q, n_K, masks.alignment(self.causal))
+            q, k = attention.rotate(add, q, k, self.rope, q_offset=q_offset, k_offset=n_cache,
+                                    source=(q_name, k_name), dims=(("n_batch", "n_head", "n_Q", "d_head"),
+                                                                   ("n_batch", kv_axis, n_key, "d_head")),
+                                    d_name="d_head", n_keys=n_K)
+            q_name, k_name = "Q_rot", "K_rot"
+        if cache is not None:
+            cached = ("n_batch", kv_axis, "n_cache", "d_head")
+            K_cache = add("K_cache", cache[0].to(k.dtype), cached, "input: cached keys (already rotated)")
+            V_cache = add("V_cache", cache[1].to(v.dtype), cached, "input: cached values")
+            full = ("n_batch", kv_axis, "n_K", "d_head")
+            k = add("K_cat", torch.cat([K_cache, k], dim=-2), full, f"torch.cat([K_cache, {k_name}], dim=-2)")
+            v = add("V_cat", torch.cat([V_cache, v], dim=-2), full, f"torch.cat([V_cache, {v_name}], dim=-2)")
+            k_name, v_name = "K_cat", "V_cat"
+        names = Names(Q=q_name, K=k_name, V=v_name, out="x_raw", d_K="d_head", d_V="d_head",
+                      batch=("n_batch", "n_head"))
+        return q, k, v, names
+
+    def _kv_axis(self) -> str:
+        return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
+
+    def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+        """The attention through `F.scaled_dot_product_attention`, masks and biases made into one attn_mask.
+        Softcapping has no place in it, so a softcapped module runs `attention.sdpa` unrecorded."""
+        if self.softcap is not None:
+            names = Names(out="x_raw", batch=("n_batch", "n_head"))
+            return attention.sdpa(Q_h, K_h, V_h, mask, self.scale, causal=self.causal, window=self.window,
+                                  softcap=self.softcap, alibi=self.alibi, enable_gqa=self.n_group > 1,
+                                  dropout_p=dropout_p, names=names)["x_raw"]
+        n_Q, n_K = Q_h.shape[-2], K_h.shape[-2]
+        align = masks.alignment(self.causal)
+        allowed, _ = masks.structural(n_Q, n_K, align, self.window, Q_h.device)
+        attn_mask = masks.combine(allowed, mask)
+        if self.alibi:
+            bias = alibi_.bias(self.n_head, n_Q, n_K, masks.query_offset(n_Q, n_K, align), Q_h.device)
+            attn_mask = bias if attn_mask is None else masks.to_additive(attn_mask) + bias
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(Q_h.dtype)
+        return F.scaled_dot_product_attention(Q_h, K_h, V_h, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              scale=self.scale, enable_gqa=self.n_group > 1)
+
+    def _check_inputs(self, Q: Tensor, K: Tensor, V: Tensor, cache: tuple[Tensor, Tensor] | None) -> None:
+        for name, t in (("Q", Q), ("K", K), ("V", V)):
+            if t.dim() != 3 or t.shape[-1] != self.d_feat:
+                raise UsageError(
+                    f"{name} is {list(t.shape)} but multi-head attention takes [n_batch, n, d_feat] "
+                    f"with d_feat = {self.d_feat}"
+                )
+        if not Q.shape[0] == K.shape[0] == V.shape[0]:
+            raise UsageError(f"n_batch differs: Q {Q.shape[0]}, K {K.shape[0]}, V {V.shape[0]}")
+        if K.shape[1] != V.shape[1]:
+            raise UsageError(f"n_K = {K.shape[1]} but n_V = {V.shape[1]}: every key needs its value")
+        if cache is not None:
+            want = [Q.shape[0], self.n_kv_head, cache[0].shape[-2] if cache[0].dim() == 4 else -1, self.d_head]
+            for name, t in zip(("K_cache", "V_cache"), cache, strict=True):
+                if t.dim() != 4 or list(t.shape) != want:
+                    raise UsageError(f"{name} is {list(t.shape)} but the cache is [n_batch, n_kv_head, n_cache, "
+                                     f"d_head] = [{want[0]}, {want[1]}, n_cache, {want[3]}], the same for K and V")
+
+
+def _keep_tensor(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """`Trace.add`'s stand-in when nothing is recorded."""
+    return tensor
+
+
+def _check_sizes(d_feat: int, n_head: int, n_kv_head: int, d_head: int | None) -> None:
+    if d_feat <= 0 or n_head <= 0 or n_kv_head <= 0:
+        raise UsageError(f"d_feat ({d_feat}), n_head ({n_head}) and n_kv_head ({n_kv_head}) must be positive")
+    if n_head % n_kv_head:
+        near = " or ".join(str(h) for h in cost.divisors_near(n_head, n_kv_head))
+        raise UsageError(f"n_head = {n_head} is not a multiple of n_kv_head = {n_kv_head}: each key/value head "
+                         f"serves a whole group of query heads; KV head counts near it that divide {n_head}: {near}")
+    if d_head is not None:
+        if d_head <= 0:
+            raise UsageError(f"d_head ({d_head}) must be positive")
+        return
+    if d_feat % n_head:
+        near = " or ".join(str(h) for h in cost.divisors_near(d_feat, n_head))
+        raise UsageError(
+            f"d_feat = {d_feat} is not divisible by n_head = {n_head}; head counts near it that divide "
+            f"{d_feat}: {near} (or give d_head explicitly)"
+        )
