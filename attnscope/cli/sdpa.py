@@ -18,6 +18,7 @@ from attnscope.cli.options import (
     Dv,
     Force,
     HeatmapBatch,
+    HeatmapHead,
     HeatmapOpt,
     Json,
     KFile,
@@ -72,6 +73,7 @@ def sdpa(
     stats: Stats = False,
     heatmap: HeatmapOpt = False,
     heatmap_batch: HeatmapBatch = 0,
+    heatmap_head: HeatmapHead = 0,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -85,7 +87,7 @@ def sdpa(
             batch=batch, nq=nq, nk=nk, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, x=x, wq=wq, wk=wk, wv=wv,
             layout=layout.value, causal=causal.value if causal else None, mask=mask, pad=pad, scale=scale,
             check=check, meta=meta, max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
-            heatmap_batch=heatmap_batch,
+            heatmap_batch=heatmap_batch, heatmap_head=heatmap_head,
         )
         show_run(run_sdpa(options), json=json, values=values, stats=stats)
 

@@ -12,18 +12,25 @@ from attnscope.runs.common import (
     AttentionOptions,
     RunResult,
     build_mask,
+    causal_text,
     check_common,
     check_heads,
     finish,
     flag_overhead,
     guard_memory,
+    input_op,
     inputs_bytes,
     load,
+    mask_extra,
     param_bytes,
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from attnscope.check import Comparison
+    from attnscope.multihead import MultiHeadAttention
+    from attnscope.runs.common import SavedExtra
 
 
 @dataclass
@@ -104,10 +111,25 @@ def run_mha(o: MhaOptions) -> RunResult:
     kind = "cross-attention" if K is not Q else "self-attention"
     header = (f"MHA ({kind})  x = W_o(merge_heads(softmax(Q_split K_splitᵀ / √d_head) V_split))\n"
               f"n_batch={n_batch}  n_Q={n_Q}  n_K={n_K}  d_feat={d_feat}  n_head={o.heads}  "
-              f"d_head={module.d_head}  seed={o.seed}")
+              f"d_head={module.d_head}  seed={o.seed}{causal_text(o.causal)}")
     result = RunResult("mha", header, params, trace, cost.traced_peak_bytes(trace.steps, extra),
                        cost.fused_peak_bytes(trace.steps, extra), comparisons)
-    return finish(o, result)
+    return finish(o, result, saved_inputs(o, module, Q, K, V) | mask_extra(mask))
+
+
+def saved_inputs(o: MhaOptions, module: MultiHeadAttention, Q: torch.Tensor, K: torch.Tensor,
+                 V: torch.Tensor) -> SavedExtra:
+    """For --save: the inputs (K and V only where they differ from Q and K) and the module's parameters under
+    their PyTorch names (`W_q.weight`, `W_q.bias`, ...), so the run can be checked by anyone again."""
+    extra: SavedExtra = {}
+    for name, tensor, spec, n, skip in (("Q", Q, o.q, "n_Q", None), ("K", K, o.k, "n_K", Q), ("V", V, o.v, "n_K", K)):
+        if tensor is not skip:  # self-attention saves Q alone: K = V = Q
+            extra[name] = (tensor, ("n_batch", n, "d_feat"), input_op(spec, f"torch.randn(n_batch, {n}, d_feat)"))
+    for name, tensor in module.state_dict().items():
+        linear = name.split(".")[0]
+        dims = ("out_features", "in_features") if name.endswith("weight") else ("out_features",)
+        extra[name] = (tensor, dims, f"{linear} = nn.Linear(in_features, out_features): its {name.split('.')[-1]}")
+    return extra
 
 
 def _check_mha_options(o: MhaOptions) -> None:

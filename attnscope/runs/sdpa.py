@@ -12,6 +12,7 @@ from attnscope.runs.common import (
     AttentionOptions,
     RunResult,
     build_mask,
+    causal_text,
     check_common,
     finish,
     flag_overhead,
@@ -19,6 +20,7 @@ from attnscope.runs.common import (
     input_op,
     inputs_bytes,
     load,
+    mask_extra,
 )
 
 if TYPE_CHECKING:
@@ -101,10 +103,11 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     sizes = "".join(f"{name}={n}  " for name, n in zip(trace.step("scores").dims, batch, strict=False))
     header = f"SDPA  {formula}\n{sizes}n_Q={n_Q}  n_K={n_K}  d_K={d_K}  d_V={d_V}"
     header += f"  seed={o.seed}" if random_inputs else ""
+    header += causal_text(o.causal)
     extra = inputs_bytes(mask)
     result = RunResult("sdpa", header, params, trace, cost.traced_peak_bytes(trace.steps, extra),
                        cost.fused_peak_bytes(trace.steps, extra), comparisons)
-    return finish(o, result)
+    return finish(o, result, mask_extra(mask))
 
 
 def _check_sdpa_options(o: SdpaOptions) -> None:
