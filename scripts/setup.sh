@@ -25,13 +25,14 @@ esac
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   if "$python" -c "import torch" 2>/dev/null; then
-    echo "setup: $python already has torch $("$python" -c 'import torch; print(torch.__version__)'); .venv uses it" >&2
-    "$python" -m venv --system-site-packages .venv
+    "$python" -m venv --system-site-packages .venv  # the interpreter's own packages stay visible, torch among them
   else
     "$python" -m venv .venv
   fi
 fi
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+if .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "setup: using $(.venv/bin/python -c 'import torch; print("torch", torch.__version__, "from", torch.__file__)')" >&2
+else
   echo "setup: installing torch ${TORCH_VERSION:-2.13.0} ${TORCH_INDEX_URL:+from $TORCH_INDEX_URL}" >&2
   .venv/bin/python -m pip install --quiet ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
     "torch==${TORCH_VERSION:-2.13.0}"

@@ -31,9 +31,7 @@ BENCH_EXAMPLES = """Examples:
 
   attnscope bench sdpa
 
-  attnscope bench mha --causal
-
-  attnscope bench sdpa --nq 1024 --nk 1024 --runs 5"""
+  attnscope bench mha"""
 
 bench_app = typer.Typer(no_args_is_help=True, help="Time the traced path against PyTorch's fused attention.",
                         epilog=BENCH_EXAMPLES)
@@ -43,7 +41,7 @@ Dtype = Annotated[str, typer.Option("--dtype", help="float32, float64, float16 o
 Runs = Annotated[int, typer.Option("--runs", min=1, help="Timed runs per contender; the median is reported.")]
 Warmup = Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first (caches, lazy initialisation).")]
 
-# Defaults sized for a bench: realistic shapes (BERT-like heads of 64), about a second per contender on a
+# Defaults sized for a bench: realistic shapes (heads of 64, as BERT's), about a second per contender on a
 # 2-core CPU with the default --runs (docs/performance.md has the numbers).
 SDPA_EXAMPLES = """Examples:
 
@@ -51,7 +49,7 @@ SDPA_EXAMPLES = """Examples:
 
   attnscope bench sdpa --batch 4 --nq 512 --nk 1024 --causal lower-right
 
-  attnscope bench sdpa --dtype float64 --runs 5 --json"""
+  attnscope bench sdpa --nq 256 --nk 256 --dtype float64 --json"""
 
 MHA_EXAMPLES = """Examples:
 
@@ -67,8 +65,8 @@ LONG_SECONDS = 5.0  # a bench expected to take longer says so on stderr first, s
 @bench_app.command("sdpa", cls=AttentionCommand, epilog=SDPA_EXAMPLES)
 def bench_sdpa(
     batch: Batch = 8,
-    nq: Nq = 512,
-    nk: Nk = 512,
+    nq: Nq = 1024,
+    nk: Nk = 1024,
     dk: Dk = 64,
     dv: Dv = 64,
     causal: CausalOpt = None,

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from attnscope.cost import format_bytes, format_flops
 from attnscope.render.console import console, finite
-from attnscope.render.fit import Column, FittedTable, broken, cell, whole
+from attnscope.render.fit import Column, FittedTable, FittedText, broken, cell, whole
 
 if TYPE_CHECKING:
     from attnscope.bench import BenchResult, Contender, Race
@@ -73,7 +73,7 @@ def _duration(seconds: float) -> str:
 
 def show_bench(out: Console, result: BenchResult) -> None:
     p = result.params
-    out.print(Text(f"{bench_header(result.command, p)}\n{p['device']}, {p['dtype']}: median of {p['runs']} runs "
+    out.print(FittedText(f"{bench_header(result.command, p)}\n{p['device']}, {p['dtype']}: median of {p['runs']} runs "
                    f"after {p['warmup']} warm-up; {format_flops(result.flops)} a call", style="bold"))
     columns = [Column("contender"), Column("median ms", "right"), Column("GFLOP/s", "right", drop=3),
                Column("peak memory", "right"), Column("vs first", "right", drop=1),
@@ -84,7 +84,7 @@ def show_bench(out: Console, result: BenchResult) -> None:
                 f"{c.max_abs_diff:.1e}"))] for c in result.contenders]
     out.print(FittedTable(columns, rows, shrink=[0]))
     for line in memory_lines(result):
-        out.print(Text(line))
+        out.print(FittedText(line))
     if result.backends:
         backends = Table(title="SDPA backends on CUDA for these inputs", box=box.SIMPLE_HEAD, title_justify="left",
                          pad_edge=False)

@@ -75,6 +75,36 @@ def _narrow(pieces: Sequence[str], width: int) -> Iterator[str]:
             yield from (part,) if cell_len(part.lstrip()) <= width else chop_cells(part.lstrip(), width)
 
 
+def wrap_line(line: str, width: int) -> list[str]:
+    """A line of prose or a header: broken first where it has two or more spaces (between `n_Q=4  n_K=6`,
+    or a title and its formula), then between atoms."""
+    out: list[str] = []
+    current = ""
+    for segment in re.split(r"(?<=\S)(?=  +\S)", line):
+        if current and cell_len(current + segment) <= width:
+            current += segment
+            continue
+        if current:
+            out.append(current)
+        lines = wrap(atoms(segment.lstrip()), width)
+        out.extend(lines[:-1])
+        current = lines[-1]
+    out.append(current)
+    return out
+
+
+class FittedText:
+    """Lines of text (a header, a footer, a note) wrapped for the width they are printed at, never inside
+    brackets."""
+
+    def __init__(self, text: str, style: str | None = None) -> None:
+        self.text, self.style = text, style
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Text]:
+        lines = [part for line in self.text.split("\n") for part in wrap_line(line, options.max_width)]
+        yield Text("\n".join(lines), style=self.style or "")
+
+
 @dataclass
 class Column:
     header: str
@@ -119,7 +149,8 @@ class FittedTable:
             keep.remove(min(droppable, key=lambda i: self.columns[i].drop or 0))
         if widths is None:  # even the narrowest layout is too wide: the shrinkable columns take what is left
             widths = self._widths(keep, console, width, squeeze=True) or {}
-        left_out = [self.columns[i].header for i in range(len(self.columns)) if i not in keep]
+        gone = sorted((i for i in range(len(self.columns)) if i not in keep), key=lambda i: self.columns[i].drop or 0)
+        left_out = [self.columns[i].header for i in gone]
         return self._table(keep, widths), left_out
 
     def _widths(self, keep: list[int], console: Console, width: int, squeeze: bool = False) -> dict[int, int] | None:
@@ -163,8 +194,8 @@ class FittedTable:
         table, left_out = self.layout(console, options.max_width)
         yield table
         if left_out:
-            yield Text(f"(left out to fit {options.max_width} columns: {', '.join(left_out)}; "
-                       "a wider terminal or --json shows them)")
+            yield from FittedText(f"left out to fit {options.max_width} columns: {', '.join(left_out)} "
+                                  "(--json has them)").__rich_console__(console, options)
 
 
 def _text(paragraphs: list[Paragraph], width: int) -> Text:

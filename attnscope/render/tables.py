@@ -12,7 +12,7 @@ from rich.text import Text
 
 from attnscope.cost import format_bytes, scale_count
 from attnscope.render.console import finite
-from attnscope.render.fit import Column, FittedTable, broken, cell, whole
+from attnscope.render.fit import Column, FittedTable, FittedText, broken, cell, whole
 
 if TYPE_CHECKING:
     from attnscope.check import Comparison
@@ -56,12 +56,12 @@ def stats_table(trace: Trace) -> Table:
 
 
 def show_trace(out: Console, header: str, trace: Trace, footer: Sequence[str] = ()) -> None:
-    out.print(Text(header, style="bold"))
+    out.print(FittedText(header, style="bold"))
     out.print(steps_table(trace.steps))
     for line in footer:
-        out.print(Text(line))
+        out.print(FittedText(line))
     for note in trace.notes:
-        out.print(Text(f"note: {note}", style="yellow"))
+        out.print(FittedText(f"note: {note}", style="yellow"))
 
 
 VALUES_LIMIT = 64  # elements: a preview, not a dump; bigger tensors show their corners

@@ -108,6 +108,7 @@ def run_mha(o: MhaOptions) -> RunResult:
                               "d_head": module.d_head, "bias": o.bias, "dropout": o.dropout, "seed": o.seed,
                               "causal": o.causal, "pad": o.pad, "mask": o.mask, "meta": o.meta,
                               "inputs": {n: s for n, s in (("Q", o.q), ("K", o.k), ("V", o.v)) if s} or "random"}
+    params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is
     kind = "cross-attention" if K is not Q else "self-attention"
     header = (f"MHA ({kind})  x = W_o(merge_heads(softmax(Q_split K_splitᵀ / √d_head) V_split))\n"
               f"n_batch={n_batch}  n_Q={n_Q}  n_K={n_K}  d_feat={d_feat}  n_head={o.heads}  "

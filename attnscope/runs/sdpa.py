@@ -96,6 +96,7 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
                               "layout": o.layout, "scale": o.scale, "causal": o.causal, "pad": o.pad,
                               "mask": o.mask, "meta": o.meta,
                               "inputs": {n: s for n, s in files.items() if s} or "random"}
+    params["batch_shape"] = batch  # a list in every command's JSON (here `batch` is one too: any leading dims)
     formula = ("out = V · softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col
                else "out = softmax(Q Kᵀ / √d_K) V")
     if o.scale is not None:
