@@ -120,3 +120,16 @@ def test_bench_stderr_stays_clean():
                              "8", "--dk", "4", "--dv", "4", "--runs", "1", "--warmup", "0"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+@pytest.mark.parametrize("causal", [None, "lower-right"])
+def test_flops_of_a_call_are_counted_exactly_before_it_runs(causal):
+    from attnscope import MultiHeadAttention, bench, sdpa
+
+    race = bench.sdpa_race(3, 5, 7, 4, 6, causal=causal, device="cpu", dtype="float32")
+    mask = None if causal is None else torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)
+    assert race.flops == sdpa(torch.randn(3, 5, 4), torch.randn(3, 7, 4), torch.randn(3, 7, 6), mask).total_flops
+    race = bench.mha_race(3, 5, 7, 8, 2, bias=True, causal=causal, device="cpu", dtype="float32")
+    with torch.no_grad():
+        full = MultiHeadAttention(8, 2)(torch.randn(3, 5, 8), torch.randn(3, 7, 8), torch.randn(3, 7, 8), mask)
+    assert race.flops == full.total_flops

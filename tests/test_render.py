@@ -275,3 +275,14 @@ def test_units_scale(runner):
     assert result.exit_code == 0, result.output
     assert "total 133.68 PFLOP   peak memory 1.8 PiB traced" in result.stdout
     assert not re.search(r"\d{4,}\.\d+ ?T", result.stdout)  # no 65792.0T
+
+
+def test_column_layout_heatmap_has_queries_as_rows(runner):
+    import torch
+
+    result = runner.invoke(app, ["sdpa", "--layout", "col", "--nq", "3", "--nk", "5", "--heatmap", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    attention = torch.tensor(payload["heatmap"]["matrix"])
+    assert attention.shape == (3, 5) and torch.allclose(attention.sum(-1), torch.ones(3))  # rows are queries
+    assert "transposed" in payload["heatmap"]["title"]

@@ -88,7 +88,7 @@ def bench_sdpa(
 
 @bench_app.command("mha", cls=AttentionCommand, epilog=MHA_EXAMPLES)
 def bench_mha(
-    batch: Batch = 4,
+    batch: Batch = 8,
     nq: Nq = 256,
     nk: NkOrNq = None,
     d_feat: DFeat = 512,

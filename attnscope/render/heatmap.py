@@ -17,6 +17,8 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
+from attnscope.render.fit import FittedText
+
 if TYPE_CHECKING:
     from attnscope.runs.common import Heatmap
 
@@ -54,11 +56,11 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
 
     out.print(Text(f"{hm.title}  [{n_rows} queries x {n_cols} keys]", style="bold"))
     out.print(Text(f"shades '{SHADES}': weight 0 to {peak:.3f}, the most shown (more ink = more weight)"))
-    out.print(Text(f"→ most-attended key;  H = row entropy, nats (0: one key, ln {n_cols} = "
-                   f"{math.log(max(n_cols, 1)):.2f}: uniform)"))
+    out.print(FittedText(f"→ most-attended key;  H = row entropy, nats (0: one key, ln {n_cols} = "
+                         f"{math.log(max(n_cols, 1)):.2f}: uniform)"))
     if grid.pool > 1:
-        out.print(Text(f"keys pooled {grid.pool} to a column to fit {out.width} columns: a column is their summed "
-                       "weight"))
+        out.print(FittedText(f"keys pooled {grid.pool} to a column to fit {out.width} columns: a column is their "
+                             "summed weight"))
     for line in _column_labels(grid):
         out.print(Text(" " * (row_w + 1) + line.rstrip()))
     for label, values, summary in zip(hm.row_labels, grid.rows, summaries, strict=False):
@@ -69,7 +71,7 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
         text.append(summary)
         out.print(text)
     if grid.numbered:
-        out.print(Text("keys: " + "  ".join(f"{i * grid.pool}={label}" for i, label in enumerate(grid.cols))))
+        out.print(FittedText("keys: " + "  ".join(f"{i * grid.pool}={label}" for i, label in enumerate(grid.cols))))
     if len(shown) < n_rows:
         out.print(Text(f"(showing the first {len(shown)} of {n_rows} queries; --save or --json hold them all)"))
 

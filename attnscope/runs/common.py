@@ -189,6 +189,8 @@ def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
                          f"([{', '.join(step.dims)}]); drop --heatmap-head")
     matrix = step.tensor[tuple(index)] if index else step.tensor
     title = f"{step.name}[{', '.join(map(str, index))}] ({', '.join(where)})" if index else step.name
+    if step.dims[-2:] == ("n_K", "n_Q"):  # the column layout: drawn with queries as rows, like every other
+        matrix, title = matrix.transpose(0, 1), f"{title}, transposed"
     return Heatmap(title, matrix.tolist(), [f"q{i}" for i in range(matrix.shape[0])],
                    [f"k{j}" for j in range(matrix.shape[1])])
 
