@@ -28,12 +28,14 @@ STATS_WIDTH = 27  # mean, std and norm beside the key
 
 def summary(result: HeadResult) -> str:
     i, o = result.info, result.options
+    lines = [f"{i.architecture} ({i.model_type}): layer {o.layer}, head {o.head}"]
     kv = f", {i.kv_heads} KV heads" if i.kv_heads != i.heads else ""
-    decoupled = (f" (head_dim; d_model / heads = {i.d_model / i.heads:g})"
-                 if i.d_head and i.d_head * i.heads != i.d_model else "")
-    sizes = f", d_model {i.d_model}, d_head {i.d_head}{decoupled}" if i.d_head else ""
-    return f"{i.architecture} ({i.model_type}): {i.layers} layers, {i.heads} heads{kv}{sizes}\n" \
-           f"layer {o.layer}, head {o.head}   ·   {i.path}"
+    sizes = f", d_model {i.d_model}, d_head {i.d_head}" if i.d_head else ""
+    lines.append(f"{i.layers} layers, {i.heads} heads{kv}{sizes}")
+    if i.d_head and i.d_head * i.heads != i.d_model:
+        lines.append(f"d_head is config.json's head_dim, not d_model / heads = {i.d_model / i.heads:g}")
+    lines.append(str(i.path))
+    return "\n".join(lines)
 
 
 def wrap_key(source: str, width: int) -> list[str]:
