@@ -28,7 +28,8 @@ STATS_WIDTH = 27  # mean, std and norm beside the key
 
 def summary(result: HeadResult) -> str:
     i, o = result.info, result.options
-    lines = [f"{i.architecture} ({i.model_type}): layer {o.layer}, head {o.head}"]
+    named = i.architecture if i.architecture == f"model_type {i.model_type}" else f"{i.architecture} ({i.model_type})"
+    lines = [f"{named}: layer {o.layer}, head {o.head}"]
     kv = f", {i.kv_heads} KV heads" if i.kv_heads != i.heads else ""
     sizes = f", d_model {i.d_model}, d_head {i.d_head}" if i.d_head else ""
     lines.append(f"{i.layers} layers, {i.heads} heads{kv}{sizes}")
@@ -61,7 +62,7 @@ def weights_table(weights: HeadWeights, width: int) -> Table:
     key_width = max(20, width - NAME_WIDTH - (STATS_WIDTH if beside else 0))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("weight", style="bold cyan", no_wrap=True)
-    table.add_column("dims = shape  /  checkpoint key[slice]", no_wrap=True)
+    table.add_column("dims = shape  /  checkpoint key and slice", no_wrap=True)
     if beside:
         for name in ("mean", "std", "‖·‖_F"):
             table.add_column(name, justify="right", no_wrap=True)
