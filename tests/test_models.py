@@ -274,7 +274,7 @@ def test_weight_table_fits_and_never_breaks_a_slice(built, width):
 
     from attnscope.render.model import show_head
 
-    for family in ("llama", "gpt2", "gemma2"):
+    for family in ("bert", "llama", "gpt2", "gemma2"):
         result = run_head(HeadOptions(model=str(built(family)[0]), layer=2, head=3))
         console = Console(width=width, record=True, no_color=True, file=open("/dev/null", "w"))  # noqa: SIM115
         show_head(console, result)
@@ -308,3 +308,38 @@ def test_dump_of_a_sharded_llama_imports_neither_torch_nor_transformers(built):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "LOADED []" in result.stderr, result.stderr
     assert json.loads(result.stdout)["tensors"][1]["source"] == "model.layers.2.self_attn.k_proj.weight[8:16, :]"
+
+
+def test_bfloat16_checkpoint_runs_in_float32(built, tmp_path):
+    """Half-precision weights are upcast: the pattern equals eager's on the same weights loaded as float32."""
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    folder, model = built("llama")
+    half = tmp_path / "bf16"
+    model.to(torch.bfloat16).save_pretrained(half)
+    model.to(torch.float32)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, half / name)
+    reference = LlamaForCausalLM.from_pretrained(half, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = reference(**AutoTokenizer.from_pretrained(half)(SENTENCE, return_tensors="pt"),
+                             output_attentions=True).attentions[2][0, 1]
+    result = run_head(HeadOptions(model=str(half), layer=2, head=1, text=SENTENCE))
+    assert result.weights.tensors["W_Q"].dtype == torch.bfloat16
+    assert result.run.layer.step("X").dtype == "float32"
+    torch.testing.assert_close(result.attention, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_head_help_is_instant_and_ends_with_examples():
+    import subprocess
+    import sys
+
+    code = ("import sys; from attnscope.cli import main; sys.argv = ['attnscope', 'head', '--help']\ntry:\n"
+            "    main()\nexcept SystemExit:\n    pass\nprint('LOADED', sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'torch', 'transformers'}), file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "COLUMNS": "100"})
+    assert "LOADED []" in result.stderr, result.stderr
+    assert "attnscope head --model ./llama-dir --layer 3 --head 17" in result.stdout

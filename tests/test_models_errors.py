@@ -131,7 +131,8 @@ def test_bert_refuses_other_layouts_and_points_to_head(runner, llama):
 def test_text_longer_than_learned_positions(runner, tmp_path):
     folder = tmp_path / "gpt2"
     build("gpt2", folder)
-    _fails(runner, ["head", "--model", str(folder), "--text", "the cat " * 40], 2, "more than this model's 64 positions")
+    _fails(runner, ["head", "--model", str(folder), "--text", "the cat " * 40], 2,
+           "more than this model's 64 positions")
 
 
 def test_nan_weights_never_reach_json_as_nan(runner, tmp_path):

@@ -187,8 +187,7 @@ class Family:
         """Memory of a run up to `layer`: its layers' weights as stored (the pages read) and as float32, plus the
         activations and the traced attention (scores, masked, capped and attention of every head)."""
         stem = f"{self.prefix}{self.layers}."
-        needed = [k for k in self.checkpoint.keys if k.startswith(stem)
-                  and k[len(stem):].split(".", 1)[0].isdigit() and int(k[len(stem):].split(".", 1)[0]) <= layer]
+        needed = [k for k in self.checkpoint.keys if k.startswith(stem) and _layer_of(k[len(stem):]) <= layer]
         stored = sum(self.checkpoint.nbytes(k) for k in needed)
         numel = sum(self._numel(k) for k in needed)
         activations = 4 * n_tokens * (40 * self.d_model + 4 * self.n_head * n_tokens)
@@ -210,6 +209,12 @@ class Family:
             raise UsageError(f"{self.checkpoint.source}: no {wanted}; this checkpoint is not laid out as "
                              f"{self.model_type}'s (model_type in config.json: '{self.model_type}')")
         return found.removesuffix(wanted)
+
+
+def _layer_of(rest: str) -> int:
+    """The layer number at the start of a key's rest (`3.self_attn.q_proj.weight` -> 3); huge when none."""
+    number = rest.split(".", 1)[0]
+    return int(number) if number.isdigit() else 1 << 62
 
 
 # --- one head's weights -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 class Gemma2(Llama):
     model_types = ("gemma2",)
     norm_plus_one = True
+    activation_keys = ("hidden_activation", "hidden_act")  # Gemma2MLP reads hidden_activation
 
     def biases(self) -> tuple[bool, bool]:
         on = self.config.flag("attention_bias")

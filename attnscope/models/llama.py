@@ -46,6 +46,7 @@ class Llama(Family):
     query = "self_attn.q_proj.weight"
     prefixes = ("model.", "")
     norm_plus_one = False  # Gemma's RMSNorm scales by (1 + w)
+    activation_keys: tuple[str, ...] = ("hidden_act",)  # where config.json names the MLP's activation
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         super().__init__(folder, config, checkpoint)
@@ -126,8 +127,8 @@ class Llama(Family):
                 f"input_layernorm(h): RMSNorm of the residual stream entering layer {layer}")
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        act = layers.activation(self.config.raw("hidden_act", "hidden_activation", default="silu"),
-                                f"{self.config.path}: hidden_act")
+        act = layers.activation(self.config.raw(*self.activation_keys, default="silu"),
+                                f"{self.config.path}: {self.activation_keys[0]}")
         biased = self.model_type == "llama" and self.config.flag("mlp_bias")
         gate, up, down = (self.weight(layer, f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
         biases = (self.weight(layer, "mlp.gate_proj.bias"), self.weight(layer, "mlp.up_proj.bias"),
