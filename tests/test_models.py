@@ -343,3 +343,23 @@ def test_head_help_is_instant_and_ends_with_examples():
                             env={**__import__("os").environ, "COLUMNS": "100"})
     assert "LOADED []" in result.stderr, result.stderr
     assert "attnscope head --model ./llama-dir --layer 3 --head 17" in result.stdout
+
+
+def test_sharded_pytorch_bin_checkpoint(built, eager, tmp_path):
+    """pytorch_model.bin.index.json and its shards (older large checkpoints): memory-mapped, never unpickled code."""
+    import shutil
+
+    folder, model = built("qwen2")
+    old = tmp_path / "bin"
+    old.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, old / name)
+    state = model.state_dict()
+    shards = {key: f"pytorch_model-0000{1 + ('layers.2.' in key)}-of-00002.bin" for key in state}
+    for shard in sorted(set(shards.values())):
+        torch.save({k: v.contiguous() for k, v in state.items() if shards[k] == shard}, old / shard)
+    (old / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": shards}))
+    _, attentions, _ = eager("qwen2")
+    result = run_head(HeadOptions(model=str(old), layer=2, head=3, text=SENTENCE))
+    torch.testing.assert_close(result.attention, attentions[2][0, 3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(result.weights.as_torch()["b_K"], _expected_slices("qwen2", model, 2, 3)["b_K"].detach())
