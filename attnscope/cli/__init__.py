@@ -43,12 +43,13 @@ def _root(
 
 
 def _register() -> None:
-    from attnscope.cli import bench, bert, mha, sdpa
+    from attnscope.cli import bench, bert, mha, sdpa, trace
 
     sdpa.register(app)
     mha.register(app)
     bert.register(app)
     bench.register(app)
+    trace.register(app)
 
 
 _register()
