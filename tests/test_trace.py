@@ -160,8 +160,8 @@ def every_op(q, k, v, mask=None):
     n_batch, n_q, d = q.shape
     kt = k.transpose(1, 2)
     scores = (q @ kt) / np.sqrt(d)
-    scores = scores.masked_fill(mask.unsqueeze(0) == 0, -1e9) if mask is not None else scores
-    weights = torch.softmax(scores, dim=-1).contiguous()
+    scores = scores.masked_fill(mask.squeeze(0) == 0, -1e9) if mask is not None else scores
+    weights = torch.softmax(scores, dim=-1).unsqueeze(1).squeeze(1).contiguous()
     out = weights.matmul(v).reshape(n_batch * n_q, -1).view(n_batch, n_q, -1)
     return out.permute(0, 1, 2)
 """
@@ -468,9 +468,9 @@ def test_every_kind_of_op_is_recorded_with_its_name_and_line(runner, tmp_path):
     result, out = trace(runner, f"{path}:every_op", "--causal")
     assert result.exit_code == 0, result.output
     ops = " | ".join(s["op"] for s in out["steps"])
-    for fragment in ("k.transpose(1, 2)", "q @ kt", "/ ", "mask.unsqueeze(0)", "== 0", ".masked_fill(",
-                     "torch.softmax(scores, dim=-1)", ".contiguous()", "weights @ v", ".reshape(", ".view(",
-                     ".permute(0, 1, 2)"):
+    for fragment in ("k.transpose(1, 2)", "q @ kt", "/ 2.82843", "mask.squeeze(0)", "== 0", ".masked_fill(",
+                     "torch.softmax(scores, dim=-1)", ".unsqueeze(1)", ".contiguous()", "weights @ v", ".reshape(",
+                     ".view(", ".permute(0, 1, 2)"):
         assert fragment in ops, fragment
     names = [s["name"] for s in out["steps"]]
     assert {"kt", "scores", "weights", "out", "return"} <= set(names)

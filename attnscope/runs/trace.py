@@ -94,6 +94,9 @@ def run_trace(o: TraceOptions) -> TraceRun:
     header[-1] += "" if o.q else f"  seed={o.seed}"
     run = TraceRun(header, _params(o, target, kwargs, inputs), steps, notes=notes, failure=called.failure,
                    failure_source=called.source)
+    if not called.records:
+        run.notes.append(f"no tensor operation ran from {target.path.name}: only ops called from that file are "
+                         "recorded (torch functions, Tensor methods and operators)")
     if called.failure is not None:
         return run
     lined = line_up(module, shapes, inputs, called.records, o.train)

@@ -54,7 +54,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any) -> Ca
     except RecordingTooLarge:
         raise ResourceError("the recorded steps outgrow the memory this machine has; trace smaller inputs "
                             "(--batch, --nq, --nk)") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: a sys.exit() in the user's forward is theirs too
         failure = recorder.failure if recorder.failure and recorder.failure.exception is exc else None
         if failure is None:  # not a tensor op: the user's own raise, an assert, a typo
             failure = Failure("", load.user_line(exc, target.path), [], load.one_line(exc), exc)

@@ -108,6 +108,11 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any) -> 
         raise UsageError(f"{plan.signature} takes one tensor (self-attention), so n_K = n_Q; drop --nk")
     if self_attention and o.dv is not None and o.dv != o.dk:
         raise UsageError(f"{plan.signature} takes one tensor (self-attention), so d_V = d_K; drop --dv")
+    sized = [flag for flag, value in (("--batch", o.batch), ("--nq", o.nq), ("--nk", o.nk), ("--dk", o.dk),
+                                      ("--dv", o.dv)) if value is not None]
+    if o.q and sized:
+        raise UsageError(f"{' and '.join(sized)} size random inputs; with --q the files' shapes decide, so drop "
+                         f"{' and '.join(sized)}")
     loaded = load_files(o, self_attention)
     notes: list[str] = []
     if loaded:
@@ -194,19 +199,28 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
 def build_mask(causal: str | None, mask_file: str | None, n_Q: int, n_K: int) -> torch.Tensor | None:
     """The mask handed to the user's code and to the reference alike: boolean, True = may attend (the
     tutorials' `masked_fill(mask == 0, -1e9)` convention, and F.scaled_dot_product_attention's). A
-    causal mask is `[n_Q, n_K]`, which broadcasts against any scores; a file is passed as it is,
-    after the mask rule (0/1 integers become boolean; floats stay additive)."""
+    causal mask is `[1, n_Q, n_K]`, the Annotated Transformer's `subsequent_mask` shape: it broadcasts
+    against `[n_batch, n_Q, n_K]` and `[n_batch, n_head, n_Q, n_K]` scores, and after the
+    `mask.unsqueeze(1)` that code does for the heads. A file is passed as it is, after the mask rule (0/1
+    integers become boolean; floats stay additive)."""
     from attnscope import masks
     from attnscope.tensors import load_tensor
 
-    built = masks.causal_mask(n_Q, n_K, causal) if causal else None  # type: ignore[arg-type]
+    built = masks.causal_mask(n_Q, n_K, causal).unsqueeze(0) if causal else None  # type: ignore[arg-type]
     loaded = load_tensor(mask_file) if mask_file else None
     return masks.combine(built, loaded)
 
 
 def plan_notes(plan: Plan, inputs: Inputs) -> list[str]:
-    """What the parameters that are not tensors were given."""
+    """What the parameters that are not tensors were given, and dims that share a size."""
     notes = []
+    shared: dict[int, list[str]] = {}
+    for name, size in inputs.sizes.items():
+        shared.setdefault(size, []).append(name)
+    for names in shared.values():
+        if len(names) > 1 and set(names) != {"n_Q", "n_K"} and set(names) != {"d_K", "d_V"}:
+            notes.append(f"{' and '.join(names)} are both {inputs.sizes[names[0]]}: an axis of that size reads "
+                         f"{'|'.join(names)}; sizes that differ tell them apart")
     if plan.mask and inputs.mask is None:
         notes.append(f"{plan.mask} = None (give --causal or --mask FILE to pass a mask)")
     elif plan.mask:

@@ -101,9 +101,10 @@ def import_file(path: Path) -> ModuleType:
     try:
         with user_code(path):
             spec.loader.exec_module(module)
-    except SyntaxError as exc:
+    except SyntaxError as exc:  # in the file, or in a module of the user's it imports
         sys.modules.pop(name, None)
-        raise UsageError(f"{path.name}:{exc.lineno}: syntax error: {exc.msg}") from None
+        where_ = Path(exc.filename).name if exc.filename else path.name
+        raise UsageError(f"{where_}:{exc.lineno}: syntax error: {exc.msg}") from None
     except (Exception, SystemExit) as exc:
         sys.modules.pop(name, None)
         raise UsageError(f"{where(exc, path)}: importing {path.name} raised {one_line(exc)}") from None
