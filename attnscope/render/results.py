@@ -42,6 +42,9 @@ def show_result(out: Console, result: RunResult, *, values: bool = False, stats:
     show_trace(out, result.header, result.trace, footer=cost_lines(result))
     if result.comparisons:
         out.print(check_table(result.comparisons))
+        for c in result.comparisons:
+            if c.detail:
+                out.print(Text(f"{c.name}: {c.detail}"))
     if result.heatmap:
         show_heatmap(out, result.heatmap)
     if stats:

@@ -7,6 +7,7 @@ functions, after the memory guard, so a run that cannot fit is refused before to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -195,6 +196,16 @@ def build_mask(o: AttentionOptions, user_mask: torch.Tensor | None, n_Q: int, n_
     if columns and o.causal:
         built = masks.combine(built, masks.causal_mask(n_Q, n_K, o.causal, device).transpose(0, 1))  # type: ignore[arg-type]
     return built
+
+
+def random_inputs(shapes: Mapping[str, tuple[int, ...]], seed: int, device: str) -> dict[str, torch.Tensor]:
+    """One generator for all, drawn in order, so a seed gives the same inputs every time."""
+    import torch
+
+    if device == "meta":
+        return {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    generator = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
 
 
 def input_op(spec: str | None, random_op: str) -> str:

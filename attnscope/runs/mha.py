@@ -24,6 +24,7 @@ from attnscope.runs.common import (
     inputs_bytes,
     load,
     param_bytes,
+    random_inputs,
     structural_bytes,
     variant_kwargs,
     variants_line,
@@ -73,10 +74,10 @@ def run_mha(o: MhaOptions) -> RunResult:
     d_feat = int(Q.shape[-1]) if Q is not None else o.d_feat
     check_heads(d_feat, o.heads, from_file=Q is not None, d_head=o.d_head)
     if Q is None:
-        generator = torch.Generator().manual_seed(o.seed) if not o.meta else None
-        Q = torch.randn(o.batch, o.nq, d_feat, generator=generator, device=device)
-        K = torch.randn(o.batch, n_new, d_feat, generator=generator, device=device) if cross else Q
-        V = torch.randn(o.batch, n_new, d_feat, generator=generator, device=device) if cross else Q
+        shapes = {"Q": (o.batch, o.nq, d_feat), **({"K": (o.batch, n_new, d_feat), "V": (o.batch, n_new, d_feat)}
+                                                     if cross else {})}
+        drawn = random_inputs(shapes, o.seed, device)
+        Q, K, V = drawn["Q"], drawn.get("K", drawn["Q"]), drawn.get("V", drawn["Q"])
         raw = {"Q": Q, "K": K, "V": V}
     else:
         from attnscope.attention import common_dtype
@@ -151,13 +152,10 @@ def _cache(o: MhaOptions, module: Any, n_batch: int, seed: int | None, device: s
     """--cache N: random cached keys (taken as already rotated) and values, [n_batch, n_kv_head, N, d_head]."""
     if not o.cache:
         return None
-    import torch
-
-    generator = torch.Generator().manual_seed(seed + 1) if seed is not None and device != "meta" else None
     dtype = module.W_k.weight.dtype
     shape = (n_batch, module.n_kv_head, o.cache, module.d_head)
-    return (torch.randn(shape, generator=generator, device=device, dtype=dtype),
-            torch.randn(shape, generator=generator, device=device, dtype=dtype))
+    drawn = random_inputs({"K_cache": shape, "V_cache": shape}, (seed or 0) + 1, device)
+    return drawn["K_cache"].to(dtype), drawn["V_cache"].to(dtype)
 
 
 def _held(o: MhaOptions, Q: Any, K: Any, V: Any, mask: Any, module: Any, n_Q: int, n_K: int) -> int:

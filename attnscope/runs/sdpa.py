@@ -23,6 +23,7 @@ from attnscope.runs.common import (
     input_op,
     inputs_bytes,
     load,
+    random_inputs,
     structural_bytes,
     variant_kwargs,
     variants_line,
@@ -163,14 +164,10 @@ def _check_sdpa_options(o: SdpaOptions) -> None:
 
 
 def _random_sdpa_inputs(o: SdpaOptions, n_K: int, device: str) -> dict[str, torch.Tensor]:
-    import torch
-
-    generator = torch.Generator().manual_seed(o.seed) if device != "meta" else None
     shapes = {"Q": (o.nq, o.dk), "K": (n_K, o.dk), "V": (n_K, o.dv)}
     if o.layout == "col":
         shapes = {name: (d, n) for name, (n, d) in shapes.items()}
-    return {name: torch.randn(o.batch, *shape, generator=generator, device=device)
-            for name, shape in shapes.items()}
+    return random_inputs({name: (o.batch, *shape) for name, shape in shapes.items()}, o.seed, device)
 
 
 def _sdpa_trace(o: SdpaOptions, inputs: dict[str, torch.Tensor], user_mask: torch.Tensor | None,
