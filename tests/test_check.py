@@ -232,3 +232,59 @@ def test_llama3_8b_shaped_layer_meta_answers_at_any_size(runner):
     shapes = {t["name"]: t["shape"] for t in payload["tensors"]}
     assert shapes["K_split"] == [1, 8, 8192, 128] and shapes["K_rep"] == [1, 32, 8192, 128]
     assert payload["totals"]["kv_cache_bytes"] == 2 * 1 * 8 * 8192 * 128 * 4
+
+
+# --- the variants on the command line ---------------------------------------------------------------------
+
+
+def test_save_keeps_the_variant_steps(runner, tmp_path):
+    from safetensors.torch import load_file
+
+    target = tmp_path / "steps.safetensors"
+    result = runner.invoke(app, [*SMALL_MHA, "--kv-heads", "2", "--rope", "--softcap", "5", "--save", str(target)])
+    assert result.exit_code == 0, result.output
+    saved = load_file(str(target))
+    assert {"cos", "sin", "Q_rot", "K_rot", "K_rep", "V_rep", "capped_scores"} <= set(saved)
+    assert list(saved["K_rep"].shape) == [2, 4, 6, 4]
+
+
+def test_sdpa_four_d_files_with_fewer_kv_heads_are_gqa(runner, tmp_path):
+    rng = np.random.default_rng(0)
+    for name, heads in (("q", 6), ("k", 2), ("v", 2), ("k4", 4)):
+        np.save(tmp_path / f"{name}.npy", rng.standard_normal((1, heads, 5, 8)).astype(np.float32))
+    payload, rows = _checked(runner, "sdpa", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"),
+                             "--v", str(tmp_path / "v.npy"), "--causal")
+    assert payload["check_passed"], rows
+    names = {t["name"]: t["dims"] for t in payload["tensors"]}
+    assert names["K"] == ["n_batch", "n_kv_head", "n_K", "d_K"] and names["K_rep"][1] == "n_head"
+    bad = runner.invoke(app, ["sdpa", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k4.npy"),
+                              "--v", str(tmp_path / "k4.npy")])
+    assert bad.exit_code == 2 and "Q has 6 heads and K/V have 4" in bad.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["sdpa", "--rope-base", "500000"], "add --rope"),
+    (["sdpa", "--rope", "--rope-base", "1"], "above 1"),
+    (["sdpa", "--softcap", "0"], "positive"),
+    (["sdpa", "--softcap", "nan"], "positive"),
+    (["sdpa", "--cache", "3", "--causal", "upper-left"], "aligns lower-right"),
+    (["sdpa", "--cache", "3", "--nq", "2", "--nk", "9"], "n_K = 5, not 9"),
+    (["sdpa", "--layout", "col", "--rope"], "drop --layout col"),
+    (["sdpa", "--dk", "7", "--rope"], "d_head must be even"),
+    (["mha", "--heads", "8", "--kv-heads", "3", "--d-feat", "32"], "not a multiple of --kv-heads 3"),
+    (["mha", "--cache", "2", "--nk", "9"], "decode step of self-attention"),
+    (["mha", "--scale", "inf"], "finite"),
+    (["mha", "--d-feat", "30", "--heads", "4"], "or give --d-head"),
+])
+def test_variant_mistakes_are_one_line(runner, args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_decoupled_head_runs_where_d_feat_does_not_divide(runner):
+    payload, rows = _checked(runner, "mha", "--batch", "1", "--nq", "4", "--d-feat", "30", "--heads", "4",
+                             "--d-head", "8")
+    assert payload["check_passed"], rows
+    shapes = {t["name"]: t["shape"] for t in payload["tensors"]}
+    assert shapes["Q_feat"] == [1, 4, 32] and shapes["x"] == [1, 4, 30]
