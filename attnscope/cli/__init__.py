@@ -43,10 +43,11 @@ def _root(
 
 
 def _register() -> None:
-    from attnscope.cli import bench, bert, mha, sdpa, trace
+    from attnscope.cli import bench, bert, mask, mha, sdpa, trace
 
     sdpa.register(app)
     mha.register(app)
+    mask.register(app)
     bert.register(app)
     bench.register(app)
     trace.register(app)
