@@ -265,7 +265,7 @@ def test_classic_table_names_the_users_steps_and_lines(runner, tmp_path):
 
 
 def test_corrected_module_aligns_and_matches_nn_multiheadattention(runner, tmp_path):
-    path = write(tmp_path, CLASSIC + FIXED)
+    path = write(tmp_path, FIXED)
     result, out = trace(runner, f"{path}:Fixed", "--init", "d_feat=200, n_head=5", "--causal")
     assert result.exit_code == 0, result.output
     assert out["first_divergence"] is None
@@ -327,8 +327,7 @@ def test_function_with_softmax_over_the_queries(runner, tmp_path):
 
 
 def test_merge_with_view_before_permute(runner, tmp_path):
-    path = write(tmp_path, CLASSIC + FIXED.replace("np.sqrt(self.d_head)", "np.sqrt(40)") + WRONG_MERGE.replace(
-        "np.sqrt(K.size()[-1])", "np.sqrt(self.d_head)"))
+    path = write(tmp_path, WRONG_MERGE.replace("np.sqrt(K.size()[-1])", "np.sqrt(self.d_head)"))
     result, out = trace(runner, f"{path}:WrongMerge", "--init", "d_feat=200, n_head=5")
     assert result.exit_code == 1
     first = out["first_divergence"]
@@ -360,7 +359,7 @@ def test_unscaled_scores(runner, tmp_path):
     assert result.exit_code == 1
     first = out["first_divergence"]
     assert first["reference"] == "scores" and first["ratio"] == pytest.approx(4.0, rel=1e-4)
-    assert "√16 ≈ 4 times too large: not divided by √d_K" in first["diagnosis"]
+    assert "√16 = 4 = √d_K times too large: not divided by √d_K" in first["diagnosis"]
 
 
 def test_transposed_scores_in_self_attention(runner, tmp_path):
@@ -397,11 +396,12 @@ def test_transposed_scores_with_distinct_sizes_fail_at_the_values(runner, tmp_pa
 
 
 def test_dropout_in_training_mode(runner, tmp_path):
-    path = write(tmp_path, CLASSIC + FIXED)
+    path = write(tmp_path, FIXED)
     result, out = trace(runner, f"{path}:Fixed", "--init", "d_feat=200, n_head=5, dropout=0.5", "--train")
     assert result.exit_code == 1
     first = out["first_divergence"]
-    assert first["reference"] == "x_raw"
+    assert first["reference"] == "x_raw" and first["user"] == "x_raw"
+    assert f"line {line_of(FIXED, 'attention = self.dropout(attention)')} zeroed" in first["diagnosis"]
     assert "dropout" in first["diagnosis"] and "--train" in first["diagnosis"]
     zeroed = float(re.search(r"zeroed ([\d.]+)%", first["diagnosis"]).group(1))
     assert 30 < zeroed < 70  # p = 0.5

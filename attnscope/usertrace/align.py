@@ -132,10 +132,10 @@ def difference(user: torch.Tensor, expected: torch.Tensor, skip: torch.Tensor | 
 
 
 def compare(record: Record, reference: torch.Tensor, skip: torch.Tensor | None = None,
-            swaps: bool = False) -> list[Match]:
+            swaps: bool = False, tol: float | None = None) -> list[Match]:
     """Every layout in which `record` could hold `reference`, each with its max |diff|, best first."""
     matches = []
-    tol = tolerance(reference)
+    tol = tolerance(reference) if tol is None else tol
     user = record.tensor
     for layout in layouts(tuple(reference.shape), tuple(user.shape), swaps=swaps):
         expected = layout.apply(reference, tuple(user.shape))
@@ -147,7 +147,8 @@ def compare(record: Record, reference: torch.Tensor, skip: torch.Tensor | None =
 def best_equal(records: list[Record], reference: torch.Tensor, skip: torch.Tensor | None) -> Match | None:
     """The user's tensor equal to `reference`: same layout before another, a named one before an unnamed
     one, the earliest of those (the op that made it, not a later copy)."""
-    equal = [m for r in records for m in compare(r, reference, skip)[:1] if m.equal]
+    tol = tolerance(reference)
+    equal = [m for r in records for m in compare(r, reference, skip, tol=tol)[:1] if m.equal]
     if not equal:
         return None
     return min(equal, key=lambda m: (not m.layout.same, not m.record.names, m.record.index))
@@ -158,7 +159,8 @@ def candidates(records: list[Record], reference: torch.Tensor, name: str, skip: 
     """The user's tensors that have `reference`'s shape (or a layout of it) though none equals it, most likely
     meant first: the one the user gave the same name, then named ones, the same layout, the nearest values,
     then the nearest in order to `anchor` (the user's tensor that matched the step before)."""
-    found = [m for r in records for m in compare(r, reference, skip)[:1]]
+    tol = tolerance(reference)
+    found = [m for r in records for m in compare(r, reference, skip, tol=tol)[:1]]
     return sorted(found, key=lambda m: (name not in m.record.names, not m.record.names, not m.layout.same,
                                         m.max_abs_diff, abs(m.record.index - anchor)))
 

@@ -80,8 +80,9 @@ def _in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
 def _transposed(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
+    tol = tolerance(reference)
     for record in ctx.records:
-        for match in compare(record, reference, ctx.skip.get(step), swaps=True):
+        for match in compare(record, reference, ctx.skip.get(step), swaps=True, tol=tol):
             if not match.equal or match.layout.merged:
                 continue
             pairs = [(dims[b], dims[a]) for i, a in enumerate(match.layout.order)
@@ -146,7 +147,7 @@ def _dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
         else:
             why = ("dropout is active although the module runs in eval() mode: F.dropout's training argument "
                    "defaults to True; pass training=self.training (or use nn.Dropout)")
-        return Diagnosis(f"{_who(near.record)} comes through dropout: {measured}; {why}", record)
+        return Diagnosis(f"{_who(near.record)} comes through dropout: {measured}; {why}", near.record)
     return None
 
 
@@ -259,14 +260,20 @@ def explain_ratio(step: str, ratio: float, ctx: Context) -> str:
             known.append((1 / math.sqrt(n), f"scores are √{n} = √(d_feat / d_head) times too small: divided by "
                                             "√d_feat, not √d_head"))
         if d:
-            known += [(math.sqrt(d), f"scores are √{d} ≈ {math.sqrt(d):.3g} times too large: not divided by "
+            known += [(math.sqrt(d), f"scores are {_root(d)} = √{d_name} times too large: not divided by "
                                      f"√{d_name}"),
-                      (1 / math.sqrt(d), f"scores are √{d} ≈ {math.sqrt(d):.3g} times too small: divided by "
+                      (1 / math.sqrt(d), f"scores are {_root(d)} = √{d_name} times too small: divided by "
                                          f"{d_name} = {d}, not √{d_name}")]
         for value, text in known:
             if math.isclose(ratio, value, rel_tol=1e-3):
                 return text
     return f"{step} is {_factor(big)} times {size} (a constant ratio {ratio:.6g}: a scale differs)"
+
+
+def _root(n: int) -> str:
+    """√16 = 4, √8 ≈ 2.83."""
+    root = math.isqrt(n)
+    return f"√{n} = {root}" if root * root == n else f"√{n} ≈ {math.sqrt(n):.3g}"
 
 
 def _factor(x: float) -> str:
