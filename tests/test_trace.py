@@ -152,6 +152,13 @@ def fused(q, k, v, attn_mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
 
 
+def written_in_place(q, k, v, mask=None):
+    scores = q @ k.mT / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores[~mask.expand_as(scores)] = float("-inf")
+    return scores.softmax(-1) @ v
+
+
 def two_tensors(x, y):
     return x @ y
 
@@ -477,6 +484,15 @@ def test_every_kind_of_op_is_recorded_with_its_name_and_line(runner, tmp_path):
     assert all(s["line"] for s in out["steps"] if not s["op"].startswith("input"))
 
 
+def test_a_tensor_written_in_place_is_recorded_after_the_write(runner, tmp_path):
+    path = write(tmp_path, FUNCTIONS)
+    result, out = trace(runner, f"{path}:written_in_place", "--causal")
+    assert result.exit_code == 0, result.output
+    rows = {row["reference"]: row for row in out["alignment"]}
+    assert rows["masked_scores"]["user"] == "scores" and rows["masked_scores"]["status"] == "equal"
+    assert any(s["op"].endswith("= -inf (in place)") for s in out["steps"])
+
+
 def test_fused_attention_skips_the_steps_it_never_shows(runner, tmp_path):
     path = write(tmp_path, FUNCTIONS)
     result, out = trace(runner, f"{path}:fused", "--causal")
@@ -651,3 +667,23 @@ def test_every_documented_trace_example_runs(runner, line, monkeypatch):
     diverges = ":MultiHeadedAttention" in line  # the classic module: its divergence is the point
     assert result.exit_code == (1 if diverges else 0), (line, result.output)
     assert "Traceback" not in result.output
+
+
+def test_tutorial_listing_is_the_example_file_and_its_output_is_real(runner, monkeypatch):
+    """docs/tutorial.md shows the head of docs/examples/my_attention.py (so its line numbers hold for a reader
+    who saves the listing) and lines of the real output."""
+    root = Path(__file__).resolve().parent.parent
+    tutorial = (root / "docs" / "tutorial.md").read_text()
+    section = tutorial[tutorial.index("## Is my attention right?"):]
+    listing = section[section.index("```python\n") + len("```python\n"):]
+    listing = listing[: listing.index("```")]
+    assert Path(EXAMPLE).read_text().startswith(listing)
+
+    monkeypatch.chdir(root)
+    result = table(runner, "docs/examples/my_attention.py:MultiHeadedAttention", "--init", "d_feat=200, n_head=5")
+    real = {line.rstrip() for line in result.stdout.splitlines()}
+    sample = section[section.index("At 100 columns"):]
+    sample = sample[sample.index("```\n") + 4:]
+    shown = [line.rstrip() for line in sample[: sample.index("```")].splitlines()]
+    assert all(line in real for line in shown if line.strip() not in ("", "...")), \
+        [line for line in shown if line not in real]

@@ -79,7 +79,9 @@ def lookup(node: ast.expr, frame: FrameType) -> Any:
             return getattr(base, node.attr)
         except Exception:
             return _MISSING
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+    if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
+        return lookup(node.value, frame)  # `scores[~mask] = -inf`: the tensor written into is the value bound
+    if isinstance(node, ast.Subscript):
         base, key = lookup(node.value, frame), node.slice.value
         try:
             if isinstance(base, dict):
@@ -93,6 +95,8 @@ def lookup(node: ast.expr, frame: FrameType) -> Any:
 
 
 def label(node: ast.expr) -> str:
+    if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
+        node = node.value
     text = ast.unparse(node)
     return text if len(text) <= MAX_NAME else text[: MAX_NAME - 1] + "…"
 

@@ -127,6 +127,8 @@ class Recorder(TorchFunctionMode):
     def _record(self, func: Any, args: list[Any], kwargs: dict[str, Any], out: Any, frames: list[FrameType]) -> None:
         results = [out] if isinstance(out, torch.Tensor) else (
             [o for o in out if isinstance(o, torch.Tensor)] if isinstance(out, (tuple, list)) else [])
+        if out is None and getattr(func, "__name__", "") == "__setitem__" and isinstance(args[0], torch.Tensor):
+            results = [args[0]]  # `scores[~mask] = -inf` changes scores in place and returns nothing
         if not results:
             return
         _, text_args, style, call = self._describe(func, args, kwargs)
@@ -231,6 +233,8 @@ def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> 
     if style == "method":
         if name == "__getitem__":
             return f"{parts[0]}[{parts[1] if len(parts) > 1 else ''}]"
+        if name == "__setitem__" and len(parts) == 3:
+            return f"{parts[0]}[{parts[1]}] = {parts[2]}"
         return f"{parts[0]}.{name}({', '.join(parts[1:])})"
     return f"{name}({', '.join(parts)})"
 

@@ -1,14 +1,3 @@
-"""Multi-head attention as a widely copied tutorial writes it, to try `attnscope trace` on.
-
-    attnscope trace docs/examples/my_attention.py:MultiHeadedAttention --init "d_feat=200, n_head=5"
-
-`MultiHeadedAttention` is the tutorial's module, with its one mistake: the scores are divided by
-sqrt(d_feat), the width of the whole input, where each head's dot product runs over d_head numbers
-(torch.nn.MultiheadAttention divides by sqrt(d_head)). `FixedAttention` is the same module corrected.
-`attention` is the function form, (query, key, value, mask=None, dropout=None), as the Annotated
-Transformer writes it.
-"""
-
 import math
 
 import numpy as np
@@ -51,6 +40,14 @@ class MultiHeadedAttention(nn.Module):
         x = self.W_o(x_rsh2)
         return {"Q_feat": Q_feat, "Q_split": Q_split, "scores": scores, "attention": attention,
                 "x_raw": x_raw, "x_rsh2": x_rsh2, "x": x}
+
+
+# The rest of this file is not in the tutorial's listing (docs/tutorial.md, "Is my attention right?"):
+# the same module corrected, and attention as a function, (query, key, value, mask=None, dropout=None),
+# as the Annotated Transformer writes it. Try each with `attnscope trace`:
+#
+#   attnscope trace docs/examples/my_attention.py:FixedAttention --init "d_feat=200, n_head=5"
+#   attnscope trace docs/examples/my_attention.py:attention --causal
 
 
 class FixedAttention(MultiHeadedAttention):
