@@ -79,10 +79,11 @@ def lookup(node: ast.expr, frame: FrameType) -> Any:
             return getattr(base, node.attr)
         except Exception:
             return _MISSING
-    if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
-        return lookup(node.value, frame)  # `scores[~mask] = -inf`: the tensor written into is the value bound
     if isinstance(node, ast.Subscript):
-        base, key = lookup(node.value, frame), node.slice.value
+        base = lookup(node.value, frame)
+        if not isinstance(node.slice, ast.Constant):
+            return base  # `scores[~mask] = -inf`: the tensor written into is the value bound
+        key = node.slice.value
         try:
             if isinstance(base, dict):
                 return base[key]
