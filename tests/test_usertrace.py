@@ -181,3 +181,39 @@ def test_a_mask_file_is_passed_as_it_is(tmp_path):
     given = next(s for s in run.steps if s.name == "mask")
     assert given.tensor.dtype == torch.bool and torch.equal(given.tensor, torch.from_numpy(mask).bool())
     assert run.divergence is None
+
+
+GROUPED = """
+class GQA(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+
+    def forward(self, x, attention_mask=None):
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim)
+        if attention_mask is not None:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        attn = F.softmax(scores.float(), dim=-1).type_as(q)
+        out = (attn @ v).transpose(1, 2).reshape(b, n, -1)
+        return self.o_proj(out)
+"""
+
+
+def test_grouped_query_attention_aligns_with_its_kv_heads_named(tmp_path):
+    """LLaMA's layout: fewer key/value heads, repeated for the queries (the reference's K_split keeps them)."""
+    path = _write(tmp_path, GROUPED)
+    run = run_trace(TraceOptions(target=f"{path}:GQA", init="d_model=48, n_heads=6, n_kv_heads=2", causal="upper-left"))
+    assert run.divergence is None, run.divergence
+    assert run.params["sizes"]["n_kv_head"] == 2
+    k = next(s for s in run.steps if s.name == "k")
+    assert k.dims == ("n_batch", "n_kv_head", "n_Q|n_K", "d_head")

@@ -63,12 +63,27 @@ class ShapePlan:
             raise UsageError("cannot tell the module's width d_feat (no Linear layer found); pass --d-feat")
         n_head = load.head_count(module, init, o.heads)
         fixed = {"d_feat": d_feat}
+        widths = _projection_widths(module)
         if n_head:
             fixed["n_head"] = n_head
-            if d_feat % n_head == 0:
-                fixed["d_head"] = d_feat // n_head
+            q_width = widths[0] if widths else d_feat
+            if q_width % n_head == 0:
+                fixed["d_head"] = q_width // n_head
+                if widths and widths[1] != q_width and widths[1] % fixed["d_head"] == 0:
+                    fixed["n_kv_head"] = widths[1] // fixed["d_head"]  # grouped-query attention
         why = None if n_head else f"cannot tell how many heads {type(module).__name__} has; pass --heads"
         return ShapePlan(fixed, n_head, why)
+
+
+def _projection_widths(module: Any) -> tuple[int, int] | None:
+    """What the query and key projections write (they differ with grouped-query attention)."""
+    from attnscope.usertrace.reference import find_projections
+
+    try:
+        linears = find_projections(module).linears
+    except UsageError:
+        return None
+    return linears["q"][1].out_features, linears["k"][1].out_features
 
 
 def module_width(module: Any) -> int | None:
