@@ -43,13 +43,14 @@ def _root(
 
 
 def _register() -> None:
-    from attnscope.cli import bench, bert, mask, mha, sdpa
+    from attnscope.cli import bench, bert, mask, mha, sdpa, trace
 
     sdpa.register(app)
     mha.register(app)
     mask.register(app)
     bert.register(app)
     bench.register(app)
+    trace.register(app)
 
 
 _register()
