@@ -43,13 +43,15 @@ def _root(
 
 
 def _register() -> None:
-    from attnscope.cli import bench, bert, head, mha, sdpa
+    from attnscope.cli import bench, bert, head, mask, mha, sdpa, trace
 
     sdpa.register(app)
     mha.register(app)
+    mask.register(app)
     bert.register(app)
     head.register(app)
     bench.register(app)
+    trace.register(app)
 
 
 _register()
