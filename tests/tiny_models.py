@@ -96,11 +96,14 @@ def _config_and_class(family: str, vocab: int):
                            sliding_window=4), tf.Gemma2ForCausalLM
 
 
-def build(family: str, folder: Path, *, shard: bool = False):
-    """Save a tiny `family` model and its tokenizer to `folder`; return transformers' eager model read back."""
+def build(family: str, folder: Path, *, shard: bool = False, **sizes):
+    """Save a tiny `family` model and its tokenizer to `folder`; return transformers' eager model read back.
+    `sizes` override the config's (e.g. num_hidden_layers=12)."""
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer(family)
     config, cls = _config_and_class(family, len(tokenizer))
+    for name, value in sizes.items():
+        setattr(config, name, value)
     torch.manual_seed(FAMILIES.index(family))
     model = cls(config).eval()
     with torch.no_grad():

@@ -41,7 +41,7 @@ def _from_hub(name: str, need_tokenizer: bool) -> Path:
             except FileNotFoundError:
                 continue
             if weights.endswith(".index.json"):  # a sharded checkpoint: every shard it names
-                for shard in sorted(set(json.loads(Path(found).read_text())["weight_map"].values())):
+                for shard in _shards(Path(found)):
                     _cached_or_download(name, shard, hf_hub_download)
             break
         if need_tokenizer:
@@ -53,6 +53,13 @@ def _from_hub(name: str, need_tokenizer: bool) -> Path:
         return folder
     except HFValidationError:
         raise UsageError(f"--model {name}: neither a folder nor a valid Hugging Face model name") from None
+
+
+def _shards(index: Path) -> list[str]:
+    try:
+        return sorted({str(shard) for shard in json.loads(index.read_text())["weight_map"].values()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise ResourceError(f"{index}: not a shard index (a JSON object with a weight_map)") from None
 
 
 def _cached_or_download(name: str, filename: str, download: Any) -> str:
