@@ -56,7 +56,10 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
         options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
                               max_memory=max_memory_bytes(max_memory), command=command)
         status = render.console(stderr=True)
-        result = run_head(options, progress=lambda message: status.status(message))
+        if status.is_terminal:  # a spinner while it reads and runs; nothing on a pipe
+            result = run_head(options, progress=lambda message: status.status(message))
+        else:
+            result = run_head(options)
         if json:
             render.emit_json(render.head_json(result))
         else:

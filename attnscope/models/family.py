@@ -304,7 +304,8 @@ def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         traced = model.attention(layer, record=True)(X)
     layer_trace = _layer_trace(traced, X, made)
-    return LayerRun(layer_trace, _head_trace(model, layer_trace, head), model.attention_spec(layer))
+    spec = model.attention_spec(layer)
+    return LayerRun(layer_trace, _head_trace(model, layer_trace, head, spec.bias), spec)
 
 
 MODEL_DIMS = {"n_Q": "n_tokens", "n_K": "n_tokens", "d_feat": "d_model"}
@@ -331,7 +332,7 @@ HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "k
               ("masked_scores", "masked_scores", "q"), ("attention", "attention", "q"), ("out", "x_raw", "q"))
 
 
-def _head_trace(model: Family, layer: Trace, head: int) -> Trace:
+def _head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
     """Head h's own computation, as views into the layer's steps: its query rows, the keys and values of the
     KV head that serves it, its scores, pattern and output. Names as sdpa's (X, Q, K, V, ..., out)."""
     from attnscope.trace import Trace
@@ -340,10 +341,13 @@ def _head_trace(model: Family, layer: Trace, head: int) -> Trace:
     X = layer.step("X")
     trace.add("X", X.tensor[0], X.dims[1:], f"{X.op} (n_batch 0)", allocates=False)
     index = {"q": head, "kv": model.kv_head(head)}
+    formulas = {name: f" = X @ W_{name}.T" + (f" + b_{name}" if bias else "") for name in ("Q", "K", "V")}
+    formulas["out"] = f" = attention @ {'V_rep' if 'V_rep' in layer else 'V_split'}[0, {head}]"
     for name, source, which in HEAD_STEPS:
         if source not in layer:
             continue
         step = layer.step(source)
         i = index[which]
-        trace.add(name, step.tensor[0, i], step.dims[2:], f"{source}[0, {i}]", 0, allocates=False)
+        op = f"{source}[0, {i}]{formulas.get(name, '')}"
+        trace.add(name, step.tensor[0, i], step.dims[2:], op, 0, allocates=False)
     return trace

@@ -48,8 +48,12 @@ def encode(folder: Path, text: str) -> Encoded:
                          "save one beside the weights with tokenizer.save_pretrained(folder)")
     settings = _settings(folder)
     if (folder / "tokenizer.json").is_file() and settings.get("tokenizer_class") in (DIRECT_CLASSES | {None}):
-        return _direct(folder, text, settings)
-    return _auto(folder, text)
+        encoded = _direct(folder, text, settings)
+    else:
+        encoded = _auto(folder, text)
+    if not encoded.ids:
+        raise UsageError(f"--text {text!r} gives no tokens with this model's tokenizer; give a sentence it can read")
+    return encoded
 
 
 def check_text(text: str) -> None:
