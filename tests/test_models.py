@@ -363,3 +363,25 @@ def test_sharded_pytorch_bin_checkpoint(built, eager, tmp_path):
     result = run_head(HeadOptions(model=str(old), layer=2, head=3, text=SENTENCE))
     torch.testing.assert_close(result.attention, attentions[2][0, 3], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(result.weights.as_torch()["b_K"], _expected_slices("qwen2", model, 2, 3)["b_K"].detach())
+
+
+@pytest.mark.parametrize(("edit", "windows"), [
+    (lambda c: {k: v for k, v in c.items() if k != "layer_types"}, [None, WINDOW, WINDOW]),  # max_window_layers 1
+    (lambda c: {k: v for k, v in c.items() if k != "layer_types"} | {"max_window_layers": 2}, [None, None, WINDOW]),
+    (lambda c: c | {"use_sliding_window": False}, [None, None, None]),
+])
+def test_qwen2_windows_from_older_configs(built, tmp_path, edit, windows):
+    """Configs saved before layer_types existed: Qwen2Config's rule (sliding from max_window_layers on, and only
+    with use_sliding_window)."""
+    import shutil
+
+    folder = tmp_path / "qwen2"
+    shutil.copytree(built("qwen2")[0], folder)
+    config = folder / "config.json"
+    config.write_text(json.dumps(edit(json.loads(config.read_text()))))
+    opened = _open(folder)
+    assert [opened.attention_spec(layer).window for layer in range(3)] == windows
+    from transformers import Qwen2Config  # Qwen2Attention: sliding_window where layer_types says sliding
+
+    theirs = Qwen2Config.from_pretrained(folder)
+    assert [theirs.sliding_window if kind == "sliding_attention" else None for kind in theirs.layer_types] == windows
