@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from attnscope.colors import hex_color
 from attnscope.cost import format_bytes, format_flops
-
-if TYPE_CHECKING:
-    from attnscope.trace import Trace
 
 CELL = 14  # pixels per heatmap cell
 MAX_CELLS = 96  # rows and columns drawn inline; a larger pattern shows its top-left corner
 
 
-def trace_html(trace: Trace) -> str:
+def trace_html(trace: Any) -> str:
+    """A `Trace` (taken by its interface, so trace.py can call this without an import loop) as HTML."""
     rows = []
     for step in trace.steps:
         size = format_bytes(step.nbytes) if step.allocates else "view"
