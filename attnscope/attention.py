@@ -254,9 +254,9 @@ def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offse
     n_pos = max(k_offset + n_K, q_offset + n_Q)
     cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device)  # [n_pos, d]
     pos = "n_K" if n_pos == n_keys else "n_pos"
-    table = f"rope({rope.describe()}): position p, pair i turns by p · inv_freq[i]"
-    add("cos", cos, (pos, d_name), f"cos({table})")
-    add("sin", sin, (pos, d_name), f"sin({table})")
+    inv_freq = f"inv_freq = {rope.base:g}^(-2i/{d_name})" + (f", {rope.kind}-scaled" if rope.kind != "default" else "")
+    add("cos", cos, (pos, d_name), f"cos(position · inv_freq), {inv_freq}")
+    add("sin", sin, (pos, d_name), f"sin(position · inv_freq), {inv_freq}")
     rotated = []
     for name, x, start, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):
         part = "" if (start, n) == (0, n_pos) else f"[{start}:{start + n}]"

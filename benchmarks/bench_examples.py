@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests"), str(ROOT)]
 from _measure import PYTHON, machine  # noqa: E402
-from examples import Example, all_examples, hub_cache, model_names, prepare  # noqa: E402
+from examples import Example, all_examples, model_names, prepare, provide_models  # noqa: E402
 
 from attnscope.cli import app  # noqa: E402  (typer only: this process stays small)
 
@@ -32,7 +32,7 @@ def timed(attnscope: str, example: Example, folder: Path, env: dict[str, str]) -
     done = subprocess.run([attnscope, *example.args], cwd=folder, env=env, capture_output=True, text=True,
                           timeout=600)
     seconds = time.perf_counter() - start
-    if (done.returncode == 0) != (example.error is None):
+    if (done.returncode == example.status) != (example.error is None):
         raise SystemExit(f"{example.where}: `{example.line}` exited {done.returncode}\n{done.stderr}")
     return seconds
 
@@ -46,14 +46,14 @@ def main() -> None:
     examples = all_examples(app)
     models = model_names(app, examples)
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "HF_HUB_CACHE": str(hub_cache(Path(tmp) / "hub", models)), "HF_HUB_OFFLINE": "1",
-               "NO_COLOR": "1", "COLUMNS": "100"}
+        hub, folders = provide_models(Path(tmp), models)
+        env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "100"}
         times: dict[Example, float] = {}
         for n, example in enumerate(examples):
             samples = []
             for run in range(options.runs + 1):  # the first run warms the file caches; it is not kept
                 folder = Path(tmp) / f"example-{n}-{run}"
-                prepare(folder, example, models)
+                prepare(folder, example, folders)
                 samples.append(timed(attnscope, example, folder, env))
             times[example] = statistics.median(samples[1:])
     ranked = sorted(times.items(), key=lambda item: -item[1])

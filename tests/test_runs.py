@@ -207,7 +207,7 @@ def test_mha_save_can_be_checked_again_by_anyone(tmp_path, nk, causal):
     saved = load_file(path)
     names = {f"W_{p}.{kind}" for p in "qkvo" for kind in ("weight", "bias")}
     assert names <= set(saved) and "Q" in saved and set(result.trace) <= set(saved)
-    assert ("K" in saved) == (nk is not None) and ("mask" in saved) == (causal is not None)
+    assert ("K" in saved) == (nk is not None) and ("causal_mask" in saved) == (causal is not None)
     assert len(result.saved_names) == len(saved)
     Q = saved["Q"]
     K = saved.get("K", Q)
@@ -218,7 +218,7 @@ def test_mha_save_can_be_checked_again_by_anyone(tmp_path, nk, causal):
         ref.in_proj_bias.copy_(torch.cat([saved["W_q.bias"], saved["W_k.bias"], saved["W_v.bias"]]))
         ref.out_proj.weight.copy_(saved["W_o.weight"])
         ref.out_proj.bias.copy_(saved["W_o.bias"])
-        mask = None if "mask" not in saved else ~saved["mask"]  # nn.MultiheadAttention: True = masked out
+        mask = None if "causal_mask" not in saved else ~saved["causal_mask"]  # nn.MultiheadAttention: True = masked
         x, attention = ref(Q, K, V, attn_mask=mask, need_weights=True, average_attn_weights=False)
     assert torch.allclose(x, saved["x"], atol=ATOL) and torch.allclose(attention, saved["attention"], atol=ATOL)
     with safe_open(str(path), "pt") as f:
