@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--top", type=int, default=12)
     options = parser.parse_args()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # building the stand-in models, quietly
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     attnscope = shutil.which("attnscope") or f"{Path(PYTHON).parent}/attnscope"
     examples = all_examples(app)
     models = model_names(app, examples)

@@ -105,10 +105,12 @@ def test_seconds_estimate_is_flops_times_calls_over_a_measured_rate():
     assert seconds == pytest.approx(race.flops * calls / rate)
 
 
-def test_bench_memory_refusal_names_only_bench_options(runner):
+def test_bench_advice_names_only_bench_options(runner):
     result = runner.invoke(app, ["bench", "sdpa", "--batch", "100000", "--nq", "100000", "--nk", "100000"])
     assert result.exit_code == 1
     assert "shrink --batch, --nq or --nk" in result.stderr and "--meta" not in result.stderr
+    heads = runner.invoke(app, ["bench", "mha", "--heads", "7"])
+    assert heads.exit_code == 2 and "try --heads 4 or --heads 8" in heads.stderr and "--d-head" not in heads.stderr
 
 
 def test_bench_stderr_stays_clean():

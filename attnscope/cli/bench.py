@@ -109,7 +109,7 @@ def bench_mha(
     n_K, mode = nq if nk is None else nk, causal.value if causal else None
 
     def needed() -> int:
-        check_heads(d_feat, heads, from_file=False)
+        check_heads(d_feat, heads, from_file=False, has_d_head=False)
         return cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=mode is not None)
 
     _race(debug, json, runs, warmup, needed=needed,

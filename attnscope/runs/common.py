@@ -277,14 +277,15 @@ def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
                    [f"k{j}" for j in range(matrix.shape[1])])
 
 
-def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = None) -> None:
+def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = None,
+                has_d_head: bool = True) -> None:
     """d_head = d_feat / n_head must be whole unless --d-head gives it; name both numbers and the nearest head
-    counts that divide."""
+    counts that divide (and --d-head where the command has it: bench has not)."""
     if d_head is None and d_feat % heads:
         near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
         source = f"the inputs' d_feat {d_feat}" if from_file else f"--d-feat {d_feat}"
         raise UsageError(f"{source} is not divisible by --heads {heads} (d_head = d_feat / n_head must be whole); "
-                         f"try {near}, or give --d-head")
+                         f"try {near}{', or give --d-head' if has_d_head else ''}")
 
 
 def inputs_bytes(*tensors: torch.Tensor | None) -> int:
