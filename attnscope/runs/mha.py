@@ -12,10 +12,12 @@ from attnscope.runs.common import (
     AttentionOptions,
     RunResult,
     build_mask,
+    check_addressable,
     check_common,
     check_heads,
     finish,
     flag_overhead,
+    guard_files,
     guard_memory,
     inputs_bytes,
     load,
@@ -42,19 +44,27 @@ def run_mha(o: MhaOptions) -> RunResult:
     cross = o.nk is not None and o.nk != o.nq
     n_K = o.nk if o.nk is not None else o.nq
     masked = bool(o.causal or o.pad or o.mask)
-    if not o.q and not o.meta:
+    if not o.q:
         needed = cost.mha_bytes(o.batch, o.nq, n_K, o.d_feat, o.heads, bias=o.bias, cross=cross, masked=masked)
-        guard_memory(needed + flag_overhead(o, needed), o.max_memory)
+        if o.meta:
+            check_addressable(needed)
+        else:
+            guard_memory(needed + flag_overhead(o, needed), o.max_memory)
     import torch
 
     from attnscope.multihead import MultiHeadAttention
 
-    user_mask = load(o.mask)
-    Q, K, V = load(o.q), load(o.k), load(o.v)
+    if not o.meta:
+        guard_files([o.q, o.k, o.v, o.mask], o.max_memory)
+    user_mask = load(o.mask, o.meta)  # with --meta, the headers only
+    Q, K, V = load(o.q, o.meta), load(o.k, o.meta), load(o.v, o.meta)
     device = "meta" if o.meta else "cpu"
     dtype_note = None
     if Q is not None and Q.dim() != 3:  # before reading d_feat from it: the rank is what is wrong
         raise UsageError(f"--q {o.q} is {list(Q.shape)} but multi-head attention takes [n_batch, n, d_feat]")
+    if Q is not None and Q.shape[-1] == 0:
+        raise UsageError(f"--q {o.q} is {list(Q.shape)}: d_feat = 0, so there are no features to project; "
+                         "give each token at least one feature")
     d_feat = int(Q.shape[-1]) if Q is not None else o.d_feat
     check_heads(d_feat, o.heads, from_file=Q is not None)
     if Q is None:

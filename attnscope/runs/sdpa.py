@@ -12,9 +12,11 @@ from attnscope.runs.common import (
     AttentionOptions,
     RunResult,
     build_mask,
+    check_addressable,
     check_common,
     finish,
     flag_overhead,
+    guard_files,
     guard_memory,
     input_op,
     inputs_bytes,
@@ -48,15 +50,20 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     files = {"Q": o.q, "K": o.k, "V": o.v, "X": o.x, "W_Q": o.wq, "W_K": o.wk, "W_V": o.wv}
     random_inputs = not any(files.values())
     masked = bool(o.causal or o.pad or o.mask)
-    if random_inputs and not o.meta:
+    if random_inputs:
         needed = cost.sdpa_bytes(o.batch, o.nq, o.nk, o.dk, o.dv, masked=masked)
-        guard_memory(needed + flag_overhead(o, needed), o.max_memory)
+        if o.meta:
+            check_addressable(needed)
+        else:
+            guard_memory(needed + flag_overhead(o, needed), o.max_memory)
     import torch
 
     from attnscope.tensors import load_tensor
 
-    user_mask = load(o.mask)
-    loaded = {name: load_tensor(spec) for name, spec in files.items() if spec}
+    if not o.meta:
+        guard_files([*files.values(), o.mask], o.max_memory)
+    user_mask = load(o.mask, o.meta)  # with --meta, the headers only
+    loaded = {name: load_tensor(spec, meta=o.meta) for name, spec in files.items() if spec}
     if "Q" in loaded:  # self-attention when only --q (and --k) are given
         loaded.setdefault("K", loaded["Q"])
         loaded.setdefault("V", loaded["K"])
@@ -73,14 +80,13 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
         trace, mask = _sdpa_trace(o, inputs, user_mask, "meta" if o.meta else "cpu")
 
     comparisons: list[Comparison] = []
-    if o.check or o.layout == "col":
+    if (o.check or o.layout == "col") and not o.meta:  # --meta has no numbers to compare
         from attnscope import check
 
         if o.layout == "col":
             comparisons = check.check_sdpa_columns(trace, mask, o.scale)
-            if not o.meta:
-                trace.notes.append(f"column layout: out equals the row form's out transposed "
-                                   f"(max |diff| = {comparisons[0].max_abs_diff:.2e})")
+            trace.notes.append(f"column layout: out equals the row form's out transposed "
+                               f"(max |diff| = {comparisons[0].max_abs_diff:.2e})")
             comparisons = comparisons if o.check else []
         else:
             comparisons = check.check_sdpa(trace, mask, o.scale)
