@@ -57,6 +57,7 @@ def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, sc
     blocked = None
     if mask is not None:
         mask = masks.as_attention_mask(mask.to(scores.device), tuple(scores.shape), acc)
+        mask = mask.reshape(1, -1) if mask.dim() < 2 else mask  # [n_Q]: the same for every key
         if mask.dtype == torch.bool:
             logits, op = scores.masked_fill(~mask, float("-inf")), "scores.masked_fill(~mask, -inf)"
         else:

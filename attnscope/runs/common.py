@@ -170,7 +170,9 @@ def build_mask(o: AttentionOptions, user_mask: torch.Tensor | None, n_Q: int, n_
         trailing = (n_K, n_Q) if columns else (n_Q, n_K)
         masks.check_broadcast(user_mask, (*user_mask.shape[:-2], *trailing))
         built = masks.combine(built, user_mask.to(device))
-    return built
+    # [n_K] (key padding, or a 1-D mask; [n_Q] in the column layout) as [1, n_K]: the same for every query,
+    # in the [.., n_Q, n_K] form every consumer takes (PyTorch's CPU attention refuses a 1-D attn_mask).
+    return built.reshape(1, -1) if built is not None and built.dim() < 2 else built
 
 
 def input_op(spec: str | None, random_op: str) -> str:
