@@ -344,7 +344,7 @@ def zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Ten
         attention = attention.masked_fill(blocked, 0.0)  # softmax's backward needs its output unchanged
     else:
         attention.masked_fill_(blocked, 0.0)  # in place: no second [.., n_Q, n_K] at the peak
-    if attention.device.type != "meta" and bool(blocked.any()):
+    if attention.device.type != "meta" and n_Q and 0 not in attention.shape[:-2] and bool(blocked.any()):
         rows = blocked if blocked.shape[-1] == 1 else blocked.transpose(-2, -1)
         rows = rows.expand(*rows.shape[:-2], n_Q, 1)  # a mask shared by every query blocks all n_Q rows
         trace.notes.append(_blocked_note(rows, n_Q))
