@@ -261,9 +261,9 @@ def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offse
     n_pos = max(k_offset + n_K, q_offset + n_Q)
     cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device)  # [n_pos, d]
     pos = "n_K" if n_pos == n_keys else "n_pos"
-    table = f"rope({rope.describe()}): position p, pair i turns by p · inv_freq[i]"
-    add("cos", cos, (pos, d_name), f"cos({table})")
-    add("sin", sin, (pos, d_name), f"sin({table})")
+    inv_freq = f"inv_freq = {rope.base:g}^(-2i/{d_name})" + (f", {rope.kind}-scaled" if rope.kind != "default" else "")
+    add("cos", cos, (pos, d_name), f"cos(position · inv_freq), {inv_freq}")
+    add("sin", sin, (pos, d_name), f"sin(position · inv_freq), {inv_freq}")
     rotated = []
     for name, x, start, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):
         part = "" if (start, n) == (0, n_pos) else f"[{start}:{start + n}]"
@@ -299,7 +299,7 @@ def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...],
     position = "i" if offset == 0 else f"(i + {offset})"
     trace.add("alibi_bias", bias, ("n_head", "n_Q", "n_K"),
               f"-slope[h] * ({position} - j), slopes {slopes}", 3 * bias.numel())
-    biased = logits + bias  # [.., n_head, n_Q, n_K]
+    biased = logits + (bias if logits.dim() >= 3 else bias[0])  # [.., n_head, n_Q, n_K]; unbatched: [n_Q, n_K]
     trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel())
     return biased, "biased_scores"
 

@@ -120,24 +120,43 @@ def fused_peak_bytes(steps: Sequence[object], extra: int = 0) -> int:
     return traced_peak_bytes(steps, extra) - sum(s.nbytes for s in matrices) + lse  # type: ignore[attr-defined]
 
 
-def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, *, itemsize: int = 4,
-               masked: bool = False) -> int:
+def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, *, itemsize: int = 4, masked: bool = False,
+               rope: bool = False, softcap: bool = False, alibi: bool = False, offset: int = 0) -> int:
     """Peak bytes of a traced `sdpa` on random inputs, from the sizes alone (no torch import): the guard
-    must answer before torch has even loaded. tests/test_cost.py holds it equal to the meta-traced run."""
+    must answer before torch has even loaded. tests/test_cost.py holds it equal to the meta-traced run.
+    `masked`: a [n_Q, n_K] boolean mask is held; `offset`: the first query's position (lower-right)."""
     inputs = batch * (n_Q * d_K + n_K * d_K + n_K * d_V)
-    matrices = batch * n_Q * n_K * (3 if masked else 2)  # scores, [masked_scores], attention
+    rotated = 2 * max(n_K, offset + n_Q) * d_K + batch * (n_Q + n_K) * d_K if rope else 0  # cos, sin, Q/K_rot
+    # scores, [capped_scores], [biased_scores], [masked_scores], attention; alibi_bias is [1, n_Q, n_K]
+    matrices = batch * n_Q * n_K * (2 + masked + softcap + alibi) + (n_Q * n_K if alibi else 0)
     mask = n_Q * n_K if masked else 0  # one bool per (query, key), shared by the batch
-    return itemsize * (inputs + matrices + batch * n_Q * d_V) + mask
+    return itemsize * (inputs + rotated + matrices + batch * n_Q * d_V) + mask
 
 
 def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, *, itemsize: int = 4,
-              bias: bool = True, cross: bool = False, masked: bool = False) -> int:
-    """Peak bytes of a traced `MultiHeadAttention` on random inputs: weights, inputs, Q/K/V_feat,
-    the per-head scores and attention, x_raw, x_rsh1 and x (the splits and x_rsh2 are views)."""
-    weights = 4 * d_feat * d_feat + (4 * d_feat if bias else 0)
-    inputs = batch * d_feat * (n_Q + 2 * n_K if cross else n_Q)
-    feats = batch * d_feat * (n_Q + 2 * n_K)
-    matrices = batch * n_head * n_Q * n_K * (3 if masked else 2)
-    outputs = 3 * batch * n_Q * d_feat  # x_raw, x_rsh1, x
+              bias: bool = True, cross: bool = False, masked: bool = False, n_kv_head: int | None = None,
+              d_head: int | None = None, rope: bool = False, softcap: bool = False, alibi: bool = False,
+              cache: int = 0, offset: int = 0) -> int:
+    """Peak bytes of a traced `MultiHeadAttention` on random inputs: weights, inputs, Q/K/V_feat, the rotated
+    heads, the cache and its concatenation, the repeated K/V heads, the per-head attention matrices,
+    x_raw, x_rsh1 and x (the splits and x_rsh2 are views). `n_K` counts every key, cached ones included."""
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
+    d_head = d_feat // n_head if d_head is None else d_head
+    q_width, kv_width = n_head * d_head, n_kv_head * d_head
+    n_new = n_K - cache
+    weights = d_feat * (2 * q_width + 2 * kv_width) + ((q_width + 2 * kv_width + d_feat) if bias else 0)
+    inputs = batch * d_feat * (n_Q + 2 * n_new if cross else n_Q)
+    feats = batch * (n_Q * q_width + 2 * n_new * kv_width)
+    rotated = 2 * max(n_K, offset + n_Q) * d_head + batch * (n_Q * q_width + n_new * kv_width) if rope else 0
+    cached = 2 * batch * kv_width * (cache + n_K) if cache else 0  # K_cache, V_cache, K_cat, V_cat
+    repeated = 2 * batch * n_K * q_width if n_kv_head != n_head else 0  # K_rep, V_rep
+    matrices = batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi) + (n_head * n_Q * n_K if alibi else 0)
+    outputs = 2 * batch * n_Q * q_width + batch * n_Q * d_feat  # x_raw, x_rsh1, x
     mask = n_Q * n_K if masked else 0
-    return itemsize * (weights + inputs + feats + matrices + outputs) + mask
+    return itemsize * (weights + inputs + feats + rotated + cached + repeated + matrices + outputs) + mask
+
+
+def kv_cache_bytes(batch: int, n_kv_head: int, n_K: int, d_K: int, d_V: int, itemsize: int) -> int:
+    """What this layer's KV cache holds for n_K positions: `n_batch · n_kv_head · n_K · (d_K + d_V) · bytes`,
+    that is `2 · n_batch · n_kv_head · n_K · d_head · bytes` when d_K = d_V = d_head."""
+    return batch * n_kv_head * n_K * (d_K + d_V) * itemsize

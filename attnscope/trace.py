@@ -104,3 +104,9 @@ class Trace(Mapping[str, "torch.Tensor"]):
     def __repr__(self) -> str:
         rows = ", ".join(f"{s.name}{list(s.shape)}" for s in self._steps.values())
         return f"Trace({rows})"
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows a trace as an HTML table of its steps and its attention as a heatmap (notebook.py)."""
+        from attnscope.notebook import trace_html
+
+        return trace_html(self)

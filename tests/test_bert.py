@@ -11,7 +11,10 @@ import torch
 
 from attnscope.cli import app
 from attnscope.errors import ResourceError, UsageError
-from attnscope.models import bert, checkpoint, hub
+from attnscope.models import checkpoint, hub, open_model
+from attnscope.models.config import read_config
+from attnscope.models.family import head_weights
+from attnscope.runs.head import HeadOptions, run_head
 
 WORDS = ["the", "cat", "sat", "on", "mat", "because", "it", "was", "tired", ".", "dog", "ran"]
 SENTENCE = "The cat sat on the mat because it was tired."
@@ -50,6 +53,10 @@ def tiny_bin(tmp_path_factory, tiny):
     return other, model
 
 
+def _open(folder: Path):
+    return open_model(folder, read_config(folder), command="bert")
+
+
 def _expected_head(model, layer: int, head: int) -> dict[str, torch.Tensor]:
     attention = model.encoder.layer[layer].attention
     d_head = model.config.hidden_size // model.config.num_attention_heads
@@ -66,9 +73,9 @@ def _expected_head(model, layer: int, head: int) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(("layer", "head"), [(0, 0), (1, 3), (2, 1)])
 def test_head_weights_equal_the_models_parameters(request, fixture, layer, head):
     folder, model = request.getfixturevalue(fixture)
-    info = bert.inspect(folder)
+    info = _open(folder)
     assert (info.n_layer, info.n_head, info.d_model, info.d_head) == (3, 4, 24, 6)
-    weights = bert.head_weights(info, layer, head)
+    weights = head_weights(info, layer, head)
     for name, expected in _expected_head(model, layer, head).items():
         torch.testing.assert_close(weights.as_torch()[name], expected.detach(), rtol=0, atol=0)
     expected_source = f"encoder.layer.{layer}.attention.output.dense.weight[:, {head * 6}:{head * 6 + 6}]"
@@ -77,9 +84,9 @@ def test_head_weights_equal_the_models_parameters(request, fixture, layer, head)
 
 def test_prefixed_checkpoint_of_a_task_model(tmp_path):
     model = _tiny_bert(tmp_path / "mlm", masked_lm=True)
-    info = bert.inspect(tmp_path / "mlm")
+    info = _open(tmp_path / "mlm")
     assert info.prefix == "bert."
-    weights = bert.head_weights(info, 1, 2)
+    weights = head_weights(info, 1, 2)
     torch.testing.assert_close(weights.as_torch()["W_K"], _expected_head(model.bert, 1, 2)["W_K"].detach())
 
 
@@ -88,15 +95,15 @@ def test_text_pattern_equals_eager_output_attentions(request, fixture):
     from transformers import AutoTokenizer, BertModel
 
     folder, _ = request.getfixturevalue(fixture)
-    info = bert.inspect(folder)
     reference = BertModel.from_pretrained(folder, attn_implementation="eager").eval()
     encoded = AutoTokenizer.from_pretrained(folder)(SENTENCE, return_tensors="pt")
     with torch.no_grad():
         expected = reference(**encoded, output_attentions=True).attentions
     for layer, head in [(0, 0), (2, 3)]:
-        run = bert.run_text(bert.head_weights(info, layer, head), SENTENCE)
-        torch.testing.assert_close(run.trace["attention"], expected[layer][0, head], atol=1e-5, rtol=1e-5)
-    assert run.tokens[0] == "[CLS]" and run.tokens[-1] == "[SEP]" and "cat" in run.tokens
+        run = run_head(HeadOptions(model=str(folder), layer=layer, head=head, text=SENTENCE, command="bert"))
+        torch.testing.assert_close(run.attention, expected[layer][0, head], atol=1e-5, rtol=1e-5)
+    tokens = run.encoded.tokens
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and "cat" in tokens
 
 
 def test_dump_imports_neither_torch_nor_transformers(tiny):
@@ -160,7 +167,8 @@ def test_real_checkpoint_end_to_end(runner):
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["model"] | {"path": None} == {"architecture": "BertModel", "path": None, "layers": 6,
-                                                 "heads": 12, "d_model": 384, "d_head": 32}
+                                                 "heads": 12, "d_model": 384, "d_head": 32, "model_type": "bert",
+                                                 "kv_heads": 12}
     model = BertModel.from_pretrained(folder, attn_implementation="eager").eval()
     encoded = AutoTokenizer.from_pretrained(folder)(SENTENCE, return_tensors="pt")
     with torch.no_grad():
@@ -240,7 +248,7 @@ def test_bfloat16_checkpoint_is_read_through_torch(tmp_path, tiny):
     bf16 = tmp_path / "bf16"
     model.to(torch.bfloat16).save_pretrained(bf16)
     model.to(torch.float32)
-    weights = bert.head_weights(bert.inspect(bf16), 2, 1)
+    weights = head_weights(_open(bf16), 2, 1)
     assert weights.tensors["W_Q"].dtype == torch.bfloat16
     expected = _expected_head(model, 2, 1)["W_Q"].detach().to(torch.bfloat16)
     torch.testing.assert_close(weights.tensors["W_Q"], expected, rtol=0, atol=0)

@@ -198,6 +198,7 @@ def attention_argv(draw, inputs: Path, out: Path):
     else:
         argv += ["--dropout", _pick(draw, ["0", "0.1"], ["1", "nan"])] if _sometimes(draw, 6) else []
         argv += ["--no-bias"] if _sometimes(draw) else []
+    argv += _variants(draw, command)
     meta = _sometimes(draw, 6)
     argv += ["--meta"] if meta else []
     outputs = ["--json", "--values", "--stats"] + ([] if meta and not _sometimes(draw, 8) else ["--check", "--heatmap"])
@@ -211,6 +212,24 @@ def attention_argv(draw, inputs: Path, out: Path):
     argv += ["--max-memory", _pick(draw, ["10GB"], ["1KB", "lots"], odds=2)] if _sometimes(draw, 8) else []
     if (not meta or _sometimes(draw, 8)) and _sometimes(draw, 3):
         argv += _save(draw, out)
+    return argv
+
+
+def _variants(draw, command):
+    """Today's attention variants (docs/modern-attention.md), now and then, with their own bad values."""
+    argv = []
+    argv += ["--window", _pick(draw, ["1", "2", "4"], ["0", "-3"])] if _sometimes(draw, 6) else []
+    argv += ["--softcap", _pick(draw, ["50", "5"], ["0", "nan", "-1"])] if _sometimes(draw, 6) else []
+    argv += ["--alibi"] if _sometimes(draw, 6) else []
+    if _sometimes(draw, 6):
+        base = ["--rope-base", _pick(draw, ["10000", "500000"], ["1", "nan"])] if _sometimes(draw) else []
+        argv += ["--rope", *base]
+    argv += ["--cache", _pick(draw, ["2", "0"], ["-1"])] if _sometimes(draw, 8) else []
+    argv += ["--show-mask"] if _sometimes(draw, 6) else []
+    if command == "mha":
+        argv += ["--kv-heads", _pick(draw, ["1", "2"], ["3"])] if _sometimes(draw, 6) else []
+        argv += ["--d-head", _pick(draw, ["4", "2"], ["0"])] if _sometimes(draw, 6) else []
+        argv += ["--scale", _pick(draw, ["0.5", "1", "0"], ["nan", "inf"])] if _sometimes(draw, 6) else []
     return argv
 
 

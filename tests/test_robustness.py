@@ -276,3 +276,15 @@ def test_key_padding_and_one_dimensional_masks_pass_the_check(files):
                  "1"], ["sdpa", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--mask", "mask_1d.npy", "--pad", "2"]):
         outcome = run_main(*args, "--check")
         assert outcome.code == 0 and "PASS" in outcome.stdout and "FAIL" not in outcome.stdout, (args, outcome)
+
+
+def test_variants_found_by_the_fuzzed_cli(files):
+    """ALiBi on unbatched inputs (the bias kept a head axis the scores do not have), --show-mask with --meta (the
+    mask file is read for its shape only), and mha --scale 0 (the header divided by it)."""
+    np.save("q2d.npy", files["q"][0].numpy())
+    outcome = run_main("sdpa", "--q", "q2d.npy", "--alibi", "--causal", "--check")
+    assert outcome.code == 0 and "FAIL" not in outcome.stdout, outcome
+    outcome = run_main("sdpa", "--q", "q.npy", "--mask", "mask_self.npy", "--window", "2", "--show-mask", "--meta")
+    assert outcome.code == 0 and "read for its shape only" in outcome.stdout, outcome
+    outcome = run_main("mha", "--scale", "0", "--batch", "2", "--nq", "3", "--d-feat", "8", "--heads", "2", "--check")
+    assert outcome.code == 0 and "K_splitᵀ · 0)" in outcome.stdout and "FAIL" not in outcome.stdout, outcome

@@ -1,4 +1,4 @@
-"""`attnscope bert`: one head's weights, and with --text its attention on a sentence."""
+"""`attnscope bert`: `attnscope head` for BERT-layout checkpoints, with bert-base-uncased as the default model."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.errors import reported
-from attnscope.cli.options import Debug, Force, Json, Save
+from attnscope.cli.head import Head, HeadSave, Layer, Text, run_command
+from attnscope.cli.options import Debug, Force, Json, MaxMemory
 
 BERT_EXAMPLES = """Examples:
 
@@ -19,48 +19,19 @@ BERT_EXAMPLES = """Examples:
 
 
 def bert(
-    layer: Annotated[int, typer.Option("--layer", min=0, help="Layer, from 0.")] = 0,
-    head: Annotated[int, typer.Option("--head", min=0, help="Head within the layer, from 0.")] = 0,
+    layer: Layer = 0,
+    head: Head = 0,
     model: Annotated[str, typer.Option("--model", help="A Hugging Face model name (through the local cache) or a folder with config.json and model.safetensors or pytorch_model.bin.")] = "bert-base-uncased",
-    text: Annotated[str | None, typer.Option("--text", help="Run the model on this sentence and show this head's attention pattern.")] = None,
+    text: Text = None,
     json: Json = False,
-    save: Save = None,
+    save: HeadSave = None,
     force: Force = False,
+    max_memory: MaxMemory = None,
     debug: Debug = False,
 ) -> None:
     """One BERT head: its slice of the query/key/value/output weights, and (with --text) its attention."""
-    from attnscope import render
-
-    with reported(debug):
-        from attnscope.models import bert as core
-        from attnscope.models import hub
-        from attnscope.tensors import check_writable, save_tensors
-
-        if save:
-            check_writable(save, force)
-        status = render.console(stderr=True)
-        with status.status(f"locating {model}"):
-            folder = hub.locate(model, need_tokenizer=text is not None)
-            info = core.inspect(folder)
-            core.check_position(info, layer, head)
-        with status.status(f"reading layer {layer}, head {head}"):
-            weights = core.head_weights(info, layer, head)
-        sentence = None
-        if text is not None:
-            with status.status("running the model on the text"):
-                sentence = core.run_text(weights, text)
-        saved = None
-        if save:
-            tensors = weights.as_torch()
-            if sentence is not None:
-                tensors["attention"] = sentence.trace["attention"]
-            meta = {"sources": weights.sources, "model": str(info.folder), "layer": layer, "head": head,
-                    "tokens": sentence.tokens if sentence else None}
-            saved = save_tensors(tensors, save, force=force, metadata=meta)
-        if json:
-            render.emit_json(render.bert_json(model, text, weights, sentence, saved))
-        else:
-            render.show_bert(render.console(), weights, sentence, saved)
+    run_command("bert", model, layer, head, text, json=json, save=save, force=force, max_memory=max_memory,
+                debug=debug)
 
 
 def register(app: typer.Typer) -> None:

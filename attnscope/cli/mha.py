@@ -9,9 +9,11 @@ import typer
 from attnscope.cli.common import max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
+    Alibi,
     AttentionCommand,
     Batch,
     Bias,
+    Cache,
     CausalOpt,
     Check,
     Debug,
@@ -29,11 +31,16 @@ from attnscope.cli.options import (
     Nq,
     Pad,
     QFile,
+    RopeBase,
+    RopeOpt,
     Save,
     Seed,
+    ShowMask,
+    Softcap,
     Stats,
     Values,
     VFile,
+    Window,
 )
 
 MHA_EXAMPLES = """Examples:
@@ -42,7 +49,7 @@ MHA_EXAMPLES = """Examples:
 
   attnscope mha --nq 16 --nk 40 --heads 4 --d-feat 64 --check
 
-  attnscope mha --d-feat 4096 --heads 32 --batch 8 --nq 1000000 --meta"""
+  attnscope mha --d-feat 4096 --heads 32 --kv-heads 8 --rope --causal --batch 1 --nq 8192 --meta"""
 
 
 def mha(
@@ -51,6 +58,9 @@ def mha(
     nk: NkOrNq = None,
     d_feat: DFeat = 200,
     heads: Heads = 5,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", min=1, help="n_kv_head: key/value heads, each shared by --heads / --kv-heads query heads (GQA; 1 is MQA).  \\[default: --heads]", rich_help_panel="Variants")] = None,
+    d_head: Annotated[int | None, typer.Option("--d-head", min=1, help="d_head, decoupled from d_feat / n_head (Gemma): W_q maps d_feat to n_head · d_head.", rich_help_panel="Variants")] = None,
+    scale: Annotated[float | None, typer.Option("--scale", help="Replace 1/sqrt(d_head); Gemma 2's query_pre_attn_scalar q gives q ** -0.5.", rich_help_panel="Variants")] = None,
     bias: Bias = True,
     dropout: Annotated[float, typer.Option("--dropout", help="Dropout on the attention weights, in \\[0, 1).")] = 0.0,
     seed: Seed = 0,
@@ -60,6 +70,7 @@ def mha(
     causal: CausalOpt = None,
     mask: MaskFile = None,
     pad: Pad = 0,
+    show_mask: ShowMask = False,
     check: Check = False,
     json: Json = False,
     save: Save = None,
@@ -69,6 +80,12 @@ def mha(
     heatmap: HeatmapOpt = False,
     heatmap_batch: HeatmapBatch = 0,
     heatmap_head: Annotated[int, typer.Option("--heatmap-head", min=0, help="Head for --heatmap.", rich_help_panel="Output")] = 0,
+    window: Window = None,
+    softcap: Softcap = None,
+    alibi: Alibi = False,
+    rope: RopeOpt = False,
+    rope_base: RopeBase = None,
+    cache: Cache = 0,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -81,8 +98,10 @@ def mha(
         options = MhaOptions(
             batch=batch, nq=nq, nk=nk, d_feat=d_feat, heads=heads, bias=bias, dropout=dropout, seed=seed,
             q=q, k=k, v=v, causal=causal.value if causal else None, mask=mask, pad=pad, check=check, meta=meta,
-            max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap, heatmap_batch=heatmap_batch,
-            heatmap_head=heatmap_head,
+            max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
+            heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
+            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, kv_heads=kv_heads, d_head=d_head,
+            scale=scale,
         )
         show_run(run_mha(options), json=json, values=values, stats=stats)
 

@@ -82,6 +82,7 @@ def _size(help: str, flag: str) -> object:
 Batch = Annotated[int, typer.Option("--batch", min=1, help="n_batch: sequences in the batch.")]
 Nq = Annotated[int, typer.Option("--nq", min=1, help="n_Q: number of queries.")]
 Nk = Annotated[int, typer.Option("--nk", min=1, help="n_K: number of keys (and values).")]
+NkOrCache = Annotated[int | None, typer.Option("--nk", min=1, help="n_K: number of keys (and values).  \\[default: 50; with --cache N, N + --nq]")]
 NkOrNq = Annotated[int | None, typer.Option("--nk", min=1, help="n_K: number of keys; a value other than --nq makes it cross-attention.  \\[default: --nq]")]
 Dk = Annotated[int, typer.Option("--dk", min=1, help="d_K: size of each query and key.")]
 Dv = Annotated[int, typer.Option("--dv", min=1, help="d_V: size of each value (free to differ from d_K).")]
@@ -106,3 +107,12 @@ HeatmapBatch = Annotated[int, typer.Option("--heatmap-batch", min=0, help="Batch
 Meta = Annotated[bool, typer.Option("--meta", help="Shapes, FLOPs and memory only, on PyTorch's meta device: nothing is allocated, any size.", rich_help_panel="Size")]
 MaxMemory = Annotated[str | None, typer.Option("--max-memory", metavar="SIZE", help="Refuse runs needing more than SIZE (e.g. 8GB, 512MiB); default: what the machine has available.", rich_help_panel="Size")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", hidden=False)]
+
+# Today's variants (docs/modern-attention.md): the same option means the same thing in every command.
+Window = Annotated[int | None, typer.Option("--window", min=1, metavar="W", help="Sliding window: query i sees key j when j ≤ i and i − j < W (Mistral); implies causal.", rich_help_panel="Variants")]
+Softcap = Annotated[float | None, typer.Option("--softcap", metavar="C", help="Cap the scores, C · tanh(scores / C), before the mask (Gemma 2 uses 50).", rich_help_panel="Variants")]
+Alibi = Annotated[bool, typer.Option("--alibi", help="Add ALiBi's per-head bias −m_h · (i − j) to the scores (BLOOM's slopes).", rich_help_panel="Variants")]
+RopeOpt = Annotated[bool, typer.Option("--rope", help="Rotate Q and K with rotary position embeddings (RoPE, LLaMA's half-split form).", rich_help_panel="Variants")]
+RopeBase = Annotated[float | None, typer.Option("--rope-base", metavar="B", help="RoPE's base, a config's rope_theta.  \\[default: 10000]", rich_help_panel="Variants")]
+Cache = Annotated[int, typer.Option("--cache", min=0, metavar="N", help="A decode step: K and V hold N cached positions before the new ones; causal aligns lower-right.", rich_help_panel="Variants")]
+ShowMask = Annotated[bool, typer.Option("--show-mask", help="Draw the combined mask (■ may attend, · masked) above the table.", rich_help_panel="Masks")]

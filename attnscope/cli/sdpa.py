@@ -9,8 +9,10 @@ import typer
 from attnscope.cli.common import max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
+    Alibi,
     AttentionCommand,
     Batch,
+    Cache,
     CausalOpt,
     Check,
     Debug,
@@ -25,15 +27,20 @@ from attnscope.cli.options import (
     MaskFile,
     MaxMemory,
     Meta,
-    Nk,
+    NkOrCache,
     Nq,
     Pad,
     QFile,
+    RopeBase,
+    RopeOpt,
     Save,
     Seed,
+    ShowMask,
+    Softcap,
     Stats,
     Values,
     VFile,
+    Window,
 )
 
 SDPA_EXAMPLES = """Examples:
@@ -42,13 +49,13 @@ SDPA_EXAMPLES = """Examples:
 
   attnscope sdpa --q q.npy --k k.npy --v v.npy --causal --check
 
-  attnscope sdpa --x x.npy --wq wq.npy --wk wk.npy --wv wv.npy --values"""
+  attnscope sdpa --batch 1 --nq 2 --cache 6 --dk 8 --dv 8 --rope --window 4 --show-mask"""
 
 
 def sdpa(
     batch: Batch = 3,
     nq: Nq = 30,
-    nk: Nk = 50,
+    nk: NkOrCache = None,
     dk: Dk = 128,
     dv: Dv = 256,
     seed: Seed = 0,
@@ -63,6 +70,7 @@ def sdpa(
     causal: CausalOpt = None,
     mask: MaskFile = None,
     pad: Pad = 0,
+    show_mask: ShowMask = False,
     scale: Annotated[float | None, typer.Option("--scale", help="Replace 1/sqrt(d_K), as F.scaled_dot_product_attention(scale=...).", rich_help_panel="Masks")] = None,
     check: Check = False,
     json: Json = False,
@@ -72,6 +80,12 @@ def sdpa(
     stats: Stats = False,
     heatmap: HeatmapOpt = False,
     heatmap_batch: HeatmapBatch = 0,
+    window: Window = None,
+    softcap: Softcap = None,
+    alibi: Alibi = False,
+    rope: RopeOpt = False,
+    rope_base: RopeBase = None,
+    cache: Cache = 0,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -85,7 +99,8 @@ def sdpa(
             batch=batch, nq=nq, nk=nk, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, x=x, wq=wq, wk=wk, wv=wv,
             layout=layout.value, causal=causal.value if causal else None, mask=mask, pad=pad, scale=scale,
             check=check, meta=meta, max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
-            heatmap_batch=heatmap_batch,
+            heatmap_batch=heatmap_batch, window=window, softcap=softcap, alibi=alibi, rope=rope,
+            rope_base=rope_base, cache=cache, show_mask=show_mask,
         )
         show_run(run_sdpa(options), json=json, values=values, stats=stats)
 

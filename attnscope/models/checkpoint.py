@@ -1,12 +1,18 @@
-"""Reading a checkpoint lazily: key names from the header, one head's slices without loading the rest.
+"""Reading a checkpoint lazily: key names from the headers, one head's slices or one layer's tensors without
+loading the rest.
 
-safetensors files are opened lazily and read as NumPy arrays where the dtype allows, so a weight dump
-imports neither torch nor transformers; `pytorch_model.bin` is memory-mapped through torch and never
-unpickles code.
+A model folder holds its weights in one of four ways, as `save_pretrained` writes them:
+`model.safetensors`, `model.safetensors.index.json` with its shards (large models: the index maps each
+key to the shard that holds it), `pytorch_model.bin`, or `pytorch_model.bin.index.json` with its shards.
+
+safetensors files are opened lazily and sliced in place. A weight dump reads its slices as NumPy arrays
+where the dtype allows, so it imports neither torch nor transformers; BF16 and F8 go through torch. A
+`.bin` is memory-mapped through torch (only the slices read are paged in) and never unpickles code.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,19 +24,182 @@ if TYPE_CHECKING:
 
     Array = np.ndarray | torch.Tensor
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
 # safetensors dtypes NumPy can hold; the rest (BF16, F8_*) are read through torch.
 NUMPY_DTYPES = frozenset({"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL"})
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-def keys(weights: Path) -> list[str]:
+class Checkpoint:
+    """Every tensor of a model folder, by key, read only when asked for. Use as a context manager (or call
+    `close`) so the open files are released."""
+
+    def __init__(self, folder: Path, source: Path, files: dict[str, Path]) -> None:
+        self.folder = folder
+        self.source = source  # the file named in messages: the weights file or the shard index
+        self._files = files  # key -> the file holding it
+        self._handles: dict[tuple[Path, str], Any] = {}
+        self._states: dict[Path, dict[str, torch.Tensor]] = {}
+
+    # --- opening ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, folder: Path) -> Checkpoint:
+        source = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+        if source is None:
+            raise UsageError(f"--model {folder}: no checkpoint there (looked for {', '.join(WEIGHT_FILES)})")
+        if source.name.endswith(".index.json"):
+            return cls(folder, source, _read_index(source))
+        return cls(folder, source, dict.fromkeys(_keys_of(source), source))
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.__exit__(None, None, None)
+        self._handles.clear()
+        self._states.clear()
+
+    # --- what is there ----------------------------------------------------------------------------------
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self._files)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._files
+
+    @property
+    def sharded(self) -> bool:
+        return self.source.name.endswith(".index.json")
+
+    def shape(self, key: str) -> list[int]:
+        if self._is_bin(key):
+            return list(self._state(key)[key].shape)
+        return list(self._slice(key, "numpy").get_shape())
+
+    def nbytes(self, key: str) -> int:
+        """The tensor's size as stored."""
+        import math
+
+        if self._is_bin(key):
+            tensor = self._state(key)[key]
+            return tensor.numel() * tensor.element_size()
+        part = self._slice(key, "numpy")
+        return math.prod(part.get_shape()) * DTYPE_BYTES.get(part.get_dtype(), 4)
+
+    def file_bytes(self) -> int:
+        """What the weight files take on disk (every shard once)."""
+        return sum(path.stat().st_size for path in set(self._files.values()))
+
+    # --- reading ----------------------------------------------------------------------------------------
+
+    def slice(self, key: str, axis: str, lo: int, hi: int) -> tuple[Array, str]:
+        """Rows (`axis="rows"`) or columns (`"cols"`) lo:hi of a weight, or lo:hi of a bias, as NumPy where the
+        dtype allows (no torch import), and the slice written out (`[0:64, :]`)."""
+        if self._is_bin(key):
+            whole = self._state(key)[key]
+            rank = whole.dim()
+            tensor: Array = (whole[lo:hi] if axis == "rows" or rank == 1 else whole[:, lo:hi]).clone()
+        else:
+            part = self._slice(key, "numpy")
+            if part.get_dtype() not in NUMPY_DTYPES:
+                part = self._slice(key, "pt")
+            rank = len(part.get_shape())
+            tensor = part[lo:hi] if axis == "rows" or rank == 1 else part[:, lo:hi]
+        text = f"[{lo}:{hi}]" if rank == 1 else (f"[{lo}:{hi}, :]" if axis == "rows" else f"[:, {lo}:{hi}]")
+        return tensor, text
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """A whole tensor, as float32 torch (the precision the forward computes in)."""
+        import torch
+
+        if self._is_bin(key):
+            return self._state(key)[key].to(torch.float32, copy=True)
+        return self._slice(key, "pt")[:].to(torch.float32)
+
+    def rows(self, key: str, index: list[int]) -> torch.Tensor:
+        """Rows `index` of a matrix (an embedding's rows for these token ids), float32; only those rows are
+        read, so a 256k-token vocabulary costs what the sentence needs."""
+        import torch
+
+        vocab = self.shape(key)[0]
+        bad = [i for i in index if not 0 <= i < vocab]
+        if bad:
+            raise UsageError(f"token id {bad[0]} is outside {key}'s {vocab} rows: the tokenizer does not belong to "
+                             "this model (its vocabulary is larger than the model's)")
+        unique = sorted(set(index))
+        if self._is_bin(key):
+            picked = self._state(key)[key][unique].to(torch.float32)
+        else:
+            part = self._slice(key, "pt")
+            picked = torch.cat([part[i : i + 1] for i in unique]).to(torch.float32)  # [n_unique, d_model]
+        where = {token: row for row, token in enumerate(unique)}
+        return picked[[where[i] for i in index]]  # [n_tokens, d_model]
+
+    # --- internals --------------------------------------------------------------------------------------
+
+    def _file(self, key: str) -> Path:
+        try:
+            return self._files[key]
+        except KeyError:
+            raise UsageError(f"{self.source}: no tensor {key}; the checkpoint is incomplete, or config.json "
+                             "does not describe these weights") from None
+
+    def _is_bin(self, key: str) -> bool:
+        return self._file(key).suffix != ".safetensors"
+
+    def _slice(self, key: str, framework: str) -> Any:
+        path = self._file(key)
+        if (path, framework) not in self._handles:
+            from safetensors import SafetensorError, safe_open
+
+            try:
+                handle = safe_open(str(path), framework=framework)
+            except (SafetensorError, OSError) as exc:
+                raise UsageError(f"{path}: not a valid safetensors file ({str(exc)[:120]})") from None
+            handle.__enter__()
+            self._handles[(path, framework)] = handle
+        return self._handles[(path, framework)].get_slice(key)
+
+    def _state(self, key: str) -> dict[str, torch.Tensor]:
+        path = self._file(key)
+        if path not in self._states:
+            self._states[path] = load_bin(path)
+        return self._states[path]
+
+
+def _read_index(index: Path) -> dict[str, Path]:
+    """`{key: shard}` from a `*.index.json`; every shard it names must be in the folder."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = {str(key): index.parent / str(shard) for key, shard in weight_map.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{index}: not a shard index (a JSON object with a weight_map; "
+                         f"{type(exc).__name__})") from None
+    missing = sorted({path.name for path in files.values() if not path.is_file()})
+    if missing:
+        raise UsageError(f"{index} names shard {missing[0]}, which is not in {index.parent}"
+                         + (f" ({len(missing)} shards missing)" if len(missing) > 1 else ""))
+    return files
+
+
+def _keys_of(weights: Path) -> list[str]:
     if weights.suffix == ".safetensors":
         from safetensors import SafetensorError, safe_open
 
         try:
             with safe_open(str(weights), framework="numpy") as handle:  # reads the header only
                 return list(handle.keys())
-        except SafetensorError as exc:
-            raise UsageError(f"{weights}: not a valid safetensors file ({exc})") from None
+        except (SafetensorError, OSError) as exc:
+            raise UsageError(f"{weights}: not a valid safetensors file ({str(exc)[:120]})") from None
     return list(load_bin(weights))
 
 
@@ -41,57 +210,18 @@ def load_bin(weights: Path) -> dict[str, torch.Tensor]:
     import torch
 
     try:
-        return torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:
         raise UsageError(f"{weights}: refused: it would run code when unpickled (torch.load with "
                          "weights_only=True rejected it); convert the checkpoint to model.safetensors") from None
     except (RuntimeError, OSError, EOFError) as exc:
         raise UsageError(f"{weights}: not a readable checkpoint ({str(exc).splitlines()[0][:120]})") from None
+    if not isinstance(state, dict):
+        raise UsageError(f"{weights}: holds a {type(state).__name__}, not a state dict of tensors")
+    return state
 
 
-class Reader:
-    """A context giving `read(key, axis, lo, hi) -> (array, slice text)` over either weight format."""
-
-    def __init__(self, weights: Path) -> None:
-        self.weights = weights
-        self._handles: dict[str, Any] = {}
-        self._state: dict[str, torch.Tensor] | None = None
-
-    def __enter__(self) -> Any:
-        if self.weights.suffix != ".safetensors":
-            self._state = load_bin(self.weights)
-        return self.read
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles.values():
-            handle.__exit__(*exc)
-        self._state = None
-
-    def _handle(self, framework: str) -> Any:
-        if framework not in self._handles:
-            from safetensors import safe_open
-
-            handle = safe_open(str(self.weights), framework=framework)
-            handle.__enter__()
-            self._handles[framework] = handle
-        return self._handles[framework]
-
-    def read(self, key: str, axis: str, lo: int, hi: int) -> tuple[Array, str]:
-        try:
-            if self._state is None:
-                whole = self._handle("numpy").get_slice(key)
-                if whole.get_dtype() not in NUMPY_DTYPES:
-                    whole = self._handle("pt").get_slice(key)
-                rank = len(whole.get_shape())
-                tensor = whole[lo:hi] if axis == "rows" or rank == 1 else whole[:, lo:hi]
-            else:
-                state = self._state[key]
-                rank = state.dim()
-                tensor = (state[lo:hi] if axis == "rows" or rank == 1 else state[:, lo:hi]).clone()
-        except KeyError:
-            raise UsageError(f"{self.weights}: no tensor {key}; the checkpoint is incomplete") from None
-        text = f"[{lo}:{hi}]" if rank == 1 else (f"[{lo}:{hi}, :]" if axis == "rows" else f"[:, {lo}:{hi}]")
-        return tensor, text
+# --- statistics of what was read ----------------------------------------------------------------------
 
 
 def as_float64(tensor: Array) -> np.ndarray:
@@ -103,7 +233,8 @@ def as_float64(tensor: Array) -> np.ndarray:
 
 
 def weight_stats(tensor: Array) -> dict[str, float]:
-    """mean, std (unbiased, as torch.std) and Frobenius norm, computed in float64."""
+    """mean, std (unbiased, as torch.std) and Frobenius norm, computed in float64 (NaN where the weights hold
+    NaN: the JSON writer turns it into null)."""
     import numpy as np
 
     values = as_float64(tensor)

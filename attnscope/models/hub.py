@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -10,9 +11,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from attnscope.errors import ResourceError, UsageError
-
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+from attnscope.models.checkpoint import WEIGHT_FILES
+from attnscope.models.tokenizer import TOKENIZER_FILES
 
 
 def locate(model: str, *, need_tokenizer: bool = False) -> Path:
@@ -37,10 +37,13 @@ def _from_hub(name: str, need_tokenizer: bool) -> Path:
         folder = Path(config).parent
         for weights in WEIGHT_FILES:
             try:
-                _cached_or_download(name, weights, hf_hub_download)
-                break
+                found = _cached_or_download(name, weights, hf_hub_download)
             except FileNotFoundError:
                 continue
+            if weights.endswith(".index.json"):  # a sharded checkpoint: every shard it names
+                for shard in _shards(Path(found)):
+                    _cached_or_download(name, shard, hf_hub_download)
+            break
         if need_tokenizer:
             for extra in TOKENIZER_FILES:
                 try:
@@ -50,6 +53,13 @@ def _from_hub(name: str, need_tokenizer: bool) -> Path:
         return folder
     except HFValidationError:
         raise UsageError(f"--model {name}: neither a folder nor a valid Hugging Face model name") from None
+
+
+def _shards(index: Path) -> list[str]:
+    try:
+        return sorted({str(shard) for shard in json.loads(index.read_text())["weight_map"].values()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise ResourceError(f"{index}: not a shard index (a JSON object with a weight_map)") from None
 
 
 def _cached_or_download(name: str, filename: str, download: Any) -> str:

@@ -10,6 +10,7 @@ from rich.text import Text
 from attnscope.cost import format_bytes, format_flops
 from attnscope.render.console import clean
 from attnscope.render.heatmap import heatmap_json, show_heatmap
+from attnscope.render.mask import mask_json, show_grid
 from attnscope.render.tables import (
     VALUES_LIMIT,
     check_json,
@@ -30,13 +31,20 @@ def cost_lines(result: RunResult) -> list[str]:
         "(every step kept)",
         f"a fused F.scaled_dot_product_attention needs {format_bytes(result.fused_bytes)}: it never materializes "
         "scores or attention",
+        f"KV cache of this layer: {format_bytes(result.kv_cache_bytes)} (its K and V for n_K = "
+        f"{result.params.get('nk')} positions)",
     ]
 
 
 def show_result(out: Console, result: RunResult, *, values: bool = False, stats: bool = False) -> None:
+    if result.mask_view:
+        show_grid(out, result.mask_view)
     show_trace(out, result.header, result.trace, footer=cost_lines(result))
     if result.comparisons:
         out.print(check_table(result.comparisons))
+        for c in result.comparisons:
+            if c.detail:
+                out.print(Text(f"{c.name}: {c.detail}"))
     if result.heatmap:
         show_heatmap(out, result.heatmap)
     if stats:
@@ -64,7 +72,7 @@ def result_json(result: RunResult, *, values: bool = False, stats: bool = False)
         "params": result.params,
         "tensors": tensors,
         "totals": {"flops": result.trace.total_flops, "peak_bytes": result.peak_bytes,
-                   "fused_peak_bytes": result.fused_bytes},
+                   "fused_peak_bytes": result.fused_bytes, "kv_cache_bytes": result.kv_cache_bytes},
         "notes": list(result.trace.notes),
     }
     if result.comparisons:
@@ -72,6 +80,8 @@ def result_json(result: RunResult, *, values: bool = False, stats: bool = False)
         payload["check_passed"] = not result.check_failed
     if result.heatmap:
         payload["heatmap"] = heatmap_json(result.heatmap)
+    if result.mask_view:
+        payload["mask"] = mask_json(result.mask_view)
     if result.saved:
         payload["saved"] = str(result.saved)
     return payload

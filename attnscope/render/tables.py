@@ -106,4 +106,4 @@ def check_table(comparisons: Sequence[Comparison]) -> Table:
 
 def check_json(c: Comparison) -> dict[str, Any]:
     return {"name": c.name, "reference": c.reference, "max_abs_diff": finite(c.max_abs_diff),
-            "tolerance": c.tolerance, "passed": c.passed}
+            "tolerance": c.tolerance, "passed": c.passed, "detail": c.detail}

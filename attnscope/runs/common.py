@@ -8,6 +8,7 @@ functions, after the memory guard, so a run that cannot fit is refused before to
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,8 @@ from attnscope.errors import ResourceError, UsageError
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.check import Comparison
+    from attnscope.check import Asked, Comparison
+    from attnscope.maskview import MaskView
     from attnscope.trace import Trace
 
 # Headroom when the limit is what the machine has: the estimate is good to a few percent, the rest of
@@ -45,6 +47,14 @@ class AttentionOptions:
     heatmap: bool = False
     heatmap_batch: int = 0
     heatmap_head: int = 0
+    # today's variants (docs/modern-attention.md)
+    window: int | None = None
+    softcap: float | None = None
+    alibi: bool = False
+    rope: bool = False
+    rope_base: float | None = None
+    cache: int = 0
+    show_mask: bool = False
 
 
 @dataclass
@@ -68,6 +78,8 @@ class RunResult:
     comparisons: list[Comparison] = field(default_factory=list)
     saved: Path | None = None
     heatmap: Heatmap | None = None
+    kv_cache_bytes: int = 0
+    mask_view: MaskView | None = None
 
     @property
     def check_failed(self) -> bool:
@@ -107,8 +119,6 @@ def check_common(o: AttentionOptions) -> None:
             raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
         if isinstance(value, int) and not -INT64 <= value < INT64:
             raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UsageError(f"{flag} {value}: give a finite number")
     if o.meta and (o.check or o.save or o.heatmap):
         used = [name for name, on in (("--check", o.check), ("--save", o.save), ("--heatmap", o.heatmap)) if on]
         raise UsageError(f"--meta computes shapes only, no numbers; drop --meta or {' and '.join(used)}")
@@ -116,10 +126,66 @@ def check_common(o: AttentionOptions) -> None:
         raise UsageError("--k/--v need --q too (with only --q, attention is self-attention: K = V = Q)")
     if o.pad < 0:
         raise UsageError(f"--pad {o.pad}: the number of padded keys cannot be negative")
+    check_variants(o)
+    for option in fields(o):  # after the options' own checks, which say more
+        value = getattr(o, option.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{option.name.replace('_', '-')} {value}: give a finite number")
     if o.save:
         from attnscope.tensors import check_writable
 
         check_writable(o.save, o.force)
+
+
+def check_variants(o: AttentionOptions) -> None:
+    """The variant options' own sense, before anything is loaded or computed."""
+    import math
+
+    if o.window is not None and o.window < 1:
+        raise UsageError(f"--window {o.window}: a query must see at least itself, so the window is 1 or more")
+    if o.softcap is not None and not (math.isfinite(o.softcap) and o.softcap > 0):
+        raise UsageError(f"--softcap {o.softcap:g}: the cap must be a positive number (Gemma 2 uses 50)")
+    if o.rope_base is not None and not o.rope:
+        raise UsageError("--rope-base sets RoPE's base; add --rope to rotate Q and K")
+    if o.rope_base is not None and not (math.isfinite(o.rope_base) and o.rope_base > 1):
+        raise UsageError(f"--rope-base {o.rope_base:g} must be a number above 1 (LLaMA uses 10000 or 500000)")
+    if o.cache < 0:
+        raise UsageError(f"--cache {o.cache}: the number of cached positions cannot be negative")
+    effective_causal(o)
+
+
+def effective_causal(o: AttentionOptions) -> str | None:
+    """The causal alignment the run uses: a KV cache puts the new queries after the cached positions, so
+    causal aligns lower-right (a decode step is causal); a window alone is causal upper-left."""
+    if o.cache:
+        if o.causal == "upper-left":
+            raise UsageError(f"--cache {o.cache} puts the queries after {o.cache} cached positions, so causal "
+                             "aligns lower-right; drop --causal upper-left")
+        return "lower-right"
+    if o.window is not None and not o.causal:
+        return "upper-left"
+    return o.causal
+
+
+def variant_kwargs(o: AttentionOptions) -> dict[str, Any]:
+    """The keywords `sdpa` and `MultiHeadAttention` take for what the options asked."""
+    from attnscope.rope import Rope
+
+    return {"causal": effective_causal(o), "window": o.window, "softcap": o.softcap, "alibi": o.alibi,
+            "rope": Rope(10000.0 if o.rope_base is None else o.rope_base) if o.rope else None}
+
+
+def asked(o: AttentionOptions, scale: float | None) -> Asked:
+    """The same options in the check's own words: it builds its reference from these and the raw inputs."""
+    from attnscope.check import Asked
+
+    return Asked(causal=effective_causal(o), window=o.window, pad=o.pad, scale=scale, softcap=o.softcap,
+                 alibi=o.alibi, rope_base=(10000.0 if o.rope_base is None else o.rope_base) if o.rope else None)
+
+
+def structural_bytes(o: AttentionOptions, n_Q: int, n_K: int) -> int:
+    """The causal or window mask sdpa builds and holds while it runs: one bool per (query, key)."""
+    return n_Q * n_K if effective_causal(o) or o.window is not None else 0
 
 
 def check_addressable(needed: int) -> None:
@@ -153,26 +219,37 @@ def load(spec: str | None, meta: bool = False) -> torch.Tensor | None:
 
 
 def build_mask(o: AttentionOptions, user_mask: torch.Tensor | None, n_Q: int, n_K: int, device: Any,
-                columns: bool = False) -> torch.Tensor | None:
-    """Causal, padding and file masks, combined (all must allow a key). In the column layout the scores are
-    [n_K, n_Q], so the built masks are transposed to match."""
+               columns: bool = False, scores_shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
+    """The mask file and padding, combined (both must allow a key); causal and window masks are sdpa's own
+    (`variant_kwargs`). The file's mask is checked against the scores' shape and put under the dtype rule
+    first. In the column layout the scores are [n_K, n_Q]: padding is transposed, and causal is added here."""
     from attnscope import masks
 
     built = None
-    if o.causal:
-        causal = masks.causal_mask(n_Q, n_K, o.causal, device)  # type: ignore[arg-type]
-        built = causal.transpose(0, 1) if columns else causal
+    if user_mask is not None:
+        # Checked before it meets the padding mask, which would broadcast it first; without the scores' shape,
+        # against its own batch dims and [n_Q, n_K].
+        trailing = (n_K, n_Q) if columns else (n_Q, n_K)
+        masks.check_broadcast(user_mask, scores_shape or (*user_mask.shape[:-2], *trailing))
+        built = masks.normalize(user_mask.to(device))
     if o.pad:
         padding = masks.key_padding_mask(n_K, o.pad, device)  # [n_K]
         built = masks.combine(built, padding.unsqueeze(-1) if columns else padding)
-    if user_mask is not None:
-        # Its shape is checked before it meets the causal or padding mask, which would broadcast it first.
-        trailing = (n_K, n_Q) if columns else (n_Q, n_K)
-        masks.check_broadcast(user_mask, (*user_mask.shape[:-2], *trailing))
-        built = masks.combine(built, user_mask.to(device))
+    if columns and o.causal:
+        built = masks.combine(built, masks.causal_mask(n_Q, n_K, o.causal, device).transpose(0, 1))  # type: ignore[arg-type]
     # [n_K] (key padding, or a 1-D mask; [n_Q] in the column layout) as [1, n_K]: the same for every query,
     # in the [.., n_Q, n_K] form every consumer takes (PyTorch's CPU attention refuses a 1-D attn_mask).
     return built.reshape(1, -1) if built is not None and built.dim() < 2 else built
+
+
+def random_inputs(shapes: Mapping[str, tuple[int, ...]], seed: int, device: str) -> dict[str, torch.Tensor]:
+    """One generator for all, drawn in order, so a seed gives the same inputs every time."""
+    import torch
+
+    if device == "meta":
+        return {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    generator = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
 
 
 def input_op(spec: str | None, random_op: str) -> str:
@@ -210,13 +287,14 @@ def heatmap_of(attention: torch.Tensor, batch: int, head: int) -> Heatmap:
     return Heatmap(f"attention{f' at {where}' if where else ''}", matrix.tolist(), *labels)
 
 
-def check_heads(d_feat: int, heads: int, from_file: bool) -> None:
-    """d_head = d_feat / n_head must be whole; name both numbers and the nearest head counts that divide."""
-    if d_feat % heads:
+def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = None) -> None:
+    """d_head = d_feat / n_head must be whole unless --d-head gives it; name both numbers and the nearest head
+    counts that divide."""
+    if d_head is None and d_feat % heads:
         near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
         source = f"the inputs' d_feat {d_feat}" if from_file else f"--d-feat {d_feat}"
         raise UsageError(f"{source} is not divisible by --heads {heads} (d_head = d_feat / n_head must be whole); "
-                         f"try {near}")
+                         f"try {near}, or give --d-head")
 
 
 def inputs_bytes(*tensors: torch.Tensor | None) -> int:
@@ -231,5 +309,47 @@ def param_bytes(module: torch.nn.Module) -> int:
 def flag_overhead(o: AttentionOptions, traced: int) -> int:
     """What the output flags add to a traced run's peak: --save writes contiguous private copies of the
     steps, and --check runs PyTorch's own attention beside it, which (on CPU, or with attention weights
-    returned) materializes as much again."""
-    return traced * (bool(o.save) + bool(o.check))
+    returned) materializes as much again, twice as much where its reference is the float64 formula."""
+    formula = o.rope or o.alibi or o.softcap is not None
+    return traced * (bool(o.save) + (2 if formula else 1) * bool(o.check))
+
+
+def finish_variants(o: AttentionOptions, result: RunResult, n_Q: int, n_K: int,
+                    user_mask: torch.Tensor | None) -> None:
+    """--show-mask: the combined mask of this run as a grid, with its alignment and translations."""
+    if o.show_mask:
+        from attnscope.maskview import view
+
+        if user_mask is not None and user_mask.device.type == "meta":  # --meta read the file's header only
+            user_mask = None
+            result.trace.notes.append(f"--show-mask under --meta: {o.mask} is read for its shape only, so the grid "
+                                      "leaves its values out")
+        result.mask_view = view(n_Q, n_K, causal=effective_causal(o), window=o.window, pad=o.pad,
+                                user_mask=user_mask, cache=o.cache)
+
+
+def variants_line(o: AttentionOptions, n_Q: int, n_K: int) -> str:
+    """A header line for the masks and variants in play, the causal alignment spelled out."""
+    parts = []
+    causal = effective_causal(o)
+    if causal:
+        offset = n_K - n_Q if causal == "lower-right" else 0
+        parts.append(f"causal {causal} (query i sees keys j ≤ i{f' + {offset}' if offset else ''})")
+    if o.window is not None:
+        parts.append(f"window {o.window}")
+    if o.cache:
+        parts.append(f"KV cache: {o.cache} cached + {n_Q} new positions")
+    if o.rope:
+        parts.append(f"RoPE base {10000.0 if o.rope_base is None else o.rope_base:g}")
+    if o.alibi:
+        parts.append("ALiBi")
+    if o.softcap is not None:
+        parts.append(f"softcap {o.softcap:g}")
+    if o.pad:
+        parts.append(f"last {o.pad} keys padded")
+    if o.mask:
+        parts.append(f"mask {o.mask}")
+    lines = [""]
+    for part in parts:  # break between items, never inside one
+        lines[-1:] = [f"{lines[-1]}  {part}".strip()] if len(lines[-1]) + len(part) < 76 else [lines[-1], part]
+    return "".join("\n" + line for line in lines if line)

@@ -8,19 +8,27 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import cost
 from attnscope.errors import UsageError
+from attnscope.maskview import check_sizes
 from attnscope.runs.common import (
     AttentionOptions,
     RunResult,
+    asked,
     build_mask,
     check_addressable,
     check_common,
+    effective_causal,
     finish,
+    finish_variants,
     flag_overhead,
     guard_files,
     guard_memory,
     input_op,
     inputs_bytes,
     load,
+    random_inputs,
+    structural_bytes,
+    variant_kwargs,
+    variants_line,
 )
 
 if TYPE_CHECKING:
@@ -34,7 +42,7 @@ if TYPE_CHECKING:
 class SdpaOptions(AttentionOptions):
     batch: int = 3
     nq: int = 30
-    nk: int = 50
+    nk: int | None = None  # default 50, or --cache + --nq
     dk: int = 128
     dv: int = 256
     x: str | None = None
@@ -45,13 +53,19 @@ class SdpaOptions(AttentionOptions):
     scale: float | None = None
 
 
+DEFAULT_NK = 50
+
+
 def run_sdpa(o: SdpaOptions) -> RunResult:
     _check_sdpa_options(o)
     files = {"Q": o.q, "K": o.k, "V": o.v, "X": o.x, "W_Q": o.wq, "W_K": o.wk, "W_V": o.wv}
     random_inputs = not any(files.values())
-    masked = bool(o.causal or o.pad or o.mask)
+    n_K = _keys(o)
+    causal = effective_causal(o)
     if random_inputs:
-        needed = cost.sdpa_bytes(o.batch, o.nq, o.nk, o.dk, o.dv, masked=masked)
+        offset = n_K - o.nq if causal == "lower-right" else 0
+        needed = cost.sdpa_bytes(o.batch, o.nq, n_K, o.dk, o.dv, masked=bool(causal or o.pad or o.mask),
+                                 rope=o.rope, softcap=o.softcap is not None, alibi=o.alibi, offset=offset)
         if o.meta:
             check_addressable(needed)
         else:
@@ -71,34 +85,36 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     with torch.no_grad():
         if not random_inputs:
             estimate, estimate_mask = _sdpa_trace(o, {n: t.to("meta") for n, t in loaded.items()}, user_mask, "meta")
-            peak = cost.traced_peak_bytes(estimate.steps, inputs_bytes(estimate_mask))
+            peak = cost.traced_peak_bytes(estimate.steps, _held(o, estimate, estimate_mask))
             if not o.meta:
                 guard_memory(peak + flag_overhead(o, peak), o.max_memory)
             inputs = loaded
         else:
-            inputs = _random_sdpa_inputs(o, "meta" if o.meta else "cpu")
+            inputs = _random_sdpa_inputs(o, n_K, "meta" if o.meta else "cpu")
         trace, mask = _sdpa_trace(o, inputs, user_mask, "meta" if o.meta else "cpu")
 
+    col = o.layout == "col"
     comparisons: list[Comparison] = []
-    if (o.check or o.layout == "col") and not o.meta:  # --meta has no numbers to compare
+    if (o.check or col) and not o.meta:
         from attnscope import check
 
-        if o.layout == "col":
-            comparisons = check.check_sdpa_columns(trace, mask, o.scale)
+        comparisons = check.check_sdpa(trace, inputs, user_mask, asked(o, o.scale), o.layout)
+        note = check.input_note({**inputs, "mask": user_mask})
+        if note:
+            trace.notes.append(note)
+        if col:
             trace.notes.append(f"column layout: out equals the row form's out transposed "
                                f"(max |diff| = {comparisons[0].max_abs_diff:.2e})")
             comparisons = comparisons if o.check else []
-        else:
-            comparisons = check.check_sdpa(trace, mask, o.scale)
 
     Q, K, V = trace["Q"], trace["K"], trace["V"]
-    col = o.layout == "col"
     n_Q, d_K = (Q.shape[-1], Q.shape[-2]) if col else (Q.shape[-2], Q.shape[-1])
     n_K, d_V = (K.shape[-1], V.shape[-2]) if col else (K.shape[-2], V.shape[-1])
     batch = list(trace["scores"].shape[:-2])
     params: dict[str, Any] = {"batch": batch, "nq": n_Q, "nk": n_K, "dk": d_K, "dv": d_V, "seed": o.seed,
-                              "layout": o.layout, "scale": o.scale, "causal": o.causal, "pad": o.pad,
-                              "mask": o.mask, "meta": o.meta,
+                              "layout": o.layout, "scale": o.scale, "causal": causal, "pad": o.pad,
+                              "mask": o.mask, "meta": o.meta, "window": o.window, "softcap": o.softcap,
+                              "alibi": o.alibi, "rope": o.rope, "rope_base": _rope_base(o), "cache": o.cache,
                               "inputs": {n: s for n, s in files.items() if s} or "random"}
     formula = ("out = V · softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col
                else "out = softmax(Q Kᵀ / √d_K) V")
@@ -107,10 +123,32 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     sizes = "".join(f"{name}={n}  " for name, n in zip(trace.step("scores").dims, batch, strict=False))
     header = f"SDPA  {formula}\n{sizes}n_Q={n_Q}  n_K={n_K}  d_K={d_K}  d_V={d_V}"
     header += f"  seed={o.seed}" if random_inputs else ""
-    extra = inputs_bytes(mask)
+    header += variants_line(o, n_Q, n_K)
+    extra = _held(o, trace, mask)
     result = RunResult("sdpa", header, params, trace, cost.traced_peak_bytes(trace.steps, extra),
                        cost.fused_peak_bytes(trace.steps, extra), comparisons)
+    result.kv_cache_bytes = inputs_bytes(K, V)
+    finish_variants(o, result, n_Q, n_K, user_mask)
     return finish(o, result)
+
+
+def _keys(o: SdpaOptions) -> int:
+    """n_K of random inputs: --nk, or the cached positions plus the new queries with --cache."""
+    if not o.cache:
+        return DEFAULT_NK if o.nk is None else o.nk
+    if o.nk is not None:
+        check_sizes(o.nq, o.nk, o.cache)
+    return o.cache + o.nq
+
+
+def _rope_base(o: AttentionOptions) -> float | None:
+    return (10000.0 if o.rope_base is None else o.rope_base) if o.rope else None
+
+
+def _held(o: SdpaOptions, trace: Trace, mask: torch.Tensor | None) -> int:
+    """What the run holds beside its steps: the mask it built, and the causal/window mask sdpa builds."""
+    scores = trace.step("scores").shape
+    return inputs_bytes(mask) + (structural_bytes(o, scores[-2], scores[-1]) if o.layout == "row" else 0)
 
 
 def _check_sdpa_options(o: SdpaOptions) -> None:
@@ -124,23 +162,27 @@ def _check_sdpa_options(o: SdpaOptions) -> None:
         raise UsageError("--x/--wq/--wk/--wv use the row layout (X [n, p] @ W [p, d]); drop --layout col")
     if o.layout not in ("row", "col"):
         raise UsageError(f"--layout {o.layout}: use row or col")
+    variants = [flag for flag, on in (("--rope", o.rope), ("--window", o.window is not None),
+                                      ("--softcap", o.softcap is not None), ("--alibi", o.alibi),
+                                      ("--cache", o.cache)) if on]
+    if o.layout == "col" and variants:
+        raise UsageError(f"--layout col shows the textbook column form; {', '.join(variants)} work in the row "
+                         "layout: drop --layout col")
 
 
-def _random_sdpa_inputs(o: SdpaOptions, device: str) -> dict[str, torch.Tensor]:
-    import torch
-
-    generator = torch.Generator().manual_seed(o.seed) if device != "meta" else None
-    shapes = {"Q": (o.nq, o.dk), "K": (o.nk, o.dk), "V": (o.nk, o.dv)}
+def _random_sdpa_inputs(o: SdpaOptions, n_K: int, device: str) -> dict[str, torch.Tensor]:
+    shapes = {"Q": (o.nq, o.dk), "K": (n_K, o.dk), "V": (n_K, o.dv)}
     if o.layout == "col":
         shapes = {name: (d, n) for name, (n, d) in shapes.items()}
-    return {name: torch.randn(o.batch, *shape, generator=generator, device=device)
-            for name, shape in shapes.items()}
+    return random_inputs({name: (o.batch, *shape) for name, shape in shapes.items()}, o.seed, device)
 
 
 def _sdpa_trace(o: SdpaOptions, inputs: dict[str, torch.Tensor], user_mask: torch.Tensor | None,
                 device: str) -> tuple[Trace, torch.Tensor | None]:
-    """The traced run, and the mask it used (the check needs the same mask)."""
+    """The traced run, and the mask it built from the file and padding (the causal and window masks and
+    the other variants are sdpa's own keywords)."""
     from attnscope.attention import sdpa
+    from attnscope.cost import broadcast_shapes
     from attnscope.forms import project, sdpa_columns
 
     prefix = None
@@ -153,8 +195,18 @@ def _sdpa_trace(o: SdpaOptions, inputs: dict[str, torch.Tensor], user_mask: torc
     mask = None
     if Q.dim() >= 2 and K.dim() >= 2:  # else sdpa names the bad rank
         n_Q, n_K = (Q.shape[-1], K.shape[-1]) if col else (Q.shape[-2], K.shape[-2])
-        mask = build_mask(o, user_mask, n_Q, n_K, device, columns=col)
-    trace = sdpa_columns(Q, K, V, mask, o.scale) if col else sdpa(Q, K, V, mask, o.scale)
+        if o.cache:
+            check_sizes(n_Q, n_K, o.cache)
+        try:
+            batch: tuple[int, ...] | None = broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+        except ValueError:
+            batch = None  # sdpa says which batch dims do not broadcast
+        scores = None if batch is None else (*batch, *((n_K, n_Q) if col else (n_Q, n_K)))
+        mask = build_mask(o, user_mask, n_Q, n_K, device, columns=col, scores_shape=scores)
+    if col:
+        trace = sdpa_columns(Q, K, V, mask, o.scale)
+    else:
+        trace = sdpa(Q, K, V, mask, o.scale, enable_gqa=Q.dim() >= 4, **variant_kwargs(o))
     if prefix is not None:
         for step in trace.steps[3:]:
             prefix.add_step(step)

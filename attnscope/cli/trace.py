@@ -1,0 +1,87 @@
+"""`attnscope trace`: parse options, call attnscope.runs.trace, hand the result to render.
+
+Exit 0 when every reference step has its equal in the user's code, 1 at a divergence or when the user's
+code raised, 2 for bad input (no such file or name, a signature it cannot feed, a syntax error).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from attnscope.cli.errors import reported
+from attnscope.cli.options import (
+    AttentionCommand,
+    CausalOpt,
+    Debug,
+    Json,
+    KFile,
+    MaskFile,
+    QFile,
+    Seed,
+    VFile,
+)
+
+TRACE_EXAMPLES = """Examples:
+
+  attnscope trace docs/examples/my_attention.py:MultiHeadedAttention --init "d_feat=200, n_head=5"
+
+  attnscope trace docs/examples/my_attention.py:attention --causal
+
+  attnscope trace docs/examples/my_attention.py:FixedAttention --init "d_feat=200, n_head=5" --json"""
+
+
+def trace(
+    target: Annotated[str, typer.Argument(metavar="FILE.py:NAME", help="An nn.Module class (or instance) or a function in a Python file. The file is imported: this runs its code.", show_default=False)],
+    init: Annotated[str | None, typer.Option("--init", metavar="ARGS", help="Keyword arguments for the class, as Python literals: \"d_feat=200, n_head=5\" (read with ast.literal_eval, never eval).")] = None,
+    train: Annotated[bool, typer.Option("--train", help="Run the module in training mode (dropout on, random); by default it runs in eval() mode.")] = False,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="n_batch.  \\[default: chosen so every dim differs]", show_default=False)] = None,
+    nq: Annotated[int | None, typer.Option("--nq", min=1, help="n_Q: queries.  \\[default: chosen]", show_default=False)] = None,
+    nk: Annotated[int | None, typer.Option("--nk", min=1, help="n_K: keys, for a callable taking query, key, value.  \\[default: chosen, ≠ n_Q]", show_default=False)] = None,
+    d_feat: Annotated[int | None, typer.Option("--d-feat", min=1, help="d_feat, for a class whose constructor needs it and --init does not give it.", show_default=False)] = None,
+    heads: Annotated[int | None, typer.Option("--heads", min=1, help="n_head, for a module whose head count cannot be read; for a function, 4-D inputs \\[n_batch, n_head, n, d].", show_default=False)] = None,
+    dk: Annotated[int | None, typer.Option("--dk", min=1, help="d_K, for a function.  \\[default: chosen]", show_default=False)] = None,
+    dv: Annotated[int | None, typer.Option("--dv", min=1, help="d_V, for a function.  \\[default: chosen]", show_default=False)] = None,
+    seed: Seed = 0,
+    q: QFile = None,
+    k: KFile = None,
+    v: VFile = None,
+    causal: CausalOpt = None,
+    mask: MaskFile = None,
+    json: Json = False,
+    debug: Debug = False,
+) -> None:
+    """Is my attention right? Run YOUR attention code (FILE.py:NAME is imported, which runs it), record every
+    tensor op with its line, and line it up with attnscope's reference on the same inputs and weights; the
+    first step that differs is explained. Exit 0 when all align, 1 at a divergence or an error in your code."""
+
+    with reported(debug):
+        from attnscope.runs.trace import TraceOptions, run_trace
+
+        options = TraceOptions(target=target, init=init, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
+                               heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask,
+                               causal=causal.value if causal else None)
+        run = run_trace(options)
+        _show(run, json)
+
+
+def _show(run: object, json: bool) -> None:
+    from attnscope import render
+    from attnscope.errors import UsageError
+    from attnscope.render.usertrace import show_usertrace, usertrace_json
+    from attnscope.runs.trace import TraceRun
+
+    assert isinstance(run, TraceRun)
+    if json:
+        render.emit_json(usertrace_json(run))
+    else:
+        show_usertrace(render.console(), run)
+    if run.no_reference and run.failure is None:
+        raise UsageError(run.no_reference)
+    if run.failure is not None or run.diverged:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("trace", cls=AttentionCommand, epilog=TRACE_EXAMPLES)(trace)

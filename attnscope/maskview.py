@@ -1,0 +1,79 @@
+"""One combined mask as a grid (True = may attend), with its alignment named and what it was made of.
+
+`attnscope mask` shows it on its own, `sdpa --show-mask` and `mha --show-mask` above their tables;
+translations.py says the same mask in other libraries' words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from attnscope import masks
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class MaskView:
+    n_Q: int
+    n_K: int
+    grid: list[list[bool]]  # [n_Q][n_K], True = may attend
+    alignment: str  # "upper-left", "lower-right" or "none"
+    offset: int  # query i sits at position i + offset
+    parts: list[str]  # what was combined, in words
+    translations: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        where = {"upper-left": "upper-left: query i sees keys j ≤ i",
+                 "lower-right": f"lower-right: query i sees keys j ≤ i + {self.offset}, the last query sees all",
+                 "none": "no causal alignment: every query may see every key it is not masked from"}
+        return where[self.alignment]
+
+
+def view(n_Q: int, n_K: int, *, causal: str | None = None, window: int | None = None, pad: int = 0,
+         user_mask: torch.Tensor | None = None, cache: int = 0) -> MaskView:
+    """The mask sdpa and mha build from these options (masks.py's rules), for one [n_Q, n_K] pattern."""
+    import torch
+
+    align = masks.alignment(causal)
+    if cache:
+        align = "lower-right"
+    if window is not None:
+        align = align or "upper-left"
+    allowed, _ = masks.structural(n_Q, n_K, align, window)
+    parts = []
+    if window is not None:
+        parts.append(f"sliding window of {window} ({align})")
+    elif align:
+        parts.append(f"causal ({align})")
+    if pad:
+        allowed = masks.combine(allowed, masks.key_padding_mask(n_K, pad))
+        parts.append(f"the last {pad} keys padded")
+    user_kind = None
+    if user_mask is not None:
+        if user_mask.dim() > 2:
+            user_mask = user_mask.reshape(-1, *user_mask.shape[-2:])[0]
+            parts.append("the mask file (its first [n_Q, n_K] slice)")
+        else:
+            parts.append("the mask file")
+        masks.check_broadcast(user_mask, (n_Q, n_K))
+        user = masks.normalize(user_mask)
+        user_kind = "float" if user.is_floating_point() else "bool"
+        seen = ~torch.isneginf(user) if user.is_floating_point() else user
+        allowed = masks.combine(allowed, seen)
+    grid = (allowed if allowed is not None else torch.ones(n_Q, n_K, dtype=torch.bool)).expand(n_Q, n_K)
+    offset = masks.query_offset(n_Q, n_K, align)
+    result = MaskView(n_Q, n_K, grid.tolist(), align or "none", offset, parts or ["nothing: every key is seen"])
+    from attnscope.translations import translate
+
+    result.translations = translate(n_Q, n_K, align, window, pad, user_kind)
+    return result
+
+
+def check_sizes(n_Q: int, n_K: int, cache: int) -> None:
+    if cache and n_K != cache + n_Q:
+        raise UsageError(f"with --cache {cache} the keys are the {cache} cached positions plus the {n_Q} new ones: "
+                         f"n_K = {cache + n_Q}, not {n_K}; drop --nk or make it {cache + n_Q}")

@@ -1,0 +1,140 @@
+"""LLaMA, Mistral and Qwen2: one architecture (Meta's `llama/model.py`), three ways to configure it.
+
+Checkpoint keys, under `model.` in `LlamaForCausalLM` and bare in `LlamaModel`:
+
+    embed_tokens.weight [vocab, d_model], norm.weight, (lm_head.weight, outside `model.`)
+    layers.L.input_layernorm.weight, layers.L.post_attention_layernorm.weight         RMSNorm
+    layers.L.self_attn.q_proj.weight  [n_head·d_head, d_model]      head h = rows h·d_head ...
+    layers.L.self_attn.{k,v}_proj.weight  [n_kv_head·d_head, d_model]  KV head g = h // n_group, rows g·d_head ...
+    layers.L.self_attn.o_proj.weight  [d_model, n_head·d_head]      head h = columns h·d_head ...
+    layers.L.mlp.{gate,up,down}_proj.weight                          SwiGLU
+
+A layer (`LlamaDecoderLayer`): `h = h + attention(RMSNorm(h))`, `h = h + mlp(RMSNorm(h))`, with a causal,
+rotary attention whose key/value heads are shared by groups of n_group query heads (GQA). What differs:
+
+| model_type | biases | sliding window |
+|---|---|---|
+| llama | q, k, v, o when `attention_bias` (MLP when `mlp_bias`) | none |
+| mistral | none | `sliding_window` on every layer, when set |
+| qwen2 | q, k, v (never o) | `sliding_window` on the "sliding_attention" layers, when `use_sliding_window` |
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from attnscope.errors import UsageError
+from attnscope.models import layers
+from attnscope.models.family import AttentionSpec, Family, Slice, linear_projections, linear_slices
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.config import Config
+    from attnscope.multihead import MultiHeadAttention
+    from attnscope.rope import Rope
+
+NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj"}
+
+
+class Llama(Family):
+    model_types: ClassVar[tuple[str, ...]] = ("llama", "mistral", "qwen2")
+    layers = "layers"
+    query = "self_attn.q_proj.weight"
+    prefixes = ("model.", "")
+    norm_plus_one = False  # Gemma's RMSNorm scales by (1 + w)
+    activation_keys: tuple[str, ...] = ("hidden_act",)  # where config.json names the MLP's activation
+
+    def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
+        super().__init__(folder, config, checkpoint)
+        self.n_layer = config.integer("num_hidden_layers")
+        self.n_head = config.integer("num_attention_heads")
+        self.n_kv_head = config.integer("num_key_value_heads", default=self.n_head)
+        self.d_model = config.integer("hidden_size")
+        if not config.has("head_dim") and self.d_model % self.n_head:
+            raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by num_attention_heads "
+                             f"{self.n_head} and there is no head_dim; fix config.json")
+        self.d_head = config.integer("head_dim", default=self.d_model // self.n_head)
+        self.check_sizes()
+
+    # --- where head h lives ---------------------------------------------------------------------------------
+
+    def biases(self) -> tuple[bool, bool]:
+        """(q/k/v, o): transformers' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`."""
+        if self.model_type == "qwen2":
+            return True, False
+        if self.model_type == "mistral":
+            return False, False
+        on = self.config.flag("attention_bias")
+        return on, on
+
+    def head_slices(self, layer: int, head: int) -> list[Slice]:
+        return linear_slices(self, layer, head, NAMES, self.biases())
+
+    # --- the attention's specifics ----------------------------------------------------------------------
+
+    def rope(self) -> Rope:
+        """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older configs)."""
+        from attnscope.rope import Rope
+
+        parameters = self.config.mapping("rope_parameters")
+        if parameters is not None and "rope_theta" in parameters:
+            base = parameters["rope_theta"]
+            if isinstance(base, bool) or not isinstance(base, (int, float)):
+                raise UsageError(f"{self.config.path}: rope_parameters.rope_theta is {base!r}; it must be a number")
+            return Rope(float(base), parameters)
+        return Rope(self.config.number("rope_theta", default=10000.0), self.config.mapping("rope_scaling"))
+
+    def window(self, layer: int) -> int | None:
+        if self.model_type == "mistral":
+            return self.config.optional_integer("sliding_window")
+        if self.model_type == "qwen2":
+            if not self.config.flag("use_sliding_window"):
+                return None  # Qwen2Config sets sliding_window to None then
+            sliding = self.layer_type(layer) == "sliding_attention"
+            return self.config.optional_integer("sliding_window") if sliding else None
+        return None
+
+    def layer_type(self, layer: int) -> str:
+        """`layer_types[layer]`, or Qwen2Config's default: sliding from `max_window_layers` on."""
+        kinds = self.config.str_list("layer_types", self.n_layer)
+        if kinds is not None:
+            return kinds[layer]
+        first = self.config.integer("max_window_layers", default=28, minimum=0)
+        return "sliding_attention" if layer >= first else "full_attention"
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        qkv, out = self.biases()
+        return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer), bias=qkv, out_bias=out)
+
+    def projections(self, layer: int) -> dict[str, Any]:
+        return linear_projections(self, layer, NAMES, self.attention_spec(layer))
+
+    # --- the prefix -----------------------------------------------------------------------------------------
+
+    def norm(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        eps = self.config.number("rms_norm_eps", default=1e-6)
+        return layers.rms_norm(x, self.weight(layer, f"{name}.weight"), eps, plus_one=self.norm_plus_one)
+
+    def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
+        return self.checkpoint.rows(f"{self.prefix}embed_tokens.weight", ids)[None]  # [1, n_tokens, d_model]
+
+    def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
+        return (self.norm(layer, "input_layernorm", h),
+                f"input_layernorm(h): RMSNorm of the residual stream entering layer {layer}")
+
+    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        act = layers.activation(self.config.raw(*self.activation_keys, default="silu"),
+                                f"{self.config.path}: {self.activation_keys[0]}")
+        biased = self.model_type == "llama" and self.config.flag("mlp_bias")
+        gate, up, down = (self.weight(layer, f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
+        biases = (self.weight(layer, "mlp.gate_proj.bias"), self.weight(layer, "mlp.up_proj.bias"),
+                  self.weight(layer, "mlp.down_proj.bias")) if biased else (None, None, None)
+        return layers.gated_mlp(x, gate, up, down, act, biases)
+
+    def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
+        h = h + attention(self.attention_input(layer, h)[0])["x"]
+        return h + self.mlp(layer, self.norm(layer, "post_attention_layernorm", h))

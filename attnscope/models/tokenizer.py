@@ -1,0 +1,141 @@
+"""A model's own tokenizer, read without transformers where that gives the same ids.
+
+Most folders hold a `tokenizer.json`: the `tokenizers` library reads it in milliseconds, where importing
+transformers' AutoTokenizer takes seconds. transformers 5 loads the same file for the tokenizer classes of
+the supported families and keeps its post-processor (the BOS of LLaMA and Gemma, BERT's [CLS] ... [SEP]),
+unless tokenizer_config.json sets `add_bos_token` / `add_eos_token`: then it rebuilds the template from
+them (`TokenizersBackend.update_post_processor`), and so does this module. tests/test_models.py checks
+the ids against AutoTokenizer for every family.
+
+Anything else (no tokenizer.json, or a tokenizer class not in the list) goes through AutoTokenizer. A
+folder with no tokenizer files at all is refused: transformers would build an empty vocabulary and read
+every word as [UNK].
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnscope.errors import UsageError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+# Files that hold a vocabulary (tokenizer_config.json alone does not).
+VOCABULARY_FILES = tuple(f for f in TOKENIZER_FILES if f not in ("tokenizer_config.json", "special_tokens_map.json"))
+# tokenizer_config.json's tokenizer_class values whose tokenizer.json `tokenizers` reads to AutoTokenizer's ids.
+DIRECT_CLASSES = frozenset({
+    "BertTokenizer", "BertTokenizerFast", "RobertaTokenizer", "RobertaTokenizerFast", "GPT2Tokenizer",
+    "GPT2TokenizerFast", "LlamaTokenizer", "LlamaTokenizerFast", "GemmaTokenizer", "GemmaTokenizerFast",
+    "Qwen2Tokenizer", "Qwen2TokenizerFast", "PreTrainedTokenizerFast", "TokenizersBackend",
+})
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    tokens: list[str]  # as convert_ids_to_tokens gives them: `▁The`, `ĠThe`, `##ing`, `<s>`
+    type_ids: list[int]  # BERT's token types (all 0 for one sentence)
+    via: str  # "tokenizers" or "transformers AutoTokenizer"
+
+
+def encode(folder: Path, text: str) -> Encoded:
+    check_text(text)
+    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
+        raise UsageError(f"--model {folder} has no tokenizer for --text (looked for {', '.join(VOCABULARY_FILES)}); "
+                         "save one beside the weights with tokenizer.save_pretrained(folder)")
+    settings = _settings(folder)
+    if (folder / "tokenizer.json").is_file() and settings.get("tokenizer_class") in (DIRECT_CLASSES | {None}):
+        encoded = _direct(folder, text, settings)
+    else:
+        encoded = _auto(folder, text)
+    if not encoded.ids:
+        raise UsageError(f"--text {text!r} gives no tokens with this model's tokenizer; give a sentence it can read")
+    return encoded
+
+
+def check_text(text: str) -> None:
+    if not text.strip():
+        raise UsageError("--text is empty; give a sentence, e.g. --text \"The cat sat on the mat.\"")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as lone surrogates
+        raise UsageError(f"--text is not valid UTF-8 (a stray byte at character {exc.start}); give the sentence "
+                         "as UTF-8 text") from None
+
+
+def _settings(folder: Path) -> dict[str, Any]:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not readable JSON ({str(exc).splitlines()[0][:120]})") from None
+    if not isinstance(settings, dict):
+        raise UsageError(f"{path} holds a JSON {type(settings).__name__}, not an object of settings")
+    return settings
+
+
+def _direct(folder: Path, text: str, settings: dict[str, Any]) -> Encoded:
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises its own Exception type
+        raise UsageError(f"{folder / 'tokenizer.json'}: not a tokenizer the tokenizers library can read "
+                         f"({str(exc).splitlines()[0][:120]})") from None
+    if "add_bos_token" in settings or "add_eos_token" in settings or tokenizer.post_processor is None:
+        _template(tokenizer, settings)
+    # A tokenizer.json may carry the padding and truncation of its last use (sentence-transformers saves
+    # MiniLM's padded to 128); a tokenizer called on one sentence, as AutoTokenizer is, does neither.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    encoding = tokenizer.encode(text)
+    ids = list(encoding.ids)
+    tokens = [tokenizer.id_to_token(i) or "" for i in ids]
+    return Encoded(ids, tokens, list(encoding.type_ids), "tokenizers")
+
+
+def _template(tokenizer: Any, settings: dict[str, Any]) -> None:
+    """transformers' `TokenizersBackend.update_post_processor`: `[bos] $A [eos]` as the flags say."""
+    from tokenizers import processors
+
+    special = []
+    parts = {}
+    for flag, name in (("add_bos_token", "bos_token"), ("add_eos_token", "eos_token")):
+        token = _token_text(settings.get(name))
+        token_id = tokenizer.token_to_id(token) if token else None
+        if settings.get(flag) and token is not None and token_id is not None:
+            special.append((token, token_id))
+            parts[name] = token
+    bos = f"{parts['bos_token']}:0 " if "bos_token" in parts else ""
+    eos = f" {parts['eos_token']}:0" if "eos_token" in parts else ""
+    bos1 = f" {parts['bos_token']}:1" if "bos_token" in parts else ""
+    eos1 = f" {parts['eos_token']}:1" if "eos_token" in parts else ""
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos}$A:0{eos}", pair=f"{bos}$A:0{eos}{bos1} $B:1{eos1}", special_tokens=special)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # an AddedToken written out: {"content": "<s>", ...}
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _auto(folder: Path, text: str) -> Encoded:
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise UsageError(f"--model {folder}: no usable tokenizer there for --text ({first})") from None
+    encoded = tokenizer(text)
+    ids = list(encoded["input_ids"])
+    type_ids = list(encoded.get("token_type_ids") or [0] * len(ids))
+    return Encoded(ids, list(tokenizer.convert_ids_to_tokens(ids)), type_ids, "transformers AutoTokenizer")

@@ -1,0 +1,158 @@
+"""`attnscope head` and `attnscope bert`: the model line, head h's weights with where each lives, and with
+--text the layer's steps, the notes and the head's heatmap; and the JSON (docs/json.md).
+
+The weight table fits the terminal: a checkpoint key is broken only after a dot, never inside its slice
+(`[64:96, :]`), and below 100 columns the statistics move under the key instead of beside it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from attnscope.render.console import clean
+from attnscope.render.heatmap import show_heatmap
+from attnscope.render.tables import step_json, steps_table
+
+if TYPE_CHECKING:
+    from attnscope.models.family import HeadWeights
+    from attnscope.runs.head import HeadResult, ModelInfo
+
+NAME_WIDTH = 6  # "W_Q" and the column's padding
+STATS_WIDTH = 27  # mean, std and norm beside the key
+
+
+def summary(result: HeadResult) -> str:
+    i, o = result.info, result.options
+    named = i.architecture if i.architecture == f"model_type {i.model_type}" else f"{i.architecture} ({i.model_type})"
+    lines = [f"{named}: layer {o.layer}, head {o.head}"]
+    kv = f", {i.kv_heads} KV heads" if i.kv_heads != i.heads else ""
+    sizes = f", d_model {i.d_model}, d_head {i.d_head}" if i.d_head else ""
+    lines.append(f"{i.layers} layers, {i.heads} heads{kv}{sizes}")
+    if i.d_head and i.d_head * i.heads != i.d_model:
+        lines.append(f"d_head is config.json's head_dim, not d_model / heads = {i.d_model / i.heads:g}")
+    lines.append(str(i.path))
+    return "\n".join(lines)
+
+
+def wrap_key(source: str, width: int) -> list[str]:
+    """A checkpoint key and its slice in lines of at most `width`, broken only after a dot of the key: the
+    slice (`[0:32, :]`, `[:, 64:96].T`) stays whole and on the line of the key's last part."""
+    cut = source.find("[")
+    key, tail = (source, "") if cut < 0 else (source[:cut], source[cut:])
+    parts = [p + "." for p in key.split(".")[:-1]] + [key.split(".")[-1] + tail]
+    lines = [""]
+    for part in parts:
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return lines
+
+
+def weights_table(weights: HeadWeights, width: int) -> Table:
+    from attnscope.models.checkpoint import describe, weight_stats
+    from attnscope.models.family import HEAD_DIMS
+
+    longest = max((len(s) for s in weights.sources.values()), default=0)
+    beside = NAME_WIDTH + longest + STATS_WIDTH <= width  # the statistics fit beside the key
+    key_width = max(20, width - NAME_WIDTH - (STATS_WIDTH if beside else 0))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("weight", style="bold cyan", no_wrap=True)
+    table.add_column("dims = shape  /  checkpoint key and slice", no_wrap=True)
+    if beside:
+        for name in ("mean", "std", "‖·‖_F"):
+            table.add_column(name, justify="right", no_wrap=True)
+    for name, tensor in weights.tensors.items():
+        stats = clean(weight_stats(tensor))
+        numbers = [_number(stats["mean"], ".4f"), _number(stats["std"], ".4f"), _number(stats["norm"], ".3f")]
+        cell = Text(f"[{', '.join(HEAD_DIMS[name])}] = {describe(tensor)[0]}")
+        cell.append("\n" + "\n".join(wrap_key(weights.sources[name], key_width)), style="green")
+        if beside:
+            table.add_row(Text(name), cell, *numbers)
+        else:
+            cell.append(f"\nmean {numbers[0]}  std {numbers[1]}  ‖·‖_F {numbers[2]}")
+            table.add_row(Text(name), cell)
+    return table
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "nan" if value is None else format(value, spec)
+
+
+def show_head(out: Console, result: HeadResult) -> None:
+    from attnscope.runs.common import Heatmap
+
+    o = result.options
+    out.print(Text(summary(result), style="bold"))
+    if result.weights is not None:
+        out.print(weights_table(result.weights, out.width))
+        for note in result.weights.notes:
+            out.print(Text(f"note: {note}", style="yellow"))
+    if result.run is not None and result.encoded is not None:
+        spec = result.run.spec.describe(result.info.d_head)
+        out.print(Text(f"layer {o.layer}'s attention, every head, on {len(result.encoded.ids)} tokens: {spec}",
+                       style="bold"))
+        out.print(steps_table(result.run.layer.steps))
+        for note in result.run.layer.notes:
+            out.print(Text(f"note: {note}", style="yellow"))
+    elif result.weights is None:
+        for note in result.notes:
+            out.print(Text(f"note: {note}", style="yellow"))
+    if result.attention is not None and result.encoded is not None:
+        labels = list(result.encoded.tokens)
+        show_heatmap(out, Heatmap(f"layer {o.layer}, head {o.head}: attention", result.attention.tolist(),
+                                  labels, labels))
+    if result.saved:
+        from attnscope.runs.head import saved_tensors
+
+        out.print(Text(f"saved {len(saved_tensors(result))} tensors to {result.saved}"))
+
+
+def model_json(info: ModelInfo) -> dict[str, Any]:
+    return {"architecture": info.architecture, "path": str(info.path), "layers": info.layers, "heads": info.heads,
+            "d_model": info.d_model, "d_head": info.d_head, "model_type": info.model_type,
+            "kv_heads": info.kv_heads}
+
+
+def head_json(result: HeadResult) -> dict[str, Any]:
+    from attnscope.models.checkpoint import describe, weight_stats
+    from attnscope.models.family import HEAD_DIMS
+
+    o = result.options
+    tensors = []
+    for name, tensor in (result.weights.tensors.items() if result.weights else ()):
+        shape, dtype, nbytes = describe(tensor)
+        source = result.weights.sources[name]  # type: ignore[union-attr]
+        tensors.append({"name": name, "shape": shape, "dims": list(HEAD_DIMS[name]), "dtype": dtype,
+                        "bytes": nbytes, "op": source, "source": source, "stats": clean(weight_stats(tensor))})
+    payload: dict[str, Any] = {
+        "command": o.command,
+        "params": {"model": o.model, "layer": o.layer, "head": o.head, "text": o.text},
+        "model": model_json(result.info),
+        "tensors": tensors,
+        "notes": list(result.notes),
+    }
+    if result.encoded is not None and result.attention is not None:
+        payload["tokens"] = result.encoded.tokens
+        payload["token_ids"] = result.encoded.ids
+        payload["tokenizer"] = result.encoded.via
+        payload["attention"] = clean(result.attention.tolist())
+        payload["traced"] = result.traced
+        run = result.run
+        payload["steps"] = [step_json(step) for step in run.head.steps] if run else []
+        payload["layer_steps"] = [step_json(step) for step in run.layer.steps] if run else []
+        if run is not None:
+            spec = run.spec
+            payload["layer_attention"] = {
+                "causal": spec.causal, "window": spec.window, "softcap": spec.softcap,
+                "scale": spec.scale if spec.scale is not None else result.info.d_head ** -0.5,
+                "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind},
+                "kv_head": o.head // (result.info.heads // result.info.kv_heads),
+            }
+    if result.saved:
+        payload["saved"] = str(result.saved)
+    return payload

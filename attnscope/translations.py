@@ -1,0 +1,148 @@
+"""The same mask in the words of the libraries people use, as code to paste.
+
+Each library's convention, as its documentation states it:
+- `F.scaled_dot_product_attention`: boolean `attn_mask`, True = may attend; `is_causal=True` is upper-left;
+  `torch.nn.attention.bias.causal_lower_right` is lower-right.
+- `torch.nn.MultiheadAttention`: boolean `attn_mask`, True = masked OUT (the opposite), and a separate
+  `key_padding_mask` `[n_batch, n_K]`, True = padding.
+- transformers: an additive 4-D mask `[n_batch, 1, n_Q, n_K]`, 0 where a key is seen and
+  `torch.finfo(dtype).min` where it is not, added to the scores by the eager attention.
+- flash-attn (2.1 on): `causal=True` is aligned bottom-right (lower-right); `window_size=(W - 1, 0)` is a
+  causal sliding window of W; padding is removed (`flash_attn_varlen_func`), not masked; no arbitrary mask.
+- FlexAttention: a `mask_mod(b, h, q_idx, kv_idx)` returning True where a key is seen, compiled into a
+  block mask by `create_block_mask`.
+Every snippet except flash-attn's is run by tests/test_maskview.py and must give the same grid.
+"""
+
+from __future__ import annotations
+
+SDPA = "F.scaled_dot_product_attention"
+MHA = "nn.MultiheadAttention"
+HF = "transformers"
+FLASH = "flash-attn"
+FLEX = "FlexAttention"
+CALL = "out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)"
+
+
+def _terms(n_Q: int, n_K: int, offset: int, window: int | None, causal: bool, pad: int,
+           user: str | None) -> list[tuple[str, str]]:
+    """(expression, what it is) for each boolean part, True = may attend; `ones` is an [n_Q, n_K] of True."""
+    align = "lower-right" if offset else "upper-left"
+    terms = []
+    if causal or window is not None:
+        terms.append((f"ones.tril(diagonal={offset})", f"causal, {align}"))
+    if window is not None:
+        terms.append((f"~ones.tril(diagonal={offset - window})", f"window of {window}"))
+    if pad:
+        terms.append((f"(torch.arange({n_K}) < {n_K - pad})", f"the last {pad} keys are padding"))
+    if user == "bool":
+        terms.append((f"user_mask.bool().expand({n_Q}, {n_K})", "your mask"))
+    if terms and "ones" not in terms[0][0] and "expand" not in terms[0][0]:  # PyTorch wants a 2-D mask
+        terms[0] = (f"{terms[0][0]}.expand({n_Q}, {n_K})", terms[0][1])
+    return terms
+
+
+def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
+    """`allowed = first`, then `allowed = allowed & next`, one part a line, each with its comment."""
+    lines = [f"ones = torch.ones({n_Q}, {n_K}, dtype=torch.bool)"] if any("ones" in t for t, _ in terms) else []
+    for i, (expression, what) in enumerate(terms):
+        lines.append(f"allowed = {expression if i == 0 else 'allowed & ' + expression}  # {what}")
+    return lines
+
+
+def translate(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, user: str | None) -> dict[str, str]:
+    """`user`: None, "bool" (a boolean or 0/1 mask file, called `user_mask`) or "float" (an additive one)."""
+    offset = n_K - n_Q if align == "lower-right" else 0
+    causal = align is not None
+    terms = _terms(n_Q, n_K, offset, window, causal, pad, user)
+    return {SDPA: _sdpa(n_Q, n_K, align, window, pad, user, terms),
+            MHA: _mha(n_Q, n_K, pad, user, _terms(n_Q, n_K, offset, window, causal, 0, user)),
+            HF: _transformers(n_Q, n_K, user, terms),
+            FLASH: _flash(n_Q, n_K, align, window, pad, user),
+            FLEX: _flex(n_Q, n_K, offset, window, causal, pad, user)}
+
+
+def _sdpa(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, user: str | None,
+          terms: list[tuple[str, str]]) -> str:
+    only_causal = window is None and not pad and user is None
+    if only_causal and align == "upper-left":
+        return "out = F.scaled_dot_product_attention(q, k, v, is_causal=True)"
+    if only_causal and align == "lower-right":
+        return ("from torch.nn.attention.bias import causal_lower_right\n"
+                f"attn_mask = causal_lower_right({n_Q}, {n_K})\n{CALL}")
+    lines = ["# boolean attn_mask: True = may attend", *_build(n_Q, n_K, terms)]
+    if user == "float":
+        mask = "user_mask" if not terms else "user_mask.masked_fill(~allowed, float('-inf'))"
+        return "\n".join([*lines, f"attn_mask = {mask}  # float: added", CALL])
+    if not terms:
+        return "out = F.scaled_dot_product_attention(q, k, v)"
+    return "\n".join([*lines, "attn_mask = allowed", CALL])
+
+
+def _mha(n_Q: int, n_K: int, pad: int, user: str | None, terms: list[tuple[str, str]]) -> str:
+    """attn_mask without the padding (True = masked OUT), padding as key_padding_mask."""
+    lines = ["# attn_mask: True = masked OUT; key_padding_mask [n_batch, n_K]: True = pad",
+             *_build(n_Q, n_K, terms)]
+    call = ["q, k, v"]
+    if user == "float":
+        mask = "user_mask" if not terms else "user_mask.masked_fill(~allowed, float('-inf'))"
+        lines.append(f"attn_mask = {mask}  # float: added")
+        call.append("attn_mask=attn_mask")
+    elif terms:
+        lines.append("attn_mask = ~allowed")
+        call.append("attn_mask=attn_mask")
+    if pad:
+        lines.append(f"padding = (torch.arange({n_K}) >= {n_K - pad}).expand(n_batch, {n_K})")
+        call.append("key_padding_mask=padding")
+    lines.append(f"out, weights = mha({', '.join(call)})")
+    return "\n".join(lines)
+
+
+def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, str]]) -> str:
+    base = f"torch.zeros(n_batch, 1, {n_Q}, {n_K})" if user != "float" else "user_mask.expand(n_batch, 1, -1, -1)"
+    lines = ["# additive [n_batch, 1, n_Q, n_K]: 0 = seen, finfo.min = masked; eager adds it", *_build(n_Q, n_K, terms)]
+    if not terms:
+        return "\n".join([*lines, f"mask = {base}"])
+    lines += ["low = torch.finfo(torch.float32).min", f"mask = {base}.masked_fill(~allowed, low)"]
+    return "\n".join(lines)
+
+
+def _flash(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, user: str | None) -> str:
+    if user is not None:
+        return ("not expressible: flash-attn takes no arbitrary mask "
+                "(use F.scaled_dot_product_attention or FlexAttention)")
+    notes = []
+    args = ["q, k, v"]
+    if align == "upper-left" and n_Q != n_K:
+        return ("not expressible with causal=True, which flash-attn aligns lower-right (bottom-right) since 2.1; "
+                f"this mask is upper-left with n_Q = {n_Q} != n_K = {n_K}")
+    if window is not None:
+        args += ["causal=True", f"window_size=({window - 1}, 0)"]
+    elif align:
+        args.append("causal=True")
+    if pad:
+        notes.append(f"\n# padding: drop the last {pad} keys, give cu_seqlens to flash_attn_varlen_func")
+    return ("# q, k, v: [n_batch, n, n_head, d_head]; causal=True is lower-right\n"
+            f"out = flash_attn_func({', '.join(args)})" + "".join(notes))
+
+
+def _flex(n_Q: int, n_K: int, offset: int, window: int | None, causal: bool, pad: int, user: str | None) -> str:
+    position = "q_idx" if offset == 0 else f"(q_idx + {offset})"
+    terms = []
+    if causal or window is not None:
+        terms.append(f"(kv_idx <= {position})")
+    if window is not None:
+        terms.append(f"({position} - kv_idx < {window})")
+    if pad:
+        terms.append(f"(kv_idx < {n_K - pad})")
+    if user == "bool":
+        terms.append("user_mask.bool()[q_idx, kv_idx]")
+    body = " & ".join(terms) if terms else "q_idx >= 0  # every key"
+    lines = ["def mask_mod(b, h, q_idx, kv_idx):", f"    return {body}",
+             f"block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN={n_Q}, KV_LEN={n_K})"]
+    if user == "float":
+        lines += ["def score_mod(score, b, h, q_idx, kv_idx):", "    return score + user_mask[q_idx, kv_idx]",
+                  "out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)"]
+    else:
+        lines.append("out = flex_attention(q, k, v, block_mask=block_mask)")
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""Line the user's tensors up with the reference's steps.
+
+For each reference step, the user's tensor that equals it: values within tolerance, in the same layout
+or in another one, an axis permutation (`[n_batch, n_Q, n_head, d_head]` for `Q_split`) possibly with
+neighbouring axes merged (`[n_batch·n_head, n_Q, d_head]`). A permutation that swaps two axes of the same
+size is not a layout: shape alone cannot tell them apart, so it is a transposed result (diagnose.py).
+The first reference step without an equal is the divergence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import permutations
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.record import Record
+
+# atol, rtol: "equal" allows what a different order of the same sums gives, and a little more
+TOLERANCES = {torch.float64: (1e-10, 1e-7), torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 2e-3),
+              torch.bfloat16: (2e-2, 2e-2)}
+VERY_NEGATIVE = -1e4  # a user's masked score: -1e9 or -inf both stand for the reference's -inf
+MAX_PERMUTED_RANK = 6
+
+
+@dataclass
+class Layout:
+    """How a user tensor lays out a reference tensor: `order` permutes the reference's axes, then
+    neighbouring axes are merged into the user's shape."""
+
+    order: tuple[int, ...]
+    merged: bool
+
+    @property
+    def same(self) -> bool:
+        return not self.merged and self.order == tuple(range(len(self.order)))
+
+    def describe(self, dims: tuple[str, ...], shape: tuple[int, ...]) -> str:
+        if self.same:
+            return ""
+        permuted = [dims[i] for i in self.order]
+        if not self.merged:
+            return f"as [{', '.join(permuted)}]"
+        return f"as [{', '.join(permuted)}] reshaped to {list(shape)}"
+
+    def apply(self, reference: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        moved = reference.permute(self.order)
+        return moved.reshape(shape) if self.merged else moved
+
+    def undo(self, user: torch.Tensor, reference_shape: tuple[int, ...]) -> torch.Tensor:
+        """The user's tensor in the reference's layout."""
+        permuted = tuple(reference_shape[i] for i in self.order)
+        inverse = sorted(range(len(self.order)), key=lambda i: self.order[i])
+        return user.reshape(permuted).permute(inverse)
+
+    def user_axis(self, reference_axis: int) -> int | None:
+        """Where a reference axis sits in the user's tensor, counted from the end (None once merged)."""
+        if self.merged:
+            return None
+        return self.order.index(reference_axis % len(self.order)) - len(self.order)
+
+
+@dataclass
+class Match:
+    record: Record
+    layout: Layout
+    max_abs_diff: float
+    tolerance: float
+
+    @property
+    def equal(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+
+def tolerance(reference: torch.Tensor) -> float:
+    atol, rtol = TOLERANCES.get(reference.dtype, TOLERANCES[torch.float32])
+    finite = reference[torch.isfinite(reference)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    return atol + rtol * scale
+
+
+def layouts(reference_shape: tuple[int, ...], user_shape: tuple[int, ...], *, swaps: bool = False) -> list[Layout]:
+    """Every layout that turns the reference's shape into the user's, the same one first. Without `swaps`,
+    axes of equal size keep their order (swapping them is a transpose, not a layout)."""
+    if math.prod(reference_shape) != math.prod(user_shape) or len(reference_shape) > MAX_PERMUTED_RANK:
+        return [Layout(tuple(range(len(reference_shape))), False)] if reference_shape == user_shape else []
+    found: list[Layout] = []
+    for order in permutations(range(len(reference_shape))):
+        if not swaps and _swaps_equal_sizes(order, reference_shape):
+            continue
+        shape = tuple(reference_shape[i] for i in order)
+        if shape == user_shape:
+            found.append(Layout(order, False))
+        elif _merges_into(shape, user_shape) and len(user_shape) < len(shape):
+            found.append(Layout(order, True))
+    return found
+
+
+def _swaps_equal_sizes(order: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return any(shape[a] == shape[b] and a > b for i, a in enumerate(order) for b in order[i + 1:])
+
+
+def _merges_into(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether `target` groups neighbouring axes of `shape` (sizes of 1 may be anywhere)."""
+    source = [n for n in shape if n != 1]
+    wanted = [n for n in target if n != 1]
+    i = 0
+    for size in wanted:
+        product = 1
+        while i < len(source) and product < size:
+            product *= source[i]
+            i += 1
+        if product != size:
+            return False
+    return i == len(source)
+
+
+def difference(user: torch.Tensor, expected: torch.Tensor, skip: torch.Tensor | None = None) -> float:
+    """max |user - expected|, with -inf in `expected` met by any very negative user value (a masked score
+    written as -1e9), NaN by NaN, and `skip` (broadcast to `expected`) left out."""
+    user, expected = user.double(), expected.double()
+    masked = torch.isneginf(expected)
+    agree = (masked & (user <= VERY_NEGATIVE)) | (torch.isnan(expected) & torch.isnan(user))
+    if skip is not None:
+        agree = agree | skip
+    diff = torch.where(agree, torch.zeros_like(user), (user - expected).abs())
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def compare(record: Record, reference: torch.Tensor, skip: torch.Tensor | None = None,
+            swaps: bool = False, tol: float | None = None) -> list[Match]:
+    """Every layout in which `record` could hold `reference`, each with its max |diff|, best first."""
+    matches = []
+    tol = tolerance(reference) if tol is None else tol
+    user = record.tensor
+    for layout in layouts(tuple(reference.shape), tuple(user.shape), swaps=swaps):
+        expected = layout.apply(reference, tuple(user.shape))
+        skipped = layout.apply(skip.expand(reference.shape), tuple(user.shape)) if skip is not None else None
+        matches.append(Match(record, layout, difference(user, expected, skipped), tol))
+    return sorted(matches, key=lambda m: (not m.equal, not m.layout.same, m.max_abs_diff))
+
+
+def best_equal(records: list[Record], reference: torch.Tensor, skip: torch.Tensor | None) -> Match | None:
+    """The user's tensor equal to `reference`: same layout before another, a named one before an unnamed
+    one, the earliest of those (the op that made it, not a later copy)."""
+    tol = tolerance(reference)
+    equal = [m for r in records for m in compare(r, reference, skip, tol=tol)[:1] if m.equal]
+    if not equal:
+        return None
+    return min(equal, key=lambda m: (not m.layout.same, not m.record.names, m.record.index))
+
+
+def candidates(records: list[Record], reference: torch.Tensor, name: str, skip: torch.Tensor | None = None,
+               anchor: int = -1) -> list[Match]:
+    """The user's tensors that have `reference`'s shape (or a layout of it) though none equals it, most likely
+    meant first: the one the user gave the same name, then named ones, the same layout, the nearest values,
+    then the nearest in order to `anchor` (the user's tensor that matched the step before)."""
+    tol = tolerance(reference)
+    found = [m for r in records for m in compare(r, reference, skip, tol=tol)[:1]]
+    return sorted(found, key=lambda m: (name not in m.record.names, not m.record.names, not m.layout.same,
+                                        m.max_abs_diff, abs(m.record.index - anchor)))
+
+
+def closest(records: list[Record], reference: torch.Tensor, name: str, skip: torch.Tensor | None = None,
+            anchor: int = -1) -> Match | None:
+    ranked = candidates(records, reference, name, skip, anchor)
+    return ranked[0] if ranked else None

@@ -1,0 +1,84 @@
+"""Call the user's callable under the recorder, with its inputs, mask and the None/0.0 its signature asks for.
+
+An exception inside it is the user's (a shape error, most often): it is kept with the op it failed in and
+the line of the user's traceback, never raised as attnscope's.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import ResourceError
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.inputs import Inputs
+    from attnscope.usertrace.load import Plan, Target
+    from attnscope.usertrace.record import Failure, Record
+
+# Snapshots of every op are kept: refuse to grow past this share of the memory the machine has.
+MEMORY_SHARE = 0.5
+
+
+@dataclass
+class Called:
+    records: list[Record]
+    failure: Failure | None
+    source: str | None  # the user's traceback line, `File "x.py", line 9, in forward: ...`
+    result: Any
+
+
+def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any) -> Called:
+    import torch
+
+    from attnscope.cost import available_memory
+    from attnscope.usertrace import load
+    from attnscope.usertrace.record import Failure, Recorder, RecordingTooLarge
+
+    labels = {id(t): name for name, t in inputs.tensors.items()}
+    if inputs.mask is not None:
+        labels[id(inputs.mask)] = plan.mask or "mask"
+    linears: dict[int, str] = {}
+    if module is not None:
+        labels.update({id(p): name for name, p in module.named_parameters()})
+        labels.update({id(b): name for name, b in module.named_buffers()})
+        linears = {id(m.weight): name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+    available = available_memory()
+    recorder = Recorder(target.path, labels, linears, int(available * MEMORY_SHARE) if available else None)
+    args, kwargs = arguments(plan, inputs)
+    result, failure, source = None, None, None
+    try:
+        with load.user_code(target.path), torch.no_grad(), recorder:
+            result = fn(*args, **kwargs)
+    except RecordingTooLarge:
+        raise ResourceError("the recorded steps outgrow the memory this machine has; trace smaller inputs "
+                            "(--batch, --nq, --nk)") from None
+    except (Exception, SystemExit) as exc:  # SystemExit: a sys.exit() in the user's forward is theirs too
+        failure = recorder.failure if recorder.failure and recorder.failure.exception is exc else None
+        if failure is None:  # not a tensor op: the user's own raise, an assert, a typo
+            failure = Failure("", load.user_line(exc, target.path), [], load.one_line(exc), exc)
+        source = traceback_line(exc, target)
+    recorder.finish(result)
+    for record in recorder.records:
+        record.details["op"] = recorder.op_text(record)
+    return Called(recorder.records, failure, source, result)
+
+
+def arguments(plan: Plan, inputs: Inputs) -> tuple[list[Any], dict[str, Any]]:
+    values: dict[str, Any] = dict(inputs.tensors)
+    if plan.mask:
+        values[plan.mask] = inputs.mask
+    values.update({name: None for name in plan.nones})
+    values.update({name: 0.0 for name in plan.zeros})
+    args = [values.pop(name) for name in list(values) if name in plan.positional_only]
+    return args, values
+
+
+def traceback_line(exc: BaseException, target: Target) -> str | None:
+    """The last frame of the traceback in the user's file, as one line."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(target.path)]
+    if not frames:
+        return None
+    f = frames[-1]
+    return f'File "{target.path.name}", line {f.lineno}, in {f.name}: {(f.line or "").strip()}'

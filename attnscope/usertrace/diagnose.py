@@ -1,0 +1,300 @@
+"""Why a user's tensor differs from the reference step it should equal: the common causes, each one
+tested on the numbers, never read off the source text.
+
+In order: a transposed result (equal once two axes of the same size are swapped), a missing bias
+(equal once the Linear's bias is added), heads merged in the wrong order (equal to `x_raw` viewed without
+the permute), dropout (entries zeroed, the rest scaled by 1/(1-p)), a mask read the other way round or
+not applied, a softmax over the wrong axis (rows not summing to 1 over the keys), a constant ratio (a
+scale: √(d_feat / d_head) is the classic one). Else the closest tensor and how far it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from attnscope.usertrace.align import VERY_NEGATIVE, Match, compare, tolerance
+
+if TYPE_CHECKING:
+    from attnscope.trace import Trace
+    from attnscope.usertrace.record import Record
+    from attnscope.usertrace.reference import Projections
+
+ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
+
+
+@dataclass
+class Context:
+    kind: str  # "module" or "function"
+    sizes: dict[str, int]
+    reference: Trace
+    records: list[Record]
+    mask: torch.Tensor | None = None
+    train: bool = False
+    projections: Projections | None = None
+    skip: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class Diagnosis:
+    text: str
+    record: Record | None = None
+    ratio: float | None = None
+
+
+def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
+    """Try each cause on each candidate (most likely first); the first that fits explains the divergence."""
+    reference = ctx.reference[step]
+    dims = ctx.reference.step(step).dims
+    for whole in (_transposed, _merged_before_permute):  # these look through every tensor themselves
+        found = whole(step, ctx, None)
+        if found is not None:
+            return found
+    for check in (_missing_bias, _dropout, _mask_inverted, _mask_ignored, _softmax_axis, _ratio):
+        for near in ranked:
+            found = check(step, ctx, near)
+            if found is not None:
+                return found
+    if not ranked:
+        return Diagnosis(f"none of your tensors has {step}'s shape [{', '.join(dims)}] = {list(reference.shape)}, "
+                         "or a layout of it")
+    near = ranked[0]
+    return Diagnosis(f"{_who(near.record)} has {step}'s shape but not its values (max |diff| "
+                     f"{near.max_abs_diff:.3g}); none of the usual causes fits", near.record)
+
+
+def _who(record: Record) -> str:
+    return f"your {record.label} (line {record.line})"
+
+
+def _in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
+    return near.layout.undo(near.record.tensor, tuple(ctx.reference[step].shape)).double()
+
+
+# --- the causes ---------------------------------------------------------------------------------------
+
+
+def _transposed(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    reference = ctx.reference[step]
+    dims = ctx.reference.step(step).dims
+    tol = tolerance(reference)
+    for record in ctx.records:
+        for match in compare(record, reference, ctx.skip.get(step), swaps=True, tol=tol):
+            if not match.equal or match.layout.merged:
+                continue
+            pairs = [(dims[b], dims[a]) for i, a in enumerate(match.layout.order)
+                     for b in match.layout.order[i + 1:] if reference.shape[a] == reference.shape[b] and a > b]
+            if pairs:
+                extra = " (K Qᵀ instead of Q Kᵀ)" if step == "scores" else ""
+                return Diagnosis(f"{_who(record)} is {step} transposed: axes {pairs[0][0]} and {pairs[0][1]} "
+                                 f"swapped{extra}; they have the same size here, so the shapes agree and only the "
+                                 "numbers tell", record)
+    return None
+
+
+def _missing_bias(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    role = ROLE_OF_STEP.get(step)
+    if near is None or role is None or ctx.projections is None:
+        return None
+    name, linear = ctx.projections.linears[role]
+    if linear.bias is None:
+        return None
+    expected = near.layout.apply(ctx.reference[step], tuple(near.record.tensor.shape))
+    without = near.layout.apply(ctx.reference[step] - linear.bias.detach(), tuple(near.record.tensor.shape))
+    if _close(near.record.tensor, without) and not _close(near.record.tensor, expected):
+        return Diagnosis(f"{_who(near.record)} lacks {name}'s bias: it equals {step} minus {name}.bias "
+                         f"(the weight applied, the bias never added)", near.record)
+    return None
+
+
+def _merged_before_permute(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    if step != "x_rsh2" or "x_raw" not in ctx.reference:
+        return None
+    x_raw = ctx.reference["x_raw"]  # [n_batch, n_head, n_Q, d_head]
+    wrong = x_raw.reshape(x_raw.shape[0], x_raw.shape[2], -1)  # viewed as [n_batch, n_Q, n_head·d_head] directly
+    for record in ctx.records:
+        if tuple(record.tensor.shape) == tuple(wrong.shape) and _close(record.tensor, wrong):
+            return Diagnosis(f"heads merged in the wrong order: {_who(record)} is x_raw [n_batch, n_head, n_Q, "
+                             "d_head] viewed as [n_batch, n_Q, d_feat] without first moving n_head behind n_Q "
+                             "(view before permute), so each row mixes the positions of one head; "
+                             ".permute(0, 2, 1, 3).contiguous() before the view", record)
+    return None
+
+
+def _dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    """A dropout in the tensor's history that changed its input: the zeroed share and the scale, measured."""
+    if near is None:
+        return None
+    for index in sorted(_ancestors(near.record, ctx.records) | {near.record.index}, reverse=True):
+        record = ctx.records[index]
+        if record.func != "dropout" or not record.parents:
+            continue
+        before = ctx.records[record.parents[0]].tensor
+        after = record.tensor
+        if before.shape != after.shape or torch.equal(before, after):
+            continue
+        kept = after != 0
+        zeroed = float(((~kept) & (before != 0)).sum()) / max(int((before != 0).sum()), 1)
+        scale = float((after[kept] / before[kept]).median()) if bool(kept.any()) else math.nan
+        measured = (f"line {record.line} zeroed {zeroed:.1%} of {ctx.records[record.parents[0]].label} and "
+                    f"scaled the rest by {scale:.3g} (p = {record.details.get('p', float('nan')):g})")
+        if ctx.train:
+            why = ("the module runs in training mode (--train), where dropout is random; the reference runs "
+                   "without dropout: drop --train to compare the computation itself")
+        else:
+            why = ("dropout is active although the module runs in eval() mode: F.dropout's training argument "
+                   "defaults to True; pass training=self.training (or use nn.Dropout)")
+        return Diagnosis(f"{_who(near.record)} comes through dropout: {measured}; {why}", near.record)
+    return None
+
+
+def _mask_inverted(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    """The masked positions are the allowed ones: very negative scores exactly where the mask allows, or
+    the attention's weight all on the keys the mask forbids."""
+    found = _mask_view(step, ctx, near)
+    if found is None or near is None:
+        return None
+    user, allowed, rows = found
+    if step == "masked_scores":
+        very_negative = user <= VERY_NEGATIVE
+        on_allowed = float((very_negative & allowed).sum()) / max(int(allowed.sum()), 1)
+        on_forbidden = float((very_negative & ~allowed).sum()) / max(int((~allowed).sum()), 1)
+        inverted = on_allowed > 0.99 and on_forbidden < 0.01
+        share = f"{on_allowed:.0%} of the scores the mask allows are masked, {on_forbidden:.0%} of those it forbids"
+    else:
+        forbidden_weight = (user * (~allowed)).sum(-1)[rows]
+        inverted = bool((forbidden_weight > 0.99).all())
+        share = f"all {int(rows.sum())} rows the mask decides put their weight on keys it forbids"
+    if not inverted:
+        return None
+    return Diagnosis(f"the mask is read the other way round: {share}. attnscope passes True = may attend (the "
+                     "tutorials' masked_fill(mask == 0, -1e9) convention, as F.scaled_dot_product_attention); "
+                     "this code treats True as masked (nn.MultiheadAttention's attn_mask convention)", near.record)
+
+
+def _mask_ignored(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    """Nothing masked: the scores keep every position, or the attention is the unmasked softmax."""
+    found = _mask_view(step, ctx, near)
+    if found is None or near is None:
+        return None
+    user, allowed, _ = found
+    if step == "masked_scores":
+        scores = ctx.reference["scores"].double()
+        ignored = _close(user, scores) and not bool((user <= VERY_NEGATIVE).any())
+    else:
+        ignored = _close(user, torch.softmax(ctx.reference["scores"].double(), dim=-1))
+    if not ignored:
+        return None
+    return Diagnosis(f"the mask is not applied: {_who(near.record)} equals the unmasked "
+                     f"{'scores' if step == 'masked_scores' else 'softmax'}; the {int((~allowed).sum())} positions "
+                     "the mask forbids keep their scores", near.record)
+
+
+def _mask_view(step: str, ctx: Context, near: Match | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The candidate in the reference's layout, the boolean mask broadcast to it (True = may attend), and
+    the rows where the mask decides something; None where a boolean mask does not apply."""
+    if near is None or ctx.mask is None or ctx.mask.dtype != torch.bool or step not in ("masked_scores", "attention"):
+        return None
+    user = _in_reference_layout(near, step, ctx)
+    mask = ctx.mask.unsqueeze(1) if ctx.mask.dim() == 3 and user.dim() == 4 else ctx.mask  # as the reference does
+    try:
+        allowed = mask.expand(user.shape)
+    except RuntimeError:
+        return None
+    rows = allowed.any(-1) & (~allowed).any(-1)
+    return (user, allowed, rows) if bool(rows.any()) else None
+
+
+def _softmax_axis(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    if near is None or step != "attention":
+        return None
+    user = _in_reference_layout(near, step, ctx)
+    skip = ctx.skip.get(step)
+    keep = ~skip.expand(user.shape)[..., 0] if skip is not None else torch.ones(user.shape[:-1], dtype=torch.bool)
+    row_sums = user.sum(-1)[keep]
+    if bool(((row_sums - 1).abs() < 1e-3).all()):
+        return None
+    spread = f"row sums from {float(row_sums.min()):.3g} to {float(row_sums.max()):.3g}"
+    dims = ctx.reference.step(step).dims
+    for axis in range(user.dim() - 2, -1, -1):
+        if bool(((user.sum(axis) - 1).abs() < 1e-3).all()):
+            where = near.layout.user_axis(axis)
+            in_user = f" (your dim={where})" if where is not None else ""
+            return Diagnosis(f"{_who(near.record)} does not sum to 1 over the keys ({spread}): it sums to 1 over "
+                             f"{dims[axis]}{in_user}, so the softmax ran over {dims[axis]}, not over n_K "
+                             f"(dim=-1 of scores [.., n_Q, n_K])", near.record)
+    return Diagnosis(f"{_who(near.record)} does not sum to 1 over the keys ({spread}) nor over any other axis: "
+                     "it is not a softmax over n_K", near.record)
+
+
+def _ratio(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    if near is None:
+        return None
+    expected = near.layout.apply(ctx.reference[step], tuple(near.record.tensor.shape)).double()
+    user = near.record.tensor.double()
+    usable = torch.isfinite(expected) & torch.isfinite(user) & (expected > -1e4) & (user > -1e4)
+    e, u = expected[usable], user[usable]
+    if not e.numel() or float((e * e).sum()) == 0.0:
+        return None
+    ratio = float((u * e).sum() / (e * e).sum())
+    if math.isclose(ratio, 1.0, rel_tol=1e-4) or ratio == 0.0 or not math.isfinite(ratio):
+        return None
+    if float((u - ratio * e).abs().max()) > tolerance(ratio * e) * 10:  # not a constant ratio
+        return None
+    return Diagnosis(explain_ratio(step, ratio, ctx), near.record, ratio)
+
+
+def explain_ratio(step: str, ratio: float, ctx: Context) -> str:
+    """Name the ratio when it is a known mistake of scale, else say it as a factor (√n where it is one)."""
+    big = ratio if abs(ratio) >= 1 else 1 / ratio
+    size = "too large" if abs(ratio) > 1 else "too small"
+    if step == "scores":
+        d_name = "d_head" if ctx.kind == "module" else "d_K"
+        d = ctx.sizes.get(d_name)
+        known: list[tuple[float, str]] = []
+        if ctx.kind == "module" and "n_head" in ctx.sizes:
+            n = ctx.sizes["n_head"]
+            known.append((1 / math.sqrt(n), f"scores are √{n} = √(d_feat / d_head) times too small: divided by "
+                                            "√d_feat, not √d_head"))
+        if d:
+            known += [(math.sqrt(d), f"scores are {_root(d)} = √{d_name} times too large: not divided by "
+                                     f"√{d_name}"),
+                      (1 / math.sqrt(d), f"scores are {_root(d)} = √{d_name} times too small: divided by "
+                                         f"{d_name} = {d}, not √{d_name}")]
+        for value, text in known:
+            if math.isclose(ratio, value, rel_tol=1e-3):
+                return text
+    return f"{step} is {_factor(big)} times {size} (a constant ratio {ratio:.6g}: a scale differs)"
+
+
+def _root(n: int) -> str:
+    """√16 = 4, √8 ≈ 2.83."""
+    root = math.isqrt(n)
+    return f"√{n} = {root}" if root * root == n else f"√{n} ≈ {math.sqrt(n):.3g}"
+
+
+def _factor(x: float) -> str:
+    square = round(x * x)
+    if square > 1 and math.isclose(x * x, square, rel_tol=1e-4) and not math.isclose(x, round(x), rel_tol=1e-4):
+        return f"√{square} ≈ {x:.4g}"
+    return f"{x:.4g}"
+
+
+def _close(user: torch.Tensor, expected: torch.Tensor) -> bool:
+    from attnscope.usertrace.align import difference
+
+    return tuple(user.shape) == tuple(expected.shape) and difference(user, expected) <= tolerance(expected.float())
+
+
+def _ancestors(record: Record, records: list[Record]) -> set[int]:
+    seen: set[int] = set()
+    stack = list(record.parents)
+    while stack:
+        index = stack.pop()
+        if index not in seen:
+            seen.add(index)
+            stack.extend(records[index].parents)
+    return seen

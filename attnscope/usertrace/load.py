@@ -1,0 +1,271 @@
+"""The user's callable: `FILE.py:NAME` imported under a private module name, `--init` read as literals, and
+what its signature asks for.
+
+Importing the file runs its top-level code, as `python FILE.py` would (but not its `__main__` block).
+Only the one named `.py` file is imported, under `_attnscope_user_<hash>` (importlib's
+`spec_from_file_location`), so a file called `torch.py` cannot shadow the real torch. Its folder is
+appended to `sys.path` while it runs, so `import helpers` beside it still works.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from attnscope.errors import UsageError
+
+MASK_WORDS = ("mask",)
+DROPOUT_WORDS = ("dropout",)
+# Constructor arguments filled from --d-feat / --heads when --init does not give them.
+D_FEAT_NAMES = ("d_feat", "d_model", "embed_dim", "hidden_size", "dim", "d_embed", "n_embd", "model_dim",
+                "emb_dim", "hidden_dim", "d", "n_feat", "size")
+HEAD_NAMES = ("n_head", "n_heads", "num_heads", "heads", "h", "nhead", "num_attention_heads", "head_count")
+
+
+@dataclass
+class Target:
+    """What `FILE.py:NAME` named: a class (built from --init), a module instance, or a function."""
+
+    path: Path
+    name: str
+    obj: Any
+    kind: str  # "class", "module" or "function"
+
+
+@dataclass
+class Plan:
+    """How the signature is fed: which parameters get tensors, the mask, None, or 0.0 (dropout)."""
+
+    signature: str
+    tensors: list[str]
+    mask: str | None = None
+    nones: list[str] = field(default_factory=list)
+    zeros: list[str] = field(default_factory=list)
+    positional_only: set[str] = field(default_factory=set)
+
+    @property
+    def self_attention(self) -> bool:
+        return len(self.tensors) == 1
+
+
+def parse_spec(spec: str) -> tuple[Path, str]:
+    file, sep, name = spec.rpartition(":")
+    if not sep or not file or not name:
+        raise UsageError(f"{spec!r}: name a class or function in a Python file as FILE.py:NAME, "
+                         "e.g. my_attention.py:MultiHeadedAttention")
+    path = Path(file)
+    if path.suffix != ".py":
+        raise UsageError(f"{file}: trace imports Python source files only (.py); give FILE.py:NAME")
+    if not path.exists():
+        raise UsageError(f"{file}: no such file")
+    if not path.is_file():
+        raise UsageError(f"{file}: not a file")
+    if not name.replace(".", "_").isidentifier():
+        raise UsageError(f"{name!r} is not a Python name; give FILE.py:NAME, e.g. my_attention.py:attention")
+    return path.resolve(), name
+
+
+@contextlib.contextmanager
+def user_code(path: Path) -> Iterator[None]:
+    """While the user's code runs: its folder on sys.path (last, so it shadows nothing), and its prints
+    on stderr, so that stdout holds only attnscope's output (`--json` stays one JSON object)."""
+    folder = str(path.parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.append(folder)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
+def import_file(path: Path) -> ModuleType:
+    name = f"_attnscope_user_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up here
+    try:
+        with user_code(path):
+            spec.loader.exec_module(module)
+    except SyntaxError as exc:  # in the file, or in a module of the user's it imports
+        sys.modules.pop(name, None)
+        where_ = Path(exc.filename).name if exc.filename else path.name
+        raise UsageError(f"{where_}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except (Exception, SystemExit) as exc:
+        sys.modules.pop(name, None)
+        raise UsageError(f"{where(exc, path)}: importing {path.name} raised {one_line(exc)}") from None
+    return module
+
+
+def where(exc: BaseException, path: Path) -> str:
+    """`file.py:LINE`, the last frame of the traceback inside the user's file (else just the file)."""
+    line = user_line(exc, path)
+    return f"{path.name}:{line}" if line else path.name
+
+
+def user_line(exc: BaseException, path: Path) -> int | None:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+    return frames[-1].lineno if frames else None
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def find(spec: str) -> Target:
+    import torch
+
+    path, name = parse_spec(spec)
+    module = import_file(path)
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{path.name} has no {name}; it defines: {defined_here(module) or 'nothing to trace'}")
+        obj = getattr(obj, part)
+    if inspect.isclass(obj):
+        if not issubclass(obj, torch.nn.Module):
+            raise UsageError(f"{name} is a class but not a torch.nn.Module; trace takes an nn.Module class or a "
+                             "function (query, key, value, mask=None)")
+        return Target(path, name, obj, "class")
+    if isinstance(obj, torch.nn.Module):
+        return Target(path, name, obj, "module")
+    if inspect.isfunction(obj):
+        return Target(path, name, obj, "function")
+    raise UsageError(f"{name} is a {type(obj).__name__}; trace takes an nn.Module class or a function")
+
+
+def defined_here(module: ModuleType) -> str:
+    """The classes and functions the file itself defines (not those it imports)."""
+    names = [n for n, v in vars(module).items()
+             if (inspect.isclass(v) or inspect.isfunction(v)) and getattr(v, "__module__", None) == module.__name__]
+    return ", ".join(names)
+
+
+def parse_init(text: str | None) -> dict[str, Any]:
+    """`"d_feat=200, n_head=5"` -> {"d_feat": 200, "n_head": 5}: keyword arguments whose values are Python
+    literals, parsed with `ast.parse` and `ast.literal_eval` per value; nothing is evaluated."""
+    if not text or not text.strip():
+        return {}
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except SyntaxError:
+        raise UsageError(f"--init {text!r}: write keyword arguments, e.g. --init \"d_feat=200, n_head=5\"") from None
+    if not isinstance(call, ast.Call) or call.args:
+        raise UsageError(f"--init {text!r}: keyword arguments only (name=value), e.g. --init \"d_feat=200, n_head=5\"")
+    values: dict[str, Any] = {}
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            raise UsageError(f"--init {text!r}: ** is not allowed; write each argument as name=value")
+        try:
+            values[keyword.arg] = ast.literal_eval(keyword.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise UsageError(f"--init: {keyword.arg}={ast.unparse(keyword.value)} is not a Python literal (numbers, "
+                             "strings, True/False/None, tuples, lists, dicts)") from None
+    return values
+
+
+def is_mask(name: str) -> bool:
+    return any(word in name.lower() for word in MASK_WORDS)
+
+
+def is_dropout(name: str) -> bool:
+    return any(word in name.lower() for word in DROPOUT_WORDS)
+
+
+def plan(fn: Any, label: str, train: bool) -> Plan:
+    """Read the signature: required parameters are the tensors (1: self-attention x; 3: query, key, value);
+    mask-like ones get the mask or None, dropout-like ones None (or 0.0 when their default is a number and
+    the module is not in training mode); the others keep their defaults."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise UsageError(f"cannot read the signature of {label}") from None
+    text = f"{label}{signature}"
+    p = Plan(text, [])
+    masks: list[str] = []
+    for name, param in signature.parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        required = param.default is param.empty
+        if is_mask(name):
+            masks.append(name)
+        elif is_dropout(name):
+            numeric = isinstance(param.default, (int, float)) and not isinstance(param.default, bool)
+            if numeric and param.default and not train:
+                p.zeros.append(name)
+            elif required or param.default is None:
+                p.nones.append(name)
+        elif required:
+            p.tensors.append(name)
+        if param.kind == param.POSITIONAL_ONLY:
+            p.positional_only.add(name)
+    if len(p.tensors) not in (1, 3):
+        found = ", ".join(p.tensors) if p.tensors else "none"
+        raise UsageError(f"{text}: trace feeds 1 tensor (x [n_batch, n, d]: self-attention) or 3 (query, key, "
+                         f"value); its parameters without a default are {found}")
+    preferred = [m for m in masks if m.lower() in ("mask", "attn_mask", "attention_mask")]
+    p.mask = (preferred or masks)[0] if masks else None
+    p.nones.extend(m for m in masks if m != p.mask)
+    return p
+
+
+def construct(target: Target, init: dict[str, Any], d_feat: int | None,
+              heads: int | None) -> tuple[Any, dict[str, Any]]:
+    """Build the module from --init, filling a required width / head count from --d-feat / --heads.
+    Returns the module and the arguments it was built with."""
+    cls = target.obj
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in init if k not in params and not takes_any]
+    if unknown:
+        raise UsageError(f"--init: {target.name}{inspect.signature(cls)} takes no argument {unknown[0]!r}")
+    kwargs = dict(init)
+    for name, param in params.items():
+        if name in kwargs or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        given = d_feat if name in D_FEAT_NAMES else heads if name in HEAD_NAMES else None
+        if given is not None:
+            kwargs[name] = given
+        elif param.default is param.empty:
+            option = " (or --d-feat)" if name in D_FEAT_NAMES else " (or --heads)" if name in HEAD_NAMES else ""
+            raise UsageError(f"{target.name}{inspect.signature(cls)} needs {name}: give it with --init "
+                             f"\"{name}=...\"{option}")
+    try:
+        with user_code(target.path):
+            module = cls(**kwargs)
+    except Exception as exc:
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise UsageError(f"{target.name}({args}) failed at {where(exc, target.path)}: {one_line(exc)}") from None
+    return module, kwargs
+
+
+def head_count(module: Any, init: dict[str, Any], heads: int | None) -> int | None:
+    """The module's number of heads: from its constructor arguments, else an attribute such as `n_head`
+    or `num_heads`, else --heads."""
+    found = [(f"--init {k}", v) for k, v in init.items() if k in HEAD_NAMES and isinstance(v, int)]
+    found += [(f"its attribute {k}", getattr(module, k)) for k in HEAD_NAMES
+              if isinstance(getattr(module, k, None), int) and not isinstance(getattr(module, k), bool)]
+    if heads is not None:
+        for source, value in found[:1]:
+            if value != heads:
+                raise UsageError(f"--heads {heads} but the module has {value} heads ({source}); drop --heads")
+        return heads
+    return found[0][1] if found else None

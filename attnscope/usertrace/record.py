@@ -1,0 +1,319 @@
+"""Record every tensor op the user's code runs: a `torch.overrides.TorchFunctionMode`.
+
+The mode sees torch functions (`torch.matmul`, `F.softmax`, `F.linear` inside `nn.Linear`, `F.dropout`
+inside `nn.Dropout`), Tensor methods (`view`, `permute`, `transpose`, `contiguous`, `masked_fill`,
+`reshape`, `unsqueeze`), operators (`@` is `matmul`, `/` by a numpy float is `div`), indexing and
+properties (`.T`, `.mT`). Each op called from the user's file is kept with the line it ran on (the
+innermost frame in that file), a snapshot of its result (in-place ops later cannot change it), whether it
+allocated or is a view of its input, its FLOPs, and the records it read. Ops that torch runs inside
+another op are not seen again (the mode is off while an op runs), so one line of the user's is one op.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from attnscope import cost
+from attnscope.usertrace.bindings import Binder, Statements
+
+COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+OPERATORS = {"matmul": "@", "__matmul__": "@", "div": "/", "true_divide": "/", "__truediv__": "/", "mul": "*",
+             "__mul__": "*", "add": "+", "__add__": "+", "sub": "-", "__sub__": "-", "__eq__": "==", "eq": "==",
+             "__ne__": "!=", "ne": "!=", "__lt__": "<", "lt": "<", "__gt__": ">", "gt": ">", "__le__": "<=",
+             "le": "<=", "__ge__": ">=", "ge": ">=", "__and__": "&", "__or__": "|", "__rtruediv__": "/r",
+             "__rmul__": "*", "__radd__": "+", "__rsub__": "-r", "pow": "**", "__pow__": "**"}
+UNARY = {"__invert__": "~", "bitwise_not": "~", "__neg__": "-", "neg": "-", "logical_not": "~"}
+MATMULS = ("matmul", "__matmul__", "bmm", "mm", "baddbmm")
+SOFTMAXES = ("softmax", "log_softmax", "_softmax")
+ELEMENTWISE = ("div", "true_divide", "mul", "add", "sub", "masked_fill", "masked_fill_", "exp", "sqrt", "rsqrt",
+               "tanh", "where", "div_", "mul_", "add_", "sub_", "__truediv__", "__mul__", "__add__", "__sub__",
+               "__rtruediv__", "__rmul__", "__radd__", "__rsub__", "pow", "__pow__", "scaled_dot_product_attention")
+
+
+class RecordingTooLarge(Exception):
+    """The snapshots would pass the memory budget; raised through the user's code, turned into a ResourceError."""
+
+
+@dataclass
+class Failure:
+    """The op the user's code failed in: its text, line, the shapes that met, and the message."""
+
+    op: str
+    line: int | None
+    shapes: list[list[int]]
+    message: str
+    exception: BaseException | None = None
+
+
+@dataclass
+class Record:
+    index: int
+    func: str  # the op's short name: matmul, view, linear, softmax, dropout, ...
+    call: str  # how to write it: torch.matmul, F.softmax, view, ...
+    tensor: torch.Tensor
+    line: int
+    args: list[tuple[str, Any]]  # ("rec", index) | ("text", label): how to write each argument
+    style: str  # "method", "property", "function", "operator", "linear"
+    allocates: bool
+    flops: int
+    parents: tuple[int, ...]
+    names: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.names[0] if self.names else f"#{self.index}"
+
+
+class Recorder(TorchFunctionMode):
+    """Use as `with Recorder(path, labels): user_callable(...)`; then `records`, `failure`."""
+
+    def __init__(self, path: Path, labels: dict[int, str], linears: dict[int, str], budget: int | None) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.statements = Statements(path)
+        self.records: list[Record] = []
+        self.failure: Failure | None = None
+        self._labels = dict(labels)  # id(tensor) -> input or parameter name
+        self._linears = linears  # id(weight) -> the Linear's name in the module
+        self._produced: dict[int, int] = {}  # id(result) -> its latest record
+        self._alive: list[Any] = []  # keep results alive so their ids stay theirs
+        self._budget, self._bytes = budget, 0
+        self._binder = Binder(self.statements, self._bind)
+
+    # -- the mode ------------------------------------------------------------------------------------
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        frames = self._user_frames()
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:
+            if frames:
+                self._binder.finish()  # name what came before, so the failure reads in the user's names
+                self.failure = Failure(self._describe(func, list(args), kwargs)[0], frames[0].f_lineno,
+                                       [list(a.shape) for a in _tensors(args, kwargs)], _one_line(exc), exc)
+            raise
+        if frames:
+            self._record(func, list(args), kwargs, out, frames)
+        return out
+
+    def finish(self, result: Any = None) -> None:
+        """After the call: name what is still pending, and the returned tensors that have no name yet."""
+        self._binder.finish()
+        for key, value in _returned(result):
+            index = self._produced.get(id(value))
+            if index is not None and not self.records[index].names:
+                self.records[index].names.append(key)
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _user_frames(self) -> list[FrameType]:
+        """The frames of the user's file on the stack, innermost first (a helper of theirs, then forward)."""
+        frames: list[FrameType] = []
+        frame: FrameType | None = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == self.path:
+                frames.append(frame)
+            frame = frame.f_back
+        return frames
+
+    def _record(self, func: Any, args: list[Any], kwargs: dict[str, Any], out: Any, frames: list[FrameType]) -> None:
+        results = [out] if isinstance(out, torch.Tensor) else (
+            [o for o in out if isinstance(o, torch.Tensor)] if isinstance(out, (tuple, list)) else [])
+        if out is None and getattr(func, "__name__", "") == "__setitem__" and isinstance(args[0], torch.Tensor):
+            results = [args[0]]  # `scores[~mask] = -inf` changes scores in place and returns nothing
+        if not results:
+            return
+        _, text_args, style, call = self._describe(func, args, kwargs)
+        name = call.removeprefix("F.").removeprefix("torch.")
+        parents = tuple(self._produced[id(t)] for t in _tensors(args, kwargs) if id(t) in self._produced)
+        first = next(iter(_tensors(args, kwargs)), None)
+        for position, tensor in enumerate(results):
+            snapshot = tensor.detach().clone()
+            self._bytes += snapshot.numel() * snapshot.element_size()
+            if self._budget is not None and self._bytes > self._budget:
+                raise RecordingTooLarge(self._bytes)
+            index = len(self.records)
+            shares = first is not None and _shares_memory(tensor, first)
+            details: dict[str, Any] = {}
+            if first is not None and tensor is first:  # masked_fill_ in place, or dropout in eval() handing x back
+                details["same"] = "in place" if name.endswith("_") else "returns its input"
+            if name == "dropout":
+                details.update(_dropout_details(args, kwargs))
+            if len(results) > 1:
+                details["part"] = position
+            self.records.append(Record(index, name, call, snapshot, frames[0].f_lineno, text_args, style, not shares,
+                                       _flops(name, args, tensor), parents, details=details))
+            self._produced[id(tensor)] = index
+            self._alive.append(tensor)
+            # every frame of the user's binds names: `Q_split = split(Q_feat)` names what the helper returned;
+            # a comprehension binds nothing itself, the statement around it does
+            for frame in frames:
+                if frame.f_code.co_name not in COMPREHENSIONS:
+                    self._binder.add(frame, frame.f_lineno, index)
+
+    def _bind(self, index: int, value: Any, name: str) -> bool:
+        if self._alive[index] is not value:
+            return False
+        if name not in self.records[index].names:
+            self.records[index].names.append(name)
+        return True
+
+    def _describe(self, func: Any, args: list[Any],
+                  kwargs: dict[str, Any]) -> tuple[str, list[tuple[str, Any]], str, str]:
+        """(op text now, the arguments as ("rec", i) / ("text", s), the style, the name to write)."""
+        name = getattr(func, "__name__", None) or type(func).__name__
+        owner = getattr(func, "__qualname__", "")
+        described = [self._arg(a) for a in args] + [("text", f"{k}={_literal(v)}") for k, v in kwargs.items()
+                                                    if not isinstance(v, torch.Tensor) and _shown(k, v)]
+        described += [("kw", (k, self._arg(v))) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        if name == "__get__" and hasattr(func, "__self__"):  # a property: Tensor.T, Tensor.mT
+            name, style = getattr(func.__self__, "__name__", "attribute"), "property"
+        elif name == "linear" and len(args) > 1 and id(args[1]) in self._linears:
+            style = "linear"
+            described = [("text", self._linears[id(args[1])]), described[0]]
+        elif owner.startswith(("TensorBase.", "Tensor.")):
+            style = "operator" if (name in OPERATORS and len(args) == 2) or (name in UNARY and len(args) == 1) \
+                else "method"
+        else:
+            module = getattr(func, "__module__", "") or ""
+            prefix = "F." if "nn" in module else "torch."
+            style, name = "function", f"{prefix}{name}" if not name.startswith(("F.", "torch.")) else name
+        return render_op(name, style, described, self._text), described, style, name
+
+    def _arg(self, value: Any) -> tuple[str, Any]:
+        if isinstance(value, torch.Tensor):
+            if id(value) in self._produced:
+                return ("rec", self._produced[id(value)])
+            if id(value) in self._labels:
+                return ("text", self._labels[id(value)])
+            return ("text", f"tensor{list(value.shape)}" if value.dim() else _literal(value.item()))
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            return ("list", [self._arg(v) for v in value])
+        return ("text", _literal(value))
+
+    def _text(self, index: int) -> str:
+        return self.records[index].label
+
+    def op_text(self, record: Record) -> str:
+        text = render_op(record.call, record.style, record.args, self._text)
+        return f"{text}[{record.details['part']}]" if "part" in record.details else text
+
+
+def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> str:
+    def one(arg: tuple[str, Any]) -> str:
+        kind, value = arg
+        if kind == "rec":
+            return str(text(value))
+        if kind == "list":
+            return "[" + ", ".join(one(v) for v in value) + "]"
+        if kind == "kw":
+            return f"{value[0]}={one(value[1])}"
+        return str(value)
+
+    parts = [one(a) for a in args]
+    if style == "property":
+        return f"{parts[0]}.{name}"
+    if style == "linear":
+        return f"{parts[0]}({parts[1]})"
+    if style == "operator" and name in UNARY:
+        return f"{UNARY[name]}{parts[0]}"
+    if style == "operator":
+        symbol = OPERATORS[name]
+        if symbol.endswith("r"):  # reflected: 2 / x arrives as x.__rtruediv__(2)
+            return f"{parts[1]} {symbol[:-1]} {parts[0]}"
+        return f"{parts[0]} {symbol} {parts[1]}"
+    if style == "method":
+        if name == "__getitem__":
+            return f"{parts[0]}[{parts[1] if len(parts) > 1 else ''}]"
+        if name == "__setitem__" and len(parts) == 3:
+            return f"{parts[0]}[{parts[1]}] = {parts[2]}"
+        return f"{parts[0]}.{name}({', '.join(parts[1:])})"
+    return f"{name}({', '.join(parts)})"
+
+
+def _shown(key: str, value: Any) -> bool:
+    """Keyword arguments worth writing: not torch's plumbing (`_stacklevel`), not None, not `inplace=False`."""
+    return not key.startswith("_") and value is not None and not (key == "inplace" and value is False)
+
+
+def _tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for value in [*args, *kwargs.values()]:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+def _shares_memory(result: torch.Tensor, source: torch.Tensor) -> bool:
+    """A view (or an in-place op) writes no new memory: its storage is its input's."""
+    try:
+        return bool(result.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
+                    and result.untyped_storage().data_ptr() != 0)
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _dropout_details(args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """F.dropout(input, p=0.5, training=True, inplace=False): what it was asked to do."""
+    names = ("input", "p", "training", "inplace")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    return {"p": float(given.get("p", 0.5)), "training": bool(given.get("training", True))}
+
+
+def _flops(name: str, args: list[Any], out: torch.Tensor) -> int:
+    shape = tuple(out.shape)
+    if name in MATMULS and args and isinstance(args[0], torch.Tensor) and args[0].dim():
+        return cost.matmul_flops(shape, int(args[0].shape[-1]))
+    if name == "linear" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        bias = len(args) > 2 and isinstance(args[2], torch.Tensor)
+        return cost.linear_flops(shape, int(args[1].shape[-1]), bias)
+    if name in SOFTMAXES:
+        return cost.softmax_flops(shape)
+    if name in ELEMENTWISE:
+        return math.prod(shape)
+    return 0
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, float) or type(value).__module__ == "numpy":
+        try:
+            return f"{float(value):.6g}"
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, slice):
+        parts = ["" if v is None else str(v) for v in (value.start, value.stop, value.step)]
+        return ":".join(parts[:2] if value.step is None else parts)
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, tuple):
+        return ", ".join(_literal(v) for v in value)
+    if isinstance(value, torch.dtype):
+        return str(value)
+    text = repr(value)
+    return text if len(text) <= 24 else text[:23] + "…"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _returned(result: Any, key: str = "return") -> list[tuple[str, torch.Tensor]]:
+    """The tensors a call returned, each with a name: the dict key, or return / return[i]."""
+    if isinstance(result, torch.Tensor):
+        return [(key, result)]
+    if isinstance(result, dict):
+        return [(str(k), v) for k, v in result.items() if isinstance(v, torch.Tensor)]
+    if isinstance(result, (tuple, list)):
+        return [(f"{key}[{i}]", v) for i, v in enumerate(result) if isinstance(v, torch.Tensor)]
+    return []

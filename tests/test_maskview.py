@@ -1,0 +1,162 @@
+"""`attnscope mask`: the grid against a plain formula, and every translation run in its own library."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnscope.cli import app
+from attnscope.maskview import view
+from attnscope.translations import FLASH, FLEX, HF, MHA, SDPA
+
+CASES = [
+    {"n_Q": 5, "n_K": 8, "causal": "lower-right", "pad": 2, "window": 3},
+    {"n_Q": 6, "n_K": 6, "causal": "upper-left"},
+    {"n_Q": 4, "n_K": 7, "causal": "lower-right"},
+    {"n_Q": 4, "n_K": 7, "causal": "upper-left", "pad": 1},
+    {"n_Q": 3, "n_K": 7, "cache": 4, "window": 2},
+    {"n_Q": 3, "n_K": 5, "pad": 1},
+    {"n_Q": 3, "n_K": 5, "user": "bool", "causal": "upper-left"},
+    {"n_Q": 4, "n_K": 4, "user": "int"},
+    {"n_Q": 3, "n_K": 5, "user": "float", "causal": "lower-right"},
+    {"n_Q": 3, "n_K": 4},
+]
+
+
+def _user(case: dict) -> torch.Tensor | None:
+    kind = case.get("user")
+    if kind is None:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    seen = torch.rand(case["n_Q"], case["n_K"], generator=generator) > 0.3
+    seen[:, 0] = True
+    if kind == "float":
+        return torch.randn(case["n_Q"], case["n_K"], generator=generator).masked_fill(~seen, float("-inf"))
+    return seen if kind == "bool" else seen.to(torch.int64)
+
+
+def _expected(case: dict, user: torch.Tensor | None) -> torch.Tensor:
+    """The rule in plain Python: query i at position i + offset, key j at j."""
+    n_Q, n_K, window, pad = case["n_Q"], case["n_K"], case.get("window"), case.get("pad", 0)
+    causal = case.get("causal") or ("lower-right" if case.get("cache") else None) or ("upper-left" if window else None)
+    offset = n_K - n_Q if causal == "lower-right" else 0
+    grid = torch.ones(n_Q, n_K, dtype=torch.bool)
+    for i in range(n_Q):
+        for j in range(n_K):
+            p = i + offset
+            if causal and j > p or window is not None and p - j >= window or j >= n_K - pad:
+                grid[i, j] = False
+            hidden_by_user = user is not None and (user[i, j] == -torch.inf if user.is_floating_point()
+                                                   else not bool(user[i, j]))
+            if hidden_by_user:
+                grid[i, j] = False
+    return grid
+
+
+def _view(case: dict, user: torch.Tensor | None):
+    return view(case["n_Q"], case["n_K"], causal=case.get("causal"), window=case.get("window"),
+                pad=case.get("pad", 0), user_mask=user, cache=case.get("cache", 0))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_grid_is_the_rule(case):
+    user = _user(case)
+    assert torch.equal(torch.tensor(_view(case, user).grid), _expected(case, user))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_translation_gives_the_same_mask(case):
+    user = _user(case)
+    shown = _view(case, user)
+    grid = torch.tensor(shown.grid)
+    n_Q, n_K = case["n_Q"], case["n_K"]
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 1, n_Q, 8), torch.randn(1, 1, n_K, 8), torch.randn(1, 1, n_K, 8)
+    additive = user if user is not None and user.is_floating_point() else torch.zeros(n_Q, n_K)
+    wanted_mask = additive.masked_fill(~grid, float("-inf"))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=wanted_mask)
+    base = {"torch": torch, "F": F, "q": q, "k": k, "v": v, "user_mask": user, "n_batch": 1}
+
+    scope = dict(base)
+    exec(shown.translations[SDPA], scope)
+    torch.testing.assert_close(scope["out"], expected, equal_nan=True)
+
+    mha = torch.nn.MultiheadAttention(8, 1, batch_first=True, bias=False).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.eye(8).repeat(3, 1))
+        mha.out_proj.weight.copy_(torch.eye(8))
+    scope = {**base, "mha": mha, "q": q[0], "k": k[0], "v": v[0]}
+    with torch.no_grad():
+        exec(shown.translations[MHA], scope)
+    rows = grid.any(dim=-1)  # nn.MultiheadAttention gives NaN where a query sees no key
+    torch.testing.assert_close(scope["out"][0, rows], expected[0, 0, rows])
+
+    scope = dict(base)
+    exec(shown.translations[HF], scope)
+    seen = scope["mask"][0, 0] > torch.finfo(torch.float32).min
+    assert torch.equal(seen, grid) if user is None or not user.is_floating_point() else torch.equal(seen & grid, grid)
+
+    from torch.nn.attention.flex_attention import create_mask
+
+    scope = dict(base)
+    code = shown.translations[FLEX]
+    exec(code[: code.index("block_mask")], scope)
+    flex = create_mask(scope["mask_mod"], 1, 1, n_Q, n_K, device="cpu")[0, 0]
+    if user is not None and user.is_floating_point():  # its -inf entries come through score_mod
+        flex = flex & ~torch.isneginf(user)
+    assert torch.equal(flex, grid)
+    assert FLASH in shown.translations
+
+
+def test_flash_attn_says_what_it_cannot_express():
+    assert "not expressible" in view(3, 5, causal="upper-left").translations[FLASH]
+    assert "window_size=(3, 0)" in view(5, 5, window=4).translations[FLASH]
+    assert "not expressible" in view(3, 3, user_mask=torch.ones(3, 3, dtype=torch.bool)).translations[FLASH]
+
+
+def test_mask_command_json(runner):
+    result = runner.invoke(app, ["mask", "--nq", "3", "--cache", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["command"] == "mask" and payload["alignment"] == "lower-right"
+    assert payload["mask"] == [[True, True, True, False, False], [True, True, True, True, False], [True] * 5]
+    assert set(payload["translations"]) == {SDPA, MHA, HF, FLASH, FLEX}
+
+
+def test_mask_command_table_names_the_alignment(runner):
+    result = runner.invoke(app, ["mask", "--nq", "4", "--nk", "6", "--causal", "lower-right"])
+    assert result.exit_code == 0, result.output
+    assert "lower-right: query i sees keys j ≤ i + 2" in result.stdout
+    assert "q0 ■ ■ ■ · · ·" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nq", "2", "--nk", "9", "--cache", "3"], "n_K = 5, not 9"),
+    (["--nq", "2", "--cache", "3", "--causal", "upper-left"], "aligns lower-right"),
+    (["--nq", "4", "--pad", "4"], "--pad 4 must hide fewer keys"),
+    (["--nq", "100000", "--nk", "100000"], "more than the"),
+])
+def test_mask_command_bad_input_is_one_line(runner, args, message):
+    result = runner.invoke(app, ["mask", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_mask_file_of_the_wrong_shape(runner, tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "m.npy", np.ones((3, 9), dtype=bool))
+    result = runner.invoke(app, ["mask", "--nq", "4", "--nk", "6", "--mask", str(tmp_path / "m.npy")])
+    assert result.exit_code == 2 and "does not broadcast" in result.stderr
+
+
+def test_show_mask_above_the_table_and_in_json(runner):
+    args = ["sdpa", "--batch", "1", "--nq", "2", "--nk", "5", "--dk", "4", "--dv", "4", "--causal", "lower-right"]
+    table = runner.invoke(app, [*args, "--show-mask"]).stdout
+    assert table.index("mask [2 queries x 5 keys]") < table.index("SDPA")
+    payload = json.loads(runner.invoke(app, [*args, "--show-mask", "--json"]).stdout)
+    assert payload["mask"]["grid"] == [[True, True, True, True, False], [True] * 5]
+    assert payload["mask"]["alignment"] == "lower-right"

@@ -1,0 +1,119 @@
+"""Tiny random models of every family attnscope reads, built from transformers' own configs and classes and
+saved with save_pretrained, each with a small BPE tokenizer of the family's own tokenizer class (trained
+here on a few sentences, with the family's special tokens).
+
+`build(family, folder)` returns transformers' eager model loaded back from the folder: the oracle.
+Weights are drawn with std 0.3 (norm weights too, so Gemma's `1 + w` matters), which gives sharp,
+varied attention patterns rather than the near-uniform ones of the default initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CORPUS = ["The cat sat on the mat because it was tired.", "A dog ran to the park and the cat ran after it.",
+          "Attention is all you need, said the mat to the dog."] * 4
+SENTENCE = "The cat sat on the mat because it was tired, and the dog ran."  # longer than a window of 4
+
+FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2")
+
+
+def _bpe(byte_level: bool, specials: list[str], size: int = 200) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    if byte_level:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        alphabet = sorted(set("".join(CORPUS)) | {"▁"})
+    trainer = trainers.BpeTrainer(vocab_size=size + len(alphabet), special_tokens=specials, initial_alphabet=alphabet)
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    model = json.loads(tokenizer.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    return model["vocab"], merges  # type: ignore[return-value]
+
+
+def _tokenizer(family: str):
+    from transformers import (
+        BertTokenizer,
+        GemmaTokenizer,
+        GPT2Tokenizer,
+        LlamaTokenizer,
+        Qwen2Tokenizer,
+        RobertaTokenizer,
+    )
+
+    if family == "bert":
+        words = sorted({w.strip(".,").lower() for s in CORPUS for w in s.split()} | {".", ","})
+        vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+        return BertTokenizer(vocab={token: i for i, token in enumerate(vocab)})
+    if family in ("llama", "mistral"):
+        vocab, merges = _bpe(False, ["<unk>", "<s>", "</s>"])
+        return LlamaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)
+    if family == "gemma2":
+        vocab, merges = _bpe(False, ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"])
+        return GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)
+    if family == "roberta":
+        vocab, merges = _bpe(True, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+        return RobertaTokenizer(vocab=vocab, merges=merges)
+    vocab, merges = _bpe(True, ["<|endoftext|>"])
+    return (GPT2Tokenizer if family == "gpt2" else Qwen2Tokenizer)(vocab=vocab, merges=merges)
+
+
+def _config_and_class(family: str, vocab: int):
+    import transformers as tf
+
+    shared = {"vocab_size": vocab, "initializer_range": 0.3}
+    decoder = {**shared, "hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "max_position_embeddings": 128, "tie_word_embeddings": False}
+    if family == "bert":
+        return tf.BertConfig(**shared, hidden_size=24, num_hidden_layers=3, num_attention_heads=4,
+                             intermediate_size=37, max_position_embeddings=64), tf.BertModel
+    if family == "roberta":
+        return tf.RobertaConfig(**shared, hidden_size=24, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=37, max_position_embeddings=70, pad_token_id=1,
+                                type_vocab_size=1), tf.RobertaForMaskedLM
+    if family == "gpt2":
+        return tf.GPT2Config(**shared, n_embd=24, n_layer=3, n_head=4, n_positions=64,
+                             scale_attn_by_inverse_layer_idx=True), tf.GPT2LMHeadModel
+    if family == "llama":  # GQA, every bias, and Llama 3.1's RoPE scaling
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 16}
+        return tf.LlamaConfig(**decoder, num_hidden_layers=3, rope_theta=500000.0, rope_scaling=scaling,
+                              attention_bias=True, mlp_bias=True), tf.LlamaForCausalLM
+    if family == "mistral":  # a window of 4 on every layer; saved as the bare MistralModel (no "model." prefix)
+        return tf.MistralConfig(**decoder, num_hidden_layers=2, sliding_window=4), tf.MistralModel
+    if family == "qwen2":  # layer 0 full, layers 1 and 2 sliding (from max_window_layers)
+        return tf.Qwen2Config(**decoder, num_hidden_layers=3, use_sliding_window=True, sliding_window=4,
+                              max_window_layers=1), tf.Qwen2ForCausalLM
+    gemma = {**decoder, "hidden_size": 24, "head_dim": 16}  # head_dim decoupled: 4 heads x 16 on a width of 24
+    return tf.Gemma2Config(**gemma, num_hidden_layers=3, query_pre_attn_scalar=12, attn_logit_softcapping=5.0,
+                           sliding_window=4), tf.Gemma2ForCausalLM
+
+
+def build(family: str, folder: Path, *, shard: bool = False, **sizes):
+    """Save a tiny `family` model and its tokenizer to `folder`; return transformers' eager model read back.
+    `sizes` override the config's (e.g. num_hidden_layers=12)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tokenizer(family)
+    config, cls = _config_and_class(family, len(tokenizer))
+    for name, value in sizes.items():
+        setattr(config, name, value)
+    torch.manual_seed(FAMILIES.index(family))
+    model = cls(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    model.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
+    tokenizer.save_pretrained(folder)
+    return cls.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+def base(model):
+    """The base model inside a task model (`model.model`, `model.transformer`, `model.roberta`)."""
+    return getattr(model, "base_model", model)
