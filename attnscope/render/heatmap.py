@@ -31,12 +31,14 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
         return
     rows, cols = min(n_rows, HEATMAP_LIMIT), min(n_cols, HEATMAP_LIMIT)
     shown = [v for r in hm.matrix[:rows] for v in r[:cols]]
-    peak = max((v for v in shown if math.isfinite(v)), default=0.0) or 1.0
+    largest = max((v for v in shown if math.isfinite(v)), default=None)
+    peak = largest or 1.0
     cell = 2 if cols <= 40 else 1
     row_w = min(max((len(s) for s in hm.row_labels[:rows]), default=1), 14)
     col_labels = [label[:10] for label in hm.col_labels[:cols]]
 
-    out.print(Text(f"{hm.title}  [{n_rows} queries x {n_cols} keys]  (darker = more; max {peak:.3f})",
+    out.print(Text(f"{hm.title}  [{n_rows} queries x {n_cols} keys]  (darker = more; "
+                   f"{'no finite weight' if largest is None else f'max {peak:.3f}'})",
                    style="bold"))
     depth = max((len(s) for s in col_labels), default=0)
     for line in range(depth):  # column labels, written top to bottom
