@@ -105,6 +105,11 @@ def check_qkv(Q: Tensor, K: Tensor, V: Tensor, layout: str = "row", enable_gqa: 
             f"d_Q = {Q.shape[d_axis]} but d_K = {K.shape[d_axis]}: queries and keys are compared by a dot product, "
             f"so they need the same feature size (Q {list(Q.shape)}, K {list(K.shape)})"
         )
+    if Q.shape[d_axis] == 0:
+        raise UsageError(
+            f"d_K = 0 (Q {list(Q.shape)}, K {list(K.shape)}): queries and keys have no features, so every score "
+            "would be an empty dot product; give them at least one feature"
+        )
     if K.shape[n_axis] != V.shape[n_axis]:
         raise UsageError(
             f"n_K = {K.shape[n_axis]} but n_V = {V.shape[n_axis]}: every key needs its value "
@@ -211,7 +216,9 @@ def sdpa(
 
     scale_op = f"/ sqrt({names.d_K})" if scale is None else f"* {scale:g}"
     scale = 1.0 / math.sqrt(d_K) if scale is None else scale
-    scores_dims = (*batch_dims, "n_Q", "n_K")
+    # V may carry more batch dims than Q and K (it broadcasts in `attention @ V`, as in PyTorch): the scores
+    # have only Q's and K's.
+    scores_dims = (*leading_names(batch_dims, max(Q.dim(), K.dim())), "n_Q", "n_K")
     up = ".float()" if acc != dtype else ""
     # mul_ on the fresh matmul result: no second [.., n_Q, n_K] tensor at the peak.
     scores = torch.matmul(Q.to(acc), K.to(acc).transpose(-2, -1)).mul_(scale)  # [.., n_Q, n_K]
@@ -292,7 +299,7 @@ def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...],
     position = "i" if offset == 0 else f"(i + {offset})"
     trace.add("alibi_bias", bias, ("n_head", "n_Q", "n_K"),
               f"-slope[h] * ({position} - j), slopes {slopes}", 3 * bias.numel())
-    biased = logits + bias  # [.., n_head, n_Q, n_K]
+    biased = logits + (bias if logits.dim() >= 3 else bias[0])  # [.., n_head, n_Q, n_K]; unbatched: [n_Q, n_K]
     trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel())
     return biased, "biased_scores"
 
@@ -337,8 +344,9 @@ def zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Ten
         attention = attention.masked_fill(blocked, 0.0)  # softmax's backward needs its output unchanged
     else:
         attention.masked_fill_(blocked, 0.0)  # in place: no second [.., n_Q, n_K] at the peak
-    if attention.device.type != "meta" and bool(blocked.any()):
+    if attention.device.type != "meta" and n_Q and 0 not in attention.shape[:-2] and bool(blocked.any()):
         rows = blocked if blocked.shape[-1] == 1 else blocked.transpose(-2, -1)
+        rows = rows.expand(*rows.shape[:-2], n_Q, 1)  # a mask shared by every query blocks all n_Q rows
         trace.notes.append(_blocked_note(rows, n_Q))
     return attention
 
@@ -354,8 +362,8 @@ def _blocked_note(blocked: Tensor, n_Q: int) -> str:
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:
     """[n_batch, n, n_head·d_head] -> [n_batch, n_head, n, d_head], a view (BERT's `transpose_for_scores`)."""
-    n_batch, _, width = x.shape
-    return x.view(n_batch, -1, n_head, width // n_head).permute(0, 2, 1, 3)  # [n_batch, n_head, n, d_head]
+    n_batch, n, width = x.shape  # n, not -1: an empty batch leaves -1 undefined
+    return x.view(n_batch, n, n_head, width // n_head).permute(0, 2, 1, 3)  # [n_batch, n_head, n, d_head]
 
 
 def heads_last(x: Tensor) -> Tensor:

@@ -77,10 +77,17 @@ class Asked:
         return self.softcap is not None or self.alibi or self.rope_base is not None
 
 
+def tolerance(*dtypes: torch.dtype) -> tuple[float, float]:
+    """The looser of the dtypes' (atol, rtol): a float32 attention checked against PyTorch's float16 one can
+    only agree to float16's precision."""
+    pairs = [TOLERANCES.get(dtype, TOLERANCES[torch.float32]) for dtype in dtypes]
+    return max(a for a, _ in pairs), max(r for _, r in pairs)
+
+
 def compare(name: str, reference_name: str, ours: Tensor, reference: Tensor) -> Comparison:
     """Max |ours - reference| against `atol + rtol * max|reference|`, NaN-aware: equal NaN and equal infinite
     positions agree; a NaN on one side only is a failure, counted in `detail`."""
-    atol, rtol = TOLERANCES.get(ours.dtype, TOLERANCES[torch.float32])
+    atol, rtol = tolerance(ours.dtype, reference.dtype)
     if ours.shape != reference.shape:
         return Comparison(name, reference_name, math.inf, 0.0,
                           f"shape {list(ours.shape)} but the reference is {list(reference.shape)}")
@@ -298,7 +305,7 @@ def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V:
     if user is not None and user.dim() == 3:
         user = user.unsqueeze(1)
     weights = {name: getattr(module, name) for name in ("W_q", "W_k", "W_v", "W_o")}
-    if not _plain(module, cache, asked):
+    if not _plain(module, cache, asked) or not (Q.numel() and K.numel()):  # nn.MultiheadAttention: no empty batch
         return _check_mha_formula(module, trace, Q, K, V, user, asked, cache)
     with torch.no_grad():
         q, k, v = (_heads(x, weights[w].weight, weights[w].bias, module.n_head)
@@ -341,7 +348,7 @@ def _check_mha_formula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: T
         out = torch.einsum("bnf,of->bno", x.double(), layer.weight.double())  # [n_batch, n, heads·d_head]
         if layer.bias is not None:
             out = out + layer.bias.double()
-        return out.reshape(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)  # [n_batch, heads, n, d_head]
+        return out.reshape(x.shape[0], x.shape[1], heads, module.d_head).transpose(1, 2)  # [n_batch, heads, n, d_head]
 
     with torch.no_grad():
         q = project(Q, "W_q", module.n_head)
@@ -353,7 +360,8 @@ def _check_mha_formula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: T
         n_Q, n_K = q.shape[-2], k.shape[-2]
         q_start = n_cache if cache is not None else (n_K - n_Q if asked.causal == "lower-right" else 0)
         x_raw, attention = _formula(q, k, v, user, asked, q_start=q_start, rotated_keys=n_cache)
-        merged = x_raw.transpose(1, 2).reshape(Q.shape[0], n_Q, -1)  # [n_batch, n_Q, n_head·d_head]
+        width = module.n_head * module.d_head
+        merged = x_raw.transpose(1, 2).reshape(Q.shape[0], n_Q, width)  # [n_batch, n_Q, n_head·d_head]
         x = torch.einsum("bnh,fh->bnf", merged, module.W_o.weight.double())
         if module.W_o.bias is not None:
             x = x + module.W_o.bias.double()

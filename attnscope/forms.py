@@ -48,7 +48,7 @@ def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, sc
     trace.add("V", V, (*leading_names(batch_dims, V.dim()), "d_V", "n_K"), "input")
     scale_op = "/ sqrt(d_K)" if scale is None else f"* {scale:g}"
     scale = 1.0 / math.sqrt(d_K) if scale is None else scale
-    scores_dims = (*batch_dims, "n_K", "n_Q")
+    scores_dims = (*leading_names(batch_dims, max(Q.dim(), K.dim())), "n_K", "n_Q")  # V may have more batch dims
     up = ".float()" if acc != dtype else ""
     scores = torch.matmul(K.to(acc).transpose(-2, -1), Q.to(acc)).mul_(scale)  # [.., n_K, d_K] @ [.., d_K, n_Q]
     trace.add("scores", scores, scores_dims, f"K{up}.transpose(-2, -1) @ Q{up} {scale_op}",
@@ -57,6 +57,7 @@ def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, sc
     blocked = None
     if mask is not None:
         mask = masks.as_attention_mask(mask.to(scores.device), tuple(scores.shape), acc)
+        mask = mask.reshape(1, -1) if mask.dim() < 2 else mask  # [n_Q]: the same for every key
         if mask.dtype == torch.bool:
             logits, op = scores.masked_fill(~mask, float("-inf")), "scores.masked_fill(~mask, -inf)"
         else:

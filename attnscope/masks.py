@@ -161,6 +161,8 @@ def fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:
     """Boolean `[.., n_Q, 1]`: True where a query may attend to no key at all."""
     import torch
 
+    if mask.dim() < 2:  # [n_K] (or a scalar): the same keys for every query
+        mask = mask.reshape(1, -1)
     if mask.dtype == torch.bool:
         return ~mask.any(dim=-1, keepdim=True)
     return torch.isneginf(mask).all(dim=-1, keepdim=True)

@@ -288,3 +288,13 @@ def test_decoupled_head_runs_where_d_feat_does_not_divide(runner):
     assert payload["check_passed"], rows
     shapes = {t["name"]: t["shape"] for t in payload["tensors"]}
     assert shapes["Q_feat"] == [1, 4, 32] and shapes["x"] == [1, 4, 30]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mha_check_of_half_precision_inputs(runner, tmp_path, dtype):
+    """attnscope's attention is float32 (computed as PyTorch's math path); nn.MultiheadAttention's is in the
+    inputs' precision, so they agree to that precision."""
+    q = torch.randn(2, 5, 16).to(getattr(torch, dtype))
+    torch.save(q, tmp_path / "q.pt")
+    payload, rows = _checked(runner, "mha", "--q", str(tmp_path / "q.pt"), "--heads", "4", "--causal")
+    assert payload["check_passed"], rows

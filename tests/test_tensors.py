@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnscope import load_tensor, save_tensors
-from attnscope.errors import UsageError
+from attnscope.errors import ResourceError, UsageError
 
 
 @pytest.fixture()
@@ -94,7 +94,7 @@ def test_save_round_trips_by_name(tmp_path, suffix, q):
 def test_save_refuses_to_overwrite_without_force(tmp_path, q):
     target = tmp_path / "out.safetensors"
     target.write_bytes(b"precious")
-    with pytest.raises(UsageError, match="--force"):
+    with pytest.raises(UsageError, match="pass force=True to replace it"):  # a Python caller's words
         save_tensors({"Q": q}, target)
     assert target.read_bytes() == b"precious"
     save_tensors({"Q": q}, target, force=True)
@@ -111,8 +111,9 @@ def test_failed_save_leaves_no_file_behind(tmp_path, q, monkeypatch):
 
     monkeypatch.setattr(safetensors.torch, "save_file", broken_save)
     target = tmp_path / "out.safetensors"
-    with pytest.raises(OSError):
+    with pytest.raises(ResourceError, match=r"out\.safetensors: could not write it \(disk full\)") as caught:
         save_tensors({"Q": q}, target)
+    assert ".part" not in str(caught.value)  # the target is named, not the temporary file
     assert list(tmp_path.iterdir()) == []
 
 
@@ -122,7 +123,7 @@ def test_failed_overwrite_keeps_the_old_file(tmp_path, q, monkeypatch):
     target = tmp_path / "out.safetensors"
     target.write_bytes(b"old")
     monkeypatch.setattr(safetensors.torch, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(OSError):
+    with pytest.raises(ResourceError, match="disk full"):
         save_tensors({"Q": q}, target, force=True)
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]
@@ -179,3 +180,170 @@ def test_saved_file_gets_the_usual_permissions(tmp_path, q):
         assert stat.S_IMODE(kept.stat().st_mode) == 0o640
     finally:
         os.umask(umask)
+
+
+# --- issue 8: odd files, headers only, and saves that keep their promise ---------------------------------
+
+
+def test_damaged_npz_is_one_clear_error(tmp_path, q):
+    np.savez(tmp_path / "q.npz", q=q.numpy())
+    data = bytearray((tmp_path / "q.npz").read_bytes())
+    data[200] ^= 0xFF  # inside the array's bytes: the CRC no longer matches
+    (tmp_path / "bad.npz").write_bytes(bytes(data))
+    with pytest.raises(UsageError, match="damaged .npz archive .*CRC"):
+        load_tensor(str(tmp_path / "bad.npz"))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda q: q.to_sparse(), "sparse tensor .*to_dense"),
+    (lambda q: torch.quantize_per_tensor(q, 0.1, 0, torch.qint8), "quantized tensor .*dequantize"),
+    (lambda q: q.to(torch.float8_e4m3fn), "float8_e4m3fn"),
+    (lambda q: torch.empty(q.shape, device="meta"), "meta tensor"),
+    (lambda q: torch.complex(q, q), "complex numbers"),
+])
+def test_tensors_attention_cannot_use_are_refused(tmp_path, q, make, words):
+    torch.save(make(q), tmp_path / "t.pt")
+    with pytest.raises(UsageError, match=words):
+        load_tensor(str(tmp_path / "t.pt"))
+
+
+def test_complex_and_float8_are_refused_in_numpy_and_safetensors_files(tmp_path, q):
+    np.save(tmp_path / "c.npy", q.numpy() + 1j)
+    np.savez(tmp_path / "c.npz", c=q.numpy() + 1j)
+    save_file({"f8": q.to(torch.float8_e5m2)}, tmp_path / "f8.safetensors")
+    for spec, words in (("c.npy", "complex numbers"), ("c.npz", "complex numbers"), ("f8.safetensors", "float8")):
+        with pytest.raises(UsageError, match=words):
+            load_tensor(str(tmp_path / spec))
+        with pytest.raises(UsageError, match=words):
+            load_tensor(str(tmp_path / spec), meta=True)
+
+
+def test_big_endian_npy_is_converted(tmp_path, q):
+    np.save(tmp_path / "be.npy", q.numpy().astype(">f4"))
+    np.savez(tmp_path / "be.npz", q=q.numpy().astype(">f8"))
+    assert torch.equal(load_tensor(str(tmp_path / "be.npy")), q)
+    assert torch.equal(load_tensor(str(tmp_path / "be.npz")), q.double())
+
+
+def test_meta_reads_shape_and_dtype_from_every_format(tmp_path, q, monkeypatch):
+    from attnscope import cost
+
+    np.save(tmp_path / "q.npy", q.numpy())
+    np.savez_compressed(tmp_path / "qk.npz", q=q.numpy(), k=q.double().numpy())
+    save_file({"q": q.half()}, tmp_path / "q.safetensors")
+    torch.save({"q": q.bfloat16()}, tmp_path / "q.pt")
+    torch.save(torch.empty(3, 4, device="meta"), tmp_path / "shape.pt")
+    monkeypatch.setattr(cost, "available_memory", lambda: 10)  # reading any data would be refused
+    for spec, dtype in (("q.npy", torch.float32), ("qk.npz:k", torch.float64), ("q.safetensors", torch.float16),
+                        ("q.pt", torch.bfloat16)):
+        shape = load_tensor(str(tmp_path / spec), meta=True)
+        assert (shape.device.type, shape.shape, shape.dtype) == ("meta", q.shape, dtype), spec
+    assert load_tensor(str(tmp_path / "shape.pt"), meta=True).shape == (3, 4)
+
+
+def test_meta_refuses_a_legacy_pt_it_would_have_to_read_whole(tmp_path, q):
+    torch.save(q, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    with pytest.raises(UsageError, match="legacy format"):
+        load_tensor(str(tmp_path / "old.pt"), meta=True)
+    assert torch.equal(load_tensor(str(tmp_path / "old.pt")), q)
+
+
+def test_compressed_npz_counts_by_its_inflated_size(tmp_path, monkeypatch):
+    from attnscope import cost
+    from attnscope.errors import ResourceError
+
+    np.savez_compressed(tmp_path / "zeros.npz", z=np.zeros((1000, 1000)))  # 8 MB inflated, a few KB on disk
+    assert (tmp_path / "zeros.npz").stat().st_size < 100_000
+    monkeypatch.setattr(cost, "available_memory", lambda: 1_000_000)
+    with pytest.raises(ResourceError, match="holds 7.6 MiB"):
+        load_tensor(str(tmp_path / "zeros.npz"))
+
+
+def test_truncated_safetensors_is_named_before_reading(tmp_path, q):
+    save_file({"q": q}, tmp_path / "q.safetensors")
+    data = (tmp_path / "q.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-10])
+    with pytest.raises(UsageError, match="truncated"):
+        load_tensor(str(tmp_path / "cut.safetensors"), meta=True)
+
+
+def test_messages_about_names_and_folders_are_whole(tmp_path, q):
+    torch.save(q, tmp_path / "t.pt")
+    with pytest.raises(UsageError, match=r"holds a single unnamed tensor; drop ':q'$"):
+        load_tensor(f"{tmp_path / 't.pt'}:q")
+    with pytest.raises(UsageError, match="is a folder; give a tensor file"):
+        load_tensor(str(tmp_path))
+
+
+def test_a_file_that_appears_during_the_run_is_never_replaced(tmp_path, q, monkeypatch):
+    from attnscope.tensors import save as save_module
+
+    target = tmp_path / "out.safetensors"
+    real_write = save_module._write
+
+    def write_while_another_appears(path, suffix, tensors, metadata):
+        real_write(path, suffix, tensors, metadata)
+        target.write_bytes(b"someone else's")  # created after the check, before the file is published
+
+    monkeypatch.setattr(save_module, "_write", write_while_another_appears)
+    with pytest.raises(UsageError, match="appeared there while the run was computing; it was kept"):
+        save_tensors({"Q": q}, target)
+    assert target.read_bytes() == b"someone else's"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]  # no .part left
+    save_tensors({"Q": q}, target, force=True)  # with force: replaced, atomically
+    assert torch.equal(load_tensor(f"{target}:Q"), q)
+
+
+def test_save_onto_a_symlink_writes_through_it(tmp_path, q):
+    real = tmp_path / "real.npz"
+    link = tmp_path / "link.npz"
+    link.symlink_to(real)  # dangling: the file it names is created
+    save_tensors({"Q": q}, link)
+    assert link.is_symlink() and torch.equal(load_tensor(f"{real}:Q"), q)
+    with pytest.raises(UsageError, match="exists"):
+        save_tensors({"Q": q}, link)
+    save_tensors({"Q": q * 2}, link, force=True)
+    assert link.is_symlink() and torch.equal(load_tensor(f"{real}:Q"), q * 2)
+
+
+def test_a_folder_the_os_will_not_write_into_is_refused_first(tmp_path, q, monkeypatch):
+    import os
+    import tempfile
+
+    from attnscope.tensors import check_writable
+
+    if os.geteuid() == 0:  # root: os.access says yes under /proc, where no file can be made
+        with pytest.raises(UsageError, match=r"--save /proc/out.npz: cannot create a file in /proc"):
+            check_writable("/proc/out.npz")
+
+    def refused(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    with pytest.raises(UsageError, match=r"out.npz: cannot create a file in .*\(Read-only file system\)"):
+        save_tensors({"Q": q}, tmp_path / "out.npz")
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_signal_during_save_leaves_no_part_file(tmp_path, signame):
+    """In a child process, the writer sends itself the signal halfway through the file: the child exits with
+    128 + the signal's number and leaves nothing behind, as Ctrl-C does."""
+    import signal
+    import subprocess
+    import sys
+
+    code = f"""
+import os, signal, torch
+from attnscope.tensors import save as save_module
+def write(path, suffix, tensors, metadata):
+    with open(path, "wb") as handle:
+        handle.write(b"half")
+    os.kill(os.getpid(), signal.{signame})
+    raise AssertionError("the signal should have ended the save")
+save_module._write = write
+save_module.save_tensors({{"Q": torch.ones(2)}}, {str(tmp_path / "out.safetensors")!r})
+"""
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 128 + getattr(signal, signame), child.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -24,10 +24,41 @@ class Layout(str, Enum):
 
 
 class AttentionCommand(TyperCommand):
-    """Lets `--causal` stand alone: a bare `--causal` means `--causal upper-left`, as `is_causal=True`."""
+    """Lets `--causal` stand alone: a bare `--causal` means `--causal upper-left`, as `is_causal=True`; and
+    refuses an option typed where it would be silently ignored (`refuse_ignored`)."""
 
     def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
-        return super().parse_args(ctx, expand_bare_causal(list(args)))
+        rest = super().parse_args(ctx, expand_bare_causal(list(args)))
+        refuse_ignored(ctx)
+        return rest
+
+
+# Options that apply only to random inputs, per command, and the file options that replace those inputs.
+# mha's weights stay random with --q, so its --seed still counts.
+RANDOM_ONLY = {"sdpa": (("q", "x"), ("batch", "nq", "nk", "dk", "dv", "seed")),
+               "mha": (("q",), ("batch", "nq", "nk", "d_feat"))}
+HEATMAP_ONLY = ("heatmap_batch", "heatmap_head")
+
+
+def refuse_ignored(ctx) -> None:  # type: ignore[no-untyped-def]
+    """A size typed with file inputs, or --heatmap-batch/--heatmap-head without --heatmap, would change
+    nothing: refused in one line (exit 2) rather than dropped without a word."""
+    from attnscope.cli.errors import ClickUsageError
+
+    typed = {p.name: p.opts[0] for p in ctx.command.params
+             if p.name and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"}
+    files, sizes = RANDOM_ONLY.get(ctx.command.name, ((), ()))
+    source = next((name for name in files if ctx.params.get(name)), None)
+    ignored = [typed[name] for name in sizes if name in typed]
+    if source and ignored:
+        listed = " and ".join(ignored)
+        raise ClickUsageError(f"{listed} only appl{'ies' if len(ignored) == 1 else 'y'} to random inputs, and "
+                              f"--{source} reads the inputs from a file, which gives the sizes; drop {listed}", ctx)
+    heatmap_only = [typed[name] for name in HEATMAP_ONLY if name in typed]
+    if heatmap_only and not ctx.params.get("heatmap"):
+        listed = " and ".join(heatmap_only)
+        raise ClickUsageError(f"{listed} only choose{'s' if len(heatmap_only) == 1 else ''} what --heatmap draws; "
+                              f"add --heatmap, or drop {listed}", ctx)
 
 
 class AttnscopeGroup(TyperGroup):
@@ -71,6 +102,13 @@ def expand_bare_causal(args: list[str]) -> list[str]:
     return out
 
 
+def not_empty(value: str | None) -> str | None:
+    """An empty file name would read as the option left out (`if save:`): refused instead."""
+    if value == "":
+        raise typer.BadParameter("an empty file name; give a file, or leave the option out")
+    return value
+
+
 def _size(help: str, flag: str) -> object:
     return typer.Option(flag, min=1, help=help)
 
@@ -95,7 +133,7 @@ MaskFile = Annotated[str | None, typer.Option("--mask", metavar="FILE", help="Ma
 Pad = Annotated[int, typer.Option("--pad", min=0, metavar="N", help="Mask the last N keys of every sequence (key padding).", rich_help_panel="Masks")]
 Check = Annotated[bool, typer.Option("--check", help="Run the same inputs through PyTorch's own attention and compare; exit 1 on FAIL.", rich_help_panel="Output")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (documented in docs/json.md) instead of tables.", rich_help_panel="Output")]
-Save = Annotated[str | None, typer.Option("--save", metavar="FILE", help="Write every step by name to .safetensors, .npz or .pt.", rich_help_panel="Output")]
+Save = Annotated[str | None, typer.Option("--save", metavar="FILE", callback=not_empty, help="Write every step by name to .safetensors, .npz or .pt.", rich_help_panel="Output")]
 Force = Annotated[bool, typer.Option("--force", help="Let --save replace an existing file.", rich_help_panel="Output")]
 Values = Annotated[bool, typer.Option("--values", help="Show the numbers of every step (corners of large ones).", rich_help_panel="Output")]
 Stats = Annotated[bool, typer.Option("--stats", help="Show min, max, mean, std and NaN/Inf counts of every step.", rich_help_panel="Output")]

@@ -19,8 +19,10 @@ def console(stderr: bool = False) -> Console:
 
 
 def emit_json(payload: dict[str, Any]) -> None:
-    """One JSON object on stdout. The keys are a documented contract (docs/json.md): add, never rename."""
-    sys.stdout.write(json.dumps(payload, indent=2, allow_nan=True) + "\n")
+    """One JSON object on stdout. The keys are a documented contract (docs/json.md): add, never rename.
+    JSON has no NaN or Infinity: the whole payload is cleaned (they become null), whatever key holds them,
+    and dumped with allow_nan=False, so none can ever slip through."""
+    sys.stdout.write(json.dumps(clean(payload), indent=2, allow_nan=False) + "\n")
 
 
 def error(message: str) -> None:
@@ -37,10 +39,10 @@ def finite(x: float) -> float | None:
 
 
 def clean(value: Any) -> Any:
-    """JSON has no NaN or Infinity: they become null."""
+    """JSON has no NaN or Infinity: they become null, in lists, tuples and dicts at any depth."""
     if isinstance(value, float):
         return finite(value)
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [clean(v) for v in value]
     if isinstance(value, dict):
         return {k: clean(v) for k, v in value.items()}

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from attnscope.runs.common import Heatmap
 
 SHADES = " ░▒▓█"  # five levels, from no weight to the most shown; they read without colour (NO_COLOR, pipes)
+NOT_FINITE = "?"  # a NaN (or infinite) weight: not a shade, and left out of the shading's scale
 ROW_LIMIT = 64  # query rows drawn; --save or --json hold the rest
 ROW_LABEL_WIDTH = 14  # cells for a query's label
 BEST_LABEL_WIDTH = 12  # cells for the key a row attends to most
@@ -45,17 +46,22 @@ def heatmap_json(hm: Heatmap) -> dict[str, Any]:
 
 def show_heatmap(out: Console, hm: Heatmap) -> None:
     """The pattern, rows = queries, columns = keys, and for each row the key it attends to most and the
-    row's entropy H (0 = all on one key, ln n_K = spread evenly)."""
-    n_rows, n_cols = len(hm.matrix), len(hm.matrix[0]) if hm.matrix else 0
+    row's entropy H (0 = all on one key, ln n_K = spread evenly). A NaN weight is drawn as `?`."""
+    n_rows, n_cols = len(hm.row_labels), len(hm.col_labels)
+    if not hm.matrix or not hm.matrix[0]:
+        out.print(Text(f"{hm.title}  [{n_rows} queries x {n_cols} keys]: nothing to draw", style="bold"))
+        return
     shown = hm.matrix[:ROW_LIMIT]
     row_w = min(max((cell_len(s) for s in hm.row_labels[:ROW_LIMIT]), default=1), ROW_LABEL_WIDTH)
     summaries = [_summary(values, hm.col_labels) for values in shown]
     room = out.width - row_w - 1 - max((cell_len(s) for s in summaries), default=0)
     grid = _grid(shown, hm.col_labels, room)
-    peak = max((max(r) for r in grid.rows if r), default=0.0) or 1.0
+    largest = max((v for r in grid.rows for v in r if math.isfinite(v)), default=None)
+    peak = largest or 1.0
 
     out.print(Text(f"{hm.title}  [{n_rows} queries x {n_cols} keys]", style="bold"))
-    out.print(Text(f"shades '{SHADES}': weight 0 to {peak:.3f}, the most shown (more ink = more weight)"))
+    scale = "no finite weight" if largest is None else f"weight 0 to {peak:.3f}, the most shown"
+    out.print(Text(f"shades '{SHADES}': {scale} (more ink = more weight)"))
     out.print(FittedText(f"→ most-attended key;  H = row entropy, nats (0: one key, ln {n_cols} = "
                          f"{math.log(max(n_cols, 1)):.2f}: uniform)"))
     if grid.pool > 1:
@@ -67,11 +73,16 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
         label = _fit_label(label, row_w)
         text = Text(" " * (row_w - cell_len(label)) + label + " ")
         for value in values:
-            text.append(SHADES[_level(value, peak)] * grid.cell, style=_heat_style(value / peak))
+            if math.isfinite(value):
+                text.append(SHADES[_level(value, peak)] * grid.cell, style=_heat_style(value / peak))
+            else:
+                text.append(NOT_FINITE * grid.cell)
         text.append(summary)
         out.print(text)
     if grid.numbered:
         out.print(FittedText("keys: " + "  ".join(f"{i * grid.pool}={label}" for i, label in enumerate(grid.cols))))
+    if not all(math.isfinite(v) for r in grid.rows for v in r):
+        out.print(Text(f"{NOT_FINITE} = NaN: the attention holds NaN there (--stats counts them in every step)"))
     if len(shown) < n_rows:
         out.print(Text(f"(showing the first {len(shown)} of {n_rows} queries; --save or --json hold them all)"))
 
@@ -97,6 +108,8 @@ def _column_labels(grid: Grid) -> list[str]:
 
 
 def _summary(values: list[float], labels: list[str]) -> str:
+    if not all(math.isfinite(v) for v in values):
+        return "  → NaN in this row"
     best = max(range(len(values)), key=values.__getitem__) if values else 0
     entropy = max(0.0, -sum(p * math.log(p) for p in values if p > 0))
     weight = values[best] if values else 0.0

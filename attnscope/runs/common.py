@@ -7,8 +7,9 @@ functions, after the memory guard, so a run that cannot fit is refused before to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,21 +93,33 @@ class RunResult:
 META_ADVICE = "use --meta to see every shape and cost without allocating, or shrink the sizes"
 
 
-def guard_memory(needed: int, max_memory: int | None, advice: str = META_ADVICE) -> None:
+def guard_memory(needed: int, max_memory: int | None, what: str = "this run needs",
+                 advice: str = META_ADVICE) -> None:
     """Refuse, with the estimate, a run that would not fit: better one line now than a process killed later.
     `advice` names what the command offers instead (bench has no --meta)."""
     if max_memory is not None:
         if needed > max_memory:
-            raise ResourceError(f"this run needs about {cost.format_bytes(needed)}, more than --max-memory "
+            raise ResourceError(f"{what} about {cost.format_bytes(needed)}, more than --max-memory "
                                 f"{cost.format_bytes(max_memory)}; {advice}")
         return
     available = cost.available_memory()
     if available is not None and needed * MACHINE_MARGIN > available:
-        raise ResourceError(f"this run needs about {cost.format_bytes(needed)} but this machine has "
+        raise ResourceError(f"{what} about {cost.format_bytes(needed)} but this machine has "
                             f"{cost.format_bytes(available)} available; {advice}")
 
 
+# PyTorch's sizes and seeds are 64-bit integers; a larger one gets a C++ backtrace out of torch.
+INT64 = 2**63
+
+
 def check_common(o: AttentionOptions) -> None:
+    for option in fields(o):  # every option, today's and tomorrow's: an empty name or a number beyond torch's
+        value = getattr(o, option.name)
+        flag = "--" + option.name.replace("_", "-")
+        if value == "":
+            raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
+        if isinstance(value, int) and not -INT64 <= value < INT64:
+            raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
     if o.meta and (o.check or o.save or o.heatmap):
         used = [name for name, on in (("--check", o.check), ("--save", o.save), ("--heatmap", o.heatmap)) if on]
         raise UsageError(f"--meta computes shapes only, no numbers; drop --meta or {' and '.join(used)}")
@@ -115,6 +128,10 @@ def check_common(o: AttentionOptions) -> None:
     if o.pad < 0:
         raise UsageError(f"--pad {o.pad}: the number of padded keys cannot be negative")
     check_variants(o)
+    for option in fields(o):  # after the options' own checks, which say more
+        value = getattr(o, option.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{option.name.replace('_', '-')} {value}: give a finite number")
     if o.save:
         from attnscope.tensors import check_writable
 
@@ -172,10 +189,34 @@ def structural_bytes(o: AttentionOptions, n_Q: int, n_K: int) -> int:
     return n_Q * n_K if effective_causal(o) or o.window is not None else 0
 
 
-def load(spec: str | None) -> torch.Tensor | None:
+def check_addressable(needed: int) -> None:
+    """--meta allocates nothing, but PyTorch still counts every tensor's bytes in 64 bits."""
+    if needed >= INT64:
+        raise UsageError(f"these sizes need about {cost.format_bytes(needed)}, beyond the 2^63 bytes PyTorch can "
+                         "count even on the meta device; shrink the sizes")
+
+
+def guard_files(specs: list[str | None], max_memory: int | None) -> None:
+    """Before any data is read, the input files' tensors, sized from their headers, must fit together (in
+    --max-memory, or in what the machine has). A file whose header alone cannot be read (a legacy .pt) is
+    checked by its size when it is loaded."""
     from attnscope.tensors import load_tensor
 
-    return load_tensor(spec) if spec else None
+    needed = 0
+    for spec in {spec for spec in specs if spec}:
+        try:
+            shape = load_tensor(spec, meta=True)
+        except UsageError:
+            continue  # its load names what is wrong
+        needed += shape.numel() * shape.element_size()
+    guard_memory(needed, max_memory, what="the input files hold")
+
+
+def load(spec: str | None, meta: bool = False) -> torch.Tensor | None:
+    """A tensor from a file; with --meta only its shape and dtype, from the file's header (no data is read)."""
+    from attnscope.tensors import load_tensor
+
+    return load_tensor(spec, meta=meta) if spec else None
 
 
 def build_mask(o: AttentionOptions, user_mask: torch.Tensor | None, n_Q: int, n_K: int, device: Any,
@@ -187,15 +228,19 @@ def build_mask(o: AttentionOptions, user_mask: torch.Tensor | None, n_Q: int, n_
 
     built = None
     if user_mask is not None:
-        if scores_shape is not None:
-            masks.check_broadcast(user_mask, scores_shape)
+        # Checked before it meets the padding mask, which would broadcast it first; without the scores' shape,
+        # against its own batch dims and [n_Q, n_K].
+        trailing = (n_K, n_Q) if columns else (n_Q, n_K)
+        masks.check_broadcast(user_mask, scores_shape or (*user_mask.shape[:-2], *trailing))
         built = masks.normalize(user_mask.to(device))
     if o.pad:
         padding = masks.key_padding_mask(n_K, o.pad, device)  # [n_K]
         built = masks.combine(built, padding.unsqueeze(-1) if columns else padding)
     if columns and o.causal:
         built = masks.combine(built, masks.causal_mask(n_Q, n_K, o.causal, device).transpose(0, 1))  # type: ignore[arg-type]
-    return built
+    # [n_K] (key padding, or a 1-D mask; [n_Q] in the column layout) as [1, n_K]: the same for every query,
+    # in the [.., n_Q, n_K] form every consumer takes (PyTorch's CPU attention refuses a 1-D attn_mask).
+    return built.reshape(1, -1) if built is not None and built.dim() < 2 else built
 
 
 def random_inputs(shapes: Mapping[str, tuple[int, ...]], seed: int, device: str) -> dict[str, torch.Tensor]:
@@ -228,7 +273,7 @@ def finish(o: AttentionOptions, result: RunResult, extra: SavedExtra | None = No
         meta: dict[str, Any] = {s.name: {"dims": list(s.dims), "op": s.op} for s in result.trace.steps}
         for name, (tensor, dims, op) in (extra or {}).items():
             tensors[name], meta[name] = tensor, {"dims": list(dims), "op": op}
-        result.saved = save_tensors(tensors, o.save, force=o.force, metadata=meta)
+        result.saved = save_tensors(tensors, o.save, force=o.force, metadata=meta, option="--save")
         result.saved_names = list(tensors)
     return result
 
@@ -258,7 +303,10 @@ def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
     index: list[int] = []
     where: list[str] = []
     leading = step.dims[:-2]
+    labels = [f"q{i}" for i in range(step.shape[-2])], [f"k{j}" for j in range(step.shape[-1])]
     for axis, (name, size) in enumerate(zip(leading, step.shape[:-2], strict=True)):
+        if size == 0:  # an empty batch has no pattern to pick
+            return Heatmap(f"{step.name} ({name} = 0)", [], *labels)
         is_head = name == "n_head"
         i = head if is_head else batch if axis == 0 else 0
         if not 0 <= i < size:
@@ -311,6 +359,10 @@ def finish_variants(o: AttentionOptions, result: RunResult, n_Q: int, n_K: int,
     if o.show_mask:
         from attnscope.maskview import view
 
+        if user_mask is not None and user_mask.device.type == "meta":  # --meta read the file's header only
+            user_mask = None
+            result.trace.notes.append(f"--show-mask under --meta: {o.mask} is read for its shape only, so the grid "
+                                      "leaves its values out")
         result.mask_view = view(n_Q, n_K, causal=effective_causal(o), window=o.window, pad=o.pad,
                                 user_mask=user_mask, cache=o.cache)
 

@@ -200,4 +200,4 @@ def _save(result: HeadResult) -> None:
         steps = {**{s.name: s for s in result.run.head.steps},
                  **{f"layer.{s.name}": s for s in result.run.layer.steps}}
         meta["steps"] = {name: {"dims": list(s.dims), "op": s.op} for name, s in steps.items()}
-    result.saved = save_tensors(saved_tensors(result), o.save, force=o.force, metadata=meta)
+    result.saved = save_tensors(saved_tensors(result), o.save, force=o.force, metadata=meta, option="--save")

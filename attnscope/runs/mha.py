@@ -14,12 +14,14 @@ from attnscope.runs.common import (
     RunResult,
     asked,
     build_mask,
+    check_addressable,
     check_common,
     check_heads,
     effective_causal,
     finish,
     finish_variants,
     flag_overhead,
+    guard_files,
     guard_memory,
     input_op,
     inputs_bytes,
@@ -59,24 +61,32 @@ def run_mha(o: MhaOptions) -> RunResult:
     cross = o.nk is not None and o.nk != o.nq
     n_new = o.nk if o.nk is not None else o.nq  # keys computed in this call; the cache holds o.cache more
     causal = effective_causal(o)
-    if not o.q and not o.meta:
+    if not o.q:
         n_K = o.cache + n_new
         needed = cost.mha_bytes(o.batch, o.nq, n_K, o.d_feat, o.heads, bias=o.bias, cross=cross,
                                 masked=bool(causal or o.pad or o.mask), n_kv_head=o.kv_heads, d_head=o.d_head,
                                 rope=o.rope, softcap=o.softcap is not None, alibi=o.alibi, cache=o.cache,
                                 offset=n_K - o.nq if causal == "lower-right" else 0)
-        guard_memory(needed + flag_overhead(o, needed), o.max_memory)
+        if o.meta:
+            check_addressable(needed)
+        else:
+            guard_memory(needed + flag_overhead(o, needed), o.max_memory)
     import torch
 
     from attnscope.multihead import MultiHeadAttention
 
-    user_mask = load(o.mask)
-    Q, K, V = load(o.q), load(o.k), load(o.v)
+    if not o.meta:
+        guard_files([o.q, o.k, o.v, o.mask], o.max_memory)
+    user_mask = load(o.mask, o.meta)  # with --meta, the headers only
+    Q, K, V = load(o.q, o.meta), load(o.k, o.meta), load(o.v, o.meta)
     raw: dict[str, torch.Tensor | None] = {"Q": Q, "K": K, "V": V}
     device = "meta" if o.meta else "cpu"
     dtype_note = None
     if Q is not None and Q.dim() != 3:  # before reading d_feat from it: the rank is what is wrong
         raise UsageError(f"--q {o.q} is {list(Q.shape)} but multi-head attention takes [n_batch, n, d_feat]")
+    if Q is not None and Q.shape[-1] == 0:
+        raise UsageError(f"--q {o.q} is {list(Q.shape)}: d_feat = 0, so there are no features to project; "
+                         "give each token at least one feature")
     d_feat = int(Q.shape[-1]) if Q is not None else o.d_feat
     check_heads(d_feat, o.heads, from_file=Q is not None, d_head=o.d_head)
     if Q is None:
@@ -141,9 +151,9 @@ def run_mha(o: MhaOptions) -> RunResult:
                               "inputs": {n: s for n, s in (("Q", o.q), ("K", o.k), ("V", o.v)) if s} or "random"}
     params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is
     kind = "cross-attention" if K is not Q else "self-attention"
-    scaling = "√d_head" if o.scale is None else f"{1 / o.scale:g}"
+    scaling = "/ √d_head" if o.scale is None else f"· {o.scale:g}"  # · 0 is allowed: uniform attention
     heads = f"n_head={o.heads}" if module.n_group == 1 else f"n_head={o.heads}  n_kv_head={module.n_kv_head}"
-    header = (f"MHA ({kind})  x = W_o(merge_heads(softmax(Q_split K_splitᵀ / {scaling}) V_split))\n"
+    header = (f"MHA ({kind})  x = W_o(merge_heads(softmax(Q_split K_splitᵀ {scaling}) V_split))\n"
               f"n_batch={n_batch}  n_Q={n_Q}  n_K={n_K}  d_feat={d_feat}  {heads}  "
               f"d_head={module.d_head}  seed={o.seed}") + variants_line(o, n_Q, n_K)
     extra = _held(o, Q, K, V, mask, module, n_Q, n_K)

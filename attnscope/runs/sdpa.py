@@ -14,11 +14,13 @@ from attnscope.runs.common import (
     RunResult,
     asked,
     build_mask,
+    check_addressable,
     check_common,
     effective_causal,
     finish,
     finish_variants,
     flag_overhead,
+    guard_files,
     guard_memory,
     input_op,
     inputs_bytes,
@@ -61,17 +63,22 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     random_inputs = not any(files.values())
     n_K = _keys(o)
     causal = effective_causal(o)
-    if random_inputs and not o.meta:
+    if random_inputs:
         offset = n_K - o.nq if causal == "lower-right" else 0
         needed = cost.sdpa_bytes(o.batch, o.nq, n_K, o.dk, o.dv, masked=bool(causal or o.pad or o.mask),
                                  rope=o.rope, softcap=o.softcap is not None, alibi=o.alibi, offset=offset)
-        guard_memory(needed + flag_overhead(o, needed), o.max_memory)
+        if o.meta:
+            check_addressable(needed)
+        else:
+            guard_memory(needed + flag_overhead(o, needed), o.max_memory)
     import torch
 
     from attnscope.tensors import load_tensor
 
-    user_mask = load(o.mask)
-    loaded = {name: load_tensor(spec) for name, spec in files.items() if spec}
+    if not o.meta:
+        guard_files([*files.values(), o.mask], o.max_memory)
+    user_mask = load(o.mask, o.meta)  # with --meta, the headers only
+    loaded = {name: load_tensor(spec, meta=o.meta) for name, spec in files.items() if spec}
     if "Q" in loaded:  # self-attention when only --q (and --k) are given
         loaded.setdefault("K", loaded["Q"])
         loaded.setdefault("V", loaded["K"])

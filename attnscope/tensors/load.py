@@ -1,0 +1,112 @@
+"""Loading one tensor from `FILE` or `FILE:NAME`: the header first (formats.py), then the refusals and the
+memory guard, and only then the data (none at all for `meta=True`)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import zipfile
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnscope.errors import ResourceError, UsageError
+from attnscope.tensors import formats
+from attnscope.tensors.formats import Entry
+
+if TYPE_CHECKING:
+    import torch
+
+LOAD_FORMATS = (".npy", ".npz", ".safetensors", ".pt", ".pth")
+
+
+def split_spec(spec: str) -> tuple[Path, str | None]:
+    """`file.npz:name` -> (file.npz, name). A path that exists as given is taken whole, colons and all."""
+    path = Path(spec)
+    if path.exists() or ":" not in spec:
+        return path, None
+    file, _, name = spec.rpartition(":")
+    return Path(file), (name or None)
+
+
+def load_tensor(spec: str, *, meta: bool = False) -> torch.Tensor:
+    """Load one tensor from `FILE` or `FILE:NAME` (the name picks one tensor out of .npz/.safetensors/.pt).
+
+    With `meta=True` only the file's header is read, and the tensor comes back on PyTorch's meta device with
+    the file's shape and dtype: no data is read, whatever the file's size. A big-endian array is converted
+    to this machine's byte order; complex, sparse, quantized, float8 and meta tensors are refused (the last
+    unless `meta=True`), each with one line saying what to save instead.
+    """
+    import torch
+
+    if not spec:
+        raise UsageError("no file name given; give a tensor file")
+    path, name = split_spec(spec)
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder; give a tensor file ({', '.join(LOAD_FORMATS)})")
+    if suffix not in LOAD_FORMATS:
+        raise UsageError(f"{spec}: unknown tensor file type {suffix or '(no extension)'!r}; "
+                         f"use one of {', '.join(LOAD_FORMATS)}")
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{path}: cannot read the file (permission denied)")
+    try:
+        entry = _pick(spec, path, _entries(path, suffix, meta), name)
+        if entry.problem:
+            raise UsageError(f"{spec} {entry.problem}")
+        if meta:
+            return torch.empty(entry.shape, dtype=entry.dtype, device="meta")
+        _check_fits(spec, entry.nbytes)
+        value = entry.read()
+        return value if isinstance(value, torch.Tensor) else torch.from_numpy(value)
+    except (UsageError, ResourceError):
+        raise
+    except (zipfile.BadZipFile, zlib.error, NotImplementedError) as exc:
+        raise UsageError(f"{path}: a damaged {suffix} archive ({_first_line(exc)}); write the file again") from None
+    except (ValueError, OSError, RuntimeError, EOFError, KeyError, struct.error) as exc:
+        raise UsageError(f"{path}: not a readable {suffix} tensor file ({_first_line(exc)})") from None
+
+
+def _entries(path: Path, suffix: str, meta: bool) -> Mapping[str, Entry]:
+    if suffix == ".npy":
+        return formats.npy_entries(path)
+    if suffix == ".npz":
+        return formats.npz_entries(path)
+    if suffix == ".safetensors":
+        return formats.safetensors_entries(path)
+    return formats.torch_entries(path, meta=meta, fits=lambda size: _check_fits(str(path), size))
+
+
+def _check_fits(spec: str, size: int) -> None:
+    """A tensor larger than the memory left would get the process killed halfway through loading it. `size` is
+    what the tensor takes in memory, from the header: a compressed .npz member counts as inflated."""
+    from attnscope.cost import available_memory, format_bytes
+
+    available = available_memory()
+    if available is not None and size > available:
+        raise ResourceError(f"{spec} holds {format_bytes(size)}, more than the {format_bytes(available)} of memory "
+                            "this machine has available; use --meta for shapes only, or a smaller slice of it")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _pick(spec: str, path: Path, entries: Mapping[str, Entry], name: str | None) -> Entry:
+    if "" in entries:  # a .npy file, or a .pt holding one bare tensor
+        if name:
+            raise UsageError(f"{spec}: {path} holds a single unnamed tensor; drop ':{name}'")
+        return entries[""]
+    if name is None:
+        if len(entries) != 1:
+            listed = ", ".join(sorted(entries)[:10]) or "nothing"
+            raise UsageError(f"{spec} holds {len(entries)} tensors ({listed}); choose one with FILE:NAME")
+        name = next(iter(entries))
+    if name not in entries:
+        held = ", ".join(sorted(entries)[:10]) or "no tensors at all"
+        raise UsageError(f"{spec}: no tensor named {name!r}; it holds {held}")
+    return entries[name]
