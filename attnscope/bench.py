@@ -1,26 +1,28 @@
 """`attnscope bench`: time the traced path against PyTorch's fused attention on the same inputs.
 
-Each contender runs `warmup` times, then `runs` times; the median is reported. Peak memory is measured
-on CUDA with the allocator's own counters, and on Linux CPUs as the growth of the process's resident
-set (its high-water mark is reset before each measured call). No terminal code here: progress is
-reported through a callback, which the CLI turns into a progress bar.
+A race is set up first (inputs, contenders, the FLOPs of one call from a traced run of one batch element,
+the memory estimate), so the CLI can say how long it will take before the long part runs. Then each contender runs
+`warmup` times and `runs` times; the median is reported. Peak memory is what one call allocates beyond its
+inputs, seen allocation by allocation: CUDA's allocator counters on a GPU, PyTorch's profiler
+(`profile_memory=True`) on a CPU. No terminal code here: progress goes through a callback.
 """
 
 from __future__ import annotations
 
-import ctypes
+import os
 import statistics
+import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from attnscope import masks
+from attnscope import cost, masks
 from attnscope.attention import sdpa
 from attnscope.check import reference_mha
 from attnscope.errors import UsageError
@@ -36,7 +38,7 @@ class Contender:
     name: str
     median_ms: float
     gflops_per_s: float
-    peak_bytes: int | None
+    peak_bytes: int | None  # allocated by one call at its peak, beyond the inputs
     max_abs_diff: float  # against the traced path's output: all rows compute the same thing
 
 
@@ -48,6 +50,21 @@ class Backend:
 
 
 @dataclass
+class Race:
+    """Everything a bench needs before the first timed call."""
+
+    command: str
+    params: dict[str, Any]
+    flops: int  # one call, counted on a traced run of one batch element
+    inputs_bytes: int  # inputs, weights and mask: held before any call
+    estimate_bytes: int  # attnscope's estimate of the traced run (cost.sdpa_bytes / cost.mha_bytes)
+    device: torch.device
+    dtype: torch.dtype
+    candidates: dict[str, Callable[[], torch.Tensor]]
+    backends: Callable[[], list[Backend]] = lambda: []
+
+
+@dataclass
 class BenchResult:
     command: str
     params: dict[str, Any]
@@ -55,6 +72,8 @@ class BenchResult:
     contenders: list[Contender]
     backends: list[Backend] = field(default_factory=list)
     memory_method: str = ""
+    inputs_bytes: int = 0
+    estimate_bytes: int = 0
 
 
 def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
@@ -68,30 +87,27 @@ def resolve(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     return torch.device(device), DTYPES[dtype]
 
 
-def bench_sdpa(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | None, device: str, dtype: str,
-               runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
+def sdpa_race(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | None, device: str,
+              dtype: str) -> Race:
     dev, dt = resolve(device, dtype)
     generator = torch.Generator(device=dev).manual_seed(0)
     Q, K, V = (torch.randn(batch, n, d, device=dev, dtype=dt, generator=generator)
                for n, d in ((nq, dk), (nk, dk), (nk, dv)))
     mask = masks.causal_mask(nq, nk, causal, dev) if causal else None  # type: ignore[arg-type]
-    reference = sdpa(Q, K, V, mask)
-    flops = reference.total_flops
+    flops = batch * sdpa(Q[:1], K[:1], V[:1], mask).total_flops  # every step's FLOPs grow with the batch
+    params = {"batch": batch, "batch_shape": [batch], "nq": nq, "nk": nk, "dk": dk, "dv": dv, "causal": causal,
+              "device": device, "dtype": dtype}
     candidates: dict[str, Callable[[], torch.Tensor]] = {
         "attnscope sdpa (traced)": lambda: sdpa(Q, K, V, mask)["out"],
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(Q, K, V, attn_mask=mask),
     }
-    params = {"batch": batch, "nq": nq, "nk": nk, "dk": dk, "dv": dv, "causal": causal, "device": device,
-              "dtype": dtype, "runs": runs, "warmup": warmup}
-    result = BenchResult("sdpa", params, flops, _race(candidates, reference["out"], flops, runs, warmup, dev, tick),
-                         memory_method=_memory_method(dev))
-    if dev.type == "cuda":
-        result.backends = cuda_backends(Q, K, V, mask)
-    return result
+    estimate = cost.sdpa_bytes(batch, nq, nk, dk, dv, itemsize=Q.element_size(), masked=mask is not None)
+    return Race("sdpa", params, flops, _bytes(Q, K, V, mask), estimate, dev, dt, candidates,
+                backends=lambda: cuda_backends(Q, K, V, mask) if dev.type == "cuda" else [])
 
 
-def bench_mha(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bool, causal: str | None,
-              device: str, dtype: str, runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
+def mha_race(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bool, causal: str | None,
+             device: str, dtype: str) -> Race:
     dev, dt = resolve(device, dtype)
     torch.manual_seed(0)
     traced = MultiHeadAttention(d_feat, heads, bias=bias, device=dev, dtype=dt).eval()
@@ -103,29 +119,38 @@ def bench_mha(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bo
     KV = Q if nk == nq else torch.randn(batch, nk, d_feat, device=dev, dtype=dt, generator=generator)
     mask = masks.causal_mask(nq, nk, causal, dev) if causal else None  # type: ignore[arg-type]
     torch_mask = None if mask is None else ~mask  # nn.MultiheadAttention: True = masked out
-    with torch.no_grad():
-        reference = traced(Q, KV, KV, mask)
-    flops = reference.total_flops
+    with torch.no_grad():  # every step's FLOPs grow with the batch: one element says it all
+        flops = batch * traced(Q[:1], KV[:1], KV[:1], mask).total_flops
+    params = {"batch": batch, "batch_shape": [batch], "nq": nq, "nk": nk, "d_feat": d_feat, "heads": heads,
+              "bias": bias, "causal": causal, "device": device, "dtype": dtype}
     candidates: dict[str, Callable[[], torch.Tensor]] = {
         "attnscope MultiHeadAttention (traced)": lambda: traced(Q, KV, KV, mask)["x"],
         "attnscope MultiHeadAttention(record=False)": lambda: fast(Q, KV, KV, mask)["x"],
         "torch.nn.MultiheadAttention": lambda: torch_mha(Q, KV, KV, attn_mask=torch_mask, need_weights=False)[0],
     }
-    params = {"batch": batch, "nq": nq, "nk": nk, "d_feat": d_feat, "heads": heads, "bias": bias, "causal": causal,
-              "device": device, "dtype": dtype, "runs": runs, "warmup": warmup}
-    result = BenchResult("mha", params, flops, _race(candidates, reference["x"], flops, runs, warmup, dev, tick),
-                         memory_method=_memory_method(dev))
-    if dev.type == "cuda":
-        result.backends = cuda_backends(reference["Q_split"], reference["K_split"], reference["V_split"], mask)
-    return result
+    weights = sum(p.numel() * p.element_size() for p in traced.parameters())
+    estimate = cost.mha_bytes(batch, nq, nk, d_feat, heads, itemsize=Q.element_size(), bias=bias, cross=nk != nq,
+                              masked=mask is not None)
+
+    def backends() -> list[Backend]:
+        if dev.type != "cuda":
+            return []
+        with torch.no_grad():
+            steps = traced(Q, KV, KV, mask)
+        return cuda_backends(steps["Q_split"], steps["K_split"], steps["V_split"], mask)
+
+    return Race("mha", params, flops, _bytes(Q, KV, mask) + weights, estimate, dev, dt, candidates, backends)
 
 
-def _race(candidates: dict[str, Callable[[], torch.Tensor]], expected: torch.Tensor, flops: int, runs: int,
-          warmup: int, device: torch.device, tick: Tick) -> list[Contender]:
-    rows = []
+def run(race: Race, runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
+    """Time every contender, measure its peak memory and its difference from the traced path (the first)."""
+    rows: list[Contender] = []
+    expected: torch.Tensor | None = None
     with torch.no_grad():
-        for name, fn in candidates.items():
+        for name, fn in race.candidates.items():
             out = fn()
+            if expected is None:
+                expected = out
             diff = float((out.double() - expected.double()).abs().max()) if out.numel() else 0.0
             del out
             for _ in range(warmup):
@@ -133,11 +158,24 @@ def _race(candidates: dict[str, Callable[[], torch.Tensor]], expected: torch.Ten
                 tick(name)
             times = []
             for _ in range(runs):
-                times.append(_timed(fn, device))
+                times.append(_timed(fn, race.device))
                 tick(name)
             median = statistics.median(times)
-            rows.append(Contender(name, median * 1e3, flops / median / 1e9, peak_memory(fn, device), diff))
-    return rows
+            rows.append(Contender(name, median * 1e3, race.flops / median / 1e9, peak_memory(fn, race.device), diff))
+    params = {**race.params, "runs": runs, "warmup": warmup}
+    return BenchResult(race.command, params, race.flops, rows, race.backends(), memory_method(race.device),
+                       race.inputs_bytes, race.estimate_bytes)
+
+
+def bench_sdpa(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | None, device: str, dtype: str,
+               runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
+    return run(sdpa_race(batch, nq, nk, dk, dv, causal=causal, device=device, dtype=dtype), runs, warmup, tick)
+
+
+def bench_mha(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bool, causal: str | None,
+              device: str, dtype: str, runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
+    race = mha_race(batch, nq, nk, d_feat, heads, bias=bias, causal=causal, device=device, dtype=dtype)
+    return run(race, runs, warmup, tick)
 
 
 def _timed(fn: Callable[[], torch.Tensor], device: torch.device) -> float:
@@ -150,19 +188,41 @@ def _timed(fn: Callable[[], torch.Tensor], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def _bytes(*tensors: torch.Tensor | None) -> int:
+    unique = {id(t): t for t in tensors if t is not None}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+# --- how long it will take ------------------------------------------------------------------------
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 512) -> float:
+    """FLOP/s of an `[n, n] @ [n, n]` matmul here, the best of three: what the machine can do at most."""
+    A = torch.randn(n, n, device=device).to(dtype)
+    A @ A  # noqa: B018 - warm-up: lazy initialisation, caches
+    best = min(_timed(lambda: A @ A, device) for _ in range(3))
+    return 2 * n**3 / max(best, 1e-9)
+
+
+def seconds_estimate(race: Race, runs: int, warmup: int) -> tuple[float, int, float]:
+    """(seconds, calls, FLOP/s): every call's FLOPs at the measured matmul rate. Attention runs slower than a
+    matmul (the softmax is memory-bound), so the real bench takes this long or longer."""
+    calls = len(race.candidates) * (runs + warmup + 2)  # +2: the call checked against the traced output, memory
+    rate = matmul_rate(race.device, race.dtype)
+    return race.flops * calls / rate, calls, rate
+
+
 # --- memory ---------------------------------------------------------------------------------------
 
 
-def _memory_method(device: torch.device) -> str:
+def memory_method(device: torch.device) -> str:
     if device.type == "cuda":
-        return "torch.cuda.max_memory_allocated, beyond the inputs"
-    if _linux_hwm_resettable():
-        return "growth of the process's peak resident set during one call, beyond the inputs"
-    return "not measured on this platform"
+        return "torch.cuda.max_memory_allocated during one call, beyond its inputs"
+    return "PyTorch's profiler (profile_memory=True): the most one call holds at once, beyond its inputs"
 
 
 def peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
-    """Bytes one call needs beyond what was already allocated (its inputs and weights)."""
+    """Bytes one call allocates at its peak beyond what was already allocated (its inputs and weights)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -171,56 +231,42 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
         torch.cuda.synchronize(device)
         del out
         return torch.cuda.max_memory_allocated(device) - before
-    if not _linux_hwm_resettable():
-        return None
-    _pin_malloc_threshold()
-    before = _reset_hwm()
-    out = fn()
-    peak = _status_kib("VmHWM") * 1024
+    from torch.autograd import profiler
+
+    with _quiet_stderr(), profiler.profile(profile_memory=True) as prof:
+        out = fn()
     del out
-    return max(0, peak - before)
+    try:  # every allocation (+bytes) and free (-bytes), in order; the peak is the highest running sum
+        events = [(_start(e), e.nbytes()) for e in prof.kineto_results.events() if e.name() == "[memory]"]
+    except AttributeError:  # a torch whose profiler reports no allocations
+        return None
+    held = peak = 0
+    for _, nbytes in sorted(events):
+        held += nbytes
+        peak = max(peak, held)
+    return peak
 
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
+def _start(event: Any) -> int:
+    return event.start_ns() if hasattr(event, "start_ns") else 1000 * event.start_us()
 
 
-def _status_kib(field_name: str) -> int:
-    for line in _STATUS.read_text().splitlines():
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1])
-    raise OSError(field_name)
-
-
-def _linux_hwm_resettable() -> bool:
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Some torch builds log every profiler start and stop on the process's stderr: not ours to show."""
     try:
-        _reset_hwm()
-        return True
-    except OSError:
-        return False
-
-
-def _reset_hwm() -> int:
-    """Reset the peak resident set to the current one ("5" > clear_refs, Linux >= 4.0); return it in bytes."""
-    _CLEAR_REFS.write_text("5")
-    return _status_kib("VmRSS") * 1024
-
-
-_pinned = False
-
-
-def _pin_malloc_threshold() -> None:
-    """glibc raises its mmap threshold after large frees and then keeps freed blocks in the heap, where a
-    later call reuses them without growing the resident set; a fixed threshold returns them at once."""
-    global _pinned
-    if _pinned:
+        sys.stderr.flush()
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):
+        yield
         return
+    os.dup2(devnull, 2)
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-    _pinned = True
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 # --- which fused kernels CUDA would use -------------------------------------------------------------------

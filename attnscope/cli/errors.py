@@ -20,9 +20,13 @@ ClickUsageError: type[Exception] = _CLICK_BASES["UsageError"]
 ClickException: type[Exception] = _CLICK_BASES["ClickException"]
 
 
+OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
+
+
 @contextmanager
-def reported(debug: bool) -> Iterator[None]:
-    """Turn every failure into one line on stderr and an exit code; --debug shows the traceback instead."""
+def reported(debug: bool, oom_advice: str = OOM_ADVICE) -> Iterator[None]:
+    """Turn every failure into one line on stderr and an exit code; --debug shows the traceback instead.
+    `oom_advice` names what the command offers when memory runs out (bench has no --meta)."""
     import warnings
 
     from attnscope import render
@@ -44,7 +48,7 @@ def reported(debug: bool) -> Iterator[None]:
     except MemoryError:
         if debug:
             raise
-        render.error("out of memory; use --meta to see shapes and costs without allocating, or shrink the sizes")
+        render.error(f"out of memory; {oom_advice}")
         raise typer.Exit(1) from None
     except Exception as exc:  # a bug or a library failure: still one line, with the way to see more
         if debug:

@@ -1,12 +1,16 @@
-"""Option types shared by several commands, declared once (the house style's aliases)."""
+"""Option types shared by several commands, declared once (the house style's aliases), and the classes
+that make every command's help read right: `-h` as `--help`, flags shown as flags."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
+
+HELP_NAMES = ["-h", "--help"]  # `-h` works as --help everywhere (set on the root, inherited by every command)
 
 
 class Causal(str, Enum):
@@ -57,6 +61,37 @@ def refuse_ignored(ctx) -> None:  # type: ignore[no-untyped-def]
                               f"add --heatmap, or drop {listed}", ctx)
 
 
+class AttnscopeGroup(TyperGroup):
+    """The root command group. Typer 0.29 renders every flag in the help panels with a value type,
+    `--check <bool>`, which invites `--check true` (then: "unexpected extra argument"); Typer 0.16 to 0.28
+    showed flags bare. A flag given an empty metavar renders bare in all of them, so this group gives one
+    to every flag of every command below it (their own, the help option, the completion options) as the
+    command tree is built: commands added later are covered without doing anything."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _flags_as_flags_below(self)
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        params = super().get_params(ctx)  # the completion options are added after __init__
+        _flags_as_flags(params)
+        return params
+
+
+def _flags_as_flags_below(group: Any) -> None:
+    for command in getattr(group, "commands", {}).values():
+        # The help option is made on first use and then kept (Click >= 8.2): make it now, with our names.
+        help_option = command.get_help_option(typer.Context(command, help_option_names=HELP_NAMES))
+        _flags_as_flags([*command.params, help_option])
+        _flags_as_flags_below(command)
+
+
+def _flags_as_flags(params: Iterable[Any]) -> None:
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+
+
 def expand_bare_causal(args: list[str]) -> list[str]:
     out: list[str] = []
     for i, arg in enumerate(args):
@@ -102,8 +137,9 @@ Save = Annotated[str | None, typer.Option("--save", metavar="FILE", callback=not
 Force = Annotated[bool, typer.Option("--force", help="Let --save replace an existing file.", rich_help_panel="Output")]
 Values = Annotated[bool, typer.Option("--values", help="Show the numbers of every step (corners of large ones).", rich_help_panel="Output")]
 Stats = Annotated[bool, typer.Option("--stats", help="Show min, max, mean, std and NaN/Inf counts of every step.", rich_help_panel="Output")]
-HeatmapOpt = Annotated[bool, typer.Option("--heatmap", help="Draw the attention pattern of one batch element (and head).", rich_help_panel="Output")]
-HeatmapBatch = Annotated[int, typer.Option("--heatmap-batch", min=0, help="Batch element for --heatmap.", rich_help_panel="Output")]
+HeatmapOpt = Annotated[bool, typer.Option("--heatmap", help="Draw the attention pattern of one batch element (and head), fitted to the terminal.", rich_help_panel="Output")]
+HeatmapBatch = Annotated[int, typer.Option("--heatmap-batch", min=0, help="Which batch element --heatmap draws (an index, from 0).", rich_help_panel="Output")]
+HeatmapHead = Annotated[int, typer.Option("--heatmap-head", min=0, help="Which head --heatmap draws (an index, from 0), where the attention has an n_head axis.", rich_help_panel="Output")]
 Meta = Annotated[bool, typer.Option("--meta", help="Shapes, FLOPs and memory only, on PyTorch's meta device: nothing is allocated, any size.", rich_help_panel="Size")]
 MaxMemory = Annotated[str | None, typer.Option("--max-memory", metavar="SIZE", help="Refuse runs needing more than SIZE (e.g. 8GB, 512MiB); default: what the machine has available.", rich_help_panel="Size")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", hidden=False)]

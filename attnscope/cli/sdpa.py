@@ -20,6 +20,7 @@ from attnscope.cli.options import (
     Dv,
     Force,
     HeatmapBatch,
+    HeatmapHead,
     HeatmapOpt,
     Json,
     KFile,
@@ -80,6 +81,7 @@ def sdpa(
     stats: Stats = False,
     heatmap: HeatmapOpt = False,
     heatmap_batch: HeatmapBatch = 0,
+    heatmap_head: HeatmapHead = 0,
     window: Window = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
@@ -99,8 +101,8 @@ def sdpa(
             batch=batch, nq=nq, nk=nk, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, x=x, wq=wq, wk=wk, wv=wv,
             layout=layout.value, causal=causal.value if causal else None, mask=mask, pad=pad, scale=scale,
             check=check, meta=meta, max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
-            heatmap_batch=heatmap_batch, window=window, softcap=softcap, alibi=alibi, rope=rope,
-            rope_base=rope_base, cache=cache, show_mask=show_mask,
+            heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
+            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
         )
         show_run(run_sdpa(options), json=json, values=values, stats=stats)
 

@@ -25,7 +25,7 @@ from attnscope.cli.options import (
 
 TRACE_EXAMPLES = """Examples:
 
-  attnscope trace docs/examples/my_attention.py:MultiHeadedAttention --init "d_feat=200, n_head=5"
+  attnscope trace docs/examples/my_attention.py:MultiHeadedAttention --init "d_feat=200, n_head=5"   # exit 1: a bug
 
   attnscope trace docs/examples/my_attention.py:attention --causal
 

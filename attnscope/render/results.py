@@ -29,8 +29,7 @@ def cost_lines(result: RunResult) -> list[str]:
     return [
         f"total {format_flops(result.trace.total_flops)}   peak memory {format_bytes(result.peak_bytes)} traced "
         "(every step kept)",
-        f"a fused F.scaled_dot_product_attention needs {format_bytes(result.fused_bytes)}: it never materializes "
-        "scores or attention",
+        f"a fused kernel needs {format_bytes(result.fused_bytes)}: it never materializes scores or attention",
         f"KV cache of this layer: {format_bytes(result.kv_cache_bytes)} (its K and V for n_K = "
         f"{result.params.get('nk')} positions)",
     ]
@@ -52,7 +51,7 @@ def show_result(out: Console, result: RunResult, *, values: bool = False, stats:
     if values:
         show_values(out, result.trace)
     if result.saved:
-        out.print(Text(f"saved {len(result.trace)} tensors to {result.saved}"))
+        out.print(Text(f"saved {len(result.saved_names)} tensors to {result.saved}"))
 
 
 def result_json(result: RunResult, *, values: bool = False, stats: bool = False) -> dict[str, Any]:

@@ -10,38 +10,32 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from attnscope.cost import format_bytes
+from attnscope.cost import format_bytes, scale_count
 from attnscope.render.console import finite
+from attnscope.render.fit import Column, FittedTable, FittedText, broken, cell, whole
 
 if TYPE_CHECKING:
     from attnscope.check import Comparison
     from attnscope.trace import Step, Trace
 
 
-def steps_table(steps: Iterable[Step], title: str | None = None) -> Table:
+def steps_table(steps: Iterable[Step], title: str | None = None) -> FittedTable:
     """One row per step, in order: its name, its named dims with their sizes and, under them, the op that
-    made it; then dtype, size and FLOPs. Two lines a step keep the table readable in 100 columns."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, collapse_padding=True)
-    table.add_column("step", style="bold cyan", no_wrap=True)
-    table.add_column("dims = shape  /  op", overflow="fold")
-    table.add_column("dtype", no_wrap=True)
-    table.add_column("size", justify="right", no_wrap=True)
-    table.add_column("FLOPs", justify="right", no_wrap=True)
-    for step in steps:
-        cell = Text(step.dims_text())
-        cell.append("\n" + step.op, style="green")
-        table.add_row(Text(step.name), cell, step.dtype,
-                      format_bytes(step.nbytes) if step.allocates else "view",
-                      short_flops(step.flops) if step.flops else "-")
-    return table
+    made it; then dtype, size and FLOPs. Fitted to the terminal: `dims = shape` and the op break only
+    between tokens (shape under dims, a chained call under its receiver); when that is not enough, dtype,
+    then FLOPs, then size are left out, and the table says so."""
+    columns = [Column("step", style="bold cyan"), Column("dims = shape  /  op"), Column("dtype", drop=1),
+               Column("size", justify="right", drop=3), Column("FLOPs", justify="right", drop=2)]
+    rows = [[cell(whole(step.name)), cell(broken(step.dims_text()), broken(step.op, "green")), cell(whole(step.dtype)),
+             cell(whole(format_bytes(step.nbytes) if step.allocates else "view")),
+             cell(whole(short_flops(step.flops) if step.flops else "-"))] for step in steps]
+    return FittedTable(columns, rows, shrink=[1], title=title)
 
 
 def short_flops(n: int) -> str:
     """`328.5M`: a narrow column; the footer spells the unit out."""
-    for unit, size in (("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
+    prefix, size = scale_count(n)
+    return f"{size:.1f}{prefix}" if prefix else str(n)
 
 
 def stats_table(trace: Trace) -> Table:
@@ -62,12 +56,12 @@ def stats_table(trace: Trace) -> Table:
 
 
 def show_trace(out: Console, header: str, trace: Trace, footer: Sequence[str] = ()) -> None:
-    out.print(Text(header, style="bold"))
+    out.print(FittedText(header, style="bold"))
     out.print(steps_table(trace.steps))
     for line in footer:
-        out.print(Text(line))
+        out.print(FittedText(line))
     for note in trace.notes:
-        out.print(Text(f"note: {note}", style="yellow"))
+        out.print(FittedText(f"note: {note}", style="yellow"))
 
 
 VALUES_LIMIT = 64  # elements: a preview, not a dump; bigger tensors show their corners

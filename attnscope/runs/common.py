@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from attnscope.check import Asked, Comparison
     from attnscope.maskview import MaskView
-    from attnscope.trace import Trace
+    from attnscope.trace import Step, Trace
 
 # Headroom when the limit is what the machine has: the estimate is good to a few percent, the rest of
 # the system is not ours to count on.
@@ -77,6 +77,7 @@ class RunResult:
     fused_bytes: int
     comparisons: list[Comparison] = field(default_factory=list)
     saved: Path | None = None
+    saved_names: list[str] = field(default_factory=list)
     heatmap: Heatmap | None = None
     kv_cache_bytes: int = 0
     mask_view: MaskView | None = None
@@ -89,22 +90,22 @@ class RunResult:
 # --- shared ----------------------------------------------------------------------------------------
 
 
-def guard_memory(needed: int, max_memory: int | None, what: str = "this run needs") -> None:
-    """Refuse, with the estimate, a run that would not fit: better one line now than a process killed later."""
+META_ADVICE = "use --meta to see every shape and cost without allocating, or shrink the sizes"
+
+
+def guard_memory(needed: int, max_memory: int | None, what: str = "this run needs",
+                 advice: str = META_ADVICE) -> None:
+    """Refuse, with the estimate, a run that would not fit: better one line now than a process killed later.
+    `advice` names what the command offers instead (bench has no --meta)."""
     if max_memory is not None:
         if needed > max_memory:
-            raise ResourceError(
-                f"{what} about {cost.format_bytes(needed)}, more than --max-memory "
-                f"{cost.format_bytes(max_memory)}; use --meta to see every shape and cost without allocating"
-            )
+            raise ResourceError(f"{what} about {cost.format_bytes(needed)}, more than --max-memory "
+                                f"{cost.format_bytes(max_memory)}; {advice}")
         return
     available = cost.available_memory()
     if available is not None and needed * MACHINE_MARGIN > available:
-        raise ResourceError(
-            f"{what} about {cost.format_bytes(needed)} but this machine has "
-            f"{cost.format_bytes(available)} available; use --meta to see every shape and cost without "
-            "allocating, or shrink the sizes"
-        )
+        raise ResourceError(f"{what} about {cost.format_bytes(needed)} but this machine has "
+                            f"{cost.format_bytes(available)} available; {advice}")
 
 
 # PyTorch's sizes and seeds are 64-bit integers; a larger one gets a C++ backtrace out of torch.
@@ -256,45 +257,83 @@ def input_op(spec: str | None, random_op: str) -> str:
     return f"loaded from {spec}" if spec else random_op
 
 
-def finish(o: AttentionOptions, result: RunResult) -> RunResult:
-    """Heatmap and --save, the same for every command."""
+# What --save writes beside the steps, described in the file as the steps are.
+SavedExtra = dict[str, tuple["torch.Tensor", tuple[str, ...], str]]  # name -> (tensor, dims, op)
+
+
+def finish(o: AttentionOptions, result: RunResult, extra: SavedExtra | None = None) -> RunResult:
+    """Heatmap and --save, the same for every command. --save writes every step and `extra` (inputs that are
+    not steps, the mask, a module's parameters), so that anyone can run the same computation again."""
     if o.heatmap:
-        result.heatmap = heatmap_of(result.trace["attention"], o.heatmap_batch, o.heatmap_head)
+        result.heatmap = heatmap_of(result.trace.step("attention"), o.heatmap_batch, o.heatmap_head)
     if o.save:
         from attnscope.tensors import save_tensors
 
-        meta = {s.name: {"dims": list(s.dims), "op": s.op} for s in result.trace.steps}
-        result.saved = save_tensors(dict(result.trace), o.save, force=o.force, metadata=meta, option="--save")
+        tensors = dict(result.trace)
+        meta: dict[str, Any] = {s.name: {"dims": list(s.dims), "op": s.op} for s in result.trace.steps}
+        for name, (tensor, dims, op) in (extra or {}).items():
+            tensors[name], meta[name] = tensor, {"dims": list(dims), "op": op}
+        result.saved = save_tensors(tensors, o.save, force=o.force, metadata=meta, option="--save")
+        result.saved_names = list(tensors)
     return result
 
 
-def heatmap_of(attention: torch.Tensor, batch: int, head: int) -> Heatmap:
-    """Pick one [n_Q, n_K] pattern out of `[n_batch, (n_head,) n_Q, n_K]`; an empty batch has none to pick."""
+def mask_extra(o: AttentionOptions, mask: torch.Tensor | None, n_Q: int, n_K: int,
+               columns: bool = False) -> SavedExtra:
+    """The masks a run used, for --save: `mask` as the attention took it (the --mask file and --pad; in the
+    column layout, causal too) and `causal_mask`, the causal and window part sdpa builds itself."""
+    from attnscope import masks
+
+    extra: SavedExtra = {}
+    if mask is not None:
+        axes = ("n_K", "n_Q") if columns else ("n_Q", "n_K")
+        dims = (*("n_batch", "n_head")[: max(0, mask.dim() - 2)], *axes)[-mask.dim():]
+        extra["mask"] = (mask, dims, "--mask and --pad combined, as the attention took it (True = may attend; "
+                                     "a float mask is added to the scores)")
+    if not columns:
+        allowed, described = masks.structural(n_Q, n_K, masks.alignment(effective_causal(o)), o.window)
+        if allowed is not None:
+            extra["causal_mask"] = (allowed, ("n_Q", "n_K"), f"{described}: True = may attend")
+    return extra
+
+
+def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
+    """Pick one [n_Q, n_K] pattern out of the attention step: `batch` indexes its first leading axis, `head`
+    its n_head axis (the last leading one, where there is one), any other leading axis is taken at 0."""
     index: list[int] = []
-    leading = list(attention.shape[:-2])
-    labels = [f"q{i}" for i in range(attention.shape[-2])], [f"k{j}" for j in range(attention.shape[-1])]
-    wanted = [batch, head][: len(leading)] + [0] * max(0, len(leading) - 2)
-    for axis, (size, i) in enumerate(zip(leading, wanted, strict=True)):
-        name = ("n_batch", "n_head")[axis] if axis < 2 else f"axis {axis}"
-        if size == 0:
-            return Heatmap(f"attention ({name} = 0)", [], *labels)
+    where: list[str] = []
+    leading = step.dims[:-2]
+    labels = [f"q{i}" for i in range(step.shape[-2])], [f"k{j}" for j in range(step.shape[-1])]
+    for axis, (name, size) in enumerate(zip(leading, step.shape[:-2], strict=True)):
+        if size == 0:  # an empty batch has no pattern to pick
+            return Heatmap(f"{step.name} ({name} = 0)", [], *labels)
+        is_head = name == "n_head"
+        i = head if is_head else batch if axis == 0 else 0
         if not 0 <= i < size:
-            option = "--heatmap-batch" if axis == 0 else "--heatmap-head"
-            raise UsageError(f"{option} {i} is out of range: valid is 0 to {size - 1}")
+            option = "--heatmap-head" if is_head else "--heatmap-batch"
+            raise UsageError(f"{option} {i} is out of range: {name} is {size}, so valid is 0 to {size - 1}")
         index.append(i)
-    matrix = attention[tuple(index)] if index else attention
-    where = ", ".join(f"{name}={i}" for name, i in zip(("n_batch", "n_head"), index, strict=False))
-    return Heatmap(f"attention{f' at {where}' if where else ''}", matrix.tolist(), *labels)
+        where.append(f"head {i}" if is_head else f"batch element {i}" if axis == 0 else f"{name} index {i}")
+    if head and "n_head" not in leading:
+        raise UsageError(f"--heatmap-head {head}: this attention has no head axis "
+                         f"([{', '.join(step.dims)}]); drop --heatmap-head")
+    matrix = step.tensor[tuple(index)] if index else step.tensor
+    title = f"{step.name}[{', '.join(map(str, index))}] ({', '.join(where)})" if index else step.name
+    if step.dims[-2:] == ("n_K", "n_Q"):  # the column layout: drawn with queries as rows, like every other
+        matrix, title = matrix.transpose(0, 1), f"{title}, transposed"
+    return Heatmap(title, matrix.tolist(), [f"q{i}" for i in range(matrix.shape[0])],
+                   [f"k{j}" for j in range(matrix.shape[1])])
 
 
-def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = None) -> None:
+def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = None,
+                has_d_head: bool = True) -> None:
     """d_head = d_feat / n_head must be whole unless --d-head gives it; name both numbers and the nearest head
-    counts that divide."""
+    counts that divide (and --d-head where the command has it: bench has not)."""
     if d_head is None and d_feat % heads:
         near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
         source = f"the inputs' d_feat {d_feat}" if from_file else f"--d-feat {d_feat}"
         raise UsageError(f"{source} is not divisible by --heads {heads} (d_head = d_feat / n_head must be whole); "
-                         f"try {near}, or give --d-head")
+                         f"try {near}{', or give --d-head' if has_d_head else ''}")
 
 
 def inputs_bytes(*tensors: torch.Tensor | None) -> int:

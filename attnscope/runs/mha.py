@@ -23,8 +23,10 @@ from attnscope.runs.common import (
     flag_overhead,
     guard_files,
     guard_memory,
+    input_op,
     inputs_bytes,
     load,
+    mask_extra,
     param_bytes,
     random_inputs,
     structural_bytes,
@@ -33,7 +35,11 @@ from attnscope.runs.common import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from attnscope.check import Comparison
+    from attnscope.multihead import MultiHeadAttention
+    from attnscope.runs.common import SavedExtra
 
 
 @dataclass
@@ -143,6 +149,7 @@ def run_mha(o: MhaOptions) -> RunResult:
                               "rope_base": (10000.0 if o.rope_base is None else o.rope_base) if o.rope else None,
                               "cache": o.cache,
                               "inputs": {n: s for n, s in (("Q", o.q), ("K", o.k), ("V", o.v)) if s} or "random"}
+    params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is
     kind = "cross-attention" if K is not Q else "self-attention"
     scaling = "/ √d_head" if o.scale is None else f"· {o.scale:g}"  # · 0 is allowed: uniform attention
     heads = f"n_head={o.heads}" if module.n_group == 1 else f"n_head={o.heads}  n_kv_head={module.n_kv_head}"
@@ -155,7 +162,22 @@ def run_mha(o: MhaOptions) -> RunResult:
     result.kv_cache_bytes = cost.kv_cache_bytes(n_batch, module.n_kv_head, n_K, module.d_head, module.d_head,
                                                 Q.element_size())
     finish_variants(o, result, n_Q, n_K, user_mask)
-    return finish(o, result)
+    return finish(o, result, saved_inputs(o, module, Q, K, V) | mask_extra(o, mask, n_Q, n_K))
+
+
+def saved_inputs(o: MhaOptions, module: MultiHeadAttention, Q: torch.Tensor, K: torch.Tensor,
+                 V: torch.Tensor) -> SavedExtra:
+    """For --save: the inputs (K and V only where they differ from Q and K) and the module's parameters under
+    their PyTorch names (`W_q.weight`, `W_q.bias`, ...), so the run can be checked by anyone again."""
+    extra: SavedExtra = {}
+    for name, tensor, spec, n, skip in (("Q", Q, o.q, "n_Q", None), ("K", K, o.k, "n_K", Q), ("V", V, o.v, "n_K", K)):
+        if tensor is not skip:  # self-attention saves Q alone: K = V = Q
+            extra[name] = (tensor, ("n_batch", n, "d_feat"), input_op(spec, f"torch.randn(n_batch, {n}, d_feat)"))
+    for name, tensor in module.state_dict().items():
+        linear = name.split(".")[0]
+        dims = ("out_features", "in_features") if name.endswith("weight") else ("out_features",)
+        extra[name] = (tensor, dims, f"{linear} = nn.Linear(in_features, out_features): its {name.split('.')[-1]}")
+    return extra
 
 
 def _cache(o: MhaOptions, module: Any, n_batch: int, seed: int | None, device: str) -> Any:

