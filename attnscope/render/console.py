@@ -12,10 +12,11 @@ from rich.console import Console
 PIPED_WIDTH = 100  # Rich would fall back to 80 columns when piped; tables read better at 100
 
 
-def console(stderr: bool = False) -> Console:
+def console(stderr: bool = False, cls: type[Console] = Console) -> Console:
+    """stdout's console (stderr's with `stderr`); `cls` a Console subclass (the --svg/--html recorder)."""
     stream: IO[str] = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+    return cls(file=stream, width=width, highlight=False, soft_wrap=False)
 
 
 def emit_json(payload: dict[str, Any]) -> None:
