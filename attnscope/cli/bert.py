@@ -15,7 +15,7 @@ BERT_EXAMPLES = """Examples:
 
   attnscope bert --model ./my-bert --layer 3 --head 7 --save head.safetensors
 
-  attnscope bert --layer 5 --head 2 --text "The cat sat on the mat because it was tired." """
+  attnscope bert --layer 5 --head 2 --text "The cat sat on the mat because it was tired." --all-heads"""
 
 
 def bert(

@@ -9,8 +9,8 @@ import typer
 from attnscope.cli.common import exporting, max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
-    AllHeads,
     Alibi,
+    AllHeads,
     AttentionCommand,
     Batch,
     Bias,

@@ -2,10 +2,12 @@
 gets them the same way (cli/common.py's `exporting`): the names are checked before the run, the command
 prints to a recording console, and once its output is complete the record is exported.
 
-- **Exactly what was shown**: the same lines at the same width (tables, heatmaps, footers, notes), from Rich's
-  `Console(record=True)` and its `export_svg` / `export_html`.
-- **In colour**, whatever the terminal had: NO_COLOR and pipes govern the terminal, not the file. The recording
-  keeps every style, and a heatmap's cells are painted on the viridis scale (render/shading.py).
+- **Exactly what was shown**: the output is rendered once, on a recording console (Rich's
+  `Console(record=True)`), and its record exported with `export_svg` / `export_html`: the same lines at the
+  same width (tables, heatmaps, footers, notes).
+- **In colour**, whatever the terminal had: NO_COLOR and pipes govern the terminal, not the file. The record
+  keeps every style, and on a recording console a heatmap's cells carry their viridis colour
+  (render/shading.py); in the file a painted cell is a clean block, its shade glyph left out.
 - **Standalone and offline**: Rich's SVG template loads the Fira Code web font from a CDN; that `@font-face` and
   the generator's comment are taken out, and the text uses a monospace font the viewer has (Fira Code where
   installed, else DejaVu Sans Mono, Menlo, Consolas). Rich places every run of text at its column itself, so
@@ -20,17 +22,17 @@ prints to a recording console, and once its output is complete the record is exp
 from __future__ import annotations
 
 import html
-import io
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import CONSOLE_SVG_FORMAT, Console
 from rich.terminal_theme import SVG_EXPORT_THEME
 
 from attnscope.errors import UsageError
 from attnscope.render.console import console
+from attnscope.render.shading import PALETTE, SHADES
 
 SVG_FORMATS = (".svg",)
 HTML_FORMATS = (".html", ".htm")
@@ -98,51 +100,59 @@ def check(exports: Exports, json: bool) -> None:
         check_writable(exports.html, exports.force, option="--html", formats=HTML_FORMATS)
 
 
-class Recorded(Console):
-    """stdout's console, whose every `print` also goes to `recording`: a truecolour console of the same width
-    that keeps what it is given (`Console(record=True)`), so the file is in colour whatever the terminal
-    shows. Each renderable is laid out for each console; at the same width they give the same lines, and a
-    heatmap's cells come out as shades on a terminal without colour and painted in the recording."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.recording = Console(file=io.StringIO(), width=self.width, color_system="truecolor", no_color=False,
-                                 force_terminal=True, force_jupyter=False, highlight=False, soft_wrap=False,
-                                 record=True)
-
-    def print(self, *objects: Any, **kwargs: Any) -> None:
-        super().print(*objects, **kwargs)
-        self.recording.print(*objects, **kwargs)
-
-
 def output_console(exports: Exports) -> Console:
-    """The console the command prints to: stdout's, recording too when something is to be exported."""
-    return console(cls=Recorded) if exports else console()
+    """The console the command prints to: stdout's, recording what it prints when something is to be exported
+    (the file is then exactly what was shown, rendered once). A recording console paints the heatmaps' cells
+    for the file (render/shading.py); on a 16-colour terminal, too few colours for them, the terminal itself
+    is then shown no colour (NO_COLOR's way: the recording keeps every style)."""
+    if not exports:
+        return console()
+    out = console(record=True)
+    return console(record=True, no_color=True) if out.color_system in ("standard", "windows") else out
 
 
 def write(out: Console, exports: Exports) -> list[Path]:
     """Export what `out` recorded to the files asked for; each is published whole, or not at all."""
     from attnscope.tensors import write_text
 
-    assert isinstance(out, Recorded), "exporting needs the console output_console gave"
-    recording = out.recording
+    assert out.record, "exporting needs the recording console output_console gave"
     written = []
     if exports.svg:
-        written.append(write_text(svg_text(recording, exports.title), exports.svg, force=exports.force, option="--svg",
+        written.append(write_text(svg_text(out, exports.title), exports.svg, force=exports.force, option="--svg",
                                   formats=SVG_FORMATS))
     if exports.html:
-        written.append(write_text(html_text(recording, exports.title), exports.html, force=exports.force,
+        written.append(write_text(html_text(out, exports.title), exports.html, force=exports.force,
                                   option="--html", formats=HTML_FORMATS))
     return written
 
 
 def svg_text(out: Console, title: str) -> str:
-    return out.export_svg(title=title, theme=SVG_EXPORT_THEME, clear=False, code_format=SVG_TEMPLATE)
+    """The SVG of what `out` recorded, each painted cell a clean block (its shade glyph left out: drawn in its
+    own background's colour it shows nothing, and a fallback font's wider glyph would smear into the next
+    cell). Its CSS classes are named from a checksum of the text (Rich's own default hashes the repr of every
+    segment, which takes longer than drawing them)."""
+    unique_id = f"attnscope-{zlib.crc32(out.export_text(clear=False).encode()):08x}"
+    svg = out.export_svg(title=title, theme=SVG_EXPORT_THEME, clear=False, code_format=SVG_TEMPLATE,
+                         unique_id=unique_id)
+    rules = re.findall(rf"\.{re.escape(unique_id)}-(r\d+) \{{ fill: (#[0-9a-f]{{6}}) \}}", svg)
+    painted = "|".join(name for name, fill in rules if fill in PALETTE)
+    if not painted:
+        return svg
+    return re.sub(rf'<text class="{re.escape(unique_id)}-(?:{painted})"[^>]*>[{SHADES}]*</text>', "", svg)
 
 
 def html_text(out: Console, title: str) -> str:
+    """The HTML page of what `out` recorded, each painted cell's shade glyph a space (a block of colour that
+    a fallback font cannot widen)."""
     template = HTML_TEMPLATE.replace("@TITLE@", _braces(html.escape(title))).replace("@FONTS@", FONTS)
-    return out.export_html(theme=SVG_EXPORT_THEME, clear=False, code_format=template, inline_styles=False)
+    page = out.export_html(theme=SVG_EXPORT_THEME, clear=False, code_format=template, inline_styles=False)
+    rules = re.findall(r"\.(r\d+) \{color: (#[0-9a-f]{6}); text-decoration-color: \2; background-color: \2\}",
+                       page)
+    painted = "|".join(name for name, color in rules if color in PALETTE)
+    if not painted:
+        return page
+    return re.sub(rf'(<span class="(?:{painted})">)([{SHADES}]*)(</span>)',
+                  lambda m: m.group(1) + " " * len(m.group(2)) + m.group(3), page)
 
 
 def _braces(text: str) -> str:

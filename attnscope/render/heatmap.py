@@ -116,15 +116,22 @@ def _column_labels(grid: Grid) -> list[str]:
 
 
 def clusters(label: str) -> list[str]:
-    """A label's characters as they are drawn: each with the zero-width marks that follow it (a combining
-    accent, an emoji's variation selector), so a column never shows a mark on its own."""
-    out: list[str] = []
-    for char in label:
-        if out and cell_len(char) == 0:
-            out[-1] += char
-        else:
-            out.append(char)
-    return out
+    """A label's characters as they are drawn: whole graphemes (an emoji with its skin tone, variation
+    selector or joined emoji; a letter with its combining accent), so a column never shows half of one.
+    Rich's own grapheme splitter where it has one (Rich 14.1 on), else each character with the zero-width
+    marks that follow it."""
+    try:
+        from rich.cells import split_graphemes  # type: ignore[attr-defined, unused-ignore]
+    except ImportError:
+        out: list[str] = []
+        for char in label:
+            if out and cell_len(char) == 0:
+                out[-1] += char
+            else:
+                out.append(char)
+        return out
+    spans, _ = split_graphemes(label)
+    return [label[start:end] for start, end, _ in spans]
 
 
 def printable(label: str) -> str:

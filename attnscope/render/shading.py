@@ -1,17 +1,17 @@
-"""One weight, one cell, drawn for the console it is printed on: painted on the viridis scale where that
-console shows colour, a shade character where it does not.
+"""One weight, one cell: a shade character that reads without colour, painted on the viridis scale where
+colour is shown.
 
-- On a terminal with 256 colours or truecolour (as Rich detects it, `Console.color_system`), a cell is a block
-  of its weight's viridis colour (dark blue, low, to yellow, high). The block carries its own background, so
-  the picture reads the same on dark and light terminals, and viridis is perceptually even and readable with
-  the common colour-vision deficiencies.
-- With no colour (a pipe, a dumb terminal), only 16 colours (too few for a perceptual scale), or NO_COLOR set,
-  a cell is one of the shades ` ░▒▓█`, five levels from no weight to the most shown: more ink is more weight.
-  Colour is never the only carrier: every picture has this form.
-- The --svg/--html recording (render/export.py) is a truecolour console: the file gets the painted cells.
-
-A line holding cells is a `CellLine`, which decides when it is rendered, so one printed line is right on the
-terminal and in the recording alike.
+A cell is one of the shades ` ░▒▓█` (five levels, from no weight to the most shown) with both its
+foreground and its background set to its weight's viridis colour (dark blue, low, to yellow, high):
+- on a terminal with 256 colours or truecolour (as Rich detects it, `Console.color_system`) the cell is a
+  solid block of that colour, which carries its own background, so the picture reads the same on dark and
+  light terminals; viridis is perceptually even and readable with the common colour-vision deficiencies;
+- with no colour (a pipe, a dumb terminal) or NO_COLOR set, the colour is not shown and the shade alone
+  carries the weight: more ink is more weight. Colour is never the only carrier;
+- on a 16-colour terminal (too few for a perceptual scale) no colour is attached: shades;
+- a recording console (--svg, --html; render/export.py) always gets the colour, so the file is painted
+  whatever the terminal showed; the export leaves the shade glyphs out of painted cells (`PALETTE` names
+  their colours), so a file draws each cell as a clean block.
 """
 
 from __future__ import annotations
@@ -20,27 +20,33 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import groupby
 
 from rich.color import Color
 from rich.console import Console, ConsoleOptions
 from rich.style import Style
 from rich.text import Text
 
-from attnscope.colors import viridis
+from attnscope.colors import hex_color, viridis
 
 SHADES = " ░▒▓█"  # from no weight to the most shown
 NOT_FINITE = "?"  # a NaN (or infinite) weight: not a shade, and left out of the scale
-STEPS = 100  # colours are taken at this many steps of the scale (fewer styles, smaller exports)
+STEPS = 50  # colours are taken at this many steps of the scale (fewer styles, smaller exports)
+
+
+PALETTE = frozenset(hex_color(step / STEPS) for step in range(STEPS + 1))  # the painted cells' colours
 
 
 def paints(out: Console) -> bool:
-    """Whether this console shows the cells' colours: 256 colours or truecolour, and no NO_COLOR."""
-    return not out.no_color and out.color_system in ("truecolor", "256")
+    """Whether cells get their colour: on a console of 256 colours or more (NO_COLOR then strips it as it is
+    written), and on a recording one (an export)."""
+    return out.record or out.color_system in ("truecolor", "256")
 
 
 @lru_cache(maxsize=STEPS + 1)
 def _painted(step: int) -> Style:
-    return Style(bgcolor=Color.from_rgb(*viridis(step / STEPS)))
+    color = Color.from_rgb(*viridis(step / STEPS))
+    return Style(color=color, bgcolor=color)
 
 
 def level(value: float, peak: float) -> int:
@@ -50,15 +56,19 @@ def level(value: float, peak: float) -> int:
     return max(0, min(len(SHADES) - 1, int(round(value / peak * (len(SHADES) - 1)))))
 
 
-def append_cell(text: Text, value: float, peak: float, width: int, colour: bool) -> None:
-    """One cell, `width` characters wide: a block of its colour when `colour`, else its shade; `?` for NaN."""
+def cell(value: float, peak: float, colour: bool) -> tuple[str, Style | None]:
+    """One cell's character and style: its shade, painted its colour when `colour`; `?` for NaN."""
     if not math.isfinite(value):
-        text.append(NOT_FINITE * width)
-    elif colour:
-        fraction = min(1.0, max(0.0, value / peak)) if peak > 0 else 0.0
-        text.append(" " * width, style=_painted(round(fraction * STEPS)))
-    else:
-        text.append(SHADES[level(value, peak)] * width)
+        return NOT_FINITE, None
+    fraction = min(1.0, max(0.0, value / peak)) if peak > 0 else 0.0
+    return SHADES[level(value, peak)], _painted(round(fraction * STEPS)) if colour else None
+
+
+def append_cells(text: Text, values: list[float], peak: float, width: int, colour: bool) -> None:
+    """Cells `width` characters wide, neighbours that look alike as one run (fewer pieces to draw and
+    export: a long pattern is mostly near-zero cells)."""
+    for (char, style), run in groupby(cell(value, peak, colour) for value in values):
+        text.append(char * width * sum(1 for _ in run), style=style)
 
 
 @dataclass
@@ -80,8 +90,7 @@ class CellLine:
         line = Text()
         for piece in self.pieces:
             if isinstance(piece, Cells):
-                for value in piece.values:
-                    append_cell(line, value, piece.peak, piece.width, colour)
+                append_cells(line, piece.values, piece.peak, piece.width, colour)
             else:
                 line.append(piece)
         return line

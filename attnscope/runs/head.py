@@ -105,6 +105,15 @@ def _quiet(message: str) -> Iterator[None]:
     yield
 
 
+def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | None = None,
+               max_memory: int | None = None) -> HeadResult:
+    """The Python form of `attnscope head` (`attnscope.model_head`): head `head` of layer `layer` of a checkpoint
+    (a folder, or a Hugging Face name in the local cache), and with `text` layers 0..layer run on it. The result
+    shows itself in Jupyter (`_repr_html_`); `.attention` is the head's pattern, `.all_heads` every head's,
+    `.heads` every head with its statistics and kind, `.run.layer` the layer's trace."""
+    return run_head(HeadOptions(model=str(model), layer=layer, head=head, text=text, max_memory=max_memory))
+
+
 def run_head(o: HeadOptions, progress: Progress = _quiet) -> HeadResult:
     from attnscope.models import family_of, hub, open_model, tokenizer
     from attnscope.models.config import read_config
