@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.head import Head, HeadSave, Layer, Text, run_command
-from attnscope.cli.options import AllHeads, Debug, Force, Html, Json, MaxMemory, Svg
+from attnscope.cli.head import AllHeads, Head, HeadSave, Layer, Text, run_command
+from attnscope.cli.options import Debug, Force, Html, Json, MaxMemory, Svg
 
 BERT_EXAMPLES = """Examples:
 

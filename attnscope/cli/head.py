@@ -10,7 +10,7 @@ import typer
 
 from attnscope.cli.common import exporting, max_memory_bytes
 from attnscope.cli.errors import reported
-from attnscope.cli.options import AllHeads, Debug, Force, Html, Json, MaxMemory, Svg, not_empty
+from attnscope.cli.options import Debug, Force, Html, Json, MaxMemory, Svg, not_empty
 
 HEAD_EXAMPLES = """Examples:
 
@@ -24,6 +24,7 @@ HEAD_EXAMPLES = """Examples:
 Layer = Annotated[int, typer.Option("--layer", min=0, help="Layer, from 0.")]
 Head = Annotated[int, typer.Option("--head", min=0, help="Head within the layer, from 0 (a query head; with grouped-query attention the table names the KV head that serves it).")]
 Text = Annotated[str | None, typer.Option("--text", help="Run the model on this sentence, layers 0 to --layer only, and show every step of that layer's attention and this head's pattern.")]
+AllHeads = Annotated[bool, typer.Option("--all-heads", help="With --text: draw every head of the layer as a grid of small heatmaps, with a table of what each does: entropy, first-token sink, previous, self, distance, kind (docs/heads.md).", rich_help_panel="Output")]
 HeadSave = Annotated[str | None, typer.Option("--save", metavar="FILE", callback=not_empty, help="Write the head's weights and every step shown (the head's under their names, the layer's as layer.NAME) to .safetensors, .npz or .pt.", rich_help_panel="Output")]
 MODEL_HELP = ("A folder with config.json and model.safetensors (or its shards, or pytorch_model.bin), or a Hugging "
               "Face model name found in the local cache.")

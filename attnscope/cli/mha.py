@@ -10,7 +10,6 @@ from attnscope.cli.common import exporting, max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     Alibi,
-    AllHeads,
     AttentionCommand,
     Batch,
     Bias,
@@ -86,7 +85,7 @@ def mha(
     heatmap: HeatmapOpt = False,
     heatmap_batch: HeatmapBatch = 0,
     heatmap_head: HeatmapHead = 0,
-    all_heads: AllHeads = False,
+    all_heads: Annotated[bool, typer.Option("--all-heads", help="Draw every head of batch element --heatmap-batch as a grid of small heatmaps, with a table of what each does: entropy, first-token sink, previous, self, distance, kind (docs/heads.md).", rich_help_panel="Output")] = False,
     window: Window = None,
     softcap: Softcap = None,
     alibi: Alibi = False,

@@ -148,7 +148,6 @@ Values = Annotated[bool, typer.Option("--values", help="Show the numbers of ever
 Stats = Annotated[bool, typer.Option("--stats", help="Show min, max, mean, std and NaN/Inf counts of every step.", rich_help_panel="Output")]
 HeatmapOpt = Annotated[bool, typer.Option("--heatmap", help="Draw the attention pattern of one batch element (and head), fitted to the terminal.", rich_help_panel="Output")]
 HeatmapBatch = Annotated[int, typer.Option("--heatmap-batch", min=0, help="Which batch element --heatmap (and --all-heads) draws (an index, from 0).", rich_help_panel="Output")]
-AllHeads = Annotated[bool, typer.Option("--all-heads", help="Draw every head as a grid of small heatmaps, with a table of what each does: entropy, first-token sink, previous, self, distance, kind (docs/heads.md).", rich_help_panel="Output")]
 HeatmapHead = Annotated[int, typer.Option("--heatmap-head", min=0, help="Which head --heatmap draws (an index, from 0), where the attention has an n_head axis.", rich_help_panel="Output")]
 Meta = Annotated[bool, typer.Option("--meta", help="Shapes, FLOPs and memory only, on PyTorch's meta device: nothing is allocated, any size.", rich_help_panel="Size")]
 MaxMemory = Annotated[str | None, typer.Option("--max-memory", metavar="SIZE", help="Refuse runs needing more than SIZE (e.g. 8GB, 512MiB); default: what the machine has available.", rich_help_panel="Size")]

@@ -7,7 +7,7 @@ prints to a recording console, and once its output is complete the record is exp
   same width (tables, heatmaps, footers, notes).
 - **In colour**, whatever the terminal had: NO_COLOR and pipes govern the terminal, not the file. The record
   keeps every style, and on a recording console a heatmap's cells carry their viridis colour
-  (render/shading.py); in the file a painted cell is a clean block, its shade glyph left out.
+  (render/shading.py); in the file a painted cell is a clean block of colour (`blocks`).
 - **Standalone and offline**: Rich's SVG template loads the Fira Code web font from a CDN; that `@font-face` and
   the generator's comment are taken out, and the text uses a monospace font the viewer has (Fira Code where
   installed, else DejaVu Sans Mono, Menlo, Consolas). Rich places every run of text at its column itself, so
@@ -27,12 +27,14 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.cells import cell_len
 from rich.console import CONSOLE_SVG_FORMAT, Console
+from rich.segment import Segment
+from rich.style import Style
 from rich.terminal_theme import SVG_EXPORT_THEME
 
 from attnscope.errors import UsageError
 from attnscope.render.console import console
-from attnscope.render.shading import PALETTE, SHADES
 
 SVG_FORMATS = (".svg",)
 HTML_FORMATS = (".html", ".htm")
@@ -116,6 +118,7 @@ def write(out: Console, exports: Exports) -> list[Path]:
     from attnscope.tensors import write_text
 
     assert out.record, "exporting needs the recording console output_console gave"
+    blocks(out)
     written = []
     if exports.svg:
         written.append(write_text(svg_text(out, exports.title), exports.svg, force=exports.force, option="--svg",
@@ -126,33 +129,37 @@ def write(out: Console, exports: Exports) -> list[Path]:
     return written
 
 
+def blocks(out: Console) -> None:
+    """Turn the record's painted cells (a shade glyph drawn in its own background's colour: invisible on the
+    terminal) into blocks of colour, spaces on that background: in a file a fallback font's wider glyph
+    could smear into the next cell, and a cell without text is drawn as one rectangle (Rich writes no text
+    element for spaces), which also makes the SVG quicker to write. Rich keeps the record in
+    `Console._record_buffer` and offers no public way to edit it; without it the glyphs stay, still
+    invisible on their own colour."""
+    record = getattr(out, "_record_buffer", None)
+    if not isinstance(record, list):
+        return
+    painted: dict[Style, bool] = {}  # a few dozen styles for thousands of cells
+    for i, (text, style, control) in enumerate(record):
+        if style is None:
+            continue
+        if style not in painted:
+            painted[style] = style.bgcolor is not None and style.color == style.bgcolor
+        if painted[style]:
+            record[i] = Segment(" " * cell_len(text), style, control)
+
+
 def svg_text(out: Console, title: str) -> str:
-    """The SVG of what `out` recorded, each painted cell a clean block (its shade glyph left out: drawn in its
-    own background's colour it shows nothing, and a fallback font's wider glyph would smear into the next
-    cell). Its CSS classes are named from a checksum of the text (Rich's own default hashes the repr of every
-    segment, which takes longer than drawing them)."""
+    """The SVG of what `out` recorded. Its CSS classes are named from a checksum of the text (Rich's own
+    default hashes the repr of every segment, which takes longer than drawing them)."""
     unique_id = f"attnscope-{zlib.crc32(out.export_text(clear=False).encode()):08x}"
-    svg = out.export_svg(title=title, theme=SVG_EXPORT_THEME, clear=False, code_format=SVG_TEMPLATE,
-                         unique_id=unique_id)
-    rules = re.findall(rf"\.{re.escape(unique_id)}-(r\d+) \{{ fill: (#[0-9a-f]{{6}}) \}}", svg)
-    painted = "|".join(name for name, fill in rules if fill in PALETTE)
-    if not painted:
-        return svg
-    return re.sub(rf'<text class="{re.escape(unique_id)}-(?:{painted})"[^>]*>[{SHADES}]*</text>', "", svg)
+    return out.export_svg(title=title, theme=SVG_EXPORT_THEME, clear=False, code_format=SVG_TEMPLATE,
+                          unique_id=unique_id)
 
 
 def html_text(out: Console, title: str) -> str:
-    """The HTML page of what `out` recorded, each painted cell's shade glyph a space (a block of colour that
-    a fallback font cannot widen)."""
     template = HTML_TEMPLATE.replace("@TITLE@", _braces(html.escape(title))).replace("@FONTS@", FONTS)
-    page = out.export_html(theme=SVG_EXPORT_THEME, clear=False, code_format=template, inline_styles=False)
-    rules = re.findall(r"\.(r\d+) \{color: (#[0-9a-f]{6}); text-decoration-color: \2; background-color: \2\}",
-                       page)
-    painted = "|".join(name for name, color in rules if color in PALETTE)
-    if not painted:
-        return page
-    return re.sub(rf'(<span class="(?:{painted})">)([{SHADES}]*)(</span>)',
-                  lambda m: m.group(1) + " " * len(m.group(2)) + m.group(3), page)
+    return out.export_html(theme=SVG_EXPORT_THEME, clear=False, code_format=template, inline_styles=False)
 
 
 def _braces(text: str) -> str:

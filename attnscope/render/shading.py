@@ -10,8 +10,7 @@ foreground and its background set to its weight's viridis colour (dark blue, low
   carries the weight: more ink is more weight. Colour is never the only carrier;
 - on a 16-colour terminal (too few for a perceptual scale) no colour is attached: shades;
 - a recording console (--svg, --html; render/export.py) always gets the colour, so the file is painted
-  whatever the terminal showed; the export leaves the shade glyphs out of painted cells (`PALETTE` names
-  their colours), so a file draws each cell as a clean block.
+  whatever the terminal showed; the export makes each painted cell a clean block (render/export.py).
 """
 
 from __future__ import annotations
@@ -24,17 +23,14 @@ from itertools import groupby
 
 from rich.color import Color
 from rich.console import Console, ConsoleOptions
+from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 
-from attnscope.colors import hex_color, viridis
+from attnscope.colors import viridis
 
 SHADES = " ░▒▓█"  # from no weight to the most shown
 NOT_FINITE = "?"  # a NaN (or infinite) weight: not a shade, and left out of the scale
 STEPS = 50  # colours are taken at this many steps of the scale (fewer styles, smaller exports)
-
-
-PALETTE = frozenset(hex_color(step / STEPS) for step in range(STEPS + 1))  # the painted cells' colours
 
 
 def paints(out: Console) -> bool:
@@ -64,11 +60,11 @@ def cell(value: float, peak: float, colour: bool) -> tuple[str, Style | None]:
     return SHADES[level(value, peak)], _painted(round(fraction * STEPS)) if colour else None
 
 
-def append_cells(text: Text, values: list[float], peak: float, width: int, colour: bool) -> None:
+def cell_runs(values: list[float], peak: float, width: int, colour: bool) -> Iterator[Segment]:
     """Cells `width` characters wide, neighbours that look alike as one run (fewer pieces to draw and
     export: a long pattern is mostly near-zero cells)."""
     for (char, style), run in groupby(cell(value, peak, colour) for value in values):
-        text.append(char * width * sum(1 for _ in run), style=style)
+        yield Segment(char * width * sum(1 for _ in run), style)
 
 
 @dataclass
@@ -81,22 +77,20 @@ class Cells:
 
 
 class CellLine:
-    """One line of text and cells, drawn for the console that prints it (`paints`)."""
+    """One line of plain text and cells, drawn for the console that prints it (`paints`); the caller keeps it
+    within the width (it is cut, never wrapped)."""
 
-    def __init__(self, *pieces: str | Text | Cells) -> None:
+    def __init__(self, *pieces: str | Cells) -> None:
         self.pieces = pieces
 
-    def text(self, colour: bool) -> Text:
-        line = Text()
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        colour = paints(console)
         for piece in self.pieces:
             if isinstance(piece, Cells):
-                append_cells(line, piece.values, piece.peak, piece.width, colour)
+                yield from cell_runs(piece.values, piece.peak, piece.width, colour)
             else:
-                line.append(piece)
-        return line
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Text]:
-        yield self.text(paints(console))
+                yield Segment(piece)
+        yield Segment.line()
 
 
 def ramp(low: str, high: str) -> CellLine:
