@@ -107,39 +107,61 @@ def sdpa_race(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | N
 
 
 def mha_race(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bool, causal: str | None,
-             device: str, dtype: str) -> Race:
+             device: str, dtype: str, kv_heads: int | None = None) -> Race:
+    """Three contenders for the whole layer. With fewer K/V heads (GQA), nn.MultiheadAttention cannot hold the
+    module, and the third contender is the same layer with K and V expanded to every head before
+    F.scaled_dot_product_attention (transformers' repeat_kv), against record=False's enable_gqa=True."""
     dev, dt = resolve(device, dtype)
     torch.manual_seed(0)
-    traced = MultiHeadAttention(d_feat, heads, bias=bias, device=dev, dtype=dt).eval()
-    fast = MultiHeadAttention(d_feat, heads, bias=bias, record=False, device=dev, dtype=dt).eval()
+    n_kv = heads if kv_heads is None else kv_heads
+    traced = MultiHeadAttention(d_feat, heads, bias=bias, device=dev, dtype=dt, n_kv_head=n_kv).eval()
+    fast = MultiHeadAttention(d_feat, heads, bias=bias, record=False, device=dev, dtype=dt, n_kv_head=n_kv).eval()
     fast.load_state_dict(traced.state_dict())
-    torch_mha = reference_mha(traced)
     generator = torch.Generator(device=dev).manual_seed(0)
     Q = torch.randn(batch, nq, d_feat, device=dev, dtype=dt, generator=generator)
     KV = Q if nk == nq else torch.randn(batch, nk, d_feat, device=dev, dtype=dt, generator=generator)
     mask = masks.causal_mask(nq, nk, causal, dev) if causal else None  # type: ignore[arg-type]
-    torch_mask = None if mask is None else ~mask  # nn.MultiheadAttention: True = masked out
     with torch.no_grad():  # every step's FLOPs grow with the batch: one element says it all
         flops = batch * traced(Q[:1], KV[:1], KV[:1], mask).total_flops
     params = {"batch": batch, "batch_shape": [batch], "nq": nq, "nk": nk, "d_feat": d_feat, "heads": heads,
-              "bias": bias, "causal": causal, "device": device, "dtype": dtype}
+              "kv_heads": n_kv, "bias": bias, "causal": causal, "device": device, "dtype": dtype}
     candidates: dict[str, Callable[[], torch.Tensor]] = {
         "attnscope MultiHeadAttention (traced)": lambda: traced(Q, KV, KV, mask)["x"],
-        "attnscope MultiHeadAttention(record=False)": lambda: fast(Q, KV, KV, mask)["x"],
-        "torch.nn.MultiheadAttention": lambda: torch_mha(Q, KV, KV, attn_mask=torch_mask, need_weights=False)[0],
     }
+    if n_kv == heads:
+        torch_mha = reference_mha(traced)
+        torch_mask = None if mask is None else ~mask  # nn.MultiheadAttention: True = masked out
+        candidates["attnscope MultiHeadAttention(record=False)"] = lambda: fast(Q, KV, KV, mask)["x"]
+        candidates["torch.nn.MultiheadAttention"] = lambda: torch_mha(Q, KV, KV, attn_mask=torch_mask,
+                                                                      need_weights=False)[0]
+    else:
+        candidates["record=False: F.scaled_dot_product_attention(enable_gqa=True)"] = lambda: fast(Q, KV, KV, mask)["x"]
+        candidates["K/V expanded first (repeat_kv), then F.scaled_dot_product_attention"] = \
+            lambda: _expanded_first(fast, Q, KV, mask)
     weights = sum(p.numel() * p.element_size() for p in traced.parameters())
     estimate = cost.mha_bytes(batch, nq, nk, d_feat, heads, itemsize=Q.element_size(), bias=bias, cross=nk != nq,
-                              masked=mask is not None)
+                              masked=mask is not None, n_kv_head=n_kv)
 
     def backends() -> list[Backend]:
         if dev.type != "cuda":
             return []
         with torch.no_grad():
             steps = traced(Q, KV, KV, mask)
-        return cuda_backends(steps["Q_split"], steps["K_split"], steps["V_split"], mask)
+        return cuda_backends(steps["Q_split"], steps["K_split"], steps["V_split"], mask, enable_gqa=n_kv != heads)
 
     return Race("mha", params, flops, _bytes(Q, KV, mask) + weights, estimate, dev, dt, candidates, backends)
+
+
+def _expanded_first(module: MultiHeadAttention, Q: torch.Tensor, KV: torch.Tensor,
+                    mask: torch.Tensor | None) -> torch.Tensor:
+    """The layer as transformers' eager LLaMA writes it: each K/V head repeated for its group, then attention."""
+    from attnscope.attention import merge_heads, split_heads
+
+    q = split_heads(module.W_q(Q), module.n_head)  # [n_batch, n_head, n_Q, d_head]
+    k = split_heads(module.W_k(KV), module.n_kv_head).repeat_interleave(module.n_group, dim=1)  # -> n_head heads
+    v = split_heads(module.W_v(KV), module.n_kv_head).repeat_interleave(module.n_group, dim=1)
+    x_raw = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [n_batch, n_head, n_Q, d_head]
+    return module.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
 
 
 def run(race: Race, runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
@@ -173,8 +195,10 @@ def bench_sdpa(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | 
 
 
 def bench_mha(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bool, causal: str | None,
-              device: str, dtype: str, runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
-    race = mha_race(batch, nq, nk, d_feat, heads, bias=bias, causal=causal, device=device, dtype=dtype)
+              device: str, dtype: str, runs: int, warmup: int, tick: Tick = lambda _: None,
+              kv_heads: int | None = None) -> BenchResult:
+    race = mha_race(batch, nq, nk, d_feat, heads, bias=bias, causal=causal, device=device, dtype=dtype,
+                    kv_heads=kv_heads)
     return run(race, runs, warmup, tick)
 
 
@@ -272,12 +296,13 @@ def _quiet_stderr() -> Iterator[None]:
 # --- which fused kernels CUDA would use -------------------------------------------------------------------
 
 
-def cuda_backends(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None) -> list[Backend]:
+def cuda_backends(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
+                  enable_gqa: bool = False) -> list[Backend]:
     """Ask PyTorch's own eligibility checks (debug=True makes them say why not, as warnings)."""
     from torch.backends import cuda
 
     q, k, v = (t if t.dim() == 4 else t.unsqueeze(1) for t in (Q, K, V))  # the checks want [n_batch, n_head, n, d]
-    params = cuda.SDPAParams(q, k, v, mask, 0.0, False, False)
+    params = cuda.SDPAParams(q, k, v, mask, 0.0, False, enable_gqa)
     checks = [
         ("flash", cuda.flash_sdp_enabled, cuda.can_use_flash_attention),
         ("memory-efficient", cuda.mem_efficient_sdp_enabled, cuda.can_use_efficient_attention),

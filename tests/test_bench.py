@@ -31,6 +31,22 @@ def test_bench_mha_includes_torch_and_the_fast_path():
     assert len(ticks) == 3 * (2 + 1)  # the progress bar advances once per run
 
 
+def test_bench_mha_gqa_times_enable_gqa_against_expanded_kv():
+    result = bench_mha(2, 6, 6, 16, 4, bias=True, causal="upper-left", device="cpu", dtype="float64", runs=2,
+                       warmup=0, kv_heads=2)
+    names = [c.name for c in result.contenders]
+    assert names == ["attnscope MultiHeadAttention (traced)",
+                     "record=False: F.scaled_dot_product_attention(enable_gqa=True)",
+                     "K/V expanded first (repeat_kv), then F.scaled_dot_product_attention"]
+    assert all(c.max_abs_diff < 1e-10 for c in result.contenders)
+    assert result.params["kv_heads"] == 2
+
+
+def test_bench_mha_kv_heads_must_divide(runner):
+    result = runner.invoke(app, ["bench", "mha", "--heads", "8", "--kv-heads", "3"])
+    assert result.exit_code == 2 and "not a multiple of --kv-heads 3" in result.stderr
+
+
 def test_bench_cli_json(runner):
     result = runner.invoke(app, ["bench", "mha", "--batch", "2", "--nq", "4", "--d-feat", "8", "--heads", "2",
                                  "--runs", "2", "--warmup", "0", "--json"])

@@ -61,7 +61,7 @@ MHA_EXAMPLES = """Examples:
 
   attnscope bench mha --nq 128 --d-feat 768 --heads 12
 
-  attnscope bench mha --batch 1 --nq 64 --nk 512 --no-bias --json"""
+  attnscope bench mha --nq 64 --heads 8 --kv-heads 2 --causal --runs 10"""
 
 LONG_SECONDS = 5.0  # a bench expected to take longer says so on stderr first, so a pipe is not silent
 
@@ -100,6 +100,7 @@ def bench_mha(
     nk: NkOrNq = None,
     d_feat: DFeat = 512,
     heads: Heads = 8,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", min=1, help="n_kv_head: time grouped-query attention, F.scaled_dot_product_attention(enable_gqa=True) against K/V expanded first.  \\[default: --heads]")] = None,
     bias: Bias = True,
     causal: CausalOpt = None,
     device: Device = "cpu",
@@ -120,11 +121,17 @@ def bench_mha(
 
     def needed() -> int:
         check_heads(d_feat, heads, from_file=False, has_d_head=False)
-        return cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=mode is not None)
+        if kv_heads is not None and heads % kv_heads:
+            from attnscope.errors import UsageError
+
+            raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}: each key/value head "
+                             "serves a whole group of query heads")
+        return cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=mode is not None,
+                              n_kv_head=kv_heads)
 
     _race(debug, json, runs, warmup, (svg, html, force), needed=needed,
           setup=lambda bench: bench.mha_race(batch, nq, n_K, d_feat, heads, bias=bias, causal=mode, device=device,
-                                             dtype=dtype))
+                                             dtype=dtype, kv_heads=kv_heads))
 
 
 SHRINK = "shrink --batch, --nq or --nk"

@@ -49,6 +49,8 @@ def bench_header(command: str, params: dict[str, Any]) -> str:
     """`bench mha  n_batch=4  n_Q=256 ... bias  causal=upper-left`: the sizes by their dim names, and only the
     options that are on."""
     sizes = [f"{SIZE_NAMES[k]}={v}" for k, v in params.items() if k in SIZE_NAMES]
+    if params.get("kv_heads") not in (None, params.get("heads")):
+        sizes.append(f"n_kv_head={params['kv_heads']}")
     if "bias" in params:
         sizes.append("bias" if params["bias"] else "no bias")
     if params.get("causal"):

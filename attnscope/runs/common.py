@@ -178,12 +178,20 @@ def effective_causal(o: AttentionOptions) -> str | None:
     return o.causal
 
 
+def rope_base(o: AttentionOptions) -> float | None:
+    """RoPE's base as the run uses it (10000, LLaMA's, unless --rope-base says otherwise); None without --rope."""
+    if not o.rope:
+        return None
+    return 10000.0 if o.rope_base is None else o.rope_base
+
+
 def variant_kwargs(o: AttentionOptions) -> dict[str, Any]:
     """The keywords `sdpa` and `MultiHeadAttention` take for what the options asked."""
     from attnscope.rope import Rope
 
+    base = rope_base(o)
     return {"causal": effective_causal(o), "window": o.window, "softcap": o.softcap, "alibi": o.alibi,
-            "rope": Rope(10000.0 if o.rope_base is None else o.rope_base) if o.rope else None}
+            "rope": Rope(base) if base is not None else None}
 
 
 def asked(o: AttentionOptions, scale: float | None) -> Asked:
@@ -191,7 +199,7 @@ def asked(o: AttentionOptions, scale: float | None) -> Asked:
     from attnscope.check import Asked
 
     return Asked(causal=effective_causal(o), window=o.window, pad=o.pad, scale=scale, softcap=o.softcap,
-                 alibi=o.alibi, rope_base=(10000.0 if o.rope_base is None else o.rope_base) if o.rope else None)
+                 alibi=o.alibi, rope_base=rope_base(o))
 
 
 def structural_bytes(o: AttentionOptions, n_Q: int, n_K: int) -> int:
@@ -410,7 +418,7 @@ def variants_line(o: AttentionOptions, n_Q: int, n_K: int) -> str:
     if o.cache:
         parts.append(f"KV cache: {o.cache} cached + {n_Q} new positions")
     if o.rope:
-        parts.append(f"RoPE base {10000.0 if o.rope_base is None else o.rope_base:g}")
+        parts.append(f"RoPE base {rope_base(o):g}")
     if o.alibi:
         parts.append("ALiBi")
     if o.softcap is not None:

@@ -29,6 +29,7 @@ from attnscope.runs.common import (
     mask_extra,
     param_bytes,
     random_inputs,
+    rope_base,
     structural_bytes,
     variant_kwargs,
     variants_line,
@@ -146,7 +147,7 @@ def run_mha(o: MhaOptions) -> RunResult:
                               "bias": o.bias, "dropout": o.dropout, "seed": o.seed, "scale": o.scale,
                               "causal": causal, "pad": o.pad, "mask": o.mask, "meta": o.meta, "window": o.window,
                               "softcap": o.softcap, "alibi": o.alibi, "rope": o.rope,
-                              "rope_base": (10000.0 if o.rope_base is None else o.rope_base) if o.rope else None,
+                              "rope_base": rope_base(o),
                               "cache": o.cache,
                               "inputs": {n: s for n, s in (("Q", o.q), ("K", o.k), ("V", o.v)) if s} or "random"}
     params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is

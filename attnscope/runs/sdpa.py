@@ -27,6 +27,7 @@ from attnscope.runs.common import (
     load,
     mask_extra,
     random_inputs,
+    rope_base,
     structural_bytes,
     variant_kwargs,
     variants_line,
@@ -115,7 +116,7 @@ def run_sdpa(o: SdpaOptions) -> RunResult:
     params: dict[str, Any] = {"batch": batch, "nq": n_Q, "nk": n_K, "dk": d_K, "dv": d_V, "seed": o.seed,
                               "layout": o.layout, "scale": o.scale, "causal": causal, "pad": o.pad,
                               "mask": o.mask, "meta": o.meta, "window": o.window, "softcap": o.softcap,
-                              "alibi": o.alibi, "rope": o.rope, "rope_base": _rope_base(o), "cache": o.cache,
+                              "alibi": o.alibi, "rope": o.rope, "rope_base": rope_base(o), "cache": o.cache,
                               "inputs": {n: s for n, s in files.items() if s} or "random"}
     params["batch_shape"] = batch  # a list in every command's JSON (here `batch` is one too: any leading dims)
     formula = ("out = V · softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col
@@ -141,10 +142,6 @@ def _keys(o: SdpaOptions) -> int:
     if o.nk is not None:
         check_sizes(o.nq, o.nk, o.cache)
     return o.cache + o.nq
-
-
-def _rope_base(o: AttentionOptions) -> float | None:
-    return (10000.0 if o.rope_base is None else o.rope_base) if o.rope else None
 
 
 def _held(o: SdpaOptions, trace: Trace, mask: torch.Tensor | None) -> int:
