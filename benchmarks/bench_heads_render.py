@@ -12,7 +12,7 @@ round after round, medians of --runs rounds after one warm-up:
   statistics (computed afresh each round) and the grid of 12 pooled heatmaps with the table;
 - render in colour: the same on a truecolour console (painted cells);
 - render + export: the same on the recording console `--svg a.svg --html a.html` prints to (without colour
-  on the terminal, painted in the record), and both files' text (`blocks`, `export_svg`, `export_html`,
+  on the terminal, painted in the record), and both files' text (`prepare`, `export_svg`, `export_html`,
   as render/export.py's `write` makes them); writing the few hundred KB to disk is left out.
 
 Targets: render under 1 s beyond the model run; the export adds no more than the rendering itself
@@ -69,7 +69,7 @@ def contenders(result: object) -> dict[str, Callable[[], None]]:
     from rich.console import Console
 
     from attnscope.render import show_head
-    from attnscope.render.export import blocks, html_text, svg_text
+    from attnscope.render.export import html_text, prepare, svg_text
 
     def fresh() -> object:
         result._heads = None  # type: ignore[attr-defined]  # the statistics are computed again each round
@@ -86,7 +86,7 @@ def contenders(result: object) -> dict[str, Callable[[], None]]:
         out = Console(file=io.StringIO(), width=100, color_system=None, highlight=False, soft_wrap=False,
                       record=True)
         show_head(out, fresh())  # type: ignore[arg-type]
-        blocks(out)  # as export.write does
+        prepare(out)  # as export.write does
         svg_text(out, "attnscope head")
         html_text(out, "attnscope head")
 

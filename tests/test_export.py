@@ -163,3 +163,15 @@ def test_a_file_that_appears_during_the_run_is_kept(tmp_path):
         target.write_text("someone else's")
     assert target.read_text() == "someone else's"
     assert [p.name for p in tmp_path.iterdir()] == ["late.svg"]
+
+
+def test_code_the_terminal_wraps_is_wrapped_in_the_file(runner, tmp_path):
+    """`mask` prints its translations unwrapped (soft wrap: code to paste whole); the terminal wraps a long
+    line, and so does the SVG, which would otherwise cut it at the width."""
+    svg = tmp_path / "mask.svg"
+    result = runner.invoke(app, ["mask", "--nq", "4", "--cache", "4", "--window", "3", "--svg", str(svg)],
+                           env={"COLUMNS": "50"})
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.stdout.splitlines()) > 50  # lines longer than the width
+    shown = svg_text(svg.read_text())
+    assert "".join(shown.split()) == "attnscopemask" + "".join(result.stdout.split())  # the title, then all

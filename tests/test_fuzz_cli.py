@@ -1,6 +1,7 @@
 """The command line, fuzzed: random invocations of sdpa, mha, bench and bert through the console-script entry,
 with good, bad and corrupt files (missing, empty, truncated, wrong rank, NaN, wrong dtype, damaged archives),
-odd paths for --save, --svg and --html, and --all-heads. Whatever the input, each run keeps the promises of the house rules:
+odd paths for --save, --svg and --html, and --all-heads. Whatever the input, each run keeps the promises of
+the house rules:
 
 - the exit status is 0, 1 or 2, and stderr is at most one line, never the internal-error phrase;
 - --json output parses, strictly (no NaN, no Infinity);

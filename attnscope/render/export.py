@@ -7,7 +7,8 @@ prints to a recording console, and once its output is complete the record is exp
   same width (tables, heatmaps, footers, notes).
 - **In colour**, whatever the terminal had: NO_COLOR and pipes govern the terminal, not the file. The record
   keeps every style, and on a recording console a heatmap's cells carry their viridis colour
-  (render/shading.py); in the file a painted cell is a clean block of colour (`blocks`).
+  (render/shading.py); in the file a painted cell is a clean block of colour, and a line the terminal soft-wrapped is
+  wrapped at the same width (`prepare`).
 - **Standalone and offline**: Rich's SVG template loads the Fira Code web font from a CDN; that `@font-face` and
   the generator's comment are taken out, and the text uses a monospace font the viewer has (Fira Code where
   installed, else DejaVu Sans Mono, Menlo, Consolas). Rich places every run of text at its column itself, so
@@ -118,7 +119,7 @@ def write(out: Console, exports: Exports) -> list[Path]:
     from attnscope.tensors import write_text
 
     assert out.record, "exporting needs the recording console output_console gave"
-    blocks(out)
+    prepare(out)
     written = []
     if exports.svg:
         written.append(write_text(svg_text(out, exports.title), exports.svg, force=exports.force, option="--svg",
@@ -129,24 +130,36 @@ def write(out: Console, exports: Exports) -> list[Path]:
     return written
 
 
-def blocks(out: Console) -> None:
-    """Turn the record's painted cells (a shade glyph drawn in its own background's colour: invisible on the
-    terminal) into blocks of colour, spaces on that background: in a file a fallback font's wider glyph
-    could smear into the next cell, and a cell without text is drawn as one rectangle (Rich writes no text
-    element for spaces), which also makes the SVG quicker to write. Rich keeps the record in
-    `Console._record_buffer` and offers no public way to edit it; without it the glyphs stay, still
-    invisible on their own colour."""
+def prepare(out: Console) -> None:
+    """Make the record look in the file as the output looked on the terminal:
+
+    - a painted cell (a shade glyph drawn in its own background's colour: invisible on the terminal) becomes
+      a block of colour, spaces on that background: in a file a fallback font's wider glyph could smear into
+      the next cell, and a cell without text is drawn as one rectangle (Rich writes no text element for
+      spaces), which also makes the SVG quicker to write;
+    - a line printed wider than the console (code printed with soft_wrap, to be pasted whole: `mask`'s
+      translations) is wrapped at the width, as the terminal wrapped it, where the SVG would cut it.
+
+    Rich keeps the record in `Console._record_buffer` and offers no public way to edit it; without it the
+    record is exported as it is (the glyphs invisible on their colour, long lines cut in the SVG)."""
     record = getattr(out, "_record_buffer", None)
     if not isinstance(record, list):
         return
     painted: dict[Style, bool] = {}  # a few dozen styles for thousands of cells
-    for i, (text, style, control) in enumerate(record):
-        if style is None:
-            continue
-        if style not in painted:
-            painted[style] = style.bgcolor is not None and style.color == style.bgcolor
-        if painted[style]:
-            record[i] = Segment(" " * cell_len(text), style, control)
+    lines: list[Segment] = []
+    for line in Segment.split_lines(record):
+        for i, (text, style, control) in enumerate(line):
+            if style is None:
+                continue
+            if style not in painted:
+                painted[style] = style.bgcolor is not None and style.color == style.bgcolor
+            if painted[style]:
+                line[i] = Segment(" " * cell_len(text), style, control)
+        length = Segment.get_line_length(line)
+        parts = Segment.divide(line, [*range(out.width, length, out.width), length]) if length > out.width else [line]
+        for part in parts:
+            lines += [*part, Segment.line()]
+    record[:] = lines
 
 
 def svg_text(out: Console, title: str) -> str:
