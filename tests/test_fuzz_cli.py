@@ -1,11 +1,12 @@
 """The command line, fuzzed: random invocations of sdpa, mha, bench and bert through the console-script entry,
-with good, bad and corrupt files (missing, empty, truncated, wrong rank, NaN, wrong dtype, damaged archives)
-and odd paths for --save. Whatever the input, each run keeps the promises of the house rules:
+with good, bad and corrupt files (missing, empty, truncated, wrong rank, NaN, wrong dtype, damaged archives),
+odd paths for --save, --svg and --html, and --all-heads. Whatever the input, each run keeps the promises of
+the house rules:
 
 - the exit status is 0, 1 or 2, and stderr is at most one line, never the internal-error phrase;
 - --json output parses, strictly (no NaN, no Infinity);
-- the input files are unchanged, no temporary `.part` file is left, and an existing file is replaced only
-  with --force.
+- the input files are unchanged, no temporary `.part` file is left, and an existing file (a --save or an
+  --svg target) is replaced only with --force; a usage error writes no file.
 
 CI tries 150 invocations (about 20 s). Long runs: `ATTNSCOPE_FUZZ_EXAMPLES=3000`, three times, 3,000 passing
 invocations each (4 to 6 minutes on 2 cores), the last with the variant options; docs/performance.md records
@@ -113,6 +114,7 @@ def _reset_out(out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     (out / "exists.safetensors").write_bytes(b"precious")
+    (out / "exists.svg").write_bytes(b"precious")
     (out / "link.npz").symlink_to(out / "target.npz")
 
 
@@ -129,6 +131,9 @@ SELF_MASKS = ["mask_self.npy", "mask_self.npy"]  # [5, 5]
 BAD_MASKS = ["mask_int2.npy", "mask_wrong.npy", "q.npy", "complex.npy", "truncated.npy", "missing.npy", ""]
 GOOD_SAVES = ["new.safetensors", "new.npz", "new.pt", "link.npz", "with space.safetensors", "ünï.npz"]
 BAD_SAVES = ["exists.safetensors", "no/such/folder.npz", "x.csv", "", "."]
+GOOD_EXPORTS = [("--svg", "new.svg"), ("--html", "new.html"), ("--svg", "with space.svg"), ("--html", "ünï.htm")]
+BAD_EXPORTS = [("--svg", "exists.svg"), ("--svg", "x.png"), ("--html", "new.svg"), ("--svg", ""),
+               ("--html", "no/such/folder.html"), ("--svg", ".")]
 GOOD_SIZES, BAD_SIZES = ["1", "2", "3", "5"], ["0", "-1", "abc", str(10**20)]
 
 
@@ -150,6 +155,17 @@ def _save(draw, out):
     name = _pick(draw, GOOD_SAVES, BAD_SAVES, odds=5)
     force = ["--force"] if name == "exists.safetensors" and not _sometimes(draw, 3) or _sometimes(draw, 6) else []
     return ["--save", str(out / name) if name else "", *force]
+
+
+def _export(draw, out):
+    """--svg or --html now and then (both, sometimes), good names mostly; --force now and then."""
+    argv: list[str] = []
+    for _ in range(1 + _sometimes(draw, 4)):
+        if _sometimes(draw, 4):
+            flag, name = _pick(draw, GOOD_EXPORTS, BAD_EXPORTS, odds=4)
+            argv += [flag, str(out / name) if name else ""]
+    force = "--force" not in argv and argv and (_sometimes(draw, 3) if "exists.svg" in " ".join(argv) else False)
+    return argv + (["--force"] if force else [])
 
 
 @st.composite
@@ -209,9 +225,12 @@ def attention_argv(draw, inputs: Path, out: Path):
         if command == "mha":
             argv += ["--heatmap-head", _pick(draw, ["0", "1"], ["9"])] if _sometimes(draw) else []
     argv += ["--max-memory", _pick(draw, ["10GB"], ["1KB", "lots"], odds=2)] if _sometimes(draw, 8) else []
+    argv += ["--all-heads"] if command == "mha" and _sometimes(draw, 5) else []
     if (not meta or _sometimes(draw, 8)) and _sometimes(draw, 3):
         argv += _save(draw, out)
-    return argv
+    if "--force" in argv:  # one --force serves --save and the exports
+        return argv + [token for token in _export(draw, out) if token != "--force"]
+    return argv + _export(draw, out)
 
 
 def _variants(draw, command):
@@ -233,7 +252,7 @@ def _variants(draw, command):
 
 
 @st.composite
-def bench_argv(draw):
+def bench_argv(draw, out: Path):
     command = draw(st.sampled_from(["sdpa", "mha"]))
     argv = ["bench", command, "--runs", _pick(draw, ["1", "2"], ["0"]), "--warmup", "0"]
     for flag in ("--batch", "--nq", "--nk", *(["--dk", "--dv"] if command == "sdpa" else [])):
@@ -243,7 +262,7 @@ def bench_argv(draw):
     dtype = _pick(draw, ["float32", "float64", "float16", "bfloat16"], ["int8"])
     argv += ["--dtype", dtype] if _sometimes(draw) else []
     argv += ["--device", _pick(draw, ["cpu"], ["cuda", "tpu"], odds=2)] if _sometimes(draw, 5) else []
-    return argv + [flag for flag in ("--causal", "--json") if _sometimes(draw, 3)]
+    return argv + [flag for flag in ("--causal", "--json") if _sometimes(draw, 3)] + _export(draw, out)
 
 
 @st.composite
@@ -253,7 +272,10 @@ def bert_argv(draw, tiny: Path, minilm: Path, out: Path):
             "--head", _pick(draw, ["0", "1"], ["11", "-1", "99"])]
     if _sometimes(draw, 2):
         argv += ["--text", _pick(draw, ["the cat sat on the mat .", "dog " * 20], ["", "ünïcødé ✓", "x"], odds=3)]
+    argv += ["--all-heads"] if _sometimes(draw, 4) else []
     argv += _save(draw, out) if _sometimes(draw, 3) else []
+    export = _export(draw, out)
+    argv += [token for token in export if token != "--force" or "--force" not in argv]
     return argv + (["--json"] if _sometimes(draw, 3) else [])
 
 
@@ -267,7 +289,7 @@ def test_any_invocation_keeps_the_promises(world, data):
     if kind == "attention":
         argv = data.draw(attention_argv(inputs, out))
     elif kind == "bench":
-        argv = data.draw(bench_argv())
+        argv = data.draw(bench_argv(out))
     else:
         argv = data.draw(bert_argv(root / "bert", minilm, out))
     before = _fingerprint(inputs, root / "bert", minilm)
@@ -286,7 +308,8 @@ def test_any_invocation_keeps_the_promises(world, data):
     assert not leftovers, (argv, leftovers)
     if "--force" not in argv:
         assert (out / "exists.safetensors").read_bytes() == b"precious", argv
-    saved = [p for p in out.rglob("*") if p.name not in ("exists.safetensors", "link.npz")]
+        assert (out / "exists.svg").read_bytes() == b"precious", argv
+    saved = [p for p in out.rglob("*") if p.name not in ("exists.safetensors", "exists.svg", "link.npz")]
     if saved and outcome.code == 2:
         pytest.fail(f"{argv}: a usage error, and yet {saved} was written")
 

@@ -6,6 +6,7 @@ tokenizer gives AutoTokenizer's ids."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -385,3 +386,43 @@ def test_qwen2_windows_from_older_configs(built, tmp_path, edit, windows):
 
     theirs = Qwen2Config.from_pretrained(folder)
     assert [theirs.sliding_window if kind == "sliding_attention" else None for kind in theirs.layer_types] == windows
+
+
+# --- every head of a layer (--all-heads) ---------------------------------------------------------------------
+
+
+def plain_stats(pattern: list[list[float]]) -> dict[str, float]:
+    """A head's statistics by their definitions (docs/heads.md), in plain float64 Python, for a square pattern
+    whose query i sits at position i."""
+    n = len(pattern)
+    rows = range(n)
+    return {
+        "entropy": sum(-sum(p * math.log2(p) for p in row if p > 0) for row in pattern) / n,
+        "first": sum(row[0] for row in pattern) / n,
+        "previous": sum(pattern[i][i - 1] for i in rows if i >= 1) / (n - 1),
+        "self": sum(pattern[i][i] for i in rows) / n,
+        "distance": sum(sum(p * abs(i - j) for j, p in enumerate(pattern[i])) for i in rows) / n,
+    }
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_all_heads_json_equals_eager_for_every_head(runner, built, eager, family):
+    """--all-heads: every head's pattern is transformers' eager output_attentions to 1e-5, and its statistics
+    are the definitions' on that pattern."""
+    folder, _ = built(family)
+    _, attentions, _ = eager(family)
+    layer = len(attentions) - 1
+    result = runner.invoke(app, ["head", "--model", str(folder), "--layer", str(layer), "--head", "1", "--text",
+                                 SENTENCE, "--all-heads", "--json"])
+    assert result.exit_code == 0, result.output
+    heads = json.loads(result.stdout)["heads"]
+    expected = attentions[layer][0]  # [n_head, n_tokens, n_tokens]
+    assert [h["head"] for h in heads] == list(range(expected.shape[0]))
+    for h, entry in enumerate(heads):
+        assert set(entry) == {"head", "attention", "stats", "kind"}
+        torch.testing.assert_close(torch.tensor(entry["attention"], dtype=torch.float32), expected[h],
+                                   atol=1e-5, rtol=1e-5)
+        reference = plain_stats(expected[h].double().tolist())
+        for key, value in reference.items():
+            assert entry["stats"][key] == pytest.approx(value, abs=1e-5), (h, key)
+        assert entry["kind"] in ("first-token", "previous-token", "self", "broad", "local", "mixed")

@@ -173,5 +173,13 @@ def test_unsupported_family_text_falls_back_to_transformers(runner, opt):
     torch.testing.assert_close(torch.tensor(payload["attention"]), expected, atol=1e-5, rtol=1e-5)
     table = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "1", "--text", SENTENCE])
     assert "note: model_type 'opt' is not one attnscope traces" in " ".join(table.stdout.split())
+    every = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--text", SENTENCE, "--all-heads",
+                                "--json"])
+    heads = json.loads(every.stdout)["heads"]  # --all-heads through transformers too: its own patterns
+    assert len(heads) == model.config.num_attention_heads
+    with torch.no_grad():
+        layer = model(**encoded, output_attentions=True).attentions[1][0]
+    for h, entry in enumerate(heads):
+        torch.testing.assert_close(torch.tensor(entry["attention"]), layer[h], atol=1e-5, rtol=1e-5)
     _fails(runner, ["head", "--model", str(folder), "--layer", "2", "--text", SENTENCE], 2,
            "--layer 2 is out of range: this model has 2 layers")

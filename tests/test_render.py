@@ -45,7 +45,7 @@ def without_heatmap_labels(lines: list[str]) -> list[str]:
     """The lines, less a heatmap's key labels (written downwards, so `[CLS]` spans five lines)."""
     kept, in_labels = [], False
     for line in lines:
-        if line.startswith(("→ most-attended key", "keys pooled")):
+        if line.startswith("H = row entropy"):  # the legend's last line; the labels follow
             in_labels = True
         elif in_labels and "  → " in line:
             in_labels = False
@@ -198,9 +198,9 @@ def test_heatmap_of_a_60_token_sentence_fits_80_columns():
     matrix = [[(0.5 if j == i else 0.5 / 59) for j in range(60)] for i in range(60)]
     text = heatmap_text(matrix, tokens, tokens)
     assert max(cell_len(line) for line in text.splitlines()) <= 80
-    assert "keys pooled 2 to a column" in text  # said, not silent
-    assert "darker" not in text and "more ink = more weight" in text
-    assert "H = row entropy" in text and "ln 60" in text
+    assert "each column = sum over 2 keys" in text  # said, not silent
+    assert "darker" not in text and "more ink in shades" in text
+    assert "H = row entropy in bits" in text and "log2 60 = 5.91" in text
 
 
 def test_heatmap_keeps_cjk_labels_in_line():

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from attnscope.cli.common import exporting
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     AttentionCommand,
@@ -17,11 +18,14 @@ from attnscope.cli.options import (
     DFeat,
     Dk,
     Dv,
+    ExportForce,
     Heads,
+    Html,
     Json,
     Nk,
     NkOrNq,
     Nq,
+    Svg,
 )
 
 if TYPE_CHECKING:
@@ -75,13 +79,16 @@ def bench_sdpa(
     runs: Runs = 20,
     warmup: Warmup = 3,
     json: Json = False,
+    svg: Svg = None,
+    html: Html = None,
+    force: ExportForce = False,
     debug: Debug = False,
 ) -> None:
     """Time attnscope's traced sdpa and F.scaled_dot_product_attention on the same inputs."""
     from attnscope import cost
 
     mode = causal.value if causal else None
-    _race(debug, json, runs, warmup,
+    _race(debug, json, runs, warmup, (svg, html, force),
           needed=lambda: cost.sdpa_bytes(batch, nq, nk, dk, dv, masked=causal is not None),
           setup=lambda bench: bench.sdpa_race(batch, nq, nk, dk, dv, causal=mode, device=device, dtype=dtype))
 
@@ -101,6 +108,9 @@ def bench_mha(
     runs: Runs = 20,
     warmup: Warmup = 3,
     json: Json = False,
+    svg: Svg = None,
+    html: Html = None,
+    force: ExportForce = False,
     debug: Debug = False,
 ) -> None:
     """Time attnscope's MultiHeadAttention (traced and record=False) and torch.nn.MultiheadAttention."""
@@ -119,7 +129,7 @@ def bench_mha(
         return cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=mode is not None,
                               n_kv_head=kv_heads)
 
-    _race(debug, json, runs, warmup, needed=needed,
+    _race(debug, json, runs, warmup, (svg, html, force), needed=needed,
           setup=lambda bench: bench.mha_race(batch, nq, n_K, d_feat, heads, bias=bias, causal=mode, device=device,
                                              dtype=dtype, kv_heads=kv_heads))
 
@@ -127,13 +137,15 @@ def bench_mha(
 SHRINK = "shrink --batch, --nq or --nk"
 
 
-def _race(debug: bool, json: bool, runs: int, warmup: int, *, needed: Callable[[], int],
-          setup: Callable[[object], Race]) -> None:
+def _race(debug: bool, json: bool, runs: int, warmup: int, exports: tuple[str | None, str | None, bool], *,
+          needed: Callable[[], int], setup: Callable[[object], Race]) -> None:
     """Check the options, guard memory (every contender's inputs and one traced run's worth more), say how
     long a long bench will take, time the contenders under a progress bar, show the result."""
     from attnscope import render
 
-    with reported(debug, oom_advice=SHRINK):
+    svg, html, force = exports
+    with reported(debug, oom_advice=SHRINK), exporting(svg, html, force=force, json=json,
+                                                       title="attnscope bench") as out:
         from attnscope.runs.common import guard_memory
 
         guard_memory(2 * needed(), None, advice=SHRINK)
@@ -148,7 +160,7 @@ def _race(debug: bool, json: bool, runs: int, warmup: int, *, needed: Callable[[
         if json:
             render.emit_json(render.bench_json(result))
         else:
-            render.show_bench(render.console(), result)
+            render.show_bench(out, result)
 
 
 def register(app: typer.Typer) -> None:

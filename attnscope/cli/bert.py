@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.head import Head, HeadSave, Layer, Text, run_command
-from attnscope.cli.options import Debug, Force, Json, MaxMemory
+from attnscope.cli.head import AllHeads, Head, HeadSave, Layer, Text, run_command
+from attnscope.cli.options import Debug, Force, Html, Json, MaxMemory, Svg
 
 BERT_EXAMPLES = """Examples:
 
@@ -15,7 +15,7 @@ BERT_EXAMPLES = """Examples:
 
   attnscope bert --model ./my-bert --layer 3 --head 7 --save head.safetensors
 
-  attnscope bert --layer 5 --head 2 --text "The cat sat on the mat because it was tired." """
+  attnscope bert --layer 5 --head 2 --text "The cat sat on the mat because it was tired." --all-heads"""
 
 
 def bert(
@@ -23,15 +23,18 @@ def bert(
     head: Head = 0,
     model: Annotated[str, typer.Option("--model", help="A Hugging Face model name (through the local cache) or a folder with config.json and model.safetensors or pytorch_model.bin.")] = "bert-base-uncased",
     text: Text = None,
+    all_heads: AllHeads = False,
     json: Json = False,
     save: HeadSave = None,
+    svg: Svg = None,
+    html: Html = None,
     force: Force = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
 ) -> None:
     """One BERT head: its slice of the query/key/value/output weights, and (with --text) its attention."""
-    run_command("bert", model, layer, head, text, json=json, save=save, force=force, max_memory=max_memory,
-                debug=debug)
+    run_command("bert", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
+                force=force, max_memory=max_memory, debug=debug)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,12 +1,17 @@
-"""What the attention commands share: reading --max-memory, and showing a run (table or JSON, exit 1 on FAIL)."""
+"""What the commands share: reading --max-memory, the --svg/--html exports around a command's output, and
+showing an sdpa/mha run (table or JSON, exit 1 on FAIL)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import typer
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from attnscope.runs.common import RunResult
 
 
@@ -22,12 +27,42 @@ def max_memory_bytes(text: str | None) -> int | None:
         raise UsageError(f"--max-memory: {exc}") from None
 
 
-def show_run(result: RunResult, *, json: bool, values: bool, stats: bool) -> None:
+@contextmanager
+def exporting(svg: str | None, html: str | None, *, force: bool, json: bool, title: str) -> Iterator[Console]:
+    """Every command's output goes through here: on entering, --svg/--html are checked (before the run, so a
+    name that cannot be written costs nothing); the block prints to the console it is given; once the output
+    is complete (the block ends, or exits 1 after showing it: a FAIL, a divergence) the files are written.
+    A failure inside the block writes nothing. Use inside `reported(...)`, which reports what is raised here."""
+    from attnscope.render import export
+
+    exports = export.Exports(svg, html, force, title)
+    export.check(exports, json)
+    out = export.output_console(exports)
+    try:
+        yield out
+    except typer.Exit as exc:
+        if exc.exit_code == 1 and exports:
+            _write(out, exports)
+        raise
+    if exports:
+        _write(out, exports)
+
+
+def _write(out: Console, exports: object) -> None:
+    from attnscope import render
+    from attnscope.render import export
+
+    assert isinstance(exports, export.Exports)
+    written = export.write(out, exports)
+    render.info(f"wrote {' and '.join(str(path) for path in written)}")
+
+
+def show_run(out: Console, result: RunResult, *, json: bool, values: bool, stats: bool) -> None:
     from attnscope import render
 
     if json:
         render.emit_json(render.result_json(result, values=values, stats=stats))
     else:
-        render.show_result(render.console(), result, values=values, stats=stats)
+        render.show_result(out, result, values=values, stats=stats)
     if result.check_failed:
         raise typer.Exit(1)

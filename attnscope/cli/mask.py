@@ -6,8 +6,21 @@ from typing import Annotated
 
 import typer
 
+from attnscope.cli.common import exporting
 from attnscope.cli.errors import reported
-from attnscope.cli.options import AttentionCommand, Cache, CausalOpt, Debug, Json, MaskFile, Pad, Window
+from attnscope.cli.options import (
+    AttentionCommand,
+    Cache,
+    CausalOpt,
+    Debug,
+    ExportForce,
+    Html,
+    Json,
+    MaskFile,
+    Pad,
+    Svg,
+    Window,
+)
 
 MASK_EXAMPLES = """Examples:
 
@@ -27,11 +40,14 @@ def mask(
     cache: Cache = 0,
     mask_file: MaskFile = None,
     json: Json = False,
+    svg: Svg = None,
+    html: Html = None,
+    force: ExportForce = False,
     debug: Debug = False,
 ) -> None:
     """Draw the combined mask (■ may attend, · masked), name its alignment, and write it for
     F.scaled_dot_product_attention, nn.MultiheadAttention, transformers, flash-attn and FlexAttention."""
-    with reported(debug):
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope mask") as out:
         from attnscope import render
         from attnscope.render.mask import mask_command_json, show_mask
         from attnscope.runs.mask import MaskOptions, run_mask
@@ -42,7 +58,7 @@ def mask(
         if json:
             render.emit_json(mask_command_json(view, params))
         else:
-            show_mask(render.console(), view)
+            show_mask(out, view)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import max_memory_bytes, show_run
+from attnscope.cli.common import exporting, max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     Alibi,
@@ -23,6 +23,7 @@ from attnscope.cli.options import (
     HeatmapBatch,
     HeatmapHead,
     HeatmapOpt,
+    Html,
     Json,
     KFile,
     MaskFile,
@@ -39,6 +40,7 @@ from attnscope.cli.options import (
     ShowMask,
     Softcap,
     Stats,
+    Svg,
     Values,
     VFile,
     Window,
@@ -75,12 +77,15 @@ def mha(
     check: Check = False,
     json: Json = False,
     save: Save = None,
+    svg: Svg = None,
+    html: Html = None,
     force: Force = False,
     values: Values = False,
     stats: Stats = False,
     heatmap: HeatmapOpt = False,
     heatmap_batch: HeatmapBatch = 0,
     heatmap_head: HeatmapHead = 0,
+    all_heads: Annotated[bool, typer.Option("--all-heads", help="Draw every head of batch element --heatmap-batch as a grid of small heatmaps, with a table of what each does: entropy, first-token sink, previous, self, distance, kind (docs/heads.md).", rich_help_panel="Output")] = False,
     window: Window = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
@@ -93,7 +98,7 @@ def mha(
 ) -> None:
     """Multi-head attention: project, split into heads, SDPA in every head, merge, project."""
 
-    with reported(debug):
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope mha") as out:
         from attnscope.runs.mha import MhaOptions, run_mha
 
         options = MhaOptions(
@@ -102,9 +107,9 @@ def mha(
             max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
             rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, kv_heads=kv_heads, d_head=d_head,
-            scale=scale,
+            scale=scale, all_heads=all_heads,
         )
-        show_run(run_mha(options), json=json, values=values, stats=stats)
+        show_run(out, run_mha(options), json=json, values=values, stats=stats)
 
 
 def register(app: typer.Typer) -> None:

@@ -41,8 +41,8 @@ HEATMAP_ONLY = ("heatmap_batch", "heatmap_head")
 
 
 def refuse_ignored(ctx) -> None:  # type: ignore[no-untyped-def]
-    """A size typed with file inputs, or --heatmap-batch/--heatmap-head without --heatmap, would change
-    nothing: refused in one line (exit 2) rather than dropped without a word."""
+    """A size typed with file inputs, or --heatmap-batch/--heatmap-head without --heatmap (--heatmap-batch:
+    or --all-heads), would change nothing: refused in one line (exit 2) rather than dropped without a word."""
     from attnscope.cli.errors import ClickUsageError
 
     typed = {p.name: p.opts[0] for p in ctx.command.params
@@ -54,11 +54,17 @@ def refuse_ignored(ctx) -> None:  # type: ignore[no-untyped-def]
         listed = " and ".join(ignored)
         raise ClickUsageError(f"{listed} only appl{'ies' if len(ignored) == 1 else 'y'} to random inputs, and "
                               f"--{source} reads the inputs from a file, which gives the sizes; drop {listed}", ctx)
-    heatmap_only = [typed[name] for name in HEATMAP_ONLY if name in typed]
-    if heatmap_only and not ctx.params.get("heatmap"):
-        listed = " and ".join(heatmap_only)
-        raise ClickUsageError(f"{listed} only choose{'s' if len(heatmap_only) == 1 else ''} what --heatmap draws; "
-                              f"add --heatmap, or drop {listed}", ctx)
+    heatmap, all_heads = bool(ctx.params.get("heatmap")), bool(ctx.params.get("all_heads"))
+    unused = [typed[name] for name in HEATMAP_ONLY
+              if name in typed and not (heatmap or (name == "heatmap_batch" and all_heads))]
+    if unused and all_heads:  # only --heatmap-head is left: --all-heads draws every head
+        raise ClickUsageError("--heatmap-head chooses the head --heatmap draws, and --all-heads draws every head; "
+                              "add --heatmap, or drop --heatmap-head", ctx)
+    if unused:
+        listed = " and ".join(unused)
+        add = "--heatmap or --all-heads" if "all_heads" in ctx.params and unused == ["--heatmap-batch"] else "--heatmap"
+        raise ClickUsageError(f"{listed} only choose{'s' if len(unused) == 1 else ''} what {add} draws; add {add}, "
+                              f"or drop {listed}", ctx)
 
 
 class AttnscopeGroup(TyperGroup):
@@ -134,11 +140,14 @@ Pad = Annotated[int, typer.Option("--pad", min=0, metavar="N", help="Mask the la
 Check = Annotated[bool, typer.Option("--check", help="Run the same inputs through PyTorch's own attention and compare; exit 1 on FAIL.", rich_help_panel="Output")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (documented in docs/json.md) instead of tables.", rich_help_panel="Output")]
 Save = Annotated[str | None, typer.Option("--save", metavar="FILE", callback=not_empty, help="Write every step by name to .safetensors, .npz or .pt.", rich_help_panel="Output")]
-Force = Annotated[bool, typer.Option("--force", help="Let --save replace an existing file.", rich_help_panel="Output")]
+Force = Annotated[bool, typer.Option("--force", help="Let --save, --svg and --html replace an existing file.", rich_help_panel="Output")]
+ExportForce = Annotated[bool, typer.Option("--force", help="Let --svg and --html replace an existing file.", rich_help_panel="Output")]
+Svg = Annotated[str | None, typer.Option("--svg", metavar="FILE", callback=not_empty, help="Also write what is shown, in colour, to FILE (.svg): standalone, nothing fetched from the network.", rich_help_panel="Output")]
+Html = Annotated[str | None, typer.Option("--html", metavar="FILE", callback=not_empty, help="Also write what is shown, in colour, to FILE (.html): standalone, no script, nothing fetched.", rich_help_panel="Output")]
 Values = Annotated[bool, typer.Option("--values", help="Show the numbers of every step (corners of large ones).", rich_help_panel="Output")]
 Stats = Annotated[bool, typer.Option("--stats", help="Show min, max, mean, std and NaN/Inf counts of every step.", rich_help_panel="Output")]
 HeatmapOpt = Annotated[bool, typer.Option("--heatmap", help="Draw the attention pattern of one batch element (and head), fitted to the terminal.", rich_help_panel="Output")]
-HeatmapBatch = Annotated[int, typer.Option("--heatmap-batch", min=0, help="Which batch element --heatmap draws (an index, from 0).", rich_help_panel="Output")]
+HeatmapBatch = Annotated[int, typer.Option("--heatmap-batch", min=0, help="Which batch element --heatmap (and --all-heads) draws (an index, from 0).", rich_help_panel="Output")]
 HeatmapHead = Annotated[int, typer.Option("--heatmap-head", min=0, help="Which head --heatmap draws (an index, from 0), where the attention has an n_head axis.", rich_help_panel="Output")]
 Meta = Annotated[bool, typer.Option("--meta", help="Shapes, FLOPs and memory only, on PyTorch's meta device: nothing is allocated, any size.", rich_help_panel="Size")]
 MaxMemory = Annotated[str | None, typer.Option("--max-memory", metavar="SIZE", help="Refuse runs needing more than SIZE (e.g. 8GB, 512MiB); default: what the machine has available.", rich_help_panel="Size")]

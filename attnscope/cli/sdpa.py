@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import max_memory_bytes, show_run
+from attnscope.cli.common import exporting, max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     Alibi,
@@ -22,6 +22,7 @@ from attnscope.cli.options import (
     HeatmapBatch,
     HeatmapHead,
     HeatmapOpt,
+    Html,
     Json,
     KFile,
     Layout,
@@ -39,6 +40,7 @@ from attnscope.cli.options import (
     ShowMask,
     Softcap,
     Stats,
+    Svg,
     Values,
     VFile,
     Window,
@@ -76,6 +78,8 @@ def sdpa(
     check: Check = False,
     json: Json = False,
     save: Save = None,
+    svg: Svg = None,
+    html: Html = None,
     force: Force = False,
     values: Values = False,
     stats: Stats = False,
@@ -94,7 +98,7 @@ def sdpa(
 ) -> None:
     """Scaled dot-product attention: softmax(Q Kᵀ / √d_K) V, every step shown."""
 
-    with reported(debug):
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope sdpa") as out:
         from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 
         options = SdpaOptions(
@@ -104,7 +108,7 @@ def sdpa(
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
             rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
         )
-        show_run(run_sdpa(options), json=json, values=values, stats=stats)
+        show_run(out, run_sdpa(options), json=json, values=values, stats=stats)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,22 +6,29 @@ code raised, 2 for bad input (no such file or name, a signature it cannot feed, 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from attnscope.cli.common import exporting
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     AttentionCommand,
     CausalOpt,
     Debug,
+    ExportForce,
+    Html,
     Json,
     KFile,
     MaskFile,
     QFile,
     Seed,
+    Svg,
     VFile,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 TRACE_EXAMPLES = """Examples:
 
@@ -50,23 +57,26 @@ def trace(
     causal: CausalOpt = None,
     mask: MaskFile = None,
     json: Json = False,
+    svg: Svg = None,
+    html: Html = None,
+    force: ExportForce = False,
     debug: Debug = False,
 ) -> None:
     """Is my attention right? Run YOUR attention code (FILE.py:NAME is imported, which runs it), record every
     tensor op with its line, and line it up with attnscope's reference on the same inputs and weights; the
     first step that differs is explained. Exit 0 when all align, 1 at a divergence or an error in your code."""
 
-    with reported(debug):
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope trace") as out:
         from attnscope.runs.trace import TraceOptions, run_trace
 
         options = TraceOptions(target=target, init=init, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
                                heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask,
                                causal=causal.value if causal else None)
         run = run_trace(options)
-        _show(run, json)
+        _show(out, run, json)
 
 
-def _show(run: object, json: bool) -> None:
+def _show(out: Console, run: object, json: bool) -> None:
     from attnscope import render
     from attnscope.errors import UsageError
     from attnscope.render.usertrace import show_usertrace, usertrace_json
@@ -76,7 +86,7 @@ def _show(run: object, json: bool) -> None:
     if json:
         render.emit_json(usertrace_json(run))
     else:
-        show_usertrace(render.console(), run)
+        show_usertrace(out, run)
     if run.no_reference and run.failure is None:
         raise UsageError(run.no_reference)
     if run.failure is not None or run.diverged:

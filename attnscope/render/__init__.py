@@ -1,8 +1,11 @@
 """Everything the user sees: Rich tables, heatmaps, and the JSON export. The only package that imports rich.
 
 Output reads the same with NO_COLOR=1 and when piped: colour is never the only carrier of meaning
-(heatmaps use shade characters, PASS/FAIL are words). Modules: console (the console, errors, JSON),
-tables (steps, statistics, checks), results (an sdpa/mha run), heatmap, model (head and bert), bench.
+(heatmap cells are shade characters, painted on a perceptual scale where the terminal has 256 colours;
+PASS/FAIL are words). Modules: console (the console, errors, JSON), fit (tables and text that fit the
+width), tables (steps, statistics, checks), results (an sdpa/mha run), shading (one weight, one cell),
+heatmap (one pattern), heads (every head: grid and table), model (head and bert), mask, bench, usertrace
+(trace), export (--svg and --html).
 """
 
 from attnscope.render.bench import bench_estimate, bench_json, progress_bar, show_bench

@@ -12,10 +12,11 @@ from rich.console import Console
 PIPED_WIDTH = 100  # Rich would fall back to 80 columns when piped; tables read better at 100
 
 
-def console(stderr: bool = False) -> Console:
+def console(stderr: bool = False, record: bool = False, no_color: bool | None = None) -> Console:
+    """stdout's console (stderr's with `stderr`); `record` keeps what is printed, for --svg/--html."""
     stream: IO[str] = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+    return Console(file=stream, width=width, highlight=False, soft_wrap=False, record=record, no_color=no_color)
 
 
 def emit_json(payload: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnscope.render.console import clean
+from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import show_heatmap
 from attnscope.render.tables import step_json, steps_table
 
@@ -106,6 +107,8 @@ def show_head(out: Console, result: HeadResult) -> None:
         labels = list(result.encoded.tokens)
         show_heatmap(out, Heatmap(f"layer {o.layer}, head {o.head}: attention", result.attention.tolist(),
                                   labels, labels))
+    if o.all_heads and result.heads is not None:
+        show_heads(out, result.heads)
     if result.saved:
         from attnscope.runs.head import saved_tensors
 
@@ -153,6 +156,8 @@ def head_json(result: HeadResult) -> dict[str, Any]:
                 "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind},
                 "kv_head": o.head // (result.info.heads // result.info.kv_heads),
             }
+    if o.all_heads and result.heads is not None:
+        payload["heads"] = heads_json(result.heads)
     if result.saved:
         payload["saved"] = str(result.saved)
     return payload

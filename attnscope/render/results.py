@@ -9,6 +9,7 @@ from rich.text import Text
 
 from attnscope.cost import format_bytes, format_flops
 from attnscope.render.console import clean
+from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import heatmap_json, show_heatmap
 from attnscope.render.mask import mask_json, show_grid
 from attnscope.render.tables import (
@@ -46,6 +47,8 @@ def show_result(out: Console, result: RunResult, *, values: bool = False, stats:
                 out.print(Text(f"{c.name}: {c.detail}"))
     if result.heatmap:
         show_heatmap(out, result.heatmap)
+    if result.heads:
+        show_heads(out, result.heads)
     if stats:
         out.print(stats_table(result.trace))
     if values:
@@ -79,6 +82,8 @@ def result_json(result: RunResult, *, values: bool = False, stats: bool = False)
         payload["check_passed"] = not result.check_failed
     if result.heatmap:
         payload["heatmap"] = heatmap_json(result.heatmap)
+    if result.heads:
+        payload["heads"] = heads_json(result.heads)
     if result.mask_view:
         payload["mask"] = mask_json(result.mask_view)
     if result.saved:

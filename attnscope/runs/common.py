@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.check import Asked, Comparison
+    from attnscope.headstats import LayerHeads
     from attnscope.maskview import MaskView
     from attnscope.trace import Step, Trace
 
@@ -47,6 +48,7 @@ class AttentionOptions:
     heatmap: bool = False
     heatmap_batch: int = 0
     heatmap_head: int = 0
+    all_heads: bool = False  # every head of one batch element (--heatmap-batch), with its statistics
     # today's variants (docs/modern-attention.md)
     window: int | None = None
     softcap: float | None = None
@@ -66,6 +68,12 @@ class Heatmap:
     row_labels: list[str]
     col_labels: list[str]
 
+    def _repr_html_(self) -> str:
+        """Jupyter draws the pattern as an inline heatmap (notebook.py)."""
+        from attnscope.notebook import pattern_svg
+
+        return pattern_svg(self.matrix, self.row_labels, self.col_labels, self.title)
+
 
 @dataclass
 class RunResult:
@@ -79,6 +87,7 @@ class RunResult:
     saved: Path | None = None
     saved_names: list[str] = field(default_factory=list)
     heatmap: Heatmap | None = None
+    heads: LayerHeads | None = None  # --all-heads
     kv_cache_bytes: int = 0
     mask_view: MaskView | None = None
 
@@ -120,8 +129,9 @@ def check_common(o: AttentionOptions) -> None:
             raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
         if isinstance(value, int) and not -INT64 <= value < INT64:
             raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
-    if o.meta and (o.check or o.save or o.heatmap):
-        used = [name for name, on in (("--check", o.check), ("--save", o.save), ("--heatmap", o.heatmap)) if on]
+    if o.meta and (o.check or o.save or o.heatmap or o.all_heads):
+        used = [name for name, on in (("--check", o.check), ("--save", o.save), ("--heatmap", o.heatmap),
+                                      ("--all-heads", o.all_heads)) if on]
         raise UsageError(f"--meta computes shapes only, no numbers; drop --meta or {' and '.join(used)}")
     if (o.k or o.v) and not o.q:
         raise UsageError("--k/--v need --q too (with only --q, attention is self-attention: K = V = Q)")
@@ -274,6 +284,8 @@ def finish(o: AttentionOptions, result: RunResult, extra: SavedExtra | None = No
     not steps, the mask, a module's parameters), so that anyone can run the same computation again."""
     if o.heatmap:
         result.heatmap = heatmap_of(result.trace.step("attention"), o.heatmap_batch, o.heatmap_head)
+    if o.all_heads:
+        result.heads = heads_of(result.trace.step("attention"), o.heatmap_batch, effective_causal(o))
     if o.save:
         from attnscope.tensors import save_tensors
 
@@ -331,6 +343,25 @@ def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
         matrix, title = matrix.transpose(0, 1), f"{title}, transposed"
     return Heatmap(title, matrix.tolist(), [f"q{i}" for i in range(matrix.shape[0])],
                    [f"k{j}" for j in range(matrix.shape[1])])
+
+
+def heads_of(step: Step, batch: int, causal: str | None) -> LayerHeads:
+    """Every head of batch element `batch` of an `[n_batch, n_head, n_Q, n_K]` attention step, with its
+    statistics; query i sits at position i + n_K - n_Q where causal aligns lower-right (a KV cache), else i."""
+    from attnscope.headstats import LayerHeads
+
+    if step.dims[-3:-2] != ("n_head",) or len(step.dims) != 4:
+        raise UsageError(f"--all-heads draws every head, and this attention has no head axis "
+                         f"([{', '.join(step.dims)}]); drop --all-heads")
+    n_batch, _, n_Q, n_K = step.shape
+    if n_batch and not 0 <= batch < n_batch:
+        raise UsageError(f"--heatmap-batch {batch} is out of range: n_batch is {n_batch}, so valid is 0 to "
+                         f"{n_batch - 1}")
+    offset = n_K - n_Q if causal == "lower-right" else 0
+    if not n_batch:  # an empty batch has no heads to draw
+        return LayerHeads.of(step.tensor.reshape(0, n_Q, n_K), f"{step.name} (n_batch = 0)", offset=offset)
+    return LayerHeads.of(step.tensor[batch], f"{step.name}[{batch}] (batch element {batch})", offset=offset,
+                         batch=batch)  # [n_head, n_Q, n_K]
 
 
 def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = None,

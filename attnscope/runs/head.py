@@ -19,6 +19,7 @@ from attnscope.errors import ResourceError, UsageError
 if TYPE_CHECKING:
     import torch
 
+    from attnscope.headstats import LayerHeads
     from attnscope.models.config import Config
     from attnscope.models.family import Family, HeadWeights, LayerRun
     from attnscope.models.tokenizer import Encoded
@@ -37,6 +38,7 @@ class HeadOptions:
     force: bool = False
     max_memory: int | None = None
     command: str = "head"  # "bert" takes BERT-layout checkpoints only
+    all_heads: bool = False  # --all-heads: every head of the layer, with its statistics, shown
 
 
 @dataclass
@@ -69,10 +71,30 @@ class HeadResult:
     all_heads: torch.Tensor | None = None  # every head's pattern in layer L, [n_head, n_tokens, n_tokens]
     notes: list[str] = field(default_factory=list)
     saved: Path | None = None
+    _heads: LayerHeads | None = field(default=None, repr=False)
 
     @property
     def traced(self) -> bool:
         return self.run is not None
+
+    @property
+    def heads(self) -> LayerHeads | None:
+        """Every head of layer L on the text, with its statistics and kind (None without a text)."""
+        if self.all_heads is None or self.encoded is None:
+            return None
+        if self._heads is None:
+            from attnscope.headstats import LayerHeads
+
+            tokens = list(self.encoded.tokens)
+            self._heads = LayerHeads.of(self.all_heads, f"layer {self.options.layer}", tokens, tokens)
+        return self._heads
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the model and head, the layer's steps, this head's pattern on the text and every
+        head of the layer with what it does (notebook.py)."""
+        from attnscope.notebook import head_html
+
+        return head_html(self)
 
 
 Progress = Callable[[str], AbstractContextManager[Any]]
@@ -81,6 +103,15 @@ Progress = Callable[[str], AbstractContextManager[Any]]
 @contextmanager
 def _quiet(message: str) -> Iterator[None]:
     yield
+
+
+def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | None = None,
+               max_memory: int | None = None) -> HeadResult:
+    """The Python form of `attnscope head` (`attnscope.model_head`): head `head` of layer `layer` of a checkpoint
+    (a folder, or a Hugging Face name in the local cache), and with `text` layers 0..layer run on it. The result
+    shows itself in Jupyter (`_repr_html_`); `.attention` is the head's pattern, `.all_heads` every head's,
+    `.heads` every head with its statistics and kind, `.run.layer` the layer's trace."""
+    return run_head(HeadOptions(model=str(model), layer=layer, head=head, text=text, max_memory=max_memory))
 
 
 def run_head(o: HeadOptions, progress: Progress = _quiet) -> HeadResult:
@@ -93,6 +124,8 @@ def run_head(o: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         check_writable(o.save, o.force)
     if o.text is not None:
         tokenizer.check_text(o.text)
+    elif o.all_heads:
+        raise UsageError("--all-heads shows what every head of the layer does on a sentence; add --text \"...\"")
     with progress(f"locating {o.model}"):
         folder = hub.locate(o.model, need_tokenizer=o.text is not None)
         config = read_config(folder)

@@ -16,7 +16,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,17 +38,19 @@ class _Words:
         self.force = "--force" if option else "force=True"
 
 
-def check_writable(path: str | os.PathLike[str], force: bool = False, *, option: str | None = "--save") -> Path:
-    """Refuse, before any work, a target that is of an unknown type, exists (without force), or lies in a folder
-    that is missing or cannot be written (tried for real: a temporary file is made and removed, since
-    `os.access` says yes to root everywhere, /proc included). Messages name `option` (None: a Python caller)."""
+def check_writable(path: str | os.PathLike[str], force: bool = False, *, option: str | None = "--save",
+                   formats: tuple[str, ...] = SAVE_FORMATS) -> Path:
+    """Refuse, before any work, a target that is of an unknown type (not one of `formats`), exists (without
+    force), or lies in a folder that is missing or cannot be written (tried for real: a temporary file is made
+    and removed, since `os.access` says yes to root everywhere, /proc included). Messages name `option`
+    (None: a Python caller)."""
+    ending = " or ".join(formats) if len(formats) < 3 else f"one of {', '.join(formats)}"
     if not str(path):
-        raise UsageError(f"{option or 'save_tensors'}: empty file name; give a file name ending in "
-                         f"{', '.join(SAVE_FORMATS)}")
+        raise UsageError(f"{option or 'save_tensors'}: empty file name; give a file name ending in {ending}")
     target = Path(path)
     words = _Words(target, option)
-    if target.suffix.lower() not in SAVE_FORMATS:
-        raise UsageError(f"{words.target}: unknown file type; end the name with one of {', '.join(SAVE_FORMATS)}")
+    if target.suffix.lower() not in formats:
+        raise UsageError(f"{words.target}: unknown file type; end the name with {ending}")
     real = _through_link(target)
     if real.is_dir():
         raise UsageError(f"{words.target}: is a folder; give a file name")
@@ -92,12 +94,33 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[st
         raise UsageError(f"{words.target}: .npz cannot hold bfloat16; save to .safetensors or .pt instead")
     # Contiguous private copies: safetensors refuses views that share memory (Q_split is a view of Q_feat).
     plain = {name: t.detach().cpu().contiguous().clone() for name, t in tensors.items()}
+    _write_atomically(real, force, words, lambda tmp: _write(tmp, real.suffix.lower(), plain, metadata or {}))
+    return target
+
+
+def write_text(text: str, path: str | os.PathLike[str], *, force: bool = False, option: str | None = None,
+               formats: tuple[str, ...]) -> Path:
+    """Write `text` (UTF-8) to `path` with the same promises as `save_tensors`: `formats` are the endings
+    allowed, nothing half-written, nothing replaced without `force`, a symlink written through."""
+    target = check_writable(path, force, option=option, formats=formats)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+    _write_atomically(_through_link(target), force, _Words(target, option), write)
+    return target
+
+
+def _write_atomically(real: Path, force: bool, words: _Words, write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a temporary file beside `real`, which is then published under its name (`_publish`);
+    on any failure, Ctrl-C, SIGTERM or SIGHUP the temporary file is removed and nothing is left."""
     tmp: str | None = None
     with _signals_clean_up():
         try:
             fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".part")
             os.close(fd)  # each format's writer opens the path itself
-            _write(tmp, real.suffix.lower(), plain, metadata or {})
+            write(tmp)
             os.chmod(tmp, _file_mode(real))
             _publish(tmp, real, force, words)
         except OSError as exc:
@@ -106,7 +129,6 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[st
         finally:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
-    return target
 
 
 def _publish(tmp: str, real: Path, force: bool, words: _Words) -> None:

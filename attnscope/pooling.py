@@ -1,0 +1,42 @@
+"""Fitting an attention pattern into fewer cells than it has queries and keys, for the pictures.
+
+Neighbouring keys are summed: a cell holds the weight its query put on that group of keys, so a pooled row
+still sums to what the row summed to (1, or 0 for a query that may see no key). Neighbouring queries are
+averaged: a cell is the group's mean query. A previous-token diagonal or a first-token column stays as sharp
+as the cells allow, and a broad head stays even. The last group of each axis takes what is left (it may be
+smaller). A NaN weight makes its cell NaN, so the picture still shows it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def group_size(n: int, cells: int) -> int:
+    """How many neighbours go into one cell so that `n` of them fit in `cells` cells."""
+    return max(1, math.ceil(n / max(cells, 1)))
+
+
+def pool(pattern: Tensor, rows: int = 1, cols: int = 1) -> Tensor:
+    """`[.., n_Q, n_K]` -> `[.., ceil(n_Q / rows), ceil(n_K / cols)]`: keys summed in groups of `cols`,
+    queries averaged in groups of `rows` (in float64 for the sums; the result in float64)."""
+    import torch
+
+    A = pattern.detach().to(torch.float64)
+    *lead, n_Q, n_K = A.shape
+    if cols > 1 and n_K:
+        pad = -n_K % cols
+        A = torch.nn.functional.pad(A, (0, pad))  # zeros add nothing to a sum
+        A = A.reshape(*lead, n_Q, (n_K + pad) // cols, cols).sum(dim=-1)  # [.., n_Q, n_K / cols]
+    if rows > 1 and n_Q:
+        pad = -n_Q % rows
+        counts = torch.full((n_Q + pad,), 1.0, dtype=torch.float64)
+        counts[n_Q:] = 0.0
+        A = torch.nn.functional.pad(A.transpose(-1, -2), (0, pad)).transpose(-1, -2)  # [.., n_Q + pad, m]
+        summed = A.reshape(*lead, (n_Q + pad) // rows, rows, A.shape[-1]).sum(dim=-2)  # [.., n_Q / rows, m]
+        A = summed / counts.reshape(-1, rows).sum(dim=-1)[:, None]
+    return A

@@ -1,0 +1,104 @@
+"""`--all-heads`: every head of a layer as a grid of small heatmaps, each with its index and kind, and a table
+with a row per head (attnscope/headstats.py: entropy, first-token "sink", previous, self, distance, kind).
+
+A small heatmap has at most THUMB_COLS key columns and THUMB_ROWS query rows; beyond that neighbouring keys
+are summed and neighbouring queries averaged (attnscope/pooling.py), and the output says so. Each row is
+shaded on its own scale, 0 to its largest cell: a row shows where its queries look, whatever the number of keys
+they may see (in a causal head the first query's single key would otherwise outshine every other row), so a
+sharp head reads as one bright cell a row and a broad one as an even band. The table gives the absolute
+numbers. As many heads go on a line as fit the width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from rich.cells import cell_len, set_cell_size
+from rich.console import Console
+from rich.text import Text
+
+from attnscope.render.console import clean
+from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
+from attnscope.render.shading import NOT_FINITE, CellLine, Cells, ramp
+
+if TYPE_CHECKING:
+    from attnscope.headstats import LayerHeads
+
+THUMB_COLS = 22  # key columns of one head's heatmap, at most: four heads a line at 100 columns, three at 80
+THUMB_ROWS = 16  # query rows, at most
+BLOCK = 18  # the least width a head takes, so "11: previous-token" fits above it
+GAP = 2  # cells between two heads
+
+
+def show_heads(out: Console, heads: LayerHeads) -> None:
+    n_head, n_Q, n_K = heads.attention.shape
+    out.print(Text(f"{heads.title}: every head  [{n_head} heads, {n_Q} queries x {n_K} keys]", style="bold"))
+    if not (n_head and n_Q and n_K):
+        out.print(Text("nothing to draw"))
+        return
+    from attnscope.pooling import group_size, pool
+
+    rows, cols = group_size(n_Q, THUMB_ROWS), group_size(n_K, THUMB_COLS)
+    pooled = pool(heads.attention, rows, cols).tolist()  # [n_head][n_Q / rows][n_K / cols]
+    cell_w = 2 if cols == 1 and 2 * n_K <= THUMB_COLS else 1
+    width = len(pooled[0][0]) * cell_w
+    block = max(width, BLOCK)
+    per_line = max(1, (out.width + GAP) // (block + GAP))
+    out.print(ramp("each row on its own scale:  0", "the row's largest cell"))
+    out.print(FittedText("rows = queries (the first at the top), columns = keys;  more weight: brighter in "
+                         "colour, more ink in shades"))
+    if rows > 1 or cols > 1:
+        out.print(FittedText(f"each cell = sum over {cols} keys, mean over {rows} queries, to fit"))
+    for start in range(0, n_head, per_line):
+        group = range(start, min(start + per_line, n_head))
+        out.print()
+        title = Text()
+        for h in group:
+            label = f"{h}: {heads.heads[h]['kind']}"
+            title.append(set_cell_size(label if cell_len(label) <= block else str(h), block + GAP), style="bold")
+        title.rstrip()
+        out.print(title)
+        for r in range(len(pooled[0])):
+            pieces: list[str | Cells] = []
+            for h in group:
+                values = pooled[h][r]
+                pieces += [Cells(values, max((v for v in values if math.isfinite(v)), default=0.0), cell_w),
+                           " " * (block - width + GAP)]
+            out.print(CellLine(*pieces[:-1]))
+    if any(not math.isfinite(v) for head in pooled for row in head for v in row):
+        out.print(Text(f"{NOT_FINITE} = NaN: the attention holds NaN there"))
+    out.print(heads_table(heads))
+    out.print(FittedText("entropy: mean over queries, bits (log2 n = even over n keys);  first token (the \"sink\"), "
+                         "previous, self: mean weight there;  distance: mean attended distance, in positions "
+                         "(docs/heads.md)"))
+
+
+def heads_table(heads: LayerHeads) -> FittedTable:
+    columns = [Column("head", "right", style="bold cyan"), Column("kind"), Column("entropy", "right"),
+               Column("first token", "right"), Column("previous", "right"), Column("self", "right"),
+               Column("distance", "right")]
+    rows = []
+    for head in heads.heads:
+        s = head["stats"]
+        rows.append([cell(whole(str(head["head"]))), cell(whole(head["kind"])),
+                     *(cell(whole(_number(s[key], ".2f"))) for key in ("entropy", "first", "previous", "self")),
+                     cell(whole(_number(s["distance"], ".1f")))])
+    return FittedTable(columns, rows)
+
+
+def _number(value: float, spec: str) -> str:
+    return format(value, spec) if math.isfinite(value) else "nan"
+
+
+def heads_json(heads: LayerHeads) -> list[dict[str, Any]]:
+    """`[{"head", "attention", "stats", "kind"}]`, and `"batch"` where the heads are one batch element's."""
+    out = []
+    for h, head in enumerate(heads.heads):
+        entry: dict[str, Any] = {"head": head["head"]}
+        if heads.batch is not None:
+            entry["batch"] = heads.batch
+        entry |= {"attention": clean(heads.attention[h].tolist()), "stats": clean(head["stats"]),
+                  "kind": head["kind"]}
+        out.append(entry)
+    return out
