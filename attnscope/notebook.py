@@ -11,13 +11,14 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnscope.colors import hex_color
 from attnscope.cost import format_bytes, format_flops
 
-if TYPE_CHECKING:
-    from attnscope.headstats import LayerHeads
+# A Trace and headstats.LayerHeads are taken by their interface (Any below): trace.py and headstats.py call this
+# module from their _repr_html_, and importing them back would make a loop.
+LayerHeads = Any
 
 CELL = 14  # pixels per heatmap cell
 MAX_CELLS = 96  # rows and columns drawn inline; beyond, neighbouring queries and keys are pooled
