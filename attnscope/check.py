@@ -161,9 +161,12 @@ def _allowed(user: Tensor | None, n_Q: int, n_K: int, asked: Asked) -> Tensor | 
     return allowed if allowed.dim() >= 2 else allowed.expand(n_Q, n_K)  # F.sdpa takes no 1-D mask
 
 
-def _sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked) -> tuple[object | None, bool]:
-    """`attn_mask` and `is_causal` for F.scaled_dot_product_attention, built with PyTorch's own functions."""
+def _sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked,
+               dtype: torch.dtype = torch.float32) -> tuple[object | None, bool]:
+    """`attn_mask` and `is_causal` for F.scaled_dot_product_attention, built with PyTorch's own functions; a
+    float mask takes the queries' `dtype`, as F.scaled_dot_product_attention requires."""
     boolean, additive = _user_parts(user)
+    additive = additive.to(dtype) if additive is not None else None
     alone = boolean is None and additive is None and not asked.pad and asked.window is None
     if alone and asked.causal == "upper-left":
         return None, True
@@ -259,7 +262,7 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
         if not col:
             rows.append((trace["attention"], attention, FORMULA))
     else:
-        attn_mask, is_causal = _sdpa_mask(user, n_Q, n_K, asked)
+        attn_mask, is_causal = _sdpa_mask(user, n_Q, n_K, asked, Q.dtype)
         with torch.no_grad():
             out = F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask, is_causal=is_causal,  # type: ignore[arg-type]
                                                  scale=asked.scale, enable_gqa=gqa)
@@ -311,7 +314,7 @@ def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V:
         q, k, v = (_heads(x, weights[w].weight, weights[w].bias, module.n_head)
                    for x, w in ((Q, "W_q"), (K, "W_k"), (V, "W_v")))
         n_Q, n_K = q.shape[-2], k.shape[-2]
-        attn_mask, is_causal = _sdpa_mask(user, n_Q, n_K, asked)
+        attn_mask, is_causal = _sdpa_mask(user, n_Q, n_K, asked, q.dtype)
         inner = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)  # type: ignore[arg-type]
         rows = [compare("x_raw", "F.scaled_dot_product_attention", trace["x_raw"], inner)]
         boolean, additive = _user_parts(user)

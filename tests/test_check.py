@@ -298,3 +298,14 @@ def test_mha_check_of_half_precision_inputs(runner, tmp_path, dtype):
     torch.save(q, tmp_path / "q.pt")
     payload, rows = _checked(runner, "mha", "--q", str(tmp_path / "q.pt"), "--heads", "4", "--causal")
     assert payload["check_passed"], rows
+
+
+@pytest.mark.parametrize("command", [SMALL_SDPA, SMALL_MHA])
+def test_a_float64_additive_mask_with_float32_inputs(runner, tmp_path, command):
+    """F.scaled_dot_product_attention wants a float mask in the queries' dtype (found by the long fuzz run)."""
+    n_K = 7 if command is SMALL_SDPA else 6
+    mask = np.random.default_rng(0).standard_normal((command is SMALL_SDPA and 5 or 6, n_K))
+    mask[:, 1] = -np.inf
+    np.save(tmp_path / "m.npy", mask)
+    payload, rows = _checked(runner, *command, "--mask", str(tmp_path / "m.npy"), "--causal")
+    assert payload["check_passed"], rows
