@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import typer
+from cli_main import assert_usage_error, run_main
 from examples import commands
 
 from attnscope.cli import app
@@ -34,6 +35,13 @@ def test_flags_render_as_flags_and_h_is_help(path, command, runner):
 def test_a_flag_given_a_value_is_told_so(runner):
     result = runner.invoke(app, ["sdpa", "--check", "true"])
     assert result.exit_code == 2 and "true" in result.output
+    # What the user's shell gets: one line that names the flag and what to write instead.
+    assert_usage_error(run_main("sdpa", "--check", "true"), "--check is a flag", "write '--check' alone")
+    assert_usage_error(run_main("mha", "--json", "False"), "--json is a flag", "leave it out")
+    assert_usage_error(run_main("bert", "--all-heads", "1"), "--all-heads is a flag")
+    # A value after an option that takes one is not a flag's: Click's own line stays.
+    assert_usage_error(run_main("sdpa", "--nq", "3", "1"), "unexpected extra argument")
+    assert_usage_error(run_main("sdpa", "extra"), "unexpected extra argument")
 
 
 def _attnscope(args: str, home: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from attnscope import __version__
-from attnscope.cli.errors import ClickException, ClickUsageError
+from attnscope.cli.errors import ClickException, ClickUsageError, flag_value_hint
 from attnscope.cli.options import HELP_NAMES, AttnscopeGroup
 
 app = typer.Typer(
@@ -74,6 +74,9 @@ def main() -> None:
             sys.exit(0)
         where = f" (see '{context.command_path} --help')" if context else ""
         message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+        flags = {name for param in getattr(getattr(context, "command", None), "params", [])
+                 if getattr(param, "is_flag", False) for name in (*param.opts, *param.secondary_opts)}
+        message = flag_value_hint(sys.argv[1:], flags, message) or message
         sys.stderr.write(f"attnscope: error: {message}{where}\n")
         sys.exit(getattr(exc, "exit_code", 2))
     except ClickException as exc:

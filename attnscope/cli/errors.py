@@ -22,6 +22,22 @@ ClickException: type[Exception] = _CLICK_BASES["ClickException"]
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 
+_BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0", "y", "n", "t", "f"}
+
+
+def flag_value_hint(argv: list[str], flags: set[str], message: str) -> str:
+    """The one line for `--check true`: Click says only "unexpected extra argument(s) (true)", which does not
+    say that the option before it is a flag. `flags` are the command's flag options. Returns the better
+    line, or "" where that is not the case."""
+    if "unexpected extra argument" not in message:
+        return ""
+    for before, word in zip(argv, argv[1:], strict=False):
+        if before in flags and word.lower() in _BOOLEAN_WORDS:
+            if word.lower() in ("false", "no", "off", "0", "n", "f"):
+                return f"{before} is a flag and takes no value: leave it out instead of '{before} {word}'"
+            return f"{before} is a flag and takes no value: write '{before}' alone, not '{before} {word}'"
+    return ""
+
 
 @contextmanager
 def reported(debug: bool, oom_advice: str = OOM_ADVICE) -> Iterator[None]:
