@@ -9,8 +9,8 @@ the house rules:
   --svg target) is replaced only with --force; a usage error writes no file.
 
 CI tries 150 invocations (about 20 s). Long runs: `ATTNSCOPE_FUZZ_EXAMPLES=3000`, three times, 3,000 passing
-invocations each (4 to 6 minutes on 2 cores), the last with the variant options; docs/performance.md records
-what the runs found and how it was fixed.
+invocations each (4 to 6 minutes on 2 cores), the last with the variant options; after the models, trace
+and heads, 1,000 and 5,000 (passing); docs/performance.md records what the runs found and how it was fixed.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ names for the user's tensors."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 from itertools import combinations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from fuzz import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from attnscope.errors import UsageError
@@ -19,9 +19,6 @@ from attnscope.usertrace.align import compare, layouts
 from attnscope.usertrace.record import Record
 from attnscope.usertrace.reference import role_of
 from attnscope.usertrace.sizes import AxisNames, choose_sizes
-
-EXAMPLES = int(os.environ.get("ATTNSCOPE_FUZZ_EXAMPLES", "40"))
-
 
 # --- --init -------------------------------------------------------------------------------------------
 
@@ -40,7 +37,7 @@ def test_init_reads_literals_only():
 # --- sizes and names of axes --------------------------------------------------------------------------
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
+@fuzz_settings(40)
 @given(d_head=st.integers(1, 64), n_head=st.integers(1, 16))
 def test_chosen_sizes_are_distinct_and_no_product_of_two(d_head, n_head):
     fixed = {"d_feat": d_head * n_head, "n_head": n_head, "d_head": d_head}
@@ -70,7 +67,7 @@ def _record(tensor: torch.Tensor) -> Record:
     return Record(0, "op", "op", tensor, 1, [], "method", True, 0, ())
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
+@fuzz_settings(40)
 @given(st.permutations([0, 1, 2, 3]))
 def test_a_permuted_tensor_is_found_with_its_layout(order):
     reference = torch.randn(2, 3, 5, 7)
