@@ -249,6 +249,23 @@ def test_meta_refuses_a_legacy_pt_it_would_have_to_read_whole(tmp_path, q):
     assert torch.equal(load_tensor(str(tmp_path / "old.pt")), q)
 
 
+def test_a_legacy_pt_counts_by_its_size_before_it_is_read(tmp_path, monkeypatch):
+    """Its header cannot be read apart from its data, so the guard of the input files counts the file's size
+    (what torch.load would bring into memory) against --max-memory before anything is loaded."""
+    from cli_main import run_main
+
+    from attnscope.tensors import formats
+
+    torch.save(torch.randn(2, 512, 1024), tmp_path / "old.pt", _use_new_zipfile_serialization=False)  # 4 MiB
+    loads = []
+    real = formats._torch_load
+    monkeypatch.setattr(formats, "_torch_load", lambda path, mmap: loads.append(mmap) or real(path, mmap=mmap))
+    spec = str(tmp_path / "old.pt")
+    outcome = run_main("sdpa", "--q", spec, "--k", spec, "--v", spec, "--max-memory", "3MB")
+    assert outcome.code == 1 and "the input files hold about 4.0 MiB, more than --max-memory" in outcome.stderr
+    assert False not in loads  # only the mapping attempt: the data was never read
+
+
 def test_compressed_npz_counts_by_its_inflated_size(tmp_path, monkeypatch):
     from attnscope import cost
     from attnscope.errors import ResourceError

@@ -216,14 +216,17 @@ def check_addressable(needed: int) -> None:
 
 def guard_files(specs: list[str | None], max_memory: int | None) -> None:
     """Before any data is read, the input files' tensors, sized from their headers, must fit together (in
-    --max-memory, or in what the machine has). A file whose header alone cannot be read (a legacy .pt) is
-    checked by its size when it is loaded."""
-    from attnscope.tensors import load_tensor
+    --max-memory, or in what the machine has). A file whose header alone cannot be read (a legacy .pt) counts
+    by its size on disk, about what loading it takes."""
+    from attnscope.tensors import HeaderUnreadable, load_tensor
 
     needed = 0
     for spec in {spec for spec in specs if spec}:
         try:
             shape = load_tensor(spec, meta=True)
+        except HeaderUnreadable as exc:
+            needed += exc.size
+            continue
         except UsageError:
             continue  # its load names what is wrong
         needed += shape.numel() * shape.element_size()

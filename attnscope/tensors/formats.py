@@ -207,6 +207,15 @@ def dtype_problem(dtype: torch.dtype) -> str | None:
 # --- .pt / .pth: torch.load, memory-mapped ---------------------------------------------------------------
 
 
+class HeaderUnreadable(UsageError):
+    """A file whose shapes cannot be read apart from its data (torch's legacy .pt). `size` is the file's size,
+    about what loading it takes: what a memory guard can count before reading it."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 def torch_entries(path: Path, *, meta: bool, fits: Callable[[int], None]) -> dict[str, Entry]:
     """`torch.load(mmap=True, weights_only=True)` maps the file: shapes and dtypes without reading the data.
     A file in torch's legacy (pre-1.6) format cannot be mapped: it is read whole when it fits in memory
@@ -219,9 +228,9 @@ def torch_entries(path: Path, *, meta: bool, fits: Callable[[int], None]) -> dic
         if "mmap" not in str(exc):
             raise
         if meta:
-            raise UsageError(f"{path}: saved in torch's legacy format, which cannot be read without loading it "
-                             "all, and --meta reads headers only; save it again with torch.save, or drop --meta") \
-                from None
+            raise HeaderUnreadable(f"{path}: saved in torch's legacy format, which cannot be read without loading "
+                                   "it all, and --meta reads headers only; save it again with torch.save, or drop "
+                                   "--meta", path.stat().st_size) from None
         fits(path.stat().st_size)
         loaded = _torch_load(path, mmap=False)
     if isinstance(loaded, torch.Tensor):
