@@ -115,17 +115,13 @@ def bench_mha(
 ) -> None:
     """Time attnscope's MultiHeadAttention (traced and record=False) and torch.nn.MultiheadAttention."""
     from attnscope import cost
-    from attnscope.runs.common import check_heads
+    from attnscope.runs.common import check_heads, check_kv_heads
 
     n_K, mode = nq if nk is None else nk, causal.value if causal else None
 
     def needed() -> int:
         check_heads(d_feat, heads, from_file=False, has_d_head=False)
-        if kv_heads is not None and heads % kv_heads:
-            from attnscope.errors import UsageError
-
-            raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}: each key/value head "
-                             "serves a whole group of query heads")
+        check_kv_heads(heads, kv_heads)
         return cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=mode is not None,
                               n_kv_head=kv_heads)
 

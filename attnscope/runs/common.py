@@ -378,6 +378,14 @@ def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = N
                          f"try {near}{', or give --d-head' if has_d_head else ''}")
 
 
+def check_kv_heads(heads: int, kv_heads: int | None) -> None:
+    """Grouped-query attention: every key/value head serves a whole group of query heads (`mha`, `bench mha`)."""
+    if kv_heads is not None and heads % kv_heads:
+        near = " or ".join(f"--kv-heads {h}" for h in cost.divisors_near(heads, kv_heads))
+        raise UsageError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}: each key/value head "
+                         f"serves a whole group of query heads; try {near}")
+
+
 def inputs_bytes(*tensors: torch.Tensor | None) -> int:
     unique = {id(t): t for t in tensors if t is not None}
     return sum(t.numel() * t.element_size() for t in unique.values())

@@ -17,6 +17,7 @@ from attnscope.runs.common import (
     check_addressable,
     check_common,
     check_heads,
+    check_kv_heads,
     effective_causal,
     finish,
     finish_variants,
@@ -202,10 +203,7 @@ def _check_mha_options(o: MhaOptions) -> None:
         raise UsageError(f"--dropout {o.dropout:g} is outside [0, 1): it is the probability of zeroing a weight")
     if o.check and o.dropout > 0:
         raise UsageError("--check compares exact numbers and dropout makes them random; drop --dropout or --check")
-    if o.kv_heads is not None and o.heads % o.kv_heads:
-        near = " or ".join(f"--kv-heads {h}" for h in cost.divisors_near(o.heads, o.kv_heads))
-        raise UsageError(f"--heads {o.heads} is not a multiple of --kv-heads {o.kv_heads}: each key/value head "
-                         f"serves a whole group of query heads; try {near}")
+    check_kv_heads(o.heads, o.kv_heads)
     if o.scale is not None and not math.isfinite(o.scale):
         raise UsageError(f"--scale {o.scale}: the scores' scale must be a finite number")
     if o.cache and (o.k or o.v or (o.nk is not None and o.nk != o.nq)):
