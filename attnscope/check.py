@@ -298,7 +298,8 @@ def reference_mha(module: MultiHeadAttention) -> torch.nn.MultiheadAttention:
 def _heads(x: Tensor, weight: Tensor, bias: Tensor | None, n_head: int) -> Tensor:
     """[n_batch, n, d_feat] -> [n_batch, n_head, n, d_head] by F.linear, reshape and transpose."""
     projected = F.linear(x, weight, bias)  # [n_batch, n, n_head·d_head]
-    return projected.reshape(x.shape[0], x.shape[1], n_head, -1).transpose(1, 2)
+    d_head = weight.shape[0] // n_head  # not -1: an empty batch has no size to infer it from
+    return projected.reshape(x.shape[0], x.shape[1], n_head, d_head).transpose(1, 2)
 
 
 def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V: Tensor, user: Tensor | None,
@@ -346,12 +347,9 @@ def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V:
 
 def _check_mha_formula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V: Tensor,
                        user: Tensor | None, asked: Asked, cache: tuple[Tensor, Tensor] | None) -> list[Comparison]:
-    def project(x: Tensor, name: str, heads: int) -> Tensor:
+    def project(x: Tensor, name: str, heads: int) -> Tensor:  # in float64: [n_batch, heads, n, d_head]
         layer = getattr(module, name)
-        out = torch.einsum("bnf,of->bno", x.double(), layer.weight.double())  # [n_batch, n, heads·d_head]
-        if layer.bias is not None:
-            out = out + layer.bias.double()
-        return out.reshape(x.shape[0], x.shape[1], heads, module.d_head).transpose(1, 2)  # [n_batch, heads, n, d_head]
+        return _heads(x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double(), heads)
 
     with torch.no_grad():
         q = project(Q, "W_q", module.n_head)
