@@ -107,6 +107,6 @@ class Trace(Mapping[str, "torch.Tensor"]):
 
     def _repr_html_(self) -> str:
         """Jupyter shows a trace as an HTML table of its steps and its attention as a heatmap (notebook.py)."""
-        from attnscope.notebook import trace_html
+        from attnscope.views.notebook import trace_html
 
         return trace_html(self)

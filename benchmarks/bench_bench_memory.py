@@ -35,7 +35,7 @@ import ctypes, json, sys
 from pathlib import Path
 ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD: big frees go back to the system
 import torch
-from attnscope import bench
+from attnscope.runs import race as bench
 params, index = json.loads(sys.argv[1]), int(sys.argv[2])
 sizes = {k: params[k] for k in params if k not in ("device", "dtype", "causal", "runs", "warmup", "batch_shape")}
 race = (bench.sdpa_race if "dk" in params else bench.mha_race)(**sizes, causal=params["causal"], device="cpu",

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from attnscope.bench import bench_mha, bench_sdpa
 from attnscope.cli import app
+from attnscope.runs.race import bench_mha, bench_sdpa
 
 
 def test_bench_sdpa_contenders_agree_and_report_rates():
@@ -113,7 +113,7 @@ def test_a_long_bench_says_how_long_first(runner, monkeypatch):
 
 
 def test_seconds_estimate_is_flops_times_calls_over_a_measured_rate():
-    from attnscope import bench
+    from attnscope.runs import race as bench
 
     race = bench.sdpa_race(2, 16, 16, 8, 8, causal=None, device="cpu", dtype="float32")
     seconds, calls, rate = bench.seconds_estimate(race, runs=10, warmup=2)
@@ -142,7 +142,8 @@ def test_bench_stderr_stays_clean():
 
 @pytest.mark.parametrize("causal", [None, "lower-right"])
 def test_flops_of_a_call_are_counted_exactly_before_it_runs(causal):
-    from attnscope import MultiHeadAttention, bench, sdpa
+    from attnscope import MultiHeadAttention, sdpa
+    from attnscope.runs import race as bench
 
     race = bench.sdpa_race(3, 5, 7, 4, 6, causal=causal, device="cpu", dtype="float32")
     mask = None if causal is None else torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)

@@ -15,7 +15,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from attnscope.cli import app
-from attnscope.headstats import LayerHeads
+from attnscope.readings.headstats import LayerHeads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def random_heads(n_head: int, n: int, causal: bool = True, seed: int = 0) -> tor
 
 
 def test_pool_sums_keys_and_averages_queries():
-    from attnscope.pooling import group_size, pool
+    from attnscope.views.pooling import group_size, pool
 
     A = torch.rand(7, 10, dtype=torch.float64)
     pooled = pool(A, rows=3, cols=4)  # groups of queries 0-2, 3-5, 6; of keys 0-3, 4-7, 8-9
@@ -217,7 +217,7 @@ def test_every_result_shows_itself_in_a_notebook(tmp_path):
 
 
 def test_a_long_pattern_is_pooled_inline():
-    from attnscope.notebook import pattern_svg
+    from attnscope.views.notebook import pattern_svg
 
     svg = pattern_svg(torch.softmax(torch.randn(300, 300), -1))
     assert svg.count("<rect") == 75 * 75 and "each cell = sum over 4 keys, mean over 4 queries" in svg

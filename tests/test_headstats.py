@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from attnscope import MultiHeadAttention, sdpa
-from attnscope.colors import VIRIDIS, viridis
-from attnscope.headstats import describe_heads, head_stats, kind
+from attnscope.readings.headstats import describe_heads, head_stats, kind
+from attnscope.views.colors import VIRIDIS, viridis
 
 
 def _previous_token(n: int) -> torch.Tensor:

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from attnscope.cli import app
-from attnscope.maskview import view
-from attnscope.translations import FLASH, FLEX, HF, MHA, SDPA
+from attnscope.readings.maskview import view
+from attnscope.readings.translations import FLASH, FLEX, HF, MHA, SDPA
 
 CASES = [
     {"n_Q": 5, "n_K": 8, "causal": "lower-right", "pad": 2, "window": 3},

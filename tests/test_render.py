@@ -157,8 +157,8 @@ def test_steps_table_drops_columns_in_the_stated_order():
 
 
 def test_bench_table_never_cuts_a_contender():
-    from attnscope.bench import BenchResult, Contender
     from attnscope.render.bench import show_bench
+    from attnscope.runs.race import BenchResult, Contender
 
     names = ["attnscope MultiHeadAttention (traced)", "attnscope MultiHeadAttention(record=False)",
              "torch.nn.MultiheadAttention"]

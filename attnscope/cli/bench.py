@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -29,7 +28,7 @@ from attnscope.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from attnscope.bench import Race
+    from attnscope.runs.bench import BenchOptions
 
 BENCH_EXAMPLES = """Examples:
 
@@ -85,12 +84,10 @@ def bench_sdpa(
     debug: Debug = False,
 ) -> None:
     """Time attnscope's traced sdpa and F.scaled_dot_product_attention on the same inputs."""
-    from attnscope import cost
+    from attnscope.runs.bench import BenchOptions
 
-    mode = causal.value if causal else None
-    _race(debug, json, runs, warmup, (svg, html, force),
-          needed=lambda: cost.sdpa_bytes(batch, nq, nk, dk, dv, masked=causal is not None),
-          setup=lambda bench: bench.sdpa_race(batch, nq, nk, dk, dv, causal=mode, device=device, dtype=dtype))
+    _race(BenchOptions("sdpa", batch, nq, nk, causal.value if causal else None, device, dtype, dk=dk, dv=dv),
+          debug, json, runs, warmup, (svg, html, force))
 
 
 @bench_app.command("mha", cls=AttentionCommand, epilog=MHA_EXAMPLES)
@@ -114,45 +111,30 @@ def bench_mha(
     debug: Debug = False,
 ) -> None:
     """Time attnscope's MultiHeadAttention (traced and record=False) and torch.nn.MultiheadAttention."""
-    from attnscope import cost
-    from attnscope.runs.common import check_heads, check_kv_heads
+    from attnscope.runs.bench import BenchOptions
 
-    n_K, mode = nq if nk is None else nk, causal.value if causal else None
-
-    def needed() -> int:
-        check_heads(d_feat, heads, from_file=False, has_d_head=False)
-        check_kv_heads(heads, kv_heads)
-        return cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=mode is not None,
-                              n_kv_head=kv_heads)
-
-    _race(debug, json, runs, warmup, (svg, html, force), needed=needed,
-          setup=lambda bench: bench.mha_race(batch, nq, n_K, d_feat, heads, bias=bias, causal=mode, device=device,
-                                             dtype=dtype, kv_heads=kv_heads))
+    _race(BenchOptions("mha", batch, nq, nk, causal.value if causal else None, device, dtype, d_feat=d_feat,
+                       heads=heads, kv_heads=kv_heads, bias=bias), debug, json, runs, warmup, (svg, html, force))
 
 
-SHRINK = "shrink --batch, --nq or --nk"
-
-
-def _race(debug: bool, json: bool, runs: int, warmup: int, exports: tuple[str | None, str | None, bool], *,
-          needed: Callable[[], int], setup: Callable[[object], Race]) -> None:
-    """Check the options, guard memory (every contender's inputs and one traced run's worth more), say how
-    long a long bench will take, time the contenders under a progress bar, show the result."""
+def _race(o: BenchOptions, debug: bool, json: bool, runs: int, warmup: int,
+          exports: tuple[str | None, str | None, bool]) -> None:
+    """Prepare the race (runs/bench.py), say how long a long bench will take, time the contenders under a
+    progress bar, show the result."""
     from attnscope import render
+    from attnscope.runs.bench import SHRINK, prepare
 
     svg, html, force = exports
     with reported(debug, oom_advice=SHRINK), exporting(svg, html, force=force, json=json,
                                                        title="attnscope bench") as out:
-        from attnscope.runs.common import guard_memory
+        race = prepare(o)
+        from attnscope.runs.race import run, seconds_estimate
 
-        guard_memory(2 * needed(), None, advice=SHRINK)
-        from attnscope import bench  # torch: only once the options and the memory are known to be fine
-
-        race = setup(bench)
-        seconds, calls, rate = bench.seconds_estimate(race, runs, warmup)
+        seconds, calls, rate = seconds_estimate(race, runs, warmup)
         if seconds > LONG_SECONDS:
             render.info(render.bench_estimate(race, seconds, calls, rate))
         with render.progress_bar(len(race.candidates) * (runs + warmup)) as tick:
-            result = bench.run(race, runs, warmup, tick)
+            result = run(race, runs, warmup, tick)
         if json:
             render.emit_json(render.bench_json(result))
         else:

@@ -15,7 +15,7 @@ from attnscope.render.console import console, finite
 from attnscope.render.fit import Column, FittedTable, FittedText, broken, cell, whole
 
 if TYPE_CHECKING:
-    from attnscope.bench import BenchResult, Contender, Race
+    from attnscope.runs.race import BenchResult, Contender, Race
 
 
 class progress_bar:  # noqa: N801 - used as a context manager, like rich's own

@@ -1,8 +1,8 @@
 """`--all-heads`: every head of a layer as a grid of small heatmaps, each with its index and kind, and a table
-with a row per head (attnscope/headstats.py: entropy, first-token "sink", previous, self, distance, kind).
+with a row per head (attnscope/readings/headstats.py: entropy, first-token "sink", previous, self, distance, kind).
 
 A small heatmap has at most THUMB_COLS key columns and THUMB_ROWS query rows; beyond that neighbouring keys
-are summed and neighbouring queries averaged (attnscope/pooling.py), and the output says so. Each row is
+are summed and neighbouring queries averaged (attnscope/views/pooling.py), and the output says so. Each row is
 shaded on its own scale, 0 to its largest cell: a row shows where its queries look, whatever the number of keys
 they may see (in a causal head the first query's single key would otherwise outshine every other row), so a
 sharp head reads as one bright cell a row and a broad one as an even band. The table gives the absolute
@@ -23,7 +23,7 @@ from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
 from attnscope.render.shading import NOT_FINITE, CellLine, Cells, ramp
 
 if TYPE_CHECKING:
-    from attnscope.headstats import LayerHeads
+    from attnscope.readings.headstats import LayerHeads
 
 THUMB_COLS = 22  # key columns of one head's heatmap, at most: four heads a line at 100 columns, three at 80
 THUMB_ROWS = 16  # query rows, at most
@@ -37,7 +37,7 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
     if not (n_head and n_Q and n_K):
         out.print(Text("nothing to draw"))
         return
-    from attnscope.pooling import group_size, pool
+    from attnscope.views.pooling import group_size, pool
 
     rows, cols = group_size(n_Q, THUMB_ROWS), group_size(n_K, THUMB_COLS)
     pooled = pool(heads.attention, rows, cols).tolist()  # [n_head][n_Q / rows][n_K / cols]

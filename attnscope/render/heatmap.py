@@ -4,7 +4,7 @@ Rows are queries, columns keys (render/shading.py says how a cell is drawn: a bl
 of 256 colours or more, a shade ` ░▒▓█` elsewhere). The legend gives the scale's range, 0 to the largest
 weight shown. A column is two cells wide when
 there is room, one when not; when even one cell per key does not fit, neighbouring keys are pooled (a column
-holds their summed weight, attnscope/pooling.py) and the output says so. Key labels are written downwards
+holds their summed weight, attnscope/views/pooling.py) and the output says so. Key labels are written downwards
 above their columns; when a label has a character wider than its column (CJK at one cell a column), the
 columns are numbered instead, with a key underneath. Widths are display widths (rich.cells), so CJK and emoji
 labels line up; control characters in a label are shown escaped (`\\n`), never printed.
@@ -91,7 +91,7 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
 
 
 def _grid(rows: list[list[float]], labels: list[str], room: int) -> Grid:
-    from attnscope.pooling import group_size, pool
+    from attnscope.views.pooling import group_size, pool
 
     n_cols = len(labels)
     room = max(room, 1)

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from attnscope.maskview import MaskView
+    from attnscope.readings.maskview import MaskView
 
 SEEN, HIDDEN = "■", "·"
 

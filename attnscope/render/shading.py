@@ -26,7 +26,7 @@ from rich.console import Console, ConsoleOptions
 from rich.segment import Segment
 from rich.style import Style
 
-from attnscope.colors import viridis
+from attnscope.views.colors import viridis
 
 SHADES = " ░▒▓█"  # from no weight to the most shown
 NOT_FINITE = "?"  # a NaN (or infinite) weight: not a shade, and left out of the scale

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.check import Asked, Comparison
-    from attnscope.headstats import LayerHeads
-    from attnscope.maskview import MaskView
+    from attnscope.readings.headstats import LayerHeads
+    from attnscope.readings.maskview import MaskView
     from attnscope.trace import Step, Trace
 
 # Headroom when the limit is what the machine has: the estimate is good to a few percent, the rest of
@@ -70,7 +70,7 @@ class Heatmap:
 
     def _repr_html_(self) -> str:
         """Jupyter draws the pattern as an inline heatmap (notebook.py)."""
-        from attnscope.notebook import pattern_svg
+        from attnscope.views.notebook import pattern_svg
 
         return pattern_svg(self.matrix, self.row_labels, self.col_labels, self.title)
 
@@ -351,7 +351,7 @@ def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
 def heads_of(step: Step, batch: int, causal: str | None) -> LayerHeads:
     """Every head of batch element `batch` of an `[n_batch, n_head, n_Q, n_K]` attention step, with its
     statistics; query i sits at position i + n_K - n_Q where causal aligns lower-right (a KV cache), else i."""
-    from attnscope.headstats import LayerHeads
+    from attnscope.readings.headstats import LayerHeads
 
     if step.dims[-3:-2] != ("n_head",) or len(step.dims) != 4:
         raise UsageError(f"--all-heads draws every head, and this attention has no head axis "
@@ -407,7 +407,7 @@ def finish_variants(o: AttentionOptions, result: RunResult, n_Q: int, n_K: int,
                     user_mask: torch.Tensor | None) -> None:
     """--show-mask: the combined mask of this run as a grid, with its alignment and translations."""
     if o.show_mask:
-        from attnscope.maskview import view
+        from attnscope.readings.maskview import view
 
         if user_mask is not None and user_mask.device.type == "meta":  # --meta read the file's header only
             user_mask = None

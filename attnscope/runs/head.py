@@ -19,10 +19,10 @@ from attnscope.errors import ResourceError, UsageError
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.headstats import LayerHeads
     from attnscope.models.config import Config
     from attnscope.models.family import Family, HeadWeights, LayerRun
     from attnscope.models.tokenizer import Encoded
+    from attnscope.readings.headstats import LayerHeads
 
 BERT_TYPES = ("bert", "roberta", "xlm-roberta")
 MACHINE_MARGIN = 1.2  # headroom when the limit is what the machine has available
@@ -83,7 +83,7 @@ class HeadResult:
         if self.all_heads is None or self.encoded is None:
             return None
         if self._heads is None:
-            from attnscope.headstats import LayerHeads
+            from attnscope.readings.headstats import LayerHeads
 
             tokens = list(self.encoded.tokens)
             self._heads = LayerHeads.of(self.all_heads, f"layer {self.options.layer}", tokens, tokens)
@@ -92,7 +92,7 @@ class HeadResult:
     def _repr_html_(self) -> str:
         """Jupyter shows the model and head, the layer's steps, this head's pattern on the text and every
         head of the layer with what it does (notebook.py)."""
-        from attnscope.notebook import head_html
+        from attnscope.views.notebook import head_html
 
         return head_html(self)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnscope.errors import UsageError
-from attnscope.maskview import MaskView, check_sizes, view
+from attnscope.readings.maskview import MaskView, check_sizes, view
 
 # One bool per (query, key), drawn and written as JSON: past this it is no longer something to look at.
 MAX_CELLS = 4_000_000

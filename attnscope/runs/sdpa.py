@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import cost
 from attnscope.errors import UsageError
-from attnscope.maskview import check_sizes
+from attnscope.readings.maskview import check_sizes
 from attnscope.runs.common import (
     AttentionOptions,
     RunResult,
@@ -182,7 +182,7 @@ def _sdpa_trace(o: SdpaOptions, inputs: dict[str, torch.Tensor], user_mask: torc
     the other variants are sdpa's own keywords)."""
     from attnscope.attention import sdpa
     from attnscope.cost import broadcast_shapes
-    from attnscope.forms import project, sdpa_columns
+    from attnscope.textbook import project, sdpa_columns
 
     prefix = None
     if "X" in inputs:

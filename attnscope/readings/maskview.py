@@ -67,7 +67,7 @@ def view(n_Q: int, n_K: int, *, causal: str | None = None, window: int | None = 
     grid = (allowed if allowed is not None else torch.ones(n_Q, n_K, dtype=torch.bool)).expand(n_Q, n_K)
     offset = masks.query_offset(n_Q, n_K, align)
     result = MaskView(n_Q, n_K, grid.tolist(), align or "none", offset, parts or ["nothing: every key is seen"])
-    from attnscope.translations import translate
+    from attnscope.readings.translations import translate
 
     result.translations = translate(n_Q, n_K, align, window, pad, user_kind)
     return result

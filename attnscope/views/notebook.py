@@ -2,8 +2,8 @@
 with its attention as an inline SVG heatmap; a model head's run with its layer's steps, the head's pattern on
 the text and every head of the layer with what it does; a pattern alone as a heatmap. Plain HTML and SVG with
 inline styles: no script, font or style fetched from anywhere, so a notebook saved with them stays readable
-offline. Colours are viridis (attnscope/colors.py); large patterns are pooled as the terminal pools them
-(attnscope/pooling.py).
+offline. Colours are viridis (attnscope/views/colors.py); large patterns are pooled as the terminal pools them
+(attnscope/views/pooling.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from attnscope.colors import hex_color
 from attnscope.cost import format_bytes, format_flops
+from attnscope.views.colors import hex_color
 
 # A Trace and headstats.LayerHeads are taken by their interface (Any below): trace.py and headstats.py call this
 # module from their _repr_html_, and importing them back would make a loop.
@@ -57,7 +57,7 @@ def pattern_svg(matrix: Any, row_labels: Sequence[str] | None = None, col_labels
     maximum; rows = queries. Beyond MAX_CELLS a side is pooled (keys summed, queries averaged) and says so."""
     import torch
 
-    from attnscope.pooling import group_size, pool
+    from attnscope.views.pooling import group_size, pool
 
     A = torch.as_tensor(matrix, dtype=torch.float64)
     n_rows, n_cols = A.shape if A.dim() == 2 else (0, 0)
@@ -93,8 +93,8 @@ def pattern_svg(matrix: Any, row_labels: Sequence[str] | None = None, col_labels
 
 def heads_html(heads: LayerHeads) -> str:
     """Every head as a small heatmap (each row on its own scale, as the terminal draws them) titled with its
-    index and kind, then a table of each head's statistics (attnscope/headstats.py)."""
-    from attnscope.pooling import group_size, pool
+    index and kind, then a table of each head's statistics (attnscope/readings/headstats.py)."""
+    from attnscope.views.pooling import group_size, pool
 
     n_head, n_Q, n_K = heads.attention.shape
     title = f"<p><b>{html.escape(heads.title)}: every head</b> [{n_head} heads, {n_Q} queries x {n_K} keys]</p>"

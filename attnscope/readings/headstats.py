@@ -132,6 +132,6 @@ class LayerHeads:
 
     def _repr_html_(self) -> str:
         """Jupyter draws every head as a small heatmap with its kind, and the table of statistics."""
-        from attnscope.notebook import heads_html
+        from attnscope.views.notebook import heads_html
 
         return heads_html(self)

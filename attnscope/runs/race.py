@@ -1,21 +1,15 @@
-"""`attnscope bench`: time the traced path against PyTorch's fused attention on the same inputs.
+"""The races `attnscope bench` runs: the traced path against PyTorch's fused attention on the same inputs.
 
 A race is set up first (inputs, contenders, the FLOPs of one call from a traced run of one batch element,
 the memory estimate), so the CLI can say how long it will take before the long part runs. Then each contender runs
-`warmup` times and `runs` times; the median is reported. Peak memory is what one call allocates beyond its
-inputs, seen allocation by allocation: CUDA's allocator counters on a GPU, PyTorch's profiler
-(`profile_memory=True`) on a CPU. No terminal code here: progress goes through a callback.
+`warmup` times and `runs` times; the median is reported, with the peak memory of one call beyond its inputs
+(measure.py). No terminal code here: progress goes through a callback.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
-import time
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +21,8 @@ from attnscope.attention import sdpa
 from attnscope.check import reference_mha
 from attnscope.errors import UsageError
 from attnscope.multihead import MultiHeadAttention
+from attnscope.runs import measure
+from attnscope.runs.measure import Backend
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -40,13 +36,6 @@ class Contender:
     gflops_per_s: float
     peak_bytes: int | None  # allocated by one call at its peak, beyond the inputs
     max_abs_diff: float  # against the traced path's output: all rows compute the same thing
-
-
-@dataclass
-class Backend:
-    name: str
-    eligible: bool
-    why_not: str = ""
 
 
 @dataclass
@@ -103,7 +92,7 @@ def sdpa_race(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | N
     }
     estimate = cost.sdpa_bytes(batch, nq, nk, dk, dv, itemsize=Q.element_size(), masked=mask is not None)
     return Race("sdpa", params, flops, _bytes(Q, K, V, mask), estimate, dev, dt, candidates,
-                backends=lambda: cuda_backends(Q, K, V, mask) if dev.type == "cuda" else [])
+                backends=lambda: measure.cuda_backends(Q, K, V, mask) if dev.type == "cuda" else [])
 
 
 def mha_race(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bool, causal: str | None,
@@ -147,7 +136,8 @@ def mha_race(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: boo
             return []
         with torch.no_grad():
             steps = traced(Q, KV, KV, mask)
-        return cuda_backends(steps["Q_split"], steps["K_split"], steps["V_split"], mask, enable_gqa=n_kv != heads)
+        return measure.cuda_backends(steps["Q_split"], steps["K_split"], steps["V_split"], mask,
+                                     enable_gqa=n_kv != heads)
 
     return Race("mha", params, flops, _bytes(Q, KV, mask) + weights, estimate, dev, dt, candidates, backends)
 
@@ -180,12 +170,13 @@ def run(race: Race, runs: int, warmup: int, tick: Tick = lambda _: None) -> Benc
                 tick(name)
             times = []
             for _ in range(runs):
-                times.append(_timed(fn, race.device))
+                times.append(measure.timed(fn, race.device))
                 tick(name)
             median = statistics.median(times)
-            rows.append(Contender(name, median * 1e3, race.flops / median / 1e9, peak_memory(fn, race.device), diff))
+            peak = measure.peak_memory(fn, race.device)
+            rows.append(Contender(name, median * 1e3, race.flops / median / 1e9, peak, diff))
     params = {**race.params, "runs": runs, "warmup": warmup}
-    return BenchResult(race.command, params, race.flops, rows, race.backends(), memory_method(race.device),
+    return BenchResult(race.command, params, race.flops, rows, race.backends(), measure.memory_method(race.device),
                        race.inputs_bytes, race.estimate_bytes)
 
 
@@ -202,124 +193,14 @@ def bench_mha(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bo
     return run(race, runs, warmup, tick)
 
 
-def _timed(fn: Callable[[], torch.Tensor], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
-
-
 def _bytes(*tensors: torch.Tensor | None) -> int:
     unique = {id(t): t for t in tensors if t is not None}
     return sum(t.numel() * t.element_size() for t in unique.values())
-
-
-# --- how long it will take ------------------------------------------------------------------------
-
-
-def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 512) -> float:
-    """FLOP/s of an `[n, n] @ [n, n]` matmul here, the best of three: what the machine can do at most."""
-    A = torch.randn(n, n, device=device).to(dtype)
-    A @ A  # noqa: B018 - warm-up: lazy initialisation, caches
-    best = min(_timed(lambda: A @ A, device) for _ in range(3))
-    return 2 * n**3 / max(best, 1e-9)
 
 
 def seconds_estimate(race: Race, runs: int, warmup: int) -> tuple[float, int, float]:
     """(seconds, calls, FLOP/s): every call's FLOPs at the measured matmul rate. Attention runs slower than a
     matmul (the softmax is memory-bound), so the real bench takes this long or longer."""
     calls = len(race.candidates) * (runs + warmup + 2)  # +2: the call checked against the traced output, memory
-    rate = matmul_rate(race.device, race.dtype)
+    rate = measure.matmul_rate(race.device, race.dtype)
     return race.flops * calls / rate, calls, rate
-
-
-# --- memory ---------------------------------------------------------------------------------------
-
-
-def memory_method(device: torch.device) -> str:
-    if device.type == "cuda":
-        return "torch.cuda.max_memory_allocated during one call, beyond its inputs"
-    return "PyTorch's profiler (profile_memory=True): the most one call holds at once, beyond its inputs"
-
-
-def peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
-    """Bytes one call allocates at its peak beyond what was already allocated (its inputs and weights)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        out = fn()
-        torch.cuda.synchronize(device)
-        del out
-        return torch.cuda.max_memory_allocated(device) - before
-    from torch.autograd import profiler
-
-    with _quiet_stderr(), profiler.profile(profile_memory=True) as prof:
-        out = fn()
-    del out
-    try:  # every allocation (+bytes) and free (-bytes), in order; the peak is the highest running sum
-        events = [(_start(e), e.nbytes()) for e in prof.kineto_results.events() if e.name() == "[memory]"]
-    except AttributeError:  # a torch whose profiler reports no allocations
-        return None
-    held = peak = 0
-    for _, nbytes in sorted(events):
-        held += nbytes
-        peak = max(peak, held)
-    return peak
-
-
-def _start(event: Any) -> int:
-    return event.start_ns() if hasattr(event, "start_ns") else 1000 * event.start_us()
-
-
-@contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Some torch builds log every profiler start and stop on the process's stderr: not ours to show."""
-    try:
-        sys.stderr.flush()
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    except (OSError, ValueError):
-        yield
-        return
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-# --- which fused kernels CUDA would use -------------------------------------------------------------------
-
-
-def cuda_backends(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
-                  enable_gqa: bool = False) -> list[Backend]:
-    """Ask PyTorch's own eligibility checks (debug=True makes them say why not, as warnings)."""
-    from torch.backends import cuda
-
-    q, k, v = (t if t.dim() == 4 else t.unsqueeze(1) for t in (Q, K, V))  # the checks want [n_batch, n_head, n, d]
-    params = cuda.SDPAParams(q, k, v, mask, 0.0, False, enable_gqa)
-    checks = [
-        ("flash", cuda.flash_sdp_enabled, cuda.can_use_flash_attention),
-        ("memory-efficient", cuda.mem_efficient_sdp_enabled, cuda.can_use_efficient_attention),
-        ("cuDNN", cuda.cudnn_sdp_enabled, getattr(cuda, "can_use_cudnn_attention", None)),
-    ]
-    backends = []
-    for name, enabled, can_use in checks:
-        if can_use is None:
-            backends.append(Backend(name, False, "this torch has no eligibility check for it"))
-            continue
-        if not enabled():
-            backends.append(Backend(name, False, f"disabled in torch.backends.cuda (enable_{name}_sdp)"))
-            continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            ok = bool(can_use(params, True))
-        reasons = "; ".join(" ".join(str(w.message).split())[:160] for w in caught)
-        backends.append(Backend(name, ok, "" if ok else reasons or "not eligible"))
-    backends.append(Backend("math", cuda.math_sdp_enabled(), "" if cuda.math_sdp_enabled() else "disabled"))
-    return backends

@@ -1,0 +1,136 @@
+"""How `attnscope bench` measures: wall time of one call, the machine's matmul rate (to say how long a bench
+will take before it starts), the peak memory one call allocates, and which fused kernels CUDA would pick.
+
+Peak memory is seen allocation by allocation: CUDA's allocator counters on a GPU, PyTorch's profiler
+(`profile_memory=True`) on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Backend:
+    name: str
+    eligible: bool
+    why_not: str = ""
+
+
+def timed(fn: Callable[[], torch.Tensor], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+# --- how long it will take ------------------------------------------------------------------------
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 512) -> float:
+    """FLOP/s of an `[n, n] @ [n, n]` matmul here, the best of three: what the machine can do at most."""
+    A = torch.randn(n, n, device=device).to(dtype)
+    A @ A  # noqa: B018 - warm-up: lazy initialisation, caches
+    best = min(timed(lambda: A @ A, device) for _ in range(3))
+    return 2 * n**3 / max(best, 1e-9)
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+
+def memory_method(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "torch.cuda.max_memory_allocated during one call, beyond its inputs"
+    return "PyTorch's profiler (profile_memory=True): the most one call holds at once, beyond its inputs"
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
+    """Bytes one call allocates at its peak beyond what was already allocated (its inputs and weights)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        out = fn()
+        torch.cuda.synchronize(device)
+        del out
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.autograd import profiler
+
+    with _quiet_stderr(), profiler.profile(profile_memory=True) as prof:
+        out = fn()
+    del out
+    try:  # every allocation (+bytes) and free (-bytes), in order; the peak is the highest running sum
+        events = [(_start(e), e.nbytes()) for e in prof.kineto_results.events() if e.name() == "[memory]"]
+    except AttributeError:  # a torch whose profiler reports no allocations
+        return None
+    held = peak = 0
+    for _, nbytes in sorted(events):
+        held += nbytes
+        peak = max(peak, held)
+    return peak
+
+
+def _start(event: Any) -> int:
+    return event.start_ns() if hasattr(event, "start_ns") else 1000 * event.start_us()
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Some torch builds log every profiler start and stop on the process's stderr: not ours to show."""
+    try:
+        sys.stderr.flush()
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):
+        yield
+        return
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+# --- which fused kernels CUDA would use -------------------------------------------------------------------
+
+
+def cuda_backends(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
+                  enable_gqa: bool = False) -> list[Backend]:
+    """Ask PyTorch's own eligibility checks (debug=True makes them say why not, as warnings)."""
+    from torch.backends import cuda
+
+    q, k, v = (t if t.dim() == 4 else t.unsqueeze(1) for t in (Q, K, V))  # the checks want [n_batch, n_head, n, d]
+    params = cuda.SDPAParams(q, k, v, mask, 0.0, False, enable_gqa)
+    checks = [
+        ("flash", cuda.flash_sdp_enabled, cuda.can_use_flash_attention),
+        ("memory-efficient", cuda.mem_efficient_sdp_enabled, cuda.can_use_efficient_attention),
+        ("cuDNN", cuda.cudnn_sdp_enabled, getattr(cuda, "can_use_cudnn_attention", None)),
+    ]
+    backends = []
+    for name, enabled, can_use in checks:
+        if can_use is None:
+            backends.append(Backend(name, False, "this torch has no eligibility check for it"))
+            continue
+        if not enabled():
+            backends.append(Backend(name, False, f"disabled in torch.backends.cuda (enable_{name}_sdp)"))
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = bool(can_use(params, True))
+        reasons = "; ".join(" ".join(str(w.message).split())[:160] for w in caught)
+        backends.append(Backend(name, ok, "" if ok else reasons or "not eligible"))
+    backends.append(Backend("math", cuda.math_sdp_enabled(), "" if cuda.math_sdp_enabled() else "disabled"))
+    return backends
