@@ -45,9 +45,11 @@ def test_a_flag_given_a_value_is_told_so(runner):
 
 
 def _attnscope(args: str, home: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run as a user's shell would (completion finds its shell from the parent process)."""
+    """Run as a user's shell would (completion finds its shell from the parent process). `; exit $?` keeps bash
+    from exec-ing the command in its place, so the parent is bash whatever runs the tests (pytest under
+    `timeout`, a CI runner)."""
     environ = {**os.environ, "HOME": home, "SHELL": "/bin/bash", **env}
-    command = f"{sys.executable} -m attnscope {args}"
+    command = f"{sys.executable} -m attnscope {args}; exit $?"
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=environ, timeout=120)
 
 
