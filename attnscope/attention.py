@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from attnscope import alibi as alibi_
 from attnscope import cost, masks
 from attnscope.errors import UsageError
+from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
 
 if TYPE_CHECKING:
@@ -146,11 +147,15 @@ def gqa_group(Q: Tensor, K: Tensor, V: Tensor) -> int:
     return n_head // n_kv_head
 
 
-def check_scalars(scale: float | None, softcap: float | None) -> None:
-    if scale is not None and not math.isfinite(scale):
-        raise UsageError(f"scale {scale}: the scores' scale must be a finite number")
-    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
-        raise UsageError(f"softcap {softcap}: the cap must be a positive finite number (Gemma 2 uses 50)")
+def resolve_spec(spec: AttentionSpec | None, **asked: Any) -> AttentionSpec:
+    """`spec` itself, or one built (and so checked) from the keywords; never both, which could disagree."""
+    if spec is None:
+        return AttentionSpec(**asked)
+    given = [name for name, value in asked.items() if value not in (None, False)]
+    if given:
+        raise UsageError(f"give the attention either as spec=AttentionSpec(...) or as keywords, not both "
+                         f"({', '.join(given)} given beside spec)")
+    return spec
 
 
 def sdpa(
@@ -168,6 +173,7 @@ def sdpa(
     enable_gqa: bool = False,
     dropout_p: float = 0.0,
     names: Names | None = None,
+    spec: AttentionSpec | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
@@ -182,13 +188,11 @@ def sdpa(
     `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
     with fewer heads than Q, shared by groups of query heads as `F.scaled_dot_product_attention(enable_gqa=True)`.
     Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE and ALiBi alike.
+    `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
     """
     names = names or Names()
-    align = masks.alignment(causal)
-    if window is not None:
-        masks.check_window(window)
-        align = align or "upper-left"
-    check_scalars(scale, softcap)
+    spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope)
+    scale, softcap, rope = spec.scale, spec.softcap, spec.rope
     batch = check_qkv(Q, K, V, enable_gqa=enable_gqa)
     n_group = gqa_group(Q, K, V) if enable_gqa else 1
     batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
@@ -205,7 +209,7 @@ def sdpa(
     trace.add(names.V, V, (*leading_names(kv_dims, V.dim()), "n_K", names.d_V), "input")
     q_name, k_name, v_name = names.Q, names.K, names.V
 
-    offset = masks.query_offset(n_Q, n_K, align)
+    offset = spec.offset(n_Q, n_K)
     if rope is not None:
         Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
                       dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)
@@ -229,9 +233,9 @@ def sdpa(
         logits = trace.add("capped_scores", scores.div(softcap).tanh_().mul_(softcap), scores_dims,
                            f"{softcap:g} * tanh(scores / {softcap:g})", 3 * scores.numel())
         last = "capped_scores"
-    if alibi:
+    if spec.alibi:
         logits, last = _alibi(trace, logits, last, batch_dims, offset)
-    logits, blocked, last = _masked(trace, logits, last, mask, align, window, scores_dims)
+    logits, blocked, last = _masked(trace, logits, last, mask, spec, scores_dims)
 
     attention = torch.softmax(logits, dim=-1)  # [.., n_Q, n_K]
     attention_op = f"softmax({last}, dim=-1)"
@@ -304,13 +308,13 @@ def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...],
     return biased, "biased_scores"
 
 
-def _masked(trace: Trace, logits: Tensor, last: str, mask: Tensor | None, align: masks.Align | None,
-            window: int | None, dims: tuple[str, ...]) -> tuple[Tensor, Tensor | None, str]:
+def _masked(trace: Trace, logits: Tensor, last: str, mask: Tensor | None, spec: AttentionSpec,
+            dims: tuple[str, ...]) -> tuple[Tensor, Tensor | None, str]:
     """Step `masked_scores`: causal and window masks, and the user's mask under the one dtype rule (boolean
     masks combine by AND, a float mask is added). Returns the logits, the rows that may see no key (as a
     boolean `[.., n_Q, 1]`, None when nothing was masked) and the name of the last step."""
     n_Q, n_K = logits.shape[-2], logits.shape[-1]
-    allowed, described = masks.structural(n_Q, n_K, align, window, logits.device)
+    allowed, described = masks.structural(spec, n_Q, n_K, logits.device)
     parts = [described] if described else []
     additive = None
     if mask is not None:

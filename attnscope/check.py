@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from attnscope.spec import AttentionSpec
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -62,15 +64,35 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Asked:
-    """The options that shape the attention, as the user gave them."""
+    """The attention as the user asked for it (its `AttentionSpec`, in the user's words) and the padded keys:
+    the reference is built from these and the raw inputs alone."""
 
-    causal: str | None = None  # "upper-left", "lower-right"
-    window: int | None = None
+    spec: AttentionSpec = AttentionSpec()
     pad: int = 0
-    scale: float | None = None
-    softcap: float | None = None
-    alibi: bool = False
-    rope_base: float | None = None
+
+    @property
+    def causal(self) -> str | None:  # "upper-left", "lower-right"
+        return self.spec.align
+
+    @property
+    def window(self) -> int | None:
+        return self.spec.window
+
+    @property
+    def scale(self) -> float | None:
+        return self.spec.scale
+
+    @property
+    def softcap(self) -> float | None:
+        return self.spec.softcap
+
+    @property
+    def alibi(self) -> bool:
+        return self.spec.alibi
+
+    @property
+    def rope_base(self) -> float | None:
+        return None if self.spec.rope is None else self.spec.rope.base
 
     @property
     def needs_formula(self) -> bool:

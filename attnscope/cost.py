@@ -15,6 +15,10 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnscope.spec import AttentionSpec
 
 SOFTMAX_FLOPS_PER_ELEMENT = 5
 
@@ -134,11 +138,14 @@ def fused_peak_bytes(steps: Sequence[object], extra: int = 0) -> int:
     return traced_peak_bytes(steps, extra) - sum(s.nbytes for s in matrices) + lse  # type: ignore[attr-defined]
 
 
-def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, *, itemsize: int = 4, masked: bool = False,
-               rope: bool = False, softcap: bool = False, alibi: bool = False, offset: int = 0) -> int:
-    """Peak bytes of a traced `sdpa` on random inputs, from the sizes alone (no torch import): the guard
+def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: AttentionSpec, *,
+               itemsize: int = 4, user_mask: bool = False) -> int:
+    """Peak bytes of a traced `sdpa` of `spec` on random inputs, from the sizes alone (no torch import): the guard
     must answer before torch has even loaded. tests/test_cost.py holds it equal to the meta-traced run.
-    `masked`: a [n_Q, n_K] boolean mask is held; `offset`: the first query's position (lower-right)."""
+    `user_mask`: a mask of the user's (a file, padding) joins the spec's own; either way one [n_Q, n_K] boolean
+    mask is held."""
+    masked, offset = user_mask or spec.structural, spec.offset(n_Q, n_K)
+    rope, softcap, alibi = spec.rope is not None, spec.softcap is not None, spec.alibi
     inputs = batch * (n_Q * d_K + n_K * d_K + n_K * d_V)
     rotated = 2 * max(n_K, offset + n_Q) * d_K + batch * (n_Q + n_K) * d_K if rope else 0  # cos, sin, Q/K_rot
     # scores, [capped_scores], [biased_scores], [masked_scores], attention; alibi_bias is [1, n_Q, n_K]
@@ -147,14 +154,16 @@ def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, *, itemsize: 
     return itemsize * (inputs + rotated + matrices + batch * n_Q * d_V) + mask
 
 
-def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, *, itemsize: int = 4,
-              bias: bool = True, cross: bool = False, masked: bool = False, n_kv_head: int | None = None,
-              d_head: int | None = None, rope: bool = False, softcap: bool = False, alibi: bool = False,
-              cache: int = 0, offset: int = 0) -> int:
-    """Peak bytes of a traced `MultiHeadAttention` on random inputs: weights, inputs, Q/K/V_feat, the rotated
-    heads, the cache and its concatenation, the repeated K/V heads, the per-head attention matrices,
-    x_raw, x_rsh1 and x (the splits and x_rsh2 are views). `n_K` counts every key, cached ones included."""
-    n_kv_head = n_head if n_kv_head is None else n_kv_head
+def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: AttentionSpec, *,
+              itemsize: int = 4, bias: bool = True, cross: bool = False, user_mask: bool = False,
+              d_head: int | None = None) -> int:
+    """Peak bytes of a traced `MultiHeadAttention` of `spec` on random inputs: weights, inputs, Q/K/V_feat, the
+    rotated heads, the cache and its concatenation, the repeated K/V heads, the per-head attention matrices,
+    x_raw, x_rsh1 and x (the splits and x_rsh2 are views). `n_K` counts every key, cached ones included
+    (`spec.cache` of them)."""
+    masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
+    rope, softcap, alibi = spec.rope is not None, spec.softcap is not None, spec.alibi
+    n_kv_head = n_head if spec.n_kv_head is None else spec.n_kv_head
     d_head = d_feat // n_head if d_head is None else d_head
     q_width, kv_width = n_head * d_head, n_kv_head * d_head
     n_new = n_K - cache

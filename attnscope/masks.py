@@ -14,31 +14,21 @@ against it inverts the mask (see check.py).
 
 Positions: query i sits at position `i + offset`, key j at position j. Upper-left alignment has offset 0
 (`is_causal=True`); lower-right has `offset = n_K - n_Q`, so the last query sees every key
-(`torch.nn.attention.bias.causal_lower_right`, flash-attn's `causal=True`, a KV cache).
+(`torch.nn.attention.bias.causal_lower_right`, flash-attn's `causal=True`, a KV cache). Which alignment and
+window an attention has is its `AttentionSpec`'s to say (spec.py), checked there once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.spec import Align
 
 if TYPE_CHECKING:
     import torch
 
-Align = Literal["upper-left", "lower-right"]
-ALIGNMENTS: tuple[Align, ...] = ("upper-left", "lower-right")
-
-
-def alignment(causal: bool | str | None) -> Align | None:
-    """`causal` as sdpa takes it (False/None, True = upper-left as `is_causal=True`, or an alignment name)."""
-    if causal is None or causal is False:
-        return None
-    if causal is True:
-        return "upper-left"
-    if causal in ALIGNMENTS:
-        return causal  # type: ignore[return-value]
-    raise UsageError(f"causal={causal!r}: use True (upper-left), 'upper-left' or 'lower-right'")
+    from attnscope.spec import AttentionSpec
 
 
 def query_offset(n_Q: int, n_K: int, align: Align | None) -> int:
@@ -64,16 +54,10 @@ def window_mask(n_Q: int, n_K: int, window: int, align: Align = "upper-left", de
     mask AND `sliding_window_overlay`'s `kv_idx > q_idx - sliding_window`."""
     import torch
 
-    check_window(window)
     offset = query_offset(n_Q, n_K, align)
     position = torch.arange(n_Q, device=device).unsqueeze(-1) + offset  # [n_Q, 1]
     cols = torch.arange(n_K, device=device)  # [n_K]
     return (cols <= position) & (position - cols < window)  # [n_Q, n_K]
-
-
-def check_window(window: int) -> None:
-    if window < 1:
-        raise UsageError(f"sliding window {window}: a query must see at least itself, so the window is 1 or more")
 
 
 def key_padding_mask(n_K: int, n_pad: int, device: Any = None) -> torch.Tensor:
@@ -81,7 +65,8 @@ def key_padding_mask(n_K: int, n_pad: int, device: Any = None) -> torch.Tensor:
     import torch
 
     if not 0 <= n_pad < n_K:
-        raise UsageError(f"--pad {n_pad} must hide fewer keys than there are (n_K = {n_K}) and not be negative")
+        raise UsageError(f"{{pad}} {n_pad} must hide fewer keys than there are (n_K = {n_K}) and not be negative",
+                             "pad")
     return torch.arange(n_K, device=device) < n_K - n_pad
 
 
@@ -145,16 +130,15 @@ def to_additive(mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
 
 
-def structural(n_Q: int, n_K: int, align: Align | None, window: int | None,
-               device: Any = None) -> tuple[torch.Tensor | None, str]:
-    """The causal and sliding-window part of a mask, `[n_Q, n_K]` boolean (None when neither), and how to
-    say it in an op (`causal(lower-right)`, `window(4, upper-left)`). A window implies causal."""
-    if window is not None:
-        align = align or "upper-left"
-        return window_mask(n_Q, n_K, window, align, device), f"window({window}, {align})"
-    if align is not None:
-        return causal_mask(n_Q, n_K, align, device), f"causal({align})"
-    return None, ""
+def structural(spec: AttentionSpec, n_Q: int, n_K: int, device: Any = None) -> tuple[torch.Tensor | None, str]:
+    """The causal and sliding-window part of `spec`'s mask, `[n_Q, n_K]` boolean (None when neither), and how
+    to say it in an op (`causal(lower-right)`, `window(4, upper-left)`). A window implies causal."""
+    align = spec.align
+    if align is None:
+        return None, ""
+    if spec.window is not None:
+        return window_mask(n_Q, n_K, spec.window, align, device), f"window({spec.window}, {align})"
+    return causal_mask(n_Q, n_K, align, device), f"causal({align})"
 
 
 def fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:

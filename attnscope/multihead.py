@@ -9,6 +9,7 @@ cache passed to `forward`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,8 +18,9 @@ from torch import nn
 
 from attnscope import alibi as alibi_
 from attnscope import attention, cost, masks
-from attnscope.attention import Names, check_scalars, heads_last, merge_heads, split_heads
+from attnscope.attention import Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
+from attnscope.spec import AttentionSpec, check_kv_heads
 from attnscope.trace import Trace
 
 if TYPE_CHECKING:
@@ -60,25 +62,22 @@ class MultiHeadAttention(nn.Module):
         softcap: float | None = None,
         alibi: bool = False,
         rope: Rope | None = None,
+        spec: AttentionSpec | None = None,
     ) -> None:
         super().__init__()
-        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
+                                 softcap=softcap, alibi=alibi, rope=rope)
+        n_kv_head = n_head if self.spec.n_kv_head is None else self.spec.n_kv_head
         _check_sizes(d_feat, n_head, n_kv_head, d_head)
         if not 0.0 <= dropout_p < 1.0:
             raise UsageError(f"dropout_p = {dropout_p} must be in [0, 1)")
-        check_scalars(scale, softcap)
-        if window is not None:
-            masks.check_window(window)
-        masks.alignment(causal)
         self.d_feat, self.n_head, self.n_kv_head = d_feat, n_head, n_kv_head
         self.d_head = d_feat // n_head if d_head is None else d_head
-        if rope is not None:
+        if self.spec.rope is not None:
             from attnscope.rope import check_head_size
 
             check_head_size(self.d_head)
         self.dropout_p, self.record = dropout_p, record
-        self.scale, self.causal, self.window, self.softcap, self.alibi, self.rope = (
-            scale, causal, window, softcap, alibi, rope)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.W_q = nn.Linear(d_feat, n_head * self.d_head, bias=bias, **factory)
         self.W_k = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
@@ -96,15 +95,17 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(Q, K, V, cache)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
+        # A decode step: the new queries come after the cached positions (causal aligns lower-right).
+        spec = self.spec if cache is None else self.spec.with_cache(cache[0].shape[-2])
         trace = Trace()
         add = trace.add if self.record else _keep_tensor
-        Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache)
+        Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache, spec)
+        spec = replace(spec, rope=None)  # Q and K are rotated here, before the cache joins: the rest is sdpa's
         dropout_p = self.dropout_p if self.training else 0.0
         n_batch = Q.shape[0]
         if self.record:
-            inner = attention.sdpa(Q_h, K_h, V_h, mask, self.scale, causal=self.causal, window=self.window,
-                                   softcap=self.softcap, alibi=self.alibi, enable_gqa=self.n_group > 1,
-                                   dropout_p=dropout_p, names=names)
+            inner = attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
+                                   names=names, spec=spec)
             for step in inner.steps[3:]:  # from scores on: the inputs are already here
                 trace.add_step(step)
             trace.notes.extend(inner.notes)
@@ -117,7 +118,7 @@ class MultiHeadAttention(nn.Module):
             trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
                       cost.linear_flops(x.shape, x_rsh2.shape[-1], self.W_o.bias is not None))
             return trace
-        x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p)  # [n_batch, n_head, n_Q, d_head]
+        x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec)  # [n_batch, n_head, n_Q, d_head]
         x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(merge_heads(F.scaled_dot_product_attention(...)))")
         return trace
@@ -127,8 +128,8 @@ class MultiHeadAttention(nn.Module):
         n = self.n_head if heads == "n_head" else self.n_kv_head
         return "d_feat" if n * self.d_head == self.d_feat else f"{heads}·d_head"
 
-    def _heads(self, add: Any, Q: Tensor, K: Tensor, V: Tensor,
-               cache: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor, Names]:
+    def _heads(self, add: Any, Q: Tensor, K: Tensor, V: Tensor, cache: tuple[Tensor, Tensor] | None,
+               spec: AttentionSpec) -> tuple[Tensor, Tensor, Tensor, Names]:
         """Project, split, rotate and extend with the cache: the per-head Q, K, V the attention reads, and
         the names they go by. With a cache the new keys' axis is n_new, and n_K = n_cache + n_new."""
         bias, kv_axis = self.W_q.bias is not None, self._kv_axis()
@@ -146,10 +147,11 @@ class MultiHeadAttention(nn.Module):
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
         n_cache = cache[0].shape[-2] if cache is not None else 0
-        if self.rope is not None:
+        if spec.rope is not None:
             n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
-            q_offset = n_cache if cache is not None else masks.query_offset(n_Q, n_K, masks.alignment(self.causal))
-            q, k = attention.rotate(add, q, k, self.rope, q_offset=q_offset, k_offset=n_cache,
+            # the new tokens sit after the cached ones whether or not the attention is causal
+            q_offset = n_cache if cache is not None else spec.offset(n_Q, n_K)
+            q, k = attention.rotate(add, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache,
                                     source=(q_name, k_name), dims=(("n_batch", "n_head", "n_Q", "d_head"),
                                                                    ("n_batch", kv_axis, n_key, "d_head")),
                                     d_name="d_head", n_keys=n_K)
@@ -169,25 +171,24 @@ class MultiHeadAttention(nn.Module):
     def _kv_axis(self) -> str:
         return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
 
-    def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float,
+               spec: AttentionSpec) -> Tensor:
         """The attention through `F.scaled_dot_product_attention`, masks and biases made into one attn_mask.
         Softcapping has no place in it, so a softcapped module runs `attention.sdpa` unrecorded."""
-        if self.softcap is not None:
+        if spec.softcap is not None:
             names = Names(out="x_raw", batch=("n_batch", "n_head"))
-            return attention.sdpa(Q_h, K_h, V_h, mask, self.scale, causal=self.causal, window=self.window,
-                                  softcap=self.softcap, alibi=self.alibi, enable_gqa=self.n_group > 1,
-                                  dropout_p=dropout_p, names=names)["x_raw"]
+            return attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
+                                  names=names, spec=spec)["x_raw"]
         n_Q, n_K = Q_h.shape[-2], K_h.shape[-2]
-        align = masks.alignment(self.causal)
-        allowed, _ = masks.structural(n_Q, n_K, align, self.window, Q_h.device)
+        allowed, _ = masks.structural(spec, n_Q, n_K, Q_h.device)
         attn_mask = masks.combine(allowed, mask)
-        if self.alibi:
-            bias = alibi_.bias(self.n_head, n_Q, n_K, masks.query_offset(n_Q, n_K, align), Q_h.device)
+        if spec.alibi:
+            bias = alibi_.bias(self.n_head, n_Q, n_K, spec.offset(n_Q, n_K), Q_h.device)
             attn_mask = bias if attn_mask is None else masks.to_additive(attn_mask) + bias
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.to(Q_h.dtype)
         return F.scaled_dot_product_attention(Q_h, K_h, V_h, attn_mask=attn_mask, dropout_p=dropout_p,
-                                              scale=self.scale, enable_gqa=self.n_group > 1)
+                                              scale=spec.scale, enable_gqa=self.n_group > 1)
 
     def _check_inputs(self, Q: Tensor, K: Tensor, V: Tensor, cache: tuple[Tensor, Tensor] | None) -> None:
         for name, t in (("Q", Q), ("K", K), ("V", V)):
@@ -216,10 +217,7 @@ def _keep_tensor(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor
 def _check_sizes(d_feat: int, n_head: int, n_kv_head: int, d_head: int | None) -> None:
     if d_feat <= 0 or n_head <= 0 or n_kv_head <= 0:
         raise UsageError(f"d_feat ({d_feat}), n_head ({n_head}) and n_kv_head ({n_kv_head}) must be positive")
-    if n_head % n_kv_head:
-        near = " or ".join(str(h) for h in cost.divisors_near(n_head, n_kv_head))
-        raise UsageError(f"n_head = {n_head} is not a multiple of n_kv_head = {n_kv_head}: each key/value head "
-                         f"serves a whole group of query heads; KV head counts near it that divide {n_head}: {near}")
+    check_kv_heads(n_head, n_kv_head)
     if d_head is not None:
         if d_head <= 0:
             raise UsageError(f"d_head ({d_head}) must be positive")

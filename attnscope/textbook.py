@@ -13,7 +13,6 @@ from attnscope.attention import (
     accumulate_dtype,
     batch_names,
     check_qkv,
-    check_scalars,
     common_dtype,
     dtype_name,
     half_note,
@@ -21,6 +20,7 @@ from attnscope.attention import (
     zero_rows,
 )
 from attnscope.errors import UsageError
+from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, sc
     row form's out transposed. `mask` is in this form's scores layout, `[.., n_K, n_Q]`, under the same dtype
     rule as `sdpa`'s; half precision is computed in float32 as there.
     """
-    check_scalars(scale, None)
+    AttentionSpec(scale=scale)  # checks the scale
     batch = check_qkv(Q, K, V, layout="col")
     batch_dims = batch_names(len(batch))
     dtype, dtype_note = common_dtype(Q, K, V)

@@ -13,8 +13,10 @@ import torch
 from attnscope import cost
 from attnscope.check import compare
 from attnscope.cli import app
+from attnscope.rope import Rope
 from attnscope.runs.mha import MhaOptions, run_mha
 from attnscope.runs.sdpa import SdpaOptions, run_sdpa
+from attnscope.spec import AttentionSpec
 
 SMALL_SDPA = ["sdpa", "--batch", "2", "--nq", "5", "--nk", "7", "--dk", "8", "--dv", "4"]
 SMALL_MHA = ["mha", "--batch", "2", "--nq", "6", "--d-feat", "16", "--heads", "4"]
@@ -193,10 +195,11 @@ def test_sdpa_estimate_equals_the_traced_run_with_variants(options):
     meta = run_sdpa(SdpaOptions(**base, **options, meta=True))
     real = run_sdpa(SdpaOptions(**base, **options))
     n_K = 7 if not options.get("cache") else options["cache"] + 5
-    lower = options.get("causal") == "lower-right" or options.get("cache")
-    analytic = cost.sdpa_bytes(2, 5, n_K, 8, 4, masked=bool(options.get("causal") or options.get("window") or lower),
-                               rope=options.get("rope", False), softcap="softcap" in options,
-                               alibi=options.get("alibi", False), offset=n_K - 5 if lower else 0)
+    causal = options.get("causal") or ("lower-right" if options.get("cache") else None)
+    spec = AttentionSpec(causal=causal, window=options.get("window"), softcap=options.get("softcap"),
+                         alibi=options.get("alibi", False), rope=Rope() if options.get("rope") else None,
+                         cache=options.get("cache", 0))
+    analytic = cost.sdpa_bytes(2, 5, n_K, 8, 4, spec)
     assert meta.peak_bytes == real.peak_bytes == analytic
 
 
@@ -210,12 +213,11 @@ def test_mha_estimate_equals_the_traced_run_with_variants(options):
     real = run_mha(MhaOptions(**base, **options))
     n_new = options.get("nk", 5)
     cache = options.get("cache", 0)
-    lower = cache > 0
-    masked = bool(options.get("causal") or options.get("window") or lower)
-    analytic = cost.mha_bytes(2, 5, cache + n_new, 16, 4, cross=n_new != 5, masked=masked,
-                              n_kv_head=options.get("kv_heads"), d_head=options.get("d_head"),
-                              rope=options.get("rope", False), softcap="softcap" in options,
-                              alibi=options.get("alibi", False), cache=cache, offset=cache if lower else 0)
+    spec = AttentionSpec(causal=options.get("causal") or ("lower-right" if cache else None),
+                         window=options.get("window"), softcap=options.get("softcap"),
+                         alibi=options.get("alibi", False), rope=Rope() if options.get("rope") else None,
+                         n_kv_head=options.get("kv_heads"), cache=cache)
+    analytic = cost.mha_bytes(2, 5, cache + n_new, 16, 4, spec, cross=n_new != 5, d_head=options.get("d_head"))
     assert meta.peak_bytes == real.peak_bytes == analytic
 
 

@@ -235,10 +235,13 @@ def test_check_prints_pass_per_tensor(runner):
 
 
 def test_check_json_and_exit_1_on_fail(runner, monkeypatch):
+    from dataclasses import replace
+
     from attnscope import attention
 
-    real = attention.sdpa
-    monkeypatch.setattr(attention, "sdpa", lambda Q, K, V, mask=None, scale=None, **kw: real(Q, K, V, mask, 1.0, **kw))
+    real = attention.sdpa  # the module's inner attention with a planted scale of 1
+    monkeypatch.setattr(attention, "sdpa", lambda Q, K, V, mask=None, *, spec, **kw:
+                        real(Q, K, V, mask, spec=replace(spec, scale=1.0), **kw))
     result = runner.invoke(app, ["mha", "--batch", "2", "--nq", "3", "--d-feat", "8", "--heads", "2", "--check",
                                  "--json"])
     assert result.exit_code == 1

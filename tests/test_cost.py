@@ -12,6 +12,7 @@ import torch
 from attnscope import cost
 from attnscope.runs.mha import MhaOptions, run_mha
 from attnscope.runs.sdpa import SdpaOptions, run_sdpa
+from attnscope.spec import AttentionSpec
 
 
 @pytest.mark.parametrize("causal", [None, "upper-left"])
@@ -19,7 +20,7 @@ from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 def test_guard_estimate_for_sdpa_equals_the_traced_run(batch, nq, nk, dk, dv, causal):
     meta = run_sdpa(SdpaOptions(batch=batch, nq=nq, nk=nk, dk=dk, dv=dv, causal=causal, meta=True))
     real = run_sdpa(SdpaOptions(batch=batch, nq=nq, nk=nk, dk=dk, dv=dv, causal=causal))
-    analytic = cost.sdpa_bytes(batch, nq, nk, dk, dv, masked=causal is not None)
+    analytic = cost.sdpa_bytes(batch, nq, nk, dk, dv, AttentionSpec(causal=causal))
     assert meta.peak_bytes == real.peak_bytes == analytic
 
 
@@ -31,7 +32,7 @@ def test_guard_estimate_for_mha_equals_the_traced_run(batch, nq, nk, d_feat, hea
     meta = run_mha(MhaOptions(**options, meta=True))
     real = run_mha(MhaOptions(**options))
     n_K = nq if nk is None else nk
-    analytic = cost.mha_bytes(batch, nq, n_K, d_feat, heads, bias=bias, cross=n_K != nq, masked=causal is not None)
+    analytic = cost.mha_bytes(batch, nq, n_K, d_feat, heads, AttentionSpec(causal=causal), bias=bias, cross=n_K != nq)
     assert meta.peak_bytes == real.peak_bytes == analytic
 
 

@@ -144,7 +144,7 @@ def test_all_heads_needs_a_text(tmp_path):
 
 
 def pattern(labels: list[str]):
-    from attnscope.runs.common import Heatmap
+    from attnscope.runs.outputs import Heatmap
 
     n = len(labels)
     matrix = torch.softmax(torch.randn(n, n, generator=torch.Generator().manual_seed(1)), -1).tolist()
@@ -211,7 +211,7 @@ def test_every_result_shows_itself_in_a_notebook(tmp_path):
         ET.fromstring(svg)
     grid = result.heads._repr_html_()
     assert grid in page
-    from attnscope.runs.common import heatmap_of
+    from attnscope.runs.outputs import heatmap_of
 
     assert "<svg" in heatmap_of(result.run.layer.step("attention"), 0, 1)._repr_html_()
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from attnscope.cli import app
 from attnscope.readings.maskview import view
 from attnscope.readings.translations import FLASH, FLEX, HF, MHA, SDPA
+from attnscope.spec import AttentionSpec
 
 CASES = [
     {"n_Q": 5, "n_K": 8, "causal": "lower-right", "pad": 2, "window": 3},
@@ -57,8 +58,10 @@ def _expected(case: dict, user: torch.Tensor | None) -> torch.Tensor:
 
 
 def _view(case: dict, user: torch.Tensor | None):
-    return view(case["n_Q"], case["n_K"], causal=case.get("causal"), window=case.get("window"),
-                pad=case.get("pad", 0), user_mask=user, cache=case.get("cache", 0))
+    spec = AttentionSpec(causal=case.get("causal") or bool(case.get("cache")), window=case.get("window"),
+                         cache=case.get("cache", 0))
+    return view(case["n_Q"], case["n_K"], spec,
+                pad=case.get("pad", 0), user_mask=user)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -112,9 +115,10 @@ def test_every_translation_gives_the_same_mask(case):
 
 
 def test_flash_attn_says_what_it_cannot_express():
-    assert "not expressible" in view(3, 5, causal="upper-left").translations[FLASH]
-    assert "window_size=(3, 0)" in view(5, 5, window=4).translations[FLASH]
-    assert "not expressible" in view(3, 3, user_mask=torch.ones(3, 3, dtype=torch.bool)).translations[FLASH]
+    assert "not expressible" in view(3, 5, AttentionSpec(causal="upper-left")).translations[FLASH]
+    assert "window_size=(3, 0)" in view(5, 5, AttentionSpec(window=4)).translations[FLASH]
+    user = torch.ones(3, 3, dtype=torch.bool)
+    assert "not expressible" in view(3, 3, AttentionSpec(), user_mask=user).translations[FLASH]
 
 
 def test_mask_command_json(runner):

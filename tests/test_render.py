@@ -182,7 +182,7 @@ def test_bench_table_never_cuts_a_contender():
 
 def heatmap_text(matrix, rows, cols, width=80, title="attention[0] (batch element 0)"):
     from attnscope.render.heatmap import show_heatmap
-    from attnscope.runs.common import Heatmap
+    from attnscope.runs.outputs import Heatmap
 
     console = Console(width=width, record=True, no_color=True, file=open("/dev/null", "w"))  # noqa: SIM115
     show_heatmap(console, Heatmap(title, matrix, rows, cols))

@@ -96,13 +96,15 @@ def test_mha_from_file_self_and_cross_attention(qkv_files, tmp_path):
 
 def test_check_catches_the_sqrt_d_feat_pitfall(monkeypatch):
     """--check must fail when the math is wrong: scale by sqrt(d_feat) inside MHA, as the pitfall does."""
+    from dataclasses import replace
+
     from attnscope import attention
 
     real_sdpa = attention.sdpa
 
-    def pitfall(Q, K, V, mask=None, scale=None, **kwargs):
+    def pitfall(Q, K, V, mask=None, *, spec, **kwargs):
         d_feat = Q.shape[-1] * Q.shape[-3]
-        return real_sdpa(Q, K, V, mask, 1 / math.sqrt(d_feat), **kwargs)
+        return real_sdpa(Q, K, V, mask, spec=replace(spec, scale=1 / math.sqrt(d_feat)), **kwargs)
 
     monkeypatch.setattr(attention, "sdpa", pitfall)
     result = run_mha(MhaOptions(batch=2, nq=6, d_feat=40, heads=5, check=True))
@@ -143,7 +145,7 @@ def test_save_onto_existing_file_is_refused_before_any_work(tmp_path, monkeypatc
         (SdpaOptions(meta=True, check=True), "--meta"),
         (SdpaOptions(k="k.npy"), "need --q"),
         (SdpaOptions(x="x.npy"), "all four"),
-        (SdpaOptions(pad=50), "--pad 50"),
+        (SdpaOptions(pad=50), "pad 50"),  # the core's words; the command line says --pad (test_cli)
         (MhaOptions(dropout=0.2, check=True), "dropout"),
         (MhaOptions(d_feat=10, heads=4), "--d-feat 10 is not divisible by --heads 4"),
     ],

@@ -312,7 +312,7 @@ def test_mha_record_false_computes_the_same(kwargs):
 
 
 def test_mha_refuses_kv_heads_that_do_not_divide():
-    with pytest.raises(UsageError, match="n_head = 8 is not a multiple of n_kv_head = 3"):
+    with pytest.raises(UsageError, match="n_head 8 is not a multiple of n_kv_head 3"):
         MultiHeadAttention(32, 8, n_kv_head=3)
 
 

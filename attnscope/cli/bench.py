@@ -117,7 +117,7 @@ def bench_mha(
                        heads=heads, kv_heads=kv_heads, bias=bias), debug, json, runs, warmup, (svg, html, force))
 
 
-def _race(o: BenchOptions, debug: bool, json: bool, runs: int, warmup: int,
+def _race(asked: BenchOptions, debug: bool, json: bool, runs: int, warmup: int,
           exports: tuple[str | None, str | None, bool]) -> None:
     """Prepare the race (runs/bench.py), say how long a long bench will take, time the contenders under a
     progress bar, show the result."""
@@ -127,7 +127,7 @@ def _race(o: BenchOptions, debug: bool, json: bool, runs: int, warmup: int,
     svg, html, force = exports
     with reported(debug, oom_advice=SHRINK), exporting(svg, html, force=force, json=json,
                                                        title="attnscope bench") as out:
-        race = prepare(o)
+        race = prepare(asked)
         from attnscope.runs.race import run, seconds_estimate
 
         seconds, calls, rate = seconds_estimate(race, runs, warmup)

@@ -12,7 +12,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from attnscope.runs.common import RunResult
+    from attnscope.runs.outputs import RunResult
 
 
 def max_memory_bytes(text: str | None) -> int | None:

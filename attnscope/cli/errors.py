@@ -20,6 +20,11 @@ ClickUsageError: type[Exception] = _CLICK_BASES["UsageError"]
 ClickException: type[Exception] = _CLICK_BASES["ClickException"]
 
 
+# The core names parameters as a Python caller writes them; a command line user reads the flag that sets each.
+FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "scale": "--scale", "cache": "--cache",
+         "pad": "--pad", "n_head": "--heads", "n_kv_head": "--kv-heads", "rope_base": "--rope-base", "meta": "--meta",
+         "model": "--model", "text": "--text", "layer": "--layer", "head": "--head"}
+
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 
 _BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0", "y", "n", "t", "f"}
@@ -56,7 +61,7 @@ def reported(debug: bool, oom_advice: str = OOM_ADVICE) -> Iterator[None]:
     except AttnscopeError as exc:
         if debug:
             raise
-        render.error(str(exc))
+        render.error(exc.worded(FLAGS))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         render.error("interrupted")

@@ -45,7 +45,7 @@ def open_model(folder: Path, config: Config, *, command: str = "head") -> Family
 
     family = family_of(config)
     if family is None:
-        raise UsageError(f"--model {folder} is a {config.architecture} (model_type '{config.model_type}'); "
-                         f"attnscope {command} reads the heads of {SUPPORTED} (--text still shows its attention "
-                         "through transformers)")
+        raise UsageError(f"{{model}} {folder} is a {config.architecture} (model_type '{config.model_type}'); "
+                         f"attnscope {command} reads the heads of {SUPPORTED} ({{text}} still shows its attention "
+                         "through transformers)", "model", "text")
     return family(folder, config, Checkpoint.open(folder))

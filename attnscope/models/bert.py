@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import layers
-from attnscope.models.family import AttentionSpec, Family, Slice, linear_projections, linear_slices
+from attnscope.models.family import Family, Slice, linear_projections, linear_slices
+from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,7 +61,7 @@ class Bert(Family):
         return AttentionSpec(causal=self.config.flag("is_decoder"))
 
     def projections(self, layer: int) -> dict[str, Any]:
-        return linear_projections(self, layer, NAMES, self.attention_spec(layer))
+        return linear_projections(self, layer, NAMES)
 
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """A LayerNorm whose parameters old TF-converted checkpoints call gamma and beta."""

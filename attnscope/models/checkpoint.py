@@ -50,7 +50,7 @@ class Checkpoint:
     def open(cls, folder: Path) -> Checkpoint:
         source = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
         if source is None:
-            raise UsageError(f"--model {folder}: no checkpoint there (looked for {', '.join(WEIGHT_FILES)})")
+            raise UsageError(f"{{model}} {folder}: no checkpoint there (looked for {', '.join(WEIGHT_FILES)})", "model")
         if source.name.endswith(".index.json"):
             return cls(folder, source, _read_index(source))
         return cls(folder, source, dict.fromkeys(_keys_of(source), source))

@@ -116,7 +116,8 @@ class Config:
 def read_config(folder: Path) -> Config:
     path = folder / "config.json"
     if not path.is_file():
-        raise UsageError(f"--model {folder}: no config.json in that folder; give a folder saved by save_pretrained")
+        raise UsageError(f"{{model}} {folder}: no config.json in that folder; give a folder saved by save_pretrained",
+                         "model")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

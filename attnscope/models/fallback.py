@@ -43,8 +43,8 @@ def run(folder: Path, ids: list[int], model_type: str) -> FallbackRun:
     try:
         model = AutoModel.from_pretrained(str(folder), attn_implementation="eager", dtype=torch.float32).eval()
     except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
-        raise UsageError(f"--model {folder}: transformers cannot load model_type '{model_type}' either "
-                         f"({_first_line(exc)})") from None
+        raise UsageError(f"{{model}} {folder}: transformers cannot load model_type '{model_type}' either "
+                         f"({_first_line(exc)})", "model") from None
     try:
         with torch.no_grad():
             out = model(input_ids=torch.tensor([ids]), output_attentions=True)

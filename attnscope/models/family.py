@@ -2,7 +2,7 @@
 
 A family module (bert.py, gpt2.py, llama.py, gemma2.py) says, for a checkpoint laid out its way:
 - what its checkpoint calls each weight and where head h lives in them (`head_slices`);
-- the attention's specifics in layer l (`attention_spec`: causal, RoPE, window, softcap, scale, biases)
+- the attention's specifics in layer l (`attention_spec`: causal, RoPE, window, softcap, scale; `biases`)
   and its four projections as Linear weights (`projections`);
 - how to run the prefix: `embed` the tokens, run a whole `block`, and give the `attention_input` X of a
   layer (after its input norm).
@@ -13,7 +13,7 @@ steps sliced out of the layer's trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from attnscope.models.checkpoint import Array, Checkpoint
     from attnscope.models.config import Config
     from attnscope.multihead import MultiHeadAttention
-    from attnscope.rope import Rope
+    from attnscope.spec import AttentionSpec
     from attnscope.trace import Trace
 
 HEAD_DIMS = {"W_Q": ("d_head", "d_model"), "W_K": ("d_head", "d_model"), "W_V": ("d_head", "d_model"),
@@ -43,31 +43,6 @@ class Slice:
     lo: int
     hi: int
     transpose: bool = False
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    """What a family's attention does in one layer, as MultiHeadAttention's arguments."""
-
-    causal: bool = False
-    rope: Rope | None = None
-    window: int | None = None
-    softcap: float | None = None
-    scale: float | None = None  # None: 1/sqrt(d_head)
-    bias: bool = True  # on the query/key/value projections
-    out_bias: bool = True
-
-    def describe(self, d_head: int) -> str:
-        scale = f"1/√{d_head}" if self.scale is None else f"{self.scale:.6g}"
-        parts = ["causal" if self.causal else "bidirectional (no causal mask)"]
-        if self.rope is not None:
-            parts.append(f"RoPE ({self.rope.describe()})")
-        if self.window is not None:
-            parts.append(f"sliding window {self.window}")
-        parts.append(f"scale {scale}")
-        if self.softcap is not None:
-            parts.append(f"softcap {self.softcap:g}")
-        return ", ".join(parts)
 
 
 class Family:
@@ -100,7 +75,12 @@ class Family:
         raise NotImplementedError
 
     def attention_spec(self, layer: int) -> AttentionSpec:
+        """What layer `layer`'s attention computes: causal, RoPE, window, softcap, scale (attnscope.spec)."""
         raise NotImplementedError
+
+    def biases(self) -> tuple[bool, bool]:
+        """Whether the query/key/value projections, and the output projection, have biases."""
+        return True, True
 
     def projections(self, layer: int) -> dict[str, torch.Tensor]:
         """`W_q.weight`, `W_q.bias`, ... `W_o.weight` as Linear weights `[out, in]`, float32."""
@@ -146,18 +126,13 @@ class Family:
                              f"{present} ({last} is missing); config.json does not describe these weights")
 
     def check_position(self, layer: int, head: int) -> None:
-        if not 0 <= layer < self.n_layer:
-            raise UsageError(f"--layer {layer} is out of range: this model has {self.n_layer} layers, "
-                             f"0 to {self.n_layer - 1}")
-        if not 0 <= head < self.n_head:
-            raise UsageError(f"--head {head} is out of range: this model has {self.n_head} heads, "
-                             f"0 to {self.n_head - 1}")
+        check_position(self.n_layer, self.n_head, layer, head)
 
     def check_length(self, n_tokens: int) -> None:
         """Learned position tables end: a longer text has no position to take."""
         if self.max_tokens is not None and n_tokens > self.max_tokens:
-            raise UsageError(f"--text is {n_tokens} tokens, more than this model's {self.max_tokens} positions; "
-                             "shorten it")
+            raise UsageError(f"{{text}} is {n_tokens} tokens, more than this model's {self.max_tokens} positions; "
+                             "shorten it", "text")
 
     def kv_head(self, head: int) -> int:
         """The key/value head that serves query head `head` (transformers' `repeat_kv` order)."""
@@ -175,11 +150,10 @@ class Family:
         """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights."""
         from attnscope.multihead import MultiHeadAttention
 
-        spec = self.attention_spec(layer)
-        module = MultiHeadAttention(self.d_model, self.n_head, bias=spec.bias, record=record, device="meta",
-                                    n_kv_head=self.n_kv_head, d_head=self.d_head, out_bias=spec.out_bias,
-                                    scale=spec.scale, causal=spec.causal, window=spec.window,
-                                    softcap=spec.softcap, rope=spec.rope)
+        spec = replace(self.attention_spec(layer), n_kv_head=self.n_kv_head)
+        qkv, out = self.biases()
+        module = MultiHeadAttention(self.d_model, self.n_head, bias=qkv, record=record, device="meta",
+                                    d_head=self.d_head, out_bias=out, spec=spec)
         module.load_state_dict(self.projections(layer), assign=True)
         return module.eval()
 
@@ -209,6 +183,16 @@ class Family:
             raise UsageError(f"{self.checkpoint.source}: no {wanted}; this checkpoint is not laid out as "
                              f"{self.model_type}'s (model_type in config.json: '{self.model_type}')")
         return found.removesuffix(wanted)
+
+
+def check_position(n_layer: int, n_head: int, layer: int, head: int) -> None:
+    """Layer `layer` and head `head` exist in a model of `n_layer` layers of `n_head` heads."""
+    if not 0 <= layer < n_layer:
+        raise UsageError(f"{{layer}} {layer} is out of range: this model has {n_layer} layers, 0 to {n_layer - 1}",
+                             "layer")
+    if not 0 <= head < n_head:
+        raise UsageError(f"{{head}} {head} is out of range: this model has {n_head} heads, 0 to {n_head - 1}",
+                             "head")
 
 
 def _layer_of(rest: str) -> int:
@@ -270,12 +254,13 @@ def linear_slices(model: Family, layer: int, head: int, names: dict[str, str],
     return parts
 
 
-def linear_projections(model: Family, layer: int, names: dict[str, str], spec: AttentionSpec) -> dict[str, Any]:
+def linear_projections(model: Family, layer: int, names: dict[str, str]) -> dict[str, Any]:
     """MultiHeadAttention's W_q, W_k, W_v, W_o from four Linear layers of the checkpoint."""
     state = {}
+    qkv, out = model.biases()
     for ours, theirs in (("W_q", names["q"]), ("W_k", names["k"]), ("W_v", names["v"]), ("W_o", names["o"])):
         state[f"{ours}.weight"] = model.weight(layer, f"{theirs}.weight")
-        if spec.out_bias if ours == "W_o" else spec.bias:
+        if out if ours == "W_o" else qkv:
             state[f"{ours}.bias"] = model.weight(layer, f"{theirs}.bias")
     return state
 
@@ -304,8 +289,7 @@ def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         traced = model.attention(layer, record=True)(X)
     layer_trace = _layer_trace(traced, X, made)
-    spec = model.attention_spec(layer)
-    return LayerRun(layer_trace, _head_trace(model, layer_trace, head, spec.bias), spec)
+    return LayerRun(layer_trace, _head_trace(model, layer_trace, head, model.biases()[0]), model.attention_spec(layer))
 
 
 MODEL_DIMS = {"n_Q": "n_tokens", "n_K": "n_tokens", "d_feat": "d_model"}

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from attnscope.models.family import AttentionSpec
 from attnscope.models.llama import Llama
+from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
     import torch
@@ -43,12 +43,10 @@ class Gemma2(Llama):
         return self.config.optional_integer("sliding_window") if sliding else None
 
     def attention_spec(self, layer: int) -> AttentionSpec:
-        qkv, out = self.biases()
         scalar = self.config.number("query_pre_attn_scalar", default=256)
         # Gemma2Model builds causal masks whatever `use_bidirectional_attention` says, so eager is causal.
         return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer),
-                             softcap=self.config.optional_number("attn_logit_softcapping"), scale=scalar ** -0.5,
-                             bias=qkv, out_bias=out)
+                             softcap=self.config.optional_number("attn_logit_softcapping"), scale=scalar ** -0.5)
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
         """`Gemma2TextScaledWordEmbedding`: the rows times sqrt(hidden_size)."""

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
 from attnscope.models import layers
-from attnscope.models.family import AttentionSpec, Family, Slice
+from attnscope.models.family import Family, Slice
+from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -22,9 +22,10 @@ def locate(model: str, *, need_tokenizer: bool = False) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise UsageError(f"--model {model} is a file; give the folder that holds config.json and the weights")
+        raise UsageError(f"{{model}} {model} is a file; give the folder that holds config.json and the weights",
+                         "model")
     if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
-        raise UsageError(f"--model {model}: no such folder")
+        raise UsageError(f"{{model}} {model}: no such folder", "model")
     return _from_hub(model, need_tokenizer)
 
 
@@ -52,7 +53,7 @@ def _from_hub(name: str, need_tokenizer: bool) -> Path:
                     pass
         return folder
     except HFValidationError:
-        raise UsageError(f"--model {name}: neither a folder nor a valid Hugging Face model name") from None
+        raise UsageError(f"{{model}} {name}: neither a folder nor a valid Hugging Face model name", "model") from None
 
 
 def _shards(index: Path) -> list[str]:
@@ -68,25 +69,26 @@ def _cached_or_download(name: str, filename: str, download: Any) -> str:
     except Exception as cached_miss:  # noqa: BLE001 - any miss means: go to the network, if we may
         if _offline():
             if filename == "config.json":
-                raise ResourceError(_not_cached(name, "HF_HUB_OFFLINE=1 forbids downloading")) from None
+                raise _not_cached(name, "HF_HUB_OFFLINE=1 forbids downloading") from None
             raise FileNotFoundError(filename) from cached_miss
     if not _hub_reachable():
         if filename == "config.json":
-            raise ResourceError(_not_cached(name, "the Hugging Face Hub cannot be reached from here")) from None
+            raise _not_cached(name, "the Hugging Face Hub cannot be reached from here") from None
         raise FileNotFoundError(filename)
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 
     try:
         return str(download(name, filename))
     except RepositoryNotFoundError:
-        raise ResourceError(f"--model {name}: no such model on the Hugging Face Hub (or it is private)") from None
+        raise ResourceError(f"{{model}} {name}: no such model on the Hugging Face Hub (or it is private)",
+                            "model") from None
     except EntryNotFoundError:
         if filename == "config.json":
-            raise ResourceError(f"--model {name}: the model has no config.json") from None
+            raise ResourceError(f"{{model}} {name}: the model has no config.json", "model") from None
         raise FileNotFoundError(filename) from None
     except OSError as exc:
         if filename == "config.json":
-            raise ResourceError(_not_cached(name, f"downloading failed ({type(exc).__name__})")) from None
+            raise _not_cached(name, f"downloading failed ({type(exc).__name__})") from None
         raise FileNotFoundError(filename) from None
 
 
@@ -104,6 +106,7 @@ def _hub_reachable() -> bool:
     return True
 
 
-def _not_cached(name: str, why: str) -> str:
-    return (f"--model {name} is not in the Hugging Face cache and {why}; download it where the network is "
-            f"reachable (hf download {name}), or point --model at a folder with config.json and model.safetensors")
+def _not_cached(name: str, why: str) -> ResourceError:
+    return ResourceError(f"{{model}} {name} is not in the Hugging Face cache and {why}; download it where the "
+                         f"network is reachable (hf download {name}), or point {{model}} at a folder with config.json "
+                         "and model.safetensors", "model")

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import layers
-from attnscope.models.family import AttentionSpec, Family, Slice, linear_projections, linear_slices
+from attnscope.models.family import Family, Slice, linear_projections, linear_slices
+from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -107,11 +108,10 @@ class Llama(Family):
         return "sliding_attention" if layer >= first else "full_attention"
 
     def attention_spec(self, layer: int) -> AttentionSpec:
-        qkv, out = self.biases()
-        return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer), bias=qkv, out_bias=out)
+        return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer))
 
     def projections(self, layer: int) -> dict[str, Any]:
-        return linear_projections(self, layer, NAMES, self.attention_spec(layer))
+        return linear_projections(self, layer, NAMES)
 
     # --- the prefix -----------------------------------------------------------------------------------------
 

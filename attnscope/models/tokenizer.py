@@ -44,26 +44,28 @@ class Encoded:
 def encode(folder: Path, text: str) -> Encoded:
     check_text(text)
     if not any((folder / name).is_file() for name in VOCABULARY_FILES):
-        raise UsageError(f"--model {folder} has no tokenizer for --text (looked for {', '.join(VOCABULARY_FILES)}); "
-                         "save one beside the weights with tokenizer.save_pretrained(folder)")
+        raise UsageError(f"{{model}} {folder} has no tokenizer for {{text}} (looked for "
+                         f"{', '.join(VOCABULARY_FILES)}); save one beside the weights with "
+                         "tokenizer.save_pretrained(folder)", "model", "text")
     settings = _settings(folder)
     if (folder / "tokenizer.json").is_file() and settings.get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         encoded = _direct(folder, text, settings)
     else:
         encoded = _auto(folder, text)
     if not encoded.ids:
-        raise UsageError(f"--text {text!r} gives no tokens with this model's tokenizer; give a sentence it can read")
+        raise UsageError(f"{{text}} {text!r} gives no tokens with this model's tokenizer; give a sentence it can "
+                         "read", "text")
     return encoded
 
 
 def check_text(text: str) -> None:
     if not text.strip():
-        raise UsageError("--text is empty; give a sentence, e.g. --text \"The cat sat on the mat.\"")
+        raise UsageError("{text} is empty; give a sentence, e.g. {text} \"The cat sat on the mat.\"", "text")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as lone surrogates
-        raise UsageError(f"--text is not valid UTF-8 (a stray byte at character {exc.start}); give the sentence "
-                         "as UTF-8 text") from None
+        raise UsageError(f"{{text}} is not valid UTF-8 (a stray byte at character {exc.start}); give the sentence "
+                         "as UTF-8 text", "text") from None
 
 
 def _settings(folder: Path) -> dict[str, Any]:
@@ -134,7 +136,8 @@ def _auto(folder: Path, text: str) -> Encoded:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError, TypeError, KeyError) as exc:
         first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise UsageError(f"--model {folder}: no usable tokenizer there for --text ({first})") from None
+        raise UsageError(f"{{model}} {folder}: no usable tokenizer there for {{text}} ({first})", "model",
+                         "text") from None
     encoded = tokenizer(text)
     ids = list(encoded["input_ids"])
     type_ids = list(encoded.get("token_type_ids") or [0] * len(ids))

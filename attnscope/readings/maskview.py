@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from attnscope import masks
-from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
+
+    from attnscope.spec import AttentionSpec
 
 
 @dataclass
@@ -33,20 +34,16 @@ class MaskView:
         return where[self.alignment]
 
 
-def view(n_Q: int, n_K: int, *, causal: str | None = None, window: int | None = None, pad: int = 0,
-         user_mask: torch.Tensor | None = None, cache: int = 0) -> MaskView:
-    """The mask sdpa and mha build from these options (masks.py's rules), for one [n_Q, n_K] pattern."""
+def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: torch.Tensor | None = None) -> MaskView:
+    """The mask sdpa and mha build for `spec`, padding and a mask file (masks.py's rules), for one [n_Q, n_K]
+    pattern."""
     import torch
 
-    align = masks.alignment(causal)
-    if cache:
-        align = "lower-right"
-    if window is not None:
-        align = align or "upper-left"
-    allowed, _ = masks.structural(n_Q, n_K, align, window)
+    align = spec.align
+    allowed, _ = masks.structural(spec, n_Q, n_K)
     parts = []
-    if window is not None:
-        parts.append(f"sliding window of {window} ({align})")
+    if spec.window is not None:
+        parts.append(f"sliding window of {spec.window} ({align})")
     elif align:
         parts.append(f"causal ({align})")
     if pad:
@@ -65,15 +62,9 @@ def view(n_Q: int, n_K: int, *, causal: str | None = None, window: int | None = 
         seen = ~torch.isneginf(user) if user.is_floating_point() else user
         allowed = masks.combine(allowed, seen)
     grid = (allowed if allowed is not None else torch.ones(n_Q, n_K, dtype=torch.bool)).expand(n_Q, n_K)
-    offset = masks.query_offset(n_Q, n_K, align)
-    result = MaskView(n_Q, n_K, grid.tolist(), align or "none", offset, parts or ["nothing: every key is seen"])
+    result = MaskView(n_Q, n_K, grid.tolist(), align or "none", spec.offset(n_Q, n_K),
+                      parts or ["nothing: every key is seen"])
     from attnscope.readings.translations import translate
 
-    result.translations = translate(n_Q, n_K, align, window, pad, user_kind)
+    result.translations = translate(n_Q, n_K, spec, pad, user_kind)
     return result
-
-
-def check_sizes(n_Q: int, n_K: int, cache: int) -> None:
-    if cache and n_K != cache + n_Q:
-        raise UsageError(f"with --cache {cache} the keys are the {cache} cached positions plus the {n_Q} new ones: "
-                         f"n_K = {cache + n_Q}, not {n_K}; drop --nk or make it {cache + n_Q}")

@@ -16,6 +16,11 @@ Every snippet except flash-attn's is run by tests/test_maskview.py and must give
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnscope.spec import AttentionSpec
+
 SDPA = "F.scaled_dot_product_attention"
 MHA = "nn.MultiheadAttention"
 HF = "transformers"
@@ -50,9 +55,9 @@ def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def translate(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, user: str | None) -> dict[str, str]:
+def translate(n_Q: int, n_K: int, spec: AttentionSpec, pad: int, user: str | None) -> dict[str, str]:
     """`user`: None, "bool" (a boolean or 0/1 mask file, called `user_mask`) or "float" (an additive one)."""
-    offset = n_K - n_Q if align == "lower-right" else 0
+    align, window, offset = spec.align, spec.window, spec.offset(n_Q, n_K)
     causal = align is not None
     terms = _terms(n_Q, n_K, offset, window, causal, pad, user)
     return {SDPA: _sdpa(n_Q, n_K, align, window, pad, user, terms),

@@ -25,7 +25,7 @@ from attnscope.render.fit import FittedText
 from attnscope.render.shading import NOT_FINITE, CellLine, Cells, ramp
 
 if TYPE_CHECKING:
-    from attnscope.runs.common import Heatmap
+    from attnscope.runs.outputs import Heatmap
 
 ROW_LIMIT = 64  # query rows drawn; --save or --json hold the rest
 ROW_LABEL_WIDTH = 14  # cells for a query's label

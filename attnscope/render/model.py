@@ -85,7 +85,7 @@ def _number(value: float | None, spec: str) -> str:
 
 
 def show_head(out: Console, result: HeadResult) -> None:
-    from attnscope.runs.common import Heatmap
+    from attnscope.runs.outputs import Heatmap
 
     o = result.options
     out.print(Text(summary(result), style="bold"))
@@ -151,7 +151,7 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         if run is not None:
             spec = run.spec
             payload["layer_attention"] = {
-                "causal": spec.causal, "window": spec.window, "softcap": spec.softcap,
+                "causal": spec.align is not None, "window": spec.window, "softcap": spec.softcap,
                 "scale": spec.scale if spec.scale is not None else result.info.d_head ** -0.5,
                 "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind},
                 "kv_head": o.head // (result.info.heads // result.info.kv_heads),

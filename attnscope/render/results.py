@@ -23,7 +23,7 @@ from attnscope.render.tables import (
 )
 
 if TYPE_CHECKING:
-    from attnscope.runs.common import RunResult
+    from attnscope.runs.outputs import RunResult
 
 
 def cost_lines(result: RunResult) -> list[str]:

@@ -11,6 +11,7 @@ from attnscope import cost
 
 if TYPE_CHECKING:
     from attnscope.runs.race import Race
+    from attnscope.spec import AttentionSpec
 
 SHRINK = "shrink --batch, --nq or --nk"  # what a bench too large for memory can do instead (it has no --meta)
 
@@ -32,29 +33,39 @@ class BenchOptions:
     bias: bool = True
 
 
-def prepare(o: BenchOptions) -> Race:
-    """The race for these options, once they make sense and it fits in memory."""
-    from attnscope.runs.common import guard_memory
+def prepare(asked: BenchOptions) -> Race:
+    """The race for these asked, once they make sense and it fits in memory."""
+    from attnscope.runs.memory import guard_memory
 
-    guard_memory(2 * needed_bytes(o), None, advice=SHRINK)
+    guard_memory(2 * needed_bytes(asked), None, advice=SHRINK)
     from attnscope.runs import race
 
-    n_K = o.nq if o.nk is None else o.nk
-    if o.command == "sdpa":
-        return race.sdpa_race(o.batch, o.nq, n_K, o.dk, o.dv, causal=o.causal, device=o.device, dtype=o.dtype)
-    return race.mha_race(o.batch, o.nq, n_K, o.d_feat, o.heads, bias=o.bias, causal=o.causal, device=o.device,
-                         dtype=o.dtype, kv_heads=o.kv_heads)
+    n_K = asked.nq if asked.nk is None else asked.nk
+    if asked.command == "sdpa":
+        return race.sdpa_race(asked.batch, asked.nq, n_K, asked.dk, asked.dv, causal=asked.causal,
+                              device=asked.device, dtype=asked.dtype)
+    return race.mha_race(asked.batch, asked.nq, n_K, asked.d_feat, asked.heads, bias=asked.bias, causal=asked.causal,
+                         device=asked.device,
+                         dtype=asked.dtype, kv_heads=asked.kv_heads)
 
 
-def needed_bytes(o: BenchOptions) -> int:
+def needed_bytes(asked: BenchOptions) -> int:
     """The traced run's estimate (cost.sdpa_bytes / cost.mha_bytes), after the head counts are checked."""
-    n_K = o.nq if o.nk is None else o.nk
-    masked = o.causal is not None
-    if o.command == "sdpa":
-        return cost.sdpa_bytes(o.batch, o.nq, n_K, o.dk, o.dv, masked=masked)
-    from attnscope.runs.common import check_heads, check_kv_heads
+    n_K = asked.nq if asked.nk is None else asked.nk
+    if asked.command == "sdpa":
+        return cost.sdpa_bytes(asked.batch, asked.nq, n_K, asked.dk, asked.dv, spec(asked))
+    from attnscope.runs.options import check_heads
+    from attnscope.spec import check_kv_heads
 
-    check_heads(o.d_feat, o.heads, from_file=False, has_d_head=False)
-    check_kv_heads(o.heads, o.kv_heads)
-    return cost.mha_bytes(o.batch, o.nq, n_K, o.d_feat, o.heads, bias=o.bias, cross=n_K != o.nq, masked=masked,
-                          n_kv_head=o.kv_heads)
+    check_heads(asked.d_feat, asked.heads, from_file=False, has_d_head=False)
+    if asked.kv_heads is not None:
+        check_kv_heads(asked.heads, asked.kv_heads)
+    return cost.mha_bytes(asked.batch, asked.nq, n_K, asked.d_feat, asked.heads, spec(asked), bias=asked.bias,
+                          cross=n_K != asked.nq)
+
+
+def spec(asked: BenchOptions) -> AttentionSpec:
+    """The attention every contender computes: causal as asked, grouped key/value heads for mha."""
+    from attnscope.spec import AttentionSpec
+
+    return AttentionSpec(causal=asked.causal, n_kv_head=asked.kv_heads if asked.command == "mha" else None)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnscope import cost
-from attnscope.errors import ResourceError, UsageError
+from attnscope.errors import UsageError
+from attnscope.runs import memory
 
 if TYPE_CHECKING:
     import torch
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
 
 BERT_TYPES = ("bert", "roberta", "xlm-roberta")
-MACHINE_MARGIN = 1.2  # headroom when the limit is what the machine has available
 
 
 @dataclass
@@ -114,47 +113,47 @@ def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | 
     return run_head(HeadOptions(model=str(model), layer=layer, head=head, text=text, max_memory=max_memory))
 
 
-def run_head(o: HeadOptions, progress: Progress = _quiet) -> HeadResult:
+def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
     from attnscope.models import family_of, hub, open_model, tokenizer
     from attnscope.models.config import read_config
 
-    if o.save:
+    if asked.save:
         from attnscope.tensors import check_writable
 
-        check_writable(o.save, o.force)
-    if o.text is not None:
-        tokenizer.check_text(o.text)
-    elif o.all_heads:
+        check_writable(asked.save, asked.force)
+    if asked.text is not None:
+        tokenizer.check_text(asked.text)
+    elif asked.all_heads:
         raise UsageError("--all-heads shows what every head of the layer does on a sentence; add --text \"...\"")
-    with progress(f"locating {o.model}"):
-        folder = hub.locate(o.model, need_tokenizer=o.text is not None)
+    with progress(f"locating {asked.model}"):
+        folder = hub.locate(asked.model, need_tokenizer=asked.text is not None)
         config = read_config(folder)
-    if o.command == "bert" and config.model_type not in BERT_TYPES:
+    if asked.command == "bert" and config.model_type not in BERT_TYPES:
         raise UsageError(f"--model {folder} is a {config.architecture} (model_type '{config.model_type}'); "
                          f"attnscope bert supports BERT-layout checkpoints (model_type {', '.join(BERT_TYPES)}: "
                          f"BertModel, BertFor..., MiniLM saved as BertModel); for this one use attnscope head")
-    if family_of(config) is None and o.text is not None:
-        return _through_transformers(o, folder, config, progress)
-    model = open_model(folder, config, command=o.command)
+    if family_of(config) is None and asked.text is not None:
+        return _through_transformers(asked, folder, config, progress)
+    model = open_model(folder, config, command=asked.command)
     with model.checkpoint:
-        return _traced(o, model, progress)
+        return _traced(asked, model, progress)
 
 
-def _traced(o: HeadOptions, model: Family, progress: Progress) -> HeadResult:
+def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult:
     from attnscope.models.family import head_weights, run_layer
 
-    model.check_position(o.layer, o.head)
-    with progress(f"reading layer {o.layer}, head {o.head}"):
-        weights = head_weights(model, o.layer, o.head)
-    result = HeadResult(o, ModelInfo.of(model), weights, notes=list(weights.notes))
-    if o.text is not None:
+    model.check_position(asked.layer, asked.head)
+    with progress(f"reading layer {asked.layer}, head {asked.head}"):
+        weights = head_weights(model, asked.layer, asked.head)
+    result = HeadResult(asked, ModelInfo.of(model), weights, notes=list(weights.notes))
+    if asked.text is not None:
         from attnscope.models import tokenizer
 
-        encoded = tokenizer.encode(model.folder, o.text)
-        what = f"running layers 0..{o.layer} of this checkpoint on {len(encoded.ids)} tokens"
-        guard_memory(model.estimate_bytes(o.layer, len(encoded.ids)), o.max_memory, what)
-        with progress(f"running layers 0 to {o.layer} on {len(encoded.ids)} tokens"):
-            result.run = run_layer(model, encoded.ids, encoded.type_ids, o.layer, o.head)
+        encoded = tokenizer.encode(model.folder, asked.text)
+        what = f"running layers 0..{asked.layer} of this checkpoint on {len(encoded.ids)} tokens"
+        guard_memory(model.estimate_bytes(asked.layer, len(encoded.ids)), asked.max_memory, what)
+        with progress(f"running layers 0 to {asked.layer} on {len(encoded.ids)} tokens"):
+            result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
         result.encoded = encoded
         result.attention = result.run.head["attention"]
         result.all_heads = result.run.layer["attention"][0]
@@ -163,47 +162,35 @@ def _traced(o: HeadOptions, model: Family, progress: Progress) -> HeadResult:
     return result
 
 
-def _through_transformers(o: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
+def _through_transformers(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
     from attnscope.models import SUPPORTED, fallback, tokenizer
     from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.family import check_position
 
-    encoded = tokenizer.encode(folder, o.text or "")
+    encoded = tokenizer.encode(folder, asked.text or "")
     with Checkpoint.open(folder) as checkpoint:
         needed = fallback.estimate_bytes(checkpoint)
-    guard_memory(needed, o.max_memory, "loading this whole model through transformers")
+    guard_memory(needed, asked.max_memory, "loading this whole model through transformers")
     with progress(f"running {config.architecture} through transformers"):
         run = fallback.run(folder, encoded.ids, config.model_type)
     n_layer, n_head, n = len(run.attentions), run.attentions[0].shape[1], len(encoded.ids)
     info = ModelInfo(config.architecture, config.model_type, folder, n_layer, n_head, n_head,
                      config.integer("hidden_size", "n_embd", "d_model", default=0, minimum=0), 0)
-    _check_range(o, n_layer, n_head)
-    result = HeadResult(o, info, None, encoded)
-    result.all_heads = run.attentions[o.layer][0]  # [n_head, n_tokens, n_tokens]
-    result.attention = result.all_heads[o.head]
+    check_position(n_layer, n_head, asked.layer, asked.head)
+    result = HeadResult(asked, info, None, encoded)
+    result.all_heads = run.attentions[asked.layer][0]  # [n_head, n_tokens, n_tokens]
+    result.attention = result.all_heads[asked.head]
     result.notes.append(f"model_type '{config.model_type}' is not one attnscope traces ({SUPPORTED}): this pattern "
-                        f"is transformers' eager output_attentions[{o.layer}][0, {o.head}] on {n} tokens; the steps "
-                        "that made it are not shown")
+                        f"is transformers' eager output_attentions[{asked.layer}][0, {asked.head}] on {n} tokens; the "
+                        "steps that made it are not shown")
     _save(result)
     return result
 
 
-def _check_range(o: HeadOptions, n_layer: int, n_head: int) -> None:
-    if not 0 <= o.layer < n_layer:
-        raise UsageError(f"--layer {o.layer} is out of range: this model has {n_layer} layers, 0 to {n_layer - 1}")
-    if not 0 <= o.head < n_head:
-        raise UsageError(f"--head {o.head} is out of range: this model has {n_head} heads, 0 to {n_head - 1}")
-
-
 def guard_memory(needed: int, max_memory: int | None, what: str) -> None:
-    """Refuse, with the estimate, a run that would not fit: one line now rather than a process killed later."""
-    if max_memory is not None and needed > max_memory:
-        raise ResourceError(f"{what} needs about {cost.format_bytes(needed)}, more than --max-memory "
-                            f"{cost.format_bytes(max_memory)}; pick an earlier --layer, a shorter --text, or raise "
-                            "--max-memory")
-    available = cost.available_memory()
-    if max_memory is None and available is not None and needed * MACHINE_MARGIN > available:
-        raise ResourceError(f"{what} needs about {cost.format_bytes(needed)} but this machine has "
-                            f"{cost.format_bytes(available)} available; pick an earlier --layer or a shorter --text")
+    """The memory guard, with what a model run can do instead: an earlier layer, a shorter text."""
+    memory.guard_memory(needed, max_memory, f"{what} needs", "pick an earlier --layer, a shorter --text, or raise "
+                        "--max-memory", machine_advice="pick an earlier --layer or a shorter --text")
 
 
 def saved_tensors(result: HeadResult) -> dict[str, Any]:
@@ -220,12 +207,12 @@ def saved_tensors(result: HeadResult) -> dict[str, Any]:
 
 
 def _save(result: HeadResult) -> None:
-    o = result.options
-    if not o.save:
+    asked = result.options
+    if not asked.save:
         return
     from attnscope.tensors import save_tensors
 
-    meta: dict[str, Any] = {"model": str(result.info.path), "layer": o.layer, "head": o.head,
+    meta: dict[str, Any] = {"model": str(result.info.path), "layer": asked.layer, "head": asked.head,
                             "sources": result.weights.sources if result.weights else {},
                             "tokens": result.encoded.tokens if result.encoded else None,
                             "token_ids": result.encoded.ids if result.encoded else None}
@@ -233,4 +220,5 @@ def _save(result: HeadResult) -> None:
         steps = {**{s.name: s for s in result.run.head.steps},
                  **{f"layer.{s.name}": s for s in result.run.layer.steps}}
         meta["steps"] = {name: {"dims": list(s.dims), "op": s.op} for name, s in steps.items()}
-    result.saved = save_tensors(saved_tensors(result), o.save, force=o.force, metadata=meta, option="--save")
+    result.saved = save_tensors(saved_tensors(result), asked.save, force=asked.force, metadata=meta,
+                                option="--save")

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnscope.errors import UsageError
-from attnscope.readings.maskview import MaskView, check_sizes, view
+from attnscope.readings.maskview import MaskView, view
+from attnscope.runs.options import asked_spec, check_cache_sizes
 
 # One bool per (query, key), drawn and written as JSON: past this it is no longer something to look at.
 MAX_CELLS = 4_000_000
@@ -23,26 +24,24 @@ class MaskOptions:
     mask: str | None = None
 
 
-def run_mask(o: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
-    if o.cache < 0 or o.pad < 0:
+def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
+    if asked.cache < 0 or asked.pad < 0:
         raise UsageError("--cache and --pad count positions: they cannot be negative")
-    n_K = (o.nq if o.nk is None else o.nk) if not o.cache else o.cache + o.nq
-    if o.cache and o.nk is not None:
-        check_sizes(o.nq, o.nk, o.cache)
-    if o.cache and o.causal == "upper-left":
-        raise UsageError(f"--cache {o.cache} puts the queries after {o.cache} cached positions, so causal aligns "
-                         "lower-right; drop --causal upper-left")
-    if o.nq * n_K > MAX_CELLS:
-        raise UsageError(f"a {o.nq} x {n_K} mask has {o.nq * n_K:,} cells, more than the {MAX_CELLS:,} worth "
+    n_K = (asked.nq if asked.nk is None else asked.nk) if not asked.cache else asked.cache + asked.nq
+    if asked.cache and asked.nk is not None:
+        check_cache_sizes(asked.nq, asked.nk, asked.cache)
+    spec = asked_spec(asked.causal, asked.window, asked.cache)
+    if asked.nq * n_K > MAX_CELLS:
+        raise UsageError(f"a {asked.nq} x {n_K} mask has {asked.nq * n_K:,} cells, more than the {MAX_CELLS:,} worth "
                          "drawing; the pattern repeats: ask for a smaller --nq/--nk (the rule is the same)")
     user = None
-    if o.mask:
+    if asked.mask:
         from attnscope.tensors import load_tensor
 
-        user = load_tensor(o.mask)
+        user = load_tensor(asked.mask)
         if user.dim() == 0:
-            raise UsageError(f"--mask {o.mask} is a single number; give a mask of shape [n_Q, n_K] or [n_K]")
-    result = view(o.nq, n_K, causal=o.causal, window=o.window, pad=o.pad, user_mask=user, cache=o.cache)
-    params = {"nq": o.nq, "nk": n_K, "causal": o.causal, "window": o.window, "pad": o.pad, "cache": o.cache,
-              "mask": o.mask}
+            raise UsageError(f"--mask {asked.mask} is a single number; give a mask of shape [n_Q, n_K] or [n_K]")
+    result = view(asked.nq, n_K, spec, pad=asked.pad, user_mask=user)
+    params = {"nq": asked.nq, "nk": n_K, "causal": asked.causal, "window": asked.window, "pad": asked.pad,
+              "cache": asked.cache, "mask": asked.mask}
     return result, params

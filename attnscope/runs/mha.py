@@ -1,47 +1,35 @@
-"""`attnscope mha` between parsing and rendering: random or file inputs, the memory guard, the traced
-MultiHeadAttention, the check against PyTorch, --save."""
+"""`attnscope mha` between parsing and rendering, one named sequence: prepare (the options and the attention
+they ask for), estimate (the memory guard; for random inputs before torch is imported), trace (inputs, mask,
+the traced MultiHeadAttention), check (against PyTorch), describe (the header and what --save, --heatmap and
+--show-mask add)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from attnscope import cost
 from attnscope.errors import UsageError
-from attnscope.runs.common import (
-    AttentionOptions,
-    RunResult,
-    asked,
-    build_mask,
+from attnscope.runs.inputs import build_mask, input_op, load, random_inputs
+from attnscope.runs.memory import (
     check_addressable,
-    check_common,
-    check_heads,
-    check_kv_heads,
-    effective_causal,
-    finish,
-    finish_variants,
     flag_overhead,
     guard_files,
     guard_memory,
-    input_op,
     inputs_bytes,
-    load,
-    mask_extra,
     param_bytes,
-    random_inputs,
-    rope_base,
     structural_bytes,
-    variant_kwargs,
-    variants_line,
 )
+from attnscope.runs.options import AttentionOptions, check_heads, check_options
+from attnscope.runs.outputs import RunResult, SavedExtra, finish, finish_variants, mask_extra, variants_line
 
 if TYPE_CHECKING:
     import torch
 
     from attnscope.check import Comparison
     from attnscope.multihead import MultiHeadAttention
-    from attnscope.runs.common import SavedExtra
+    from attnscope.spec import AttentionSpec
+    from attnscope.trace import Trace
 
 
 @dataclass
@@ -58,45 +46,95 @@ class MhaOptions(AttentionOptions):
     scale: float | None = None  # default 1 / sqrt(d_head)
 
 
-def run_mha(o: MhaOptions) -> RunResult:
-    _check_mha_options(o)
-    cross = o.nk is not None and o.nk != o.nq
-    n_new = o.nk if o.nk is not None else o.nq  # keys computed in this call; the cache holds o.cache more
-    causal = effective_causal(o)
-    if not o.q:
-        n_K = o.cache + n_new
-        needed = cost.mha_bytes(o.batch, o.nq, n_K, o.d_feat, o.heads, bias=o.bias, cross=cross,
-                                masked=bool(causal or o.pad or o.mask), n_kv_head=o.kv_heads, d_head=o.d_head,
-                                rope=o.rope, softcap=o.softcap is not None, alibi=o.alibi, cache=o.cache,
-                                offset=n_K - o.nq if causal == "lower-right" else 0)
-        if o.meta:
-            check_addressable(needed)
-        else:
-            guard_memory(needed + flag_overhead(o, needed), o.max_memory)
-    import torch
+@dataclass
+class Inputs:
+    """What the layer runs on: Q, K, V as computed (raw: as the user gave them, for --check), the user's mask and
+    the one the run built from it and --pad, the cache, and the sizes."""
 
-    from attnscope.multihead import MultiHeadAttention
+    Q: torch.Tensor
+    K: torch.Tensor
+    V: torch.Tensor
+    raw: dict[str, torch.Tensor | None]
+    user_mask: torch.Tensor | None
+    mask: torch.Tensor | None
+    d_feat: int
+    dtype_note: str | None = None
 
-    if not o.meta:
-        guard_files([o.q, o.k, o.v, o.mask], o.max_memory)
-    user_mask = load(o.mask, o.meta)  # with --meta, the headers only
-    Q, K, V = load(o.q, o.meta), load(o.k, o.meta), load(o.v, o.meta)
-    raw: dict[str, torch.Tensor | None] = {"Q": Q, "K": K, "V": V}
-    device = "meta" if o.meta else "cpu"
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """n_batch, n_Q and the new keys (an input of the wrong rank has none: the module names it)."""
+        n_batch = int(self.Q.shape[0]) if self.Q.dim() == 3 else 0
+        if self.Q.dim() == 3 and self.K.dim() == 3:
+            return n_batch, int(self.Q.shape[1]), int(self.K.shape[1])
+        return n_batch, 0, 0
+
+
+def run_mha(asked: MhaOptions) -> RunResult:
+    spec = prepare(asked)
+    estimate(asked, spec)
+    inputs = loaded(asked, spec)
+    module, trace, cache = traced(asked, spec, inputs)
+    comparisons = checked(asked, spec, module, trace, inputs, cache)
+    return describe(asked, spec, module, trace, inputs, comparisons)
+
+
+def prepare(asked: MhaOptions) -> AttentionSpec:
+    """Check the options; the attention they ask for."""
+    spec = check_options(asked, scale=asked.scale, n_kv_head=asked.kv_heads)
+    if not 0.0 <= asked.dropout < 1.0:
+        raise UsageError(f"--dropout {asked.dropout:g} is outside [0, 1): it is the probability of zeroing a weight")
+    if asked.check and asked.dropout > 0:
+        raise UsageError("--check compares exact numbers and dropout makes them random; drop --dropout or --check")
+    if asked.kv_heads is not None:
+        from attnscope.spec import check_kv_heads
+
+        check_kv_heads(asked.heads, asked.kv_heads)
+    if asked.cache and (asked.k or asked.v or (asked.nk is not None and asked.nk != asked.nq)):
+        raise UsageError("--cache is a decode step of self-attention (the new tokens' keys follow the cached ones); "
+                         "drop --nk/--k/--v")
+    if not asked.q:
+        check_heads(asked.d_feat, asked.heads, from_file=False, d_head=asked.d_head)
+    return spec
+
+
+def estimate(asked: MhaOptions, spec: AttentionSpec) -> None:
+    """Random inputs: refuse a run that cannot fit from the sizes alone, before torch is imported (file inputs
+    are sized once they are loaded, `traced`)."""
+    if asked.q:
+        return
+    n_new = asked.nk if asked.nk is not None else asked.nq  # keys computed in this call; the cache holds more
+    needed = cost.mha_bytes(asked.batch, asked.nq, asked.cache + n_new, asked.d_feat, asked.heads, spec,
+                            bias=asked.bias,
+                            cross=n_new != asked.nq, user_mask=bool(asked.pad or asked.mask), d_head=asked.d_head)
+    if asked.meta:
+        check_addressable(needed)
+    else:
+        guard_memory(needed + flag_overhead(asked, spec, needed), asked.max_memory)
+
+
+def loaded(asked: MhaOptions, spec: AttentionSpec) -> Inputs:
+    """Random inputs, or the files (their headers only under --meta, after the files' guard), and the mask."""
+    if not asked.meta:
+        guard_files([asked.q, asked.k, asked.v, asked.mask], asked.max_memory)
+    device = "meta" if asked.meta else "cpu"
+    user_mask = load(asked.mask, asked.meta)  # with --meta, the headers only
+    Q, K, V = load(asked.q, asked.meta), load(asked.k, asked.meta), load(asked.v, asked.meta)
     dtype_note = None
     if Q is not None and Q.dim() != 3:  # before reading d_feat from it: the rank is what is wrong
-        raise UsageError(f"--q {o.q} is {list(Q.shape)} but multi-head attention takes [n_batch, n, d_feat]")
+        raise UsageError(f"--q {asked.q} is {list(Q.shape)} but multi-head attention takes [n_batch, n, d_feat]")
     if Q is not None and Q.shape[-1] == 0:
-        raise UsageError(f"--q {o.q} is {list(Q.shape)}: d_feat = 0, so there are no features to project; "
+        raise UsageError(f"--q {asked.q} is {list(Q.shape)}: d_feat = 0, so there are no features to project; "
                          "give each token at least one feature")
-    d_feat = int(Q.shape[-1]) if Q is not None else o.d_feat
-    check_heads(d_feat, o.heads, from_file=Q is not None, d_head=o.d_head)
+    d_feat = int(Q.shape[-1]) if Q is not None else asked.d_feat
+    check_heads(d_feat, asked.heads, from_file=Q is not None, d_head=asked.d_head)
     if Q is None:
-        shapes = {"Q": (o.batch, o.nq, d_feat), **({"K": (o.batch, n_new, d_feat), "V": (o.batch, n_new, d_feat)}
-                                                     if cross else {})}
-        drawn = random_inputs(shapes, o.seed, device)
+        n_new = asked.nk if asked.nk is not None else asked.nq
+        cross = n_new != asked.nq
+        keys = {"K": (asked.batch, n_new, d_feat), "V": (asked.batch, n_new, d_feat)} if cross else {}
+        shapes = {"Q": (asked.batch, asked.nq, d_feat), **keys}
+        drawn = random_inputs(shapes, asked.seed, device)
         Q, K, V = drawn["Q"], drawn.get("K", drawn["Q"]), drawn.get("V", drawn["Q"])
-        raw = {"Q": Q, "K": K, "V": V}
+        raw: dict[str, torch.Tensor | None] = {"Q": Q, "K": K, "V": V}
     else:
         from attnscope.attention import common_dtype
 
@@ -105,76 +143,108 @@ def run_mha(o: MhaOptions) -> RunResult:
         raw = {"Q": Q, "K": K, "V": V}
         dtype, dtype_note = common_dtype(Q, K, V)  # integers -> float32, mixed floats -> the wider one
         Q, K, V = (t.to(dtype) for t in (Q, K, V))
-        if o.meta:
+        if asked.meta:
             Q, K, V = Q.to("meta"), K.to("meta"), V.to("meta")
-    n_batch = int(Q.shape[0]) if Q.dim() == 3 else 0
-    n_Q, n_new = (int(Q.shape[1]), int(K.shape[1])) if Q.dim() == 3 and K.dim() == 3 else (0, 0)
-    n_K = o.cache + n_new
-    settings: dict[str, Any] = {"n_kv_head": o.kv_heads, "d_head": o.d_head, "scale": o.scale, **variant_kwargs(o)}
-    mask = None
+    inputs = Inputs(Q, K, V, raw, user_mask, None, d_feat, dtype_note)
+    n_batch, n_Q, n_new = inputs.sizes
     if n_Q:
-        scores = (n_batch, n_Q, n_K) if user_mask is not None and user_mask.dim() == 3 else (n_batch, o.heads, n_Q, n_K)
-        mask = build_mask(o, user_mask, n_Q, n_K, device, scores_shape=scores)
+        n_K = asked.cache + n_new
+        shared = user_mask is not None and user_mask.dim() == 3  # [n_batch, n_Q, n_K]: the same for every head
+        scores = (n_batch, n_Q, n_K) if shared else (n_batch, asked.heads, n_Q, n_K)
+        inputs.mask = build_mask(spec, asked.pad, user_mask, n_Q, n_K, device, scores_shape=scores)
+    return inputs
 
+
+def traced(asked: MhaOptions, spec: AttentionSpec,
+           inputs: Inputs) -> tuple[MultiHeadAttention, Trace, tuple[torch.Tensor, torch.Tensor] | None]:
+    """The module (seeded weights in the inputs' dtype) and its trace; file inputs are guarded first, on a
+    shadow run on the meta device."""
+    import torch
+
+    from attnscope.multihead import MultiHeadAttention
+
+    device = "meta" if asked.meta else "cpu"
+    Q, K, V, mask = inputs.Q, inputs.K, inputs.V, inputs.mask
+    n_batch, n_Q, n_new = inputs.sizes
+    layer = replace(spec, cache=0)  # the module's own attention; the cache is an input of its forward
     with torch.no_grad():
-        if o.q and not o.meta:  # file inputs: the estimate needs their shapes, so it comes after loading
-            shadow = MultiHeadAttention(d_feat, o.heads, bias=o.bias, device="meta", dtype=Q.dtype, **settings)
+        if asked.q and not asked.meta:  # file inputs: the estimate needs their shapes, so it comes after loading
+            shadow = MultiHeadAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
+                                        d_head=asked.d_head, spec=layer)
             estimate = shadow(Q.to("meta"), K.to("meta"), V.to("meta"), mask.to("meta") if mask is not None else None,
-                              cache=_cache(o, shadow, n_batch, None, "meta"))
-            needed = cost.traced_peak_bytes(estimate.steps, _held(o, Q, K, V, mask, shadow, n_Q, n_K))
-            guard_memory(needed + flag_overhead(o, needed), o.max_memory)
-        torch.manual_seed(o.seed)
+                              cache=_cache(asked, shadow, n_batch, None, "meta"))
+            needed = cost.traced_peak_bytes(estimate.steps, _held(spec, inputs, shadow, n_Q, asked.cache + n_new))
+            guard_memory(needed + flag_overhead(asked, spec, needed), asked.max_memory)
+        torch.manual_seed(asked.seed)
         # the weights take the inputs' dtype: a float64 file runs in float64, as sdpa does
-        module = MultiHeadAttention(d_feat, o.heads, bias=o.bias, dropout_p=o.dropout, device=device, dtype=Q.dtype,
-                                    **settings)
-        module.train(o.dropout > 0)  # dropout is applied only when asked for
-        cache = _cache(o, module, n_batch, o.seed, device)
+        module = MultiHeadAttention(inputs.d_feat, asked.heads, bias=asked.bias, dropout_p=asked.dropout, device=device,
+                                    dtype=Q.dtype, d_head=asked.d_head, spec=layer)
+        module.train(asked.dropout > 0)  # dropout is applied only when asked for
+        cache = _cache(asked, module, n_batch, asked.seed, device)
         trace = module(Q, K, V, mask, cache=cache)
-        if o.q and dtype_note:
-            trace.notes.append(dtype_note)
+        if asked.q and inputs.dtype_note:
+            trace.notes.append(inputs.dtype_note)
+    return module, trace, cache
 
-    comparisons: list[Comparison] = []
-    if o.check:
-        from attnscope import check
 
-        Q_raw, K_raw, V_raw = check.as_float(*(t for t in (raw["Q"], raw["K"], raw["V"]) if t is not None))
-        comparisons = check.check_mha(module, trace, Q_raw, K_raw, V_raw, user_mask, asked(o, o.scale), cache)
-        note = check.input_note({**raw, "mask": user_mask})
-        if note:
-            trace.notes.append(note)
+def checked(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention, trace: Trace, inputs: Inputs,
+            cache: tuple[torch.Tensor, torch.Tensor] | None) -> list[Comparison]:
+    """--check: the raw inputs through nn.MultiheadAttention, or the float64 formula for the variants."""
+    if not asked.check:
+        return []
+    from attnscope import check
 
-    params: dict[str, Any] = {"batch": n_batch, "nq": n_Q, "nk": n_K, "d_feat": d_feat, "heads": o.heads,
+    raw = inputs.raw
+    Q_raw, K_raw, V_raw = check.as_float(*(t for t in (raw["Q"], raw["K"], raw["V"]) if t is not None))
+    comparisons = check.check_mha(module, trace, Q_raw, K_raw, V_raw, inputs.user_mask, check.Asked(spec, asked.pad),
+                                  cache)
+    note = check.input_note({**raw, "mask": inputs.user_mask})
+    if note:
+        trace.notes.append(note)
+    return comparisons
+
+
+def describe(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention, trace: Trace, inputs: Inputs,
+             comparisons: list[Comparison]) -> RunResult:
+    """The header, the JSON's params, the memory figures, and what the output flags add."""
+    Q, K, V, mask = inputs.Q, inputs.K, inputs.V, inputs.mask
+    n_batch, n_Q, n_new = inputs.sizes
+    n_K = asked.cache + n_new
+    params: dict[str, Any] = {"batch": n_batch, "nq": n_Q, "nk": n_K, "d_feat": inputs.d_feat, "heads": asked.heads,
                               "d_head": module.d_head, "kv_heads": module.n_kv_head, "n_group": module.n_group,
-                              "bias": o.bias, "dropout": o.dropout, "seed": o.seed, "scale": o.scale,
-                              "causal": causal, "pad": o.pad, "mask": o.mask, "meta": o.meta, "window": o.window,
-                              "softcap": o.softcap, "alibi": o.alibi, "rope": o.rope,
-                              "rope_base": rope_base(o),
-                              "cache": o.cache,
-                              "inputs": {n: s for n, s in (("Q", o.q), ("K", o.k), ("V", o.v)) if s} or "random"}
+                              "bias": asked.bias, "dropout": asked.dropout, "seed": asked.seed, "scale": asked.scale,
+                              "causal": spec.align, "pad": asked.pad, "mask": asked.mask, "meta": asked.meta,
+                              "window": asked.window, "softcap": asked.softcap, "alibi": asked.alibi,
+                              "rope": asked.rope,
+                              "rope_base": spec.rope.base if spec.rope is not None else None,
+                              "cache": asked.cache,
+                              "inputs": {n: s for n, s in (("Q", asked.q), ("K", asked.k), ("V", asked.v)) if s}
+                              or "random"}
     params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is
     kind = "cross-attention" if K is not Q else "self-attention"
-    scaling = "/ √d_head" if o.scale is None else f"· {o.scale:g}"  # · 0 is allowed: uniform attention
-    heads = f"n_head={o.heads}" if module.n_group == 1 else f"n_head={o.heads}  n_kv_head={module.n_kv_head}"
+    scaling = "/ √d_head" if asked.scale is None else f"· {asked.scale:g}"  # · 0 is allowed: uniform attention
+    heads = f"n_head={asked.heads}" if module.n_group == 1 else f"n_head={asked.heads}  n_kv_head={module.n_kv_head}"
     header = (f"MHA ({kind})  x = W_o(merge_heads(softmax(Q_split K_splitᵀ {scaling}) V_split))\n"
-              f"n_batch={n_batch}  n_Q={n_Q}  n_K={n_K}  d_feat={d_feat}  {heads}  "
-              f"d_head={module.d_head}  seed={o.seed}") + variants_line(o, n_Q, n_K)
-    extra = _held(o, Q, K, V, mask, module, n_Q, n_K)
+              f"n_batch={n_batch}  n_Q={n_Q}  n_K={n_K}  d_feat={inputs.d_feat}  {heads}  "
+              f"d_head={module.d_head}  seed={asked.seed}") + variants_line(asked, spec, n_Q, n_K)
+    extra = _held(spec, inputs, module, n_Q, n_K)
     result = RunResult("mha", header, params, trace, cost.traced_peak_bytes(trace.steps, extra),
                        cost.fused_peak_bytes(trace.steps, extra), comparisons)
     result.kv_cache_bytes = cost.kv_cache_bytes(n_batch, module.n_kv_head, n_K, module.d_head, module.d_head,
                                                 Q.element_size())
-    finish_variants(o, result, n_Q, n_K, user_mask)
-    return finish(o, result, saved_inputs(o, module, Q, K, V) | mask_extra(o, mask, n_Q, n_K))
+    finish_variants(asked, spec, result, n_Q, n_K, inputs.user_mask)
+    return finish(asked, spec, result, saved_inputs(asked, module, Q, K, V) | mask_extra(spec, mask, n_Q, n_K))
 
 
-def saved_inputs(o: MhaOptions, module: MultiHeadAttention, Q: torch.Tensor, K: torch.Tensor,
+def saved_inputs(asked: MhaOptions, module: MultiHeadAttention, Q: torch.Tensor, K: torch.Tensor,
                  V: torch.Tensor) -> SavedExtra:
     """For --save: the inputs (K and V only where they differ from Q and K) and the module's parameters under
     their PyTorch names (`W_q.weight`, `W_q.bias`, ...), so the run can be checked by anyone again."""
     extra: SavedExtra = {}
-    for name, tensor, spec, n, skip in (("Q", Q, o.q, "n_Q", None), ("K", K, o.k, "n_K", Q), ("V", V, o.v, "n_K", K)):
+    for name, tensor, file, n, skip in (("Q", Q, asked.q, "n_Q", None), ("K", K, asked.k, "n_K", Q),
+                                        ("V", V, asked.v, "n_K", K)):
         if tensor is not skip:  # self-attention saves Q alone: K = V = Q
-            extra[name] = (tensor, ("n_batch", n, "d_feat"), input_op(spec, f"torch.randn(n_batch, {n}, d_feat)"))
+            extra[name] = (tensor, ("n_batch", n, "d_feat"), input_op(file, f"torch.randn(n_batch, {n}, d_feat)"))
     for name, tensor in module.state_dict().items():
         linear = name.split(".")[0]
         dims = ("out_features", "in_features") if name.endswith("weight") else ("out_features",)
@@ -182,32 +252,17 @@ def saved_inputs(o: MhaOptions, module: MultiHeadAttention, Q: torch.Tensor, K: 
     return extra
 
 
-def _cache(o: MhaOptions, module: Any, n_batch: int, seed: int | None, device: str) -> Any:
+def _cache(asked: MhaOptions, module: Any, n_batch: int, seed: int | None, device: str) -> Any:
     """--cache N: random cached keys (taken as already rotated) and values, [n_batch, n_kv_head, N, d_head]."""
-    if not o.cache:
+    if not asked.cache:
         return None
     dtype = module.W_k.weight.dtype
-    shape = (n_batch, module.n_kv_head, o.cache, module.d_head)
+    shape = (n_batch, module.n_kv_head, asked.cache, module.d_head)
     drawn = random_inputs({"K_cache": shape, "V_cache": shape}, (seed or 0) + 1, device)
     return drawn["K_cache"].to(dtype), drawn["V_cache"].to(dtype)
 
 
-def _held(o: MhaOptions, Q: Any, K: Any, V: Any, mask: Any, module: Any, n_Q: int, n_K: int) -> int:
+def _held(spec: AttentionSpec, inputs: Inputs, module: Any, n_Q: int, n_K: int) -> int:
     """What the run holds beside its steps: inputs, weights, the masks (the cache tensors are steps)."""
-    return inputs_bytes(Q, K, V, mask) + param_bytes(module) + structural_bytes(o, n_Q, n_K)
-
-
-def _check_mha_options(o: MhaOptions) -> None:
-    check_common(o)
-    if not 0.0 <= o.dropout < 1.0:
-        raise UsageError(f"--dropout {o.dropout:g} is outside [0, 1): it is the probability of zeroing a weight")
-    if o.check and o.dropout > 0:
-        raise UsageError("--check compares exact numbers and dropout makes them random; drop --dropout or --check")
-    check_kv_heads(o.heads, o.kv_heads)
-    if o.scale is not None and not math.isfinite(o.scale):
-        raise UsageError(f"--scale {o.scale}: the scores' scale must be a finite number")
-    if o.cache and (o.k or o.v or (o.nk is not None and o.nk != o.nq)):
-        raise UsageError("--cache is a decode step of self-attention (the new tokens' keys follow the cached ones); "
-                         "drop --nk/--k/--v")
-    if not o.q:
-        check_heads(o.d_feat, o.heads, from_file=False, d_head=o.d_head)
+    return (inputs_bytes(inputs.Q, inputs.K, inputs.V, inputs.mask) + param_bytes(module)
+            + structural_bytes(spec, n_Q, n_K))

@@ -23,6 +23,7 @@ from attnscope.errors import UsageError
 from attnscope.multihead import MultiHeadAttention
 from attnscope.runs import measure
 from attnscope.runs.measure import Backend
+from attnscope.spec import AttentionSpec
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -90,7 +91,7 @@ def sdpa_race(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | N
         "attnscope sdpa (traced)": lambda: sdpa(Q, K, V, mask)["out"],
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(Q, K, V, attn_mask=mask),
     }
-    estimate = cost.sdpa_bytes(batch, nq, nk, dk, dv, itemsize=Q.element_size(), masked=mask is not None)
+    estimate = cost.sdpa_bytes(batch, nq, nk, dk, dv, AttentionSpec(causal=causal), itemsize=Q.element_size())
     return Race("sdpa", params, flops, _bytes(Q, K, V, mask), estimate, dev, dt, candidates,
                 backends=lambda: measure.cuda_backends(Q, K, V, mask) if dev.type == "cuda" else [])
 
@@ -128,8 +129,8 @@ def mha_race(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: boo
         candidates["K/V expanded first (repeat_kv), then F.scaled_dot_product_attention"] = \
             lambda: _expanded_first(fast, Q, KV, mask)
     weights = sum(p.numel() * p.element_size() for p in traced.parameters())
-    estimate = cost.mha_bytes(batch, nq, nk, d_feat, heads, itemsize=Q.element_size(), bias=bias, cross=nk != nq,
-                              masked=mask is not None, n_kv_head=n_kv)
+    estimate = cost.mha_bytes(batch, nq, nk, d_feat, heads, AttentionSpec(causal=causal, n_kv_head=n_kv),
+                              itemsize=Q.element_size(), bias=bias, cross=nk != nq)
 
     def backends() -> list[Backend]:
         if dev.type != "cuda":

@@ -211,8 +211,8 @@ class HeaderUnreadable(UsageError):
     """A file whose shapes cannot be read apart from its data (torch's legacy .pt). `size` is the file's size,
     about what loading it takes: what a memory guard can count before reading it."""
 
-    def __init__(self, message: str, size: int) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, size: int, *params: str) -> None:
+        super().__init__(message, *params)
         self.size = size
 
 
@@ -229,8 +229,8 @@ def torch_entries(path: Path, *, meta: bool, fits: Callable[[int], None]) -> dic
             raise
         if meta:
             raise HeaderUnreadable(f"{path}: saved in torch's legacy format, which cannot be read without loading "
-                                   "it all, and --meta reads headers only; save it again with torch.save, or drop "
-                                   "--meta", path.stat().st_size) from None
+                                   "it all, and {meta} reads headers only; save it again with torch.save, or drop "
+                                   "{meta}", path.stat().st_size, "meta") from None
         fits(path.stat().st_size)
         loaded = _torch_load(path, mmap=False)
     if isinstance(loaded, torch.Tensor):

@@ -88,7 +88,7 @@ def _check_fits(spec: str, size: int) -> None:
     available = available_memory()
     if available is not None and size > available:
         raise ResourceError(f"{spec} holds {format_bytes(size)}, more than the {format_bytes(available)} of memory "
-                            "this machine has available; use --meta for shapes only, or a smaller slice of it")
+                            "this machine has available; use {meta} for shapes only, or a smaller slice of it", "meta")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,57 @@
+"""What a run computes on: tensors from the user's files (or only their headers under --meta), random inputs
+drawn from one seeded generator, and the mask made of the mask file and the padding."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.spec import AttentionSpec
+
+
+def load(spec: str | None, meta: bool = False) -> torch.Tensor | None:
+    """A tensor from a file; with --meta only its shape and dtype, from the file's header (no data is read)."""
+    from attnscope.tensors import load_tensor
+
+    return load_tensor(spec, meta=meta) if spec else None
+
+
+def random_inputs(shapes: Mapping[str, tuple[int, ...]], seed: int, device: str) -> dict[str, torch.Tensor]:
+    """One generator for all, drawn in order, so a seed gives the same inputs every time."""
+    import torch
+
+    if device == "meta":
+        return {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    generator = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+
+
+def input_op(spec: str | None, random_op: str) -> str:
+    return f"loaded from {spec}" if spec else random_op
+
+
+def build_mask(spec: AttentionSpec, pad: int, user_mask: torch.Tensor | None, n_Q: int, n_K: int, device: Any,
+               columns: bool = False, scores_shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
+    """The mask file and padding, combined (both must allow a key); causal and window masks are sdpa's own
+    (`spec`). The file's mask is checked against the scores' shape and put under the dtype rule first. In the
+    column layout the scores are [n_K, n_Q]: padding is transposed, and causal is added here."""
+    from attnscope import masks
+
+    built = None
+    if user_mask is not None:
+        # Checked before it meets the padding mask, which would broadcast it first; without the scores' shape,
+        # against its own batch dims and [n_Q, n_K].
+        trailing = (n_K, n_Q) if columns else (n_Q, n_K)
+        masks.check_broadcast(user_mask, scores_shape or (*user_mask.shape[:-2], *trailing))
+        built = masks.normalize(user_mask.to(device))
+    if pad:
+        padding = masks.key_padding_mask(n_K, pad, device)  # [n_K]
+        built = masks.combine(built, padding.unsqueeze(-1) if columns else padding)
+    if columns and spec.align:
+        built = masks.combine(built, masks.causal_mask(n_Q, n_K, spec.align, device).transpose(0, 1))
+    # [n_K] (key padding, or a 1-D mask; [n_Q] in the column layout) as [1, n_K]: the same for every query,
+    # in the [.., n_Q, n_K] form every consumer takes (PyTorch's CPU attention refuses a 1-D attn_mask).
+    return built.reshape(1, -1) if built is not None and built.dim() < 2 else built

@@ -1,0 +1,127 @@
+"""The options `sdpa` and `mha` share, checked once, and the `AttentionSpec` they ask for.
+
+Flags are words of the command line, so they may be named here (runs/ sits just under cli/); below runs/, a
+check names the parameter and the command line words it as a flag (errors.AttnscopeError.worded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from attnscope import cost
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnscope.rope import Rope
+    from attnscope.spec import AttentionSpec
+
+# PyTorch's sizes and seeds are 64-bit integers; a larger one gets a C++ backtrace out of torch.
+INT64 = 2**63
+ROPE_BASE = 10000.0  # LLaMA's, when --rope is given without --rope-base
+
+
+@dataclass
+class AttentionOptions:
+    """Options `sdpa` and `mha` share."""
+
+    seed: int = 0
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    causal: str | None = None  # "upper-left" or "lower-right"
+    mask: str | None = None
+    pad: int = 0
+    check: bool = False
+    meta: bool = False
+    max_memory: int | None = None
+    save: str | None = None
+    force: bool = False
+    heatmap: bool = False
+    heatmap_batch: int = 0
+    heatmap_head: int = 0
+    all_heads: bool = False  # every head of one batch element (--heatmap-batch), with its statistics
+    # today's variants (docs/modern-attention.md)
+    window: int | None = None
+    softcap: float | None = None
+    alibi: bool = False
+    rope: bool = False
+    rope_base: float | None = None
+    cache: int = 0
+    show_mask: bool = False
+
+
+def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
+    """Every check the shared options need before anything is loaded or computed, and the attention they ask
+    for, built (and so checked) once."""
+    for option in fields(asked):  # every option, today's and tomorrow's: an empty name or a number beyond torch's
+        value = getattr(asked, option.name)
+        flag = "--" + option.name.replace("_", "-")
+        if value == "":
+            raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
+        if isinstance(value, int) and not -INT64 <= value < INT64:
+            raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
+    if asked.meta and (asked.check or asked.save or asked.heatmap or asked.all_heads):
+        used = [name for name, on in (("--check", asked.check), ("--save", asked.save), ("--heatmap", asked.heatmap),
+                                      ("--all-heads", asked.all_heads)) if on]
+        raise UsageError(f"--meta computes shapes only, no numbers; drop --meta or {' and '.join(used)}")
+    if (asked.k or asked.v) and not asked.q:
+        raise UsageError("--k/--v need --q too (with only --q, attention is self-attention: K = V = Q)")
+    if asked.pad < 0:
+        raise UsageError(f"--pad {asked.pad}: the number of padded keys cannot be negative")
+    spec = attention_spec(asked, scale, n_kv_head)
+    for option in fields(asked):  # after the options' own checks, which say more
+        value = getattr(asked, option.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{option.name.replace('_', '-')} {value}: give a finite number")
+    if asked.save:
+        from attnscope.tensors import check_writable
+
+        check_writable(asked.save, asked.force)
+    return spec
+
+
+def attention_spec(asked: AttentionOptions, scale: float | None, n_kv_head: int | None) -> AttentionSpec:
+    """The attention the options ask for."""
+    return asked_spec(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
+                      rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head)
+
+
+def asked_spec(causal: str | None, window: int | None, cache: int, **variants: Any) -> AttentionSpec:
+    """The attention of --causal, --window and --cache (and the other variants): a KV cache makes the run a
+    decode step, which is causal, the new queries after the cached positions (lower-right)."""
+    from attnscope.spec import AttentionSpec
+
+    return AttentionSpec(causal=causal or bool(cache), window=window, cache=cache, **variants)
+
+
+def rope_of(asked: AttentionOptions) -> Rope | None:
+    """RoPE as --rope and --rope-base ask (LLaMA's base 10000 unless said otherwise); None without --rope."""
+    if asked.rope_base is not None and not asked.rope:
+        raise UsageError("--rope-base sets RoPE's base; add --rope to rotate Q and K")
+    if asked.rope_base is not None and not (math.isfinite(asked.rope_base) and asked.rope_base > 1):
+        raise UsageError(f"--rope-base {asked.rope_base:g} must be a number above 1 (LLaMA uses 10000 or 500000)")
+    if not asked.rope:
+        return None
+    from attnscope.rope import Rope
+
+    return Rope(ROPE_BASE if asked.rope_base is None else asked.rope_base)
+
+
+def check_cache_sizes(n_Q: int, n_K: int, cache: int) -> None:
+    """With --cache the keys are the cached positions and the new ones, so --nk has one possible value."""
+    if cache and n_K != cache + n_Q:
+        raise UsageError(f"with --cache {cache} the keys are the {cache} cached positions plus the {n_Q} new ones: "
+                         f"n_K = {cache + n_Q}, not {n_K}; drop --nk or make it {cache + n_Q}")
+
+
+def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = None,
+                has_d_head: bool = True) -> None:
+    """d_head = d_feat / n_head must be whole unless --d-head gives it; name both numbers and the nearest head
+    counts that divide (and --d-head where the command has it: bench has not)."""
+    if d_head is None and d_feat % heads:
+        near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
+        source = f"the inputs' d_feat {d_feat}" if from_file else f"--d-feat {d_feat}"
+        raise UsageError(f"{source} is not divisible by --heads {heads} (d_head = d_feat / n_head must be whole); "
+                         f"try {near}{', or give --d-head' if has_d_head else ''}")

@@ -1,0 +1,189 @@
+"""What a run hands to render: the `RunResult`, and what every command adds to it the same way: the heatmap
+of one pattern, every head with its statistics, the mask as a grid, the header's line of variants and --save.
+
+No terminal code here: attnscope.render shows the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.check import Comparison
+    from attnscope.readings.headstats import LayerHeads
+    from attnscope.readings.maskview import MaskView
+    from attnscope.runs.options import AttentionOptions
+    from attnscope.spec import AttentionSpec
+    from attnscope.trace import Step, Trace
+
+
+@dataclass
+class Heatmap:
+    """One [n_Q, n_K] attention pattern with its axis labels."""
+
+    title: str
+    matrix: list[list[float]]
+    row_labels: list[str]
+    col_labels: list[str]
+
+    def _repr_html_(self) -> str:
+        """Jupyter draws the pattern as an inline heatmap (notebook.py)."""
+        from attnscope.views.notebook import pattern_svg
+
+        return pattern_svg(self.matrix, self.row_labels, self.col_labels, self.title)
+
+
+@dataclass
+class RunResult:
+    command: str
+    header: str
+    params: dict[str, Any]
+    trace: Trace
+    peak_bytes: int
+    fused_bytes: int
+    comparisons: list[Comparison] = field(default_factory=list)
+    saved: Path | None = None
+    saved_names: list[str] = field(default_factory=list)
+    heatmap: Heatmap | None = None
+    heads: LayerHeads | None = None  # --all-heads
+    kv_cache_bytes: int = 0
+    mask_view: MaskView | None = None
+
+    @property
+    def check_failed(self) -> bool:
+        return any(not c.passed for c in self.comparisons)
+
+
+# What --save writes beside the steps, described in the file as the steps are.
+SavedExtra = dict[str, tuple["torch.Tensor", tuple[str, ...], str]]  # name -> (tensor, dims, op)
+
+
+def finish(asked: AttentionOptions, spec: AttentionSpec, result: RunResult,
+           extra: SavedExtra | None = None) -> RunResult:
+    """Heatmap and --save, the same for every command. --save writes every step and `extra` (inputs that are
+    not steps, the mask, a module's parameters), so that anyone can run the same computation again."""
+    if asked.heatmap:
+        result.heatmap = heatmap_of(result.trace.step("attention"), asked.heatmap_batch, asked.heatmap_head)
+    if asked.all_heads:
+        result.heads = heads_of(result.trace.step("attention"), asked.heatmap_batch, spec.align)
+    if asked.save:
+        from attnscope.tensors import save_tensors
+
+        tensors = dict(result.trace)
+        meta: dict[str, Any] = {s.name: {"dims": list(s.dims), "op": s.op} for s in result.trace.steps}
+        for name, (tensor, dims, op) in (extra or {}).items():
+            tensors[name], meta[name] = tensor, {"dims": list(dims), "op": op}
+        result.saved = save_tensors(tensors, asked.save, force=asked.force, metadata=meta, option="--save")
+        result.saved_names = list(tensors)
+    return result
+
+
+def mask_extra(spec: AttentionSpec, mask: torch.Tensor | None, n_Q: int, n_K: int,
+               columns: bool = False) -> SavedExtra:
+    """The masks a run used, for --save: `mask` as the attention took it (the --mask file and --pad; in the
+    column layout, causal too) and `causal_mask`, the causal and window part sdpa builds itself."""
+    from attnscope import masks
+
+    extra: SavedExtra = {}
+    if mask is not None:
+        axes = ("n_K", "n_Q") if columns else ("n_Q", "n_K")
+        dims = (*("n_batch", "n_head")[: max(0, mask.dim() - 2)], *axes)[-mask.dim():]
+        extra["mask"] = (mask, dims, "--mask and --pad combined, as the attention took it (True = may attend; "
+                                     "a float mask is added to the scores)")
+    if not columns:
+        allowed, described = masks.structural(spec, n_Q, n_K)
+        if allowed is not None:
+            extra["causal_mask"] = (allowed, ("n_Q", "n_K"), f"{described}: True = may attend")
+    return extra
+
+
+def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
+    """Pick one [n_Q, n_K] pattern out of the attention step: `batch` indexes its first leading axis, `head`
+    its n_head axis (the last leading one, where there is one), any other leading axis is taken at 0."""
+    index: list[int] = []
+    where: list[str] = []
+    leading = step.dims[:-2]
+    labels = [f"q{i}" for i in range(step.shape[-2])], [f"k{j}" for j in range(step.shape[-1])]
+    for axis, (name, size) in enumerate(zip(leading, step.shape[:-2], strict=True)):
+        if size == 0:  # an empty batch has no pattern to pick
+            return Heatmap(f"{step.name} ({name} = 0)", [], *labels)
+        is_head = name == "n_head"
+        i = head if is_head else batch if axis == 0 else 0
+        if not 0 <= i < size:
+            option = "--heatmap-head" if is_head else "--heatmap-batch"
+            raise UsageError(f"{option} {i} is out of range: {name} is {size}, so valid is 0 to {size - 1}")
+        index.append(i)
+        where.append(f"head {i}" if is_head else f"batch element {i}" if axis == 0 else f"{name} index {i}")
+    if head and "n_head" not in leading:
+        raise UsageError(f"--heatmap-head {head}: this attention has no head axis "
+                         f"([{', '.join(step.dims)}]); drop --heatmap-head")
+    matrix = step.tensor[tuple(index)] if index else step.tensor
+    title = f"{step.name}[{', '.join(map(str, index))}] ({', '.join(where)})" if index else step.name
+    if step.dims[-2:] == ("n_K", "n_Q"):  # the column layout: drawn with queries as rows, like every other
+        matrix, title = matrix.transpose(0, 1), f"{title}, transposed"
+    return Heatmap(title, matrix.tolist(), [f"q{i}" for i in range(matrix.shape[0])],
+                   [f"k{j}" for j in range(matrix.shape[1])])
+
+
+def heads_of(step: Step, batch: int, causal: str | None) -> LayerHeads:
+    """Every head of batch element `batch` of an `[n_batch, n_head, n_Q, n_K]` attention step, with its
+    statistics; query i sits at position i + n_K - n_Q where causal aligns lower-right (a KV cache), else i."""
+    from attnscope.readings.headstats import LayerHeads
+
+    if step.dims[-3:-2] != ("n_head",) or len(step.dims) != 4:
+        raise UsageError(f"--all-heads draws every head, and this attention has no head axis "
+                         f"([{', '.join(step.dims)}]); drop --all-heads")
+    n_batch, _, n_Q, n_K = step.shape
+    if n_batch and not 0 <= batch < n_batch:
+        raise UsageError(f"--heatmap-batch {batch} is out of range: n_batch is {n_batch}, so valid is 0 to "
+                         f"{n_batch - 1}")
+    offset = n_K - n_Q if causal == "lower-right" else 0
+    if not n_batch:  # an empty batch has no heads to draw
+        return LayerHeads.of(step.tensor.reshape(0, n_Q, n_K), f"{step.name} (n_batch = 0)", offset=offset)
+    return LayerHeads.of(step.tensor[batch], f"{step.name}[{batch}] (batch element {batch})", offset=offset,
+                         batch=batch)  # [n_head, n_Q, n_K]
+
+
+def finish_variants(asked: AttentionOptions, spec: AttentionSpec, result: RunResult, n_Q: int, n_K: int,
+                    user_mask: torch.Tensor | None) -> None:
+    """--show-mask: the combined mask of this run as a grid, with its alignment and translations."""
+    if asked.show_mask:
+        from attnscope.readings.maskview import view
+
+        if user_mask is not None and user_mask.device.type == "meta":  # --meta read the file's header only
+            user_mask = None
+            result.trace.notes.append(f"--show-mask under --meta: {asked.mask} is read for its shape only, so the grid "
+                                      "leaves its values out")
+        result.mask_view = view(n_Q, n_K, spec, pad=asked.pad, user_mask=user_mask)
+
+
+def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: int) -> str:
+    """A header line for the masks and variants in play, the causal alignment spelled out."""
+    parts = []
+    if spec.align:
+        offset = spec.offset(n_Q, n_K)
+        parts.append(f"causal {spec.align} (query i sees keys j ≤ i{f' + {offset}' if offset else ''})")
+    if spec.window is not None:
+        parts.append(f"window {spec.window}")
+    if spec.cache:
+        parts.append(f"KV cache: {spec.cache} cached + {n_Q} new positions")
+    if spec.rope is not None:
+        parts.append(f"RoPE base {spec.rope.base:g}")
+    if spec.alibi:
+        parts.append("ALiBi")
+    if spec.softcap is not None:
+        parts.append(f"softcap {spec.softcap:g}")
+    if asked.pad:
+        parts.append(f"last {asked.pad} keys padded")
+    if asked.mask:
+        parts.append(f"mask {asked.mask}")
+    lines = [""]
+    for part in parts:  # break between items, never inside one
+        lines[-1:] = [f"{lines[-1]}  {part}".strip()] if len(lines[-1]) + len(part) < 76 else [lines[-1], part]
+    return "".join("\n" + line for line in lines if line)
