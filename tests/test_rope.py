@@ -1,7 +1,8 @@
 """RoPE (rope.py, rope_scaling.py, rope_config.py) against transformers' own: `ROPE_INIT_FUNCTIONS` for every
 type, the rotary embedding modules and `apply_rotary_pos_emb` of the families that use each form (LLaMA,
-Phi-3 partial, GPT-NeoX partial, GPT-J interleaved, Llama 4's complex product, GLM interleaved partial, Gemma 3's
-per-layer-type bases), and the float64 reference of check_rope.py against both."""
+Phi-3 partial, GPT-NeoX partial, GPT-J interleaved, Llama 4's complex product, GLM interleaved partial, Cohere,
+Helium, ERNIE 4.5, DeepSeek-V2, Gemma 3's per-layer-type bases), and the float64 reference of check_rope.py
+against both."""
 
 from __future__ import annotations
 
@@ -250,17 +251,33 @@ def test_llama4_complex_product(parameters):
     _f64(rotate64(Q, config.to_dict(), pairing="interleaved"), q_ref.transpose(1, 2))
 
 
-def test_glm_interleaved_partial():
-    """GLM: half the head rotates, in interleaved pairs (its `rotate_half` takes x[..., 0::2], x[..., 1::2])."""
-    from transformers import GlmConfig
-    from transformers.models.glm.modeling_glm import GlmRotaryEmbedding, apply_rotary_pos_emb
+@pytest.mark.parametrize(("family", "names", "fraction"), [
+    ("glm", ("GlmConfig", "GlmRotaryEmbedding", "apply_rotary_pos_emb"), 0.5),
+    ("glm4", ("Glm4Config", "Glm4RotaryEmbedding", "apply_rotary_pos_emb"), 0.5),
+    ("cohere", ("CohereConfig", "CohereRotaryEmbedding", "apply_rotary_pos_emb"), 1.0),
+    ("cohere2", ("Cohere2Config", "Cohere2RotaryEmbedding", "apply_rotary_pos_emb"), 1.0),
+    ("helium", ("HeliumConfig", "HeliumRotaryEmbedding", "apply_rotary_pos_emb"), 1.0),
+    ("ernie4_5", ("Ernie4_5Config", "Ernie4_5RotaryEmbedding", "apply_rotary_pos_emb"), 1.0),
+    ("deepseek_v2", ("DeepseekV2Config", "DeepseekV2RotaryEmbedding", "apply_rotary_emb"), 1.0),
+])
+def test_other_interleaved_families(family, names, fraction):
+    """GLM (half the head), Cohere, Helium, ERNIE 4.5 (a `rotate_half` over x[..., 0::2], x[..., 1::2]) and
+    DeepSeek-V2 (a complex product): their own rotary module and rotation."""
+    import importlib
 
-    config = GlmConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    cos, sin = GlmRotaryEmbedding(config)(torch.zeros(1), torch.arange(5)[None])
+    import transformers
+
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    config_class, rotary_class, apply_name = names
+    sizes = {"qk_rope_head_dim": 16} if family == "deepseek_v2" else {"head_dim": 16}
+    config = getattr(transformers, config_class)(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                                                 **sizes)
+    embedding = getattr(modeling, rotary_class)(config)(torch.zeros(1), torch.arange(5)[None])
     rope = Rope.from_config(config.to_dict())
-    assert rope is not None and (rope.pairing, rope.fraction) == ("interleaved", 0.5)
+    assert rope is not None and (rope.pairing, rope.fraction) == ("interleaved", fraction)
     trace, Q, K = _trace(rope, 5, 16)
-    q_ref, k_ref = apply_rotary_pos_emb(Q, K, cos, sin)
+    apply = getattr(modeling, apply_name)
+    q_ref, k_ref = apply(Q, K, *embedding) if isinstance(embedding, tuple) else apply(Q, K, embedding)
     _exact(trace["Q_rot"], q_ref)
     _exact(trace["K_rot"], k_ref)
     _f64(rotate64(Q, config.to_dict(), pairing="interleaved"), q_ref)
