@@ -194,7 +194,7 @@ class Rope:
         width = self.rotary_dim(d_head)
         dim_name = d_name if width == d_head else "d_rot"
         freqs = rope_scaling.describe(self.kind, self._values, self.base, width, dim_name, n_pos,
-                                      self.max_position_embeddings)
+                                      self.max_position_embeddings, self.fraction)
         scale = self.attention_scaling
         times = f" · {scale:.6g} (attention_scaling)" if scale != 1.0 else ""
         layout = "" if self.pairing == "half-split" else ", each angle twice (interleaved)"

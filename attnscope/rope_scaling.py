@@ -225,7 +225,7 @@ def _llama3(inv_freq: Tensor, values: Mapping[str, Any]) -> Tensor:
 
 
 def describe(kind: str, values: Mapping[str, Any], base: float, dim: int, d_name: str, seq_len: int,
-             max_positions: int | None) -> str:
+             max_positions: int | None, fraction: float = 1.0) -> str:
     """inv_freq as the cos/sin steps say it: `500000^(-2i/d_head), llama3 (factor 8, ...)`."""
     plain = f"{base:g}^(-2i/{d_name})"
     if kind == "default":
@@ -233,7 +233,9 @@ def describe(kind: str, values: Mapping[str, Any], base: float, dim: int, d_name
     if kind == "linear":
         return f"{plain} / {values['factor']:g} (linear)"
     if kind == "proportional":
-        return f"{plain} for the rotated pairs, 0 for the others, / {values.get('factor', 1.0):g} (proportional)"
+        angles = int(fraction * dim // 2)
+        return (f"{plain} / {values.get('factor', 1.0):g} for pairs i < {angles}, 0 for the others "
+                f"(proportional, partial_rotary_factor {fraction:g})")
     if kind == "dynamic":
         if max_positions is not None and seq_len > max_positions:
             return (f"base'^(-2i/{d_name}), base' = {base:g} · ({values['factor']:g} · {seq_len}/{max_positions}"

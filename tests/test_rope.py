@@ -138,6 +138,7 @@ LLAMA_TYPES = [
      "original_max_position_embeddings": 8, "rope_theta": 10000.0},
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 8, "rope_theta": 500000.0},
+    {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0, "rope_theta": 10000.0},
 ]
 
 
@@ -231,7 +232,7 @@ def test_gptj_interleaved_rotate_every_two(rotary_dim):
     assert "rotate_every_two" in trace.step("Q_rot").op and "interleaved" in trace.step("Q_rot").op
 
 
-@pytest.mark.parametrize("parameters", [{"rope_type": "default", "rope_theta": 500000.0}, LLAMA_TYPES[-1]],
+@pytest.mark.parametrize("parameters", [{"rope_type": "default", "rope_theta": 500000.0}, LLAMA_TYPES[-2]],
                          ids=["default", "llama3"])
 def test_llama4_complex_product(parameters):
     """Llama 4: `view_as_complex(x.reshape(..., -1, 2)) * freqs_cis`, on [n_batch, n, n_head, d_head]."""
