@@ -259,22 +259,23 @@ def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offse
     """Steps `cos, sin, Q_rot, K_rot` through `add` (a Trace's add, or a stand-in that keeps nothing):
     query i at position `q_offset + i`, key j at `k_offset + j`. `n_keys` is n_K, all keys counted, which
     names the positions' axis when the table covers exactly them."""
-    from attnscope.rope import apply_rope
+    from attnscope import rope as rotary
 
     n_Q, n_K, d = Q.shape[-2], K.shape[-2], Q.shape[-1]
     n_pos = max(k_offset + n_K, q_offset + n_Q)
-    cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device)  # [n_pos, d]
+    cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device)  # [n_pos, d_rot], d_rot = d unless partial
     pos = "n_K" if n_pos == n_keys else "n_pos"
-    inv_freq = f"inv_freq = {rope.base:g}^(-2i/{d_name})" + (f", {rope.kind}-scaled" if rope.kind != "default" else "")
-    add("cos", cos, (pos, d_name), f"cos(position · inv_freq), {inv_freq}")
-    add("sin", sin, (pos, d_name), f"sin(position · inv_freq), {inv_freq}")
+    width = d_name if cos.shape[-1] == d else "d_rot"
+    add("cos", cos, (pos, width), rope.table_op("cos", d_name, d, n_pos))
+    add("sin", sin, (pos, width), rope.table_op("sin", d_name, d, n_pos))
+    apply = rotary.apply_rope if rope.pairing == "half-split" else rotary.apply_rope_interleaved
     rotated = []
     for name, x, start, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):
         part = "" if (start, n) == (0, n_pos) else f"[{start}:{start + n}]"
         src = source[0] if name == "Q_rot" else source[1]
-        x_rot = apply_rope(x, cos[start : start + n], sin[start : start + n])  # [.., n, d]
-        rotated.append(add(name, x_rot, shape, f"{src} * cos{part} + rotate_half({src}) * sin{part}",
-                           3 * x_rot.numel()))
+        x_rot = apply(x, cos[start : start + n], sin[start : start + n])  # [.., n, d]
+        rotated.append(add(name, x_rot, shape, rope.rotate_op(src, part, d),
+                           3 * x_rot.numel() * cos.shape[-1] // max(d, 1)))
     return rotated[0], rotated[1]
 
 

@@ -74,9 +74,7 @@ class MultiHeadAttention(nn.Module):
         self.d_feat, self.n_head, self.n_kv_head = d_feat, n_head, n_kv_head
         self.d_head = d_feat // n_head if d_head is None else d_head
         if self.spec.rope is not None:
-            from attnscope.rope import check_head_size
-
-            check_head_size(self.d_head)
+            self.spec.rope.check(self.d_head)
         self.dropout_p, self.record = dropout_p, record
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.W_q = nn.Linear(d_feat, n_head * self.d_head, bias=bias, **factory)

@@ -104,10 +104,11 @@ def test_text_without_a_tokenizer_is_refused_naming_the_files(runner, llama, tmp
 
 
 def test_unsupported_rope_scaling_is_refused_by_name_for_text_only(runner, llama, tmp_path):
-    folder = _variant(llama, tmp_path, lambda c: c | {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+    folder = _variant(llama, tmp_path, lambda c: c | {"rope_parameters": {"rope_type": "axial",
                                                                          "rope_theta": 10000.0}})
     assert runner.invoke(app, ["head", "--model", str(folder)]).exit_code == 0
-    _fails(runner, ["head", "--model", str(folder), "--text", SENTENCE], 2, "'yarn' is not supported")
+    _fails(runner, ["head", "--model", str(folder), "--text", SENTENCE], 2, "RoPE type 'axial'",
+           "is not one attnscope computes")
 
 
 def test_unknown_activation_is_named(runner, llama, tmp_path):

@@ -115,8 +115,8 @@ def test_rope_lower_right_puts_queries_at_the_end():
 def test_rope_refuses_odd_head_size_and_unknown_scaling():
     with pytest.raises(UsageError, match="d_head must be even"):
         sdpa(torch.randn(2, 5), torch.randn(2, 5), torch.randn(2, 5), rope=Rope())
-    with pytest.raises(UsageError, match="'yarn' is not supported"):
-        Rope(10000.0, {"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(UsageError, match="RoPE type 'axial' .* is not one attnscope computes"):
+        Rope(10000.0, {"rope_type": "axial"})
 
 
 # --- ALiBi ----------------------------------------------------------------------------------------------

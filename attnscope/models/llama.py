@@ -21,6 +21,7 @@ rotary attention whose key/value heads are shared by groups of n_group query hea
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
@@ -78,16 +79,21 @@ class Llama(Family):
     # --- the attention's specifics ----------------------------------------------------------------------
 
     def rope(self) -> Rope:
-        """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older configs)."""
+        """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older configs): every type
+        transformers ships (`Rope.from_config`)."""
         from attnscope.rope import Rope
 
-        parameters = self.config.mapping("rope_parameters")
-        if parameters is not None and "rope_theta" in parameters:
-            base = parameters["rope_theta"]
-            if isinstance(base, bool) or not isinstance(base, (int, float)):
-                raise UsageError(f"{self.config.path}: rope_parameters.rope_theta is {base!r}; it must be a number")
-            return Rope(float(base), parameters)
-        return Rope(self.config.number("rope_theta", default=10000.0), self.config.mapping("rope_scaling"))
+        try:
+            rope = Rope.from_config(self.config.data, head_dim=self.d_head)
+        except UsageError as error:
+            raise UsageError(f"{self.config.path}: {error}; fix config.json") from None
+        if rope is None:
+            raise UsageError(f"{self.config.path}: rope_parameters is null; LLaMA-family layers all rotate")
+        if rope.kind == "default" and rope.fraction != 1:
+            # LlamaRotaryEmbedding.compute_default_rope_parameters (and Mistral's, Qwen2's, Gemma 2's) ignores
+            # partial_rotary_factor: the whole head rotates.
+            rope = replace(rope, partial_rotary_factor=1.0)
+        return rope
 
     def window(self, layer: int) -> int | None:
         if self.model_type == "mistral":
