@@ -98,13 +98,6 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     return tuple(result)
 
 
-def divisors_near(d_feat: int, n_head: int) -> list[int]:
-    """The head counts closest to `n_head` (one below, one above where they exist) that divide `d_feat`."""
-    below = next((h for h in range(min(n_head, d_feat), 0, -1) if d_feat % h == 0), None)
-    above = next((h for h in range(n_head + 1, d_feat + 1) if d_feat % h == 0), None)
-    return [h for h in (below, above) if h is not None]
-
-
 def available_memory() -> int | None:
     """Bytes the machine can still give this process (MemAvailable on Linux), or None if unknown."""
     try:

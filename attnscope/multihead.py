@@ -20,7 +20,7 @@ from attnscope import alibi as alibi_
 from attnscope import attention, cost, masks
 from attnscope.attention import Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
-from attnscope.spec import AttentionSpec, check_kv_heads
+from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
 from attnscope.trace import Trace
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def _check_sizes(d_feat: int, n_head: int, n_kv_head: int, d_head: int | None) -
             raise UsageError(f"d_head ({d_head}) must be positive")
         return
     if d_feat % n_head:
-        near = " or ".join(str(h) for h in cost.divisors_near(d_feat, n_head))
+        near = " or ".join(str(h) for h in divisors_near(d_feat, n_head))
         raise UsageError(
             f"d_feat = {d_feat} is not divisible by n_head = {n_head}; head counts near it that divide "
             f"{d_feat}: {near} (or give d_head explicitly)"

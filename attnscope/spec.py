@@ -106,8 +106,13 @@ class AttentionSpec:
 def check_kv_heads(n_head: int, n_kv_head: int) -> None:
     """Grouped-query attention: every key/value head serves a whole group of query heads."""
     if n_head % n_kv_head:
-        from attnscope.cost import divisors_near
-
         near = " or ".join(f"{{n_kv_head}} {h}" for h in divisors_near(n_head, n_kv_head))
         raise UsageError(f"{{n_head}} {n_head} is not a multiple of {{n_kv_head}} {n_kv_head}: each key/value "
                              f"head serves a whole group of query heads; try {near}", "n_head", "n_kv_head")
+
+
+def divisors_near(d_feat: int, n_head: int) -> list[int]:
+    """The head counts closest to `n_head` (one below, one above where they exist) that divide `d_feat`."""
+    below = next((h for h in range(min(n_head, d_feat), 0, -1) if d_feat % h == 0), None)
+    above = next((h for h in range(n_head + 1, d_feat + 1) if d_feat % h == 0), None)
+    return [h for h in (below, above) if h is not None]

@@ -115,10 +115,6 @@ def not_empty(value: str | None) -> str | None:
     return value
 
 
-def _size(help: str, flag: str) -> object:
-    return typer.Option(flag, min=1, help=help)
-
-
 # Sizes: the same option means the same thing in sdpa, mha and bench; only the defaults differ per command.
 Batch = Annotated[int, typer.Option("--batch", min=1, help="n_batch: sequences in the batch.")]
 Nq = Annotated[int, typer.Option("--nq", min=1, help="n_Q: number of queries.")]

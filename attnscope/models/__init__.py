@@ -1,4 +1,5 @@
-"""Models: one module per family behind one protocol (family.py), the lazy checkpoint reader
+"""Models: one module per family behind one protocol (family.py, an abstract base class), where a head lives
+and reading it (weights.py), running layers 0..L with layer L traced (run.py), the lazy checkpoint reader
 (checkpoint.py), config.json read defensively (config.py), the model's own tokenizer (tokenizer.py), the
 Hugging Face cache lookup (hub.py), and transformers as the fallback for other families (fallback.py).
 
@@ -7,8 +8,23 @@ Hugging Face cache lookup (hub.py), and transformers as the fallback for other f
 | bert (also MiniLM saved as BertModel) | bert.py | Bert |
 | roberta, xlm-roberta | bert.py | Roberta |
 | gpt2 | gpt2.py | Gpt2 |
-| llama, mistral, qwen2 | llama.py | Llama |
-| gemma2 | gemma2.py | Gemma2 |
+| llama | llama.py | Llama |
+| mistral | mistral.py | Mistral (LLaMA's, with a window) |
+| qwen2 | qwen2.py | Qwen2 (LLaMA's, with q/k/v biases and windowed layers) |
+| gemma2 | gemma2.py | Gemma2 (LLaMA's, with softcap, scalar, sandwich norms) |
+
+Following a family's forward across files, step by step (`attnscope head --text`):
+
+| step | made in |
+|---|---|
+| X, the attention's input (the residual stream after the layer's input norm) | the family's `attention_input`; |
+|   the layers before it by its `block` | bert.py, gpt2.py, llama.py, ... |
+| Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
+| cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`) |
+| K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask) |
+| x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
+| the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `_head_trace` |
+| where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
 """
 
 from __future__ import annotations
@@ -26,8 +42,8 @@ if TYPE_CHECKING:
 
 # model_type -> (module, class): imported only for the family asked for.
 FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-roberta": ("bert", "Roberta"),
-            "gpt2": ("gpt2", "Gpt2"), "llama": ("llama", "Llama"), "mistral": ("llama", "Llama"),
-            "qwen2": ("llama", "Llama"), "gemma2": ("gemma2", "Gemma2")}
+            "gpt2": ("gpt2", "Gpt2"), "llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"),
+            "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2")}
 SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2"
 
 

@@ -25,7 +25,6 @@ shows them and a notebook draws them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -102,11 +101,6 @@ def describe_heads(attention: Tensor, offset: int = 0) -> list[dict[str, Any]]:
         stats = head_stats(attention[h], offset)
         heads.append({"head": h, "stats": stats.as_dict(), "kind": kind(stats)})
     return heads
-
-
-def uniform_entropy(n: int) -> float:
-    """The entropy of a uniform pattern over n keys, log2(n) bits: the most a row can have."""
-    return math.log2(n) if n > 0 else 0.0
 
 
 @dataclass

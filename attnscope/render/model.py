@@ -20,7 +20,7 @@ from attnscope.render.heatmap import show_heatmap
 from attnscope.render.tables import step_json, steps_table
 
 if TYPE_CHECKING:
-    from attnscope.models.family import HeadWeights
+    from attnscope.models.weights import HeadWeights
     from attnscope.runs.head import HeadResult, ModelInfo
 
 NAME_WIDTH = 6  # "W_Q" and the column's padding
@@ -56,7 +56,7 @@ def wrap_key(source: str, width: int) -> list[str]:
 
 def weights_table(weights: HeadWeights, width: int) -> Table:
     from attnscope.models.checkpoint import describe, weight_stats
-    from attnscope.models.family import HEAD_DIMS
+    from attnscope.models.weights import HEAD_DIMS
 
     longest = max((len(s) for s in weights.sources.values()), default=0)
     beside = NAME_WIDTH + longest + STATS_WIDTH <= width  # the statistics fit beside the key
@@ -123,7 +123,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
 
 def head_json(result: HeadResult) -> dict[str, Any]:
     from attnscope.models.checkpoint import describe, weight_stats
-    from attnscope.models.family import HEAD_DIMS
+    from attnscope.models.weights import HEAD_DIMS
 
     o = result.options
     tensors = []

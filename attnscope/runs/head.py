@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.models.config import Config
-    from attnscope.models.family import Family, HeadWeights, LayerRun
+    from attnscope.models.family import Family
+    from attnscope.models.run import LayerRun
     from attnscope.models.tokenizer import Encoded
+    from attnscope.models.weights import HeadWeights
     from attnscope.readings.headstats import LayerHeads
 
 BERT_TYPES = ("bert", "roberta", "xlm-roberta")
@@ -140,7 +142,8 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
 
 
 def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult:
-    from attnscope.models.family import head_weights, run_layer
+    from attnscope.models.run import run_layer
+    from attnscope.models.weights import head_weights
 
     model.check_position(asked.layer, asked.head)
     with progress(f"reading layer {asked.layer}, head {asked.head}"):

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from attnscope import cost
 from attnscope.errors import UsageError
+from attnscope.spec import divisors_near
 
 if TYPE_CHECKING:
     from attnscope.rope import Rope
@@ -121,7 +121,7 @@ def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = N
     """d_head = d_feat / n_head must be whole unless --d-head gives it; name both numbers and the nearest head
     counts that divide (and --d-head where the command has it: bench has not)."""
     if d_head is None and d_feat % heads:
-        near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
+        near = " or ".join(f"--heads {h}" for h in divisors_near(d_feat, heads))
         source = f"the inputs' d_feat {d_feat}" if from_file else f"--d-feat {d_feat}"
         raise UsageError(f"{source} is not divisible by --heads {heads} (d_head = d_feat / n_head must be whole); "
                          f"try {near}{', or give --d-head' if has_d_head else ''}")

@@ -11,14 +11,22 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnscope.cost import format_bytes, format_flops
 from attnscope.views.colors import hex_color
 
-# A Trace and headstats.LayerHeads are taken by their interface (Any below): trace.py and headstats.py call this
-# module from their _repr_html_, and importing them back would make a loop.
-LayerHeads = Any
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class LayerHeads(Protocol):
+    """Every head of a layer as readings/headstats.py's `LayerHeads` holds it, taken by its interface: trace.py
+    and headstats.py call this module from their _repr_html_, and importing them back would make a loop."""
+
+    title: str
+    attention: Tensor  # [n_head, n_Q, n_K]
+    heads: list[dict[str, Any]]  # {"head", "stats", "kind"} each
 
 CELL = 14  # pixels per heatmap cell
 MAX_CELLS = 96  # rows and columns drawn inline; beyond, neighbouring queries and keys are pooled
