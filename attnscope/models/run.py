@@ -34,14 +34,14 @@ def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, he
             h = model.block(earlier, h, model.attention(earlier, record=False))
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         traced = model.attention(layer, record=True)(X)
-    layer_trace = _layer_trace(traced, X, made)
-    return LayerRun(layer_trace, _head_trace(model, layer_trace, head, model.biases()[0]), model.attention_spec(layer))
+    steps = layer_trace(traced, X, made)
+    return LayerRun(steps, _head_trace(model, steps, head, model.biases()[0]), model.attention_spec(layer))
 
 
 MODEL_DIMS = {"n_Q": "n_tokens", "n_K": "n_tokens", "d_feat": "d_model"}
 
 
-def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
+def layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
     """X first, then MultiHeadAttention's steps with a model's axis names (a sentence has n_tokens queries and
     keys; the model's width is d_model) and X as the input of all three projections."""
     from attnscope.trace import Trace
