@@ -131,7 +131,7 @@ class LayerHeads:
                    col_labels or [f"k{j}" for j in range(n_K)], offset, batch, describe_heads(attention, offset))
 
     def _repr_html_(self) -> str:
-        """Jupyter draws every head as a small heatmap with its kind, and the table of statistics."""
-        from attnscope.notebook import heads_html
+        """Jupyter draws every head as a small heatmap with its kind, and the table of statistics (views/embed.py)."""
+        from attnscope.views.embed import heads_view
 
-        return heads_html(self)
+        return heads_view(self)
