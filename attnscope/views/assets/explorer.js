@@ -159,6 +159,7 @@
       ctx.strokeStyle = accent; ctx.lineWidth = 2;
       ctx.strokeRect(left - 1, top + i * cell - 1, spec.cols * cell + 2, cell + 2);
     }
+    Object.assign(canvas.dataset, { left, top, cell });  // where the cells are, in CSS pixels (for tests)
     return { left, top, cell, rows: spec.rows, cols: spec.cols };
   }
 
@@ -267,7 +268,7 @@
     const list = document.createElement("ol"); list.className = "top"; list.dataset.testid = "top-keys-list";
     for (const j of top) list.append(keyItem(row, j, max));
     panel.append(list);
-    if (n_K > TOP) {
+    if (n_K > 1) {
       const b = document.createElement("button"); b.type = "button"; b.dataset.testid = "show-all";
       b.textContent = showAll ? "hide the full list" : `show all ${n_K} keys in sequence order (a)`;
       b.setAttribute("aria-expanded", String(showAll));
@@ -325,15 +326,20 @@
     }
   }
 
-  async function open(li, hi) {
-    state.layer = Math.max(0, Math.min(META.layers.length - 1, li));
-    const heads = META.layers[state.layer].heads;
-    state.head = Math.max(0, Math.min(heads.length - 1, hi));
-    layerSelect.value = String(state.layer);
-    fillHeads();
-    headSelect.value = String(state.head);
-    current = await pattern(state.layer, state.head);
-    patternTitle(); drawPattern(); topKeys(); tokens(); grid(); stats(); decode();
+  let opening = 0;
+  async function open(li, hi) {  // the data first, then everything shown at once, so nothing mixes two heads
+    li = Math.max(0, Math.min(META.layers.length - 1, li));
+    hi = Math.max(0, Math.min(META.layers[li].heads.length - 1, hi));
+    const ticket = ++opening, P = await pattern(li, hi);
+    if (ticket !== opening) return;  // a later choice won
+    const layerChanged = li !== state.layer || !headSelect.options.length;
+    state.layer = li; state.head = hi; current = P;
+    layerSelect.value = String(li);
+    if (layerChanged) fillHeads();
+    headSelect.value = String(hi);
+    patternTitle(); drawPattern(); topKeys(); tokens(); stats();
+    document.documentElement.dataset.shown = `${li}:${hi}`;
+    await grid(); await decode();
   }
 
   function fillHeads() {
