@@ -168,6 +168,10 @@ def test_exit_1_after_the_output_still_exports_it(runner, tmp_path):
                                  "--svg", str(svg)])
     assert result.exit_code == 1, result.output
     assert "first divergence" in svg_text(svg.read_text())
+    page = tmp_path / "bug.html"
+    again = runner.invoke(app, ["trace", f"{MY_ATTENTION}:MultiHeadedAttention", "--init", "d_feat=200, n_head=5",
+                                "--html", str(page)])
+    assert again.exit_code == 1 and "<p class='verdict bad'>first divergence: scores" in page.read_text()
 
 
 def test_a_file_that_appears_during_the_run_is_kept(tmp_path):

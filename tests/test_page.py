@@ -213,7 +213,7 @@ def synthetic() -> tuple[object, dict]:
 
     long = pattern()
     pooled = long.reshape(3, 3, 3, 3).sum(-1).mean(1)  # queries averaged, keys summed, 3 by 3
-    tokens = [f"w{i}" for i in range(n)]
+    tokens = [f"w{i}" for i in range(n - 1)] + ["</script>&<b>"]  # a token is text, whatever it holds
     layers = [Layer(2, [Head(0, pattern(), "mixed", {"entropy": 1.0}), Head(1, pattern())]),
               Layer(5, [Head(0, pattern()), Head(1, pattern())]),
               Layer(7, [Head(0, pattern()), Head(1, None, attention_pooled=pooled, pool=(3, 3), rows={4: long[4]})])]
@@ -251,6 +251,7 @@ def test_every_layer_a_pooled_head_and_the_decode_timeline(tmp_path, context):
     where, weight = page.get_by_test_id("tooltip").inner_text().rsplit(": ", 1)
     assert where == "queries 3–5 → keys 6–8" and abs(float(weight) - float(truth["pooled"][1, 2])) <= 0.5e-4 + 1e-9
     assert page.locator("[data-testid=query-token].exact").all_inner_texts() == ["w4"]
+    assert page.get_by_test_id("query-token").nth(8).inner_text() == "</script>&<b>"
     page.get_by_test_id("query-token").nth(4).click()  # its exact row was kept
     assert_shows(shown_keys(page), truth["row4"].tolist(), o.decimals, top=9)
     page.get_by_test_id("query-token").nth(5).click()  # its was not

@@ -1,5 +1,5 @@
 // attnscope's explorer page: draws the run's attention from the data inline in this page (views/explorer.py).
-// No library, no request: the numbers are read from <script> elements, inflated with the browser's own
+// No library, no request: the numbers are read from the page's data elements, inflated with the browser's own
 // DecompressionStream and drawn on canvases. A weight is stored as whole units of 10^exp (views/packing.py) and
 // written from that integer, so what is shown is the run's weight rounded to the decimals shown.
 (() => {
