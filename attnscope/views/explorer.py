@@ -148,16 +148,16 @@ def page_html(page: Page) -> str:
 def fit(page: Page) -> None:
     """Pool every exact pattern (keys summed, queries averaged: attnscope/pooling.py) when the page's patterns
     hold more than MAX_CELLS weights, so that any run still makes a page that opens."""
-    heads = [h for layer in page.layers for h in layer.heads if h.attention is not None]
-    cells = sum(h.attention.numel() for h in heads)  # type: ignore[union-attr]
+    exact = [(h, h.attention) for layer in page.layers for h in layer.heads if h.attention is not None]
+    cells = sum(int(A.numel()) for _, A in exact)
     if cells <= MAX_CELLS:
         return
     from attnscope.pooling import group_size, pool
 
-    for h in heads:
-        n_Q, n_K = h.attention.shape  # type: ignore[union-attr]
+    for h, A in exact:
+        n_Q, n_K = A.shape
         h.pool = (group_size(n_Q, POOLED_SIDE), group_size(n_K, POOLED_SIDE))
-        h.attention_pooled, h.attention = pool(h.attention, *h.pool), None  # type: ignore[arg-type]
+        h.attention_pooled, h.attention = pool(A, *h.pool), None
     page.notes.append(f"the patterns hold {cells:,} weights, more than the {MAX_CELLS:,} a page holds exactly: each "
                       f"is pooled to at most {POOLED_SIDE} x {POOLED_SIDE} cells (keys summed, queries averaged)")
 
@@ -235,4 +235,4 @@ def _clean(stats: dict[str, float]) -> dict[str, float | None]:
 
 
 def _asset(name: str) -> str:
-    return resources.files("attnscope.views").joinpath("assets", name).read_text(encoding="utf-8")
+    return resources.files("attnscope.views").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
