@@ -255,7 +255,7 @@ def test_every_layer_a_pooled_head_and_the_decode_timeline(tmp_path, context):
     page.get_by_test_id("query-token").nth(4).click()  # its exact row was kept
     assert_shows(shown_keys(page), truth["row4"].tolist(), o.decimals, top=9)
     page.get_by_test_id("query-token").nth(5).click()  # its was not
-    assert "only the pooled pattern is kept" in page.get_by_test_id("top-keys").inner_text()
+    assert "exact weights are not in the page" in page.get_by_test_id("top-keys").inner_text()
     decode = page.get_by_test_id("decode-steps").locator("tbody tr")
     assert decode.count() == 3
     assert decode.nth(2).locator("td").all_inner_texts() == ["2", "new2", "102", "11", "12", "3.0 KiB"]

@@ -17,7 +17,7 @@ that are here already, and the page draws each when present:
 `page_html(page)` writes it: one HTML file with its styles, script and data inline and a Content Security
 Policy that forbids every request, so it works from `file://` and as an attachment. The tables are plain
 HTML (readable where scripts do not run); the heatmaps, selectors and panels are drawn by the script
-(views/assets/explorer.js) from the data, packed compactly by views/packing.py. A page whose patterns would pass
+(views/assets/*.js) from the data, packed compactly by views/packing.py. A page whose patterns would pass
 MAX_CELLS weights is pooled to fit first (`fit`), and says so.
 """
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 MAX_CELLS = 24_000_000  # weights a page holds exactly: MiniLM's 6 layers x 12 heads at 512 tokens is 18.9M
 POOLED_SIDE = 512  # beyond MAX_CELLS, each pattern is pooled to at most this many cells a side
 DATA_BUDGET = 14_000_000  # characters of packed data, before a decimal is given up (views/packing.py)
+SCRIPTS = ("data.js", "draw.js", "decode.js", "explorer.js")  # the page's script, joined in one function scope
 
 
 @dataclass
@@ -140,8 +141,9 @@ def page_html(page: Page) -> str:
         f"weights shown to {decimals} decimals, to keep this page under {DATA_BUDGET // 1_000_000} MB of data")
     data = "\n".join(f'<script type="application/octet-stream" id="attnscope-{name}">{text}</script>'
                      for name, text in blobs.items())
-    parts = {"TITLE": html.escape(page.title), "STYLE": _asset("explorer.css"), "SCRIPT": _asset("explorer.js"),
-             "STATIC": static_html(page), "META": _script_json(meta), "DATA": data}
+    parts = {"TITLE": html.escape(page.title), "STYLE": _asset("explorer.css"),
+             "SCRIPT": "\n".join(map(_asset, SCRIPTS)), "STATIC": static_html(page), "META": _script_json(meta),
+             "DATA": data}
     return re.sub(r"@(TITLE|STYLE|SCRIPT|STATIC|META|DATA)@", lambda m: parts[m.group(1)], _asset("explorer.html"))
 
 
