@@ -63,7 +63,7 @@ def open_page(context: Any, path: Path, timeout_s: float = 60) -> Opened:
     page.on("request", lambda r: opened.requests.append(r.url))
     start = time.perf_counter()
     page.goto(path.resolve().as_uri())
-    page.wait_for_function(READY, timeout=timeout_s * 1000)
+    page.locator("html[data-ready]").wait_for(state="attached", timeout=timeout_s * 1000)
     opened.seconds = time.perf_counter() - start
     assert page.evaluate(READY) == "1", page.inner_text("main")[:500]
     return opened
