@@ -331,3 +331,34 @@ def test_rope_of_each_layer_type_as_transformers_standardizes_it(tmp_path):
         assert (layer.rope.type, layer.rope.base) == (params["rope_type"], params["rope_theta"])
         assert layer.rope.factor == params.get("factor")
     assert math.isclose(read_anatomy(str(folder)).layers[0][1].rope.base, 10000.0)
+
+
+@pytest.mark.parametrize("text_config", [
+    # as google/gemma-3-4b-it's config.json gives it: most settings left to Gemma3TextConfig's defaults
+    {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+     "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+    {"hidden_size": 64, "num_hidden_layers": 3, "sliding_window": 4},  # and without its model_type
+])
+def test_the_text_part_of_a_multimodal_config_with_its_class_defaults(text_config, tmp_path):
+    """Gemma 3: the text_config holds a few settings; the rest are Gemma3TextConfig's defaults, as transformers
+    reads them (AutoConfig, with its class defaults and derived layer_types, is the reference)."""
+    from transformers import AutoConfig
+
+    folder = tmp_path / "gemma3"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForConditionalGeneration"],
+                                                    "model_type": "gemma3", "text_config": text_config,
+                                                    "vision_config": {"model_type": "siglip_vision_model"},
+                                                    "torch_dtype": "bfloat16"}))
+    reference = AutoConfig.from_pretrained(folder).text_config
+    anatomy = read_anatomy(str(folder))
+    assert (anatomy.part, anatomy.model_type, anatomy.dtype) == ("text_config", "gemma3_text", "bfloat16")
+    assert anatomy.tokens == reference.max_position_embeddings
+    assert [layer.attention for _, layer in anatomy.layers] == [KINDS[t] for t in reference.layer_types]
+    for _, layer in anatomy.layers:
+        params = reference.rope_parameters["sliding_attention" if layer.attention == "sliding" else "full_attention"]
+        assert (layer.n_head, layer.n_kv_head, layer.d_K) == (reference.num_attention_heads,
+                                                              reference.num_key_value_heads, reference.head_dim)
+        assert (layer.window or reference.sliding_window) == reference.sliding_window
+        assert (layer.rope.type, layer.rope.base, layer.rope.factor) == (params["rope_type"], params["rope_theta"],
+                                                                          params.get("factor"))

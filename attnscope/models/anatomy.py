@@ -181,7 +181,7 @@ def read_anatomy(model: str, tokens: int | None = None, dtype: str | None = None
         if family_defaults(one.model_type) is None:
             assumed.insert(0, f"{one.where}model_type '{one.model_type or '?'}' is not a family transformers knows: "
                            "read from its fields alone" + (", as a causal decoder" if one is s else ""))
-    n_tokens, tokens_from = _tokens(s, tokens, CONTEXT_FIELDS + ("max_target_positions",))
+    n_tokens, tokens_from = _tokens(s, tokens, CONTEXT_FIELDS + ("max_target_positions",), assumed)
     source, _ = _tokens(read[1] if len(read) == 3 else s, tokens, ("max_source_positions", *CONTEXT_FIELDS))
     dtype_name, dtype_from = _dtype(read[0], data, dtype)
     uninterpreted = [name for one in read for name in one.uninterpreted()] + _unread_types(layers)
@@ -279,13 +279,16 @@ def _encoder_decoder(s: Settings) -> list[tuple[int, Layer]]:
     return layers
 
 
-def _tokens(s: Settings, tokens: int | None, names: tuple[str, ...]) -> tuple[int | None, str]:
-    if tokens is not None:
-        return tokens, "--tokens"
-    for name in names:
-        if s.raw(name) is not None:
-            return s.size(name, cap=MAX_TOKENS), name
-    return None, ""
+def _tokens(s: Settings, tokens: int | None, names: tuple[str, ...],
+            assumed: list[str] | None = None) -> tuple[int | None, str]:
+    """--tokens, else the config's context (its first of `names`); a --tokens beyond that context is said."""
+    name = next((name for name in names if s.raw(name) is not None), None)
+    context = s.size(name, cap=MAX_TOKENS) if name else None
+    if tokens is None:
+        return context, name or ""
+    if context is not None and tokens > context and assumed is not None:
+        assumed.append(f"{tokens} tokens is beyond the config's context ({name} {context})")
+    return tokens, "--tokens"
 
 
 def _dtype(s: Settings, data: dict[str, Any], asked: str | None) -> tuple[str, str]:
@@ -321,8 +324,8 @@ def groups(anatomy: Anatomy) -> list[tuple[Layer, list[int]]]:
 
 
 def ranges(indices: list[int]) -> str:
-    """[0, 1, 2, 4, 6, 7] -> "0-2, 4, 6-7"; every other layer, [0, 2, 4, 6, 8] -> "0, 2, ..., 8"."""
-    steps = {b - a for a, b in zip(indices, indices[1:])}
+    """[0, 1, 2, 4, 6, 7] -> "0-2, 4, 6-7"; every other layer, [0, 2, 4, 6, 8] -> "0,2,...,8"."""
+    steps = {b - a for a, b in zip(indices, indices[1:], strict=False)}
     if len(indices) >= 4 and len(steps) == 1 and min(steps) > 1:
         return f"{indices[0]},{indices[1]},...,{indices[-1]}"
     runs: list[list[int]] = []

@@ -167,6 +167,8 @@ class Settings(Config):
 
     def _error(self, names: tuple[str, ...], what: str) -> UsageError:
         names = self.names(*names)
-        shown = self.where + names[0] + (f" (or {', '.join(names[1:])})" if len(names) > 1 else "")
+        present = [name for name in names if self.data.get(name) is not None]  # the one the config gives
+        shown = self.where + (present[0] if present else names[0] + (f" (or {', '.join(names[1:])})"
+                                                                       if len(names) > 1 else ""))
         return UsageError(f"{self.path}: {shown} {what}; fix config.json or save the model again with "
                           "save_pretrained")
