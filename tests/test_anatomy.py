@@ -362,3 +362,27 @@ def test_the_text_part_of_a_multimodal_config_with_its_class_defaults(text_confi
         assert (layer.window or reference.sliding_window) == reference.sliding_window
         assert (layer.rope.type, layer.rope.base, layer.rope.factor) == (params["rope_type"], params["rope_theta"],
                                                                           params.get("factor"))
+
+
+@pytest.mark.parametrize(("cls_name", "sizes"), [
+    ("JambaConfig", {"num_hidden_layers": 10, "attn_layer_period": 4, "attn_layer_offset": 1}),
+    ("BambaConfig", {"num_hidden_layers": 6, "attn_layer_indices": [2, 5]}),
+    ("RecurrentGemmaConfig", {"num_hidden_layers": 7, "attention_window_size": 16}),
+    ("FalconH1Config", {"num_hidden_layers": 3}),
+    ("Qwen3NextConfig", {"num_hidden_layers": 8}),
+    ("Mamba2Config", {"num_hidden_layers": 3}),
+])
+def test_layers_that_are_not_attention_are_named_and_not_counted(cls_name, sizes, tmp_path):
+    """Families mixing attention with recurrent layers: the config saves only what its class derives
+    layer_types from (attn_layer_period, block_types, ...); anatomy derives the same."""
+    import transformers
+
+    config = getattr(transformers, cls_name)(**sizes)
+    anatomy = read_anatomy(str(saved(config, tmp_path)), tokens=32)
+    assert [layer.attention for _, layer in anatomy.layers] == [KINDS.get(t, t) for t in config.layer_types]
+    for _, layer in anatomy.layers:
+        counted = anatomy.sizes(layer).kv_cache_bytes is not None
+        assert counted == (layer.attention in ("full", "sliding", "chunked"))
+        if layer.attention == "sliding":
+            assert layer.window == config.attention_window_size
+    assert anatomy.totals()["layers_not_counted"] == sum(t not in KINDS for t in config.layer_types)

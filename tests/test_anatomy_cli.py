@@ -51,8 +51,9 @@ def one_line(outcome, code: int, *phrases: str) -> str:
     ({"layer_types": ["full_attention"] * 3}, ("layer_types", "28 strings")),
     ({"layer_types": ["sliding_attention"] * 28}, ("sliding_window is not set",)),
     ({"max_position_embeddings": 10**15}, ("max_position_embeddings", "at most")),
-    ({"num_attention_heads": None, "n_head": None}, ("names none", "attention heads")),
-    ({"num_attention_heads": [4, 8]}, ("num_attention_heads as list",)),
+    ({"num_attention_heads": None, "n_head": None}, ("names no attention heads",)),
+    ({"num_attention_heads": [4, 8]}, ("num_attention_heads as a list ([4, 8])",)),
+    ({"num_attention_heads": "x" * 10**6}, ("num_attention_heads is 'xxx", "whole number")),
 ])
 def test_a_bad_setting_is_one_line_naming_it(tmp_path, edit, phrases):
     config = {**QWEN3, **edit}
@@ -78,6 +79,7 @@ def test_missing_and_oversized_configs_are_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     one_line(run_main("anatomy", str(tmp_path / "empty")), 2, "no config.json there")
     one_line(run_main("anatomy", str(tmp_path / "nowhere")), 2, "no such folder or file")
+    one_line(run_main("anatomy", ""), 2, "MODEL is empty")
     big = tmp_path / "big"
     big.mkdir()
     with open(big / "config.json", "wb") as file:

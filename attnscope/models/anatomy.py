@@ -13,6 +13,7 @@ the encoder's keys and values. All per sequence (batch 1).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ class Anatomy:
 
     def sizes(self, layer: Layer) -> Sizes | None:
         """None when no number of tokens is known (the config names no context and --tokens was not given)."""
-        n = self.source_tokens if layer.stack == "cross" else self.tokens
+        n = self.source_tokens if layer.stack in ("cross", "encoder") else self.tokens
         if n is None:
             return None
         cached = cached_tokens(layer, n)
@@ -233,12 +234,15 @@ def _decoder_or_encoder(s: Settings, assumed: list[str], causal: bool | None = N
             raise s._error(("layer_types",), f"marks layer {i} {layer_type} but sliding_window is not set")
         if attention == "chunked" and chunk is None:
             raise s._error(("layer_types",), f"marks layer {i} {layer_type} but attention_chunk_size is not set")
+        stack = "decoder" if causal else "encoder"
+        if attention not in ("full", "sliding", "chunked"):  # linear attention, mamba, ...: not read, not counted
+            layers.append((i, Layer(stack, attention, causal, 0, 0, 0, 0, "none")))
+            continue
         nope = not uses_rope[i] or (s.model_type in kinds.NOPE_ON_FULL and attention == "full" and window is not None)
         position, rope = kinds.position(s, layer_type, nope)
-        layers.append((i, Layer("decoder" if causal else "encoder", attention, causal, n_head, n_kv, d_K, d_V,
-                                position, rope, window if attention == "sliding" else None,
-                                chunk if attention == "chunked" else None, kinds.qk_norm(s, uses_rope[i]), sinks,
-                                softcap, mla)))
+        layers.append((i, Layer(stack, attention, causal, n_head, n_kv, d_K, d_V, position, rope,
+                                window if attention == "sliding" else None, chunk if attention == "chunked" else None,
+                                kinds.qk_norm(s, uses_rope[i]), sinks, softcap, mla)))
     return layers
 
 
@@ -246,12 +250,17 @@ def _count(s: Settings, names: tuple[str, ...], what: str) -> int:
     """A number of layers or heads: its absence, or a list of them (one per stage of a vision model), is said
     as what it is, not as a broken config."""
     value = s.raw(*names)
-    if value is None and what == "layers" and isinstance(s.raw("layers_block_type"), list):
-        return len(s.raw("layers_block_type"))
-    if value is None or isinstance(value, (list, dict)):
-        found = "names none" if value is None else f"gives {s.names(*names)[0]} as {type(value).__name__} {value!r}"
-        raise UsageError(f"{s.path}: this {s.model_type or 'model'} config {found}; anatomy reads transformers "
-                         f"with one number of {what} ({' or '.join(s.names(*names))})")
+    blocks = s.raw("layers_block_type")
+    if value is None and what == "layers" and isinstance(blocks, list) and len(blocks) <= MAX_LAYERS:
+        return len(blocks)  # NemotronH: one entry per layer, no count
+    kind = f"this {s.model_type} config" if s.model_type else "this config"
+    if value is None:
+        raise UsageError(f"{s.path}: {kind} names no {what} ({' or '.join(s.names(*names))}); anatomy reads "
+                         "models made of attention layers")
+    if isinstance(value, (list, dict)):
+        shown = json.dumps(value)[:60]
+        raise UsageError(f"{s.path}: {kind} gives {s.names(*names)[0]} as a {type(value).__name__} ({shown}); "
+                         f"anatomy reads models with one number of {what} for every layer")
     return s.size(*names, cap=MAX_LAYERS if what == "layers" else MAX_SIZE)
 
 

@@ -56,7 +56,7 @@ IGNORED = frozenset({
     "attn_temperature_tuning", "floor_scale", "attn_scale", "output_attentions", "num_experts_per_tok",
     "attention_out_bias", "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "rope_interleave",
     "pretraining_tp", "qk_head_dim", "relative_attention_max_distance", "add_cross_attention",
-    "head_dim_scale", "attn_logit_softcapping_scale",
+    "head_dim_scale", "attn_logit_softcapping_scale", "parallel_attn", "shared_attention_norm",
 })
 _IRRELEVANT = re.compile(r"dropout|pdrop|bias$|init|_std$|multiplier|token_id|summary_|classifier_|eps$|expert")
 # A setting whose name says it may shape the attention: named when anatomy did not read it.
@@ -166,6 +166,8 @@ class Settings(Config):
                       and not isinstance(value, Mapping))
 
     def _error(self, names: tuple[str, ...], what: str) -> UsageError:
+        if len(what) > 240:  # a value of a megabyte is named by its start and end, not printed whole
+            what = f"{what[:150]} ... {what[-80:]}"
         names = self.names(*names)
         present = [name for name in names if self.data.get(name) is not None]  # the one the config gives
         shown = self.where + (present[0] if present else names[0] + (f" (or {', '.join(names[1:])})"

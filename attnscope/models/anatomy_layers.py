@@ -30,8 +30,10 @@ ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "distilbert
                       "deberta-v2", "mpnet", "modernbert", "ernie", "megatron-bert", "rembert", "roformer",
                       "nomic_bert", "esm", "xlm-roberta-xl", "data2vec-text", "ibert", "mobilebert",
                       "squeezebert", "convbert", "funnel", "luke", "xmod", "canine", "layoutlm", "markuplm"})
-DECODERS = frozenset({"gpt2", "gemma", "gemma2", "gemma3_text", "bloom", "falcon", "mpt", "gpt_neo", "gptj", "codegen",
-                      "gpt_neox", "gpt_neox_japanese", "llama", "mistral", "qwen2", "phi3"})
+DECODERS = frozenset({"gpt2", "gemma", "gemma2", "gemma3_text", "gemma4_text", "bloom", "falcon", "mpt", "gpt_neo",
+                      "gptj", "codegen", "gpt_neox", "gpt_neox_japanese", "llama", "mistral", "qwen2", "phi3",
+                      "llama4_text", "internlm3", "doge", "qwen3_5_text", "qwen3_5_moe_text", "glm4v_text",
+                      "glm4v_moe_text", "emu3_text_model", "qwen2_5_omni_text", "qwen3_omni_moe_text"})
 ABSOLUTE = frozenset({"gpt2", "gpt_bigcode", "opt", "gpt_neo", "biogpt", "xglm", "bart", "mbart", "marian",
                       "pegasus", "m2m_100", "blenderbot", "blenderbot-small", "plbart", "nllb-moe", "whisper",
                       "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "distilbert", "electra",
@@ -157,21 +159,20 @@ def rope_layers(s: Settings, n_layers: int) -> list[bool]:
 def position(s: Settings, layer_type: str, nope: bool) -> tuple[str, Rope | None]:
     """The layer's positions: ("rope", Rope) or ("nope" | "absolute" | "relative" | "alibi" | "not rope", None)."""
     kind = s.model_type
+    embedding, buckets = s.raw("position_embedding_type"), s.raw("relative_attention_num_buckets")  # read either way
     if kind == "bloom" or s.raw("alibi") is True or _mpt_alibi(s):
         return "alibi", None
     if nope:
         return "nope", None
     family_rope = s.family.get("rope", False) or kind in ROTARY
     rope_named = s.given("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base", "partial_rotary_factor",
-                         "rotary_pct", "rotary_dim") or s.raw("position_embedding_type") == "rotary"
+                         "rotary_pct", "rotary_dim") or embedding == "rotary"
     if family_rope or rope_named:
         return "rope", rope(s, layer_type)
-    if kind in RELATIVE or s.raw("relative_attention_num_buckets") is not None:
+    if kind in RELATIVE or buckets is not None or embedding in ("relative_key", "relative_key_query"):
         return "relative", None
-    if kind in ABSOLUTE or s.raw("position_embedding_type") == "absolute":
+    if kind in ABSOLUTE or embedding == "absolute":
         return "absolute", None
-    if s.raw("position_embedding_type") in ("relative_key", "relative_key_query"):
-        return "relative", None
     return "not rope", None
 
 
@@ -257,12 +258,14 @@ def head_dim(s: Settings) -> int:
 
 def kv_heads(s: Settings, n_head: int) -> int:
     """KV heads: num_key_value_heads and its other names; Falcon's and GPT-BigCode's multi_query means 1."""
+    named = s.raw("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")  # read either way
     if s.model_type == "falcon" and not s.raw("new_decoder_architecture") and s.raw("multi_query"):
         n_kv = 1
     elif s.model_type != "falcon" and s.raw("multi_query") is True:
         n_kv = 1
     else:
-        n_kv = s.size("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", default=n_head)
+        n_kv = n_head if named is None else s.size("num_key_value_heads", "num_kv_heads", "n_kv_heads",
+                                                   "multi_query_group_num")
     if n_head % n_kv:
         raise s._error(("num_key_value_heads",), f"is {n_kv}, which does not divide the {n_head} query heads")
     return n_kv

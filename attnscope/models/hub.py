@@ -32,6 +32,8 @@ def locate_config(model: str) -> Path:
     """The config.json of a model and nothing else (`attnscope anatomy`): a folder's, a config.json given as a
     file, or a Hugging Face model name's, from the local cache first (read without importing huggingface_hub's
     download code), else as `locate` finds it."""
+    if not model.strip():
+        raise UsageError("MODEL is empty; give a model folder, its config.json, or a Hugging Face model name")
     path = Path(model).expanduser()
     if path.is_dir():
         return path / "config.json"

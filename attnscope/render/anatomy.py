@@ -58,7 +58,8 @@ def show_anatomy(out: Console, anatomy: Anatomy) -> None:
         cache = "-" if sizes is None or sizes.kv_cache_bytes is None else format_bytes(sizes.kv_cache_bytes)
         flops = "-" if sizes is None or sizes.flops_per_token is None else short_flops(sizes.flops_per_token)
         rows.append([cell(_parts(where)), cell(whole(str(len(indices)))), cell(_parts(layer.label)),
-                     cell(whole(f"{layer.n_head}/{layer.n_kv_head}")), cell(whole(d_head)),
+                     cell(whole(f"{layer.n_head}/{layer.n_kv_head}" if layer.n_head else "-")),
+                     cell(whole(d_head if layer.n_head else "-")),
                      cell(_parts(rope_text(layer), " ")), cell(whole(cache)), cell(whole(flops))])
     out.print(FittedTable(columns, rows, shrink=[2, 6, 0]))
     totals = anatomy.totals()
@@ -115,7 +116,7 @@ def _layer_notes(anatomy: Anatomy, layer: Layer) -> list[str]:
         m = layer.mla
         out.append(f"MLA: the cache holds the latent, kv_lora_rank {m.kv_lora_rank} + qk_rope_head_dim "
                    f"{m.qk_rope_head_dim} = {m.kv_lora_rank + m.qk_rope_head_dim} numbers a token, as transformers "
-                   f"5 stores it (checked with 5.23); as full heads, what transformers 4.x cached, "
+                   f"stores it (5.23 caches kv_nope and k_rot); as full heads, what transformers 4.x cached, "
                    f"{layer.n_head} x ({layer.d_K} + {layer.d_V}) = {layer.n_head * (layer.d_K + layer.d_V)}")
     if layer.attention == "sliding" and layer.causal:
         out.append(f"sliding {layer.window}: a query sees the last {layer.window} keys, itself included; the cache "
@@ -128,7 +129,7 @@ def _layer_notes(anatomy: Anatomy, layer: Layer) -> list[str]:
                    f"causally; transformers caches it as a sliding window, keeping the last {layer.chunk - 1}")
     if layer.stack == "encoder":
         out.append("encoder layers keep no KV cache; their FLOPs are for a token in the middle of N")
-    if layer.stack == "cross":
+    if layer.stack == "cross" and anatomy.source_tokens is not None:
         out.append(f"cross: each decoder layer caches the encoder's keys and values for {anatomy.source_tokens} "
                    "source tokens")
     if layer.sinks:
