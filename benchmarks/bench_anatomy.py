@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _measure import PYTHON, interleaved_medians, machine  # noqa: E402
+from _measure import PYTHON, interleaved_medians, machine, python_output  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "configs"
 
@@ -63,6 +63,7 @@ def main() -> None:
             "attnscope anatomy ABSURD (refused)": [PYTHON, "-c", REFUSED, attnscope, str(absurd)],
         }
         results = interleaved_medians(commands, runs=args.runs, env=env)
+        inside = python_output(IN_PROCESS, str(folder))
     reference = results["AutoConfig.from_pretrained(folder)"].seconds
     print(f"machine: {machine()}; median of {args.runs} interleaved runs after 1 warm-up, fresh process each\n")
     print(f"the absurd config: exit {refused[0]}, {refused[1]!r}\n")
@@ -73,7 +74,21 @@ def main() -> None:
         print(f"| `{name}` | {sample.seconds:.3f} | {sample.seconds / reference:.2f}x | {target} |")
     print("\n(the refused run is timed inside a small Python wrapper that expects exit 2, which adds its own"
           " start-up of about 0.02 s)")
+    print(f"\nin one process, after the imports: {inside}")
 
+
+# What anatomy itself takes once the interpreter and the CLI's imports are there: reading and describing.
+IN_PROCESS = """
+import statistics, sys, time
+from attnscope.models.anatomy import read_anatomy
+from attnscope.render.anatomy import anatomy_json
+times = []
+for _ in range(50):
+    start = time.perf_counter()
+    anatomy_json(read_anatomy(sys.argv[1]))
+    times.append(time.perf_counter() - start)
+print(f"read_anatomy + anatomy_json, median of 50: {statistics.median(times) * 1000:.1f} ms")
+"""
 
 # The absurd config exits 2, which run_once would take for a failed benchmark: a wrapper that expects it.
 REFUSED = ("import subprocess, sys; r = subprocess.run(sys.argv[1:2] + ['anatomy', sys.argv[2]], capture_output=True);"
