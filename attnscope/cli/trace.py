@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnscope.cli.common import exporting
+from attnscope.cli.common import Page, exporting
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     AttentionCommand,
     CausalOpt,
     Debug,
     ExportForce,
-    Html,
+    HtmlPage,
     Json,
     KFile,
     MaskFile,
@@ -58,7 +58,7 @@ def trace(
     mask: MaskFile = None,
     json: Json = False,
     svg: Svg = None,
-    html: Html = None,
+    html: HtmlPage = None,
     force: ExportForce = False,
     debug: Debug = False,
 ) -> None:
@@ -66,13 +66,17 @@ def trace(
     tensor op with its line, and line it up with attnscope's reference on the same inputs and weights; the
     first step that differs is explained. Exit 0 when all align, 1 at a divergence or an error in your code."""
 
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope trace") as out:
+    page = Page()
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope trace", page=page) as out:
+        from attnscope.readings.headstats import describe
         from attnscope.runs.trace import TraceOptions, run_trace
+        from attnscope.views.sources import from_trace_run
 
         options = TraceOptions(target=target, init=init, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
                                heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask,
                                causal=causal.value if causal else None)
         run = run_trace(options)
+        page.of(run, lambda traced: from_trace_run(traced, describe))
         _show(out, run, json)
 
 

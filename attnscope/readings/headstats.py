@@ -149,6 +149,12 @@ def kind(stats: HeadStats) -> str:
     return "mixed"
 
 
+def describe(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> tuple[str, dict[str, float]]:
+    """A head's kind and statistics, as the explorer page shows them (views/sources.py's `Describe`)."""
+    stats = head_stats(pattern, offset, tokens)
+    return kind(stats), stats.as_dict()
+
+
 def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Every head of one batch element, `[n_head, n_Q, n_K]`: `{"head", "stats", "kind"}` per head."""
     heads = []
@@ -183,7 +189,7 @@ class LayerHeads:
                    describe_heads(attention, offset, tokens))
 
     def _repr_html_(self) -> str:
-        """Jupyter draws every head as a small heatmap with its kind, and the table of statistics."""
-        from attnscope.views.notebook import heads_html
+        """Jupyter draws every head as a small heatmap with its kind, and the table of statistics (views/embed.py)."""
+        from attnscope.views.embed import heads_view
 
-        return heads_html(self)
+        return heads_view(self)

@@ -92,10 +92,11 @@ class HeadResult:
 
     def _repr_html_(self) -> str:
         """Jupyter shows the model and head, the layer's steps, this head's pattern on the text and every
-        head of the layer with what it does (notebook.py)."""
-        from attnscope.views.notebook import head_html
+        head of the layer with what it does: the explorer page where the frontend runs scripts, the static view
+        of notebook.py where not (views/embed.py)."""
+        from attnscope.views.embed import head_view
 
-        return head_html(self)
+        return head_view(self)
 
 
 Progress = Callable[[str], AbstractContextManager[Any]]

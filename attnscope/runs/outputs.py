@@ -33,10 +33,11 @@ class Heatmap:
     col_labels: list[str]
 
     def _repr_html_(self) -> str:
-        """Jupyter draws the pattern as an inline heatmap (notebook.py)."""
-        from attnscope.views.notebook import pattern_svg
+        """Jupyter draws the pattern as an inline heatmap (views/embed.py)."""
+        from attnscope.readings.headstats import describe
+        from attnscope.views.embed import pattern_view
 
-        return pattern_svg(self.matrix, self.row_labels, self.col_labels, self.title)
+        return pattern_view(self, describe)
 
 
 @dataclass
