@@ -182,10 +182,12 @@ class Family(ABC):
         activations = 4 * n_tokens * (40 * self.d_model + 4 * self.n_head * n_tokens)
         return self.weight_bytes(layer) + activations
 
-    def weight_bytes(self, layer: int) -> int:
-        """Layers 0..`layer`'s weights as stored (the pages read) and as float32."""
+    def weight_bytes(self, layer: int, only: bool = False) -> int:
+        """Layers 0..`layer`'s weights (only layer `layer`'s with `only`) as stored (the pages read) and as
+        float32."""
         stem = f"{self.prefix}{self.layers}."
-        needed = [k for k in self.checkpoint.keys if k.startswith(stem) and _layer_of(k[len(stem):]) <= layer]
+        needed = [k for k in self.checkpoint.keys if k.startswith(stem)
+                  and (_layer_of(k[len(stem):]) == layer if only else _layer_of(k[len(stem):]) <= layer)]
         stored = sum(self.checkpoint.nbytes(k) for k in needed)
         return stored + 4 * sum(self._numel(k) for k in needed)
 

@@ -34,6 +34,11 @@ def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, he
             h = model.block(earlier, h, model.attention(earlier, record=False))
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         traced = model.attention(layer, record=True)(X)
+    return layer_run(model, layer, head, traced, X, made)
+
+
+def layer_run(model: Family, layer: int, head: int, traced: Trace, X: torch.Tensor, made: str) -> LayerRun:
+    """Layer `layer`'s attention trace as a model's: X first and model axis names, with head `head`'s own steps."""
     steps = layer_trace(traced, X, made)
     return LayerRun(steps, _head_trace(model, steps, head, model.biases()[0]), model.attention_spec(layer))
 

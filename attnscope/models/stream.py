@@ -9,7 +9,7 @@ keys and values) is kept on the way through.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.models.family import Family
+    from attnscope.models.run import LayerRun
     from attnscope.multihead import MultiHeadAttention
     from attnscope.trace import Trace
 
@@ -43,23 +44,40 @@ class Kept:
         return trace
 
 
-def every_layer(model: Family, ids: list[int], type_ids: list[int],
-                progress: Progress = lambda _: None) -> Iterator[torch.Tensor]:
-    """Each layer's pattern, every head, `[n_head, n_tokens, n_tokens]`, layer by layer; the last layer's MLP is
-    not run (nothing reads it)."""
+@dataclass
+class AllLayers:
+    """Every layer's pattern on the text, every head (`[n_head, n_tokens, n_tokens]` each), and layer L traced
+    whole with head h's own steps, as `head --text` shows it."""
+
+    patterns: list[torch.Tensor]
+    run: LayerRun
+
+
+def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
+                progress: Progress = lambda _: None) -> AllLayers:
+    """Each layer's pattern, layer by layer; the last layer's MLP is not run (nothing reads it)."""
     import torch
 
+    from attnscope.models.run import layer_run
+
+    patterns = []
+    run = None
     with torch.no_grad():
         h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
-        for layer in range(model.n_layer):
-            progress(layer)
-            kept = Kept(model.attention(layer, record=True))
-            if layer == model.n_layer - 1:
-                kept(model.attention_input(layer, h)[0])
+        for index in range(model.n_layer):
+            progress(index)
+            kept = Kept(model.attention(index, record=True))
+            X, made = model.attention_input(index, h)  # [1, n_tokens, d_model]
+            if index == model.n_layer - 1:
+                kept(X)
             else:
-                h = model.block(layer, h, cast("MultiHeadAttention", kept))  # called as the attention is
+                h = model.block(index, h, cast("MultiHeadAttention", kept))  # called as the attention is
             assert kept.trace is not None
-            yield kept.trace["attention"][0]  # [n_head, n_tokens, n_tokens]
+            patterns.append(kept.trace["attention"][0])  # [n_head, n_tokens, n_tokens]
+            if index == layer:
+                run = layer_run(model, layer, head, kept.trace, X, made)
+    assert run is not None
+    return AllLayers(patterns, run)
 
 
 @dataclass
@@ -124,3 +142,14 @@ def _cache_bytes(model: Family, caches: list[tuple[torch.Tensor, torch.Tensor] |
             n = tensor.shape[-2] if window is None else min(tensor.shape[-2], window - 1)
             held += tensor[..., :n, :].numel() * tensor.element_size()
     return held
+
+
+def estimate_bytes(model: Family, n_tokens: int, keep_patterns: bool) -> int:
+    """Memory of a streamed run over `n_tokens` positions: the largest layer's weights (one layer is held at a
+    time), the residual stream and a traced layer's activations, the KV cache of every layer, and with
+    `keep_patterns` every layer's pattern."""
+    largest = max(model.weight_bytes(index, only=True) for index in range(model.n_layer))
+    activations = 4 * n_tokens * (40 * model.d_model + 4 * model.n_head * n_tokens)
+    cache = 2 * 4 * model.n_layer * model.n_kv_head * model.d_head * n_tokens
+    patterns = 4 * model.n_layer * model.n_head * n_tokens**2 if keep_patterns else 0
+    return largest + activations + cache + patterns
