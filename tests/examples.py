@@ -14,7 +14,8 @@ The conventions the docs follow so that their examples run here (docs/cli.md, "T
 - a model is a Hugging Face name (`bert-base-uncased`, a `--model` default) or a folder `./NAME`; each is
   provided offline: a name through a temporary Hugging Face cache, a folder as a link in the example's
   folder. Behind it is the tiny model STAND_INS names for it (tests/tiny_models.py), else a tiny model of
-  a family its name mentions (`./my-gpt2`), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads).
+  a family its name mentions (`./my-gpt2`; `./deepseek-v3-dir` from tests/tiny_deepseek.py), else the packaged
+  all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads).
 
 Used by tests/test_examples.py and benchmarks/bench_examples.py.
 """
@@ -187,6 +188,13 @@ def model_for(name: str, root: Path) -> Path:
     mentions, else the packaged all-MiniLM-L6-v2 (a BERT of 6 layers and 12 heads). Built once under root."""
     from tiny_models import FAMILIES, build
 
+    if "deepseek" in name.lower():  # tests/tiny_deepseek.py: a dense layer, then mixture-of-experts layers
+        from tiny_deepseek import build as build_deepseek
+
+        folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+        if not (folder / "config.json").exists():
+            build_deepseek(folder, 2 if "v2" in name.lower() else 3)
+        return folder
     family, sizes = STAND_INS.get(name, (next((f for f in FAMILIES if f in name.lower()), ""), {}))
     if not family:
         return minilm()

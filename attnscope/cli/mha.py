@@ -50,8 +50,6 @@ MHA_EXAMPLES = """Examples:
 
   attnscope mha --d-feat 200 --heads 5
 
-  attnscope mha --nq 16 --nk 40 --heads 4 --d-feat 64 --check
-
   attnscope mha --d-feat 4096 --heads 32 --kv-heads 8 --rope --causal --batch 1 --nq 8192 --meta
 
   attnscope mha --batch 1 --nq 8 --d-feat 64 --heads 4 --kv-lora-rank 16 --q-lora-rank 24 --causal --check"""

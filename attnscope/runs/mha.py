@@ -92,7 +92,7 @@ def prepare(asked: MhaOptions) -> AttentionSpec:
     """Check the options; the attention they ask for."""
     given = [flag for name, flag in LATENT_ONLY if getattr(asked, name) is not None]
     if given and asked.kv_lora_rank is None:
-        raise UsageError(f"{' and '.join(given)} size{'s' if len(given) > 1 else ''} multi-head latent attention; "
+        raise UsageError(f"{' and '.join(given)} size{'s' if len(given) == 1 else ''} multi-head latent attention; "
                          "add --kv-lora-rank R to run it")
     spec = check_options(asked, scale=asked.scale, n_kv_head=asked.kv_heads)
     if not 0.0 <= asked.dropout < 1.0:
