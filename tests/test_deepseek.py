@@ -229,3 +229,30 @@ def test_a_missing_expert_is_one_line(runner, built, tmp_path):
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     assert runner.invoke(app, ["head", "--model", str(folder), "--layer", "2"]).exit_code == 0  # weights alone
     _fails(runner, ["head", "--model", str(folder), "--layer", "2", "--text", SENTENCE], "mlp.experts")
+
+
+def test_the_memory_estimate_counts_the_experts_a_text_can_reach(built):
+    """8 tokens x 3 experts each can reach all 8 experts of layer 1, 1 token only 3 of them."""
+    folder = built("v3")[0]
+    family = open_model(folder, read_config(folder))
+    experts = [k for k in family.checkpoint.keys if k.startswith("model.layers.1.mlp.experts.")]
+    held = 2 * sum(family.checkpoint.nbytes(k) for k in experts)
+    weights = {n: family.estimate_bytes(1, n) - _activations(n) for n in (1, 8)}
+    assert weights[8] - weights[1] == held - held * 3 // 8  # float32 experts: stored and upcast, 2x their bytes
+    assert family.estimate_bytes(0, 8) < family.estimate_bytes(1, 8)
+
+
+def _activations(n_tokens: int) -> int:
+    """Family.estimate_bytes's activations for the tiny model (d_model 32, 4 heads)."""
+    return 4 * n_tokens * (40 * 32 + 4 * 4 * n_tokens)
+
+
+def test_a_float8_checkpoint_is_refused_in_one_line(runner, built, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = _variant(built("v3")[0], tmp_path, "fp8", lambda c: c | {"quantization_config": {
+        "quant_method": "fp8", "weight_block_size": [128, 128]}})
+    state = load_file(folder / "model.safetensors")
+    state["model.layers.0.self_attn.kv_b_proj.weight_scale_inv"] = torch.ones(1, 1)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    _fails(runner, ["head", "--model", str(folder)], "quantized (fp8", "fp8_cast_bf16.py")

@@ -304,3 +304,7 @@ def test_cli_files_cross_attention_and_a_refused_v(runner, tmp_path):
     assert result.exit_code == 0 and "MLA (cross-attention)" in result.output and "d_nope=10" in result.output
     refused = runner.invoke(app, [*base, "--k", str(tmp_path / "k.npy"), "--v", str(tmp_path / "k.npy")])
     assert refused.exit_code == 2 and "--v with --kv-lora-rank" in refused.stderr
+    np.save(tmp_path / "q16.npy", np.random.default_rng(2).standard_normal((2, 5, 20)).astype(np.float16))
+    half = runner.invoke(app, ["mha", "--q", str(tmp_path / "q16.npy"), "--heads", "2", "--kv-lora-rank", "6",
+                               "--q-lora-rank", "4", "--causal", "--check"])  # checked to float16's tolerance
+    assert half.exit_code == 0 and half.output.count("PASS") == 4, half.output

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models.family import Slice
+from attnscope.models.family import Slice, _layer_of
 from attnscope.models.llama import Llama
 from attnscope.spec import AttentionSpec, Latent
 
@@ -69,6 +69,7 @@ class DeepseekV3(Llama):
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         # Llama's sizes, then MLA's: a head's query and key are d_K wide, its value d_V; no shared KV heads
         super().__init__(folder, config, checkpoint)
+        _refuse_fp8(config, checkpoint)
         d = self.defaults
         q_rank = config.data["q_lora_rank"] if "q_lora_rank" in config.data else d["q_lora_rank"]
         self.latent = Latent(
@@ -209,6 +210,20 @@ class DeepseekV3(Llama):
                 trace.add(name, step.tensor[0], step.dims[1:], f"{source}[0]: every head's", allocates=False)
         return trace
 
+    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
+        """Every family's estimate, but a mixture-of-experts layer reads only the experts its tokens choose, at
+        most n_tokens · num_experts_per_tok of its n_routed_experts (a 671B checkpoint's layer holds 256)."""
+        stem = f"{self.prefix}{self.layers}."
+        experts = [k for k in self.checkpoint.keys if k.startswith(stem) and ".mlp.experts." in k
+                   and _layer_of(k[len(stem):]) <= layer]
+        total = super().estimate_bytes(layer, n_tokens)
+        if not experts:
+            return total
+        held = sum(self.checkpoint.nbytes(k) + 4 * self._numel(k) for k in experts)
+        n_experts = self.config.integer("n_routed_experts", "num_experts", default=256)
+        chosen = min(n_experts, n_tokens * self.config.integer("num_experts_per_tok", default=8))
+        return total - held + held * chosen // n_experts
+
     # --- the prefix: dense and mixture-of-experts layers ----------------------------------------------------
 
     def block(self, layer: int, h: torch.Tensor, attention: Any) -> torch.Tensor:
@@ -339,6 +354,16 @@ HEAD_STEPS = (("Q_nope", "Q_nope"), ("Q_pe", "Q_pe"), ("KV_latent", "KV_latent")
               ("Q_pe_rot", "Q_pe_rot"), ("K_pe_rot", "K_pe_rot"), ("Q_full", "Q_full"), ("K_nope", "K_nope"),
               ("V", "V_split"), ("K_full", "K_full"), ("scores", "scores"), ("masked_scores", "masked_scores"),
               ("attention", "attention"), ("out", "x_raw"))
+
+
+def _refuse_fp8(config: Config, checkpoint: Checkpoint) -> None:
+    """DeepSeek's own V3/R1 checkpoints hold float8 weights with a `weight_scale_inv` per 128 x 128 block
+    (quantization_config fp8): read as they are, every number would be off by its block's scale."""
+    if any(key.endswith("weight_scale_inv") for key in checkpoint.keys):
+        method = (config.mapping("quantization_config") or {}).get("quant_method", "block-scaled")
+        raise UsageError(f"{config.path}: this checkpoint is quantized ({method}: float8 weights with a "
+                         "weight_scale_inv per block), and attnscope reads unquantized weights; convert it to "
+                         "bfloat16 first (DeepSeek's inference/fp8_cast_bf16.py does)")
 
 
 def _even(config: Config, d_rope: int) -> int:
