@@ -308,3 +308,16 @@ def test_cli_files_cross_attention_and_a_refused_v(runner, tmp_path):
     half = runner.invoke(app, ["mha", "--q", str(tmp_path / "q16.npy"), "--heads", "2", "--kv-lora-rank", "6",
                                "--q-lora-rank", "4", "--causal", "--check"])  # checked to float16's tolerance
     assert half.exit_code == 0 and half.output.count("PASS") == 4, half.output
+
+
+def test_cli_guard_refuses_a_latent_run_before_torch_is_imported():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom attnscope.cli import main\nsys.argv = ['attnscope', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit as exit:\n    print('EXIT', exit.code, 'TORCH', 'torch' in sys.modules,"
+            " file=sys.stderr)")
+    args = ["mha", "--d-feat", "7168", "--heads", "128", "--kv-lora-rank", "512", "--batch", "8", "--nq", "100000"]
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    first, last = result.stderr.strip().splitlines()
+    assert first.startswith("attnscope: error: this run needs about") and last == "EXIT 1 TORCH False"
