@@ -211,6 +211,8 @@ def _fails(runner, args: list[str], *phrases: str) -> None:
 @pytest.mark.parametrize(("name", "edit", "phrases"), [
     ("v3", lambda c: c | {"qk_rope_head_dim": 7}, ("qk_rope_head_dim 7 is odd",)),
     ("v3", lambda c: c | {"n_group": 3}, ("8 routed experts in n_group 3 groups",)),
+    ("v3", lambda c: c | {"n_group": 8, "topk_group": 2}, ("hold at least 2 each",)),
+    ("v2-greedy", lambda c: c | {"num_experts_per_tok": 9}, ("num_experts_per_tok 9 is more than the 8",)),
     ("v3", lambda c: c | {"rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}}, ("RoPE type 'axial'",)),
     ("v3", lambda c: c | {"kv_lora_rank": "wide"}, ("kv_lora_rank is 'wide'",)),
     ("v2", lambda c: c | {"topk_method": "noaux_tc"}, ("topk_method 'noaux_tc'", "greedy, group_limited_greedy")),

@@ -315,8 +315,8 @@ def test_cli_guard_refuses_a_latent_run_before_torch_is_imported():
     import sys
 
     code = ("import sys\nfrom attnscope.cli import main\nsys.argv = ['attnscope', *sys.argv[1:]]\n"
-            "try:\n    main()\nexcept SystemExit as exit:\n    print('EXIT', exit.code, 'TORCH', 'torch' in sys.modules,"
-            " file=sys.stderr)")
+            "try:\n    main()\nexcept SystemExit as exit:\n"
+            "    print('EXIT', exit.code, 'TORCH', 'torch' in sys.modules, file=sys.stderr)")
     args = ["mha", "--d-feat", "7168", "--heads", "128", "--kv-lora-rank", "512", "--batch", "8", "--nq", "100000"]
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
     first, last = result.stderr.strip().splitlines()

@@ -64,7 +64,7 @@ class DeepseekV3(Llama):
     defaults: ClassVar[dict[str, Any]] = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                                           "qk_rope_head_dim": 64, "v_head_dim": 128, "first_k_dense_replace": 3,
                                           "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
-                                          "routed_scaling_factor": 2.5, "n_shared_experts": 1}
+                                          "routed_scaling_factor": 2.5, "n_routed_experts": 256}
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         # Llama's sizes, then MLA's: a head's query and key are d_K wide, its value d_V; no shared KV heads
@@ -128,10 +128,12 @@ class DeepseekV3(Llama):
     def head_notes(self, head: int) -> list[str]:
         L = self.latent
         assert L is not None
-        query = ("W_UQ: q_b_proj's rows of head h" if L.q_lora_rank is not None else "W_Q: q_proj's rows of head h")
-        return [f"{query}, the first {L.qk_nope_head_dim} make Q_nope, the last {L.qk_rope_head_dim} Q_pe; W_DQ, "
-                "g_DQ, W_DKV, g_DKV and W_KR are every head's (one KV_latent and one K_pe per token); W_UK and W_UV "
-                f"expand head {head}'s K_nope and V from the latent"]
+        compressed = L.q_lora_rank is not None
+        query = f"{'W_UQ' if compressed else 'W_Q'}: {'q_b_proj' if compressed else 'q_proj'}'s rows of head {head}"
+        shared = "W_DQ, g_DQ, W_DKV, g_DKV and W_KR are" if compressed else "W_DKV, g_DKV and W_KR are"
+        return [f"{query}, the first {L.qk_nope_head_dim} make Q_nope, the last {L.qk_rope_head_dim} Q_pe; {shared} "
+                f"every head's (one KV_latent and one K_pe per token); W_UK and W_UV expand head {head}'s K_nope and V "
+                "from the latent"]
 
     # --- the attention's specifics ----------------------------------------------------------------------
 
@@ -220,7 +222,7 @@ class DeepseekV3(Llama):
         if not experts:
             return total
         held = sum(self.checkpoint.nbytes(k) + 4 * self._numel(k) for k in experts)
-        n_experts = self.config.integer("n_routed_experts", "num_experts", default=256)
+        n_experts = self.config.integer("n_routed_experts", "num_experts", default=self.defaults["n_routed_experts"])
         chosen = min(n_experts, n_tokens * self.config.integer("num_experts_per_tok", default=8))
         return total - held + held * chosen // n_experts
 
@@ -261,10 +263,10 @@ class DeepseekV3(Llama):
         import torch
         import torch.nn.functional as F
 
-        n_group, top_groups, top_k = self._routing()
         scores = F.linear(flat.float(), self.weight(layer, "mlp.gate.weight")).sigmoid()  # [n_tokens, n_experts]
         choice = scores + self.weight(layer, "mlp.gate.e_score_correction_bias")
         n_experts = scores.shape[-1]
+        n_group, top_groups, top_k = self._routing(n_experts)
         groups = choice.view(-1, n_group, n_experts // n_group).topk(2, dim=-1)[0].sum(dim=-1)  # [n_tokens, n_group]
         kept = torch.zeros_like(groups).scatter_(1, torch.topk(groups, k=top_groups, dim=-1, sorted=False)[1], 1)
         allowed = kept.unsqueeze(-1).expand(-1, n_group, n_experts // n_group).reshape(-1, n_experts).bool()
@@ -275,17 +277,18 @@ class DeepseekV3(Llama):
         return weights * self.config.number("routed_scaling_factor", default=self.defaults["routed_scaling_factor"],
                                             positive=False), chosen
 
-    def _routing(self) -> tuple[int, int, int]:
-        """n_group, topk_group, num_experts_per_tok, checked against the router's experts."""
+    def _routing(self, n_experts: int, best_of_group: int = 2) -> tuple[int, int, int]:
+        """n_group, topk_group, num_experts_per_tok, checked against the router's n_experts (its gate's rows):
+        whole groups of at least `best_of_group` experts (V3 scores a group by its best two), enough to choose."""
         d, c = self.defaults, self.config
-        n_experts = c.integer("n_routed_experts", "num_experts", default=256)
         n_group = c.integer("n_group", default=d["n_group"] or 1)
         top_groups = c.integer("topk_group", default=d["topk_group"] or 1)
         top_k = c.integer("num_experts_per_tok", default=d["num_experts_per_tok"])
-        if n_experts % n_group or top_groups > n_group or top_k > top_groups * (n_experts // n_group):
+        per_group = n_experts // n_group
+        if n_experts % n_group or per_group < best_of_group or top_groups > n_group or top_k > top_groups * per_group:
             raise UsageError(f"{c.path}: {n_experts} routed experts in n_group {n_group} groups, topk_group "
-                             f"{top_groups}, num_experts_per_tok {top_k}: the groups must divide the experts and "
-                             "hold enough of them; fix config.json")
+                             f"{top_groups}, num_experts_per_tok {top_k}: the groups must divide the experts, hold "
+                             f"at least {best_of_group} each and enough to choose from; fix config.json")
         return n_group, top_groups, top_k
 
     def expert(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -318,7 +321,7 @@ class DeepseekV2(DeepseekV3):
     model_types: ClassVar[tuple[str, ...]] = ("deepseek_v2",)
     defaults: ClassVar[dict[str, Any]] = {**DeepseekV3.defaults, "first_k_dense_replace": 0, "n_group": None,
                                           "topk_group": None, "num_experts_per_tok": None,
-                                          "routed_scaling_factor": 1.0, "n_shared_experts": 2}
+                                          "routed_scaling_factor": 1.0, "n_routed_experts": 64}
 
     def rope_interleave(self) -> bool:
         """V2's complex product pairs (2i, 2i + 1) and keeps them in place: an interleaved `Rope` (rope_config's
@@ -336,9 +339,12 @@ class DeepseekV2(DeepseekV3):
                              "(greedy, group_limited_greedy); fix config.json")
         scores = F.linear(flat.float(), self.weight(layer, "mlp.gate.weight")).softmax(dim=-1)  # [n_tokens, n_exp]
         top_k = self.config.integer("num_experts_per_tok")
+        if top_k > scores.shape[-1]:
+            raise UsageError(f"{self.config.path}: num_experts_per_tok {top_k} is more than the {scores.shape[-1]} "
+                             "routed experts; fix config.json")
         if method == "group_limited_greedy":
-            n_group, top_groups, top_k = self._routing()
             n_experts = scores.shape[-1]
+            n_group, top_groups, top_k = self._routing(n_experts, best_of_group=1)
             groups = scores.view(-1, n_group, n_experts // n_group).max(dim=-1).values  # [n_tokens, n_group]
             kept = torch.zeros_like(groups).scatter_(1, torch.topk(groups, k=top_groups, dim=-1, sorted=False)[1], 1)
             allowed = kept.unsqueeze(-1).expand(-1, n_group, n_experts // n_group).reshape(-1, n_experts).bool()

@@ -118,9 +118,10 @@ def show_head(out: Console, result: HeadResult) -> None:
 
 
 def model_json(info: ModelInfo) -> dict[str, Any]:
-    return {"architecture": info.architecture, "path": str(info.path), "layers": info.layers, "heads": info.heads,
-            "d_model": info.d_model, "d_head": info.d_head, "model_type": info.model_type,
-            "kv_heads": info.kv_heads, "latent": None if info.latent is None else latent_json(info.latent)}
+    found = {"architecture": info.architecture, "path": str(info.path), "layers": info.layers, "heads": info.heads,
+             "d_model": info.d_model, "d_head": info.d_head, "model_type": info.model_type,
+             "kv_heads": info.kv_heads}
+    return found if info.latent is None else found | {"latent": latent_json(info.latent)}  # MLA's sizes
 
 
 def latent_json(latent: Latent) -> dict[str, Any]:
@@ -163,8 +164,9 @@ def head_json(result: HeadResult) -> dict[str, Any]:
                 "scale": spec.scale if spec.scale is not None else result.info.d_head ** -0.5,
                 "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind},
                 "kv_head": o.head // (result.info.heads // result.info.kv_heads),
-                "latent": None if spec.latent is None else latent_json(spec.latent),
             }
+            if spec.latent is not None:
+                payload["layer_attention"]["latent"] = latent_json(spec.latent)
     if o.all_heads and result.heads is not None:
         payload["heads"] = heads_json(result.heads)
     if result.saved:
