@@ -176,3 +176,37 @@ def kv_cache_bytes(batch: int, n_kv_head: int, n_K: int, d_K: int, d_V: int, ite
     """What this layer's KV cache holds for n_K positions: `n_batch · n_kv_head · n_K · (d_K + d_V) · bytes`,
     that is `2 · n_batch · n_kv_head · n_K · d_head · bytes` when d_K = d_V = d_head."""
     return batch * n_kv_head * n_K * (d_K + d_V) * itemsize
+
+
+def mla_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: AttentionSpec, *,
+              itemsize: int = 4, bias: bool = False, cross: bool = False, user_mask: bool = False) -> int:
+    """Peak bytes of a traced `LatentAttention` (latent.py) of `spec` (whose `latent` gives the sizes) on random
+    inputs: weights, inputs, the query's latent and projection, KV_feat, KV_latent, the rotary tables and parts,
+    the latent cache and its concatenation, Q_full, KV_up, K_full, the per-head attention matrices, x_raw,
+    x_rsh1 and x (the splits, Q_nope, K_nope, V_split and x_rsh2 are views; Q_pe and K_pe too unless
+    rope_interleave gathers them). `n_K` counts every key, cached ones included."""
+    L = spec.latent
+    assert L is not None, "mla_bytes needs spec.latent"
+    masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
+    softcap, alibi = spec.softcap is not None, spec.alibi
+    d_nope, d_rope, d_V, d_latent, d_K = L.qk_nope_head_dim, L.qk_rope_head_dim, L.v_head_dim, L.kv_lora_rank, L.d_K
+    n_new, q_width, kv_width = n_K - cache, n_head * d_K, n_head * (d_nope + d_V)
+    if L.q_lora_rank is None:
+        query_weights, query_steps = d_feat * q_width, 0
+    else:
+        rank = L.q_lora_rank
+        query_weights = d_feat * rank + (rank if bias else 0) + rank + rank * q_width  # q_a (+bias), norm, q_b
+        query_steps = 2 * batch * n_Q * rank  # Q_latent, Q_latent_normed
+    weights = (query_weights + d_feat * (d_latent + d_rope) + ((d_latent + d_rope) if bias else 0) + d_latent
+               + d_latent * kv_width + n_head * d_V * d_feat + (d_feat if bias else 0))
+    inputs = batch * d_feat * (n_Q + n_new if cross else n_Q)
+    gathered = batch * (n_head * n_Q + n_new) * d_rope if L.rope_interleave else 0  # Q_pe, K_pe as copies
+    feats = batch * n_Q * q_width + batch * n_new * (2 * d_latent + d_rope)  # Q_feat, KV_feat, KV_latent
+    rotated = 2 * max(n_K, offset + n_Q) * d_rope + batch * (n_head * n_Q + n_new) * d_rope  # cos, sin, *_pe_rot
+    cached = batch * (cache + n_K) * (d_latent + d_rope) if cache else 0  # the latent cache and its cat
+    joined = batch * n_head * (n_Q + n_K) * d_K + batch * n_K * kv_width  # Q_full, K_full, KV_up
+    matrices = batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi) + (n_head * n_Q * n_K if alibi else 0)
+    outputs = 2 * batch * n_Q * n_head * d_V + batch * n_Q * d_feat  # x_raw, x_rsh1, x
+    mask = n_Q * n_K if masked else 0
+    return itemsize * (weights + inputs + query_steps + gathered + feats + rotated + cached + joined + matrices
+                       + outputs) + mask

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
     from attnscope.multihead import MultiHeadAttention
-    from attnscope.spec import AttentionSpec
+    from attnscope.spec import AttentionSpec, Latent
+    from attnscope.trace import Trace
 
 @dataclass(frozen=True)
 class Slice:
@@ -40,6 +41,7 @@ class Slice:
     lo: int
     hi: int
     transpose: bool = False
+    dims: tuple[str, ...] | None = None  # its axes' names, where weights.HEAD_DIMS has none (MLA's W_UK, ...)
 
 
 class Family(ABC):
@@ -60,6 +62,7 @@ class Family(ABC):
     d_model: int
     d_head: int
     max_tokens: int | None = None  # learned position tables end; RoPE models have no hard limit
+    latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek-V2/V3), None for the others
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         self.folder, self.config, self.checkpoint = folder, config, checkpoint
@@ -143,6 +146,13 @@ class Family(ABC):
         shared = ", ".join(str(h) for h in range(g * self.n_group, (g + 1) * self.n_group))
         return [f"W_K, W_V: KV head {g} of {self.n_kv_head} (= {head} // n_group {self.n_group}) serves query "
                 f"heads {shared}"]
+
+    def head_trace(self, layer: Trace, head: int) -> Trace:
+        """Head h's own steps, as views into layer L's (run.py's slicing); a family whose steps differ (MLA's
+        deepseek.py) says its own."""
+        from attnscope.models.run import head_trace
+
+        return head_trace(self, layer, head, self.biases()[0])
 
     def attention(self, layer: int, record: bool) -> MultiHeadAttention:
         """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights."""

@@ -44,6 +44,15 @@ class MhaOptions(AttentionOptions):
     kv_heads: int | None = None  # grouped-query attention; 1 is multi-query
     d_head: int | None = None  # default d_feat / heads
     scale: float | None = None  # default 1 / sqrt(d_head)
+    # multi-head latent attention (runs/latent.py): --kv-lora-rank switches it on; --d-head is then d_nope
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+
+
+# The latent's other sizes and their flags: they mean something only beside --kv-lora-rank.
+LATENT_ONLY = (("q_lora_rank", "--q-lora-rank"), ("rope_head_dim", "--rope-head-dim"), ("v_head_dim", "--v-head-dim"))
 
 
 @dataclass
@@ -70,6 +79,7 @@ class Inputs:
 
 
 def run_mha(asked: MhaOptions) -> RunResult:
+    """`attnscope mha` (with --kv-lora-rank, runs/latent.py's `run_latent` instead)."""
     spec = prepare(asked)
     estimate(asked, spec)
     inputs = loaded(asked, spec)
@@ -80,6 +90,10 @@ def run_mha(asked: MhaOptions) -> RunResult:
 
 def prepare(asked: MhaOptions) -> AttentionSpec:
     """Check the options; the attention they ask for."""
+    given = [flag for name, flag in LATENT_ONLY if getattr(asked, name) is not None]
+    if given and asked.kv_lora_rank is None:
+        raise UsageError(f"{' and '.join(given)} size{'s' if len(given) == 1 else ''} multi-head latent attention; "
+                         "add --kv-lora-rank R to run it")
     spec = check_options(asked, scale=asked.scale, n_kv_head=asked.kv_heads)
     if not 0.0 <= asked.dropout < 1.0:
         raise UsageError(f"--dropout {asked.dropout:g} is outside [0, 1): it is the probability of zeroing a weight")

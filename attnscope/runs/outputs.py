@@ -55,6 +55,8 @@ class RunResult:
     heads: LayerHeads | None = None  # --all-heads
     kv_cache_bytes: int = 0
     mask_view: MaskView | None = None
+    kv_cache_what: str = "its K and V"  # what the cache holds, as the footer words it
+    kv_cache_full_bytes: int | None = None  # latent attention: the same positions cached as full heads
 
     @property
     def check_failed(self) -> bool:
