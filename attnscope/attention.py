@@ -295,6 +295,10 @@ def tune(add: Any, Q: Tensor, temperature: TemperatureTuning, *, start: int, sou
     query i at position `start + i` (transformers' `Llama4TextAttention`: `(query_states * attn_scales).to(
     query_states.dtype)`, the factor computed in float32)."""
     n_Q = Q.shape[-2]
+    if start < 0:
+        raise UsageError(f"{{temperature}}: aligned lower-right with fewer keys than queries, query 0 sits at position "
+                         f"{start}, and the temperature's factor is only defined from position 0; give at least as "
+                         "many keys as queries, or align upper-left", "temperature")
     scales = add("attn_scales", temperature.scales(start, n_Q, Q.device), ("n_Q",), temperature.op(start), 6 * n_Q)
     tuned = (Q * scales[:, None]).to(Q.dtype)  # [.., n_Q, d] * [n_Q, 1]
     return add("Q_tuned", tuned, dims, f"({source} * attn_scales[:, None]).to({dtype_name(Q.dtype)})",  # type: ignore[no-any-return]

@@ -258,6 +258,8 @@ def test_the_header_and_mask_say_the_chunks(runner):
     (["sdpa", "--layout", "col", "--chunk", "2"], "--chunk work in the row layout"),
     (["mask", "--chunk", "0"], "--chunk"),
     (["sdpa", "--rope", "--rope-pairing", "diagonal"], "--rope-pairing"),
+    (["sdpa", "--nq", "6", "--nk", "4", "--causal", "lower-right", "--temperature-tuning"],
+     "--temperature-tuning: aligned lower-right with fewer keys than queries, query 0 sits at position -2"),
 ])
 def test_bad_input_is_one_line(args, message):
     from cli_main import assert_usage_error, run_main

@@ -24,7 +24,7 @@ ClickException: type[Exception] = _CLICK_BASES["ClickException"]
 FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "scale": "--scale", "cache": "--cache",
          "pad": "--pad", "n_head": "--heads", "n_kv_head": "--kv-heads", "rope_base": "--rope-base", "meta": "--meta",
          "model": "--model", "text": "--text", "layer": "--layer", "head": "--head", "chunk": "--chunk",
-         "floor_scale": "--floor-scale", "attn_scale": "--attn-scale"}
+         "floor_scale": "--floor-scale", "attn_scale": "--attn-scale", "temperature": "--temperature-tuning"}
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 

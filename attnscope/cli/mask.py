@@ -27,11 +27,9 @@ MASK_EXAMPLES = """Examples:
 
   attnscope mask --nq 6 --causal
 
-  attnscope mask --nq 4 --cache 4 --window 3
+  attnscope mask --nq 4 --cache 6 --chunk 4
 
-  attnscope mask --nq 5 --nk 8 --causal lower-right --pad 2 --json
-
-  attnscope mask --nq 10 --chunk 4"""
+  attnscope mask --nq 5 --nk 8 --causal lower-right --pad 2 --json"""
 
 
 def mask(

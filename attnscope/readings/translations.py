@@ -43,9 +43,10 @@ def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
         terms.append((f"ones.tril(diagonal={offset})", f"causal, {align}"))
     if window is not None:
         terms.append((f"~ones.tril(diagonal={offset - window})", f"window of {window}"))
-    if chunk is not None:
-        position = f"torch.arange({n_Q})[:, None]" + (f" + {offset}" if offset else "")
-        terms.append((f"(({position}) // {chunk} == torch.arange({n_K}) // {chunk})", f"same chunk of {chunk}"))
+    if chunk is not None:  # a setup line first: the queries' chunks (kept short enough to read at 80 columns)
+        position = f"(torch.arange({n_Q}) + {offset})" if offset else f"torch.arange({n_Q})"
+        setup = f"q_chunk = {position}.unsqueeze(-1) // {chunk}  # each query's chunk\n"
+        terms.append((f"{setup}(q_chunk == torch.arange({n_K}) // {chunk})", f"same chunk of {chunk}"))
     if pad:
         terms.append((f"(torch.arange({n_K}) < {n_K - pad})", f"the last {pad} keys are padding"))
     if user == "bool":
@@ -56,9 +57,12 @@ def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
 
 
 def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
-    """`allowed = first`, then `allowed = allowed & next`, one part a line, each with its comment."""
+    """`allowed = first`, then `allowed = allowed & next`, one part a line, each with its comment (after the
+    lines a part needs first, which its expression carries before a newline)."""
     lines = [f"ones = torch.ones({n_Q}, {n_K}, dtype=torch.bool)"] if any("ones" in t for t, _ in terms) else []
-    for i, (expression, what) in enumerate(terms):
+    for i, (text, what) in enumerate(terms):
+        *setup, expression = text.split("\n")
+        lines += setup
         lines.append(f"allowed = {expression if i == 0 else 'allowed & ' + expression}  # {what}")
     return lines
 
@@ -130,10 +134,10 @@ def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user:
                 "(use F.scaled_dot_product_attention or FlexAttention)")
     notes = []
     if chunk is not None and max(n_K, offset + n_Q) > chunk:
-        return (f"not expressible: flash-attn has no chunked attention, and these {max(n_K, offset + n_Q)} positions "
-                f"span more than one chunk of {chunk} (use FlexAttention or F.scaled_dot_product_attention)")
+        return (f"not expressible: flash-attn has no chunked attention,\nand these {max(n_K, offset + n_Q)} "
+                f"positions span more than one chunk of {chunk}\n(use FlexAttention or F.scaled_dot_product_attention)")
     if chunk is not None:
-        notes.append(f"\n# every position lies in the first chunk of {chunk}: chunked attention is plain causal here")
+        notes.append(f"\n# all positions lie in the first chunk of {chunk}: chunks are plain causal here")
     args = ["q, k, v"]
     if align == "upper-left" and n_Q != n_K:
         return ("not expressible with causal=True, which flash-attn aligns lower-right (bottom-right) since 2.1; "
