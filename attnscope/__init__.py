@@ -15,6 +15,7 @@ __all__ = [
     "MultiHeadAttention",
     "Rope",
     "Step",
+    "TemperatureTuning",
     "Trace",
     "load_tensor",
     "model_head",
@@ -32,6 +33,7 @@ _HOMES = {
     "split_heads": "attnscope.attention",
     "merge_heads": "attnscope.attention",
     "Step": "attnscope.trace",
+    "TemperatureTuning": "attnscope.temperature",
     "Trace": "attnscope.trace",
     "load_tensor": "attnscope.tensors",
     "model_head": "attnscope.runs.head",
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from attnscope.multihead import MultiHeadAttention
     from attnscope.rope import Rope
     from attnscope.runs.head import model_head
+    from attnscope.temperature import TemperatureTuning
     from attnscope.tensors import load_tensor, save_tensors
     from attnscope.trace import Step, Trace
 

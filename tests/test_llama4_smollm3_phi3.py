@@ -258,6 +258,20 @@ def test_cli_json_save_and_all_heads(runner, built, tmp_path):
     assert {"Q_normed", "K_normed", "layer.Q_normed", "layer.cos", "attention", "W_Q"} <= set(saved)
 
 
+@pytest.mark.parametrize("name", ["llama4_mm", "phi3", "smollm3"])
+def test_a_weight_dump_imports_neither_torch_nor_transformers(built, name):
+    import subprocess
+    import sys
+
+    code = (f"import sys; from attnscope.cli import main; sys.argv = ['attnscope', 'head', '--model', "
+            f"{str(built(name)[0])!r}, '--layer', '1', '--head', '3', '--json']\ntry:\n    main()\nexcept SystemExit:\n"
+            "    pass\nprint('LOADED', sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}), "
+            "file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "LOADED []" in result.stderr, result.stderr
+    assert len(json.loads(result.stdout)["tensors"]) == 4
+
+
 def test_the_table_says_the_layer_kind(runner, built):
     result = runner.invoke(app, ["head", "--model", str(built("llama4")[0]), "--layer", "1", "--head", "0",
                                  "--text", SENTENCE])

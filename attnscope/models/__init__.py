@@ -25,7 +25,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
 | cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
 |   layers) | |
-| Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4.py `Llama4Attention` |
+| Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
 | attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
 |   causal, window, chunk) | |

@@ -32,16 +32,14 @@ shared expert's output is added.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import layers
 from attnscope.models.config import Config
 from attnscope.models.llama import Llama
 from attnscope.models.nope import nope_note, rope_layers
-from attnscope.multihead import MultiHeadAttention
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -50,39 +48,8 @@ if TYPE_CHECKING:
 
     import torch
 
-    from attnscope.attention import Names
     from attnscope.models.checkpoint import Checkpoint
-
-
-class Llama4Attention(MultiHeadAttention):
-    """MultiHeadAttention with Llama 4's qk-norm: after RoPE, each head's q and k L2-normed (no weights)."""
-
-    def __init__(self, *args: Any, qk_norm_eps: float | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.qk_norm_eps = qk_norm_eps
-
-    def _heads(self, add: Any, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
-               cache: tuple[torch.Tensor, torch.Tensor] | None,
-               spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Names]:
-        q, k, v, names = super()._heads(add, Q, K, V, cache, spec)
-        if self.qk_norm_eps is None:
-            return q, k, v, names
-        if cache is not None:
-            raise UsageError("Llama 4's qk-norm is traced on a whole text, without a KV cache")
-        eps = self.qk_norm_eps
-        q = add("Q_normed", l2_norm(q, eps), ("n_batch", "n_head", "n_Q", "d_head"),
-                f"{names.Q} * rsqrt(mean({names.Q}², dim=-1) + {eps:g}): Llama 4's L2 qk-norm, no weights, after RoPE",
-                4 * q.numel())
-        k = add("K_normed", l2_norm(k, eps), ("n_batch", self._kv_axis(), "n_K", "d_head"),
-                f"{names.K} * rsqrt(mean({names.K}², dim=-1) + {eps:g}): the same norm of the keys", 4 * k.numel())
-        return q, k, v, replace(names, Q="Q_normed", K="K_normed")
-
-
-def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """`Llama4TextL2Norm`: `x · rsqrt(mean(x²) + eps)` over the last axis."""
-    import torch
-
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # [.., d_head]
+    from attnscope.multihead import MultiHeadAttention
 
 
 class Llama4(Llama):
@@ -132,7 +99,9 @@ class Llama4(Llama):
 
     def attention_module(self, layer: int) -> Callable[..., MultiHeadAttention]:
         if not (self.uses_rope(layer) and self.config.flag("use_qk_norm", default=True)):
-            return MultiHeadAttention
+            return super().attention_module(layer)
+        from attnscope.models.llama4_qk_norm import Llama4Attention  # torch: only for a run, never a weight dump
+
         return partial(Llama4Attention, qk_norm_eps=self.config.number("rms_norm_eps", default=1e-5))
 
     def layer_notes(self, layer: int) -> list[str]:
