@@ -17,6 +17,7 @@ __all__ = [
     "MultiHeadAttention",
     "Rope",
     "Step",
+    "TemperatureTuning",
     "Trace",
     "load_tensor",
     "model_head",
@@ -36,6 +37,7 @@ _HOMES = {
     "split_heads": "attnscope.attention",
     "merge_heads": "attnscope.attention",
     "Step": "attnscope.trace",
+    "TemperatureTuning": "attnscope.temperature",
     "Trace": "attnscope.trace",
     "load_tensor": "attnscope.tensors",
     "model_head": "attnscope.runs.head",
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from attnscope.rope import Rope
     from attnscope.runs.head import model_head
     from attnscope.spec import Latent
+    from attnscope.temperature import TemperatureTuning
     from attnscope.tensors import load_tensor, save_tensors
     from attnscope.trace import Step, Trace
 

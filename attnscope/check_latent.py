@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attnscope.check import Comparison, compare
-from attnscope.reference import FORMULA, Asked, _rope_complex, formula
+from attnscope.reference import FORMULA, Asked, formula
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -95,8 +95,6 @@ def _rms(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 
 def _turn(x: Tensor, rope: Rope, start: int, n_pos: int) -> Tensor:
     """x `[.., n, d_rope]` rotated at positions start .., in float64."""
-    if rope.kind == "default" and rope.pairing == "half-split":
-        return _rope_complex(x, rope.base, start)
     from attnscope.check_rope import rotate64
 
     parameters = {"rope_type": rope.kind, **dict(rope.scaling or {}), "rope_theta": rope.base}

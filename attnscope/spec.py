@@ -10,8 +10,10 @@ config-driven attention keep the same habit.)
 Alignment (masks.py): query i sits at position `i + offset`, key j at j. Upper-left has offset 0
 (`is_causal=True`); lower-right has `offset = n_K - n_Q`, so the last query sees every key
 (`torch.nn.attention.bias.causal_lower_right`, flash-attn's `causal=True`). A sliding window implies causal,
-upper-left unless said otherwise (Mistral's). With cached positions the new queries come after them, so causal
-and window align lower-right, as transformers' caches do, and an explicit upper-left is refused.
+upper-left unless said otherwise (Mistral's). Chunked attention (Llama 4) implies causal too: query at position p
+sees key j when j <= p and both sit in the same chunk of `chunk` positions (j // chunk == p // chunk). With cached
+positions the new queries come after them, so causal, window and chunks align lower-right, as transformers'
+caches do, and an explicit upper-left is refused.
 
 Errors name the parameter (`window 0: ...`); the command line words them as flags (`--window 0: ...`).
 """
@@ -26,6 +28,7 @@ from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
     from attnscope.rope import Rope
+    from attnscope.temperature import TemperatureTuning
 
 Align = Literal["upper-left", "lower-right"]
 ALIGNMENTS: tuple[Align, ...] = ("upper-left", "lower-right")
@@ -45,6 +48,8 @@ class AttentionSpec:
     n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: one per query head
     cache: int = 0  # cached positions before the new queries (a decode step)
     latent: Latent | None = None  # multi-head latent attention (DeepSeek-V2/V3): its sizes (latent.py)
+    chunk: int | None = None  # query at position p sees key j when j <= p and j // chunk == p // chunk (Llama 4)
+    temperature: TemperatureTuning | None = None  # Llama 4's per-query scale on its NoPE layers (temperature.py)
 
     def __post_init__(self) -> None:
         if not (self.causal in (None, False, True) or self.causal in ALIGNMENTS):
@@ -66,6 +71,11 @@ class AttentionSpec:
                                  "n_kv_head")
         if self.latent is not None:
             self.latent.check_spec(self)
+        if self.chunk is not None and self.chunk < 1:
+            raise UsageError(f"{{chunk}} {self.chunk}: a chunk holds at least one position", "chunk")
+        if self.chunk is not None and self.window is not None:
+            raise UsageError(f"{{window}} {self.window} and {{chunk}} {self.chunk}: a layer has a sliding window or "
+                             "chunks, not both (Llama 4's chunked layers have no window); drop one", "window", "chunk")
         if self.cache and self.causal == "upper-left":
             raise UsageError(f"{{cache}} {self.cache} puts the queries after {self.cache} cached positions, so "
                                  "causal aligns lower-right; drop {causal} upper-left", "cache", "causal")
@@ -73,7 +83,7 @@ class AttentionSpec:
     @property
     def align(self) -> Align | None:
         """The causal alignment in effect: None, upper-left or lower-right."""
-        if not self.causal and self.window is None:
+        if not self.causal and self.window is None and self.chunk is None:
             return None
         if self.cache:
             return "lower-right"
@@ -85,7 +95,7 @@ class AttentionSpec:
 
     @property
     def structural(self) -> bool:
-        """Whether the attention builds a causal or window mask of its own, one bool per (query, key)."""
+        """Whether the attention builds a causal, window or chunk mask of its own, one bool per (query, key)."""
         return self.align is not None
 
     def with_cache(self, cache: int) -> AttentionSpec:
@@ -100,6 +110,10 @@ class AttentionSpec:
             parts.append(f"RoPE ({self.rope.describe()})")
         if self.window is not None:
             parts.append(f"sliding window {self.window}")
+        if self.chunk is not None:
+            parts.append(f"chunks of {self.chunk}")
+        if self.temperature is not None:
+            parts.append(self.temperature.describe())
         parts.append(f"scale {scale}")
         if self.softcap is not None:
             parts.append(f"softcap {self.softcap:g}")

@@ -26,7 +26,8 @@ FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "sc
          "model": "--model", "text": "--text", "layer": "--layer", "head": "--head",
          "latent": "--kv-lora-rank", "kv_lora_rank": "--kv-lora-rank", "q_lora_rank": "--q-lora-rank",
          "qk_rope_head_dim": "--rope-head-dim", "qk_nope_head_dim": "--d-head", "v_head_dim": "--v-head-dim",
-         "rope": "--rope"}
+         "rope": "--rope", "chunk": "--chunk", "floor_scale": "--floor-scale", "attn_scale": "--attn-scale",
+         "temperature": "--temperature-tuning"}
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 

@@ -15,6 +15,7 @@ head's own steps out of the layer's trace is run.py's.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -139,6 +140,10 @@ class Family(ABC):
         """The key/value head that serves query head `head` (transformers' `repeat_kv` order)."""
         return head // self.n_group
 
+    def layer_notes(self, layer: int) -> list[str]:
+        """What the traced layer's table should say about it beyond its steps (a NoPE layer, say)."""
+        return []
+
     def head_notes(self, head: int) -> list[str]:
         if self.n_group == 1:
             return []
@@ -156,14 +161,19 @@ class Family(ABC):
 
     def attention(self, layer: int, record: bool) -> MultiHeadAttention:
         """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights."""
-        from attnscope.multihead import MultiHeadAttention
-
         spec = replace(self.attention_spec(layer), n_kv_head=self.n_kv_head)
         qkv, out = self.biases()
-        module = MultiHeadAttention(self.d_model, self.n_head, bias=qkv, record=record, device="meta",
+        module = self.attention_module(layer)(self.d_model, self.n_head, bias=qkv, record=record, device="meta",
                                     d_head=self.d_head, out_bias=out, spec=spec)
         module.load_state_dict(self.projections(layer), assign=True)
         return module.eval()
+
+    def attention_module(self, layer: int) -> Callable[..., MultiHeadAttention]:
+        """What builds layer `layer`'s attention: MultiHeadAttention, or a family's subclass of it (Llama 4 adds
+        its qk-norm after RoPE) with MultiHeadAttention's arguments."""
+        from attnscope.multihead import MultiHeadAttention
+
+        return MultiHeadAttention
 
     def estimate_bytes(self, layer: int, n_tokens: int) -> int:
         """Memory of a run up to `layer`: its layers' weights as stored (the pages read) and as float32, plus the

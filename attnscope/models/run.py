@@ -36,6 +36,7 @@ def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         traced = model.attention(layer, record=True)(X)
     layer_trace = _layer_trace(traced, X, made)
+    layer_trace.notes.extend(model.layer_notes(layer))
     return LayerRun(layer_trace, model.head_trace(layer_trace, head), model.attention_spec(layer))
 
 
@@ -59,7 +60,8 @@ def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
 
 # Head h's steps: (its name, the layer step it is a slice of, which head index: query head or KV head).
 HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "kv"), ("Q_rot", "Q_rot", "q"),
-              ("K_rot", "K_rot", "kv"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
+              ("K_rot", "K_rot", "kv"), ("Q_normed", "Q_normed", "q"), ("K_normed", "K_normed", "kv"),
+              ("Q_tuned", "Q_tuned", "q"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
               ("masked_scores", "masked_scores", "q"), ("attention", "attention", "q"), ("out", "x_raw", "q"))
 
 

@@ -162,8 +162,12 @@ def head_json(result: HeadResult) -> dict[str, Any]:
             payload["layer_attention"] = {
                 "causal": spec.align is not None, "window": spec.window, "softcap": spec.softcap,
                 "scale": spec.scale if spec.scale is not None else result.info.d_head ** -0.5,
-                "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind},
+                "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind,
+                                                        "fraction": spec.rope.fraction, "pairing": spec.rope.pairing},
                 "kv_head": o.head // (result.info.heads // result.info.kv_heads),
+                "chunk": spec.chunk,
+                "temperature": None if spec.temperature is None else {"floor_scale": spec.temperature.floor_scale,
+                                                                      "attn_scale": spec.temperature.attn_scale},
             }
             if spec.latent is not None:
                 payload["layer_attention"]["latent"] = latent_json(spec.latent)

@@ -20,8 +20,16 @@ from attnscope.runs.memory import (
     param_bytes,
     structural_bytes,
 )
-from attnscope.runs.options import AttentionOptions, check_heads, check_options
-from attnscope.runs.outputs import RunResult, SavedExtra, finish, finish_variants, mask_extra, variants_line
+from attnscope.runs.options import AttentionOptions, check_heads, check_options, check_rope_width
+from attnscope.runs.outputs import (
+    RunResult,
+    SavedExtra,
+    finish,
+    finish_variants,
+    mask_extra,
+    variant_params,
+    variants_line,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -116,6 +124,7 @@ def estimate(asked: MhaOptions, spec: AttentionSpec) -> None:
     are sized once they are loaded, `traced`)."""
     if asked.q:
         return
+    check_rope_width(spec, asked.d_head or asked.d_feat // asked.heads, "d_head")
     n_new = asked.nk if asked.nk is not None else asked.nq  # keys computed in this call; the cache holds more
     needed = cost.mha_bytes(asked.batch, asked.nq, asked.cache + n_new, asked.d_feat, asked.heads, spec,
                             bias=asked.bias,
@@ -181,6 +190,7 @@ def traced(asked: MhaOptions, spec: AttentionSpec,
     Q, K, V, mask = inputs.Q, inputs.K, inputs.V, inputs.mask
     n_batch, n_Q, n_new = inputs.sizes
     layer = replace(spec, cache=0)  # the module's own attention; the cache is an input of its forward
+    check_rope_width(spec, asked.d_head or inputs.d_feat // asked.heads, "d_head")
     with torch.no_grad():
         if asked.q and not asked.meta:  # file inputs: the estimate needs their shapes, so it comes after loading
             shadow = MultiHeadAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
@@ -233,7 +243,7 @@ def describe(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention,
                               "rope_base": spec.rope.base if spec.rope is not None else None,
                               "cache": asked.cache,
                               "inputs": {n: s for n, s in (("Q", asked.q), ("K", asked.k), ("V", asked.v)) if s}
-                              or "random"}
+                              or "random"} | variant_params(spec)
     params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is
     kind = "cross-attention" if K is not Q else "self-attention"
     scaling = "/ √d_head" if asked.scale is None else f"· {asked.scale:g}"  # · 0 is allowed: uniform attention
