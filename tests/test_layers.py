@@ -176,3 +176,25 @@ def test_a_binary_text_file_is_refused(tiny, runner, tmp_path):
     binary.write_bytes(b"\xff\xfe\x00abc")
     result = runner.invoke(app, ["head", "--model", str(folder), "--text-file", str(binary)])
     assert result.exit_code == 2 and "not UTF-8" in result.stderr
+
+
+@pytest.mark.parametrize(("family", "layer"), [("smollm3", 3), ("phi3", 1)])
+def test_generate_of_todays_decoders_equals_transformers(family, layer, tmp_path):
+    """SmolLM3's NoPE layer; Phi-3's longrope, whose generate drops the cache and runs the whole text again
+    when it first grows past original_max_position_embeddings (8 here: the prompt is 7 tokens)."""
+    from tiny_llama4_smollm3_phi3 import build as build_modern
+
+    from attnscope.models.stream import generate
+
+    reference = build_modern(family, tmp_path / family)
+    ids = tokenizer.encode(tmp_path / family, "The cat sat on the mat").ids
+    model = open_model(tmp_path / family, read_config(tmp_path / family))
+    with model.checkpoint:
+        steps = generate(model, ids, 6, layer)
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                                 output_attentions=True, return_dict_in_generate=True)
+    assert [s.token_id for s in steps] == out.sequences[0, len(ids):].tolist()
+    for t, step in enumerate(steps):
+        theirs = out.attentions[t][layer][0, :, -1]
+        torch.testing.assert_close(step.attention[:, -theirs.shape[-1]:], theirs, atol=1e-5, rtol=0)

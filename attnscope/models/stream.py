@@ -27,8 +27,9 @@ Progress = Callable[[int], None]  # called with each layer (or token) index as i
 class Kept:
     """A layer's attention that keeps its trace, and its keys and values when it runs as a decode step.
 
-    `cache`: the layer's keys (as RoPE left them) and values `[1, n_kv_head, n_cache, d_head]` before this call;
-    after it, those and the new ones (transformers' DynamicCache holds the same)."""
+    `cache`: the layer's keys (as RoPE and any norm left them) and values `[1, n_kv_head, n_cache, d_head]`
+    before this call, None when not decoding; after it, those and the new ones (transformers' DynamicCache
+    holds the same)."""
 
     def __init__(self, module: MultiHeadAttention, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.module, self.cache = module, cache
@@ -36,10 +37,8 @@ class Kept:
 
     def __call__(self, X: torch.Tensor) -> Trace:
         trace = self.module(X, cache=self.cache)
-        if self.cache is not None:
+        if self.cache is not None:  # decoding: the keys as the attention read them, rotated and normed
             self.cache = (trace["K_cat"], trace["V_cat"])
-        else:
-            self.cache = (trace["K_rot"] if "K_rot" in trace else trace["K_split"], trace["V_split"])
         self.trace = trace
         return trace
 
@@ -106,10 +105,13 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
         tokens, start = list(ids), 0
         for step in range(n_new):
             progress(step)
+            if model.regenerates(start, len(tokens)):
+                caches, start = [None] * model.n_layer, 0
             h = model.embed_at(tokens[start:], start)  # the prompt first, then one token at a time
             row = None
             for index in range(model.n_layer):
-                kept = Kept(model.attention(index, record=True), caches[index])
+                module = model.attention(index, record=True)
+                kept = Kept(module, caches[index] or _empty_cache(module))
                 h = model.block(index, h, cast("MultiHeadAttention", kept))
                 caches[index] = kept.cache
                 if index == layer:
@@ -122,6 +124,14 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
             steps.append(DecodeStep(next_id, start, row, _evicted(model, layer, row.shape[-1]),
                                     _cache_bytes(model, caches)))
     return steps
+
+
+def _empty_cache(module: MultiHeadAttention) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache of no positions: the prompt runs as a decode step after nothing, so its keys come out joined."""
+    import torch
+
+    empty = torch.zeros(1, module.n_kv_head, 0, module.d_head, dtype=module.W_k.weight.dtype)
+    return empty, empty
 
 
 def _evicted(model: Family, layer: int, n_K: int) -> int:
