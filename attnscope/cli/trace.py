@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnscope.cli.common import exporting
+from attnscope.cli.common import exporting, max_memory_bytes
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     AttentionCommand,
@@ -21,6 +21,7 @@ from attnscope.cli.options import (
     Json,
     KFile,
     MaskFile,
+    MaxMemory,
     QFile,
     Seed,
     Svg,
@@ -56,6 +57,7 @@ def trace(
     v: VFile = None,
     causal: CausalOpt = None,
     mask: MaskFile = None,
+    max_memory: MaxMemory = None,
     json: Json = False,
     svg: Svg = None,
     html: Html = None,
@@ -71,7 +73,7 @@ def trace(
 
         options = TraceOptions(target=target, init=init, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
                                heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask,
-                               causal=causal.value if causal else None)
+                               causal=causal.value if causal else None, max_memory=max_memory_bytes(max_memory))
         run = run_trace(options)
         _show(out, run, json)
 
@@ -89,6 +91,10 @@ def _show(out: Console, run: object, json: bool) -> None:
         show_usertrace(out, run)
     if run.no_reference and run.failure is None:
         raise UsageError(run.no_reference)
+    if run.failure is not None:  # shown above; and one line on stderr, as every failure has
+        f = run.failure
+        where = f"{run.params['file'].rsplit('/', 1)[-1]}:{f.line}" if f.line else run.params["file"]
+        render.error(f"{where}: your code raised {f.message}")
     if run.failure is not None or run.diverged:
         raise typer.Exit(1)
 

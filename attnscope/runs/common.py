@@ -121,14 +121,21 @@ def guard_memory(needed: int, max_memory: int | None, what: str = "this run need
 INT64 = 2**63
 
 
-def check_common(o: AttentionOptions) -> None:
-    for option in fields(o):  # every option, today's and tomorrow's: an empty name or a number beyond torch's
+def check_numbers(o: Any, texts: tuple[str, ...] = ()) -> None:
+    """Every option of a run's options dataclass, today's and tomorrow's: an empty file name, or an integer
+    beyond PyTorch's 64 bits (a ValueError or a C++ backtrace out of torch), refused in one line. `texts`
+    are the string options that are no file names."""
+    for option in fields(o):
         value = getattr(o, option.name)
         flag = "--" + option.name.replace("_", "-")
-        if value == "":
+        if value == "" and option.name not in texts:
             raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
         if isinstance(value, int) and not -INT64 <= value < INT64:
             raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
+
+
+def check_common(o: AttentionOptions) -> None:
+    check_numbers(o)
     if o.meta and (o.check or o.save or o.heatmap or o.all_heads):
         used = [name for name, on in (("--check", o.check), ("--save", o.save), ("--heatmap", o.heatmap),
                                       ("--all-heads", o.all_heads)) if on]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.runs.common import check_numbers, guard_memory
 from attnscope.trace import Step
 from attnscope.usertrace.inputs import InputOptions
 
@@ -27,6 +28,7 @@ class TraceOptions(InputOptions):
     target: str = ""
     init: str | None = None
     train: bool = False
+    max_memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,16 @@ def run_trace(o: TraceOptions) -> TraceRun:
     from attnscope.usertrace.lineup import line_up
     from attnscope.usertrace.sizes import AxisNames
 
+    check_numbers(o, texts=("target", "init"))
     target = load.find(o.target)
     _check_options(o, target)
-    init = load.parse_init(o.init)
+    init = load.parse_init(o.init, target)
     torch.manual_seed(o.seed)  # the module's weights, as the user's own init draws them
     if target.kind == "class":
+        width = load.width_hint(init, o.d_feat)
+        if width:  # its projections, about four d_feat x d_feat matrices, before its __init__ allocates them
+            guard_memory(4 * width * width * 4, o.max_memory, what=f"a module {width} wide needs",
+                         advice="choose a smaller width")
         module, kwargs = load.construct(target, init, o.d_feat, o.heads)
         label = f"{target.name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     else:
@@ -76,7 +83,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
     if module is not None:
         if not isinstance(module, torch.nn.Module):
             raise UsageError(f"{target.name} built a {type(module).__name__}, not a torch.nn.Module")
-        module.train(o.train)
+        load.guarded(target, "train()", lambda: module.train(o.train))
         notes.append("the module ran in training mode (--train): dropout is on, and random" if o.train else
                      "the module ran in eval() mode: dropout is off (--train runs it in training mode, where "
                      "dropout zeroes attention weights at random)")
@@ -84,10 +91,10 @@ def run_trace(o: TraceOptions) -> TraceRun:
     plan = load.plan(module.forward if module is not None else fn,
                      f"{target.name}.forward" if module is not None else target.name, o.train)
     shapes = ShapePlan.make(o, module, init)
-    inputs = make_inputs(o, plan, shapes, module)
+    inputs = make_inputs(o, plan, shapes, module, guard=lambda sizes: _guard(o, sizes, module is not None))
     notes += inputs.notes + plan_notes(plan, inputs)
 
-    called = call(target, fn, plan, inputs, module)
+    called = call(target, fn, plan, inputs, module, o.max_memory)
     steps = _steps(inputs, called.records, AxisNames(inputs.sizes))
     mode = "" if module is None else ", training mode" if o.train else ", eval() mode"
     header = _header(target, label, plan, inputs, mode)
@@ -104,6 +111,24 @@ def run_trace(o: TraceOptions) -> TraceRun:
     run.no_reference = lined.no_reference
     run.notes += lined.notes
     return run
+
+
+def _guard(o: TraceOptions, sizes: dict[str, int], is_module: bool) -> None:
+    """Before the inputs are drawn: the reference's steps and about as many of the user's code's must fit, as
+    for sdpa/mha (the same estimates, the same refusal)."""
+    from attnscope import cost
+
+    n_batch, n_Q, n_K = sizes.get("n_batch", 1), sizes["n_Q"], sizes["n_K"]
+    masked = bool(o.causal or o.mask)
+    if is_module:
+        d_feat, n_head = sizes.get("d_feat", 1), sizes.get("n_head", 1)
+        reference = cost.mha_bytes(n_batch, n_Q, n_K, d_feat, n_head, cross=n_Q != n_K, masked=masked,
+                                   n_kv_head=sizes.get("n_kv_head"), d_head=sizes.get("d_head"))
+    else:
+        reference = cost.sdpa_bytes(n_batch * sizes.get("n_head", 1), n_Q, n_K, sizes["d_K"], sizes["d_V"],
+                                    masked=masked)
+    guard_memory(2 * reference, o.max_memory, what="tracing these sizes needs",
+                 advice="shrink the sizes (--batch, --nq, --nk)")
 
 
 def _check_options(o: TraceOptions, target: Target) -> None:

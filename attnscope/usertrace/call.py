@@ -29,7 +29,7 @@ class Called:
     result: Any
 
 
-def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any) -> Called:
+def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_memory: int | None = None) -> Called:
     import torch
 
     from attnscope.cost import available_memory
@@ -45,16 +45,20 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any) -> Ca
         labels.update({id(b): name for name, b in module.named_buffers()})
         linears = {id(m.weight): name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
     available = available_memory()
-    recorder = Recorder(target.path, labels, linears, int(available * MEMORY_SHARE) if available else None)
+    budgets = [b for b in (int(available * MEMORY_SHARE) if available else None, max_memory) if b is not None]
+    recorder = Recorder(target.path, labels, linears, min(budgets) if budgets else None)
     args, kwargs = arguments(plan, inputs)
     result, failure, source = None, None, None
     try:
         with load.user_code(target.path), torch.no_grad(), recorder:
             result = fn(*args, **kwargs)
     except RecordingTooLarge:
-        raise ResourceError("the recorded steps outgrow the memory this machine has; trace smaller inputs "
-                            "(--batch, --nq, --nk)") from None
-    except (Exception, SystemExit) as exc:  # SystemExit: a sys.exit() in the user's forward is theirs too
+        limit = "--max-memory" if max_memory is not None else "the memory this machine has"
+        raise ResourceError(f"the recorded steps outgrow {limit}; trace smaller inputs (--batch, --nq, --nk)") \
+            from None
+    except BaseException as exc:  # SystemExit, GeneratorExit, their own BaseException: theirs too
+        if not load.users(exc):
+            raise
         failure = recorder.failure if recorder.failure and recorder.failure.exception is exc else None
         if failure is None:  # not a tensor op: the user's own raise, an assert, a typo
             failure = Failure("", load.user_line(exc, target.path), [], load.one_line(exc), exc)

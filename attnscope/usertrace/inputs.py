@@ -7,6 +7,7 @@ parameter is self-attention (n_K = n_Q); three are query, key and value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -115,7 +116,9 @@ class Inputs:
         return Q, K, by_role.get("V", K)
 
 
-def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any) -> Inputs:
+def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
+                guard: Callable[[dict[str, int]], None] | None = None) -> Inputs:
+    """The inputs; `guard` sees the sizes before anything is drawn (the memory guard)."""
     import torch
 
     self_attention, is_module = plan.self_attention, module is not None
@@ -132,6 +135,8 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any) -> 
     notes: list[str] = []
     if loaded:
         tensors, sizes = _from_files(loaded, shapes, module, notes)
+        if guard is not None:
+            guard(sizes)
     else:
         wanted = ["n_batch", "n_Q"] + ([] if self_attention else ["n_K"])
         wanted += [] if is_module else ["d_K"] + ([] if self_attention else ["d_V"])
@@ -141,6 +146,8 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any) -> 
             sizes["n_K"] = sizes["n_Q"]
             if not is_module:
                 sizes["d_V"] = sizes["d_K"]
+        if guard is not None:
+            guard(sizes)
         dtype = next(iter(module.parameters()), torch.empty(0)).dtype if is_module else torch.float32
         generator = torch.Generator().manual_seed(o.seed)
         tensors = {role: torch.randn(*(sizes[d] for d in role_dims(role, sizes, is_module)), generator=generator,

@@ -553,7 +553,6 @@ def test_files_as_inputs(runner, tmp_path):
         ("{classic}:MultiHeadedAttention", ["--init", "200, 5"], "keyword arguments only"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200, n_head=5, colour=1"], "takes no argument 'colour'"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200"], "needs n_head"),
-        ("{classic}:MultiHeadedAttention", ["--init", "d_feat=10, n_head=3"], "AssertionError"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200, n_head=5", "--dk", "4"], "--dk/--dv"),
         ("{syntax}:f", [], "bad.py:3: syntax error"),
         ("{selfattn}:SelfAttention", ["--init", "dim=32, heads=4", "--nk", "5"], "drop --nk"),
@@ -569,6 +568,93 @@ def test_bad_input_is_one_line_and_exit_2(runner, tmp_path, target, args, messag
     assert message in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnscope: error:")
+
+
+EXITS = """
+import sys
+
+
+class Stop(BaseException):
+    pass
+
+
+class ExitsInInit(nn.Module):
+    def __init__(self, d_feat=8, n_head=2):
+        super().__init__()
+        sys.exit(7)
+
+
+class RaisesInInit(nn.Module):
+    def __init__(self, d_feat=8, n_head=2):
+        super().__init__()
+        raise Stop("not today")
+
+
+class AssertsInInit(nn.Module):
+    def __init__(self, d_feat=8, n_head=3):
+        super().__init__()
+        assert d_feat % n_head == 0
+
+
+def generator_exit(q, k, v):
+    scores = q @ k.mT
+    raise GeneratorExit()
+
+
+def base_exception(q, k, v):
+    raise Stop("from forward")
+
+
+def exits(q, k, v):
+    sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize(("body", "target", "fragment"), [
+    (EXITS, "ExitsInInit", "sys.exit(7)"),
+    (EXITS, "RaisesInInit", "raise Stop"),
+    (EXITS, "AssertsInInit", "assert d_feat"),
+    (EXITS, "generator_exit", "raise GeneratorExit"),
+    (EXITS, "base_exception", 'raise Stop("from forward")'),
+    (EXITS, "exits", "sys.exit(0)"),
+    ("import sys\nsys.exit(3)\n", "f", "sys.exit(3)"),
+    ("raise GeneratorExit\n", "f", "raise GeneratorExit"),
+    ("class Stop(BaseException):\n    pass\n\nraise Stop()\n", "f", "raise Stop()"),
+])
+def test_user_code_failing_in_any_way_is_one_line_naming_its_line_and_exit_1(tmp_path, body, target, fragment):
+    """Issue 18: sys.exit(7) in __init__ exited 7 with nothing said; a BaseException or GeneratorExit at import
+    or in forward printed a traceback. Whatever the user's code raises: one line naming file:line, exit 1."""
+    from cli_main import INTERNAL, run_main
+
+    path = write(tmp_path, body)
+    outcome = run_main("trace", f"{path}:{target}")
+    assert outcome.code == 1, (outcome.code, outcome.stderr)
+    assert len(outcome.error_lines) == 1 and outcome.stderr.startswith("attnscope: error: "), outcome.stderr
+    assert f"mine.py:{line_of(body, fragment)}" in outcome.stderr, outcome.stderr
+    assert "Traceback" not in outcome.stdout + outcome.stderr and INTERNAL not in outcome.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seed", str(2**64)], "--seed 18446744073709551616: out of range"),
+    (["--dv", str(2**64)], "--dv 18446744073709551616: out of range"),
+    (["--batch", str(10**12)], "tracing these sizes needs about"),
+    (["--nq", str(10**9), "--max-memory", "1GB"], "more than --max-memory"),
+    (["--init", "x=" + "+".join(["1"] * 20000)], "characters long"),
+    (["--init", "x='\udcff'"], "not UTF-8"),
+    (["--init", "x=" + "-" * 100000 + "1"], "characters long"),
+    (["--init", "x=" + "-" * 9000 + "1"], "--init"),
+])
+def test_sizes_seeds_and_init_bombs_are_usage_errors_as_for_sdpa(tmp_path, args, message):
+    """Issue 18: trace lacked the size and seed checks of sdpa/mha (a ValueError, a C++ backtrace, an allocator
+    message) and --init bombs were a RecursionError, a UnicodeEncodeError and 'out of memory'."""
+    from cli_main import INTERNAL, run_main
+
+    path = write(tmp_path, FUNCTIONS)
+    target = f"{path}:attention" if "--init" not in args else f"{write(tmp_path, CLASSIC, 'c.py')}:MultiHeadedAttention"
+    outcome = run_main("trace", target, *args)
+    assert outcome.code in (1, 2) and len(outcome.error_lines) == 1, (outcome.code, outcome.stderr)
+    assert outcome.code == (1 if "needs about" in message or "--max-memory" in message else 2), outcome.stderr
+    assert message in outcome.stderr and INTERNAL not in outcome.stderr, outcome.stderr
 
 
 def test_no_reference_shows_the_steps_then_one_error_line(runner, tmp_path):
