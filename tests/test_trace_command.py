@@ -310,12 +310,17 @@ def test_module_without_bias_returning_only_the_output_aligns(runner, tmp_path):
         torch.testing.assert_close(module(Q, K, V), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_self_attention_module_marks_the_ambiguous_axis(runner, tmp_path):
+def test_self_attention_module_names_every_axis_where_n_Q_equals_n_K(runner, tmp_path):
+    """n_Q = n_K in self-attention: each axis is named from the reference step it lines up with, or from
+    where it comes from (issue 23: no `n_Q|n_K` where the sizes allow)."""
     path = write(tmp_path, SELF_ATTENTION)
     result, out = trace(runner, f"{path}:SelfAttention", "--init", "dim=32, heads=4")
     assert result.exit_code == 0, result.output
-    scores = next(s for s in out["steps"] if s["name"] == "w")
-    assert scores["dims"] == ["n_batch", "n_head", "n_Q|n_K", "n_Q|n_K"]
+    dims = {s["name"]: s["dims"] for s in out["steps"]}
+    assert dims["w"] == ["n_batch", "n_head", "n_Q", "n_K"]
+    assert dims["k"] == ["n_batch", "n_head", "n_K", "d_head"] and dims["q"] == ["n_batch", "n_head", "n_Q", "d_head"]
+    assert dims["y"] == ["n_batch", "n_Q", "d_feat"]
+    assert not [s for s in out["steps"] if any("|" in d or "?" in d for d in s["dims"])]
     assert "to_q" in out["reference"] and "matched by name" in out["reference"]
 
 
@@ -342,15 +347,17 @@ def test_merge_with_view_before_permute(runner, tmp_path):
     assert "heads merged in the wrong order" in first["diagnosis"] and "view before permute" in first["diagnosis"]
 
 
-def test_inverted_mask(runner, tmp_path):
+def test_a_mask_read_true_masked_is_given_that_way_round(runner, tmp_path):
+    """`masked_fill(mask, -1e9)` reads True as masked out (nn.MultiheadAttention's convention): the code is given
+    the mask that way round, and a note says so (issue 23; it used to be called an inverted mask)."""
     body = INVERTED_MASK.replace("np.sqrt(K.size()[-1])", "np.sqrt(self.d_head)")
     path = write(tmp_path, body)
     result, out = trace(runner, f"{path}:InvertedMask", "--init", "d_feat=40, n_head=4", "--causal")
-    assert result.exit_code == 1
-    first = out["first_divergence"]
-    assert first["reference"] == "masked_scores"
-    assert "the mask is read the other way round" in first["diagnosis"]
-    assert "True = may attend" in first["diagnosis"]
+    assert result.exit_code == 0, result.output
+    assert any("True = masked out (nn.MultiheadAttention's convention)" in n and
+               f"line {line_of(body, 'masked_fill(mask, -1e9)')}" in n for n in out["notes"]), out["notes"]
+    given = next(s for s in out["steps"] if s["name"] == "mask")
+    assert given["dims"] == ["1", "n_Q", "n_K"]
 
 
 def test_mask_not_applied(runner, tmp_path):
@@ -402,18 +409,33 @@ def test_transposed_scores_with_distinct_sizes_fail_at_the_values(runner, tmp_pa
     assert out["error"]["shapes"] == [[2, 4, 9, 6], [2, 4, 9, 10]]  # attention [.., n_K, n_Q] @ V_split
 
 
-def test_dropout_in_training_mode(runner, tmp_path):
+def test_dropout_in_training_mode_is_a_note_and_the_steps_after_it_still_compare(runner, tmp_path):
+    """--train: the user's dropout mask is read off their tensors and applied to the reference after its
+    attention (issue 23), so a correct module aligns at every step, x_raw and x included."""
     path = write(tmp_path, FIXED)
     result, out = trace(runner, f"{path}:Fixed", "--init", "d_feat=200, n_head=5, dropout=0.5", "--train")
-    assert result.exit_code == 1
-    first = out["first_divergence"]
-    assert first["reference"] == "x_raw" and first["user"] == "x_raw"
-    assert f"line {line_of(FIXED, 'attention = self.dropout(attention)')} zeroed" in first["diagnosis"]
-    assert "dropout" in first["diagnosis"] and "--train" in first["diagnosis"]
-    zeroed = float(re.search(r"zeroed ([\d.]+)%", first["diagnosis"]).group(1))
+    assert result.exit_code == 0, result.output
+    statuses = {row["reference"]: row["status"] for row in out["alignment"]}
+    assert statuses["x_raw"] == statuses["x"] == "equal"
+    note = next(n for n in out["notes"] if "dropout in training mode" in n)
+    assert f"line {line_of(FIXED, 'attention = self.dropout(attention)')} zeroed" in note
+    zeroed = float(re.search(r"zeroed ([\d.]+)%", note).group(1))
     assert 30 < zeroed < 70  # p = 0.5
-    assert "scaled the rest by 2" in first["diagnosis"]
-    assert any("training mode" in n for n in out["notes"])
+
+    # independently: in training mode the user's x_raw is their dropped attention @ V_split, and the
+    # dropped attention is the softmax with about half its entries zeroed and the rest doubled
+    torch.manual_seed(0)
+    module = user_module(path).Fixed(200, 5, dropout=0.5).train()
+    sizes = out["params"]["sizes"]
+    g = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(sizes["n_batch"], sizes[n], 200, generator=g) for n in ("n_Q", "n_K", "n_K"))
+    kept = []
+    module.dropout.register_forward_hook(lambda m, args, result: kept.append((args[0], result)))
+    with torch.no_grad():
+        module(Q, K, V)
+    before, after = kept[0]
+    nonzero = after != 0
+    torch.testing.assert_close(after[nonzero], 2 * before[nonzero])
 
 
 def test_dropout_left_on_in_eval_mode(runner, tmp_path):
@@ -493,12 +515,21 @@ def test_a_tensor_written_in_place_is_recorded_after_the_write(runner, tmp_path)
     assert any(s["op"].endswith("= -inf (in place)") for s in out["steps"])
 
 
-def test_fused_attention_skips_the_steps_it_never_shows(runner, tmp_path):
+def test_fused_attention_recomputes_the_steps_it_never_shows(runner, tmp_path):
+    """F.scaled_dot_product_attention materializes no scores or attention: they are recomputed from its own
+    arguments, marked so, and its output is compared as it is (issue 23)."""
     path = write(tmp_path, FUNCTIONS)
     result, out = trace(runner, f"{path}:fused", "--causal")
     assert result.exit_code == 0, result.output
-    statuses = {row["reference"]: row["status"] for row in out["alignment"]}
-    assert statuses == {"scores": "unseen", "masked_scores": "unseen", "attention": "unseen", "out": "equal"}
+    rows = {row["reference"]: row for row in out["alignment"]}
+    assert {name: row["status"] for name, row in rows.items()} == {
+        "scores": "equal", "masked_scores": "equal", "attention": "equal", "out": "equal"}
+    assert rows["scores"]["user"] == "scores (recomputed)" and rows["out"]["user"] == "return"
+    assert any("without materializing them" in n for n in out["notes"])
+    recomputed = [s for s in out["steps"] if s["name"].endswith("(recomputed)")]
+    assert [s["name"] for s in recomputed] == ["scores (recomputed)", "masked_scores (recomputed)",
+                                               "attention (recomputed)"]
+    assert all(s["recomputed"] and s["dims"] == ["n_batch", "n_Q", "n_K"] for s in recomputed)
 
     # and F.scaled_dot_product_attention is the reference here too: same inputs, same output
     sizes = out["params"]["sizes"]
@@ -545,7 +576,7 @@ def test_files_as_inputs(runner, tmp_path):
         ("{mine}", [], "as FILE.py:NAME"),
         ("{mine}:nothing", [], "has no nothing; it defines: attention, wrong_softmax"),
         ("{mine}:two_tensors", [], "trace feeds 1 tensor"),
-        ("{mine}:unscaled", ["--causal"], "has no mask parameter"),
+        ("{mine}:unscaled", ["--mask", "{dir}/mask.npy"], "has no mask parameter"),
         ("{mine}:attention", ["--init", "d=1"], "--init builds a class"),
         ("{mine}:attention", ["--train"], "a function has none"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200, n_head=__import__('os')"],
@@ -563,7 +594,10 @@ def test_bad_input_is_one_line_and_exit_2(runner, tmp_path, target, args, messag
     (tmp_path / "bad.py").write_text("import torch\n\ndef f(:\n")
     paths = {"dir": str(tmp_path), "mine": write(tmp_path, FUNCTIONS), "classic": write(tmp_path, CLASSIC, "c.py"),
              "syntax": str(tmp_path / "bad.py"), "selfattn": write(tmp_path, SELF_ATTENTION, "s.py")}
-    result = runner.invoke(app, ["trace", target.format(**paths), *args])
+    import numpy as np
+
+    np.save(tmp_path / "mask.npy", np.ones((6, 9), dtype=bool))
+    result = runner.invoke(app, ["trace", target.format(**paths), *(a.format(**paths) for a in args)])
     assert result.exit_code == 2, result.output
     assert message in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -659,19 +693,20 @@ def test_sizes_seeds_and_init_bombs_are_usage_errors_as_for_sdpa(tmp_path, args,
 
 def test_no_reference_shows_the_steps_then_one_error_line(runner, tmp_path):
     path = write(tmp_path, """
-    class Wrapped(nn.Module):
+    class Odd(nn.Module):
         def __init__(self, d_feat, n_head):
             super().__init__()
             self.n_head = n_head
-            self.inner = nn.MultiheadAttention(d_feat, n_head, batch_first=True)
+            self.a = nn.Linear(d_feat, 2 * d_feat)
+            self.b = nn.Linear(2 * d_feat, d_feat)
 
-        def forward(self, q, k, v):
-            return self.inner(q, k, v)[0]
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
     """)
-    result = runner.invoke(app, ["trace", f"{path}:Wrapped", "--init", "d_feat=16, n_head=2", "--d-feat", "16"])
+    result = runner.invoke(app, ["trace", f"{path}:Odd", "--init", "d_feat=16, n_head=2"])
     assert result.exit_code == 2, result.output
-    assert "multi_head_attention_forward" in result.stdout
-    assert "no reference for Wrapped" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "torch.relu" in result.stdout
+    assert "no reference for Odd" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_the_file_is_imported_under_a_private_name(runner, tmp_path):

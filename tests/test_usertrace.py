@@ -278,4 +278,4 @@ def test_grouped_query_attention_aligns_with_its_kv_heads_named(tmp_path):
     assert run.divergence is None, run.divergence
     assert run.params["sizes"]["n_kv_head"] == 2
     k = next(s for s in run.steps if s.name == "k")
-    assert k.dims == ("n_batch", "n_kv_head", "n_Q|n_K", "d_head")
+    assert k.dims == ("n_batch", "n_kv_head", "n_K", "d_head")

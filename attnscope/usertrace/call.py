@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import ResourceError
 
 if TYPE_CHECKING:
+    from attnscope.usertrace.feeds import Feeds
     from attnscope.usertrace.inputs import Inputs
     from attnscope.usertrace.load import Plan, Target
     from attnscope.usertrace.record import Failure, Record
@@ -29,7 +30,10 @@ class Called:
     result: Any
 
 
-def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_memory: int | None = None) -> Called:
+def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_memory: int | None = None,
+         mask: Any = None, fed: Feeds | None = None) -> Called:
+    """Call the user's callable with the inputs, `mask` (in the convention its code reads) for its mask
+    parameter and `fed` for the others (a cache, a start position, RoPE's tables)."""
     import torch
 
     from attnscope.cost import available_memory
@@ -37,8 +41,10 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     from attnscope.usertrace.record import Failure, Recorder, RecordingTooLarge
 
     labels = {id(t): name for name, t in inputs.tensors.items()}
-    if inputs.mask is not None:
-        labels[id(inputs.mask)] = plan.mask or "mask"
+    if mask is not None:
+        labels[id(mask)] = plan.mask or "mask"
+    if fed is not None:
+        labels.update(fed.labels)
     linears: dict[int, str] = {}
     if module is not None:
         labels.update({id(p): name for name, p in module.named_parameters()})
@@ -47,7 +53,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     available = available_memory()
     budgets = [b for b in (int(available * MEMORY_SHARE) if available else None, max_memory) if b is not None]
     recorder = Recorder(target.path, labels, linears, min(budgets) if budgets else None)
-    args, kwargs = arguments(plan, inputs)
+    args, kwargs = arguments(plan, inputs, mask, fed)
     result, failure, source = None, None, None
     try:
         with load.user_code(target.path), torch.no_grad(), recorder:
@@ -69,13 +75,14 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     return Called(recorder.records, failure, source, result)
 
 
-def arguments(plan: Plan, inputs: Inputs) -> tuple[list[Any], dict[str, Any]]:
+def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple[list[Any], dict[str, Any]]:
     values: dict[str, Any] = dict(inputs.tensors)
     if plan.mask:
-        values[plan.mask] = inputs.mask
+        values[plan.mask] = mask
+    values.update(fed.values if fed is not None else {})
     values.update({name: None for name in plan.nones})
     values.update({name: 0.0 for name in plan.zeros})
-    args = [values.pop(name) for name in list(values) if name in plan.positional_only]
+    args = [values.pop(name) for name in plan.order if name in plan.positional_only and name in values]
     return args, values
 
 

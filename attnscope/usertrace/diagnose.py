@@ -21,7 +21,7 @@ from attnscope.usertrace.align import VERY_NEGATIVE, Match, compare, tolerance
 if TYPE_CHECKING:
     from attnscope.trace import Trace
     from attnscope.usertrace.record import Record
-    from attnscope.usertrace.reference import Projections
+    from attnscope.usertrace.reference import Projections, Spec
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 
@@ -36,6 +36,7 @@ class Context:
     train: bool = False
     projections: Projections | None = None
     skip: dict[str, torch.Tensor] = field(default_factory=dict)
+    spec: Spec | None = None
 
 
 @dataclass
@@ -46,15 +47,22 @@ class Diagnosis:
 
 
 def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
-    """Try each cause on each candidate (most likely first); the first that fits explains the divergence."""
+    """Try each cause on the candidates, the most likely first; the first cause that fits one explains the
+    divergence. Some causes look through every tensor themselves; dropout is asked of the likeliest candidate
+    only (a later tensor of the same shape, after a dropout, is not what went wrong)."""
+    from attnscope.usertrace.causes import kernel_dropout, own_mask, repeat_order
+    from attnscope.usertrace.rotary import after_repeat, diagnose_rope
+
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
-    for whole in (_transposed, _merged_before_permute):  # these look through every tensor themselves
+    for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c)):
         found = whole(step, ctx, None)
         if found is not None:
             return found
-    for check in (_missing_bias, _dropout, _mask_inverted, _mask_ignored, _softmax_axis, _ratio):
-        for near in ranked:
+    checks = (_missing_bias, _dropout, kernel_dropout, diagnose_rope, repeat_order, own_mask, _mask_inverted,
+              _mask_ignored, _softmax_axis, _ratio)
+    for check in checks:
+        for near in ranked[:1] if check in (_dropout, kernel_dropout) else ranked:
             found = check(step, ctx, near)
             if found is not None:
                 return found

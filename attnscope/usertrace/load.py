@@ -27,6 +27,13 @@ from attnscope.usertrace.initargs import build
 
 MASK_WORDS = ("mask",)
 DROPOUT_WORDS = ("dropout",)
+# A decode step's parameters (--cache N): the cached keys and values, and the position of the first new token.
+CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past", "past_kv", "past")
+POSITION_NAMES = ("start_pos", "pos", "offset", "position_offset", "past_length", "past_len", "n_past",
+                  "cache_len", "start_position", "seqlen_offset")
+# RoPE's tables, as the code that passes them in writes them (--rope): LLMs-from-scratch's cos, sin
+# [n_pos, d_head]; Meta's freqs_cis [n, d_head / 2] complex; transformers' position_embeddings (cos, sin).
+TABLE_NAMES = ("cos", "sin", "freqs_cis", "position_embeddings")
 # Constructor arguments filled from --d-feat / --heads when --init does not give them.
 D_FEAT_NAMES = ("d_feat", "d_model", "embed_dim", "hidden_size", "dim", "d_embed", "n_embd", "model_dim",
                 "emb_dim", "hidden_dim", "d", "n_feat", "size")
@@ -59,6 +66,10 @@ class Plan:
     nones: list[str] = field(default_factory=list)
     zeros: list[str] = field(default_factory=list)
     positional_only: set[str] = field(default_factory=set)
+    cache: str | None = None  # gets (K_cache, V_cache) with --cache, else None
+    positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
+    tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
+    order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
 
     @property
     def self_attention(self) -> bool:
@@ -208,7 +219,8 @@ def is_dropout(name: str) -> bool:
 def plan(fn: Any, label: str, train: bool) -> Plan:
     """Read the signature: required parameters are the tensors (1: self-attention x; 3: query, key, value);
     mask-like ones get the mask or None, dropout-like ones None (or 0.0 when their default is a number and
-    the module is not in training mode); the others keep their defaults."""
+    the module is not in training mode), a cache, a start position and RoPE's tables what a decode step or
+    --rope gives them (feeds.py); the others keep their defaults."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -219,9 +231,17 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
     for name, param in signature.parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
+        p.order.append(name)
         required = param.default is param.empty
+        lower = name.lower()
         if is_mask(name):
             masks.append(name)
+        elif lower in CACHE_NAMES and (required or param.default is None):
+            p.cache = name
+        elif lower in POSITION_NAMES and (required or isinstance(param.default, int)):
+            p.positions.append(name)
+        elif lower in TABLE_NAMES and (required or param.default is None):
+            p.tables.append(name)
         elif is_dropout(name):
             numeric = isinstance(param.default, (int, float)) and not isinstance(param.default, bool)
             if numeric and param.default and not train:

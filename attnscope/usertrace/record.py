@@ -23,6 +23,8 @@ from torch.overrides import TorchFunctionMode
 
 from attnscope import cost
 from attnscope.usertrace.bindings import Binder, Statements
+from attnscope.usertrace.kernels import KERNELS
+from attnscope.usertrace.kernels import hidden as kernel_steps
 
 COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 OPERATORS = {"matmul": "@", "__matmul__": "@", "div": "/", "true_divide": "/", "__truediv__": "/", "mul": "*",
@@ -135,11 +137,20 @@ class Recorder(TorchFunctionMode):
         name = call.removeprefix("F.").removeprefix("torch.")
         parents = tuple(self._produced[id(t)] for t in _tensors(args, kwargs) if id(t) in self._produced)
         first = next(iter(_tensors(args, kwargs)), None)
+        asked: dict[str, Any] = {}
+        if name in KERNELS:  # what it computes without materializing: recomputed, marked so, before its output
+            hidden, asked = kernel_steps(name, func, tuple(args), kwargs)
+            for step, tensor, how in hidden:
+                snapshot = tensor.detach().clone()
+                self._keep(snapshot)
+                self.records.append(Record(
+                    len(self.records), "recomputed", f"recomputed: {step} inside {call} ({how}); not materialized "
+                    "by your code", snapshot, frames[0].f_lineno, [], "recomputed", False, 0, parents,
+                    [f"{step} (recomputed)"], {"recomputed": call}))
+                self._alive.append(None)  # indexed as the records are; a recomputed step is bound to no name
         for position, tensor in enumerate(results):
             snapshot = tensor.detach().clone()
-            self._bytes += snapshot.numel() * snapshot.element_size()
-            if self._budget is not None and self._bytes > self._budget:
-                raise RecordingTooLarge(self._bytes)
+            self._keep(snapshot)
             index = len(self.records)
             shares = first is not None and _shares_memory(tensor, first)
             details: dict[str, Any] = {}
@@ -149,6 +160,8 @@ class Recorder(TorchFunctionMode):
                 details.update(_dropout_details(args, kwargs))
             if len(results) > 1:
                 details["part"] = position
+            if asked:
+                details["kernel"] = asked
             self.records.append(Record(index, name, call, snapshot, frames[0].f_lineno, text_args, style, not shares,
                                        _flops(name, args, tensor), parents, details=details))
             self._produced[id(tensor)] = index
@@ -158,6 +171,11 @@ class Recorder(TorchFunctionMode):
             for frame in frames:
                 if frame.f_code.co_name not in COMPREHENSIONS:
                     self._binder.add(frame, frame.f_lineno, index)
+
+    def _keep(self, snapshot: torch.Tensor) -> None:
+        self._bytes += snapshot.numel() * snapshot.element_size()
+        if self._budget is not None and self._bytes > self._budget:
+            raise RecordingTooLarge(self._bytes)
 
     def _bind(self, index: int, value: Any, name: str) -> bool:
         if self._alive[index] is not value:
@@ -219,6 +237,8 @@ def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> 
         return str(value)
 
     parts = [one(a) for a in args]
+    if style == "recomputed":
+        return name
     if style == "property":
         return f"{parts[0]}.{name}"
     if style == "linear":
