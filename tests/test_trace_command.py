@@ -748,7 +748,7 @@ def test_help_says_the_file_is_run_and_ends_with_examples(runner):
     result = runner.invoke(app, ["trace", "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0
     assert "imported" in result.stdout and "runs its code" in result.stdout
-    tail = result.stdout.rstrip().splitlines()[-6:]
+    tail = result.stdout.rstrip().splitlines()[-12:]
     assert any("attnscope trace docs/examples/my_attention.py" in line for line in tail), tail
 
 

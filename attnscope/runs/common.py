@@ -157,12 +157,15 @@ def check_common(o: AttentionOptions) -> None:
 
 def check_variants(o: AttentionOptions) -> None:
     """The variant options' own sense, before anything is loaded or computed."""
-    import math
-
-    if o.window is not None and o.window < 1:
-        raise UsageError(f"--window {o.window}: a query must see at least itself, so the window is 1 or more")
     if o.softcap is not None and not (math.isfinite(o.softcap) and o.softcap > 0):
         raise UsageError(f"--softcap {o.softcap:g}: the cap must be a positive number (Gemma 2 uses 50)")
+    check_positions(o)
+
+
+def check_positions(o: Any) -> None:
+    """--window, --rope/--rope-base and --cache: their own sense (any options with those fields: trace's too)."""
+    if o.window is not None and o.window < 1:
+        raise UsageError(f"--window {o.window}: a query must see at least itself, so the window is 1 or more")
     if o.rope_base is not None and not o.rope:
         raise UsageError("--rope-base sets RoPE's base; add --rope to rotate Q and K")
     if o.rope_base is not None and not (math.isfinite(o.rope_base) and o.rope_base > 1):
@@ -172,7 +175,7 @@ def check_variants(o: AttentionOptions) -> None:
     effective_causal(o)
 
 
-def effective_causal(o: AttentionOptions) -> str | None:
+def effective_causal(o: Any) -> str | None:
     """The causal alignment the run uses: a KV cache puts the new queries after the cached positions, so
     causal aligns lower-right (a decode step is causal); a window alone is causal upper-left."""
     if o.cache:
@@ -185,7 +188,7 @@ def effective_causal(o: AttentionOptions) -> str | None:
     return o.causal
 
 
-def rope_base(o: AttentionOptions) -> float | None:
+def rope_base(o: Any) -> float | None:
     """RoPE's base as the run uses it (10000, LLaMA's, unless --rope-base says otherwise); None without --rope."""
     if not o.rope:
         return None

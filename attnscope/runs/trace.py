@@ -7,12 +7,11 @@ attnscope.usertrace (load, inputs, call, lineup).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.runs.common import check_numbers, guard_memory
+from attnscope.runs.common import check_numbers, check_positions, effective_causal, guard_memory, rope_base
 from attnscope.trace import Step
 from attnscope.usertrace.inputs import InputOptions
 
@@ -155,6 +154,13 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
         first, given = inputs.allowed.to(dtype), "additive"
     torch.manual_seed(o.seed)
     called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
+    failure = called.failure
+    if failure is not None and plan.mask in failure.op and inputs.allowed.dim() == 3 and inputs.allowed.shape[0] == 1:
+        # code that takes [n_Q, n_K] only (nn.MultiheadAttention's attn_mask): the same mask, without its 1
+        inputs.allowed = inputs.allowed[0]
+        first = first[0]
+        torch.manual_seed(o.seed)
+        called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
     convention = masking.detect(called.records, called.failure, plan.mask)
     if convention.kind == given or (given == "additive" and convention.line is None):
         return called, masking.Convention(given, convention.line, convention.how)
@@ -196,24 +202,8 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
             raise UsageError("--d-feat is a module's width; for a function give --dk (and --dv)")
     elif o.dk is not None or o.dv is not None:
         raise UsageError("--dk/--dv size a function's inputs; a module's width is --d-feat")
-    if o.window is not None and o.window < 1:
-        raise UsageError(f"--window {o.window}: a query must see at least itself, so the window is 1 or more")
-    if o.rope_base is not None and not o.rope:
-        raise UsageError("--rope-base sets RoPE's base; add --rope to rotate Q and K")
-    if o.rope_base is not None and not (math.isfinite(o.rope_base) and o.rope_base > 1):
-        raise UsageError(f"--rope-base {o.rope_base:g} must be a number above 1 (LLaMA uses 10000 or 500000)")
-    if o.cache < 0:
-        raise UsageError(f"--cache {o.cache}: the number of cached positions cannot be negative")
-    causal = o.causal
-    if o.cache:
-        if causal == "upper-left":
-            raise UsageError(f"--cache {o.cache} puts the queries after {o.cache} cached positions, so causal "
-                             "aligns lower-right; drop --causal upper-left")
-        causal = "lower-right"
-    elif o.window is not None and not causal:
-        causal = "upper-left"
-    base = (10000.0 if o.rope_base is None else o.rope_base) if o.rope else None
-    return Spec(causal, o.window, base, o.cache)
+    check_positions(o)  # --window, --rope-base, --cache as sdpa/mha check them
+    return Spec(effective_causal(o), o.window, rope_base(o), o.cache)
 
 
 def _steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: Feeds, plan: Plan) -> list[UserStep]:
@@ -282,7 +272,7 @@ def _params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inp
     return {"target": o.target, "file": str(target.path), "name": target.name, "kind": target.kind,
             "init": {k: _jsonable(v) for k, v in kwargs.items()}, "train": o.train, "sizes": dict(inputs.sizes),
             "seed": o.seed, "inputs": files or "random", "mask": o.mask, "causal": o.causal, "window": o.window,
-            "rope": o.rope, "rope_base": (10000.0 if o.rope_base is None else o.rope_base) if o.rope else None,
+            "rope": o.rope, "rope_base": rope_base(o),
             "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save}
 
 

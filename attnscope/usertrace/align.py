@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # atol, rtol: "equal" allows what a different order of the same sums gives, and a little more
 TOLERANCES = {torch.float64: (1e-10, 1e-7), torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 2e-3),
               torch.bfloat16: (2e-2, 2e-2)}
-VERY_NEGATIVE = -1e4  # a user's masked score: -1e9 or -inf both stand for the reference's -inf
+VERY_NEGATIVE = -1e3  # a user's masked score: -1e9, BERT's -10000 + score or -inf all stand for the reference's -inf
 MAX_PERMUTED_RANK = 6
 
 

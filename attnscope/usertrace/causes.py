@@ -80,8 +80,8 @@ def repeat_order(step: str, ctx: Context, near: Match | None) -> Diagnosis | Non
         return None
     return Diagnosis(f"key/value heads repeated in the wrong order: {_who(near.record)} tiles the {kv.shape[-3]} "
                      f"key/value heads (0, 1, ..., 0, 1, ...), as .repeat(1, {n_group}, 1, 1) does, where query head h "
-                     f"reads key/value head h // {n_group} (0, 0, ..., 1, 1, ...): repeat_interleave({n_group}, dim=1), "
-                     "as transformers' repeat_kv", near.record)
+                     f"reads key/value head h // {n_group} (0, 0, ..., 1, 1, ...): "
+                     f"repeat_interleave({n_group}, dim=1), as transformers' repeat_kv", near.record)
 
 
 def _softmax(scores: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,7 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
     divergence. Some causes look through every tensor themselves; dropout is asked of the likeliest candidate
     only (a later tensor of the same shape, after a dropout, is not what went wrong)."""
     from attnscope.usertrace.causes import kernel_dropout, own_mask, repeat_order
-    from attnscope.usertrace.rotary import after_repeat, diagnose_rope
+    from attnscope.usertrace.rotary import after_repeat, diagnose_rope, not_rotated
 
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
@@ -59,8 +59,8 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
         found = whole(step, ctx, None)
         if found is not None:
             return found
-    checks = (_missing_bias, _dropout, kernel_dropout, diagnose_rope, repeat_order, own_mask, _mask_inverted,
-              _mask_ignored, _softmax_axis, _ratio)
+    checks = (_missing_bias, _dropout, kernel_dropout, diagnose_rope, not_rotated, repeat_order, own_mask,
+              _mask_inverted, _mask_ignored, _softmax_axis, _ratio)
     for check in checks:
         for near in ranked[:1] if check in (_dropout, kernel_dropout) else ranked:
             found = check(step, ctx, near)
@@ -243,7 +243,7 @@ def _ratio(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
         return None
     expected = near.layout.apply(ctx.reference[step], tuple(near.record.tensor.shape)).double()
     user = near.record.tensor.double()
-    usable = torch.isfinite(expected) & torch.isfinite(user) & (expected > -1e4) & (user > -1e4)
+    usable = torch.isfinite(expected) & torch.isfinite(user) & (expected > VERY_NEGATIVE) & (user > VERY_NEGATIVE)
     e, u = expected[usable], user[usable]
     if not e.numel() or float((e * e).sum()) == 0.0:
         return None

@@ -3,8 +3,9 @@
 Sizes alone name most axes (sizes.py). Where two dims share a size (self-attention's n_Q = n_K), an axis is
 named from where the tensor comes from:
 - a tensor lined up with a reference step takes that step's dims, in the layout it holds them;
-- any other takes its parents': a transpose or permute moves their names with the axes (found by the
-  numbers: the permutation of the parent that gives this tensor), an elementwise op or a view keeps the names
+- any other takes its parents' (or, failing those, its children's): a transpose or permute moves their names
+  with the axes (found by the numbers: the permutation of the parent that gives this tensor), an elementwise
+  op or a view keeps the names
   of the axes whose sizes it keeps (counted from the left, then from the right), a matmul takes its rows from
   the left operand and its columns from the right one;
 - the last resort is the place: `[.., n_Q, n_K]` for the two last axes of a score-like tensor.
@@ -45,6 +46,24 @@ def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
             sources += [inputs[a[1]] for a in record.args if a[0] == "text" and a[1] in inputs]
             dims = _from_parents(record, dims, sources)
         out[record.index] = dims
+    for record in reversed(records):  # and back from the children: the view a transpose of it was lined up
+        if not any("|" in d for d in out[record.index]):
+            continue
+        named = list(out[record.index])
+        for child in records[record.index + 1:]:
+            if record.index not in child.parents:
+                continue
+            rank = record.tensor.dim()
+            if child.tensor.dim() >= rank and all(  # an elementwise op keeps the axes, broadcast from the right
+                    child.tensor.shape[-i] == record.tensor.shape[-i] for i in range(1, rank + 1)):
+                for i in range(1, rank + 1):
+                    _settle(named, -i, out[child.index][-i])
+                continue
+            order = _permutation(record.tensor, child.tensor)
+            if order is not None:
+                for axis, source in enumerate(order):
+                    _settle(named, source, out[child.index][axis])
+        out[record.index] = tuple(named)
     return out
 
 
@@ -59,7 +78,8 @@ def _from_step(dims: Dims, shape: tuple[int, ...], user_shape: tuple[int, ...], 
     out: list[str] = []
     i = 0
     for size in user_shape:
-        group, product = [], 1
+        group: list[str] = []
+        product = 1
         while i < len(sizes) and (product < size or (sizes[i] == 1 and product == size and not group)):
             group.append(permuted[i])
             product *= sizes[i]

@@ -23,15 +23,18 @@ if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
 
 
-def with_users_dropout(trace: Trace, records: list[Record], reference: Any) -> tuple[Trace, str] | None:
-    """The reference with the user's attention dropout applied after `attention` (None when there is none to
-    apply), and a note saying so."""
-    if "attention" not in trace:
+def with_users_dropout(trace: Trace, records: list[Record], reference: Any) -> tuple[Trace | None, str] | None:
+    """The reference with the user's attention dropout applied after `attention` (no trace when there is none
+    to apply: the steps before the dropout are still compared), and a note saying what was done; None when no
+    dropout of the user's dropped anything."""
+    dropouts = [r for r in records if r.func == "dropout" and r.details.get("training") and r.parents
+                and not torch.equal(records[r.parents[0]].tensor, r.tensor)]
+    if not dropouts:
         return None
+    if "attention" not in trace:
+        return None, _unapplied(dropouts[0], records)
     attention = trace["attention"]
-    for record in records:
-        if record.func != "dropout" or not record.details.get("training") or not record.parents:
-            continue
+    for record in dropouts:
         before = records[record.parents[0]]
         match = next(iter(compare(before, attention)), None)
         if match is None or not match.equal or match.layout.merged:
@@ -47,7 +50,15 @@ def with_users_dropout(trace: Trace, records: list[Record], reference: Any) -> t
                 "the reference applies that same mask, read from your tensors, after its attention, so the steps "
                 "after it are still compared")
         return _after_attention(trace, attention * multiplier, reference), note
-    return None
+    return None, _unapplied(dropouts[0], records)
+
+
+def _unapplied(record: Record, records: list[Record]) -> str:
+    before = records[record.parents[0]]
+    zeroed = float(((record.tensor == 0) & (before.tensor != 0)).double().mean())
+    return (f"dropout in training mode: line {record.line} zeroed {zeroed:.1%} of {before.label} at random (p = "
+            f"{record.details.get('p', 0.0):g}); its input matches no reference step to apply the same mask to, so "
+            "the steps before it are compared, and those after it differ by that")
 
 
 def _after_attention(trace: Trace, dropped: torch.Tensor, reference: Any) -> Trace:

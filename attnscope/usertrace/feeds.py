@@ -59,6 +59,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None) -> Feeds:
     start = n_cache
     for name in plan.tables:
         kind = name.lower()
+        value: Any
         if kind in ("cos", "sin"):
             value = cos if kind == "cos" else sin
             out.steps.append((name, value, ("n_K", "d_head"), f"input: {kind}(position · inv_freq), positions 0 to "

@@ -66,7 +66,7 @@ def mha_parts(name: str, mha: nn.MultiheadAttention) -> dict[str, tuple[str, obj
         parts = {role: Part(f"{prefix}{role}_proj_weight", getattr(mha, f"{role}_proj_weight").detach(),
                             bias.detach()[i * d:(i + 1) * d] if bias is not None else None)
                  for i, role in enumerate("qkv")}
-    out = {role: (part.name, part) for role, part in parts.items()}
+    out: dict[str, tuple[str, object]] = {role: (part.name, part) for role, part in parts.items()}
     out["o"] = (f"{prefix}out_proj", mha.out_proj)
     return out
 
@@ -106,6 +106,13 @@ def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: i
         parts = {role: rows(name, weight, bias, slice(bounds[i], bounds[i + 1]), f"[{bounds[i]}:{bounds[i + 1]}]")
                  for i, role in enumerate("qkv")}
         layouts.append((f"split as its output is split at line {line}", parts))
+    if n_head and d_head and width > n_head * d_head and (width - n_head * d_head) % 2 == 0 \
+            and width != 3 * n_head * d_head:  # grouped-query: q's n_head heads, then k's and v's fewer
+        q, kv = n_head * d_head, (width - n_head * d_head) // 2
+        bounds = [0, q, q + kv, width]
+        parts = {role: rows(name, weight, bias, slice(bounds[i], bounds[i + 1]), f"[{bounds[i]}:{bounds[i + 1]}]")
+                 for i, role in enumerate("qkv")}
+        layouts.append(("split by widths, n_head·d_head for q, then n_kv_head·d_head each for k and v", parts))
     if width % 3 == 0:
         third = width // 3
         parts = {role: rows(name, weight, bias, slice(i * third, (i + 1) * third), f"[{i * third}:{(i + 1) * third}]")

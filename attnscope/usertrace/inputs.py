@@ -100,7 +100,9 @@ class ShapePlan:
                                  "heads; drop --kv-heads")
             fused = _fused_width(module)
             if fused:
-                extra["3·d_feat" if fused == 3 * d_feat else "n_qkv·d_head"] = fused
+                extra["3·d_feat" if fused == 3 * d_feat else "(n_head+2·n_kv_head)·d_head"] = fused
+                if "d_head" in fixed:
+                    extra["3·d_head"] = 3 * fixed["d_head"]  # a per-head fused layout (GPT-NeoX)
         why = None if n_head else f"cannot tell how many heads {type(module).__name__} has; pass --heads"
         return ShapePlan(fixed, n_head, why, extra)
 

@@ -23,9 +23,12 @@ if TYPE_CHECKING:
     from attnscope.usertrace.reference import Projections, Spec
 
 ALIGNED = ("equal", "permuted")
-# Steps a kernel may do inside (enable_gqa repeats K and V in F.scaled_dot_product_attention): when a later step
-# is equal, another tensor of their shape (the queries, in self-attention) is no divergence.
-INSIDE_KERNELS = ("K_rep", "V_rep")
+# A step the code may never materialize, and the step computed from it: when that one is equal, another tensor of
+# the first one's shape is no divergence. enable_gqa repeats K and V inside F.scaled_dot_product_attention;
+# GPT-NeoX splits a fused projection per head, so Q_feat never exists whole; LLMs-from-scratch masks before it
+# scales, so the scaled scores never exist unmasked.
+DERIVED = {"Q_feat": "Q_split", "K_feat": "K_split", "V_feat": "V_split", "K_rep": "scores", "V_rep": "x_raw",
+           "scores": "masked_scores"}
 
 
 @dataclass
@@ -77,9 +80,11 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
 
         dropped = with_users_dropout(trace, records, reference_module)
         if dropped is not None:
-            trace, note = dropped
+            applied, note = dropped
             out.notes.append(note)
-            out.rows = _align(trace, wanted, records, skips)
+            if applied is not None:
+                trace = applied
+                out.rows = _align(trace, wanted, records, skips)
     if skips:
         out.notes.append("some queries may attend to no key: attnscope gives them zeros, hand-written code often "
                          "a uniform average or NaN; those rows are left out of the comparison")
@@ -193,9 +198,11 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         rows.append(Aligned(name, step.dims, list(step.shape), match.record,
                             match.layout.describe(step.dims, tuple(match.record.tensor.shape)),
                             match.max_abs_diff, status, match.layout.order, match.layout.merged))
+    statuses = {row.reference: row.status for row in rows}
     for i, row in enumerate(rows):  # a step fused away (F.scaled_dot_product_attention) is not a divergence
         later = any(r.status in ALIGNED for r in rows[i + 1:])
-        if later and (row.status == "missing" or (row.status == "differs" and row.reference in INSIDE_KERNELS)):
+        derived = statuses.get(DERIVED.get(row.reference, ""), "") in ALIGNED
+        if (row.status == "missing" and later) or (row.status == "differs" and derived):
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
 

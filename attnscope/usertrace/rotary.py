@@ -61,15 +61,11 @@ def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
     start = _start(step, ctx)
     positions = torch.arange(start, start + n)
     who, what = _who(near.record), "queries" if step == "Q_rot" else "keys"
-    if _close(user, x):
-        return Diagnosis(f"{who} is {source} not rotated: RoPE is never applied to the {what} (the reference "
-                         f"rotates them, --rope, base {base:g})", near.record)
     if _close(user, rotate(x, positions, base, "interleaved")):
         return Diagnosis(f"{who} pairs RoPE's coordinates interleaved, (0, 1), (2, 3), ... (GPT-J, Meta's "
-                         "view_as_complex form), where the reference pairs them half-split, (i, i + d_head/2) "
-                         "(transformers' LLaMA rotate_half); the two agree only once the q and k weights' rows are "
-                         "permuted as transformers' convert_llama_weights_to_hf does, so with weights laid out for "
-                         "half-split, rotate_half is the one", near.record)
+                         "view_as_complex), where the reference pairs them half-split, (i, i + d_head/2), as "
+                         "transformers' LLaMA rotate_half does; the two agree only once the q and k weights' rows are "
+                         "permuted (transformers' convert_llama_weights_to_hf)", near.record)
     if start and _close(user, rotate(x, torch.arange(n), base)):
         return Diagnosis(f"positions not offset in a decode step: {who} rotates the {n} new {what} at positions "
                          f"0 to {n - 1}, but after {ctx.spec.cache or start} cached positions they sit at {start} to "
@@ -83,6 +79,21 @@ def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
                              f"pair i turns by position · {fitted:g}^(-2i/d_head); if your model was trained with "
                              f"rope_theta = {fitted:g}, pass --rope-base {fitted:g}, else fix the base", near.record)
     return None
+
+
+def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    """Asked after every other candidate was tried for a wrong rotation: the unrotated input itself."""
+    from attnscope.usertrace.diagnose import Diagnosis, _close, _in_reference_layout, _who
+
+    if near is None or step not in ROTATED or ctx.spec is None or ctx.spec.rope_base is None:
+        return None
+    source = next((s for s in ROTATED[step] if s in ctx.reference), None)
+    if source is None or not _close(_in_reference_layout(near, step, ctx), ctx.reference[source].double()):
+        return None
+    what = "queries" if step == "Q_rot" else "keys"
+    return Diagnosis(f"{_who(near.record)} is {source} not rotated, and no tensor of yours is {source} rotated: "
+                     f"RoPE is never applied to the {what} (the reference rotates them, --rope, base "
+                     f"{ctx.spec.rope_base:g})", near.record)
 
 
 def after_repeat(step: str, ctx: Context) -> Diagnosis | None:
@@ -100,9 +111,10 @@ def after_repeat(step: str, ctx: Context) -> Diagnosis | None:
         return None
     return Diagnosis(f"RoPE applied after the head repeat: {_who(before.record)} repeats the unrotated keys for the "
                      f"{n_group} query heads of each key/value head, and {_who(rotated.record)} rotates them after; "
-                     f"the numbers agree with rotating first (it equals K_rep), but each key is rotated {n_group} times "
-                     "over and a cache filled before the rotation holds unrotated keys. Rotate K_split first and "
-                     "repeat after, as transformers' LlamaAttention does (apply_rotary_pos_emb, then repeat_kv)",
+                     "the numbers agree with rotating first (it equals K_rep), but each key is rotated "
+                     f"{n_group} times over and a cache filled before the rotation holds unrotated keys. Rotate "
+                     "K_split first and repeat after, as transformers' LlamaAttention does (apply_rotary_pos_emb, "
+                     "then repeat_kv)",
                      rotated.record)
 
 
