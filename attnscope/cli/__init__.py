@@ -45,7 +45,7 @@ def _root(
 
 
 def _register() -> None:
-    from attnscope.cli import bench, bert, head, mask, mha, sdpa, trace
+    from attnscope.cli import bench, bert, diff, head, mask, mha, sdpa, trace
 
     sdpa.register(app)
     mha.register(app)
@@ -54,6 +54,7 @@ def _register() -> None:
     head.register(app)
     bench.register(app)
     trace.register(app)
+    diff.register(app)
 
 
 _register()

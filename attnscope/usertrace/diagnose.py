@@ -75,7 +75,8 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
 
 
 def _who(record: Record) -> str:
-    return f"your {record.label} (line {record.line})"
+    """How a diagnosis names the tensor: `your scores (line 31)`, or what the record says (diff: `B's scores`)."""
+    return str(record.details.get("who") or f"your {record.label} (line {record.line})")
 
 
 def _in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:

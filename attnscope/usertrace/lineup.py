@@ -92,7 +92,8 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     first = next((row for row in out.rows if row.status in ("differs", "missing")), None)
     if first is None:
         return out
-    ctx = Context("module" if module is not None else "function", inputs.sizes, trace, records, _allowed(trace),
+    kind = "module" if module is not None else "function"
+    ctx = Context(kind, inputs.sizes, trace, records, reference_allowed(trace),
                   train, projections, skips, spec)
     tensor, skip = trace[first.reference], skips.get(first.reference)
     used = frozenset(row.record.index for row in out.rows if row.status in ALIGNED and row.record is not None)
@@ -145,7 +146,7 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     return trace, ref.MHA_STEPS, reference, projections, what, rows, skips
 
 
-def _allowed(trace: Trace) -> torch.Tensor | None:
+def reference_allowed(trace: Trace) -> torch.Tensor | None:
     """What the reference lets each query see (True = may attend), read off its masked scores."""
     import torch
 
