@@ -78,7 +78,7 @@ def test_nanogpt_without_causal_is_told_its_own_mask(tmp_path, runner):
     result, out = trace(runner, nanogpt(tmp_path), *GPT)
     assert result.exit_code == 1
     first = out["first_divergence"]
-    assert first["reference"] == "attention" and first["user"] == "attention (recomputed)"
+    assert first["reference"] == "attention" and first["user"] == "(attention)"
     assert "your code masks by itself" in first["diagnosis"] and "causal mask (upper-left)" in first["diagnosis"]
     assert "describe it with --causal" in first["diagnosis"]
     assert first["line"] == 1 + next(i for i, text in enumerate(NANOGPT.splitlines())
@@ -94,7 +94,7 @@ def test_nanogpt_with_a_planted_scale_bug_diverges_at_scores(tmp_path, runner, f
     assert result.exit_code == 1
     first = out["first_divergence"]
     assert first["reference"] == "scores" and words in first["diagnosis"], first
-    assert first["user"] == ("scores (recomputed)" if flash else "att")
+    assert first["user"] == ("(scores)" if flash else "att")
 
 
 FUSED = """
@@ -473,7 +473,7 @@ def test_a_module_calling_f_scaled_dot_product_attention_aligns(tmp_path, runner
     result, out = trace(runner, f"{path}:SdpaModule", "--init", init, *args)
     assert result.exit_code == 0, result.output
     rows = {row["reference"]: row for row in out["alignment"]}
-    assert rows["scores"]["user"] == "scores (recomputed)" and rows["scores"]["status"] == "equal"
+    assert rows["scores"]["user"] == "(scores)" and rows["scores"]["status"] == "equal"
     assert rows["attention"]["recomputed"] and rows["x_raw"]["user"] == "y" and not rows["x_raw"]["recomputed"]
     if "n_kv_heads=2" in init:
         assert rows["K_rep"]["status"] == "unseen" and out["params"]["sizes"]["n_kv_head"] == 2
@@ -506,7 +506,7 @@ def test_a_wrapped_nn_multiheadattention_given_the_wrong_value_diverges_at_v_fea
     result, out = trace(runner, f"{path}:Wrapped")
     assert result.exit_code == 1
     first = out["first_divergence"]
-    assert first["reference"] == "V_feat" and first["user"] == "V_feat (recomputed)"
+    assert first["reference"] == "V_feat" and first["user"] == "(V_feat)"
 
 
 # --- decoders that mask by themselves, and masks in every convention ---------------------------------------------

@@ -167,7 +167,7 @@ def candidates(records: list[Record], reference: torch.Tensor, name: str, skip: 
 
 
 def _named(record: Record, name: str) -> bool:
-    return name in record.names or f"{name} (recomputed)" in record.names
+    return name in record.names or f"({name})" in record.names  # (scores): recomputed inside a kernel
 
 
 def closest(records: list[Record], reference: torch.Tensor, name: str, skip: torch.Tensor | None = None,

@@ -162,11 +162,11 @@ def _kernel_notes(records: list[Record]) -> list[str]:
         kernel = record.details.get("recomputed")
         if kernel and (record.line, kernel) not in seen:
             seen.add((record.line, kernel))
-            steps = [r.names[0].removesuffix(" (recomputed)") for r in records
+            steps = [r.names[0].strip("()") for r in records
                      if r.details.get("recomputed") == kernel and r.line == record.line]
             notes.append(f"line {record.line}: {kernel} computes {', '.join(steps)} inside its kernel without "
-                         "materializing them; they are recomputed from its arguments to line up (marked "
-                         "recomputed), and its output is compared as it is")
+                         "materializing them; they are recomputed from its arguments to line up, named in "
+                         "parentheses, (scores), and its output is compared as it is")
     return notes
 
 

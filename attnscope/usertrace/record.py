@@ -146,7 +146,7 @@ class Recorder(TorchFunctionMode):
                 self.records.append(Record(
                     len(self.records), "recomputed", f"recomputed: {step} inside {call} ({how}); not materialized "
                     "by your code", snapshot, frames[0].f_lineno, [], "recomputed", False, 0, parents,
-                    [f"{step} (recomputed)"], {"recomputed": call}))
+                    [f"({step})"], {"recomputed": call}))
                 self._alive.append(None)  # indexed as the records are; a recomputed step is bound to no name
         for position, tensor in enumerate(results):
             snapshot = tensor.detach().clone()
@@ -259,9 +259,14 @@ def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> 
     return f"{name}({', '.join(parts)})"
 
 
+QUIET = {"inplace": False, "dropout_p": 0, "is_causal": False, "enable_gqa": False}  # defaults not worth writing
+
+
 def _shown(key: str, value: Any) -> bool:
-    """Keyword arguments worth writing: not torch's plumbing (`_stacklevel`), not None, not `inplace=False`."""
-    return not key.startswith("_") and value is not None and not (key == "inplace" and value is False)
+    """Keyword arguments worth writing: not torch's plumbing (`_stacklevel`), not None, not a default that
+    changes nothing (`inplace=False`, `dropout_p=0`)."""
+    return not key.startswith("_") and value is not None and not (
+        key in QUIET and isinstance(value, (bool, int, float)) and value == QUIET[key])
 
 
 def _tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
