@@ -773,20 +773,20 @@ def _trace_examples() -> list[str]:
     root = Path(__file__).resolve().parent.parent
     texts = [(root / "README.md").read_text(), *(p.read_text() for p in sorted((root / "docs").glob("*.md")))]
     texts.append(CliRunner().invoke(app, ["trace", "--help"], env={"COLUMNS": "300"}).stdout)
-    lines = {line.strip().split("   #")[0].strip() for text in texts for line in text.splitlines()
-             if line.strip().startswith("attnscope trace ")}
+    lines = {line.strip() for text in texts for line in text.splitlines() if line.strip().startswith("attnscope trace ")}
     return sorted(lines)
 
 
 @pytest.mark.parametrize("line", _trace_examples())
 def test_every_documented_trace_example_runs(runner, line, monkeypatch):
-    """Run from the repository root, as a reader would: exit 1 only where the docs show a divergence."""
+    """Run from the repository root, as a reader would: exit 1 only where the docs say so (`# exit 1`)."""
     import shlex
 
+    from examples import _status
+
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
-    result = runner.invoke(app, shlex.split(line)[1:])
-    diverges = ":MultiHeadedAttention" in line  # the classic module: its divergence is the point
-    assert result.exit_code == (1 if diverges else 0), (line, result.output)
+    result = runner.invoke(app, shlex.split(line, comments=True)[1:])
+    assert result.exit_code == _status(line), (line, result.output)
     assert "Traceback" not in result.output
 
 
@@ -808,3 +808,26 @@ def test_tutorial_listing_is_the_example_file_and_its_output_is_real(runner, mon
     shown = [line.rstrip() for line in sample[: sample.index("```")].splitlines()]
     assert all(line in real for line in shown if line.strip() not in ("", "...")), \
         [line for line in shown if line not in real]
+
+
+def test_trace_md_shows_real_output(runner, monkeypatch, tmp_path):
+    """Each ```text block of docs/trace.md shows lines of the real output (at 100 columns) of the command in the
+    block before it (run from the repository's root; saved runs made as tests/examples.py makes them)."""
+    import shlex
+
+    from examples import EXAMPLE_FILES
+
+    root = Path(__file__).resolve().parent.parent
+    blocks = re.findall(r"```\n(attnscope [^\n]+)\n```\n\n```text\n(.*?)```", (root / "docs" / "trace.md").read_text(),
+                        re.S)
+    assert len(blocks) >= 5
+    monkeypatch.chdir(root)
+    for command, shown in blocks:
+        args = shlex.split(command, comments=True)[1:]
+        for name in (a for a in args if a.endswith(".safetensors") and not (tmp_path / a).exists()):
+            EXAMPLE_FILES[name](tmp_path)
+        args = [str(tmp_path / a) if a.endswith(".safetensors") else a for a in args]
+        result = runner.invoke(app, args, env={"COLUMNS": "100", "NO_COLOR": "1"})
+        real = {line.rstrip() for line in result.stdout.splitlines()}
+        missing = [line for line in shown.splitlines() if line.strip() and line.rstrip() not in real]
+        assert not missing, (command, missing)

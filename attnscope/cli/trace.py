@@ -42,7 +42,7 @@ TRACE_EXAMPLES = """Examples:
 
   attnscope trace docs/examples/nanogpt.py:CausalSelfAttention --init "config=GPTConfig(n_embd=64, n_head=4)" --causal
 
-  attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=8, n_kv_heads=2" --rope --causal"""
+  attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --causal"""
 
 KvHeads = Annotated[int | None, typer.Option("--kv-heads", min=1, help="n_kv_head of the reference: a function's K and V get this many heads (with --heads); a module's is read from its projections' widths, which this must match.", rich_help_panel="Variants")]
 

@@ -44,7 +44,8 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None) -> Feeds:
         if inputs.cache is not None:
             dims = ("n_batch", "n_kv_head" if "n_kv_head" in sizes else "n_head", "n_cache", "d_head")
             for i, (name, tensor) in enumerate(zip(("K_cache", "V_cache"), inputs.cache, strict=True)):
-                out.steps.append((name, tensor, dims, f"input: {plan.cache}[{i}], random (keys taken as rotated)"))
+                what = "random keys, taken as already rotated" if i == 0 else "random values"
+                out.steps.append((name, tensor, dims, f"input: {plan.cache}[{i}], {what}"))
                 out.labels[id(tensor)] = f"{plan.cache}[{i}]"
     for name in plan.positions:
         out.values[name] = n_cache

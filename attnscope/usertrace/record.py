@@ -144,9 +144,8 @@ class Recorder(TorchFunctionMode):
                 snapshot = tensor.detach().clone()
                 self._keep(snapshot)
                 self.records.append(Record(
-                    len(self.records), "recomputed", f"recomputed: {step} inside {call} ({how}); not materialized "
-                    "by your code", snapshot, frames[0].f_lineno, [], "recomputed", False, 0, parents,
-                    [f"({step})"], {"recomputed": call}))
+                    len(self.records), "recomputed", f"recomputed: {how}, inside {call}", snapshot,
+                    frames[0].f_lineno, [], "recomputed", False, 0, parents, [f"({step})"], {"recomputed": call}))
                 self._alive.append(None)  # indexed as the records are; a recomputed step is bound to no name
         for position, tensor in enumerate(results):
             snapshot = tensor.detach().clone()

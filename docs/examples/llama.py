@@ -3,10 +3,10 @@ grouped-query attention (n_kv_heads key/value heads shared by n_heads query head
 in the half-split form of transformers' LLaMA (`rotate_half`), a KV cache for decode steps and Meta's additive
 mask (`scores + mask`). docs/trace.md traces it, and the two classes after it, each with one classic mistake:
 
-    attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=8, n_kv_heads=2" --rope --causal
-    attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=8, n_kv_heads=2" --rope --cache 4
-    attnscope trace docs/examples/llama.py:InterleavedAttention --init "dim=64, n_heads=8, n_kv_heads=2" --rope --causal
-    attnscope trace docs/examples/llama.py:NoOffsetAttention --init "dim=64, n_heads=8, n_kv_heads=2" --rope --cache 4
+    attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --causal
+    attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --cache 4
+    attnscope trace docs/examples/llama.py:InterleavedAttention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --causal
+    attnscope trace docs/examples/llama.py:NoOffsetAttention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --cache 4
 """
 
 import math
