@@ -636,3 +636,35 @@ def test_the_tutorial_in_training_mode_still_names_its_sqrt_d_feat_bug(runner):
     assert "divided by √d_feat, not √d_head" in first["diagnosis"]
     assert first["ratio"] == pytest.approx(1 / math.sqrt(5), rel=1e-4)
     assert any("dropout in training mode" in n and "zeroed" in n for n in out["notes"])
+
+
+GQA_FUNCTIONS = """
+def fused_gqa(q, k, v, mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def repeated(q, k, v):
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+"""
+
+
+@pytest.mark.parametrize("name", ["fused_gqa", "repeated"])
+def test_a_function_with_fewer_key_value_heads_aligns_with_kv_heads(tmp_path, runner, name):
+    path = write(tmp_path, GQA_FUNCTIONS)
+    result, out = trace(runner, f"{path}:{name}", "--heads", "4", "--kv-heads", "2")
+    assert result.exit_code == 0, result.output
+    rows = {row["reference"]: row["status"] for row in out["alignment"]}
+    assert rows["out"] == "equal" and rows["K_rep"] == ("unseen" if name == "fused_gqa" else "equal")
+    k = next(s for s in out["steps"] if s["name"] == "key" or s["name"] == "k")
+    assert k["dims"] == ["n_batch", "n_kv_head", "n_K", "d_K"]
+
+    # independently: F.scaled_dot_product_attention(enable_gqa=True) on the same inputs
+    sizes = out["params"]["sizes"]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(sizes["n_batch"], 4, sizes["n_Q"], sizes["d_K"], generator=g)
+    kk = torch.randn(sizes["n_batch"], 2, sizes["n_K"], sizes["d_K"], generator=g)
+    v = torch.randn(sizes["n_batch"], 2, sizes["n_K"], sizes["d_V"], generator=g)
+    mine = getattr(user_module(path), name)(q, kk, v)
+    torch.testing.assert_close(mine, F.scaled_dot_product_attention(q, kk, v, enable_gqa=True), rtol=1e-5, atol=1e-6)
