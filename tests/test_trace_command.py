@@ -773,7 +773,8 @@ def _trace_examples() -> list[str]:
     root = Path(__file__).resolve().parent.parent
     texts = [(root / "README.md").read_text(), *(p.read_text() for p in sorted((root / "docs").glob("*.md")))]
     texts.append(CliRunner().invoke(app, ["trace", "--help"], env={"COLUMNS": "300"}).stdout)
-    lines = {line.strip() for text in texts for line in text.splitlines() if line.strip().startswith("attnscope trace ")}
+    lines = {line.strip() for text in texts for line in text.splitlines()
+             if line.strip().startswith("attnscope trace ")}
     return sorted(lines)
 
 
