@@ -190,3 +190,19 @@ def test_json_contract(tmp_path):
     assert out["command"] == "diff" and out["params"]["a"] == a
     assert set(out["steps"][0]) >= {"name", "dims", "shape_a", "shape_b", "dtype_a", "dtype_b", "max_abs_diff",
                                     "tolerance", "status", "detail"}
+
+
+def test_a_mask_read_the_other_way_round_is_named(tmp_path):
+    torch.manual_seed(2)
+    scores = torch.randn(2, 6, 6)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril()
+    dims = {name: ["n_batch", "n_Q", "n_K"] for name in ("scores", "masked_scores", "attention")}
+
+    def run(path: Path, keep: torch.Tensor) -> str:
+        masked = scores.masked_fill(~keep, float("-inf"))
+        attention = torch.softmax(masked, -1).nan_to_num(0.0)
+        return saved(path, {"scores": scores, "masked_scores": masked, "attention": attention}, dims)
+
+    outcome, out = diff(run(tmp_path / "a.safetensors", allowed), run(tmp_path / "b.safetensors", ~allowed))
+    assert outcome.code == 1 and out["first_divergence"]["name"] == "masked_scores"
+    assert "the mask is read the other way round" in out["first_divergence"]["diagnosis"]

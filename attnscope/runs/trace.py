@@ -223,8 +223,9 @@ def _steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: Feed
     if inputs.allowed is not None and plan.mask:
         dims = names.dims(inputs.allowed.shape)
         dims = (*dims[:-2], "n_Q", "n_K") if len(dims) >= 2 else dims
-        steps.append(UserStep("mask", inputs.allowed, dims, f"input: {plan.mask}, True = may attend (given to your "
-                                                            "code as it reads it: see the note)"))
+        said = "additive, 0 = may attend" if inputs.allowed.is_floating_point() else "True = may attend"
+        steps.append(UserStep("mask", inputs.allowed, dims, f"input: {plan.mask}, {said} (given to your code as it "
+                                                            "reads it: see the note)"))
         given[plan.mask] = (dims, inputs.allowed)
     named = name_records(records, rows, names, given)
     for r in records:

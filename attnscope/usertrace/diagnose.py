@@ -179,9 +179,9 @@ def _mask_inverted(step: str, ctx: Context, near: Match | None) -> Diagnosis | N
         share = f"all {int(rows.sum())} rows the mask decides put their weight on keys it forbids"
     if not inverted:
         return None
-    return Diagnosis(f"the mask is read the other way round: {share}. attnscope passes True = may attend (the "
-                     "tutorials' masked_fill(mask == 0, -1e9) convention, as F.scaled_dot_product_attention); "
-                     "this code treats True as masked (nn.MultiheadAttention's attn_mask convention)", near.record)
+    return Diagnosis(f"the mask is read the other way round: {share}; True is read as masked out "
+                     "(nn.MultiheadAttention's attn_mask convention) where the reference reads it as may attend (the "
+                     "tutorials' masked_fill(mask == 0, -1e9), F.scaled_dot_product_attention's)", near.record)
 
 
 def _mask_ignored(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
