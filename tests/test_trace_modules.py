@@ -668,3 +668,12 @@ def test_a_function_with_fewer_key_value_heads_aligns_with_kv_heads(tmp_path, ru
     v = torch.randn(sizes["n_batch"], 2, sizes["n_K"], sizes["d_V"], generator=g)
     mine = getattr(user_module(path), name)(q, kk, v)
     torch.testing.assert_close(mine, F.scaled_dot_product_attention(q, kk, v, enable_gqa=True), rtol=1e-5, atol=1e-6)
+
+
+def test_a_mask_compared_with_a_threshold_is_read_either_way(tmp_path, runner):
+    path = write(tmp_path, MASKS.replace("masked_fill(mask == 0, -1e9)", "masked_fill(mask < 0.5, -1e9)")
+                 .replace('masked_fill(mask, float("-inf"))', 'masked_fill(mask > 0, float("-inf"))'))
+    for name, words in (("attend", "True = may attend"), ("masked", "True = masked out")):
+        result, out = trace(runner, f"{path}:{name}", "--causal")
+        assert result.exit_code == 0, result.output
+        assert any(words in n and "as your code reads it" in n for n in out["notes"]), out["notes"]

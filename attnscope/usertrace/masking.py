@@ -34,6 +34,8 @@ CARRYING = ("unsqueeze", "view", "reshape", "expand", "expand_as", "to", "bool",
             "contiguous", "type_as", "float", "int", "long", "half", "bfloat16", "double", "repeat", "cuda", "cpu",
             "broadcast_to", "permute", "transpose", "clone", "detach", "type")
 COMPARING = ("__eq__", "eq", "__ne__", "ne")
+BELOW = ("__lt__", "lt", "__le__", "le")  # `mask < 0.5`: True where the mask is False
+ABOVE = ("__gt__", "gt", "__ge__", "ge")  # `mask > 0`: True where it is True
 ARITHMETIC = ("__rsub__", "sub", "__sub__", "mul", "__mul__", "__rmul__", "add", "__add__", "__radd__", "div",
               "__truediv__", "masked_fill", "where")
 WORDS = {
@@ -79,6 +81,8 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             value = _literal(record.args[1]) if len(record.args) > 1 else None
             flips = (value in (0, False)) == (name in ("__eq__", "eq"))
             derived[record.index] = (inverted ^ flips, arithmetic)
+        elif name in BELOW or name in ABOVE:
+            derived[record.index] = (inverted ^ (name in BELOW), arithmetic)
         elif name in ("scaled_dot_product_attention",):
             return Convention("attend", record.line, "F.scaled_dot_product_attention(attn_mask=...)")
         elif name == "multi_head_attention_forward":
