@@ -424,8 +424,10 @@ def test_any_trace_invocation_keeps_the_promises(world, data):
     assert outcome.code in (0, 1, 2), (argv, outcome.code, outcome.stderr)
     assert len(outcome.error_lines) <= 1, (argv, outcome.stderr)
     assert INTERNAL not in outcome.stderr and "Traceback" not in outcome.stdout + outcome.stderr, (argv, outcome)
-    if outcome.code == 1 and "attnscope: error:" not in outcome.stderr:  # a divergence: the output says where
-        assert "first divergence" in outcome.stdout or '"first_divergence": {' in outcome.stdout, argv
+    if outcome.code == 1 and "attnscope: error:" not in outcome.stderr:  # the output says where (a divergence,
+        # or with --svg/--html the user's failure: the line saying the file was written is the one line)
+        shown = ("first divergence", '"first_divergence": {', "your code failed at", '"kind": "exception"')
+        assert any(words in outcome.stdout for words in shown), argv
     elif outcome.code != 0:
         assert outcome.stderr.startswith("attnscope: error: "), (argv, outcome.stderr)
     if "--json" in argv and outcome.stdout.strip():

@@ -90,10 +90,10 @@ def trace(
                                window=window, rope=rope, rope_base=rope_base, kv_heads=kv_heads, cache=cache,
                                save=save, force=force)
         run = run_trace(options)
-        _show(out, run, json)
+        _show(out, run, json, exported=bool(svg or html))
 
 
-def _show(out: Console, run: object, json: bool) -> None:
+def _show(out: Console, run: object, json: bool, exported: bool) -> None:
     from attnscope import render
     from attnscope.errors import UsageError
     from attnscope.render.usertrace import show_usertrace, usertrace_json
@@ -106,7 +106,8 @@ def _show(out: Console, run: object, json: bool) -> None:
         show_usertrace(out, run)
     if run.no_reference and run.failure is None:
         raise UsageError(run.no_reference)
-    if run.failure is not None:  # shown above; and one line on stderr, as every failure has
+    if run.failure is not None and not exported:  # shown above; and one line on stderr (with --svg/--html,
+        # the line saying the file was written is the one line, and the failure is in the file)
         f = run.failure
         where = f"{run.params['file'].rsplit('/', 1)[-1]}:{f.line}" if f.line else run.params["file"]
         render.error(f"{where}: your code raised {f.message}")
