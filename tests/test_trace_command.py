@@ -832,3 +832,12 @@ def test_trace_md_shows_real_output(runner, monkeypatch, tmp_path):
         real = {line.rstrip() for line in result.stdout.splitlines()}
         missing = [line for line in shown.splitlines() if line.strip() and line.rstrip() not in real]
         assert not missing, (command, missing)
+
+
+def test_a_failure_in_forward_with_an_export_keeps_stderr_to_one_line(tmp_path):
+    from cli_main import run_main
+
+    path = write(tmp_path, SHAPE_ERROR)
+    outcome = run_main("trace", f"{path}:ShapeError", "--init", "d_feat=40, n_head=4", "--svg", str(tmp_path / "x.svg"))
+    assert outcome.code == 1 and len(outcome.error_lines) == 1 and "wrote" in outcome.stderr, outcome.stderr
+    assert "your code failed at line" in outcome.stdout and (tmp_path / "x.svg").exists()
