@@ -31,6 +31,7 @@ from fuzz import fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import save_file
+from test_trace_command import EXITS, HEADER
 
 WORDS = ["the", "cat", "sat", "on", "mat", ".", "dog"]
 
@@ -320,47 +321,15 @@ def test_any_invocation_keeps_the_promises(world, data):
 # --- trace: targets good and bad, --init with class calls and bombs ------------------------------------------------
 
 TARGETS = {
-    "exits.py": """
-import sys
-import torch
-from torch import nn
-
-
-class Stop(BaseException):
-    pass
-
-
-class ExitsInInit(nn.Module):
-    def __init__(self, d_feat=8, n_head=2):
-        super().__init__()
-        sys.exit(7)
-
-
-class StopsInForward(nn.Module):
-    def __init__(self, d_feat=8, n_head=2):
-        super().__init__()
-        self.n_head = n_head
-        self.q, self.k, self.v, self.o = (nn.Linear(d_feat, d_feat) for _ in range(4))
-
-    def forward(self, x):
-        raise Stop("from forward")
-
-
-def generator_exit(q, k, v):
-    raise GeneratorExit()
-
-
-def exits_in_forward(q, k, v, mask=None):
-    sys.exit(3)
-""",
+    "exits.py": HEADER + EXITS,  # sys.exit() in __init__, BaseExceptions and GeneratorExit in forward
     "raises_at_import.py": "class Stop(BaseException):\n    pass\n\n\nraise Stop('at import')\n",
     "exits_at_import.py": "import sys\nsys.exit(9)\n",
     "syntax.py": "def f(:\n",
 }
 GOOD_TARGETS = ["my_attention.py:MultiHeadedAttention", "my_attention.py:FixedAttention", "my_attention.py:attention",
                 "nanogpt.py:CausalSelfAttention", "llama.py:Attention", "llama.py:InterleavedAttention"]
-BAD_TARGETS = ["exits.py:ExitsInInit", "exits.py:StopsInForward", "exits.py:generator_exit",
-               "exits.py:exits_in_forward", "raises_at_import.py:f", "exits_at_import.py:f", "syntax.py:f",
+BAD_TARGETS = ["exits.py:ExitsInInit", "exits.py:RaisesInInit", "exits.py:AssertsInInit", "exits.py:generator_exit",
+               "exits.py:base_exception", "exits.py:exits", "raises_at_import.py:f", "exits_at_import.py:f", "syntax.py:f",
                "my_attention.py:nothing", "missing.py:f", "my_attention.py"]
 INITS = {"MultiHeadedAttention": ["d_feat=200, n_head=5", "d_feat=16, n_head=4", "d_feat=10, n_head=3"],
          "FixedAttention": ["d_feat=24, n_head=3", "d_feat=24, n_head=3, dropout=0.5"],
