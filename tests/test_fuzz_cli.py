@@ -329,8 +329,8 @@ TARGETS = {
 GOOD_TARGETS = ["my_attention.py:MultiHeadedAttention", "my_attention.py:FixedAttention", "my_attention.py:attention",
                 "nanogpt.py:CausalSelfAttention", "llama.py:Attention", "llama.py:InterleavedAttention"]
 BAD_TARGETS = ["exits.py:ExitsInInit", "exits.py:RaisesInInit", "exits.py:AssertsInInit", "exits.py:generator_exit",
-               "exits.py:base_exception", "exits.py:exits", "raises_at_import.py:f", "exits_at_import.py:f", "syntax.py:f",
-               "my_attention.py:nothing", "missing.py:f", "my_attention.py"]
+               "exits.py:base_exception", "exits.py:exits", "raises_at_import.py:f", "exits_at_import.py:f",
+               "syntax.py:f", "my_attention.py:nothing", "missing.py:f", "my_attention.py"]
 INITS = {"MultiHeadedAttention": ["d_feat=200, n_head=5", "d_feat=16, n_head=4", "d_feat=10, n_head=3"],
          "FixedAttention": ["d_feat=24, n_head=3", "d_feat=24, n_head=3, dropout=0.5"],
          "CausalSelfAttention": ["config=GPTConfig(n_embd=64, n_head=4)",
