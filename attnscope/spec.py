@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from attnscope.errors import UsageError
 
@@ -79,6 +79,14 @@ class AttentionSpec:
         if self.cache and self.causal == "upper-left":
             raise UsageError(f"{{cache}} {self.cache} puts the queries after {self.cache} cached positions, so "
                                  "causal aligns lower-right; drop {causal} upper-left", "cache", "causal")
+
+    @classmethod
+    def asked(cls, causal: bool | str | None, window: int | None = None, cache: int = 0,
+              **variants: Any) -> AttentionSpec:
+        """The attention a command line asks for with --causal, --window and --cache (and the other variants):
+        a KV cache makes the run a decode step, which is causal, the new queries after the cached positions
+        (lower-right), as transformers' caches are."""
+        return cls(causal=causal or bool(cache), window=window, cache=cache, **variants)
 
     @property
     def align(self) -> Align | None:

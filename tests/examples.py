@@ -129,6 +129,23 @@ def _safetensors(path: Path, **tensors: np.ndarray) -> None:
     save_file(tensors, str(path))
 
 
+def _traced(name: str, file: str, target: str, init: str, *, causal: bool = False, eager: bool = False):
+    """A `trace --save` of a module of docs/examples (nanoGPT's with its fused kernel swapped for its eager path
+    when `eager`): the saved runs `attnscope diff` examples compare."""
+    def make(folder: Path) -> None:
+        from attnscope.runs.trace import TraceOptions, run_trace
+
+        source = ROOT / "docs" / "examples" / file
+        if eager:
+            text = source.read_text().replace("self.flash = hasattr(torch.nn.functional, "
+                                              "'scaled_dot_product_attention')", "self.flash = False")
+            source = folder / f"eager_{file}"
+            source.write_text(text)
+        run_trace(TraceOptions(target=f"{source}:{target}", init=init, causal="upper-left" if causal else None,
+                               save=str(folder / name)))
+    return make
+
+
 # The sdpa demo's shapes: Q [3, 30, 128], K [3, 50, 128], V [3, 50, 256].
 EXAMPLE_FILES: dict[str, Callable[[Path], None]] = {
     "q.npy": lambda f: np.save(f / "q.npy", _random(3, 30, 128)),
@@ -143,6 +160,13 @@ EXAMPLE_FILES: dict[str, Callable[[Path], None]] = {
     "wq.npy": _matrix_form,
     "wk.npy": _matrix_form,
     "wv.npy": _matrix_form,
+    "buggy.safetensors": _traced("buggy.safetensors", "my_attention.py", "MultiHeadedAttention",
+                                 "d_feat=200, n_head=5"),
+    "fixed.safetensors": _traced("fixed.safetensors", "my_attention.py", "FixedAttention", "d_feat=200, n_head=5"),
+    "fused.safetensors": _traced("fused.safetensors", "nanogpt.py", "CausalSelfAttention",
+                                 "config=GPTConfig(n_embd=64, n_head=4)", causal=True),
+    "eager.safetensors": _traced("eager.safetensors", "nanogpt.py", "CausalSelfAttention",
+                                 "config=GPTConfig(n_embd=64, n_head=4)", causal=True, eager=True),
 }
 
 

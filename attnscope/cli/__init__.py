@@ -45,7 +45,7 @@ def _root(
 
 
 def _register() -> None:
-    from attnscope.cli import anatomy, bench, bert, head, mask, mha, sdpa, trace
+    from attnscope.cli import anatomy, bench, bert, diff, head, mask, mha, sdpa, trace
 
     sdpa.register(app)
     mha.register(app)
@@ -55,6 +55,7 @@ def _register() -> None:
     bench.register(app)
     trace.register(app)
     anatomy.register(app)
+    diff.register(app)
 
 
 _register()

@@ -7,7 +7,8 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.readings.maskview import MaskView, view
-from attnscope.runs.options import asked_spec, check_cache_sizes
+from attnscope.runs.options import check_cache_sizes
+from attnscope.spec import AttentionSpec
 
 # One bool per (query, key), drawn and written as JSON: past this it is no longer something to look at.
 MAX_CELLS = 4_000_000
@@ -31,7 +32,7 @@ def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
     n_K = (asked.nq if asked.nk is None else asked.nk) if not asked.cache else asked.cache + asked.nq
     if asked.cache and asked.nk is not None:
         check_cache_sizes(asked.nq, asked.nk, asked.cache)
-    spec = asked_spec(asked.causal, asked.window, asked.cache, chunk=asked.chunk)
+    spec = AttentionSpec.asked(asked.causal, asked.window, asked.cache, chunk=asked.chunk)
     if asked.nq * n_K > MAX_CELLS:
         raise UsageError(f"a {asked.nq} x {n_K} mask has {asked.nq * n_K:,} cells, more than the {MAX_CELLS:,} worth "
                          "drawing; the pattern repeats: ask for a smaller --nq/--nk (the rule is the same)")

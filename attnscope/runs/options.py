@@ -62,13 +62,7 @@ class AttentionOptions:
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
     """Every check the shared options need before anything is loaded or computed, and the attention they ask
     for, built (and so checked) once."""
-    for option in fields(asked):  # every option, today's and tomorrow's: an empty name or a number beyond torch's
-        value = getattr(asked, option.name)
-        flag = "--" + option.name.replace("_", "-")
-        if value == "":
-            raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
-        if isinstance(value, int) and not -INT64 <= value < INT64:
-            raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
+    check_numbers(asked)
     if asked.meta and (asked.check or asked.save or asked.heatmap or asked.all_heads):
         used = [name for name, on in (("--check", asked.check), ("--save", asked.save), ("--heatmap", asked.heatmap),
                                       ("--all-heads", asked.all_heads)) if on]
@@ -89,31 +83,38 @@ def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head
     return spec
 
 
+def check_numbers(asked: Any, texts: tuple[str, ...] = ()) -> None:
+    """Every option of a run's options dataclass, today's and tomorrow's: an empty file name, or an integer
+    beyond PyTorch's 64 bits (a ValueError or a C++ backtrace out of torch), refused in one line. `texts`
+    are the string options that are no file names (trace's target and --init)."""
+    for option in fields(asked):
+        value = getattr(asked, option.name)
+        flag = "--" + option.name.replace("_", "-")
+        if value == "" and option.name not in texts:
+            raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
+        if isinstance(value, int) and not -INT64 <= value < INT64:
+            raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
+
+
 def attention_spec(asked: AttentionOptions, scale: float | None, n_kv_head: int | None) -> AttentionSpec:
     """The attention the options ask for."""
-    return asked_spec(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
+    from attnscope.spec import AttentionSpec
+
+    return AttentionSpec.asked(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
                       rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head, chunk=asked.chunk,
                       temperature=temperature_of(asked))
 
 
-def asked_spec(causal: str | None, window: int | None, cache: int, **variants: Any) -> AttentionSpec:
-    """The attention of --causal, --window, --chunk and --cache (and the other variants): a KV cache makes the
-    run a decode step, which is causal, the new queries after the cached positions (lower-right)."""
-    from attnscope.spec import AttentionSpec
-
-    return AttentionSpec(causal=causal or bool(cache), window=window, cache=cache, **variants)
-
-
-def rope_of(asked: AttentionOptions) -> Rope | None:
-    """RoPE as --rope and --rope-base ask (LLaMA's base 10000 unless said otherwise); None without --rope."""
-    for flag, given in (("--rope-base", asked.rope_base is not None),
-                        ("--rope-fraction", asked.rope_fraction is not None),
-                        ("--rope-pairing", asked.rope_pairing is not None)):
+def rope_of(asked: Any) -> Rope | None:
+    """RoPE as --rope and --rope-base ask (LLaMA's base 10000 unless said otherwise); None without --rope. Any
+    options with `rope` and `rope_base` (trace's have no --rope-fraction or --rope-pairing: half-split, whole)."""
+    fraction, pairing = getattr(asked, "rope_fraction", None), getattr(asked, "rope_pairing", None)
+    for flag, given in (("--rope-base", asked.rope_base is not None), ("--rope-fraction", fraction is not None),
+                        ("--rope-pairing", pairing is not None)):
         if given and not asked.rope:
             raise UsageError(f"{flag} sets how RoPE turns Q and K; add --rope to rotate them")
     if asked.rope_base is not None and not (math.isfinite(asked.rope_base) and asked.rope_base > 1):
         raise UsageError(f"--rope-base {asked.rope_base:g} must be a number above 1 (LLaMA uses 10000 or 500000)")
-    fraction = asked.rope_fraction
     if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
         raise UsageError(f"--rope-fraction {fraction:g} must be in (0, 1]: the share of each head that rotates "
                          "(Phi-3 mini uses 1, Phi-4 mini 0.75, GPT-NeoX 0.25)")
@@ -122,7 +123,7 @@ def rope_of(asked: AttentionOptions) -> Rope | None:
     from attnscope.rope import Rope
 
     return Rope(ROPE_BASE if asked.rope_base is None else asked.rope_base, partial_rotary_factor=fraction,
-                pairing=asked.rope_pairing or "half-split")
+                pairing=pairing or "half-split")
 
 
 def temperature_of(asked: AttentionOptions) -> TemperatureTuning | None:
