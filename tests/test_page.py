@@ -301,3 +301,29 @@ def test_a_long_page_of_every_layer_is_small_and_opens(tmp_path, context):
     assert o.page.get_by_test_id("layer-select").locator("option").all_inner_texts() == [f"layer {i}" for i in range(6)]
     assert o.page.get_by_test_id("query-token").count() == 512
     finish(o)
+
+
+def test_every_layer_and_the_decode_timeline_of_a_real_run(runner, tmp_path, context):
+    """`head --all-layers --generate`: every layer in the selector, each head's weights as --json's
+    `all_layers`, each decode step's row as its `decode_steps`."""
+    folder = tmp_path / "qwen2"
+    build("qwen2", folder)
+    args = ["head", "--model", str(folder), "--layer", "1", "--head", "2", "--text", SENTENCE, "--all-layers",
+            "--generate", "3"]
+    payload = run(runner, args, tmp_path / "all.html")
+    o = opened(context, tmp_path / "all.html")
+    page = o.page
+    layers = page.get_by_test_id("layer-select")
+    assert layers.locator("option").all_inner_texts() == [f"layer {i}" for i in range(len(payload["all_layers"]))]
+    layers.select_option(label="layer 2")
+    page.get_by_test_id("head-select").select_option("3")
+    showing(page, 2, 3)
+    for i in (0, 4, len(payload["tokens"]) - 1):
+        page.get_by_test_id("query-token").nth(i).click()
+        assert_shows(shown_keys(page), payload["all_layers"][2]["attention"][3][i], o.decimals)
+    decode = page.get_by_test_id("decode-steps").locator("tbody tr")
+    assert decode.count() == 3
+    decode.nth(1).click()
+    head = int(page.get_by_test_id("head-select").input_value())
+    assert_shows(shown_keys(page, "decode-keys"), payload["decode_steps"][1]["attention"][head], o.decimals)
+    finish(o)
