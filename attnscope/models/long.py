@@ -71,11 +71,12 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         kept = []
         for a in range(0, n, BLOCK_ROWS):
             b = min(n, a + BLOCK_ROWS)
-            block = _block(qh, kh, vh, spec, a, b, n)  # [b - a, n] float64
+            block = _block(qh, kh, vh, spec, a, b, n)  # [b - a, keys its rows may see] float64
             stats.add(block, a, spec.align is not None, ids)
             _pool_into(sums, block, a, r, c)
             if rows is not None and a < rows[1] and b > rows[0]:
-                kept.append(block[max(rows[0], a) - a : min(rows[1], b) - a])
+                exact = block[max(rows[0], a) - a : min(rows[1], b) - a]
+                kept.append(torch.nn.functional.pad(exact, (0, n - exact.shape[-1])))  # the unseen keys: 0
         counts = torch.bincount(torch.arange(n) // r, minlength=sums.shape[0]).to(torch.float64)
         pooled = sums / counts[:, None]
         layer_trace = _shapes(model, layer, X, made)
@@ -85,7 +86,8 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
 
 def _block(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, spec: AttentionSpec, a: int, b: int,
            n: int) -> torch.Tensor:
-    """Rows a..b-1 of the head's pattern over all n keys, float64 (the keys a causal row cannot see are 0)."""
+    """Rows a..b-1 of the head's pattern, float64, over the keys they may see: keys 0..b-1 for a causal block
+    (every later key has weight 0), all n otherwise."""
     import torch
 
     from attnscope.attention import sdpa
@@ -94,8 +96,7 @@ def _block(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, spec: Attention
         trace = sdpa(qh[..., a:b, :], kh[..., :b, :], vh[..., :b, :], spec=spec.with_cache(a))
     else:
         trace = sdpa(qh[..., a:b, :], kh, vh, spec=spec)
-    rows = trace["attention"][0, 0].to(torch.float64)  # [b - a, keys]
-    return torch.nn.functional.pad(rows, (0, n - rows.shape[-1]))
+    return trace["attention"][0, 0].to(torch.float64)  # [b - a, keys]
 
 
 def _pool_into(sums: torch.Tensor, block: torch.Tensor, a: int, r: int, c: int) -> None:
@@ -104,9 +105,9 @@ def _pool_into(sums: torch.Tensor, block: torch.Tensor, a: int, r: int, c: int) 
 
     from attnscope.views.pooling import pool
 
-    by_keys = pool(block, 1, c)  # [b - a, ceil(n / c)]
+    by_keys = pool(block, 1, c)  # [b - a, ceil(keys / c)]: the keys past the block's are 0, their columns too
     groups = (torch.arange(block.shape[0]) + a) // r
-    sums.index_add_(0, groups, by_keys)
+    sums[:, : by_keys.shape[1]].index_add_(0, groups, by_keys)
 
 
 def _shapes(model: Family, layer: int, X: torch.Tensor, made: str) -> Trace:

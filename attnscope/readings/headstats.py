@@ -29,6 +29,7 @@ shows them and a notebook draws them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -86,12 +87,15 @@ class RowStats:
         import torch
 
         n_rows, n_K = A.shape
-        seen = A.sum(dim=-1) > 0  # queries that may see some key
+        mass = A.sum(dim=-1)  # [n_rows]
+        seen = mass > 0  # queries that may see some key
         position = torch.arange(n_rows, dtype=torch.float64) + first_position  # [n_rows]
-        logs = torch.where(A > 0, torch.log2(A.clamp_min(1e-300)), 0.0)
-        entropy = -(A * logs).sum(dim=-1)  # [n_rows], bits
+        entropy = -torch.special.xlogy(A, A).sum(dim=-1) / math.log(2)  # [n_rows], bits (0 log 0 = 0)
         keys = torch.arange(n_K, dtype=torch.float64)
-        distance = (A * (position[:, None] - keys[None, :]).abs()).sum(dim=-1)
+        if causal:  # every key at or before its query: |p - j| = p - j, a matmul
+            distance = position * mass - A @ keys
+        else:
+            distance = (A * (position[:, None] - keys[None, :]).abs()).sum(dim=-1)
         visible = (position + 1).clamp(max=n_K) if causal else torch.full((n_rows,), float(n_K), dtype=torch.float64)
         p = position.long()
         index = torch.arange(n_rows)
