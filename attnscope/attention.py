@@ -4,7 +4,7 @@
 its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
 
 Steps, in order, each only when its option asks for it:
-`Q, K, V, [cos, sin, Q_rot, K_rot], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
+`Q, K, V, [cos, sin, Q_rot, K_rot], [K_rep, V_rep], scores, [capped_scores], [alibi_bias | position_bias,
 biased_scores], [masked_scores], attention, out`.
 
 Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from attnscope import alibi as alibi_
 from attnscope import cost, masks
 from attnscope.errors import UsageError
+from attnscope.position_bias import add_position_bias
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
 
@@ -174,6 +175,7 @@ def sdpa(
     dropout_p: float = 0.0,
     names: Names | None = None,
     spec: AttentionSpec | None = None,
+    position_bias: Tensor | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
@@ -189,6 +191,8 @@ def sdpa(
     with fewer heads than Q, shared by groups of query heads as `F.scaled_dot_product_attention(enable_gqa=True)`.
     Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE and ALiBi alike.
     `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
+    `position_bias`, a float tensor that broadcasts to the scores, is added to them as its own step (T5's
+    relative position bias; position_bias.py).
     """
     names = names or Names()
     spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope)
@@ -233,8 +237,12 @@ def sdpa(
         logits = trace.add("capped_scores", scores.div(softcap).tanh_().mul_(softcap), scores_dims,
                            f"{softcap:g} * tanh(scores / {softcap:g})", 3 * scores.numel())
         last = "capped_scores"
+    if spec.alibi and position_bias is not None:
+        raise UsageError("{alibi} and {position_bias} are two position biases; give one", "alibi", "position_bias")
     if spec.alibi:
         logits, last = _alibi(trace, logits, last, batch_dims, offset)
+    if position_bias is not None:
+        logits, last = add_position_bias(trace, logits, last, position_bias, scores_dims[:-2])
     logits, blocked, last = _masked(trace, logits, last, mask, spec, scores_dims)
 
     attention = torch.softmax(logits, dim=-1)  # [.., n_Q, n_K]

@@ -6,10 +6,10 @@ attnscope's attention, mask or position code.
   padding as a boolean row, causal through `is_causal=True` or
   `torch.nn.attention.bias.causal_lower_right` when it is the only mask, else `torch.ones(...).tril(...)`,
   a sliding window as the difference of two `tril`s, all combined by boolean AND.
-- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi) the reference is the formula in
-  float64: RoPE as the rotation of complex numbers `x_i + i·x_{i+d/2}` by `e^{i·p·θ_i}`, ALiBi from BLOOM's
-  `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, and PyTorch's `_safe_softmax` rule (a query
-  that may see no key gets zeros).
+- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, a position bias) the reference is
+  the formula in float64: RoPE as the rotation of complex numbers `x_i + i·x_{i+d/2}` by `e^{i·p·θ_i}`, ALiBi
+  from BLOOM's `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, a position bias added as given,
+  and PyTorch's `_safe_softmax` rule (a query that may see no key gets zeros).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class Asked:
 
     spec: AttentionSpec = AttentionSpec()
     pad: int = 0
+    position_bias: Tensor | None = None  # added to the scores as given (the user's file): T5's relative bias
 
     @property
     def causal(self) -> str | None:  # "upper-left", "lower-right"
@@ -59,7 +60,7 @@ class Asked:
 
     @property
     def needs_formula(self) -> bool:
-        return self.softcap is not None or self.alibi or self.rope_base is not None
+        return self.softcap is not None or self.alibi or self.rope_base is not None or self.position_bias is not None
 
 
 # --- the reference mask, from the user's words ----------------------------------------------------------
@@ -156,6 +157,8 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
         n_head = q.shape[-3] if q.dim() >= 4 else 1
         bloom = build_alibi_tensor(torch.ones(1, n_K), n_head, torch.float64)  # [n_head, 1, n_K]: slope * j
         s = s + (bloom if q.dim() >= 4 else bloom[0])
+    if asked.position_bias is not None:
+        s = s + asked.position_bias.double()  # T5's eager_attention_forward: scores + position_bias, then the mask
     boolean, additive = user_parts(user)
     if additive is not None:
         s = s + additive.double()

@@ -32,6 +32,7 @@ from attnscope.cli.options import (
     NkOrNq,
     Nq,
     Pad,
+    PositionBias,
     QFile,
     RopeBase,
     RopeOpt,
@@ -89,6 +90,7 @@ def mha(
     window: Window = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
+    position_bias: PositionBias = None,
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
     cache: Cache = 0,
@@ -107,8 +109,8 @@ def mha(
             q=q, k=k, v=v, causal=causal.value if causal else None, mask=mask, pad=pad, check=check, meta=meta,
             max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
-            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, kv_heads=kv_heads, d_head=d_head,
-            scale=scale, all_heads=all_heads,
+            position_bias=position_bias, rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
+            kv_heads=kv_heads, d_head=d_head, scale=scale, all_heads=all_heads,
         )
         show_run(out, run_mha(options), json=json, values=values, stats=stats, page=page)
 

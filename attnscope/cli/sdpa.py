@@ -32,6 +32,7 @@ from attnscope.cli.options import (
     NkOrCache,
     Nq,
     Pad,
+    PositionBias,
     QFile,
     RopeBase,
     RopeOpt,
@@ -89,6 +90,7 @@ def sdpa(
     window: Window = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
+    position_bias: PositionBias = None,
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
     cache: Cache = 0,
@@ -107,7 +109,7 @@ def sdpa(
             layout=layout.value, causal=causal.value if causal else None, mask=mask, pad=pad, scale=scale,
             check=check, meta=meta, max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
-            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
+            position_bias=position_bias, rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
         )
         show_run(out, run_sdpa(options), json=json, values=values, stats=stats, page=page)
 

@@ -50,6 +50,7 @@ class AttentionOptions:
     rope_base: float | None = None
     cache: int = 0
     show_mask: bool = False
+    position_bias: str | None = None  # a float tensor file added to the scores (position_bias.py)
 
 
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
