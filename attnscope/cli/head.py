@@ -1,9 +1,11 @@
-"""`attnscope head`: one head of a transformer (BERT, RoBERTa, GPT-2, LLaMA, Mistral, Qwen2, Gemma 2): its
-weights read lazily, and with --text its attention on a sentence, running only as far as the layer asked.
+"""`attnscope head`: one head of a transformer (BERT, RoBERTa, GPT-2, LLaMA, Mistral, Qwen2, Gemma 2, and the
+encoder-decoders T5, BART, Marian, mBART, Whisper): its weights read lazily, and with --text its attention on a
+sentence, running only as far as the layer asked.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated
 
 import typer
@@ -26,6 +28,17 @@ Head = Annotated[int, typer.Option("--head", min=0, help="Head within the layer,
 Text = Annotated[str | None, typer.Option("--text", help="Run the model on this sentence, layers 0 to --layer only, and show every step of that layer's attention and this head's pattern.")]
 AllHeads = Annotated[bool, typer.Option("--all-heads", help="With --text: draw every head of the layer as a grid of small heatmaps, with a table of what each does: entropy, first-token sink, previous, self, distance, kind (docs/heads.md).", rich_help_panel="Output")]
 HeadSave = Annotated[str | None, typer.Option("--save", metavar="FILE", callback=not_empty, help="Write the head's weights and every step shown (the head's under their names, the layer's as layer.NAME) to .safetensors, .npz or .pt.", rich_help_panel="Output")]
+
+
+class AttentionKind(str, Enum):
+    encoder = "encoder"
+    decoder = "decoder"
+    cross = "cross"
+
+
+Target = Annotated[str | None, typer.Option("--target", help="An encoder-decoder's target text, what its decoder reads (T5, BART, Marian, mBART, Whisper); default: the decoder's start token alone.", rich_help_panel="Encoder-decoders")]
+AttentionOpt = Annotated[AttentionKind | None, typer.Option("--attention", help="Which attention of an encoder-decoder: the encoder's self-attention over --text, the decoder's causal self-attention over --target, or cross: the target's queries over the encoder's output (docs/models.md).  \\[default: encoder]", rich_help_panel="Encoder-decoders")]
+Audio = Annotated[str | None, typer.Option("--audio", metavar="FILE", help="Whisper's source: a PCM .wav file at its feature extractor's rate (16 kHz), read with the folder's preprocessor_config.json.", rich_help_panel="Encoder-decoders")]
 MODEL_HELP = ("A folder with config.json and model.safetensors (or its shards, or pytorch_model.bin), or a Hugging "
               "Face model name found in the local cache.")
 
@@ -36,6 +49,9 @@ def head(
     head: Head = 0,
     text: Text = None,
     all_heads: AllHeads = False,
+    target: Target = None,
+    attention: AttentionOpt = None,
+    audio: Audio = None,
     json: Json = False,
     save: HeadSave = None,
     svg: Svg = None,
@@ -46,12 +62,13 @@ def head(
 ) -> None:
     """One attention head of a transformer: where it lives in the checkpoint, and (with --text) what it does."""
     run_command("head", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
-                force=force, max_memory=max_memory, debug=debug)
+                force=force, max_memory=max_memory, debug=debug, target=target,
+                attention=attention.value if attention else None, audio=audio)
 
 
 def run_command(command: str, model: str, layer: int, head: int, text: str | None, *, all_heads: bool, json: bool,
                 save: str | None, svg: str | None, html: str | None, force: bool, max_memory: str | None,
-                debug: bool) -> None:
+                debug: bool, target: str | None = None, attention: str | None = None, audio: str | None = None) -> None:
     """What `head` and `bert` do: the same run, the same output."""
     from attnscope import render
 
@@ -62,7 +79,8 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
         from attnscope.views.sources import from_head
 
         options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
-                              max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads)
+                              max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads,
+                              target=target, attention=attention, audio=audio)
         status = render.console(stderr=True)
         if status.is_terminal:  # a spinner while it reads and runs; nothing on a pipe
             result = run_head(options, progress=lambda message: status.status(message))

@@ -12,6 +12,9 @@ Hugging Face cache lookup (hub.py), and transformers as the fallback for other f
 | mistral | mistral.py | Mistral (LLaMA's, with a window) |
 | qwen2 | qwen2.py | Qwen2 (LLaMA's, with q/k/v biases and windowed layers) |
 | gemma2 | gemma2.py | Gemma2 (LLaMA's, with softcap, scalar, sandwich norms) |
+| t5, mt5 (umt5) | t5.py | T5 (Umt5): encoder-decoder, relative position bias, no scale (seq2seq.py) |
+| bart, marian, mbart | bart.py | Bart, Marian, MBart: encoder-decoders of BartAttention |
+| whisper | whisper.py | Whisper: an audio encoder (audio.py reads --audio) and a text decoder |
 
 Following a family's forward across files, step by step (`attnscope head --text`):
 
@@ -24,6 +27,9 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask) |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
 | the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `_head_trace` |
+| an encoder-decoder's X, memory, position_buckets, position_bias, biased_scores; its three attentions | |
+|   seq2seq.py (one checkpoint, three views), seq2seq_run.py (the stacks), t5.py (the buckets), | |
+|   position_bias.py (the bias on the scores) | |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
 """
 
@@ -43,8 +49,10 @@ if TYPE_CHECKING:
 # model_type -> (module, class): imported only for the family asked for.
 FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-roberta": ("bert", "Roberta"),
             "gpt2": ("gpt2", "Gpt2"), "llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"),
-            "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2")}
-SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2"
+            "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2"),
+            "t5": ("t5", "T5"), "mt5": ("t5", "T5"), "umt5": ("t5", "Umt5"), "bart": ("bart", "Bart"),
+            "marian": ("bart", "Marian"), "mbart": ("bart", "MBart"), "whisper": ("whisper", "Whisper")}
+SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2, t5, mt5, umt5, bart, marian, mbart, whisper"
 
 
 def family_of(config: Config) -> type[Family] | None:

@@ -58,8 +58,8 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         samples[:, 1:] = bytes_
         data = samples.view("<i4").reshape(-1).astype(np.float64) / 2**31
     elif width in (1, 2, 4):
-        dtype = {1: np.uint8, 2: np.dtype("<i2"), 4: np.dtype("<i4")}[width]
-        data = np.frombuffer(raw, dtype=dtype).astype(np.float64)
+        kind = {1: "u1", 2: "<i2", 4: "<i4"}[width]
+        data = np.frombuffer(raw, dtype=np.dtype(kind)).astype(np.float64)
         data = (data - 128) / 128 if width == 1 else data / 2 ** (8 * width - 1)
     else:
         raise UsageError(f"{{audio}} {path}: {8 * width}-bit samples; {convert}", "audio")

@@ -4,7 +4,7 @@
 |---|---|---|---|---|
 | `encoder` | the source tokens | the source tokens | none | `encoder_attentions` |
 | `decoder` | the target tokens | the target tokens | causal | `decoder_attentions` |
-| `cross` | the target tokens (the decoder's stream after its self-attention) | the encoder's output, `memory` | none | `cross_attentions` |
+| `cross` | the target tokens (after the self-attention) | `memory`, the encoder's output | none | `cross_attentions` |
 
 In cross-attention the queries and the keys come from different sequences, so n_Q (target tokens) and n_K
 (source tokens) differ; K and V are the same `memory` `[n_batch, n_K, d_model]` for every decoder layer, each

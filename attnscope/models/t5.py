@@ -102,7 +102,9 @@ class T5(EncoderDecoder):
         bias = table[buckets].permute(2, 0, 1)[None]  # [n_Q, n_K, n_head] -> [1, n_head, n_Q, n_K]
         which = f"layer {layer}'s own" if self.bias_in_every_layer else "layer 0's, shared by every layer"
         side = "left from right" if bidirectional else "the past only"
-        return BiasSteps(bias, f"{key}[position_buckets].permute(2, 0, 1)[None]: {which}", buckets,
+        module = key.removesuffix(".relative_attention_bias.weight")
+        return BiasSteps(bias, f"relative_attention_bias.weight[position_buckets] ({module}), as [1, n_head, n_Q, "
+                               f"n_K]: {which}", buckets,
                          f"_relative_position_bucket(j - i): {buckets_n} buckets ({side}), exact below "
                          f"{buckets_n // (4 if bidirectional else 2)}, logarithmic to {distance}")
 

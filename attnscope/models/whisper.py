@@ -69,7 +69,6 @@ class Whisper(Bart):
     def embed_source(self, source: list[int] | torch.Tensor) -> torch.Tensor:
         """`WhisperEncoder.forward`: gelu(conv1), gelu(conv2) (stride 2), `[1, n_source, d_model]`, plus every
         position's sinusoid."""
-        import torch
         import torch.nn.functional as F
 
         if isinstance(source, list):

@@ -40,6 +40,9 @@ class HeadOptions:
     max_memory: int | None = None
     command: str = "head"  # "bert" takes BERT-layout checkpoints only
     all_heads: bool = False  # --all-heads: every head of the layer, with its statistics, shown
+    target: str | None = None  # an encoder-decoder's target text, what its decoder reads (runs/encdec.py)
+    attention: str | None = None  # an encoder-decoder's attention: encoder (default), decoder or cross
+    audio: str | None = None  # Whisper's source: a PCM .wav file
 
 
 @dataclass
@@ -54,6 +57,7 @@ class ModelInfo:
     kv_heads: int
     d_model: int
     d_head: int
+    stacks: tuple[int, int] | None = None  # an encoder-decoder's encoder and decoder layers
 
     @classmethod
     def of(cls, model: Family) -> ModelInfo:
@@ -73,6 +77,34 @@ class HeadResult:
     notes: list[str] = field(default_factory=list)
     saved: Path | None = None
     _heads: LayerHeads | None = field(default=None, repr=False)
+    target: Encoded | None = None  # an encoder-decoder's target tokens, as its decoder reads them
+    kind: str | None = None  # an encoder-decoder's attention: encoder, decoder or cross
+    tracer: str | None = None  # "attnscope" (the family's page) or "attention-interface" (transformers' code)
+    about: str | None = None  # what an encoder-decoder's attention reads, under the header
+
+    @property
+    def layer_name(self) -> str:
+        """`layer 3`, or for an encoder-decoder `cross layer 3`."""
+        return f"{self.kind + ' ' if self.kind else ''}layer {self.options.layer}"
+
+    def axes(self) -> tuple[list[str], list[str]]:
+        """The pattern's row (query) and column (key) labels: the text's tokens; an encoder-decoder's decoder
+        attends over the target's, and across, the target's queries over the source's keys."""
+        source = list(self.encoded.tokens) if self.encoded is not None else []
+        target = list(self.target.tokens) if self.target is not None else source
+        return {"decoder": (target, target), "cross": (target, source)}.get(self.kind or "", (source, source))
+
+    def tokens_text(self) -> str:
+        """`on 9 tokens`, or across `on 5 target tokens over 9 source tokens`."""
+        rows, cols = self.axes()
+        if self.kind == "cross":
+            return f"on {len(rows)} target tokens over {len(cols)} source {self.source_unit}"
+        unit = "target tokens" if self.kind == "decoder" else f"{'source ' if self.kind else ''}{self.source_unit}"
+        return f"on {len(rows)} {unit}"
+
+    @property
+    def source_unit(self) -> str:
+        return "audio positions" if self.options.audio else "tokens"
 
     @property
     def traced(self) -> bool:
@@ -86,8 +118,8 @@ class HeadResult:
         if self._heads is None:
             from attnscope.readings.headstats import LayerHeads
 
-            tokens = list(self.encoded.tokens)
-            self._heads = LayerHeads.of(self.all_heads, f"layer {self.options.layer}", tokens, tokens)
+            rows, cols = self.axes()
+            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols)
         return self._heads
 
     def _repr_html_(self) -> str:
@@ -108,12 +140,16 @@ def _quiet(message: str) -> Iterator[None]:
 
 
 def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | None = None,
-               max_memory: int | None = None) -> HeadResult:
+               max_memory: int | None = None, target: str | None = None, attention: str | None = None,
+               audio: str | Path | None = None) -> HeadResult:
     """The Python form of `attnscope head` (`attnscope.model_head`): head `head` of layer `layer` of a checkpoint
     (a folder, or a Hugging Face name in the local cache), and with `text` layers 0..layer run on it. The result
     shows itself in Jupyter (`_repr_html_`); `.attention` is the head's pattern, `.all_heads` every head's,
-    `.heads` every head with its statistics and kind, `.run.layer` the layer's trace."""
-    return run_head(HeadOptions(model=str(model), layer=layer, head=head, text=text, max_memory=max_memory))
+    `.heads` every head with its statistics and kind, `.run.layer` the layer's trace. An encoder-decoder takes
+    `attention` ("encoder", "decoder" or "cross"), the decoder's `target` text, and for Whisper `audio` (a .wav)
+    in place of `text`."""
+    return run_head(HeadOptions(model=str(model), layer=layer, head=head, text=text, max_memory=max_memory,
+                                target=target, attention=attention, audio=None if audio is None else str(audio)))
 
 
 def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
@@ -126,15 +162,21 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         check_writable(asked.save, asked.force)
     if asked.text is not None:
         tokenizer.check_text(asked.text)
-    elif asked.all_heads:
+    elif asked.all_heads and not asked.audio:
         raise UsageError("--all-heads shows what every head of the layer does on a sentence; add --text \"...\"")
     with progress(f"locating {asked.model}"):
-        folder = hub.locate(asked.model, need_tokenizer=asked.text is not None)
+        folder = hub.locate(asked.model, need_tokenizer=any(x is not None for x in (asked.text, asked.target,
+                                                                                         asked.audio)))
         config = read_config(folder)
     if asked.command == "bert" and config.model_type not in BERT_TYPES:
         raise UsageError(f"--model {folder} is a {config.architecture} (model_type '{config.model_type}'); "
                          f"attnscope bert supports BERT-layout checkpoints (model_type {', '.join(BERT_TYPES)}: "
                          f"BertModel, BertFor..., MiniLM saved as BertModel); for this one use attnscope head")
+    from attnscope.runs.encdec import encoder_decoder, refuse_two_stack_options, run_encdec
+
+    if encoder_decoder(config):
+        return run_encdec(asked, folder, config, progress)
+    refuse_two_stack_options(asked, config)
     if family_of(config) is None and asked.text is not None:
         return _through_transformers(asked, folder, config, progress)
     model = open_model(folder, config, command=asked.command)
@@ -158,7 +200,7 @@ def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult
         guard_memory(model.estimate_bytes(asked.layer, len(encoded.ids)), asked.max_memory, what)
         with progress(f"running layers 0 to {asked.layer} on {len(encoded.ids)} tokens"):
             result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
-        result.encoded = encoded
+        result.encoded, result.tracer = encoded, "attnscope"
         result.attention = result.run.head["attention"]
         result.all_heads = result.run.layer["attention"][0]
         result.notes.extend(result.run.layer.notes)
