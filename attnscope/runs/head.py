@@ -209,28 +209,11 @@ def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult
 
 
 def _through_transformers(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models import SUPPORTED, fallback, tokenizer
-    from attnscope.models.checkpoint import Checkpoint
-    from attnscope.models.family import check_position
+    """A family with no page: transformers runs layers 0..L, its attention traced through the attention
+    interface where the family calls it (runs/interface.py)."""
+    from attnscope.runs.interface import run_transformers
 
-    encoded = tokenizer.encode(folder, asked.text or "")
-    with Checkpoint.open(folder) as checkpoint:
-        needed = fallback.estimate_bytes(checkpoint)
-    guard_memory(needed, asked.max_memory, "loading this whole model through transformers")
-    with progress(f"running {config.architecture} through transformers"):
-        run = fallback.run(folder, encoded.ids, config.model_type)
-    n_layer, n_head, n = len(run.attentions), run.attentions[0].shape[1], len(encoded.ids)
-    info = ModelInfo(config.architecture, config.model_type, folder, n_layer, n_head, n_head,
-                     config.integer("hidden_size", "n_embd", "d_model", default=0, minimum=0), 0)
-    check_position(n_layer, n_head, asked.layer, asked.head)
-    result = HeadResult(asked, info, None, encoded)
-    result.all_heads = run.attentions[asked.layer][0]  # [n_head, n_tokens, n_tokens]
-    result.attention = result.all_heads[asked.head]
-    result.notes.append(f"model_type '{config.model_type}' is not one attnscope traces ({SUPPORTED}): this pattern "
-                        f"is transformers' eager output_attentions[{asked.layer}][0, {asked.head}] on {n} tokens; the "
-                        "steps that made it are not shown")
-    _save(result)
-    return result
+    return run_transformers(asked, folder, config, progress)
 
 
 def guard_memory(needed: int, max_memory: int | None, what: str) -> None:
