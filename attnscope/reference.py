@@ -5,17 +5,21 @@ attnscope's attention, mask or position code.
 - Masks: the file's mask read as the documented rule says (boolean; integers `!= 0`; floats added),
   padding as a boolean row, causal through `is_causal=True` or
   `torch.nn.attention.bias.causal_lower_right` when it is the only mask, else `torch.ones(...).tril(...)`,
-  a sliding window as the difference of two `tril`s, all combined by boolean AND.
-- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, a position bias) the reference is
-  the formula in float64: RoPE as the rotation of complex numbers `x_i + i·x_{i+d/2}` by `e^{i·p·θ_i}`, ALiBi
-  from BLOOM's `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, a position bias added as given,
-  and PyTorch's `_safe_softmax` rule (a query that may see no key gets zeros).
+  a sliding window as the difference of two `tril`s, chunks as a block-diagonal of ones (`torch.block_diag`)
+  over the positions, all combined by boolean AND.
+- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, temperature tuning, a position bias)
+  the reference is the formula in float64: RoPE from check_rope.py's `rotate64` (transformers' config classes
+  and `ROPE_INIT_FUNCTIONS` for the frequencies, every type, partial rotary and either pairing), ALiBi from
+  BLOOM's `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, Llama 4's temperature
+  `1 + attn_scale·ln(1 + ⌊(p + 1) / floor_scale⌋)` per query, a position bias added as given, and PyTorch's
+  `_safe_softmax` rule (a query that may see no key gets zeros).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -55,12 +59,29 @@ class Asked:
         return self.spec.alibi
 
     @property
+    def chunk(self) -> int | None:
+        return self.spec.chunk
+
+    @property
     def rope_base(self) -> float | None:
         return None if self.spec.rope is None else self.spec.rope.base
 
     @property
     def needs_formula(self) -> bool:
-        return self.softcap is not None or self.alibi or self.rope_base is not None or self.position_bias is not None
+        return (self.softcap is not None or self.alibi or self.rope_base is not None
+                or self.spec.temperature is not None or self.position_bias is not None)
+
+    def rope_config(self, d_head: int) -> dict[str, Any]:
+        """The RoPE asked for as a config.json would say it, for check_rope.rotate64: the type and its
+        parameters as given, the base, the rotated fraction, the head size."""
+        rope = self.spec.rope
+        assert rope is not None
+        parameters = {key: value for key, value in (rope.scaling or {}).items() if key != "type"}
+        parameters.update(rope_type=rope.kind, rope_theta=rope.base, partial_rotary_factor=rope.fraction)
+        config: dict[str, Any] = {"rope_parameters": parameters, "head_dim": d_head}
+        if rope.max_position_embeddings is not None:
+            config["max_position_embeddings"] = rope.max_position_embeddings
+        return config
 
 
 # --- the reference mask, from the user's words ----------------------------------------------------------
@@ -92,6 +113,8 @@ def allowed_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked) -> Tenso
         parts.append(ones.tril(diagonal=offset) & ~ones.tril(diagonal=offset - asked.window))
     elif asked.causal:
         parts.append(ones.tril(diagonal=offset))
+    if asked.chunk is not None:
+        parts.append(_chunks(n_Q, n_K, offset, asked.chunk))
     if not parts:
         return None
     allowed = parts[0]
@@ -100,13 +123,23 @@ def allowed_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked) -> Tenso
     return allowed if allowed.dim() >= 2 else allowed.expand(n_Q, n_K)  # F.sdpa takes no 1-D mask
 
 
+def _chunks(n_Q: int, n_K: int, offset: int, chunk: int) -> Tensor:
+    """Same-chunk blocks over positions 0 .. P − 1 (`torch.block_diag` of ones), the queries' rows taken from
+    `offset` on: `[n_Q, n_K]` boolean."""
+    n_pos = max(n_K, offset + n_Q)
+    sizes = [min(chunk, n_pos - start) for start in range(0, n_pos, chunk)]
+    blocks = torch.block_diag(*(torch.ones(size, size) for size in sizes)).bool()  # [n_pos, n_pos]
+    return blocks[offset : offset + n_Q, :n_K]
+
+
 def sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked,
                dtype: torch.dtype = torch.float32) -> tuple[object | None, bool]:
     """`attn_mask` and `is_causal` for F.scaled_dot_product_attention, built with PyTorch's own functions; a
     float mask takes the queries' `dtype`, as F.scaled_dot_product_attention requires."""
     boolean, additive = user_parts(user)
     additive = additive.to(dtype) if additive is not None else None
-    alone = boolean is None and additive is None and not asked.pad and asked.window is None
+    alone = (boolean is None and additive is None and not asked.pad and asked.window is None
+             and asked.chunk is None)
     if alone and asked.causal == "upper-left":
         return None, True
     if alone and asked.causal == "lower-right" and n_Q <= n_K:  # it gives NaN for queries that see no key
@@ -124,13 +157,22 @@ def sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked,
 # --- the float64 formula ------------------------------------------------------------------------------------
 
 
-def _rope_complex(x: Tensor, base: float, start: int) -> Tensor:
-    """Half-split RoPE as complex rotation, in float64: x_i + i·x_{i+d/2} turned by e^{i·p·θ_i}."""
-    d, n = x.shape[-1], x.shape[-2]
-    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
-    angle = torch.arange(start, start + n, dtype=torch.float64)[:, None] * theta  # [n, d/2]
-    z = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * torch.polar(torch.ones_like(angle), angle)
-    return torch.cat([z.real, z.imag], dim=-1)
+def _rotated(x: Tensor, asked: Asked, start: int, seq_len: int) -> Tensor:
+    """x at positions start .. start + n − 1 of a forward over 0 .. seq_len − 1, by check_rope.rotate64."""
+    from attnscope.check_rope import rotate64
+
+    assert asked.spec.rope is not None
+    return rotate64(x, asked.rope_config(x.shape[-1]), start=start, seq_len=seq_len, pairing=asked.spec.rope.pairing)
+
+
+def _temperature(q: Tensor, asked: Asked, start: int) -> Tensor:
+    """Llama 4's temperature: query at position p times 1 + attn_scale·ln(1 + ⌊(p + 1) / floor_scale⌋), in
+    float64 from Python's own floor and log."""
+    tuning = asked.spec.temperature
+    assert tuning is not None
+    factors = [1.0 + tuning.attn_scale * math.log(1.0 + math.floor((p + 1) / tuning.floor_scale))
+               for p in range(start, start + q.shape[-2])]
+    return q * torch.tensor(factors, dtype=torch.float64)[:, None]
 
 
 def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, *,
@@ -140,10 +182,14 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
     q, k, v = q.double(), k.double(), v.double()
     n_Q, n_K, d = q.shape[-2], k.shape[-2], q.shape[-1]
     offset = n_K - n_Q if asked.causal == "lower-right" else 0
+    q_start = offset if q_start is None else q_start
     if asked.rope_base is not None:
-        q = _rope_complex(q, asked.rope_base, offset if q_start is None else q_start)
-        fresh = _rope_complex(k[..., rotated_keys:, :], asked.rope_base, k_start + rotated_keys)
+        seq_len = max(n_K + k_start, q_start + n_Q)  # the positions the forward covers (dynamic, longrope)
+        q = _rotated(q, asked, q_start, seq_len)
+        fresh = _rotated(k[..., rotated_keys:, :], asked, k_start + rotated_keys, seq_len)
         k = torch.cat([k[..., :rotated_keys, :], fresh], dim=-2)
+    if asked.spec.temperature is not None:
+        q = _temperature(q, asked, q_start)
     if q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]:
         serving = torch.arange(q.shape[-3]) // (q.shape[-3] // k.shape[-3])  # the KV head of each query head
         k, v = k.index_select(-3, serving), v.index_select(-3, serving)

@@ -13,9 +13,11 @@ The conventions the docs follow so that their examples run here (docs/cli.md, "T
   its root, as a clone's user runs them;
 - a model is a Hugging Face name (`bert-base-uncased`, a `--model` default) or a folder `./NAME`; each is
   provided offline: a name through a temporary Hugging Face cache, a folder as a link in the example's
-  folder. Behind it is the tiny model STAND_INS names for it (tests/tiny_models.py), else a tiny model of
-  a family its name mentions (`./my-gpt2`), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads);
-  `anatomy`'s MODEL (which reads config.json alone) is a published config in tests/configs/ (CONFIG_STAND_INS).
+  folder. Behind it is the tiny model STAND_INS names for it (tests/tiny_models.py; MODERN_STAND_INS:
+  tests/tiny_llama4_smollm3_phi3.py), else a tiny model of a family its name mentions (`./my-gpt2`;
+  `./deepseek-v3-dir` from tests/tiny_deepseek.py), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12
+  heads); `anatomy`'s MODEL (which reads config.json alone) is a published config in tests/configs/
+  (CONFIG_STAND_INS).
 
 Used by tests/test_examples.py and benchmarks/bench_examples.py.
 """
@@ -180,7 +182,11 @@ STAND_INS: dict[str, tuple[str, dict[str, int]]] = {
 # Names whose examples read config.json alone (`attnscope anatomy`): the config published for the model, copied to
 # tests/configs/, stands in for it, in a folder of its own.
 CONFIG_STAND_INS = {"Qwen/Qwen3-0.6B": "Qwen3-0.6B.json", "google/gemma-3-1b-it": "gemma-3-1b-it.json",
-                    "openai/gpt-oss-20b": "gpt-oss-20b.json", "./deepseek-v3-dir": "DeepSeek-V3.json"}
+                    "openai/gpt-oss-20b": "gpt-oss-20b.json", "./DeepSeek-V3": "DeepSeek-V3.json"}
+
+# Stand-ins built by tests/tiny_llama4_smollm3_phi3.py (4 layers, 4 heads; Phi's 2 layers): name -> its model.
+MODERN_STAND_INS = {"./llama4-scout": "llama4", "./smollm3-3b": "smollm3", "./phi-3-mini-128k": "phi3",
+                    "./phi-4-mini": "phi4"}
 
 
 def minilm() -> Path:
@@ -192,6 +198,7 @@ def minilm() -> Path:
 def model_for(name: str, root: Path) -> Path:
     """The folder that stands in for `name`: its STAND_INS entry, else a tiny model of a family the name
     mentions, else the packaged all-MiniLM-L6-v2 (a BERT of 6 layers and 12 heads). Built once under root."""
+    from tiny_llama4_smollm3_phi3 import build as build_modern
     from tiny_models import FAMILIES, build
 
     if name in CONFIG_STAND_INS:
@@ -199,10 +206,21 @@ def model_for(name: str, root: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_bytes((ROOT / "tests" / "configs" / CONFIG_STAND_INS[name]).read_bytes())
         return folder
+    if "deepseek" in name.lower():  # tests/tiny_deepseek.py: a dense layer, then mixture-of-experts layers
+        from tiny_deepseek import build as build_deepseek
+
+        folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+        if not (folder / "config.json").exists():
+            build_deepseek(folder, 2 if "v2" in name.lower() else 3)
+        return folder
+    folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+    if name in MODERN_STAND_INS:
+        if not (folder / "config.json").exists():
+            build_modern(MODERN_STAND_INS[name], folder)
+        return folder
     family, sizes = STAND_INS.get(name, (next((f for f in FAMILIES if f in name.lower()), ""), {}))
     if not family:
         return minilm()
-    folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
     if not (folder / "config.json").exists():
         build(family, folder, **sizes)
     return folder

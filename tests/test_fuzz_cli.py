@@ -241,7 +241,16 @@ def _variants(draw, command):
     argv += ["--alibi"] if _sometimes(draw, 6) else []
     if _sometimes(draw, 6):
         base = ["--rope-base", _pick(draw, ["10000", "500000"], ["1", "nan"])] if _sometimes(draw) else []
+        fraction, pairing = _pick(draw, ["0.5", "0.25", "1"], ["0", "1.5", "0.01"]), _pick(draw, ["interleaved"],
+                                                                                           ["diagonal"])
+        base += ["--rope-fraction", fraction] if _sometimes(draw, 3) else []
+        base += ["--rope-pairing", pairing] if _sometimes(draw, 3) else []
         argv += ["--rope", *base]
+    argv += ["--chunk", _pick(draw, ["1", "3", "8"], ["0", "-2"])] if _sometimes(draw, 6) else []
+    if _sometimes(draw, 8):
+        argv += ["--temperature-tuning"]
+        argv += ["--floor-scale", _pick(draw, ["2", "8192"], ["0", "nan"])] if _sometimes(draw) else []
+        argv += ["--attn-scale", _pick(draw, ["0.1", "-0.5"], ["inf"])] if _sometimes(draw) else []
     argv += ["--cache", _pick(draw, ["2", "0"], ["-1"])] if _sometimes(draw, 8) else []
     argv += ["--show-mask"] if _sometimes(draw, 6) else []
     if command == "mha":

@@ -17,7 +17,7 @@ ANATOMY_EXAMPLES = """Examples:
 
   attnscope anatomy google/gemma-3-1b-it --tokens 8192 --dtype float8_e4m3fn
 
-  attnscope anatomy ./deepseek-v3-dir --tokens 4096 --json"""
+  attnscope anatomy ./DeepSeek-V3 --tokens 4096 --json"""
 
 
 def anatomy(

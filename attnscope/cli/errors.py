@@ -24,8 +24,11 @@ ClickException: type[Exception] = _CLICK_BASES["ClickException"]
 FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "scale": "--scale", "cache": "--cache",
          "pad": "--pad", "n_head": "--heads", "n_kv_head": "--kv-heads", "rope_base": "--rope-base", "meta": "--meta",
          "model": "--model", "text": "--text", "layer": "--layer", "head": "--head",
-         "alibi": "--alibi", "position_bias": "--position-bias", "target": "--target", "attention": "--attention",
-         "audio": "--audio"}
+         "latent": "--kv-lora-rank", "kv_lora_rank": "--kv-lora-rank", "q_lora_rank": "--q-lora-rank",
+         "qk_rope_head_dim": "--rope-head-dim", "qk_nope_head_dim": "--d-head", "v_head_dim": "--v-head-dim",
+         "rope": "--rope", "chunk": "--chunk", "floor_scale": "--floor-scale", "attn_scale": "--attn-scale",
+         "temperature": "--temperature-tuning", "alibi": "--alibi", "position_bias": "--position-bias",
+         "target": "--target", "attention": "--attention", "audio": "--audio"}
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 

@@ -18,6 +18,11 @@ class Causal(str, Enum):
     lower_right = "lower-right"
 
 
+class Pairing(str, Enum):
+    half_split = "half-split"
+    interleaved = "interleaved"
+
+
 class Layout(str, Enum):
     row = "row"
     col = "col"
@@ -157,5 +162,11 @@ Alibi = Annotated[bool, typer.Option("--alibi", help="Add ALiBi's per-head bias 
 PositionBias = Annotated[str | None, typer.Option("--position-bias", metavar="FILE", help="A float tensor added to the scores as its own step (T5's relative position bias): \\[.., n_Q, n_K], broadcast to the scores.", rich_help_panel="Variants")]
 RopeOpt = Annotated[bool, typer.Option("--rope", help="Rotate Q and K with rotary position embeddings (RoPE, LLaMA's half-split form).", rich_help_panel="Variants")]
 RopeBase = Annotated[float | None, typer.Option("--rope-base", metavar="B", help="RoPE's base, a config's rope_theta.  \\[default: 10000]", rich_help_panel="Variants")]
+Chunk = Annotated[int | None, typer.Option("--chunk", min=1, metavar="C", help="Chunked attention: query i sees key j when j ≤ i and both lie in the same chunk of C positions, j // C = i // C (Llama 4); implies causal.", rich_help_panel="Variants")]
+RopeFraction = Annotated[float | None, typer.Option("--rope-fraction", metavar="F", help="Partial rotary: only the first int(F · d) coordinates of each head turn, the rest pass (a config's partial_rotary_factor: Phi-4 mini 0.75, GPT-NeoX 0.25).  \\[default: 1]", rich_help_panel="Variants")]
+RopePairing = Annotated[Pairing | None, typer.Option("--rope-pairing", help="Which coordinates RoPE turns together: half-split pairs i and i + d/2 (LLaMA's rotate_half), interleaved pairs 2i and 2i + 1 (GPT-J, Llama 4).  \\[default: half-split]", rich_help_panel="Variants")]
+TemperatureOpt = Annotated[bool, typer.Option("--temperature-tuning", help="Scale each query by log1p(floor((i + 1) / floor_scale)) · attn_scale + 1, Llama 4's temperature tuning on its NoPE layers (after RoPE where there is one).", rich_help_panel="Variants")]
+FloorScale = Annotated[float | None, typer.Option("--floor-scale", metavar="N", help="Temperature tuning: positions per step of the query's factor.  \\[default: 8192, Llama 4's]", rich_help_panel="Variants")]
+AttnScale = Annotated[float | None, typer.Option("--attn-scale", metavar="S", help="Temperature tuning: strength of each step.  \\[default: 0.1, Llama 4's]", rich_help_panel="Variants")]
 Cache = Annotated[int, typer.Option("--cache", min=0, metavar="N", help="A decode step: K and V hold N cached positions before the new ones; causal aligns lower-right.", rich_help_panel="Variants")]
 ShowMask = Annotated[bool, typer.Option("--show-mask", help="Draw the combined mask (■ may attend, · masked) above the table.", rich_help_panel="Masks")]

@@ -12,6 +12,10 @@ Hugging Face cache lookup (hub.py), and transformers as the fallback for other f
 | mistral | mistral.py | Mistral (LLaMA's, with a window) |
 | qwen2 | qwen2.py | Qwen2 (LLaMA's, with q/k/v biases and windowed layers) |
 | gemma2 | gemma2.py | Gemma2 (LLaMA's, with softcap, scalar, sandwich norms) |
+| deepseek_v3, deepseek_v2 | deepseek.py | DeepseekV3, DeepseekV2 (latent attention, mixture of experts) |
+| smollm3 | smollm3.py | SmolLM3 (LLaMA's, with NoPE layers: nope.py) |
+| phi3 (Phi-3, Phi-4) | phi3.py | Phi3 (LLaMA's, with fused qkv_proj and gate_up_proj, partial rotary) |
+| llama4, llama4_text | llama4.py | Llama4 (chunked and NoPE layers, temperature tuning, L2 qk-norm, MoE) |
 | t5, mt5 (umt5) | t5.py | T5 (Umt5): encoder-decoder, relative position bias, no scale (seq2seq.py) |
 | bart, marian, mbart | bart.py | Bart, Marian, MBart: encoder-decoders of BartAttention |
 | whisper | whisper.py | Whisper: an audio encoder (audio.py reads --audio) and a text decoder |
@@ -23,14 +27,19 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | X, the attention's input (the residual stream after the layer's input norm) | the family's `attention_input`; |
 |   the layers before it by its `block` | bert.py, gpt2.py, llama.py, ... |
 | Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
-| cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`) |
-| K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask) |
+| cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
+|   layers) | |
+| Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
+| attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
+| K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
+|   causal, window, chunk) | |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
-| the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `_head_trace` |
-| an encoder-decoder's X, memory, position_buckets, position_bias, biased_scores; its three attentions | |
-|   seq2seq.py (one checkpoint, three views), seq2seq_run.py (the stacks), t5.py (the buckets), | |
-|   position_bias.py (the bias on the scores) | |
+| the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `head_trace` |
+| an encoder-decoder's X, memory, position_buckets, position_bias, biased_scores | seq2seq_run.py (t5.py: the buckets) |
+| a family with no page: Q, K, V, K_rep, V_rep, scores, mask, masked_scores, attention, out | interface.py |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
+| MLA's Q_latent, ..., KV_latent, K_pe, Q_pe_rot, K_pe_rot, Q_full, KV_up, K_nope, K_full | latent.py (deepseek.py) |
+| MLA: the head's own Q_nope, ..., K_full, out | deepseek.py `head_trace` |
 """
 
 from __future__ import annotations
@@ -50,9 +59,13 @@ if TYPE_CHECKING:
 FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-roberta": ("bert", "Roberta"),
             "gpt2": ("gpt2", "Gpt2"), "llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"),
             "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2"),
+            "deepseek_v3": ("deepseek", "DeepseekV3"), "deepseek_v2": ("deepseek", "DeepseekV2"),
+            "smollm3": ("smollm3", "SmolLM3"), "phi3": ("phi3", "Phi3"), "llama4": ("llama4", "Llama4"),
+            "llama4_text": ("llama4", "Llama4"),
             "t5": ("t5", "T5"), "mt5": ("t5", "T5"), "umt5": ("t5", "Umt5"), "bart": ("bart", "Bart"),
             "marian": ("bart", "Marian"), "mbart": ("bart", "MBart"), "whisper": ("whisper", "Whisper")}
-SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2, t5, mt5, umt5, bart, marian, mbart, whisper"
+SUPPORTED = ("bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4, "
+             "t5, mt5, umt5, bart, marian, mbart, whisper")
 
 
 def family_of(config: Config) -> type[Family] | None:

@@ -15,6 +15,7 @@ head's own steps out of the layer's trace is run.py's.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
     from attnscope.multihead import MultiHeadAttention
-    from attnscope.spec import AttentionSpec
+    from attnscope.spec import AttentionSpec, Latent
+    from attnscope.trace import Trace
 
 @dataclass(frozen=True)
 class Slice:
@@ -40,6 +42,7 @@ class Slice:
     lo: int
     hi: int
     transpose: bool = False
+    dims: tuple[str, ...] | None = None  # its axes' names, where weights.HEAD_DIMS has none (MLA's W_UK, ...)
 
 
 class Family(ABC):
@@ -60,6 +63,7 @@ class Family(ABC):
     d_model: int
     d_head: int
     max_tokens: int | None = None  # learned position tables end; RoPE models have no hard limit
+    latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek-V2/V3), None for the others
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         self.folder, self.config, self.checkpoint = folder, config, checkpoint
@@ -136,6 +140,10 @@ class Family(ABC):
         """The key/value head that serves query head `head` (transformers' `repeat_kv` order)."""
         return head // self.n_group
 
+    def layer_notes(self, layer: int) -> list[str]:
+        """What the traced layer's table should say about it beyond its steps (a NoPE layer, say)."""
+        return []
+
     def head_notes(self, head: int) -> list[str]:
         if self.n_group == 1:
             return []
@@ -144,16 +152,28 @@ class Family(ABC):
         return [f"W_K, W_V: KV head {g} of {self.n_kv_head} (= {head} // n_group {self.n_group}) serves query "
                 f"heads {shared}"]
 
+    def head_trace(self, layer: Trace, head: int) -> Trace:
+        """Head h's own steps, as views into layer L's (run.py's slicing); a family whose steps differ (MLA's
+        deepseek.py) says its own."""
+        from attnscope.models.run import head_trace
+
+        return head_trace(self, layer, head, self.biases()[0])
+
     def attention(self, layer: int, record: bool) -> MultiHeadAttention:
         """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights."""
-        from attnscope.multihead import MultiHeadAttention
-
         spec = replace(self.attention_spec(layer), n_kv_head=self.n_kv_head)
         qkv, out = self.biases()
-        module = MultiHeadAttention(self.d_model, self.n_head, bias=qkv, record=record, device="meta",
+        module = self.attention_module(layer)(self.d_model, self.n_head, bias=qkv, record=record, device="meta",
                                     d_head=self.d_head, out_bias=out, spec=spec)
         module.load_state_dict(self.projections(layer), assign=True)
         return module.eval()
+
+    def attention_module(self, layer: int) -> Callable[..., MultiHeadAttention]:
+        """What builds layer `layer`'s attention: MultiHeadAttention, or a family's subclass of it (Llama 4 adds
+        its qk-norm after RoPE) with MultiHeadAttention's arguments."""
+        from attnscope.multihead import MultiHeadAttention
+
+        return MultiHeadAttention
 
     def estimate_bytes(self, layer: int, n_tokens: int) -> int:
         """Memory of a run up to `layer`: its layers' weights as stored (the pages read) and as float32, plus the

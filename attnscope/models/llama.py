@@ -43,8 +43,9 @@ class Llama(Family):
     model_types: ClassVar[tuple[str, ...]] = ("llama",)
     layers = "layers"
     query = "self_attn.q_proj.weight"
-    prefixes = ("model.", "")
+    prefixes: ClassVar[tuple[str, ...]] = ("model.", "")
     norm_plus_one = False  # Gemma's RMSNorm scales by (1 + w)
+    whole_head_default = True  # the default RoPE turns the whole head whatever partial_rotary_factor says
     activation_keys: tuple[str, ...] = ("hidden_act",)  # where config.json names the MLP's activation
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
@@ -86,7 +87,7 @@ class Llama(Family):
             raise UsageError(f"{self.config.path}: {error}; fix config.json") from None
         if rope is None:
             raise UsageError(f"{self.config.path}: rope_parameters is null; LLaMA-family layers all rotate")
-        if rope.kind == "default" and rope.fraction != 1:
+        if self.whole_head_default and rope.kind == "default" and rope.fraction != 1:
             # LlamaRotaryEmbedding.compute_default_rope_parameters (and Mistral's, Qwen2's, Gemma 2's) ignores
             # partial_rotary_factor: the whole head rotates.
             rope = replace(rope, partial_rotary_factor=1.0)

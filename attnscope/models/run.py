@@ -3,6 +3,7 @@ and slice head h's own steps out of the layer's trace."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,8 @@ def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         traced = model.attention(layer, record=True)(X)
     layer_trace = _layer_trace(traced, X, made)
-    return LayerRun(layer_trace, _head_trace(model, layer_trace, head, model.biases()[0]), model.attention_spec(layer))
+    layer_trace.notes.extend(model.layer_notes(layer))
+    return LayerRun(layer_trace, model.head_trace(layer_trace, head), model.attention_spec(layer))
 
 
 MODEL_DIMS = {"n_Q": "n_tokens", "n_K": "n_tokens", "d_feat": "d_model"}
@@ -48,21 +50,22 @@ def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
 
     trace = Trace(notes=list(inner.notes))
     trace.add("X", X, ("n_batch", "n_tokens", "d_model"), made)
-    inputs = {"Q_feat": "W_q(X)", "K_feat": "W_k(X)", "V_feat": "W_v(X)"}
     for step in inner.steps:
         dims = tuple(MODEL_DIMS.get(d, d) for d in step.dims)
-        op = inputs.get(step.name, step.op.replace("d_feat", "d_model"))
+        # every projection reads X: W_q(Q) -> W_q(X), and MLA's q_a_proj(Q), kv_a_proj_with_mqa(K) likewise
+        op = re.sub(r"\((Q|K|V)\)$", "(X)", step.op.replace("d_feat", "d_model"))
         trace.add(step.name, step.tensor, dims, op, step.flops, step.allocates)
     return trace
 
 
 # Head h's steps: (its name, the layer step it is a slice of, which head index: query head or KV head).
 HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "kv"), ("Q_rot", "Q_rot", "q"),
-              ("K_rot", "K_rot", "kv"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
+              ("K_rot", "K_rot", "kv"), ("Q_normed", "Q_normed", "q"), ("K_normed", "K_normed", "kv"),
+              ("Q_tuned", "Q_tuned", "q"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
               ("masked_scores", "masked_scores", "q"), ("attention", "attention", "q"), ("out", "x_raw", "q"))
 
 
-def _head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
+def head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
     """Head h's own computation, as views into the layer's steps: its query rows, the keys and values of the
     KV head that serves it, its scores, pattern and output. Names as sdpa's (X, Q, K, V, ..., out)."""
     from attnscope.trace import Trace

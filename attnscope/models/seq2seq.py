@@ -124,10 +124,6 @@ class EncoderDecoder(Family):
         """The scores' scale; None: 1/sqrt(d_head)."""
         return None
 
-    def layer_notes(self, layer: int) -> list[str]:
-        """What the traced layer's table should say about it beyond its steps (T5's missing scale)."""
-        return []
-
     def position_bias(self, layer: int, n_Q: int, n_K: int) -> BiasSteps | None:
         """A bias added to this attention's scores (T5's relative position bias); None for most families."""
         return None

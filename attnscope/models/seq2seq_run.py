@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnscope.models.run import LayerRun, _head_trace
+from attnscope.models.run import LayerRun, head_trace
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +90,7 @@ def _head(model: EncoderDecoder, layer: Trace, head: int) -> Trace:
     head's slice of the position bias after its scores."""
     from attnscope.trace import Trace
 
-    base = _head_trace(model, layer, head, model.biases()[0])
+    base = head_trace(model, layer, head, model.biases()[0])
     trace = Trace()
     for step in base.steps:
         op = step.op.replace("= X @ W_K", "= memory @ W_K").replace("= X @ W_V", "= memory @ W_V")

@@ -29,6 +29,7 @@ class HeadWeights:
     tensors: dict[str, Array] = field(default_factory=dict)  # NumPy arrays where it could, else torch
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    dims: dict[str, tuple[str, ...]] = field(default_factory=dict)  # each weight's axes, named
 
     def as_torch(self) -> dict[str, torch.Tensor]:
         import torch
@@ -47,6 +48,7 @@ def head_weights(model: Family, layer: int, head: int) -> HeadWeights:
             tensor, text = tensor.T, f"{text}.T"
         result.tensors[part.name] = tensor
         result.sources[part.name] = f"{part.key}{text}"
+        result.dims[part.name] = part.dims or HEAD_DIMS[part.name]
     return result
 
 

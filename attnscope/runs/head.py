@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.weights import HeadWeights
     from attnscope.readings.headstats import LayerHeads
+    from attnscope.spec import Latent
 
 BERT_TYPES = ("bert", "roberta", "xlm-roberta")
 
@@ -57,12 +58,13 @@ class ModelInfo:
     kv_heads: int
     d_model: int
     d_head: int
+    latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek); d_head is then d_K
     stacks: tuple[int, int] | None = None  # an encoder-decoder's encoder and decoder layers
 
     @classmethod
     def of(cls, model: Family) -> ModelInfo:
         return cls(model.architecture, model.model_type, model.folder, model.n_layer, model.n_head, model.n_kv_head,
-                   model.d_model, model.d_head)
+                   model.d_model, model.d_head, model.latent)
 
 
 @dataclass

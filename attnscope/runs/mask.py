@@ -22,6 +22,7 @@ class MaskOptions:
     pad: int = 0
     cache: int = 0
     mask: str | None = None
+    chunk: int | None = None
 
 
 def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
@@ -30,7 +31,7 @@ def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
     n_K = (asked.nq if asked.nk is None else asked.nk) if not asked.cache else asked.cache + asked.nq
     if asked.cache and asked.nk is not None:
         check_cache_sizes(asked.nq, asked.nk, asked.cache)
-    spec = asked_spec(asked.causal, asked.window, asked.cache)
+    spec = asked_spec(asked.causal, asked.window, asked.cache, chunk=asked.chunk)
     if asked.nq * n_K > MAX_CELLS:
         raise UsageError(f"a {asked.nq} x {n_K} mask has {asked.nq * n_K:,} cells, more than the {MAX_CELLS:,} worth "
                          "drawing; the pattern repeats: ask for a smaller --nq/--nk (the rule is the same)")
@@ -43,5 +44,5 @@ def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
             raise UsageError(f"--mask {asked.mask} is a single number; give a mask of shape [n_Q, n_K] or [n_K]")
     result = view(asked.nq, n_K, spec, pad=asked.pad, user_mask=user)
     params = {"nq": asked.nq, "nk": n_K, "causal": asked.causal, "window": asked.window, "pad": asked.pad,
-              "cache": asked.cache, "mask": asked.mask}
+              "cache": asked.cache, "mask": asked.mask, "chunk": asked.chunk}
     return result, params

@@ -79,7 +79,7 @@ def from_head(result: Any) -> Page:
         rows = []
         for name, tensor in result.weights.tensors.items():
             shape = list(tensor.shape)
-            dims = _weight_dims(name, len(shape))
+            dims = result.weights.dims.get(name) or _weight_dims(name, len(shape))
             nbytes = int(getattr(tensor, "nbytes", 0)) or tensor.numel() * tensor.element_size()
             rows.append([name, f"[{', '.join(dims)}] = [{', '.join(map(str, shape))}]", result.weights.sources[name],
                          str(tensor.dtype).removeprefix("torch."), format_bytes(nbytes)])
