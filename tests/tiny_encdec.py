@@ -105,6 +105,18 @@ def write_wav(path: Path, seconds: float = 0.6, rate: int = AUDIO_RATE, channels
     return path
 
 
+def save_random(model, tokenizer, folder: Path, keep: tuple[str, ...] = ()):
+    """Draw every parameter but those named with a word of `keep` from N(0, 0.3), save the model and its tokenizer
+    to `folder`, and return transformers' eager model read back from it."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if not any(word in name for word in keep):
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return type(model).from_pretrained(folder, attn_implementation="eager").eval()
+
+
 def build(family: str, folder: Path):
     """Save a tiny `family` encoder-decoder and its tokenizer (and Whisper's feature extractor and `speech.wav`) to
     `folder`; return transformers' eager model read back."""
@@ -112,18 +124,12 @@ def build(family: str, folder: Path):
     tokenizer = _tokenizer(family)
     config, cls = _config_and_class(family, len(tokenizer), tokenizer)
     torch.manual_seed(ENCDEC.index(family))
-    model = cls(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "embed_positions" in name and (family == "marian" or "encoder" in name):
-                continue  # sinusoids: Marian's are not even saved
-            parameter.normal_(0.0, 0.3)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
     if family == "whisper":
         feature_extractor().save_pretrained(folder)
         write_wav(folder / "speech.wav")
-    return cls.from_pretrained(folder, attn_implementation="eager").eval()
+    # sinusoids stay (Marian's are not even saved)
+    keep = {"marian": ("embed_positions",), "whisper": ("encoder.embed_positions",)}.get(family, ())
+    return save_random(cls(config), tokenizer, folder, keep)
 
 
 def source_and_target(family: str, folder: Path, model) -> dict:

@@ -152,7 +152,7 @@ def record(module: Any, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask:
     sinks = getattr(module, "sinks", None)
     _attention(trace, logits, last, sinks, V, v_name, eager_result)
     spec = AttentionSpec(causal=kind.causal, window=kind.size if kind.kind == "sliding" else None,
-                         softcap=softcap, scale=scale)
+                         softcap=softcap, scale=None if abs(scale - d_head ** -0.5) < 1e-12 else scale)
     return Recorded(trace, kind, spec, f"{eager.__module__}.{eager.__name__}", n_kv_head)
 
 
