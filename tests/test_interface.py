@@ -11,52 +11,14 @@ import json
 import pytest
 import torch
 from tiny_encdec import save_random
+from tiny_interface import FAMILIES, build
 from tiny_models import SENTENCE, _tokenizer
-
-
-def _families():
-    import transformers as tf
-
-    decoder = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2}
-    return {
-        # partial rotary (a quarter of each head turns), q/k/v biases, one head per KV head
-        "gpt_neox": (tf.GPTNeoXConfig(hidden_size=32, intermediate_size=40, num_attention_heads=4,
-                                      num_hidden_layers=2, rotary_pct=0.25), tf.GPTNeoXForCausalLM),
-        # three sliding layers of 4, then a full NoPE one (layer_types from sliding_window_pattern)
-        "cohere2": (tf.Cohere2Config(**decoder, num_hidden_layers=4, sliding_window=4), tf.Cohere2ForCausalLM),
-        # its own attention_multiplier in place of 1/sqrt(d_head)
-        "granite": (tf.GraniteConfig(**decoder, num_hidden_layers=2, attention_multiplier=0.3,
-                                     embedding_multiplier=2.0, residual_multiplier=0.5), tf.GraniteForCausalLM),
-        # a mixture of experts before every layer's output, a window of 4 on every layer
-        "mixtral": (tf.MixtralConfig(**decoder, num_hidden_layers=2, sliding_window=4, num_local_experts=4,
-                                     num_experts_per_tok=2), tf.MixtralForCausalLM),
-        # softcapped scores, alternating sliding and full layers
-        "vaultgemma": (tf.VaultGemmaConfig(**decoder, num_hidden_layers=3, head_dim=8, sliding_window=4,
-                                           attn_logit_softcapping=3.0), tf.VaultGemmaForCausalLM),
-        # a learned sink per head that scales the output (its eager keeps the softmax whole)
-        "granite_swa": (tf.GraniteSWAConfig(**decoder, num_hidden_layers=3, sliding_window=4,
-                                            attention_multiplier=0.4), tf.GraniteSWAForCausalLM),
-        # an encoder: no mask at all
-        "electra": (tf.ElectraConfig(embedding_size=32, hidden_size=32, intermediate_size=40, num_attention_heads=4,
-                                     num_hidden_layers=2), tf.ElectraModel),
-    }
-
-
-FAMILIES = ("gpt_neox", "cohere2", "granite", "mixtral", "vaultgemma", "granite_swa", "electra")
-
-
-def _build(name, folder):
-    config, cls = _families()[name]
-    tokenizer = _tokenizer("bert" if name == "electra" else "gpt2")
-    config.vocab_size = len(tokenizer)
-    torch.manual_seed(FAMILIES.index(name))
-    return save_random(cls(config), tokenizer, folder), tokenizer
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
-    model, tokenizer = _build(request.param, folder)
+    model, tokenizer = build(request.param, folder)
     encoded = tokenizer(SENTENCE, return_tensors="pt")
     with torch.no_grad():
         expected = model(**encoded, output_attentions=True).attentions
@@ -136,7 +98,7 @@ def test_head_json_steps_and_save(family, runner, tmp_path):
 def test_only_the_layers_up_to_l_are_built_and_run(tmp_path, monkeypatch):
     from attnscope.models import interface, truncated
 
-    model, _ = _build("cohere2", tmp_path / "cohere2")
+    model, _ = build("cohere2", tmp_path / "cohere2")
     config, n_layer = truncated.load_config(tmp_path / "cohere2", "cohere2", 1)
     assert n_layer == 4 and config.num_hidden_layers == 2
     assert config.layer_types == ["sliding_attention", "sliding_attention"]

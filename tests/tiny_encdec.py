@@ -117,12 +117,13 @@ def save_random(model, tokenizer, folder: Path, keep: tuple[str, ...] = ()):
     return type(model).from_pretrained(folder, attn_implementation="eager").eval()
 
 
-def build(family: str, folder: Path):
+def build(family: str, folder: Path, **sizes):
     """Save a tiny `family` encoder-decoder and its tokenizer (and Whisper's feature extractor and `speech.wav`) to
-    `folder`; return transformers' eager model read back."""
+    `folder`; return transformers' eager model read back. `sizes` override the config's (num_layers=6)."""
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer(family)
     config, cls = _config_and_class(family, len(tokenizer), tokenizer)
+    config = type(config)(**{**config.to_dict(), **sizes})
     torch.manual_seed(ENCDEC.index(family))
     if family == "whisper":
         feature_extractor().save_pretrained(folder)

@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from attnscope import cost
 from attnscope.models.mask_kind import MaskKind, allowed_pairs, read_mask
 from attnscope.spec import AttentionSpec
 
@@ -125,18 +126,20 @@ def record(module: Any, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask:
         k_name, v_name = "K_rep", "V_rep"
     scale = d_head ** -0.5 if scaling is None else float(scaling)
     dims = ("n_batch", "n_head", "n_tokens", "n_tokens")
-    logits = trace.add("scores", torch.matmul(Q, K.transpose(2, 3)) * scale, dims,
-                       f"Q @ {k_name}.transpose(2, 3) * {scale:.6g} (scaling)")
+    logits = torch.matmul(Q, K.transpose(2, 3)) * scale  # [n_batch, n_head, n_Q, n_K]
+    trace.add("scores", logits, dims, f"Q @ {k_name}.transpose(2, 3) * {scale:.6g} (scaling)",
+              cost.matmul_flops(logits.shape, d_head) + logits.numel())
     last = "scores"
     softcap = extras.get("softcap")
     if softcap is not None:
         logits = trace.add("capped_scores", torch.tanh(logits / softcap) * softcap, dims,
-                           f"{softcap:g} * tanh(scores / {softcap:g})")
+                           f"{softcap:g} * tanh(scores / {softcap:g})", 3 * logits.numel())
         last = "capped_scores"
     bias = extras.get("position_bias")
     if bias is not None:
         trace.add("position_bias", bias, dims[4 - bias.dim():], "position_bias, handed as a keyword")
-        logits, last = trace.add("biased_scores", logits + bias, dims, f"{last} + position_bias"), "biased_scores"
+        logits = trace.add("biased_scores", logits + bias, dims, f"{last} + position_bias", logits.numel())
+        last = "biased_scores"
     kind = read_mask(allowed_pairs(mask, n_Q, n_K))
     window = extras.get("sliding_window", getattr(module, "sliding_window", None))
     if isinstance(window, int) and kind.kind == "causal" and window >= n_K:
@@ -147,12 +150,13 @@ def record(module: Any, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask:
         trace.add("mask", grid, ("n_batch", "n_tokens", "n_tokens"),
                   f"attention_mask transformers built for this layer ({kind.describe()}): 0 where a query may "
                   "attend, the dtype's minimum where not")
-        logits = trace.add("masked_scores", logits + grid[:, None], dims, f"{last} + mask")
+        logits = trace.add("masked_scores", logits + grid[:, None], dims, f"{last} + mask", logits.numel())
         last = "masked_scores"
     sinks = getattr(module, "sinks", None)
     _attention(trace, logits, last, sinks, V, v_name, eager_result)
     spec = AttentionSpec(causal=kind.causal, window=kind.size if kind.kind == "sliding" else None,
-                         softcap=softcap, scale=None if abs(scale - d_head ** -0.5) < 1e-12 else scale)
+                         chunk=kind.size if kind.kind == "chunked" else None, softcap=softcap,
+                         scale=None if abs(scale - d_head ** -0.5) < 1e-12 else scale)
     return Recorded(trace, kind, spec, f"{eager.__module__}.{eager.__name__}", n_kv_head)
 
 
@@ -188,8 +192,9 @@ def _attention(trace: Trace, logits: torch.Tensor, last: str, sinks: torch.Tenso
     elif not _close(out, eager_out.transpose(1, 2)):
         diff = float((out - eager_out.transpose(1, 2)).abs().max())
         trace.notes.append(f"out differs from the family's eager attention output by {diff:.2e}")
-    trace.add("attention", attention, dims, op)
-    trace.add("out", out, ("n_batch", "n_head", "n_tokens", "d_head"), out_op)
+    trace.add("attention", attention, dims, op, cost.softmax_flops(attention.shape))
+    trace.add("out", out, ("n_batch", "n_head", "n_tokens", "d_head"), out_op,
+              cost.matmul_flops(out.shape, attention.shape[-1]))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
