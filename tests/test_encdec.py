@@ -153,11 +153,12 @@ def test_the_head_steps_name_source_and_target_apart(family):
 
 
 def test_the_target_defaults_to_the_decoders_start_token(family):
-    from attnscope.runs.head import HeadOptions, run_head
+    """Through the Python API (`attnscope.model_head`), as a notebook calls it."""
+    from attnscope import model_head
 
     name, folder, model, _ = family
-    source = {"audio": str(folder / "speech.wav")} if name == "whisper" else {"text": SOURCE}
-    result = run_head(HeadOptions(model=str(folder), layer=0, head=0, attention="cross", **source))
+    source = {"audio": folder / "speech.wav"} if name == "whisper" else {"text": SOURCE}
+    result = model_head(folder, 0, 0, attention="cross", **source)
     assert result.target.ids == [model.config.decoder_start_token_id]
     assert result.attention.shape[0] == 1 and abs(float(result.attention.sum()) - 1) < 1e-5
 

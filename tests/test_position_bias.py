@@ -10,6 +10,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from fuzz import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnscope import cost
 from attnscope.attention import sdpa
@@ -146,3 +149,39 @@ def test_cli_refuses_a_bias_that_does_not_fit(runner, bias_files):
         "broadcast to them ([.., n_Q, n_K], 1 for any axis it shares)"]
     result = runner.invoke(app, ["sdpa", "--layout", "col", "--position-bias", str(bias_files / "one.npy")])
     assert result.exit_code == 2 and "--position-bias work in the row layout" in result.stderr
+
+
+@st.composite
+def biased_case(draw):
+    """Q, K, V of any batch and head layout, a bias of any rank that broadcasts to the scores, any alignment."""
+    batch = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2))
+    n_Q, n_K, d_K, d_V = (draw(st.integers(1, 6)) for _ in range(4))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    Q, K, V = (torch.randn(*batch, n, d, generator=g) for n, d in ((n_Q, d_K), (n_K, d_K), (n_K, d_V)))
+    scores = (*batch, n_Q, n_K)
+    keep = draw(st.lists(st.booleans(), min_size=len(scores), max_size=len(scores)))
+    rank = draw(st.integers(2, len(scores)))
+    shape = [size if kept or axis >= len(scores) - 2 else 1
+             for axis, (size, kept) in enumerate(zip(scores, keep, strict=True))]
+    bias = torch.randn(shape[len(scores) - rank:], generator=g) * draw(st.floats(0.0, 4.0))
+    causal = draw(st.sampled_from([None, "upper-left", "lower-right"]))
+    return Q, K, V, bias, causal
+
+
+@fuzz_settings(60)
+@given(biased_case())
+def test_any_broadcast_bias_equals_the_float64_formula(case):
+    """Any bias that broadcasts to the scores, with any causal alignment, against the formula in float64 written
+    here (with PyTorch's rule that a query seeing no key gets zeros)."""
+    Q, K, V, bias, causal = case
+    n_Q, n_K = Q.shape[-2], K.shape[-2]
+    trace = sdpa(Q, K, V, position_bias=bias, causal=causal)
+    s = torch.einsum("...qd,...kd->...qk", Q.double(), K.double()) / math.sqrt(Q.shape[-1]) + bias.double()
+    if causal:
+        offset = n_K - n_Q if causal == "lower-right" else 0
+        s = s.masked_fill(~torch.ones(n_Q, n_K, dtype=torch.bool).tril(diagonal=offset), -math.inf)
+    p = torch.softmax(s, dim=-1)
+    p = torch.where(torch.isneginf(s).all(dim=-1, keepdim=True), 0.0, p)
+    torch.testing.assert_close(trace["attention"].double(), p, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(trace["out"].double(), p @ V.double(), atol=1e-5, rtol=1e-5)
+    assert trace.step("position_bias").dims[-2:] == ("n_Q", "n_K")

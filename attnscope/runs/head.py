@@ -168,7 +168,8 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         raise UsageError("--all-heads shows what every head of the layer does on a sentence; add --text \"...\"")
     with progress(f"locating {asked.model}"):
         folder = hub.locate(asked.model, need_tokenizer=any(x is not None for x in (asked.text, asked.target,
-                                                                                         asked.audio)))
+                                                                                         asked.audio)),
+                            extra=("preprocessor_config.json",) if asked.audio else ())
         config = read_config(folder)
     if asked.command == "bert" and config.model_type not in BERT_TYPES:
         raise UsageError(f"--model {folder} is a {config.architecture} (model_type '{config.model_type}'); "
