@@ -1,5 +1,5 @@
 """Bad input to `attnscope head` and `attnscope bert`: each gets one line on stderr and the right exit status,
-never a traceback; and a family attnscope does not read still shows its pattern through transformers."""
+never a traceback; and a family attnscope has no page for still shows its attention through transformers."""
 
 from __future__ import annotations
 

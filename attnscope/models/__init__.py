@@ -1,7 +1,8 @@
 """Models: one module per family behind one protocol (family.py, an abstract base class), where a head lives
 and reading it (weights.py), running layers 0..L with layer L traced (run.py), the lazy checkpoint reader
 (checkpoint.py), config.json read defensively (config.py), the model's own tokenizer (tokenizer.py), the
-Hugging Face cache lookup (hub.py), and transformers as the fallback for other families (fallback.py).
+Hugging Face cache lookup (hub.py); the encoder-decoders (seq2seq.py, seq2seq_run.py); and any other family
+through transformers, layers 0..L only (truncated.py), traced through its attention interface (interface.py).
 
 | model_type | module | class |
 |---|---|---|
@@ -35,8 +36,10 @@ Following a family's forward across files, step by step (`attnscope head --text`
 |   causal, window, chunk) | |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
 | the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `head_trace` |
-| an encoder-decoder's X, memory, position_buckets, position_bias, biased_scores | seq2seq_run.py (t5.py: the buckets) |
-| a family with no page: Q, K, V, K_rep, V_rep, scores, mask, masked_scores, attention, out | interface.py |
+| an encoder-decoder's X, memory (across), position_buckets | seq2seq_run.py (t5.py: the buckets and bias) |
+| position_bias, biased_scores (T5) | attention.py `sdpa` with position_bias.py |
+| a family with no page: Q, K, V, K_rep, V_rep, scores, capped_scores, mask, masked_scores, | interface.py |
+|   sinks, sink_weight, attention, out (layers before it: transformers' own, truncated.py) | |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
 | MLA's Q_latent, ..., KV_latent, K_pe, Q_pe_rot, K_pe_rot, Q_full, KV_up, K_nope, K_full | latent.py (deepseek.py) |
 | MLA: the head's own Q_nope, ..., K_full, out | deepseek.py `head_trace` |
@@ -83,6 +86,6 @@ def open_model(folder: Path, config: Config, *, command: str = "head") -> Family
     family = family_of(config)
     if family is None:
         raise UsageError(f"{{model}} {folder} is a {config.architecture} (model_type '{config.model_type}'); "
-                         f"attnscope {command} reads the heads of {SUPPORTED} ({{text}} still shows its attention "
+                         f"attnscope {command} reads the heads of {SUPPORTED} ({{text}} still traces its attention "
                          "through transformers)", "model", "text")
     return family(folder, config, Checkpoint.open(folder))

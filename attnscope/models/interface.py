@@ -119,10 +119,10 @@ def record(module: Any, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask:
     k_name, v_name = "K", "V"
     if n_kv_head != n_head:
         group = n_head // n_kv_head
-        K = trace.add("K_rep", K.repeat_interleave(group, dim=1), ("n_batch", "n_head", "n_tokens", "d_head"),
-                      f"repeat_kv(K, n_group={group})")
-        V = trace.add("V_rep", V.repeat_interleave(group, dim=1), ("n_batch", "n_head", "n_tokens", "d_head"),
-                      f"repeat_kv(V, n_group={group})")
+        K_rep = K.repeat_interleave(group, dim=1)  # [n_batch, n_kv_head, n, d_head] -> [n_batch, n_head, n, d_head]
+        V_rep = V.repeat_interleave(group, dim=1)
+        K = trace.add("K_rep", K_rep, ("n_batch", "n_head", "n_tokens", "d_head"), f"repeat_kv(K, n_group={group})")
+        V = trace.add("V_rep", V_rep, ("n_batch", "n_head", "n_tokens", "d_head"), f"repeat_kv(V, n_group={group})")
         k_name, v_name = "K_rep", "V_rep"
     scale = d_head ** -0.5 if scaling is None else float(scaling)
     dims = ("n_batch", "n_head", "n_tokens", "n_tokens")
@@ -170,7 +170,7 @@ def _attention(trace: Trace, logits: torch.Tensor, last: str, sinks: torch.Tenso
     dims = trace.step(last).dims
     eager_out, eager_weights = eager_result
     attention, op = torch.softmax(logits, dim=-1), f"softmax({last}, dim=-1)"
-    out, out_op = attention @ V, f"attention @ {v_name}"
+    out, out_op = attention @ V, f"attention @ {v_name}"  # [n_batch, n_head, n_Q, n_K] @ [.., n_K, d_head]
     if sinks is not None:
         n_head = logits.shape[1]
         trace.add("sinks", sinks.reshape(n_head).to(logits.dtype), ("n_head",),
@@ -183,7 +183,7 @@ def _attention(trace: Trace, logits: torch.Tensor, last: str, sinks: torch.Tenso
             out, out_op = out * (1 - weight)[..., None], f"(attention @ {v_name}) * (1 - sink_weight)"
         else:
             attention, op = joined[..., :-1], f"softmax([{last}, sinks], dim=-1)[..., :-1]: rows sum to 1 - sink_weight"
-            out = attention @ V
+            out = attention @ V  # [n_batch, n_head, n_Q, d_head]
     if eager_weights is not None and not _close(attention, eager_weights):
         diff = float((attention - eager_weights).abs().max())
         trace.notes.append(f"these steps differ from the family's eager attention by {diff:.2e}: the pattern shown "

@@ -214,7 +214,7 @@ class EncoderDecoder(Family):
         needed = []
         for side, last in (("encoder", layer if self.kind == "encoder" else 1 << 62),
                            ("decoder", layer if self.kind != "encoder" else -1)):
-            stem = f"{self.prefix}{self.stacks[side if side == 'encoder' else 'decoder'].layers}."
+            stem = f"{self.prefix}{self.stacks[side].layers}."
             needed += [k for k in self.checkpoint.keys if k.startswith(stem) and _layer_of(k[len(stem):]) <= last]
         stored = sum(self.checkpoint.nbytes(k) for k in needed)
         numel = sum(self._numel(k) for k in needed)

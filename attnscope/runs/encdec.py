@@ -47,17 +47,13 @@ def run_encdec(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     kind = asked.attention or "encoder"
     if kind not in ATTENTION_KINDS:
         raise UsageError(f"--attention {kind}: use encoder, decoder or cross")
+    from attnscope.models.seq2seq import EncoderDecoder
+
     model = open_model(folder, config, command=asked.command)
-    assert isinstance(model, _seq2seq())
+    assert isinstance(model, EncoderDecoder)
     _check_sources(asked, model, kind)
     with model.checkpoint:
         return _run(asked, model, kind, progress)
-
-
-def _seq2seq() -> type[EncoderDecoder]:
-    from attnscope.models.seq2seq import EncoderDecoder
-
-    return EncoderDecoder
 
 
 def _check_sources(asked: HeadOptions, model: EncoderDecoder, kind: str) -> None:
@@ -126,9 +122,11 @@ def _source(asked: HeadOptions, model: EncoderDecoder) -> tuple[list[int] | torc
     if asked.audio is None:
         encoded = tokenizer.encode(model.folder, asked.text or "")
         return encoded.ids, encoded, []
-    whisper = model.for_kind("encoder")
-    n_source = getattr(whisper, "n_source", 0)
-    read = audio.features(model.folder, Path(asked.audio), getattr(whisper, "n_mel", 0), 2 * n_source)
+    from attnscope.models.whisper import Whisper
+
+    assert isinstance(model, Whisper)  # _check_sources refused --audio for any other family
+    n_source = model.n_source
+    read = audio.features(model.folder, Path(asked.audio), model.n_mel, 2 * n_source)
     each = 2 * read.hop_length / read.sampling_rate  # conv2's stride: two frames a position
     labels = audio.position_labels(n_source, each)
     encoded = Encoded([], labels, [], f"WhisperFeatureExtractor ({read.sampling_rate} Hz, {each * 1000:g} ms a "
