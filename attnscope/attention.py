@@ -4,8 +4,8 @@
 its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
 
 Steps, in order, each only when its option asks for it:
-`Q, K, V, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
-biased_scores], [masked_scores], attention, out`.
+`Q, K, V, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores, [capped_scores],
+[alibi_bias | position_bias, biased_scores], [masked_scores], attention, out`.
 
 Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
 float32 and `out` is cast back, as PyTorch's math path does (`_scaled_dot_product_attention_math` upcasts
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from attnscope import alibi as alibi_
 from attnscope import cost, masks
 from attnscope.errors import UsageError
+from attnscope.position_bias import add_position_bias
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
 
@@ -177,6 +178,7 @@ def sdpa(
     spec: AttentionSpec | None = None,
     chunk: int | None = None,
     temperature: TemperatureTuning | None = None,
+    position_bias: Tensor | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
@@ -195,6 +197,8 @@ def sdpa(
     RoPE; temperature.py). Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE,
     ALiBi and the temperature alike.
     `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
+    `position_bias`, a float tensor that broadcasts to the scores, is added to them as its own step (T5's
+    relative position bias; position_bias.py).
     """
     names = names or Names()
     spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope,
@@ -243,8 +247,12 @@ def sdpa(
         logits = trace.add("capped_scores", scores.div(softcap).tanh_().mul_(softcap), scores_dims,
                            f"{softcap:g} * tanh(scores / {softcap:g})", 3 * scores.numel())
         last = "capped_scores"
+    if spec.alibi and position_bias is not None:
+        raise UsageError("{alibi} and {position_bias} are two position biases; give one", "alibi", "position_bias")
     if spec.alibi:
         logits, last = _alibi(trace, logits, last, batch_dims, offset)
+    if position_bias is not None:
+        logits, last = add_position_bias(trace, logits, last, position_bias, scores_dims[:-2])
     logits, blocked, last = _masked(trace, logits, last, mask, spec, scores_dims)
 
     attention = torch.softmax(logits, dim=-1)  # [.., n_Q, n_K]

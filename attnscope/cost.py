@@ -132,11 +132,11 @@ def fused_peak_bytes(steps: Sequence[object], extra: int = 0) -> int:
 
 
 def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: AttentionSpec, *,
-               itemsize: int = 4, user_mask: bool = False) -> int:
+               itemsize: int = 4, user_mask: bool = False, bias: int = 0) -> int:
     """Peak bytes of a traced `sdpa` of `spec` on random inputs, from the sizes alone (no torch import): the guard
     must answer before torch has even loaded. tests/test_cost.py holds it equal to the meta-traced run.
     `user_mask`: a mask of the user's (a file, padding) joins the spec's own; either way one [n_Q, n_K] boolean
-    mask is held."""
+    mask is held. `bias`: the elements of a position bias (position_bias.py), which adds itself and biased_scores."""
     masked, offset = user_mask or spec.structural, spec.offset(n_Q, n_K)
     softcap, alibi = spec.softcap is not None, spec.alibi
     inputs = batch * (n_Q * d_K + n_K * d_K + n_K * d_V)
@@ -145,7 +145,7 @@ def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: Attenti
         rotated = 2 * max(n_K, offset + n_Q) * spec.rope.rotary_dim(d_K) + batch * (n_Q + n_K) * d_K
     tuned = batch * n_Q * d_K if spec.temperature is not None else 0  # Q_tuned
     # scores, [capped_scores], [biased_scores], [masked_scores], attention; alibi_bias is [1, n_Q, n_K]
-    matrices = batch * n_Q * n_K * (2 + masked + softcap + alibi) + (n_Q * n_K if alibi else 0)
+    matrices = batch * n_Q * n_K * (2 + masked + softcap + alibi + bool(bias)) + (n_Q * n_K if alibi else 0) + bias
     mask = n_Q * n_K if masked else 0  # one bool per (query, key), shared by the batch
     return itemsize * (inputs + rotated + tuned + matrices + batch * n_Q * d_V) + mask + _scales(spec, n_Q)
 
@@ -157,11 +157,12 @@ def _scales(spec: AttentionSpec, n_Q: int) -> int:
 
 def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: AttentionSpec, *,
               itemsize: int = 4, bias: bool = True, cross: bool = False, user_mask: bool = False,
-              d_head: int | None = None) -> int:
+              d_head: int | None = None, position_bias: int = 0) -> int:
     """Peak bytes of a traced `MultiHeadAttention` of `spec` on random inputs: weights, inputs, Q/K/V_feat, the
     rotated heads (cos and sin at the rotated width), the tuned queries, the cache and its concatenation, the
     repeated K/V heads, the per-head attention matrices, x_raw, x_rsh1 and x (the splits and x_rsh2 are views).
-    `n_K` counts every key, cached ones included (`spec.cache` of them)."""
+    `n_K` counts every key, cached ones included (`spec.cache` of them). `position_bias`: the elements of a
+    position bias, which adds biased_scores."""
     masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
     softcap, alibi = spec.softcap is not None, spec.alibi
     n_kv_head = n_head if spec.n_kv_head is None else spec.n_kv_head
@@ -178,7 +179,8 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     tuned = batch * n_Q * q_width if spec.temperature is not None else 0  # Q_tuned
     cached = 2 * batch * kv_width * (cache + n_K) if cache else 0  # K_cache, V_cache, K_cat, V_cat
     repeated = 2 * batch * n_K * q_width if n_kv_head != n_head else 0  # K_rep, V_rep
-    matrices = batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi) + (n_head * n_Q * n_K if alibi else 0)
+    matrices = (batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi + bool(position_bias))
+                + (n_head * n_Q * n_K if alibi else 0) + position_bias)
     outputs = 2 * batch * n_Q * q_width + batch * n_Q * d_feat  # x_raw, x_rsh1, x
     mask = n_Q * n_K if masked else 0
     return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + matrices + outputs) + mask

@@ -31,12 +31,14 @@ if TYPE_CHECKING:
 
 
 class MultiHeadAttention(nn.Module):
-    """`forward(Q, K=None, V=None, mask=None, cache=None)` returns a `Trace` whose steps are `Q_feat, K_feat,
-    V_feat, Q_split, K_split, V_split, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_cache, V_cache, K_cat,
-    V_cat], [K_rep, V_rep], scores, [capped_scores], [alibi_bias, biased_scores], [masked_scores], attention, x_raw,
-    x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Scores are scaled by `1/sqrt(d_head)` unless `scale` is given, as
-    `torch.nn.MultiheadAttention` does. With `record=False` the steps are not kept and the attention runs
-    in `F.scaled_dot_product_attention`; the trace then holds only `x`.
+    """`forward(Q, K=None, V=None, mask=None, cache=None, position_bias=None)` returns a `Trace` whose steps are
+    `Q_feat, K_feat, V_feat, Q_split, K_split, V_split, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_cache,
+    V_cache, K_cat, V_cat], [K_rep, V_rep], scores, [capped_scores], [alibi_bias | position_bias, biased_scores],
+    [masked_scores], attention, x_raw, x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Cross-attention: K (and V)
+    are another sequence's states, an encoder's output (`[n_batch, n_K, d_feat]`), projected by W_k and W_v.
+    Scores are scaled by `1/sqrt(d_head)` unless `scale` is given, as `torch.nn.MultiheadAttention` does. With
+    `record=False` the steps are not kept and the attention runs in `F.scaled_dot_product_attention`; the trace
+    then holds only `x`.
 
     W_q projects d_feat to n_head·d_head, W_k and W_v to n_kv_head·d_head, W_o n_head·d_head back to d_feat.
     `cache=(K_cache, V_cache)`, each `[n_batch, n_kv_head, n_cache, d_head]`, holds the keys (already
@@ -90,7 +92,7 @@ class MultiHeadAttention(nn.Module):
         return self.n_head // self.n_kv_head
 
     def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None, mask: Tensor | None = None,
-                cache: tuple[Tensor, Tensor] | None = None) -> Trace:
+                cache: tuple[Tensor, Tensor] | None = None, position_bias: Tensor | None = None) -> Trace:
         K = Q if K is None else K
         V = K if V is None else V
         self._check_inputs(Q, K, V, cache)
@@ -107,7 +109,7 @@ class MultiHeadAttention(nn.Module):
         n_batch = Q.shape[0]
         if self.record:
             inner = attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
-                                   names=names, spec=spec)
+                                   names=names, spec=spec, position_bias=position_bias)
             for step in inner.steps[3:]:  # from scores on: the inputs are already here
                 trace.add_step(step)
             trace.notes.extend(inner.notes)
@@ -120,7 +122,7 @@ class MultiHeadAttention(nn.Module):
             trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
                       cost.linear_flops(x.shape, x_rsh2.shape[-1], self.W_o.bias is not None))
             return trace
-        x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec)  # [n_batch, n_head, n_Q, d_head]
+        x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
         x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(merge_heads(F.scaled_dot_product_attention(...)))")
         return trace
@@ -186,13 +188,14 @@ class MultiHeadAttention(nn.Module):
         return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
 
     def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float,
-               spec: AttentionSpec) -> Tensor:
+               spec: AttentionSpec, position_bias: Tensor | None = None) -> Tensor:
         """The attention through `F.scaled_dot_product_attention`, masks and biases made into one attn_mask.
-        Softcapping has no place in it, so a softcapped module runs `attention.sdpa` unrecorded."""
-        if spec.softcap is not None:
+        Softcapping has no place in it, and a position bias must come before the mask's -inf, so such a module
+        runs `attention.sdpa` unrecorded."""
+        if spec.softcap is not None or position_bias is not None:
             names = Names(out="x_raw", batch=("n_batch", "n_head"))
             return attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
-                                  names=names, spec=spec)["x_raw"]
+                                  names=names, spec=spec, position_bias=position_bias)["x_raw"]
         n_Q, n_K = Q_h.shape[-2], K_h.shape[-2]
         if mask is None and not spec.alibi and spec.plain_causal and n_Q == n_K:
             # is_causal=True says the same without an [n_Q, n_K] mask: PyTorch's fused kernels then never hold

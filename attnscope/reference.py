@@ -7,12 +7,12 @@ attnscope's attention, mask or position code.
   `torch.nn.attention.bias.causal_lower_right` when it is the only mask, else `torch.ones(...).tril(...)`,
   a sliding window as the difference of two `tril`s, chunks as a block-diagonal of ones (`torch.block_diag`)
   over the positions, all combined by boolean AND.
-- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, temperature tuning) the reference
-  is the formula in float64: RoPE from check_rope.py's `rotate64` (transformers' config classes and
-  `ROPE_INIT_FUNCTIONS` for the frequencies, every type, partial rotary and either pairing), ALiBi from BLOOM's
-  `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, Llama 4's temperature
-  `1 + attn_scale·ln(1 + ⌊(p + 1) / floor_scale⌋)` per query, and PyTorch's `_safe_softmax` rule (a query that
-  may see no key gets zeros).
+- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, temperature tuning, a position bias)
+  the reference is the formula in float64: RoPE from check_rope.py's `rotate64` (transformers' config classes
+  and `ROPE_INIT_FUNCTIONS` for the frequencies, every type, partial rotary and either pairing), ALiBi from
+  BLOOM's `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, Llama 4's temperature
+  `1 + attn_scale·ln(1 + ⌊(p + 1) / floor_scale⌋)` per query, a position bias added as given, and PyTorch's
+  `_safe_softmax` rule (a query that may see no key gets zeros).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class Asked:
 
     spec: AttentionSpec = AttentionSpec()
     pad: int = 0
+    position_bias: Tensor | None = None  # added to the scores as given (the user's file): T5's relative bias
 
     @property
     def causal(self) -> str | None:  # "upper-left", "lower-right"
@@ -68,7 +69,7 @@ class Asked:
     @property
     def needs_formula(self) -> bool:
         return (self.softcap is not None or self.alibi or self.rope_base is not None
-                or self.spec.temperature is not None)
+                or self.spec.temperature is not None or self.position_bias is not None)
 
     def rope_config(self, d_head: int) -> dict[str, Any]:
         """The RoPE asked for as a config.json would say it, for check_rope.rotate64: the type and its
@@ -202,6 +203,8 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
         n_head = q.shape[-3] if q.dim() >= 4 else 1
         bloom = build_alibi_tensor(torch.ones(1, n_K), n_head, torch.float64)  # [n_head, 1, n_K]: slope * j
         s = s + (bloom if q.dim() >= 4 else bloom[0])
+    if asked.position_bias is not None:
+        s = s + asked.position_bias.double()  # T5's eager_attention_forward: scores + position_bias, then the mask
     boolean, additive = user_parts(user)
     if additive is not None:
         s = s + additive.double()

@@ -28,13 +28,15 @@ import re
 import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth", ".txt")  # and a text for --text-file
+TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
+INPUT_SUFFIXES = (*TENSOR_SUFFIXES, ".wav", ".txt")  # files an example reads: tensors, Whisper's --audio, --text-file
 OUTPUT_OPTIONS = {"--save"}  # file arguments that an example writes rather than reads
 
 _PROMPT = re.compile(r"^(\$ )?attnscope( |$)")
@@ -156,6 +158,8 @@ EXAMPLE_FILES: dict[str, Callable[[Path], None]] = {
     "k50.npy": lambda f: np.save(f / "k50.npy", _random(3, 50, 128)),
     "v40.npy": lambda f: np.save(f / "v40.npy", _random(3, 40, 256)),
     "mask.npy": lambda f: np.save(f / "mask.npy", np.tril(np.ones((30, 50), dtype=bool))),
+    "bias.npy": lambda f: np.save(f / "bias.npy", _random(30, 50)),  # a position bias [n_Q, n_K] (--position-bias)
+    "speech.wav": lambda f: _speech(f / "speech.wav"),
     "x.npy": _matrix_form,
     "wq.npy": _matrix_form,
     "wk.npy": _matrix_form,
@@ -178,12 +182,19 @@ def _long_text(words: int) -> str:
     return " ".join(vocabulary[i] for i in generator.integers(0, len(vocabulary), words))
 
 
+def _speech(path: Path) -> None:
+    """0.6 s of a chirp, 16-bit PCM at 16 kHz, as the stand-in Whispers' feature extractor takes."""
+    from tiny_encdec import write_wav
+
+    write_wav(path)
+
+
 def named_files(example: Example) -> list[str]:
     """Tensor files an example reads (FILE of FILE:NAME), not the ones it writes."""
     files = []
     for previous, arg in zip(("",) + example.args, example.args, strict=False):
         name = arg.split(":")[0]
-        if name.endswith(TENSOR_SUFFIXES) and previous not in OUTPUT_OPTIONS:
+        if name.endswith(INPUT_SUFFIXES) and previous not in OUTPUT_OPTIONS:
             files.append(name)
     return files
 
@@ -216,6 +227,20 @@ STAND_INS: dict[str, tuple[str, dict[str, int]]] = {
 CONFIG_STAND_INS = {"Qwen/Qwen3-0.6B": "Qwen3-0.6B.json", "google/gemma-3-1b-it": "gemma-3-1b-it.json",
                     "openai/gpt-oss-20b": "gpt-oss-20b.json", "./DeepSeek-V3": "DeepSeek-V3.json"}
 
+# Encoder-decoders and families with no page (traced through transformers' attention interface), built by
+# tests/tiny_encdec.py and tests/tiny_interface.py with the published model's layers and heads on a tiny width:
+# name -> (builder, family, config overrides).
+SEQ2SEQ_STAND_INS: dict[str, tuple[str, str, dict[str, int]]] = {
+    "t5-small": ("encdec", "t5", {"num_layers": 6, "num_decoder_layers": 6, "num_heads": 8}),
+    "facebook/bart-base": ("encdec", "bart", {"encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 12,
+                                              "decoder_attention_heads": 12}),
+    "openai/whisper-tiny": ("encdec", "whisper", {"encoder_layers": 4, "decoder_layers": 4,
+                                                  "encoder_attention_heads": 6, "decoder_attention_heads": 6}),
+    "EleutherAI/pythia-70m": ("interface", "gpt_neox", {"num_hidden_layers": 6, "num_attention_heads": 8,
+                                                        "hidden_size": 64}),
+    "CohereLabs/c4ai-command-r7b-12-2024": ("interface", "cohere2", {}),
+}
+
 # Stand-ins built by tests/tiny_llama4_smollm3_phi3.py (4 layers, 4 heads; Phi's 2 layers): name -> its model.
 MODERN_STAND_INS = {"./llama4-scout": "llama4", "./smollm3-3b": "smollm3", "./phi-3-mini-128k": "phi3",
                     "./phi-4-mini": "phi4"}
@@ -246,6 +271,11 @@ def model_for(name: str, root: Path) -> Path:
             build_deepseek(folder, 2 if "v2" in name.lower() else 3)
         return folder
     folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+    if name in SEQ2SEQ_STAND_INS:
+        builder, family, sizes = SEQ2SEQ_STAND_INS[name]
+        if not (folder / "config.json").exists():
+            import_module(f"tiny_{builder}").build(family, folder, **sizes)
+        return folder
     if name in MODERN_STAND_INS:
         if not (folder / "config.json").exists():
             build_modern(MODERN_STAND_INS[name], folder)

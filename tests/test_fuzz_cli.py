@@ -54,6 +54,8 @@ def _write_corpus(folder: Path) -> None:
         "mask_float": np.where(rng.random((5, 7)) > 0.3, 0.0, -np.inf), "mask_keys": rng.random(7) > 0.3,
         "mask_self": rng.random((5, 5)) > 0.3, "mask_none": np.zeros((5, 7), bool),
         "mask_int2": np.full((5, 7), 2), "mask_wrong": np.ones((3, 9), bool),
+        "bias_cross": rng.standard_normal((5, 7)).astype(np.float32), "bias_self": rng.standard_normal((1, 5, 5)),
+        "bias_heads": rng.standard_normal((1, 2, 5, 7)).astype(np.float32),
     }
     nan = arrays["q"].copy()
     nan[0, 1, 2] = np.nan
@@ -132,6 +134,8 @@ BAD_FILES = ["rank1.npy", "scalar.npy", "no_features.npy", "complex.npy", "strin
              "a folder.npy", "missing.npy", "", "q2d.npy", "k.npy", "v.npy"]
 CROSS_MASKS = ["mask_bool.npy", "mask_int.npy", "mask_float.npy", "mask_keys.npy", "mask_none.npy"]  # [5, 7]
 SELF_MASKS = ["mask_self.npy", "mask_self.npy"]  # [5, 5]
+CROSS_BIASES = ["bias_cross.npy", "bias_heads.npy"]  # [5, 7], [1, 2, 5, 7]
+BAD_BIASES = ["mask_bool.npy", "mask_wrong.npy", "q_int.npy", "truncated.npy", "missing.npy", ""]
 BAD_MASKS = ["mask_int2.npy", "mask_wrong.npy", "q.npy", "complex.npy", "truncated.npy", "missing.npy", ""]
 GOOD_SAVES = ["new.safetensors", "new.npz", "new.pt", "link.npz", "with space.safetensors", "ünï.npz"]
 BAD_SAVES = ["exists.safetensors", "no/such/folder.npz", "x.csv", "", "."]
@@ -213,6 +217,9 @@ def attention_argv(draw, inputs: Path, out: Path):
         argv += ["--mask", _file(inputs, _pick(draw, masks, BAD_MASKS))]
     if _sometimes(draw):
         argv += ["--pad", _pick(draw, ["0", "1", "2"], ["7", "-1", str(10**20)])]
+    if _sometimes(draw, 6):  # a position bias [n_Q, n_K] (or T5's [1, n_head, n_Q, n_K]), now and then a bad one
+        biases = CROSS_BIASES if str(n_K) == "7" else ["bias_self.npy"]
+        argv += ["--position-bias", _file(inputs, _pick(draw, biases, BAD_BIASES))]
     if command == "sdpa":
         argv += ["--scale", _pick(draw, ["0.5", "1", "-2"], ["nan", "inf", "x"])] if _sometimes(draw, 5) else []
         argv += ["--layout", _pick(draw, ["row", "col"], ["diagonal"])] if _sometimes(draw, 5) else []

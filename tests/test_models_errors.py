@@ -1,5 +1,5 @@
 """Bad input to `attnscope head` and `attnscope bert`: each gets one line on stderr and the right exit status,
-never a traceback; and a family attnscope does not read still shows its pattern through transformers."""
+never a traceback; and a family attnscope has no page for still shows its attention through transformers."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_unsupported_family_dump_names_type_and_families(runner, opt):
            "bert, roberta, gpt2, llama, mistral, qwen2, gemma2", "--text")
 
 
-def test_unsupported_family_text_falls_back_to_transformers(runner, opt):
+def test_unsupported_family_text_is_traced_through_transformers(runner, opt):
     from transformers import AutoTokenizer
 
     folder, model = opt
@@ -166,14 +166,15 @@ def test_unsupported_family_text_falls_back_to_transformers(runner, opt):
                                  "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert payload["traced"] is False and payload["steps"] == [] and payload["tensors"] == []
-    assert "not one attnscope traces" in payload["notes"][0]
+    assert payload["traced"] is True and payload["tracer"] == "attention-interface" and payload["tensors"] == []
+    assert [s["name"] for s in payload["steps"]][:3] == ["Q", "K", "V"]
+    assert "not one attnscope has a page for" in payload["notes"][0]
     encoded = AutoTokenizer.from_pretrained(folder)(SENTENCE, return_tensors="pt")
     with torch.no_grad():
         expected = model(**encoded, output_attentions=True).attentions[1][0, 1]
     torch.testing.assert_close(torch.tensor(payload["attention"]), expected, atol=1e-5, rtol=1e-5)
     table = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "1", "--text", SENTENCE])
-    assert "note: model_type 'opt' is not one attnscope traces" in " ".join(table.stdout.split())
+    assert "note: model_type 'opt' is not one attnscope has a page for" in " ".join(table.stdout.split())
     every = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--text", SENTENCE, "--all-heads",
                                 "--json"])
     heads = json.loads(every.stdout)["heads"]  # --all-heads through transformers too: its own patterns

@@ -1,9 +1,11 @@
-"""`attnscope head`: one head of a transformer (BERT, RoBERTa, GPT-2, LLaMA, Mistral, Qwen2, Gemma 2): its
-weights read lazily, and with --text its attention on a sentence, running only as far as the layer asked.
+"""`attnscope head`: one head of a transformer (BERT, RoBERTa, GPT-2, LLaMA, Mistral, Qwen2, Gemma 2, and the
+encoder-decoders T5, BART, Marian, mBART, Whisper): its weights read lazily, and with --text its attention on a
+sentence, running only as far as the layer asked.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated
 
 import typer
@@ -30,6 +32,17 @@ TextFile = Annotated[str | None, typer.Option("--text-file", metavar="FILE", cal
 AllLayers = Annotated[bool, typer.Option("--all-layers", help="With --text: every head of every layer, a letter for each head's kind (induction heads too) and a small heatmap each; layers run one at a time (docs/heads.md).", rich_help_panel="Output")]
 Generate = Annotated[int, typer.Option("--generate", metavar="N", min=0, help="With --text: decode N new tokens greedily with a KV cache and show, for each, the attention row of --layer that chose it (docs/generation.md).")]
 Rows = Annotated[str | None, typer.Option("--rows", metavar="A:B", help="For a text past 2048 tokens: keep query rows A to B-1 of the pooled pattern exact.", rich_help_panel="Output")]
+
+
+class AttentionKind(str, Enum):
+    encoder = "encoder"
+    decoder = "decoder"
+    cross = "cross"
+
+
+Target = Annotated[str | None, typer.Option("--target", help="An encoder-decoder's target text, what its decoder reads (T5, BART, Marian, mBART, Whisper); default: the decoder's start token alone.", rich_help_panel="Encoder-decoders")]
+AttentionOpt = Annotated[AttentionKind | None, typer.Option("--attention", help="Which attention of an encoder-decoder: the encoder's self-attention over --text, the decoder's causal self-attention over --target, or cross: the target's queries over the encoder's output (docs/models.md).  \\[default: encoder]", rich_help_panel="Encoder-decoders")]
+Audio = Annotated[str | None, typer.Option("--audio", metavar="FILE", help="Whisper's source: a PCM .wav file at its feature extractor's rate (16 kHz), read with the folder's preprocessor_config.json.", rich_help_panel="Encoder-decoders")]
 MODEL_HELP = ("A folder with config.json and model.safetensors (or its shards, or pytorch_model.bin), or a Hugging "
               "Face model name found in the local cache.")
 
@@ -44,6 +57,9 @@ def head(
     all_layers: AllLayers = False,
     generate: Generate = 0,
     rows: Rows = None,
+    target: Target = None,
+    attention: AttentionOpt = None,
+    audio: Audio = None,
     json: Json = False,
     save: HeadSave = None,
     svg: Svg = None,
@@ -55,13 +71,15 @@ def head(
     """One attention head of a transformer: where it lives in the checkpoint, and (with --text) what it does."""
     run_command("head", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
                 force=force, max_memory=max_memory, debug=debug, text_file=text_file, all_layers=all_layers,
-                generate=generate, rows=rows)
+                generate=generate, rows=rows, target=target, attention=attention.value if attention else None,
+                audio=audio)
 
 
 def run_command(command: str, model: str, layer: int, head: int, text: str | None, *, all_heads: bool, json: bool,
                 save: str | None, svg: str | None, html: str | None, force: bool, max_memory: str | None,
                 debug: bool, text_file: str | None = None, all_layers: bool = False, generate: int = 0,
-                rows: str | None = None) -> None:
+                rows: str | None = None, target: str | None = None, attention: str | None = None,
+                audio: str | None = None) -> None:
     """What `head` and `bert` do: the same run, the same output."""
     from attnscope import render
 
@@ -73,7 +91,8 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
 
         options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
                               max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads,
-                              all_layers=all_layers, generate=generate, text_file=text_file, rows=rows)
+                              all_layers=all_layers, generate=generate, text_file=text_file, rows=rows,
+                              target=target, attention=attention, audio=audio)
         status = render.console(stderr=True)
         if status.is_terminal:  # a spinner while it reads and runs; nothing on a pipe
             result = run_head(options, progress=lambda message: status.status(message))

@@ -159,6 +159,7 @@ Debug = Annotated[bool, typer.Option("--debug", help="Show the full traceback on
 Window = Annotated[int | None, typer.Option("--window", min=1, metavar="W", help="Sliding window: query i sees key j when j ≤ i and i − j < W (Mistral); implies causal.", rich_help_panel="Variants")]
 Softcap = Annotated[float | None, typer.Option("--softcap", metavar="C", help="Cap the scores, C · tanh(scores / C), before the mask (Gemma 2 uses 50).", rich_help_panel="Variants")]
 Alibi = Annotated[bool, typer.Option("--alibi", help="Add ALiBi's per-head bias −m_h · (i − j) to the scores (BLOOM's slopes).", rich_help_panel="Variants")]
+PositionBias = Annotated[str | None, typer.Option("--position-bias", metavar="FILE", help="A float tensor added to the scores as its own step (T5's relative position bias): \\[.., n_Q, n_K], broadcast to the scores.", rich_help_panel="Variants")]
 RopeOpt = Annotated[bool, typer.Option("--rope", help="Rotate Q and K with rotary position embeddings (RoPE, LLaMA's half-split form).", rich_help_panel="Variants")]
 RopeBase = Annotated[float | None, typer.Option("--rope-base", metavar="B", help="RoPE's base, a config's rope_theta.  \\[default: 10000]", rich_help_panel="Variants")]
 Chunk = Annotated[int | None, typer.Option("--chunk", min=1, metavar="C", help="Chunked attention: query i sees key j when j ≤ i and both lie in the same chunk of C positions, j // C = i // C (Llama 4); implies causal.", rich_help_panel="Variants")]

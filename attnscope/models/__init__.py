@@ -1,7 +1,8 @@
 """Models: one module per family behind one protocol (family.py, an abstract base class), where a head lives
 and reading it (weights.py), running layers 0..L with layer L traced (run.py), the lazy checkpoint reader
 (checkpoint.py), config.json read defensively (config.py), the model's own tokenizer (tokenizer.py), the
-Hugging Face cache lookup (hub.py), and transformers as the fallback for other families (fallback.py).
+Hugging Face cache lookup (hub.py); the encoder-decoders (seq2seq.py, seq2seq_run.py); and any other family
+through transformers, layers 0..L only (truncated.py), traced through its attention interface (interface.py).
 
 | model_type | module | class |
 |---|---|---|
@@ -16,6 +17,9 @@ Hugging Face cache lookup (hub.py), and transformers as the fallback for other f
 | smollm3 | smollm3.py | SmolLM3 (LLaMA's, with NoPE layers: nope.py) |
 | phi3 (Phi-3, Phi-4) | phi3.py | Phi3 (LLaMA's, with fused qkv_proj and gate_up_proj, partial rotary) |
 | llama4, llama4_text | llama4.py | Llama4 (chunked and NoPE layers, temperature tuning, L2 qk-norm, MoE) |
+| t5, mt5 (umt5) | t5.py | T5 (Umt5): encoder-decoder, relative position bias, no scale (seq2seq.py) |
+| bart, marian, mbart | bart.py | Bart, Marian, MBart: encoder-decoders of BartAttention |
+| whisper | whisper.py | Whisper: an audio encoder (audio.py reads --audio) and a text decoder |
 
 Following a family's forward across files, step by step (`attnscope head --text`):
 
@@ -32,6 +36,10 @@ Following a family's forward across files, step by step (`attnscope head --text`
 |   causal, window, chunk) | |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
 | the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `head_trace` |
+| an encoder-decoder's X, memory (across), position_buckets | seq2seq_run.py (t5.py: the buckets and bias) |
+| position_bias, biased_scores (T5) | attention.py `sdpa` with position_bias.py |
+| a family with no page: Q, K, V, K_rep, V_rep, scores, capped_scores, mask, masked_scores, | interface.py |
+|   sinks, sink_weight, attention, out (layers before it: transformers' own, truncated.py) | |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
 | MLA's Q_latent, ..., KV_latent, K_pe, Q_pe_rot, K_pe_rot, Q_full, KV_up, K_nope, K_full | latent.py (deepseek.py) |
 | MLA: the head's own Q_nope, ..., K_full, out | deepseek.py `head_trace` |
@@ -56,8 +64,11 @@ FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-rober
             "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2"),
             "deepseek_v3": ("deepseek", "DeepseekV3"), "deepseek_v2": ("deepseek", "DeepseekV2"),
             "smollm3": ("smollm3", "SmolLM3"), "phi3": ("phi3", "Phi3"), "llama4": ("llama4", "Llama4"),
-            "llama4_text": ("llama4", "Llama4")}
-SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4"
+            "llama4_text": ("llama4", "Llama4"),
+            "t5": ("t5", "T5"), "mt5": ("t5", "T5"), "umt5": ("t5", "Umt5"), "bart": ("bart", "Bart"),
+            "marian": ("bart", "Marian"), "mbart": ("bart", "MBart"), "whisper": ("whisper", "Whisper")}
+SUPPORTED = ("bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4, "
+             "t5, mt5, umt5, bart, marian, mbart, whisper")
 
 
 def family_of(config: Config) -> type[Family] | None:
@@ -75,6 +86,6 @@ def open_model(folder: Path, config: Config, *, command: str = "head") -> Family
     family = family_of(config)
     if family is None:
         raise UsageError(f"{{model}} {folder} is a {config.architecture} (model_type '{config.model_type}'); "
-                         f"attnscope {command} reads the heads of {SUPPORTED} ({{text}} still shows its attention "
+                         f"attnscope {command} reads the heads of {SUPPORTED} ({{text}} still traces its attention "
                          "through transformers)", "model", "text")
     return family(folder, config, Checkpoint.open(folder))

@@ -15,9 +15,10 @@ from attnscope.models.checkpoint import WEIGHT_FILES
 from attnscope.models.tokenizer import TOKENIZER_FILES
 
 
-def locate(model: str, *, need_tokenizer: bool = False) -> Path:
+def locate(model: str, *, need_tokenizer: bool = False, extra: tuple[str, ...] = ()) -> Path:
     """A local folder as it is, or a Hugging Face model name through the local cache (downloading when
-    the network allows and HF_HUB_OFFLINE is not set)."""
+    the network allows and HF_HUB_OFFLINE is not set), with the tokenizer's files when `need_tokenizer` and
+    the `extra` files the run reads (Whisper's preprocessor_config.json) where the model has them."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path
@@ -26,7 +27,7 @@ def locate(model: str, *, need_tokenizer: bool = False) -> Path:
                          "model")
     if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
         raise UsageError(f"{{model}} {model}: no such folder", "model")
-    return _from_hub(model, need_tokenizer)
+    return _from_hub(model, need_tokenizer, extra)
 
 
 def locate_config(model: str) -> Path:
@@ -67,7 +68,7 @@ def _cached_config(name: str) -> Path | None:
     return config if revision and "/" not in revision and config.is_file() else None
 
 
-def _from_hub(name: str, need_tokenizer: bool) -> Path:
+def _from_hub(name: str, need_tokenizer: bool, extra: tuple[str, ...] = ()) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HFValidationError
 
@@ -83,12 +84,11 @@ def _from_hub(name: str, need_tokenizer: bool) -> Path:
                 for shard in _shards(Path(found)):
                     _cached_or_download(name, shard, hf_hub_download)
             break
-        if need_tokenizer:
-            for extra in TOKENIZER_FILES:
-                try:
-                    _cached_or_download(name, extra, hf_hub_download)
-                except FileNotFoundError:
-                    pass
+        for wanted in (*(TOKENIZER_FILES if need_tokenizer else ()), *extra):
+            try:
+                _cached_or_download(name, wanted, hf_hub_download)
+            except FileNotFoundError:
+                pass
         return folder
     except HFValidationError:
         raise UsageError(f"{{model}} {name}: neither a folder nor a valid Hugging Face model name", "model") from None

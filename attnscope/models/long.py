@@ -75,8 +75,8 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
             stats.add(block, a, spec.align is not None, ids)
             _pool_into(sums, block, a, r, c)
             if rows is not None and a < rows[1] and b > rows[0]:
-                exact = block[max(rows[0], a) - a : min(rows[1], b) - a]
-                kept.append(torch.nn.functional.pad(exact, (0, n - exact.shape[-1])))  # the unseen keys: 0
+                asked = block[max(rows[0], a) - a : min(rows[1], b) - a]
+                kept.append(torch.nn.functional.pad(asked, (0, n - asked.shape[-1])))  # the unseen keys: 0
         counts = torch.bincount(torch.arange(n) // r, minlength=sums.shape[0]).to(torch.float64)
         pooled = sums / counts[:, None]
         layer_trace = _shapes(model, layer, X, made)

@@ -41,7 +41,9 @@ class Encoded:
     via: str  # "tokenizers" or "transformers AutoTokenizer"
 
 
-def encode(folder: Path, text: str) -> Encoded:
+def encode(folder: Path, text: str, *, target: bool = False) -> Encoded:
+    """`text`'s ids and tokens; `target`: as an encoder-decoder's target (`tokenizer(text_target=...)`, which
+    Marian's and mBART's tokenizers read with the target language's vocabulary or code)."""
     check_text(text)
     if not any((folder / name).is_file() for name in VOCABULARY_FILES):
         raise UsageError(f"{{model}} {folder} has no tokenizer for {{text}} (looked for "
@@ -51,7 +53,7 @@ def encode(folder: Path, text: str) -> Encoded:
     if (folder / "tokenizer.json").is_file() and settings.get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         encoded = _direct(folder, text, settings)
     else:
-        encoded = _auto(folder, text)
+        encoded = _auto(folder, text, target)
     if not encoded.ids:
         raise UsageError(f"{{text}} {text!r} gives no tokens with this model's tokenizer; give a sentence it can "
                          "read", "text")
@@ -127,21 +129,38 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _auto(folder: Path, text: str) -> Encoded:
+def _auto(folder: Path, text: str, target: bool = False) -> Encoded:
+    tokenizer = _auto_tokenizer(folder)
+    encoded = tokenizer(text_target=text) if target else tokenizer(text)
+    ids = list(encoded["input_ids"])
+    type_ids = list(encoded.get("token_type_ids") or [0] * len(ids))
+    return Encoded(ids, list(tokenizer.convert_ids_to_tokens(ids)), type_ids, "transformers AutoTokenizer")
+
+
+def _auto_tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError, KeyError, ImportError) as exc:
         first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         raise UsageError(f"{{model}} {folder}: no usable tokenizer there for {{text}} ({first})", "model",
                          "text") from None
-    encoded = tokenizer(text)
-    ids = list(encoded["input_ids"])
-    type_ids = list(encoded.get("token_type_ids") or [0] * len(ids))
-    return Encoded(ids, list(tokenizer.convert_ids_to_tokens(ids)), type_ids, "transformers AutoTokenizer")
+
+
+def tokens_of(folder: Path, ids: list[int]) -> list[str]:
+    """The tokens of `ids` as convert_ids_to_tokens gives them (a decoder's start token, say); `<id N>` where
+    the folder has no tokenizer to ask."""
+    if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return [tokenizer.id_to_token(i) or f"<id {i}>" for i in ids]
+    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
+        return [f"<id {i}>" for i in ids]
+    return [str(t) for t in _auto_tokenizer(folder).convert_ids_to_tokens(ids)]
 
 
 def pieces(folder: Path, ids: list[int]) -> list[tuple[str, str]]:
@@ -152,7 +171,5 @@ def pieces(folder: Path, ids: list[int]) -> list[tuple[str, str]]:
 
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         return [(tokenizer.id_to_token(i) or "", tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
-    from transformers import AutoTokenizer
-
-    auto = AutoTokenizer.from_pretrained(str(folder))
+    auto = _auto_tokenizer(folder)
     return [(str(auto.convert_ids_to_tokens(i)), str(auto.decode([i]))) for i in ids]

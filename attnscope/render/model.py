@@ -33,14 +33,18 @@ STATS_WIDTH = 27  # mean, std and norm beside the key
 def summary(result: HeadResult) -> str:
     i, o = result.info, result.options
     named = i.architecture if i.architecture == f"model_type {i.model_type}" else f"{i.architecture} ({i.model_type})"
-    lines = [f"{named}: layer {o.layer}, head {o.head}"]
+    lines = [f"{named}: {result.layer_name}, head {o.head}"]
     kv = f", {i.kv_heads} KV heads" if i.kv_heads != i.heads else ""
     sizes = f", d_model {i.d_model}, d_head {i.d_head}" if i.d_head else ""
-    lines.append(f"{i.layers} layers, {i.heads} heads{kv}{sizes}")
+    stacks = f"{i.stacks[0]} encoder + {i.stacks[1]} decoder layers" if i.stacks else f"{i.layers} layers"
+    lines.append(f"{stacks}, {i.heads} heads{kv}{sizes}")
     if i.latent is not None:
         lines.append(i.latent.describe())
     elif i.d_head and i.d_head * i.heads != i.d_model:
-        lines.append(f"d_head is config.json's head_dim, not d_model / heads = {i.d_model / i.heads:g}")
+        key = "d_kv" if i.model_type in ("t5", "mt5", "umt5") else "head_dim"
+        lines.append(f"d_head is config.json's {key}, not d_model / heads = {i.d_model / i.heads:g}")
+    if result.about:
+        lines.append(result.about)
     lines.append(str(i.path))
     return "\n".join(lines)
 
@@ -99,8 +103,7 @@ def show_head(out: Console, result: HeadResult) -> None:
             out.print(Text(f"note: {note}", style="yellow"))
     if result.run is not None and result.encoded is not None:
         spec = result.run.spec.describe(result.info.d_head)
-        out.print(Text(f"layer {o.layer}'s attention, every head, on {len(result.encoded.ids)} tokens: {spec}",
-                       style="bold"))
+        out.print(Text(f"{result.layer_name}'s attention, every head, {result.tokens_text()}: {spec}", style="bold"))
         out.print(steps_table(result.run.layer.steps))
         for note in result.run.layer.notes:
             out.print(Text(f"note: {note}", style="yellow"))
@@ -108,9 +111,9 @@ def show_head(out: Console, result: HeadResult) -> None:
         for note in result.notes:
             out.print(Text(f"note: {note}", style="yellow"))
     if result.attention is not None and result.encoded is not None:
-        labels = list(result.encoded.tokens)
-        show_heatmap(out, Heatmap(f"layer {o.layer}, head {o.head}: attention", result.attention.tolist(),
-                                  labels, labels))
+        rows, cols = result.axes()
+        show_heatmap(out, Heatmap(f"{result.layer_name}, head {o.head}: attention", result.attention.tolist(),
+                                  rows, cols))
     if o.all_heads and result.heads is not None:
         show_heads(out, result.heads)
     if result.long is not None and result.encoded is not None:
@@ -129,6 +132,8 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
     found = {"architecture": info.architecture, "path": str(info.path), "layers": info.layers, "heads": info.heads,
              "d_model": info.d_model, "d_head": info.d_head, "model_type": info.model_type,
              "kv_heads": info.kv_heads}
+    if info.stacks:
+        found["encoder_layers"], found["decoder_layers"] = info.stacks
     return found if info.latent is None else found | {"latent": latent_json(info.latent)}  # MLA's sizes
 
 
@@ -153,7 +158,8 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         "command": o.command,
         "params": {"model": o.model, "layer": o.layer, "head": o.head,
                    "text": o.text if o.text_file is None else None, "text_file": o.text_file,
-                   "all_layers": o.all_layers, "generate": o.generate, "rows": o.rows},
+                   "all_layers": o.all_layers, "generate": o.generate, "rows": o.rows, "target": o.target,
+                   "attention": o.attention, "audio": o.audio},
         "model": model_json(result.info),
         "tensors": tensors,
         "notes": list(result.notes),
@@ -164,6 +170,12 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         payload["tokenizer"] = result.encoded.via
         payload["attention"] = clean(result.attention.tolist())
         payload["traced"] = result.traced
+        payload["tracer"] = result.tracer
+        if result.kind is not None:
+            payload["attention_kind"] = result.kind
+        if result.target is not None:
+            payload["target_tokens"] = result.target.tokens
+            payload["target_token_ids"] = result.target.ids
         run = result.run
         payload["steps"] = [step_json(step) for step in run.head.steps] if run else []
         payload["layer_steps"] = [step_json(step) for step in run.layer.steps] if run else []

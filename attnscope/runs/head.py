@@ -47,6 +47,9 @@ class HeadOptions:
     generate: int = 0  # --generate N: greedy decoding of N new tokens
     text_file: str | None = None  # --text-file: the text read from a file
     rows: str | None = None  # --rows A:B: exact query rows of a long input's pooled pattern
+    target: str | None = None  # an encoder-decoder's target text, what its decoder reads (runs/encdec.py)
+    attention: str | None = None  # an encoder-decoder's attention: encoder (default), decoder or cross
+    audio: str | None = None  # Whisper's source: a PCM .wav file
 
 
 @dataclass
@@ -62,6 +65,7 @@ class ModelInfo:
     d_model: int
     d_head: int
     latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek); d_head is then d_K
+    stacks: tuple[int, int] | None = None  # an encoder-decoder's encoder and decoder layers
 
     @classmethod
     def of(cls, model: Family) -> ModelInfo:
@@ -86,6 +90,34 @@ class HeadResult:
     decode_pieces: list[tuple[str, str]] = field(default_factory=list)  # each new token as (token, text)
     long: LongHead | None = None  # a long input: the head's pattern pooled, computed in blocks
     _heads: LayerHeads | None = field(default=None, repr=False)
+    target: Encoded | None = None  # an encoder-decoder's target tokens, as its decoder reads them
+    kind: str | None = None  # an encoder-decoder's attention: encoder, decoder or cross
+    tracer: str | None = None  # "attnscope" (the family's page) or "attention-interface" (transformers' code)
+    about: str | None = None  # what an encoder-decoder's attention reads, under the header
+
+    @property
+    def layer_name(self) -> str:
+        """`layer 3`, or for an encoder-decoder `cross layer 3`."""
+        return f"{self.kind + ' ' if self.kind else ''}layer {self.options.layer}"
+
+    def axes(self) -> tuple[list[str], list[str]]:
+        """The pattern's row (query) and column (key) labels: the text's tokens; an encoder-decoder's decoder
+        attends over the target's, and across, the target's queries over the source's keys."""
+        source = list(self.encoded.tokens) if self.encoded is not None else []
+        target = list(self.target.tokens) if self.target is not None else source
+        return {"decoder": (target, target), "cross": (target, source)}.get(self.kind or "", (source, source))
+
+    def tokens_text(self) -> str:
+        """`on 9 tokens`, or across `on 5 target tokens over 9 source tokens`."""
+        rows, cols = self.axes()
+        if self.kind == "cross":
+            return f"on {len(rows)} target tokens over {len(cols)} source {self.source_unit}"
+        unit = "target tokens" if self.kind == "decoder" else f"{'source ' if self.kind else ''}{self.source_unit}"
+        return f"on {len(rows)} {unit}"
+
+    @property
+    def source_unit(self) -> str:
+        return "audio positions" if self.options.audio else "tokens"
 
     @property
     def traced(self) -> bool:
@@ -99,8 +131,8 @@ class HeadResult:
         if self._heads is None:
             from attnscope.readings.headstats import LayerHeads
 
-            tokens = list(self.encoded.tokens)
-            self._heads = LayerHeads.of(self.all_heads, f"layer {self.options.layer}", tokens, tokens)
+            rows, cols = self.axes()
+            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols)
         return self._heads
 
     def _repr_html_(self) -> str:
@@ -121,12 +153,16 @@ def _quiet(message: str) -> Iterator[None]:
 
 
 def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | None = None,
-               max_memory: int | None = None) -> HeadResult:
+               max_memory: int | None = None, target: str | None = None, attention: str | None = None,
+               audio: str | Path | None = None) -> HeadResult:
     """The Python form of `attnscope head` (`attnscope.model_head`): head `head` of layer `layer` of a checkpoint
     (a folder, or a Hugging Face name in the local cache), and with `text` layers 0..layer run on it. The result
     shows itself in Jupyter (`_repr_html_`); `.attention` is the head's pattern, `.all_heads` every head's,
-    `.heads` every head with its statistics and kind, `.run.layer` the layer's trace."""
-    return run_head(HeadOptions(model=str(model), layer=layer, head=head, text=text, max_memory=max_memory))
+    `.heads` every head with its statistics and kind, `.run.layer` the layer's trace. An encoder-decoder takes
+    `attention` ("encoder", "decoder" or "cross"), the decoder's `target` text, and for Whisper `audio` (a .wav)
+    in place of `text`."""
+    return run_head(HeadOptions(model=str(model), layer=layer, head=head, text=text, max_memory=max_memory,
+                                target=target, attention=attention, audio=None if audio is None else str(audio)))
 
 
 def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
@@ -145,16 +181,26 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         check_writable(asked.save, asked.force)
     if asked.text is not None:
         tokenizer.check_text(asked.text)
-    elif asked.all_heads:
+    elif asked.all_heads and not asked.audio:
         raise UsageError("--all-heads shows what every head of the layer does on a sentence; add --text \"...\"")
     with progress(f"locating {asked.model}"):
-        folder = hub.locate(asked.model, need_tokenizer=asked.text is not None)
+        folder = hub.locate(asked.model, need_tokenizer=any(x is not None for x in (asked.text, asked.target,
+                                                                                         asked.audio)),
+                            extra=("preprocessor_config.json",) if asked.audio else ())
         config = read_config(folder)
     if asked.command == "bert" and config.model_type not in BERT_TYPES:
         raise UsageError(f"--model {folder} is a {config.architecture} (model_type '{config.model_type}'); "
                          f"attnscope bert supports BERT-layout checkpoints (model_type {', '.join(BERT_TYPES)}: "
                          f"BertModel, BertFor..., MiniLM saved as BertModel); for this one use attnscope head")
+    from attnscope.runs.encdec import encoder_decoder, refuse_two_stack_options, run_encdec
+
+    if encoder_decoder(config):
+        layers.refuse_beyond_one_layer(asked, f"{config.architecture} is an encoder-decoder")
+        return run_encdec(asked, folder, config, progress)
+    refuse_two_stack_options(asked, config)
     if family_of(config) is None and asked.text is not None:
+        layers.refuse_beyond_one_layer(asked, f"model_type '{config.model_type}' has no page (transformers runs it "
+                                              "as far as --layer)")
         return _through_transformers(asked, folder, config, progress)
     model = open_model(folder, config, command=asked.command)
     with model.checkpoint:
@@ -181,6 +227,7 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
     from attnscope.runs import layers
 
     encoded = result.encoded = tokenizer.encode(model.folder, asked.text or "")
+    result.tracer = "attnscope"
     plan = layers.plan(asked, model, encoded)
     n = plan.n_tokens
     what = (f"running {'every layer' if asked.all_layers or asked.generate else f'layers 0..{asked.layer}'} of this "
@@ -216,33 +263,11 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
 
 
 def _through_transformers(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models import SUPPORTED, fallback, tokenizer
-    from attnscope.models.checkpoint import Checkpoint
-    from attnscope.models.family import check_position
-    from attnscope.runs import layers
+    """A family with no page: transformers runs layers 0..L, its attention traced through the attention
+    interface where the family calls it (runs/interface.py)."""
+    from attnscope.runs.interface import run_transformers
 
-    encoded = tokenizer.encode(folder, asked.text or "")
-    layers.plan(asked, None, encoded)
-    with Checkpoint.open(folder) as checkpoint:
-        needed = fallback.estimate_bytes(checkpoint)
-    guard_memory(needed, asked.max_memory, "loading this whole model through transformers")
-    with progress(f"running {config.architecture} through transformers"):
-        run = fallback.run(folder, encoded.ids, config.model_type)
-    n_layer, n_head, n = len(run.attentions), run.attentions[0].shape[1], len(encoded.ids)
-    info = ModelInfo(config.architecture, config.model_type, folder, n_layer, n_head, n_head,
-                     config.integer("hidden_size", "n_embd", "d_model", default=0, minimum=0), 0)
-    check_position(n_layer, n_head, asked.layer, asked.head)
-    result = HeadResult(asked, info, None, encoded)
-    result.all_heads = run.attentions[asked.layer][0]  # [n_head, n_tokens, n_tokens]
-    result.attention = result.all_heads[asked.head]
-    if asked.all_layers:  # transformers gave every layer's already
-        result.all_layers = [attention[0] for attention in run.attentions]
-        layers.layer_heads(result)
-    result.notes.append(f"model_type '{config.model_type}' is not one attnscope traces ({SUPPORTED}): this pattern "
-                        f"is transformers' eager output_attentions[{asked.layer}][0, {asked.head}] on {n} tokens; the "
-                        "steps that made it are not shown")
-    _save(result)
-    return result
+    return run_transformers(asked, folder, config, progress)
 
 
 def guard_memory(needed: int, max_memory: int | None, what: str) -> None:

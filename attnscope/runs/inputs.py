@@ -19,6 +19,16 @@ def load(spec: str | None, meta: bool = False) -> torch.Tensor | None:
     return load_tensor(spec, meta=meta) if spec else None
 
 
+def bias_numel(spec: str | None) -> int:
+    """The elements of a --position-bias file, from its header alone (0 without one): what the estimate counts."""
+    if not spec:
+        return 0
+    import math
+
+    bias = load(spec, meta=True)
+    return math.prod(bias.shape) if bias is not None else 0
+
+
 def random_inputs(shapes: Mapping[str, tuple[int, ...]], seed: int, device: str) -> dict[str, torch.Tensor]:
     """One generator for all, drawn in order, so a seed gives the same inputs every time."""
     import torch

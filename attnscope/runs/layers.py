@@ -63,6 +63,15 @@ def check_options(asked: HeadOptions) -> None:
     parse_rows(asked.rows)
 
 
+def refuse_beyond_one_layer(asked: HeadOptions, why: str) -> None:
+    """--all-layers and --generate run attnscope's own forward of a family with a page, layer after layer."""
+    used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate),
+                                  ("--rows", asked.rows)) if on]
+    if used:
+        raise UsageError(f"{' and '.join(used)} run the families attnscope has a page for (docs/models.md), and {why}; "
+                         f"drop {' and '.join(used)}")
+
+
 @dataclass
 class Plan:
     """Which run the text asks for: `long` when it has more than LONG_TOKENS tokens."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import cost
 from attnscope.errors import UsageError
-from attnscope.runs.inputs import build_mask, input_op, load, random_inputs
+from attnscope.runs.inputs import bias_numel, build_mask, input_op, load, random_inputs
 from attnscope.runs.memory import (
     check_addressable,
     flag_overhead,
@@ -76,6 +76,7 @@ class Inputs:
     mask: torch.Tensor | None
     d_feat: int
     dtype_note: str | None = None
+    position_bias: torch.Tensor | None = None  # --position-bias, added to every head's scores
 
     @property
     def sizes(self) -> tuple[int, int, int]:
@@ -128,7 +129,8 @@ def estimate(asked: MhaOptions, spec: AttentionSpec) -> None:
     n_new = asked.nk if asked.nk is not None else asked.nq  # keys computed in this call; the cache holds more
     needed = cost.mha_bytes(asked.batch, asked.nq, asked.cache + n_new, asked.d_feat, asked.heads, spec,
                             bias=asked.bias,
-                            cross=n_new != asked.nq, user_mask=bool(asked.pad or asked.mask), d_head=asked.d_head)
+                            cross=n_new != asked.nq, user_mask=bool(asked.pad or asked.mask), d_head=asked.d_head,
+                            position_bias=bias_numel(asked.position_bias))
     if asked.meta:
         check_addressable(needed)
     else:
@@ -138,7 +140,7 @@ def estimate(asked: MhaOptions, spec: AttentionSpec) -> None:
 def loaded(asked: MhaOptions, spec: AttentionSpec) -> Inputs:
     """Random inputs, or the files (their headers only under --meta, after the files' guard), and the mask."""
     if not asked.meta:
-        guard_files([asked.q, asked.k, asked.v, asked.mask], asked.max_memory)
+        guard_files([asked.q, asked.k, asked.v, asked.mask, asked.position_bias], asked.max_memory)
     device = "meta" if asked.meta else "cpu"
     user_mask = load(asked.mask, asked.meta)  # with --meta, the headers only
     Q, K, V = load(asked.q, asked.meta), load(asked.k, asked.meta), load(asked.v, asked.meta)
@@ -168,7 +170,7 @@ def loaded(asked: MhaOptions, spec: AttentionSpec) -> Inputs:
         Q, K, V = (t.to(dtype) for t in (Q, K, V))
         if asked.meta:
             Q, K, V = Q.to("meta"), K.to("meta"), V.to("meta")
-    inputs = Inputs(Q, K, V, raw, user_mask, None, d_feat, dtype_note)
+    inputs = Inputs(Q, K, V, raw, user_mask, None, d_feat, dtype_note, load(asked.position_bias, asked.meta))
     n_batch, n_Q, n_new = inputs.sizes
     if n_Q:
         n_K = asked.cache + n_new
@@ -196,7 +198,8 @@ def traced(asked: MhaOptions, spec: AttentionSpec,
             shadow = MultiHeadAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
                                         d_head=asked.d_head, spec=layer)
             estimate = shadow(Q.to("meta"), K.to("meta"), V.to("meta"), mask.to("meta") if mask is not None else None,
-                              cache=_cache(asked, shadow, n_batch, None, "meta"))
+                              cache=_cache(asked, shadow, n_batch, None, "meta"),
+                              position_bias=None if inputs.position_bias is None else inputs.position_bias.to("meta"))
             needed = cost.traced_peak_bytes(estimate.steps, _held(spec, inputs, shadow, n_Q, asked.cache + n_new))
             guard_memory(needed + flag_overhead(asked, spec, needed), asked.max_memory)
         torch.manual_seed(asked.seed)
@@ -205,7 +208,7 @@ def traced(asked: MhaOptions, spec: AttentionSpec,
                                     dtype=Q.dtype, d_head=asked.d_head, spec=layer)
         module.train(asked.dropout > 0)  # dropout is applied only when asked for
         cache = _cache(asked, module, n_batch, asked.seed, device)
-        trace = module(Q, K, V, mask, cache=cache)
+        trace = module(Q, K, V, mask, cache=cache, position_bias=inputs.position_bias)
         if asked.q and inputs.dtype_note:
             trace.notes.append(inputs.dtype_note)
     return module, trace, cache
@@ -220,8 +223,8 @@ def checked(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention, 
 
     raw = inputs.raw
     Q_raw, K_raw, V_raw = check.as_float(*(t for t in (raw["Q"], raw["K"], raw["V"]) if t is not None))
-    comparisons = check.check_mha(module, trace, Q_raw, K_raw, V_raw, inputs.user_mask, check.Asked(spec, asked.pad),
-                                  cache)
+    comparisons = check.check_mha(module, trace, Q_raw, K_raw, V_raw, inputs.user_mask,
+                                  check.Asked(spec, asked.pad, inputs.position_bias), cache)
     note = check.input_note({**raw, "mask": inputs.user_mask})
     if note:
         trace.notes.append(note)
@@ -239,7 +242,7 @@ def describe(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention,
                               "bias": asked.bias, "dropout": asked.dropout, "seed": asked.seed, "scale": asked.scale,
                               "causal": spec.align, "pad": asked.pad, "mask": asked.mask, "meta": asked.meta,
                               "window": asked.window, "softcap": asked.softcap, "alibi": asked.alibi,
-                              "rope": asked.rope,
+                              "rope": asked.rope, "position_bias": asked.position_bias,
                               "rope_base": spec.rope.base if spec.rope is not None else None,
                               "cache": asked.cache,
                               "inputs": {n: s for n, s in (("Q", asked.q), ("K", asked.k), ("V", asked.v)) if s}

@@ -57,6 +57,7 @@ class AttentionOptions:
     temperature_tuning: bool = False  # Llama 4's per-query scale (its NoPE layers)
     floor_scale: float | None = None
     attn_scale: float | None = None
+    position_bias: str | None = None  # a float tensor file added to the scores (position_bias.py)
 
 
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:

@@ -200,6 +200,8 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
         parts.append(f"last {asked.pad} keys padded")
     if asked.mask:
         parts.append(f"mask {asked.mask}")
+    if asked.position_bias:
+        parts.append(f"position bias {asked.position_bias}")
     lines = [""]
     for part in parts:  # break between items, never inside one
         lines[-1:] = [f"{lines[-1]}  {part}".strip()] if len(lines[-1]) + len(part) < 76 else [lines[-1], part]

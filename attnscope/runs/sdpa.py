@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import cost
 from attnscope.errors import UsageError
-from attnscope.runs.inputs import build_mask, input_op, load, random_inputs
+from attnscope.runs.inputs import bias_numel, build_mask, input_op, load, random_inputs
 from attnscope.runs.memory import (
     check_addressable,
     flag_overhead,
@@ -79,7 +79,8 @@ def prepare(asked: SdpaOptions) -> AttentionSpec:
     variants = [flag for flag, on in (("--rope", asked.rope), ("--window", asked.window is not None),
                                       ("--softcap", asked.softcap is not None), ("--alibi", asked.alibi),
                                       ("--cache", asked.cache), ("--chunk", asked.chunk is not None),
-                                      ("--temperature-tuning", asked.temperature_tuning)) if on]
+                                      ("--temperature-tuning", asked.temperature_tuning),
+                                      ("--position-bias", asked.position_bias)) if on]
     if asked.layout == "col" and variants:
         raise UsageError(f"--layout col shows the textbook column form; {', '.join(variants)} work in the row "
                          "layout: drop --layout col")
@@ -93,7 +94,7 @@ def estimate(asked: SdpaOptions, spec: AttentionSpec) -> None:
         return
     check_rope_width(spec, asked.dk, "d_K")
     needed = cost.sdpa_bytes(asked.batch, asked.nq, _keys(asked), asked.dk, asked.dv, spec,
-                             user_mask=bool(asked.pad or asked.mask))
+                             user_mask=bool(asked.pad or asked.mask), bias=bias_numel(asked.position_bias))
     if asked.meta:
         check_addressable(needed)
     else:
@@ -110,8 +111,9 @@ def traced(asked: SdpaOptions, spec: AttentionSpec) -> tuple[dict[str, torch.Ten
 
     device = "meta" if asked.meta else "cpu"
     if not asked.meta:
-        guard_files([*asked.files.values(), asked.mask], asked.max_memory)
+        guard_files([*asked.files.values(), asked.mask, asked.position_bias], asked.max_memory)
     user_mask = load(asked.mask, asked.meta)  # with --meta, the headers only
+    bias = load(asked.position_bias, asked.meta)
     loaded = {name: load_tensor(file, meta=asked.meta) for name, file in asked.files.items() if file}
     if "Q" in loaded:  # self-attention when only --q (and --k) are given
         loaded.setdefault("K", loaded["Q"])
@@ -120,12 +122,16 @@ def traced(asked: SdpaOptions, spec: AttentionSpec) -> tuple[dict[str, torch.Ten
         if asked.random:
             inputs = _random_sdpa_inputs(asked, _keys(asked), device)
         else:
-            shadow, shadow_mask = _sdpa_trace(asked, spec, {n: t.to("meta") for n, t in loaded.items()}, user_mask,
-                                              "meta")
+            shadowed = {n: t.to("meta") for n, t in loaded.items()}
+            if bias is not None:
+                shadowed["position_bias"] = bias.to("meta")
+            shadow, shadow_mask = _sdpa_trace(asked, spec, shadowed, user_mask, "meta")
             peak = cost.traced_peak_bytes(shadow.steps, _held(asked, spec, shadow, shadow_mask))
             if not asked.meta:
                 guard_memory(peak + flag_overhead(asked, spec, peak), asked.max_memory)
             inputs = loaded
+        if bias is not None:
+            inputs["position_bias"] = bias
         trace, mask = _sdpa_trace(asked, spec, inputs, user_mask, device)
     return inputs, user_mask, trace, mask
 
@@ -139,7 +145,8 @@ def checked(asked: SdpaOptions, spec: AttentionSpec, trace: Trace, inputs: dict[
         return []
     from attnscope import check
 
-    comparisons = check.check_sdpa(trace, inputs, user_mask, check.Asked(spec, asked.pad), asked.layout)
+    asked_check = check.Asked(spec, asked.pad, inputs.get("position_bias"))
+    comparisons = check.check_sdpa(trace, inputs, user_mask, asked_check, asked.layout)
     note = check.input_note({**inputs, "mask": user_mask})
     if note:
         trace.notes.append(note)
@@ -161,7 +168,7 @@ def describe(asked: SdpaOptions, spec: AttentionSpec, trace: Trace, mask: torch.
     params: dict[str, Any] = {"batch": batch, "nq": n_Q, "nk": n_K, "dk": d_K, "dv": d_V, "seed": asked.seed,
                               "layout": asked.layout, "scale": asked.scale, "causal": spec.align, "pad": asked.pad,
                               "mask": asked.mask, "meta": asked.meta, "window": asked.window, "softcap": asked.softcap,
-                              "alibi": asked.alibi, "rope": asked.rope,
+                              "alibi": asked.alibi, "rope": asked.rope, "position_bias": asked.position_bias,
                               "rope_base": spec.rope.base if spec.rope is not None else None, "cache": asked.cache,
                               "inputs": {n: s for n, s in asked.files.items() if s} or "random"} | variant_params(spec)
     params["batch_shape"] = batch  # a list in every command's JSON (here `batch` is one too: any leading dims)
@@ -234,7 +241,7 @@ def _sdpa_trace(asked: SdpaOptions, spec: AttentionSpec, inputs: dict[str, torch
     if col:
         trace = sdpa_columns(Q, K, V, mask, asked.scale)
     else:
-        trace = sdpa(Q, K, V, mask, enable_gqa=Q.dim() >= 4, spec=spec)
+        trace = sdpa(Q, K, V, mask, enable_gqa=Q.dim() >= 4, spec=spec, position_bias=inputs.get("position_bias"))
     if prefix is not None:
         for step in trace.steps[3:]:
             prefix.add_step(step)

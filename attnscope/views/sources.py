@@ -72,8 +72,8 @@ def from_head(result: Any) -> Page:
     i, o = result.info, result.options
     kv = f", {i.kv_heads} KV heads" if i.kv_heads != i.heads else ""
     sizes = f", d_model {i.d_model}, d_head {i.d_head}" if i.d_head else ""
-    page = Page(f"attnscope {o.command}: {i.architecture}, layer {o.layer}, head {o.head}",
-                header=[f"{i.architecture} ({i.model_type}): layer {o.layer}, head {o.head}",
+    page = Page(f"attnscope {o.command}: {i.architecture}, {result.layer_name}, head {o.head}",
+                header=[f"{i.architecture} ({i.model_type}): {result.layer_name}, head {o.head}",
                         f"{i.layers} layers, {i.heads} heads{kv}{sizes}", str(i.path)])
     if result.weights is not None:
         rows = []
@@ -88,8 +88,7 @@ def from_head(result: Any) -> Page:
                                  testid="weights"))
     run = result.run
     if run is not None and result.encoded is not None:
-        title = (f"layer {o.layer}'s attention, every head, on {len(result.encoded.ids)} tokens: "
-                 f"{run.spec.describe(i.d_head)}")
+        title = f"{result.layer_name}'s attention, every head, {result.tokens_text()}: {run.spec.describe(i.d_head)}"
         page.tables.append(steps_table(run.layer.steps, title))
     page.notes = list(result.notes)
     heads = result.heads

@@ -1,0 +1,155 @@
+"""`attnscope head` on an encoder-decoder (T5, BART, Marian, mBART, Whisper): `--attention encoder|decoder|cross`
+picks one of its three attentions (models/seq2seq.py), `--text` is the source the encoder reads (Whisper:
+`--audio FILE`), `--target` what the decoder reads (its start token when absent). The same named sequence as a
+decoder's head: where head h lives, then with a source the stacks run as far as the attention asked and
+that attention traced (models/seq2seq_run.py), the memory guarded first, --save.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+from attnscope.models.seq2seq import ATTENTION_KINDS, KIND_WORDS
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.models.config import Config
+    from attnscope.models.seq2seq import EncoderDecoder
+    from attnscope.models.tokenizer import Encoded
+    from attnscope.runs.head import HeadOptions, HeadResult, Progress
+
+
+def encoder_decoder(config: Config) -> bool:
+    """Whether attnscope reads this checkpoint as an encoder-decoder (one of its family pages)."""
+    from attnscope.models import family_of
+    from attnscope.models.seq2seq import EncoderDecoder
+
+    family = family_of(config)
+    return family is not None and issubclass(family, EncoderDecoder)
+
+
+def refuse_two_stack_options(asked: HeadOptions, config: Config) -> None:
+    """--attention, --target and --audio name an encoder-decoder's parts; a one-stack model has none."""
+    given = [flag for flag, value in (("--attention", asked.attention), ("--target", asked.target),
+                                      ("--audio", asked.audio)) if value is not None]
+    if given and not (asked.attention == "encoder" and given == ["--attention"]):
+        raise UsageError(f"{' and '.join(given)} read an encoder-decoder (T5, BART, Marian, mBART, Whisper); "
+                         f"{config.architecture} (model_type '{config.model_type}') has one stack: drop "
+                         f"{' and '.join(given)}")
+
+
+def run_encdec(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
+    from attnscope.models import open_model
+
+    kind = asked.attention or "encoder"
+    if kind not in ATTENTION_KINDS:
+        raise UsageError(f"--attention {kind}: use encoder, decoder or cross")
+    from attnscope.models.seq2seq import EncoderDecoder
+
+    model = open_model(folder, config, command=asked.command)
+    assert isinstance(model, EncoderDecoder)
+    _check_sources(asked, model, kind)
+    with model.checkpoint:
+        return _run(asked, model, kind, progress)
+
+
+def _check_sources(asked: HeadOptions, model: EncoderDecoder, kind: str) -> None:
+    whisper = model.model_type == "whisper"
+    if whisper and asked.text is not None:
+        raise UsageError("Whisper's encoder reads audio, not text: give --audio FILE (a .wav) for the source, and "
+                         "--target \"...\" for the text its decoder reads")
+    if not whisper and asked.audio is not None:
+        raise UsageError(f"--audio is Whisper's source; model_type '{model.model_type}' reads text: give --text")
+    has_source = asked.text is not None or asked.audio is not None
+    source = "--audio" if whisper else "--text"
+    if asked.target is not None and not has_source:
+        raise UsageError(f"--target needs the source the decoder attends to: add {source}")
+    if asked.all_heads and not has_source:
+        raise UsageError(f"--all-heads shows what every head does on an input; add {source}")
+
+
+def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progress) -> HeadResult:
+    from attnscope.models.seq2seq_run import run_attention
+    from attnscope.models.weights import head_weights
+    from attnscope.runs.head import HeadResult, ModelInfo, _save, guard_memory
+
+    view = model.for_kind(kind)
+    view.check_position(asked.layer, asked.head)
+    with progress(f"reading {kind} layer {asked.layer}, head {asked.head}"):
+        weights = head_weights(view, asked.layer, asked.head)
+    info = ModelInfo.of(view)
+    info.stacks = (model.sizes["encoder"][0], model.sizes["decoder"][0])
+    result = HeadResult(asked, info, weights, notes=list(weights.notes), kind=kind,
+                        about=f"{KIND_WORDS[kind]}: {_reads(kind)}")
+    if asked.text is None and asked.audio is None:
+        _save(result)
+        return result
+    source, result.encoded, heard = _source(asked, model)
+    target_ids = model.decoder_ids(_target_ids(asked, model))
+    result.target = _target(model, target_ids, asked.target is None)
+    n_source = len(result.encoded.tokens)
+    model.check_lengths(n_source, len(target_ids))
+    what = f"running the {'encoder' if kind == 'encoder' else 'encoder and the decoder'} to {kind} layer {asked.layer}"
+    guard_memory(view.estimate_bytes(asked.layer, n_source, len(target_ids)), asked.max_memory, what)
+    with progress(what):
+        result.run = run_attention(model, source, target_ids, kind, asked.layer, asked.head)
+    result.tracer = "attnscope"
+    result.attention = result.run.head["attention"]
+    result.all_heads = result.run.layer["attention"][0]
+    result.run.layer.notes.extend(heard)
+    result.notes.extend(result.run.layer.notes)
+    _save(result)
+    return result
+
+
+def _reads(kind: str) -> str:
+    return {"encoder": "queries, keys and values from the source tokens, no mask",
+            "decoder": "queries, keys and values from the target tokens, each seeing itself and the tokens "
+                       "before it",
+            "cross": "queries from the target tokens (n_Q), keys and values from the encoder's output over the "
+                     "source tokens (n_K); no mask"}[kind]
+
+
+def _source(asked: HeadOptions, model: EncoderDecoder) -> tuple[list[int] | torch.Tensor, Encoded, list[str]]:
+    """The encoder's input, how its positions are labelled (the text's tokens, or Whisper's audio positions by
+    their time), and what to say about the audio's padding."""
+    from attnscope.models import audio, tokenizer
+    from attnscope.models.tokenizer import Encoded
+
+    if asked.audio is None:
+        encoded = tokenizer.encode(model.folder, asked.text or "")
+        return encoded.ids, encoded, []
+    from attnscope.models.whisper import Whisper
+
+    assert isinstance(model, Whisper)  # _check_sources refused --audio for any other family
+    n_source = model.n_source
+    read = audio.features(model.folder, Path(asked.audio), model.n_mel, 2 * n_source)
+    each = 2 * read.hop_length / read.sampling_rate  # conv2's stride: two frames a position
+    labels = audio.position_labels(n_source, each)
+    encoded = Encoded([], labels, [], f"WhisperFeatureExtractor ({read.sampling_rate} Hz, {each * 1000:g} ms a "
+                                      "position)")
+    heard = min(n_source, int(-(-read.seconds // each)))
+    notes = [f"{asked.audio} lasts {read.seconds:.2f} s: encoder positions {heard}-{n_source - 1} ({labels[heard]} "
+             "on) are the silence the feature extractor pads it with"] if heard < n_source else []
+    return read.features, encoded, notes
+
+
+def _target_ids(asked: HeadOptions, model: EncoderDecoder) -> list[int] | None:
+    if asked.target is None:
+        return None
+    from attnscope.models import tokenizer
+
+    tokenizer.check_text(asked.target)
+    return tokenizer.encode(model.folder, asked.target, target=True).ids
+
+
+def _target(model: EncoderDecoder, ids: list[int], default: bool) -> Encoded:
+    from attnscope.models import tokenizer
+    from attnscope.models.tokenizer import Encoded
+
+    via = "the decoder's start token (decoder_start_token_id), no --target given" if default else \
+        "the target's tokens as the decoder reads them while it writes them (shift_tokens_right)"
+    return Encoded(ids, tokenizer.tokens_of(model.folder, ids), [0] * len(ids), via)
