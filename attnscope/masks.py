@@ -60,6 +60,19 @@ def window_mask(n_Q: int, n_K: int, window: int, align: Align = "upper-left", de
     return (cols <= position) & (position - cols < window)  # [n_Q, n_K]
 
 
+def bidirectional_window_mask(n_Q: int, n_K: int, window: int, device: Any = None) -> torch.Tensor:
+    """[n_Q, n_K] boolean: query i sees key j when |i - j| <= window // 2, and there is no causal mask.
+
+    ModernBERT's local attention, `window` being its config's `local_attention`: transformers'
+    `sliding_window_bidirectional_overlay` (masking_utils), `abs(q_idx - kv_idx) <= sliding_window`, with
+    `ModernBertConfig.sliding_window = local_attention // 2`."""
+    import torch
+
+    rows = torch.arange(n_Q, device=device).unsqueeze(-1)  # [n_Q, 1]
+    cols = torch.arange(n_K, device=device)  # [n_K]
+    return (rows - cols).abs() <= window // 2  # [n_Q, n_K]
+
+
 def key_padding_mask(n_K: int, n_pad: int, device: Any = None) -> torch.Tensor:
     """[n_K] boolean that hides the last `n_pad` keys of every sequence."""
     import torch
@@ -132,7 +145,11 @@ def to_additive(mask: torch.Tensor) -> torch.Tensor:
 
 def structural(spec: AttentionSpec, n_Q: int, n_K: int, device: Any = None) -> tuple[torch.Tensor | None, str]:
     """The causal and sliding-window part of `spec`'s mask, `[n_Q, n_K]` boolean (None when neither), and how
-    to say it in an op (`causal(lower-right)`, `window(4, upper-left)`). A window implies causal."""
+    to say it in an op (`causal(lower-right)`, `window(4, upper-left)`, `window(4, both sides)`). A window implies
+    causal unless its side is "both"."""
+    if spec.bidirectional_window:
+        assert spec.window is not None
+        return bidirectional_window_mask(n_Q, n_K, spec.window, device), f"window({spec.window}, both sides)"
     align = spec.align
     if align is None:
         return None, ""

@@ -18,8 +18,10 @@ from attnscope.cli.options import (
     Json,
     MaskFile,
     Pad,
+    SinksOpt,
     Svg,
     Window,
+    WindowSideOpt,
 )
 
 MASK_EXAMPLES = """Examples:
@@ -27,6 +29,8 @@ MASK_EXAMPLES = """Examples:
   attnscope mask --nq 6 --causal
 
   attnscope mask --nq 4 --cache 4 --window 3
+
+  attnscope mask --nq 8 --window 4 --window-side both
 
   attnscope mask --nq 5 --nk 8 --causal lower-right --pad 2 --json"""
 
@@ -36,6 +40,8 @@ def mask(
     nk: Annotated[int | None, typer.Option("--nk", min=1, help="n_K: number of keys.  \\[default: --nq; with --cache N, N + --nq]")] = None,
     causal: CausalOpt = None,
     window: Window = None,
+    window_side: WindowSideOpt = None,
+    sinks: SinksOpt = None,
     pad: Pad = 0,
     cache: Cache = 0,
     mask_file: MaskFile = None,
@@ -53,7 +59,8 @@ def mask(
         from attnscope.runs.mask import MaskOptions, run_mask
 
         options = MaskOptions(nq=nq, nk=nk, causal=causal.value if causal else None, window=window, pad=pad,
-                              cache=cache, mask=mask_file)
+                              cache=cache, mask=mask_file, window_side=window_side.value if window_side else "left",
+                              sinks=sinks)
         view, params = run_mask(options)
         if json:
             render.emit_json(mask_command_json(view, params))

@@ -38,12 +38,14 @@ from attnscope.cli.options import (
     Save,
     Seed,
     ShowMask,
+    SinksOpt,
     Softcap,
     Stats,
     Svg,
     Values,
     VFile,
     Window,
+    WindowSideOpt,
 )
 
 MHA_EXAMPLES = """Examples:
@@ -87,11 +89,13 @@ def mha(
     heatmap_head: HeatmapHead = 0,
     all_heads: Annotated[bool, typer.Option("--all-heads", help="Draw every head of batch element --heatmap-batch as a grid of small heatmaps, with a table of what each does: entropy, first-token sink, previous, self, distance, kind (docs/heads.md).", rich_help_panel="Output")] = False,
     window: Window = None,
+    window_side: WindowSideOpt = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
     cache: Cache = 0,
+    sinks: SinksOpt = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -106,7 +110,8 @@ def mha(
             q=q, k=k, v=v, causal=causal.value if causal else None, mask=mask, pad=pad, check=check, meta=meta,
             max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
-            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, kv_heads=kv_heads, d_head=d_head,
+            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, sinks=sinks,
+            window_side=window_side.value if window_side else "left", kv_heads=kv_heads, d_head=d_head,
             scale=scale, all_heads=all_heads,
         )
         show_run(out, run_mha(options), json=json, values=values, stats=stats)

@@ -38,12 +38,14 @@ from attnscope.cli.options import (
     Save,
     Seed,
     ShowMask,
+    SinksOpt,
     Softcap,
     Stats,
     Svg,
     Values,
     VFile,
     Window,
+    WindowSideOpt,
 )
 
 SDPA_EXAMPLES = """Examples:
@@ -87,11 +89,13 @@ def sdpa(
     heatmap_batch: HeatmapBatch = 0,
     heatmap_head: HeatmapHead = 0,
     window: Window = None,
+    window_side: WindowSideOpt = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
     cache: Cache = 0,
+    sinks: SinksOpt = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -106,7 +110,8 @@ def sdpa(
             layout=layout.value, causal=causal.value if causal else None, mask=mask, pad=pad, scale=scale,
             check=check, meta=meta, max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
-            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
+            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, sinks=sinks,
+            window_side=window_side.value if window_side else "left",
         )
         show_run(out, run_sdpa(options), json=json, values=values, stats=stats)
 

@@ -169,7 +169,9 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
     if spec.align:
         offset = spec.offset(n_Q, n_K)
         parts.append(f"causal {spec.align} (query i sees keys j ≤ i{f' + {offset}' if offset else ''})")
-    if spec.window is not None:
+    if spec.bidirectional_window:
+        parts.append(f"window {spec.window} both sides (|i − j| ≤ {spec.reach}, no causal mask)")
+    elif spec.window is not None:
         parts.append(f"window {spec.window}")
     if spec.cache:
         parts.append(f"KV cache: {spec.cache} cached + {n_Q} new positions")
@@ -179,6 +181,8 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
         parts.append("ALiBi")
     if spec.softcap is not None:
         parts.append(f"softcap {spec.softcap:g}")
+    if spec.sinks:
+        parts.append("attention sinks (rows sum to less than 1)")
     if asked.pad:
         parts.append(f"last {asked.pad} keys padded")
     if asked.mask:
