@@ -113,7 +113,8 @@ class MultiHeadAttention(nn.Module):
                                    names=names, spec=spec, sinks=self.sinks)
             for step in inner.steps[3:]:  # from scores on: the inputs are already here
                 if step.name == "sinks":  # the module's parameter, counted with its weights
-                    step = replace(step, op="the module's parameter sinks: one logit per head", allocates=False)
+                    step = replace(step, op="the module's parameter sinks, one logit per head (held with the weights)",
+                                   allocates=False)
                 trace.add_step(step)
             trace.notes.extend(inner.notes)
             x_rsh1 = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),

@@ -127,7 +127,7 @@ class AttentionSpec:
         if self.rope is not None:
             parts.append(f"RoPE ({self.rope.describe()})")
         if self.bidirectional_window:
-            parts.append(f"bidirectional sliding window {self.window} (|i − j| ≤ {self.reach})")
+            parts.append(f"sliding window {self.window} both sides (|i − j| ≤ {self.reach})")
         elif self.window is not None:
             parts.append(f"sliding window {self.window}")
         parts.append(f"scale {scale}")

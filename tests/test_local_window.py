@@ -90,7 +90,7 @@ def test_bad_window_sides_name_the_parameter(spec, message):
 
 def test_describe_says_the_reach():
     assert AttentionSpec(window=128, window_side="both").describe(64) == (
-        "bidirectional (no causal mask), bidirectional sliding window 128 (|i − j| ≤ 64), scale 1/√64")
+        "bidirectional (no causal mask), sliding window 128 both sides (|i − j| ≤ 64), scale 1/√64")
     assert AttentionSpec(window=4).describe(8) == "causal, sliding window 4, scale 1/√8"
 
 

@@ -12,6 +12,8 @@ Hugging Face cache lookup (hub.py), and transformers as the fallback for other f
 | mistral | mistral.py | Mistral (LLaMA's, with a window) |
 | qwen2 | qwen2.py | Qwen2 (LLaMA's, with q/k/v biases and windowed layers) |
 | gemma2 | gemma2.py | Gemma2 (LLaMA's, with softcap, scalar, sandwich norms) |
+| gpt_oss | gpt_oss.py | GptOss (LLaMA's, with sinks, biases, alternating windows, yarn RoPE, an MoE MLP) |
+| modernbert | modernbert.py | ModernBert (an encoder: fused Wqkv, RoPE, global and local bidirectional layers) |
 
 Following a family's forward across files, step by step (`attnscope head --text`):
 
@@ -22,6 +24,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
 | cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`) |
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask) |
+| sinks, sink_weight (GPT-OSS) | sinks.py, called by attention.py `sdpa` (the values: the module's `sinks`) |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
 | the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `_head_trace` |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
@@ -43,8 +46,9 @@ if TYPE_CHECKING:
 # model_type -> (module, class): imported only for the family asked for.
 FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-roberta": ("bert", "Roberta"),
             "gpt2": ("gpt2", "Gpt2"), "llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"),
-            "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2")}
-SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2"
+            "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2"), "gpt_oss": ("gpt_oss", "GptOss"),
+            "modernbert": ("modernbert", "ModernBert")}
+SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2, gpt_oss, modernbert"
 
 
 def family_of(config: Config) -> type[Family] | None:

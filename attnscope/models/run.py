@@ -59,7 +59,8 @@ def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
 # Head h's steps: (its name, the layer step it is a slice of, which head index: query head or KV head).
 HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "kv"), ("Q_rot", "Q_rot", "q"),
               ("K_rot", "K_rot", "kv"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
-              ("masked_scores", "masked_scores", "q"), ("attention", "attention", "q"), ("out", "x_raw", "q"))
+              ("masked_scores", "masked_scores", "q"), ("sinks", "sinks", "q"), ("attention", "attention", "q"),
+              ("sink_weight", "sink_weight", "q"), ("out", "x_raw", "q"))
 
 
 def _head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
@@ -78,6 +79,9 @@ def _head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
             continue
         step = layer.step(source)
         i = index[which]
+        if step.dims[0] == "n_head":  # sinks [n_head]: head h's own logit
+            trace.add(name, step.tensor[i], step.dims[1:], f"{source}[{i}]", 0, allocates=False)
+            continue
         op = f"{source}[0, {i}]{formulas.get(name, '')}"
         trace.add(name, step.tensor[0, i], step.dims[2:], op, 0, allocates=False)
     return trace

@@ -155,6 +155,7 @@ def head_json(result: HeadResult) -> dict[str, Any]:
                 "scale": spec.scale if spec.scale is not None else result.info.d_head ** -0.5,
                 "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind},
                 "kv_head": o.head // (result.info.heads // result.info.kv_heads),
+                "window_side": spec.window_side if spec.window is not None else None, "sinks": spec.sinks,
             }
     if o.all_heads and result.heads is not None:
         payload["heads"] = heads_json(result.heads)
