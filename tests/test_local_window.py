@@ -9,6 +9,9 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from fuzz import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnscope import MultiHeadAttention, masks, sdpa
 from attnscope.cli import app
@@ -158,3 +161,21 @@ def test_bad_sides_on_the_command_line(runner, args, message):
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert message in result.stderr
+
+
+@fuzz_settings(100)
+@given(st.integers(0, 9), st.integers(0, 9), st.integers(1, 12), st.integers(0, 2**31 - 1), st.booleans())
+def test_any_bidirectional_window_is_pytorchs_with_transformers_mask(n_Q, n_K, window, seed, padded):
+    """Any sizes (empty too), any window: the mask is transformers' rule and out is PyTorch's with it (a query
+    that sees no key gets zeros, as F.scaled_dot_product_attention gives)."""
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=generator) for n in (n_Q, n_K, n_K))
+    allowed = _transformers_mask(n_Q, n_K, window) if n_Q and n_K else torch.ones(n_Q, n_K, dtype=torch.bool)
+    mask = torch.arange(n_K) < n_K - 1 if padded and n_K else None
+    trace = sdpa(q, k, v, mask, window=window, window_side="both")
+    combined = allowed & mask if mask is not None else allowed
+    if n_Q and n_K:
+        assert torch.equal(masks.structural(AttentionSpec(window=window, window_side="both"), n_Q, n_K)[0], allowed)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=combined.expand(n_Q, n_K))
+    expected = torch.where(combined.any(-1, keepdim=True), expected, 0.0)  # no key: PyTorch's _safe_softmax zeros
+    torch.testing.assert_close(trace["out"], expected)

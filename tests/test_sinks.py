@@ -5,12 +5,17 @@ sink in each library's words."""
 from __future__ import annotations
 
 import json
+import math
 import types
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from fuzz import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
+from test_properties import attention_case
 
 from attnscope import MultiHeadAttention, sdpa
 from attnscope.cli import app
@@ -260,3 +265,39 @@ def test_mask_command_takes_sinks(runner):
     assert payload["params"]["sinks"] == "random"
     assert payload["mask"] == [[True, False, False], [True, True, False], [True, True, True]]
     assert "s_aux" in payload["translations"]["transformers"]
+
+
+# --- any shapes, masks, alignments and scales (property-based) -------------------------------------------------
+
+
+@fuzz_settings(100)
+@given(attention_case(), st.data())
+def test_sinks_on_any_attention_equal_the_float64_formula(case, data):
+    """Rows and their sink sum to 1, nothing is NaN, and out is the float64 formula's (GPT-OSS's concatenation)
+    within the rounding that the scores' size allows."""
+    from test_properties import EPS, allowed_and_bias
+
+    Q, K, V, mask, causal, scale = (t.float() if isinstance(t, torch.Tensor) and t.dtype in (torch.float16,
+                                    torch.bfloat16) else t for t in case)
+    batch = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2])
+    n_head = batch[-1] if len(batch) >= 2 else 1
+    sinks = torch.tensor(data.draw(st.lists(st.floats(-8, 8), min_size=n_head, max_size=n_head)), dtype=Q.dtype)
+    trace = sdpa(Q, K, V, mask, scale, causal=causal, sinks=sinks)
+    n_Q, n_K = Q.shape[-2], K.shape[-2]
+    allowed, bias = allowed_and_bias(mask, causal, n_Q, n_K)
+    scores = Q.double() @ K.double().transpose(-2, -1) * (Q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = scores + bias if bias is not None else scores
+    scores = scores.masked_fill(~allowed, float("-inf")) if allowed is not None else scores
+    column = sinks.double().reshape(-1, 1, 1) if scores.dim() >= 3 else sinks.double().reshape(1, 1)
+    full = torch.softmax(torch.cat([scores, column.expand(*scores.shape[:-1], 1)], dim=-1), dim=-1)
+    expected = full[..., :-1] @ V.double()
+    assert not torch.isnan(trace["attention"]).any() and not torch.isnan(trace["out"]).any()
+    if not expected.numel():
+        return
+    torch.testing.assert_close(trace["attention"].double().sum(-1) + trace["sink_weight"].double(),
+                               torch.ones_like(full[..., 0]), atol=1e-5, rtol=0)
+    finite = scores[torch.isfinite(scores)]
+    score_size = float(finite.abs().max()) if finite.numel() else 0.0
+    v_size = float(V.double().abs().max()) if V.numel() else 0.0
+    floor = 8 * EPS[Q.dtype] * (1 + score_size + 8) * v_size * math.sqrt(n_K + 1) + EPS[Q.dtype]
+    assert float((trace["out"].double() - expected).abs().max()) <= floor
