@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from attnscope.readings.translations import CALL, FLASH, FLEX, HF, MHA, SDPA, _build
 
-ZERO_KEY = ("k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)  # one more key: zeros\n"
-            "v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)  # its value: zeros")
+ZERO_KEY = ("k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)\n"
+            "v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)")
 
 
 def with_sinks(said: dict[str, str], n_Q: int, n_K: int, user: str | None,
@@ -36,30 +36,31 @@ def with_sinks(said: dict[str, str], n_Q: int, n_K: int, user: str | None,
 
 
 def _sdpa(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, str]]) -> str:
-    lines = ["# the sink of head h is one more key, of zeros, whose score is its attn_mask column: sinks[h]",
+    lines = ["# sink h: a key and value of zeros; the key's attn_mask column is sinks[h]",
              *_build(n_Q, n_K, terms)]
     base = "user_mask" if user == "float" else f"torch.zeros({n_Q}, {n_K})"
-    lines.append(f"scores_mask = {base}.masked_fill(~allowed, float('-inf'))" if terms else f"scores_mask = {base}")
+    lines.append(f"seen = {base}.masked_fill(~allowed, float('-inf'))" if terms else f"seen = {base}")
     lines += [f"sink_column = sinks.view(-1, 1, 1).expand(-1, {n_Q}, 1)  # [n_head, n_Q, 1]",
-              f"attn_mask = torch.cat([scores_mask.expand(len(sinks), {n_Q}, {n_K}), sink_column], dim=-1)",
+              f"attn_mask = torch.cat([seen.expand(len(sinks), {n_Q}, {n_K}), sink_column], dim=-1)",
               ZERO_KEY, CALL]
     return "\n".join(lines)
 
 
 def _transformers(mask: str) -> str:
-    return "\n".join([mask, "# the sinks are not in the mask: GptOssAttention passes its `sinks` parameter as s_aux",
+    return "\n".join([mask, "# the sinks are not in the mask: GptOssAttention passes its `sinks` as s_aux",
                       "import types",
                       "from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward",
                       "layer = types.SimpleNamespace(sinks=sinks, num_key_value_groups=1, training=False)",
-                      "out, weights = eager_attention_forward(layer, q, k, v, mask, scaling=q.shape[-1] ** -0.5)",
+                      "scale = q.shape[-1] ** -0.5",
+                      "out, weights = eager_attention_forward(layer, q, k, v, mask, scaling=scale)",
                       "out = out.transpose(1, 2)  # [n_batch, n_head, n_Q, d_head]"])
 
 
 def _flex(mask: str) -> str:
     lines = mask.splitlines()
-    call = lines[-1].replace("flex_attention(q, k, v, ", "flex_attention(q, k, v, return_aux=AuxRequest(lse=True), ")
+    call = lines[-1].replace("flex_attention(q, k, v, ", "flex_attention(q, k, v, return_aux=lse, ")
     call = call.replace("out = ", "out, aux = ")
-    return "\n".join(["from torch.nn.attention.flex_attention import AuxRequest  # torch >= 2.9; before: return_lse",
-                      *lines[:-1], call,
-                      "# the keys keep exp(lse) / (exp(lse) + exp(sink)) of each row; the sink takes the rest",
+    return "\n".join(["from torch.nn.attention.flex_attention import AuxRequest  # torch >= 2.9",
+                      *lines[:-1], "lse = AuxRequest(lse=True)  # before torch 2.9: return_lse=True", call,
+                      "# the keys keep exp(lse) / (exp(lse) + exp(sink)) of a row, the sink the rest",
                       "out = out * torch.sigmoid(aux.lse - sinks.view(1, -1, 1)).unsqueeze(-1)"])

@@ -46,7 +46,7 @@ def _terms(n_Q: int, n_K: int, offset: int, window: int | None, causal: bool, pa
     terms = []
     if both and window is not None:
         terms.append((f"ones.tril(diagonal={window // 2}) & ones.triu(diagonal={-(window // 2)})",
-                      f"bidirectional window of {window}: |i - j| <= {window // 2}"))
+                      f"|i - j| <= {window // 2}"))
         window = None
     if causal or window is not None:
         terms.append((f"ones.tril(diagonal={offset})", f"causal, {align}"))
