@@ -77,7 +77,7 @@ def softmax(trace: Trace, logits: Tensor, last: str, sinks: Any,
 
     values = checked(sinks, heads(logits, batch_dims))
     trace.add("sinks", values, ("n_head",), "input: a learned logit per head, one more column of each softmax row")
-    shaped = values.to(logits.dtype)
+    shaped = values.to(device=logits.device, dtype=logits.dtype)
     column = shaped.reshape(-1, 1, 1) if logits.dim() >= 3 else shaped.reshape(1, 1)  # [n_head, 1, 1] or [1, 1]
     if logits.shape[-1]:
         m = torch.maximum(logits.amax(dim=-1, keepdim=True), column)  # [.., n_Q, 1]: max over keys and sink

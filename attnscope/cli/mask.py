@@ -28,11 +28,9 @@ MASK_EXAMPLES = """Examples:
 
   attnscope mask --nq 6 --causal
 
-  attnscope mask --nq 4 --cache 4 --window 3
+  attnscope mask --nq 5 --nk 8 --causal lower-right --pad 2 --json
 
-  attnscope mask --nq 8 --window 4 --window-side both
-
-  attnscope mask --nq 5 --nk 8 --causal lower-right --pad 2 --json"""
+  attnscope mask --nq 8 --window 4 --window-side both --sinks"""
 
 
 def mask(
