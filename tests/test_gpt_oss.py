@@ -187,6 +187,7 @@ def test_json_and_save(runner, tiny, tmp_path):
     ({"num_experts_per_tok": 9}, "num_experts_per_tok 9 is more than num_local_experts 4"),
     ({"rope_parameters": {"rope_type": "ntk-by-parts", "rope_theta": 10000.0}}, "ntk-by-parts"),
     ({"swiglu_limit": "high"}, "swiglu_limit"),
+    ({"intermediate_size": 12}, "intermediate_size 12 make it [32, 24]; config.json does not describe these weights"),
 ])
 def test_bad_configs_are_one_line(runner, tiny, tmp_path, edit, message):
     folder = with_config(tiny[0], tmp_path / "bad", lambda config: config | edit)

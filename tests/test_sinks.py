@@ -82,6 +82,13 @@ def test_one_sink_for_every_head_and_sdpa_without_a_head_axis():
     assert shared["sinks"].shape == (1,)
 
 
+def test_sinks_follow_the_inputs_device():
+    """Sinks given on the CPU for inputs elsewhere (here PyTorch's meta device): moved, not refused."""
+    q, k, v = (torch.empty(2, 4, 3, 8, device="meta") for _ in range(3))
+    trace = sdpa(q, k, v, sinks=torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert trace["attention"].device.type == "meta" and trace["sink_weight"].shape == (2, 4, 3)
+
+
 def test_sinks_keep_gradients():
     q, k, v = (torch.randn(1, 2, 3, 4, requires_grad=True) for _ in range(3))
     sinks = torch.randn(2, requires_grad=True)

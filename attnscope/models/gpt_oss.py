@@ -127,12 +127,21 @@ class GptOss(Llama):
         float32, read alone (row `expert` of each tensor), MXFP4 blocks dequantized."""
         quantized = self.key(layer, EXPERTS + "gate_up_proj") not in self.checkpoint
         weights = []
-        for name in EXPERT_WEIGHTS:
+        wanted = ([self.d_model, 2 * self.d_ff], [2 * self.d_ff], [self.d_ff, self.d_model], [self.d_model])
+        for name, shape in zip(EXPERT_WEIGHTS, wanted, strict=True):
             if quantized and not name.endswith("_bias"):
                 blocks, scales = (self._row(layer, f"{name}_{part}", expert) for part in ("blocks", "scales"))
+                if blocks.dim() != 3 or blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
+                    raise UsageError(f"{self.key(layer, EXPERTS + name)}_blocks is {list(blocks.shape)} with scales "
+                                     f"{list(scales.shape)} per expert; MXFP4 packs [out, G, 16] bytes with [out, G] "
+                                     "scales")
                 weights.append(dequantize_mxfp4(blocks, scales))
             else:
                 weights.append(self._row(layer, name, expert).float())
+            if list(weights[-1].shape) != shape:
+                raise UsageError(f"{self.key(layer, EXPERTS + name)} holds {list(weights[-1].shape)} per expert, but "
+                                 f"config.json's hidden_size {self.d_model} and intermediate_size {self.d_ff} make it "
+                                 f"{shape}; config.json does not describe these weights")
         return tuple(weights)
 
     def _row(self, layer: int, name: str, expert: int) -> torch.Tensor:
