@@ -26,12 +26,12 @@ def with_sinks(said: dict[str, str], n_Q: int, n_K: int, user: str | None,
                terms: list[tuple[str, str]]) -> dict[str, str]:
     """Each library's snippet for the mask, with the sinks (`sinks`, one logit per head) told as it takes them."""
     return {SDPA: _sdpa(n_Q, n_K, user, terms),
-            MHA: ("not expressible: nn.MultiheadAttention has no per-head sink (add_zero_attn=True adds a zero key "
-                  "and value: a sink whose logit is always 0)"),
+            MHA: ("not expressible: nn.MultiheadAttention has no per-head sink;\n"
+                  "add_zero_attn=True adds a zero key and value, a sink whose logit is always 0"),
             HF: _transformers(said[HF]),
-            FLASH: ("not expressible with flash_attn_func: flash-attn 2 has no sink argument (transformers passes "
-                    "GPT-OSS's sinks as s_aux to kernels-community/vllm-flash-attn3, or learnable_sink to "
-                    "flash-attn 4)"),
+            FLASH: ("not expressible with flash_attn_func: flash-attn 2 has no sink argument;\n"
+                    "transformers passes GPT-OSS's sinks as s_aux to flash-attn 3 from\n"
+                    "kernels-community/vllm-flash-attn3, or as learnable_sink to flash-attn 4"),
             FLEX: _flex(said[FLEX])}
 
 
@@ -48,11 +48,11 @@ def _sdpa(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, str]]) ->
 
 def _transformers(mask: str) -> str:
     return "\n".join([mask, "# the sinks are not in the mask: GptOssAttention passes its `sinks` as s_aux",
-                      "import types",
-                      "from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward",
-                      "layer = types.SimpleNamespace(sinks=sinks, num_key_value_groups=1, training=False)",
-                      "scale = q.shape[-1] ** -0.5",
-                      "out, weights = eager_attention_forward(layer, q, k, v, mask, scaling=scale)",
+                      "from types import SimpleNamespace",
+                      "from transformers.models.gpt_oss import modeling_gpt_oss",
+                      "layer = SimpleNamespace(sinks=sinks, num_key_value_groups=1, training=False)",
+                      "attend, scale = modeling_gpt_oss.eager_attention_forward, q.shape[-1] ** -0.5",
+                      "out, weights = attend(layer, q, k, v, mask, scaling=scale)",
                       "out = out.transpose(1, 2)  # [n_batch, n_head, n_Q, d_head]"])
 
 

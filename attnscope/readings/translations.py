@@ -139,8 +139,8 @@ def _flash(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, 
     notes = []
     args = ["q, k, v"]
     if both and n_Q != n_K:
-        return ("not expressible: flash-attn centres window_size on the bottom-right diagonal; this bidirectional "
-                f"window is centred on query i's own position with n_Q = {n_Q} != n_K = {n_K}")
+        return ("not expressible: flash-attn centres window_size on the bottom-right diagonal;\n"
+                f"this bidirectional window is centred on query i itself, and n_Q = {n_Q} != n_K = {n_K}")
     if both and window is not None:
         args.append(f"window_size=({window // 2}, {window // 2})")
         window = None
