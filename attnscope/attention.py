@@ -5,7 +5,7 @@ its inner step, so the two can never drift apart. Nothing here prints or imports
 
 Steps, in order, each only when its option asks for it:
 `Q, K, V, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
-biased_scores], [masked_scores], attention, out`.
+biased_scores], [masked_scores], [sinks], attention, [sink_weight], out` (sinks: sinks.py).
 
 Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
 float32 and `out` is cast back, as PyTorch's math path does (`_scaled_dot_product_attention_math` upcasts
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from attnscope import alibi as alibi_
 from attnscope import cost, masks
+from attnscope import sinks as sinks_
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
@@ -151,7 +152,7 @@ def gqa_group(Q: Tensor, K: Tensor, V: Tensor) -> int:
 def resolve_spec(spec: AttentionSpec | None, **asked: Any) -> AttentionSpec:
     """`spec` itself, or one built (and so checked) from the keywords; never both, which could disagree."""
     if spec is None:
-        return AttentionSpec(**asked)
+        return AttentionSpec(**{name: value for name, value in asked.items() if value is not None})
     given = [name for name, value in asked.items() if value not in (None, False)]
     if given:
         raise UsageError(f"give the attention either as spec=AttentionSpec(...) or as keywords, not both "
@@ -168,6 +169,7 @@ def sdpa(
     *,
     causal: bool | str | None = False,
     window: int | None = None,
+    window_side: str | None = None,
     softcap: float | None = None,
     alibi: bool = False,
     rope: Rope | None = None,
@@ -177,6 +179,7 @@ def sdpa(
     spec: AttentionSpec | None = None,
     chunk: int | None = None,
     temperature: TemperatureTuning | None = None,
+    sinks: Tensor | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
@@ -185,20 +188,23 @@ def sdpa(
     and broadcasts to `[.., n_Q, n_K]`. A query that may attend to no key gets an output of zeros, as
     `F.scaled_dot_product_attention` gives.
 
-    Variants: `causal` (True or "upper-left" as `is_causal=True`, or "lower-right"); `window` W, query i sees
-    key j when j <= i and i - j < W (Mistral's; implies causal); `softcap` C, `capped_scores = C·tanh(scores/C)`
-    (Gemma 2); `alibi`, a per-head linear bias (the head axis is -3; inputs without one are one head);
-    `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
+    Variants: `causal` (True or "upper-left" as `is_causal=True`, or "lower-right"); `window` W, query i sees key j
+    when j <= i and i - j < W (Mistral's; implies causal), or with `window_side="both"` when |i - j| <= W // 2 and
+    no causal mask (ModernBERT's local attention, W its `local_attention`); `softcap` C, `capped_scores =
+    C·tanh(scores/C)` (Gemma 2); `alibi`, a per-head linear bias (the head axis is -3; inputs without one are one
+    head); `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
     with fewer heads than Q, shared by groups of query heads as `F.scaled_dot_product_attention(enable_gqa=True)`.
     `chunk` C, query i sees key j when j <= i and j // C == i // C (Llama 4's chunked attention; implies causal);
     `temperature`, Llama 4's per-query scale `log1p(floor((i + 1) / floor_scale)) · attn_scale + 1` on Q (after
     RoPE; temperature.py). Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE,
     ALiBi and the temperature alike.
+    `sinks`, one logit per head `[n_head]`, joins each softmax row and is dropped after (GPT-OSS; sinks.py).
     `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
     """
     names = names or Names()
     spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope,
-                        chunk=chunk, temperature=temperature)
+                        chunk=chunk, temperature=temperature, window_side=window_side)
+    spec = sinks_.resolve(spec, sinks)
     scale, softcap, rope = spec.scale, spec.softcap, spec.rope
     batch = check_qkv(Q, K, V, enable_gqa=enable_gqa)
     n_group = gqa_group(Q, K, V) if enable_gqa else 1
@@ -247,14 +253,19 @@ def sdpa(
         logits, last = _alibi(trace, logits, last, batch_dims, offset)
     logits, blocked, last = _masked(trace, logits, last, mask, spec, scores_dims)
 
-    attention = torch.softmax(logits, dim=-1)  # [.., n_Q, n_K]
-    attention_op = f"softmax({last}, dim=-1)"
+    if spec.sinks:  # one more column per row, dropped after
+        attention, sink_weight, attention_op = sinks_.softmax(trace, logits, last, sinks, batch_dims)
+    else:
+        attention, attention_op = torch.softmax(logits, dim=-1), f"softmax({last}, dim=-1)"  # [.., n_Q, n_K]
     if blocked is not None:
         attention = zero_rows(attention, blocked, trace, n_Q)
     if dropout_p > 0.0:
         attention = F.dropout(attention, p=dropout_p, training=True)
         attention_op = f"dropout({attention_op}, p={dropout_p:g})"
-    trace.add("attention", attention, scores_dims, attention_op, cost.softmax_flops(attention.shape))
+    trace.add("attention", attention, scores_dims, attention_op,
+              cost.softmax_flops((*attention.shape[:-1], attention.shape[-1] + spec.sinks)))
+    if spec.sinks:
+        sinks_.record_weight(trace, sink_weight, scores_dims)
 
     out = torch.matmul(attention, V.to(acc))  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
     out_op = f"attention @ {v_name}"

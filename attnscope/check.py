@@ -6,10 +6,10 @@ and the options in the user's own words (`Asked`), and builds everything with Py
 (reference.py: the masks, and the float64 formula where PyTorch has no kernel).
 
 - sdpa: `F.scaled_dot_product_attention` (with `enable_gqa` for fewer K/V heads), or the float64 formula for
-  softcapping, RoPE and ALiBi.
+  softcapping, RoPE, ALiBi and attention sinks (whose `sink_weight` is held against 1 minus the formula's row sums).
 - mha: `torch.nn.MultiheadAttention` with the module's weights copied in, and `F.scaled_dot_product_attention`
   on Q, K, V projected here with `F.linear`; for the variants nn.MultiheadAttention cannot express
-  (grouped K/V heads, RoPE, softcap, ALiBi, a decoupled d_head, a KV cache, another scale) the float64
+  (grouped K/V heads, RoPE, softcap, ALiBi, sinks, a decoupled d_head, a KV cache, another scale) the float64
   formula above with the projections done by `einsum`. nn.MultiheadAttention takes boolean masks the other
   way round (True = masked out), so they are inverted for it.
 - Comparison is NaN-aware: a NaN where the reference has a NaN agrees; a NaN on one side only fails,
@@ -116,7 +116,8 @@ def as_float(*tensors: Tensor) -> list[Tensor]:
 
 def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked: Asked,
                layout: str = "row") -> list[Comparison]:
-    """`raw`: the inputs as the user gave them (Q, K, V, or X, W_Q, W_K, W_V for the matrix form)."""
+    """`raw`: the inputs as the user gave them (Q, K, V, or X, W_Q, W_K, W_V for the matrix form; `sinks` where the
+    attention has them)."""
     if "X" in raw:
         X, W_Q, W_K, W_V = as_float(raw["X"], raw["W_Q"], raw["W_K"], raw["W_V"])
         Q, K, V = X @ W_Q, X @ W_K, X @ W_V  # [.., n, p] @ [.., p, d] -> [.., n, d]
@@ -130,7 +131,7 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
     n_Q, n_K = Q.shape[-2], K.shape[-2]
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     if asked.needs_formula:
-        out, attention = formula(Q, K, V, user, asked)
+        out, attention = formula(Q, K, V, user, asked, sinks=raw.get("sinks"))
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, FORMULA)]
         if not col:
             rows.append((trace["attention"], attention, FORMULA))
@@ -142,7 +143,8 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
         name = "F.scaled_dot_product_attention" + ("(row form)ᵀ" if col else "")
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, name)]
     names = ("out", "attention")
-    return [compare(names[i], reference, ours, ref) for i, (ours, ref, reference) in enumerate(rows)]
+    compared = [compare(names[i], reference, ours, ref) for i, (ours, ref, reference) in enumerate(rows)]
+    return compared + ([_sink_weight(trace, attention)] if "sink_weight" in trace else [])
 
 
 # --- mha -------------------------------------------------------------------------------------------------------
@@ -233,11 +235,17 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
             k, v = torch.cat([cache[0].double(), k], dim=-2), torch.cat([cache[1].double(), v], dim=-2)
         n_Q, n_K = q.shape[-2], k.shape[-2]
         q_start = n_cache if cache is not None else (n_K - n_Q if asked.causal == "lower-right" else 0)
-        x_raw, attention = formula(q, k, v, user, asked, q_start=q_start, rotated_keys=n_cache)
+        x_raw, attention = formula(q, k, v, user, asked, q_start=q_start, rotated_keys=n_cache, sinks=module.sinks)
         width = module.n_head * module.d_head
         merged = x_raw.transpose(1, 2).reshape(Q.shape[0], n_Q, width)  # [n_batch, n_Q, n_head·d_head]
         x = torch.einsum("bnh,fh->bnf", merged, module.W_o.weight.double())
         if module.W_o.bias is not None:
             x = x + module.W_o.bias.double()
-    return [compare("x_raw", FORMULA, trace["x_raw"], x_raw),
+    rows = [compare("x_raw", FORMULA, trace["x_raw"], x_raw),
             compare("attention", FORMULA, trace["attention"], attention), compare("x", FORMULA, trace["x"], x)]
+    return rows + ([_sink_weight(trace, attention)] if "sink_weight" in trace else [])
+
+
+def _sink_weight(trace: Trace, attention: Tensor) -> Comparison:
+    """The sink's weight against what the float64 formula's attention rows leave of 1."""
+    return compare("sink_weight", FORMULA, trace["sink_weight"], 1.0 - attention.sum(dim=-1))

@@ -147,7 +147,8 @@ def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: Attenti
     # scores, [capped_scores], [biased_scores], [masked_scores], attention; alibi_bias is [1, n_Q, n_K]
     matrices = batch * n_Q * n_K * (2 + masked + softcap + alibi) + (n_Q * n_K if alibi else 0)
     mask = n_Q * n_K if masked else 0  # one bool per (query, key), shared by the batch
-    return itemsize * (inputs + rotated + tuned + matrices + batch * n_Q * d_V) + mask + _scales(spec, n_Q)
+    sinks = 1 + batch * n_Q if spec.sinks else 0  # sinks [1] (random inputs have one head), sink_weight [.., n_Q]
+    return itemsize * (inputs + rotated + tuned + matrices + sinks + batch * n_Q * d_V) + mask + _scales(spec, n_Q)
 
 
 def _scales(spec: AttentionSpec, n_Q: int) -> int:
@@ -160,8 +161,9 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
               d_head: int | None = None) -> int:
     """Peak bytes of a traced `MultiHeadAttention` of `spec` on random inputs: weights, inputs, Q/K/V_feat, the
     rotated heads (cos and sin at the rotated width), the tuned queries, the cache and its concatenation, the
-    repeated K/V heads, the per-head attention matrices, x_raw, x_rsh1 and x (the splits and x_rsh2 are views).
-    `n_K` counts every key, cached ones included (`spec.cache` of them)."""
+    repeated K/V heads, the per-head attention matrices, x_raw, x_rsh1 and x (the splits and x_rsh2 are views),
+    and with sinks the module's `sinks` and the sink's weight per query. `n_K` counts every key, cached ones
+    included (`spec.cache` of them)."""
     masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
     softcap, alibi = spec.softcap is not None, spec.alibi
     n_kv_head = n_head if spec.n_kv_head is None else spec.n_kv_head
@@ -180,9 +182,10 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     repeated = 2 * batch * n_K * q_width if n_kv_head != n_head else 0  # K_rep, V_rep
     matrices = batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi) + (n_head * n_Q * n_K if alibi else 0)
     outputs = 2 * batch * n_Q * q_width + batch * n_Q * d_feat  # x_raw, x_rsh1, x
+    sinks = n_head + batch * n_head * n_Q if spec.sinks else 0  # the parameter [n_head], sink_weight
     mask = n_Q * n_K if masked else 0
-    return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + matrices + outputs) + mask
-            + _scales(spec, n_Q))
+    return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + matrices + outputs + sinks)
+            + mask + _scales(spec, n_Q))
 
 
 def kv_cache_bytes(batch: int, n_kv_head: int, n_K: int, d_K: int, d_V: int, itemsize: int) -> int:

@@ -3,8 +3,9 @@
 Four Linear layers, split into heads, SDPA in every head (through `attention.sdpa`, so the two never
 drift), merge, project. The variants are arguments: `n_kv_head` (grouped-query attention; 1 is
 multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `rope` (rotary embeddings after the
-split, transformers' `apply_rotary_pos_emb`), `causal`, `window`, `chunk`, `softcap`, `alibi`, `scale`,
-`temperature` (Llama 4's per-query scale, after RoPE), and a KV cache passed to `forward`.
+split, transformers' `apply_rotary_pos_emb`), `causal`, `window` (and `window_side`), `chunk`, `softcap`,
+`alibi`, `scale`, `temperature` (Llama 4's per-query scale, after RoPE), `sinks` (a learned logit per head, the
+module's `sinks` parameter: GPT-OSS's), and a KV cache passed to `forward`.
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ if TYPE_CHECKING:
 class MultiHeadAttention(nn.Module):
     """`forward(Q, K=None, V=None, mask=None, cache=None)` returns a `Trace` whose steps are `Q_feat, K_feat,
     V_feat, Q_split, K_split, V_split, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_cache, V_cache, K_cat,
-    V_cat], [K_rep, V_rep], scores, [capped_scores], [alibi_bias, biased_scores], [masked_scores], attention, x_raw,
-    x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Scores are scaled by `1/sqrt(d_head)` unless `scale` is given, as
-    `torch.nn.MultiheadAttention` does. With `record=False` the steps are not kept and the attention runs
-    in `F.scaled_dot_product_attention`; the trace then holds only `x`.
+    V_cat], [K_rep, V_rep], scores, [capped_scores], [alibi_bias, biased_scores], [masked_scores], [sinks],
+    attention, [sink_weight], x_raw, x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Scores are scaled by
+    `1/sqrt(d_head)` unless `scale` is given, as `torch.nn.MultiheadAttention` does. With `record=False` the
+    steps are not kept and the attention runs in `F.scaled_dot_product_attention`; the trace then holds only `x`.
 
     W_q projects d_feat to n_head·d_head, W_k and W_v to n_kv_head·d_head, W_o n_head·d_head back to d_feat.
     `cache=(K_cache, V_cache)`, each `[n_batch, n_kv_head, n_cache, d_head]`, holds the keys (already
     rotated, as transformers' caches hold them) and values of earlier positions; the new queries and keys
     then sit at positions n_cache onwards, and `causal` should be "lower-right".
+    With `sinks=True` the module owns `sinks` `[n_head]` (an `nn.Parameter` in its state dict, drawn N(0, 1)
+    like GPT-OSS's before training: load or copy the values you want), one logit per head (sinks.py).
     """
 
     def __init__(
@@ -60,16 +63,19 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         causal: bool | str | None = False,
         window: int | None = None,
+        window_side: str | None = None,
         softcap: float | None = None,
         alibi: bool = False,
         rope: Rope | None = None,
+        sinks: bool = False,
         spec: AttentionSpec | None = None,
         chunk: int | None = None,
         temperature: TemperatureTuning | None = None,
     ) -> None:
         super().__init__()
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
-                                 softcap=softcap, alibi=alibi, rope=rope, chunk=chunk, temperature=temperature)
+                                 window_side=window_side, softcap=softcap, alibi=alibi, rope=rope, sinks=sinks,
+                                 chunk=chunk, temperature=temperature)
         n_kv_head = n_head if self.spec.n_kv_head is None else self.spec.n_kv_head
         _check_sizes(d_feat, n_head, n_kv_head, d_head)
         if not 0.0 <= dropout_p < 1.0:
@@ -84,6 +90,8 @@ class MultiHeadAttention(nn.Module):
         self.W_k = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
         self.W_v = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
         self.W_o = nn.Linear(n_head * self.d_head, d_feat, bias=bias if out_bias is None else out_bias, **factory)
+        # GPT-OSS's `sinks`: one logit per head, drawn after the projections so their seeded values stay the same
+        self.sinks = nn.Parameter(torch.randn(n_head, **factory)) if self.spec.sinks else None
 
     @property
     def n_group(self) -> int:
@@ -107,8 +115,11 @@ class MultiHeadAttention(nn.Module):
         n_batch = Q.shape[0]
         if self.record:
             inner = attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
-                                   names=names, spec=spec)
+                                   names=names, spec=spec, sinks=self.sinks)
             for step in inner.steps[3:]:  # from scores on: the inputs are already here
+                if step.name == "sinks":  # the module's parameter, counted with its weights
+                    step = replace(step, op="the module's parameter sinks, one logit per head (held with the weights)",
+                                   allocates=False)
                 trace.add_step(step)
             trace.notes.extend(inner.notes)
             x_rsh1 = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
@@ -180,11 +191,11 @@ class MultiHeadAttention(nn.Module):
     def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float,
                spec: AttentionSpec) -> Tensor:
         """The attention through `F.scaled_dot_product_attention`, masks and biases made into one attn_mask.
-        Softcapping has no place in it, so a softcapped module runs `attention.sdpa` unrecorded."""
-        if spec.softcap is not None:
+        Softcapping and sinks have no place in it, so such a module runs `attention.sdpa` unrecorded."""
+        if spec.softcap is not None or spec.sinks:
             names = Names(out="x_raw", batch=("n_batch", "n_head"))
             return attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
-                                  names=names, spec=spec)["x_raw"]
+                                  names=names, spec=spec, sinks=self.sinks)["x_raw"]
         n_Q, n_K = Q_h.shape[-2], K_h.shape[-2]
         allowed, _ = masks.structural(spec, n_Q, n_K, Q_h.device)
         attn_mask = masks.combine(allowed, mask)

@@ -1,4 +1,5 @@
-"""`attnscope head`: one head of a transformer (BERT, RoBERTa, GPT-2, LLaMA, Mistral, Qwen2, Gemma 2): its
+"""`attnscope head`: one head of a transformer (BERT, RoBERTa, GPT-2, LLaMA, Mistral, Qwen2, Gemma 2, GPT-OSS,
+ModernBERT): its
 weights read lazily, and with --text its attention on a sentence, running only as far as the layer asked.
 """
 

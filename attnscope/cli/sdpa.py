@@ -43,6 +43,7 @@ from attnscope.cli.options import (
     Save,
     Seed,
     ShowMask,
+    SinksOpt,
     Softcap,
     Stats,
     Svg,
@@ -50,6 +51,7 @@ from attnscope.cli.options import (
     Values,
     VFile,
     Window,
+    WindowSideOpt,
 )
 
 SDPA_EXAMPLES = """Examples:
@@ -93,6 +95,7 @@ def sdpa(
     heatmap_batch: HeatmapBatch = 0,
     heatmap_head: HeatmapHead = 0,
     window: Window = None,
+    window_side: WindowSideOpt = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
     rope: RopeOpt = False,
@@ -104,6 +107,7 @@ def sdpa(
     floor_scale: FloorScale = None,
     attn_scale: AttnScale = None,
     cache: Cache = 0,
+    sinks: SinksOpt = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -121,7 +125,8 @@ def sdpa(
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
             rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, chunk=chunk,
             rope_fraction=rope_fraction, rope_pairing=rope_pairing.value if rope_pairing else None,
-            temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale,
+            temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale, sinks=sinks,
+            window_side=window_side.value if window_side else "left",
         )
         show_run(out, run_sdpa(options), json=json, values=values, stats=stats, page=page)
 

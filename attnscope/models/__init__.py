@@ -16,6 +16,8 @@ Hugging Face cache lookup (hub.py), and transformers as the fallback for other f
 | smollm3 | smollm3.py | SmolLM3 (LLaMA's, with NoPE layers: nope.py) |
 | phi3 (Phi-3, Phi-4) | phi3.py | Phi3 (LLaMA's, with fused qkv_proj and gate_up_proj, partial rotary) |
 | llama4, llama4_text | llama4.py | Llama4 (chunked and NoPE layers, temperature tuning, L2 qk-norm, MoE) |
+| gpt_oss | gpt_oss.py | GptOss (LLaMA's, with sinks, biases, alternating windows, yarn RoPE, an MoE MLP) |
+| modernbert | modernbert.py | ModernBert (an encoder: fused Wqkv, RoPE, global and local bidirectional layers) |
 
 Following a family's forward across files, step by step (`attnscope head --text`):
 
@@ -29,7 +31,8 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
 | attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
-|   causal, window, chunk) | |
+|   causal, window (left or both sides), chunk) | |
+| sinks, sink_weight (GPT-OSS) | sinks.py, called by attention.py `sdpa` (the values: the module's `sinks`) |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
 | the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `head_trace` |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
@@ -56,8 +59,10 @@ FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-rober
             "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2"),
             "deepseek_v3": ("deepseek", "DeepseekV3"), "deepseek_v2": ("deepseek", "DeepseekV2"),
             "smollm3": ("smollm3", "SmolLM3"), "phi3": ("phi3", "Phi3"), "llama4": ("llama4", "Llama4"),
-            "llama4_text": ("llama4", "Llama4")}
-SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4"
+            "llama4_text": ("llama4", "Llama4"), "gpt_oss": ("gpt_oss", "GptOss"),
+            "modernbert": ("modernbert", "ModernBert")}
+SUPPORTED = ("bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4, "
+             "gpt_oss, modernbert")
 
 
 def family_of(config: Config) -> type[Family] | None:

@@ -116,6 +116,18 @@ class Family(ABC):
     def weight(self, layer: int, name: str) -> torch.Tensor:
         return self.checkpoint.tensor(self.key(layer, name))
 
+    def read_sizes(self) -> None:
+        """An encoder's sizes: `num_hidden_layers`, `num_attention_heads` (each head its own keys and values) and
+        `hidden_size`, whose quotient d_head must be whole."""
+        config = self.config
+        self.n_layer = config.integer("num_hidden_layers")
+        self.n_head = self.n_kv_head = config.integer("num_attention_heads")
+        self.d_model = config.integer("hidden_size")
+        if self.d_model % self.n_head:
+            raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by num_attention_heads "
+                             f"{self.n_head}; fix config.json")
+        self.d_head = self.d_model // self.n_head
+
     def check_sizes(self) -> None:
         """After a subclass read its sizes: heads that divide, and every layer in the checkpoint."""
         if self.n_head % self.n_kv_head:

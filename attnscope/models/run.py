@@ -62,7 +62,8 @@ def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
 HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "kv"), ("Q_rot", "Q_rot", "q"),
               ("K_rot", "K_rot", "kv"), ("Q_normed", "Q_normed", "q"), ("K_normed", "K_normed", "kv"),
               ("Q_tuned", "Q_tuned", "q"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
-              ("masked_scores", "masked_scores", "q"), ("attention", "attention", "q"), ("out", "x_raw", "q"))
+              ("masked_scores", "masked_scores", "q"), ("sinks", "sinks", "q"), ("attention", "attention", "q"),
+              ("sink_weight", "sink_weight", "q"), ("out", "x_raw", "q"))
 
 
 def head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
@@ -81,6 +82,9 @@ def head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
             continue
         step = layer.step(source)
         i = index[which]
+        if step.dims[0] == "n_head":  # sinks [n_head]: head h's own logit
+            trace.add(name, step.tensor[i], step.dims[1:], f"{source}[{i}]", 0, allocates=False)
+            continue
         op = f"{source}[0, {i}]{formulas.get(name, '')}"
         trace.add(name, step.tensor[0, i], step.dims[2:], op, 0, allocates=False)
     return trace

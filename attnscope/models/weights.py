@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from attnscope.models.checkpoint import Array
 
 HEAD_DIMS = {"W_Q": ("d_head", "d_model"), "W_K": ("d_head", "d_model"), "W_V": ("d_head", "d_model"),
-             "b_Q": ("d_head",), "b_K": ("d_head",), "b_V": ("d_head",), "W_O": ("d_model", "d_head")}
+             "b_Q": ("d_head",), "b_K": ("d_head",), "b_V": ("d_head",), "W_O": ("d_model", "d_head"),
+             "sink": ("1",)}  # GPT-OSS: head h's attention sink, sinks[h:h + 1]
 
 
 @dataclass

@@ -8,7 +8,8 @@ Each library's convention, as its documentation states it:
 - transformers: an additive 4-D mask `[n_batch, 1, n_Q, n_K]`, 0 where a key is seen and
   `torch.finfo(dtype).min` where it is not, added to the scores by the eager attention.
 - flash-attn (2.1 on): `causal=True` is aligned bottom-right (lower-right); `window_size=(W - 1, 0)` is a
-  causal sliding window of W; padding is removed (`flash_attn_varlen_func`), not masked; no arbitrary mask and
+  causal sliding window of W, `window_size=(r, r)` without `causal` a bidirectional one (centred on the
+  bottom-right diagonal); padding is removed (`flash_attn_varlen_func`), not masked; no arbitrary mask and
   no chunks (transformers refuses flash attention on a chunked layer once its keys outgrow one chunk).
 - FlexAttention: a `mask_mod(b, h, q_idx, kv_idx)` returning True where a key is seen, compiled into a
   block mask by `create_block_mask`.
@@ -16,6 +17,14 @@ Chunked attention (Llama 4) is transformers' `chunked_causal_mask_function(C, le
 causal AND `kv_idx // C == q_idx // C`; F.scaled_dot_product_attention and nn.MultiheadAttention take it as an
 explicit mask.
 Every snippet except flash-attn's is run by tests/test_maskview.py and must give the same grid.
+
+Attention sinks (GPT-OSS; sinks.py) are not a mask, but a library must be told them: F.scaled_dot_product_attention
+takes them as one more key of zeros whose score is its float attn_mask column (value 0); transformers' GPT-OSS
+attention as its `sinks` parameter, handed to every attention function as `s_aux`; FlexAttention by
+renormalizing its output with the log-sum-exp it returns (what transformers' flex integration does).
+nn.MultiheadAttention cannot (its `add_zero_attn` is a sink fixed at logit 0), nor can flash-attn 2's
+`flash_attn_func` (no sink argument; transformers reaches FA3's `s_aux` through kernels-community's
+vllm-flash-attn3). tests/test_maskview.py runs the sink snippets against sdpa's own sinks.
 """
 
 from __future__ import annotations
@@ -35,10 +44,15 @@ CALL = "out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)"
 
 def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
            user: str | None) -> list[tuple[str, str]]:
-    """(expression, what it is) for each boolean part, True = may attend; `ones` is an [n_Q, n_K] of True."""
+    """(expression, what it is) for each boolean part, True = may attend; `ones` is an [n_Q, n_K] of True.
+    A bidirectional window (`window_side` both) is |i - j| <= window // 2, with no causal part."""
     align = "lower-right" if offset else "upper-left"
     window, chunk = spec.window, spec.chunk
     terms = []
+    if spec.bidirectional_window and window is not None:
+        terms.append((f"ones.tril(diagonal={window // 2}) & ones.triu(diagonal={-(window // 2)})",
+                      f"|i - j| <= {window // 2}"))
+        window = None
     if spec.align is not None:
         terms.append((f"ones.tril(diagonal={offset})", f"causal, {align}"))
     if window is not None:
@@ -71,11 +85,16 @@ def translate(n_Q: int, n_K: int, spec: AttentionSpec, pad: int, user: str | Non
     """`user`: None, "bool" (a boolean or 0/1 mask file, called `user_mask`) or "float" (an additive one)."""
     align, window, offset = spec.align, spec.window, spec.offset(n_Q, n_K)
     terms = _terms(n_Q, n_K, offset, spec, pad, user)
-    return {SDPA: _sdpa(n_Q, n_K, align, window is None and spec.chunk is None, pad, user, terms),
+    said = {SDPA: _sdpa(n_Q, n_K, align, window is None and spec.chunk is None, pad, user, terms),
             MHA: _mha(n_Q, n_K, pad, user, _terms(n_Q, n_K, offset, spec, 0, user)),
             HF: _transformers(n_Q, n_K, user, terms, spec.chunk),
             FLASH: _flash(n_Q, n_K, offset, spec, pad, user),
             FLEX: _flex(n_Q, n_K, offset, spec, pad, user)}
+    if spec.sinks:
+        from attnscope.readings.sink_translations import with_sinks
+
+        return with_sinks(said, n_Q, n_K, user, terms)
+    return said
 
 
 def _sdpa(n_Q: int, n_K: int, align: str | None, plain: bool, pad: int, user: str | None,
@@ -128,7 +147,7 @@ def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, s
 
 
 def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: str | None) -> str:
-    align, window, chunk = spec.align, spec.window, spec.chunk
+    align, window, chunk, both = spec.align, spec.window, spec.chunk, spec.bidirectional_window
     if user is not None:
         return ("not expressible: flash-attn takes no arbitrary mask "
                 "(use F.scaled_dot_product_attention or FlexAttention)")
@@ -139,6 +158,12 @@ def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user:
     if chunk is not None:
         notes.append(f"\n# all positions lie in the first chunk of {chunk}: chunks are plain causal here")
     args = ["q, k, v"]
+    if both and n_Q != n_K:
+        return ("not expressible: flash-attn centres window_size on the bottom-right diagonal;\n"
+                f"this bidirectional window is centred on query i itself, and n_Q = {n_Q} != n_K = {n_K}")
+    if both and window is not None:
+        args.append(f"window_size=({window // 2}, {window // 2})")
+        window = None
     if align == "upper-left" and n_Q != n_K:
         return ("not expressible with causal=True, which flash-attn aligns lower-right (bottom-right) since 2.1; "
                 f"this mask is upper-left with n_Q = {n_Q} != n_K = {n_K}")
@@ -156,6 +181,9 @@ def _flex(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: 
     position = "q_idx" if offset == 0 else f"(q_idx + {offset})"
     window, chunk = spec.window, spec.chunk
     terms = []
+    if spec.bidirectional_window and window is not None:
+        terms.append(f"(abs(q_idx - kv_idx) <= {window // 2})")
+        window = None
     if spec.align is not None:
         terms.append(f"(kv_idx <= {position})")
     if window is not None:

@@ -168,6 +168,7 @@ def head_json(result: HeadResult) -> dict[str, Any]:
                 "chunk": spec.chunk,
                 "temperature": None if spec.temperature is None else {"floor_scale": spec.temperature.floor_scale,
                                                                       "attn_scale": spec.temperature.attn_scale},
+                "window_side": spec.window_side if spec.window is not None else None, "sinks": spec.sinks,
             }
             if spec.latent is not None:
                 payload["layer_attention"]["latent"] = latent_json(spec.latent)

@@ -2,7 +2,7 @@
 and with --text run layers 0..L on the sentence (attnscope's own forward for the families it reads,
 transformers for the others), guard the memory, --save.
 
-`bert` is this same run with a BERT default and the BERT-layout families only.
+`bert` is this same run with a BERT default and BERT's encoders only (the BERT layout, and ModernBERT).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
     from attnscope.spec import Latent
 
-BERT_TYPES = ("bert", "roberta", "xlm-roberta")
+# BERT's family of encoders: BERT's own layout, and ModernBERT, a BERT in use whose head lives elsewhere
+# (docs/bert.md says why it belongs)
+BERT_TYPES = ("bert", "roberta", "xlm-roberta", "modernbert")
 
 
 @dataclass
@@ -39,7 +41,7 @@ class HeadOptions:
     save: str | None = None
     force: bool = False
     max_memory: int | None = None
-    command: str = "head"  # "bert" takes BERT-layout checkpoints only
+    command: str = "head"  # "bert" takes BERT's encoders only (BERT_TYPES)
     all_heads: bool = False  # --all-heads: every head of the layer, with its statistics, shown
 
 
@@ -135,8 +137,9 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         config = read_config(folder)
     if asked.command == "bert" and config.model_type not in BERT_TYPES:
         raise UsageError(f"--model {folder} is a {config.architecture} (model_type '{config.model_type}'); "
-                         f"attnscope bert supports BERT-layout checkpoints (model_type {', '.join(BERT_TYPES)}: "
-                         f"BertModel, BertFor..., MiniLM saved as BertModel); for this one use attnscope head")
+                         f"attnscope bert supports BERT-layout checkpoints and ModernBERT (model_type "
+                         f"{', '.join(BERT_TYPES)}: BertModel, BertFor..., MiniLM saved as BertModel, ModernBertModel, "
+                         "ModernBertFor...); for this one use attnscope head")
     if family_of(config) is None and asked.text is not None:
         return _through_transformers(asked, folder, config, progress)
     model = open_model(folder, config, command=asked.command)

@@ -57,6 +57,8 @@ class AttentionOptions:
     temperature_tuning: bool = False  # Llama 4's per-query scale (its NoPE layers)
     floor_scale: float | None = None
     attn_scale: float | None = None
+    sinks: str | None = None  # attention sinks: "random", one logit for every head, or one per head ("1,-0.5,2")
+    window_side: str = "left"  # "both": a symmetric window without a causal mask (ModernBERT's local attention)
 
 
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
@@ -91,9 +93,11 @@ def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head
 
 def attention_spec(asked: AttentionOptions, scale: float | None, n_kv_head: int | None) -> AttentionSpec:
     """The attention the options ask for."""
+    parse_sinks(asked.sinks)  # refused before anything runs when it is neither random nor numbers
     return asked_spec(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
                       rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head, chunk=asked.chunk,
-                      temperature=temperature_of(asked))
+                      temperature=temperature_of(asked), window_side=asked.window_side,
+                      sinks=asked.sinks is not None)
 
 
 def asked_spec(causal: str | None, window: int | None, cache: int, **variants: Any) -> AttentionSpec:
@@ -102,6 +106,20 @@ def asked_spec(causal: str | None, window: int | None, cache: int, **variants: A
     from attnscope.spec import AttentionSpec
 
     return AttentionSpec(causal=causal or bool(cache), window=window, cache=cache, **variants)
+
+
+def parse_sinks(text: str | None) -> list[float] | None:
+    """--sinks: None for `random` (or no --sinks), else the numbers given: one for every head, or one per head."""
+    if text is None or text.strip().lower() == "random":
+        return None
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise UsageError(f"--sinks {text!r}: give random, one finite number for every head (--sinks 0.5), or one per "
+                         "head separated by commas (--sinks 0.5,-1,2,0)")
+    return values
 
 
 def rope_of(asked: AttentionOptions) -> Rope | None:
