@@ -177,3 +177,13 @@ def test_show_mask_above_the_table_and_in_json(runner):
     payload = json.loads(runner.invoke(app, [*args, "--show-mask", "--json"]).stdout)
     assert payload["mask"]["grid"] == [[True, True, True, True, False], [True] * 5]
     assert payload["mask"]["alignment"] == "lower-right"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_code_translations_fit_80_columns(case):
+    """Code is not rewrapped for the terminal (the view indents it by 2): every snippet line fits 78 columns,
+    FlexAttention's mask_mod included once a chunk, an offset and padding make its conjunction long."""
+    shown = _view(case, _user(case))
+    long = [line for library, code in shown.translations.items() if library != FLASH
+            for line in code.splitlines() if len(line) > 78]
+    assert not long, long

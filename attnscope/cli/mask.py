@@ -29,7 +29,7 @@ MASK_EXAMPLES = """Examples:
 
   attnscope mask --nq 6 --causal
 
-  attnscope mask --nq 4 --cache 6 --chunk 4 --json
+  attnscope mask --nq 4 --cache 6 --chunk 4 --pad 2 --json
 
   attnscope mask --nq 8 --window 4 --window-side both --sinks"""
 

@@ -40,6 +40,7 @@ HF = "transformers"
 FLASH = "flash-attn"
 FLEX = "FlexAttention"
 CALL = "out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)"
+FLEX_WIDTH = 76  # mask_mod's return line, longest on one line (the view indents it by 2)
 
 
 def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
@@ -194,8 +195,11 @@ def _flex(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: 
         terms.append(f"(kv_idx < {n_K - pad})")
     if user == "bool":
         terms.append("user_mask.bool()[q_idx, kv_idx]")
-    body = " & ".join(terms) if terms else "q_idx >= 0  # every key"
-    lines = ["def mask_mod(b, h, q_idx, kv_idx):", f"    return {body}",
+    body = [f"    return {' & '.join(terms) if terms else 'q_idx >= 0  # every key'}"]
+    if len(body[0]) > FLEX_WIDTH:  # one term a line, as _build writes them, so it still reads at 80 columns
+        body = [f"    allowed = {terms[0]}", *(f"    allowed = allowed & {term}" for term in terms[1:-1]),
+                f"    return allowed & {terms[-1]}"]
+    lines = ["def mask_mod(b, h, q_idx, kv_idx):", *body,
              f"block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN={n_Q}, KV_LEN={n_K})"]
     if user == "float":
         lines += ["def score_mod(score, b, h, q_idx, kv_idx):", "    return score + user_mask[q_idx, kv_idx]",
