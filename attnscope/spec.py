@@ -217,6 +217,9 @@ class Latent:
                              "value for every head from one latent; drop {n_kv_head}", "n_kv_head", "latent")
         if spec.rope is None:
             raise UsageError("{latent} rotates its Q_pe and K_pe parts; give {rope}", "latent", "rope")
+        if spec.sinks:
+            raise UsageError("{sinks} with {latent}: latent attention (DeepSeek-V2/V3) has no attention sinks, and "
+                             "LatentAttention owns no sink values; drop one", "sinks", "latent")
 
     def cache_bytes(self, batch: int, n_K: int, itemsize: int) -> int:
         """What a cache of this layer holds for n_K positions: KV_latent and K_pe, `d_latent + d_rope` numbers per
