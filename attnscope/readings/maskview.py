@@ -72,4 +72,8 @@ def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: to
     from attnscope.readings.translations import translate
 
     result.translations = translate(n_Q, n_K, spec, pad, user_kind)
+    if spec.sinks:
+        from attnscope.readings.sink_translations import with_sinks
+
+        result.translations = with_sinks(result.translations, n_Q, n_K, spec, pad, user_kind)
     return result

@@ -16,16 +16,22 @@ must be told, where it can be told at all:
 
 from __future__ import annotations
 
-from attnscope.readings.translations import CALL, FLASH, FLEX, HF, MHA, SDPA, _build
+from typing import TYPE_CHECKING
+
+from attnscope.readings.translations import CALL, FLASH, FLEX, HF, MHA, SDPA, build, mask_terms
+
+if TYPE_CHECKING:
+    from attnscope.spec import AttentionSpec
 
 ZERO_KEY = ("k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)\n"
             "v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)")
 
 
-def with_sinks(said: dict[str, str], n_Q: int, n_K: int, user: str | None,
-               terms: list[tuple[str, str]]) -> dict[str, str]:
-    """Each library's snippet for the mask, with the sinks (`sinks`, one logit per head) told as it takes them."""
-    return {SDPA: _sdpa(n_Q, n_K, user, terms),
+def with_sinks(said: dict[str, str], n_Q: int, n_K: int, spec: AttentionSpec, pad: int,
+               user: str | None) -> dict[str, str]:
+    """Each library's snippet for the mask (`said`, translations.translate's), with the sinks (`sinks`, one logit
+    per head) told as it takes them."""
+    return {SDPA: _sdpa(n_Q, n_K, user, mask_terms(n_Q, n_K, spec, pad, user)),
             MHA: ("not expressible: nn.MultiheadAttention has no per-head sink;\n"
                   "add_zero_attn=True adds a zero key and value, a sink whose logit is always 0"),
             HF: _transformers(said[HF]),
@@ -37,7 +43,7 @@ def with_sinks(said: dict[str, str], n_Q: int, n_K: int, user: str | None,
 
 def _sdpa(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, str]]) -> str:
     lines = ["# sink h: a key and value of zeros; the key's attn_mask column is sinks[h]",
-             *_build(n_Q, n_K, terms)]
+             *build(n_Q, n_K, terms)]
     base = "user_mask" if user == "float" else f"torch.zeros({n_Q}, {n_K})"
     lines.append(f"seen = {base}.masked_fill(~allowed, float('-inf'))" if terms else f"seen = {base}")
     lines += [f"sink_column = sinks.view(-1, 1, 1).expand(-1, {n_Q}, 1)  # [n_head, n_Q, 1]",

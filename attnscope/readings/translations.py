@@ -24,7 +24,8 @@ attention as its `sinks` parameter, handed to every attention function as `s_aux
 renormalizing its output with the log-sum-exp it returns (what transformers' flex integration does).
 nn.MultiheadAttention cannot (its `add_zero_attn` is a sink fixed at logit 0), nor can flash-attn 2's
 `flash_attn_func` (no sink argument; transformers reaches FA3's `s_aux` through kernels-community's
-vllm-flash-attn3). tests/test_maskview.py runs the sink snippets against sdpa's own sinks.
+vllm-flash-attn3). sink_translations.py writes them on top of this module's snippets (maskview.py joins the
+two); tests/test_sinks.py runs the sink snippets against sdpa's own sinks.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
     return terms
 
 
-def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
+def build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
     """`allowed = first`, then `allowed = allowed & next`, one part a line, each with its comment (after the
     lines a part needs first, which its expression carries before a newline)."""
     lines = [f"ones = torch.ones({n_Q}, {n_K}, dtype=torch.bool)"] if any("ones" in t for t, _ in terms) else []
@@ -83,19 +84,20 @@ def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
 
 
 def translate(n_Q: int, n_K: int, spec: AttentionSpec, pad: int, user: str | None) -> dict[str, str]:
-    """`user`: None, "bool" (a boolean or 0/1 mask file, called `user_mask`) or "float" (an additive one)."""
+    """`user`: None, "bool" (a boolean or 0/1 mask file, called `user_mask`) or "float" (an additive one).
+    The mask only: sink_translations.with_sinks says the sinks on top of it."""
     align, window, offset = spec.align, spec.window, spec.offset(n_Q, n_K)
-    terms = _terms(n_Q, n_K, offset, spec, pad, user)
-    said = {SDPA: _sdpa(n_Q, n_K, align, window is None and spec.chunk is None, pad, user, terms),
+    terms = mask_terms(n_Q, n_K, spec, pad, user)
+    return {SDPA: _sdpa(n_Q, n_K, align, window is None and spec.chunk is None, pad, user, terms),
             MHA: _mha(n_Q, n_K, pad, user, _terms(n_Q, n_K, offset, spec, 0, user)),
             HF: _transformers(n_Q, n_K, user, terms, spec.chunk),
             FLASH: _flash(n_Q, n_K, offset, spec, pad, user),
             FLEX: _flex(n_Q, n_K, offset, spec, pad, user)}
-    if spec.sinks:
-        from attnscope.readings.sink_translations import with_sinks
 
-        return with_sinks(said, n_Q, n_K, user, terms)
-    return said
+
+def mask_terms(n_Q: int, n_K: int, spec: AttentionSpec, pad: int, user: str | None) -> list[tuple[str, str]]:
+    """The boolean parts of the mask, padding included, as `build` writes them (sink_translations.py too)."""
+    return _terms(n_Q, n_K, spec.offset(n_Q, n_K), spec, pad, user)
 
 
 def _sdpa(n_Q: int, n_K: int, align: str | None, plain: bool, pad: int, user: str | None,
@@ -107,7 +109,7 @@ def _sdpa(n_Q: int, n_K: int, align: str | None, plain: bool, pad: int, user: st
     if only_causal and align == "lower-right":
         return ("from torch.nn.attention.bias import causal_lower_right\n"
                 f"attn_mask = causal_lower_right({n_Q}, {n_K})\n{CALL}")
-    lines = ["# boolean attn_mask: True = may attend", *_build(n_Q, n_K, terms)]
+    lines = ["# boolean attn_mask: True = may attend", *build(n_Q, n_K, terms)]
     if user == "float":
         mask = "user_mask" if not terms else "user_mask.masked_fill(~allowed, float('-inf'))"
         return "\n".join([*lines, f"attn_mask = {mask}  # float: added", CALL])
@@ -119,7 +121,7 @@ def _sdpa(n_Q: int, n_K: int, align: str | None, plain: bool, pad: int, user: st
 def _mha(n_Q: int, n_K: int, pad: int, user: str | None, terms: list[tuple[str, str]]) -> str:
     """attn_mask without the padding (True = masked OUT), padding as key_padding_mask."""
     lines = ["# attn_mask: True = masked OUT; key_padding_mask [n_batch, n_K]: True = pad",
-             *_build(n_Q, n_K, terms)]
+             *build(n_Q, n_K, terms)]
     call = ["q, k, v"]
     if user == "float":
         mask = "user_mask" if not terms else "user_mask.masked_fill(~allowed, float('-inf'))"
@@ -140,7 +142,7 @@ def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, s
     lines = ["# additive [n_batch, 1, n_Q, n_K]: 0 = seen, finfo.min = masked; eager adds it"]
     if chunk is not None:
         lines.append(f"# the chunks are masking_utils.chunked_causal_mask_function({chunk}, left_padding)'s")
-    lines += _build(n_Q, n_K, terms)
+    lines += build(n_Q, n_K, terms)
     if not terms:
         return "\n".join([*lines, f"mask = {base}"])
     lines += ["low = torch.finfo(torch.float32).min", f"mask = {base}.masked_fill(~allowed, low)"]
@@ -196,7 +198,7 @@ def _flex(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: 
     if user == "bool":
         terms.append("user_mask.bool()[q_idx, kv_idx]")
     body = [f"    return {' & '.join(terms) if terms else 'q_idx >= 0  # every key'}"]
-    if len(body[0]) > FLEX_WIDTH:  # one term a line, as _build writes them, so it still reads at 80 columns
+    if len(body[0]) > FLEX_WIDTH:  # one term a line, as build writes them, so it still reads at 80 columns
         body = [f"    allowed = {terms[0]}", *(f"    allowed = allowed & {term}" for term in terms[1:-1]),
                 f"    return allowed & {terms[-1]}"]
     lines = ["def mask_mod(b, h, q_idx, kv_idx):", *body,
