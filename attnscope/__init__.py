@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttnscopeError",
     "MultiHeadAttention",
+    "QkNorm",
     "Rope",
     "Step",
     "Trace",
@@ -27,6 +28,7 @@ __all__ = [
 _HOMES = {
     "AttnscopeError": "attnscope.errors",
     "MultiHeadAttention": "attnscope.multihead",
+    "QkNorm": "attnscope.qknorm",
     "Rope": "attnscope.rope",
     "sdpa": "attnscope.attention",
     "split_heads": "attnscope.attention",
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from attnscope.attention import merge_heads, sdpa, split_heads
     from attnscope.errors import AttnscopeError
     from attnscope.multihead import MultiHeadAttention
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
     from attnscope.runs.head import model_head
     from attnscope.tensors import load_tensor, save_tensors

@@ -4,7 +4,7 @@
 its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
 
 Steps, in order, each only when its option asks for it:
-`Q, K, V, [cos, sin, Q_rot, K_rot], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
+`Q, K, V, [Q_normed, K_normed], [cos, sin, Q_rot, K_rot], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
 biased_scores], [masked_scores], attention, out`.
 
 Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import alibi as alibi_
-from attnscope import cost, masks
+from attnscope import cost, masks, qknorm
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
@@ -30,6 +30,7 @@ from attnscope.trace import Trace
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
 
 HALF = (torch.float16, torch.bfloat16)
@@ -174,6 +175,7 @@ def sdpa(
     dropout_p: float = 0.0,
     names: Names | None = None,
     spec: AttentionSpec | None = None,
+    qk_norm: str | QkNorm | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
@@ -187,12 +189,18 @@ def sdpa(
     (Gemma 2); `alibi`, a per-head linear bias (the head axis is -3; inputs without one are one head);
     `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
     with fewer heads than Q, shared by groups of query heads as `F.scaled_dot_product_attention(enable_gqa=True)`.
-    Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE and ALiBi alike.
-    `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
+    `qk_norm="head"`: the unit-weight RMSNorm of Q and K over d_K before RoPE (Qwen3's q_norm/k_norm without
+    their weights; qknorm.py). Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE
+    and ALiBi alike. `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the
+    keywords.
     """
     names = names or Names()
-    spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope)
+    spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope,
+                        qk_norm=qk_norm)
     scale, softcap, rope = spec.scale, spec.softcap, spec.rope
+    if spec.norm is not None and spec.norm.over != "head":
+        raise UsageError(f"{{qk_norm}} {spec.norm.over}: sdpa has no projection to normalise before a split; use "
+                         "'head' (over d_K), or MultiHeadAttention for OLMo 2's norm over the projection", "qk_norm")
     batch = check_qkv(Q, K, V, enable_gqa=enable_gqa)
     n_group = gqa_group(Q, K, V) if enable_gqa else 1
     batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
@@ -210,6 +218,10 @@ def sdpa(
     q_name, k_name, v_name = names.Q, names.K, names.V
 
     offset = spec.offset(n_Q, n_K)
+    if spec.norm is not None:
+        Q, K = qknorm.normalize(trace.add, Q, K, spec.norm, (None, None), source=(q_name, k_name),
+                                dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
+        q_name, k_name = "Q_normed", "K_normed"
     if rope is not None:
         Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
                       dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)

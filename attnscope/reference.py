@@ -6,21 +6,25 @@ attnscope's attention, mask or position code.
   padding as a boolean row, causal through `is_causal=True` or
   `torch.nn.attention.bias.causal_lower_right` when it is the only mask, else `torch.ones(...).tril(...)`,
   a sliding window as the difference of two `tril`s, all combined by boolean AND.
-- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi) the reference is the formula in
-  float64: RoPE as the rotation of complex numbers `x_i + i·x_{i+d/2}` by `e^{i·p·θ_i}`, ALiBi from BLOOM's
-  `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, and PyTorch's `_safe_softmax` rule (a query
-  that may see no key gets zeros).
+- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, qk-norm) the reference is the
+  formula in float64: qk-norm through PyTorch's `F.rms_norm` before RoPE, RoPE as the rotation of complex
+  numbers `x_i + i·x_{i+d/2}` by `e^{i·p·θ_i}`, ALiBi from BLOOM's `build_alibi_tensor` (transformers), softcap
+  `C·tanh(s / C)`, and PyTorch's `_safe_softmax` rule (a query that may see no key gets zeros).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from attnscope.spec import AttentionSpec
+
+if TYPE_CHECKING:
+    from attnscope.qknorm import QkNorm
 
 FORMULA = "float64 formula"
 
@@ -58,8 +62,12 @@ class Asked:
         return None if self.spec.rope is None else self.spec.rope.base
 
     @property
+    def qk_norm(self) -> QkNorm | None:
+        return self.spec.norm
+
+    @property
     def needs_formula(self) -> bool:
-        return self.softcap is not None or self.alibi or self.rope_base is not None
+        return self.softcap is not None or self.alibi or self.rope_base is not None or self.qk_norm is not None
 
 
 # --- the reference mask, from the user's words ----------------------------------------------------------
@@ -132,13 +140,26 @@ def _rope_complex(x: Tensor, base: float, start: int) -> Tensor:
     return torch.cat([z.real, z.imag], dim=-1)
 
 
+def rms_norm64(x: Tensor, weight: Tensor | None, eps: float, offset: bool = False) -> Tensor:
+    """qk-norm's RMSNorm over the last axis in float64, by PyTorch's `F.rms_norm`; Gemma's weights are offsets
+    from 1."""
+    import torch.nn.functional as F
+
+    w = None if weight is None else (1.0 + weight.double() if offset else weight.double())
+    return F.rms_norm(x.double(), (x.shape[-1],), w, eps)
+
+
 def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, *,
              q_start: int | None = None, k_start: int = 0, rotated_keys: int = 0) -> tuple[Tensor, Tensor]:
     """out, attention in float64. Heads on axis -3 (K/V may have fewer, shared by groups of query heads).
-    `rotated_keys` leading keys are taken as already rotated (a KV cache)."""
+    `rotated_keys` leading keys are taken as already rotated (and normed: a KV cache). A qk-norm here is sdpa's,
+    of unit weight over d_K; a module's weighted one is applied by its caller before."""
     q, k, v = q.double(), k.double(), v.double()
     n_Q, n_K, d = q.shape[-2], k.shape[-2], q.shape[-1]
     offset = n_K - n_Q if asked.causal == "lower-right" else 0
+    if asked.qk_norm is not None:
+        q = rms_norm64(q, None, asked.qk_norm.eps)
+        k = torch.cat([k[..., :rotated_keys, :], rms_norm64(k[..., rotated_keys:, :], None, asked.qk_norm.eps)], dim=-2)
     if asked.rope_base is not None:
         q = _rope_complex(q, asked.rope_base, offset if q_start is None else q_start)
         fresh = _rope_complex(k[..., rotated_keys:, :], asked.rope_base, k_start + rotated_keys)

@@ -2,7 +2,8 @@
 
 `AttentionSpec` holds everything that shapes an attention besides its inputs, weights and masks given as data
 (a mask file, key padding): the causal alignment, a sliding window, ALiBi, softcapping, RoPE, the scores' scale,
-the key/value heads, and the cached positions before the new queries. `sdpa()`, `MultiHeadAttention`, the --check
+the key/value heads, the cached positions before the new queries, and the qk-norm (where it runs; its weights
+belong to the module that owns them). `sdpa()`, `MultiHeadAttention`, the --check
 reference (check.py), the mask grid and its translations (readings/) and the cost model (cost.py) read it; none of
 them re-derives the alignment or re-checks an option. (x-transformers' `Attend(...)` and transformers'
 config-driven attention keep the same habit.)
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
 
 Align = Literal["upper-left", "lower-right"]
@@ -44,8 +46,18 @@ class AttentionSpec:
     scale: float | None = None  # None: 1/sqrt(d_K)
     n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: one per query head
     cache: int = 0  # cached positions before the new queries (a decode step)
+    # RMSNorm of Q and K before RoPE: "head" (over d_head, Qwen3) or "proj" (the whole projection, OLMo 2), or a
+    # QkNorm (qknorm.py) that also says eps and Gemma's (1 + w); a word is made a QkNorm here
+    qk_norm: QkNorm | str | None = None
 
     def __post_init__(self) -> None:
+        if self.qk_norm is not None:
+            from attnscope.qknorm import QkNorm
+
+            if isinstance(self.qk_norm, str):
+                object.__setattr__(self, "qk_norm", QkNorm(self.qk_norm))
+            elif not isinstance(self.qk_norm, QkNorm):
+                raise UsageError(f"{{qk_norm}}={self.qk_norm!r}: use 'head', 'proj' or a QkNorm(...)", "qk_norm")
         if not (self.causal in (None, False, True) or self.causal in ALIGNMENTS):
             raise UsageError(f"{{causal}}={self.causal!r}: use True (upper-left), 'upper-left' or 'lower-right'",
                                  "causal")
@@ -100,7 +112,14 @@ class AttentionSpec:
         parts.append(f"scale {scale}")
         if self.softcap is not None:
             parts.append(f"softcap {self.softcap:g}")
+        if self.norm is not None:
+            parts.append(self.norm.describe())
         return ", ".join(parts)
+
+    @property
+    def norm(self) -> QkNorm | None:
+        """The qk-norm, typed (`qk_norm` is always a QkNorm or None once built)."""
+        return self.qk_norm  # type: ignore[return-value]
 
 
 def check_kv_heads(n_head: int, n_kv_head: int) -> None:

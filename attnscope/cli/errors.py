@@ -23,7 +23,7 @@ ClickException: type[Exception] = _CLICK_BASES["ClickException"]
 # The core names parameters as a Python caller writes them; a command line user reads the flag that sets each.
 FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "scale": "--scale", "cache": "--cache",
          "pad": "--pad", "n_head": "--heads", "n_kv_head": "--kv-heads", "rope_base": "--rope-base", "meta": "--meta",
-         "model": "--model", "text": "--text", "layer": "--layer", "head": "--head"}
+         "model": "--model", "text": "--text", "layer": "--layer", "head": "--head", "qk_norm": "--qk-norm"}
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 

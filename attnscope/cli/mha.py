@@ -33,6 +33,7 @@ from attnscope.cli.options import (
     Nq,
     Pad,
     QFile,
+    QkNormOpt,
     RopeBase,
     RopeOpt,
     Save,
@@ -92,6 +93,7 @@ def mha(
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
     cache: Cache = 0,
+    qk_norm: QkNormOpt = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -106,7 +108,8 @@ def mha(
             q=q, k=k, v=v, causal=causal.value if causal else None, mask=mask, pad=pad, check=check, meta=meta,
             max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
-            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, kv_heads=kv_heads, d_head=d_head,
+            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
+            qk_norm=qk_norm.value if qk_norm else None, kv_heads=kv_heads, d_head=d_head,
             scale=scale, all_heads=all_heads,
         )
         show_run(out, run_mha(options), json=json, values=values, stats=stats)

@@ -18,14 +18,20 @@ class Causal(str, Enum):
     lower_right = "lower-right"
 
 
+class QkNormPlace(str, Enum):
+    head = "head"
+    proj = "proj"
+
+
 class Layout(str, Enum):
     row = "row"
     col = "col"
 
 
 class AttentionCommand(TyperCommand):
-    """Lets `--causal` stand alone: a bare `--causal` means `--causal upper-left`, as `is_causal=True`; and
-    refuses an option typed where it would be silently ignored (`refuse_ignored`)."""
+    """Lets `--causal` and `--qk-norm` stand alone: a bare `--causal` means `--causal upper-left`, as
+    `is_causal=True`, a bare `--qk-norm` means `--qk-norm head`; and refuses an option typed where it would be
+    silently ignored (`refuse_ignored`)."""
 
     def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
         rest = super().parse_args(ctx, expand_bare_causal(list(args)))
@@ -98,13 +104,18 @@ def _flags_as_flags(params: Iterable[Any]) -> None:
             param.metavar = ""
 
 
+# Options whose value may be left out, and what they mean then.
+BARE = {"--causal": Causal.upper_left.value, "--qk-norm": QkNormPlace.head.value}
+
+
 def expand_bare_causal(args: list[str]) -> list[str]:
+    """`--causal` and `--qk-norm` given without a value get their bare meaning (BARE)."""
     out: list[str] = []
     for i, arg in enumerate(args):
         out.append(arg)
         following = args[i + 1] if i + 1 < len(args) else None
-        if arg == "--causal" and (following is None or following.startswith("-")):
-            out.append(Causal.upper_left.value)
+        if arg in BARE and (following is None or following.startswith("-")):
+            out.append(BARE[arg])
     return out
 
 
@@ -156,4 +167,5 @@ Alibi = Annotated[bool, typer.Option("--alibi", help="Add ALiBi's per-head bias 
 RopeOpt = Annotated[bool, typer.Option("--rope", help="Rotate Q and K with rotary position embeddings (RoPE, LLaMA's half-split form).", rich_help_panel="Variants")]
 RopeBase = Annotated[float | None, typer.Option("--rope-base", metavar="B", help="RoPE's base, a config's rope_theta.  \\[default: 10000]", rich_help_panel="Variants")]
 Cache = Annotated[int, typer.Option("--cache", min=0, metavar="N", help="A decode step: K and V hold N cached positions before the new ones; causal aligns lower-right.", rich_help_panel="Variants")]
+QkNormOpt = Annotated[QkNormPlace | None, typer.Option("--qk-norm", help="RMSNorm of Q and K before RoPE: head (each head over its d_head, Qwen3, Gemma 3; bare --qk-norm) or proj (mha: the whole projection before the split, OLMo 2).", rich_help_panel="Variants")]
 ShowMask = Annotated[bool, typer.Option("--show-mask", help="Draw the combined mask (■ may attend, · masked) above the table.", rich_help_panel="Masks")]

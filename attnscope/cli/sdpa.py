@@ -33,6 +33,7 @@ from attnscope.cli.options import (
     Nq,
     Pad,
     QFile,
+    QkNormOpt,
     RopeBase,
     RopeOpt,
     Save,
@@ -92,6 +93,7 @@ def sdpa(
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
     cache: Cache = 0,
+    qk_norm: QkNormOpt = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -107,6 +109,7 @@ def sdpa(
             check=check, meta=meta, max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
             rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
+            qk_norm=qk_norm.value if qk_norm else None,
         )
         show_run(out, run_sdpa(options), json=json, values=values, stats=stats)
 

@@ -219,7 +219,7 @@ def describe(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention,
                               "rope_base": spec.rope.base if spec.rope is not None else None,
                               "cache": asked.cache,
                               "inputs": {n: s for n, s in (("Q", asked.q), ("K", asked.k), ("V", asked.v)) if s}
-                              or "random"}
+                              or "random", "qk_norm": spec.norm.over if spec.norm is not None else None}
     params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is
     kind = "cross-attention" if K is not Q else "self-attention"
     scaling = "/ √d_head" if asked.scale is None else f"· {asked.scale:g}"  # · 0 is allowed: uniform attention
@@ -246,9 +246,15 @@ def saved_inputs(asked: MhaOptions, module: MultiHeadAttention, Q: torch.Tensor,
         if tensor is not skip:  # self-attention saves Q alone: K = V = Q
             extra[name] = (tensor, ("n_batch", n, "d_feat"), input_op(file, f"torch.randn(n_batch, {n}, d_feat)"))
     for name, tensor in module.state_dict().items():
-        linear = name.split(".")[0]
+        owner = name.split(".")[0]
+        if owner in ("q_norm", "k_norm"):  # [d_head] per head, or as wide as the projection (proj)
+            per_head = module.spec.norm is not None and module.spec.norm.over == "head"
+            heads = "n_head" if owner == "q_norm" or module.n_kv_head == module.n_head else "n_kv_head"
+            width = "d_head" if per_head else f"{heads}·d_head"
+            extra[name] = (tensor, (width,), f"{owner}: the qk-norm's RMSNorm weight (ones unless loaded)")
+            continue
         dims = ("out_features", "in_features") if name.endswith("weight") else ("out_features",)
-        extra[name] = (tensor, dims, f"{linear} = nn.Linear(in_features, out_features): its {name.split('.')[-1]}")
+        extra[name] = (tensor, dims, f"{owner} = nn.Linear(in_features, out_features): its {name.split('.')[-1]}")
     return extra
 
 

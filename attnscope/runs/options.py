@@ -50,6 +50,7 @@ class AttentionOptions:
     rope_base: float | None = None
     cache: int = 0
     show_mask: bool = False
+    qk_norm: str | None = None  # "head" or "proj" (mha): RMSNorm of Q and K before RoPE
 
 
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
@@ -85,7 +86,7 @@ def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head
 def attention_spec(asked: AttentionOptions, scale: float | None, n_kv_head: int | None) -> AttentionSpec:
     """The attention the options ask for."""
     return asked_spec(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
-                      rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head)
+                      rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head, qk_norm=asked.qk_norm)
 
 
 def asked_spec(causal: str | None, window: int | None, cache: int, **variants: Any) -> AttentionSpec:

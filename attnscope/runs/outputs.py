@@ -179,6 +179,8 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
         parts.append("ALiBi")
     if spec.softcap is not None:
         parts.append(f"softcap {spec.softcap:g}")
+    if spec.norm is not None:
+        parts.append(f"qk-norm {'per head' if spec.norm.over == 'head' else 'over the projection'}")
     if asked.pad:
         parts.append(f"last {asked.pad} keys padded")
     if asked.mask:

@@ -78,7 +78,7 @@ def prepare(asked: SdpaOptions) -> AttentionSpec:
         raise UsageError(f"--layout {asked.layout}: use row or col")
     variants = [flag for flag, on in (("--rope", asked.rope), ("--window", asked.window is not None),
                                       ("--softcap", asked.softcap is not None), ("--alibi", asked.alibi),
-                                      ("--cache", asked.cache)) if on]
+                                      ("--cache", asked.cache), ("--qk-norm", asked.qk_norm)) if on]
     if asked.layout == "col" and variants:
         raise UsageError(f"--layout col shows the textbook column form; {', '.join(variants)} work in the row "
                          "layout: drop --layout col")
@@ -161,7 +161,8 @@ def describe(asked: SdpaOptions, spec: AttentionSpec, trace: Trace, mask: torch.
                               "mask": asked.mask, "meta": asked.meta, "window": asked.window, "softcap": asked.softcap,
                               "alibi": asked.alibi, "rope": asked.rope,
                               "rope_base": spec.rope.base if spec.rope is not None else None, "cache": asked.cache,
-                              "inputs": {n: s for n, s in asked.files.items() if s} or "random"}
+                              "inputs": {n: s for n, s in asked.files.items() if s} or "random",
+                              "qk_norm": spec.norm.over if spec.norm is not None else None}
     params["batch_shape"] = batch  # a list in every command's JSON (here `batch` is one too: any leading dims)
     formula = ("out = V · softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col
                else "out = softmax(Q Kᵀ / √d_K) V")
