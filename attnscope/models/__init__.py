@@ -12,6 +12,10 @@ Hugging Face cache lookup (hub.py), and transformers as the fallback for other f
 | mistral | mistral.py | Mistral (LLaMA's, with a window) |
 | qwen2 | qwen2.py | Qwen2 (LLaMA's, with q/k/v biases and windowed layers) |
 | gemma2 | gemma2.py | Gemma2 (LLaMA's, with softcap, scalar, sandwich norms) |
+| qwen3 | qwen3.py | Qwen3 (Qwen2's windows, qk-norm per head: qknormed.py) |
+| qwen3_moe | qwen3_moe.py | Qwen3Moe (Qwen3's attention; the MoE MLP run, not traced) |
+| gemma3_text, gemma3 (its text part) | gemma3.py | Gemma3 (Gemma 2's, with (1 + w) qk-norm, RoPE per layer type) |
+| olmo2 | olmo2.py | Olmo2 (LLaMA's, with qk-norm over the projection, post-norms) |
 
 Following a family's forward across files, step by step (`attnscope head --text`):
 
@@ -20,6 +24,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | X, the attention's input (the residual stream after the layer's input norm) | the family's `attention_input`; |
 |   the layers before it by its `block` | bert.py, gpt2.py, llama.py, ... |
 | Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
+| Q_normed, K_normed (qk-norm) | qknorm.py, from multihead.py `_heads` (the family's `attention_spec().qk_norm`) |
 | cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`) |
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask) |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
@@ -43,8 +48,10 @@ if TYPE_CHECKING:
 # model_type -> (module, class): imported only for the family asked for.
 FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-roberta": ("bert", "Roberta"),
             "gpt2": ("gpt2", "Gpt2"), "llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"),
-            "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2")}
-SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2"
+            "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2"), "qwen3": ("qwen3", "Qwen3"),
+            "qwen3_moe": ("qwen3_moe", "Qwen3Moe"), "gemma3_text": ("gemma3", "Gemma3"), "gemma3": ("gemma3", "Gemma3"),
+            "olmo2": ("olmo2", "Olmo2")}
+SUPPORTED = "bert, roberta, gpt2, llama, mistral, qwen2, gemma2, qwen3, qwen3_moe, gemma3, olmo2"
 
 
 def family_of(config: Config) -> type[Family] | None:

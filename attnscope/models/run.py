@@ -57,8 +57,9 @@ def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
 
 
 # Head h's steps: (its name, the layer step it is a slice of, which head index: query head or KV head).
-HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "kv"), ("Q_rot", "Q_rot", "q"),
-              ("K_rot", "K_rot", "kv"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
+HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "kv"), ("Q_normed", "Q_normed", "q"),
+              ("K_normed", "K_normed", "kv"), ("Q_rot", "Q_rot", "q"), ("K_rot", "K_rot", "kv"),
+              ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
               ("masked_scores", "masked_scores", "q"), ("attention", "attention", "q"), ("out", "x_raw", "q"))
 
 
@@ -73,8 +74,12 @@ def _head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
     index = {"q": head, "kv": model.kv_head(head)}
     formulas = {name: f" = X @ W_{name}.T" + (f" + b_{name}" if bias else "") for name in ("Q", "K", "V")}
     formulas["out"] = f" = attention @ {'V_rep' if 'V_rep' in layer else 'V_split'}[0, {head}]"
+    over_projection = "Q_normed" in layer and layer.step("Q_normed").dims[1] == "n_tokens"
+    if over_projection:  # OLMo 2: the split is of the normed projection, and the norm saw every head
+        for name in ("Q", "K"):
+            formulas[name] = f" = RMSNorm(X @ W_{name}.T{f' + b_{name}' if bias else ''}) over every head, then split"
     for name, source, which in HEAD_STEPS:
-        if source not in layer:
+        if source not in layer or (over_projection and name in ("Q_normed", "K_normed")):
             continue
         step = layer.step(source)
         i = index[which]

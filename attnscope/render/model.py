@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from attnscope.models.weights import HeadWeights
     from attnscope.runs.head import HeadResult, ModelInfo
 
-NAME_WIDTH = 6  # "W_Q" and the column's padding
+NAME_WIDTH = 6  # "W_Q" and the column's padding ("q_norm" adds 3)
 STATS_WIDTH = 27  # mean, std and norm beside the key
 
 
@@ -59,8 +59,9 @@ def weights_table(weights: HeadWeights, width: int) -> Table:
     from attnscope.models.weights import HEAD_DIMS
 
     longest = max((len(s) for s in weights.sources.values()), default=0)
-    beside = NAME_WIDTH + longest + STATS_WIDTH <= width  # the statistics fit beside the key
-    key_width = max(20, width - NAME_WIDTH - (STATS_WIDTH if beside else 0))
+    names = NAME_WIDTH + max((len(name) - 3 for name in weights.tensors), default=0)
+    beside = names + longest + STATS_WIDTH <= width  # the statistics fit beside the key
+    key_width = max(20, width - names - (STATS_WIDTH if beside else 0))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("weight", style="bold cyan", no_wrap=True)
     table.add_column("dims = shape  /  checkpoint key and slice", no_wrap=True)
@@ -155,6 +156,8 @@ def head_json(result: HeadResult) -> dict[str, Any]:
                 "scale": spec.scale if spec.scale is not None else result.info.d_head ** -0.5,
                 "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind},
                 "kv_head": o.head // (result.info.heads // result.info.kv_heads),
+                "qk_norm": None if spec.norm is None else {"over": spec.norm.over, "eps": spec.norm.eps,
+                                                           "plus_one": spec.norm.offset},
             }
     if o.all_heads and result.heads is not None:
         payload["heads"] = heads_json(result.heads)
