@@ -340,3 +340,14 @@ def test_missing_norm_weight_is_one_line(runner, built, tmp_path):
     del state["model.layers.1.self_attn.k_norm.weight"]
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     _fails(runner, ["head", "--model", str(folder), "--layer", "1"], "no tensor model.layers.1.self_attn.k_norm.weight")
+
+
+def test_moe_estimate_counts_one_expert_in_float32_not_all(built):
+    opened = _open(built("qwen3_moe")[0])
+    with opened.checkpoint:
+        from attnscope.models.family import Family
+
+        shared = Family.estimate_bytes(opened, 2, 16)
+        experts = sum(4 * opened._numel(k) for k in opened.checkpoint.keys if ".mlp.experts." in k)
+        assert experts > 0
+        assert opened.estimate_bytes(2, 16) == shared - experts + 2 * 4 * 3 * 16 * 32

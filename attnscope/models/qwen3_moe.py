@@ -87,6 +87,15 @@ class Qwen3Moe(Qwen3):
             out.index_add_(0, tokens, hidden * top[tokens, slot, None])
         return out.view_as(x)
 
+    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
+        """The shared estimate counts every expert's weights as float32; `experts` holds one expert's at a time
+        (and reads only those some token picked), so the float32 copies of all but two are taken back out."""
+        stem = f"{self.prefix}{self.layers}."
+        experts = [k for k in self.checkpoint.keys if k.startswith(stem) and ".mlp.experts." in k
+                   and int(k[len(stem):].split(".", 1)[0]) <= layer]
+        one = 3 * self.config.integer("moe_intermediate_size", default=768) * self.d_model  # gate, up, down
+        return super().estimate_bytes(layer, n_tokens) - 4 * sum(self._numel(k) for k in experts) + 2 * 4 * one
+
     def expert_weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Expert `expert`'s gate, up and down projections, from per-expert keys or the fused tensors."""
         fused = self.key(layer, "mlp.experts.gate_up_proj")
