@@ -29,33 +29,18 @@ from bench_model_text import CACHE, REFERENCE, TEXT, race  # noqa: E402
 BUILD_QWEN3 = """
 import json, sys, torch
 from pathlib import Path
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
 folder, dtype = Path(sys.argv[1]), getattr(torch, sys.argv[2])
 folder.mkdir(parents=True, exist_ok=True)
+sys.path.insert(0, sys.argv[3])
+from _checkpoint import write_random_shards
+
 config = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                      num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
                      rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, dtype=sys.argv[2])
-with torch.device("meta"):
-    shapes = {k: tuple(v.shape) for k, v in Qwen3ForCausalLM(config).state_dict().items() if k != "lm_head.weight"}
-groups = {}
-for key in shapes:
-    part = key.split(".")
-    groups.setdefault(int(part[2]) // 7 if part[1] == "layers" else (-1 if "embed" in key else 99), []).append(key)
-generator = torch.Generator().manual_seed(0)
-weight_map, total = {}, 0
-for i, (group, keys) in enumerate(sorted(groups.items())):
-    name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-    tensors = {k: (torch.ones(shapes[k]) if k.endswith("norm.weight") else
-                   torch.randn(shapes[k], generator=generator) * 0.02).to(dtype) for k in keys}
-    save_file(tensors, str(folder / name), metadata={"format": "pt"})
-    total += sum(t.numel() * t.element_size() for t in tensors.values())
-    weight_map.update(dict.fromkeys(keys, name))
-    del tensors
-(folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                  "weight_map": weight_map}))
+params = write_random_shards(folder, Qwen3ForCausalLM, config, layers_per_shard=7, dtype=dtype)
 config.architectures = ["Qwen3ForCausalLM"]
 config.save_pretrained(folder)
 corpus = ["The cat sat on the mat because it was tired, and the dog ran after it."] * 10
@@ -66,7 +51,7 @@ bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_toke
 spec = json.loads(bpe.to_str())["model"]
 merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["merges"]]
 Qwen2Tokenizer(vocab=spec["vocab"], merges=merges).save_pretrained(folder)
-print(sum(torch.Size(s).numel() for s in shapes.values()))
+print(params)
 """
 
 
@@ -76,7 +61,7 @@ def qwen3_06b(dtype: str) -> Path:
     if not done.is_file():
         shutil.rmtree(folder, ignore_errors=True)
         print(f"building a Qwen3-0.6B-shaped checkpoint ({dtype}) in {folder} (once) ...", file=sys.stderr)
-        done.write_text(python_output(BUILD_QWEN3, str(folder), dtype))
+        done.write_text(python_output(BUILD_QWEN3, str(folder), dtype, str(Path(__file__).parent)))
     return folder
 
 
