@@ -9,6 +9,9 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from fuzz import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnscope import MultiHeadAttention, QkNorm, Rope, cost, sdpa
 from attnscope.cli import app
@@ -270,3 +273,47 @@ def test_cli_meta_shows_the_norm_at_any_size(runner):
     steps = {t["name"]: t for t in json.loads(result.stdout)["tensors"]}
     assert steps["Q_normed"]["shape"] == [1, 32, 100000, 128]
     assert steps["K_normed"]["bytes"] == 8 * 100000 * 128 * 4
+
+
+# --- properties over random sizes ------------------------------------------------------------------------------
+
+
+@st.composite
+def qk_norm_case(draw):
+    """A MultiHeadAttention with qk-norm (either placement), random sizes, GQA, RoPE or not, and random inputs of
+    any magnitude."""
+    n_kv_head = draw(st.sampled_from([1, 2]))
+    n_head = n_kv_head * draw(st.integers(1, 3))
+    d_head = draw(st.sampled_from([2, 4, 6]))
+    d_feat = draw(st.integers(1, 12))
+    over, rope = draw(st.sampled_from(["head", "proj"])), draw(st.booleans())
+    n_batch, n = draw(st.integers(1, 2)), draw(st.integers(1, 6))
+    magnitude = draw(st.sampled_from([1e-3, 1.0, 1e3]))
+    return n_head, n_kv_head, d_head, d_feat, over, rope, n_batch, n, magnitude, draw(st.integers(0, 2**31 - 1))
+
+
+@fuzz_settings(40)
+@given(qk_norm_case())
+def test_qk_norm_property_check_passes_and_estimate_equals_the_run(case):
+    """For any sizes and input magnitudes: --check's float64 reference (F.rms_norm with the module's weights, before
+    or after the split) agrees, and the memory estimate equals the meta-traced run."""
+    from attnscope import check
+
+    n_head, n_kv_head, d_head, d_feat, over, rope, n_batch, n, magnitude, seed = case
+    torch.manual_seed(seed)
+    module = MultiHeadAttention(d_feat, n_head, n_kv_head=n_kv_head, d_head=d_head, qk_norm=over, causal=True,
+                                rope=Rope() if rope else None).eval()
+    with torch.no_grad():
+        module.q_norm.weight.normal_(1.0, 0.5)
+        module.k_norm.weight.normal_(1.0, 0.5)
+        X = torch.randn(n_batch, n, d_feat) * magnitude
+        trace = module(X)
+    comparisons = check.check_mha(module, trace, X, X, X, None, check.Asked(module.spec))
+    assert all(c.passed for c in comparisons), comparisons
+    with torch.device("meta"):
+        shadow = MultiHeadAttention(d_feat, n_head, n_kv_head=n_kv_head, d_head=d_head, qk_norm=over, causal=True,
+                                    rope=Rope() if rope else None)
+    meta = shadow(X.to("meta"))
+    held = sum(p.numel() * 4 for p in shadow.parameters()) + X.numel() * 4 + n * n  # weights, input, causal mask
+    assert cost.traced_peak_bytes(meta.steps, held) == cost.mha_bytes(n_batch, n, n, d_feat, n_head, module.spec,
+                                                                      d_head=d_head)

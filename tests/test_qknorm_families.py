@@ -315,7 +315,8 @@ def _fails(runner, args: list[str], *phrases: str) -> None:
 
 
 @pytest.mark.parametrize(("family", "edit", "phrases"), [
-    ("gemma3_text", lambda c: c | {"use_bidirectional_attention": True}, ["use_bidirectional_attention is true"]),
+    ("gemma3_text", lambda c: c | {"use_bidirectional_attention": True}, ["use_bidirectional_attention is true",
+                                                                           "drop --text"]),
     ("gemma3_text", lambda c: c | {"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]},
      ["layer_types[1] is 'chunked_attention'"]),
     ("gemma3", lambda c: c | {"text_config": c["text_config"] | {"rope_parameters": {

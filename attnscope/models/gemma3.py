@@ -55,10 +55,6 @@ class Gemma3(QkNormed, Gemma2):
         text = config.mapping("text_config") if config.model_type == "gemma3" else config.data
         super().__init__(folder, Config(config.path, {**TEXT_DEFAULTS, **(text or {})}), checkpoint)
         self.architecture = config.architecture
-        if self.config.flag("use_bidirectional_attention"):
-            raise UsageError(f"{config.path}: use_bidirectional_attention is true: its sliding layers see a window "
-                             "on both sides, which attnscope does not trace for Gemma 3; the causal checkpoints are "
-                             "read")
 
     @property
     def model_type(self) -> str:
@@ -80,6 +76,10 @@ class Gemma3(QkNormed, Gemma2):
         return self.config.optional_integer("sliding_window") if sliding else None
 
     def attention_spec(self, layer: int) -> AttentionSpec:
+        if self.config.flag("use_bidirectional_attention"):
+            raise UsageError(f"{self.config.path}: use_bidirectional_attention is true (EmbeddingGemma): its sliding "
+                             "layers see a window on both sides, which attnscope does not trace for Gemma 3 (the "
+                             "weight dump works; drop {text})", "text")
         scalar = self.config.number("query_pre_attn_scalar")
         return AttentionSpec(causal=True, rope=self.rope(self.layer_type(layer)), window=self.window(layer),
                              scale=scalar ** -0.5, qk_norm=self.qk_norm())
