@@ -4,8 +4,9 @@
 its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
 
 Steps, in order, each only when its option asks for it:
-`Q, K, V, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
-biased_scores], [masked_scores], [sinks], attention, [sink_weight], out` (sinks: sinks.py).
+`Q, K, V, [Q_normed, K_normed], [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores,
+[capped_scores], [alibi_bias, biased_scores], [masked_scores], [sinks], attention, [sink_weight], out` (sinks:
+sinks.py; qk-norm: qknorm.py).
 
 Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
 float32 and `out` is cast back, as PyTorch's math path does (`_scaled_dot_product_attention_math` upcasts
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import alibi as alibi_
-from attnscope import cost
+from attnscope import cost, qknorm
 from attnscope import sinks as sinks_
 from attnscope.errors import UsageError
 from attnscope.masking import masked, zero_rows
@@ -32,6 +33,7 @@ from attnscope.trace import Trace
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
     from attnscope.temperature import TemperatureTuning
 
@@ -181,6 +183,7 @@ def sdpa(
     chunk: int | None = None,
     temperature: TemperatureTuning | None = None,
     sinks: Tensor | None = None,
+    qk_norm: str | QkNorm | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
@@ -200,13 +203,18 @@ def sdpa(
     RoPE; temperature.py). Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE,
     ALiBi and the temperature alike.
     `sinks`, one logit per head `[n_head]`, joins each softmax row and is dropped after (GPT-OSS; sinks.py).
+    `qk_norm="head"`: the unit-weight RMSNorm of Q and K over d_K before RoPE (Qwen3's q_norm/k_norm without
+    their weights; qknorm.py).
     `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
     """
     names = names or Names()
     spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope,
-                        chunk=chunk, temperature=temperature, window_side=window_side)
+                        chunk=chunk, temperature=temperature, window_side=window_side, qk_norm=qk_norm)
     spec = sinks_.resolve(spec, sinks)
     scale, softcap, rope = spec.scale, spec.softcap, spec.rope
+    if spec.norm is not None and spec.norm.over != "head":
+        raise UsageError(f"{{qk_norm}} {spec.norm.over}: sdpa has no projection to normalise before a split; use "
+                         "'head' (over d_K), or MultiHeadAttention for OLMo 2's norm over the projection", "qk_norm")
     batch = check_qkv(Q, K, V, enable_gqa=enable_gqa)
     n_group = gqa_group(Q, K, V) if enable_gqa else 1
     batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
@@ -224,6 +232,10 @@ def sdpa(
     q_name, k_name, v_name = names.Q, names.K, names.V
 
     offset = spec.offset(n_Q, n_K)
+    if spec.norm is not None:
+        Q, K = qknorm.normalize(trace.add, Q, K, spec.norm, (None, None), source=(q_name, k_name),
+                                dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
+        q_name, k_name = "Q_normed", "K_normed"
     if rope is not None:
         Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
                       dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)

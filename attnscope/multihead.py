@@ -2,10 +2,12 @@
 
 Four Linear layers, split into heads, SDPA in every head (through `attention.sdpa`, so the two never
 drift), merge, project. The variants are arguments: `n_kv_head` (grouped-query attention; 1 is
-multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `rope` (rotary embeddings after the
-split, transformers' `apply_rotary_pos_emb`), `causal`, `window` (and `window_side`), `chunk`, `softcap`,
-`alibi`, `scale`, `temperature` (Llama 4's per-query scale, after RoPE), `sinks` (a learned logit per head, the
-module's `sinks` parameter: GPT-OSS's), and a KV cache passed to `forward`.
+multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `qk_norm` (an RMSNorm of Q and K before RoPE,
+per head or over the whole projection, with learned weights `q_norm.weight` and `k_norm.weight`; qknorm.py),
+`rope` (rotary embeddings after the split, transformers' `apply_rotary_pos_emb`), `causal`, `window` (and
+`window_side`), `chunk`, `softcap`, `alibi`, `scale`, `temperature` (Llama 4's per-query scale, after RoPE),
+`sinks` (a learned logit per head, the module's `sinks` parameter: GPT-OSS's), and a KV cache passed to
+`forward`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnscope import alibi as alibi_
-from attnscope import attention, cost, masks
+from attnscope import attention, cost, masks, qknorm
 from attnscope.attention import Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
@@ -27,6 +29,7 @@ from attnscope.trace import Trace
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
     from attnscope.temperature import TemperatureTuning
 
@@ -40,6 +43,9 @@ class MultiHeadAttention(nn.Module):
     steps are not kept and the attention runs in `F.scaled_dot_product_attention`; the trace then holds only `x`.
 
     W_q projects d_feat to n_head·d_head, W_k and W_v to n_kv_head·d_head, W_o n_head·d_head back to d_feat.
+    With `qk_norm`, `q_norm.weight` and `k_norm.weight` are `[d_head]` ("head") or `[n_head·d_head]` and
+    `[n_kv_head·d_head]` ("proj"), ones to start with (zeros for Gemma's offsets, `(1 + w)`), as transformers
+    names and initialises them, so a checkpoint's weights load into the state dict as they are.
     `cache=(K_cache, V_cache)`, each `[n_batch, n_kv_head, n_cache, d_head]`, holds the keys (already
     rotated, as transformers' caches hold them) and values of earlier positions; the new queries and keys
     then sit at positions n_cache onwards, and `causal` should be "lower-right".
@@ -71,11 +77,12 @@ class MultiHeadAttention(nn.Module):
         spec: AttentionSpec | None = None,
         chunk: int | None = None,
         temperature: TemperatureTuning | None = None,
+        qk_norm: str | QkNorm | None = None,
     ) -> None:
         super().__init__()
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
                                  window_side=window_side, softcap=softcap, alibi=alibi, rope=rope, sinks=sinks,
-                                 chunk=chunk, temperature=temperature)
+                                 chunk=chunk, temperature=temperature, qk_norm=qk_norm)
         n_kv_head = n_head if self.spec.n_kv_head is None else self.spec.n_kv_head
         _check_sizes(d_feat, n_head, n_kv_head, d_head)
         if not 0.0 <= dropout_p < 1.0:
@@ -92,6 +99,10 @@ class MultiHeadAttention(nn.Module):
         self.W_o = nn.Linear(n_head * self.d_head, d_feat, bias=bias if out_bias is None else out_bias, **factory)
         # GPT-OSS's `sinks`: one logit per head, drawn after the projections so their seeded values stay the same
         self.sinks = nn.Parameter(torch.randn(n_head, **factory)) if self.spec.sinks else None
+        norm = self.spec.norm
+        if norm is not None:
+            self.q_norm = NormWeight(norm.width(n_head, self.d_head), norm.offset, **factory)
+            self.k_norm = NormWeight(norm.width(n_kv_head, self.d_head), norm.offset, **factory)
 
     @property
     def n_group(self) -> int:
@@ -109,8 +120,8 @@ class MultiHeadAttention(nn.Module):
         trace = Trace()
         add = trace.add if self.record else _keep_tensor
         Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache, spec)
-        # Q and K are rotated (and Q tuned) here, before the cache joins: the rest is sdpa's
-        spec = replace(spec, rope=None, temperature=None)
+        # Q and K are normed, rotated (and Q tuned) here, before the cache joins: the rest is sdpa's
+        spec = replace(spec, rope=None, temperature=None, qk_norm=None)
         dropout_p = self.dropout_p if self.training else 0.0
         n_batch = Q.shape[0]
         if self.record:
@@ -153,12 +164,25 @@ class MultiHeadAttention(nn.Module):
                            f"W_{name.lower()}({name})", cost.linear_flops((*x.shape[:-1], W.out_features),
                                                                            self.d_feat, bias))
                  for name, W, x, n, _, axis in plan}
+        norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
+        if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
+            widths = (self._width("n_head"), self._width(kv_axis))
+            feats["Q"], feats["K"] = qknorm.normalize(
+                add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
+                dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
+                names=("q_norm.weight", "k_norm.weight"))
+            made["Q"], made["K"] = "Q_normed", "K_normed"
         split = {name: add(f"{name}_split", split_heads(feats[name], count),  # -> [n_batch, heads, n, d_head]
                            ("n_batch", axis, n, "d_head"),
-                           f"{name}_feat.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
+                           f"{made[name]}.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
                  for name, _, _, n, count, axis in plan}
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
+        if norm is not None and norm.over == "head":  # Qwen3, Gemma 3: each head over its own d_head
+            per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
+            q, k = qknorm.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
+                                    axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"))
+            q_name, k_name = "Q_normed", "K_normed"
         n_cache = cache[0].shape[-2] if cache is not None else 0
         n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
         # the new tokens sit after the cached ones whether or not the attention is causal
@@ -184,6 +208,9 @@ class MultiHeadAttention(nn.Module):
         names = Names(Q=q_name, K=k_name, V=v_name, out="x_raw", d_K="d_head", d_V="d_head",
                       batch=("n_batch", "n_head"))
         return q, k, v, names
+
+    def _norm_weights(self) -> tuple[Tensor, Tensor]:
+        return self.q_norm.weight, self.k_norm.weight
 
     def _kv_axis(self) -> str:
         return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
@@ -224,6 +251,16 @@ class MultiHeadAttention(nn.Module):
                 if t.dim() != 4 or list(t.shape) != want:
                     raise UsageError(f"{name} is {list(t.shape)} but the cache is [n_batch, n_kv_head, n_cache, "
                                      f"d_head] = [{want[0]}, {want[1]}, n_cache, {want[3]}], the same for K and V")
+
+
+class NormWeight(nn.Module):
+    """A qk-norm's learned weight `[width]`, kept as `<name>.weight` (`q_norm.weight`, as transformers' RMSNorm
+    modules are): ones, or zeros where the weights are offsets from 1 (Gemma's `(1 + w)`), so a fresh norm
+    scales by 1. The formula is qknorm.rms_norm's."""
+
+    def __init__(self, width: int, offset: bool, **factory: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter((torch.zeros if offset else torch.ones)(width, **factory))
 
 
 def _keep_tensor(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:

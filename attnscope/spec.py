@@ -2,7 +2,8 @@
 
 `AttentionSpec` holds everything that shapes an attention besides its inputs, weights and masks given as data
 (a mask file, key padding): the causal alignment, a sliding window, ALiBi, softcapping, RoPE, the scores' scale,
-the key/value heads, and the cached positions before the new queries. `sdpa()`, `MultiHeadAttention`, the --check
+the key/value heads, the cached positions before the new queries, and the qk-norm (where it runs; its weights
+belong to the module that owns them). `sdpa()`, `MultiHeadAttention`, the --check
 reference (check.py), the mask grid and its translations (readings/) and the cost model (cost.py) read it; none of
 them re-derives the alignment or re-checks an option. (x-transformers' `Attend(...)` and transformers'
 config-driven attention keep the same habit.)
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Literal
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
     from attnscope.temperature import TemperatureTuning
 
@@ -60,8 +62,18 @@ class AttentionSpec:
     temperature: TemperatureTuning | None = None  # Llama 4's per-query scale on its NoPE layers (temperature.py)
     sinks: bool = False  # attention sinks: a learned logit per head joins each softmax row (GPT-OSS; sinks.py)
     window_side: WindowSide = "left"  # "left": causal, keys at or before the query; "both": |i - j| <= window // 2
+    # RMSNorm of Q and K before RoPE: "head" (over d_head, Qwen3) or "proj" (the whole projection, OLMo 2), or a
+    # QkNorm (qknorm.py) that also says eps and Gemma's (1 + w); a word is made a QkNorm here
+    qk_norm: QkNorm | str | None = None
 
     def __post_init__(self) -> None:
+        if self.qk_norm is not None:
+            from attnscope.qknorm import QkNorm
+
+            if isinstance(self.qk_norm, str):
+                object.__setattr__(self, "qk_norm", QkNorm(self.qk_norm))
+            elif not isinstance(self.qk_norm, QkNorm):
+                raise UsageError(f"{{qk_norm}}={self.qk_norm!r}: use 'head', 'proj' or a QkNorm(...)", "qk_norm")
         if not (self.causal in (None, False, True) or self.causal in ALIGNMENTS):
             raise UsageError(f"{{causal}}={self.causal!r}: use True (upper-left), 'upper-left' or 'lower-right'",
                                  "causal")
@@ -153,12 +165,19 @@ class AttentionSpec:
             parts.append(self.latent.describe())
         if self.sinks:
             parts.append("attention sinks (a learned logit per head)")
+        if self.norm is not None:
+            parts.append(self.norm.describe())
         return ", ".join(parts)
 
     @property
     def reach(self) -> int:
         """How far a bidirectional window sees on each side: window // 2 (ModernBERT's `sliding_window`)."""
         return (self.window or 0) // 2
+
+    @property
+    def norm(self) -> QkNorm | None:
+        """The qk-norm, typed (`qk_norm` is always a QkNorm or None once built)."""
+        return self.qk_norm  # type: ignore[return-value]
 
 
 def check_kv_heads(n_head: int, n_kv_head: int) -> None:

@@ -111,12 +111,18 @@ def _config_and_class(family: str, vocab: int):
 def build(family: str, folder: Path, *, shard: bool = False, **sizes):
     """Save a tiny `family` model and its tokenizer to `folder`; return transformers' eager model read back.
     `sizes` override the config's (e.g. num_hidden_layers=12)."""
-    folder.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer(family)
     config, cls = _config_and_class(family, len(tokenizer))
+    return save_random(folder, tokenizer, config, cls, (*FAMILIES, *MODERN).index(family), shard=shard, **sizes)
+
+
+def save_random(folder: Path, tokenizer, config, cls, seed: int, *, shard: bool = False, **sizes):
+    """`cls(config)` with weights drawn with std 0.3 from `seed`, saved with its tokenizer to `folder`; transformers'
+    eager model read back."""
+    folder.mkdir(parents=True, exist_ok=True)
     for name, value in sizes.items():
         setattr(config, name, value)
-    torch.manual_seed((*FAMILIES, *MODERN).index(family))
+    torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():
@@ -150,6 +156,20 @@ def with_config(folder: Path, target: Path, change) -> Path:
     path = target / "config.json"
     path.write_text(json.dumps(change(json.loads(path.read_text()))))
     return target
+
+
+def cached_builder(tmp_path_factory, build, **options):
+    """family -> (folder, eager model), each built by `build(family, folder, ...)` the first time it is asked
+    for (a module-scoped fixture's body); `options(family)` gives build's keywords."""
+    cache: dict[str, tuple[Path, object]] = {}
+
+    def get(family: str):
+        if family not in cache:
+            folder = tmp_path_factory.mktemp(family)
+            cache[family] = folder, build(family, folder, **{k: v(family) for k, v in options.items()})
+        return cache[family]
+
+    return get
 
 
 def base(model):

@@ -27,7 +27,8 @@ FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "sc
          "latent": "--kv-lora-rank", "kv_lora_rank": "--kv-lora-rank", "q_lora_rank": "--q-lora-rank",
          "qk_rope_head_dim": "--rope-head-dim", "qk_nope_head_dim": "--d-head", "v_head_dim": "--v-head-dim",
          "rope": "--rope", "chunk": "--chunk", "floor_scale": "--floor-scale", "attn_scale": "--attn-scale",
-         "temperature": "--temperature-tuning", "sinks": "--sinks", "window_side": "--window-side"}
+         "temperature": "--temperature-tuning", "sinks": "--sinks", "window_side": "--window-side",
+         "qk_norm": "--qk-norm"}
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 

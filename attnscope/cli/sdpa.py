@@ -36,6 +36,7 @@ from attnscope.cli.options import (
     Nq,
     Pad,
     QFile,
+    QkNormOpt,
     RopeBase,
     RopeFraction,
     RopeOpt,
@@ -108,6 +109,7 @@ def sdpa(
     attn_scale: AttnScale = None,
     cache: Cache = 0,
     sinks: SinksOpt = None,
+    qk_norm: QkNormOpt = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -126,7 +128,7 @@ def sdpa(
             rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, chunk=chunk,
             rope_fraction=rope_fraction, rope_pairing=rope_pairing.value if rope_pairing else None,
             temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale, sinks=sinks,
-            window_side=window_side.value if window_side else "left",
+            window_side=window_side.value if window_side else "left", qk_norm=qk_norm.value if qk_norm else None,
         )
         show_run(out, run_sdpa(options), json=json, values=values, stats=stats, page=page)
 

@@ -18,6 +18,10 @@ Hugging Face cache lookup (hub.py), and transformers as the fallback for other f
 | llama4, llama4_text | llama4.py | Llama4 (chunked and NoPE layers, temperature tuning, L2 qk-norm, MoE) |
 | gpt_oss | gpt_oss.py | GptOss (LLaMA's, with sinks, biases, alternating windows, yarn RoPE, an MoE MLP) |
 | modernbert | modernbert.py | ModernBert (an encoder: fused Wqkv, RoPE, global and local bidirectional layers) |
+| qwen3 | qwen3.py | Qwen3 (Qwen2's windows, qk-norm per head: qknormed.py) |
+| qwen3_moe | qwen3_moe.py | Qwen3Moe (Qwen3's attention; the MoE MLP run, not traced) |
+| gemma3_text, gemma3 (its text part) | gemma3.py | Gemma3 (Gemma 2's, with (1 + w) qk-norm, RoPE per layer type) |
+| olmo2 | olmo2.py | Olmo2 (LLaMA's, with qk-norm over the projection, post-norms) |
 
 Following a family's forward across files, step by step (`attnscope head --text`):
 
@@ -26,6 +30,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | X, the attention's input (the residual stream after the layer's input norm) | the family's `attention_input`; |
 |   the layers before it by its `block` | bert.py, gpt2.py, llama.py, ... |
 | Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
+| Q_normed, K_normed (qk-norm before RoPE) | qknorm.py, from multihead.py `_heads` (`attention_spec().qk_norm`) |
 | cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
 |   layers) | |
 | Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
@@ -60,9 +65,11 @@ FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-rober
             "deepseek_v3": ("deepseek", "DeepseekV3"), "deepseek_v2": ("deepseek", "DeepseekV2"),
             "smollm3": ("smollm3", "SmolLM3"), "phi3": ("phi3", "Phi3"), "llama4": ("llama4", "Llama4"),
             "llama4_text": ("llama4", "Llama4"), "gpt_oss": ("gpt_oss", "GptOss"),
-            "modernbert": ("modernbert", "ModernBert")}
+            "modernbert": ("modernbert", "ModernBert"), "qwen3": ("qwen3", "Qwen3"),
+            "qwen3_moe": ("qwen3_moe", "Qwen3Moe"), "gemma3_text": ("gemma3", "Gemma3"), "gemma3": ("gemma3", "Gemma3"),
+            "olmo2": ("olmo2", "Olmo2")}
 SUPPORTED = ("bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4, "
-             "gpt_oss, modernbert")
+             "gpt_oss, modernbert, qwen3, qwen3_moe, gemma3, olmo2")
 
 
 def family_of(config: Config) -> type[Family] | None:

@@ -58,12 +58,13 @@ def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
     return trace
 
 
-# Head h's steps: (its name, the layer step it is a slice of, which head index: query head or KV head).
-HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "kv"), ("Q_rot", "Q_rot", "q"),
-              ("K_rot", "K_rot", "kv"), ("Q_normed", "Q_normed", "q"), ("K_normed", "K_normed", "kv"),
-              ("Q_tuned", "Q_tuned", "q"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
-              ("masked_scores", "masked_scores", "q"), ("sinks", "sinks", "q"), ("attention", "attention", "q"),
-              ("sink_weight", "sink_weight", "q"), ("out", "x_raw", "q"))
+# Head h's steps, taken in the layer's own order (qk-norm runs before RoPE in Qwen3 and Gemma 3, after it in
+# Llama 4): the layer step each is a slice of -> (its name, which head index: query head or KV head).
+HEAD_STEPS = {"Q_split": ("Q", "q"), "K_split": ("K", "kv"), "V_split": ("V", "kv"), "Q_normed": ("Q_normed", "q"),
+              "K_normed": ("K_normed", "kv"), "Q_rot": ("Q_rot", "q"), "K_rot": ("K_rot", "kv"),
+              "Q_tuned": ("Q_tuned", "q"), "scores": ("scores", "q"), "capped_scores": ("capped_scores", "q"),
+              "masked_scores": ("masked_scores", "q"), "sinks": ("sinks", "q"), "attention": ("attention", "q"),
+              "sink_weight": ("sink_weight", "q"), "x_raw": ("out", "q")}
 
 
 def head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
@@ -77,10 +78,16 @@ def head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
     index = {"q": head, "kv": model.kv_head(head)}
     formulas = {name: f" = X @ W_{name}.T" + (f" + b_{name}" if bias else "") for name in ("Q", "K", "V")}
     formulas["out"] = f" = attention @ {'V_rep' if 'V_rep' in layer else 'V_split'}[0, {head}]"
-    for name, source, which in HEAD_STEPS:
-        if source not in layer:
+    over_projection = "Q_normed" in layer and layer.step("Q_normed").dims[1] == "n_tokens"
+    if over_projection:  # OLMo 2: the split is of the normed projection, and the norm saw every head
+        for name in ("Q", "K"):
+            formulas[name] = f" = RMSNorm(X @ W_{name}.T{f' + b_{name}' if bias else ''}) over every head, then split"
+    for step in layer.steps:
+        if step.name not in HEAD_STEPS:
             continue
-        step = layer.step(source)
+        source, (name, which) = step.name, HEAD_STEPS[step.name]
+        if over_projection and name in ("Q_normed", "K_normed"):
+            continue
         i = index[which]
         if step.dims[0] == "n_head":  # sinks [n_head]: head h's own logit
             trace.add(name, step.tensor[i], step.dims[1:], f"{source}[{i}]", 0, allocates=False)

@@ -273,9 +273,15 @@ def saved_inputs(asked: MhaOptions, module: MultiHeadAttention, Q: torch.Tensor,
     for name, tensor in module.state_dict().items():
         if name == "sinks":  # a step of the trace already, under the same name
             continue
-        linear = name.split(".")[0]
+        owner = name.split(".")[0]
+        if owner in ("q_norm", "k_norm"):  # [d_head] per head, or as wide as the projection (proj)
+            per_head = module.spec.norm is not None and module.spec.norm.over == "head"
+            heads = "n_head" if owner == "q_norm" or module.n_kv_head == module.n_head else "n_kv_head"
+            width = "d_head" if per_head else f"{heads}·d_head"
+            extra[name] = (tensor, (width,), f"{owner}: the qk-norm's RMSNorm weight (ones unless loaded)")
+            continue
         dims = ("out_features", "in_features") if name.endswith("weight") else ("out_features",)
-        extra[name] = (tensor, dims, f"{linear} = nn.Linear(in_features, out_features): its {name.split('.')[-1]}")
+        extra[name] = (tensor, dims, f"{owner} = nn.Linear(in_features, out_features): its {name.split('.')[-1]}")
     return extra
 
 

@@ -59,6 +59,7 @@ class AttentionOptions:
     attn_scale: float | None = None
     sinks: str | None = None  # attention sinks: "random", one logit for every head, or one per head ("1,-0.5,2")
     window_side: str = "left"  # "both": a symmetric window without a causal mask (ModernBERT's local attention)
+    qk_norm: str | None = None  # "head" or "proj" (mha): RMSNorm of Q and K before RoPE
 
 
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
@@ -97,7 +98,7 @@ def attention_spec(asked: AttentionOptions, scale: float | None, n_kv_head: int 
     return asked_spec(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
                       rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head, chunk=asked.chunk,
                       temperature=temperature_of(asked), window_side=asked.window_side,
-                      sinks=asked.sinks is not None)
+                      sinks=asked.sinks is not None, qk_norm=asked.qk_norm)
 
 
 def asked_spec(causal: str | None, window: int | None, cache: int, **variants: Any) -> AttentionSpec:

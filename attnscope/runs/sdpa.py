@@ -81,7 +81,8 @@ def prepare(asked: SdpaOptions) -> AttentionSpec:
                                       ("--cache", asked.cache), ("--chunk", asked.chunk is not None),
                                       ("--temperature-tuning", asked.temperature_tuning),
                                       ("--sinks", asked.sinks is not None),
-                                      ("--window-side both", spec.bidirectional_window)) if on]
+                                      ("--window-side both", spec.bidirectional_window),
+                                      ("--qk-norm", asked.qk_norm)) if on]
     if asked.layout == "col" and variants:
         raise UsageError(f"--layout col shows the textbook column form; {', '.join(variants)} work in the row "
                          "layout: drop --layout col")
