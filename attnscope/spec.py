@@ -239,6 +239,10 @@ class Latent:
         if spec.sinks:
             raise UsageError("{sinks} with {latent}: latent attention (DeepSeek-V2/V3) has no attention sinks, and "
                              "LatentAttention owns no sink values; drop one", "sinks", "latent")
+        if spec.qk_norm is not None:
+            raise UsageError("{qk_norm} with {latent}: latent attention (DeepSeek-V2/V3) norms its latents, not Q and "
+                             "K before RoPE (its rotary parts turn inside the latent module); drop one", "qk_norm",
+                             "latent")
 
     def cache_bytes(self, batch: int, n_K: int, itemsize: int) -> int:
         """What a cache of this layer holds for n_K positions: KV_latent and K_pe, `d_latent + d_rope` numbers per
