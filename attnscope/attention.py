@@ -233,7 +233,7 @@ def sdpa(
 
     offset = spec.offset(n_Q, n_K)
     if spec.norm is not None:
-        Q, K = qknorm.normalize(trace.add, Q, K, spec.norm, (None, None), source=(q_name, k_name),
+        Q, K = normalize(trace.add, Q, K, spec.norm, (None, None), source=(q_name, k_name),
                                 dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
         q_name, k_name = "Q_normed", "K_normed"
     if rope is not None:
@@ -286,6 +286,20 @@ def sdpa(
         out, out_op = out.to(dtype), f"(attention @ {v_name}.float()).to({dtype_name(dtype)})"
     trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), out_op, cost.matmul_flops(out.shape, n_K))
     return trace
+
+
+def normalize(add: Any, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tensor | None, Tensor | None],
+              *, source: tuple[str, str], dims: tuple[tuple[str, ...], tuple[str, ...]], axis: tuple[str, str],
+              names: tuple[str | None, str | None] = (None, None)) -> tuple[Tensor, Tensor]:
+    """Steps `Q_normed`, `K_normed` through `add` (a Trace's add, or a stand-in that keeps nothing): the RMSNorm
+    of Q and K over their last axis (named `axis`, qknorm.rms_norm), with `weights` (None: unit weight) called
+    `names` in the op."""
+    normed = []
+    for step, x, weight, src, shape, over, name in zip(("Q_normed", "K_normed"), (Q, K), weights, source, dims, axis,
+                                                       names, strict=True):
+        y = qknorm.rms_norm(x, weight, norm)
+        normed.append(add(step, y, shape, norm.op(src, over, name), cost.rms_norm_flops(y.shape, weight is not None)))
+    return normed[0], normed[1]
 
 
 def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offset: int, source: tuple[str, str],

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnscope import alibi as alibi_
-from attnscope import attention, cost, masks, qknorm
+from attnscope import attention, cost, masks
 from attnscope.attention import Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
@@ -167,7 +167,7 @@ class MultiHeadAttention(nn.Module):
         norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
         if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
             widths = (self._width("n_head"), self._width(kv_axis))
-            feats["Q"], feats["K"] = qknorm.normalize(
+            feats["Q"], feats["K"] = attention.normalize(
                 add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
                 dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
                 names=("q_norm.weight", "k_norm.weight"))
@@ -180,7 +180,7 @@ class MultiHeadAttention(nn.Module):
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
         if norm is not None and norm.over == "head":  # Qwen3, Gemma 3: each head over its own d_head
             per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
-            q, k = qknorm.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
+            q, k = attention.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
                                     axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"))
             q_name, k_name = "Q_normed", "K_normed"
         n_cache = cache[0].shape[-2] if cache is not None else 0

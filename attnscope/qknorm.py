@@ -13,18 +13,17 @@ input's dtype (`Olmo2RMSNorm`, `Gemma3RMSNorm`). Gemma stores its norm weights a
 multiplies by `(1 + w)` (`offset=True`, `Gemma3RMSNorm`). `sdpa` has no weights: its qk-norm is the unit-weight
 RMSNorm over d_K.
 
-Steps `Q_normed`, `K_normed`; TransformerLens calls the same tensors `hook_q_normed` and `hook_k_normed`.
+Steps `Q_normed`, `K_normed` (recorded by attention.normalize, beside attention.rotate and attention.tune);
+TransformerLens calls the same tensors `hook_q_normed` and `hook_k_normed`.
 torch is imported inside the functions: the spec that carries a `QkNorm` is built before torch loads.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from attnscope import cost
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
@@ -77,16 +76,3 @@ def rms_norm(x: Tensor, weight: Tensor | None, norm: QkNorm) -> Tensor:
     if weight is not None:
         normed = normed * (1.0 + weight.float() if norm.offset else weight.float())
     return normed.to(x.dtype)
-
-
-def normalize(add: Callable[..., Any], Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tensor | None, Tensor | None],
-              *, source: tuple[str, str], dims: tuple[tuple[str, ...], tuple[str, ...]], axis: tuple[str, str],
-              names: tuple[str | None, str | None] = (None, None)) -> tuple[Tensor, Tensor]:
-    """Steps `Q_normed`, `K_normed` through `add` (a Trace's add, or a stand-in that keeps nothing): the RMSNorm
-    of Q and K over their last axis (named `axis`), with `weights` (None: unit weight) called `names` in the op."""
-    normed = []
-    for step, x, weight, src, shape, over, name in zip(("Q_normed", "K_normed"), (Q, K), weights, source, dims, axis,
-                                                       names, strict=True):
-        y = rms_norm(x, weight, norm)
-        normed.append(add(step, y, shape, norm.op(src, over, name), cost.rms_norm_flops(y.shape, weight is not None)))
-    return normed[0], normed[1]
