@@ -39,7 +39,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 |   causal, window (left or both sides), chunk) | |
 | sinks, sink_weight (GPT-OSS) | sinks.py, called by attention.py `sdpa` (the values: the module's `sinks`) |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
-| the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `head_trace` |
+| the head's own X, Q, K, V, ..., out (views of the layer's steps) | head_steps.py `head_trace` |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
 | MLA's Q_latent, ..., KV_latent, K_pe, Q_pe_rot, K_pe_rot, Q_full, KV_up, K_nope, K_full | latent.py (deepseek.py) |
 | MLA: the head's own Q_nope, ..., K_full, out | deepseek.py `head_trace` |

@@ -165,11 +165,11 @@ class Family(ABC):
                 f"heads {shared}"]
 
     def head_trace(self, layer: Trace, head: int) -> Trace:
-        """Head h's own steps, as views into layer L's (run.py's slicing); a family whose steps differ (MLA's
+        """Head h's own steps, as views into layer L's (head_steps.py's slicing); a family whose steps differ (MLA's
         deepseek.py) says its own."""
-        from attnscope.models.run import head_trace
+        from attnscope.models.head_steps import head_trace
 
-        return head_trace(self, layer, head, self.biases()[0])
+        return head_trace(layer, head, self.kv_head(head), self.biases()[0])
 
     def attention(self, layer: int, record: bool) -> MultiHeadAttention:
         """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights."""
