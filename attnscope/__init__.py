@@ -15,6 +15,7 @@ __all__ = [
     "Latent",
     "LatentAttention",
     "MultiHeadAttention",
+    "QkNorm",
     "Rope",
     "Step",
     "TemperatureTuning",
@@ -32,6 +33,7 @@ _HOMES = {
     "MultiHeadAttention": "attnscope.multihead",
     "Latent": "attnscope.spec",
     "LatentAttention": "attnscope.latent",
+    "QkNorm": "attnscope.qknorm",
     "Rope": "attnscope.rope",
     "sdpa": "attnscope.attention",
     "split_heads": "attnscope.attention",
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from attnscope.errors import AttnscopeError
     from attnscope.latent import LatentAttention
     from attnscope.multihead import MultiHeadAttention
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
     from attnscope.runs.head import model_head
     from attnscope.spec import Latent

@@ -4,8 +4,9 @@
 its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
 
 Steps, in order, each only when its option asks for it:
-`Q, K, V, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores, [capped_scores],
-[alibi_bias | position_bias, biased_scores], [masked_scores], attention, out`.
+`Q, K, V, [Q_normed, K_normed], [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores,
+[capped_scores], [alibi_bias | position_bias, biased_scores], [masked_scores], [sinks], attention,
+[sink_weight], out` (sinks: sinks.py; qk-norm: qknorm.py; a position bias: position_bias.py).
 
 Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
 float32 and `out` is cast back, as PyTorch's math path does (`_scaled_dot_product_attention_math` upcasts
@@ -22,8 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import alibi as alibi_
-from attnscope import cost, masks
+from attnscope import cost, qknorm
+from attnscope import sinks as sinks_
 from attnscope.errors import UsageError
+from attnscope.masking import masked, zero_rows
 from attnscope.position_bias import add_position_bias
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
@@ -31,6 +34,7 @@ from attnscope.trace import Trace
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
     from attnscope.temperature import TemperatureTuning
 
@@ -152,7 +156,7 @@ def gqa_group(Q: Tensor, K: Tensor, V: Tensor) -> int:
 def resolve_spec(spec: AttentionSpec | None, **asked: Any) -> AttentionSpec:
     """`spec` itself, or one built (and so checked) from the keywords; never both, which could disagree."""
     if spec is None:
-        return AttentionSpec(**asked)
+        return AttentionSpec(**{name: value for name, value in asked.items() if value is not None})
     given = [name for name, value in asked.items() if value not in (None, False)]
     if given:
         raise UsageError(f"give the attention either as spec=AttentionSpec(...) or as keywords, not both "
@@ -169,6 +173,7 @@ def sdpa(
     *,
     causal: bool | str | None = False,
     window: int | None = None,
+    window_side: str | None = None,
     softcap: float | None = None,
     alibi: bool = False,
     rope: Rope | None = None,
@@ -179,6 +184,8 @@ def sdpa(
     chunk: int | None = None,
     temperature: TemperatureTuning | None = None,
     position_bias: Tensor | None = None,
+    sinks: Tensor | None = None,
+    qk_norm: str | QkNorm | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
@@ -187,23 +194,31 @@ def sdpa(
     and broadcasts to `[.., n_Q, n_K]`. A query that may attend to no key gets an output of zeros, as
     `F.scaled_dot_product_attention` gives.
 
-    Variants: `causal` (True or "upper-left" as `is_causal=True`, or "lower-right"); `window` W, query i sees
-    key j when j <= i and i - j < W (Mistral's; implies causal); `softcap` C, `capped_scores = C·tanh(scores/C)`
-    (Gemma 2); `alibi`, a per-head linear bias (the head axis is -3; inputs without one are one head);
-    `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
+    Variants: `causal` (True or "upper-left" as `is_causal=True`, or "lower-right"); `window` W, query i sees key j
+    when j <= i and i - j < W (Mistral's; implies causal), or with `window_side="both"` when |i - j| <= W // 2 and
+    no causal mask (ModernBERT's local attention, W its `local_attention`); `softcap` C, `capped_scores =
+    C·tanh(scores/C)` (Gemma 2); `alibi`, a per-head linear bias (the head axis is -3; inputs without one are one
+    head); `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
     with fewer heads than Q, shared by groups of query heads as `F.scaled_dot_product_attention(enable_gqa=True)`.
     `chunk` C, query i sees key j when j <= i and j // C == i // C (Llama 4's chunked attention; implies causal);
     `temperature`, Llama 4's per-query scale `log1p(floor((i + 1) / floor_scale)) · attn_scale + 1` on Q (after
     RoPE; temperature.py). Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE,
     ALiBi and the temperature alike.
+    `sinks`, one logit per head `[n_head]`, joins each softmax row and is dropped after (GPT-OSS; sinks.py).
+    `qk_norm="head"`: the unit-weight RMSNorm of Q and K over d_K before RoPE (Qwen3's q_norm/k_norm without
+    their weights; qknorm.py).
     `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
     `position_bias`, a float tensor that broadcasts to the scores, is added to them as its own step (T5's
     relative position bias; position_bias.py).
     """
     names = names or Names()
     spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope,
-                        chunk=chunk, temperature=temperature)
+                        chunk=chunk, temperature=temperature, window_side=window_side, qk_norm=qk_norm)
+    spec = sinks_.resolve(spec, sinks)
     scale, softcap, rope = spec.scale, spec.softcap, spec.rope
+    if spec.norm is not None and spec.norm.over != "head":
+        raise UsageError(f"{{qk_norm}} {spec.norm.over}: sdpa has no projection to normalise before a split; use "
+                         "'head' (over d_K), or MultiHeadAttention for OLMo 2's norm over the projection", "qk_norm")
     batch = check_qkv(Q, K, V, enable_gqa=enable_gqa)
     n_group = gqa_group(Q, K, V) if enable_gqa else 1
     batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
@@ -221,6 +236,10 @@ def sdpa(
     q_name, k_name, v_name = names.Q, names.K, names.V
 
     offset = spec.offset(n_Q, n_K)
+    if spec.norm is not None:
+        Q, K = normalize(trace.add, Q, K, spec.norm, (None, None), source=(q_name, k_name),
+                                dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
+        q_name, k_name = "Q_normed", "K_normed"
     if rope is not None:
         Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
                       dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)
@@ -253,16 +272,21 @@ def sdpa(
         logits, last = _alibi(trace, logits, last, batch_dims, offset)
     if position_bias is not None:
         logits, last = add_position_bias(trace, logits, last, position_bias, scores_dims[:-2])
-    logits, blocked, last = _masked(trace, logits, last, mask, spec, scores_dims)
+    logits, blocked, last = masked(trace, logits, last, mask, spec, scores_dims)
 
-    attention = torch.softmax(logits, dim=-1)  # [.., n_Q, n_K]
-    attention_op = f"softmax({last}, dim=-1)"
+    if spec.sinks:  # one more column per row, dropped after
+        attention, sink_weight, attention_op = sinks_.softmax(trace, logits, last, sinks, batch_dims)
+    else:
+        attention, attention_op = torch.softmax(logits, dim=-1), f"softmax({last}, dim=-1)"  # [.., n_Q, n_K]
     if blocked is not None:
         attention = zero_rows(attention, blocked, trace, n_Q)
     if dropout_p > 0.0:
         attention = F.dropout(attention, p=dropout_p, training=True)
         attention_op = f"dropout({attention_op}, p={dropout_p:g})"
-    trace.add("attention", attention, scores_dims, attention_op, cost.softmax_flops(attention.shape))
+    trace.add("attention", attention, scores_dims, attention_op,
+              cost.softmax_flops((*attention.shape[:-1], attention.shape[-1] + spec.sinks)))
+    if spec.sinks:
+        sinks_.record_weight(trace, sink_weight, scores_dims)
 
     out = torch.matmul(attention, V.to(acc))  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
     out_op = f"attention @ {v_name}"
@@ -270,6 +294,20 @@ def sdpa(
         out, out_op = out.to(dtype), f"(attention @ {v_name}.float()).to({dtype_name(dtype)})"
     trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), out_op, cost.matmul_flops(out.shape, n_K))
     return trace
+
+
+def normalize(add: Any, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tensor | None, Tensor | None],
+              *, source: tuple[str, str], dims: tuple[tuple[str, ...], tuple[str, ...]], axis: tuple[str, str],
+              names: tuple[str | None, str | None] = (None, None)) -> tuple[Tensor, Tensor]:
+    """Steps `Q_normed`, `K_normed` through `add` (a Trace's add, or a stand-in that keeps nothing): the RMSNorm
+    of Q and K over their last axis (named `axis`, qknorm.rms_norm), with `weights` (None: unit weight) called
+    `names` in the op."""
+    normed = []
+    for step, x, weight, src, shape, over, name in zip(("Q_normed", "K_normed"), (Q, K), weights, source, dims, axis,
+                                                       names, strict=True):
+        y = qknorm.rms_norm(x, weight, norm)
+        normed.append(add(step, y, shape, norm.op(src, over, name), cost.rms_norm_flops(y.shape, weight is not None)))
+    return normed[0], normed[1]
 
 
 def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offset: int, source: tuple[str, str],
@@ -341,62 +379,6 @@ def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...],
     biased = logits + (bias if logits.dim() >= 3 else bias[0])  # [.., n_head, n_Q, n_K]; unbatched: [n_Q, n_K]
     trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel())
     return biased, "biased_scores"
-
-
-def _masked(trace: Trace, logits: Tensor, last: str, mask: Tensor | None, spec: AttentionSpec,
-            dims: tuple[str, ...]) -> tuple[Tensor, Tensor | None, str]:
-    """Step `masked_scores`: causal and window masks, and the user's mask under the one dtype rule (boolean
-    masks combine by AND, a float mask is added). Returns the logits, the rows that may see no key (as a
-    boolean `[.., n_Q, 1]`, None when nothing was masked) and the name of the last step."""
-    n_Q, n_K = logits.shape[-2], logits.shape[-1]
-    allowed, described = masks.structural(spec, n_Q, n_K, logits.device)
-    parts = [described] if described else []
-    additive = None
-    if mask is not None:
-        user = masks.as_attention_mask(mask.to(logits.device), tuple(logits.shape), logits.dtype)
-        if user.dtype == torch.bool:
-            allowed = user if allowed is None else allowed & user
-            parts.append("mask")
-        else:
-            additive = user
-    if allowed is None and additive is None:
-        return logits, None, last
-    op = last
-    if additive is not None:
-        logits, op = logits + additive, f"{last} + mask"
-    if allowed is not None:
-        hidden = parts[0] if len(parts) == 1 else f"({' & '.join(parts)})"
-        logits = logits.masked_fill(~allowed, float("-inf"))
-        op = f"({op})" if additive is not None else op
-        op = f"{op}.masked_fill(~{hidden}, -inf)"
-    trace.add("masked_scores", logits, dims, op, logits.numel())
-    if additive is not None:
-        seen = additive if allowed is None else torch.where(allowed, additive, float("-inf"))
-        return logits, masks.fully_masked_rows(seen), "masked_scores"
-    assert allowed is not None
-    return logits, masks.fully_masked_rows(allowed), "masked_scores"
-
-
-def zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Tensor:
-    """A softmax of a row of -inf is NaN; PyTorch's attention gives 0 there (`_safe_softmax`), as attnscope."""
-    if torch.is_grad_enabled() and attention.requires_grad:
-        attention = attention.masked_fill(blocked, 0.0)  # softmax's backward needs its output unchanged
-    else:
-        attention.masked_fill_(blocked, 0.0)  # in place: no second [.., n_Q, n_K] at the peak
-    if attention.device.type != "meta" and n_Q and 0 not in attention.shape[:-2] and bool(blocked.any()):
-        rows = blocked if blocked.shape[-1] == 1 else blocked.transpose(-2, -1)
-        rows = rows.expand(*rows.shape[:-2], n_Q, 1)  # a mask shared by every query blocks all n_Q rows
-        trace.notes.append(_blocked_note(rows, n_Q))
-    return attention
-
-
-def _blocked_note(blocked: Tensor, n_Q: int) -> str:
-    rows = sorted({int(i) for i in blocked.reshape(-1, blocked.shape[-2]).any(dim=0).nonzero().flatten()})
-    shown = ", ".join(str(i) for i in rows[:12]) + (", ..." if len(rows) > 12 else "")
-    return (
-        f"{len(rows)} of {n_Q} query rows may attend to no key (n_Q index {shown}): "
-        "their attention and output are 0, as in F.scaled_dot_product_attention"
-    )
 
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:

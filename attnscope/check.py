@@ -6,12 +6,13 @@ and the options in the user's own words (`Asked`), and builds everything with Py
 (reference.py: the masks, and the float64 formula where PyTorch has no kernel).
 
 - sdpa: `F.scaled_dot_product_attention` (with `enable_gqa` for fewer K/V heads), or the float64 formula for
-  softcapping, RoPE and ALiBi.
+  softcapping, RoPE, ALiBi and attention sinks (whose `sink_weight` is held against 1 minus the formula's row sums).
 - mha: `torch.nn.MultiheadAttention` with the module's weights copied in, and `F.scaled_dot_product_attention`
   on Q, K, V projected here with `F.linear`; for the variants nn.MultiheadAttention cannot express
-  (grouped K/V heads, RoPE, softcap, ALiBi, a decoupled d_head, a KV cache, another scale) the float64
-  formula above with the projections done by `einsum`. nn.MultiheadAttention takes boolean masks the other
-  way round (True = masked out), so they are inverted for it.
+  (grouped K/V heads, RoPE, softcap, ALiBi, sinks, qk-norm, a decoupled d_head, a KV cache, another scale) the
+  float64 formula above with the projections done by `F.linear` in float64, and the qk-norm by `F.rms_norm` with
+  the module's `q_norm`/`k_norm` weights, per head or over the whole projection before the split.
+  nn.MultiheadAttention takes boolean masks the other way round (True = masked out), so they are inverted for it.
 - Comparison is NaN-aware: a NaN where the reference has a NaN agrees; a NaN on one side only fails,
   and says how many.
 """
@@ -19,13 +20,13 @@ and the options in the user's own words (`Asked`), and builds everything with Py
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from attnscope.reference import FORMULA, Asked, allowed_mask, formula, sdpa_mask, user_parts
+from attnscope.reference import FORMULA, Asked, allowed_mask, formula, rms_norm64, sdpa_mask, user_parts
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -116,7 +117,8 @@ def as_float(*tensors: Tensor) -> list[Tensor]:
 
 def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked: Asked,
                layout: str = "row") -> list[Comparison]:
-    """`raw`: the inputs as the user gave them (Q, K, V, or X, W_Q, W_K, W_V for the matrix form)."""
+    """`raw`: the inputs as the user gave them (Q, K, V, or X, W_Q, W_K, W_V for the matrix form; `sinks` where the
+    attention has them)."""
     if "X" in raw:
         X, W_Q, W_K, W_V = as_float(raw["X"], raw["W_Q"], raw["W_K"], raw["W_V"])
         Q, K, V = X @ W_Q, X @ W_K, X @ W_V  # [.., n, p] @ [.., p, d] -> [.., n, d]
@@ -130,7 +132,7 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
     n_Q, n_K = Q.shape[-2], K.shape[-2]
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     if asked.needs_formula:
-        out, attention = formula(Q, K, V, user, asked)
+        out, attention = formula(Q, K, V, user, asked, sinks=raw.get("sinks"))
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, FORMULA)]
         if not col:
             rows.append((trace["attention"], attention, FORMULA))
@@ -142,7 +144,8 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
         name = "F.scaled_dot_product_attention" + ("(row form)ᵀ" if col else "")
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, name)]
     names = ("out", "attention")
-    return [compare(names[i], reference, ours, ref) for i, (ours, ref, reference) in enumerate(rows)]
+    compared = [compare(names[i], reference, ours, ref) for i, (ours, ref, reference) in enumerate(rows)]
+    return compared + ([_sink_weight(trace, attention)] if "sink_weight" in trace else [])
 
 
 # --- mha -------------------------------------------------------------------------------------------------------
@@ -220,9 +223,19 @@ def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V:
 
 def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V: Tensor,
                        user: Tensor | None, asked: Asked, cache: tuple[Tensor, Tensor] | None) -> list[Comparison]:
+    norm = asked.qk_norm
+
     def project(x: Tensor, name: str, heads: int) -> Tensor:  # in float64: [n_batch, heads, n, d_head]
         layer = getattr(module, name)
-        return _heads(x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double(), heads)
+        weight, bias = layer.weight.double(), None if layer.bias is None else layer.bias.double()
+        if norm is None or name == "W_v":
+            return _heads(x.double(), weight, bias, heads)
+        scale = (module.q_norm if name == "W_q" else module.k_norm).weight
+        projected = F.linear(x.double(), weight, bias)  # [n_batch, n, heads·d_head]
+        if norm.over == "proj":  # OLMo 2: over the whole projection, then split
+            projected = rms_norm64(projected, scale, norm.eps, norm.offset)
+        split = projected.reshape(x.shape[0], x.shape[1], heads, module.d_head).transpose(1, 2)
+        return rms_norm64(split, scale, norm.eps, norm.offset) if norm.over == "head" else split
 
     with torch.no_grad():
         q = project(Q, "W_q", module.n_head)
@@ -233,11 +246,18 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
             k, v = torch.cat([cache[0].double(), k], dim=-2), torch.cat([cache[1].double(), v], dim=-2)
         n_Q, n_K = q.shape[-2], k.shape[-2]
         q_start = n_cache if cache is not None else (n_K - n_Q if asked.causal == "lower-right" else 0)
-        x_raw, attention = formula(q, k, v, user, asked, q_start=q_start, rotated_keys=n_cache)
+        normed = replace(asked, spec=replace(asked.spec, qk_norm=None))  # normed above, with the module's weights
+        x_raw, attention = formula(q, k, v, user, normed, q_start=q_start, rotated_keys=n_cache, sinks=module.sinks)
         width = module.n_head * module.d_head
         merged = x_raw.transpose(1, 2).reshape(Q.shape[0], n_Q, width)  # [n_batch, n_Q, n_head·d_head]
         x = torch.einsum("bnh,fh->bnf", merged, module.W_o.weight.double())
         if module.W_o.bias is not None:
             x = x + module.W_o.bias.double()
-    return [compare("x_raw", FORMULA, trace["x_raw"], x_raw),
+    rows = [compare("x_raw", FORMULA, trace["x_raw"], x_raw),
             compare("attention", FORMULA, trace["attention"], attention), compare("x", FORMULA, trace["x"], x)]
+    return rows + ([_sink_weight(trace, attention)] if "sink_weight" in trace else [])
+
+
+def _sink_weight(trace: Trace, attention: Tensor) -> Comparison:
+    """The sink's weight against what the float64 formula's attention rows leave of 1."""
+    return compare("sink_weight", FORMULA, trace["sink_weight"], 1.0 - attention.sum(dim=-1))

@@ -6,7 +6,9 @@ Counting conventions (also in docs/performance.md):
 - a matmul `[.., m, k] @ [.., k, n]` is `2·m·k·n` per batch element;
 - a Linear `[.., n, d_in] -> [.., n, d_out]` is `2·n·d_in·d_out`, plus `n·d_out` for the bias;
 - an element-wise op (scaling, masking, adding) is 1 per output element, a softmax 5 per element
-  (max, subtract, exp, sum, divide); views, permutes and copies are 0.
+  (max, subtract, exp, sum, divide); views, permutes and copies are 0;
+- an RMSNorm (qk-norm) is 3 per element (square, sum, normalise) and 1 more for its weight, plus 3 per row
+  (divide the sum, add eps, rsqrt).
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def linear_flops(out_shape: Sequence[int], d_in: int, bias: bool) -> int:
 
 def softmax_flops(shape: Sequence[int]) -> int:
     return SOFTMAX_FLOPS_PER_ELEMENT * numel(shape)
+
+
+def rms_norm_flops(shape: Sequence[int], weighted: bool) -> int:
+    """An RMSNorm over the last axis of `shape`: 3 (4 with a weight) per element, 3 per row."""
+    rows = numel(shape[:-1])
+    return (3 + weighted) * numel(shape) + 3 * rows
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -140,6 +148,7 @@ def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: Attenti
     masked, offset = user_mask or spec.structural, spec.offset(n_Q, n_K)
     softcap, alibi = spec.softcap is not None, spec.alibi
     inputs = batch * (n_Q * d_K + n_K * d_K + n_K * d_V)
+    normed = batch * (n_Q + n_K) * d_K if spec.norm is not None else 0  # Q_normed, K_normed
     rotated = 0
     if spec.rope is not None:  # cos, sin [n_pos, d_rot] (the rotated width), Q_rot, K_rot (the whole head)
         rotated = 2 * max(n_K, offset + n_Q) * spec.rope.rotary_dim(d_K) + batch * (n_Q + n_K) * d_K
@@ -147,7 +156,9 @@ def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: Attenti
     # scores, [capped_scores], [biased_scores], [masked_scores], attention; alibi_bias is [1, n_Q, n_K]
     matrices = batch * n_Q * n_K * (2 + masked + softcap + alibi + bool(bias)) + (n_Q * n_K if alibi else 0) + bias
     mask = n_Q * n_K if masked else 0  # one bool per (query, key), shared by the batch
-    return itemsize * (inputs + rotated + tuned + matrices + batch * n_Q * d_V) + mask + _scales(spec, n_Q)
+    sinks = 1 + batch * n_Q if spec.sinks else 0  # sinks [1] (random inputs have one head), sink_weight [.., n_Q]
+    return (itemsize * (inputs + normed + rotated + tuned + matrices + sinks + batch * n_Q * d_V) + mask
+            + _scales(spec, n_Q))
 
 
 def _scales(spec: AttentionSpec, n_Q: int) -> int:
@@ -159,10 +170,11 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
               itemsize: int = 4, bias: bool = True, cross: bool = False, user_mask: bool = False,
               d_head: int | None = None, position_bias: int = 0) -> int:
     """Peak bytes of a traced `MultiHeadAttention` of `spec` on random inputs: weights, inputs, Q/K/V_feat, the
-    rotated heads (cos and sin at the rotated width), the tuned queries, the cache and its concatenation, the
-    repeated K/V heads, the per-head attention matrices, x_raw, x_rsh1 and x (the splits and x_rsh2 are views).
-    `n_K` counts every key, cached ones included (`spec.cache` of them). `position_bias`: the elements of a
-    position bias, which adds biased_scores."""
+    normed Q and K and their norms' weights, the rotated heads (cos and sin at the rotated width), the tuned
+    queries, the cache and its concatenation, the repeated K/V heads, the per-head attention matrices, x_raw,
+    x_rsh1 and x (the splits and x_rsh2 are views), and with sinks the module's `sinks` and the sink's weight per
+    query. `n_K` counts every key, cached ones included (`spec.cache` of them). `position_bias`: the elements of
+    a position bias, which adds biased_scores."""
     masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
     softcap, alibi = spec.softcap is not None, spec.alibi
     n_kv_head = n_head if spec.n_kv_head is None else spec.n_kv_head
@@ -172,6 +184,9 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     weights = d_feat * (2 * q_width + 2 * kv_width) + ((q_width + 2 * kv_width + d_feat) if bias else 0)
     inputs = batch * d_feat * (n_Q + 2 * n_new if cross else n_Q)
     feats = batch * (n_Q * q_width + 2 * n_new * kv_width)
+    if spec.norm is not None:  # Q_normed, K_normed; q_norm.weight, k_norm.weight ([d_head] or as wide as W_q, W_k)
+        feats += batch * (n_Q * q_width + n_new * kv_width)
+        weights += 2 * d_head if spec.norm.over == "head" else q_width + kv_width
     rotated = 0
     if spec.rope is not None:  # cos, sin at the rotated width; Q_rot, K_rot
         table = max(n_K, offset + n_Q) * spec.rope.rotary_dim(d_head)
@@ -182,9 +197,10 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     matrices = (batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi + bool(position_bias))
                 + (n_head * n_Q * n_K if alibi else 0) + position_bias)
     outputs = 2 * batch * n_Q * q_width + batch * n_Q * d_feat  # x_raw, x_rsh1, x
+    sinks = n_head + batch * n_head * n_Q if spec.sinks else 0  # the parameter [n_head], sink_weight
     mask = n_Q * n_K if masked else 0
-    return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + matrices + outputs) + mask
-            + _scales(spec, n_Q))
+    return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + matrices + outputs + sinks)
+            + mask + _scales(spec, n_Q))
 
 
 def kv_cache_bytes(batch: int, n_kv_head: int, n_K: int, d_K: int, d_V: int, itemsize: int) -> int:

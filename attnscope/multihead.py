@@ -2,9 +2,12 @@
 
 Four Linear layers, split into heads, SDPA in every head (through `attention.sdpa`, so the two never
 drift), merge, project. The variants are arguments: `n_kv_head` (grouped-query attention; 1 is
-multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `rope` (rotary embeddings after the
-split, transformers' `apply_rotary_pos_emb`), `causal`, `window`, `chunk`, `softcap`, `alibi`, `scale`,
-`temperature` (Llama 4's per-query scale, after RoPE), and a KV cache passed to `forward`.
+multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `qk_norm` (an RMSNorm of Q and K before RoPE,
+per head or over the whole projection, with learned weights `q_norm.weight` and `k_norm.weight`; qknorm.py),
+`rope` (rotary embeddings after the split, transformers' `apply_rotary_pos_emb`), `causal`, `window` (and
+`window_side`), `chunk`, `softcap`, `alibi`, `scale`, `temperature` (Llama 4's per-query scale, after RoPE),
+`sinks` (a learned logit per head, the module's `sinks` parameter: GPT-OSS's), and a KV cache passed to
+`forward`.
 """
 
 from __future__ import annotations
@@ -26,24 +29,30 @@ from attnscope.trace import Trace
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
     from attnscope.temperature import TemperatureTuning
 
 
 class MultiHeadAttention(nn.Module):
     """`forward(Q, K=None, V=None, mask=None, cache=None, position_bias=None)` returns a `Trace` whose steps are
-    `Q_feat, K_feat, V_feat, Q_split, K_split, V_split, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_cache,
-    V_cache, K_cat, V_cat], [K_rep, V_rep], scores, [capped_scores], [alibi_bias | position_bias, biased_scores],
-    [masked_scores], attention, x_raw, x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Cross-attention: K (and V)
-    are another sequence's states, an encoder's output (`[n_batch, n_K, d_feat]`), projected by W_k and W_v.
-    Scores are scaled by `1/sqrt(d_head)` unless `scale` is given, as `torch.nn.MultiheadAttention` does. With
-    `record=False` the steps are not kept and the attention runs in `F.scaled_dot_product_attention`; the trace
-    then holds only `x`.
+    `Q_feat, K_feat, V_feat, Q_split, K_split, V_split, [Q_normed, K_normed], [cos, sin, Q_rot, K_rot],
+    [attn_scales, Q_tuned], [K_cache, V_cache, K_cat, V_cat], [K_rep, V_rep], scores, [capped_scores],
+    [alibi_bias | position_bias, biased_scores], [masked_scores], [sinks], attention, [sink_weight], x_raw,
+    x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Cross-attention: K (and V) are another sequence's states,
+    an encoder's output (`[n_batch, n_K, d_feat]`), projected by W_k and W_v. Scores are scaled by
+    `1/sqrt(d_head)` unless `scale` is given, as `torch.nn.MultiheadAttention` does. With `record=False` the
+    steps are not kept and the attention runs in `F.scaled_dot_product_attention`; the trace then holds only `x`.
 
     W_q projects d_feat to n_head·d_head, W_k and W_v to n_kv_head·d_head, W_o n_head·d_head back to d_feat.
+    With `qk_norm`, `q_norm.weight` and `k_norm.weight` are `[d_head]` ("head") or `[n_head·d_head]` and
+    `[n_kv_head·d_head]` ("proj"), ones to start with (zeros for Gemma's offsets, `(1 + w)`), as transformers
+    names and initialises them, so a checkpoint's weights load into the state dict as they are.
     `cache=(K_cache, V_cache)`, each `[n_batch, n_kv_head, n_cache, d_head]`, holds the keys (already
     rotated, as transformers' caches hold them) and values of earlier positions; the new queries and keys
     then sit at positions n_cache onwards, and `causal` should be "lower-right".
+    With `sinks=True` the module owns `sinks` `[n_head]` (an `nn.Parameter` in its state dict, drawn N(0, 1)
+    like GPT-OSS's before training: load or copy the values you want), one logit per head (sinks.py).
     """
 
     def __init__(
@@ -62,16 +71,20 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         causal: bool | str | None = False,
         window: int | None = None,
+        window_side: str | None = None,
         softcap: float | None = None,
         alibi: bool = False,
         rope: Rope | None = None,
+        sinks: bool = False,
         spec: AttentionSpec | None = None,
         chunk: int | None = None,
         temperature: TemperatureTuning | None = None,
+        qk_norm: str | QkNorm | None = None,
     ) -> None:
         super().__init__()
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
-                                 softcap=softcap, alibi=alibi, rope=rope, chunk=chunk, temperature=temperature)
+                                 window_side=window_side, softcap=softcap, alibi=alibi, rope=rope, sinks=sinks,
+                                 chunk=chunk, temperature=temperature, qk_norm=qk_norm)
         n_kv_head = n_head if self.spec.n_kv_head is None else self.spec.n_kv_head
         _check_sizes(d_feat, n_head, n_kv_head, d_head)
         if not 0.0 <= dropout_p < 1.0:
@@ -86,6 +99,12 @@ class MultiHeadAttention(nn.Module):
         self.W_k = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
         self.W_v = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
         self.W_o = nn.Linear(n_head * self.d_head, d_feat, bias=bias if out_bias is None else out_bias, **factory)
+        # GPT-OSS's `sinks`: one logit per head, drawn after the projections so their seeded values stay the same
+        self.sinks = nn.Parameter(torch.randn(n_head, **factory)) if self.spec.sinks else None
+        norm = self.spec.norm
+        if norm is not None:
+            self.q_norm = NormWeight(norm.width(n_head, self.d_head), norm.offset, **factory)
+            self.k_norm = NormWeight(norm.width(n_kv_head, self.d_head), norm.offset, **factory)
 
     @property
     def n_group(self) -> int:
@@ -103,14 +122,17 @@ class MultiHeadAttention(nn.Module):
         trace = Trace()
         add = trace.add if self.record else _keep_tensor
         Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache, spec)
-        # Q and K are rotated (and Q tuned) here, before the cache joins: the rest is sdpa's
-        spec = replace(spec, rope=None, temperature=None)
+        # Q and K are normed, rotated (and Q tuned) here, before the cache joins: the rest is sdpa's
+        spec = replace(spec, rope=None, temperature=None, qk_norm=None)
         dropout_p = self.dropout_p if self.training else 0.0
         n_batch = Q.shape[0]
         if self.record:
             inner = attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
-                                   names=names, spec=spec, position_bias=position_bias)
+                                   names=names, spec=spec, position_bias=position_bias, sinks=self.sinks)
             for step in inner.steps[3:]:  # from scores on: the inputs are already here
+                if step.name == "sinks":  # the module's parameter, counted with its weights
+                    step = replace(step, op="the module's parameter sinks, one logit per head (held with the weights)",
+                                   allocates=False)
                 trace.add_step(step)
             trace.notes.extend(inner.notes)
             x_rsh1 = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
@@ -152,12 +174,25 @@ class MultiHeadAttention(nn.Module):
                            f"W_{name.lower()}({name})", cost.linear_flops((*x.shape[:-1], W.out_features),
                                                                            self.d_feat, bias))
                  for name, W, x, n, _, axis in plan}
+        norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
+        if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
+            widths = (self._width("n_head"), self._width(kv_axis))
+            feats["Q"], feats["K"] = attention.normalize(
+                add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
+                dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
+                names=("q_norm.weight", "k_norm.weight"))
+            made["Q"], made["K"] = "Q_normed", "K_normed"
         split = {name: add(f"{name}_split", split_heads(feats[name], count),  # -> [n_batch, heads, n, d_head]
                            ("n_batch", axis, n, "d_head"),
-                           f"{name}_feat.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
+                           f"{made[name]}.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
                  for name, _, _, n, count, axis in plan}
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
+        if norm is not None and norm.over == "head":  # Qwen3, Gemma 3: each head over its own d_head
+            per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
+            q, k = attention.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
+                                    axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"))
+            q_name, k_name = "Q_normed", "K_normed"
         n_cache = cache[0].shape[-2] if cache is not None else 0
         n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
         # the new tokens sit after the cached ones whether or not the attention is causal
@@ -184,18 +219,21 @@ class MultiHeadAttention(nn.Module):
                       batch=("n_batch", "n_head"))
         return q, k, v, names
 
+    def _norm_weights(self) -> tuple[Tensor, Tensor]:
+        return self.q_norm.weight, self.k_norm.weight
+
     def _kv_axis(self) -> str:
         return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
 
     def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float,
                spec: AttentionSpec, position_bias: Tensor | None = None) -> Tensor:
         """The attention through `F.scaled_dot_product_attention`, masks and biases made into one attn_mask.
-        Softcapping has no place in it, and a position bias must come before the mask's -inf, so such a module
-        runs `attention.sdpa` unrecorded."""
-        if spec.softcap is not None or position_bias is not None:
+        Softcapping and sinks have no place in it, and a position bias must come before the mask's -inf, so such a
+        module runs `attention.sdpa` unrecorded."""
+        if spec.softcap is not None or spec.sinks or position_bias is not None:
             names = Names(out="x_raw", batch=("n_batch", "n_head"))
             return attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
-                                  names=names, spec=spec, position_bias=position_bias)["x_raw"]
+                                  names=names, spec=spec, position_bias=position_bias, sinks=self.sinks)["x_raw"]
         n_Q, n_K = Q_h.shape[-2], K_h.shape[-2]
         if mask is None and not spec.alibi and spec.plain_causal and n_Q == n_K:
             # is_causal=True says the same without an [n_Q, n_K] mask: PyTorch's fused kernels then never hold
@@ -229,6 +267,16 @@ class MultiHeadAttention(nn.Module):
                 if t.dim() != 4 or list(t.shape) != want:
                     raise UsageError(f"{name} is {list(t.shape)} but the cache is [n_batch, n_kv_head, n_cache, "
                                      f"d_head] = [{want[0]}, {want[1]}, n_cache, {want[3]}], the same for K and V")
+
+
+class NormWeight(nn.Module):
+    """A qk-norm's learned weight `[width]`, kept as `<name>.weight` (`q_norm.weight`, as transformers' RMSNorm
+    modules are): ones, or zeros where the weights are offsets from 1 (Gemma's `(1 + w)`), so a fresh norm
+    scales by 1. The formula is qknorm.rms_norm's."""
+
+    def __init__(self, width: int, offset: bool, **factory: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter((torch.zeros if offset else torch.ones)(width, **factory))
 
 
 def _keep_tensor(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:

@@ -5,26 +5,31 @@ attnscope's attention, mask or position code.
 - Masks: the file's mask read as the documented rule says (boolean; integers `!= 0`; floats added),
   padding as a boolean row, causal through `is_causal=True` or
   `torch.nn.attention.bias.causal_lower_right` when it is the only mask, else `torch.ones(...).tril(...)`,
-  a sliding window as the difference of two `tril`s, chunks as a block-diagonal of ones (`torch.block_diag`)
-  over the positions, all combined by boolean AND.
-- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, temperature tuning, a position bias)
-  the reference is the formula in float64: RoPE from check_rope.py's `rotate64` (transformers' config classes
-  and `ROPE_INIT_FUNCTIONS` for the frequencies, every type, partial rotary and either pairing), ALiBi from
-  BLOOM's `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, Llama 4's temperature
-  `1 + attn_scale·ln(1 + ⌊(p + 1) / floor_scale⌋)` per query, a position bias added as given, and PyTorch's
-  `_safe_softmax` rule (a query that may see no key gets zeros).
+  a sliding window as the difference of two `tril`s (a bidirectional one as a `tril` and a `triu`), chunks as a
+  block-diagonal of ones (`torch.block_diag`) over the positions, all combined by boolean AND.
+- Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, temperature tuning, sinks, qk-norm,
+  a position bias) the reference is the formula in float64: qk-norm through PyTorch's `F.rms_norm` before RoPE,
+  RoPE from check_rope.py's `rotate64` (transformers' config classes and `ROPE_INIT_FUNCTIONS` for the
+  frequencies, every type, partial rotary and either pairing), ALiBi from BLOOM's `build_alibi_tensor`
+  (transformers), softcap `C·tanh(s / C)`, Llama 4's temperature `1 + attn_scale·ln(1 + ⌊(p + 1) / floor_scale⌋)`
+  per query, a position bias added as given, attention sinks as GPT-OSS's eager attention writes them (the sink
+  concatenated as one more column, the softmax taken, the column dropped), and PyTorch's `_safe_softmax` rule (a
+  query that may see no key gets zeros).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from attnscope.spec import AttentionSpec
+
+if TYPE_CHECKING:
+    from attnscope.qknorm import QkNorm
 
 FORMULA = "float64 formula"
 
@@ -67,9 +72,14 @@ class Asked:
         return None if self.spec.rope is None else self.spec.rope.base
 
     @property
+    def qk_norm(self) -> QkNorm | None:
+        return self.spec.norm
+
+    @property
     def needs_formula(self) -> bool:
         return (self.softcap is not None or self.alibi or self.rope_base is not None
-                or self.spec.temperature is not None or self.position_bias is not None)
+                or self.spec.temperature is not None or self.position_bias is not None or self.spec.sinks
+                or self.qk_norm is not None)
 
     def rope_config(self, d_head: int) -> dict[str, Any]:
         """The RoPE asked for as a config.json would say it, for check_rope.rotate64: the type and its
@@ -109,7 +119,9 @@ def allowed_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked) -> Tenso
         parts.append(keep)
     offset = n_K - n_Q if asked.causal == "lower-right" else 0
     ones = torch.ones(n_Q, n_K, dtype=torch.bool)
-    if asked.window is not None:
+    if asked.window is not None and asked.spec.window_side == "both":  # |i - j| <= window // 2, no causal mask
+        parts.append(ones.tril(diagonal=asked.window // 2) & ones.triu(diagonal=-(asked.window // 2)))
+    elif asked.window is not None:
         parts.append(ones.tril(diagonal=offset) & ~ones.tril(diagonal=offset - asked.window))
     elif asked.causal:
         parts.append(ones.tril(diagonal=offset))
@@ -175,14 +187,30 @@ def _temperature(q: Tensor, asked: Asked, start: int) -> Tensor:
     return q * torch.tensor(factors, dtype=torch.float64)[:, None]
 
 
+def rms_norm64(x: Tensor, weight: Tensor | None, eps: float, offset: bool = False) -> Tensor:
+    """qk-norm's RMSNorm over the last axis in float64, by PyTorch's `F.rms_norm`; Gemma's weights are offsets
+    from 1."""
+    import torch.nn.functional as F
+
+    w = None if weight is None else (1.0 + weight.double() if offset else weight.double())
+    return F.rms_norm(x.double(), (x.shape[-1],), w, eps)
+
+
 def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, *,
-             q_start: int | None = None, k_start: int = 0, rotated_keys: int = 0) -> tuple[Tensor, Tensor]:
+             q_start: int | None = None, k_start: int = 0, rotated_keys: int = 0,
+             sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """out, attention in float64. Heads on axis -3 (K/V may have fewer, shared by groups of query heads).
-    `rotated_keys` leading keys are taken as already rotated (a KV cache)."""
+    `rotated_keys` leading keys are taken as already rotated (and normed: a KV cache). A qk-norm here is sdpa's,
+    of unit weight over d_K; a module's weighted one is applied by its caller before. `sinks` (one logit per
+    head, or one for all) join each row as one more column, dropped after the softmax: the sink's weight is then
+    `1 - attention.sum(-1)`."""
     q, k, v = q.double(), k.double(), v.double()
     n_Q, n_K, d = q.shape[-2], k.shape[-2], q.shape[-1]
     offset = n_K - n_Q if asked.causal == "lower-right" else 0
     q_start = offset if q_start is None else q_start
+    if asked.qk_norm is not None:
+        q = rms_norm64(q, None, asked.qk_norm.eps)
+        k = torch.cat([k[..., :rotated_keys, :], rms_norm64(k[..., rotated_keys:, :], None, asked.qk_norm.eps)], dim=-2)
     if asked.rope_base is not None:
         seq_len = max(n_K + k_start, q_start + n_Q)  # the positions the forward covers (dynamic, longrope)
         q = _rotated(q, asked, q_start, seq_len)
@@ -211,6 +239,10 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
     allowed = allowed_mask(boolean, n_Q, n_K, asked)
     if allowed is not None:
         s = s.masked_fill(~allowed, -math.inf)
+    if sinks is not None:  # GPT-OSS's eager attention: cat, softmax, drop the column
+        column = sinks.double().reshape(-1, 1, 1) if s.dim() >= 3 else sinks.double().reshape(1, 1)
+        s = torch.cat([s, column.expand(*s.shape[:-1], 1)], dim=-1)
     p = torch.softmax(s, dim=-1)
     p = torch.where(torch.isneginf(s).all(dim=-1, keepdim=True), 0.0, p)  # PyTorch's _safe_softmax rule
+    p = p[..., :-1] if sinks is not None else p
     return torch.einsum("...qk,...kd->...qd", p, v), p

@@ -2,7 +2,8 @@
 
 `AttentionSpec` holds everything that shapes an attention besides its inputs, weights and masks given as data
 (a mask file, key padding): the causal alignment, a sliding window, ALiBi, softcapping, RoPE, the scores' scale,
-the key/value heads, and the cached positions before the new queries. `sdpa()`, `MultiHeadAttention`, the --check
+the key/value heads, the cached positions before the new queries, and the qk-norm (where it runs; its weights
+belong to the module that owns them). `sdpa()`, `MultiHeadAttention`, the --check
 reference (check.py), the mask grid and its translations (readings/) and the cost model (cost.py) read it; none of
 them re-derives the alignment or re-checks an option. (x-transformers' `Attend(...)` and transformers'
 config-driven attention keep the same habit.)
@@ -10,10 +11,16 @@ config-driven attention keep the same habit.)
 Alignment (masks.py): query i sits at position `i + offset`, key j at j. Upper-left has offset 0
 (`is_causal=True`); lower-right has `offset = n_K - n_Q`, so the last query sees every key
 (`torch.nn.attention.bias.causal_lower_right`, flash-attn's `causal=True`). A sliding window implies causal,
-upper-left unless said otherwise (Mistral's). Chunked attention (Llama 4) implies causal too: query at position p
-sees key j when j <= p and both sit in the same chunk of `chunk` positions (j // chunk == p // chunk). With cached
-positions the new queries come after them, so causal, window and chunks align lower-right, as transformers'
-caches do, and an explicit upper-left is refused.
+upper-left unless said otherwise (Mistral's), unless `window_side` is "both": then the window is symmetric and there
+is no causal mask (ModernBERT's local attention: query i sees key j when |i - j| <= window // 2, transformers'
+`sliding_window_bidirectional_overlay` with `sliding_window = local_attention // 2`). Chunked attention (Llama 4)
+implies causal too: query at position p sees key j when j <= p and both sit in the same chunk of `chunk` positions
+(j // chunk == p // chunk). With cached positions the new queries come after them, so causal, window and chunks
+align lower-right, as transformers' caches do, and an explicit upper-left is refused.
+
+`sinks` says the attention has attention sinks (GPT-OSS): a learned logit per head joins each softmax row and is
+dropped after. Their values are a parameter, not part of the spec: `sdpa(..., sinks=tensor)`, or the `sinks`
+parameter a `MultiHeadAttention` owns (sinks.py).
 
 Errors name the parameter (`window 0: ...`); the command line words them as flags (`--window 0: ...`).
 """
@@ -27,11 +34,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
+    from attnscope.qknorm import QkNorm
     from attnscope.rope import Rope
     from attnscope.temperature import TemperatureTuning
 
 Align = Literal["upper-left", "lower-right"]
 ALIGNMENTS: tuple[Align, ...] = ("upper-left", "lower-right")
+WindowSide = Literal["left", "both"]
+WINDOW_SIDES: tuple[WindowSide, ...] = ("left", "both")
 
 
 @dataclass(frozen=True)
@@ -50,8 +60,20 @@ class AttentionSpec:
     latent: Latent | None = None  # multi-head latent attention (DeepSeek-V2/V3): its sizes (latent.py)
     chunk: int | None = None  # query at position p sees key j when j <= p and j // chunk == p // chunk (Llama 4)
     temperature: TemperatureTuning | None = None  # Llama 4's per-query scale on its NoPE layers (temperature.py)
+    sinks: bool = False  # attention sinks: a learned logit per head joins each softmax row (GPT-OSS; sinks.py)
+    window_side: WindowSide = "left"  # "left": causal, keys at or before the query; "both": |i - j| <= window // 2
+    # RMSNorm of Q and K before RoPE: "head" (over d_head, Qwen3) or "proj" (the whole projection, OLMo 2), or a
+    # QkNorm (qknorm.py) that also says eps and Gemma's (1 + w); a word is made a QkNorm here
+    qk_norm: QkNorm | str | None = None
 
     def __post_init__(self) -> None:
+        if self.qk_norm is not None:
+            from attnscope.qknorm import QkNorm
+
+            if isinstance(self.qk_norm, str):
+                object.__setattr__(self, "qk_norm", QkNorm(self.qk_norm))
+            elif not isinstance(self.qk_norm, QkNorm):
+                raise UsageError(f"{{qk_norm}}={self.qk_norm!r}: use 'head', 'proj' or a QkNorm(...)", "qk_norm")
         if not (self.causal in (None, False, True) or self.causal in ALIGNMENTS):
             raise UsageError(f"{{causal}}={self.causal!r}: use True (upper-left), 'upper-left' or 'lower-right'",
                                  "causal")
@@ -76,6 +98,11 @@ class AttentionSpec:
         if self.chunk is not None and self.window is not None:
             raise UsageError(f"{{window}} {self.window} and {{chunk}} {self.chunk}: a layer has a sliding window or "
                              "chunks, not both (Llama 4's chunked layers have no window); drop one", "window", "chunk")
+        if self.window_side not in WINDOW_SIDES:
+            raise UsageError(f"{{window_side}} {self.window_side!r}: use 'left' (a causal window, Mistral's) or 'both' "
+                             "(a symmetric one without a causal mask, ModernBERT's)", "window_side")
+        if self.window_side == "both":
+            self._check_bidirectional_window()
         if self.cache and self.causal == "upper-left":
             raise UsageError(f"{{cache}} {self.cache} puts the queries after {self.cache} cached positions, so "
                                  "causal aligns lower-right; drop {causal} upper-left", "cache", "causal")
@@ -88,10 +115,25 @@ class AttentionSpec:
         (lower-right), as transformers' caches are."""
         return cls(causal=causal or bool(cache), window=window, cache=cache, **variants)
 
+    def _check_bidirectional_window(self) -> None:
+        if self.window is None:
+            raise UsageError("{window_side} both says which way the window looks; give {window} too (ModernBERT's "
+                             "local_attention, e.g. 128)", "window_side", "window")
+        if self.causal or self.cache:
+            given = "{cache} (a decode step, which is causal)" if self.cache else "{causal}"
+            raise UsageError(f"{{window_side}} both is a symmetric window with no causal mask, so it cannot go with "
+                             f"{given}; drop one, or use {{window_side}} left for a causal window",
+                             "window_side", "cache" if self.cache else "causal")
+
+    @property
+    def bidirectional_window(self) -> bool:
+        """A symmetric window and no causal mask (ModernBERT's local layers)."""
+        return self.window is not None and self.window_side == "both"
+
     @property
     def align(self) -> Align | None:
-        """The causal alignment in effect: None, upper-left or lower-right."""
-        if not self.causal and self.window is None and self.chunk is None:
+        """The causal alignment in effect: None, upper-left or lower-right (None for a bidirectional window)."""
+        if not self.causal and self.chunk is None and (self.window is None or self.bidirectional_window):
             return None
         if self.cache:
             return "lower-right"
@@ -104,7 +146,7 @@ class AttentionSpec:
     @property
     def structural(self) -> bool:
         """Whether the attention builds a causal, window or chunk mask of its own, one bool per (query, key)."""
-        return self.align is not None
+        return self.align is not None or self.window is not None
 
     @property
     def plain_causal(self) -> bool:
@@ -121,7 +163,9 @@ class AttentionSpec:
         parts = ["causal" if self.align else "bidirectional (no causal mask)"]
         if self.rope is not None:
             parts.append(f"RoPE ({self.rope.describe()})")
-        if self.window is not None:
+        if self.bidirectional_window:
+            parts.append(f"sliding window {self.window} both sides (|i − j| ≤ {self.reach})")
+        elif self.window is not None:
             parts.append(f"sliding window {self.window}")
         if self.chunk is not None:
             parts.append(f"chunks of {self.chunk}")
@@ -132,7 +176,21 @@ class AttentionSpec:
             parts.append(f"softcap {self.softcap:g}")
         if self.latent is not None:
             parts.append(self.latent.describe())
+        if self.sinks:
+            parts.append("attention sinks (a learned logit per head)")
+        if self.norm is not None:
+            parts.append(self.norm.describe())
         return ", ".join(parts)
+
+    @property
+    def reach(self) -> int:
+        """How far a bidirectional window sees on each side: window // 2 (ModernBERT's `sliding_window`)."""
+        return (self.window or 0) // 2
+
+    @property
+    def norm(self) -> QkNorm | None:
+        """The qk-norm, typed (`qk_norm` is always a QkNorm or None once built)."""
+        return self.qk_norm  # type: ignore[return-value]
 
 
 def check_kv_heads(n_head: int, n_kv_head: int) -> None:
@@ -191,6 +249,13 @@ class Latent:
                              "value for every head from one latent; drop {n_kv_head}", "n_kv_head", "latent")
         if spec.rope is None:
             raise UsageError("{latent} rotates its Q_pe and K_pe parts; give {rope}", "latent", "rope")
+        if spec.sinks:
+            raise UsageError("{sinks} with {latent}: latent attention (DeepSeek-V2/V3) has no attention sinks, and "
+                             "LatentAttention owns no sink values; drop one", "sinks", "latent")
+        if spec.qk_norm is not None:
+            raise UsageError("{qk_norm} with {latent}: latent attention (DeepSeek-V2/V3) norms its latents, not Q and "
+                             "K before RoPE (its rotary parts turn inside the latent module); drop one", "qk_norm",
+                             "latent")
 
     def cache_bytes(self, batch: int, n_K: int, itemsize: int) -> int:
         """What a cache of this layer holds for n_K positions: KV_latent and K_pe, `d_latent + d_rope` numbers per

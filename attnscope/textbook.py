@@ -17,9 +17,9 @@ from attnscope.attention import (
     dtype_name,
     half_note,
     leading_names,
-    zero_rows,
 )
 from attnscope.errors import UsageError
+from attnscope.masking import zero_rows
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
 

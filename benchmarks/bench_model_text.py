@@ -44,35 +44,20 @@ print(json.dumps(attentions[int(sys.argv[4])][0, int(sys.argv[5])].tolist()))
 # Written shard by shard: the model is built on the meta device (shapes only), and each shard's random
 # tensors are made, saved and dropped before the next, so no more than one shard (<= 1 GB) is ever in memory.
 BUILD_LLAMA = """
-import json, sys, torch
+import json, sys
 from pathlib import Path
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
 
 folder = Path(sys.argv[1])
 folder.mkdir(parents=True, exist_ok=True)
+sys.path.insert(0, sys.argv[2])
+from _checkpoint import write_random_shards
+
 config = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048, rope_theta=500000.0,
                      tie_word_embeddings=False)
-with torch.device("meta"):
-    shapes = {k: tuple(v.shape) for k, v in LlamaForCausalLM(config).state_dict().items()}
-groups = {}
-for key in shapes:
-    part = key.split(".")
-    groups.setdefault(int(part[2]) // 2 if part[1] == "layers" else (-1 if "embed" in key else 99), []).append(key)
-generator = torch.Generator().manual_seed(0)
-weight_map, total = {}, 0
-for i, (group, keys) in enumerate(sorted(groups.items())):
-    name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-    tensors = {k: (torch.ones(shapes[k]) if k.endswith("norm.weight") else
-                   torch.randn(shapes[k], generator=generator) * 0.02) for k in keys}
-    save_file(tensors, str(folder / name), metadata={"format": "pt"})
-    total += sum(t.numel() * 4 for t in tensors.values())
-    weight_map.update(dict.fromkeys(keys, name))
-    del tensors
-(folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                  "weight_map": weight_map}))
+params = write_random_shards(folder, LlamaForCausalLM, config, layers_per_shard=2)
 config.architectures = ["LlamaForCausalLM"]
 config.save_pretrained(folder)
 corpus = ["The cat sat on the mat because it was tired, and the dog ran after it."] * 10
@@ -82,7 +67,7 @@ bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_toke
 spec = json.loads(bpe.to_str())["model"]
 merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["merges"]]
 LlamaTokenizer(vocab=spec["vocab"], merges=merges, add_bos_token=True).save_pretrained(folder)
-print(sum(t for t in (torch.Size(s).numel() for s in shapes.values())))
+print(params)
 """
 
 
@@ -92,7 +77,7 @@ def llama_1b() -> Path:
     if not done.is_file():
         shutil.rmtree(folder, ignore_errors=True)
         print(f"building a 1.1B-parameter LLaMA checkpoint in {folder} (once) ...", file=sys.stderr)
-        params = python_output(BUILD_LLAMA, str(folder))
+        params = python_output(BUILD_LLAMA, str(folder), str(Path(__file__).parent))
         done.write_text(params)
     return folder
 

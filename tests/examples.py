@@ -216,6 +216,8 @@ STAND_INS: dict[str, tuple[str, dict[str, int]]] = {
     "./llama-dir": ("llama", {"num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8,
                               "hidden_size": 64, "head_dim": 2}),
     "./mistral-dir": ("mistral", {}),
+    "./gpt-oss-dir": ("gpt_oss", {}),
+    "./modernbert-dir": ("modernbert", {}),
     "./my-bert": ("bert", {"num_hidden_layers": 6, "num_attention_heads": 12}),
     "bert-base-uncased": ("bert", {"num_hidden_layers": 6, "num_attention_heads": 12}),
     "gpt2": ("gpt2", {"n_layer": 6, "n_head": 12}),

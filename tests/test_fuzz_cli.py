@@ -264,6 +264,8 @@ def _variants(draw, command):
         argv += ["--attn-scale", _pick(draw, ["0.1", "-0.5"], ["inf"])] if _sometimes(draw) else []
     argv += ["--cache", _pick(draw, ["2", "0"], ["-1"])] if _sometimes(draw, 8) else []
     argv += ["--show-mask"] if _sometimes(draw, 6) else []
+    if _sometimes(draw, 6):  # bare, per head, over the projection (mha's; sdpa refuses it), or a word it lacks
+        argv += ["--qk-norm", *_pick(draw, [[], ["head"], ["proj"]], [["rows"]])]
     if command == "mha":
         argv += ["--kv-heads", _pick(draw, ["1", "2"], ["3"])] if _sometimes(draw, 6) else []
         argv += ["--d-head", _pick(draw, ["4", "2"], ["0"])] if _sometimes(draw, 6) else []

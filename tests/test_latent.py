@@ -189,6 +189,10 @@ def test_bad_latent_attention():
         AttentionSpec(rope=Rope(), latent=Latent(8, 4, 4, 4), n_kv_head=2)
     with pytest.raises(UsageError, match="latent rotates its Q_pe and K_pe parts; give rope"):
         AttentionSpec(latent=Latent(8, 4, 4, 4))
+    with pytest.raises(UsageError, match="sinks with latent: latent attention .* has no attention sinks"):
+        AttentionSpec(rope=Rope(), latent=Latent(8, 4, 4, 4), sinks=True)
+    with pytest.raises(UsageError, match="qk_norm with latent: latent attention .* norms its latents"):
+        AttentionSpec(rope=Rope(), latent=Latent(8, 4, 4, 4), qk_norm="head")
     with pytest.raises(UsageError, match="rope_interleave gathers"):
         LatentAttention(16, 2, Latent(8, 4, 4, 4, rope_interleave=True), rope=Rope(pairing="interleaved"))
     with pytest.raises(UsageError, match="latent is missing"):
@@ -279,6 +283,8 @@ def test_cli_meta_at_deepseek_v3_size(runner):
     (["mha", "--q-lora-rank", "8"], "--q-lora-rank sizes multi-head latent attention; add --kv-lora-rank R"),
     (["mha", "--rope-head-dim", "4", "--v-head-dim", "4"], "--rope-head-dim and --v-head-dim size"),
     ([*MLA, "--kv-heads", "2"], "--kv-heads 2 with --kv-lora-rank"),
+    ([*MLA, "--sinks"], "--sinks with --kv-lora-rank: latent attention (DeepSeek-V2/V3) has no attention sinks"),
+    ([*MLA, "--qk-norm"], "--qk-norm with --kv-lora-rank: latent attention (DeepSeek-V2/V3) norms its latents"),
     ([*MLA, "--rope-head-dim", "5"], "--rope-head-dim 5: RoPE turns pairs of coordinates"),
     ([*MLA, "--rope-base", "0.5"], "--rope-base 0.5 must be a number above 1"),
     ([*MLA, "--dropout", "0.1", "--check"], "--check compares exact numbers and dropout makes them random"),

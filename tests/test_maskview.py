@@ -28,6 +28,9 @@ CASES = [
     {"n_Q": 3, "n_K": 10, "cache": 7, "chunk": 4, "pad": 1},
     {"n_Q": 5, "n_K": 9, "causal": "upper-left", "chunk": 3, "user": "bool"},
     {"n_Q": 4, "n_K": 6, "causal": "lower-right", "chunk": 8, "user": "float"},
+    {"n_Q": 7, "n_K": 7, "window": 4, "side": "both"},
+    {"n_Q": 4, "n_K": 9, "window": 5, "side": "both", "pad": 2},
+    {"n_Q": 5, "n_K": 5, "window": 1, "side": "both", "user": "bool"},
 ]
 
 
@@ -46,15 +49,17 @@ def _user(case: dict) -> torch.Tensor | None:
 def _expected(case: dict, user: torch.Tensor | None) -> torch.Tensor:
     """The rule in plain Python: query i at position i + offset, key j at j."""
     n_Q, n_K, window, pad, chunk = case["n_Q"], case["n_K"], case.get("window"), case.get("pad", 0), case.get("chunk")
+    both = case.get("side") == "both"  # |i - j| <= window // 2, no causal part
     causal = (case.get("causal") or ("lower-right" if case.get("cache") else None)
               or ("upper-left" if window or chunk else None))
+    causal = None if both else causal
     offset = n_K - n_Q if causal == "lower-right" else 0
     grid = torch.ones(n_Q, n_K, dtype=torch.bool)
     for i in range(n_Q):
         for j in range(n_K):
             p = i + offset
-            if (causal and j > p or window is not None and p - j >= window or j >= n_K - pad
-                    or chunk is not None and j // chunk != p // chunk):
+            hidden = abs(i - j) > window // 2 if both else causal and j > p or window is not None and p - j >= window
+            if hidden or j >= n_K - pad or chunk is not None and j // chunk != p // chunk:
                 grid[i, j] = False
             hidden_by_user = user is not None and (user[i, j] == -torch.inf if user.is_floating_point()
                                                    else not bool(user[i, j]))
@@ -65,7 +70,7 @@ def _expected(case: dict, user: torch.Tensor | None) -> torch.Tensor:
 
 def _view(case: dict, user: torch.Tensor | None):
     spec = AttentionSpec(causal=case.get("causal") or bool(case.get("cache")), window=case.get("window"),
-                         cache=case.get("cache", 0), chunk=case.get("chunk"))
+                         cache=case.get("cache", 0), chunk=case.get("chunk"), window_side=case.get("side", "left"))
     return view(case["n_Q"], case["n_K"], spec,
                 pad=case.get("pad", 0), user_mask=user)
 
@@ -172,3 +177,13 @@ def test_show_mask_above_the_table_and_in_json(runner):
     payload = json.loads(runner.invoke(app, [*args, "--show-mask", "--json"]).stdout)
     assert payload["mask"]["grid"] == [[True, True, True, True, False], [True] * 5]
     assert payload["mask"]["alignment"] == "lower-right"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_code_translations_fit_80_columns(case):
+    """Code is not rewrapped for the terminal (the view indents it by 2): every snippet line fits 78 columns,
+    FlexAttention's mask_mod included once a chunk, an offset and padding make its conjunction long."""
+    shown = _view(case, _user(case))
+    long = [line for library, code in shown.translations.items() if library != FLASH
+            for line in code.splitlines() if len(line) > 78]
+    assert not long, long

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import FAMILIES, SENTENCE, base, build
+from tiny_models import FAMILIES, SENTENCE, base, build, cached_builder
 
 from attnscope.cli import app
 from attnscope.models import open_model
@@ -26,15 +26,7 @@ WINDOW = 4  # the sliding window of the tiny Mistral, Qwen2 and Gemma 2
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """family -> (folder, eager model), each built the first time a test asks for it."""
-    cache: dict[str, tuple[Path, object]] = {}
-
-    def get(family: str):
-        if family not in cache:
-            folder = tmp_path_factory.mktemp(family)
-            cache[family] = folder, build(family, folder, shard=family == "llama")
-        return cache[family]
-
-    return get
+    return cached_builder(tmp_path_factory, build, shard=lambda family: family == "llama")
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ CORPUS = ["The cat sat on the mat because it was tired.", "A dog ran to the park
 SENTENCE = "The cat sat on the mat because it was tired, and the dog ran."  # longer than a window of 4
 
 FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "gemma2")
+# Families with tests of their own (tests/test_gpt_oss.py, tests/test_modernbert.py), built the same way.
+MODERN = ("gpt_oss", "modernbert")
 
 
 def _bpe(byte_level: bool, specials: list[str], size: int = 200) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -48,7 +50,7 @@ def _tokenizer(family: str):
         RobertaTokenizer,
     )
 
-    if family == "bert":
+    if family in ("bert", "modernbert"):  # ModernBERT's own is a BPE with BERT's [CLS] ... [SEP]: ids differ, not roles
         words = sorted({w.strip(".,").lower() for s in CORPUS for w in s.split()} | {".", ","})
         vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
         return BertTokenizer(vocab={token: i for i, token in enumerate(vocab)})
@@ -62,7 +64,7 @@ def _tokenizer(family: str):
         vocab, merges = _bpe(True, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
         return RobertaTokenizer(vocab=vocab, merges=merges)
     vocab, merges = _bpe(True, ["<|endoftext|>"])
-    return (GPT2Tokenizer if family == "gpt2" else Qwen2Tokenizer)(vocab=vocab, merges=merges)
+    return (GPT2Tokenizer if family in ("gpt2", "gpt_oss") else Qwen2Tokenizer)(vocab=vocab, merges=merges)
 
 
 def _config_and_class(family: str, vocab: int):
@@ -91,6 +93,16 @@ def _config_and_class(family: str, vocab: int):
     if family == "qwen2":  # layer 0 full, layers 1 and 2 sliding (from max_window_layers)
         return tf.Qwen2Config(**decoder, num_hidden_layers=3, use_sliding_window=True, sliding_window=4,
                               max_window_layers=1), tf.Qwen2ForCausalLM
+    if family == "gpt_oss":  # sliding, full, sliding; yarn that bites at 16 positions; a limit the SwiGLU reaches
+        yarn = {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 16, "rope_theta": 150000.0}
+        return tf.GptOssConfig(**decoder, num_hidden_layers=3, head_dim=8, sliding_window=4, num_local_experts=4,
+                               num_experts_per_tok=2, rope_parameters=yarn, swiglu_limit=1.5), tf.GptOssForCausalLM
+    if family == "modernbert":  # global, local, local, global; a local window of 4 (2 either side)
+        return tf.ModernBertConfig(**shared, hidden_size=32, intermediate_size=20, num_hidden_layers=4,
+                                   num_attention_heads=4, local_attention=4, max_position_embeddings=128,
+                                   pad_token_id=0, cls_token_id=2, bos_token_id=2, sep_token_id=3,
+                                   eos_token_id=3), tf.ModernBertForMaskedLM
     gemma = {**decoder, "hidden_size": 24, "head_dim": 16}  # head_dim decoupled: 4 heads x 16 on a width of 24
     return tf.Gemma2Config(**gemma, num_hidden_layers=3, query_pre_attn_scalar=12, attn_logit_softcapping=5.0,
                            sliding_window=4), tf.Gemma2ForCausalLM
@@ -99,12 +111,18 @@ def _config_and_class(family: str, vocab: int):
 def build(family: str, folder: Path, *, shard: bool = False, **sizes):
     """Save a tiny `family` model and its tokenizer to `folder`; return transformers' eager model read back.
     `sizes` override the config's (e.g. num_hidden_layers=12)."""
-    folder.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer(family)
     config, cls = _config_and_class(family, len(tokenizer))
+    return save_random(folder, tokenizer, config, cls, (*FAMILIES, *MODERN).index(family), shard=shard, **sizes)
+
+
+def save_random(folder: Path, tokenizer, config, cls, seed: int, *, shard: bool = False, **sizes):
+    """`cls(config)` with weights drawn with std 0.3 from `seed`, saved with its tokenizer to `folder`; transformers'
+    eager model read back."""
+    folder.mkdir(parents=True, exist_ok=True)
     for name, value in sizes.items():
         setattr(config, name, value)
-    torch.manual_seed(FAMILIES.index(family))
+    torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():
@@ -112,6 +130,46 @@ def build(family: str, folder: Path, *, shard: bool = False, **sizes):
     model.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
     tokenizer.save_pretrained(folder)
     return cls.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+def eager_run(model, folder: Path, modules: list) -> tuple[list[int], tuple, dict[int, torch.Tensor]]:
+    """transformers' eager run on SENTENCE: the ids, `output_attentions`, and the output of each of `modules` (the
+    attention modules, layer by layer: what attnscope calls `x`)."""
+    from transformers import AutoTokenizer
+
+    encoded = AutoTokenizer.from_pretrained(folder)(SENTENCE, return_tensors="pt")
+    outputs: dict[int, torch.Tensor] = {}
+    hooks = [module.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, out[0]))
+             for i, module in enumerate(modules)]
+    with torch.no_grad():
+        attentions = model(**encoded, output_attentions=True).attentions
+    for hook in hooks:
+        hook.remove()
+    return encoded["input_ids"][0].tolist(), attentions, outputs
+
+
+def with_config(folder: Path, target: Path, change) -> Path:
+    """A copy of a saved model in `target` whose config.json is `change(config)` (a dict in, a dict out)."""
+    import shutil
+
+    shutil.copytree(folder, target)
+    path = target / "config.json"
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    return target
+
+
+def cached_builder(tmp_path_factory, build, **options):
+    """family -> (folder, eager model), each built by `build(family, folder, ...)` the first time it is asked
+    for (a module-scoped fixture's body); `options(family)` gives build's keywords."""
+    cache: dict[str, tuple[Path, object]] = {}
+
+    def get(family: str):
+        if family not in cache:
+            folder = tmp_path_factory.mktemp(family)
+            cache[family] = folder, build(family, folder, **{k: v(family) for k, v in options.items()})
+        return cache[family]
+
+    return get
 
 
 def base(model):

@@ -1,4 +1,5 @@
-"""`attnscope bert`: `attnscope head` for BERT-layout checkpoints, with bert-base-uncased as the default model."""
+"""`attnscope bert`: `attnscope head` for BERT's encoders (the BERT layout, and ModernBERT), with bert-base-uncased as
+the default model."""
 
 from __future__ import annotations
 

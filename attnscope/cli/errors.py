@@ -28,7 +28,8 @@ FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "sc
          "qk_rope_head_dim": "--rope-head-dim", "qk_nope_head_dim": "--d-head", "v_head_dim": "--v-head-dim",
          "rope": "--rope", "chunk": "--chunk", "floor_scale": "--floor-scale", "attn_scale": "--attn-scale",
          "temperature": "--temperature-tuning", "alibi": "--alibi", "position_bias": "--position-bias",
-         "target": "--target", "attention": "--attention", "audio": "--audio"}
+         "target": "--target", "attention": "--attention", "audio": "--audio", "sinks": "--sinks",
+         "window_side": "--window-side", "qk_norm": "--qk-norm"}
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 

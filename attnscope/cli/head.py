@@ -1,6 +1,7 @@
-"""`attnscope head`: one head of a transformer (BERT, RoBERTa, GPT-2, LLaMA, Mistral, Qwen2, Gemma 2, and the
-encoder-decoders T5, BART, Marian, mBART, Whisper): its weights read lazily, and with --text its attention on a
-sentence, running only as far as the layer asked.
+"""`attnscope head`: one head of a transformer (BERT, RoBERTa, GPT-2, LLaMA, Mistral, Qwen2, Gemma 2, Qwen3, Gemma 3,
+OLMo 2, SmolLM3, Phi-3, Llama 4, GPT-OSS, ModernBERT, DeepSeek-V3, and the encoder-decoders T5, BART, Marian,
+mBART, Whisper; any other family through transformers' attention interface): its weights read lazily, and with
+--text its attention on a sentence, running only as far as the layer asked.
 """
 
 from __future__ import annotations

@@ -19,17 +19,19 @@ from attnscope.cli.options import (
     Json,
     MaskFile,
     Pad,
+    SinksOpt,
     Svg,
     Window,
+    WindowSideOpt,
 )
 
 MASK_EXAMPLES = """Examples:
 
   attnscope mask --nq 6 --causal
 
-  attnscope mask --nq 4 --cache 6 --chunk 4
+  attnscope mask --nq 4 --cache 6 --chunk 4 --pad 2 --json
 
-  attnscope mask --nq 5 --nk 8 --causal lower-right --pad 2 --json"""
+  attnscope mask --nq 8 --window 4 --window-side both --sinks"""
 
 
 def mask(
@@ -38,6 +40,8 @@ def mask(
     causal: CausalOpt = None,
     window: Window = None,
     chunk: Chunk = None,
+    window_side: WindowSideOpt = None,
+    sinks: SinksOpt = None,
     pad: Pad = 0,
     cache: Cache = 0,
     mask_file: MaskFile = None,
@@ -55,7 +59,8 @@ def mask(
         from attnscope.runs.mask import MaskOptions, run_mask
 
         options = MaskOptions(nq=nq, nk=nk, causal=causal.value if causal else None, window=window, pad=pad,
-                              cache=cache, mask=mask_file, chunk=chunk)
+                              cache=cache, mask=mask_file, chunk=chunk,
+                              window_side=window_side.value if window_side else "left", sinks=sinks)
         view, params = run_mask(options)
         if json:
             render.emit_json(mask_command_json(view, params))

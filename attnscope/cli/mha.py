@@ -37,6 +37,7 @@ from attnscope.cli.options import (
     Pad,
     PositionBias,
     QFile,
+    QkNormOpt,
     RopeBase,
     RopeFraction,
     RopeOpt,
@@ -44,6 +45,7 @@ from attnscope.cli.options import (
     Save,
     Seed,
     ShowMask,
+    SinksOpt,
     Softcap,
     Stats,
     Svg,
@@ -51,6 +53,7 @@ from attnscope.cli.options import (
     Values,
     VFile,
     Window,
+    WindowSideOpt,
 )
 
 MHA_EXAMPLES = """Examples:
@@ -101,6 +104,7 @@ def mha(
     heatmap_head: HeatmapHead = 0,
     all_heads: Annotated[bool, typer.Option("--all-heads", help="Draw every head of batch element --heatmap-batch as a grid of small heatmaps, with a table of what each does: entropy, first-token sink, previous, self, distance, kind (docs/heads.md).", rich_help_panel="Output")] = False,
     window: Window = None,
+    window_side: WindowSideOpt = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
     position_bias: PositionBias = None,
@@ -117,6 +121,8 @@ def mha(
     q_lora_rank: QLoraRank = None,
     rope_head_dim: RopeHeadDim = None,
     v_head_dim: VHeadDim = None,
+    sinks: SinksOpt = None,
+    qk_norm: QkNormOpt = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -134,7 +140,8 @@ def mha(
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
             position_bias=position_bias, rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, chunk=chunk,
             rope_fraction=rope_fraction, rope_pairing=rope_pairing.value if rope_pairing else None,
-            temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale,
+            temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale, sinks=sinks,
+            window_side=window_side.value if window_side else "left", qk_norm=qk_norm.value if qk_norm else None,
             kv_heads=kv_heads, d_head=d_head, scale=scale, all_heads=all_heads, kv_lora_rank=kv_lora_rank,
             q_lora_rank=q_lora_rank, rope_head_dim=rope_head_dim, v_head_dim=v_head_dim,
         )

@@ -23,13 +23,24 @@ class Pairing(str, Enum):
     interleaved = "interleaved"
 
 
+class WindowSideChoice(str, Enum):
+    left = "left"
+    both = "both"
+
+
+class QkNormPlace(str, Enum):
+    head = "head"
+    proj = "proj"
+
+
 class Layout(str, Enum):
     row = "row"
     col = "col"
 
 
 class AttentionCommand(TyperCommand):
-    """Lets `--causal` stand alone: a bare `--causal` means `--causal upper-left`, as `is_causal=True`; and
+    """Lets `--causal`, `--sinks` and `--qk-norm` stand alone: a bare `--causal` means `--causal upper-left`, as
+    `is_causal=True`, a bare `--sinks` means `--sinks random`, a bare `--qk-norm` means `--qk-norm head`; and
     refuses an option typed where it would be silently ignored (`refuse_ignored`)."""
 
     def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
@@ -103,14 +114,28 @@ def _flags_as_flags(params: Iterable[Any]) -> None:
             param.metavar = ""
 
 
+# Options that may stand alone (their value left out), and what they mean then.
+BARE = {"--causal": Causal.upper_left.value, "--sinks": "random", "--qk-norm": QkNormPlace.head.value}
+
+
 def expand_bare_causal(args: list[str]) -> list[str]:
+    """`--causal` and `--qk-norm` given without a value get their bare meaning (BARE)."""
     out: list[str] = []
     for i, arg in enumerate(args):
         out.append(arg)
         following = args[i + 1] if i + 1 < len(args) else None
-        if arg == "--causal" and (following is None or following.startswith("-")):
-            out.append(Causal.upper_left.value)
+        if arg in BARE and (following is None or (following.startswith("-") and not _numbers(following))):
+            out.append(BARE[arg])
     return out
+
+
+def _numbers(text: str) -> bool:
+    """`-1.5` or `-1,2`: a value (--sinks takes negative logits), not the next option."""
+    try:
+        [float(part) for part in text.split(",")]
+    except ValueError:
+        return False
+    return True
 
 
 def not_empty(value: str | None) -> str | None:
@@ -169,4 +194,7 @@ TemperatureOpt = Annotated[bool, typer.Option("--temperature-tuning", help="Scal
 FloorScale = Annotated[float | None, typer.Option("--floor-scale", metavar="N", help="Temperature tuning: positions per step of the query's factor.  \\[default: 8192, Llama 4's]", rich_help_panel="Variants")]
 AttnScale = Annotated[float | None, typer.Option("--attn-scale", metavar="S", help="Temperature tuning: strength of each step.  \\[default: 0.1, Llama 4's]", rich_help_panel="Variants")]
 Cache = Annotated[int, typer.Option("--cache", min=0, metavar="N", help="A decode step: K and V hold N cached positions before the new ones; causal aligns lower-right.", rich_help_panel="Variants")]
+WindowSideOpt = Annotated[WindowSideChoice | None, typer.Option("--window-side", help="Which way --window looks: left (causal, Mistral's) or both: query i sees key j when |i − j| ≤ W // 2, no causal mask (ModernBERT's local attention, W = local_attention).  \\[default: left]", rich_help_panel="Variants")]
+SinksOpt = Annotated[str | None, typer.Option("--sinks", metavar="[random|S|S1,S2,..]", help="Attention sinks (GPT-OSS): a logit per head joins each softmax row and is dropped after, so rows sum to less than 1. Bare or random: drawn from the seed; one number for every head, or one per head.", rich_help_panel="Variants")]
+QkNormOpt = Annotated[QkNormPlace | None, typer.Option("--qk-norm", help="RMSNorm of Q and K before RoPE: head (each head over its d_head, Qwen3, Gemma 3; bare --qk-norm) or proj (mha: the whole projection before the split, OLMo 2).", rich_help_panel="Variants")]
 ShowMask = Annotated[bool, typer.Option("--show-mask", help="Draw the combined mask (■ may attend, · masked) above the table.", rich_help_panel="Masks")]

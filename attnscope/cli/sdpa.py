@@ -37,6 +37,7 @@ from attnscope.cli.options import (
     Pad,
     PositionBias,
     QFile,
+    QkNormOpt,
     RopeBase,
     RopeFraction,
     RopeOpt,
@@ -44,6 +45,7 @@ from attnscope.cli.options import (
     Save,
     Seed,
     ShowMask,
+    SinksOpt,
     Softcap,
     Stats,
     Svg,
@@ -51,6 +53,7 @@ from attnscope.cli.options import (
     Values,
     VFile,
     Window,
+    WindowSideOpt,
 )
 
 SDPA_EXAMPLES = """Examples:
@@ -94,6 +97,7 @@ def sdpa(
     heatmap_batch: HeatmapBatch = 0,
     heatmap_head: HeatmapHead = 0,
     window: Window = None,
+    window_side: WindowSideOpt = None,
     softcap: Softcap = None,
     alibi: Alibi = False,
     position_bias: PositionBias = None,
@@ -106,6 +110,8 @@ def sdpa(
     floor_scale: FloorScale = None,
     attn_scale: AttnScale = None,
     cache: Cache = 0,
+    sinks: SinksOpt = None,
+    qk_norm: QkNormOpt = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -123,7 +129,8 @@ def sdpa(
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
             position_bias=position_bias, rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, chunk=chunk,
             rope_fraction=rope_fraction, rope_pairing=rope_pairing.value if rope_pairing else None,
-            temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale,
+            temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale, sinks=sinks,
+            window_side=window_side.value if window_side else "left", qk_norm=qk_norm.value if qk_norm else None,
         )
         show_run(out, run_sdpa(options), json=json, values=values, stats=stats, page=page)
 

@@ -20,6 +20,12 @@ through transformers, layers 0..L only (truncated.py), traced through its attent
 | t5, mt5 (umt5) | t5.py | T5 (Umt5): encoder-decoder, relative position bias, no scale (seq2seq.py) |
 | bart, marian, mbart | bart.py | Bart, Marian, MBart: encoder-decoders of BartAttention |
 | whisper | whisper.py | Whisper: an audio encoder (audio.py reads --audio) and a text decoder |
+| gpt_oss | gpt_oss.py | GptOss (LLaMA's, with sinks, biases, alternating windows, yarn RoPE, an MoE MLP) |
+| modernbert | modernbert.py | ModernBert (an encoder: fused Wqkv, RoPE, global and local bidirectional layers) |
+| qwen3 | qwen3.py | Qwen3 (Qwen2's windows, qk-norm per head: qknormed.py) |
+| qwen3_moe | qwen3_moe.py | Qwen3Moe (Qwen3's attention; the MoE MLP run, not traced) |
+| gemma3_text, gemma3 (its text part) | gemma3.py | Gemma3 (Gemma 2's, with (1 + w) qk-norm, RoPE per layer type) |
+| olmo2 | olmo2.py | Olmo2 (LLaMA's, with qk-norm over the projection, post-norms) |
 
 Following a family's forward across files, step by step (`attnscope head --text`):
 
@@ -28,14 +34,16 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | X, the attention's input (the residual stream after the layer's input norm) | the family's `attention_input`; |
 |   the layers before it by its `block` | bert.py, gpt2.py, llama.py, ... |
 | Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
+| Q_normed, K_normed (qk-norm before RoPE) | qknorm.py, from multihead.py `_heads` (`attention_spec().qk_norm`) |
 | cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
 |   layers) | |
 | Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
 | attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
-|   causal, window, chunk) | |
+|   causal, window (left or both sides), chunk) | |
+| sinks, sink_weight (GPT-OSS) | sinks.py, called by attention.py `sdpa` (the values: the module's `sinks`) |
 | x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
-| the head's own X, Q, K, V, ..., out (views of the layer's steps) | run.py `head_trace` |
+| the head's own X, Q, K, V, ..., out (views of the layer's steps) | head_steps.py `head_trace` |
 | an encoder-decoder's X, memory (across), position_buckets | seq2seq_run.py (t5.py: the buckets and bias) |
 | position_bias, biased_scores (T5) | attention.py `sdpa` with position_bias.py |
 | a family with no page: Q, K, V, K_rep, V_rep, scores, capped_scores, mask, masked_scores, | interface.py |
@@ -64,11 +72,14 @@ FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-rober
             "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2"),
             "deepseek_v3": ("deepseek", "DeepseekV3"), "deepseek_v2": ("deepseek", "DeepseekV2"),
             "smollm3": ("smollm3", "SmolLM3"), "phi3": ("phi3", "Phi3"), "llama4": ("llama4", "Llama4"),
-            "llama4_text": ("llama4", "Llama4"),
+            "llama4_text": ("llama4", "Llama4"), "gpt_oss": ("gpt_oss", "GptOss"),
+            "modernbert": ("modernbert", "ModernBert"), "qwen3": ("qwen3", "Qwen3"),
+            "qwen3_moe": ("qwen3_moe", "Qwen3Moe"), "gemma3_text": ("gemma3", "Gemma3"), "gemma3": ("gemma3", "Gemma3"),
+            "olmo2": ("olmo2", "Olmo2"),
             "t5": ("t5", "T5"), "mt5": ("t5", "T5"), "umt5": ("t5", "Umt5"), "bart": ("bart", "Bart"),
             "marian": ("bart", "Marian"), "mbart": ("bart", "MBart"), "whisper": ("whisper", "Whisper")}
 SUPPORTED = ("bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4, "
-             "t5, mt5, umt5, bart, marian, mbart, whisper")
+             "gpt_oss, modernbert, qwen3, qwen3_moe, gemma3, olmo2, t5, mt5, umt5, bart, marian, mbart, whisper")
 
 
 def family_of(config: Config) -> type[Family] | None:

@@ -45,13 +45,7 @@ class Bert(Family):
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         super().__init__(folder, config, checkpoint)
-        self.n_layer = config.integer("num_hidden_layers")
-        self.n_head = self.n_kv_head = config.integer("num_attention_heads")
-        self.d_model = config.integer("hidden_size")
-        if self.d_model % self.n_head:
-            raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by num_attention_heads "
-                             f"{self.n_head}; fix config.json")
-        self.d_head = self.d_model // self.n_head
+        self.read_sizes()
         self.max_tokens = config.integer("max_position_embeddings", default=512)
         self.check_sizes()
 

@@ -29,6 +29,9 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 # safetensors dtypes NumPy can hold; the rest (BF16, F8_*) are read through torch.
 NUMPY_DTYPES = frozenset({"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL"})
+# safetensors dtypes read as raw bytes into torch (`tensor`); the others through safetensors' own reader.
+TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -43,6 +46,7 @@ class Checkpoint:
         self._files = files  # key -> the file holding it
         self._handles: dict[tuple[Path, str], Any] = {}
         self._states: dict[Path, dict[str, torch.Tensor]] = {}
+        self._ranges: dict[Path, dict[str, tuple[int, int]]] = {}
 
     # --- opening ----------------------------------------------------------------------------------------
 
@@ -114,12 +118,46 @@ class Checkpoint:
         return tensor, text
 
     def tensor(self, key: str) -> torch.Tensor:
-        """A whole tensor, as float32 torch (the precision the forward computes in)."""
+        """A whole tensor, as float32 torch (the precision the forward computes in). From safetensors it is read
+        with plain file reads, not through the memory map: mapped pages stay in the process's resident set
+        for as long as the file is open, so a run through several layers would keep every one it read."""
         import torch
 
         if self._is_bin(key):
             return self._state(key)[key].to(torch.float32, copy=True)
-        return self._slice(key, "pt")[:].to(torch.float32)
+        return self._read(key).to(torch.float32)
+
+    def _read(self, key: str) -> torch.Tensor:
+        """`key` as stored, read into a fresh tensor from its byte range (the header's `data_offsets`)."""
+        import torch
+
+        path = self._file(key)
+        part = self._slice(key, "numpy")  # the header, checked by safetensors itself
+        dtype, shape = part.get_dtype(), part.get_shape()
+        if dtype not in TORCH_DTYPES:
+            return self._slice(key, "pt")[:]  # type: ignore[no-any-return]
+        start, end = self._offsets(path)[key]
+        out = torch.empty(end - start, dtype=torch.uint8)
+        view, done = out.numpy().data, 0  # the tensor's own bytes
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            while done < len(view):  # one read returns at most about 2 GiB on Linux
+                count = handle.readinto(view[done:])
+                if not count:
+                    raise UsageError(f"{path}: ends inside tensor {key}; the file is truncated")
+                done += count
+        return out.view(getattr(torch, TORCH_DTYPES[dtype])).reshape(shape)
+
+    def _offsets(self, path: Path) -> dict[str, tuple[int, int]]:
+        """Each tensor's byte range in a safetensors file, from its header (8 bytes of length, then JSON)."""
+        if path not in self._ranges:
+            with open(path, "rb") as handle:
+                length = int.from_bytes(handle.read(8), "little")
+                header = json.loads(handle.read(length))
+            base = 8 + length
+            self._ranges[path] = {key: (base + info["data_offsets"][0], base + info["data_offsets"][1])
+                                  for key, info in header.items() if key != "__metadata__"}
+        return self._ranges[path]
 
     def rows(self, key: str, index: list[int]) -> torch.Tensor:
         """Rows `index` of a matrix (an embedding's rows for these token ids), float32; only those rows are

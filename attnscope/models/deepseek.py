@@ -137,14 +137,14 @@ class DeepseekV3(Llama):
 
     # --- the attention's specifics ----------------------------------------------------------------------
 
-    def rope(self) -> Rope:
+    def rope(self, layer_type: str | None = None) -> Rope:
         """The rotary parts' RoPE: `rope_parameters` (or 4.4x rope_theta + rope_scaling) over qk_rope_head_dim
-        coordinates, the config's `head_dim` in transformers 5."""
+        coordinates, the config's `head_dim` in transformers 5 (`layer_type` as Llama's: DeepSeek has one)."""
         from attnscope.rope import Rope
 
         assert self.latent is not None
         try:
-            rope = Rope.from_config(self.config.data, head_dim=self.latent.qk_rope_head_dim)
+            rope = Rope.from_config(self.config.data, layer_type, head_dim=self.latent.qk_rope_head_dim)
         except UsageError as error:
             raise UsageError(f"{self.config.path}: {error}; fix config.json") from None
         if rope is None:

@@ -142,6 +142,18 @@ class Family(ABC):
     def weight(self, layer: int, name: str) -> torch.Tensor:
         return self.checkpoint.tensor(self.key(layer, name))
 
+    def read_sizes(self) -> None:
+        """An encoder's sizes: `num_hidden_layers`, `num_attention_heads` (each head its own keys and values) and
+        `hidden_size`, whose quotient d_head must be whole."""
+        config = self.config
+        self.n_layer = config.integer("num_hidden_layers")
+        self.n_head = self.n_kv_head = config.integer("num_attention_heads")
+        self.d_model = config.integer("hidden_size")
+        if self.d_model % self.n_head:
+            raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by num_attention_heads "
+                             f"{self.n_head}; fix config.json")
+        self.d_head = self.d_model // self.n_head
+
     def check_sizes(self) -> None:
         """After a subclass read its sizes: heads that divide, and every layer in the checkpoint."""
         if self.n_head % self.n_kv_head:
@@ -179,11 +191,11 @@ class Family(ABC):
                 f"heads {shared}"]
 
     def head_trace(self, layer: Trace, head: int) -> Trace:
-        """Head h's own steps, as views into layer L's (run.py's slicing); a family whose steps differ (MLA's
+        """Head h's own steps, as views into layer L's (head_steps.py's slicing); a family whose steps differ (MLA's
         deepseek.py) says its own."""
-        from attnscope.models.run import head_trace
+        from attnscope.models.head_steps import head_trace
 
-        return head_trace(self, layer, head, self.biases()[0])
+        return head_trace(layer, head, self.kv_head(head), self.biases()[0])
 
     def attention(self, layer: int, record: bool) -> MultiHeadAttention:
         """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights."""

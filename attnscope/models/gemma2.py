@@ -17,7 +17,7 @@ A layer (`Gemma2DecoderLayer`): `h = h + post_attention_layernorm(attention(inpu
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.models.llama import Llama
 from attnscope.spec import AttentionSpec
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 class Gemma2(Llama):
-    model_types = ("gemma2",)
+    model_types: ClassVar[tuple[str, ...]] = ("gemma2",)
     norm_plus_one = True
     ties_by_default = True  # Gemma2Config's tie_word_embeddings
     activation_keys = ("hidden_activation", "hidden_act")  # Gemma2MLP reads hidden_activation

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-    """`nn.LayerNorm` (BERT, RoBERTa, GPT-2)."""
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    """`nn.LayerNorm` (BERT, RoBERTa, GPT-2; ModernBERT's has no bias)."""
     import torch.nn.functional as F
 
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)

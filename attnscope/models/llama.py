@@ -77,13 +77,13 @@ class Llama(Family):
 
     # --- the attention's specifics ----------------------------------------------------------------------
 
-    def rope(self) -> Rope:
+    def rope(self, layer_type: str | None = None) -> Rope:
         """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older configs): every type
-        transformers ships (`Rope.from_config`)."""
+        transformers ships (`Rope.from_config`); `layer_type` where each type has its own (Gemma 3)."""
         from attnscope.rope import Rope
 
         try:
-            rope = Rope.from_config(self.config.data, head_dim=self.d_head)
+            rope = Rope.from_config(self.config.data, layer_type, head_dim=self.d_head)
         except UsageError as error:
             raise UsageError(f"{self.config.path}: {error}; fix config.json") from None
         if rope is None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnscope.models.run import LayerRun, head_trace
+from attnscope.models.head_steps import head_trace
+from attnscope.models.run import LayerRun
 
 if TYPE_CHECKING:
     import torch
@@ -86,11 +87,11 @@ def _layer_trace(inner: Trace, X: torch.Tensor, made: str, memory: torch.Tensor 
 
 
 def _head(model: EncoderDecoder, layer: Trace, head: int) -> Trace:
-    """Head h's own steps (run.py's), with `memory` after X across (K and V are projected from it) and the
+    """Head h's own steps (head_steps.py's), with `memory` after X across (K and V are projected from it) and the
     head's slice of the position bias after its scores."""
     from attnscope.trace import Trace
 
-    base = head_trace(model, layer, head, model.biases()[0])
+    base = head_trace(layer, head, model.kv_head(head), model.biases()[0])
     trace = Trace()
     for step in base.steps:
         op = step.op.replace("= X @ W_K", "= memory @ W_K").replace("= X @ W_V", "= memory @ W_V")

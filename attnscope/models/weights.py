@@ -15,13 +15,16 @@ if TYPE_CHECKING:
     from attnscope.models.checkpoint import Array
 
 HEAD_DIMS = {"W_Q": ("d_head", "d_model"), "W_K": ("d_head", "d_model"), "W_V": ("d_head", "d_model"),
-             "b_Q": ("d_head",), "b_K": ("d_head",), "b_V": ("d_head",), "W_O": ("d_model", "d_head")}
+             "b_Q": ("d_head",), "b_K": ("d_head",), "b_V": ("d_head",), "W_O": ("d_model", "d_head"),
+             "sink": ("1",),  # GPT-OSS: head h's attention sink, sinks[h:h + 1]
+             "q_norm": ("d_head",), "k_norm": ("d_head",)}
 
 
 @dataclass
 class HeadWeights:
     """W_Q, W_K, W_V `[d_head, d_model]`, their biases `[d_head]` where the family has them, and W_O
-    `[d_model, d_head]`, each with where it came from (`model.layers.0.self_attn.q_proj.weight[0:64, :]`)."""
+    `[d_model, d_head]`, and the qk-norm's weights `[d_head]` where the family has one (`q_norm`, `k_norm`), each
+    with where it came from (`model.layers.0.self_attn.q_proj.weight[0:64, :]`)."""
 
     model: Family
     layer: int
@@ -79,3 +82,20 @@ def linear_projections(model: Family, layer: int, names: dict[str, str]) -> dict
         if out if ours == "W_o" else qkv:
             state[f"{ours}.bias"] = model.weight(layer, f"{theirs}.bias")
     return state
+
+
+def norm_slices(model: Family, layer: int, head: int, names: dict[str, str], over: str) -> list[Slice]:
+    """The qk-norm's weights as head h reads them (`names` maps q, k to the norms' module names): the whole
+    `[d_head]` weight every head shares ("head"), or head h's rows of a weight as wide as the projection ("proj",
+    OLMo 2: the rows of the KV head that serves h for the keys)."""
+    d = model.d_head
+    q, kv = (0, 0) if over == "head" else (head * d, model.kv_head(head) * d)
+    return [Slice("q_norm", model.key(layer, f"{names['q']}.weight"), "rows", q, q + d),
+            Slice("k_norm", model.key(layer, f"{names['k']}.weight"), "rows", kv, kv + d)]
+
+
+def norm_projections(model: Family, layer: int, names: dict[str, str]) -> dict[str, Any]:
+    """MultiHeadAttention's `q_norm.weight` and `k_norm.weight` from the checkpoint's norms, as stored (Gemma's
+    offsets from 1 stay offsets: the module's QkNorm says `(1 + w)`)."""
+    return {f"{ours}.weight": model.weight(layer, f"{names[part]}.weight")
+            for ours, part in (("q_norm", "q"), ("k_norm", "k"))}

@@ -42,7 +42,9 @@ def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: to
     align = spec.align
     allowed, _ = masks.structural(spec, n_Q, n_K)
     parts = []
-    if spec.window is not None:
+    if spec.bidirectional_window:
+        parts.append(f"bidirectional sliding window of {spec.window} (|i − j| ≤ {spec.reach})")
+    elif spec.window is not None:
         parts.append(f"sliding window of {spec.window} ({align})")
     elif spec.chunk is not None:
         parts.append(f"causal chunks of {spec.chunk} ({align}): a query sees the earlier keys of its own chunk")
@@ -64,9 +66,14 @@ def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: to
         seen = ~torch.isneginf(user) if user.is_floating_point() else user
         allowed = masks.combine(allowed, seen)
     grid = (allowed if allowed is not None else torch.ones(n_Q, n_K, dtype=torch.bool)).expand(n_Q, n_K)
+    sinks = ["attention sinks (not a mask: one more column per row, outside the grid)"] if spec.sinks else []
     result = MaskView(n_Q, n_K, grid.tolist(), align or "none", spec.offset(n_Q, n_K),
-                      parts or ["nothing: every key is seen"])
+                      (parts or ["nothing: every key is seen"]) + sinks)
     from attnscope.readings.translations import translate
 
     result.translations = translate(n_Q, n_K, spec, pad, user_kind)
+    if spec.sinks:
+        from attnscope.readings.sink_translations import with_sinks
+
+        result.translations = with_sinks(result.translations, n_Q, n_K, spec, pad, user_kind)
     return result

@@ -8,7 +8,8 @@ Each library's convention, as its documentation states it:
 - transformers: an additive 4-D mask `[n_batch, 1, n_Q, n_K]`, 0 where a key is seen and
   `torch.finfo(dtype).min` where it is not, added to the scores by the eager attention.
 - flash-attn (2.1 on): `causal=True` is aligned bottom-right (lower-right); `window_size=(W - 1, 0)` is a
-  causal sliding window of W; padding is removed (`flash_attn_varlen_func`), not masked; no arbitrary mask and
+  causal sliding window of W, `window_size=(r, r)` without `causal` a bidirectional one (centred on the
+  bottom-right diagonal); padding is removed (`flash_attn_varlen_func`), not masked; no arbitrary mask and
   no chunks (transformers refuses flash attention on a chunked layer once its keys outgrow one chunk).
 - FlexAttention: a `mask_mod(b, h, q_idx, kv_idx)` returning True where a key is seen, compiled into a
   block mask by `create_block_mask`.
@@ -16,6 +17,15 @@ Chunked attention (Llama 4) is transformers' `chunked_causal_mask_function(C, le
 causal AND `kv_idx // C == q_idx // C`; F.scaled_dot_product_attention and nn.MultiheadAttention take it as an
 explicit mask.
 Every snippet except flash-attn's is run by tests/test_maskview.py and must give the same grid.
+
+Attention sinks (GPT-OSS; sinks.py) are not a mask, but a library must be told them: F.scaled_dot_product_attention
+takes them as one more key of zeros whose score is its float attn_mask column (value 0); transformers' GPT-OSS
+attention as its `sinks` parameter, handed to every attention function as `s_aux`; FlexAttention by
+renormalizing its output with the log-sum-exp it returns (what transformers' flex integration does).
+nn.MultiheadAttention cannot (its `add_zero_attn` is a sink fixed at logit 0), nor can flash-attn 2's
+`flash_attn_func` (no sink argument; transformers reaches FA3's `s_aux` through kernels-community's
+vllm-flash-attn3). sink_translations.py writes them on top of this module's snippets (maskview.py joins the
+two); tests/test_sinks.py runs the sink snippets against sdpa's own sinks.
 """
 
 from __future__ import annotations
@@ -31,14 +41,20 @@ HF = "transformers"
 FLASH = "flash-attn"
 FLEX = "FlexAttention"
 CALL = "out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)"
+FLEX_WIDTH = 76  # mask_mod's return line, longest on one line (the view indents it by 2)
 
 
 def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
            user: str | None) -> list[tuple[str, str]]:
-    """(expression, what it is) for each boolean part, True = may attend; `ones` is an [n_Q, n_K] of True."""
+    """(expression, what it is) for each boolean part, True = may attend; `ones` is an [n_Q, n_K] of True.
+    A bidirectional window (`window_side` both) is |i - j| <= window // 2, with no causal part."""
     align = "lower-right" if offset else "upper-left"
     window, chunk = spec.window, spec.chunk
     terms = []
+    if spec.bidirectional_window and window is not None:
+        terms.append((f"ones.tril(diagonal={window // 2}) & ones.triu(diagonal={-(window // 2)})",
+                      f"|i - j| <= {window // 2}"))
+        window = None
     if spec.align is not None:
         terms.append((f"ones.tril(diagonal={offset})", f"causal, {align}"))
     if window is not None:
@@ -56,7 +72,7 @@ def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
     return terms
 
 
-def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
+def build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
     """`allowed = first`, then `allowed = allowed & next`, one part a line, each with its comment (after the
     lines a part needs first, which its expression carries before a newline)."""
     lines = [f"ones = torch.ones({n_Q}, {n_K}, dtype=torch.bool)"] if any("ones" in t for t, _ in terms) else []
@@ -68,14 +84,20 @@ def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
 
 
 def translate(n_Q: int, n_K: int, spec: AttentionSpec, pad: int, user: str | None) -> dict[str, str]:
-    """`user`: None, "bool" (a boolean or 0/1 mask file, called `user_mask`) or "float" (an additive one)."""
+    """`user`: None, "bool" (a boolean or 0/1 mask file, called `user_mask`) or "float" (an additive one).
+    The mask only: sink_translations.with_sinks says the sinks on top of it."""
     align, window, offset = spec.align, spec.window, spec.offset(n_Q, n_K)
-    terms = _terms(n_Q, n_K, offset, spec, pad, user)
+    terms = mask_terms(n_Q, n_K, spec, pad, user)
     return {SDPA: _sdpa(n_Q, n_K, align, window is None and spec.chunk is None, pad, user, terms),
             MHA: _mha(n_Q, n_K, pad, user, _terms(n_Q, n_K, offset, spec, 0, user)),
             HF: _transformers(n_Q, n_K, user, terms, spec.chunk),
             FLASH: _flash(n_Q, n_K, offset, spec, pad, user),
             FLEX: _flex(n_Q, n_K, offset, spec, pad, user)}
+
+
+def mask_terms(n_Q: int, n_K: int, spec: AttentionSpec, pad: int, user: str | None) -> list[tuple[str, str]]:
+    """The boolean parts of the mask, padding included, as `build` writes them (sink_translations.py too)."""
+    return _terms(n_Q, n_K, spec.offset(n_Q, n_K), spec, pad, user)
 
 
 def _sdpa(n_Q: int, n_K: int, align: str | None, plain: bool, pad: int, user: str | None,
@@ -87,7 +109,7 @@ def _sdpa(n_Q: int, n_K: int, align: str | None, plain: bool, pad: int, user: st
     if only_causal and align == "lower-right":
         return ("from torch.nn.attention.bias import causal_lower_right\n"
                 f"attn_mask = causal_lower_right({n_Q}, {n_K})\n{CALL}")
-    lines = ["# boolean attn_mask: True = may attend", *_build(n_Q, n_K, terms)]
+    lines = ["# boolean attn_mask: True = may attend", *build(n_Q, n_K, terms)]
     if user == "float":
         mask = "user_mask" if not terms else "user_mask.masked_fill(~allowed, float('-inf'))"
         return "\n".join([*lines, f"attn_mask = {mask}  # float: added", CALL])
@@ -99,7 +121,7 @@ def _sdpa(n_Q: int, n_K: int, align: str | None, plain: bool, pad: int, user: st
 def _mha(n_Q: int, n_K: int, pad: int, user: str | None, terms: list[tuple[str, str]]) -> str:
     """attn_mask without the padding (True = masked OUT), padding as key_padding_mask."""
     lines = ["# attn_mask: True = masked OUT; key_padding_mask [n_batch, n_K]: True = pad",
-             *_build(n_Q, n_K, terms)]
+             *build(n_Q, n_K, terms)]
     call = ["q, k, v"]
     if user == "float":
         mask = "user_mask" if not terms else "user_mask.masked_fill(~allowed, float('-inf'))"
@@ -120,7 +142,7 @@ def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, s
     lines = ["# additive [n_batch, 1, n_Q, n_K]: 0 = seen, finfo.min = masked; eager adds it"]
     if chunk is not None:
         lines.append(f"# the chunks are masking_utils.chunked_causal_mask_function({chunk}, left_padding)'s")
-    lines += _build(n_Q, n_K, terms)
+    lines += build(n_Q, n_K, terms)
     if not terms:
         return "\n".join([*lines, f"mask = {base}"])
     lines += ["low = torch.finfo(torch.float32).min", f"mask = {base}.masked_fill(~allowed, low)"]
@@ -128,7 +150,7 @@ def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, s
 
 
 def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: str | None) -> str:
-    align, window, chunk = spec.align, spec.window, spec.chunk
+    align, window, chunk, both = spec.align, spec.window, spec.chunk, spec.bidirectional_window
     if user is not None:
         return ("not expressible: flash-attn takes no arbitrary mask "
                 "(use F.scaled_dot_product_attention or FlexAttention)")
@@ -139,6 +161,12 @@ def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user:
     if chunk is not None:
         notes.append(f"\n# all positions lie in the first chunk of {chunk}: chunks are plain causal here")
     args = ["q, k, v"]
+    if both and n_Q != n_K:
+        return ("not expressible: flash-attn centres window_size on the bottom-right diagonal;\n"
+                f"this bidirectional window is centred on query i itself, and n_Q = {n_Q} != n_K = {n_K}")
+    if both and window is not None:
+        args.append(f"window_size=({window // 2}, {window // 2})")
+        window = None
     if align == "upper-left" and n_Q != n_K:
         return ("not expressible with causal=True, which flash-attn aligns lower-right (bottom-right) since 2.1; "
                 f"this mask is upper-left with n_Q = {n_Q} != n_K = {n_K}")
@@ -156,6 +184,9 @@ def _flex(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: 
     position = "q_idx" if offset == 0 else f"(q_idx + {offset})"
     window, chunk = spec.window, spec.chunk
     terms = []
+    if spec.bidirectional_window and window is not None:
+        terms.append(f"(abs(q_idx - kv_idx) <= {window // 2})")
+        window = None
     if spec.align is not None:
         terms.append(f"(kv_idx <= {position})")
     if window is not None:
@@ -166,8 +197,11 @@ def _flex(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: 
         terms.append(f"(kv_idx < {n_K - pad})")
     if user == "bool":
         terms.append("user_mask.bool()[q_idx, kv_idx]")
-    body = " & ".join(terms) if terms else "q_idx >= 0  # every key"
-    lines = ["def mask_mod(b, h, q_idx, kv_idx):", f"    return {body}",
+    body = [f"    return {' & '.join(terms) if terms else 'q_idx >= 0  # every key'}"]
+    if len(body[0]) > FLEX_WIDTH:  # one term a line, as build writes them, so it still reads at 80 columns
+        body = [f"    allowed = {terms[0]}", *(f"    allowed = allowed & {term}" for term in terms[1:-1]),
+                f"    return allowed & {terms[-1]}"]
+    lines = ["def mask_mod(b, h, q_idx, kv_idx):", *body,
              f"block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN={n_Q}, KV_LEN={n_K})"]
     if user == "float":
         lines += ["def score_mod(score, b, h, q_idx, kv_idx):", "    return score + user_mask[q_idx, kv_idx]",

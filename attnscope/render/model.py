@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from attnscope.runs.head import HeadResult, ModelInfo
     from attnscope.spec import Latent
 
-NAME_WIDTH = 6  # "W_Q" and the column's padding
+NAME_WIDTH = 6  # "W_Q" and the column's padding ("q_norm" adds 3)
 STATS_WIDTH = 27  # mean, std and norm beside the key
 
 
@@ -67,8 +67,9 @@ def weights_table(weights: HeadWeights, width: int) -> Table:
     from attnscope.models.checkpoint import describe, weight_stats
 
     longest = max((len(s) for s in weights.sources.values()), default=0)
-    beside = NAME_WIDTH + longest + STATS_WIDTH <= width  # the statistics fit beside the key
-    key_width = max(20, width - NAME_WIDTH - (STATS_WIDTH if beside else 0))
+    names = NAME_WIDTH + max((len(name) - 3 for name in weights.tensors), default=0)
+    beside = names + longest + STATS_WIDTH <= width  # the statistics fit beside the key
+    key_width = max(20, width - names - (STATS_WIDTH if beside else 0))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("weight", style="bold cyan", no_wrap=True)
     table.add_column("dims = shape  /  checkpoint key and slice", no_wrap=True)
@@ -190,6 +191,9 @@ def head_json(result: HeadResult) -> dict[str, Any]:
                 "chunk": spec.chunk,
                 "temperature": None if spec.temperature is None else {"floor_scale": spec.temperature.floor_scale,
                                                                       "attn_scale": spec.temperature.attn_scale},
+                "window_side": spec.window_side if spec.window is not None else None, "sinks": spec.sinks,
+                "qk_norm": None if spec.norm is None else {"over": spec.norm.over, "eps": spec.norm.eps,
+                                                           "plus_one": spec.norm.offset},
             }
             if spec.latent is not None:
                 payload["layer_attention"]["latent"] = latent_json(spec.latent)

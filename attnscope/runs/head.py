@@ -2,7 +2,7 @@
 and with --text run layers 0..L on the sentence (attnscope's own forward for the families it reads,
 transformers for the others), guard the memory, --save.
 
-`bert` is this same run with a BERT default and the BERT-layout families only.
+`bert` is this same run with a BERT default and BERT's encoders only (the BERT layout, and ModernBERT).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
     from attnscope.spec import Latent
 
-BERT_TYPES = ("bert", "roberta", "xlm-roberta")
+# BERT's family of encoders: BERT's own layout, and ModernBERT, a BERT in use whose head lives elsewhere
+# (docs/bert.md says why it belongs)
+BERT_TYPES = ("bert", "roberta", "xlm-roberta", "modernbert")
 
 
 @dataclass
@@ -41,7 +43,7 @@ class HeadOptions:
     save: str | None = None
     force: bool = False
     max_memory: int | None = None
-    command: str = "head"  # "bert" takes BERT-layout checkpoints only
+    command: str = "head"  # "bert" takes BERT's encoders only (BERT_TYPES)
     all_heads: bool = False  # --all-heads: every head of the layer, with its statistics, shown
     all_layers: bool = False  # --all-layers: every head of every layer (runs/layers.py)
     generate: int = 0  # --generate N: greedy decoding of N new tokens
@@ -190,8 +192,9 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         config = read_config(folder)
     if asked.command == "bert" and config.model_type not in BERT_TYPES:
         raise UsageError(f"--model {folder} is a {config.architecture} (model_type '{config.model_type}'); "
-                         f"attnscope bert supports BERT-layout checkpoints (model_type {', '.join(BERT_TYPES)}: "
-                         f"BertModel, BertFor..., MiniLM saved as BertModel); for this one use attnscope head")
+                         f"attnscope bert supports BERT-layout checkpoints and ModernBERT (model_type "
+                         f"{', '.join(BERT_TYPES)}: BertModel, BertFor..., MiniLM saved as BertModel, ModernBertModel, "
+                         "ModernBertFor...); for this one use attnscope head")
     from attnscope.runs.encdec import encoder_decoder, refuse_two_stack_options, run_encdec
 
     if encoder_decoder(config):

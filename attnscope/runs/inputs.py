@@ -65,3 +65,27 @@ def build_mask(spec: AttentionSpec, pad: int, user_mask: torch.Tensor | None, n_
     # [n_K] (key padding, or a 1-D mask; [n_Q] in the column layout) as [1, n_K]: the same for every query,
     # in the [.., n_Q, n_K] form every consumer takes (PyTorch's CPU attention refuses a 1-D attn_mask).
     return built.reshape(1, -1) if built is not None and built.dim() < 2 else built
+
+
+def sink_values(text: str | None, n_head: int, seed: int, device: str) -> torch.Tensor | None:
+    """--sinks: `random` draws one logit per head N(0, 1) from its own generator (seeded seed + 1, so the inputs
+    drawn from the seed stay the same), or the numbers given (one for every head, or one per head)."""
+    if text is None:
+        return None
+    import torch
+
+    from attnscope.runs.options import parse_sinks
+
+    given = parse_sinks(text)
+    if given is not None:
+        return torch.tensor(given, dtype=torch.float32, device=device)
+    if device == "meta":
+        return torch.empty(n_head, device="meta")
+    return torch.randn(n_head, generator=torch.Generator().manual_seed(seed + 1))
+
+
+def sink_op(text: str | None) -> str:
+    """How the sinks were made, for their step's op."""
+    if text is not None and text.strip().lower() != "random":
+        return f"input: --sinks {text}, one logit per head"
+    return "input: torch.randn(n_head) from --seed + 1, one logit per head"

@@ -7,7 +7,7 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.readings.maskview import MaskView, view
-from attnscope.runs.options import check_cache_sizes
+from attnscope.runs.options import check_cache_sizes, parse_sinks
 from attnscope.spec import AttentionSpec
 
 # One bool per (query, key), drawn and written as JSON: past this it is no longer something to look at.
@@ -24,6 +24,8 @@ class MaskOptions:
     cache: int = 0
     mask: str | None = None
     chunk: int | None = None
+    window_side: str = "left"
+    sinks: str | None = None  # the values do not change the mask; the translations say where a library takes them
 
 
 def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
@@ -32,7 +34,9 @@ def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
     n_K = (asked.nq if asked.nk is None else asked.nk) if not asked.cache else asked.cache + asked.nq
     if asked.cache and asked.nk is not None:
         check_cache_sizes(asked.nq, asked.nk, asked.cache)
-    spec = AttentionSpec.asked(asked.causal, asked.window, asked.cache, chunk=asked.chunk)
+    parse_sinks(asked.sinks)
+    spec = AttentionSpec.asked(asked.causal, asked.window, asked.cache, chunk=asked.chunk,
+                               window_side=asked.window_side, sinks=asked.sinks is not None)
     if asked.nq * n_K > MAX_CELLS:
         raise UsageError(f"a {asked.nq} x {n_K} mask has {asked.nq * n_K:,} cells, more than the {MAX_CELLS:,} worth "
                          "drawing; the pattern repeats: ask for a smaller --nq/--nk (the rule is the same)")
@@ -45,5 +49,6 @@ def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
             raise UsageError(f"--mask {asked.mask} is a single number; give a mask of shape [n_Q, n_K] or [n_K]")
     result = view(asked.nq, n_K, spec, pad=asked.pad, user_mask=user)
     params = {"nq": asked.nq, "nk": n_K, "causal": asked.causal, "window": asked.window, "pad": asked.pad,
-              "cache": asked.cache, "mask": asked.mask, "chunk": asked.chunk}
+              "cache": asked.cache, "mask": asked.mask, "chunk": asked.chunk,
+              "window_side": asked.window_side if asked.window is not None else None, "sinks": asked.sinks}
     return result, params

@@ -207,6 +207,7 @@ def traced(asked: MhaOptions, spec: AttentionSpec,
         module = MultiHeadAttention(inputs.d_feat, asked.heads, bias=asked.bias, dropout_p=asked.dropout, device=device,
                                     dtype=Q.dtype, d_head=asked.d_head, spec=layer)
         module.train(asked.dropout > 0)  # dropout is applied only when asked for
+        _given_sinks(asked, module)
         cache = _cache(asked, module, n_batch, asked.seed, device)
         trace = module(Q, K, V, mask, cache=cache, position_bias=inputs.position_bias)
         if asked.q and inputs.dtype_note:
@@ -246,7 +247,7 @@ def describe(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention,
                               "rope_base": spec.rope.base if spec.rope is not None else None,
                               "cache": asked.cache,
                               "inputs": {n: s for n, s in (("Q", asked.q), ("K", asked.k), ("V", asked.v)) if s}
-                              or "random"} | variant_params(spec)
+                              or "random", "sinks": asked.sinks} | variant_params(spec)
     params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is
     kind = "cross-attention" if K is not Q else "self-attention"
     scaling = "/ √d_head" if asked.scale is None else f"· {asked.scale:g}"  # · 0 is allowed: uniform attention
@@ -273,10 +274,31 @@ def saved_inputs(asked: MhaOptions, module: MultiHeadAttention, Q: torch.Tensor,
         if tensor is not skip:  # self-attention saves Q alone: K = V = Q
             extra[name] = (tensor, ("n_batch", n, "d_feat"), input_op(file, f"torch.randn(n_batch, {n}, d_feat)"))
     for name, tensor in module.state_dict().items():
-        linear = name.split(".")[0]
+        if name == "sinks":  # a step of the trace already, under the same name
+            continue
+        owner = name.split(".")[0]
+        if owner in ("q_norm", "k_norm"):  # [d_head] per head, or as wide as the projection (proj)
+            per_head = module.spec.norm is not None and module.spec.norm.over == "head"
+            heads = "n_head" if owner == "q_norm" or module.n_kv_head == module.n_head else "n_kv_head"
+            width = "d_head" if per_head else f"{heads}·d_head"
+            extra[name] = (tensor, (width,), f"{owner}: the qk-norm's RMSNorm weight (ones unless loaded)")
+            continue
         dims = ("out_features", "in_features") if name.endswith("weight") else ("out_features",)
-        extra[name] = (tensor, dims, f"{linear} = nn.Linear(in_features, out_features): its {name.split('.')[-1]}")
+        extra[name] = (tensor, dims, f"{owner} = nn.Linear(in_features, out_features): its {name.split('.')[-1]}")
     return extra
+
+
+def _given_sinks(asked: MhaOptions, module: MultiHeadAttention) -> None:
+    """--sinks with numbers: the module's `sinks` parameter takes them (one for every head, or one per head);
+    `random` keeps the N(0, 1) values it drew from the seed."""
+    import torch
+
+    from attnscope.runs.options import parse_sinks
+    from attnscope.sinks import checked
+
+    given = parse_sinks(asked.sinks)
+    if given is not None and module.sinks is not None:
+        module.sinks.copy_(checked(torch.tensor(given), module.n_head).expand(module.n_head))
 
 
 def _cache(asked: MhaOptions, module: Any, n_batch: int, seed: int | None, device: str) -> Any:

@@ -58,6 +58,9 @@ class AttentionOptions:
     floor_scale: float | None = None
     attn_scale: float | None = None
     position_bias: str | None = None  # a float tensor file added to the scores (position_bias.py)
+    sinks: str | None = None  # attention sinks: "random", one logit for every head, or one per head ("1,-0.5,2")
+    window_side: str = "left"  # "both": a symmetric window without a causal mask (ModernBERT's local attention)
+    qk_norm: str | None = None  # "head" or "proj" (mha): RMSNorm of Q and K before RoPE
 
 
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
@@ -101,9 +104,25 @@ def attention_spec(asked: AttentionOptions, scale: float | None, n_kv_head: int 
     """The attention the options ask for."""
     from attnscope.spec import AttentionSpec
 
+    parse_sinks(asked.sinks)  # refused before anything runs when it is neither random nor numbers
     return AttentionSpec.asked(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
                       rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head, chunk=asked.chunk,
-                      temperature=temperature_of(asked))
+                      temperature=temperature_of(asked), window_side=asked.window_side,
+                      sinks=asked.sinks is not None, qk_norm=asked.qk_norm)
+
+
+def parse_sinks(text: str | None) -> list[float] | None:
+    """--sinks: None for `random` (or no --sinks), else the numbers given: one for every head, or one per head."""
+    if text is None or text.strip().lower() == "random":
+        return None
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise UsageError(f"--sinks {text!r}: give random, one finite number for every head (--sinks 0.5), or one per "
+                         "head separated by commas (--sinks 0.5,-1,2,0)")
+    return values
 
 
 def rope_of(asked: Any) -> Rope | None:

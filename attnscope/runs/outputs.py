@@ -168,12 +168,14 @@ def finish_variants(asked: AttentionOptions, spec: AttentionSpec, result: RunRes
 
 def variant_params(spec: AttentionSpec) -> dict[str, Any]:
     """The JSON params of the variants sdpa and mha share beyond the flags' own: the chunk, RoPE's rotated
-    fraction and pairing, the temperature tuning (docs/json.md)."""
+    fraction and pairing, the temperature tuning, the window's side, where the qk-norm runs (docs/json.md)."""
     rope, tuning = spec.rope, spec.temperature
     return {"chunk": spec.chunk, "rope_fraction": rope.fraction if rope is not None else None,
             "rope_pairing": rope.pairing if rope is not None else None,
             "temperature": None if tuning is None else {"floor_scale": tuning.floor_scale,
-                                                        "attn_scale": tuning.attn_scale}}
+                                                        "attn_scale": tuning.attn_scale},
+            "window_side": spec.window_side if spec.window is not None else None,
+            "qk_norm": spec.norm.over if spec.norm is not None else None}
 
 
 def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: int) -> str:
@@ -182,7 +184,9 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
     if spec.align:
         offset = spec.offset(n_Q, n_K)
         parts.append(f"causal {spec.align} (query i sees keys j ≤ i{f' + {offset}' if offset else ''})")
-    if spec.window is not None:
+    if spec.bidirectional_window:
+        parts.append(f"window {spec.window} both sides (|i − j| ≤ {spec.reach}, no causal mask)")
+    elif spec.window is not None:
         parts.append(f"window {spec.window}")
     if spec.chunk is not None:
         parts.append(f"chunks of {spec.chunk}")
@@ -196,6 +200,10 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
         parts.append("ALiBi")
     if spec.softcap is not None:
         parts.append(f"softcap {spec.softcap:g}")
+    if spec.sinks:
+        parts.append("attention sinks (rows sum to less than 1)")
+    if spec.norm is not None:
+        parts.append(f"qk-norm {'per head' if spec.norm.over == 'head' else 'over the projection'}")
     if asked.pad:
         parts.append(f"last {asked.pad} keys padded")
     if asked.mask:

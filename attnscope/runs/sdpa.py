@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import cost
 from attnscope.errors import UsageError
-from attnscope.runs.inputs import bias_numel, build_mask, input_op, load, random_inputs
+from attnscope.runs.inputs import bias_numel, build_mask, input_op, load, random_inputs, sink_op, sink_values
 from attnscope.runs.memory import (
     check_addressable,
     flag_overhead,
@@ -80,7 +80,10 @@ def prepare(asked: SdpaOptions) -> AttentionSpec:
                                       ("--softcap", asked.softcap is not None), ("--alibi", asked.alibi),
                                       ("--cache", asked.cache), ("--chunk", asked.chunk is not None),
                                       ("--temperature-tuning", asked.temperature_tuning),
-                                      ("--position-bias", asked.position_bias)) if on]
+                                      ("--position-bias", asked.position_bias),
+                                      ("--sinks", asked.sinks is not None),
+                                      ("--window-side both", spec.bidirectional_window),
+                                      ("--qk-norm", asked.qk_norm)) if on]
     if asked.layout == "col" and variants:
         raise UsageError(f"--layout col shows the textbook column form; {', '.join(variants)} work in the row "
                          "layout: drop --layout col")
@@ -121,7 +124,9 @@ def traced(asked: SdpaOptions, spec: AttentionSpec) -> tuple[dict[str, torch.Ten
     with torch.no_grad():
         if asked.random:
             inputs = _random_sdpa_inputs(asked, _keys(asked), device)
+            _add_sinks(asked, inputs, device)
         else:
+            _add_sinks(asked, loaded, device)
             shadowed = {n: t.to("meta") for n, t in loaded.items()}
             if bias is not None:
                 shadowed["position_bias"] = bias.to("meta")
@@ -170,7 +175,8 @@ def describe(asked: SdpaOptions, spec: AttentionSpec, trace: Trace, mask: torch.
                               "mask": asked.mask, "meta": asked.meta, "window": asked.window, "softcap": asked.softcap,
                               "alibi": asked.alibi, "rope": asked.rope, "position_bias": asked.position_bias,
                               "rope_base": spec.rope.base if spec.rope is not None else None, "cache": asked.cache,
-                              "inputs": {n: s for n, s in asked.files.items() if s} or "random"} | variant_params(spec)
+                              "inputs": {n: s for n, s in asked.files.items() if s} or "random",
+                              "sinks": asked.sinks} | variant_params(spec)
     params["batch_shape"] = batch  # a list in every command's JSON (here `batch` is one too: any leading dims)
     formula = ("out = V · softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col
                else "out = softmax(Q Kᵀ / √d_K) V")
@@ -201,6 +207,16 @@ def _held(asked: SdpaOptions, spec: AttentionSpec, trace: Trace, mask: torch.Ten
     """What the run holds beside its steps: the mask it built, and the causal/window mask sdpa builds."""
     scores = trace.step("scores").shape
     return inputs_bytes(mask) + (structural_bytes(spec, scores[-2], scores[-1]) if asked.layout == "row" else 0)
+
+
+def _add_sinks(asked: SdpaOptions, inputs: dict[str, torch.Tensor], device: str) -> None:
+    """--sinks: one logit per head, the head being the axis before [n, d] where the inputs have one (sdpa names
+    it n_head); random row-layout inputs [n_batch, n, d] are one head."""
+    first = inputs["X"] if "X" in inputs else inputs["Q"]
+    n_head = int(first.shape[-3]) if first.dim() >= 4 else 1
+    values = sink_values(asked.sinks, n_head, asked.seed, device)
+    if values is not None:
+        inputs["sinks"] = values
 
 
 def _random_sdpa_inputs(asked: SdpaOptions, n_K: int, device: str) -> dict[str, torch.Tensor]:
@@ -241,7 +257,10 @@ def _sdpa_trace(asked: SdpaOptions, spec: AttentionSpec, inputs: dict[str, torch
     if col:
         trace = sdpa_columns(Q, K, V, mask, asked.scale)
     else:
-        trace = sdpa(Q, K, V, mask, enable_gqa=Q.dim() >= 4, spec=spec, position_bias=inputs.get("position_bias"))
+        trace = sdpa(Q, K, V, mask, enable_gqa=Q.dim() >= 4, spec=spec, position_bias=inputs.get("position_bias"),
+                     sinks=inputs.get("sinks"))
+    if "sinks" in trace:
+        trace.set_op("sinks", sink_op(asked.sinks))
     if prefix is not None:
         for step in trace.steps[3:]:
             prefix.add_step(step)

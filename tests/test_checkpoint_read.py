@@ -1,0 +1,36 @@
+"""Checkpoint.tensor reads a safetensors tensor with plain file reads (not through the memory map, whose pages
+would stay resident): it must give exactly what safetensors' own reader gives, for every dtype, and refuse a
+truncated file in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from attnscope.errors import UsageError
+from attnscope.models.checkpoint import Checkpoint
+
+
+def test_whole_tensors_equal_safetensors_own_reader(tmp_path):
+    tensors = {"a": torch.randn(7, 5), "b": torch.randn(3, 4).to(torch.bfloat16), "c": torch.randn(6).half(),
+               "d": torch.arange(10, dtype=torch.int64).reshape(2, 5), "e": torch.tensor([True, False, True]),
+               "f": torch.randn(2, 3, 4).double(), "g": torch.tensor(3.5), "h": torch.empty(0, 4)}
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with Checkpoint.open(tmp_path) as checkpoint, safe_open(str(tmp_path / "model.safetensors"), "pt") as theirs:
+        for key in tensors:
+            raw = checkpoint._read(key)
+            assert raw.dtype == tensors[key].dtype and torch.equal(raw, theirs.get_tensor(key)), key
+            assert checkpoint.tensor(key).dtype == torch.float32
+            torch.testing.assert_close(checkpoint.tensor(key), theirs.get_tensor(key).float(), rtol=0, atol=0)
+
+
+def test_truncated_file_is_one_line(tmp_path):
+    save_file({"a": torch.randn(64, 64)}, tmp_path / "model.safetensors")
+    with Checkpoint.open(tmp_path) as checkpoint:
+        checkpoint.tensor("a")  # the header is read while the file is whole
+        path = tmp_path / "model.safetensors"
+        path.write_bytes(path.read_bytes()[:-100])
+        with pytest.raises(UsageError, match="ends inside tensor a; the file is truncated"):
+            checkpoint.tensor("a")
