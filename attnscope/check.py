@@ -5,9 +5,10 @@ position code: it starts again from the raw inputs (as loaded from the user's fi
 and the options in the user's own words (`Asked`), and builds everything with PyTorch's functions.
 
 - Masks: the file's mask read as the documented rule says (boolean; integers `!= 0`; floats added),
-  padding as a boolean row, causal through `is_causal=True` or
-  `torch.nn.attention.bias.causal_lower_right` when it is the only mask, else `torch.ones(...).tril(...)`,
-  a sliding window as the difference of two `tril`s, all combined by boolean AND.
+  padding as a boolean row, causal through `is_causal=True` when it is the only mask, else
+  `torch.ones(...).tril(diagonal=n_K - n_Q)` for lower-right (what `torch.nn.attention.bias.causal_lower_right`
+  materializes, tests/test_check.py; importing that module imports torch's compiler, which costs seconds and
+  writes $TMPDIR/torchinductor_*), a sliding window as the difference of two `tril`s, all combined by AND.
 - sdpa: `F.scaled_dot_product_attention` (with `enable_gqa` for fewer K/V heads). Where PyTorch has no
   kernel for what was asked (softcapping, RoPE, ALiBi) the reference is the formula in float64: RoPE as
   the rotation of complex numbers `x_i + i·x_{i+d/2}` by `e^{i·p·θ_i}`, ALiBi from BLOOM's
@@ -192,10 +193,6 @@ def _sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked,
     alone = boolean is None and additive is None and not asked.pad and asked.window is None
     if alone and asked.causal == "upper-left":
         return None, True
-    if alone and asked.causal == "lower-right" and n_Q <= n_K:  # it gives NaN for queries that see no key
-        from torch.nn.attention.bias import causal_lower_right
-
-        return causal_lower_right(n_Q, n_K), False
     allowed = _allowed(boolean, n_Q, n_K, asked)
     if additive is None:
         return allowed, False

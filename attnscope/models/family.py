@@ -115,7 +115,8 @@ class Family:
         return self.checkpoint.tensor(self.key(layer, name))
 
     def check_sizes(self) -> None:
-        """After a subclass read its sizes: heads that divide, and every layer in the checkpoint."""
+        """After a subclass read its sizes: heads that divide, every layer in the checkpoint, and the weights of the
+        shapes the config implies (models/shapes.py)."""
         if self.n_head % self.n_kv_head:
             raise UsageError(f"{self.config.path}: {self.n_head} attention heads are not a multiple of "
                              f"{self.n_kv_head} key/value heads; fix config.json")
@@ -124,6 +125,9 @@ class Family:
             present = sum(1 for layer in range(self.n_layer) if self.key(layer, self.query) in self.checkpoint)
             raise UsageError(f"{self.config.path} says {self.n_layer} layers but {self.checkpoint.source.name} holds "
                              f"{present} ({last} is missing); config.json does not describe these weights")
+        from attnscope.models.shapes import check_weights
+
+        check_weights(self)  # every attention weight's shape against the config, from the headers
 
     def check_position(self, layer: int, head: int) -> None:
         check_position(self.n_layer, self.n_head, layer, head)

@@ -47,6 +47,7 @@ class Llama(Family):
     layers = "layers"
     query = "self_attn.q_proj.weight"
     prefixes = ("model.", "")
+    embedding = "embed_tokens.weight"  # the token embedding, [vocab, d_model] (models/shapes.py)
     norm_plus_one = False  # Gemma's RMSNorm scales by (1 + w)
     activation_keys: tuple[str, ...] = ("hidden_act",)  # where config.json names the MLP's activation
 

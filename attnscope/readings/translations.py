@@ -7,11 +7,13 @@ Each library's convention, as its documentation states it:
   `key_padding_mask` `[n_batch, n_K]`, True = padding.
 - transformers: an additive 4-D mask `[n_batch, 1, n_Q, n_K]`, 0 where a key is seen and
   `torch.finfo(dtype).min` where it is not, added to the scores by the eager attention.
-- flash-attn (2.1 on): `causal=True` is aligned bottom-right (lower-right); `window_size=(W - 1, 0)` is a
-  causal sliding window of W; padding is removed (`flash_attn_varlen_func`), not masked; no arbitrary mask.
+- flash-attn (2.1 on): `causal=True` is aligned bottom-right (lower-right) on the lengths it is given;
+  `window_size=(W - 1, 0)` is a causal sliding window of W; padding is removed (`flash_attn_varlen_func`),
+  not masked, so with causal or a window the padded queries are cut too (`_flash_padded`); no arbitrary mask.
 - FlexAttention: a `mask_mod(b, h, q_idx, kv_idx)` returning True where a key is seen, compiled into a
   block mask by `create_block_mask`.
-Every snippet except flash-attn's is run by tests/test_maskview.py and must give the same grid.
+Every snippet is run by tests/test_maskview.py and must give the same grid: flash-attn's against a stand-in
+that computes flash-attn's documented rule in plain torch (its tests' `attention_ref`).
 """
 
 from __future__ import annotations
@@ -116,7 +118,6 @@ def _flash(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, 
     if user is not None:
         return ("not expressible: flash-attn takes no arbitrary mask "
                 "(use F.scaled_dot_product_attention or FlexAttention)")
-    notes = []
     args = ["q, k, v"]
     if align == "upper-left" and n_Q != n_K:
         return ("not expressible with causal=True, which flash-attn aligns lower-right (bottom-right) since 2.1; "
@@ -125,10 +126,53 @@ def _flash(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, 
         args += ["causal=True", f"window_size=({window - 1}, 0)"]
     elif align:
         args.append("causal=True")
-    if pad:
-        notes.append(f"\n# padding: drop the last {pad} keys, give cu_seqlens to flash_attn_varlen_func")
-    return ("# q, k, v: [n_batch, n, n_head, d_head]; causal=True is lower-right\n"
-            f"out = flash_attn_func({', '.join(args)})" + "".join(notes))
+    head = "# q, k, v: [n_batch, n, n_head, d_head]; causal=True is lower-right\n"
+    if not pad:
+        return f"{head}out = flash_attn_func({', '.join(args)})"
+    n_kept = n_K - pad
+    if len(args) == 1:  # padding alone: the keys are cut, every query stays
+        return (f"{head}# padding: the last {pad} keys are cut, not masked (sequences of different\n"
+                f"# lengths: flash_attn_varlen_func with cu_seqlens_k)\n"
+                f"out = flash_attn_func(q, k[:, :{n_kept}], v[:, :{n_kept}])")
+    return head + _flash_padded(n_Q, n_K, window, pad, args[1:])
+
+
+def _flash_padded(n_Q: int, n_K: int, window: int | None, pad: int, args: list[str]) -> str:
+    """Causal or a window, with padding. flash-attn aligns bottom-right on the lengths it is given: the unpadded
+    ones (its README; its tests' `construct_local_mask` takes `sk = key_padding_mask.sum`). Cutting the padded
+    keys alone would move every query's diagonal by `pad`; cutting the last `pad` queries too keeps queries
+    0 .. n_Q-pad-1 in step. The rest of the grid's rows reach past the padding: they see the last unpadded keys
+    (all of them under plain causal, the window's share of them under a window), computed by a second call
+    whose window says so, and rows that see no key get zeros, as flash-attn gives them."""
+    kept = n_Q - pad  # queries whose diagonal stays in step when the last `pad` queries are cut too
+    first, last = max(kept, 0), n_Q - 1 if window is None else min(n_Q - 1, kept + window - 2)
+    parts = []  # (name, what it is, code)
+    if kept > 0:
+        parts.append(("in_step", f"{_queries(0, kept - 1)}: in step on the unpadded lengths",
+                      f"flash_attn_func(q[:, :{kept}], keys, values, {', '.join(args)})"))
+    if last >= first:
+        n_rows = last - first + 1
+        reach = "" if window is None else f", window_size=({kept - first - n_rows + window - 1}, {n_rows - 1})"
+        what = "every key before the padding" if window is None else "the window's share of the last keys"
+        parts.append(("past_pad", f"{_queries(first, last)}: {what}",
+                      f"flash_attn_func(q[:, {first}:{last + 1}], keys, values{reach})"))
+    if last + 1 <= n_Q - 1:
+        parts.append(("no_key", f"{_queries(last + 1, n_Q - 1)}: no key left",
+                      f"v.new_zeros(v.shape[0], {n_Q - 1 - last}, *v.shape[2:])"))
+    keys, queries = ("key", "query is") if pad == 1 else ("keys", "queries are")
+    lines = [f"# flash-attn aligns causal on the lengths it is given: cutting the {pad} padded",
+             f"# {keys} alone would move the diagonal by {pad}, so the last {pad} {queries} cut",
+             "# too (varlen: cu_seqlens_q/k of the unpadded lengths) and computed apart",
+             f"keys, values = k[:, :{n_K - pad}], v[:, :{n_K - pad}]  # the unpadded keys"]
+    if len(parts) == 1:
+        return "\n".join([*lines, f"# {parts[0][1]}", f"out = {parts[0][2]}"])
+    for name, what, code in parts:
+        lines += [f"# {what}", f"{name} = {code}"]
+    return "\n".join([*lines, f"out = torch.cat([{', '.join(name for name, _, _ in parts)}], dim=1)"])
+
+
+def _queries(lo: int, hi: int) -> str:
+    return f"query {lo}" if lo == hi else f"queries {lo}-{hi}"
 
 
 def _flex(n_Q: int, n_K: int, offset: int, window: int | None, causal: bool, pad: int, user: str | None) -> str:

@@ -167,6 +167,7 @@ def _through_transformers(asked: HeadOptions, folder: Path, config: Config, prog
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.family import check_position
 
+    fallback.refuse_own_code(folder, config.model_type, config.raw("auto_map"))  # before its tokenizer is read
     encoded = tokenizer.encode(folder, asked.text or "")
     with Checkpoint.open(folder) as checkpoint:
         needed = fallback.estimate_bytes(checkpoint)

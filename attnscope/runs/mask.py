@@ -7,7 +7,7 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.readings.maskview import MaskView, view
-from attnscope.runs.options import asked_spec, check_cache_sizes
+from attnscope.runs.options import asked_spec, check_cache_sizes, check_values
 
 # One bool per (query, key), drawn and written as JSON: past this it is no longer something to look at.
 MAX_CELLS = 4_000_000
@@ -25,6 +25,7 @@ class MaskOptions:
 
 
 def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
+    check_values(asked)  # --mask '' and integers beyond 64 bits, refused as sdpa and mha refuse them
     if asked.cache < 0 or asked.pad < 0:
         raise UsageError("--cache and --pad count positions: they cannot be negative")
     n_K = (asked.nq if asked.nk is None else asked.nk) if not asked.cache else asked.cache + asked.nq

@@ -55,13 +55,7 @@ class AttentionOptions:
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
     """Every check the shared options need before anything is loaded or computed, and the attention they ask
     for, built (and so checked) once."""
-    for option in fields(asked):  # every option, today's and tomorrow's: an empty name or a number beyond torch's
-        value = getattr(asked, option.name)
-        flag = "--" + option.name.replace("_", "-")
-        if value == "":
-            raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
-        if isinstance(value, int) and not -INT64 <= value < INT64:
-            raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
+    check_values(asked)
     if asked.meta and (asked.check or asked.save or asked.heatmap or asked.all_heads):
         used = [name for name, on in (("--check", asked.check), ("--save", asked.save), ("--heatmap", asked.heatmap),
                                       ("--all-heads", asked.all_heads)) if on]
@@ -80,6 +74,18 @@ def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head
 
         check_writable(asked.save, asked.force)
     return spec
+
+
+def check_values(asked: Any) -> None:
+    """Every option of a command's options dataclass, today's and tomorrow's: an empty file name, or an integer
+    beyond torch's 64 bits, refused by its flag."""
+    for option in fields(asked):
+        value = getattr(asked, option.name)
+        flag = "--" + option.name.replace("_", "-")
+        if value == "":
+            raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
+        if isinstance(value, int) and not -INT64 <= value < INT64:
+            raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
 
 
 def attention_spec(asked: AttentionOptions, scale: float | None, n_kv_head: int | None) -> AttentionSpec:

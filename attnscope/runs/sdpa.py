@@ -59,9 +59,12 @@ DEFAULT_NK = 50
 def run_sdpa(asked: SdpaOptions) -> RunResult:
     spec = prepare(asked)
     estimate(asked, spec)
-    inputs, user_mask, trace, mask = traced(asked, spec)
-    comparisons = checked(asked, spec, trace, inputs, user_mask)
-    return describe(asked, spec, trace, mask, user_mask, comparisons)
+    from attnscope.metadevice import shapes_only
+
+    with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
+        inputs, user_mask, trace, mask = traced(asked, spec)
+        comparisons = checked(asked, spec, trace, inputs, user_mask)
+        return describe(asked, spec, trace, mask, user_mask, comparisons)
 
 
 def prepare(asked: SdpaOptions) -> AttentionSpec:
@@ -118,8 +121,11 @@ def traced(asked: SdpaOptions, spec: AttentionSpec) -> tuple[dict[str, torch.Ten
         if asked.random:
             inputs = _random_sdpa_inputs(asked, _keys(asked), device)
         else:
-            shadow, shadow_mask = _sdpa_trace(asked, spec, {n: t.to("meta") for n, t in loaded.items()}, user_mask,
-                                              "meta")
+            from attnscope.metadevice import shapes_only
+
+            with shapes_only():
+                shadow, shadow_mask = _sdpa_trace(asked, spec, {n: t.to("meta") for n, t in loaded.items()},
+                                                  user_mask, "meta")
             peak = cost.traced_peak_bytes(shadow.steps, _held(asked, spec, shadow, shadow_mask))
             if not asked.meta:
                 guard_memory(peak + flag_overhead(asked, spec, peak), asked.max_memory)

@@ -159,7 +159,7 @@ def safetensors_entries(path: Path) -> dict[str, Entry]:
             raise UsageError(f"{path}: not a valid .safetensors file (no header of a sensible length)")
         try:
             header = json.loads(handle.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             raise UsageError(f"{path}: not a valid .safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
         raise UsageError(f"{path}: not a valid .safetensors file (its header is not a JSON object)")

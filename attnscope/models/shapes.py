@@ -1,0 +1,69 @@
+"""The checkpoint's shapes against what config.json implies, read from the headers before anything is shown.
+
+A config that disagrees with its weights (a `head_dim`, a number of key/value heads or a width that is not
+the checkpoint's) would otherwise have head h shown as the wrong rows without a word (a Gemma 2 folder whose
+head_dim is 8 where the weights have 16 showed rows 24:32 as head 3), or fail inside PyTorch with `size
+mismatch` once a text runs. transformers refuses the same folders when it loads them
+(`PreTrainedModel._load_pretrained_model` reports mismatched sizes); attnscope reads only slices, so it
+checks here, from the headers, once, when the family is opened (`Family.check_sizes`).
+
+What a family implies, from its own protocol: each weight of head h is a slice (`head_slices`), so along the
+sliced axis a tensor holds as much as the last head's slice reaches (`n_head·d_head` rows of the query
+projection, `n_kv_head·d_head` of the key and value projections, `3·d_model` columns of GPT-2's fused
+`c_attn`), and along the other axis `d_model`; a bias holds the first; the token embedding (the family's
+`embedding` key) is `[vocab, d_model]`. Every layer is checked, as every layer up to L runs on a text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnscope.models.family import Family, Slice
+
+
+def check_weights(model: Family) -> None:
+    """Refuse, naming the tensor, its shape and what the config implies, the first weight whose shape is not what
+    config.json says. Keys the checkpoint lacks are left to the reader, which names them when it needs them."""
+    for layer in range(model.n_layer):
+        for key, implied in implied_shapes(model, layer).items():
+            _compare(model, key, implied)
+    embedding = getattr(model, "embedding", "")
+    key = f"{model.prefix}{embedding}"
+    if embedding and key in model.checkpoint:
+        shape = model.checkpoint.shape(key)
+        if len(shape) != 2 or shape[1] != model.d_model:
+            _refuse(model, key, shape, f"[vocab, {model.d_model}]")
+
+
+def implied_shapes(model: Family, layer: int) -> dict[str, list[int]]:
+    """Each attention weight of `layer` that head slices are read from, with the shape config.json implies."""
+    reach: dict[str, Slice] = {}
+    for part in model.head_slices(layer, model.n_head - 1):  # the last head reaches furthest
+        if part.key not in reach or part.hi > reach[part.key].hi:
+            reach[part.key] = part
+    shapes = {}
+    for key, part in reach.items():
+        if part.name.startswith("b_"):
+            shapes[key] = [part.hi]
+        else:
+            shapes[key] = [part.hi, model.d_model] if part.axis == "rows" else [model.d_model, part.hi]
+    return shapes
+
+
+def _compare(model: Family, key: str, implied: list[int]) -> None:
+    if key not in model.checkpoint:
+        return
+    shape = model.checkpoint.shape(key)
+    if shape != implied:
+        _refuse(model, key, shape, str(implied))
+
+
+def _refuse(model: Family, key: str, shape: list[int], implied: str) -> None:
+    sizes = (f"num_attention_heads {model.n_head}, key/value heads {model.n_kv_head}, head_dim {model.d_head}, "
+             f"hidden_size {model.d_model}")
+    raise UsageError(f"{{model}} {model.folder}: {key} is {shape} in {model.checkpoint.source.name}, but config.json "
+                     f"implies {implied} ({sizes}); the config does not describe these weights: fix config.json or "
+                     "save the model again with save_pretrained", "model")
