@@ -14,16 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from cli_main import assert_usage_error, run_main
+from fuzz_models import EVIL
 from tiny_models import SENTENCE, build
-
-EVIL = """import pathlib
-pathlib.Path(__file__).with_name("RAN").write_text("the folder's own code ran")
-from transformers import PretrainedConfig, PreTrainedModel
-class EvilConfig(PretrainedConfig):
-    model_type = "evilnet"
-class EvilModel(PreTrainedModel):
-    config_class = EvilConfig
-"""
 
 
 @pytest.fixture(scope="module")

@@ -75,8 +75,6 @@ def prepare(asked: SdpaOptions) -> AttentionSpec:
         raise UsageError("the matrix form needs all four of --x, --wq, --wk and --wv")
     if asked.x and (asked.q or asked.k or asked.v):
         raise UsageError("give either --q/--k/--v or --x with --wq/--wk/--wv, not both")
-    if asked.x and asked.layout == "col":
-        raise UsageError("--x/--wq/--wk/--wv use the row layout (X [n, p] @ W [p, d]); drop --layout col")
     if asked.layout not in ("row", "col"):
         raise UsageError(f"--layout {asked.layout}: use row or col")
     variants = [flag for flag, on in (("--rope", asked.rope), ("--window", asked.window is not None),
@@ -217,7 +215,7 @@ def _sdpa_trace(asked: SdpaOptions, spec: AttentionSpec, inputs: dict[str, torch
 
     prefix = None
     if "X" in inputs:
-        prefix = project(inputs["X"], inputs["W_Q"], inputs["W_K"], inputs["W_V"])
+        prefix = project(inputs["X"], inputs["W_Q"], inputs["W_K"], inputs["W_V"], asked.layout)  # col: W X
         Q, K, V = prefix["Q"], prefix["K"], prefix["V"]
     else:
         Q, K, V = inputs["Q"], inputs["K"], inputs["V"]
