@@ -12,9 +12,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttnscopeError",
+    "Latent",
+    "LatentAttention",
     "MultiHeadAttention",
     "Rope",
     "Step",
+    "TemperatureTuning",
     "Trace",
     "load_tensor",
     "model_head",
@@ -27,11 +30,14 @@ __all__ = [
 _HOMES = {
     "AttnscopeError": "attnscope.errors",
     "MultiHeadAttention": "attnscope.multihead",
+    "Latent": "attnscope.spec",
+    "LatentAttention": "attnscope.latent",
     "Rope": "attnscope.rope",
     "sdpa": "attnscope.attention",
     "split_heads": "attnscope.attention",
     "merge_heads": "attnscope.attention",
     "Step": "attnscope.trace",
+    "TemperatureTuning": "attnscope.temperature",
     "Trace": "attnscope.trace",
     "load_tensor": "attnscope.tensors",
     "model_head": "attnscope.runs.head",
@@ -41,9 +47,12 @@ _HOMES = {
 if TYPE_CHECKING:
     from attnscope.attention import merge_heads, sdpa, split_heads
     from attnscope.errors import AttnscopeError
+    from attnscope.latent import LatentAttention
     from attnscope.multihead import MultiHeadAttention
     from attnscope.rope import Rope
     from attnscope.runs.head import model_head
+    from attnscope.spec import Latent
+    from attnscope.temperature import TemperatureTuning
     from attnscope.tensors import load_tensor, save_tensors
     from attnscope.trace import Step, Trace
 

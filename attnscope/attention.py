@@ -4,7 +4,7 @@
 its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
 
 Steps, in order, each only when its option asks for it:
-`Q, K, V, [cos, sin, Q_rot, K_rot], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
+`Q, K, V, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores, [capped_scores], [alibi_bias,
 biased_scores], [masked_scores], attention, out`.
 
 Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from attnscope.rope import Rope
+    from attnscope.temperature import TemperatureTuning
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -174,6 +175,8 @@ def sdpa(
     dropout_p: float = 0.0,
     names: Names | None = None,
     spec: AttentionSpec | None = None,
+    chunk: int | None = None,
+    temperature: TemperatureTuning | None = None,
 ) -> Trace:
     """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
 
@@ -187,11 +190,15 @@ def sdpa(
     (Gemma 2); `alibi`, a per-head linear bias (the head axis is -3; inputs without one are one head);
     `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
     with fewer heads than Q, shared by groups of query heads as `F.scaled_dot_product_attention(enable_gqa=True)`.
-    Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE and ALiBi alike.
+    `chunk` C, query i sees key j when j <= i and j // C == i // C (Llama 4's chunked attention; implies causal);
+    `temperature`, Llama 4's per-query scale `log1p(floor((i + 1) / floor_scale)) · attn_scale + 1` on Q (after
+    RoPE; temperature.py). Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE,
+    ALiBi and the temperature alike.
     `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
     """
     names = names or Names()
-    spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope)
+    spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope,
+                        chunk=chunk, temperature=temperature)
     scale, softcap, rope = spec.scale, spec.softcap, spec.rope
     batch = check_qkv(Q, K, V, enable_gqa=enable_gqa)
     n_group = gqa_group(Q, K, V) if enable_gqa else 1
@@ -214,6 +221,9 @@ def sdpa(
         Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
                       dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)
         q_name, k_name = "Q_rot", "K_rot"
+    if spec.temperature is not None:
+        Q = tune(trace.add, Q, spec.temperature, start=offset, source=q_name, dims=trace.step(q_name).dims)
+        q_name = "Q_tuned"
     if n_group > 1:
         K, V = _repeat_kv(trace, K, V, n_group, (k_name, v_name), batch_dims, names)
         k_name, v_name = "K_rep", "V_rep"
@@ -277,6 +287,22 @@ def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offse
         rotated.append(add(name, x_rot, shape, rope.rotate_op(src, part, d),
                            3 * x_rot.numel() * cos.shape[-1] // max(d, 1)))
     return rotated[0], rotated[1]
+
+
+def tune(add: Any, Q: Tensor, temperature: TemperatureTuning, *, start: int, source: str,
+         dims: tuple[str, ...]) -> Tensor:
+    """Steps `attn_scales` `[n_Q]` and `Q_tuned` through `add`: each query scaled by its position's factor,
+    query i at position `start + i` (transformers' `Llama4TextAttention`: `(query_states * attn_scales).to(
+    query_states.dtype)`, the factor computed in float32)."""
+    n_Q = Q.shape[-2]
+    if start < 0:
+        raise UsageError(f"{{temperature}}: aligned lower-right with fewer keys than queries, query 0 sits at position "
+                         f"{start}, and the temperature's factor is only defined from position 0; give at least as "
+                         "many keys as queries, or align upper-left", "temperature")
+    scales = add("attn_scales", temperature.scales(start, n_Q, Q.device), ("n_Q",), temperature.op(start), 6 * n_Q)
+    tuned = (Q * scales[:, None]).to(Q.dtype)  # [.., n_Q, d] * [n_Q, 1]
+    return add("Q_tuned", tuned, dims, f"({source} * attn_scales[:, None]).to({dtype_name(Q.dtype)})",  # type: ignore[no-any-return]
+               tuned.numel())
 
 
 def _repeat_kv(trace: Trace, K: Tensor, V: Tensor, n_group: int, source: tuple[str, str],

@@ -2,18 +2,11 @@
 
 The reference never reads a tensor attnscope produced, and never calls attnscope's attention, mask or
 position code: it starts again from the raw inputs (as loaded from the user's files, or drawn at random)
-and the options in the user's own words (`Asked`), and builds everything with PyTorch's functions.
+and the options in the user's own words (`Asked`), and builds everything with PyTorch's functions
+(reference.py: the masks, and the float64 formula where PyTorch has no kernel).
 
-- Masks: the file's mask read as the documented rule says (boolean; integers `!= 0`; floats added),
-  padding as a boolean row, causal through `is_causal=True` when it is the only mask, else
-  `torch.ones(...).tril(diagonal=n_K - n_Q)` for lower-right (what `torch.nn.attention.bias.causal_lower_right`
-  materializes, tests/test_check.py; importing that module imports torch's compiler, which costs seconds and
-  writes $TMPDIR/torchinductor_*), a sliding window as the difference of two `tril`s, all combined by AND.
-- sdpa: `F.scaled_dot_product_attention` (with `enable_gqa` for fewer K/V heads). Where PyTorch has no
-  kernel for what was asked (softcapping, RoPE, ALiBi) the reference is the formula in float64: RoPE as
-  the rotation of complex numbers `x_i + i·x_{i+d/2}` by `e^{i·p·θ_i}`, ALiBi from BLOOM's
-  `build_alibi_tensor` (transformers), softcap `C·tanh(s / C)`, and PyTorch's `_safe_softmax` rule
-  (a query that may see no key gets zeros).
+- sdpa: `F.scaled_dot_product_attention` (with `enable_gqa` for fewer K/V heads), or the float64 formula for
+  softcapping, RoPE and ALiBi.
 - mha: `torch.nn.MultiheadAttention` with the module's weights copied in, and `F.scaled_dot_product_attention`
   on Q, K, V projected here with `F.linear`; for the variants nn.MultiheadAttention cannot express
   (grouped K/V heads, RoPE, softcap, ALiBi, a decoupled d_head, a KV cache, another scale) the float64
@@ -32,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from attnscope.spec import AttentionSpec
+from attnscope.reference import FORMULA, Asked, allowed_mask, formula, sdpa_mask, user_parts
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -47,7 +40,6 @@ TOLERANCES = {
     torch.float16: (2e-3, 2e-3),
     torch.bfloat16: (2e-2, 2e-2),
 }
-FORMULA = "float64 formula"
 
 
 @dataclass(frozen=True)
@@ -61,43 +53,6 @@ class Comparison:
     @property
     def passed(self) -> bool:
         return self.max_abs_diff <= self.tolerance  # NaN and inf never pass
-
-
-@dataclass(frozen=True)
-class Asked:
-    """The attention as the user asked for it (its `AttentionSpec`, in the user's words) and the padded keys:
-    the reference is built from these and the raw inputs alone."""
-
-    spec: AttentionSpec = AttentionSpec()
-    pad: int = 0
-
-    @property
-    def causal(self) -> str | None:  # "upper-left", "lower-right"
-        return self.spec.align
-
-    @property
-    def window(self) -> int | None:
-        return self.spec.window
-
-    @property
-    def scale(self) -> float | None:
-        return self.spec.scale
-
-    @property
-    def softcap(self) -> float | None:
-        return self.spec.softcap
-
-    @property
-    def alibi(self) -> bool:
-        return self.spec.alibi
-
-    @property
-    def rope_base(self) -> float | None:
-        return None if self.spec.rope is None else self.spec.rope.base
-
-    @property
-    def needs_formula(self) -> bool:
-        return self.softcap is not None or self.alibi or self.rope_base is not None
 
 
 def tolerance(*dtypes: torch.dtype) -> tuple[float, float]:
@@ -147,107 +102,6 @@ def input_note(inputs: dict[str, Tensor | None]) -> str | None:
     return "the inputs hold non-finite numbers (" + "; ".join(counts) + ")" if counts else None
 
 
-# --- the reference mask, from the user's words ----------------------------------------------------------
-
-
-def _user_parts(user: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """The file's mask as the rule reads it: (boolean part, additive part)."""
-    if user is None:
-        return None, None
-    if user.dtype == torch.bool:
-        return user, None
-    if user.is_floating_point():
-        return None, user
-    return user != 0, None  # integer 0/1 (the run refused any other integer)
-
-
-def _allowed(user: Tensor | None, n_Q: int, n_K: int, asked: Asked) -> Tensor | None:
-    """Everything boolean, ANDed: the file's mask, padding, causal and window, as `[.., n_Q, n_K]`."""
-    parts = []
-    if user is not None:
-        parts.append(user)
-    if asked.pad:
-        keep = torch.ones(n_K, dtype=torch.bool)
-        keep[n_K - asked.pad :] = False
-        parts.append(keep)
-    offset = n_K - n_Q if asked.causal == "lower-right" else 0
-    ones = torch.ones(n_Q, n_K, dtype=torch.bool)
-    if asked.window is not None:
-        parts.append(ones.tril(diagonal=offset) & ~ones.tril(diagonal=offset - asked.window))
-    elif asked.causal:
-        parts.append(ones.tril(diagonal=offset))
-    if not parts:
-        return None
-    allowed = parts[0]
-    for part in parts[1:]:
-        allowed = allowed & part
-    return allowed if allowed.dim() >= 2 else allowed.expand(n_Q, n_K)  # F.sdpa takes no 1-D mask
-
-
-def _sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked,
-               dtype: torch.dtype = torch.float32) -> tuple[object | None, bool]:
-    """`attn_mask` and `is_causal` for F.scaled_dot_product_attention, built with PyTorch's own functions; a
-    float mask takes the queries' `dtype`, as F.scaled_dot_product_attention requires."""
-    boolean, additive = _user_parts(user)
-    additive = additive.to(dtype) if additive is not None else None
-    alone = boolean is None and additive is None and not asked.pad and asked.window is None
-    if alone and asked.causal == "upper-left":
-        return None, True
-    allowed = _allowed(boolean, n_Q, n_K, asked)
-    if additive is None:
-        return allowed, False
-    if allowed is None:
-        return additive if additive.dim() >= 2 else additive.expand(n_Q, n_K), False
-    return torch.where(allowed, additive, -math.inf), False
-
-
-# --- the float64 formula ------------------------------------------------------------------------------------
-
-
-def _rope_complex(x: Tensor, base: float, start: int) -> Tensor:
-    """Half-split RoPE as complex rotation, in float64: x_i + i·x_{i+d/2} turned by e^{i·p·θ_i}."""
-    d, n = x.shape[-1], x.shape[-2]
-    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
-    angle = torch.arange(start, start + n, dtype=torch.float64)[:, None] * theta  # [n, d/2]
-    z = torch.complex(x[..., : d // 2], x[..., d // 2 :]) * torch.polar(torch.ones_like(angle), angle)
-    return torch.cat([z.real, z.imag], dim=-1)
-
-
-def _formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, *,
-             q_start: int | None = None, k_start: int = 0, rotated_keys: int = 0) -> tuple[Tensor, Tensor]:
-    """out, attention in float64. Heads on axis -3 (K/V may have fewer, shared by groups of query heads).
-    `rotated_keys` leading keys are taken as already rotated (a KV cache)."""
-    q, k, v = q.double(), k.double(), v.double()
-    n_Q, n_K, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    offset = n_K - n_Q if asked.causal == "lower-right" else 0
-    if asked.rope_base is not None:
-        q = _rope_complex(q, asked.rope_base, offset if q_start is None else q_start)
-        fresh = _rope_complex(k[..., rotated_keys:, :], asked.rope_base, k_start + rotated_keys)
-        k = torch.cat([k[..., :rotated_keys, :], fresh], dim=-2)
-    if q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]:
-        serving = torch.arange(q.shape[-3]) // (q.shape[-3] // k.shape[-3])  # the KV head of each query head
-        k, v = k.index_select(-3, serving), v.index_select(-3, serving)
-    scale = 1 / math.sqrt(d) if asked.scale is None else asked.scale
-    s = torch.einsum("...qd,...kd->...qk", q, k) * scale
-    if asked.softcap is not None:
-        s = asked.softcap * torch.tanh(s / asked.softcap)
-    if asked.alibi:
-        from transformers.models.bloom.modeling_bloom import build_alibi_tensor
-
-        n_head = q.shape[-3] if q.dim() >= 4 else 1
-        bloom = build_alibi_tensor(torch.ones(1, n_K), n_head, torch.float64)  # [n_head, 1, n_K]: slope * j
-        s = s + (bloom if q.dim() >= 4 else bloom[0])
-    boolean, additive = _user_parts(user)
-    if additive is not None:
-        s = s + additive.double()
-    allowed = _allowed(boolean, n_Q, n_K, asked)
-    if allowed is not None:
-        s = s.masked_fill(~allowed, -math.inf)
-    p = torch.softmax(s, dim=-1)
-    p = torch.where(torch.isneginf(s).all(dim=-1, keepdim=True), 0.0, p)  # PyTorch's _safe_softmax rule
-    return torch.einsum("...qk,...kd->...qd", p, v), p
-
-
 # --- sdpa ----------------------------------------------------------------------------------------------------
 
 
@@ -279,12 +133,12 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
     n_Q, n_K = Q.shape[-2], K.shape[-2]
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     if asked.needs_formula:
-        out, attention = _formula(Q, K, V, user, asked)
+        out, attention = formula(Q, K, V, user, asked)
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, FORMULA)]
         if not col:
             rows.append((trace["attention"], attention, FORMULA))
     else:
-        attn_mask, is_causal = _sdpa_mask(user, n_Q, n_K, asked, Q.dtype)
+        attn_mask, is_causal = sdpa_mask(user, n_Q, n_K, asked, Q.dtype)
         with torch.no_grad():
             out = F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask, is_causal=is_causal,  # type: ignore[arg-type]
                                                  scale=asked.scale, enable_gqa=gqa)
@@ -332,16 +186,16 @@ def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V:
         user = user.unsqueeze(1)
     weights = {name: getattr(module, name) for name in ("W_q", "W_k", "W_v", "W_o")}
     if not _plain(module, cache, asked) or not (Q.numel() and K.numel()):  # nn.MultiheadAttention: no empty batch
-        return _check_mha_formula(module, trace, Q, K, V, user, asked, cache)
+        return _check_mhaformula(module, trace, Q, K, V, user, asked, cache)
     with torch.no_grad():
         q, k, v = (_heads(x, weights[w].weight, weights[w].bias, module.n_head)
                    for x, w in ((Q, "W_q"), (K, "W_k"), (V, "W_v")))
         n_Q, n_K = q.shape[-2], k.shape[-2]
-        attn_mask, is_causal = _sdpa_mask(user, n_Q, n_K, asked, q.dtype)
+        attn_mask, is_causal = sdpa_mask(user, n_Q, n_K, asked, q.dtype)
         inner = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)  # type: ignore[arg-type]
         rows = [compare("x_raw", "F.scaled_dot_product_attention", trace["x_raw"], inner)]
-        boolean, additive = _user_parts(user)
-        allowed = _allowed(boolean, n_Q, n_K, asked)
+        boolean, additive = user_parts(user)
+        allowed = allowed_mask(boolean, n_Q, n_K, asked)
         full = (Q.shape[0], module.n_head, n_Q, n_K)
         ref_mask = None
         if allowed is not None or additive is not None:
@@ -367,7 +221,7 @@ def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V:
     return rows
 
 
-def _check_mha_formula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V: Tensor,
+def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V: Tensor,
                        user: Tensor | None, asked: Asked, cache: tuple[Tensor, Tensor] | None) -> list[Comparison]:
     def project(x: Tensor, name: str, heads: int) -> Tensor:  # in float64: [n_batch, heads, n, d_head]
         layer = getattr(module, name)
@@ -382,7 +236,7 @@ def _check_mha_formula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: T
             k, v = torch.cat([cache[0].double(), k], dim=-2), torch.cat([cache[1].double(), v], dim=-2)
         n_Q, n_K = q.shape[-2], k.shape[-2]
         q_start = n_cache if cache is not None else (n_K - n_Q if asked.causal == "lower-right" else 0)
-        x_raw, attention = _formula(q, k, v, user, asked, q_start=q_start, rotated_keys=n_cache)
+        x_raw, attention = formula(q, k, v, user, asked, q_start=q_start, rotated_keys=n_cache)
         width = module.n_head * module.d_head
         merged = x_raw.transpose(1, 2).reshape(Q.shape[0], n_Q, width)  # [n_batch, n_Q, n_head·d_head]
         x = torch.einsum("bnh,fh->bnf", merged, module.W_o.weight.double())

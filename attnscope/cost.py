@@ -98,13 +98,6 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
     return tuple(result)
 
 
-def divisors_near(d_feat: int, n_head: int) -> list[int]:
-    """The head counts closest to `n_head` (one below, one above where they exist) that divide `d_feat`."""
-    below = next((h for h in range(min(n_head, d_feat), 0, -1) if d_feat % h == 0), None)
-    above = next((h for h in range(n_head + 1, d_feat + 1) if d_feat % h == 0), None)
-    return [h for h in (below, above) if h is not None]
-
-
 def available_memory() -> int | None:
     """Bytes the machine can still give this process (MemAvailable on Linux), or None if unknown."""
     try:
@@ -145,24 +138,32 @@ def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: Attenti
     `user_mask`: a mask of the user's (a file, padding) joins the spec's own; either way one [n_Q, n_K] boolean
     mask is held."""
     masked, offset = user_mask or spec.structural, spec.offset(n_Q, n_K)
-    rope, softcap, alibi = spec.rope is not None, spec.softcap is not None, spec.alibi
+    softcap, alibi = spec.softcap is not None, spec.alibi
     inputs = batch * (n_Q * d_K + n_K * d_K + n_K * d_V)
-    rotated = 2 * max(n_K, offset + n_Q) * d_K + batch * (n_Q + n_K) * d_K if rope else 0  # cos, sin, Q/K_rot
+    rotated = 0
+    if spec.rope is not None:  # cos, sin [n_pos, d_rot] (the rotated width), Q_rot, K_rot (the whole head)
+        rotated = 2 * max(n_K, offset + n_Q) * spec.rope.rotary_dim(d_K) + batch * (n_Q + n_K) * d_K
+    tuned = batch * n_Q * d_K if spec.temperature is not None else 0  # Q_tuned
     # scores, [capped_scores], [biased_scores], [masked_scores], attention; alibi_bias is [1, n_Q, n_K]
     matrices = batch * n_Q * n_K * (2 + masked + softcap + alibi) + (n_Q * n_K if alibi else 0)
     mask = n_Q * n_K if masked else 0  # one bool per (query, key), shared by the batch
-    return itemsize * (inputs + rotated + matrices + batch * n_Q * d_V) + mask
+    return itemsize * (inputs + rotated + tuned + matrices + batch * n_Q * d_V) + mask + _scales(spec, n_Q)
+
+
+def _scales(spec: AttentionSpec, n_Q: int) -> int:
+    """attn_scales, one float32 factor per query (temperature tuning), whatever the inputs' dtype."""
+    return 4 * n_Q if spec.temperature is not None else 0
 
 
 def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: AttentionSpec, *,
               itemsize: int = 4, bias: bool = True, cross: bool = False, user_mask: bool = False,
               d_head: int | None = None) -> int:
     """Peak bytes of a traced `MultiHeadAttention` of `spec` on random inputs: weights, inputs, Q/K/V_feat, the
-    rotated heads, the cache and its concatenation, the repeated K/V heads, the per-head attention matrices,
-    x_raw, x_rsh1 and x (the splits and x_rsh2 are views). `n_K` counts every key, cached ones included
-    (`spec.cache` of them)."""
+    rotated heads (cos and sin at the rotated width), the tuned queries, the cache and its concatenation, the
+    repeated K/V heads, the per-head attention matrices, x_raw, x_rsh1 and x (the splits and x_rsh2 are views).
+    `n_K` counts every key, cached ones included (`spec.cache` of them)."""
     masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
-    rope, softcap, alibi = spec.rope is not None, spec.softcap is not None, spec.alibi
+    softcap, alibi = spec.softcap is not None, spec.alibi
     n_kv_head = n_head if spec.n_kv_head is None else spec.n_kv_head
     d_head = d_feat // n_head if d_head is None else d_head
     q_width, kv_width = n_head * d_head, n_kv_head * d_head
@@ -170,16 +171,55 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     weights = d_feat * (2 * q_width + 2 * kv_width) + ((q_width + 2 * kv_width + d_feat) if bias else 0)
     inputs = batch * d_feat * (n_Q + 2 * n_new if cross else n_Q)
     feats = batch * (n_Q * q_width + 2 * n_new * kv_width)
-    rotated = 2 * max(n_K, offset + n_Q) * d_head + batch * (n_Q * q_width + n_new * kv_width) if rope else 0
+    rotated = 0
+    if spec.rope is not None:  # cos, sin at the rotated width; Q_rot, K_rot
+        table = max(n_K, offset + n_Q) * spec.rope.rotary_dim(d_head)
+        rotated = 2 * table + batch * (n_Q * q_width + n_new * kv_width)
+    tuned = batch * n_Q * q_width if spec.temperature is not None else 0  # Q_tuned
     cached = 2 * batch * kv_width * (cache + n_K) if cache else 0  # K_cache, V_cache, K_cat, V_cat
     repeated = 2 * batch * n_K * q_width if n_kv_head != n_head else 0  # K_rep, V_rep
     matrices = batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi) + (n_head * n_Q * n_K if alibi else 0)
     outputs = 2 * batch * n_Q * q_width + batch * n_Q * d_feat  # x_raw, x_rsh1, x
     mask = n_Q * n_K if masked else 0
-    return itemsize * (weights + inputs + feats + rotated + cached + repeated + matrices + outputs) + mask
+    return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + matrices + outputs) + mask
+            + _scales(spec, n_Q))
 
 
 def kv_cache_bytes(batch: int, n_kv_head: int, n_K: int, d_K: int, d_V: int, itemsize: int) -> int:
     """What this layer's KV cache holds for n_K positions: `n_batch · n_kv_head · n_K · (d_K + d_V) · bytes`,
     that is `2 · n_batch · n_kv_head · n_K · d_head · bytes` when d_K = d_V = d_head."""
     return batch * n_kv_head * n_K * (d_K + d_V) * itemsize
+
+
+def mla_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: AttentionSpec, *,
+              itemsize: int = 4, bias: bool = False, cross: bool = False, user_mask: bool = False) -> int:
+    """Peak bytes of a traced `LatentAttention` (latent.py) of `spec` (whose `latent` gives the sizes) on random
+    inputs: weights, inputs, the query's latent and projection, KV_feat, KV_latent, the rotary tables and parts,
+    the latent cache and its concatenation, Q_full, KV_up, K_full, the per-head attention matrices, x_raw,
+    x_rsh1 and x (the splits, Q_nope, K_nope, V_split and x_rsh2 are views; Q_pe and K_pe too unless
+    rope_interleave gathers them). `n_K` counts every key, cached ones included."""
+    L = spec.latent
+    assert L is not None, "mla_bytes needs spec.latent"
+    masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
+    softcap, alibi = spec.softcap is not None, spec.alibi
+    d_nope, d_rope, d_V, d_latent, d_K = L.qk_nope_head_dim, L.qk_rope_head_dim, L.v_head_dim, L.kv_lora_rank, L.d_K
+    n_new, q_width, kv_width = n_K - cache, n_head * d_K, n_head * (d_nope + d_V)
+    if L.q_lora_rank is None:
+        query_weights, query_steps = d_feat * q_width, 0
+    else:
+        rank = L.q_lora_rank
+        query_weights = d_feat * rank + (rank if bias else 0) + rank + rank * q_width  # q_a (+bias), norm, q_b
+        query_steps = 2 * batch * n_Q * rank  # Q_latent, Q_latent_normed
+    weights = (query_weights + d_feat * (d_latent + d_rope) + ((d_latent + d_rope) if bias else 0) + d_latent
+               + d_latent * kv_width + n_head * d_V * d_feat + (d_feat if bias else 0))
+    inputs = batch * d_feat * (n_Q + n_new if cross else n_Q)
+    gathered = batch * (n_head * n_Q + n_new) * d_rope if L.rope_interleave else 0  # Q_pe, K_pe as copies
+    feats = batch * n_Q * q_width + batch * n_new * (2 * d_latent + d_rope)  # Q_feat, KV_feat, KV_latent
+    rotated = 2 * max(n_K, offset + n_Q) * d_rope + batch * (n_head * n_Q + n_new) * d_rope  # cos, sin, *_pe_rot
+    cached = batch * (cache + n_K) * (d_latent + d_rope) if cache else 0  # the latent cache and its cat
+    joined = batch * n_head * (n_Q + n_K) * d_K + batch * n_K * kv_width  # Q_full, K_full, KV_up
+    matrices = batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi) + (n_head * n_Q * n_K if alibi else 0)
+    outputs = 2 * batch * n_Q * n_head * d_V + batch * n_Q * d_feat  # x_raw, x_rsh1, x
+    mask = n_Q * n_K if masked else 0
+    return itemsize * (weights + inputs + query_steps + gathered + feats + rotated + cached + joined + matrices
+                       + outputs) + mask

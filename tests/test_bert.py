@@ -14,7 +14,7 @@ from attnscope.cli import app
 from attnscope.errors import ResourceError, UsageError
 from attnscope.models import checkpoint, hub, open_model
 from attnscope.models.config import read_config
-from attnscope.models.family import head_weights
+from attnscope.models.weights import head_weights
 from attnscope.runs.head import HeadOptions, run_head
 
 WORDS = ["the", "cat", "sat", "on", "mat", "because", "it", "was", "tired", ".", "dog", "ran"]

@@ -319,7 +319,7 @@ def test_lower_right_reference_is_what_causal_lower_right_materializes(n_Q, n_K)
     torch's compiler and writes $TMPDIR/torchinductor_*); the two are the same mask."""
     from torch.nn.attention.bias import causal_lower_right
 
-    from attnscope.check import Asked, _sdpa_mask
+    from attnscope.reference import Asked, sdpa_mask
 
-    mask, is_causal = _sdpa_mask(None, n_Q, n_K, Asked(AttentionSpec(causal="lower-right")))
+    mask, is_causal = sdpa_mask(None, n_Q, n_K, Asked(AttentionSpec(causal="lower-right")))
     assert not is_causal and torch.equal(mask, causal_lower_right(n_Q, n_K)._materialize())

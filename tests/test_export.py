@@ -1,5 +1,7 @@
 """--svg and --html on every command: well-formed, standalone and offline, holding every step shown, in colour
-whatever the terminal had, and under --save's promises (no overwrite without --force, nothing half-written)."""
+whatever the terminal had, and under --save's promises (no overwrite without --force, nothing half-written).
+The commands that show attention write the explorer page as --html (tests/test_page.py drives it in a browser);
+mask and bench write the terminal's record."""
 
 from __future__ import annotations
 
@@ -57,11 +59,15 @@ def svg_text(svg: str) -> str:
     return "".join(node.text or "" for node in root.iter(f"{{{SVG_NS}}}text")).replace("\xa0", " ")
 
 
-def assert_offline(page: str) -> None:
+PAGES = ("sdpa", "mha", "head", "bert", "trace")  # --html is the explorer page (attnscope/views/explorer.py)
+
+
+def assert_offline(page: str, scripts: bool = False) -> None:
     urls = set(re.findall(r"https?://[^\s\"'<>)]*", page))
     assert urls <= {SVG_NS}, urls
-    assert "<script" not in page.lower() and "<link" not in page.lower()
-    assert "@import" not in page and "@font-face" not in page
+    assert scripts or "<script" not in page.lower()
+    assert "<link" not in page.lower() and not re.search(r"\ssrc\s*=", page, re.I)
+    assert "@import" not in page and "@font-face" not in page and not re.search(r"url\((?!#)", page)
 
 
 @pytest.mark.parametrize("name", ["sdpa", "mha", "mask", "head", "bert", "trace", "bench sdpa", "bench mha"])
@@ -75,12 +81,24 @@ def test_every_command_exports_what_it_shows(runner, tiny_bert, tmp_path, name):
     svg_page, html_page = svg.read_text(encoding="utf-8"), page.read_text(encoding="utf-8")
     shown = svg_text(svg_page)  # parses as XML
     assert ET.fromstring(svg_page).tag == f"{{{SVG_NS}}}svg"
-    for text in (svg_page, html_page):
-        assert_offline(text)
+    assert_offline(svg_page)
+    assert_offline(html_page, scripts=name in PAGES)
     names = step_names(payload)
     assert names
     for step in names:
         assert step in shown, f"{step} is not in the SVG"
+    if name in PAGES:  # the page: its tables hold every step, its data every head's kind
+        import html as html_module
+
+        assert 'data-testid="layer-select"' in html_page and "default-src 'none'" in html_page
+        tables = html_module.unescape(re.sub(r"<[^>]+>", "\n", html_page[: html_page.index('id="explorer"')]))
+        for step in names:
+            if ": " in step and step.split(": ")[0].isdigit():  # "3: previous-token", a head and its kind
+                assert f'"kind":"{step.split(": ")[1]}"' in html_page, step
+            else:
+                assert step in tables.splitlines(), f"{step} is not in the page's tables"
+        return
+    for step in names:
         assert step.replace(">", "&gt;").replace("<", "&lt;") in html_page, f"{step} is not in the HTML"
     terminal_lines = [line.rstrip() for line in result.stdout.splitlines() if line.strip()]
     body = re.sub(r"<[^>]+>", "", html_page[html_page.index("<pre>"):])  # the page's text, tags removed
@@ -150,6 +168,10 @@ def test_exit_1_after_the_output_still_exports_it(runner, tmp_path):
                                  "--svg", str(svg)])
     assert result.exit_code == 1, result.output
     assert "first divergence" in svg_text(svg.read_text())
+    page = tmp_path / "bug.html"
+    again = runner.invoke(app, ["trace", f"{MY_ATTENTION}:MultiHeadedAttention", "--init", "d_feat=200, n_head=5",
+                                "--html", str(page)])
+    assert again.exit_code == 1 and "<p class='verdict bad'>first divergence: scores" in page.read_text()
 
 
 def test_a_file_that_appears_during_the_run_is_kept(tmp_path):

@@ -2,10 +2,13 @@
 entry, with good, bad and corrupt files (missing, empty, truncated, wrong rank, NaN, wrong dtype, damaged
 archives), model folders good and broken (tests/fuzz_models.py: damaged, absurd or deeply nested configs, a
 folder asking to run its own code, weights that disagree with their config), odd paths for --save, --svg and
---html, --all-heads, and COLUMNS sensible or nonsense. Whatever the input, each run keeps the promises of the
-house rules:
+--html, --all-heads, and COLUMNS sensible or nonsense; and of trace on targets good and bad (a module that
+calls sys.exit() in __init__, BaseExceptions and GeneratorExit at import or in forward, nanoGPT and a LLaMA-style
+layer built from --init class calls, --init bombs, sizes and seeds past 64 bits). Whatever the input, each run
+keeps the promises of the house rules:
 
-- the exit status is 0, 1 or 2, and stderr is at most one line, never the internal-error phrase;
+- the exit status is 0, 1 or 2, and stderr is at most one line, never the internal-error phrase (trace exits 1
+  without one only at a divergence, which its output names);
 - --json output parses, strictly (no NaN, no Infinity);
 - the input files are unchanged, no temporary `.part` file is left, and an existing file (a --save or an
   --svg target) is replaced only with --force; a usage error writes no file;
@@ -33,6 +36,7 @@ from fuzz_models import COLUMNS, head_argv, ran_code, write_model_corpus
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import save_file
+from test_trace_command import EXITS, HEADER
 
 WORDS = ["the", "cat", "sat", "on", "mat", ".", "dog"]
 
@@ -247,7 +251,16 @@ def _variants(draw, command):
     argv += ["--alibi"] if _sometimes(draw, 6) else []
     if _sometimes(draw, 6):
         base = ["--rope-base", _pick(draw, ["10000", "500000"], ["1", "nan"])] if _sometimes(draw) else []
+        fraction, pairing = _pick(draw, ["0.5", "0.25", "1"], ["0", "1.5", "0.01"]), _pick(draw, ["interleaved"],
+                                                                                           ["diagonal"])
+        base += ["--rope-fraction", fraction] if _sometimes(draw, 3) else []
+        base += ["--rope-pairing", pairing] if _sometimes(draw, 3) else []
         argv += ["--rope", *base]
+    argv += ["--chunk", _pick(draw, ["1", "3", "8"], ["0", "-2"])] if _sometimes(draw, 6) else []
+    if _sometimes(draw, 8):
+        argv += ["--temperature-tuning"]
+        argv += ["--floor-scale", _pick(draw, ["2", "8192"], ["0", "nan"])] if _sometimes(draw) else []
+        argv += ["--attn-scale", _pick(draw, ["0.1", "-0.5"], ["inf"])] if _sometimes(draw) else []
     argv += ["--cache", _pick(draw, ["2", "0"], ["-1"])] if _sometimes(draw, 8) else []
     argv += ["--show-mask"] if _sometimes(draw, 6) else []
     if command == "mha":
@@ -320,6 +333,98 @@ def test_any_invocation_keeps_the_promises(world, data):
     if "--force" not in argv:
         assert (out / "exists.safetensors").read_bytes() == b"precious", argv
         assert (out / "exists.svg").read_bytes() == b"precious", argv
+    saved = [p for p in out.rglob("*") if p.name not in ("exists.safetensors", "exists.svg", "link.npz")]
+    if saved and outcome.code == 2:
+        pytest.fail(f"{argv}: a usage error, and yet {saved} was written")
+
+
+# --- trace: targets good and bad, --init with class calls and bombs ------------------------------------------------
+
+TARGETS = {
+    "exits.py": HEADER + EXITS,  # sys.exit() in __init__, BaseExceptions and GeneratorExit in forward
+    "raises_at_import.py": "class Stop(BaseException):\n    pass\n\n\nraise Stop('at import')\n",
+    "exits_at_import.py": "import sys\nsys.exit(9)\n",
+    "syntax.py": "def f(:\n",
+}
+GOOD_TARGETS = ["my_attention.py:MultiHeadedAttention", "my_attention.py:FixedAttention", "my_attention.py:attention",
+                "nanogpt.py:CausalSelfAttention", "llama.py:Attention", "llama.py:InterleavedAttention"]
+BAD_TARGETS = ["exits.py:ExitsInInit", "exits.py:RaisesInInit", "exits.py:AssertsInInit", "exits.py:generator_exit",
+               "exits.py:base_exception", "exits.py:exits", "raises_at_import.py:f", "exits_at_import.py:f",
+               "syntax.py:f", "my_attention.py:nothing", "missing.py:f", "my_attention.py"]
+INITS = {"MultiHeadedAttention": ["d_feat=200, n_head=5", "d_feat=16, n_head=4", "d_feat=10, n_head=3"],
+         "FixedAttention": ["d_feat=24, n_head=3", "d_feat=24, n_head=3, dropout=0.5"],
+         "CausalSelfAttention": ["config=GPTConfig(n_embd=64, n_head=4)",
+                                 "config=GPTConfig(n_embd=32, n_head=4, dropout=0.1, bias=False)",
+                                 "config=GPTConfig(n_embd=30, n_head=4)"],
+         "Attention": ["dim=64, n_heads=8, n_kv_heads=2", "dim=48, n_heads=4, n_kv_heads=4, rope_theta=500000.0"],
+         "InterleavedAttention": ["dim=64, n_heads=8, n_kv_heads=2"]}
+BAD_INITS = ["config=nn.Linear(2, 3)", "config=GPTConfig(n_embd=torch.float32)", "config=dataclass()",
+             "config=__import__('os').getcwd()", "x=" + "+".join(["1"] * 20000), "x='\udcff'",
+             "x=" + "-" * 100000 + "1", "x=" + "[" * 300 + "]" * 300, "config=GPTConfig(**{'n_embd': 8})", "200, 5",
+             "config=GPTConfig(n_embd=64, n_head=4)()", "d_feat=" + "9" * 5000]
+
+
+@st.composite
+def trace_argv(draw, targets: Path, out: Path):
+    target = _pick(draw, GOOD_TARGETS, BAD_TARGETS, odds=4)
+    file, _, name = target.partition(":")
+    folder = DOCS if file in ("my_attention.py", "nanogpt.py", "llama.py") else targets
+    argv = ["trace", f"{folder / file}:{name}" if name else str(folder / file)]
+    if name in INITS:
+        argv += ["--init", _pick(draw, INITS[name], BAD_INITS, odds=6)]
+    elif _sometimes(draw, 12):
+        argv += ["--init", draw(st.sampled_from(BAD_INITS))]
+    if _sometimes(draw, 2):
+        argv += ["--causal", *([draw(st.sampled_from(["upper-left", "lower-right"]))] if _sometimes(draw) else [])]
+    if name in ("Attention", "InterleavedAttention"):
+        argv += ["--rope", *(["--rope-base", _pick(draw, ["10000", "500000"], ["1", "nan"])] if _sometimes(draw)
+                             else [])] if not _sometimes(draw, 6) else []
+        argv += ["--cache", _pick(draw, ["2", "3"], ["-1"])] if _sometimes(draw, 4) else []
+    argv += ["--window", _pick(draw, ["2", "3"], ["0"])] if _sometimes(draw, 6) else []
+    argv += ["--train"] if _sometimes(draw, 5) else []
+    for flag, good, bad in (("--seed", ["0", "3"], [str(2**64), "-1"]), ("--batch", ["1", "2"], [str(10**12), "0"]),
+                            ("--nq", ["3", "5"], [str(2**64)])):
+        argv += [flag, _pick(draw, good, bad, odds=3)] if _sometimes(draw, 6) else []
+    argv += ["--max-memory", _pick(draw, ["10GB"], ["1KB"], odds=2)] if _sometimes(draw, 10) else []
+    argv += ["--json"] if _sometimes(draw, 2) else []
+    if _sometimes(draw, 4):
+        argv += _save(draw, out)
+    return argv + [token for token in _export(draw, out) if token != "--force" or "--force" not in argv]
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "examples"
+
+
+@fuzz_settings(40)
+@given(data=st.data())
+def test_any_trace_invocation_keeps_the_promises(world, data):
+    root, _, _ = world
+    targets, out = root / "targets", root / "out"
+    if not targets.exists():
+        targets.mkdir()
+        for file, text in TARGETS.items():
+            (targets / file).write_text(text)
+    _reset_out(out)
+    argv = data.draw(trace_argv(targets, out))
+    before = _fingerprint(targets, DOCS)
+
+    outcome = run_main(*argv)
+
+    assert outcome.code in (0, 1, 2), (argv, outcome.code, outcome.stderr)
+    assert len(outcome.error_lines) <= 1, (argv, outcome.stderr)
+    assert INTERNAL not in outcome.stderr and "Traceback" not in outcome.stdout + outcome.stderr, (argv, outcome)
+    if outcome.code == 1 and "attnscope: error:" not in outcome.stderr:  # the output says where (a divergence,
+        # or with --svg/--html the user's failure: the line saying the file was written is the one line)
+        shown = ("first divergence", '"first_divergence": {', "your code failed at", '"kind": "exception"')
+        assert any(words in outcome.stdout for words in shown), argv
+    elif outcome.code != 0:
+        assert outcome.stderr.startswith("attnscope: error: "), (argv, outcome.stderr)
+    if "--json" in argv and outcome.stdout.strip():
+        outcome.json()
+    assert _fingerprint(targets, DOCS) == before, argv
+    assert not [p for p in root.rglob("*") if p.name.endswith(".part")], argv
+    if "--force" not in argv:
+        assert (out / "exists.safetensors").read_bytes() == b"precious", argv
     saved = [p for p in out.rglob("*") if p.name not in ("exists.safetensors", "exists.svg", "link.npz")]
     if saved and outcome.code == 2:
         pytest.fail(f"{argv}: a usage error, and yet {saved} was written")

@@ -31,6 +31,11 @@ CASES = [
     {"n_Q": 4, "n_K": 6, "causal": "lower-right", "window": 2, "pad": 4},
     {"n_Q": 6, "n_K": 4, "causal": "lower-right", "pad": 1},
     {"n_Q": 4, "n_K": 4, "causal": "upper-left", "pad": 3},
+    {"n_Q": 9, "n_K": 9, "chunk": 4},
+    {"n_Q": 3, "n_K": 10, "cache": 7, "chunk": 4, "pad": 1},
+    {"n_Q": 5, "n_K": 9, "causal": "upper-left", "chunk": 3, "user": "bool"},
+    {"n_Q": 4, "n_K": 6, "causal": "lower-right", "chunk": 8, "user": "float"},
+    {"n_Q": 4, "n_K": 6, "causal": "lower-right", "chunk": 8, "pad": 2},
 ]
 
 
@@ -70,14 +75,16 @@ def _user(case: dict) -> torch.Tensor | None:
 
 def _expected(case: dict, user: torch.Tensor | None) -> torch.Tensor:
     """The rule in plain Python: query i at position i + offset, key j at j."""
-    n_Q, n_K, window, pad = case["n_Q"], case["n_K"], case.get("window"), case.get("pad", 0)
-    causal = case.get("causal") or ("lower-right" if case.get("cache") else None) or ("upper-left" if window else None)
+    n_Q, n_K, window, pad, chunk = case["n_Q"], case["n_K"], case.get("window"), case.get("pad", 0), case.get("chunk")
+    causal = (case.get("causal") or ("lower-right" if case.get("cache") else None)
+              or ("upper-left" if window or chunk else None))
     offset = n_K - n_Q if causal == "lower-right" else 0
     grid = torch.ones(n_Q, n_K, dtype=torch.bool)
     for i in range(n_Q):
         for j in range(n_K):
             p = i + offset
-            if causal and j > p or window is not None and p - j >= window or j >= n_K - pad:
+            if (causal and j > p or window is not None and p - j >= window or j >= n_K - pad
+                    or chunk is not None and j // chunk != p // chunk):
                 grid[i, j] = False
             hidden_by_user = user is not None and (user[i, j] == -torch.inf if user.is_floating_point()
                                                    else not bool(user[i, j]))
@@ -88,7 +95,7 @@ def _expected(case: dict, user: torch.Tensor | None) -> torch.Tensor:
 
 def _view(case: dict, user: torch.Tensor | None):
     spec = AttentionSpec(causal=case.get("causal") or bool(case.get("cache")), window=case.get("window"),
-                         cache=case.get("cache", 0))
+                         cache=case.get("cache", 0), chunk=case.get("chunk"))
     return view(case["n_Q"], case["n_K"], spec,
                 pad=case.get("pad", 0), user_mask=user)
 
@@ -171,6 +178,8 @@ def test_flash_attn_says_what_it_cannot_express():
     assert "window_size=(3, 0)" in view(5, 5, AttentionSpec(window=4)).translations[FLASH]
     user = torch.ones(3, 3, dtype=torch.bool)
     assert "not expressible" in view(3, 3, AttentionSpec(), user_mask=user).translations[FLASH]
+    assert "no chunked attention" in view(5, 5, AttentionSpec(chunk=4)).translations[FLASH]
+    assert "plain causal here" in view(4, 4, AttentionSpec(chunk=4)).translations[FLASH]
 
 
 def test_mask_command_json(runner):

@@ -16,8 +16,8 @@ from tiny_models import FAMILIES, SENTENCE, base, build
 from attnscope.cli import app
 from attnscope.models import open_model
 from attnscope.models.config import read_config
-from attnscope.models.family import head_weights
 from attnscope.models.tokenizer import encode
+from attnscope.models.weights import head_weights
 from attnscope.runs.head import HeadOptions, run_head
 
 WINDOW = 4  # the sliding window of the tiny Mistral, Qwen2 and Gemma 2

@@ -105,7 +105,7 @@ def test_extras_hold_what_the_tests_use_and_no_more():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {extra: sorted(re.split(r"[<>=]", d)[0] for d in deps) for extra, deps in
              project["optional-dependencies"].items()}
-    assert names["test"] == ["hypothesis", "pytest"]
+    assert names["test"] == ["hypothesis", "playwright", "pytest"]
     runtime = {re.split(r"[<>=]", d)[0] for d in project["dependencies"]}
     assert runtime == {"torch", "typer", "rich", "transformers", "safetensors", "huggingface_hub", "numpy"}
     everything = project["dependencies"] + [d for deps in project["optional-dependencies"].values() for d in deps]

@@ -3,6 +3,7 @@ names for the user's tensors."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from itertools import combinations
 
@@ -32,6 +33,70 @@ def test_init_reads_literals_only():
                          ("a=[x for x in y]", "not a Python literal")):
         with pytest.raises(UsageError, match=message.replace("*", r"\*")):
             load.parse_init(bad)
+
+
+CONFIGS = """
+from dataclasses import dataclass
+
+
+@dataclass
+class GPTConfig:
+    n_embd: int = 768
+    n_head: int = 12
+    bias: bool = True
+
+
+class Rope:
+    def __init__(self, base=10000.0, dims=(0, 1)):
+        self.base, self.dims = base, dims
+
+
+def helper(x):
+    return x
+
+
+Imported = torch.nn.Linear
+"""
+
+
+def _classes(tmp_path):
+    path = _write(tmp_path, CONFIGS)
+    return load.own_classes(load.import_file(load.parse_spec(f"{path}:GPTConfig")[0]))
+
+
+def test_init_calls_the_files_own_classes_with_literal_arguments(tmp_path):
+    from attnscope.usertrace.initargs import ClassCall, build, parse_init
+
+    classes = _classes(tmp_path)
+    assert set(classes) == {"GPTConfig", "Rope"}  # not torch.nn.Linear, which it only imports
+    values = parse_init("config=GPTConfig(n_embd=64, n_head=4), rope=Rope(5e5, dims=[2, 3]), n=(GPTConfig(),)",
+                        classes, "user_code.py")
+    assert isinstance(values["config"], ClassCall) and repr(values["config"]) == "GPTConfig(n_embd=64, n_head=4)"
+    built = build(values)
+    assert built["config"] == classes["GPTConfig"](n_embd=64, n_head=4, bias=True)
+    assert built["rope"].base == 5e5 and built["rope"].dims == [2, 3]
+    assert built["n"] == (classes["GPTConfig"](),)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("config=helper(1)", "helper is not one of its classes (user_code.py defines GPTConfig, Rope)"),
+    ("config=Imported(2, 3)", "Imported is not one of its classes"),
+    ("config=nn.Linear(2, 3)", "is called through an attribute"),
+    ("config=GPTConfig(n_embd=torch.float32)", "attribute access (torch.float32) is not allowed"),
+    ("config=GPTConfig(n_embd=x)", "is not a Python literal"),
+    ("config=GPTConfig(*[1])", "* and ** are not allowed"),
+    ("config=GPTConfig(**{'n_embd': 1})", "* and ** are not allowed"),
+    ("config=GPTConfig(n_embd=1 + 1)", "is not a Python literal"),
+    ("config=__import__('os')", "__import__ is not one of its classes"),
+    ("config=GPTConfig(n_embd=helper(1))", "helper is not one of its classes"),
+    ("config=(lambda: 1)()", "is not a Python literal"),
+    ("config=GPTConfig()()", "is not a Python literal"),
+])
+def test_init_refuses_every_other_call_name_and_attribute(tmp_path, text, message):
+    from attnscope.usertrace.initargs import parse_init
+
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_init(text, _classes(tmp_path), "user_code.py")
 
 
 # --- sizes and names of axes --------------------------------------------------------------------------
@@ -213,4 +278,4 @@ def test_grouped_query_attention_aligns_with_its_kv_heads_named(tmp_path):
     assert run.divergence is None, run.divergence
     assert run.params["sizes"]["n_kv_head"] == 2
     k = next(s for s in run.steps if s.name == "k")
-    assert k.dims == ("n_batch", "n_kv_head", "n_Q|n_K", "d_head")
+    assert k.dims == ("n_batch", "n_kv_head", "n_K", "d_head")

@@ -1,6 +1,6 @@
 """The `attnscope` command: a thin Typer shell over the core.
 
-One module per command (sdpa, mha, bert, head, bench), the shared option types in options.py and error
+One module per command (sdpa, mha, bert, head, bench, anatomy), the shared option types in options.py and error
 reporting in errors.py. Each command parses its options, calls the core, and hands the result to
 render. Errors become one line on stderr: exit 2 for a bad option, argument, file or shape, exit 1 for
 a failure at run time. A traceback shows only with --debug. torch is never imported here, so --help starts in a blink.
@@ -45,7 +45,7 @@ def _root(
 
 
 def _register() -> None:
-    from attnscope.cli import bench, bert, head, mask, mha, sdpa, trace
+    from attnscope.cli import anatomy, bench, bert, diff, head, mask, mha, sdpa, trace
 
     sdpa.register(app)
     mha.register(app)
@@ -54,6 +54,8 @@ def _register() -> None:
     head.register(app)
     bench.register(app)
     trace.register(app)
+    anatomy.register(app)
+    diff.register(app)
 
 
 _register()

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from attnscope.cli.head import AllHeads, Head, HeadSave, Layer, Text, run_command
-from attnscope.cli.options import Debug, Force, Html, Json, MaxMemory, Svg
+from attnscope.cli.options import Debug, Force, HtmlPage, Json, MaxMemory, Svg
 
 BERT_EXAMPLES = """Examples:
 
@@ -27,7 +27,7 @@ def bert(
     json: Json = False,
     save: HeadSave = None,
     svg: Svg = None,
-    html: Html = None,
+    html: HtmlPage = None,
     force: Force = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,

@@ -23,7 +23,11 @@ ClickException: type[Exception] = _CLICK_BASES["ClickException"]
 # The core names parameters as a Python caller writes them; a command line user reads the flag that sets each.
 FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "scale": "--scale", "cache": "--cache",
          "pad": "--pad", "n_head": "--heads", "n_kv_head": "--kv-heads", "rope_base": "--rope-base", "meta": "--meta",
-         "model": "--model", "text": "--text", "layer": "--layer", "head": "--head"}
+         "model": "--model", "text": "--text", "layer": "--layer", "head": "--head",
+         "latent": "--kv-lora-rank", "kv_lora_rank": "--kv-lora-rank", "q_lora_rank": "--q-lora-rank",
+         "qk_rope_head_dim": "--rope-head-dim", "qk_nope_head_dim": "--d-head", "v_head_dim": "--v-head-dim",
+         "rope": "--rope", "chunk": "--chunk", "floor_scale": "--floor-scale", "attn_scale": "--attn-scale",
+         "temperature": "--temperature-tuning"}
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 

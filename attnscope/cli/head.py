@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import exporting, max_memory_bytes
+from attnscope.cli.common import Page, exporting, max_memory_bytes
 from attnscope.cli.errors import reported
-from attnscope.cli.options import Debug, Force, Html, Json, MaxMemory, Svg, not_empty
+from attnscope.cli.options import Debug, Force, HtmlPage, Json, MaxMemory, Svg, not_empty
 
 HEAD_EXAMPLES = """Examples:
 
@@ -39,7 +39,7 @@ def head(
     json: Json = False,
     save: HeadSave = None,
     svg: Svg = None,
-    html: Html = None,
+    html: HtmlPage = None,
     force: Force = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
@@ -55,8 +55,11 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
     """What `head` and `bert` do: the same run, the same output."""
     from attnscope import render
 
-    with reported(debug), exporting(svg, html, force=force, json=json, title=f"attnscope {command}") as out:
+    page = Page()
+    with reported(debug), exporting(svg, html, force=force, json=json, title=f"attnscope {command}",
+                                    page=page) as out:
         from attnscope.runs.head import HeadOptions, run_head
+        from attnscope.views.sources import from_head
 
         options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
                               max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads)
@@ -65,6 +68,7 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
             result = run_head(options, progress=lambda message: status.status(message))
         else:
             result = run_head(options)
+        page.of(result, from_head)
         if json:
             render.emit_json(render.head_json(result))
         else:

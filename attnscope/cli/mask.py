@@ -12,6 +12,7 @@ from attnscope.cli.options import (
     AttentionCommand,
     Cache,
     CausalOpt,
+    Chunk,
     Debug,
     ExportForce,
     Html,
@@ -26,7 +27,7 @@ MASK_EXAMPLES = """Examples:
 
   attnscope mask --nq 6 --causal
 
-  attnscope mask --nq 4 --cache 4 --window 3
+  attnscope mask --nq 4 --cache 6 --chunk 4
 
   attnscope mask --nq 5 --nk 8 --causal lower-right --pad 2 --json"""
 
@@ -36,6 +37,7 @@ def mask(
     nk: Annotated[int | None, typer.Option("--nk", min=1, help="n_K: number of keys.  \\[default: --nq; with --cache N, N + --nq]")] = None,
     causal: CausalOpt = None,
     window: Window = None,
+    chunk: Chunk = None,
     pad: Pad = 0,
     cache: Cache = 0,
     mask_file: MaskFile = None,
@@ -53,7 +55,7 @@ def mask(
         from attnscope.runs.mask import MaskOptions, run_mask
 
         options = MaskOptions(nq=nq, nk=nk, causal=causal.value if causal else None, window=window, pad=pad,
-                              cache=cache, mask=mask_file)
+                              cache=cache, mask=mask_file, chunk=chunk)
         view, params = run_mask(options)
         if json:
             render.emit_json(mask_command_json(view, params))

@@ -6,24 +6,27 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import exporting, max_memory_bytes, show_run
+from attnscope.cli.common import Page, exporting, max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     Alibi,
     AttentionCommand,
+    AttnScale,
     Batch,
     Bias,
     Cache,
     CausalOpt,
     Check,
+    Chunk,
     Debug,
     DFeat,
+    FloorScale,
     Force,
     Heads,
     HeatmapBatch,
     HeatmapHead,
     HeatmapOpt,
-    Html,
+    HtmlPage,
     Json,
     KFile,
     MaskFile,
@@ -34,13 +37,16 @@ from attnscope.cli.options import (
     Pad,
     QFile,
     RopeBase,
+    RopeFraction,
     RopeOpt,
+    RopePairing,
     Save,
     Seed,
     ShowMask,
     Softcap,
     Stats,
     Svg,
+    TemperatureOpt,
     Values,
     VFile,
     Window,
@@ -50,9 +56,16 @@ MHA_EXAMPLES = """Examples:
 
   attnscope mha --d-feat 200 --heads 5
 
-  attnscope mha --nq 16 --nk 40 --heads 4 --d-feat 64 --check
+  attnscope mha --d-feat 4096 --heads 32 --kv-heads 8 --rope --causal --batch 1 --nq 8192 --meta
 
-  attnscope mha --d-feat 4096 --heads 32 --kv-heads 8 --rope --causal --batch 1 --nq 8192 --meta"""
+  attnscope mha --batch 1 --nq 8 --d-feat 64 --heads 4 --kv-lora-rank 16 --q-lora-rank 24 --causal --check"""
+
+# Multi-head latent attention (DeepSeek-V2/V3, runs/latent.py): --kv-lora-rank switches it on.
+LATENT = "Latent attention (MLA)"
+KvLoraRank = Annotated[int | None, typer.Option("--kv-lora-rank", min=1, metavar="R", help="Multi-head latent attention (DeepSeek-V2/V3): keys and values of every head expanded from one latent of R numbers per token (KV_latent, what a cache holds) and a rotary part shared by every head (K_pe). --d-head is then each head's no-RoPE part d_nope.", rich_help_panel=LATENT)]
+QLoraRank = Annotated[int | None, typer.Option("--q-lora-rank", min=1, metavar="R", help="Compress the queries too: q_a_proj to R numbers, RMSNorm, q_b_proj (DeepSeek-V3: 1536).  \\[default: one q_proj]", rich_help_panel=LATENT)]
+RopeHeadDim = Annotated[int | None, typer.Option("--rope-head-dim", min=2, metavar="D", help="d_rope: the rotary part of each query and key (even), so d_K = d_nope + d_rope (DeepSeek-V3: 64).  \\[default: d_nope / 2, rounded down to even]", rich_help_panel=LATENT)]
+VHeadDim = Annotated[int | None, typer.Option("--v-head-dim", min=1, metavar="D", help="d_V: each head's value width, apart from d_K (DeepSeek-V3: 128).  \\[default: d_nope]", rich_help_panel=LATENT)]
 
 
 def mha(
@@ -78,7 +91,7 @@ def mha(
     json: Json = False,
     save: Save = None,
     svg: Svg = None,
-    html: Html = None,
+    html: HtmlPage = None,
     force: Force = False,
     values: Values = False,
     stats: Stats = False,
@@ -91,14 +104,25 @@ def mha(
     alibi: Alibi = False,
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
+    rope_fraction: RopeFraction = None,
+    rope_pairing: RopePairing = None,
+    chunk: Chunk = None,
+    temperature_tuning: TemperatureOpt = False,
+    floor_scale: FloorScale = None,
+    attn_scale: AttnScale = None,
     cache: Cache = 0,
+    kv_lora_rank: KvLoraRank = None,
+    q_lora_rank: QLoraRank = None,
+    rope_head_dim: RopeHeadDim = None,
+    v_head_dim: VHeadDim = None,
     meta: Meta = False,
     max_memory: MaxMemory = None,
     debug: Debug = False,
 ) -> None:
     """Multi-head attention: project, split into heads, SDPA in every head, merge, project."""
 
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope mha") as out:
+    page = Page()
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope mha", page=page) as out:
         from attnscope.runs.mha import MhaOptions, run_mha
 
         options = MhaOptions(
@@ -106,10 +130,18 @@ def mha(
             q=q, k=k, v=v, causal=causal.value if causal else None, mask=mask, pad=pad, check=check, meta=meta,
             max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
-            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, kv_heads=kv_heads, d_head=d_head,
-            scale=scale, all_heads=all_heads,
+            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, chunk=chunk,
+            rope_fraction=rope_fraction, rope_pairing=rope_pairing.value if rope_pairing else None,
+            temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale,
+            kv_heads=kv_heads, d_head=d_head, scale=scale, all_heads=all_heads, kv_lora_rank=kv_lora_rank,
+            q_lora_rank=q_lora_rank, rope_head_dim=rope_head_dim, v_head_dim=v_head_dim,
         )
-        show_run(out, run_mha(options), json=json, values=values, stats=stats)
+        if kv_lora_rank is not None:
+            from attnscope.runs.latent import run_latent
+
+            show_run(out, run_latent(options), json=json, values=values, stats=stats, page=page)
+        else:
+            show_run(out, run_mha(options), json=json, values=values, stats=stats, page=page)
 
 
 def register(app: typer.Typer) -> None:

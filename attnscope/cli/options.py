@@ -19,6 +19,11 @@ class Causal(str, Enum):
     lower_right = "lower-right"
 
 
+class Pairing(str, Enum):
+    half_split = "half-split"
+    interleaved = "interleaved"
+
+
 class Layout(str, Enum):
     row = "row"
     col = "col"
@@ -128,10 +133,6 @@ def not_empty(value: str | None) -> str | None:
     return value
 
 
-def _size(help: str, flag: str) -> object:
-    return typer.Option(flag, min=1, help=help)
-
-
 # Sizes: the same option means the same thing in sdpa, mha and bench; only the defaults differ per command.
 Batch = Annotated[int, typer.Option("--batch", min=1, help="n_batch: sequences in the batch.")]
 Nq = Annotated[int, typer.Option("--nq", min=1, help="n_Q: number of queries.")]
@@ -157,6 +158,7 @@ Force = Annotated[bool, typer.Option("--force", help="Let --save, --svg and --ht
 ExportForce = Annotated[bool, typer.Option("--force", help="Let --svg and --html replace an existing file.", rich_help_panel="Output")]
 Svg = Annotated[str | None, typer.Option("--svg", metavar="FILE", callback=not_empty, help="Also write what is shown, in colour, to FILE (.svg): standalone, nothing fetched from the network.", rich_help_panel="Output")]
 Html = Annotated[str | None, typer.Option("--html", metavar="FILE", callback=not_empty, help="Also write what is shown, in colour, to FILE (.html): standalone, no script, nothing fetched.", rich_help_panel="Output")]
+HtmlPage = Annotated[str | None, typer.Option("--html", metavar="FILE", callback=not_empty, help="Also write an interactive page of the run to FILE (.html): steps, heatmap, every head, exact weights on click; one file, its script and data inline, nothing fetched (docs/page.md).", rich_help_panel="Output")]
 Values = Annotated[bool, typer.Option("--values", help="Show the numbers of every step (corners of large ones).", rich_help_panel="Output")]
 Stats = Annotated[bool, typer.Option("--stats", help="Show min, max, mean, std and NaN/Inf counts of every step.", rich_help_panel="Output")]
 HeatmapOpt = Annotated[bool, typer.Option("--heatmap", help="Draw the attention pattern of one batch element (and head), fitted to the terminal.", rich_help_panel="Output")]
@@ -172,5 +174,11 @@ Softcap = Annotated[float | None, typer.Option("--softcap", metavar="C", help="C
 Alibi = Annotated[bool, typer.Option("--alibi", help="Add ALiBi's per-head bias −m_h · (i − j) to the scores (BLOOM's slopes).", rich_help_panel="Variants")]
 RopeOpt = Annotated[bool, typer.Option("--rope", help="Rotate Q and K with rotary position embeddings (RoPE, LLaMA's half-split form).", rich_help_panel="Variants")]
 RopeBase = Annotated[float | None, typer.Option("--rope-base", metavar="B", help="RoPE's base, a config's rope_theta.  \\[default: 10000]", rich_help_panel="Variants")]
+Chunk = Annotated[int | None, typer.Option("--chunk", min=1, metavar="C", help="Chunked attention: query i sees key j when j ≤ i and both lie in the same chunk of C positions, j // C = i // C (Llama 4); implies causal.", rich_help_panel="Variants")]
+RopeFraction = Annotated[float | None, typer.Option("--rope-fraction", metavar="F", help="Partial rotary: only the first int(F · d) coordinates of each head turn, the rest pass (a config's partial_rotary_factor: Phi-4 mini 0.75, GPT-NeoX 0.25).  \\[default: 1]", rich_help_panel="Variants")]
+RopePairing = Annotated[Pairing | None, typer.Option("--rope-pairing", help="Which coordinates RoPE turns together: half-split pairs i and i + d/2 (LLaMA's rotate_half), interleaved pairs 2i and 2i + 1 (GPT-J, Llama 4).  \\[default: half-split]", rich_help_panel="Variants")]
+TemperatureOpt = Annotated[bool, typer.Option("--temperature-tuning", help="Scale each query by log1p(floor((i + 1) / floor_scale)) · attn_scale + 1, Llama 4's temperature tuning on its NoPE layers (after RoPE where there is one).", rich_help_panel="Variants")]
+FloorScale = Annotated[float | None, typer.Option("--floor-scale", metavar="N", help="Temperature tuning: positions per step of the query's factor.  \\[default: 8192, Llama 4's]", rich_help_panel="Variants")]
+AttnScale = Annotated[float | None, typer.Option("--attn-scale", metavar="S", help="Temperature tuning: strength of each step.  \\[default: 0.1, Llama 4's]", rich_help_panel="Variants")]
 Cache = Annotated[int, typer.Option("--cache", min=0, metavar="N", help="A decode step: K and V hold N cached positions before the new ones; causal aligns lower-right.", rich_help_panel="Variants")]
 ShowMask = Annotated[bool, typer.Option("--show-mask", help="Draw the combined mask (■ may attend, · masked) above the table.", rich_help_panel="Masks")]

@@ -6,23 +6,26 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import exporting, max_memory_bytes, show_run
+from attnscope.cli.common import Page, exporting, max_memory_bytes, show_run
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     Alibi,
     AttentionCommand,
+    AttnScale,
     Batch,
     Cache,
     CausalOpt,
     Check,
+    Chunk,
     Debug,
     Dk,
     Dv,
+    FloorScale,
     Force,
     HeatmapBatch,
     HeatmapHead,
     HeatmapOpt,
-    Html,
+    HtmlPage,
     Json,
     KFile,
     Layout,
@@ -34,13 +37,16 @@ from attnscope.cli.options import (
     Pad,
     QFile,
     RopeBase,
+    RopeFraction,
     RopeOpt,
+    RopePairing,
     Save,
     Seed,
     ShowMask,
     Softcap,
     Stats,
     Svg,
+    TemperatureOpt,
     Values,
     VFile,
     Window,
@@ -79,7 +85,7 @@ def sdpa(
     json: Json = False,
     save: Save = None,
     svg: Svg = None,
-    html: Html = None,
+    html: HtmlPage = None,
     force: Force = False,
     values: Values = False,
     stats: Stats = False,
@@ -91,6 +97,12 @@ def sdpa(
     alibi: Alibi = False,
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
+    rope_fraction: RopeFraction = None,
+    rope_pairing: RopePairing = None,
+    chunk: Chunk = None,
+    temperature_tuning: TemperatureOpt = False,
+    floor_scale: FloorScale = None,
+    attn_scale: AttnScale = None,
     cache: Cache = 0,
     meta: Meta = False,
     max_memory: MaxMemory = None,
@@ -98,7 +110,8 @@ def sdpa(
 ) -> None:
     """Scaled dot-product attention: softmax(Q Kᵀ / √d_K) V, every step shown."""
 
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope sdpa") as out:
+    page = Page()
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope sdpa", page=page) as out:
         from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 
         options = SdpaOptions(
@@ -106,9 +119,11 @@ def sdpa(
             layout=layout.value, causal=causal.value if causal else None, mask=mask, pad=pad, scale=scale,
             check=check, meta=meta, max_memory=max_memory_bytes(max_memory), save=save, force=force, heatmap=heatmap,
             heatmap_batch=heatmap_batch, heatmap_head=heatmap_head, window=window, softcap=softcap, alibi=alibi,
-            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask,
+            rope=rope, rope_base=rope_base, cache=cache, show_mask=show_mask, chunk=chunk,
+            rope_fraction=rope_fraction, rope_pairing=rope_pairing.value if rope_pairing else None,
+            temperature_tuning=temperature_tuning, floor_scale=floor_scale, attn_scale=attn_scale,
         )
-        show_run(out, run_sdpa(options), json=json, values=values, stats=stats)
+        show_run(out, run_sdpa(options), json=json, values=values, stats=stats, page=page)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,21 +10,27 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnscope.cli.common import exporting
+from attnscope.cli.common import Page, exporting, max_memory_bytes
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     AttentionCommand,
+    Cache,
     CausalOpt,
     Debug,
-    ExportForce,
-    Html,
+    Force,
+    HtmlPage,
     Json,
     KFile,
     MaskFile,
+    MaxMemory,
     QFile,
+    RopeBase,
+    RopeOpt,
+    Save,
     Seed,
     Svg,
     VFile,
+    Window,
 )
 
 if TYPE_CHECKING:
@@ -34,14 +40,16 @@ TRACE_EXAMPLES = """Examples:
 
   attnscope trace docs/examples/my_attention.py:MultiHeadedAttention --init "d_feat=200, n_head=5"   # exit 1: a bug
 
-  attnscope trace docs/examples/my_attention.py:attention --causal
+  attnscope trace docs/examples/nanogpt.py:CausalSelfAttention --init "config=GPTConfig(n_embd=64, n_head=4)" --causal
 
-  attnscope trace docs/examples/my_attention.py:FixedAttention --init "d_feat=200, n_head=5" --json"""
+  attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --causal"""
+
+KvHeads = Annotated[int | None, typer.Option("--kv-heads", min=1, help="n_kv_head of the reference: a function's K and V get this many heads (with --heads); a module's is read from its projections' widths, which this must match.", rich_help_panel="Variants")]
 
 
 def trace(
     target: Annotated[str, typer.Argument(metavar="FILE.py:NAME", help="An nn.Module class (or instance) or a function in a Python file. The file is imported: this runs its code.", show_default=False)],
-    init: Annotated[str | None, typer.Option("--init", metavar="ARGS", help="Keyword arguments for the class, as Python literals: \"d_feat=200, n_head=5\" (read with ast.literal_eval, never eval).")] = None,
+    init: Annotated[str | None, typer.Option("--init", metavar="ARGS", help="Keyword arguments for the class, as Python literals, or calls of the file's own classes with such arguments: \"d_feat=200, n_head=5\", \"config=GPTConfig(n_embd=64, n_head=4)\" (read with ast, never eval).")] = None,
     train: Annotated[bool, typer.Option("--train", help="Run the module in training mode (dropout on, random); by default it runs in eval() mode.")] = False,
     batch: Annotated[int | None, typer.Option("--batch", min=1, help="n_batch.  \\[default: chosen so every dim differs]", show_default=False)] = None,
     nq: Annotated[int | None, typer.Option("--nq", min=1, help="n_Q: queries.  \\[default: chosen]", show_default=False)] = None,
@@ -55,28 +63,41 @@ def trace(
     k: KFile = None,
     v: VFile = None,
     causal: CausalOpt = None,
+    window: Window = None,
     mask: MaskFile = None,
+    rope: RopeOpt = False,
+    rope_base: RopeBase = None,
+    kv_heads: KvHeads = None,
+    cache: Cache = 0,
+    max_memory: MaxMemory = None,
     json: Json = False,
+    save: Save = None,
     svg: Svg = None,
-    html: Html = None,
-    force: ExportForce = False,
+    html: HtmlPage = None,
+    force: Force = False,
     debug: Debug = False,
 ) -> None:
     """Is my attention right? Run YOUR attention code (FILE.py:NAME is imported, which runs it), record every
     tensor op with its line, and line it up with attnscope's reference on the same inputs and weights; the
     first step that differs is explained. Exit 0 when all align, 1 at a divergence or an error in your code."""
 
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope trace") as out:
+    page = Page()
+    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope trace", page=page) as out:
+        from attnscope.readings.headstats import describe
         from attnscope.runs.trace import TraceOptions, run_trace
+        from attnscope.views.sources import from_trace_run
 
         options = TraceOptions(target=target, init=init, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
                                heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask,
-                               causal=causal.value if causal else None)
+                               causal=causal.value if causal else None, max_memory=max_memory_bytes(max_memory),
+                               window=window, rope=rope, rope_base=rope_base, kv_heads=kv_heads, cache=cache,
+                               save=save, force=force)
         run = run_trace(options)
-        _show(out, run, json)
+        page.of(run, lambda traced: from_trace_run(traced, describe))
+        _show(out, run, json, exported=bool(svg or html))
 
 
-def _show(out: Console, run: object, json: bool) -> None:
+def _show(out: Console, run: object, json: bool, exported: bool) -> None:
     from attnscope import render
     from attnscope.errors import UsageError
     from attnscope.render.usertrace import show_usertrace, usertrace_json
@@ -89,6 +110,11 @@ def _show(out: Console, run: object, json: bool) -> None:
         show_usertrace(out, run)
     if run.no_reference and run.failure is None:
         raise UsageError(run.no_reference)
+    if run.failure is not None and not exported:  # shown above; and one line on stderr (with --svg/--html,
+        # the line saying the file was written is the one line, and the failure is in the file)
+        f = run.failure
+        where = f"{run.params['file'].rsplit('/', 1)[-1]}:{f.line}" if f.line else run.params["file"]
+        render.error(f"{where}: your code raised {f.message}")
     if run.failure is not None or run.diverged:
         raise typer.Exit(1)
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import layers
-from attnscope.models.family import Family, Slice, linear_projections, linear_slices
+from attnscope.models.family import Family, Slice
+from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:

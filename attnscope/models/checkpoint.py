@@ -94,10 +94,6 @@ class Checkpoint:
         part = self._slice(key, "numpy")
         return math.prod(part.get_shape()) * DTYPE_BYTES.get(part.get_dtype(), 4)
 
-    def file_bytes(self) -> int:
-        """What the weight files take on disk (every shard once)."""
-        return sum(path.stat().st_size for path in set(self._files.values()))
-
     # --- reading ----------------------------------------------------------------------------------------
 
     def slice(self, key: str, axis: str, lo: int, hi: int) -> tuple[Array, str]:

@@ -37,6 +37,9 @@ class Gemma2(Llama):
         on = self.config.flag("attention_bias")
         return on, on
 
+    def mlp_biased(self) -> bool:
+        return False  # Gemma2MLP has no biases
+
     def window(self, layer: int) -> int | None:
         kinds = self.config.str_list("layer_types", self.n_layer)
         sliding = kinds[layer] == "sliding_attention" if kinds is not None else (layer + 1) % 2 == 1

@@ -29,6 +29,44 @@ def locate(model: str, *, need_tokenizer: bool = False) -> Path:
     return _from_hub(model, need_tokenizer)
 
 
+def locate_config(model: str) -> Path:
+    """The config.json of a model and nothing else (`attnscope anatomy`): a folder's, a config.json given as a
+    file, or a Hugging Face model name's, from the local cache first (read without importing huggingface_hub's
+    download code), else as `locate` finds it."""
+    if not model.strip():
+        raise UsageError("MODEL is empty; give a model folder, its config.json, or a Hugging Face model name")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path / "config.json"
+    if path.is_file():
+        return path
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
+        raise UsageError(f"{model}: no such folder or file")
+    cached = _cached_config(model)
+    if cached is not None:
+        return cached
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return Path(_cached_or_download(model, "config.json", hf_hub_download, named=False))
+    except HFValidationError:
+        raise UsageError(f"{model}: neither a folder nor a valid Hugging Face model name") from None
+
+
+def _cached_config(name: str) -> Path | None:
+    """config.json of the main revision in the Hugging Face cache's own layout, if it is there."""
+    from huggingface_hub import constants
+
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}"
+    try:
+        revision = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    config = repo / "snapshots" / revision / "config.json"
+    return config if revision and "/" not in revision and config.is_file() else None
+
+
 def _from_hub(name: str, need_tokenizer: bool) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HFValidationError
@@ -63,32 +101,32 @@ def _shards(index: Path) -> list[str]:
         raise ResourceError(f"{index}: not a shard index (a JSON object with a weight_map)") from None
 
 
-def _cached_or_download(name: str, filename: str, download: Any) -> str:
+def _cached_or_download(name: str, filename: str, download: Any, named: bool = True) -> str:
     try:
         return str(download(name, filename, local_files_only=True))
     except Exception as cached_miss:  # noqa: BLE001 - any miss means: go to the network, if we may
         if _offline():
             if filename == "config.json":
-                raise _not_cached(name, "HF_HUB_OFFLINE=1 forbids downloading") from None
+                raise _not_cached(name, "HF_HUB_OFFLINE=1 forbids downloading", named) from None
             raise FileNotFoundError(filename) from cached_miss
     if not _hub_reachable():
         if filename == "config.json":
-            raise _not_cached(name, "the Hugging Face Hub cannot be reached from here") from None
+            raise _not_cached(name, "the Hugging Face Hub cannot be reached from here", named) from None
         raise FileNotFoundError(filename)
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 
     try:
         return str(download(name, filename))
     except RepositoryNotFoundError:
-        raise ResourceError(f"{{model}} {name}: no such model on the Hugging Face Hub (or it is private)",
-                            "model") from None
+        raise ResourceError(f"{_named(name, named)}: no such model on the Hugging Face Hub (or it is private)",
+                            *_param(named)) from None
     except EntryNotFoundError:
         if filename == "config.json":
-            raise ResourceError(f"{{model}} {name}: the model has no config.json", "model") from None
+            raise ResourceError(f"{_named(name, named)}: the model has no config.json", *_param(named)) from None
         raise FileNotFoundError(filename) from None
     except OSError as exc:
         if filename == "config.json":
-            raise _not_cached(name, f"downloading failed ({type(exc).__name__})") from None
+            raise _not_cached(name, f"downloading failed ({type(exc).__name__})", named) from None
         raise FileNotFoundError(filename) from None
 
 
@@ -106,7 +144,17 @@ def _hub_reachable() -> bool:
     return True
 
 
-def _not_cached(name: str, why: str) -> ResourceError:
-    return ResourceError(f"{{model}} {name} is not in the Hugging Face cache and {why}; download it where the "
-                         f"network is reachable (hf download {name}), or point {{model}} at a folder with config.json "
-                         "and model.safetensors", "model")
+def _not_cached(name: str, why: str, named: bool = True) -> ResourceError:
+    """`named`: the model was given as --model (`head`), not as anatomy's MODEL argument."""
+    instead = ("point {model} at a folder with config.json and model.safetensors" if named else
+               "give the folder that holds its config.json")
+    return ResourceError(f"{_named(name, named)} is not in the Hugging Face cache and {why}; download it where the "
+                         f"network is reachable (hf download {name}), or {instead}", *_param(named))
+
+
+def _named(name: str, named: bool) -> str:
+    return f"{{model}} {name}" if named else name
+
+
+def _param(named: bool) -> tuple[str, ...]:
+    return ("model",) if named else ()

@@ -1,4 +1,5 @@
-"""LLaMA, Mistral and Qwen2: one architecture (Meta's `llama/model.py`), three ways to configure it.
+"""LLaMA (Meta's `llama/model.py`): the architecture Mistral (mistral.py), Qwen2 (qwen2.py) and Gemma 2
+(gemma2.py) configure their own ways; each of those says only what differs.
 
 Checkpoint keys, under `model.` in `LlamaForCausalLM` and bare in `LlamaModel`:
 
@@ -10,13 +11,8 @@ Checkpoint keys, under `model.` in `LlamaForCausalLM` and bare in `LlamaModel`:
     layers.L.mlp.{gate,up,down}_proj.weight                          SwiGLU
 
 A layer (`LlamaDecoderLayer`): `h = h + attention(RMSNorm(h))`, `h = h + mlp(RMSNorm(h))`, with a causal,
-rotary attention whose key/value heads are shared by groups of n_group query heads (GQA). What differs:
-
-| model_type | biases | sliding window |
-|---|---|---|
-| llama | q, k, v, o when `attention_bias` (MLP when `mlp_bias`) | none |
-| mistral | none | `sliding_window` on every layer, when set |
-| qwen2 | q, k, v (never o) | `sliding_window` on the "sliding_attention" layers, when `use_sliding_window` |
+rotary attention whose key/value heads are shared by groups of n_group query heads (GQA). LLaMA's biases:
+q, k, v and o when `attention_bias`, the MLP's when `mlp_bias`; no sliding window.
 """
 
 from __future__ import annotations
@@ -26,7 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import layers
-from attnscope.models.family import Family, Slice, linear_projections, linear_slices
+from attnscope.models.family import Family, Slice
+from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -43,12 +40,13 @@ NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_pro
 
 
 class Llama(Family):
-    model_types: ClassVar[tuple[str, ...]] = ("llama", "mistral", "qwen2")
+    model_types: ClassVar[tuple[str, ...]] = ("llama",)
     layers = "layers"
     query = "self_attn.q_proj.weight"
-    prefixes = ("model.", "")
+    prefixes: ClassVar[tuple[str, ...]] = ("model.", "")
     embedding = "embed_tokens.weight"  # the token embedding, [vocab, d_model] (models/shapes.py)
     norm_plus_one = False  # Gemma's RMSNorm scales by (1 + w)
+    whole_head_default = True  # the default RoPE turns the whole head whatever partial_rotary_factor says
     activation_keys: tuple[str, ...] = ("hidden_act",)  # where config.json names the MLP's activation
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
@@ -66,13 +64,13 @@ class Llama(Family):
     # --- where head h lives ---------------------------------------------------------------------------------
 
     def biases(self) -> tuple[bool, bool]:
-        """(q/k/v, o): transformers' `LlamaAttention`, `MistralAttention`, `Qwen2Attention`."""
-        if self.model_type == "qwen2":
-            return True, False
-        if self.model_type == "mistral":
-            return False, False
+        """(q/k/v, o): transformers' `LlamaAttention`."""
         on = self.config.flag("attention_bias")
         return on, on
+
+    def mlp_biased(self) -> bool:
+        """`LlamaMLP`'s gate, up and down projections have biases when `mlp_bias`."""
+        return self.config.flag("mlp_bias")
 
     def head_slices(self, layer: int, head: int) -> list[Slice]:
         return linear_slices(self, layer, head, NAMES, self.biases())
@@ -90,29 +88,15 @@ class Llama(Family):
             raise UsageError(f"{self.config.path}: {error}; fix config.json") from None
         if rope is None:
             raise UsageError(f"{self.config.path}: rope_parameters is null; LLaMA-family layers all rotate")
-        if rope.kind == "default" and rope.fraction != 1:
+        if self.whole_head_default and rope.kind == "default" and rope.fraction != 1:
             # LlamaRotaryEmbedding.compute_default_rope_parameters (and Mistral's, Qwen2's, Gemma 2's) ignores
             # partial_rotary_factor: the whole head rotates.
             rope = replace(rope, partial_rotary_factor=1.0)
         return rope
 
     def window(self, layer: int) -> int | None:
-        if self.model_type == "mistral":
-            return self.config.optional_integer("sliding_window")
-        if self.model_type == "qwen2":
-            if not self.config.flag("use_sliding_window"):
-                return None  # Qwen2Config sets sliding_window to None then
-            sliding = self.layer_type(layer) == "sliding_attention"
-            return self.config.optional_integer("sliding_window") if sliding else None
+        """LLaMA's attention sees every earlier key."""
         return None
-
-    def layer_type(self, layer: int) -> str:
-        """`layer_types[layer]`, or Qwen2Config's default: sliding from `max_window_layers` on."""
-        kinds = self.config.str_list("layer_types", self.n_layer)
-        if kinds is not None:
-            return kinds[layer]
-        first = self.config.integer("max_window_layers", default=28, minimum=0)
-        return "sliding_attention" if layer >= first else "full_attention"
 
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer))
@@ -136,7 +120,7 @@ class Llama(Family):
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         act = layers.activation(self.config.raw(*self.activation_keys, default="silu"),
                                 f"{self.config.path}: {self.activation_keys[0]}")
-        biased = self.model_type == "llama" and self.config.flag("mlp_bias")
+        biased = self.mlp_biased()
         gate, up, down = (self.weight(layer, f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
         biases = (self.weight(layer, "mlp.gate_proj.bias"), self.weight(layer, "mlp.up_proj.bias"),
                   self.weight(layer, "mlp.down_proj.bias")) if biased else (None, None, None)

@@ -5,13 +5,16 @@ the checkpoint's) would otherwise have head h shown as the wrong rows without a 
 head_dim is 8 where the weights have 16 showed rows 24:32 as head 3), or fail inside PyTorch with `size
 mismatch` once a text runs. transformers refuses the same folders when it loads them
 (`PreTrainedModel._load_pretrained_model` reports mismatched sizes); attnscope reads only slices, so it
-checks here, from the headers, once, when the family is opened (`Family.check_sizes`).
+checks here, from the headers, once, when the family is opened (`models.open_model`, after the family's own
+construction has read its sizes).
 
 What a family implies, from its own protocol: each weight of head h is a slice (`head_slices`), so along the
 sliced axis a tensor holds as much as the last head's slice reaches (`n_head·d_head` rows of the query
 projection, `n_kv_head·d_head` of the key and value projections, `3·d_model` columns of GPT-2's fused
-`c_attn`), and along the other axis `d_model`; a bias holds the first; the token embedding (the family's
-`embedding` key) is `[vocab, d_model]`. Every layer is checked, as every layer up to L runs on a text.
+`c_attn`, `(n_head + 2·n_kv_head)·d_head` rows of Phi-3's fused `qkv_proj`), and along the other axis
+`d_model` (a latent rank for DeepSeek's up-projections, which name their axes and are checked along the
+sliced one); a bias holds the first; the token embedding (the family's `embedding` key) is `[vocab, d_model]`.
+Every layer is checked, as every layer up to L runs on a text.
 """
 
 from __future__ import annotations
@@ -38,27 +41,32 @@ def check_weights(model: Family) -> None:
             _refuse(model, key, shape, f"[vocab, {model.d_model}]")
 
 
-def implied_shapes(model: Family, layer: int) -> dict[str, list[int]]:
+def implied_shapes(model: Family, layer: int) -> dict[str, list[int | None]]:
     """Each attention weight of `layer` that head slices are read from, with the shape config.json implies."""
     reach: dict[str, Slice] = {}
     for part in model.head_slices(layer, model.n_head - 1):  # the last head reaches furthest
         if part.key not in reach or part.hi > reach[part.key].hi:
             reach[part.key] = part
-    shapes = {}
-    for key, part in reach.items():
-        if part.name.startswith("b_"):
-            shapes[key] = [part.hi]
-        else:
-            shapes[key] = [part.hi, model.d_model] if part.axis == "rows" else [model.d_model, part.hi]
-    return shapes
+    return {key: _implied(model, part) for key, part in reach.items()}
 
 
-def _compare(model: Family, key: str, implied: list[int]) -> None:
+def _implied(model: Family, part: Slice) -> list[int | None]:
+    """The sliced axis reaches `part.hi`; the other is d_model, or unchecked (None) where a slice names its
+    axes (`Slice.dims`, MLA's latent weights) and the other is not d_model."""
+    dims = getattr(part, "dims", None)
+    if (dims is not None and len(dims) == 1) or (dims is None and part.name.startswith("b_")):
+        return [part.hi]
+    other = None if dims is not None and (dims[1] if part.axis == "rows" else dims[0]) != "d_model" else model.d_model
+    return [part.hi, other] if part.axis == "rows" else [other, part.hi]
+
+
+def _compare(model: Family, key: str, implied: list[int | None]) -> None:
     if key not in model.checkpoint:
         return
     shape = model.checkpoint.shape(key)
-    if shape != implied:
-        _refuse(model, key, shape, str(implied))
+    fits = len(shape) == len(implied) and all(want in (None, got) for got, want in zip(shape, implied, strict=True))
+    if not fits:
+        _refuse(model, key, shape, str(implied).replace("None", "?"))
 
 
 def _refuse(model: Family, key: str, shape: list[int], implied: str) -> None:

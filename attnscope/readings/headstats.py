@@ -25,7 +25,6 @@ shows them and a notebook draws them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +94,12 @@ def kind(stats: HeadStats) -> str:
     return "mixed"
 
 
+def describe(pattern: Tensor, offset: int = 0) -> tuple[str, dict[str, float]]:
+    """A head's kind and statistics, as the explorer page shows them (views/sources.py's `Describe`)."""
+    stats = head_stats(pattern, offset)
+    return kind(stats), stats.as_dict()
+
+
 def describe_heads(attention: Tensor, offset: int = 0) -> list[dict[str, Any]]:
     """Every head of one batch element, `[n_head, n_Q, n_K]`: `{"head", "stats", "kind"}` per head."""
     heads = []
@@ -102,11 +107,6 @@ def describe_heads(attention: Tensor, offset: int = 0) -> list[dict[str, Any]]:
         stats = head_stats(attention[h], offset)
         heads.append({"head": h, "stats": stats.as_dict(), "kind": kind(stats)})
     return heads
-
-
-def uniform_entropy(n: int) -> float:
-    """The entropy of a uniform pattern over n keys, log2(n) bits: the most a row can have."""
-    return math.log2(n) if n > 0 else 0.0
 
 
 @dataclass
@@ -131,7 +131,7 @@ class LayerHeads:
                    col_labels or [f"k{j}" for j in range(n_K)], offset, batch, describe_heads(attention, offset))
 
     def _repr_html_(self) -> str:
-        """Jupyter draws every head as a small heatmap with its kind, and the table of statistics."""
-        from attnscope.views.notebook import heads_html
+        """Jupyter draws every head as a small heatmap with its kind, and the table of statistics (views/embed.py)."""
+        from attnscope.views.embed import heads_view
 
-        return heads_html(self)
+        return heads_view(self)

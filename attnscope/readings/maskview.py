@@ -44,6 +44,8 @@ def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: to
     parts = []
     if spec.window is not None:
         parts.append(f"sliding window of {spec.window} ({align})")
+    elif spec.chunk is not None:
+        parts.append(f"causal chunks of {spec.chunk} ({align}): a query sees the earlier keys of its own chunk")
     elif align:
         parts.append(f"causal ({align})")
     if pad:

@@ -9,9 +9,13 @@ Each library's convention, as its documentation states it:
   `torch.finfo(dtype).min` where it is not, added to the scores by the eager attention.
 - flash-attn (2.1 on): `causal=True` is aligned bottom-right (lower-right) on the lengths it is given;
   `window_size=(W - 1, 0)` is a causal sliding window of W; padding is removed (`flash_attn_varlen_func`),
-  not masked, so with causal or a window the padded queries are cut too (`_flash_padded`); no arbitrary mask.
+  not masked, so with causal or a window the padded queries are cut too (`_flash_padded`); no arbitrary mask
+  and no chunks (transformers refuses flash attention on a chunked layer once its keys outgrow one chunk).
 - FlexAttention: a `mask_mod(b, h, q_idx, kv_idx)` returning True where a key is seen, compiled into a
   block mask by `create_block_mask`.
+Chunked attention (Llama 4) is transformers' `chunked_causal_mask_function(C, left_padding)` (masking_utils):
+causal AND `kv_idx // C == q_idx // C`; F.scaled_dot_product_attention and nn.MultiheadAttention take it as an
+explicit mask.
 Every snippet is run by tests/test_maskview.py and must give the same grid: flash-attn's against a stand-in
 that computes flash-attn's documented rule in plain torch (its tests' `attention_ref`).
 """
@@ -31,15 +35,20 @@ FLEX = "FlexAttention"
 CALL = "out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)"
 
 
-def _terms(n_Q: int, n_K: int, offset: int, window: int | None, causal: bool, pad: int,
+def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
            user: str | None) -> list[tuple[str, str]]:
     """(expression, what it is) for each boolean part, True = may attend; `ones` is an [n_Q, n_K] of True."""
     align = "lower-right" if offset else "upper-left"
+    window, chunk = spec.window, spec.chunk
     terms = []
-    if causal or window is not None:
+    if spec.align is not None:
         terms.append((f"ones.tril(diagonal={offset})", f"causal, {align}"))
     if window is not None:
         terms.append((f"~ones.tril(diagonal={offset - window})", f"window of {window}"))
+    if chunk is not None:  # a setup line first: the queries' chunks (kept short enough to read at 80 columns)
+        position = f"(torch.arange({n_Q}) + {offset})" if offset else f"torch.arange({n_Q})"
+        setup = f"q_chunk = {position}.unsqueeze(-1) // {chunk}  # each query's chunk\n"
+        terms.append((f"{setup}(q_chunk == torch.arange({n_K}) // {chunk})", f"same chunk of {chunk}"))
     if pad:
         terms.append((f"(torch.arange({n_K}) < {n_K - pad})", f"the last {pad} keys are padding"))
     if user == "bool":
@@ -50,9 +59,12 @@ def _terms(n_Q: int, n_K: int, offset: int, window: int | None, causal: bool, pa
 
 
 def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
-    """`allowed = first`, then `allowed = allowed & next`, one part a line, each with its comment."""
+    """`allowed = first`, then `allowed = allowed & next`, one part a line, each with its comment (after the
+    lines a part needs first, which its expression carries before a newline)."""
     lines = [f"ones = torch.ones({n_Q}, {n_K}, dtype=torch.bool)"] if any("ones" in t for t, _ in terms) else []
-    for i, (expression, what) in enumerate(terms):
+    for i, (text, what) in enumerate(terms):
+        *setup, expression = text.split("\n")
+        lines += setup
         lines.append(f"allowed = {expression if i == 0 else 'allowed & ' + expression}  # {what}")
     return lines
 
@@ -60,18 +72,18 @@ def _build(n_Q: int, n_K: int, terms: list[tuple[str, str]]) -> list[str]:
 def translate(n_Q: int, n_K: int, spec: AttentionSpec, pad: int, user: str | None) -> dict[str, str]:
     """`user`: None, "bool" (a boolean or 0/1 mask file, called `user_mask`) or "float" (an additive one)."""
     align, window, offset = spec.align, spec.window, spec.offset(n_Q, n_K)
-    causal = align is not None
-    terms = _terms(n_Q, n_K, offset, window, causal, pad, user)
-    return {SDPA: _sdpa(n_Q, n_K, align, window, pad, user, terms),
-            MHA: _mha(n_Q, n_K, pad, user, _terms(n_Q, n_K, offset, window, causal, 0, user)),
-            HF: _transformers(n_Q, n_K, user, terms),
-            FLASH: _flash(n_Q, n_K, align, window, pad, user),
-            FLEX: _flex(n_Q, n_K, offset, window, causal, pad, user)}
+    terms = _terms(n_Q, n_K, offset, spec, pad, user)
+    return {SDPA: _sdpa(n_Q, n_K, align, window is None and spec.chunk is None, pad, user, terms),
+            MHA: _mha(n_Q, n_K, pad, user, _terms(n_Q, n_K, offset, spec, 0, user)),
+            HF: _transformers(n_Q, n_K, user, terms, spec.chunk),
+            FLASH: _flash(n_Q, n_K, offset, spec, pad, user),
+            FLEX: _flex(n_Q, n_K, offset, spec, pad, user)}
 
 
-def _sdpa(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, user: str | None,
+def _sdpa(n_Q: int, n_K: int, align: str | None, plain: bool, pad: int, user: str | None,
           terms: list[tuple[str, str]]) -> str:
-    only_causal = window is None and not pad and user is None
+    """`plain`: causal with no window or chunk, which F.scaled_dot_product_attention says without a mask."""
+    only_causal = plain and not pad and user is None
     if only_causal and align == "upper-left":
         return "out = F.scaled_dot_product_attention(q, k, v, is_causal=True)"
     if only_causal and align == "lower-right":
@@ -105,19 +117,29 @@ def _mha(n_Q: int, n_K: int, pad: int, user: str | None, terms: list[tuple[str, 
     return "\n".join(lines)
 
 
-def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, str]]) -> str:
+def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, str]], chunk: int | None) -> str:
     base = f"torch.zeros(n_batch, 1, {n_Q}, {n_K})" if user != "float" else "user_mask.expand(n_batch, 1, -1, -1)"
-    lines = ["# additive [n_batch, 1, n_Q, n_K]: 0 = seen, finfo.min = masked; eager adds it", *_build(n_Q, n_K, terms)]
+    lines = ["# additive [n_batch, 1, n_Q, n_K]: 0 = seen, finfo.min = masked; eager adds it"]
+    if chunk is not None:
+        lines.append(f"# the chunks are masking_utils.chunked_causal_mask_function({chunk}, left_padding)'s")
+    lines += _build(n_Q, n_K, terms)
     if not terms:
         return "\n".join([*lines, f"mask = {base}"])
     lines += ["low = torch.finfo(torch.float32).min", f"mask = {base}.masked_fill(~allowed, low)"]
     return "\n".join(lines)
 
 
-def _flash(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, user: str | None) -> str:
+def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: str | None) -> str:
+    align, window, chunk = spec.align, spec.window, spec.chunk
     if user is not None:
         return ("not expressible: flash-attn takes no arbitrary mask "
                 "(use F.scaled_dot_product_attention or FlexAttention)")
+    notes = ""
+    if chunk is not None and max(n_K, offset + n_Q) > chunk:
+        return (f"not expressible: flash-attn has no chunked attention,\nand these {max(n_K, offset + n_Q)} "
+                f"positions span more than one chunk of {chunk}\n(use FlexAttention or F.scaled_dot_product_attention)")
+    if chunk is not None:
+        notes = f"\n# all positions lie in the first chunk of {chunk}: chunks are plain causal here"
     args = ["q, k, v"]
     if align == "upper-left" and n_Q != n_K:
         return ("not expressible with causal=True, which flash-attn aligns lower-right (bottom-right) since 2.1; "
@@ -128,13 +150,13 @@ def _flash(n_Q: int, n_K: int, align: str | None, window: int | None, pad: int, 
         args.append("causal=True")
     head = "# q, k, v: [n_batch, n, n_head, d_head]; causal=True is lower-right\n"
     if not pad:
-        return f"{head}out = flash_attn_func({', '.join(args)})"
+        return f"{head}out = flash_attn_func({', '.join(args)})" + notes
     n_kept = n_K - pad
     if len(args) == 1:  # padding alone: the keys are cut, every query stays
         return (f"{head}# padding: the last {pad} keys are cut, not masked (sequences of different\n"
                 f"# lengths: flash_attn_varlen_func with cu_seqlens_k)\n"
-                f"out = flash_attn_func(q, k[:, :{n_kept}], v[:, :{n_kept}])")
-    return head + _flash_padded(n_Q, n_K, window, pad, args[1:])
+                f"out = flash_attn_func(q, k[:, :{n_kept}], v[:, :{n_kept}])" + notes)
+    return head + _flash_padded(n_Q, n_K, window, pad, args[1:]) + notes
 
 
 def _flash_padded(n_Q: int, n_K: int, window: int | None, pad: int, args: list[str]) -> str:
@@ -175,13 +197,16 @@ def _queries(lo: int, hi: int) -> str:
     return f"query {lo}" if lo == hi else f"queries {lo}-{hi}"
 
 
-def _flex(n_Q: int, n_K: int, offset: int, window: int | None, causal: bool, pad: int, user: str | None) -> str:
+def _flex(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: str | None) -> str:
     position = "q_idx" if offset == 0 else f"(q_idx + {offset})"
+    window, chunk = spec.window, spec.chunk
     terms = []
-    if causal or window is not None:
+    if spec.align is not None:
         terms.append(f"(kv_idx <= {position})")
     if window is not None:
         terms.append(f"({position} - kv_idx < {window})")
+    if chunk is not None:
+        terms.append(f"(kv_idx // {chunk} == {position} // {chunk})")
     if pad:
         terms.append(f"(kv_idx < {n_K - pad})")
     if user == "bool":

@@ -5,13 +5,14 @@ Output reads the same with NO_COLOR=1 and when piped: colour is never the only c
 PASS/FAIL are words). Modules: console (the console, errors, JSON), fit (tables and text that fit the
 width), tables (steps, statistics, checks), results (an sdpa/mha run), shading (one weight, one cell),
 heatmap (one pattern), heads (every head: grid and table), model (head and bert), mask, bench, usertrace
-(trace), export (--svg and --html).
+(trace), anatomy, export (--svg and --html).
 """
 
+from attnscope.render.anatomy import anatomy_json, show_anatomy
 from attnscope.render.bench import bench_estimate, bench_json, progress_bar, show_bench
 from attnscope.render.console import clean, console, emit_json, error, finite, info
 from attnscope.render.model import head_json, show_head
 from attnscope.render.results import result_json, show_result
 
-__all__ = ["bench_estimate", "bench_json", "clean", "console", "emit_json", "error", "finite", "head_json", "info",
-           "progress_bar", "result_json", "show_bench", "show_head", "show_result"]
+__all__ = ["anatomy_json", "bench_estimate", "bench_json", "clean", "console", "emit_json", "error", "finite",
+           "head_json", "info", "progress_bar", "result_json", "show_anatomy", "show_bench", "show_head", "show_result"]

@@ -18,6 +18,10 @@ prints to a recording console, and once its output is complete the record is exp
   `.htm`), an existing file replaced only with --force (also one that appears while the run computes), nothing
   half-written. A command that fails before its output is complete writes nothing.
 - `--json` prints JSON instead of the output, so it is refused beside --svg/--html (exit 2).
+
+The commands that show attention (sdpa, mha, head, bert, trace) write a different --html: the interactive
+explorer page of their result (attnscope/views/explorer.py), under the same promises; `--svg`, and `--html` of
+mask and bench, are the record described here.
 """
 
 from __future__ import annotations
@@ -114,8 +118,9 @@ def output_console(exports: Exports) -> Console:
     return console(record=True, no_color=True) if out.color_system in ("standard", "windows") else out
 
 
-def write(out: Console, exports: Exports) -> list[Path]:
-    """Export what `out` recorded to the files asked for; each is published whole, or not at all."""
+def write(out: Console, exports: Exports, html: str | None = None) -> list[Path]:
+    """Export what `out` recorded to the files asked for; each is published whole, or not at all. `html`, when
+    given, is the page --html writes instead of the record (the explorer page of sdpa, mha, head, bert, trace)."""
     from attnscope.tensors import write_text
 
     assert out.record, "exporting needs the recording console output_console gave"
@@ -125,8 +130,8 @@ def write(out: Console, exports: Exports) -> list[Path]:
         written.append(write_text(svg_text(out, exports.title), exports.svg, force=exports.force, option="--svg",
                                   formats=SVG_FORMATS))
     if exports.html:
-        written.append(write_text(html_text(out, exports.title), exports.html, force=exports.force,
-                                  option="--html", formats=HTML_FORMATS))
+        written.append(write_text(html if html is not None else html_text(out, exports.title), exports.html,
+                                  force=exports.force, option="--html", formats=HTML_FORMATS))
     return written
 
 

@@ -20,8 +20,9 @@ from attnscope.render.heatmap import show_heatmap
 from attnscope.render.tables import step_json, steps_table
 
 if TYPE_CHECKING:
-    from attnscope.models.family import HeadWeights
+    from attnscope.models.weights import HeadWeights
     from attnscope.runs.head import HeadResult, ModelInfo
+    from attnscope.spec import Latent
 
 NAME_WIDTH = 6  # "W_Q" and the column's padding
 STATS_WIDTH = 27  # mean, std and norm beside the key
@@ -34,7 +35,9 @@ def summary(result: HeadResult) -> str:
     kv = f", {i.kv_heads} KV heads" if i.kv_heads != i.heads else ""
     sizes = f", d_model {i.d_model}, d_head {i.d_head}" if i.d_head else ""
     lines.append(f"{i.layers} layers, {i.heads} heads{kv}{sizes}")
-    if i.d_head and i.d_head * i.heads != i.d_model:
+    if i.latent is not None:
+        lines.append(i.latent.describe())
+    elif i.d_head and i.d_head * i.heads != i.d_model:
         lines.append(f"d_head is config.json's head_dim, not d_model / heads = {i.d_model / i.heads:g}")
     lines.append(str(i.path))
     return "\n".join(lines)
@@ -56,7 +59,6 @@ def wrap_key(source: str, width: int) -> list[str]:
 
 def weights_table(weights: HeadWeights, width: int) -> Table:
     from attnscope.models.checkpoint import describe, weight_stats
-    from attnscope.models.family import HEAD_DIMS
 
     longest = max((len(s) for s in weights.sources.values()), default=0)
     beside = NAME_WIDTH + longest + STATS_WIDTH <= width  # the statistics fit beside the key
@@ -70,7 +72,7 @@ def weights_table(weights: HeadWeights, width: int) -> Table:
     for name, tensor in weights.tensors.items():
         stats = clean(weight_stats(tensor))
         numbers = [_number(stats["mean"], ".4f"), _number(stats["std"], ".4f"), _number(stats["norm"], ".3f")]
-        cell = Text(f"[{', '.join(HEAD_DIMS[name])}] = {describe(tensor)[0]}")
+        cell = Text(f"[{', '.join(weights.dims[name])}] = {describe(tensor)[0]}")
         cell.append("\n" + "\n".join(wrap_key(weights.sources[name], key_width)), style="green")
         if beside:
             table.add_row(Text(name), cell, *numbers)
@@ -116,21 +118,28 @@ def show_head(out: Console, result: HeadResult) -> None:
 
 
 def model_json(info: ModelInfo) -> dict[str, Any]:
-    return {"architecture": info.architecture, "path": str(info.path), "layers": info.layers, "heads": info.heads,
-            "d_model": info.d_model, "d_head": info.d_head, "model_type": info.model_type,
-            "kv_heads": info.kv_heads}
+    found = {"architecture": info.architecture, "path": str(info.path), "layers": info.layers, "heads": info.heads,
+             "d_model": info.d_model, "d_head": info.d_head, "model_type": info.model_type,
+             "kv_heads": info.kv_heads}
+    return found if info.latent is None else found | {"latent": latent_json(info.latent)}  # MLA's sizes
+
+
+def latent_json(latent: Latent) -> dict[str, Any]:
+    """Multi-head latent attention's sizes, under transformers' config names, with d_K and d_V."""
+    from dataclasses import asdict
+
+    return {**asdict(latent), "d_K": latent.d_K, "d_V": latent.v_head_dim}
 
 
 def head_json(result: HeadResult) -> dict[str, Any]:
     from attnscope.models.checkpoint import describe, weight_stats
-    from attnscope.models.family import HEAD_DIMS
 
     o = result.options
     tensors = []
     for name, tensor in (result.weights.tensors.items() if result.weights else ()):
         shape, dtype, nbytes = describe(tensor)
-        source = result.weights.sources[name]  # type: ignore[union-attr]
-        tensors.append({"name": name, "shape": shape, "dims": list(HEAD_DIMS[name]), "dtype": dtype,
+        source, dims = result.weights.sources[name], result.weights.dims[name]  # type: ignore[union-attr]
+        tensors.append({"name": name, "shape": shape, "dims": list(dims), "dtype": dtype,
                         "bytes": nbytes, "op": source, "source": source, "stats": clean(weight_stats(tensor))})
     payload: dict[str, Any] = {
         "command": o.command,
@@ -153,9 +162,15 @@ def head_json(result: HeadResult) -> dict[str, Any]:
             payload["layer_attention"] = {
                 "causal": spec.align is not None, "window": spec.window, "softcap": spec.softcap,
                 "scale": spec.scale if spec.scale is not None else result.info.d_head ** -0.5,
-                "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind},
+                "rope": None if spec.rope is None else {"base": spec.rope.base, "scaling": spec.rope.kind,
+                                                        "fraction": spec.rope.fraction, "pairing": spec.rope.pairing},
                 "kv_head": o.head // (result.info.heads // result.info.kv_heads),
+                "chunk": spec.chunk,
+                "temperature": None if spec.temperature is None else {"floor_scale": spec.temperature.floor_scale,
+                                                                      "attn_scale": spec.temperature.attn_scale},
             }
+            if spec.latent is not None:
+                payload["layer_attention"]["latent"] = latent_json(spec.latent)
     if o.all_heads and result.heads is not None:
         payload["heads"] = heads_json(result.heads)
     if result.saved:

@@ -31,9 +31,10 @@ def cost_lines(result: RunResult) -> list[str]:
         f"total {format_flops(result.trace.total_flops)}   peak memory {format_bytes(result.peak_bytes)} traced "
         "(every step kept)",
         f"a fused kernel needs {format_bytes(result.fused_bytes)}: it never materializes scores or attention",
-        f"KV cache of this layer: {format_bytes(result.kv_cache_bytes)} (its K and V for n_K = "
+        f"KV cache of this layer: {format_bytes(result.kv_cache_bytes)} ({result.kv_cache_what} for n_K = "
         f"{result.params.get('nk')} positions)",
-    ]
+    ] + ([] if result.kv_cache_full_bytes is None else
+         [f"as full heads (K_full and V_split of every head) it would be {format_bytes(result.kv_cache_full_bytes)}"])
 
 
 def show_result(out: Console, result: RunResult, *, values: bool = False, stats: bool = False) -> None:
@@ -77,6 +78,8 @@ def result_json(result: RunResult, *, values: bool = False, stats: bool = False)
                    "fused_peak_bytes": result.fused_bytes, "kv_cache_bytes": result.kv_cache_bytes},
         "notes": list(result.trace.notes),
     }
+    if result.kv_cache_full_bytes is not None:
+        payload["totals"]["kv_cache_full_heads_bytes"] = result.kv_cache_full_bytes
     if result.comparisons:
         payload["check"] = [check_json(c) for c in result.comparisons]
         payload["check_passed"] = not result.check_failed

@@ -27,7 +27,8 @@ def steps_table(steps: Iterable[Step], title: str | None = None) -> FittedTable:
     columns = [Column("step", style="bold cyan"), Column("dims = shape  /  op"), Column("dtype", drop=1),
                Column("size", justify="right", drop=3), Column("FLOPs", justify="right", drop=2)]
     rows = [[cell(whole(step.name)), cell(broken(step.dims_text()), broken(step.op, "green")), cell(whole(step.dtype)),
-             cell(whole(format_bytes(step.nbytes) if step.allocates else "view")),
+             cell(whole(format_bytes(step.nbytes) if step.allocates else
+                        "-" if getattr(step, "recomputed", False) else "view")),
              cell(whole(short_flops(step.flops) if step.flops else "-"))] for step in steps]
     return FittedTable(columns, rows, shrink=[1], title=title)
 

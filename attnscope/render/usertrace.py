@@ -33,6 +33,8 @@ def show_usertrace(out: Console, run: TraceRun) -> None:
     if run.no_reference:
         return
     out.print(Text(f"\nreference: {run.reference}"))
+    if run.saved:
+        out.print(Text(f"saved the line-up, step by step, to {run.saved}"))
     out.print(alignment_table(run.alignment))
     if run.divergence is None:
         out.print(Text("every reference step has its equal in your code: it computes what the reference computes",
@@ -90,6 +92,7 @@ def usertrace_json(run: TraceRun) -> dict[str, Any]:
     for step in run.steps:
         entry = step_json(step)
         entry["line"] = step.line
+        entry["recomputed"] = step.recomputed
         steps.append(entry)
     payload: dict[str, Any] = {
         "command": "trace",
@@ -100,6 +103,7 @@ def usertrace_json(run: TraceRun) -> dict[str, Any]:
         "first_divergence": None,
         "notes": list(run.notes),
         "error": None,
+        "saved": str(run.saved) if run.saved else None,
     }
     if run.divergence is not None:
         d = run.divergence
@@ -122,4 +126,5 @@ def _aligned_json(row: Aligned) -> dict[str, Any]:
             "line": record.line if record else None,
             "max_abs_diff": finite(row.max_abs_diff) if row.max_abs_diff is not None else None,
             "status": row.status, "shape": row.shape, "dims": list(row.dims),
-            "user_shape": list(record.tensor.shape) if record else None, "layout": row.layout or None}
+            "user_shape": list(record.tensor.shape) if record else None, "layout": row.layout or None,
+            "recomputed": bool(record is not None and "recomputed" in record.details)}

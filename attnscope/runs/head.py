@@ -20,9 +20,12 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.models.config import Config
-    from attnscope.models.family import Family, HeadWeights, LayerRun
+    from attnscope.models.family import Family
+    from attnscope.models.run import LayerRun
     from attnscope.models.tokenizer import Encoded
+    from attnscope.models.weights import HeadWeights
     from attnscope.readings.headstats import LayerHeads
+    from attnscope.spec import Latent
 
 BERT_TYPES = ("bert", "roberta", "xlm-roberta")
 
@@ -52,11 +55,12 @@ class ModelInfo:
     kv_heads: int
     d_model: int
     d_head: int
+    latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek); d_head is then d_K
 
     @classmethod
     def of(cls, model: Family) -> ModelInfo:
         return cls(model.architecture, model.model_type, model.folder, model.n_layer, model.n_head, model.n_kv_head,
-                   model.d_model, model.d_head)
+                   model.d_model, model.d_head, model.latent)
 
 
 @dataclass
@@ -90,10 +94,11 @@ class HeadResult:
 
     def _repr_html_(self) -> str:
         """Jupyter shows the model and head, the layer's steps, this head's pattern on the text and every
-        head of the layer with what it does (notebook.py)."""
-        from attnscope.views.notebook import head_html
+        head of the layer with what it does: the explorer page where the frontend runs scripts, the static view
+        of notebook.py where not (views/embed.py)."""
+        from attnscope.views.embed import head_view
 
-        return head_html(self)
+        return head_view(self)
 
 
 Progress = Callable[[str], AbstractContextManager[Any]]
@@ -140,7 +145,8 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
 
 
 def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult:
-    from attnscope.models.family import head_weights, run_layer
+    from attnscope.models.run import run_layer
+    from attnscope.models.weights import head_weights
 
     model.check_position(asked.layer, asked.head)
     with progress(f"reading layer {asked.layer}, head {asked.head}"):

@@ -7,7 +7,8 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.readings.maskview import MaskView, view
-from attnscope.runs.options import asked_spec, check_cache_sizes, check_values
+from attnscope.runs.options import check_cache_sizes, check_numbers
+from attnscope.spec import AttentionSpec
 
 # One bool per (query, key), drawn and written as JSON: past this it is no longer something to look at.
 MAX_CELLS = 4_000_000
@@ -22,16 +23,17 @@ class MaskOptions:
     pad: int = 0
     cache: int = 0
     mask: str | None = None
+    chunk: int | None = None
 
 
 def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
-    check_values(asked)  # --mask '' and integers beyond 64 bits, refused as sdpa and mha refuse them
+    check_numbers(asked)  # --mask '' and integers beyond 64 bits, refused as sdpa and mha refuse them
     if asked.cache < 0 or asked.pad < 0:
         raise UsageError("--cache and --pad count positions: they cannot be negative")
     n_K = (asked.nq if asked.nk is None else asked.nk) if not asked.cache else asked.cache + asked.nq
     if asked.cache and asked.nk is not None:
         check_cache_sizes(asked.nq, asked.nk, asked.cache)
-    spec = asked_spec(asked.causal, asked.window, asked.cache)
+    spec = AttentionSpec.asked(asked.causal, asked.window, asked.cache, chunk=asked.chunk)
     if asked.nq * n_K > MAX_CELLS:
         raise UsageError(f"a {asked.nq} x {n_K} mask has {asked.nq * n_K:,} cells, more than the {MAX_CELLS:,} worth "
                          "drawing; the pattern repeats: ask for a smaller --nq/--nk (the rule is the same)")
@@ -44,5 +46,5 @@ def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
             raise UsageError(f"--mask {asked.mask} is a single number; give a mask of shape [n_Q, n_K] or [n_K]")
     result = view(asked.nq, n_K, spec, pad=asked.pad, user_mask=user)
     params = {"nq": asked.nq, "nk": n_K, "causal": asked.causal, "window": asked.window, "pad": asked.pad,
-              "cache": asked.cache, "mask": asked.mask}
+              "cache": asked.cache, "mask": asked.mask, "chunk": asked.chunk}
     return result, params

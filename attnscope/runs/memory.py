@@ -82,5 +82,5 @@ def flag_overhead(asked: AttentionOptions, spec: AttentionSpec, traced: int) -> 
     """What the output flags add to a traced run's peak: --save writes contiguous private copies of the
     steps, and --check runs PyTorch's own attention beside it, which (on CPU, or with attention weights
     returned) materializes as much again, twice as much where its reference is the float64 formula."""
-    formula = spec.rope is not None or spec.alibi or spec.softcap is not None
+    formula = spec.rope is not None or spec.alibi or spec.softcap is not None or spec.temperature is not None
     return traced * (bool(asked.save) + (2 if formula else 1) * bool(asked.check))

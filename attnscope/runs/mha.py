@@ -20,8 +20,16 @@ from attnscope.runs.memory import (
     param_bytes,
     structural_bytes,
 )
-from attnscope.runs.options import AttentionOptions, check_heads, check_options
-from attnscope.runs.outputs import RunResult, SavedExtra, finish, finish_variants, mask_extra, variants_line
+from attnscope.runs.options import AttentionOptions, check_heads, check_options, check_rope_width
+from attnscope.runs.outputs import (
+    RunResult,
+    SavedExtra,
+    finish,
+    finish_variants,
+    mask_extra,
+    variant_params,
+    variants_line,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +52,15 @@ class MhaOptions(AttentionOptions):
     kv_heads: int | None = None  # grouped-query attention; 1 is multi-query
     d_head: int | None = None  # default d_feat / heads
     scale: float | None = None  # default 1 / sqrt(d_head)
+    # multi-head latent attention (runs/latent.py): --kv-lora-rank switches it on; --d-head is then d_nope
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+
+
+# The latent's other sizes and their flags: they mean something only beside --kv-lora-rank.
+LATENT_ONLY = (("q_lora_rank", "--q-lora-rank"), ("rope_head_dim", "--rope-head-dim"), ("v_head_dim", "--v-head-dim"))
 
 
 @dataclass
@@ -70,6 +87,7 @@ class Inputs:
 
 
 def run_mha(asked: MhaOptions) -> RunResult:
+    """`attnscope mha` (with --kv-lora-rank, runs/latent.py's `run_latent` instead)."""
     spec = prepare(asked)
     estimate(asked, spec)
     from attnscope.metadevice import shapes_only
@@ -83,6 +101,10 @@ def run_mha(asked: MhaOptions) -> RunResult:
 
 def prepare(asked: MhaOptions) -> AttentionSpec:
     """Check the options; the attention they ask for."""
+    given = [flag for name, flag in LATENT_ONLY if getattr(asked, name) is not None]
+    if given and asked.kv_lora_rank is None:
+        raise UsageError(f"{' and '.join(given)} size{'s' if len(given) == 1 else ''} multi-head latent attention; "
+                         "add --kv-lora-rank R to run it")
     spec = check_options(asked, scale=asked.scale, n_kv_head=asked.kv_heads)
     if not 0.0 <= asked.dropout < 1.0:
         raise UsageError(f"--dropout {asked.dropout:g} is outside [0, 1): it is the probability of zeroing a weight")
@@ -105,6 +127,7 @@ def estimate(asked: MhaOptions, spec: AttentionSpec) -> None:
     are sized once they are loaded, `traced`)."""
     if asked.q:
         return
+    check_rope_width(spec, asked.d_head or asked.d_feat // asked.heads, "d_head")
     n_new = asked.nk if asked.nk is not None else asked.nq  # keys computed in this call; the cache holds more
     needed = cost.mha_bytes(asked.batch, asked.nq, asked.cache + n_new, asked.d_feat, asked.heads, spec,
                             bias=asked.bias,
@@ -170,6 +193,7 @@ def traced(asked: MhaOptions, spec: AttentionSpec,
     Q, K, V, mask = inputs.Q, inputs.K, inputs.V, inputs.mask
     n_batch, n_Q, n_new = inputs.sizes
     layer = replace(spec, cache=0)  # the module's own attention; the cache is an input of its forward
+    check_rope_width(spec, asked.d_head or inputs.d_feat // asked.heads, "d_head")
     with torch.no_grad():
         if asked.q and not asked.meta:  # file inputs: the estimate needs their shapes, so it comes after loading
             from attnscope.metadevice import shapes_only
@@ -226,7 +250,7 @@ def describe(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention,
                               "rope_base": spec.rope.base if spec.rope is not None else None,
                               "cache": asked.cache,
                               "inputs": {n: s for n, s in (("Q", asked.q), ("K", asked.k), ("V", asked.v)) if s}
-                              or "random"}
+                              or "random"} | variant_params(spec)
     params["batch_shape"] = [n_batch]  # a list in every command's JSON, as sdpa's `batch` is
     kind = "cross-attention" if K is not Q else "self-attention"
     scaling = "/ √d_head" if asked.scale is None else f"· {asked.scale:g}"  # · 0 is allowed: uniform attention

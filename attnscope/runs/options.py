@@ -10,12 +10,13 @@ import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from attnscope import cost
 from attnscope.errors import UsageError
+from attnscope.spec import divisors_near
 
 if TYPE_CHECKING:
     from attnscope.rope import Rope
     from attnscope.spec import AttentionSpec
+    from attnscope.temperature import TemperatureTuning
 
 # PyTorch's sizes and seeds are 64-bit integers; a larger one gets a C++ backtrace out of torch.
 INT64 = 2**63
@@ -50,12 +51,18 @@ class AttentionOptions:
     rope_base: float | None = None
     cache: int = 0
     show_mask: bool = False
+    chunk: int | None = None  # Llama 4's chunked attention
+    rope_fraction: float | None = None  # partial rotary: the share of each head that turns
+    rope_pairing: str | None = None  # "half-split" (LLaMA) or "interleaved" (GPT-J, Llama 4)
+    temperature_tuning: bool = False  # Llama 4's per-query scale (its NoPE layers)
+    floor_scale: float | None = None
+    attn_scale: float | None = None
 
 
 def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head: int | None = None) -> AttentionSpec:
     """Every check the shared options need before anything is loaded or computed, and the attention they ask
     for, built (and so checked) once."""
-    check_values(asked)
+    check_numbers(asked)
     if asked.meta and (asked.check or asked.save or asked.heatmap or asked.all_heads):
         used = [name for name, on in (("--check", asked.check), ("--save", asked.save), ("--heatmap", asked.heatmap),
                                       ("--all-heads", asked.all_heads)) if on]
@@ -76,13 +83,14 @@ def check_options(asked: AttentionOptions, scale: float | None = None, n_kv_head
     return spec
 
 
-def check_values(asked: Any) -> None:
-    """Every option of a command's options dataclass, today's and tomorrow's: an empty file name, or an integer
-    beyond torch's 64 bits, refused by its flag."""
+def check_numbers(asked: Any, texts: tuple[str, ...] = ()) -> None:
+    """Every option of a run's options dataclass, today's and tomorrow's: an empty file name, or an integer
+    beyond PyTorch's 64 bits (a ValueError or a C++ backtrace out of torch), refused in one line. `texts`
+    are the string options that are no file names (trace's target and --init)."""
     for option in fields(asked):
         value = getattr(asked, option.name)
         flag = "--" + option.name.replace("_", "-")
-        if value == "":
+        if value == "" and option.name not in texts:
             raise UsageError(f"{flag} '': an empty file name; give a file, or leave {flag} out")
         if isinstance(value, int) and not -INT64 <= value < INT64:
             raise UsageError(f"{flag} {value}: out of range; PyTorch takes 64-bit integers (-2^63 to 2^63 - 1)")
@@ -90,29 +98,56 @@ def check_values(asked: Any) -> None:
 
 def attention_spec(asked: AttentionOptions, scale: float | None, n_kv_head: int | None) -> AttentionSpec:
     """The attention the options ask for."""
-    return asked_spec(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
-                      rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head)
-
-
-def asked_spec(causal: str | None, window: int | None, cache: int, **variants: Any) -> AttentionSpec:
-    """The attention of --causal, --window and --cache (and the other variants): a KV cache makes the run a
-    decode step, which is causal, the new queries after the cached positions (lower-right)."""
     from attnscope.spec import AttentionSpec
 
-    return AttentionSpec(causal=causal or bool(cache), window=window, cache=cache, **variants)
+    return AttentionSpec.asked(asked.causal, asked.window, asked.cache, alibi=asked.alibi, softcap=asked.softcap,
+                      rope=rope_of(asked), scale=scale, n_kv_head=n_kv_head, chunk=asked.chunk,
+                      temperature=temperature_of(asked))
 
 
-def rope_of(asked: AttentionOptions) -> Rope | None:
-    """RoPE as --rope and --rope-base ask (LLaMA's base 10000 unless said otherwise); None without --rope."""
-    if asked.rope_base is not None and not asked.rope:
-        raise UsageError("--rope-base sets RoPE's base; add --rope to rotate Q and K")
+def rope_of(asked: Any) -> Rope | None:
+    """RoPE as --rope and --rope-base ask (LLaMA's base 10000 unless said otherwise); None without --rope. Any
+    options with `rope` and `rope_base` (trace's have no --rope-fraction or --rope-pairing: half-split, whole)."""
+    fraction, pairing = getattr(asked, "rope_fraction", None), getattr(asked, "rope_pairing", None)
+    for flag, given in (("--rope-base", asked.rope_base is not None), ("--rope-fraction", fraction is not None),
+                        ("--rope-pairing", pairing is not None)):
+        if given and not asked.rope:
+            raise UsageError(f"{flag} sets how RoPE turns Q and K; add --rope to rotate them")
     if asked.rope_base is not None and not (math.isfinite(asked.rope_base) and asked.rope_base > 1):
         raise UsageError(f"--rope-base {asked.rope_base:g} must be a number above 1 (LLaMA uses 10000 or 500000)")
+    if fraction is not None and not (math.isfinite(fraction) and 0 < fraction <= 1):
+        raise UsageError(f"--rope-fraction {fraction:g} must be in (0, 1]: the share of each head that rotates "
+                         "(Phi-3 mini uses 1, Phi-4 mini 0.75, GPT-NeoX 0.25)")
     if not asked.rope:
         return None
     from attnscope.rope import Rope
 
-    return Rope(ROPE_BASE if asked.rope_base is None else asked.rope_base)
+    return Rope(ROPE_BASE if asked.rope_base is None else asked.rope_base, partial_rotary_factor=fraction,
+                pairing=pairing or "half-split")
+
+
+def temperature_of(asked: AttentionOptions) -> TemperatureTuning | None:
+    """Llama 4's temperature tuning as --temperature-tuning, --floor-scale and --attn-scale ask (Llama 4's
+    8192 and 0.1 unless said otherwise); None without --temperature-tuning."""
+    for flag, given in (("--floor-scale", asked.floor_scale is not None),
+                        ("--attn-scale", asked.attn_scale is not None)):
+        if given and not asked.temperature_tuning:
+            raise UsageError(f"{flag} sets Llama 4's temperature tuning; add --temperature-tuning to scale the queries")
+    if not asked.temperature_tuning:
+        return None
+    from attnscope.temperature import TemperatureTuning
+
+    defaults = TemperatureTuning()
+    return TemperatureTuning(defaults.floor_scale if asked.floor_scale is None else asked.floor_scale,
+                             defaults.attn_scale if asked.attn_scale is None else asked.attn_scale)
+
+
+def check_rope_width(spec: AttentionSpec, d_head: int, name: str) -> None:
+    """--rope-fraction of a head of `d_head` (named `name`: d_K, d_head) must turn at least one pair."""
+    rope = spec.rope
+    if rope is not None and d_head and rope.fraction != 1 and int(d_head * rope.fraction) < 1:
+        raise UsageError(f"--rope-fraction {rope.fraction:g} of {name} {d_head} rotates no coordinate "
+                         f"(int({rope.fraction:g} · {d_head}) = 0); raise it")
 
 
 def check_cache_sizes(n_Q: int, n_K: int, cache: int) -> None:
@@ -127,7 +162,7 @@ def check_heads(d_feat: int, heads: int, from_file: bool, d_head: int | None = N
     """d_head = d_feat / n_head must be whole unless --d-head gives it; name both numbers and the nearest head
     counts that divide (and --d-head where the command has it: bench has not)."""
     if d_head is None and d_feat % heads:
-        near = " or ".join(f"--heads {h}" for h in cost.divisors_near(d_feat, heads))
+        near = " or ".join(f"--heads {h}" for h in divisors_near(d_feat, heads))
         source = f"the inputs' d_feat {d_feat}" if from_file else f"--d-feat {d_feat}"
         raise UsageError(f"{source} is not divisible by --heads {heads} (d_head = d_feat / n_head must be whole); "
                          f"try {near}{', or give --d-head' if has_d_head else ''}")

@@ -33,10 +33,11 @@ class Heatmap:
     col_labels: list[str]
 
     def _repr_html_(self) -> str:
-        """Jupyter draws the pattern as an inline heatmap (notebook.py)."""
-        from attnscope.views.notebook import pattern_svg
+        """Jupyter draws the pattern as an inline heatmap (views/embed.py)."""
+        from attnscope.readings.headstats import describe
+        from attnscope.views.embed import pattern_view
 
-        return pattern_svg(self.matrix, self.row_labels, self.col_labels, self.title)
+        return pattern_view(self, describe)
 
 
 @dataclass
@@ -54,6 +55,8 @@ class RunResult:
     heads: LayerHeads | None = None  # --all-heads
     kv_cache_bytes: int = 0
     mask_view: MaskView | None = None
+    kv_cache_what: str = "its K and V"  # what the cache holds, as the footer words it
+    kv_cache_full_bytes: int | None = None  # latent attention: the same positions cached as full heads
 
     @property
     def check_failed(self) -> bool:
@@ -163,6 +166,16 @@ def finish_variants(asked: AttentionOptions, spec: AttentionSpec, result: RunRes
         result.mask_view = view(n_Q, n_K, spec, pad=asked.pad, user_mask=user_mask)
 
 
+def variant_params(spec: AttentionSpec) -> dict[str, Any]:
+    """The JSON params of the variants sdpa and mha share beyond the flags' own: the chunk, RoPE's rotated
+    fraction and pairing, the temperature tuning (docs/json.md)."""
+    rope, tuning = spec.rope, spec.temperature
+    return {"chunk": spec.chunk, "rope_fraction": rope.fraction if rope is not None else None,
+            "rope_pairing": rope.pairing if rope is not None else None,
+            "temperature": None if tuning is None else {"floor_scale": tuning.floor_scale,
+                                                        "attn_scale": tuning.attn_scale}}
+
+
 def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: int) -> str:
     """A header line for the masks and variants in play, the causal alignment spelled out."""
     parts = []
@@ -171,10 +184,14 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
         parts.append(f"causal {spec.align} (query i sees keys j ≤ i{f' + {offset}' if offset else ''})")
     if spec.window is not None:
         parts.append(f"window {spec.window}")
+    if spec.chunk is not None:
+        parts.append(f"chunks of {spec.chunk}")
     if spec.cache:
         parts.append(f"KV cache: {spec.cache} cached + {n_Q} new positions")
     if spec.rope is not None:
-        parts.append(f"RoPE base {spec.rope.base:g}")
+        parts.append(f"RoPE {spec.rope.describe()}")
+    if spec.temperature is not None:
+        parts.append(spec.temperature.describe())
     if spec.alibi:
         parts.append("ALiBi")
     if spec.softcap is not None:

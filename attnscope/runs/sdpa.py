@@ -19,8 +19,8 @@ from attnscope.runs.memory import (
     inputs_bytes,
     structural_bytes,
 )
-from attnscope.runs.options import AttentionOptions, check_cache_sizes, check_options
-from attnscope.runs.outputs import RunResult, finish, finish_variants, mask_extra, variants_line
+from attnscope.runs.options import AttentionOptions, check_cache_sizes, check_options, check_rope_width
+from attnscope.runs.outputs import RunResult, finish, finish_variants, mask_extra, variant_params, variants_line
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +79,8 @@ def prepare(asked: SdpaOptions) -> AttentionSpec:
         raise UsageError(f"--layout {asked.layout}: use row or col")
     variants = [flag for flag, on in (("--rope", asked.rope), ("--window", asked.window is not None),
                                       ("--softcap", asked.softcap is not None), ("--alibi", asked.alibi),
-                                      ("--cache", asked.cache)) if on]
+                                      ("--cache", asked.cache), ("--chunk", asked.chunk is not None),
+                                      ("--temperature-tuning", asked.temperature_tuning)) if on]
     if asked.layout == "col" and variants:
         raise UsageError(f"--layout col shows the textbook column form; {', '.join(variants)} work in the row "
                          "layout: drop --layout col")
@@ -91,6 +92,7 @@ def estimate(asked: SdpaOptions, spec: AttentionSpec) -> None:
     are sized from their headers when they are loaded, `traced`)."""
     if not asked.random:
         return
+    check_rope_width(spec, asked.dk, "d_K")
     needed = cost.sdpa_bytes(asked.batch, asked.nq, _keys(asked), asked.dk, asked.dv, spec,
                              user_mask=bool(asked.pad or asked.mask))
     if asked.meta:
@@ -165,7 +167,7 @@ def describe(asked: SdpaOptions, spec: AttentionSpec, trace: Trace, mask: torch.
                               "mask": asked.mask, "meta": asked.meta, "window": asked.window, "softcap": asked.softcap,
                               "alibi": asked.alibi, "rope": asked.rope,
                               "rope_base": spec.rope.base if spec.rope is not None else None, "cache": asked.cache,
-                              "inputs": {n: s for n, s in asked.files.items() if s} or "random"}
+                              "inputs": {n: s for n, s in asked.files.items() if s} or "random"} | variant_params(spec)
     params["batch_shape"] = batch  # a list in every command's JSON (here `batch` is one too: any leading dims)
     formula = ("out = V · softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col
                else "out = softmax(Q Kᵀ / √d_K) V")
@@ -221,6 +223,8 @@ def _sdpa_trace(asked: SdpaOptions, spec: AttentionSpec, inputs: dict[str, torch
         Q, K, V = inputs["Q"], inputs["K"], inputs["V"]
     col = asked.layout == "col"
     mask = None
+    if Q.dim() >= 2 and not col:
+        check_rope_width(spec, Q.shape[-1], "d_K")
     if Q.dim() >= 2 and K.dim() >= 2:  # else sdpa names the bad rank
         n_Q, n_K = (Q.shape[-1], K.shape[-1]) if col else (Q.shape[-2], K.shape[-2])
         if asked.cache:

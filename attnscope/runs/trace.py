@@ -11,14 +11,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.runs.memory import guard_memory
+from attnscope.runs.options import ROPE_BASE, check_numbers, rope_of
+from attnscope.spec import AttentionSpec
 from attnscope.trace import Step
 from attnscope.usertrace.inputs import InputOptions
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from attnscope.usertrace.call import Called
+    from attnscope.usertrace.feeds import Feeds
     from attnscope.usertrace.inputs import Inputs
     from attnscope.usertrace.lineup import Aligned, Divergence
     from attnscope.usertrace.load import Plan, Target
+    from attnscope.usertrace.masking import Convention
     from attnscope.usertrace.record import Failure, Record
+    from attnscope.usertrace.reference import Spec
     from attnscope.usertrace.sizes import AxisNames
 
 
@@ -27,13 +36,18 @@ class TraceOptions(InputOptions):
     target: str = ""
     init: str | None = None
     train: bool = False
+    max_memory: int | None = None
+    save: str | None = None
+    force: bool = False
 
 
 @dataclass(frozen=True)
 class UserStep(Step):
-    """A step of the user's code: a Step with the line it ran on (None for an input)."""
+    """A step of the user's code: a Step with the line it ran on (None for an input), and whether attnscope
+    recomputed it (a step a fused kernel computes without materializing it)."""
 
     line: int | None = None
+    recomputed: bool = False
 
 
 @dataclass
@@ -48,6 +62,7 @@ class TraceRun:
     failure_source: str | None = None
     no_reference: str | None = None
     notes: list[str] = field(default_factory=list)
+    saved: Path | None = None
 
     @property
     def diverged(self) -> bool:
@@ -58,16 +73,24 @@ def run_trace(o: TraceOptions) -> TraceRun:
     import torch
 
     from attnscope.usertrace import load
-    from attnscope.usertrace.call import call
+    from attnscope.usertrace.feeds import feeds
     from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
     from attnscope.usertrace.lineup import line_up
-    from attnscope.usertrace.sizes import AxisNames
 
+    check_numbers(o, texts=("target", "init"))
     target = load.find(o.target)
-    _check_options(o, target)
-    init = load.parse_init(o.init)
+    spec = _check_options(o, target)
+    if o.save:
+        from attnscope.tensors import check_writable
+
+        check_writable(o.save, o.force)
+    init = load.parse_init(o.init, target)
     torch.manual_seed(o.seed)  # the module's weights, as the user's own init draws them
     if target.kind == "class":
+        width = load.width_hint(init, o.d_feat)
+        if width:  # its projections, about four d_feat x d_feat matrices, before its __init__ allocates them
+            guard_memory(4 * width * width * 4, o.max_memory, what=f"a module {width} wide needs",
+                         advice="choose a smaller width")
         module, kwargs = load.construct(target, init, o.d_feat, o.heads)
         label = f"{target.name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     else:
@@ -76,7 +99,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
     if module is not None:
         if not isinstance(module, torch.nn.Module):
             raise UsageError(f"{target.name} built a {type(module).__name__}, not a torch.nn.Module")
-        module.train(o.train)
+        load.guarded(target, "train()", lambda: module.train(o.train))
         notes.append("the module ran in training mode (--train): dropout is on, and random" if o.train else
                      "the module ran in eval() mode: dropout is off (--train runs it in training mode, where "
                      "dropout zeroes attention weights at random)")
@@ -84,29 +107,95 @@ def run_trace(o: TraceOptions) -> TraceRun:
     plan = load.plan(module.forward if module is not None else fn,
                      f"{target.name}.forward" if module is not None else target.name, o.train)
     shapes = ShapePlan.make(o, module, init)
-    inputs = make_inputs(o, plan, shapes, module)
+    inputs = make_inputs(o, plan, shapes, module, guard=lambda sizes: _guard(o, spec, sizes, module is not None))
     notes += inputs.notes + plan_notes(plan, inputs)
 
-    called = call(target, fn, plan, inputs, module)
-    steps = _steps(inputs, called.records, AxisNames(inputs.sizes))
+    fed = feeds(plan, inputs, spec.rope_base)
+    called, convention = _call(o, target, fn, plan, inputs, module, fed)
+    if convention is not None:
+        notes.append(convention.note(plan.mask or "mask"))
     mode = "" if module is None else ", training mode" if o.train else ", eval() mode"
-    header = _header(target, label, plan, inputs, mode)
+    header = _header(target, label, plan, inputs, mode, spec)
     header[-1] += "" if o.q else f"  seed={o.seed}"
-    run = TraceRun(header, _params(o, target, kwargs, inputs), steps, notes=notes, failure=called.failure,
+    run = TraceRun(header, _params(o, target, kwargs, inputs), [], notes=notes, failure=called.failure,
                    failure_source=called.source)
     if not called.records:
         run.notes.append(f"no tensor operation ran from {target.path.name}: only ops called from that file are "
                          "recorded (torch functions, Tensor methods and operators)")
-    if called.failure is not None:
-        return run
-    lined = line_up(module, shapes, inputs, called.records, o.train)
-    run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
-    run.no_reference = lined.no_reference
-    run.notes += lined.notes
+    if called.failure is None:
+        lined = line_up(module, shapes, inputs, called.records, o.train, spec)
+        run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
+        run.no_reference = lined.no_reference
+        run.notes += lined.notes
+    run.steps = _steps(inputs, called.records, run.alignment, fed, plan)
+    if o.save and called.failure is None and run.no_reference is None:
+        from attnscope.tensors import save_tensors
+        from attnscope.usertrace.saving import saved_steps
+
+        tensors, meta = saved_steps(run.alignment, inputs, target)
+        run.saved = save_tensors(tensors, o.save, force=o.force, metadata=meta, option="--save")
     return run
 
 
-def _check_options(o: TraceOptions, target: Target) -> None:
+def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any,
+          fed: Feeds) -> tuple[Called, Convention | None]:
+    """Call the user's code with the mask True = may attend; when its ops show that it reads the mask another
+    way (masked_fill(mask, ...), scores + mask, ...), call it again with the mask written that way."""
+    import torch
+
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+
+    torch.manual_seed(o.seed)  # dropout in training mode draws the same for the same seed
+    if plan.mask is None or inputs.allowed is None:
+        return call(target, fn, plan, inputs, module, o.max_memory, None, fed), None
+    dtype = next(iter(inputs.tensors.values())).dtype
+    try:
+        first, given = masking.written(inputs.allowed, "attend", dtype), "attend"
+    except UsageError:  # a float bias from --mask: it can only be added
+        first, given = inputs.allowed.to(dtype), "additive"
+    torch.manual_seed(o.seed)
+    called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
+    failure = called.failure
+    if failure is not None and plan.mask in failure.op and inputs.allowed.dim() == 3 and inputs.allowed.shape[0] == 1:
+        # code that takes [n_Q, n_K] only (nn.MultiheadAttention's attn_mask): the same mask, without its 1
+        inputs.allowed = inputs.allowed[0]
+        first = first[0]
+        torch.manual_seed(o.seed)
+        called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
+    convention = masking.detect(called.records, called.failure, plan.mask)
+    if convention.kind == given or (given == "additive" and convention.line is None):
+        return called, masking.Convention(given, convention.line, convention.how)
+    torch.manual_seed(o.seed)  # the same dropout draws as the first call
+    mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)
+    return call(target, fn, plan, inputs, module, o.max_memory, mask, fed), convention
+
+
+def _guard(o: TraceOptions, spec: Spec, sizes: dict[str, int], is_module: bool) -> None:
+    """Before the user's code runs on them: the inputs and the reference's traced run must fit, as they must
+    for sdpa/mha (the same estimates, the same refusal)."""
+    from attnscope import cost
+    from attnscope.rope import Rope
+    from attnscope.spec import AttentionSpec
+
+    n_batch, n_Q, n_K = sizes.get("n_batch", 1), sizes["n_Q"], sizes["n_K"]
+    asked = AttentionSpec(causal=spec.causal, window=spec.window, n_kv_head=sizes.get("n_kv_head"),
+                          rope=Rope(spec.rope_base) if spec.rope_base is not None else None, cache=spec.cache)
+    if is_module:
+        d_feat, n_head = sizes.get("d_feat", 1), sizes.get("n_head", 1)
+        reference = cost.mha_bytes(n_batch, n_Q, n_K, d_feat, n_head, asked, cross=n_Q != n_K,
+                                   user_mask=bool(o.mask), d_head=sizes.get("d_head"))
+    else:
+        reference = cost.sdpa_bytes(n_batch * sizes.get("n_head", 1), n_Q, n_K, sizes["d_K"], sizes["d_V"],
+                                    asked, user_mask=bool(o.mask))
+    guard_memory(2 * reference, o.max_memory, what="tracing these sizes needs",
+                 advice="shrink the sizes (--batch, --nq, --nk)")
+
+
+def _check_options(o: TraceOptions, target: Target) -> Spec:
+    """The options' own sense, and what they say the reference computes."""
+    from attnscope.usertrace.reference import Spec
+
     if target.kind != "class" and o.init:
         raise UsageError(f"--init builds a class; {target.name} is a {target.kind}, so drop --init")
     if target.kind == "function":
@@ -117,38 +206,84 @@ def _check_options(o: TraceOptions, target: Target) -> None:
             raise UsageError("--d-feat is a module's width; for a function give --dk (and --dv)")
     elif o.dk is not None or o.dv is not None:
         raise UsageError("--dk/--dv size a function's inputs; a module's width is --d-feat")
+    asked = AttentionSpec.asked(o.causal, o.window, o.cache, rope=rope_of(o))  # checked as sdpa/mha check them
+    return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache)
 
 
-def _steps(inputs: Inputs, records: list[Record], names: AxisNames) -> list[UserStep]:
-    steps = [UserStep(name, t, names.dims(t.shape), f"input: {inputs.ops[name]}", allocates=True)
+def _steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: Feeds, plan: Plan) -> list[UserStep]:
+    """The inputs and every recorded op, each with named dims (dims.py: from its size, the reference step
+    it lines up with, or where it comes from)."""
+    from attnscope.usertrace.dims import name_records
+    from attnscope.usertrace.sizes import AxisNames
+
+    names = AxisNames(inputs.sizes, _extra_names(inputs))
+    dims_of = {name: _input_dims(inputs, name, names) for name in inputs.tensors}
+    steps = [UserStep(name, t, dims_of[name], f"input: {inputs.ops[name]}", allocates=True)
              for name, t in inputs.tensors.items()]
-    if inputs.mask is not None:
-        steps.append(UserStep("mask", inputs.mask, names.dims(inputs.mask.shape),
-                              "input: the mask (True = may attend)"))
+    given = {name: (dims_of[name], t) for name, t in inputs.tensors.items()}
+    for name, tensor, dims, op in fed.steps:
+        steps.append(UserStep(name, tensor, dims, op))
+        given[fed.labels.get(id(tensor), name)] = (dims, tensor)
+    if inputs.allowed is not None and plan.mask:
+        dims = names.dims(inputs.allowed.shape)
+        dims = (*dims[:-2], "n_Q", "n_K") if len(dims) >= 2 else dims
+        said = "additive, 0 = may attend" if inputs.allowed.is_floating_point() else "True = may attend"
+        steps.append(UserStep("mask", inputs.allowed, dims, f"input: {plan.mask}, {said} (given to your code as it "
+                                                            "reads it: see the note)"))
+        given[plan.mask] = (dims, inputs.allowed)
+    named = name_records(records, rows, names, given)
     for r in records:
         op = f"line {r.line}: {r.details['op']}" + (f" ({r.details['same']})" if "same" in r.details else "")
-        steps.append(UserStep(r.label, r.tensor, names.dims(r.tensor.shape), op, r.flops, r.allocates, r.line))
+        steps.append(UserStep(r.label, r.tensor, named[r.index], op, r.flops, r.allocates, r.line,
+                              recomputed="recomputed" in r.details))
     return steps
 
 
-def _header(target: Target, label: str, plan: Plan, inputs: Inputs, mode: str) -> list[str]:
-    order = ["n_batch", "n_Q", "n_K", "d_K", "d_V", "d_feat", "n_head", "d_head"]
+def _input_dims(inputs: Inputs, name: str, names: AxisNames) -> tuple[str, ...]:
+    """An input's dims, by its role: the queries' axis is n_Q, the keys' n_K (by their sizes when a file gave
+    another rank)."""
+    from attnscope.usertrace.inputs import role_dims
+
+    dims = role_dims(inputs.roles[name], inputs.sizes, "d_feat" in inputs.sizes)
+    tensor = inputs.tensors[name]
+    return dims if tensor.dim() == len(dims) else names.dims(tensor.shape)
+
+
+def _extra_names(inputs: Inputs) -> dict[str, int]:
+    """Sizes a user's tensor may have that are no dim: a fused projection's width, heads per group, half a head."""
+    sizes = inputs.sizes
+    extra = dict(inputs.extra_names)
+    if "n_kv_head" in sizes and sizes["n_kv_head"]:
+        extra["n_group"] = sizes["n_head"] // sizes["n_kv_head"]
+    d = sizes.get("d_head", sizes.get("d_K"))
+    if d and d % 2 == 0:
+        extra["d_head/2" if "d_head" in sizes else "d_K/2"] = d // 2
+    return extra
+
+
+def _header(target: Target, label: str, plan: Plan, inputs: Inputs, mode: str, spec: Spec) -> list[str]:
+    order = ["n_batch", "n_Q", "n_K", "n_cache", "d_K", "d_V", "d_feat", "n_head", "n_kv_head", "d_head"]
     sizes = "  ".join(f"{k}={inputs.sizes[k]}" for k in sorted(inputs.sizes, key=lambda k: (
         order.index(k) if k in order else len(order), k)))
     kind = "self-attention" if plan.self_attention else (
         "cross-attention" if inputs.sizes.get("n_Q") != inputs.sizes.get("n_K") else "attention")
-    return [f"trace {target.path.name}:{label}", f"{plan.signature}: {kind}{mode}", sizes]
+    kind += "" if not spec.cache else ", a decode step"
+    variants = f"; reference: {spec.describe()}" if spec.describe() else ""
+    return [f"trace {target.path.name}:{label}", f"{plan.signature}: {kind}{mode}{variants}", sizes]
 
 
 def _params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inputs) -> dict[str, Any]:
     files = {role: spec for role, spec in (("Q", o.q), ("K", o.k), ("V", o.v)) if spec}
     return {"target": o.target, "file": str(target.path), "name": target.name, "kind": target.kind,
             "init": {k: _jsonable(v) for k, v in kwargs.items()}, "train": o.train, "sizes": dict(inputs.sizes),
-            "seed": o.seed, "inputs": files or "random", "mask": o.mask, "causal": o.causal}
+            "seed": o.seed, "inputs": files or "random", "mask": o.mask, "causal": o.causal, "window": o.window,
+            "rope": o.rope, "rope_base": (o.rope_base or ROPE_BASE) if o.rope else None,
+            "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save}
 
 
 def _jsonable(value: Any) -> Any:
-    """--init values are literals; those JSON has no word for (tuples, sets, bytes, complex) become lists or text."""
+    """--init values are literals (or calls of the file's classes, written as text); those JSON has no word
+    for (tuples, sets, bytes, complex) become lists or text."""
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return value
     if isinstance(value, float):

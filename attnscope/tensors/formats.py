@@ -148,9 +148,8 @@ SAFETENSORS_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16
                       "F8_E5M2": "float8_e5m2", "C64": "complex64"}
 
 
-def safetensors_entries(path: Path) -> dict[str, Entry]:
-    import torch
-
+def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header (its `__metadata__` included) and its length, checked for sense."""
     size = path.stat().st_size
     with open(path, "rb") as handle:
         start = handle.read(8)
@@ -163,6 +162,14 @@ def safetensors_entries(path: Path) -> dict[str, Entry]:
             raise UsageError(f"{path}: not a valid .safetensors file (its header is not JSON)") from None
     if not isinstance(header, dict):
         raise UsageError(f"{path}: not a valid .safetensors file (its header is not a JSON object)")
+    return header, length
+
+
+def safetensors_entries(path: Path) -> dict[str, Entry]:
+    import torch
+
+    size = path.stat().st_size
+    header, length = safetensors_header(path)
 
     def reader(name: str) -> Callable[[], Any]:
         def read() -> Any:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # atol, rtol: "equal" allows what a different order of the same sums gives, and a little more
 TOLERANCES = {torch.float64: (1e-10, 1e-7), torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 2e-3),
               torch.bfloat16: (2e-2, 2e-2)}
-VERY_NEGATIVE = -1e4  # a user's masked score: -1e9 or -inf both stand for the reference's -inf
+VERY_NEGATIVE = -1e3  # a user's masked score: -1e9, BERT's -10000 + score or -inf all stand for the reference's -inf
 MAX_PERMUTED_RANK = 6
 
 
@@ -155,14 +155,19 @@ def best_equal(records: list[Record], reference: torch.Tensor, skip: torch.Tenso
 
 
 def candidates(records: list[Record], reference: torch.Tensor, name: str, skip: torch.Tensor | None = None,
-               anchor: int = -1) -> list[Match]:
+               anchor: int = -1, used: frozenset[int] = frozenset()) -> list[Match]:
     """The user's tensors that have `reference`'s shape (or a layout of it) though none equals it, most likely
-    meant first: the one the user gave the same name, then named ones, the same layout, the nearest values,
-    then the nearest in order to `anchor` (the user's tensor that matched the step before)."""
+    meant first: one not already lined up with an earlier step (`used`), the one the user gave the same name
+    (a recomputed step counts under its own), then named ones, the same layout, the nearest values, then the
+    nearest in order to `anchor` (the user's tensor that matched the step before)."""
     tol = tolerance(reference)
     found = [m for r in records for m in compare(r, reference, skip, tol=tol)[:1]]
-    return sorted(found, key=lambda m: (name not in m.record.names, not m.record.names, not m.layout.same,
-                                        m.max_abs_diff, abs(m.record.index - anchor)))
+    return sorted(found, key=lambda m: (m.record.index in used, not _named(m.record, name), not m.record.names,
+                                        not m.layout.same, m.max_abs_diff, abs(m.record.index - anchor)))
+
+
+def _named(record: Record, name: str) -> bool:
+    return name in record.names or f"({name})" in record.names  # (scores): recomputed inside a kernel
 
 
 def closest(records: list[Record], reference: torch.Tensor, name: str, skip: torch.Tensor | None = None,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import ResourceError
 
 if TYPE_CHECKING:
+    from attnscope.usertrace.feeds import Feeds
     from attnscope.usertrace.inputs import Inputs
     from attnscope.usertrace.load import Plan, Target
     from attnscope.usertrace.record import Failure, Record
@@ -29,7 +30,10 @@ class Called:
     result: Any
 
 
-def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any) -> Called:
+def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_memory: int | None = None,
+         mask: Any = None, fed: Feeds | None = None) -> Called:
+    """Call the user's callable with the inputs, `mask` (in the convention its code reads) for its mask
+    parameter and `fed` for the others (a cache, a start position, RoPE's tables)."""
     import torch
 
     from attnscope.cost import available_memory
@@ -37,24 +41,30 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any) -> Ca
     from attnscope.usertrace.record import Failure, Recorder, RecordingTooLarge
 
     labels = {id(t): name for name, t in inputs.tensors.items()}
-    if inputs.mask is not None:
-        labels[id(inputs.mask)] = plan.mask or "mask"
+    if mask is not None:
+        labels[id(mask)] = plan.mask or "mask"
+    if fed is not None:
+        labels.update(fed.labels)
     linears: dict[int, str] = {}
     if module is not None:
         labels.update({id(p): name for name, p in module.named_parameters()})
         labels.update({id(b): name for name, b in module.named_buffers()})
         linears = {id(m.weight): name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
     available = available_memory()
-    recorder = Recorder(target.path, labels, linears, int(available * MEMORY_SHARE) if available else None)
-    args, kwargs = arguments(plan, inputs)
+    budgets = [b for b in (int(available * MEMORY_SHARE) if available else None, max_memory) if b is not None]
+    recorder = Recorder(target.path, labels, linears, min(budgets) if budgets else None)
+    args, kwargs = arguments(plan, inputs, mask, fed)
     result, failure, source = None, None, None
     try:
         with load.user_code(target.path), torch.no_grad(), recorder:
             result = fn(*args, **kwargs)
     except RecordingTooLarge:
-        raise ResourceError("the recorded steps outgrow the memory this machine has; trace smaller inputs "
-                            "(--batch, --nq, --nk)") from None
-    except (Exception, SystemExit) as exc:  # SystemExit: a sys.exit() in the user's forward is theirs too
+        limit = "--max-memory" if max_memory is not None else "the memory this machine has"
+        raise ResourceError(f"the recorded steps outgrow {limit}; trace smaller inputs (--batch, --nq, --nk)") \
+            from None
+    except BaseException as exc:  # SystemExit, GeneratorExit, their own BaseException: theirs too
+        if not load.users(exc):
+            raise
         failure = recorder.failure if recorder.failure and recorder.failure.exception is exc else None
         if failure is None:  # not a tensor op: the user's own raise, an assert, a typo
             failure = Failure("", load.user_line(exc, target.path), [], load.one_line(exc), exc)
@@ -65,13 +75,14 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any) -> Ca
     return Called(recorder.records, failure, source, result)
 
 
-def arguments(plan: Plan, inputs: Inputs) -> tuple[list[Any], dict[str, Any]]:
+def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple[list[Any], dict[str, Any]]:
     values: dict[str, Any] = dict(inputs.tensors)
     if plan.mask:
-        values[plan.mask] = inputs.mask
+        values[plan.mask] = mask
+    values.update(fed.values if fed is not None else {})
     values.update({name: None for name in plan.nones})
     values.update({name: 0.0 for name in plan.zeros})
-    args = [values.pop(name) for name in list(values) if name in plan.positional_only]
+    args = [values.pop(name) for name in plan.order if name in plan.positional_only and name in values]
     return args, values
 
 

@@ -21,7 +21,7 @@ from attnscope.usertrace.align import VERY_NEGATIVE, Match, compare, tolerance
 if TYPE_CHECKING:
     from attnscope.trace import Trace
     from attnscope.usertrace.record import Record
-    from attnscope.usertrace.reference import Projections
+    from attnscope.usertrace.reference import Projections, Spec
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 
@@ -36,6 +36,7 @@ class Context:
     train: bool = False
     projections: Projections | None = None
     skip: dict[str, torch.Tensor] = field(default_factory=dict)
+    spec: Spec | None = None
 
 
 @dataclass
@@ -46,15 +47,22 @@ class Diagnosis:
 
 
 def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
-    """Try each cause on each candidate (most likely first); the first that fits explains the divergence."""
+    """Try each cause on the candidates, the most likely first; the first cause that fits one explains the
+    divergence. Some causes look through every tensor themselves; dropout is asked of the likeliest candidate
+    only (a later tensor of the same shape, after a dropout, is not what went wrong)."""
+    from attnscope.usertrace.causes import kernel_dropout, own_mask, repeat_order
+    from attnscope.usertrace.rotary import after_repeat, diagnose_rope, not_rotated
+
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
-    for whole in (_transposed, _merged_before_permute):  # these look through every tensor themselves
+    for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c)):
         found = whole(step, ctx, None)
         if found is not None:
             return found
-    for check in (_missing_bias, _dropout, _mask_inverted, _mask_ignored, _softmax_axis, _ratio):
-        for near in ranked:
+    checks = (_missing_bias, _dropout, kernel_dropout, diagnose_rope, not_rotated, repeat_order, own_mask,
+              _mask_inverted, _mask_ignored, _softmax_axis, _ratio)
+    for check in checks:
+        for near in ranked[:1] if check in (_dropout, kernel_dropout) else ranked:
             found = check(step, ctx, near)
             if found is not None:
                 return found
@@ -67,7 +75,8 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
 
 
 def _who(record: Record) -> str:
-    return f"your {record.label} (line {record.line})"
+    """How a diagnosis names the tensor: `your scores (line 31)`, or what the record says (diff: `B's scores`)."""
+    return str(record.details.get("who") or f"your {record.label} (line {record.line})")
 
 
 def _in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
@@ -170,9 +179,9 @@ def _mask_inverted(step: str, ctx: Context, near: Match | None) -> Diagnosis | N
         share = f"all {int(rows.sum())} rows the mask decides put their weight on keys it forbids"
     if not inverted:
         return None
-    return Diagnosis(f"the mask is read the other way round: {share}. attnscope passes True = may attend (the "
-                     "tutorials' masked_fill(mask == 0, -1e9) convention, as F.scaled_dot_product_attention); "
-                     "this code treats True as masked (nn.MultiheadAttention's attn_mask convention)", near.record)
+    return Diagnosis(f"the mask is read the other way round: {share}; True is read as masked out "
+                     "(nn.MultiheadAttention's attn_mask convention) where the reference reads it as may attend (the "
+                     "tutorials' masked_fill(mask == 0, -1e9), F.scaled_dot_product_attention's)", near.record)
 
 
 def _mask_ignored(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
@@ -235,7 +244,7 @@ def _ratio(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
         return None
     expected = near.layout.apply(ctx.reference[step], tuple(near.record.tensor.shape)).double()
     user = near.record.tensor.double()
-    usable = torch.isfinite(expected) & torch.isfinite(user) & (expected > -1e4) & (user > -1e4)
+    usable = torch.isfinite(expected) & torch.isfinite(user) & (expected > VERY_NEGATIVE) & (user > VERY_NEGATIVE)
     e, u = expected[usable], user[usable]
     if not e.numel() or float((e * e).sum()) == 0.0:
         return None

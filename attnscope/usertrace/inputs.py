@@ -1,12 +1,19 @@
-"""The inputs of a traced call: sizes (sizes.py), random or file tensors by the callable's signature, the mask.
+"""The inputs of a traced call: sizes (sizes.py), random or file tensors by the callable's signature, the masks,
+a decode step's cache.
 
-A module's inputs are `[n_batch, n, d_feat]` (its width read from its Linear layers); a function's are
-`[n_batch, n, d_K]` and `[n_batch, n_K, d_V]`, or `[n_batch, n_head, n, d]` with --heads. One tensor
-parameter is self-attention (n_K = n_Q); three are query, key and value.
+A module's inputs are `[n_batch, n, d_feat]` (its width read from its projections); a function's are
+`[n_batch, n, d_K]` and `[n_batch, n_K, d_V]`, or `[n_batch, n_head, n, d]` with --heads (K and V with
+--kv-heads heads). One tensor parameter is self-attention (n_K = n_Q, or n_cache + n_Q in a decode step);
+three are query, key and value.
+
+Two masks: the reference's (`mask`: the --mask file under the mask rule; --causal and --window are the
+reference's own options, reference.Spec) and the one the user's mask parameter gets (`allowed`: causal,
+window and file combined, True = may attend, given to their code in the convention it reads, masking.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,20 +24,19 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.usertrace.load import Plan
-
-MASK_CONVENTION = ("boolean, True = may attend (the tutorials' masked_fill(mask == 0, -1e9) convention, as "
-                   "F.scaled_dot_product_attention; nn.MultiheadAttention's is the opposite)")
+    from attnscope.usertrace.reference import Projections
 
 
 @dataclass
 class InputOptions:
-    """What shapes the inputs: sizes (None: chosen), files, the mask."""
+    """What shapes the inputs and what the reference computes: sizes (None: chosen), files, masks, variants."""
 
     batch: int | None = None
     nq: int | None = None
     nk: int | None = None
     d_feat: int | None = None
     heads: int | None = None
+    kv_heads: int | None = None
     dk: int | None = None
     dv: int | None = None
     seed: int = 0
@@ -39,22 +45,36 @@ class InputOptions:
     v: str | None = None
     mask: str | None = None
     causal: str | None = None
+    window: int | None = None
+    rope: bool = False
+    rope_base: float | None = None
+    cache: int = 0
 
 
 @dataclass
 class ShapePlan:
-    """The sizes known before the inputs: a module's width and heads (read from it), or what was asked for."""
+    """The sizes known before the inputs: a module's width and heads (read from it), or what was asked for;
+    `extra` names sizes that are no dim (a fused projection's `3·d_feat`), so no dim is given one of them."""
 
     fixed: dict[str, int]
     n_head: int | None
     why_no_heads: str | None = None
+    extra: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
     def make(o: InputOptions, module: Any, init: dict[str, Any]) -> ShapePlan:
         from attnscope.usertrace import load
 
         if module is None:
-            return ShapePlan({"n_head": o.heads} if o.heads else {}, o.heads)
+            fixed = {"n_head": o.heads} if o.heads else {}
+            if o.heads and o.kv_heads and o.kv_heads != o.heads:
+                if o.heads % o.kv_heads:
+                    raise UsageError(f"--heads {o.heads} is not a multiple of --kv-heads {o.kv_heads}: each key/value "
+                                     "head serves a whole group of query heads")
+                fixed["n_kv_head"] = o.kv_heads
+            elif o.kv_heads and not o.heads:
+                raise UsageError("--kv-heads gives K and V fewer heads than Q; add --heads for the query heads")
+            return ShapePlan(fixed, o.heads)
         width = module_width(module)
         if o.d_feat is not None and width is not None and o.d_feat != width:
             raise UsageError(f"--d-feat {o.d_feat} but the module reads {width} features; drop --d-feat")
@@ -62,51 +82,71 @@ class ShapePlan:
         if d_feat is None:
             raise UsageError("cannot tell the module's width d_feat (no Linear layer found); pass --d-feat")
         n_head = load.head_count(module, init, o.heads)
-        fixed = {"d_feat": d_feat}
-        widths = _projection_widths(module)
+        fixed, extra = {"d_feat": d_feat}, {}
         if n_head:
             fixed["n_head"] = n_head
-            q_width = widths[0] if widths else d_feat
+            hint = next((v for k in ("head_dim", "d_head", "head_size", "d_k") if isinstance(
+                v := load.attribute(module, k), int) and not isinstance(v, bool) and v > 0), None)
+            projections = _projections(module, n_head, hint or (d_feat // n_head if d_feat % n_head == 0 else None))
+            q_width = projections.linears["q"][1].out_features if projections else d_feat
             if q_width % n_head == 0:
                 fixed["d_head"] = q_width // n_head
-                if widths and widths[1] != q_width and widths[1] % fixed["d_head"] == 0:
-                    fixed["n_kv_head"] = widths[1] // fixed["d_head"]  # grouped-query attention
+                k_width = projections.linears["k"][1].out_features if projections else q_width
+                if k_width != q_width and k_width % fixed["d_head"] == 0:
+                    fixed["n_kv_head"] = k_width // fixed["d_head"]  # grouped-query attention
+            found = fixed.get("n_kv_head", n_head)
+            if o.kv_heads is not None and o.kv_heads != found:
+                raise UsageError(f"--kv-heads {o.kv_heads} but the module's key projection makes {found} key/value "
+                                 "heads; drop --kv-heads")
+            fused = _fused_width(module)
+            if fused:
+                extra["3·d_feat" if fused == 3 * d_feat else "(n_head+2·n_kv_head)·d_head"] = fused
+                if "d_head" in fixed:
+                    extra["3·d_head"] = 3 * fixed["d_head"]  # a per-head fused layout (GPT-NeoX)
         why = None if n_head else f"cannot tell how many heads {type(module).__name__} has; pass --heads"
-        return ShapePlan(fixed, n_head, why)
+        return ShapePlan(fixed, n_head, why, extra)
 
 
-def _projection_widths(module: Any) -> tuple[int, int] | None:
-    """What the query and key projections write (they differ with grouped-query attention)."""
+def _projections(module: Any, n_head: int | None = None, d_head: int | None = None) -> Projections | None:
     from attnscope.usertrace.reference import find_projections
 
     try:
-        linears = find_projections(module).linears
+        return find_projections(module, None, n_head, d_head)[0]
     except UsageError:
         return None
-    return linears["q"][1].out_features, linears["k"][1].out_features
+
+
+def _fused_width(module: Any) -> int | None:
+    from torch import nn
+
+    from attnscope.usertrace import fused
+
+    found = fused.fused_linear([(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear)])
+    return found[1].out_features if found is not None else None
 
 
 def module_width(module: Any) -> int | None:
     """d_feat: what the query projection reads (else the first Linear layer)."""
     from torch import nn
 
-    from attnscope.usertrace.reference import find_projections
-
-    try:
-        return find_projections(module).linears["q"][1].in_features
-    except UsageError:
-        linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
-        return linears[0].in_features if linears else None
+    projections = _projections(module)
+    if projections is not None:
+        return int(projections.linears["q"][1].in_features)
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    return linears[0].in_features if linears else None
 
 
 @dataclass
 class Inputs:
     tensors: dict[str, torch.Tensor]  # parameter name -> tensor, in signature order
     roles: dict[str, str]  # parameter name -> Q, K or V (self-attention: Q only)
-    mask: torch.Tensor | None
+    mask: torch.Tensor | None  # the reference's: the --mask file under the mask rule
     sizes: dict[str, int]
     ops: dict[str, str]  # parameter name -> how it was made
     notes: list[str] = field(default_factory=list)
+    allowed: torch.Tensor | None = None  # what the user's mask parameter stands for: True = may attend
+    cache: tuple[torch.Tensor, torch.Tensor] | None = None  # K_cache, V_cache [n_batch, n_kv_head, n_cache, d_head]
+    extra_names: dict[str, int] = field(default_factory=dict)
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         by_role = {role: self.tensors[name] for name, role in self.roles.items()}
@@ -115,14 +155,13 @@ class Inputs:
         return Q, K, by_role.get("V", K)
 
 
-def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any) -> Inputs:
+def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
+                guard: Callable[[dict[str, int]], None] | None = None) -> Inputs:
+    """The inputs; `guard` sees the sizes before anything is drawn (the memory guard)."""
     import torch
 
     self_attention, is_module = plan.self_attention, module is not None
-    if self_attention and o.nk is not None and o.nk != o.nq:
-        raise UsageError(f"{plan.signature} takes one tensor (self-attention), so n_K = n_Q; drop --nk")
-    if self_attention and o.dv is not None and o.dv != o.dk:
-        raise UsageError(f"{plan.signature} takes one tensor (self-attention), so d_V = d_K; drop --dv")
+    _check(o, plan, is_module)
     sized = [flag for flag, value in (("--batch", o.batch), ("--nq", o.nq), ("--nk", o.nk), ("--dk", o.dk),
                                       ("--dv", o.dv)) if value is not None]
     if o.q and sized:
@@ -131,37 +170,85 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any) -> 
     loaded = load_files(o, self_attention)
     notes: list[str] = []
     if loaded:
-        tensors, sizes = _from_files(loaded, shapes, module, notes)
+        tensors, sizes = _from_files(loaded, shapes, module, notes, o.cache)
+        if guard is not None:
+            guard(sizes)
     else:
-        wanted = ["n_batch", "n_Q"] + ([] if self_attention else ["n_K"])
-        wanted += [] if is_module else ["d_K"] + ([] if self_attention else ["d_V"])
-        given = {"n_batch": o.batch, "n_Q": o.nq, "n_K": o.nk, "d_K": o.dk, "d_V": o.dv}
-        sizes = choose_sizes(shapes.fixed, wanted, given)
-        if self_attention:
-            sizes["n_K"] = sizes["n_Q"]
-            if not is_module:
-                sizes["d_V"] = sizes["d_K"]
+        sizes = _choose(o, plan, shapes, is_module)
+        if guard is not None:
+            guard(sizes)
         dtype = next(iter(module.parameters()), torch.empty(0)).dtype if is_module else torch.float32
         generator = torch.Generator().manual_seed(o.seed)
         tensors = {role: torch.randn(*(sizes[d] for d in role_dims(role, sizes, is_module)), generator=generator,
                                      dtype=dtype) for role in (("Q",) if self_attention else ("Q", "K", "V"))}
     roles = dict(zip(plan.tensors, ("Q",) if self_attention else ("Q", "K", "V"), strict=True))
-    mask = None
-    if o.mask or o.causal:
-        if plan.mask is None:
-            raise UsageError(f"--mask/--causal: {plan.signature} has no mask parameter to pass it to")
-        mask = build_mask(o.causal, o.mask, sizes["n_Q"], sizes["n_K"])
+    reference_mask, allowed = _masks(o, plan, sizes)
     files = {"Q": o.q, "K": o.k or o.q, "V": o.v or o.k or o.q}
     ops = {name: f"loaded from {files[role]}" if files[role] else
            f"torch.randn({', '.join(role_dims(role, sizes, is_module))})" for name, role in roles.items()}
-    return Inputs({name: tensors[role] for name, role in roles.items()}, roles, mask, sizes, ops, notes)
+    inputs = Inputs({name: tensors[role] for name, role in roles.items()}, roles, reference_mask, sizes, ops, notes,
+                    allowed, extra_names=dict(shapes.extra))
+    if o.cache:
+        inputs.cache = _cache(sizes, o.seed, tensors["Q"].dtype)
+    return inputs
+
+
+def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
+    if plan.self_attention and o.nk is not None and o.nk != o.nq:
+        more = f" (with --cache {o.cache}, n_K = {o.cache} + n_Q)" if o.cache else ""
+        raise UsageError(f"{plan.signature} takes one tensor (self-attention), so n_K = n_Q{more}; drop --nk")
+    if plan.self_attention and o.dv is not None and o.dv != o.dk:
+        raise UsageError(f"{plan.signature} takes one tensor (self-attention), so d_V = d_K; drop --dv")
+    if o.mask and plan.mask is None:
+        raise UsageError(f"--mask: {plan.signature} has no mask parameter to pass it to (--causal and --window "
+                         "describe the reference even without one)")
+    if o.cache:
+        if not is_module or plan.cache is None or not plan.self_attention:
+            raise UsageError(f"--cache {o.cache} runs a decode step, which needs a module whose forward takes x and "
+                             f"a cache (kv_cache, past_key_value, layer_past, ...); {plan.signature} takes none")
+    elif plan.cache is not None and plan.cache in plan.tensors:
+        raise UsageError(f"{plan.signature} needs {plan.cache}: give --cache N for a decode step after N positions")
+    if plan.tables and not o.rope:
+        raise UsageError(f"{plan.signature} takes RoPE's tables ({', '.join(plan.tables)}): add --rope (and "
+                         "--rope-base B) so that trace can make them and the reference rotates alike")
+
+
+def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> dict[str, int]:
+    self_attention = plan.self_attention
+    wanted = ["n_batch", "n_Q"] + ([] if self_attention else ["n_K"])
+    wanted += [] if is_module else ["d_K"] + ([] if self_attention else ["d_V"])
+    given = {"n_batch": o.batch, "n_Q": o.nq, "n_K": o.nk, "d_K": o.dk, "d_V": o.dv}
+    fixed = dict(shapes.fixed) | ({"n_cache": o.cache} if o.cache else {})
+    avoid = tuple(shapes.extra.values())
+    while True:
+        sizes = choose_sizes(fixed, wanted, given, avoid)
+        if self_attention:
+            sizes["n_K"] = sizes["n_Q"] + o.cache
+            if not is_module:
+                sizes["d_V"] = sizes["d_K"]
+        taken = [v for k, v in sizes.items() if k != "n_K"] + list(avoid)
+        if not o.cache or o.nq is not None or sizes["n_K"] not in taken:
+            return sizes
+        avoid = (*avoid, sizes["n_Q"])  # n_cache + n_Q lands on another dim's size: another n_Q
 
 
 def role_dims(role: str, sizes: dict[str, int], is_module: bool) -> tuple[str, ...]:
     n = "n_Q" if role == "Q" else "n_K"
     d = "d_feat" if is_module else ("d_V" if role == "V" else "d_K")
-    heads = ("n_head",) if not is_module and "n_head" in sizes else ()
+    heads: tuple[str, ...] = ()
+    if not is_module and "n_head" in sizes:
+        heads = ("n_kv_head",) if role != "Q" and "n_kv_head" in sizes else ("n_head",)
     return ("n_batch", *heads, n, d)
+
+
+def _cache(sizes: dict[str, int], seed: int, dtype: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's cache: random keys (taken as already rotated, as transformers' caches hold them) and
+    values, [n_batch, n_kv_head, n_cache, d_head], drawn after the inputs, as `mha --cache` draws them."""
+    import torch
+
+    shape = (sizes["n_batch"], sizes.get("n_kv_head", sizes["n_head"]), sizes["n_cache"], sizes["d_head"])
+    generator = torch.Generator().manual_seed(seed + 1)
+    return (torch.randn(shape, generator=generator).to(dtype), torch.randn(shape, generator=generator).to(dtype))
 
 
 def load_files(o: InputOptions, self_attention: bool) -> dict[str, torch.Tensor]:
@@ -179,8 +266,8 @@ def load_files(o: InputOptions, self_attention: bool) -> dict[str, torch.Tensor]
     return loaded
 
 
-def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
-                notes: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any, notes: list[str],
+                n_cache: int) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     from attnscope.attention import common_dtype
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
@@ -200,30 +287,42 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
             notes.append(note)
     converted = {id(t): t.to(dtype) for t in (Q, K, V)}  # K is Q when only --q: it stays the same tensor
     tensors = {"Q": converted[id(Q)], "K": converted[id(K)], "V": converted[id(V)]}
-    sizes = dict(shapes.fixed)
-    sizes.update({"n_Q": int(Q.shape[-2]), "n_K": int(K.shape[-2])})
+    sizes = dict(shapes.fixed) | ({"n_cache": n_cache} if n_cache else {})
+    sizes.update({"n_Q": int(Q.shape[-2]), "n_K": int(K.shape[-2]) + n_cache})
     if Q.dim() >= 3:
         sizes["n_batch"] = int(Q.shape[0])
     if module is None:
         sizes.update({"d_K": int(Q.shape[-1]), "d_V": int(V.shape[-1])})
         if Q.dim() == 4:
             sizes["n_head"] = int(Q.shape[1])
+            if K.dim() == 4 and K.shape[1] != Q.shape[1]:
+                sizes["n_kv_head"] = int(K.shape[1])
     return tensors, sizes
 
 
-def build_mask(causal: str | None, mask_file: str | None, n_Q: int, n_K: int) -> torch.Tensor | None:
-    """The mask handed to the user's code and to the reference alike: boolean, True = may attend (the
-    tutorials' `masked_fill(mask == 0, -1e9)` convention, and F.scaled_dot_product_attention's). A
-    causal mask is `[1, n_Q, n_K]`, the Annotated Transformer's `subsequent_mask` shape: it broadcasts
-    against `[n_batch, n_Q, n_K]` and `[n_batch, n_head, n_Q, n_K]` scores, and after the
-    `mask.unsqueeze(1)` that code does for the heads. A file is passed as it is, after the mask rule (0/1
-    integers become boolean; floats stay additive)."""
+def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the reference's mask: the file under the mask rule; what the user's mask parameter stands for: causal,
+    window and file combined, True = may attend, or a float bias when the file holds one)."""
     from attnscope import masks
     from attnscope.tensors import load_tensor
 
-    built = masks.causal_mask(n_Q, n_K, causal).unsqueeze(0) if causal else None  # type: ignore[arg-type]
-    loaded = load_tensor(mask_file) if mask_file else None
-    return masks.combine(built, loaded)
+    n_Q, n_K = sizes["n_Q"], sizes["n_K"]
+    loaded = masks.normalize(load_tensor(o.mask)) if o.mask else None
+    if loaded is not None:
+        masks.check_broadcast(loaded, (*_leading(sizes), n_Q, n_K))
+    if plan.mask is None:
+        return loaded, None
+    from attnscope.spec import AttentionSpec
+
+    built, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache), n_Q, n_K)
+    # [1, n_Q, n_K], the Annotated Transformer's `subsequent_mask` shape: it broadcasts against [n_batch, n_Q, n_K]
+    # and [n_batch, n_head, n_Q, n_K] scores, and after the `mask.unsqueeze(1)` that code does for the heads.
+    allowed = masks.combine(built.unsqueeze(0) if built is not None else None, loaded)
+    return loaded, allowed
+
+
+def _leading(sizes: dict[str, int]) -> tuple[int, ...]:
+    return (sizes["n_batch"], *((sizes["n_head"],) if "n_head" in sizes else ()))
 
 
 def plan_notes(plan: Plan, inputs: Inputs) -> list[str]:
@@ -236,10 +335,8 @@ def plan_notes(plan: Plan, inputs: Inputs) -> list[str]:
         if len(names) > 1 and set(names) != {"n_Q", "n_K"} and set(names) != {"d_K", "d_V"}:
             notes.append(f"{' and '.join(names)} are both {inputs.sizes[names[0]]}: an axis of that size reads "
                          f"{'|'.join(names)}; sizes that differ tell them apart")
-    if plan.mask and inputs.mask is None:
-        notes.append(f"{plan.mask} = None (give --causal or --mask FILE to pass a mask)")
-    elif plan.mask:
-        notes.append(f"{plan.mask}: {MASK_CONVENTION}")
+    if plan.mask and inputs.allowed is None:
+        notes.append(f"{plan.mask} = None (give --causal, --window or --mask FILE to pass a mask)")
     if plan.nones:
         notes.append(f"{', '.join(plan.nones)} = None")
     if plan.zeros:

@@ -20,8 +20,15 @@ if TYPE_CHECKING:
     from attnscope.trace import Trace
     from attnscope.usertrace.inputs import Inputs, ShapePlan
     from attnscope.usertrace.record import Record
+    from attnscope.usertrace.reference import Projections, Spec
 
 ALIGNED = ("equal", "permuted")
+# A step the code may never materialize, and the step computed from it: when that one is equal, another tensor of
+# the first one's shape is no divergence. enable_gqa repeats K and V inside F.scaled_dot_product_attention;
+# GPT-NeoX splits a fused projection per head, so Q_feat never exists whole; LLMs-from-scratch masks before it
+# scales, so the scaled scores never exist unmasked.
+DERIVED = {"Q_feat": "Q_split", "K_feat": "K_split", "V_feat": "V_split", "K_rep": "scores", "V_rep": "x_raw",
+           "scores": "masked_scores"}
 
 
 @dataclass
@@ -33,6 +40,8 @@ class Aligned:
     layout: str  # "" when the same layout, else how the user's tensor lays the step out
     max_abs_diff: float | None
     status: str  # equal | permuted | differs | missing | unseen
+    order: tuple[int, ...] | None = None  # the layout: how the user's tensor permutes the step's axes
+    merged: bool = False  # ... and merges neighbours of them
 
 
 @dataclass
@@ -52,51 +61,113 @@ class LineUp:
     notes: list[str] = field(default_factory=list)
 
 
-def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool) -> LineUp:
+def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
+            spec: Spec | None = None) -> LineUp:
     from attnscope.usertrace import reference as ref
     from attnscope.usertrace.align import candidates, compare
     from attnscope.usertrace.diagnose import Context, diagnose
 
+    spec = spec or ref.Spec()
     out = LineUp()
-    Q, K, V = inputs.qkv()
-    projections = None
     try:
-        if module is not None:
-            if shapes.n_head is None:
-                out.no_reference = shapes.why_no_heads
-                return out
-            reference_module, projections = ref.build_mha(module, shapes.n_head)
-            trace = ref.run_mha(reference_module, Q, K, V, inputs.mask)
-            wanted: tuple[str, ...] = ref.MHA_STEPS
-            out.reference = (f"attnscope MultiHeadAttention (d_feat={reference_module.d_feat}, n_head="
-                             f"{shapes.n_head}, d_head={reference_module.d_head}, scores / √d_head) holding your "
-                             f"weights: {projections.describe()}")
-        else:
-            trace = ref.run_sdpa(Q, K, V, inputs.mask)
-            wanted = ref.SDPA_STEPS
-            out.reference = "attnscope sdpa: out = softmax(Q Kᵀ / √d_K) V"
+        built = _references(module, shapes, inputs, records, spec)
     except UsageError as exc:
         out.no_reference = str(exc)
         return out
-    skips = _skips(trace)
+    trace, wanted, reference_module, projections, out.reference, out.rows, skips = built
+    if train:
+        from attnscope.usertrace.dropouts import with_users_dropout
+
+        dropped = with_users_dropout(trace, records, reference_module)
+        if dropped is not None:
+            applied, note = dropped
+            out.notes.append(note)
+            if applied is not None:
+                trace = applied
+                out.rows = _align(trace, wanted, records, skips)
     if skips:
         out.notes.append("some queries may attend to no key: attnscope gives them zeros, hand-written code often "
                          "a uniform average or NaN; those rows are left out of the comparison")
-    out.rows = _align(trace, wanted, records, skips)
+    out.notes += _kernel_notes(records)
     first = next((row for row in out.rows if row.status in ("differs", "missing")), None)
     if first is None:
         return out
-    ctx = Context("module" if module is not None else "function", inputs.sizes, trace, records, inputs.mask,
-                  train, projections, skips)
+    kind = "module" if module is not None else "function"
+    ctx = Context(kind, inputs.sizes, trace, records, reference_allowed(trace),
+                  train, projections, skips, spec)
     tensor, skip = trace[first.reference], skips.get(first.reference)
-    found = diagnose(first.reference, ctx, candidates(records, tensor, first.reference, skip, _anchor(out.rows)))
+    used = frozenset(row.record.index for row in out.rows if row.status in ALIGNED and row.record is not None)
+    found = diagnose(first.reference, ctx, candidates(records, tensor, first.reference, skip, _anchor(out.rows), used))
     out.divergence = Divergence(first.reference, found.record or first.record, found.ratio, found.text)
     shown = compare(found.record, tensor, skip)[:1] if found.record is not None else []
     if found.record is not None and shown:  # the row shows the tensor the diagnosis speaks of
         step = trace.step(first.reference)
         first.record, first.max_abs_diff = found.record, shown[0].max_abs_diff
         first.layout = shown[0].layout.describe(step.dims, tuple(found.record.tensor.shape))
+        first.order, first.merged = shown[0].layout.order, shown[0].layout.merged
     return out
+
+
+def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], spec: Spec) -> tuple[
+        Trace, tuple[str, ...], Any, Projections | None, str, list[Aligned], dict[str, torch.Tensor]]:
+    """The reference run on the inputs; for a module, under each reading of its projections (a fused one can
+    be split several ways), the one under which most steps find their equal."""
+    from attnscope.usertrace import reference as ref
+
+    Q, K, V = inputs.qkv()
+    if module is None:
+        trace = ref.run_sdpa(Q, K, V, inputs.mask, spec)
+        skips = _skips(trace)
+        what = "attnscope sdpa: out = softmax(Q Kᵀ / √d_K) V" + (f"; {spec.describe()}" if spec.describe() else "")
+        return trace, ref.SDPA_STEPS, None, None, what, _align(trace, ref.SDPA_STEPS, records, skips), skips
+    if shapes.n_head is None:
+        raise UsageError(shapes.why_no_heads or "cannot tell how many heads the module has; pass --heads")
+    best: tuple[Any, ...] | None = None
+    error: UsageError | None = None
+    for projections in ref.find_projections(module, records, shapes.n_head, shapes.fixed.get("d_head")):
+        try:
+            reference = ref.build_mha(projections, shapes.n_head, spec)
+            trace = ref.run_mha(reference, Q, K, V, inputs.mask, inputs.cache)
+        except UsageError as exc:
+            error = error or exc
+            continue
+        skips = _skips(trace)
+        rows = _align(trace, ref.MHA_STEPS, records, skips)
+        aligned = sum(row.status in ALIGNED for row in rows)
+        if best is None or aligned > best[0]:
+            best = (aligned, trace, reference, projections, rows, skips)
+    if best is None:
+        raise error or UsageError(f"no reference for {type(module).__name__}")
+    _, trace, reference, projections, rows, skips = best
+    variants = f", {spec.describe()}" if spec.describe() else ""
+    kv = f", n_kv_head={reference.n_kv_head}" if reference.n_kv_head != reference.n_head else ""
+    what = (f"attnscope MultiHeadAttention (d_feat={reference.d_feat}, n_head={shapes.n_head}{kv}, d_head="
+            f"{reference.d_head}, scores / √d_head{variants}) holding your weights: {projections.describe()}")
+    return trace, ref.MHA_STEPS, reference, projections, what, rows, skips
+
+
+def reference_allowed(trace: Trace) -> torch.Tensor | None:
+    """What the reference lets each query see (True = may attend), read off its masked scores."""
+    import torch
+
+    if "masked_scores" not in trace:
+        return None
+    return ~torch.isneginf(trace["masked_scores"])
+
+
+def _kernel_notes(records: list[Record]) -> list[str]:
+    """Say, once per kernel call, which steps were recomputed because it does not materialize them."""
+    notes, seen = [], set()
+    for record in records:
+        kernel = record.details.get("recomputed")
+        if kernel and (record.line, kernel) not in seen:
+            seen.add((record.line, kernel))
+            steps = [r.names[0].strip("()") for r in records
+                     if r.details.get("recomputed") == kernel and r.line == record.line]
+            notes.append(f"line {record.line}: {kernel} computes {', '.join(steps)} inside its kernel without "
+                         "materializing them; they are recomputed from its arguments to line up, named in "
+                         "parentheses, (scores), and its output is compared as it is")
+    return notes
 
 
 def _anchor(rows: list[Aligned]) -> int:
@@ -127,10 +198,13 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         status = ("equal" if match.layout.same else "permuted") if match.equal else "differs"
         rows.append(Aligned(name, step.dims, list(step.shape), match.record,
                             match.layout.describe(step.dims, tuple(match.record.tensor.shape)),
-                            match.max_abs_diff, status))
+                            match.max_abs_diff, status, match.layout.order, match.layout.merged))
+    statuses = {row.reference: row.status for row in rows}
     for i, row in enumerate(rows):  # a step fused away (F.scaled_dot_product_attention) is not a divergence
-        if row.status == "missing" and any(r.status in ALIGNED for r in rows[i + 1:]):
-            row.status = "unseen"
+        later = any(r.status in ALIGNED for r in rows[i + 1:])
+        derived = statuses.get(DERIVED.get(row.reference, ""), "") in ALIGNED
+        if (row.status == "missing" and later) or (row.status == "differs" and derived):
+            row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
 
 

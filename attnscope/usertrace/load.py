@@ -9,23 +9,31 @@ appended to `sys.path` while it runs, so `import helpers` beside it still works.
 
 from __future__ import annotations
 
-import ast
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from attnscope.errors import UsageError
+from attnscope.errors import AttnscopeError, UsageError
+from attnscope.usertrace.initargs import build
 
 MASK_WORDS = ("mask",)
 DROPOUT_WORDS = ("dropout",)
+# A decode step's parameters (--cache N): the cached keys and values, and the position of the first new token.
+CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past", "past_kv", "past")
+POSITION_NAMES = ("start_pos", "pos", "offset", "position_offset", "past_length", "past_len", "n_past",
+                  "cache_len", "start_position", "seqlen_offset")
+# RoPE's tables, as the code that passes them in writes them (--rope): LLMs-from-scratch's cos, sin
+# [n_pos, d_head]; Meta's freqs_cis [n, d_head / 2] complex; transformers' position_embeddings (cos, sin).
+TABLE_NAMES = ("cos", "sin", "freqs_cis", "position_embeddings")
 # Constructor arguments filled from --d-feat / --heads when --init does not give them.
 D_FEAT_NAMES = ("d_feat", "d_model", "embed_dim", "hidden_size", "dim", "d_embed", "n_embd", "model_dim",
                 "emb_dim", "hidden_dim", "d", "n_feat", "size")
@@ -40,6 +48,12 @@ class Target:
     name: str
     obj: Any
     kind: str  # "class", "module" or "function"
+    module: ModuleType | None = None  # the imported file
+
+
+class UserCodeError(AttnscopeError):
+    """The user's own code raised (importing their file, building their module, a class of --init): one line
+    naming their file and line, exit 1. Their forward's failures are shown whole instead (call.py)."""
 
 
 @dataclass
@@ -52,6 +66,10 @@ class Plan:
     nones: list[str] = field(default_factory=list)
     zeros: list[str] = field(default_factory=list)
     positional_only: set[str] = field(default_factory=set)
+    cache: str | None = None  # gets (K_cache, V_cache) with --cache, else None
+    positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
+    tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
+    order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
 
     @property
     def self_attention(self) -> bool:
@@ -105,10 +123,18 @@ def import_file(path: Path) -> ModuleType:
         sys.modules.pop(name, None)
         where_ = Path(exc.filename).name if exc.filename else path.name
         raise UsageError(f"{where_}:{exc.lineno}: syntax error: {exc.msg}") from None
-    except (Exception, SystemExit) as exc:
+    except BaseException as exc:  # SystemExit, GeneratorExit, a BaseException of their own: all theirs
         sys.modules.pop(name, None)
-        raise UsageError(f"{where(exc, path)}: importing {path.name} raised {one_line(exc)}") from None
+        if not users(exc):
+            raise
+        raise UserCodeError(f"{where(exc, path)}: importing {path.name} raised {one_line(exc)}") from None
     return module
+
+
+def users(exc: BaseException) -> bool:
+    """Whether an exception out of the user's code is theirs to report: anything but Ctrl-C (which stops
+    attnscope too) and attnscope's own errors."""
+    return not isinstance(exc, (KeyboardInterrupt, AttnscopeError))
 
 
 def where(exc: BaseException, path: Path) -> str:
@@ -122,8 +148,12 @@ def user_line(exc: BaseException, path: Path) -> int | None:
     return frames[-1].lineno if frames else None
 
 
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    try:
+        text = " ".join(str(exc).split())
+    except BaseException:  # a __str__ of theirs that raises
+        text = ""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -134,18 +164,24 @@ def find(spec: str) -> Target:
     module = import_file(path)
     obj: Any = module
     for part in name.split("."):
-        if not hasattr(obj, part):
-            raise UsageError(f"{path.name} has no {name}; it defines: {defined_here(module) or 'nothing to trace'}")
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"{path.name} has no {name}; it defines: {defined_here(module) or 'nothing to trace'}") \
+                from None
+        except BaseException as exc:  # a module-level __getattr__ of theirs
+            if not users(exc):
+                raise
+            raise UserCodeError(f"{where(exc, path)}: looking up {name} raised {one_line(exc)}") from None
     if inspect.isclass(obj):
         if not issubclass(obj, torch.nn.Module):
             raise UsageError(f"{name} is a class but not a torch.nn.Module; trace takes an nn.Module class or a "
                              "function (query, key, value, mask=None)")
-        return Target(path, name, obj, "class")
+        return Target(path, name, obj, "class", module)
     if isinstance(obj, torch.nn.Module):
-        return Target(path, name, obj, "module")
+        return Target(path, name, obj, "module", module)
     if inspect.isfunction(obj):
-        return Target(path, name, obj, "function")
+        return Target(path, name, obj, "function", module)
     raise UsageError(f"{name} is a {type(obj).__name__}; trace takes an nn.Module class or a function")
 
 
@@ -156,27 +192,20 @@ def defined_here(module: ModuleType) -> str:
     return ", ".join(names)
 
 
-def parse_init(text: str | None) -> dict[str, Any]:
-    """`"d_feat=200, n_head=5"` -> {"d_feat": 200, "n_head": 5}: keyword arguments whose values are Python
-    literals, parsed with `ast.parse` and `ast.literal_eval` per value; nothing is evaluated."""
-    if not text or not text.strip():
+def own_classes(module: ModuleType | None) -> dict[str, type]:
+    """The classes the file itself defines, by name: the only ones --init may call."""
+    if module is None:
         return {}
-    try:
-        call = ast.parse(f"f({text})", mode="eval").body
-    except SyntaxError:
-        raise UsageError(f"--init {text!r}: write keyword arguments, e.g. --init \"d_feat=200, n_head=5\"") from None
-    if not isinstance(call, ast.Call) or call.args:
-        raise UsageError(f"--init {text!r}: keyword arguments only (name=value), e.g. --init \"d_feat=200, n_head=5\"")
-    values: dict[str, Any] = {}
-    for keyword in call.keywords:
-        if keyword.arg is None:
-            raise UsageError(f"--init {text!r}: ** is not allowed; write each argument as name=value")
-        try:
-            values[keyword.arg] = ast.literal_eval(keyword.value)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            raise UsageError(f"--init: {keyword.arg}={ast.unparse(keyword.value)} is not a Python literal (numbers, "
-                             "strings, True/False/None, tuples, lists, dicts)") from None
-    return values
+    return {n: v for n, v in vars(module).items()
+            if inspect.isclass(v) and getattr(v, "__module__", None) == module.__name__}
+
+
+def parse_init(text: str | None, target: Target | None = None) -> dict[str, Any]:
+    """--init's keyword arguments (initargs.py): literals, and calls of the classes `target`'s file defines."""
+    from attnscope.usertrace.initargs import parse_init as parse
+
+    module = target.module if target is not None else None
+    return parse(text, own_classes(module), target.path.name if target is not None else "the file")
 
 
 def is_mask(name: str) -> bool:
@@ -190,7 +219,8 @@ def is_dropout(name: str) -> bool:
 def plan(fn: Any, label: str, train: bool) -> Plan:
     """Read the signature: required parameters are the tensors (1: self-attention x; 3: query, key, value);
     mask-like ones get the mask or None, dropout-like ones None (or 0.0 when their default is a number and
-    the module is not in training mode); the others keep their defaults."""
+    the module is not in training mode), a cache, a start position and RoPE's tables what a decode step or
+    --rope gives them (feeds.py); the others keep their defaults."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -201,9 +231,17 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
     for name, param in signature.parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
+        p.order.append(name)
         required = param.default is param.empty
+        lower = name.lower()
         if is_mask(name):
             masks.append(name)
+        elif lower in CACHE_NAMES and (required or param.default is None):
+            p.cache = name
+        elif lower in POSITION_NAMES and (required or isinstance(param.default, int)):
+            p.positions.append(name)
+        elif lower in TABLE_NAMES and (required or param.default is None):
+            p.tables.append(name)
         elif is_dropout(name):
             numeric = isinstance(param.default, (int, float)) and not isinstance(param.default, bool)
             if numeric and param.default and not train:
@@ -247,25 +285,78 @@ def construct(target: Target, init: dict[str, Any], d_feat: int | None,
         elif param.default is param.empty:
             option = " (or --d-feat)" if name in D_FEAT_NAMES else " (or --heads)" if name in HEAD_NAMES else ""
             raise UsageError(f"{target.name}{inspect.signature(cls)} needs {name}: give it with --init "
-                             f"\"{name}=...\"{option}")
+                             f"\"{name}=...\"{option}{_config_hint(target, name)}")
     try:
         with user_code(target.path):
-            module = cls(**kwargs)
-    except Exception as exc:
+            module = cls(**{k: build(v) for k, v in kwargs.items()})
+    except BaseException as exc:  # sys.exit() in their __init__ included: theirs, one line, exit 1
+        if not users(exc):
+            raise
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-        raise UsageError(f"{target.name}({args}) failed at {where(exc, target.path)}: {one_line(exc)}") from None
+        raise UserCodeError(f"{target.name}({_short(args)}) failed at {where(exc, target.path)}: {one_line(exc)}") \
+            from None
     return module, kwargs
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _config_hint(target: Target, name: str) -> str:
+    """For `__init__(self, config)`: a class of the file that looks like its config, to call in --init."""
+    configs = [n for n, c in own_classes(target.module).items()
+               if dataclasses.is_dataclass(c) or n.lower().endswith(("config", "args", "params"))]
+    return f", e.g. --init \"{name}={configs[0]}(...)\" with {configs[0]}'s fields as literals" if configs else ""
 
 
 def head_count(module: Any, init: dict[str, Any], heads: int | None) -> int | None:
     """The module's number of heads: from its constructor arguments, else an attribute such as `n_head`
     or `num_heads`, else --heads."""
     found = [(f"--init {k}", v) for k, v in init.items() if k in HEAD_NAMES and isinstance(v, int)]
-    found += [(f"its attribute {k}", getattr(module, k)) for k in HEAD_NAMES
-              if isinstance(getattr(module, k, None), int) and not isinstance(getattr(module, k), bool)]
+    found += [(f"its attribute {k}", value) for k in HEAD_NAMES
+              if isinstance(value := attribute(module, k), int) and not isinstance(value, bool)]
     if heads is not None:
         for source, value in found[:1]:
             if value != heads:
                 raise UsageError(f"--heads {heads} but the module has {value} heads ({source}); drop --heads")
         return heads
     return found[0][1] if found else None
+
+
+def attribute(obj: Any, name: str) -> Any:
+    """`getattr(obj, name, None)`, where a property of the user's that raises counts as absent."""
+    try:
+        return getattr(obj, name, None)
+    except BaseException as exc:
+        if not users(exc):
+            raise
+        return None
+
+
+def guarded(target: Target, what: str, fn: Callable[[], Any]) -> Any:
+    """Call the user's code outside forward (a `train()` of theirs, say): what it raises is theirs, one line."""
+    try:
+        with user_code(target.path):
+            return fn()
+    except BaseException as exc:
+        if not users(exc):
+            raise
+        raise UserCodeError(f"{where(exc, target.path)}: {what} raised {one_line(exc)}") from None
+
+
+def width_hint(init: dict[str, Any], d_feat: int | None) -> int | None:
+    """The width the module will be built with, where --d-feat or --init says it (a config's field
+    included): what its projections' memory is guarded by before its __init__ allocates them."""
+    from attnscope.usertrace.initargs import ClassCall
+
+    found = [d_feat] if d_feat else []
+    stack: list[Any] = [init]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, ClassCall):
+            stack.append(dict(value.kwargs))
+        elif isinstance(value, dict):
+            found += [v for k, v in value.items() if k in D_FEAT_NAMES and isinstance(v, int)
+                      and not isinstance(v, bool) and v > 0]
+            stack += [v for v in value.values() if isinstance(v, (ClassCall, dict))]
+    return max(found) if found else None

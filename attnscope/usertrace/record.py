@@ -23,6 +23,8 @@ from torch.overrides import TorchFunctionMode
 
 from attnscope import cost
 from attnscope.usertrace.bindings import Binder, Statements
+from attnscope.usertrace.kernels import KERNELS
+from attnscope.usertrace.kernels import hidden as kernel_steps
 
 COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 OPERATORS = {"matmul": "@", "__matmul__": "@", "div": "/", "true_divide": "/", "__truediv__": "/", "mul": "*",
@@ -135,11 +137,19 @@ class Recorder(TorchFunctionMode):
         name = call.removeprefix("F.").removeprefix("torch.")
         parents = tuple(self._produced[id(t)] for t in _tensors(args, kwargs) if id(t) in self._produced)
         first = next(iter(_tensors(args, kwargs)), None)
+        asked: dict[str, Any] = {}
+        if name in KERNELS:  # what it computes without materializing: recomputed, marked so, before its output
+            hidden, asked = kernel_steps(name, func, tuple(args), kwargs)
+            for step, tensor, how in hidden:
+                snapshot = tensor.detach().clone()
+                self._keep(snapshot)
+                self.records.append(Record(
+                    len(self.records), "recomputed", f"recomputed: {how}, inside {call}", snapshot,
+                    frames[0].f_lineno, [], "recomputed", False, 0, parents, [f"({step})"], {"recomputed": call}))
+                self._alive.append(None)  # indexed as the records are; a recomputed step is bound to no name
         for position, tensor in enumerate(results):
             snapshot = tensor.detach().clone()
-            self._bytes += snapshot.numel() * snapshot.element_size()
-            if self._budget is not None and self._bytes > self._budget:
-                raise RecordingTooLarge(self._bytes)
+            self._keep(snapshot)
             index = len(self.records)
             shares = first is not None and _shares_memory(tensor, first)
             details: dict[str, Any] = {}
@@ -149,6 +159,8 @@ class Recorder(TorchFunctionMode):
                 details.update(_dropout_details(args, kwargs))
             if len(results) > 1:
                 details["part"] = position
+            if asked:
+                details["kernel"] = asked
             self.records.append(Record(index, name, call, snapshot, frames[0].f_lineno, text_args, style, not shares,
                                        _flops(name, args, tensor), parents, details=details))
             self._produced[id(tensor)] = index
@@ -158,6 +170,11 @@ class Recorder(TorchFunctionMode):
             for frame in frames:
                 if frame.f_code.co_name not in COMPREHENSIONS:
                     self._binder.add(frame, frame.f_lineno, index)
+
+    def _keep(self, snapshot: torch.Tensor) -> None:
+        self._bytes += snapshot.numel() * snapshot.element_size()
+        if self._budget is not None and self._bytes > self._budget:
+            raise RecordingTooLarge(self._bytes)
 
     def _bind(self, index: int, value: Any, name: str) -> bool:
         if self._alive[index] is not value:
@@ -219,6 +236,8 @@ def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> 
         return str(value)
 
     parts = [one(a) for a in args]
+    if style == "recomputed":
+        return name
     if style == "property":
         return f"{parts[0]}.{name}"
     if style == "linear":
@@ -239,9 +258,14 @@ def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> 
     return f"{name}({', '.join(parts)})"
 
 
+QUIET = {"inplace": False, "dropout_p": 0, "is_causal": False, "enable_gqa": False}  # defaults not worth writing
+
+
 def _shown(key: str, value: Any) -> bool:
-    """Keyword arguments worth writing: not torch's plumbing (`_stacklevel`), not None, not `inplace=False`."""
-    return not key.startswith("_") and value is not None and not (key == "inplace" and value is False)
+    """Keyword arguments worth writing: not torch's plumbing (`_stacklevel`), not None, not a default that
+    changes nothing (`inplace=False`, `dropout_p=0`)."""
+    return not key.startswith("_") and value is not None and not (
+        key in QUIET and isinstance(value, (bool, int, float)) and value == QUIET[key])
 
 
 def _tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:

@@ -1,24 +1,32 @@
 """The reference a user's code is lined up with, run on the same inputs.
 
-- a module: its four Linear layers (q, k, v, out) copied into attnscope's `MultiHeadAttention`, matched
-  by name (`W_q`, `q_proj`, `query`, `to_q`, `out_proj`, `o`, ... ) or else, when it has exactly four, by
-  the order they were registered in (`self.linears = clones(nn.Linear(d, d), 4)`); the reference steps are
-  `Q_feat K_feat V_feat Q_split K_split V_split scores [masked_scores] attention x_raw x_rsh2 x`;
+- a module: its q, k, v and output projections copied into attnscope's `MultiHeadAttention`: four Linear
+  layers matched by name (`W_q`, `q_proj`, `query`, `to_q`, `out_proj`, `o`, ... ); a wrapped
+  nn.MultiheadAttention's `in_proj_weight` and `out_proj`; a fused q/k/v Linear split into three (fused.py);
+  or, when it has exactly four Linear layers, those in the order they were registered
+  (`self.linears = clones(nn.Linear(d, d), 4)`). Grouped-query attention follows from the widths (K and V
+  narrower than Q). Steps `Q_feat K_feat V_feat Q_split K_split V_split [Q_rot K_rot] [K_cat V_cat]
+  [K_rep V_rep] scores [masked_scores] attention x_raw x_rsh2 x`;
 - a function: attnscope's `sdpa`, steps `scores [masked_scores] attention out`.
 Both scale the scores by 1/sqrt(d_head) (resp. d_K), as `torch.nn.MultiheadAttention` and
-`F.scaled_dot_product_attention` do.
+`F.scaled_dot_product_attention` do. `Spec` carries what the options say of the attention (--causal,
+--window, --rope, --rope-base, --kv-heads, --cache), whether or not the user's forward takes a mask.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from attnscope.errors import UsageError
 from attnscope.trace import Trace
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.record import Record
 
 ROLES = ("q", "k", "v", "o")
 ROLE_WORDS = {
@@ -29,21 +37,39 @@ ROLE_WORDS = {
 }
 NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weight", "in", "attn", "attention",
          "self", "l", "dense_layer", "c"}
-MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "scores", "masked_scores", "attention",
-             "x_raw", "x_rsh2", "x")
-SDPA_STEPS = ("scores", "masked_scores", "attention", "out")
+MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "Q_rot", "K_rot", "K_cat", "V_cat",
+             "K_rep", "V_rep", "scores", "masked_scores", "attention", "x_raw", "x_rsh2", "x")
+SDPA_STEPS = ("Q_rot", "K_rot", "K_rep", "V_rep", "scores", "masked_scores", "attention", "out")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the reference computes beside the weights, as the options describe it."""
+
+    causal: str | None = None  # "upper-left" or "lower-right"
+    window: int | None = None
+    rope_base: float | None = None  # RoPE (half-split, LLaMA's) with this base; None: no RoPE
+    cache: int = 0  # a decode step after this many cached positions
+
+    def describe(self) -> str:
+        parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}" if self.window else "",
+                 f"RoPE base {self.rope_base:g} (half-split)" if self.rope_base else "",
+                 f"after {self.cache} cached positions" if self.cache else ""]
+        return ", ".join(p for p in parts if p)
 
 
 @dataclass
 class Projections:
-    """The user's Linear layers by role, and how they were matched."""
+    """The user's projections by role (nn.Linear layers, or rows of a fused weight: fused.Part), and how
+    they were matched."""
 
-    linears: dict[str, tuple[str, nn.Linear]]
-    matched_by: str  # "name" or "registration order"
+    linears: dict[str, tuple[str, Any]]
+    matched_by: str  # "name", "registration order", "a fused projection, ...", ...
 
     def describe(self) -> str:
         pairs = ", ".join(f"{role}={name}" for role, (name, _) in self.linears.items())
-        return f"{pairs} (matched by {self.matched_by})"
+        how = self.matched_by if self.matched_by.startswith(("a fused", "the nn.")) else f"matched by {self.matched_by}"
+        return f"{pairs} ({how})"
 
 
 def role_of(name: str) -> str | None:
@@ -58,7 +84,13 @@ def role_of(name: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def find_projections(module: nn.Module) -> Projections:
+def find_projections(module: nn.Module, records: list[Record] | None = None, n_head: int | None = None,
+                     d_head: int | None = None) -> list[Projections]:
+    """Every reading of the module's projections worth lining up, the likeliest first: four Linear layers by
+    name, a wrapped nn.MultiheadAttention, a fused q/k/v projection (one candidate per way of splitting it),
+    exactly four Linear layers in registration order."""
+    from attnscope.usertrace import fused
+
     linears = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     by_role: dict[str, list[tuple[str, nn.Linear]]] = {}
     for name, linear in linears:
@@ -66,20 +98,33 @@ def find_projections(module: nn.Module) -> Projections:
         if role:
             by_role.setdefault(role, []).append((name, linear))
     if all(len(by_role.get(role, [])) == 1 for role in ROLES):
-        return Projections({role: by_role[role][0] for role in ROLES}, "name")
+        return [Projections({role: by_role[role][0] for role in ROLES}, "name")]
+    inner = fused.inner_mha(module)
+    if inner is not None:
+        return [Projections(fused.mha_parts(*inner), f"the nn.MultiheadAttention {inner[0] or 'it is'}")]
+    found = fused.fused_linear(linears)
+    out = fused.output_linear(linears, found, role_of) if found is not None else None
+    if found is not None and out is not None:
+        candidates = [Projections({**{role: (part.name, part) for role, part in parts.items()}, "o": out},
+                                  f"a fused projection, {how}")
+                      for how, parts in fused.split_layouts(found[0], found[1], records or [], n_head, d_head)]
+        if candidates:
+            return candidates
     if len(linears) == 4:
-        return Projections(dict(zip(ROLES, linears, strict=True)), "registration order")
+        return [Projections(dict(zip(ROLES, linears, strict=True)), "registration order")]
     listed = ", ".join(f"{n} [{m.in_features} → {m.out_features}]" for n, m in linears) or "none"
-    raise UsageError(f"no reference for {type(module).__name__}: trace copies four Linear layers (q, k, v and "
-                     f"the output, named like W_q/q_proj/query and W_o/out_proj, or exactly four in that order) into "
-                     f"attnscope's MultiHeadAttention; its Linear layers are {listed}")
+    raise UsageError(f"no reference for {type(module).__name__}: trace copies q, k, v and output projections (four "
+                     "Linear layers named like W_q/q_proj/query and W_o/out_proj, or exactly four in that order; a "
+                     "fused q/k/v Linear such as nanoGPT's c_attn with its output projection; or an "
+                     f"nn.MultiheadAttention) into attnscope's MultiHeadAttention; its Linear layers are {listed}")
 
 
-def build_mha(module: nn.Module, n_head: int) -> tuple[nn.Module, Projections]:
-    """attnscope's MultiHeadAttention holding the user's weights (biases a layer lacks are zero)."""
+def build_mha(found: Projections, n_head: int, spec: Spec = Spec()) -> nn.Module:
+    """attnscope's MultiHeadAttention holding the user's weights (biases a layer lacks are zero), computing
+    what `spec` describes."""
     from attnscope.multihead import MultiHeadAttention
+    from attnscope.rope import Rope
 
-    found = find_projections(module)
     q, k, v, o = (found.linears[role][1] for role in ROLES)
     d_feat = q.in_features
     names = {role: found.linears[role][0] for role in ROLES}
@@ -97,31 +142,39 @@ def build_mha(module: nn.Module, n_head: int) -> tuple[nn.Module, Projections]:
     n_kv_head = k.out_features // d_head
     if n_head % n_kv_head:
         raise UsageError(f"{n_head} query heads cannot share {n_kv_head} key/value heads evenly")
+    if spec.rope_base is not None and d_head % 2:
+        raise UsageError(f"RoPE rotates pairs of coordinates, so d_head must be even; it is {d_head}")
     qkv_bias = any(m.bias is not None for m in (q, k, v))
     weight = q.weight
     reference = MultiHeadAttention(d_feat, n_head, bias=qkv_bias, out_bias=o.bias is not None,
                                    d_head=d_head if d_head * n_head != d_feat else None, n_kv_head=n_kv_head,
-                                   device=weight.device, dtype=weight.dtype)
+                                   device=weight.device, dtype=weight.dtype, causal=spec.causal or False,
+                                   window=spec.window,
+                                   rope=Rope(spec.rope_base) if spec.rope_base is not None else None)
     with torch.no_grad():
         for mine, theirs in ((reference.W_q, q), (reference.W_k, k), (reference.W_v, v), (reference.W_o, o)):
             mine.weight.copy_(theirs.weight)
             if mine.bias is not None:
                 mine.bias.copy_(theirs.bias if theirs.bias is not None else torch.zeros_like(mine.bias))
-    return reference.eval(), found
+    return reference.eval()
 
 
 def run_mha(reference: nn.Module, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
-            mask: torch.Tensor | None) -> Trace:
+            mask: torch.Tensor | None, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Trace:
     with torch.no_grad():
-        trace: Trace = reference(Q, K, V, mask)
+        trace: Trace = reference(Q, K, V, mask, cache=cache)
     return trace
 
 
-def run_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None) -> Trace:
+def run_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
+             spec: Spec = Spec()) -> Trace:
     from attnscope.attention import sdpa
+    from attnscope.rope import Rope
 
+    gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     with torch.no_grad():
-        return sdpa(Q, K, V, mask)
+        return sdpa(Q, K, V, mask, causal=spec.causal or False, window=spec.window, enable_gqa=gqa,
+                    rope=Rope(spec.rope_base) if spec.rope_base is not None else None)
 
 
 def steps(trace: Trace, names: tuple[str, ...]) -> list[str]:

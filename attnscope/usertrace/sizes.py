@@ -16,17 +16,18 @@ from typing import Any
 STARTS = {"n_batch": 2, "n_Q": 6, "n_K": 9, "d_K": 8, "d_V": 10}
 
 
-def choose_sizes(fixed: dict[str, int], wanted: list[str], given: dict[str, int | None]) -> dict[str, int]:
+def choose_sizes(fixed: dict[str, int], wanted: list[str], given: dict[str, int | None],
+                 avoid: tuple[int, ...] = ()) -> dict[str, int]:
     """`fixed` and `given` sizes as they are; every other dim in `wanted` the smallest free size at or above
-    its start: not 1, not a size taken, not a product of two taken, and no product with one taken lands on
-    a taken size or product."""
+    its start: not 1, not a size taken (or in `avoid`: sizes named otherwise, a fused projection's width), not
+    a product of two taken, and no product with one taken lands on a taken size or product."""
     sizes = dict(fixed)
-    sizes.update({name: value for name, value in given.items() if value is not None})
+    sizes.update({name: value for name, value in given.items() if value is not None and name in wanted})
     for name in wanted:
         if name in sizes:
             continue
         size = STARTS.get(name, 2)
-        while not _free(size, list(sizes.values())):
+        while not _free(size, [*sizes.values(), *avoid]):
             size += 1
         sizes[name] = size
     return sizes
@@ -44,6 +45,7 @@ class AxisNames:
     `1` for a broadcast axis, `?` for a size no dim has."""
 
     sizes: dict[str, int]
+    extra: dict[str, int] = field(default_factory=dict)  # sizes that are no dim (`3·d_feat`), named where free
     singles: dict[int, list[str]] = field(init=False)
     products: dict[int, list[str]] = field(init=False)
 
@@ -54,6 +56,9 @@ class AxisNames:
         for (a, x), (b, y) in combinations(self.sizes.items(), 2):
             if x != y or a != b:
                 self.products.setdefault(x * y, []).append(f"{a}·{b}")
+        for name, size in self.extra.items():
+            if size > 1 and size not in self.singles and size not in self.products:
+                self.singles[size] = [name]
 
     def name(self, size: int) -> str:
         if size in self.singles:

@@ -11,20 +11,33 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnscope.cost import format_bytes, format_flops
 from attnscope.views.colors import hex_color
 
-# A Trace and headstats.LayerHeads are taken by their interface (Any below): trace.py and headstats.py call this
-# module from their _repr_html_, and importing them back would make a loop.
-LayerHeads = Any
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class LayerHeads(Protocol):
+    """Every head of a layer as readings/headstats.py's `LayerHeads` holds it, taken by its interface: trace.py
+    and headstats.py call this module from their _repr_html_, and importing them back would make a loop."""
+
+    title: str
+    attention: Tensor  # [n_head, n_Q, n_K]
+    heads: list[dict[str, Any]]  # {"head", "stats", "kind"} each
 
 CELL = 14  # pixels per heatmap cell
 MAX_CELLS = 96  # rows and columns drawn inline; beyond, neighbouring queries and keys are pooled
 THUMB_CELLS = 32  # rows and columns of one head's small heatmap in the all-heads grid
 THUMB_PIXELS = 128  # the most pixels a side of one head's small heatmap takes
 FONT = "font-family='monospace' font-size='10'"
+# Jupyter's stylesheet right-aligns every table cell: each cell says its alignment (text left, numbers right).
+LEFT, RIGHT = " style='text-align:left'", " style='text-align:right'"
+# Cells on pixel edges, not anti-aliased: without it, at a fractional zoom the background shows as thin dark
+# seams between rows of cells.
+CRISP = "shape-rendering='crispEdges'"
 
 
 def trace_html(trace: Any, pattern: bool = True) -> str:
@@ -35,12 +48,12 @@ def trace_html(trace: Any, pattern: bool = True) -> str:
         size = format_bytes(step.nbytes) if step.allocates else "view"
         flops = format_flops(step.flops) if step.flops else "-"
         rows.append(
-            f"<tr><td><b>{html.escape(step.name)}</b></td><td><code>{html.escape(step.dims_text())}</code>"
-            f"<br><code style='color:#2a7'>{html.escape(step.op)}</code></td><td>{html.escape(step.dtype)}</td>"
-            f"<td style='text-align:right'>{size}</td><td style='text-align:right'>{flops}</td></tr>")
+            f"<tr><td{LEFT}><b>{html.escape(step.name)}</b></td><td{LEFT}><code>{html.escape(step.dims_text())}</code>"
+            f"<br><code style='color:#2a7'>{html.escape(step.op)}</code></td><td{LEFT}>{html.escape(step.dtype)}</td>"
+            f"<td{RIGHT}>{size}</td><td{RIGHT}>{flops}</td></tr>")
     notes = "".join(f"<p><i>note: {html.escape(note)}</i></p>" for note in trace.notes)
-    table = ("<table><thead><tr><th>step</th><th>dims = shape / op</th><th>dtype</th><th>size</th>"
-             f"<th>FLOPs</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    table = (f"<table><thead><tr><th{LEFT}>step</th><th{LEFT}>dims = shape / op</th><th{LEFT}>dtype</th>"
+             f"<th{RIGHT}>size</th><th{RIGHT}>FLOPs</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
              f"<p>total {format_flops(trace.total_flops)}</p>{notes}")
     if pattern and "attention" in trace and trace["attention"].device.type != "meta" and trace["attention"].dim() >= 2:
         attention = trace["attention"]
@@ -73,7 +86,7 @@ def pattern_svg(matrix: Any, row_labels: Sequence[str] | None = None, col_labels
     caption = (f"{title}: {n_rows} queries x {n_cols} keys, 0 (dark) to {peak:.3g} (bright)")
     width = max(left + len(col_labels) * CELL + 4, 6 * len(caption) + 8)
     height = top + len(row_labels) * CELL + 22
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' {FONT}>",
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' {FONT} {CRISP}>",
              f"<text x='2' y='{height - 6}'>{html.escape(caption)}</text>"]
     for j, label in enumerate(col_labels):
         x = left + j * CELL + CELL // 2 + 3
@@ -113,8 +126,8 @@ def heads_html(heads: LayerHeads) -> str:
                 color = hex_color(value / peak) if math.isfinite(value) else "#ffffff"
                 rects.append(f"<rect x='{j * px}' y='{i * px}' width='{px}' height='{px}' fill='{color}'/>")
         figures.append(f"<figure style='margin:4px'><figcaption><b>{h}</b>: {html.escape(heads.heads[h]['kind'])}"
-                       f"</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}'>"
-                       f"{''.join(rects)}</svg></figure>")
+                       f"</figcaption><svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+                       f"{CRISP}>{''.join(rects)}</svg></figure>")
     pooled_note = f"; each cell = sum over {cols} keys, mean over {rows} queries" if rows > 1 or cols > 1 else ""
     legend = (f"<p>rows = queries, columns = keys; each row on its own scale, dark (0) to bright (its largest "
               f"cell){pooled_note}</p>")
@@ -123,15 +136,14 @@ def heads_html(heads: LayerHeads) -> str:
 
 
 def heads_table_html(heads: LayerHeads) -> str:
-    header = "".join(f"<th>{name}</th>" for name in ("head", "kind", "entropy (bits)", "first token", "previous",
-                                                      "self", "distance"))
+    header = "".join(f"<th{LEFT if name == 'kind' else RIGHT}>{name}</th>"
+                     for name in ("head", "kind", "entropy (bits)", "first token", "previous", "self", "distance"))
     body = []
     for head in heads.heads:
         s = head["stats"]
-        numbers = "".join(f"<td style='text-align:right'>{s[key]:.2f}</td>"
-                          for key in ("entropy", "first", "previous", "self"))
-        body.append(f"<tr><td>{head['head']}</td><td>{html.escape(head['kind'])}</td>{numbers}"
-                    f"<td style='text-align:right'>{s['distance']:.1f}</td></tr>")
+        numbers = "".join(f"<td{RIGHT}>{s[key]:.2f}</td>" for key in ("entropy", "first", "previous", "self"))
+        body.append(f"<tr><td{RIGHT}>{head['head']}</td><td{LEFT}>{html.escape(head['kind'])}</td>{numbers}"
+                    f"<td{RIGHT}>{s['distance']:.1f}</td></tr>")
     return f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 

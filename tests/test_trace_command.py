@@ -310,12 +310,17 @@ def test_module_without_bias_returning_only_the_output_aligns(runner, tmp_path):
         torch.testing.assert_close(module(Q, K, V), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_self_attention_module_marks_the_ambiguous_axis(runner, tmp_path):
+def test_self_attention_module_names_every_axis_where_n_Q_equals_n_K(runner, tmp_path):
+    """n_Q = n_K in self-attention: each axis is named from the reference step it lines up with, or from
+    where it comes from (issue 23: no `n_Q|n_K` where the sizes allow)."""
     path = write(tmp_path, SELF_ATTENTION)
     result, out = trace(runner, f"{path}:SelfAttention", "--init", "dim=32, heads=4")
     assert result.exit_code == 0, result.output
-    scores = next(s for s in out["steps"] if s["name"] == "w")
-    assert scores["dims"] == ["n_batch", "n_head", "n_Q|n_K", "n_Q|n_K"]
+    dims = {s["name"]: s["dims"] for s in out["steps"]}
+    assert dims["w"] == ["n_batch", "n_head", "n_Q", "n_K"]
+    assert dims["k"] == ["n_batch", "n_head", "n_K", "d_head"] and dims["q"] == ["n_batch", "n_head", "n_Q", "d_head"]
+    assert dims["y"] == ["n_batch", "n_Q", "d_feat"]
+    assert not [s for s in out["steps"] if any("|" in d or "?" in d for d in s["dims"])]
     assert "to_q" in out["reference"] and "matched by name" in out["reference"]
 
 
@@ -342,15 +347,17 @@ def test_merge_with_view_before_permute(runner, tmp_path):
     assert "heads merged in the wrong order" in first["diagnosis"] and "view before permute" in first["diagnosis"]
 
 
-def test_inverted_mask(runner, tmp_path):
+def test_a_mask_read_true_masked_is_given_that_way_round(runner, tmp_path):
+    """`masked_fill(mask, -1e9)` reads True as masked out (nn.MultiheadAttention's convention): the code is given
+    the mask that way round, and a note says so (issue 23; it used to be called an inverted mask)."""
     body = INVERTED_MASK.replace("np.sqrt(K.size()[-1])", "np.sqrt(self.d_head)")
     path = write(tmp_path, body)
     result, out = trace(runner, f"{path}:InvertedMask", "--init", "d_feat=40, n_head=4", "--causal")
-    assert result.exit_code == 1
-    first = out["first_divergence"]
-    assert first["reference"] == "masked_scores"
-    assert "the mask is read the other way round" in first["diagnosis"]
-    assert "True = may attend" in first["diagnosis"]
+    assert result.exit_code == 0, result.output
+    assert any("True = masked out (nn.MultiheadAttention's convention)" in n and
+               f"line {line_of(body, 'masked_fill(mask, -1e9)')}" in n for n in out["notes"]), out["notes"]
+    given = next(s for s in out["steps"] if s["name"] == "mask")
+    assert given["dims"] == ["1", "n_Q", "n_K"]
 
 
 def test_mask_not_applied(runner, tmp_path):
@@ -402,18 +409,33 @@ def test_transposed_scores_with_distinct_sizes_fail_at_the_values(runner, tmp_pa
     assert out["error"]["shapes"] == [[2, 4, 9, 6], [2, 4, 9, 10]]  # attention [.., n_K, n_Q] @ V_split
 
 
-def test_dropout_in_training_mode(runner, tmp_path):
+def test_dropout_in_training_mode_is_a_note_and_the_steps_after_it_still_compare(runner, tmp_path):
+    """--train: the user's dropout mask is read off their tensors and applied to the reference after its
+    attention (issue 23), so a correct module aligns at every step, x_raw and x included."""
     path = write(tmp_path, FIXED)
     result, out = trace(runner, f"{path}:Fixed", "--init", "d_feat=200, n_head=5, dropout=0.5", "--train")
-    assert result.exit_code == 1
-    first = out["first_divergence"]
-    assert first["reference"] == "x_raw" and first["user"] == "x_raw"
-    assert f"line {line_of(FIXED, 'attention = self.dropout(attention)')} zeroed" in first["diagnosis"]
-    assert "dropout" in first["diagnosis"] and "--train" in first["diagnosis"]
-    zeroed = float(re.search(r"zeroed ([\d.]+)%", first["diagnosis"]).group(1))
+    assert result.exit_code == 0, result.output
+    statuses = {row["reference"]: row["status"] for row in out["alignment"]}
+    assert statuses["x_raw"] == statuses["x"] == "equal"
+    note = next(n for n in out["notes"] if "dropout in training mode" in n)
+    assert f"line {line_of(FIXED, 'attention = self.dropout(attention)')} zeroed" in note
+    zeroed = float(re.search(r"zeroed ([\d.]+)%", note).group(1))
     assert 30 < zeroed < 70  # p = 0.5
-    assert "scaled the rest by 2" in first["diagnosis"]
-    assert any("training mode" in n for n in out["notes"])
+
+    # independently: in training mode the user's x_raw is their dropped attention @ V_split, and the
+    # dropped attention is the softmax with about half its entries zeroed and the rest doubled
+    torch.manual_seed(0)
+    module = user_module(path).Fixed(200, 5, dropout=0.5).train()
+    sizes = out["params"]["sizes"]
+    g = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(sizes["n_batch"], sizes[n], 200, generator=g) for n in ("n_Q", "n_K", "n_K"))
+    kept = []
+    module.dropout.register_forward_hook(lambda m, args, result: kept.append((args[0], result)))
+    with torch.no_grad():
+        module(Q, K, V)
+    before, after = kept[0]
+    nonzero = after != 0
+    torch.testing.assert_close(after[nonzero], 2 * before[nonzero])
 
 
 def test_dropout_left_on_in_eval_mode(runner, tmp_path):
@@ -493,12 +515,21 @@ def test_a_tensor_written_in_place_is_recorded_after_the_write(runner, tmp_path)
     assert any(s["op"].endswith("= -inf (in place)") for s in out["steps"])
 
 
-def test_fused_attention_skips_the_steps_it_never_shows(runner, tmp_path):
+def test_fused_attention_recomputes_the_steps_it_never_shows(runner, tmp_path):
+    """F.scaled_dot_product_attention materializes no scores or attention: they are recomputed from its own
+    arguments, marked so, and its output is compared as it is (issue 23)."""
     path = write(tmp_path, FUNCTIONS)
     result, out = trace(runner, f"{path}:fused", "--causal")
     assert result.exit_code == 0, result.output
-    statuses = {row["reference"]: row["status"] for row in out["alignment"]}
-    assert statuses == {"scores": "unseen", "masked_scores": "unseen", "attention": "unseen", "out": "equal"}
+    rows = {row["reference"]: row for row in out["alignment"]}
+    assert {name: row["status"] for name, row in rows.items()} == {
+        "scores": "equal", "masked_scores": "equal", "attention": "equal", "out": "equal"}
+    assert rows["scores"]["user"] == "(scores)" and rows["out"]["user"] == "return"
+    assert any("without materializing them" in n for n in out["notes"])
+    recomputed = [s for s in out["steps"] if s["name"].startswith("(")]
+    assert [s["name"] for s in recomputed] == ["(scores)", "(masked_scores)",
+                                               "(attention)"]
+    assert all(s["recomputed"] and s["dims"] == ["n_batch", "n_Q", "n_K"] for s in recomputed)
 
     # and F.scaled_dot_product_attention is the reference here too: same inputs, same output
     sizes = out["params"]["sizes"]
@@ -545,7 +576,7 @@ def test_files_as_inputs(runner, tmp_path):
         ("{mine}", [], "as FILE.py:NAME"),
         ("{mine}:nothing", [], "has no nothing; it defines: attention, wrong_softmax"),
         ("{mine}:two_tensors", [], "trace feeds 1 tensor"),
-        ("{mine}:unscaled", ["--causal"], "has no mask parameter"),
+        ("{mine}:unscaled", ["--mask", "{dir}/mask.npy"], "has no mask parameter"),
         ("{mine}:attention", ["--init", "d=1"], "--init builds a class"),
         ("{mine}:attention", ["--train"], "a function has none"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200, n_head=__import__('os')"],
@@ -553,7 +584,6 @@ def test_files_as_inputs(runner, tmp_path):
         ("{classic}:MultiHeadedAttention", ["--init", "200, 5"], "keyword arguments only"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200, n_head=5, colour=1"], "takes no argument 'colour'"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200"], "needs n_head"),
-        ("{classic}:MultiHeadedAttention", ["--init", "d_feat=10, n_head=3"], "AssertionError"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200, n_head=5", "--dk", "4"], "--dk/--dv"),
         ("{syntax}:f", [], "bad.py:3: syntax error"),
         ("{selfattn}:SelfAttention", ["--init", "dim=32, heads=4", "--nk", "5"], "drop --nk"),
@@ -564,28 +594,119 @@ def test_bad_input_is_one_line_and_exit_2(runner, tmp_path, target, args, messag
     (tmp_path / "bad.py").write_text("import torch\n\ndef f(:\n")
     paths = {"dir": str(tmp_path), "mine": write(tmp_path, FUNCTIONS), "classic": write(tmp_path, CLASSIC, "c.py"),
              "syntax": str(tmp_path / "bad.py"), "selfattn": write(tmp_path, SELF_ATTENTION, "s.py")}
-    result = runner.invoke(app, ["trace", target.format(**paths), *args])
+    import numpy as np
+
+    np.save(tmp_path / "mask.npy", np.ones((6, 9), dtype=bool))
+    result = runner.invoke(app, ["trace", target.format(**paths), *(a.format(**paths) for a in args)])
     assert result.exit_code == 2, result.output
     assert message in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnscope: error:")
 
 
+EXITS = """
+import sys
+
+
+class Stop(BaseException):
+    pass
+
+
+class ExitsInInit(nn.Module):
+    def __init__(self, d_feat=8, n_head=2):
+        super().__init__()
+        sys.exit(7)
+
+
+class RaisesInInit(nn.Module):
+    def __init__(self, d_feat=8, n_head=2):
+        super().__init__()
+        raise Stop("not today")
+
+
+class AssertsInInit(nn.Module):
+    def __init__(self, d_feat=8, n_head=3):
+        super().__init__()
+        assert d_feat % n_head == 0
+
+
+def generator_exit(q, k, v):
+    scores = q @ k.mT
+    raise GeneratorExit()
+
+
+def base_exception(q, k, v):
+    raise Stop("from forward")
+
+
+def exits(q, k, v):
+    sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize(("body", "target", "fragment"), [
+    (EXITS, "ExitsInInit", "sys.exit(7)"),
+    (EXITS, "RaisesInInit", "raise Stop"),
+    (EXITS, "AssertsInInit", "assert d_feat"),
+    (EXITS, "generator_exit", "raise GeneratorExit"),
+    (EXITS, "base_exception", 'raise Stop("from forward")'),
+    (EXITS, "exits", "sys.exit(0)"),
+    ("import sys\nsys.exit(3)\n", "f", "sys.exit(3)"),
+    ("raise GeneratorExit\n", "f", "raise GeneratorExit"),
+    ("class Stop(BaseException):\n    pass\n\nraise Stop()\n", "f", "raise Stop()"),
+])
+def test_user_code_failing_in_any_way_is_one_line_naming_its_line_and_exit_1(tmp_path, body, target, fragment):
+    """Issue 18: sys.exit(7) in __init__ exited 7 with nothing said; a BaseException or GeneratorExit at import
+    or in forward printed a traceback. Whatever the user's code raises: one line naming file:line, exit 1."""
+    from cli_main import INTERNAL, run_main
+
+    path = write(tmp_path, body)
+    outcome = run_main("trace", f"{path}:{target}")
+    assert outcome.code == 1, (outcome.code, outcome.stderr)
+    assert len(outcome.error_lines) == 1 and outcome.stderr.startswith("attnscope: error: "), outcome.stderr
+    assert f"mine.py:{line_of(body, fragment)}" in outcome.stderr, outcome.stderr
+    assert "Traceback" not in outcome.stdout + outcome.stderr and INTERNAL not in outcome.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seed", str(2**64)], "--seed 18446744073709551616: out of range"),
+    (["--dv", str(2**64)], "--dv 18446744073709551616: out of range"),
+    (["--batch", str(10**12)], "tracing these sizes needs about"),
+    (["--nq", str(10**9), "--max-memory", "1GB"], "more than --max-memory"),
+    (["--init", "x=" + "+".join(["1"] * 20000)], "characters long"),
+    (["--init", "x='\udcff'"], "not UTF-8"),
+    (["--init", "x=" + "-" * 100000 + "1"], "characters long"),
+    (["--init", "x=" + "-" * 9000 + "1"], "--init"),
+])
+def test_sizes_seeds_and_init_bombs_are_usage_errors_as_for_sdpa(tmp_path, args, message):
+    """Issue 18: trace lacked the size and seed checks of sdpa/mha (a ValueError, a C++ backtrace, an allocator
+    message) and --init bombs were a RecursionError, a UnicodeEncodeError and 'out of memory'."""
+    from cli_main import INTERNAL, run_main
+
+    path = write(tmp_path, FUNCTIONS)
+    target = f"{path}:attention" if "--init" not in args else f"{write(tmp_path, CLASSIC, 'c.py')}:MultiHeadedAttention"
+    outcome = run_main("trace", target, *args)
+    assert outcome.code in (1, 2) and len(outcome.error_lines) == 1, (outcome.code, outcome.stderr)
+    assert outcome.code == (1 if "needs about" in message or "--max-memory" in message else 2), outcome.stderr
+    assert message in outcome.stderr and INTERNAL not in outcome.stderr, outcome.stderr
+
+
 def test_no_reference_shows_the_steps_then_one_error_line(runner, tmp_path):
     path = write(tmp_path, """
-    class Wrapped(nn.Module):
+    class Odd(nn.Module):
         def __init__(self, d_feat, n_head):
             super().__init__()
             self.n_head = n_head
-            self.inner = nn.MultiheadAttention(d_feat, n_head, batch_first=True)
+            self.a = nn.Linear(d_feat, 2 * d_feat)
+            self.b = nn.Linear(2 * d_feat, d_feat)
 
-        def forward(self, q, k, v):
-            return self.inner(q, k, v)[0]
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
     """)
-    result = runner.invoke(app, ["trace", f"{path}:Wrapped", "--init", "d_feat=16, n_head=2", "--d-feat", "16"])
+    result = runner.invoke(app, ["trace", f"{path}:Odd", "--init", "d_feat=16, n_head=2"])
     assert result.exit_code == 2, result.output
-    assert "multi_head_attention_forward" in result.stdout
-    assert "no reference for Wrapped" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "torch.relu" in result.stdout
+    assert "no reference for Odd" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_the_file_is_imported_under_a_private_name(runner, tmp_path):
@@ -627,7 +748,7 @@ def test_help_says_the_file_is_run_and_ends_with_examples(runner):
     result = runner.invoke(app, ["trace", "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0
     assert "imported" in result.stdout and "runs its code" in result.stdout
-    tail = result.stdout.rstrip().splitlines()[-6:]
+    tail = result.stdout.rstrip().splitlines()[-12:]
     assert any("attnscope trace docs/examples/my_attention.py" in line for line in tail), tail
 
 
@@ -652,20 +773,23 @@ def _trace_examples() -> list[str]:
     root = Path(__file__).resolve().parent.parent
     texts = [(root / "README.md").read_text(), *(p.read_text() for p in sorted((root / "docs").glob("*.md")))]
     texts.append(CliRunner().invoke(app, ["trace", "--help"], env={"COLUMNS": "300"}).stdout)
-    lines = {line.strip().split("   #")[0].strip() for text in texts for line in text.splitlines()
+    lines = {line.strip() for text in texts for line in text.splitlines()
              if line.strip().startswith("attnscope trace ")}
     return sorted(lines)
 
 
 @pytest.mark.parametrize("line", _trace_examples())
-def test_every_documented_trace_example_runs(runner, line, monkeypatch):
-    """Run from the repository root, as a reader would: exit 1 only where the docs show a divergence."""
+def test_every_documented_trace_example_runs(runner, line, monkeypatch, tmp_path):
+    """Run as from the repository root, as a reader would (its docs/ linked into a folder of the test's own, so
+    what an example writes lands there): exit 1 only where the docs say so (`# exit 1`)."""
     import shlex
 
-    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
-    result = runner.invoke(app, shlex.split(line)[1:])
-    diverges = ":MultiHeadedAttention" in line  # the classic module: its divergence is the point
-    assert result.exit_code == (1 if diverges else 0), (line, result.output)
+    from examples import _status
+
+    (tmp_path / "docs").symlink_to(Path(__file__).resolve().parent.parent / "docs")
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, shlex.split(line, comments=True)[1:])
+    assert result.exit_code == _status(line), (line, result.output)
     assert "Traceback" not in result.output
 
 
@@ -687,3 +811,35 @@ def test_tutorial_listing_is_the_example_file_and_its_output_is_real(runner, mon
     shown = [line.rstrip() for line in sample[: sample.index("```")].splitlines()]
     assert all(line in real for line in shown if line.strip() not in ("", "...")), \
         [line for line in shown if line not in real]
+
+
+def test_trace_md_shows_real_output(runner, monkeypatch, tmp_path):
+    """Each ```text block of docs/trace.md shows lines of the real output (at 100 columns) of the command in the
+    block before it (run from the repository's root; saved runs made as tests/examples.py makes them)."""
+    import shlex
+
+    from examples import EXAMPLE_FILES
+
+    root = Path(__file__).resolve().parent.parent
+    blocks = re.findall(r"```\n(attnscope [^\n]+)\n```\n\n```text\n(.*?)```", (root / "docs" / "trace.md").read_text(),
+                        re.S)
+    assert len(blocks) >= 5
+    monkeypatch.chdir(root)
+    for command, shown in blocks:
+        args = shlex.split(command, comments=True)[1:]
+        for name in (a for a in args if a.endswith(".safetensors") and not (tmp_path / a).exists()):
+            EXAMPLE_FILES[name](tmp_path)
+        args = [str(tmp_path / a) if a.endswith(".safetensors") else a for a in args]
+        result = runner.invoke(app, args, env={"COLUMNS": "100", "NO_COLOR": "1"})
+        real = {line.rstrip() for line in result.stdout.splitlines()}
+        missing = [line for line in shown.splitlines() if line.strip() and line.rstrip() not in real]
+        assert not missing, (command, missing)
+
+
+def test_a_failure_in_forward_with_an_export_keeps_stderr_to_one_line(tmp_path):
+    from cli_main import run_main
+
+    path = write(tmp_path, SHAPE_ERROR)
+    outcome = run_main("trace", f"{path}:ShapeError", "--init", "d_feat=40, n_head=4", "--svg", str(tmp_path / "x.svg"))
+    assert outcome.code == 1 and len(outcome.error_lines) == 1 and "wrote" in outcome.stderr, outcome.stderr
+    assert "your code failed at line" in outcome.stdout and (tmp_path / "x.svg").exists()

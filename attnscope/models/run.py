@@ -1,0 +1,86 @@
+"""Running the prefix: embed the text, run layers 0..L-1 whole, trace layer L's attention (nothing after it),
+and slice head h's own steps out of the layer's trace."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.models.family import Family
+    from attnscope.spec import AttentionSpec
+    from attnscope.trace import Trace
+
+
+@dataclass
+class LayerRun:
+    """Layer L's attention on a sentence: every step of the layer (`layer`: X, Q_feat, ..., x, all heads)
+    and head h's own slice of it (`head`: X, Q, K, V, ..., attention, out)."""
+
+    layer: Trace
+    head: Trace
+    spec: AttentionSpec
+
+
+def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int) -> LayerRun:
+    """Embed, run layers 0..layer-1 whole, and layer `layer`'s attention traced (nothing after it)."""
+    import torch
+
+    with torch.no_grad():
+        h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
+        for earlier in range(layer):
+            h = model.block(earlier, h, model.attention(earlier, record=False))
+        X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
+        traced = model.attention(layer, record=True)(X)
+    layer_trace = _layer_trace(traced, X, made)
+    layer_trace.notes.extend(model.layer_notes(layer))
+    return LayerRun(layer_trace, model.head_trace(layer_trace, head), model.attention_spec(layer))
+
+
+MODEL_DIMS = {"n_Q": "n_tokens", "n_K": "n_tokens", "d_feat": "d_model"}
+
+
+def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
+    """X first, then MultiHeadAttention's steps with a model's axis names (a sentence has n_tokens queries and
+    keys; the model's width is d_model) and X as the input of all three projections."""
+    from attnscope.trace import Trace
+
+    trace = Trace(notes=list(inner.notes))
+    trace.add("X", X, ("n_batch", "n_tokens", "d_model"), made)
+    for step in inner.steps:
+        dims = tuple(MODEL_DIMS.get(d, d) for d in step.dims)
+        # every projection reads X: W_q(Q) -> W_q(X), and MLA's q_a_proj(Q), kv_a_proj_with_mqa(K) likewise
+        op = re.sub(r"\((Q|K|V)\)$", "(X)", step.op.replace("d_feat", "d_model"))
+        trace.add(step.name, step.tensor, dims, op, step.flops, step.allocates)
+    return trace
+
+
+# Head h's steps: (its name, the layer step it is a slice of, which head index: query head or KV head).
+HEAD_STEPS = (("Q", "Q_split", "q"), ("K", "K_split", "kv"), ("V", "V_split", "kv"), ("Q_rot", "Q_rot", "q"),
+              ("K_rot", "K_rot", "kv"), ("Q_normed", "Q_normed", "q"), ("K_normed", "K_normed", "kv"),
+              ("Q_tuned", "Q_tuned", "q"), ("scores", "scores", "q"), ("capped_scores", "capped_scores", "q"),
+              ("masked_scores", "masked_scores", "q"), ("attention", "attention", "q"), ("out", "x_raw", "q"))
+
+
+def head_trace(model: Family, layer: Trace, head: int, bias: bool) -> Trace:
+    """Head h's own computation, as views into the layer's steps: its query rows, the keys and values of the
+    KV head that serves it, its scores, pattern and output. Names as sdpa's (X, Q, K, V, ..., out)."""
+    from attnscope.trace import Trace
+
+    trace = Trace()
+    X = layer.step("X")
+    trace.add("X", X.tensor[0], X.dims[1:], f"{X.op} (n_batch 0)", allocates=False)
+    index = {"q": head, "kv": model.kv_head(head)}
+    formulas = {name: f" = X @ W_{name}.T" + (f" + b_{name}" if bias else "") for name in ("Q", "K", "V")}
+    formulas["out"] = f" = attention @ {'V_rep' if 'V_rep' in layer else 'V_split'}[0, {head}]"
+    for name, source, which in HEAD_STEPS:
+        if source not in layer:
+            continue
+        step = layer.step(source)
+        i = index[which]
+        op = f"{source}[0, {i}]{formulas.get(name, '')}"
+        trace.add(name, step.tensor[0, i], step.dims[2:], op, 0, allocates=False)
+    return trace

@@ -1,0 +1,81 @@
+"""What the forward's other parameters are given: a decode step's cache and first position (--cache N), and
+RoPE's tables (--rope), each in the form the code that passes them in writes it.
+
+- a cache (`kv_cache`, `past_key_value`, `layer_past`, ...): the tuple `(K_cache, V_cache)`, each
+  `[n_batch, n_kv_head, n_cache, d_head]`, keys already rotated (transformers' caches hold them so);
+- a first position (`start_pos`, `offset`, `past_length`, ...): n_cache (0 without --cache);
+- `cos`, `sin`: `[n_pos, d_head]` for positions 0 .. n_K - 1, half-split (`cat(freqs, freqs)`), as
+  LLMs-from-scratch's `compute_rope_params` makes them; the code slices its positions out;
+- `freqs_cis`: complex `[n_Q, d_head / 2]` for the new positions, as Meta's `precompute_freqs_cis` sliced by
+  `Transformer.forward` (`freqs_cis[start_pos : start_pos + seqlen]`);
+- `position_embeddings`: `(cos, sin)`, each `[n_batch, n_Q, d_head]` for the new positions, as transformers'
+  `LlamaRotaryEmbedding` hands them to `LlamaAttention.forward`.
+The tables use the reference's base (--rope-base), so what they cannot tell apart is the user's pairing and
+slicing, which is what the diagnoses look at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.usertrace.inputs import Inputs
+    from attnscope.usertrace.load import Plan
+
+
+@dataclass
+class Feeds:
+    values: dict[str, Any] = field(default_factory=dict)  # parameter -> what it is given
+    steps: list[tuple[str, torch.Tensor, tuple[str, ...], str]] = field(default_factory=list)  # shown as inputs
+    labels: dict[int, str] = field(default_factory=dict)  # id(tensor) -> how ops name it
+
+
+def feeds(plan: Plan, inputs: Inputs, rope_base: float | None) -> Feeds:
+    import torch
+
+    out = Feeds()
+    sizes = inputs.sizes
+    n_cache = sizes.get("n_cache", 0)
+    if plan.cache is not None:
+        out.values[plan.cache] = inputs.cache
+        if inputs.cache is not None:
+            dims = ("n_batch", "n_kv_head" if "n_kv_head" in sizes else "n_head", "n_cache", "d_head")
+            for i, (name, tensor) in enumerate(zip(("K_cache", "V_cache"), inputs.cache, strict=True)):
+                what = "random keys, taken as already rotated" if i == 0 else "random values"
+                out.steps.append((name, tensor, dims, f"input: {plan.cache}[{i}], {what}"))
+                out.labels[id(tensor)] = f"{plan.cache}[{i}]"
+    for name in plan.positions:
+        out.values[name] = n_cache
+    if not plan.tables or rope_base is None:
+        return out
+    from attnscope.rope import Rope
+
+    d_head = sizes.get("d_head", sizes.get("d_K", 0))
+    dtype = next(iter(inputs.tensors.values())).dtype
+    n_pos, n_Q = sizes["n_K"] if plan.self_attention else max(sizes["n_Q"], sizes["n_K"]), sizes["n_Q"]
+    cos, sin = Rope(rope_base).cos_sin(n_pos, d_head, dtype)  # [n_pos, d_head]
+    start = n_cache
+    for name in plan.tables:
+        kind = name.lower()
+        value: Any
+        if kind in ("cos", "sin"):
+            value = cos if kind == "cos" else sin
+            out.steps.append((name, value, ("n_K", "d_head"), f"input: {kind}(position · inv_freq), positions 0 to "
+                              f"{n_pos - 1}, base {rope_base:g}, half-split"))
+        elif kind == "freqs_cis":
+            angle = torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(d_head)
+            value = torch.polar(torch.ones_like(angle), angle)[start:start + n_Q]  # [n_Q, d_head / 2]
+            out.steps.append((name, value, ("n_Q", "d_head/2"), f"input: e^(i·position·inv_freq), positions {start} "
+                              f"to {start + n_Q - 1}, base {rope_base:g} (Meta's precompute_freqs_cis)"))
+        else:  # position_embeddings
+            batch = (sizes.get("n_batch", 1), n_Q, d_head)
+            value = (cos[start:start + n_Q].expand(batch), sin[start:start + n_Q].expand(batch))
+            for i, part in enumerate(value):
+                out.labels[id(part)] = f"{name}[{i}]"
+        out.values[name] = value
+        if not isinstance(value, tuple):
+            out.labels[id(value)] = name
+    return out

@@ -1,0 +1,146 @@
+"""Projections that are not four Linear layers: a fused q/k/v projection, and a wrapped nn.MultiheadAttention.
+
+- A fused projection is one Linear writing q, k and v side by side (nanoGPT's `c_attn = Linear(d, 3d)`,
+  `qkv`, `Wqkv`, `to_qkv`, `in_proj`, GPT-NeoX's `query_key_value`). Its weight's rows are split into q, k, v
+  as the user's code splits its output: by the sizes of the parts its `.split`/`.chunk`/`.unbind` produced
+  (read off the recorded tensors, so `split([q, kv, kv], dim=-1)` of a grouped-query projection splits too),
+  or by shape, in thirds (q | k | v, as nn.MultiheadAttention's `in_proj_weight` and GPT-2's `c_attn`), or per
+  head (`[n_head, 3, d_head]`, GPT-NeoX's `query_key_value`). Each layout is a candidate; the line-up keeps
+  the one under which the most reference steps find their equal (transformers' GPT-2 and GPT-NeoX code splits
+  the same ways: `split(self.split_size, dim=2)`, `view(..., n_head, 3 * head_size)`).
+- An nn.MultiheadAttention inside the module: its `in_proj_weight` (or `q/k/v_proj_weight`) and `out_proj`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.record import Record
+
+FUSED_WORDS = ("qkv", "c_attn", "in_proj", "query_key_value", "att_proj", "wqkv", "to_qkv", "qkv_proj")
+
+
+@dataclass
+class Part:
+    """Rows of a weight (and bias) standing for one projection: `c_attn[0:64]`. Reads like an nn.Linear."""
+
+    name: str
+    weight: torch.Tensor  # [out_features, in_features]
+    bias: torch.Tensor | None
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+
+def rows(name: str, weight: torch.Tensor, bias: torch.Tensor | None, index: torch.Tensor | slice,
+         label: str) -> Part:
+    return Part(f"{name}{label}", weight.detach()[index], bias.detach()[index] if bias is not None else None)
+
+
+def inner_mha(module: nn.Module) -> tuple[str, nn.MultiheadAttention] | None:
+    found = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.MultiheadAttention)]
+    return found[0] if len(found) == 1 else None
+
+
+def mha_parts(name: str, mha: nn.MultiheadAttention) -> dict[str, tuple[str, object]]:
+    """q, k, v, o of a wrapped nn.MultiheadAttention, as `F.multi_head_attention_forward` splits them."""
+    d = mha.embed_dim
+    prefix = f"{name}." if name else ""
+    if mha.in_proj_weight is not None:
+        weight, bias = mha.in_proj_weight, mha.in_proj_bias
+        parts = {role: rows(f"{prefix}in_proj_weight", weight, bias, slice(i * d, (i + 1) * d),
+                            f"[{i * d}:{(i + 1) * d}]") for i, role in enumerate("qkv")}
+    else:
+        bias = mha.in_proj_bias
+        parts = {role: Part(f"{prefix}{role}_proj_weight", getattr(mha, f"{role}_proj_weight").detach(),
+                            bias.detach()[i * d:(i + 1) * d] if bias is not None else None)
+                 for i, role in enumerate("qkv")}
+    out: dict[str, tuple[str, object]] = {role: (part.name, part) for role, part in parts.items()}
+    out["o"] = (f"{prefix}out_proj", mha.out_proj)
+    return out
+
+
+def fused_linear(linears: list[tuple[str, nn.Linear]]) -> tuple[str, nn.Linear] | None:
+    """The Linear writing q, k and v at once: named like one (qkv, c_attn, ...) and wider than it reads, or,
+    failing a name, the only one writing exactly three times what it reads."""
+    named = [(n, m) for n, m in linears if any(w in n.lower().replace(".", "_") for w in FUSED_WORDS)
+             and m.out_features > m.in_features]
+    if len(named) == 1:
+        return named[0]
+    tripled = [(n, m) for n, m in linears if m.out_features == 3 * m.in_features]
+    return tripled[0] if len(tripled) == 1 else None
+
+
+def output_linear(linears: list[tuple[str, nn.Linear]], fused: tuple[str, nn.Linear],
+                  role_of: Callable[[str], str | None]) -> tuple[str, nn.Linear] | None:
+    """The output projection beside a fused one: the Linear writing d_feat back (nanoGPT's `c_proj`); by its
+    name where several could be (o, out, proj, dense), else the only one."""
+    d_feat = fused[1].in_features
+    others = [(n, m) for n, m in linears if n != fused[0] and m.out_features == d_feat]
+    if len(others) == 1:
+        return others[0]
+    by_role = [(n, m) for n, m in others if role_of(n) == "o"]
+    by_word = [(n, m) for n, m in others if any(w in n.lower() for w in ("out", "proj", "dense"))]
+    chosen = by_role if len(by_role) == 1 else by_word
+    return chosen[0] if len(chosen) == 1 else None
+
+
+def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: int | None,
+                  d_head: int | None) -> list[tuple[str, dict[str, Part]]]:
+    """Every way of reading the fused weight's rows as q, k, v, each with how it was found."""
+    weight, bias, width = linear.weight, linear.bias, linear.out_features
+    layouts: list[tuple[str, dict[str, Part]]] = []
+    for sizes, line in recorded_splits(name, records, width):
+        bounds = [0, sizes[0], sizes[0] + sizes[1], width]
+        parts = {role: rows(name, weight, bias, slice(bounds[i], bounds[i + 1]), f"[{bounds[i]}:{bounds[i + 1]}]")
+                 for i, role in enumerate("qkv")}
+        layouts.append((f"split as its output is split at line {line}", parts))
+    if n_head and d_head and width > n_head * d_head and (width - n_head * d_head) % 2 == 0 \
+            and width != 3 * n_head * d_head:  # grouped-query: q's n_head heads, then k's and v's fewer
+        q, kv = n_head * d_head, (width - n_head * d_head) // 2
+        bounds = [0, q, q + kv, width]
+        parts = {role: rows(name, weight, bias, slice(bounds[i], bounds[i + 1]), f"[{bounds[i]}:{bounds[i + 1]}]")
+                 for i, role in enumerate("qkv")}
+        layouts.append(("split by widths, n_head·d_head for q, then n_kv_head·d_head each for k and v", parts))
+    if width % 3 == 0:
+        third = width // 3
+        parts = {role: rows(name, weight, bias, slice(i * third, (i + 1) * third), f"[{i * third}:{(i + 1) * third}]")
+                 for i, role in enumerate("qkv")}
+        layouts.append(("split in thirds, q | k | v", parts))
+        if n_head and d_head and 3 * n_head * d_head == width:  # GPT-NeoX: [n_head, 3, d_head]
+            grid = torch.arange(width).view(n_head, 3, d_head)
+            parts = {role: rows(name, weight, bias, grid[:, i].reshape(-1), f"[per head, part {i}]")
+                     for i, role in enumerate("qkv")}
+            layouts.append(("split per head, [n_head, 3, d_head]", parts))
+    return layouts
+
+
+def recorded_splits(name: str, records: list[Record], width: int) -> list[tuple[tuple[int, int, int], int]]:
+    """The sizes (along the last axis) of three parts the fused projection's output was split into, read off
+    the recorded parts: `.split(64, dim=2)`, `.split([64, 16, 16], dim=-1)`, `.chunk(3, -1)`."""
+    found = []
+    made = {r.index for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)}
+    for i, first in enumerate(records):
+        if first.details.get("part") != 0 or first.parents[:1] == () or first.parents[0] not in made:
+            continue
+        whole = records[first.parents[0]].tensor
+        parts = [first]
+        for r in records[i + 1:]:
+            if r.details.get("part") != len(parts) or r.parents[:1] != first.parents[:1]:
+                break
+            parts.append(r)
+        sizes = tuple(int(r.tensor.shape[-1]) for r in parts)
+        if len(sizes) == 3 and sum(sizes) == width and all(r.tensor.shape[:-1] == whole.shape[:-1] for r in parts):
+            found.append(((sizes[0], sizes[1], sizes[2]), first.line))
+    return found

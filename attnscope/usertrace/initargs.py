@@ -1,0 +1,156 @@
+"""`--init`: a constructor's keyword arguments, read with `ast`, never `eval`.
+
+A value is a Python literal (numbers, strings, True/False/None, tuples, lists, sets, dicts: what
+`ast.literal_eval` reads), or a call of a class defined in the user's own file, with such values as its
+arguments: `--init "config=GPTConfig(n_embd=64, n_head=4)"` builds nanoGPT's config dataclass, as
+`CausalSelfAttention(config)` wants it. Nothing else is evaluated: no names (but a called class's), no
+attribute access (`torch.float32`), no calls of functions or of classes from elsewhere (`nn.Linear`,
+`__import__`), no operators (`1 + 1`). The classes are called when the module is built (load.construct),
+as the user's code, under the same guard.
+
+Text a parser cannot take safely is refused in one line (exit 2): longer than MAX_CHARS (`1+1+...` with
+20,000 terms overflows the parser's recursion), not encodable as UTF-8 (an invalid byte on the command
+line), nested too deep (100,000 unary minus signs run the parser out of memory).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from attnscope.errors import UsageError
+
+MAX_CHARS = 10_000
+SHOWN = 60  # how much of a value a message quotes
+EXAMPLE = '--init "d_feat=200, n_head=5"'
+
+
+@dataclass(frozen=True)
+class ClassCall:
+    """`GPTConfig(n_embd=64, n_head=4)`: a class of the user's file and its arguments, called by `build`."""
+
+    cls: type
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...]
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def build(value: Any) -> Any:
+    """The value with every class call made (innermost first), containers rebuilt around them."""
+    if isinstance(value, ClassCall):
+        return value.cls(*(build(a) for a in value.args), **{k: build(v) for k, v in value.kwargs})
+    if isinstance(value, (list, tuple, set)):
+        return type(value)(build(v) for v in value)
+    if isinstance(value, dict):
+        return {build(k): build(v) for k, v in value.items()}
+    return value
+
+
+def has_calls(value: Any) -> bool:
+    if isinstance(value, ClassCall):
+        return True
+    if isinstance(value, (list, tuple, set)):
+        return any(has_calls(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_calls(k) or has_calls(v) for k, v in value.items())
+    return False
+
+
+def parse_init(text: str | None, classes: Mapping[str, type] | None = None, file: str = "the file") -> dict[str, Any]:
+    """`"d_feat=200, n_head=5"` -> {"d_feat": 200, "n_head": 5}; `classes` are the classes the user's file
+    defines (by name), the only names a value may call; `file` names it in messages."""
+    if not text or not text.strip():
+        return {}
+    if len(text) > MAX_CHARS:
+        raise UsageError(f"--init is {len(text):,} characters long; constructor arguments fit in {MAX_CHARS:,}, "
+                         f"e.g. {EXAMPLE}")
+    try:
+        text.encode("utf-8")
+    except UnicodeError:
+        raise UsageError("--init holds a byte that is not UTF-8 text; write the arguments in plain text, e.g. "
+                         f"{EXAMPLE}") from None
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except (SyntaxError, ValueError):
+        raise UsageError(f"--init {_quote(text)}: write keyword arguments, e.g. {EXAMPLE}") from None
+    except (RecursionError, MemoryError):
+        raise UsageError(f"--init is nested too deeply to read; write plain keyword arguments, e.g. {EXAMPLE}") \
+            from None
+    if not isinstance(call, ast.Call) or call.args:
+        raise UsageError(f"--init {_quote(text)}: keyword arguments only (name=value), e.g. {EXAMPLE}")
+    reader = _Reader(dict(classes or {}), file)
+    values: dict[str, Any] = {}
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            raise UsageError("--init: ** is not allowed; write each argument as name=value")
+        try:
+            values[keyword.arg] = reader.value(keyword.value, f"{keyword.arg}={_source(keyword.value)}")
+        except (RecursionError, MemoryError):
+            raise UsageError(f"--init: {keyword.arg}= is nested too deeply to read; write plain literals") \
+                from None
+    return values
+
+
+class _Reader:
+    def __init__(self, classes: dict[str, type], file: str) -> None:
+        self.classes, self.file = classes, file
+
+    def value(self, node: ast.expr, where: str) -> Any:
+        if not any(isinstance(n, ast.Call) for n in ast.walk(node)):
+            try:
+                return ast.literal_eval(node)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                raise UsageError(self._refusal(node, where)) from None
+        if isinstance(node, ast.Call):
+            return self._call(node, where)
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            items = [self.value(e, where) for e in node.elts]
+            return tuple(items) if isinstance(node, ast.Tuple) else set(items) if isinstance(node, ast.Set) else items
+        if isinstance(node, ast.Dict) and None not in node.keys:
+            return {self.value(k, where): self.value(v, where)  # type: ignore[arg-type]
+                    for k, v in zip(node.keys, node.values, strict=True)}
+        raise UsageError(self._refusal(node, where))
+
+    def _call(self, node: ast.Call, where: str) -> ClassCall:
+        name = node.func.id if isinstance(node.func, ast.Name) else None
+        if name is None or name not in self.classes:
+            raise UsageError(self._refusal(node, where))
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise UsageError(f"--init: {_quote(where)}: * and ** are not allowed in a call; give each argument")
+        args = tuple(self.value(a, where) for a in node.args)
+        kwargs = tuple((str(k.arg), self.value(k.value, where)) for k in node.keywords)
+        return ClassCall(self.classes[name], args, kwargs, _source(node))
+
+    def _refusal(self, node: ast.expr, where: str) -> str:
+        """Say what in the value is not allowed: a call of something else, a name, an attribute, an operator."""
+        allowed = ("is not a Python literal (numbers, strings, True/False/None, tuples, lists, dicts) or a call "
+                   f"of a class {self.file} defines")
+        defined = f" ({self.file} defines {', '.join(sorted(self.classes))})" if self.classes else ""
+        for part in ast.walk(node):
+            if isinstance(part, ast.Call):
+                func = _source(part.func)
+                if isinstance(part.func, ast.Attribute):
+                    return f"--init: {_quote(where)} {allowed}: {func}(...) is called through an attribute"
+                if not isinstance(part.func, ast.Name):
+                    return f"--init: {_quote(where)} {allowed}: {func}(...) calls no class by its name"
+                if part.func.id not in self.classes:
+                    return f"--init: {_quote(where)} {allowed}: {func} is not one of its classes{defined}"
+            if isinstance(part, ast.Attribute):
+                return f"--init: {_quote(where)} {allowed}: attribute access ({_source(part)}) is not allowed"
+        return f"--init: {_quote(where)} {allowed}"
+
+
+def _source(node: ast.AST) -> str:
+    try:
+        return ast.unparse(node)
+    except (RecursionError, MemoryError, ValueError):
+        return "..."
+
+
+def _quote(text: str) -> str:
+    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"

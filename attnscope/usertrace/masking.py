@@ -1,0 +1,162 @@
+"""How the user's code reads its mask, and the mask given to it in that convention.
+
+The code is first called with a boolean mask, True = may attend. Its recorded ops then say how it applies
+the mask (the first op where the mask, or what the code made of it, meets the scores):
+
+- `scores.masked_fill(mask == 0, -1e9)`, `~mask`, `torch.where(mask, scores, -inf)`,
+  `F.scaled_dot_product_attention(attn_mask=mask)`: True = may attend ("attend", the tutorials' and PyTorch's
+  F.scaled_dot_product_attention's convention);
+- `scores.masked_fill(mask, -1e9)`, `scores[mask] = -inf`, nn.MultiheadAttention's `attn_mask` and
+  `key_padding_mask`: True = masked out ("masked");
+- `scores + mask`: an additive float mask, 0 = may attend, -inf = masked ("additive", transformers' and
+  F.scaled_dot_product_attention's float masks);
+- `1 - mask` (which PyTorch refuses on a boolean): 0/1 floats, 1 = may attend ("float01", BERT's
+  `(1.0 - mask) * -10000.0`); a code that casts the mask and builds its bias itself reads it as "attend".
+When the convention is not "attend", the code is called again with the mask written its way. Inverting a
+mask that the code reads the other way round is what `torch.nn.MultiheadAttention` asks of a mask written for
+F.scaled_dot_product_attention; transformers' `_prepare_4d_attention_mask` turns 0/1 into 0/-inf the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.usertrace.record import Failure, Record
+
+INVERTING = ("__invert__", "bitwise_not", "logical_not")
+CARRYING = ("unsqueeze", "view", "reshape", "expand", "expand_as", "to", "bool", "__getitem__", "squeeze",
+            "contiguous", "type_as", "float", "int", "long", "half", "bfloat16", "double", "repeat", "cuda", "cpu",
+            "broadcast_to", "permute", "transpose", "clone", "detach", "type")
+COMPARING = ("__eq__", "eq", "__ne__", "ne")
+BELOW = ("__lt__", "lt", "__le__", "le")  # `mask < 0.5`: True where the mask is False
+ABOVE = ("__gt__", "gt", "__ge__", "ge")  # `mask > 0`: True where it is True
+ARITHMETIC = ("__rsub__", "sub", "__sub__", "mul", "__mul__", "__rmul__", "add", "__add__", "__radd__", "div",
+              "__truediv__", "masked_fill", "where")
+WORDS = {
+    "attend": "boolean, True = may attend (F.scaled_dot_product_attention's convention)",
+    "masked": "boolean, True = masked out (nn.MultiheadAttention's convention)",
+    "additive": "additive float, 0 = may attend, -inf = masked",
+    "float01": "float 0/1, 1 = may attend",
+}
+
+
+@dataclass
+class Convention:
+    kind: str  # attend | masked | additive | float01
+    line: int | None = None
+    how: str = ""  # the op that told it
+
+    def note(self, parameter: str) -> str:
+        where = f" (line {self.line}: {self.how})" if self.line else ""
+        if self.kind == "attend" and self.how == "converted":
+            return (f"{parameter}: {WORDS['attend']}; your code builds its own bias from it"
+                    f"{f' (line {self.line})' if self.line else ''}")
+        reads = {"attend": "it masks where the mask is False", "masked": "it masks where the mask is True",
+                 "additive": "it adds the mask to the scores", "float01": "it computes with the mask as numbers"}
+        return f"{parameter}: {WORDS[self.kind]}, as your code reads it: {reads[self.kind]}{where}"
+
+
+def detect(records: list[Record], failure: Failure | None, label: str) -> Convention:
+    """The convention the code's ops show (attend when they show none)."""
+    derived: dict[int, tuple[bool, bool]] = {}  # record -> (inverted, made by arithmetic)
+    for record in records:
+        sources = [_source(arg, derived, label) for arg in record.args]
+        found = [s for s in sources if s is not None]
+        if not found:
+            continue
+        inverted, arithmetic = found[0]
+        others = [a for a, s in zip(record.args, sources, strict=True) if s is None and _is_tensor(a)]
+        name = record.func
+        if others:  # the mask meets another tensor: this op applies it
+            return _applied(record, inverted, arithmetic, others)
+        if name in INVERTING:
+            derived[record.index] = (not inverted, arithmetic)
+        elif name in COMPARING:
+            value = _literal(record.args[1]) if len(record.args) > 1 else None
+            flips = (value in (0, False)) == (name in ("__eq__", "eq"))
+            derived[record.index] = (inverted ^ flips, arithmetic)
+        elif name in BELOW or name in ABOVE:
+            derived[record.index] = (inverted ^ (name in BELOW), arithmetic)
+        elif name in ("scaled_dot_product_attention",):
+            return Convention("attend", record.line, "F.scaled_dot_product_attention(attn_mask=...)")
+        elif name == "multi_head_attention_forward":
+            return Convention("masked", record.line, "nn.MultiheadAttention's attn_mask")
+        else:
+            derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
+    if failure is not None and label in failure.op and "bool" in failure.message.lower():
+        return Convention("float01", failure.line, failure.op)
+    return Convention("attend")
+
+
+def _applied(record: Record, inverted: bool, arithmetic: bool, others: list[Any]) -> Convention:
+    name, op = record.func, record.details.get("op", record.call)
+    if arithmetic:
+        return Convention("attend", record.line, "converted")
+    if name.startswith("masked_fill") or name == "__setitem__":
+        return Convention("attend" if inverted else "masked", record.line, op)
+    if name == "where":
+        keeps_scores = len(record.args) > 1 and _is_tensor(record.args[1]) and record.args[1] in others
+        return Convention("attend" if keeps_scores != inverted else "masked", record.line, op)
+    if name in ("add", "__add__", "__radd__", "sub", "__sub__"):
+        return Convention("additive", record.line, op)
+    if name == "scaled_dot_product_attention":
+        return Convention("attend", record.line, "F.scaled_dot_product_attention(attn_mask=...)")
+    if name == "multi_head_attention_forward":
+        return Convention("masked", record.line, "nn.MultiheadAttention's attn_mask")
+    return Convention("attend")
+
+
+def _source(arg: Any, derived: dict[int, tuple[bool, bool]], label: str) -> tuple[bool, bool] | None:
+    kind, value = arg
+    if kind == "text" and value == label:
+        return (False, False)
+    if kind == "rec" and value in derived:
+        return derived[value]
+    if kind == "kw":
+        return _source(value[1], derived, label)
+    return None
+
+
+def _is_tensor(arg: Any) -> bool:
+    kind, value = arg
+    if kind == "kw":
+        return _is_tensor(value[1])
+    return kind == "rec" or (kind == "text" and isinstance(value, str) and value.isidentifier()
+                             and value not in ("True", "False", "None"))
+
+
+def _literal(arg: Any) -> Any:
+    kind, value = arg
+    if kind != "text":
+        return None
+    return {"0": 0, "0.0": 0, "False": False, "1": 1, "1.0": 1, "True": True}.get(str(value))
+
+
+def written(allowed: torch.Tensor, kind: str, dtype: torch.dtype, line: int | None = None) -> torch.Tensor:
+    """`allowed` (boolean, True = may attend; or a float bias from a --mask file) in the convention `kind`."""
+    import torch
+
+    from attnscope import masks
+
+    if allowed.is_floating_point():
+        if kind == "additive":
+            return allowed.to(dtype)
+        values = allowed[torch.isfinite(allowed)]
+        if bool((values != 0).any()):
+            where = f" (line {line})" if line else ""
+            raise UsageError(f"--mask holds a float bias (values other than 0 and -inf), but your code reads its mask "
+                             f"as {WORDS[kind]}{where}; give a boolean mask")
+        allowed = allowed == 0
+    if kind == "masked":
+        return ~allowed
+    if kind == "additive":
+        return masks.to_additive(allowed).to(dtype)
+    if kind == "float01":
+        return allowed.to(dtype)
+    return allowed

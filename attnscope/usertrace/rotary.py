@@ -1,0 +1,157 @@
+"""The classic RoPE mistakes, told by the numbers: each alternative rotation is computed from the reference's
+own unrotated Q_split / K_split and compared with the user's tensor.
+
+The alternatives are written here, small and in float64, rather than taken from attnscope.rope (which computes
+the reference's half-split form; an interleaved pairing is being added there in parallel): the diagnosis needs
+rotations the reference never makes (another base, positions from 0, the other pairing).
+
+- half-split pairing (transformers' LLaMA `rotate_half`: coordinate i with i + d/2) against interleaved
+  (GPT-J, Meta's `llama/model.py` `view_as_complex(x.reshape(..., -1, 2))`: 2i with 2i + 1);
+- the base (a config's `rope_theta`): fitted from the angle pair 1 turns at the first positions, then checked
+  by rotating with it;
+- positions in a decode step: new tokens at n_cache + i, not i;
+- not rotated at all;
+- RoPE after the head repeat: keys repeated for the query heads first, rotated after (the numbers agree with
+  rotating first, at n_group times the work; transformers' LlamaAttention rotates, caches, then `repeat_kv`s).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.align import Match
+    from attnscope.usertrace.diagnose import Context, Diagnosis
+
+ROTATED = {"Q_rot": ("Q_split", "Q"), "K_rot": ("K_split", "K")}
+KNOWN_BASES = (10000.0, 500000.0, 1000000.0, 100000.0, 50000.0, 1000.0, 100.0)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str = "half") -> torch.Tensor:
+    """x `[.., n, d]` rotated at `positions` `[n]` with `base`, in float64: half-split pairs i with i + d/2,
+    interleaved pairs 2i with 2i + 1; pair i turns by position · base^(-2i/d)."""
+    x = x.double()
+    d = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
+    angle = positions.double()[:, None] * inv_freq  # [n, d/2]
+    cos, sin = angle.cos(), angle.sin()
+    if pairing == "half":
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    from attnscope.usertrace.diagnose import Diagnosis, _close, _in_reference_layout, _who
+
+    if near is None or step not in ROTATED or ctx.spec is None or ctx.spec.rope_base is None:
+        return None
+    source = next((s for s in ROTATED[step] if s in ctx.reference), None)
+    if source is None:
+        return None
+    x = ctx.reference[source].double()
+    user = _in_reference_layout(near, step, ctx)
+    if tuple(user.shape) != tuple(x.shape):
+        return None
+    base, n = ctx.spec.rope_base, x.shape[-2]
+    start = _start(step, ctx)
+    positions = torch.arange(start, start + n)
+    who, what = _who(near.record), "queries" if step == "Q_rot" else "keys"
+    if _close(user, rotate(x, positions, base, "interleaved")):
+        return Diagnosis(f"{who} pairs RoPE's coordinates interleaved, (0, 1), (2, 3), ... (GPT-J, Meta's "
+                         "view_as_complex), where the reference pairs them half-split, (i, i + d_head/2), as "
+                         "transformers' LLaMA rotate_half does; the two agree only once the q and k weights' rows are "
+                         "permuted (transformers' convert_llama_weights_to_hf)", near.record)
+    if start and _close(user, rotate(x, torch.arange(n), base)):
+        return Diagnosis(f"positions not offset in a decode step: {who} rotates the {n} new {what} at positions "
+                         f"0 to {n - 1}, but after {ctx.spec.cache or start} cached positions they sit at {start} to "
+                         f"{start + n - 1}; add the cache's length to the positions (cos[start:start + n], "
+                         "freqs_cis[start_pos : start_pos + seqlen])", near.record)
+    for pairing in ("half", "interleaved"):
+        fitted = _fit_base(x, user, positions, pairing)
+        if fitted is not None and not math.isclose(fitted, base, rel_tol=1e-3):
+            pairs = "" if pairing == "half" else ", and pairs its coordinates interleaved"
+            return Diagnosis(f"{who} rotates with RoPE base {fitted:g} where the reference uses {base:g}{pairs}: "
+                             f"pair i turns by position · {fitted:g}^(-2i/d_head); if your model was trained with "
+                             f"rope_theta = {fitted:g}, pass --rope-base {fitted:g}, else fix the base", near.record)
+    return None
+
+
+def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    """Asked after every other candidate was tried for a wrong rotation: the unrotated input itself."""
+    from attnscope.usertrace.diagnose import Diagnosis, _close, _in_reference_layout, _who
+
+    if near is None or step not in ROTATED or ctx.spec is None or ctx.spec.rope_base is None:
+        return None
+    source = next((s for s in ROTATED[step] if s in ctx.reference), None)
+    if source is None or not _close(_in_reference_layout(near, step, ctx), ctx.reference[source].double()):
+        return None
+    what = "queries" if step == "Q_rot" else "keys"
+    return Diagnosis(f"{_who(near.record)} is {source} not rotated, and no tensor of yours is {source} rotated: "
+                     f"RoPE is never applied to the {what} (the reference rotates them, --rope, base "
+                     f"{ctx.spec.rope_base:g})", near.record)
+
+
+def after_repeat(step: str, ctx: Context) -> Diagnosis | None:
+    """At K_rot: no rotated, unrepeated keys, but the repeated keys rotated after the repeat are there."""
+    from attnscope.usertrace.align import best_equal
+    from attnscope.usertrace.diagnose import Diagnosis, _who
+
+    if step != "K_rot" or "K_rep" not in ctx.reference or "K_split" not in ctx.reference:
+        return None
+    n_group = ctx.reference["K_rep"].shape[-3] // ctx.reference["K_split"].shape[-3]
+    repeated = ctx.reference["K_split"].repeat_interleave(n_group, dim=-3)  # unrotated, repeated
+    before = best_equal(ctx.records, repeated, None)
+    rotated = best_equal(ctx.records, ctx.reference["K_rep"], None)
+    if before is None or rotated is None or rotated.record.index < before.record.index:
+        return None
+    return Diagnosis(f"RoPE applied after the head repeat: {_who(before.record)} repeats the unrotated keys for the "
+                     f"{n_group} query heads of each key/value head, and {_who(rotated.record)} rotates them after; "
+                     "the numbers agree with rotating first (it equals K_rep), but each key is rotated "
+                     f"{n_group} times over and a cache filled before the rotation holds unrotated keys. Rotate "
+                     "K_split first and repeat after, as transformers' LlamaAttention does (apply_rotary_pos_emb, "
+                     "then repeat_kv)",
+                     rotated.record)
+
+
+def _start(step: str, ctx: Context) -> int:
+    """Where the reference's queries (or new keys) start: after the cache, or lower-right's offset."""
+    spec, sizes = ctx.spec, ctx.sizes
+    assert spec is not None
+    if spec.cache:
+        return spec.cache
+    if step == "Q_rot" and spec.causal == "lower-right":
+        return sizes.get("n_K", 0) - sizes.get("n_Q", 0)
+    return 0
+
+
+def _fit_base(x: torch.Tensor, user: torch.Tensor, positions: torch.Tensor, pairing: str) -> float | None:
+    """The base under which `user` is `x` rotated: pair 1's angle at the first position past 0, then checked."""
+    from attnscope.usertrace.diagnose import _close
+
+    d = x.shape[-1]
+    if d < 4:
+        return None
+    index = next((i for i, p in enumerate(positions.tolist()) if p > 0), None)
+    if index is None:
+        return None
+    first, second = (1, 1 + d // 2) if pairing == "half" else (2, 3)
+    a = torch.complex(x[..., index, first], x[..., index, second])
+    b = torch.complex(user[..., index, first], user[..., index, second])
+    usable = a.abs() > 1e-6
+    if not bool(usable.any()):
+        return None
+    angle = float(torch.angle(b[usable] / a[usable]).median()) / float(positions[index])
+    candidates = list(KNOWN_BASES)
+    if 0 < angle < 1:
+        fitted = angle ** (-d / 2)
+        if math.isfinite(fitted) and fitted > 1:
+            candidates.insert(0, float(f"{fitted:.3g}"))
+    for base in candidates:
+        if _close(user, rotate(x, positions, base, pairing)):
+            return base
+    return None
