@@ -125,6 +125,14 @@ class MultiHeadAttention(nn.Module):
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(merge_heads(F.scaled_dot_product_attention(...)))")
         return trace
 
+    def project(self, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's per-head queries, keys and values as the attention reads them (projected, split and
+        rotated), nothing recorded: `[n_batch, n_head, n, d_head]` and `[n_batch, n_kv_head, n, d_head]`. A long
+        input's pattern is computed from these in blocks of query rows (models/long.py)."""
+        self._check_inputs(X, X, X, None)
+        q, k, v, _ = self._heads(_keep_tensor, X, X, X, None, self.spec)
+        return q, k, v
+
     def _width(self, heads: str) -> str:
         """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head`."""
         n = self.n_head if heads == "n_head" else self.n_kv_head
@@ -186,6 +194,11 @@ class MultiHeadAttention(nn.Module):
             return attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
                                   names=names, spec=spec)["x_raw"]
         n_Q, n_K = Q_h.shape[-2], K_h.shape[-2]
+        if mask is None and not spec.alibi and spec.plain_causal and n_Q == n_K:
+            # is_causal=True says the same without an [n_Q, n_K] mask: PyTorch's fused kernels then never hold
+            # one, which a long input's layers need (a 32k-token mask alone is 1 GiB).
+            return F.scaled_dot_product_attention(Q_h, K_h, V_h, dropout_p=dropout_p, is_causal=True,
+                                                  scale=spec.scale, enable_gqa=self.n_group > 1)
         allowed, _ = masks.structural(spec, n_Q, n_K, Q_h.device)
         attn_mask = masks.combine(allowed, mask)
         if spec.alibi:

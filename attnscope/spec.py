@@ -106,6 +106,11 @@ class AttentionSpec:
         """Whether the attention builds a causal, window or chunk mask of its own, one bool per (query, key)."""
         return self.align is not None
 
+    @property
+    def plain_causal(self) -> bool:
+        """Causal and nothing else to the structural mask: where n_Q = n_K, `is_causal=True` says all of it."""
+        return self.align is not None and self.window is None and self.chunk is None
+
     def with_cache(self, cache: int) -> AttentionSpec:
         """The same attention as a decode step after `cache` positions (checked again: upper-left is refused)."""
         return replace(self, cache=cache)

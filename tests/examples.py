@@ -34,7 +34,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
+TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth", ".txt")  # and a text for --text-file
 OUTPUT_OPTIONS = {"--save"}  # file arguments that an example writes rather than reads
 
 _PROMPT = re.compile(r"^(\$ )?attnscope( |$)")
@@ -167,7 +167,15 @@ EXAMPLE_FILES: dict[str, Callable[[Path], None]] = {
                                  "config=GPTConfig(n_embd=64, n_head=4)", causal=True),
     "eager.safetensors": _traced("eager.safetensors", "nanogpt.py", "CausalSelfAttention",
                                  "config=GPTConfig(n_embd=64, n_head=4)", causal=True, eager=True),
+    "book.txt": lambda f: (f / "book.txt").write_text(_long_text(2200)),
 }
+
+
+def _long_text(words: int) -> str:
+    """A text longer than 2048 tokens for the long-input examples: the tiny models' words, drawn at random."""
+    vocabulary = "the cat sat on the mat because it was tired and a dog ran to the park".split()
+    generator = np.random.default_rng(0)
+    return " ".join(vocabulary[i] for i in generator.integers(0, len(vocabulary), words))
 
 
 def named_files(example: Example) -> list[str]:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.head import AllHeads, Head, HeadSave, Layer, Text, run_command
+from attnscope.cli.head import AllHeads, AllLayers, Head, HeadSave, Layer, Text, TextFile, run_command
 from attnscope.cli.options import Debug, Force, HtmlPage, Json, MaxMemory, Svg
 
 BERT_EXAMPLES = """Examples:
@@ -23,7 +23,9 @@ def bert(
     head: Head = 0,
     model: Annotated[str, typer.Option("--model", help="A Hugging Face model name (through the local cache) or a folder with config.json and model.safetensors or pytorch_model.bin.")] = "bert-base-uncased",
     text: Text = None,
+    text_file: TextFile = None,
     all_heads: AllHeads = False,
+    all_layers: AllLayers = False,
     json: Json = False,
     save: HeadSave = None,
     svg: Svg = None,
@@ -34,7 +36,7 @@ def bert(
 ) -> None:
     """One BERT head: its slice of the query/key/value/output weights, and (with --text) its attention."""
     run_command("bert", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
-                force=force, max_memory=max_memory, debug=debug)
+                force=force, max_memory=max_memory, debug=debug, text_file=text_file, all_layers=all_layers)
 
 
 def register(app: typer.Typer) -> None:

@@ -26,6 +26,10 @@ Head = Annotated[int, typer.Option("--head", min=0, help="Head within the layer,
 Text = Annotated[str | None, typer.Option("--text", help="Run the model on this sentence, layers 0 to --layer only, and show every step of that layer's attention and this head's pattern.")]
 AllHeads = Annotated[bool, typer.Option("--all-heads", help="With --text: draw every head of the layer as a grid of small heatmaps, with a table of what each does: entropy, first-token sink, previous, self, distance, kind (docs/heads.md).", rich_help_panel="Output")]
 HeadSave = Annotated[str | None, typer.Option("--save", metavar="FILE", callback=not_empty, help="Write the head's weights and every step shown (the head's under their names, the layer's as layer.NAME) to .safetensors, .npz or .pt.", rich_help_panel="Output")]
+TextFile = Annotated[str | None, typer.Option("--text-file", metavar="FILE", callback=not_empty, help="Read the text from a UTF-8 file. Past 2048 tokens, the head's pattern is computed in blocks of query rows and pooled (docs/generation.md).")]
+AllLayers = Annotated[bool, typer.Option("--all-layers", help="With --text: every head of every layer, a letter for each head's kind (induction heads too) and a small heatmap each; layers run one at a time (docs/heads.md).", rich_help_panel="Output")]
+Generate = Annotated[int, typer.Option("--generate", metavar="N", min=0, help="With --text: decode N new tokens greedily with a KV cache and show, for each, the attention row of --layer that chose it (docs/generation.md).")]
+Rows = Annotated[str | None, typer.Option("--rows", metavar="A:B", help="For a text past 2048 tokens: keep query rows A to B-1 of the pooled pattern exact.", rich_help_panel="Output")]
 MODEL_HELP = ("A folder with config.json and model.safetensors (or its shards, or pytorch_model.bin), or a Hugging "
               "Face model name found in the local cache.")
 
@@ -35,7 +39,11 @@ def head(
     layer: Layer = 0,
     head: Head = 0,
     text: Text = None,
+    text_file: TextFile = None,
     all_heads: AllHeads = False,
+    all_layers: AllLayers = False,
+    generate: Generate = 0,
+    rows: Rows = None,
     json: Json = False,
     save: HeadSave = None,
     svg: Svg = None,
@@ -46,12 +54,14 @@ def head(
 ) -> None:
     """One attention head of a transformer: where it lives in the checkpoint, and (with --text) what it does."""
     run_command("head", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
-                force=force, max_memory=max_memory, debug=debug)
+                force=force, max_memory=max_memory, debug=debug, text_file=text_file, all_layers=all_layers,
+                generate=generate, rows=rows)
 
 
 def run_command(command: str, model: str, layer: int, head: int, text: str | None, *, all_heads: bool, json: bool,
                 save: str | None, svg: str | None, html: str | None, force: bool, max_memory: str | None,
-                debug: bool) -> None:
+                debug: bool, text_file: str | None = None, all_layers: bool = False, generate: int = 0,
+                rows: str | None = None) -> None:
     """What `head` and `bert` do: the same run, the same output."""
     from attnscope import render
 
@@ -62,7 +72,8 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
         from attnscope.views.sources import from_head
 
         options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
-                              max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads)
+                              max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads,
+                              all_layers=all_layers, generate=generate, text_file=text_file, rows=rows)
         status = render.console(stderr=True)
         if status.is_terminal:  # a spinner while it reads and runs; nothing on a pipe
             result = run_head(options, progress=lambda message: status.status(message))

@@ -100,6 +100,32 @@ class Family(ABC):
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
         """A whole layer: the residual stream entering layer + 1."""
 
+    def embed_at(self, ids: list[int], start: int) -> torch.Tensor:
+        """The residual stream of tokens at positions start, start + 1, ... (a decode step). Token embeddings
+        alone, for families whose positions come from RoPE; a family with a position table overrides it."""
+        return self.embed(ids, [0] * len(ids))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The language-model head on the residual stream after the last layer, `[1, n, vocab]`. A family that
+        cannot generate says so."""
+        raise UsageError(f"{{generate}}: {self.architecture} is not a causal language model attnscope can decode "
+                         "with", "generate")
+
+    def regenerates(self, past: int, total: int) -> bool:
+        """Whether decoding drops the cache of `past` positions and runs all `total` again (a family whose
+        generate does so: Phi-3 when longrope switches)."""
+        return False
+
+    def head_weight(self, tied: str, ties_by_default: bool = False) -> torch.Tensor:
+        """The language-model head's weight `[vocab, d_model]`: the token embedding `tied` where the config ties
+        them (`tie_word_embeddings`, default as the family's config class has it), else `lm_head.weight`."""
+        if self.config.flag("tie_word_embeddings", default=ties_by_default):
+            return self.checkpoint.tensor(f"{self.prefix}{tied}")
+        if "lm_head.weight" not in self.checkpoint:
+            raise UsageError(f"{{generate}}: {self.checkpoint.source.name} holds no lm_head.weight (a base model "
+                             "without its language-model head); give a ...ForCausalLM checkpoint", "generate")
+        return self.checkpoint.tensor("lm_head.weight")
+
     # --- shared -----------------------------------------------------------------------------------------
 
     @property
@@ -176,14 +202,19 @@ class Family(ABC):
         return MultiHeadAttention
 
     def estimate_bytes(self, layer: int, n_tokens: int) -> int:
-        """Memory of a run up to `layer`: its layers' weights as stored (the pages read) and as float32, plus the
-        activations and the traced attention (scores, masked, capped and attention of every head)."""
-        stem = f"{self.prefix}{self.layers}."
-        needed = [k for k in self.checkpoint.keys if k.startswith(stem) and _layer_of(k[len(stem):]) <= layer]
-        stored = sum(self.checkpoint.nbytes(k) for k in needed)
-        numel = sum(self._numel(k) for k in needed)
+        """Memory of a run up to `layer`: its layers' weights, plus the activations and the traced attention
+        (scores, masked, capped and attention of every head)."""
         activations = 4 * n_tokens * (40 * self.d_model + 4 * self.n_head * n_tokens)
-        return stored + 4 * numel + activations
+        return self.weight_bytes(layer) + activations
+
+    def weight_bytes(self, layer: int, only: bool = False) -> int:
+        """Layers 0..`layer`'s weights (only layer `layer`'s with `only`) as stored (the pages read) and as
+        float32."""
+        stem = f"{self.prefix}{self.layers}."
+        needed = [k for k in self.checkpoint.keys if k.startswith(stem)
+                  and (_layer_of(k[len(stem):]) == layer if only else _layer_of(k[len(stem):]) <= layer)]
+        stored = sum(self.checkpoint.nbytes(k) for k in needed)
+        return stored + 4 * sum(self._numel(k) for k in needed)
 
     def _numel(self, key: str) -> int:
         import math

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 class Gemma2(Llama):
     model_types = ("gemma2",)
     norm_plus_one = True
+    ties_by_default = True  # Gemma2Config's tie_word_embeddings
     activation_keys = ("hidden_activation", "hidden_act")  # Gemma2MLP reads hidden_activation
 
     def biases(self) -> tuple[bool, bool]:
@@ -64,3 +65,9 @@ class Gemma2(Llama):
         h = h + self.norm(layer, "post_attention_layernorm", x)
         x = self.mlp(layer, self.norm(layer, "pre_feedforward_layernorm", h))
         return h + self.norm(layer, "post_feedforward_layernorm", x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """`Gemma2ForCausalLM`: LLaMA's head, then `final_logit_softcapping` (30) as `c · tanh(logits / c)`."""
+        logits = super().logits(h)
+        cap = self.config.optional_number("final_logit_softcapping")
+        return logits if cap is None else cap * (logits / cap).tanh()

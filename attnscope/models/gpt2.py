@@ -93,10 +93,18 @@ class Gpt2(Family):
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
         """`GPT2Model.forward`: token embedding + learned position embedding."""
-        self.check_length(len(ids))
+        return self.embed_at(ids, 0)  # [1, n_tokens, d_model]
+
+    def embed_at(self, ids: list[int], start: int) -> torch.Tensor:
+        """Tokens at positions start, start + 1, ...: their embeddings and those positions' (a decode step)."""
+        self.check_length(start + len(ids))
         h = (self.checkpoint.rows(f"{self.prefix}wte.weight", ids)
-             + self.checkpoint.rows(f"{self.prefix}wpe.weight", list(range(len(ids)))))  # [n_tokens, d_model]
-        return h[None]  # [1, n_tokens, d_model]
+             + self.checkpoint.rows(f"{self.prefix}wpe.weight", list(range(start, start + len(ids)))))
+        return h[None]  # [1, n, d_model]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """`GPT2LMHeadModel`: the final LayerNorm ln_f, then the head, tied to wte."""
+        return self._norm(f"{self.prefix}ln_f", h) @ self.head_weight("wte.weight", ties_by_default=True).T
 
     def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
         return (self._norm(self.key(layer, "ln_1"), h),

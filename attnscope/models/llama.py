@@ -46,6 +46,7 @@ class Llama(Family):
     prefixes: ClassVar[tuple[str, ...]] = ("model.", "")
     embedding = "embed_tokens.weight"  # the token embedding, [vocab, d_model] (models/shapes.py)
     norm_plus_one = False  # Gemma's RMSNorm scales by (1 + w)
+    ties_by_default = False  # LlamaConfig's tie_word_embeddings
     whole_head_default = True  # the default RoPE turns the whole head whatever partial_rotary_factor says
     activation_keys: tuple[str, ...] = ("hidden_act",)  # where config.json names the MLP's activation
 
@@ -129,3 +130,9 @@ class Llama(Family):
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
         h = h + attention(self.attention_input(layer, h)[0])["x"]
         return h + self.mlp(layer, self.norm(layer, "post_attention_layernorm", h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """`LlamaForCausalLM`: the final RMSNorm, then lm_head (the token embedding where tied)."""
+        eps = self.config.number("rms_norm_eps", default=1e-6)
+        h = layers.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}norm.weight"), eps, plus_one=self.norm_plus_one)
+        return h @ self.head_weight("embed_tokens.weight", self.ties_by_default).T  # [1, n, vocab]

@@ -63,6 +63,20 @@ class Phi3(Llama):
         return [f"qkv_proj stacks Q ({self.n_head}·{self.d_head} rows), K and V ({self.n_kv_head}·{self.d_head} "
                 f"each): head {head} has {placed}", *super().head_notes(head)]
 
+    def regenerates(self, past: int, total: int) -> bool:
+        """`Phi3ForCausalLM.prepare_inputs_for_generation`: when the text first grows past
+        `original_max_position_embeddings`, longrope turns to its long factors and the cache, rotated with the
+        short ones, is dropped: that step runs the whole text again."""
+        limit = self._original_max()
+        return limit is not None and past > 0 and total >= limit + 1 and past <= limit
+
+    def _original_max(self) -> int | None:
+        """transformers checks the config's own attribute (Phi3Config sets it from rope_parameters)."""
+        parameters = self.config.mapping("rope_parameters") or self.config.mapping("rope_scaling") or {}
+        value = self.config.raw("original_max_position_embeddings",
+                                default=parameters.get("original_max_position_embeddings"))
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     def window(self, layer: int) -> int | None:
         return self.config.optional_integer("sliding_window")
 

@@ -35,15 +35,21 @@ def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, he
             h = model.block(earlier, h, model.attention(earlier, record=False))
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         traced = model.attention(layer, record=True)(X)
-    layer_trace = _layer_trace(traced, X, made)
-    layer_trace.notes.extend(model.layer_notes(layer))
-    return LayerRun(layer_trace, model.head_trace(layer_trace, head), model.attention_spec(layer))
+    return layer_run(model, layer, head, traced, X, made)
+
+
+def layer_run(model: Family, layer: int, head: int, traced: Trace, X: torch.Tensor, made: str) -> LayerRun:
+    """Layer `layer`'s attention trace as a model's: X first and model axis names, the family's notes, with head
+    `head`'s own steps."""
+    steps = layer_trace(traced, X, made)
+    steps.notes.extend(model.layer_notes(layer))
+    return LayerRun(steps, model.head_trace(steps, head), model.attention_spec(layer))
 
 
 MODEL_DIMS = {"n_Q": "n_tokens", "n_K": "n_tokens", "d_feat": "d_model"}
 
 
-def _layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
+def layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
     """X first, then MultiHeadAttention's steps with a model's axis names (a sentence has n_tokens queries and
     keys; the model's width is d_model) and X as the input of all three projections."""
     from attnscope.trace import Trace

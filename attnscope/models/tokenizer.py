@@ -159,3 +159,17 @@ def _auto(folder: Path, text: str, settings: dict[str, Any]) -> Encoded:
     ids = list(encoded["input_ids"])
     type_ids = list(encoded.get("token_type_ids") or [0] * len(ids))
     return Encoded(ids, list(tokenizer.convert_ids_to_tokens(ids)), type_ids, "transformers AutoTokenizer")
+
+
+def pieces(folder: Path, ids: list[int]) -> list[tuple[str, str]]:
+    """Each id as a token (`convert_ids_to_tokens`: `▁cat`, `Ġcat`) and as the text it decodes to alone (` cat`),
+    for ids a model generated."""
+    if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return [(tokenizer.id_to_token(i) or "", tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(str(folder))
+    return [(str(auto.convert_ids_to_tokens(i)), str(auto.decode([i]))) for i in ids]

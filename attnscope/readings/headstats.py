@@ -11,11 +11,15 @@ a query that may see no key, is left out), with query i at position p = i + offs
 - distance: the mean over rows of `Σ_j A[i, j] |p − j|`, the mean attended distance in positions;
 - spread: the mean over rows that may see at least two keys of the entropy divided by log2 of how many
   keys the row may see (1: uniform over what it may see): p + 1 keys when the pattern is causal (nothing
-  above the diagonal), n_K otherwise. A key is not "unseen" because its weight underflowed to 0.
+  above the diagonal), n_K otherwise. A key is not "unseen" because its weight underflowed to 0;
+- induction (with the tokens known): the mean, over rows whose token occurred earlier, of the weight on the
+  tokens that followed its earlier occurrences, `Σ A[i, j + 1]` over j + 1 < p with `token[j] = token[p]`
+  (Olsson et al.'s induction heads: "... A B ... A" attends to B); 0 when no token repeats.
 
 The kind, from these thresholds (the first that holds):
-`first-token` if first ≥ 0.5, `previous-token` if previous ≥ 0.5, `self` if self ≥ 0.5 (the largest of
-the three wins when several hold), `broad` if spread ≥ 0.85, `local` if distance ≤ 2, else `mixed`.
+`first-token` if first ≥ 0.5, `previous-token` if previous ≥ 0.5, `self` if self ≥ 0.5, `induction` if
+induction ≥ 0.5 (the largest of the four wins when several hold), `broad` if spread ≥ 0.85, `local` if
+distance ≤ 2, else `mixed`.
 (0.85 rather than 0.9: on all-MiniLM-L6-v2 the heads of layer 0 that look even across the sentence reach
 0.85 to 0.90, and a spread of 0.85 is still about n^0.85 keys alike, 9 of 13; docs/heads.md.)
 
@@ -25,14 +29,15 @@ shows them and a notebook draws them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-KINDS = ("first-token", "previous-token", "self", "broad", "local", "mixed")
-DOMINANT = 0.5  # first, previous or self at least this: the head's kind is that position
+KINDS = ("first-token", "previous-token", "self", "induction", "broad", "local", "mixed")
+DOMINANT = 0.5  # first, previous, self or induction at least this: the head's kind is that position
 BROAD = 0.85  # spread at least this: close to uniform over what each query may see
 LOCAL = 2.0  # mean attended distance at most this many positions
 
@@ -45,45 +50,95 @@ class HeadStats:
     self: float
     distance: float
     spread: float
+    induction: float | None = None  # None where the tokens are not known (random inputs)
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        return {name: value for name, value in asdict(self).items() if value is not None}
 
 
-def head_stats(pattern: Tensor, offset: int = 0) -> HeadStats:
-    """The statistics of one `[n_Q, n_K]` pattern (computed in float64)."""
+def head_stats(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> HeadStats:
+    """The statistics of one `[n_Q, n_K]` pattern (computed in float64); `tokens`, the token at each key
+    position, for the induction mass."""
     import torch
 
     A = pattern.detach().to(torch.float64)
-    n_Q, n_K = A.shape
-    rows = A.sum(dim=-1) > 0  # queries that may see some key
-    position = torch.arange(n_Q, dtype=torch.float64) + offset  # [n_Q]
-    logs = torch.where(A > 0, torch.log2(A.clamp_min(1e-300)), 0.0)
-    entropy_rows = -(A * logs).sum(dim=-1)  # [n_Q], bits
-    keys = torch.arange(n_K, dtype=torch.float64)
-    distance_rows = (A * (position[:, None] - keys[None, :]).abs()).sum(dim=-1)
     causal = bool((A.triu(diagonal=offset + 1) == 0).all())
-    visible = (position + 1).clamp(max=n_K) if causal else torch.full((n_Q,), float(n_K), dtype=torch.float64)
-    spread_rows = entropy_rows / torch.log2(visible.clamp_min(2))
-    p = position.long()
-    has_prev = rows & (p >= 1) & (p - 1 < n_K)
-    has_self = rows & (p < n_K)
-    index = torch.arange(n_Q)
-    prev = A[index[has_prev], (p - 1)[has_prev]]
-    own = A[index[has_self], p[has_self]]
-    wide = rows & (visible >= 2)
-    return HeadStats(
-        entropy=_mean(entropy_rows[rows]), first=_mean(A[rows, 0]), previous=_mean(prev), self=_mean(own),
-        distance=_mean(distance_rows[rows]), spread=_mean(spread_rows[wide]) if bool(wide.any()) else 0.0)
+    rows = RowStats()
+    rows.add(A, offset, causal, tokens)
+    return rows.result()
 
 
-def _mean(values: Tensor) -> float:
-    return float(values.mean()) if values.numel() else 0.0
+class RowStats:
+    """The statistics gathered row by row: a pattern can be added in blocks of query rows (a long input whose
+    whole `[n_Q, n_K]` is never held) and gives the same numbers as all of it at once. Each statistic is a mean
+    over the rows it applies to (module docstring)."""
+
+    NAMES = ("entropy", "first", "previous", "self", "distance", "spread", "induction")
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(self.NAMES, 0.0)
+        self.counts = dict.fromkeys(self.NAMES, 0)
+        self.tokens_known = False
+
+    def add(self, A: Tensor, first_position: int, causal: bool, tokens: Sequence[int] | None = None) -> None:
+        """Rows of a pattern, `[n_rows, n_K]` float64, the first at position `first_position`; `causal`: nothing
+        above the diagonal (a row sees p + 1 keys)."""
+        import torch
+
+        n_rows, n_K = A.shape
+        seen = A.sum(dim=-1) > 0  # queries that may see some key
+        position = torch.arange(n_rows, dtype=torch.float64) + first_position  # [n_rows]
+        logs = torch.where(A > 0, torch.log2(A.clamp_min(1e-300)), 0.0)
+        entropy = -(A * logs).sum(dim=-1)  # [n_rows], bits
+        keys = torch.arange(n_K, dtype=torch.float64)
+        distance = (A * (position[:, None] - keys[None, :]).abs()).sum(dim=-1)
+        visible = (position + 1).clamp(max=n_K) if causal else torch.full((n_rows,), float(n_K), dtype=torch.float64)
+        p = position.long()
+        index = torch.arange(n_rows)
+        has_prev = seen & (p >= 1) & (p - 1 < n_K)
+        has_self = seen & (p < n_K)
+        wide = seen & (visible >= 2)
+        self._gather("entropy", entropy[seen])
+        self._gather("first", A[seen, 0])
+        self._gather("previous", A[index[has_prev], (p - 1)[has_prev]])
+        self._gather("self", A[index[has_self], p[has_self]])
+        self._gather("distance", distance[seen])
+        self._gather("spread", (entropy / torch.log2(visible.clamp_min(2)))[wide])
+        if tokens is not None:
+            self.tokens_known = True
+            induction = induction_rows(A, p, tokens)
+            self._gather("induction", induction[seen & ~induction.isnan()])
+
+    def _gather(self, name: str, values: Tensor) -> None:
+        self.sums[name] += float(values.sum())
+        self.counts[name] += values.numel()
+
+    def result(self) -> HeadStats:
+        means = {name: self.sums[name] / self.counts[name] if self.counts[name] else 0.0 for name in self.NAMES}
+        induction = means.pop("induction")
+        return HeadStats(**means, induction=induction if self.tokens_known else None)
+
+
+def induction_rows(A: Tensor, positions: Tensor, tokens: Sequence[int]) -> Tensor:
+    """`[n_rows]`: each query row's weight on the keys that followed earlier occurrences of its token (NaN for a
+    row whose token did not occur before: it has no induction target). `positions`: each row's position."""
+    import torch
+
+    ids = torch.tensor(list(tokens), dtype=torch.long)  # [n_tokens], the token at each position
+    n_K = A.shape[-1]
+    keys = torch.arange(n_K)
+    p = positions.clamp(max=ids.numel() - 1)
+    before = torch.cat([ids[:1], ids[: n_K - 1]])  # the token just before each key position (key j + 1 follows j)
+    follows = (keys[None, :] >= 1) & (keys[None, :] < positions[:, None]) & (before[None, :] == ids[p][:, None])
+    follows &= (positions < ids.numel())[:, None]  # [n_rows, n_K]
+    mass = (A * follows).sum(dim=-1)
+    return torch.where(follows.any(dim=-1), mass, torch.nan)
 
 
 def kind(stats: HeadStats) -> str:
     """One word for what the head does (thresholds in this module's docstring and docs/heads.md)."""
-    positional = {"first-token": stats.first, "previous-token": stats.previous, "self": stats.self}
+    positional = {"first-token": stats.first, "previous-token": stats.previous, "self": stats.self,
+                  "induction": stats.induction or 0.0}
     name, mass = max(positional.items(), key=lambda item: item[1])
     if mass >= DOMINANT:
         return name
@@ -94,17 +149,17 @@ def kind(stats: HeadStats) -> str:
     return "mixed"
 
 
-def describe(pattern: Tensor, offset: int = 0) -> tuple[str, dict[str, float]]:
+def describe(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> tuple[str, dict[str, float]]:
     """A head's kind and statistics, as the explorer page shows them (views/sources.py's `Describe`)."""
-    stats = head_stats(pattern, offset)
+    stats = head_stats(pattern, offset, tokens)
     return kind(stats), stats.as_dict()
 
 
-def describe_heads(attention: Tensor, offset: int = 0) -> list[dict[str, Any]]:
+def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Every head of one batch element, `[n_head, n_Q, n_K]`: `{"head", "stats", "kind"}` per head."""
     heads = []
     for h in range(attention.shape[0]):
-        stats = head_stats(attention[h], offset)
+        stats = head_stats(attention[h], offset, tokens)
         heads.append({"head": h, "stats": stats.as_dict(), "kind": kind(stats)})
     return heads
 
@@ -125,10 +180,13 @@ class LayerHeads:
 
     @classmethod
     def of(cls, attention: Tensor, title: str, row_labels: list[str] | None = None,
-           col_labels: list[str] | None = None, offset: int = 0, batch: int | None = None) -> LayerHeads:
+           col_labels: list[str] | None = None, offset: int = 0, batch: int | None = None,
+           tokens: Sequence[int] | None = None) -> LayerHeads:
+        """`tokens`: the token id at each key position, where known (a model's text), for induction heads."""
         n_Q, n_K = attention.shape[-2:]
         return cls(title, attention, row_labels or [f"q{i}" for i in range(n_Q)],
-                   col_labels or [f"k{j}" for j in range(n_K)], offset, batch, describe_heads(attention, offset))
+                   col_labels or [f"k{j}" for j in range(n_K)], offset, batch,
+                   describe_heads(attention, offset, tokens))
 
     def _repr_html_(self) -> str:
         """Jupyter draws every head as a small heatmap with its kind, and the table of statistics (views/embed.py)."""

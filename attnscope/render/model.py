@@ -17,6 +17,8 @@ from rich.text import Text
 from attnscope.render.console import clean
 from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import show_heatmap
+from attnscope.render.layers import decode_json, layers_json, show_decode, show_layers
+from attnscope.render.long import long_json, show_long
 from attnscope.render.tables import step_json, steps_table
 
 if TYPE_CHECKING:
@@ -111,6 +113,12 @@ def show_head(out: Console, result: HeadResult) -> None:
                                   labels, labels))
     if o.all_heads and result.heads is not None:
         show_heads(out, result.heads)
+    if result.long is not None and result.encoded is not None:
+        show_long(out, result)
+    if result.layers:
+        show_layers(out, result.layers, len(result.encoded.ids) if result.encoded else 0)
+    if result.decode:
+        show_decode(out, result)
     if result.saved:
         from attnscope.runs.head import saved_tensors
 
@@ -143,7 +151,9 @@ def head_json(result: HeadResult) -> dict[str, Any]:
                         "bytes": nbytes, "op": source, "source": source, "stats": clean(weight_stats(tensor))})
     payload: dict[str, Any] = {
         "command": o.command,
-        "params": {"model": o.model, "layer": o.layer, "head": o.head, "text": o.text},
+        "params": {"model": o.model, "layer": o.layer, "head": o.head,
+                   "text": o.text if o.text_file is None else None, "text_file": o.text_file,
+                   "all_layers": o.all_layers, "generate": o.generate, "rows": o.rows},
         "model": model_json(result.info),
         "tensors": tensors,
         "notes": list(result.notes),
@@ -173,6 +183,12 @@ def head_json(result: HeadResult) -> dict[str, Any]:
                 payload["layer_attention"]["latent"] = latent_json(spec.latent)
     if o.all_heads and result.heads is not None:
         payload["heads"] = heads_json(result.heads)
+    if result.long is not None:
+        payload |= long_json(result)
+    if result.layers:
+        payload["all_layers"] = layers_json(result.layers)
+    if result.decode:
+        payload["decode_steps"] = decode_json(result)
     if result.saved:
         payload["saved"] = str(result.saved)
     return payload

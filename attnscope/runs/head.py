@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
     from attnscope.models.config import Config
     from attnscope.models.family import Family
+    from attnscope.models.long import LongHead
     from attnscope.models.run import LayerRun
+    from attnscope.models.stream import DecodeStep
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.weights import HeadWeights
     from attnscope.readings.headstats import LayerHeads
@@ -41,6 +43,10 @@ class HeadOptions:
     max_memory: int | None = None
     command: str = "head"  # "bert" takes BERT-layout checkpoints only
     all_heads: bool = False  # --all-heads: every head of the layer, with its statistics, shown
+    all_layers: bool = False  # --all-layers: every head of every layer (runs/layers.py)
+    generate: int = 0  # --generate N: greedy decoding of N new tokens
+    text_file: str | None = None  # --text-file: the text read from a file
+    rows: str | None = None  # --rows A:B: exact query rows of a long input's pooled pattern
 
 
 @dataclass
@@ -74,6 +80,11 @@ class HeadResult:
     all_heads: torch.Tensor | None = None  # every head's pattern in layer L, [n_head, n_tokens, n_tokens]
     notes: list[str] = field(default_factory=list)
     saved: Path | None = None
+    all_layers: list[torch.Tensor] | None = None  # --all-layers: every layer's patterns, [n_head, n, n] each
+    layers: list[LayerHeads] | None = None  # and every layer's heads with their statistics and kinds
+    decode: list[DecodeStep] | None = None  # --generate: each new token, its row of layer L
+    decode_pieces: list[tuple[str, str]] = field(default_factory=list)  # each new token as (token, text)
+    long: LongHead | None = None  # a long input: the head's pattern pooled, computed in blocks
     _heads: LayerHeads | None = field(default=None, repr=False)
 
     @property
@@ -121,7 +132,13 @@ def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | 
 def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
     from attnscope.models import family_of, hub, open_model, tokenizer
     from attnscope.models.config import read_config
+    from attnscope.runs import layers
 
+    if asked.text_file is not None:
+        if asked.text is not None:
+            raise UsageError("--text and --text-file both give the text; keep one")
+        asked.text = layers.read_text_file(asked.text_file)
+    layers.check_options(asked)
     if asked.save:
         from attnscope.tensors import check_writable
 
@@ -145,7 +162,6 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
 
 
 def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult:
-    from attnscope.models.run import run_layer
     from attnscope.models.weights import head_weights
 
     model.check_position(asked.layer, asked.head)
@@ -153,28 +169,61 @@ def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult
         weights = head_weights(model, asked.layer, asked.head)
     result = HeadResult(asked, ModelInfo.of(model), weights, notes=list(weights.notes))
     if asked.text is not None:
-        from attnscope.models import tokenizer
-
-        encoded = tokenizer.encode(model.folder, asked.text)
-        what = f"running layers 0..{asked.layer} of this checkpoint on {len(encoded.ids)} tokens"
-        guard_memory(model.estimate_bytes(asked.layer, len(encoded.ids)), asked.max_memory, what)
-        with progress(f"running layers 0 to {asked.layer} on {len(encoded.ids)} tokens"):
-            result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
-        result.encoded = encoded
-        result.attention = result.run.head["attention"]
-        result.all_heads = result.run.layer["attention"][0]
-        result.notes.extend(result.run.layer.notes)
+        _on_text(asked, model, result, progress)
     _save(result)
     return result
+
+
+def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Progress) -> None:
+    """The model on the text: layer L traced (with every layer, or decoding, where asked), or a long input's
+    head in blocks."""
+    from attnscope.models import stream, tokenizer
+    from attnscope.runs import layers
+
+    encoded = result.encoded = tokenizer.encode(model.folder, asked.text or "")
+    plan = layers.plan(asked, model, encoded)
+    n = plan.n_tokens
+    what = (f"running {'every layer' if asked.all_layers or asked.generate else f'layers 0..{asked.layer}'} of this "
+            f"checkpoint on {n} tokens")
+    guard_memory(layers.estimate_bytes(asked, model, plan), asked.max_memory, what)
+    if plan.long:
+        from attnscope.models.long import long_head
+
+        with progress(f"running layers 0 to {asked.layer} on {n} tokens, head {asked.head} in blocks"):
+            result.long = long_head(model, encoded.ids, encoded.type_ids, asked.layer, asked.head,
+                                    layers.parse_rows(asked.rows))
+        result.notes.append(f"{n:,} tokens: head {asked.head}'s pattern is computed in blocks of query rows, each "
+                            "exact, and pooled; the layer's steps are shown as shapes (no [n_head, n_tokens, "
+                            "n_tokens] step is held)")
+        return
+    if asked.all_layers:
+        with progress(f"running all {model.n_layer} layers on {n} tokens"):
+            every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
+        result.run, result.all_layers = every.run, every.patterns
+        layers.layer_heads(result)
+    else:
+        from attnscope.models.run import run_layer
+
+        with progress(f"running layers 0 to {asked.layer} on {n} tokens"):
+            result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
+    result.attention = result.run.head["attention"]
+    result.all_heads = result.run.layer["attention"][0]
+    result.notes.extend(result.run.layer.notes)
+    if asked.generate:
+        with progress(f"decoding {asked.generate} tokens"):
+            result.decode = stream.generate(model, encoded.ids, asked.generate, asked.layer)
+        result.decode_pieces = tokenizer.pieces(model.folder, [step.token_id for step in result.decode])
 
 
 def _through_transformers(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
     from attnscope.models import SUPPORTED, fallback, tokenizer
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.family import check_position
+    from attnscope.runs import layers
 
     fallback.refuse_own_code(folder, config.model_type, config.raw("auto_map"))  # before its tokenizer is read
     encoded = tokenizer.encode(folder, asked.text or "")
+    layers.plan(asked, None, encoded)
     with Checkpoint.open(folder) as checkpoint:
         needed = fallback.estimate_bytes(checkpoint)
     guard_memory(needed, asked.max_memory, "loading this whole model through transformers")
@@ -187,6 +236,9 @@ def _through_transformers(asked: HeadOptions, folder: Path, config: Config, prog
     result = HeadResult(asked, info, None, encoded)
     result.all_heads = run.attentions[asked.layer][0]  # [n_head, n_tokens, n_tokens]
     result.attention = result.all_heads[asked.head]
+    if asked.all_layers:  # transformers gave every layer's already
+        result.all_layers = [attention[0] for attention in run.attentions]
+        layers.layer_heads(result)
     result.notes.append(f"model_type '{config.model_type}' is not one attnscope traces ({SUPPORTED}): this pattern "
                         f"is transformers' eager output_attentions[{asked.layer}][0, {asked.head}] on {n} tokens; the "
                         "steps that made it are not shown")
@@ -202,7 +254,9 @@ def guard_memory(needed: int, max_memory: int | None, what: str) -> None:
 
 def saved_tensors(result: HeadResult) -> dict[str, Any]:
     """What --save writes: the head's weights, the head's steps under their names (X, Q, K, V, ..., attention,
-    out), and the layer's steps under `layer.` (layer.Q_feat, ..., layer.attention: every head)."""
+    out), and the layer's steps under `layer.` (layer.Q_feat, ..., layer.attention: every head); with
+    --all-layers every layer's pattern (`layers.L.attention`), with --generate each new token's row
+    (`decode.I.attention`), for a long input the pooled pattern and the exact rows."""
     tensors: dict[str, Any] = dict(result.weights.as_torch()) if result.weights else {}
     if result.run is not None:
         tensors.update({step.name: step.tensor for step in result.run.head.steps})
@@ -210,6 +264,14 @@ def saved_tensors(result: HeadResult) -> dict[str, Any]:
     elif result.attention is not None:
         tensors["attention"] = result.attention
         tensors["layer.attention"] = result.all_heads
+    for i, pattern in enumerate(result.all_layers or []):
+        tensors[f"layers.{i}.attention"] = pattern
+    for i, step in enumerate(result.decode or []):
+        tensors[f"decode.{i}.attention"] = step.attention
+    if result.long is not None:
+        tensors["attention_pooled"] = result.long.pooled
+        if result.long.exact_rows is not None:
+            tensors["attention_rows"] = result.long.exact_rows
     return tensors
 
 

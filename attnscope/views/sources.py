@@ -93,13 +93,34 @@ def from_head(result: Any) -> Page:
         page.tables.append(steps_table(run.layer.steps, title))
     page.notes = list(result.notes)
     heads = result.heads
-    if heads is not None:
+    if result.layers:  # --all-layers: every layer, each head with its kind
+        page.queries, page.keys = list(result.layers[0].row_labels), list(result.layers[0].col_labels)
+        page.layers = [Layer(i, [Head(h["head"], layer.attention[h["head"]], h["kind"], h["stats"])
+                                 for h in layer.heads]) for i, layer in enumerate(result.layers)]
+        page.focus = (min(o.layer, len(page.layers) - 1), min(o.head, len(result.layers[0].heads) - 1))
+    elif heads is not None:
         page.queries, page.keys = list(heads.row_labels), list(heads.col_labels)
         page.layers = [Layer(o.layer, [Head(h["head"], heads.attention[h["head"]], h["kind"], h["stats"])
                                        for h in heads.heads])]
         page.focus = (0, min(o.head, len(heads.heads) - 1))
         if run is None:
             page.pattern_note = f"transformers' eager output_attentions[{o.layer}] (the steps are not traced)"
+    long = getattr(result, "long", None)
+    if long is not None and result.encoded is not None:  # a long input: the head pooled, its asked rows exact
+        tokens = list(result.encoded.tokens)
+        page.tables.append(steps_table(long.layer.steps, f"layer {o.layer}'s attention on {len(tokens):,} tokens, as "
+                                                         "shapes (computed in blocks, never held)"))
+        page.queries, page.keys = tokens, tokens
+        exact = {} if long.rows is None or long.exact_rows is None else {
+            long.rows[0] + i: row for i, row in enumerate(long.exact_rows)}
+        page.layers = [Layer(o.layer, [Head(o.head, None, None, long.stats.as_dict(), long.pooled, long.pool, exact)])]
+    if result.decode:
+        from attnscope.views.explorer import DecodeStep
+
+        page.decode_layer = o.layer
+        page.decode = [DecodeStep(step.token_id, token, step.position, step.attention, step.kv_cache_bytes,
+                                  [(0, step.evicted)] if step.evicted else [])
+                       for step, (token, _) in zip(result.decode, result.decode_pieces, strict=False)]
     return page
 
 

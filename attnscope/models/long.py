@@ -1,0 +1,126 @@
+"""A head's pattern on a long input, never held whole: `[n_tokens, n_tokens]` is 4 GiB for one head at 32k tokens.
+
+The layers before L run through PyTorch's fused attention (`MultiHeadAttention(record=False)`, with
+`is_causal=True` where that says the whole mask), which never holds a pattern. Layer L's queries, keys and values
+are projected once; head h's pattern is then computed in blocks of query rows, each block through
+`attention.sdpa` itself (so every variant is the one the short path computes), its softmax exact over all the
+keys the rows may see. Each block is pooled as it goes (a cell: the mean over its query rows of the total
+weight on its key columns, so a pooled row still sums to 1), its rows' statistics gathered exactly
+(readings/headstats.py's RowStats), and the rows asked for kept whole.
+
+A causal block of rows a..b-1 needs keys 0..b-1 only: it runs as a decode step after `a` cached positions
+(lower-right alignment puts its first query at position a). A bidirectional block reads every key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.models.family import Family
+    from attnscope.readings.headstats import HeadStats
+    from attnscope.spec import AttentionSpec
+    from attnscope.trace import Trace
+
+LONG_TOKENS = 2048  # above this, the asked head's pattern is computed in blocks and pooled
+POOL_CELLS = 512  # the pooled pattern's cells per axis, at most
+BLOCK_ROWS = 256  # query rows per block
+
+
+@dataclass
+class LongHead:
+    """Head h of layer L on a long input: its pooled pattern, the pooling (`pool`: query rows and key columns
+    per cell), its statistics over every row, the exact rows asked for, and the layer's steps as shapes."""
+
+    pooled: torch.Tensor  # [ceil(n / pool[0]), ceil(n / pool[1])], float64
+    pool: tuple[int, int]
+    stats: HeadStats
+    rows: tuple[int, int] | None
+    exact_rows: torch.Tensor | None  # [rows[1] - rows[0], n_tokens]
+    layer: Trace  # the layer's steps on the meta device: shapes, bytes and FLOPs, no numbers
+    spec: AttentionSpec
+
+
+def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
+              rows: tuple[int, int] | None = None) -> LongHead:
+    import torch
+
+    from attnscope.readings.headstats import RowStats
+    from attnscope.views.pooling import group_size
+
+    n = len(ids)
+    with torch.no_grad():
+        h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
+        for earlier in range(layer):
+            h = model.block(earlier, h, model.attention(earlier, record=False))
+        X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
+        del h
+        module = model.attention(layer, record=False)
+        q, k, v = module.project(X)  # [1, n_head, n, d_head], [1, n_kv_head, n, d_head]
+        g = model.kv_head(head)
+        qh, kh, vh = q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1]  # [1, 1, n, d_head] each
+        del q, k, v
+        spec = replace(module.spec, rope=None, n_kv_head=None)  # Q and K come rotated
+        r = c = group_size(n, POOL_CELLS)
+        sums = torch.zeros(math.ceil(n / r), math.ceil(n / c), dtype=torch.float64)
+        stats = RowStats()
+        kept = []
+        for a in range(0, n, BLOCK_ROWS):
+            b = min(n, a + BLOCK_ROWS)
+            block = _block(qh, kh, vh, spec, a, b, n)  # [b - a, n] float64
+            stats.add(block, a, spec.align is not None, ids)
+            _pool_into(sums, block, a, r, c)
+            if rows is not None and a < rows[1] and b > rows[0]:
+                kept.append(block[max(rows[0], a) - a : min(rows[1], b) - a])
+        counts = torch.bincount(torch.arange(n) // r, minlength=sums.shape[0]).to(torch.float64)
+        pooled = sums / counts[:, None]
+        layer_trace = _shapes(model, layer, X, made)
+    exact = torch.cat(kept) if kept else None
+    return LongHead(pooled, (r, c), stats.result(), rows, exact, layer_trace, module.spec)
+
+
+def _block(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, spec: AttentionSpec, a: int, b: int,
+           n: int) -> torch.Tensor:
+    """Rows a..b-1 of the head's pattern over all n keys, float64 (the keys a causal row cannot see are 0)."""
+    import torch
+
+    from attnscope.attention import sdpa
+
+    if spec.align is not None:  # a decode step after `a` cached positions: keys 0..b-1
+        trace = sdpa(qh[..., a:b, :], kh[..., :b, :], vh[..., :b, :], spec=spec.with_cache(a))
+    else:
+        trace = sdpa(qh[..., a:b, :], kh, vh, spec=spec)
+    rows = trace["attention"][0, 0].to(torch.float64)  # [b - a, keys]
+    return torch.nn.functional.pad(rows, (0, n - rows.shape[-1]))
+
+
+def _pool_into(sums: torch.Tensor, block: torch.Tensor, a: int, r: int, c: int) -> None:
+    """Add a block's rows to the pooled sums: keys summed in groups of c, rows added to their group of r."""
+    import torch
+
+    from attnscope.views.pooling import pool
+
+    by_keys = pool(block, 1, c)  # [b - a, ceil(n / c)]
+    groups = (torch.arange(block.shape[0]) + a) // r
+    sums.index_add_(0, groups, by_keys)
+
+
+def _shapes(model: Family, layer: int, X: torch.Tensor, made: str) -> Trace:
+    """Layer L's steps run on the meta device: every shape, byte and FLOP, no number held."""
+    from attnscope.models.run import layer_trace
+
+    meta = model.attention(layer, record=True).to("meta")
+    return layer_trace(meta(X.to("meta")), X.to("meta"), made)
+
+
+def estimate_bytes(model: Family, layer: int, n_tokens: int) -> int:
+    """Memory of a long run: the weights up to layer L, the residual stream and its activations, layer L's
+    queries, keys and values, and one block of rows (scores, masked scores, attention, and the float64 copy)."""
+    linear = 4 * n_tokens * 40 * model.d_model
+    qkv = 4 * n_tokens * model.d_head * (model.n_head + 2 * model.n_kv_head)
+    block = BLOCK_ROWS * n_tokens * (3 * 4 + 3 * 8)
+    return model.weight_bytes(layer) + linear + qkv + block

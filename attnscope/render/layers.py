@@ -1,0 +1,132 @@
+"""Beyond one layer: every layer's heads at a glance (`--all-layers`), the decode timeline (`--generate`), and a
+long input's pooled pattern; and their JSON (docs/json.md).
+
+Every layer: a table of kinds, a letter per head and a line per layer (readings/headstats.py's kinds), then the
+layers as rows of small heatmaps, each head pooled to THUMB_COLS keys x THUMB_ROWS queries and shaded row by row
+as `--all-heads` shades them. The decode timeline: a line per new token, its position, its text and the row of
+layer L's head that chose it, keys pooled to fit; keys a sliding window has let go are drawn as `×`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from rich.cells import cell_len, set_cell_size
+from rich.console import Console
+from rich.text import Text
+
+from attnscope.render.console import clean
+from attnscope.render.fit import FittedText
+from attnscope.render.shading import CellLine, Cells, ramp
+
+if TYPE_CHECKING:
+    from attnscope.readings.headstats import LayerHeads
+    from attnscope.runs.head import HeadResult
+
+LETTERS = {"first-token": "F", "previous-token": "P", "self": "S", "induction": "I", "broad": "B", "local": "L",
+           "mixed": "·"}
+THUMB_COLS = 6  # key columns of one head's heatmap in the all-layers grid
+THUMB_ROWS = 3  # query rows
+EVICTED = "×"
+LABEL = 9  # "layer 23 " and the like
+
+
+def show_layers(out: Console, layers: list[LayerHeads], n_tokens: int) -> None:
+    n_head = layers[0].attention.shape[0] if layers else 0
+    out.print(Text(f"every layer, every head  [{len(layers)} layers x {n_head} heads, {n_tokens} tokens]",
+                   style="bold"))
+    out.print(FittedText("kinds: " + "  ".join(f"{letter} {name}" for name, letter in LETTERS.items())
+                         + "  (docs/heads.md)"))
+    per_line = max(1, (out.width - LABEL) // 2)
+    for start in range(0, n_head, per_line):
+        heads = range(start, min(start + per_line, n_head))
+        out.print(Text(" " * LABEL + "".join(f"{h % 10:<2}" for h in heads).rstrip(), style="dim"))
+        for i, layer in enumerate(layers):
+            letters = "".join(f"{LETTERS.get(layer.heads[h]['kind'], '?'):<2}" for h in heads).rstrip()
+            out.print(Text(f"layer {i}".ljust(LABEL) + letters))
+    _thumbnails(out, layers)
+
+
+def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
+    """The layers as rows of small heatmaps, each row of cells on its own scale."""
+    from attnscope.views.pooling import group_size, pool
+
+    if not layers or 0 in layers[0].attention.shape:
+        return
+    n_head, n_Q, n_K = layers[0].attention.shape
+    rows, cols = group_size(n_Q, THUMB_ROWS), group_size(n_K, THUMB_COLS)
+    width = math.ceil(n_K / cols)
+    per_line = max(1, (out.width - LABEL) // (width + 1))
+    out.print()
+    out.print(ramp("each row on its own scale:  0", "the row's largest cell"))
+    out.print(FittedText(f"each head: rows = queries, columns = keys, each cell the sum over {cols} keys and the "
+                         f"mean over {rows} queries"))
+    for i, layer in enumerate(layers):
+        pooled = pool(layer.attention, rows, cols).tolist()  # [n_head][rows][cols]
+        for start in range(0, n_head, per_line):
+            heads = range(start, min(start + per_line, n_head))
+            for r in range(len(pooled[0])):
+                label = f"layer {i}" if r == 0 and start == 0 else f"  h{start}" if r == 0 else ""
+                pieces: list[str | Cells] = [label.ljust(LABEL)]
+                for h in heads:
+                    values = pooled[h][r]
+                    peak = max((v for v in values if math.isfinite(v)), default=0.0)
+                    pieces += [Cells(values, peak), " "]
+                out.print(CellLine(*pieces[:-1]))
+
+
+def show_decode(out: Console, result: HeadResult) -> None:
+    """A line per new token: its position, its text, and the row of layer L's head that chose it."""
+    from attnscope.views.pooling import group_size, pool
+
+    steps, o = result.decode or [], result.options
+    if not steps:
+        return
+    n_K = steps[-1].attention.shape[-1]
+    texts = [printable(token if "\ufffd" in text else text) for token, text in result.decode_pieces]
+    text_w = min(12, max((cell_len(t) for t in texts), default=4))
+    pos_w = len(str(steps[-1].position))
+    cols = group_size(n_K, max(8, out.width - pos_w - text_w - 4))
+    out.print(Text(f"generated {len(steps)} tokens greedily: each row is layer {o.layer}, head {o.head}'s "
+                   f"attention from the token before, which chose it", style="bold"))
+    out.print(ramp("scale  0", "each row's largest weight"))
+    if cols > 1:
+        out.print(FittedText(f"each column = sum over {cols} keys to fit {out.width} columns"))
+    if any(step.evicted for step in steps):
+        out.print(FittedText(f"{EVICTED} = a key outside this layer's sliding window: the cache has let it go"))
+    for step, text in zip(steps, texts, strict=False):
+        row = step.attention[o.head : o.head + 1]  # [1, n_K]
+        values = pool(row[None], 1, cols)[0, 0].tolist()
+        gone = step.evicted // cols  # whole columns of evicted keys
+        pad = math.ceil(n_K / cols) - len(values)
+        peak = max((v for v in values if math.isfinite(v)), default=0.0)
+        label = f"{step.position:>{pos_w}} " + set_cell_size(text, text_w) + " "
+        out.print(CellLine(label, EVICTED * gone, Cells(values[gone:], peak), " " * pad))
+    total = steps[-1].kv_cache_bytes
+    from attnscope.cost import format_bytes
+
+    out.print(Text(f"KV cache after the last token: {format_bytes(total)} (every layer's keys and values, as "
+                   "transformers' cache holds them)"))
+
+
+def printable(text: str) -> str:
+    """A token's text on one line: control characters escaped, surrounding space shown as `␣`."""
+    shown = text.encode("unicode_escape").decode("ascii") if any(ord(c) < 32 for c in text) else text
+    return shown.replace(" ", "␣") or "∅"
+
+
+def layers_json(layers: list[LayerHeads]) -> list[dict[str, Any]]:
+    """`all_layers`: a layer each, `{"layer", "attention" [n_head, n_Q, n_K], "kinds", "stats"}`."""
+    return [{"layer": i, "attention": clean(layer.attention.tolist()),
+             "kinds": [head["kind"] for head in layer.heads], "stats": [clean(head["stats"]) for head in layer.heads]}
+            for i, layer in enumerate(layers)]
+
+
+def decode_json(result: HeadResult) -> list[dict[str, Any]]:
+    """`decode_steps`: a new token each, `{"token_id", "token", "text", "position", "attention" [n_head, n_K],
+    "evicted", "kv_cache_bytes"}`."""
+    return [{"token_id": step.token_id, "token": token, "text": text, "position": step.position,
+             "attention": clean(step.attention.tolist()), "evicted": step.evicted,
+             "kv_cache_bytes": step.kv_cache_bytes}
+            for step, (token, text) in zip(result.decode or [], result.decode_pieces, strict=False)]
