@@ -142,8 +142,8 @@ print("compiler imported:", sorted(m for m in ("torch._dynamo", "torch._inductor
 
 
 def test_ordinary_runs_import_no_compiler_and_write_nothing_to_tmpdir(tmp_path):
-    """Today --meta, a file input's shadow run (both on the meta device) and --check with a lower-right mask
-    (torch.nn.attention.bias) import torch._dynamo, which makes $TMPDIR/torchinductor_<user>."""
+    """Today --meta, a file input's shadow run, a long text's shapes (all on the meta device) and --check with a
+    lower-right mask (torch.nn.attention.bias) import torch._dynamo, which makes $TMPDIR/torchinductor_<user>."""
     from tiny_models import build
 
     np.save(tmp_path / "q.npy", np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32))
@@ -157,7 +157,9 @@ def test_ordinary_runs_import_no_compiler_and_write_nothing_to_tmpdir(tmp_path):
             ["mha", "--d-feat", "16", "--heads", "4", "--kv-heads", "2", "--rope", "--window", "2", "--cache", "2",
              "--meta", "--show-mask"],
             ["mask", "--nq", "5", "--nk", "8", "--causal", "lower-right", "--pad", "2"],
-            ["head", "--model", str(tmp_path / "llama"), "--layer", "1", "--text", "The cat sat on the mat"]]
+            ["head", "--model", str(tmp_path / "llama"), "--layer", "1", "--text", "The cat sat on the mat"],
+            ["head", "--model", str(tmp_path / "llama"), "--layer", "1", "--text-file", str(tmp_path / "long.txt")]]
+    (tmp_path / "long.txt").write_text("the cat sat on the mat and the dog ran " * 300)  # past LONG_TOKENS: blocks
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir), "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
