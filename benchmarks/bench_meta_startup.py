@@ -6,8 +6,9 @@ attnscope/metadevice.py, the meta device's Python kernels imported sympy and tor
 `--check` with a lower-right mask imported torch.nn.attention.bias, which imports torch._dynamo too. Each
 command runs in turn, round after round, as a fresh process with a fresh TMPDIR; with `--before DIR` (a
 checkout of the code before the change, e.g. `git archive main | tar -x -C DIR`) every command also runs on
-that code, interleaved, so before and after meet the same machine. The first two rows time one F.linear with
-a bias on meta tensors in a fresh process (torch's import excluded), without and with `shapes_only`.
+that code, interleaved, so before and after meet the same machine. The first rows time, in a fresh process after
+torch's import, one F.linear with a bias on meta tensors without and with `shapes_only`, and attnscope's own
+part of the real and the --meta run.
 
     python benchmarks/bench_meta_startup.py [--runs 7] [--before DIR]
 """
@@ -24,6 +25,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _measure import PYTHON, interleaved_medians, machine, python_output  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+OWN = """
+import time, torch, sys
+from attnscope.runs.mha import MhaOptions, run_mha
+start = time.perf_counter()
+run_mha(MhaOptions(d_feat=64, heads=4, meta=sys.argv[1] == "meta"))
+print(time.perf_counter() - start)
+"""
 LINEAR = """
 import time, torch, sys
 x, w, b = (torch.empty(s, device="meta") for s in ((8, 32, 64), (64, 64), (64,)))
@@ -38,12 +46,12 @@ print(time.perf_counter() - start)
 """
 
 
-def _linear(mode: str, runs: int, env: dict[str, str]) -> float:
-    """Median seconds of the first F.linear on meta tensors, each in a fresh process."""
+def _inner(code: str, mode: str, runs: int, env: dict[str, str]) -> float:
+    """Median seconds of what `code` times after torch's import, each run in a fresh process."""
     import statistics
     import subprocess
 
-    times = [float(subprocess.run([PYTHON, "-c", LINEAR, mode], check=True, capture_output=True, text=True,
+    times = [float(subprocess.run([PYTHON, "-c", code, mode], check=True, capture_output=True, text=True,
                                   env=env).stdout) for _ in range(runs)]
     return statistics.median(times)
 
@@ -69,12 +77,15 @@ def main() -> None:
             for name, argv in commands.items() for tree, path in trees.items()}
     results = interleaved_medians(runs, runs=args.runs, env=env)
     env_after = {**env, "PYTHONPATH": str(ROOT)}
-    plain, mode = _linear("plain", args.runs, env_after), _linear("mode", args.runs, env_after)
+    plain, mode = _inner(LINEAR, "plain", args.runs, env_after), _inner(LINEAR, "mode", args.runs, env_after)
+    own = {kind: _inner(OWN, kind, args.runs, env_after) for kind in ("real", "meta")}
     print(f"machine: {machine()}; median of {args.runs} interleaved runs after 1 warm-up, fresh process each\n")
     print("| command | median wall (s) |")
     print("|---|---|")
     print(f"| one F.linear with a bias on meta tensors, plain torch (first call, import excluded) | {plain:.3f} |")
     print(f"| the same under attnscope.metadevice.shapes_only | {mode:.3f} |")
+    print(f"| run_mha(d_feat=64, heads=4), torch imported: the real run | {own['real']:.3f} |")
+    print(f"| the same with meta=True | {own['meta']:.3f} |")
     for name, sample in results.items():
         print(f"| `{name}` | {sample.seconds:.2f} |")
     for tree in trees:

@@ -171,5 +171,5 @@ def pieces(folder: Path, ids: list[int]) -> list[tuple[str, str]]:
         return [(tokenizer.id_to_token(i) or "", tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
     from transformers import AutoTokenizer
 
-    auto = AutoTokenizer.from_pretrained(str(folder))
+    auto = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # never the folder's code
     return [(str(auto.convert_ids_to_tokens(i)), str(auto.decode([i]))) for i in ids]
