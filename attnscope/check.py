@@ -121,7 +121,10 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
     attention has them)."""
     if "X" in raw:
         X, W_Q, W_K, W_V = as_float(raw["X"], raw["W_Q"], raw["W_K"], raw["W_V"])
-        Q, K, V = X @ W_Q, X @ W_K, X @ W_V  # [.., n, p] @ [.., p, d] -> [.., n, d]
+        if layout == "col":
+            Q, K, V = W_Q @ X, W_K @ X, W_V @ X  # [.., d, p] @ [.., p, n] -> [.., d, n]
+        else:
+            Q, K, V = X @ W_Q, X @ W_K, X @ W_V  # [.., n, p] @ [.., p, d] -> [.., n, d]
     else:
         Q, K, V = as_float(raw["Q"], raw["K"], raw["V"])
     col = layout == "col"

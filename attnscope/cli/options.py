@@ -3,6 +3,7 @@ that make every command's help read right: `-h` as `--help`, flags shown as flag
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from enum import Enum
 from typing import Annotated, Any
@@ -93,6 +94,7 @@ class AttnscopeGroup(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _flags_as_flags_below(self)
+        _summaries_in_one_paragraph(self)
 
     def get_params(self, ctx: typer.Context) -> list[Any]:
         params = super().get_params(ctx)  # the completion options are added after __init__
@@ -106,6 +108,17 @@ def _flags_as_flags_below(group: Any) -> None:
         help_option = command.get_help_option(typer.Context(command, help_option_names=HELP_NAMES))
         _flags_as_flags([*command.params, help_option])
         _flags_as_flags_below(command)
+
+
+def _summaries_in_one_paragraph(group: Any) -> None:
+    """Typer's command list in rich markup mode keeps the line breaks of a docstring's first paragraph, so
+    `attnscope --help` broke sentences mid-way ("and write it for / F.scaled_dot_product_attention"): each
+    command's summary is its first paragraph as one line, wrapped by Rich to the width."""
+    for command in getattr(group, "commands", {}).values():
+        if command.short_help is None and command.help:
+            first = inspect.cleandoc(command.help).partition("\f")[0].split("\n\n")[0]
+            command.short_help = " ".join(first.split())
+        _summaries_in_one_paragraph(command)
 
 
 def _flags_as_flags(params: Iterable[Any]) -> None:

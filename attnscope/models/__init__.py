@@ -99,4 +99,8 @@ def open_model(folder: Path, config: Config, *, command: str = "head") -> Family
         raise UsageError(f"{{model}} {folder} is a {config.architecture} (model_type '{config.model_type}'); "
                          f"attnscope {command} reads the heads of {SUPPORTED} ({{text}} still traces its attention "
                          "through transformers)", "model", "text")
-    return family(folder, config, Checkpoint.open(folder))
+    from attnscope.models.shapes import check_weights
+
+    model = family(folder, config, Checkpoint.open(folder))
+    check_weights(model)  # every attention weight's shape against what config.json implies, from the headers
+    return model

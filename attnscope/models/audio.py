@@ -84,7 +84,7 @@ def features(folder: Path, path: Path, n_mel: int, n_frames: int) -> Audio:
 
     hf_logging.set_verbosity_error()
     try:
-        extractor = WhisperFeatureExtractor.from_pretrained(str(folder))
+        extractor = WhisperFeatureExtractor.from_pretrained(str(folder), trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise UsageError(f"{folder / FEATURE_CONFIG}: not a Whisper feature extractor's settings "
                          f"({str(exc).splitlines()[0][:100]})") from None

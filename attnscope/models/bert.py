@@ -42,6 +42,7 @@ class Bert(Family):
     layers = "encoder.layer"
     query = "attention.self.query.weight"
     prefixes = ("", "bert.")
+    embedding = "embeddings.word_embeddings.weight"  # the token embedding, [vocab, d_model] (models/shapes.py)
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         super().__init__(folder, config, checkpoint)

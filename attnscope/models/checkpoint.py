@@ -212,10 +212,13 @@ class Checkpoint:
 
 def _read_index(index: Path) -> dict[str, Path]:
     """`{key: shard}` from a `*.index.json`; every shard it names must be in the folder."""
+    from attnscope.models.config import load_json
+
+    loaded = load_json(index)
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = loaded["weight_map"]
         files = {str(key): index.parent / str(shard) for key, shard in weight_map.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{index}: not a shard index (a JSON object with a weight_map; "
                          f"{type(exc).__name__})") from None
     missing = sorted({path.name for path in files.values() if not path.is_file()})

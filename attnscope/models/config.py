@@ -4,6 +4,11 @@ which key is wrong and what it should be, never a KeyError or a ZeroDivisionErro
 
 `Config.int("num_attention_heads", "n_head")` takes the first of its names that is present: families and
 transformers versions spell some keys differently (GPT-2's `n_head`, LLaMA's `num_attention_heads`).
+
+Before any of that, `read_config` refuses what no model has, from the file alone and wherever it sits (a
+`text_config` too): JSON nested past `MAX_DEPTH`, a size past `LIMITS` (10**12 layers would hang a loop over
+the layers, 10**30 heads would allocate gigabytes) or any integer past 64 bits. Every family and the
+families traced through transformers read their config through here, so all of them get these bounds.
 """
 
 from __future__ import annotations
@@ -17,6 +22,29 @@ from typing import Any
 from attnscope.errors import UsageError
 
 _MISSING = object()
+
+# What config.json's sizes can be, at most: far past any model there is (the deepest have ~200 layers, the
+# widest ~50k features, the largest vocabularies ~1M tokens), and small enough that a loop over them or a
+# tensor of them stays cheap. (what a value past the bound would mean, the bound, the keys, as families and
+# transformers versions spell them)
+LIMITS = (
+    ("no model has that many layers", 100_000,
+     ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers", "decoder_layers",
+      "encoder_layers")),
+    ("no model has that many heads", 65_536,
+     ("num_attention_heads", "n_head", "num_heads", "num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_head_kv",
+      "multi_query_group_num", "encoder_attention_heads", "decoder_attention_heads")),
+    ("no model is that wide", 1 << 20,
+     ("hidden_size", "n_embd", "d_model", "head_dim", "intermediate_size", "n_inner", "ffn_dim", "d_ff", "d_kv",
+      "encoder_ffn_dim", "decoder_ffn_dim", "kv_lora_rank", "q_lora_rank", "moe_intermediate_size",
+      "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")),
+    ("no vocabulary is that large", 1 << 24, ("vocab_size",)),
+    ("no model has that many experts", 65_536, ("num_local_experts", "n_routed_experts", "num_experts")),
+)
+LIMIT_OF = {key: (what, bound) for what, bound, keys in LIMITS for key in keys}
+INT64 = 2**63  # torch's integers: a larger one would overflow inside PyTorch
+MAX_DEPTH = 64  # save_pretrained nests a few levels (text_config.rope_scaling); JSON nested deeper is damaged
+MAX_BYTES = 64 << 20  # the largest configs (tens of thousands of labels) are a few MB
 
 
 class Config:
@@ -118,11 +146,50 @@ def read_config(folder: Path) -> Config:
     if not path.is_file():
         raise UsageError(f"{{model}} {folder}: no config.json in that folder; give a folder saved by save_pretrained",
                          "model")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not readable JSON ({str(exc).splitlines()[0][:120]})") from None
+    data = load_json(path)
     if not isinstance(data, dict):
         raise UsageError(f"{path} holds a JSON {type(data).__name__}, not an object of settings; "
                          "give the config.json that save_pretrained wrote")
+    check_sane(path, data)
     return Config(path, data)
+
+
+def load_json(path: Path) -> Any:
+    """A JSON file of a model folder (config.json, tokenizer_config.json, a shard index), refused in one line when
+    it is unreadable, not JSON, too large or nested too deep to be one (json.loads would raise RecursionError)."""
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise UsageError(f"{path}: {path.stat().st_size:,} bytes, too large to be a model's JSON settings")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise UsageError(f"{path}: malformed JSON: nested deeper than any settings file is") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not readable JSON ({str(exc).splitlines()[0][:120]})") from None
+
+
+def check_sane(path: Path, data: Any) -> None:
+    """Refuse nesting past MAX_DEPTH, a size past LIMITS and an integer past 64 bits, wherever they sit in `data`
+    (one pass, no recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise UsageError(f"{path}: malformed: JSON nested more than {MAX_DEPTH} deep; no model's settings are")
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            if isinstance(item, (dict, list)):
+                stack.append((item, depth + 1))
+            elif isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item):
+                _check_number(path, key, item)
+
+
+def _check_number(path: Path, key: object, value: float) -> None:
+    """A size past its bound (as an integer or a float, which Config.integer accepts when whole), or any other
+    integer past 64 bits (floats such as rope_theta may be large)."""
+    what, bound = LIMIT_OF.get(key, ("", INT64 - 1)) if isinstance(key, str) else ("", INT64 - 1)
+    if abs(value) <= bound or (not what and isinstance(value, float)):
+        return
+    shown = f"{value:.3g}" if isinstance(value, float) or abs(value) >= 10**15 else f"{value:,}"
+    if what:
+        raise UsageError(f"{path}: {key} is {shown}; {what} (attnscope takes at most {bound:,}); fix config.json")
+    raise UsageError(f"{path}: {key} is {shown}, beyond 64-bit integers; fix config.json")

@@ -39,6 +39,7 @@ class Gpt2(Family):
     layers = "h"
     query = "attn.c_attn.weight"
     prefixes = ("", "transformer.")
+    embedding = "wte.weight"  # the token embedding, [vocab, d_model] (models/shapes.py)
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         super().__init__(folder, config, checkpoint)

@@ -97,7 +97,7 @@ def _from_hub(name: str, need_tokenizer: bool, extra: tuple[str, ...] = ()) -> P
 def _shards(index: Path) -> list[str]:
     try:
         return sorted({str(shard) for shard in json.loads(index.read_text())["weight_map"].values()})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise ResourceError(f"{index}: not a shard index (a JSON object with a weight_map)") from None
 
 

@@ -44,6 +44,7 @@ class Llama(Family):
     layers = "layers"
     query = "self_attn.q_proj.weight"
     prefixes: ClassVar[tuple[str, ...]] = ("model.", "")
+    embedding = "embed_tokens.weight"  # the token embedding, [vocab, d_model] (models/shapes.py)
     norm_plus_one = False  # Gemma's RMSNorm scales by (1 + w)
     ties_by_default = False  # LlamaConfig's tie_word_embeddings
     whole_head_default = True  # the default RoPE turns the whole head whatever partial_rotary_factor says

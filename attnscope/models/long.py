@@ -112,10 +112,12 @@ def _pool_into(sums: torch.Tensor, block: torch.Tensor, a: int, r: int, c: int) 
 
 def _shapes(model: Family, layer: int, X: torch.Tensor, made: str) -> Trace:
     """Layer L's steps run on the meta device: every shape, byte and FLOP, no number held."""
+    from attnscope.metadevice import shapes_only
     from attnscope.models.run import layer_trace
 
-    meta = model.attention(layer, record=True).to("meta")
-    return layer_trace(meta(X.to("meta")), X.to("meta"), made)
+    with shapes_only():  # no torch compiler imported for the meta ops (metadevice.py)
+        meta = model.attention(layer, record=True).to("meta")
+        return layer_trace(meta(X.to("meta")), X.to("meta"), made)
 
 
 def estimate_bytes(model: Family, layer: int, n_tokens: int) -> int:

@@ -7,19 +7,20 @@ unless tokenizer_config.json sets `add_bos_token` / `add_eos_token`: then it reb
 them (`TokenizersBackend.update_post_processor`), and so does this module. tests/test_models.py checks
 the ids against AutoTokenizer for every family.
 
-Anything else (no tokenizer.json, or a tokenizer class not in the list) goes through AutoTokenizer. A
-folder with no tokenizer files at all is refused: transformers would build an empty vocabulary and read
-every word as [UNK].
+Anything else (no tokenizer.json, or a tokenizer class not in the list) goes through AutoTokenizer, with
+`trust_remote_code=False`: a tokenizer_config.json whose `auto_map` names a class transformers does not ship
+is refused, as the folder's own code is never run. A folder with no tokenizer files at all is refused:
+transformers would build an empty vocabulary and read every word as [UNK].
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnscope.errors import UsageError
+from attnscope.models.config import load_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
@@ -53,7 +54,7 @@ def encode(folder: Path, text: str, *, target: bool = False) -> Encoded:
     if (folder / "tokenizer.json").is_file() and settings.get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         encoded = _direct(folder, text, settings)
     else:
-        encoded = _auto(folder, text, target)
+        encoded = _auto(folder, text, settings, target)
     if not encoded.ids:
         raise UsageError(f"{{text}} {text!r} gives no tokens with this model's tokenizer; give a sentence it can "
                          "read", "text")
@@ -74,10 +75,7 @@ def _settings(folder: Path) -> dict[str, Any]:
     path = folder / "tokenizer_config.json"
     if not path.is_file():
         return {}
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not readable JSON ({str(exc).splitlines()[0][:120]})") from None
+    settings = load_json(path)
     if not isinstance(settings, dict):
         raise UsageError(f"{path} holds a JSON {type(settings).__name__}, not an object of settings")
     return settings
@@ -101,6 +99,14 @@ def _direct(folder: Path, text: str, settings: dict[str, Any]) -> Encoded:
     ids = list(encoding.ids)
     tokens = [tokenizer.id_to_token(i) or "" for i in ids]
     return Encoded(ids, tokens, list(encoding.type_ids), "tokenizers")
+
+
+def _ships(lookup: Any, name: str) -> bool:
+    """Whether transformers has a tokenizer class of this name (its own lookup, which imports nothing foreign)."""
+    try:
+        return lookup(name) is not None or lookup(name.removesuffix("Fast")) is not None
+    except (ImportError, AttributeError, ValueError):
+        return False
 
 
 def _template(tokenizer: Any, settings: dict[str, Any]) -> None:
@@ -129,22 +135,34 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _auto(folder: Path, text: str, target: bool = False) -> Encoded:
-    tokenizer = _auto_tokenizer(folder)
+def _auto(folder: Path, text: str, settings: dict[str, Any], target: bool = False) -> Encoded:
+    tokenizer = _auto_tokenizer(folder, settings)
     encoded = tokenizer(text_target=text) if target else tokenizer(text)
     ids = list(encoded["input_ids"])
     type_ids = list(encoded.get("token_type_ids") or [0] * len(ids))
     return Encoded(ids, list(tokenizer.convert_ids_to_tokens(ids)), type_ids, "transformers AutoTokenizer")
 
 
-def _auto_tokenizer(folder: Path) -> Any:
+def _auto_tokenizer(folder: Path, settings: dict[str, Any] | None = None) -> Any:
+    """AutoTokenizer with `trust_remote_code=False`: a tokenizer_config.json whose auto_map names a class
+    transformers does not ship is refused (it could only load by running the folder's code)."""
     from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
     from transformers.utils import logging as hf_logging
 
+    from attnscope.models.own_code import own_code
+
     hf_logging.set_verbosity_error()
+    settings = _settings(folder) if settings is None else settings
+    auto_map = settings.get("auto_map")
+    name = settings.get("tokenizer_class")
+    if auto_map and not (isinstance(name, str) and _ships(tokenizer_class_from_name, name)):
+        raise own_code(folder, "tokenizer_config.json", auto_map)
     try:
-        return AutoTokenizer.from_pretrained(str(folder))
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError, ImportError) as exc:
+        if "trust_remote_code" in str(exc):  # the config's auto_map (refused before, for a model_type it knows)
+            raise own_code(folder, "config.json", "its own code") from None
         first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         raise UsageError(f"{{model}} {folder}: no usable tokenizer there for {{text}} ({first})", "model",
                          "text") from None

@@ -7,16 +7,18 @@ Each library's convention, as its documentation states it:
   `key_padding_mask` `[n_batch, n_K]`, True = padding.
 - transformers: an additive 4-D mask `[n_batch, 1, n_Q, n_K]`, 0 where a key is seen and
   `torch.finfo(dtype).min` where it is not, added to the scores by the eager attention.
-- flash-attn (2.1 on): `causal=True` is aligned bottom-right (lower-right); `window_size=(W - 1, 0)` is a
-  causal sliding window of W, `window_size=(r, r)` without `causal` a bidirectional one (centred on the
-  bottom-right diagonal); padding is removed (`flash_attn_varlen_func`), not masked; no arbitrary mask and
-  no chunks (transformers refuses flash attention on a chunked layer once its keys outgrow one chunk).
+- flash-attn (2.1 on): `causal=True` is aligned bottom-right (lower-right) on the lengths it is given;
+  `window_size=(W - 1, 0)` is a causal sliding window of W, `window_size=(r, r)` without `causal` a
+  bidirectional one (centred on the bottom-right diagonal); padding is removed (`flash_attn_varlen_func`),
+  not masked, so with causal or a window the padded queries are cut too (`_flash_padded`); no arbitrary mask
+  and no chunks (transformers refuses flash attention on a chunked layer once its keys outgrow one chunk).
 - FlexAttention: a `mask_mod(b, h, q_idx, kv_idx)` returning True where a key is seen, compiled into a
   block mask by `create_block_mask`.
 Chunked attention (Llama 4) is transformers' `chunked_causal_mask_function(C, left_padding)` (masking_utils):
 causal AND `kv_idx // C == q_idx // C`; F.scaled_dot_product_attention and nn.MultiheadAttention take it as an
 explicit mask.
-Every snippet except flash-attn's is run by tests/test_maskview.py and must give the same grid.
+Every snippet is run by tests/test_maskview.py and must give the same grid: flash-attn's against a stand-in
+that computes flash-attn's documented rule in plain torch (its tests' `attention_ref`).
 
 Attention sinks (GPT-OSS; sinks.py) are not a mask, but a library must be told them: F.scaled_dot_product_attention
 takes them as one more key of zeros whose score is its float attn_mask column (value 0); transformers' GPT-OSS
@@ -154,16 +156,19 @@ def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user:
     if user is not None:
         return ("not expressible: flash-attn takes no arbitrary mask "
                 "(use F.scaled_dot_product_attention or FlexAttention)")
-    notes = []
+    notes = ""
     if chunk is not None and max(n_K, offset + n_Q) > chunk:
         return (f"not expressible: flash-attn has no chunked attention,\nand these {max(n_K, offset + n_Q)} "
                 f"positions span more than one chunk of {chunk}\n(use FlexAttention or F.scaled_dot_product_attention)")
     if chunk is not None:
-        notes.append(f"\n# all positions lie in the first chunk of {chunk}: chunks are plain causal here")
+        notes = f"\n# all positions lie in the first chunk of {chunk}: chunks are plain causal here"
     args = ["q, k, v"]
     if both and n_Q != n_K:
         return ("not expressible: flash-attn centres window_size on the bottom-right diagonal;\n"
                 f"this bidirectional window is centred on query i itself, and n_Q = {n_Q} != n_K = {n_K}")
+    head = "# q, k, v: [n_batch, n, n_head, d_head]; causal=True is lower-right\n"
+    if both and window is not None and pad:
+        return head + _flash_padded_both(n_Q, n_K, window // 2, pad) + notes
     if both and window is not None:
         args.append(f"window_size=({window // 2}, {window // 2})")
         window = None
@@ -174,10 +179,73 @@ def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user:
         args += ["causal=True", f"window_size=({window - 1}, 0)"]
     elif align:
         args.append("causal=True")
-    if pad:
-        notes.append(f"\n# padding: drop the last {pad} keys, give cu_seqlens to flash_attn_varlen_func")
-    return ("# q, k, v: [n_batch, n, n_head, d_head]; causal=True is lower-right\n"
-            f"out = flash_attn_func({', '.join(args)})" + "".join(notes))
+    if not pad:
+        return f"{head}out = flash_attn_func({', '.join(args)})" + notes
+    n_kept = n_K - pad
+    if len(args) == 1:  # padding alone: the keys are cut, every query stays
+        return (f"{head}# padding: the last {pad} keys are cut, not masked (sequences of different\n"
+                f"# lengths: flash_attn_varlen_func with cu_seqlens_k)\n"
+                f"out = flash_attn_func(q, k[:, :{n_kept}], v[:, :{n_kept}])" + notes)
+    return head + _flash_padded(n_Q, n_K, window, pad, args[1:]) + notes
+
+
+def _flash_padded(n_Q: int, n_K: int, window: int | None, pad: int, args: list[str]) -> str:
+    """Causal or a window, with padding. flash-attn aligns bottom-right on the lengths it is given: the unpadded
+    ones (its README; its tests' `construct_local_mask` takes `sk = key_padding_mask.sum`). Cutting the padded
+    keys alone would move every query's diagonal by `pad`; cutting the last `pad` queries too keeps queries
+    0 .. n_Q-pad-1 in step. The rest of the grid's rows reach past the padding: they see the last unpadded keys
+    (all of them under plain causal, the window's share of them under a window), computed by a second call
+    whose window says so, and rows that see no key get zeros, as flash-attn gives them."""
+    kept = n_Q - pad  # queries whose diagonal stays in step when the last `pad` queries are cut too
+    first, last = max(kept, 0), n_Q - 1 if window is None else min(n_Q - 1, kept + window - 2)
+    parts = []  # (name, what it is, code)
+    if kept > 0:
+        parts.append(("in_step", f"{_queries(0, kept - 1)}: in step on the unpadded lengths",
+                      f"flash_attn_func(q[:, :{kept}], keys, values, {', '.join(args)})"))
+    if last >= first:
+        n_rows = last - first + 1
+        reach = "" if window is None else f", window_size=({kept - first - n_rows + window - 1}, {n_rows - 1})"
+        what = "every key before the padding" if window is None else "the window's share of the last keys"
+        parts.append(("past_pad", f"{_queries(first, last)}: {what}",
+                      f"flash_attn_func(q[:, {first}:{last + 1}], keys, values{reach})"))
+    if last + 1 <= n_Q - 1:
+        parts.append(("no_key", f"{_queries(last + 1, n_Q - 1)}: no key left",
+                      f"v.new_zeros(v.shape[0], {n_Q - 1 - last}, *v.shape[2:])"))
+    keys, queries = ("key", "query is") if pad == 1 else ("keys", "queries are")
+    lines = [f"# flash-attn aligns causal on the lengths it is given: cutting the {pad} padded",
+             f"# {keys} alone would move the diagonal by {pad}, so the last {pad} {queries} cut",
+             "# too (varlen: cu_seqlens_q/k of the unpadded lengths) and computed apart",
+             f"keys, values = k[:, :{n_K - pad}], v[:, :{n_K - pad}]  # the unpadded keys"]
+    if len(parts) == 1:
+        return "\n".join([*lines, f"# {parts[0][1]}", f"out = {parts[0][2]}"])
+    for name, what, code in parts:
+        lines += [f"# {what}", f"{name} = {code}"]
+    return "\n".join([*lines, f"out = torch.cat([{', '.join(name for name, _, _ in parts)}], dim=1)"])
+
+
+def _flash_padded_both(n: int, n_K: int, r: int, pad: int) -> str:
+    """A bidirectional window |i - j| <= r with the last `pad` keys padded (n_Q = n_K = n). flash-attn centres
+    window_size=(left, right) on the bottom-right diagonal of the lengths it is given (row i sees
+    [i + sk - sq - left, i + sk - sq + right], a negative side meaning no bound), so once the padded keys are cut
+    the window is made lopsided to stay on query i; queries past the last key's reach see no key (zeros)."""
+    kept = n_K - pad  # the unpadded keys
+    reach = min(n, kept + r)  # queries 0 .. reach-1 see at least one unpadded key
+    lines = ["# flash-attn centres window_size on the bottom-right diagonal of the lengths it is",
+             f"# given: with the {pad} padded keys cut, the window is shifted to stay on query i",
+             f"keys, values = k[:, :{kept}], v[:, :{kept}]  # the unpadded keys"]
+    if reach <= 0:
+        return "\n".join([*lines, "out = torch.zeros_like(q[..., :v.shape[-1]])  # no query sees a key"])
+    call = f"flash_attn_func(q[:, :{reach}], keys, values, window_size=({r + kept - reach}, {r - kept + reach}))"
+    if reach == n:
+        return "\n".join([*lines, f"out = {call}"])
+    return "\n".join([*lines, f"# {_queries(0, reach - 1)}: the window's share of the unpadded keys",
+                      f"seen = {call}", f"# {_queries(reach, n - 1)}: no key left",
+                      f"none = v.new_zeros(v.shape[0], {n - reach}, *v.shape[2:])",
+                      "out = torch.cat([seen, none], dim=1)"])
+
+
+def _queries(lo: int, hi: int) -> str:
+    return f"query {lo}" if lo == hi else f"queries {lo}-{hi}"
 
 
 def _flex(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user: str | None) -> str:

@@ -9,13 +9,43 @@ from typing import IO, Any
 
 from rich.console import Console
 
-PIPED_WIDTH = 100  # Rich would fall back to 80 columns when piped; tables read better at 100
+PIPED_WIDTH = 80  # no terminal and no COLUMNS (`| cat`, `| less`): what an 80-column terminal shows unwrapped
+COLUMNS_RANGE = (20, 1000)  # COLUMNS outside it (0, -1, "abc", 10**11) is nonsense, read as unset
+
+
+def columns() -> int | None:
+    """COLUMNS when it is a width a terminal can have, else None (read as unset: COLUMNS=0 would print nothing,
+    COLUMNS=100000 would pad every line of --help to 100,000 spaces)."""
+    text = os.environ.get("COLUMNS", "").strip()
+    if not text.isdigit() or not COLUMNS_RANGE[0] <= int(text) <= COLUMNS_RANGE[1]:
+        return None
+    return int(text)
+
+
+def ignore_bad_columns() -> None:
+    """Unset a nonsense COLUMNS for this process, so that what reads it directly (Typer's --help, Rich) reads it as
+    unset too. Called once by the command line's entry point."""
+    width = columns()
+    if width is not None:
+        os.environ["COLUMNS"] = str(width)  # " 90" as 90 for Rich too, which reads digits only
+    elif "COLUMNS" in os.environ:
+        del os.environ["COLUMNS"]
+
+
+def _terminal_width(stream: IO[str]) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or PIPED_WIDTH
+    except (OSError, ValueError):
+        return PIPED_WIDTH
 
 
 def console(stderr: bool = False, record: bool = False, no_color: bool | None = None) -> Console:
-    """stdout's console (stderr's with `stderr`); `record` keeps what is printed, for --svg/--html."""
+    """stdout's console (stderr's with `stderr`); `record` keeps what is printed, for --svg/--html. The width is
+    COLUMNS, else the terminal's, else (piped) 80."""
     stream: IO[str] = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH
+    width = columns()
+    if width is None:
+        width = _terminal_width(stream) if stream.isatty() else PIPED_WIDTH
     return Console(file=stream, width=width, highlight=False, soft_wrap=False, record=record, no_color=no_color)
 
 

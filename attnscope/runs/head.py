@@ -79,7 +79,7 @@ class ModelInfo:
 class HeadResult:
     options: HeadOptions
     info: ModelInfo
-    weights: HeadWeights | None  # None for a family attnscope does not read (the transformers fallback)
+    weights: HeadWeights | None  # None for a family attnscope does not read (one traced through transformers)
     encoded: Encoded | None = None
     run: LayerRun | None = None  # the traced layer and head; None without --text or through transformers
     attention: torch.Tensor | None = None  # head h's [n_tokens, n_tokens] pattern

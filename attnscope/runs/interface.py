@@ -20,9 +20,11 @@ def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress:
     from attnscope.models import SUPPORTED, tokenizer, truncated
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.family import check_position
+    from attnscope.models.own_code import refuse_own_code
     from attnscope.models.run import LayerRun
     from attnscope.runs.head import HeadResult, ModelInfo, _save, guard_memory
 
+    refuse_own_code(folder, config.model_type, config.raw("auto_map"))  # before its tokenizer is read
     encoded = tokenizer.encode(folder, asked.text or "")
     n = len(encoded.ids)
     with Checkpoint.open(folder) as checkpoint:

@@ -41,12 +41,15 @@ def run_latent(asked: mha.MhaOptions) -> RunResult:
     """`attnscope mha --kv-lora-rank R` (cli/mha.py picks it; `run_mha` runs every other mha)."""
     asked, spec = prepare(asked)
     estimate(asked, spec)
-    inputs = mha.loaded(asked, spec)
-    if asked.q:  # the default sizes follow the file's d_feat
-        spec = replace(spec, latent=latent_of(asked, inputs.d_feat))
-    module, trace, cache = traced(asked, spec, inputs)
-    comparisons = checked(asked, spec, module, trace, inputs, cache)
-    return describe(asked, spec, module, trace, inputs, comparisons)
+    from attnscope.metadevice import shapes_only
+
+    with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
+        inputs = mha.loaded(asked, spec)
+        if asked.q:  # the default sizes follow the file's d_feat
+            spec = replace(spec, latent=latent_of(asked, inputs.d_feat))
+        module, trace, cache = traced(asked, spec, inputs)
+        comparisons = checked(asked, spec, module, trace, inputs, cache)
+        return describe(asked, spec, module, trace, inputs, comparisons)
 
 
 def prepare(asked: mha.MhaOptions) -> tuple[mha.MhaOptions, AttentionSpec]:
@@ -101,10 +104,13 @@ def traced(asked: mha.MhaOptions, spec: AttentionSpec,
     layer = replace(spec, cache=0)  # the module's own attention; the cache is an input of its forward
     with torch.no_grad():
         if asked.q and not asked.meta:
-            shadow = LatentAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
-                                     spec=layer)
-            estimate = shadow(Q.to("meta"), K.to("meta"), mask=mask.to("meta") if mask is not None else None,
-                              cache=_cache(asked, shadow, n_batch, None, "meta"))
+            from attnscope.metadevice import shapes_only
+
+            with shapes_only():
+                shadow = LatentAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
+                                         spec=layer)
+                estimate = shadow(Q.to("meta"), K.to("meta"), mask=mask.to("meta") if mask is not None else None,
+                                  cache=_cache(asked, shadow, n_batch, None, "meta"))
             needed = cost.traced_peak_bytes(estimate.steps, _held(spec, inputs, shadow, n_Q, asked.cache + n_new))
             guard_memory(needed + flag_overhead(asked, spec, needed), asked.max_memory)
         torch.manual_seed(asked.seed)

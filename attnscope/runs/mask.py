@@ -7,7 +7,7 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.readings.maskview import MaskView, view
-from attnscope.runs.options import check_cache_sizes, parse_sinks
+from attnscope.runs.options import check_cache_sizes, check_numbers, parse_sinks
 from attnscope.spec import AttentionSpec
 
 # One bool per (query, key), drawn and written as JSON: past this it is no longer something to look at.
@@ -29,6 +29,7 @@ class MaskOptions:
 
 
 def run_mask(asked: MaskOptions) -> tuple[MaskView, dict[str, Any]]:
+    check_numbers(asked)  # --mask '' and integers beyond 64 bits, refused as sdpa and mha refuse them
     if asked.cache < 0 or asked.pad < 0:
         raise UsageError("--cache and --pad count positions: they cannot be negative")
     n_K = (asked.nq if asked.nk is None else asked.nk) if not asked.cache else asked.cache + asked.nq

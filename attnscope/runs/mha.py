@@ -91,10 +91,13 @@ def run_mha(asked: MhaOptions) -> RunResult:
     """`attnscope mha` (with --kv-lora-rank, runs/latent.py's `run_latent` instead)."""
     spec = prepare(asked)
     estimate(asked, spec)
-    inputs = loaded(asked, spec)
-    module, trace, cache = traced(asked, spec, inputs)
-    comparisons = checked(asked, spec, module, trace, inputs, cache)
-    return describe(asked, spec, module, trace, inputs, comparisons)
+    from attnscope.metadevice import shapes_only
+
+    with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
+        inputs = loaded(asked, spec)
+        module, trace, cache = traced(asked, spec, inputs)
+        comparisons = checked(asked, spec, module, trace, inputs, cache)
+        return describe(asked, spec, module, trace, inputs, comparisons)
 
 
 def prepare(asked: MhaOptions) -> AttentionSpec:
@@ -195,11 +198,15 @@ def traced(asked: MhaOptions, spec: AttentionSpec,
     check_rope_width(spec, asked.d_head or inputs.d_feat // asked.heads, "d_head")
     with torch.no_grad():
         if asked.q and not asked.meta:  # file inputs: the estimate needs their shapes, so it comes after loading
-            shadow = MultiHeadAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
-                                        d_head=asked.d_head, spec=layer)
-            estimate = shadow(Q.to("meta"), K.to("meta"), V.to("meta"), mask.to("meta") if mask is not None else None,
-                              cache=_cache(asked, shadow, n_batch, None, "meta"),
-                              position_bias=None if inputs.position_bias is None else inputs.position_bias.to("meta"))
+            from attnscope.metadevice import shapes_only
+
+            with shapes_only():
+                shadow = MultiHeadAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
+                                            d_head=asked.d_head, spec=layer)
+                bias = None if inputs.position_bias is None else inputs.position_bias.to("meta")
+                estimate = shadow(Q.to("meta"), K.to("meta"), V.to("meta"),
+                                  mask.to("meta") if mask is not None else None,
+                                  cache=_cache(asked, shadow, n_batch, None, "meta"), position_bias=bias)
             needed = cost.traced_peak_bytes(estimate.steps, _held(spec, inputs, shadow, n_Q, asked.cache + n_new))
             guard_memory(needed + flag_overhead(asked, spec, needed), asked.max_memory)
         torch.manual_seed(asked.seed)

@@ -59,9 +59,12 @@ DEFAULT_NK = 50
 def run_sdpa(asked: SdpaOptions) -> RunResult:
     spec = prepare(asked)
     estimate(asked, spec)
-    inputs, user_mask, trace, mask = traced(asked, spec)
-    comparisons = checked(asked, spec, trace, inputs, user_mask)
-    return describe(asked, spec, trace, mask, user_mask, comparisons)
+    from attnscope.metadevice import shapes_only
+
+    with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
+        inputs, user_mask, trace, mask = traced(asked, spec)
+        comparisons = checked(asked, spec, trace, inputs, user_mask)
+        return describe(asked, spec, trace, mask, user_mask, comparisons)
 
 
 def prepare(asked: SdpaOptions) -> AttentionSpec:
@@ -72,8 +75,6 @@ def prepare(asked: SdpaOptions) -> AttentionSpec:
         raise UsageError("the matrix form needs all four of --x, --wq, --wk and --wv")
     if asked.x and (asked.q or asked.k or asked.v):
         raise UsageError("give either --q/--k/--v or --x with --wq/--wk/--wv, not both")
-    if asked.x and asked.layout == "col":
-        raise UsageError("--x/--wq/--wk/--wv use the row layout (X [n, p] @ W [p, d]); drop --layout col")
     if asked.layout not in ("row", "col"):
         raise UsageError(f"--layout {asked.layout}: use row or col")
     variants = [flag for flag, on in (("--rope", asked.rope), ("--window", asked.window is not None),
@@ -126,11 +127,14 @@ def traced(asked: SdpaOptions, spec: AttentionSpec) -> tuple[dict[str, torch.Ten
             inputs = _random_sdpa_inputs(asked, _keys(asked), device)
             _add_sinks(asked, inputs, device)
         else:
+            from attnscope.metadevice import shapes_only
+
             _add_sinks(asked, loaded, device)
             shadowed = {n: t.to("meta") for n, t in loaded.items()}
             if bias is not None:
                 shadowed["position_bias"] = bias.to("meta")
-            shadow, shadow_mask = _sdpa_trace(asked, spec, shadowed, user_mask, "meta")
+            with shapes_only():
+                shadow, shadow_mask = _sdpa_trace(asked, spec, shadowed, user_mask, "meta")
             peak = cost.traced_peak_bytes(shadow.steps, _held(asked, spec, shadow, shadow_mask))
             if not asked.meta:
                 guard_memory(peak + flag_overhead(asked, spec, peak), asked.max_memory)
@@ -236,7 +240,7 @@ def _sdpa_trace(asked: SdpaOptions, spec: AttentionSpec, inputs: dict[str, torch
 
     prefix = None
     if "X" in inputs:
-        prefix = project(inputs["X"], inputs["W_Q"], inputs["W_K"], inputs["W_V"])
+        prefix = project(inputs["X"], inputs["W_Q"], inputs["W_K"], inputs["W_V"], asked.layout)  # col: W X
         Q, K, V = prefix["Q"], prefix["K"], prefix["V"]
     else:
         Q, K, V = inputs["Q"], inputs["K"], inputs["V"]
