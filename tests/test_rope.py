@@ -443,3 +443,12 @@ def test_llama_checkpoint_of_each_type_traces_as_eager(tmp_path, parameters):
         result = run_head(HeadOptions(model=str(tmp_path), layer=1, head=head, text=SENTENCE))
         torch.testing.assert_close(result.attention, attentions[1][0, head], atol=1e-5, rtol=1e-5)
     assert parameters["rope_type"] in result.run.layer.step("cos").op
+
+
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+def test_the_float64_reference_rotates_an_empty_batch(pairing):
+    """An empty batch has no pair to infer a -1 from (found by the CLI fuzz: mha --q empty.npy --rope
+    --rope-pairing interleaved --check was an internal error)."""
+    config = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "head_dim": 8}
+    rotated = rotate64(torch.zeros(0, 2, 5, 8), config, pairing=pairing)
+    assert rotated.shape == (0, 2, 5, 8)
