@@ -22,7 +22,7 @@ from attnscope.render.shading import CellLine, Cells, ramp
 
 if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
-    from attnscope.runs.head import HeadResult
+    from attnscope.runs.head_result import HeadResult
 
 LETTERS = {"first-token": "F", "previous-token": "P", "self": "S", "induction": "I", "broad": "B", "local": "L",
            "mixed": "·"}

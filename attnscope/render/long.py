@@ -16,7 +16,7 @@ from attnscope.render.layers import printable
 from attnscope.render.tables import step_json, steps_table
 
 if TYPE_CHECKING:
-    from attnscope.runs.head import HeadResult
+    from attnscope.runs.head_result import HeadResult
 
 TOP_KEYS = 5  # keys listed for each exact row
 TERMINAL_ROWS = 48  # query rows of the pooled pattern drawn in the terminal (the JSON has all of them)

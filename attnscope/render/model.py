@@ -23,7 +23,7 @@ from attnscope.render.tables import step_json, steps_table
 
 if TYPE_CHECKING:
     from attnscope.models.weights import HeadWeights
-    from attnscope.runs.head import HeadResult, ModelInfo
+    from attnscope.runs.head_result import HeadResult, ModelInfo
     from attnscope.spec import Latent
 
 NAME_WIDTH = 6  # "W_Q" and the column's padding ("q_norm" adds 3)
@@ -124,7 +124,7 @@ def show_head(out: Console, result: HeadResult) -> None:
     if result.decode:
         show_decode(out, result)
     if result.saved:
-        from attnscope.runs.head import saved_tensors
+        from attnscope.runs.head_result import saved_tensors
 
         out.print(Text(f"saved {len(saved_tensors(result))} tensors to {result.saved}"))
 

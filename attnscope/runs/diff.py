@@ -139,7 +139,8 @@ def _why(name: str, row: DiffRow, a: SavedRun, loaded: dict[str, tuple[torch.Ten
         return row.detail
     from attnscope.trace import Trace
     from attnscope.usertrace.align import candidates
-    from attnscope.usertrace.diagnose import Context, diagnose
+    from attnscope.usertrace.diagnose import diagnose
+    from attnscope.usertrace.diagnosis import Context
     from attnscope.usertrace.lineup import reference_allowed
     from attnscope.usertrace.record import Record
 

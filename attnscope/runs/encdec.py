@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from attnscope.models.config import Config
     from attnscope.models.seq2seq import EncoderDecoder
     from attnscope.models.tokenizer import Encoded
-    from attnscope.runs.head import HeadOptions, HeadResult, Progress
+    from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
 
 
 def encoder_decoder(config: Config) -> bool:
@@ -74,7 +74,7 @@ def _check_sources(asked: HeadOptions, model: EncoderDecoder, kind: str) -> None
 def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progress) -> HeadResult:
     from attnscope.models.seq2seq_run import run_attention
     from attnscope.models.weights import head_weights
-    from attnscope.runs.head import HeadResult, ModelInfo, _save, guard_memory
+    from attnscope.runs.head_result import HeadResult, ModelInfo, guard_memory, save_result
 
     view = model.for_kind(kind)
     view.check_position(asked.layer, asked.head)
@@ -85,7 +85,7 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
     result = HeadResult(asked, info, weights, notes=list(weights.notes), kind=kind,
                         about=f"{KIND_WORDS[kind]}: {_reads(kind)}")
     if asked.text is None and asked.audio is None:
-        _save(result)
+        save_result(result)
         return result
     source, result.encoded, heard = _source(asked, model)
     target_ids = model.decoder_ids(_target_ids(asked, model))
@@ -101,7 +101,7 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
     result.all_heads = result.run.layer["attention"][0]
     result.run.layer.notes.extend(heard)
     result.notes.extend(result.run.layer.notes)
-    _save(result)
+    save_result(result)
     return result
 
 

@@ -7,146 +7,25 @@ transformers for the others), guard the memory, --save.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from attnscope.errors import UsageError
-from attnscope.runs import memory
+from attnscope.runs.head_result import (
+    BERT_TYPES,
+    HeadOptions,
+    HeadResult,
+    ModelInfo,
+    Progress,
+    guard_memory,
+    save_result,
+)
 
 if TYPE_CHECKING:
-    import torch
-
     from attnscope.models.config import Config
     from attnscope.models.family import Family
-    from attnscope.models.long import LongHead
-    from attnscope.models.run import LayerRun
-    from attnscope.models.stream import DecodeStep
-    from attnscope.models.tokenizer import Encoded
-    from attnscope.models.weights import HeadWeights
-    from attnscope.readings.headstats import LayerHeads
-    from attnscope.spec import Latent
-
-# BERT's family of encoders: BERT's own layout, and ModernBERT, a BERT in use whose head lives elsewhere
-# (docs/bert.md says why it belongs)
-BERT_TYPES = ("bert", "roberta", "xlm-roberta", "modernbert")
-
-
-@dataclass
-class HeadOptions:
-    model: str
-    layer: int = 0
-    head: int = 0
-    text: str | None = None
-    save: str | None = None
-    force: bool = False
-    max_memory: int | None = None
-    command: str = "head"  # "bert" takes BERT's encoders only (BERT_TYPES)
-    all_heads: bool = False  # --all-heads: every head of the layer, with its statistics, shown
-    all_layers: bool = False  # --all-layers: every head of every layer (runs/layers.py)
-    generate: int = 0  # --generate N: greedy decoding of N new tokens
-    text_file: str | None = None  # --text-file: the text read from a file
-    rows: str | None = None  # --rows A:B: exact query rows of a long input's pooled pattern
-    target: str | None = None  # an encoder-decoder's target text, what its decoder reads (runs/encdec.py)
-    attention: str | None = None  # an encoder-decoder's attention: encoder (default), decoder or cross
-    audio: str | None = None  # Whisper's source: a PCM .wav file
-
-
-@dataclass
-class ModelInfo:
-    """What the checkpoint is, as the header and JSON's `model` show it."""
-
-    architecture: str
-    model_type: str
-    path: Path
-    layers: int
-    heads: int
-    kv_heads: int
-    d_model: int
-    d_head: int
-    latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek); d_head is then d_K
-    stacks: tuple[int, int] | None = None  # an encoder-decoder's encoder and decoder layers
-
-    @classmethod
-    def of(cls, model: Family) -> ModelInfo:
-        return cls(model.architecture, model.model_type, model.folder, model.n_layer, model.n_head, model.n_kv_head,
-                   model.d_model, model.d_head, model.latent)
-
-
-@dataclass
-class HeadResult:
-    options: HeadOptions
-    info: ModelInfo
-    weights: HeadWeights | None  # None for a family attnscope does not read (one traced through transformers)
-    encoded: Encoded | None = None
-    run: LayerRun | None = None  # the traced layer and head; None without --text or through transformers
-    attention: torch.Tensor | None = None  # head h's [n_tokens, n_tokens] pattern
-    all_heads: torch.Tensor | None = None  # every head's pattern in layer L, [n_head, n_tokens, n_tokens]
-    notes: list[str] = field(default_factory=list)
-    saved: Path | None = None
-    all_layers: list[torch.Tensor] | None = None  # --all-layers: every layer's patterns, [n_head, n, n] each
-    layers: list[LayerHeads] | None = None  # and every layer's heads with their statistics and kinds
-    decode: list[DecodeStep] | None = None  # --generate: each new token, its row of layer L
-    decode_pieces: list[tuple[str, str]] = field(default_factory=list)  # each new token as (token, text)
-    long: LongHead | None = None  # a long input: the head's pattern pooled, computed in blocks
-    _heads: LayerHeads | None = field(default=None, repr=False)
-    target: Encoded | None = None  # an encoder-decoder's target tokens, as its decoder reads them
-    kind: str | None = None  # an encoder-decoder's attention: encoder, decoder or cross
-    tracer: str | None = None  # "attnscope" (the family's page) or "attention-interface" (transformers' code)
-    about: str | None = None  # what an encoder-decoder's attention reads, under the header
-
-    @property
-    def layer_name(self) -> str:
-        """`layer 3`, or for an encoder-decoder `cross layer 3`."""
-        return f"{self.kind + ' ' if self.kind else ''}layer {self.options.layer}"
-
-    def axes(self) -> tuple[list[str], list[str]]:
-        """The pattern's row (query) and column (key) labels: the text's tokens; an encoder-decoder's decoder
-        attends over the target's, and across, the target's queries over the source's keys."""
-        source = list(self.encoded.tokens) if self.encoded is not None else []
-        target = list(self.target.tokens) if self.target is not None else source
-        return {"decoder": (target, target), "cross": (target, source)}.get(self.kind or "", (source, source))
-
-    def tokens_text(self) -> str:
-        """`on 9 tokens`, or across `on 5 target tokens over 9 source tokens`."""
-        rows, cols = self.axes()
-        if self.kind == "cross":
-            return f"on {len(rows)} target tokens over {len(cols)} source {self.source_unit}"
-        unit = "target tokens" if self.kind == "decoder" else f"{'source ' if self.kind else ''}{self.source_unit}"
-        return f"on {len(rows)} {unit}"
-
-    @property
-    def source_unit(self) -> str:
-        return "audio positions" if self.options.audio else "tokens"
-
-    @property
-    def traced(self) -> bool:
-        return self.run is not None
-
-    @property
-    def heads(self) -> LayerHeads | None:
-        """Every head of layer L on the text, with its statistics and kind (None without a text)."""
-        if self.all_heads is None or self.encoded is None:
-            return None
-        if self._heads is None:
-            from attnscope.readings.headstats import LayerHeads
-
-            rows, cols = self.axes()
-            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols)
-        return self._heads
-
-    def _repr_html_(self) -> str:
-        """Jupyter shows the model and head, the layer's steps, this head's pattern on the text and every
-        head of the layer with what it does: the explorer page where the frontend runs scripts, the static view
-        of notebook.py where not (views/embed.py)."""
-        from attnscope.views.embed import head_view
-
-        return head_view(self)
-
-
-Progress = Callable[[str], AbstractContextManager[Any]]
 
 
 @contextmanager
@@ -219,7 +98,7 @@ def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult
     result = HeadResult(asked, ModelInfo.of(model), weights, notes=list(weights.notes))
     if asked.text is not None:
         _on_text(asked, model, result, progress)
-    _save(result)
+    save_result(result)
     return result
 
 
@@ -273,48 +152,3 @@ def _through_transformers(asked: HeadOptions, folder: Path, config: Config, prog
     return run_transformers(asked, folder, config, progress)
 
 
-def guard_memory(needed: int, max_memory: int | None, what: str) -> None:
-    """The memory guard, with what a model run can do instead: an earlier layer, a shorter text."""
-    memory.guard_memory(needed, max_memory, f"{what} needs", "pick an earlier --layer, a shorter --text, or raise "
-                        "--max-memory", machine_advice="pick an earlier --layer or a shorter --text")
-
-
-def saved_tensors(result: HeadResult) -> dict[str, Any]:
-    """What --save writes: the head's weights, the head's steps under their names (X, Q, K, V, ..., attention,
-    out), and the layer's steps under `layer.` (layer.Q_feat, ..., layer.attention: every head); with
-    --all-layers every layer's pattern (`layers.L.attention`), with --generate each new token's row
-    (`decode.I.attention`), for a long input the pooled pattern and the exact rows."""
-    tensors: dict[str, Any] = dict(result.weights.as_torch()) if result.weights else {}
-    if result.run is not None:
-        tensors.update({step.name: step.tensor for step in result.run.head.steps})
-        tensors.update({f"layer.{step.name}": step.tensor for step in result.run.layer.steps})
-    elif result.attention is not None:
-        tensors["attention"] = result.attention
-        tensors["layer.attention"] = result.all_heads
-    for i, pattern in enumerate(result.all_layers or []):
-        tensors[f"layers.{i}.attention"] = pattern
-    for i, step in enumerate(result.decode or []):
-        tensors[f"decode.{i}.attention"] = step.attention
-    if result.long is not None:
-        tensors["attention_pooled"] = result.long.pooled
-        if result.long.exact_rows is not None:
-            tensors["attention_rows"] = result.long.exact_rows
-    return tensors
-
-
-def _save(result: HeadResult) -> None:
-    asked = result.options
-    if not asked.save:
-        return
-    from attnscope.tensors import save_tensors
-
-    meta: dict[str, Any] = {"model": str(result.info.path), "layer": asked.layer, "head": asked.head,
-                            "sources": result.weights.sources if result.weights else {},
-                            "tokens": result.encoded.tokens if result.encoded else None,
-                            "token_ids": result.encoded.ids if result.encoded else None}
-    if result.run is not None:
-        steps = {**{s.name: s for s in result.run.head.steps},
-                 **{f"layer.{s.name}": s for s in result.run.layer.steps}}
-        meta["steps"] = {name: {"dims": list(s.dims), "op": s.op} for name, s in steps.items()}
-    result.saved = save_tensors(saved_tensors(result), asked.save, force=asked.force, metadata=meta,
-                                option="--save")

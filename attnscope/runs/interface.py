@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from attnscope.models.config import Config
-    from attnscope.runs.head import HeadOptions, HeadResult, Progress
+    from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
     from attnscope.trace import Trace
 
 
@@ -22,7 +22,7 @@ def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress:
     from attnscope.models.family import check_position
     from attnscope.models.own_code import refuse_own_code
     from attnscope.models.run import LayerRun
-    from attnscope.runs.head import HeadResult, ModelInfo, _save, guard_memory
+    from attnscope.runs.head_result import HeadResult, ModelInfo, guard_memory, save_result
 
     refuse_own_code(folder, config.model_type, config.raw("auto_map"))  # before its tokenizer is read
     encoded = tokenizer.encode(folder, asked.text or "")
@@ -56,7 +56,7 @@ def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress:
         result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
         result.tracer = "attention-interface"
         result.notes.extend(layer.notes)
-    _save(result)
+    save_result(result)
     return result
 
 

@@ -14,7 +14,7 @@ from attnscope.errors import UsageError
 if TYPE_CHECKING:
     from attnscope.models.family import Family
     from attnscope.models.tokenizer import Encoded
-    from attnscope.runs.head import HeadOptions, HeadResult
+    from attnscope.runs.head_result import HeadOptions, HeadResult
 
 TEXT_FILE_BYTES = 8 * 2**20  # a text file larger than this is not a prompt (32k tokens are about 150 KB)
 MAX_NEW_TOKENS = 4096

@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attnscope.usertrace.diagnosis import Context, Diagnosis, ancestors, close, in_reference_layout, label_of
+
 if TYPE_CHECKING:
     from attnscope.usertrace.align import Match
-    from attnscope.usertrace.diagnose import Context, Diagnosis
 
 
 def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     from attnscope import masks
     from attnscope.spec import AttentionSpec
-    from attnscope.usertrace.diagnose import Diagnosis, _close, _in_reference_layout, _who
 
     if near is None or step not in ("masked_scores", "attention") or "scores" not in ctx.reference:
         return None
     base = ctx.reference["masked_scores" if "masked_scores" in ctx.reference else "scores"].double()
-    user = _in_reference_layout(near, step, ctx)
+    user = in_reference_layout(near, step, ctx)
     n_Q, n_K = base.shape[-2], base.shape[-1]
     for align in ("upper-left", "lower-right"):
         for window in (None, *range(1, n_K + 1)):
@@ -38,27 +38,26 @@ def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
             if bool(torch.equal(torch.isneginf(masked), torch.isneginf(base))):
                 continue  # the reference masks these already
             expected = masked if step == "masked_scores" else _softmax(masked)
-            if _close(user, expected):
+            if close(user, expected):
                 said = f"a sliding window of {window} ({align})" if window else f"a causal mask ({align})"
                 flags = ("--causal" if align == "upper-left" else "--causal lower-right") + (
                     f" --window {window}" if window else "")
-                return Diagnosis(f"your code masks by itself: {_who(near.record)} is the reference's {step} under "
+                return Diagnosis(f"your code masks by itself: {label_of(near.record)} is the reference's {step} under "
                                  f"{said}, which the reference was not told of; describe it with {flags} (it "
                                  "describes the reference whether or not your forward takes a mask)", near.record)
     return None
 
 
 def kernel_dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
-    from attnscope.usertrace.diagnose import Diagnosis, _ancestors, _who
 
     if near is None:
         return None
-    for index in sorted(_ancestors(near.record, ctx.records) | {near.record.index}, reverse=True):
+    for index in sorted(ancestors(near.record, ctx.records) | {near.record.index}, reverse=True):
         record = ctx.records[index]
         asked = record.details.get("kernel") or {}
         p = asked.get("dropout_p") or 0.0
         if isinstance(p, (int, float)) and p > 0 and asked.get("training", True):
-            return Diagnosis(f"{_who(near.record)} comes through {record.call} at line {record.line}, which drops "
+            return Diagnosis(f"{label_of(near.record)} comes through {record.call} at line {record.line}, which drops "
                              f"attention weights at random inside its kernel (dropout_p={p:g}): its mask cannot be "
                              "read back to apply to the reference; run without --train (or pass dropout_p=0.0 when "
                              "not self.training, as nanoGPT does) to compare the computation", near.record)
@@ -66,7 +65,6 @@ def kernel_dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | N
 
 
 def repeat_order(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
-    from attnscope.usertrace.diagnose import Diagnosis, _close, _in_reference_layout, _who
 
     if near is None or step not in ("K_rep", "V_rep"):
         return None
@@ -77,9 +75,9 @@ def repeat_order(step: str, ctx: Context, near: Match | None) -> Diagnosis | Non
     kv = ctx.reference[source]
     n_group = ctx.reference[step].shape[-3] // kv.shape[-3]
     tiled = kv.repeat(*([1] * (kv.dim() - 3)), n_group, 1, 1)
-    if not _close(_in_reference_layout(near, step, ctx), tiled.double()):
+    if not close(in_reference_layout(near, step, ctx), tiled.double()):
         return None
-    return Diagnosis(f"key/value heads repeated in the wrong order: {_who(near.record)} tiles the {kv.shape[-3]} "
+    return Diagnosis(f"key/value heads repeated in the wrong order: {label_of(near.record)} tiles the {kv.shape[-3]} "
                      f"key/value heads (0, 1, ..., 0, 1, ...), as .repeat(1, {n_group}, 1, 1) does, where query head h "
                      f"reads key/value head h // {n_group} (0, 0, ..., 1, 1, ...): "
                      f"repeat_interleave({n_group}, dim=1), as transformers' repeat_kv", near.record)

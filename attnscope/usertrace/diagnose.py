@@ -11,39 +11,13 @@ scale: √(d_feat / d_head) is the classic one). Else the closest tensor and how
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from attnscope.usertrace.align import VERY_NEGATIVE, Match, compare, tolerance
-
-if TYPE_CHECKING:
-    from attnscope.trace import Trace
-    from attnscope.usertrace.record import Record
-    from attnscope.usertrace.reference import Projections, Spec
+from attnscope.usertrace.diagnosis import Context, Diagnosis, ancestors, close, in_reference_layout, label_of
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
-
-
-@dataclass
-class Context:
-    kind: str  # "module" or "function"
-    sizes: dict[str, int]
-    reference: Trace
-    records: list[Record]
-    mask: torch.Tensor | None = None
-    train: bool = False
-    projections: Projections | None = None
-    skip: dict[str, torch.Tensor] = field(default_factory=dict)
-    spec: Spec | None = None
-
-
-@dataclass
-class Diagnosis:
-    text: str
-    record: Record | None = None
-    ratio: float | None = None
 
 
 def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
@@ -70,17 +44,8 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
         return Diagnosis(f"none of your tensors has {step}'s shape [{', '.join(dims)}] = {list(reference.shape)}, "
                          "or a layout of it")
     near = ranked[0]
-    return Diagnosis(f"{_who(near.record)} has {step}'s shape but not its values (max |diff| "
+    return Diagnosis(f"{label_of(near.record)} has {step}'s shape but not its values (max |diff| "
                      f"{near.max_abs_diff:.3g}); none of the usual causes fits", near.record)
-
-
-def _who(record: Record) -> str:
-    """How a diagnosis names the tensor: `your scores (line 31)`, or what the record says (diff: `B's scores`)."""
-    return str(record.details.get("who") or f"your {record.label} (line {record.line})")
-
-
-def _in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
-    return near.layout.undo(near.record.tensor, tuple(ctx.reference[step].shape)).double()
 
 
 # --- the causes ---------------------------------------------------------------------------------------
@@ -98,7 +63,7 @@ def _transposed(step: str, ctx: Context, near: Match | None) -> Diagnosis | None
                      for b in match.layout.order[i + 1:] if reference.shape[a] == reference.shape[b] and a > b]
             if pairs:
                 extra = " (K Qᵀ instead of Q Kᵀ)" if step == "scores" else ""
-                return Diagnosis(f"{_who(record)} is {step} transposed: axes {pairs[0][0]} and {pairs[0][1]} "
+                return Diagnosis(f"{label_of(record)} is {step} transposed: axes {pairs[0][0]} and {pairs[0][1]} "
                                  f"swapped{extra}; they have the same size here, so the shapes agree and only the "
                                  "numbers tell", record)
     return None
@@ -113,8 +78,8 @@ def _missing_bias(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
         return None
     expected = near.layout.apply(ctx.reference[step], tuple(near.record.tensor.shape))
     without = near.layout.apply(ctx.reference[step] - linear.bias.detach(), tuple(near.record.tensor.shape))
-    if _close(near.record.tensor, without) and not _close(near.record.tensor, expected):
-        return Diagnosis(f"{_who(near.record)} lacks {name}'s bias: it equals {step} minus {name}.bias "
+    if close(near.record.tensor, without) and not close(near.record.tensor, expected):
+        return Diagnosis(f"{label_of(near.record)} lacks {name}'s bias: it equals {step} minus {name}.bias "
                          f"(the weight applied, the bias never added)", near.record)
     return None
 
@@ -125,8 +90,8 @@ def _merged_before_permute(step: str, ctx: Context, near: Match | None) -> Diagn
     x_raw = ctx.reference["x_raw"]  # [n_batch, n_head, n_Q, d_head]
     wrong = x_raw.reshape(x_raw.shape[0], x_raw.shape[2], -1)  # viewed as [n_batch, n_Q, n_head·d_head] directly
     for record in ctx.records:
-        if tuple(record.tensor.shape) == tuple(wrong.shape) and _close(record.tensor, wrong):
-            return Diagnosis(f"heads merged in the wrong order: {_who(record)} is x_raw [n_batch, n_head, n_Q, "
+        if tuple(record.tensor.shape) == tuple(wrong.shape) and close(record.tensor, wrong):
+            return Diagnosis(f"heads merged in the wrong order: {label_of(record)} is x_raw [n_batch, n_head, n_Q, "
                              "d_head] viewed as [n_batch, n_Q, d_feat] without first moving n_head behind n_Q "
                              "(view before permute), so each row mixes the positions of one head; "
                              ".permute(0, 2, 1, 3).contiguous() before the view", record)
@@ -137,7 +102,7 @@ def _dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     """A dropout in the tensor's history that changed its input: the zeroed share and the scale, measured."""
     if near is None:
         return None
-    for index in sorted(_ancestors(near.record, ctx.records) | {near.record.index}, reverse=True):
+    for index in sorted(ancestors(near.record, ctx.records) | {near.record.index}, reverse=True):
         record = ctx.records[index]
         if record.func != "dropout" or not record.parents:
             continue
@@ -156,7 +121,7 @@ def _dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
         else:
             why = ("dropout is active although the module runs in eval() mode: F.dropout's training argument "
                    "defaults to True; pass training=self.training (or use nn.Dropout)")
-        return Diagnosis(f"{_who(near.record)} comes through dropout: {measured}; {why}", near.record)
+        return Diagnosis(f"{label_of(near.record)} comes through dropout: {measured}; {why}", near.record)
     return None
 
 
@@ -192,12 +157,12 @@ def _mask_ignored(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
     user, allowed, _ = found
     if step == "masked_scores":
         scores = ctx.reference["scores"].double()
-        ignored = _close(user, scores) and not bool((user <= VERY_NEGATIVE).any())
+        ignored = close(user, scores) and not bool((user <= VERY_NEGATIVE).any())
     else:
-        ignored = _close(user, torch.softmax(ctx.reference["scores"].double(), dim=-1))
+        ignored = close(user, torch.softmax(ctx.reference["scores"].double(), dim=-1))
     if not ignored:
         return None
-    return Diagnosis(f"the mask is not applied: {_who(near.record)} equals the unmasked "
+    return Diagnosis(f"the mask is not applied: {label_of(near.record)} equals the unmasked "
                      f"{'scores' if step == 'masked_scores' else 'softmax'}; the {int((~allowed).sum())} positions "
                      "the mask forbids keep their scores", near.record)
 
@@ -207,7 +172,7 @@ def _mask_view(step: str, ctx: Context, near: Match | None) -> tuple[torch.Tenso
     the rows where the mask decides something; None where a boolean mask does not apply."""
     if near is None or ctx.mask is None or ctx.mask.dtype != torch.bool or step not in ("masked_scores", "attention"):
         return None
-    user = _in_reference_layout(near, step, ctx)
+    user = in_reference_layout(near, step, ctx)
     mask = ctx.mask.unsqueeze(1) if ctx.mask.dim() == 3 and user.dim() == 4 else ctx.mask  # as the reference does
     try:
         allowed = mask.expand(user.shape)
@@ -220,7 +185,7 @@ def _mask_view(step: str, ctx: Context, near: Match | None) -> tuple[torch.Tenso
 def _softmax_axis(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     if near is None or step != "attention":
         return None
-    user = _in_reference_layout(near, step, ctx)
+    user = in_reference_layout(near, step, ctx)
     skip = ctx.skip.get(step)
     keep = ~skip.expand(user.shape)[..., 0] if skip is not None else torch.ones(user.shape[:-1], dtype=torch.bool)
     row_sums = user.sum(-1)[keep]
@@ -232,10 +197,10 @@ def _softmax_axis(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
         if bool(((user.sum(axis) - 1).abs() < 1e-3).all()):
             where = near.layout.user_axis(axis)
             in_user = f" (your dim={where})" if where is not None else ""
-            return Diagnosis(f"{_who(near.record)} does not sum to 1 over the keys ({spread}): it sums to 1 over "
+            return Diagnosis(f"{label_of(near.record)} does not sum to 1 over the keys ({spread}): it sums to 1 over "
                              f"{dims[axis]}{in_user}, so the softmax ran over {dims[axis]}, not over n_K "
                              f"(dim=-1 of scores [.., n_Q, n_K])", near.record)
-    return Diagnosis(f"{_who(near.record)} does not sum to 1 over the keys ({spread}) nor over any other axis: "
+    return Diagnosis(f"{label_of(near.record)} does not sum to 1 over the keys ({spread}) nor over any other axis: "
                      "it is not a softmax over n_K", near.record)
 
 
@@ -290,20 +255,3 @@ def _factor(x: float) -> str:
     if square > 1 and math.isclose(x * x, square, rel_tol=1e-4) and not math.isclose(x, round(x), rel_tol=1e-4):
         return f"√{square} ≈ {x:.4g}"
     return f"{x:.4g}"
-
-
-def _close(user: torch.Tensor, expected: torch.Tensor) -> bool:
-    from attnscope.usertrace.align import difference
-
-    return tuple(user.shape) == tuple(expected.shape) and difference(user, expected) <= tolerance(expected.float())
-
-
-def _ancestors(record: Record, records: list[Record]) -> set[int]:
-    seen: set[int] = set()
-    stack = list(record.parents)
-    while stack:
-        index = stack.pop()
-        if index not in seen:
-            seen.add(index)
-            stack.extend(records[index].parents)
-    return seen

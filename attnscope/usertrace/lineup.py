@@ -65,7 +65,8 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
             spec: Spec | None = None) -> LineUp:
     from attnscope.usertrace import reference as ref
     from attnscope.usertrace.align import candidates, compare
-    from attnscope.usertrace.diagnose import Context, diagnose
+    from attnscope.usertrace.diagnose import diagnose
+    from attnscope.usertrace.diagnosis import Context
 
     spec = spec or ref.Spec()
     out = LineUp()

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attnscope.usertrace.diagnosis import Context, Diagnosis, close, in_reference_layout, label_of
+
 if TYPE_CHECKING:
     from attnscope.usertrace.align import Match
-    from attnscope.usertrace.diagnose import Context, Diagnosis
 
 ROTATED = {"Q_rot": ("Q_split", "Q"), "K_rot": ("K_split", "K")}
 KNOWN_BASES = (10000.0, 500000.0, 1000000.0, 100000.0, 50000.0, 1000.0, 100.0)
@@ -46,7 +47,6 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str =
 
 
 def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
-    from attnscope.usertrace.diagnose import Diagnosis, _close, _in_reference_layout, _who
 
     if near is None or step not in ROTATED or ctx.spec is None or ctx.spec.rope_base is None:
         return None
@@ -54,19 +54,19 @@ def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
     if source is None:
         return None
     x = ctx.reference[source].double()
-    user = _in_reference_layout(near, step, ctx)
+    user = in_reference_layout(near, step, ctx)
     if tuple(user.shape) != tuple(x.shape):
         return None
     base, n = ctx.spec.rope_base, x.shape[-2]
     start = _start(step, ctx)
     positions = torch.arange(start, start + n)
-    who, what = _who(near.record), "queries" if step == "Q_rot" else "keys"
-    if _close(user, rotate(x, positions, base, "interleaved")):
+    who, what = label_of(near.record), "queries" if step == "Q_rot" else "keys"
+    if close(user, rotate(x, positions, base, "interleaved")):
         return Diagnosis(f"{who} pairs RoPE's coordinates interleaved, (0, 1), (2, 3), ... (GPT-J, Meta's "
                          "view_as_complex), where the reference pairs them half-split, (i, i + d_head/2), as "
                          "transformers' LLaMA rotate_half does; the two agree only once the q and k weights' rows are "
                          "permuted (transformers' convert_llama_weights_to_hf)", near.record)
-    if start and _close(user, rotate(x, torch.arange(n), base)):
+    if start and close(user, rotate(x, torch.arange(n), base)):
         return Diagnosis(f"positions not offset in a decode step: {who} rotates the {n} new {what} at positions "
                          f"0 to {n - 1}, but after {ctx.spec.cache or start} cached positions they sit at {start} to "
                          f"{start + n - 1}; add the cache's length to the positions (cos[start:start + n], "
@@ -83,15 +83,14 @@ def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
 
 def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     """Asked after every other candidate was tried for a wrong rotation: the unrotated input itself."""
-    from attnscope.usertrace.diagnose import Diagnosis, _close, _in_reference_layout, _who
 
     if near is None or step not in ROTATED or ctx.spec is None or ctx.spec.rope_base is None:
         return None
     source = next((s for s in ROTATED[step] if s in ctx.reference), None)
-    if source is None or not _close(_in_reference_layout(near, step, ctx), ctx.reference[source].double()):
+    if source is None or not close(in_reference_layout(near, step, ctx), ctx.reference[source].double()):
         return None
     what = "queries" if step == "Q_rot" else "keys"
-    return Diagnosis(f"{_who(near.record)} is {source} not rotated, and no tensor of yours is {source} rotated: "
+    return Diagnosis(f"{label_of(near.record)} is {source} not rotated, and no tensor of yours is {source} rotated: "
                      f"RoPE is never applied to the {what} (the reference rotates them, --rope, base "
                      f"{ctx.spec.rope_base:g})", near.record)
 
@@ -99,7 +98,6 @@ def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None
 def after_repeat(step: str, ctx: Context) -> Diagnosis | None:
     """At K_rot: no rotated, unrepeated keys, but the repeated keys rotated after the repeat are there."""
     from attnscope.usertrace.align import best_equal
-    from attnscope.usertrace.diagnose import Diagnosis, _who
 
     if step != "K_rot" or "K_rep" not in ctx.reference or "K_split" not in ctx.reference:
         return None
@@ -109,8 +107,9 @@ def after_repeat(step: str, ctx: Context) -> Diagnosis | None:
     rotated = best_equal(ctx.records, ctx.reference["K_rep"], None)
     if before is None or rotated is None or rotated.record.index < before.record.index:
         return None
-    return Diagnosis(f"RoPE applied after the head repeat: {_who(before.record)} repeats the unrotated keys for the "
-                     f"{n_group} query heads of each key/value head, and {_who(rotated.record)} rotates them after; "
+    repeats, rotates = label_of(before.record), label_of(rotated.record)
+    return Diagnosis(f"RoPE applied after the head repeat: {repeats} repeats the unrotated keys for the "
+                     f"{n_group} query heads of each key/value head, and {rotates} rotates them after; "
                      "the numbers agree with rotating first (it equals K_rep), but each key is rotated "
                      f"{n_group} times over and a cache filled before the rotation holds unrotated keys. Rotate "
                      "K_split first and repeat after, as transformers' LlamaAttention does (apply_rotary_pos_emb, "
@@ -131,7 +130,6 @@ def _start(step: str, ctx: Context) -> int:
 
 def _fit_base(x: torch.Tensor, user: torch.Tensor, positions: torch.Tensor, pairing: str) -> float | None:
     """The base under which `user` is `x` rotated: pair 1's angle at the first position past 0, then checked."""
-    from attnscope.usertrace.diagnose import _close
 
     d = x.shape[-1]
     if d < 4:
@@ -152,6 +150,6 @@ def _fit_base(x: torch.Tensor, user: torch.Tensor, positions: torch.Tensor, pair
         if math.isfinite(fitted) and fitted > 1:
             candidates.insert(0, float(f"{fitted:.3g}"))
     for base in candidates:
-        if _close(user, rotate(x, positions, base, pairing)):
+        if close(user, rotate(x, positions, base, pairing)):
             return base
     return None

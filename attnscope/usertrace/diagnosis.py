@@ -1,0 +1,65 @@
+"""What every cause of a divergence works with (usertrace/diagnose.py tries the causes; causes.py and rotary.py
+hold more of them): the context of a line-up, the diagnosis a cause gives, and the small tests they share (who a
+record is, a match in the reference's layout, two tensors equal within tolerance, a record's ancestors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from attnscope.usertrace.align import tolerance
+
+if TYPE_CHECKING:
+    from attnscope.trace import Trace
+    from attnscope.usertrace.align import Match
+    from attnscope.usertrace.record import Record
+    from attnscope.usertrace.reference import Projections, Spec
+
+
+@dataclass
+class Context:
+    kind: str  # "module" or "function"
+    sizes: dict[str, int]
+    reference: Trace
+    records: list[Record]
+    mask: torch.Tensor | None = None
+    train: bool = False
+    projections: Projections | None = None
+    skip: dict[str, torch.Tensor] = field(default_factory=dict)
+    spec: Spec | None = None
+
+
+@dataclass
+class Diagnosis:
+    text: str
+    record: Record | None = None
+    ratio: float | None = None
+
+
+def label_of(record: Record) -> str:
+    """How a diagnosis names the tensor: `your scores (line 31)`, or what the record says (diff: `B's scores`)."""
+    return str(record.details.get("who") or f"your {record.label} (line {record.line})")
+
+
+def in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
+    return near.layout.undo(near.record.tensor, tuple(ctx.reference[step].shape)).double()
+
+
+def close(user: torch.Tensor, expected: torch.Tensor) -> bool:
+    from attnscope.usertrace.align import difference
+
+    return tuple(user.shape) == tuple(expected.shape) and difference(user, expected) <= tolerance(expected.float())
+
+
+def ancestors(record: Record, records: list[Record]) -> set[int]:
+    seen: set[int] = set()
+    stack = list(record.parents)
+    while stack:
+        index = stack.pop()
+        if index not in seen:
+            seen.add(index)
+            stack.extend(records[index].parents)
+    return seen
