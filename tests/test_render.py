@@ -290,3 +290,25 @@ def test_column_layout_heatmap_has_queries_as_rows(runner):
     attention = torch.tensor(payload["heatmap"]["matrix"])
     assert attention.shape == (3, 5) and torch.allclose(attention.sum(-1), torch.ones(3))  # rows are queries
     assert "transposed" in payload["heatmap"]["title"]
+
+
+def test_tensor_values_in_json_are_finite_and_parse_as_the_plain_encoder_writes_them(capsys):
+    """`numbers` (a tensor's values, written compactly by json's C encoder) parses to what json.dumps of the
+    cleaned lists gives; a tensor holding NaN or Infinity still becomes null where they were."""
+    import json
+
+    import torch
+
+    from attnscope.render.console import clean, emit_json, numbers
+
+    finite = torch.randn(2, 3, 4)
+    broken = torch.tensor([[1.0, float("nan")], [float("-inf"), 2.5]])
+    payload = {"a": numbers(finite), "b": numbers(broken), "c": [numbers(finite[0]), {"d": numbers(torch.tensor(3.0))}],
+               "e": "text", "f": float("inf")}
+    emit_json(payload)
+    out = capsys.readouterr().out
+    assert json.loads(out) == json.loads(json.dumps(clean({"a": finite.tolist(), "b": broken.tolist(),
+                                                           "c": [finite[0].tolist(), {"d": 3.0}], "e": "text",
+                                                           "f": None})))
+    assert json.loads(out)["b"] == [[1.0, None], [None, 2.5]]
+    assert "NaN" not in out and "Infinity" not in out

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from typing import IO, Any
+import uuid
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 PIPED_WIDTH = 80  # no terminal and no COLUMNS (`| cat`, `| less`): what an 80-column terminal shows unwrapped
 COLUMNS_RANGE = (20, 1000)  # COLUMNS outside it (0, -1, "abc", 10**11) is nonsense, read as unset
@@ -52,8 +57,43 @@ def console(stderr: bool = False, record: bool = False, no_color: bool | None = 
 def emit_json(payload: dict[str, Any]) -> None:
     """One JSON object on stdout. The keys are a documented contract (docs/json.md): add, never rename.
     JSON has no NaN or Infinity: the whole payload is cleaned (they become null), whatever key holds them,
-    and dumped with allow_nan=False, so none can ever slip through."""
-    sys.stdout.write(json.dumps(clean(payload), indent=2, allow_nan=False) + "\n")
+    and dumped with allow_nan=False, so none can ever slip through. A tensor's values (`numbers`) are written
+    each on one line by json's C encoder: the indented pure-Python encoder, one number a line, took 9 s for
+    the 2.7M weights of a 16-layer --all-layers run, and cleaning them value by value 7 s more."""
+    arrays: list[Numbers] = []
+    nonce = uuid.uuid4().hex
+
+    def hold(value: Any) -> Any:
+        if isinstance(value, Numbers):
+            arrays.append(value)
+            return f"{nonce}:{len(arrays) - 1}"
+        if isinstance(value, (list, tuple)):
+            return [hold(v) for v in value]
+        if isinstance(value, dict):
+            return {k: hold(v) for k, v in value.items()}
+        return value
+
+    text = json.dumps(clean(hold(payload)), indent=2, allow_nan=False)
+    if arrays:
+        text = re.sub(f'"{nonce}:([0-9]+)"', lambda m: json.dumps(arrays[int(m.group(1))], allow_nan=False), text)
+    sys.stdout.write(text + "\n")
+
+
+class Numbers(list):  # type: ignore[type-arg]
+    """A tensor's values as nested lists, every one finite: `clean` passes it whole, emit_json writes it compactly."""
+
+
+def numbers(tensor: Tensor) -> list[Any]:
+    """`tensor.tolist()` for JSON: checked finite in one vectorized test (the rare tensor with NaN or Infinity is
+    cleaned value by value, as `clean` does)."""
+    import torch
+
+    values = tensor.tolist()
+    if not isinstance(values, list):
+        return clean(values)
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        return clean(values)  # type: ignore[no-any-return]
+    return Numbers(values)
 
 
 def error(message: str) -> None:
@@ -70,9 +110,12 @@ def finite(x: float) -> float | None:
 
 
 def clean(value: Any) -> Any:
-    """JSON has no NaN or Infinity: they become null, in lists, tuples and dicts at any depth."""
+    """JSON has no NaN or Infinity: they become null, in lists, tuples and dicts at any depth (a `Numbers` is
+    finite already)."""
     if isinstance(value, float):
         return finite(value)
+    if isinstance(value, Numbers):
+        return value
     if isinstance(value, (list, tuple)):
         return [clean(v) for v in value]
     if isinstance(value, dict):

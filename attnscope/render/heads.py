@@ -18,7 +18,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
-from attnscope.render.console import clean
+from attnscope.render.console import clean, numbers
 from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
 from attnscope.render.shading import NOT_FINITE, CellLine, Cells, ramp
 
@@ -98,7 +98,7 @@ def heads_json(heads: LayerHeads) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"head": head["head"]}
         if heads.batch is not None:
             entry["batch"] = heads.batch
-        entry |= {"attention": clean(heads.attention[h].tolist()), "stats": clean(head["stats"]),
+        entry |= {"attention": numbers(heads.attention[h]), "stats": clean(head["stats"]),
                   "kind": head["kind"]}
         out.append(entry)
     return out

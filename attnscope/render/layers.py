@@ -16,7 +16,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
-from attnscope.render.console import clean
+from attnscope.render.console import clean, numbers
 from attnscope.render.fit import FittedText
 from attnscope.render.shading import CellLine, Cells, ramp
 
@@ -118,7 +118,7 @@ def printable(text: str) -> str:
 
 def layers_json(layers: list[LayerHeads]) -> list[dict[str, Any]]:
     """`all_layers`: a layer each, `{"layer", "attention" [n_head, n_Q, n_K], "kinds", "stats"}`."""
-    return [{"layer": i, "attention": clean(layer.attention.tolist()),
+    return [{"layer": i, "attention": numbers(layer.attention),
              "kinds": [head["kind"] for head in layer.heads], "stats": [clean(head["stats"]) for head in layer.heads]}
             for i, layer in enumerate(layers)]
 
@@ -127,6 +127,6 @@ def decode_json(result: HeadResult) -> list[dict[str, Any]]:
     """`decode_steps`: a new token each, `{"token_id", "token", "text", "position", "attention" [n_head, n_K],
     "evicted", "kv_cache_bytes"}`."""
     return [{"token_id": step.token_id, "token": token, "text": text, "position": step.position,
-             "attention": clean(step.attention.tolist()), "evicted": step.evicted,
+             "attention": numbers(step.attention), "evicted": step.evicted,
              "kv_cache_bytes": step.kv_cache_bytes}
             for step, (token, text) in zip(result.decode or [], result.decode_pieces, strict=False)]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from attnscope.render.console import clean
+from attnscope.render.console import clean, numbers
 from attnscope.render.fit import FittedText
 from attnscope.render.heatmap import show_heatmap
 from attnscope.render.layers import printable
@@ -83,9 +83,9 @@ def long_json(result: HeadResult) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "tokens": encoded.tokens, "token_ids": encoded.ids, "tokenizer": encoded.via, "traced": True,
         "steps": [], "layer_steps": [step_json(step) for step in long.layer.steps],
-        "attention_pooled": clean(long.pooled.tolist()), "pool": list(long.pool),
+        "attention_pooled": numbers(long.pooled), "pool": list(long.pool),
         "head_stats": clean(long.stats.as_dict()),
     }
     if long.rows is not None and long.exact_rows is not None:
-        payload["rows"] = {"first": long.rows[0], "attention": clean(long.exact_rows.tolist())}
+        payload["rows"] = {"first": long.rows[0], "attention": numbers(long.exact_rows)}
     return payload

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from attnscope.render.console import clean
+from attnscope.render.console import clean, numbers
 from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import show_heatmap
 from attnscope.render.layers import decode_json, layers_json, show_decode, show_layers
@@ -169,7 +169,7 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         payload["tokens"] = result.encoded.tokens
         payload["token_ids"] = result.encoded.ids
         payload["tokenizer"] = result.encoded.via
-        payload["attention"] = clean(result.attention.tolist())
+        payload["attention"] = numbers(result.attention)
         payload["traced"] = result.traced
         payload["tracer"] = result.tracer
         if result.kind is not None:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.text import Text
 
 from attnscope.cost import format_bytes, format_flops
-from attnscope.render.console import clean
+from attnscope.render.console import clean, numbers
 from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import heatmap_json, show_heatmap
 from attnscope.render.mask import mask_json, show_grid
@@ -68,7 +68,7 @@ def result_json(result: RunResult, *, values: bool = False, stats: bool = False)
             entry["stats"] = clean(tensor_stats(step.tensor))
         if values:
             small = step.tensor.device.type != "meta" and step.tensor.numel() <= VALUES_LIMIT
-            entry["values"] = clean(step.tensor.tolist()) if small else None
+            entry["values"] = numbers(step.tensor) if small else None
         tensors.append(entry)
     payload: dict[str, Any] = {
         "command": result.command,
