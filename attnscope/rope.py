@@ -172,12 +172,14 @@ class Rope:
         return rope_scaling.frequencies(self.kind, self._values, self.base, d_head, self.fraction, seq_len,
                                         self.max_position_embeddings)
 
-    def cos_sin(self, n_pos: int, d_head: int, dtype: torch.dtype, device: Any = None) -> tuple[Tensor, Tensor]:
-        """`cos, sin` `[n_pos, rotary_dim]` for positions 0 .. n_pos − 1, computed in float32, times the
-        attention scaling, then cast to `dtype`; laid out for the pairing."""
+    def cos_sin(self, n_pos: int, d_head: int, dtype: torch.dtype, device: Any = None,
+                start: int = 0) -> tuple[Tensor, Tensor]:
+        """`cos, sin` `[n_pos − start, rotary_dim]` for positions start .. n_pos − 1 of a forward over positions
+        up to n_pos − 1 (a negative `start`: queries before key 0, lower-right with more queries than keys),
+        computed in float32, times the attention scaling, then cast to `dtype`; laid out for the pairing."""
         import torch
 
-        positions = torch.arange(n_pos, device=device, dtype=torch.float32)
+        positions = torch.arange(start, n_pos, device=device, dtype=torch.float32)
         freqs = positions[:, None] * self.inv_freq(d_head, n_pos).to(device)  # [n_pos, rotary_dim / 2]
         if self.pairing == "half-split":
             emb = torch.cat((freqs, freqs), dim=-1)  # [n_pos, rotary_dim]
