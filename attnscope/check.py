@@ -63,10 +63,13 @@ def tolerance(*dtypes: torch.dtype) -> tuple[float, float]:
     return max(a for a, _ in pairs), max(r for _, r in pairs)
 
 
-def compare(name: str, reference_name: str, ours: Tensor, reference: Tensor) -> Comparison:
+def compare(name: str, reference_name: str, ours: Tensor, reference: Tensor,
+            ran_in: torch.dtype | None = None) -> Comparison:
     """Max |ours - reference| against `atol + rtol * max|reference|`, NaN-aware: equal NaN and equal infinite
-    positions agree; a NaN on one side only is a failure, counted in `detail`."""
-    atol, rtol = tolerance(ours.dtype, reference.dtype)
+    positions agree; a NaN on one side only is a failure, counted in `detail`. `ran_in`: the dtype the run
+    computed in, when coarser than the step's own (a float16 run holds its attention in float32, but its Q and K
+    were projected and rotated in float16: the float64 formula can only agree to float16's precision)."""
+    atol, rtol = tolerance(ours.dtype, reference.dtype, *(() if ran_in is None else (ran_in,)))
     if ours.shape != reference.shape:
         return Comparison(name, reference_name, math.inf, 0.0,
                           f"shape {list(ours.shape)} but the reference is {list(reference.shape)}")
@@ -144,8 +147,8 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
         name = "F.scaled_dot_product_attention" + ("(row form)ᵀ" if col else "")
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, name)]
     names = ("out", "attention")
-    compared = [compare(names[i], reference, ours, ref) for i, (ours, ref, reference) in enumerate(rows)]
-    return compared + ([_sink_weight(trace, attention)] if "sink_weight" in trace else [])
+    compared = [compare(names[i], reference, ours, ref, Q.dtype) for i, (ours, ref, reference) in enumerate(rows)]
+    return compared + ([_sink_weight(trace, attention, Q.dtype)] if "sink_weight" in trace else [])
 
 
 # --- mha -------------------------------------------------------------------------------------------------------
@@ -253,11 +256,12 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
         x = torch.einsum("bnh,fh->bnf", merged, module.W_o.weight.double())
         if module.W_o.bias is not None:
             x = x + module.W_o.bias.double()
-    rows = [compare("x_raw", FORMULA, trace["x_raw"], x_raw),
-            compare("attention", FORMULA, trace["attention"], attention), compare("x", FORMULA, trace["x"], x)]
-    return rows + ([_sink_weight(trace, attention)] if "sink_weight" in trace else [])
+    ran_in = module.W_q.weight.dtype  # the module's dtype, the inputs' (runs/mha.py)
+    rows = [compare(name, FORMULA, trace[name], ref, ran_in) for name, ref in
+            (("x_raw", x_raw), ("attention", attention), ("x", x))]
+    return rows + ([_sink_weight(trace, attention, ran_in)] if "sink_weight" in trace else [])
 
 
-def _sink_weight(trace: Trace, attention: Tensor) -> Comparison:
+def _sink_weight(trace: Trace, attention: Tensor, ran_in: torch.dtype) -> Comparison:
     """The sink's weight against what the float64 formula's attention rows leave of 1."""
-    return compare("sink_weight", FORMULA, trace["sink_weight"], 1.0 - attention.sum(dim=-1))
+    return compare("sink_weight", FORMULA, trace["sink_weight"], 1.0 - attention.sum(dim=-1), ran_in)

@@ -311,3 +311,35 @@ def test_a_float64_additive_mask_with_float32_inputs(runner, tmp_path, command):
     np.save(tmp_path / "m.npy", mask)
     payload, rows = _checked(runner, *command, "--mask", str(tmp_path / "m.npy"), "--causal")
     assert payload["check_passed"], rows
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("extra", [["--rope"], ["--alibi", "--causal"], ["--kv-heads", "2"], ["--softcap", "2"],
+                                   ["--sinks", "random"], ["--qk-norm", "head", "--rope"]])
+def test_half_precision_files_on_the_formula_path(runner, tmp_path, dtype, extra):
+    """Against the float64 formula the tolerance is the dtype the run computed in: a float16 run holds its
+    attention in float32, but projected and rotated Q and K in float16 (it once took float32's and failed);
+    a float32 run keeps float32's."""
+    from attnscope.check import TOLERANCES
+
+    torch.save(torch.randn(2, 5, 16).to(getattr(torch, dtype)), tmp_path / "q.pt")
+    commands = [["mha", "--q", str(tmp_path / "q.pt"), "--heads", "4", *extra]]
+    if "--kv-heads" not in extra and "--qk-norm" not in extra:
+        commands.append(["sdpa", "--q", str(tmp_path / "q.pt"), *extra])
+    for command in commands:
+        payload, rows = _checked(runner, *command)
+        assert payload["check_passed"], rows
+        atol = TOLERANCES[getattr(torch, dtype)][0]
+        for row in rows.values():
+            assert row["reference"] == "float64 formula"
+            assert atol <= row["tolerance"] <= 10 * atol, row  # atol + rtol·max|reference|: values of order 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_files_still_fail_a_planted_error(runner, tmp_path, monkeypatch, dtype):
+    from attnscope import rope
+
+    torch.save(torch.randn(2, 5, 16).to(getattr(torch, dtype)), tmp_path / "q.pt")
+    _plant(monkeypatch, rope, "apply_rope", lambda x, cos, sin: x * cos - rope.rotate_half(x) * sin)
+    result = runner.invoke(app, ["mha", "--q", str(tmp_path / "q.pt"), "--heads", "4", "--rope", "--check"])
+    assert result.exit_code == 1 and "FAIL" in result.stdout
