@@ -63,6 +63,16 @@ def tolerance(*dtypes: torch.dtype) -> tuple[float, float]:
     return max(a for a, _ in pairs), max(r for _, r in pairs)
 
 
+def ran_in(dtype: torch.dtype, asked: Asked) -> torch.dtype:
+    """The dtype a run of `dtype` inputs computed in, at its coarsest: a float64 run's RoPE tables, qk-norm,
+    temperature factors and ALiBi bias are made in float32, as transformers makes them (its rotary modules and
+    RMSNorms compute in float32 whatever the model's dtype), so against the float64 formula it agrees to
+    float32's precision."""
+    float32_parts = (asked.rope_base is not None or asked.qk_norm is not None or asked.alibi
+                     or asked.spec.temperature is not None)
+    return torch.float32 if dtype == torch.float64 and float32_parts else dtype
+
+
 def compare(name: str, reference_name: str, ours: Tensor, reference: Tensor,
             ran_in: torch.dtype | None = None) -> Comparison:
     """Max |ours - reference| against `atol + rtol * max|reference|`, NaN-aware: equal NaN and equal infinite
@@ -147,8 +157,9 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
         name = "F.scaled_dot_product_attention" + ("(row form)ᵀ" if col else "")
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, name)]
     names = ("out", "attention")
-    compared = [compare(names[i], reference, ours, ref, Q.dtype) for i, (ours, ref, reference) in enumerate(rows)]
-    return compared + ([_sink_weight(trace, attention, Q.dtype)] if "sink_weight" in trace else [])
+    dtype = ran_in(Q.dtype, asked)
+    compared = [compare(names[i], reference, ours, ref, dtype) for i, (ours, ref, reference) in enumerate(rows)]
+    return compared + ([_sink_weight(trace, attention, dtype)] if "sink_weight" in trace else [])
 
 
 # --- mha -------------------------------------------------------------------------------------------------------
@@ -256,10 +267,10 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
         x = torch.einsum("bnh,fh->bnf", merged, module.W_o.weight.double())
         if module.W_o.bias is not None:
             x = x + module.W_o.bias.double()
-    ran_in = module.W_q.weight.dtype  # the module's dtype, the inputs' (runs/mha.py)
-    rows = [compare(name, FORMULA, trace[name], ref, ran_in) for name, ref in
+    dtype = ran_in(module.W_q.weight.dtype, asked)  # the module's dtype is the inputs' (runs/mha.py)
+    rows = [compare(name, FORMULA, trace[name], ref, dtype) for name, ref in
             (("x_raw", x_raw), ("attention", attention), ("x", x))]
-    return rows + ([_sink_weight(trace, attention, ran_in)] if "sink_weight" in trace else [])
+    return rows + ([_sink_weight(trace, attention, dtype)] if "sink_weight" in trace else [])
 
 
 def _sink_weight(trace: Trace, attention: Tensor, ran_in: torch.dtype) -> Comparison:

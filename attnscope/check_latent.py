@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnscope.check import Comparison, compare
+from attnscope.check import Comparison, compare, ran_in
 from attnscope.reference import FORMULA, Asked, formula
 
 if TYPE_CHECKING:
@@ -34,7 +34,8 @@ def check_latent(module: LatentAttention, trace: Trace, Q: Tensor, K: Tensor, us
     # Half-precision weights: the attention is computed in float32 (sdpa) from half-precision Q_full and K_full,
     # so every comparison takes the tolerance of the dtype the run computed in.
     found = reference(module, Q, K, user, asked, cache)
-    return [compare(name, FORMULA, trace[name], ref, module.kv_b_proj.weight.dtype)
+    dtype = ran_in(module.kv_b_proj.weight.dtype, asked)
+    return [compare(name, FORMULA, trace[name], ref, dtype)
             for name, ref in zip(("KV_latent", "x_raw", "attention", "x"), found, strict=True)]
 
 
