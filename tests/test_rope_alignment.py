@@ -121,7 +121,8 @@ def test_mha_rotates_at_the_aligned_positions(drawn, n_kv_head):
     torch.testing.assert_close(trace["x"], x, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("command", ["mha --d-feat 8 --heads 2", "sdpa --dk 8 --dv 8"])
+@pytest.mark.parametrize("command", ["mha --d-feat 8 --heads 2", "sdpa --dk 8 --dv 8",
+                                     "mha --d-feat 8 --heads 2 --kv-lora-rank 3 --rope-head-dim 2"])
 @pytest.mark.parametrize(("n_Q", "n_K"), [(4, 2), (5, 1), (3, 3), (2, 5)])
 def test_cli_lower_right_rope_check_passes(command, n_Q, n_K):
     """The reported crash, `mha --nq 4 --nk 2 --causal lower-right --rope`, and its neighbours, checked
