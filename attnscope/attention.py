@@ -312,22 +312,19 @@ def normalize(add: Any, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tenso
 
 def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offset: int, source: tuple[str, str],
            dims: tuple[tuple[str, ...], tuple[str, ...]], d_name: str, n_keys: int) -> tuple[Tensor, Tensor]:
-    """Steps `cos, sin, Q_rot, K_rot` through `add` (a Trace's add, or a stand-in that keeps nothing):
-    query i at position `q_offset + i`, key j at `k_offset + j`. `n_keys` is n_K, all keys counted, which
-    names the positions' axis when the table covers exactly them."""
+    """Steps `cos, sin, Q_rot, K_rot` through `add` (a Trace's add, or a stand-in): query i at `q_offset + i`
+    (negative before key 0, lower-right with n_Q > n_K: a score still depends on i − j alone), key j at
+    `k_offset + j`. `n_keys` (n_K, every key) names the positions' axis when the table covers exactly them."""
     from attnscope import rope as rotary
 
     n_Q, n_K, d = Q.shape[-2], K.shape[-2], Q.shape[-1]
     n_pos = max(k_offset + n_K, q_offset + n_Q)
-    # lower-right with n_Q > n_K puts the first queries before key 0, at negative positions: the rotation turns
-    # back (cos(−pθ), −sin(pθ)), so scores still depend on i − j alone (check_rope.rotate64 does the same)
     first = min(0, q_offset, k_offset)
     cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device, start=first)  # [n_pos - first, d_rot]
     pos = "n_K" if (first, n_pos) == (0, n_keys) else "n_pos"
     width = d_name if cos.shape[-1] == d else "d_rot"
-    span = "" if first == 0 else f", positions {first} .. {n_pos - 1}"
-    add("cos", cos, (pos, width), rope.table_op("cos", d_name, d, n_pos) + span)
-    add("sin", sin, (pos, width), rope.table_op("sin", d_name, d, n_pos) + span)
+    add("cos", cos, (pos, width), rope.table_op("cos", d_name, d, n_pos, first))
+    add("sin", sin, (pos, width), rope.table_op("sin", d_name, d, n_pos, first))
     apply = rotary.apply_rope if rope.pairing == "half-split" else rotary.apply_rope_interleaved
     rotated = []
     for name, x, offset, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):

@@ -191,8 +191,9 @@ class Rope:
             cos, sin = cos * scale, sin * scale
         return cos.to(dtype), sin.to(dtype)
 
-    def table_op(self, which: str, d_name: str, d_head: int, n_pos: int) -> str:
-        """The op of the `cos` or `sin` step: the type and its parameters, the attention scaling."""
+    def table_op(self, which: str, d_name: str, d_head: int, n_pos: int, first: int = 0) -> str:
+        """The op of the `cos` or `sin` step: the type and its parameters, the attention scaling, and the
+        positions where the table starts before 0 (`first`)."""
         width = self.rotary_dim(d_head)
         dim_name = d_name if width == d_head else "d_rot"
         freqs = rope_scaling.describe(self.kind, self._values, self.base, width, dim_name, n_pos,
@@ -200,7 +201,8 @@ class Rope:
         scale = self.attention_scaling
         times = f" · {scale:.6g} (attention_scaling)" if scale != 1.0 else ""
         layout = "" if self.pairing == "half-split" else ", each angle twice (interleaved)"
-        return f"{which}(position · inv_freq){times}, inv_freq = {freqs}{layout}"
+        span = f", positions {first} .. {n_pos - 1}" if first else ""
+        return f"{which}(position · inv_freq){times}, inv_freq = {freqs}{layout}{span}"
 
     def rotate_op(self, src: str, part: str, d_head: int) -> str:
         """The op of `Q_rot`/`K_rot`: what rotates, with which pairing, and what passes through."""
