@@ -311,4 +311,3 @@ def test_a_float64_additive_mask_with_float32_inputs(runner, tmp_path, command):
     np.save(tmp_path / "m.npy", mask)
     payload, rows = _checked(runner, *command, "--mask", str(tmp_path / "m.npy"), "--causal")
     assert payload["check_passed"], rows
-
