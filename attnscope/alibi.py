@@ -6,7 +6,9 @@ lower power of two, then every other slope of the next power of two, as the pape
 BLOOM (`transformers.models.bloom.modeling_bloom.build_alibi_tensor`) compute them.
 
 BLOOM adds `m_h · j` instead of `-m_h · (i - j)`. The two differ by `m_h · i`, the same for every key of a
-query row, so the softmax, and the attention, are identical; the bias shown here is the paper's.
+query row, so the softmax, and the attention, are identical; the bias shown here is the paper's. With
+attention sinks they are not: a sink's logit does not move with the row, so the row's constant counts, and
+attnscope adds the paper's bias (check's float64 reference too).
 """
 
 from __future__ import annotations

@@ -312,22 +312,24 @@ def normalize(add: Any, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tenso
 
 def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offset: int, source: tuple[str, str],
            dims: tuple[tuple[str, ...], tuple[str, ...]], d_name: str, n_keys: int) -> tuple[Tensor, Tensor]:
-    """Steps `cos, sin, Q_rot, K_rot` through `add` (a Trace's add, or a stand-in that keeps nothing):
-    query i at position `q_offset + i`, key j at `k_offset + j`. `n_keys` is n_K, all keys counted, which
-    names the positions' axis when the table covers exactly them."""
+    """Steps `cos, sin, Q_rot, K_rot` through `add` (a Trace's add, or a stand-in): query i at `q_offset + i`
+    (negative before key 0, lower-right with n_Q > n_K: a score still depends on i − j alone), key j at
+    `k_offset + j`. `n_keys` (n_K, every key) names the positions' axis when the table covers exactly them."""
     from attnscope import rope as rotary
 
     n_Q, n_K, d = Q.shape[-2], K.shape[-2], Q.shape[-1]
     n_pos = max(k_offset + n_K, q_offset + n_Q)
-    cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device)  # [n_pos, d_rot], d_rot = d unless partial
-    pos = "n_K" if n_pos == n_keys else "n_pos"
+    first = min(0, q_offset, k_offset)
+    cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device, start=first)  # [n_pos - first, d_rot]
+    pos = "n_K" if (first, n_pos) == (0, n_keys) else "n_pos"
     width = d_name if cos.shape[-1] == d else "d_rot"
-    add("cos", cos, (pos, width), rope.table_op("cos", d_name, d, n_pos))
-    add("sin", sin, (pos, width), rope.table_op("sin", d_name, d, n_pos))
+    add("cos", cos, (pos, width), rope.table_op("cos", d_name, d, n_pos, first))
+    add("sin", sin, (pos, width), rope.table_op("sin", d_name, d, n_pos, first))
     apply = rotary.apply_rope if rope.pairing == "half-split" else rotary.apply_rope_interleaved
     rotated = []
-    for name, x, start, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):
-        part = "" if (start, n) == (0, n_pos) else f"[{start}:{start + n}]"
+    for name, x, offset, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):
+        start = offset - first  # the table's row of this tensor's first position
+        part = "" if (start, n) == (0, cos.shape[0]) else f"[{start}:{start + n}]"
         src = source[0] if name == "Q_rot" else source[1]
         x_rot = apply(x, cos[start : start + n], sin[start : start + n])  # [.., n, d]
         rotated.append(add(name, x_rot, shape, rope.rotate_op(src, part, d),

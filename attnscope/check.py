@@ -63,10 +63,23 @@ def tolerance(*dtypes: torch.dtype) -> tuple[float, float]:
     return max(a for a, _ in pairs), max(r for _, r in pairs)
 
 
-def compare(name: str, reference_name: str, ours: Tensor, reference: Tensor) -> Comparison:
+def ran_in(dtype: torch.dtype, asked: Asked) -> torch.dtype:
+    """The dtype a run of `dtype` inputs computed in, at its coarsest: a float64 run's RoPE tables, qk-norm,
+    temperature factors and ALiBi bias are made in float32, as transformers makes them (its rotary modules and
+    RMSNorms compute in float32 whatever the model's dtype), so against the float64 formula it agrees to
+    float32's precision."""
+    float32_parts = (asked.rope_base is not None or asked.qk_norm is not None or asked.alibi
+                     or asked.spec.temperature is not None)
+    return torch.float32 if dtype == torch.float64 and float32_parts else dtype
+
+
+def compare(name: str, reference_name: str, ours: Tensor, reference: Tensor,
+            ran_in: torch.dtype | None = None) -> Comparison:
     """Max |ours - reference| against `atol + rtol * max|reference|`, NaN-aware: equal NaN and equal infinite
-    positions agree; a NaN on one side only is a failure, counted in `detail`."""
-    atol, rtol = tolerance(ours.dtype, reference.dtype)
+    positions agree; a NaN on one side only is a failure, counted in `detail`. `ran_in`: the dtype the run
+    computed in, when coarser than the step's own (a float16 run holds its attention in float32, but its Q and K
+    were projected and rotated in float16: the float64 formula can only agree to float16's precision)."""
+    atol, rtol = tolerance(ours.dtype, reference.dtype, *(() if ran_in is None else (ran_in,)))
     if ours.shape != reference.shape:
         return Comparison(name, reference_name, math.inf, 0.0,
                           f"shape {list(ours.shape)} but the reference is {list(reference.shape)}")
@@ -147,8 +160,9 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
         name = "F.scaled_dot_product_attention" + ("(row form)ᵀ" if col else "")
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, name)]
     names = ("out", "attention")
-    compared = [compare(names[i], reference, ours, ref) for i, (ours, ref, reference) in enumerate(rows)]
-    return compared + ([_sink_weight(trace, attention)] if "sink_weight" in trace else [])
+    dtype = ran_in(Q.dtype, asked)
+    compared = [compare(names[i], reference, ours, ref, dtype) for i, (ours, ref, reference) in enumerate(rows)]
+    return compared + ([_sink_weight(trace, attention, dtype)] if "sink_weight" in trace else [])
 
 
 # --- mha -------------------------------------------------------------------------------------------------------
@@ -256,11 +270,12 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
         x = torch.einsum("bnh,fh->bnf", merged, module.W_o.weight.double())
         if module.W_o.bias is not None:
             x = x + module.W_o.bias.double()
-    rows = [compare("x_raw", FORMULA, trace["x_raw"], x_raw),
-            compare("attention", FORMULA, trace["attention"], attention), compare("x", FORMULA, trace["x"], x)]
-    return rows + ([_sink_weight(trace, attention)] if "sink_weight" in trace else [])
+    dtype = ran_in(module.W_q.weight.dtype, asked)  # the module's dtype is the inputs' (runs/mha.py)
+    rows = [compare(name, FORMULA, trace[name], ref, dtype) for name, ref in
+            (("x_raw", x_raw), ("attention", attention), ("x", x))]
+    return rows + ([_sink_weight(trace, attention, dtype)] if "sink_weight" in trace else [])
 
 
-def _sink_weight(trace: Trace, attention: Tensor) -> Comparison:
+def _sink_weight(trace: Trace, attention: Tensor, ran_in: torch.dtype) -> Comparison:
     """The sink's weight against what the float64 formula's attention rows leave of 1."""
-    return compare("sink_weight", FORMULA, trace["sink_weight"], 1.0 - attention.sum(dim=-1))
+    return compare("sink_weight", FORMULA, trace["sink_weight"], 1.0 - attention.sum(dim=-1), ran_in)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnscope.check import Comparison, compare
+from attnscope.check import Comparison, compare, ran_in
 from attnscope.reference import FORMULA, Asked, formula
 
 if TYPE_CHECKING:
@@ -32,11 +32,10 @@ def check_latent(module: LatentAttention, trace: Trace, Q: Tensor, K: Tensor, us
     """KV_latent, x_raw, attention and x against the float64 formula. `user` is the raw mask (a 3-D mask is
     shared by every head); `asked` the attention as the user asked for it (its spec has the latent's sizes)."""
     # Half-precision weights: the attention is computed in float32 (sdpa) from half-precision Q_full and K_full,
-    # so every comparison takes the half precision's tolerance (the reference as the run's dtype holds it).
-    dtype = module.kv_b_proj.weight.dtype
-    half = dtype in (torch.float16, torch.bfloat16)
+    # so every comparison takes the tolerance of the dtype the run computed in.
     found = reference(module, Q, K, user, asked, cache)
-    return [compare(name, FORMULA, trace[name], ref.to(dtype) if half else ref)
+    dtype = ran_in(module.kv_b_proj.weight.dtype, asked)
+    return [compare(name, FORMULA, trace[name], ref, dtype)
             for name, ref in zip(("KV_latent", "x_raw", "attention", "x"), found, strict=True)]
 
 

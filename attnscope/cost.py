@@ -140,25 +140,38 @@ def fused_peak_bytes(steps: Sequence[object], extra: int = 0) -> int:
 
 
 def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: AttentionSpec, *,
-               itemsize: int = 4, user_mask: bool = False, bias: int = 0) -> int:
+               itemsize: int = 4, user_mask: bool = False, pad: bool = False, bias: int = 0) -> int:
     """Peak bytes of a traced `sdpa` of `spec` on random inputs, from the sizes alone (no torch import): the guard
     must answer before torch has even loaded. tests/test_cost.py holds it equal to the meta-traced run.
-    `user_mask`: a mask of the user's (a file, padding) joins the spec's own; either way one [n_Q, n_K] boolean
-    mask is held. `bias`: the elements of a position bias (position_bias.py), which adds itself and biased_scores."""
-    masked, offset = user_mask or spec.structural, spec.offset(n_Q, n_K)
+    `user_mask`: a mask file (taken as one [n_Q, n_K] boolean), `pad`: key padding (`_masks` says what each holds).
+    `bias`: the elements of a position bias (position_bias.py), which adds itself and biased_scores."""
+    masked, offset = user_mask or pad or spec.structural, spec.offset(n_Q, n_K)
     softcap, alibi = spec.softcap is not None, spec.alibi
     inputs = batch * (n_Q * d_K + n_K * d_K + n_K * d_V)
     normed = batch * (n_Q + n_K) * d_K if spec.norm is not None else 0  # Q_normed, K_normed
     rotated = 0
     if spec.rope is not None:  # cos, sin [n_pos, d_rot] (the rotated width), Q_rot, K_rot (the whole head)
-        rotated = 2 * max(n_K, offset + n_Q) * spec.rope.rotary_dim(d_K) + batch * (n_Q + n_K) * d_K
+        rotated = 2 * _table_rows(n_Q, n_K, offset) * spec.rope.rotary_dim(d_K) + batch * (n_Q + n_K) * d_K
     tuned = batch * n_Q * d_K if spec.temperature is not None else 0  # Q_tuned
     # scores, [capped_scores], [biased_scores], [masked_scores], attention; alibi_bias is [1, n_Q, n_K]
     matrices = batch * n_Q * n_K * (2 + masked + softcap + alibi + bool(bias)) + (n_Q * n_K if alibi else 0) + bias
-    mask = n_Q * n_K if masked else 0  # one bool per (query, key), shared by the batch
     sinks = 1 + batch * n_Q if spec.sinks else 0  # sinks [1] (random inputs have one head), sink_weight [.., n_Q]
-    return (itemsize * (inputs + normed + rotated + tuned + matrices + sinks + batch * n_Q * d_V) + mask
-            + _scales(spec, n_Q))
+    return (itemsize * (inputs + normed + rotated + tuned + matrices + sinks + batch * n_Q * d_V)
+            + _masks(n_Q, n_K, spec, user_mask, pad) + _scales(spec, n_Q))
+
+
+def _masks(n_Q: int, n_K: int, spec: AttentionSpec, user_mask: bool, pad: bool) -> int:
+    """The boolean masks a run holds, shared by the batch: the one built from the user's mask file and the key
+    padding ([n_Q, n_K] with a file; padding alone is [1, n_K], a bool per key), and beside it the causal, window
+    or chunk mask sdpa builds for the spec ([n_Q, n_K])."""
+    users = n_Q * n_K if user_mask else n_K if pad else 0
+    return users + (n_Q * n_K if spec.structural else 0)
+
+
+def _table_rows(n_Q: int, n_K: int, offset: int) -> int:
+    """The rows of RoPE's cos and sin tables: positions from min(0, offset) (negative lower-right when n_Q > n_K)
+    to the last of the keys' and queries' (attention.rotate)."""
+    return max(n_K, offset + n_Q) - min(0, offset)
 
 
 def _scales(spec: AttentionSpec, n_Q: int) -> int:
@@ -168,14 +181,14 @@ def _scales(spec: AttentionSpec, n_Q: int) -> int:
 
 def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: AttentionSpec, *,
               itemsize: int = 4, bias: bool = True, cross: bool = False, user_mask: bool = False,
-              d_head: int | None = None, position_bias: int = 0) -> int:
+              pad: bool = False, d_head: int | None = None, position_bias: int = 0) -> int:
     """Peak bytes of a traced `MultiHeadAttention` of `spec` on random inputs: weights, inputs, Q/K/V_feat, the
     normed Q and K and their norms' weights, the rotated heads (cos and sin at the rotated width), the tuned
     queries, the cache and its concatenation, the repeated K/V heads, the per-head attention matrices, x_raw,
     x_rsh1 and x (the splits and x_rsh2 are views), and with sinks the module's `sinks` and the sink's weight per
     query. `n_K` counts every key, cached ones included (`spec.cache` of them). `position_bias`: the elements of
     a position bias, which adds biased_scores."""
-    masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
+    masked, offset, cache = user_mask or pad or spec.structural, spec.offset(n_Q, n_K), spec.cache
     softcap, alibi = spec.softcap is not None, spec.alibi
     n_kv_head = n_head if spec.n_kv_head is None else spec.n_kv_head
     d_head = d_feat // n_head if d_head is None else d_head
@@ -189,7 +202,7 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
         weights += 2 * d_head if spec.norm.over == "head" else q_width + kv_width
     rotated = 0
     if spec.rope is not None:  # cos, sin at the rotated width; Q_rot, K_rot
-        table = max(n_K, offset + n_Q) * spec.rope.rotary_dim(d_head)
+        table = _table_rows(n_Q, n_K, offset) * spec.rope.rotary_dim(d_head)
         rotated = 2 * table + batch * (n_Q * q_width + n_new * kv_width)
     tuned = batch * n_Q * q_width if spec.temperature is not None else 0  # Q_tuned
     cached = 2 * batch * kv_width * (cache + n_K) if cache else 0  # K_cache, V_cache, K_cat, V_cat
@@ -198,9 +211,8 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
                 + (n_head * n_Q * n_K if alibi else 0) + position_bias)
     outputs = 2 * batch * n_Q * q_width + batch * n_Q * d_feat  # x_raw, x_rsh1, x
     sinks = n_head + batch * n_head * n_Q if spec.sinks else 0  # the parameter [n_head], sink_weight
-    mask = n_Q * n_K if masked else 0
     return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + matrices + outputs + sinks)
-            + mask + _scales(spec, n_Q))
+            + _masks(n_Q, n_K, spec, user_mask, pad) + _scales(spec, n_Q))
 
 
 def kv_cache_bytes(batch: int, n_kv_head: int, n_K: int, d_K: int, d_V: int, itemsize: int) -> int:
@@ -210,7 +222,8 @@ def kv_cache_bytes(batch: int, n_kv_head: int, n_K: int, d_K: int, d_V: int, ite
 
 
 def mla_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: AttentionSpec, *,
-              itemsize: int = 4, bias: bool = False, cross: bool = False, user_mask: bool = False) -> int:
+              itemsize: int = 4, bias: bool = False, cross: bool = False, user_mask: bool = False,
+              pad: bool = False) -> int:
     """Peak bytes of a traced `LatentAttention` (latent.py) of `spec` (whose `latent` gives the sizes) on random
     inputs: weights, inputs, the query's latent and projection, KV_feat, KV_latent, the rotary tables and parts,
     the latent cache and its concatenation, Q_full, KV_up, K_full, the per-head attention matrices, x_raw,
@@ -218,7 +231,7 @@ def mla_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     rope_interleave gathers them). `n_K` counts every key, cached ones included."""
     L = spec.latent
     assert L is not None, "mla_bytes needs spec.latent"
-    masked, offset, cache = user_mask or spec.structural, spec.offset(n_Q, n_K), spec.cache
+    masked, offset, cache = user_mask or pad or spec.structural, spec.offset(n_Q, n_K), spec.cache
     softcap, alibi = spec.softcap is not None, spec.alibi
     d_nope, d_rope, d_V, d_latent, d_K = L.qk_nope_head_dim, L.qk_rope_head_dim, L.v_head_dim, L.kv_lora_rank, L.d_K
     n_new, q_width, kv_width = n_K - cache, n_head * d_K, n_head * (d_nope + d_V)
@@ -233,11 +246,10 @@ def mla_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     inputs = batch * d_feat * (n_Q + n_new if cross else n_Q)
     gathered = batch * (n_head * n_Q + n_new) * d_rope if L.rope_interleave else 0  # Q_pe, K_pe as copies
     feats = batch * n_Q * q_width + batch * n_new * (2 * d_latent + d_rope)  # Q_feat, KV_feat, KV_latent
-    rotated = 2 * max(n_K, offset + n_Q) * d_rope + batch * (n_head * n_Q + n_new) * d_rope  # cos, sin, *_pe_rot
+    rotated = 2 * _table_rows(n_Q, n_K, offset) * d_rope + batch * (n_head * n_Q + n_new) * d_rope  # cos, sin, *_pe_rot
     cached = batch * (cache + n_K) * (d_latent + d_rope) if cache else 0  # the latent cache and its cat
     joined = batch * n_head * (n_Q + n_K) * d_K + batch * n_K * kv_width  # Q_full, K_full, KV_up
     matrices = batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi) + (n_head * n_Q * n_K if alibi else 0)
     outputs = 2 * batch * n_Q * n_head * d_V + batch * n_Q * d_feat  # x_raw, x_rsh1, x
-    mask = n_Q * n_K if masked else 0
     return itemsize * (weights + inputs + query_steps + gathered + feats + rotated + cached + joined + matrices
-                       + outputs) + mask
+                       + outputs) + _masks(n_Q, n_K, spec, user_mask, pad)

@@ -203,6 +203,7 @@ class MultiHeadAttention(nn.Module):
                                                                    ("n_batch", kv_axis, n_key, "d_head")),
                                     d_name="d_head", n_keys=n_K)
             q_name, k_name = "Q_rot", "K_rot"
+        q, k, q_name, k_name = self._after_rope(add, q, k, (q_name, k_name), (kv_axis, n_key))
         if spec.temperature is not None:
             q = attention.tune(add, q, spec.temperature, start=q_offset, source=q_name,
                                dims=("n_batch", "n_head", "n_Q", "d_head"))
@@ -218,6 +219,12 @@ class MultiHeadAttention(nn.Module):
         names = Names(Q=q_name, K=k_name, V=v_name, out="x_raw", d_K="d_head", d_V="d_head",
                       batch=("n_batch", "n_head"))
         return q, k, v, names
+
+    def _after_rope(self, add: Any, q: Tensor, k: Tensor, names: tuple[str, str],
+                    k_axes: tuple[str, str]) -> tuple[Tensor, Tensor, str, str]:
+        """A family's step on the new tokens' rotated q and k, before the cache joins (Llama 4's qk-norm);
+        `k_axes`: the names of k's head and position axes. None here."""
+        return q, k, names[0], names[1]
 
     def _norm_weights(self) -> tuple[Tensor, Tensor]:
         return self.q_norm.weight, self.k_norm.weight

@@ -139,11 +139,12 @@ def allowed_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked) -> Tenso
 
 def _chunks(n_Q: int, n_K: int, offset: int, chunk: int) -> Tensor:
     """Same-chunk blocks over positions 0 .. P − 1 (`torch.block_diag` of ones), the queries' rows taken from
-    `offset` on: `[n_Q, n_K]` boolean."""
+    `offset` on: `[n_Q, n_K]` boolean. Queries before position 0 (lower-right, n_Q > n_K) share no key's chunk."""
     n_pos = max(n_K, offset + n_Q)
     sizes = [min(chunk, n_pos - start) for start in range(0, n_pos, chunk)]
     blocks = torch.block_diag(*(torch.ones(size, size) for size in sizes)).bool()  # [n_pos, n_pos]
-    return blocks[offset : offset + n_Q, :n_K]
+    before = torch.zeros(max(0, -offset), n_K, dtype=torch.bool)
+    return torch.cat([before, blocks[max(0, offset) : offset + n_Q, :n_K]])
 
 
 def sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked,
@@ -227,8 +228,12 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
         from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
         n_head = q.shape[-3] if q.dim() >= 4 else 1
-        bloom = build_alibi_tensor(torch.ones(1, n_K), n_head, torch.float64)  # [n_head, 1, n_K]: slope * j
-        s = s + (bloom if q.dim() >= 4 else bloom[0])
+        slope = build_alibi_tensor(torch.ones(1, 2), n_head, torch.float64)[:, 0, 1]  # [n_head]: BLOOM's m_h · 1
+        # the paper's −m_h · (i − j), query i at q_start + i: BLOOM's m_h · j differs by m_h · i in each row, which
+        # the softmax ignores but a sink's logit does not
+        distance = torch.arange(n_Q, dtype=torch.float64)[:, None] + q_start - torch.arange(n_K, dtype=torch.float64)
+        bias = -slope[:, None, None] * distance  # [n_head, n_Q, n_K]
+        s = s + (bias if q.dim() >= 4 else bias[0])
     if asked.position_bias is not None:
         s = s + asked.position_bias.double()  # T5's eager_attention_forward: scores + position_bias, then the mask
     boolean, additive = user_parts(user)

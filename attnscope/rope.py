@@ -172,12 +172,14 @@ class Rope:
         return rope_scaling.frequencies(self.kind, self._values, self.base, d_head, self.fraction, seq_len,
                                         self.max_position_embeddings)
 
-    def cos_sin(self, n_pos: int, d_head: int, dtype: torch.dtype, device: Any = None) -> tuple[Tensor, Tensor]:
-        """`cos, sin` `[n_pos, rotary_dim]` for positions 0 .. n_pos − 1, computed in float32, times the
-        attention scaling, then cast to `dtype`; laid out for the pairing."""
+    def cos_sin(self, n_pos: int, d_head: int, dtype: torch.dtype, device: Any = None,
+                start: int = 0) -> tuple[Tensor, Tensor]:
+        """`cos, sin` `[n_pos − start, rotary_dim]` for positions start .. n_pos − 1 of a forward over positions
+        up to n_pos − 1 (a negative `start`: queries before key 0, lower-right with more queries than keys),
+        computed in float32, times the attention scaling, then cast to `dtype`; laid out for the pairing."""
         import torch
 
-        positions = torch.arange(n_pos, device=device, dtype=torch.float32)
+        positions = torch.arange(start, n_pos, device=device, dtype=torch.float32)
         freqs = positions[:, None] * self.inv_freq(d_head, n_pos).to(device)  # [n_pos, rotary_dim / 2]
         if self.pairing == "half-split":
             emb = torch.cat((freqs, freqs), dim=-1)  # [n_pos, rotary_dim]
@@ -189,8 +191,9 @@ class Rope:
             cos, sin = cos * scale, sin * scale
         return cos.to(dtype), sin.to(dtype)
 
-    def table_op(self, which: str, d_name: str, d_head: int, n_pos: int) -> str:
-        """The op of the `cos` or `sin` step: the type and its parameters, the attention scaling."""
+    def table_op(self, which: str, d_name: str, d_head: int, n_pos: int, first: int = 0) -> str:
+        """The op of the `cos` or `sin` step: the type and its parameters, the attention scaling, and the
+        positions where the table starts before 0 (`first`)."""
         width = self.rotary_dim(d_head)
         dim_name = d_name if width == d_head else "d_rot"
         freqs = rope_scaling.describe(self.kind, self._values, self.base, width, dim_name, n_pos,
@@ -198,7 +201,8 @@ class Rope:
         scale = self.attention_scaling
         times = f" · {scale:.6g} (attention_scaling)" if scale != 1.0 else ""
         layout = "" if self.pairing == "half-split" else ", each angle twice (interleaved)"
-        return f"{which}(position · inv_freq){times}, inv_freq = {freqs}{layout}"
+        span = f", positions {first} .. {n_pos - 1}" if first else ""
+        return f"{which}(position · inv_freq){times}, inv_freq = {freqs}{layout}{span}"
 
     def rotate_op(self, src: str, part: str, d_head: int) -> str:
         """The op of `Q_rot`/`K_rot`: what rotates, with which pairing, and what passes through."""

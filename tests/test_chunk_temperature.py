@@ -42,12 +42,17 @@ def _close(ours, reference, atol=1e-5):
 
 
 @fuzz_settings(25)
-@given(n_Q=st.integers(1, 12), extra=st.integers(0, 6), chunk=st.integers(1, 9),
+@given(n_Q=st.integers(1, 12), extra=st.integers(-6, 6), chunk=st.integers(1, 9),
        align=st.sampled_from(["upper-left", "lower-right"]))
 def test_chunked_attention_is_transformers_chunked_causal_mask(n_Q, extra, chunk, align):
-    n_K = n_Q + extra
+    """Fewer keys than queries too: lower-right, the first queries sit before key 0 and see none (check's
+    reference once took their rows from the end of its blocks)."""
+    from attnscope.reference import Asked, allowed_mask
+
+    n_K = max(0, n_Q + extra)
     offset = n_K - n_Q if align == "lower-right" else 0
     allowed = _chunked_reference(n_Q, n_K, chunk, offset)
+    assert torch.equal(allowed_mask(None, n_Q, n_K, Asked(AttentionSpec(causal=align, chunk=chunk))), allowed)
     Q, K, V = torch.randn(2, 3, n_Q, 8), torch.randn(2, 3, n_K, 8), torch.randn(2, 3, n_K, 4)
     trace = sdpa(Q, K, V, causal=align, chunk=chunk)
     seen = allowed.any(dim=-1)  # F.sdpa gives NaN where a query sees no key; attnscope and _safe_softmax give 0

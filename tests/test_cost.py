@@ -139,3 +139,50 @@ def test_broadcast_shapes_refuses_what_torch_refuses():
         cost.broadcast_shapes((3, 2), (4, 2))
     with pytest.raises(RuntimeError):
         torch.broadcast_shapes((3, 2), (4, 2))
+
+
+
+GRID = [{"pad": pad, "causal": causal, "window": window, "alibi": alibi, "cache": cache}
+        for pad in (0, 2) for causal in (None, "upper-left", "lower-right") for window in (None, 2)
+        for alibi in (False, True) for cache in (0, 3) if not (cache and causal == "upper-left")]
+
+
+def _estimated_and_traced(monkeypatch, module, run, asked) -> tuple[int, int]:
+    """What the run's guard was asked about (its estimate from the sizes alone, before anything is
+    allocated) and what the traced run then holds (its steps, inputs, weights and masks, summed)."""
+    asked_about: list[int] = []
+    monkeypatch.setattr(module, "guard_memory", lambda needed, *args, **kwargs: asked_about.append(needed))
+    result = run(asked)
+    assert len(asked_about) == 1
+    return asked_about[0], result.peak_bytes
+
+
+@pytest.mark.parametrize("options", GRID, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items() if v) or "plain")
+def test_the_guards_estimate_equals_the_traced_bytes(monkeypatch, options):
+    """Key padding is a [1, n_K] boolean, held beside the causal or window mask: the estimate once counted
+    one [n_Q, n_K] mask for both, n_K bytes short with padding and a causal mask, n_Q·n_K − n_K over with
+    padding alone."""
+    from attnscope.runs import latent, mha, sdpa
+
+    nk = None if options["cache"] else 6
+    runs = [(sdpa, run_sdpa, SdpaOptions(batch=2, nq=4, nk=nk, dk=4, dv=6, **options)),
+            (mha, run_mha, MhaOptions(batch=2, nq=4, d_feat=8, heads=2, **options)),
+            (mha, run_mha, MhaOptions(batch=2, nq=4, d_feat=8, heads=2, kv_heads=1, rope=True, **options)),
+            (latent, latent.run_latent, MhaOptions(batch=2, nq=4, d_feat=8, heads=2, kv_lora_rank=3, **options))]
+    for module, run, asked in runs:
+        estimated, traced = _estimated_and_traced(monkeypatch, module, run, asked)
+        assert estimated == traced, (asked, estimated - traced)
+
+
+@pytest.mark.parametrize(("command", "nq", "nk"), [("sdpa", 5, 2), ("mha", 6, 1), ("latent", 3, 1)])
+def test_the_rope_tables_hold_the_positions_before_key_0(monkeypatch, command, nq, nk):
+    """Lower-right with more queries than keys: cos and sin run from position nk − nq (negative) to nq − 1."""
+    from attnscope.runs import latent, mha, sdpa
+
+    base = {"batch": 1, "nq": nq, "nk": nk, "causal": "lower-right", "rope": True, "pad": 1 if nk > 1 else 0}
+    module, run, asked = {"sdpa": (sdpa, run_sdpa, SdpaOptions(dk=4, dv=4, **base)),
+                          "mha": (mha, run_mha, MhaOptions(d_feat=8, heads=2, **base)),
+                          "latent": (latent, latent.run_latent, MhaOptions(d_feat=8, heads=2, kv_lora_rank=3,
+                                                                           **base))}[command]
+    estimated, traced = _estimated_and_traced(monkeypatch, module, run, asked)
+    assert estimated == traced

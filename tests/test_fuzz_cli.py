@@ -328,7 +328,10 @@ def test_any_invocation_keeps_the_promises(world, data):
     outcome = run_main(*argv, env={"COLUMNS": columns})
 
     assert outcome.code in (0, 1, 2), (argv, outcome.code, outcome.stderr)
-    assert len(outcome.error_lines) <= 1, (argv, outcome.stderr)
+    # at most one line besides the files' receipts: a slow bench's estimate (it measures this machine, so a
+    # busy one says it) and an export's "wrote" came as two lines, a success
+    said = [line for line in outcome.error_lines if not line.startswith("attnscope: wrote ")]
+    assert len(said) <= 1, (argv, outcome.stderr)
     assert INTERNAL not in outcome.stderr, (argv, outcome.stderr)
     if outcome.code != 0 and not (outcome.code == 1 and "--check" in argv):
         assert outcome.stderr.startswith("attnscope: error: "), (argv, outcome.stderr)

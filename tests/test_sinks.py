@@ -60,6 +60,38 @@ def test_sdpa_with_sinks_equals_gpt_oss_eager(n_head, n_kv_head, n_Q, n_K, causa
     assert any("each attention row sums to 1 - sink_weight" in note for note in trace.notes)
 
 
+@pytest.mark.parametrize(("n_head", "n_Q", "n_K", "causal"), [(4, 5, 5, None), (3, 3, 6, "lower-right"),
+                                                            (2, 6, 4, "lower-right"), (6, 4, 4, True)])
+def test_alibi_with_sinks_is_the_papers_bias(n_head, n_Q, n_K, causal):
+    """BLOOM's `m_h · j` and the paper's `−m_h · (i − j)` give the same softmax, but not beside a sink, whose
+    logit stays put: attnscope adds the paper's, and --check's float64 formula once added BLOOM's."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    from attnscope.reference import Asked, allowed_mask, formula
+
+    q, k, v = torch.randn(1, n_head, n_Q, 8), torch.randn(1, n_head, n_K, 8), torch.randn(1, n_head, n_K, 8)
+    sinks = torch.randn(n_head)
+    spec = AttentionSpec(causal=causal, alibi=True)
+    trace = sdpa(q, k, v, spec=spec, sinks=sinks)
+    slope = build_alibi_tensor(torch.ones(1, 2), n_head, torch.float32)[:, 0, 1]  # [n_head]: m_h
+    start = n_K - n_Q if causal == "lower-right" else 0
+    distance = torch.arange(n_Q)[:, None] + start - torch.arange(n_K)  # query position − key position
+    bias = -slope[:, None, None] * distance  # [n_head, n_Q, n_K]
+    allowed = allowed_mask(None, n_Q, n_K, Asked(spec))
+    if allowed is not None:
+        bias = bias.masked_fill(~allowed, torch.finfo(torch.float32).min)
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    layer = types.SimpleNamespace(sinks=sinks, num_key_value_groups=1, training=False)
+    out, weights = eager_attention_forward(layer, q, k, v, bias[None], scaling=8**-0.5)
+    seen = allowed.any(-1) if allowed is not None else torch.ones(n_Q, dtype=torch.bool)
+    torch.testing.assert_close(trace["attention"][..., seen, :], weights[..., seen, :], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(trace["out"][..., seen, :], out.transpose(1, 2)[..., seen, :], atol=1e-6, rtol=1e-5)
+    out64, attention64 = formula(q, k, v, None, Asked(spec), sinks=sinks)
+    torch.testing.assert_close(attention64[..., seen, :], weights[..., seen, :].double(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out64, trace["out"].double(), atol=1e-6, rtol=1e-5)
+
+
 def test_a_query_that_sees_no_key_gives_all_to_the_sink():
     q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
     mask = torch.ones(3, 5, dtype=torch.bool)

@@ -118,13 +118,17 @@ class Family(ABC):
 
     def head_weight(self, tied: str, ties_by_default: bool = False) -> torch.Tensor:
         """The language-model head's weight `[vocab, d_model]`: the token embedding `tied` where the config ties
-        them (`tie_word_embeddings`, default as the family's config class has it), else `lm_head.weight`."""
+        them (`tie_word_embeddings`, default as the family's config class has it), else `lm_head.weight`, beside
+        the model's keys (`language_model.lm_head.weight` where they lie under `language_model.model.`: Llama 4's
+        multimodal checkpoints) or at the top (Gemma 3's)."""
         if self.config.flag("tie_word_embeddings", default=ties_by_default):
             return self.checkpoint.tensor(f"{self.prefix}{tied}")
-        if "lm_head.weight" not in self.checkpoint:
-            raise UsageError(f"{{generate}}: {self.checkpoint.source.name} holds no lm_head.weight (a base model "
-                             "without its language-model head); give a ...ForCausalLM checkpoint", "generate")
-        return self.checkpoint.tensor("lm_head.weight")
+        beside = self.prefix[: -len("model.")] if self.prefix.endswith(".model.") else ""
+        for key in dict.fromkeys((f"{beside}lm_head.weight", "lm_head.weight")):
+            if key in self.checkpoint:
+                return self.checkpoint.tensor(key)
+        raise UsageError(f"{{generate}}: {self.checkpoint.source.name} holds no lm_head.weight (a base model "
+                         "without its language-model head); give a ...ForCausalLM checkpoint", "generate")
 
     # --- shared -----------------------------------------------------------------------------------------
 

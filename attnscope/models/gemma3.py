@@ -52,8 +52,11 @@ class Gemma3(QkNormed, Gemma2):
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         self.saved_type = config.model_type
-        text = config.mapping("text_config") if config.model_type == "gemma3" else config.data
-        super().__init__(folder, Config(config.path, {**TEXT_DEFAULTS, **(text or {})}), checkpoint)
+        text = dict(config.data)
+        if config.model_type == "gemma3":  # Gemma3ForConditionalGeneration ties its head by its own config
+            text = {**(config.mapping("text_config") or {}),
+                    "tie_word_embeddings": config.data.get("tie_word_embeddings", True)}
+        super().__init__(folder, Config(config.path, {**TEXT_DEFAULTS, **text}), checkpoint)
         self.architecture = config.architecture
 
     @property

@@ -1,21 +1,16 @@
 """Llama 4's qk-norm, the one thing its attention adds to MultiHeadAttention: after RoPE, each head's q and k
 divided by their root mean square, with no weights (`Llama4TextL2Norm`: `x · rsqrt(mean(x²) + eps)`), unlike
-Qwen3's and Gemma 3's RMSNorm with weights before RoPE. Steps `Q_normed`, `K_normed`, then sdpa reads them.
+Qwen3's and Gemma 3's RMSNorm with weights before RoPE. Steps `Q_normed`, `K_normed` (the new tokens' only, with a KV
+cache: it holds normed keys), then sdpa reads them.
 Apart from llama4.py so that reading a Llama 4 head's weights never imports torch."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from attnscope.errors import UsageError
 from attnscope.multihead import MultiHeadAttention
-
-if TYPE_CHECKING:
-    from attnscope.attention import Names
-    from attnscope.spec import AttentionSpec
 
 
 class Llama4Attention(MultiHeadAttention):
@@ -25,21 +20,19 @@ class Llama4Attention(MultiHeadAttention):
         super().__init__(*args, **kwargs)
         self.qk_norm_eps = qk_norm_eps
 
-    def _heads(self, add: Any, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
-               cache: tuple[torch.Tensor, torch.Tensor] | None,
-               spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Names]:
-        q, k, v, names = super()._heads(add, Q, K, V, cache, spec)
+    def _after_rope(self, add: Any, q: torch.Tensor, k: torch.Tensor, names: tuple[str, str],
+                    k_axes: tuple[str, str]) -> tuple[torch.Tensor, torch.Tensor, str, str]:
+        """The new tokens' q and k normed after RoPE and before the cache joins, as `Llama4TextAttention` norms
+        them before `past_key_values.update`: the cached keys are already normed."""
         if self.qk_norm_eps is None:
-            return q, k, v, names
-        if cache is not None:
-            raise UsageError("Llama 4's qk-norm is traced on a whole text, without a KV cache")
-        eps = self.qk_norm_eps
+            return q, k, names[0], names[1]
+        eps, (q_name, k_name) = self.qk_norm_eps, names
         q = add("Q_normed", l2_norm(q, eps), ("n_batch", "n_head", "n_Q", "d_head"),
-                f"{names.Q} * rsqrt(mean({names.Q}², dim=-1) + {eps:g}): Llama 4's L2 qk-norm, no weights, after RoPE",
+                f"{q_name} * rsqrt(mean({q_name}², dim=-1) + {eps:g}): Llama 4's L2 qk-norm, no weights, after RoPE",
                 4 * q.numel())
-        k = add("K_normed", l2_norm(k, eps), ("n_batch", self._kv_axis(), "n_K", "d_head"),
-                f"{names.K} * rsqrt(mean({names.K}², dim=-1) + {eps:g}): the same norm of the keys", 4 * k.numel())
-        return q, k, v, replace(names, Q="Q_normed", K="K_normed")
+        k = add("K_normed", l2_norm(k, eps), ("n_batch", *k_axes, "d_head"),
+                f"{k_name} * rsqrt(mean({k_name}², dim=-1) + {eps:g}): the same norm of the keys", 4 * k.numel())
+        return q, k, "Q_normed", "K_normed"
 
 
 def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -134,20 +134,29 @@ def _empty_cache(module: MultiHeadAttention) -> tuple[torch.Tensor, torch.Tensor
     return empty, empty
 
 
+def _cache_window(model: Family, layer: int) -> int | None:
+    """The positions a layer's cache keeps: its sliding window, or its chunk (transformers' DynamicCache gives
+    a chunked layer a DynamicSlidingWindowLayer of `attention_chunk_size`: a query sees only its own chunk's
+    keys, all among the last chunk positions); None keeps every one."""
+    spec = model.attention_spec(layer)
+    return spec.window if spec.window is not None else spec.chunk
+
+
 def _evicted(model: Family, layer: int, n_K: int) -> int:
-    """How many of the oldest keys fall outside the layer's sliding window for the newest query."""
-    window = model.attention_spec(layer).window
+    """How many of the oldest keys fall outside the layer's sliding window (or chunk) for the newest query."""
+    window = _cache_window(model, layer)
     return max(0, n_K - window) if window is not None else 0
 
 
 def _cache_bytes(model: Family, caches: list[tuple[torch.Tensor, torch.Tensor] | None]) -> int:
-    """What transformers' cache holds after a step: every layer's keys and values, a sliding layer's only the
-    last `window - 1` (DynamicSlidingWindowLayer keeps those; the next query brings the window's last key)."""
+    """What transformers' cache holds after a step: every layer's keys and values, a sliding (or chunked)
+    layer's only the last `window - 1` (DynamicSlidingWindowLayer keeps those; the next query brings the
+    window's last key)."""
     held = 0
     for index, cache in enumerate(caches):
         if cache is None:
             continue
-        window = model.attention_spec(index).window
+        window = _cache_window(model, index)
         for tensor in cache:
             n = tensor.shape[-2] if window is None else min(tensor.shape[-2], window - 1)
             held += tensor[..., :n, :].numel() * tensor.element_size()

@@ -28,8 +28,9 @@ class MaskView:
     translations: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
+        shift = f"{'−' if self.offset < 0 else '+'} {abs(self.offset)}"
         where = {"upper-left": "upper-left: query i sees keys j ≤ i",
-                 "lower-right": f"lower-right: query i sees keys j ≤ i + {self.offset}, the last query sees all",
+                 "lower-right": f"lower-right: query i sees keys j ≤ i {shift}, the last query sees all",
                  "none": "no causal alignment: every query may see every key it is not masked from"}
         return where[self.alignment]
 

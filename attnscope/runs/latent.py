@@ -83,7 +83,8 @@ def estimate(asked: mha.MhaOptions, spec: AttentionSpec) -> None:
         return
     n_new = asked.nk if asked.nk is not None else asked.nq
     needed = cost.mla_bytes(asked.batch, asked.nq, asked.cache + n_new, asked.d_feat, asked.heads, spec,
-                            bias=asked.bias, cross=n_new != asked.nq, user_mask=bool(asked.pad or asked.mask))
+                            bias=asked.bias, cross=n_new != asked.nq, user_mask=bool(asked.mask),
+                            pad=bool(asked.pad))
     if asked.meta:
         check_addressable(needed)
     else:

@@ -131,9 +131,8 @@ def estimate(asked: MhaOptions, spec: AttentionSpec) -> None:
     check_rope_width(spec, asked.d_head or asked.d_feat // asked.heads, "d_head")
     n_new = asked.nk if asked.nk is not None else asked.nq  # keys computed in this call; the cache holds more
     needed = cost.mha_bytes(asked.batch, asked.nq, asked.cache + n_new, asked.d_feat, asked.heads, spec,
-                            bias=asked.bias,
-                            cross=n_new != asked.nq, user_mask=bool(asked.pad or asked.mask), d_head=asked.d_head,
-                            position_bias=bias_numel(asked.position_bias))
+                            bias=asked.bias, cross=n_new != asked.nq, user_mask=bool(asked.mask), pad=bool(asked.pad),
+                            d_head=asked.d_head, position_bias=bias_numel(asked.position_bias))
     if asked.meta:
         check_addressable(needed)
     else:

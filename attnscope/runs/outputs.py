@@ -183,7 +183,8 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
     parts = []
     if spec.align:
         offset = spec.offset(n_Q, n_K)
-        parts.append(f"causal {spec.align} (query i sees keys j ≤ i{f' + {offset}' if offset else ''})")
+        shift = f" + {offset}" if offset > 0 else f" − {-offset}" if offset < 0 else ""
+        parts.append(f"causal {spec.align} (query i sees keys j ≤ i{shift})")
     if spec.bidirectional_window:
         parts.append(f"window {spec.window} both sides (|i − j| ≤ {spec.reach}, no causal mask)")
     elif spec.window is not None:

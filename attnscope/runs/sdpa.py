@@ -98,7 +98,7 @@ def estimate(asked: SdpaOptions, spec: AttentionSpec) -> None:
         return
     check_rope_width(spec, asked.dk, "d_K")
     needed = cost.sdpa_bytes(asked.batch, asked.nq, _keys(asked), asked.dk, asked.dv, spec,
-                             user_mask=bool(asked.pad or asked.mask), bias=bias_numel(asked.position_bias))
+                             user_mask=bool(asked.mask), pad=bool(asked.pad), bias=bias_numel(asked.position_bias))
     if asked.meta:
         check_addressable(needed)
     else:
