@@ -57,16 +57,25 @@ class HeadStats:
         return {name: value for name, value in asdict(self).items() if value is not None}
 
 
-def head_stats(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> HeadStats:
+def head_stats(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = None,
+               causal: bool | None = None) -> HeadStats:
     """The statistics of one `[n_Q, n_K]` pattern (computed in float64); `tokens`, the token at each key
-    position, for the induction mass."""
+    position, for the induction mass; `causal`, whether no query attends past itself, where already known."""
     import torch
 
     A = pattern.detach().to(torch.float64)
-    causal = bool((A.triu(diagonal=offset + 1) == 0).all())
+    if causal is None:
+        causal = bool(causal_rows(A, offset))
     rows = RowStats()
     rows.add(A, offset, causal, tokens)
     return rows.result()
+
+
+def causal_rows(attention: Tensor, offset: int = 0) -> Tensor:
+    """Whether each `[n_Q, n_K]` pattern in `attention` (`[..., n_Q, n_K]`) puts no weight past query i's own
+    position i + offset: a boolean per pattern. One `triu` over all of them (torch's triu costs milliseconds a
+    call on this machine, whatever the size: 512 heads' calls took 1.7 s of a 16-layer --all-layers run)."""
+    return (attention.triu(diagonal=offset + 1) == 0).flatten(-2).all(dim=-1)
 
 
 class RowStats:
@@ -162,8 +171,9 @@ def describe(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = No
 def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Every head of one batch element, `[n_head, n_Q, n_K]`: `{"head", "stats", "kind"}` per head."""
     heads = []
+    causal = causal_rows(attention.detach(), offset).tolist()  # every head at once: one triu a layer, not a head
     for h in range(attention.shape[0]):
-        stats = head_stats(attention[h], offset, tokens)
+        stats = head_stats(attention[h], offset, tokens, causal[h])
         heads.append({"head": h, "stats": stats.as_dict(), "kind": kind(stats)})
     return heads
 
