@@ -1,6 +1,6 @@
-"""Checkpoint.tensor reads a safetensors tensor with plain file reads (not through the memory map, whose pages
-would stay resident): it must give exactly what safetensors' own reader gives, for every dtype, and refuse a
-truncated file in one line."""
+"""Checkpoint.tensor maps a safetensors tensor's own pages, privately (not through safetensors' map of the whole
+file, whose pages would stay resident): it must give exactly what safetensors' own reader gives, for every dtype,
+never write to the file, and refuse a truncated file in one line."""
 
 from __future__ import annotations
 
@@ -34,3 +34,15 @@ def test_truncated_file_is_one_line(tmp_path):
         path.write_bytes(path.read_bytes()[:-100])
         with pytest.raises(UsageError, match="ends inside tensor a; the file is truncated"):
             checkpoint.tensor("a")
+
+
+def test_a_tensor_written_to_leaves_the_file_as_it_was(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file({"a": torch.ones(3, 1000), "b": torch.zeros(5)}, path)
+    before = path.read_bytes()
+    with Checkpoint.open(tmp_path) as checkpoint:
+        weight = checkpoint.tensor("a")
+        weight.mul_(7)  # a family that scales a weight in place (a norm's 1 + w) writes its own copy
+        assert torch.equal(weight, torch.full((3, 1000), 7.0))
+        assert torch.equal(checkpoint.tensor("a"), torch.ones(3, 1000))
+    assert path.read_bytes() == before

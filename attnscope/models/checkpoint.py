@@ -118,9 +118,10 @@ class Checkpoint:
         return tensor, text
 
     def tensor(self, key: str) -> torch.Tensor:
-        """A whole tensor, as float32 torch (the precision the forward computes in). From safetensors it is read
-        with plain file reads, not through the memory map: mapped pages stay in the process's resident set
-        for as long as the file is open, so a run through several layers would keep every one it read."""
+        """A whole tensor, as float32 torch (the precision the forward computes in). From safetensors it is
+        mapped on its own (`_mapped`), not through safetensors' map of the whole file: mapped pages stay in the
+        process's resident set for as long as the map is open, so a run through several layers would keep every
+        one it read; a map of one tensor closes when the tensor is freed."""
         import torch
 
         if self._is_bin(key):
@@ -137,15 +138,7 @@ class Checkpoint:
         if dtype not in TORCH_DTYPES:
             return self._slice(key, "pt")[:]  # type: ignore[no-any-return]
         start, end = self._offsets(path)[key]
-        out = torch.empty(end - start, dtype=torch.uint8)
-        view, done = out.numpy().data, 0  # the tensor's own bytes
-        with open(path, "rb") as handle:
-            handle.seek(start)
-            while done < len(view):  # one read returns at most about 2 GiB on Linux
-                count = handle.readinto(view[done:])
-                if not count:
-                    raise UsageError(f"{path}: ends inside tensor {key}; the file is truncated")
-                done += count
+        out = _mapped(path, start, end, key) if end > start else torch.empty(0, dtype=torch.uint8)
         return out.view(getattr(torch, TORCH_DTYPES[dtype])).reshape(shape)
 
     def _offsets(self, path: Path) -> dict[str, tuple[int, int]]:
@@ -286,3 +279,20 @@ def describe(tensor: Array) -> tuple[list[int], str, int]:
     if isinstance(tensor, np.ndarray):
         return list(tensor.shape), str(tensor.dtype), int(tensor.nbytes)
     return list(tensor.shape), str(tensor.dtype).removeprefix("torch."), tensor.numel() * tensor.element_size()
+
+
+def _mapped(path: Path, start: int, end: int, key: str) -> torch.Tensor:
+    """Bytes start:end of a file as a uint8 tensor over a private (copy-on-write) map of just those pages: no
+    copy is made (the pages are the page cache's until written), and the map is released with the tensor.
+    Measured: `readinto` copies ran at about 1.3 GB/s here, 3.4 s of a 4.4 GB model's --all-layers run."""
+    import mmap
+
+    import torch
+
+    aligned = start - start % mmap.ALLOCATIONGRANULARITY
+    try:
+        with open(path, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), end - aligned, offset=aligned, access=mmap.ACCESS_COPY)
+    except ValueError:  # "mmap length is greater than file size"
+        raise UsageError(f"{path}: ends inside tensor {key}; the file is truncated") from None
+    return torch.frombuffer(mapped, dtype=torch.uint8, count=end - start, offset=start - aligned)
