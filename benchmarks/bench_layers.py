@@ -3,7 +3,8 @@
     python benchmarks/bench_layers.py [--runs 3] [--only all-layers|long-tiny|long-1b]
 
 - all-layers: `attnscope head --all-layers` on the 1.1B LLaMA-shaped checkpoint of bench_model_text.py (every
-  layer streamed) against transformers' from_pretrained + output_attentions=True on the same text.
+  layer streamed), as the terminal's grid and as --json (every layer's every weight written), against
+  transformers' from_pretrained + output_attentions=True on the same text.
   Targets: <= 0.25x peak memory, <= 0.6x wall time.
 - long-tiny: a tiny LLaMA (2 layers of width 64, random weights, built once) on a 32,768-token text: attnscope's
   peak memory, whose target is 1.5 GiB (one head's whole pattern alone would be 4 GiB).
@@ -133,11 +134,14 @@ def main() -> None:
         theirs = json.loads(subprocess.run(reference, capture_output=True, text=True, env=env, check=True).stdout)
         diff = max(abs(a - b) for ra, rb in zip(mine["all_layers"][1]["attention"][0], theirs, strict=True)
                    for a, b in zip(ra, rb, strict=True))
-        got = interleaved_medians({"attnscope": ours, "transformers": reference}, runs=args.runs, env=env)
-        a, t = got["attnscope"], got["transformers"]
+        got = interleaved_medians({"attnscope": ours[:-1], "attnscope --json": ours, "transformers": reference},
+                                  runs=args.runs, env=env)
+        t = got["transformers"]
         label = f"--all-layers, LLaMA 1.1B, {len(mine['token_ids'])} tokens"
-        row(label, "attnscope", a.seconds, a.peak_mib, f"{a.seconds / t.seconds:.2f}x, {a.peak_mib / t.peak_mib:.2f}x "
-            "(targets 0.6x, 0.25x)")
+        for route in ("attnscope", "attnscope --json"):  # the grid in the terminal; every weight as JSON
+            a = got[route]
+            row(label, route, a.seconds, a.peak_mib, f"{a.seconds / t.seconds:.2f}x, {a.peak_mib / t.peak_mib:.2f}x "
+                "(targets 0.6x, 0.25x)")
         row(label, "transformers", t.seconds, t.peak_mib, f"layer 1 head 0 agrees to {diff:.1e}")
     if args.only in (None, "long-tiny"):
         folder, text = tiny_llama(), text_file(32768)
