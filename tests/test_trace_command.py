@@ -641,6 +641,10 @@ def base_exception(q, k, v):
 
 def exits(q, k, v):
     sys.exit(0)
+
+
+def interrupts(q, k, v):
+    raise KeyboardInterrupt("their own")
 """
 
 
@@ -651,6 +655,8 @@ def exits(q, k, v):
     (EXITS, "generator_exit", "raise GeneratorExit"),
     (EXITS, "base_exception", 'raise Stop("from forward")'),
     (EXITS, "exits", "sys.exit(0)"),
+    (EXITS, "interrupts", 'raise KeyboardInterrupt("their own")'),
+    ("raise KeyboardInterrupt\n", "f", "raise KeyboardInterrupt"),
     ("import sys\nsys.exit(3)\n", "f", "sys.exit(3)"),
     ("raise GeneratorExit\n", "f", "raise GeneratorExit"),
     ("class Stop(BaseException):\n    pass\n\nraise Stop()\n", "f", "raise Stop()"),
@@ -843,3 +849,24 @@ def test_a_failure_in_forward_with_an_export_keeps_stderr_to_one_line(tmp_path):
     outcome = run_main("trace", f"{path}:ShapeError", "--init", "d_feat=40, n_head=4", "--svg", str(tmp_path / "x.svg"))
     assert outcome.code == 1 and len(outcome.error_lines) == 1 and "wrote" in outcome.stderr, outcome.stderr
     assert "your code failed at line" in outcome.stdout and (tmp_path / "x.svg").exists()
+
+
+def test_a_real_ctrl_c_in_the_users_code_still_stops_attnscope_as_an_interrupt(tmp_path):
+    """A KeyboardInterrupt the user's code raises is theirs (exit 1, above); Ctrl-C while it runs is an interrupt
+    (exit 130), told apart by the SIGINT that arrived."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = write(tmp_path, "import time\n\ndef attention(q, k, v):\n    open(__file__ + '.ran', 'w').close()\n"
+                           "    time.sleep(60)\n    return q\n")
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope", "trace", f"{path}:attention"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not Path(f"{path}.ran").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip() == "attnscope: error: interrupted", err

@@ -14,7 +14,9 @@ import dataclasses
 import hashlib
 import importlib.util
 import inspect
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -93,18 +95,33 @@ def parse_spec(spec: str) -> tuple[Path, str]:
     return path.resolve(), name
 
 
+_CTRL_C: list[bool] = []  # set when a real SIGINT arrives while the user's code runs
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Python's own SIGINT handler (`signal.default_int_handler`), remembering that the interrupt was real."""
+    _CTRL_C.append(True)
+    raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def user_code(path: Path) -> Iterator[None]:
-    """While the user's code runs: its folder on sys.path (last, so it shadows nothing), and its prints
-    on stderr, so that stdout holds only attnscope's output (`--json` stays one JSON object)."""
+    """While the user's code runs: its folder on sys.path (last, so it shadows nothing), its prints on stderr,
+    so that stdout holds only attnscope's output (`--json` stays one JSON object), and SIGINT noted, so that a
+    KeyboardInterrupt their code raises itself is told from Ctrl-C (`users`)."""
     folder = str(path.parent)
     added = folder not in sys.path
     if added:
         sys.path.append(folder)
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
+    before = signal.signal(signal.SIGINT, _on_sigint) if main else None
+    _CTRL_C.clear()
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
         if added and folder in sys.path:
             sys.path.remove(folder)
 
@@ -132,9 +149,12 @@ def import_file(path: Path) -> ModuleType:
 
 
 def users(exc: BaseException) -> bool:
-    """Whether an exception out of the user's code is theirs to report: anything but Ctrl-C (which stops
-    attnscope too) and attnscope's own errors."""
-    return not isinstance(exc, (KeyboardInterrupt, AttnscopeError))
+    """Whether an exception out of the user's code is theirs to report: anything but a real Ctrl-C (which stops
+    attnscope too: a SIGINT arrived) and attnscope's own errors. A KeyboardInterrupt their code raises itself
+    is theirs, one line naming where."""
+    if isinstance(exc, KeyboardInterrupt):
+        return not _CTRL_C
+    return not isinstance(exc, AttnscopeError)
 
 
 def where(exc: BaseException, path: Path) -> str:
