@@ -63,17 +63,17 @@ def emit_json(payload: dict[str, Any]) -> None:
     arrays: list[Numbers] = []
     nonce = uuid.uuid4().hex
 
-    def hold(value: Any) -> Any:
+    def cleaned(value: Any) -> Any:  # clean's walk, with each Numbers held aside for the C encoder
         if isinstance(value, Numbers):
             arrays.append(value)
             return f"{nonce}:{len(arrays) - 1}"
         if isinstance(value, (list, tuple)):
-            return [hold(v) for v in value]
+            return [cleaned(v) for v in value]
         if isinstance(value, dict):
-            return {k: hold(v) for k, v in value.items()}
-        return value
+            return {k: cleaned(v) for k, v in value.items()}
+        return finite(value) if isinstance(value, float) else value
 
-    text = json.dumps(clean(hold(payload)), indent=2, allow_nan=False)
+    text = json.dumps(cleaned(payload), indent=2, allow_nan=False)
     if arrays:
         text = re.sub(f'"{nonce}:([0-9]+)"', lambda m: json.dumps(arrays[int(m.group(1))], allow_nan=False), text)
     sys.stdout.write(text + "\n")

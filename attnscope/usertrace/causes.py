@@ -49,7 +49,6 @@ def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
 
 
 def kernel_dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
-
     if near is None:
         return None
     for index in sorted(ancestors(near.record, ctx.records) | {near.record.index}, reverse=True):
@@ -65,7 +64,6 @@ def kernel_dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | N
 
 
 def repeat_order(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
-
     if near is None or step not in ("K_rep", "V_rep"):
         return None
     source = next((s for s in (f"{step[0]}_rot", f"{step[0]}_cat", f"{step[0]}_split", step[0])

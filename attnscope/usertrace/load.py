@@ -114,13 +114,15 @@ def user_code(path: Path) -> Iterator[None]:
     if added:
         sys.path.append(folder)
     main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
-    before = signal.signal(signal.SIGINT, _on_sigint) if main else None
+    before = signal.getsignal(signal.SIGINT) if main else None  # None: set outside Python, not to be replaced
+    if before is not None:
+        signal.signal(signal.SIGINT, _on_sigint)
     _CTRL_C.clear()
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
-        if main:
+        if before is not None:
             signal.signal(signal.SIGINT, before)
         if added and folder in sys.path:
             sys.path.remove(folder)

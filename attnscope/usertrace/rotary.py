@@ -47,7 +47,6 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str =
 
 
 def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
-
     if near is None or step not in ROTATED or ctx.spec is None or ctx.spec.rope_base is None:
         return None
     source = next((s for s in ROTATED[step] if s in ctx.reference), None)
