@@ -230,8 +230,9 @@ def _flash_padded_both(n: int, n_K: int, r: int, pad: int) -> str:
     the window is made lopsided to stay on query i; queries past the last key's reach see no key (zeros)."""
     kept = n_K - pad  # the unpadded keys
     reach = min(n, kept + r)  # queries 0 .. reach-1 see at least one unpadded key
-    lines = ["# flash-attn centres window_size on the bottom-right diagonal of the lengths it is",
-             f"# given: with the {pad} padded keys cut, the window is shifted to stay on query i",
+    lines = ["# flash-attn centres window_size on the bottom-right diagonal of the",
+             f"# lengths it is given: with the {pad} padded keys cut, the window is",
+             "# shifted to stay on query i",
              f"keys, values = k[:, :{kept}], v[:, :{kept}]  # the unpadded keys"]
     if reach <= 0:
         return "\n".join([*lines, "out = torch.zeros_like(q[..., :v.shape[-1]])  # no query sees a key"])
