@@ -1,6 +1,6 @@
 """`python -m attnscope`."""
 
-from attnscope.cli import main
+from attnscope.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -165,6 +165,36 @@ def test_installed_command_runs_and_errors_are_one_line():
         assert len(lines) == 1 and lines[0].startswith("attnscope: error:"), failed.stderr
 
 
+def test_the_console_script_leaves_at_once_with_its_output_whole_and_atexit_run():
+    """`run` (the console script, `python -m attnscope`) ends with os._exit once torch is loaded, skipping the
+    interpreter's teardown of torch (about 0.45 s): stdout must be flushed whole first, atexit handlers run, and
+    the exit code be main's."""
+    entry = ("import atexit, sys; from attnscope.cli import run; "
+             "atexit.register(lambda: sys.stderr.write('atexit ran\\n')); sys.argv[0] = 'attnscope'; run()")
+    big = subprocess.run([sys.executable, "-c", entry, "mask", "--nq", "200", "--nk", "200", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert big.returncode == 0, big.stderr
+    assert len(big.stdout) > 65536  # more than a pipe holds: written through, not left in a buffer
+    assert len(json.loads(big.stdout)["mask"]) == 200 and big.stderr == "atexit ran\n"
+    bad = subprocess.run([sys.executable, "-c", entry, "sdpa", "--nq", "0"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.splitlines()[0].startswith("attnscope: error:"), bad.stderr
+
+
+def test_trace_exits_as_the_users_own_program_would(tmp_path):
+    """The quick exit is skipped where the user's code ran: a file their module left open unflushed is written
+    by the interpreter's teardown, as it would be at the end of their own program."""
+    left = tmp_path / "left-open.txt"
+    mine = tmp_path / "mine.py"
+    mine.write_text(f"import torch\nLOG = open({str(left)!r}, 'w')\nLOG.write('kept')\n\n"
+                    "def attention(q, k, v):\n"
+                    "    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v\n")
+    result = subprocess.run([sys.executable, "-m", "attnscope", "trace", f"{mine}:attention"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert left.read_text() == "kept"
+
+
 def test_python_dash_m_works():
     result = subprocess.run([sys.executable, "-m", "attnscope", "--version"], capture_output=True, text=True,
                             timeout=60)

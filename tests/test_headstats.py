@@ -8,6 +8,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import torch
+from fuzz import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnscope import MultiHeadAttention, sdpa
 from attnscope.readings.headstats import describe_heads, head_stats, kind
@@ -81,6 +84,65 @@ def test_describe_heads_of_a_real_run():
     heads = describe_heads(trace["attention"][0])
     assert [h["head"] for h in heads] == [0, 1, 2, 3]
     assert all(set(h["stats"]) == {"entropy", "first", "previous", "self", "distance", "spread"} for h in heads)
+
+
+def _by_the_definitions(A: torch.Tensor, offset: int, tokens: list[int] | None) -> dict[str, float]:
+    """The statistics of one `[n_Q, n_K]` pattern, row by row in plain Python floats, as the module docstring
+    defines them (shares no code with headstats)."""
+    n_Q, n_K = A.shape
+    rows = A.double().tolist()
+    causal = all(rows[i][j] == 0 for i in range(n_Q) for j in range(n_K) if j > i + offset)
+    sums = dict.fromkeys(("entropy", "first", "previous", "self", "distance", "spread", "induction"), 0.0)
+    counts = dict.fromkeys(sums, 0)
+
+    def take(name: str, value: float) -> None:
+        sums[name] += value
+        counts[name] += 1
+
+    for i, row in enumerate(rows):
+        p = i + offset
+        if sum(row) <= 0:
+            continue
+        entropy = -sum(a * math.log2(a) for a in row if a > 0)
+        take("entropy", entropy)
+        take("first", row[0])
+        if 1 <= p <= n_K:
+            take("previous", row[p - 1])
+        if p < n_K:
+            take("self", row[p])
+        take("distance", sum(a * abs(p - j) for j, a in enumerate(row)))
+        visible = min(p + 1, n_K) if causal else n_K
+        if visible >= 2:
+            take("spread", entropy / math.log2(visible))
+        if tokens is not None and p < len(tokens):
+            targets = [j + 1 for j in range(n_K - 1) if j + 1 < p and tokens[j] == tokens[p]]
+            if targets:
+                take("induction", sum(row[t] for t in targets))
+    means = {name: sums[name] / counts[name] if counts[name] else 0.0 for name in sums}
+    if tokens is None:
+        del means["induction"]
+    return means
+
+
+@fuzz_settings(40)
+@given(st.integers(1, 5), st.integers(1, 9), st.integers(1, 9), st.integers(0, 4), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_every_head_at_once_equals_the_definitions_head_by_head(n_head, n_Q, n_K, offset, with_tokens, seed):
+    """describe_heads takes a layer's heads together (a batch of causal and bidirectional patterns, some rows
+    that see nothing); each head's numbers equal the definitions applied to it alone."""
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(n_head, n_Q, n_K, generator=generator, dtype=torch.float64)
+    future = torch.arange(n_K)[None, :] > torch.arange(n_Q)[:, None] + offset
+    causal_heads = torch.rand(n_head, generator=generator) < 0.5
+    scores = scores.masked_fill(causal_heads[:, None, None] & future, float("-inf"))
+    A = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    A[:, torch.rand(n_Q, generator=generator) < 0.2] = 0.0  # queries that may see no key
+    tokens = torch.randint(0, 3, (n_K + offset + n_Q,), generator=generator).tolist() if with_tokens else None
+    for h, head in enumerate(describe_heads(A.float(), offset, tokens)):
+        expected = _by_the_definitions(A.float()[h], offset, tokens)
+        assert head["head"] == h and head["stats"].keys() == expected.keys()
+        for name, value in expected.items():
+            assert head["stats"][name] == pytest.approx(value, abs=1e-9), (h, name)
 
 
 def test_viridis_ends_and_middle():
