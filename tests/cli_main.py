@@ -1,4 +1,5 @@
-"""The console-script entry (`attnscope.cli:main`), run in this process: exit status, stdout and stderr apart.
+"""`attnscope.cli.main` (what the console script, `cli:run`, runs before it exits), run in this process: exit
+status, stdout and stderr apart.
 
 CliRunner.invoke runs the Typer app in click's standalone mode, which draws usage errors in a box; `main`
 is what a user's shell runs, and where "one line on stderr" is promised.

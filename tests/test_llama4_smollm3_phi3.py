@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_llama4_smollm3_phi3 import NAMES, build, text_model
-from tiny_models import SENTENCE
+from tiny_models import SENTENCE, assert_every_head_dumped
 
 from attnscope.cli import app
 from attnscope.models import open_model
@@ -164,14 +164,7 @@ def _expected_slices(name: str, model, layer: int, head: int) -> dict[str, torch
 @pytest.mark.parametrize("name", NAMES)
 def test_dumped_slices_equal_the_models_parameters(built, name):
     folder, model = built(name)
-    opened = _open(folder)
-    for layer in range(opened.n_layer):
-        for head in range(opened.n_head):
-            weights = head_weights(opened, layer, head).as_torch()
-            expected = _expected_slices(name, model, layer, head)
-            assert list(weights) == list(expected)
-            for key, tensor in expected.items():
-                torch.testing.assert_close(weights[key], tensor.detach(), rtol=0, atol=0, msg=f"{name} {key}")
+    assert_every_head_dumped(folder, lambda layer, head: _expected_slices(name, model, layer, head), name)
 
 
 @pytest.mark.parametrize(("name", "sources"), [

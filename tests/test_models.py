@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import FAMILIES, SENTENCE, base, build, cached_builder
+from tiny_models import FAMILIES, SENTENCE, assert_every_head_dumped, base, build, cached_builder
 
 from attnscope.cli import app
 from attnscope.models import open_model
@@ -107,14 +107,7 @@ def _open(folder: Path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_dumped_slices_equal_the_models_parameters(built, family):
     folder, model = built(family)
-    opened = _open(folder)
-    for layer in range(opened.n_layer):
-        for head in range(opened.n_head):
-            weights = head_weights(opened, layer, head).as_torch()
-            expected = _expected_slices(family, model, layer, head)
-            assert list(weights) == list(expected)
-            for name, tensor in expected.items():
-                torch.testing.assert_close(weights[name], tensor.detach(), rtol=0, atol=0, msg=f"{family} {name}")
+    assert_every_head_dumped(folder, lambda layer, head: _expected_slices(family, model, layer, head), family)
 
 
 @pytest.mark.parametrize(("family", "prefix", "sources"), [

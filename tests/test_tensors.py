@@ -353,6 +353,7 @@ def test_a_signal_during_save_leaves_no_part_file(tmp_path, signame):
     code = f"""
 import os, signal, torch
 from attnscope.tensors import save as save_module
+signal.signal(signal.{signame}, signal.SIG_DFL)  # as a terminal leaves it (under nohup SIGHUP comes ignored)
 def write(path, suffix, tensors, metadata):
     with open(path, "wb") as handle:
         handle.write(b"half")

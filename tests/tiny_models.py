@@ -175,3 +175,20 @@ def cached_builder(tmp_path_factory, build, **options):
 def base(model):
     """The base model inside a task model (`model.model`, `model.transformer`, `model.roberta`)."""
     return getattr(model, "base_model", model)
+
+
+def assert_every_head_dumped(folder: Path, expected_slices, label: str) -> None:
+    """Every head of every layer: attnscope's dumped weights (`head_weights`) are `expected_slices(layer, head)`
+    (a dict name -> tensor, in that order, sliced from the model's own parameters), bit for bit."""
+    from attnscope.models import open_model
+    from attnscope.models.config import read_config
+    from attnscope.models.weights import head_weights
+
+    opened = open_model(folder, read_config(folder))
+    for layer in range(opened.n_layer):
+        for head in range(opened.n_head):
+            weights = head_weights(opened, layer, head).as_torch()
+            expected = expected_slices(layer, head)
+            assert list(weights) == list(expected)
+            for name, tensor in expected.items():
+                torch.testing.assert_close(weights[name], tensor.detach(), rtol=0, atol=0, msg=f"{label} {name}")
