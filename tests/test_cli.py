@@ -195,6 +195,25 @@ def test_trace_exits_as_the_users_own_program_would(tmp_path):
     assert left.read_text() == "kept"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device whose writes fail")
+@pytest.mark.parametrize("args", [["--help"], ["sdpa", "--help"], ["mask", "--nq", "3", "--nk", "3", "--json"],
+                                  ["mask", "--nq", "300", "--nk", "300", "--json"], ["sdpa"], ["trace", "{mine}"]])
+def test_output_that_cannot_be_written_is_one_line(args, tmp_path):
+    """stdout on a full disk (/dev/full): one line that says so and exit 1, whether the write fails inside a
+    command, in --help, or only at the last flush; never a traceback or "Exception ignored"."""
+    mine = tmp_path / "mine.py"
+    mine.write_text("import torch\n\ndef attention(q, k, v):\n"
+                    "    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v\n")
+    argv = [arg.replace("{mine}", f"{mine}:attention") for arg in args]
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "attnscope", *argv], stdout=full, stderr=subprocess.PIPE,
+                                text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        "attnscope: error: could not write the output (No space left on device); free space where it goes, or send "
+        "it elsewhere"]
+
+
 def test_python_dash_m_works():
     result = subprocess.run([sys.executable, "-m", "attnscope", "--version"], capture_output=True, text=True,
                             timeout=60)

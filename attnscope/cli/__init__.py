@@ -16,7 +16,13 @@ from typing import Annotated
 import typer
 
 from attnscope import __version__
-from attnscope.cli.errors import ClickException, ClickUsageError, flag_value_hint
+from attnscope.cli.errors import (
+    ClickException,
+    ClickUsageError,
+    flag_value_hint,
+    output_failed,
+    stdout_to_devnull,
+)
 from attnscope.cli.options import HELP_NAMES, AttnscopeGroup
 
 app = typer.Typer(
@@ -75,15 +81,29 @@ def run() -> None:
         code: object = 0
     except SystemExit as exc:
         code = exc.code
-    if not isinstance(code, int | None) or "torch" not in sys.modules or "attnscope.usertrace.load" in sys.modules:
-        sys.exit(code)  # a message as the code (printed by the interpreter), or nothing slow to skip
+    if not isinstance(code, int | None):
+        sys.exit(code)  # a message as the code, printed by the interpreter
+    if "torch" not in sys.modules or "attnscope.usertrace.load" in sys.modules:
+        sys.exit(_flushed(code or 0))  # nothing slow to skip, or the user's code ran: the usual exit
     atexit._run_exitfuncs()
+    os._exit(_flushed(code or 0))
+
+
+def _flushed(code: int) -> int:
+    """Flush stdout and stderr before leaving; the exit code after: 141 where the reader left early (what
+    main does for it), 1 where the output could not be written (one line says so, unless one did already)."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except BrokenPipeError:  # the reader left early: what main does for it (exit 141, nothing reported)
-        code = 141
-    os._exit(code or 0)
+    except BrokenPipeError:
+        stdout_to_devnull()
+        return 141
+    except OSError as exc:
+        if code == 0:
+            output_failed(exc, certain=True)
+        stdout_to_devnull()
+        return code or 1
+    return code
 
 
 def main() -> None:
@@ -117,7 +137,10 @@ def main() -> None:
         sys.stderr.write("attnscope: aborted\n")
         sys.exit(130)
     except BrokenPipeError:  # `attnscope sdpa | head`: the reader left early, nothing to report
-        # Point stdout at devnull so the interpreter's final flush does not fail a second time.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        stdout_to_devnull()  # so the interpreter's final flush does not fail a second time
         sys.exit(141)  # 128 + SIGPIPE, what a shell tool killed by the closed pipe would give
+    except OSError as exc:  # writing the output failed outside a command (`--help > /dev/full`)
+        if output_failed(exc):
+            sys.exit(1)
+        raise
     sys.exit(code if isinstance(code, int) else 0)

@@ -6,6 +6,9 @@ time. The internal-error line ("... run again with --debug") is for real bugs on
 
 from __future__ import annotations
 
+import errno
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,6 +36,11 @@ FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "sc
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 
+# What writing the output can fail with (stdout into a file on a full disk): errors of writes only, so an
+# OSError with one of these and no file name is the output's. Every file attnscope writes goes through
+# tensors/save.py, which names the file in its own line.
+_WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
 _BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0", "y", "n", "t", "f"}
 
 
@@ -48,6 +56,27 @@ def flag_value_hint(argv: list[str], flags: set[str], message: str) -> str:
                 return f"{before} is a flag and takes no value: leave it out instead of '{before} {word}'"
             return f"{before} is a flag and takes no value: write '{before}' alone, not '{before} {word}'"
     return ""
+
+
+def output_failed(exc: BaseException, *, certain: bool = False) -> bool:
+    """Where `exc` is the output failing to be written (`certain`: it came from flushing stdout), say so in one
+    line and point stdout at /dev/null, so that the interpreter's last flush of what is left in its buffer
+    cannot fail a second time (a traceback, "Exception ignored"). False, and nothing done, otherwise."""
+    if not isinstance(exc, OSError) or not (certain or (exc.filename is None and exc.errno in _WRITE_FAILURES)):
+        return False
+    sys.stderr.write(f"attnscope: error: could not write the output ({exc.strerror or exc}); free space where it "
+                     "goes, or send it elsewhere\n")
+    stdout_to_devnull()
+    return True
+
+
+def stdout_to_devnull() -> None:
+    """Point stdout's file descriptor at /dev/null (the reader left, or the disk is full): what is still
+    buffered then goes nowhere, quietly."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+        pass
 
 
 @contextmanager
@@ -80,5 +109,7 @@ def reported(debug: bool, oom_advice: str = OOM_ADVICE) -> Iterator[None]:
     except Exception as exc:  # a bug or a library failure: still one line, with the way to see more
         if debug:
             raise
+        if output_failed(exc):
+            raise typer.Exit(1) from None
         render.error(f"{type(exc).__name__}: {exc} (run again with --debug for the traceback)")
         raise typer.Exit(1) from None
