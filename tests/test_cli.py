@@ -214,6 +214,21 @@ def test_output_that_cannot_be_written_is_one_line(args, tmp_path):
         "it elsewhere"]
 
 
+@pytest.mark.parametrize("args", [["mask", "--nq", "300", "--nk", "300"],
+                                  ["mask", "--nq", "300", "--nk", "300", "--json"],
+                                  ["mha", "--d-feat", "64", "--heads", "4"], ["sdpa", "--json"]])
+def test_a_reader_that_left_ends_the_command_quietly_with_141(args):
+    """`attnscope ... | head`: the pipe's reader is gone before the output is written. Tables (Rich's console)
+    and JSON end alike: nothing on stderr, exit 141 (128 + SIGPIPE, as a tool stopped by SIGPIPE gives)."""
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "NO_COLOR": "1"})
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader leaves before a byte is read
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert stderr == ""
+
+
 def test_python_dash_m_works():
     result = subprocess.run([sys.executable, "-m", "attnscope", "--version"], capture_output=True, text=True,
                             timeout=60)

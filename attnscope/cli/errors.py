@@ -91,8 +91,11 @@ def reported(debug: bool, oom_advice: str = OOM_ADVICE) -> Iterator[None]:
         warnings.simplefilter("ignore")
     try:
         yield
-    except (typer.Exit, typer.Abort, ClickException, BrokenPipeError):
+    except (typer.Exit, typer.Abort, ClickException):
         raise
+    except BrokenPipeError:  # `attnscope ... | head`: the reader left early, nothing to report
+        stdout_to_devnull()  # what is still buffered goes nowhere, so no later flush fails again
+        raise typer.Exit(141) from None  # 128 + SIGPIPE (Click's own handler would say 1, a failure)
     except AttnscopeError as exc:
         if debug:
             raise

@@ -51,7 +51,17 @@ def console(stderr: bool = False, record: bool = False, no_color: bool | None = 
     width = columns()
     if width is None:
         width = _terminal_width(stream) if stream.isatty() else PIPED_WIDTH
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False, record=record, no_color=no_color)
+    return _Console(file=stream, width=width, highlight=False, soft_wrap=False, record=record, no_color=no_color)
+
+
+class _Console(Console):
+    """Rich's console, but a reader that leaves early (`attnscope ... | head`) ends the command as it does for
+    --json: the BrokenPipeError goes up to the command's error reporting (quiet, exit 141, as for a tool that
+    SIGPIPE stops). Rich's own `on_broken_pipe` exits 1, which reads as a failure."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def emit_json(payload: dict[str, Any]) -> None:
