@@ -229,6 +229,24 @@ def test_a_reader_that_left_ends_the_command_quietly_with_141(args):
     assert stderr == ""
 
 
+def test_closed_stdout_or_stderr():
+    """`>&-` closes stdout (Python leaves sys.stdout None): one line on stderr, exit 1, not an AttributeError.
+    `2>&-` closes stderr: errors go nowhere, but the exit codes hold (0 for a good run, 2 for a bad option)."""
+    def shell(line: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "NO_COLOR": "1"})
+
+    python = f"{sys.executable} -m attnscope"
+    for args in ("sdpa --nq 2 --nk 3", "--help", "mask --nq 2 --nk 2 --json"):
+        closed = shell(f"{python} {args} >&-")
+        assert closed.returncode == 1 and closed.stderr.splitlines() == [
+            "attnscope: error: could not write the output (stdout is closed); give it somewhere to go: a terminal, "
+            "a file or a pipe"], (args, closed.stderr)
+    good = shell(f"{python} sdpa --nq 2 --nk 3 2>&-")
+    assert good.returncode == 0 and "[n_batch, n_Q, n_K] = [3, 2, 3]" in good.stdout
+    assert shell(f"{python} sdpa --nq 0 2>&-").returncode == 2
+
+
 def test_python_dash_m_works():
     result = subprocess.run([sys.executable, "-m", "attnscope", "--version"], capture_output=True, text=True,
                             timeout=60)

@@ -93,8 +93,9 @@ def _flushed(code: int) -> int:
     """Flush stdout and stderr before leaving; the exit code after: 141 where the reader left early (what
     main does for it), 1 where the output could not be written (one line says so, unless one did already)."""
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:  # None: the shell closed it (`>&-`)
+                stream.flush()
     except BrokenPipeError:
         stdout_to_devnull()
         return 141
@@ -111,6 +112,12 @@ def main() -> None:
     SystemExit); the console script calls `run`."""
     from attnscope.render.console import ignore_bad_columns
 
+    if sys.stderr is None:  # `2>&-`: the interpreter leaves sys.stderr None; errors go nowhere, exit codes hold
+        sys.stderr = open(os.devnull, "w")  # open for the rest of the process
+    if sys.stdout is None:  # `attnscope sdpa >&-`
+        sys.stderr.write("attnscope: error: could not write the output (stdout is closed); give it somewhere to "
+                         "go: a terminal, a file or a pipe\n")
+        sys.exit(1)
     ignore_bad_columns()  # COLUMNS=0 would print nothing: read as unset, by Typer's help as by our tables
     command = typer.main.get_command(app)
     try:
