@@ -46,3 +46,20 @@ def test_a_tensor_written_to_leaves_the_file_as_it_was(tmp_path):
         assert torch.equal(weight, torch.full((3, 1000), 7.0))
         assert torch.equal(checkpoint.tensor("a"), torch.ones(3, 1000))
     assert path.read_bytes() == before
+
+
+def test_a_downloaded_shard_index_is_read_or_refused_in_one_line(tmp_path):
+    """hub's shard list (what to fetch next): the shards an index names, once each; an index that is not JSON,
+    nested past any settings file, not an object or missing is one ResourceError naming it."""
+    from attnscope.errors import ResourceError
+    from attnscope.models.hub import _shards
+
+    good = tmp_path / "model.safetensors.index.json"
+    good.write_text('{"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s1.safetensors"}}')
+    assert _shards(good) == ["s1.safetensors", "s2.safetensors"]
+    for name, text in (("bad", "not json"), ("deep", "[" * 100_000), ("list", "[1, 2]"), ("missing", None)):
+        path = tmp_path / f"{name}.json"
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(ResourceError, match=f"{name}.json: not a shard index"):
+            _shards(path)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from pathlib import Path
@@ -95,9 +94,11 @@ def _from_hub(name: str, need_tokenizer: bool, extra: tuple[str, ...] = ()) -> P
 
 
 def _shards(index: Path) -> list[str]:
+    from attnscope.models.config import load_json
+
     try:
-        return sorted({str(shard) for shard in json.loads(index.read_text())["weight_map"].values()})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return sorted({str(shard) for shard in load_json(index)["weight_map"].values()})
+    except (UsageError, KeyError, TypeError, AttributeError):  # load_json's one line: unreadable, not JSON, too deep
         raise ResourceError(f"{index}: not a shard index (a JSON object with a weight_map)") from None
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -73,17 +74,11 @@ def emit_json(payload: dict[str, Any]) -> None:
     arrays: list[Numbers] = []
     nonce = uuid.uuid4().hex
 
-    def cleaned(value: Any) -> Any:  # clean's walk, with each Numbers held aside for the C encoder
-        if isinstance(value, Numbers):
-            arrays.append(value)
-            return f"{nonce}:{len(arrays) - 1}"
-        if isinstance(value, (list, tuple)):
-            return [cleaned(v) for v in value]
-        if isinstance(value, dict):
-            return {k: cleaned(v) for k, v in value.items()}
-        return finite(value) if isinstance(value, float) else value
+    def aside(value: Numbers) -> str:  # each Numbers held aside for the C encoder, a placeholder in its place
+        arrays.append(value)
+        return f"{nonce}:{len(arrays) - 1}"
 
-    text = json.dumps(cleaned(payload), indent=2, allow_nan=False)
+    text = json.dumps(clean(payload, aside), indent=2, allow_nan=False)
     if arrays:
         text = re.sub(f'"{nonce}:([0-9]+)"', lambda m: json.dumps(arrays[int(m.group(1))], allow_nan=False), text)
     sys.stdout.write(text + "\n")
@@ -119,15 +114,15 @@ def finite(x: float) -> float | None:
     return x if x == x and abs(x) != float("inf") else None
 
 
-def clean(value: Any) -> Any:
+def clean(value: Any, aside: Callable[[Numbers], Any] | None = None) -> Any:
     """JSON has no NaN or Infinity: they become null, in lists, tuples and dicts at any depth (a `Numbers` is
-    finite already)."""
+    finite already: it is kept whole, or replaced by what `aside` gives for it)."""
     if isinstance(value, float):
         return finite(value)
     if isinstance(value, Numbers):
-        return value
+        return value if aside is None else aside(value)
     if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
+        return [clean(v, aside) for v in value]
     if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
+        return {k: clean(v, aside) for k, v in value.items()}
     return value

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnscope.usertrace.align import tolerance
+from attnscope.usertrace.align import difference, tolerance
 
 if TYPE_CHECKING:
     from attnscope.trace import Trace
@@ -49,8 +49,6 @@ def in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
 
 
 def close(user: torch.Tensor, expected: torch.Tensor) -> bool:
-    from attnscope.usertrace.align import difference
-
     return tuple(user.shape) == tuple(expected.shape) and difference(user, expected) <= tolerance(expected.float())
 
 

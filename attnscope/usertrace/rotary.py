@@ -82,7 +82,6 @@ def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
 
 def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     """Asked after every other candidate was tried for a wrong rotation: the unrotated input itself."""
-
     if near is None or step not in ROTATED or ctx.spec is None or ctx.spec.rope_base is None:
         return None
     source = next((s for s in ROTATED[step] if s in ctx.reference), None)
@@ -129,7 +128,6 @@ def _start(step: str, ctx: Context) -> int:
 
 def _fit_base(x: torch.Tensor, user: torch.Tensor, positions: torch.Tensor, pairing: str) -> float | None:
     """The base under which `user` is `x` rotated: pair 1's angle at the first position past 0, then checked."""
-
     d = x.shape[-1]
     if d < 4:
         return None
