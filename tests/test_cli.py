@@ -181,14 +181,17 @@ def test_the_console_script_leaves_at_once_with_its_output_whole_and_atexit_run(
     assert bad.returncode == 2 and bad.stderr.splitlines()[0].startswith("attnscope: error:"), bad.stderr
 
 
+# A user's attention function for `attnscope trace FILE:attention`: plain scaled dot-product attention.
+PLAIN_ATTENTION = ("import torch\n\ndef attention(q, k, v):\n"
+                   "    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v\n")
+
+
 def test_trace_exits_as_the_users_own_program_would(tmp_path):
     """The quick exit is skipped where the user's code ran: a file their module left open unflushed is written
     by the interpreter's teardown, as it would be at the end of their own program."""
     left = tmp_path / "left-open.txt"
     mine = tmp_path / "mine.py"
-    mine.write_text(f"import torch\nLOG = open({str(left)!r}, 'w')\nLOG.write('kept')\n\n"
-                    "def attention(q, k, v):\n"
-                    "    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v\n")
+    mine.write_text(f"LOG = open({str(left)!r}, 'w')\nLOG.write('kept')\n{PLAIN_ATTENTION}")
     result = subprocess.run([sys.executable, "-m", "attnscope", "trace", f"{mine}:attention"], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -202,8 +205,7 @@ def test_output_that_cannot_be_written_is_one_line(args, tmp_path):
     """stdout on a full disk (/dev/full): one line that says so and exit 1, whether the write fails inside a
     command, in --help, or only at the last flush; never a traceback or "Exception ignored"."""
     mine = tmp_path / "mine.py"
-    mine.write_text("import torch\n\ndef attention(q, k, v):\n"
-                    "    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v\n")
+    mine.write_text(PLAIN_ATTENTION)
     argv = [arg.replace("{mine}", f"{mine}:attention") for arg in args]
     with open("/dev/full", "w") as full:
         result = subprocess.run([sys.executable, "-m", "attnscope", *argv], stdout=full, stderr=subprocess.PIPE,

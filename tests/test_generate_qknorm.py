@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny_llama4_smollm3_phi3 import build as build_llama4
+from tiny_models import cached_builder
 from tiny_qknorm_models import build as build_qknorm
 
 from attnscope.models import open_model, tokenizer
@@ -21,18 +22,13 @@ from attnscope.models.stream import generate
 FAMILIES = ["llama4", "llama4_mm", "qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2"]
 
 
+def _build(family: str, folder):
+    return (build_llama4 if family.startswith("llama4") else build_qknorm)(family, folder)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    built: dict[str, tuple] = {}
-
-    def get(family: str):
-        if family not in built:
-            folder = tmp_path_factory.mktemp(family)
-            build = build_llama4 if family.startswith("llama4") else build_qknorm
-            built[family] = folder, build(family, folder)
-        return built[family]
-
-    return get
+    return cached_builder(tmp_path_factory, _build)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

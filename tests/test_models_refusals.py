@@ -4,9 +4,7 @@ and no prompt, no hang, no traceback (issue 18)."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +13,7 @@ import pytest
 import torch
 from cli_main import assert_usage_error, run_main
 from fuzz_models import EVIL
-from tiny_models import SENTENCE, build
+from tiny_models import SENTENCE, build, with_config
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +30,6 @@ def gemma2(tmp_path_factory) -> Path:
     return folder
 
 
-def _copy(source: Path, tmp_path: Path, edit=None, name: str = "config.json") -> Path:
-    folder = tmp_path / "variant"
-    shutil.copytree(source, folder)
-    if edit is not None:
-        path = folder / name
-        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
-    return folder
-
-
 def _cli(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """The installed command as a shell runs it, stdin a pipe left open (a prompt would wait on it)."""
     command = [sys.executable, "-c", "from attnscope.cli import main; main()", *args]
@@ -52,9 +41,9 @@ def _cli(*args: str, stdin: str | None = None, timeout: float = 120) -> subproce
 
 
 def test_config_auto_map_to_own_code_is_refused_without_a_prompt(bert, tmp_path):
-    folder = _copy(bert, tmp_path, lambda c: c | {"model_type": "evilnet", "architectures": ["EvilModel"],
-                                                  "auto_map": {"AutoConfig": "evil.EvilConfig",
-                                                               "AutoModel": "evil.EvilModel"}})
+    folder = with_config(bert, tmp_path / "variant", lambda c: c | {
+        "model_type": "evilnet", "architectures": ["EvilModel"],
+        "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}})
     (folder / "evil.py").write_text(EVIL)
     # "y" on stdin: today transformers asks "Do you wish to run the custom code? [y/N]" and imports evil.py
     result = _cli("head", "--model", str(folder), "--text", "The cat", "--json", stdin="y\n")
@@ -67,9 +56,8 @@ def test_config_auto_map_to_own_code_is_refused_without_a_prompt(bert, tmp_path)
 
 
 def test_tokenizer_auto_map_to_own_code_is_refused(bert, tmp_path):
-    folder = _copy(bert, tmp_path, lambda c: c | {"tokenizer_class": "EvilTokenizer",
-                                                  "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}},
-                   name="tokenizer_config.json")
+    folder = with_config(bert, tmp_path / "variant", lambda c: c | {"tokenizer_class": "EvilTokenizer",
+                         "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}}, name="tokenizer_config.json")
     (folder / "evil.py").write_text(EVIL)
     outcome = run_main("head", "--model", str(folder), "--text", "The cat")
     assert_usage_error(outcome, "tokenizer_config.json", "auto_map", "evil.EvilTokenizer",
@@ -106,26 +94,26 @@ def test_every_transformers_call_passes_trust_remote_code_false():
     (lambda c: c | {"pad_token_id": 2**64}, ["pad_token_id", "beyond 64-bit integers"]),
 ])
 def test_absurd_config_values_are_refused_before_the_weights_are_read(bert, tmp_path, edit, words):
-    folder = _copy(bert, tmp_path, edit)
+    folder = with_config(bert, tmp_path / "variant", edit)
     (folder / "model.safetensors").unlink()  # refused from config.json alone: the weights are never looked at
     for command in (["head", "--model", str(folder)], ["head", "--model", str(folder), "--text", "The cat"]):
         assert_usage_error(run_main(*command), "config.json", *words)
 
 
 def test_absurd_config_values_refused_for_the_transformers_fallback_too(bert, tmp_path):
-    folder = _copy(bert, tmp_path, lambda c: c | {"model_type": "opt", "num_hidden_layers": 10**12})
+    folder = with_config(bert, tmp_path / "variant", lambda c: c | {"model_type": "opt", "num_hidden_layers": 10**12})
     assert_usage_error(run_main("head", "--model", str(folder), "--text", "The cat"), "num_hidden_layers")
 
 
 def test_a_whole_config_of_absurd_layers_does_not_hang(bert, tmp_path):
-    folder = _copy(bert, tmp_path, lambda c: c | {"num_hidden_layers": 10**12})
+    folder = with_config(bert, tmp_path / "variant", lambda c: c | {"num_hidden_layers": 10**12})
     result = _cli("head", "--model", str(folder), timeout=60)  # today: a range(10**12) in the size checks
     assert result.returncode == 2 and "num_hidden_layers" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json"])
 def test_json_nested_100000_deep_is_malformed(bert, tmp_path, name):
-    folder = _copy(bert, tmp_path)
+    folder = with_config(bert, tmp_path / "variant", lambda c: c)
     (folder / name).write_text("[" * 100_000 + "]" * 100_000)
     outcome = run_main("head", "--model", str(folder), "--text", "The cat")
     assert_usage_error(outcome, name, "malformed")
@@ -135,7 +123,7 @@ def test_json_nested_past_the_bound_is_malformed(bert, tmp_path):
     nested: dict = {"num_hidden_layers": 3}
     for _ in range(200):
         nested = {"inner": nested}
-    folder = _copy(bert, tmp_path, lambda c: c | {"extra": nested})
+    folder = with_config(bert, tmp_path / "variant", lambda c: c | {"extra": nested})
     assert_usage_error(run_main("head", "--model", str(folder)), "config.json", "malformed", "nested")
 
 
@@ -155,7 +143,7 @@ def test_real_configs_pass_the_bounds(bert, gemma2):
 ])
 def test_weights_that_disagree_with_the_config_are_refused_before_anything_is_shown(gemma2, tmp_path, edit, key,
                                                                                    shape, implied):
-    folder = _copy(gemma2, tmp_path, edit)
+    folder = with_config(gemma2, tmp_path / "variant", edit)
     for extra in ([], ["--head", "3"], ["--text", SENTENCE], ["--json"]):
         outcome = run_main("head", "--model", str(folder), *extra)
         assert_usage_error(outcome, key, f"is {shape}", f"implies {implied}", "does not describe these weights")
@@ -175,7 +163,7 @@ def test_embedding_width_disagreeing_is_named(tmp_path):
 
 
 def test_t5_config_on_bert_weights_with_text_is_one_line(bert, tmp_path):
-    folder = _copy(bert, tmp_path, lambda c: c | {"model_type": "t5", "architectures": ["T5Model"]})
+    folder = with_config(bert, tmp_path / "variant", lambda c: c | {"model_type": "t5", "architectures": ["T5Model"]})
     outcome = run_main("head", "--model", str(folder), "--text", "The cat")
     assert outcome.code in (1, 2), outcome.stderr
     assert len(outcome.error_lines) == 1 and outcome.stderr.startswith("attnscope: error: "), outcome.stderr

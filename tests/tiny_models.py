@@ -148,12 +148,13 @@ def eager_run(model, folder: Path, modules: list) -> tuple[list[int], tuple, dic
     return encoded["input_ids"][0].tolist(), attentions, outputs
 
 
-def with_config(folder: Path, target: Path, change) -> Path:
-    """A copy of a saved model in `target` whose config.json is `change(config)` (a dict in, a dict out)."""
+def with_config(folder: Path, target: Path, change, name: str = "config.json") -> Path:
+    """A copy of a saved model in `target` whose config.json (or the JSON file `name`) is `change(config)` (a
+    dict in, a dict out)."""
     import shutil
 
     shutil.copytree(folder, target)
-    path = target / "config.json"
+    path = target / name
     path.write_text(json.dumps(change(json.loads(path.read_text()))))
     return target
 
