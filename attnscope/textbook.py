@@ -80,7 +80,7 @@ def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, sc
 
 def project(X: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor, layout: str = "row") -> Trace:
     """The matrix form of the derivation: `Q = X W_Q`, `K = X W_K`, `V = X W_V` (row layout: one token a row,
-    X `[.., n, p]`, each W `[.., p, d]`), or in the column layout the seed derivation's `Q = W_Q X`, `K = W_K X`,
+    X `[.., n, p]`, each W `[.., p, d]`), or in the column layout of a derivation on paper, `Q = W_Q X`, `K = W_K X`,
     `V = W_V X` (one token a column: X `[.., p, n]`, each W `[.., d, p]`, Q `[.., d_K, n]`, what `sdpa_columns`
     takes). Steps: `X, W_Q, W_K, W_V, Q, K, V`.
     """

@@ -24,8 +24,11 @@ Used by tests/test_examples.py and benchmarks/bench_examples.py.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import import_module
@@ -100,7 +103,18 @@ def all_examples(app: object) -> list[Example]:
 
 
 def _args(line: str) -> tuple[str, ...]:
+    if "$(" in line:
+        return _shell_words(line)
     return tuple(shlex.split(line, comments=True)[1:])
+
+
+def _shell_words(line: str) -> tuple[str, ...]:
+    """The words bash makes of an example with a command substitution (`--model "$(python -c ...)"`, the packaged
+    MiniLM's folder), `python` being the interpreter that runs the tests, as it is in the user's activated venv."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    script = f'set -- {line.split(" ", 1)[1]}\nprintf "%s\\0" "$@"'
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True)
+    return tuple(done.stdout.split("\0")[:-1])
 
 
 def _status(line: str) -> int:

