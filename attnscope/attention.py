@@ -58,6 +58,21 @@ class Names:
     batch: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True)
+class HeadInputs:
+    """What `sdpa` reads for one head of a module on a sequence, once the module has applied its own stages
+    (projection, qk-norm, RoPE, temperature): Q `[n_batch, 1, n_Q, d_K]`, K `[n_batch, 1, n_K, d_K]`, V
+    `[n_batch, 1, n_K, d_V]`, the `spec` of what is left for sdpa (the mask, softcap, sinks, scale...) and the
+    head's sink logit (`[1]`, None without sinks). A block of its query rows is `sdpa(Q[..., a:b, :], K', V',
+    spec=spec.rows_from(a), sinks=sinks)`, K' the keys those rows may see (models/long.py)."""
+
+    Q: Tensor
+    K: Tensor
+    V: Tensor
+    spec: AttentionSpec
+    sinks: Tensor | None = None
+
+
 def batch_names(n: int) -> tuple[str, ...]:
     """Leading axes: `n_batch`; `n_batch, n_head` for two (PyTorch's `[N, H, L, E]`); with more, the last is
     `n_head` and the others `n_batch_1, n_batch_2, ...`."""

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from attnscope import attention, cost
-from attnscope.attention import Names, heads_last, merge_heads, resolve_spec, split_heads
+from attnscope.attention import HeadInputs, Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, Latent
 from attnscope.trace import Trace
@@ -161,7 +161,7 @@ class LatentAttention(nn.Module):
         q, k, v = self._heads(add, Q, K, cache, spec)
         names = Names(Q="Q_full", K="K_full", V="V_split", out="x_raw", batch=("n_batch", "n_head"))
         inner = attention.sdpa(q, k, v, mask, dropout_p=self.dropout_p if self.training else 0.0, names=names,
-                               spec=replace(spec, rope=None, latent=None))  # rotated here, on the rotary parts
+                               spec=self._sdpa_spec(spec))
         x_raw = inner["x_raw"]  # [n_batch, n_head, n_Q, d_V]
         n_batch, n_Q = Q.shape[0], Q.shape[1]
         if not self.record:
@@ -179,6 +179,33 @@ class LatentAttention(nn.Module):
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "o_proj(x_rsh2)",
                   cost.linear_flops(x.shape, x_rsh2.shape[-1], self.o_proj.bias is not None))
         return trace
+
+    def empty_cache(self, n_batch: int = 1) -> tuple[Tensor, Tensor]:
+        """A cache of no positions, `[n_batch, 0, d_latent]` and `[n_batch, 0, d_rope]`: a prompt run as a decode
+        step after nothing comes out with its latents and rotary key parts joined."""
+        weight = self.kv_b_proj.weight
+        return (torch.zeros(n_batch, 0, self.latent.kv_lora_rank, dtype=weight.dtype, device=weight.device),
+                torch.zeros(n_batch, 0, self.latent.qk_rope_head_dim, dtype=weight.dtype, device=weight.device))
+
+    @staticmethod
+    def cache_after(trace: Trace) -> tuple[Tensor, Tensor]:
+        """What the cache holds after a decode step: the normed latents and the rotated rotary key parts, earlier
+        positions and new (what transformers 5's DeepseekV3Attention passes to `past_key_values.update`)."""
+        return trace["KV_latent_cat"], trace["K_pe_cat"]
+
+    @staticmethod
+    def _sdpa_spec(spec: AttentionSpec) -> AttentionSpec:
+        """What is left of `spec` for sdpa once `_heads` has run: the rotary parts are rotated there, and the
+        latent expanded into every head's K_full and V_split."""
+        return replace(spec, rope=None, latent=None)
+
+    def head_inputs(self, X: Tensor, head: int) -> HeadInputs:
+        """Self-attention's head `head` as the attention reads it (Q_full, K_full, V_split), nothing recorded,
+        with the spec of the rest: one head of `forward` (models/long.py's blocks of rows)."""
+        self._check_inputs(X, X, None)
+        q, k, v = self._heads(_keep_tensor, X, X, None, self.spec)  # [n_batch, n_head, n, d_K | d_V]
+        one = slice(head, head + 1)
+        return HeadInputs(q[:, one], k[:, one], v[:, one], self._sdpa_spec(self.spec))  # [n_batch, 1, n, d]
 
     def _heads(self, add: Any, Q: Tensor, K: Tensor, cache: tuple[Tensor, Tensor] | None,
                spec: AttentionSpec) -> tuple[Tensor, Tensor, Tensor]:

@@ -73,15 +73,16 @@ def chunk_mask(n_Q: int, n_K: int, chunk: int, align: Align = "upper-left", devi
     return (cols <= position) & (cols // chunk == position // chunk)  # [n_Q, n_K]
 
 
-def bidirectional_window_mask(n_Q: int, n_K: int, window: int, device: Any = None) -> torch.Tensor:
-    """[n_Q, n_K] boolean: query i sees key j when |i - j| <= window // 2, and there is no causal mask.
+def bidirectional_window_mask(n_Q: int, n_K: int, window: int, device: Any = None, offset: int = 0) -> torch.Tensor:
+    """[n_Q, n_K] boolean: query i (at position p = i + offset) sees key j when |p - j| <= window // 2, and there is
+    no causal mask.
 
     ModernBERT's local attention, `window` being its config's `local_attention`: transformers'
     `sliding_window_bidirectional_overlay` (masking_utils), `abs(q_idx - kv_idx) <= sliding_window`, with
     `ModernBertConfig.sliding_window = local_attention // 2`."""
     import torch
 
-    rows = torch.arange(n_Q, device=device).unsqueeze(-1)  # [n_Q, 1]
+    rows = torch.arange(n_Q, device=device).unsqueeze(-1) + offset  # [n_Q, 1]
     cols = torch.arange(n_K, device=device)  # [n_K]
     return (rows - cols).abs() <= window // 2  # [n_Q, n_K]
 
@@ -162,7 +163,8 @@ def structural(spec: AttentionSpec, n_Q: int, n_K: int, device: Any = None) -> t
     `chunk(8, upper-left)`). A window or a chunk implies causal, unless the window's side is "both"."""
     if spec.bidirectional_window:
         assert spec.window is not None
-        return bidirectional_window_mask(n_Q, n_K, spec.window, device), f"window({spec.window}, both sides)"
+        return (bidirectional_window_mask(n_Q, n_K, spec.window, device, spec.offset(n_Q, n_K)),
+                f"window({spec.window}, both sides)")
     align = spec.align
     if align is None:
         return None, ""

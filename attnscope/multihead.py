@@ -21,7 +21,7 @@ from torch import nn
 
 from attnscope import alibi as alibi_
 from attnscope import attention, cost, masks
-from attnscope.attention import Names, heads_last, merge_heads, resolve_spec, split_heads
+from attnscope.attention import HeadInputs, Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
 from attnscope.trace import Trace
@@ -122,8 +122,7 @@ class MultiHeadAttention(nn.Module):
         trace = Trace()
         add = trace.add if self.record else _keep_tensor
         Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache, spec)
-        # Q and K are normed, rotated (and Q tuned) here, before the cache joins: the rest is sdpa's
-        spec = replace(spec, rope=None, temperature=None, qk_norm=None)
+        spec = self._sdpa_spec(spec)
         dropout_p = self.dropout_p if self.training else 0.0
         n_batch = Q.shape[0]
         if self.record:
@@ -149,13 +148,36 @@ class MultiHeadAttention(nn.Module):
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(merge_heads(F.scaled_dot_product_attention(...)))")
         return trace
 
-    def project(self, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention's per-head queries, keys and values as the attention reads them (projected, split and
-        rotated), nothing recorded: `[n_batch, n_head, n, d_head]` and `[n_batch, n_kv_head, n, d_head]`. A long
-        input's pattern is computed from these in blocks of query rows (models/long.py)."""
+    def empty_cache(self, n_batch: int = 1) -> tuple[Tensor, Tensor]:
+        """A cache of no positions, `[n_batch, n_kv_head, 0, d_head]` twice: a prompt run as a decode step after
+        nothing comes out with its keys and values joined (`K_cat`, `V_cat`), ready for the next step."""
+        empty = torch.zeros(n_batch, self.n_kv_head, 0, self.d_head, dtype=self.W_k.weight.dtype,
+                            device=self.W_k.weight.device)
+        return empty, empty
+
+    @staticmethod
+    def cache_after(trace: Trace) -> tuple[Tensor, Tensor]:
+        """What the cache holds after a decode step: the keys as the attention read them (rotated and normed) and
+        the values, earlier positions and new (transformers' DynamicCache holds the same)."""
+        return trace["K_cat"], trace["V_cat"]
+
+    @staticmethod
+    def _sdpa_spec(spec: AttentionSpec) -> AttentionSpec:
+        """What is left of `spec` for sdpa once `_heads` has run: Q and K are normed, rotated (and Q tuned) there,
+        before the cache joins."""
+        return replace(spec, rope=None, temperature=None, qk_norm=None)
+
+    def head_inputs(self, X: Tensor, head: int) -> HeadInputs:
+        """Self-attention's query head `head` and the key/value head that serves it, as the attention reads them
+        (projected, normed, rotated, tuned), nothing recorded, with the spec of the rest: one head of `forward`,
+        so a long input's blocks of query rows (models/long.py) compute what the short trace does."""
         self._check_inputs(X, X, X, None)
         q, k, v, _ = self._heads(_keep_tensor, X, X, X, None, self.spec)
-        return q, k, v
+        g = head // self.n_group  # transformers' repeat_kv order
+        sinks = None if self.sinks is None else self.sinks[head : head + 1]  # [1]
+        # one query head over its own key/value head: no grouping left
+        spec = replace(self._sdpa_spec(self.spec), n_kv_head=None)
+        return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, sinks)  # [n_batch, 1, n, d]
 
     def _width(self, heads: str) -> str:
         """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head`."""

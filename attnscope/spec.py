@@ -65,6 +65,10 @@ class AttentionSpec:
     # RMSNorm of Q and K before RoPE: "head" (over d_head, Qwen3) or "proj" (the whole projection, OLMo 2), or a
     # QkNorm (qknorm.py) that also says eps and Gemma's (1 + w); a word is made a QkNorm here
     qk_norm: QkNorm | str | None = None
+    # the position of query 0 where the queries are rows start.. of a longer sequence whose keys are all given and
+    # no causal alignment applies (a block of a long input's rows, models/long.py); a causal block is a decode step
+    # (`cache`) instead
+    start: int = 0
 
     def __post_init__(self) -> None:
         if self.qk_norm is not None:
@@ -103,6 +107,11 @@ class AttentionSpec:
                              "(a symmetric one without a causal mask, ModernBERT's)", "window_side")
         if self.window_side == "both":
             self._check_bidirectional_window()
+        if self.start < 0:
+            raise UsageError(f"{{start}} {self.start}: the first query's position cannot be negative", "start")
+        if self.start and self.align is not None:
+            raise UsageError(f"{{start}} {self.start} places bidirectional queries; a causal block of rows is a "
+                             "decode step after its earlier positions: give {cache} instead", "start", "cache")
         if self.cache and self.causal == "upper-left":
             raise UsageError(f"{{cache}} {self.cache} puts the queries after {self.cache} cached positions, so "
                                  "causal aligns lower-right; drop {causal} upper-left", "cache", "causal")
@@ -140,8 +149,8 @@ class AttentionSpec:
         return self.causal if self.causal in ALIGNMENTS else "upper-left"  # type: ignore[return-value]
 
     def offset(self, n_Q: int, n_K: int) -> int:
-        """The position of query 0: 0 upper-left (and without a causal mask), n_K - n_Q lower-right."""
-        return n_K - n_Q if self.align == "lower-right" else 0
+        """The position of query 0: 0 upper-left, n_K - n_Q lower-right, `start` without a causal mask."""
+        return n_K - n_Q if self.align == "lower-right" else self.start
 
     @property
     def structural(self) -> bool:
@@ -156,6 +165,12 @@ class AttentionSpec:
     def with_cache(self, cache: int) -> AttentionSpec:
         """The same attention as a decode step after `cache` positions (checked again: upper-left is refused)."""
         return replace(self, cache=cache)
+
+    def rows_from(self, start: int) -> AttentionSpec:
+        """Rows start.. of a longer sequence's queries over all its keys: a causal attention's block is a decode
+        step after `start` positions (its keys 0..the block's last are the caller's to give), any other's
+        queries sit at positions start.. (a window on both sides is centred there)."""
+        return self.with_cache(start) if self.align is not None else replace(self, start=start)
 
     def describe(self, d_head: int) -> str:
         """A model layer's attention in words, for the head view: `causal, RoPE (base 10000), scale 1/√64`."""

@@ -89,3 +89,33 @@ def test_a_decode_step_refuses_explicit_upper_left():
     cache = (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
     with pytest.raises(UsageError, match="cache 3 puts the queries after 3 cached positions"):
         module(torch.randn(1, 1, 8), cache=cache)
+
+
+@pytest.mark.parametrize("spec", [AttentionSpec(window=4, window_side="both"), AttentionSpec(), AttentionSpec(
+    causal=True), AttentionSpec(window=3), AttentionSpec(chunk=4), AttentionSpec(alibi=True)])
+def test_a_block_of_rows_is_those_rows_of_the_whole(spec):
+    """`rows_from(a)`: rows a.. of a longer sequence's queries, over the keys they may see (a causal block is a decode
+    step after a positions, keys 0..b-1; any other block reads every key, its queries at positions a..): the rows
+    of the whole pattern, for windows on either side, chunks and ALiBi, against F.scaled_dot_product_attention."""
+    from attnscope.masks import structural
+
+    torch.manual_seed(0)
+    n, a, b = 12, 5, 9
+    Q, K, V = torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8)
+    whole = sdpa(Q, K, V, spec=spec)["attention"]
+    keys = b if spec.align is not None else n
+    block = sdpa(Q[..., a:b, :], K[..., :keys, :], V[..., :keys, :], spec=spec.rows_from(a))["attention"]
+    torch.testing.assert_close(block, whole[..., a:b, :keys])
+    if not spec.alibi:
+        allowed, _ = structural(spec, n, n)
+        mask = None if allowed is None else allowed[a:b, :keys]
+        expected = F.scaled_dot_product_attention(Q[..., a:b, :], K[..., :keys, :], V[..., :keys, :], attn_mask=mask)
+        torch.testing.assert_close(sdpa(Q[..., a:b, :], K[..., :keys, :], V[..., :keys, :],
+                                        spec=spec.rows_from(a))["out"], expected)
+
+
+def test_start_is_for_bidirectional_rows_only():
+    with pytest.raises(UsageError, match="a causal block of rows is a decode step"):
+        AttentionSpec(causal=True, start=3)
+    with pytest.raises(UsageError, match="cannot be negative"):
+        AttentionSpec(start=-1)

@@ -41,20 +41,14 @@ def build(folder: Path, version: int = 3, **sizes):
     """Save a tiny DeepSeek-V`version` and its tokenizer to `folder`; return transformers' eager model read
     back (the oracle). `sizes` override the config's (q_lora_rank=None, rope_parameters=YARN, ...)."""
     import transformers as tf
-    from tiny_models import _tokenizer
+    from tiny_models import _tokenizer, perturb
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer("llama")
     made = config(version, vocab_size=len(tokenizer), **sizes)
     cls = tf.DeepseekV3ForCausalLM if version == 3 else tf.DeepseekV2ForCausalLM
     torch.manual_seed(30 + version)
-    model = cls(made).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0.0, 0.3)
+    model = perturb(cls(made).eval())  # e_score_correction_bias too
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return cls.from_pretrained(folder, attn_implementation="eager").eval()

@@ -106,12 +106,11 @@ def write_wav(path: Path, seconds: float = 0.6, rate: int = AUDIO_RATE, channels
 
 
 def save_random(model, tokenizer, folder: Path, keep: tuple[str, ...] = ()):
-    """Draw every parameter but those named with a word of `keep` from N(0, 0.3), save the model and its tokenizer
-    to `folder`, and return transformers' eager model read back from it."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if not any(word in name for word in keep):
-                parameter.normal_(0.0, 0.3)
+    """Draw every weight but those named with a word of `keep` from N(0, 0.3) (tiny_models.perturb), save the model
+    and its tokenizer to `folder`, and return transformers' eager model read back from it."""
+    from tiny_models import perturb
+
+    perturb(model, keep)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return type(model).from_pretrained(folder, attn_implementation="eager").eval()

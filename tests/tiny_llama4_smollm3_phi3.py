@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tiny_models import _tokenizer
+from tiny_models import _tokenizer, perturb
 
 NAMES = ("llama4", "llama4_mm", "smollm3", "phi3", "phi4")
 DECODER = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
@@ -72,10 +72,7 @@ def build(name: str, folder: Path):
     tokenizer = _tokenizer("llama")
     config, cls = config_and_class(name, len(tokenizer))
     torch.manual_seed(NAMES.index(name))
-    model = cls(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
+    model = perturb(cls(config).eval())
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return cls.from_pretrained(folder, attn_implementation="eager").eval()

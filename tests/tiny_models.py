@@ -123,13 +123,23 @@ def save_random(folder: Path, tokenizer, config, cls, seed: int, *, shard: bool 
     for name, value in sizes.items():
         setattr(config, name, value)
     torch.manual_seed(seed)
-    model = cls(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
+    model = perturb(cls(config).eval())
     model.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
     tokenizer.save_pretrained(folder)
     return cls.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+def perturb(model, keep: tuple[str, ...] = ()):
+    """Every parameter, and every floating buffer the checkpoint saves (BART's final_logits_bias, DeepSeek's
+    e_score_correction_bias), drawn from N(0, 0.3) but those named with a word of `keep` (sinusoids that are not
+    learned): a trained-looking model, with no norm weight of 1 and no zero bias, sink or table to hide a bug."""
+    saved = set(model.state_dict())
+    buffers = [(name, buffer) for name, buffer in model.named_buffers() if name in saved]
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *buffers]:
+            if tensor.is_floating_point() and not any(word in name for word in keep):
+                tensor.normal_(0.0, 0.3)
+    return model
 
 
 def eager_run(model, folder: Path, modules: list) -> tuple[list[int], tuple, dict[int, torch.Tensor]]:

@@ -15,12 +15,13 @@ A causal block of rows a..b-1 needs keys 0..b-1 only: it runs as a decode step a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
+    from attnscope.attention import HeadInputs
     from attnscope.models.family import Family
     from attnscope.readings.headstats import HeadStats
     from attnscope.spec import AttentionSpec
@@ -60,19 +61,15 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         del h
         module = model.attention(layer, record=False)
-        q, k, v = module.project(X)  # [1, n_head, n, d_head], [1, n_kv_head, n, d_head]
-        g = model.kv_head(head)
-        qh, kh, vh = q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1]  # [1, 1, n, d_head] each
-        del q, k, v
-        spec = replace(module.spec, rope=None, n_kv_head=None)  # Q and K come rotated
+        one = module.head_inputs(X, head)  # Q, K, V [1, 1, n, d_head]: normed, rotated, tuned as forward does
         r = c = group_size(n, POOL_CELLS)
         sums = torch.zeros(math.ceil(n / r), math.ceil(n / c), dtype=torch.float64)
         stats = RowStats()
         kept = []
         for a in range(0, n, BLOCK_ROWS):
             b = min(n, a + BLOCK_ROWS)
-            block = _block(qh, kh, vh, spec, a, b, n)  # [b - a, keys its rows may see] float64
-            stats.add(block, a, spec.align is not None, ids)
+            block = _block(one, a, b)  # [b - a, keys its rows may see] float64
+            stats.add(block, a, one.spec.align is not None, ids)
             _pool_into(sums, block, a, r, c)
             if rows is not None and a < rows[1] and b > rows[0]:
                 asked = block[max(rows[0], a) - a : min(rows[1], b) - a]
@@ -84,18 +81,17 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
     return LongHead(pooled, (r, c), stats.result(), rows, exact, layer_trace, module.spec)
 
 
-def _block(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, spec: AttentionSpec, a: int, b: int,
-           n: int) -> torch.Tensor:
-    """Rows a..b-1 of the head's pattern, float64, over the keys they may see: keys 0..b-1 for a causal block
-    (every later key has weight 0), all n otherwise."""
+def _block(one: HeadInputs, a: int, b: int) -> torch.Tensor:
+    """Rows a..b-1 of the head's pattern, float64, over the keys they may see: keys 0..b-1 for a causal block (a
+    decode step after `a` cached positions; every later key has weight 0), all of them otherwise (the queries at
+    positions a..b-1, so a window on both sides is centred on each row's place in the text)."""
     import torch
 
     from attnscope.attention import sdpa
 
-    if spec.align is not None:  # a decode step after `a` cached positions: keys 0..b-1
-        trace = sdpa(qh[..., a:b, :], kh[..., :b, :], vh[..., :b, :], spec=spec.with_cache(a))
-    else:
-        trace = sdpa(qh[..., a:b, :], kh, vh, spec=spec)
+    keys = b if one.spec.align is not None else one.K.shape[-2]
+    trace = sdpa(one.Q[..., a:b, :], one.K[..., :keys, :], one.V[..., :keys, :], spec=one.spec.rows_from(a),
+                 sinks=one.sinks)
     return trace["attention"][0, 0].to(torch.float64)  # [b - a, keys]
 
 

@@ -37,8 +37,8 @@ class Kept:
 
     def __call__(self, X: torch.Tensor) -> Trace:
         trace = self.module(X, cache=self.cache)
-        if self.cache is not None:  # decoding: the keys as the attention read them, rotated and normed
-            self.cache = (trace["K_cat"], trace["V_cat"])
+        if self.cache is not None:  # decoding: what the module caches (keys as the attention read them, values)
+            self.cache = self.module.cache_after(trace)
         self.trace = trace
         return trace
 
@@ -111,7 +111,7 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
             row = None
             for index in range(model.n_layer):
                 module = model.attention(index, record=True)
-                kept = Kept(module, caches[index] or _empty_cache(module))
+                kept = Kept(module, caches[index] or module.empty_cache())
                 h = model.block(index, h, cast("MultiHeadAttention", kept))
                 caches[index] = kept.cache
                 if index == layer:
@@ -124,14 +124,6 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
             steps.append(DecodeStep(next_id, start, row, _evicted(model, layer, row.shape[-1]),
                                     _cache_bytes(model, caches)))
     return steps
-
-
-def _empty_cache(module: MultiHeadAttention) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cache of no positions: the prompt runs as a decode step after nothing, so its keys come out joined."""
-    import torch
-
-    empty = torch.zeros(1, module.n_kv_head, 0, module.d_head, dtype=module.W_k.weight.dtype)
-    return empty, empty
 
 
 def _cache_window(model: Family, layer: int) -> int | None:

@@ -82,6 +82,7 @@ def long_json(result: HeadResult) -> dict[str, Any]:
     assert long is not None and encoded is not None
     payload: dict[str, Any] = {
         "tokens": encoded.tokens, "token_ids": encoded.ids, "tokenizer": encoded.via, "traced": True,
+        "tracer": result.tracer,
         "steps": [], "layer_steps": [step_json(step) for step in long.layer.steps],
         "attention_pooled": numbers(long.pooled), "pool": list(long.pool),
         "head_stats": clean(long.stats.as_dict()),

@@ -1,0 +1,80 @@
+"""Which views of `attnscope head --text` each family computes: the one source of docs/models.md's matrix and of
+the conformance tests (tests/test_conformance.py), which hold every "exact" cell equal to transformers' eager
+`output_attentions` (float32, 1e-5) and every other cell refused in one line.
+
+A view is one way of running a family's attention, all of them through the family's one attention module (its
+`forward`, `head_inputs` for blocks of rows, `empty_cache`/`cache_after` for decode steps):
+- short: `--text`, layers 0..L run and layer L traced step by step (models/run.py);
+- long: a text past LONG_TOKENS, head h's rows computed in blocks, each a decode step after the rows before it
+  (models/long.py);
+- generate: `--generate N`, greedy decoding with a KV cache, every layer one token at a time (models/stream.py);
+- all-layers: `--all-layers`, every layer's every head on the text (models/stream.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VIEWS = ("short", "long", "generate", "all-layers")
+EXACT = "exact"
+
+ENCODER = {"short": EXACT, "long": EXACT, "generate": "refused: an encoder attends both ways, it does not decode",
+           "all-layers": EXACT}
+DECODER = dict.fromkeys(VIEWS, EXACT)
+ENCODER_DECODER = {"short": EXACT, "long": "refused past LONG_TOKENS (one line with the estimate)",
+                   "generate": "refused: not yet (the decoder's cross-attention cache)",
+                   "all-layers": "refused: not yet"}
+INTERFACE = {"short": EXACT, "long": EXACT,  # the whole pattern through transformers, memory-guarded up front
+             "generate": "refused: not yet (transformers' own cache, captured each step)",
+             "all-layers": "refused: not yet"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A family page (its class in models/, the model_types it reads) or the families with no page, and what each
+    view does for it."""
+
+    family: str  # the class, or "interface" for every model_type without a page
+    model_types: tuple[str, ...]
+    views: dict[str, str]
+
+
+ROWS = (
+    Row("Bert", ("bert",), ENCODER),
+    Row("Roberta", ("roberta", "xlm-roberta"), ENCODER),
+    Row("ModernBert", ("modernbert",), ENCODER),
+    Row("Gpt2", ("gpt2",), DECODER),
+    Row("Llama", ("llama",), DECODER),
+    Row("Mistral", ("mistral",), DECODER),
+    Row("Qwen2", ("qwen2",), DECODER),
+    Row("Gemma2", ("gemma2",), DECODER),
+    Row("DeepseekV3", ("deepseek_v3",), DECODER),
+    Row("DeepseekV2", ("deepseek_v2",), DECODER),
+    Row("SmolLM3", ("smollm3",), DECODER),
+    Row("Phi3", ("phi3",), DECODER),
+    Row("Llama4", ("llama4", "llama4_text"), DECODER),
+    Row("GptOss", ("gpt_oss",), DECODER),
+    Row("Qwen3", ("qwen3",), DECODER),
+    Row("Qwen3Moe", ("qwen3_moe",), DECODER),
+    Row("Gemma3", ("gemma3", "gemma3_text"), DECODER),
+    Row("Olmo2", ("olmo2",), DECODER),
+    Row("T5", ("t5", "mt5"), ENCODER_DECODER),
+    Row("Umt5", ("umt5",), ENCODER_DECODER),
+    Row("Bart", ("bart",), ENCODER_DECODER),
+    Row("Marian", ("marian",), ENCODER_DECODER),
+    Row("MBart", ("mbart",), ENCODER_DECODER),
+    Row("Whisper", ("whisper",), ENCODER_DECODER),
+    Row("interface", ("gpt_neox", "mixtral", "cohere2"), INTERFACE),
+)
+
+
+def markdown() -> str:
+    """The matrix as docs/models.md shows it: a row per family, a column per view."""
+    head = ["| family (model_type) | " + " | ".join(VIEWS) + " |", "|---|" + "---|" * len(VIEWS)]
+    body = []
+    for row in ROWS:
+        name = "any other (e.g. " + ", ".join(row.model_types) + ")" if row.family == "interface" else \
+            f"{row.family} ({', '.join(row.model_types)})"
+        cells = ["exact" if row.views[v] == EXACT else row.views[v].removeprefix("refused: ") for v in VIEWS]
+        body.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(head + body)

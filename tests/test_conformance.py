@@ -1,0 +1,172 @@
+"""The family x view conformance matrix (attnscope/models/support.py): every "exact" cell equal to transformers'
+eager `output_attentions` / `generate(output_attentions=True)` in float32 to 1e-5, on a tiny checkpoint whose every
+weight was drawn away from its initial value; every other cell refused in one line. Through the command line, as
+a user runs it, `--json`.
+
+The long view runs with LONG_TOKENS and BLOCK_ROWS made small (the blocked path on a text past the block size, with
+windows and chunks of 4 shorter than it); generate starts from a short prompt, so windows and chunks are crossed
+while decoding.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conformance import BUILDERS, assert_trained_looking, eager_attentions
+from tiny_models import SENTENCE, cached_builder
+
+from attnscope.cli import app
+from attnscope.models import FAMILIES
+from attnscope.models.support import EXACT, ROWS, VIEWS
+
+CELLS = [(row.family, view) for row in ROWS for view in VIEWS]
+PROMPT = "The cat sat on"
+NEW_TOKENS = 6
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return cached_builder(tmp_path_factory, lambda family, folder: BUILDERS[family](folder))
+
+
+def _json(runner, folder, *args: str) -> dict:
+    result = runner.invoke(app, ["head", "--model", str(folder), *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _close(mine, theirs, what: str) -> None:
+    torch.testing.assert_close(torch.tensor(mine, dtype=torch.float32), theirs.float(), atol=ATOL, rtol=0, msg=what)
+
+
+def test_every_family_page_has_a_row_and_a_builder():
+    """Adding a family adds a row; a row without a builder (or a page without a row) fails."""
+    rows = {t for row in ROWS if row.family != "interface" for t in row.model_types}
+    assert rows == set(FAMILIES)
+    assert {row.family for row in ROWS} == set(BUILDERS)
+    assert all(set(row.views) == set(VIEWS) for row in ROWS)
+
+
+def test_docs_show_the_matrix():
+    from pathlib import Path
+
+    from attnscope.models.support import markdown
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
+    assert markdown() in docs, "docs/models.md's matrix differs from support.markdown(): paste it again"
+
+
+@pytest.mark.parametrize(("family", "view"), CELLS, ids=[f"{f}-{v}" for f, v in CELLS])
+def test_cell(family, view, built, runner, monkeypatch):
+    folder, eager = built(family)
+    assert_trained_looking(folder)
+    row = next(r for r in ROWS if r.family == family)
+    if row.views[view] != EXACT:
+        _refused(runner, folder, family, view, monkeypatch)
+        return
+    {"short": _short, "long": _long, "generate": _generate, "all-layers": _all_layers}[view](
+        runner, folder, eager, family, monkeypatch)
+
+
+ENCODER_DECODERS = {"T5": "t5", "Umt5": "umt5", "Bart": "bart", "Marian": "marian", "MBart": "mbart",
+                    "Whisper": "whisper"}
+
+
+def _source(family: str, folder) -> list[str]:
+    """What the command reads first: Whisper's encoder an audio file, every other family a text."""
+    return ["--audio", str(folder / "speech.wav")] if family == "Whisper" else ["--text", SENTENCE]
+
+
+def _short(runner, folder, eager, family, monkeypatch):
+    if family in ENCODER_DECODERS:
+        _short_encoder_decoder(runner, folder, eager, family)
+        return
+    first = _json(runner, folder, "--text", SENTENCE, "--all-heads")
+    theirs = eager_attentions(eager, first["token_ids"])
+    for layer, pattern in enumerate(theirs):
+        payload = first if layer == 0 else _json(runner, folder, "--text", SENTENCE, "--all-heads", "--layer",
+                                                 str(layer))
+        assert payload["traced"] is True and payload["tracer"] in ("attnscope", "attention-interface")
+        for head in payload["heads"]:
+            _close(head["attention"], pattern[head["head"]], f"{family} layer {layer} head {head['head']}")
+
+
+def _short_encoder_decoder(runner, folder, eager, family):
+    """Each of the three attentions, every layer and head, against the eager model on transformers' own inputs
+    (tests/tiny_encdec.py: the source, or Whisper's features from its audio, and the target)."""
+    from tiny_encdec import SOURCE, TARGET, source_and_target
+
+    with torch.no_grad():
+        out = eager(**source_and_target(ENCODER_DECODERS[family], folder, eager), output_attentions=True)
+    source = ["--audio", str(folder / "speech.wav")] if family == "Whisper" else ["--text", SOURCE]
+    for kind, theirs in (("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),
+                         ("cross", out.cross_attentions)):
+        for layer, pattern in enumerate(theirs):
+            payload = _json(runner, folder, *source, "--target", TARGET, "--attention", kind, "--layer", str(layer),
+                            "--all-heads")
+            assert payload["traced"] is True and payload["tracer"] == "attnscope"
+            for head in payload["heads"]:
+                _close(head["attention"], pattern[0, head["head"]], f"{family} {kind} {layer} head {head['head']}")
+
+
+def _long(runner, folder, eager, family, monkeypatch):
+    from attnscope.models import long, tokenizer
+
+    monkeypatch.setattr(long, "LONG_TOKENS", 8)
+    monkeypatch.setattr(long, "BLOCK_ROWS", 5)
+    ids = tokenizer.encode(folder, SENTENCE).ids
+    assert len(ids) > 8
+    theirs = eager_attentions(eager, ids)
+    if family == "interface":  # transformers runs the whole pattern (memory-guarded up front), not blocks
+        payload = _json(runner, folder, "--text", SENTENCE, "--all-heads", "--layer", "1")
+        for head in payload["heads"]:
+            _close(head["attention"], theirs[1][head["head"]], f"{family} long head {head['head']}")
+        return
+    for layer, pattern in enumerate(theirs):
+        head = layer % pattern.shape[0]  # a different head each layer
+        payload = _json(runner, folder, "--text", SENTENCE, "--layer", str(layer), "--head", str(head), "--rows",
+                        f"0:{len(ids)}")
+        assert payload["token_ids"] == ids and "attention" not in payload  # the blocked path
+        assert payload["traced"] is True and payload["tracer"] == "attnscope"
+        _close(payload["rows"]["attention"], pattern[head], f"{family} long layer {layer} head {head}")
+
+
+def _generate(runner, folder, eager, family, monkeypatch):
+    n_layer = eager.config.get_text_config().num_hidden_layers
+    for layer in range(n_layer):
+        payload = _json(runner, folder, "--text", PROMPT, "--layer", str(layer), "--generate", str(NEW_TOKENS))
+        ids = payload["token_ids"]
+        steps = payload["decode_steps"]
+        with torch.no_grad():
+            out = eager.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                 do_sample=False, output_attentions=True, return_dict_in_generate=True)
+        assert [s["token_id"] for s in steps] == out.sequences[0, len(ids):].tolist(), f"{family}: other tokens"
+        for t, step in enumerate(steps):
+            theirs = out.attentions[t][layer][0, :, -1]  # [n_head, keys the cache holds]
+            mine = torch.tensor(step["attention"])[:, -theirs.shape[-1]:]
+            _close(mine, theirs, f"{family} generate layer {layer} step {t}")
+
+
+def _all_layers(runner, folder, eager, family, monkeypatch):
+    payload = _json(runner, folder, "--text", SENTENCE, "--all-layers")
+    theirs = eager_attentions(eager, payload["token_ids"])
+    assert len(payload["all_layers"]) == len(theirs)
+    for layer, entry in enumerate(payload["all_layers"]):
+        _close(entry["attention"], theirs[layer], f"{family} all-layers layer {layer}")
+
+
+def _refused(runner, folder, family, view, monkeypatch):
+    from attnscope.models import long
+
+    args = {"short": ["--text", SENTENCE], "long": ["--text", SENTENCE], "generate": ["--text", PROMPT, "--generate",
+            "2"], "all-layers": ["--text", SENTENCE, "--all-layers"]}[view]
+    if view == "long":
+        monkeypatch.setattr(long, "LONG_TOKENS", 8)
+    if family in ENCODER_DECODERS:
+        args = [*_source(family, folder), *args[2:]]
+    result = runner.invoke(app, ["head", "--model", str(folder), *args])
+    assert result.exit_code == 2, f"{family} {view}: exit {result.exit_code}\n{result.output}"
+    assert "Traceback" not in result.stderr and "--debug" not in result.stderr, result.stderr
