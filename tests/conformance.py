@@ -36,7 +36,8 @@ def _pages() -> dict[str, Builder]:
             "DeepseekV2": lambda folder: tiny_deepseek.build(folder, 2),
             "SmolLM3": todays("smollm3"), "Phi3": todays("phi3"), "Llama4": todays("llama4"),
             "GptOss": page("gpt_oss"), "Qwen3": qk("qwen3"), "Qwen3Moe": qk("qwen3_moe"), "Gemma3": qk("gemma3_text"),
-            "Olmo2": qk("olmo2")}
+            "Olmo2": qk("olmo2"),
+            "EmbeddingGemma": lambda folder: qknormed.build("gemma3_text", folder, use_bidirectional_attention=True)}
 
 
 def _mistral_lm(folder: Path):

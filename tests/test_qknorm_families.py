@@ -307,8 +307,6 @@ def test_cli_json_save_and_all_heads(runner, built, tmp_path):
 
 
 @pytest.mark.parametrize(("family", "edit", "phrases"), [
-    ("gemma3_text", lambda c: c | {"use_bidirectional_attention": True}, ["use_bidirectional_attention is true",
-                                                                           "drop --text"]),
     ("gemma3_text", lambda c: c | {"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]},
      ["layer_types[1] is 'chunked_attention'"]),
     ("gemma3", lambda c: c | {"text_config": c["text_config"] | {"rope_parameters": {

@@ -79,13 +79,16 @@ class Gemma3(QkNormed, Gemma2):
         return self.config.optional_integer("sliding_window") if sliding else None
 
     def attention_spec(self, layer: int) -> AttentionSpec:
-        if self.config.flag("use_bidirectional_attention"):
-            raise UsageError(f"{self.config.path}: use_bidirectional_attention is true (EmbeddingGemma): its sliding "
-                             "layers see a window on both sides, which attnscope does not trace for Gemma 3 (the "
-                             "weight dump works; drop {text})", "text")
         scalar = self.config.number("query_pre_attn_scalar")
-        return AttentionSpec(causal=True, rope=self.rope(self.layer_type(layer)), window=self.window(layer),
-                             scale=scalar ** -0.5, qk_norm=self.qk_norm())
+        rope, window = self.rope(self.layer_type(layer)), self.window(layer)
+        if self.config.flag("use_bidirectional_attention"):
+            # EmbeddingGemma: full layers see every key, sliding layers the keys at most sliding_window // 2 away on
+            # either side, ModernBERT's window. Gemma3TextModel's or_mask_function, `_bidirectional_window_overlay`,
+            # is abs(q - kv) < w with w = sliding_window // 2 + 1 in memory (Gemma3TextConfig.__post_init__; its
+            # to_dict writes config.json's sliding_window back as (w - 1) * 2)
+            both: dict[str, Any] = {} if window is None else {"window": window, "window_side": "both"}
+            return AttentionSpec(causal=False, rope=rope, scale=scalar ** -0.5, qk_norm=self.qk_norm(), **both)
+        return AttentionSpec(causal=True, rope=rope, window=window, scale=scalar ** -0.5, qk_norm=self.qk_norm())
 
     def head_notes(self, head: int) -> list[str]:
         notes = super().head_notes(head)

@@ -57,6 +57,7 @@ ROWS = (
     Row("Qwen3", ("qwen3",), DECODER),
     Row("Qwen3Moe", ("qwen3_moe",), DECODER),
     Row("Gemma3", ("gemma3", "gemma3_text"), DECODER),
+    Row("EmbeddingGemma", ("gemma3_text",), ENCODER),  # use_bidirectional_attention: windows on both sides
     Row("Olmo2", ("olmo2",), DECODER),
     Row("T5", ("t5", "mt5"), ENCODER_DECODER),
     Row("Umt5", ("umt5",), ENCODER_DECODER),
