@@ -56,7 +56,7 @@ def test_docs_show_the_matrix():
     from attnscope.models.support import markdown
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
-    assert markdown() in docs, "docs/models.md's matrix differs from support.markdown(): paste it again"
+    assert markdown() in docs, "docs/models.md's matrix differs from support.py: run python scripts/support_table.py"
 
 
 @pytest.mark.parametrize(("family", "view"), CELLS, ids=[f"{f}-{v}" for f, v in CELLS])
