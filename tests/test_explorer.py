@@ -142,3 +142,29 @@ def test_the_page_assets_ship_with_the_package():
     patterns = ast.literal_eval(re.search(r'^"attnscope\.views" = (\[.*?\])', section, re.M).group(1))  # type: ignore[union-attr]
     assets = [p for p in resources.files("attnscope.views").joinpath("assets").iterdir() if p.name != "__pycache__"]
     assert assets and all(any(Path("assets", a.name).match(p) for p in patterns) for a in assets)
+
+
+def test_the_keys_a_mask_forbids_are_in_the_page_data():
+    """sdpa's -inf in masked_scores become each head's `masked` (one packed mask shared by the heads that share
+    it); a run without a mask has none, and an allowed weight of 0 is not masked."""
+    from attnscope import sdpa
+    from attnscope.views.sources import from_trace
+
+    Q, K = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    text = page_html(from_trace(sdpa(Q, K, K.clone(), causal=True)))
+    meta, _ = meta_and_blobs(text)
+    refs = [h["masked"] for layer in meta["layers"] for h in layer["heads"]]
+    assert len(refs) == 6 and all(r == refs[0] for r in refs)  # packed once
+    assert np.array_equal(read_back(text, 1, 2, "masked"), np.triu(np.ones((5, 5)), 1))
+    meta, _ = meta_and_blobs(page_html(from_trace(sdpa(Q, K, K.clone()))))
+    assert all(h["masked"] is None for layer in meta["layers"] for h in layer["heads"])
+
+
+def test_another_layer_takes_the_traced_layers_mask_only_where_its_weights_agree():
+    from attnscope.views.sources import _same_mask
+
+    masked = torch.ones(4, 4, dtype=torch.bool).triu(1).expand(2, -1, -1)  # [n_head, n_Q, n_K]
+    causal = torch.softmax(torch.randn(2, 4, 4).masked_fill(masked, float("-inf")), -1)
+    assert _same_mask(causal, masked) is masked
+    assert _same_mask(torch.softmax(torch.randn(2, 4, 4), -1), masked) is None  # a layer that sees every key
+    assert _same_mask(causal, None) is None

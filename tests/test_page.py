@@ -20,6 +20,7 @@ from browser import browser, chromium, open_page
 from tiny_models import SENTENCE, build
 
 from attnscope.cli import app
+from attnscope.views.explorer import KIND_LETTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 MY_ATTENTION = str(ROOT / "docs" / "examples" / "my_attention.py")
@@ -77,6 +78,7 @@ def showing(page, layer: int, head: int) -> None:
 def hover(page, testid: str, i: int, j: int) -> None:
     """The mouse over cell (i, j) of a heatmap (the canvas says where its cells are)."""
     canvas = page.get_by_test_id(testid)
+    canvas.scroll_into_view_if_needed()
     box, at = canvas.bounding_box(), canvas.evaluate("c => c.dataset")
     cell = float(at["cell"])
     page.mouse.move(box["x"] + float(at["left"]) + (j + 0.5) * cell, box["y"] + float(at["top"]) + (i + 0.5) * cell)
@@ -326,4 +328,59 @@ def test_every_layer_and_the_decode_timeline_of_a_real_run(runner, tmp_path, con
     decode.nth(1).click()
     head = int(page.get_by_test_id("head-select").input_value())
     assert_shows(shown_keys(page, "decode-keys"), payload["decode_steps"][1]["attention"][head], o.decimals)
+    # the heading follows the layer and head shown; the steps (layer 1's) and weights (head 2's) say whose they are
+    title = page.get_by_test_id("page-title").inner_text()
+    assert title.endswith(", layer 2, head 3") and page.title() == title
+    notes = page.get_by_test_id("elsewhere-note")
+    for table, whose in (("steps", "layer 1"), ("weights", "layer 1, head 2")):
+        note = page.get_by_test_id(table).get_by_test_id("elsewhere-note").inner_text()
+        assert note == f"this table is {whose}'s, as the run asked; the heatmap shows layer 2, head 3", note
+    # every layer's kinds as letters, the terminal's; a click opens that head, and the heading and notes follow
+    cells = page.get_by_test_id("kinds-grid").locator("tbody tr")
+    assert cells.count() == len(payload["all_layers"])
+    for li, entry in enumerate(payload["all_layers"]):
+        assert cells.nth(li).locator("td").all_inner_texts() == [KIND_LETTERS[k] for k in entry["kinds"]]
+    assert "F first-token" in page.get_by_test_id("kinds-legend").inner_text()
+    cells.nth(1).locator("td").nth(2).click()
+    showing(page, 1, 2)
+    assert page.get_by_test_id("page-title").inner_text().endswith(", layer 1, head 2")
+    assert notes.evaluate_all("ns => ns.map(n => n.hidden)") == [True, True]
+    assert page.locator("table.steps.elsewhere").count() == 0
+    # the causal mask: the first query's later keys are hatched and say so
+    hover(page, "heatmap", 0, len(payload["tokens"]) - 1)
+    assert page.get_by_test_id("tooltip").inner_text().endswith(": masked (the mask forbids this key)")
+    finish(o)
+
+
+def test_a_masked_key_is_drawn_apart_from_an_allowed_weight_of_0(tmp_path, context):
+    """A key the mask forbids is hatched; a key the query may see with weight 0 is the scale's dark end, in
+    either theme; the colour bar and the title say what the hatch is."""
+    from attnscope.views.explorer import Head, Layer, Page, page_html
+
+    A = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.3, 0.5, 0], [0.5, 0.0, 0.25, 0.25]])
+    masked = torch.ones(4, 4, dtype=torch.bool).triu(1)  # (3, 1) is allowed, with weight 0
+    path = tmp_path / "masked.html"
+    path.write_text(page_html(Page("masked", queries=list("abcd"), keys=list("abcd"),
+                                   layers=[Layer(0, [Head(0, A, masked=masked)])])), encoding="utf-8")
+    o = opened(context, path)
+    page = o.page
+    assert "hatched: keys the mask forbids" in page.get_by_test_id("pattern-title").inner_text()
+    read = """([i, j]) => { const c = document.getElementById('heatmap'), d = c.dataset, r = devicePixelRatio;
+      const x = Math.round((+d.left + j * +d.cell + 2) * r), y = Math.round((+d.top + i * +d.cell + 2) * r);
+      const n = Math.floor((+d.cell - 4) * r), px = c.getContext('2d').getImageData(x, y, n, n).data, seen = new Set();
+      for (let k = 0; k < px.length; k += 4) seen.add(px.slice(k, k + 3).join(','));
+      return [...seen]; }"""
+    for theme in ("light", "dark"):
+        if page.evaluate("document.documentElement.dataset.theme") != theme:
+            page.get_by_test_id("theme-toggle").click()
+        zero, hatched = page.evaluate(read, [3, 1]), page.evaluate(read, [0, 3])
+        assert zero == ["68,1,84"], zero  # viridis' dark end, whole
+        assert len(hatched) >= 2 and "68,1,84" not in hatched, hatched  # lines on the background
+        assert page.get_by_test_id("heatmap").evaluate("c => document.getElementById('colorbar').dataset.masked") == "1"
+    hover(page, "heatmap", 3, 1)
+    assert page.get_by_test_id("tooltip").inner_text().endswith("“b”: 0.0000")
+    page.get_by_test_id("query-token").nth(1).click()
+    page.get_by_test_id("show-all").click()
+    marks = page.get_by_test_id("all-keys-list").locator("li").evaluate_all("ls => ls.map(l => l.className)")
+    assert marks == ["", "", "masked", "masked"]
     finish(o)

@@ -19,13 +19,12 @@ from rich.text import Text
 from attnscope.render.console import clean, numbers
 from attnscope.render.fit import FittedText
 from attnscope.render.shading import CellLine, Cells, ramp
+from attnscope.views.explorer import KIND_LETTERS as LETTERS  # the page's grid uses the same letters
 
 if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
     from attnscope.runs.head_result import HeadResult
 
-LETTERS = {"first-token": "F", "previous-token": "P", "self": "S", "induction": "I", "broad": "B", "local": "L",
-           "mixed": "·"}
 THUMB_COLS = 6  # key columns of one head's heatmap in the all-layers grid
 THUMB_ROWS = 3  # query rows
 EVICTED = "×"

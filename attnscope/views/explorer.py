@@ -6,13 +6,17 @@ its attention as `Layer`s of `Head`s (pattern, kind, statistics). What later com
 that are here already, and the page draws each when present:
 
 - every layer (`--all-layers`): more `Layer`s, each with its real `layer` number (labels say "layer 2", never
-  a position in the list);
+  a position in the list), and the grid of every head's kind as a letter (KIND_LETTERS, the terminal's);
 - generation (`--generate`): `Page.decode`, one `DecodeStep` per new token, as --json's `decode_steps`
   (`token_id, token, position, attention [n_head, n_K], kv_cache_bytes`), `Page.decode_layer` the layer whose
   rows they are; a step's `evicted` key ranges are drawn as evicted;
 - long inputs: a `Head` holds `attention_pooled` with `pool = (rows per cell, columns per cell)` (each cell the
   mean over its queries of their total weight on its keys, so a pooled row still sums to 1) and the exact
   `rows` of the queries asked, in place of its exact `attention`.
+
+A head's `masked` marks the keys its mask forbids (True: -inf in `masked_scores`), drawn hatched, apart from a
+weight that is merely near 0. A page whose title ends with a layer and head (`subject` + "layer 2, head 3")
+retitles itself with the ones shown, and a table about one layer or head (`Table.layer`, `Table.head`) says so when another is shown.
 
 `page_html(page)` writes it: one HTML file with its styles, script and data inline and a Content Security
 Policy that forbids every request, so it works from `file://` and as an attachment. The tables are plain
@@ -43,6 +47,9 @@ MAX_CELLS = 24_000_000  # weights a page holds exactly: MiniLM's 6 layers x 12 h
 POOLED_SIDE = 512  # beyond MAX_CELLS, each pattern is pooled to at most this many cells a side
 DATA_BUDGET = 14_000_000  # characters of packed data, before a decimal is given up (views/packing.py)
 SCRIPTS = ("data.js", "draw.js", "decode.js", "explorer.js")  # the page's script, joined in one function scope
+# A head's kind (readings/headstats.py's KINDS) as one letter: the --all-layers grid, in the terminal and on the page
+KIND_LETTERS = {"first-token": "F", "previous-token": "P", "self": "S", "induction": "I", "broad": "B", "local": "L",
+                "mixed": "·"}
 
 
 @dataclass
@@ -57,6 +64,8 @@ class Table:
     code: tuple[int, ...] = ()  # columns of code (an op, a checkpoint key), set in the code colour
     testid: str = ""
     marks: list[str] = field(default_factory=list)
+    layer: int | None = None  # the entry of Page.layers (and of its heads) the table is about, where it is one
+    head: int | None = None
 
 
 @dataclass
@@ -72,6 +81,7 @@ class Head:
     attention_pooled: Tensor | None = None
     pool: tuple[int, int] = (1, 1)
     rows: dict[int, Tensor] = field(default_factory=dict)  # query index -> its exact row [n_K]
+    masked: Tensor | None = None  # bool [n_Q, n_K]: True where the mask forbids the key (exact patterns only)
 
     @property
     def label(self) -> str:
@@ -122,6 +132,7 @@ class Page:
     footer: list[str] = field(default_factory=list)
     verdict: tuple[str, str] | None = None  # ("good" or "bad", a line): a trace's outcome, a failed check
     pattern_note: str = ""  # where the pattern comes from, under the heatmap
+    subject: str = ""  # where the title ends with the layer and head, its start: the heading follows those shown
 
 
 def page_html(page: Page) -> str:
@@ -165,7 +176,7 @@ def fit(page: Page) -> None:
 
 
 def _meta(page: Page, packer: Packer, decimals: int) -> dict[str, Any]:
-    layers = []
+    layers, masks = [], _Masks(packer)
     for i, layer in enumerate(page.layers):
         group = f"layer-{i}"
         heads = []
@@ -175,7 +186,8 @@ def _meta(page: Page, packer: Packer, decimals: int) -> dict[str, Any]:
                                      "attention": packer.add(group, h.attention) if h.attention is not None else None,
                                      "attention_pooled": (packer.add(group, h.attention_pooled)
                                                           if h.attention_pooled is not None else None),
-                                     "rows": [[q, packer.add(group, row)] for q, row in sorted(h.rows.items())]}
+                                     "rows": [[q, packer.add(group, row)] for q, row in sorted(h.rows.items())],
+                                     "masked": masks.add(h.masked) if h.attention is not None else None}
             heads.append(entry)
         layers.append({"layer": layer.layer, "label": layer.label, "heads": heads})
     decode = None
@@ -187,12 +199,31 @@ def _meta(page: Page, packer: Packer, decimals: int) -> dict[str, Any]:
                              "attention": packer.add("decode", s.attention)} for s in page.decode]}
     return {"version": 1, "title": page.title, "queries": page.queries, "keys": page.keys, "offset": page.offset,
             "axis": page.axis, "layers": layers, "focus": list(page.focus), "decode": decode,
-            "decimals": decimals, "pattern_note": page.pattern_note, "viridis": [list(c) for c in VIRIDIS]}
+            "decimals": decimals, "pattern_note": page.pattern_note, "viridis": [list(c) for c in VIRIDIS],
+            "subject": page.subject, "kind_letters": KIND_LETTERS}
+
+
+class _Masks:
+    """Each distinct mask packed once (group `masks`, 1 where masked): a layer's heads share theirs."""
+
+    def __init__(self, packer: Packer) -> None:
+        self.packer, self.seen = packer, {}
+
+    def add(self, masked: Tensor | None) -> dict[str, Any] | None:
+        if masked is None or not bool(masked.any()):
+            return None
+        import numpy as np
+
+        bits = masked.detach().cpu().numpy().astype(bool)
+        key = (bits.shape, np.packbits(bits).tobytes())
+        if key not in self.seen:
+            self.seen[key] = self.packer.add("masks", bits.astype(np.float64))
+        return self.seen[key]
 
 
 def static_html(page: Page) -> str:
     """The parts of the page that need no script: header, verdict, tables, notes, footer."""
-    parts = [f"<h1>{html.escape(page.title)}</h1>"]
+    parts = [f"<h1 id='page-title' data-testid='page-title'>{html.escape(page.title)}</h1>"]
     if page.header:
         parts.append("<div class='header'>" + "".join(f"<div>{html.escape(line)}</div>" for line in page.header)
                      + "</div>")
@@ -212,6 +243,8 @@ def table_html(table: Table) -> str:
     """A table with its text cells left-aligned and its numbers right-aligned, said on every cell (a notebook's
     stylesheet right-aligns cells otherwise)."""
     testid = f" data-testid='{html.escape(table.testid)}'" if table.testid else ""
+    about = "".join(f" data-{name}='{value}'" for name, value in (("layer", table.layer), ("head", table.head))
+                    if value is not None)
 
     def align(i: int) -> str:
         return "num" if i in table.numeric else "text code" if i in table.code else "text"
@@ -222,7 +255,7 @@ def table_html(table: Table) -> str:
         mark = table.marks[r] if r < len(table.marks) else ""
         cells = "".join(f"<td class='{align(i)}'>{html.escape(v)}</td>" for i, v in enumerate(row))
         body.append(f"<tr class='{mark}'>{cells}</tr>" if mark else f"<tr>{cells}</tr>")
-    return (f"<table class='steps'{testid}><caption>{html.escape(table.title)}</caption><thead><tr>{head}</tr>"
+    return (f"<table class='steps'{testid}{about}><caption>{html.escape(table.title)}</caption><thead><tr>{head}</tr>"
             f"</thead><tbody>{''.join(body)}</tbody></table>")
 
 

@@ -6,11 +6,13 @@ head's `HeadResult` (head, bert), `attnscope trace`'s `TraceRun`, and for notebo
 An attention step `[.., n_Q, n_K]` becomes one entry of the layer selector per batch element (its first
 leading axis, at most MAX_BATCH of them) and one head per index of its `n_head` axis; any other leading axis is
 taken at 0, as the terminal's heatmap takes it, and the column layout's `[n_K, n_Q]` is drawn with queries as
-rows. Every head gets its statistics and kind (attnscope/headstats.py) whatever the run was asked to print.
+rows. Every head gets its statistics and kind (attnscope/headstats.py) whatever the run was asked to print,
+and the keys its mask forbids where the steps say (-inf in `masked_scores`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +36,8 @@ def from_trace(trace: Any, title: str = "attnscope", header: list[str] | None = 
     page = Page(title, header=list(header or []), tables=[steps_table(trace.steps, "steps")],
                 notes=list(trace.notes), footer=[f"total {format_flops(trace.total_flops)}"])
     if "attention" in trace:
-        add_pattern(page, trace.step("attention").tensor, trace.step("attention").dims, offset, describe)
+        attention = trace.step("attention")
+        add_pattern(page, attention.tensor, attention.dims, offset, describe, masked_of(trace.steps, attention.shape))
     return page
 
 
@@ -73,6 +76,7 @@ def from_head(result: Any) -> Page:
     kv = f", {i.kv_heads} KV heads" if i.kv_heads != i.heads else ""
     sizes = f", d_model {i.d_model}, d_head {i.d_head}" if i.d_head else ""
     page = Page(f"attnscope {o.command}: {i.architecture}, {result.layer_name}, head {o.head}",
+                subject=f"attnscope {o.command}: {i.architecture}, {result.kind + ' ' if result.kind else ''}",
                 header=[f"{i.architecture} ({i.model_type}): {result.layer_name}, head {o.head}",
                         f"{i.layers} layers, {i.heads} heads{kv}{sizes}", str(i.path)])
     if result.weights is not None:
@@ -92,18 +96,21 @@ def from_head(result: Any) -> Page:
         page.tables.append(steps_table(run.layer.steps, title))
     page.notes = list(result.notes)
     heads = result.heads
+    every = result.layers[0] if result.layers else heads
+    masked = None if run is None or every is None else masked_of(run.layer.steps, every.attention.shape)
     if result.layers:  # --all-layers: every layer, each head with its kind
         page.queries, page.keys = list(result.layers[0].row_labels), list(result.layers[0].col_labels)
-        page.layers = [Layer(i, [Head(h["head"], layer.attention[h["head"]], h["kind"], h["stats"])
-                                 for h in layer.heads]) for i, layer in enumerate(result.layers)]
+        page.layers = [Layer(i, _heads_of(layer, masked if i == o.layer else _same_mask(layer.attention, masked)))
+                       for i, layer in enumerate(result.layers)]
         page.focus = (min(o.layer, len(page.layers) - 1), min(o.head, len(result.layers[0].heads) - 1))
     elif heads is not None:
         page.queries, page.keys = list(heads.row_labels), list(heads.col_labels)
-        page.layers = [Layer(o.layer, [Head(h["head"], heads.attention[h["head"]], h["kind"], h["stats"])
-                                       for h in heads.heads])]
+        page.layers = [Layer(o.layer, _heads_of(heads, masked))]
         page.focus = (0, min(o.head, len(heads.heads) - 1))
         if run is None:
             page.pattern_note = f"transformers' eager output_attentions[{o.layer}] (the steps are not traced)"
+    for table in page.tables:  # the weights are layer L's head h's, the steps layer L's
+        table.layer, table.head = page.focus[0], page.focus[1] if table.testid == "weights" else None
     long = getattr(result, "long", None)
     if long is not None and result.encoded is not None:  # a long input: the head pooled, its asked rows exact
         tokens = list(result.encoded.tokens)
@@ -181,9 +188,35 @@ def from_heads(heads: Any) -> Page:
     """Every head of one layer (headstats.py's `LayerHeads`) alone, as a notebook shows it."""
     page = Page(f"attnscope: {heads.title}", queries=list(heads.row_labels), keys=list(heads.col_labels),
                 offset=heads.offset)
-    page.layers = [Layer(None, [Head(h["head"], heads.attention[h["head"]], h["kind"], h["stats"])
-                                for h in heads.heads], label=heads.title)]
+    page.layers = [Layer(None, _heads_of(heads), label=heads.title)]
     return page
+
+
+def _heads_of(heads: Any, masked: Tensor | None = None) -> list[Head]:
+    """A `LayerHeads`'s heads with their kinds, and the keys each one's mask forbids (`masked` [n_head, n_Q, n_K])."""
+    return [Head(h["head"], heads.attention[h["head"]], h["kind"], h["stats"],
+                 masked=None if masked is None else masked[h["head"]]) for h in heads.heads]
+
+
+def masked_of(steps: list[Any], shape: Any) -> Tensor | None:
+    """Where the mask forbids a key, laid out as an attention of `shape` (a model's `[n_head, n_Q, n_K]` from
+    its layer's `[1, n_head, n_Q, n_K]`): -inf in the `masked_scores` step (attention.py's `sdpa` and every
+    model page record it); None where there is none, no numbers (--meta), or another layout."""
+    import torch
+
+    step = next((s for s in steps if s.name == "masked_scores"), None)
+    if step is None or step.tensor.device.type == "meta" or tuple(step.tensor.shape[-2:]) != tuple(shape[-2:]):
+        return None
+    masked = torch.isneginf(step.tensor)
+    return masked.reshape(shape) if masked.numel() == math.prod(shape) else None
+
+
+def _same_mask(attention: Tensor, masked: Tensor | None) -> Tensor | None:
+    """Another layer's mask, taken as the traced layer's where every weight it forbids is exactly 0 there too
+    (a layer of another kind, a window where the traced one has none, is not marked)."""
+    if masked is None or masked.shape != attention.shape:
+        return None
+    return masked if bool((attention[masked] == 0).all()) else None
 
 
 def from_heatmap(heatmap: Any, describe: Describe | None = None) -> Page:
@@ -211,34 +244,40 @@ def steps_table(steps: list[Any], title: str, line: bool = False) -> Table:
 
 
 def add_pattern(page: Page, tensor: Tensor, dims: tuple[str, ...], offset: int = 0,
-                describe: Describe | None = None) -> None:
+                describe: Describe | None = None, masked: Tensor | None = None) -> None:
     """The attention step's patterns as the page's layers: one entry per batch element, one head per index of
-    its n_head axis (see the module's docstring); nothing for a step without numbers (--meta)."""
+    its n_head axis (see the module's docstring); nothing for a step without numbers (--meta). `masked`: where
+    the mask forbids a key, laid out as `tensor`."""
     if tensor.device.type == "meta" or tensor.dim() < 2 or 0 in tensor.shape:
         if tensor.device.type == "meta":
             page.notes.append("--meta computes shapes only: there is no pattern to draw")
         return
-    if tuple(dims[-2:]) == ("n_K", "n_Q"):  # the column layout: queries as rows, like every other
-        tensor = tensor.transpose(-1, -2)
     lead = tuple(dims[:-2])
     head_axis = lead.index("n_head") if "n_head" in lead else None
     batch_axis = 0 if lead and head_axis != 0 else None
     pick = tuple(slice(None) if a in (batch_axis, head_axis) else 0 for a in range(len(lead)))
-    A = tensor[pick] if lead else tensor  # [n_batch?, n_head?, n_Q, n_K]
-    if batch_axis is None:
-        A = A.unsqueeze(0)
-    if head_axis is None:
-        A = A.unsqueeze(1)
-    n_batch, n_head, n_Q, n_K = A.shape
+
+    def arranged(t: Tensor) -> Tensor:  # [n_batch, n_head, n_Q, n_K], at most MAX_BATCH batch elements
+        if tuple(dims[-2:]) == ("n_K", "n_Q"):  # the column layout: queries as rows, like every other
+            t = t.transpose(-1, -2)
+        t = t[pick] if lead else t
+        if batch_axis is None:
+            t = t.unsqueeze(0)
+        if head_axis is None:
+            t = t.unsqueeze(1)
+        return t[:MAX_BATCH]
+
+    n_batch = tensor.shape[0] if batch_axis is not None else 1
+    A, M = arranged(tensor), None if masked is None else arranged(masked)
+    _, n_head, n_Q, n_K = A.shape
     if n_batch > MAX_BATCH:
         page.notes.append(f"the first {MAX_BATCH} of {n_batch} batch elements are shown")
-        A = A[:MAX_BATCH]
     if A.numel() > MAX_CELLS:  # statistics for every head only where the page keeps them exactly
         describe = None
     page.queries, page.keys, page.offset = [f"q{i}" for i in range(n_Q)], [f"k{j}" for j in range(n_K)], offset
     page.axis = "batch element" if batch_axis is not None else "layer"
-    page.layers = [Layer(None, [_described(h if head_axis is not None else None, A[b, h], offset, describe)
-                                for h in range(n_head)],
+    page.layers = [Layer(None, [_described(h if head_axis is not None else None, A[b, h], offset, describe,
+                                           None if M is None else M[b, h]) for h in range(n_head)],
                          label=f"batch element {b}" if batch_axis is not None else "attention")
                    for b in range(A.shape[0])]
     others = [name for a, name in enumerate(lead) if a not in (batch_axis, head_axis)]
@@ -246,11 +285,12 @@ def add_pattern(page: Page, tensor: Tensor, dims: tuple[str, ...], offset: int =
         page.notes.append(f"the pattern is drawn at index 0 of {', '.join(others)}")
 
 
-def _described(head: int | None, pattern: Tensor, offset: int, describe: Describe | None) -> Head:
+def _described(head: int | None, pattern: Tensor, offset: int, describe: Describe | None,
+               masked: Tensor | None = None) -> Head:
     if describe is None:
-        return Head(head, pattern)
+        return Head(head, pattern, masked=masked)
     kind, stats = describe(pattern, offset)
-    return Head(head, pattern, kind, stats)
+    return Head(head, pattern, kind, stats, masked=masked)
 
 
 def _weight_dims(name: str, ndim: int) -> tuple[str, ...]:

@@ -71,9 +71,11 @@ async function pattern(li, hi) {
   const h = META.layers[li].heads[hi];
   const exact = await arr(h.attention);
   const grid = exact || await arr(h.attention_pooled);
+  const masks = exact ? await arr(h.masked) : null;  // 1 where the mask forbids the key (views/explorer.py)
   const rows = new Map();
   for (const [q, ref] of h.rows) rows.set(q, await arr(ref));
   const pool = exact ? [1, 1] : h.pool;
-  return { head: h, grid, exact, rows, pool, n_Q: META.queries.length, n_K: META.keys.length,
+  return { head: h, grid, exact, rows, pool, n_Q: META.queries.length, n_K: META.keys.length, masks,
+           masked(i, j) { return !!masks && masks.value(i * masks.shape[1] + j) > 0.5; },
            row(q) { return exact ? { arr: exact, base: q * exact.shape[1] } : rows.has(q) ? { arr: rows.get(q), base: 0 } : null; } };
 }

@@ -15,7 +15,8 @@ const dpr = () => window.devicePixelRatio || 1;
 
 // Paint rows x cols values (value(i, j), NaN allowed; scale(i) the row's top of the scale) into an
 // offscreen canvas, one pixel a cell; drawn scaled with smoothing off, every cell stays a sharp block.
-function cells(rows, cols, value, scale, skip) {
+// skip(i, j): a cell drawn grey (an evicted key); hole(i, j): a cell left clear, for the hatch under it to show.
+function cells(rows, cols, value, scale, skip, hole) {
   const off = document.createElement("canvas");
   off.width = Math.max(cols, 1); off.height = Math.max(rows, 1);
   const ctx = off.getContext("2d"), img = ctx.createImageData(off.width, off.height), px = img.data;
@@ -24,6 +25,7 @@ function cells(rows, cols, value, scale, skip) {
     for (let j = 0; j < cols; j++) {
       const o = (i * cols + j) * 4;
       if (skip && skip(i, j)) { px[o] = px[o + 1] = px[o + 2] = 128; px[o + 3] = 90; continue; }
+      if (hole && hole(i, j)) continue;  // transparent
       const v = value(i, j);
       if (Number.isNaN(v)) { px[o] = 255; px[o + 1] = 0; px[o + 2] = 255; px[o + 3] = 255; continue; }
       const k = Math.max(0, Math.min(255, Math.round((v / top) * 255))) * 3;
@@ -34,8 +36,28 @@ function cells(rows, cols, value, scale, skip) {
   return off;
 }
 
+// The hatch of a masked key (the mask forbids it: its weight is 0 by construction, not merely small):
+// diagonal lines on the page's background, in either theme, at the screen's pixels whatever the cell size.
+function hatch(ctx) {
+  const tile = document.createElement("canvas"), n = 6;
+  tile.width = tile.height = n;
+  const t = tile.getContext("2d");
+  t.fillStyle = css("--masked-bg"); t.fillRect(0, 0, n, n);
+  t.strokeStyle = css("--masked-line"); t.lineWidth = 1.2;
+  t.beginPath(); t.moveTo(0, n); t.lineTo(n, 0); t.moveTo(-1, 1); t.lineTo(1, -1); t.moveTo(n - 1, n + 1); t.lineTo(n + 1, n - 1); t.stroke();
+  return ctx.createPattern(tile, "repeat");
+}
+
+// Draw a cells() image at (x, y), w x h, sharp; where `hatched`, the hatch first, under the clear cells.
+function paint(ctx, image, x, y, w, h, hatched) {
+  if (hatched) { ctx.fillStyle = hatch(ctx); ctx.fillRect(x, y, w, h); }
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(image, x, y, w, h);
+}
+
 // A heatmap with labels on both axes. spec: rows, cols, rowLabel(i), colLabel(j), cell (css px), image,
-// rowMark(i) ("sel" | "match" | ""), colMark(j). Returns the geometry for hit-testing.
+// rowMark(i) ("sel" | "match" | ""), colMark(j), hatched (the image has clear masked cells). Returns the geometry
+// for hit-testing.
 function drawMap(canvas, spec) {
   const ratio = dpr(), font = "11px ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace";
   let cell = spec.cell;
@@ -52,8 +74,7 @@ function drawMap(canvas, spec) {
   canvas.style.width = W + "px"; canvas.style.height = H + "px";
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   ctx.fillStyle = css("--bg"); ctx.fillRect(0, 0, W, H);
-  ctx.imageSmoothingEnabled = false;
-  ctx.drawImage(spec.image, left, top, spec.cols * cell, spec.rows * cell);
+  paint(ctx, spec.image, left, top, spec.cols * cell, spec.rows * cell, spec.hatched);
   ctx.font = font; ctx.textBaseline = "middle";
   const fg = css("--fg"), accent = css("--accent"), match = css("--match");
   const step = every(cell);
@@ -101,8 +122,8 @@ function showTip(tip, wrap, event, text) {
   tip.style.left = Math.max(0, x) + "px"; tip.style.top = y + "px";
 }
 
-function colorbar(max, exp) {
-  const c = $("colorbar"), ratio = dpr(), W = 78, H = 220, ctx = c.getContext("2d");
+function colorbar(max, exp, masked) {  // masked: a hatched swatch under it, "masked"
+  const c = $("colorbar"), ratio = dpr(), W = 78, H = masked ? 256 : 220, ctx = c.getContext("2d");
   c.width = W * ratio; c.height = H * ratio; c.style.width = W + "px"; c.style.height = H + "px";
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   ctx.clearRect(0, 0, W, H);
@@ -114,4 +135,10 @@ function colorbar(max, exp) {
   ctx.fillStyle = css("--fg"); ctx.font = "11px ui-monospace, monospace"; ctx.textBaseline = "middle";
   const d = Math.max(0, -exp);
   for (const f of [1, 0.75, 0.5, 0.25, 0]) ctx.fillText((max * f).toFixed(d), 24, 10 + (1 - f) * 199);
+  if (masked) {
+    ctx.fillStyle = hatch(ctx); ctx.fillRect(4, 228, 16, 16);
+    ctx.strokeStyle = css("--line"); ctx.lineWidth = 1; ctx.strokeRect(4.5, 228.5, 15, 15);
+    ctx.fillStyle = css("--fg"); ctx.fillText("masked", 24, 236);
+  }
+  c.dataset.masked = masked ? "1" : "";
 }

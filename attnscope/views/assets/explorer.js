@@ -1,5 +1,5 @@
 // attnscope's explorer page, the page itself: the selectors, the heatmap of the chosen head, a query's keys,
-// the tokens and the search, every head and the statistics, themes, keys, and the start.
+// the tokens and the search, every head and the statistics, every layer's kinds, themes, keys, and the start.
 
 // ---- the explorer ----------------------------------------------------------------------------------------
 const layerSelect = $("layer-select"), headSelect = $("head-select");
@@ -20,7 +20,7 @@ function drawPattern() {
   if (!P || !P.grid) return;
   const [rows, cols] = P.grid.shape, [pr, pc] = P.pool, pooled = !P.exact;
   const max = P.grid.max();
-  const image = cells(rows, cols, (i, j) => P.grid.value(i * cols + j), () => max);
+  const image = cells(rows, cols, (i, j) => P.grid.value(i * cols + j), () => max, null, P.masks && P.masked);
   const selRow = state.query === null ? null : Math.floor(state.query / pr);
   const matches = new Set(state.matches);
   const cell = state.cell || autoCell(P);
@@ -30,9 +30,9 @@ function drawPattern() {
     colLabel: (j) => (pooled ? range(P.n_K, pc, j) : kLabel(j)),
     rowMark: (i) => (i === selRow ? "sel" : !pooled && matches.has(i) ? "match" : ""),
     colMark: (j) => (!pooled && state.search && kLabel(j).toLowerCase().includes(state.search) ? "match" : ""),
-    outline: selRow === null ? [] : [selRow],
+    outline: selRow === null ? [] : [selRow], hatched: !!P.masks,
   });
-  colorbar(max, P.grid.ref.exp);
+  colorbar(max, P.grid.ref.exp, !!P.masks);
 }
 
 function patternTitle() {
@@ -42,14 +42,16 @@ function patternTitle() {
   parts.push(`${P.n_Q} queries × ${P.n_K} keys`);
   if (!P.exact) parts.push(`pooled: each cell = ${P.pool[0]} queries × ${P.pool[1]} keys (mean over the queries of their total weight on the keys)`);
   parts.push(`0 (dark) to ${P.grid.max().toFixed(Math.max(0, -P.grid.ref.exp))} (bright)`);
+  if (P.masks) parts.push("hatched: keys the mask forbids (weight 0 by construction; a dark cell is an allowed key's small weight)");
   if (META.pattern_note) parts.push(META.pattern_note);
   if (META.decimals_note) parts.push(META.decimals_note);
   $("pattern-title").textContent = parts.join(" · ");
 }
 
-function keyItem(row, j, max) {
+function keyItem(row, j, max, masked) {
   const li = document.createElement("li");
   li.dataset.key = j;
+  if (masked) { li.className = "masked"; li.title = "the mask forbids this key"; }
   const v = row.arr.value(row.base + j);
   li.innerHTML = '<span class="pos"></span><span class="tok"></span><span class="bar"><i></i></span><span class="w" data-testid="key-weight"></span>';
   li.children[0].textContent = "k" + j;
@@ -61,7 +63,7 @@ function keyItem(row, j, max) {
   return li;
 }
 
-function showKeys(panel, title, sub, row, n_K, showAll, onToggle) {
+function showKeys(panel, title, sub, row, n_K, showAll, onToggle, masked) {  // masked(j): the mask forbids key j
   panel.replaceChildren();
   const h = document.createElement("h4"); h.textContent = title; panel.append(h);
   const p = document.createElement("div"); p.className = "muted"; p.textContent = sub; panel.append(p);
@@ -75,7 +77,7 @@ function showKeys(panel, title, sub, row, n_K, showAll, onToggle) {
     const m = document.createElement("p"); m.textContent = "this query attends to no key: every weight is 0"; panel.append(m);
   }
   const list = document.createElement("ol"); list.className = "top"; list.dataset.testid = "top-keys-list";
-  for (const j of top) list.append(keyItem(row, j, max));
+  for (const j of top) list.append(keyItem(row, j, max, masked && masked(j)));
   panel.append(list);
   if (n_K > 1) {
     const b = document.createElement("button"); b.type = "button"; b.dataset.testid = "show-all";
@@ -86,7 +88,7 @@ function showKeys(panel, title, sub, row, n_K, showAll, onToggle) {
   }
   if (showAll) {
     const all = document.createElement("ol"); all.className = "all"; all.dataset.testid = "all-keys-list";
-    for (const j of order) all.append(keyItem(row, j, max));
+    for (const j of order) all.append(keyItem(row, j, max, masked && masked(j)));
     panel.append(all);
   }
 }
@@ -103,7 +105,7 @@ function topKeys() {
   const q = state.query, pos = q + (META.offset || 0);
   showKeys(panel, `query ${q} “${qLabel(q)}”${META.offset ? ` (position ${pos})` : ""}`,
     `${L.label}, ${h.label}: its strongest keys, weights to ${Math.max(0, -(current.grid ? current.grid.ref.exp : -META.decimals))} decimals`,
-    current.row(q), current.n_K, state.showAll, () => { state.showAll = !state.showAll; topKeys(); });
+    current.row(q), current.n_K, state.showAll, () => { state.showAll = !state.showAll; topKeys(); }, (j) => current.masked(q, j));
 }
 
 function tokens() {
@@ -146,9 +148,59 @@ async function open(li, hi) {  // the data first, then everything shown at once,
   layerSelect.value = String(li);
   if (layerChanged) fillHeads();
   headSelect.value = String(hi);
-  patternTitle(); drawPattern(); topKeys(); tokens(); stats();
+  patternTitle(); drawPattern(); topKeys(); tokens(); stats(); heading(); kinds();
   document.documentElement.dataset.shown = `${li}:${hi}`;
   await grid(); await decode();
+}
+
+function heading() {  // the title names the layer and head shown; a table about another says whose it is
+  const L = META.layers[state.layer], h = L.heads[state.head], shown = `${L.label}, ${h.label}`;
+  if (META.subject) { $("page-title").textContent = META.subject + shown; document.title = META.subject + shown; }
+  document.querySelectorAll("table.steps[data-layer]").forEach((t) => {
+    const li = Number(t.dataset.layer), hi = t.dataset.head === undefined ? null : Number(t.dataset.head);
+    const other = li !== state.layer || (hi !== null && hi !== state.head);
+    let note = t.querySelector(".elsewhere-note");
+    if (!note) { note = document.createElement("span"); note.className = "elsewhere-note"; note.dataset.testid = "elsewhere-note"; t.caption.append(note); }
+    const about = META.layers[li].label + (hi === null ? "" : ", " + META.layers[li].heads[hi].label);
+    note.textContent = other ? `this table is ${about}'s, as the run asked; the heatmap shows ${shown}` : "";
+    note.hidden = !other;
+    t.classList.toggle("elsewhere", other);
+  });
+}
+
+// Every layer's heads as letters of their kinds (the terminal's --all-layers grid); a click opens that head.
+function kinds() {
+  const box = $("kinds"), table = $("kinds-grid");
+  if (META.layers.length < 2 || !META.layers.some((L) => L.heads.some((h) => h.kind))) return;
+  if (!table.rows.length) {
+    const letters = META.kind_letters;
+    $("kinds-legend").replaceChildren(...Object.entries(letters).flatMap(([kind, letter], i) => {
+      const b = document.createElement("b"); b.textContent = letter;
+      return [i ? "  " : "", b, " " + kind];
+    }), "  (docs/heads.md)");
+    const n = Math.max(...META.layers.map((L) => L.heads.length));
+    const head = table.createTHead().insertRow();
+    head.append(document.createElement("th"));
+    for (let hi = 0; hi < n; hi++) { const th = document.createElement("th"); th.textContent = String(hi); th.scope = "col"; head.append(th); }
+    const body = table.createTBody();
+    META.layers.forEach((L, li) => {
+      const tr = body.insertRow(), th = document.createElement("th");
+      th.textContent = L.label; th.scope = "row"; tr.append(th);
+      L.heads.forEach((h, hi) => {
+        const td = tr.insertCell();
+        td.textContent = h.kind ? letters[h.kind] || "?" : "";
+        td.title = `${L.label}, ${h.label}${h.kind ? ": " + h.kind : ""}`;
+        td.dataset.layer = li; td.dataset.head = hi; td.dataset.testid = "kind-cell";
+      });
+    });
+    table.addEventListener("click", (e) => { const td = e.target.closest("td"); if (td) open(Number(td.dataset.layer), Number(td.dataset.head)); });
+    box.hidden = false;
+    document.querySelectorAll(".needs-layers").forEach((a) => { a.hidden = false; });
+  }
+  Array.from(table.tBodies[0].rows).forEach((tr, li) => {
+    tr.classList.toggle("current", li === state.layer);
+    Array.from(tr.cells).forEach((td, hi) => td.classList.toggle("selected", li === state.layer && hi === state.head));
+  });
 }
 
 function fillHeads() {
@@ -180,20 +232,24 @@ async function grid() {
 function thumb(canvas, P) {  // pooled to at most 48 cells a side, keys summed and queries averaged, each row on its own scale
   if (!P.grid) return;
   const [R, C] = P.grid.shape, r = Math.ceil(R / 48), c = Math.ceil(C / 48), rows = Math.ceil(R / r), cols = Math.ceil(C / c);
-  const sums = new Float64Array(rows * cols), counts = new Float64Array(rows);
+  const sums = new Float64Array(rows * cols), counts = new Float64Array(rows), seen = new Uint8Array(rows * cols);
   for (let i = 0; i < R; i++) {
     counts[Math.floor(i / r)] += 1;
-    for (let j = 0; j < C; j++) { const v = P.grid.value(i * C + j); sums[Math.floor(i / r) * cols + Math.floor(j / c)] += v; }
+    for (let j = 0; j < C; j++) {
+      const v = P.grid.value(i * C + j), at = Math.floor(i / r) * cols + Math.floor(j / c);
+      sums[at] += v;
+      if (!P.masked(i, j)) seen[at] = 1;  // a thumbnail's cell is masked when every key in it is
+    }
   }
   const top = new Float64Array(rows);
   for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) { sums[i * cols + j] /= counts[i]; if (sums[i * cols + j] > top[i]) top[i] = sums[i * cols + j]; }
-  const image = cells(rows, cols, (i, j) => sums[i * cols + j], (i) => top[i]);
+  const image = cells(rows, cols, (i, j) => sums[i * cols + j], (i) => top[i], null, P.masks && ((i, j) => !seen[i * cols + j]));
   const px = Math.max(2, Math.min(8, Math.floor(128 / Math.max(rows, cols)))), ratio = dpr();
   canvas.width = cols * px * ratio; canvas.height = rows * px * ratio;
   canvas.style.width = cols * px + "px"; canvas.style.height = rows * px + "px";
   const ctx = canvas.getContext("2d");
-  ctx.imageSmoothingEnabled = false;
-  ctx.drawImage(image, 0, 0, canvas.width, canvas.height);
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  paint(ctx, image, 0, 0, cols * px, rows * px, !!P.masks);
 }
 
 const STATS = [["entropy", "entropy (bits)", 2], ["first", "first token", 2], ["previous", "previous", 2], ["self", "self", 2], ["distance", "distance", 1], ["spread", "spread", 2]];
@@ -260,7 +316,8 @@ function wire() {
   canvas.addEventListener("mousemove", (e) => {
     const at = geo && hit(geo, e);
     if (!at || !current) { tip.hidden = true; return; }
-    const { i, j } = at, cols = current.grid.shape[1], text = current.grid.text(i * cols + j);
+    const { i, j } = at, cols = current.grid.shape[1];
+    const text = current.masked(i, j) ? "masked (the mask forbids this key)" : current.grid.text(i * cols + j);
     if (current.exact) showTip(tip, wrap, e, `query ${i} “${qLabel(i)}” → key ${j} “${kLabel(j)}”: ${text}`);
     else showTip(tip, wrap, e, `queries ${range(current.n_Q, current.pool[0], i)} → keys ${range(current.n_K, current.pool[1], j)}: ${text}`);
   });
