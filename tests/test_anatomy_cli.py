@@ -41,7 +41,16 @@ def one_line(outcome, code: int, *phrases: str) -> str:
 
 
 @pytest.mark.parametrize(("edit", "phrases"), [
-    ({"num_hidden_layers": 10**12}, ("num_hidden_layers is 1000000000000", "at most 10000")),
+    ({"num_hidden_layers": 10**12}, ("num_hidden_layers is 1,000,000,000,000", "at most 100,000")),
+    # what the model reader refuses (models/config.py's check_sane), anatomy refuses in its words (issue 36)
+    ({"hidden_size": 2**64}, ("hidden_size is 1.84e+19", "no model is that wide")),
+    ({"vocab_size": 1e308}, ("vocab_size is 1e+308", "no vocabulary is that large")),
+    ({"intermediate_size": 1e308}, ("intermediate_size is 1e+308", "no model is that wide")),
+    ({"pad_token_id": 2**64}, ("pad_token_id", "beyond 64-bit integers")),
+    ({"head_dim": 0}, ("head_dim is 0", "at least 1")),
+    ({"model_type": 123}, ("model_type is 123", "must be a string")),
+    ({"text_config": {"model_type": [1]}}, ("text_config.model_type is [1]", "must be a string")),
+    ({"extra": json.loads('{"a":' * 65 + "1" + "}" * 65)}, ("nested more than 64 deep",)),
     ({"num_attention_heads": 10**30}, ("num_attention_heads is", "at most")),
     ({"num_attention_heads": "16"}, ("num_attention_heads", "whole number")),
     ({"num_key_value_heads": 5}, ("num_key_value_heads is 5", "does not divide the 16")),

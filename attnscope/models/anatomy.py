@@ -192,7 +192,9 @@ def read_anatomy(model: str, tokens: int | None = None, dtype: str | None = None
 
 def _settings(path: Path, data: dict[str, Any], where: str, fallback_type: str = "") -> Settings:
     own = data.get("model_type")
-    return Settings(path, data, own if isinstance(own, str) and own else fallback_type, where)
+    s = Settings(path, data, own if isinstance(own, str) and own else fallback_type, where)
+    s.string("model_type", default="")  # a number or a list names no family: refused, not shown as '?'
+    return s
 
 
 def _decoder_or_encoder(s: Settings, assumed: list[str], causal: bool | None = None) -> list[tuple[int, Layer]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.errors import UsageError
-from attnscope.models.config import Config
+from attnscope.models.config import Config, check_sane
 
 # The settings anatomy reads, under any of the names transformers 4.4x and 5.x give them.
 FIELDS = (
@@ -83,7 +83,8 @@ def family_defaults(model_type: str) -> dict[str, Any] | None:
 
 def read_config_file(model: str, path: Path) -> dict[str, Any]:
     """config.json as a dict: refused in one line if missing, too large, not JSON, nested without end, or not
-    an object."""
+    an object; then refused as the model reader refuses it (config.check_sane: nested past 64, a size past its
+    bound, an integer past 64 bits), wherever the value sits."""
     if not path.is_file():
         raise UsageError(f"{model}: no config.json there; give a model folder saved by save_pretrained, its "
                          "config.json, or a Hugging Face model name")
@@ -100,6 +101,7 @@ def read_config_file(model: str, path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"{path} holds a JSON {type(data).__name__}, not an object of settings; give the "
                          "config.json that save_pretrained wrote")
+    check_sane(path, data)
     return data
 
 

@@ -248,7 +248,9 @@ def rotary_head_dim(s: Settings) -> int:
 
 def head_dim(s: Settings) -> int:
     """head_dim and its other names, else hidden_size // num_attention_heads, as the modeling code takes it."""
-    if s.raw("head_dim", "d_kv", "kv_channels"):
+    # A head_dim of 0 in config.json is refused, not shown as the derived size; a class default of 0
+    # (glm5_next_text's) means "derive it".
+    if s.raw("head_dim", "d_kv", "kv_channels") or s.given("head_dim", "d_kv", "kv_channels"):
         return s.size("head_dim", "d_kv", "kv_channels")
     width, heads = s.size("hidden_size", "n_embd", "d_model"), s.size("num_attention_heads", "n_head", "num_heads")
     if width < heads:
