@@ -103,6 +103,18 @@ def test_text_without_a_tokenizer_is_refused_naming_the_files(runner, llama, tmp
            "tokenizer.json", "vocab.txt", "tokenizer.save_pretrained")
 
 
+@pytest.mark.parametrize(("vocab", "said"), [(b"\x00\x01garbage\n\xff", "valid UTF-8"),
+                                             (b"abc\ndef\n", "Missing [UNK]")])
+def test_a_garbage_vocabulary_is_one_line_naming_the_file(runner, tmp_path, vocab, said):
+    """The tokenizers library raises a plain Exception for a vocab.txt it cannot read or encode with."""
+    folder = tmp_path / "bert"
+    build("bert", folder)
+    (folder / "tokenizer.json").unlink()
+    (folder / "vocab.txt").write_bytes(vocab)
+    _fails(runner, ["head", "--model", str(folder), "--text", SENTENCE], 2, f"--model {folder}: no usable tokenizer",
+           "vocab.txt cannot be read", said)
+
+
 def test_unsupported_rope_scaling_is_refused_by_name_for_text_only(runner, llama, tmp_path):
     folder = _variant(llama, tmp_path, lambda c: c | {"rope_parameters": {"rope_type": "axial",
                                                                          "rope_theta": 10000.0}})

@@ -137,7 +137,12 @@ def _token_text(value: Any) -> str | None:
 
 def _auto(folder: Path, text: str, settings: dict[str, Any], target: bool = False) -> Encoded:
     tokenizer = _auto_tokenizer(folder, settings)
-    encoded = tokenizer(text_target=text) if target else tokenizer(text)
+    try:
+        encoded = tokenizer(text_target=text) if target else tokenizer(text)
+    except Exception as exc:
+        if type(exc) is not Exception:  # a vocabulary that loads but cannot encode (WordPiece with no [UNK])
+            raise
+        raise _unreadable(folder, exc) from None
     ids = list(encoded["input_ids"])
     type_ids = list(encoded.get("token_type_ids") or [0] * len(ids))
     return Encoded(ids, list(tokenizer.convert_ids_to_tokens(ids)), type_ids, "transformers AutoTokenizer")
@@ -163,9 +168,20 @@ def _auto_tokenizer(folder: Path, settings: dict[str, Any] | None = None) -> Any
     except (OSError, ValueError, TypeError, KeyError, ImportError) as exc:
         if "trust_remote_code" in str(exc):  # the config's auto_map (refused before, for a model_type it knows)
             raise own_code(folder, "config.json", "its own code") from None
-        first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise UsageError(f"{{model}} {folder}: no usable tokenizer there for {{text}} ({first})", "model",
-                         "text") from None
+        raise _unreadable(folder, exc) from None
+    except Exception as exc:
+        if type(exc) is not Exception:  # the tokenizers library's Rust side raises the plain Exception
+            raise
+        raise _unreadable(folder, exc) from None
+
+
+def _unreadable(folder: Path, exc: Exception) -> UsageError:
+    """The folder's tokenizer files could not be read: name them, and what the library said."""
+    first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    files = [name for name in VOCABULARY_FILES if (folder / name).is_file()]
+    return UsageError(f"{{model}} {folder}: no usable tokenizer there for {{text}}: {', '.join(files) or 'its files'} "
+                      f"cannot be read ({first}); save a working one with tokenizer.save_pretrained(folder)",
+                      "model", "text")
 
 
 def tokens_of(folder: Path, ids: list[int]) -> list[str]:
