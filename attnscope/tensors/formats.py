@@ -6,8 +6,11 @@ guard work from the headers alone, whatever the file's size.
 |---|---|
 | `.npy` | the magic string and the header dict (`numpy.lib.format.read_array_header_1_0/2_0`) |
 | `.npz` | the zip's directory, then each member's `.npy` header, inflating only those first bytes |
-| `.safetensors` | the 8-byte length and the JSON header (the format's spec), offsets checked against the file |
+| `.safetensors` | the 8-byte length and the JSON header (the format's spec), checked as safetensors checks it |
 | `.pt`, `.pth` | `torch.load(mmap=True, weights_only=True)`: the data stays on disk until used |
+
+Every header is checked against the bytes the file holds before any data is read: a header that declares more
+than its data holds is one line here (exit 2), not an error from the reader later, whichever command reads it.
 """
 
 from __future__ import annotations
@@ -100,9 +103,15 @@ def native(array: Any) -> Any:
     return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
 
 
-def _numpy_entry(shape: tuple[int, ...], dtype: np.dtype[Any], read: Callable[[], Any]) -> Entry:
+def _numpy_entry(where: str, shape: tuple[int, ...], dtype: np.dtype[Any], held: int,
+                 read: Callable[[], Any]) -> Entry:
+    """`held`: the bytes after the header, which must hold what the header declares (numpy.load finds out only
+    when it reads them: "Failed to read all data for array")."""
     problem = numpy_problem(dtype)
     size = math.prod(shape) * dtype.itemsize
+    if size > held and not problem:
+        raise UsageError(f"{where}: truncated or damaged: its header declares {list(shape)} {dtype.name} "
+                         f"({size:,} bytes) but only {held:,} bytes of data follow it; write the file again")
     return Entry(shape, None if problem else torch_dtype(dtype), size, read, problem)
 
 
@@ -112,7 +121,8 @@ def npy_entries(path: Path) -> dict[str, Entry]:
     check_magic(path)
     with open(path, "rb") as handle:
         shape, dtype = npy_header(handle)
-    return {"": _numpy_entry(shape, dtype, lambda: native(np.load(path, allow_pickle=False)))}
+        held = path.stat().st_size - handle.tell()
+    return {"": _numpy_entry(str(path), shape, dtype, held, lambda: native(np.load(path, allow_pickle=False)))}
 
 
 def npz_entries(path: Path) -> dict[str, Entry]:
@@ -135,7 +145,9 @@ def npz_entries(path: Path) -> dict[str, Entry]:
                 continue
             with archive.open(info) as member:
                 shape, dtype = npy_header(member)
-            entries[info.filename.removesuffix(".npy")] = _numpy_entry(shape, dtype, reader(info))
+                held = info.file_size - member.tell()  # the member's inflated size, from the zip's directory
+            name = info.filename.removesuffix(".npy")
+            entries[name] = _numpy_entry(f"{path}:{name}", shape, dtype, held, reader(info))
     return entries
 
 
@@ -179,25 +191,59 @@ def safetensors_entries(path: Path) -> dict[str, Entry]:
                 return handle.get_tensor(name)
         return read
 
-    entries = {}
+    entries, spans = {}, []
     for name, info in header.items():
         if name == "__metadata__":
+            _check_metadata(path, info)
             continue
         try:
-            shape = tuple(int(n) for n in info["shape"])
-            begin, end = (int(n) for n in info["data_offsets"])
-            kind = str(info["dtype"])
+            shape, (begin, end), kind = _naturals(info["shape"]), _naturals(info["data_offsets"]), str(info["dtype"])
         except (TypeError, KeyError, ValueError):
             raise UsageError(f"{path}: not a valid .safetensors file (tensor {name!r} has a malformed entry)") from None
         if not 0 <= begin <= end <= size - 8 - length:
             raise UsageError(f"{path}: truncated or damaged: tensor {name!r} lies beyond the end of the file")
         dtype = getattr(torch, SAFETENSORS_DTYPES.get(kind, "-"), None)
         if isinstance(dtype, torch.dtype):
+            if math.prod(shape) * dtype.itemsize != end - begin:
+                raise UsageError(f"{path}: truncated or damaged: tensor {name!r} is declared {list(shape)} {kind} "
+                                 f"({math.prod(shape) * dtype.itemsize:,} bytes) but holds {end - begin:,} bytes")
             entries[name] = Entry(shape, dtype, end - begin, reader(name), dtype_problem(dtype))
         else:
             problem = f"holds a tensor of dtype {kind}, not one torch reads"
             entries[name] = Entry(shape, None, end - begin, reader(name), problem)
+        spans.append((begin, end, name))
+    _check_spans(path, spans, size - 8 - length)
     return entries
+
+
+def _naturals(value: Any) -> tuple[int, ...]:
+    """A JSON list of whole numbers of 0 or more (safetensors reads them as usize), else ValueError."""
+    if not isinstance(value, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                              for n in value):
+        raise ValueError(value)
+    return tuple(value)
+
+
+def _check_metadata(path: Path, metadata: Any) -> None:
+    """`__metadata__` is a map of strings to strings (safetensors' `Metadata`), or null."""
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str)
+                                                                          for v in metadata.values())):
+        raise UsageError(f"{path}: not a valid .safetensors file (its __metadata__ is not a map of strings)")
+
+
+def _check_spans(path: Path, spans: list[tuple[int, int, str]], data_size: int) -> None:
+    """The tensors' bytes, in the order of their offsets, follow one another from 0 to the end of the file, with no
+    gap and no overlap: what safetensors' own reader checks before it reads any tensor (`Metadata::validate` and
+    `read_metadata` in safetensors' tensor.rs: "invalid offset", "file not fully covered")."""
+    end, before = 0, "the data begins"
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            raise UsageError(f"{path}: truncated or damaged: tensor {name!r} starts at byte {begin:,} of the data, "
+                             f"not at {end:,} where {before}")
+        end, before = stop, f"tensor {name!r} ends"
+    if end != data_size:
+        raise UsageError(f"{path}: not a valid .safetensors file (its tensors take {end:,} bytes of the "
+                         f"{data_size:,} after the header)")
 
 
 def dtype_problem(dtype: torch.dtype) -> str | None:
@@ -240,6 +286,8 @@ def torch_entries(path: Path, *, meta: bool, fits: Callable[[int], None]) -> dic
                                    "{meta}", path.stat().st_size, "meta") from None
         fits(path.stat().st_size)
         loaded = _torch_load(path, mmap=False)
+    else:
+        _check_records(path)
     if isinstance(loaded, torch.Tensor):
         found = {"": loaded}
     elif isinstance(loaded, dict) and any(isinstance(v, torch.Tensor) for v in loaded.values()):
@@ -248,6 +296,35 @@ def torch_entries(path: Path, *, meta: bool, fits: Callable[[int], None]) -> dic
         raise UsageError(f"{path}: holds a {type(loaded).__name__}, not a tensor or a dict of tensors")
     return {name: Entry(tuple(t.shape), t.dtype, t.numel() * t.element_size(), _constant(t), torch_problem(t, meta))
             for name, t in found.items()}
+
+
+def _check_records(path: Path) -> None:
+    """Each storage fits in the archive record that holds it. torch.load(mmap=True) slices a storage out of the
+    mapped file by the size its pickle declares (`load_tensor` in torch/serialization.py) and checks it against
+    nothing but the file's end, so a storage larger than its record would read the records after it; the unmapped
+    load checks it (`get_storage_from_record`: "record size ... does not match"). A meta load reads the pickle
+    alone and gives each storage's size and its record's offset (`_checkpoint_offset`)."""
+    import torch
+
+    held = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
+        for info in archive.infolist():
+            handle.seek(info.header_offset + 26)  # the local header: 30 bytes, then the name and the extra field
+            name_length, extra_length = struct.unpack("<HH", handle.read(4))
+            held[info.header_offset + 30 + name_length + extra_length] = info.file_size
+    try:
+        found = torch.load(path, map_location="meta", weights_only=True)
+    except (RuntimeError, NotImplementedError):  # a quantized tensor has no meta form: torch_problem refuses it
+        return
+    tensors = [found] if isinstance(found, torch.Tensor) else list(found.values()) if isinstance(found, dict) else []
+    for tensor in tensors:
+        if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+            continue
+        storage = tensor.untyped_storage()
+        offset = getattr(storage, "_checkpoint_offset", None)
+        if offset in held and storage.nbytes() > held[offset]:
+            raise UsageError(f"{path}: truncated or damaged: a tensor's storage is declared {storage.nbytes():,} "
+                             f"bytes but its record in the archive holds {held[offset]:,}; save it again")
 
 
 def _constant(tensor: torch.Tensor) -> Callable[[], Any]:

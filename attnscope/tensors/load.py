@@ -64,10 +64,21 @@ def load_tensor(spec: str, *, meta: bool = False) -> torch.Tensor:
         return value if isinstance(value, torch.Tensor) else torch.from_numpy(value)
     except (UsageError, ResourceError):
         raise
-    except (zipfile.BadZipFile, zlib.error, NotImplementedError) as exc:
-        raise UsageError(f"{path}: a damaged {suffix} archive ({_first_line(exc)}); write the file again") from None
-    except (ValueError, OSError, RuntimeError, EOFError, KeyError, struct.error) as exc:
-        raise UsageError(f"{path}: not a readable {suffix} tensor file ({_first_line(exc)})") from None
+    except UNREADABLE as exc:
+        raise unreadable(path, exc) from None
+
+
+# What a reader raises for a file that is damaged (a bad CRC, a truncated stream, a header torch cannot parse).
+UNREADABLE = (zipfile.BadZipFile, zlib.error, NotImplementedError, ValueError, OSError, RuntimeError, EOFError,
+              KeyError, struct.error)
+
+
+def unreadable(path: Path, exc: BaseException) -> UsageError:
+    """One line for a file a reader could not read: a damaged archive, or a file its format's reader refused."""
+    suffix = path.suffix.lower()
+    if isinstance(exc, (zipfile.BadZipFile, zlib.error, NotImplementedError)):
+        return UsageError(f"{path}: a damaged {suffix} archive ({_first_line(exc)}); write the file again")
+    return UsageError(f"{path}: not a readable {suffix} tensor file ({_first_line(exc)})")
 
 
 def _entries(path: Path, suffix: str, meta: bool) -> Mapping[str, Entry]:

@@ -30,9 +30,16 @@ class SavedRun:
         return sum(entry.nbytes for entry in self.entries.values())
 
     def load(self, name: str) -> torch.Tensor:
+        """The tensor's data, read now; a file damaged past its header (an archive whose CRC fails once the data
+        is inflated) is one line, as load_tensor says it."""
         import torch
 
-        value = self.entries[name].read()
+        from attnscope.tensors.load import UNREADABLE, unreadable
+
+        try:
+            value = self.entries[name].read()
+        except UNREADABLE as exc:
+            raise unreadable(self.path, exc) from None
         return value if isinstance(value, torch.Tensor) else torch.from_numpy(value)
 
 
