@@ -60,13 +60,28 @@ def _encoder_decoders() -> dict[str, Builder]:
             "MBart": encdec("mbart"), "Whisper": encdec("whisper")}
 
 
-def _interface(folder: Path):
+def _through_transformers() -> dict[str, Builder]:
+    """The families with no page, each row's tiny_interface model: three through the attention interface, two
+    hybrids."""
     import tiny_interface
 
-    return tiny_interface.build("gpt_neox", folder)[0]
+    def interface(name: str) -> Builder:
+        return lambda folder: tiny_interface.build(name, folder)[0]
+
+    return {f"{how}:{name}": interface(name) for how, names in (("interface", ("gpt_neox", "mixtral", "cohere2")),
+                                                                  ("hybrid", tiny_interface.HYBRIDS))
+            for name in names}
 
 
-BUILDERS: dict[str, Builder] = {**_pages(), **_encoder_decoders(), "interface": _interface}
+BUILDERS: dict[str, Builder] = {**_pages(), **_encoder_decoders(), **_through_transformers()}
+
+
+def attention_layers(eager) -> list[int]:
+    """The layers with attention (every layer but a hybrid's Mamba or convolution layers), as transformers'
+    config names them: what output_attentions' entries stand for, in order."""
+    import tiny_interface
+
+    return tiny_interface.attention_layers(eager)
 
 
 def assert_trained_looking(folder: Path) -> None:

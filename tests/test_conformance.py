@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from conformance import BUILDERS, assert_trained_looking, eager_attentions
+from conformance import BUILDERS, assert_trained_looking, attention_layers, eager_attentions
 from tiny_models import SENTENCE, cached_builder
 
 from attnscope.cli import app
@@ -44,7 +44,7 @@ def _close(mine, theirs, what: str) -> None:
 
 def test_every_family_page_has_a_row_and_a_builder():
     """Adding a family adds a row; a row without a builder (or a page without a row) fails."""
-    rows = {t for row in ROWS if row.family != "interface" for t in row.model_types}
+    rows = {t for row in ROWS if row.page for t in row.model_types}
     assert rows == set(FAMILIES)
     assert {row.family for row in ROWS} == set(BUILDERS)
     assert all(set(row.views) == set(VIEWS) for row in ROWS)
@@ -84,14 +84,29 @@ def _short(runner, folder, eager, family, monkeypatch):
     if family in ENCODER_DECODERS:
         _short_encoder_decoder(runner, folder, eager, family)
         return
-    first = _json(runner, folder, "--text", SENTENCE, "--all-heads")
+    layers = attention_layers(eager)
+    first = _json(runner, folder, "--text", SENTENCE, "--all-heads", "--layer", str(layers[0]))
     theirs = eager_attentions(eager, first["token_ids"])
-    for layer, pattern in enumerate(theirs):
-        payload = first if layer == 0 else _json(runner, folder, "--text", SENTENCE, "--all-heads", "--layer",
-                                                 str(layer))
+    assert len(theirs) == len(layers)
+    for layer, pattern in zip(layers, theirs, strict=True):
+        payload = first if layer == layers[0] else _json(runner, folder, "--text", SENTENCE, "--all-heads", "--layer",
+                                                         str(layer))
         assert payload["traced"] is True and payload["tracer"] in ("attnscope", "attention-interface")
         for head in payload["heads"]:
             _close(head["attention"], pattern[head["head"]], f"{family} layer {layer} head {head['head']}")
+    if family.startswith("hybrid:"):
+        _no_attention_refused(runner, folder, eager, layers)
+
+
+def _no_attention_refused(runner, folder, eager, layers):
+    """A hybrid's layer without attention (a Mamba or convolution layer), in every view: one line naming the
+    layers that have attention, exit 2."""
+    other = next(i for i in range(eager.config.num_hidden_layers) if i not in layers)
+    for more in ([], ["--all-layers"], ["--generate", "2"]):
+        result = runner.invoke(app, ["head", "--model", str(folder), "--text", PROMPT, "--layer", str(other), *more])
+        assert result.exit_code == 2, result.output
+        line = f"the layers with attention are {', '.join(map(str, layers))}"
+        assert result.stderr.count("\n") == 1 and line in result.stderr and "Traceback" not in result.stderr
 
 
 def _short_encoder_decoder(runner, folder, eager, family):
@@ -120,10 +135,11 @@ def _long(runner, folder, eager, family, monkeypatch):
     ids = tokenizer.encode(folder, SENTENCE).ids
     assert len(ids) > 8
     theirs = eager_attentions(eager, ids)
-    if family == "interface":  # transformers runs the whole pattern (memory-guarded up front), not blocks
-        payload = _json(runner, folder, "--text", SENTENCE, "--all-heads", "--layer", "1")
+    if not next(row for row in ROWS if row.family == family).page:  # transformers runs the whole pattern
+        layer = attention_layers(eager)[-1]  # (memory-guarded up front), not blocks
+        payload = _json(runner, folder, "--text", SENTENCE, "--all-heads", "--layer", str(layer))
         for head in payload["heads"]:
-            _close(head["attention"], theirs[1][head["head"]], f"{family} long head {head['head']}")
+            _close(head["attention"], theirs[-1][head["head"]], f"{family} long head {head['head']}")
         return
     for layer, pattern in enumerate(theirs):
         head = layer % pattern.shape[0]  # a different head each layer
@@ -135,8 +151,7 @@ def _long(runner, folder, eager, family, monkeypatch):
 
 
 def _generate(runner, folder, eager, family, monkeypatch):
-    n_layer = eager.config.get_text_config().num_hidden_layers
-    for layer in range(n_layer):
+    for index, layer in enumerate(attention_layers(eager)):  # output_attentions' entries: attention layers only
         payload = _json(runner, folder, "--text", PROMPT, "--layer", str(layer), "--generate", str(NEW_TOKENS))
         ids = payload["token_ids"]
         steps = payload["decode_steps"]
@@ -145,15 +160,16 @@ def _generate(runner, folder, eager, family, monkeypatch):
                                  do_sample=False, output_attentions=True, return_dict_in_generate=True)
         assert [s["token_id"] for s in steps] == out.sequences[0, len(ids):].tolist(), f"{family}: other tokens"
         for t, step in enumerate(steps):
-            theirs = out.attentions[t][layer][0, :, -1]  # [n_head, keys the cache holds]
+            theirs = out.attentions[t][index][0, :, -1]  # [n_head, keys the cache holds]
             mine = torch.tensor(step["attention"])[:, -theirs.shape[-1]:]
             _close(mine, theirs, f"{family} generate layer {layer} step {t}")
 
 
 def _all_layers(runner, folder, eager, family, monkeypatch):
-    payload = _json(runner, folder, "--text", SENTENCE, "--all-layers")
+    layers = attention_layers(eager)
+    payload = _json(runner, folder, "--text", SENTENCE, "--all-layers", "--layer", str(layers[0]))
     theirs = eager_attentions(eager, payload["token_ids"])
-    assert len(payload["all_layers"]) == len(theirs)
+    assert len(payload["all_layers"]) == len(theirs) == len(layers)  # a hybrid's attention layers, in order
     for layer, entry in enumerate(payload["all_layers"]):
         _close(entry["attention"], theirs[layer], f"{family} all-layers layer {layer}")
 

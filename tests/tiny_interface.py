@@ -1,7 +1,8 @@
 """Tiny random models of families attnscope has no page for, traced through transformers' attention interface
 (models/interface.py): one of each layer kind the interface hands over (causal, sliding, softcapped, sinks,
-bidirectional), with GQA where the family has it. `build(name, folder, **sizes)` saves one and its tokenizer
-and returns transformers' eager model read back (with the tokenizer); `sizes` override the config's.
+bidirectional), with GQA where the family has it, and two hybrids (Jamba's Mamba layers, LFM2's convolutions).
+`build(name, folder, **sizes)` saves one and its tokenizer and returns transformers' eager model read back (with
+the tokenizer); `sizes` override the config's.
 """
 
 from __future__ import annotations
@@ -38,10 +39,25 @@ def _families():
         # an encoder: no mask at all
         "electra": (tf.ElectraConfig(embedding_size=32, hidden_size=32, intermediate_size=40, num_attention_heads=4,
                                      num_hidden_layers=2), tf.ElectraModel),
+        # hybrids: Mamba layers 0, 1, 3, 4 and attention on 2 and 5 (i % attn_layer_period == attn_layer_offset),
+        # experts on every other layer
+        "jamba": (tf.JambaConfig(**decoder, num_hidden_layers=6, attn_layer_period=3, attn_layer_offset=2,
+                                 num_experts=4), tf.JambaForCausalLM),
+        # short convolutions on layers 0 and 2, attention on 1 and 3 (full_attn_idxs)
+        "lfm2": (tf.Lfm2Config(**decoder, num_hidden_layers=4, full_attn_idxs=[1, 3]), tf.Lfm2ForCausalLM),
     }
 
 
 FAMILIES = ("gpt_neox", "cohere2", "granite", "mixtral", "vaultgemma", "granite_swa", "electra")
+HYBRIDS = ("jamba", "lfm2")  # attention on some layers only (tests/test_interface_stream.py)
+
+
+def attention_layers(model) -> list[int]:
+    """The layers with attention, as transformers' config lists each layer's kind (Mamba's "linear_attention",
+    LFM2's "conv": none)."""
+    config = model.config.get_text_config()
+    kinds = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    return [i for i, kind in enumerate(kinds) if kind not in ("linear_attention", "conv")]
 
 
 def build(name: str, folder: Path, **sizes):
@@ -49,5 +65,5 @@ def build(name: str, folder: Path, **sizes):
     config, cls = _families()[name]
     tokenizer = _tokenizer("bert" if name == "electra" else "gpt2")
     config = type(config)(**{**config.to_dict(), "vocab_size": len(tokenizer), **sizes})  # derived sizes again
-    torch.manual_seed(FAMILIES.index(name))
+    torch.manual_seed((FAMILIES + HYBRIDS).index(name))
     return save_random(cls(config), tokenizer, folder), tokenizer

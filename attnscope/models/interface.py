@@ -10,7 +10,9 @@ module's modeling file's), so the model computes exactly what eager computes; on
 records the steps from those inputs (`record`): Q, K, V, K_rep, V_rep (transformers' `repeat_kv`), scores,
 capped_scores, position_bias and biased_scores, mask and masked_scores, sinks and sink_weight, attention,
 out, then holds them against the eager function's own pattern and output, and stops the model there
-(`Reached`): nothing after the layer runs. The steps before Q, K, V are the family's code, not traced.
+(`Reached`): nothing after the layer runs. The steps before Q, K, V are the family's code, not traced. For
+`--all-layers` and `--generate` (models/interface_stream.py) the recorder does not stop: it keeps every attention
+layer's pattern, or layer L's steps at each decode step.
 
 Families whose modules do not call the interface (`_supports_attention_backend` False: Falcon, GPT-J, BLOOM,
 ...) are run through eager with `output_attentions` instead (models/truncated.py), pattern only.
@@ -49,10 +51,15 @@ class Recorded:
 
 @dataclass
 class Recorder:
+    """What one forward (or each forward of a decode) records: layer `layer`'s steps, and with `patterns` every
+    other attention layer's pattern `[n_head, n_Q, n_K]` by layer; `stop` ends the forward at layer `layer`."""
+
     layer: int
     calls: int = 0
     recorded: Recorded | None = None
     notes: list[str] = field(default_factory=list)
+    stop: bool = True
+    patterns: dict[int, torch.Tensor] | None = None
 
 
 class Reached(Exception):
@@ -94,10 +101,17 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     index = getattr(module, "layer_idx", None)
     index = recorder.calls if not isinstance(index, int) else index
     recorder.calls += 1
-    if index != recorder.layer:
+    if index != recorder.layer and recorder.patterns is None:
         return out, weights
-    recorder.recorded = record(module, query, key, value, attention_mask, scaling, kwargs, (out, weights), eager)
-    raise Reached
+    recorded = record(module, query, key, value, attention_mask, scaling, kwargs, (out, weights), eager)
+    if recorder.patterns is not None:
+        recorder.patterns[index] = recorded.layer["attention"][0]  # [n_head, n_Q, n_K]
+        recorder.notes.extend(f"layer {index}: {note}" for note in recorded.layer.notes if "differ" in note)
+    if index == recorder.layer:
+        recorder.recorded = recorded
+        if recorder.stop:
+            raise Reached
+    return out, weights
 
 
 def record(module: Any, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
@@ -201,13 +215,14 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool((a - b.to(a.dtype)).abs().max() <= TOLERANCE)
 
 
-def recording(layer: int) -> Any:
-    """A context in which the model's attention calls record layer `layer`."""
+def recording(layer: int, stop: bool = True, every: bool = False) -> Any:
+    """A context in which the model's attention calls record layer `layer` (and stop the forward there with
+    `stop`), and with `every` every attention layer's pattern."""
     from contextlib import contextmanager
 
     @contextmanager
     def active() -> Any:
-        recorder = Recorder(layer)
+        recorder = Recorder(layer, stop=stop, patterns={} if every else None)
         token = _active.set(recorder)
         try:
             yield recorder

@@ -24,9 +24,12 @@ DECODER = dict.fromkeys(VIEWS, EXACT)
 ENCODER_DECODER = {"short": EXACT, "long": "refused past LONG_TOKENS (one line with the estimate)",
                    "generate": "refused: not yet (the decoder's cross-attention cache)",
                    "all-layers": "refused: not yet"}
-INTERFACE = {"short": EXACT, "long": EXACT,  # the whole pattern through transformers, memory-guarded up front
-             "generate": "refused: not yet (transformers' own cache, captured each step)",
-             "all-layers": "refused: not yet"}
+# through transformers' attention interface (models/interface.py, interface_stream.py): the long input is the whole
+# pattern, memory-guarded up front; generate is transformers' own forward and cache, the attention captured each step
+INTERFACE = dict.fromkeys(VIEWS, EXACT)
+# a hybrid (attention and Mamba or convolution layers): every view on its attention layers; a layer with none is
+# refused in one line naming those that have
+HYBRID = dict.fromkeys(VIEWS, EXACT)
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,14 @@ class Row:
     """A family page (its class in models/, the model_types it reads) or the families with no page, and what each
     view does for it."""
 
-    family: str  # the class, or "interface" for every model_type without a page
+    family: str  # the class; "interface:<model_type>" or "hybrid:<model_type>" for a model_type without a page
     model_types: tuple[str, ...]
     views: dict[str, str]
+
+    @property
+    def page(self) -> bool:
+        """Whether the row is a family page of attnscope's (not one run through transformers)."""
+        return ":" not in self.family
 
 
 ROWS = (
@@ -65,7 +73,11 @@ ROWS = (
     Row("Marian", ("marian",), ENCODER_DECODER),
     Row("MBart", ("mbart",), ENCODER_DECODER),
     Row("Whisper", ("whisper",), ENCODER_DECODER),
-    Row("interface", ("gpt_neox", "mixtral", "cohere2"), INTERFACE),
+    Row("interface:gpt_neox", ("gpt_neox",), INTERFACE),
+    Row("interface:mixtral", ("mixtral",), INTERFACE),
+    Row("interface:cohere2", ("cohere2",), INTERFACE),
+    Row("hybrid:jamba", ("jamba",), HYBRID),  # Mamba layers
+    Row("hybrid:lfm2", ("lfm2",), HYBRID),  # short convolutions
 )
 
 
@@ -74,8 +86,10 @@ def markdown() -> str:
     head = ["| family (model_type) | " + " | ".join(VIEWS) + " |", "|---|" + "---|" * len(VIEWS)]
     body = []
     for row in ROWS:
-        name = "any other (e.g. " + ", ".join(row.model_types) + ")" if row.family == "interface" else \
-            f"{row.family} ({', '.join(row.model_types)})"
+        how, _, model_type = row.family.partition(":")
+        name = {"interface": f"any other (e.g. {model_type}), through transformers",
+                "hybrid": f"a hybrid (e.g. {model_type}): its attention layers; the others refused"}.get(
+            how, f"{row.family} ({', '.join(row.model_types)})")
         cells = ["exact" if row.views[v] == EXACT else row.views[v].removeprefix("refused: ") for v in VIEWS]
         body.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(head + body)

@@ -81,8 +81,10 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         return run_encdec(asked, folder, config, progress)
     refuse_two_stack_options(asked, config)
     if family_of(config) is None and asked.text is not None:
-        layers.refuse_beyond_one_layer(asked, f"model_type '{config.model_type}' has no page (transformers runs it "
-                                              "as far as --layer)")
+        if asked.rows:  # --all-layers and --generate run through transformers too (runs/interface.py)
+            raise UsageError(f"--rows picks exact rows of a long input computed in blocks, which the families "
+                             f"attnscope has a page for do (docs/models.md); model_type '{config.model_type}' has no "
+                             "page (transformers runs its whole pattern); drop --rows")
         return _through_transformers(asked, folder, config, progress)
     model = open_model(folder, config, command=asked.command)
     with model.checkpoint:

@@ -12,26 +12,44 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from attnscope.models.config import Config
+    from attnscope.models.tokenizer import Encoded
+    from attnscope.models.truncated import TransformersRun
     from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
     from attnscope.trace import Trace
 
 
 def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models import SUPPORTED, tokenizer, truncated
+    from attnscope.models import tokenizer, truncated
     from attnscope.models.checkpoint import Checkpoint
-    from attnscope.models.family import check_position
     from attnscope.models.own_code import refuse_own_code
-    from attnscope.models.run import LayerRun
-    from attnscope.runs.head_result import HeadResult, ModelInfo, guard_memory, save_result
+    from attnscope.runs.head_result import guard_memory, save_result
 
     refuse_own_code(folder, config.model_type, config.raw("auto_map"))  # before its tokenizer is read
     encoded = tokenizer.encode(folder, asked.text or "")
+    if asked.all_layers or asked.generate:
+        result = _every_layer_or_decode(asked, folder, config, encoded, progress)
+        save_result(result)
+        return result
     n = len(encoded.ids)
     with Checkpoint.open(folder) as checkpoint:
         needed = truncated.estimate_bytes(checkpoint, asked.layer, n)
     guard_memory(needed, asked.max_memory, f"loading layers 0..{asked.layer} of this model through transformers")
     with progress(f"running {config.architecture} through transformers, layers 0 to {asked.layer}"):
         run = truncated.run(folder, encoded.ids, config.model_type, asked.layer)
+    result = _result(asked, folder, config, encoded, run, f"layers 0..{asked.layer}")
+    save_result(result)
+    return result
+
+
+def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, run: TransformersRun,
+            ran: str) -> HeadResult:
+    """Layer L's run as `head --text` shows it: every head's pattern, and where the interface was called the
+    layer's recorded steps and head h's."""
+    from attnscope.models import SUPPORTED
+    from attnscope.models.family import check_position
+    from attnscope.models.run import LayerRun
+    from attnscope.runs.head_result import HeadResult, ModelInfo
+
     info = ModelInfo(config.architecture, config.model_type, folder, run.n_layer, run.n_head, run.n_kv_head,
                      run.d_model, run.d_head)
     check_position(run.n_layer, run.n_head, asked.layer, asked.head)
@@ -42,21 +60,64 @@ def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress:
     if run.recorded is None:
         result.notes.append(f"{own}, and {run.module or 'its attention'} computes its attention in its own code, "
                             f"not through transformers' attention interface: this pattern is transformers' eager "
-                            f"output_attentions[{asked.layer}][0, {asked.head}] on {n} tokens; the steps that made "
-                            "it are not shown")
-    else:
-        recorded = run.recorded
-        layer = recorded.layer
-        layer.notes[:0] = [f"{own}: transformers ran layers 0..{asked.layer} and handed {run.module}'s Q, K, V, mask "
-                           "and scaling to attnscope's attention function; the steps before Q, K, V (projections, "
-                           "norms, RoPE) are the family's own code, not traced",
-                           f"the mask transformers built for this layer, read from the mask itself: "
-                           f"{recorded.mask.describe()}; the steps agree with {recorded.function} to "
-                           f"{_TOLERANCE:g}"]
-        result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
-        result.tracer = "attention-interface"
-        result.notes.extend(layer.notes)
-    save_result(result)
+                            f"output_attentions for layer {asked.layer}, head {asked.head}, on {len(encoded.ids)} "
+                            "tokens; the steps that made it are not shown")
+        return result
+    recorded = run.recorded
+    layer = recorded.layer
+    layer.notes[:0] = [f"{own}: transformers ran {ran} and handed {run.module}'s Q, K, V, mask "
+                       "and scaling to attnscope's attention function; the steps before Q, K, V (projections, "
+                       "norms, RoPE) are the family's own code, not traced",
+                       f"the mask transformers built for this layer, read from the mask itself: "
+                       f"{recorded.mask.describe()}; the steps agree with {recorded.function} to {_TOLERANCE:g}"]
+    result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
+    result.tracer = "attention-interface"
+    result.notes.extend(layer.notes)
+    return result
+
+
+def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded,
+                           progress: Progress) -> HeadResult:
+    """--all-layers and --generate: the whole model through transformers' own forward and cache, every attention
+    call captured (models/interface_stream.py), memory-guarded up front."""
+    from attnscope.errors import UsageError
+    from attnscope.models import interface_stream, tokenizer
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.runs import layers
+    from attnscope.runs.head_result import guard_memory
+
+    flags = " and ".join(f for f, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate)) if on)
+    prepared = interface_stream.prepare(folder, config.model_type, asked.layer)
+    if not prepared.traced:
+        raise UsageError(f"{flags} capture transformers' attention interface at every call, and model_type "
+                         f"'{config.model_type}' computes its attention in its own code; drop {flags}")
+    n = len(encoded.ids)
+    with Checkpoint.open(folder) as checkpoint:
+        needed = interface_stream.estimate_bytes(checkpoint, prepared, n + asked.generate, asked.all_layers)
+    guard_memory(needed, asked.max_memory, f"running every layer of this model through transformers on "
+                                           f"{n + asked.generate} tokens")
+    doing = f"decoding {asked.generate} tokens" if asked.generate else f"running all {prepared.n_layer} layers"
+    with progress(f"{doing} of {config.architecture} through transformers"):
+        try:
+            stream = interface_stream.run(prepared, folder, encoded.ids, config.model_type, asked.layer,
+                                          asked.generate, asked.all_layers)
+        except UsageError as exc:
+            raise UsageError(exc.worded({"generate": "--generate"}), *exc.params) from None
+    result = _result(asked, folder, config, encoded, stream.run, "every layer")
+    result.notes.extend(stream.notes)
+    if stream.patterns is not None:
+        result.all_layers = stream.patterns
+        layers.layer_heads(result, stream.layers)
+        if stream.layers != list(range(prepared.n_layer)):
+            result.notes.append(f"every layer with attention, {len(stream.layers)} of {prepared.n_layer}: layers "
+                                f"{', '.join(map(str, stream.layers))} (the others have no attention, only their "
+                                "recurrence or convolution); all_layers lists them in that order")
+    if stream.steps is not None:
+        result.decode = stream.steps
+        result.decode_pieces = tokenizer.pieces(folder, [step.token_id for step in stream.steps])
+        result.notes.append(f"{len(stream.steps)} tokens decoded greedily with transformers' own forward and its "
+                            f"{stream.cache}, one token at a time; each row is layer {asked.layer}'s attention "
+                            "function's, captured at that step")
     return result
 
 

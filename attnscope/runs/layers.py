@@ -123,12 +123,14 @@ def estimate_bytes(asked: HeadOptions, model: Family, plan: Plan) -> int:
     return model.estimate_bytes(asked.layer, plan.n_tokens)
 
 
-def layer_heads(result: HeadResult) -> None:
-    """Every layer's heads with their statistics and kinds (induction needs the token ids)."""
+def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
+    """Every layer's heads with their statistics and kinds (induction needs the token ids); `indices` name the
+    layers where all_layers holds only some (a hybrid's attention layers)."""
     from attnscope.readings.headstats import LayerHeads
 
     if result.all_layers is None or result.encoded is None:
         return
     tokens, ids = list(result.encoded.tokens), list(result.encoded.ids)
+    names = indices or range(len(result.all_layers))
     result.layers = [LayerHeads.of(A, f"layer {i}", tokens, tokens, tokens=ids)
-                     for i, A in enumerate(result.all_layers)]
+                     for i, A in zip(names, result.all_layers, strict=True)]
