@@ -6,6 +6,7 @@ against the modules' parameters, and the command line (--json, --all-heads, --sa
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -233,7 +234,18 @@ def whisper_and_bart(tmp_path_factory):
     (["whisper", "--audio", "fast.wav"], "--audio fast.wav is sampled at 8000 Hz but this Whisper's feature "
                                          "extractor takes 16000 Hz; resample it, e.g. ffmpeg -i fast.wav -ar 16000 "
                                          "fast-16000.wav"),
+    (["whisper", "--audio", "float.wav"], "--audio float.wav: not a PCM WAV file (unknown format: 3); convert it "
+                                          "first, e.g. ffmpeg -i float.wav -ac 1 -ar 16000 -c:a pcm_s16le "
+                                          "float-pcm16.wav"),
     (["bart", "--layer", "3", "--attention", "decoder"], "--layer 3 is out of range: this model has 3 layers, 0 to 2"),
+    (["whisper", "--audio", "whisper/speech.wav", "--all-layers"], "--all-layers is not taken by encoder-decoders, "
+     "and WhisperForConditionalGeneration is one: attnscope traces one attention (--attention) of one --layer of "
+     "it; drop --all-layers"),
+    (["whisper", "--audio", "whisper/speech.wav", "--generate", "2", "--rows", "0:1"], "--generate and --rows are "
+     "not taken by encoder-decoders, and WhisperForConditionalGeneration is one: attnscope traces one attention "
+     "(--attention) of one --layer of it; drop --generate and --rows"),
+    (["bart", "--rows", "0:1"], "--rows is not taken by encoder-decoders, and BartForConditionalGeneration is one: "
+     "attnscope traces one attention (--attention) of one --layer of it; drop --rows"),
 ])
 def test_bad_input_is_one_line(whisper_and_bart, runner, monkeypatch, args, line):
     from attnscope.cli import app
@@ -241,9 +253,37 @@ def test_bad_input_is_one_line(whisper_and_bart, runner, monkeypatch, args, line
     monkeypatch.chdir(whisper_and_bart)
     (whisper_and_bart / "speech.mp3").write_bytes(b"ID3")
     write_wav(whisper_and_bart / "fast.wav", rate=8000)
+    _write_float_wav(whisper_and_bart / "float.wav")
     result = runner.invoke(app, ["head", "--model", args[0], *args[1:]])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().splitlines() == [f"attnscope: error: {line}"]
+
+
+def _write_float_wav(path):
+    """A 32-bit float WAV (format 3), which the wave module refuses: 0.1 s of a tone at 16 kHz."""
+    import struct
+
+    data = (0.1 * np.sin(np.arange(1600) / 10)).astype("<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, 16000, 16000 * 4, 4, 32)
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt "
+                     + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+
+
+@pytest.mark.parametrize(("args", "long_one"), [(["--text", SOURCE], "--text"),
+                                                (["--text", "cat", "--target", SOURCE], "--target")])
+def test_a_text_past_long_tokens_is_refused_with_the_estimate(whisper_and_bart, runner, monkeypatch, args, long_one):
+    """No path in blocks: a long source or target is refused up front (it ran at a 4 GB peak for T5 at 5,860
+    tokens), the estimate in the line."""
+    from attnscope.cli import app
+    from attnscope.models import long
+
+    monkeypatch.setattr(long, "LONG_TOKENS", 8)
+    result = runner.invoke(app, ["head", "--model", str(whisper_and_bart / "bart"), "--attention", "cross", *args])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith(f"attnscope: error: {long_one} is "), line
+    assert "tokens, more than 8: an encoder-decoder is not run in blocks" in line and "give 8 tokens or fewer" in line
+    assert re.search(r"about \d+(\.\d+)? [KMG]iB in all", line), line
 
 
 def test_whisper_without_its_feature_extractor_says_what_is_missing(whisper_and_bart, runner, tmp_path):
@@ -260,13 +300,15 @@ def test_whisper_without_its_feature_extractor_says_what_is_missing(whisper_and_
                                     "feature extractor (mel bins, sampling rate, hop) is unknown")
 
 
-def test_one_stack_models_refuse_encoder_decoder_options(runner, tmp_path):
+@pytest.mark.parametrize("kind", ["cross", "encoder"])
+def test_one_stack_models_refuse_encoder_decoder_options(runner, tmp_path, kind):
+    """--attention encoder too: it was accepted silently where decoder and cross were refused."""
     from tiny_models import build as build_decoder
 
     from attnscope.cli import app
 
     build_decoder("gpt2", tmp_path / "gpt2")
-    result = runner.invoke(app, ["head", "--model", str(tmp_path / "gpt2"), "--text", "a", "--attention", "cross"])
+    result = runner.invoke(app, ["head", "--model", str(tmp_path / "gpt2"), "--text", "a", "--attention", kind])
     assert result.exit_code == 2
     assert "--attention read an encoder-decoder (T5, BART, Marian, mBART, Whisper); GPT2LMHeadModel" in result.stderr
 

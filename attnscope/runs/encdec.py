@@ -35,10 +35,20 @@ def refuse_two_stack_options(asked: HeadOptions, config: Config) -> None:
     """--attention, --target and --audio name an encoder-decoder's parts; a one-stack model has none."""
     given = [flag for flag, value in (("--attention", asked.attention), ("--target", asked.target),
                                       ("--audio", asked.audio)) if value is not None]
-    if given and not (asked.attention == "encoder" and given == ["--attention"]):
+    if given:  # --attention encoder too: a one-stack model's attention is not an encoder-decoder's encoder
         raise UsageError(f"{' and '.join(given)} read an encoder-decoder (T5, BART, Marian, mBART, Whisper); "
                          f"{config.architecture} (model_type '{config.model_type}') has one stack: drop "
                          f"{' and '.join(given)}")
+
+
+def refuse_one_stack_options(asked: HeadOptions, config: Config) -> None:
+    """--all-layers, --generate and --rows run a one-stack model (every layer, decoding, a long text's blocks);
+    an encoder-decoder's run traces one attention of one layer."""
+    used = [flag for flag in ("--all-layers", "--generate", "--rows") if getattr(asked, flag[2:].replace("-", "_"))]
+    if used:
+        raise UsageError(f"{' and '.join(used)} {'is' if len(used) == 1 else 'are'} not taken by encoder-decoders, "
+                         f"and {config.architecture} is one: attnscope traces one attention (--attention) of one "
+                         f"--layer of it; drop {' and '.join(used)}")
 
 
 def run_encdec(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
@@ -93,7 +103,9 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
     n_source = len(result.encoded.tokens)
     model.check_lengths(n_source, len(target_ids))
     what = f"running the {'encoder' if kind == 'encoder' else 'encoder and the decoder'} to {kind} layer {asked.layer}"
-    guard_memory(view.estimate_bytes(asked.layer, n_source, len(target_ids)), asked.max_memory, what)
+    needed = view.estimate_bytes(asked.layer, n_source, len(target_ids))
+    _refuse_long(asked, n_source, len(target_ids), needed)
+    guard_memory(needed, asked.max_memory, what)
     with progress(what):
         result.run = run_attention(model, source, target_ids, kind, asked.layer, asked.head)
     result.tracer = "attnscope"
@@ -103,6 +115,23 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
     result.notes.extend(result.run.layer.notes)
     save_result(result)
     return result
+
+
+def _refuse_long(asked: HeadOptions, n_source: int, n_target: int, needed: int) -> None:
+    """An encoder-decoder has no path in blocks (models/long.py's): every layer it runs holds each head's whole
+    pattern (T5's position bias too), so past LONG_TOKENS it is refused up front with the estimate, rather than
+    run at a peak that grows with the square of the text."""
+    from attnscope import cost
+    from attnscope.models import long
+
+    source = (f"--audio {asked.audio} makes" if asked.audio else f"--text-file {asked.text_file} is"
+              if asked.text_file else "--text is")
+    for n, what in ((n_source, source), (n_target, "--target is")):
+        unit = "positions" if asked.audio and what == source else "tokens"
+        if n > long.LONG_TOKENS:
+            raise UsageError(f"{what} {n:,} {unit}, more than {long.LONG_TOKENS:,}: an encoder-decoder is not run "
+                             f"in blocks, each of its layers holds every head's [{n:,} x {n:,}] pattern (about "
+                             f"{cost.format_bytes(needed)} in all); give {long.LONG_TOKENS:,} tokens or fewer")
 
 
 def _reads(kind: str) -> str:

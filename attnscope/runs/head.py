@@ -54,8 +54,9 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
     if asked.text_file is not None:
         if asked.text is not None:
             raise UsageError("--text and --text-file both give the text; keep one")
-        asked.text = layers.read_text_file(asked.text_file)
-    layers.check_options(asked)
+        from attnscope.runs.inputs import read_text_file
+
+        asked.text = read_text_file(asked.text_file)
     if asked.save:
         from attnscope.tensors import check_writable
 
@@ -74,11 +75,12 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
                          f"attnscope bert supports BERT-layout checkpoints and ModernBERT (model_type "
                          f"{', '.join(BERT_TYPES)}: BertModel, BertFor..., MiniLM saved as BertModel, ModernBertModel, "
                          "ModernBertFor...); for this one use attnscope head")
-    from attnscope.runs.encdec import encoder_decoder, refuse_two_stack_options, run_encdec
+    from attnscope.runs.encdec import encoder_decoder, refuse_one_stack_options, refuse_two_stack_options, run_encdec
 
-    if encoder_decoder(config):
-        layers.refuse_beyond_one_layer(asked, f"{config.architecture} is an encoder-decoder")
+    if encoder_decoder(config):  # before check_options, which would ask a Whisper for --text
+        refuse_one_stack_options(asked, config)
         return run_encdec(asked, folder, config, progress)
+    layers.check_options(asked)
     refuse_two_stack_options(asked, config)
     if family_of(config) is None and asked.text is not None:
         if asked.rows:  # --all-layers and --generate run through transformers too (runs/interface.py)

@@ -1,15 +1,57 @@
-"""What a run computes on: tensors from the user's files (or only their headers under --meta), random inputs
-drawn from one seeded generator, and the mask made of the mask file and the padding."""
+"""What a run computes on: tensors from the user's files (or only their headers under --meta), a model's text
+from --text-file, random inputs drawn from one seeded generator, and the mask made of the mask file and the
+padding."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
 
     from attnscope.spec import AttentionSpec
+
+
+TEXT_FILE_BYTES = 8 * 2**20  # a text file larger than this is not a prompt (32k tokens are about 150 KB)
+
+
+def read_text_file(path: str) -> str:
+    """--text-file: the text of a UTF-8 file, refused in one line when it is missing, binary, huge or empty. A
+    pipe or device (`/dev/stdin`) is read too, at most TEXT_FILE_BYTES of it, so `/dev/zero` ends."""
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise UsageError(f"--text-file {path}: no such file")
+    if file.is_dir():
+        raise UsageError(f"--text-file {path} is a folder; give a text file")
+    size = file.stat().st_size
+    if size > TEXT_FILE_BYTES:
+        raise UsageError(_too_long(path, size))
+    try:
+        with file.open("rb") as stream:
+            raw = stream.read(TEXT_FILE_BYTES + 1)  # a device (/dev/zero) reports size 0 and never ends
+    except OSError as exc:
+        raise UsageError(f"--text-file {path}: cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > TEXT_FILE_BYTES:
+        raise UsageError(_too_long(path, None))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--text-file {path} is not UTF-8 text (a stray byte at {exc.start}); give a text "
+                         "file") from None
+    if not text.strip():
+        held = "is empty (0 bytes)" if not raw else f"holds only {len(raw):,} bytes of blank space"
+        raise UsageError(f"--text-file {path} {held}; give a file with the text to run the model on")
+    return text
+
+
+def _too_long(path: str, size: int | None) -> str:
+    held = f"is {size:,} bytes," if size is not None else "is not a regular file, and gives"
+    return (f"--text-file {path} {held} more than the {TEXT_FILE_BYTES:,} bytes a text to run a model on needs; "
+            "give a shorter file")
 
 
 def load(spec: str | None, meta: bool = False) -> torch.Tensor | None:

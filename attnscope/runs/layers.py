@@ -6,7 +6,6 @@ models/stream.py's and models/long.py's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnscope.errors import UsageError
@@ -16,26 +15,7 @@ if TYPE_CHECKING:
     from attnscope.models.tokenizer import Encoded
     from attnscope.runs.head_result import HeadOptions, HeadResult
 
-TEXT_FILE_BYTES = 8 * 2**20  # a text file larger than this is not a prompt (32k tokens are about 150 KB)
 MAX_NEW_TOKENS = 4096
-
-
-def read_text_file(path: str) -> str:
-    """--text-file: the text of a UTF-8 file, refused in one line when it is missing, binary or huge."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise UsageError(f"--text-file {path}: no such file" + ("; it is a folder" if file.is_dir() else ""))
-    size = file.stat().st_size
-    if size > TEXT_FILE_BYTES:
-        raise UsageError(f"--text-file {path} is {size:,} bytes, more than the {TEXT_FILE_BYTES:,} a text to run a "
-                         "model on needs; give a shorter file")
-    try:
-        return file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"--text-file {path} is not UTF-8 text (a stray byte at {exc.start}); give a text "
-                         "file") from None
-    except OSError as exc:
-        raise UsageError(f"--text-file {path}: cannot be read ({exc.strerror or exc})") from None
 
 
 def parse_rows(text: str | None) -> tuple[int, int] | None:
