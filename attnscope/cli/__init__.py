@@ -109,7 +109,14 @@ def _flushed(code: int) -> int:
 
 def main() -> None:
     """Like `app()`, but a usage error is one line, not a box. Tests call it in the process (it ends with
-    SystemExit); the console script calls `run`."""
+    SystemExit); the console script calls `run`. An empty torch compiler folder the run made is removed."""
+    from attnscope.cli.compiler_folder import compiler_folder_kept_out
+
+    with compiler_folder_kept_out():
+        _main()
+
+
+def _main() -> None:
     from attnscope.render.console import ignore_bad_columns
 
     if sys.stderr is None:  # `2>&-`: the interpreter leaves sys.stderr None; errors go nowhere, exit codes hold

@@ -25,6 +25,7 @@ def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress:
     from attnscope.runs.head_result import guard_memory, save_result
 
     refuse_own_code(folder, config.model_type, config.raw("auto_map"))  # before its tokenizer is read
+    _check_head(asked, config)
     encoded = tokenizer.encode(folder, asked.text or "")
     if asked.all_layers or asked.generate:
         result = _every_layer_or_decode(asked, folder, config, encoded, progress)
@@ -39,6 +40,16 @@ def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress:
     result = _result(asked, folder, config, encoded, run, f"layers 0..{asked.layer}")
     save_result(result)
     return result
+
+
+def _check_head(asked: HeadOptions, config: Config) -> None:
+    """--head against config.json's number of heads, before layers 0..L run (`_result` checks it again against the
+    heads that ran); a count that is not one number (a list per layer) is left to that check."""
+    from attnscope.models.family import check_position
+
+    n_head = config.raw("num_attention_heads", "n_head", "num_heads")
+    if isinstance(n_head, int) and not isinstance(n_head, bool) and n_head > 0 and not 0 <= asked.head < n_head:
+        check_position(asked.layer + 1, n_head, asked.layer, asked.head)  # the layer is checked when they run
 
 
 def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, run: TransformersRun,
