@@ -209,8 +209,9 @@ def test_a_weight_dump_needs_no_text(tmp_path, runner):
                                  "--head", "3", "--json"])
     assert result.exit_code == 0, result.output
     sources = {t["name"]: t["source"] for t in json.loads(result.stdout)["tensors"]}
-    assert sources["W_K"] == "model.decoder.layers.2.encoder_attn.k_proj.weight[18:24, :]"
-    assert sources["W_O"] == "model.decoder.layers.2.encoder_attn.out_proj.weight[:, 18:24]"
+    # the decoder's 6 heads of 24 // 6 = 4 (the encoder's are 4 of 6): cross-attention's heads are the decoder's
+    assert sources["W_K"] == "model.decoder.layers.2.encoder_attn.k_proj.weight[12:16, :]"
+    assert sources["W_O"] == "model.decoder.layers.2.encoder_attn.out_proj.weight[:, 12:16]"
 
 
 @pytest.fixture(scope="module")

@@ -56,8 +56,9 @@ def _config_and_class(family: str, vocab: int, tokenizer):
                  "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
         gated = {"feed_forward_proj": "gated-gelu"} if family == "umt5" else {}
         return config(**sizes, **gated), cls
+    # the stacks' head counts differ (each head d_model // its stack's heads wide), as transformers allows
     bart = {"vocab_size": vocab, "d_model": 24, "encoder_layers": 2, "decoder_layers": 3, "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4, "encoder_ffn_dim": 40, "decoder_ffn_dim": 40, "max_position_embeddings": 40}
+            "decoder_attention_heads": 6, "encoder_ffn_dim": 40, "decoder_ffn_dim": 40, "max_position_embeddings": 40}
     ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
            "bos_token_id": tokenizer.bos_token_id}
     if family == "bart":

@@ -77,10 +77,10 @@ class Bart(EncoderDecoder):
             if self.d_model % n_head:
                 raise UsageError(f"{config.path}: d_model {self.d_model} is not divisible by {side}_attention_heads "
                                  f"{n_head}; fix config.json")
-        if self.sizes["encoder"][1] != self.sizes["decoder"][1]:
-            raise UsageError(f"{config.path}: {self.sizes['encoder'][1]} encoder heads but {self.sizes['decoder'][1]} "
-                             "decoder heads; attnscope reads encoder-decoders whose stacks have one head count")
-        self.d_head = self.d_model // self.sizes["encoder"][1]
+        # each stack its own heads (BartAttention(embed_dim, encoder_attention_heads) in the encoder,
+        # decoder_attention_heads in both of the decoder's attentions), each d_model // its heads wide
+        self.d_heads = {side: self.d_model // n_head for side, (_, n_head) in self.sizes.items()}
+        self.d_head = self.d_heads["encoder"]
         limit = self.config.integer("max_position_embeddings", default=1024)
         self.max_positions = {"encoder": limit, "decoder": limit}
         self.finish_sizes()

@@ -76,6 +76,7 @@ class EncoderDecoder(Family):
     pre_norm: ClassVar[bool] = True
     kind: str = "encoder"
     sizes: dict[str, tuple[int, int]]
+    d_heads: dict[str, int] | None = None  # side -> its heads' width, where the stacks' differ (BART's head counts)
     max_positions: dict[str, int | None]  # side -> its learned position table's length (None: no limit)
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
@@ -96,8 +97,10 @@ class EncoderDecoder(Family):
             raise UsageError(f"{{attention}} {kind!r}: use encoder, decoder or cross", "attention")
         view = copy.copy(self)
         view.kind, view.stack = kind, self.stacks[kind]
-        view.n_layer, view.n_head = self.sizes["encoder" if kind == "encoder" else "decoder"]
+        view.n_layer, view.n_head = self.sizes[view.side]
         view.n_kv_head = view.n_head
+        if self.d_heads is not None:
+            view.d_head = self.d_heads[view.side]
         return view
 
     @property

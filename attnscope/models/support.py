@@ -21,9 +21,10 @@ EXACT = "exact"
 ENCODER = {"short": EXACT, "long": EXACT, "generate": "refused: an encoder attends both ways, it does not decode",
            "all-layers": EXACT}
 DECODER = dict.fromkeys(VIEWS, EXACT)
-ENCODER_DECODER = {"short": EXACT, "long": "refused past LONG_TOKENS (one line with the estimate)",
-                   "generate": "refused: not yet (the decoder's cross-attention cache)",
-                   "all-layers": "refused: not yet"}
+# each of the three attentions (encoder, decoder, cross), each stack with its own head count
+ENCODER_DECODER = {"short": EXACT, "long": "refused past 2,048 tokens, with the memory estimate",
+                   "generate": "refused: not taken by encoder-decoders yet",
+                   "all-layers": "refused: not taken by encoder-decoders yet"}
 # through transformers' attention interface (models/interface.py, interface_stream.py): the long input is the whole
 # pattern, memory-guarded up front; generate is transformers' own forward and cache, the attention captured each step
 INTERFACE = dict.fromkeys(VIEWS, EXACT)
