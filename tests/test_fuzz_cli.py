@@ -18,6 +18,8 @@ keeps the promises of the house rules:
 CI tries 150 invocations (about 20 s). Long runs: `ATTNSCOPE_FUZZ_EXAMPLES=3000`, three times, 3,000 passing
 invocations each (4 to 6 minutes on 2 cores), the last with the variant options; after the models, trace
 and heads, 1,000 and 5,000 (passing); docs/performance.md records what the runs found and how it was fixed.
+The newer surface (anatomy's configs, diff's files, --audio's WAV files, --text-file's odd files) is fuzzed in
+tests/test_fuzz_inputs.py, under the same ATTNSCOPE_FUZZ_EXAMPLES.
 """
 
 from __future__ import annotations
