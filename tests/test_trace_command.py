@@ -587,12 +587,14 @@ def test_files_as_inputs(runner, tmp_path):
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200"], "needs n_head"),
         ("{classic}:MultiHeadedAttention", ["--init", "d_feat=200, n_head=5", "--dk", "4"], "--dk/--dv"),
         ("{syntax}:f", [], "bad.py:3: syntax error"),
+        ("{dir}/nul.py:x", [], "nul.py:2: holds a NUL byte"),  # not 'nul.py:None: syntax error' (issue 36)
         ("{selfattn}:SelfAttention", ["--init", "dim=32, heads=4", "--nk", "5"], "drop --nk"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(runner, tmp_path, target, args, message):
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "bad.py").write_text("import torch\n\ndef f(:\n")
+    (tmp_path / "nul.py").write_bytes(b"def x(q, k, v):\n    return v\0\n")
     paths = {"dir": str(tmp_path), "mine": write(tmp_path, FUNCTIONS), "classic": write(tmp_path, CLASSIC, "c.py"),
              "syntax": str(tmp_path / "bad.py"), "selfattn": write(tmp_path, SELF_ATTENTION, "s.py")}
     import numpy as np
@@ -880,3 +882,29 @@ def test_a_real_ctrl_c_in_the_users_code_still_stops_attnscope_as_an_interrupt(t
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (proc.returncode, err)
     assert err.strip() == "attnscope: error: interrupted", err
+
+
+def test_code_that_closes_sys_stdout_leaves_attnscopes_stderr_open(tmp_path):
+    """The user's prints go to stderr while their code runs; their sys.stdout.close() closes only that stand-in
+    (issue 36, fuzz 5: it closed attnscope's stderr, and six lines of 'lost sys.stderr' followed)."""
+    from cli_main import run_main
+
+    path = write(tmp_path, """
+        import sys
+
+        def attention(q, k, v):
+            print("hello from forward")
+            sys.stdout.close()
+            return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ v
+
+        def prints_after_closing(q, k, v):
+            sys.stdout.close()
+            print("too late")
+            return v
+    """)
+    outcome = run_main("trace", f"{path}:attention")
+    assert outcome.code == 0 and outcome.stderr == "hello from forward\n", outcome.stderr
+    assert "every reference step has its equal" in outcome.stdout
+    outcome = run_main("trace", f"{path}:prints_after_closing")  # theirs: a print on a closed file, one line
+    assert outcome.code == 1 and len(outcome.error_lines) == 1, outcome.stderr
+    assert "ValueError: I/O operation on closed file" in outcome.stderr and "lost" not in outcome.stderr

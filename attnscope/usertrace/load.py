@@ -119,13 +119,42 @@ def user_code(path: Path) -> Iterator[None]:
         signal.signal(signal.SIGINT, _on_sigint)
     _CTRL_C.clear()
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(_Prints(sys.stderr)):
             yield
     finally:
         if before is not None:
             signal.signal(signal.SIGINT, before)
         if added and folder in sys.path:
             sys.path.remove(folder)
+
+
+class _Prints:
+    """The user's sys.stdout while their code runs: writes go to attnscope's stderr, but closing it closes only
+    this stand-in (their later writes to it fail as on a closed file), never the stderr attnscope reports on."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.closed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def _open(self) -> Any:
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")  # what a closed io.TextIOWrapper raises
+        return self._stream
+
+    def write(self, text: str) -> int:
+        return self._open().write(text)
+
+    def writelines(self, lines: Any) -> None:
+        self._open().writelines(lines)
+
+    def flush(self) -> None:
+        self._open().flush()
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def import_file(path: Path) -> ModuleType:
@@ -140,14 +169,28 @@ def import_file(path: Path) -> ModuleType:
             spec.loader.exec_module(module)
     except SyntaxError as exc:  # in the file, or in a module of the user's it imports
         sys.modules.pop(name, None)
-        where_ = Path(exc.filename).name if exc.filename else path.name
-        raise UsageError(f"{where_}:{exc.lineno}: syntax error: {exc.msg}") from None
+        raise UsageError(_syntax_error(exc, path)) from None
     except BaseException as exc:  # SystemExit, GeneratorExit, a BaseException of their own: all theirs
         sys.modules.pop(name, None)
         if not users(exc):
             raise
         raise UserCodeError(f"{where(exc, path)}: importing {path.name} raised {one_line(exc)}") from None
     return module
+
+
+def _syntax_error(exc: SyntaxError, path: Path) -> str:
+    """`file.py:LINE: syntax error: ...`; a NUL byte (which Python's compiler reports with no line) at the line
+    that holds it, else without one."""
+    file = Path(exc.filename) if exc.filename else path
+    line, nul = exc.lineno, exc.lineno is None and "null bytes" in str(exc.msg)
+    if nul:
+        with contextlib.suppress(OSError, ValueError):
+            data = file.read_bytes()
+            line = data.count(b"\n", 0, data.index(b"\0")) + 1
+    where_ = f"{file.name}:{line}" if line else file.name
+    if nul:
+        return f"{where_}: holds a NUL byte, which Python source cannot hold: is it a Python file saved as text?"
+    return f"{where_}: syntax error: {exc.msg}"
 
 
 def users(exc: BaseException) -> bool:
