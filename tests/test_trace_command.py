@@ -361,6 +361,21 @@ def test_a_mask_read_true_masked_is_given_that_way_round(runner, tmp_path):
     assert given["dims"] == ["1", "n_Q", "n_K"]
 
 
+def test_a_padding_mask_keeps_its_broadcast_axis_of_one(runner, tmp_path):
+    """A (B, 1, 1, L) padding mask reads [n_batch, 1, 1, n_K], as the op on it does (issue 36, new-user 3: it
+    read [n_batch, 1, n_Q, n_K])."""
+    import numpy as np
+
+    padding = np.ones((2, 1, 1, 9), dtype=bool)
+    padding[0, ..., 7:] = False
+    np.save(tmp_path / "pad.npy", padding)
+    result, out = trace(runner, f"{write(tmp_path, FUNCTIONS)}:attention", "--mask", str(tmp_path / "pad.npy"),
+                        "--heads", "3")
+    assert result.exit_code == 0, result.output
+    given = next(s for s in out["steps"] if s["name"] == "mask")
+    assert given["dims"] == ["n_batch", "1", "1", "n_K"]
+
+
 def test_mask_not_applied(runner, tmp_path):
     path = write(tmp_path, FUNCTIONS)
     result, out = trace(runner, f"{path}:ignores_mask", "--causal")

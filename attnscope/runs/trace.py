@@ -225,8 +225,7 @@ def _steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: Feed
         steps.append(UserStep(name, tensor, dims, op))
         given[fed.labels.get(id(tensor), name)] = (dims, tensor)
     if inputs.allowed is not None and plan.mask:
-        dims = names.dims(inputs.allowed.shape)
-        dims = (*dims[:-2], "n_Q", "n_K") if len(dims) >= 2 else dims
+        dims = _mask_dims(inputs.allowed.shape, inputs.sizes, names)
         said = "additive, 0 = may attend" if inputs.allowed.is_floating_point() else "True = may attend"
         steps.append(UserStep("mask", inputs.allowed, dims, f"input: {plan.mask}, {said} (given to your code as it "
                                                             "reads it: see the note)"))
@@ -237,6 +236,16 @@ def _steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: Feed
         steps.append(UserStep(r.label, r.tensor, named[r.index], op, r.flops, r.allocates, r.line,
                               recomputed="recomputed" in r.details))
     return steps
+
+
+def _mask_dims(shape: tuple[int, ...], sizes: dict[str, int], names: AxisNames) -> tuple[str, ...]:
+    """The mask's dims: its last two axes are n_Q and n_K where they have those sizes (in self-attention they
+    share one), a broadcast axis of 1 stays 1 (a padding mask [n_batch, 1, 1, n_K])."""
+    dims = list(names.dims(shape))
+    for axis, name in ((-2, "n_Q"), (-1, "n_K")):
+        if len(shape) >= -axis and shape[axis] == sizes.get(name) and shape[axis] != 1:
+            dims[axis] = name
+    return tuple(dims)
 
 
 def _input_dims(inputs: Inputs, name: str, names: AxisNames) -> tuple[str, ...]:
