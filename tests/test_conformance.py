@@ -67,7 +67,7 @@ def test_cell(family, view, built, runner, monkeypatch):
     if row.views[view] != EXACT:
         _refused(runner, folder, family, view, monkeypatch)
         return
-    {"short": _short, "long": _long, "generate": _generate, "all-layers": _all_layers}[view](
+    {"short": _short, "long": _long, "generate": _generate, "all-layers": _all_layers, "check": _check}[view](
         runner, folder, eager, family, monkeypatch)
 
 
@@ -170,15 +170,35 @@ def _all_layers(runner, folder, eager, family, monkeypatch):
     payload = _json(runner, folder, "--text", SENTENCE, "--all-layers", "--layer", str(layers[0]))
     theirs = eager_attentions(eager, payload["token_ids"])
     assert len(payload["all_layers"]) == len(theirs) == len(layers)  # a hybrid's attention layers, in order
+    assert [entry["layer"] for entry in payload["all_layers"]] == layers  # numbered as the model numbers them
     for layer, entry in enumerate(payload["all_layers"]):
         _close(entry["attention"], theirs[layer], f"{family} all-layers layer {layer}")
+
+
+def _check(runner, folder, eager, family, monkeypatch):
+    """--check at run time: every layer PASSes against transformers' eager run, and a decoder's generated ids and
+    rows too."""
+    layer = attention_layers(eager)[-1]
+    decodes = row_of(family).views["generate"] == EXACT
+    more = ["--generate", "3"] if decodes else []
+    payload = _json(runner, folder, "--text", PROMPT if decodes else SENTENCE, "--all-layers", "--layer", str(layer),
+                    "--check", *more)
+    assert payload["check_passed"] is True, payload["check"]
+    names = [c["name"] for c in payload["check"]]
+    assert [n for n in names if n.startswith("layer ")] == [f"layer {i}" for i in attention_layers(eager)]
+    if decodes:
+        assert "generated ids" in names and sum(n.startswith("step ") for n in names) == 3
+
+
+def row_of(family: str):
+    return next(r for r in ROWS if r.family == family)
 
 
 def _refused(runner, folder, family, view, monkeypatch):
     from attnscope.models import long
 
     args = {"short": ["--text", SENTENCE], "long": ["--text", SENTENCE], "generate": ["--text", PROMPT, "--generate",
-            "2"], "all-layers": ["--text", SENTENCE, "--all-layers"]}[view]
+            "2"], "all-layers": ["--text", SENTENCE, "--all-layers"], "check": ["--text", SENTENCE, "--check"]}[view]
     if view == "long":
         monkeypatch.setattr(long, "LONG_TOKENS", 8)
     if family in ENCODER_DECODERS:

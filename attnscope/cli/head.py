@@ -21,7 +21,9 @@ HEAD_EXAMPLES = """Examples:
 
   attnscope head --model ./mistral-dir --layer 1 --head 0 --text "The cat sat on the mat."
 
-  attnscope head --model gpt2 --layer 5 --head 1 --text "The cat sat on the mat." --save head.safetensors"""
+  attnscope head --model gpt2 --layer 5 --head 1 --text "The cat sat on the mat." --save head.safetensors
+
+  attnscope head --model ./qwen2-dir --layer 1 --text "The cat sat on the mat." --all-layers --check"""
 
 # Options `head` and `bert` share (declared once, as the house style asks).
 Layer = Annotated[int, typer.Option("--layer", min=0, help="Layer, from 0.")]
@@ -32,6 +34,7 @@ HeadSave = Annotated[str | None, typer.Option("--save", metavar="FILE", callback
 TextFile = Annotated[str | None, typer.Option("--text-file", metavar="FILE", callback=not_empty, help="Read the text from a UTF-8 file. Past 2048 tokens, the head's pattern is computed in blocks of query rows and pooled (docs/generation.md).")]
 AllLayers = Annotated[bool, typer.Option("--all-layers", help="With --text: every head of every layer, a letter for each head's kind (induction heads too) and a small heatmap each; layers run one at a time (docs/heads.md).", rich_help_panel="Output")]
 Generate = Annotated[int, typer.Option("--generate", metavar="N", min=0, help="With --text: decode N new tokens greedily with a KV cache and show, for each, the attention row of --layer that chose it (docs/generation.md).")]
+Check = Annotated[bool, typer.Option("--check", help="With --text: run transformers' own eager model on the same text and compare: layer --layer's every head (every layer's with --all-layers, the exact --rows of a long text), and with --generate the new tokens and each step's row; exit 1 on FAIL. Loads the model through transformers (layers 0..--layer, or all of them).", rich_help_panel="Output")]
 Rows = Annotated[str | None, typer.Option("--rows", metavar="A:B", help="For a text past 2048 tokens: keep query rows A to B-1 of the pooled pattern exact.", rich_help_panel="Output")]
 
 
@@ -61,6 +64,7 @@ def head(
     target: Target = None,
     attention: AttentionOpt = None,
     audio: Audio = None,
+    check: Check = False,
     json: Json = False,
     save: HeadSave = None,
     svg: Svg = None,
@@ -73,14 +77,14 @@ def head(
     run_command("head", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
                 force=force, max_memory=max_memory, debug=debug, text_file=text_file, all_layers=all_layers,
                 generate=generate, rows=rows, target=target, attention=attention.value if attention else None,
-                audio=audio)
+                audio=audio, check=check)
 
 
 def run_command(command: str, model: str, layer: int, head: int, text: str | None, *, all_heads: bool, json: bool,
                 save: str | None, svg: str | None, html: str | None, force: bool, max_memory: str | None,
                 debug: bool, text_file: str | None = None, all_layers: bool = False, generate: int = 0,
                 rows: str | None = None, target: str | None = None, attention: str | None = None,
-                audio: str | None = None) -> None:
+                audio: str | None = None, check: bool = False) -> None:
     """What `head` and `bert` do: the same run, the same output."""
     from attnscope import render
 
@@ -93,7 +97,7 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
         options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
                               max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads,
                               all_layers=all_layers, generate=generate, text_file=text_file, rows=rows,
-                              target=target, attention=attention, audio=audio)
+                              target=target, attention=attention, audio=audio, check=check)
         status = render.console(stderr=True)
         if status.is_terminal:  # a spinner while it reads and runs; nothing on a pipe
             result = run_head(options, progress=lambda message: status.status(message))
@@ -104,6 +108,8 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
             render.emit_json(render.head_json(result))
         else:
             render.show_head(out, result)
+        if result.check_failed:
+            raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,23 +8,26 @@ A view is one way of running a family's attention, all of them through the famil
 - long: a text past LONG_TOKENS, head h's rows computed in blocks, each a decode step after the rows before it
   (models/long.py);
 - generate: `--generate N`, greedy decoding with a KV cache, every layer one token at a time (models/stream.py);
-- all-layers: `--all-layers`, every layer's every head on the text (models/stream.py).
+- all-layers: `--all-layers`, every layer's every head on the text (models/stream.py);
+- check: `--check`, the run held against transformers' own eager run of the checkpoint at run time
+  (runs/check_model.py, models/eager.py): PASS where the cells above are exact.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-VIEWS = ("short", "long", "generate", "all-layers")
+VIEWS = ("short", "long", "generate", "all-layers", "check")
 EXACT = "exact"
 
 ENCODER = {"short": EXACT, "long": EXACT, "generate": "refused: an encoder attends both ways, it does not decode",
-           "all-layers": EXACT}
+           "all-layers": EXACT, "check": EXACT}
 DECODER = dict.fromkeys(VIEWS, EXACT)
 # each of the three attentions (encoder, decoder, cross), each stack with its own head count
 ENCODER_DECODER = {"short": EXACT, "long": "refused past 2,048 tokens, with the memory estimate",
                    "generate": "refused: not taken by encoder-decoders yet",
-                   "all-layers": "refused: not taken by encoder-decoders yet"}
+                   "all-layers": "refused: not taken by encoder-decoders yet",
+                   "check": "refused: not checked against transformers yet"}
 # through transformers' attention interface (models/interface.py, interface_stream.py): the long input is the whole
 # pattern, memory-guarded up front; generate is transformers' own forward and cache, the attention captured each step
 INTERFACE = dict.fromkeys(VIEWS, EXACT)

@@ -41,9 +41,9 @@ def show_layers(out: Console, layers: list[LayerHeads], n_tokens: int) -> None:
     for start in range(0, n_head, per_line):
         heads = range(start, min(start + per_line, n_head))
         out.print(Text(" " * LABEL + "".join(f"{h % 10:<2}" for h in heads).rstrip(), style="dim"))
-        for i, layer in enumerate(layers):
+        for layer in layers:  # titled with the model's own numbers (a hybrid's attention layers skip the others)
             letters = "".join(f"{LETTERS.get(layer.heads[h]['kind'], '?'):<2}" for h in heads).rstrip()
-            out.print(Text(f"layer {i}".ljust(LABEL) + letters))
+            out.print(Text(layer.title.ljust(LABEL) + letters))
     _thumbnails(out, layers)
 
 
@@ -61,12 +61,12 @@ def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
     out.print(ramp("each row on its own scale:  0", "the row's largest cell"))
     out.print(FittedText(f"each head: rows = queries, columns = keys, each cell the sum over {cols} keys and the "
                          f"mean over {rows} queries"))
-    for i, layer in enumerate(layers):
+    for layer in layers:
         pooled = pool(layer.attention, rows, cols).tolist()  # [n_head][rows][cols]
         for start in range(0, n_head, per_line):
             heads = range(start, min(start + per_line, n_head))
             for r in range(len(pooled[0])):
-                label = f"layer {i}" if r == 0 and start == 0 else f"  h{start}" if r == 0 else ""
+                label = layer.title if r == 0 and start == 0 else f"  h{start}" if r == 0 else ""
                 pieces: list[str | Cells] = [label.ljust(LABEL)]
                 for h in heads:
                     values = pooled[h][r]
@@ -115,11 +115,13 @@ def printable(text: str) -> str:
     return shown.replace(" ", "␣") or "∅"
 
 
-def layers_json(layers: list[LayerHeads]) -> list[dict[str, Any]]:
-    """`all_layers`: a layer each, `{"layer", "attention" [n_head, n_Q, n_K], "kinds", "stats"}`."""
+def layers_json(layers: list[LayerHeads], layer_numbers: list[int] | None = None) -> list[dict[str, Any]]:
+    """`all_layers`: a layer each, `{"layer", "attention" [n_head, n_Q, n_K], "kinds", "stats"}`, "layer" the
+    model's own number (`layer_numbers`: a hybrid's attention layers; by default 0, 1, ...)."""
+    numbers_of = layer_numbers or list(range(len(layers)))
     return [{"layer": i, "attention": numbers(layer.attention),
              "kinds": [head["kind"] for head in layer.heads], "stats": [clean(head["stats"]) for head in layer.heads]}
-            for i, layer in enumerate(layers)]
+            for i, layer in zip(numbers_of, layers, strict=True)]
 
 
 def decode_json(result: HeadResult) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import show_heatmap
 from attnscope.render.layers import decode_json, layers_json, show_decode, show_layers
 from attnscope.render.long import long_json, show_long
-from attnscope.render.tables import step_json, steps_table
+from attnscope.render.tables import check_json, check_table, step_json, steps_table
 
 if TYPE_CHECKING:
     from attnscope.models.weights import HeadWeights
@@ -123,6 +123,11 @@ def show_head(out: Console, result: HeadResult) -> None:
         show_layers(out, result.layers, len(result.encoded.ids) if result.encoded else 0)
     if result.decode:
         show_decode(out, result)
+    if result.comparisons:
+        out.print(check_table(result.comparisons, "transformers' eager run of the same checkpoint"))
+        for c in result.comparisons:
+            if c.detail:
+                out.print(Text(f"{c.name}: {c.detail}"))
     if result.saved:
         from attnscope.runs.head_result import saved_tensors
 
@@ -202,9 +207,12 @@ def head_json(result: HeadResult) -> dict[str, Any]:
     if result.long is not None:
         payload |= long_json(result)
     if result.layers:
-        payload["all_layers"] = layers_json(result.layers)
+        payload["all_layers"] = layers_json(result.layers, result.layer_numbers)
     if result.decode:
         payload["decode_steps"] = decode_json(result)
+    if result.comparisons:
+        payload["check"] = [check_json(c) for c in result.comparisons]
+        payload["check_passed"] = not result.check_failed
     if result.saved:
         payload["saved"] = str(result.saved)
     return payload

@@ -89,8 +89,8 @@ def step_json(step: Step) -> dict[str, Any]:
     }
 
 
-def check_table(comparisons: Sequence[Comparison]) -> Table:
-    table = Table(title="check against PyTorch", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+def check_table(comparisons: Sequence[Comparison], against: str = "PyTorch") -> Table:
+    table = Table(title=f"check against {against}", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for name in ("tensor", "reference", "max |diff|", "tolerance", "result"):
         table.add_column(name, justify="right" if "|" in name or name == "tolerance" else "left")
     for c in comparisons:

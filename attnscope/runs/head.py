@@ -61,6 +61,8 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         from attnscope.tensors import check_writable
 
         check_writable(asked.save, asked.force)
+    if asked.check and asked.text is None and asked.audio is None:
+        raise UsageError("--check compares the attention on a text with transformers' eager run; add --text \"...\"")
     if asked.text is not None:
         tokenizer.check_text(asked.text)
     elif asked.all_heads and not asked.audio:
@@ -78,6 +80,9 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
     from attnscope.runs.encdec import encoder_decoder, refuse_one_stack_options, refuse_two_stack_options, run_encdec
 
     if encoder_decoder(config):  # before check_options, which would ask a Whisper for --text
+        if asked.check:
+            raise UsageError(f"--check runs transformers' eager model beside a decoder's or an encoder's head; "
+                             f"{config.architecture} is an encoder-decoder, which it does not check yet; drop --check")
         refuse_one_stack_options(asked, config)
         return run_encdec(asked, folder, config, progress)
     layers.check_options(asked)
@@ -87,10 +92,17 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
             raise UsageError(f"--rows picks exact rows of a long input computed in blocks, which the families "
                              f"attnscope has a page for do (docs/models.md); model_type '{config.model_type}' has no "
                              "page (transformers runs its whole pattern); drop --rows")
-        return _through_transformers(asked, folder, config, progress)
-    model = open_model(folder, config, command=asked.command)
-    with model.checkpoint:
-        return _traced(asked, model, progress)
+        result = _through_transformers(asked, folder, config, progress)
+    else:
+        model = open_model(folder, config, command=asked.command)
+        with model.checkpoint:
+            result = _traced(asked, model, progress)
+    if asked.check:
+        from attnscope.runs.check_model import check_head
+
+        with progress("--check: running transformers' eager model on the same text"):
+            result.comparisons = check_head(result, folder, config.model_type)
+    return result
 
 
 def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult:

@@ -17,6 +17,7 @@ from attnscope.runs import memory
 if TYPE_CHECKING:
     import torch
 
+    from attnscope.check import Comparison
     from attnscope.models.family import Family
     from attnscope.models.long import LongHead
     from attnscope.models.run import LayerRun
@@ -49,6 +50,7 @@ class HeadOptions:
     target: str | None = None  # an encoder-decoder's target text, what its decoder reads (runs/encdec.py)
     attention: str | None = None  # an encoder-decoder's attention: encoder (default), decoder or cross
     audio: str | None = None  # Whisper's source: a PCM .wav file
+    check: bool = False  # --check: compare with transformers' eager run of the same checkpoint (runs/check_model.py)
 
 
 @dataclass
@@ -85,6 +87,7 @@ class HeadResult:
     saved: Path | None = None
     all_layers: list[torch.Tensor] | None = None  # --all-layers: every layer's patterns, [n_head, n, n] each
     layers: list[LayerHeads] | None = None  # and every layer's heads with their statistics and kinds
+    layer_numbers: list[int] | None = None  # the model's number of each of those (a hybrid's attention layers)
     decode: list[DecodeStep] | None = None  # --generate: each new token, its row of layer L
     decode_pieces: list[tuple[str, str]] = field(default_factory=list)  # each new token as (token, text)
     long: LongHead | None = None  # a long input: the head's pattern pooled, computed in blocks
@@ -93,6 +96,11 @@ class HeadResult:
     kind: str | None = None  # an encoder-decoder's attention: encoder, decoder or cross
     tracer: str | None = None  # "attnscope" (the family's page) or "attention-interface" (transformers' code)
     about: str | None = None  # what an encoder-decoder's attention reads, under the header
+    comparisons: list[Comparison] = field(default_factory=list)  # --check: against transformers' eager run
+
+    @property
+    def check_failed(self) -> bool:
+        return any(not c.passed for c in self.comparisons)
 
     @property
     def layer_name(self) -> str:

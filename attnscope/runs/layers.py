@@ -111,6 +111,6 @@ def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
     if result.all_layers is None or result.encoded is None:
         return
     tokens, ids = list(result.encoded.tokens), list(result.encoded.ids)
-    names = indices or range(len(result.all_layers))
+    result.layer_numbers = list(indices or range(len(result.all_layers)))
     result.layers = [LayerHeads.of(A, f"layer {i}", tokens, tokens, tokens=ids)
-                     for i, A in zip(names, result.all_layers, strict=True)]
+                     for i, A in zip(result.layer_numbers, result.all_layers, strict=True)]

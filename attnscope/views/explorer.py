@@ -16,7 +16,8 @@ that are here already, and the page draws each when present:
 
 A head's `masked` marks the keys its mask forbids (True: -inf in `masked_scores`), drawn hatched, apart from a
 weight that is merely near 0. A page whose title ends with a layer and head (`subject` + "layer 2, head 3")
-retitles itself with the ones shown, and a table about one layer or head (`Table.layer`, `Table.head`) says so when another is shown.
+retitles itself with the ones shown, and a table about one layer or head (`Table.layer`, `Table.head`) says so
+when another is shown.
 
 `page_html(page)` writes it: one HTML file with its styles, script and data inline and a Content Security
 Policy that forbids every request, so it works from `file://` and as an attachment. The tables are plain

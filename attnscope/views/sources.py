@@ -100,9 +100,11 @@ def from_head(result: Any) -> Page:
     masked = None if run is None or every is None else masked_of(run.layer.steps, every.attention.shape)
     if result.layers:  # --all-layers: every layer, each head with its kind
         page.queries, page.keys = list(result.layers[0].row_labels), list(result.layers[0].col_labels)
+        numbers = result.layer_numbers or list(range(len(result.layers)))  # a hybrid's: its attention layers
         page.layers = [Layer(i, _heads_of(layer, masked if i == o.layer else _same_mask(layer.attention, masked)))
-                       for i, layer in enumerate(result.layers)]
-        page.focus = (min(o.layer, len(page.layers) - 1), min(o.head, len(result.layers[0].heads) - 1))
+                       for i, layer in zip(numbers, result.layers, strict=True)]
+        shown = numbers.index(o.layer) if o.layer in numbers else 0
+        page.focus = (shown, min(o.head, len(result.layers[0].heads) - 1))
     elif heads is not None:
         page.queries, page.keys = list(heads.row_labels), list(heads.col_labels)
         page.layers = [Layer(o.layer, _heads_of(heads, masked))]

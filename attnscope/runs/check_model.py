@@ -1,0 +1,97 @@
+"""`head --check`: what the run showed held against transformers' own eager run of the same checkpoint
+(models/eager.py): layer L's every head (every layer's with --all-layers), a long input's exact rows, and with
+--generate the new tokens and each step's row of layer L. Each comparison is `check.compare`'s: max |diff|
+against atol + rtol · max |reference| at float32's tolerance; the command exits 1 on a FAIL.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from attnscope.check import Comparison
+    from attnscope.runs.head_result import HeadResult
+
+
+def check_head(result: HeadResult, folder: Path, model_type: str) -> list[Comparison]:
+    """The run's patterns against transformers' eager ones, memory-guarded first."""
+    from attnscope.models import eager
+
+    asked, encoded = result.options, result.encoded
+    if encoded is None:
+        raise UsageError("--check compares the attention on a text with transformers'; add --text \"...\"")
+    ids = encoded.ids
+    _guard(result, folder, len(ids) + asked.generate)
+    comparisons = []
+    last = result.info.layers - 1 if result.all_layers is not None else asked.layer
+    reference = eager.patterns(folder, model_type, ids, last)
+    for layer, mine in _patterns(result).items():
+        theirs = reference.get(layer)
+        if theirs is None:
+            raise UsageError(f"--check: transformers gives layer {layer} no attention weights to compare with")
+        comparisons.append(_compare(f"layer {layer}", mine, theirs))
+    if result.long is not None and result.long.exact_rows is not None and result.long.rows is not None:
+        first, end = result.long.rows
+        theirs = reference[asked.layer][asked.head, first:end]  # [rows, n_tokens]
+        comparisons.append(_compare(f"layer {asked.layer} head {asked.head} rows {first}:{end}",
+                                    result.long.exact_rows, theirs))
+    if result.decode:
+        comparisons.extend(_decoded(result, folder, model_type, ids))
+    return comparisons
+
+
+def _patterns(result: HeadResult) -> dict[int, torch.Tensor]:
+    """layer -> `[n_head, n, n]` the run showed: every layer's with --all-layers, else layer L's (none for a long
+    input, whose pattern is pooled)."""
+    if result.layer_numbers is not None and result.all_layers is not None:
+        return dict(zip(result.layer_numbers, result.all_layers, strict=True))
+    if result.all_heads is not None:
+        return {result.options.layer: result.all_heads}
+    return {}
+
+
+def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int]) -> list[Comparison]:
+
+    from attnscope.check import Comparison
+    from attnscope.models import eager
+
+    assert result.decode is not None
+    layer = result.options.layer
+    theirs = eager.decode(folder, model_type, ids, len(result.decode))
+    mine_ids = [step.token_id for step in result.decode]
+    same = sum(a == b for a, b in zip(mine_ids, theirs.ids, strict=True))
+    comparisons = [Comparison("generated ids", "generate", 0.0 if same == len(mine_ids) else float("inf"), 0.0,
+                              "" if same == len(mine_ids) else f"{same} of {len(mine_ids)} tokens agree")]
+    for t, (step, rows) in enumerate(zip(result.decode, theirs.rows, strict=True)):
+        if mine_ids[: t + 1] != theirs.ids[: t + 1]:
+            break  # past a different token the rows read different texts
+        row = rows[layer]  # [n_head, keys transformers' cache holds]
+        comparisons.append(_compare(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
+    return comparisons
+
+
+def _compare(name: str, mine: torch.Tensor, theirs: torch.Tensor) -> Comparison:
+    from attnscope.check import compare
+    return compare(name, "output_attentions", mine.float(), theirs.float())
+
+
+def _guard(result: HeadResult, folder: Path, n_tokens: int) -> None:
+    """transformers' model is loaded whole (with --generate) or up to layer L, and its eager run holds every
+    layer's `[n_head, n, n]` attention: refused up front when that does not fit."""
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.truncated import estimate_bytes
+    from attnscope.runs.head_result import guard_memory
+
+    info, asked = result.info, result.options
+    last = info.layers - 1 if (result.all_layers is not None or asked.generate) else asked.layer
+    with Checkpoint.open(folder) as checkpoint:
+        weights = estimate_bytes(checkpoint, last, 1)
+    held = 4 * (last + 1) * info.heads * n_tokens * n_tokens
+    guard_memory(weights + held, asked.max_memory, f"--check: transformers' eager run of layers 0..{last} on "
+                 f"{n_tokens} tokens")
