@@ -239,6 +239,8 @@ def whisper_and_bart(tmp_path_factory):
                                           "first, e.g. ffmpeg -i float.wav -ac 1 -ar 16000 -c:a pcm_s16le "
                                           "float-pcm16.wav"),
     (["bart", "--layer", "3", "--attention", "decoder"], "--layer 3 is out of range: this model has 3 layers, 0 to 2"),
+    (["whisper", "--audio", "cut.wav"], "--audio cut.wav is truncated: its data chunk holds 1 of the 320 bytes it "
+                                        "declares; give the whole file"),  # the fuzz's find: was a ValueError
     (["whisper", "--audio", "whisper/speech.wav", "--all-layers"], "--all-layers is not taken by encoder-decoders, "
      "and WhisperForConditionalGeneration is one: attnscope traces one attention (--attention) of one --layer of "
      "it; drop --all-layers"),
@@ -255,6 +257,9 @@ def test_bad_input_is_one_line(whisper_and_bart, runner, monkeypatch, args, line
     (whisper_and_bart / "speech.mp3").write_bytes(b"ID3")
     write_wav(whisper_and_bart / "fast.wav", rate=8000)
     _write_float_wav(whisper_and_bart / "float.wav")
+    (whisper_and_bart / "cut.wav").write_bytes(  # a data chunk of 320 bytes declared, 1 there
+        b"RIFFd\x01\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x80>\x00\x00\x00}\x00\x00\x02\x00\x10\x00"
+        b"data@\x01\x00\x00\x00")
     result = runner.invoke(app, ["head", "--model", args[0], *args[1:]])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().splitlines() == [f"attnscope: error: {line}"]

@@ -51,9 +51,14 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
     try:
         with wave.open(str(path), "rb") as wav:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
-            raw = wav.readframes(wav.getnframes())
+            declared = wav.getnframes()
+            raw = wav.readframes(declared)
     except (wave.Error, EOFError, OSError) as exc:
         raise UsageError(f"{{audio}} {path}: not a PCM WAV file ({str(exc)[:80]}); {convert}", "audio") from None
+    frame = channels * width
+    if len(raw) < declared * frame:  # wave reads what is there: a data chunk cut short, maybe mid-sample
+        raise UsageError(f"{{audio}} {path} is truncated: its data chunk holds {len(raw):,} of the "
+                         f"{declared * frame:,} bytes it declares; give the whole file", "audio")
     if width == 3:  # 24-bit: widen each sample to 32 bits (little-endian, the low byte zero)
         bytes_ = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3)
         samples = np.zeros((len(bytes_), 4), dtype=np.uint8)
