@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from printed import missing_lines
 
 from attnscope.cli import app
-from printed import missing_lines
 
 HEADER = """
 import math

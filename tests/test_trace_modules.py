@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from test_trace_command import line_of, trace, user_module, write
 
+from attnscope.cli import app
+
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "examples"
 NANOGPT = (DOCS / "nanogpt.py").read_text()  # nanoGPT's model.py, its config and CausalSelfAttention, unchanged
 GPT = "--init", "config=GPTConfig(n_embd=64, n_head=4)"
@@ -677,3 +679,41 @@ def test_a_mask_compared_with_a_threshold_is_read_either_way(tmp_path, runner):
         result, out = trace(runner, f"{path}:{name}", "--causal")
         assert result.exit_code == 0, result.output
         assert any(words in n and "as your code reads it" in n for n in out["notes"]), out["notes"]
+
+
+# --- a module with no weights: traced as a function is (issue 36, new-user 1) ----------------------------------
+
+WEIGHTLESS = """
+class ScaledDotProductAttention(nn.Module):
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, -1e9)
+        return self.dropout(torch.softmax(scores, dim=-1)) @ v
+
+
+class Unscaled(ScaledDotProductAttention):
+    def forward(self, q, k, v, mask=None):
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+"""
+
+
+def test_a_weightless_module_taking_q_k_v_is_traced_as_a_function(tmp_path, runner):
+    """The tutorial's ScaledDotProductAttention: --dk/--dv/--heads size its inputs, the reference is sdpa (it
+    was refused --dk, then 'cannot tell d_feat', then 'pass --heads', then 'no reference')."""
+    path = write(tmp_path, WEIGHTLESS)
+    result, out = trace(runner, f"{path}:ScaledDotProductAttention", "--dk", "6", "--dv", "5", "--heads", "2",
+                        "--causal")
+    assert result.exit_code == 0, result.output
+    assert out["params"]["sizes"]["d_K"] == 6 and out["params"]["sizes"]["d_V"] == 5
+    assert {row["reference"] for row in out["alignment"]} >= {"scores", "masked_scores", "attention", "out"}
+    assert {row["status"] for row in out["alignment"]} == {"equal"}
+    assert any("has no weights" in note for note in out["notes"]), out["notes"]
+    result, out = trace(runner, f"{path}:Unscaled")
+    assert result.exit_code == 1 and out["first_divergence"]["reference"] == "scores"
+    result = runner.invoke(app, ["trace", f"{path}:Unscaled", "--d-feat", "8"])
+    assert result.exit_code == 2 and "has no weights" in result.stderr and "--dk" in result.stderr

@@ -106,8 +106,12 @@ def run_trace(o: TraceOptions) -> TraceRun:
     fn = module if module is not None else target.obj
     plan = load.plan(module.forward if module is not None else fn,
                      f"{target.name}.forward" if module is not None else target.name, o.train)
-    shapes = ShapePlan.make(o, module, init)
-    inputs = make_inputs(o, plan, shapes, module, guard=lambda sizes: _guard(o, spec, sizes, module is not None))
+    weighted = _weighted(o, module, plan, target)  # None for a function, and a module with no weights
+    if module is not None and weighted is None:
+        notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "
+                     "and --heads")
+    shapes = ShapePlan.make(o, weighted, init)
+    inputs = make_inputs(o, plan, shapes, weighted, guard=lambda sizes: _guard(o, spec, sizes, weighted is not None))
     notes += inputs.notes + plan_notes(plan, inputs)
 
     fed = feeds(plan, inputs, spec.rope_base)
@@ -123,7 +127,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
         run.notes.append(f"no tensor operation ran from {target.path.name}: only ops called from that file are "
                          "recorded (torch functions, Tensor methods and operators)")
     if called.failure is None:
-        lined = line_up(module, shapes, inputs, called.records, o.train, spec)
+        lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
         run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
         run.no_reference = lined.no_reference
         run.notes += lined.notes
@@ -204,10 +208,25 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
                              "if any, are passed as documented)")
         if o.d_feat is not None:
             raise UsageError("--d-feat is a module's width; for a function give --dk (and --dv)")
-    elif o.dk is not None or o.dv is not None:
-        raise UsageError("--dk/--dv size a function's inputs; a module's width is --d-feat")
     asked = AttentionSpec.asked(o.causal, o.window, o.cache, rope=rope_of(o))  # checked as sdpa/mha check them
     return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache)
+
+
+def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
+    """The module whose weights the reference holds; None for a function, and for a module with no weights (a
+    tutorial's `ScaledDotProductAttention`, whose forward takes q, k, v): traced as a function is, its inputs
+    sized by --dk/--dv/--heads."""
+    if module is None:
+        return None
+    if not any(True for _ in module.parameters()):
+        if o.d_feat is not None:
+            raise UsageError(f"--d-feat is a projection's width; {target.name} has no weights and is traced as a "
+                             "function is: size its inputs with --dk (and --dv)")
+        return None
+    if o.dk is not None or o.dv is not None:
+        raise UsageError("--dk/--dv size a function's inputs (or a module's with no weights); a module's width is "
+                         "--d-feat")
+    return module
 
 
 def _steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: Feeds, plan: Plan) -> list[UserStep]:
