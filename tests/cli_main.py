@@ -8,6 +8,7 @@ is what a user's shell runs, and where "one line on stderr" is promised.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 
@@ -16,11 +17,18 @@ from typer.testing import CliRunner
 INTERNAL = "run again with --debug"  # the internal-error phrase: for real bugs only
 
 
+def unwrapped(stderr: str) -> str:
+    """stderr with each message on one line again: messages are wrapped to the terminal (80 columns here), their
+    later lines indented two spaces (render/console.message_lines); the tests read and count messages."""
+    return re.sub(r"\n  (?=\S)", " ", stderr)
+
+
 @dataclass
 class Outcome:
     code: int
     stdout: str
-    stderr: str
+    stderr: str  # each message on one line (`unwrapped`)
+    wrapped: str = ""  # stderr as written
 
     @property
     def error_lines(self) -> list[str]:
@@ -52,7 +60,7 @@ def run_main(*args: str, env: dict[str, str] | None = None) -> Outcome:
             sys.stdout.flush()
             sys.stderr.flush()
         out, err = stdout.getvalue().decode(), stderr.getvalue().decode()
-    return Outcome(code, out, err)
+    return Outcome(code, out, unwrapped(err), err)
 
 
 def assert_usage_error(outcome: Outcome, *words: str) -> None:

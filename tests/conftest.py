@@ -19,6 +19,15 @@ def _deterministic() -> None:
 
 @pytest.fixture()
 def runner():
+    """A CliRunner whose results' stderr has each message on one line (tests/cli_main.unwrapped)."""
     from typer.testing import CliRunner
 
-    return CliRunner()
+    from cli_main import unwrapped
+
+    class Runner(CliRunner):
+        def invoke(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            result = super().invoke(*args, **kwargs)
+            result.stderr_bytes = unwrapped(result.stderr_bytes.decode()).encode()
+            return result
+
+    return Runner()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_main import unwrapped
 
 from attnscope.cli import app
 
@@ -161,7 +162,7 @@ def test_installed_command_runs_and_errors_are_one_line():
         failed = subprocess.run([*_installed_attnscope(), *bad], capture_output=True, text=True, timeout=120)
         assert failed.returncode == 2, (bad, failed.stderr)
         assert failed.stdout == ""
-        lines = failed.stderr.strip().splitlines()
+        lines = unwrapped(failed.stderr).strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("attnscope: error:"), failed.stderr
 
 
@@ -211,7 +212,7 @@ def test_output_that_cannot_be_written_is_one_line(args, tmp_path):
         result = subprocess.run([sys.executable, "-m", "attnscope", *argv], stdout=full, stderr=subprocess.PIPE,
                                 text=True, timeout=120)
     assert result.returncode == 1, result.stderr
-    assert result.stderr.splitlines() == [
+    assert unwrapped(result.stderr).splitlines() == [
         "attnscope: error: could not write the output (No space left on device); free space where it goes, or send "
         "it elsewhere"]
 
@@ -241,7 +242,7 @@ def test_closed_stdout_or_stderr():
     python = f"{sys.executable} -m attnscope"
     for args in ("sdpa --nq 2 --nk 3", "--help", "mask --nq 2 --nk 2 --json"):
         closed = shell(f"{python} {args} >&-")
-        assert closed.returncode == 1 and closed.stderr.splitlines() == [
+        assert closed.returncode == 1 and unwrapped(closed.stderr).splitlines() == [
             "attnscope: error: could not write the output (stdout is closed); give it somewhere to go: a terminal, "
             "a file or a pipe"], (args, closed.stderr)
     good = shell(f"{python} sdpa --nq 2 --nk 3 2>&-")
@@ -370,3 +371,42 @@ def test_bare_command_prints_help_once(args):
     result = subprocess.run([*_installed_attnscope(), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     assert result.stdout.count("Usage:") == 1
+
+
+@pytest.mark.parametrize("columns", ["80", "40"])
+def test_messages_wrap_to_the_terminal_as_one_message(columns):
+    """Issue 36, item 6: stderr reached 250-330 columns. A message wraps at word boundaries to COLUMNS (80
+    piped), its first line as before, its later lines indented; `unwrapped` gives back the one line."""
+    from cli_main import run_main
+
+    outcome = run_main("mha", "--d-feat", "200", "--heads", "7", env={"COLUMNS": columns})
+    lines = outcome.wrapped.splitlines()
+    assert outcome.code == 2 and len(lines) > 1, outcome.wrapped
+    assert all(len(line) <= int(columns) for line in lines), outcome.wrapped
+    assert lines[0].startswith("attnscope: error: ") and all(line.startswith("  ") for line in lines[1:])
+    assert unwrapped(outcome.wrapped).splitlines() == [outcome.stderr.rstrip("\n")]
+    assert "--heads 5 or --heads 8" in outcome.stderr  # a flag and its value are never split at a hyphen
+
+
+def test_a_long_word_is_kept_whole_and_piped_stderr_wraps_at_80(monkeypatch, capsys):
+    from attnscope.render.console import info, message_lines
+
+    path = "/a/" + "very-long-folder/" * 8 + "config.json"
+    assert message_lines("attnscope: error: ", f"{path}: no such file").splitlines() == [
+        "attnscope: error:", f"  {path}:", "  no such file"]
+    monkeypatch.delenv("COLUMNS", raising=False)  # captured stderr is no terminal: 80 columns
+    info("bench mha: " + "x " * 100)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("attnscope: bench mha: ") and max(map(len, lines)) <= 80 and len(lines) == 3
+
+
+@pytest.mark.parametrize("args", [["anatomy", "/nonexistent"], ["sdpa", "--q", "/nonexistent.npy"],
+                                  ["mha", "--d-feat", "200", "--heads", "7"], ["diff", "/no1.pt", "/no2.pt"],
+                                  ["head", "--model", "/nonexistent"]])
+def test_debug_keeps_a_usage_error_exit_2(args):
+    """Issue 36, fuzz 6: under --debug a usage error was re-raised, a traceback and exit 1."""
+    from cli_main import assert_usage_error, run_main
+
+    outcome = run_main(*args, "--debug")
+    assert_usage_error(outcome)
+    assert "Traceback" not in outcome.stderr

@@ -325,5 +325,7 @@ def test_cli_guard_refuses_a_latent_run_before_torch_is_imported():
             "    print('EXIT', exit.code, 'TORCH', 'torch' in sys.modules, file=sys.stderr)")
     args = ["mha", "--d-feat", "7168", "--heads", "128", "--kv-lora-rank", "512", "--batch", "8", "--nq", "100000"]
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
-    first, last = result.stderr.strip().splitlines()
+    from cli_main import unwrapped
+
+    first, last = unwrapped(result.stderr).strip().splitlines()
     assert first.startswith("attnscope: error: this run needs about") and last == "EXIT 1 TORCH False"

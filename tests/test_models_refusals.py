@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_main import assert_usage_error, run_main
+from cli_main import assert_usage_error, run_main, unwrapped
 from fuzz_models import EVIL
 from tiny_models import SENTENCE, build, with_config
 
@@ -34,7 +34,9 @@ def _cli(*args: str, stdin: str | None = None, timeout: float = 120) -> subproce
     """The installed command as a shell runs it, stdin a pipe left open (a prompt would wait on it)."""
     command = [sys.executable, "-c", "from attnscope.cli import main; main()", *args]
     env = {**os.environ, "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+    result.stderr = unwrapped(result.stderr)  # each message on one line (they wrap at 80 columns)
+    return result
 
 
 # --- a folder's own code never runs, and nothing prompts ------------------------------------------------------

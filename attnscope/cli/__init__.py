@@ -117,13 +117,12 @@ def main() -> None:
 
 
 def _main() -> None:
-    from attnscope.render.console import ignore_bad_columns
+    from attnscope.render.console import error, ignore_bad_columns, info
 
     if sys.stderr is None:  # `2>&-`: the interpreter leaves sys.stderr None; errors go nowhere, exit codes hold
         sys.stderr = open(os.devnull, "w")  # open for the rest of the process
     if sys.stdout is None:  # `attnscope sdpa >&-`
-        sys.stderr.write("attnscope: error: could not write the output (stdout is closed); give it somewhere to "
-                         "go: a terminal, a file or a pipe\n")
+        error("could not write the output (stdout is closed); give it somewhere to go: a terminal, a file or a pipe")
         sys.exit(1)
     ignore_bad_columns()  # COLUMNS=0 would print nothing: read as unset, by Typer's help as by our tables
     command = typer.main.get_command(app)
@@ -142,13 +141,13 @@ def _main() -> None:
         flags = {name for param in getattr(getattr(context, "command", None), "params", [])
                  if getattr(param, "is_flag", False) for name in (*param.opts, *param.secondary_opts)}
         message = flag_value_hint(sys.argv[1:], flags, message) or message
-        sys.stderr.write(f"attnscope: error: {message}{where}\n")
+        error(f"{message}{where}")
         sys.exit(getattr(exc, "exit_code", 2))
     except ClickException as exc:
-        sys.stderr.write(f"attnscope: error: {' '.join(exc.format_message().split())}\n")  # type: ignore[attr-defined]
+        error(exc.format_message())  # type: ignore[attr-defined]
         sys.exit(getattr(exc, "exit_code", 1))
     except typer.Abort:
-        sys.stderr.write("attnscope: aborted\n")
+        info("aborted")
         sys.exit(130)
     except BrokenPipeError:  # `attnscope sdpa | head`: the reader left early, nothing to report
         stdout_to_devnull()  # so the interpreter's final flush does not fail a second time

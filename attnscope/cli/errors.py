@@ -64,8 +64,9 @@ def output_failed(exc: BaseException, *, certain: bool = False) -> bool:
     cannot fail a second time (a traceback, "Exception ignored"). False, and nothing done, otherwise."""
     if not isinstance(exc, OSError) or not (certain or (exc.filename is None and exc.errno in _WRITE_FAILURES)):
         return False
-    sys.stderr.write(f"attnscope: error: could not write the output ({exc.strerror or exc}); free space where it "
-                     "goes, or send it elsewhere\n")
+    from attnscope.render.console import error
+
+    error(f"could not write the output ({exc.strerror or exc}); free space where it goes, or send it elsewhere")
     stdout_to_devnull()
     return True
 
@@ -97,10 +98,12 @@ def reported(debug: bool, oom_advice: str = OOM_ADVICE) -> Iterator[None]:
         stdout_to_devnull()  # what is still buffered goes nowhere, so no later flush fails again
         raise typer.Exit(141) from None  # 128 + SIGPIPE (Click's own handler would say 1, a failure)
     except AttnscopeError as exc:
-        if debug:
-            raise
+        if debug and exc.exit_code != 2:  # a failure at run time: --debug shows where; a usage error is no bug
+            import traceback
+
+            traceback.print_exc()
         render.error(exc.worded(FLAGS))
-        raise typer.Exit(exc.exit_code) from None
+        raise typer.Exit(exc.exit_code) from None  # under --debug too: a usage error stays exit 2
     except KeyboardInterrupt:
         render.error("interrupted")
         raise typer.Exit(130) from None

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 import uuid
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
@@ -102,12 +103,32 @@ def numbers(tensor: Tensor) -> list[Any]:
 
 
 def error(message: str) -> None:
-    """One line on stderr: what was wrong and how to fix it."""
-    sys.stderr.write(f"attnscope: error: {' '.join(message.split())}\n")
+    """One message on stderr: what was wrong and how to fix it (wrapped to the terminal, see `message_lines`)."""
+    sys.stderr.write(message_lines("attnscope: error: ", message))
 
 
 def info(message: str) -> None:
-    sys.stderr.write(f"attnscope: {message}\n")
+    sys.stderr.write(message_lines("attnscope: ", message))
+
+
+CONTINUATION = "  "  # how a wrapped message's later lines start: a line that does not is a new message
+
+
+def message_lines(prefix: str, message: str) -> str:
+    """`prefix` and `message` as one message for stderr, wrapped at word boundaries to COLUMNS, else stderr's
+    terminal, else (piped) 80 columns; its later lines start with CONTINUATION, so the first line starts as it
+    always did (what a script greps) and each line that does not start with a space starts a message. A word
+    longer than the width (a path) is kept whole, and a flag is never broken at its hyphens."""
+    width = columns()
+    if width is None:
+        try:
+            width = _terminal_width(sys.stderr) if sys.stderr.isatty() else PIPED_WIDTH
+        except (AttributeError, ValueError):  # a stream with no terminal behind it, or closed
+            width = PIPED_WIDTH
+    text = prefix + " ".join(message.split())
+    lines = textwrap.wrap(text, width, subsequent_indent=CONTINUATION, break_long_words=False,
+                          break_on_hyphens=False)
+    return "\n".join(lines or [prefix.rstrip()]) + "\n"
 
 
 def finite(x: float) -> float | None:
