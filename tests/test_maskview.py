@@ -206,6 +206,28 @@ def test_mask_command_table_names_the_alignment(runner):
     assert "q0 ■ ■ ■ · · ·" in result.stdout
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c.get("causal") == "lower-right" or c.get("cache")])
+def test_the_header_says_what_the_last_row_of_the_grid_shows(case):
+    """Issue 36, item 8: `--nq 4 --cache 4 --window 3` said "the last query sees all" above a grid whose q3
+    sees keys 5-7 only. The header is read from the grid, whatever took keys from it (window, padding, file)."""
+    shown = _view(case, _user(case))
+    said = shown.describe().split("the last query sees ")[1]
+    last = shown.grid[-1]
+    if all(last) or not any(last):
+        assert said == ("all keys" if all(last) else "no key")
+    else:
+        keys = {j for j, seen in enumerate(last) if seen}
+        words = said.removeprefix("keys ").removeprefix("key ").replace(" and ", ", ").split(", ")
+        spans = [tuple(map(int, w.split("-"))) if "-" in w else (int(w), int(w)) for w in words]
+        assert keys == {j for a, b in spans for j in range(a, b + 1)}, said
+
+
+def test_the_header_of_a_window_over_a_cache(runner):
+    result = runner.invoke(app, ["mask", "--nq", "4", "--cache", "4", "--window", "3"])
+    assert "the last query sees keys 5-7" in result.stdout and "sees all" not in result.stdout
+    assert "q3 · · · · · ■ ■ ■" in result.stdout
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--nq", "2", "--nk", "9", "--cache", "3"], "n_K = 5, not 9"),
     (["--nq", "2", "--cache", "3", "--causal", "upper-left"], "aligns lower-right"),

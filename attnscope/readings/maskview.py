@@ -28,11 +28,32 @@ class MaskView:
     translations: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
+        """The alignment's rule; for lower-right, what the last query sees, read from the grid itself (a window,
+        padding or a mask file take keys from it: `--cache 4 --window 3` shows q3 seeing keys 5-7, not all)."""
         shift = f"{'−' if self.offset < 0 else '+'} {abs(self.offset)}"
         where = {"upper-left": "upper-left: query i sees keys j ≤ i",
-                 "lower-right": f"lower-right: query i sees keys j ≤ i {shift}, the last query sees all",
+                 "lower-right": f"lower-right: query i sees keys j ≤ i {shift}; the last query sees "
+                                f"{seen_keys(self.grid[-1]) if self.grid else 'no key'}",
                  "none": "no causal alignment: every query may see every key it is not masked from"}
         return where[self.alignment]
+
+
+def seen_keys(row: list[bool]) -> str:
+    """A query's row of the grid in words: "all keys", "keys 5-7", "key 7", "keys 0-1 and 5-7", "no key"."""
+    if all(row):
+        return "all keys"
+    runs: list[list[int]] = []  # [first, last] of each run of seen keys
+    for j, seen in enumerate(row):
+        if seen and runs and runs[-1][1] == j - 1:
+            runs[-1][1] = j
+        elif seen:
+            runs.append([j, j])
+    if not runs:
+        return "no key"
+    words = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    many = len(runs) > 1 or runs[0][0] != runs[0][1]
+    return ("keys " if many else "key ") + (", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1
+                                             else words[0])
 
 
 def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: torch.Tensor | None = None) -> MaskView:
