@@ -67,3 +67,15 @@ def test_mask_refuses_what_sdpa_refuses():
     assert_usage_error(run_main("mask", "--mask", ""), "--mask ''", "an empty file name")
     assert_usage_error(run_main("mask", "--window", str(2**63)), "--window 9223372036854775808", "64-bit")
     assert_usage_error(run_main("sdpa", "--window", str(2**63)), "--window 9223372036854775808", "64-bit")
+
+
+@pytest.mark.parametrize("columns", ["80", "50"])
+def test_values_keep_each_tensor_row_on_its_line(columns):
+    """Issue 36, item 5: torch printed --values rows 96 wide and Rich wrapped them at 80, the last number of a
+    row landing at column 0. torch now wraps them itself, at the width, between numbers."""
+    outcome = run_main("sdpa", "--values", "--batch", "1", "--nq", "8", "--nk", "8", "--dk", "8", "--dv", "8",
+                       env={"COLUMNS": columns})
+    assert outcome.code == 0, outcome.stderr
+    values = outcome.stdout[outcome.stdout.index("Q [1, 8, 8]"):].splitlines()
+    assert max(cell_len(line) for line in values) <= int(columns), outcome.stdout
+    assert not [line for line in values if line[:1].isdigit() or line[:1] == "-"], outcome.stdout  # at column 0

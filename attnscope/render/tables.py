@@ -73,7 +73,7 @@ def show_values(out: Console, trace: Trace) -> None:
 
     for step in trace.steps:
         out.print(Text(f"{step.name} {list(step.shape)}", style="bold cyan"))
-        out.print(Text(preview(step.tensor, VALUES_LIMIT)))
+        out.print(Text(preview(step.tensor, VALUES_LIMIT, width=out.width)))  # a row wrapped by Rich split a number
 
 
 def step_json(step: Step) -> dict[str, Any]:

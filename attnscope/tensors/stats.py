@@ -61,13 +61,14 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, float | int] | None:
     return stats
 
 
-def preview(tensor: torch.Tensor, limit: int) -> str:
-    """The numbers of a small tensor, or the corners of a large one, four significant digits."""
+def preview(tensor: torch.Tensor, limit: int, width: int = 96) -> str:
+    """The numbers of a small tensor, or the corners of a large one, four significant digits, each line at most
+    `width` columns (torch's own `linewidth`, which counts the "tensor(" indent too)."""
     import torch
 
     if tensor.device.type == "meta":
         return "(meta tensor: shape only, no values)"
-    torch.set_printoptions(precision=4, threshold=limit, edgeitems=3, linewidth=96, sci_mode=False)
+    torch.set_printoptions(precision=4, threshold=limit, edgeitems=3, linewidth=width, sci_mode=False)
     try:
         return str(tensor.detach())
     finally:
