@@ -312,3 +312,38 @@ def test_tensor_values_in_json_are_finite_and_parse_as_the_plain_encoder_writes_
                                                            "f": None})))
     assert json.loads(out)["b"] == [[1.0, None], [None, 2.5]]
     assert "NaN" not in out and "Infinity" not in out
+
+
+def test_masked_cells_read_apart_from_near_zero_weights():
+    """Issue 36, item 7: a masked key and a weight near 0 were both blank. A masked cell is `·`, on the
+    terminal's background even where colour is shown, and the legend says so."""
+    from attnscope.render.heatmap import show_heatmap
+    from attnscope.render.shading import MASKED
+    from attnscope.runs.outputs import Heatmap
+
+    hm = Heatmap("attention", [[1.0, 0.0, 0.0], [1e-9, 1.0, 0.0]], ["q0", "q1"], ["k0", "k1", "k2"],
+                 [[False, True, True], [False, False, True]])
+    for color_system in (None, "truecolor"):
+        out = Console(width=80, color_system=color_system, record=True)
+        show_heatmap(out, hm)
+        text = out.export_text(styles=False)
+        assert f"{MASKED} = masked" in text
+        rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("q")}
+        assert rows["q0"].startswith(f"q0 ██{MASKED} {MASKED} "), text
+        assert rows["q1"].startswith(f"q1   ██{MASKED} "), text  # 1e-9: blank, not masked
+
+
+def test_sdpa_heatmap_marks_the_masked_keys(runner):
+    result = runner.invoke(app, ["sdpa", "--batch", "1", "--nq", "4", "--nk", "6", "--causal", "lower-right",
+                                 "--window", "2", "--heatmap"], env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.startswith("q")]
+    # lower-right, window 2 over 6 keys: query i sees keys i + 1 and i + 2
+    assert [row[3:15].count("·") for row in rows] == [4, 4, 4, 4], rows
+    assert rows[0][3:5] == "· " and rows[0][5:7] != "· " and rows[3][3:11] == "· · · · ", rows
+    assert "masked: the key is hidden" in result.stdout
+    shown = json.loads(runner.invoke(app, ["sdpa", "--batch", "1", "--nq", "4", "--nk", "6", "--causal", "--heatmap",
+                                           "--json"]).stdout)["heatmap"]
+    assert shown["masked"][0] == [False, True, True, True, True, True]
+    plain = runner.invoke(app, ["sdpa", "--batch", "1", "--nq", "4", "--nk", "6", "--heatmap"])
+    assert "·" not in plain.stdout and "masked" not in plain.stdout

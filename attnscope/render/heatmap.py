@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from attnscope.render.fit import FittedText
-from attnscope.render.shading import NOT_FINITE, CellLine, Cells, ramp
+from attnscope.render.shading import MASKED_LEGEND, NOT_FINITE, CellLine, Cells, ramp
 
 if TYPE_CHECKING:
     from attnscope.runs.outputs import Heatmap
@@ -43,10 +43,14 @@ class Grid:
     pool: int  # keys summed into one column
     cell: int  # character cells per column
     numbered: bool  # column labels are numbers, with a key underneath
+    masked: list[list[bool]] | None = None  # a column is masked where every key pooled into it is
 
 
 def heatmap_json(hm: Heatmap) -> dict[str, Any]:
-    return {"title": hm.title, "rows": hm.row_labels, "cols": hm.col_labels, "matrix": hm.matrix}
+    payload = {"title": hm.title, "rows": hm.row_labels, "cols": hm.col_labels, "matrix": hm.matrix}
+    if hm.masked is not None:  # [n_Q][n_K], true where the mask hid the key
+        payload["masked"] = hm.masked
+    return payload
 
 
 def show_heatmap(out: Console, hm: Heatmap) -> None:
@@ -62,7 +66,7 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
     row_w = min(max((cell_len(s) for s in row_labels), default=1), ROW_LABEL_WIDTH)
     summaries = [_summary(values, col_labels) for values in shown]
     room = out.width - row_w - 1 - max((cell_len(s) for s in summaries), default=0)
-    grid = _grid(shown, col_labels, room)
+    grid = _grid(shown, col_labels, room, hm.masked[: len(shown)] if hm.masked else None)
     largest = max((v for r in grid.rows for v in r if math.isfinite(v)), default=None)
     peak = largest or 1.0
 
@@ -72,6 +76,8 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
     else:
         out.print(ramp("scale  0", f"{largest:.3f}, the most shown"))
         out.print(Text(LEGEND))
+    if grid.masked and any(any(row) for row in grid.masked):
+        out.print(FittedText(MASKED_LEGEND))
     if grid.pool > 1:
         out.print(FittedText(f"each column = sum over {grid.pool} keys (labelled by the first) to fit "
                              f"{out.width} columns"))
@@ -79,9 +85,11 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
                          "uniform)"))
     for line in _column_labels(grid):
         out.print(Text(" " * (row_w + 1) + line.rstrip()))
-    for label, values, summary in zip(row_labels, grid.rows, summaries, strict=False):
+    for i, (label, values, summary) in enumerate(zip(row_labels, grid.rows, summaries, strict=False)):
         label = _fit_label(label, row_w)
-        out.print(CellLine(" " * (row_w - cell_len(label)) + label + " ", Cells(values, peak, grid.cell), summary))
+        hidden = grid.masked[i] if grid.masked else None
+        out.print(CellLine(" " * (row_w - cell_len(label)) + label + " ", Cells(values, peak, grid.cell, hidden),
+                           summary))
     if grid.numbered:
         out.print(FittedText("keys: " + "  ".join(f"{i * grid.pool}={label}" for i, label in enumerate(grid.cols))))
     if not all(math.isfinite(v) for r in grid.rows for v in r):
@@ -90,7 +98,7 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
         out.print(Text(f"(showing the first {len(shown)} of {n_rows} queries; --save or --json hold them all)"))
 
 
-def _grid(rows: list[list[float]], labels: list[str], room: int) -> Grid:
+def _grid(rows: list[list[float]], labels: list[str], room: int, masked: list[list[bool]] | None = None) -> Grid:
     from attnscope.views.pooling import group_size, pool
 
     n_cols = len(labels)
@@ -101,9 +109,11 @@ def _grid(rows: list[list[float]], labels: list[str], room: int) -> Grid:
 
         rows = pool(torch.tensor(rows, dtype=torch.float64), cols=size).tolist()
         labels = labels[::size]
+        if masked:
+            masked = [[all(row[j:j + size]) for j in range(0, n_cols, size)] for row in masked]
     cell = 2 if 2 * len(labels) <= room else 1
     numbered = any(cell_len(char) > cell for label in labels for char in clusters(label))
-    return Grid(rows, labels, size, cell, numbered)
+    return Grid(rows, labels, size, cell, numbered, masked)
 
 
 def _column_labels(grid: Grid) -> list[str]:

@@ -30,6 +30,8 @@ from attnscope.views.colors import viridis
 
 SHADES = " ░▒▓█"  # from no weight to the most shown
 NOT_FINITE = "?"  # a NaN (or infinite) weight: not a shade, and left out of the scale
+MASKED = "·"  # a key the mask hid from the query: not a shade (a weight of 0 is blank), never painted
+MASKED_LEGEND = f"{MASKED} = masked: the key is hidden from the query (blank = a weight near 0)"
 STEPS = 50  # colours are taken at this many steps of the scale (fewer styles, smaller exports)
 
 
@@ -52,19 +54,26 @@ def level(value: float, peak: float) -> int:
     return max(0, min(len(SHADES) - 1, int(round(value / peak * (len(SHADES) - 1)))))
 
 
-def cell(value: float, peak: float, colour: bool) -> tuple[str, Style | None]:
-    """One cell's character and style: its shade, painted its colour when `colour`; `?` for NaN."""
+def cell(value: float, peak: float, colour: bool, masked: bool = False) -> tuple[str, Style | None]:
+    """One cell's character and style: its shade, painted its colour when `colour`; `?` for NaN; `·` where
+    the mask hid the key (on the terminal's own background, so it reads apart from viridis' darkest blue)."""
+    if masked:
+        return MASKED, None
     if not math.isfinite(value):
         return NOT_FINITE, None
     fraction = min(1.0, max(0.0, value / peak)) if peak > 0 else 0.0
     return SHADES[level(value, peak)], _painted(round(fraction * STEPS)) if colour else None
 
 
-def cell_runs(values: list[float], peak: float, width: int, colour: bool) -> Iterator[Segment]:
+def cell_runs(values: list[float], peak: float, width: int, colour: bool,
+              masked: list[bool] | None = None) -> Iterator[Segment]:
     """Cells `width` characters wide, neighbours that look alike as one run (fewer pieces to draw and
-    export: a long pattern is mostly near-zero cells)."""
-    for (char, style), run in groupby(cell(value, peak, colour) for value in values):
-        yield Segment(char * width * sum(1 for _ in run), style)
+    export: a long pattern is mostly near-zero cells). `masked`: the cells the mask hid, drawn `·`."""
+    hidden = masked or [False] * len(values)
+    looks = (cell(value, peak, colour, gone) for value, gone in zip(values, hidden, strict=True))
+    for (char, style), run in groupby(looks):
+        count = sum(1 for _ in run)
+        yield Segment((char + " " * (width - 1)) * count if char == MASKED else char * width * count, style)
 
 
 @dataclass
@@ -74,6 +83,7 @@ class Cells:
     values: list[float]
     peak: float
     width: int = 1
+    masked: list[bool] | None = None  # True where the mask hid the key
 
 
 class CellLine:
@@ -87,7 +97,7 @@ class CellLine:
         colour = paints(console)
         for piece in self.pieces:
             if isinstance(piece, Cells):
-                yield from cell_runs(piece.values, piece.peak, piece.width, colour)
+                yield from cell_runs(piece.values, piece.peak, piece.width, colour, piece.masked)
             else:
                 yield Segment(piece)
         yield Segment.line()

@@ -31,6 +31,7 @@ class Heatmap:
     matrix: list[list[float]]
     row_labels: list[str]
     col_labels: list[str]
+    masked: list[list[bool]] | None = None  # [n_Q][n_K], True where the mask hid the key (not a weight of 0)
 
     def _repr_html_(self) -> str:
         """Jupyter draws the pattern as an inline heatmap (views/embed.py)."""
@@ -72,7 +73,9 @@ def finish(asked: AttentionOptions, spec: AttentionSpec, result: RunResult,
     """Heatmap and --save, the same for every command. --save writes every step and `extra` (inputs that are
     not steps, the mask, a module's parameters), so that anyone can run the same computation again."""
     if asked.heatmap:
-        result.heatmap = heatmap_of(result.trace.step("attention"), asked.heatmap_batch, asked.heatmap_head)
+        trace = result.trace
+        result.heatmap = heatmap_of(trace.step("attention"), asked.heatmap_batch, asked.heatmap_head,
+                                    trace.step("masked_scores") if "masked_scores" in trace else None)
     if asked.all_heads:
         result.heads = heads_of(result.trace.step("attention"), asked.heatmap_batch, spec.align)
     if asked.save:
@@ -106,9 +109,10 @@ def mask_extra(spec: AttentionSpec, mask: torch.Tensor | None, n_Q: int, n_K: in
     return extra
 
 
-def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
+def heatmap_of(step: Step, batch: int, head: int, masked_scores: Step | None = None) -> Heatmap:
     """Pick one [n_Q, n_K] pattern out of the attention step: `batch` indexes its first leading axis, `head`
-    its n_head axis (the last leading one, where there is one), any other leading axis is taken at 0."""
+    its n_head axis (the last leading one, where there is one), any other leading axis is taken at 0. With
+    the `masked_scores` step, the cells the mask hid (-inf there, or a float mask's finfo.min) are named."""
     index: list[int] = []
     where: list[str] = []
     leading = step.dims[:-2]
@@ -130,8 +134,14 @@ def heatmap_of(step: Step, batch: int, head: int) -> Heatmap:
     title = f"{step.name}[{', '.join(map(str, index))}] ({', '.join(where)})" if index else step.name
     if step.dims[-2:] == ("n_K", "n_Q"):  # the column layout: drawn with queries as rows, like every other
         matrix, title = matrix.transpose(0, 1), f"{title}, transposed"
+    hidden = None
+    if masked_scores is not None and masked_scores.shape == step.shape and step.dims[-2:] == ("n_Q", "n_K"):
+        import torch
+
+        scores = masked_scores.tensor[tuple(index)] if index else masked_scores.tensor
+        hidden = (~(scores > torch.finfo(scores.dtype).min / 2) & ~scores.isnan()).tolist()
     return Heatmap(title, matrix.tolist(), [f"q{i}" for i in range(matrix.shape[0])],
-                   [f"k{j}" for j in range(matrix.shape[1])])
+                   [f"k{j}" for j in range(matrix.shape[1])], hidden)
 
 
 def heads_of(step: Step, batch: int, causal: str | None) -> LayerHeads:
