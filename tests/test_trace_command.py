@@ -923,3 +923,52 @@ def test_code_that_closes_sys_stdout_leaves_attnscopes_stderr_open(tmp_path):
     outcome = run_main("trace", f"{path}:prints_after_closing")  # theirs: a print on a closed file, one line
     assert outcome.code == 1 and len(outcome.error_lines) == 1, outcome.stderr
     assert "ValueError: I/O operation on closed file" in outcome.stderr and "lost" not in outcome.stderr
+
+
+COLUMN_FORM = """
+def attention_cols(Q, K, V, mask=None):
+    A = K.transpose(-2, -1) @ Q / math.sqrt(Q.shape[-2])  # [n_K, n_Q]
+    if mask is not None:
+        A = A.masked_fill(~mask, float("-inf"))
+    A2 = torch.softmax(A, dim=-2)
+    return V @ A2
+
+
+def attention_rows(Q, K, V):
+    return torch.softmax(Q @ K.T / math.sqrt(Q.shape[1]), dim=1) @ V
+"""
+
+
+@pytest.mark.parametrize("extra", [[], ["--causal", "--heads", "2"], ["--batch", "0"]])
+def test_layout_col_traces_the_column_form(runner, tmp_path, extra):
+    """The vector-to-matrix tutorial's column form on [d, n] inputs lines up with sdpa --layout col's reference, its
+    axes named (issue 36, new-user 2: A2 read [d_K|d_V, d_K|d_V] and a divergence was reported)."""
+    result, out = trace(runner, f"{write(tmp_path, COLUMN_FORM)}:attention_cols", "--layout", "col", *extra)
+    assert result.exit_code == 0, result.output
+    assert {row["status"] for row in out["alignment"]} == {"equal"}, out["alignment"]
+    dims = {s["name"]: s["dims"] for s in out["steps"]}
+    batch = [] if extra == ["--batch", "0"] else ["n_batch", "n_head"] if extra else ["n_batch"]
+    assert dims["Q"] == [*batch, "d_K", "n_Q"] and dims["A2"] == [*batch, "n_K", "n_Q"]
+    assert dims["return"] == [*batch, "d_V", "n_Q"]
+    if "--causal" in extra:
+        assert dims["mask"] == ["1", "n_K", "n_Q"] and "masked_scores" in {r["reference"] for r in out["alignment"]}
+
+
+def test_a_function_for_one_sequence_runs_on_2d_inputs(runner, tmp_path):
+    """`Q @ K.T` fails on the default [n_batch, n, d] inputs: trace runs it on [n, d], and says so."""
+    result, out = trace(runner, f"{write(tmp_path, COLUMN_FORM)}:attention_rows")
+    assert result.exit_code == 0, result.output
+    assert {s["name"]: s["dims"] for s in out["steps"]}["Q"] == ["n_Q", "d_K"]
+    assert any("ran on 2-D ones" in note for note in out["notes"]), out["notes"]
+
+
+@pytest.mark.parametrize(("target", "args", "words"), [
+    ("{cols}:attention_cols", ["--layout", "col", "--rope"], "drop --layout col"),
+    ("{classic}:MultiHeadedAttention", ["--init", "d_feat=20, n_head=2", "--layout", "col"], "drop --layout col"),
+    ("{classic}:MultiHeadedAttention", ["--init", "d_feat=20, n_head=2", "--batch", "0"], "--batch 0"),
+])
+def test_layout_col_and_batch_0_are_refused_where_they_do_not_apply(tmp_path, target, args, words):
+    from cli_main import assert_usage_error, run_main
+
+    paths = {"cols": write(tmp_path, COLUMN_FORM), "classic": write(tmp_path, CLASSIC, "c.py")}
+    assert_usage_error(run_main("trace", target.format(**paths), *args), words)

@@ -683,18 +683,7 @@ def test_a_mask_compared_with_a_threshold_is_read_either_way(tmp_path, runner):
 
 # --- a module with no weights: traced as a function is (issue 36, new-user 1) ----------------------------------
 
-WEIGHTLESS = """
-class ScaledDotProductAttention(nn.Module):
-    def __init__(self, dropout=0.0):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, q, k, v, mask=None):
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-        if mask is not None:
-            scores = scores.masked_fill(mask == 0, -1e9)
-        return self.dropout(torch.softmax(scores, dim=-1)) @ v
-
+WEIGHTLESS = (DOCS / "textbook.py").read_text() + """
 
 class Unscaled(ScaledDotProductAttention):
     def forward(self, q, k, v, mask=None):

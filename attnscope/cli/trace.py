@@ -21,6 +21,7 @@ from attnscope.cli.options import (
     HtmlPage,
     Json,
     KFile,
+    Layout,
     MaskFile,
     MaxMemory,
     QFile,
@@ -51,7 +52,7 @@ def trace(
     target: Annotated[str, typer.Argument(metavar="FILE.py:NAME", help="An nn.Module class (or instance) or a function in a Python file. The file is imported: this runs its code.", show_default=False)],
     init: Annotated[str | None, typer.Option("--init", metavar="ARGS", help="Keyword arguments for the class, as Python literals, or calls of the file's own classes with such arguments: \"d_feat=200, n_head=5\", \"config=GPTConfig(n_embd=64, n_head=4)\" (read with ast, never eval).")] = None,
     train: Annotated[bool, typer.Option("--train", help="Run the module in training mode (dropout on, random); by default it runs in eval() mode.")] = False,
-    batch: Annotated[int | None, typer.Option("--batch", min=1, help="n_batch.  \\[default: chosen so every dim differs]", show_default=False)] = None,
+    batch: Annotated[int | None, typer.Option("--batch", min=0, help="n_batch; 0: 2-D inputs \\[n, d], one sequence (a function's).  \\[default: chosen so every dim differs; 2-D where your function fails on batched inputs]", show_default=False)] = None,
     nq: Annotated[int | None, typer.Option("--nq", min=1, help="n_Q: queries.  \\[default: chosen]", show_default=False)] = None,
     nk: Annotated[int | None, typer.Option("--nk", min=1, help="n_K: keys, for a callable taking query, key, value.  \\[default: chosen, ≠ n_Q]", show_default=False)] = None,
     d_feat: Annotated[int | None, typer.Option("--d-feat", min=1, help="d_feat, for a class whose constructor needs it and --init does not give it.", show_default=False)] = None,
@@ -65,6 +66,7 @@ def trace(
     causal: CausalOpt = None,
     window: Window = None,
     mask: MaskFile = None,
+    layout: Annotated[Layout, typer.Option("--layout", help="row: a function's inputs \\[.., n, d] (PyTorch); col: \\[.., d, n], one token a column, out = V softmax(Kᵀ Q), as sdpa --layout col.", rich_help_panel="Inputs")] = Layout.row,
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
     kv_heads: KvHeads = None,
@@ -88,7 +90,7 @@ def trace(
         from attnscope.views.sources import from_trace_run
 
         options = TraceOptions(target=target, init=init, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
-                               heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask,
+                               heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask, layout=layout.value,
                                causal=causal.value if causal else None, max_memory=max_memory_bytes(max_memory),
                                window=window, rope=rope, rope_base=rope_base, kv_heads=kv_heads, cache=cache,
                                save=save, force=force)

@@ -7,6 +7,7 @@ attnscope.usertrace (load, inputs, call, lineup).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -111,11 +112,24 @@ def run_trace(o: TraceOptions) -> TraceRun:
         notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "
                      "and --heads")
     shapes = ShapePlan.make(o, weighted, init)
-    inputs = make_inputs(o, plan, shapes, weighted, guard=lambda sizes: _guard(o, spec, sizes, weighted is not None))
-    notes += inputs.notes + plan_notes(plan, inputs)
 
-    fed = feeds(plan, inputs, spec.rope_base)
-    called, convention = _call(o, target, fn, plan, inputs, module, fed)
+    def run(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
+        inputs = make_inputs(asked, plan, shapes, weighted,
+                             guard=lambda sizes: _guard(asked, spec, sizes, weighted is not None))
+        fed = feeds(plan, inputs, spec.rope_base)
+        return (inputs, fed, *_call(asked, target, fn, plan, inputs, module, fed))
+
+    inputs, fed, called, convention = run(o)
+    if called.failure is not None and weighted is None and o.batch is None and not o.q:
+        # code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) fails on [n_batch, n, d]: try [n, d]
+        unbatched = run(dataclasses.replace(o, batch=0))
+        if unbatched[2].failure is None:
+            failed = called.failure
+            inputs, fed, called, convention = unbatched
+            where = f"line {failed.line}: " if failed.line else ""
+            notes.append(f"your code failed on batched inputs [n_batch, ..] ({where}{failed.message}) and ran on "
+                         "2-D ones, one sequence, as shown; --batch 0 asks for 2-D inputs, --batch N for batched")
+    notes += inputs.notes + plan_notes(plan, inputs)
     if convention is not None:
         notes.append(convention.note(plan.mask or "mask"))
     mode = "" if module is None else ", training mode" if o.train else ", eval() mode"
@@ -209,7 +223,13 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
         if o.d_feat is not None:
             raise UsageError("--d-feat is a module's width; for a function give --dk (and --dv)")
     asked = AttentionSpec.asked(o.causal, o.window, o.cache, rope=rope_of(o))  # checked as sdpa/mha check them
-    return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache)
+    if o.layout not in ("row", "col"):
+        raise UsageError(f"--layout {o.layout}: use row or col")
+    if o.layout == "col" and (o.rope or o.kv_heads):  # as sdpa refuses variants in the column layout
+        raise UsageError(f"--layout col traces the textbook column form; {'--rope' if o.rope else '--kv-heads'} "
+                         "works in the row layout: drop --layout col")
+    return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache,
+                o.layout)
 
 
 def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
@@ -226,6 +246,12 @@ def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
     if o.dk is not None or o.dv is not None:
         raise UsageError("--dk/--dv size a function's inputs (or a module's with no weights); a module's width is "
                          "--d-feat")
+    if o.batch == 0:
+        raise UsageError(f"--batch 0 (2-D inputs) is for a function; {target.name} takes [n_batch, n, d_feat]: "
+                         "give --batch N, N >= 1")
+    if o.layout == "col":
+        raise UsageError(f"--layout col is for a function (or a module with no weights) taking q, k, v as [.., d, "
+                         f"n]; {target.name} projects its inputs, [n_batch, n, d_feat]: drop --layout col")
     return module
 
 
@@ -244,7 +270,7 @@ def _steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: Feed
         steps.append(UserStep(name, tensor, dims, op))
         given[fed.labels.get(id(tensor), name)] = (dims, tensor)
     if inputs.allowed is not None and plan.mask:
-        dims = _mask_dims(inputs.allowed.shape, inputs.sizes, names)
+        dims = _mask_dims(inputs.allowed.shape, inputs.sizes, names, inputs.layout)
         said = "additive, 0 = may attend" if inputs.allowed.is_floating_point() else "True = may attend"
         steps.append(UserStep("mask", inputs.allowed, dims, f"input: {plan.mask}, {said} (given to your code as it "
                                                             "reads it: see the note)"))
@@ -257,11 +283,12 @@ def _steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: Feed
     return steps
 
 
-def _mask_dims(shape: tuple[int, ...], sizes: dict[str, int], names: AxisNames) -> tuple[str, ...]:
-    """The mask's dims: its last two axes are n_Q and n_K where they have those sizes (in self-attention they
-    share one), a broadcast axis of 1 stays 1 (a padding mask [n_batch, 1, 1, n_K])."""
+def _mask_dims(shape: tuple[int, ...], sizes: dict[str, int], names: AxisNames, layout: str) -> tuple[str, ...]:
+    """The mask's dims: its last two axes are n_Q and n_K (n_K and n_Q in the column layout) where they have
+    those sizes (in self-attention they share one), a broadcast axis of 1 stays 1 (a padding mask
+    [n_batch, 1, 1, n_K])."""
     dims = list(names.dims(shape))
-    for axis, name in ((-2, "n_Q"), (-1, "n_K")):
+    for axis, name in ((-2, "n_K"), (-1, "n_Q")) if layout == "col" else ((-2, "n_Q"), (-1, "n_K")):
         if len(shape) >= -axis and shape[axis] == sizes.get(name) and shape[axis] != 1:
             dims[axis] = name
     return tuple(dims)
@@ -272,7 +299,7 @@ def _input_dims(inputs: Inputs, name: str, names: AxisNames) -> tuple[str, ...]:
     another rank)."""
     from attnscope.usertrace.inputs import role_dims
 
-    dims = role_dims(inputs.roles[name], inputs.sizes, "d_feat" in inputs.sizes)
+    dims = role_dims(inputs.roles[name], inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
     tensor = inputs.tensors[name]
     return dims if tensor.dim() == len(dims) else names.dims(tensor.shape)
 
@@ -296,7 +323,8 @@ def _header(target: Target, label: str, plan: Plan, inputs: Inputs, mode: str, s
     kind = "self-attention" if plan.self_attention else (
         "cross-attention" if inputs.sizes.get("n_Q") != inputs.sizes.get("n_K") else "attention")
     kind += "" if not spec.cache else ", a decode step"
-    variants = f"; reference: {spec.describe()}" if spec.describe() else ""
+    described = ", ".join(part for part in (spec.describe(), "column layout" if spec.layout == "col" else "") if part)
+    variants = f"; reference: {described}" if described else ""
     return [f"trace {target.path.name}:{label}", f"{plan.signature}: {kind}{mode}{variants}", sizes]
 
 

@@ -49,6 +49,7 @@ class InputOptions:
     rope: bool = False
     rope_base: float | None = None
     cache: int = 0
+    layout: str = "row"  # "col": a function's inputs [.., d, n], one token a column (sdpa --layout col)
 
 
 @dataclass
@@ -147,6 +148,7 @@ class Inputs:
     allowed: torch.Tensor | None = None  # what the user's mask parameter stands for: True = may attend
     cache: tuple[torch.Tensor, torch.Tensor] | None = None  # K_cache, V_cache [n_batch, n_kv_head, n_cache, d_head]
     extra_names: dict[str, int] = field(default_factory=dict)
+    layout: str = "row"
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         by_role = {role: self.tensors[name] for name, role in self.roles.items()}
@@ -170,7 +172,7 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
     loaded = load_files(o, self_attention)
     notes: list[str] = []
     if loaded:
-        tensors, sizes = _from_files(loaded, shapes, module, notes, o.cache)
+        tensors, sizes = _from_files(loaded, shapes, module, notes, o.cache, o.layout)
         if guard is not None:
             guard(sizes)
     else:
@@ -179,15 +181,16 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
             guard(sizes)
         dtype = next(iter(module.parameters()), torch.empty(0)).dtype if is_module else torch.float32
         generator = torch.Generator().manual_seed(o.seed)
-        tensors = {role: torch.randn(*(sizes[d] for d in role_dims(role, sizes, is_module)), generator=generator,
-                                     dtype=dtype) for role in (("Q",) if self_attention else ("Q", "K", "V"))}
+        tensors = {role: torch.randn(*(sizes[d] for d in role_dims(role, sizes, is_module, o.layout)),
+                                     generator=generator, dtype=dtype)
+                   for role in (("Q",) if self_attention else ("Q", "K", "V"))}
     roles = dict(zip(plan.tensors, ("Q",) if self_attention else ("Q", "K", "V"), strict=True))
     reference_mask, allowed = _masks(o, plan, sizes)
     files = {"Q": o.q, "K": o.k or o.q, "V": o.v or o.k or o.q}
     ops = {name: f"loaded from {files[role]}" if files[role] else
-           f"torch.randn({', '.join(role_dims(role, sizes, is_module))})" for name, role in roles.items()}
+           f"torch.randn({', '.join(role_dims(role, sizes, is_module, o.layout))})" for name, role in roles.items()}
     inputs = Inputs({name: tensors[role] for name, role in roles.items()}, roles, reference_mask, sizes, ops, notes,
-                    allowed, extra_names=dict(shapes.extra))
+                    allowed, extra_names=dict(shapes.extra), layout=o.layout)
     if o.cache:
         inputs.cache = _cache(sizes, o.seed, tensors["Q"].dtype)
     return inputs
@@ -215,9 +218,9 @@ def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
 
 def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> dict[str, int]:
     self_attention = plan.self_attention
-    wanted = ["n_batch", "n_Q"] + ([] if self_attention else ["n_K"])
+    wanted = (["n_batch"] if o.batch != 0 else []) + ["n_Q"] + ([] if self_attention else ["n_K"])  # 0: 2-D
     wanted += [] if is_module else ["d_K"] + ([] if self_attention else ["d_V"])
-    given = {"n_batch": o.batch, "n_Q": o.nq, "n_K": o.nk, "d_K": o.dk, "d_V": o.dv}
+    given = {"n_batch": o.batch or None, "n_Q": o.nq, "n_K": o.nk, "d_K": o.dk, "d_V": o.dv}
     fixed = dict(shapes.fixed) | ({"n_cache": o.cache} if o.cache else {})
     avoid = tuple(shapes.extra.values())
     while True:
@@ -232,13 +235,15 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
         avoid = (*avoid, sizes["n_Q"])  # n_cache + n_Q lands on another dim's size: another n_Q
 
 
-def role_dims(role: str, sizes: dict[str, int], is_module: bool) -> tuple[str, ...]:
+def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "row") -> tuple[str, ...]:
+    """An input's dims: [n_batch, (n_head,) n, d], or [.., d, n] in the column layout; no n_batch for 2-D inputs."""
     n = "n_Q" if role == "Q" else "n_K"
     d = "d_feat" if is_module else ("d_V" if role == "V" else "d_K")
     heads: tuple[str, ...] = ()
     if not is_module and "n_head" in sizes:
         heads = ("n_kv_head",) if role != "Q" and "n_kv_head" in sizes else ("n_head",)
-    return ("n_batch", *heads, n, d)
+    batch = ("n_batch",) if "n_batch" in sizes else ()
+    return (*batch, *heads, *((d, n) if layout == "col" else (n, d)))
 
 
 def _cache(sizes: dict[str, int], seed: int, dtype: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,7 +272,7 @@ def load_files(o: InputOptions, self_attention: bool) -> dict[str, torch.Tensor]
 
 
 def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any, notes: list[str],
-                n_cache: int) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+                n_cache: int, layout: str = "row") -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     from attnscope.attention import common_dtype
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
@@ -288,11 +293,12 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
     converted = {id(t): t.to(dtype) for t in (Q, K, V)}  # K is Q when only --q: it stays the same tensor
     tensors = {"Q": converted[id(Q)], "K": converted[id(K)], "V": converted[id(V)]}
     sizes = dict(shapes.fixed) | ({"n_cache": n_cache} if n_cache else {})
-    sizes.update({"n_Q": int(Q.shape[-2]), "n_K": int(K.shape[-2]) + n_cache})
+    n, d = (-1, -2) if layout == "col" else (-2, -1)
+    sizes.update({"n_Q": int(Q.shape[n]), "n_K": int(K.shape[n]) + n_cache})
     if Q.dim() >= 3:
         sizes["n_batch"] = int(Q.shape[0])
     if module is None:
-        sizes.update({"d_K": int(Q.shape[-1]), "d_V": int(V.shape[-1])})
+        sizes.update({"d_K": int(Q.shape[d]), "d_V": int(V.shape[d])})
         if Q.dim() == 4:
             sizes["n_head"] = int(Q.shape[1])
             if K.dim() == 4 and K.shape[1] != Q.shape[1]:
@@ -307,14 +313,16 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Te
     from attnscope.tensors import load_tensor
 
     n_Q, n_K = sizes["n_Q"], sizes["n_K"]
+    col = o.layout == "col"  # the column form's scores are [.., n_K, n_Q]: a file is given so, causal transposed
     loaded = masks.normalize(load_tensor(o.mask)) if o.mask else None
     if loaded is not None:
-        masks.check_broadcast(loaded, (*_leading(sizes), n_Q, n_K))
+        masks.check_broadcast(loaded, (*_leading(sizes), *((n_K, n_Q) if col else (n_Q, n_K))))
     if plan.mask is None:
         return loaded, None
     from attnscope.spec import AttentionSpec
 
     built, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache), n_Q, n_K)
+    built = built.transpose(0, 1) if built is not None and col else built
     # [1, n_Q, n_K], the Annotated Transformer's `subsequent_mask` shape: it broadcasts against [n_batch, n_Q, n_K]
     # and [n_batch, n_head, n_Q, n_K] scores, and after the `mask.unsqueeze(1)` that code does for the heads.
     allowed = masks.combine(built.unsqueeze(0) if built is not None else None, loaded)
@@ -322,7 +330,7 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Te
 
 
 def _leading(sizes: dict[str, int]) -> tuple[int, ...]:
-    return (sizes["n_batch"], *((sizes["n_head"],) if "n_head" in sizes else ()))
+    return (*((sizes["n_batch"],) if "n_batch" in sizes else ()), *((sizes["n_head"],) if "n_head" in sizes else ()))
 
 
 def plan_notes(plan: Plan, inputs: Inputs) -> list[str]:

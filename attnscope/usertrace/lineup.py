@@ -117,9 +117,12 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
 
     Q, K, V = inputs.qkv()
     if module is None:
-        trace = ref.run_sdpa(Q, K, V, inputs.mask, spec)
-        skips = _skips(trace)
-        what = "attnscope sdpa: out = softmax(Q Kᵀ / √d_K) V" + (f"; {spec.describe()}" if spec.describe() else "")
+        col = spec.layout == "col"
+        trace = (ref.run_columns if col else ref.run_sdpa)(Q, K, V, inputs.mask, spec)
+        skips = {} if col else _skips(trace)  # the column form's own zero columns are compared as they are
+        what = f"attnscope sdpa{' --layout col' if col else ''}: out = " + (
+            "V softmax(Kᵀ Q / √d_K), softmax over keys (dim -2)" if col else "softmax(Q Kᵀ / √d_K) V")
+        what += f"; {spec.describe()}" if spec.describe() else ""
         return trace, ref.SDPA_STEPS, None, None, what, _align(trace, ref.SDPA_STEPS, records, skips), skips
     if shapes.n_head is None:
         raise UsageError(shapes.why_no_heads or "cannot tell how many heads the module has; pass --heads")

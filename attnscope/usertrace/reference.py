@@ -50,6 +50,7 @@ class Spec:
     window: int | None = None
     rope_base: float | None = None  # RoPE (half-split, LLaMA's) with this base; None: no RoPE
     cache: int = 0  # a decode step after this many cached positions
+    layout: str = "row"  # "col": a function's inputs [.., d, n], out = V softmax(Kᵀ Q) (textbook.sdpa_columns)
 
     def describe(self) -> str:
         parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}" if self.window else "",
@@ -175,6 +176,21 @@ def run_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tens
     with torch.no_grad():
         return sdpa(Q, K, V, mask, causal=spec.causal or False, window=spec.window, enable_gqa=gqa,
                     rope=Rope(spec.rope_base) if spec.rope_base is not None else None)
+
+
+def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
+                spec: Spec = Spec()) -> Trace:
+    """The column form on inputs [.., d, n]: `attnscope sdpa --layout col`'s textbook.sdpa_columns, its mask
+    ([.., n_K, n_Q], True = may attend) the file's and the causal/window mask transposed, as sdpa's build_mask
+    transposes them for the column layout."""
+    from attnscope import masks
+    from attnscope.spec import AttentionSpec
+    from attnscope.textbook import sdpa_columns
+
+    structural, _ = masks.structural(AttentionSpec.asked(spec.causal, spec.window), Q.shape[-1], K.shape[-1])
+    combined = masks.combine(structural.transpose(-2, -1) if structural is not None else None, mask)
+    with torch.no_grad():
+        return sdpa_columns(Q, K, V, combined)
 
 
 def steps(trace: Trace, names: tuple[str, ...]) -> list[str]:

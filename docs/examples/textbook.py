@@ -1,0 +1,31 @@
+"""Attention as the tutorials first write it, for `attnscope trace` (docs/trace.md): a module with no weights,
+the column form on [d, n] inputs, and the row form on one sequence [n, d]."""
+
+import math
+
+import torch
+from torch import nn
+
+
+class ScaledDotProductAttention(nn.Module):
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, -1e9)
+        return self.dropout(torch.softmax(scores, dim=-1)) @ v
+
+
+def attention_cols(Q, K, V, mask=None):
+    A = K.transpose(-2, -1) @ Q / math.sqrt(Q.shape[-2])  # [n_K, n_Q]: one query a column
+    if mask is not None:
+        A = A.masked_fill(~mask, float("-inf"))
+    A2 = torch.softmax(A, dim=-2)  # each column sums to 1 over the keys
+    return V @ A2  # [d_V, n_Q]
+
+
+def attention_rows(Q, K, V):
+    return torch.softmax(Q @ K.T / math.sqrt(Q.shape[1]), dim=1) @ V  # K.T: one sequence, [n, d]
