@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.errors import UsageError
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     import torch
@@ -253,11 +254,11 @@ class Family(ABC):
 def check_position(n_layer: int, n_head: int, layer: int, head: int) -> None:
     """Layer `layer` and head `head` exist in a model of `n_layer` layers of `n_head` heads."""
     if not 0 <= layer < n_layer:
-        raise UsageError(f"{{layer}} {layer} is out of range: this model has {n_layer} layers, 0 to {n_layer - 1}",
-                             "layer")
+        raise UsageError(f"{{layer}} {layer} is out of range: this model has {counted(n_layer, 'layer')}, "
+                         f"0 to {n_layer - 1}", "layer")
     if not 0 <= head < n_head:
-        raise UsageError(f"{{head}} {head} is out of range: this model has {n_head} heads, 0 to {n_head - 1}",
-                             "head")
+        raise UsageError(f"{{head}} {head} is out of range: this model has {counted(n_head, 'head')}, "
+                         f"0 to {n_head - 1}", "head")
 
 
 def _layer_of(rest: str) -> int:

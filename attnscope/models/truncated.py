@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnscope.errors import ResourceError, UsageError
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -89,8 +90,8 @@ def full_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
         raise UsageError(f"{{model}} {folder}: config.json gives model_type '{model_type}' no num_hidden_layers; "
                          "attnscope cannot tell its layers apart", "model")
     if not 0 <= layer < n_layer:
-        raise UsageError(f"{{layer}} {layer} is out of range: this model has {n_layer} layers, 0 to {n_layer - 1}",
-                         "layer")
+        raise UsageError(f"{{layer}} {layer} is out of range: this model has {counted(n_layer, 'layer')}, "
+                         f"0 to {n_layer - 1}", "layer")
     return config, n_layer
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from attnscope import masks
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +75,7 @@ def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: to
         parts.append(f"causal ({align})")
     if pad:
         allowed = masks.combine(allowed, masks.key_padding_mask(n_K, pad))
-        parts.append(f"the last {pad} keys padded")
+        parts.append(f"the last {counted(pad, 'key')} padded")
     user_kind = None
     if user_mask is not None:
         if user_mask.dim() > 2:

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from attnscope.words import counted
+
 if TYPE_CHECKING:
     from attnscope.spec import AttentionSpec
 
@@ -66,7 +68,8 @@ def _terms(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int,
         setup = f"q_chunk = {position}.unsqueeze(-1) // {chunk}  # each query's chunk\n"
         terms.append((f"{setup}(q_chunk == torch.arange({n_K}) // {chunk})", f"same chunk of {chunk}"))
     if pad:
-        terms.append((f"(torch.arange({n_K}) < {n_K - pad})", f"the last {pad} keys are padding"))
+        padding = f"the last {counted(pad, 'key')} {'is' if pad == 1 else 'are'} padding"
+        terms.append((f"(torch.arange({n_K}) < {n_K - pad})", padding))
     if user == "bool":
         terms.append((f"user_mask.bool().expand({n_Q}, {n_K})", "your mask"))
     if terms and "ones" not in terms[0][0] and "expand" not in terms[0][0]:  # PyTorch wants a 2-D mask
@@ -183,7 +186,8 @@ def _flash(n_Q: int, n_K: int, offset: int, spec: AttentionSpec, pad: int, user:
         return f"{head}out = flash_attn_func({', '.join(args)})" + notes
     n_kept = n_K - pad
     if len(args) == 1:  # padding alone: the keys are cut, every query stays
-        return (f"{head}# padding: the last {pad} keys are cut, not masked (sequences of different\n"
+        cut = f"the last {counted(pad, 'key')} {'is' if pad == 1 else 'are'} cut"
+        return (f"{head}# padding: {cut}, not masked (sequences of different\n"
                 f"# lengths: flash_attn_varlen_func with cu_seqlens_k)\n"
                 f"out = flash_attn_func(q, k[:, :{n_kept}], v[:, :{n_kept}])" + notes)
     return head + _flash_padded(n_Q, n_K, window, pad, args[1:]) + notes

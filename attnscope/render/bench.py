@@ -13,6 +13,7 @@ from rich.text import Text
 from attnscope.cost import format_bytes, format_flops
 from attnscope.render.console import console, finite
 from attnscope.render.fit import Column, FittedTable, FittedText, broken, cell, whole
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from attnscope.runs.race import BenchResult, Contender, Race
@@ -60,7 +61,8 @@ def bench_header(command: str, params: dict[str, Any]) -> str:
 
 def bench_estimate(race: Race, seconds: float, calls: int, rate: float) -> str:
     """The line a long bench says first, on stderr."""
-    return (f"bench {race.command}: {format_flops(race.flops)} a call x {calls} calls at about {rate / 1e9:.0f} "
+    return (f"bench {race.command}: {format_flops(race.flops)} a call x {counted(calls, 'call')} at about "
+            f"{rate / 1e9:.0f} "
             f"GFLOP/s (a matmul, measured here) takes {_duration(seconds)} or more; --runs or smaller sizes "
             "make it shorter")
 
@@ -75,7 +77,8 @@ def _duration(seconds: float) -> str:
 
 def show_bench(out: Console, result: BenchResult) -> None:
     p = result.params
-    out.print(FittedText(f"{bench_header(result.command, p)}\n{p['device']}, {p['dtype']}: median of {p['runs']} runs "
+    out.print(FittedText(f"{bench_header(result.command, p)}\n{p['device']}, {p['dtype']}: median of "
+                         f"{counted(p['runs'], 'run')} "
                    f"after {p['warmup']} warm-up; {format_flops(result.flops)} a call", style="bold"))
     columns = [Column("contender"), Column("median ms", "right"), Column("GFLOP/s", "right", drop=3),
                Column("peak memory", "right"), Column("vs first", "right", drop=1),

@@ -21,6 +21,7 @@ from rich.text import Text
 from attnscope.render.console import clean, numbers
 from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
 from attnscope.render.shading import NOT_FINITE, CellLine, Cells, ramp
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
@@ -33,7 +34,8 @@ GAP = 2  # cells between two heads
 
 def show_heads(out: Console, heads: LayerHeads) -> None:
     n_head, n_Q, n_K = heads.attention.shape
-    out.print(Text(f"{heads.title}: every head  [{n_head} heads, {n_Q} queries x {n_K} keys]", style="bold"))
+    sizes = f"{counted(n_head, 'head')}, {counted(n_Q, 'query')} x {counted(n_K, 'key')}"
+    out.print(Text(f"{heads.title}: every head  [{sizes}]", style="bold"))
     if not (n_head and n_Q and n_K):
         out.print(Text("nothing to draw"))
         return

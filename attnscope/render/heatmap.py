@@ -23,6 +23,7 @@ from rich.text import Text
 
 from attnscope.render.fit import FittedText
 from attnscope.render.shading import MASKED_LEGEND, NOT_FINITE, CellLine, Cells, ramp
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from attnscope.runs.outputs import Heatmap
@@ -58,7 +59,8 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
     row's entropy H in bits (0 = all on one key, log2 n_K = spread evenly). A NaN weight is drawn as `?`."""
     n_rows, n_cols = len(hm.row_labels), len(hm.col_labels)
     if not hm.matrix or not hm.matrix[0]:
-        out.print(Text(f"{hm.title}  [{n_rows} queries x {n_cols} keys]: nothing to draw", style="bold"))
+        out.print(Text(f"{hm.title}  [{counted(n_rows, 'query')} x {counted(n_cols, 'key')}]: nothing to draw",
+                       style="bold"))
         return
     shown = hm.matrix[:ROW_LIMIT]
     row_labels = [printable(s) for s in hm.row_labels[: len(shown)]]
@@ -70,7 +72,7 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
     largest = max((v for r in grid.rows for v in r if math.isfinite(v)), default=None)
     peak = largest or 1.0
 
-    out.print(Text(f"{hm.title}  [{n_rows} queries x {n_cols} keys]", style="bold"))
+    out.print(Text(f"{hm.title}  [{counted(n_rows, 'query')} x {counted(n_cols, 'key')}]", style="bold"))
     if largest is None:
         out.print(Text("scale: no finite weight to shade"))
     else:

@@ -20,6 +20,7 @@ from attnscope.render.console import clean, numbers
 from attnscope.render.fit import FittedText
 from attnscope.render.shading import CellLine, Cells, ramp
 from attnscope.views.explorer import KIND_LETTERS as LETTERS  # the page's grid uses the same letters
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
@@ -87,7 +88,7 @@ def show_decode(out: Console, result: HeadResult) -> None:
     text_w = min(12, max((cell_len(t) for t in texts), default=4))
     pos_w = len(str(steps[-1].position))
     cols = group_size(n_K, max(8, out.width - pos_w - text_w - 4))
-    out.print(Text(f"generated {len(steps)} tokens greedily: each row is layer {o.layer}, head {o.head}'s "
+    out.print(Text(f"generated {counted(len(steps), 'token')} greedily: each row is layer {o.layer}, head {o.head}'s "
                    f"attention from the token before, which chose it", style="bold"))
     out.print(ramp("scale  0", "each row's largest weight"))
     if cols > 1:

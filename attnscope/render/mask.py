@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
+from attnscope.words import counted
+
 if TYPE_CHECKING:
     from attnscope.readings.maskview import MaskView
 
@@ -32,8 +34,8 @@ def grid_lines(view: MaskView, width: int) -> list[Text]:
 
 
 def show_grid(out: Console, view: MaskView) -> None:
-    out.print(Text(f"mask [{view.n_Q} queries x {view.n_K} keys]: {SEEN} may attend, {HIDDEN} masked",
-                   style="bold"))
+    sizes = f"{counted(view.n_Q, 'query')} x {counted(view.n_K, 'key')}"
+    out.print(Text(f"mask [{sizes}]: {SEEN} may attend, {HIDDEN} masked", style="bold"))
     out.print(Text(f"alignment {view.describe()}"))
     out.print(Text("made of: " + "; ".join(view.parts)))
     for line in grid_lines(view, out.width):

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from attnscope.render.console import finite
 from attnscope.render.tables import step_json, steps_table
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from attnscope.runs.trace import TraceRun
@@ -82,7 +83,8 @@ def show_failure(out: Console, run: TraceRun) -> None:
             lines.append(f"shapes that met: {' and '.join(str(s) for s in f.shapes)}")
     if run.failure_source:
         lines.append(run.failure_source)
-    lines.append(f"the {len([s for s in run.steps if s.line is not None])} ops above ran before it")
+    ran = counted(len([s for s in run.steps if s.line is not None]), "op")
+    lines.append(f"the {ran} above ran before it")
     for line in lines:
         out.print(Padding(Text(line), (0, 0, 0, 2)))
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from attnscope.words import counted
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -107,7 +109,8 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
         needed = interface_stream.estimate_bytes(checkpoint, prepared, n + asked.generate, asked.all_layers)
     guard_memory(needed, asked.max_memory, f"running every layer of this model through transformers on "
                                            f"{n + asked.generate} tokens")
-    doing = f"decoding {asked.generate} tokens" if asked.generate else f"running all {prepared.n_layer} layers"
+    doing = (f"decoding {counted(asked.generate, 'token')}" if asked.generate
+             else f"running all {prepared.n_layer} layers")
     with progress(f"{doing} of {config.architecture} through transformers"):
         try:
             stream = interface_stream.run(prepared, folder, encoded.ids, config.model_type, asked.layer,
@@ -126,7 +129,8 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
     if stream.steps is not None:
         result.decode = stream.steps
         result.decode_pieces = tokenizer.pieces(folder, [step.token_id for step in stream.steps])
-        result.notes.append(f"{len(stream.steps)} tokens decoded greedily with transformers' own forward and its "
+        result.notes.append(f"{counted(len(stream.steps), 'token')} decoded greedily with transformers' own forward "
+                            "and its "
                             f"{stream.cache}, one token at a time; each row is layer {asked.layer}'s attention "
                             "function's, captured at that step")
     return result

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     import torch
@@ -216,7 +217,7 @@ def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: i
     if spec.norm is not None:
         parts.append(f"qk-norm {'per head' if spec.norm.over == 'head' else 'over the projection'}")
     if asked.pad:
-        parts.append(f"last {asked.pad} keys padded")
+        parts.append(f"last {counted(asked.pad, 'key')} padded")
     if asked.mask:
         parts.append(f"mask {asked.mask}")
     if asked.position_bias:
