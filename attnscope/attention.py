@@ -284,7 +284,7 @@ def sdpa(
     if spec.alibi and position_bias is not None:
         raise UsageError("{alibi} and {position_bias} are two position biases; give one", "alibi", "position_bias")
     if spec.alibi:
-        logits, last = _alibi(trace, logits, last, batch_dims, offset)
+        logits, last = _alibi(trace, logits, last, batch_dims, offset, spec.alibi_slopes)
     if position_bias is not None:
         logits, last = add_position_bias(trace, logits, last, position_bias, scores_dims[:-2])
     logits, blocked, last = masked(trace, logits, last, mask, spec, scores_dims)
@@ -384,12 +384,15 @@ def _repeat_kv(trace: Trace, K: Tensor, V: Tensor, n_group: int, source: tuple[s
     return K_rep, V_rep
 
 
-def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...], offset: int) -> tuple[Tensor, str]:
-    """Steps `alibi_bias` `[n_head, n_Q, n_K]` and `biased_scores`; the head axis is the one named n_head."""
+def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...], offset: int,
+           given: tuple[float, ...] | None = None) -> tuple[Tensor, str]:
+    """Steps `alibi_bias` `[n_head, n_Q, n_K]` and `biased_scores`; the head axis is the one named n_head; `given`:
+    the spec's own slopes (one head of a larger module)."""
     n_head = logits.shape[-3] if "n_head" in batch_dims and logits.dim() >= 3 else 1
     n_Q, n_K = logits.shape[-2], logits.shape[-1]
-    bias = alibi_.bias(n_head, n_Q, n_K, offset, logits.device).to(logits.dtype)  # [n_head, n_Q, n_K]
-    slopes = ", ".join(f"{s:.4g}" for s in alibi_.slopes(n_head)[:4].tolist()) + (", ..." if n_head > 4 else "")
+    bias = alibi_.bias(n_head, n_Q, n_K, offset, logits.device, given).to(logits.dtype)  # [n_head, n_Q, n_K]
+    m = alibi_.slopes(n_head).tolist() if given is None else list(given)
+    slopes = ", ".join(f"{s:.4g}" for s in m[:4]) + (", ..." if n_head > 4 else "")
     position = "i" if offset == 0 else f"(i + {offset})"
     trace.add("alibi_bias", bias, ("n_head", "n_Q", "n_K"),
               f"-slope[h] * ({position} - j), slopes {slopes}", 3 * bias.numel())

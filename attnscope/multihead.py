@@ -177,6 +177,8 @@ class MultiHeadAttention(nn.Module):
         sinks = None if self.sinks is None else self.sinks[head : head + 1]  # [1]
         # one query head over its own key/value head: no grouping left
         spec = replace(self._sdpa_spec(self.spec), n_kv_head=None)
+        if spec.alibi:  # one head of n_head: its own slope, not a one-head module's
+            spec = replace(spec, alibi_slopes=(float(alibi_.slopes(self.n_head)[head]),))
         return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, sinks)  # [n_batch, 1, n, d]
 
     def _width(self, heads: str) -> str:

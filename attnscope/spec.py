@@ -52,6 +52,9 @@ class AttentionSpec:
     causal: bool | str | None = None
     window: int | None = None  # query at position p sees key j when j <= p and p - j < window
     alibi: bool = False  # BLOOM's per-head linear bias
+    # ALiBi's slopes where they are not alibi.slopes(n_head) of the heads given: one head of a larger module
+    # (MultiHeadAttention.head_inputs, a long input's blocks) keeps its own slope
+    alibi_slopes: tuple[float, ...] | None = None
     softcap: float | None = None  # capped_scores = softcap * tanh(scores / softcap) (Gemma 2)
     rope: Rope | None = None  # rotary embeddings of Q and K
     scale: float | None = None  # None: 1/sqrt(d_K)

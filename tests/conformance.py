@@ -73,7 +73,15 @@ def _through_transformers() -> dict[str, Builder]:
             for name in names}
 
 
-BUILDERS: dict[str, Builder] = {**_pages(), **_encoder_decoders(), **_through_transformers()}
+def _pattern_families() -> dict[str, Builder]:
+    """The pages of families whose modeling code computes attention itself (tests/tiny_pattern_families.py)."""
+    import tiny_pattern_families
+
+    return {row: (lambda folder, name=name: tiny_pattern_families.build(name, folder))
+            for row, name in (("Bloom", "bloom"), ("Mpt", "mpt"), ("GptJ", "gptj"), ("Falcon", "falcon"))}
+
+
+BUILDERS: dict[str, Builder] = {**_pages(), **_encoder_decoders(), **_through_transformers(), **_pattern_families()}
 
 
 def attention_layers(eager) -> list[int]:

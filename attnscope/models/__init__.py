@@ -26,6 +26,10 @@ through transformers, layers 0..L only (truncated.py), traced through its attent
 | qwen3_moe | qwen3_moe.py | Qwen3Moe (Qwen3's attention; the MoE MLP run, not traced) |
 | gemma3_text, gemma3 (its text part) | gemma3.py | Gemma3 (Gemma 2's, with (1 + w) qk-norm, RoPE per layer type) |
 | olmo2 | olmo2.py | Olmo2 (LLaMA's, with qk-norm over the projection, post-norms) |
+| bloom | bloom.py | Bloom (ALiBi, query_key_value fused per head, an embedding LayerNorm) |
+| mpt | mpt.py | Mpt (ALiBi with BLOOM's slopes, fused Wqkv, no biases); clip_qkv: through transformers |
+| gptj | gptj.py | GptJ (GPT-2's names, interleaved partial RoPE, a parallel block) |
+| falcon | falcon.py | Falcon (BLOOM's names with RoPE, three qkv layouts, parallel blocks); alibi: transformers |
 
 Following a family's forward across files, step by step (`attnscope head --text`):
 
@@ -39,6 +43,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 |   layers) | |
 | Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
 | attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
+| alibi_bias, biased_scores (BLOOM, MPT) | attention.py `sdpa` with alibi.py |
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
 |   causal, window (left or both sides), chunk) | |
 | sinks, sink_weight (GPT-OSS) | sinks.py, called by attention.py `sdpa` (the values: the module's `sinks`) |
@@ -75,18 +80,25 @@ FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-rober
             "llama4_text": ("llama4", "Llama4"), "gpt_oss": ("gpt_oss", "GptOss"),
             "modernbert": ("modernbert", "ModernBert"), "qwen3": ("qwen3", "Qwen3"),
             "qwen3_moe": ("qwen3_moe", "Qwen3Moe"), "gemma3_text": ("gemma3", "Gemma3"), "gemma3": ("gemma3", "Gemma3"),
-            "olmo2": ("olmo2", "Olmo2"),
+            "olmo2": ("olmo2", "Olmo2"), "bloom": ("bloom", "Bloom"), "mpt": ("mpt", "Mpt"), "gptj": ("gptj", "GptJ"),
+            "falcon": ("falcon", "Falcon"),
             "t5": ("t5", "T5"), "mt5": ("t5", "T5"), "umt5": ("t5", "Umt5"), "bart": ("bart", "Bart"),
             "marian": ("bart", "Marian"), "mbart": ("bart", "MBart"), "whisper": ("whisper", "Whisper")}
 SUPPORTED = ("bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4, "
-             "gpt_oss, modernbert, qwen3, qwen3_moe, gemma3, olmo2, t5, mt5, umt5, bart, marian, mbart, whisper")
+             "gpt_oss, modernbert, qwen3, qwen3_moe, gemma3, olmo2, bloom, mpt, gptj, falcon, t5, mt5, umt5, bart, "
+             "marian, mbart, whisper")
 
 
 def family_of(config: Config) -> type[Family] | None:
+    """The page that computes `config`'s checkpoint; None where there is none, or where the page says it does not
+    read this one (a family's static `reads(config)`: Falcon with ALiBi, MPT with clip_qkv), which then runs
+    through transformers."""
     where = FAMILIES.get(config.model_type)
     if where is None:
         return None
-    return getattr(import_module(f"attnscope.models.{where[0]}"), where[1])  # type: ignore[no-any-return]
+    family = getattr(import_module(f"attnscope.models.{where[0]}"), where[1])
+    reads = getattr(family, "reads", None)
+    return family if reads is None or reads(config) else None  # type: ignore[no-any-return]
 
 
 def open_model(folder: Path, config: Config, *, command: str = "head") -> Family:

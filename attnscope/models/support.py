@@ -71,6 +71,10 @@ ROWS = (
     Row("Gemma3", ("gemma3", "gemma3_text"), DECODER),
     Row("EmbeddingGemma", ("gemma3_text",), ENCODER),  # use_bidirectional_attention: windows on both sides
     Row("Olmo2", ("olmo2",), DECODER),
+    Row("Bloom", ("bloom",), DECODER),  # ALiBi
+    Row("Mpt", ("mpt",), DECODER),  # ALiBi, its own scale
+    Row("GptJ", ("gptj",), DECODER),  # interleaved partial RoPE, parallel block
+    Row("Falcon", ("falcon",), DECODER),  # the new layout; the others: tests/test_pattern_families.py
     Row("T5", ("t5", "mt5"), ENCODER_DECODER),
     Row("Umt5", ("umt5",), ENCODER_DECODER),
     Row("Bart", ("bart",), ENCODER_DECODER),
