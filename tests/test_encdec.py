@@ -241,6 +241,9 @@ def whisper_and_bart(tmp_path_factory):
     (["bart", "--layer", "3", "--attention", "decoder"], "--layer 3 is out of range: this model has 3 layers, 0 to 2"),
     (["whisper", "--audio", "cut.wav"], "--audio cut.wav is truncated: its data chunk holds 1 of the 320 bytes it "
                                         "declares; give the whole file"),  # the fuzz's find: was a ValueError
+    (["whisper", "--audio", "long-fmt.wav"], "--audio long-fmt.wav: not a PCM WAV file (a chunk runs past the end of "
+                                             "the file); convert it first, e.g. ffmpeg -i long-fmt.wav -ac 1 -ar 16000 "
+                                             "-c:a pcm_s16le long-fmt-pcm16.wav"),  # wave's bare RuntimeError
     (["whisper", "--audio", "whisper/speech.wav", "--all-layers"], "--all-layers is not taken by encoder-decoders, "
      "and WhisperForConditionalGeneration is one: attnscope traces one attention (--attention) of one --layer of "
      "it; drop --all-layers"),
@@ -260,6 +263,9 @@ def test_bad_input_is_one_line(whisper_and_bart, runner, monkeypatch, args, line
     (whisper_and_bart / "cut.wav").write_bytes(  # a data chunk of 320 bytes declared, 1 there
         b"RIFFd\x01\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x80>\x00\x00\x00}\x00\x00\x02\x00\x10\x00"
         b"data@\x01\x00\x00\x00")
+    (whisper_and_bart / "long-fmt.wav").write_bytes(  # a fmt chunk of 272 bytes declared in a 44-byte file
+        b"RIFF$\x00\x00\x00WAVEfmt \x10\x01\x00\x00\x01\x00\x01\x00\x80>\x00\x00\x80>\x00\x00\x01\x00\x08\x00"
+        b"data\x00\x00\x00\x00")
     result = runner.invoke(app, ["head", "--model", args[0], *args[1:]])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().splitlines() == [f"attnscope: error: {line}"]

@@ -53,8 +53,9 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
             declared = wav.getnframes()
             raw = wav.readframes(declared)
-    except (wave.Error, EOFError, OSError) as exc:
-        raise UsageError(f"{{audio}} {path}: not a PCM WAV file ({str(exc)[:80]}); {convert}", "audio") from None
+    except (wave.Error, EOFError, OSError, RuntimeError) as exc:  # wave's Chunk.seek raises a bare RuntimeError
+        why = str(exc)[:80] or "a chunk runs past the end of the file"  # when a chunk's size runs past the file
+        raise UsageError(f"{{audio}} {path}: not a PCM WAV file ({why}); {convert}", "audio") from None
     frame = channels * width
     if len(raw) < declared * frame:  # wave reads what is there: a data chunk cut short, maybe mid-sample
         raise UsageError(f"{{audio}} {path} is truncated: its data chunk holds {len(raw):,} of the "
