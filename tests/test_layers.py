@@ -121,6 +121,24 @@ def test_generate_cli(tiny, runner):
     assert table.exit_code == 0 and "generated 4 tokens greedily" in table.stdout and "×" in table.stdout
 
 
+def test_generate_timeline_numbers_its_keys(tiny, runner):
+    """Issue 36, item 10: the terminal timeline had no key labels. A ruler of key positions sits above the
+    columns, each number over the column of its key."""
+    from attnscope.render.layers import key_ruler
+
+    folder, _ = tiny("qwen2")
+    table = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--text", "The cat sat on the mat",
+                                "--generate", "6"], env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    ruler = next(line for line in lines if line.endswith("(key position)"))
+    first_row = lines[lines.index(ruler) + 1]  # position, token, then its cells: where the ruler's 0 stands
+    assert first_row[ruler.index(" 0 ")] == " " and first_row[:ruler.index(" 0 ")].strip(), (ruler, first_row)
+    assert ruler.split()[0] == "0" and max(len(line) for line in lines) <= 80
+    assert key_ruler(25, 1, 80) == "0         10        20" and key_ruler(25, 4, 80) == "0         40        80"
+    assert key_ruler(25, 1, 30) == "0" + " " * 9 + "10"  # a number that would pass the width is left out
+
+
 def test_long_input_is_pooled_exactly(tiny, runner, tmp_path):
     """Past LONG_TOKENS the head's pattern is computed in blocks: pooled, it equals transformers' eager pattern
     pooled the same way; its statistics equal the whole pattern's; the rows asked for are exact."""

@@ -95,6 +95,8 @@ def show_decode(out: Console, result: HeadResult) -> None:
         out.print(FittedText(f"each column = sum over {cols} keys to fit {out.width} columns"))
     if any(step.evicted for step in steps):
         out.print(FittedText(f"{EVICTED} = a key outside this layer's sliding window: the cache has let it go"))
+    out.print(Text(" " * (pos_w + text_w + 2) + key_ruler(math.ceil(n_K / cols), cols, out.width - pos_w - text_w - 2)
+                   + "  (key position)", style="dim"))
     for step, text in zip(steps, texts, strict=False):
         row = step.attention[o.head : o.head + 1]  # [1, n_K]
         values = pool(row[None], 1, cols)[0, 0].tolist()
@@ -114,6 +116,17 @@ def printable(text: str) -> str:
     """A token's text on one line: control characters escaped, surrounding space shown as `␣`."""
     shown = text.encode("unicode_escape").decode("ascii") if any(ord(c) < 32 for c in text) else text
     return shown.replace(" ", "␣") or "∅"
+
+
+def key_ruler(n_cols: int, pool: int, room: int) -> str:
+    """The keys' positions above columns one cell wide (each `pool` keys): a number every 10 columns, where it
+    fits before the next and within `room` (less the words that follow it)."""
+    line = ""
+    for c in range(0, n_cols, 10):
+        number = str(c * pool)
+        if (not line or len(line) < c) and c + len(number) <= room - len("  (key position)"):
+            line = line.ljust(c) + number
+    return line
 
 
 def layers_json(layers: list[LayerHeads], layer_numbers: list[int] | None = None) -> list[dict[str, Any]]:
