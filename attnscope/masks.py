@@ -184,3 +184,15 @@ def fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return ~mask.any(dim=-1, keepdim=True)
     return torch.isneginf(mask).all(dim=-1, keepdim=True)
+
+
+def hidden(masked_scores: torch.Tensor) -> torch.Tensor:
+    """Boolean, the shape of `masked_scores`: True where the mask hid the key, not where a weight is merely near 0:
+    -inf (attention.py's `sdpa`, a boolean mask) or a float mask's most negative value (transformers' additive
+    masks fill with `torch.finfo(dtype).min`), never NaN."""
+    import torch
+
+    floor = torch.finfo(masked_scores.dtype).min / 2 if masked_scores.is_floating_point() else None
+    if floor is None:
+        return torch.zeros(masked_scores.shape, dtype=torch.bool)
+    return ~(masked_scores > floor) & ~masked_scores.isnan()

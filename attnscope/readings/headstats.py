@@ -219,16 +219,20 @@ class LayerHeads:
     offset: int = 0
     batch: int | None = None
     heads: list[dict[str, Any]] = field(default_factory=list)
+    masked: Tensor | None = None  # [n_head, n_Q, n_K], True where the mask hid the key (None: not known)
 
     @classmethod
     def of(cls, attention: Tensor, title: str, row_labels: list[str] | None = None,
            col_labels: list[str] | None = None, offset: int = 0, batch: int | None = None,
-           tokens: Sequence[int] | None = None) -> LayerHeads:
-        """`tokens`: the token id at each key position, where known (a model's text), for induction heads."""
+           tokens: Sequence[int] | None = None, masked: Tensor | None = None) -> LayerHeads:
+        """`tokens`: the token id at each key position, where known (a model's text), for induction heads;
+        `masked`: where the mask hid a key (masks.hidden of the `masked_scores` step)."""
         n_Q, n_K = attention.shape[-2:]
+        if masked is not None and masked.shape != attention.shape:
+            masked = None
         return cls(title, attention, row_labels or [f"q{i}" for i in range(n_Q)],
                    col_labels or [f"k{j}" for j in range(n_K)], offset, batch,
-                   describe_heads(attention, offset, tokens))
+                   describe_heads(attention, offset, tokens), masked)
 
     def _repr_html_(self) -> str:
         """Jupyter draws every head as a small heatmap with its kind, and the table of statistics (views/embed.py)."""

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from attnscope.render.console import clean, numbers
 from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
-from attnscope.render.shading import NOT_FINITE, CellLine, Cells, ramp
+from attnscope.render.shading import MASKED_LEGEND, NOT_FINITE, CellLine, Cells, ramp
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
 
     rows, cols = group_size(n_Q, THUMB_ROWS), group_size(n_K, THUMB_COLS)
     pooled = pool(heads.attention, rows, cols).tolist()  # [n_head][n_Q / rows][n_K / cols]
+    # a pooled cell is masked where the mask hid every key of every query pooled into it
+    hidden = None if heads.masked is None else (pool((~heads.masked).double(), rows, cols) == 0).tolist()
     cell_w = 2 if cols == 1 and 2 * n_K <= THUMB_COLS else 1
     width = len(pooled[0][0]) * cell_w
     block = max(width, BLOCK)
@@ -65,11 +67,13 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
             pieces: list[str | Cells] = []
             for h in group:
                 values = pooled[h][r]
-                pieces += [Cells(values, max((v for v in values if math.isfinite(v)), default=0.0), cell_w),
-                           " " * (block - width + GAP)]
+                pieces += [Cells(values, max((v for v in values if math.isfinite(v)), default=0.0), cell_w,
+                                 hidden[h][r] if hidden else None), " " * (block - width + GAP)]
             out.print(CellLine(*pieces[:-1]))
     if any(not math.isfinite(v) for head in pooled for row in head for v in row):
         out.print(Text(f"{NOT_FINITE} = NaN: the attention holds NaN there"))
+    if hidden and any(any(row) for head in hidden for row in head):
+        out.print(FittedText(MASKED_LEGEND))
     out.print(heads_table(heads))
     out.print(FittedText("entropy: mean over queries, bits (log2 n = even over n keys);  first token (the \"sink\"), "
                          "previous, self: mean weight there;  distance: mean attended distance, in positions "

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from attnscope.render.console import clean, numbers
 from attnscope.render.fit import FittedText
-from attnscope.render.shading import CellLine, Cells, ramp
+from attnscope.render.shading import MASKED_LEGEND, CellLine, Cells, ramp
 from attnscope.views.explorer import KIND_LETTERS as LETTERS  # the page's grid uses the same letters
 from attnscope.words import counted
 
@@ -64,6 +64,7 @@ def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
                          f"mean over {rows} queries"))
     for layer in layers:
         pooled = pool(layer.attention, rows, cols).tolist()  # [n_head][rows][cols]
+        hidden = None if layer.masked is None else (pool((~layer.masked).double(), rows, cols) == 0).tolist()
         for start in range(0, n_head, per_line):
             heads = range(start, min(start + per_line, n_head))
             for r in range(len(pooled[0])):
@@ -72,8 +73,10 @@ def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
                 for h in heads:
                     values = pooled[h][r]
                     peak = max((v for v in values if math.isfinite(v)), default=0.0)
-                    pieces += [Cells(values, peak), " "]
+                    pieces += [Cells(values, peak, 1, hidden[h][r] if hidden else None), " "]
                 out.print(CellLine(*pieces[:-1]))
+    if any(layer.masked is not None and bool(layer.masked.any()) for layer in layers):
+        out.print(FittedText(f"{MASKED_LEGEND}; marked in the traced layer, whose steps are kept"))
 
 
 def show_decode(out: Console, result: HeadResult) -> None:

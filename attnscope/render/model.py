@@ -113,8 +113,10 @@ def show_head(out: Console, result: HeadResult) -> None:
             out.print(Text(f"note: {note}", style="yellow"))
     if result.attention is not None and result.encoded is not None:
         rows, cols = result.axes()
+        masked = result.masked()  # [n_head, n_Q, n_K] or None
+        hidden = masked[o.head].tolist() if masked is not None and masked.shape[0] > o.head else None
         show_heatmap(out, Heatmap(f"{result.layer_name}, head {o.head}: attention", result.attention.tolist(),
-                                  rows, cols))
+                                  rows, cols, hidden))
     if o.all_heads and result.heads is not None:
         show_heads(out, result.heads)
     if result.long is not None and result.encoded is not None:

@@ -139,8 +139,18 @@ class HeadResult:
             from attnscope.readings.headstats import LayerHeads
 
             rows, cols = self.axes()
-            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols)
+            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols, masked=self.masked())
         return self._heads
+
+    def masked(self) -> torch.Tensor | None:
+        """Where layer L's mask hid a key, `[n_head, n_Q, n_K]` (masks.hidden of its `masked_scores` step); None
+        where the layer has no mask step or was not traced."""
+        if self.run is None or "masked_scores" not in self.run.layer:
+            return None
+        from attnscope.masks import hidden
+
+        scores = self.run.layer.step("masked_scores").tensor
+        return hidden(scores[0]) if scores.dim() == 4 and scores.device.type != "meta" else None
 
     def _repr_html_(self) -> str:
         """Jupyter shows the model and head, the layer's steps, this head's pattern on the text and every

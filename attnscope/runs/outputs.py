@@ -78,7 +78,9 @@ def finish(asked: AttentionOptions, spec: AttentionSpec, result: RunResult,
         result.heatmap = heatmap_of(trace.step("attention"), asked.heatmap_batch, asked.heatmap_head,
                                     trace.step("masked_scores") if "masked_scores" in trace else None)
     if asked.all_heads:
-        result.heads = heads_of(result.trace.step("attention"), asked.heatmap_batch, spec.align)
+        trace = result.trace
+        result.heads = heads_of(trace.step("attention"), asked.heatmap_batch, spec.align,
+                                trace.step("masked_scores") if "masked_scores" in trace else None)
     if asked.save:
         from attnscope.tensors import save_tensors
 
@@ -137,17 +139,17 @@ def heatmap_of(step: Step, batch: int, head: int, masked_scores: Step | None = N
         matrix, title = matrix.transpose(0, 1), f"{title}, transposed"
     hidden = None
     if masked_scores is not None and masked_scores.shape == step.shape and step.dims[-2:] == ("n_Q", "n_K"):
-        import torch
+        from attnscope.masks import hidden as hidden_keys
 
-        scores = masked_scores.tensor[tuple(index)] if index else masked_scores.tensor
-        hidden = (~(scores > torch.finfo(scores.dtype).min / 2) & ~scores.isnan()).tolist()
+        hidden = hidden_keys(masked_scores.tensor[tuple(index)] if index else masked_scores.tensor).tolist()
     return Heatmap(title, matrix.tolist(), [f"q{i}" for i in range(matrix.shape[0])],
                    [f"k{j}" for j in range(matrix.shape[1])], hidden)
 
 
-def heads_of(step: Step, batch: int, causal: str | None) -> LayerHeads:
+def heads_of(step: Step, batch: int, causal: str | None, masked_scores: Step | None = None) -> LayerHeads:
     """Every head of batch element `batch` of an `[n_batch, n_head, n_Q, n_K]` attention step, with its
-    statistics; query i sits at position i + n_K - n_Q where causal aligns lower-right (a KV cache), else i."""
+    statistics; query i sits at position i + n_K - n_Q where causal aligns lower-right (a KV cache), else i. With
+    the `masked_scores` step, the keys the mask hid in each head."""
     from attnscope.readings.headstats import LayerHeads
 
     if step.dims[-3:-2] != ("n_head",) or len(step.dims) != 4:
@@ -160,8 +162,13 @@ def heads_of(step: Step, batch: int, causal: str | None) -> LayerHeads:
     offset = n_K - n_Q if causal == "lower-right" else 0
     if not n_batch:  # an empty batch has no heads to draw
         return LayerHeads.of(step.tensor.reshape(0, n_Q, n_K), f"{step.name} (n_batch = 0)", offset=offset)
+    masked = None
+    if masked_scores is not None and masked_scores.shape == step.shape and masked_scores.tensor.device.type != "meta":
+        from attnscope.masks import hidden
+
+        masked = hidden(masked_scores.tensor[batch])  # [n_head, n_Q, n_K]
     return LayerHeads.of(step.tensor[batch], f"{step.name}[{batch}] (batch element {batch})", offset=offset,
-                         batch=batch)  # [n_head, n_Q, n_K]
+                         batch=batch, masked=masked)  # [n_head, n_Q, n_K]
 
 
 def finish_variants(asked: AttentionOptions, spec: AttentionSpec, result: RunResult, n_Q: int, n_K: int,

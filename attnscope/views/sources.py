@@ -202,14 +202,15 @@ def _heads_of(heads: Any, masked: Tensor | None = None) -> list[Head]:
 
 def masked_of(steps: list[Any], shape: Any) -> Tensor | None:
     """Where the mask forbids a key, laid out as an attention of `shape` (a model's `[n_head, n_Q, n_K]` from
-    its layer's `[1, n_head, n_Q, n_K]`): -inf in the `masked_scores` step (attention.py's `sdpa` and every
-    model page record it); None where there is none, no numbers (--meta), or another layout."""
-    import torch
+    its layer's `[1, n_head, n_Q, n_K]`): masks.hidden of the `masked_scores` step (attention.py's `sdpa`, every
+    model page and the attention interface record it); None where there is none, no numbers (--meta), or another
+    layout."""
+    from attnscope.masks import hidden
 
     step = next((s for s in steps if s.name == "masked_scores"), None)
     if step is None or step.tensor.device.type == "meta" or tuple(step.tensor.shape[-2:]) != tuple(shape[-2:]):
         return None
-    masked = torch.isneginf(step.tensor)
+    masked = hidden(step.tensor)
     return masked.reshape(shape) if masked.numel() == math.prod(shape) else None
 
 
