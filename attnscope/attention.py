@@ -30,6 +30,7 @@ from attnscope.masking import masked, zero_rows
 from attnscope.position_bias import add_position_bias
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -159,11 +160,12 @@ def gqa_group(Q: Tensor, K: Tensor, V: Tensor) -> int:
         return 1
     n_head, n_kv_head = Q.shape[-3], K.shape[-3]
     if V.shape[-3] != n_kv_head:
-        raise UsageError(f"K has {n_kv_head} heads but V has {V.shape[-3]}; every key head needs its value head")
+        raise UsageError(f"K has {counted(n_kv_head, 'head')} but V has {V.shape[-3]}; every key head needs its value "
+                         "head")
     if n_head == n_kv_head:
         return 1
     if n_kv_head == 0 or n_head % n_kv_head:
-        raise UsageError(f"Q has {n_head} heads and K/V have {n_kv_head}: grouped-query attention needs the "
+        raise UsageError(f"Q has {counted(n_head, 'head')} and K/V have {n_kv_head}: grouped-query attention needs the "
                          f"query heads to be a multiple of the key/value heads")
     return n_head // n_kv_head
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from attnscope.cost import format_bytes, format_flops
 from attnscope.views.colors import hex_color
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -83,7 +84,7 @@ def pattern_svg(matrix: Any, row_labels: Sequence[str] | None = None, col_labels
     peak = max(finite, default=0.0) or 1.0
     left = 8 + 7 * max((len(label) for label in row_labels), default=2)
     top = 8 + 7 * max((len(label) for label in col_labels), default=2)
-    caption = (f"{title}: {n_rows} queries x {n_cols} keys, 0 (dark) to {peak:.3g} (bright)")
+    caption = f"{title}: {counted(n_rows, 'query')} x {counted(n_cols, 'key')}, 0 (dark) to {peak:.3g} (bright)"
     width = max(left + len(col_labels) * CELL + 4, 6 * len(caption) + 8)
     height = top + len(row_labels) * CELL + 22
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' {FONT} {CRISP}>",
@@ -110,7 +111,8 @@ def heads_html(heads: LayerHeads) -> str:
     from attnscope.views.pooling import group_size, pool
 
     n_head, n_Q, n_K = heads.attention.shape
-    title = f"<p><b>{html.escape(heads.title)}: every head</b> [{n_head} heads, {n_Q} queries x {n_K} keys]</p>"
+    sizes = f"{counted(n_head, 'head')}, {counted(n_Q, 'query')} x {counted(n_K, 'key')}"
+    title = f"<p><b>{html.escape(heads.title)}: every head</b> [{sizes}]</p>"
     if not (n_head and n_Q and n_K):
         return title + "<p>nothing to draw</p>"
     rows, cols = group_size(n_Q, THUMB_CELLS), group_size(n_K, THUMB_CELLS)
@@ -151,8 +153,9 @@ def head_html(result: Any) -> str:
     """A model head's run (runs/head.py's HeadResult, taken by its interface): which head of which model, the
     layer's steps, this head's pattern on the text, and every head of the layer."""
     i, o = result.info, result.options
-    parts = [f"<p><b>{html.escape(i.architecture)}: layer {o.layer}, head {o.head}</b><br>{i.layers} layers, "
-             f"{i.heads} heads, d_model {i.d_model}<br><code>{html.escape(str(i.path))}</code></p>"]
+    parts = [f"<p><b>{html.escape(i.architecture)}: layer {o.layer}, head {o.head}</b><br>"
+             f"{counted(i.layers, 'layer')}, {counted(i.heads, 'head')}, d_model {i.d_model}<br>"
+             f"<code>{html.escape(str(i.path))}</code></p>"]
     if result.weights is not None:
         parts.append("<p>weights: " + ", ".join(f"<code>{html.escape(name)}</code> = "
                                                 f"<code>{html.escape(source)}</code>"
