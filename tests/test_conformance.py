@@ -150,7 +150,49 @@ def _long(runner, folder, eager, family, monkeypatch):
         _close(payload["rows"]["attention"], pattern[head], f"{family} long layer {layer} head {head}")
 
 
+def _encdec_args(family, folder, kind: str, *more: str) -> list[str]:
+    from tiny_encdec import SOURCE, TARGET
+
+    source = ["--audio", str(folder / "speech.wav")] if family == "Whisper" else ["--text", SOURCE]
+    return [*source, "--target", TARGET, "--attention", kind, *more]
+
+
+def _generate_encoder_decoder(runner, folder, eager, family):
+    """Each decoder layer's self- and cross-attention row at every step, and the new tokens, against transformers'
+    `generate` from the same decoder ids (forced_eos_token_id off: BART's config forces </s> as the last token,
+    and attnscope decodes plainly), Whisper's against its eager forward a step at a time (its generate() forces and
+    suppresses tokens)."""
+    from tiny_encdec import greedy, source_and_target
+
+    inputs = source_and_target(ENCODER_DECODERS[family], folder, eager)
+    if family == "Whisper":
+        ids, decoder, cross = greedy(eager, inputs, NEW_TOKENS)
+    else:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        # a cache of our own: generate's would size itself by num_layers, the encoder's 2, not T5's 3 decoder layers
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        with torch.no_grad():
+            out = eager.generate(**inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                 forced_eos_token_id=None, output_attentions=True, return_dict_in_generate=True,
+                                 past_key_values=cache)
+        n = inputs["decoder_input_ids"].shape[1]
+        ids, decoder, cross = out.sequences[0, n:].tolist(), out.decoder_attentions, out.cross_attentions
+    for kind, theirs in (("decoder", decoder), ("cross", cross)):
+        for layer in range(len(theirs[0])):
+            payload = _json(runner, folder, *_encdec_args(family, folder, kind, "--layer", str(layer), "--generate",
+                                                          str(NEW_TOKENS)))
+            assert payload["target_token_ids"] == inputs["decoder_input_ids"][0].tolist()
+            steps = payload["decode_steps"]
+            assert [s["token_id"] for s in steps] == ids, f"{family}: other tokens"
+            for t, step in enumerate(steps):
+                _close(step["attention"], theirs[t][layer][0, :, -1], f"{family} generate {kind} {layer} step {t}")
+
+
 def _generate(runner, folder, eager, family, monkeypatch):
+    if family in ENCODER_DECODERS:
+        _generate_encoder_decoder(runner, folder, eager, family)
+        return
     for index, layer in enumerate(attention_layers(eager)):  # output_attentions' entries: attention layers only
         payload = _json(runner, folder, "--text", PROMPT, "--layer", str(layer), "--generate", str(NEW_TOKENS))
         ids = payload["token_ids"]
@@ -165,7 +207,24 @@ def _generate(runner, folder, eager, family, monkeypatch):
             _close(mine, theirs, f"{family} generate layer {layer} step {t}")
 
 
+def _all_layers_encoder_decoder(runner, folder, eager, family):
+    """Each of the three attentions, every layer of its stack, against transformers' eager output_attentions."""
+    from tiny_encdec import source_and_target
+
+    with torch.no_grad():
+        out = eager(**source_and_target(ENCODER_DECODERS[family], folder, eager), output_attentions=True)
+    for kind, theirs in (("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),
+                         ("cross", out.cross_attentions)):
+        payload = _json(runner, folder, *_encdec_args(family, folder, kind, "--all-layers"))
+        assert [entry["layer"] for entry in payload["all_layers"]] == list(range(len(theirs)))
+        for layer, entry in enumerate(payload["all_layers"]):
+            _close(entry["attention"], theirs[layer][0], f"{family} all-layers {kind} layer {layer}")
+
+
 def _all_layers(runner, folder, eager, family, monkeypatch):
+    if family in ENCODER_DECODERS:
+        _all_layers_encoder_decoder(runner, folder, eager, family)
+        return
     layers = attention_layers(eager)
     payload = _json(runner, folder, "--text", SENTENCE, "--all-layers", "--layer", str(layers[0]))
     theirs = eager_attentions(eager, payload["token_ids"])
@@ -178,6 +237,9 @@ def _all_layers(runner, folder, eager, family, monkeypatch):
 def _check(runner, folder, eager, family, monkeypatch):
     """--check at run time: every layer PASSes against transformers' eager run, and a decoder's generated ids and
     rows too."""
+    if family in ENCODER_DECODERS:
+        _check_encoder_decoder(runner, folder, eager, family)
+        return
     layer = attention_layers(eager)[-1]
     decodes = row_of(family).views["generate"] == EXACT
     more = ["--generate", "3"] if decodes else []
@@ -188,6 +250,22 @@ def _check(runner, folder, eager, family, monkeypatch):
     assert [n for n in names if n.startswith("layer ")] == [f"layer {i}" for i in attention_layers(eager)]
     if decodes:
         assert "generated ids" in names and sum(n.startswith("step ") for n in names) == 3
+
+
+def _check_encoder_decoder(runner, folder, eager, family):
+    """Each attention's every layer PASSes; the decoder's and the cross-attention's with --generate, the new ids and
+    each step's row too."""
+    for kind in ("encoder", "decoder", "cross"):
+        more = ["--generate", "3"] if kind != "encoder" else []
+        payload = _json(runner, folder, *_encdec_args(family, folder, kind, "--all-layers", "--layer", "1", "--check",
+                                                      *more))
+        assert payload["check_passed"] is True, payload["check"]
+        names = [c["name"] for c in payload["check"]]
+        n_layer = len(payload["all_layers"])
+        assert [n for n in names if " layer " in n and not n.startswith("step")] == [
+            f"{kind} layer {i}" for i in range(n_layer)]
+        if more:
+            assert "generated ids" in names and sum(n.startswith("step ") for n in names) == 3
 
 
 def row_of(family: str):

@@ -244,14 +244,18 @@ def whisper_and_bart(tmp_path_factory):
     (["whisper", "--audio", "long-fmt.wav"], "--audio long-fmt.wav: not a PCM WAV file (a chunk runs past the end of "
                                              "the file); convert it first, e.g. ffmpeg -i long-fmt.wav -ac 1 -ar 16000 "
                                              "-c:a pcm_s16le long-fmt-pcm16.wav"),  # wave's bare RuntimeError
-    (["whisper", "--audio", "whisper/speech.wav", "--all-layers"], "--all-layers is not taken by encoder-decoders, "
-     "and WhisperForConditionalGeneration is one: attnscope traces one attention (--attention) of one --layer of "
-     "it; drop --all-layers"),
-    (["whisper", "--audio", "whisper/speech.wav", "--generate", "2", "--rows", "0:1"], "--generate and --rows are "
-     "not taken by encoder-decoders, and WhisperForConditionalGeneration is one: attnscope traces one attention "
-     "(--attention) of one --layer of it; drop --generate and --rows"),
-    (["bart", "--rows", "0:1"], "--rows is not taken by encoder-decoders, and BartForConditionalGeneration is one: "
-     "attnscope traces one attention (--attention) of one --layer of it; drop --rows"),
+    (["whisper", "--all-layers"], "--all-layers run the model on an input; add --audio"),
+    (["bart", "--generate", "2", "--attention", "decoder"], "--generate run the model on an input; add --text"),
+    (["whisper", "--audio", "whisper/speech.wav", "--generate", "2"], "--generate decodes the target, and the "
+     "encoder does not decode: add --attention decoder (the new tokens' self-attention) or --attention cross (their "
+     "attention over the source)"),
+    (["bart", "--text", "a", "--attention", "cross", "--generate", "5000"], "--generate 5000: give how many new "
+     "tokens to decode, 1 to 4096"),
+    (["whisper", "--audio", "whisper/speech.wav", "--attention", "cross", "--generate", "30"], "--generate 30: the "
+     "decoder reads 1 token and would reach 31 positions, more than this model's 24; give --generate 23 or fewer"),
+    (["bart", "--text", "a", "--rows", "0:1"], "--rows is not taken by encoder-decoders, and "
+     "BartForConditionalGeneration is one: its pattern is never computed in blocks, so every row is exact already; "
+     "drop --rows"),
 ])
 def test_bad_input_is_one_line(whisper_and_bart, runner, monkeypatch, args, line):
     from attnscope.cli import app
@@ -335,3 +339,78 @@ def test_wav_samples_are_read_as_numpy_reads_them(tmp_path, channels, width):
     t = np.arange(160) / 16000
     expected = 0.5 * np.sin(2 * np.pi * (100 + 300 * t) * t)
     np.testing.assert_allclose(samples, expected, atol=2 / 2 ** (8 * width - 1) + 1e-6)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_all_layers_are_every_layer_of_the_stack_labelled_as_it_reads(family, kind):
+    """--all-layers: one forward through the stacks, each layer's pattern of the attention asked equal to eager's,
+    the rows and columns the target's and the source's tokens as that attention reads them."""
+    _, _, _, out = family
+    expected = getattr(out, KINDS[kind])
+    result = _run(family, kind, 1, 0, all_layers=True)
+    assert result.layer_numbers == list(range(len(expected)))
+    rows, cols = result.axes()
+    for layer, heads in enumerate(result.layers):
+        torch.testing.assert_close(heads.attention, expected[layer][0], atol=1e-5, rtol=0)
+        assert (heads.row_labels, heads.col_labels) == (rows, cols)
+    torch.testing.assert_close(result.all_heads, expected[1][0], atol=1e-5, rtol=0)  # layer L traced as without it
+
+
+@pytest.mark.parametrize("kind", ["decoder", "cross"])
+def test_generate_holds_what_transformers_cache_holds(family, kind):
+    """Each step's row and token against transformers' forward a step at a time, and the KV cache's bytes against
+    its EncoderDecoderCache after the same step (the self-attention's keys and values, and memory's projected
+    once for the cross-attention)."""
+    from tiny_encdec import greedy
+
+    name, folder, model, _ = family
+    n_new = 4
+    inputs = source_and_target(name, folder, model)
+    ids, decoder, cross = greedy(model, inputs, n_new)
+    result = _run(family, kind, 2, 0, generate=n_new)
+    assert [step.token_id for step in result.decode] == ids
+    assert [step.position for step in result.decode] == [inputs["decoder_input_ids"].shape[1] + t for t in range(n_new)]
+    theirs = decoder if kind == "decoder" else cross
+    held = []
+    with torch.no_grad():
+        out = model(**inputs, use_cache=True)
+        for token in ids:
+            cache = out.past_key_values
+            held.append(sum(t.numel() * t.element_size() for part in (cache.self_attention_cache,
+                                                                      cache.cross_attention_cache)
+                            for layer in part.layers for t in (layer.keys, layer.values)))
+            out = model(encoder_outputs=(out.encoder_last_hidden_state,), past_key_values=cache,
+                        decoder_input_ids=torch.tensor([[token]]), use_cache=True)
+    for t, step in enumerate(result.decode):
+        torch.testing.assert_close(step.attention, theirs[t][2][0, :, -1], atol=1e-5, rtol=0)
+        assert step.kv_cache_bytes == held[t] and step.evicted == 0
+
+
+def test_check_fails_on_a_planted_mistake(whisper_and_bart, runner, monkeypatch):
+    """--check holds the encoder-decoder's run against transformers' own: a scale gone wrong FAILs, exit 1."""
+    from attnscope.cli import app
+    from attnscope.models.seq2seq import EncoderDecoder
+
+    folder = whisper_and_bart / "bart"
+    args = ["head", "--model", str(folder), "--text", SOURCE, "--target", TARGET, "--attention", "cross", "--check",
+            "--generate", "2", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["check_passed"] is True
+    monkeypatch.setattr(EncoderDecoder, "scale", lambda self: 0.5)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    payload = json.loads(result.stdout)
+    assert payload["check_passed"] is False
+    assert not next(c for c in payload["check"] if c["name"] == "cross layer 0")["passed"]
+
+
+def test_all_layers_and_generate_read_at_80_columns(whisper_and_bart, runner):
+    from attnscope.cli import app
+
+    result = runner.invoke(app, ["head", "--model", str(whisper_and_bart / "whisper"), "--audio",
+                                 str(whisper_and_bart / "whisper" / "speech.wav"), "--attention", "cross",
+                                 "--all-layers", "--generate", "3"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "generated 3 tokens greedily" in result.stdout and "layer 2" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80

@@ -156,3 +156,20 @@ def source_and_target(family: str, folder: Path, model) -> dict:
     else:
         inputs["input_ids"] = torch.tensor([tokenizer(SOURCE).input_ids])
     return inputs
+
+
+def greedy(model, inputs: dict, n_new: int):
+    """Plain greedy decoding with transformers' eager forward and its own cache, a step at a time, from
+    `source_and_target`'s inputs (generate() would apply the generation config's logits processors, Whisper's
+    among them): the new ids and each step's `decoder_attentions` and `cross_attentions`, as generate() returns
+    them with output_attentions (`[t][layer]`: `[1, n_head, n_new, n_K]`)."""
+    ids, decoder, cross = [], [], []
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True, use_cache=True)
+        for _ in range(n_new):
+            decoder.append(out.decoder_attentions)
+            cross.append(out.cross_attentions)
+            ids.append(int(out.logits[0, -1].argmax()))
+            out = model(encoder_outputs=(out.encoder_last_hidden_state,), past_key_values=out.past_key_values,
+                        decoder_input_ids=torch.tensor([[ids[-1]]]), output_attentions=True, use_cache=True)
+    return ids, decoder, cross

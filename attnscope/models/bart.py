@@ -134,6 +134,22 @@ class Bart(EncoderDecoder):
                              "token; give {target}", "target")
         return start
 
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """`BartForConditionalGeneration.forward` (MarianMTModel's, MBart's; Whisper's `proj_out`) after the
+        decoder's last layer: its final `layer_norm` where the stack has one (mBART, Whisper), the language-model
+        head (tied to the token table where the checkpoint holds none), plus `final_logits_bias` where stored."""
+        import torch.nn.functional as F
+
+        if self.final_norm:
+            h = self._layer_norm(f"{self.prefix}decoder.layer_norm", h)
+        heads = ("lm_head.weight", "proj_out.weight", f"{self.prefix}decoder.embed_tokens.weight",
+                 f"{self.prefix}shared.weight")
+        head = next(key for key in heads if key in self.checkpoint)
+        logits = F.linear(h, self.checkpoint.tensor(head))  # [1, n, vocab]
+        if "final_logits_bias" in self.checkpoint:
+            logits = logits + self.checkpoint.tensor("final_logits_bias")  # [1, vocab]
+        return logits
+
 
 class Marian(Bart):
     model_types = ("marian",)

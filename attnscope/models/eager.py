@@ -8,7 +8,7 @@ cut config). Everything float32 on the CPU, batch 1, no padding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError
 
@@ -74,3 +74,66 @@ def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded
         numbers = range(n_layer) if len(present) == n_layer else layers
         rows.append({layer: a[0, :, -1] for layer, a in zip(numbers, present, strict=True)})
     return Decoded(out.sequences[0, len(ids):].tolist(), rows)
+
+
+@dataclass
+class Seq2Seq:
+    """transformers' eager run of an encoder-decoder on attnscope's inputs: each attention's `output_attentions`
+    (`kind` -> layer -> `[n_head, n_Q, n_K]`), and with decoding the new ids and each step's rows (`rows[t]`:
+    kind ("decoder", "cross") -> layer -> the newest query's row `[n_head, n_K]`)."""
+
+    attentions: dict[str, dict[int, torch.Tensor]]
+    ids: list[int]
+    rows: list[dict[str, dict[int, torch.Tensor]]]
+
+
+SEQ2SEQ_OUTPUTS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+
+
+def seq2seq(folder: Path, model_type: str, source: list[int] | torch.Tensor, decoder_ids: list[int],
+            n_new: int = 0) -> Seq2Seq:
+    """`AutoModelForSeq2SeqLM` (Whisper: `AutoModelForSpeechSeq2Seq`, on the same `input_features`) eager, its
+    forward on the source and the decoder's ids with `output_attentions=True`; then, for `n_new` tokens, plain
+    greedy decoding with the model's own cache (an `EncoderDecoderCache`, as `generate` builds one), a forward a
+    step and the argmax of its last logits. generate() itself is not called: its logits processors from the
+    checkpoint's generation config (BART's forced_eos_token_id, Whisper's suppressed and forced tokens) would
+    change tokens that attnscope's plain greedy decoding chooses."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+
+    from attnscope.models import truncated
+
+    truncated.quiet_transformers()
+    audio = not isinstance(source, list)
+    config, _ = truncated.full_config(folder, model_type, 0)
+    model = truncated.load(AutoModelForSpeechSeq2Seq if audio else AutoModelForSeq2SeqLM, folder, config, model_type,
+                           traced=False)
+    inputs = {"input_features": source} if audio else {"input_ids": torch.tensor([source])}
+    try:
+        with torch.no_grad():
+            out = model(**inputs, decoder_input_ids=torch.tensor([decoder_ids]), output_attentions=True,
+                        use_cache=bool(n_new))
+            attentions = {kind: dict(enumerate(a[0] for a in getattr(out, name)))
+                          for kind, name in SEQ2SEQ_OUTPUTS.items()}
+            ids, rows = _greedy(model, out, n_new)
+    except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
+        raise ResourceError(f"--check: transformers could not run model_type '{model_type}' on the input "
+                            f"({truncated.first_line(exc)})") from None
+    return Seq2Seq(attentions, ids, rows)
+
+
+def _greedy(model: Any, out: Any, n_new: int) -> tuple[list[int], list[dict[str, dict[int, torch.Tensor]]]]:
+    """Greedy decoding on from the first forward `out` (its logits, cache and encoder output), as
+    `GenerationMixin._sample` does with do_sample=False and no logits processor."""
+    import torch
+
+    ids: list[int] = []
+    rows = []
+    for step in range(n_new):
+        rows.append({kind: {layer: a[0, :, -1] for layer, a in enumerate(getattr(out, SEQ2SEQ_OUTPUTS[kind]))}
+                     for kind in ("decoder", "cross")})
+        ids.append(int(out.logits[0, -1].argmax()))
+        if step + 1 < n_new:
+            out = model(encoder_outputs=(out.encoder_last_hidden_state,), past_key_values=out.past_key_values,
+                        decoder_input_ids=torch.tensor([[ids[-1]]]), output_attentions=True, use_cache=True)
+    return ids, rows

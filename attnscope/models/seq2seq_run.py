@@ -6,53 +6,141 @@
 - `cross`, layer L: the same, then layer L's self-attention sublayer, then its cross-attention traced: queries
   from the decoder's stream, keys and values projected from `memory`.
 
-Nothing after the traced attention runs. The layer's steps keep the model's names (`X`, `d_model`); in self-
-attention n_Q = n_K = n_tokens (the source's in the encoder, the target's in the decoder), across they stay
-apart: n_Q target tokens, n_K source tokens, and `memory` `[n_batch, n_K, d_model]` is a step of its own.
+With every layer (`run_stack(every=True)`, `--all-layers`) the attention's whole stack runs once, each
+layer's pattern kept on the way. Every sublayer is `attention_step`, which decoding (seq2seq_decode.py) runs
+too. Nothing after the last traced attention runs.
+
+The layer's steps keep the model's names (`X`, `d_model`); in self-attention n_Q = n_K = n_tokens (the
+source's in the encoder, the target's in the decoder), across they stay apart: n_Q target tokens, n_K source tokens, and `memory` `[n_batch, n_K, d_model]` is a step of its own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from attnscope.models.head_steps import head_trace
 from attnscope.models.run import LayerRun
+from attnscope.models.seq2seq import BiasSteps
 
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.models.seq2seq import BiasSteps, EncoderDecoder
+    from attnscope.models.seq2seq import EncoderDecoder
     from attnscope.trace import Trace
 
 
 def run_attention(model: EncoderDecoder, source: list[int] | torch.Tensor, target: list[int], kind: str,
                   layer: int, head: int) -> LayerRun:
     """`source`: the source tokens' ids (Whisper: its audio features); `target`: the ids the decoder reads."""
+    return run_stack(model, source, target, kind, layer, head).run
+
+
+@dataclass
+class StackRun:
+    """The stacks run as far as asked: layer L's `run` (traced whole, with head h's steps) and, every layer of the
+    attention's stack asked (`every`), each one's pattern `[n_head, n_Q, n_K]` in order."""
+
+    run: LayerRun
+    patterns: list[torch.Tensor]
+
+
+@dataclass
+class Attended:
+    """One attention sublayer as it ran: its trace, its input X and how X was made, its position bias."""
+
+    trace: Trace
+    X: torch.Tensor
+    made: str
+    bias: BiasSteps | None
+
+
+def attention_step(view: EncoderDecoder, layer: int, h: torch.Tensor, memory: torch.Tensor | None = None,
+                   cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   record: bool = True) -> tuple[torch.Tensor, Attended]:
+    """`view`'s attention sublayer of `layer` on the stream `h` `[1, n_new, d_model]`: the stream after it, and the
+    attention as it ran. The one forward of every view: the short run, every layer, and a decode step, where
+    `cache` holds the earlier positions' keys and values `[1, n_head, n_cache, d_head]` (the self-attention's,
+    the new tokens at positions n_cache..; across, `memory`'s projected once, as transformers'
+    EncoderDecoderCache keeps them: with a cache, no new keys come from memory)."""
+    X, made = view.attention_input(layer, h)  # [1, n_new, d_model]
+    n_cache = 0 if cache is None else cache[0].shape[-2]
+    if view.kind == "cross":
+        assert memory is not None
+        keys = memory if n_cache == 0 else memory[:, :0]  # [1, n_source or 0, d_model]
+    else:
+        keys = X
+    bias = view.position_bias(layer, X.shape[1], keys.shape[1]) if n_cache == 0 else _bias_rows(view, layer, X,
+                                                                                                 n_cache)
+    module = view.attention(layer, record=record)
+    trace = module(X, keys, keys, cache=cache, position_bias=bias.bias if bias else None)
+    return view.sublayer(layer, h, trace["x"], view.stack.norm), Attended(trace, X, made, bias)
+
+
+def _bias_rows(view: EncoderDecoder, layer: int, X: torch.Tensor, n_cache: int) -> BiasSteps | None:
+    """A decode step's bias: the new queries' rows of the whole `[n_K, n_K]` bias (T5Attention.forward's
+    `position_bias[:, :, -seq_length:, :]` after compute_bias over every position)."""
+    n_K = n_cache + X.shape[1]
+    whole = view.position_bias(layer, n_K, n_K)
+    if whole is None:
+        return None
+    rows = slice(n_cache, n_K)
+    return BiasSteps(whole.bias[:, :, rows], whole.op, None if whole.buckets is None else whole.buckets[rows],
+                     whole.buckets_op)
+
+
+def run_stack(model: EncoderDecoder, source: list[int] | torch.Tensor, target: list[int], kind: str, layer: int,
+              head: int, every: bool = False) -> StackRun:
+    """The stacks run once as far as `kind`'s layer L (with `every`, through the last layer of its stack), layer L's
+    attention traced, and with `every` each layer's pattern of that attention kept on the way."""
     import torch
 
     view = model.for_kind(kind)
-    encoder = model.for_kind("encoder")
+    encoder, decoder = model.for_kind("encoder"), model.for_kind("decoder")
+    last = view.n_layer - 1 if every else layer
+    patterns: list[torch.Tensor] = []
+    run: LayerRun | None = None
     memory: torch.Tensor | None = None
     memory_op = ""
+
+    def keep(index: int, attended: Attended) -> None:
+        nonlocal run
+        if every:
+            patterns.append(attended.trace["attention"][0])  # [n_head, n_Q, n_K]
+        if index == layer:
+            run = _layer_run(view, index, head, attended, memory if kind == "cross" else None, memory_op)
+
     with torch.no_grad():
         h = model.embed_source(source)  # [1, n_source, d_model]
-        for earlier in range(layer if kind == "encoder" else encoder.n_layer):
-            h = encoder.block(earlier, h, encoder.attention(earlier, record=False))
+        for index in range(last + 1 if kind == "encoder" else encoder.n_layer):
+            traced = kind == "encoder" and (every or index == layer)
+            h, attended = attention_step(encoder, index, h, record=traced)
+            if traced:
+                keep(index, attended)
+            if index < last or kind != "encoder":  # nothing reads the last traced layer's feed-forward
+                h = encoder.feed_forward_sublayer(index, h)
         if kind != "encoder":
             memory, memory_op = encoder.encoder_output(h)  # [1, n_source, d_model]
-            decoder = model.for_kind("decoder")
             h = decoder.embed(target, [0] * len(target))  # [1, n_target, d_model]
-            for earlier in range(layer):
-                h = model.decoder_block(earlier, h, memory)
-            if kind == "cross":
-                h = decoder.attend(layer, h)
-        X, made = view.attention_input(layer, h)  # [1, n_Q, d_model]
-        keys = memory if kind == "cross" else X
-        assert keys is not None
-        bias = view.position_bias(layer, X.shape[1], keys.shape[1])
-        traced = view.attention(layer, record=True)(X, keys, keys, position_bias=bias.bias if bias else None)
-    cross = kind == "cross"
-    layer_trace = _layer_trace(traced, X, made, memory if cross else None, memory_op, bias)
+            for index in range(last + 1):
+                traced = every or index == layer
+                h, attended = attention_step(decoder, index, h, record=traced and kind == "decoder")
+                if kind == "decoder" and traced:
+                    keep(index, attended)
+                if kind == "decoder" and index == last:
+                    break
+                h, attended = attention_step(model.for_kind("cross"), index, h, memory, record=traced)
+                if kind == "cross" and traced:
+                    keep(index, attended)
+                if index < last:
+                    h = decoder.feed_forward_sublayer(index, h)
+    assert run is not None
+    return StackRun(run, patterns)
+
+
+def _layer_run(view: EncoderDecoder, layer: int, head: int, attended: Attended, memory: torch.Tensor | None,
+               memory_op: str) -> LayerRun:
+    layer_trace = _layer_trace(attended.trace, attended.X, attended.made, memory, memory_op, attended.bias)
     layer_trace.notes.extend(view.layer_notes(layer))
     return LayerRun(layer_trace, _head(view, layer_trace, head), view.attention_spec(layer))
 

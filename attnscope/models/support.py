@@ -24,10 +24,10 @@ ENCODER = {"short": EXACT, "long": EXACT, "generate": "refused: an encoder atten
            "all-layers": EXACT, "check": EXACT}
 DECODER = dict.fromkeys(VIEWS, EXACT)
 # each of the three attentions (encoder, decoder, cross), each stack with its own head count
+# generate: the target decoded greedily (--attention decoder or cross), the encoder's output projected once for the
+# cross-attention, a KV cache for the self-attention (models/seq2seq_decode.py)
 ENCODER_DECODER = {"short": EXACT, "long": "refused past 2,048 tokens, with the memory estimate",
-                   "generate": "refused: not taken by encoder-decoders yet",
-                   "all-layers": "refused: not taken by encoder-decoders yet",
-                   "check": "refused: not checked against transformers yet"}
+                   "generate": EXACT, "all-layers": EXACT, "check": EXACT}
 # through transformers' attention interface (models/interface.py, interface_stream.py): the long input is the whole
 # pattern, memory-guarded up front; generate is transformers' own forward and cache, the attention captured each step
 INTERFACE = dict.fromkeys(VIEWS, EXACT)

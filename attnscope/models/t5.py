@@ -148,12 +148,31 @@ class T5(EncoderDecoder):
     def decoder_start(self) -> int:
         return self.config.integer("decoder_start_token_id", "pad_token_id", default=0, minimum=0)
 
+    scales_output: ClassVar[bool | None] = None  # UMT5: always (UMT5Config forces tie_word_embeddings)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """`T5ForConditionalGeneration.forward` after the decoder's last layer: `decoder.final_layer_norm`, times
+        d_model^-½ where T5Config's `scale_decoder_outputs` (config.json's tie_word_embeddings not false; UMT5's
+        forward scales always), then `lm_head` (the shared table where the checkpoint holds no lm_head)."""
+        import torch.nn.functional as F
+
+        eps = self.config.number("layer_norm_epsilon", default=1e-6)
+        h = layers.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}decoder.final_layer_norm.weight"), eps)
+        scales = self.scales_output
+        if scales is None:
+            scales = self.config.raw("tie_word_embeddings", default=True) is not False
+        if scales:
+            h = h * self.d_model**-0.5
+        head = "lm_head.weight" if "lm_head.weight" in self.checkpoint else f"{self.prefix}shared.weight"
+        return F.linear(h, self.checkpoint.tensor(head))  # [1, n, vocab]
+
 
 class Umt5(T5):
     """UMT5: T5's layout, each layer with its own relative position bias table (`UMT5Attention`)."""
 
     model_types = ("umt5",)
     bias_in_every_layer = True
+    scales_output = True
 
 
 def relative_buckets(n_Q: int, n_K: int, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:

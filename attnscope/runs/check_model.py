@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.check import Comparison
+    from attnscope.models.seq2seq import EncoderDecoder
     from attnscope.runs.head_result import HeadResult
 
 
@@ -95,3 +96,40 @@ def _guard(result: HeadResult, folder: Path, n_tokens: int) -> None:
     held = 4 * (last + 1) * info.heads * n_tokens * n_tokens
     guard_memory(weights + held, asked.max_memory, f"--check: transformers' eager run of layers 0..{last} on "
                  f"{n_tokens} tokens")
+
+
+def check_encdec(result: HeadResult, model: EncoderDecoder, source: list[int] | torch.Tensor,
+                 decoder_ids: list[int]) -> list[Comparison]:
+    """An encoder-decoder's run against transformers' eager run on the same source ids (Whisper: the same
+    features) and decoder ids (models/eager.py's `seq2seq`): the attention shown (`--attention`), layer L's every
+    head or every layer's with --all-layers, and with --generate the new ids and each step's row of layer L."""
+    from attnscope.check import Comparison
+    from attnscope.models import eager
+    from attnscope.models.seq2seq_decode import estimate_bytes
+    from attnscope.runs.head_result import guard_memory
+
+    asked, kind = result.options, result.kind or "encoder"
+    n_source = source.shape[-1] // 2 if not isinstance(source, list) else len(source)  # Whisper: conv2's stride
+    n_target = len(decoder_ids) + asked.generate
+    per_layer = 4 * max(n_head for _, n_head in model.sizes.values()) * max(n_source, n_target) ** 2
+    layers = sum(n for n, _ in model.sizes.values()) * 2  # the decoder's two attentions
+    guard_memory(estimate_bytes(model, n_source, n_target) + layers * per_layer, asked.max_memory,
+                 f"--check: transformers' eager run of {model.architecture} on {n_source} source and {n_target} "
+                 "target positions")
+    theirs = eager.seq2seq(model.folder, model.model_type, source, decoder_ids, asked.generate)
+    reference = theirs.attentions[kind]
+    comparisons = []
+    for layer, mine in _patterns(result).items():
+        comparisons.append(_compare(f"{kind} layer {layer}", mine, reference[layer]))
+    if result.decode:
+        mine_ids = [step.token_id for step in result.decode]
+        same = sum(a == b for a, b in zip(mine_ids, theirs.ids, strict=True))
+        comparisons.append(Comparison("generated ids", "greedy decoding", 0.0 if same == len(mine_ids) else
+                                      float("inf"), 0.0, "" if same == len(mine_ids) else
+                                      f"{same} of {len(mine_ids)} tokens agree"))
+        for t, (step, rows) in enumerate(zip(result.decode, theirs.rows, strict=True)):
+            if mine_ids[:t] != theirs.ids[:t]:
+                break  # past a different token the rows read different texts
+            comparisons.append(_compare(f"step {t} {kind} layer {asked.layer}", step.attention,
+                                        rows[kind][asked.layer]))
+    return comparisons

@@ -2,7 +2,9 @@
 picks one of its three attentions (models/seq2seq.py), `--text` is the source the encoder reads (Whisper:
 `--audio FILE`), `--target` what the decoder reads (its start token when absent). The same named sequence as a
 decoder's head: where head h lives, then with a source the stacks run as far as the attention asked and
-that attention traced (models/seq2seq_run.py), the memory guarded first, --save.
+that attention traced (models/seq2seq_run.py), every layer of its stack with --all-layers, the target
+decoded with --generate (models/seq2seq_decode.py), --check against transformers (runs/check_model.py), the
+memory guarded first, --save.
 """
 
 from __future__ import annotations
@@ -42,13 +44,11 @@ def refuse_two_stack_options(asked: HeadOptions, config: Config) -> None:
 
 
 def refuse_one_stack_options(asked: HeadOptions, config: Config) -> None:
-    """--all-layers, --generate and --rows run a one-stack model (every layer, decoding, a long text's blocks);
-    an encoder-decoder's run traces one attention of one layer."""
-    used = [flag for flag in ("--all-layers", "--generate", "--rows") if getattr(asked, flag[2:].replace("-", "_"))]
-    if used:
-        raise UsageError(f"{' and '.join(used)} {'is' if len(used) == 1 else 'are'} not taken by encoder-decoders, "
-                         f"and {config.architecture} is one: attnscope traces one attention (--attention) of one "
-                         f"--layer of it; drop {' and '.join(used)}")
+    """--rows picks exact rows of a one-stack model's long text computed in blocks; an encoder-decoder has no path
+    in blocks (its long inputs are refused with the estimate, _refuse_long)."""
+    if asked.rows:
+        raise UsageError(f"--rows is not taken by encoder-decoders, and {config.architecture} is one: its pattern is "
+                         "never computed in blocks, so every row is exact already; drop --rows")
 
 
 def run_encdec(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
@@ -79,10 +79,22 @@ def _check_sources(asked: HeadOptions, model: EncoderDecoder, kind: str) -> None
         raise UsageError(f"--target needs the source the decoder attends to: add {source}")
     if asked.all_heads and not has_source:
         raise UsageError(f"--all-heads shows what every head does on an input; add {source}")
+    used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate)) if on]
+    if used and not has_source:
+        raise UsageError(f"{' and '.join(used)} run the model on an input; add {source}")
+    from attnscope.runs.layers import MAX_NEW_TOKENS
+
+    if not 0 <= asked.generate <= MAX_NEW_TOKENS:
+        raise UsageError(f"--generate {asked.generate}: give how many new tokens to decode, 1 to {MAX_NEW_TOKENS}")
+    if asked.generate:
+        if kind == "encoder":
+            raise UsageError("--generate decodes the target, and the encoder does not decode: add --attention "
+                             "decoder (the new tokens' self-attention) or --attention cross (their attention over "
+                             "the source)")
 
 
 def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progress) -> HeadResult:
-    from attnscope.models.seq2seq_run import run_attention
+    from attnscope.models.seq2seq_run import run_stack
     from attnscope.models.weights import head_weights
     from attnscope.runs.head_result import HeadResult, ModelInfo, guard_memory, save_result
 
@@ -102,19 +114,60 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
     result.target = _target(model, target_ids, asked.target is None)
     n_source = len(result.encoded.tokens)
     model.check_lengths(n_source, len(target_ids))
-    what = f"running the {'encoder' if kind == 'encoder' else 'encoder and the decoder'} to {kind} layer {asked.layer}"
-    needed = view.estimate_bytes(asked.layer, n_source, len(target_ids))
+    limit = model.max_positions.get("decoder")
+    if asked.generate and limit is not None and len(target_ids) + asked.generate > limit:
+        # WhisperForConditionalGeneration.generate refuses the same: its decoder has max_target_positions
+        n = len(target_ids)
+        raise UsageError(f"--generate {asked.generate}: the decoder reads {n} token{'s' if n > 1 else ''} and would "
+                         f"reach {n + asked.generate} positions, more than this model's {limit}; give --generate "
+                         f"{max(limit - n, 1)} or fewer")
+    needed = _estimate(asked, model, kind, n_source, len(target_ids))
     _refuse_long(asked, n_source, len(target_ids), needed)
-    guard_memory(needed, asked.max_memory, what)
+    last = view.n_layer - 1 if asked.all_layers else asked.layer
+    what = f"running the {'encoder' if kind == 'encoder' else 'encoder and the decoder'} to {kind} layer {last}"
+    guard_memory(needed, asked.max_memory, what + (f" and decoding {asked.generate} tokens" if asked.generate else ""))
     with progress(what):
-        result.run = run_attention(model, source, target_ids, kind, asked.layer, asked.head)
+        stack = run_stack(model, source, target_ids, kind, asked.layer, asked.head, every=asked.all_layers)
+    result.run = stack.run
     result.tracer = "attnscope"
     result.attention = result.run.head["attention"]
     result.all_heads = result.run.layer["attention"][0]
     result.run.layer.notes.extend(heard)
     result.notes.extend(result.run.layer.notes)
+    if asked.all_layers:
+        from attnscope.runs.layers import layer_heads
+
+        result.all_layers = stack.patterns
+        layer_heads(result)
+    if asked.generate:
+        from attnscope.models import seq2seq_decode, tokenizer
+
+        with progress(f"decoding {asked.generate} tokens"):
+            result.decode = seq2seq_decode.generate(model, source, target_ids, kind, asked.layer, asked.generate)
+        result.decode_pieces = tokenizer.pieces(model.folder, [step.token_id for step in result.decode])
+    if asked.check:
+        from attnscope.runs.check_model import check_encdec
+
+        with progress("--check: running transformers' eager model on the same input"):
+            result.comparisons = check_encdec(result, model, source, target_ids)
     save_result(result)
     return result
+
+
+def _estimate(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: int, n_target: int) -> int:
+    """The run's memory: the stacks to layer L (every layer of the attention's stack with --all-layers, each one's
+    pattern kept), and decoding's whole model and caches with --generate."""
+    from attnscope.models import seq2seq_decode
+
+    view = model.for_kind(kind)
+    last = view.n_layer - 1 if asked.all_layers else asked.layer
+    needed = view.estimate_bytes(last, n_source, n_target)
+    if asked.all_layers:
+        n_K = n_source if kind != "decoder" else n_target
+        needed += 4 * view.n_layer * view.n_head * (n_source if kind == "encoder" else n_target) * n_K
+    if asked.generate:
+        needed += seq2seq_decode.estimate_bytes(model, n_source, n_target + asked.generate)
+    return needed
 
 
 def _refuse_long(asked: HeadOptions, n_source: int, n_target: int, needed: int) -> None:

@@ -79,10 +79,7 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
                          "ModernBertFor...); for this one use attnscope head")
     from attnscope.runs.encdec import encoder_decoder, refuse_one_stack_options, refuse_two_stack_options, run_encdec
 
-    if encoder_decoder(config):  # before check_options, which would ask a Whisper for --text
-        if asked.check:
-            raise UsageError(f"--check runs transformers' eager model beside a decoder's or an encoder's head; "
-                             f"{config.architecture} is an encoder-decoder, which it does not check yet; drop --check")
+    if encoder_decoder(config):  # before check_options, which would ask a Whisper for --text; checks its own run
         refuse_one_stack_options(asked, config)
         return run_encdec(asked, folder, config, progress)
     layers.check_options(asked)

@@ -110,7 +110,9 @@ def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
 
     if result.all_layers is None or result.encoded is None:
         return
-    tokens, ids = list(result.encoded.tokens), list(result.encoded.ids)
+    rows, cols = result.axes()  # an encoder-decoder's decoder and cross-attention: the target's rows
+    keys = {"decoder": result.target, "cross": None}.get(result.kind or "", result.encoded)  # induction's ids
+    ids = list(keys.ids) if keys is not None and keys.ids else None
     result.layer_numbers = list(indices or range(len(result.all_layers)))
-    result.layers = [LayerHeads.of(A, f"layer {i}", tokens, tokens, tokens=ids)
+    result.layers = [LayerHeads.of(A, f"layer {i}", rows, cols, tokens=ids)
                      for i, A in zip(result.layer_numbers, result.all_layers, strict=True)]
