@@ -11,7 +11,8 @@ layer's pattern kept on the way. Every sublayer is `attention_step`, which decod
 too. Nothing after the last traced attention runs.
 
 The layer's steps keep the model's names (`X`, `d_model`); in self-attention n_Q = n_K = n_tokens (the
-source's in the encoder, the target's in the decoder), across they stay apart: n_Q target tokens, n_K source tokens, and `memory` `[n_batch, n_K, d_model]` is a step of its own.
+source's in the encoder, the target's in the decoder), across they stay apart: n_Q target tokens, n_K source
+tokens, and `memory` `[n_batch, n_K, d_model]` is a step of its own.
 """
 
 from __future__ import annotations
