@@ -35,7 +35,7 @@ class MaskView:
         where = {"upper-left": "upper-left: query i sees keys j ≤ i",
                  "lower-right": f"lower-right: query i sees keys j ≤ i {shift}; the last query sees "
                                 f"{seen_keys(self.grid[-1]) if self.grid else 'no key'}",
-                 "none": "no causal alignment: every query may see every key it is not masked from"}
+                 "none": "none (not causal): a query sees every key its mask allows"}
         return where[self.alignment]
 
 

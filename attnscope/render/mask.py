@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
+from attnscope.render.fit import FittedText
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ def grid_lines(view: MaskView, width: int) -> list[Text]:
 def show_grid(out: Console, view: MaskView) -> None:
     sizes = f"{counted(view.n_Q, 'query')} x {counted(view.n_K, 'key')}"
     out.print(Text(f"mask [{sizes}]: {SEEN} may attend, {HIDDEN} masked", style="bold"))
-    out.print(Text(f"alignment {view.describe()}"))
-    out.print(Text("made of: " + "; ".join(view.parts)))
+    out.print(FittedText(f"alignment: {view.describe()}"))  # wrapped at words, within the width
+    out.print(FittedText("made of: " + "; ".join(view.parts)))
     for line in grid_lines(view, out.width):
         out.print(line)
 
