@@ -114,5 +114,7 @@ def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
     keys = {"decoder": result.target, "cross": None}.get(result.kind or "", result.encoded)  # induction's ids
     ids = list(keys.ids) if keys is not None and keys.ids else None
     result.layer_numbers = list(indices or range(len(result.all_layers)))
-    result.layers = [LayerHeads.of(A, f"layer {i}", rows, cols, tokens=ids)
+    traced = result.masked()  # the traced layer's mask: only its steps are kept
+    result.layers = [LayerHeads.of(A, f"layer {i}", rows, cols, tokens=ids,
+                                   masked=traced if i == result.options.layer else None)
                      for i, A in zip(result.layer_numbers, result.all_layers, strict=True)]
