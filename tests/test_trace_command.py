@@ -280,7 +280,7 @@ def test_corrected_module_aligns_and_matches_nn_multiheadattention(runner, tmp_p
     assert {row["status"] for row in out["alignment"]} == {"equal"}
     assert [row["reference"] for row in out["alignment"]] == [
         "Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "scores", "masked_scores", "attention",
-        "x_raw", "x_rsh2", "x"]
+        "x_raw", "x_rsh1", "x_rsh2", "x"]
 
     # independently: the user's module is nn.MultiheadAttention with the same weights
     torch.manual_seed(0)

@@ -706,3 +706,91 @@ def test_a_weightless_module_taking_q_k_v_is_traced_as_a_function(tmp_path, runn
     assert result.exit_code == 1 and out["first_divergence"]["reference"] == "scores"
     result = runner.invoke(app, ["trace", f"{path}:Unscaled", "--d-feat", "8"])
     assert result.exit_code == 2 and "has no weights" in result.stderr and "--dk" in result.stderr
+
+
+# --- after a divergence: each step with the tensor where it stands in the data flow (issue 36, new-user 4) -------
+
+# Grouped-query attention as a port writes it: 4 query heads share 2 key/value heads, repeated for them, RoPE in the
+# half-split form, a chained merge. TILED repeats the heads in the wrong order: .repeat tiles them (0, 1, 0, 1).
+GQA = """
+def spin(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class KVGroups(nn.Module):
+    def __init__(self, width, heads, kv_heads, rope=False):
+        super().__init__()
+        self.heads, self.kv_heads, self.size, self.rope = heads, kv_heads, width // heads, rope
+        self.to_q = nn.Linear(width, width, bias=False)
+        self.to_k = nn.Linear(width, kv_heads * self.size, bias=False)
+        self.to_v = nn.Linear(width, kv_heads * self.size, bias=False)
+        self.to_out = nn.Linear(width, width, bias=False)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = self.to_q(x).view(b, n, self.heads, self.size).transpose(1, 2)
+        k = self.to_k(x).view(b, n, self.kv_heads, self.size).transpose(1, 2)
+        v = self.to_v(x).view(b, n, self.kv_heads, self.size).transpose(1, 2)
+        if self.rope:
+            inv = 10000.0 ** (-torch.arange(0, self.size, 2).float() / self.size)
+            angle = torch.outer(torch.arange(n).float(), inv)
+            cos, sin = torch.cat((angle, angle), -1).cos(), torch.cat((angle, angle), -1).sin()
+            q, k = spin(q, cos, sin), spin(k, cos, sin)
+        k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        w = torch.softmax(q @ k.transpose(-2, -1) / self.size ** 0.5 + torch.full((n, n), float("-inf")).triu(1), -1)
+        return self.to_out((w @ v).transpose(1, 2).reshape(b, n, -1))
+"""
+TILED = GQA.replace("k.repeat_interleave(self.heads // self.kv_heads, dim=1)",
+                    "k.repeat(1, self.heads // self.kv_heads, 1, 1)").replace(
+    "v.repeat_interleave(self.heads // self.kv_heads, dim=1)", "v.repeat(1, self.heads // self.kv_heads, 1, 1)")
+KV = "--init", "width=32, heads=4, kv_heads=2", "--causal"
+
+
+def test_a_correct_gqa_module_still_aligns(tmp_path, runner):
+    path = write(tmp_path, GQA)
+    result, out = trace(runner, f"{path}:KVGroups", *KV)
+    assert result.exit_code == 0, result.output
+    rows = {row["reference"]: row["status"] for row in out["alignment"]}
+    assert rows["K_rep"] == rows["V_rep"] == rows["x_raw"] == rows["x_rsh1"] == rows["x"] == "equal"
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_heads_tiled_diverge_at_k_rep_named_and_later_steps_pair_with_their_own_lines(tmp_path, runner, rope):
+    """Before: x_raw lined up with the repeated values (a named tensor of its shape) and x_rsh2 and x both with the
+    output; with RoPE the reference was not told of, the cause read 'none of the usual causes fits'."""
+    path = write(tmp_path, TILED)
+    result, out = trace(runner, f"{path}:KVGroups", "--init", f"width=32, heads=4, kv_heads=2, rope={rope}",
+                        "--causal")
+    assert result.exit_code == 1, result.output
+    first = out["first_divergence"]
+    assert first["reference"] == "K_rep" and first["line"] == line_of(TILED, "k = k.repeat(")
+    assert "key/value heads repeated in the wrong order" in first["diagnosis"], first
+    assert ("pass --rope" in first["diagnosis"]) == rope, first
+    lines = {row["reference"]: row["line"] for row in out["alignment"]}
+    assert lines["V_rep"] == line_of(TILED, "v = v.repeat(")
+    assert lines["scores"] == lines["attention"] == line_of(TILED, "w = torch.softmax(")
+    merge = line_of(TILED, "return self.to_out(")
+    assert lines["x_raw"] == lines["x_rsh1"] == lines["x_rsh2"] == lines["x"] == merge
+    users = {row["reference"]: row["user"] for row in out["alignment"]}
+    picked = [next(s["op"] for s in out["steps"] if s["name"] == users[step] and s["line"] == merge)
+              for step in ("x_raw", "x_rsh1", "x_rsh2", "x")]
+    assert ["@" in picked[0], "transpose" in picked[1], "reshape" in picked[2], "to_out" in picked[3]] == [True] * 4, (
+        picked)
+    claimed = [(row["user"], row["line"]) for row in out["alignment"] if row["user"] is not None]
+    assert len(claimed) == len(set(claimed)), claimed  # no tensor lined up with two steps
+
+
+def test_the_tutorials_merge_permute_x_rsh1_is_lined_up(runner):
+    example = DOCS / "my_attention.py"
+    result, out = trace(runner, f"{example}:MultiHeadedAttention", "--init", "d_feat=200, n_head=5")
+    assert result.exit_code == 1 and out["first_divergence"]["reference"] == "scores"
+    row = next(row for row in out["alignment"] if row["reference"] == "x_rsh1")
+    assert row["user"] == "x_rsh1" and row["status"] == "differs"
+    assert row["line"] == 1 + next(i for i, line in enumerate(example.read_text().splitlines()) if "x_rsh1 =" in line)
+    result, out = trace(runner, f"{example}:FixedAttention", "--init", "d_feat=200, n_head=5")
+    assert result.exit_code == 0, result.output
+    row = next(row for row in out["alignment"] if row["reference"] == "x_rsh1")
+    made = next(s["op"] for s in out["steps"] if s["name"] == row["user"] and s["line"] == row["line"])
+    assert row["status"] == "equal" and ".permute(0, 2, 1, 3)" in made, (row, made)

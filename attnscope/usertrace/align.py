@@ -171,6 +171,62 @@ def _named(record: Record, name: str) -> bool:
 
 
 def closest(records: list[Record], reference: torch.Tensor, name: str, skip: torch.Tensor | None = None,
-            anchor: int = -1) -> Match | None:
-    ranked = candidates(records, reference, name, skip, anchor)
+            anchor: int = -1, claimed: frozenset[int] = frozenset()) -> Match | None:
+    """The likeliest of `candidates`, never a tensor already lined up with another step (`claimed`)."""
+    ranked = [m for m in candidates(records, reference, name, skip, anchor) if m.record.index not in claimed]
     return ranked[0] if ranked else None
+
+
+# The ops that make each step (Record.func), beside those that hand their input on (`.float()`, `.contiguous()`).
+MAKES = {
+    "scores": ("matmul", "bmm", "baddbmm", "einsum", "div", "mul", "true_divide", "recomputed"),
+    "masked_scores": ("masked_fill", "masked_fill_", "add", "where", "__setitem__", "sub", "recomputed"),
+    "attention": ("softmax", "_softmax", "dropout", "div", "mul", "recomputed"),
+    "x_raw": ("matmul", "bmm", "einsum", "scaled_dot_product_attention", "multi_head_attention_forward"),
+    "out": ("matmul", "bmm", "einsum", "scaled_dot_product_attention"),
+    "x_rsh1": ("permute", "transpose", "contiguous", "movedim", "swapaxes", "einsum"),
+    "x_rsh2": ("view", "reshape", "flatten", "contiguous", "_unsafe_view"),
+    "x": ("linear", "matmul", "add", "einsum", "multi_head_attention_forward"),
+    "K_rep": ("repeat", "repeat_interleave", "expand", "reshape", "view", "index_select", "cat", "flatten"),
+    "V_rep": ("repeat", "repeat_interleave", "expand", "reshape", "view", "index_select", "cat", "flatten"),
+}
+PASSING = ("contiguous", "float", "to", "type_as", "clone", "half", "bfloat16", "double")
+
+
+def follow(records: list[Record], reference: torch.Tensor, name: str, after: list[Record],
+           skip: torch.Tensor | None = None, claimed: frozenset[int] = frozenset()) -> Match | None:
+    """The user's tensor that stands where step `name` stands in the data flow, when none equals it: one computed
+    from `after` (the user's tensors lined up with the steps it is computed from; a step recomputed inside a kernel
+    stands for the kernel's arguments), of its shape or a layout of it, not lined up with another step (`claimed`),
+    the one the user gave its name, then one made by an op that makes such a step before one that hands its input
+    on, a named one, the same layout, the nearest in order. None when no such tensor exists: the step is not found,
+    rather than paired with a tensor of the same shape elsewhere."""
+    need = [set(r.parents) if r.func == "recomputed" else {r.index} for r in after]
+    makes = MAKES.get(name)
+    found = []
+    for record in records:
+        if record.index in claimed or record.index <= max(r.index for r in after):
+            continue
+        if makes is not None and record.func not in makes and record.func not in PASSING:
+            continue
+        origin = ancestors(record, records) | {record.index}
+        if not all(n <= origin for n in need):
+            continue
+        found += [(m, record.func in PASSING or record.details.get("same")) for m in
+                  compare(record, reference, skip)[:1]]
+    if not found:
+        return None
+    return min(found, key=lambda f: (not _named(f[0].record, name), bool(f[1]), not f[0].record.names,
+                                     not f[0].layout.same, f[0].record.index))[0]
+
+
+def ancestors(record: Record, records: list[Record]) -> set[int]:
+    """The records `record` was computed from, directly or not."""
+    seen: set[int] = set()
+    stack = list(record.parents)
+    while stack:
+        index = stack.pop()
+        if index not in seen:
+            seen.add(index)
+            stack.extend(records[index].parents)
+    return seen

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnscope.usertrace.diagnosis import Context, Diagnosis, ancestors, close, in_reference_layout, label_of
+from attnscope.usertrace.align import ancestors
+from attnscope.usertrace.diagnosis import Context, Diagnosis, close, in_reference_layout, label_of
 
 if TYPE_CHECKING:
     from attnscope.usertrace.align import Match
+    from attnscope.usertrace.record import Record
 
 
 def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
@@ -64,6 +66,9 @@ def kernel_dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | N
 
 
 def repeat_order(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    """Told by the numbers twice: the user's tensor is the reference's key/value heads tiled, or (when what it
+    repeats differs from the reference too, RoPE applied without --rope say) the user's own key/value tensor it was
+    computed from, tiled, where interleaving it would not give it."""
     if near is None or step not in ("K_rep", "V_rep"):
         return None
     source = next((s for s in (f"{step[0]}_rot", f"{step[0]}_cat", f"{step[0]}_split", step[0])
@@ -72,13 +77,52 @@ def repeat_order(step: str, ctx: Context, near: Match | None) -> Diagnosis | Non
         return None
     kv = ctx.reference[source]
     n_group = ctx.reference[step].shape[-3] // kv.shape[-3]
-    tiled = kv.repeat(*([1] * (kv.dim() - 3)), n_group, 1, 1)
-    if not close(in_reference_layout(near, step, ctx), tiled.double()):
-        return None
+    user = in_reference_layout(near, step, ctx)
+    besides = ""
+    if not close(user, _tiled(kv, n_group).double()):
+        own = _repeated(user, near, ctx, tuple(kv.shape), n_group)
+        if own is None:
+            return None
+        besides = (f"; besides, what it repeats, {label_of(own)}, is not the reference's {source}"
+                   f"{_why_not(own, source, ctx)}")
     return Diagnosis(f"key/value heads repeated in the wrong order: {label_of(near.record)} tiles the {kv.shape[-3]} "
                      f"key/value heads (0, 1, ..., 0, 1, ...), as .repeat(1, {n_group}, 1, 1) does, where query head h "
                      f"reads key/value head h // {n_group} (0, 0, ..., 1, 1, ...): "
-                     f"repeat_interleave({n_group}, dim=1), as transformers' repeat_kv", near.record)
+                     f"repeat_interleave({n_group}, dim=1), as transformers' repeat_kv{besides}", near.record)
+
+
+def _tiled(kv: torch.Tensor, n_group: int) -> torch.Tensor:
+    return kv.repeat(*([1] * (kv.dim() - 3)), n_group, 1, 1)
+
+
+def _repeated(user: torch.Tensor, near: Match, ctx: Context, shape: tuple[int, ...], n_group: int) -> Record | None:
+    """The user's key/value tensor (in the reference's shape) that `user` (`near`'s, in the reference's layout)
+    tiles, where interleaving its heads would not give it: the nearest such ancestor."""
+    for index in sorted(ancestors(near.record, ctx.records), reverse=True):
+        record = ctx.records[index]
+        if tuple(record.tensor.shape) != shape:
+            continue
+        kv = record.tensor.double()
+        if close(user, _tiled(kv, n_group)) and not close(user, kv.repeat_interleave(n_group, dim=-3)):
+            return record
+    return None
+
+
+def _why_not(record: Record, source: str, ctx: Context) -> str:
+    """`record` against the reference's `source`: RoPE the reference was not told of, or how far apart."""
+    from attnscope.usertrace.rotary import KNOWN_BASES, rotate
+
+    expected = ctx.reference[source].double()
+    user = record.tensor.double()
+    untold = ctx.spec is None or ctx.spec.rope_base is None
+    if untold and "_cat" not in source and user.dim() >= 2:
+        positions = torch.arange(user.shape[-2])
+        for base in KNOWN_BASES:
+            for pairing in ("half", "interleaved"):
+                if close(user, rotate(expected, positions, base, pairing)):
+                    return (f": it is {source} rotated by RoPE (base {base:g}), which the reference was not told of; "
+                            f"pass --rope" + (f" --rope-base {base:g}" if base != 10000.0 else ""))
+    return f" (max |diff| {float((user - expected).abs().max()):.3g})"
 
 
 def _softmax(scores: torch.Tensor) -> torch.Tensor:

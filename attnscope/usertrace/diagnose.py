@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from attnscope.usertrace.align import VERY_NEGATIVE, Match, compare, tolerance
-from attnscope.usertrace.diagnosis import Context, Diagnosis, ancestors, close, in_reference_layout, label_of
+from attnscope.usertrace.align import VERY_NEGATIVE, Match, ancestors, compare, tolerance
+from attnscope.usertrace.diagnosis import Context, Diagnosis, close, in_reference_layout, label_of
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 

@@ -1,6 +1,6 @@
 """What every cause of a divergence works with (usertrace/diagnose.py tries the causes; causes.py and rotary.py
 hold more of them): the context of a line-up, the diagnosis a cause gives, and the small tests they share (who a
-record is, a match in the reference's layout, two tensors equal within tolerance, a record's ancestors).
+record is, a match in the reference's layout, two tensors equal within tolerance).
 """
 
 from __future__ import annotations
@@ -50,14 +50,3 @@ def in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
 
 def close(user: torch.Tensor, expected: torch.Tensor) -> bool:
     return tuple(user.shape) == tuple(expected.shape) and difference(user, expected) <= tolerance(expected.float())
-
-
-def ancestors(record: Record, records: list[Record]) -> set[int]:
-    seen: set[int] = set()
-    stack = list(record.parents)
-    while stack:
-        index = stack.pop()
-        if index not in seen:
-            seen.add(index)
-            stack.extend(records[index].parents)
-    return seen

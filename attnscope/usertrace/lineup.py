@@ -29,6 +29,16 @@ ALIGNED = ("equal", "permuted")
 # scales, so the scaled scores never exist unmasked.
 DERIVED = {"Q_feat": "Q_split", "K_feat": "K_split", "V_feat": "V_split", "K_rep": "scores", "V_rep": "x_raw",
            "scores": "masked_scores"}
+# What each step is computed from, each a group of alternatives, the nearest first: after a divergence a step lines
+# up only with a tensor that comes from the user's tensors for these (align.follow).
+_Q, _K, _V = ("Q_rot", "Q_split", "Q"), ("K_rep", "K_cat", "K_rot", "K_split", "K"), ("V_rep", "V_cat", "V_split", "V")
+FROM: dict[str, tuple[tuple[str, ...], ...]] = {
+    "Q_split": (("Q_feat",),), "K_split": (("K_feat",),), "V_split": (("V_feat",),),
+    "Q_rot": (("Q_split", "Q"),), "K_rot": (("K_split", "K"),), "K_cat": (("K_rot", "K_split", "K"),),
+    "V_cat": (("V_split", "V"),), "K_rep": (_K[1:],), "V_rep": (_V[1:],), "scores": (_Q, _K),
+    "masked_scores": (("scores",),), "attention": (("masked_scores", "scores"),),
+    "x_raw": (("attention",), _V), "out": (("attention",), _V), "x_rsh1": (("x_raw",),),
+    "x_rsh2": (("x_rsh1", "x_raw"),), "x": (("x_rsh2",),)}
 
 
 @dataclass
@@ -67,6 +77,7 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     from attnscope.usertrace.align import candidates, compare
     from attnscope.usertrace.diagnose import diagnose
     from attnscope.usertrace.diagnosis import Context
+    from attnscope.usertrace.rotary import after_repeat
 
     spec = spec or ref.Spec()
     out = LineUp()
@@ -90,15 +101,22 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
         out.notes.append("some queries may attend to no key: attnscope gives them zeros, hand-written code often "
                          "a uniform average or NaN; those rows are left out of the comparison")
     out.notes += _kernel_notes(records)
-    first = next((row for row in out.rows if row.status in ("differs", "missing")), None)
-    if first is None:
-        return out
     kind = "module" if module is not None else "function"
     ctx = Context(kind, inputs.sizes, trace, records, reference_allowed(trace),
                   train, projections, skips, spec)
+    for row in out.rows:  # rotated keys never made, the repeated ones rotated instead: same numbers, yet a mistake
+        if row.reference == "K_rot" and row.status == "unseen" and after_repeat("K_rot", ctx) is not None:
+            row.status = "missing"
+    first = next((row for row in out.rows if row.status in ("differs", "missing")), None)
+    if first is None:
+        return out
     tensor, skip = trace[first.reference], skips.get(first.reference)
     used = frozenset(row.record.index for row in out.rows if row.status in ALIGNED and row.record is not None)
-    found = diagnose(first.reference, ctx, candidates(records, tensor, first.reference, skip, _anchor(out.rows), used))
+    ranked = candidates(records, tensor, first.reference, skip, _anchor(out.rows), used)
+    if first.record is not None:  # the tensor where the step stands in your data flow (_align) is the likeliest
+        chosen = first.record.index
+        ranked.sort(key=lambda m: m.record.index != chosen)
+    found = diagnose(first.reference, ctx, ranked)
     out.divergence = Divergence(first.reference, found.record or first.record, found.ratio, found.text)
     shown = compare(found.record, tensor, skip)[:1] if found.record is not None else []
     if found.record is not None and shown:  # the row shows the tensor the diagnosis speaks of
@@ -187,18 +205,28 @@ def _anchor(rows: list[Aligned]) -> int:
 
 def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
            skips: dict[str, torch.Tensor]) -> list[Aligned]:
-    from attnscope.usertrace.align import best_equal, closest
+    """Each step with the user's tensor equal to it; failing that, the tensor that stands where the step stands in
+    the user's data flow (align.follow), or none: a tensor of the right shape elsewhere is not the step."""
+    from attnscope.usertrace.align import best_equal, closest, follow
 
     rows: list[Aligned] = []
+    paired: dict[str, Record] = {}  # step -> the user's tensor lined up with it
+    claimed: set[int] = set()
     anchor = -1
     for name in (n for n in wanted if n in trace):
         step, skip = trace.step(name), skips.get(name)
-        match = best_equal(records, step.tensor, skip) or closest(records, step.tensor, name, skip, anchor)
+        match = best_equal(records, step.tensor, skip)
+        if match is None:
+            after = [paired[p] for p in _parents(name, trace) if p in paired]
+            match = (follow(records, step.tensor, name, after, skip, frozenset(claimed)) if after
+                     else closest(records, step.tensor, name, skip, anchor, frozenset(claimed)))
         if match is None:
             rows.append(Aligned(name, step.dims, list(step.shape), None, "", None, "missing"))
             continue
         if match.equal:
             anchor = match.record.index
+        paired[name] = match.record
+        claimed.add(match.record.index)
         status = ("equal" if match.layout.same else "permuted") if match.equal else "differs"
         rows.append(Aligned(name, step.dims, list(step.shape), match.record,
                             match.layout.describe(step.dims, tuple(match.record.tensor.shape)),
@@ -210,6 +238,11 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         if (row.status == "missing" and later) or (row.status == "differs" and derived):
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
+
+
+def _parents(name: str, trace: Trace) -> list[str]:
+    """The steps `name` is computed from, in this trace (the first of each group of alternatives it holds)."""
+    return [next(s for s in group if s in trace) for group in FROM.get(name, ()) if any(s in trace for s in group)]
 
 
 def _skips(trace: Trace) -> dict[str, torch.Tensor]:

@@ -38,7 +38,7 @@ ROLE_WORDS = {
 NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weight", "in", "attn", "attention",
          "self", "l", "dense_layer", "c"}
 MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "Q_rot", "K_rot", "K_cat", "V_cat",
-             "K_rep", "V_rep", "scores", "masked_scores", "attention", "x_raw", "x_rsh2", "x")
+             "K_rep", "V_rep", "scores", "masked_scores", "attention", "x_raw", "x_rsh1", "x_rsh2", "x")
 SDPA_STEPS = ("Q_rot", "K_rot", "K_rep", "V_rep", "scores", "masked_scores", "attention", "out")
 
 
