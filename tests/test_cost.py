@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from cli_main import unwrapped
 
 from attnscope import cost
 from attnscope.runs.mha import MhaOptions, run_mha
@@ -74,7 +75,9 @@ def _run_attnscope(*args: str) -> subprocess.CompletedProcess[str]:
             "try:\n    main()\nexcept SystemExit as exit:\n    code = exit.code\n"
             "print('EXIT', code, 'TORCH', 'torch' in sys.modules, 'TRANSFORMERS', 'transformers' in sys.modules,"
             " file=sys.stderr)")
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    result.stderr = unwrapped(result.stderr)  # each message on one line again (they wrap at 80 columns)
+    return result
 
 
 def test_guard_refuses_before_torch_is_imported():

