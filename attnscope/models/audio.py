@@ -43,10 +43,10 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
 
     if not path.is_file():
         raise UsageError(f"{{audio}} {path}: no such file", "audio")
-    wav = path.suffix.lower() in (".wav", ".wave")
-    converted = f"{path.stem}-pcm16.wav" if wav else f"{path.stem}.wav"  # never ffmpeg's own input
+    named_wav = path.suffix.lower() in (".wav", ".wave")
+    converted = f"{path.stem}-pcm16.wav" if named_wav else f"{path.stem}.wav"  # never ffmpeg's own input
     convert = f"convert it first, e.g. ffmpeg -i {path.name} -ac 1 -ar 16000 -c:a pcm_s16le {converted}"
-    if not wav:
+    if not named_wav:
         raise UsageError(f"{{audio}} {path}: attnscope reads PCM .wav files only; {convert}", "audio")
     try:
         with wave.open(str(path), "rb") as wav:

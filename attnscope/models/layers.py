@@ -70,7 +70,7 @@ def gated_mlp(x: Tensor, gate: Tensor, up: Tensor, down: Tensor, act: Callable[[
     return F.linear(hidden, down, biases[2])  # [.., d_model]
 
 
-def plain_mlp(x: Tensor, fc: Tensor, fc_bias: Tensor, proj: Tensor, proj_bias: Tensor,
+def plain_mlp(x: Tensor, fc: Tensor, fc_bias: Tensor | None, proj: Tensor, proj_bias: Tensor | None,
               act: Callable[[Tensor], Tensor]) -> Tensor:
     """BERT's intermediate + output dense, GPT-2's c_fc + c_proj: `proj(act(fc(x)))`."""
     import torch.nn.functional as F

@@ -222,7 +222,8 @@ def module_layers(model: Any) -> list[int]:
     recorded = getattr(model, "_can_record_outputs", None) or {}
     target = recorded.get("attentions")
     targets = target if isinstance(target, (list, tuple)) else [target] if target is not None else []
-    classes = tuple(getattr(t, "target_class", t) for t in targets if isinstance(getattr(t, "target_class", t), type))
+    kinds = [getattr(t, "target_class", t) for t in targets]
+    classes: tuple[type, ...] = tuple(k for k in kinds if isinstance(k, type))
     found = set()
     for name, module in model.named_modules():
         hit = isinstance(module, classes) if classes else type(module).__name__.endswith("Attention")

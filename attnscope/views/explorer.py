@@ -208,7 +208,8 @@ class _Masks:
     """Each distinct mask packed once (group `masks`, 1 where masked): a layer's heads share theirs."""
 
     def __init__(self, packer: Packer) -> None:
-        self.packer, self.seen = packer, {}
+        self.packer = packer
+        self.seen: dict[tuple[tuple[int, ...], bytes], dict[str, Any]] = {}
 
     def add(self, masked: Tensor | None) -> dict[str, Any] | None:
         if masked is None or not bool(masked.any()):
