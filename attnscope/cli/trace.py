@@ -27,6 +27,7 @@ from attnscope.cli.options import (
     QFile,
     RopeBase,
     RopeOpt,
+    RopePairing,
     Save,
     Seed,
     Svg,
@@ -69,6 +70,7 @@ def trace(
     layout: Annotated[Layout, typer.Option("--layout", help="row: a function's inputs \\[.., n, d] (PyTorch); col: \\[.., d, n], one token a column, out = V softmax(Kᵀ Q), as sdpa --layout col.", rich_help_panel="Inputs")] = Layout.row,
     rope: RopeOpt = False,
     rope_base: RopeBase = None,
+    rope_pairing: RopePairing = None,
     kv_heads: KvHeads = None,
     cache: Cache = 0,
     max_memory: MaxMemory = None,
@@ -92,7 +94,8 @@ def trace(
         options = TraceOptions(target=target, init=init, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
                                heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask, layout=layout.value,
                                causal=causal.value if causal else None, max_memory=max_memory_bytes(max_memory),
-                               window=window, rope=rope, rope_base=rope_base, kv_heads=kv_heads, cache=cache,
+                               window=window, rope=rope, rope_base=rope_base,
+                               rope_pairing=rope_pairing.value if rope_pairing else None, kv_heads=kv_heads, cache=cache,
                                save=save, force=force)
         run = run_trace(options)
         page.of(run, lambda traced: from_trace_run(traced, describe))

@@ -40,6 +40,7 @@ class TraceOptions(InputOptions):
     max_memory: int | None = None
     save: str | None = None
     force: bool = False
+    rope_pairing: str | None = None  # "half-split" (default) or "interleaved" (Meta's view_as_complex, GPT-J)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
     def run(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
         inputs = make_inputs(asked, plan, shapes, weighted,
                              guard=lambda sizes: _guard(asked, spec, sizes, weighted is not None))
-        fed = feeds(plan, inputs, spec.rope_base)
+        fed = feeds(plan, inputs, spec.rope_base, spec.rope_pairing)
         return (inputs, fed, *_call(asked, target, fn, plan, inputs, module, fed))
 
     inputs, fed, called, convention = run(o)
@@ -175,6 +176,16 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
     torch.manual_seed(o.seed)
     called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
     failure = called.failure
+    if failure is not None and plan.mask in failure.op and inputs.allowed.dim() < 4 and not o.mask:
+        # code that slices the mask as transformers' 4-D one (`attention_mask[:, :, :, :n_K]`): [n_batch, 1, n_Q, n_K]
+        wide = inputs.allowed.reshape(1, 1, *inputs.allowed.shape[-2:]).expand(
+            inputs.sizes.get("n_batch", 1), 1, *inputs.allowed.shape[-2:])
+        torch.manual_seed(o.seed)
+        tried = call(target, fn, plan, inputs, module, o.max_memory, masking.written(wide, given, dtype) if
+                     given == "attend" else wide.to(dtype), fed)
+        if tried.failure is None or plan.mask not in tried.failure.op:
+            inputs.allowed, called, failure = wide, tried, tried.failure
+            first = masking.written(wide, given, dtype) if given == "attend" else wide.to(dtype)
     if failure is not None and plan.mask in failure.op and inputs.allowed.dim() == 3 and inputs.allowed.shape[0] == 1:
         # code that takes [n_Q, n_K] only (nn.MultiheadAttention's attn_mask): the same mask, without its 1
         inputs.allowed = inputs.allowed[0]
@@ -193,12 +204,11 @@ def _guard(o: TraceOptions, spec: Spec, sizes: dict[str, int], is_module: bool) 
     """Before the user's code runs on them: the inputs and the reference's traced run must fit, as they must
     for sdpa/mha (the same estimates, the same refusal)."""
     from attnscope import cost
-    from attnscope.rope import Rope
     from attnscope.spec import AttentionSpec
 
     n_batch, n_Q, n_K = sizes.get("n_batch", 1), sizes["n_Q"], sizes["n_K"]
     asked = AttentionSpec(causal=spec.causal, window=spec.window, n_kv_head=sizes.get("n_kv_head"),
-                          rope=Rope(spec.rope_base) if spec.rope_base is not None else None, cache=spec.cache)
+                          rope=spec.rope(), cache=spec.cache)
     if is_module:
         d_feat, n_head = sizes.get("d_feat", 1), sizes.get("n_head", 1)
         reference = cost.mha_bytes(n_batch, n_Q, n_K, d_feat, n_head, asked, cross=n_Q != n_K,
@@ -229,7 +239,7 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
         raise UsageError(f"--layout col traces the textbook column form; {'--rope' if o.rope else '--kv-heads'} "
                          "works in the row layout: drop --layout col")
     return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache,
-                o.layout)
+                o.layout, asked.rope.pairing if asked.rope is not None else "half-split")
 
 
 def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
@@ -334,6 +344,7 @@ def _params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inp
             "init": {k: _jsonable(v) for k, v in kwargs.items()}, "train": o.train, "sizes": dict(inputs.sizes),
             "seed": o.seed, "inputs": files or "random", "mask": o.mask, "causal": o.causal, "window": o.window,
             "rope": o.rope, "rope_base": (o.rope_base or ROPE_BASE) if o.rope else None,
+            "rope_pairing": (o.rope_pairing or "half-split") if o.rope else None,
             "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save}
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from attnscope.errors import UsageError
+
 if TYPE_CHECKING:
     import torch
 
@@ -33,7 +35,7 @@ class Feeds:
     labels: dict[int, str] = field(default_factory=dict)  # id(tensor) -> how ops name it
 
 
-def feeds(plan: Plan, inputs: Inputs, rope_base: float | None) -> Feeds:
+def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "half-split") -> Feeds:
     import torch
 
     out = Feeds()
@@ -56,7 +58,9 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None) -> Feeds:
     d_head = sizes.get("d_head", sizes.get("d_K", 0))
     dtype = next(iter(inputs.tensors.values())).dtype
     n_pos, n_Q = sizes["n_K"] if plan.self_attention else max(sizes["n_Q"], sizes["n_K"]), sizes["n_Q"]
-    cos, sin = Rope(rope_base).cos_sin(n_pos, d_head, dtype)  # [n_pos, d_head]
+    if not d_head:  # never tables of width 0: the head count is what is missing
+        raise UsageError("cannot tell d_head, so RoPE's tables cannot be made; pass --heads")
+    cos, sin = Rope(rope_base, pairing=pairing).cos_sin(n_pos, d_head, dtype)  # [n_pos, d_head]
     start = n_cache
     for name in plan.tables:
         kind = name.lower()
@@ -64,7 +68,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None) -> Feeds:
         if kind in ("cos", "sin"):
             value = cos if kind == "cos" else sin
             out.steps.append((name, value, ("n_K", "d_head"), f"input: {kind}(position · inv_freq), positions 0 to "
-                              f"{n_pos - 1}, base {rope_base:g}, half-split"))
+                              f"{n_pos - 1}, base {rope_base:g}, {pairing}"))
         elif kind == "freqs_cis":
             angle = torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(d_head)
             value = torch.polar(torch.ones_like(angle), angle)[start:start + n_Q]  # [n_Q, d_head / 2]

@@ -83,11 +83,14 @@ class ShapePlan:
         if d_feat is None:
             raise UsageError("cannot tell the module's width d_feat (no Linear layer found); pass --d-feat")
         n_head = load.head_count(module, init, o.heads)
+        hint = load.head_size(module, init)
+        if n_head is None and hint:  # Meta's Attention keeps head_dim: n_head is the query width over it
+            found = _projections(module, None, hint)
+            width = found.linears["q"][1].out_features if found else None
+            n_head = width // hint if width and width % hint == 0 else None
         fixed, extra = {"d_feat": d_feat}, {}
         if n_head:
             fixed["n_head"] = n_head
-            hint = next((v for k in ("head_dim", "d_head", "head_size", "d_k") if isinstance(
-                v := load.attribute(module, k), int) and not isinstance(v, bool) and v > 0), None)
             projections = _projections(module, n_head, hint or (d_feat // n_head if d_feat % n_head == 0 else None))
             q_width = projections.linears["q"][1].out_features if projections else d_feat
             if q_width % n_head == 0:

@@ -40,6 +40,9 @@ TABLE_NAMES = ("cos", "sin", "freqs_cis", "position_embeddings")
 D_FEAT_NAMES = ("d_feat", "d_model", "embed_dim", "hidden_size", "dim", "d_embed", "n_embd", "model_dim",
                 "emb_dim", "hidden_dim", "d", "n_feat", "size")
 HEAD_NAMES = ("n_head", "n_heads", "num_heads", "heads", "h", "nhead", "num_attention_heads", "head_count")
+LOCAL_HEAD_NAMES = ("n_local_heads", "num_local_heads", "n_q_heads", "num_q_heads")  # Meta's, tensor-parallel
+HEAD_DIM_NAMES = ("head_dim", "d_head", "head_size", "d_k", "dim_head", "attention_head_size")
+CONFIG_NAMES = ("config", "args", "params", "cfg")  # where a module keeps the config it was built from
 
 
 @dataclass
@@ -375,17 +378,43 @@ def _config_hint(target: Target, name: str) -> str:
 
 
 def head_count(module: Any, init: dict[str, Any], heads: int | None) -> int | None:
-    """The module's number of heads: from its constructor arguments, else an attribute such as `n_head`
-    or `num_heads`, else --heads."""
-    found = [(f"--init {k}", v) for k, v in init.items() if k in HEAD_NAMES and isinstance(v, int)]
-    found += [(f"its attribute {k}", value) for k in HEAD_NAMES
-              if isinstance(value := attribute(module, k), int) and not isinstance(value, bool)]
+    """The module's number of heads: from its constructor arguments, else an attribute such as `n_head`,
+    `num_heads` or Meta's `n_local_heads`, else a config object's (`--init "args=ModelArgs(n_heads=4)"`, a
+    `self.config`), else --heads. None where none says it: the caller asks for --heads, never runs with 0."""
+    found = [(f"--init {k}", v) for k, v in init.items() if k in HEAD_NAMES and _count(v)]
+    found += [(f"its attribute {k}", value) for k in HEAD_NAMES + LOCAL_HEAD_NAMES
+              if _count(value := attribute(module, k))]
+    for label, config in _configs(module, init):
+        found += [(f"{label}.{k}", value) for k in HEAD_NAMES if _count(value := attribute(config, k))]
     if heads is not None:
         for source, value in found[:1]:
             if value != heads:
                 raise UsageError(f"--heads {heads} but the module has {value} heads ({source}); drop --heads")
         return heads
     return found[0][1] if found else None
+
+
+def head_size(module: Any, init: dict[str, Any]) -> int | None:
+    """d_head where the module or its config says it (`head_dim`, `d_head`, `head_size`, `d_k`)."""
+    for owner in [module] + [config for _, config in _configs(module, init)]:
+        for k in HEAD_DIM_NAMES:
+            if _count(value := attribute(owner, k)):
+                return int(value)
+    return None
+
+
+def _configs(module: Any, init: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The config objects a module was built from or keeps: --init values that are objects of the file's
+    classes (`args=ModelArgs(...)`, `config=LlamaConfig(...)`), and its own `config`, `args`, `params`."""
+    found = [(f"--init {k}", v) for k, v in init.items()
+             if not isinstance(v, (int, float, str, bytes, bool, list, tuple, dict, set, type(None), complex))]
+    found += [(f"its {k}", v) for k in CONFIG_NAMES if (v := attribute(module, k)) is not None
+              and not isinstance(v, (int, float, str, bool)) and not callable(v)]
+    return found
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def attribute(obj: Any, name: str) -> Any:

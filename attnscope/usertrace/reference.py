@@ -48,13 +48,20 @@ class Spec:
 
     causal: str | None = None  # "upper-left" or "lower-right"
     window: int | None = None
-    rope_base: float | None = None  # RoPE (half-split, LLaMA's) with this base; None: no RoPE
+    rope_base: float | None = None  # RoPE with this base; None: no RoPE
     cache: int = 0  # a decode step after this many cached positions
     layout: str = "row"  # "col": a function's inputs [.., d, n], out = V softmax(Kᵀ Q) (textbook.sdpa_columns)
+    rope_pairing: str = "half-split"  # or "interleaved": GPT-J's and Meta's view_as_complex pairs (2i, 2i + 1)
+
+    def rope(self) -> Any:
+        """attnscope's Rope for the reference, None without RoPE."""
+        from attnscope.rope import Rope
+
+        return Rope(self.rope_base, pairing=self.rope_pairing) if self.rope_base is not None else None
 
     def describe(self) -> str:
         parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}" if self.window else "",
-                 f"RoPE base {self.rope_base:g} (half-split)" if self.rope_base else "",
+                 f"RoPE base {self.rope_base:g} ({self.rope_pairing})" if self.rope_base else "",
                  f"after {self.cache} cached positions" if self.cache else ""]
         return ", ".join(p for p in parts if p)
 
@@ -65,7 +72,7 @@ class Projections:
     they were matched."""
 
     linears: dict[str, tuple[str, Any]]
-    matched_by: str  # "name", "registration order", "a fused projection, ...", ...
+    matched_by: str  # "data flow ...", "name", "registration order", "a fused projection, ...", ...
 
     def describe(self) -> str:
         pairs = ", ".join(f"{role}={name}" for role, (name, _) in self.linears.items())
@@ -90,9 +97,18 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     """Every reading of the module's projections worth lining up, the likeliest first: four Linear layers by
     name, a wrapped nn.MultiheadAttention, a fused q/k/v projection (one candidate per way of splitting it),
     exactly four Linear layers in registration order."""
-    from attnscope.usertrace import fused
+    from attnscope.usertrace import flow, fused
 
     linears = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+    read = flow.roles(records or [], [name for name, _ in linears], role_of)
+    if read is not None:  # the data flow decides; names and order only break its ties
+        found_roles, tie = read
+        modules = dict(linears)
+        if all(role_of(name) == role for role, name in found_roles.items()):
+            return [Projections({role: (name, modules[name]) for role, name in found_roles.items()}, "name")]
+        how = "data flow: Q makes the scores' left operand, K the right, V what the pattern multiplies" + (
+            f"; {tie} broke a tie" if tie else "")
+        return [Projections({role: (name, modules[name]) for role, name in found_roles.items()}, how)]
     by_role: dict[str, list[tuple[str, nn.Linear]]] = {}
     for name, linear in linears:
         role = role_of(name)
@@ -124,7 +140,6 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec()) -> nn.Module
     """attnscope's MultiHeadAttention holding the user's weights (biases a layer lacks are zero), computing
     what `spec` describes."""
     from attnscope.multihead import MultiHeadAttention
-    from attnscope.rope import Rope
 
     q, k, v, o = (found.linears[role][1] for role in ROLES)
     d_feat = q.in_features
@@ -151,7 +166,7 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec()) -> nn.Module
                                    d_head=d_head if d_head * n_head != d_feat else None, n_kv_head=n_kv_head,
                                    device=weight.device, dtype=weight.dtype, causal=spec.causal or False,
                                    window=spec.window,
-                                   rope=Rope(spec.rope_base) if spec.rope_base is not None else None)
+                                   rope=spec.rope())
     with torch.no_grad():
         for mine, theirs in ((reference.W_q, q), (reference.W_k, k), (reference.W_v, v), (reference.W_o, o)):
             mine.weight.copy_(theirs.weight)
@@ -170,12 +185,11 @@ def run_mha(reference: nn.Module, Q: torch.Tensor, K: torch.Tensor, V: torch.Ten
 def run_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
              spec: Spec = Spec()) -> Trace:
     from attnscope.attention import sdpa
-    from attnscope.rope import Rope
 
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     with torch.no_grad():
         return sdpa(Q, K, V, mask, causal=spec.causal or False, window=spec.window, enable_gqa=gqa,
-                    rope=Rope(spec.rope_base) if spec.rope_base is not None else None)
+                    rope=spec.rope())
 
 
 def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,

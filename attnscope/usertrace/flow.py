@@ -1,0 +1,99 @@
+"""Which Linear layer is q, k, v and o, read from the data flow of the recorded run, never from names or the
+order of registration (minGPT registers `key, query, value`):
+
+- Q is the projection whose output becomes the left operand of the scores' matmul (the matmul the softmax
+  reads from), K the right one (`Q Kᵀ`);
+- V is the one multiplied by the pattern (the matmul with an operand that comes from the softmax);
+- O the Linear that reads what that matmul made.
+A fused kernel (`F.scaled_dot_product_attention(q, k, v)`) says the three by the order of its arguments.
+Where the flow allows several readings (a tensor that comes from two projections), names break the tie, then
+the order of registration. Only for projections of one input (self-attention): where the forward takes query,
+key and value apart, the input each projection reads is its role (a transpose there is a bug to report).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from attnscope.usertrace.align import ancestors
+from attnscope.usertrace.record import MATMULS, SOFTMAXES
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.record import Record
+
+ROLES = ("q", "k", "v", "o")
+MAX_LINEARS = 12  # more than that, and the flow is not read (4 of 12 is 11,880 readings)
+
+
+def roles(records: list[Record], names: list[str], role_of: Any) -> tuple[dict[str, str], str] | None:
+    """{role: Linear name} read from the data flow, and how the tie was broken ("" when the flow alone
+    decided); None where the flow does not say (no scores matmul recorded, a fused projection)."""
+    if not records or not 4 <= len(names) <= MAX_LINEARS:
+        return None
+    read = {r.args[1] for r in records if r.style == "linear" and len(r.args) > 1 and r.args[1][0] == "text"}
+    if len(read) > 1:  # query, key and value given apart: each projection's role is the input it reads
+        return None
+    operands = _operands(records)
+    if operands is None:
+        return None
+    left, right, value, after = operands
+    made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+    linears_of = _ancestors(records, made)
+    sources = [linears_of[left], linears_of[right], linears_of[value]]
+    readers = {made[r.index] for r in records if r.index in made and after is not None
+               and after in ancestors(r, records)}
+    fitting = [chosen for chosen in itertools.permutations(names, 4)
+               if all(name in found for name, found in zip(chosen, sources, strict=False))
+               and (not readers or chosen[3] in readers) and chosen[3] not in set().union(*sources)]
+    if not fitting:
+        return None
+    how = ""
+    if len(fitting) > 1:
+        by_name = [c for c in fitting if all(role_of(n) == role for n, role in zip(c, ROLES, strict=True))]
+        fitting, how = (by_name, "names") if by_name else (fitting, "registration order")
+    return dict(zip(ROLES, fitting[0], strict=True)), how
+
+
+def _operands(records: list[Record]) -> tuple[int, int, int, int | None] | None:
+    """The records of the scores' left and right operands, the pattern's partner (V), and the record made
+    from pattern and V; None where no softmax reads a matmul's product."""
+    for r in records:
+        if r.func == "scaled_dot_product_attention" or r.func.endswith("scaled_dot_product_attention"):
+            given = _recs(r)
+            if len(given) >= 3:
+                return given[0], given[1], given[2], r.index
+    softmax = next((r for r in records if r.func.split(".")[-1] in SOFTMAXES), None)
+    if softmax is None:
+        return None
+    above = ancestors(softmax, records)
+    scores = [r for r in records if r.index in above and r.func.split(".")[-1] in MATMULS + ("einsum",)
+              and len(_recs(r)) >= 2]
+    if not scores:
+        return None
+    left, right = _recs(scores[-1])[-2:]
+    for r in records[softmax.index + 1:]:
+        given = _recs(r)
+        if r.func.split(".")[-1] in MATMULS + ("einsum",) and len(given) >= 2:
+            from_pattern = [softmax.index in ancestors(records[g], records) | {g} for g in given[-2:]]
+            if from_pattern.count(True) == 1:
+                return left, right, given[-2:][from_pattern.index(False)], r.index
+    return None
+
+
+def _recs(record: Record) -> list[int]:
+    """The records an op read, in the order of its arguments (keyword tensors after)."""
+    out = [value for kind, value in record.args if kind == "rec"]
+    out += [value[1][1] for kind, value in record.args if kind == "kw" and value[1][0] == "rec"]
+    return out
+
+
+def _ancestors(records: list[Record], made: dict[int, str]) -> dict[int, set[str]]:
+    """For each record, the Linear layers its value comes from (itself included, for a Linear's output)."""
+    out: dict[int, set[str]] = {}
+    for r in records:  # in order: a record's parents come before it
+        found = {made[r.index]} if r.index in made else set()
+        for p in r.parents:
+            found |= out.get(p, set())
+        out[r.index] = found
+    return out

@@ -1,0 +1,167 @@
+"""`attnscope trace` on attention modules as their users call them (issue 29): minGPT's `key, query, value`
+registered in that order, Meta's llama `Attention(args)` with complex `freqs_cis` and interleaved pairs,
+transformers' `LlamaAttention(config)` with `position_embeddings` and a 4-D additive mask, cross-attention
+`forward(x, memory)`, Stable Diffusion's `CrossAttention(context_dim)`, and `F.multi_head_attention_forward`
+called with the module's own parameters. Each correct one exits 0 whatever the order of its registration.
+
+That each is correct is checked against torch.nn.MultiheadAttention / F.scaled_dot_product_attention holding the
+same weights, which share no code with attnscope.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_trace_command import trace, user_module
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "examples"
+MINGPT = (DOCS / "mingpt.py").read_text()
+META = (DOCS / "meta_llama.py").read_text()
+GPT = "--init", "config=GPTConfig(n_embd=64, n_head=4)"
+ARGS = "--init", "args=ModelArgs(dim=64, n_heads=4, n_kv_heads=2, max_batch_size=4, max_seq_len=32)"
+
+
+def saved(tmp_path, body: str, name: str = "model.py") -> Path:
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+def statuses(out) -> set[str]:
+    return {row["status"] for row in out["alignment"]}
+
+
+# --- minGPT: key, query, value registered in that order ----------------------------------------------------------
+
+
+REGISTRATION = """        self.key = nn.Linear(config.n_embd, config.n_embd)
+        self.query = nn.Linear(config.n_embd, config.n_embd)
+        self.value = nn.Linear(config.n_embd, config.n_embd)
+"""
+
+
+@pytest.mark.parametrize("order", ["key query value", "value query key", "query key value"])
+def test_mingpt_projections_are_matched_by_data_flow_whatever_their_order(tmp_path, runner, order):
+    lines = {line.split("=")[0].strip().split(".")[1]: line for line in REGISTRATION.splitlines(keepends=True)}
+    assert REGISTRATION in MINGPT
+    path = saved(tmp_path, MINGPT.replace(REGISTRATION, "".join(lines[n] for n in order.split())))
+    result, out = trace(runner, f"{path}:CausalSelfAttention", *GPT, "--causal")
+    assert result.exit_code == 0, result.output
+    assert statuses(out) == {"equal"}
+    assert "q=query, k=key, v=value, o=proj" in out["reference"]
+    assert "data flow" in out["reference"]  # `proj` names no role: the flow says which is which
+
+    # independently: minGPT's module is nn.MultiheadAttention holding query, key, value and proj, causal
+    module_file = user_module(str(path))
+    torch.manual_seed(0)
+    module = module_file.CausalSelfAttention(module_file.GPTConfig(n_embd=64, n_head=4)).eval()
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([module.query.weight, module.key.weight, module.value.weight]))
+        mha.in_proj_bias.copy_(torch.cat([module.query.bias, module.key.bias, module.value.bias]))
+        mha.out_proj.weight.copy_(module.proj.weight)
+        mha.out_proj.bias.copy_(module.proj.bias)
+        x = torch.randn(2, 7, 64)
+        causal = torch.ones(7, 7, dtype=torch.bool).triu(1)
+        torch.testing.assert_close(module(x), mha(x, x, x, attn_mask=causal)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_mingpt_computing_k_q_transposed_is_q_k_with_the_roles_of_its_weights_swapped(tmp_path, runner):
+    """One input: `k @ qᵀ` is `Q Kᵀ` with `key` as the query projection, which the data flow says (with query,
+    key and value given apart, the input each projection reads is its role: test_trace_command's transposed
+    scores still diverge)."""
+    path = saved(tmp_path, MINGPT.replace("att = (q @ k.transpose(-2, -1))", "att = (k @ q.transpose(-2, -1))"))
+    result, out = trace(runner, f"{path}:CausalSelfAttention", *GPT, "--causal")
+    assert result.exit_code == 0, result.output
+    assert "q=key, k=query" in out["reference"]
+
+
+# --- Meta's llama Attention(args): ModelArgs, freqs_cis, interleaved pairs ---------------------------------------
+
+
+def test_meta_llama_attention_aligns_with_interleaved_pairing(tmp_path, runner):
+    path = saved(tmp_path, META)
+    result, out = trace(runner, f"{path}:Attention", *ARGS, "--rope", "--rope-pairing", "interleaved", "--causal")
+    assert result.exit_code == 0, result.output
+    assert statuses(out) <= {"equal", "permuted"}
+    sizes = out["params"]["sizes"]
+    assert (sizes["n_head"], sizes["n_kv_head"], sizes["d_head"]) == (4, 2, 16)  # read from the built module
+    assert "interleaved" in out["reference"] and out["params"]["rope_pairing"] == "interleaved"
+    freqs = next(s for s in out["steps"] if s["name"] == "freqs_cis")
+    assert freqs["shape"] == [out["params"]["sizes"]["n_Q"], 8]  # never [n, 0]
+
+
+def test_meta_llama_attention_without_the_pairing_is_told_it(tmp_path, runner):
+    path = saved(tmp_path, META)
+    result, out = trace(runner, f"{path}:Attention", *ARGS, "--rope", "--causal")
+    assert result.exit_code == 1
+    first = out["first_divergence"]
+    assert first["reference"] == "Q_rot" and "interleaved" in first["diagnosis"]
+
+
+def test_a_head_count_nothing_tells_is_asked_for_not_run_with_zero(tmp_path, runner):
+    """No n_heads, no head_dim anywhere: RoPE's tables cannot be made; one line asks for --heads."""
+    body = META.replace("self.head_dim = args.dim // args.n_heads", "hd = args.dim // args.n_heads").replace(
+        "self.head_dim", "hd").replace("self.n_local_heads = args.n_heads", "nlh = args.n_heads").replace(
+        "self.n_local_heads", "nlh").replace("self.n_local_kv_heads = self.n_kv_heads", "nlkv = self.n_kv_heads")
+    body = body.replace("self.n_local_kv_heads", "nlkv")
+    body = body.replace("    def forward(self, x", "        self.shape = (nlh, nlkv, hd)\n\n    def forward(self, x")
+    body = body.replace("        bsz, seqlen, _ = x.shape\n",
+                        "        bsz, seqlen, _ = x.shape\n        nlh, nlkv, hd = self.shape\n")
+    body = body.replace("def __init__(self, args: ModelArgs):", "def __init__(self, dim, n_kv, heads_of_q):").replace(
+        "args.n_heads", "heads_of_q").replace("args.n_kv_heads", "n_kv").replace("args.dim", "dim").replace(
+        "args.max_batch_size", "4").replace("args.max_seq_len", "32").replace(
+        "heads_of_q if n_kv is None else n_kv", "n_kv")
+    path = saved(tmp_path, body)
+    result, _ = trace(runner, f"{path}:Attention", "--init", "dim=64, n_kv=2, heads_of_q=4", "--rope",
+                      "--rope-pairing", "interleaved")
+    assert result.exit_code == 2, result.output
+    assert "--heads" in result.output and "Traceback" not in result.output
+    result, out = trace(runner, f"{path}:Attention", "--init", "dim=64, n_kv=2, heads_of_q=4", "--rope",
+                        "--rope-pairing", "interleaved", "--heads", "4")
+    assert result.exit_code == 0, result.output
+
+
+# --- transformers' LlamaAttention(config): position_embeddings, a 4-D mask ---------------------------------------
+
+HF = (Path(__file__).resolve().parent / "fixtures_hf_llama.py").read_text()
+
+
+def test_hf_llama_attention_gets_position_embeddings_and_a_4d_mask(tmp_path, runner):
+    path = saved(tmp_path, HF)
+    result, out = trace(runner, f"{path}:LlamaAttention", "--init",
+                        "config=LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)",
+                        "--rope", "--causal")
+    assert result.exit_code == 0, result.output
+    assert statuses(out) == {"equal"}
+    mask = next(s for s in out["steps"] if s["name"] == "mask")
+    sizes = out["params"]["sizes"]
+    assert mask["shape"] == [sizes["n_batch"], 1, sizes["n_Q"], sizes["n_K"]]
+    assert "q=q_proj" in out["reference"]
+
+    # independently: the module is F.scaled_dot_product_attention on its own projections, rotated half-split
+    module_file = user_module(str(path))
+    torch.manual_seed(0)
+    module = module_file.LlamaAttention(module_file.LlamaConfig()).eval()
+    x = torch.randn(2, 5, 64)
+    inv = 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16)
+    angles = torch.arange(5).float()[:, None] * inv
+    cos, sin = torch.cat([angles, angles], -1).cos()[None], torch.cat([angles, angles], -1).sin()[None]
+    mask = torch.zeros(5, 5).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))[None, None]
+    with torch.no_grad():
+        out_hf, _ = module(x, (cos, sin), mask)
+
+        def heads(t, n):
+            return t.view(2, 5, n, 16).transpose(1, 2)
+
+        def rot(t):
+            half = torch.cat([-t[..., 8:], t[..., :8]], -1)
+            return t * cos[:, None] + half * sin[:, None]
+
+        q, k = rot(heads(module.q_proj(x), 4)), rot(heads(module.k_proj(x), 2))
+        v = heads(module.v_proj(x), 2)
+        y = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+        torch.testing.assert_close(out_hf, module.o_proj(y.transpose(1, 2).reshape(2, 5, 64)), rtol=1e-5, atol=1e-5)
