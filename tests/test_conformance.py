@@ -132,6 +132,9 @@ def _long(runner, folder, eager, family, monkeypatch):
 
     monkeypatch.setattr(long, "LONG_TOKENS", 8)
     monkeypatch.setattr(long, "BLOCK_ROWS", 5)
+    if family in ENCODER_DECODERS:
+        _long_encoder_decoder(runner, folder, eager, family)
+        return
     ids = tokenizer.encode(folder, SENTENCE).ids
     assert len(ids) > 8
     theirs = eager_attentions(eager, ids)
@@ -148,6 +151,23 @@ def _long(runner, folder, eager, family, monkeypatch):
         assert payload["token_ids"] == ids and "attention" not in payload  # the blocked path
         assert payload["traced"] is True and payload["tracer"] == "attnscope"
         _close(payload["rows"]["attention"], pattern[head], f"{family} long layer {layer} head {head}")
+
+
+def _long_encoder_decoder(runner, folder, eager, family):
+    """Each attention on a source (Whisper: its 50 audio positions) past LONG_TOKENS: every layer before L in blocks,
+    layer L's head in blocks, all its rows asked exact against eager's encoder, decoder and cross attentions."""
+    from tiny_encdec import source_and_target
+
+    with torch.no_grad():
+        out = eager(**source_and_target(ENCODER_DECODERS[family], folder, eager), output_attentions=True)
+    for kind, theirs in (("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),
+                         ("cross", out.cross_attentions)):
+        for layer, pattern in enumerate(theirs):
+            head = layer % pattern.shape[1]
+            payload = _json(runner, folder, *_encdec_args(family, folder, kind, "--layer", str(layer), "--head",
+                                                          str(head), "--rows", f"0:{pattern.shape[2]}"))
+            assert "attention" not in payload and payload["traced"] is True  # the blocked path
+            _close(payload["rows"]["attention"], pattern[0, head], f"{family} long {kind} {layer} head {head}")
 
 
 def _encdec_args(family, folder, kind: str, *more: str) -> list[str]:

@@ -6,7 +6,6 @@ against the modules' parameters, and the command line (--json, --all-heads, --sa
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
@@ -253,9 +252,11 @@ def whisper_and_bart(tmp_path_factory):
      "tokens to decode, 1 to 4096"),
     (["whisper", "--audio", "whisper/speech.wav", "--attention", "cross", "--generate", "30"], "--generate 30: the "
      "decoder reads 1 token and would reach 31 positions, more than this model's 24; give --generate 23 or fewer"),
-    (["bart", "--text", "a", "--rows", "0:1"], "--rows is not taken by encoder-decoders, and "
-     "BartForConditionalGeneration is one: its pattern is never computed in blocks, so every row is exact already; "
-     "drop --rows"),
+    (["whisper", "--audio", "whisper/speech.wav", "--attention", "cross", "--rows", "0:1"], "--rows picks exact query "
+     "rows of a pattern that is pooled, and Whisper's source is always 50 positions and its target at most 24 tokens, "
+     "at most 2,048: its patterns are never pooled; drop --rows"),
+    (["bart", "--text", "a", "--rows", "1-2"], "--rows 1-2: give query rows as A:B with 0 <= A < B, e.g. --rows "
+                                              "100:110"),
 ])
 def test_bad_input_is_one_line(whisper_and_bart, runner, monkeypatch, args, line):
     from attnscope.cli import app
@@ -283,23 +284,6 @@ def _write_float_wav(path):
     fmt = struct.pack("<HHIIHH", 3, 1, 16000, 16000 * 4, 4, 32)
     path.write_bytes(b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt "
                      + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
-
-
-@pytest.mark.parametrize(("args", "long_one"), [(["--text", SOURCE], "--text"),
-                                                (["--text", "cat", "--target", SOURCE], "--target")])
-def test_a_text_past_long_tokens_is_refused_with_the_estimate(whisper_and_bart, runner, monkeypatch, args, long_one):
-    """No path in blocks: a long source or target is refused up front (it ran at a 4 GB peak for T5 at 5,860
-    tokens), the estimate in the line."""
-    from attnscope.cli import app
-    from attnscope.models import long
-
-    monkeypatch.setattr(long, "LONG_TOKENS", 8)
-    result = runner.invoke(app, ["head", "--model", str(whisper_and_bart / "bart"), "--attention", "cross", *args])
-    assert result.exit_code == 2, result.output
-    line = result.stderr.strip()
-    assert len(line.splitlines()) == 1 and line.startswith(f"attnscope: error: {long_one} is "), line
-    assert "tokens, more than 8: an encoder-decoder is not run in blocks" in line and "give 8 tokens or fewer" in line
-    assert re.search(r"about \d+(\.\d+)? [KMG]iB in all", line), line
 
 
 def test_whisper_without_its_feature_extractor_says_what_is_missing(whisper_and_bart, runner, tmp_path):

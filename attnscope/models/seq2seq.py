@@ -127,8 +127,9 @@ class EncoderDecoder(Family):
         """The scores' scale; None: 1/sqrt(d_head)."""
         return None
 
-    def position_bias(self, layer: int, n_Q: int, n_K: int) -> BiasSteps | None:
-        """A bias added to this attention's scores (T5's relative position bias); None for most families."""
+    def position_bias(self, layer: int, n_Q: int, n_K: int, first: int = 0) -> BiasSteps | None:
+        """A bias added to this attention's scores (T5's relative position bias), for the queries at positions
+        first..first + n_Q - 1 over keys 0..n_K - 1; None for most families."""
         return None
 
     def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:

@@ -141,7 +141,7 @@ def run_stack(model: EncoderDecoder, source: list[int] | torch.Tensor, target: l
 
 def _layer_run(view: EncoderDecoder, layer: int, head: int, attended: Attended, memory: torch.Tensor | None,
                memory_op: str) -> LayerRun:
-    layer_trace = _layer_trace(attended.trace, attended.X, attended.made, memory, memory_op, attended.bias)
+    layer_trace = layer_steps(attended.trace, attended.X, attended.made, memory, memory_op, attended.bias)
     layer_trace.notes.extend(view.layer_notes(layer))
     return LayerRun(layer_trace, _head(view, layer_trace, head), view.attention_spec(layer))
 
@@ -150,8 +150,8 @@ SELF_DIMS = {"n_Q": "n_tokens", "n_K": "n_tokens", "d_feat": "d_model"}
 CROSS_DIMS = {"d_feat": "d_model"}
 
 
-def _layer_trace(inner: Trace, X: torch.Tensor, made: str, memory: torch.Tensor | None, memory_op: str,
-                 bias: BiasSteps | None) -> Trace:
+def layer_steps(inner: Trace, X: torch.Tensor, made: str, memory: torch.Tensor | None, memory_op: str,
+                bias: BiasSteps | None) -> Trace:
     """X (and across, memory) first, then MultiHeadAttention's steps with the model's axis names, X (or
     memory) as the projections' input, and T5's buckets before the bias they index."""
     from attnscope.trace import Trace

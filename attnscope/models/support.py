@@ -25,8 +25,9 @@ ENCODER = {"short": EXACT, "long": EXACT, "generate": "refused: an encoder atten
 DECODER = dict.fromkeys(VIEWS, EXACT)
 # each of the three attentions (encoder, decoder, cross), each stack with its own head count
 # generate: the target decoded greedily (--attention decoder or cross), the encoder's output projected once for the
-# cross-attention, a KV cache for the self-attention (models/seq2seq_decode.py)
-ENCODER_DECODER = {"short": EXACT, "long": "refused past 2,048 tokens, with the memory estimate",
+# cross-attention, a KV cache for the self-attention (models/seq2seq_decode.py); long: a source or target past
+# 2,048 tokens, every layer in blocks of query rows and the head's pattern pooled (models/seq2seq_long.py)
+ENCODER_DECODER = {"short": EXACT, "long": EXACT,
                    "generate": EXACT, "all-layers": EXACT, "check": EXACT}
 # through transformers' attention interface (models/interface.py, interface_stream.py): the long input is the whole
 # pattern, memory-guarded up front; generate is transformers' own forward and cache, the attention captured each step

@@ -86,14 +86,16 @@ class T5(EncoderDecoder):
         return self.key(layer if self.bias_in_every_layer else 0,
                         f"{self.stack.names['q'].rsplit('.', 1)[0]}.relative_attention_bias.weight")
 
-    def position_bias(self, layer: int, n_Q: int, n_K: int) -> BiasSteps | None:
-        """`T5Attention.compute_bias`: the table's row for each (query, key) distance's bucket, per head."""
+    def position_bias(self, layer: int, n_Q: int, n_K: int, first: int = 0) -> BiasSteps | None:
+        """`T5Attention.compute_bias(query_length, key_length, past_seen_tokens=first)`: the table's row for each
+        (query, key) distance's bucket, per head; the queries at positions first..first + n_Q - 1 (a block of rows of a
+        long input, models/seq2seq_long.py), the keys at 0..n_K - 1."""
         if self.kind == "cross":
             return None
         buckets_n = self.config.integer("relative_attention_num_buckets", default=32)
         distance = self.config.integer("relative_attention_max_distance", default=128)
         bidirectional = self.kind == "encoder"
-        buckets = relative_buckets(n_Q, n_K, bidirectional, buckets_n, distance)  # [n_Q, n_K]
+        buckets = relative_buckets(n_Q, n_K, bidirectional, buckets_n, distance, first)  # [n_Q, n_K]
         key = self.bias_key(layer)
         table = self.checkpoint.tensor(key)  # [num_buckets, n_head]
         if list(table.shape) != [buckets_n, self.n_head]:
@@ -175,13 +177,15 @@ class Umt5(T5):
     scales_output = True
 
 
-def relative_buckets(n_Q: int, n_K: int, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
-    """`T5Attention._relative_position_bucket` of `j - i` for query i and key j, `[n_Q, n_K]` int64. Half the
+def relative_buckets(n_Q: int, n_K: int, bidirectional: bool, num_buckets: int, max_distance: int,
+                     first: int = 0) -> torch.Tensor:
+    """`T5Attention._relative_position_bucket` of `j - i` for query i (at first..first + n_Q - 1, compute_bias's
+    `past_seen_tokens`) and key j, `[n_Q, n_K]` int64. Half the
     buckets (bidirectional: half of each side's) hold distances one by one; the rest grow logarithmically up to
     `max_distance`, beyond which every distance shares the last bucket."""
     import torch
 
-    relative = torch.arange(n_K)[None, :] - torch.arange(n_Q)[:, None]  # [n_Q, n_K]: j - i
+    relative = torch.arange(n_K)[None, :] - torch.arange(first, first + n_Q)[:, None]  # [n_Q, n_K]: j - i
     buckets = torch.zeros_like(relative)
     if bidirectional:
         num_buckets //= 2

@@ -27,15 +27,17 @@ def show_long(out: Console, result: HeadResult) -> None:
 
     long, o, encoded = result.long, result.options, result.encoded
     assert long is not None and encoded is not None
-    n = len(encoded.ids)
-    out.print(Text(f"layer {o.layer}'s attention on {n:,} tokens, as shapes (computed in blocks, never held): "
+    queries, keys = result.axes()  # an encoder-decoder's decoder and cross-attention: the target's rows
+    n, n_K = len(queries), len(keys)
+    on = result.tokens_text() if result.kind else f"on {n:,} tokens"
+    out.print(Text(f"{result.layer_name}'s attention {on}, as shapes (computed in blocks, never held): "
                    f"{long.spec.describe(result.info.d_head)}", style="bold"))
     out.print(steps_table(long.layer.steps))
     for note in result.notes:
         out.print(Text(f"note: {note}", style="yellow"))
     matrix, r, c = terminal_view(long.pooled, long.pool, n)
     rows = [_span(i, r, n, "q") for i in range(matrix.shape[0])]
-    cols = [_span(j, c, n, "k") for j in range(matrix.shape[1])]
+    cols = [_span(j, c, n_K, "k") for j in range(matrix.shape[1])]
     show_heatmap(out, Heatmap(f"layer {o.layer}, head {o.head}: attention pooled {r} x {c} (each cell: the mean over "
                               f"{r} queries of the weight on {c} keys)", matrix.tolist(), rows, cols))
     s = long.stats
@@ -43,15 +45,15 @@ def show_long(out: Console, result: HeadResult) -> None:
                          f"{s.first:.2f}, previous {s.previous:.2f}, self {s.self:.2f}, distance {s.distance:.1f}"
                          + (f", induction {s.induction:.2f}" if s.induction is not None else "")))
     if long.rows is not None and long.exact_rows is not None:
-        tokens = [printable(t) for t in encoded.tokens]
+        tokens, key_tokens = [printable(t) for t in queries], [printable(t) for t in keys]
         out.print(Text(f"exact rows {long.rows[0]} to {long.rows[1] - 1}: the {TOP_KEYS} strongest keys of each",
                        style="bold"))
         for i, row in enumerate(long.exact_rows):
             top = row.topk(min(TOP_KEYS, row.numel()))
-            keys = ", ".join(f"{tokens[j]}@{j} {w:.3f}" for w, j in zip(top.values.tolist(), top.indices.tolist(),
-                                                                     strict=True))
+            strongest = ", ".join(f"{key_tokens[j]}@{j} {w:.3f}" for w, j in zip(top.values.tolist(),
+                                                                                  top.indices.tolist(), strict=True))
             q = long.rows[0] + i
-            out.print(FittedText(f"q{q} {tokens[q]}: {keys}"))
+            out.print(FittedText(f"q{q} {tokens[q]}: {strongest}"))
 
 
 def terminal_view(pooled: Any, pool: tuple[int, int], n: int) -> tuple[Any, int, int]:

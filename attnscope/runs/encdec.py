@@ -44,11 +44,11 @@ def refuse_two_stack_options(asked: HeadOptions, config: Config) -> None:
 
 
 def refuse_one_stack_options(asked: HeadOptions, config: Config) -> None:
-    """--rows picks exact rows of a one-stack model's long text computed in blocks; an encoder-decoder has no path
-    in blocks (its long inputs are refused with the estimate, _refuse_long)."""
-    if asked.rows:
-        raise UsageError(f"--rows is not taken by encoder-decoders, and {config.architecture} is one: its pattern is "
-                         "never computed in blocks, so every row is exact already; drop --rows")
+    """--rows picks exact query rows of a long input's pooled pattern; its form (A:B) is checked before anything
+    is read, whether the input is long once it is encoded (_plan_long)."""
+    from attnscope.runs.layers import parse_rows
+
+    parse_rows(asked.rows)
 
 
 def run_encdec(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
@@ -121,8 +121,12 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
         raise UsageError(f"--generate {asked.generate}: the decoder reads {n} token{'s' if n > 1 else ''} and would "
                          f"reach {n + asked.generate} positions, more than this model's {limit}; give --generate "
                          f"{max(limit - n, 1)} or fewer")
+    if _plan_long(asked, model, kind, n_source, len(target_ids)):
+        _run_long(asked, model, kind, source, target_ids, result, progress)
+        result.notes.extend(heard)
+        save_result(result)
+        return result
     needed = _estimate(asked, model, kind, n_source, len(target_ids))
-    _refuse_long(asked, n_source, len(target_ids), needed)
     last = view.n_layer - 1 if asked.all_layers else asked.layer
     what = f"running the {'encoder' if kind == 'encoder' else 'encoder and the decoder'} to {kind} layer {last}"
     guard_memory(needed, asked.max_memory, what + (f" and decoding {asked.generate} tokens" if asked.generate else ""))
@@ -170,21 +174,86 @@ def _estimate(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: in
     return needed
 
 
-def _refuse_long(asked: HeadOptions, n_source: int, n_target: int, needed: int) -> None:
-    """An encoder-decoder has no path in blocks (models/long.py's): every layer it runs holds each head's whole
-    pattern (T5's position bias too), so past LONG_TOKENS it is refused up front with the estimate, rather than
-    run at a peak that grows with the square of the text."""
-    from attnscope import cost
+def _plan_long(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: int, n_target: int) -> bool:
+    """Whether the run is long (models/seq2seq_long.py: a sequence its stacks read past LONG_TOKENS), the options
+    that cannot go with it, or --rows without it, refused in one line; --rows checked against the queries."""
+    from attnscope.models import long, seq2seq_long
+    from attnscope.runs.layers import parse_rows
+
+    is_long = seq2seq_long.is_long(kind, n_source, n_target)
+    n_Q = n_source if kind == "encoder" else n_target
+    queries = "source positions" if asked.audio and kind == "encoder" else "source tokens" if kind == "encoder" \
+        else "target tokens"
+    if is_long:
+        n = max(n_source, n_target if kind != "encoder" else 0)
+        held = [flag for flag, on in (("--all-heads", asked.all_heads), ("--all-layers", asked.all_layers),
+                                      ("--generate", asked.generate), ("--check", asked.check)) if on]
+        if held:
+            raise UsageError(f"{_long_one(asked, kind, n_source, n_target)} {n:,} tokens, more than "
+                             f"{long.LONG_TOKENS:,}: the pattern is computed in blocks for the head asked only, and "
+                             f"{' and '.join(held)} would hold every head's whole pattern; drop {' and '.join(held)}, "
+                             "or shorten it")
+    elif asked.rows:
+        never = _never_long(model, kind)
+        raise UsageError(f"--rows picks exact query rows of a pattern that is pooled, and "
+                         f"{never or f'the {queries} are {n_Q:,}'}, at most {long.LONG_TOKENS:,}: "
+                         f"{'its patterns are never pooled' if never else 'the whole pattern is exact'}; drop --rows")
+    rows = parse_rows(asked.rows)
+    if rows is not None and rows[1] > n_Q:
+        raise UsageError(f"--rows {asked.rows}: the {kind} attention's queries are the {n_Q:,} {queries}, so rows "
+                         f"run 0 to {n_Q - 1}")
+    return is_long
+
+
+def _long_one(asked: HeadOptions, kind: str, n_source: int, n_target: int) -> str:
+    """`--text is`, `--target is`: the input past LONG_TOKENS, in the words of the flag that gave it."""
     from attnscope.models import long
 
-    source = (f"--audio {asked.audio} makes" if asked.audio else f"--text-file {asked.text_file} is"
-              if asked.text_file else "--text is")
-    for n, what in ((n_source, source), (n_target, "--target is")):
-        unit = "positions" if asked.audio and what == source else "tokens"
-        if n > long.LONG_TOKENS:
-            raise UsageError(f"{what} {n:,} {unit}, more than {long.LONG_TOKENS:,}: an encoder-decoder is not run "
-                             f"in blocks, each of its layers holds every head's [{n:,} x {n:,}] pattern (about "
-                             f"{cost.format_bytes(needed)} in all); give {long.LONG_TOKENS:,} tokens or fewer")
+    if kind != "encoder" and n_target > long.LONG_TOKENS and n_target >= n_source:
+        return "--target is"
+    return f"--audio {asked.audio} makes" if asked.audio else f"--text-file {asked.text_file} is" \
+        if asked.text_file else "--text is"
+
+
+def _never_long(model: EncoderDecoder, kind: str) -> str:
+    """Whisper's source is always max_source_positions long and its target at most max_target_positions (its
+    feature extractor pads the audio, its position table ends): where the sequences `kind` reads are all at most
+    LONG_TOKENS, no input of it is ever long, and this says so ("" otherwise)."""
+    from attnscope.models import long
+
+    if model.model_type != "whisper":
+        return ""
+    source, target = model.max_positions["encoder"] or 0, model.max_positions["decoder"] or 0
+    if source > long.LONG_TOKENS or (kind != "encoder" and target > long.LONG_TOKENS):
+        return ""
+    if kind == "encoder":
+        return f"Whisper's source is always {source:,} positions"
+    return f"Whisper's source is always {source:,} positions and its target at most {target:,} tokens"
+
+
+def _run_long(asked: HeadOptions, model: EncoderDecoder, kind: str, source: list[int] | torch.Tensor,
+              target_ids: list[int], result: HeadResult, progress: Progress) -> None:
+    """The asked head in blocks of query rows, pooled (models/seq2seq_long.py), its memory guarded first."""
+    from attnscope.models import seq2seq_long
+    from attnscope.runs.head_result import guard_memory
+    from attnscope.runs.layers import parse_rows
+
+    n_source, n_target = len(result.encoded.tokens) if result.encoded else 0, len(target_ids)
+    needed = seq2seq_long.estimate_bytes(model, kind, asked.layer, n_source, n_target)
+    what = (f"running the {'encoder' if kind == 'encoder' else 'encoder and the decoder'} to {kind} layer "
+            f"{asked.layer} in blocks")
+    guard_memory(needed, asked.max_memory, what)
+    with progress(f"{what}, head {asked.head}"):
+        result.long = seq2seq_long.long_head(model, source, target_ids, kind, asked.layer, asked.head,
+                                             parse_rows(asked.rows))
+    result.tracer = "attnscope"
+    n_Q = n_source if kind == "encoder" else n_target
+    n_K = n_target if kind == "decoder" else n_source
+    result.notes.append(f"{max(n_source, n_target if kind != 'encoder' else 0):,} tokens: head {asked.head}'s pattern "
+                        f"[{n_Q:,} x {n_K:,}] is computed in blocks of query rows, each exact, and pooled; every "
+                        "layer before it attends in blocks too; the layer's steps are shown as shapes (no [n_head, "
+                        "n_Q, n_K] step is held)")
+    result.notes.extend(result.long.layer.notes)
 
 
 def _reads(kind: str) -> str:
