@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_trace_command import trace, user_module
+from test_trace_command import trace, user_module, write
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "examples"
 MINGPT = (DOCS / "mingpt.py").read_text()
@@ -165,3 +165,47 @@ def test_hf_llama_attention_gets_position_embeddings_and_a_4d_mask(tmp_path, run
         v = heads(module.v_proj(x), 2)
         y = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
         torch.testing.assert_close(out_hf, module.o_proj(y.transpose(1, 2).reshape(2, 5, 64)), rtol=1e-5, atol=1e-5)
+
+
+# --- cross-attention: forward(x, memory) -------------------------------------------------------------------------
+
+CROSS = """
+class CrossAttention(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads, self.d_k = n_heads, d_model // n_heads
+        self.w_q = nn.Linear(d_model, d_model)
+        self.w_k = nn.Linear(d_model, d_model)
+        self.w_v = nn.Linear(d_model, d_model)
+        self.w_o = nn.Linear(d_model, d_model)
+
+    def split(self, t):
+        b, n, _ = t.shape
+        return t.view(b, n, self.n_heads, self.d_k).transpose(1, 2)
+
+    def forward(self, x, memory):
+        q, k, v = self.split(self.w_q(x)), self.split(self.w_k(memory)), self.split(self.w_v(memory))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
+        out = scores.softmax(dim=-1) @ v
+        b, _, n, _ = out.shape
+        return self.w_o(out.transpose(1, 2).reshape(b, n, -1))
+"""
+
+
+def test_cross_attention_gets_x_and_a_memory_of_other_length(tmp_path, runner):
+    path = write(tmp_path, CROSS)
+    result, out = trace(runner, f"{path}:CrossAttention", "--init", "d_model=32, n_heads=4")
+    assert result.exit_code == 0, result.output
+    assert statuses(out) == {"equal"}
+    sizes = out["params"]["sizes"]
+    assert sizes["n_Q"] != sizes["n_K"]
+
+    module = user_module(path).CrossAttention(32, 4).eval()
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([module.w_q.weight, module.w_k.weight, module.w_v.weight]))
+        mha.in_proj_bias.copy_(torch.cat([module.w_q.bias, module.w_k.bias, module.w_v.bias]))
+        mha.out_proj.weight.copy_(module.w_o.weight)
+        mha.out_proj.bias.copy_(module.w_o.bias)
+        x, memory = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
+        torch.testing.assert_close(module(x, memory), mha(x, memory, memory)[0], rtol=1e-5, atol=1e-5)

@@ -160,6 +160,11 @@ class Inputs:
         return Q, K, by_role.get("V", K)
 
 
+# The roles of the forward's tensors, by their count: x; x and the memory keys and values come from (the
+# encoder-decoder tutorial's cross-attention `forward(x, memory)`); query, key, value.
+ROLES = {1: ("Q",), 2: ("Q", "K"), 3: ("Q", "K", "V")}
+
+
 def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
                 guard: Callable[[dict[str, int]], None] | None = None) -> Inputs:
     """The inputs; `guard` sees the sizes before anything is drawn (the memory guard)."""
@@ -186,8 +191,8 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
         generator = torch.Generator().manual_seed(o.seed)
         tensors = {role: torch.randn(*(sizes[d] for d in role_dims(role, sizes, is_module, o.layout)),
                                      generator=generator, dtype=dtype)
-                   for role in (("Q",) if self_attention else ("Q", "K", "V"))}
-    roles = dict(zip(plan.tensors, ("Q",) if self_attention else ("Q", "K", "V"), strict=True))
+                   for role in ROLES[len(plan.tensors)]}
+    roles = dict(zip(plan.tensors, ROLES[len(plan.tensors)], strict=True))
     reference_mask, allowed = _masks(o, plan, sizes)
     files = {"Q": o.q, "K": o.k or o.q, "V": o.v or o.k or o.q}
     ops = {name: f"loaded from {files[role]}" if files[role] else
@@ -200,6 +205,8 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
 
 
 def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
+    if len(plan.tensors) == 2 and not is_module:  # a function's two tensors say nothing of which is which
+        raise UsageError(plan.unfed())
     if plan.self_attention and o.nk is not None and o.nk != o.nq:
         more = f" (with --cache {o.cache}, n_K = {o.cache} + n_Q)" if o.cache else ""
         raise UsageError(f"{plan.signature} takes one tensor (self-attention), so n_K = n_Q{more}; drop --nk")
@@ -230,8 +237,8 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
         sizes = choose_sizes(fixed, wanted, given, avoid)
         if self_attention:
             sizes["n_K"] = sizes["n_Q"] + o.cache
-            if not is_module:
-                sizes["d_V"] = sizes["d_K"]
+        if (self_attention or len(plan.tensors) == 2) and not is_module:
+            sizes["d_V"] = sizes["d_K"]  # V is K's tensor
         taken = [v for k, v in sizes.items() if k != "n_K"] + list(avoid)
         if not o.cache or o.nq is not None or sizes["n_K"] not in taken:
             return sizes

@@ -76,6 +76,12 @@ class Plan:
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
 
+    def unfed(self) -> str:
+        found = ", ".join(self.tensors) if self.tensors else "none"
+        return (f"{self.signature}: trace feeds 1 tensor (x [n_batch, n, d]: self-attention), 2 to a module (x and "
+                "the memory its keys and values come from: cross-attention) or 3 (query, key, value); its "
+                f"parameters without a default are {found}")
+
     @property
     def self_attention(self) -> bool:
         return len(self.tensors) == 1
@@ -320,10 +326,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             p.tensors.append(name)
         if param.kind == param.POSITIONAL_ONLY:
             p.positional_only.add(name)
-    if len(p.tensors) not in (1, 3):
-        found = ", ".join(p.tensors) if p.tensors else "none"
-        raise UsageError(f"{text}: trace feeds 1 tensor (x [n_batch, n, d]: self-attention) or 3 (query, key, "
-                         f"value); its parameters without a default are {found}")
+    if len(p.tensors) not in (1, 2, 3):
+        raise UsageError(p.unfed())
     preferred = [m for m in masks if m.lower() in ("mask", "attn_mask", "attention_mask")]
     p.mask = (preferred or masks)[0] if masks else None
     p.nones.extend(m for m in masks if m != p.mask)
