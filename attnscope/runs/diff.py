@@ -86,7 +86,7 @@ def run_diff(o: DiffOptions) -> DiffRun:
         run.rows.append(row)
         if row.status != "agrees" and run.first is None:
             run.first = name
-            run.diagnosis = _why(name, row, a, loaded)
+            run.diagnosis = _why(name, row, a, loaded, b)
     inputs = [row.name for row in run.rows if row.status != "agrees" and _is_input(a.meta.get(row.name, {}))]
     if inputs:
         run.notes.append(f"inputs or weights differ too ({', '.join(inputs[:6])}{', ...' if len(inputs) > 6 else ''})"
@@ -133,10 +133,52 @@ def _compare(name: str, ta: torch.Tensor, tb: torch.Tensor, dims: Any, o: DiffOp
     return DiffRow(name, dims, list(ta.shape), list(tb.shape), dtype_a, dtype_b, c.max_abs_diff, tol, status, c.detail)
 
 
-def _why(name: str, row: DiffRow, a: SavedRun, loaded: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
+def _which_masks(name: str, a: SavedRun, b: SavedRun) -> str:
+    """Where one run masks its scores and the other does not (a run with --causal against one without), the
+    divergence from the masked step on is that: say which run masks, and how. '' where both or neither mask."""
+    import torch
+
+    has = {side: "masked_scores" in run.entries for side, run in (("A", a), ("B", b))}
+    if has["A"] == has["B"] or name in ("masked_scores", *_BEFORE_MASK) or name.endswith(("_feat", "_split")):
+        return ""
+    side, other = ("A", "B") if has["A"] else ("B", "A")
+    masked = (a if has["A"] else b).load("masked_scores")
+    allowed = ~torch.isneginf(masked.double())
+    return (f"{side} masks its scores and {other} does not: {side}'s masked_scores {_mask_words(allowed)}, and "
+            f"{other} holds no masked_scores; the runs were asked for different masks (--causal, --window or --mask "
+            f"given to {side}'s run only), so every step from the mask on differs. Give both the same mask options "
+            "to compare the rest")
+
+
+_BEFORE_MASK = ("Q", "K", "V", "scores", "cos", "sin", "Q_rot", "K_rot", "K_rep", "V_rep", "K_cat", "V_cat")
+
+
+def _mask_words(allowed: torch.Tensor) -> str:
+    """A saved mask in words: causal (which alignment), a sliding window, or how many cells it masks."""
+    import torch
+
+    from attnscope import masks
+    from attnscope.spec import AttentionSpec
+
+    n_Q, n_K = allowed.shape[-2:]
+    for align in ("upper-left", "lower-right"):
+        for window in (None, *range(1, n_K)):
+            built, _ = masks.structural(AttentionSpec(causal=align, window=window), n_Q, n_K)
+            if built is not None and bool(torch.equal(allowed, built.expand_as(allowed))):
+                return (f"are under a sliding window of {window} ({align}, --window {window})" if window else
+                        f"are under a causal mask ({align}, --causal" + ("" if align == "upper-left" else
+                                                                          " lower-right") + ")")
+    return f"mask {int((~allowed).sum())} of its {allowed.numel()} scores"
+
+
+def _why(name: str, row: DiffRow, a: SavedRun, loaded: dict[str, tuple[torch.Tensor, torch.Tensor]],
+         b: SavedRun) -> str:
     """The diagnosis trace would give, B's tensors standing for the user's and A's steps for the reference's."""
     if row.status == "shape":
         return row.detail
+    masking = _which_masks(name, a, b)
+    if masking:
+        return masking
     from attnscope.trace import Trace
     from attnscope.usertrace.align import candidates
     from attnscope.usertrace.diagnose import diagnose
@@ -157,6 +199,6 @@ def _why(name: str, row: DiffRow, a: SavedRun, loaded: dict[str, tuple[torch.Ten
     if name not in trace:
         return row.detail
     kind = "module" if "d_head" in sizes else "function"
-    ctx = Context(kind, sizes, trace, records, reference_allowed(trace))
+    ctx = Context(kind, sizes, trace, records, reference_allowed(trace), comparing=True)
     found = diagnose(name, ctx, candidates(records, trace[name], name))
     return found.text.replace("none of the usual causes fits", "none of the causes trace knows fits")

@@ -25,16 +25,24 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
     divergence. Some causes look through every tensor themselves; dropout is asked of the likeliest candidate
     only (a later tensor of the same shape, after a dropout, is not what went wrong)."""
     from attnscope.usertrace.causes import kernel_dropout, own_mask, repeat_order
-    from attnscope.usertrace.rotary import after_repeat, diagnose_rope, not_rotated
+    from attnscope.usertrace.headcauses import (
+        float16_overflow,
+        merged_with_wrong_permute,
+        qk_norm,
+        split_without_transpose,
+    )
+    from attnscope.usertrace.maskcauses import alibi, wrong_mask
+    from attnscope.usertrace.rotary import after_repeat, diagnose_rope, not_rotated, on_values
 
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
-    for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c)):
+    for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c), split_without_transpose,
+                  merged_with_wrong_permute, on_values, wrong_mask, alibi):
         found = whole(step, ctx, None)
         if found is not None:
             return found
-    checks = (_missing_bias, _dropout, kernel_dropout, diagnose_rope, not_rotated, repeat_order, own_mask,
-              _mask_inverted, _mask_ignored, _softmax_axis, _ratio)
+    checks = (float16_overflow, _missing_bias, _dropout, kernel_dropout, qk_norm, diagnose_rope, not_rotated,
+              repeat_order, own_mask, _mask_inverted, _mask_ignored, _softmax_axis, _ratio)
     for check in checks:
         for near in ranked[:1] if check in (_dropout, kernel_dropout) else ranked:
             found = check(step, ctx, near)

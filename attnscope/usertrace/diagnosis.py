@@ -30,6 +30,7 @@ class Context:
     projections: Projections | None = None
     skip: dict[str, torch.Tensor] = field(default_factory=dict)
     spec: Spec | None = None
+    comparing: bool = False  # `attnscope diff`: the reference is run A, the user's tensors are run B's
 
 
 @dataclass

@@ -11,6 +11,7 @@ rotations the reference never makes (another base, positions from 0, the other p
   by rotating with it;
 - positions in a decode step: new tokens at n_cache + i, not i;
 - not rotated at all;
+- RoPE applied to the values too: a user tensor is V_split (or V_rep) rotated as the keys are;
 - RoPE after the head repeat: keys repeated for the query heads first, rotated after (the numbers agree with
   rotating first, at n_group times the work; transformers' LlamaAttention rotates, caches, then `repeat_kv`s).
 """
@@ -91,6 +92,26 @@ def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None
     return Diagnosis(f"{label_of(near.record)} is {source} not rotated, and no tensor of yours is {source} rotated: "
                      f"RoPE is never applied to the {what} (the reference rotates them, --rope, base "
                      f"{ctx.spec.rope_base:g})", near.record)
+
+
+def on_values(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    """A whole cause, at the values and after: some user tensor is the reference's values rotated."""
+    if ctx.spec is None or ctx.spec.rope_base is None or step in ("Q_feat", "K_feat", "V_feat", "Q_rot", "K_rot"):
+        return None
+    for source in ("V_split", "V_rep", "V_cat"):
+        if source not in ctx.reference or ctx.reference[source].dim() < 2:
+            continue
+        v = ctx.reference[source].double()
+        start = 0 if source == "V_cat" else _start("K_rot", ctx)  # the new values sit after the cache
+        positions = torch.arange(start, start + v.shape[-2])
+        for pairing in ("half", "interleaved"):
+            rotated = rotate(v, positions, ctx.spec.rope_base, pairing)
+            for record in ctx.records:
+                if tuple(record.tensor.shape) == tuple(v.shape) and close(record.tensor.double(), rotated):
+                    return Diagnosis(f"RoPE applied to the values: {label_of(record)} is {source} rotated as the "
+                                     "keys are; RoPE rotates only the queries and the keys (their dot products then "
+                                     "depend on the distance i − j), the values are taken as they are", record)
+    return None
 
 
 def after_repeat(step: str, ctx: Context) -> Diagnosis | None:

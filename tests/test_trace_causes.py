@@ -1,0 +1,174 @@
+"""`attnscope trace` names the cause of each planted bug of issue 29 (part B): masks of the wrong pattern (a causal
+band off by one, the diagonal hidden, anticausal, a forgotten window, key padding applied on the queries), ALiBi,
+qk-norm, RoPE applied to the values, heads split without the transpose or merged with the wrong permute, and
+float16 scores that overflow. Each bug is one line changed in one plain multi-head attention written here; the
+correct module exits 0 (with --causal, --window, --mask or --rope as it needs), each buggy one exits 1 at the
+step where it goes wrong, with its cause named.
+
+That the correct module is correct is checked against torch.nn.MultiheadAttention holding its weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_trace_command import trace, user_module, write
+
+BASE = '''import math
+import torch
+import torch.nn as nn
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(x, base=10000.0):
+    T, d = x.shape[-2], x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    angle = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq
+    emb = torch.cat((angle, angle), dim=-1)
+    return x * emb.cos() + rotate_half(x) * emb.sin()
+
+
+def alibi_slopes(n_head):
+    start = 2 ** (-8 / n_head)
+    return torch.tensor([start ** (h + 1) for h in range(n_head)])
+
+
+class Attention(nn.Module):
+    def __init__(self, d_feat=32, n_head=4):
+        super().__init__()
+        self.n_head = n_head
+        self.d_head = d_feat // n_head
+        self.q_proj = nn.Linear(d_feat, d_feat)
+        self.k_proj = nn.Linear(d_feat, d_feat)
+        self.v_proj = nn.Linear(d_feat, d_feat)
+        self.o_proj = nn.Linear(d_feat, d_feat)
+        self.q_norm = nn.LayerNorm(self.d_head)
+        self.k_norm = nn.LayerNorm(self.d_head)
+        with torch.no_grad():
+            for norm in (self.q_norm, self.k_norm):
+                norm.weight.normal_(1.0, 0.3)
+                norm.bias.normal_(0.0, 0.3)
+            self.q_proj.weight.mul_(1.0)  # LARGE
+
+    def forward(self, x, mask=None):
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)  # [B, n_head, T, d_head]
+        k = self.k_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)
+        pass  # ROTATE
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # [B, n_head, T, T]
+        pass  # BIAS
+        allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = scores.softmax(dim=-1)
+        y = weights @ v  # [B, n_head, T, d_head]
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # [B, T, d_feat]
+        return self.o_proj(y)
+'''
+
+CAUSAL = "allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))"
+ROTATE, BIAS = "pass  # ROTATE", "pass  # BIAS"
+SCORES = "scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)"
+LARGE = "self.q_proj.weight.mul_(300.0); self.k_proj.weight.mul_(300.0)"
+WINDOW = "allowed = torch.tril(torch.ones(T, T, dtype=torch.bool)) & torch.triu(torch.ones(T, T, dtype=torch.bool), -2)"
+
+
+def module(tmp_path, *changes: tuple[str, str], name: str = "mine.py") -> str:
+    body = BASE
+    for old, new in changes:
+        assert old in body, old
+        body = body.replace(old, new)
+    return f"{write(tmp_path, body, name)}:Attention"
+
+
+def padding(tmp_path) -> str:
+    keep = torch.ones(2, 1, 1, 6, dtype=torch.bool)  # [n_batch, 1, 1, n_K]: keys 4, 5 and 5 are padding
+    keep[0, ..., 4:] = False
+    keep[1, ..., 5:] = False
+    torch.save(keep, tmp_path / "pad.pt")
+    return str(tmp_path / "pad.pt")
+
+
+def diverges(runner, target: str, *args: str) -> dict:
+    result, out = trace(runner, target, *args)
+    assert result.exit_code == 1, result.output
+    return out["first_divergence"]
+
+
+def test_the_correct_module_is_nn_multiheadattention_and_aligns(tmp_path, runner):
+    target = module(tmp_path)
+    result, out = trace(runner, target, "--causal")
+    assert result.exit_code == 0, result.output
+    mine = user_module(target.rsplit(":", 1)[0]).Attention().eval()
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([mine.q_proj.weight, mine.k_proj.weight, mine.v_proj.weight]))
+        mha.in_proj_bias.copy_(torch.cat([mine.q_proj.bias, mine.k_proj.bias, mine.v_proj.bias]))
+        mha.out_proj.weight.copy_(mine.o_proj.weight)
+        mha.out_proj.bias.copy_(mine.o_proj.bias)
+        x = torch.randn(2, 5, 32)
+        masked = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True = masked out, nn.MultiheadAttention's way
+        torch.testing.assert_close(mine(x), mha(x, x, x, attn_mask=masked)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("args", "changes"), [
+    (("--window", "3"), [(CAUSAL, WINDOW)]),
+    (("--batch", "2", "--nq", "6", "--mask", "PAD"), [(CAUSAL, "allowed = mask.view(B, 1, 1, T)")]),
+    (("--causal", "--rope"), [(ROTATE, "q, k = rope(q), rope(k)")]),
+    (("--causal",), [("self.q_proj.weight.mul_(1.0)", LARGE)]),  # large, in float32
+])
+def test_the_correct_variants_exit_0(tmp_path, runner, args, changes):
+    args = tuple(padding(tmp_path) if a == "PAD" else a for a in args)
+    result, out = trace(runner, module(tmp_path, *changes), *args)
+    assert result.exit_code == 0, result.output
+
+
+MASKS = [
+    ("diagonal=1", (), "allowed = torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=1)",
+     "the causal band is off by 1: each query also sees the next key"),
+    ("hidden diagonal", (), "allowed = torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=-1)",
+     "it masks the diagonal: no query may see its own key"),
+    ("triu", (), "allowed = torch.triu(torch.ones(T, T, dtype=torch.bool))", "an anticausal mask"),
+    ("no window", ("--window", "3"), CAUSAL, "the sliding window is missing"),
+    ("padding on queries", ("--batch", "2", "--nq", "6", "--mask", "PAD"), "allowed = mask.view(B, 1, T, 1)",
+     "a key-padding mask applied on the queries"),
+]
+
+
+@pytest.mark.parametrize(("bug", "args", "line", "words"), MASKS, ids=[m[0] for m in MASKS])
+def test_a_mask_of_the_wrong_pattern_is_named_from_the_users_masked_scores(tmp_path, runner, bug, args, line, words):
+    """The mask is applied on the line after the scores; the cause is read from the masked tensor that line
+    makes, not called 'the mask is not applied'."""
+    args = tuple(padding(tmp_path) if a == "PAD" else a for a in args) or ("--causal",)
+    changes = [(CAUSAL, line)] if line != CAUSAL else []
+    first = diverges(runner, module(tmp_path, *changes), *args)
+    assert first["reference"] == "masked_scores", first
+    assert words in first["diagnosis"] and "not applied" not in first["diagnosis"], first
+
+
+@pytest.mark.parametrize(("args", "changes", "step", "words"), [
+    (("--causal",), [(BIAS, "scores = scores + alibi_slopes(self.n_head)[:, None, None] * torch.arange(T)")],
+     "masked_scores", "adds ALiBi's bias"),
+    (("--causal",), [(BIAS, "scores = scores + alibi_slopes(self.n_head).flip(0)[:, None, None] * torch.arange(T)")],
+     "masked_scores", "which are not ALiBi's for 4 heads"),
+    (("--causal",), [(ROTATE, "q, k = self.q_norm(q), self.k_norm(k)")], "scores", "your code applies qk-norm"),
+    (("--causal",), [(ROTATE, "q = self.q_norm(q)")], "scores", "qk-norm on one side only"),
+    (("--causal", "--rope"), [(ROTATE, "q, k, v = rope(q), rope(k), rope(v)")], "x_raw", "RoPE applied to the values"),
+    (("--causal",), [("q = self.q_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)",
+                      "q = self.q_proj(x).view(B, self.n_head, T, self.d_head)")],
+     None, "heads split without the transpose: your q"),
+    (("--causal",), [("y = y.transpose(1, 2).contiguous().view(B, T, C)",
+                      "y = y.permute(0, 2, 3, 1).reshape(B, T, C)")],
+     "x_rsh2", "heads merged with the wrong permute: your y"),
+    (("--causal",), [("self.q_proj.weight.mul_(1.0)", LARGE),
+                     (SCORES, "scores = (q.half() @ k.half().transpose(-2, -1)).float() / math.sqrt(self.d_head)")],
+     "scores", "float16 overflows"),
+], ids=["alibi", "alibi-slopes", "qk-norm", "q-norm-only", "rope-on-v", "split", "merge", "float16"])
+def test_each_planted_bug_is_named_at_its_step(tmp_path, runner, args, changes, step, words):
+    first = diverges(runner, module(tmp_path, *changes), *args)
+    assert step is None or first["reference"] == step, first
+    assert words in first["diagnosis"] and "none of the usual causes fits" not in first["diagnosis"], first
