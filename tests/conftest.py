@@ -20,9 +20,8 @@ def _deterministic() -> None:
 @pytest.fixture()
 def runner():
     """A CliRunner whose results' stderr has each message on one line (tests/cli_main.unwrapped)."""
-    from typer.testing import CliRunner
-
     from cli_main import unwrapped
+    from typer.testing import CliRunner
 
     class Runner(CliRunner):
         def invoke(self, *args, **kwargs):  # type: ignore[no-untyped-def]

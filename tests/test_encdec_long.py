@@ -121,7 +121,7 @@ def test_rows_of_a_short_input_are_refused(t5_and_bart, runner):
 
     result = runner.invoke(app, ["head", "--model", str(t5_and_bart["bart"][0]), "--text", SOURCE, "--rows", "0:2"])
     assert result.exit_code == 2, result.output
-    line = ("--rows picks exact query rows of a pattern that is pooled, and the source tokens are 13, at most 2,048: "
+    line = ("--rows picks exact query rows of a pattern that is pooled, and there are 13 source tokens, at most 2,048: "
             "the whole pattern is exact; drop --rows")
     assert result.stderr.strip().splitlines() == [f"attnscope: error: {line}"]
 

@@ -46,12 +46,49 @@ class LongHead:
     spec: AttentionSpec
 
 
+class Blocks:
+    """What a head's blocks of query rows add up to, as they come: the pooled pattern (a cell: the mean over its
+    query rows of the total weight on its key columns), every row's statistics (RowStats) and the rows asked for,
+    whole. `causal`: whether a row sees only keys up to itself; `ids`: the token at each key, for induction."""
+
+    def __init__(self, n_Q: int, n_K: int, rows: tuple[int, int] | None, causal: bool,
+                 ids: list[int] | None) -> None:
+        import torch
+
+        from attnscope.readings.headstats import RowStats
+        from attnscope.views.pooling import group_size
+
+        self.n_Q, self.n_K, self.rows, self.causal, self.ids = n_Q, n_K, rows, causal, ids
+        self.r, self.c = group_size(n_Q, POOL_CELLS), group_size(n_K, POOL_CELLS)
+        self.sums = torch.zeros(math.ceil(n_Q / self.r), math.ceil(n_K / self.c), dtype=torch.float64)
+        self.stats = RowStats()
+        self.kept: list[torch.Tensor] = []
+
+    def add(self, block: torch.Tensor, a: int) -> None:
+        """Rows a.. of the pattern, `[b - a, keys they may see]` float64 (the keys past them have weight 0)."""
+        import torch
+
+        b = a + block.shape[0]
+        self.stats.add(block, a, self.causal, self.ids)
+        _pool_into(self.sums, block, a, self.r, self.c)
+        rows = self.rows
+        if rows is not None and a < rows[1] and b > rows[0]:
+            asked = block[max(rows[0], a) - a : min(rows[1], b) - a]
+            self.kept.append(torch.nn.functional.pad(asked, (0, self.n_K - asked.shape[-1])))  # unseen keys: 0
+
+    def head(self, layer: Trace, spec: AttentionSpec) -> LongHead:
+        """The head as the long view shows it, with the layer's steps as shapes and its spec."""
+        import torch
+
+        counts = torch.bincount(torch.arange(self.n_Q) // self.r, minlength=self.sums.shape[0]).to(torch.float64)
+        exact = torch.cat(self.kept) if self.kept else None
+        return LongHead(self.sums / counts[:, None], (self.r, self.c), self.stats.result(), self.rows, exact, layer,
+                        spec)
+
+
 def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
               rows: tuple[int, int] | None = None) -> LongHead:
     import torch
-
-    from attnscope.readings.headstats import RowStats
-    from attnscope.views.pooling import group_size
 
     n = len(ids)
     with torch.no_grad():
@@ -62,23 +99,11 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         del h
         module = model.attention(layer, record=False)
         one = module.head_inputs(X, head)  # Q, K, V [1, 1, n, d_head]: normed, rotated, tuned as forward does
-        r = c = group_size(n, POOL_CELLS)
-        sums = torch.zeros(math.ceil(n / r), math.ceil(n / c), dtype=torch.float64)
-        stats = RowStats()
-        kept = []
+        blocks = Blocks(n, n, rows, one.spec.align is not None, ids)
         for a in range(0, n, BLOCK_ROWS):
-            b = min(n, a + BLOCK_ROWS)
-            block = _block(one, a, b)  # [b - a, keys its rows may see] float64
-            stats.add(block, a, one.spec.align is not None, ids)
-            _pool_into(sums, block, a, r, c)
-            if rows is not None and a < rows[1] and b > rows[0]:
-                asked = block[max(rows[0], a) - a : min(rows[1], b) - a]
-                kept.append(torch.nn.functional.pad(asked, (0, n - asked.shape[-1])))  # the unseen keys: 0
-        counts = torch.bincount(torch.arange(n) // r, minlength=sums.shape[0]).to(torch.float64)
-        pooled = sums / counts[:, None]
+            blocks.add(_block(one, a, min(n, a + BLOCK_ROWS)), a)  # [b - a, keys its rows may see] float64
         layer_trace = _shapes(model, layer, X, made)
-    exact = torch.cat(kept) if kept else None
-    return LongHead(pooled, (r, c), stats.result(), rows, exact, layer_trace, module.spec)
+    return blocks.head(layer_trace, module.spec)
 
 
 def _block(one: HeadInputs, a: int, b: int) -> torch.Tensor:

@@ -19,7 +19,6 @@ for (`--rows A:B`) kept whole.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from attnscope.models import long as blocks
@@ -47,10 +46,6 @@ def long_head(model: EncoderDecoder, source: list[int] | torch.Tensor, target: l
     features), `target`: the ids the decoder reads."""
     import torch
 
-    from attnscope.models.long import LongHead, _pool_into
-    from attnscope.readings.headstats import RowStats
-    from attnscope.views.pooling import group_size
-
     view = model.for_kind(kind)
     encoder, decoder, cross = (model.for_kind(k) for k in ("encoder", "decoder", "cross"))
     memory: torch.Tensor | None = None
@@ -77,27 +72,16 @@ def long_head(model: EncoderDecoder, source: list[int] | torch.Tensor, target: l
         Q, K, V, spec = _heads(module, X, X if memory is None else memory)  # [1, n_head, n, d_head] each
         Q, K, V = (t[:, head : head + 1] for t in (Q, K, V))  # [1, 1, n, d_head]: an encoder-decoder has no GQA
         n_Q, n_K = Q.shape[-2], K.shape[-2]
-        r, c = group_size(n_Q, blocks.POOL_CELLS), group_size(n_K, blocks.POOL_CELLS)
-        sums = torch.zeros(math.ceil(n_Q / r), math.ceil(n_K / c), dtype=torch.float64)
-        stats = RowStats()
         ids = {"encoder": source, "decoder": target}.get(kind)  # across, the rows and keys are different tokens
-        kept = []
+        pooled = blocks.Blocks(n_Q, n_K, rows, spec.align is not None, ids if isinstance(ids, list) else None)
         for a in range(0, n_Q, blocks.BLOCK_ROWS):
             b = min(n_Q, a + blocks.BLOCK_ROWS)
             keys = b if spec.align is not None else n_K
             bias = view.position_bias(layer, b - a, keys, a)
             trace = _attend(Q, K, V, spec, a, b, None if bias is None else bias.bias[:, head : head + 1])
-            block = trace["attention"][0, 0].to(torch.float64)  # [b - a, keys]
-            stats.add(block, a, spec.align is not None, ids if isinstance(ids, list) else None)
-            _pool_into(sums, block, a, r, c)
-            if rows is not None and a < rows[1] and b > rows[0]:
-                asked = block[max(rows[0], a) - a : min(rows[1], b) - a]
-                kept.append(torch.nn.functional.pad(asked, (0, n_K - asked.shape[-1])))  # the unseen keys: 0
-        counts = torch.bincount(torch.arange(n_Q) // r, minlength=sums.shape[0]).to(torch.float64)
-        pooled = sums / counts[:, None]
+            pooled.add(trace["attention"][0, 0].to(torch.float64), a)  # [b - a, keys]
         layer_steps = _shapes(view, layer, X, made, memory, memory_op)
-    exact = torch.cat(kept) if kept else None
-    return LongHead(pooled, (r, c), stats.result(), rows, exact, layer_steps, view.attention_spec(layer))
+    return pooled.head(layer_steps, view.attention_spec(layer))
 
 
 def blocked_step(view: EncoderDecoder, layer: int, h: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from attnscope.errors import UsageError
 from attnscope.models.seq2seq import ATTENTION_KINDS, KIND_WORDS
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     import torch
@@ -129,7 +130,8 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
     needed = _estimate(asked, model, kind, n_source, len(target_ids))
     last = view.n_layer - 1 if asked.all_layers else asked.layer
     what = f"running the {'encoder' if kind == 'encoder' else 'encoder and the decoder'} to {kind} layer {last}"
-    guard_memory(needed, asked.max_memory, what + (f" and decoding {asked.generate} tokens" if asked.generate else ""))
+    decoding = f" and decoding {counted(asked.generate, 'token')}" if asked.generate else ""
+    guard_memory(needed, asked.max_memory, what + decoding)
     with progress(what):
         stack = run_stack(model, source, target_ids, kind, asked.layer, asked.head, every=asked.all_layers)
     result.run = stack.run
@@ -146,7 +148,7 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
     if asked.generate:
         from attnscope.models import seq2seq_decode, tokenizer
 
-        with progress(f"decoding {asked.generate} tokens"):
+        with progress(f"decoding {counted(asked.generate, 'token')}"):
             result.decode = seq2seq_decode.generate(model, source, target_ids, kind, asked.layer, asked.generate)
         result.decode_pieces = tokenizer.pieces(model.folder, [step.token_id for step in result.decode])
     if asked.check:
@@ -182,8 +184,8 @@ def _plan_long(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: i
 
     is_long = seq2seq_long.is_long(kind, n_source, n_target)
     n_Q = n_source if kind == "encoder" else n_target
-    queries = "source positions" if asked.audio and kind == "encoder" else "source tokens" if kind == "encoder" \
-        else "target tokens"
+    side = "source" if kind == "encoder" else "target"
+    queries = counted(n_Q, f"{side} position" if asked.audio and kind == "encoder" else f"{side} token")
     if is_long:
         n = max(n_source, n_target if kind != "encoder" else 0)
         held = [flag for flag, on in (("--all-heads", asked.all_heads), ("--all-layers", asked.all_layers),
@@ -196,11 +198,11 @@ def _plan_long(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: i
     elif asked.rows:
         never = _never_long(model, kind)
         raise UsageError(f"--rows picks exact query rows of a pattern that is pooled, and "
-                         f"{never or f'the {queries} are {n_Q:,}'}, at most {long.LONG_TOKENS:,}: "
+                         f"{never or f'there are {queries}'}, at most {long.LONG_TOKENS:,}: "
                          f"{'its patterns are never pooled' if never else 'the whole pattern is exact'}; drop --rows")
     rows = parse_rows(asked.rows)
     if rows is not None and rows[1] > n_Q:
-        raise UsageError(f"--rows {asked.rows}: the {kind} attention's queries are the {n_Q:,} {queries}, so rows "
+        raise UsageError(f"--rows {asked.rows}: the {kind} attention's queries are the {queries}, so rows "
                          f"run 0 to {n_Q - 1}")
     return is_long
 

@@ -22,6 +22,7 @@ from attnscope.runs.head_result import (
     guard_memory,
     save_result,
 )
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from attnscope.models.config import Config
@@ -152,7 +153,7 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
     result.all_heads = result.run.layer["attention"][0]
     result.notes.extend(result.run.layer.notes)
     if asked.generate:
-        with progress(f"decoding {asked.generate} tokens"):
+        with progress(f"decoding {counted(asked.generate, 'token')}"):
             result.decode = stream.generate(model, encoded.ids, asked.generate, asked.layer)
         result.decode_pieces = tokenizer.pieces(model.folder, [step.token_id for step in result.decode])
 
