@@ -114,16 +114,16 @@ def run_trace(o: TraceOptions) -> TraceRun:
                      "and --heads")
     shapes = ShapePlan.make(o, weighted, init)
 
-    def run(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
+    def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
         inputs = make_inputs(asked, plan, shapes, weighted,
                              guard=lambda sizes: _guard(asked, spec, sizes, weighted is not None))
         fed = feeds(plan, inputs, spec.rope_base, spec.rope_pairing)
         return (inputs, fed, *_call(asked, target, fn, plan, inputs, module, fed))
 
-    inputs, fed, called, convention = run(o)
+    inputs, fed, called, convention = attempt(o)
     if called.failure is not None and weighted is None and o.batch is None and not o.q:
         # code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) fails on [n_batch, n, d]: try [n, d]
-        unbatched = run(dataclasses.replace(o, batch=0))
+        unbatched = attempt(dataclasses.replace(o, batch=0))
         if unbatched[2].failure is None:
             failed = called.failure
             inputs, fed, called, convention = unbatched

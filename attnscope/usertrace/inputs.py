@@ -98,9 +98,9 @@ class ShapePlan:
                 k_width = projections.linears["k"][1].out_features if projections else q_width
                 if k_width != q_width and k_width % fixed["d_head"] == 0:
                     fixed["n_kv_head"] = k_width // fixed["d_head"]  # grouped-query attention
-            found = fixed.get("n_kv_head", n_head)
-            if o.kv_heads is not None and o.kv_heads != found:
-                raise UsageError(f"--kv-heads {o.kv_heads} but the module's key projection makes {found} key/value "
+            kv_found = fixed.get("n_kv_head", n_head)
+            if o.kv_heads is not None and o.kv_heads != kv_found:
+                raise UsageError(f"--kv-heads {o.kv_heads} but the module's key projection makes {kv_found} key/value "
                                  "heads; drop --kv-heads")
             fused = _fused_width(module)
             if fused:
