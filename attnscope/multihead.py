@@ -80,6 +80,7 @@ class MultiHeadAttention(nn.Module):
         chunk: int | None = None,
         temperature: TemperatureTuning | None = None,
         qk_norm: str | QkNorm | None = None,
+        d_kv_in: int | None = None,
     ) -> None:
         super().__init__()
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
@@ -90,14 +91,15 @@ class MultiHeadAttention(nn.Module):
         if not 0.0 <= dropout_p < 1.0:
             raise UsageError(f"dropout_p = {dropout_p} must be in [0, 1)")
         self.d_feat, self.n_head, self.n_kv_head = d_feat, n_head, n_kv_head
+        self.d_kv_in = d_feat if d_kv_in is None else d_kv_in  # what K and V are read from (a context's width)
         self.d_head = d_feat // n_head if d_head is None else d_head
         if self.spec.rope is not None:
             self.spec.rope.check(self.d_head)
         self.dropout_p, self.record = dropout_p, record
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.W_q = nn.Linear(d_feat, n_head * self.d_head, bias=bias, **factory)
-        self.W_k = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
-        self.W_v = nn.Linear(d_feat, n_kv_head * self.d_head, bias=bias, **factory)
+        self.W_k = nn.Linear(self.d_kv_in, n_kv_head * self.d_head, bias=bias, **factory)
+        self.W_v = nn.Linear(self.d_kv_in, n_kv_head * self.d_head, bias=bias, **factory)
         self.W_o = nn.Linear(n_head * self.d_head, d_feat, bias=bias if out_bias is None else out_bias, **factory)
         # GPT-OSS's `sinks`: one logit per head, drawn after the projections so their seeded values stay the same
         self.sinks = nn.Parameter(torch.randn(n_head, **factory)) if self.spec.sinks else None
@@ -196,7 +198,7 @@ class MultiHeadAttention(nn.Module):
                 ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
         feats = {name: add(f"{name}_feat", W(x), ("n_batch", n, self._width(axis)),  # [n_batch, n, heads·d_head]
                            f"W_{name.lower()}({name})", cost.linear_flops((*x.shape[:-1], W.out_features),
-                                                                           self.d_feat, bias))
+                                                                           x.shape[-1], bias))
                  for name, W, x, n, _, axis in plan}
         norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
         if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
@@ -283,10 +285,11 @@ class MultiHeadAttention(nn.Module):
 
     def _check_inputs(self, Q: Tensor, K: Tensor, V: Tensor, cache: tuple[Tensor, Tensor] | None) -> None:
         for name, t in (("Q", Q), ("K", K), ("V", V)):
-            if t.dim() != 3 or t.shape[-1] != self.d_feat:
+            if t.dim() != 3 or t.shape[-1] != (self.d_feat if name == "Q" else self.d_kv_in):
                 raise UsageError(
                     f"{name} is {list(t.shape)} but multi-head attention takes [n_batch, n, d_feat] "
-                    f"with d_feat = {self.d_feat}"
+                    f"with d_feat = {self.d_feat}" + (f" (K and V: {self.d_kv_in} features)" if name != "Q" and
+                                                      self.d_kv_in != self.d_feat else "")
                 )
         if not Q.shape[0] == K.shape[0] == V.shape[0]:
             raise UsageError(f"n_batch differs: Q {Q.shape[0]}, K {K.shape[0]}, V {V.shape[0]}")

@@ -209,3 +209,56 @@ def test_cross_attention_gets_x_and_a_memory_of_other_length(tmp_path, runner):
         mha.out_proj.bias.copy_(module.w_o.bias)
         x, memory = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
         torch.testing.assert_close(module(x, memory), mha(x, memory, memory)[0], rtol=1e-5, atol=1e-5)
+
+
+# --- Stable Diffusion's CrossAttention: to_k and to_v read context_dim, forward(x, context=None) -----------------
+
+SD = (DOCS / "stable_diffusion.py").read_text()
+SD_INIT = "--init", "query_dim=32, context_dim=16, heads=4, dim_head=8"
+
+
+def test_stable_diffusion_cross_attention_gets_a_context_of_its_keys_width(tmp_path, runner):
+    path = saved(tmp_path, SD)
+    result, out = trace(runner, f"{path}:CrossAttention", *SD_INIT)
+    assert result.exit_code == 0, result.output
+    assert statuses(out) <= {"equal", "permuted"} and "equal" in statuses(out)
+    sizes = out["params"]["sizes"]
+    assert sizes["d_feat"] == 32 and sizes["d_kv_in"] == 16 and sizes["n_Q"] != sizes["n_K"]
+    assert "q=to_q, k=to_k, v=to_v, o=to_out.0" in out["reference"]
+
+    # independently: the module's own weights through F.scaled_dot_product_attention
+    module = user_module(str(path)).CrossAttention(32, 16, 4, 8).eval()
+    x, context = torch.randn(2, 5, 32), torch.randn(2, 9, 16)
+
+    def heads(t):
+        return t.view(2, -1, 4, 8).transpose(1, 2)
+
+    with torch.no_grad():
+        y = F.scaled_dot_product_attention(heads(module.to_q(x)), heads(module.to_k(context)),
+                                           heads(module.to_v(context)))
+        expected = module.to_out(y.transpose(1, 2).reshape(2, 5, 32))
+        torch.testing.assert_close(module(x, context), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_stable_diffusion_keys_and_values_swapped_are_caught(tmp_path, runner):
+    path = saved(tmp_path, SD.replace("k = self.to_k(context)\n        v = self.to_v(context)",
+                                      "k = self.to_v(context)\n        v = self.to_k(context)"))
+    result, out = trace(runner, f"{path}:CrossAttention", *SD_INIT)
+    assert result.exit_code == 1, result.output
+    assert out["first_divergence"]["reference"] in ("K_feat", "scores")
+
+
+def test_stable_diffusion_context_ignored_is_caught(tmp_path, runner):
+    """x used for the keys: to_k reads 16 features, x has 32: the user's own shape error, at their line."""
+    path = saved(tmp_path, SD.replace("k = self.to_k(context)", "k = self.to_k(x)"))
+    result, out = trace(runner, f"{path}:CrossAttention", *SD_INIT)
+    assert result.exit_code == 1, result.output
+    assert "to_k" in out["error"]["op"] and out["error"]["line"] == 36
+
+
+def test_stable_diffusion_without_a_context_width_stays_self_attention(tmp_path, runner):
+    path = saved(tmp_path, SD)
+    result, out = trace(runner, f"{path}:CrossAttention", "--init", "query_dim=32, heads=4, dim_head=8")
+    assert result.exit_code == 0, result.output
+    sizes = out["params"]["sizes"]
+    assert sizes["n_Q"] == sizes["n_K"] and "d_kv_in" not in sizes

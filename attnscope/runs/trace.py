@@ -113,6 +113,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
         notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "
                      "and --heads")
     shapes = ShapePlan.make(o, weighted, init)
+    plan = shapes.fed(plan)  # a memory of K's own width to `context=None` (Stable Diffusion's CrossAttention)
 
     def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
         inputs = make_inputs(asked, plan, shapes, weighted,

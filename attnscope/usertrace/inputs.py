@@ -93,6 +93,8 @@ class ShapePlan:
             fixed["n_head"] = n_head
             projections = _projections(module, n_head, hint or (d_feat // n_head if d_feat % n_head == 0 else None))
             q_width = projections.linears["q"][1].out_features if projections else d_feat
+            if projections and projections.linears["k"][1].in_features != d_feat:  # K, V read a context's width
+                fixed["d_kv_in"] = projections.linears["k"][1].in_features
             if q_width % n_head == 0:
                 fixed["d_head"] = q_width // n_head
                 k_width = projections.linears["k"][1].out_features if projections else q_width
@@ -109,6 +111,12 @@ class ShapePlan:
                     extra["3·d_head"] = 3 * fixed["d_head"]  # a per-head fused layout (GPT-NeoX)
         why = None if n_head else f"cannot tell how many heads {type(module).__name__} has; pass --heads"
         return ShapePlan(fixed, n_head, why, extra)
+
+    def fed(self, plan: Plan) -> Plan:
+        """`plan`, with its memory parameter fed where the keys read another width than the queries: Stable
+        Diffusion's `forward(x, context=None)` run alone would give its d_kv_in-wide to_k the queries' x."""
+        memory = plan.memory() if "d_kv_in" in self.fixed else None
+        return plan.with_memory(memory) if memory is not None else plan
 
 
 def _projections(module: Any, n_head: int | None = None, d_head: int | None = None) -> Projections | None:
@@ -248,7 +256,7 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
 def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "row") -> tuple[str, ...]:
     """An input's dims: [n_batch, (n_head,) n, d], or [.., d, n] in the column layout; no n_batch for 2-D inputs."""
     n = "n_Q" if role == "Q" else "n_K"
-    d = "d_feat" if is_module else ("d_V" if role == "V" else "d_K")
+    d = ("d_kv_in" if role != "Q" and "d_kv_in" in sizes else "d_feat") if is_module else ("d_V" if role == "V" else "d_K")
     heads: tuple[str, ...] = ()
     if not is_module and "n_head" in sizes:
         heads = ("n_kv_head",) if role != "Q" and "n_kv_head" in sizes else ("n_head",)
@@ -287,9 +295,10 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
     for name, t in (("--q", Q), ("--k", K), ("--v", V)):
-        if module is not None and (t.dim() != 3 or t.shape[-1] != shapes.fixed["d_feat"]):
-            raise UsageError(f"{name} is {list(t.shape)} but the module takes [n_batch, n, d_feat] with d_feat = "
-                             f"{shapes.fixed['d_feat']}")
+        width = shapes.fixed["d_feat"] if name == "--q" else shapes.fixed.get("d_kv_in", shapes.fixed.get("d_feat"))
+        if module is not None and (t.dim() != 3 or t.shape[-1] != width):
+            raise UsageError(f"{name} is {list(t.shape)} but the module takes [n_batch, n, {width}] ("
+                             f"{'d_feat' if width == shapes.fixed['d_feat'] else 'd_kv_in: its keys read a context'})")
         if module is None and t.dim() < 2:
             raise UsageError(f"{name} is {list(t.shape)}; attention inputs are [.., n, d]")
     if module is not None:

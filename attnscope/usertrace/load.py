@@ -43,6 +43,10 @@ HEAD_NAMES = ("n_head", "n_heads", "num_heads", "heads", "h", "nhead", "num_atte
 LOCAL_HEAD_NAMES = ("n_local_heads", "num_local_heads", "n_q_heads", "num_q_heads")  # Meta's, tensor-parallel
 HEAD_DIM_NAMES = ("head_dim", "d_head", "head_size", "d_k", "dim_head", "attention_head_size")
 CONFIG_NAMES = ("config", "args", "params", "cfg")  # where a module keeps the config it was built from
+# What a memory parameter of cross-attention is called when it defaults to None (Stable Diffusion's
+# `forward(x, context=None)`, `context = default(context, x)`): fed when the keys read another width than the queries.
+MEMORY_NAMES = ("context", "memory", "encoder_hidden_states", "encoder_output", "encoder_out", "key_value_states",
+                "cond", "condition", "kv", "enc", "y")
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Plan:
     positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
+    optional: list[str] = field(default_factory=list)  # others defaulting to None: a memory's candidates
 
     def unfed(self) -> str:
         found = ", ".join(self.tensors) if self.tensors else "none"
@@ -85,6 +90,19 @@ class Plan:
     @property
     def self_attention(self) -> bool:
         return len(self.tensors) == 1
+
+    def memory(self) -> str | None:
+        """The parameter a self-attention forward takes its keys' and values' input from when given one
+        (`context=None`): named so (MEMORY_NAMES), else the only parameter defaulting to None."""
+        if not self.self_attention:
+            return None
+        named = [n for n in self.optional if n.lower() in MEMORY_NAMES]
+        return named[0] if named else self.optional[0] if len(self.optional) == 1 else None
+
+    def with_memory(self, name: str) -> Plan:
+        """This plan with `name` fed as the memory of cross-attention (x for the queries, it for K and V)."""
+        return dataclasses.replace(self, tensors=[*self.tensors, name],
+                                   optional=[n for n in self.optional if n != name])
 
 
 def parse_spec(spec: str) -> tuple[Path, str]:
@@ -324,6 +342,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
                 p.nones.append(name)
         elif required:
             p.tensors.append(name)
+        elif param.default is None:
+            p.optional.append(name)
         if param.kind == param.POSITIONAL_ONLY:
             p.positional_only.add(name)
     if len(p.tensors) not in (1, 2, 3):

@@ -144,9 +144,9 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec()) -> nn.Module
     q, k, v, o = (found.linears[role][1] for role in ROLES)
     d_feat = q.in_features
     names = {role: found.linears[role][0] for role in ROLES}
-    if k.in_features != d_feat or v.in_features != d_feat or o.out_features != d_feat:
-        raise UsageError(f"{names['q']}, {names['k']}, {names['v']} must all read d_feat features and "
-                         f"{names['o']} write them back: found {q.in_features}, {k.in_features}, {v.in_features} in, "
+    if k.in_features != v.in_features or o.out_features != d_feat:  # K, V may read a context of their own width
+        raise UsageError(f"{names['k']} and {names['v']} must read the same features and {names['o']} write "
+                         f"{names['q']}'s back: found {q.in_features}, {k.in_features}, {v.in_features} in, "
                          f"{o.out_features} out")
     if q.out_features % n_head or o.in_features != q.out_features or k.out_features != v.out_features:
         raise UsageError(f"{names['q']} writes {q.out_features} features, which {n_head} heads do not split "
@@ -166,7 +166,7 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec()) -> nn.Module
                                    d_head=d_head if d_head * n_head != d_feat else None, n_kv_head=n_kv_head,
                                    device=weight.device, dtype=weight.dtype, causal=spec.causal or False,
                                    window=spec.window,
-                                   rope=spec.rope())
+                                   rope=spec.rope(), d_kv_in=k.in_features if k.in_features != d_feat else None)
     with torch.no_grad():
         for mine, theirs in ((reference.W_q, q), (reference.W_k, k), (reference.W_v, v), (reference.W_o, o)):
             mine.weight.copy_(theirs.weight)
