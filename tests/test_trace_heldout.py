@@ -262,3 +262,81 @@ def test_stable_diffusion_without_a_context_width_stays_self_attention(tmp_path,
     assert result.exit_code == 0, result.output
     sizes = out["params"]["sizes"]
     assert sizes["n_Q"] == sizes["n_K"] and "d_kv_in" not in sizes
+
+
+# --- F.multi_head_attention_forward called with the module's own parameters --------------------------------------
+
+FUNCTIONAL = """
+class FunctionalMHA(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.in_proj_weight = nn.Parameter(torch.randn(3 * embed_dim, embed_dim) / embed_dim ** 0.5)
+        self.in_proj_bias = nn.Parameter(torch.randn(3 * embed_dim) / 10)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x):
+        x = x.transpose(0, 1)  # [n, n_batch, d]: sequence first
+        out, _ = F.multi_head_attention_forward(
+            x, x, x, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias, None, None, False,
+            0.0, self.out_proj.weight, self.out_proj.bias, training=self.training, need_weights=False)
+        return out.transpose(0, 1)
+"""
+
+# CLIP's AttentionPool2d: four Linear layers, passed apart, the biases concatenated
+SEPARATE = """
+class SeparateMHA(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.c_proj = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x):
+        x = x.transpose(0, 1)
+        out, _ = F.multi_head_attention_forward(
+            query=x, key=x, value=x, embed_dim_to_check=x.shape[-1], num_heads=self.num_heads,
+            q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight, v_proj_weight=self.v_proj.weight,
+            in_proj_weight=None, in_proj_bias=torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]),
+            bias_k=None, bias_v=None, add_zero_attn=False, dropout_p=0.0, out_proj_weight=self.c_proj.weight,
+            out_proj_bias=self.c_proj.bias, use_separate_proj_weight=True, training=self.training,
+            need_weights=False)
+        return out.transpose(0, 1)
+"""
+
+
+def test_a_functional_mha_call_is_traced_with_the_weights_it_passes(tmp_path, runner):
+    path = write(tmp_path, FUNCTIONAL)
+    result, out = trace(runner, f"{path}:FunctionalMHA", "--init", "embed_dim=32, num_heads=4")
+    assert result.exit_code == 0, result.output
+    assert "q=in_proj_weight[0:32]" in out["reference"] and "o=out_proj.weight" in out["reference"]
+
+    module = user_module(path).FunctionalMHA(32, 4).eval()
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(module.in_proj_weight)
+        mha.in_proj_bias.copy_(module.in_proj_bias)
+        mha.out_proj.load_state_dict(module.out_proj.state_dict())
+        x = torch.randn(2, 5, 32)
+        torch.testing.assert_close(module(x), mha(x, x, x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_functional_mha_call_with_separate_weights_is_traced(tmp_path, runner):
+    path = write(tmp_path, SEPARATE)
+    result, out = trace(runner, f"{path}:SeparateMHA", "--init", "embed_dim=32, num_heads=4")
+    assert result.exit_code == 0, result.output
+    assert "q=q_proj.weight, k=k_proj.weight, v=v_proj.weight, o=c_proj.weight" in out["reference"]
+
+
+@pytest.mark.parametrize("old, new", [
+    ("self.embed_dim, self.num_heads, self.in_proj_weight", "self.embed_dim, self.num_heads // 2, self.in_proj_weight"),
+    ("self.out_proj.weight, self.out_proj.bias", "self.out_proj.weight.t(), self.out_proj.bias"),
+], ids=["num_heads halved", "out_proj weight transposed"])
+def test_a_functional_mha_call_with_a_planted_bug_diverges(tmp_path, runner, old, new):
+    assert old in FUNCTIONAL
+    path = write(tmp_path, FUNCTIONAL.replace(old, new))
+    result, out = trace(runner, f"{path}:FunctionalMHA", "--init", "embed_dim=32, num_heads=4")
+    assert result.exit_code == 1, result.output
+    assert out["first_divergence"] is not None

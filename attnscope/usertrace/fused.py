@@ -9,6 +9,9 @@
   the one under which the most reference steps find their equal (transformers' GPT-2 and GPT-NeoX code splits
   the same ways: `split(self.split_size, dim=2)`, `view(..., n_head, 3 * head_size)`).
 - An nn.MultiheadAttention inside the module: its `in_proj_weight` (or `q/k/v_proj_weight`) and `out_proj`.
+- `F.multi_head_attention_forward` called in the module's forward with its own parameters: the weights the
+  recorded call was given (`in_proj_weight`, or `q/k/v_proj_weight` with `use_separate_proj_weight`, and
+  `out_proj_weight`), each as the module holds it where it is one of its parameters (`call_parts`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,57 @@ def mha_parts(name: str, mha: nn.MultiheadAttention) -> dict[str, tuple[str, obj
     out: dict[str, tuple[str, object]] = {role: (part.name, part) for role, part in parts.items()}
     out["o"] = (f"{prefix}out_proj", mha.out_proj)
     return out
+
+
+def call_parts(module: nn.Module, records: list[Record]) -> tuple[dict[str, tuple[str, object]], str] | None:
+    """q, k, v, o as the module's own `F.multi_head_attention_forward` call was given them (the first such
+    call), and how: `in_proj_weight` split in thirds, as the kernel splits it, or `q/k/v_proj_weight`; the
+    output projection `out_proj_weight`. A weight that is a parameter of the module is read as the module holds
+    it, so a call passing it transposed (`self.out_proj.weight.t()`) differs from the reference; one the code
+    computes (CLIP's `torch.cat([q_proj.bias, ...])`) as it was passed. None where no such call was recorded."""
+    call = next((r for r in records if r.func == "multi_head_attention_forward"
+                 and "projections" in (r.details.get("kernel") or {})), None)
+    if call is None:
+        return None
+    given = call.details["kernel"]["projections"]
+    params = list(module.named_parameters())
+
+    def held(key: str) -> tuple[str, torch.Tensor | None]:
+        value = given.get(key)
+        if not isinstance(value, torch.Tensor):
+            return key, None
+        for name, p in params:
+            if value is p:
+                return name, p.detach()
+        for name, p in params:  # a view of one of its parameters laid out otherwise: .t(), .mT
+            if value.shape == p.shape and value.stride() != p.stride() and \
+                    value.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
+                return f"{name} (as the module holds it; line {call.line} passes it transposed)", p.detach()
+        return f"the {key} passed at line {call.line}", value.detach()
+
+    bias_name, bias = held("in_proj_bias")
+    if given.get("use_separate_proj_weight"):
+        weights = [held(f"{role}_proj_weight") for role in "qkv"]
+    else:
+        name, weight = held("in_proj_weight")
+        if weight is None or weight.dim() != 2 or weight.shape[0] % 3:
+            return None
+        third = weight.shape[0] // 3
+        weights = [(f"{name}[{i * third}:{(i + 1) * third}]", weight[i * third:(i + 1) * third]) for i in range(3)]
+    out_name, out_weight = held("out_proj_weight")
+    if any(w is None or w.dim() != 2 for _, w in (*weights, (out_name, out_weight))):
+        return None
+    assert out_weight is not None
+    parts: dict[str, tuple[str, object]] = {}
+    start = 0
+    for role, (name, weight) in zip("qkv", weights, strict=True):
+        assert weight is not None
+        end = start + weight.shape[0]
+        parts[role] = (name, Part(name, weight, bias[start:end] if bias is not None else None))
+        start = end
+    out_bias = held("out_proj_bias")[1]
+    parts["o"] = (out_name, Part(out_name, out_weight, out_bias))
+    return parts, f"the weights your F.multi_head_attention_forward call passes (line {call.line})"
 
 
 def fused_linear(linears: list[tuple[str, nn.Linear]]) -> tuple[str, nn.Linear] | None:

@@ -20,6 +20,9 @@ import torch
 import torch.nn.functional as F
 
 KERNELS = ("scaled_dot_product_attention", "multi_head_attention_forward")
+# The arguments of `F.multi_head_attention_forward` that hold the projections (fused.call_parts reads them).
+PROJECTION_ARGS = ("num_heads", "in_proj_weight", "in_proj_bias", "use_separate_proj_weight", "q_proj_weight",
+                   "k_proj_weight", "v_proj_weight", "out_proj_weight", "out_proj_bias")
 Hidden = list[tuple[str, torch.Tensor, str]]  # (the reference step it stands for, tensor, how)
 
 
@@ -37,7 +40,8 @@ def hidden(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     with torch.no_grad():
         if name == "scaled_dot_product_attention":
             return _sdpa(given), {k: given.get(k) for k in ("is_causal", "dropout_p", "scale", "enable_gqa")}
-        return _mha(given), {"dropout_p": given.get("dropout_p"), "training": given.get("training", True)}
+        return _mha(given), {"dropout_p": given.get("dropout_p"), "training": given.get("training", True),
+                             "projections": {k: given.get(k) for k in PROJECTION_ARGS}}
 
 
 def _sdpa(given: dict[str, Any]) -> Hidden:

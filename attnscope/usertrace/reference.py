@@ -119,6 +119,9 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     inner = fused.inner_mha(module)
     if inner is not None:
         return [Projections(fused.mha_parts(*inner), f"the nn.MultiheadAttention {inner[0] or 'it is'}")]
+    called = fused.call_parts(module, records or [])
+    if called is not None:  # F.multi_head_attention_forward called with the module's own parameters
+        return [Projections(*called)]
     found = fused.fused_linear(linears)
     out = fused.output_linear(linears, found, role_of) if found is not None else None
     if found is not None and out is not None:
