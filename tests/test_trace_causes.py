@@ -172,3 +172,70 @@ def test_each_planted_bug_is_named_at_its_step(tmp_path, runner, args, changes, 
     first = diverges(runner, module(tmp_path, *changes), *args)
     assert step is None or first["reference"] == step, first
     assert words in first["diagnosis"] and "none of the usual causes fits" not in first["diagnosis"], first
+
+
+# --- the reference's options for correct code of another convention (issue 29, what was left) ---------------
+
+TIMM_RMS = [("nn.LayerNorm(self.d_head)", "nn.RMSNorm(self.d_head, eps=1e-6)"),
+            ("                norm.bias.normal_(0.0, 0.3)\n", ""), (ROTATE, "q, k = self.q_norm(q), self.k_norm(k)")]
+BLOOM = (BIAS, "scores = scores + alibi_slopes(self.n_head)[:, None, None] * torch.arange(T)")
+T5 = [(SCORES, "scores = q @ k.transpose(-2, -1)"),
+      (BIAS, "scores = scores + 0.1 * (torch.arange(T)[None, :] - torch.arange(T)[:, None]).float()")]
+
+
+def t5_bias(tmp_path) -> str:
+    torch.save(0.1 * (torch.arange(6)[None, :] - torch.arange(6)[:, None]).float(), tmp_path / "bias.pt")
+    return str(tmp_path / "bias.pt")
+
+
+@pytest.mark.parametrize(("args", "changes"), [
+    (("--causal", "--alibi"), [BLOOM]),  # BLOOM's m_h · j: the reference's −m_h · (i − j) plus a row constant
+    (("--causal", "--qk-norm"), TIMM_RMS),  # timm's qk_norm=True with norm_layer=RmsNorm: the user's weights taken
+    (("--causal", "--qk-norm", "head", "--rope"), [*TIMM_RMS[:2], (ROTATE, "q, k = rope(self.q_norm(q)), rope(self.k_norm(k))")]),
+    (("--causal", "--scale", "1", "--position-bias", "BIAS", "--batch", "2", "--nq", "6"), T5),
+], ids=["alibi", "qk-norm", "qk-norm-rope", "t5-bias-scale"])
+def test_code_of_another_convention_exits_0_with_the_option_that_describes_it(tmp_path, runner, args, changes):
+    args = tuple(t5_bias(tmp_path) if a == "BIAS" else a for a in args)
+    result, out = trace(runner, module(tmp_path, *changes), *args)
+    assert result.exit_code == 0, result.output
+    assert out["first_divergence"] is None
+
+
+@pytest.mark.parametrize(("args", "changes", "words"), [
+    (("--causal",), [BLOOM], "describe it with --alibi"),
+    (("--causal",), TIMM_RMS, "describe it with --qk-norm head"),
+    (("--causal", "--alibi"), [], "adds no position bias"),
+    (("--causal", "--alibi"), [(BIAS, BLOOM[1].replace("n_head)", "n_head).flip(0)"))], "which are not ALiBi's"),
+    (("--causal",), T5[:1], "times too large: not divided by √d_head (where that is your model's, T5's, --scale 1"),
+], ids=["alibi-untold", "qk-norm-untold", "alibi-absent", "alibi-slopes-told", "scale-untold"])
+def test_without_the_option_the_cause_is_named(tmp_path, runner, args, changes, words):
+    first = diverges(runner, module(tmp_path, *changes), *args)
+    assert words in first["diagnosis"], first
+
+
+def test_a_layernorm_qk_norm_is_refused_in_one_line(tmp_path, runner):
+    result, _ = trace(runner, module(tmp_path, (ROTATE, "q, k = self.q_norm(q), self.k_norm(k)")), "--causal",
+                      "--qk-norm")
+    assert result.exit_code == 2
+    assert "your q_norm is a LayerNorm" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--alibi", "--position-bias", "BIAS"), "two position biases"),
+    (("--scale", "inf"), "--scale inf"),
+    (("--qk-norm", "--layout", "col"), "--layout col"),
+])
+def test_bad_reference_options_are_one_line_exit_2(tmp_path, runner, args, words):
+    args = tuple(t5_bias(tmp_path) if a == "BIAS" else a for a in args)
+    result, _ = trace(runner, module(tmp_path), "--causal", *args)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+
+
+def test_the_other_rope_pairing_is_named_from_the_references_own(tmp_path, runner):
+    """Half-split code traced with --rope-pairing interleaved: the reference pairs interleaved, and says so."""
+    first = diverges(runner, module(tmp_path, (ROTATE, "q, k = rope(q), rope(k)")), "--causal", "--rope",
+                     "--rope-pairing", "interleaved")
+    assert first["reference"] == "Q_rot", first
+    assert "pairs RoPE's coordinates half-split" in first["diagnosis"], first
+    assert "where the reference pairs them interleaved" in first["diagnosis"], first

@@ -13,6 +13,7 @@ import typer
 from attnscope.cli.common import Page, exporting, max_memory_bytes
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
+    Alibi,
     AttentionCommand,
     Cache,
     CausalOpt,
@@ -24,7 +25,9 @@ from attnscope.cli.options import (
     Layout,
     MaskFile,
     MaxMemory,
+    PositionBias,
     QFile,
+    QkNormOpt,
     RopeBase,
     RopeOpt,
     RopePairing,
@@ -73,6 +76,10 @@ def trace(
     rope_pairing: RopePairing = None,
     kv_heads: KvHeads = None,
     cache: Cache = 0,
+    alibi: Alibi = False,
+    position_bias: PositionBias = None,
+    qk_norm: QkNormOpt = None,
+    scale: Annotated[float | None, typer.Option("--scale", help="The scores' scale, for 1/sqrt(d_head) (T5: 1; Gemma 2's query_pre_attn_scalar q gives q ** -0.5).", rich_help_panel="Variants")] = None,
     max_memory: MaxMemory = None,
     json: Json = False,
     save: Save = None,
@@ -96,7 +103,8 @@ def trace(
                                causal=causal.value if causal else None, max_memory=max_memory_bytes(max_memory),
                                window=window, rope=rope, rope_base=rope_base,
                                rope_pairing=rope_pairing.value if rope_pairing else None, kv_heads=kv_heads, cache=cache,
-                               save=save, force=force)
+                               save=save, force=force, alibi=alibi, position_bias=position_bias,
+                               qk_norm=qk_norm.value if qk_norm else None, scale=scale)
         run = run_trace(options)
         page.of(run, lambda traced: from_trace_run(traced, describe))
         _show(out, run, json, exported=bool(svg or html))

@@ -8,6 +8,7 @@ attnscope.usertrace (load, inputs, call, lineup).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,10 @@ class TraceOptions(InputOptions):
     force: bool = False
     rope_pairing: str | None = None  # "half-split" (default) or "interleaved" (Meta's view_as_complex, GPT-J)
 
+    alibi: bool = False  # the reference adds ALiBi's bias (BLOOM's)
+    position_bias: str | None = None  # a file: a float tensor the reference adds to the scores (T5's)
+    qk_norm: str | None = None  # "head" or "proj": the reference's RMSNorm of Q and K, the user's norm weights
+    scale: float | None = None  # the scores' scale, for 1/sqrt(d_head)
 
 @dataclass(frozen=True)
 class UserStep(Step):
@@ -233,14 +238,32 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
                              "if any, are passed as documented)")
         if o.d_feat is not None:
             raise UsageError("--d-feat is a module's width; for a function give --dk (and --dv)")
-    asked = AttentionSpec.asked(o.causal, o.window, o.cache, rope=rope_of(o))  # checked as sdpa/mha check them
+    asked = AttentionSpec.asked(o.causal, o.window, o.cache, rope=rope_of(o), alibi=o.alibi, scale=o.scale,
+                                qk_norm=o.qk_norm)  # checked as sdpa/mha check them
+    if o.alibi and o.position_bias:
+        raise UsageError("--alibi and --position-bias are two position biases; give one")
+    if o.scale is not None and not math.isfinite(o.scale):
+        raise UsageError(f"--scale {o.scale}: give a finite number")
+    if o.layout == "col" and (o.alibi or o.position_bias or o.qk_norm or o.scale is not None):
+        raise UsageError("--layout col traces the textbook column form, out = V softmax(Kᵀ Q / √d_K); --alibi, "
+                         "--position-bias, --qk-norm and --scale work in the row layout: drop --layout col")
+    if o.qk_norm == "proj" and target.kind == "function":
+        raise UsageError("--qk-norm proj normalizes a module's whole projection before the split; a function gets "
+                         "its q and k split already: use --qk-norm head")
+    from attnscope.runs.inputs import load as load_tensor
+
+    bias = load_tensor(o.position_bias)
+    if bias is not None and not bias.is_floating_point():
+        raise UsageError(f"--position-bias {o.position_bias}: a {str(bias.dtype).removeprefix('torch.')} tensor; "
+                         "the bias added to the scores is a float tensor [.., n_Q, n_K]")
     if o.layout not in ("row", "col"):
         raise UsageError(f"--layout {o.layout}: use row or col")
     if o.layout == "col" and (o.rope or o.kv_heads):  # as sdpa refuses variants in the column layout
         raise UsageError(f"--layout col traces the textbook column form; {'--rope' if o.rope else '--kv-heads'} "
                          "works in the row layout: drop --layout col")
     return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache,
-                o.layout, asked.rope.pairing if asked.rope is not None else "half-split")
+                o.layout, asked.rope.pairing if asked.rope is not None else "half-split", alibi=o.alibi,
+                qk_norm=o.qk_norm, scale=o.scale, position_bias=bias)
 
 
 def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
@@ -346,7 +369,8 @@ def _params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inp
             "seed": o.seed, "inputs": files or "random", "mask": o.mask, "causal": o.causal, "window": o.window,
             "rope": o.rope, "rope_base": (o.rope_base or ROPE_BASE) if o.rope else None,
             "rope_pairing": (o.rope_pairing or "half-split") if o.rope else None,
-            "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save}
+            "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save, "alibi": o.alibi,
+            "position_bias": o.position_bias, "qk_norm": o.qk_norm, "scale": o.scale}
 
 
 def _jsonable(value: Any) -> Any:

@@ -243,13 +243,14 @@ def explain_ratio(step: str, ratio: float, ctx: Context) -> str:
                                             "√d_feat, not √d_head"))
         if d:
             known += [(math.sqrt(d), f"scores are {_root(d)} = √{d_name} times too large: not divided by "
-                                     f"√{d_name}"),
+                                     f"√{d_name} (where that is your model's, T5's, --scale 1 describes it)"),
                       (1 / math.sqrt(d), f"scores are {_root(d)} = √{d_name} times too small: divided by "
                                          f"{d_name} = {d}, not √{d_name}")]
         for value, text in known:
             if math.isclose(ratio, value, rel_tol=1e-3):
                 return text
-    return f"{step} is {_factor(big)} times {size} (a constant ratio {ratio:.6g}: a scale differs)"
+    scaled = "; where your scale is your model's, --scale gives the reference's" if step == "scores" else ""
+    return f"{step} is {_factor(big)} times {size} (a constant ratio {ratio:.6g}: a scale differs{scaled})"
 
 
 def _root(n: int) -> str:

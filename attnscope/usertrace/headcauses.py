@@ -109,9 +109,15 @@ def qk_norm(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
             which = "the keys" if q_rec is None else "the queries"
             return Diagnosis(f"qk-norm on one side only: {where}, but {which} are not normalized; qk-norm normalizes "
                              "both q and k per head before the scores", near.record)
-        return Diagnosis(f"your code applies qk-norm: {where}, before the scores (timm's qk_norm=True, OLMo2, Qwen3); "
-                         "the reference applies none (qk-norm missing from trace's reference: it has no option for "
-                         "it), so the steps line up until the scores", near.record)
+        if q_kind == k_kind == "RMSNorm":
+            told = ("describe it with --qk-norm head (the reference then normalizes with your norms' weights)"
+                    if ctx.spec is None or ctx.spec.qk_norm is None else "")
+        else:
+            told = ("the reference's qk-norm (--qk-norm) is an RMSNorm, which cannot describe a LayerNorm's "
+                    "(timm's default norm_layer; norm_layer=RmsNorm is the form it computes)")
+        return Diagnosis(f"your code applies qk-norm: {where}, before the scores (timm's qk_norm=True, OLMo2, Qwen3), "
+                         f"which the reference was not told of; {told}" if told else
+                         f"your code applies qk-norm: {where}, before the scores", near.record)
     return None
 
 

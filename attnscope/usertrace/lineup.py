@@ -28,15 +28,20 @@ ALIGNED = ("equal", "permuted")
 # GPT-NeoX splits a fused projection per head, so Q_feat never exists whole; LLMs-from-scratch masks before it
 # scales, so the scaled scores never exist unmasked.
 DERIVED = {"Q_feat": "Q_split", "K_feat": "K_split", "V_feat": "V_split", "K_rep": "scores", "V_rep": "x_raw",
-           "scores": "masked_scores"}
+           "scores": "masked_scores", "biased_scores": "masked_scores"}
 # What each step is computed from, each a group of alternatives, the nearest first: after a divergence a step lines
 # up only with a tensor that comes from the user's tensors for these (align.follow).
-_Q, _K, _V = ("Q_rot", "Q_split", "Q"), ("K_rep", "K_cat", "K_rot", "K_split", "K"), ("V_rep", "V_cat", "V_split", "V")
+_Q = ("Q_rot", "Q_normed", "Q_split", "Q")
+_K = ("K_rep", "K_cat", "K_rot", "K_normed", "K_split", "K")
+_V = ("V_rep", "V_cat", "V_split", "V")
 FROM: dict[str, tuple[tuple[str, ...], ...]] = {
     "Q_split": (("Q_feat",),), "K_split": (("K_feat",),), "V_split": (("V_feat",),),
-    "Q_rot": (("Q_split", "Q"),), "K_rot": (("K_split", "K"),), "K_cat": (("K_rot", "K_split", "K"),),
+    "Q_normed": (("Q_feat", "Q"),), "K_normed": (("K_feat", "K"),),  # over the projection, or each head after it
+    "Q_rot": (("Q_normed", "Q_split", "Q"),), "K_rot": (("K_normed", "K_split", "K"),),
+    "K_cat": (("K_rot", "K_normed", "K_split", "K"),),
     "V_cat": (("V_split", "V"),), "K_rep": (_K[1:],), "V_rep": (_V[1:],), "scores": (_Q, _K),
-    "masked_scores": (("scores",),), "attention": (("masked_scores", "scores"),),
+    "biased_scores": (("scores",),), "masked_scores": (("biased_scores", "scores"),),
+    "attention": (("masked_scores", "biased_scores", "scores"),),
     "x_raw": (("attention",), _V), "out": (("attention",), _V), "x_rsh1": (("x_raw",),),
     "x_rsh2": (("x_rsh1", "x_raw"),), "x": (("x_rsh2",),)}
 
@@ -148,8 +153,8 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     error: UsageError | None = None
     for projections in ref.find_projections(module, records, shapes.n_head, shapes.fixed.get("d_head")):
         try:
-            reference = ref.build_mha(projections, shapes.n_head, spec)
-            trace = ref.run_mha(reference, Q, K, V, inputs.mask, inputs.cache)
+            reference = ref.build_mha(projections, shapes.n_head, spec, module)
+            trace = ref.run_mha(reference, Q, K, V, inputs.mask, inputs.cache, spec.position_bias)
         except UsageError as exc:
             error = error or exc
             continue
@@ -231,6 +236,8 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         rows.append(Aligned(name, step.dims, list(step.shape), match.record,
                             match.layout.describe(step.dims, tuple(match.record.tensor.shape)),
                             match.max_abs_diff, status, match.layout.order, match.layout.merged))
+    if "alibi_bias" in trace:
+        _shifted_rows(rows, trace)
     statuses = {row.reference: row.status for row in rows}
     for i, row in enumerate(rows):  # a step fused away (F.scaled_dot_product_attention) is not a divergence
         later = any(r.status in ALIGNED for r in rows[i + 1:])
@@ -238,6 +245,32 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         if (row.status == "missing" and later) or (row.status == "differs" and derived):
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
+
+
+def _shifted_rows(rows: list[Aligned], trace: Trace) -> None:
+    """BLOOM adds ALiBi as m_h · j where the reference adds −m_h · (i − j): the user's biased (and masked) scores
+    are the reference's plus m_h · i, a constant per query row that the softmax takes out. Such a step is equal
+    (the row says how), never a divergence."""
+    import torch
+
+    from attnscope.usertrace.align import VERY_NEGATIVE, Layout, tolerance
+
+    for row in rows:
+        if row.reference not in ("biased_scores", "masked_scores") or row.status != "differs" or row.order is None:
+            continue
+        assert row.record is not None
+        reference = trace[row.reference].double()
+        user = Layout(row.order, row.merged).undo(row.record.tensor, tuple(reference.shape)).double()
+        kept = torch.isfinite(reference) & (reference > VERY_NEGATIVE)
+        if not bool(torch.equal(kept, user > VERY_NEGATIVE)) or not bool(kept.any()):
+            continue
+        shift = torch.where(kept, user - reference, 0.0)
+        count = kept.sum(-1, keepdim=True).clamp_min(1)
+        spread = torch.where(kept, shift - shift.sum(-1, keepdim=True) / count, 0.0).abs().max()
+        if float(spread) <= tolerance(trace[row.reference]):
+            row.status, row.max_abs_diff = ("equal" if not row.layout else "permuted"), float(spread)
+            row.layout = ((row.layout + "; ") if row.layout else "") + (
+                "plus a constant per row (BLOOM's ALiBi, m_h · j)")
 
 
 def _parents(name: str, trace: Trace) -> list[str]:

@@ -175,28 +175,39 @@ def alibi(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     """The user's scores (or softmax) are the reference's plus a linear bias in the key position per head."""
     from attnscope import alibi as alibi_math
 
-    if step not in ("scores", "masked_scores", "attention") or step not in ctx.reference:
+    if step not in ("scores", "biased_scores", "masked_scores", "attention") or step not in ctx.reference:
         return None
     reference = ctx.reference[step].double()
     if reference.dim() < 3:
         return None
     n_head = reference.shape[-3]
-    for record in reversed(ctx.records):
+    # the biased scores are the first tensor that adds the bias (the masked ones after it add it too)
+    plain: Record | None = None
+    for record in (ctx.records if step == "biased_scores" else reversed(ctx.records)):
         if tuple(record.tensor.shape) != tuple(reference.shape) or not record.tensor.is_floating_point():
             continue
         slopes = _fit_slopes(record.tensor.double(), reference, step == "attention")
         if slopes is None:
             continue
+        told = ctx.spec is not None and ctx.spec.alibi
+        standard = alibi_math.slopes(n_head).double()
+        if told:  # the fit is the user's slopes less the reference's own
+            slopes = slopes + standard
+            if bool((slopes.abs() < 1e-6).all()):  # no bias at all: the scores before it
+                plain = plain or record
+                continue
         said = ", ".join(f"{m:.4g}" for m in slopes.tolist())
-        standard = alibi_math.slopes(n_head).double() if reference.dim() >= 3 else None
-        if standard is not None and torch.allclose(slopes, standard, rtol=1e-3, atol=1e-6):
+        if not told and torch.allclose(slopes, standard, rtol=1e-3, atol=1e-6):
             return Diagnosis(f"{label_of(record)} adds ALiBi's bias to the {step}: m_h · (j − i) per head with "
-                             f"ALiBi's slopes ({said}: 2^(-8 h / n_head)), which the reference does not add (trace's "
-                             "reference has no ALiBi; the steps before it line up)", record)
-        expected = ", ".join(f"{m:.4g}" for m in standard.tolist()) if standard is not None else "?"
+                             f"ALiBi's slopes ({said}: 2^(-8 h / n_head)), which the reference was not told of; "
+                             "describe it with --alibi (the steps before it line up)", record)
+        expected = ", ".join(f"{m:.4g}" for m in standard.tolist())
         return Diagnosis(f"{label_of(record)} adds a linear position bias m_h · (j − i) to the {step} with slopes "
                          f"{said}, which are not ALiBi's for {n_head} heads ({expected}: 2^(-8 h / n_head)); ALiBi is "
-                         "wrong (and trace's reference adds none)", record)
+                         "wrong" + ("" if told else " (and the reference adds none: --alibi adds ALiBi's)"), record)
+    if plain is not None:
+        return Diagnosis(f"{label_of(plain)} adds no position bias: it is the reference's {step} less ALiBi's bias "
+                         "−m_h · (i − j), which --alibi told the reference to add; drop --alibi, or add ALiBi", plain)
     return None
 
 

@@ -16,7 +16,7 @@ Both scale the scores by 1/sqrt(d_head) (resp. d_K), as `torch.nn.MultiheadAtten
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,9 +37,11 @@ ROLE_WORDS = {
 }
 NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weight", "in", "attn", "attention",
          "self", "l", "dense_layer", "c"}
-MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "Q_rot", "K_rot", "K_cat", "V_cat",
-             "K_rep", "V_rep", "scores", "masked_scores", "attention", "x_raw", "x_rsh1", "x_rsh2", "x")
-SDPA_STEPS = ("Q_rot", "K_rot", "K_rep", "V_rep", "scores", "masked_scores", "attention", "out")
+MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "Q_normed", "K_normed", "Q_rot", "K_rot",
+             "K_cat", "V_cat", "K_rep", "V_rep", "scores", "biased_scores", "masked_scores", "attention", "x_raw",
+             "x_rsh1", "x_rsh2", "x")
+SDPA_STEPS = ("Q_normed", "K_normed", "Q_rot", "K_rot", "K_rep", "V_rep", "scores", "biased_scores", "masked_scores",
+              "attention", "out")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,17 @@ class Spec:
     cache: int = 0  # a decode step after this many cached positions
     layout: str = "row"  # "col": a function's inputs [.., d, n], out = V softmax(Kᵀ Q) (textbook.sdpa_columns)
     rope_pairing: str = "half-split"  # or "interleaved": GPT-J's and Meta's view_as_complex pairs (2i, 2i + 1)
+    alibi: bool = False  # ALiBi's per-head bias on the scores (BLOOM's)
+    qk_norm: str | None = None  # RMSNorm of Q and K: "head" (over d_head, timm's qk_norm, Qwen3) or "proj" (OLMo 2)
+    scale: float | None = None  # the scores' scale; None: 1/sqrt(d_head) (resp. d_K)
+    position_bias: Any = field(default=None, compare=False)  # a float tensor added to the scores (T5's), or None
+
+    def attention(self, n_kv_head: int | None = None) -> Any:
+        """The AttentionSpec the reference computes, built here once from what the options said."""
+        from attnscope.spec import AttentionSpec
+
+        return AttentionSpec(causal=self.causal, window=self.window, alibi=self.alibi, rope=self.rope(),
+                             scale=self.scale, n_kv_head=n_kv_head, qk_norm=self.qk_norm)
 
     def rope(self) -> Any:
         """attnscope's Rope for the reference, None without RoPE."""
@@ -62,7 +75,9 @@ class Spec:
     def describe(self) -> str:
         parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}" if self.window else "",
                  f"RoPE base {self.rope_base:g} ({self.rope_pairing})" if self.rope_base else "",
-                 f"after {self.cache} cached positions" if self.cache else ""]
+                 f"after {self.cache} cached positions" if self.cache else "", "ALiBi" if self.alibi else "",
+                 f"qk-norm ({self.qk_norm})" if self.qk_norm else "", f"scale {self.scale:g}" if self.scale is not None
+                 else "", "position bias" if self.position_bias is not None else ""]
         return ", ".join(p for p in parts if p)
 
 
@@ -139,7 +154,7 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
                      f"nn.MultiheadAttention) into attnscope's MultiHeadAttention; its Linear layers are {listed}")
 
 
-def build_mha(found: Projections, n_head: int, spec: Spec = Spec()) -> nn.Module:
+def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.Module | None = None) -> nn.Module:
     """attnscope's MultiHeadAttention holding the user's weights (biases a layer lacks are zero), computing
     what `spec` describes."""
     from attnscope.multihead import MultiHeadAttention
@@ -165,23 +180,59 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec()) -> nn.Module
         raise UsageError(f"RoPE rotates pairs of coordinates, so d_head must be even; it is {d_head}")
     qkv_bias = any(m.bias is not None for m in (q, k, v))
     weight = q.weight
+    norms = _qk_norms(module, spec, n_head, n_kv_head, d_head) if module is not None else {}
+    attention = spec.attention(n_kv_head)
+    if norms and attention.norm is not None:  # the user's norm's epsilon (nn.RMSNorm's None: its dtype's eps)
+        eps = getattr(norms["q"][1], "eps", None)
+        eps = torch.finfo(weight.dtype).eps if eps is None else eps
+        attention = replace(attention, qk_norm=replace(attention.norm, eps=float(eps)))
     reference = MultiHeadAttention(d_feat, n_head, bias=qkv_bias, out_bias=o.bias is not None,
-                                   d_head=d_head if d_head * n_head != d_feat else None, n_kv_head=n_kv_head,
-                                   device=weight.device, dtype=weight.dtype, causal=spec.causal or False,
-                                   window=spec.window,
-                                   rope=spec.rope(), d_kv_in=k.in_features if k.in_features != d_feat else None)
+                                   d_head=d_head if d_head * n_head != d_feat else None, device=weight.device,
+                                   dtype=weight.dtype, spec=attention,
+                                   d_kv_in=k.in_features if k.in_features != d_feat else None)
     with torch.no_grad():
         for mine, theirs in ((reference.W_q, q), (reference.W_k, k), (reference.W_v, v), (reference.W_o, o)):
             mine.weight.copy_(theirs.weight)
             if mine.bias is not None:
                 mine.bias.copy_(theirs.bias if theirs.bias is not None else torch.zeros_like(mine.bias))
+        for role, (_, norm) in norms.items():
+            getattr(reference, f"{role}_norm").weight.copy_(norm.weight)
     return reference.eval()
 
 
+def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head: int) -> dict[str, tuple[str, Any]]:
+    """With --qk-norm, the user's q and k norms whose weights the reference takes: modules with a 1-D `weight` as
+    wide as the norm (d_head per head, the projection's width over it), by name (`q_norm`, `k_norm`), else the
+    only two in registration order; none found: unit weights. A LayerNorm (mean taken out, a bias) is not the
+    RMSNorm the reference computes: refused in one line."""
+    if spec.qk_norm is None:
+        return {}
+    widths = {"q": d_head, "k": d_head} if spec.qk_norm == "head" else {"q": n_head * d_head, "k": n_kv_head * d_head}
+    found = [(name, m) for name, m in module.named_modules()
+             if m is not module and not isinstance(m, nn.Linear) and isinstance(getattr(m, "weight", None), torch.Tensor)
+             and m.weight.dim() == 1 and m.weight.shape[0] in widths.values()]
+    by_role = {role: [(n, m) for n, m in found if role_of(n.replace("norm", "")) == role] for role in ("q", "k")}
+    if all(len(by_role[r]) == 1 for r in ("q", "k")):
+        norms = {r: by_role[r][0] for r in ("q", "k")}
+    elif len(found) == 2:
+        norms = dict(zip(("q", "k"), found, strict=True))
+    else:
+        return {}
+    for role, (name, norm) in norms.items():
+        if norm.weight.shape[0] != widths[role]:
+            return {}
+        if isinstance(norm, nn.LayerNorm) or getattr(norm, "bias", None) is not None:
+            raise UsageError(f"your {name} is a {type(norm).__name__}, which takes the mean out and adds a bias; the "
+                             "qk-norm the reference computes is an RMSNorm (timm's qk_norm with norm_layer=RmsNorm, "
+                             "Qwen3, OLMo 2, Gemma 3), so it cannot describe yours")
+    return norms
+
+
 def run_mha(reference: nn.Module, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
-            mask: torch.Tensor | None, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Trace:
+            mask: torch.Tensor | None, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+            position_bias: torch.Tensor | None = None) -> Trace:
     with torch.no_grad():
-        trace: Trace = reference(Q, K, V, mask, cache=cache)
+        trace: Trace = reference(Q, K, V, mask, cache=cache, position_bias=position_bias)
     return trace
 
 
@@ -191,8 +242,7 @@ def run_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tens
 
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     with torch.no_grad():
-        return sdpa(Q, K, V, mask, causal=spec.causal or False, window=spec.window, enable_gqa=gqa,
-                    rope=spec.rope())
+        return sdpa(Q, K, V, mask, enable_gqa=gqa, spec=spec.attention(), position_bias=spec.position_bias)
 
 
 def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,

@@ -2,8 +2,8 @@
 own unrotated Q_split / K_split and compared with the user's tensor.
 
 The alternatives are written here, small and in float64, rather than taken from attnscope.rope (which computes
-the reference's half-split form; an interleaved pairing is being added there in parallel): the diagnosis needs
-rotations the reference never makes (another base, positions from 0, the other pairing).
+the reference's pairing, half-split or --rope-pairing interleaved): the diagnosis needs rotations the reference
+never makes (another base, positions from 0, the other pairing).
 
 - half-split pairing (transformers' LLaMA `rotate_half`: coordinate i with i + d/2) against interleaved
   (GPT-J, Meta's `llama/model.py` `view_as_complex(x.reshape(..., -1, 2))`: 2i with 2i + 1);
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 ROTATED = {"Q_rot": ("Q_split", "Q"), "K_rot": ("K_split", "K")}
 KNOWN_BASES = (10000.0, 500000.0, 1000000.0, 100000.0, 50000.0, 1000.0, 100.0)
+PAIRINGS = {"interleaved": "interleaved, (0, 1), (2, 3), ... (GPT-J, Meta's view_as_complex)",
+            "half": "half-split, (i, i + d_head/2), as transformers' LLaMA rotate_half does"}
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str = "half") -> torch.Tensor:
@@ -61,20 +63,23 @@ def diagnose_rope(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
     start = _start(step, ctx)
     positions = torch.arange(start, start + n)
     who, what = label_of(near.record), "queries" if step == "Q_rot" else "keys"
-    if close(user, rotate(x, positions, base, "interleaved")):
-        return Diagnosis(f"{who} pairs RoPE's coordinates interleaved, (0, 1), (2, 3), ... (GPT-J, Meta's "
-                         "view_as_complex), where the reference pairs them half-split, (i, i + d_head/2), as "
-                         "transformers' LLaMA rotate_half does; the two agree only once the q and k weights' rows are "
-                         "permuted (transformers' convert_llama_weights_to_hf)", near.record)
-    if start and close(user, rotate(x, torch.arange(n), base)):
+    ours = "interleaved" if ctx.spec.rope_pairing == "interleaved" else "half"  # the reference's pairing
+    other = "half" if ours == "interleaved" else "interleaved"
+    if close(user, rotate(x, positions, base, other)):
+        return Diagnosis(f"{who} pairs RoPE's coordinates {PAIRINGS[other]}, where the reference pairs them "
+                         f"{PAIRINGS[ours]}; the two agree only once the q and k weights' rows are permuted "
+                         "(transformers' convert_llama_weights_to_hf); if your weights are laid out for yours, "
+                         + ("pass --rope-pairing interleaved" if other == "interleaved" else
+                            "drop --rope-pairing interleaved (half-split is the default)"), near.record)
+    if start and close(user, rotate(x, torch.arange(n), base, ours)):
         return Diagnosis(f"positions not offset in a decode step: {who} rotates the {n} new {what} at positions "
                          f"0 to {n - 1}, but after {ctx.spec.cache or start} cached positions they sit at {start} to "
                          f"{start + n - 1}; add the cache's length to the positions (cos[start:start + n], "
                          "freqs_cis[start_pos : start_pos + seqlen])", near.record)
-    for pairing in ("half", "interleaved"):
+    for pairing in (ours, other):
         fitted = _fit_base(x, user, positions, pairing)
         if fitted is not None and not math.isclose(fitted, base, rel_tol=1e-3):
-            pairs = "" if pairing == "half" else ", and pairs its coordinates interleaved"
+            pairs = "" if pairing == ours else f", and pairs its coordinates {PAIRINGS[pairing]}"
             return Diagnosis(f"{who} rotates with RoPE base {fitted:g} where the reference uses {base:g}{pairs}: "
                              f"pair i turns by position · {fitted:g}^(-2i/d_head); if your model was trained with "
                              f"rope_theta = {fitted:g}, pass --rope-base {fitted:g}, else fix the base", near.record)
