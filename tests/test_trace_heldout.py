@@ -266,22 +266,7 @@ def test_stable_diffusion_without_a_context_width_stays_self_attention(tmp_path,
 
 # --- F.multi_head_attention_forward called with the module's own parameters --------------------------------------
 
-FUNCTIONAL = """
-class FunctionalMHA(nn.Module):
-    def __init__(self, embed_dim, num_heads):
-        super().__init__()
-        self.embed_dim, self.num_heads = embed_dim, num_heads
-        self.in_proj_weight = nn.Parameter(torch.randn(3 * embed_dim, embed_dim) / embed_dim ** 0.5)
-        self.in_proj_bias = nn.Parameter(torch.randn(3 * embed_dim) / 10)
-        self.out_proj = nn.Linear(embed_dim, embed_dim)
-
-    def forward(self, x):
-        x = x.transpose(0, 1)  # [n, n_batch, d]: sequence first
-        out, _ = F.multi_head_attention_forward(
-            x, x, x, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias, None, None, False,
-            0.0, self.out_proj.weight, self.out_proj.bias, training=self.training, need_weights=False)
-        return out.transpose(0, 1)
-"""
+FUNCTIONAL = (DOCS / "functional_mha.py").read_text()
 
 # CLIP's AttentionPool2d: four Linear layers, passed apart, the biases concatenated
 SEPARATE = """
@@ -308,7 +293,7 @@ class SeparateMHA(nn.Module):
 
 
 def test_a_functional_mha_call_is_traced_with_the_weights_it_passes(tmp_path, runner):
-    path = write(tmp_path, FUNCTIONAL)
+    path = str(saved(tmp_path, FUNCTIONAL))
     result, out = trace(runner, f"{path}:FunctionalMHA", "--init", "embed_dim=32, num_heads=4")
     assert result.exit_code == 0, result.output
     assert "q=in_proj_weight[0:32]" in out["reference"] and "o=out_proj.weight" in out["reference"]
@@ -336,7 +321,7 @@ def test_a_functional_mha_call_with_separate_weights_is_traced(tmp_path, runner)
 ], ids=["num_heads halved", "out_proj weight transposed"])
 def test_a_functional_mha_call_with_a_planted_bug_diverges(tmp_path, runner, old, new):
     assert old in FUNCTIONAL
-    path = write(tmp_path, FUNCTIONAL.replace(old, new))
+    path = saved(tmp_path, FUNCTIONAL.replace(old, new))
     result, out = trace(runner, f"{path}:FunctionalMHA", "--init", "embed_dim=32, num_heads=4")
     assert result.exit_code == 1, result.output
     assert out["first_divergence"] is not None

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 class TraceOptions(InputOptions):
     target: str = ""
     init: str | None = None
+    forward: str | None = None  # extra arguments of the forward, read as --init is
     train: bool = False
     max_memory: int | None = None
     save: str | None = None
@@ -84,7 +85,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
     from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
     from attnscope.usertrace.lineup import line_up
 
-    check_numbers(o, texts=("target", "init"))
+    check_numbers(o, texts=("target", "init", "forward"))
     target = load.find(o.target)
     spec = _check_options(o, target)
     if o.save:
@@ -113,6 +114,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
     fn = module if module is not None else target.obj
     plan = load.plan(module.forward if module is not None else fn,
                      f"{target.name}.forward" if module is not None else target.name, o.train)
+    plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
     weighted = _weighted(o, module, plan, target)  # None for a function, and a module with no weights
     if module is not None and weighted is None:
         notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "

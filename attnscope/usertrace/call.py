@@ -82,6 +82,7 @@ def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple
     values.update(fed.values if fed is not None else {})
     values.update({name: None for name in plan.nones})
     values.update({name: 0.0 for name in plan.zeros})
+    values.update(plan.given)  # --forward's, as the user wrote them
     args = [values.pop(name) for name in plan.order if name in plan.positional_only and name in values]
     return args, values
 

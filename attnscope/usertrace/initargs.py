@@ -11,6 +11,9 @@ as the user's code, under the same guard.
 Text a parser cannot take safely is refused in one line (exit 2): longer than MAX_CHARS (`1+1+...` with
 20,000 terms overflows the parser's recursion), not encodable as UTF-8 (an invalid byte on the command
 line), nested too deep (100,000 unary minus signs run the parser out of memory).
+
+`--forward` (extra arguments of the forward: `"start_pos=0, use_cache=False"`) is read by the same rules,
+`option` naming it in messages.
 """
 
 from __future__ import annotations
@@ -61,44 +64,46 @@ def has_calls(value: Any) -> bool:
     return False
 
 
-def parse_init(text: str | None, classes: Mapping[str, type] | None = None, file: str = "the file") -> dict[str, Any]:
+def parse_init(text: str | None, classes: Mapping[str, type] | None = None, file: str = "the file",
+               option: str = "--init", example: str = EXAMPLE) -> dict[str, Any]:
     """`"d_feat=200, n_head=5"` -> {"d_feat": 200, "n_head": 5}; `classes` are the classes the user's file
-    defines (by name), the only names a value may call; `file` names it in messages."""
+    defines (by name), the only names a value may call; `file` names it in messages, `option` (and `example`
+    of it) the option read (`--forward` reads its arguments so too)."""
     if not text or not text.strip():
         return {}
     if len(text) > MAX_CHARS:
-        raise UsageError(f"--init is {len(text):,} characters long; constructor arguments fit in {MAX_CHARS:,}, "
-                         f"e.g. {EXAMPLE}")
+        raise UsageError(f"{option} is {len(text):,} characters long; its arguments fit in {MAX_CHARS:,}, "
+                         f"e.g. {example}")
     try:
         text.encode("utf-8")
     except UnicodeError:
-        raise UsageError("--init holds a byte that is not UTF-8 text; write the arguments in plain text, e.g. "
-                         f"{EXAMPLE}") from None
+        raise UsageError(f"{option} holds a byte that is not UTF-8 text; write the arguments in plain text, e.g. "
+                         f"{example}") from None
     try:
         call = ast.parse(f"f({text})", mode="eval").body
     except (SyntaxError, ValueError):
-        raise UsageError(f"--init {_quote(text)}: write keyword arguments, e.g. {EXAMPLE}") from None
+        raise UsageError(f"{option} {_quote(text)}: write keyword arguments, e.g. {example}") from None
     except (RecursionError, MemoryError):
-        raise UsageError(f"--init is nested too deeply to read; write plain keyword arguments, e.g. {EXAMPLE}") \
+        raise UsageError(f"{option} is nested too deeply to read; write plain keyword arguments, e.g. {example}") \
             from None
     if not isinstance(call, ast.Call) or call.args:
-        raise UsageError(f"--init {_quote(text)}: keyword arguments only (name=value), e.g. {EXAMPLE}")
-    reader = _Reader(dict(classes or {}), file)
+        raise UsageError(f"{option} {_quote(text)}: keyword arguments only (name=value), e.g. {example}")
+    reader = _Reader(dict(classes or {}), file, option)
     values: dict[str, Any] = {}
     for keyword in call.keywords:
         if keyword.arg is None:
-            raise UsageError("--init: ** is not allowed; write each argument as name=value")
+            raise UsageError(f"{option}: ** is not allowed; write each argument as name=value")
         try:
             values[keyword.arg] = reader.value(keyword.value, f"{keyword.arg}={_source(keyword.value)}")
         except (RecursionError, MemoryError):
-            raise UsageError(f"--init: {keyword.arg}= is nested too deeply to read; write plain literals") \
+            raise UsageError(f"{option}: {keyword.arg}= is nested too deeply to read; write plain literals") \
                 from None
     return values
 
 
 class _Reader:
-    def __init__(self, classes: dict[str, type], file: str) -> None:
-        self.classes, self.file = classes, file
+    def __init__(self, classes: dict[str, type], file: str, option: str = "--init") -> None:
+        self.classes, self.file, self.option = classes, file, option
 
     def value(self, node: ast.expr, where: str) -> Any:
         if not any(isinstance(n, ast.Call) for n in ast.walk(node)):
@@ -121,7 +126,7 @@ class _Reader:
         if name is None or name not in self.classes:
             raise UsageError(self._refusal(node, where))
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
-            raise UsageError(f"--init: {_quote(where)}: * and ** are not allowed in a call; give each argument")
+            raise UsageError(f"{self.option}: {_quote(where)}: * and ** are not allowed in a call; give each argument")
         args = tuple(self.value(a, where) for a in node.args)
         kwargs = tuple((str(k.arg), self.value(k.value, where)) for k in node.keywords)
         return ClassCall(self.classes[name], args, kwargs, _source(node))
@@ -135,14 +140,14 @@ class _Reader:
             if isinstance(part, ast.Call):
                 func = _source(part.func)
                 if isinstance(part.func, ast.Attribute):
-                    return f"--init: {_quote(where)} {allowed}: {func}(...) is called through an attribute"
+                    return f"{self.option}: {_quote(where)} {allowed}: {func}(...) is called through an attribute"
                 if not isinstance(part.func, ast.Name):
-                    return f"--init: {_quote(where)} {allowed}: {func}(...) calls no class by its name"
+                    return f"{self.option}: {_quote(where)} {allowed}: {func}(...) calls no class by its name"
                 if part.func.id not in self.classes:
-                    return f"--init: {_quote(where)} {allowed}: {func} is not one of its classes{defined}"
+                    return f"{self.option}: {_quote(where)} {allowed}: {func} is not one of its classes{defined}"
             if isinstance(part, ast.Attribute):
-                return f"--init: {_quote(where)} {allowed}: attribute access ({_source(part)}) is not allowed"
-        return f"--init: {_quote(where)} {allowed}"
+                return f"{self.option}: {_quote(where)} {allowed}: attribute access ({_source(part)}) is not allowed"
+        return f"{self.option}: {_quote(where)} {allowed}"
 
 
 def _source(node: ast.AST) -> str:

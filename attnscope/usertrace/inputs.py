@@ -295,10 +295,10 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
     for name, t in (("--q", Q), ("--k", K), ("--v", V)):
-        width = shapes.fixed["d_feat"] if name == "--q" else shapes.fixed.get("d_kv_in", shapes.fixed.get("d_feat"))
+        width = shapes.fixed.get("d_feat") if name == "--q" else shapes.fixed.get("d_kv_in", shapes.fixed.get("d_feat"))
         if module is not None and (t.dim() != 3 or t.shape[-1] != width):
             raise UsageError(f"{name} is {list(t.shape)} but the module takes [n_batch, n, {width}] ("
-                             f"{'d_feat' if width == shapes.fixed['d_feat'] else 'd_kv_in: its keys read a context'})")
+                             f"{'d_feat' if width == shapes.fixed.get('d_feat') else 'd_kv_in: its keys read a context'})")
         if module is None and t.dim() < 2:
             raise UsageError(f"{name} is {list(t.shape)}; attention inputs are [.., n, d]")
     if module is not None:
@@ -364,8 +364,11 @@ def plan_notes(plan: Plan, inputs: Inputs) -> list[str]:
                          f"{'|'.join(names)}; sizes that differ tell them apart")
     if plan.mask and inputs.allowed is None:
         notes.append(f"{plan.mask} = None (give --causal, --window or --mask FILE to pass a mask)")
-    if plan.nones:
-        notes.append(f"{', '.join(plan.nones)} = None")
-    if plan.zeros:
-        notes.append(f"{', '.join(plan.zeros)} = 0.0 (no dropout, so the numbers can be compared)")
+    nones, zeros = [n for n in plan.nones if n not in plan.given], [n for n in plan.zeros if n not in plan.given]
+    if nones:
+        notes.append(f"{', '.join(nones)} = None")
+    if zeros:
+        notes.append(f"{', '.join(zeros)} = 0.0 (no dropout, so the numbers can be compared)")
+    if plan.given:
+        notes.append(f"--forward: {', '.join(f'{k}={v!r}' for k, v in plan.given.items())}")
     return notes

@@ -80,6 +80,7 @@ class Plan:
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
     optional: list[str] = field(default_factory=list)  # others defaulting to None: a memory's candidates
+    given: dict[str, Any] = field(default_factory=dict)  # --forward's arguments, built: given as they are
 
     def unfed(self) -> str:
         found = ", ".join(self.tensors) if self.tensors else "none"
@@ -298,6 +299,35 @@ def parse_init(text: str | None, target: Target | None = None) -> dict[str, Any]
 
     module = target.module if target is not None else None
     return parse(text, own_classes(module), target.path.name if target is not None else "the file")
+
+
+def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
+    """`plan` with --forward's arguments (`"start_pos=0, use_cache=False"`, read as --init is: literals and
+    the file's own classes, built here as the user's code) given to the forward as they are. Refused in one
+    line: a parameter the forward does not take, and the inputs and the mask, which trace feeds."""
+    from attnscope.usertrace.initargs import parse_init as parse
+
+    example = '--forward "start_pos=0, use_cache=False"'
+    values = parse(text, own_classes(target.module), target.path.name, "--forward", example)
+    if not values:
+        return plan
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    tensors = [n for n in plan.tensors if n not in values]  # a required flag of theirs (use_cache) given here
+    for name in values:
+        if (name in plan.tensors and not tensors) or name == plan.mask:
+            what = "the mask" if name == plan.mask else "the input"
+            raise UsageError(f"--forward {name}=...: {name} is {what} trace feeds ({plan.signature}); give the "
+                             "other arguments (--causal, --window, --mask and the sizes say what it gets)")
+        if name not in params and not takes_any:
+            raise UsageError(f"--forward: {plan.signature} takes no argument {name!r}")
+        if name in params and params[name].kind == params[name].POSITIONAL_ONLY:
+            raise UsageError(f"--forward {name}=...: {name} is positional-only in {plan.signature}")
+    built = {k: guarded(target, f"--forward {k}={v!r}", lambda v=v: build(v)) for k, v in values.items()}
+    return dataclasses.replace(plan, given=built, tensors=tensors, optional=[n for n in plan.optional if n not in built])
 
 
 def is_mask(name: str) -> bool:
