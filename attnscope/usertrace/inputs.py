@@ -256,7 +256,9 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
 def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "row") -> tuple[str, ...]:
     """An input's dims: [n_batch, (n_head,) n, d], or [.., d, n] in the column layout; no n_batch for 2-D inputs."""
     n = "n_Q" if role == "Q" else "n_K"
-    d = ("d_kv_in" if role != "Q" and "d_kv_in" in sizes else "d_feat") if is_module else ("d_V" if role == "V" else "d_K")
+    d = "d_V" if role == "V" else "d_K"
+    if is_module:
+        d = "d_kv_in" if role != "Q" and "d_kv_in" in sizes else "d_feat"
     heads: tuple[str, ...] = ()
     if not is_module and "n_head" in sizes:
         heads = ("n_kv_head",) if role != "Q" and "n_kv_head" in sizes else ("n_head",)
@@ -295,10 +297,10 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
     for name, t in (("--q", Q), ("--k", K), ("--v", V)):
-        width = shapes.fixed.get("d_feat") if name == "--q" else shapes.fixed.get("d_kv_in", shapes.fixed.get("d_feat"))
+        width = shapes.fixed.get("d_kv_in" if name != "--q" and "d_kv_in" in shapes.fixed else "d_feat")
         if module is not None and (t.dim() != 3 or t.shape[-1] != width):
-            raise UsageError(f"{name} is {list(t.shape)} but the module takes [n_batch, n, {width}] ("
-                             f"{'d_feat' if width == shapes.fixed.get('d_feat') else 'd_kv_in: its keys read a context'})")
+            dim = "d_feat" if width == shapes.fixed.get("d_feat") else "d_kv_in: its keys read a context"
+            raise UsageError(f"{name} is {list(t.shape)} but the module takes [n_batch, n, {width}] ({dim})")
         if module is None and t.dim() < 2:
             raise UsageError(f"{name} is {list(t.shape)}; attention inputs are [.., n, d]")
     if module is not None:

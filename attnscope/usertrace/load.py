@@ -327,7 +327,8 @@ def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
         if name in params and params[name].kind == params[name].POSITIONAL_ONLY:
             raise UsageError(f"--forward {name}=...: {name} is positional-only in {plan.signature}")
     built = {k: guarded(target, f"--forward {k}={v!r}", lambda v=v: build(v)) for k, v in values.items()}
-    return dataclasses.replace(plan, given=built, tensors=tensors, optional=[n for n in plan.optional if n not in built])
+    optional = [n for n in plan.optional if n not in built]
+    return dataclasses.replace(plan, given=built, tensors=tensors, optional=optional)
 
 
 def is_mask(name: str) -> bool:
