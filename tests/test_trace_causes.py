@@ -191,7 +191,8 @@ def t5_bias(tmp_path) -> str:
 @pytest.mark.parametrize(("args", "changes"), [
     (("--causal", "--alibi"), [BLOOM]),  # BLOOM's m_h · j: the reference's −m_h · (i − j) plus a row constant
     (("--causal", "--qk-norm"), TIMM_RMS),  # timm's qk_norm=True with norm_layer=RmsNorm: the user's weights taken
-    (("--causal", "--qk-norm", "head", "--rope"), [*TIMM_RMS[:2], (ROTATE, "q, k = rope(self.q_norm(q)), rope(self.k_norm(k))")]),
+    (("--causal", "--qk-norm", "head", "--rope"),
+     [*TIMM_RMS[:2], (ROTATE, "q, k = rope(self.q_norm(q)), rope(self.k_norm(k))")]),
     (("--causal", "--scale", "1", "--position-bias", "BIAS", "--batch", "2", "--nq", "6"), T5),
 ], ids=["alibi", "qk-norm", "qk-norm-rope", "t5-bias-scale"])
 def test_code_of_another_convention_exits_0_with_the_option_that_describes_it(tmp_path, runner, args, changes):

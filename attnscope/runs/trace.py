@@ -43,11 +43,11 @@ class TraceOptions(InputOptions):
     save: str | None = None
     force: bool = False
     rope_pairing: str | None = None  # "half-split" (default) or "interleaved" (Meta's view_as_complex, GPT-J)
-
     alibi: bool = False  # the reference adds ALiBi's bias (BLOOM's)
     position_bias: str | None = None  # a file: a float tensor the reference adds to the scores (T5's)
     qk_norm: str | None = None  # "head" or "proj": the reference's RMSNorm of Q and K, the user's norm weights
     scale: float | None = None  # the scores' scale, for 1/sqrt(d_head)
+
 
 @dataclass(frozen=True)
 class UserStep(Step):
@@ -372,7 +372,7 @@ def _params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inp
             "rope": o.rope, "rope_base": (o.rope_base or ROPE_BASE) if o.rope else None,
             "rope_pairing": (o.rope_pairing or "half-split") if o.rope else None,
             "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save, "alibi": o.alibi,
-            "position_bias": o.position_bias, "qk_norm": o.qk_norm, "scale": o.scale}
+            "position_bias": o.position_bias, "qk_norm": o.qk_norm, "scale": o.scale, "forward": o.forward}
 
 
 def _jsonable(value: Any) -> Any:

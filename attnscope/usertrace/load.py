@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -326,7 +327,7 @@ def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
             raise UsageError(f"--forward: {plan.signature} takes no argument {name!r}")
         if name in params and params[name].kind == params[name].POSITIONAL_ONLY:
             raise UsageError(f"--forward {name}=...: {name} is positional-only in {plan.signature}")
-    built = {k: guarded(target, f"--forward {k}={v!r}", lambda v=v: build(v)) for k, v in values.items()}
+    built = {k: guarded(target, f"--forward {k}={v!r}", functools.partial(build, v)) for k, v in values.items()}
     optional = [n for n in plan.optional if n not in built]
     return dataclasses.replace(plan, given=built, tensors=tensors, optional=optional)
 

@@ -209,7 +209,8 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
         return {}
     widths = {"q": d_head, "k": d_head} if spec.qk_norm == "head" else {"q": n_head * d_head, "k": n_kv_head * d_head}
     found = [(name, m) for name, m in module.named_modules()
-             if m is not module and not isinstance(m, nn.Linear) and isinstance(getattr(m, "weight", None), torch.Tensor)
+             if m is not module and not isinstance(m, nn.Linear)
+             and isinstance(getattr(m, "weight", None), torch.Tensor)
              and m.weight.dim() == 1 and m.weight.shape[0] in widths.values()]
     by_role = {role: [(n, m) for n, m in found if role_of(n.replace("norm", "")) == role] for role in ("q", "k")}
     if all(len(by_role[r]) == 1 for r in ("q", "k")):
