@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_trace_command import trace, user_module, write
+from torch_mha import holding
 
 BASE = '''import math
 import torch
@@ -104,12 +105,8 @@ def test_the_correct_module_is_nn_multiheadattention_and_aligns(tmp_path, runner
     result, out = trace(runner, target, "--causal")
     assert result.exit_code == 0, result.output
     mine = user_module(target.rsplit(":", 1)[0]).Attention().eval()
-    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    mha = holding(mine.q_proj, mine.k_proj, mine.v_proj, mine.o_proj, 4)
     with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([mine.q_proj.weight, mine.k_proj.weight, mine.v_proj.weight]))
-        mha.in_proj_bias.copy_(torch.cat([mine.q_proj.bias, mine.k_proj.bias, mine.v_proj.bias]))
-        mha.out_proj.weight.copy_(mine.o_proj.weight)
-        mha.out_proj.bias.copy_(mine.o_proj.bias)
         x = torch.randn(2, 5, 32)
         masked = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True = masked out, nn.MultiheadAttention's way
         torch.testing.assert_close(mine(x), mha(x, x, x, attn_mask=masked)[0], rtol=1e-5, atol=1e-5)

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import trace, user_module, write
+from torch_mha import holding
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "examples"
 MINGPT = (DOCS / "mingpt.py").read_text()
@@ -58,12 +59,8 @@ def test_mingpt_projections_are_matched_by_data_flow_whatever_their_order(tmp_pa
     module_file = user_module(str(path))
     torch.manual_seed(0)
     module = module_file.CausalSelfAttention(module_file.GPTConfig(n_embd=64, n_head=4)).eval()
-    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    mha = holding(module.query, module.key, module.value, module.proj, 4)
     with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([module.query.weight, module.key.weight, module.value.weight]))
-        mha.in_proj_bias.copy_(torch.cat([module.query.bias, module.key.bias, module.value.bias]))
-        mha.out_proj.weight.copy_(module.proj.weight)
-        mha.out_proj.bias.copy_(module.proj.bias)
         x = torch.randn(2, 7, 64)
         causal = torch.ones(7, 7, dtype=torch.bool).triu(1)
         torch.testing.assert_close(module(x), mha(x, x, x, attn_mask=causal)[0], rtol=1e-5, atol=1e-5)
@@ -201,12 +198,8 @@ def test_cross_attention_gets_x_and_a_memory_of_other_length(tmp_path, runner):
     assert sizes["n_Q"] != sizes["n_K"]
 
     module = user_module(path).CrossAttention(32, 4).eval()
-    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    mha = holding(module.w_q, module.w_k, module.w_v, module.w_o, 4)
     with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([module.w_q.weight, module.w_k.weight, module.w_v.weight]))
-        mha.in_proj_bias.copy_(torch.cat([module.w_q.bias, module.w_k.bias, module.w_v.bias]))
-        mha.out_proj.weight.copy_(module.w_o.weight)
-        mha.out_proj.bias.copy_(module.w_o.bias)
         x, memory = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
         torch.testing.assert_close(module(x, memory), mha(x, memory, memory)[0], rtol=1e-5, atol=1e-5)
 
