@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_trace_command import trace, user_module, write
+from test_trace_command import line_of, trace, user_module, write
 from torch_mha import holding
+
+from attnscope.cli import app
 
 BASE = '''import math
 import torch
@@ -157,7 +159,7 @@ def test_a_mask_of_the_wrong_pattern_is_named_from_the_users_masked_scores(tmp_p
     (("--causal", "--rope"), [(ROTATE, "q, k, v = rope(q), rope(k), rope(v)")], "x_raw", "RoPE applied to the values"),
     (("--causal",), [("q = self.q_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)",
                       "q = self.q_proj(x).view(B, self.n_head, T, self.d_head)")],
-     None, "heads split without the transpose: your q"),
+     "Q_split", "heads split without the transpose: your q"),
     (("--causal",), [("y = y.transpose(1, 2).contiguous().view(B, T, C)",
                       "y = y.permute(0, 2, 3, 1).reshape(B, T, C)")],
      "x_rsh2", "heads merged with the wrong permute: your y"),
@@ -169,6 +171,31 @@ def test_each_planted_bug_is_named_at_its_step(tmp_path, runner, args, changes, 
     first = diverges(runner, module(tmp_path, *changes), *args)
     assert step is None or first["reference"] == step, first
     assert words in first["diagnosis"] and "none of the usual causes fits" not in first["diagnosis"], first
+
+
+SPLITS = [(f"{r} = self.{r}_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)",
+           f"{r} = self.{r}_proj(x).view(B, self.n_head, T, self.d_head)") for r in "qkv"]
+
+
+@pytest.mark.parametrize(("change", "step"), [
+    (SPLITS[0], "Q_split"), (SPLITS[1], "K_split"), (SPLITS[2], "V_split"),
+    (("view(B, T, self.n_head, self.d_head).transpose(1, 2)  # [B",
+      "view(B, T, self.n_head, self.d_head).reshape(B, self.n_head, T, self.d_head)  # [B"), "Q_split"),
+], ids=["q", "k", "v", "reshape-for-transpose"])
+def test_heads_split_without_the_transpose_diverge_at_the_split_line(tmp_path, runner, change, step):
+    """The projection's output holds Q_split's numbers in a layout, but the user's view of it is not Q_split: the
+    header, the line-up row and the cause all name the split step at the view's line, not the scores."""
+    line = line_of(BASE, change[0])
+    target = module(tmp_path, change)
+    result, out = trace(runner, target, "--causal")
+    assert result.exit_code == 1, result.output
+    first = out["first_divergence"]
+    assert (first["reference"], first["user"], first["line"]) == (step, step[0].lower(), line), first
+    assert first["diagnosis"].startswith(f"heads split without the transpose: your {step[0].lower()} (line {line})")
+    row = next(r for r in out["alignment"] if r["reference"] == step)
+    assert (row["status"], row["user"], row["line"]) == ("differs", step[0].lower(), line), row
+    text = runner.invoke(app, ["trace", target, "--causal"]).output
+    assert f"first divergence: {step} at your {step[0].lower()} (line {line})" in text, text
 
 
 # --- the reference's options for correct code of another convention (issue 29, what was left) ---------------

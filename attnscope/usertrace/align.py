@@ -230,3 +230,30 @@ def ancestors(record: Record, records: list[Record]) -> set[int]:
             seen.add(index)
             stack.extend(records[index].parents)
     return seen
+
+
+# The ops that only rearrange their input's values: a tensor made from a step by these alone holds that step's
+# numbers, in some layout or in a wrong one.
+REARRANGING = ("view", "reshape", "transpose", "permute", "movedim", "swapaxes", "flatten", "unflatten",
+               "_unsafe_view", "contiguous", "unsqueeze", "squeeze") + PASSING
+
+
+def rearranged_wrongly(records: list[Record], start: Record, upto: Record, reference: torch.Tensor,
+                       skip: torch.Tensor | None = None) -> Match | None:
+    """The first user tensor made from `start` (lined up with the step `reference` is) by rearranging ops alone,
+    on the way to `upto` in the data flow, that has the step's shape (or a layout of it) yet equals it in no layout,
+    axes of the same size swapped included: there the step goes wrong (heads split by a view without the
+    transpose), though `start` itself holds the step's numbers. None when every such tensor is the step."""
+    made = {start.index}
+    before = ancestors(upto, records)
+    for record in records[start.index + 1:upto.index]:
+        if record.func not in REARRANGING or not record.parents or record.parents[0] not in made:
+            continue
+        made.add(record.index)
+        if record.index not in before:
+            continue
+        tol = max(tolerance(reference), tolerance(reference.to(record.tensor.dtype)))  # after a cast, its precision
+        matches = compare(record, reference, skip, swaps=True, tol=tol)
+        if matches and not any(m.equal for m in matches):
+            return matches[0]
+    return None

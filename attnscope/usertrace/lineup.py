@@ -115,6 +115,7 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     first = next((row for row in out.rows if row.status in ("differs", "missing")), None)
     if first is None:
         return out
+    first = _split_in_flow(first, out.rows, trace, records, skips)
     tensor, skip = trace[first.reference], skips.get(first.reference)
     used = frozenset(row.record.index for row in out.rows if row.status in ALIGNED and row.record is not None)
     ranked = candidates(records, tensor, first.reference, skip, _anchor(out.rows), used)
@@ -271,6 +272,31 @@ def _shifted_rows(rows: list[Aligned], trace: Trace) -> None:
             row.status, row.max_abs_diff = ("equal" if not row.layout else "permuted"), float(spread)
             row.layout = ((row.layout + "; ") if row.layout else "") + (
                 "plus a constant per row (BLOOM's ALiBi, m_h · j)")
+
+
+def _split_in_flow(first: Aligned, rows: list[Aligned], trace: Trace, records: list[Record],
+                   skips: dict[str, torch.Tensor]) -> Aligned:
+    """The step that really diverges, found through the user's data flow: a step `first` is computed from lines up
+    with a tensor of the user's (Q_split with the projection's output, viewed), but on the way to the user's
+    `first` that tensor is rearranged into one that is not the step (a view without the transpose). That step, at
+    that tensor, is the divergence; else `first` is."""
+    from attnscope.usertrace.align import rearranged_wrongly
+
+    if first.record is None:
+        return first
+    by_step = {row.reference: row for row in rows}
+    for parent in _parents(first.reference, trace):
+        row = by_step.get(parent)
+        if row is None or row.status not in ALIGNED or row.record is None:
+            continue
+        step = trace.step(parent)
+        found = rearranged_wrongly(records, row.record, first.record, step.tensor, skips.get(parent))
+        if found is not None:
+            row.record, row.max_abs_diff, row.status = found.record, found.max_abs_diff, "differs"
+            row.layout = found.layout.describe(step.dims, tuple(found.record.tensor.shape))
+            row.order, row.merged = found.layout.order, found.layout.merged
+            return row
+    return first
 
 
 def _parents(name: str, trace: Trace) -> list[str]:
