@@ -315,15 +315,19 @@ def sdpa(
 
 def normalize(add: Any, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tensor | None, Tensor | None],
               *, source: tuple[str, str], dims: tuple[tuple[str, ...], tuple[str, ...]], axis: tuple[str, str],
-              names: tuple[str | None, str | None] = (None, None)) -> tuple[Tensor, Tensor]:
+              names: tuple[str | None, str | None] = (None, None),
+              biases: tuple[Tensor | None, Tensor | None] = (None, None)) -> tuple[Tensor, Tensor]:
     """Steps `Q_normed`, `K_normed` through `add` (a Trace's add, or a stand-in that keeps nothing): the RMSNorm
-    of Q and K over their last axis (named `axis`, qknorm.rms_norm), with `weights` (None: unit weight) called
-    `names` in the op."""
+    of Q and K over their last axis (named `axis`, qknorm.rms_norm), or their LayerNorm with `biases` too
+    (qknorm.layer_norm), with `weights` (None: unit weight) called `names` in the op (`q_norm.weight`; a bias
+    `q_norm.bias`)."""
     normed = []
-    for step, x, weight, src, shape, over, name in zip(("Q_normed", "K_normed"), (Q, K), weights, source, dims, axis,
-                                                       names, strict=True):
-        y = qknorm.rms_norm(x, weight, norm)
-        normed.append(add(step, y, shape, norm.op(src, over, name), cost.rms_norm_flops(y.shape, weight is not None)))
+    for step, x, weight, bias, src, shape, over, name in zip(("Q_normed", "K_normed"), (Q, K), weights, biases,
+                                                             source, dims, axis, names, strict=True):
+        y = qknorm.apply(x, weight, bias, norm)
+        bias_name = None if bias is None else (name.replace("weight", "bias") if name else "b")
+        normed.append(add(step, y, shape, norm.op(src, over, name, bias_name),
+                          cost.rms_norm_flops(y.shape, weight is not None)))
     return normed[0], normed[1]
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from attnscope.reference import FORMULA, Asked, allowed_mask, formula, rms_norm64, sdpa_mask, user_parts
+from attnscope.reference import FORMULA, Asked, allowed_mask, formula, qk_norm64, sdpa_mask, user_parts
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -247,12 +247,13 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
         weight, bias = layer.weight.double(), None if layer.bias is None else layer.bias.double()
         if norm is None or name == "W_v":
             return _heads(x.double(), weight, bias, heads)
-        scale = (module.q_norm if name == "W_q" else module.k_norm).weight
+        normer = module.q_norm if name == "W_q" else module.k_norm
+        scale, shift = normer.weight, getattr(normer, "bias", None)  # a LayerNorm's bias; None for an RMSNorm
         projected = F.linear(x.double(), weight, bias)  # [n_batch, n, heads·d_head]
         if norm.over == "proj":  # OLMo 2: over the whole projection, then split
-            projected = rms_norm64(projected, scale, norm.eps, norm.offset)
+            projected = qk_norm64(projected, scale, shift, norm)
         split = projected.reshape(x.shape[0], x.shape[1], heads, module.d_head).transpose(1, 2)
-        return rms_norm64(split, scale, norm.eps, norm.offset) if norm.over == "head" else split
+        return qk_norm64(split, scale, shift, norm) if norm.over == "head" else split
 
     with torch.no_grad():
         q = project(Q, "W_q", module.n_head)

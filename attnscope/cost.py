@@ -197,9 +197,10 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     weights = d_feat * (2 * q_width + 2 * kv_width) + ((q_width + 2 * kv_width + d_feat) if bias else 0)
     inputs = batch * d_feat * (n_Q + 2 * n_new if cross else n_Q)
     feats = batch * (n_Q * q_width + 2 * n_new * kv_width)
-    if spec.norm is not None:  # Q_normed, K_normed; q_norm.weight, k_norm.weight ([d_head] or as wide as W_q, W_k)
+    if spec.norm is not None:  # Q_normed, K_normed; q_norm.weight, k_norm.weight ([d_head] or as wide as W_q, W_k),
+        # and a LayerNorm's biases as wide
         feats += batch * (n_Q * q_width + n_new * kv_width)
-        weights += 2 * d_head if spec.norm.over == "head" else q_width + kv_width
+        weights += (2 * d_head if spec.norm.over == "head" else q_width + kv_width) * (2 if spec.norm.layer else 1)
     rotated = 0
     if spec.rope is not None:  # cos, sin at the rotated width; Q_rot, K_rot
         table = _table_rows(n_Q, n_K, offset) * spec.rope.rotary_dim(d_head)

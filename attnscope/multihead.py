@@ -47,7 +47,8 @@ class MultiHeadAttention(nn.Module):
     W_q projects d_feat to n_head·d_head, W_k and W_v to n_kv_head·d_head, W_o n_head·d_head back to d_feat.
     With `qk_norm`, `q_norm.weight` and `k_norm.weight` are `[d_head]` ("head") or `[n_head·d_head]` and
     `[n_kv_head·d_head]` ("proj"), ones to start with (zeros for Gemma's offsets, `(1 + w)`), as transformers
-    names and initialises them, so a checkpoint's weights load into the state dict as they are.
+    names and initialises them, so a checkpoint's weights load into the state dict as they are; a LayerNorm
+    qk-norm (`QkNorm(kind="layer")`, timm's default) adds `q_norm.bias` and `k_norm.bias`, zeros to start.
     `cache=(K_cache, V_cache)`, each `[n_batch, n_kv_head, n_cache, d_head]`, holds the keys (already
     rotated, as transformers' caches hold them) and values of earlier positions; the new queries and keys
     then sit at positions n_cache onwards, and `causal` should be "lower-right".
@@ -105,8 +106,8 @@ class MultiHeadAttention(nn.Module):
         self.sinks = nn.Parameter(torch.randn(n_head, **factory)) if self.spec.sinks else None
         norm = self.spec.norm
         if norm is not None:
-            self.q_norm = NormWeight(norm.width(n_head, self.d_head), norm.offset, **factory)
-            self.k_norm = NormWeight(norm.width(n_kv_head, self.d_head), norm.offset, **factory)
+            self.q_norm = NormWeight(norm.width(n_head, self.d_head), norm.offset, norm.layer, **factory)
+            self.k_norm = NormWeight(norm.width(n_kv_head, self.d_head), norm.offset, norm.layer, **factory)
 
     @property
     def n_group(self) -> int:
@@ -206,7 +207,7 @@ class MultiHeadAttention(nn.Module):
             feats["Q"], feats["K"] = attention.normalize(
                 add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
                 dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
-                names=("q_norm.weight", "k_norm.weight"))
+                names=("q_norm.weight", "k_norm.weight"), biases=self._norm_biases())
             made["Q"], made["K"] = "Q_normed", "K_normed"
         split = {name: add(f"{name}_split", split_heads(feats[name], count),  # -> [n_batch, heads, n, d_head]
                            ("n_batch", axis, n, "d_head"),
@@ -217,7 +218,8 @@ class MultiHeadAttention(nn.Module):
         if norm is not None and norm.over == "head":  # Qwen3, Gemma 3: each head over its own d_head
             per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
             q, k = attention.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
-                                    axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"))
+                                    axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"),
+                                    biases=self._norm_biases())
             q_name, k_name = "Q_normed", "K_normed"
         n_cache = cache[0].shape[-2] if cache is not None else 0
         n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
@@ -254,6 +256,10 @@ class MultiHeadAttention(nn.Module):
 
     def _norm_weights(self) -> tuple[Tensor, Tensor]:
         return self.q_norm.weight, self.k_norm.weight
+
+    def _norm_biases(self) -> tuple[Tensor | None, Tensor | None]:
+        """A LayerNorm qk-norm's biases (`q_norm.bias`, `k_norm.bias`); None for an RMSNorm."""
+        return getattr(self.q_norm, "bias", None), getattr(self.k_norm, "bias", None)
 
     def _kv_axis(self) -> str:
         return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
@@ -306,11 +312,13 @@ class MultiHeadAttention(nn.Module):
 class NormWeight(nn.Module):
     """A qk-norm's learned weight `[width]`, kept as `<name>.weight` (`q_norm.weight`, as transformers' RMSNorm
     modules are): ones, or zeros where the weights are offsets from 1 (Gemma's `(1 + w)`), so a fresh norm
-    scales by 1. The formula is qknorm.rms_norm's."""
+    scales by 1; a LayerNorm's (`layer`) has a bias `<name>.bias` too, zeros, as nn.LayerNorm's. The formula is
+    qknorm.rms_norm's, or qknorm.layer_norm's."""
 
-    def __init__(self, width: int, offset: bool, **factory: Any) -> None:
+    def __init__(self, width: int, offset: bool, layer: bool = False, **factory: Any) -> None:
         super().__init__()
         self.weight = nn.Parameter((torch.zeros if offset else torch.ones)(width, **factory))
+        self.bias = nn.Parameter(torch.zeros(width, **factory)) if layer else None
 
 
 def _keep_tensor(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:

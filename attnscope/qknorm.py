@@ -1,4 +1,5 @@
-"""qk-norm: an RMSNorm of the queries and the keys before RoPE, as today's models keep their logits in range.
+"""qk-norm: an RMSNorm (or a LayerNorm) of the queries and the keys before RoPE, as today's models keep their logits
+in range.
 
 Two placements, as checkpoints have them (`QkNorm.over`):
 - `"head"` (Qwen3, Qwen3-MoE, Gemma 3): after the split into heads, over each head's own d_head coordinates,
@@ -12,6 +13,10 @@ The formula, `x · rsqrt(mean(x², over the normed axis) + eps) · w`, is comput
 input's dtype (`Olmo2RMSNorm`, `Gemma3RMSNorm`). Gemma stores its norm weights as offsets from 1, so its form
 multiplies by `(1 + w)` (`offset=True`, `Gemma3RMSNorm`). `sdpa` has no weights: its qk-norm is the unit-weight
 RMSNorm over d_K.
+
+The LayerNorm kind (`kind="layer"`) is timm's default: its `Attention(qk_norm=True)` takes `norm_layer=nn.LayerNorm`,
+`(x - mean) · rsqrt(var + eps) · w + b` over d_head with a weight and a bias `[d_head]`, eps 1e-5
+(`torch.nn.functional.layer_norm`, computed in float32 as nn.LayerNorm's kernels do, cast back).
 
 Steps `Q_normed`, `K_normed` (recorded by attention.normalize, beside attention.rotate and attention.tune);
 TransformerLens calls the same tensors `hook_q_normed` and `hook_k_normed`.
@@ -30,16 +35,18 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 PLACES = ("head", "proj")
+KINDS = ("rms", "layer")  # RMSNorm (Qwen3, OLMo 2, Gemma 3, timm's norm_layer=RmsNorm) or LayerNorm (timm's default)
 
 
 @dataclass(frozen=True)
 class QkNorm:
-    """Where the RMSNorm of Q and K runs (`over`: "head" or "proj"), its `eps`, and whether its weights are
-    offsets from 1 (Gemma's `(1 + w)`)."""
+    """Where the norm of Q and K runs (`over`: "head" or "proj"), its `eps`, whether its weights are offsets from 1
+    (Gemma's `(1 + w)`), and its `kind`: "rms" (RMSNorm, a weight) or "layer" (LayerNorm, a weight and a bias)."""
 
     over: str = "head"
     eps: float = 1e-6
     offset: bool = False
+    kind: str = "rms"
 
     def __post_init__(self) -> None:
         if self.over not in PLACES:
@@ -49,6 +56,16 @@ class QkNorm:
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps >= 0):
             raise UsageError(f"{{qk_norm}} eps {eps!r}: the norm's epsilon must be a finite number, 0 or more "
                              "(Qwen3 uses 1e-6)", "qk_norm")
+        if self.kind not in KINDS:
+            raise UsageError(f"{{qk_norm}} kind {self.kind!r}: use 'rms' (RMSNorm: Qwen3, OLMo 2, Gemma 3) or 'layer' "
+                             "(LayerNorm, a bias too: timm's qk_norm=True)", "qk_norm")
+        if self.offset and self.kind == "layer":
+            raise UsageError("{qk_norm} offset with kind 'layer': the (1 + w) weights are Gemma's RMSNorm; a "
+                             "LayerNorm's weight is its own", "qk_norm")
+
+    @property
+    def layer(self) -> bool:
+        return self.kind == "layer"
 
     def width(self, heads: int, d_head: int) -> int:
         """The size of the weight (and of the axis the mean runs over): d_head, or heads·d_head."""
@@ -56,11 +73,18 @@ class QkNorm:
 
     def describe(self) -> str:
         where = "per head over d_head" if self.over == "head" else "over the whole projection, before the split"
-        return f"qk-norm (RMSNorm {where}{', (1 + w)' if self.offset else ''})"
+        return f"qk-norm ({'LayerNorm' if self.layer else 'RMSNorm'} {where}{', (1 + w)' if self.offset else ''})"
 
-    def op(self, source: str, axis: str, weight: str | None) -> str:
+    def op(self, source: str, axis: str, weight: str | None, bias: str | None = None) -> str:
         """The step's op: the formula, and over which axis (the head's or the projection's)."""
         scaled = "" if weight is None else (f" * (1 + {weight})" if self.offset else f" * {weight}")
+        if self.layer:
+            where = {"head": f"LayerNorm of each head over {axis}",
+                     "proj": f"LayerNorm over the whole projection ({axis}), before the split"}[self.over]
+            shifted = "" if bias is None else f" + {bias}"
+            centred = f"({source} - mean({source}, dim=-1))"
+            return (f"{centred} * rsqrt(var({source}, dim=-1) + {self.eps:g}){scaled}{shifted}: {where}"
+                    f"{', unit weight' if weight is None else ''}")
         where = {"head": f"RMSNorm of each head over {axis}",
                  "proj": f"RMSNorm over the whole projection ({axis}), before the split"}[self.over]
         unit = ", unit weight" if weight is None else ""
@@ -76,3 +100,18 @@ def rms_norm(x: Tensor, weight: Tensor | None, norm: QkNorm) -> Tensor:
     if weight is not None:
         normed = normed * (1.0 + weight.float() if norm.offset else weight.float())
     return normed.to(x.dtype)
+
+
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, norm: QkNorm) -> Tensor:
+    """`(x - mean) · rsqrt(var + eps) · w + b` over the last axis (`torch.nn.functional.layer_norm`, as timm's
+    Attention with qk_norm=True and norm_layer=nn.LayerNorm), in float32, cast back to x's dtype."""
+    import torch.nn.functional as F
+
+    w = None if weight is None else weight.float()
+    b = None if bias is None else bias.float()
+    return F.layer_norm(x.float(), (x.shape[-1],), w, b, norm.eps).to(x.dtype)  # [.., width]
+
+
+def apply(x: Tensor, weight: Tensor | None, bias: Tensor | None, norm: QkNorm) -> Tensor:
+    """The qk-norm of x over its last axis, of the norm's kind (a bias is a LayerNorm's only)."""
+    return layer_norm(x, weight, bias, norm) if norm.layer else rms_norm(x, weight, norm)

@@ -195,6 +195,17 @@ def rms_norm64(x: Tensor, weight: Tensor | None, eps: float, offset: bool = Fals
     return F.rms_norm(x.double(), (x.shape[-1],), w, eps)
 
 
+def qk_norm64(x: Tensor, weight: Tensor | None, bias: Tensor | None, norm: Any) -> Tensor:
+    """qk-norm over the last axis in float64, of the norm's kind: `rms_norm64`, or a LayerNorm by PyTorch's
+    `F.layer_norm` (timm's qk_norm=True with norm_layer=nn.LayerNorm)."""
+    import torch.nn.functional as F
+
+    if not norm.layer:
+        return rms_norm64(x, weight, norm.eps, norm.offset)
+    w, b = (None if t is None else t.double() for t in (weight, bias))
+    return F.layer_norm(x.double(), (x.shape[-1],), w, b, norm.eps)
+
+
 def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, *,
              q_start: int | None = None, k_start: int = 0, rotated_keys: int = 0,
              sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -208,8 +219,9 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
     offset = n_K - n_Q if asked.causal == "lower-right" else 0
     q_start = offset if q_start is None else q_start
     if asked.qk_norm is not None:
-        q = rms_norm64(q, None, asked.qk_norm.eps)
-        k = torch.cat([k[..., :rotated_keys, :], rms_norm64(k[..., rotated_keys:, :], None, asked.qk_norm.eps)], dim=-2)
+        q = qk_norm64(q, None, None, asked.qk_norm)
+        fresh = qk_norm64(k[..., rotated_keys:, :], None, None, asked.qk_norm)
+        k = torch.cat([k[..., :rotated_keys, :], fresh], dim=-2)
     if asked.rope_base is not None:
         seq_len = max(n_K + k_start, q_start + n_Q)  # the positions the forward covers (dynamic, longrope)
         q = _rotated(q, asked, q_start, seq_len)

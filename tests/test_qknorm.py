@@ -317,3 +317,73 @@ def test_qk_norm_property_check_passes_and_estimate_equals_the_run(case):
     held = sum(p.numel() * 4 for p in shadow.parameters()) + X.numel() * 4 + n * n  # weights, input, causal mask
     assert cost.traced_peak_bytes(meta.steps, held) == cost.mha_bytes(n_batch, n, n, d_feat, n_head, module.spec,
                                                                       d_head=d_head)
+
+
+# --- the LayerNorm kind (timm's Attention with qk_norm=True, norm_layer=nn.LayerNorm) --------------------------
+
+
+def _timm_layer_norm_attention(module: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """Plain torch, sharing no code with attnscope: timm's Attention.forward with qk_norm=True and
+    norm_layer=nn.LayerNorm (F.layer_norm of q and k over each head's d_head, then
+    F.scaled_dot_product_attention), the key/value heads repeated for grouped queries."""
+    B, T, _ = x.shape
+    H, Hkv, d = module.n_head, module.n_kv_head, module.d_head
+    q = F.linear(x, module.W_q.weight, module.W_q.bias).view(B, T, H, d).transpose(1, 2)
+    k = F.linear(x, module.W_k.weight, module.W_k.bias).view(B, T, Hkv, d).transpose(1, 2)
+    v = F.linear(x, module.W_v.weight, module.W_v.bias).view(B, T, Hkv, d).transpose(1, 2)
+    q = F.layer_norm(q, (d,), module.q_norm.weight, module.q_norm.bias, 1e-5)
+    k = F.layer_norm(k, (d,), module.k_norm.weight, module.k_norm.bias, 1e-5)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, d]
+    return F.linear(y.transpose(1, 2).reshape(B, T, H * d), module.W_o.weight, module.W_o.bias)
+
+
+@pytest.mark.parametrize("record", [True, False])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_mha_with_a_layernorm_qk_norm_equals_plain_torch(record, kv_heads):
+    torch.manual_seed(11)
+    norm = QkNorm("head", eps=1e-5, kind="layer")
+    module = MultiHeadAttention(32, 4, n_kv_head=kv_heads, qk_norm=norm, causal=True, record=record).eval()
+    with torch.no_grad():
+        for layer in (module.q_norm, module.k_norm):
+            layer.weight.normal_(1.0, 0.3)
+            layer.bias.normal_(0.0, 0.3)
+        x = torch.randn(2, 6, 32)
+        _close(module(x)["x"], _timm_layer_norm_attention(module, x))
+        if record:
+            trace = module(x)
+            assert trace.step("Q_normed").op.startswith("(Q_split - mean(Q_split, dim=-1)) * rsqrt(var(Q_split")
+            assert "+ q_norm.bias: LayerNorm of each head over d_head" in trace.step("Q_normed").op
+            before = module(x)["x"]
+            module.q_norm.bias.add_(1.0)  # the bias is used: moving it moves the output (a key bias would not)
+            assert not torch.allclose(module(x)["x"], before)
+
+
+def test_layernorm_qk_norm_in_the_spec_the_state_dict_and_check():
+    from attnscope import check
+
+    norm = QkNorm(kind="layer", eps=1e-5)
+    assert AttentionSpec(qk_norm=norm).qk_norm.layer and not QkNorm().layer
+    assert "qk-norm (LayerNorm per head over d_head)" in AttentionSpec(qk_norm=norm).describe(8)
+    assert "qk-norm (RMSNorm per head over d_head)" in AttentionSpec(qk_norm="head").describe(8)  # unchanged
+    with pytest.raises(UsageError, match="kind 'batch'"):
+        QkNorm(kind="batch")
+    with pytest.raises(UsageError, match="Gemma's RMSNorm"):
+        QkNorm(offset=True, kind="layer")
+    state = MultiHeadAttention(32, 4, qk_norm=norm).state_dict()
+    assert bool((state["q_norm.bias"] == 0).all()) and state["k_norm.bias"].shape == (8,)
+    assert "q_norm.bias" not in MultiHeadAttention(32, 4, qk_norm="head").state_dict()
+    torch.manual_seed(12)
+    module = MultiHeadAttention(24, 3, qk_norm=QkNorm("proj", eps=1e-5, kind="layer"), causal=True).eval()
+    with torch.no_grad():
+        module.q_norm.bias.normal_(0.0, 0.5)
+        X = torch.randn(2, 5, 24)
+        trace = module(X)
+        whole = F.layer_norm(F.linear(X, module.W_q.weight, module.W_q.bias), (24,), module.q_norm.weight,
+                             module.q_norm.bias, 1e-5)
+    _close(trace["Q_normed"], whole)
+    asked = check.Asked(module.spec)
+    assert all(c.passed for c in check.check_mha(module, trace, X, X, X, None, asked))
+    with torch.no_grad():
+        module.q_norm.bias.add_(0.5)
+    assert not all(c.passed for c in check.check_mha(module, trace, X, X, X, None, asked))

@@ -202,6 +202,7 @@ def test_heads_split_without_the_transpose_diverge_at_the_split_line(tmp_path, r
 
 TIMM_RMS = [("nn.LayerNorm(self.d_head)", "nn.RMSNorm(self.d_head, eps=1e-6)"),
             ("                norm.bias.normal_(0.0, 0.3)\n", ""), (ROTATE, "q, k = self.q_norm(q), self.k_norm(k)")]
+TIMM_LN = [(ROTATE, "q, k = self.q_norm(q), self.k_norm(k)")]  # timm's default norm_layer=nn.LayerNorm, with bias
 BLOOM = (BIAS, "scores = scores + alibi_slopes(self.n_head)[:, None, None] * torch.arange(T)")
 T5 = [(SCORES, "scores = q @ k.transpose(-2, -1)"),
       (BIAS, "scores = scores + 0.1 * (torch.arange(T)[None, :] - torch.arange(T)[:, None]).float()")]
@@ -215,10 +216,11 @@ def t5_bias(tmp_path) -> str:
 @pytest.mark.parametrize(("args", "changes"), [
     (("--causal", "--alibi"), [BLOOM]),  # BLOOM's m_h · j: the reference's −m_h · (i − j) plus a row constant
     (("--causal", "--qk-norm"), TIMM_RMS),  # timm's qk_norm=True with norm_layer=RmsNorm: the user's weights taken
+    (("--causal", "--qk-norm", "head"), TIMM_LN),  # timm's default nn.LayerNorm: its weights and biases taken
     (("--causal", "--qk-norm", "head", "--rope"),
      [*TIMM_RMS[:2], (ROTATE, "q, k = rope(self.q_norm(q)), rope(self.k_norm(k))")]),
     (("--causal", "--scale", "1", "--position-bias", "BIAS", "--batch", "2", "--nq", "6"), T5),
-], ids=["alibi", "qk-norm", "qk-norm-rope", "t5-bias-scale"])
+], ids=["alibi", "qk-norm", "qk-norm-layernorm", "qk-norm-rope", "t5-bias-scale"])
 def test_code_of_another_convention_exits_0_with_the_option_that_describes_it(tmp_path, runner, args, changes):
     args = tuple(t5_bias(tmp_path) if a == "BIAS" else a for a in args)
     result, out = trace(runner, module(tmp_path, *changes), *args)
@@ -229,20 +231,31 @@ def test_code_of_another_convention_exits_0_with_the_option_that_describes_it(tm
 @pytest.mark.parametrize(("args", "changes", "words"), [
     (("--causal",), [BLOOM], "describe it with --alibi"),
     (("--causal",), TIMM_RMS, "describe it with --qk-norm head"),
+    (("--causal",), TIMM_LN, "LayerNorm), before the scores (timm's qk_norm=True, OLMo2, Qwen3), which the reference "
+                             "was not told of; describe it with --qk-norm head (the reference then normalizes with "
+                             "your norms' weights and biases)"),
     (("--causal", "--alibi"), [], "adds no position bias"),
     (("--causal", "--alibi"), [(BIAS, BLOOM[1].replace("n_head)", "n_head).flip(0)"))], "which are not ALiBi's"),
     (("--causal",), T5[:1], "times too large: not divided by √d_head (where that is your model's, T5's, --scale 1"),
-], ids=["alibi-untold", "qk-norm-untold", "alibi-absent", "alibi-slopes-told", "scale-untold"])
+], ids=["alibi-untold", "qk-norm-untold", "qk-norm-layernorm-untold", "alibi-absent", "alibi-slopes-told",
+        "scale-untold"])
 def test_without_the_option_the_cause_is_named(tmp_path, runner, args, changes, words):
     first = diverges(runner, module(tmp_path, *changes), *args)
     assert words in first["diagnosis"], first
 
 
-def test_a_layernorm_qk_norm_is_refused_in_one_line(tmp_path, runner):
-    result, _ = trace(runner, module(tmp_path, (ROTATE, "q, k = self.q_norm(q), self.k_norm(k)")), "--causal",
-                      "--qk-norm")
-    assert result.exit_code == 2
-    assert "your q_norm is a LayerNorm" in result.output and "Traceback" not in result.output
+def test_a_layernorm_qk_norm_takes_the_users_eps_and_a_mixed_one_is_refused_in_one_line(tmp_path, runner):
+    """nn.LayerNorm(d_head, eps=1e-3) lines up only with its own eps; a LayerNorm q_norm beside an RMSNorm
+    k_norm is no one qk-norm: one line, exit 2."""
+    eps = ("nn.LayerNorm(self.d_head)", "nn.LayerNorm(self.d_head, eps=1e-3)")
+    result, out = trace(runner, module(tmp_path, eps, *TIMM_LN), "--causal", "--qk-norm")
+    assert result.exit_code == 0, result.output
+    mixed = ("self.k_norm = nn.LayerNorm(self.d_head)", "self.k_norm = nn.RMSNorm(self.d_head)")
+    result, _ = trace(runner, module(tmp_path, mixed, ("norm.bias.normal_(0.0, 0.3)", "pass"), *TIMM_LN),
+                      "--causal", "--qk-norm")
+    assert result.exit_code == 2, result.output
+    assert "your q_norm is a LayerNorm and your k_norm a RMSNorm" in result.output
+    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(("args", "words"), [

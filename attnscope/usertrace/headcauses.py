@@ -109,12 +109,13 @@ def qk_norm(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
             which = "the keys" if q_rec is None else "the queries"
             return Diagnosis(f"qk-norm on one side only: {where}, but {which} are not normalized; qk-norm normalizes "
                              "both q and k per head before the scores", near.record)
-        if q_kind == k_kind == "RMSNorm":
-            told = ("describe it with --qk-norm head (the reference then normalizes with your norms' weights)"
+        if q_kind == k_kind:  # LayerNorm (timm's default norm_layer) or RMSNorm
+            told = (f"describe it with --qk-norm head (the reference then normalizes with your norms' weights"
+                    f"{' and biases' if 'LayerNorm' in (q_kind, k_kind) else ''})"
                     if ctx.spec is None or ctx.spec.qk_norm is None else "")
         else:
-            told = ("the reference's qk-norm (--qk-norm) is an RMSNorm, which cannot describe a LayerNorm's "
-                    "(timm's default norm_layer; norm_layer=RmsNorm is the form it computes)")
+            told = ("q and k are normalized by different kinds of norm, where the reference's qk-norm (--qk-norm) "
+                    "normalizes both with one, a LayerNorm or an RMSNorm")
         return Diagnosis(f"your code applies qk-norm: {where}, before the scores (timm's qk_norm=True, OLMo2, Qwen3), "
                          f"which the reference was not told of; {told}" if told else
                          f"your code applies qk-norm: {where}, before the scores", near.record)

@@ -55,7 +55,8 @@ class Spec:
     layout: str = "row"  # "col": a function's inputs [.., d, n], out = V softmax(Kᵀ Q) (textbook.sdpa_columns)
     rope_pairing: str = "half-split"  # or "interleaved": GPT-J's and Meta's view_as_complex pairs (2i, 2i + 1)
     alibi: bool = False  # ALiBi's per-head bias on the scores (BLOOM's)
-    qk_norm: str | None = None  # RMSNorm of Q and K: "head" (over d_head, timm's qk_norm, Qwen3) or "proj" (OLMo 2)
+    qk_norm: str | None = None  # qk-norm: "head" (over d_head, timm's qk_norm, Qwen3) or "proj" (OLMo 2); its kind
+    # (RMSNorm or LayerNorm), weights and eps are the user's norms' (build_mha)
     scale: float | None = None  # the scores' scale; None: 1/sqrt(d_head) (resp. d_K)
     position_bias: Any = field(default=None, compare=False)  # a float tensor added to the scores (T5's), or None
 
@@ -182,10 +183,11 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
     weight = q.weight
     norms = _qk_norms(module, spec, n_head, n_kv_head, d_head) if module is not None else {}
     attention = spec.attention(n_kv_head)
-    if norms and attention.norm is not None:  # the user's norm's epsilon (nn.RMSNorm's None: its dtype's eps)
+    if norms and attention.norm is not None:  # the user's norm's epsilon (nn.RMSNorm's None: its dtype's eps), kind
         eps = getattr(norms["q"][1], "eps", None)
         eps = torch.finfo(weight.dtype).eps if eps is None else eps
-        attention = replace(attention, qk_norm=replace(attention.norm, eps=float(eps)))
+        kind = "layer" if _is_layer_norm(norms["q"][1]) else "rms"
+        attention = replace(attention, qk_norm=replace(attention.norm, eps=float(eps), kind=kind))
     reference = MultiHeadAttention(d_feat, n_head, bias=qkv_bias, out_bias=o.bias is not None,
                                    d_head=d_head if d_head * n_head != d_feat else None, device=weight.device,
                                    dtype=weight.dtype, spec=attention,
@@ -196,15 +198,19 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
             if mine.bias is not None:
                 mine.bias.copy_(theirs.bias if theirs.bias is not None else torch.zeros_like(mine.bias))
         for role, (_, norm) in norms.items():
-            getattr(reference, f"{role}_norm").weight.copy_(norm.weight)
+            mine = getattr(reference, f"{role}_norm")
+            mine.weight.copy_(norm.weight)
+            if mine.bias is not None:  # a LayerNorm's (nn.LayerNorm(bias=False) has none: zeros)
+                mine.bias.copy_(norm.bias if norm.bias is not None else torch.zeros_like(mine.bias))
     return reference.eval()
 
 
 def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head: int) -> dict[str, tuple[str, Any]]:
     """With --qk-norm, the user's q and k norms whose weights the reference takes: modules with a 1-D `weight` as
     wide as the norm (d_head per head, the projection's width over it), by name (`q_norm`, `k_norm`), else the
-    only two in registration order; none found: unit weights. A LayerNorm (mean taken out, a bias) is not the
-    RMSNorm the reference computes: refused in one line."""
+    only two in registration order; none found: unit weights. An nn.LayerNorm (timm's default norm_layer: the mean
+    taken out, a bias) makes the reference's qk-norm a LayerNorm; another norm with a bias, or q and k normed by
+    different kinds, is refused in one line."""
     if spec.qk_norm is None:
         return {}
     widths = {"q": d_head, "k": d_head} if spec.qk_norm == "head" else {"q": n_head * d_head, "k": n_kv_head * d_head}
@@ -222,11 +228,20 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
     for role, (name, norm) in norms.items():
         if norm.weight.shape[0] != widths[role]:
             return {}
-        if isinstance(norm, nn.LayerNorm) or getattr(norm, "bias", None) is not None:
-            raise UsageError(f"your {name} is a {type(norm).__name__}, which takes the mean out and adds a bias; the "
-                             "qk-norm the reference computes is an RMSNorm (timm's qk_norm with norm_layer=RmsNorm, "
-                             "Qwen3, OLMo 2, Gemma 3), so it cannot describe yours")
+        if not _is_layer_norm(norm) and getattr(norm, "bias", None) is not None:
+            raise UsageError(f"your {name} is a {type(norm).__name__} with a bias, which the reference's qk-norm "
+                             "reads only as nn.LayerNorm's (timm's default norm_layer) or an RMSNorm's weight alone "
+                             "(Qwen3, OLMo 2, Gemma 3), so it cannot describe yours")
+    (q_name, q_norm), (k_name, k_norm) = norms["q"], norms["k"]
+    if _is_layer_norm(q_norm) != _is_layer_norm(k_norm):
+        raise UsageError(f"your {q_name} is a {type(q_norm).__name__} and your {k_name} a {type(k_norm).__name__}; "
+                         "the reference normalizes q and k with one kind of norm, LayerNorm or RMSNorm")
     return norms
+
+
+def _is_layer_norm(norm: nn.Module) -> bool:
+    """nn.LayerNorm (timm's `Attention(qk_norm=True)` default, and its subclasses: timm's own LayerNorm)."""
+    return isinstance(norm, nn.LayerNorm)
 
 
 def run_mha(reference: nn.Module, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
