@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attnscope.usertrace.record import SOFTMAXES
+
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
 
@@ -257,3 +259,24 @@ def rearranged_wrongly(records: list[Record], start: Record, upto: Record, refer
         if matches and not any(m.equal for m in matches):
             return matches[0]
     return None
+
+
+SCALING = ("mul", "__mul__", "__rmul__", "mul_", "div", "__truediv__", "true_divide", "div_")
+
+
+def rescaled(records: list[Record], start: Record, reference: torch.Tensor,
+             skip: torch.Tensor | None = None) -> Match | None:
+    """The last user tensor made from `start` (lined up with the step `reference` is) by multiplying or dividing by
+    a number alone, on the way to a softmax, when it equals the step in no layout: the scores scaled again after
+    they were right (`einsum(...) * self.scale * self.scale`). None when there is none, or it is the step."""
+    made, last = {start.index}, None
+    for record in records[start.index + 1:]:
+        if record.func in SCALING and len(record.parents) == 1 and record.parents[0] in made \
+                and record.tensor.shape == start.tensor.shape:
+            made.add(record.index)
+            last = record
+    if last is None or not any(r.func.split(".")[-1] in SOFTMAXES and last.index in ancestors(r, records)
+                               for r in records[last.index + 1:]):
+        return None
+    matches = compare(last, reference, skip)
+    return matches[0] if matches and not any(m.equal for m in matches) else None

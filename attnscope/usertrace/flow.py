@@ -7,7 +7,9 @@ order of registration (minGPT registers `key, query, value`):
 - O the Linear that reads what that matmul made.
 A fused kernel (`F.scaled_dot_product_attention(q, k, v)`) says the three by the order of its arguments.
 Where the flow allows several readings (a tensor that comes from two projections), names break the tie, then
-the order of registration. Only for projections of one input (self-attention): where the forward takes query,
+the order of registration. A Linear whose output reaches two of Q, K and V (x-transformers' and vit-pytorch's
+`to_kv`, chunked into K and V; `to_qkv`, chunked in three) is a fused projection: `shared` says which roles it
+writes, and fused.py splits its rows. Only for projections of one input (self-attention): where the forward takes query,
 key and value apart, the input each projection reads is its role (a transpose there is a bug to report).
 """
 
@@ -34,15 +36,10 @@ def roles(records: list[Record], names: list[str], role_of: Any) -> tuple[dict[s
     read = {r.args[1] for r in records if r.style == "linear" and len(r.args) > 1 and r.args[1][0] == "text"}
     if len(read) > 1:  # query, key and value given apart: each projection's role is the input it reads
         return None
-    operands = _operands(records)
-    if operands is None:
+    flow = _flow(records)
+    if flow is None:
         return None
-    left, right, value, after = operands
-    made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
-    linears_of = _ancestors(records, made)
-    sources = [linears_of[left], linears_of[right], linears_of[value]]
-    readers = {made[r.index] for r in records if r.index in made and after is not None
-               and after in ancestors(r, records)}
+    sources, readers = flow
     fitting = [chosen for chosen in itertools.permutations(names, 4)
                if all(name in found for name, found in zip(chosen, sources, strict=False))
                and (not readers or chosen[3] in readers) and chosen[3] not in set().union(*sources)]
@@ -53,6 +50,38 @@ def roles(records: list[Record], names: list[str], role_of: Any) -> tuple[dict[s
         by_name = [c for c in fitting if all(role_of(n) == role for n, role in zip(c, ROLES, strict=True))]
         fitting, how = (by_name, "names") if by_name else (fitting, "registration order")
     return dict(zip(ROLES, fitting[0], strict=True)), how
+
+
+def shared(records: list[Record], names: list[str]) -> dict[str, str] | None:
+    """{role: Linear name} where one Linear writes two or all three of q, k, v (the flow reaching the scores'
+    operands and the pattern's V from it alone) and another reads what the pattern made (o); None where the
+    flow says otherwise, or each role has a Linear of its own (`roles` reads those)."""
+    if not records or not 2 <= len(names) <= MAX_LINEARS:
+        return None
+    flow = _flow(records)
+    if flow is None or any(len(found) != 1 for found in flow[0]):
+        return None
+    found = dict(zip("qkv", (next(iter(s)) for s in flow[0]), strict=True))
+    if len(set(found.values())) == 3:
+        return None
+    readers = flow[1] - set(found.values())
+    if len(readers) != 1:
+        return None
+    return {**found, "o": readers.pop()}
+
+
+def _flow(records: list[Record]) -> tuple[list[set[str]], set[str]] | None:
+    """The Linear layers the scores' left and right operands and the pattern's V come from, and those that read
+    what the pattern made; None where no scores matmul was recorded."""
+    operands = _operands(records)
+    if operands is None:
+        return None
+    left, right, value, after = operands
+    made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+    linears_of = _ancestors(records, made)
+    readers = {made[r.index] for r in records if r.index in made and after is not None
+               and after in ancestors(r, records)}
+    return [linears_of[left], linears_of[right], linears_of[value]], readers
 
 
 def _operands(records: list[Record]) -> tuple[int, int, int, int | None] | None:

@@ -8,6 +8,8 @@
   head (`[n_head, 3, d_head]`, GPT-NeoX's `query_key_value`). Each layout is a candidate; the line-up keeps
   the one under which the most reference steps find their equal (transformers' GPT-2 and GPT-NeoX code splits
   the same ways: `split(self.split_size, dim=2)`, `view(..., n_head, 3 * head_size)`).
+- A fused K/V projection beside a Q one (x-transformers' and vit-pytorch's `to_kv = Linear(dim, 2 * inner)`,
+  `.chunk(2, dim=-1)`), read from the data flow (flow.shared): its rows are k, then v, as its output is split.
 - An nn.MultiheadAttention inside the module: its `in_proj_weight` (or `q/k/v_proj_weight`) and `out_proj`.
 - `F.multi_head_attention_forward` called in the module's forward with its own parameters: the weights the
   recorded call was given (`in_proj_weight`, or `q/k/v_proj_weight` with `use_separate_proj_weight`, and
@@ -180,9 +182,9 @@ def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: i
     return layouts
 
 
-def recorded_splits(name: str, records: list[Record], width: int) -> list[tuple[tuple[int, int, int], int]]:
-    """The sizes (along the last axis) of three parts the fused projection's output was split into, read off
-    the recorded parts: `.split(64, dim=2)`, `.split([64, 16, 16], dim=-1)`, `.chunk(3, -1)`."""
+def recorded_splits(name: str, records: list[Record], width: int, count: int = 3) -> list[tuple[tuple[int, ...], int]]:
+    """The sizes (along the last axis) of the `count` parts the fused projection's output was split into, read
+    off the recorded parts: `.split(64, dim=2)`, `.split([64, 16, 16], dim=-1)`, `.chunk(3, -1)`, `.chunk(2, -1)`."""
     found = []
     made = {r.index for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)}
     for i, first in enumerate(records):
@@ -195,6 +197,22 @@ def recorded_splits(name: str, records: list[Record], width: int) -> list[tuple[
                 break
             parts.append(r)
         sizes = tuple(int(r.tensor.shape[-1]) for r in parts)
-        if len(sizes) == 3 and sum(sizes) == width and all(r.tensor.shape[:-1] == whole.shape[:-1] for r in parts):
-            found.append(((sizes[0], sizes[1], sizes[2]), first.line))
+        if len(sizes) == count and sum(sizes) == width and all(r.tensor.shape[:-1] == whole.shape[:-1] for r in parts):
+            found.append((sizes, first.line))
     return found
+
+
+def kv_layouts(name: str, linear: nn.Linear, records: list[Record]) -> list[tuple[str, dict[str, Part]]]:
+    """Every way of reading a fused K/V weight's rows (x-transformers' and vit-pytorch's `to_kv`, chunked into
+    k and v) as k, then v: as its output is split, else in halves."""
+    weight, bias, width = linear.weight, linear.bias, linear.out_features
+    splits = [(sizes[0], f"split as its output is split at line {line}")
+              for sizes, line in recorded_splits(name, records, width, 2)]
+    if width % 2 == 0 and all(cut != width // 2 for cut, _ in splits):
+        splits.append((width // 2, "split in halves, k | v"))
+    layouts = []
+    for cut, how in splits:
+        parts = {"k": rows(name, weight, bias, slice(0, cut), f"[0:{cut}]"),
+                 "v": rows(name, weight, bias, slice(cut, width), f"[{cut}:{width}]")}
+        layouts.append((how, parts))
+    return layouts

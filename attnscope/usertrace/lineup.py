@@ -116,6 +116,7 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     if first is None:
         return out
     first = _split_in_flow(first, out.rows, trace, records, skips)
+    first = _scaled_again(first, out.rows, trace, records, skips)
     tensor, skip = trace[first.reference], skips.get(first.reference)
     used = frozenset(row.record.index for row in out.rows if row.status in ALIGNED and row.record is not None)
     ranked = candidates(records, tensor, first.reference, skip, _anchor(out.rows), used)
@@ -297,6 +298,27 @@ def _split_in_flow(first: Aligned, rows: list[Aligned], trace: Trace, records: l
             row.order, row.merged = found.layout.order, found.layout.merged
             return row
     return first
+
+
+def _scaled_again(first: Aligned, rows: list[Aligned], trace: Trace, records: list[Record],
+                  skips: dict[str, torch.Tensor]) -> Aligned:
+    """The scores step, where a later step diverges because the user's scores, once equal to the reference's, were
+    multiplied or divided again on the way to the softmax (the scale applied twice): the scores, at the tensor
+    that scaling made, are the divergence; else `first` is."""
+    from attnscope.usertrace.align import rescaled
+
+    row = next((r for r in rows if r.reference == "scores"), None)
+    if row is None or row is first or row.status not in ALIGNED or row.record is None \
+            or rows.index(first) < rows.index(row):
+        return first
+    found = rescaled(records, row.record, trace["scores"], skips.get("scores"))
+    if found is None:
+        return first
+    step = trace.step("scores")
+    row.record, row.max_abs_diff, row.status = found.record, found.max_abs_diff, "differs"
+    row.layout = found.layout.describe(step.dims, tuple(found.record.tensor.shape))
+    row.order, row.merged = found.layout.order, found.layout.merged
+    return row
 
 
 def _parents(name: str, trace: Trace) -> list[str]:

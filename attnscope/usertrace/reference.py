@@ -140,6 +140,16 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
         return [Projections(*called)]
     found = fused.fused_linear(linears)
     out = fused.output_linear(linears, found, role_of) if found is not None else None
+    shared = flow.shared(records or [], [name for name, _ in linears])
+    if shared is not None and shared["q"] != shared["k"] == shared["v"]:  # a fused K/V projection (to_kv)
+        modules = dict(linears)
+        return [Projections({"q": (shared["q"], modules[shared["q"]]),
+                             **{role: (part.name, part) for role, part in parts.items()},
+                             "o": (shared["o"], modules[shared["o"]])}, f"a fused K/V projection, {how}")
+                for how, parts in fused.kv_layouts(shared["k"], modules[shared["k"]], records or [])]
+    if shared is not None and len(set(shared.values())) == 2 and (found is None or out is None):
+        modules = dict(linears)  # q, k, v from one Linear the flow names, whatever its name
+        found, out = (shared["q"], modules[shared["q"]]), (shared["o"], modules[shared["o"]])
     if found is not None and out is not None:
         candidates = [Projections({**{role: (part.name, part) for role, part in parts.items()}, "o": out},
                                   f"a fused projection, {how}")
@@ -151,7 +161,8 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     listed = ", ".join(f"{n} [{m.in_features} → {m.out_features}]" for n, m in linears) or "none"
     raise UsageError(f"no reference for {type(module).__name__}: trace copies q, k, v and output projections (four "
                      "Linear layers named like W_q/q_proj/query and W_o/out_proj, or exactly four in that order; a "
-                     "fused q/k/v Linear such as nanoGPT's c_attn with its output projection; or an "
+                     "fused q/k/v Linear such as nanoGPT's c_attn with its output projection; a fused k/v "
+                     "Linear such as x-transformers' to_kv beside a q one; or an "
                      f"nn.MultiheadAttention) into attnscope's MultiHeadAttention; its Linear layers are {listed}")
 
 
