@@ -39,12 +39,12 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
     if not (n_head and n_Q and n_K):
         out.print(Text("nothing to draw"))
         return
-    from attnscope.views.pooling import group_size, pool
+    from attnscope.views.pooling import group_size, pool, pool_masked
 
     rows, cols = group_size(n_Q, THUMB_ROWS), group_size(n_K, THUMB_COLS)
     pooled = pool(heads.attention, rows, cols).tolist()  # [n_head][n_Q / rows][n_K / cols]
     # a pooled cell is masked where the mask hid every key of every query pooled into it
-    hidden = None if heads.masked is None else (pool((~heads.masked).double(), rows, cols) == 0).tolist()
+    hidden = None if heads.masked is None else pool_masked(heads.masked, rows, cols).tolist()
     cell_w = 2 if cols == 1 and 2 * n_K <= THUMB_COLS else 1
     width = len(pooled[0][0]) * cell_w
     block = max(width, BLOCK)

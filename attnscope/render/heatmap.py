@@ -101,7 +101,7 @@ def show_heatmap(out: Console, hm: Heatmap) -> None:
 
 
 def _grid(rows: list[list[float]], labels: list[str], room: int, masked: list[list[bool]] | None = None) -> Grid:
-    from attnscope.views.pooling import group_size, pool
+    from attnscope.views.pooling import group_size, pool, pool_masked
 
     n_cols = len(labels)
     room = max(room, 1)
@@ -112,7 +112,7 @@ def _grid(rows: list[list[float]], labels: list[str], room: int, masked: list[li
         rows = pool(torch.tensor(rows, dtype=torch.float64), cols=size).tolist()
         labels = labels[::size]
         if masked:
-            masked = [[all(row[j:j + size]) for j in range(0, n_cols, size)] for row in masked]
+            masked = pool_masked(torch.tensor(masked, dtype=torch.bool), cols=size).tolist()
     cell = 2 if 2 * len(labels) <= room else 1
     numbered = any(cell_len(char) > cell for label in labels for char in clusters(label))
     return Grid(rows, labels, size, cell, numbered, masked)

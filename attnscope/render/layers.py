@@ -50,7 +50,7 @@ def show_layers(out: Console, layers: list[LayerHeads], n_tokens: int) -> None:
 
 def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
     """The layers as rows of small heatmaps, each row of cells on its own scale."""
-    from attnscope.views.pooling import group_size, pool
+    from attnscope.views.pooling import group_size, pool, pool_masked
 
     if not layers or 0 in layers[0].attention.shape:
         return
@@ -64,7 +64,7 @@ def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
                          f"mean over {rows} queries"))
     for layer in layers:
         pooled = pool(layer.attention, rows, cols).tolist()  # [n_head][rows][cols]
-        hidden = None if layer.masked is None else (pool((~layer.masked).double(), rows, cols) == 0).tolist()
+        hidden = None if layer.masked is None else pool_masked(layer.masked, rows, cols).tolist()
         for start in range(0, n_head, per_line):
             heads = range(start, min(start + per_line, n_head))
             for r in range(len(pooled[0])):

@@ -40,3 +40,9 @@ def pool(pattern: Tensor, rows: int = 1, cols: int = 1) -> Tensor:
         summed = A.reshape(*lead, (n_Q + pad) // rows, rows, A.shape[-1]).sum(dim=-2)  # [.., n_Q / rows, m]
         A = summed / counts.reshape(-1, rows).sum(dim=-1)[:, None]
     return A
+
+
+def pool_masked(masked: Tensor, rows: int = 1, cols: int = 1) -> Tensor:
+    """A boolean `[.., n_Q, n_K]` mask (True: the key is hidden) pooled as `pool` pools the pattern: a cell is
+    masked where the mask hid every key of every query pooled into it."""
+    return pool((~masked).double(), rows, cols) == 0
