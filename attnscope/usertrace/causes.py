@@ -40,17 +40,17 @@ def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
             if bool(torch.equal(torch.isneginf(masked), torch.isneginf(base))):
                 continue  # the reference masks these already
             expected = masked if step == "masked_scores" else _softmax(masked)
-            if close(user, expected) and ctx.comparing:
-                said = f"a sliding window of {window} ({align})" if window else f"a causal mask ({align})"
+            if not close(user, expected):
+                continue
+            said = f"a sliding window of {window} ({align})" if window else f"a causal mask ({align})"
+            if ctx.comparing:
                 return Diagnosis(f"B masks where A does not: {label_of(near.record)} is A's {step} under {said}; B's "
                                  "code masks by itself, or B's run was given a mask that A's was not", near.record)
-            if close(user, expected):
-                said = f"a sliding window of {window} ({align})" if window else f"a causal mask ({align})"
-                flags = ("--causal" if align == "upper-left" else "--causal lower-right") + (
-                    f" --window {window}" if window else "")
-                return Diagnosis(f"your code masks by itself: {label_of(near.record)} is the reference's {step} under "
-                                 f"{said}, which the reference was not told of; describe it with {flags} (it "
-                                 "describes the reference whether or not your forward takes a mask)", near.record)
+            flags = ("--causal" if align == "upper-left" else "--causal lower-right") + (
+                f" --window {window}" if window else "")
+            return Diagnosis(f"your code masks by itself: {label_of(near.record)} is the reference's {step} under "
+                             f"{said}, which the reference was not told of; describe it with {flags} (it "
+                             "describes the reference whether or not your forward takes a mask)", near.record)
     return None
 
 
