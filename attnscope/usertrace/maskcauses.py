@@ -52,9 +52,9 @@ def wrong_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
                              f"reference allows; True is read as masked out (nn.MultiheadAttention's attn_mask "
                              "convention) where the reference reads it as may attend (the tutorials' "
                              "masked_fill(mask == 0, -1e9), F.scaled_dot_product_attention's)", record)
-        said = _say(mine, allowed).replace("the reference", "A" if ctx.comparing else "the reference")
         other = "A" if ctx.comparing else "the reference"
-        return Diagnosis(f"{label_of(record)} masks other cells than {other}: {said}", record)
+        return Diagnosis(f"{label_of(record)} masks other cells than {other}: "
+                         f"{_say(mine, allowed).replace('the reference', other)}", record)
     return None
 
 
