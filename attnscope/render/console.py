@@ -46,14 +46,20 @@ def _terminal_width(stream: IO[str]) -> int:
         return PIPED_WIDTH
 
 
-def console(stderr: bool = False, record: bool = False, no_color: bool | None = None) -> Console:
-    """stdout's console (stderr's with `stderr`); `record` keeps what is printed, for --svg/--html. The width is
-    COLUMNS, else the terminal's, else (piped) 80."""
-    stream: IO[str] = sys.stderr if stderr else sys.stdout
+def stream_width(stream: IO[str]) -> int:
+    """The width to print `stream` at: COLUMNS, else its terminal's, else (piped) 80."""
     width = columns()
     if width is None:
         width = _terminal_width(stream) if stream.isatty() else PIPED_WIDTH
-    return _Console(file=stream, width=width, highlight=False, soft_wrap=False, record=record, no_color=no_color)
+    return width
+
+
+def console(stderr: bool = False, record: bool = False, no_color: bool | None = None) -> Console:
+    """stdout's console (stderr's with `stderr`); `record` keeps what is printed, for --svg/--html. The width is
+    `stream_width`'s."""
+    stream: IO[str] = sys.stderr if stderr else sys.stdout
+    return _Console(file=stream, width=stream_width(stream), highlight=False, soft_wrap=False, record=record,
+                    no_color=no_color)
 
 
 class _Console(Console):
@@ -119,12 +125,10 @@ def message_lines(prefix: str, message: str) -> str:
     terminal, else (piped) 80 columns; its later lines start with CONTINUATION, so the first line starts as it
     always did (what a script greps) and each line that does not start with a space starts a message. A word
     longer than the width (a path) is kept whole, and a flag is never broken at its hyphens."""
-    width = columns()
-    if width is None:
-        try:
-            width = _terminal_width(sys.stderr) if sys.stderr.isatty() else PIPED_WIDTH
-        except (AttributeError, ValueError):  # a stream with no terminal behind it, or closed
-            width = PIPED_WIDTH
+    try:
+        width = stream_width(sys.stderr)
+    except (AttributeError, ValueError):  # a stream with no terminal behind it, or closed
+        width = PIPED_WIDTH
     text = prefix + " ".join(message.split())
     lines = textwrap.wrap(text, width, subsequent_indent=CONTINUATION, break_long_words=False,
                           break_on_hyphens=False)
