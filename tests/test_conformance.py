@@ -63,8 +63,7 @@ def test_docs_show_the_matrix():
 def test_cell(family, view, built, runner, monkeypatch):
     folder, eager = built(family)
     assert_trained_looking(folder)
-    row = next(r for r in ROWS if r.family == family)
-    if row.views[view] != EXACT:
+    if row_of(family).views[view] != EXACT:
         _refused(runner, folder, family, view, monkeypatch)
         return
     {"short": _short, "long": _long, "generate": _generate, "all-layers": _all_layers, "check": _check}[view](
@@ -112,16 +111,9 @@ def _no_attention_refused(runner, folder, eager, layers):
 def _short_encoder_decoder(runner, folder, eager, family):
     """Each of the three attentions, every layer and head, against the eager model on transformers' own inputs
     (tests/tiny_encdec.py: the source, or Whisper's features from its audio, and the target)."""
-    from tiny_encdec import SOURCE, TARGET, source_and_target
-
-    with torch.no_grad():
-        out = eager(**source_and_target(ENCODER_DECODERS[family], folder, eager), output_attentions=True)
-    source = ["--audio", str(folder / "speech.wav")] if family == "Whisper" else ["--text", SOURCE]
-    for kind, theirs in (("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),
-                         ("cross", out.cross_attentions)):
+    for kind, theirs in _eager_attentions_encdec(folder, eager, family):
         for layer, pattern in enumerate(theirs):
-            payload = _json(runner, folder, *source, "--target", TARGET, "--attention", kind, "--layer", str(layer),
-                            "--all-heads")
+            payload = _json(runner, folder, *_encdec_args(family, folder, kind, "--layer", str(layer), "--all-heads"))
             assert payload["traced"] is True and payload["tracer"] == "attnscope"
             for head in payload["heads"]:
                 _close(head["attention"], pattern[0, head["head"]], f"{family} {kind} {layer} head {head['head']}")
@@ -138,7 +130,7 @@ def _long(runner, folder, eager, family, monkeypatch):
     ids = tokenizer.encode(folder, SENTENCE).ids
     assert len(ids) > 8
     theirs = eager_attentions(eager, ids)
-    if not next(row for row in ROWS if row.family == family).page:  # transformers runs the whole pattern
+    if not row_of(family).page:  # transformers runs the whole pattern
         layer = attention_layers(eager)[-1]  # (memory-guarded up front), not blocks
         payload = _json(runner, folder, "--text", SENTENCE, "--all-heads", "--layer", str(layer))
         for head in payload["heads"]:
@@ -156,18 +148,24 @@ def _long(runner, folder, eager, family, monkeypatch):
 def _long_encoder_decoder(runner, folder, eager, family):
     """Each attention on a source (Whisper: its 50 audio positions) past LONG_TOKENS: every layer before L in blocks,
     layer L's head in blocks, all its rows asked exact against eager's encoder, decoder and cross attentions."""
-    from tiny_encdec import source_and_target
-
-    with torch.no_grad():
-        out = eager(**source_and_target(ENCODER_DECODERS[family], folder, eager), output_attentions=True)
-    for kind, theirs in (("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),
-                         ("cross", out.cross_attentions)):
+    for kind, theirs in _eager_attentions_encdec(folder, eager, family):
         for layer, pattern in enumerate(theirs):
             head = layer % pattern.shape[1]
             payload = _json(runner, folder, *_encdec_args(family, folder, kind, "--layer", str(layer), "--head",
                                                           str(head), "--rows", f"0:{pattern.shape[2]}"))
             assert "attention" not in payload and payload["traced"] is True  # the blocked path
             _close(payload["rows"]["attention"], pattern[0, head], f"{family} long {kind} {layer} head {head}")
+
+
+def _eager_attentions_encdec(folder, eager, family) -> list[tuple[str, tuple[torch.Tensor, ...]]]:
+    """The eager model's three attentions on transformers' own inputs (tests/tiny_encdec.py: the source, or
+    Whisper's features from its audio, and the target): (kind, output_attentions) for encoder, decoder, cross."""
+    from tiny_encdec import source_and_target
+
+    with torch.no_grad():
+        out = eager(**source_and_target(ENCODER_DECODERS[family], folder, eager), output_attentions=True)
+    return [("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),
+            ("cross", out.cross_attentions)]
 
 
 def _encdec_args(family, folder, kind: str, *more: str) -> list[str]:
@@ -229,12 +227,7 @@ def _generate(runner, folder, eager, family, monkeypatch):
 
 def _all_layers_encoder_decoder(runner, folder, eager, family):
     """Each of the three attentions, every layer of its stack, against transformers' eager output_attentions."""
-    from tiny_encdec import source_and_target
-
-    with torch.no_grad():
-        out = eager(**source_and_target(ENCODER_DECODERS[family], folder, eager), output_attentions=True)
-    for kind, theirs in (("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),
-                         ("cross", out.cross_attentions)):
+    for kind, theirs in _eager_attentions_encdec(folder, eager, family):
         payload = _json(runner, folder, *_encdec_args(family, folder, kind, "--all-layers"))
         assert [entry["layer"] for entry in payload["all_layers"]] == list(range(len(theirs)))
         for layer, entry in enumerate(payload["all_layers"]):
