@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.trace import Trace
+    from attnscope.usertrace.align import Match
     from attnscope.usertrace.inputs import Inputs, ShapePlan
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Projections, Spec
@@ -293,10 +294,7 @@ def _split_in_flow(first: Aligned, rows: list[Aligned], trace: Trace, records: l
         step = trace.step(parent)
         found = rearranged_wrongly(records, row.record, first.record, step.tensor, skips.get(parent))
         if found is not None:
-            row.record, row.max_abs_diff, row.status = found.record, found.max_abs_diff, "differs"
-            row.layout = found.layout.describe(step.dims, tuple(found.record.tensor.shape))
-            row.order, row.merged = found.layout.order, found.layout.merged
-            return row
+            return _differs_at(row, found, step.dims)
     return first
 
 
@@ -314,9 +312,13 @@ def _scaled_again(first: Aligned, rows: list[Aligned], trace: Trace, records: li
     found = rescaled(records, row.record, trace["scores"], skips.get("scores"))
     if found is None:
         return first
-    step = trace.step("scores")
+    return _differs_at(row, found, trace.step("scores").dims)
+
+
+def _differs_at(row: Aligned, found: Match, dims: tuple[str, ...]) -> Aligned:
+    """`row`, lined up now with `found`'s tensor, where the step differs."""
     row.record, row.max_abs_diff, row.status = found.record, found.max_abs_diff, "differs"
-    row.layout = found.layout.describe(step.dims, tuple(found.record.tensor.shape))
+    row.layout = found.layout.describe(dims, tuple(found.record.tensor.shape))
     row.order, row.merged = found.layout.order, found.layout.merged
     return row
 
