@@ -248,7 +248,7 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
         if norm is None or name == "W_v":
             return _heads(x.double(), weight, bias, heads)
         normer = module.q_norm if name == "W_q" else module.k_norm
-        scale, shift = normer.weight, getattr(normer, "bias", None)  # a LayerNorm's bias; None for an RMSNorm
+        scale, shift = normer.weight, normer.bias  # a LayerNorm's bias; None for an RMSNorm
         projected = F.linear(x.double(), weight, bias)  # [n_batch, n, heads·d_head]
         if norm.over == "proj":  # OLMo 2: over the whole projection, then split
             projected = qk_norm64(projected, scale, shift, norm)

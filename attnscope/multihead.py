@@ -259,7 +259,7 @@ class MultiHeadAttention(nn.Module):
 
     def _norm_biases(self) -> tuple[Tensor | None, Tensor | None]:
         """A LayerNorm qk-norm's biases (`q_norm.bias`, `k_norm.bias`); None for an RMSNorm."""
-        return getattr(self.q_norm, "bias", None), getattr(self.k_norm, "bias", None)
+        return self.q_norm.bias, self.k_norm.bias
 
     def _kv_axis(self) -> str:
         return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
