@@ -115,15 +115,15 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     exactly four Linear layers in registration order."""
     from attnscope.usertrace import flow, fused
 
+    records = records or []
     linears = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
-    read = flow.roles(records or [], [name for name, _ in linears], role_of)
+    modules, names = dict(linears), [name for name, _ in linears]
+    read = flow.roles(records, names, role_of)
     if read is not None:  # the data flow decides; names and order only break its ties
         found_roles, tie = read
-        modules = dict(linears)
-        if all(role_of(name) == role for role, name in found_roles.items()):
-            return [Projections({role: (name, modules[name]) for role, name in found_roles.items()}, "name")]
-        how = "data flow: Q makes the scores' left operand, K the right, V what the pattern multiplies" + (
-            f"; {tie} broke a tie" if tie else "")
+        how = "name" if all(role_of(name) == role for role, name in found_roles.items()) else (
+            "data flow: Q makes the scores' left operand, K the right, V what the pattern multiplies"
+            + (f"; {tie} broke a tie" if tie else ""))
         return [Projections({role: (name, modules[name]) for role, name in found_roles.items()}, how)]
     by_role: dict[str, list[tuple[str, nn.Linear]]] = {}
     for name, linear in linears:
@@ -135,25 +135,24 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     inner = fused.inner_mha(module)
     if inner is not None:
         return [Projections(fused.mha_parts(*inner), f"the nn.MultiheadAttention {inner[0] or 'it is'}")]
-    called = fused.call_parts(module, records or [])
+    called = fused.call_parts(module, records)
     if called is not None:  # F.multi_head_attention_forward called with the module's own parameters
         return [Projections(*called)]
     found = fused.fused_linear(linears)
     out = fused.output_linear(linears, found, role_of) if found is not None else None
-    shared = flow.shared(records or [], [name for name, _ in linears])
+    shared = flow.shared(records, names)
     if shared is not None and shared["q"] != shared["k"] == shared["v"]:  # a fused K/V projection (to_kv)
-        modules = dict(linears)
         return [Projections({"q": (shared["q"], modules[shared["q"]]),
                              **{role: (part.name, part) for role, part in parts.items()},
                              "o": (shared["o"], modules[shared["o"]])}, f"a fused K/V projection, {how}")
-                for how, parts in fused.kv_layouts(shared["k"], modules[shared["k"]], records or [])]
+                for how, parts in fused.kv_layouts(shared["k"], modules[shared["k"]], records)]
     if shared is not None and len(set(shared.values())) == 2 and (found is None or out is None):
-        modules = dict(linears)  # q, k, v from one Linear the flow names, whatever its name
+        # q, k, v from one Linear the flow names, whatever its name
         found, out = (shared["q"], modules[shared["q"]]), (shared["o"], modules[shared["o"]])
     if found is not None and out is not None:
         candidates = [Projections({**{role: (part.name, part) for role, part in parts.items()}, "o": out},
                                   f"a fused projection, {how}")
-                      for how, parts in fused.split_layouts(found[0], found[1], records or [], n_head, d_head)]
+                      for how, parts in fused.split_layouts(found[0], found[1], records, n_head, d_head)]
         if candidates:
             return candidates
     if len(linears) == 4:
