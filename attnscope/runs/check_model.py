@@ -58,23 +58,29 @@ def _patterns(result: HeadResult) -> dict[int, torch.Tensor]:
 
 
 def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int]) -> list[Comparison]:
-
-    from attnscope.check import Comparison
     from attnscope.models import eager
 
     assert result.decode is not None
     layer = result.options.layer
     theirs = eager.decode(folder, model_type, ids, len(result.decode))
     mine_ids = [step.token_id for step in result.decode]
-    same = sum(a == b for a, b in zip(mine_ids, theirs.ids, strict=True))
-    comparisons = [Comparison("generated ids", "generate", 0.0 if same == len(mine_ids) else float("inf"), 0.0,
-                              "" if same == len(mine_ids) else f"{same} of {len(mine_ids)} tokens agree")]
+    comparisons = [_same_ids(mine_ids, theirs.ids, "generate")]
     for t, (step, rows) in enumerate(zip(result.decode, theirs.rows, strict=True)):
         if mine_ids[: t + 1] != theirs.ids[: t + 1]:
             break  # past a different token the rows read different texts
         row = rows[layer]  # [n_head, keys transformers' cache holds]
         comparisons.append(_compare(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
     return comparisons
+
+
+def _same_ids(mine: list[int], theirs: list[int], reference: str) -> Comparison:
+    """The run's new ids against transformers' (`reference`: how it decoded), token by token."""
+    from attnscope.check import Comparison
+
+    same = sum(a == b for a, b in zip(mine, theirs, strict=True))
+    agree = same == len(mine)
+    return Comparison("generated ids", reference, 0.0 if agree else float("inf"), 0.0,
+                      "" if agree else f"{same} of {len(mine)} tokens agree")
 
 
 def _compare(name: str, mine: torch.Tensor, theirs: torch.Tensor) -> Comparison:
@@ -103,7 +109,6 @@ def check_encdec(result: HeadResult, model: EncoderDecoder, source: list[int] | 
     """An encoder-decoder's run against transformers' eager run on the same source ids (Whisper: the same
     features) and decoder ids (models/eager.py's `seq2seq`): the attention shown (`--attention`), layer L's every
     head or every layer's with --all-layers, and with --generate the new ids and each step's row of layer L."""
-    from attnscope.check import Comparison
     from attnscope.models import eager
     from attnscope.models.seq2seq_decode import estimate_bytes
     from attnscope.runs.head_result import guard_memory
@@ -123,10 +128,7 @@ def check_encdec(result: HeadResult, model: EncoderDecoder, source: list[int] | 
         comparisons.append(_compare(f"{kind} layer {layer}", mine, reference[layer]))
     if result.decode:
         mine_ids = [step.token_id for step in result.decode]
-        same = sum(a == b for a, b in zip(mine_ids, theirs.ids, strict=True))
-        comparisons.append(Comparison("generated ids", "greedy decoding", 0.0 if same == len(mine_ids) else
-                                      float("inf"), 0.0, "" if same == len(mine_ids) else
-                                      f"{same} of {len(mine_ids)} tokens agree"))
+        comparisons.append(_same_ids(mine_ids, theirs.ids, "greedy decoding"))
         for t, (step, rows) in enumerate(zip(result.decode, theirs.rows, strict=True)):
             if mine_ids[:t] != theirs.ids[:t]:
                 break  # past a different token the rows read different texts
