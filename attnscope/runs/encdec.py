@@ -83,15 +83,13 @@ def _check_sources(asked: HeadOptions, model: EncoderDecoder, kind: str) -> None
     used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate)) if on]
     if used and not has_source:
         raise UsageError(f"{' and '.join(used)} run the model on an input; add {source}")
-    from attnscope.runs.layers import MAX_NEW_TOKENS
+    from attnscope.runs.layers import check_generate
 
-    if not 0 <= asked.generate <= MAX_NEW_TOKENS:
-        raise UsageError(f"--generate {asked.generate}: give how many new tokens to decode, 1 to {MAX_NEW_TOKENS}")
-    if asked.generate:
-        if kind == "encoder":
-            raise UsageError("--generate decodes the target, and the encoder does not decode: add --attention "
-                             "decoder (the new tokens' self-attention) or --attention cross (their attention over "
-                             "the source)")
+    check_generate(asked)
+    if asked.generate and kind == "encoder":
+        raise UsageError("--generate decodes the target, and the encoder does not decode: add --attention "
+                         "decoder (the new tokens' self-attention) or --attention cross (their attention over "
+                         "the source)")
 
 
 def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progress) -> HeadResult:

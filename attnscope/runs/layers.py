@@ -32,10 +32,15 @@ def parse_rows(text: str | None) -> tuple[int, int] | None:
     return rows
 
 
-def check_options(asked: HeadOptions) -> None:
-    """The options' own sense, before anything is read."""
+def check_generate(asked: HeadOptions) -> None:
+    """--generate N: at most MAX_NEW_TOKENS new tokens (0: none asked)."""
     if asked.generate < 0 or asked.generate > MAX_NEW_TOKENS:
         raise UsageError(f"--generate {asked.generate}: give how many new tokens to decode, 1 to {MAX_NEW_TOKENS}")
+
+
+def check_options(asked: HeadOptions) -> None:
+    """The options' own sense, before anything is read."""
+    check_generate(asked)
     if (asked.all_layers or asked.generate or asked.rows) and asked.text is None:
         used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate),
                                       ("--rows", asked.rows)) if on]
