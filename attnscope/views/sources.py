@@ -96,8 +96,7 @@ def from_head(result: Any) -> Page:
         page.tables.append(steps_table(run.layer.steps, title))
     page.notes = list(result.notes)
     heads = result.heads
-    every = result.layers[0] if result.layers else heads
-    masked = None if run is None or every is None else masked_of(run.layer.steps, every.attention.shape)
+    masked = None if heads is None else heads.masked  # the traced layer's, read once from its masked_scores
     if result.layers:  # --all-layers: every layer, each head with its kind
         page.queries, page.keys = list(result.layers[0].row_labels), list(result.layers[0].col_labels)
         numbers = result.layer_numbers or list(range(len(result.layers)))  # a hybrid's: its attention layers
@@ -201,10 +200,10 @@ def _heads_of(heads: Any, masked: Tensor | None = None) -> list[Head]:
 
 
 def masked_of(steps: list[Any], shape: Any) -> Tensor | None:
-    """Where the mask forbids a key, laid out as an attention of `shape` (a model's `[n_head, n_Q, n_K]` from
-    its layer's `[1, n_head, n_Q, n_K]`): masks.hidden of the `masked_scores` step (attention.py's `sdpa`, every
-    model page and the attention interface record it); None where there is none, no numbers (--meta), or another
-    layout."""
+    """Where the mask forbids a key, laid out as an attention of `shape` (a trace's attention step; reshaped where
+    only the leading axes differ): masks.hidden of the `masked_scores` step (attention.py's `sdpa` records it; a
+    model page's heads carry their own, LayerHeads.masked); None where there is none, no numbers (--meta), or
+    another layout."""
     from attnscope.masks import hidden
 
     step = next((s for s in steps if s.name == "masked_scores"), None)
