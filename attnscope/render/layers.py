@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 THUMB_COLS = 6  # key columns of one head's heatmap in the all-layers grid
 THUMB_ROWS = 3  # query rows
 EVICTED = "×"
+RULER_WORDS = "  (key position)"  # after the decode timeline's key_ruler
 LABEL = 9  # "layer 23 " and the like
 
 
@@ -99,7 +100,7 @@ def show_decode(out: Console, result: HeadResult) -> None:
     if any(step.evicted for step in steps):
         out.print(FittedText(f"{EVICTED} = a key outside this layer's sliding window: the cache has let it go"))
     out.print(Text(" " * (pos_w + text_w + 2) + key_ruler(math.ceil(n_K / cols), cols, out.width - pos_w - text_w - 2)
-                   + "  (key position)", style="dim"))
+                   + RULER_WORDS, style="dim"))
     for step, text in zip(steps, texts, strict=False):
         row = step.attention[o.head : o.head + 1]  # [1, n_K]
         values = pool(row[None], 1, cols)[0, 0].tolist()
@@ -127,7 +128,7 @@ def key_ruler(n_cols: int, pool: int, room: int) -> str:
     line = ""
     for c in range(0, n_cols, 10):
         number = str(c * pool)
-        if (not line or len(line) < c) and c + len(number) <= room - len("  (key position)"):
+        if (not line or len(line) < c) and c + len(number) <= room - len(RULER_WORDS):
             line = line.ljust(c) + number
     return line
 
