@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from printed import missing_lines
+from torch_mha import holding
 
 from attnscope.cli import app
 
@@ -208,16 +209,7 @@ def user_module(path: str):
 def reference_mha(module, names=("W_q", "W_k", "W_v", "W_o")) -> torch.nn.MultiheadAttention:
     """torch.nn.MultiheadAttention holding the user's weights: the reference that shares no code with attnscope."""
     layers = [module.get_submodule(n) for n in names]
-    bias = layers[0].bias is not None
-    mha = torch.nn.MultiheadAttention(layers[0].in_features, module.n_head if hasattr(module, "n_head") else module.h,
-                                      bias=bias, batch_first=True)
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([lin.weight for lin in layers[:3]]))
-        mha.out_proj.weight.copy_(layers[3].weight)
-        if bias:
-            mha.in_proj_bias.copy_(torch.cat([lin.bias for lin in layers[:3]]))
-            mha.out_proj.bias.copy_(layers[3].bias)
-    return mha.eval()
+    return holding(*layers, module.n_head if hasattr(module, "n_head") else module.h)
 
 
 # --- the classic module and its corrections -----------------------------------------------------------
