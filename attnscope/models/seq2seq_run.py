@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 
 from attnscope.models.head_steps import head_trace
 from attnscope.models.run import LayerRun
-from attnscope.models.seq2seq import BiasSteps
 
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.models.seq2seq import EncoderDecoder
+    from attnscope.models.seq2seq import BiasSteps, EncoderDecoder
     from attnscope.trace import Trace
 
 
@@ -71,23 +70,12 @@ def attention_step(view: EncoderDecoder, layer: int, h: torch.Tensor, memory: to
         keys = memory if n_cache == 0 else memory[:, :0]  # [1, n_source or 0, d_model]
     else:
         keys = X
-    bias = view.position_bias(layer, X.shape[1], keys.shape[1]) if n_cache == 0 else _bias_rows(view, layer, X,
-                                                                                                 n_cache)
+    # the new queries at positions n_cache.. over every key held (T5Attention.forward's compute_bias with
+    # past_seen_tokens, the rows of the whole bias a decode step reads)
+    bias = view.position_bias(layer, X.shape[1], n_cache + keys.shape[1], n_cache)
     module = view.attention(layer, record=record)
     trace = module(X, keys, keys, cache=cache, position_bias=bias.bias if bias else None)
     return view.sublayer(layer, h, trace["x"], view.stack.norm), Attended(trace, X, made, bias)
-
-
-def _bias_rows(view: EncoderDecoder, layer: int, X: torch.Tensor, n_cache: int) -> BiasSteps | None:
-    """A decode step's bias: the new queries' rows of the whole `[n_K, n_K]` bias (T5Attention.forward's
-    `position_bias[:, :, -seq_length:, :]` after compute_bias over every position)."""
-    n_K = n_cache + X.shape[1]
-    whole = view.position_bias(layer, n_K, n_K)
-    if whole is None:
-        return None
-    rows = slice(n_cache, n_K)
-    return BiasSteps(whole.bias[:, :, rows], whole.op, None if whole.buckets is None else whole.buckets[rows],
-                     whole.buckets_op)
 
 
 def run_stack(model: EncoderDecoder, source: list[int] | torch.Tensor, target: list[int], kind: str, layer: int,
