@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -51,6 +52,12 @@ class Part:
 def rows(name: str, weight: torch.Tensor, bias: torch.Tensor | None, index: torch.Tensor | slice,
          label: str) -> Part:
     return Part(f"{name}{label}", weight.detach()[index], bias.detach()[index] if bias is not None else None)
+
+
+def blocks(name: str, linear: nn.Linear, roles: str, bounds: list[int]) -> dict[str, Part]:
+    """`linear`'s rows cut at `bounds` into consecutive blocks, one per role, in order."""
+    return {role: rows(name, linear.weight, linear.bias, slice(start, end), f"[{start}:{end}]")
+            for role, (start, end) in zip(roles, itertools.pairwise(bounds), strict=True)}
 
 
 def inner_mha(module: nn.Module) -> tuple[str, nn.MultiheadAttention] | None:
@@ -158,22 +165,16 @@ def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: i
     weight, bias, width = linear.weight, linear.bias, linear.out_features
     layouts: list[tuple[str, dict[str, Part]]] = []
     for sizes, line in recorded_splits(name, records, width):
-        bounds = [0, sizes[0], sizes[0] + sizes[1], width]
-        parts = {role: rows(name, weight, bias, slice(bounds[i], bounds[i + 1]), f"[{bounds[i]}:{bounds[i + 1]}]")
-                 for i, role in enumerate("qkv")}
-        layouts.append((f"split as its output is split at line {line}", parts))
+        layouts.append((f"split as its output is split at line {line}",
+                        blocks(name, linear, "qkv", [0, sizes[0], sizes[0] + sizes[1], width])))
     if n_head and d_head and width > n_head * d_head and (width - n_head * d_head) % 2 == 0 \
             and width != 3 * n_head * d_head:  # grouped-query: q's n_head heads, then k's and v's fewer
         q, kv = n_head * d_head, (width - n_head * d_head) // 2
-        bounds = [0, q, q + kv, width]
-        parts = {role: rows(name, weight, bias, slice(bounds[i], bounds[i + 1]), f"[{bounds[i]}:{bounds[i + 1]}]")
-                 for i, role in enumerate("qkv")}
-        layouts.append(("split by widths, n_head·d_head for q, then n_kv_head·d_head each for k and v", parts))
+        layouts.append(("split by widths, n_head·d_head for q, then n_kv_head·d_head each for k and v",
+                        blocks(name, linear, "qkv", [0, q, q + kv, width])))
     if width % 3 == 0:
         third = width // 3
-        parts = {role: rows(name, weight, bias, slice(i * third, (i + 1) * third), f"[{i * third}:{(i + 1) * third}]")
-                 for i, role in enumerate("qkv")}
-        layouts.append(("split in thirds, q | k | v", parts))
+        layouts.append(("split in thirds, q | k | v", blocks(name, linear, "qkv", [0, third, 2 * third, width])))
         if n_head and d_head and 3 * n_head * d_head == width:  # GPT-NeoX: [n_head, 3, d_head]
             grid = torch.arange(width).view(n_head, 3, d_head)
             parts = {role: rows(name, weight, bias, grid[:, i].reshape(-1), f"[per head, part {i}]")
@@ -205,14 +206,9 @@ def recorded_splits(name: str, records: list[Record], width: int, count: int = 3
 def kv_layouts(name: str, linear: nn.Linear, records: list[Record]) -> list[tuple[str, dict[str, Part]]]:
     """Every way of reading a fused K/V weight's rows (x-transformers' and vit-pytorch's `to_kv`, chunked into
     k and v) as k, then v: as its output is split, else in halves."""
-    weight, bias, width = linear.weight, linear.bias, linear.out_features
+    width = linear.out_features
     splits = [(sizes[0], f"split as its output is split at line {line}")
               for sizes, line in recorded_splits(name, records, width, 2)]
     if width % 2 == 0 and all(cut != width // 2 for cut, _ in splits):
         splits.append((width // 2, "split in halves, k | v"))
-    layouts = []
-    for cut, how in splits:
-        parts = {"k": rows(name, weight, bias, slice(0, cut), f"[0:{cut}]"),
-                 "v": rows(name, weight, bias, slice(cut, width), f"[{cut}:{width}]")}
-        layouts.append((how, parts))
-    return layouts
+    return [(how, blocks(name, linear, "kv", [0, cut, width])) for cut, how in splits]
