@@ -57,13 +57,11 @@ def long_head(model: EncoderDecoder, source: list[int] | torch.Tensor, target: l
         if kind != "encoder":
             memory, memory_op = encoder.encoder_output(h)  # [1, n_source, d_model]
             h = decoder.embed(target, [0] * len(target))  # [1, n_target, d_model]
-            for index in range(layer + 1):
-                if kind == "decoder" and index == layer:
-                    break
-                h = blocked_step(decoder, index, h)
-                if index == layer:  # cross: layer L's self-attention sublayer, then its cross-attention traced
-                    break
-                h = decoder.feed_forward_sublayer(index, blocked_step(cross, index, h, memory))
+            for index in range(layer):
+                h = decoder.feed_forward_sublayer(index, blocked_step(cross, index, blocked_step(decoder, index, h),
+                                                                      memory))
+            if kind == "cross":  # layer L's self-attention sublayer, then its cross-attention traced
+                h = blocked_step(decoder, layer, h)
         X, made = view.attention_input(layer, h)  # [1, n_Q, d_model]
         del h
         if kind != "cross":
