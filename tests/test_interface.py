@@ -99,7 +99,8 @@ def test_only_the_layers_up_to_l_are_built_and_run(tmp_path, monkeypatch):
     from attnscope.models import interface, truncated
 
     model, _ = build("cohere2", tmp_path / "cohere2")
-    config, n_layer = truncated.load_config(tmp_path / "cohere2", "cohere2", 1)
+    full, n_layer = truncated.full_config(tmp_path / "cohere2", "cohere2", 1)
+    config = truncated.cut(full, n_layer, 1)
     assert n_layer == 4 and config.num_hidden_layers == 2
     assert config.layer_types == ["sliding_attention", "sliding_attention"]
     calls = []

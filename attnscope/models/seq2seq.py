@@ -171,12 +171,6 @@ class EncoderDecoder(Family):
                 raise UsageError(f"{{{what}}} is {n} tokens, more than this model's {limit} {side} positions; "
                                  "shorten it", what)
 
-    def decoder_block(self, layer: int, h: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
-        """A decoder layer: causal self-attention, cross-attention over `memory`, the feed-forward sublayer."""
-        h = self.for_kind("decoder").attend(layer, h)
-        h = self.for_kind("cross").attend(layer, h, memory)
-        return self.for_kind("decoder").feed_forward_sublayer(layer, h)
-
     def feed_forward_sublayer(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         norm = self.ffn_norms[self.side]
         x = self.feed_forward(layer, self.norm(layer, norm, h) if self.pre_norm else h)

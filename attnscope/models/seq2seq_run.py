@@ -30,12 +30,6 @@ if TYPE_CHECKING:
     from attnscope.trace import Trace
 
 
-def run_attention(model: EncoderDecoder, source: list[int] | torch.Tensor, target: list[int], kind: str,
-                  layer: int, head: int) -> LayerRun:
-    """`source`: the source tokens' ids (Whisper: its audio features); `target`: the ids the decoder reads."""
-    return run_stack(model, source, target, kind, layer, head).run
-
-
 @dataclass
 class StackRun:
     """The stacks run as far as asked: layer L's `run` (traced whole, with head h's steps) and, every layer of the

@@ -69,12 +69,6 @@ def estimate_bytes(checkpoint: Checkpoint, layer: int, n_tokens: int) -> int:
     return 2 * 4 * numel + 4 * 64 * n_tokens * n_tokens + 4 * 1024 * n_tokens * 64
 
 
-def load_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
-    """The config cut to layers 0..`layer`, and the number of layers the model has."""
-    config, n_layer = full_config(folder, model_type, layer)
-    return cut(config, n_layer, layer), n_layer
-
-
 def full_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
     """transformers' config of the model (`AutoConfig`, no code from the folder), and its number of layers;
     `layer` checked against it."""
