@@ -188,12 +188,11 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
         # code that slices the mask as transformers' 4-D one (`attention_mask[:, :, :, :n_K]`): [n_batch, 1, n_Q, n_K]
         wide = inputs.allowed.reshape(1, 1, *inputs.allowed.shape[-2:]).expand(
             inputs.sizes.get("n_batch", 1), 1, *inputs.allowed.shape[-2:])
+        wide_first = masking.written(wide, given, dtype)  # "additive": a float bias, as it is (.to(dtype))
         torch.manual_seed(o.seed)
-        tried = call(target, fn, plan, inputs, module, o.max_memory, masking.written(wide, given, dtype) if
-                     given == "attend" else wide.to(dtype), fed)
+        tried = call(target, fn, plan, inputs, module, o.max_memory, wide_first, fed)
         if tried.failure is None or plan.mask not in tried.failure.op:
-            inputs.allowed, called, failure = wide, tried, tried.failure
-            first = masking.written(wide, given, dtype) if given == "attend" else wide.to(dtype)
+            inputs.allowed, called, failure, first = wide, tried, tried.failure, wide_first
     if failure is not None and plan.mask in failure.op and inputs.allowed.dim() == 3 and inputs.allowed.shape[0] == 1:
         # code that takes [n_Q, n_K] only (nn.MultiheadAttention's attn_mask): the same mask, without its 1
         inputs.allowed = inputs.allowed[0]
