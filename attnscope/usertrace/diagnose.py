@@ -15,7 +15,7 @@ import math
 import torch
 
 from attnscope.usertrace.align import VERY_NEGATIVE, Match, ancestors, compare, tolerance
-from attnscope.usertrace.diagnosis import Context, Diagnosis, close, in_reference_layout, label_of
+from attnscope.usertrace.diagnosis import Context, Diagnosis, close, equal_record, in_reference_layout, label_of
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 
@@ -97,12 +97,12 @@ def _merged_before_permute(step: str, ctx: Context, near: Match | None) -> Diagn
         return None
     x_raw = ctx.reference["x_raw"]  # [n_batch, n_head, n_Q, d_head]
     wrong = x_raw.reshape(x_raw.shape[0], x_raw.shape[2], -1)  # viewed as [n_batch, n_Q, n_head·d_head] directly
-    for record in ctx.records:
-        if tuple(record.tensor.shape) == tuple(wrong.shape) and close(record.tensor, wrong):
-            return Diagnosis(f"heads merged in the wrong order: {label_of(record)} is x_raw [n_batch, n_head, n_Q, "
-                             "d_head] viewed as [n_batch, n_Q, d_feat] without first moving n_head behind n_Q "
-                             "(view before permute), so each row mixes the positions of one head; "
-                             ".permute(0, 2, 1, 3).contiguous() before the view", record)
+    record = equal_record(ctx.records, wrong)
+    if record is not None:
+        return Diagnosis(f"heads merged in the wrong order: {label_of(record)} is x_raw [n_batch, n_head, n_Q, "
+                         "d_head] viewed as [n_batch, n_Q, d_feat] without first moving n_head behind n_Q "
+                         "(view before permute), so each row mixes the positions of one head; "
+                         ".permute(0, 2, 1, 3).contiguous() before the view", record)
     return None
 
 

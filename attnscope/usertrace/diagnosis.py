@@ -51,3 +51,8 @@ def in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
 
 def close(user: torch.Tensor, expected: torch.Tensor) -> bool:
     return tuple(user.shape) == tuple(expected.shape) and difference(user, expected) <= tolerance(expected.float())
+
+
+def equal_record(records: list[Record], expected: torch.Tensor) -> Record | None:
+    """The first user tensor that is `expected` (its shape, its numbers within tolerance)."""
+    return next((record for record in records if close(record.tensor, expected)), None)

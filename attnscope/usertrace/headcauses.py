@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attnscope.usertrace.align import ancestors
-from attnscope.usertrace.diagnosis import Context, Diagnosis, close, in_reference_layout, label_of
+from attnscope.usertrace.diagnosis import Context, Diagnosis, close, equal_record, in_reference_layout, label_of
 
 if TYPE_CHECKING:
     from attnscope.usertrace.align import Match
@@ -38,12 +38,12 @@ def split_without_transpose(step: str, ctx: Context, near: Match | None) -> Diag
         wrong = ctx.reference[feat].double().reshape(right.shape)
         if close(wrong, right):
             continue
-        for record in ctx.records:
-            if tuple(record.tensor.shape) == tuple(right.shape) and close(record.tensor.double(), wrong):
-                return Diagnosis(f"heads split without the transpose: {label_of(record)} is {feat} [n_batch, {n}, "
-                                 f"d_feat] viewed straight as [n_batch, n_head, {n}, d_head], so each head holds a "
-                                 f"run of whole feature rows of several positions, not one slice of every position; "
-                                 f"view as [n_batch, {n}, n_head, d_head], then .transpose(1, 2)", record)
+        record = equal_record(ctx.records, wrong)
+        if record is not None:
+            return Diagnosis(f"heads split without the transpose: {label_of(record)} is {feat} [n_batch, {n}, "
+                             f"d_feat] viewed straight as [n_batch, n_head, {n}, d_head], so each head holds a "
+                             f"run of whole feature rows of several positions, not one slice of every position; "
+                             f"view as [n_batch, {n}, n_head, d_head], then .transpose(1, 2)", record)
     return None
 
 
@@ -57,15 +57,14 @@ def merged_with_wrong_permute(step: str, ctx: Context, near: Match | None) -> Di
     for order in itertools.permutations(range(4)):
         if order in ((0, 2, 1, 3), (0, 1, 2, 3)) or order[0] != 0:
             continue
-        wrong = x_raw.permute(order).reshape(shape)
-        for record in ctx.records:
-            if tuple(record.tensor.shape) == shape and close(record.tensor.double(), wrong):
-                dims = ("n_batch", "n_head", "n_Q", "d_head")
-                became = ", ".join(dims[a] for a in order)
-                return Diagnosis(f"heads merged with the wrong permute: {label_of(record)} is x_raw [n_batch, n_head, "
-                                 f"n_Q, d_head] permuted {order} to [{became}], then viewed as [n_batch, n_Q, d_feat], "
-                                 "so each row mixes heads' features in the wrong order; .permute(0, 2, 1, 3) (or "
-                                 ".transpose(1, 2)) gives [n_batch, n_Q, n_head, d_head], then .reshape", record)
+        record = equal_record(ctx.records, x_raw.permute(order).reshape(shape))
+        if record is not None:
+            dims = ("n_batch", "n_head", "n_Q", "d_head")
+            became = ", ".join(dims[a] for a in order)
+            return Diagnosis(f"heads merged with the wrong permute: {label_of(record)} is x_raw [n_batch, n_head, "
+                             f"n_Q, d_head] permuted {order} to [{became}], then viewed as [n_batch, n_Q, d_feat], "
+                             "so each row mixes heads' features in the wrong order; .permute(0, 2, 1, 3) (or "
+                             ".transpose(1, 2)) gives [n_batch, n_Q, n_head, d_head], then .reshape", record)
     return None
 
 

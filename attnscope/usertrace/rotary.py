@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnscope.usertrace.diagnosis import Context, Diagnosis, close, in_reference_layout, label_of
+from attnscope.usertrace.diagnosis import Context, Diagnosis, close, equal_record, in_reference_layout, label_of
 
 if TYPE_CHECKING:
     from attnscope.usertrace.align import Match
@@ -110,12 +110,11 @@ def on_values(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
         start = 0 if source == "V_cat" else _start("K_rot", ctx)  # the new values sit after the cache
         positions = torch.arange(start, start + v.shape[-2])
         for pairing in ("half", "interleaved"):
-            rotated = rotate(v, positions, ctx.spec.rope_base, pairing)
-            for record in ctx.records:
-                if tuple(record.tensor.shape) == tuple(v.shape) and close(record.tensor.double(), rotated):
-                    return Diagnosis(f"RoPE applied to the values: {label_of(record)} is {source} rotated as the "
-                                     "keys are; RoPE rotates only the queries and the keys (their dot products then "
-                                     "depend on the distance i − j), the values are taken as they are", record)
+            record = equal_record(ctx.records, rotate(v, positions, ctx.spec.rope_base, pairing))
+            if record is not None:
+                return Diagnosis(f"RoPE applied to the values: {label_of(record)} is {source} rotated as the "
+                                 "keys are; RoPE rotates only the queries and the keys (their dot products then "
+                                 "depend on the distance i − j), the values are taken as they are", record)
     return None
 
 
