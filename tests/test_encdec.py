@@ -310,7 +310,7 @@ def test_one_stack_models_refuse_encoder_decoder_options(runner, tmp_path, kind)
     build_decoder("gpt2", tmp_path / "gpt2")
     result = runner.invoke(app, ["head", "--model", str(tmp_path / "gpt2"), "--text", "a", "--attention", kind])
     assert result.exit_code == 2
-    assert "--attention read an encoder-decoder (T5, BART, Marian, mBART, Whisper); GPT2LMHeadModel" in result.stderr
+    assert "--attention reads an encoder-decoder (T5, BART, Marian, mBART, Whisper); GPT2LMHeadModel" in result.stderr
 
 
 @pytest.mark.parametrize(("channels", "width"), [(1, 1), (2, 2), (1, 3), (1, 4)])

@@ -216,3 +216,11 @@ def test_generate_of_todays_decoders_equals_transformers(family, layer, tmp_path
     for t, step in enumerate(steps):
         theirs = out.attentions[t][layer][0, :, -1]
         torch.testing.assert_close(step.attention[:, -theirs.shape[-1]:], theirs, atol=1e-5, rtol=0)
+
+
+def test_a_base_model_refuses_generate_naming_the_flag(tiny, runner):
+    """The core's {generate} reads `--generate` on the command line (cli/errors.py FLAGS), not `generate`."""
+    folder, _ = tiny("mistral")  # the bare MistralModel: no lm_head.weight
+    result = runner.invoke(app, ["head", "--model", str(folder), "--text", "The cat", "--generate", "2"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("attnscope: error: --generate: model.safetensors holds no lm_head.weight")

@@ -32,8 +32,8 @@ def patterns(folder: Path, model_type: str, ids: list[int], last: int) -> dict[i
         with torch.no_grad():
             out = model(input_ids=torch.tensor([ids]), output_attentions=True)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
-        raise ResourceError(f"--check: transformers could not run model_type '{model_type}' on the text "
-                            f"({truncated.first_line(exc)})") from None
+        raise ResourceError(f"{{check}}: transformers could not run model_type '{model_type}' on the text "
+                            f"({truncated.first_line(exc)})", "check") from None
     attentions = [a for a in (getattr(out, "attentions", None) or ()) if a is not None]
     layers = list(range(last + 1))
     if len(attentions) != len(layers):  # a hybrid: entries for its attention layers only
@@ -65,8 +65,8 @@ def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded
             out = model.generate(torch.tensor([ids]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
                                  output_attentions=True, return_dict_in_generate=True)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
-        raise ResourceError(f"--check: transformers could not decode with model_type '{model_type}' "
-                            f"({truncated.first_line(exc)})") from None
+        raise ResourceError(f"{{check}}: transformers could not decode with model_type '{model_type}' "
+                            f"({truncated.first_line(exc)})", "check") from None
     layers = truncated.attention_layers(full, n_layer)
     rows = []
     for step in out.attentions:
@@ -117,8 +117,8 @@ def seq2seq(folder: Path, model_type: str, source: list[int] | torch.Tensor, dec
                           for kind, name in SEQ2SEQ_OUTPUTS.items()}
             ids, rows = _greedy(model, out, n_new)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
-        raise ResourceError(f"--check: transformers could not run model_type '{model_type}' on the input "
-                            f"({truncated.first_line(exc)})") from None
+        raise ResourceError(f"{{check}}: transformers could not run model_type '{model_type}' on the input "
+                            f"({truncated.first_line(exc)})", "check") from None
     return Seq2Seq(attentions, ids, rows)
 
 

@@ -39,7 +39,8 @@ def refuse_two_stack_options(asked: HeadOptions, config: Config) -> None:
     given = [flag for flag, value in (("--attention", asked.attention), ("--target", asked.target),
                                       ("--audio", asked.audio)) if value is not None]
     if given:  # --attention encoder too: a one-stack model's attention is not an encoder-decoder's encoder
-        raise UsageError(f"{' and '.join(given)} read an encoder-decoder (T5, BART, Marian, mBART, Whisper); "
+        verb = "read" if len(given) > 1 else "reads"
+        raise UsageError(f"{' and '.join(given)} {verb} an encoder-decoder (T5, BART, Marian, mBART, Whisper); "
                          f"{config.architecture} (model_type '{config.model_type}') has one stack: drop "
                          f"{' and '.join(given)}")
 
