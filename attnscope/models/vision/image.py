@@ -1,0 +1,111 @@
+"""`--image FILE`: an image read with Pillow, checked before it is decoded.
+
+`read_image(path)` opens the file lazily (`Image.open` reads the header only), checks what the header says
+(a format attnscope reads, dimensions that are not zero and within Pillow's decompression-bomb limit,
+`Image.MAX_IMAGE_PIXELS`, kept on), then decodes it (`Image.load`, with truncated files refused:
+`ImageFile.LOAD_TRUNCATED_IMAGES` stays off) and converts it to RGB, as the image processors'
+`convert_rgb` does. Each failure is one `UsageError` naming `{image}`: no such file, not an image, a format
+attnscope does not read, too many pixels, truncated or corrupt.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+# Pillow's names for the formats read: PNG and JPEG, and the other still-image formats a photo arrives in.
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
+PILLOW_LIMIT = 89_478_485  # Pillow's default Image.MAX_IMAGE_PIXELS (1024 * 1024 * 1024 // 4 // 3)
+
+
+@dataclass(frozen=True)
+class Header:
+    """What an image's header says, before any pixel is decoded."""
+
+    format: str  # Pillow's name: PNG, JPEG, ...
+    width: int
+    height: int
+    mode: str  # Pillow's mode: RGB, RGBA, L, P, CMYK, ...
+
+    def describe(self) -> str:
+        return f"a {self.width} x {self.height} {self.format} ({self.mode})"
+
+
+def pixel_limit() -> int:
+    """Pillow's decompression-bomb limit, or its default where a caller has switched it off (None)."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    return int(limit) if limit else PILLOW_LIMIT
+
+
+def read_header(path: str | Path, param: str = "image") -> Header:
+    """The header of the image at `path`, read without decoding its pixels, and checked: a file, an image, a
+    format in FORMATS, dimensions above zero and at most `pixel_limit()` pixels."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        where = "a folder, not an image file" if path.is_dir() else "no such file"
+        raise UsageError(f"{{{param}}} {path}: {where}; give a PNG or JPEG file", param)
+    fix = "give a PNG or JPEG file"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:  # the header only: nothing decoded yet
+                header = Header(str(image.format), int(image.width), int(image.height), str(image.mode))
+    except UnidentifiedImageError:
+        raise UsageError(f"{{{param}}} {path} is not an image Pillow can read (its first bytes are "
+                         f"{_first_bytes(path)}); {fix}", param) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise UsageError(f"{{{param}}} {path} declares more than {pixel_limit():,} pixels (Pillow's decompression-"
+                         f"bomb limit); shrink it first, e.g. to 1024 px on its longer side", param) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise UsageError(f"{{{param}}} {path}: its header cannot be read ({_why(exc)}); {fix}", param) from None
+    if header.format not in FORMATS:
+        raise UsageError(f"{{{param}}} {path} is a {header.format} image; attnscope reads {', '.join(FORMATS)}: "
+                         f"convert it to PNG first", param)
+    if header.width < 1 or header.height < 1:
+        raise UsageError(f"{{{param}}} {path} is {header.width} x {header.height} pixels: it holds no pixels; "
+                         f"{fix}", param)
+    if header.width * header.height > pixel_limit():
+        raise UsageError(f"{{{param}}} {path} is {header.width:,} x {header.height:,} = "
+                         f"{header.width * header.height:,} pixels, over Pillow's decompression-bomb limit of "
+                         f"{pixel_limit():,}; shrink it first, e.g. to 1024 px on its longer side", param)
+    return header
+
+
+def read_image(path: str | Path, param: str = "image") -> Image.Image:
+    """The image at `path`, decoded and in RGB, after `read_header`'s checks; a truncated or corrupt file is
+    refused in one line."""
+    from PIL import Image
+
+    read_header(path, param)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.load()  # decodes; a truncated file raises (LOAD_TRUNCATED_IMAGES stays off)
+                return image.convert("RGB")  # as the processors' convert_rgb: alpha dropped, palettes expanded
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombWarning) as exc:
+        what = "is truncated" if "truncated" in str(exc) or isinstance(exc, EOFError) else "is corrupt"
+        raise UsageError(f"{{{param}}} {path} {what}: Pillow cannot decode its pixels ({_why(exc)}); give the "
+                         f"whole file, or re-save it as PNG", param) from None
+
+
+def _first_bytes(path: Path) -> str:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    return repr(head) if head else "none: the file is empty"
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:100] if text else type(exc).__name__
