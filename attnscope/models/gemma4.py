@@ -1,0 +1,450 @@
+"""Gemma 4 (text): Gemma 3's layout (gemma3.py), with sizes that change from layer to layer, keys that are values,
+layers that read another layer's KV cache, per-layer inputs, and the text half of the multimodal checkpoints.
+
+What changes from Gemma 3 (`Gemma4TextAttention`, `Gemma4TextDecoderLayer`, `Gemma4TextModel`):
+- Each layer may have its own head size and KV heads (`per_layer_config` in config.json, keyed by layer; in a
+  config written without it, the full layers take `global_head_dim` (512) and, with `attention_k_eq_v`,
+  `num_global_key_value_heads`): `Gemma4TextConfig.__post_init__`.
+- K = V on the full layers when `attention_k_eq_v`: there is no v_proj; the values are the keys' projection
+  `k_proj(X)` before k_norm and RoPE (`value_states = key_states` in `Gemma4TextAttention.forward`).
+- The values are RMSNormed per head with no weight (`v_norm`, step `V_normed`); q and k per head with plain
+  weights `w` (not Gemma 3's `1 + w`): `Gemma4RMSNorm`. Scores are not scaled (`self.scaling = 1.0`).
+- The last `num_kv_shared_layers` layers compute no keys or values: each reads those of the last earlier layer of
+  its own type (`Gemma4TextConfig.kv_sharing_modes`: that layer "store"s, these "reuse"), steps `K_shared`,
+  `V_shared`; their checkpoint has no k_proj, v_proj or k_norm, and transformers' cache holds nothing for them
+  (`DummyLayer`).
+- The full layers' RoPE is "proportional" (`_compute_proportional_rope_parameters`): a quarter of each head's pairs
+  turn, at frequencies over the whole head; the sliding layers' is the default, base 10k.
+- Per-layer inputs (`hidden_size_per_layer_input`): a second embedding `embed_tokens_per_layer` `[vocab,
+  n_layer·d_ple]` and a projection of the scaled embedding, `(norm(proj(e) / sqrt(d_model)) + rows · sqrt(d_ple))
+  / sqrt(2)`, one `[d_ple]` slice per layer, gated into the residual stream after the MLP; then the whole stream is
+  scaled by the layer's `layer_scalar`. With `enable_moe_block` a mixture of experts runs beside the MLP.
+
+A run keeps two things between layers, as transformers' `Gemma4TextModel.forward` does: the per-layer inputs of the
+tokens embedded last (`embed`), and the keys and values of each storing layer (`shared`, its `KVSharingDict`),
+written when that layer's attention runs and read by the layers that reuse it; layers run in order, so a reusing
+layer always reads the current text's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from attnscope.errors import UsageError
+from attnscope.models.config import Config
+from attnscope.models.family import Slice
+from attnscope.models.gemma3 import LAYER_TYPES, Gemma3
+from attnscope.models.llama import Llama
+from attnscope.spec import AttentionSpec
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.multihead import MultiHeadAttention
+    from attnscope.trace import Trace
+
+# Gemma4TextConfig's defaults for what this page reads.
+TEXT_DEFAULTS: dict[str, Any] = {
+    "model_type": "gemma4_text", "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
+    "attention_bias": False, "sliding_window": 512, "hidden_size_per_layer_input": 256,
+    "vocab_size_per_layer_input": 262_144, "attention_k_eq_v": False, "num_kv_shared_layers": 0,
+    "enable_moe_block": False, "tie_word_embeddings": True,
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1_000_000.0}},
+}
+GLOBAL_HEAD_DIM = 512  # Gemma4TextConfig.__post_init__'s default global_head_dim
+
+
+class Gemma4(Gemma3):
+    model_types: ClassVar[tuple[str, ...]] = ("gemma4_text", "gemma4")
+    prefixes: ClassVar[tuple[str, ...]] = ("model.", "", "model.language_model.", "language_model.model.")
+    norm_plus_one = False  # Gemma4RMSNorm: x · w
+
+    def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
+        self.saved_type = config.model_type
+        text = dict(config.data)
+        if config.model_type == "gemma4":  # Gemma4ForConditionalGeneration: the language model's in text_config
+            text = {**(config.mapping("text_config") or {}),
+                    "tie_word_embeddings": config.data.get("tie_word_embeddings", True)}
+        Llama.__init__(self, folder, Config(config.path, {**TEXT_DEFAULTS, **text}), checkpoint)
+        self.architecture = config.architecture
+        if self.config.raw("use_bidirectional_attention") == "all":
+            raise UsageError(f"{config.path}: use_bidirectional_attention 'all' (Gemma 4 as an encoder) is not read "
+                             "by attnscope's Gemma 4 page; its causal checkpoints are")
+        self.kinds = [self._read_type(layer) for layer in range(self.n_layer)]
+        self.sizes = [self._read_sizes(layer) for layer in range(self.n_layer)]
+        self.owners = self._read_owners()
+        self.per_layer_inputs: torch.Tensor | None = None  # [1, n_tokens, n_layer, d_ple], set by embed
+        self.shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # layer type -> the storing layer's K, V
+
+    # --- what each layer is -------------------------------------------------------------------------------------
+
+    def layer_type(self, layer: int) -> str:
+        return self.kinds[layer]
+
+    def _read_type(self, layer: int) -> str:
+        """`layer_types[layer]`, else five sliding layers then a full one; the last layer is always full
+        (`Gemma4TextConfig.__post_init__` forces it, with a warning)."""
+        kinds = self.config.str_list("layer_types", self.n_layer)
+        kind = kinds[layer] if kinds is not None else ("sliding_attention" if (layer + 1) % 6 else "full_attention")
+        if kind not in LAYER_TYPES:
+            raise UsageError(f"{self.config.path}: layer_types[{layer}] is {kind!r}; Gemma 4's layers are "
+                             f"{' or '.join(LAYER_TYPES)}")
+        return "full_attention" if layer == self.n_layer - 1 else kind
+
+    def _read_sizes(self, layer: int) -> tuple[int, int]:
+        """(d_head, n_kv_head) of `layer`: `per_layer_config[layer]` over the config's own, or, in a config that has
+        none, `global_head_dim` and (with `attention_k_eq_v`) `num_global_key_value_heads` on the full layers."""
+        table = self.config.mapping("per_layer_config")
+        if table is not None:
+            own = table.get(str(layer)) or table.get(layer) or {}  # type: ignore[call-overload]
+            if not isinstance(own, dict):
+                raise UsageError(f"{self.config.path}: per_layer_config[{layer}] is {own!r}; it must be a dict")
+            d, n_kv = own.get("head_dim", self.d_head), own.get("num_key_value_heads", self.n_kv_head)
+        elif self.kinds[layer] == "full_attention":
+            d = self.config.integer("global_head_dim", default=GLOBAL_HEAD_DIM)
+            n_kv = self.n_kv_head
+            if self.config.flag("attention_k_eq_v") and self.config.has("num_global_key_value_heads"):
+                n_kv = self.config.integer("num_global_key_value_heads")
+        else:
+            d, n_kv = self.d_head, self.n_kv_head
+        for name, value in (("head_dim", d), ("num_key_value_heads", n_kv)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{self.config.path}: layer {layer}'s {name} is {value!r}; it must be a whole "
+                                 "number of at least 1")
+        if self.n_head % n_kv:
+            raise UsageError(f"{self.config.path}: layer {layer} has {n_kv} key/value heads, which does not divide "
+                             f"the {self.n_head} attention heads; fix config.json")
+        return d, n_kv
+
+    def _read_owners(self) -> list[int | None]:
+        """For each layer, the layer whose keys and values it reads (None: its own): `kv_sharing_modes`, the last
+        layer of the same type before the first of the `num_kv_shared_layers` shared ones."""
+        shared = self.config.integer("num_kv_shared_layers", default=0, minimum=0)
+        first = self.n_layer - shared
+        if shared == 0:
+            return [None] * self.n_layer
+        if first < 1:
+            raise UsageError(f"{self.config.path}: num_kv_shared_layers {shared} leaves no layer of the "
+                             f"{self.n_layer} to compute keys and values; fix config.json")
+        owners: list[int | None] = [None] * first
+        for layer in range(first, self.n_layer):
+            kind = self.kinds[layer]
+            found = [i for i in range(first) if self.kinds[i] == kind]
+            if not found:
+                raise UsageError(f"{self.config.path}: layer {layer} ({kind}) shares the cache of an earlier "
+                                 f"{kind} layer, and none of layers 0-{first - 1} is one (num_kv_shared_layers "
+                                 f"{shared}); transformers refuses this config too")
+            owners.append(found[-1])
+        return owners
+
+    def stores(self, layer: int) -> bool:
+        """Whether a later layer reads this one's keys and values."""
+        return layer in self.owners
+
+    def k_eq_v(self, layer: int) -> bool:
+        """`attention_k_eq_v` on a full layer: the values are the keys' projection (`use_alternative_attention`)."""
+        return self.config.flag("attention_k_eq_v") and self.kinds[layer] != "sliding_attention"
+
+    def layer_d_head(self, layer: int) -> int:
+        return self.sizes[layer][0]
+
+    # --- where head h lives ---------------------------------------------------------------------------------
+
+    def head_slices(self, layer: int, head: int) -> list[Slice]:
+        """Head h's rows of q_proj and columns of o_proj in this layer; the keys' and values' rows, and k_norm, in
+        the layer that computes them (the owner of a shared cache), v_proj's being k_proj's where K = V."""
+        d, n_kv = self.sizes[layer]
+        source = self.owners[layer] if self.owners[layer] is not None else layer
+        q, kv = head * d, head // (self.n_head // n_kv) * d
+        values = "self_attn.k_proj.weight" if self.k_eq_v(source) else "self_attn.v_proj.weight"
+        return [Slice("W_Q", self.key(layer, "self_attn.q_proj.weight"), "rows", q, q + d),
+                Slice("W_K", self.key(source, "self_attn.k_proj.weight"), "rows", kv, kv + d),
+                Slice("W_V", self.key(source, values), "rows", kv, kv + d),
+                Slice("q_norm", self.key(layer, "self_attn.q_norm.weight"), "rows", 0, d),
+                Slice("k_norm", self.key(source, "self_attn.k_norm.weight"), "rows", 0, d),
+                Slice("W_O", self.key(layer, "self_attn.o_proj.weight"), "cols", q, q + d)]
+
+    def projections(self, layer: int) -> dict[str, Any]:
+        state = {"W_q.weight": self.weight(layer, "self_attn.q_proj.weight"),
+                 "W_o.weight": self.weight(layer, "self_attn.o_proj.weight"),
+                 "q_norm.weight": self.weight(layer, "self_attn.q_norm.weight")}
+        if self.owners[layer] is None:
+            state["W_k.weight"] = self.weight(layer, "self_attn.k_proj.weight")
+            state["W_v.weight"] = self.weight(layer, "self_attn.k_proj.weight" if self.k_eq_v(layer)
+                                              else "self_attn.v_proj.weight")
+            state["k_norm.weight"] = self.weight(layer, "self_attn.k_norm.weight")
+        return state
+
+    def head_notes(self, head: int) -> list[str]:
+        return ["q_norm, k_norm: one [d_head] RMSNorm weight (plain w, not Gemma 3's 1 + w) that every head shares, "
+                "applied to each head's q and k before RoPE; the values are RMSNormed per head with no weight "
+                "(v_norm, V_normed); scores are not scaled (scale 1)"]
+
+    def layer_notes(self, layer: int) -> list[str]:
+        d, n_kv = self.sizes[layer]
+        notes = [f"layer {layer} ({self.kinds[layer].split('_')[0]}): d_head {d}, {n_kv} KV "
+                 f"head{'s' * (n_kv != 1)}" + (" (per_layer_config)" if (d, n_kv) != (self.d_head, self.n_kv_head)
+                                                else "")]
+        owner = self.owners[layer]
+        if owner is not None:
+            notes.append(f"shared KV: layer {layer} computes no keys or values; K_shared and V_shared are layer "
+                         f"{owner}'s (the last {self.kinds[layer]} layer before the shared ones, "
+                         "num_kv_shared_layers), which transformers caches once")
+        elif self.k_eq_v(layer):
+            notes.append("K = V (attention_k_eq_v): no v_proj; V_feat is k_proj's output, normed apart (v_norm, "
+                         "no weight) while the keys take k_norm and RoPE")
+        if self.stores(layer):
+            readers = [str(i) for i, o in enumerate(self.owners) if o == layer]
+            notes.append(f"layers {', '.join(readers)} read this layer's keys and values (num_kv_shared_layers)")
+        return notes
+
+    def head_trace(self, layer: Trace, head: int) -> Trace:
+        """head_steps' slices, with the values as normed (V_normed) and, on a shared layer, K and V from the owner's
+        keys and values (K_shared, V_shared)."""
+        from attnscope.models.head_steps import head_trace
+        from attnscope.trace import Trace
+
+        keys = layer.step("K_shared" if "K_shared" in layer else "K_rot")
+        g = head // (self.n_head // keys.tensor.shape[1])
+        base = head_trace(layer, head, g, False)
+        trace = Trace(notes=list(base.notes))
+        values = "V_shared" if "V_shared" in layer else "V_normed"
+        for step in base.steps:
+            if step.name == "out":
+                step = replace(step, op=f"x_raw[0, {head}] = attention @ {values}[0, {g}]")
+            trace.add_step(step)
+            extra = {"X": ("K_shared", "V_shared"), "V": ("V_normed",)}.get(step.name, ())
+            for name in (n for n in extra if n in layer):
+                shown = {"K_shared": "K", "V_shared": "V"}.get(name, name)
+                source = layer.step(name)
+                trace.add(shown, source.tensor[0, g], source.dims[2:], f"{name}[0, {g}]", 0, allocates=False)
+        return trace
+
+    # --- the attention's specifics ----------------------------------------------------------------------
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        from attnscope.qknorm import QkNorm
+
+        norm = QkNorm("head", eps=self.config.number("rms_norm_eps", default=1e-6, positive=False), offset=False)
+        return AttentionSpec(causal=True, rope=self._layer_rope(layer), window=self.window(layer), scale=1.0,
+                             qk_norm=norm, n_kv_head=self.sizes[layer][1])
+
+    def _layer_rope(self, layer: int) -> Any:
+        from attnscope.rope import Rope
+
+        d_head = self.layer_d_head(layer)
+        try:
+            rope = Rope.from_config(self.config.data, self.kinds[layer], head_dim=d_head)
+        except UsageError as error:
+            raise UsageError(f"{self.config.path}: {error}; fix config.json") from None
+        if rope is None:
+            raise UsageError(f"{self.config.path}: rope_parameters.{self.kinds[layer]} is null; Gemma 4's layers "
+                             "all rotate")
+        if rope.kind == "default" and rope.fraction != 1:
+            # Gemma4TextRotaryEmbedding.compute_default_rope_parameters turns the whole head
+            rope = replace(rope, partial_rotary_factor=1.0)
+        return rope
+
+    def attention(self, layer: int, record: bool) -> MultiHeadAttention:
+        d, n_kv = self.sizes[layer]
+        module = attention_class()(self.d_model, self.n_head, bias=False, record=record, device="meta", d_head=d,
+                                   out_bias=False, spec=self.attention_spec(layer))
+        module.gemma4(self.shared, self.kinds[layer], self.owners[layer], self.stores(layer), self.k_eq_v(layer),
+                      self.config.number("rms_norm_eps", default=1e-6, positive=False))
+        module.load_state_dict(self.projections(layer), assign=True, strict=self.owners[layer] is None)
+        return module.eval()  # type: ignore[no-any-return]
+
+    # --- the prefix -----------------------------------------------------------------------------------------
+
+    def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
+        """`Gemma4TextScaledWordEmbedding` (rows times sqrt(hidden_size)), and the per-layer inputs of these tokens
+        (`get_per_layer_inputs`, `project_per_layer_inputs`), kept for the layers' blocks."""
+        import torch
+
+        e = self.checkpoint.rows(f"{self.prefix}embed_tokens.weight", ids)  # [n_tokens, d_model]
+        e = e[None] * torch.tensor(math.sqrt(self.d_model), dtype=e.dtype)  # [1, n_tokens, d_model]
+        d_ple = self.config.integer("hidden_size_per_layer_input", default=0, minimum=0)
+        self.per_layer_inputs = None
+        if d_ple:
+            eps = self.config.number("rms_norm_eps", default=1e-6)
+            rows = self.checkpoint.rows(f"{self.prefix}embed_tokens_per_layer.weight", ids)  # [n, n_layer·d_ple]
+            own = (rows * torch.tensor(math.sqrt(d_ple), dtype=rows.dtype)).view(1, len(ids), self.n_layer, d_ple)
+            W = self.checkpoint.tensor(f"{self.prefix}per_layer_model_projection.weight")  # [n_layer·d_ple, d_model]
+            projected = (e @ W.T * self.d_model ** -0.5).view(1, len(ids), self.n_layer, d_ple)
+            norm = self.checkpoint.tensor(f"{self.prefix}per_layer_projection_norm.weight")
+            self.per_layer_inputs = (_rms(projected, eps) * norm + own) * 2 ** -0.5  # [1, n, n_layer, d_ple]
+        return e
+
+    def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
+        """`Gemma4TextDecoderLayer.forward`: attention and MLP (and MoE) with sandwich norms, the per-layer input
+        gated in, then the whole stream times `layer_scalar`."""
+        x = attention(self.attention_input(layer, h)[0])["x"]
+        h = h + self.norm(layer, "post_attention_layernorm", x)
+        x = self.mlp(layer, self.norm(layer, "pre_feedforward_layernorm", h))
+        if self.config.flag("enable_moe_block"):
+            moe = self._experts(layer, h)
+            x = self.norm(layer, "post_feedforward_layernorm_1", x) + self.norm(layer, "post_feedforward_layernorm_2",
+                                                                                moe)
+        h = h + self.norm(layer, "post_feedforward_layernorm", x)
+        if self.per_layer_inputs is not None:
+            act = self._activation()
+            gated = act(h @ self.weight(layer, "per_layer_input_gate.weight").T) * self.per_layer_inputs[:, :, layer]
+            x = gated @ self.weight(layer, "per_layer_projection.weight").T  # [1, n, d_ple] -> [1, n, d_model]
+            h = h + self.norm(layer, "post_per_layer_input_norm", x)
+        return h * self.weight(layer, "layer_scalar")
+
+    def _activation(self) -> Any:
+        from attnscope.models import layers
+
+        return layers.activation(self.config.raw(*self.activation_keys, default="gelu_pytorch_tanh"),
+                                 f"{self.config.path}: {self.activation_keys[0]}")
+
+    def _experts(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """`Gemma4TextRouter` on the stream entering the MLP (unweighted RMSNorm, times `scale` / sqrt(d_model)),
+        softmax over the experts, the top `top_k_experts` renormalised and times `per_expert_scale`, then
+        `Gemma4TextExperts` on `pre_feedforward_layernorm_2` of the same stream."""
+        import torch
+
+        eps = self.config.number("rms_norm_eps", default=1e-6)
+        routed = _rms(h, eps) * self.weight(layer, "router.scale") * self.d_model ** -0.5
+        probs = torch.softmax(routed @ self.weight(layer, "router.proj.weight").T, dim=-1)  # [1, n, n_expert]
+        top, index = torch.topk(probs, k=self.config.integer("top_k_experts"), dim=-1)  # [1, n, k]
+        top = top / top.sum(dim=-1, keepdim=True) * self.weight(layer, "router.per_expert_scale")[index]
+        x = self.norm(layer, "pre_feedforward_layernorm_2", h)
+        gate_up, down = self.weight(layer, "experts.gate_up_proj"), self.weight(layer, "experts.down_proj")
+        act, out = self._activation(), torch.zeros_like(x)
+        for expert in index.unique().tolist():
+            weight = (top * (index == expert)).sum(dim=-1, keepdim=True)  # [1, n, 1]: 0 where not routed here
+            gate, up = (x @ gate_up[expert].T).chunk(2, dim=-1)  # [1, n, 2·d_expert] -> 2 x [1, n, d_expert]
+            out = out + (act(gate) * up) @ down[expert].T * weight  # [1, n, d_model]
+        return out
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`Gemma4RMSNorm(with_scale=False)`: `x · (mean(x²) + eps)^-½` over the last axis, in float32."""
+    import torch
+
+    x32 = x.float()
+    return (x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
+
+
+@lru_cache(maxsize=1)
+def attention_class() -> type:
+    """`Gemma4Attention`, built on first use so that reading a Gemma 4 head's weights never imports torch."""
+    import torch
+
+    from attnscope import cost
+    from attnscope.attention import Names, split_heads
+    from attnscope.multihead import MultiHeadAttention
+    from attnscope.qknorm import apply as qk_norm
+
+    class Gemma4Attention(MultiHeadAttention):
+        """MultiHeadAttention with Gemma 4's values (`V_normed`: RMSNorm per head, no weight; the keys' projection
+        where K = V) and its shared KV cache: a storing layer writes its keys and values (after the cache joins,
+        as `shared_kv_states[layer_type] = key_states, value_states`) and a reusing layer reads them
+        (`K_shared`, `V_shared`) instead of computing its own."""
+
+        def gemma4(self, shared: dict[str, Any], kind: str, owner: int | None, stores: bool, k_eq_v: bool,
+                   eps: float) -> None:
+            self.shared, self.kind, self.owner, self.stores, self.k_eq_v, self.eps = (shared, kind, owner, stores,
+                                                                                      k_eq_v, eps)
+
+        def forward(self, Q: Any, K: Any = None, V: Any = None, mask: Any = None, cache: Any = None,
+                    position_bias: Any = None) -> Any:
+            if self.owner is None:
+                return super().forward(Q, K, V, mask, cache, position_bias)
+            keys, _ = self._shared_kv()
+            # the new queries are the last of the owner's positions: a decode step after the others (the zeros only
+            # say how many; this layer's own cache is empty, transformers' DummyLayer)
+            past = keys.shape[-2] - Q.shape[1]
+            offset = None if past <= 0 else (Q.new_zeros(Q.shape[0], self.n_kv_head, past, self.d_head),) * 2
+            return super().forward(Q, None, None, mask, offset, position_bias)
+
+        def empty_cache(self, n_batch: int = 1) -> tuple[Any, Any]:
+            empty = torch.zeros(n_batch, self.n_kv_head, 0, self.d_head, dtype=self.W_q.weight.dtype)
+            return empty, empty
+
+        def cache_after(self, trace: Any) -> tuple[Any, Any]:  # type: ignore[override]
+            if self.owner is not None:  # transformers' DummyLayer: nothing cached here
+                return self.empty_cache()
+            return trace["K_cat"], trace["V_cat"]  # type: ignore[no-any-return]
+
+        def _shared_kv(self) -> tuple[Any, Any]:
+            if self.kind not in self.shared:
+                raise UsageError(f"a shared-KV {self.kind} layer ran before layer {self.owner}, whose keys and values "
+                                 "it reads; run the layers in order")
+            return self.shared[self.kind]  # type: ignore[no-any-return]
+
+        def _heads(self, add: Any, Q: Any, K: Any, V: Any, cache: Any, spec: Any) -> Any:
+            if self.owner is not None:
+                return self._shared_heads(add, Q, cache, spec)
+            q, k, v, names = super()._heads(self._values(add), Q, K, V, cache, spec)
+            if self.stores:
+                self.shared[self.kind] = (k, v)
+            return q, k, v, names if cache is not None else replace(names, V="V_normed")
+
+        def _values(self, add: Any) -> Any:
+            """`add` with the values normed after the split (V_normed), and read as that from there on."""
+            kv_axis = self._kv_axis()
+
+            def adding(name: str, tensor: Any, dims: Any, op: str, *args: Any, **kwargs: Any) -> Any:
+                if name == "V_cat":
+                    op = op.replace("V_split", "V_normed")
+                out = add(name, tensor, dims, op, *args, **kwargs)
+                if name != "V_split":
+                    return out
+                normed = _rms(tensor, self.eps)  # [n_batch, n_kv_head, n, d_head]
+                return add("V_normed", normed, dims, f"V_split * (mean(V_split², dim=-1) + {self.eps:g})^-½: v_norm, "
+                           f"RMSNorm of each {kv_axis.removeprefix('n_')}'s values over d_head, no weight",
+                           cost.rms_norm_flops(normed.shape, False))
+            return adding
+
+        def _shared_heads(self, add: Any, Q: Any, cache: Any, spec: Any) -> Any:
+            """The queries as any layer's (projected, split, normed, rotated at their positions among the owner's
+            keys), and the owner's keys and values as they are."""
+            from attnscope import attention
+
+            keys, values = (t.to(Q.device) for t in self._shared_kv())
+            n_cache = 0 if cache is None else cache[0].shape[-2]
+            width = self._width("n_head")
+            feat = add("Q_feat", self.W_q(Q), ("n_batch", "n_Q", width), "W_q(Q)",  # [n_batch, n_Q, n_head·d_head]
+                       cost.linear_flops((*Q.shape[:-1], self.W_q.out_features), Q.shape[-1], False))
+            q = add("Q_split", split_heads(feat, self.n_head), ("n_batch", "n_head", "n_Q", "d_head"),  # -> heads
+                    "Q_feat.view(n_batch, -1, n_head, d_head).permute(0, 2, 1, 3)", allocates=False)
+            norm = spec.norm
+            normed = qk_norm(q, self.q_norm.weight, None, norm)
+            q = add("Q_normed", normed, ("n_batch", "n_head", "n_Q", "d_head"),
+                    norm.op("Q_split", "d_head", "q_norm.weight"), cost.rms_norm_flops(normed.shape, True))
+            only_q = _dropping(add, ("K_rot",))
+            q, _ = attention.rotate(only_q, q, keys[..., :0, :], spec.rope, q_offset=n_cache, k_offset=0,
+                                    source=("Q_normed", "K_shared"), dims=(("n_batch", "n_head", "n_Q", "d_head"),
+                                                                           ("n_batch", "n_kv_head", "n_K", "d_head")),
+                                    d_name="d_head", n_keys=keys.shape[-2])
+            kv_dims = ("n_batch", self._kv_axis(), "n_K", "d_head")
+            made = "K_cat" if n_cache else "K_rot"
+            k = add("K_shared", keys, kv_dims, f"layer {self.owner}'s keys ({made}: normed, rotated), shared",
+                    allocates=False)
+            v = add("V_shared", values, kv_dims, f"layer {self.owner}'s values ({made.replace('K', 'V')} after "
+                    "V_normed), shared", allocates=False)
+            names = Names(Q="Q_rot", K="K_shared", V="V_shared", out="x_raw", d_K="d_head", d_V="d_head",
+                          batch=("n_batch", "n_head"))
+            return q, k, v, names
+
+    return Gemma4Attention
+
+
+def _dropping(add: Any, names: tuple[str, ...]) -> Any:
+    """`add` that records nothing for `names` (a step of a tensor this layer does not have)."""
+    def adding(name: str, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor if name in names else add(name, tensor, *args, **kwargs)
+    return adding
