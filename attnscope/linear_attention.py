@@ -1,0 +1,270 @@
+"""Linear attention layers with a delta rule, and their exact matrix: Gated DeltaNet (Qwen3-Next, Qwen3.5: one
+decay per head and token) and Kimi Delta Attention (Kimi Linear: one decay per key channel).
+
+The layer (transformers' `Qwen3NextGatedDeltaNet`, `KimiLinearDeltaAttention`), after the family's projections:
+a short causal convolution over the projected queries, keys and values with SiLU (`QKV_conv`), split into heads
+(`Q_split`, `K_split`, `V_split`: V is the values after the convolution), an L2 norm of each head's q and k (q
+then scaled by d_K^-½) repeated to the value heads (`Q_normed`, `K_normed`), the write strength `beta` in (0, 1)
+and the log-decay `g` <= 0, then the recurrence, token by token (`torch_recurrent_gated_delta_rule`,
+`recurrent_kimi_delta_attention`), a state S `[d_K, d_V]` per head:
+
+    S_t = D_t S_{t-1} + beta_t k_t (v_t - (D_t S_{t-1})^T k_t)^T = (I - beta_t k_t k_t^T) D_t S_{t-1} + beta_t k_t v_t^T
+    out_t = S_t^T q_t                            D_t = exp(g_t) (a scalar), or diag(exp(g_t)) (KDA, per channel)
+
+S is a sum of outer products a v^T, so out_t is linear in the values: out_t = sum_s M[t, s] v_s with
+M[t, s] = q_t^T a_{t,s}, where a_{t,s} follows the same recurrence run on the identity: a_{t,t} = beta_t k_t,
+a_{t,s} = (I - beta_t k_t k_t^T) D_t a_{t-1,s} for s < t, and 0 for s > t. `effective_matrix` runs it in float64
+over all value indices at once (a `[d_K, n_K]` state per head); `effective_attention` is that M, one
+`[n_Q, n_K]` matrix per head with out = M @ V exactly (the decay, the gates and the delta rule's key removal all
+folded in). Its rows need not sum to 1 and its entries may be negative: it is not a softmax. The run checks
+M @ V against the recurrence's own output (`x_raw`, before the gated output norm) and says the figure.
+
+After the recurrence: the gated RMSNorm per head (`x_gated` = RMSNorm(x_raw) · act(gate), SiLU for Gated DeltaNet,
+sigmoid for KDA) and the output projection (`x`). `state` is the recurrent state after the last token: what a
+cache holds in place of keys and values, a fixed `[n_head, d_K, d_V]` whatever the length (plus the
+convolution's last kernel - 1 inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnscope import cost
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from attnscope.trace import Trace
+
+TOLERANCE = 1e-5  # M @ V against the recurrence's output, float32, relative to the output's largest entry (>= 1)
+PATTERNS = ("attention", "effective_attention")  # a softmax layer's pattern, or a linear layer's exact matrix
+EFFECTIVE_NOTE = ("effective_attention is the exact matrix M of this linear attention layer, out = M @ V for each "
+                  "head (decay, gates and the delta rule's key removal folded in): not a softmax, so its rows need "
+                  "not sum to 1 and entries may be negative")
+
+
+def pattern_name(trace: Trace | Any) -> str:
+    """The step a view shows as a layer's pattern: `attention` (softmax), or `effective_attention` (a linear
+    layer's exact matrix)."""
+    return "effective_attention" if "attention" not in trace and "effective_attention" in trace else "attention"
+
+
+@dataclass(frozen=True)
+class DeltaSizes:
+    """A delta-rule layer's sizes: `n_head` value heads (the heads of M), `n_k_head` query/key heads (each
+    serving n_head // n_k_head value heads, transformers' repeat_interleave), d_K, d_V, the convolution's
+    `kernel`, `per_channel` decay (KDA) or one per head, the output gate's activation, the norm's eps, and the L2
+    norm's form (`rsqrt`: x · rsqrt(Σx² + eps), Qwen's `l2norm`; `sqrt`: x / sqrt(Σx² + eps), Kimi's)."""
+
+    n_head: int
+    n_k_head: int
+    d_K: int
+    d_V: int
+    kernel: int
+    per_channel: bool = False
+    gate: str = "silu"
+    eps: float = 1e-6
+    l2: str = "rsqrt"
+
+    @property
+    def conv_width(self) -> int:
+        return 2 * self.n_k_head * self.d_K + self.n_head * self.d_V
+
+    def state_bytes(self, n_batch: int = 1, itemsize: int = 4) -> int:
+        """What a cache holds for this layer whatever the length: the recurrent state `[n_head, d_K, d_V]` and the
+        convolution's last kernel - 1 inputs `[conv_width, kernel - 1]`."""
+        return n_batch * itemsize * (self.n_head * self.d_K * self.d_V + self.conv_width * (self.kernel - 1))
+
+
+@dataclass
+class LinearState:
+    """What a decode step carries: the convolution's last inputs `[n_batch, conv_width, kernel - 1]` and the
+    recurrent state S `[n_batch, n_head, d_K, d_V]` (transformers' cache holds these two: `nbytes`), and, for the
+    view only, the effective keys a_{t,s} `[n_batch, n_head, d_K, n_cache]` (float64) and the values
+    `[n_batch, n_head, n_cache, d_V]`, so a new row of M and its check reach back to the first token."""
+
+    conv: Tensor
+    S: Tensor
+    A: Tensor
+    values: Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.S))
+
+    @property
+    def n_cache(self) -> int:
+        return int(self.A.shape[-1])
+
+
+def empty_state(sizes: DeltaSizes, n_batch: int = 1) -> LinearState:
+    import torch
+
+    s = sizes
+    return LinearState(torch.zeros(n_batch, s.conv_width, s.kernel - 1), torch.zeros(n_batch, s.n_head, s.d_K, s.d_V),
+                       torch.zeros(n_batch, s.n_head, s.d_K, 0, dtype=torch.float64),
+                       torch.zeros(n_batch, s.n_head, 0, s.d_V))
+
+
+def short_conv(x: Tensor, weight: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
+    """transformers' `causal_conv1d_fn` (and `causal_conv1d_update` with a state): a depthwise causal convolution
+    of `x` `[n_batch, n_tokens, width]` by `weight` `[width, 1, kernel]` after the `state` `[n_batch, width,
+    kernel - 1]` of earlier inputs (zeros at the start), then SiLU. Returns the output and the new state."""
+    import torch
+    import torch.nn.functional as F
+
+    kernel = weight.shape[-1]
+    channels = x.transpose(1, 2)  # [n_batch, width, n_tokens]
+    before = state if state is not None else channels.new_zeros(*channels.shape[:2], kernel - 1)
+    joined = torch.cat([before.to(channels.dtype), channels], dim=-1)  # [n_batch, width, kernel - 1 + n_tokens]
+    out = F.conv1d(joined, weight, groups=channels.shape[1])  # [n_batch, width, n_tokens]
+    return F.silu(out).transpose(1, 2), joined[..., joined.shape[-1] - (kernel - 1):]
+
+
+def l2norm(x: Tensor, form: str, eps: float = 1e-6) -> Tensor:
+    """Qwen's `l2norm` (x · rsqrt(Σx² + eps)) or Kimi's (x / sqrt(Σx² + eps)), over the last axis."""
+    import torch
+
+    total = (x * x).sum(dim=-1, keepdim=True) + eps
+    return x * torch.rsqrt(total) if form == "rsqrt" else x / torch.sqrt(total)
+
+
+def recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, S: Tensor) -> tuple[Tensor, Tensor]:
+    """The delta rule token by token, as `torch_recurrent_gated_delta_rule` (and `recurrent_kimi_delta_attention`)
+    compute it in float32: q, k `[n_batch, n_head, n, d_K]` (normed, q scaled), v `[.., n, d_V]`, g `[.., n]` or
+    `[.., n, d_K]` (log-decay), beta `[.., n]`, S `[n_batch, n_head, d_K, d_V]` the state before. Returns the output
+    `[n_batch, n_head, n, d_V]` and the state after."""
+    import torch
+
+    out = torch.zeros_like(v)
+    for t in range(q.shape[-2]):
+        decay = g[:, :, t].exp()  # [n_batch, n_head] or [n_batch, n_head, d_K]
+        S = S * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
+        k_t = k[:, :, t]  # [n_batch, n_head, d_K]
+        remembered = (S * k_t[..., None]).sum(dim=-2)  # [n_batch, n_head, d_V]: S^T k
+        delta = (v[:, :, t] - remembered) * beta[:, :, t, None]
+        S = S + k_t[..., None] * delta[..., None, :]  # [n_batch, n_head, d_K, d_V]
+        out[:, :, t] = (S * q[:, :, t, :, None]).sum(dim=-2)  # S^T q
+    return out, S
+
+
+def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
+    """M in float64: the recurrence run on the identity over value indices (module docstring). A `[n_batch, n_head,
+    d_K, n_cache]` holds a_{t,s} for the earlier positions (empty at the start). Returns M `[n_batch, n_head, n,
+    n_cache + n]` (row t over every position up to the newest; 0 past t) and A after the new tokens."""
+    import torch
+
+    q, k, g, beta = (x.to(torch.float64) for x in (q, k, g, beta))
+    n_batch, n_head, n, d_K = q.shape
+    n_cache = A.shape[-1]
+    A = torch.cat([A.to(torch.float64), A.new_zeros(n_batch, n_head, d_K, n)], dim=-1)  # [.., d_K, n_cache + n]
+    M = q.new_zeros(n_batch, n_head, n, n_cache + n)
+    for t in range(n):
+        decay = g[:, :, t].exp()
+        A = A * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
+        k_t = k[:, :, t]  # [n_batch, n_head, d_K]
+        A = A - beta[:, :, t, None, None] * k_t[..., None] * (k_t[..., None, :] @ A)  # (I - beta k k^T) D A
+        A[..., n_cache + t] += beta[:, :, t, None] * k_t  # a_{t,t} = beta_t k_t
+        M[:, :, t] = (q[:, :, t, None, :] @ A)[..., 0, :]  # [n_batch, n_head, n_cache + n]: q_t^T a_{t,s}
+    return M, A
+
+
+@dataclass(frozen=True)
+class DeltaInputs:
+    """What a family's projections hand the delta rule, for the new tokens: the projected queries, keys and
+    values before the convolution `[n_batch, n, conv_width]`, beta `[n_batch, n, n_head]`, the log-decay g
+    `[n_batch, n, n_head]` (or `[n_batch, n, n_head, d_K]`), the output gate before its activation
+    `[n_batch, n, n_head·d_V]`, and the weights: the convolution's `[conv_width, 1, kernel]`, the gated norm's
+    `[d_V]`, the output projection's `[d_model, n_head·d_V]`."""
+
+    mixed: Tensor
+    beta: Tensor
+    g: Tensor
+    gate: Tensor
+    conv_weight: Tensor
+    norm_weight: Tensor
+    out_weight: Tensor
+
+
+def delta_rule(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState | None,
+               record: bool) -> tuple[Tensor, LinearState, float | None]:
+    """The layer after its projections, its steps recorded through `add` (Trace.add): QKV_conv, Q_split, K_split,
+    V_split, Q_normed, K_normed, beta, g, effective_attention, x_raw, state, gate, x_gated, x. Returns x
+    `[n_batch, n, d_model]`, the state after, and M @ V's largest difference from x_raw relative to x_raw's
+    largest entry (at least 1), None when M was not computed (`record` False)."""
+    import torch
+    import torch.nn.functional as F
+
+    s = sizes
+    n_batch, n = inputs.mixed.shape[:2]
+    new = "n_tokens" if state is None else "n_new"
+    cached = state is not None and state.n_cache > 0
+    conv, conv_state = short_conv(inputs.mixed, inputs.conv_weight, state.conv if state is not None else None)
+    add("QKV_conv", conv, ("n_batch", new, "2·n_k_head·d_K+n_head·d_V"),
+        "silu(conv1d(QKV_feat, conv1d.weight, groups=width)): a causal depthwise convolution of "
+        f"{s.kernel} taps" + (" after the cached inputs" if cached else ""),
+        2 * conv.numel() * s.kernel)
+    widths = [s.n_k_head * s.d_K, s.n_k_head * s.d_K, s.n_head * s.d_V]
+    q_flat, k_flat, v_flat = torch.split(conv, widths, dim=-1)
+    q = add("Q_split", q_flat.view(n_batch, n, s.n_k_head, s.d_K).transpose(1, 2),  # -> [n_batch, n_k_head, n, d_K]
+            ("n_batch", "n_k_head", new, "d_K"), "QKV_conv[..., :n_k_head·d_K] split into heads", allocates=False)
+    k = add("K_split", k_flat.view(n_batch, n, s.n_k_head, s.d_K).transpose(1, 2),  # [n_batch, n_k_head, n, d_K]
+            ("n_batch", "n_k_head", new, "d_K"), "QKV_conv[..., n_k_head·d_K:2·n_k_head·d_K] split into heads",
+            allocates=False)
+    v = add("V_split", v_flat.view(n_batch, n, s.n_head, s.d_V).transpose(1, 2),  # [n_batch, n_head, n, d_V]
+            ("n_batch", "n_head", new, "d_V"), "QKV_conv[..., 2·n_k_head·d_K:] split into heads: the values",
+            allocates=False)
+    group = s.n_head // s.n_k_head
+    repeat = f".repeat_interleave({group}, dim=1)" if group > 1 else ""
+    q = add("Q_normed", l2norm(q, s.l2).repeat_interleave(group, dim=1) * s.d_K ** -0.5,  # [n_batch, n_head, n, d_K]
+            ("n_batch", "n_head", new, "d_K"), f"l2norm(Q_split){repeat} * d_K^-0.5", 4 * q.numel() * group)
+    k = add("K_normed", l2norm(k, s.l2).repeat_interleave(group, dim=1),  # [n_batch, n_head, n, d_K]
+            ("n_batch", "n_head", new, "d_K"), f"l2norm(K_split){repeat}", 3 * k.numel() * group)
+    beta = add("beta", inputs.beta.float().transpose(1, 2), ("n_batch", "n_head", new),  # [n_batch, n_head, n]
+               "sigmoid(b): how strongly each token writes its value", inputs.beta.numel())
+    g_dims = ("n_batch", "n_head", new, "d_K") if s.per_channel else ("n_batch", "n_head", new)
+    g = add("g", inputs.g.float().transpose(1, 2), g_dims,
+            "the log-decay, <= 0: the state is multiplied by exp(g) before each token" +
+            (" (one per key channel)" if s.per_channel else ""), 4 * inputs.g.numel())
+    S_before = state.S if state is not None else q.new_zeros(n_batch, s.n_head, s.d_K, s.d_V)
+    x_raw, S = recurrence(q, k, v, g, beta, S_before)
+    A_before = state.A if state is not None else q.new_zeros(n_batch, s.n_head, s.d_K, 0, dtype=torch.float64)
+    V_before = state.values if state is not None else v.new_zeros(n_batch, s.n_head, 0, s.d_V)
+    values = torch.cat([V_before, v], dim=-2)  # [n_batch, n_head, n_cache + n, d_V]
+    figure = None
+    if record:
+        M, A = effective_matrix(q, k, g, beta, A_before)  # [n_batch, n_head, n, n_cache + n] float64
+        keys = "n_K" if state is not None else "n_tokens"
+        add("effective_attention", M.to(torch.float32), ("n_batch", "n_head", new, keys),
+            "the exact matrix M with x_raw = M @ V: the recurrence run on the identity in float64 (rows need not "
+            "sum to 1)", 2 * s.n_head * n_batch * s.d_K * M.shape[-1] * (n + 2) * n)
+        difference = float((M @ values.to(torch.float64) - x_raw.to(torch.float64)).abs().max()) if n else 0.0
+        figure = difference / max(1.0, float(x_raw.abs().max()) if n else 1.0)
+    else:
+        A = A_before
+    add("x_raw", x_raw, ("n_batch", "n_head", new, "d_V"),
+        "the recurrence S_t = (I - beta_t k_t k_t^T) exp(g_t) S_(t-1) + beta_t k_t v_t^T, out_t = S_t^T q_t",
+        4 * x_raw.numel() * s.d_K * 2)
+    add("state", S, ("n_batch", "n_head", "d_K", "d_V"),
+        "the recurrent state after the last token: what the cache holds in place of keys and values")
+    act = F.silu if s.gate == "silu" else torch.sigmoid
+    gate = add("gate", act(inputs.gate.float()), ("n_batch", new, "n_head·d_V"), f"{s.gate}(gate projection of X)",
+               inputs.gate.numel())
+    x_heads = x_raw.transpose(1, 2)  # [n_batch, n, n_head, d_V]
+    normed = x_heads * torch.rsqrt(x_heads.pow(2).mean(-1, keepdim=True) + s.eps) * inputs.norm_weight
+    x_gated = add("x_gated", normed.reshape(n_batch, n, s.n_head * s.d_V) * gate,  # [n_batch, n, n_head·d_V]
+                  ("n_batch", new, "n_head·d_V"), "RMSNorm(x_raw) per head * gate, heads merged",
+                  cost.rms_norm_flops(normed.shape, True) + gate.numel())
+    x = add("x", F.linear(x_gated, inputs.out_weight), ("n_batch", new, "d_model"),  # [n_batch, n, d_model]
+            "out_proj(x_gated)", cost.linear_flops((n_batch, n, inputs.out_weight.shape[0]), x_gated.shape[-1], False))
+    return x, LinearState(conv_state, S, A, values), figure
+
+
+def check_note(figure: float | None) -> str | None:
+    """The run's own check, in words: M @ V against the recurrence's output."""
+    if figure is None:
+        return None
+    verdict = "equal" if figure <= TOLERANCE else "NOT equal"
+    return (f"effective_attention @ V_split is {verdict} to x_raw, the recurrence's own output: largest difference "
+            f"{figure:.1e} of the output's scale (tolerance {TOLERANCE:g})")

@@ -1,0 +1,77 @@
+"""Tiny random models of the linear-attention hybrids (Qwen3-Next, Qwen3.5's text model, Kimi Linear), built from
+transformers' own configs and classes and saved with save_pretrained, with a small Qwen2 BPE tokenizer
+(tiny_models.py's recipe).
+
+Each has both layer kinds: Qwen3-Next and Qwen3.5 linear, linear, full (gated, partial RoPE), linear; Kimi Linear
+linear, full (MLA without RoPE), linear. Qwen3-Next's linear layers have more value heads than key heads
+(grouped), its MLP in layer 1 routes through experts. Weights are drawn with std 0.3 off their init (norm weights,
+A_log, dt_bias too); A_log is then moved to about -1.5 so the decays stay in (0, 1) without vanishing on a
+sentence (exp(g) per token around 0.6), which keeps M's far columns readable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tiny_models import _bpe, perturb
+
+FAMILIES = ("qwen3_next", "qwen3_5_text", "kimi_linear")
+COMMON = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": 128, "tie_word_embeddings": False, "initializer_range": 0.3}
+LINEAR = {"linear_conv_kernel_dim": 3, "linear_key_head_dim": 8, "linear_value_head_dim": 6,
+          "linear_num_key_heads": 2, "linear_num_value_heads": 4}
+QWEN_LAYERS = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+
+
+def _config_and_class(family: str, vocab: int):
+    import transformers as tf
+
+    if family == "qwen3_next":
+        return tf.Qwen3NextConfig(**COMMON, **LINEAR, vocab_size=vocab, head_dim=16, num_hidden_layers=4,
+                                  layer_types=QWEN_LAYERS, num_experts=4, num_experts_per_tok=2,
+                                  moe_intermediate_size=12, shared_expert_intermediate_size=14, decoder_sparse_step=2,
+                                  norm_topk_prob=True), tf.Qwen3NextForCausalLM
+    if family == "qwen3_5_text":
+        return tf.Qwen3_5TextConfig(**COMMON, **LINEAR, vocab_size=vocab, head_dim=16, num_hidden_layers=4,
+                                    layer_types=QWEN_LAYERS), tf.Qwen3_5ForCausalLM
+    return tf.KimiLinearConfig(**{**COMMON, "num_key_value_heads": 4}, vocab_size=vocab, num_hidden_layers=3, kv_lora_rank=12, q_lora_rank=None,
+                               qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=8, linear_head_dim=8,
+                               linear_num_heads=4, linear_conv_kernel_dim=3, moe_intermediate_size=12,
+                               num_local_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                               layer_types=["linear_attention", "full_attention", "linear_attention"],
+                               mlp_layer_types=["dense", "sparse", "sparse"], pad_token_id=0, bos_token_id=0,
+                               eos_token_id=0), tf.KimiLinearForCausalLM
+
+
+def build(family: str, folder: Path, **sizes):
+    """Save a tiny `family` model and its tokenizer to `folder`; return transformers' eager model read back."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, merges = _bpe(True, ["<|endoftext|>"])
+    from transformers import Qwen2Tokenizer
+
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    config, cls = _config_and_class(family, len(tokenizer))
+    for name, value in sizes.items():
+        setattr(config, name, value)
+    torch.manual_seed(40 + FAMILIES.index(family))
+    model = perturb(cls(config).eval())
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith("A_log"):
+                tensor.add_(-1.5)  # exp(A_log) about 0.2: decays exp(g) around 0.6..0.9, not vanishing
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return cls.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+def linear_modules(model) -> dict[int, object]:
+    """layer -> its linear attention module (Gated DeltaNet or KDA)."""
+    found = {}
+    for index, layer in enumerate(model.model.layers):
+        module = getattr(layer, "linear_attn", None)
+        if module is None and getattr(layer, "block_type", None) == "linear_attention":
+            module = layer.self_attn
+        if module is not None:
+            found[index] = module
+    return found
