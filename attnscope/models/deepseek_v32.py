@@ -1,0 +1,133 @@
+"""DeepseekV32 <- DeepseekV3 <- Llama; GlmMoeDsa <- DeepseekV32. DeepSeek-V3.2 (`deepseek_v32`) and GLM-5
+(`glm_moe_dsa`): DeepSeek-V3's latent attention and mixture of experts (deepseek.py) behind a sparse indexer
+that keeps each query's `index_topk` best keys (indexer.py). The computation is transformers'
+`DeepseekV32DecoderLayer` (models/deepseek_v32/modeling_deepseek_v32.py) and `GlmMoeDsaDecoderLayer`.
+
+What differs from DeepSeek-V3's page:
+- every layer's `self_attn.indexer.` holds `wq_b.weight [index_n_heads·index_head_dim, q_lora_rank]`,
+  `wk.weight [index_head_dim, d_model]`, `k_norm.{weight,bias} [index_head_dim]` (a LayerNorm, eps 1e-6) and
+  `weights_proj.weight [index_n_heads, d_model]`; GLM-5's "shared" layers (`indexer_types`) hold none and keep
+  the previous full layer's choice;
+- the queries are always compressed (q_lora_rank), and the rotary parts always interleaved (no
+  `rope_interleave` in the config: transformers always calls `apply_rotary_pos_emb_interleave`);
+- a layer's MLP is dense or a mixture of experts as `mlp_layer_types` says (default: first_k_dense_replace).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from attnscope.errors import UsageError
+from attnscope.models.deepseek import ATTN, DeepseekV3
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from attnscope.indexer import IndexedLatentAttention, IndexSpec
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.config import Config
+
+INDEXER = f"{ATTN}.indexer"
+
+
+class DeepseekV32(DeepseekV3):
+    model_types: ClassVar[tuple[str, ...]] = ("deepseek_v32",)
+    defaults: ClassVar[dict[str, Any]] = {**DeepseekV3.defaults, "index_topk": 2048, "index_head_dim": 128,
+                                          "index_n_heads": 64}
+    interleaved_indexer = False  # DeepSeek-V3.2's indexer turns half-split (apply_rotary_pos_emb)
+    dense = False  # --dense: the dense softmax computed beside the sparse one
+
+    def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
+        super().__init__(folder, config, checkpoint)
+        from attnscope.indexer import Selections
+
+        assert self.latent is not None
+        if self.latent.q_lora_rank is None:
+            raise UsageError(f"{config.path}: q_lora_rank is null; {config.architecture}'s indexer reads the "
+                             "compressed query, so it needs one; fix config.json")
+        d = self.defaults
+        self.index_topk = config.integer("index_topk", default=d["index_topk"])
+        self.index_n_head = config.integer("index_n_heads", default=d["index_n_heads"])
+        self.index_d_head = config.integer("index_head_dim", default=d["index_head_dim"])
+        if self.index_d_head < self.latent.qk_rope_head_dim:
+            raise UsageError(f"{config.path}: index_head_dim {self.index_d_head} is less than qk_rope_head_dim "
+                             f"{self.latent.qk_rope_head_dim}, the indexer's rotated part; fix config.json")
+        self.selections = Selections()
+
+    def rope_interleave(self) -> bool:
+        return True
+
+    def index_spec(self, layer: int) -> IndexSpec:
+        from attnscope.indexer import IndexSpec
+
+        assert self.latent is not None
+        return IndexSpec(self.index_n_head, self.index_d_head, self.index_topk, self.latent.qk_rope_head_dim,
+                         interleave=self.interleaved_indexer, shared=self.shared(layer))
+
+    def shared(self, layer: int) -> bool:
+        return False
+
+    def layer_notes(self, layer: int) -> list[str]:
+        index = self.index_spec(layer)
+        whose = "the previous full indexer layer's choice (indexer_types 'shared')" if index.shared else \
+            f"its indexer ({index.n_head} index heads of {index.d_head})"
+        return [f"sparse indexer: each query attends only to the {index.topk} keys {whose} picks (selected); "
+                "masked_scores hides the others" + ("" if self.dense else "; --dense shows the dense softmax beside "
+                                                     "it and the share of its weight the selected keys hold")]
+
+    def projections(self, layer: int) -> dict[str, Any]:
+        weights = super().projections(layer)
+        if not self.shared(layer):
+            for name in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"):
+                weights[f"indexer.{name}"] = self.weight(layer, f"{INDEXER}.{name}")
+        return weights
+
+    def attention(self, layer: int, record: bool) -> IndexedLatentAttention:  # type: ignore[override]
+        """Layer `layer`'s attention: the indexer, then latent attention restricted to its selection."""
+        from attnscope.indexer import IndexedLatentAttention
+
+        module = IndexedLatentAttention(self.d_model, self.n_head, index=self.index_spec(layer),
+                                        selections=self.selections, dense=self.dense, bias=self.biases()[0],
+                                        record=record, device="meta", spec=self.attention_spec(layer))
+        module.load_state_dict(self.projections(layer), assign=True)
+        return module.eval()
+
+    def block(self, layer: int, h: torch.Tensor, attention: Any) -> torch.Tensor:
+        """DeepSeek-V3's block, its MLP dense or mixture-of-experts by `mlp_layer_types`."""
+        h = h + attention(self.attention_input(layer, h)[0])["x"]
+        x = self.norm(layer, "post_attention_layernorm", h)
+        kinds = self.config.raw("mlp_layer_types")
+        dense = kinds[layer] == "dense" if isinstance(kinds, list) and len(kinds) == self.n_layer \
+            else layer < self.first_dense
+        return h + (self.mlp_of(layer, "mlp", x, self.activation()) if dense else self.moe(layer, x))
+
+
+class GlmMoeDsa(DeepseekV32):
+    """GLM-5: DeepSeek-V3.2's design, its indexer rotating interleaved, and layers that reuse the previous full
+    layer's selection (`indexer_types`: "full" or "shared"; transformers' `GlmMoeDsaAttention`)."""
+
+    model_types: ClassVar[tuple[str, ...]] = ("glm_moe_dsa",)
+    defaults: ClassVar[dict[str, Any]] = {**DeepseekV32.defaults, "index_n_heads": 32, "q_lora_rank": 2048,
+                                          "qk_nope_head_dim": 192, "v_head_dim": 256, "n_group": 1,
+                                          "topk_group": 1}
+    interleaved_indexer = True
+
+    def shared(self, layer: int) -> bool:
+        """transformers' `GlmMoeDsaConfig`: `indexer_types` as saved, else from index_topk_pattern ("F"/"S"), else
+        index_topk_freq and index_skip_topk_offset (layer i is full when max(i - offset + 1, 0) % freq == 0)."""
+        kinds = self.config.raw("indexer_types")
+        if not isinstance(kinds, list):
+            pattern = self.config.raw("index_topk_pattern")
+            if isinstance(pattern, str):
+                kinds = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern]
+            else:
+                freq = max(int(self.config.raw("index_topk_freq") or 1), 1)
+                skip = self.config.raw("index_skip_topk_offset")
+                offset = 2 if skip is None else int(skip)
+                kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(self.n_layer)]
+        if len(kinds) != self.n_layer or kinds[0] == "shared":
+            raise UsageError(f"{self.config.path}: indexer_types must give each of the {self.n_layer} layers "
+                             "'full' or 'shared', the first 'full'; fix config.json")
+        return bool(kinds[layer] == "shared")
