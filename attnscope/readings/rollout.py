@@ -1,0 +1,70 @@
+"""Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers"): which input tokens the
+last layer's queries draw from, the layers' patterns chained.
+
+Each layer l contributes `M_l = 0.5 · mean_heads(A_l) + 0.5 · I`, every row then divided by its sum (a row of a
+GPT-OSS pattern sums to less than 1, its sink's share dropped; a row that sees no key becomes the identity's),
+and the rollout is the product taken from layer 0 up: `R = M_L · ... · M_1 · M_0` `[n_Q, n_K]`, row i the
+share of each input token in what reaches query i. For a decoder every M_l is lower triangular, so R is too:
+the causal product. The value-weighted rollout puts, in place of each head's A, its value-weighted pattern
+(moved.py) with every row divided by its total: the share of what the head moves that comes from each key.
+
+What it assumes, and so where it misleads (docs/heads.md): the residual stream is taken as an identity worth as
+much as all the heads together (the 0.5), the heads are averaged as if alike, the MLPs and norms are ignored,
+and the tokens stay in their positions. It ranks input tokens; its numbers are not attributions.
+
+Float64; one `[n, n]` product is held, each layer multiplied in as it comes (`Rollout.add`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def layer_matrix(heads: Tensor) -> Tensor:
+    """`0.5 · mean_heads(heads) + 0.5 · I`, rows renormalised, `[n, n]` float64 from `[n_head, n, n]`
+    (Abnar & Zuidema's `aug_att_mat = att_mat + residual_att` over its row sums, with the heads averaged)."""
+    import torch
+
+    n = heads.shape[-1]
+    M = 0.5 * heads.detach().to(torch.float64).mean(dim=0) + 0.5 * torch.eye(n, dtype=torch.float64)  # [n, n]
+    return M / M.sum(dim=-1, keepdim=True)
+
+
+def row_normalised(weights: Tensor) -> Tensor:
+    """Each row divided by its sum (a row of zeros stays zeros): value-weighted patterns as shares."""
+    import torch
+
+    total = weights.sum(dim=-1, keepdim=True)
+    return weights / torch.where(total > 0, total, 1.0)
+
+
+class Rollout:
+    """The product of the layers' matrices, from layer 0 up: `add` each layer's heads in order, `matrix` is R."""
+
+    def __init__(self) -> None:
+        self.matrix: Tensor | None = None
+        self.layers = 0
+
+    def add(self, heads: Tensor, value_norms: Tensor | None = None) -> None:
+        """The next layer's patterns `[n_head, n, n]` (square: a self-attention over the same tokens); with its
+        value_norms `[n_head, n]`, the value-weighted patterns, each row as shares, in their place."""
+        if value_norms is not None:
+            from attnscope.readings.moved import weighted
+
+            heads = row_normalised(weighted(heads, value_norms))  # [n_head, n, n]
+        M = layer_matrix(heads)  # [n, n]
+        self.matrix = M if self.matrix is None else M @ self.matrix  # [n, n] @ [n, n] -> [n, n]
+        self.layers += 1
+
+
+def rollout(layers: list[Tensor]) -> Tensor | None:
+    """R over `layers`, each `[n_head, n, n]`, layer 0 first; None where there are none or one is not square."""
+    chain = Rollout()
+    for heads in layers:
+        if heads.dim() != 3 or heads.shape[-1] != heads.shape[-2]:
+            return None
+        chain.add(heads)
+    return chain.matrix

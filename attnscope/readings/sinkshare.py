@@ -1,0 +1,72 @@
+"""Sink accounting: where a head parks its weight, and whether anything moves there.
+
+For head h's pattern A `[n_Q, n_K]`, each a mean over the query rows that give weight somewhere (a row that
+sees no key and has no sink is left out, as headstats.py leaves it out):
+
+- first: `A[i, 0]`, the weight on the first token ([CLS], <s>, <bos>: the usual sink);
+- sink: a learned sink's weight (GPT-OSS's `sink_weight`, the softmax's extra column that transformers' eager
+  attention drops, `probs[..., :-1]`, so its exported rows sum to less than 1: attnscope keeps the column);
+  absent where the attention has no sinks;
+- top: `Σ_{j in top_keys} A[i, j]`, the weight on the TOP keys that gather the most weight over all queries
+  (`top_keys`, largest column sums first, the earlier key first on a tie);
+- weighted_first, weighted_top (with value_norms, moved.py): the same shares of the value-weighted pattern,
+  each row first divided by its total `Σ_j a_ij ||f_h(x_j)||` (rows that move nothing left out), with its own
+  `weighted_top_keys`. A learned sink has no value: its value-weighted share is 0, and is not listed.
+
+Everything in float64; all heads of a layer at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+TOP = 3  # the "few highest-weight keys"
+
+
+def shares(A: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """For row-normalised weights A `[n_head, n_Q, n_K]` float64 and the rows kept `[n_head, n_Q]`: each head's
+    mean weight on key 0 `[n_head]`, on its top keys `[n_head]`, and those keys `[n_head, k]`."""
+    import torch
+
+    n_head, _, n_K = A.shape
+    rows = keep.sum(dim=-1).clamp_min(1)  # [n_head]
+    kept = torch.where(keep[..., None], A, 0.0)  # [n_head, n_Q, n_K]
+    if n_K == 0:
+        empty = torch.zeros(n_head, dtype=torch.float64)
+        return empty, empty, torch.zeros(n_head, 0, dtype=torch.long)
+    first = kept[..., 0].sum(dim=-1) / rows
+    columns = kept.sum(dim=1)  # [n_head, n_K]
+    keys = columns.sort(dim=-1, descending=True, stable=True).indices[:, : min(TOP, n_K)]  # [n_head, k]
+    top = columns.gather(-1, keys).sum(dim=-1) / rows
+    return first, top, keys
+
+
+def sink_shares(attention: Tensor, sink_weight: Tensor | None = None,
+                norms: Tensor | None = None) -> list[dict[str, Any]]:
+    """Each head's shares (module docstring) for patterns `[n_head, n_Q, n_K]`, the sinks' weights `[n_head, n_Q]`
+    (None: no sinks) and value_norms `[n_head, n_K]` (None: no value-weighted shares)."""
+    import torch
+
+    A = attention.detach().to(torch.float64)
+    total = A.sum(dim=-1)  # [n_head, n_Q]
+    sink = None if sink_weight is None else sink_weight.detach().to(torch.float64)
+    keep = (total + (sink if sink is not None else 0.0)) > 0  # rows that give weight somewhere
+    first, top, keys = shares(A, keep)
+    out: list[dict[str, Any]] = [{"first": float(first[h]), "top": float(top[h]), "top_keys": keys[h].tolist()}
+                                 for h in range(A.shape[0])]
+    if sink is not None:
+        sunk = torch.where(keep, sink, 0.0).sum(dim=-1) / keep.sum(dim=-1).clamp_min(1)
+        for h, entry in enumerate(out):
+            entry["sink"] = float(sunk[h])
+    if norms is not None:
+        W = A * norms[:, None, :].to(torch.float64)  # [n_head, n_Q, n_K]: ||a_ij f_h(x_j)||
+        moved = W.sum(dim=-1, keepdim=True)  # [n_head, n_Q, 1]
+        share = W / torch.where(moved > 0, moved, 1.0)
+        w_first, w_top, w_keys = shares(share, moved[..., 0] > 0)
+        for h, entry in enumerate(out):
+            entry |= {"weighted_first": float(w_first[h]), "weighted_top": float(w_top[h]),
+                      "weighted_top_keys": w_keys[h].tolist()}
+    return out

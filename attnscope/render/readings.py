@@ -1,0 +1,167 @@
+"""What heads move and where they park their weight, in the terminal and in JSON (docs/heads.md, docs/json.md):
+value-weighted attention (readings/moved.py), sink accounting (readings/sinkshare.py), rollout
+(readings/rollout.py).
+
+The terminal: with `--all-heads` a table of layer L's heads (moved, the weight and the value-weighted share on
+the first token, a learned sink's weight, the top keys' share); with `--all-layers` the "sinks" view, a layer x
+head grid of the weight parked on the first token (and a learned sink) beside the value-weighted share that
+arrives from there, and the input tokens the rollout says the last query draws from.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.text import Text
+
+from attnscope.render.console import clean, numbers
+from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
+
+if TYPE_CHECKING:
+    from attnscope.readings.headstats import LayerHeads
+    from attnscope.runs.head_result import HeadResult
+
+LABEL = 9  # "layer 23 " and the like, as render/layers.py's grid
+CELL = 4  # " 100"
+ROLLOUT_TOKENS = 5  # the input tokens named for the last query
+
+
+def head_readings(heads: LayerHeads) -> list[dict[str, Any]]:
+    """Each head's `value_norms` [n_K], `weighted` [n_Q, n_K] and `moved` (where the values are known) and its
+    `sinks_share`: the keys a `heads` entry gains."""
+    shares = heads.sinks_share()
+    weights = heads.weighted()
+    moved = heads.moved()
+    out: list[dict[str, Any]] = []
+    for h, share in enumerate(shares):
+        entry: dict[str, Any] = {}
+        if weights is not None and heads.value_norms is not None and moved is not None:
+            entry = {"value_norms": numbers(heads.value_norms[h]), "weighted": numbers(weights[h]),
+                     "moved": clean(moved[h])}
+        out.append(entry | {"sinks_share": clean(share)})
+    return out
+
+
+def layer_readings(layer: LayerHeads) -> dict[str, Any]:
+    """An `all_layers` entry's readings: `value_norms` [n_head, n_K] and `moved` [n_head] where known, and
+    `sinks_share` (a head each)."""
+    entry: dict[str, Any] = {}
+    moved = layer.moved()
+    if layer.value_norms is not None and moved is not None:
+        entry = {"value_norms": numbers(layer.value_norms), "moved": clean(moved)}
+    return entry | {"sinks_share": clean(layer.sinks_share())}
+
+
+SHARE_KEYS = ("first", "sink", "top", "weighted_first", "weighted_top")
+
+
+def sinks_grid(layers: list[LayerHeads], numbers_of: list[int]) -> dict[str, Any]:
+    """JSON `sinks_share`: the layer x head grid, `{"layers", "first", "top", "top_keys", ...}`, each a list a
+    layer of a value a head (`sink` only where the attention has sinks, `weighted_*` where values are known)."""
+    shares = [layer.sinks_share() for layer in layers]
+    grid: dict[str, Any] = {"layers": list(numbers_of)}
+    for key in (*SHARE_KEYS, "top_keys", "weighted_top_keys"):
+        if shares and all(key in head for layer in shares for head in layer):
+            grid[key] = clean([[head[key] for head in layer] for layer in shares])
+    return grid
+
+
+def readings_json(result: HeadResult) -> dict[str, Any]:
+    """The run's top-level readings: `sinks_share` (layer L's row, every layer's with --all-layers), and with
+    --all-layers `rollout`, `rollout_weighted` and `rollout_layers`."""
+    payload: dict[str, Any] = {}
+    if result.layers:
+        payload["sinks_share"] = sinks_grid(result.layers, result.layer_numbers or list(range(len(result.layers))))
+    elif result.heads is not None and result.kind is None:
+        payload["sinks_share"] = sinks_grid([result.heads], [result.options.layer])
+    if result.rollout is not None:
+        payload["rollout"] = numbers(result.rollout)
+        payload["rollout_layers"] = list(result.layer_numbers or [])
+        if result.rollout_weighted is not None:
+            payload["rollout_weighted"] = numbers(result.rollout_weighted)
+    return payload
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else str(round(100 * value))
+
+
+def show_moved(out: Console, heads: LayerHeads) -> None:
+    """`--all-heads`: what each head of the layer moves, and where its weight goes."""
+    shares, moved = heads.sinks_share(), heads.moved()
+    sinks = "sink" in shares[0] if shares else False
+    columns = [Column("head", "right", style="bold cyan"), Column("moved", "right"), Column("first %", "right"),
+               Column("value-wtd first %", "right"), Column("top-3 %", "right"), Column("value-wtd top-3 %", "right")]
+    if sinks:
+        columns.insert(2, Column("sink %", "right"))
+    rows = []
+    for h, share in enumerate(shares):
+        row = [whole(str(h)), whole("-" if moved is None else f"{moved[h]:.3g}")]
+        if sinks:
+            row.append(whole(_percent(share.get("sink"))))
+        row += [whole(_percent(share["first"])), whole(_percent(share.get("weighted_first"))),
+                whole(_percent(share["top"])), whole(_percent(share.get("weighted_top")))]
+        rows.append([cell(r) for r in row])
+    out.print()
+    out.print(Text(f"{heads.title}: what each head moves (value-weighted attention) and where its weight goes",
+                   style="bold"))
+    out.print(FittedTable(columns, rows))
+    out.print(FittedText("moved: mean over queries of Σ_j a_ij·||f(x_j)||, what the head adds to the residual "
+                         "stream;  first %: its weight on the first token, value-wtd: the share of what it moves "
+                         "that comes from there;  top-3: the three keys with the most weight" +
+                         (";  sink %: the learned sink's weight, which moves nothing" if sinks else "") +
+                         " (docs/heads.md)"))
+
+
+def show_sinks(out: Console, layers: list[LayerHeads]) -> None:
+    """`--all-layers`: the sinks view, a layer x head grid of the weight parked on the first token (and a learned
+    sink) and, beside it, the value-weighted share that comes from the first token."""
+    if not layers:
+        return
+    shares = [layer.sinks_share() for layer in layers]
+    sinks = any("sink" in head for layer in shares for head in layer)
+    weighted = all("weighted_first" in head for layer in shares for head in layer)
+    parked = "first token + learned sink" if sinks else "first token"
+    grids = [(f"weight on the {parked}, % (mean over queries)",
+              lambda head: head["first"] + head.get("sink", 0.0))]
+    if weighted:
+        grids.append(("value-weighted share from the first token, % (what moves from there)",
+                      lambda head: head["weighted_first"]))
+    n_head = len(shares[0])
+    per_line = max(1, (out.width - LABEL) // CELL)
+    out.print()
+    out.print(Text(f"sinks: where each head parks its weight  [{len(layers)} layers x {n_head} heads]", style="bold"))
+    for title, value in grids:
+        out.print(FittedText(title))
+        for start in range(0, n_head, per_line):
+            heads = range(start, min(start + per_line, n_head))
+            out.print(Text(" " * LABEL + "".join(f"{h:>{CELL}}" for h in heads), style="dim"))
+            for layer, share in zip(layers, shares, strict=True):
+                out.print(Text(layer.title.ljust(LABEL) + "".join(f"{_percent(value(share[h])):>{CELL}}"
+                                                                   for h in heads)))
+    out.print(FittedText("a head that parks its weight on the first token but moves little from there is resting "
+                         "(Kobayashi et al. 2020; docs/heads.md)"))
+
+
+def show_rollout(out: Console, result: HeadResult) -> None:
+    """The input tokens the last query draws from, by attention rollout (and value-weighted rollout)."""
+    if result.rollout is None or result.encoded is None:
+        return
+    tokens = result.axes()[1]
+    for name, matrix in (("rollout", result.rollout), ("value-weighted rollout", result.rollout_weighted)):
+        if matrix is None or matrix.shape[0] == 0:
+            continue
+        row = matrix[-1]
+        top = row.argsort(descending=True, stable=True)[:ROLLOUT_TOKENS].tolist()
+        named = ",  ".join(f"{j} {_token(tokens[j] if j < len(tokens) else str(j))} {row[j]:.2f}" for j in top)
+        out.print(FittedText(f"{name}, the last token draws from: {named}"))
+    out.print(FittedText("rollout: the product over layers of 0.5·mean_heads(A) + 0.5·I; the residual taken as "
+                         "identity, heads averaged, MLPs ignored: a ranking, not an attribution (docs/heads.md)"))
+
+
+def _token(token: str) -> str:
+    from attnscope.render.layers import printable
+
+    return printable(token)
