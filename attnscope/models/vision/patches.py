@@ -11,6 +11,7 @@ kernel = stride = patch size (`ViTPatchEmbeddings`, `CLIPVisionEmbeddings`), fla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 CLS = "[CLS]"
 DIST = "[DIST]"
@@ -92,3 +93,38 @@ class Grid:
         before = f"{self.n_prefix} + " if self.n_prefix else ""
         return (f"n_tokens = {before}n_patches, n_patches = ({height}/{self.patch}) * ({width}/{self.patch}) = "
                 f"{self.rows} * {self.cols} = {self.n_patches}")
+
+
+@dataclass
+class Picture:
+    """An image as the model read it, for drawing weights over it: `image` (a PIL image of the processor's
+    output, `grid.height` x `grid.width` pixels or more), the patch grid, and the token where the patches start
+    in the sequence (`start`: after the `[CLS]` and registers of a vision tower; a VLM's first image token)."""
+
+    image: Any  # PIL.Image.Image
+    grid: Grid
+    path: str
+    processor: str
+    start: int | None = None
+
+    @property
+    def first(self) -> int:
+        return self.grid.n_prefix if self.start is None else self.start
+
+    def patch_of(self, token: int) -> tuple[int, int] | None:
+        """Token `token`'s (row, column) in the grid, or None where it is no patch."""
+        index = token - self.first
+        return divmod(index, self.grid.cols) if 0 <= index < self.grid.n_patches else None
+
+    def png(self) -> bytes:
+        """The image as PNG bytes (what --svg and the page embed as a data: URI)."""
+        import io
+
+        buffer = io.BytesIO()
+        self.image.save(buffer, format="PNG", optimize=True)
+        return buffer.getvalue()
+
+    def data_uri(self) -> str:
+        import base64
+
+        return "data:image/png;base64," + base64.b64encode(self.png()).decode("ascii")

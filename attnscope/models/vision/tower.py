@@ -1,0 +1,190 @@
+"""A vision tower (ViT, DeiT, DINOv2 with or without registers, CLIP's and SigLIP's image towers) on an image,
+through transformers with attnscope's attention function (models/interface.py): the family's own embeddings and
+layers run, and layer L's attention is recorded step by step from what transformers hands the attention
+function (Q, K, V, no mask: every token sees every token), held against the family's own eager attention.
+
+The tower is built from the folder's config (`AutoConfig`, no code from the folder; a whole CLIP or SigLIP's
+`vision_config`), cut to layers 0..L for one layer (truncated.cut), whole for every layer. Its input is the
+processor's `pixel_values`; the patch embedding (a Conv2d of kernel = stride = patch) is recorded too, so the
+steps say where `n_patches` comes from: `pixel_values` `[n_batch, n_channel, height, width]` -> `patches`
+`[n_batch, n_patches, d_model]`; the tokens are the `[CLS]` (and DeiT's `[DIST]`, DINOv2's registers) then the
+patches row by row (patches.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import ResourceError, UsageError
+from attnscope.models.vision.patches import Grid, prefix_names
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from attnscope.models.truncated import TransformersRun
+    from attnscope.models.vision.processor import Pixels
+    from attnscope.trace import Trace
+
+
+@dataclass(frozen=True)
+class Tower:
+    """How transformers builds one family's tower: its class, whether the folder's config holds it as
+    `vision_config` (a whole CLIP or SigLIP), whether it reads any image size (DINOv2 interpolates its
+    position embeddings), and its tokens before the patches."""
+
+    model_class: str
+    part: bool = False
+    any_size: bool = False
+    cls: int = 1
+    distillation: bool = False
+    registers: bool = False
+
+
+TOWERS = {
+    "vit": Tower("ViTModel"), "deit": Tower("DeiTModel", distillation=True),
+    "dinov2": Tower("Dinov2Model", any_size=True),
+    "dinov2_with_registers": Tower("Dinov2WithRegistersModel", any_size=True, registers=True),
+    "clip_vision_model": Tower("CLIPVisionModel"), "clip": Tower("CLIPVisionModel", part=True),
+    "siglip_vision_model": Tower("SiglipVisionModel", cls=0), "siglip": Tower("SiglipVisionModel", part=True, cls=0),
+}
+VISION_TYPES = ", ".join(TOWERS)
+
+
+@dataclass
+class VisionRun:
+    """Layer L on the image (`run`: its recorded steps, the pixel and patch steps first), the patch grid, and
+    with every layer each layer's pattern `[n_head, n_tokens, n_tokens]`."""
+
+    run: TransformersRun
+    grid: Grid
+    patterns: list[torch.Tensor] | None = None
+    notes: list[str] | None = None
+
+
+def is_vision(model_type: str) -> bool:
+    return model_type in TOWERS
+
+
+def tower_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
+    """The tower's config (a whole CLIP's or SigLIP's `vision_config`) and its number of layers, `layer` checked."""
+    from attnscope.models import truncated
+
+    truncated.quiet_transformers()
+    full = _read(folder, model_type)
+    config = full.vision_config if TOWERS[model_type].part else full
+    n_layer = int(config.num_hidden_layers)
+    if not 0 <= layer < n_layer:
+        from attnscope.words import counted
+
+        raise UsageError(f"{{layer}} {layer} is out of range: this vision tower has {counted(n_layer, 'layer')}, "
+                         f"0 to {n_layer - 1}", "layer")
+    return config, n_layer
+
+
+def _read(folder: Path, model_type: str) -> Any:
+    from transformers import AutoConfig
+
+    from attnscope.models.truncated import first_line
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+        raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' ({first_line(exc)})",
+                         "model") from None
+    return config
+
+
+def grid_of(config: Any, model_type: str, pixels: Pixels, image: str) -> Grid:
+    """The patch grid over the processor's output, checked against the size the tower was made for."""
+    tower = TOWERS[model_type]
+    patch = int(config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0])
+    size = config.image_size if isinstance(config.image_size, (list, tuple)) else (config.image_size,) * 2
+    if not tower.any_size and (pixels.height, pixels.width) != tuple(size):
+        raise UsageError(f"{{image}} {image}: the folder's {pixels.processor} makes {pixels.height} x {pixels.width} "
+                         f"pixels but config.json's tower reads {size[0]} x {size[1]}; preprocessor_config.json "
+                         "and config.json are of different models", "image")
+    if pixels.height < patch or pixels.width < patch:
+        raise UsageError(f"{{image}} {image}: the processor makes {pixels.height} x {pixels.width} pixels, smaller "
+                         f"than one {patch}-pixel patch", "image")
+    n_register = int(getattr(config, "num_register_tokens", 0) or 0) if tower.registers else 0
+    return Grid.of(pixels.height, pixels.width, patch, prefix_names(tower.cls, n_register, tower.distillation))
+
+
+def estimate_bytes(folder: Path, layer: int | None, n_tokens: int) -> int:
+    """Layers 0..L's tensors (all of them for `layer` None) and the embeddings, in float32, held and being
+    loaded, plus the scores (truncated.estimate_bytes)."""
+    from attnscope.models import truncated
+    from attnscope.models.checkpoint import Checkpoint
+
+    with Checkpoint.open(folder) as checkpoint:
+        return truncated.estimate_bytes(checkpoint, 10**9 if layer is None else layer, n_tokens)
+
+
+def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pixels: Pixels, layer: int,
+        every: bool) -> VisionRun:
+    """Layer `layer` traced on the image (`config`, `grid`: tower_config's and grid_of's); with `every` the whole
+    tower run and every layer's pattern kept."""
+    import torch
+    import transformers
+
+    from attnscope.models import interface, truncated
+
+    model = truncated.load(getattr(transformers, TOWERS[model_type].model_class), folder,
+                           config if every else truncated.cut(config, n_layer, layer), model_type, traced=True)
+    captured: dict[str, torch.Tensor] = {}
+    hook = _patch_conv(model).register_forward_hook(lambda _m, _i, out: captured.setdefault("patches", out))
+    try:
+        with torch.no_grad(), interface.recording(layer, stop=not every, every=every) as recorder:
+            try:
+                model(pixel_values=pixels.values)
+            except interface.Reached:
+                pass
+    except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
+        raise ResourceError(f"transformers could not run model_type '{model_type}' on the image "
+                            f"({truncated.first_line(exc)})") from None
+    finally:
+        hook.remove()
+    recorded = recorder.recorded
+    if recorded is None or "patches" not in captured:
+        raise ResourceError(f"{type(model).__name__} did not call transformers' attention interface at layer "
+                            f"{layer}; attnscope cannot trace it")
+    n_tokens = int(recorded.layer["Q"].shape[2])
+    if n_tokens != grid.n_tokens:
+        raise ResourceError(f"{type(model).__name__} made {n_tokens} tokens of the image, not the {grid.n_tokens} "
+                            f"its grid implies ({grid.n_prefix} + {grid.rows} x {grid.cols} patches)")
+    recorded.layer = _with_pixels(recorded.layer, pixels, captured["patches"], grid)
+    patterns = [recorder.patterns[i] for i in sorted(recorder.patterns)] if recorder.patterns else None
+    found = truncated.sizes(model, recorded, recorded.layer["attention"][0], n_layer, layer)
+    return VisionRun(found, grid, patterns, list(recorder.notes))
+
+
+def _patch_conv(model: Any) -> Any:
+    """The patch embedding's Conv2d (`patch_embeddings.projection`, CLIP's and SigLIP's `patch_embedding`)."""
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Conv2d) and "embed" in name:
+            return module
+    raise ResourceError(f"{type(model).__name__} has no patch embedding (a Conv2d under its embeddings)")
+
+
+def _with_pixels(layer: Trace, pixels: Pixels, conv_out: torch.Tensor, grid: Grid) -> Trace:
+    """The layer's steps with the input image and its patches first."""
+    from attnscope import cost
+    from attnscope.trace import Trace
+
+    trace = Trace(notes=list(layer.notes))
+    trace.add("pixel_values", pixels.values, ("n_batch", "n_channel", "height", "width"),
+              f"{pixels.processor}(image): resized, rescaled, normalized")
+    n_channel = int(pixels.values.shape[1])
+    flat = conv_out.flatten(2).transpose(1, 2)  # [n_batch, d_model, rows, cols] -> [n_batch, n_patches, d_model]
+    trace.add("patches", flat, ("n_batch", "n_patches", "d_model"),
+              f"Conv2d(kernel = stride = {grid.patch}) over pixel_values, flattened row by row: "
+              f"n_patches = ({pixels.height}/{grid.patch}) * ({pixels.width}/{grid.patch}) = {grid.n_patches}",
+              cost.matmul_flops(flat.shape, n_channel * grid.patch**2))
+    for step in layer.steps:
+        trace.add_step(step)
+    return trace

@@ -1,0 +1,124 @@
+"""`attnscope head --image FILE` on a vision tower (ViT, DeiT, DINOv2, CLIP's and SigLIP's image towers): the
+image read and checked (models/vision/image.py), made into pixel_values by the folder's own image processor
+(processor.py), and the tower run through transformers with layer L's attention recorded step by step
+(models/vision/tower.py); with --all-layers every layer's pattern. The tokens are `[CLS]` (DeiT's `[DIST]`,
+DINOv2's registers) and the patches `p(r,c)`; the result carries the picture the overlays draw on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnscope.check import Comparison
+    from attnscope.models.config import Config
+    from attnscope.models.tokenizer import Encoded
+    from attnscope.models.truncated import TransformersRun
+    from attnscope.models.vision.processor import Pixels
+    from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
+
+
+def refuse_options(asked: HeadOptions, model_type: str) -> None:
+    """What a vision tower has no use for, refused in one line before anything is read."""
+    used = [flag for flag, on in (("--text", asked.text is not None), ("--text-file", asked.text_file is not None),
+                                  ("--generate", bool(asked.generate)), ("--rows", asked.rows is not None),
+                                  ("--target", asked.target is not None), ("--attention", asked.attention is not None),
+                                  ("--audio", asked.audio is not None)) if on]
+    if used:
+        raise UsageError(f"model_type '{model_type}' is a vision tower: it reads --image alone, and "
+                         f"{' and '.join(used)} {'have' if len(used) > 1 else 'has'} no meaning for it; drop "
+                         f"{' and '.join(used)}")
+
+
+def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
+    from attnscope.models.family import check_position
+    from attnscope.models.tokenizer import Encoded
+    from attnscope.models.vision import image, processor, tower
+    from attnscope.models.vision.patches import Picture
+    from attnscope.runs.head_result import guard_memory, save_result
+
+    refuse_options(asked, config.model_type)
+    if asked.image is None:
+        raise UsageError(f"--model {folder} is a vision tower ({config.architecture}): it reads an image; give "
+                         "--image FILE (a PNG or JPEG)")
+    settings, n_layer = tower.tower_config(folder, config.model_type, asked.layer)
+    check_position(n_layer, int(settings.num_attention_heads), asked.layer, asked.head)
+    with progress(f"reading {asked.image}"):
+        read = image.read_image(asked.image)
+        pixels = processor.pixel_values(folder, read)
+    grid = tower.grid_of(settings, config.model_type, pixels, asked.image)
+    every = asked.all_layers
+    guard_memory(tower.estimate_bytes(folder, None if every else asked.layer, grid.n_tokens), asked.max_memory,
+                 f"running {'every layer' if every else f'layers 0..{asked.layer}'} of this vision tower on "
+                 f"{grid.n_tokens} image tokens")
+    with progress(f"running {config.architecture} on {asked.image} through transformers"):
+        ran = tower.run(folder, config.model_type, settings, n_layer, grid, pixels, asked.layer, every)
+    encoded = Encoded([], grid.labels(), [], f"{pixels.processor} ({pixels.height} x {pixels.width} pixels, "
+                                             f"{grid.patch}-pixel patches)")
+    first = f" ({', '.join(grid.prefix)} first)" if grid.prefix else " (no [CLS]: the patches alone)"
+    ran.run.recorded.layer.notes.insert(0, f"{asked.image} ({read.width} x {read.height}) read by "  # type: ignore[union-attr]
+                                           f"{pixels.processor} as {pixels.height} x {pixels.width} pixels: "
+                                           f"{grid.dims_note(pixels.height, pixels.width)}{first}")
+    result = _result(asked, folder, config, encoded, ran.run)
+    result.picture = Picture(processor.shown(pixels), grid, asked.image, pixels.processor)
+    if ran.patterns is not None:
+        from attnscope.runs import layers
+
+        result.all_layers = ran.patterns
+        result.notes.extend(ran.notes or [])
+        layers.layer_heads(result)
+    if asked.check:
+        with progress("--check: running transformers' eager tower on the same image"):
+            result.comparisons = check(result, folder, config.model_type, pixels)
+    save_result(result)
+    return result
+
+
+def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, run: TransformersRun) -> HeadResult:
+    """The tower's layer L as `head` shows it: every head's pattern, the layer's recorded steps and head h's."""
+    from attnscope.models.run import LayerRun
+    from attnscope.runs.head_result import HeadResult, ModelInfo
+    from attnscope.runs.interface import head_trace
+
+    info = ModelInfo(config.architecture, config.model_type, folder, run.n_layer, run.n_head, run.n_kv_head,
+                     run.d_model, run.d_head)
+    result = HeadResult(asked, info, None, encoded)
+    result.all_heads = run.attention  # [n_head, n_tokens, n_tokens]
+    result.attention = run.attention[asked.head]
+    recorded = run.recorded
+    assert recorded is not None
+    layer = recorded.layer
+    layer.notes[:0] = [f"transformers ran layers 0..{asked.layer} of {run.architecture} on the image and handed "
+                       f"{run.module}'s Q, K, V and scaling to attnscope's attention function: no mask, every token "
+                       "sees every token; the steps between patches and Q, K, V (position embeddings, norms, "
+                       f"projections) are the family's own code, not traced; the steps agree with "
+                       f"{recorded.function} to 1e-05"]
+    result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
+    result.tracer = "attention-interface"
+    result.notes.extend(layer.notes)
+    return result
+
+
+def check(result: HeadResult, folder: Path, model_type: str, pixels: Pixels) -> list[Comparison]:
+    """Layer L's every head (every layer's with --all-layers) against transformers' eager tower's
+    `output_attentions` on the same pixel_values."""
+    import torch
+    import transformers
+
+    from attnscope.check import compare
+    from attnscope.models import truncated
+    from attnscope.models.vision import tower
+
+    asked = result.options
+    config, n_layer = tower.tower_config(folder, model_type, asked.layer)
+    last = n_layer - 1 if result.all_layers is not None else asked.layer
+    model = truncated.load(getattr(transformers, tower.TOWERS[model_type].model_class), folder,
+                           truncated.cut(config, n_layer, last), model_type, traced=False)
+    with torch.no_grad():
+        theirs = model(pixel_values=pixels.values, output_attentions=True).attentions
+    mine = dict(enumerate(result.all_layers)) if result.all_layers is not None else {asked.layer: result.all_heads}
+    return [compare(f"layer {i}", "output_attentions", pattern.float(), theirs[i][0].float())
+            for i, pattern in mine.items()]

@@ -1,0 +1,103 @@
+"""Tiny random vision towers (ViT, DeiT, DINOv2 with and without registers, CLIP and SigLIP whole and their
+vision models alone) saved with their own image processors (the PIL backends), and a test image drawn here.
+
+`build(kind, folder)` saves the model (every weight perturbed, tests/tiny_models.py) and its processor and returns
+transformers' eager tower loaded back from the folder: the oracle (`output_attentions=True`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tiny_models import perturb
+
+SIZE, PATCH = 32, 8  # a 4 x 4 grid of patches
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, image_size=SIZE,
+             patch_size=PATCH)
+KINDS = ("vit", "deit", "dinov2", "dinov2_with_registers", "clip", "clip_vision_model", "siglip",
+         "siglip_vision_model")
+# each kind's tokens before the patches
+PREFIX = {"vit": ["[CLS]"], "deit": ["[CLS]", "[DIST]"], "dinov2": ["[CLS]"],
+          "dinov2_with_registers": ["[CLS]", "reg0", "reg1"], "clip": ["[CLS]"], "clip_vision_model": ["[CLS]"],
+          "siglip": [], "siglip_vision_model": []}
+
+
+def _model(kind: str):
+    import transformers as t
+
+    if kind == "vit":
+        return t.ViTModel(t.ViTConfig(**SIZES))
+    if kind == "deit":
+        return t.DeiTModel(t.DeiTConfig(**SIZES))
+    if kind == "dinov2":
+        return t.Dinov2Model(t.Dinov2Config(**SIZES, mlp_ratio=2))
+    if kind == "dinov2_with_registers":
+        return t.Dinov2WithRegistersModel(t.Dinov2WithRegistersConfig(**SIZES, mlp_ratio=2, num_register_tokens=2))
+    text = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "clip":
+        return t.CLIPModel(t.CLIPConfig(text_config=text, vision_config=SIZES, projection_dim=16))
+    if kind == "clip_vision_model":
+        return t.CLIPVisionModel(t.CLIPVisionConfig(**SIZES))
+    if kind == "siglip":
+        return t.SiglipModel(t.SiglipConfig(text_config=text, vision_config=SIZES))
+    return t.SiglipVisionModel(t.SiglipVisionConfig(**SIZES))
+
+
+def _processor(kind: str):
+    import transformers as t
+
+    square = {"height": SIZE, "width": SIZE}
+    if kind.startswith("clip"):
+        return t.CLIPImageProcessorPil(size={"shortest_edge": SIZE}, crop_size=square)
+    if kind.startswith("siglip"):
+        return t.SiglipImageProcessorPil(size=square)
+    if kind.startswith("dinov2"):  # DINOv2's own is a BitImageProcessor: resize the short edge, crop the centre
+        return t.BitImageProcessorPil(size={"shortest_edge": SIZE}, crop_size=square, do_center_crop=True)
+    return t.ViTImageProcessorPil(size=square)  # ViT and DeiT
+
+
+TOWER = {"vit": "ViTModel", "deit": "DeiTModel", "dinov2": "Dinov2Model",
+         "dinov2_with_registers": "Dinov2WithRegistersModel", "clip": "CLIPVisionModel",
+         "clip_vision_model": "CLIPVisionModel", "siglip": "SiglipVisionModel",
+         "siglip_vision_model": "SiglipVisionModel"}
+
+
+def build(kind: str, folder: Path):
+    """Save `kind`'s tiny model and its image processor in `folder`; transformers' eager tower, loaded back."""
+    import transformers
+
+    torch.manual_seed(len(kind))
+    model = perturb(_model(kind))
+    model.save_pretrained(folder)
+    _processor(kind).save_pretrained(folder)
+    tower = getattr(transformers, TOWER[kind]).from_pretrained(folder, attn_implementation="eager")
+    return tower.eval()
+
+
+def draw(path: Path, width: int = 48, height: int = 40) -> Path:
+    """A test image: a horizontal gradient, a red square and a blue disc, so that patches differ."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (width, height))
+    pixels = image.load()
+    for x in range(width):
+        for y in range(height):
+            pixels[x, y] = (x * 255 // width, y * 255 // height, 128)
+    pen = ImageDraw.Draw(image)
+    pen.rectangle((width // 8, height // 8, width // 3, height // 3), fill=(230, 30, 30))
+    pen.ellipse((width // 2, height // 2, width - 4, height - 4), fill=(20, 40, 220))
+    image.save(path)
+    return path
+
+
+def eager_attentions(tower, folder: Path, image: Path) -> tuple:
+    """transformers' eager run on the image through the folder's processor: every layer's `output_attentions`."""
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
+    pixels = processor(images=Image.open(image).convert("RGB"), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        return tower(pixel_values=pixels, output_attentions=True).attentions
