@@ -35,7 +35,9 @@ def _config_and_class(family: str, vocab: int):
     if family == "qwen3_5_text":
         return tf.Qwen3_5TextConfig(**COMMON, **LINEAR, vocab_size=vocab, head_dim=16, num_hidden_layers=4,
                                     layer_types=QWEN_LAYERS), tf.Qwen3_5ForCausalLM
-    return tf.KimiLinearConfig(**{**COMMON, "num_key_value_heads": 4}, vocab_size=vocab, num_hidden_layers=3, kv_lora_rank=12, q_lora_rank=None,
+    # MLA expands a key and a value for every head: num_key_value_heads as many as the heads
+    return tf.KimiLinearConfig(**{**COMMON, "num_key_value_heads": 4}, vocab_size=vocab, num_hidden_layers=3,
+                               kv_lora_rank=12, q_lora_rank=None,
                                qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=8, linear_head_dim=8,
                                linear_num_heads=4, linear_conv_kernel_dim=3, moe_intermediate_size=12,
                                num_local_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,

@@ -46,7 +46,69 @@ LINEAR = "linear_attn"
 KINDS = ("linear_attention", "full_attention")
 
 
-class Qwen3Next(Qwen3Moe):
+class LinearLayers:
+    """What a hybrid of linear attention and full attention layers adds to a family page (Qwen3-Next, Qwen3.5,
+    Kimi Linear): which layer is which (`layer_types`), a linear layer's own heads, its DeltaLayer, notes and head
+    steps. A mixin before the page of the full layers' family: `class Qwen3Next(LinearLayers, Qwen3Moe)`; the
+    family sets `delta` (DeltaSizes) and `delta_inputs(layer, X, add)`."""
+
+    delta: DeltaSizes
+    n_layer: int
+    n_head: int
+    config: Config
+    architecture: str
+    linear_name = "Gated DeltaNet"
+
+    def layer_kind(self, layer: int) -> str:
+        """`layer_types[layer]`, or the config class's default: full every `full_attention_interval`-th layer."""
+        kinds = self.config.str_list("layer_types", self.n_layer)
+        if kinds is None:
+            every = self.config.integer("full_attention_interval", default=4)
+            return "full_attention" if (layer + 1) % every == 0 else "linear_attention"
+        if kinds[layer] not in KINDS:
+            raise UsageError(f"{self.config.path}: layer_types[{layer}] is {kinds[layer]!r}; {self.architecture}'s "
+                             f"layers are {' or '.join(KINDS)}")
+        return kinds[layer]
+
+    def linear(self, layer: int) -> bool:
+        return self.layer_kind(layer) == "linear_attention"
+
+    def heads_in(self, layer: int) -> int:
+        """A linear layer has its own heads (its value heads), one matrix M each."""
+        return self.delta.n_head if self.linear(layer) else self.n_head
+
+    def check_position(self, layer: int, head: int) -> None:
+        from attnscope.models.family import check_position
+
+        check_position(self.n_layer, self.n_head, layer, 0)
+        check_position(self.n_layer, self.heads_in(layer), layer, head)
+
+    def linear_notes(self, layer: int) -> list[str]:
+        from attnscope.linear_attention import EFFECTIVE_NOTE
+
+        s = self.delta
+        return [f"layer {layer} is a linear attention layer ({self.linear_name}): no softmax, no KV cache; its state "
+                f"is [n_head, d_K, d_V] = [{s.n_head}, {s.d_K}, {s.d_V}] per sequence", EFFECTIVE_NOTE]
+
+    def attention(self, layer: int, record: bool) -> Any:
+        if self.linear(layer):
+            return DeltaLayer(self.delta, lambda X, add: self.delta_inputs(layer, X, add), record)
+        return super().attention(layer, record)  # type: ignore[misc]
+
+    def delta_inputs(self, layer: int, X: torch.Tensor, add: Any) -> DeltaInputs:
+        raise NotImplementedError
+
+    def head_trace(self, layer: Trace, head: int) -> Trace:
+        if "effective_attention" not in layer:
+            return super().head_trace(layer, head)  # type: ignore[misc, no-any-return]
+        return linear_head_trace(layer, head)
+
+    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
+        """Every family's, and a linear layer's M `[n_head, n, n]` in float64 beside its float32 copy."""
+        return super().estimate_bytes(layer, n_tokens) + 12 * self.delta.n_head * n_tokens * n_tokens  # type: ignore[misc, no-any-return]
+
+
+class Qwen3Next(LinearLayers, Qwen3Moe):
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_next",)
     query = "input_layernorm.weight"  # every layer has one; layer 0 is a linear layer, without q_proj
     default_head_dim = 256  # Qwen3NextConfig's
@@ -70,41 +132,11 @@ class Qwen3Next(Qwen3Moe):
         for layer in range(self.n_layer):
             self.layer_kind(layer)  # a bad layer_types entry is refused now, not at layer L
 
-    # --- which layer is which ---------------------------------------------------------------------------------
-
-    def layer_kind(self, layer: int) -> str:
-        """`layer_types[layer]`, or Qwen3NextConfig's default: full every `full_attention_interval`-th layer."""
-        kinds = self.config.str_list("layer_types", self.n_layer)
-        if kinds is None:
-            every = self.config.integer("full_attention_interval", default=4)
-            return "full_attention" if (layer + 1) % every == 0 else "linear_attention"
-        if kinds[layer] not in KINDS:
-            raise UsageError(f"{self.config.path}: layer_types[{layer}] is {kinds[layer]!r}; {self.architecture}'s "
-                             f"layers are {' or '.join(KINDS)}")
-        return kinds[layer]
-
-    def linear(self, layer: int) -> bool:
-        return self.layer_kind(layer) == "linear_attention"
-
-    def heads_in(self, layer: int) -> int:
-        """A linear layer has its own heads: linear_num_value_heads, one matrix M each."""
-        return self.delta.n_head if self.linear(layer) else self.n_head
-
-    def check_position(self, layer: int, head: int) -> None:
-        from attnscope.models.family import check_position
-
-        check_position(self.n_layer, self.n_head, layer, 0)
-        check_position(self.n_layer, self.heads_in(layer), layer, head)
-
     def layer_notes(self, layer: int) -> list[str]:
-        if not self.linear(layer):
-            return [f"layer {layer} is a gated full attention layer: each head's output is scaled by sigmoid of its "
-                    "gate rows of q_proj (gate, x_gated) before o_proj"]
-        from attnscope.linear_attention import EFFECTIVE_NOTE
-
-        return [f"layer {layer} is a linear attention layer (Gated DeltaNet): no softmax, no KV cache; its state is "
-                f"[n_head, d_K, d_V] = [{self.delta.n_head}, {self.delta.d_K}, {self.delta.d_V}] per sequence",
-                EFFECTIVE_NOTE]
+        if self.linear(layer):
+            return self.linear_notes(layer)
+        return [f"layer {layer} is a gated full attention layer: each head's output is scaled by sigmoid of its "
+                "gate rows of q_proj (gate, x_gated) before o_proj"]
 
     # --- the full layers: gated attention ----------------------------------------------------------------------
 
@@ -141,11 +173,6 @@ class Qwen3Next(Qwen3Moe):
             state["W_q.bias"], state["W_gate.bias"] = q_b
         return state
 
-    def attention(self, layer: int, record: bool) -> Any:
-        if self.linear(layer):
-            return DeltaLayer(self.delta, lambda X, add: self.delta_inputs(layer, X, add), record)
-        return super().attention(layer, record)
-
     def head_slices(self, layer: int, head: int) -> list[Slice]:
         from attnscope.models.family import Slice
 
@@ -177,14 +204,15 @@ class Qwen3Next(Qwen3Moe):
         return {"q": (start, start + s.d_K), "k": (start + s.d_K, start + 2 * s.d_K),
                 "v": (values + i * s.d_V, values + (i + 1) * s.d_V),
                 "z": (values + group * s.d_V + i * s.d_V, values + group * s.d_V + (i + 1) * s.d_V),
-                "b": (g * 2 * group + i, g * 2 * group + i + 1), "a": (g * 2 * group + group + i, g * 2 * group + group + i + 1)}
+                "b": (g * 2 * group + i, g * 2 * group + i + 1),
+                "a": (g * 2 * group + group + i, g * 2 * group + group + i + 1)}
 
     def linear_slices(self, layer: int, head: int) -> list[Slice]:
         """Value head h of a linear layer: its key head's W_Q, W_K, its W_V and gate W_Z, its b and a rows, A_log,
         dt_bias, the output norm's weight, its W_O columns (the convolution's taps: conv1d.weight, every channel)."""
         from attnscope.models.family import Slice
 
-        s, rows = self.delta, self.qkvz_rows(head)
+        rows = self.qkvz_rows(head)
         key = lambda name: self.key(layer, f"{LINEAR}.{name}")  # noqa: E731
         fused, ba = key("in_proj_qkvz.weight"), key("in_proj_ba.weight")
         parts = [Slice(f"W_{n.upper()}", fused, "rows", *rows[n], dims=(f"d_{'K' if n in 'qk' else 'V'}", "d_model"))
@@ -233,11 +261,6 @@ class Qwen3Next(Qwen3Moe):
 
     qkv_op = "in_proj_qkvz(X): the q, k and v rows of each key head's block, in head order"
 
-    def head_trace(self, layer: Trace, head: int) -> Trace:
-        if "effective_attention" not in layer:
-            return super().head_trace(layer, head)
-        return linear_head_trace(layer, head, self.delta)
-
     # --- the MLP: Qwen3-MoE's experts and a gated shared expert -------------------------------------------------
 
     def experts(self, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -253,10 +276,6 @@ class Qwen3Next(Qwen3Moe):
                                                                                           "down_proj"))
         shared = layers.gated_mlp(x, gate, up, down, act)
         return routed + torch.sigmoid(x @ self.weight(layer, "mlp.shared_expert_gate.weight").T) * shared
-
-    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
-        """Every family's, and a linear layer's M `[n_head, n, n]` in float64 beside its float32 copy."""
-        return super().estimate_bytes(layer, n_tokens) + 12 * self.delta.n_head * n_tokens * n_tokens
 
 
 class GatedAttention(MultiHeadAttention):
@@ -353,7 +372,7 @@ class DeltaLayer:
         return self._after.pop(id(trace))
 
 
-def linear_head_trace(layer: Trace, head: int, sizes: DeltaSizes) -> Trace:
+def linear_head_trace(layer: Trace, head: int) -> Trace:
     """Value head h of a linear layer, as views into the layer's steps: X, the query and key of its key head
     (normed, repeated), its values, beta, g, its effective_attention M and output, and its state."""
     from attnscope.trace import Trace
