@@ -285,6 +285,10 @@ class Gemma4(Gemma3):
             self.per_layer_inputs = (_rms(projected, eps) * norm + own) * 2 ** -0.5  # [1, n, n_layer, d_ple]
         return e
 
+    def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
+        return (self.norm(layer, "input_layernorm", h),
+                f"input_layernorm(h): RMSNorm (plain w) of the residual stream entering layer {layer}")
+
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
         """`Gemma4TextDecoderLayer.forward`: attention and MLP (and MoE) with sandwich norms, the per-layer input
         gated in, then the whole stream times `layer_scalar`."""
@@ -431,11 +435,11 @@ def attention_class() -> type:
                                                                            ("n_batch", "n_kv_head", "n_K", "d_head")),
                                     d_name="d_head", n_keys=keys.shape[-2])
             kv_dims = ("n_batch", self._kv_axis(), "n_K", "d_head")
-            made = "K_cat" if n_cache else "K_rot"
-            k = add("K_shared", keys, kv_dims, f"layer {self.owner}'s keys ({made}: normed, rotated), shared",
+            made = ("K_cat", "V_cat") if n_cache else ("K_rot", "V_normed")
+            k = add("K_shared", keys, kv_dims, f"layer {self.owner}'s keys ({made[0]}: normed, rotated), shared",
                     allocates=False)
-            v = add("V_shared", values, kv_dims, f"layer {self.owner}'s values ({made.replace('K', 'V')} after "
-                    "V_normed), shared", allocates=False)
+            v = add("V_shared", values, kv_dims, f"layer {self.owner}'s values ({made[1]}: normed), shared",
+                    allocates=False)
             names = Names(Q="Q_rot", K="K_shared", V="V_shared", out="x_raw", d_K="d_head", d_V="d_head",
                           batch=("n_batch", "n_head"))
             return q, k, v, names
