@@ -1,0 +1,141 @@
+"""`attnscope head --text ... --image F` on a vision-language model (Gemma 3, Llama 4, LLaVA, Qwen2.5-VL,
+Qwen3-VL): the image read and checked (models/vision/image.py), the prompt made by the model's own processor
+with the image's tokens placed and labelled `img(r,c)` (models/vision/vlm.py), the vision tower and projector
+run by transformers, the text model's layers 0..L on attnscope's family page or, for Qwen's M-RoPE, through the
+attention interface (models/vision/vlm_run.py); then each head's share of weight on the image's tokens, and the
+picture the page draws a text query's weights over. With --check, transformers' eager VLM on the same inputs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+from attnscope.words import counted
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from PIL import Image
+
+    from attnscope.check import Comparison
+    from attnscope.models.config import Config
+    from attnscope.models.vision.patches import Picture
+    from attnscope.models.vision.vlm import ImageTokens
+    from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
+
+
+def refuse_options(asked: HeadOptions) -> None:
+    """What a VLM's text with an image does not run yet, refused in one line before anything is read."""
+    used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", bool(asked.generate)),
+                                  ("--rows", asked.rows is not None), ("--target", asked.target is not None),
+                                  ("--attention", asked.attention is not None),
+                                  ("--audio", asked.audio is not None)) if on]
+    if used:
+        named = " and ".join(used)
+        raise UsageError(f"--image with --text runs layers 0..--layer of a vision-language model once; {named} "
+                         f"{'do' if len(used) > 1 else 'does'} not run with an image; drop {named}")
+    if asked.text is None:
+        raise UsageError("--image on a vision-language model goes with a prompt: add --text \"...\" (the image's "
+                         "tokens are placed where the model's processor places them)")
+
+
+def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.truncated import estimate_bytes
+    from attnscope.models.vision import vlm, vlm_run
+    from attnscope.models.vision.image import read_image
+    from attnscope.runs.head_result import guard_memory, save_result
+
+    vlm.check_vlm(config)
+    refuse_options(asked)
+    vlm_run.check_layer(config, asked.layer)
+    with progress(f"reading {asked.image} and the model's processor"):
+        picture = read_image(asked.image or "")
+        tokens = vlm.place(folder, config, asked.text or "", picture)
+    n = len(tokens.ids)
+    with Checkpoint.open(folder) as checkpoint:
+        needed = estimate_bytes(checkpoint, asked.layer, n)
+    guard_memory(needed, asked.max_memory, f"running the vision tower and layers 0..{asked.layer} on {n} tokens")
+    page = vlm.VLM_TYPES[config.model_type] is not None
+    with progress(f"running {config.architecture}'s vision tower and layers 0 to {asked.layer} on {n} tokens"):
+        result = _on_page(asked, folder, config, tokens) if page else _through_interface(asked, folder, config, tokens)
+    assert result.all_heads is not None
+    result.image_tokens = tokens
+    result.image_share = vlm.image_share(result.all_heads, tokens.image)  # [n_head, n_tokens]
+    result.picture = _picture(asked.image or "", picture, tokens)
+    grids = ", ".join(f"{r} x {c}" for r, c in tokens.grids)
+    result.notes[:0] = [f"{asked.image} ({picture.width} x {picture.height}) and the text made into "
+                        f"{counted(n, 'token')} by {tokens.processor}: the image fills {tokens.n_image} of them "
+                        f"({grids}, labelled img(r,c)); the prompt: {tokens.prompt!r}", *tokens.notes]
+    if asked.check:
+        with progress("--check: running transformers' eager model on the same text and image"):
+            result.comparisons = check(result, folder, config, tokens)
+    save_result(result)
+    return result
+
+
+def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
+    from attnscope.models.tokenizer import Encoded
+    from attnscope.models.vision import vlm_run
+    from attnscope.models.weights import head_weights
+    from attnscope.runs.head_result import HeadResult, ModelInfo
+
+    model = vlm_run.text_family(folder, config, tokens)
+    with model.checkpoint:
+        model.check_position(asked.layer, asked.head)
+        weights = head_weights(model, asked.layer, asked.head)
+        h0 = vlm_run.embeddings(folder, config, tokens)  # [1, n_tokens, d_model]
+        run = vlm_run.page(model, h0, asked.layer, asked.head)
+    info = ModelInfo.of(model)
+    info.model_type = config.model_type
+    encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
+    result = HeadResult(asked, info, weights, encoded, run=run, notes=list(weights.notes), tracer="attnscope")
+    result.attention = run.head["attention"]
+    result.all_heads = run.layer["attention"][0]  # [n_head, n_tokens, n_tokens]
+    result.notes.extend(run.layer.notes)
+    result.notes.append(f"the vision tower and projector ran in transformers (untraced); layers 0..{asked.layer} of "
+                        f"the language model ran on attnscope's {type(model).__name__} page from the embeddings "
+                        "the model made, the image's features in the image's places")
+    return result
+
+
+def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
+    from attnscope.models.tokenizer import Encoded
+    from attnscope.models.vision import vlm_run
+    from attnscope.runs.interface import _result
+
+    run = vlm_run.interface(folder, config, tokens, asked.layer)
+    encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
+    result = _result(asked, folder, config, encoded, run, f"the vision tower and layers 0..{asked.layer}")
+    result.notes.append(f"{config.architecture} turns M-RoPE (three position ids per token: time, row and column "
+                        "of the image, transformers' get_rope_index), which no attnscope page computes: its "
+                        "attention is traced through transformers' attention interface from Q, K, V after RoPE")
+    return result
+
+
+def _picture(path: str, picture: Image.Image, tokens: ImageTokens) -> Picture:
+    """The image the page draws the weights over: the file's picture at the first run's grid, each token a cell."""
+    from attnscope.models.vision.patches import Grid, Picture
+
+    rows, cols = tokens.grids[0]
+    cell = max(1, min(picture.width // max(cols, 1), picture.height // max(rows, 1)))
+    shown = picture.resize((cols * cell, rows * cell))
+    return Picture(shown, Grid(rows, cols, cell), path, tokens.processor, start=tokens.image.index(True))
+
+
+def check(result: HeadResult, folder: Path, config: Config, tokens: ImageTokens) -> list[Comparison]:
+    """Layer L's every head against transformers' eager VLM's `output_attentions` on the processor's inputs."""
+    import torch
+
+    from attnscope.check import compare
+    from attnscope.models.vision import vlm_run
+
+    layer = result.options.layer
+    model = vlm_run.load_eager(folder, config, layer)
+    with torch.no_grad():
+        theirs = model(**tokens.inputs, output_attentions=True).attentions
+    if theirs is None or theirs[layer] is None:
+        raise UsageError(f"--check: transformers gives layer {layer} no attention weights to compare with")
+    assert result.all_heads is not None
+    return [compare(f"layer {layer}", "output_attentions", result.all_heads.float(), theirs[layer][0].float())]
