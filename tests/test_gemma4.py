@@ -7,7 +7,6 @@ shared layers); RoPE's tables equal `Gemma4TextRotaryEmbedding`'s; a config with
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
