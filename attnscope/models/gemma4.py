@@ -158,6 +158,9 @@ class Gemma4(Gemma3):
     def layer_d_head(self, layer: int) -> int:
         return self.sizes[layer][0]
 
+    def layer_sizes(self, layer: int) -> tuple[int, int]:
+        return self.sizes[layer]
+
     # --- where head h lives ---------------------------------------------------------------------------------
 
     def head_slices(self, layer: int, head: int) -> list[Slice]:
