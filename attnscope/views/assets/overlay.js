@@ -1,0 +1,106 @@
+// attnscope's explorer page, over the image (head --image): the image the model read (META.image.uri, its
+// processor's output), each patch painted with the chosen query's weight on it on the viridis scale (0 to the
+// largest weight on a patch), the query's own patch outlined; click a patch to make it the query. The tokens
+// that are no place on the image ([CLS], [DIST], registers) are listed apart with their weights, and pick a query
+// too. With no query chosen the row shown is [CLS]'s, or, with no [CLS], every query's mean.
+
+const OVERLAY_SIDE = 448, OVERLAY_ALPHA = 0.6;
+let overlayImage = null, overlayGeo = null;
+
+function overlayRow() {  // [query or null, weights over every key]: the chosen query's, else [CLS]'s, else the mean
+  const P = current, I = META.image, q = state.query;
+  if (q !== null || I.prefix.includes("[CLS]")) {
+    const at = q === null ? I.prefix.indexOf("[CLS]") : q, row = P.row(at);
+    if (!row) return [at, null];
+    return [at, Array.from({ length: P.n_K }, (_, j) => row.arr.value(row.base + j))];
+  }
+  const sum = new Float64Array(P.n_K);
+  let n = 0;
+  for (let i = 0; i < P.n_Q; i++) {
+    const row = P.row(i);
+    if (!row) continue;
+    n += 1;
+    for (let j = 0; j < P.n_K; j++) sum[j] += row.arr.value(row.base + j);
+  }
+  return [null, n ? Array.from(sum, (v) => v / n) : null];
+}
+
+function drawOverlay() {
+  const I = META.image, box = $("image-overlay");
+  if (!I || !current) return;
+  box.hidden = false;
+  if (!overlayImage) {
+    overlayImage = new Image();
+    overlayImage.onload = () => drawOverlay();
+    overlayImage.src = I.uri;
+    wireOverlay();
+    return;
+  }
+  if (!overlayImage.complete) return;
+  const [q, weights] = overlayRow(), canvas = $("overlay-canvas"), ratio = dpr();
+  const scale = OVERLAY_SIDE / Math.max(I.rows * I.patch, I.cols * I.patch), size = I.patch * scale;
+  const W = I.cols * size, H = I.rows * size;
+  canvas.width = Math.round(W * ratio); canvas.height = Math.round(H * ratio);
+  canvas.style.width = W + "px"; canvas.style.height = H + "px";
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, W, H);
+  ctx.drawImage(overlayImage, 0, 0, I.cols * I.patch, I.rows * I.patch, 0, 0, W, H);
+  const patches = weights ? weights.slice(I.first, I.first + I.rows * I.cols) : [];
+  const peak = patches.reduce((m, v) => (Number.isFinite(v) && v > m ? v : m), 0);
+  patches.forEach((v, k) => {
+    const f = peak > 0 && Number.isFinite(v) ? Math.min(1, v / peak) : 0, c = Math.round(f * 255) * 3;
+    ctx.fillStyle = `rgba(${LUT[c]},${LUT[c + 1]},${LUT[c + 2]},${(OVERLAY_ALPHA * f).toFixed(3)})`;
+    ctx.fillRect((k % I.cols) * size, Math.floor(k / I.cols) * size, size, size);
+  });
+  const own = q === null ? -1 : q - I.first;
+  if (own >= 0 && own < I.rows * I.cols) {
+    ctx.strokeStyle = "#fff"; ctx.lineWidth = 2;
+    ctx.strokeRect((own % I.cols) * size + 1, Math.floor(own / I.cols) * size + 1, size - 2, size - 2);
+  }
+  overlayGeo = { size, q, weights, peak };
+  const d = Math.max(0, -(current.grid ? current.grid.ref.exp : -META.decimals));
+  const onPatches = patches.reduce((s, v) => s + (Number.isFinite(v) ? v : 0), 0);
+  const who = q === null ? "every query's mean" : `query ${q} “${qLabel(q)}”`;
+  $("overlay-title").textContent = weights
+    ? `${who}: ${onPatches.toFixed(3)} of its weight on the ${I.rows} × ${I.cols} patches; 0 (clear) to ${peak.toFixed(d)} (bright) · ${I.path}, ${I.processor}`
+    : `${who}: its exact weights are not in the page, only the pooled pattern`;
+  overlayPrefix(q, weights, d);
+}
+
+function overlayPrefix(q, weights, d) {
+  const I = META.image, panel = $("overlay-prefix");
+  panel.replaceChildren();
+  if (!I.prefix.length) {
+    const p = document.createElement("p"); p.className = "muted"; p.textContent = "no [CLS] or registers: every token is a patch";
+    panel.append(p);
+    return;
+  }
+  const h = document.createElement("p"); h.textContent = "apart from the image:"; panel.append(h);
+  I.prefix.forEach((name, i) => {
+    const b = document.createElement("button");
+    b.type = "button"; b.dataset.testid = "overlay-token"; b.dataset.index = i;
+    b.textContent = `${name} ${weights ? weights[i].toFixed(d) : "?"}`;
+    b.title = `make ${name} the query`;
+    b.setAttribute("aria-pressed", String(q === i));
+    b.addEventListener("click", () => select(i, true));
+    panel.append(b);
+  });
+}
+
+function overlayHit(e) {
+  const I = META.image, r = $("overlay-canvas").getBoundingClientRect();
+  if (!overlayGeo) return null;
+  const c = Math.floor((e.clientX - r.left) / overlayGeo.size), row = Math.floor((e.clientY - r.top) / overlayGeo.size);
+  return c >= 0 && c < I.cols && row >= 0 && row < I.rows ? { row, c, token: I.first + row * I.cols + c } : null;
+}
+
+function wireOverlay() {
+  const canvas = $("overlay-canvas");
+  canvas.addEventListener("click", (e) => { const at = overlayHit(e); if (at) select(at.token, true); });
+  canvas.addEventListener("mousemove", (e) => {
+    const at = overlayHit(e);
+    if (!at || !overlayGeo.weights) { canvas.title = ""; return; }
+    canvas.title = `${kLabel(at.token)}: ${overlayGeo.weights[at.token].toFixed(Math.max(0, -(current.grid ? current.grid.ref.exp : -META.decimals)))} (click: make it the query)`;
+  });
+}

@@ -1,0 +1,120 @@
+"""`head --image` on vision towers (ViT, DeiT, DINOv2 with and without registers, CLIP and SigLIP whole and their
+vision models alone): every layer's every head held equal to transformers' eager `output_attentions` on the
+same image through the folder's own image processor, the patch embedding to PyTorch's conv2d, the tokens'
+labels to the grid, and the views (--all-layers, --json, --svg, --html, --check) on the same run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cli_main import run_main
+from tiny_vision import KINDS, PATCH, PREFIX, SIZE, build, draw, eager_attentions
+
+from attnscope.runs.head import run_head
+from attnscope.runs.head_result import HeadOptions
+
+GRID = SIZE // PATCH
+
+
+@pytest.fixture(scope="module")
+def towers(tmp_path_factory):
+    """Each kind's folder and transformers' eager tower loaded from it, and the test image."""
+    root = tmp_path_factory.mktemp("vision")
+    image = draw(root / "picture.png")
+    return {kind: (root / kind, build(kind, root / kind)) for kind in KINDS}, image
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_layer_every_head_equals_eager(towers, kind):
+    folders, image = towers
+    folder, eager = folders[kind]
+    theirs = eager_attentions(eager, folder, image)  # [n_batch, n_head, n_tokens, n_tokens] per layer
+    for layer in range(len(theirs)):
+        result = run_head(HeadOptions(model=str(folder), layer=layer, head=1, image=str(image)))
+        assert result.tracer == "attention-interface"
+        assert not [n for n in result.notes if "differ" in n], result.notes
+        torch.testing.assert_close(result.all_heads, theirs[layer][0], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(result.run.head["attention"], theirs[layer][0, 1], atol=1e-6, rtol=1e-5)
+    every = run_head(HeadOptions(model=str(folder), layer=1, head=0, image=str(image), all_layers=True))
+    assert len(every.all_layers) == len(theirs)
+    for mine, reference in zip(every.all_layers, theirs, strict=True):
+        torch.testing.assert_close(mine, reference[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["vit", "dinov2_with_registers", "siglip"])
+def test_tokens_patches_and_steps(towers, kind):
+    """The labels follow the embeddings' order; `patches` is PyTorch's conv2d of the processor's pixel_values
+    with the checkpoint's kernel, flattened row by row; the steps name n_patches."""
+    from safetensors.torch import load_file
+
+    folders, image = towers
+    folder, eager = folders[kind]
+    result = run_head(HeadOptions(model=str(folder), layer=0, head=0, image=str(image)))
+    labels = PREFIX[kind] + [f"p({r},{c})" for r in range(GRID) for c in range(GRID)]
+    assert result.encoded.tokens == labels
+    layer = result.run.layer
+    assert layer.step("patches").dims == ("n_batch", "n_patches", "d_model")
+    assert "n_patches = (32/8) * (32/8) = 16" in layer.step("patches").op
+    weights = load_file(folder / "model.safetensors")
+    kernel = next(v for k, v in weights.items() if k.endswith(("patch_embeddings.projection.weight",
+                                                                  "patch_embedding.weight")) and "vision" in k
+                  or k.endswith("patch_embeddings.projection.weight"))
+    bias = weights[next(k for k in weights if k.endswith(("projection.bias", "patch_embedding.bias")))]
+    expected = F.conv2d(layer["pixel_values"].double(), kernel.double(), bias.double(), stride=PATCH)
+    torch.testing.assert_close(layer["patches"].double(), expected.flatten(2).transpose(1, 2), atol=1e-5, rtol=1e-5)
+    assert result.picture.grid.n_patches == GRID * GRID and result.picture.image.size == (SIZE, SIZE)
+
+
+def test_cli_views(towers, tmp_path):
+    """The terminal shows the overlay; --json names the grid and is the same pattern; --svg embeds the image
+    under the weights; --html carries the image to the page; --check passes."""
+    folders, image = towers
+    folder = str(folders["dinov2_with_registers"][0])
+    shown = run_main("head", "--model", folder, "--image", str(image), "--layer", "1", "--head", "2")
+    assert shown.code == 0, shown.stderr
+    assert "query [CLS]'s weights over the image" in shown.stdout
+    assert "apart from the image: [CLS]" in shown.stdout and "reg1" in shown.stdout
+    assert max(len(line) for line in shown.stdout.splitlines()) <= 80
+    out = run_main("head", "--model", folder, "--image", str(image), "--layer", "1", "--head", "2", "--json",
+                   "--all-layers", "--check")
+    assert out.code == 0, out.stderr
+    data = out.json()
+    assert data["params"]["image"] == str(image)
+    grid = data["image"]
+    assert (grid["rows"], grid["cols"], grid["n_patches"], grid["first_patch"]) == (GRID, GRID, GRID * GRID, 3)
+    assert grid["prefix"] == ["[CLS]", "reg0", "reg1"]
+    cls_row = torch.tensor(data["attention"])[0]
+    torch.testing.assert_close(torch.tensor(grid["overlays"][0]["patches"]).flatten(), cls_row[3:], atol=1e-6,
+                               rtol=0)
+    assert all(c["max_abs_diff"] <= c["tolerance"] for c in data["check"]), data["check"]
+    svg = tmp_path / "over.svg"
+    page = tmp_path / "page.html"
+    done = run_main("head", "--model", folder, "--image", str(image), "--layer", "1", "--svg", str(svg),
+                    "--html", str(page))
+    assert done.code == 0, done.stderr
+    text = svg.read_text()
+    assert text.startswith("<svg") and "data:image/png;base64," in text and text.count('class="p"') == GRID * GRID
+    assert "<title>p(3,3): " in text
+    assert "data:image/png;base64," in page.read_text()
+
+
+def test_siglip_shows_the_mean_row(towers):
+    folders, image = towers
+    result = run_head(HeadOptions(model=str(folders["siglip_vision_model"][0]), layer=0, head=3, image=str(image)))
+    from attnscope.render.overlay import head_overlays
+
+    (overlay,) = head_overlays(result)
+    assert "mean" in overlay.title and overlay.prefix == []
+    mean = result.attention.double().mean(0).reshape(GRID, GRID)
+    torch.testing.assert_close(torch.tensor(overlay.cells, dtype=torch.float64), mean)
+
+
+def test_json_is_strict(towers):
+    folders, image = towers
+    out = run_main("head", "--model", str(folders["vit"][0]), "--image", str(image), "--json")
+    assert out.code == 0
+    json.loads(out.stdout, parse_constant=lambda name: pytest.fail(f"JSON holds {name}"))
