@@ -4,7 +4,8 @@ own processor (tokenizer + image processor, built offline) beside it, and a test
 - gemma3: Gemma3ForConditionalGeneration, a SigLIP tower on 28 px (2 x 2 patches of 14), 4 image tokens per image
   (a 2 x 2 grid), layers sliding (window 4), sliding, full: the image block is bidirectional on every kind.
 - llama4: Llama4ForConditionalGeneration, 56 px (4 x 4 patches), pixel shuffle 0.5: 4 <|patch|> tokens (2 x 2),
-  RoPE + chunked layers 0, 2 (chunks of 4) and NoPE layers 1, 3.
+  RoPE + chunked layers 0, 2 (chunks of 4) and NoPE layers 1, 3. Its folder holds the tokenizer only:
+  Llama4ImageProcessorFast needs torchvision, not installed here.
 - llava: LlavaForConditionalGeneration over a LLaMA (GQA, biases), a CLIP tower on 28 px: 4 <image> tokens (2 x 2).
 - llava_mistral: the same over a Mistral with a window of 4.
 Qwen's processors need torchvision for their video half (not installed here), so their folders hold the tokenizer
@@ -75,17 +76,16 @@ def _llama4():
     specials = ["<|image_start|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>", "<|tile_y_separator|>",
                 "<|image_end|>"]
     tokenizer = _llama_tokenizer(specials)
-    vision = tf.Llama4VisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+    # Llama4VisionMLP2's fc1 reads the pixel-shuffled patches: intermediate_size = hidden_size / 0.5²
+    vision = tf.Llama4VisionConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                                    image_size=56, patch_size=14, vision_output_dim=16, projector_input_dim=16,
-                                   projector_output_dim=32, pixel_shuffle_ratio=0.5, initializer_range=0.3)
+                                   projector_output_dim=16, pixel_shuffle_ratio=0.5, initializer_range=0.3)
     text = _llama4_text(len(tokenizer))
     config = tf.Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
                              image_token_index=tokenizer.convert_tokens_to_ids("<|patch|>"),
                              boi_token_index=tokenizer.convert_tokens_to_ids("<|image_start|>"),
                              eoi_token_index=tokenizer.convert_tokens_to_ids("<|image_end|>"))
-    images = tf.Llama4ImageProcessor(size={"height": 56, "width": 56}, max_patches=1)
-    processor = tf.Llama4Processor(images, tokenizer, patch_size=14, pixel_shuffle_ratio=0.5)
-    return config, tf.Llama4ForConditionalGeneration, processor
+    return config, tf.Llama4ForConditionalGeneration, (tokenizer,)  # its image processor needs torchvision
 
 
 def _llava(text_model: str):

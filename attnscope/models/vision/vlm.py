@@ -106,6 +106,14 @@ def place(folder: Path, config: Config, text: str, picture: Image.Image) -> Imag
     except (ValueError, TypeError, KeyError, RuntimeError, IndexError) as exc:
         raise UsageError(f"{{image}}: the model's processor cannot read the text with the image "
                          f"({_first_line(exc)})", "image") from None
+    return found(config, inputs, processor.tokenizer, prompt, made_by, notes)
+
+
+def found(config: Config, inputs: dict[str, Any], tokenizer: Any, prompt: str, made_by: str,
+          notes: list[str] | None = None) -> ImageTokens:
+    """The processor's output read: the image's positions (`config.image_token_id`'s), its runs, their grids and
+    every token's label."""
+    notes = list(notes or [])
     ids = [int(i) for i in inputs["input_ids"][0]]
     wanted = image_token_id(config)
     image = [i == wanted for i in ids]
@@ -114,7 +122,7 @@ def place(folder: Path, config: Config, text: str, picture: Image.Image) -> Imag
                          "config and processor disagree", "image")
     runs = _runs(image)
     grids = _grids(runs, inputs.get("image_grid_thw"), config)
-    labels = _labels(processor, ids, runs, grids)
+    labels = _labels(tokenizer, ids, runs, grids)
     if len(runs) > 1:
         notes.append(f"the image fills {counted(len(runs), 'run')} of tokens (tiles, crops or a global view, as "
                      f"the processor cut it): the first labelled img(r,c), the next img2(r,c), ...")
@@ -146,8 +154,10 @@ def _processor(folder: Path, config: Config) -> tuple[Any, str, list[str]]:
     except (OSError, ValueError, TypeError, KeyError, ImportError, AttributeError) as exc:
         why = "it needs torchvision, not installed" if "torchvision" in str(exc).lower() else _first_line(exc)
     if not config.model_type.startswith("qwen"):
-        raise UsageError(f"{{model}} {folder}: transformers cannot build this model's processor ({why}); "
-                         "Llama 4's image processor needs torchvision: pip install torchvision", "model")
+        fix = "pip install torchvision" if "torchvision" in why else "save it beside the weights with " \
+            "AutoProcessor.save_pretrained(folder)"
+        raise UsageError(f"{{model}} {folder}: transformers cannot build this model's processor ({why}); {fix}",
+                         "model")
     from transformers import AutoTokenizer
 
     from attnscope.models.vision.processor import load_processor
@@ -242,9 +252,9 @@ def _grids(runs: list[tuple[int, int]], grid_thw: Any, config: Config) -> list[t
     return out
 
 
-def _labels(processor: Any, ids: list[int], runs: list[tuple[int, int]], grids: list[tuple[int, int]]) -> list[str]:
+def _labels(tokenizer: Any, ids: list[int], runs: list[tuple[int, int]], grids: list[tuple[int, int]]) -> list[str]:
     """The tokenizer's pieces, and `img(r,c)` (`img2(r,c)` for a second run) at the image's positions."""
-    labels = [str(t) for t in processor.tokenizer.convert_ids_to_tokens(ids)]
+    labels = [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
     for k, ((start, stop), (rows, cols)) in enumerate(zip(runs, grids, strict=True)):
         name = "img" if k == 0 else f"img{k + 1}"
         for j in range(stop - start):

@@ -1,0 +1,177 @@
+"""Vision-language models with --text and --image (models/vision/vlm*.py, runs/vlm.py): a tiny random VLM per
+family with its processor saved beside it (tests/tiny_vlm.py), a test image drawn here; the image's tokens where
+the model's processor puts them, labelled img(r,c), and every layer's heads equal to transformers' eager
+output_attentions of the full VLM, Gemma 3's bidirectional image block included; each text query's share of
+weight on the image against a float64 sum of eager's pattern; the command line's output and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cli_main import run_main
+from tiny_vlm import TEXT, build, eager_attentions, image
+
+from attnscope.models.config import read_config
+from attnscope.models.vision import vlm, vlm_run
+from attnscope.models.vision.image import read_image
+
+ATOL = 1e-5
+PROCESSED = ("gemma3", "llava", "llava_mistral", "qwen2_5_vl", "qwen3_vl")  # their processors read offline
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    return image(tmp_path_factory.mktemp("picture") / "cat.png")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(name)
+            cache[name] = folder, build(name, folder)
+        return cache[name]
+
+    return get
+
+
+def _every_layer(folder, config, tokens, n_layer: int) -> list[torch.Tensor]:
+    """attnscope's layer L, every head `[n_head, n_tokens, n_tokens]`, for each L: the family page's run from the
+    model's embeddings, or the attention interface's record."""
+    if vlm.VLM_TYPES[config.model_type] is None:
+        return [vlm_run.interface(folder, config, tokens, L).attention for L in range(n_layer)]
+    model = vlm_run.text_family(folder, config, tokens)
+    h0 = vlm_run.embeddings(folder, config, tokens)
+    return [vlm_run.page(model, h0, L, 0).layer["attention"][0] for L in range(n_layer)]
+
+
+@pytest.mark.parametrize("name", PROCESSED)
+def test_every_layer_equals_eager(name, built, picture):
+    folder, model = built(name)
+    ids, theirs = eager_attentions(model, folder, TEXT, picture)
+    config = read_config(folder)
+    tokens = vlm.place(folder, config, TEXT, read_image(picture))
+    assert tokens.ids == ids  # the processor's own placement
+    assert tokens.grids == [(2, 2)] and tokens.n_image == 4
+    first = tokens.image.index(True)
+    assert tokens.labels[first:first + 4] == ["img(0,0)", "img(0,1)", "img(1,0)", "img(1,1)"]
+    assert not any(label.startswith("img") for label, on in zip(tokens.labels, tokens.image, strict=True) if not on)
+    for L, ours in enumerate(_every_layer(folder, config, tokens, len(theirs))):
+        reference = theirs[L][0]  # [n_head, n_tokens, n_tokens]
+        assert ours.shape == reference.shape
+        assert torch.allclose(ours, reference, atol=ATOL), f"{name} layer {L}: {(ours - reference).abs().max()}"
+
+
+def test_llama4_every_layer_equals_eager(built, picture):
+    """Llama 4's image processor needs torchvision (not installed), so the prompt is Llama4Processor's own
+    `_prompt_split_image` for one tile and the pixels its normalization by hand (mean = std = 0.5); the text
+    model's chunked and NoPE layers run on attnscope's page from the model's embeddings."""
+    import numpy as np
+    import transformers as tf
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    folder, model = built("llama4")
+    per_tile = (56 // 14) ** 2 // 4  # pixel shuffle 0.5: 4 patches a token
+    prompt = tf.Llama4Processor._prompt_split_image(None, (1, 1), per_tile) + TEXT
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with Image.open(picture) as opened:
+        rgb = np.asarray(opened.convert("RGB").resize((56, 56), Image.BILINEAR), dtype=np.float32)
+    pixels = (torch.from_numpy(rgb).permute(2, 0, 1)[None] / 255 - 0.5) / 0.5  # [1, 3, 56, 56]
+    inputs = {**tokenizer(prompt, return_tensors="pt"), "pixel_values": pixels}
+    config = read_config(folder)
+    tokens = vlm.found(config, inputs, tokenizer, prompt, "by hand")
+    assert tokens.grids == [(2, 2)]
+    with torch.no_grad():
+        theirs = model(**inputs, output_attentions=True).attentions
+    for L, ours in enumerate(_every_layer(folder, config, tokens, len(theirs))):
+        assert torch.allclose(ours, theirs[L][0], atol=ATOL), f"layer {L}: {(ours - theirs[L][0]).abs().max()}"
+
+
+def test_gemma3_image_block_sees_both_ways(built, picture):
+    """In Gemma 3 an image token attends to the image's later tokens (eager does too), a text token never to a
+    later one; and the mask is transformers' own, create_masks_for_vision_model's, on every layer type."""
+    from transformers.models.gemma3.modeling_gemma3 import (
+        create_masks_for_vision_model,
+        get_block_sequence_ids_for_mask,
+    )
+
+    from attnscope.models.vision.vlm_gemma3 import image_mask
+
+    folder, model = built("gemma3")
+    _, theirs = eager_attentions(model, folder, TEXT, picture)
+    tokens = vlm.place(folder, read_config(folder), TEXT, read_image(picture))
+    first = tokens.image.index(True)
+    assert float(theirs[2][0][:, first, first + 3].min()) > 0  # img(0,0) sees img(1,1), after it
+    types = torch.tensor([tokens.image], dtype=torch.long)
+    text_config = model.config.get_text_config()
+    embeds = torch.zeros(1, len(tokens.ids), text_config.hidden_size)
+    masks = create_masks_for_vision_model(text_config, embeds, None, None, None,
+                                          get_block_sequence_ids_for_mask(types))
+    for kind, window in (("full_attention", None), ("sliding_attention", text_config.sliding_window)):
+        reference = masks[kind][0, 0]
+        reference = reference if reference.dtype == torch.bool else reference == 0
+        assert torch.equal(image_mask(tokens.blocks(), window), reference), kind
+
+
+def test_image_share_is_the_rows_sum_over_the_image(built, picture):
+    folder, model = built("llava")
+    _, theirs = eager_attentions(model, folder, TEXT, picture)
+    tokens = vlm.place(folder, read_config(folder), TEXT, read_image(picture))
+    pattern = theirs[1][0].double()  # [n_head, n_tokens, n_tokens]
+    expected = torch.stack([pattern[:, :, k] for k, on in enumerate(tokens.image) if on], dim=-1).sum(-1)
+    assert torch.allclose(vlm.image_share(pattern, tokens.image), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen2_5_vl"])
+def test_command_line_json_and_check(name, built, picture):
+    folder, _ = built(name)
+    out = run_main("head", "--model", str(folder), "--layer", "1", "--head", "1", "--text", TEXT, "--image",
+                   str(picture), "--check", "--json")
+    assert out.code == 0, out.stderr
+    data = out.json()
+    assert data["check_passed"] is True
+    first = data["image_tokens"][0]
+    assert data["image_tokens"] == list(range(first, first + 4)) and data["image_grids"] == [[2, 2]]
+    assert data["tokens"][first:first + 4] == ["img(0,0)", "img(0,1)", "img(1,0)", "img(1,1)"]
+    share = torch.tensor(data["image_share"])  # [n_head, n_tokens]
+    pattern = torch.tensor(data["attention"])  # head 1's [n_tokens, n_tokens]
+    assert torch.allclose(share[1], pattern[:, first:first + 4].sum(-1), atol=1e-6)
+    assert data["tracer"] == ("attnscope" if name == "gemma3" else "attention-interface")
+
+
+def test_terminal_table(built, picture):
+    folder, _ = built("llava")
+    out = run_main("head", "--model", str(folder), "--layer", "1", "--text", TEXT, "--image", str(picture))
+    assert out.code == 0, out.stderr
+    assert "each text query's weight on the image's 4 tokens" in out.stdout
+    assert "img(1,1)" in out.stdout and "mean of heads" in out.stdout
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80
+
+
+def test_refusals(built, picture, tmp_path):
+    folder, _ = built("llava")
+    not_image = tmp_path / "notes.png"
+    not_image.write_text("not a picture")
+    cases = [
+        (["--image", str(not_image), "--text", TEXT], "is not an image"),
+        (["--image", str(picture)], "add --text"),
+        (["--image", str(picture), "--text", TEXT, "--all-layers"], "drop --all-layers"),
+        (["--image", str(picture), "--text", TEXT, "--layer", "5"], "--layer 5 is out of range"),
+    ]
+    for args, said in cases:
+        out = run_main("head", "--model", str(folder), *args)
+        assert out.code == 2 and len(out.error_lines) == 1 and said in out.stderr, (args, out.stderr)
+    llama4, _ = built("llama4")  # no processor saved: Llama 4's needs torchvision
+    out = run_main("head", "--model", str(llama4), "--text", TEXT, "--image", str(picture))
+    assert out.code == 2 and len(out.error_lines) == 1 and "processor" in out.stderr, out.stderr
+
+
+def test_a_text_model_refuses_an_image(tmp_path, picture):
+    from tiny_models import build as build_text
+
+    build_text("llama", tmp_path / "llama")
+    out = run_main("head", "--model", str(tmp_path / "llama"), "--text", TEXT, "--image", str(picture))
+    assert out.code == 2 and len(out.error_lines) == 1 and "vision-language" in out.stderr, out.stderr
