@@ -124,48 +124,53 @@ def _modules(family: str, model):
 
 @pytest.mark.parametrize("family", ["llama", "bert", "gpt_oss"])
 def test_readings_equal_the_reference_from_transformers(tiny, runner, family):
-    """Every layer's value_norms, moved, sinks_share, layer L's steps and heads entries, and both rollouts: the
-    CLI's JSON against the loops above fed with transformers' eager tensors (float32 forwards: 2e-5), and
-    attnscope's reading functions fed with the same tensors (the arithmetic alone: 1e-6 in float64)."""
     folder, model = tiny(family)
     payload = json.loads(runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "1",
                                              "--text", TEXT, "--all-layers", "--all-heads", "--json"]).stdout)
-    attentions, V, W_O = eager_with_values(model, payload["token_ids"], *_modules(family, model))
+    assert_readings(payload, model, *_modules(family, model), sinks=family == "gpt_oss", atol=2e-5)
+
+
+def assert_readings(payload: dict, model, values: list, outs: list, *, sinks: bool, atol: float) -> None:
+    """Every layer's value_norms, moved, sinks_share, layer L's steps and heads entries, and both rollouts: the
+    CLI's JSON (`--all-layers --all-heads --json`) against the loops above fed with transformers' eager tensors
+    (`atol`: float32 forwards differ), and attnscope's reading functions fed with the same tensors (the
+    arithmetic alone: 1e-6 in float64)."""
+    attentions, V, W_O = eager_with_values(model, payload["token_ids"], values, outs)
     n_head = attentions[0].shape[1]
     norms = [ref_value_norms(v, w, n_head) for v, w in zip(V, W_O, strict=True)]
-    sinks = [1 - A[0].double().sum(-1) for A in attentions] if family == "gpt_oss" else [None] * len(attentions)
+    parked = [1 - A[0].double().sum(-1) if sinks else None for A in attentions]  # the dropped sink column
     for layer, (entry, A) in enumerate(zip(payload["all_layers"], attentions, strict=True)):
         torch.testing.assert_close(torch.tensor(entry["value_norms"], dtype=torch.float64), norms[layer],
-                                   atol=2e-5, rtol=2e-5)
-        reference = ref_shares(A[0], norms[layer], sinks[layer])
-        assert_shares(entry["sinks_share"], reference, atol=2e-5)
+                                   atol=atol, rtol=atol)
+        reference = ref_shares(A[0], norms[layer], parked[layer])
+        assert_shares(entry["sinks_share"], reference, atol=atol)
         # the arithmetic alone, on transformers' own tensors: 1e-6
         d_head = W_O[layer].shape[1] // n_head
         mine = value_norms(V[layer].view(len(V[layer]), -1, d_head).transpose(0, 1), W_O[layer])  # [n_kv, n, d]
         torch.testing.assert_close(mine, norms[layer], atol=1e-6, rtol=0)
-        assert_shares(sink_shares(A[0], None if sinks[layer] is None else sinks[layer].float(), mine),
-                      reference, atol=1e-6)
+        assert_shares(sink_shares(A[0], parked[layer], mine), reference, atol=1e-6)
         moved = (A[0].double() * norms[layer][:, None, :]).sum(-1).mean(-1)
-        torch.testing.assert_close(torch.tensor(entry["moved"], dtype=torch.float64), moved, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(torch.tensor(entry["moved"], dtype=torch.float64), moved, atol=atol, rtol=atol)
     # layer L's heads entries and steps
-    A1, n1 = attentions[1][0].double(), norms[1]
+    L = payload["params"]["layer"]
+    A_L, n_L = attentions[L][0].double(), norms[L]
     for h, head in enumerate(payload["heads"]):
-        torch.testing.assert_close(torch.tensor(head["weighted"], dtype=torch.float64), A1[h] * n1[h][None, :],
-                                   atol=2e-5, rtol=2e-5)
-        assert head["sinks_share"] == payload["all_layers"][1]["sinks_share"][h]
+        torch.testing.assert_close(torch.tensor(head["weighted"], dtype=torch.float64), A_L[h] * n_L[h][None, :],
+                                   atol=atol, rtol=atol)
+        assert head["sinks_share"] == payload["all_layers"][L]["sinks_share"][h]
     steps = [s["name"] for s in payload["steps"]]
     assert steps[-2:] == ["value_norms", "weighted"] and [s["name"] for s in payload["layer_steps"]][-2:] == steps[-2:]
     # rollout and value-weighted rollout, layer 0 up to the last
     layers = [A[0] for A in attentions]
     assert payload["rollout_layers"] == list(range(len(layers)))
     torch.testing.assert_close(torch.tensor(payload["rollout"], dtype=torch.float64), ref_rollout(layers),
-                               atol=2e-5, rtol=0)
+                               atol=atol, rtol=0)
     torch.testing.assert_close(torch.tensor(payload["rollout_weighted"], dtype=torch.float64),
-                               ref_rollout(layers, norms), atol=2e-5, rtol=0)
+                               ref_rollout(layers, norms), atol=atol, rtol=0)
     torch.testing.assert_close(rollout(layers), ref_rollout(layers), atol=1e-6, rtol=0)
     grid = payload["sinks_share"]
     assert grid["layers"] == list(range(len(layers))) and len(grid["first"][0]) == n_head
-    assert ("sink" in grid) == (family == "gpt_oss")
+    assert ("sink" in grid) == sinks
 
 
 def test_gpt_oss_sink_column_is_kept_and_moves_nothing(tiny, runner):
