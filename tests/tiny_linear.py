@@ -3,8 +3,8 @@ transformers' own configs and classes and saved with save_pretrained, with a sma
 (tiny_models.py's recipe).
 
 Each has both layer kinds: Qwen3-Next and Qwen3.5 linear, linear, full (gated, partial RoPE), linear; Kimi Linear
-linear, full (MLA without RoPE), linear. Qwen3-Next's linear layers have more value heads than key heads
-(grouped), its MLP in layer 1 routes through experts. Weights are drawn with std 0.3 off their init (norm weights,
+linear, full (MLA without RoPE), linear. The Qwen linear layers have 6 value heads served by 2 key heads (the full
+layers 4 heads), Qwen3-Next's MLP in layers 1 and 3 routes through experts. Weights are drawn with std 0.3 off their init (norm weights,
 A_log, dt_bias too); A_log is then moved to about -1.5 so the decays stay in (0, 1) without vanishing on a
 sentence (exp(g) per token around 0.6), which keeps M's far columns readable.
 """
@@ -20,7 +20,7 @@ FAMILIES = ("qwen3_next", "qwen3_5_text", "kimi_linear")
 COMMON = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2,
           "max_position_embeddings": 128, "tie_word_embeddings": False, "initializer_range": 0.3}
 LINEAR = {"linear_conv_kernel_dim": 3, "linear_key_head_dim": 8, "linear_value_head_dim": 6,
-          "linear_num_key_heads": 2, "linear_num_value_heads": 4}
+          "linear_num_key_heads": 2, "linear_num_value_heads": 6}
 QWEN_LAYERS = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
 
 

@@ -30,6 +30,7 @@ from attnscope.errors import UsageError
 from attnscope.models.qwen3_moe import Qwen3Moe
 from attnscope.multihead import MultiHeadAttention
 from attnscope.spec import AttentionSpec
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -81,7 +82,11 @@ class LinearLayers:
         from attnscope.models.family import check_position
 
         check_position(self.n_layer, self.n_head, layer, 0)
-        check_position(self.n_layer, self.heads_in(layer), layer, head)
+        n = self.heads_in(layer)
+        if not 0 <= head < n:
+            kind = "linear attention" if self.linear(layer) else "full attention"
+            raise UsageError(f"{{head}} {head} is out of range: layer {layer} ({kind}) has {counted(n, 'head')}, "
+                             f"0 to {n - 1}", "head")
 
     def linear_notes(self, layer: int) -> list[str]:
         from attnscope.linear_attention import EFFECTIVE_NOTE
@@ -97,6 +102,11 @@ class LinearLayers:
 
     def delta_inputs(self, layer: int, X: torch.Tensor, add: Any) -> DeltaInputs:
         raise NotImplementedError
+
+    def projections(self, layer: int) -> dict[str, Any]:
+        """A linear layer has no attention module's state dict to load (DeltaLayer reads its weights through
+        `delta_inputs`), so none; a full layer's as its family's."""
+        return {} if self.linear(layer) else super().projections(layer)  # type: ignore[misc, no-any-return]
 
     def head_trace(self, layer: Trace, head: int) -> Trace:
         if "effective_attention" not in layer:
@@ -160,11 +170,10 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         return GatedAttention
 
     def projections(self, layer: int) -> dict[str, Any]:
-        """The full layer's: q_proj cut into each head's query rows (W_q) and gate rows (W_gate); a linear layer
-        has no MultiHeadAttention to load (its weights: `linear_projections`), so none."""
-        if self.linear(layer):
-            return {}
+        """The full layer's: q_proj cut into each head's query rows (W_q) and gate rows (W_gate)."""
         state = super().projections(layer)
+        if not state:  # a linear layer (LinearLayers.projections)
+            return state
         q_w, q_b = _split_gate(state.pop("W_q.weight"), self.n_head, self.d_head), None
         if "W_q.bias" in state:
             q_b = _split_gate(state.pop("W_q.bias"), self.n_head, self.d_head)

@@ -1,0 +1,167 @@
+"""Linear attention layers (linear_attention.py) and the hybrids built on them (Qwen3-Next, Qwen3.5, Kimi Linear)
+against transformers' own eager models: tiny random checkpoints with every weight perturbed off its init
+(tests/tiny_linear.py). Every layer's output equals the module's own; a full layer's pattern equals eager
+output_attentions; a linear layer's exact matrix M, times the values after the convolution, equals the
+recurrence's output as transformers computes it (its gated norm's input) to 1e-5; M equals a float64 product of
+the recurrence's matrices written out here; greedy decoding gives transformers' tokens."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tiny_linear import FAMILIES, build, linear_modules
+from tiny_models import SENTENCE
+
+from attnscope.linear_attention import TOLERANCE, effective_matrix, recurrence
+from attnscope.models.tokenizer import encode
+from attnscope.runs.head import model_head, run_head
+from attnscope.runs.head_result import HeadOptions
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """family -> (folder, eager model, ids, attentions, each layer's attention output, each linear layer's
+    recurrence output before its gated norm), built the first time a test asks."""
+    cache: dict[str, tuple] = {}
+
+    def get(family: str):
+        if family not in cache:
+            folder = tmp_path_factory.mktemp(family)
+            model = build(family, folder)
+            ids = encode(folder, SENTENCE).ids
+            outputs, cores, hooks = {}, {}, []
+            for index, layer in enumerate(model.model.layers):
+                module = getattr(layer, "linear_attn", None) or layer.self_attn
+                hooks.append(module.register_forward_hook(
+                    lambda m, a, out, i=index: outputs.__setitem__(i, out[0] if isinstance(out, tuple) else out)))
+            for index, module in linear_modules(model).items():
+                norm = getattr(module, "norm", None) or module.o_norm  # its input: the recurrence's output
+                hooks.append(norm.register_forward_hook(lambda m, a, out, i=index: cores.__setitem__(i, a[0])))
+            with torch.no_grad():
+                attentions = model(torch.tensor([ids]), output_attentions=True).attentions
+            for hook in hooks:
+                hook.remove()
+            cache[family] = folder, model, ids, attentions, outputs, cores
+        return cache[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_layer_equals_transformers(built, family):
+    """Each layer's attention output (x), the full layers' patterns, and M @ V against the recurrence's output as
+    transformers computes it, for every layer of the model."""
+    folder, model, _, attentions, outputs, cores = built(family)
+    full = iter(attentions)
+    n_layer = len(model.model.layers)
+    for layer in range(n_layer):
+        result = model_head(folder, layer, 1, text=SENTENCE)
+        steps = result.run.layer
+        assert torch.allclose(steps["x"], outputs[layer], atol=1e-5, rtol=1e-4), layer
+        if layer in cores:
+            M, V = steps["effective_attention"][0].double(), steps["V_split"][0].double()  # [n_head, n, n], [.., d_V]
+            theirs = cores[layer].view(V.shape[1], V.shape[0], V.shape[2]).transpose(0, 1).double()  # [n_head, n, d_V]
+            assert (M @ V - theirs).abs().max() <= TOLERANCE * max(1.0, float(theirs.abs().max()))
+            assert "is equal to x_raw" in " ".join(steps.notes)
+            assert torch.equal(result.attention, result.all_heads[1])
+            assert "effective_attention" in result.run.head and "attention" not in steps
+        else:
+            assert torch.allclose(result.all_heads, next(full)[0], atol=1e-5)
+    assert next(full, None) is None  # every full layer was compared
+
+
+def _product_reference(q, k, g, beta):
+    """M[t, s] = q_t^T P_t P_(t-1) ... P_(s+1) beta_s k_s with P_r = (I - beta_r k_r k_r^T) D_r, the matrices
+    multiplied out in float64 (D_r = diag(exp(g_r)), a scalar decay broadcast over d_K)."""
+    n, d_K = q.shape
+    M = torch.zeros(n, n, dtype=torch.float64)
+    eye = torch.eye(d_K, dtype=torch.float64)
+    for s in range(n):
+        a = beta[s] * k[s]
+        M[s, s] = q[s] @ a
+        for t in range(s + 1, n):
+            D = torch.diag(g[t].exp() * torch.ones(d_K, dtype=torch.float64))
+            a = (eye - beta[t] * torch.outer(k[t], k[t])) @ D @ a
+            M[t, s] = q[t] @ a
+    return M
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_effective_matrix_is_the_product_of_the_recurrence(per_channel):
+    torch.manual_seed(3)
+    n, d_K, d_V = 7, 5, 3
+    q, k = torch.randn(1, 1, n, d_K, dtype=torch.float64), torch.randn(1, 1, n, d_K, dtype=torch.float64)
+    k = k / k.norm(dim=-1, keepdim=True)
+    g = -torch.rand(1, 1, n, d_K) if per_channel else -torch.rand(1, 1, n)
+    beta = torch.rand(1, 1, n, dtype=torch.float64)
+    empty = torch.zeros(1, 1, d_K, 0, dtype=torch.float64)
+    M, _ = effective_matrix(q, k, g, beta, empty)
+    assert torch.allclose(M[0, 0], _product_reference(q[0, 0], k[0, 0], g[0, 0].double(), beta[0, 0]), atol=1e-12)
+    v = torch.randn(1, 1, n, d_V, dtype=torch.float64)
+    out, _ = recurrence(q, k, v, g.double(), beta, torch.zeros(1, 1, d_K, d_V, dtype=torch.float64))
+    assert torch.allclose(M[0, 0] @ v[0, 0], out[0, 0], atol=1e-12)
+    # in two pieces, the second carrying the first's effective keys: the same rows
+    first, A = effective_matrix(q[..., :4, :], k[..., :4, :], g[:, :, :4], beta[..., :4], empty)
+    second, _ = effective_matrix(q[..., 4:, :], k[..., 4:, :], g[:, :, 4:], beta[..., 4:], A)
+    assert torch.allclose(torch.cat([torch.nn.functional.pad(first, (0, 3)), second], dim=-2), M, atol=1e-12)
+
+
+def test_against_transformers_recurrent_rule():
+    """M @ V against transformers' own `torch_recurrent_gated_delta_rule` on random inputs, with grouped heads."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
+
+    torch.manual_seed(5)
+    n, n_k, n_v, d_K, d_V = 9, 2, 4, 6, 5
+    q, k = torch.randn(1, n, n_k, d_K), torch.randn(1, n, n_k, d_K)
+    v, beta, g = torch.randn(1, n, n_v, d_V), torch.rand(1, n, n_v), -torch.rand(1, n, n_v)
+    theirs, _ = torch_recurrent_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    qn = torch.nn.functional.normalize(q, dim=-1, eps=0).repeat_interleave(2, dim=2).transpose(1, 2) / math.sqrt(d_K)
+    kn = torch.nn.functional.normalize(k, dim=-1, eps=0).repeat_interleave(2, dim=2).transpose(1, 2)
+    M, _ = effective_matrix(qn, kn, g.transpose(1, 2), beta.transpose(1, 2), torch.zeros(1, n_v, d_K, 0))
+    mine = M @ v.transpose(1, 2).double()  # [1, n_v, n, d_V]
+    assert torch.allclose(mine.float(), theirs.transpose(1, 2), atol=1e-4)  # eps 1e-6 in their l2norm, 0 here
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_carries_the_state(built, family):
+    """Greedy decoding through every layer, the linear layers' state carried step to step: transformers' tokens;
+    the cache grows only by the full layers' keys and values."""
+    folder, model, ids, *_ = built(family)
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)[0, len(ids):].tolist()
+    result = run_head(HeadOptions(model=str(folder), layer=0, head=2, text=SENTENCE, generate=4))
+    assert [step.token_id for step in result.decode] == theirs
+    first, second = result.decode[0], result.decode[1]
+    n_head = 4 if family == "kimi_linear" else 6  # layer 0's: a linear layer's value heads
+    assert first.attention.shape == (n_head, len(ids)) and second.attention.shape == (n_head, len(ids) + 1)
+    grown = second.kv_cache_bytes - first.kv_cache_bytes
+    full = [i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention"]
+    assert 0 < grown <= 4 * 64 * len(full)  # one position's keys and values (or latent) in each full layer
+
+
+def test_all_layers_and_json(built, runner):
+    """--all-layers shows every layer, the linear ones as their exact matrix, with statistics that are numbers."""
+    from attnscope.cli import app
+
+    folder, *_ = built("qwen3_next")
+    result = run_head(HeadOptions(model=str(folder), layer=0, head=0, text=SENTENCE, all_layers=True))
+    assert result.layer_numbers == [0, 1, 2, 3]
+    for layer in result.layers:
+        assert all(math.isfinite(v) for head in layer.heads for v in head["stats"].values())
+    out = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "3", "--text", SENTENCE,
+                              "--json"])
+    assert out.exit_code == 0, out.output
+    assert "NaN" not in out.stdout and "effective_attention" in out.stdout
+
+
+def test_head_range_is_the_layers_own(built, runner):
+    from attnscope.cli import app
+
+    folder, *_ = built("qwen3_next")
+    assert model_head(folder, 0, 5, text=SENTENCE).attention.shape[0] == len(encode(folder, SENTENCE).ids)
+    out = runner.invoke(app, ["head", "--model", str(folder), "--layer", "0", "--head", "6", "--text", SENTENCE])
+    assert out.exit_code == 2 and "--head 6 is out of range: layer 0 (linear attention) has 6 heads" in out.stderr
+    out = runner.invoke(app, ["head", "--model", str(folder), "--layer", "2", "--head", "5", "--text", SENTENCE])
+    assert out.exit_code == 2 and "--head 5 is out of range: layer 2 (full attention) has 4 heads" in out.stderr
