@@ -68,9 +68,12 @@ def read_header(path: str | Path, param: str = "image") -> Header:
         raise UsageError(f"{{{param}}} {path} declares more than {pixel_limit():,} pixels (Pillow's decompression-"
                          f"bomb limit); shrink it first, e.g. to 1024 px on its longer side", param) from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        if "truncat" in str(exc).lower() or isinstance(exc, EOFError):
+            raise UsageError(f"{{{param}}} {path} is truncated: the file ends inside its header ({_why(exc)}); give "
+                             "the whole file", param) from None
         raise UsageError(f"{{{param}}} {path}: its header cannot be read ({_why(exc)}); {fix}", param) from None
     if header.format not in FORMATS:
-        raise UsageError(f"{{{param}}} {path} is a {header.format} image; attnscope reads {', '.join(FORMATS)}: "
+        raise UsageError(f"{{{param}}} {path} is an image in {header.format} format; attnscope reads {', '.join(FORMATS)}: "
                          f"convert it to PNG first", param)
     if header.width < 1 or header.height < 1:
         raise UsageError(f"{{{param}}} {path} is {header.width} x {header.height} pixels: it holds no pixels; "
