@@ -73,8 +73,8 @@ def read_header(path: str | Path, param: str = "image") -> Header:
                              "the whole file", param) from None
         raise UsageError(f"{{{param}}} {path}: its header cannot be read ({_why(exc)}); {fix}", param) from None
     if header.format not in FORMATS:
-        raise UsageError(f"{{{param}}} {path} is an image in {header.format} format; attnscope reads {', '.join(FORMATS)}: "
-                         f"convert it to PNG first", param)
+        raise UsageError(f"{{{param}}} {path} is an image in {header.format} format; attnscope reads "
+                         f"{', '.join(FORMATS)}: convert it to PNG first", param)
     if header.width < 1 or header.height < 1:
         raise UsageError(f"{{{param}}} {path} is {header.width} x {header.height} pixels: it holds no pixels; "
                          f"{fix}", param)
