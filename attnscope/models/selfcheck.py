@@ -1,0 +1,149 @@
+"""The self-check of a trace through transformers' attention interface: does the traced layer reproduce what the
+model's own module returns?
+
+The interface tracer (interface.py) sees only what a module hands its attention function. A module may do more
+that the function never sees: DeepSeek-V3.2 folds its indexer's top-k into the mask only for eager and SDPA, and
+hands any other implementation the indices as a keyword no eager function reads, so a trace of what the
+interface sees would show a dense pattern the model never computes. So on every checked layer, once the module
+has returned (its output made from the recorded `out`, which the attention function hands back), the module
+runs again on the same inputs with transformers' own eager implementation, and the two outputs are held
+together. A difference past the dtype's tolerance (check.py's, ten times over: the output has been through
+the module's own projection) is a `Failure` naming the step that could not be reproduced (`attention` where
+the eager module's weights differ from the recorded pattern, else `out`), and the run falls back to eager's
+pattern alone (truncated.py, interface_stream.py), never `traced`.
+
+Hooks on every module with a `layer_idx` (transformers' attention modules have one) keep each call's inputs;
+a module the interface was not called from is left alone. A decode step's cache is the module's to update
+once: the layer's cache entry is copied before the call and the re-run reads the copy.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import torch
+
+    from attnscope.models.interface import Recorder
+
+EAGER = "eager"
+SLACK = 10  # the module output's tolerance: the dtype's, ten times over (it has been through o_proj)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Layer `layer`'s module returned something the trace does not reproduce: `step` is the first step that
+    differs from the eager module's (its weights, or its output), by `diff`."""
+
+    layer: int
+    step: str
+    diff: float
+
+    def note(self) -> str:
+        what = "its output and attention weights differ" if self.step == "attention" else "its output differs"
+        return (f"self-check: layer {self.layer}'s module does something its attention function is not handed: "
+                f"the step '{self.step}' could not be reproduced ({what} from the module's own eager run, by "
+                f"{self.diff:.2e}); shown is transformers' eager output_attentions, the pattern only, not traced")
+
+
+@contextmanager
+def watching(model: Any, recorder: Recorder) -> Iterator[None]:
+    """Hooks on `model`'s modules with a `layer_idx`: each call's inputs kept (and its layer's cache entry
+    copied), and after a module the interface recorded from returns, `check`."""
+    handles = []
+    inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any], Any]] = {}
+
+    def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        inputs[id(module)] = (args, kwargs, _cache_entry(module, _cache_of(args, kwargs)))
+
+    def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if recorder.caller is not module:
+            return
+        recorder.caller = None
+        kept = inputs.pop(id(module), None)
+        # a cache this check cannot copy is left unchecked: no module runs twice on it
+        if kept is not None and recorder.failure is None and (_cache_of(*kept[:2]) is None or kept[2] is not None):
+            recorder.failure = check(module, kept, output)
+            recorder.checked += 1
+        if recorder.stop and recorder.recorded is not None:
+            from attnscope.models.interface import Reached
+
+            raise Reached
+
+    for module in model.modules():
+        if isinstance(getattr(module, "layer_idx", None), int) and hasattr(module, "config"):
+            handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+            handles.append(module.register_forward_hook(after, with_kwargs=True))
+            recorder.watched.add(id(module))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def check(module: Any, kept: tuple[tuple[Any, ...], dict[str, Any], Any], output: Any) -> Failure | None:
+    """The module again on the same inputs with eager attention, against what it returned traced."""
+    from attnscope.check import tolerance
+    from attnscope.models.interface import pause
+
+    args, kwargs, entry = kept
+    ours = output if isinstance(output, tuple) else (output,)
+    config = module.config
+    implementation = config._attn_implementation
+    cache = _cache_of(args, kwargs)
+    held = None
+    if cache is not None:
+        held, cache.layers[module.layer_idx] = cache.layers[module.layer_idx], entry
+    try:
+        config._attn_implementation = EAGER
+        with pause():
+            eager = module.forward(*args, **kwargs)
+    finally:
+        config._attn_implementation = implementation
+        if held is not None:
+            cache.layers[module.layer_idx] = held
+    eager = eager if isinstance(eager, tuple) else (eager,)
+    atol, rtol = tolerance(ours[0].dtype)
+    diff = _diff(ours[0], eager[0], SLACK * atol, SLACK * rtol)
+    if diff is None:
+        return None
+    weights = _diff(ours[1], eager[1], atol, rtol) if len(ours) > 1 and len(eager) > 1 else None
+    return Failure(module.layer_idx, "attention" if weights is not None else "out", diff)
+
+
+def _diff(ours: torch.Tensor | None, eager: torch.Tensor | None, atol: float, rtol: float) -> float | None:
+    """The largest difference where it is past `atol + rtol·|eager|` (or the shapes differ), else None."""
+    import torch
+
+    if not isinstance(ours, torch.Tensor) or not isinstance(eager, torch.Tensor):
+        return None
+    if ours.shape != eager.shape:
+        return float("inf")
+    gap = (ours.double() - eager.double()).abs()
+    if bool((gap <= atol + rtol * eager.double().abs()).all()):
+        return None
+    return float(gap.max())
+
+
+def _cache_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The transformers `Cache` a module was handed, under whichever name (`past_key_values`, GPT-NeoX's
+    `layer_past`), or None."""
+    from transformers.cache_utils import Cache
+
+    return next((value for value in (*args, *kwargs.values()) if isinstance(value, Cache)), None)
+
+
+def _cache_entry(module: Any, cache: Any) -> Any:
+    """A copy of the module's layer in the cache it was handed (None without one, or where it has no
+    `layers` list holding that layer)."""
+    import copy
+
+    layers = getattr(cache, "layers", None)
+    if cache is None or not isinstance(layers, list) or not module.layer_idx < len(layers):
+        return None
+    return copy.deepcopy(layers[module.layer_idx])
