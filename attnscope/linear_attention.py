@@ -27,6 +27,7 @@ convolution's last kernel - 1 inputs).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,8 @@ def recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, S: Tens
     import torch
 
     out = torch.zeros_like(v)
+    if q.is_meta:  # the layer's steps as shapes (models/long.py): no loop over meta tensors
+        return out, S.expand(*q.shape[:2], *S.shape[-2:])
     for t in range(q.shape[-2]):
         decay = g[:, :, t].exp()  # [n_batch, n_head] or [n_batch, n_head, d_K]
         S = S * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
@@ -160,6 +163,8 @@ def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, A: Tensor) -
     n_cache = A.shape[-1]
     A = torch.cat([A.to(torch.float64), A.new_zeros(n_batch, n_head, d_K, n)], dim=-1)  # [.., d_K, n_cache + n]
     M = q.new_zeros(n_batch, n_head, n, n_cache + n)
+    if q.is_meta:  # shapes only
+        return M, A
     for t in range(n):
         decay = g[:, :, t].exp()
         A = A * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
@@ -193,8 +198,17 @@ def delta_rule(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearSt
     V_split, Q_normed, K_normed, beta, g, effective_attention, x_raw, state, gate, x_gated, x. Returns x
     `[n_batch, n, d_model]`, the state after, and M @ V's largest difference from x_raw relative to x_raw's
     largest entry (at least 1), None when M was not computed (`record` False)."""
+    s = sizes
+    q, k, v, beta, g, conv_state = _heads(add, inputs, sizes, state)
+    S_before = state.S if state is not None else q.new_zeros(q.shape[0], s.n_head, s.d_K, s.d_V)
+    return _rest(add, inputs, sizes, state, record, (q, k, v, beta, g, conv_state, S_before))
+
+
+def _heads(add: Any, inputs: DeltaInputs, sizes: DeltaSizes,
+           state: LinearState | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The convolution and the heads: Q_normed, K_normed, V_split, beta, g as the recurrence reads them, and the
+    convolution's state after."""
     import torch
-    import torch.nn.functional as F
 
     s = sizes
     n_batch, n = inputs.mixed.shape[:2]
@@ -227,7 +241,19 @@ def delta_rule(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearSt
     g = add("g", inputs.g.float().transpose(1, 2), g_dims,
             "the log-decay, <= 0: the state is multiplied by exp(g) before each token" +
             (" (one per key channel)" if s.per_channel else ""), 4 * inputs.g.numel())
-    S_before = state.S if state is not None else q.new_zeros(n_batch, s.n_head, s.d_K, s.d_V)
+    return q, k, v, beta, g, conv_state
+
+
+def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState | None, record: bool,
+          heads: tuple[Tensor, ...]) -> tuple[Tensor, LinearState, float | None]:
+    """delta_rule after the heads: the recurrence, M and its check, the gated norm, the output projection."""
+    import torch
+    import torch.nn.functional as F
+
+    s = sizes
+    q, k, v, beta, g, conv_state, S_before = heads
+    n_batch, n = inputs.mixed.shape[:2]
+    new = "n_tokens" if state is None else "n_new"
     x_raw, S = recurrence(q, k, v, g, beta, S_before)
     A_before = state.A if state is not None else q.new_zeros(n_batch, s.n_head, s.d_K, 0, dtype=torch.float64)
     V_before = state.values if state is not None else v.new_zeros(n_batch, s.n_head, 0, s.d_V)
@@ -239,8 +265,9 @@ def delta_rule(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearSt
         add("effective_attention", M.to(torch.float32), ("n_batch", "n_head", new, keys),
             "the exact matrix M with x_raw = M @ V: the recurrence run on the identity in float64 (rows need not "
             "sum to 1)", 2 * s.n_head * n_batch * s.d_K * M.shape[-1] * (n + 2) * n)
-        difference = float((M @ values.to(torch.float64) - x_raw.to(torch.float64)).abs().max()) if n else 0.0
-        figure = difference / max(1.0, float(x_raw.abs().max()) if n else 1.0)
+        if n and not M.is_meta:
+            difference = float((M @ values.to(torch.float64) - x_raw.to(torch.float64)).abs().max())
+            figure = difference / max(1.0, float(x_raw.abs().max()))
     else:
         A = A_before
     add("x_raw", x_raw, ("n_batch", "n_head", new, "d_V"),
@@ -259,6 +286,26 @@ def delta_rule(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearSt
     x = add("x", F.linear(x_gated, inputs.out_weight), ("n_batch", new, "d_model"),  # [n_batch, n, d_model]
             "out_proj(x_gated)", cost.linear_flops((n_batch, n, inputs.out_weight.shape[0]), x_gated.shape[-1], False))
     return x, LinearState(conv_state, S, A, values), figure
+
+
+def effective_rows(inputs: DeltaInputs, sizes: DeltaSizes, head: int, block: int) -> Iterator[tuple[int, Tensor]]:
+    """Value head `head`'s M in blocks of `block` query rows, never whole: (a, rows a..b-1 over keys 0..b-1, float64)
+    for a long input (models/long.py). The effective keys carried from block to block are `[d_K, n]` per head."""
+    import torch
+
+    q, k, _, beta, g, _ = _heads(_keep, inputs, sizes, None)
+    one = slice(head, head + 1)
+    q, k, beta, g = q[:, one], k[:, one], beta[:, one], g[:, one]  # [n_batch, 1, n, ...]
+    A = q.new_zeros(q.shape[0], 1, sizes.d_K, 0, dtype=torch.float64)
+    for a in range(0, q.shape[-2], block):
+        b = min(q.shape[-2], a + block)
+        rows, A = effective_matrix(q[..., a:b, :], k[..., a:b, :], g[:, :, a:b], beta[..., a:b], A)
+        yield a, rows[0, 0]  # [b - a, b]
+
+
+def _keep(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """Trace.add's stand-in when nothing is recorded."""
+    return tensor
 
 
 def check_note(figure: float | None) -> str | None:

@@ -24,6 +24,7 @@ g = -exp(A_log) · softplus(a + dt_bias), the delta rule, RMSNorm(x_raw) · silu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
@@ -259,14 +260,15 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
 
         from attnscope.linear_attention import DeltaInputs
 
-        w = self.linear_projections(layer)
+        w = {name: t.to(X.device) for name, t in self.linear_projections(layer).items()}  # meta X: shapes only
         mixed = add("QKV_feat", X @ torch.cat([w["q"], w["k"], w["v"]]).T,  # [n_batch, n, conv_width]
-                    ("n_batch", "n_tokens", "2·n_k_head·d_K+n_head·d_V"), self.qkv_op)
+                    ("n_batch", "n_tokens", "2·n_k_head·d_K+n_head·d_V"), self.qkv_op,
+                    2 * X.shape[0] * X.shape[1] * X.shape[2] * self.delta.conv_width)
+        own = lambda name: self.weight(layer, f"{LINEAR}.{name}").float().to(X.device)  # noqa: E731
         beta = torch.sigmoid(X @ w["b"].T)  # [n_batch, n, n_head]
-        A_log, dt_bias = (self.weight(layer, f"{LINEAR}.{n}").float() for n in ("A_log", "dt_bias"))
-        g = -A_log.exp() * F.softplus(X @ w["a"].T + dt_bias)  # [n_batch, n, n_head]
-        return DeltaInputs(mixed, beta, g, X @ w["z"].T, self.weight(layer, f"{LINEAR}.conv1d.weight"),
-                           self.weight(layer, f"{LINEAR}.norm.weight"), self.weight(layer, f"{LINEAR}.out_proj.weight"))
+        g = -own("A_log").exp() * F.softplus(X @ w["a"].T + own("dt_bias"))  # [n_batch, n, n_head]
+        return DeltaInputs(mixed, beta, g, X @ w["z"].T, own("conv1d.weight"), own("norm.weight"),
+                           own("out_proj.weight"))
 
     qkv_op = "in_proj_qkvz(X): the q, k and v rows of each key head's block, in head order"
 
@@ -369,6 +371,16 @@ class DeltaLayer:
             trace.notes.append(note)
         self._after[id(trace)] = state
         return trace
+
+    def effective_rows(self, X: torch.Tensor, head: int, block: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """Value head `head`'s M on a long input, in blocks of query rows (linear_attention.effective_rows)."""
+        from attnscope.linear_attention import _keep, effective_rows
+
+        return effective_rows(self.project(X, _keep), self.sizes, head, block)
+
+    def to(self, device: Any) -> DeltaLayer:
+        """The weights are read at each call, onto X's device: a meta X runs the layer as shapes (models/long.py)."""
+        return self
 
     def empty_cache(self, n_batch: int = 1) -> LinearState:
         from attnscope.linear_attention import empty_state
