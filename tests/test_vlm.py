@@ -175,3 +175,15 @@ def test_a_text_model_refuses_an_image(tmp_path, picture):
     build_text("llama", tmp_path / "llama")
     out = run_main("head", "--model", str(tmp_path / "llama"), "--text", TEXT, "--image", str(picture))
     assert out.code == 2 and len(out.error_lines) == 1 and "vision-language" in out.stderr, out.stderr
+
+
+def test_python_api_and_notebook(built, picture):
+    import attnscope
+
+    folder, model = built("llava")
+    result = attnscope.model_head(folder, 1, 3, text=TEXT, image=picture)
+    _, theirs = eager_attentions(model, folder, TEXT, picture)
+    assert torch.allclose(result.attention, theirs[1][0, 3], atol=ATOL)
+    assert result.image_share is not None and result.image_share.shape == result.all_heads.shape[:2]
+    assert result.picture is not None and (result.picture.grid.rows, result.picture.grid.cols) == (2, 2)
+    assert "img(0,0)" in result._repr_html_()
