@@ -1,0 +1,225 @@
+"""A GGUF file seen as a checkpoint in transformers' names (models/checkpoint.py's interface: `keys`, `shape`,
+`nbytes`, `slice`, `tensor`, `rows`), each tensor read from its own memory map of the file and dequantized
+when asked for, so a run through layers 0..L reads those layers' bytes and nothing else.
+
+What transformers' GGUF loader does to a tensor on its way to the model is done here on the rows read
+(`modeling_gguf_pytorch_utils`: its name map, from gguf-py's `tensor_mapping.py`, and its `TensorProcessor`s):
+- LLaMA's attn_q and attn_k (`LlamaTensorProcessor._reverse_permute_weights`): llama.cpp's converter
+  (`LlamaModel.permute`) interleaves each head's two rotary halves, row i of the first half and row i of the
+  second stored side by side; head h's rows are put back in transformers' half-split order. The reorder stays
+  inside a head, so head h is still rows h·d_head ..., read alone.
+- Gemma 2 and 3's norms (`Gemma2TensorProcessor`): llama.cpp stores `1 + w`; 1 is subtracted, as the page
+  computes Gemma's `(1 + w)`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+from attnscope.models.gguf import quants
+from attnscope.models.gguf.header import Header, TensorInfo
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+# GGUF's block tensor names -> transformers' (gguf-py's tensor_mapping.py, read the other way round)
+BLOCK = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_qkv": "self_attn.qkv_proj",
+         "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
+         "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "ffn_norm": "post_attention_layernorm"}
+# Gemma's four norms per layer: ffn_norm is the one before the MLP
+GEMMA = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+         "post_ffw_norm": "post_feedforward_layernorm"}
+PHI3 = {"ffn_up": "mlp.gate_up_proj"}  # Phi-3 keeps gate and up fused
+TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+       "output.weight": "lm_head.weight"}
+BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def transformers_name(arch: str, name: str) -> str | None:
+    """The key transformers gives a GGUF tensor; None for one the family pages never read (rope_freqs, ...)."""
+    if name in TOP:
+        return TOP[name]
+    match = BLOCK_NAME.fullmatch(name)
+    if match is None:
+        return None
+    layer, part, kind = match.groups()
+    table = {**BLOCK, **(GEMMA if arch in ("gemma2", "gemma3") else {}), **(PHI3 if arch == "phi3" else {})}
+    return f"model.layers.{layer}.{table[part]}.{kind}" if part in table else None
+
+
+class GgufCheckpoint:
+    """Every tensor of a GGUF file (or its shards) in transformers' names, dequantized to float32 when read.
+    A tensor read a second time (every layer again for each token `--generate` decodes) is kept from then on,
+    so decoding dequantizes each weight twice, not once per token; a single pass keeps nothing."""
+
+    def __init__(self, header: Header) -> None:
+        from attnscope.models.gguf.config import architecture, config_of
+
+        self.folder = header.path  # what the run names and reads the tokenizer from: the file itself
+        self.source = header.path
+        self.arch = architecture(header)
+        config = config_of(header)
+        self.n_head = config["num_attention_heads"]
+        self.n_kv_head = config["num_key_value_heads"]
+        self._infos: dict[str, TensorInfo] = {}
+        for name, info in header.tensors.items():
+            key = transformers_name(self.arch, name)
+            if key is not None:
+                self._infos[key] = info
+        self._seen: set[str] = set()
+        self._kept: dict[str, torch.Tensor] = {}
+
+    def __enter__(self) -> GgufCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._kept.clear()
+        self._seen.clear()
+
+    # --- what is there ----------------------------------------------------------------------------------
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self._infos)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._infos
+
+    @property
+    def sharded(self) -> bool:
+        return len({info.path for info in self._infos.values()}) > 1
+
+    def shape(self, key: str) -> list[int]:
+        return list(self._info(key).shape)
+
+    def nbytes(self, key: str) -> int:
+        return self._info(key).nbytes
+
+    def source_of(self, key: str, text: str) -> str:
+        """Where a slice came from: the GGUF tensor, the slice, its type and what was done to it
+        (`blk.1.attn_q.weight[64:128, :] (Q4_1 -> float32, rotary rows reordered)`)."""
+        info = self._info(key)
+        done = [f"{quants.names().get(info.ggml_type, info.ggml_type)} -> float32"]
+        if self._permuted(info) is not None:
+            done.append("rotary rows reordered")
+        if self._offset(info):
+            done.append("stored as 1 + w")
+        return f"{info.name}{text} ({', '.join(done)})"
+
+    # --- reading ----------------------------------------------------------------------------------------
+
+    def slice(self, key: str, axis: str, lo: int, hi: int) -> tuple[np.ndarray, str]:
+        """Rows (`axis="rows"`) or columns lo:hi of a weight, or lo:hi of a bias, float32 NumPy: rows are read
+        alone (whole heads of a reordered Q or K), columns from the whole weight."""
+        info = self._info(key)
+        rank = len(info.shape)
+        if axis == "rows" or rank == 1:
+            group = self._permuted(info) or 1  # read whole heads where rows are reordered within a head
+            first, last = lo - lo % group, -(-hi // group) * group
+            values = self._rows(info, first, last)[lo - first : hi - first]
+            text = f"[{lo}:{hi}]" if rank == 1 else f"[{lo}:{hi}, :]"
+        else:
+            values = self._rows(info, 0, info.shape[0])[:, lo:hi]
+            text = f"[:, {lo}:{hi}]"
+        return values.copy(), text
+
+    def tensor(self, key: str) -> torch.Tensor:
+        import torch
+
+        if key in self._kept:
+            return self._kept[key]
+        info = self._info(key)
+        whole = torch.from_numpy(self._rows(info, 0, info.shape[0]))
+        if key in self._seen:
+            self._kept[key] = whole
+        self._seen.add(key)
+        return whole
+
+    def rows(self, key: str, index: list[int]) -> torch.Tensor:
+        """Rows `index` of a matrix (the embedding's rows for these token ids), float32: only those are read."""
+        import numpy as np
+        import torch
+
+        info = self._info(key)
+        vocab = info.shape[0]
+        bad = [i for i in index if not 0 <= i < vocab]
+        if bad:
+            raise UsageError(f"token id {bad[0]} is outside {info.name}'s {vocab} rows: the tokenizer does not belong "
+                             "to this model (its vocabulary is larger than the model's)")
+        unique = sorted(set(index))
+        picked = np.concatenate([self._rows(info, i, i + 1) for i in unique])  # [n_unique, d_model]
+        where = {token: row for row, token in enumerate(unique)}
+        return torch.from_numpy(picked[[where[i] for i in index]])  # [n_tokens, d_model]
+
+    # --- internals --------------------------------------------------------------------------------------
+
+    def _info(self, key: str) -> TensorInfo:
+        try:
+            return self._infos[key]
+        except KeyError:
+            raise UsageError(f"{self.source}: no tensor for {key}; the GGUF file is incomplete, or its metadata "
+                             "does not describe these weights") from None
+
+    def _permuted(self, info: TensorInfo) -> int | None:
+        """The rows per head of a LLaMA Q or K (or its bias) llama.cpp reordered; None for any other tensor."""
+        if self.arch != "llama" or not re.search(r"\.attn_[qk]\.", info.name):
+            return None
+        heads = self.n_head if ".attn_q." in info.name else self.n_kv_head
+        return info.shape[0] // heads
+
+    def _offset(self, info: TensorInfo) -> bool:
+        """Gemma's norms, stored as 1 + w (transformers' Gemma2TensorProcessor: any `norm.weight`)."""
+        return self.arch in ("gemma2", "gemma3") and "norm.weight" in info.name
+
+    def _rows(self, info: TensorInfo, lo: int, hi: int) -> np.ndarray:
+        """Rows lo:hi (lo and hi on head boundaries for a reordered Q or K), dequantized and put back in
+        transformers' order: a fresh float32 array."""
+        cols = info.shape[-1] if len(info.shape) > 1 else info.shape[0]
+        if len(info.shape) == 1:
+            raw = _read(info, 0, info.nbytes)
+            values = quants.dequantize(raw, info.ggml_type, 1, cols, f"{info.path}: {info.name}")[0, lo:hi]
+        else:
+            width = quants.row_bytes(info.ggml_type, cols)
+            raw = _read(info, lo * width, hi * width)
+            values = quants.dequantize(raw, info.ggml_type, hi - lo, cols, f"{info.path}: {info.name}")
+        group = self._permuted(info)
+        if group is not None:
+            values = _unpermute(values, group)
+        if self._offset(info):
+            values = values - 1  # in float32, as transformers subtracts from the float32 it dequantized
+        return values
+
+
+def _unpermute(values: np.ndarray, per_head: int) -> np.ndarray:
+    """transformers' `_reverse_permute_weights` on whole heads: `[heads, per_head/2, 2, ...]` -> `[heads, 2,
+    per_head/2, ...]`."""
+    rest = values.shape[1:]
+    heads = values.shape[0] // per_head
+    split = values.reshape(heads, per_head // 2, 2, *rest)  # [n_head, d_head/2, 2, d_model]
+    return split.swapaxes(2, 1).reshape(values.shape)  # [n_head, 2, d_head/2, d_model] -> [rows, d_model]
+
+
+def _read(info: TensorInfo, lo: int, hi: int) -> np.ndarray:
+    """Bytes lo:hi of a tensor, copied out of a memory map of just those pages (released on return)."""
+    import numpy as np
+
+    start, end = info.start + lo, info.start + hi
+    aligned = start - start % mmap.ALLOCATIONGRANULARITY
+    try:
+        with open(info.path, "rb") as handle, \
+                mmap.mmap(handle.fileno(), end - aligned, offset=aligned, access=mmap.ACCESS_READ) as mapped:
+            view = np.frombuffer(mapped, dtype=np.uint8, count=end - start, offset=start - aligned)
+            out = view.copy()
+            del view
+            return out
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{{model}} {info.path}: tensor {info.name} cannot be read ({exc}); the file is truncated "
+                         "or changed since it was opened", "model") from None

@@ -1,0 +1,139 @@
+"""Finding a GGUF model and opening it as its family page reads it.
+
+`--model` names a GGUF as a file (`model.Q4_K_M.gguf`; any file that starts with the GGUF magic, as Ollama's
+blobs do), a folder holding one (and no config.json), the first or any shard of a split model
+(`name-00001-of-00003.gguf`, as llama.cpp's gguf-split writes it: every shard a GGUF of its own, the metadata
+in the first), or `ollama:NAME[:TAG]`: the model blob Ollama's manifest names, in `$OLLAMA_MODELS` or
+`~/.ollama/models`, read where it lies (no copy, no network).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+from attnscope.models.gguf.header import MAGIC, Header, read_header
+
+if TYPE_CHECKING:
+    from attnscope.models.config import Config
+    from attnscope.models.gguf.checkpoint import GgufCheckpoint
+
+SHARD = re.compile(r"(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
+OLLAMA_MODEL = "application/vnd.ollama.image.model"
+OLLAMA_HOST = "registry.ollama.ai"
+NOTE = ("GGUF: the attention shown is that of the dequantized weights, computed in float32; llama.cpp's own "
+        "kernels also quantize the activations, so its numbers differ slightly")
+
+
+def locate(model: str) -> Path | None:
+    """The GGUF file (a split model's first shard) `model` names, or None where it names no GGUF."""
+    if model.startswith("ollama:"):
+        return ollama_blob(model.removeprefix("ollama:"))
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return None
+        found = sorted(p for p in path.iterdir() if p.suffix == ".gguf" and p.is_file())
+        firsts = [p for p in found if not SHARD.fullmatch(p.name) or SHARD.fullmatch(p.name)["no"] == "00001"]  # type: ignore[index]
+        if len(firsts) > 1:
+            raise UsageError(f"{{model}} {path} holds {len(firsts)} GGUF files ({', '.join(p.name for p in firsts[:4])}"
+                             f"{', ...' if len(firsts) > 4 else ''}); give the one to read", "model")
+        return firsts[0] if firsts else None
+    if path.is_file() and (path.suffix == ".gguf" or _starts_with_magic(path)):
+        shard = SHARD.fullmatch(path.name)
+        return path.with_name(f"{shard['stem']}-00001-of-{shard['count']}.gguf") if shard else path
+    if path.suffix == ".gguf":
+        raise UsageError(f"{{model}} {model}: no such file", "model")
+    return None
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether a located model is a GGUF file: a file that starts with the magic (a model folder is a folder)."""
+    return path.is_file() and _starts_with_magic(path)
+
+
+def _starts_with_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == MAGIC
+    except OSError:
+        return False
+
+
+def ollama_blob(name: str) -> Path:
+    """Ollama's model blob for NAME[:TAG] (tag `latest` by default): its manifest's model layer."""
+    root = Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models").expanduser()
+    base, _, tag = name.rpartition(":") if ":" in name and "/" not in name.rpartition(":")[2] else (name, "", "")
+    parts = [p for p in base.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts) or "/" in tag or tag in (".", ".."):
+        raise UsageError(f"{{model}} ollama:{name}: give an Ollama model as ollama:NAME or ollama:NAME:TAG "
+                         "(ollama:llama3.2:1b)", "model")
+    host = [OLLAMA_HOST, "library"] if len(parts) == 1 else [OLLAMA_HOST] if len(parts) == 2 else []
+    manifest = root.joinpath("manifests", *host, *parts, tag or "latest")
+    if not manifest.is_file():
+        raise UsageError(f"{{model}} ollama:{name}: no manifest at {manifest}; pull it with `ollama pull {name}`, or "
+                         "point OLLAMA_MODELS at the folder that holds Ollama's manifests and blobs", "model")
+    try:
+        layers = json.loads(manifest.read_text(encoding="utf-8"))["layers"]
+        digest = next(layer["digest"] for layer in layers if layer.get("mediaType") == OLLAMA_MODEL)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, AttributeError):
+        raise UsageError(f"{{model}} ollama:{name}: {manifest} is not an Ollama manifest with a model layer",
+                         "model") from None
+    if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise UsageError(f"{{model}} ollama:{name}: {manifest} names the model blob {digest!r}, not a sha256 digest",
+                         "model")
+    blob = root / "blobs" / digest.replace(":", "-")
+    if not blob.is_file():
+        raise UsageError(f"{{model}} ollama:{name}: its model blob {blob} is missing; pull it again with "
+                         f"`ollama pull {name}`", "model")
+    return blob
+
+
+def header_of(path: Path) -> Header:
+    """The header of a GGUF, with every shard's tensors where it is split; read once per file and change."""
+    shard = SHARD.fullmatch(path.name)
+    parts = sorted(path.parent.glob(f"{glob.escape(shard['stem'])}-*-of-{shard['count']}.gguf")) if shard else [path]
+    return _header(path, tuple((part, part.stat().st_mtime_ns, part.stat().st_size) for part in parts))
+
+
+@lru_cache(maxsize=4)
+def _header(path: Path, _stats: tuple[tuple[Path, int, int], ...]) -> Header:
+    header = read_header(path)
+    shard = SHARD.fullmatch(path.name)
+    if shard is None:
+        return header
+    count = int(shard["count"])
+    for number in range(2, count + 1):
+        part = path.with_name(f"{shard['stem']}-{number:05d}-of-{shard['count']}.gguf")
+        if not part.is_file():
+            raise UsageError(f"{{model}} {path} is shard 1 of {count}, and shard {number} ({part.name}) is not beside "
+                             "it; download every shard", "model")
+        for name, info in read_header(part).tensors.items():
+            if name in header.tensors:
+                raise UsageError(f"{{model}} {part} holds tensor {name} again; the shards do not belong together",
+                                 "model")
+            header.tensors[name] = replace(info)
+    return header
+
+
+def read_gguf_config(path: Path) -> Config:
+    """The Config a family page reads, from the metadata (config.py); its path is the file's."""
+    from attnscope.models.config import Config, check_sane
+    from attnscope.models.gguf.config import config_of
+
+    data = config_of(header_of(path))
+    check_sane(path, data)
+    return Config(path, data)
+
+
+def open_checkpoint(path: Path) -> GgufCheckpoint:
+    from attnscope.models.gguf.checkpoint import GgufCheckpoint
+
+    return GgufCheckpoint(header_of(path))

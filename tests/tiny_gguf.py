@@ -1,0 +1,182 @@
+"""Tiny GGUF files written as llama.cpp's converter writes them (convert_hf_to_gguf.py), from tiny random models
+of transformers' own classes with every weight perturbed off its init: `gguf.GGUFWriter`, llama.cpp's key and
+tensor names, its rotary reorder of LLaMA's Q and K rows (`LlamaModel.permute`), Gemma's norms stored as
+`1 + w`, Phi-3's fused projections, 2-D weights quantized by `gguf.quants.quantize` (Q8_0 or Q4_0), the rest
+F32, and a byte-level BPE tokenizer in `tokenizer.ggml.*`.
+
+`write(family, folder, quant)` returns the file; the reference is transformers' own GGUF loader reading it
+(`reference(path)`: `from_pretrained(..., gguf_file=...)`, eager attention).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from tiny_models import _bpe, perturb
+
+# our family -> (llama.cpp's architecture, the transformers config class, its keyword arguments). Sizes are such
+# that every matrix's rows are whole blocks of 32; Gemma's and Qwen 3's head size is what transformers' GGUF path
+# assumes where the file is silent (query_pre_attn_scalar 256, Qwen3Config's head_dim 128).
+SHAPES = {"hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": 256, "initializer_range": 0.3}
+FAMILIES = {
+    "llama": ("llama", "LlamaConfig", {"num_hidden_layers": 2, "rope_theta": 100000.0}),
+    "qwen2": ("qwen2", "Qwen2Config", {"num_hidden_layers": 2, "rope_theta": 1000000.0}),
+    "qwen3": ("qwen3", "Qwen3Config", {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                       "head_dim": 128}),
+    "gemma2": ("gemma2", "Gemma2Config", {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                          "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4}),
+    "gemma3": ("gemma3", "Gemma3TextConfig", {"num_hidden_layers": 6, "num_attention_heads": 2,
+                                              "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256,
+                                              "sliding_window": 4}),
+    "phi3": ("phi3", "Phi3Config", {"num_hidden_layers": 2, "rope_theta": 10000.0, "pad_token_id": 0}),
+}
+CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+           "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+         "self_attn.o_proj": "attn_output", "self_attn.qkv_proj": "attn_qkv", "self_attn.q_norm": "attn_q_norm",
+         "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+         "mlp.down_proj": "ffn_down", "mlp.gate_up_proj": "ffn_up", "input_layernorm": "attn_norm",
+         "post_attention_layernorm": "ffn_norm"}
+GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def hf_model(family: str, vocab: int, seed: int = 0):
+    import transformers as tf
+
+    arch, config_class, sizes = FAMILIES[family]
+    tied = family != "qwen2"  # Qwen 2's file then has its own output.weight
+    config = getattr(tf, config_class)(**{**SHAPES, **sizes, "vocab_size": vocab, "tie_word_embeddings": tied})
+    torch.manual_seed(seed)
+    return perturb(getattr(tf, CLASSES[family])(config).eval())
+
+
+def write(family: str, folder: Path, quant: str = "Q8_0", *, name: str | None = None) -> Path:
+    """A GGUF of a tiny random `family` model, its matrices quantized as `quant`."""
+    import gguf
+
+    vocab, merges = _bpe(True, ["<|endoftext|>"])
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    model = hf_model(family, len(tokens))
+    arch = FAMILIES[family][0]
+    config = model.config
+    path = folder / (name or f"tiny-{family}-{quant}.gguf")
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny {family}")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: the full layers' base is the file's (llama.cpp fixes 10k)
+    writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(head_dim)
+    if family in ("qwen3", "gemma2", "gemma3"):
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if family in ("gemma2", "gemma3"):
+        writer.add_sliding_window(config.sliding_window)
+    if family == "gemma2":
+        writer.add_float32("gemma2.attn_logit_softcapping", config.attn_logit_softcapping)
+        writer.add_float32("gemma2.final_logit_softcapping", config.final_logit_softcapping)
+    _tokenizer(writer, tokens, merges)
+    for key, tensor in model.state_dict().items():
+        name = gguf_name(family, key)
+        if name is None:
+            continue
+        data = tensor.float().numpy()
+        if family == "llama" and ".attn_q." in name:
+            data = permute(data, config.num_attention_heads, config.num_attention_heads)
+        if family == "llama" and ".attn_k." in name:
+            data = permute(data, config.num_attention_heads, config.num_key_value_heads)
+        if family.startswith("gemma") and name.endswith("norm.weight"):
+            data = data + 1  # Gemma2Model.modify_tensors: llama.cpp stores 1 + w
+        _add(writer, name, data, quant)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def gguf_name(family: str, key: str) -> str | None:
+    if key == "lm_head.weight":
+        return None if family != "qwen2" else "output.weight"
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    if key in top:
+        return top[key]
+    parts = key.split(".")
+    layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
+    table = {**NAMES, **(GEMMA_NAMES if family.startswith("gemma") else {})}
+    return f"blk.{layer}.{table[module]}.{kind}"
+
+
+def permute(weights: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's `LlamaModel.permute`: each head's rotary halves interleaved row by row."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _add(writer, name: str, data: np.ndarray, quant: str) -> None:
+    import gguf
+
+    if data.ndim == 2:
+        kind = getattr(gguf.GGMLQuantizationType, quant)
+        writer.add_tensor(name, gguf.quants.quantize(data.astype(np.float32), kind), raw_dtype=kind)
+    else:
+        writer.add_tensor(name, data.astype(np.float32))
+
+
+def _tokenizer(writer, tokens: list[str], merges: list[tuple[str, str]], pre: str = "smollm") -> None:
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if token == "<|endoftext|>" else 1 for token in tokens])
+    writer.add_token_merges([" ".join(merge) for merge in merges])
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+
+
+def reference(path: Path):
+    """transformers' own GGUF loader: the model dequantized whole, eager attention, and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager",
+                                                 dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def write_split(source: Path, target: Path, shards: int) -> None:
+    """`source` rewritten as gguf-split writes a split model: `target`'s stem -0000k-of-0000n.gguf, each shard a
+    GGUF of its own (GGUFWriter's split_max_tensors), the metadata in the first."""
+    import math
+
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(target), arch, split_max_tensors=math.ceil(len(reader.tensors) / shards))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
