@@ -18,6 +18,7 @@ Everything in float64; all heads of a layer at once.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,3 +71,21 @@ def sink_shares(attention: Tensor, sink_weight: Tensor | None = None,
             entry |= {"weighted_first": float(w_first[h]), "weighted_top": float(w_top[h]),
                       "weighted_top_keys": w_keys[h].tolist()}
     return out
+
+
+SHARE_KEYS = ("first", "sink", "top", "weighted_first", "weighted_top", "top_keys", "weighted_top_keys")
+
+
+def grid(per_layer: list[list[dict[str, Any]]], layers: list[int]) -> dict[str, Any]:
+    """The layer x head grid (JSON `sinks_share`, the page's sinks view) from each layer's `sink_shares`:
+    `{"layers", "first", "top", "top_keys", ...}`, each a list a layer of a value a head; `sink` only where the
+    attention has sinks, `weighted_*` where the values are known. A NaN share (a NaN pattern) is None."""
+    out: dict[str, Any] = {"layers": list(layers)}
+    for key in SHARE_KEYS:
+        if per_layer and all(key in head for layer in per_layer for head in layer):
+            out[key] = [[_finite(head[key]) for head in layer] for layer in per_layer]
+    return out
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value

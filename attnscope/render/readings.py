@@ -54,18 +54,11 @@ def layer_readings(layer: LayerHeads) -> dict[str, Any]:
     return entry | {"sinks_share": clean(layer.sinks_share())}
 
 
-SHARE_KEYS = ("first", "sink", "top", "weighted_first", "weighted_top")
-
-
 def sinks_grid(layers: list[LayerHeads], numbers_of: list[int]) -> dict[str, Any]:
-    """JSON `sinks_share`: the layer x head grid, `{"layers", "first", "top", "top_keys", ...}`, each a list a
-    layer of a value a head (`sink` only where the attention has sinks, `weighted_*` where values are known)."""
-    shares = [layer.sinks_share() for layer in layers]
-    grid: dict[str, Any] = {"layers": list(numbers_of)}
-    for key in (*SHARE_KEYS, "top_keys", "weighted_top_keys"):
-        if shares and all(key in head for layer in shares for head in layer):
-            grid[key] = clean([[head[key] for head in layer] for layer in shares])
-    return grid
+    """JSON `sinks_share`: the layer x head grid (readings/sinkshare.py's `grid`)."""
+    from attnscope.readings.sinkshare import grid
+
+    return grid([layer.sinks_share() for layer in layers], numbers_of)
 
 
 def readings_json(result: HeadResult) -> dict[str, Any]:
@@ -74,7 +67,7 @@ def readings_json(result: HeadResult) -> dict[str, Any]:
     payload: dict[str, Any] = {}
     if result.layers:
         payload["sinks_share"] = sinks_grid(result.layers, result.layer_numbers or list(range(len(result.layers))))
-    elif result.heads is not None and result.kind is None:
+    elif result.heads is not None:
         payload["sinks_share"] = sinks_grid([result.heads], [result.options.layer])
     if result.rollout is not None:
         payload["rollout"] = numbers(result.rollout)
