@@ -34,6 +34,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
+from attnscope.models.anatomy_modern import layer_entry
 from attnscope.models.config import Config
 from attnscope.models.family import Slice
 from attnscope.models.gemma3 import LAYER_TYPES, Gemma3
@@ -106,7 +107,7 @@ class Gemma4(Gemma3):
         none, `global_head_dim` and (with `attention_k_eq_v`) `num_global_key_value_heads` on the full layers."""
         table = self.config.mapping("per_layer_config")
         if table is not None:
-            own = table.get(str(layer)) or table.get(layer) or {}  # type: ignore[call-overload]
+            own = layer_entry(table, layer)
             if not isinstance(own, dict):
                 raise UsageError(f"{self.config.path}: per_layer_config[{layer}] is {own!r}; it must be a dict")
             d, n_kv = own.get("head_dim", self.d_head), own.get("num_key_value_heads", self.n_kv_head)
