@@ -24,12 +24,16 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium found (apt
 def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("vision-page")
     build("dinov2_with_registers", root / "model")
-    image = draw(root / "picture.png")
-    args = ["head", "--model", str(root / "model"), "--image", str(image), "--layer", "1", "--head", "2"]
-    data = run_main(*args, "--json").json()
-    page = root / "page.html"
-    assert run_main(*args, "--html", str(page)).code == 0
-    return data, page
+    draw(root / "cat.png", 96, 80)
+    here = os.getcwd()
+    os.chdir(root)  # the paths as a user types them, as the page shows them
+    try:
+        args = ["head", "--model", "model", "--image", "cat.png", "--layer", "1", "--head", "2"]
+        data = run_main(*args, "--json").json()
+        assert run_main(*args, "--html", "page.html").code == 0
+    finally:
+        os.chdir(here)
+    return data, root / "page.html"
 
 
 def _weight_on_patches(title: str) -> float:

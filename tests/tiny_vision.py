@@ -77,17 +77,24 @@ def build(kind: str, folder: Path):
 
 
 def draw(path: Path, width: int = 48, height: int = 40) -> Path:
-    """A test image: a horizontal gradient, a red square and a blue disc, so that patches differ."""
+    """A test image: a dark cat's silhouette (head, ears, body) on a pale grey gradient, neutral in colour so
+    that the weights painted over it read, and different from patch to patch."""
     from PIL import Image, ImageDraw
 
     image = Image.new("RGB", (width, height))
     pixels = image.load()
     for x in range(width):
         for y in range(height):
-            pixels[x, y] = (x * 255 // width, y * 255 // height, 128)
+            grey = 170 + (x + y) * 60 // (width + height)
+            pixels[x, y] = (grey, grey, grey - 10)
     pen = ImageDraw.Draw(image)
-    pen.rectangle((width // 8, height // 8, width // 3, height // 3), fill=(230, 30, 30))
-    pen.ellipse((width // 2, height // 2, width - 4, height - 4), fill=(20, 40, 220))
+    w, h = width / 48, height / 40  # drawn for 48 x 40, scaled to the size asked
+    pen.ellipse((26 * w, 18 * h, 46 * w, 38 * h), fill=(60, 55, 50))  # the body
+    pen.ellipse((8 * w, 8 * h, 26 * w, 26 * h), fill=(45, 40, 38))  # the head
+    pen.polygon([(9 * w, 12 * h), (11 * w, 2 * h), (16 * w, 9 * h)], fill=(45, 40, 38))  # the ears
+    pen.polygon([(18 * w, 9 * h), (23 * w, 2 * h), (25 * w, 12 * h)], fill=(45, 40, 38))
+    pen.ellipse((12 * w, 14 * h, 14 * w, 16 * h), fill=(220, 200, 60))  # the eyes
+    pen.ellipse((19 * w, 14 * h, 21 * w, 16 * h), fill=(220, 200, 60))
     image.save(path)
     return path
 
