@@ -53,6 +53,7 @@ def test_every_layer_equals_eager(built, name):
     for layer in range(3):
         assert torch.allclose(result.all_layers[layer], attentions[layer][0], atol=1e-5), layer
     assert torch.allclose(result.run.layer["x"], outputs[2], atol=1e-5)
+    assert not any("self-check" in note for note in result.notes)  # PyTorch's SDPA reproduces the traced layer
     for layer in (0, 1):  # layers 0..L-1 run whole, then L traced: the same as every layer's run
         one = run_head(HeadOptions(model=str(folder), layer=layer, head=0, text=SENTENCE))
         assert torch.allclose(one.all_heads, attentions[layer][0], atol=1e-5)

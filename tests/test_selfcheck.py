@@ -125,3 +125,26 @@ def test_deepseek_v32_through_the_interface_is_not_traced(tmp_path):
         run = truncated.run(tmp_path, ids, "deepseek_v32", layer)
         assert run.recorded is None and "the step 'attention' could not be reproduced" in run.fallback
         assert torch.allclose(run.attention, expected[layer][0], atol=1e-6)
+
+
+def test_planted_page_step_falls_back(tmp_path, monkeypatch):
+    """A page whose module changes x_raw after recording it (a step the trace does not show): not traced, the
+    note names x_raw, the pattern still shown."""
+    import tiny_models
+
+    from attnscope.multihead import MultiHeadAttention
+    from attnscope.runs.head import model_head
+
+    tiny_models.build("llama", tmp_path)
+    original = MultiHeadAttention.forward
+
+    def forward(self, *args, **kwargs):
+        trace = original(self, *args, **kwargs)
+        if "x_raw" in trace:
+            trace["x_raw"].mul_(1.5)
+        return trace
+
+    monkeypatch.setattr(MultiHeadAttention, "forward", forward)
+    result = model_head(tmp_path, 1, 0, text=SENTENCE)
+    assert not result.traced and result.attention is not None
+    assert any("the step 'x_raw'" in note for note in result.notes), result.notes
