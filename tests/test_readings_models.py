@@ -76,3 +76,29 @@ def test_smollm2_readings_and_rollout_over_all_30_layers_equal_the_reference(run
     layers = model.model.layers
     assert_readings(payload, model, [x.self_attn.v_proj for x in layers], [x.self_attn.o_proj.weight for x in layers],
                     sinks=False, atol=2e-5)
+
+
+def test_smollm2_gguf_file_readings_equal_the_reference(runner, smollm2):
+    """`--model FILE.gguf` (attnscope's own GGUF reader, layers 0..1 only) against transformers' dequantization of
+    the same file: layer 1's value-weighted heads and its sinks row."""
+    import torch
+    from test_readings import eager_with_values, ref_shares, ref_value_norms
+
+    folder, model = smollm2
+    result = runner.invoke(app, ["head", "--model", str(smollm2_gguf()), "--layer", "1", "--text", SENTENCE,
+                                 "--all-heads", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    layer = model.model.layers[1].self_attn
+    attentions, V, W_O = eager_with_values(model, payload["token_ids"], [layer.v_proj], [layer.o_proj.weight])
+    A = attentions[1][0]  # every layer's patterns; V and W_O layer 1's alone
+    norms = ref_value_norms(V[0], W_O[0], A.shape[0])
+    for h, head in enumerate(payload["heads"]):
+        torch.testing.assert_close(torch.tensor(head["value_norms"], dtype=torch.float64), norms[h],
+                                   atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(torch.tensor(head["weighted"], dtype=torch.float64), A[h].double() * norms[h],
+                                   atol=2e-5, rtol=2e-5)
+    reference = ref_shares(A, norms, None)
+    assert payload["sinks_share"]["layers"] == [1]
+    for key in ("first", "top", "weighted_first", "weighted_top"):
+        assert max(abs(a - r[key]) for a, r in zip(payload["sinks_share"][key][0], reference, strict=True)) < 2e-5
