@@ -187,3 +187,24 @@ def test_python_api_and_notebook(built, picture):
     assert result.image_share is not None and result.image_share.shape == result.all_heads.shape[:2]
     assert result.picture is not None and (result.picture.grid.rows, result.picture.grid.cols) == (2, 2)
     assert "img(0,0)" in result._repr_html_()
+
+
+def test_chat_template_places_the_image(built, picture, tmp_path):
+    """A processor with a chat template: the text goes into a user turn after the image, as the template puts it,
+    and the ids are the processor's own on that prompt."""
+    import shutil
+
+    from transformers import AutoProcessor
+
+    folder, _ = built("llava")
+    copy = tmp_path / "llava-chat"
+    shutil.copytree(folder, copy)
+    processor = AutoProcessor.from_pretrained(copy)
+    processor.chat_template = ("{% for m in messages %}USER: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+                               "<image>\n{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endfor %}"
+                               "{% if add_generation_prompt %} ASSISTANT:{% endif %}")
+    processor.save_pretrained(copy)
+    tokens = vlm.place(copy, read_config(copy), TEXT, read_image(picture))
+    assert tokens.prompt == f"USER: <image>\n{TEXT} ASSISTANT:"
+    expected = processor(text=tokens.prompt, images=[read_image(picture)], return_tensors="pt")["input_ids"][0]
+    assert tokens.ids == expected.tolist() and tokens.n_image == 4
