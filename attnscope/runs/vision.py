@@ -111,14 +111,20 @@ def check(result: HeadResult, folder: Path, model_type: str, pixels: Pixels) -> 
     from attnscope.check import compare
     from attnscope.models import truncated
     from attnscope.models.vision import tower
+    from attnscope.runs.head_result import guard_memory
 
-    asked = result.options
+    asked, info = result.options, result.info
     config, n_layer = tower.tower_config(folder, model_type, asked.layer)
     last = n_layer - 1 if result.all_layers is not None else asked.layer
+    n = int(result.all_heads.shape[-1]) if result.all_heads is not None else 1  # the image's tokens
+    guard_memory(tower.estimate_bytes(folder, last, n) + 4 * (last + 1) * info.heads * n * n, asked.max_memory,
+                 f"--check: transformers' eager tower, layers 0..{last}, on {n} image tokens")
     model = truncated.load(getattr(transformers, tower.TOWERS[model_type].model_class), folder,
                            truncated.cut(config, n_layer, last), model_type, traced=False)
     with torch.no_grad():
         theirs = model(pixel_values=pixels.values, output_attentions=True).attentions
-    mine = dict(enumerate(result.all_layers)) if result.all_layers is not None else {asked.layer: result.all_heads}
+    mine: dict[int, torch.Tensor] = dict(enumerate(result.all_layers or []))
+    if result.all_layers is None and result.all_heads is not None:
+        mine[asked.layer] = result.all_heads
     return [compare(f"layer {i}", "output_attentions", pattern.float(), theirs[i][0].float())
             for i, pattern in mine.items()]
