@@ -413,3 +413,32 @@ def _split_gate(weight: torch.Tensor, n_head: int, d_head: int) -> tuple[torch.T
     per_head = weight.view(n_head, 2 * d_head, *weight.shape[1:])  # [n_head, 2·d_head, (d_model)]
     query, gate = per_head[:, :d_head], per_head[:, d_head:]
     return query.reshape(n_head * d_head, *weight.shape[1:]), gate.reshape(n_head * d_head, *weight.shape[1:])
+
+
+def eager_linear(folder: Path, model_type: str, ids: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' own run of layers 0..`layer` on `ids` (`truncated.load`, eager, float32): linear layer
+    `layer`'s output `[n_tokens, d_model]` and its recurrence's output before the gated norm `[n_head, n_tokens,
+    d_V]` (the norm's input, hooked): what `head --check` holds x and M @ V against."""
+    import torch
+    from transformers import AutoModel
+
+    from attnscope.models import truncated
+
+    truncated.quiet_transformers()
+    full, n_layer = truncated.full_config(folder, model_type, layer)
+    model = truncated.load(AutoModel, folder, truncated.cut(full, n_layer, layer), model_type, traced=False)
+    inner = getattr(model, "language_model", model)  # Qwen3.5's multimodal model: its text model
+    module = getattr(inner.layers[layer], "linear_attn", None) or inner.layers[layer].self_attn
+    norm = getattr(module, "norm", None) or module.o_norm
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [module.register_forward_hook(lambda m, a, out: seen.__setitem__("x", out)),
+             norm.register_forward_hook(lambda m, a, out: seen.__setitem__("core", a[0]))]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]), use_cache=False)  # a cache of linear layers only: transformers fails
+    finally:
+        for hook in hooks:
+            hook.remove()
+    n = len(ids)
+    core = seen["core"].reshape(n, -1, seen["core"].shape[-1]).transpose(0, 1)  # [n_head, n_tokens, d_V]
+    return seen["x"][0], core
