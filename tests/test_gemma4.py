@@ -164,6 +164,16 @@ def test_config_without_per_layer_config_reads_the_same(built, tmp_path):
         (theirs.per_layer_config[i].head_dim, theirs.per_layer_config[i].num_key_value_heads) for i in range(6)]
 
 
+def test_per_layer_config_keys_written_zero_padded(built, tmp_path):
+    """transformers writes per_layer_config's keys to the width of the largest layer number ("05" of 30 layers)."""
+    folder, _ = built("gemma4_text")
+
+    def edit(config):
+        return {**config, "per_layer_config": {f"{int(k):02d}": v for k, v in config["per_layer_config"].items()}}
+
+    assert _open(_variant(folder, tmp_path, edit)).sizes == _open(folder).sizes
+
+
 def test_bad_configs_are_refused_in_one_line(built, tmp_path):
     folder, _ = built("gemma4_text")
     too_many = _variant(folder, tmp_path, lambda c: {**c, "num_kv_shared_layers": 6})
