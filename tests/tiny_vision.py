@@ -108,3 +108,42 @@ def eager_attentions(tower, folder: Path, image: Path) -> tuple:
     pixels = processor(images=Image.open(image).convert("RGB"), return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         return tower(pixel_values=pixels, output_attentions=True).attentions
+
+
+def conformance_cell(runner, app, folder: Path, eager, view: str) -> None:
+    """A vision tower's cell of the conformance matrix (tests/test_conformance.py) on its folder's picture.png:
+    short, every layer's every head (--all-heads) equal to eager's output_attentions; all-layers, every layer's
+    pattern; check, PASS; long and generate refused in one line, exit 2."""
+    import json
+
+    image = folder / "picture.png"
+    theirs = eager_attentions(eager, folder, image)  # [1, n_head, n_tokens, n_tokens] per layer
+    base = ["head", "--model", str(folder), "--image", str(image)]
+
+    def payload(*more: str) -> dict:
+        result = runner.invoke(app, [*base, *more, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    def close(mine, reference, what: str) -> None:
+        torch.testing.assert_close(torch.tensor(mine), reference.float(), atol=1e-5, rtol=0, msg=what)
+
+    if view == "short":
+        for layer, pattern in enumerate(theirs):
+            got = payload("--layer", str(layer), "--all-heads")
+            assert got["traced"] is True and got["tracer"] == "attention-interface"
+            for head in got["heads"]:
+                close(head["attention"], pattern[0, head["head"]], f"layer {layer} head {head['head']}")
+    elif view == "all-layers":
+        got = payload("--layer", "0", "--all-layers")
+        assert len(got["all_layers"]) == len(theirs)
+        for entry, pattern in zip(got["all_layers"], theirs, strict=True):
+            close(entry["attention"], pattern[0], f"all-layers layer {entry['layer']}")
+    elif view == "check":
+        got = payload("--layer", str(len(theirs) - 1), "--check")
+        assert got["check_passed"] is True and got["check"], got["check"]
+    else:  # refused: no long view of an image, no decoding
+        more = {"long": ["--rows", "0:4"], "generate": ["--generate", "2"]}[view]
+        result = runner.invoke(app, [*base, *more])
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert "vision tower" in result.stderr and "Traceback" not in result.stderr
