@@ -36,6 +36,8 @@ def test_a_text_query_over_the_image(tmp_path, monkeypatch):
         page = opened.page
         assert not opened.errors and opened.requests == [page_file.resolve().as_uri()]
         assert page.locator("[data-testid=image-overlay]").is_visible()
+        last = len(data["tokens"]) - 1  # shown first: the last text query, which sees the whole image
+        assert page.inner_text("[data-testid=overlay-title]").startswith(f"query {last} “{data['tokens'][last]}”")
         search = page.locator("[data-testid=token-search]")
         search.fill("mat")
         search.press("Enter")
