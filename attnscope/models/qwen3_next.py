@@ -96,6 +96,17 @@ class LinearLayers:
         return [f"layer {layer} is a linear attention layer ({self.linear_name}): no softmax, no KV cache; its state "
                 f"is [n_head, d_K, d_V] = [{s.n_head}, {s.d_K}, {s.d_V}] per sequence", EFFECTIVE_NOTE]
 
+    def layer_head_notes(self, layer: int, head: int) -> list[str]:
+        """A linear layer's head: which key head serves it; a full layer's as the family's (head_notes)."""
+        if not self.linear(layer):
+            return self.head_notes(head)  # type: ignore[attr-defined, no-any-return]
+        s = self.delta
+        group = s.n_head // s.n_k_head
+        served = f"key head {head // group} of {s.n_k_head} (= {head} // {group}) serves value heads " \
+                 f"{head // group * group} to {head // group * group + group - 1}: its W_Q, W_K; " if group > 1 else ""
+        return [f"{served}W_V, W_O and the output gate are value head {head}'s own; its pattern is the exact matrix "
+                "M of this linear attention layer (effective_attention)"]
+
     def attention(self, layer: int, record: bool) -> Any:
         if self.linear(layer):
             return DeltaLayer(self.delta, lambda X, add: self.delta_inputs(layer, X, add), record)
@@ -201,7 +212,7 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
 
     def head_notes(self, head: int) -> list[str]:
         return [*super().head_notes(head), "W_G: head h's output gate, the rows after its query in q_proj: its output "
-                "is scaled by sigmoid(X @ W_G.T) (full attention layers)"]
+                "is scaled by sigmoid(X @ W_G.T)"]
 
     # --- the linear layers -------------------------------------------------------------------------------------
 
