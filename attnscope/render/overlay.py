@@ -66,7 +66,11 @@ def head_overlays(result: HeadResult) -> list[Overlay]:
         return []
     where = f"{result.layer_name}, head {result.options.head}"
     has_cls = "[CLS]" in picture.grid.prefix and picture.start is None
-    if has_cls:
+    tokens = getattr(result, "image_tokens", None)
+    if tokens is not None and result.encoded is not None:  # a VLM: its last text query, which sees the image
+        q = len(tokens.image) - 1
+        found = [(f"{where}: query {q} “{result.encoded.tokens[q]}”'s weights over the image", attention[q])]
+    elif has_cls:
         found = [(where + ": query [CLS]'s weights over the image", attention[0])]
     else:
         found = [(where + ": every query's mean weight over the image (no [CLS])", attention.double().mean(0))]
@@ -89,8 +93,10 @@ def show_overlay(out: Console, result: HeadResult) -> None:
         out.print(ramp("scale  0", f"{overlay.peak:.3g}, the largest weight on a patch"))
         out.print(Text(f"{overlay.patch_total:.3f} of the row's weight is on the {rows} x {cols} patches"
                        + (f" (columns pooled by {pool}: their mean)" if pool > 1 else "")))
-        header = "".join(f"{c % 10:<{width}}" for c in range(0, cols, pool))
-        out.print(Text(f"     {header}"))
+        shown = range(0, cols, pool)
+        if cols > 10:  # the tens of each column number above its units
+            out.print(Text("     " + "".join(f"{c // 10 if c >= 10 else ' ':<{width}}" for c in shown)))
+        out.print(Text("     " + "".join(f"{c % 10:<{width}}" for c in shown)))
         for r, line in enumerate(overlay.cells):
             pooled = [sum(line[c:c + pool]) / len(line[c:c + pool]) for c in range(0, cols, pool)]
             out.print(CellLine(f"{r:>4} ", Cells(pooled, overlay.peak, width)))
@@ -109,7 +115,7 @@ def overlay_svg(result: HeadResult) -> str | None:
     grid = picture.grid
     scale = SVG_SIDE / max(grid.height, grid.width)
     w, h = grid.width * scale, grid.height * scale
-    panel_w, top = w + 190, 36
+    panel_w, top = w + 210, 36
     parts = []
     uri = picture.data_uri()
     for k, overlay in enumerate(overlays):
@@ -129,20 +135,22 @@ def overlay_svg(result: HeadResult) -> str | None:
         for i, (name, value) in enumerate(overlay.prefix):
             y = top + i * 26
             fraction = min(1.0, value / overlay.peak) if overlay.peak > 0 else 0.0
-            parts.append(f'<rect class="x" x="{w + 78:.1f}" y="{y}" width="20" height="20" '
+            parts.append(f'<rect class="x" x="{w + 96:.1f}" y="{y}" width="20" height="20" '
                          f'fill="{hex_color(fraction)}">'
                          f'<title>{html.escape(name)}: {value:.4f}</title></rect>'
-                         f'<text x="{w + 104:.1f}" y="{y + 15}" class="s">{html.escape(name)} {value:.3f}</text>')
+                         f'<text x="{w + 122:.1f}" y="{y + 15}" class="s">{html.escape(name)} {value:.3f}</text>')
         parts.append("</g>")
-    total_w, total_h = panel_w * len(overlays) + 10, top + h + 40
-    note = (f"{html.escape(picture.path)}: {grid.rows} x {grid.cols} patches of {grid.patch} px "
-            f"({html.escape(picture.processor)}); colour: weight from 0 to the largest on a patch; hover a cell")
+    total_w, total_h = panel_w * len(overlays) + 10, top + h + 56
+    notes = (f"{html.escape(picture.path)}: {grid.rows} x {grid.cols} patches of {grid.patch} px "
+             f"({html.escape(picture.processor)})", "colour: the weight, from 0 to the largest on a patch; hover a "
+             "cell for its value")
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w:.0f}" height="{total_h:.0f}" '
             f'viewBox="0 0 {total_w:.0f} {total_h:.0f}" font-family="DejaVu Sans, Arial, sans-serif">'
             '<style>.t{font-size:13px;font-weight:bold;fill:#222}.s{font-size:12px;fill:#222}'
             '.p{stroke:#000;stroke-opacity:.15;stroke-width:.5}</style>'
             f'<rect width="100%" height="100%" fill="#fff"/>{"".join(parts)}'
-            f'<text x="10" y="{top + h + 24:.1f}" class="s">{note}</text></svg>')
+            f'<text x="10" y="{top + h + 22:.1f}" class="s">{notes[0]}</text>'
+            f'<text x="10" y="{top + h + 40:.1f}" class="s">{notes[1]}</text></svg>')
 
 
 def _colour_bar(x: float, top: float, height: float, peak: float) -> str:
