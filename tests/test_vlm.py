@@ -208,3 +208,22 @@ def test_chat_template_places_the_image(built, picture, tmp_path):
     assert tokens.prompt == f"USER: <image>\n{TEXT} ASSISTANT:"
     expected = processor(text=tokens.prompt, images=[read_image(picture)], return_tensors="pt")["input_ids"][0]
     assert tokens.ids == expected.tolist() and tokens.n_image == 4
+
+
+def test_text_settings_fill_what_config_json_leaves_out(tmp_path):
+    """LLaVA 1.5's config.json names a few text settings (the rest are LlamaConfig's defaults), and an older
+    Qwen2.5-VL's keeps them at the top level: the language model's layers are read as transformers reads them."""
+    import json
+
+    from attnscope.models.config import Config
+
+    for name, saved, layers in (
+            ("llava", {"model_type": "llava", "text_config": {"model_type": "llama", "vocab_size": 32064,
+                                                              "rms_norm_eps": 1e-5}}, 32),
+            ("qwen2_5_vl", {"model_type": "qwen2_5_vl", "hidden_size": 64, "num_hidden_layers": 7,
+                            "num_attention_heads": 4, "num_key_value_heads": 2}, 7)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(saved))
+        config = Config(folder / "config.json", saved)
+        assert vlm_run.text_settings(folder, config)["num_hidden_layers"] == layers, name

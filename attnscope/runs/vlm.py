@@ -49,7 +49,7 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
 
     vlm.check_vlm(config)
     refuse_options(asked)
-    vlm_run.check_layer(config, asked.layer)
+    vlm_run.check_layer(folder, config, asked.layer)
     with progress(f"reading {asked.image} and the model's processor"):
         picture = read_image(asked.image or "")
         tokens = vlm.place(folder, config, asked.text or "", picture)

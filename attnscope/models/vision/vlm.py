@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.models.truncated import first_line
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def place(folder: Path, config: Config, text: str, picture: Image.Image) -> Imag
             inputs = _qwen_placement(processor, prompt, picture)
     except (ValueError, TypeError, KeyError, RuntimeError, IndexError) as exc:
         raise UsageError(f"{{image}}: the model's processor cannot read the text with the image "
-                         f"({_first_line(exc)})", "image") from None
+                         f"({first_line(exc)})", "image") from None
     return found(config, inputs, processor.tokenizer, prompt, made_by, notes)
 
 
@@ -152,7 +153,7 @@ def _processor(folder: Path, config: Config) -> tuple[Any, str, list[str]]:
     try:
         return AutoProcessor.from_pretrained(str(folder), trust_remote_code=False), "AutoProcessor", []
     except (OSError, ValueError, TypeError, KeyError, ImportError, AttributeError) as exc:
-        why = "it needs torchvision, not installed" if "torchvision" in str(exc).lower() else _first_line(exc)
+        why = "it needs torchvision, not installed" if "torchvision" in str(exc).lower() else first_line(exc)
     if not config.model_type.startswith("qwen"):
         fix = "pip install torchvision" if "torchvision" in why else "save it beside the weights with " \
             "AutoProcessor.save_pretrained(folder)"
@@ -165,7 +166,7 @@ def _processor(folder: Path, config: Config) -> tuple[Any, str, list[str]]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError, ImportError, AttributeError) as exc:
-        raise UsageError(f"{{model}} {folder}: its tokenizer cannot be read ({_first_line(exc)})", "model") from None
+        raise UsageError(f"{{model}} {folder}: its tokenizer cannot be read ({first_line(exc)})", "model") from None
     images = load_processor(folder)
     name = f"{type(tokenizer).__name__} + {type(images).__name__}"
     note = (f"transformers cannot build this folder's processor here ({why}); its tokenizer and image processor "
@@ -261,8 +262,3 @@ def _labels(tokenizer: Any, ids: list[int], runs: list[tuple[int, int]], grids: 
             r, c = divmod(j % (rows * cols), cols)
             labels[start + j] = f"{name}({r},{c})"
     return labels
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:160] if text else type(exc).__name__

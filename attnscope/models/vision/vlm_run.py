@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError, UsageError
+from attnscope.models.truncated import first_line
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -55,7 +56,8 @@ def text_family(folder: Path, config: Config, tokens: ImageTokens) -> Family:
 
         model = Gemma3Image(folder, config, checkpoint).with_image(tokens.blocks())
     elif config.model_type == "llava":
-        text = Settings(config.path, {"model_type": "llama", **(config.mapping("text_config") or {}),
+        # transformers' text config, its class defaults filled in: LLaVA 1.5's config.json names a few settings
+        text = Settings(config.path, {**text_settings(folder, config),
                                       "architectures": config.data.get("architectures")})
         family = family_of(text)
         assert family is not None  # vlm.check_vlm kept LLaMA and Mistral
@@ -88,7 +90,7 @@ def embeddings(folder: Path, config: Config, tokens: ImageTokens) -> torch.Tenso
         return entered_with.embeds.float()
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:
         raise ResourceError(f"transformers could not run {config.architecture}'s vision tower on the image "
-                            f"({_first_line(exc)})") from None
+                            f"({first_line(exc)})") from None
     finally:
         hook.remove()
     raise ResourceError(f"{config.architecture} never called its language model with inputs_embeds")
@@ -127,12 +129,12 @@ def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int) -> 
                 pass
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:
         raise ResourceError(f"transformers could not run {config.architecture} on the text and image "
-                            f"({_first_line(exc)})") from None
+                            f"({first_line(exc)})") from None
     recorded = recording.recorded
     if recorded is None:
         raise ResourceError(f"{config.architecture}'s layer {layer} never called the attention interface")
     text_model = model.get_decoder()
-    run = sizes(text_model, recorded, recorded.layer["attention"][0], _n_layer(config), layer)
+    run = sizes(text_model, recorded, recorded.layer["attention"][0], _n_layer(folder, config), layer)
     run.architecture = config.architecture
     return run
 
@@ -142,18 +144,34 @@ def load_eager(folder: Path, config: Config, layer: int) -> Any:
     return _load(folder, config, layers=layer + 1, attention="eager")
 
 
-def _n_layer(config: Config) -> int:
-    text = config.mapping("text_config") or {}
-    n = text.get("num_hidden_layers")
+def text_settings(folder: Path, config: Config) -> dict[str, Any]:
+    """The language model's settings as transformers reads them (`AutoConfig`, no code from the folder): its
+    `text_config` with the class defaults a config.json leaves out (LLaVA 1.5's names a few), or built from the
+    top level where an older config keeps them there (Qwen2.5-VL's)."""
+    from transformers import AutoConfig
+
+    from attnscope.models.truncated import quiet_transformers
+
+    quiet_transformers()
+    try:
+        settings = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+        raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{config.model_type}' "
+                         f"({first_line(exc)})", "model") from None
+    return dict(settings.get_text_config().to_dict())
+
+
+def _n_layer(folder: Path, config: Config) -> int:
+    n = text_settings(folder, config).get("num_hidden_layers")
     if not isinstance(n, int) or n < 1:
-        raise UsageError(f"{config.path}: text_config has no num_hidden_layers; fix config.json")
+        raise UsageError(f"{config.path}: the language model has no num_hidden_layers; fix config.json")
     return n
 
 
-def check_layer(config: Config, layer: int) -> None:
+def check_layer(folder: Path, config: Config, layer: int) -> None:
     from attnscope.models.family import check_position
 
-    check_position(_n_layer(config), 1 << 30, layer, 0)
+    check_position(_n_layer(folder, config), 1 << 30, layer, 0)
 
 
 def _load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
@@ -168,7 +186,7 @@ def _load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
     quiet_transformers()
     try:
         settings = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-        settings.text_config = cut(settings.text_config, _n_layer(config), layers - 1)
+        settings.text_config = cut(settings.text_config, _n_layer(folder, config), layers - 1)
         if attention == recorder.IMPLEMENTATION:
             recorder.register()
         implementation = {"": "eager", "text_config": attention, "vision_config": "eager"}
@@ -177,9 +195,4 @@ def _load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
                                                            attn_implementation=implementation).eval()
     except (OSError, ValueError, KeyError, TypeError, ImportError, RuntimeError) as exc:
         raise UsageError(f"{{model}} {folder}: transformers cannot load model_type '{config.model_type}' "
-                         f"({_first_line(exc)})", "model") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:160] if text else type(exc).__name__
+                         f"({first_line(exc)})", "model") from None
