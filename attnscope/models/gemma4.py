@@ -168,7 +168,8 @@ class Gemma4(Gemma3):
         """Head h's rows of q_proj and columns of o_proj in this layer; the keys' and values' rows, and k_norm, in
         the layer that computes them (the owner of a shared cache), v_proj's being k_proj's where K = V."""
         d, n_kv = self.sizes[layer]
-        source = self.owners[layer] if self.owners[layer] is not None else layer
+        owner = self.owners[layer]
+        source = layer if owner is None else owner
         q, kv = head * d, head // (self.n_head // n_kv) * d
         values = "self_attn.k_proj.weight" if self.k_eq_v(source) else "self_attn.v_proj.weight"
         return [Slice("W_Q", self.key(layer, "self_attn.q_proj.weight"), "rows", q, q + d),
