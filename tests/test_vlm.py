@@ -155,8 +155,11 @@ def test_refusals(built, picture, tmp_path):
     folder, _ = built("llava")
     not_image = tmp_path / "notes.png"
     not_image.write_text("not a picture")
+    truncated = tmp_path / "cut.png"
+    truncated.write_bytes(picture.read_bytes()[:200])
     cases = [
         (["--image", str(not_image), "--text", TEXT], "is not an image"),
+        (["--image", str(truncated), "--text", TEXT], "is truncated"),
         (["--image", str(picture)], "add --text"),
         (["--image", str(picture), "--text", TEXT, "--all-layers"], "drop --all-layers"),
         (["--image", str(picture), "--text", TEXT, "--layer", "5"], "--layer 5 is out of range"),
