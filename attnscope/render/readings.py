@@ -91,7 +91,7 @@ def show_moved(out: Console, heads: LayerHeads) -> None:
         columns.insert(2, Column("sink %", "right"))
     rows = []
     for h, share in enumerate(shares):
-        row = [whole(str(h)), whole("-" if moved is None else f"{moved[h]:.3g}")]
+        row = [whole(str(h)), whole("-" if moved is None else f"{moved[h]:.2f}")]
         if sinks:
             row.append(whole(_percent(share.get("sink"))))
         row += [whole(_percent(share["first"])), whole(_percent(share.get("weighted_first"))),
