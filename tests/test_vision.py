@@ -91,6 +91,10 @@ def test_cli_views(towers, tmp_path):
     torch.testing.assert_close(torch.tensor(grid["overlays"][0]["patches"]).flatten(), cls_row[3:], atol=1e-6,
                                rtol=0)
     assert all(c["max_abs_diff"] <= c["tolerance"] for c in data["check"]), data["check"]
+    rollout = grid["overlays"][1]  # --all-layers: the rollout's [CLS] row over the image too
+    assert "rollout" in rollout["title"] and list(rollout["prefix"]) == ["[CLS]", "reg0", "reg1"]
+    torch.testing.assert_close(torch.tensor(rollout["patches"]).flatten(), torch.tensor(data["rollout"][0][3:]),
+                               atol=1e-6, rtol=0)
     svg = tmp_path / "over.svg"
     page = tmp_path / "page.html"
     done = run_main("head", "--model", folder, "--image", str(image), "--layer", "1", "--svg", str(svg),
