@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cli_main import run_main
+from tiny_models import cached_builder
 from tiny_vlm import TEXT, build, eager_attentions, image
 
 from attnscope.models.config import read_config
@@ -26,15 +27,7 @@ def picture(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    cache: dict[str, tuple] = {}
-
-    def get(name: str):
-        if name not in cache:
-            folder = tmp_path_factory.mktemp(name)
-            cache[name] = folder, build(name, folder)
-        return cache[name]
-
-    return get
+    return cached_builder(tmp_path_factory, build)
 
 
 def _every_layer(folder, config, tokens, n_layer: int) -> list[torch.Tensor]:
