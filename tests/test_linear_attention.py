@@ -165,3 +165,22 @@ def test_head_range_is_the_layers_own(built, runner):
     assert out.exit_code == 2 and "--head 6 is out of range: layer 0 (linear attention) has 6 heads" in out.stderr
     out = runner.invoke(app, ["head", "--model", str(folder), "--layer", "2", "--head", "5", "--text", SENTENCE])
     assert out.exit_code == 2 and "--head 5 is out of range: layer 2 (full attention) has 4 heads" in out.stderr
+
+
+def test_qwen3_5_multimodal_checkpoint_reads_its_text_model(tmp_path):
+    """`qwen3_5` (Qwen3_5ForConditionalGeneration): the text model under model.language_model., its settings under
+    text_config; its full layer's pattern and a linear layer's output as transformers computes them."""
+    from tiny_linear import build_multimodal
+
+    model = build_multimodal(tmp_path)
+    ids = encode(tmp_path, SENTENCE).ids
+    seen = {}
+    hook = model.model.language_model.layers[3].linear_attn.register_forward_hook(
+        lambda m, a, out: seen.__setitem__("x", out))
+    with torch.no_grad():
+        attentions = model(torch.tensor([ids]), output_attentions=True).attentions
+    hook.remove()
+    assert torch.allclose(model_head(tmp_path, 2, 1, text=SENTENCE).all_heads, attentions[0][0], atol=1e-5)
+    result = model_head(tmp_path, 3, 1, text=SENTENCE)
+    assert result.info.model_type == "qwen3_5"
+    assert torch.allclose(result.run.layer["x"], seen["x"], atol=1e-5, rtol=1e-4)

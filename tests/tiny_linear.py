@@ -4,9 +4,9 @@ transformers' own configs and classes and saved with save_pretrained, with a sma
 
 Each has both layer kinds: Qwen3-Next and Qwen3.5 linear, linear, full (gated, partial RoPE), linear; Kimi Linear
 linear, full (MLA without RoPE), linear. The Qwen linear layers have 6 value heads served by 2 key heads (the full
-layers 4 heads), Qwen3-Next's MLP in layers 1 and 3 routes through experts. Weights are drawn with std 0.3 off their init (norm weights,
-A_log, dt_bias too); A_log is then moved to about -1.5 so the decays stay in (0, 1) without vanishing on a
-sentence (exp(g) per token around 0.6), which keeps M's far columns readable.
+layers 4 heads), Qwen3-Next's MLP in layers 1 and 3 routes through experts. Weights are drawn with std 0.3 off
+their init (norm weights, A_log, dt_bias too); A_log is then moved down by 1.5 so the decays stay in (0, 1) without
+vanishing on a sentence, which keeps M's far columns readable.
 """
 
 from __future__ import annotations
@@ -77,3 +77,25 @@ def linear_modules(model) -> dict[int, object]:
         if module is not None:
             found[index] = module
     return found
+
+
+def build_multimodal(folder: Path):
+    """Qwen3.5's multimodal checkpoint (`qwen3_5`, Qwen3_5ForConditionalGeneration): a tiny vision tower beside the
+    same text model as `qwen3_5_text`'s, its settings under text_config, its keys under model.language_model."""
+    import transformers as tf
+    from transformers import Qwen2Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, merges = _bpe(True, ["<|endoftext|>"])
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    n = len(tokenizer)
+    text, _ = _config_and_class("qwen3_5_text", n)
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 20, "num_heads": 2, "out_hidden_size": 32,
+              "patch_size": 14, "num_position_embeddings": 16}
+    config = tf.Qwen3_5Config(text_config=text.to_dict(), vision_config=vision, image_token_id=n - 1,
+                              video_token_id=n - 2, vision_start_token_id=n - 3, vision_end_token_id=n - 4)
+    torch.manual_seed(43)
+    model = perturb(tf.Qwen3_5ForConditionalGeneration(config).eval())
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return tf.Qwen3_5ForConditionalGeneration.from_pretrained(folder, attn_implementation="eager").eval()
