@@ -115,11 +115,8 @@ class KimiLinear(LinearLayers, DeepseekV3):
             return "full_attention" if layer and layer % 4 == 0 else "linear_attention"
         return super().layer_kind(layer)
 
-    def layer_notes(self, layer: int) -> list[str]:
-        if self.linear(layer):
-            return self.linear_notes(layer)
-        return [f"layer {layer} is multi-head latent attention without RoPE: Q_pe and K_pe are plain parts of the "
-                "query and key (cos 1, sin 0)"]
+    full_note = ("multi-head latent attention without RoPE: Q_pe and K_pe are plain parts of the query and key "
+                 "(cos 1, sin 0)")
 
     # --- the full layers: MLA without rotation --------------------------------------------------------------
 

@@ -89,7 +89,11 @@ class LinearLayers:
             raise UsageError(f"{{head}} {head} is out of range: layer {layer} ({kind}) has {counted(n, 'head')}, "
                              f"0 to {n - 1}", "head")
 
-    def linear_notes(self, layer: int) -> list[str]:
+    full_note = "a full attention layer"  # what the family's full layers are, in the traced layer's notes
+
+    def layer_notes(self, layer: int) -> list[str]:
+        if not self.linear(layer):
+            return [f"layer {layer} is {self.full_note}"]
         from attnscope.linear_attention import EFFECTIVE_NOTE
 
         s = self.delta
@@ -131,9 +135,9 @@ class LinearLayers:
 
 
 class Qwen3Next(LinearLayers, Qwen3Moe):
-    model_types: ClassVar[tuple[str, ...]] = ("qwen3_next",)
+    model_types: ClassVar[tuple[str, ...]] = ("qwen3_next",)  # type: ignore[assignment]
     query = "input_layernorm.weight"  # every layer has one; layer 0 is a linear layer, without q_proj
-    default_head_dim = 256  # Qwen3NextConfig's
+    default_head_dim = 256  # type: ignore[assignment]  # Qwen3NextConfig's
     norm_plus_one = True  # Qwen3NextRMSNorm: (1 + w), the qk-norms too
     whole_head_default = False  # Qwen3NextRotaryEmbedding turns partial_rotary_factor of each head, 0.25 by default
     partial_default = 0.25  # Qwen3NextConfig.__post_init__ sets it where config.json leaves it out
@@ -154,11 +158,8 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         for layer in range(self.n_layer):
             self.layer_kind(layer)  # a bad layer_types entry is refused now, not at layer L
 
-    def layer_notes(self, layer: int) -> list[str]:
-        if self.linear(layer):
-            return self.linear_notes(layer)
-        return [f"layer {layer} is a gated full attention layer: each head's output is scaled by sigmoid of its "
-                "gate rows of q_proj (gate, x_gated) before o_proj"]
+    full_note = ("a gated full attention layer: each head's output is scaled by sigmoid of its gate rows of q_proj "
+                 "(gate, x_gated) before o_proj")
 
     # --- the full layers: gated attention ----------------------------------------------------------------------
 
