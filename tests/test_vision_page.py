@@ -31,9 +31,11 @@ def made(tmp_path_factory):
         args = ["head", "--model", "model", "--image", "cat.png", "--layer", "1", "--head", "2"]
         data = run_main(*args, "--json").json()
         assert run_main(*args, "--html", "page.html").code == 0
+        every = run_main(*args, "--all-layers", "--json").json()
+        assert run_main(*args, "--all-layers", "--html", "every.html").code == 0
     finally:
         os.chdir(here)
-    return data, root / "page.html"
+    return data, root / "page.html", every, root / "every.html"
 
 
 def _weight_on_patches(title: str) -> float:
@@ -43,7 +45,7 @@ def _weight_on_patches(title: str) -> float:
 
 
 def test_overlay_picks_queries(made):
-    data, path = made
+    data, path, _, _ = made
     attention = data["attention"]  # [n_tokens, n_tokens], head 2 of layer 1
     assert CHROMIUM is not None
     with browser(CHROMIUM) as context:
@@ -53,7 +55,8 @@ def test_overlay_picks_queries(made):
         box = page.locator("[data-testid=image-overlay]")
         assert box.is_visible()
         title = page.inner_text("[data-testid=overlay-title]")
-        assert title.startswith("query 0 “[CLS]”")
+        assert title.startswith("query 0 “[CLS]”") and "layer 1, head 2" in title
+        assert page.locator("[data-testid=overlay-mode]").is_hidden()  # no rollout without --all-layers
         assert _weight_on_patches(title) == pytest.approx(sum(attention[0][3:]), abs=2e-3)
         buttons = page.locator("[data-testid=overlay-token]")
         assert buttons.all_inner_texts()[1].startswith("reg0 ")
@@ -72,3 +75,24 @@ def test_overlay_picks_queries(made):
         if shots:
             page.mouse.click(where["x"] + where["width"] * 0.1, where["y"] + where["height"] * 0.1)
             box.screenshot(path=str(Path(shots) / "vision-page.png"))
+
+
+def test_rollout_over_the_image(made):
+    """With --all-layers the overlay switches to the rollout's row of the same query, as --json's rollout."""
+    _, _, data, path = made
+    rollout = data["rollout"]  # [n_tokens, n_tokens]
+    assert CHROMIUM is not None
+    with browser(CHROMIUM) as context:
+        opened = open_page(context, path)
+        page = opened.page
+        assert not opened.errors
+        page.locator("[data-testid=overlay-mode]").click()
+        title = page.inner_text("[data-testid=overlay-title]")
+        assert title.startswith("query 0 “[CLS]”") and "rollout up to layer 1" in title, title
+        assert _weight_on_patches(title) == pytest.approx(sum(rollout[0][3:]), abs=2e-3)
+        page.locator("[data-testid=overlay-token]").nth(1).click()  # reg0 as the query
+        title = page.inner_text("[data-testid=overlay-title]")
+        assert title.startswith("query 1 “reg0”") and "rollout" in title
+        assert _weight_on_patches(title) == pytest.approx(sum(rollout[1][3:]), abs=2e-3)
+        page.locator("[data-testid=overlay-mode]").click()
+        assert "layer 1, head 2" in page.inner_text("[data-testid=overlay-title]")

@@ -2,13 +2,15 @@
 // processor's output), each patch painted with the chosen query's weight on it on the viridis scale (0 to the
 // largest weight on a patch), the query's own patch outlined; click a patch to make it the query. The tokens
 // that are no place on the image ([CLS], [DIST], registers) are listed apart with their weights, and pick a query
-// too. With no query chosen the row shown is [CLS]'s, or, with no [CLS], every query's mean.
+// too. With no query chosen the row shown is [CLS]'s, or, with no [CLS], every query's mean. With --all-layers a
+// button switches to the attention rollout's row (META.rollout, readings/rollout.py) for the same query.
 
 const OVERLAY_SIDE = 448, OVERLAY_ALPHA = 0.6;
-let overlayImage = null, overlayGeo = null;
+let overlayImage = null, overlayGeo = null, overlayRollout = null;
 
 function overlayRow() {  // [query or null, weights over every key]: the chosen query's, else [CLS]'s, else the mean
-  const P = current, I = META.image, q = state.query;
+  const I = META.image, q = state.query !== null ? state.query : (I.query ?? null);  // a VLM's: its last text query
+  const R = overlayRollout, P = R ? { n_Q: R.shape[0], n_K: R.shape[1], row: (i) => ({ arr: R, base: i * R.shape[1] }) } : current;
   if (q !== null || I.prefix.includes("[CLS]")) {
     const at = q === null ? I.prefix.indexOf("[CLS]") : q, row = P.row(at);
     if (!row) return [at, null];
@@ -34,6 +36,14 @@ function drawOverlay() {
     overlayImage.onload = () => drawOverlay();
     overlayImage.src = I.uri;
     wireOverlay();
+    const mode = $("overlay-mode");
+    mode.hidden = !(META.rollout && META.rollout.rollout);
+    mode.addEventListener("click", async () => {
+      overlayRollout = overlayRollout ? null : await arr(META.rollout.rollout);
+      mode.setAttribute("aria-pressed", String(!!overlayRollout));
+      mode.textContent = overlayRollout ? "show the head" : "show the rollout";
+      drawOverlay();
+    });
     return;
   }
   if (!overlayImage.complete) return;
@@ -58,13 +68,16 @@ function drawOverlay() {
     ctx.strokeStyle = "#fff"; ctx.lineWidth = 2;
     ctx.strokeRect((own % I.cols) * size + 1, Math.floor(own / I.cols) * size + 1, size - 2, size - 2);
   }
-  overlayGeo = { size, q, weights, peak };
-  const d = Math.max(0, -(current.grid ? current.grid.ref.exp : -META.decimals));
+  overlayGeo = { size, q, weights, peak, decimals: 0 };
+  const d = Math.max(0, -(overlayRollout ? overlayRollout.ref.exp : current.grid ? current.grid.ref.exp : -META.decimals));
   const onPatches = patches.reduce((s, v) => s + (Number.isFinite(v) ? v : 0), 0);
+  const L = META.layers[state.layer], h = L.heads[state.head];
+  const whose = overlayRollout ? `rollout up to ${META.layers[META.layers.length - 1].label}` : `${L.label}, ${h.label}`;
   const who = q === null ? "every query's mean" : `query ${q} “${qLabel(q)}”`;
   $("overlay-title").textContent = weights
-    ? `${who}: ${onPatches.toFixed(3)} of its weight on the ${I.rows} × ${I.cols} patches; 0 (clear) to ${peak.toFixed(d)} (bright) · ${I.path}, ${I.processor}`
+    ? `${who}: ${onPatches.toFixed(3)} of its weight on the ${I.rows} × ${I.cols} patches; 0 (clear) to ${peak.toFixed(d)} (bright) · ${whose} · ${I.path}, ${I.processor}`
     : `${who}: its exact weights are not in the page, only the pooled pattern`;
+  overlayGeo.decimals = d;
   overlayPrefix(q, weights, d);
 }
 
@@ -72,7 +85,9 @@ function overlayPrefix(q, weights, d) {
   const I = META.image, panel = $("overlay-prefix");
   panel.replaceChildren();
   if (!I.prefix.length) {
-    const p = document.createElement("p"); p.className = "muted"; p.textContent = "no [CLS] or registers: every token is a patch";
+    const p = document.createElement("p"); p.className = "muted";
+    p.textContent = I.query != null ? "the text's tokens are no place on the image: find one (find a token) to see its row here"
+      : "no [CLS] or registers: every token is a patch";
     panel.append(p);
     return;
   }
@@ -101,6 +116,6 @@ function wireOverlay() {
   canvas.addEventListener("mousemove", (e) => {
     const at = overlayHit(e);
     if (!at || !overlayGeo.weights) { canvas.title = ""; return; }
-    canvas.title = `${kLabel(at.token)}: ${overlayGeo.weights[at.token].toFixed(Math.max(0, -(current.grid ? current.grid.ref.exp : -META.decimals)))} (click: make it the query)`;
+    canvas.title = `${kLabel(at.token)}: ${overlayGeo.weights[at.token].toFixed(overlayGeo.decimals)} (click: make it the query)`;
   });
 }
