@@ -156,9 +156,6 @@ class Gemma4(Gemma3):
         """`attention_k_eq_v` on a full layer: the values are the keys' projection (`use_alternative_attention`)."""
         return self.config.flag("attention_k_eq_v") and self.kinds[layer] != "sliding_attention"
 
-    def layer_d_head(self, layer: int) -> int:
-        return self.sizes[layer][0]
-
     def layer_sizes(self, layer: int) -> tuple[int, int]:
         return self.sizes[layer]
 
@@ -247,7 +244,7 @@ class Gemma4(Gemma3):
     def _layer_rope(self, layer: int) -> Any:
         from attnscope.rope import Rope
 
-        d_head = self.layer_d_head(layer)
+        d_head = self.sizes[layer][0]
         try:
             rope = Rope.from_config(self.config.data, self.kinds[layer], head_dim=d_head)
         except UsageError as error:
