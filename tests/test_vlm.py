@@ -31,13 +31,23 @@ def built(tmp_path_factory):
 
 
 def _every_layer(folder, config, tokens, n_layer: int) -> list[torch.Tensor]:
-    """attnscope's layer L, every head `[n_head, n_tokens, n_tokens]`, for each L: the family page's run from the
-    model's embeddings, or the attention interface's record."""
+    """attnscope's every layer's heads `[n_head, n_tokens, n_tokens]`: the family page's run from the model's
+    embeddings (every layer in one pass, and layer L alone for each L: both must agree), or the attention
+    interface's record of every layer."""
+    from attnscope.models.run import run_layer
+    from attnscope.models.stream import every_layer
+
     if vlm.VLM_TYPES[config.model_type] is None:
-        return [vlm_run.interface(folder, config, tokens, L).attention for L in range(n_layer)]
+        run, patterns = vlm_run.interface(folder, config, tokens, n_layer - 1, every=True)
+        assert patterns is not None and torch.equal(patterns[-1], run.attention)
+        return patterns
     model = vlm_run.text_family(folder, config, tokens)
-    h0 = vlm_run.embeddings(folder, config, tokens)
-    return [vlm_run.page(model, h0, L, 0).layer["attention"][0] for L in range(n_layer)]
+    zeros = [0] * len(tokens.ids)
+    patterns = every_layer(model, tokens.ids, zeros, 0, 0).patterns
+    for L, pattern in enumerate(patterns):
+        alone = run_layer(model, tokens.ids, zeros, L, 0).layer["attention"][0]
+        assert torch.allclose(alone, pattern, atol=1e-6), L
+    return patterns
 
 
 @pytest.mark.parametrize("name", PROCESSED)
@@ -154,7 +164,7 @@ def test_refusals(built, picture, tmp_path):
         (["--image", str(not_image), "--text", TEXT], "is not an image"),
         (["--image", str(truncated), "--text", TEXT], "is truncated"),
         (["--image", str(picture)], "add --text"),
-        (["--image", str(picture), "--text", TEXT, "--all-layers"], "drop --all-layers"),
+        (["--image", str(picture), "--text", TEXT, "--generate", "2"], "drop --generate"),
         (["--image", str(picture), "--text", TEXT, "--layer", "5"], "--layer 5 is out of range"),
     ]
     for args, said in cases:
@@ -223,3 +233,17 @@ def test_text_settings_fill_what_config_json_leaves_out(tmp_path):
         (folder / "config.json").write_text(json.dumps(saved))
         config = Config(folder / "config.json", saved)
         assert vlm_run.text_settings(folder, config)["num_hidden_layers"] == layers, name
+
+
+@pytest.mark.parametrize("name", ["llava_mistral", "qwen3_vl"])
+def test_all_layers_with_check(name, built, picture):
+    """--all-layers with an image: every layer's heads and kinds, each layer held against eager by --check."""
+    folder, model = built(name)
+    out = run_main("head", "--model", str(folder), "--layer", "0", "--text", TEXT, "--image", str(picture),
+                   "--all-layers", "--check", "--json")
+    assert out.code == 0, out.stderr
+    data = out.json()
+    _, theirs = eager_attentions(model, folder, TEXT, picture)
+    assert [c["name"] for c in data["check"]] == [f"layer {i}" for i in range(len(theirs))] and data["check_passed"]
+    for i, layer in enumerate(data["all_layers"]):
+        assert torch.allclose(torch.tensor(layer["attention"]), theirs[i][0], atol=ATOL)

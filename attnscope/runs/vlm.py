@@ -27,14 +27,14 @@ if TYPE_CHECKING:
 
 def refuse_options(asked: HeadOptions) -> None:
     """What a VLM's text with an image does not run yet, refused in one line before anything is read."""
-    used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", bool(asked.generate)),
-                                  ("--rows", asked.rows is not None), ("--target", asked.target is not None),
-                                  ("--attention", asked.attention is not None),
+    used = [flag for flag, on in (("--generate", bool(asked.generate)), ("--rows", asked.rows is not None),
+                                  ("--target", asked.target is not None), ("--attention", asked.attention is not None),
                                   ("--audio", asked.audio is not None)) if on]
     if used:
         named = " and ".join(used)
-        raise UsageError(f"--image with --text runs layers 0..--layer of a vision-language model once; {named} "
-                         f"{'do' if len(used) > 1 else 'does'} not run with an image; drop {named}")
+        raise UsageError(f"--image with --text runs a vision-language model on the prompt once (layers 0..--layer, or "
+                         f"every layer); {named} {'do' if len(used) > 1 else 'does'} not run with an image; drop "
+                         f"{named}")
     if asked.text is None:
         raise UsageError("--image on a vision-language model goes with a prompt: add --text \"...\" (the image's "
                          "tokens are placed where the model's processor places them)")
@@ -54,9 +54,10 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
         picture = read_image(asked.image or "")
         tokens = vlm.place(folder, config, asked.text or "", picture)
     n = len(tokens.ids)
+    last = vlm_run.n_layer(folder, config) - 1 if asked.all_layers else asked.layer
     with Checkpoint.open(folder) as checkpoint:
-        needed = estimate_bytes(checkpoint, asked.layer, n)
-    guard_memory(needed, asked.max_memory, f"running the vision tower and layers 0..{asked.layer} on {n} tokens")
+        needed = estimate_bytes(checkpoint, last, n) + (last + 1) * 4 * 64 * n * n  # and every layer's patterns
+    guard_memory(needed, asked.max_memory, f"running the vision tower and layers 0..{last} on {n} tokens")
     page = vlm.VLM_TYPES[config.model_type] is not None
     with progress(f"running {config.architecture}'s vision tower and layers 0 to {asked.layer} on {n} tokens"):
         result = _on_page(asked, folder, config, tokens) if page else _through_interface(asked, folder, config, tokens)
@@ -76,41 +77,57 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
 
 
 def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
+    """The text model on attnscope's page, its layer 0 fed the embeddings the model made: `run_layer`, or with
+    --all-layers `every_layer`, as runs/head.py runs a text."""
+    from attnscope.models import stream
+    from attnscope.models.run import run_layer
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import vlm_run
     from attnscope.models.weights import head_weights
+    from attnscope.runs import layers
     from attnscope.runs.head_result import HeadResult, ModelInfo
 
     model = vlm_run.text_family(folder, config, tokens)
+    encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
     with model.checkpoint:
         model.check_position(asked.layer, asked.head)
         weights = head_weights(model, asked.layer, asked.head)
-        h0 = vlm_run.embeddings(folder, config, tokens)  # [1, n_tokens, d_model]
-        run = vlm_run.page(model, h0, asked.layer, asked.head)
-    info = ModelInfo.of(model)
-    info.model_type = config.model_type
-    encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
-    result = HeadResult(asked, info, weights, encoded, run=run, notes=list(weights.notes), tracer="attnscope")
-    result.attention = run.head["attention"]
-    result.all_heads = run.layer["attention"][0]  # [n_head, n_tokens, n_tokens]
-    result.notes.extend(run.layer.notes)
-    result.notes.append(f"the vision tower and projector ran in transformers (untraced); layers 0..{asked.layer} of "
-                        f"the language model ran on attnscope's {type(model).__name__} page from the embeddings "
-                        "the model made, the image's features in the image's places")
+        info = ModelInfo.of(model)
+        info.model_type = config.model_type
+        result = HeadResult(asked, info, weights, encoded, notes=list(weights.notes), tracer="attnscope")
+        if asked.all_layers:
+            every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
+            result.run, result.all_layers = every.run, every.patterns
+            result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
+            layers.layer_heads(result)
+        else:
+            result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
+    result.attention = result.run.head["attention"]
+    result.all_heads = result.run.layer["attention"][0]  # [n_head, n_tokens, n_tokens]
+    result.notes.extend(result.run.layer.notes)
+    ran = "every layer" if asked.all_layers else f"layers 0..{asked.layer}"
+    result.notes.append(f"the vision tower and projector ran in transformers (untraced); {ran} of the language "
+                        f"model ran on attnscope's {_page_name(model)} page from the embeddings the "
+                        "model made (layer 0's input: the token embeddings with the image's features in its places)")
     return result
 
 
 def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import vlm_run
+    from attnscope.runs import layers
     from attnscope.runs.interface import _result
 
-    run = vlm_run.interface(folder, config, tokens, asked.layer)
+    run, patterns = vlm_run.interface(folder, config, tokens, asked.layer, every=asked.all_layers)
     encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
-    result = _result(asked, folder, config, encoded, run, f"the vision tower and layers 0..{asked.layer}")
+    ran = "every layer" if asked.all_layers else f"layers 0..{asked.layer}"
+    result = _result(asked, folder, config, encoded, run, f"the vision tower and {ran}")
     result.notes.append(f"{config.architecture} turns M-RoPE (three position ids per token: time, row and column "
                         "of the image, transformers' get_rope_index), which no attnscope page computes: its "
                         "attention is traced through transformers' attention interface from Q, K, V after RoPE")
+    if patterns is not None:
+        result.all_layers = patterns
+        layers.layer_heads(result)
     return result
 
 
@@ -125,17 +142,26 @@ def _picture(path: str, picture: Image.Image, tokens: ImageTokens) -> Picture:
 
 
 def check(result: HeadResult, folder: Path, config: Config, tokens: ImageTokens) -> list[Comparison]:
-    """Layer L's every head against transformers' eager VLM's `output_attentions` on the processor's inputs."""
+    """Layer L's every head (every layer's with --all-layers) against transformers' eager VLM's
+    `output_attentions` on the processor's inputs."""
     import torch
 
     from attnscope.check import compare
     from attnscope.models.vision import vlm_run
 
-    layer = result.options.layer
-    model = vlm_run.load_eager(folder, config, layer)
+    mine = dict(enumerate(result.all_layers)) if result.all_layers is not None else {result.options.layer:
+                                                                                       result.all_heads}
+    model = vlm_run.load_eager(folder, config, max(mine))
     with torch.no_grad():
         theirs = model(**tokens.inputs, output_attentions=True).attentions
-    if theirs is None or theirs[layer] is None:
-        raise UsageError(f"--check: transformers gives layer {layer} no attention weights to compare with")
-    assert result.all_heads is not None
-    return [compare(f"layer {layer}", "output_attentions", result.all_heads.float(), theirs[layer][0].float())]
+    comparisons = []
+    for layer, pattern in mine.items():
+        if theirs is None or theirs[layer] is None or pattern is None:
+            raise UsageError(f"--check: transformers gives layer {layer} no attention weights to compare with")
+        comparisons.append(compare(f"layer {layer}", "output_attentions", pattern.float(), theirs[layer][0].float()))
+    return comparisons
+
+
+def _page_name(model: object) -> str:
+    """The page's class: `Gemma3` for the Gemma3ImageWithImage a VLM's run builds."""
+    return type(model).__name__.removesuffix("WithImage").removesuffix("Image")

@@ -40,14 +40,11 @@ def image_mask(blocks: list[int], window: int | None) -> torch.Tensor:
 
 
 class Gemma3Image(Gemma3):
-    """Gemma 3's text model reading a prompt with an image: `blocks` says which positions each image fills."""
+    """Gemma 3's text model reading a prompt with an image: `blocks` says which image each position is in (-1:
+    text), as `ImageTokens.blocks` gives it."""
 
     blocks: list[int]
     _building = False  # while the module is built: its spec leaves causality and the window to the mask
-
-    def with_image(self, blocks: list[int]) -> Gemma3Image:
-        self.blocks = blocks
-        return self
 
     def attention_spec(self, layer: int) -> AttentionSpec:
         """The layer's own spec (causal, its window: what the table and JSON describe); the module's, while it

@@ -6,13 +6,15 @@ projected image features scattered over the image's positions: each family's `ma
 transformers' own forward, stopped there (`_Entered`), with the text model cut to one layer so nothing more is
 loaded than the tower, the projector and the embeddings.
 
-Then the text model's layers 0..L run:
-- on attnscope's family page where there is one (`page`): Gemma 3 (with the image's bidirectional mask:
-  vlm_gemma3.py), Llama 4, LLaVA's LLaMA or Mistral, from those embeddings, layer L traced;
+Then the text model's layers run:
+- on attnscope's family page where there is one (`text_family`): Gemma 3 (with the image's bidirectional mask:
+  vlm_gemma3.py), Llama 4, LLaVA's LLaMA or Mistral, the page's class with `ImageEmbedded` mixed in, so that
+  its layer 0 reads those embeddings: models/run.py's `run_layer` (layers 0..L, L traced) and models/stream.py's
+  `every_layer` run it as they run any page;
 - through transformers' attention interface otherwise (`interface`): Qwen2.5-VL and Qwen3-VL turn M-RoPE, three
   position ids per token (temporal, row, column; `get_rope_index`), which no page computes, so the whole model
-  runs in transformers (its text layers cut to L + 1, its vision tower eager) and layer L's attention is
-  recorded from the Q, K, V and mask transformers hands it (models/interface.py).
+  runs in transformers (its text layers cut to L + 1 unless every layer is asked, its vision tower eager) and
+  layer L's attention is recorded from the Q, K, V and mask transformers hands it (models/interface.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
 
     from attnscope.models.config import Config
     from attnscope.models.family import Family
-    from attnscope.models.run import LayerRun
     from attnscope.models.truncated import TransformersRun
     from attnscope.models.vision.vlm import ImageTokens
 
@@ -41,33 +42,47 @@ class _Entered(Exception):
         self.embeds = embeds
 
 
+class ImageEmbedded:
+    """Mixed into a family's page: the residual stream entering layer 0 is the one the VLM made (`embeddings`: the
+    token embeddings with the image's projected features in its places), so models/run.py's `run_layer` and
+    models/stream.py's `every_layer` run the text model on a prompt with an image unchanged."""
+
+    h0: torch.Tensor  # [1, n_tokens, d_model]
+
+    def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
+        if len(ids) != int(self.h0.shape[1]):
+            raise ValueError(f"{len(ids)} ids for the {int(self.h0.shape[1])} positions the model embedded")
+        return self.h0
+
+
 def text_family(folder: Path, config: Config, tokens: ImageTokens) -> Family:
-    """The page that reads this VLM's language model: Gemma 3's with the image mask, Llama 4's, or for LLaVA the
-    page of its text_config's model_type."""
+    """The page that reads this VLM's language model (Gemma 3's with the image mask, Llama 4's, or for LLaVA the
+    page of its text_config's model_type), its layer 0 fed the embeddings the model made of the prompt."""
     from attnscope.models import family_of
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config as Settings
     from attnscope.models.shapes import check_weights
 
-    checkpoint = Checkpoint.open(folder)
-    model: Family
+    settings = config
     if config.model_type == "gemma3":
         from attnscope.models.vision.vlm_gemma3 import Gemma3Image
 
-        model = Gemma3Image(folder, config, checkpoint).with_image(tokens.blocks())
+        family: type[Family] | None = Gemma3Image
     elif config.model_type == "llava":
         # transformers' text config, its class defaults filled in: LLaVA 1.5's config.json names a few settings
-        text = Settings(config.path, {**text_settings(folder, config),
-                                      "architectures": config.data.get("architectures")})
-        family = family_of(text)
-        assert family is not None  # vlm.check_vlm kept LLaMA and Mistral
-        model = family(folder, text, checkpoint)
-        model.architecture = config.architecture
+        settings = Settings(config.path, {**text_settings(folder, config),
+                                          "architectures": config.data.get("architectures")})
+        family = family_of(settings)
     else:
         family = family_of(config)
-        assert family is not None
-        model = family(folder, config, checkpoint)
+    assert family is not None  # vlm.check_vlm kept the families with a page
+    with_image = type(f"{family.__name__}WithImage", (ImageEmbedded, family), {})
+    model: Family = with_image(folder, settings, Checkpoint.open(folder))
+    model.architecture = config.architecture
+    if config.model_type == "gemma3":
+        model.blocks = tokens.blocks()  # type: ignore[attr-defined]  # each position's image, for its mask
     check_weights(model)
+    model.h0 = embeddings(folder, config, tokens)  # type: ignore[attr-defined]
     return model
 
 
@@ -96,33 +111,20 @@ def embeddings(folder: Path, config: Config, tokens: ImageTokens) -> torch.Tenso
     raise ResourceError(f"{config.architecture} never called its language model with inputs_embeds")
 
 
-def page(model: Family, h0: torch.Tensor, layer: int, head: int) -> LayerRun:
-    """`models/run.py`'s `run_layer`, from the embeddings the model made: layers 0..L-1 whole, layer L traced."""
-    import torch
-
-    from attnscope.models.run import layer_run
-
-    with torch.no_grad():
-        h = h0  # [1, n_tokens, d_model]
-        for earlier in range(layer):
-            h = model.block(earlier, h, model.attention(earlier, record=False))
-        X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
-        traced = model.attention(layer, record=True)(X)
-    made = f"{made}; layer 0's input: the token embeddings with the projected image features in the image's places"
-    return layer_run(model, layer, head, traced, X, made)
-
-
-def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int) -> TransformersRun:
-    """The whole VLM in transformers, its text layers cut to L + 1, layer L's attention recorded through the
-    attention interface (the vision tower's own attention stays eager, unrecorded)."""
+def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int,
+              every: bool = False) -> tuple[TransformersRun, list[torch.Tensor] | None]:
+    """The whole VLM in transformers, its text layers cut to L + 1 (all of them with `every`), layer L's attention
+    recorded through the attention interface, and with `every` every layer's pattern `[n_head, n_tokens,
+    n_tokens]` (the vision tower's own attention stays eager, unrecorded)."""
     import torch
 
     from attnscope.models import interface as recorder
     from attnscope.models.truncated import sizes
 
-    model = _load(folder, config, layers=layer + 1, attention=recorder.IMPLEMENTATION)
+    n = n_layer(folder, config)
+    model = _load(folder, config, layers=n if every else layer + 1, attention=recorder.IMPLEMENTATION)
     try:
-        with torch.no_grad(), recorder.recording(layer) as recording:
+        with torch.no_grad(), recorder.recording(layer, stop=not every, every=every) as recording:
             try:
                 model(**tokens.inputs)
             except recorder.Reached:
@@ -133,15 +135,10 @@ def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int) -> 
     recorded = recording.recorded
     if recorded is None:
         raise ResourceError(f"{config.architecture}'s layer {layer} never called the attention interface")
-    text_model = model.get_decoder()
-    run = sizes(text_model, recorded, recorded.layer["attention"][0], _n_layer(folder, config), layer)
+    run = sizes(model.get_decoder(), recorded, recorded.layer["attention"][0], n, layer)
     run.architecture = config.architecture
-    return run
-
-
-def load_eager(folder: Path, config: Config, layer: int) -> Any:
-    """transformers' eager VLM, text layers 0..`layer`: --check's reference."""
-    return _load(folder, config, layers=layer + 1, attention="eager")
+    patterns = recording.patterns
+    return run, None if patterns is None else [patterns[i] for i in range(n)]
 
 
 def text_settings(folder: Path, config: Config) -> dict[str, Any]:
@@ -161,7 +158,12 @@ def text_settings(folder: Path, config: Config) -> dict[str, Any]:
     return dict(settings.get_text_config().to_dict())
 
 
-def _n_layer(folder: Path, config: Config) -> int:
+def load_eager(folder: Path, config: Config, last: int) -> Any:
+    """transformers' eager VLM, text layers 0..`last`: --check's reference."""
+    return _load(folder, config, layers=last + 1, attention="eager")
+
+
+def n_layer(folder: Path, config: Config) -> int:
     n = text_settings(folder, config).get("num_hidden_layers")
     if not isinstance(n, int) or n < 1:
         raise UsageError(f"{config.path}: the language model has no num_hidden_layers; fix config.json")
@@ -171,7 +173,7 @@ def _n_layer(folder: Path, config: Config) -> int:
 def check_layer(folder: Path, config: Config, layer: int) -> None:
     from attnscope.models.family import check_position
 
-    check_position(_n_layer(folder, config), 1 << 30, layer, 0)
+    check_position(n_layer(folder, config), 1 << 30, layer, 0)
 
 
 def _load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
@@ -186,7 +188,7 @@ def _load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
     quiet_transformers()
     try:
         settings = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-        settings.text_config = cut(settings.text_config, _n_layer(folder, config), layers - 1)
+        settings.text_config = cut(settings.text_config, n_layer(folder, config), layers - 1)
         if attention == recorder.IMPLEMENTATION:
             recorder.register()
         implementation = {"": "eager", "text_config": attention, "vision_config": "eager"}
