@@ -124,3 +124,31 @@ def test_json_is_strict(towers):
     out = run_main("head", "--model", str(folders["vit"][0]), "--image", str(image), "--json")
     assert out.code == 0
     json.loads(out.stdout, parse_constant=lambda name: pytest.fail(f"JSON holds {name}"))
+
+
+@pytest.mark.parametrize("side", [3, 14, 37, 90])
+def test_terminal_grid_fits_80_columns(side):
+    """A grid of any size fits the width: two characters a patch, one, or columns pooled (their mean), and the
+    cells follow the row (the largest patch drawn full)."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+    from rich.console import Console
+
+    from attnscope.models.vision.patches import Grid, Picture
+    from attnscope.render.overlay import show_overlay
+
+    grid = Grid.of(side * 4, side * 4, 4, ["[CLS]"])
+    row = torch.rand(grid.n_tokens, dtype=torch.float64)
+    row[grid.token(side - 1, side - 1)] = 10.0  # its block outweighs any other, pooled or not
+    attention = (row / row.sum()).expand(grid.n_tokens, -1)
+    result = SimpleNamespace(picture=Picture(Image.new("RGB", (side * 4, side * 4)), grid, "x.png", "P"),
+                             attention=attention, layer_name="layer 0", options=SimpleNamespace(head=0),
+                             rollout=None, layers=None)
+    out = Console(width=80, record=True, no_color=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    show_overlay(out, result)
+    lines = out.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    assert f"{side} x {side} patches" in "\n".join(lines) and lines[-1].startswith("apart from the image: [CLS]")
+    last = lines[-2]  # the grid's last row: its last cell is the largest patch, drawn full
+    assert last.rstrip().endswith("█"), last

@@ -83,25 +83,40 @@ def head_overlays(result: HeadResult) -> list[Overlay]:
 
 
 def show_overlay(out: Console, result: HeadResult) -> None:
-    """Each overlay as a grid of cells, a patch a cell (two characters wide where they fit), the row and
-    column numbers around it, the tokens before the patches listed apart."""
+    """Each overlay as a grid of cells, a patch a cell (two characters wide where they fit; past the width,
+    blocks of patches pooled to their mean), the row and column numbers around it, the tokens before the patches
+    listed apart."""
     for overlay in head_overlays(result):
         rows, cols = len(overlay.cells), len(overlay.cells[0]) if overlay.cells else 0
         width = 2 if 2 * cols + 6 <= out.width else 1
         pool = max(1, math.ceil(cols / max(1, out.width - 6)))
+        cells = _pooled(overlay.cells, pool)
+        peak = max((v for line in cells for v in line if math.isfinite(v)), default=0.0)
         out.print(Text(overlay.title, style="bold"))
-        out.print(ramp("scale  0", f"{overlay.peak:.3g}, the largest weight on a patch"))
+        out.print(ramp("scale  0", f"{peak:.3g}, the largest weight on a {'patch' if pool == 1 else 'block'}"))
         out.print(Text(f"{overlay.patch_total:.3f} of the row's weight is on the {rows} x {cols} patches"
-                       + (f" (columns pooled by {pool}: their mean)" if pool > 1 else "")))
+                       + (f" (drawn in blocks of {pool} x {pool} patches: their mean)" if pool > 1 else "")))
         shown = range(0, cols, pool)
         if cols > 10:  # the tens of each column number above its units
             out.print(Text("     " + "".join(f"{c // 10 if c >= 10 else ' ':<{width}}" for c in shown)))
         out.print(Text("     " + "".join(f"{c % 10:<{width}}" for c in shown)))
-        for r, line in enumerate(overlay.cells):
-            pooled = [sum(line[c:c + pool]) / len(line[c:c + pool]) for c in range(0, cols, pool)]
-            out.print(CellLine(f"{r:>4} ", Cells(pooled, overlay.peak, width)))
+        for r, line in zip(range(0, rows, pool), cells, strict=True):
+            out.print(CellLine(f"{r:>4} ", Cells(line, peak, width)))
         if overlay.prefix:
             out.print(Text("apart from the image: " + "  ".join(f"{name} {w:.3f}" for name, w in overlay.prefix)))
+
+
+def _pooled(cells: list[list[float]], pool: int) -> list[list[float]]:
+    """Blocks of `pool` x `pool` patches (fewer at the edges) as their mean."""
+    if pool == 1:
+        return cells
+    rows, cols = len(cells), len(cells[0])
+    out = []
+    for r in range(0, rows, pool):
+        band = cells[r:r + pool]
+        out.append([sum(v for line in band for v in line[c:c + pool]) / (len(band) * len(band[0][c:c + pool]))
+                    for c in range(0, cols, pool)])
+    return out
 
 
 def overlay_svg(result: HeadResult) -> str | None:
