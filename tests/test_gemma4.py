@@ -124,7 +124,8 @@ def test_generate_equals_transformers_generate(built, family):
                                  output_attentions=True, return_dict_in_generate=True)
     held = sum(tensor.numel() * tensor.element_size() for cache in out.past_key_values.layers
                if cache.keys is not None for tensor in (cache.keys, cache.values))
-    for layer in (1, 4, 5):  # full with K = V; sliding and full reading layers 2's and 3's caches
+    # full with K = V; sliding and full reading layers 2's and 3's caches (the text model; the others: the last)
+    for layer in (1, 4, 5) if family == "gemma4_text" else (5,):
         with model.checkpoint:
             steps = generate(model, ids, 5, layer)
         assert [s.token_id for s in steps] == out.sequences[0, len(ids):].tolist()
