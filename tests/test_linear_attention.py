@@ -7,6 +7,7 @@ the recurrence's matrices written out here; greedy decoding gives transformers' 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -153,7 +154,12 @@ def test_all_layers_and_json(built, runner):
     out = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "3", "--text", SENTENCE,
                               "--json"])
     assert out.exit_code == 0, out.output
-    assert "NaN" not in out.stdout and "effective_attention" in out.stdout
+    payload = json.loads(out.stdout)  # no NaN: json.loads would take it, so look for it as text too
+    assert "NaN" not in out.stdout and payload["pattern"] == "effective_attention"
+    out = runner.invoke(app, ["head", "--model", str(folder), "--layer", "2", "--text", SENTENCE, "--all-layers",
+                              "--json"])
+    assert [entry["pattern"] for entry in json.loads(out.stdout)["all_layers"]] == [
+        "effective_attention", "effective_attention", "attention", "effective_attention"]
 
 
 def test_head_range_is_the_layers_own(built, runner):
