@@ -75,6 +75,12 @@ def test_selected_is_transformers_top_k(built, name):
         assert bool((run.layer["attention"][0][:, ~expected] == 0).all())
         assert int(expected.sum(-1).max()) == model.config.index_topk
     assert name != "glm5" or 1 not in picks  # layer 1 is shared: no indexer ran there
+    weights = run_head(HeadOptions(model=str(folder), layer=2, head=3)).weights.tensors  # the indexer's, as held
+    indexer = model.model.layers[2].self_attn.indexer
+    for name, parameter in (("W_index_q", indexer.wq_b.weight), ("W_index_k", indexer.wk.weight),
+                            ("g_index_k", indexer.k_norm.weight), ("b_index_k", indexer.k_norm.bias),
+                            ("W_index_weights", indexer.weights_proj.weight)):
+        assert torch.equal(torch.as_tensor(weights[name]), parameter.detach()), name
 
 
 def test_dense_share(built):

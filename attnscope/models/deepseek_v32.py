@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models.deepseek import ATTN, DeepseekV3
+from attnscope.models.family import Slice
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -68,6 +69,25 @@ class DeepseekV32(DeepseekV3):
 
     def shared(self, layer: int) -> bool:
         return False
+
+    def head_slices(self, layer: int, head: int) -> list[Slice]:
+        """DeepSeek-V3's, and the layer's indexer (every head's: it picks the keys of the whole layer)."""
+        parts = super().head_slices(layer, head)
+        if self.shared(layer):
+            return parts
+        n, d = self.index_n_head, self.index_d_head
+        key = lambda name: self.key(layer, f"{INDEXER}.{name}")  # noqa: E731
+        return [*parts, Slice("W_index_q", key("wq_b.weight"), "rows", 0, n * d, dims=("n_index_head·d_index",
+                                                                                         "d_Q_latent")),
+                Slice("W_index_k", key("wk.weight"), "rows", 0, d, dims=("d_index", "d_model")),
+                Slice("g_index_k", key("k_norm.weight"), "rows", 0, d, dims=("d_index",)),
+                Slice("b_index_k", key("k_norm.bias"), "rows", 0, d, dims=("d_index",)),
+                Slice("W_index_weights", key("weights_proj.weight"), "rows", 0, n, dims=("n_index_head", "d_model"))]
+
+    def head_notes(self, head: int) -> list[str]:
+        return [*super().head_notes(head), "W_index_q, W_index_k, g_index_k, b_index_k, W_index_weights: the "
+                "layer's sparse indexer (wq_b, wk, k_norm, weights_proj), every head's: it picks the keys the whole "
+                "layer attends to (a GLM-5 'shared' layer has none and keeps the previous full layer's choice)"]
 
     def layer_notes(self, layer: int) -> list[str]:
         index = self.index_spec(layer)
