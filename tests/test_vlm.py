@@ -247,3 +247,20 @@ def test_all_layers_with_check(name, built, picture):
     assert [c["name"] for c in data["check"]] == [f"layer {i}" for i in range(len(theirs))] and data["check_passed"]
     for i, layer in enumerate(data["all_layers"]):
         assert torch.allclose(torch.tensor(layer["attention"]), theirs[i][0], atol=ATOL)
+
+
+def test_tiles_are_runs_and_the_global_view_is_drawn(built):
+    """Llama4Processor's prompt for a 2 x 1 tiling: two tiles, separated, then the global view; each run its own
+    labels, and the picture's run is the last (the whole image)."""
+    import transformers as tf
+    from transformers import AutoTokenizer
+
+    folder, _ = built("llama4")
+    prompt = tf.Llama4Processor._prompt_split_image(None, (2, 1), 4) + TEXT
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = dict(tokenizer(prompt, return_tensors="pt"))
+    tokens = vlm.found(read_config(folder), inputs, tokenizer, prompt, "by hand")
+    assert tokens.grids == [(2, 2)] * 3 and tokens.whole == 2
+    labelled = [label for label in tokens.labels if label.startswith("img")]
+    assert labelled[:5] == ["img(0,0)", "img(0,1)", "img(1,0)", "img(1,1)", "img2(0,0)"]
+    assert labelled[-1] == "img3(1,1)" and tokens.labels[tokens.run_start(2)] == "img3(0,0)"

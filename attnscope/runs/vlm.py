@@ -132,13 +132,14 @@ def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens:
 
 
 def _picture(path: str, picture: Image.Image, tokens: ImageTokens) -> Picture:
-    """The image the page draws the weights over: the file's picture at the first run's grid, each token a cell."""
+    """The image the page draws the weights over: the file's picture at the grid of the run that shows the whole
+    image, each of its tokens a cell."""
     from attnscope.models.vision.patches import Grid, Picture
 
-    rows, cols = tokens.grids[0]
+    rows, cols = tokens.grids[tokens.whole]
     cell = max(1, min(picture.width // max(cols, 1), picture.height // max(rows, 1)))
     shown = picture.resize((cols * cell, rows * cell))
-    return Picture(shown, Grid(rows, cols, cell), path, tokens.processor, start=tokens.image.index(True))
+    return Picture(shown, Grid(rows, cols, cell), path, tokens.processor, start=tokens.run_start(tokens.whole))
 
 
 def check(result: HeadResult, folder: Path, config: Config, tokens: ImageTokens) -> list[Comparison]:

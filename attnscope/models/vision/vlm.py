@@ -55,10 +55,15 @@ class ImageTokens:
     prompt: str
     processor: str  # what made it: `Gemma3Processor`, or `Qwen2TokenizerFast + Qwen2VLImageProcessorPil`
     notes: list[str] = field(default_factory=list)
+    whole: int = 0  # the run that shows the whole image (Llama 4's global view comes after its tiles)
 
     @property
     def n_image(self) -> int:
         return sum(self.image)
+
+    def run_start(self, k: int) -> int:
+        """The position where run `k` of image tokens starts."""
+        return [i for i, on in enumerate(self.image) if on and (i == 0 or not self.image[i - 1])][k]
 
     def blocks(self) -> list[int]:
         """Each position's image run (0, 1, ...), -1 for text: transformers' `get_block_sequence_ids_for_mask`."""
@@ -126,8 +131,10 @@ def found(config: Config, inputs: dict[str, Any], tokenizer: Any, prompt: str, m
     labels = _labels(tokenizer, ids, runs, grids)
     if len(runs) > 1:
         notes.append(f"the image fills {counted(len(runs), 'run')} of tokens (tiles, crops or a global view, as "
-                     f"the processor cut it): the first labelled img(r,c), the next img2(r,c), ...")
-    return ImageTokens(ids, labels, image, grids, inputs, prompt, made_by, notes)
+                     f"the processor cut it): the first labelled img(r,c), the next img2(r,c), ...; the picture "
+                     "shows the run that holds the whole image")
+    whole = len(runs) - 1 if config.model_type == "llama4" else 0  # Llama4Processor: tiles, then the global view
+    return ImageTokens(ids, labels, image, grids, inputs, prompt, made_by, notes, whole)
 
 
 def image_share(patterns: torch.Tensor, image: list[bool]) -> torch.Tensor:
