@@ -163,5 +163,16 @@ def test_the_command_says_it_in_words(tmp_path: Path):
     out = run_main("anatomy", str(tmp_path / "qwen3_5_text"), "--tokens", "4096")
     assert "linear (gated DeltaNet)" in out.stdout and "the same at any number of" in out.stdout
     out = run_main("anatomy", str(tmp_path / "gemma4_text"), "--tokens", "4096")
-    assert "KV of layer 2" in out.stdout and "counted once" in out.stdout and "K = V" in out.stdout
+    assert "KV of layer 2" in out.stdout and "counted once" in out.stdout.replace("\n", " ") and "K = V" in out.stdout
     assert "not interpreted" not in out.stdout
+
+
+@pytest.mark.parametrize("name", ["qwen3-next-defaults.json", "deepseek-v3.2-defaults.json", "gemma-4-shared-kv.json",
+                                  "deepseek-v4-defaults.json"])
+def test_tables_fit_80_columns_and_read_every_setting(name):
+    from rich.cells import cell_len
+
+    outcome = run_main("anatomy", str(Path(__file__).parent / "configs" / name), "--tokens", "131072")
+    assert outcome.code == 0, outcome.stderr
+    assert max(cell_len(line) for line in outcome.stdout.splitlines()) <= 80
+    assert "not interpreted" not in outcome.stdout
