@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 EAGER = "eager"
 SLACK = 10  # the module output's tolerance: the dtype's, ten times over (it has been through o_proj)
+UNCHECKED = ("self-check not run: the attention module could not be run again on its inputs (no layer_idx to "
+             "hook it by); the steps agree with the eager function they were handed to, which is all that is known")
 
 
 @dataclass(frozen=True)
