@@ -86,6 +86,10 @@ def test_folder_problems(vit, tmp_path):
     assert_usage_error(run_main("head", "--model", str(folder), "--image", str(picture), "--head", "4"), "--head 4")
     assert_usage_error(run_main("head", "--model", str(folder), "--image", str(picture), "--generate", "2"),
                        "drop --generate")
+    tight = run_main("head", "--model", str(folder), "--image", str(picture), "--max-memory", "10KB")
+    assert tight.code == 1 and len(tight.error_lines) == 1, tight.stderr  # the guard: a run-time failure, exit 1
+    assert "image tokens needs about" in tight.stderr and "pick an earlier --layer" in tight.stderr
+    assert "--text" not in tight.stderr
     bare = tmp_path / "bare"
     bare.mkdir()
     for name in ("config.json", "model.safetensors"):

@@ -38,7 +38,7 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import image, processor, tower
     from attnscope.models.vision.patches import Picture
-    from attnscope.runs.head_result import guard_memory, save_result
+    from attnscope.runs.head_result import save_result
 
     refuse_options(asked, config.model_type)
     if asked.image is None:
@@ -51,9 +51,9 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
         pixels = processor.pixel_values(folder, read)
     grid = tower.grid_of(settings, config.model_type, pixels, asked.image)
     every = asked.all_layers
-    guard_memory(tower.estimate_bytes(folder, None if every else asked.layer, grid.n_tokens), asked.max_memory,
-                 f"running {'every layer' if every else f'layers 0..{asked.layer}'} of this vision tower on "
-                 f"{grid.n_tokens} image tokens")
+    _guard(tower.estimate_bytes(folder, None if every else asked.layer, grid.n_tokens), asked.max_memory,
+           f"running {'every layer' if every else f'layers 0..{asked.layer}'} of this vision tower on "
+           f"{grid.n_tokens} image tokens")
     with progress(f"running {config.architecture} on {asked.image} through transformers"):
         ran = tower.run(folder, config.model_type, settings, n_layer, grid, pixels, asked.layer, every)
     encoded = Encoded([], grid.labels(), [], f"{pixels.processor} ({pixels.height} x {pixels.width} pixels, "
@@ -102,6 +102,14 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     return result
 
 
+def _guard(needed: int, max_memory: int | None, what: str) -> None:
+    """The memory guard in an image's words: an earlier layer (the image's size is its processor's)."""
+    from attnscope.runs import memory
+
+    memory.guard_memory(needed, max_memory, f"{what} needs", "pick an earlier --layer, or raise --max-memory",
+                        machine_advice="pick an earlier --layer")
+
+
 def check(result: HeadResult, folder: Path, model_type: str, pixels: Pixels) -> list[Comparison]:
     """Layer L's every head (every layer's with --all-layers) against transformers' eager tower's
     `output_attentions` on the same pixel_values."""
@@ -111,14 +119,12 @@ def check(result: HeadResult, folder: Path, model_type: str, pixels: Pixels) -> 
     from attnscope.check import compare
     from attnscope.models import truncated
     from attnscope.models.vision import tower
-    from attnscope.runs.head_result import guard_memory
-
     asked, info = result.options, result.info
     config, n_layer = tower.tower_config(folder, model_type, asked.layer)
     last = n_layer - 1 if result.all_layers is not None else asked.layer
     n = int(result.all_heads.shape[-1]) if result.all_heads is not None else 1  # the image's tokens
-    guard_memory(tower.estimate_bytes(folder, last, n) + 4 * (last + 1) * info.heads * n * n, asked.max_memory,
-                 f"--check: transformers' eager tower, layers 0..{last}, on {n} image tokens")
+    _guard(tower.estimate_bytes(folder, last, n) + 4 * (last + 1) * info.heads * n * n, asked.max_memory,
+           f"--check: transformers' eager tower, layers 0..{last}, on {n} image tokens")
     model = truncated.load(getattr(transformers, tower.TOWERS[model_type].model_class), folder,
                            truncated.cut(config, n_layer, last), model_type, traced=False)
     with torch.no_grad():
