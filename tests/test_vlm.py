@@ -170,6 +170,8 @@ def test_refusals(built, picture, tmp_path):
     for args, said in cases:
         out = run_main("head", "--model", str(folder), *args)
         assert out.code == 2 and len(out.error_lines) == 1 and said in out.stderr, (args, out.stderr)
+    out = run_main("head", "--model", str(folder), "--text", TEXT, "--image", str(picture), "--max-memory", "10KB")
+    assert out.code == 1 and len(out.error_lines) == 1 and "more than --max-memory" in out.stderr, out.stderr
     llama4, _ = built("llama4")  # no processor saved: Llama 4's needs torchvision
     out = run_main("head", "--model", str(llama4), "--text", TEXT, "--image", str(picture))
     assert out.code == 2 and len(out.error_lines) == 1 and "processor" in out.stderr, out.stderr

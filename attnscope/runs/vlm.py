@@ -41,8 +41,6 @@ def refuse_options(asked: HeadOptions) -> None:
 
 
 def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models.checkpoint import Checkpoint
-    from attnscope.models.truncated import estimate_bytes
     from attnscope.models.vision import vlm, vlm_run
     from attnscope.models.vision.image import read_image
     from attnscope.runs.head_result import guard_memory, save_result
@@ -55,9 +53,8 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
         tokens = vlm.place(folder, config, asked.text or "", picture)
     n = len(tokens.ids)
     last = vlm_run.n_layer(folder, config) - 1 if asked.all_layers else asked.layer
-    with Checkpoint.open(folder) as checkpoint:
-        needed = estimate_bytes(checkpoint, last, n) + (last + 1) * 4 * 64 * n * n  # and every layer's patterns
-    guard_memory(needed, asked.max_memory, f"running the vision tower and layers 0..{last} on {n} tokens")
+    guard_memory(vlm_run.estimate_bytes(folder, last, n), asked.max_memory,
+                 f"running the vision tower and layers 0..{last} on {n} tokens")
     page = vlm.VLM_TYPES[config.model_type] is not None
     with progress(f"running {config.architecture}'s vision tower and layers 0 to {asked.layer} on {n} tokens"):
         result = _on_page(asked, folder, config, tokens) if page else _through_interface(asked, folder, config, tokens)

@@ -158,6 +158,23 @@ def text_settings(folder: Path, config: Config) -> dict[str, Any]:
     return dict(settings.get_text_config().to_dict())
 
 
+def estimate_bytes(folder: Path, last: int, n_tokens: int) -> int:
+    """What a run up to text layer `last` holds: every tensor of the vision tower and projector and the text
+    model's layers 0..`last` with its embeddings, as stored and in float32 (transformers' load, then the page's
+    reads), plus every head's scores of every layer run: `[64 heads, n_tokens, n_tokens]` float32 a layer, at most."""
+    import math
+    import re
+
+    from attnscope.models.checkpoint import Checkpoint
+
+    layer = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
+    with Checkpoint.open(folder) as checkpoint:
+        kept = [key for key in checkpoint.keys if "vis" in key or (found := layer.search(key)) is None
+                or int(found.group(1)) <= last]  # the tower's ("vision_tower", "visual"), then the text's
+        weights = sum(checkpoint.nbytes(key) + 4 * math.prod(checkpoint.shape(key)) for key in kept)
+    return weights + (last + 1) * 4 * 64 * n_tokens * n_tokens
+
+
 def load_eager(folder: Path, config: Config, last: int) -> Any:
     """transformers' eager VLM, text layers 0..`last`: --check's reference."""
     return _load(folder, config, layers=last + 1, attention="eager")
