@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnscope.errors import UsageError
-from attnscope.models.gguf.header import Header
+from attnscope.models.gguf.header import Header, Strings
 
 # general.architecture -> (model_type, the class transformers would build, what it reads)
 ARCHITECTURES = {
@@ -99,7 +99,7 @@ def config_of(header: Header) -> dict[str, Any]:
 
 def _vocab(meta: dict[str, Any]) -> int | None:
     tokens = meta.get("tokenizer.ggml.tokens")
-    return len(tokens) if isinstance(tokens, list) else None
+    return len(tokens) if isinstance(tokens, (list, Strings)) else None
 
 
 def _rope_scaling(get: Any) -> dict[str, Any] | None:

@@ -49,6 +49,28 @@ class TensorInfo:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class Strings:
+    """An array of strings left in the file (a 49k-token vocabulary, its merges): its length is known, its
+    strings are read when asked for (`values`), so a run that reads no text never holds them."""
+
+    path: Path
+    start: int
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def values(self) -> list[str]:
+        with open(self.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+            walk = _Walk(self.path, blob, len(blob))
+            walk.pos = self.start
+            return [walk._string(f"string {i} of an array") for i in range(self.count)]
+
+
+LAZY = 64  # string arrays longer than this are left in the file (Strings)
+
+
 @dataclass
 class Header:
     path: Path
@@ -148,6 +170,13 @@ class _Walk:
                 self.pos += count * width
                 return values
             self._fits(count, 8 if item == STRING else 12, f"values of {key}")
+            if item == STRING and count > LAZY:  # walked (each length checked), not decoded
+                start = self.pos
+                for _ in range(count):
+                    length = self._unpack("<Q", 8, key)
+                    self._fits(length, 1, f"bytes of {key}")
+                    self.pos += length
+                return Strings(self.path, start, count)
             return [self._value(item, key, depth + 1) for _ in range(count)]
         raise self._bad(f"{key} has value type {kind}, which GGUF does not define (0 to 12)")
 

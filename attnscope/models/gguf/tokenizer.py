@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.errors import UsageError
+from attnscope.models.gguf.header import Strings
 from attnscope.models.tokenizer import Encoded, _template
 
 # tokenizer.ggml.* -> the names transformers' GGUF_TOKENIZER_MAPPING gives them
@@ -58,7 +59,8 @@ def _load(path: Path, _mtime: int) -> Any:
     from attnscope.models.gguf.open import header_of
 
     header = header_of(path)
-    meta = header.metadata
+    meta = {key: value.values() if isinstance(value, Strings) else value for key, value in header.metadata.items()
+            if key.startswith("tokenizer.ggml.") or key == "general.architecture"}
     if not isinstance(meta.get("tokenizer.ggml.tokens"), list):
         raise UsageError(f"{{model}} {path} holds no tokenizer (no tokenizer.ggml.tokens in its metadata), so "
                          "{text} cannot be read; convert the model again with its tokenizer", "model", "text")
