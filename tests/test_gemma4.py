@@ -192,3 +192,19 @@ def test_cli_json_of_a_shared_layer(built):
     names = [step["name"] for step in data["layer_steps"]]
     assert "K_shared" in names and "V_shared" in names and "K_feat" not in names
     assert any("layer 3's" in note for note in data["notes"])
+
+
+def test_attention_biases(tmp_path):
+    """attention_bias: q, k, v and o biased (v's is k's where K = V), on every kind of layer."""
+    folder = tmp_path / "biased"
+    reference = build("gemma4_text", folder, attention_bias=True)
+    ids, attentions, outputs = _eager(folder, reference)
+    model = _open(folder)
+    for layer in (0, 1, 5):
+        with model.checkpoint:
+            run = run_layer(model, ids, [0] * len(ids), layer, 0)
+        torch.testing.assert_close(run.layer["attention"][0], attentions[layer][0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(run.layer["x"], outputs[layer], atol=1e-5, rtol=1e-5)
+    owner = decoder_layers(reference)[3].self_attn
+    got = head_weights(model, 5, 2).as_torch()
+    assert torch.equal(got["b_V"], owner.k_proj.bias[:32]) and torch.equal(got["b_K"], owner.k_proj.bias[:32])

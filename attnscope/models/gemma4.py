@@ -168,11 +168,15 @@ class Gemma4(Gemma3):
         owner = self.owners[layer]
         source = layer if owner is None else owner
         q, kv = head * d, head // (self.n_head // n_kv) * d
-        values = "self_attn.k_proj.weight" if self.k_eq_v(source) else "self_attn.v_proj.weight"
-        return [Slice("W_Q", self.key(layer, "self_attn.q_proj.weight"), "rows", q, q + d),
-                Slice("W_K", self.key(source, "self_attn.k_proj.weight"), "rows", kv, kv + d),
-                Slice("W_V", self.key(source, values), "rows", kv, kv + d),
-                Slice("q_norm", self.key(layer, "self_attn.q_norm.weight"), "rows", 0, d),
+        values = "self_attn.k_proj" if self.k_eq_v(source) else "self_attn.v_proj"
+        parts = [Slice("W_Q", self.key(layer, "self_attn.q_proj.weight"), "rows", q, q + d),
+                 Slice("W_K", self.key(source, "self_attn.k_proj.weight"), "rows", kv, kv + d),
+                 Slice("W_V", self.key(source, f"{values}.weight"), "rows", kv, kv + d)]
+        if self.biases()[0]:  # attention_bias: q, k, v and o (Gemma4TextAttention's nn.Linear)
+            parts += [Slice("b_Q", self.key(layer, "self_attn.q_proj.bias"), "rows", q, q + d),
+                      Slice("b_K", self.key(source, "self_attn.k_proj.bias"), "rows", kv, kv + d),
+                      Slice("b_V", self.key(source, f"{values}.bias"), "rows", kv, kv + d)]
+        return [*parts, Slice("q_norm", self.key(layer, "self_attn.q_norm.weight"), "rows", 0, d),
                 Slice("k_norm", self.key(source, "self_attn.k_norm.weight"), "rows", 0, d),
                 Slice("W_O", self.key(layer, "self_attn.o_proj.weight"), "cols", q, q + d)]
 
@@ -181,10 +185,16 @@ class Gemma4(Gemma3):
                  "W_o.weight": self.weight(layer, "self_attn.o_proj.weight"),
                  "q_norm.weight": self.weight(layer, "self_attn.q_norm.weight")}
         if self.owners[layer] is None:
+            values = "self_attn.k_proj" if self.k_eq_v(layer) else "self_attn.v_proj"
             state["W_k.weight"] = self.weight(layer, "self_attn.k_proj.weight")
-            state["W_v.weight"] = self.weight(layer, "self_attn.k_proj.weight" if self.k_eq_v(layer)
-                                              else "self_attn.v_proj.weight")
+            state["W_v.weight"] = self.weight(layer, f"{values}.weight")
             state["k_norm.weight"] = self.weight(layer, "self_attn.k_norm.weight")
+            if self.biases()[0]:
+                state["W_k.bias"] = self.weight(layer, "self_attn.k_proj.bias")
+                state["W_v.bias"] = self.weight(layer, f"{values}.bias")
+        if self.biases()[0]:
+            state["W_q.bias"] = self.weight(layer, "self_attn.q_proj.bias")
+            state["W_o.bias"] = self.weight(layer, "self_attn.o_proj.bias")
         return state
 
     def head_notes(self, head: int) -> list[str]:
@@ -218,7 +228,7 @@ class Gemma4(Gemma3):
 
         keys = layer.step("K_shared" if "K_shared" in layer else "K_rot")
         g = head // (self.n_head // keys.tensor.shape[1])
-        base = head_trace(layer, head, g, False)
+        base = head_trace(layer, head, g, self.biases()[0])
         trace = Trace(notes=list(base.notes))
         values = "V_shared" if "V_shared" in layer else "V_normed"
         for step in base.steps:
@@ -258,9 +268,9 @@ class Gemma4(Gemma3):
         return rope
 
     def attention(self, layer: int, record: bool) -> MultiHeadAttention:
-        d, n_kv = self.sizes[layer]
-        module = attention_class()(self.d_model, self.n_head, bias=False, record=record, device="meta", d_head=d,
-                                   out_bias=False, spec=self.attention_spec(layer))
+        d, biased = self.sizes[layer][0], self.biases()[0]
+        module = attention_class()(self.d_model, self.n_head, bias=biased, record=record, device="meta", d_head=d,
+                                   out_bias=biased, spec=self.attention_spec(layer))
         module.gemma4(self.shared, self.kinds[layer], self.owners[layer], self.stores(layer), self.k_eq_v(layer),
                       self.config.number("rms_norm_eps", default=1e-6, positive=False))
         module.load_state_dict(self.projections(layer), assign=True, strict=self.owners[layer] is None)
@@ -424,7 +434,8 @@ def attention_class() -> type:
             n_cache = 0 if cache is None else cache[0].shape[-2]
             width = self._width("n_head")
             feat = add("Q_feat", self.W_q(Q), ("n_batch", "n_Q", width), "W_q(Q)",  # [n_batch, n_Q, n_head·d_head]
-                       cost.linear_flops((*Q.shape[:-1], self.W_q.out_features), Q.shape[-1], False))
+                       cost.linear_flops((*Q.shape[:-1], self.W_q.out_features), Q.shape[-1],
+                                         self.W_q.bias is not None))
             q = add("Q_split", split_heads(feat, self.n_head), ("n_batch", "n_head", "n_Q", "d_head"),  # -> heads
                     "Q_feat.view(n_batch, -1, n_head, d_head).permute(0, 2, 1, 3)", allocates=False)
             norm = spec.norm
