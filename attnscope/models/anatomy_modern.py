@@ -74,6 +74,7 @@ class Compress:
     rate: int
     overlap: bool  # CSA: two series per token, windows that overlap by one
     indexer: Indexer | None
+    rope_base: float | None = None  # compress_rope_theta: the compressed entries' RoPE base
 
 
 def linear_state(s: Settings) -> State | None:
@@ -166,10 +167,12 @@ def compress(s: Settings, layer_type: str) -> Compress:
     if isinstance(rate, bool) or not isinstance(rate, int) or rate < 1:
         raise s._error(("compress_rates",), f"gives {layer_type} the rate {rate!r}; it must be a whole number of at "
                        "least 1")
+    s.raw("q_lora_rank", "qk_rope_head_dim")  # the query's low rank; the rotated share, read as the RoPE fraction
+    base = s.optional_number("compress_rope_theta")
     if layer_type != "compressed_sparse_attention":
-        return Compress(rate, False, None)
+        return Compress(rate, False, None, base)
     return Compress(rate, True, Indexer(s.size("index_n_heads", default=64), s.size("index_head_dim", default=128),
-                                        s.size("index_topk", default=512, cap=1 << 40)))
+                                        s.size("index_topk", default=512, cap=1 << 40)), base)
 
 
 def compressed_numbers(c: Compress, window: int, d_head: int, n: int) -> int:
