@@ -152,3 +152,23 @@ def test_terminal_grid_fits_80_columns(side):
     assert f"{side} x {side} patches" in "\n".join(lines) and lines[-1].startswith("apart from the image: [CLS]")
     last = lines[-2]  # the grid's last row: its last cell is the largest patch, drawn full
     assert last.rstrip().endswith("█"), last
+
+
+@pytest.mark.parametrize("name", ["ViTForImageClassification", "DeiTForImageClassificationWithTeacher"])
+def test_task_checkpoints_read_their_tower(tmp_path, name):
+    """The published ViT and DeiT are saved with their classifiers (`vit.`, `deit.` keys): the tower is read from
+    them, equal to eager's tower loaded from the same folder."""
+    import transformers
+    from tiny_models import perturb
+    from tiny_vision import SIZES
+
+    config = (transformers.ViTConfig if name.startswith("ViT") else transformers.DeiTConfig)(**SIZES, num_labels=3)
+    perturb(getattr(transformers, name)(config)).save_pretrained(tmp_path)
+    transformers.ViTImageProcessorPil(size={"height": SIZE, "width": SIZE}).save_pretrained(tmp_path)
+    image = draw(tmp_path / "picture.png")
+    tower = (transformers.ViTModel if name.startswith("ViT") else transformers.DeiTModel).from_pretrained(
+        tmp_path, attn_implementation="eager", add_pooling_layer=False)
+    theirs = eager_attentions(tower.eval(), tmp_path, image)
+    result = run_head(HeadOptions(model=str(tmp_path), layer=1, head=2, image=str(image)))
+    assert result.info.architecture == name and result.encoded.tokens[0] == "[CLS]"
+    torch.testing.assert_close(result.all_heads, theirs[1][0], atol=1e-6, rtol=1e-5)
