@@ -173,3 +173,30 @@ def test_json_selected_and_index_scores(built, name):
 def test_dense_refusals(built):
     folder, *_ = built("v32")
     assert_usage_error(run_main("head", "--model", str(folder), "--dense"), "--dense", "--text")
+
+
+def test_page_marks_the_keys_the_indexer_dropped(built, tmp_path):
+    """In a real browser: hovering a causal key the indexer did not select says so; a selected one shows its
+    weight; a future key is masked as ever (compared with --json's selected)."""
+    from browser import browser, chromium, open_page
+    from test_page import hover
+
+    executable = chromium()
+    assert executable is not None, "Chromium is needed for the page's test"
+    folder, *_ = built("v32")
+    page_file = tmp_path / "page.html"
+    args = ("head", "--model", str(folder), "--layer", "1", "--text", SENTENCE)
+    assert run_main(*args, "--html", str(page_file)).code == 0
+    selected = run_main(*args, "--json").json()["selected"]
+    i = len(selected) - 1
+    dropped, kept = selected[i].index(False), selected[i].index(True)
+    with browser(executable) as context:
+        opened = open_page(context, page_file)
+        page = opened.page
+        for j, says in ((dropped, "not selected by the sparse indexer"), (kept, None)):
+            hover(page, "heatmap", i, j)
+            text = page.get_by_test_id("tooltip").inner_text()
+            assert text.endswith(says) if says else text.rsplit(": ", 1)[1][0].isdigit(), text
+        hover(page, "heatmap", 0, 3)
+        assert page.get_by_test_id("tooltip").inner_text().endswith("masked (the mask forbids this key)")
+        assert opened.errors == []
