@@ -166,6 +166,7 @@ def test_refusals(built, picture, tmp_path):
         (["--image", str(picture)], "add --text"),
         (["--image", str(picture), "--text", TEXT, "--generate", "2"], "drop --generate"),
         (["--image", str(picture), "--text", TEXT, "--layer", "5"], "--layer 5 is out of range"),
+        (["--image", str(picture), "--text", TEXT, "--head", "4"], "--head 4 is out of range"),
     ]
     for args, said in cases:
         out = run_main("head", "--model", str(folder), *args)

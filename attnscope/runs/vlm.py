@@ -47,7 +47,7 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
 
     vlm.check_vlm(config)
     refuse_options(asked)
-    vlm_run.check_layer(folder, config, asked.layer)
+    vlm_run.check_position(folder, config, asked.layer, asked.head)
     with progress(f"reading {asked.image} and the model's processor"):
         picture = read_image(asked.image or "")
         tokens = vlm.place(folder, config, asked.text or "", picture)
@@ -56,7 +56,7 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
     guard_memory(vlm_run.estimate_bytes(folder, last, n), asked.max_memory,
                  f"running the vision tower and layers 0..{last} on {n} tokens")
     page = vlm.VLM_TYPES[config.model_type] is not None
-    with progress(f"running {config.architecture}'s vision tower and layers 0 to {asked.layer} on {n} tokens"):
+    with progress(f"running {config.architecture}'s vision tower and layers 0 to {last} on {n} tokens"):
         result = _on_page(asked, folder, config, tokens) if page else _through_interface(asked, folder, config, tokens)
     assert result.all_heads is not None
     result.image_tokens = tokens

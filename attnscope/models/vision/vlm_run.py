@@ -187,10 +187,12 @@ def n_layer(folder: Path, config: Config) -> int:
     return n
 
 
-def check_layer(folder: Path, config: Config, layer: int) -> None:
-    from attnscope.models.family import check_position
+def check_position(folder: Path, config: Config, layer: int, head: int) -> None:
+    """Layer `layer` and head `head` exist in the language model, before anything is loaded."""
+    from attnscope.models.family import check_position as check
 
-    check_position(n_layer(folder, config), 1 << 30, layer, 0)
+    heads = text_settings(folder, config).get("num_attention_heads")
+    check(n_layer(folder, config), heads if isinstance(heads, int) and heads > 0 else head + 1, layer, head)
 
 
 def _load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
