@@ -146,7 +146,8 @@ def assert_readings(payload: dict, model, values: list, outs: list, *, sinks: bo
         assert_shares(entry["sinks_share"], reference, atol=atol)
         # the arithmetic alone, on transformers' own tensors: 1e-6
         d_head = W_O[layer].shape[1] // n_head
-        mine = value_norms(V[layer].view(len(V[layer]), -1, d_head).transpose(0, 1), W_O[layer])  # [n_kv, n, d]
+        mine = value_norms(V[layer].double().view(len(V[layer]), -1, d_head).transpose(0, 1),  # [n_kv, n, d_head]
+                           W_O[layer].double())
         torch.testing.assert_close(mine, norms[layer], atol=1e-6, rtol=0)
         assert_shares(sink_shares(A[0], parked[layer], mine), reference, atol=1e-6)
         moved = (A[0].double() * norms[layer][:, None, :]).sum(-1).mean(-1)
@@ -209,10 +210,13 @@ def test_value_norms_direct_and_gram_paths_agree():
     """`||v W_O^hT||` directly (few keys) and through the Gram matrix (more keys than d_head): the same numbers,
     grouped-query attention included."""
     torch.manual_seed(2)
-    V = torch.randn(2, 40, 8)  # [n_kv_head, n_K, d_head]
-    W_O = torch.randn(24, 4 * 8)  # [d_model, n_head·d_head]
-    gram = value_norms(V, W_O)  # 40 keys > d_head 8: the Gram path
+    V = torch.randn(2, 40, 8, dtype=torch.float64)  # [n_kv_head, n_K, d_head]
+    W_O = torch.randn(24, 4 * 8, dtype=torch.float64)  # [d_model, n_head·d_head]
+    gram = value_norms(V, W_O)  # 40 keys > 2 d_head: the Gram path
     direct = torch.cat([value_norms(V[:, i : i + 8], W_O) for i in range(0, 40, 8)], dim=-1)  # 8 keys: direct
+    single = value_norms(V.float(), W_O.float())  # float32 inputs: the projection in float32, the sums in float64
+    assert single.dtype == torch.float64
+    torch.testing.assert_close(single, gram, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gram, direct, atol=1e-10, rtol=0)
     flat = V.transpose(0, 1).reshape(40, 16)  # as a v_proj's output
     torch.testing.assert_close(gram, ref_value_norms(flat, W_O, 4), atol=1e-10, rtol=0)

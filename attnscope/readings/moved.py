@@ -13,9 +13,10 @@ The readings:
 A learned sink (GPT-OSS) has no value: the weight it takes moves nothing.
 
 The value of key j for query head h is the one its KV head serves (transformers' `repeat_kv`: KV head h // n_group).
-Everything sums in float64. `||v W_O^hT||` is computed directly, `[n_K, d_head] @ [d_head, d_model]` a head, or,
-when the keys outnumber d_head, through the Gram matrix `W_O^hT W_O^h` `[d_head, d_head]`: `sqrt(v G v)`, the
-same number for a cost that does not grow with the text.
+Every long sum is in float64. `||v W_O^hT||` is computed directly, `[n_K, d_head] @ [d_head, d_model]` a head in
+the model's own precision (its sum over d_head, as W_o itself computes it) with the norm's sum over d_model in
+float64, or, when the keys outnumber 2·d_head, through the Gram matrix `W_O^hT W_O^h` `[d_head, d_head]` in
+float64: `sqrt(v G v)`, the same number for a cost that does not grow with the text.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from attnscope.trace import Trace
 
+DIRECT = 2  # value_norms: directly up to DIRECT * d_head keys (the float64 Gram costs about that many in float32)
 VALUE_STEPS = ("V_rep", "V_cat", "V_split")  # a layer trace's values as the attention read them, first found wins
 
 
@@ -38,15 +40,17 @@ def value_norms(V: Tensor, W_O: Tensor) -> Tensor:
     n_kv, n_K, d_head = V.shape
     d_model, width = W_O.shape
     n_head = width // d_head
-    values = V.detach().to(torch.float64)
+    dtype = torch.promote_types(V.dtype, W_O.dtype)  # the projection in the model's own precision, as W_o runs
+    values = V.detach().to(dtype)
     if n_kv != n_head:  # grouped-query attention: query head h reads KV head h // n_group (repeat_kv's order)
         values = values.repeat_interleave(n_head // n_kv, dim=0)  # [n_head, n_K, d_head]
-    W = W_O.detach().to(torch.float64).view(d_model, n_head, d_head).permute(1, 2, 0)  # [n_head, d_head, d_model]
-    if n_K <= d_head:
+    W = W_O.detach().to(dtype).view(d_model, n_head, d_head).permute(1, 2, 0)  # [n_head, d_head, d_model]
+    if n_K <= DIRECT * d_head:
         carried = values @ W  # [n_head, n_K, d_head] @ [n_head, d_head, d_model] -> [n_head, n_K, d_model]
-        return torch.linalg.vector_norm(carried, dim=-1)  # [n_head, n_K]
-    gram = W @ W.transpose(1, 2)  # [n_head, d_head, d_head]
-    squares = ((values @ gram) * values).sum(dim=-1)  # [n_head, n_K]
+        return torch.linalg.vector_norm(carried, dim=-1, dtype=torch.float64)  # [n_head, n_K], summed in float64
+    W64, v64 = W.to(torch.float64), values.to(torch.float64)
+    gram = W64 @ W64.transpose(1, 2)  # [n_head, d_head, d_head], summed over d_model in float64
+    squares = ((v64 @ gram) * v64).sum(dim=-1)  # [n_head, n_K]
     return squares.clamp_min(0.0).sqrt()
 
 
@@ -90,7 +94,7 @@ def layer_norms(layer: Trace, W_O: Tensor) -> Tensor | None:
 def norm_flops(n_head: int, n_K: int, d_head: int, d_model: int) -> int:
     """value_norms' multiply-adds, counted as 2 FLOPs each: the direct product or the Gram matrix's, whichever
     `value_norms` takes."""
-    if n_K <= d_head:
+    if n_K <= DIRECT * d_head:
         return 2 * n_head * n_K * d_head * d_model
     return 2 * n_head * d_head * (d_head * d_model + n_K * (d_head + 1))
 
@@ -101,7 +105,7 @@ def add_steps(layer: Trace, head: Trace, index: int, norms: Tensor, flops: int =
     attention = layer.step("attention").tensor[0]  # [n_head, n_Q, n_K]
     weights = weighted(attention, norms)  # [n_head, n_Q, n_K]
     n_head, n_Q, n_K = weights.shape
-    norm_op = "||(V + b_V) W_O^h.T|| over d_model, a key a head (float64)"
+    norm_op = "||V[h, j] @ W_o.weight[:, h*d_head:(h+1)*d_head].T|| over d_model (V with b_V; summed in float64)"
     weighted_op = "attention * value_norms[..., None, :]: ||a_ij f_h(x_j)|| (float64)"
     layer.add("value_norms", norms[None], ("n_batch", "n_head", "n_tokens"), norm_op, flops)
     layer.add("weighted", weights[None], ("n_batch", "n_head", "n_tokens", "n_tokens"), weighted_op, n_head * n_Q * n_K)
