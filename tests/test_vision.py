@@ -172,3 +172,27 @@ def test_task_checkpoints_read_their_tower(tmp_path, name):
     result = run_head(HeadOptions(model=str(tmp_path), layer=1, head=2, image=str(image)))
     assert result.info.architecture == name and result.encoded.tokens[0] == "[CLS]"
     torch.testing.assert_close(result.all_heads, theirs[1][0], atol=1e-6, rtol=1e-5)
+
+
+def test_dinov2_any_size_drops_the_partial_patch(towers, tmp_path):
+    """DINOv2 reads any size: a processor that keeps the aspect (no crop) makes 36 x 54 pixels, a 4 x 6 grid
+    (the convolution drops the partial patch at the edge), equal to eager; the SVG clips the image to the grid."""
+    import shutil
+
+    import transformers
+
+    folders, _ = towers
+    folder, eager = folders["dinov2"]
+    mine = tmp_path / "dinov2"
+    shutil.copytree(folder, mine)
+    transformers.BitImageProcessorPil(size={"shortest_edge": 36}, do_center_crop=False).save_pretrained(mine)
+    image = draw(tmp_path / "wide.png", 60, 40)
+    result = run_head(HeadOptions(model=str(mine), layer=1, head=0, image=str(image)))
+    grid = result.picture.grid
+    assert (grid.rows, grid.cols) == (4, 6) and result.encoded.tokens[-1] == "p(3,5)"
+    assert "n_patches = floor(36/8) * floor(54/8) = 4 * 6 = 24" in " ".join(result.run.layer.notes)
+    torch.testing.assert_close(result.all_heads, eager_attentions(eager, mine, image)[1][0], atol=1e-6, rtol=1e-5)
+    from attnscope.render.overlay import overlay_svg
+
+    svg = overlay_svg(result)
+    assert 'clip-path="url(#grid-0)"' in svg and svg.count('class="p"') == 24

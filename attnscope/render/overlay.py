@@ -137,8 +137,12 @@ def overlay_svg(result: HeadResult) -> str | None:
         x0 = k * panel_w + 10
         parts.append(f'<g data-overlay="{k}" transform="translate({x0:.1f},0)">')
         parts.append(f'<text x="0" y="20" class="t">{html.escape(_short(overlay.title))}</text>')
-        parts.append(f'<image x="0" y="{top}" width="{w:.1f}" height="{h:.1f}" href="{uri}" '
-                     'preserveAspectRatio="none" style="image-rendering:pixelated"/>')
+        # the whole input at the patches' scale, clipped to the pixels the patches cover (a partial patch at
+        # the edge is dropped by the convolution)
+        parts.append(f'<clipPath id="grid-{k}"><rect x="0" y="{top}" width="{w:.1f}" height="{h:.1f}"/></clipPath>'
+                     f'<image x="0" y="{top}" width="{picture.image.width * scale:.1f}" '
+                     f'height="{picture.image.height * scale:.1f}" href="{uri}" preserveAspectRatio="none" '
+                     f'clip-path="url(#grid-{k})"/>')
         size = grid.patch * scale
         for r, line in enumerate(overlay.cells):
             for c, value in enumerate(line):

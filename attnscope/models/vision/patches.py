@@ -88,10 +88,17 @@ class Grid:
             raise IndexError(f"patch ({row},{col}) of a {self.rows} x {self.cols} grid")
         return self.n_prefix + row * self.cols + col
 
+    def patches_formula(self, height: int, width: int) -> str:
+        """`(224/16) * (224/16)`, or `floor(36/8) * floor(54/8)` where a partial patch is dropped at the edge."""
+        def side(n: int) -> str:
+            return f"({n}/{self.patch})" if n % self.patch == 0 else f"floor({n}/{self.patch})"
+
+        return f"{side(height)} * {side(width)}"
+
     def dims_note(self, height: int, width: int) -> str:
-        """`n_tokens = 1 + n_patches, n_patches = (224/16) * (224/16) = 196`, as the notes say it."""
+        """`n_tokens = 1 + n_patches, n_patches = (224/16) * (224/16) = 14 * 14 = 196`, as the notes say it."""
         before = f"{self.n_prefix} + " if self.n_prefix else ""
-        return (f"n_tokens = {before}n_patches, n_patches = ({height}/{self.patch}) * ({width}/{self.patch}) = "
+        return (f"n_tokens = {before}n_patches, n_patches = {self.patches_formula(height, width)} = "
                 f"{self.rows} * {self.cols} = {self.n_patches}")
 
 

@@ -183,7 +183,7 @@ def _with_pixels(layer: Trace, pixels: Pixels, conv_out: torch.Tensor, grid: Gri
     flat = conv_out.flatten(2).transpose(1, 2)  # [n_batch, d_model, rows, cols] -> [n_batch, n_patches, d_model]
     trace.add("patches", flat, ("n_batch", "n_patches", "d_model"),
               f"Conv2d(kernel = stride = {grid.patch}) over pixel_values, flattened row by row: "
-              f"n_patches = ({pixels.height}/{grid.patch}) * ({pixels.width}/{grid.patch}) = {grid.n_patches}",
+              f"n_patches = {grid.patches_formula(pixels.height, pixels.width)} = {grid.n_patches}",
               cost.matmul_flops(flat.shape, n_channel * grid.patch**2))
     for step in layer.steps:
         trace.add_step(step)
