@@ -317,6 +317,8 @@ class Gemma4(Gemma3):
             gated = act(h @ self.weight(layer, "per_layer_input_gate.weight").T) * self.per_layer_inputs[:, :, layer]
             x = gated @ self.weight(layer, "per_layer_projection.weight").T  # [1, n, d_ple] -> [1, n, d_model]
             h = h + self.norm(layer, "post_per_layer_input_norm", x)
+        if self.key(layer, "layer_scalar") not in self.checkpoint:  # transformers initialises a missing one to 1
+            return h
         return h * self.weight(layer, "layer_scalar")
 
     def _activation(self) -> Any:
