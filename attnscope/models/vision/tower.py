@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError, UsageError
 from attnscope.models.vision.patches import Grid, prefix_names
+from attnscope.words import counted
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -69,32 +70,24 @@ def is_vision(model_type: str) -> bool:
 
 
 def tower_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
-    """The tower's config (a whole CLIP's or SigLIP's `vision_config`) and its number of layers, `layer` checked."""
+    """The tower's config (`AutoConfig`, no code from the folder; a whole CLIP's or SigLIP's `vision_config`)
+    and its number of layers, `layer` checked."""
+    from transformers import AutoConfig
+
     from attnscope.models import truncated
 
     truncated.quiet_transformers()
-    full = _read(folder, model_type)
+    try:
+        full = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+        raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' "
+                         f"({truncated.first_line(exc)})", "model") from None
     config = full.vision_config if TOWERS[model_type].part else full
     n_layer = int(config.num_hidden_layers)
     if not 0 <= layer < n_layer:
-        from attnscope.words import counted
-
         raise UsageError(f"{{layer}} {layer} is out of range: this vision tower has {counted(n_layer, 'layer')}, "
                          f"0 to {n_layer - 1}", "layer")
     return config, n_layer
-
-
-def _read(folder: Path, model_type: str) -> Any:
-    from transformers import AutoConfig
-
-    from attnscope.models.truncated import first_line
-
-    try:
-        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
-        raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' ({first_line(exc)})",
-                         "model") from None
-    return config
 
 
 def grid_of(config: Any, model_type: str, pixels: Pixels, image: str) -> Grid:
