@@ -209,14 +209,18 @@ def test_chat_template_places_the_image(built, picture, tmp_path):
     copy = tmp_path / "llava-chat"
     shutil.copytree(folder, copy)
     processor = AutoProcessor.from_pretrained(copy)
-    processor.chat_template = ("{% for m in messages %}USER: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+    processor.chat_template = ("{{ bos_token }}{% for m in messages %}USER: {% for c in m['content'] %}"
+                               "{% if c['type'] == 'image' %}"
                                "<image>\n{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endfor %}"
                                "{% if add_generation_prompt %} ASSISTANT:{% endif %}")
     processor.save_pretrained(copy)
     tokens = vlm.place(copy, read_config(copy), TEXT, read_image(picture))
-    assert tokens.prompt == f"USER: <image>\n{TEXT} ASSISTANT:"
-    expected = processor(text=tokens.prompt, images=[read_image(picture)], return_tensors="pt")["input_ids"][0]
+    assert tokens.prompt == f"<s>USER: <image>\n{TEXT} ASSISTANT:"
+    # the template's BOS and no second one, as ProcessorMixin.apply_chat_template(tokenize=True) does
+    expected = processor(text=tokens.prompt, images=[read_image(picture)], return_tensors="pt",
+                         add_special_tokens=False)["input_ids"][0]
     assert tokens.ids == expected.tolist() and tokens.n_image == 4
+    assert tokens.ids.count(processor.tokenizer.bos_token_id) == 1
 
 
 def test_text_settings_fill_what_config_json_leaves_out(tmp_path):

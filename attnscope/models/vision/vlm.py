@@ -102,10 +102,14 @@ def image_token_id(config: Config) -> int:
 def place(folder: Path, config: Config, text: str, picture: Image.Image) -> ImageTokens:
     """The folder's processor on the text and the picture, and the image's tokens found and labelled."""
     processor, made_by, notes = _processor(folder, config)
-    prompt = _prompt(processor, text, config)
+    prompt, templated = _prompt(processor, text, config)
     try:
         if made_by == "AutoProcessor":
-            inputs = dict(processor(text=prompt, images=[picture], return_tensors="pt"))
+            # ProcessorMixin.apply_chat_template(tokenize=True): a chat template's prompt that starts with the BOS
+            # gets no second one
+            bos = getattr(processor.tokenizer, "bos_token", None)
+            special = not (templated and bos and prompt.startswith(bos))
+            inputs = dict(processor(text=prompt, images=[picture], return_tensors="pt", add_special_tokens=special))
             made_by = type(processor).__name__
         else:
             inputs = _qwen_placement(processor, prompt, picture)
@@ -189,19 +193,19 @@ class _Parts:
     image_token: str = "<|image_pad|>"
 
 
-def _prompt(processor: Any, text: str, config: Config) -> str:
+def _prompt(processor: Any, text: str, config: Config) -> tuple[str, bool]:
     """The text with the image placeholder: as given where it holds one, else the chat template's user turn
-    (image, then text), else the placeholder before the text."""
+    (image, then text), else the placeholder before the text; and whether the chat template made it."""
     placeholder = _placeholder(processor)
     if placeholder in text:
-        return text
+        return text, False
     template = getattr(processor, "chat_template", None)
     if template and hasattr(processor, "apply_chat_template"):
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-        return str(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+        return str(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)), True
     if config.model_type.startswith("qwen"):
-        return f"<|vision_start|>{placeholder}<|vision_end|>{text}"  # the chat template's image, without its turn
-    return f"{placeholder}{text}"
+        return f"<|vision_start|>{placeholder}<|vision_end|>{text}", False  # the template's image, without its turn
+    return f"{placeholder}{text}", False
 
 
 def _placeholder(processor: Any) -> str:
