@@ -59,10 +59,9 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     encoded = Encoded([], grid.labels(), [], f"{pixels.processor} ({pixels.height} x {pixels.width} pixels, "
                                              f"{grid.patch}-pixel patches)")
     first = f" ({', '.join(grid.prefix)} first)" if grid.prefix else " (no [CLS]: the patches alone)"
-    ran.run.recorded.layer.notes.insert(0, f"{asked.image} ({read.width} x {read.height}) read by "  # type: ignore[union-attr]
-                                           f"{pixels.processor} as {pixels.height} x {pixels.width} pixels: "
-                                           f"{grid.dims_note(pixels.height, pixels.width)}{first}")
-    result = _result(asked, folder, config, encoded, ran.run)
+    read_as = (f"{asked.image} ({read.width} x {read.height}) read by {pixels.processor} as {pixels.height} x "
+               f"{pixels.width} pixels: {grid.dims_note(pixels.height, pixels.width)}{first}")
+    result = _result(asked, folder, config, encoded, ran.run, read_as)
     result.picture = Picture(processor.shown(pixels), grid, asked.image, pixels.processor)
     if ran.patterns is not None:
         from attnscope.runs import layers
@@ -77,8 +76,10 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     return result
 
 
-def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, run: TransformersRun) -> HeadResult:
-    """The tower's layer L as `head` shows it: every head's pattern, the layer's recorded steps and head h's."""
+def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, run: TransformersRun,
+            read_as: str) -> HeadResult:
+    """The tower's layer L as `head` shows it: every head's pattern, the layer's recorded steps and head h's;
+    `read_as` says how the image became tokens."""
     from attnscope.models.run import LayerRun
     from attnscope.runs.head_result import HeadResult, ModelInfo
     from attnscope.runs.interface import head_trace
@@ -91,7 +92,8 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     recorded = run.recorded
     assert recorded is not None
     layer = recorded.layer
-    layer.notes[:0] = [f"transformers ran layers 0..{asked.layer} of {run.architecture} on the image and handed "
+    layer.notes[:0] = [read_as,
+                       f"transformers ran layers 0..{asked.layer} of {run.architecture} on the image and handed "
                        f"{run.module}'s Q, K, V and scaling to attnscope's attention function: no mask, every token "
                        "sees every token; the steps between patches and Q, K, V (position embeddings, norms, "
                        f"projections) are the family's own code, not traced; the steps agree with "
