@@ -194,3 +194,42 @@ def test_refusals(written, runner, tmp_path):
     result = runner.invoke(app, ["head", "--model", str(mamba)])
     assert result.exit_code == 2 and "architecture 'mamba'" in result.stderr and "qwen3" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # random bytes make some scales inf: NaN equals NaN here
+@pytest.mark.parametrize("kind", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+                                  "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+def test_rows_of_every_type_are_the_whole_tensor_dequantized(tmp_path, kind):
+    """Rows read alone (their bytes only) equal those rows of the whole tensor as GGUFReader + gguf.quants give it,
+    for every block layout: 32-value blocks, the K-quants' 256, and unquantized types."""
+    import gguf
+    import numpy as np
+
+    from attnscope.models.gguf.checkpoint import GgufCheckpoint
+    from attnscope.models.gguf.header import read_header
+
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = 12, 512
+    raw = np.random.default_rng(0).integers(0, 256, (rows, cols // block * size), dtype=np.uint8)
+    if kind in ("F32", "F16", "BF16"):  # values rather than blocks: finite ones
+        dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.float32}[kind]
+        values = np.random.default_rng(0).standard_normal((rows, cols)).astype(dtype)
+        raw = gguf.quants.quantize(values, qtype).view(np.uint8).reshape(rows, -1) if kind == "BF16" else \
+            values.view(np.uint8).reshape(rows, -1)
+    path = tmp_path / "one.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", 1), ("embedding_length", cols), ("attention.head_count", 4)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_tensor("blk.0.attn_v.weight", raw, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor = gguf.GGUFReader(path).tensors[0]
+    whole = gguf.quants.dequantize(np.array(tensor.data), tensor.tensor_type).reshape(rows, cols)
+    checkpoint = GgufCheckpoint(read_header(path))
+    part, text = checkpoint.slice("model.layers.0.self_attn.v_proj.weight", "rows", 5, 9)
+    np.testing.assert_array_equal(part, whole[5:9])
+    assert text == "[5:9, :]"
+    np.testing.assert_array_equal(checkpoint.tensor("model.layers.0.self_attn.v_proj.weight").numpy(), whole)
