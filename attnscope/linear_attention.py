@@ -56,7 +56,8 @@ class DeltaSizes:
     """A delta-rule layer's sizes: `n_head` value heads (the heads of M), `n_k_head` query/key heads (each
     serving n_head // n_k_head value heads, transformers' repeat_interleave), d_K, d_V, the convolution's
     `kernel`, `per_channel` decay (KDA) or one per head, the output gate's activation, the norm's eps, and the L2
-    norm's form (`rsqrt`: x · rsqrt(Σx² + eps), Qwen's `l2norm`; `sqrt`: x / sqrt(Σx² + eps), Kimi's)."""
+    norm's form (`rsqrt`: x · rsqrt(Σx² + eps), Qwen's `l2norm`; `sqrt`: x / sqrt(Σx² + eps), Kimi's; `none`:
+    MiniMax's lightning attention, q and k as projected). `kernel` 0: no convolution, SiLU alone (MiniMax)."""
 
     n_head: int
     n_k_head: int
@@ -67,6 +68,9 @@ class DeltaSizes:
     gate: str = "silu"
     eps: float = 1e-6
     l2: str = "rsqrt"
+    rule: str = "delta"  # "delta": the delta rule; "plain": S_t = D_t S_(t-1) + k_t v_t^T (MiniMax's lightning)
+    scaled: bool = True  # q times d_K^-½ (the delta rule's kernels); MiniMax's lightning attention: not
+    norm_over: str = "head"  # the output RMSNorm: each head's d_V, or "proj": the merged n_head·d_V (MiniMax)
 
     @property
     def conv_width(self) -> int:
@@ -75,7 +79,7 @@ class DeltaSizes:
     def state_bytes(self, n_batch: int = 1, itemsize: int = 4) -> int:
         """What a cache holds for this layer whatever the length: the recurrent state `[n_head, d_K, d_V]` and the
         convolution's last kernel - 1 inputs `[conv_width, kernel - 1]`."""
-        return n_batch * itemsize * (self.n_head * self.d_K * self.d_V + self.conv_width * (self.kernel - 1))
+        return n_batch * itemsize * (self.n_head * self.d_K * self.d_V + self.conv_width * max(self.kernel - 1, 0))
 
 
 @dataclass
@@ -103,7 +107,8 @@ def empty_state(sizes: DeltaSizes, n_batch: int = 1) -> LinearState:
     import torch
 
     s = sizes
-    return LinearState(torch.zeros(n_batch, s.conv_width, s.kernel - 1), torch.zeros(n_batch, s.n_head, s.d_K, s.d_V),
+    return LinearState(torch.zeros(n_batch, s.conv_width, max(s.kernel - 1, 0)),
+                       torch.zeros(n_batch, s.n_head, s.d_K, s.d_V),
                        torch.zeros(n_batch, s.n_head, s.d_K, 0, dtype=torch.float64),
                        torch.zeros(n_batch, s.n_head, 0, s.d_V))
 
@@ -131,11 +136,13 @@ def l2norm(x: Tensor, form: str, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt(total) if form == "rsqrt" else x / torch.sqrt(total)
 
 
-def recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, S: Tensor) -> tuple[Tensor, Tensor]:
+def recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None,
+               S: Tensor) -> tuple[Tensor, Tensor]:
     """The delta rule token by token, as `torch_recurrent_gated_delta_rule` (and `recurrent_kimi_delta_attention`)
     compute it in float32: q, k `[n_batch, n_head, n, d_K]` (normed, q scaled), v `[.., n, d_V]`, g `[.., n]` or
     `[.., n, d_K]` (log-decay), beta `[.., n]`, S `[n_batch, n_head, d_K, d_V]` the state before. Returns the output
-    `[n_batch, n_head, n, d_V]` and the state after."""
+    `[n_batch, n_head, n, d_V]` and the state after. beta None: no delta rule, S_t = D_t S_(t-1) + k_t v_t^T
+    (MiniMax's lightning attention, the step of `MiniMaxLightningAttention`'s decoding branch)."""
     import torch
 
     out = torch.zeros_like(v)
@@ -145,20 +152,25 @@ def recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, S: Tens
         decay = g[:, :, t].exp()  # [n_batch, n_head] or [n_batch, n_head, d_K]
         S = S * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
         k_t = k[:, :, t]  # [n_batch, n_head, d_K]
-        remembered = (S * k_t[..., None]).sum(dim=-2)  # [n_batch, n_head, d_V]: S^T k
-        delta = (v[:, :, t] - remembered) * beta[:, :, t, None]
+        if beta is None:
+            delta = v[:, :, t]
+        else:
+            remembered = (S * k_t[..., None]).sum(dim=-2)  # [n_batch, n_head, d_V]: S^T k
+            delta = (v[:, :, t] - remembered) * beta[:, :, t, None]
         S = S + k_t[..., None] * delta[..., None, :]  # [n_batch, n_head, d_K, d_V]
         out[:, :, t] = (S * q[:, :, t, :, None]).sum(dim=-2)  # S^T q
     return out, S
 
 
-def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, A: Tensor) -> tuple[Tensor, Tensor]:
+def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None, A: Tensor) -> tuple[Tensor, Tensor]:
     """M in float64: the recurrence run on the identity over value indices (module docstring). A `[n_batch, n_head,
     d_K, n_cache]` holds a_{t,s} for the earlier positions (empty at the start). Returns M `[n_batch, n_head, n,
-    n_cache + n]` (row t over every position up to the newest; 0 past t) and A after the new tokens."""
+    n_cache + n]` (row t over every position up to the newest; 0 past t) and A after the new tokens. beta None:
+    no key removal, a_{t,t} = k_t (MiniMax's lightning attention: M[t, s] = exp(g·(t - s)) q_t^T k_s)."""
     import torch
 
-    q, k, g, beta = (x.to(torch.float64) for x in (q, k, g, beta))
+    q, k, g = (x.to(torch.float64) for x in (q, k, g))
+    beta = None if beta is None else beta.to(torch.float64)
     n_batch, n_head, n, d_K = q.shape
     n_cache = A.shape[-1]
     A = torch.cat([A.to(torch.float64), A.new_zeros(n_batch, n_head, d_K, n)], dim=-1)  # [.., d_K, n_cache + n]
@@ -169,8 +181,11 @@ def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, A: Tensor) -
         decay = g[:, :, t].exp()
         A = A * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
         k_t = k[:, :, t]  # [n_batch, n_head, d_K]
-        A = A - beta[:, :, t, None, None] * k_t[..., None] * (k_t[..., None, :] @ A)  # (I - beta k k^T) D A
-        A[..., n_cache + t] += beta[:, :, t, None] * k_t  # a_{t,t} = beta_t k_t
+        if beta is None:
+            A[..., n_cache + t] += k_t
+        else:
+            A = A - beta[:, :, t, None, None] * k_t[..., None] * (k_t[..., None, :] @ A)  # (I - beta k k^T) D A
+            A[..., n_cache + t] += beta[:, :, t, None] * k_t  # a_{t,t} = beta_t k_t
         M[:, :, t] = (q[:, :, t, None, :] @ A)[..., 0, :]  # [n_batch, n_head, n_cache + n]: q_t^T a_{t,s}
     return M, A
 
@@ -184,7 +199,7 @@ class DeltaInputs:
     `[d_V]`, the output projection's `[d_model, n_head·d_V]`."""
 
     mixed: Tensor
-    beta: Tensor
+    beta: Tensor | None  # None: no delta rule (MiniMax's lightning attention)
     g: Tensor
     gate: Tensor
     conv_weight: Tensor
@@ -205,7 +220,7 @@ def delta_rule(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearSt
 
 
 def _heads(add: Any, inputs: DeltaInputs, sizes: DeltaSizes,
-           state: LinearState | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+           state: LinearState | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor]:
     """The convolution and the heads: Q_normed, K_normed, V_split, beta, g as the recurrence reads them, and the
     convolution's state after."""
     import torch
@@ -214,29 +229,41 @@ def _heads(add: Any, inputs: DeltaInputs, sizes: DeltaSizes,
     n_batch, n = inputs.mixed.shape[:2]
     new = "n_tokens" if state is None else "n_new"
     cached = state is not None and state.n_cache > 0
-    conv, conv_state = short_conv(inputs.mixed, inputs.conv_weight, state.conv if state is not None else None)
-    add("QKV_conv", conv, ("n_batch", new, "2·n_k_head·d_K+n_head·d_V"),
-        "silu(conv1d(QKV_feat, conv1d.weight, groups=width)): a causal depthwise convolution of "
-        f"{s.kernel} taps" + (" after the cached inputs" if cached else ""),
-        2 * conv.numel() * s.kernel)
+    width_name = ("n_batch", new, "2·n_k_head·d_K+n_head·d_V")
+    if s.kernel:
+        conv, conv_state = short_conv(inputs.mixed, inputs.conv_weight, state.conv if state is not None else None)
+        add("QKV_conv", conv, width_name, "silu(conv1d(QKV_feat, conv1d.weight, groups=width)): a causal depthwise "
+            f"convolution of {s.kernel} taps" + (" after the cached inputs" if cached else ""),
+            2 * conv.numel() * s.kernel)
+    else:  # MiniMax: no convolution
+        conv = add("QKV_act", torch.nn.functional.silu(inputs.mixed), width_name, "silu(QKV_feat)",
+                   inputs.mixed.numel())
+        conv_state = inputs.mixed.new_zeros(n_batch, s.conv_width, 0)
     widths = [s.n_k_head * s.d_K, s.n_k_head * s.d_K, s.n_head * s.d_V]
     q_flat, k_flat, v_flat = torch.split(conv, widths, dim=-1)
+    made = "QKV_conv" if s.kernel else "QKV_act"
+    k_axis = "n_k_head" if s.n_k_head != s.n_head else "n_head"
     q = add("Q_split", q_flat.view(n_batch, n, s.n_k_head, s.d_K).transpose(1, 2),  # -> [n_batch, n_k_head, n, d_K]
-            ("n_batch", "n_k_head", new, "d_K"), "QKV_conv[..., :n_k_head·d_K] split into heads", allocates=False)
+            ("n_batch", k_axis, new, "d_K"), f"{made}[..., :n_k_head·d_K] split into heads", allocates=False)
     k = add("K_split", k_flat.view(n_batch, n, s.n_k_head, s.d_K).transpose(1, 2),  # [n_batch, n_k_head, n, d_K]
-            ("n_batch", "n_k_head", new, "d_K"), "QKV_conv[..., n_k_head·d_K:2·n_k_head·d_K] split into heads",
+            ("n_batch", k_axis, new, "d_K"), f"{made}[..., n_k_head·d_K:2·n_k_head·d_K] split into heads",
             allocates=False)
     v = add("V_split", v_flat.view(n_batch, n, s.n_head, s.d_V).transpose(1, 2),  # [n_batch, n_head, n, d_V]
-            ("n_batch", "n_head", new, "d_V"), "QKV_conv[..., 2·n_k_head·d_K:] split into heads: the values",
+            ("n_batch", "n_head", new, "d_V"), f"{made}[..., 2·n_k_head·d_K:] split into heads: the values",
             allocates=False)
     group = s.n_head // s.n_k_head
     repeat = f".repeat_interleave({group}, dim=1)" if group > 1 else ""
-    q = add("Q_normed", l2norm(q, s.l2).repeat_interleave(group, dim=1) * s.d_K ** -0.5,  # [n_batch, n_head, n, d_K]
-            ("n_batch", "n_head", new, "d_K"), f"l2norm(Q_split){repeat} * d_K^-0.5", 4 * q.numel() * group)
-    k = add("K_normed", l2norm(k, s.l2).repeat_interleave(group, dim=1),  # [n_batch, n_head, n, d_K]
-            ("n_batch", "n_head", new, "d_K"), f"l2norm(K_split){repeat}", 3 * k.numel() * group)
-    beta = add("beta", inputs.beta.float().transpose(1, 2), ("n_batch", "n_head", new),  # [n_batch, n_head, n]
-               "sigmoid(b): how strongly each token writes its value", inputs.beta.numel())
+    if s.l2 != "none":
+        scale = s.d_K ** -0.5 if s.scaled else 1.0
+        q = add("Q_normed", l2norm(q, s.l2).repeat_interleave(group, dim=1) * scale,  # [n_batch, n_head, n, d_K]
+                ("n_batch", "n_head", new, "d_K"), f"l2norm(Q_split){repeat}" + (" * d_K^-0.5" if s.scaled else ""),
+                4 * q.numel() * group)
+        k = add("K_normed", l2norm(k, s.l2).repeat_interleave(group, dim=1),  # [n_batch, n_head, n, d_K]
+                ("n_batch", "n_head", new, "d_K"), f"l2norm(K_split){repeat}", 3 * k.numel() * group)
+    beta = None
+    if inputs.beta is not None:
+        beta = add("beta", inputs.beta.float().transpose(1, 2), ("n_batch", "n_head", new),  # [n_batch, n_head, n]
+                   "sigmoid(b): how strongly each token writes its value", inputs.beta.numel())
     g_dims = ("n_batch", "n_head", new, "d_K") if s.per_channel else ("n_batch", "n_head", new)
     g = add("g", inputs.g.float().transpose(1, 2), g_dims,
             "the log-decay, <= 0: the state is multiplied by exp(g) before each token" +
@@ -245,7 +272,7 @@ def _heads(add: Any, inputs: DeltaInputs, sizes: DeltaSizes,
 
 
 def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState | None, record: bool,
-          heads: tuple[Tensor, ...]) -> tuple[Tensor, LinearState, float | None]:
+          heads: tuple[Any, ...]) -> tuple[Tensor, LinearState, float | None]:
     """delta_rule after the heads: the recurrence, M and its check, the gated norm, the output projection."""
     import torch
     import torch.nn.functional as F
@@ -270,8 +297,9 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
             figure = difference / max(1.0, float(x_raw.abs().max()))
     else:
         A = A_before
-    add("x_raw", x_raw, ("n_batch", "n_head", new, "d_V"),
-        "the recurrence S_t = (I - beta_t k_t k_t^T) exp(g_t) S_(t-1) + beta_t k_t v_t^T, out_t = S_t^T q_t",
+    rule = ("S_t = (I - beta_t k_t k_t^T) exp(g_t) S_(t-1) + beta_t k_t v_t^T" if beta is not None
+            else "S_t = exp(g_t) S_(t-1) + k_t v_t^T")
+    add("x_raw", x_raw, ("n_batch", "n_head", new, "d_V"), f"the recurrence {rule}, out_t = S_t^T q_t",
         4 * x_raw.numel() * s.d_K * 2)
     add("state", S, ("n_batch", "n_head", "d_K", "d_V"),
         "the recurrent state after the last token: what the cache holds in place of keys and values")
@@ -279,9 +307,12 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
     gate = add("gate", act(inputs.gate.float()), ("n_batch", new, "n_head·d_V"), f"{s.gate}(gate projection of X)",
                inputs.gate.numel())
     x_heads = x_raw.transpose(1, 2)  # [n_batch, n, n_head, d_V]
+    if s.norm_over == "proj":  # MiniMax: one RMSNorm over every head's outputs, merged
+        x_heads = x_heads.reshape(n_batch, n, 1, s.n_head * s.d_V)  # [n_batch, n, 1, n_head·d_V]
     normed = x_heads * torch.rsqrt(x_heads.pow(2).mean(-1, keepdim=True) + s.eps) * inputs.norm_weight
+    over = "per head" if s.norm_over == "head" else "over every head's outputs"
     x_gated = add("x_gated", normed.reshape(n_batch, n, s.n_head * s.d_V) * gate,  # [n_batch, n, n_head·d_V]
-                  ("n_batch", new, "n_head·d_V"), "RMSNorm(x_raw) per head * gate, heads merged",
+                  ("n_batch", new, "n_head·d_V"), f"RMSNorm(x_raw) {over} * gate, heads merged",
                   cost.rms_norm_flops(normed.shape, True) + gate.numel())
     x = add("x", F.linear(x_gated, inputs.out_weight), ("n_batch", new, "d_model"),  # [n_batch, n, d_model]
             "out_proj(x_gated)", cost.linear_flops((n_batch, n, inputs.out_weight.shape[0]), x_gated.shape[-1], False))
@@ -295,7 +326,8 @@ def effective_rows(inputs: DeltaInputs, sizes: DeltaSizes, head: int, block: int
 
     q, k, _, beta, g, _ = _heads(_keep, inputs, sizes, None)
     one = slice(head, head + 1)
-    q, k, beta, g = q[:, one], k[:, one], beta[:, one], g[:, one]  # [n_batch, 1, n, ...]
+    q, k, g = q[:, one], k[:, one], g[:, one]  # [n_batch, 1, n, ...]
+    beta = None if beta is None else beta[:, one]
     A = q.new_zeros(q.shape[0], 1, sizes.d_K, 0, dtype=torch.float64)
     for a in range(0, q.shape[-2], block):
         b = min(q.shape[-2], a + block)

@@ -1,12 +1,13 @@
-"""Tiny random models of the linear-attention hybrids (Qwen3-Next, Qwen3.5's text model, Kimi Linear), built from
-transformers' own configs and classes and saved with save_pretrained, with a small Qwen2 BPE tokenizer
+"""Tiny random models of the linear-attention hybrids (Qwen3-Next, Qwen3.5's text model, Kimi Linear, MiniMax),
+built from transformers' own configs and classes and saved with save_pretrained, with a small Qwen2 BPE tokenizer
 (tiny_models.py's recipe).
 
 Each has both layer kinds: Qwen3-Next and Qwen3.5 linear, linear, full (gated, partial RoPE), linear; Kimi Linear
-linear, full (MLA without RoPE), linear. The Qwen linear layers have 6 value heads served by 2 key heads (the full
-layers 4 heads), Qwen3-Next's MLP in layers 1 and 3 routes through experts. Weights are drawn with std 0.3 off
-their init (norm weights, A_log, dt_bias too); A_log is then moved down by 1.5 so the decays stay in (0, 1) without
-vanishing on a sentence, which keeps M's far columns readable.
+linear, full (MLA without RoPE), linear; MiniMax lightning, full, lightning. The Qwen linear layers have 6 value
+heads served by 2 key heads (the full layers 4 heads), Qwen3-Next's MLP in layers 1 and 3 routes through experts.
+Weights are drawn with std 0.3 off their init (norm weights, A_log, dt_bias too); A_log is then moved down by 1.5
+so the decays stay in (0, 1) without vanishing on a sentence, which keeps M's far columns readable. MiniMax's
+slopes are its formula's (saved as buffers, not learned), kept.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 from tiny_models import _bpe, perturb
 
-FAMILIES = ("qwen3_next", "qwen3_5_text", "kimi_linear")
+FAMILIES = ("qwen3_next", "qwen3_5_text", "kimi_linear", "minimax")
 COMMON = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2,
           "max_position_embeddings": 128, "tie_word_embeddings": False, "initializer_range": 0.3}
 LINEAR = {"linear_conv_kernel_dim": 3, "linear_key_head_dim": 8, "linear_value_head_dim": 6,
@@ -35,6 +36,15 @@ def _config_and_class(family: str, vocab: int):
     if family == "qwen3_5_text":
         return tf.Qwen3_5TextConfig(**COMMON, **LINEAR, vocab_size=vocab, head_dim=16, num_hidden_layers=4,
                                     layer_types=QWEN_LAYERS), tf.Qwen3_5ForCausalLM
+    # MiniMax: lightning, full, lightning; scaled residuals; experts in every layer; blocks of 4 tokens. No window:
+    # with one, transformers 5.23's cached generate disagrees with its own forward without a cache
+    if family == "minimax":
+        return tf.MiniMaxConfig(**COMMON, vocab_size=vocab, head_dim=8, num_hidden_layers=3, num_local_experts=4,
+                                num_experts_per_tok=2, block_size=4,
+                                layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                full_attn_alpha_factor=1.2, full_attn_beta_factor=0.9, linear_attn_alpha_factor=0.8,
+                                linear_attn_beta_factor=1.1, mlp_alpha_factor=0.9, mlp_beta_factor=1.3), \
+            tf.MiniMaxForCausalLM
     # MLA expands a key and a value for every head: num_key_value_heads as many as the heads
     return tf.KimiLinearConfig(**{**COMMON, "num_key_value_heads": 4}, vocab_size=vocab, num_hidden_layers=3,
                                kv_lora_rank=12, q_lora_rank=None,
@@ -57,7 +67,8 @@ def build(family: str, folder: Path, **sizes):
     for name, value in sizes.items():
         setattr(config, name, value)
     torch.manual_seed(40 + FAMILIES.index(family))
-    model = perturb(cls(config).eval())
+    # MiniMax's slope_rate and the decays made from it are a formula's (get_slope_rate), saved as buffers: kept
+    model = perturb(cls(config).eval(), keep=("slope_rate", "_decay"))
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             if name.endswith("A_log"):
@@ -72,7 +83,7 @@ def linear_modules(model) -> dict[int, object]:
     found = {}
     for index, layer in enumerate(model.model.layers):
         module = getattr(layer, "linear_attn", None)
-        if module is None and getattr(layer, "block_type", None) == "linear_attention":
+        if module is None and getattr(layer, "block_type", None) == "linear_attention":  # Kimi's, MiniMax's
             module = layer.self_attn
         if module is not None:
             found[index] = module

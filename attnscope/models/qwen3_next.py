@@ -407,14 +407,19 @@ class DeltaLayer:
 
 def linear_head_trace(layer: Trace, head: int) -> Trace:
     """Value head h of a linear layer, as views into the layer's steps: X, the query and key of its key head
-    (normed, repeated), its values, beta, g, its effective_attention M and output, and its state."""
+    (normed and repeated where the layer norms them), its values, beta (a delta rule's), g, its effective_attention M
+    and output, and its state."""
     from attnscope.trace import Trace
 
     trace = Trace()
     X = layer.step("X")
     trace.add("X", X.tensor[0], X.dims[1:], f"{X.op} (n_batch 0)", allocates=False)
-    for name, source in (("Q", "Q_normed"), ("K", "K_normed"), ("V", "V_split"), ("beta", "beta"), ("g", "g"),
-                         ("effective_attention", "effective_attention"), ("out", "x_raw"), ("state", "state")):
+    for name, sources in (("Q", ("Q_normed", "Q_split")), ("K", ("K_normed", "K_split")), ("V", ("V_split",)),
+                          ("beta", ("beta",)), ("g", ("g",)), ("effective_attention", ("effective_attention",)),
+                          ("out", ("x_raw",)), ("state", ("state",))):
+        source = next((s for s in sources if s in layer), None)
+        if source is None:  # MiniMax's lightning attention: no norm of q and k, no beta
+            continue
         step = layer.step(source)
         trace.add(name, step.tensor[0, head], step.dims[2:], f"{source}[0, {head}]", allocates=False)
     return trace
@@ -429,8 +434,8 @@ def _split_gate(weight: torch.Tensor, n_head: int, d_head: int) -> tuple[torch.T
 
 def eager_linear(folder: Path, model_type: str, ids: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' own run of layers 0..`layer` on `ids` (`truncated.load`, eager, float32): linear layer
-    `layer`'s output `[n_tokens, d_model]` and its recurrence's output before the gated norm `[n_head, n_tokens,
-    d_V]` (the norm's input, hooked): what `head --check` holds x and M @ V against."""
+    `layer`'s output `[n_tokens, d_model]` and its recurrence's output before the gated norm `[n_tokens,
+    n_head·d_V]` (the norm's input, hooked, heads merged): what `head --check` holds x and M @ V against."""
     import torch
     from transformers import AutoModel
 
@@ -443,7 +448,8 @@ def eager_linear(folder: Path, model_type: str, ids: list[int], layer: int) -> t
     module = getattr(inner.layers[layer], "linear_attn", None) or inner.layers[layer].self_attn
     norm = getattr(module, "norm", None) or module.o_norm
     seen: dict[str, torch.Tensor] = {}
-    hooks = [module.register_forward_hook(lambda m, a, out: seen.__setitem__("x", out)),
+    hooks = [module.register_forward_hook(lambda m, a, out: seen.__setitem__("x", out[0] if isinstance(out, tuple)
+                                                                           else out)),
              norm.register_forward_hook(lambda m, a, out: seen.__setitem__("core", a[0]))]
     try:
         with torch.no_grad():
@@ -451,6 +457,4 @@ def eager_linear(folder: Path, model_type: str, ids: list[int], layer: int) -> t
     finally:
         for hook in hooks:
             hook.remove()
-    n = len(ids)
-    core = seen["core"].reshape(n, -1, seen["core"].shape[-1]).transpose(0, 1)  # [n_head, n_tokens, d_V]
-    return seen["x"][0], core
+    return seen["x"][0], seen["core"].reshape(len(ids), -1)  # [n_tokens, d_model], [n_tokens, n_head·d_V]
