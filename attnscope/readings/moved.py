@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from attnscope.trace import Trace
 
 DIRECT = 2  # value_norms: directly up to DIRECT * d_head keys (the float64 Gram costs about that many in float32)
+GROUP_CELLS = 1 << 20  # value_norms' direct product: at most this many values of f(x) at once (4 MiB in float32)
 VALUE_STEPS = ("V_rep", "V_cat", "V_split")  # a layer trace's values as the attention read them, first found wins
 
 
@@ -45,9 +46,11 @@ def value_norms(V: Tensor, W_O: Tensor) -> Tensor:
     if n_kv != n_head:  # grouped-query attention: query head h reads KV head h // n_group (repeat_kv's order)
         values = values.repeat_interleave(n_head // n_kv, dim=0)  # [n_head, n_K, d_head]
     W = W_O.detach().to(dtype).view(d_model, n_head, d_head).permute(1, 2, 0)  # [n_head, d_head, d_model]
-    if n_K <= DIRECT * d_head:
-        carried = values @ W  # [n_head, n_K, d_head] @ [n_head, d_head, d_model] -> [n_head, n_K, d_model]
-        return torch.linalg.vector_norm(carried, dim=-1, dtype=torch.float64)  # [n_head, n_K], summed in float64
+    if n_K <= DIRECT * d_head:  # a few heads at a time: GROUP_CELLS values of f(x) held, not the whole layer's
+        group = max(1, GROUP_CELLS // max(1, n_K * d_model))
+        return torch.cat([torch.linalg.vector_norm(values[h : h + group] @ W[h : h + group], dim=-1,
+                                                   dtype=torch.float64)  # [group, n_K], summed in float64
+                          for h in range(0, n_head, group)])  # [group, n_K, d_head] @ [group, d_head, d_model]
     W64, v64 = W.to(torch.float64), values.to(torch.float64)
     gram = W64 @ W64.transpose(1, 2)  # [n_head, d_head, d_head], summed over d_model in float64
     squares = ((v64 @ gram) * v64).sum(dim=-1)  # [n_head, n_K]
