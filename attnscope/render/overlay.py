@@ -59,26 +59,26 @@ def overlay_of(picture: Picture, row: torch.Tensor, title: str) -> Overlay:
 
 
 def head_overlays(result: HeadResult) -> list[Overlay]:
-    """What the image shows for this run: head h's query row ([CLS]'s, else every query's mean), and with
-    --all-layers the rollout's."""
+    """What the image shows for this run: head h's query row ([CLS]'s; a VLM's last text query, which sees the
+    image; else every query's mean), and with --all-layers the rollout's row of the same query."""
     picture, attention = result.picture, result.attention
     if picture is None or attention is None:
         return []
     where = f"{result.layer_name}, head {result.options.head}"
-    has_cls = "[CLS]" in picture.grid.prefix and picture.start is None
     tokens = getattr(result, "image_tokens", None)
+    q: int | None = None
     if tokens is not None and result.encoded is not None:  # a VLM: its last text query, which sees the image
         q = len(tokens.image) - 1
-        found = [(f"{where}: query {q} “{result.encoded.tokens[q]}”'s weights over the image", attention[q])]
-    elif has_cls:
-        found = [(where + ": query [CLS]'s weights over the image", attention[0])]
-    else:
-        found = [(where + ": every query's mean weight over the image (no [CLS])", attention.double().mean(0))]
+        who = f"query {q} “{result.encoded.tokens[q]}”"
+    elif "[CLS]" in picture.grid.prefix and picture.start is None:
+        q, who = 0, "query [CLS]"
+    found = [(f"{where}: {who}'s weights over the image", attention[q]) if q is not None else
+             (f"{where}: every query's mean weight over the image (no [CLS])", attention.double().mean(0))]
     rollout = getattr(result, "rollout", None)
     if rollout is not None:
-        row = rollout[0] if has_cls else rollout.double().mean(0)
         found.append((f"attention rollout, layers 0..{len(result.layers or []) - 1}: "
-                      f"{'[CLS]' if has_cls else 'every query'}'s row over the image", row))
+                      f"{who if q is not None else 'every query'}'s row over the image",
+                      rollout[q] if q is not None else rollout.double().mean(0)))
     return [overlay_of(picture, row, title) for title, row in found]
 
 
