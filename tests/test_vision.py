@@ -196,3 +196,26 @@ def test_dinov2_any_size_drops_the_partial_patch(towers, tmp_path):
 
     svg = overlay_svg(result)
     assert 'clip-path="url(#grid-0)"' in svg and svg.count('class="p"') == 24
+
+
+def test_query_picks_the_row_over_the_image(towers, tmp_path):
+    """--query names the row drawn over the image (a label or an index): the terminal, --json and the page's
+    first overlay; a name of no token is refused in one line."""
+    folders, image = towers
+    folder = str(folders["dinov2_with_registers"][0])
+    args = ["head", "--model", folder, "--image", str(image), "--layer", "1", "--head", "1"]
+    data = run_main(*args, "--query", "p(2, 1)", "--json").json()
+    row = torch.tensor(data["attention"])[3 + 2 * GRID + 1]  # [CLS], reg0, reg1, then row 2's second patch
+    overlay = data["image"]["overlays"][0]
+    assert "query 12 “p(2,1)”" in overlay["title"]
+    torch.testing.assert_close(torch.tensor(overlay["patches"]).flatten(), row[3:], atol=1e-6, rtol=0)
+    assert overlay["prefix"]["reg1"] == pytest.approx(float(row[2]), abs=1e-6)
+    shown = run_main(*args, "--query", "2")
+    assert shown.code == 0 and "query 2 “reg1”'s weights over the image" in shown.stdout
+    page = tmp_path / "page.html"
+    assert run_main(*args, "--query", "p(2,1)", "--html", str(page)).code == 0
+    assert '"query":12' in page.read_text()
+    from cli_main import assert_usage_error
+
+    assert_usage_error(run_main(*args, "--query", "p(9,9)"), "--query 'p(9,9)' names no token", "[CLS], reg0")
+    assert_usage_error(run_main(*args, "--query", "99"), "an index from 0 to 18")

@@ -136,3 +136,12 @@ def test_fuzzed_files_read_or_refused(tmp_path, cut, junk, fmt):
         assert exc.params == ("image",) and "\n" not in str(exc)
     else:
         assert image.mode == "RGB" and image.size == (40, 30)
+
+
+def test_query_needs_a_vision_tower(tmp_path):
+    from tiny_models import build as build_text
+
+    build_text("gpt2", tmp_path / "gpt2")
+    outcome = run_main("head", "--model", str(tmp_path / "gpt2"), "--text", "The cat sat.", "--query", "p(0,0)")
+    assert_usage_error(outcome, "--query picks the row a vision tower's overlay draws", "model_type 'gpt2'",
+                       "drop --query")

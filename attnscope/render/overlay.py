@@ -67,7 +67,10 @@ def head_overlays(result: HeadResult) -> list[Overlay]:
     where = f"{result.layer_name}, head {result.options.head}"
     tokens = getattr(result, "image_tokens", None)
     q: int | None = None
-    if tokens is not None and result.encoded is not None:  # a VLM: its last text query, which sees the image
+    if picture.query is not None and result.encoded is not None:  # --query
+        q = picture.query
+        who = f"query {q} “{result.encoded.tokens[q]}”"
+    elif tokens is not None and result.encoded is not None:  # a VLM: its last text query, which sees the image
         q = len(tokens.image) - 1
         who = f"query {q} “{result.encoded.tokens[q]}”"
     elif "[CLS]" in picture.grid.prefix and picture.start is None:

@@ -37,7 +37,7 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     from attnscope.models.family import check_position
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import image, processor, tower
-    from attnscope.models.vision.patches import Picture
+    from attnscope.models.vision.patches import Picture, token_index
     from attnscope.runs.head_result import save_result
 
     refuse_options(asked, config.model_type)
@@ -50,6 +50,7 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
         read = image.read_image(asked.image)
         pixels = processor.pixel_values(folder, read)
     grid = tower.grid_of(settings, config.model_type, pixels, asked.image)
+    query = None if asked.query is None else token_index(asked.query, grid.labels())
     every = asked.all_layers
     _guard(tower.estimate_bytes(folder, None if every else asked.layer, grid.n_tokens), asked.max_memory,
            f"running {'every layer' if every else f'layers 0..{asked.layer}'} of this vision tower on "
@@ -62,7 +63,7 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     read_as = (f"{asked.image} ({read.width} x {read.height}) read by {pixels.processor} as {pixels.height} x "
                f"{pixels.width} pixels: {grid.dims_note(pixels.height, pixels.width)}{first}")
     result = _result(asked, folder, config, encoded, ran.run, read_as)
-    result.picture = Picture(processor.shown(pixels), grid, asked.image, pixels.processor)
+    result.picture = Picture(processor.shown(pixels), grid, asked.image, pixels.processor, query=query)
     if ran.patterns is not None:
         from attnscope.runs import layers
 

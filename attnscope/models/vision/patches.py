@@ -113,6 +113,7 @@ class Picture:
     path: str
     processor: str
     start: int | None = None
+    query: int | None = None  # the token whose row is drawn (--query); None: [CLS]'s, else the mean
 
     @property
     def first(self) -> int:
@@ -135,3 +136,17 @@ class Picture:
         import base64
 
         return "data:image/png;base64," + base64.b64encode(self.png()).decode("ascii")
+
+
+def token_index(query: str, labels: list[str]) -> int:
+    """The token `query` names: its label (`p(3,7)`, `[CLS]`, `reg0`; spaces ignored) or its index."""
+    wanted = query.replace(" ", "")
+    if wanted in labels:
+        return labels.index(wanted)
+    if wanted.isdigit() and int(wanted) < len(labels):
+        return int(wanted)
+    from attnscope.errors import UsageError
+
+    last = labels[-1] if labels else "none"
+    raise UsageError(f"{{query}} {query!r} names no token of this image: give a label ({', '.join(labels[:3])}, ..., "
+                     f"{last}) or an index from 0 to {len(labels) - 1}", "query")
