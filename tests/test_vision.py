@@ -85,7 +85,7 @@ def test_cli_views(towers, tmp_path):
                    "--all-layers", "--check")
     assert out.code == 0, out.stderr
     data = out.json()
-    assert data["params"]["image"] == str(image)
+    assert data["params"]["image"] == str(image) and data["params"]["query"] is None
     grid = data["image"]
     assert (grid["rows"], grid["cols"], grid["n_patches"], grid["first_patch"]) == (GRID, GRID, GRID * GRID, 3)
     assert grid["prefix"] == ["[CLS]", "reg0", "reg1"]
