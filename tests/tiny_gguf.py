@@ -31,10 +31,15 @@ FAMILIES = {
     "gemma3": ("gemma3", "Gemma3TextConfig", {"num_hidden_layers": 6, "num_attention_heads": 2,
                                               "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256,
                                               "sliding_window": 4}),
+    "llama3": ("llama", "LlamaConfig", {"num_hidden_layers": 2, "rope_theta": 500000.0, "max_position_embeddings": 64,
+                                        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                         "high_freq_factor": 4.0,
+                                                         "original_max_position_embeddings": 16}}),
     "phi3": ("phi3", "Phi3Config", {"num_hidden_layers": 2, "rope_theta": 10000.0, "pad_token_id": 0}),
 }
-CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-           "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+CLASSES = {"llama": "LlamaForCausalLM", "llama3": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+           "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+           "phi3": "Phi3ForCausalLM"}
 NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "self_attn.qkv_proj": "attn_qkv", "self_attn.q_norm": "attn_q_norm",
          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -92,18 +97,41 @@ def write(family: str, folder: Path, quant: str = "Q8_0", *, name: str | None = 
         if name is None:
             continue
         data = tensor.float().numpy()
-        if family == "llama" and ".attn_q." in name:
+        if arch == "llama" and ".attn_q." in name:
             data = permute(data, config.num_attention_heads, config.num_attention_heads)
-        if family == "llama" and ".attn_k." in name:
+        if arch == "llama" and ".attn_k." in name:
             data = permute(data, config.num_attention_heads, config.num_key_value_heads)
         if family.startswith("gemma") and name.endswith("norm.weight"):
             data = data + 1  # Gemma2Model.modify_tensors: llama.cpp stores 1 + w
         _add(writer, name, data, quant)
+    if rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", rope_freqs(rope, head_dim))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def rope_freqs(rope: dict, dim: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's `LlamaModel.generate_extra_tensors`: Llama 3's scaling as a factor per frequency."""
+    import math
+
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def gguf_name(family: str, key: str) -> str | None:
@@ -115,6 +143,8 @@ def gguf_name(family: str, key: str) -> str | None:
     parts = key.split(".")
     layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
     table = {**NAMES, **(GEMMA_NAMES if family.startswith("gemma") else {})}
+    if ".rotary_emb." in key:
+        return None
     return f"blk.{layer}.{table[module]}.{kind}"
 
 
@@ -129,7 +159,7 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
 def _add(writer, name: str, data: np.ndarray, quant: str) -> None:
     import gguf
 
-    if data.ndim == 2:
+    if data.ndim == 2 and quant != "F32":
         kind = getattr(gguf.GGMLQuantizationType, quant)
         writer.add_tensor(name, gguf.quants.quantize(data.astype(np.float32), kind), raw_dtype=kind)
     else:

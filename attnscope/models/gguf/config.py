@@ -62,6 +62,10 @@ def config_of(header: Header) -> dict[str, Any]:
     if isinstance(n_head, list):  # a count per layer (hybrid models): the families here have one
         raise UsageError(f"{{model}} {header.path}: {arch}.attention.head_count differs by layer; attnscope reads "
                          "GGUF files whose layers all have the same heads", "model")
+    for key, value in (("attention.head_count", n_head), ("embedding_length", d_model)):
+        if type(value) is not int or value < 1:
+            raise UsageError(f"{{model}} {header.path}: {arch}.{key} is {value!r}; it must be a positive whole number",
+                             "model")
     model_type, cls, _ = ARCHITECTURES[arch]
     head_dim = get("attention.key_length") or (d_model // n_head if isinstance(d_model, int) and n_head else None)
     config: dict[str, Any] = {
@@ -78,7 +82,7 @@ def config_of(header: Header) -> dict[str, Any]:
     rotary = get("rope.dimension_count")
     if isinstance(rotary, int) and isinstance(head_dim, int) and head_dim and rotary != head_dim:
         config["partial_rotary_factor"] = rotary / head_dim
-    scaling = _rope_scaling(get)
+    scaling = _rope_scaling(get) or _rope_freqs(header, config)
     if scaling:
         config["rope_scaling"] = scaling
     # the MLP's activation is llama.cpp's code, not the file's: GELU's tanh form for Gemma, SiLU for the others
@@ -100,6 +104,25 @@ def config_of(header: Header) -> dict[str, Any]:
 def _vocab(meta: dict[str, Any]) -> int | None:
     tokens = meta.get("tokenizer.ggml.tokens")
     return len(tokens) if isinstance(tokens, (list, Strings)) else None
+
+
+def _rope_freqs(header: Header, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Llama 3.1's and 3.2's RoPE scaling: llama.cpp's converter writes no `rope_scaling`, but the factor that
+    divides each frequency, as a tensor (`rope_freqs.weight`, `[d_head / 2]`; LlamaModel.generate_extra_tensors),
+    which llama.cpp's `ggml_rope_ext` applies to every position. transformers' longrope with those factors both
+    short and long, and no attention factor, turns by the same angles (`_compute_longrope_parameters`: inv_freq
+    = 1 / (factors · base^(2i/d)))."""
+    info = header.tensors.get("rope_freqs.weight")
+    if info is None:
+        return None
+    from attnscope.models.gguf.checkpoint import _read
+    from attnscope.models.gguf.quants import dequantize
+
+    raw = _read(info, 0, info.nbytes)
+    factors = [float(f) for f in dequantize(raw, info.ggml_type, 1, info.shape[-1], f"{header.path}: {info.name}")[0]]
+    context = config.get("max_position_embeddings") or 1
+    return {"rope_type": "longrope", "short_factor": factors, "long_factor": factors, "attention_factor": 1.0,
+            "original_max_position_embeddings": context}
 
 
 def _rope_scaling(get: Any) -> dict[str, Any] | None:

@@ -55,8 +55,9 @@ def locate(model: str) -> Path | None:
 
 
 def is_gguf_file(path: Path) -> bool:
-    """Whether a located model is a GGUF file: a file that starts with the magic (a model folder is a folder)."""
-    return path.is_file() and _starts_with_magic(path)
+    """Whether a located model is a GGUF file: a .gguf (whose header then says what is wrong with it), or a file
+    that starts with the magic (an Ollama blob); a model folder is a folder, and config.json is neither."""
+    return path.is_file() and (path.suffix == ".gguf" or _starts_with_magic(path))
 
 
 def _starts_with_magic(path: Path) -> bool:
