@@ -3,7 +3,7 @@ built from transformers' own configs and classes and saved with save_pretrained,
 (tiny_models.py's recipe).
 
 Each has both layer kinds: Qwen3-Next and Qwen3.5 linear, linear, full (gated, partial RoPE), linear; Kimi Linear
-linear, full (MLA without RoPE), linear; MiniMax lightning, full, lightning. The Qwen linear layers have 6 value
+linear, full (MLA without RoPE), linear; MiniMax lightning, full, lightning, full. The Qwen linear layers have 6 value
 heads served by 2 key heads (the full layers 4 heads), Qwen3-Next's MLP in layers 1 and 3 routes through experts.
 Weights are drawn with std 0.3 off their init (norm weights, A_log, dt_bias too); A_log is then moved down by 1.5
 so the decays stay in (0, 1) without vanishing on a sentence, which keeps M's far columns readable. MiniMax's
@@ -36,12 +36,13 @@ def _config_and_class(family: str, vocab: int):
     if family == "qwen3_5_text":
         return tf.Qwen3_5TextConfig(**COMMON, **LINEAR, vocab_size=vocab, head_dim=16, num_hidden_layers=4,
                                     layer_types=QWEN_LAYERS), tf.Qwen3_5ForCausalLM
-    # MiniMax: lightning, full, lightning; scaled residuals; experts in every layer; blocks of 4 tokens. No window:
-    # with one, transformers 5.23's cached generate disagrees with its own forward without a cache
+    # MiniMax: lightning, full, twice (the last layer's slope is about 0: a lightning layer there would not decay);
+    # scaled residuals; experts in every layer; blocks of 4 tokens. No window: with one, transformers 5.23's cached
+    # generate disagrees with its own forward without a cache
     if family == "minimax":
-        return tf.MiniMaxConfig(**COMMON, vocab_size=vocab, head_dim=8, num_hidden_layers=3, num_local_experts=4,
+        return tf.MiniMaxConfig(**COMMON, vocab_size=vocab, head_dim=8, num_hidden_layers=4, num_local_experts=4,
                                 num_experts_per_tok=2, block_size=4,
-                                layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                layer_types=["linear_attention", "full_attention"] * 2,
                                 full_attn_alpha_factor=1.2, full_attn_beta_factor=0.9, linear_attn_alpha_factor=0.8,
                                 linear_attn_beta_factor=1.1, mlp_alpha_factor=0.9, mlp_beta_factor=1.3), \
             tf.MiniMaxForCausalLM
