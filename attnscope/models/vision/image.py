@@ -62,6 +62,10 @@ def read_header(path: str | Path, param: str = "image") -> Header:
             with Image.open(path) as image:  # the header only: nothing decoded yet
                 header = Header(str(image.format), int(image.width), int(image.height), str(image.mode))
     except UnidentifiedImageError:
+        looks = _looks_like(path)
+        if looks:
+            raise UsageError(f"{{{param}}} {path} starts as a {looks} but Pillow cannot read its header: the file is "
+                             "truncated or damaged; give the whole file", param) from None
         raise UsageError(f"{{{param}}} {path} is not an image Pillow can read (its first bytes are "
                          f"{_first_bytes(path)}); {fix}", param) from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -101,6 +105,20 @@ def read_image(path: str | Path, param: str = "image") -> Image.Image:
         what = "is truncated" if "truncated" in str(exc) or isinstance(exc, EOFError) else "is corrupt"
         raise UsageError(f"{{{param}}} {path} {what}: Pillow cannot decode its pixels ({_why(exc)}); give the "
                          f"whole file, or re-save it as PNG", param) from None
+
+
+# the first bytes of each format read (its signature) -> its name
+SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8", "GIF"), (b"BM", "BMP"),
+              (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+
+
+def _looks_like(path: Path) -> str | None:
+    """The format whose signature the file starts with (WebP: RIFF....WEBP), else None."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    return next((name for signature, name in SIGNATURES if head.startswith(signature)), None)
 
 
 def _first_bytes(path: Path) -> str:
