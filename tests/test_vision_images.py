@@ -51,6 +51,7 @@ BAD = {  # file name -> (its bytes, words the one line says)
     "text.png": (b"this is not an image at all", ("is not an image Pillow can read", "b'this is ")),
     "empty.jpg": (b"", ("the file is empty",)),
     "cut.png": (encoded("PNG")[:60], ("truncated",)),
+    "signature.png": (b"\x89PNG\r\n\x1a\n", ("starts as a PNG", "truncated or damaged")),
     "cut.jpg": (encoded("JPEG")[:200], ("truncated",)),
     "huge.png": (png_header(100_000, 100_000), ("decompression-bomb limit",)),
     "bomb.png": (png_header(10_000, 10_000), ("decompression-bomb limit",)),
