@@ -331,7 +331,8 @@ def effective_rows(inputs: DeltaInputs, sizes: DeltaSizes, head: int, block: int
     A = q.new_zeros(q.shape[0], 1, sizes.d_K, 0, dtype=torch.float64)
     for a in range(0, q.shape[-2], block):
         b = min(q.shape[-2], a + block)
-        rows, A = effective_matrix(q[..., a:b, :], k[..., a:b, :], g[:, :, a:b], beta[..., a:b], A)
+        part = None if beta is None else beta[..., a:b]
+        rows, A = effective_matrix(q[..., a:b, :], k[..., a:b, :], g[:, :, a:b], part, A)
         yield a, rows[0, 0]  # [b - a, b]
 
 

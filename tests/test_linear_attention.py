@@ -193,3 +193,21 @@ def test_qwen3_5_multimodal_checkpoint_reads_its_text_model(tmp_path):
     result = model_head(tmp_path, 3, 1, text=SENTENCE)
     assert result.info.model_type == "qwen3_5"
     assert torch.allclose(result.run.layer["x"], seen["x"], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "minimax"])
+def test_long_input_rows_equal_the_whole_matrix(built, family, monkeypatch):
+    """A long input's head: M in blocks of query rows, the effective keys carried block to block, equal to the
+    whole M of the short run; its statistics those of the whole matrix's shares of |M|."""
+    from attnscope.models import long
+    from attnscope.readings.headstats import head_stats, shares
+
+    folder, _, ids, *_ = built(family)
+    whole = model_head(folder, 0, 1, text=SENTENCE).attention.double()  # [n, n]
+    monkeypatch.setattr(long, "LONG_TOKENS", 8)
+    monkeypatch.setattr(long, "BLOCK_ROWS", 5)
+    result = run_head(HeadOptions(model=str(folder), layer=0, head=1, text=SENTENCE, rows=f"0:{len(ids)}"))
+    assert torch.allclose(result.long.exact_rows, whole, atol=1e-6)
+    assert "effective_attention" in [step.name for step in result.long.layer.steps]  # the layer's shapes
+    expected = head_stats(shares(whole), tokens=ids, causal=True)
+    assert math.isclose(result.long.stats.entropy, expected.entropy, abs_tol=1e-5)
