@@ -148,3 +148,25 @@ def test_planted_page_step_falls_back(tmp_path, monkeypatch):
     result = model_head(tmp_path, 1, 0, text=SENTENCE)
     assert not result.traced and result.attention is not None
     assert any("the step 'x_raw'" in note for note in result.notes), result.notes
+
+
+def test_planted_decode_step_falls_back(tmp_path, monkeypatch):
+    """The same, changed only on decode steps (one query): the prompt's layer reproduces, a step does not."""
+    import tiny_models
+
+    from attnscope.multihead import MultiHeadAttention
+    from attnscope.runs.head import run_head
+
+    tiny_models.build("llama", tmp_path)
+    original = MultiHeadAttention.forward
+
+    def forward(self, *args, **kwargs):
+        trace = original(self, *args, **kwargs)
+        if "x_raw" in trace and trace["x_raw"].shape[-2] == 1:
+            trace["x_raw"].mul_(1.5)
+        return trace
+
+    monkeypatch.setattr(MultiHeadAttention, "forward", forward)
+    result = run_head(HeadOptions(model=str(tmp_path), layer=1, head=0, text=SENTENCE, generate=2))
+    assert not result.traced and len(result.decode) == 2
+    assert sum("the step 'x_raw'" in note for note in result.notes) == 1, result.notes
