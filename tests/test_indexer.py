@@ -170,9 +170,14 @@ def test_json_selected_and_index_scores(built, name):
                                               "--json").json()["selected"]
 
 
-def test_dense_refusals(built):
+def test_dense_refusals(built, tmp_path):
+    import tiny_models
+
     folder, *_ = built("v32")
     assert_usage_error(run_main("head", "--model", str(folder), "--dense"), "--dense", "--text")
+    tiny_models.build("llama", tmp_path)
+    assert_usage_error(run_main("head", "--model", str(tmp_path), "--text", SENTENCE, "--dense"), "--dense",
+                       "model_type 'llama' has none")
 
 
 def test_page_marks_the_keys_the_indexer_dropped(built, tmp_path):
