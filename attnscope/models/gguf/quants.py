@@ -57,8 +57,12 @@ def row_bytes(ggml_type: int, cols: int) -> int:
     return cols // block * size
 
 
+CHUNK = 1 << 16  # values dequantized at a time: gguf.quants' temporaries (several times the output) stay small
+
+
 def dequantize(raw: np.ndarray, ggml_type: int, rows: int, cols: int, where: str) -> np.ndarray:
-    """`rows` rows of `cols` values from their bytes `raw` (uint8), as a fresh float32 array `[rows, cols]`."""
+    """`rows` rows of `cols` values from their bytes `raw` (uint8), as a fresh float32 array `[rows, cols]`,
+    dequantized a few rows at a time into it."""
     import numpy as np
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
@@ -67,5 +71,9 @@ def dequantize(raw: np.ndarray, ggml_type: int, rows: int, cols: int, where: str
     if kind.name not in supported():
         raise UsageError(f"{{model}} {where} is stored as {kind.name}, which attnscope cannot dequantize; it reads "
                          f"{', '.join(supported())}", "model")
-    out = gguf_dequantize(raw.reshape(rows, -1), kind)  # [rows, cols]
-    return np.array(out, dtype=np.float32, copy=True).reshape(rows, cols)
+    raw = raw.reshape(rows, -1)  # [rows, bytes per row]
+    out = np.empty((rows, cols), dtype=np.float32)
+    step = max(1, CHUNK // max(cols, 1))
+    for lo in range(0, rows, step):
+        out[lo : lo + step] = gguf_dequantize(raw[lo : lo + step], kind).reshape(-1, cols)  # [step, cols]
+    return out
