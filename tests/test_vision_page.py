@@ -69,6 +69,13 @@ def test_overlay_picks_queries(made):
         assert title.startswith("query 6 “p(0,3)”"), title  # [CLS], reg0, reg1, then p(0,0)..p(0,3)
         assert _weight_on_patches(title) == pytest.approx(sum(attention[6][3:]), abs=2e-3)
         assert "p(0,3)" in page.inner_text("[data-testid=top-keys]")  # the heatmap's query follows
+        canvas.focus()
+        page.keyboard.press("ArrowDown")  # the arrows walk the grid: p(1,3), then p(1,2)
+        page.keyboard.press("ArrowLeft")
+        title = page.inner_text("[data-testid=overlay-title]")
+        assert title.startswith("query 9 “p(1,2)”"), title
+        assert _weight_on_patches(title) == pytest.approx(sum(attention[9][3:]), abs=2e-3)
+        assert page.locator("[data-testid=head-select]").input_value() == "2"  # the arrows left the head alone
         buttons.nth(2).click()
         assert page.inner_text("[data-testid=overlay-title]").startswith("query 2 “reg1”")
         shots = os.environ.get("ATTNSCOPE_SCREENSHOTS")

@@ -118,4 +118,14 @@ function wireOverlay() {
     if (!at || !overlayGeo.weights) { canvas.title = ""; return; }
     canvas.title = `${kLabel(at.token)}: ${overlayGeo.weights[at.token].toFixed(overlayGeo.decimals)} (click: make it the query)`;
   });
+  canvas.addEventListener("keydown", (e) => {  // focused, the arrows walk the grid (the page's own keys elsewhere)
+    const I = META.image, step = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] }[e.key];
+    if (!step || e.ctrlKey || e.metaKey || e.altKey) return;
+    e.preventDefault(); e.stopPropagation();
+    const own = overlayGeo && overlayGeo.q !== null ? overlayGeo.q - I.first : -1;
+    const [r, c] = own >= 0 && own < I.rows * I.cols ? [Math.floor(own / I.cols), own % I.cols] : [0, 0];
+    const row = Math.max(0, Math.min(I.rows - 1, r + (own >= 0 ? step[0] : 0)));
+    const col = Math.max(0, Math.min(I.cols - 1, c + (own >= 0 ? step[1] : 0)));
+    select(I.first + row * I.cols + col, true);
+  });
 }
