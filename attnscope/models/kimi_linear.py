@@ -146,12 +146,9 @@ class KimiLinear(LinearLayers, DeepseekV3):
                 Slice("norm", key("o_norm.weight"), "rows", 0, d, dims=("d_V",)),
                 Slice("W_O", key("o_proj.weight"), "cols", *rows, dims=("d_model", "d_V"))]
 
-    def layer_head_notes(self, layer: int, head: int) -> list[str]:
-        if not self.linear(layer):
-            return self.head_notes(head)
-        return [f"W_Q, W_K, W_V: head {head}'s rows of q_proj, k_proj, v_proj; f_a_proj and g_a_proj (the gates' "
-                f"low-rank inputs) are every head's, and A_log[{head}] scales its decay; its pattern is the exact "
-                "matrix M of this linear attention layer (effective_attention)"]
+    def linear_head_note(self, layer: int, head: int) -> str:
+        return (f"W_Q, W_K, W_V: head {head}'s rows of q_proj, k_proj, v_proj; f_a_proj and g_a_proj (the gates' "
+                f"low-rank inputs) are every head's, and A_log[{head}] scales its decay")
 
     # --- the linear layers ------------------------------------------------------------------------------------
 

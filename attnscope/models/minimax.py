@@ -95,12 +95,9 @@ class MiniMax(LinearLayers, Llama):
                 Slice("norm", key("norm.weight"), "rows", head * d, (head + 1) * d, dims=("d_V",)),
                 Slice("W_O", key("out_proj.weight"), "cols", head * d, (head + 1) * d, dims=("d_model", "d_V"))]
 
-    def layer_head_notes(self, layer: int, head: int) -> list[str]:
-        if not self.linear(layer):
-            return self.head_notes(head)
-        return [f"W_Q, W_K, W_V: head {head}'s block of qkv_proj (q, k, v in turn); its decay exp(-slope) per "
-                f"token, slope {float(self.slopes(layer)[head]):.4g}; its pattern is the exact matrix M of this "
-                "lightning attention layer (effective_attention)"]
+    def linear_head_note(self, layer: int, head: int) -> str:
+        return (f"W_Q, W_K, W_V: head {head}'s block of qkv_proj (q, k, v in turn); its decay exp(-slope) per token, "
+                f"slope {float(self.slopes(layer)[head]):.4g}")
 
     def slopes(self, layer: int) -> torch.Tensor:
         """Each head's decay rate `[n_head]`: the checkpoint's `slope_rate`, else `get_slope_rate`'s formula."""

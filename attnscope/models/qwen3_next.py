@@ -101,15 +101,20 @@ class LinearLayers:
                 f"is [n_head, d_K, d_V] = [{s.n_head}, {s.d_K}, {s.d_V}] per sequence", EFFECTIVE_NOTE]
 
     def layer_head_notes(self, layer: int, head: int) -> list[str]:
-        """A linear layer's head: which key head serves it; a full layer's as the family's (head_notes)."""
+        """A linear layer's head: where its weights lie (`linear_head_note`), and what its pattern is; a full
+        layer's as the family's (head_notes)."""
         if not self.linear(layer):
             return self.head_notes(head)  # type: ignore[attr-defined, no-any-return]
+        return [f"{self.linear_head_note(layer, head)}; its pattern is the exact matrix M of this linear attention "
+                "layer (effective_attention)"]
+
+    def linear_head_note(self, layer: int, head: int) -> str:
+        """Which key head serves value head `head` (grouped: Qwen3-Next's 16 key heads for 32 value heads)."""
         s = self.delta
         group = s.n_head // s.n_k_head
         served = f"key head {head // group} of {s.n_k_head} (= {head} // {group}) serves value heads " \
                  f"{head // group * group} to {head // group * group + group - 1}: its W_Q, W_K; " if group > 1 else ""
-        return [f"{served}W_V, W_O and the output gate are value head {head}'s own; its pattern is the exact matrix "
-                "M of this linear attention layer (effective_attention)"]
+        return f"{served}W_V, W_O and the output gate are value head {head}'s own"
 
     def attention(self, layer: int, record: bool) -> Any:
         if self.linear(layer):
