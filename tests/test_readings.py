@@ -206,22 +206,20 @@ def test_causal_rollout_and_rows_that_see_nothing():
     assert rollout([torch.rand(2, 3, 4)]) is None  # not square: cross-attention has no rollout
 
 
-def test_value_norms_direct_and_gram_paths_agree():
-    """`||v W_O^hT||` directly (few keys) and through the Gram matrix (more keys than d_head): the same numbers,
-    grouped-query attention included."""
+def test_value_norms_through_the_gram_matrix_equal_the_direct_norms():
+    """`sqrt(v G_h v)` equals `||v W_O^hT||` computed key by key (grouped-query attention included): to 1e-10 from
+    float64 inputs, to 1e-5 from float32 ones (the Gram matrix then summed in float32, as W_o sums)."""
     torch.manual_seed(2)
     V = torch.randn(2, 40, 8, dtype=torch.float64)  # [n_kv_head, n_K, d_head]
     W_O = torch.randn(24, 4 * 8, dtype=torch.float64)  # [d_model, n_head·d_head]
-    gram = value_norms(V, W_O)  # 40 keys > 2 d_head: the Gram path
-    direct = torch.cat([value_norms(V[:, i : i + 8], W_O) for i in range(0, 40, 8)], dim=-1)  # 8 keys: direct
-    single = value_norms(V.float(), W_O.float())  # float32 inputs: the projection in float32, the sums in float64
-    assert single.dtype == torch.float64
-    torch.testing.assert_close(single, gram, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(gram, direct, atol=1e-10, rtol=0)
+    norms = value_norms(V, W_O)
     flat = V.transpose(0, 1).reshape(40, 16)  # as a v_proj's output
-    torch.testing.assert_close(gram, ref_value_norms(flat, W_O, 4), atol=1e-10, rtol=0)
+    torch.testing.assert_close(norms, ref_value_norms(flat, W_O, 4), atol=1e-10, rtol=0)
+    single = value_norms(V.float(), W_O.float())
+    assert single.dtype == torch.float64
+    torch.testing.assert_close(single, norms, atol=1e-5, rtol=1e-5)
     A = torch.softmax(torch.randn(4, 5, 40), -1)
-    torch.testing.assert_close(weighted(A, gram), A.double() * gram[:, None, :], atol=0, rtol=0)
+    torch.testing.assert_close(weighted(A, norms), A.double() * norms[:, None, :], atol=0, rtol=0)
 
 
 def test_terminal_shows_the_sinks_grid_and_the_rollout(tiny, runner):

@@ -13,10 +13,11 @@ The readings:
 A learned sink (GPT-OSS) has no value: the weight it takes moves nothing.
 
 The value of key j for query head h is the one its KV head serves (transformers' `repeat_kv`: KV head h // n_group).
-Every long sum is in float64. `||v W_O^hT||` is computed directly, `[n_K, d_head] @ [d_head, d_model]` a head in
-the model's own precision (its sum over d_head, as W_o itself computes it) with the norm's sum over d_model in
-float64, or, when the keys outnumber 2·d_head, through the Gram matrix `W_O^hT W_O^h` `[d_head, d_head]` in
-float64: `sqrt(v G v)`, the same number for a cost that does not grow with the text.
+`||v W_O^hT||` is computed through head h's Gram matrix `G_h = W_O^hT W_O^h` `[d_head, d_head]`, as
+`sqrt(v G_h v)`: the same number for a cost that does not grow with the text (the direct product, `[n_K, d_head] @
+[d_head, d_model]` a head, cost as much as the layer's own W_o and ran slower: short inner products). G_h is
+summed over d_model in the weights' own precision, as W_o itself sums (float32 for a float32 model, float64 for
+float64 inputs); the quadratic form and everything after it in float64.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 
     from attnscope.trace import Trace
 
-DIRECT = 2  # value_norms: directly up to DIRECT * d_head keys (the float64 Gram costs about that many in float32)
-GROUP_CELLS = 1 << 20  # value_norms' direct product: at most this many values of f(x) at once (4 MiB in float32)
 VALUE_STEPS = ("V_rep", "V_cat", "V_split")  # a layer trace's values as the attention read them, first found wins
 
 
@@ -41,19 +40,13 @@ def value_norms(V: Tensor, W_O: Tensor) -> Tensor:
     n_kv, n_K, d_head = V.shape
     d_model, width = W_O.shape
     n_head = width // d_head
-    dtype = torch.promote_types(V.dtype, W_O.dtype)  # the projection in the model's own precision, as W_o runs
-    values = V.detach().to(dtype)
+    dtype = torch.promote_types(V.dtype, W_O.dtype)  # the Gram matrix in the model's own precision, as W_o sums
+    values = V.detach().to(torch.float64)
     if n_kv != n_head:  # grouped-query attention: query head h reads KV head h // n_group (repeat_kv's order)
         values = values.repeat_interleave(n_head // n_kv, dim=0)  # [n_head, n_K, d_head]
     W = W_O.detach().to(dtype).view(d_model, n_head, d_head).permute(1, 2, 0)  # [n_head, d_head, d_model]
-    if n_K <= DIRECT * d_head:  # a few heads at a time: GROUP_CELLS values of f(x) held, not the whole layer's
-        group = max(1, GROUP_CELLS // max(1, n_K * d_model))
-        return torch.cat([torch.linalg.vector_norm(values[h : h + group] @ W[h : h + group], dim=-1,
-                                                   dtype=torch.float64)  # [group, n_K], summed in float64
-                          for h in range(0, n_head, group)])  # [group, n_K, d_head] @ [group, d_head, d_model]
-    W64, v64 = W.to(torch.float64), values.to(torch.float64)
-    gram = W64 @ W64.transpose(1, 2)  # [n_head, d_head, d_head], summed over d_model in float64
-    squares = ((v64 @ gram) * v64).sum(dim=-1)  # [n_head, n_K]
+    gram = torch.bmm(W, W.transpose(1, 2)).to(torch.float64)  # [n_head, d_head, d_head]: W_O^hT W_O^h
+    squares = ((values @ gram) * values).sum(dim=-1)  # [n_head, n_K]: v G v, summed in float64
     return squares.clamp_min(0.0).sqrt()
 
 
@@ -95,10 +88,7 @@ def layer_norms(layer: Trace, W_O: Tensor) -> Tensor | None:
 
 
 def norm_flops(n_head: int, n_K: int, d_head: int, d_model: int) -> int:
-    """value_norms' multiply-adds, counted as 2 FLOPs each: the direct product or the Gram matrix's, whichever
-    `value_norms` takes."""
-    if n_K <= DIRECT * d_head:
-        return 2 * n_head * n_K * d_head * d_model
+    """value_norms' multiply-adds, counted as 2 FLOPs each: the Gram matrices and the quadratic forms."""
     return 2 * n_head * d_head * (d_head * d_model + n_K * (d_head + 1))
 
 

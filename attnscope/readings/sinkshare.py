@@ -56,21 +56,17 @@ def sink_shares(attention: Tensor, sink_weight: Tensor | None = None,
     sink = None if sink_weight is None else sink_weight.detach().to(torch.float64)
     keep = (total + (sink if sink is not None else 0.0)) > 0  # rows that give weight somewhere
     first, top, keys = shares(A, keep)
-    out: list[dict[str, Any]] = [{"first": float(first[h]), "top": float(top[h]), "top_keys": keys[h].tolist()}
-                                 for h in range(A.shape[0])]
+    columns: dict[str, Any] = {"first": first.tolist(), "top": top.tolist(), "top_keys": keys.tolist()}
     if sink is not None:
-        sunk = torch.where(keep, sink, 0.0).sum(dim=-1) / keep.sum(dim=-1).clamp_min(1)
-        for h, entry in enumerate(out):
-            entry["sink"] = float(sunk[h])
+        columns["sink"] = (torch.where(keep, sink, 0.0).sum(dim=-1) / keep.sum(dim=-1).clamp_min(1)).tolist()
     if norms is not None:
         W = A * norms[:, None, :].to(torch.float64)  # [n_head, n_Q, n_K]: ||a_ij f_h(x_j)||
         moved = W.sum(dim=-1, keepdim=True)  # [n_head, n_Q, 1]
         share = W / torch.where(moved > 0, moved, 1.0)
         w_first, w_top, w_keys = shares(share, moved[..., 0] > 0)
-        for h, entry in enumerate(out):
-            entry |= {"weighted_first": float(w_first[h]), "weighted_top": float(w_top[h]),
-                      "weighted_top_keys": w_keys[h].tolist()}
-    return out
+        columns |= {"weighted_first": w_first.tolist(), "weighted_top": w_top.tolist(),
+                    "weighted_top_keys": w_keys.tolist()}
+    return [{key: values[h] for key, values in columns.items()} for h in range(A.shape[0])]
 
 
 SHARE_KEYS = ("first", "sink", "top", "weighted_first", "weighted_top", "top_keys", "weighted_top_keys")
