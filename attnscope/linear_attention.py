@@ -178,15 +178,16 @@ def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None, A: Te
     if q.is_meta:  # shapes only
         return M, A
     for t in range(n):
+        seen = A[..., : n_cache + t + 1]  # [n_batch, n_head, d_K, n_cache + t + 1]: a_{t,s} is 0 for s > t
         decay = g[:, :, t].exp()
-        A = A * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
+        seen.mul_(decay[..., None, None] if decay.dim() == 2 else decay[..., None])
         k_t = k[:, :, t]  # [n_batch, n_head, d_K]
         if beta is None:
-            A[..., n_cache + t] += k_t
+            seen[..., -1] += k_t
         else:
-            A = A - beta[:, :, t, None, None] * k_t[..., None] * (k_t[..., None, :] @ A)  # (I - beta k k^T) D A
-            A[..., n_cache + t] += beta[:, :, t, None] * k_t  # a_{t,t} = beta_t k_t
-        M[:, :, t] = (q[:, :, t, None, :] @ A)[..., 0, :]  # [n_batch, n_head, n_cache + n]: q_t^T a_{t,s}
+            seen.sub_(beta[:, :, t, None, None] * k_t[..., None] * (k_t[..., None, :] @ seen))  # (I - beta k k^T) D A
+            seen[..., -1] += beta[:, :, t, None] * k_t  # a_{t,t} = beta_t k_t
+        M[:, :, t, : n_cache + t + 1] = (q[:, :, t, None, :] @ seen)[..., 0, :]  # q_t^T a_{t,s}
     return M, A
 
 

@@ -140,6 +140,16 @@ def test_generate_carries_the_state(built, family):
     first, second = result.decode[0], result.decode[1]
     n_head = 6 if family.startswith("qwen") else 4  # layer 0's: a linear layer's value heads
     assert first.attention.shape == (n_head, len(ids)) and second.attention.shape == (n_head, len(ids) + 1)
+    # the last step's row of layer 0's M, carried through the decode steps, is the last row of M on the whole text
+    from attnscope.models import open_model
+    from attnscope.models.config import read_config
+    from attnscope.models.run import run_layer
+
+    fed = ids + theirs[:-1]  # every token the steps fed in
+    opened = open_model(folder, read_config(folder))
+    with opened.checkpoint:
+        whole = run_layer(opened, fed, [0] * len(fed), 0, 2).layer["effective_attention"][0, :, -1]  # [n_head, n_K]
+    assert torch.allclose(result.decode[-1].attention, whole, atol=1e-5)
     grown = second.kv_cache_bytes - first.kv_cache_bytes
     full = [i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention"]
     assert 0 < grown <= 4 * 64 * len(full)  # one position's keys and values (or latent) in each full layer
