@@ -254,3 +254,18 @@ def test_llama3_rope_scaling_from_rope_freqs(runner, tmp_path):
     with torch.no_grad():
         lost = unscaled(torch.tensor([payload["token_ids"]]), output_attentions=True).attentions
     assert (lost[1][0] - eager[1][0]).abs().max() > 1e-3
+
+
+def test_a_split_of_its_own_goes_through_transformers_converter(tmp_path):
+    """tokenizer.ggml.pre "qwen2" (Qwen's split regex): built by transformers' convert_gguf_tokenizer, the ids
+    AutoTokenizer's on text where the split matters (digits, contractions, runs of spaces and punctuation)."""
+    from transformers import AutoTokenizer
+
+    from attnscope.models import tokenizer
+
+    path = tiny_gguf.write("qwen2", tmp_path, pre="qwen2")
+    reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ("It's 12345 cats!!  and\n\tdogs...", "The cat sat on the mat.", " <|endoftext|>x"):
+        encoded = tokenizer.encode(path, text)
+        assert encoded.ids == reference(text).input_ids, text
+        assert encoded.tokens == reference.convert_ids_to_tokens(encoded.ids)

@@ -95,3 +95,17 @@ def test_induction_heads_found_where_the_reference_has_them(real, runner):
     found = {(entry["layer"], h) for entry in payload["all_layers"] for h, kind in enumerate(entry["kinds"])
              if kind == "induction"}
     assert strong and strong <= found <= likely  # called induction: at least half its weight there in the reference
+
+
+def test_tokenizer_from_the_metadata_gives_autotokenizers_ids(real):
+    """The byte-level BPE built from tokenizer.ggml.* with the tokenizers library alone, on text that exercises it:
+    special tokens, accents, emoji, digits, runs of spaces, newlines."""
+    from attnscope.models import tokenizer as ours
+
+    path, _, tokenizer = real
+    for text in ("<|im_start|>user\nHello, wörld! 🎉 12345  spaces<|im_end|>", " leading space", "naïve café\t\ttab",
+                 "The capital of France is"):
+        encoded = ours.encode(path, text)
+        assert encoded.ids == tokenizer(text).input_ids, text
+        assert encoded.tokens == tokenizer.convert_ids_to_tokens(encoded.ids)
+        assert [text for _, text in ours.pieces(path, encoded.ids)] == [tokenizer.decode([i]) for i in encoded.ids]

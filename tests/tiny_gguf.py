@@ -59,8 +59,9 @@ def hf_model(family: str, vocab: int, seed: int = 0):
     return perturb(getattr(tf, CLASSES[family])(config).eval())
 
 
-def write(family: str, folder: Path, quant: str = "Q8_0", *, name: str | None = None) -> Path:
-    """A GGUF of a tiny random `family` model, its matrices quantized as `quant`."""
+def write(family: str, folder: Path, quant: str = "Q8_0", *, name: str | None = None, pre: str = "smollm") -> Path:
+    """A GGUF of a tiny random `family` model, its matrices quantized as `quant`; `pre`: the tokenizer's split
+    (`tokenizer.ggml.pre`: SmolLM's is GPT-2's, Qwen 2's its own regex)."""
     import gguf
 
     vocab, merges = _bpe(True, ["<|endoftext|>"])
@@ -91,7 +92,7 @@ def write(family: str, folder: Path, quant: str = "Q8_0", *, name: str | None = 
     if family == "gemma2":
         writer.add_float32("gemma2.attn_logit_softcapping", config.attn_logit_softcapping)
         writer.add_float32("gemma2.final_logit_softcapping", config.final_logit_softcapping)
-    _tokenizer(writer, tokens, merges)
+    _tokenizer(writer, tokens, merges, pre)
     for key, tensor in model.state_dict().items():
         name = gguf_name(family, key)
         if name is None:
