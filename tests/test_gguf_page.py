@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from browser import browser, chromium, open_page
-from cli_main import run_main
 from test_gguf_smollm2 import smollm2
 
 CHROMIUM = chromium()
@@ -20,10 +19,15 @@ TEXT = "The cat sat on the mat because it was tired. The cat sat on the mat beca
 
 
 def test_page_of_a_gguf_run(tmp_path):
-    args = ["head", "--model", str(smollm2()), "--layer", "18", "--head", "6", "--text", TEXT, "--all-layers"]
-    data = run_main(*args, "--json").json()
+    """One run, written as --html writes it (views.explorer.page_html of views.sources.from_head)."""
+    from attnscope.runs.head import HeadOptions, run_head
+    from attnscope.views.explorer import page_html
+    from attnscope.views.sources import from_head
+
+    result = run_head(HeadOptions(model=str(smollm2()), layer=18, head=6, text=TEXT, all_layers=True))
     page_path = tmp_path / "page.html"
-    assert run_main(*args, "--html", str(page_path)).code == 0
+    page_path.write_text(page_html(from_head(result)), encoding="utf-8")
+    data = {"token_ids": result.encoded.ids, "tokens": result.encoded.tokens, "attention": result.attention.tolist()}
     n = len(data["token_ids"]) // 2
     query = n + 3  # the second copy's fourth token: an induction head looks at what followed its first copy
     row = data["attention"][query]
