@@ -16,6 +16,7 @@ import torch
 from attnscope.cli import app
 
 TEXT = "The cat sat on the mat. The cat sat on the mat because it was tired."
+SCALED = ("llama3", "phi3long")  # RoPE scaling transformers' GGUF loader does not read: against the source model
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def all_layers(runner, path: Path, *extra: str) -> dict:
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_0"])
-@pytest.mark.parametrize("family", [f for f in tiny_gguf.FAMILIES if f != "llama3"])  # llama3: below
+@pytest.mark.parametrize("family", [f for f in tiny_gguf.FAMILIES if f not in SCALED])
 def test_every_layer_equals_transformers_gguf_loader(written, runner, family, quant):
     path, reference, tokenizer = written(family, quant)
     payload = all_layers(runner, path)
@@ -235,16 +236,18 @@ def test_rows_of_every_type_are_the_whole_tensor_dequantized(tmp_path, kind):
     np.testing.assert_array_equal(checkpoint.tensor("model.layers.0.self_attn.v_proj.weight").numpy(), whole)
 
 
-def test_llama3_rope_scaling_from_rope_freqs(runner, tmp_path):
-    """Llama 3.1's RoPE scaling, which llama.cpp's converter writes as a factor per frequency (rope_freqs.weight)
-    and transformers' GGUF loader leaves out: every layer equal to the model the file was converted from (weights
-    kept F32, so that model is the exact reference)."""
+@pytest.mark.parametrize("family", SCALED)
+def test_rope_scaling_llama_cpp_keeps_in_tensors(runner, tmp_path, family):
+    """Llama 3.1's RoPE scaling, which llama.cpp's converter writes as a factor per frequency (rope_freqs.weight),
+    and Phi-3's longrope (rope_factors_short and _long, the original context, the attention factor), which
+    transformers' GGUF loader leaves out: every layer equal to the model the file was converted from (weights kept
+    F32, so that model is the exact reference), on a text past Phi-3's original context of 8."""
     from tiny_models import _bpe
 
-    path = tiny_gguf.write("llama3", tmp_path, "F32")
+    path = tiny_gguf.write(family, tmp_path, "F32")
     payload = all_layers(runner, path)
     vocab, _ = _bpe(True, ["<|endoftext|>"])
-    source = tiny_gguf.hf_model("llama3", len(vocab))
+    source = tiny_gguf.hf_model(family, len(vocab))
     source.config._attn_implementation = "eager"
     with torch.no_grad():
         eager = source(torch.tensor([payload["token_ids"]]), output_attentions=True).attentions

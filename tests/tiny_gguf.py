@@ -36,10 +36,16 @@ FAMILIES = {
                                                          "high_freq_factor": 4.0,
                                                          "original_max_position_embeddings": 16}}),
     "phi3": ("phi3", "Phi3Config", {"num_hidden_layers": 2, "rope_theta": 10000.0, "pad_token_id": 0}),
+    "phi3long": ("phi3", "Phi3Config", {"num_hidden_layers": 2, "pad_token_id": 0,
+                                        "original_max_position_embeddings": 8,
+                                        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                            "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                                                            "long_factor": [1.5 + 0.5 * i for i in range(8)],
+                                                            "original_max_position_embeddings": 8}}),
 }
 CLASSES = {"llama": "LlamaForCausalLM", "llama3": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-           "phi3": "Phi3ForCausalLM"}
+           "phi3": "Phi3ForCausalLM", "phi3long": "Phi3ForCausalLM"}
 NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "self_attn.qkv_proj": "attn_qkv", "self_attn.q_norm": "attn_q_norm",
          "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -107,6 +113,15 @@ def write(family: str, folder: Path, quant: str = "Q8_0", *, name: str | None = 
         _add(writer, name, data, quant)
     if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", rope_freqs(rope, head_dim))
+    if rope.get("rope_type") == "longrope":  # convert_hf_to_gguf.py's Phi3MiniModel
+        import math
+
+        original = rope["original_max_position_embeddings"]
+        scale = config.max_position_embeddings / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -144,6 +159,8 @@ def gguf_name(family: str, key: str) -> str | None:
     parts = key.split(".")
     layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
     table = {**NAMES, **(GEMMA_NAMES if family.startswith("gemma") else {})}
+    if family.startswith("phi3"):
+        table["mlp.gate_up_proj"] = "ffn_up"
     if ".rotary_emb." in key:
         return None
     return f"blk.{layer}.{table[module]}.{kind}"

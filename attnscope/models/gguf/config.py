@@ -82,9 +82,11 @@ def config_of(header: Header) -> dict[str, Any]:
     rotary = get("rope.dimension_count")
     if isinstance(rotary, int) and isinstance(head_dim, int) and head_dim and rotary != head_dim:
         config["partial_rotary_factor"] = rotary / head_dim
-    scaling = _rope_scaling(get) or _rope_freqs(header, config)
+    scaling = _rope_scaling(get) or _rope_freqs(header, config) or _rope_factors(header, get)
     if scaling:
         config["rope_scaling"] = scaling
+        if arch == "phi3":  # Phi3Config's own attribute wins over the scaling's (4096 when absent)
+            config["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings")
     # the MLP's activation is llama.cpp's code, not the file's: GELU's tanh form for Gemma, SiLU for the others
     config["hidden_activation" if arch in LARGE_GEMMA else "hidden_act"] = (
         "gelu_pytorch_tanh" if arch in LARGE_GEMMA else "silu")
@@ -115,14 +117,39 @@ def _rope_freqs(header: Header, config: dict[str, Any]) -> dict[str, Any] | None
     info = header.tensors.get("rope_freqs.weight")
     if info is None:
         return None
+    factors = _values(header, info)
+    context = config.get("max_position_embeddings") or 1
+    return {"rope_type": "longrope", "short_factor": factors, "long_factor": factors, "attention_factor": 1.0,
+            "original_max_position_embeddings": context}
+
+
+def _rope_factors(header: Header, get: Any) -> dict[str, Any] | None:
+    """Phi-3's longrope (the 128k models, Phi-3.5, Phi-4 mini): llama.cpp's converter (Phi3MiniModel) writes the
+    short and long factors as tensors (`rope_factors_short.weight`, `rope_factors_long.weight`), the context they
+    switch at as `{arch}.rope.scaling.original_context_length` and the cos/sin factor as `.attn_factors`;
+    transformers' longrope reads the same three (`_compute_longrope_parameters`), switching to the long factors
+    once the text passes the original context, as Phi3ForCausalLM does."""
+    short, long = header.tensors.get("rope_factors_short.weight"), header.tensors.get("rope_factors_long.weight")
+    if short is None or long is None:
+        return None
+    scaling: dict[str, Any] = {"rope_type": "longrope", "short_factor": _values(header, short),
+                               "long_factor": _values(header, long)}
+    original = get("rope.scaling.original_context_length")
+    if original:
+        scaling["original_max_position_embeddings"] = original
+    factor = get("rope.scaling.attn_factor")
+    if factor is not None:
+        scaling["attention_factor"] = factor
+    return scaling
+
+
+def _values(header: Header, info: Any) -> list[float]:
+    """A small F32 (or F16) tensor of the file as numbers."""
     from attnscope.models.gguf.checkpoint import _read
     from attnscope.models.gguf.quants import dequantize
 
     raw = _read(info, 0, info.nbytes)
-    factors = [float(f) for f in dequantize(raw, info.ggml_type, 1, info.shape[-1], f"{header.path}: {info.name}")[0]]
-    context = config.get("max_position_embeddings") or 1
-    return {"rope_type": "longrope", "short_factor": factors, "long_factor": factors, "attention_factor": 1.0,
-            "original_max_position_embeddings": context}
+    return [float(f) for f in dequantize(raw, info.ggml_type, 1, info.shape[-1], f"{header.path}: {info.name}")[0]]
 
 
 def _rope_scaling(get: Any) -> dict[str, Any] | None:

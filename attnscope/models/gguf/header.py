@@ -150,6 +150,8 @@ class _Walk:
         offset = self._unpack("<Q", 8, name)
         if any(d >= 1 << 40 for d in dims):
             raise self._bad(f"tensor {name} has a dimension of {max(dims):,}; no tensor is that large")
+        if 0 in dims:
+            raise self._bad(f"tensor {name} has a dimension of 0 ({dims}); the header is damaged")
         return name, tuple(reversed(dims)), ggml_type, offset
 
     def _value(self, kind: int, key: str, depth: int) -> Any:

@@ -77,7 +77,7 @@ def _load(path: Path, _mtime: int) -> Any:
         if found.get("tokenizer_type") == "gpt2" and found.get("pre_tokenizer_type") in PLAIN_SPLIT:
             tokenizer = _byte_level(found, settings)
         else:
-            tokenizer = _through_transformers(meta["general.architecture"], found)
+            tokenizer = _through_transformers(str(meta["general.architecture"]), found)
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{{model}} {path}: its tokenizer metadata cannot be read ({str(exc)[:120]})", "model") \
             from None
