@@ -73,6 +73,7 @@ class GgufCheckpoint:
                 self._infos[key] = info
         self._seen: set[str] = set()
         self._kept: dict[str, torch.Tensor] = {}
+        self._check_shapes(config)
 
     def __enter__(self) -> GgufCheckpoint:
         return self
@@ -160,6 +161,21 @@ class GgufCheckpoint:
         return torch.from_numpy(picked[[where[i] for i in index]])  # [n_tokens, d_model]
 
     # --- internals --------------------------------------------------------------------------------------
+
+    def _check_shapes(self, config: dict[str, object]) -> None:
+        """The norms' and MLP's shapes against the metadata (models/shapes.py checks the attention's and the
+        embedding's once the family is open): a damaged dimension is refused here, not met inside PyTorch."""
+        d, d_ff, d_head = config["hidden_size"], config.get("intermediate_size"), config.get("head_dim")
+        fused = (2 if self.arch == "phi3" else 1) * d_ff if isinstance(d_ff, int) else None
+        wanted = {"q_norm.weight": [d_head], "k_norm.weight": [d_head], "norm.weight": [d],  # the first that ends it
+                  "gate_up_proj.weight": [fused, d], "gate_proj.weight": [d_ff, d], "up_proj.weight": [d_ff, d],
+                  "down_proj.weight": [d, d_ff], "lm_head.weight": [config.get("vocab_size"), d]}
+        for key, info in self._infos.items():
+            want = next((shape for end, shape in wanted.items() if key.endswith(end)), None)
+            if want is not None and None not in want and list(info.shape) != want:
+                raise UsageError(f"{{model}} {info.path}: tensor {info.name} is {list(info.shape)}, but the metadata "
+                                 f"implies {want} (embedding_length {d}, feed_forward_length {d_ff}); the file is "
+                                 "damaged or its metadata does not describe it", "model")
 
     def _info(self, key: str) -> TensorInfo:
         try:
