@@ -41,7 +41,7 @@ def locate(model: str) -> Path | None:
         if (path / "config.json").is_file():
             return None
         found = sorted(p for p in path.iterdir() if p.suffix == ".gguf" and p.is_file())
-        firsts = [p for p in found if not SHARD.fullmatch(p.name) or SHARD.fullmatch(p.name)["no"] == "00001"]  # type: ignore[index]
+        firsts = [p for p in found if (shard := SHARD.fullmatch(p.name)) is None or shard["no"] == "00001"]
         if len(firsts) > 1:
             raise UsageError(f"{{model}} {path} holds {len(firsts)} GGUF files ({', '.join(p.name for p in firsts[:4])}"
                              f"{', ...' if len(firsts) > 4 else ''}); give the one to read", "model")
