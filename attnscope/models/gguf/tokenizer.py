@@ -78,7 +78,9 @@ def _load(path: Path, _mtime: int) -> Any:
             tokenizer = _byte_level(found, settings)
         else:
             tokenizer = _through_transformers(str(meta["general.architecture"]), found)
-    except (ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # the tokenizers library's Rust side raises the plain Exception ("out of vocabulary")
+        if type(exc) is not Exception and not isinstance(exc, (ValueError, KeyError, TypeError)):
+            raise
         raise UsageError(f"{{model}} {path}: its tokenizer metadata cannot be read ({str(exc)[:120]})", "model") \
             from None
     if "add_bos_token" in settings or "add_eos_token" in settings or tokenizer.post_processor is None:
