@@ -122,7 +122,7 @@ def show_sinks(out: Console, layers: list[LayerHeads]) -> None:
     if weighted:
         grids.append(("value-weighted share from the first token, % (what moves from there)",
                       lambda head: head["weighted_first"]))
-    n_head = len(shares[0])
+    n_head = max(len(share) for share in shares)  # a hybrid's linear layers may have more heads than its others
     per_line = max(1, (out.width - LABEL) // CELL)
     out.print()
     out.print(Text(f"sinks: where each head parks its weight  [{len(layers)} layers x {n_head} heads]", style="bold"))
@@ -132,8 +132,8 @@ def show_sinks(out: Console, layers: list[LayerHeads]) -> None:
             heads = range(start, min(start + per_line, n_head))
             out.print(Text(" " * LABEL + "".join(f"{h:>{CELL}}" for h in heads), style="dim"))
             for layer, share in zip(layers, shares, strict=True):
-                out.print(Text(layer.title.ljust(LABEL) + "".join(f"{_percent(value(share[h])):>{CELL}}"
-                                                                   for h in heads)))
+                out.print(Text(layer.title.ljust(LABEL) + "".join(
+                    f"{_percent(value(share[h])) if h < len(share) else '':>{CELL}}" for h in heads)))
     out.print(FittedText("a head that parks its weight on the first token but moves little from there is resting "
                          "(Kobayashi et al. 2020; docs/heads.md)"))
 
