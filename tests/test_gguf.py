@@ -272,3 +272,19 @@ def test_a_split_of_its_own_goes_through_transformers_converter(tmp_path):
         encoded = tokenizer.encode(path, text)
         assert encoded.ids == reference(text).input_ids, text
         assert encoded.tokens == reference.convert_ids_to_tokens(encoded.ids)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_sentencepiece_vocabulary_goes_through_transformers_converter(tmp_path, arch):
+    """tokenizer.ggml.model "llama" (LLaMA 2's and Gemma's SentencePiece pieces): the ids, BOS included (llama.cpp
+    adds it unless the file says not), AutoTokenizer's."""
+    from transformers import AutoTokenizer
+
+    from attnscope.models import tokenizer
+
+    path = tiny_gguf.write_sentencepiece(arch, tmp_path)
+    reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ("The cat sat on the mat.", "  two spaces", "Attention is all"):
+        encoded = tokenizer.encode(path, text)
+        assert encoded.ids == reference(text).input_ids, text
+        assert encoded.tokens == reference.convert_ids_to_tokens(encoded.ids)

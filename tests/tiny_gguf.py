@@ -228,3 +228,30 @@ def write_split(source: Path, target: Path, shards: int) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_sentencepiece(arch: str, folder: Path) -> Path:
+    """A GGUF holding only a SentencePiece-style vocabulary (`tokenizer.ggml.model` "llama": "▁" pieces, scores,
+    control tokens, merges) as llama.cpp writes LLaMA 2's and Gemma's, and one tensor."""
+    import gguf
+
+    specials = ["<unk>", "<s>", "</s>"] if arch == "llama" else ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    vocab, merges = _bpe(False, specials)
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    path = folder / f"sentencepiece-{arch}.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in (("block_count", 1), ("embedding_length", 32), ("attention.head_count", 2)):
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([-float(i) for i in range(len(tokens))])
+    writer.add_token_types([3 if token in specials else 1 for token in tokens])
+    writer.add_token_merges([" ".join(merge) for merge in merges])
+    writer.add_bos_token_id(tokens.index("<s>" if arch == "llama" else "<bos>"))
+    writer.add_eos_token_id(tokens.index("</s>" if arch == "llama" else "<eos>"))
+    writer.add_tensor("blk.0.attn_q.weight", np.ones((32, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
