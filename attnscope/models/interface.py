@@ -9,8 +9,11 @@ registers its own implementation (`IMPLEMENTATION`, with eager's mask function) 
 module's modeling file's), so the model computes exactly what eager computes; on the layer asked it also
 records the steps from those inputs (`record`): Q, K, V, K_rep, V_rep (transformers' `repeat_kv`), scores,
 capped_scores, position_bias and biased_scores, mask and masked_scores, sinks and sink_weight, attention,
-out, then holds them against the eager function's own pattern and output, and stops the model there
-(`Reached`): nothing after the layer runs. The steps before Q, K, V are the family's code, not traced. For
+out, then holds them against the eager function's own pattern and output, hands the module the recorded `out`,
+and once the module returns, selfcheck.py holds its output against the module's own eager run on the same inputs
+(a module doing more than its attention function sees, DeepSeek-V3.2's indexer, fails it: the run then shows
+eager's pattern only); then it stops the model there (`Reached`): nothing after the layer runs. The steps
+before Q, K, V are the family's code, not traced. For
 `--all-layers` and `--generate` (models/interface_stream.py) the recorder does not stop: it keeps every attention
 layer's pattern, or layer L's steps at each decode step.
 
@@ -21,6 +24,7 @@ Families whose modules do not call the interface (`_supports_attention_backend` 
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,12 +34,30 @@ from attnscope.models.mask_kind import MaskKind, allowed_pairs, read_mask
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
 
     from attnscope.trace import Trace
 
 IMPLEMENTATION = "attnscope_trace"
 TOLERANCE = 1e-5  # the recorded steps against the family's eager function, float32
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Layer `layer`'s module returned something the trace does not reproduce: `step` is the first step that
+    differs from the eager module's (its weights, or its output), by `diff`."""
+
+    layer: int
+    step: str
+    diff: float
+
+    def note(self) -> str:
+        what = "its output and attention weights differ" if self.step == "attention" else "its output differs"
+        return (f"self-check: layer {self.layer}'s module does something its attention function is not handed: "
+                f"the step '{self.step}' could not be reproduced ({what} from the module's own eager run, by "
+                f"{self.diff:.2e}); shown is transformers' eager output_attentions, the pattern only, not traced")
 
 
 @dataclass
@@ -60,6 +82,10 @@ class Recorder:
     notes: list[str] = field(default_factory=list)
     stop: bool = True
     patterns: dict[int, torch.Tensor] | None = None
+    watched: set[int] = field(default_factory=set)  # the modules selfcheck.py hooks (by id)
+    caller: Any = None  # the module whose recorded call waits for selfcheck.py's check when it returns
+    failure: Failure | None = None  # the first layer whose module the trace does not reproduce
+    checked: int = 0  # how many module calls were checked
 
 
 class Reached(Exception):
@@ -109,8 +135,12 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
         recorder.notes.extend(f"layer {index}: {note}" for note in recorded.layer.notes if "differ" in note)
     if index == recorder.layer:
         recorder.recorded = recorded
-        if recorder.stop:
-            raise Reached
+    if id(module) in recorder.watched:  # selfcheck.py checks the module's output when it returns (and stops there)
+        recorder.caller = module
+        steps = recorded.layer  # the module's output made from the recorded steps: [n_batch, n_tokens, n_head, d]
+        return steps["out"].transpose(1, 2).contiguous(), steps["attention"]
+    if index == recorder.layer and recorder.stop:
+        raise Reached
     return out, weights
 
 
@@ -215,11 +245,19 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool((a - b.to(a.dtype)).abs().max() <= TOLERANCE)
 
 
+@contextmanager
+def pause() -> Iterator[None]:
+    """No recording inside (selfcheck.py's eager re-run of a module)."""
+    token = _active.set(None)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
 def recording(layer: int, stop: bool = True, every: bool = False) -> Any:
     """A context in which the model's attention calls record layer `layer` (and stop the forward there with
     `stop`), and with `every` every attention layer's pattern."""
-    from contextlib import contextmanager
-
     @contextmanager
     def active() -> Any:
         recorder = Recorder(layer, stop=stop, patterns={} if every else None)

@@ -20,36 +20,20 @@ once: the layer's cache entry is copied before the call and the re-run reads the
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from attnscope.models.interface import Failure, Recorder, pause
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     import torch
 
-    from attnscope.models.interface import Recorder
 
 EAGER = "eager"
 SLACK = 10  # the module output's tolerance: the dtype's, ten times over (it has been through o_proj)
 UNCHECKED = ("self-check not run: the attention module could not be run again on its inputs (no layer_idx to "
              "hook it by); the steps agree with the eager function they were handed to, which is all that is known")
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Layer `layer`'s module returned something the trace does not reproduce: `step` is the first step that
-    differs from the eager module's (its weights, or its output), by `diff`."""
-
-    layer: int
-    step: str
-    diff: float
-
-    def note(self) -> str:
-        what = "its output and attention weights differ" if self.step == "attention" else "its output differs"
-        return (f"self-check: layer {self.layer}'s module does something its attention function is not handed: "
-                f"the step '{self.step}' could not be reproduced ({what} from the module's own eager run, by "
-                f"{self.diff:.2e}); shown is transformers' eager output_attentions, the pattern only, not traced")
 
 
 @contextmanager
@@ -91,7 +75,6 @@ def watching(model: Any, recorder: Recorder) -> Iterator[None]:
 def check(module: Any, kept: tuple[tuple[Any, ...], dict[str, Any], Any], output: Any) -> Failure | None:
     """The module again on the same inputs with eager attention, against what it returned traced."""
     from attnscope.check import tolerance
-    from attnscope.models.interface import pause
 
     args, kwargs, entry = kept
     ours = output if isinstance(output, tuple) else (output,)
