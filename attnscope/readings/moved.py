@@ -22,6 +22,8 @@ float64 inputs); the quadratic form and everything after it in float64.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,8 +47,9 @@ def value_norms(V: Tensor, W_O: Tensor) -> Tensor:
     if n_kv != n_head:  # grouped-query attention: query head h reads KV head h // n_group (repeat_kv's order)
         values = values.repeat_interleave(n_head // n_kv, dim=0)  # [n_head, n_K, d_head]
     W = W_O.detach().to(dtype).view(d_model, n_head, d_head).permute(1, 2, 0)  # [n_head, d_head, d_model]
-    gram = torch.bmm(W, W.transpose(1, 2)).to(torch.float64)  # [n_head, d_head, d_head]: W_O^hT W_O^h
-    squares = ((values @ gram) * values).sum(dim=-1)  # [n_head, n_K]: v G v, summed in float64
+    with one_thread():  # 4 to 5 times faster than two threads on the busy 2-core machine, 32 heads of a 1.1B
+        gram = torch.bmm(W, W.transpose(1, 2)).to(torch.float64)  # [n_head, d_head, d_head]: W_O^hT W_O^h
+        squares = ((values @ gram) * values).sum(dim=-1)  # [n_head, n_K]: v G v, summed in float64
     return squares.clamp_min(0.0).sqrt()
 
 
@@ -115,3 +118,18 @@ def traced_readings(layer: Trace, head: Trace, index: int, W_O: Tensor) -> Tenso
     n_head, n_K = norms.shape
     add_steps(layer, head, index, norms, norm_flops(n_head, n_K, W_O.shape[1] // n_head, W_O.shape[0]))
     return norms
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """PyTorch's intra-op threads set to 1 for the readings' small tensors, then put back: on the 2-core machine of
+    docs/performance.md a layer's shares and rollout step took 5 to 10 times longer on two threads (each of some
+    thirty ops of a few hundred thousand numbers waits for both threads) than on one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

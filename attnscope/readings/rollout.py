@@ -51,12 +51,13 @@ class Rollout:
     def add(self, heads: Tensor, value_norms: Tensor | None = None) -> None:
         """The next layer's patterns `[n_head, n, n]` (square: a self-attention over the same tokens); with its
         value_norms `[n_head, n]`, the value-weighted patterns, each row as shares, in their place."""
-        if value_norms is not None:
-            from attnscope.readings.moved import weighted
+        from attnscope.readings.moved import one_thread, weighted
 
-            heads = row_normalised(weighted(heads, value_norms))  # [n_head, n, n]
-        M = layer_matrix(heads)  # [n, n]
-        self.matrix = M if self.matrix is None else M @ self.matrix  # [n, n] @ [n, n] -> [n, n]
+        with one_thread():
+            if value_norms is not None:
+                heads = row_normalised(weighted(heads, value_norms))  # [n_head, n, n]
+            M = layer_matrix(heads)  # [n, n]
+            self.matrix = M if self.matrix is None else M @ self.matrix  # [n, n] @ [n, n] -> [n, n]
         self.layers += 1
 
 
