@@ -22,6 +22,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from attnscope.cost import broadcast_shapes
 from attnscope.models.interface import Failure, Recorder, pause
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ def check_page(trace: Any) -> str | None:
                                                                      "attention", out.name))
     exact = "capped_scores" not in trace and "sink_weight" not in trace
     atol, rtol = tolerance(want.dtype)
-    lead = torch.broadcast_shapes(scores.shape[:-2], V.shape[:-2], want.shape[:-2])
+    lead = broadcast_shapes(scores.shape[:-2], V.shape[:-2], want.shape[:-2])
     worst, scale = 0.0, None
     for index in itertools.product(*(range(n) for n in lead)):  # one [n_Q, n_K] in float64 at a time
         q, k, v, s, p, w, o = (_at(t, index).double() for t in (Q, K, V, scores, pre, weights, want))
