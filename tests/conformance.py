@@ -17,6 +17,9 @@ Builder = Callable[[Path], object]
 
 def _pages() -> dict[str, Builder]:
     import tiny_deepseek
+    import tiny_gemma4
+    import tiny_indexer
+    import tiny_linear
     import tiny_llama4_smollm3_phi3 as modern
     import tiny_models
     import tiny_qknorm_models as qknormed
@@ -37,7 +40,13 @@ def _pages() -> dict[str, Builder]:
             "SmolLM3": todays("smollm3"), "Phi3": todays("phi3"), "Llama4": todays("llama4"),
             "GptOss": page("gpt_oss"), "Qwen3": qk("qwen3"), "Qwen3Moe": qk("qwen3_moe"), "Gemma3": qk("gemma3_text"),
             "Olmo2": qk("olmo2"),
-            "EmbeddingGemma": lambda folder: qknormed.build("gemma3_text", folder, use_bidirectional_attention=True)}
+            "EmbeddingGemma": lambda folder: qknormed.build("gemma3_text", folder, use_bidirectional_attention=True),
+            "Gemma4": lambda folder: tiny_gemma4.build("gemma4_text", folder),
+            "DeepseekV32": lambda folder: tiny_indexer.build(folder, "v32"),
+            "GlmMoeDsa": lambda folder: tiny_indexer.build(folder, "glm5"),
+            **{row: (lambda folder, name=name: tiny_linear.build(name, folder))
+               for row, name in (("Qwen3Next", "qwen3_next"), ("Qwen3_5", "qwen3_5_text"),
+                                 ("KimiLinear", "kimi_linear"), ("MiniMax", "minimax"))}}
 
 
 def _mistral_lm(folder: Path):
@@ -81,7 +90,49 @@ def _pattern_families() -> dict[str, Builder]:
             for row, name in (("Bloom", "bloom"), ("Mpt", "mpt"), ("GptJ", "gptj"), ("Falcon", "falcon"))}
 
 
-BUILDERS: dict[str, Builder] = {**_pages(), **_encoder_decoders(), **_through_transformers(), **_pattern_families()}
+def _exact_through_the_interface() -> dict[str, Builder]:
+    """MiniMax-M2 and OLMo 3, exact through the attention interface (issue #33), tiny from their own configs."""
+    import transformers as tf
+    from tiny_encdec import save_random
+    from tiny_models import _tokenizer
+
+    sizes = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "max_position_embeddings": 64}
+
+    def build(config_class, cls, seed: int, **more) -> Builder:
+        def made(folder: Path):
+            tokenizer = _tokenizer("llama")
+            torch.manual_seed(seed)
+            config = config_class(**sizes, **more, vocab_size=len(tokenizer))
+            return save_random(cls(config), tokenizer, folder)
+        return made
+
+    return {"interface:minimax_m2": build(tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM, 60, num_hidden_layers=2,
+                                          head_dim=8, rotary_dim=4, num_local_experts=4,
+                                          num_experts_per_tok=2),
+            "interface:olmo3": build(tf.Olmo3Config, tf.Olmo3ForCausalLM, 61, num_hidden_layers=4, sliding_window=4,
+                                     pad_token_id=None)}  # its default 1 is the tokenizer's <s>: generate would mask it
+
+
+def _vision_towers() -> dict[str, Builder]:
+    """The vision towers on --image (tests/tiny_vision.py), each folder holding its image processor and the test
+    picture, `picture.png`."""
+    import tiny_vision
+
+    def tower(kind: str) -> Builder:
+        def made(folder: Path):
+            eager = tiny_vision.build(kind, folder)
+            tiny_vision.draw(folder / "picture.png")
+            return eager
+        return made
+
+    return {f"vision:{name}": tower(kind) for name, kind in (("vit", "vit"), ("deit", "deit"),
+                                                             ("dinov2", "dinov2_with_registers"), ("clip", "clip"),
+                                                             ("siglip", "siglip_vision_model"))}
+
+
+BUILDERS: dict[str, Builder] = {**_pages(), **_encoder_decoders(), **_through_transformers(), **_pattern_families(),
+                                **_exact_through_the_interface(), **_vision_towers()}
 
 
 def attention_layers(eager) -> list[int]:
@@ -104,7 +155,10 @@ def assert_trained_looking(folder: Path) -> None:
 
 
 def eager_attentions(eager, ids: list[int]) -> tuple[torch.Tensor, ...]:
-    """transformers' eager `output_attentions` on `ids`: every layer's `[n_head, n, n]`."""
+    """transformers' eager `output_attentions` on `ids`: every attention layer's `[n_head, n, n]` (MiniMax's entries
+    for its lightning layers, their states, left out)."""
     with torch.no_grad():
         out = eager(torch.tensor([ids]), output_attentions=True)
-    return tuple(a[0] for a in out.attentions)
+    kept = attention_layers(eager)
+    every = len(out.attentions) == eager.config.get_text_config().num_hidden_layers
+    return tuple(a[0] for i, a in enumerate(out.attentions) if not every or i in kept)

@@ -39,7 +39,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TENSOR_SUFFIXES = (".npy", ".npz", ".safetensors", ".pt", ".pth")
-INPUT_SUFFIXES = (*TENSOR_SUFFIXES, ".wav", ".txt")  # files an example reads: tensors, Whisper's --audio, --text-file
+INPUT_SUFFIXES = (*TENSOR_SUFFIXES, ".wav", ".txt", ".png")  # files an example reads: tensors, --audio, --text-file,
+# --image
 OUTPUT_OPTIONS = {"--save"}  # file arguments that an example writes rather than reads
 
 _PROMPT = re.compile(r"^(\$ )?attnscope( |$)")
@@ -186,6 +187,7 @@ EXAMPLE_FILES: dict[str, Callable[[Path], None]] = {
     "eager.safetensors": _traced("eager.safetensors", "nanogpt.py", "CausalSelfAttention",
                                  "config=GPTConfig(n_embd=64, n_head=4)", causal=True, eager=True),
     "book.txt": lambda f: (f / "book.txt").write_text(_long_text(2200)),
+    "cat.png": lambda f: import_module("tiny_vision").draw(f / "cat.png"),  # --image: a test picture
 }
 
 
@@ -243,7 +245,11 @@ STAND_INS: dict[str, tuple[str, dict[str, int]]] = {
 # Names whose examples read config.json alone (`attnscope anatomy`): the config published for the model, copied to
 # tests/configs/, stands in for it, in a folder of its own.
 CONFIG_STAND_INS = {"Qwen/Qwen3-0.6B": "Qwen3-0.6B.json", "google/gemma-3-1b-it": "gemma-3-1b-it.json",
-                    "openai/gpt-oss-20b": "gpt-oss-20b.json", "./DeepSeek-V3": "DeepSeek-V3.json"}
+                    "openai/gpt-oss-20b": "gpt-oss-20b.json", "./DeepSeek-V3": "DeepSeek-V3.json",
+                    # 2026's families as transformers' config classes build them by default (Gemma 4: with ten
+                    # shared-KV layers and K = V on the full ones), for docs/modern-attention.md
+                    "./qwen3-next": "qwen3-next-defaults.json", "./deepseek-v3.2": "deepseek-v3.2-defaults.json",
+                    "./gemma-4-shared-kv": "gemma-4-shared-kv.json", "./deepseek-v4": "deepseek-v4-defaults.json"}
 
 # Encoder-decoders and families with no page (traced through transformers' attention interface), built by
 # tests/tiny_encdec.py and tests/tiny_interface.py with the published model's layers and heads on a tiny width:
@@ -260,6 +266,16 @@ SEQ2SEQ_STAND_INS: dict[str, tuple[str, str, dict[str, int]]] = {
 }
 
 # Stand-ins built by tests/tiny_llama4_smollm3_phi3.py (4 layers, 4 heads; Phi's 2 layers): name -> its model.
+VISION_STAND_INS = {"google/vit-base-patch16-224": "vit", "openai/clip-vit-base-patch32": "clip",
+                    "facebook/dinov2-with-registers-small": "dinov2_with_registers",
+                    "google/siglip-base-patch16-224": "siglip"}
+VLM_STAND_INS = {"./gemma-3-4b-it": "gemma3", "./llava-1.5-7b": "llava", "./qwen2.5-vl-3b": "qwen2_5_vl",
+                 "./qwen3-vl-2b": "qwen3_vl"}  # tests/tiny_vlm.py
+GEMMA4_STAND_INS = {"./gemma-4-tiny": "gemma4_text"}
+INDEXER_STAND_INS = {"./deepseek-v3.2-tiny": "v32", "./glm-5-tiny": "glm5"}  # tests/tiny_indexer.py's variants
+# tests/tiny_linear.py: the linear-attention hybrids, linear and full layers (docs/modern-attention.md)
+LINEAR_STAND_INS = {"./qwen3-next-tiny": "qwen3_next", "./qwen3.5-tiny": "qwen3_5_text",
+                    "./kimi-linear-tiny": "kimi_linear", "./minimax-tiny": "minimax"}
 MODERN_STAND_INS = {"./llama4-scout": "llama4", "./smollm3-3b": "smollm3", "./phi-3-mini-128k": "phi3",
                     "./phi-4-mini": "phi4"}
 
@@ -281,6 +297,11 @@ def model_for(name: str, root: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_bytes((ROOT / "tests" / "configs" / CONFIG_STAND_INS[name]).read_bytes())
         return folder
+    if name in INDEXER_STAND_INS:  # tests/tiny_indexer.py: a sparse indexer's top-4 keys per query
+        folder = root / "models" / re.sub(r"\W+", "_", name).strip("_")
+        if not (folder / "config.json").exists():
+            import_module("tiny_indexer").build(folder, INDEXER_STAND_INS[name])
+        return folder
     if "deepseek" in name.lower():  # tests/tiny_deepseek.py: a dense layer, then mixture-of-experts layers
         from tiny_deepseek import build as build_deepseek
 
@@ -294,9 +315,25 @@ def model_for(name: str, root: Path) -> Path:
         if not (folder / "config.json").exists():
             import_module(f"tiny_{builder}").build(family, folder, **sizes)
         return folder
+    if name in VISION_STAND_INS:  # tests/tiny_vision.py: 2 layers, 4 heads, a 4 x 4 grid, its image processor
+        if not (folder / "config.json").exists():
+            import_module("tiny_vision").build(VISION_STAND_INS[name], folder)
+        return folder
+    if name in VLM_STAND_INS:  # tests/tiny_vlm.py: a vision-language model with its processor
+        if not (folder / "config.json").exists():
+            import_module("tiny_vlm").build(VLM_STAND_INS[name], folder)
+        return folder
     if name in MODERN_STAND_INS:
         if not (folder / "config.json").exists():
             build_modern(MODERN_STAND_INS[name], folder)
+        return folder
+    if name in LINEAR_STAND_INS:
+        if not (folder / "config.json").exists():
+            import_module("tiny_linear").build(LINEAR_STAND_INS[name], folder)
+        return folder
+    if name in GEMMA4_STAND_INS:  # tests/tiny_gemma4.py: sliding and full layers, K = V, two shared-KV layers
+        if not (folder / "config.json").exists():
+            import_module("tiny_gemma4").build(GEMMA4_STAND_INS[name], folder)
         return folder
     family, sizes = STAND_INS.get(name, (next((f for f in FAMILIES if f in name.lower()), ""), {}))
     if not family:

@@ -1,8 +1,9 @@
 """Model folders for the fuzzed command line (tests/test_fuzz_cli.py): good ones of several families, and the
 broken ones issue 18 found: config.json damaged, absurd or nested deep, a folder asking to run its own code
 (config.json's or tokenizer_config.json's `auto_map`), weights that disagree with their config, a config of
-another family on BERT weights. `head_argv` draws `attnscope head` invocations over them, and COLUMNS values
-(sensible and nonsense) are drawn for every invocation.
+another family on BERT weights; a vision tower (tests/tiny_vision.py) with pictures good and bad (truncated, not
+an image, a header declaring past Pillow's bomb limit). `head_argv` draws `attnscope head` invocations over them,
+and COLUMNS values (sensible and nonsense) are drawn for every invocation.
 
 A folder's own code, if it ever ran, would write RAN beside itself: the fuzz asserts it never does.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
+import zlib
 from pathlib import Path
 
 from hypothesis import strategies as st
@@ -60,8 +63,11 @@ COLUMNS = ["80", "80", "80", "100", "0", "-1", "abc", "", "100000", "20", "5", "
 
 
 def write_model_corpus(root: Path) -> dict[str, Path]:
-    """Every folder of GOOD (tiny random models, tests/tiny_models.py) and BROKEN, by name."""
+    """Every folder of GOOD (tiny random models, tests/tiny_models.py) and BROKEN, by name; the vision tower
+    `vit` and the pictures, `image:NAME`."""
     from tiny_models import build
+    from tiny_vision import build as build_tower
+    from tiny_vision import draw
 
     folders = {}
     for family in GOOD:
@@ -84,6 +90,18 @@ def write_model_corpus(root: Path) -> dict[str, Path]:
             merged = json.loads(config.read_text()) | change
             config.write_text(json.dumps({k: v for k, v in merged.items() if v is not None}))
         (folder / "evil.py").write_text(EVIL)
+    build_tower("vit", root / "vit")
+    folders["vit"] = root / "vit"
+    pictures = root / "pictures"
+    pictures.mkdir()
+    good = draw(pictures / "cat.png").read_bytes()
+    header = b"IHDR" + struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)  # 10^10 pixels declared
+    bomb = (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + header + struct.pack(">I", zlib.crc32(header))
+            + struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND")))
+    for name, data in (("cat.png", good), ("cut.png", good[: len(good) // 2]), ("text.png", b"not a picture"),
+                       ("bomb.png", bomb)):
+        (pictures / name).write_bytes(data)
+        folders[f"image:{name}"] = pictures / name
     return folders
 
 
@@ -94,9 +112,14 @@ def ran_code(folders: dict[str, Path]) -> list[Path]:
 @st.composite
 def head_argv(draw, folders: dict[str, Path], sometimes, pick):
     """`attnscope head` on a good folder most of the time, a broken one often; good positions mostly."""
-    name = draw(st.sampled_from(list(GOOD) + list(BROKEN)))
+    name = draw(st.sampled_from([*GOOD, *BROKEN, "vit", "vit", "vit"]))
     argv = ["head", "--model", str(folders[name]), "--layer", pick(draw, ["0", "1"], ["3", "-1", "99"]),
             "--head", pick(draw, ["0", "3"], ["4", "-1", "999"])]
+    if name == "vit" or sometimes(draw, 12):  # a picture, good most of the time for the tower
+        image = pick(draw, ["cat.png"], ["cut.png", "text.png", "bomb.png"], odds=3)
+        argv += ["--image", str(folders[f"image:{image}"])] if name != "vit" or not sometimes(draw, 8) else []
+        argv += ["--query", pick(draw, ["p(1,2)", "0"], ["p(9,9)", "99"], odds=3)] if sometimes(draw) else []
+        argv += ["--all-layers"] if sometimes(draw) else []
     if sometimes(draw, 2) or name.startswith("remote"):
         argv += ["--text", pick(draw, TEXTS, BAD_TEXTS, odds=6)]
         argv += ["--all-heads"] if sometimes(draw, 4) else []

@@ -19,7 +19,7 @@ from tiny_models import SENTENCE, cached_builder
 
 from attnscope.cli import app
 from attnscope.models import FAMILIES
-from attnscope.models.support import EXACT, ROWS, VIEWS
+from attnscope.models.support import EXACT, LINEAR_HYBRID, ROWS, VIEWS
 
 CELLS = [(row.family, view) for row in ROWS for view in VIEWS]
 PROMPT = "The cat sat on"
@@ -63,6 +63,11 @@ def test_docs_show_the_matrix():
 def test_cell(family, view, built, runner, monkeypatch):
     folder, eager = built(family)
     assert_trained_looking(folder)
+    if family.startswith("vision:"):  # --image, not --text (tests/tiny_vision.py)
+        from tiny_vision import conformance_cell
+
+        conformance_cell(runner, app, folder, eager, view)
+        return
     if row_of(family).views[view] != EXACT:
         _refused(runner, folder, family, view, monkeypatch)
         return
@@ -136,7 +141,7 @@ def _long(runner, folder, eager, family, monkeypatch):
         for head in payload["heads"]:
             _close(head["attention"], theirs[-1][head["head"]], f"{family} long head {head['head']}")
         return
-    for layer, pattern in enumerate(theirs):
+    for layer, pattern in zip(attention_layers(eager), theirs, strict=True):  # a linear hybrid's: its full layers
         head = layer % pattern.shape[0]  # a different head each layer
         payload = _json(runner, folder, "--text", SENTENCE, "--layer", str(layer), "--head", str(head), "--rows",
                         f"0:{len(ids)}")
@@ -220,7 +225,9 @@ def _generate(runner, folder, eager, family, monkeypatch):
                                  do_sample=False, output_attentions=True, return_dict_in_generate=True)
         assert [s["token_id"] for s in steps] == out.sequences[0, len(ids):].tolist(), f"{family}: other tokens"
         for t, step in enumerate(steps):
-            theirs = out.attentions[t][index][0, :, -1]  # [n_head, keys the cache holds]
+            entries = out.attentions[t]  # MiniMax's: every layer's (its lightning layers' states too)
+            every = len(entries) == eager.config.get_text_config().num_hidden_layers
+            theirs = entries[layer if every else index][0, :, -1]  # [n_head, keys the cache holds]
             mine = torch.tensor(step["attention"])[:, -theirs.shape[-1]:]
             _close(mine, theirs, f"{family} generate layer {layer} step {t}")
 
@@ -241,9 +248,13 @@ def _all_layers(runner, folder, eager, family, monkeypatch):
     layers = attention_layers(eager)
     payload = _json(runner, folder, "--text", SENTENCE, "--all-layers", "--layer", str(layers[0]))
     theirs = eager_attentions(eager, payload["token_ids"])
-    assert len(payload["all_layers"]) == len(theirs) == len(layers)  # a hybrid's attention layers, in order
-    assert [entry["layer"] for entry in payload["all_layers"]] == layers  # numbered as the model numbers them
-    for layer, entry in enumerate(payload["all_layers"]):
+    shown = payload["all_layers"]
+    if row_of(family).views is LINEAR_HYBRID:  # every layer, the linear ones as their exact matrix M
+        assert [entry["layer"] for entry in shown] == list(range(eager.config.num_hidden_layers))
+        shown = [entry for entry in shown if entry["layer"] in layers]
+    assert len(shown) == len(theirs) == len(layers)  # a hybrid's attention layers, in order
+    assert [entry["layer"] for entry in shown] == layers  # numbered as the model numbers them
+    for layer, entry in enumerate(shown):
         _close(entry["attention"], theirs[layer], f"{family} all-layers layer {layer}")
 
 

@@ -1,7 +1,8 @@
 """The newer input surface, fuzzed (issue 36): `anatomy` on random and broken config.json files, `diff` on random
 and broken tensor files (.npy, .npz, .safetensors, .pt: truncated, bytes flipped, headers rewritten), `head --audio`
-on random and broken WAV files with a tiny Whisper, and `--text-file` on odd files (empty, binary, not UTF-8, one
-huge line, NUL bytes, /dev/zero, a folder). tests/test_fuzz_cli.py fuzzes the older surface; both keep the house
+on random and broken WAV files with a tiny Whisper, `--text-file` on odd files (empty, binary, not UTF-8, one
+huge line, NUL bytes, /dev/zero, a folder), and `head --model FILE.gguf` on GGUF files truncated, corrupted, with
+absurd counts, unknown types and architectures. tests/test_fuzz_cli.py fuzzes the older surface; both keep the house
 rules' promises, checked by `keeps_promises`:
 
 - the exit status is 0, 1 or 2; 1 only where it is documented (diff's divergence, named on stdout) or a run-time
@@ -265,3 +266,90 @@ def test_text_file_of_any_kind_keeps_the_promises(text_world, data):
     outcome = run_main(*argv)
     keeps_promises(argv, outcome)
 
+
+
+# --- head --model FILE.gguf: GGUF files truncated, corrupted, with absurd counts, unknown types and architectures ----
+
+@pytest.fixture(scope="module")
+def gguf_world(tmp_path_factory):
+    """A tiny Qwen 2 GGUF (tests/tiny_gguf.py), and where its header keeps each tensor's type and first dimension."""
+    from gguf import GGUFReader
+    from tiny_gguf import write
+
+    path = write("qwen2", tmp_path_factory.mktemp("gguf"), "Q4_0")
+    tensors = []
+    for tensor in GGUFReader(path).tensors:  # each tensor's info: name, n_dims, dims, type, offset
+        at = tensor.field.offset + 8 + len(tensor.name.encode()) + 4
+        tensors.append((at, at + 8 * len(tensor.shape)))  # its first dimension, its type
+    return path.read_bytes(), tensors
+
+
+@st.composite
+def gguf_bytes(draw, world) -> bytes:
+    data, tensors = world
+    mutable = bytearray(data)
+    damage = draw(st.sampled_from(["truncate", "magic", "version", "counts", "type", "dims", "arch", "flip", "none"]))
+    if damage == "truncate":  # in the header, the tensor table or the tensor data
+        return data[: draw(st.one_of(st.integers(0, 4096), st.integers(0, len(data) - 1)))]
+    if damage == "magic":
+        mutable[:4] = draw(st.binary(min_size=4, max_size=4))
+    elif damage == "version":
+        mutable[4:8] = struct.pack("<I", draw(st.sampled_from([0, 1, 4, 2**16, 2**31, 3 << 24])))
+    elif damage == "counts":  # tensor_count or kv_count, absurd or just off
+        at = draw(st.sampled_from([8, 16]))
+        mutable[at:at + 8] = struct.pack("<Q", draw(st.sampled_from([2**63, 2**40, 10**6, 0, 1, 500])))
+    elif damage in ("type", "dims"):
+        dim, kind = draw(st.sampled_from(tensors))
+        if damage == "type":  # unknown ids, and known ones no reader dequantizes (Q8_1, Q8_K, I32)
+            mutable[kind:kind + 4] = struct.pack("<I", draw(st.sampled_from([9, 15, 26, 99, 2**31, 40])))
+        else:
+            mutable[dim:dim + 8] = struct.pack("<Q", draw(st.sampled_from([0, 1, 33, 2**20, 2**45, 2**64 - 1])))
+    elif damage == "arch":  # general.architecture: another llama.cpp architecture, or none it has
+        name = draw(st.sampled_from([b"mamba", b"bert\x00", b"\xff\xfeqwe", b"gpt2\x20"]))
+        mutable = bytearray(data.replace(b"qwen2", name, 1))
+    elif damage == "flip":
+        for _ in range(draw(st.integers(1, 6))):
+            at = draw(st.integers(0, min(len(data), 8192) - 1))
+            mutable[at] ^= draw(st.integers(1, 255))
+    return bytes(mutable)
+
+
+@fuzz_settings(30)
+@given(data=st.data())
+def test_gguf_of_any_damage_keeps_the_promises(gguf_world, tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("gguf-damaged") / "model.gguf"
+    path.write_bytes(data.draw(gguf_bytes(gguf_world)))
+    argv = ["head", "--model", str(path), "--layer", "1"]
+    argv += data.draw(st.sampled_from([["--text", "The cat sat on the mat."], [],
+                                       ["--text", "The cat sat", "--all-layers"]]))
+    argv += ["--json"] if data.draw(st.booleans()) else []
+    outcome = run_main(*argv)
+    keeps_promises(argv, outcome)
+
+
+@pytest.mark.parametrize("damage", ["magic", "version", "tensor_count", "kv_count", "truncated", "type", "arch"])
+def test_gguf_damage_is_named_in_one_line(gguf_world, tmp_path, damage):
+    """Each damage the issue names, refused with exit 2 and what was wrong, before anything is allocated."""
+    data, tensors = gguf_world
+    mutable = bytearray(data)
+    words = {"magic": "not the GGUF magic", "version": "GGUF version 7", "tensor_count": "more than its",
+             "kv_count": "more than its", "truncated": "truncated", "type": "ggml type 99",
+             "arch": "architecture 'mamba'"}[damage]
+    if damage == "magic":
+        mutable[:4] = b"GGML"
+    elif damage == "version":
+        mutable[4:8] = struct.pack("<I", 7)
+    elif damage in ("tensor_count", "kv_count"):
+        at = 8 if damage == "tensor_count" else 16
+        mutable[at:at + 8] = struct.pack("<Q", 2**62)
+    elif damage == "truncated":
+        mutable = mutable[: len(data) - 100]
+    elif damage == "type":
+        mutable[tensors[3][1]:tensors[3][1] + 4] = struct.pack("<I", 99)
+    else:
+        mutable = bytearray(data.replace(b"qwen2", b"mamba", 1))
+    path = tmp_path / "model.gguf"
+    path.write_bytes(bytes(mutable))
+    outcome = run_main("head", "--model", str(path), "--text", "The cat sat")
+    assert outcome.code == 2 and len(outcome.error_lines) == 1 and words in outcome.stderr, outcome.stderr
+    assert "Traceback" not in outcome.stderr

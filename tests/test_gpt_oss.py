@@ -74,9 +74,10 @@ def test_every_step_of_layer_l(tiny, layer, window):
     names = [step.name for step in result.run.layer.steps]
     assert names == ["X", "Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "cos", "sin", "Q_rot",
                      "K_rot", "K_rep", "V_rep", "scores", "masked_scores", "sinks", "attention", "sink_weight",
-                     "x_raw", "x_rsh1", "x_rsh2", "x"]
+                     "x_raw", "x_rsh1", "x_rsh2", "x", "value_norms", "weighted"]
     assert [s.name for s in result.run.head.steps] == ["X", "Q", "K", "V", "Q_rot", "K_rot", "scores",
-                                                       "masked_scores", "sinks", "attention", "sink_weight", "out"]
+                                                       "masked_scores", "sinks", "attention", "sink_weight", "out",
+                                                       "value_norms", "weighted"]
     assert result.run.head.step("sinks").op == "sinks[1]" and result.run.head["sinks"].dim() == 0
     assert result.run.spec.window == window and result.run.spec.sinks
     op = result.run.layer.step("masked_scores").op

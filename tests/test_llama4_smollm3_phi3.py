@@ -122,7 +122,7 @@ def test_each_layer_kind_is_traced_with_its_own_steps(built, name, layer, kind):
     assert bool((result.attention[~seen] == 0).all()) and bool((result.attention[seen] > 0).all())
     assert any("NoPE layer" in note for note in steps.notes) == (not rotated)
     head = [s.name for s in result.run.head.steps]
-    assert head[:4] == ["X", "Q", "K", "V"] and head[-2:] == ["attention", "out"]
+    assert head[:4] == ["X", "Q", "K", "V"] and head[-4:] == ["attention", "out", "value_norms", "weighted"]
     assert ("Q_normed" in head) == ("Q_normed" in steps) and ("Q_tuned" in head) == ("Q_tuned" in steps)
 
 

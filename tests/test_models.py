@@ -181,10 +181,10 @@ def test_gqa_head_reads_the_shared_kv_head(built):
 
 
 @pytest.mark.parametrize(("family", "names"), [
-    ("bert", ["X", "Q", "K", "V", "scores", "attention", "out"]),
-    ("gpt2", ["X", "Q", "K", "V", "scores", "masked_scores", "attention", "out"]),
+    ("bert", ["X", "Q", "K", "V", "scores", "attention", "out", "value_norms", "weighted"]),
+    ("gpt2", ["X", "Q", "K", "V", "scores", "masked_scores", "attention", "out", "value_norms", "weighted"]),
     ("gemma2", ["X", "Q", "K", "V", "Q_rot", "K_rot", "scores", "capped_scores", "masked_scores", "attention",
-                "out"]),
+                "out", "value_norms", "weighted"]),
 ])
 def test_head_steps_are_the_heads_slice_of_the_computation(built, family, names):
     result = run_head(HeadOptions(model=str(built(family)[0]), layer=1, head=2, text=SENTENCE))
@@ -404,7 +404,7 @@ def test_all_heads_json_equals_eager_for_every_head(runner, built, eager, family
     expected = attentions[layer][0]  # [n_head, n_tokens, n_tokens]
     assert [h["head"] for h in heads] == list(range(expected.shape[0]))
     for h, entry in enumerate(heads):
-        assert set(entry) == {"head", "attention", "stats", "kind"}
+        assert set(entry) == {"head", "attention", "stats", "kind", "value_norms", "weighted", "moved", "sinks_share"}
         torch.testing.assert_close(torch.tensor(entry["attention"], dtype=torch.float32), expected[h],
                                    atol=1e-5, rtol=1e-5)
         reference = plain_stats(expected[h].double().tolist())

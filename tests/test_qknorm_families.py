@@ -101,8 +101,9 @@ def test_rope_inverse_frequencies_per_layer_type_equal_transformers(built):
 
 @pytest.mark.parametrize(("family", "names"), [
     ("qwen3", ["X", "Q", "K", "V", "Q_normed", "K_normed", "Q_rot", "K_rot", "scores", "masked_scores", "attention",
-               "out"]),
-    ("olmo2", ["X", "Q", "K", "V", "Q_rot", "K_rot", "scores", "masked_scores", "attention", "out"]),
+               "out", "value_norms", "weighted"]),
+    ("olmo2", ["X", "Q", "K", "V", "Q_rot", "K_rot", "scores", "masked_scores", "attention", "out", "value_norms",
+               "weighted"]),
 ])
 def test_head_steps_slice_the_layer(built, family, names):
     result = run_head(HeadOptions(model=str(built(family)[0]), layer=1, head=3, text=SENTENCE))

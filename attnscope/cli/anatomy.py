@@ -21,7 +21,7 @@ ANATOMY_EXAMPLES = """Examples:
 
 
 def anatomy(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="A folder with config.json (or the config.json itself), or a Hugging Face model name found in the local cache. Only config.json is read.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="A folder with config.json (or the config.json itself), or a Hugging Face model name found in the local cache. Only config.json is read. A GGUF file (or ollama:NAME[:TAG]): its metadata.")],
     tokens: Annotated[int | None, typer.Option("--tokens", min=1, metavar="N", help="Count the KV cache and FLOPs at N tokens.  \\[default: the config's context, max_position_embeddings or the like]")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", metavar="DTYPE", help="Count the KV cache in this dtype (float32, bfloat16, float16, float8_e4m3fn, ...).  \\[default: the config's torch_dtype]")] = None,
     json: Json = False,

@@ -34,6 +34,7 @@ class Page:
 
     def __init__(self) -> None:
         self.build: Callable[[], str] | None = None
+        self.svg: Callable[[], str | None] | None = None  # a picture --svg writes instead of the record (--image)
 
     def of(self, result: Any, builder: Callable[[Any], Any]) -> None:
         """`builder` (views/sources.py) makes the page's data from `result`."""
@@ -71,7 +72,8 @@ def _write(out: Console, exports: object, page: Page | None) -> None:
 
     assert isinstance(exports, export.Exports)
     html = page.build() if page is not None and page.build is not None and exports.html else None
-    written = export.write(out, exports, html=html)
+    svg = page.svg() if page is not None and page.svg is not None and exports.svg else None
+    written = export.write(out, exports, html=html, svg=svg)
     render.info(f"wrote {' and '.join(str(path) for path in written)}")
 
 

@@ -32,7 +32,8 @@ FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "sc
          "rope": "--rope", "chunk": "--chunk", "floor_scale": "--floor-scale", "attn_scale": "--attn-scale",
          "temperature": "--temperature-tuning", "alibi": "--alibi", "position_bias": "--position-bias",
          "target": "--target", "attention": "--attention", "audio": "--audio", "sinks": "--sinks",
-         "window_side": "--window-side", "qk_norm": "--qk-norm", "generate": "--generate", "check": "--check"}
+         "window_side": "--window-side", "qk_norm": "--qk-norm", "generate": "--generate", "check": "--check",
+         "image": "--image", "dense": "--dense", "query": "--query"}
 
 OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
 

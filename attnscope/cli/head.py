@@ -45,8 +45,12 @@ class AttentionKind(str, Enum):
 Target = Annotated[str | None, typer.Option("--target", help="An encoder-decoder's target text, what its decoder reads (T5, BART, Marian, mBART, Whisper); default: the decoder's start token alone.", rich_help_panel="Encoder-decoders")]
 AttentionOpt = Annotated[AttentionKind | None, typer.Option("--attention", help="Which attention of an encoder-decoder: the encoder's self-attention over --text, the decoder's causal self-attention over --target, or cross: the target's queries over the encoder's output (docs/models.md).  \\[default: encoder]", rich_help_panel="Encoder-decoders")]
 Audio = Annotated[str | None, typer.Option("--audio", metavar="FILE", help="Whisper's source: a PCM .wav file at its feature extractor's rate (16 kHz), read with the folder's preprocessor_config.json.", rich_help_panel="Encoder-decoders")]
+Image = Annotated[str | None, typer.Option("--image", metavar="FILE", help="A PNG or JPEG picture, read with Pillow and the model's own processor. A vision tower (ViT, DeiT, DINOv2, CLIP's, SigLIP's) reads it alone: tokens [CLS], registers reg0.., patches p(r,c), a query's row drawn over the image (--svg: the image with the weights on top). With --text on a vision-language model (Gemma 3, Llama 4, LLaVA, Qwen2.5-VL, Qwen3-VL) its tokens are placed as the model places them, labelled img(r,c), and each text query's weight on them is shown (docs/vision.md).")]
+Query = Annotated[str | None, typer.Option("--query", metavar="TOKEN", help="With --image on a vision tower: the query whose row is drawn over the image (terminal, --svg, --json's image), by its label (p(3,7), [CLS], reg0) or its index; default [CLS], or every query's mean where there is none.")]
+Dense = Annotated[bool, typer.Option("--dense", help="With --text on a sparse indexer's model (DeepSeek-V3.2, GLM-5): compute the dense softmax beside the sparse one and show, per query, the share of its weight the keys the indexer selected hold (docs/modern-attention.md).", rich_help_panel="Output")]
 MODEL_HELP = ("A folder with config.json and model.safetensors (or its shards, or pytorch_model.bin), or a Hugging "
-              "Face model name found in the local cache.")
+              "Face model name found in the local cache; or a GGUF file (llama.cpp, LM Studio: FILE.gguf, a folder "
+              "holding one, a split model's shard) or ollama:NAME[:TAG], read lazily.")
 
 
 def head(
@@ -62,6 +66,9 @@ def head(
     target: Target = None,
     attention: AttentionOpt = None,
     audio: Audio = None,
+    image: Image = None,
+    query: Query = None,
+    dense: Dense = False,
     check: Check = False,
     json: Json = False,
     save: HeadSave = None,
@@ -75,14 +82,15 @@ def head(
     run_command("head", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
                 force=force, max_memory=max_memory, debug=debug, text_file=text_file, all_layers=all_layers,
                 generate=generate, rows=rows, target=target, attention=attention.value if attention else None,
-                audio=audio, check=check)
+                audio=audio, check=check, image=image, dense=dense, query=query)
 
 
 def run_command(command: str, model: str, layer: int, head: int, text: str | None, *, all_heads: bool, json: bool,
                 save: str | None, svg: str | None, html: str | None, force: bool, max_memory: str | None,
                 debug: bool, text_file: str | None = None, all_layers: bool = False, generate: int = 0,
                 rows: str | None = None, target: str | None = None, attention: str | None = None,
-                audio: str | None = None, check: bool = False) -> None:
+                audio: str | None = None, check: bool = False, image: str | None = None,
+                dense: bool = False, query: str | None = None) -> None:
     """What `head` and `bert` do: the same run, the same output."""
     from attnscope import render
 
@@ -95,13 +103,18 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
         options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
                               max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads,
                               all_layers=all_layers, generate=generate, text_file=text_file, rows=rows,
-                              target=target, attention=attention, audio=audio, check=check)
+                              target=target, attention=attention, audio=audio, check=check, image=image,
+                              dense=dense, query=query)
         status = render.console(stderr=True)
         if status.is_terminal:  # a spinner while it reads and runs; nothing on a pipe
             result = run_head(options, progress=lambda message: status.status(message))
         else:
             result = run_head(options)
         page.of(result, from_head)
+        if result.picture is not None:  # --svg: the image with the weights on top
+            from attnscope.render.overlay import overlay_svg
+
+            page.svg = lambda: overlay_svg(result)
         if json:
             render.emit_json(render.head_json(result))
         else:

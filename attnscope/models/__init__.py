@@ -14,6 +14,7 @@ through transformers, layers 0..L only (truncated.py), traced through its attent
 | qwen2 | qwen2.py | Qwen2 (LLaMA's, with q/k/v biases and windowed layers) |
 | gemma2 | gemma2.py | Gemma2 (LLaMA's, with softcap, scalar, sandwich norms) |
 | deepseek_v3, deepseek_v2 | deepseek.py | DeepseekV3, DeepseekV2 (latent attention, mixture of experts) |
+| deepseek_v32, glm_moe_dsa | deepseek_v32.py | DeepseekV32, GlmMoeDsa (DeepSeek-V3's behind a sparse indexer) |
 | smollm3 | smollm3.py | SmolLM3 (LLaMA's, with NoPE layers: nope.py) |
 | phi3 (Phi-3, Phi-4) | phi3.py | Phi3 (LLaMA's, with fused qkv_proj and gate_up_proj, partial rotary) |
 | llama4, llama4_text | llama4.py | Llama4 (chunked and NoPE layers, temperature tuning, L2 qk-norm, MoE) |
@@ -25,6 +26,12 @@ through transformers, layers 0..L only (truncated.py), traced through its attent
 | qwen3 | qwen3.py | Qwen3 (Qwen2's windows, qk-norm per head: qknormed.py) |
 | qwen3_moe | qwen3_moe.py | Qwen3Moe (Qwen3's attention; the MoE MLP run, not traced) |
 | gemma3_text, gemma3 (its text part) | gemma3.py | Gemma3 (Gemma 2's, with (1 + w) qk-norm, RoPE per layer type) |
+| gemma4_text, gemma4 (its text part) | gemma4.py | Gemma4 (Gemma 3's, with per-layer d_head, K = V, shared KV, |
+|   | | proportional RoPE, per-layer inputs) |
+| qwen3_next | qwen3_next.py | Qwen3Next (Gated DeltaNet linear layers: linear_attention.py; gated full attention) |
+| qwen3_5_text, qwen3_5 (its text part) | qwen3_5.py | Qwen3_5 (Qwen3-Next's layers, unfused projections, dense) |
+| kimi_linear | kimi_linear.py | KimiLinear (KDA linear layers: linear_attention.py; MLA without RoPE) |
+| minimax | minimax.py | MiniMax (lightning attention layers: linear_attention.py; Mixtral's softmax layers) |
 | olmo2 | olmo2.py | Olmo2 (LLaMA's, with qk-norm over the projection, post-norms) |
 | bloom | bloom.py | Bloom (ALiBi, query_key_value fused per head, an embedding LayerNorm) |
 | mpt | mpt.py | Mpt (ALiBi with BLOOM's slopes, fused Wqkv, no biases); clip_qkv: through transformers |
@@ -43,6 +50,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 |   layers) | |
 | Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
 | attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
+| V_normed (Gemma 4's values); K_shared, V_shared (a layer reading another's KV) | gemma4.py `Gemma4Attention` |
 | alibi_bias, biased_scores (BLOOM, MPT) | attention.py `sdpa` with alibi.py |
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
 |   causal, window (left or both sides), chunk) | |
@@ -53,9 +61,18 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | position_bias, biased_scores (T5) | attention.py `sdpa` with position_bias.py |
 | a family with no page: Q, K, V, K_rep, V_rep, scores, capped_scores, mask, masked_scores, | interface.py |
 |   sinks, sink_weight, attention, out (layers before it: transformers' own, truncated.py) | |
+| a vision tower on --image (ViT, DeiT, DINOv2, CLIP's, SigLIP's): pixel_values, patches, | vision/tower.py |
+|   then Q, K, V, ... through the interface (image.py, processor.py read it; patches.py labels) | |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
 | MLA's Q_latent, ..., KV_latent, K_pe, Q_pe_rot, K_pe_rot, Q_full, KV_up, K_nope, K_full | latent.py (deepseek.py) |
 | MLA: the head's own Q_nope, ..., K_full, out | deepseek.py `head_trace` |
+| index_q, index_k, index_weights, index_scores, selected; dense_attention, selected_share (--dense) | indexer.py |
+|   (deepseek_v32.py: DeepSeek-V3.2, GLM-5) | |
+| a linear attention layer's QKV_feat (and beta, g, gate inputs) | the family's `delta_inputs` (qwen3_next.py, |
+|   | kimi_linear.py) |
+| QKV_conv, Q_split, K_split, V_split, Q_normed, K_normed, beta, g, effective_attention, x_raw, | linear_attention.py |
+|   state, gate, x_gated, x (a linear layer) | `delta_rule` |
+| gate, x_gated (gated full attention) | qwen3_next.py `GatedAttention` |
 """
 
 from __future__ import annotations
@@ -76,17 +93,23 @@ FAMILIES = {"bert": ("bert", "Bert"), "roberta": ("bert", "Roberta"), "xlm-rober
             "gpt2": ("gpt2", "Gpt2"), "llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"),
             "qwen2": ("qwen2", "Qwen2"), "gemma2": ("gemma2", "Gemma2"),
             "deepseek_v3": ("deepseek", "DeepseekV3"), "deepseek_v2": ("deepseek", "DeepseekV2"),
+            "deepseek_v32": ("deepseek_v32", "DeepseekV32"), "glm_moe_dsa": ("deepseek_v32", "GlmMoeDsa"),
             "smollm3": ("smollm3", "SmolLM3"), "phi3": ("phi3", "Phi3"), "llama4": ("llama4", "Llama4"),
             "llama4_text": ("llama4", "Llama4"), "gpt_oss": ("gpt_oss", "GptOss"),
             "modernbert": ("modernbert", "ModernBert"), "qwen3": ("qwen3", "Qwen3"),
             "qwen3_moe": ("qwen3_moe", "Qwen3Moe"), "gemma3_text": ("gemma3", "Gemma3"), "gemma3": ("gemma3", "Gemma3"),
+            "gemma4_text": ("gemma4", "Gemma4"), "gemma4": ("gemma4", "Gemma4"),
             "olmo2": ("olmo2", "Olmo2"), "bloom": ("bloom", "Bloom"), "mpt": ("mpt", "Mpt"), "gptj": ("gptj", "GptJ"),
             "falcon": ("falcon", "Falcon"),
             "t5": ("t5", "T5"), "mt5": ("t5", "T5"), "umt5": ("t5", "Umt5"), "bart": ("bart", "Bart"),
-            "marian": ("bart", "Marian"), "mbart": ("bart", "MBart"), "whisper": ("whisper", "Whisper")}
-SUPPORTED = ("bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, smollm3, phi3, llama4, "
-             "gpt_oss, modernbert, qwen3, qwen3_moe, gemma3, olmo2, bloom, mpt, gptj, falcon, t5, mt5, umt5, bart, "
-             "marian, mbart, whisper")
+            "marian": ("bart", "Marian"), "mbart": ("bart", "MBart"), "whisper": ("whisper", "Whisper"),
+            "qwen3_next": ("qwen3_next", "Qwen3Next"), "qwen3_5_text": ("qwen3_5", "Qwen3_5"),
+            "qwen3_5": ("qwen3_5", "Qwen3_5"), "kimi_linear": ("kimi_linear", "KimiLinear"),
+            "minimax": ("minimax", "MiniMax")}
+SUPPORTED = ("bert, roberta, gpt2, llama, mistral, qwen2, gemma2, deepseek_v2, deepseek_v3, deepseek_v32, glm_moe_dsa, "
+             "smollm3, phi3, llama4, "
+             "gpt_oss, modernbert, qwen3, qwen3_moe, gemma3, gemma4, olmo2, bloom, mpt, gptj, falcon, t5, mt5, umt5, "
+             "bart, marian, mbart, whisper, qwen3_next, qwen3_5, kimi_linear, minimax")
 
 
 def family_of(config: Config) -> type[Family] | None:

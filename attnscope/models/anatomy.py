@@ -8,7 +8,10 @@ What a cache holds follows transformers' `DynamicCache` (cache_utils.py): a full
 sliding layer of window W keeps the last W - 1 (`DynamicSlidingWindowLayer`, which is also what it uses for a
 chunked layer of chunk C, keeping C - 1); an MLA layer (DeepSeek-V2/V3) keeps the compressed latent of
 `kv_lora_rank + qk_rope_head_dim` numbers a token; an encoder keeps nothing; a decoder's cross-attention keeps
-the encoder's keys and values. All per sequence (batch 1).
+the encoder's keys and values. All per sequence (batch 1). 2026's layers (anatomy_modern.py): a sparse indexed
+layer keeps its MLA latent and its indexer's keys (`DynamicIndexedLayer`), a linear attention layer a state of a
+fixed size (`LinearAttentionLayer`), a layer that reads another's KV cache nothing (Gemma 4's `DummyLayer`: the cache
+is counted once, at its owner), a DeepSeek-V4 layer its window, compressed entries and buffers.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.models import anatomy_layers as kinds
+from attnscope.models import anatomy_modern as modern
 from attnscope.models.anatomy_config import MAX_LAYERS, MAX_SIZE, Settings, family_defaults, read_config_file
 from attnscope.models.anatomy_layers import Mla, Rope
+from attnscope.models.anatomy_modern import Compress, Indexer, State
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
                "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "int8": 1, "uint8": 1}
@@ -50,13 +55,29 @@ class Layer:
     sinks: bool = False
     softcap: float | None = None
     mla: Mla | None = None
+    indexer: Indexer | None = None  # a sparse attention's indexer (DeepSeek-V3.2, GLM-5)
+    state: State | None = None  # a linear attention layer's state (Qwen3-Next, Qwen3.5, Kimi Linear)
+    kv_from: int | None = None  # the layer whose KV cache this one reads (Gemma 4's shared layers)
+    k_eq_v: bool = False  # the values are the keys' projection (Gemma 4's attention_k_eq_v)
+    compress: Compress | None = None  # DeepSeek-V4's compressed layers
 
     @property
     def label(self) -> str:
         parts = [{"sliding": f"sliding {self.window}", "chunked": f"chunked {self.chunk}"}.get(self.attention,
                                                                                               self.attention)]
+        if self.indexer is not None:
+            parts[0] = f"indexed top-{self.indexer.topk}" + ("" if self.indexer.own else " (previous layer's)")
+        if self.state is not None:
+            parts[0] = f"linear ({self.state.kind})"
+        if self.compress is not None:
+            top = f" top-{self.compress.indexer.topk}" if self.compress.indexer else ""
+            parts[0] = f"compressed 1/{self.compress.rate}{top} + sliding {self.window}"
         if self.mla:
             parts.append("MLA")
+        if self.k_eq_v:
+            parts.append("K = V")
+        if self.kv_from is not None:
+            parts.append(f"KV of layer {self.kv_from}")
         if not self.causal and self.stack != "cross":
             parts.append("bidirectional")
         if self.position == "nope":
@@ -76,6 +97,8 @@ class Sizes:
     keys: int | None  # how many keys the token attends to
     flops_per_token: int | None
     full_heads_bytes: int | None = None  # MLA: the cache if it held every head's K and V
+    indexer_bytes: int | None = None  # a sparse layer's indexer keys, within kv_cache_bytes
+    state_bytes: int | None = None  # a linear layer's state, its kv_cache_bytes whatever N
 
 
 @dataclass
@@ -106,12 +129,40 @@ class Anatomy:
         cached = cached_tokens(layer, n)
         if cached is None:
             return Sizes(None, None, None, None)
+        if layer.state is not None or layer.compress is not None:
+            return self._modern_sizes(layer, n)
         keys = visible_keys(layer, n)
         flops = layer.n_head * keys * (2 * layer.d_K + 2 * layer.d_V + 6)  # scores, scale, softmax (5), weights @ V
         per_token = layer.mla.kv_lora_rank + layer.mla.qk_rope_head_dim if layer.mla else \
             layer.n_kv_head * (layer.d_K + layer.d_V)
         full = layer.n_head * (layer.d_K + layer.d_V) * cached * self.bytes_per_number if layer.mla else None
-        return Sizes(cached, per_token * cached * self.bytes_per_number, keys, flops, full)
+        index = layer.indexer
+        if index is None or not index.own:
+            return Sizes(cached, per_token * cached * self.bytes_per_number, keys, flops, full)
+        # the indexer scores every key: each of its heads a dot product, ReLU and the weighted sum over heads
+        flops += n * index.n_heads * (2 * index.head_dim + 3)
+        indexed = index.head_dim * cached * self.bytes_per_number
+        return Sizes(cached, (per_token * cached) * self.bytes_per_number + indexed, keys, flops,
+                     None if full is None else full + indexed, indexed)
+
+    def _modern_sizes(self, layer: Layer, n: int) -> Sizes:
+        """A linear layer (its state, whatever n) or a DeepSeek-V4 compressed layer (window, entries, buffers)."""
+        if layer.state is not None:
+            held = layer.state.bytes(self.bytes_per_number)
+            return Sizes(0, held, n, layer.state.flops_per_token, state_bytes=held)
+        c, window = layer.compress, layer.window or 1
+        assert c is not None
+        entries = n // c.rate
+        read = min(n, window) + (min(entries, c.indexer.topk) if c.indexer else entries)
+        flops = layer.n_head * read * (2 * layer.d_K + 2 * layer.d_V + 6)
+        indexer = None
+        if c.indexer is not None:
+            flops += entries * c.indexer.n_heads * (2 * c.indexer.head_dim + 3)
+            bare = modern.Compress(c.rate, c.overlap, None)
+            indexer = (modern.compressed_numbers(c, window, layer.d_K, n)
+                       - modern.compressed_numbers(bare, window, layer.d_K, n)) * self.bytes_per_number
+        held = modern.compressed_numbers(c, window, layer.d_K, n) * self.bytes_per_number
+        return Sizes(min(n, window - 1) + entries, held, read, flops, indexer_bytes=indexer)
 
 
     def totals(self) -> dict[str, int | None]:
@@ -130,9 +181,11 @@ class Anatomy:
 
 
 def cached_tokens(layer: Layer, n: int) -> int | None:
-    if layer.attention not in ("full", "sliding", "chunked"):
+    if layer.attention not in ("full", "sliding", "chunked", "indexed", "linear", *modern.COMPRESSED.values()):
         return None
-    if layer.stack == "encoder" or (not layer.causal and layer.stack != "cross"):
+    if layer.stack == "encoder" or (not layer.causal and layer.stack != "cross") or layer.kv_from is not None:
+        return 0
+    if layer.state is not None:
         return 0
     if layer.attention == "sliding":
         return min(n, layer.window - 1)  # type: ignore[operator]
@@ -147,6 +200,8 @@ def visible_keys(layer: Layer, n: int) -> int:
         return min(n, layer.window) if layer.causal else min(n, 2 * (layer.window // 2) + 1)
     if layer.attention == "chunked" and layer.chunk and layer.causal:
         return (n - 1) % layer.chunk + 1
+    if layer.indexer is not None:
+        return min(n, layer.indexer.topk)
     return n
 
 
@@ -229,22 +284,41 @@ def _decoder_or_encoder(s: Settings, assumed: list[str], causal: bool | None = N
     chunk = s.optional_size("attention_chunk_size", cap=MAX_TOKENS)
     softcap = s.optional_number("attn_logit_softcapping")
     sinks = s.model_type in kinds.SINKS
+    state, owners = modern.linear_state(s), modern.kv_owners(s, types)
+    index = modern.indexers(s, n_layers) if s.model_type in modern.INDEXED else None
     layers = []
     for i, layer_type in enumerate(types):
         attention = kinds.LAYER_TYPES.get(layer_type, layer_type)
+        if state is not None and layer_type == "linear_attention":
+            layers.append((i, Layer("decoder", "linear", True, state.heads, state.heads, state.d_k, state.d_v, "none",
+                                    state=state)))
+            continue
+        if layer_type in modern.COMPRESSED:
+            position, rope = kinds.position(s, layer_type, False)
+            layers.append((i, Layer("decoder", modern.COMPRESSED[layer_type], True, n_head, n_kv, d_K, d_V, position,
+                                    rope, window, qk_norm=kinds.qk_norm(s, True),
+                                    compress=modern.compress(s, layer_type))))
+            continue
+        d_layer, n_kv_layer = d_K, n_kv
+        if s.model_type.startswith("gemma4"):
+            d_layer, n_kv_layer = modern.gemma4_sizes(s, i, layer_type, d_K, n_kv)
         if attention == "sliding" and window is None:
             raise s._error(("layer_types",), f"marks layer {i} {layer_type} but sliding_window is not set")
         if attention == "chunked" and chunk is None:
             raise s._error(("layer_types",), f"marks layer {i} {layer_type} but attention_chunk_size is not set")
         stack = "decoder" if causal else "encoder"
-        if attention not in ("full", "sliding", "chunked"):  # linear attention, mamba, ...: not read, not counted
+        if attention not in ("full", "sliding", "chunked", "indexed"):  # mamba, ...: not read, not counted
             layers.append((i, Layer(stack, attention, causal, 0, 0, 0, 0, "none")))
             continue
         nope = not uses_rope[i] or (s.model_type in kinds.NOPE_ON_FULL and attention == "full" and window is not None)
         position, rope = kinds.position(s, layer_type, nope)
-        layers.append((i, Layer(stack, attention, causal, n_head, n_kv, d_K, d_V, position, rope,
-                                window if attention == "sliding" else None, chunk if attention == "chunked" else None,
-                                kinds.qk_norm(s, uses_rope[i]), sinks, softcap, mla)))
+        if rope is not None and d_layer != d_K:  # Gemma 4's full layers: the fraction of their own head size
+            rope = replace(rope, rotated=int(d_layer * rope.fraction))
+        k_eq_v = s.model_type.startswith("gemma4") and bool(s.flag("attention_k_eq_v")) and attention != "sliding"
+        layers.append((i, Layer(stack, attention, causal, n_head, n_kv_layer, d_layer, d_layer if mla is None else d_V,
+                                position, rope, window if attention == "sliding" else None,
+                                chunk if attention == "chunked" else None, kinds.qk_norm(s, uses_rope[i]), sinks,
+                                softcap, mla, None if index is None else index[i], kv_from=owners[i], k_eq_v=k_eq_v)))
     return layers
 
 

@@ -43,6 +43,10 @@ FIELDS = (
     # inside a layer
     "use_qk_norm", "qk_layernorm", "qk_norm", "attn_logit_softcapping", "q_lora_rank", "kv_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    # 2026's layers (anatomy_modern.py): sparse indexers, linear attention's state, shared KV, compression
+    "index_topk", "index_head_dim", "index_n_heads", "linear_conv_kernel_dim", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_num_heads", "linear_head_dim",
+    "attention_k_eq_v", "num_kv_shared_layers", "compress_rates",
     # numbers
     "torch_dtype", "dtype",
 )
@@ -57,6 +61,7 @@ IGNORED = frozenset({
     "attention_out_bias", "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "rope_interleave",
     "pretraining_tp", "qk_head_dim", "relative_attention_max_distance", "add_cross_attention",
     "head_dim_scale", "attn_logit_softcapping_scale", "parallel_attn", "shared_attention_norm",
+    "mlp_layer_types", "hc_sinkhorn_iters", "o_lora_rank",  # MLPs, hyper-connections, an output projection
 })
 _IRRELEVANT = re.compile(r"dropout|pdrop|bias$|init|_std$|multiplier|token_id|summary_|classifier_|eps$|expert")
 # A setting whose name says it may shape the attention: named when anatomy did not read it.
@@ -84,7 +89,11 @@ def family_defaults(model_type: str) -> dict[str, Any] | None:
 def read_config_file(model: str, path: Path) -> dict[str, Any]:
     """config.json as a dict: refused in one line if missing, too large, not JSON, nested without end, or not
     an object; then refused as the model reader refuses it (config.check_sane: nested past 64, a size past its
-    bound, an integer past 64 bits), wherever the value sits."""
+    bound, an integer past 64 bits), wherever the value sits. A GGUF file's config is its metadata's."""
+    from attnscope.models.gguf.open import is_gguf_file, read_gguf_config
+
+    if is_gguf_file(path):
+        return dict(read_gguf_config(path).data)
     if not path.is_file():
         raise UsageError(f"{model}: no config.json there; give a model folder saved by save_pretrained, its "
                          "config.json, or a Hugging Face model name")

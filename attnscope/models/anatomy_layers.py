@@ -18,6 +18,8 @@ from attnscope.models.anatomy_config import Settings
 # qk-norm that the modeling code always applies (Qwen3Attention's q_norm, Olmo2Attention's over the projection).
 QK_NORM = {"qwen3": "RMSNorm per head", "qwen3_moe": "RMSNorm per head", "qwen3_next": "RMSNorm per head",
            "gemma3_text": "RMSNorm per head", "gemma3n_text": "RMSNorm per head", "exaone4": "RMSNorm per head",
+           "gemma4_text": "RMSNorm per head", "qwen3_5_text": "RMSNorm per head",
+           "qwen3_5_moe_text": "RMSNorm per head",
            "olmo2": "RMSNorm over the projection", "olmo3": "RMSNorm over the projection",
            "olmoe": "RMSNorm over the projection"}
 # qk-norm behind a config flag, and the norm the family then uses.
@@ -45,7 +47,7 @@ RELATIVE = frozenset({"t5", "mt5", "umt5", "longt5", "switch_transformers", "deb
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional", "axial")
 ROPE_ALIASES = {"su": "longrope", "mrope": "default"}  # Phi3Config, Qwen2VLConfig
 LAYER_TYPES = {"full_attention": "full", "attention": "full", "global": "full", "sliding_attention": "sliding",
-               "local": "sliding", "chunked_attention": "chunked"}
+               "local": "sliding", "chunked_attention": "chunked", "indexed_attention": "indexed"}
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,32 @@ def _hybrid_types(s: Settings, n_layers: int) -> list[str] | None:
         return ["hybrid"] * n_layers
     if kind in ("mamba", "mamba2", "falcon_mamba", "rwkv"):
         return ["linear_attention"] * n_layers
+    return _types_2026(s, n_layers)
+
+
+def _types_2026(s: Settings, n_layers: int) -> list[str] | None:
+    """The layer types of 2026's families where config.json does not list them, as their config classes derive
+    them."""
+    kind = s.model_type
+    if kind in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):  # Qwen3NextConfig: every 4th layer full
+        every = s.size("full_attention_interval", default=4, cap=1 << 40)
+        return ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n_layers)]
+    if kind == "kimi_linear":  # KimiLinearConfig: linear_attn_config's 1-indexed lists, else every 4th from 4
+        extra = s.mapping("linear_attn_config") or {}
+        full, kda = extra.get("full_attn_layers"), extra.get("kda_layers")
+        if isinstance(full, list) and isinstance(kda, list):
+            return ["full_attention" if i + 1 in full else "linear_attention" for i in range(n_layers)]
+        return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n_layers)]
+    if kind in ("deepseek_v32", "glm_moe_dsa"):  # every layer sparse
+        return ["indexed_attention"] * n_layers
+    if kind == "deepseek_v4":  # DeepseekV4Config: compress_ratios (0, 4, 128), else HCA, HCA, then CSA/HCA
+        ratios = s.raw("compress_ratios")
+        named = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+        if isinstance(ratios, list) and len(ratios) >= n_layers and all(r in named for r in ratios[:n_layers]):
+            return [named[r] for r in ratios[:n_layers]]
+        return (["heavily_compressed_attention"] * min(n_layers, 2)
+                + ["compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+                   for i in range(max(n_layers - 2, 0))])
     return None
 
 

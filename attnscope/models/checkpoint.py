@@ -52,6 +52,10 @@ class Checkpoint:
 
     @classmethod
     def open(cls, folder: Path) -> Checkpoint:
+        from attnscope.models.gguf.open import is_gguf_file, open_checkpoint
+
+        if is_gguf_file(folder):  # a GGUF file: its tensors in transformers' names, dequantized when read
+            return open_checkpoint(folder)  # type: ignore[return-value]
         source = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
         if source is None:
             raise UsageError(f"{{model}} {folder}: no checkpoint there (looked for {', '.join(WEIGHT_FILES)})", "model")

@@ -142,6 +142,10 @@ class Config:
 
 
 def read_config(folder: Path) -> Config:
+    from attnscope.models.gguf.open import is_gguf_file, read_gguf_config
+
+    if is_gguf_file(folder):  # a GGUF: its metadata is the config
+        return read_gguf_config(folder)
     path = folder / "config.json"
     if not path.is_file():
         raise UsageError(f"{{model}} {folder}: no config.json in that folder; give a folder saved by save_pretrained",

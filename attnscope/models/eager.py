@@ -30,7 +30,8 @@ def patterns(folder: Path, model_type: str, ids: list[int], last: int) -> dict[i
     model = truncated.load(AutoModel, folder, truncated.cut(full, n_layer, last), model_type, traced=False)
     try:
         with torch.no_grad():
-            out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+            # no cache: one of linear layers only (Qwen3-Next cut before its first full layer) fails in transformers
+            out = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"{{check}}: transformers could not run model_type '{model_type}' on the text "
                             f"({truncated.first_line(exc)})", "check") from None

@@ -173,6 +173,15 @@ class Family(ABC):
     def check_position(self, layer: int, head: int) -> None:
         check_position(self.n_layer, self.n_head, layer, head)
 
+    def heads_in(self, layer: int) -> int:
+        """Layer `layer`'s heads: n_head, but where a hybrid's layers of another kind have their own (a linear
+        attention layer's value heads, qwen3_next.py)."""
+        return self.n_head
+
+    def layer_sizes(self, layer: int) -> tuple[int, int]:
+        """(d_head, n_kv_head) of layer `layer`: the model's, where a family's layers differ (Gemma 4) its own."""
+        return self.d_head, self.n_kv_head
+
     def check_length(self, n_tokens: int) -> None:
         """Learned position tables end: a longer text has no position to take."""
         if self.max_tokens is not None and n_tokens > self.max_tokens:
@@ -194,6 +203,11 @@ class Family(ABC):
         shared = ", ".join(str(h) for h in range(g * self.n_group, (g + 1) * self.n_group))
         return [f"W_K, W_V: KV head {g} of {self.n_kv_head} (= {head} // n_group {self.n_group}) serves query "
                 f"heads {shared}"]
+
+    def layer_head_notes(self, layer: int, head: int) -> list[str]:
+        """Head h's notes in layer `layer`: `head_notes`, but where a hybrid's layers of another kind say their own
+        (a linear attention layer's, qwen3_next.py)."""
+        return self.head_notes(head)
 
     def head_trace(self, layer: Trace, head: int) -> Trace:
         """Head h's own steps, as views into layer L's (head_steps.py's slicing); a family whose steps differ (MLA's

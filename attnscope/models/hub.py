@@ -18,12 +18,17 @@ def locate(model: str, *, need_tokenizer: bool = False, extra: tuple[str, ...] =
     """A local folder as it is, or a Hugging Face model name through the local cache (downloading when
     the network allows and HF_HUB_OFFLINE is not set), with the tokenizer's files when `need_tokenizer` and
     the `extra` files the run reads (Whisper's preprocessor_config.json) where the model has them."""
+    from attnscope.models.gguf.open import locate as locate_gguf
+
+    gguf = locate_gguf(model)  # a .gguf file, a folder holding one, ollama:NAME[:TAG]
+    if gguf is not None:
+        return gguf
     path = Path(model).expanduser()
     if path.is_dir():
         return path
     if path.exists():
-        raise UsageError(f"{{model}} {model} is a file; give the folder that holds config.json and the weights",
-                         "model")
+        raise UsageError(f"{{model}} {model} is a file; give the folder that holds config.json and the weights "
+                         "(or a .gguf file)", "model")
     if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
         raise UsageError(f"{{model}} {model}: no such folder", "model")
     return _from_hub(model, need_tokenizer, extra)
@@ -35,6 +40,11 @@ def locate_config(model: str) -> Path:
     download code), else as `locate` finds it."""
     if not model.strip():
         raise UsageError("MODEL is empty; give a model folder, its config.json, or a Hugging Face model name")
+    from attnscope.models.gguf.open import locate as locate_gguf
+
+    gguf = locate_gguf(model)  # a GGUF's metadata is its config (anatomy reads it through read_config_file)
+    if gguf is not None:
+        return gguf
     path = Path(model).expanduser()
     if path.is_dir():
         return path / "config.json"

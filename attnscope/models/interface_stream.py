@@ -87,7 +87,7 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from attnscope.models import interface, truncated
+    from attnscope.models import interface, selfcheck, truncated
 
     if n_new:
         model = _language_model(prepared, folder, model_type, AutoModelForCausalLM)
@@ -96,7 +96,8 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
     steps: list[DecodeStep] = []
     tokens, cache = list(ids), None
     try:
-        with torch.no_grad(), interface.recording(layer, stop=False, every=every_layer) as recorder:
+        with torch.no_grad(), interface.recording(layer, stop=False, every=every_layer) as recorder, \
+                selfcheck.watching(model, recorder):
             try:
                 out = model(input_ids=torch.tensor([ids]), use_cache=bool(n_new))  # the prompt
             except interface.Reached:
@@ -118,6 +119,8 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
                 if len(steps) < n_new:
                     recorder.calls = 0
                     out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True)
+        if recorder.failure is not None:  # selfcheck.py: the trace does not reproduce a module: eager's patterns
+            return _eager(model, prepared, ids, layer, n_new, every_layer, recorder.failure.note())
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"transformers could not run model_type '{model_type}' "
                             f"{'decoding' if n_new else 'on every layer'} ({truncated.first_line(exc)})") from None
@@ -127,6 +130,42 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
     return StreamRun(truncated.sizes(base, first, attention, prepared.n_layer, layer), layers,
                      [patterns[i] for i in layers] if patterns is not None else None, steps or None,
                      list(recorder.notes), type(cache).__name__)
+
+
+def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: int, every_layer: bool,
+           note: str) -> StreamRun:
+    """The same run with transformers' eager attention and `output_attentions`, patterns only (the self-check
+    found a module the trace does not reproduce): every attention layer's, and layer L's row at each new token."""
+    import torch
+
+    from attnscope.models import truncated
+    from attnscope.models.stream import DecodeStep
+
+    model.set_attn_implementation("eager")
+    base = getattr(model, "base_model", model)
+    layers = truncated.module_layers(base)
+    if layer not in layers:
+        truncated.refuse_layer(prepared.config, prepared.n_layer, layer, layers)
+    tokens, steps, cache = list(ids), [], None
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=bool(n_new), output_attentions=True)
+        patterns = [a[0] for a in out.attentions if a is not None]  # [n_head, n, n] per attention layer
+        for _ in range(n_new):
+            cache = out.past_key_values
+            row = out.attentions[layers.index(layer)][0, :, -1]  # [n_head, n_held]
+            gone = len(tokens) - row.shape[-1]  # what a sliding cache no longer holds, put back as zeros
+            if gone > 0:
+                row = torch.cat([row.new_zeros(row.shape[0], gone), row], dim=-1)  # [n_head, position]
+            steps.append(DecodeStep(int(out.logits[0, -1].argmax()), len(tokens), row, max(0, gone),
+                                    cache_bytes(cache)))
+            tokens.append(steps[-1].token_id)
+            if len(steps) < n_new:
+                out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True,
+                            output_attentions=True)
+    found = truncated.sizes(base, None, patterns[layers.index(layer)], prepared.n_layer, layer)
+    found.fallback = note
+    return StreamRun(found, layers, patterns if every_layer else None, steps or None, [],
+                     type(cache).__name__)
 
 
 def _language_model(prepared: Prepared, folder: Path, model_type: str, auto: Any) -> Any:

@@ -52,13 +52,14 @@ class Blocks:
     whole. `causal`: whether a row sees only keys up to itself; `ids`: the token at each key, for induction."""
 
     def __init__(self, n_Q: int, n_K: int, rows: tuple[int, int] | None, causal: bool,
-                 ids: list[int] | None) -> None:
+                 ids: list[int] | None, effective: bool = False) -> None:
         import torch
 
         from attnscope.readings.headstats import RowStats
         from attnscope.views.pooling import group_size
 
         self.n_Q, self.n_K, self.rows, self.causal, self.ids = n_Q, n_K, rows, causal, ids
+        self.effective = effective  # a linear layer's M: its statistics read each row's share of |M| (headstats.py)
         self.r, self.c = group_size(n_Q, POOL_CELLS), group_size(n_K, POOL_CELLS)
         self.sums = torch.zeros(math.ceil(n_Q / self.r), math.ceil(n_K / self.c), dtype=torch.float64)
         self.stats = RowStats()
@@ -68,8 +69,10 @@ class Blocks:
         """Rows a.. of the pattern, `[b - a, keys they may see]` float64 (the keys past them have weight 0)."""
         import torch
 
+        from attnscope.readings.headstats import shares
+
         b = a + block.shape[0]
-        self.stats.add(block, a, self.causal, self.ids)
+        self.stats.add(shares(block) if self.effective else block, a, self.causal, self.ids)
         _pool_into(self.sums, block, a, self.r, self.c)
         rows = self.rows
         if rows is not None and a < rows[1] and b > rows[0]:
@@ -98,10 +101,16 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         del h
         module = model.attention(layer, record=False)
-        one = module.head_inputs(X, head)  # Q, K, V [1, 1, n, d_head]: normed, rotated, tuned as forward does
-        blocks = Blocks(n, n, rows, one.spec.align is not None, ids)
-        for a in range(0, n, BLOCK_ROWS):
-            blocks.add(_block(one, a, min(n, a + BLOCK_ROWS)), a)  # [b - a, keys its rows may see] float64
+        effective_rows = getattr(module, "effective_rows", None)  # a linear layer's (models/qwen3_next.py)
+        if effective_rows is not None:  # its exact matrix M, the effective keys carried block to block
+            blocks = Blocks(n, n, rows, True, ids, effective=True)
+            for a, block in effective_rows(X, head, BLOCK_ROWS):
+                blocks.add(block, a)  # [b - a, b] float64
+        else:
+            one = module.head_inputs(X, head)  # Q, K, V [1, 1, n, d_head]: normed, rotated, tuned as forward does
+            blocks = Blocks(n, n, rows, one.spec.align is not None, ids)
+            for a in range(0, n, BLOCK_ROWS):
+                blocks.add(_block(one, a, min(n, a + BLOCK_ROWS)), a)  # [b - a, keys its rows may see] float64
         layer_trace = _shapes(model, layer, X, made)
     return blocks.head(layer_trace, module.spec)
 

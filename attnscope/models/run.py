@@ -23,6 +23,7 @@ class LayerRun:
     layer: Trace
     head: Trace
     spec: AttentionSpec
+    selfcheck: str = ""  # models/selfcheck.py's note where PyTorch's SDPA does not reproduce the layer's output
 
 
 def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int) -> LayerRun:
@@ -41,9 +42,11 @@ def run_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, he
 def layer_run(model: Family, layer: int, head: int, traced: Trace, X: torch.Tensor, made: str) -> LayerRun:
     """Layer `layer`'s attention trace as a model's: X first and model axis names, the family's notes, with head
     `head`'s own steps."""
+    from attnscope.models.selfcheck import check_page
+
     steps = layer_trace(traced, X, made)
     steps.notes.extend(model.layer_notes(layer))
-    return LayerRun(steps, model.head_trace(steps, head), model.attention_spec(layer))
+    return LayerRun(steps, model.head_trace(steps, head), model.attention_spec(layer), check_page(steps) or "")
 
 
 MODEL_DIMS = {"n_Q": "n_tokens", "n_K": "n_tokens", "d_feat": "d_model"}

@@ -50,6 +50,8 @@ class AllLayers:
 
     patterns: list[torch.Tensor]
     run: LayerRun
+    value_norms: list[torch.Tensor | None] | None = None  # each layer's ||f_h(x_j)|| [n_head, n_tokens] (moved.py)
+    sink_weights: list[torch.Tensor | None] | None = None  # each layer's sink_weight [n_head, n_tokens]; None: none
 
 
 def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
@@ -57,9 +59,11 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
     """Each layer's pattern, layer by layer; the last layer's MLP is not run (nothing reads it)."""
     import torch
 
+    from attnscope.linear_attention import pattern_name
     from attnscope.models.run import layer_run
+    from attnscope.readings.moved import layer_norms
 
-    patterns = []
+    patterns, norms, sinks = [], [], []
     run = None
     with torch.no_grad():
         h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
@@ -72,11 +76,15 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
             else:
                 h = model.block(index, h, cast("MultiHeadAttention", kept))  # called as the attention is
             assert kept.trace is not None
-            patterns.append(kept.trace["attention"][0])  # [n_head, n_tokens, n_tokens]
+            patterns.append(kept.trace[pattern_name(kept.trace)][0])  # [n_head, n_tokens, n_tokens]
+            # what each head moves, from the values just traced and the layer's W_O still held (no second forward)
+            out_proj = getattr(kept.module, "W_o", None)
+            norms.append(None if out_proj is None else layer_norms(kept.trace, out_proj.weight))
+            sinks.append(kept.trace["sink_weight"][0] if "sink_weight" in kept.trace else None)  # [n_head, n_tokens]
             if index == layer:
                 run = layer_run(model, layer, head, kept.trace, X, made)
     assert run is not None
-    return AllLayers(patterns, run)
+    return AllLayers(patterns, run, norms, sinks)
 
 
 @dataclass
@@ -91,6 +99,7 @@ class DecodeStep:
     attention: torch.Tensor  # [n_head, n_K]
     evicted: int  # the first `evicted` keys lie outside this layer's window (0: none)
     kv_cache_bytes: int
+    selfcheck: str = ""  # models/selfcheck.py's note where SDPA does not reproduce the step's traced layer
 
 
 def generate(model: Family, ids: list[int], n_new: int, layer: int,
@@ -98,6 +107,9 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
     """Greedy decoding of `n_new` tokens after `ids` with the family's own forward and a KV cache per layer, as
     transformers' `generate(do_sample=False)` does. Each step runs every layer on the one new token."""
     import torch
+
+    from attnscope.linear_attention import pattern_name
+    from attnscope.models.selfcheck import check_page
 
     caches: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * model.n_layer
     steps: list[DecodeStep] = []
@@ -108,7 +120,7 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
             if model.regenerates(start, len(tokens)):
                 caches, start = [None] * model.n_layer, 0
             h = model.embed_at(tokens[start:], start)  # the prompt first, then one token at a time
-            row = None
+            row, note = None, None
             for index in range(model.n_layer):
                 module = model.attention(index, record=True)
                 kept = Kept(module, caches[index] or module.empty_cache())
@@ -116,13 +128,14 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
                 caches[index] = kept.cache
                 if index == layer:
                     assert kept.trace is not None
-                    row = kept.trace["attention"][0, :, -1]  # [n_head, n_K]: the last query's row
+                    row = kept.trace[pattern_name(kept.trace)][0, :, -1]  # [n_head, n_K]: the last query's row
+                    note = check_page(kept.trace)  # the step's traced layer against PyTorch's SDPA
             next_id = int(model.logits(h[:, -1:])[0, -1].argmax())
             start = len(tokens)  # the new token's position; the row is its predecessor's, which chose it
             tokens.append(next_id)
             assert row is not None
             steps.append(DecodeStep(next_id, start, row, _evicted(model, layer, row.shape[-1]),
-                                    _cache_bytes(model, caches)))
+                                    _cache_bytes(model, caches), note or ""))
     return steps
 
 
@@ -147,6 +160,9 @@ def _cache_bytes(model: Family, caches: list[tuple[torch.Tensor, torch.Tensor] |
     held = 0
     for index, cache in enumerate(caches):
         if cache is None:
+            continue
+        if not isinstance(cache, tuple):  # a linear layer's LinearState: its state and convolution inputs
+            held += cache.nbytes
             continue
         window = _cache_window(model, index)
         for tensor in cache:

@@ -4,7 +4,7 @@ the conformance tests (tests/test_conformance.py), which hold every "exact" cell
 
 A view is one way of running a family's attention, all of them through the family's one attention module (its
 `forward`, `head_inputs` for blocks of rows, `empty_cache`/`cache_after` for decode steps):
-- short: `--text`, layers 0..L run and layer L traced step by step (models/run.py);
+- short: `--text`, layers 0..L run and layer L traced step by step (models/run.py); a vision tower's `--image`;
 - long: a text past LONG_TOKENS, head h's rows computed in blocks, each a decode step after the rows before it
   (models/long.py);
 - generate: `--generate N`, greedy decoding with a KV cache, every layer one token at a time (models/stream.py);
@@ -32,9 +32,19 @@ ENCODER_DECODER = {"short": EXACT, "long": EXACT,
 # through transformers' attention interface (models/interface.py, interface_stream.py): the long input is the whole
 # pattern, memory-guarded up front; generate is transformers' own forward and cache, the attention captured each step
 INTERFACE = dict.fromkeys(VIEWS, EXACT)
+# a sparse indexer (DeepSeek-V3.2, GLM-5): each query's keys are the indexer's top-k over the whole layer, not a block's
+SPARSE_INDEXER = {**DECODER, "long": "refused: its indexer picks each query's keys from the whole layer"}
+# a vision tower on `--image` (models/vision/tower.py, through the attention interface): short is the image's
+# tokens, layer L traced; an image is one short input, and a tower does not decode
+VISION = {**INTERFACE, "long": "refused: an image's tokens are one short input, no long view",
+          "generate": "refused: a vision tower does not decode"}
 # a hybrid (attention and Mamba or convolution layers): every view on its attention layers; a layer with none is
 # refused in one line naming those that have
 HYBRID = dict.fromkeys(VIEWS, EXACT)
+# a hybrid of linear attention and full attention layers with a page (linear_attention.py): every view on every
+# layer, the full layers' patterns against output_attentions and the linear layers' exact matrix M (M @ V against
+# transformers' own recurrence: its output, and --check's comparison, tests/test_linear_attention.py)
+LINEAR_HYBRID = dict.fromkeys(VIEWS, EXACT)
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,8 @@ ROWS = (
     Row("Gemma2", ("gemma2",), DECODER),
     Row("DeepseekV3", ("deepseek_v3",), DECODER),
     Row("DeepseekV2", ("deepseek_v2",), DECODER),
+    Row("DeepseekV32", ("deepseek_v32",), SPARSE_INDEXER),  # MLA behind a lightning indexer's top-k
+    Row("GlmMoeDsa", ("glm_moe_dsa",), SPARSE_INDEXER),  # interleaved indexer RoPE, shared layers
     Row("SmolLM3", ("smollm3",), DECODER),
     Row("Phi3", ("phi3",), DECODER),
     Row("Llama4", ("llama4", "llama4_text"), DECODER),
@@ -71,6 +83,11 @@ ROWS = (
     Row("Qwen3Moe", ("qwen3_moe",), DECODER),
     Row("Gemma3", ("gemma3", "gemma3_text"), DECODER),
     Row("EmbeddingGemma", ("gemma3_text",), ENCODER),  # use_bidirectional_attention: windows on both sides
+    Row("Gemma4", ("gemma4", "gemma4_text"), DECODER),  # per-layer d_head, K = V, shared KV, per-layer inputs
+    Row("Qwen3Next", ("qwen3_next",), LINEAR_HYBRID),  # Gated DeltaNet and gated full attention
+    Row("Qwen3_5", ("qwen3_5", "qwen3_5_text"), LINEAR_HYBRID),
+    Row("KimiLinear", ("kimi_linear",), LINEAR_HYBRID),  # KDA and MLA without RoPE
+    Row("MiniMax", ("minimax",), LINEAR_HYBRID),  # lightning attention and Mixtral's softmax layers
     Row("Olmo2", ("olmo2",), DECODER),
     Row("Bloom", ("bloom",), DECODER),  # ALiBi
     Row("Mpt", ("mpt",), DECODER),  # ALiBi, its own scale
@@ -85,6 +102,13 @@ ROWS = (
     Row("interface:gpt_neox", ("gpt_neox",), INTERFACE),
     Row("interface:mixtral", ("mixtral",), INTERFACE),
     Row("interface:cohere2", ("cohere2",), INTERFACE),
+    Row("interface:minimax_m2", ("minimax_m2",), INTERFACE),  # qk-norm over the projection, partial RoPE, experts
+    Row("interface:olmo3", ("olmo3",), INTERFACE),  # sliding and full layers, qk-norm
+    Row("vision:vit", ("vit",), VISION),  # [CLS], patches
+    Row("vision:deit", ("deit",), VISION),  # [CLS], [DIST], patches
+    Row("vision:dinov2", ("dinov2", "dinov2_with_registers"), VISION),  # [CLS], registers, patches
+    Row("vision:clip", ("clip", "clip_vision_model"), VISION),  # a whole CLIP's image tower, or the tower alone
+    Row("vision:siglip", ("siglip", "siglip_vision_model"), VISION),  # patches alone
     Row("hybrid:jamba", ("jamba",), HYBRID),  # Mamba layers
     Row("hybrid:lfm2", ("lfm2",), HYBRID),  # short convolutions
 )
@@ -97,7 +121,8 @@ def markdown() -> str:
     for row in ROWS:
         how, _, model_type = row.family.partition(":")
         name = {"interface": f"any other (e.g. {model_type}), through transformers",
-                "hybrid": f"a hybrid (e.g. {model_type}): its attention layers; the others refused"}.get(
+                "hybrid": f"a hybrid (e.g. {model_type}): its attention layers; the others refused",
+                "vision": f"a vision tower ({', '.join(row.model_types)}) on --image, through transformers"}.get(
             how, f"{row.family} ({', '.join(row.model_types)})")
         cells = ["exact" if row.views[v] == EXACT else row.views[v].removeprefix("refused: ") for v in VIEWS]
         body.append(f"| {name} | " + " | ".join(cells) + " |")

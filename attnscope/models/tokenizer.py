@@ -46,6 +46,10 @@ def encode(folder: Path, text: str, *, target: bool = False) -> Encoded:
     """`text`'s ids and tokens; `target`: as an encoder-decoder's target (`tokenizer(text_target=...)`, which
     Marian's and mBART's tokenizers read with the target language's vocabulary or code)."""
     check_text(text)
+    if folder.is_file():  # a GGUF file: the tokenizer its metadata describes
+        from attnscope.models.gguf import tokenizer as gguf_tokenizer
+
+        return gguf_tokenizer.encode(folder, text)
     if not any((folder / name).is_file() for name in VOCABULARY_FILES):
         raise UsageError(f"{{model}} {folder} has no tokenizer for {{text}} (looked for "
                          f"{', '.join(VOCABULARY_FILES)}); save one beside the weights with "
@@ -187,6 +191,10 @@ def _unreadable(folder: Path, exc: Exception) -> UsageError:
 def tokens_of(folder: Path, ids: list[int]) -> list[str]:
     """The tokens of `ids` as convert_ids_to_tokens gives them (a decoder's start token, say); `<id N>` where
     the folder has no tokenizer to ask."""
+    if folder.is_file():  # a GGUF file
+        from attnscope.models.gguf import tokenizer as gguf_tokenizer
+
+        return gguf_tokenizer.tokens_of(folder, ids)
     if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         from tokenizers import Tokenizer
 
@@ -200,6 +208,10 @@ def tokens_of(folder: Path, ids: list[int]) -> list[str]:
 def pieces(folder: Path, ids: list[int]) -> list[tuple[str, str]]:
     """Each id as a token (`convert_ids_to_tokens`: `▁cat`, `Ġcat`) and as the text it decodes to alone (` cat`),
     for ids a model generated."""
+    if folder.is_file():  # a GGUF file
+        from attnscope.models.gguf import tokenizer as gguf_tokenizer
+
+        return gguf_tokenizer.pieces(folder, ids)
     if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         from tokenizers import Tokenizer
 

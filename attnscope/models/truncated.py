@@ -56,6 +56,7 @@ class TransformersRun:
     d_model: int
     d_head: int
     module: str  # the attention module's class, `GPTNeoXAttention`
+    fallback: str = ""  # selfcheck.py's note where the trace did not reproduce the module's output: pattern only
 
 
 def estimate_bytes(checkpoint: Checkpoint, layer: int, n_tokens: int) -> int:
@@ -105,7 +106,7 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
     import torch
     from transformers import AutoModel
 
-    from attnscope.models import interface
+    from attnscope.models import interface, selfcheck
 
     quiet_transformers()
     full, n_layer = full_config(folder, model_type, layer)
@@ -113,17 +114,21 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
     config = cut(full, n_layer, layer)
     traced = routes_through_interface(config)
     model = load(AutoModel, folder, config, model_type, traced)
-    recorded = None
+    recorded, fallback = None, ""
     inputs = torch.tensor([ids])
     try:
         with torch.no_grad():
             if traced:
-                with interface.recording(layer) as recorder:
+                with interface.recording(layer) as recorder, selfcheck.watching(model, recorder):
                     try:
                         model(input_ids=inputs)
                     except interface.Reached:
                         pass
                 recorded = recorder.recorded
+                if recorder.failure is not None:  # the module does more than its attention function is handed
+                    fallback, recorded = recorder.failure.note(), None
+                elif recorded is not None and not recorder.checked:
+                    recorded.layer.notes.append(selfcheck.UNCHECKED)
             if recorded is None:  # a layer that does not call the interface: its eager pattern
                 if layer not in module_layers(model):
                     refuse_layer(full, n_layer, layer, attention_layers(full, n_layer))
@@ -140,7 +145,9 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
             raise ResourceError(f"model_type '{model_type}' gives no attention weights (output_attentions) in "
                                 "transformers; attnscope cannot show its pattern")
         attention = attentions[-1][0]  # layer L, the last of layers 0..L, has attention: output_attentions' last
-    return sizes(model, recorded, attention, n_layer, layer)
+    found = sizes(model, recorded, attention, n_layer, layer)
+    found.fallback = fallback
+    return found
 
 
 def quiet_transformers() -> None:

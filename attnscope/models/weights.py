@@ -44,13 +44,14 @@ class HeadWeights:
 def head_weights(model: Family, layer: int, head: int) -> HeadWeights:
     """Read this head's slices only (from safetensors lazily, from a .bin through a memory map)."""
     model.check_position(layer, head)
-    result = HeadWeights(model, layer, head, notes=model.head_notes(head))
+    result = HeadWeights(model, layer, head, notes=model.layer_head_notes(layer, head))
     for part in model.head_slices(layer, head):
         tensor, text = model.checkpoint.slice(part.key, part.axis, part.lo, part.hi)
         if part.transpose and len(tensor.shape) == 2:
             tensor, text = tensor.T, f"{text}.T"
         result.tensors[part.name] = tensor
-        result.sources[part.name] = f"{part.key}{text}"
+        named = getattr(model.checkpoint, "source_of", None)  # a GGUF names its own tensor and type
+        result.sources[part.name] = named(part.key, text) if named else f"{part.key}{text}"
         result.dims[part.name] = part.dims or HEAD_DIMS[part.name]
     return result
 

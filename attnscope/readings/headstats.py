@@ -23,6 +23,11 @@ distance ≤ 2, else `mixed`.
 (0.85 rather than 0.9: on all-MiniLM-L6-v2 the heads of layer 0 that look even across the sentence reach
 0.85 to 0.90, and a spread of 0.85 is still about n^0.85 keys alike, 9 of 13; docs/heads.md.)
 
+A linear attention layer's `effective_attention` (linear_attention.py) is not a distribution: its rows need not
+sum to 1 and its entries may be negative. Its statistics are those of each row's share of |M|
+(`|M[i, j]| / Σ_j |M[i, j]|`, `shares`): where the row's weight goes, whatever its sign; `is_effective` tells
+such a matrix from a softmax pattern (a negative entry, or a row summing past 1).
+
 `LayerHeads` is every head of one layer (one batch element) with its statistics and kind, as `--all-heads`
 shows them and a notebook draws them.
 """
@@ -65,11 +70,28 @@ def head_stats(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = 
     import torch
 
     A = pattern.detach().to(torch.float64)
+    if is_effective(A):
+        A = shares(A)
     if causal is None:
         causal = bool(causal_rows(A, offset))
     rows = RowStats()
     rows.add(A, offset, causal, tokens)
     return rows.result()
+
+
+def is_effective(attention: Tensor) -> bool:
+    """Whether `[..., n_Q, n_K]` is a linear layer's exact matrix rather than a softmax pattern: a negative entry,
+    or a row summing past 1 (a softmax row sums to 1, less with a sink, 0 where the mask hides every key; 1e-2 of
+    slack for a half-precision pattern's rounding)."""
+    return bool((attention < 0).any() or (attention.sum(dim=-1) > 1 + 1e-2).any())
+
+
+def shares(attention: Tensor) -> Tensor:
+    """Each row's share of |A|, `|A[i, j]| / Σ_j |A[i, j]|` (a row of zeros stays zeros): what the statistics read
+    of a matrix that is not a distribution (module docstring)."""
+    magnitude = attention.abs()
+    total = magnitude.sum(dim=-1, keepdim=True)
+    return magnitude / total.where(total > 0, 1.0)
 
 
 def causal_rows(attention: Tensor, offset: int = 0) -> Tensor:
@@ -197,6 +219,8 @@ def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | N
     group = max(1, GROUP_CELLS // max(1, n_Q * n_K))
     for first in range(0, n_head, group):
         A = attention[first: first + group].detach().to(torch.float64)
+        if is_effective(A):
+            A = shares(A)
         sums, counts = row_sums(A, offset, causal[first: first + group], tokens)
         for g in range(A.shape[0]):
             rows = RowStats()
@@ -220,19 +244,48 @@ class LayerHeads:
     batch: int | None = None
     heads: list[dict[str, Any]] = field(default_factory=list)
     masked: Tensor | None = None  # [n_head, n_Q, n_K], True where the mask hid the key (None: not known)
+    value_norms: Tensor | None = None  # [n_head, n_K] float64, ||f_h(x_j)|| (readings/moved.py); None: not known
+    sink_weight: Tensor | None = None  # [n_head, n_Q], a learned sink's weight (GPT-OSS); None: no sinks
+    _shares: list[dict[str, Any]] | None = field(default=None, repr=False)  # sinks_share(), once computed
+    effective: bool = False  # a linear layer's exact matrix M, not a softmax (is_effective): rows need not sum to 1
 
     @classmethod
     def of(cls, attention: Tensor, title: str, row_labels: list[str] | None = None,
            col_labels: list[str] | None = None, offset: int = 0, batch: int | None = None,
-           tokens: Sequence[int] | None = None, masked: Tensor | None = None) -> LayerHeads:
+           tokens: Sequence[int] | None = None, masked: Tensor | None = None, value_norms: Tensor | None = None,
+           sink_weight: Tensor | None = None) -> LayerHeads:
         """`tokens`: the token id at each key position, where known (a model's text), for induction heads;
-        `masked`: where the mask hid a key (masks.hidden of the `masked_scores` step)."""
+        `masked`: where the mask hid a key (masks.hidden of the `masked_scores` step); `value_norms` and
+        `sink_weight` for what each head moves and where it parks its weight (moved.py, sinkshare.py)."""
         n_Q, n_K = attention.shape[-2:]
         if masked is not None and masked.shape != attention.shape:
             masked = None
         return cls(title, attention, row_labels or [f"q{i}" for i in range(n_Q)],
                    col_labels or [f"k{j}" for j in range(n_K)], offset, batch,
-                   describe_heads(attention, offset, tokens), masked)
+                   describe_heads(attention, offset, tokens), masked, value_norms, sink_weight,
+                   effective=is_effective(attention.detach()))
+
+    def weighted(self) -> Tensor | None:
+        """The value-weighted patterns `[n_head, n_Q, n_K]` float64 (readings/moved.py); None without value_norms."""
+        from attnscope.readings.moved import weighted
+
+        return None if self.value_norms is None else weighted(self.attention, self.value_norms)
+
+    def moved(self) -> list[float] | None:
+        """Each head's mean total moved per query (readings/moved.py); None without value_norms."""
+        from attnscope.readings.moved import moved
+
+        weights = self.weighted()
+        return None if weights is None else moved(weights, self.attention).tolist()
+
+    def sinks_share(self) -> list[dict[str, Any]]:
+        """Each head's shares on the first token, a learned sink and the top keys (readings/sinkshare.py),
+        computed once (the terminal, JSON and the page each ask)."""
+        from attnscope.readings.sinkshare import sink_shares
+
+        if self._shares is None:
+            self._shares = sink_shares(self.attention, self.sink_weight, self.value_norms)
+        return self._shares
 
     def _repr_html_(self) -> str:
         """Jupyter draws every head as a small heatmap with its kind, and the table of statistics (views/embed.py)."""

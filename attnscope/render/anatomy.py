@@ -136,6 +136,43 @@ def _layer_notes(anatomy: Anatomy, layer: Layer) -> list[str]:
         out.append("sinks: a learned logit per head joins each softmax row and is dropped after (rows sum to < 1)")
     if layer.position == "nope":
         out.append("NoPE: these layers rotate nothing; position comes from the causal mask alone")
+    return out + _notes_2026(anatomy, layer)
+
+
+def _notes_2026(anatomy: Anatomy, layer: Layer) -> list[str]:
+    """The cache of 2026's layers in words: indexer keys, a linear layer's state, a shared cache, compression."""
+    out = []
+    index, state, c = layer.indexer, layer.state, layer.compress
+    if index is not None and index.own:
+        out.append(f"indexed top-{index.topk}: a lightning indexer ({index.n_heads} heads of {index.head_dim}) scores "
+                   f"every key and each query attends to its best {index.topk}; the cache adds its keys, "
+                   f"index_head_dim {index.head_dim} numbers a token (DynamicIndexedLayer's indexer_keys)")
+    elif index is not None:
+        out.append(f"indexed top-{index.topk} (previous layer's): indexer_types 'shared' reuses the previous full "
+                   "layer's choice of keys and caches no indexer keys")
+    if state is not None:
+        held = format_bytes(state.bytes(anatomy.bytes_per_number))
+        out.append(f"linear ({state.kind}): no keys are kept; a state of {state.heads} x [{state.d_k}, {state.d_v}] "
+                   f"float32 and a conv window of {state.kernel} x {state.conv_dim} ({held}), the same at any "
+                   "number of tokens (LinearAttentionLayer)")
+    if layer.kv_from is not None:
+        from attnscope.models.anatomy import ranges
+
+        readers = ranges([i for i, other in anatomy.layers if other.kv_from == layer.kv_from])
+        out.append(f"KV of layer {layer.kv_from}: layers {readers} compute no keys or values and cache nothing "
+                   f"(num_kv_shared_layers; transformers' DummyLayer): they read layer {layer.kv_from}'s, counted "
+                   "once, there")
+    if layer.k_eq_v:
+        out.append("K = V (attention_k_eq_v): the values are the keys' projection, normed apart; the cache still holds "
+                   "both")
+    if c is not None:
+        top = (f"; an indexer ({c.indexer.n_heads} heads of {c.indexer.head_dim}) picks the best {c.indexer.topk} "
+               "entries for each query, and caches its own compressed keys") if c.indexer else ""
+        out.append(f"compressed 1/{c.rate}: one entry of d_head per {c.rate} tokens beside a sliding window of "
+                   f"{layer.window} keys that are also the values, plus the tokens since the last whole window"
+                   f"{' (overlapping windows: two series a token)' if c.overlap else ''}{top}"
+                   + (f"; the entries rotate with base {c.rope_base:g}" if c.rope_base else "")
+                   + f" (DeepseekV4{'CSA' if c.overlap else 'HCA'}Cache)")
     return out
 
 
@@ -160,7 +197,20 @@ def layer_json(anatomy: Anatomy, index: int, layer: Layer) -> dict[str, Any]:
             "cached_tokens": sizes.cached_tokens if sizes else None,
             "kv_cache_bytes": sizes.kv_cache_bytes if sizes else None,
             "kv_cache_bytes_full_heads": sizes.full_heads_bytes if sizes else None,
-            "keys": sizes.keys if sizes else None, "flops_per_token": sizes.flops_per_token if sizes else None}
+            "keys": sizes.keys if sizes else None, "flops_per_token": sizes.flops_per_token if sizes else None,
+            "indexer": _fields(layer.indexer), "state": _fields(layer.state), "kv_shared_from": layer.kv_from,
+            "k_eq_v": layer.k_eq_v, "compress": None if layer.compress is None else {
+                "rate": layer.compress.rate, "overlap": layer.compress.overlap,
+                "indexer": _fields(layer.compress.indexer)},
+            "indexer_bytes": sizes.indexer_bytes if sizes else None,
+            "state_bytes": sizes.state_bytes if sizes else None}
+
+
+def _fields(value: Any) -> dict[str, Any] | None:
+    """A frozen dataclass of numbers and words as a JSON object."""
+    from dataclasses import asdict
+
+    return None if value is None else asdict(value)
 
 
 def anatomy_json(anatomy: Anatomy) -> dict[str, Any]:

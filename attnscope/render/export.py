@@ -118,16 +118,18 @@ def output_console(exports: Exports) -> Console:
     return console(record=True, no_color=True) if out.color_system in ("standard", "windows") else out
 
 
-def write(out: Console, exports: Exports, html: str | None = None) -> list[Path]:
+def write(out: Console, exports: Exports, html: str | None = None, svg: str | None = None) -> list[Path]:
     """Export what `out` recorded to the files asked for; each is published whole, or not at all. `html`, when
-    given, is the page --html writes instead of the record (the explorer page of sdpa, mha, head, bert, trace)."""
+    given, is the page --html writes instead of the record (the explorer page of sdpa, mha, head, bert, trace);
+    `svg`, when given, the picture --svg writes instead (head --image: the image with the weights on top)."""
     from attnscope.tensors import write_text
 
     assert out.record, "exporting needs the recording console output_console gave"
     prepare(out)
     written = []
     if exports.svg:
-        written.append(write_text(svg_text(out, exports.title), exports.svg, force=exports.force, option="--svg",
+        written.append(write_text(svg if svg is not None else svg_text(out, exports.title), exports.svg,
+                                  force=exports.force, option="--svg",
                                   formats=SVG_FORMATS))
     if exports.html:
         written.append(write_text(html if html is not None else html_text(out, exports.title), exports.html,

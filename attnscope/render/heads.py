@@ -36,6 +36,9 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
     n_head, n_Q, n_K = heads.attention.shape
     sizes = f"{counted(n_head, 'head')}, {counted(n_Q, 'query')} x {counted(n_K, 'key')}"
     out.print(Text(f"{heads.title}: every head  [{sizes}]", style="bold"))
+    if getattr(heads, "effective", False):  # a linear layer's exact matrix M (linear_attention.py)
+        out.print(FittedText("effective_attention: each head's exact matrix M, out = M @ V; rows need not sum to 1; "
+                             "kinds and statistics read each row's share of |M| (docs/heads.md)"))
     if not (n_head and n_Q and n_K):
         out.print(Text("nothing to draw"))
         return
@@ -98,13 +101,17 @@ def _number(value: float, spec: str) -> str:
 
 
 def heads_json(heads: LayerHeads) -> list[dict[str, Any]]:
-    """`[{"head", "attention", "stats", "kind"}]`, and `"batch"` where the heads are one batch element's."""
-    out = []
-    for h, head in enumerate(heads.heads):
+    """`[{"head", "attention", "stats", "kind", "sinks_share"}]`, `"value_norms", "weighted", "moved"` where the
+    values are known, and `"batch"` where the heads are one batch element's."""
+    from attnscope.render.readings import head_readings
+
+    out = []  # a model's heads (no batch element) gain the readings; sdpa's and mha's keep their keys
+    extra = head_readings(heads) if heads.batch is None else [{} for _ in heads.heads]
+    for h, (head, readings) in enumerate(zip(heads.heads, extra, strict=True)):
         entry: dict[str, Any] = {"head": head["head"]}
         if heads.batch is not None:
             entry["batch"] = heads.batch
         entry |= {"attention": numbers(heads.attention[h]), "stats": clean(head["stats"]),
-                  "kind": head["kind"]}
+                  "kind": head["kind"]} | readings  # value_norms, weighted, moved, sinks_share (render/readings.py)
         out.append(entry)
     return out

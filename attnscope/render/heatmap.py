@@ -157,7 +157,11 @@ def _summary(values: list[float], labels: list[str]) -> str:
     if not all(math.isfinite(v) for v in values):
         return "  → NaN in this row"
     best = max(range(len(values)), key=values.__getitem__) if values else 0
-    entropy = max(0.0, -sum(p * math.log2(p) for p in values if p > 0))
+    shares = values
+    if any(v < 0 for v in values) or sum(values) > 1 + 1e-2:  # a linear layer's M: each key's share of |row|
+        total = sum(abs(v) for v in values) or 1.0
+        shares = [abs(v) / total for v in values]
+    entropy = max(0.0, -sum(p * math.log2(p) for p in shares if p > 0))
     weight = values[best] if values else 0.0
     return f"  → {_fit_label(labels[best] if labels else '', BEST_LABEL_WIDTH)} {weight:.2f}  H={entropy:.2f}"
 

@@ -34,7 +34,7 @@ LABEL = 9  # "layer 23 " and the like
 
 
 def show_layers(out: Console, layers: list[LayerHeads], n_tokens: int) -> None:
-    n_head = layers[0].attention.shape[0] if layers else 0
+    n_head = max((layer.attention.shape[0] for layer in layers), default=0)  # a linear layer may have more
     out.print(Text(f"every layer, every head  [{len(layers)} layers x {n_head} heads, {n_tokens} tokens]",
                    style="bold"))
     out.print(FittedText("kinds: " + "  ".join(f"{letter} {name}" for name, letter in LETTERS.items())
@@ -44,8 +44,14 @@ def show_layers(out: Console, layers: list[LayerHeads], n_tokens: int) -> None:
         heads = range(start, min(start + per_line, n_head))
         out.print(Text(" " * LABEL + "".join(f"{h % 10:<2}" for h in heads).rstrip(), style="dim"))
         for layer in layers:  # titled with the model's own numbers (a hybrid's attention layers skip the others)
-            letters = "".join(f"{LETTERS.get(layer.heads[h]['kind'], '?'):<2}" for h in heads).rstrip()
+            letters = "".join(f"{LETTERS.get(layer.heads[h]['kind'], '?') if h < len(layer.heads) else ' ':<2}"
+                              for h in heads).rstrip()
             out.print(Text(layer.title.ljust(LABEL) + letters))
+    if any(layer.effective for layer in layers):
+        out.print(FittedText("layers " + ", ".join(layer.title.removeprefix("layer ") for layer in layers
+                                                   if layer.effective)
+                             + ": linear attention, each head's exact matrix effective_attention (rows need not sum "
+                             "to 1; kinds read each row's share of |M|)"))
     _thumbnails(out, layers)
 
 
@@ -55,7 +61,7 @@ def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
 
     if not layers or 0 in layers[0].attention.shape:
         return
-    n_head, n_Q, n_K = layers[0].attention.shape
+    _, n_Q, n_K = layers[0].attention.shape
     rows, cols = group_size(n_Q, THUMB_ROWS), group_size(n_K, THUMB_COLS)
     width = math.ceil(n_K / cols)
     per_line = max(1, (out.width - LABEL) // (width + 1))
@@ -64,6 +70,7 @@ def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
     out.print(FittedText(f"each head: rows = queries, columns = keys, each cell the sum over {cols} keys and the "
                          f"mean over {rows} queries"))
     for layer in layers:
+        n_head = layer.attention.shape[0]  # the layer's own: a hybrid's linear layers may have more heads
         pooled = pool(layer.attention, rows, cols).tolist()  # [n_head][rows][cols]
         hidden = None if layer.masked is None else pool_masked(layer.masked, rows, cols).tolist()
         for start in range(0, n_head, per_line):
@@ -134,11 +141,16 @@ def key_ruler(n_cols: int, pool: int, room: int) -> str:
 
 
 def layers_json(layers: list[LayerHeads], layer_numbers: list[int] | None = None) -> list[dict[str, Any]]:
-    """`all_layers`: a layer each, `{"layer", "attention" [n_head, n_Q, n_K], "kinds", "stats"}`, "layer" the
+    """`all_layers`: a layer each, `{"layer", "attention" [n_head, n_Q, n_K], "kinds", "stats", "sinks_share"}`
+    (and `"value_norms" [n_head, n_K], "moved" [n_head]` where the values are known), "layer" the
     model's own number (`layer_numbers`: a hybrid's attention layers; by default 0, 1, ...)."""
+    from attnscope.render.readings import layer_readings
+
     numbers_of = layer_numbers or list(range(len(layers)))
     return [{"layer": i, "attention": numbers(layer.attention),
+             "pattern": "effective_attention" if layer.effective else "attention",  # a linear layer's exact M
              "kinds": [head["kind"] for head in layer.heads], "stats": [clean(head["stats"]) for head in layer.heads]}
+            | layer_readings(layer)  # value_norms, moved, sinks_share (render/readings.py)
             for i, layer in zip(numbers_of, layers, strict=True)]
 
 

@@ -19,6 +19,8 @@ from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import show_heatmap
 from attnscope.render.layers import decode_json, layers_json, show_decode, show_layers
 from attnscope.render.long import long_json, show_long
+from attnscope.render.readings import readings_json, show_moved, show_rollout, show_sinks
+from attnscope.render.selection import selection_json, show_selection
 from attnscope.render.tables import check_json, check_table, step_json, steps_table
 
 if TYPE_CHECKING:
@@ -34,14 +36,16 @@ def summary(result: HeadResult) -> str:
     i, o = result.info, result.options
     named = i.architecture if i.architecture == f"model_type {i.model_type}" else f"{i.architecture} ({i.model_type})"
     lines = [f"{named}: {result.layer_name}, head {o.head}"]
-    kv = f", {i.kv_heads} KV heads" if i.kv_heads != i.heads else ""
+    kv = f", {i.kv_heads} KV head{'s' * (i.kv_heads != 1)}" if i.kv_heads != i.heads else ""
     sizes = f", d_model {i.d_model}, d_head {i.d_head}" if i.d_head else ""
     stacks = f"{i.stacks[0]} encoder + {i.stacks[1]} decoder layers" if i.stacks else f"{i.layers} layers"
     lines.append(f"{stacks}, {i.heads} heads{kv}{sizes}")
     if i.latent is not None:
         lines.append(i.latent.describe())
     elif i.d_head and i.d_head * i.heads != i.d_model:
-        key = "d_kv" if i.model_type in ("t5", "mt5", "umt5") else "head_dim"
+        key = {"t5": "d_kv", "mt5": "d_kv", "umt5": "d_kv", "gemma4_text": "head_dim (or this layer's in "
+               "per_layer_config)", "gemma4": "head_dim (or this layer's in per_layer_config)"}.get(i.model_type,
+                                                                                               "head_dim")
         lines.append(f"d_head is config.json's {key}, not d_model / heads = {i.d_model / i.heads:g}")
     if result.about:
         lines.append(result.about)
@@ -115,14 +119,28 @@ def show_head(out: Console, result: HeadResult) -> None:
         rows, cols = result.axes()
         masked = result.masked()  # [n_head, n_Q, n_K] or None
         hidden = masked[o.head].tolist() if masked is not None and masked.shape[0] > o.head else None
-        show_heatmap(out, Heatmap(f"{result.layer_name}, head {o.head}: attention", result.attention.tolist(),
+        effective = result.run is not None and "effective_attention" in result.run.layer
+        what = "effective_attention (exact: out = M @ V; rows need not sum to 1)" if effective else "attention"
+        show_heatmap(out, Heatmap(f"{result.layer_name}, head {o.head}: {what}", result.attention.tolist(),
                                   rows, cols, hidden))
+    show_selection(out, result)  # a sparse indexer's keys per query (DeepSeek-V3.2, GLM-5)
+    if result.picture is not None:
+        from attnscope.render.overlay import show_overlay
+
+        show_overlay(out, result)  # the row over the image's patch grid
+    if result.image_share is not None:
+        from attnscope.render.vlm import show_image_share
+
+        show_image_share(out, result)  # a VLM's text queries' weight on the image's tokens
     if o.all_heads and result.heads is not None:
         show_heads(out, result.heads)
+        show_moved(out, result.heads)
     if result.long is not None and result.encoded is not None:
         show_long(out, result)
     if result.layers:
-        show_layers(out, result.layers, len(result.encoded.ids) if result.encoded else 0)
+        show_layers(out, result.layers, len(result.encoded.tokens) if result.encoded else 0)
+        show_sinks(out, result.layers)
+        show_rollout(out, result)
     if result.decode:
         show_decode(out, result)
     if result.comparisons:
@@ -167,7 +185,7 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         "params": {"model": o.model, "layer": o.layer, "head": o.head,
                    "text": o.text if o.text_file is None else None, "text_file": o.text_file,
                    "all_layers": o.all_layers, "generate": o.generate, "rows": o.rows, "target": o.target,
-                   "attention": o.attention, "audio": o.audio},
+                   "attention": o.attention, "audio": o.audio, "image": o.image, "query": o.query},
         "model": model_json(result.info),
         "tensors": tensors,
         "notes": list(result.notes),
@@ -177,6 +195,9 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         payload["token_ids"] = result.encoded.ids
         payload["tokenizer"] = result.encoded.via
         payload["attention"] = numbers(result.attention)
+        # which step "attention" holds: a softmax pattern, or a linear layer's exact matrix (linear_attention.py)
+        effective = result.run is not None and "effective_attention" in result.run.layer
+        payload["pattern"] = "effective_attention" if effective else "attention"
         payload["traced"] = result.traced
         payload["tracer"] = result.tracer
         if result.kind is not None:
@@ -204,12 +225,23 @@ def head_json(result: HeadResult) -> dict[str, Any]:
             }
             if spec.latent is not None:
                 payload["layer_attention"]["latent"] = latent_json(spec.latent)
+            payload |= selection_json(result)
     if o.all_heads and result.heads is not None:
         payload["heads"] = heads_json(result.heads)
     if result.long is not None:
         payload |= long_json(result)
     if result.layers:
         payload["all_layers"] = layers_json(result.layers, result.layer_numbers)
+    if result.picture is not None:
+        from attnscope.render.overlay import image_json
+
+        payload["image"] = clean(image_json(result))  # the patch grid and the overlays' cells (docs/json.md)
+    if result.image_share is not None:
+        from attnscope.render.vlm import image_tokens_json
+
+        payload |= image_tokens_json(result)  # a VLM's image_tokens, image_grids, image_share
+    if result.encoded is not None and result.attention is not None:
+        payload |= readings_json(result)  # sinks_share, rollout (render/readings.py)
     if result.decode:
         payload["decode_steps"] = decode_json(result)
     if result.comparisons:

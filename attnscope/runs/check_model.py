@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from attnscope.runs.head_result import HeadResult
 
 
+# Families transformers cannot build with fewer layers: Gemma 4's per-layer embedding is [vocab, n_layer·d_ple] and
+# its shared-KV layers are counted from the last (Gemma4TextConfig.kv_sharing_modes), so its reference runs them all.
+UNCUT = frozenset({"gemma4_text", "gemma4"})
+
+
 def check_head(result: HeadResult, folder: Path, model_type: str) -> list[Comparison]:
     """The run's patterns against transformers' eager ones, memory-guarded first."""
     from attnscope.models import eager
@@ -30,9 +35,13 @@ def check_head(result: HeadResult, folder: Path, model_type: str) -> list[Compar
     ids = encoded.ids
     _guard(result, folder, len(ids) + asked.generate)
     comparisons = []
-    last = result.info.layers - 1 if result.all_layers is not None else asked.layer
+    whole = result.all_layers is not None or model_type in UNCUT
+    last = result.info.layers - 1 if whole else asked.layer
     reference = eager.patterns(folder, model_type, ids, last)
+    linear = _linear_layers(result)
     for layer, mine in _patterns(result).items():
+        if layer in linear:  # no softmax to compare (MiniMax's entry is its state): its output and M @ V, below
+            continue
         theirs = reference.get(layer)
         if theirs is None:
             raise UsageError(f"--check: transformers gives layer {layer} no attention weights to compare with")
@@ -42,9 +51,41 @@ def check_head(result: HeadResult, folder: Path, model_type: str) -> list[Compar
         theirs = reference[asked.layer][asked.head, first:end]  # [rows, n_tokens]
         comparisons.append(_compare(f"layer {asked.layer} head {asked.head} rows {first}:{end}",
                                     result.long.exact_rows, theirs))
+    if asked.layer in linear and result.run is not None:
+        comparisons.extend(_linear(result, folder, model_type, ids))
     if result.decode:
-        comparisons.extend(_decoded(result, folder, model_type, ids))
+        comparisons.extend(_decoded(result, folder, model_type, ids, asked.layer in linear))
     return comparisons
+
+
+def _linear_layers(result: HeadResult) -> set[int]:
+    """The layers the run showed as a linear layer's exact matrix (effective_attention) rather than a softmax:
+    layer L's by its trace, the others' (--all-layers) by the family page's `linear`."""
+    from attnscope.models import family_of, open_model
+    from attnscope.models.config import read_config
+
+    config = read_config(result.info.path)
+    if not hasattr(family_of(config), "linear"):  # no page (run through transformers), or no linear layers
+        return set()
+    model = open_model(result.info.path, config)
+    with model.checkpoint:
+        linear = getattr(model, "linear", None)
+        return {i for i in range(model.n_layer) if linear is not None and linear(i)}
+
+
+def _linear(result: HeadResult, folder: Path, model_type: str, ids: list[int]) -> list[Comparison]:
+    """A linear layer L: its output x against transformers' module's, and effective_attention @ V_split against
+    the recurrence's output as transformers computes it (its gated norm's input; models/qwen3_next.py)."""
+    from attnscope.check import compare
+    from attnscope.models.qwen3_next import eager_linear
+
+    assert result.run is not None
+    steps, L = result.run.layer, result.options.layer
+    x, core = eager_linear(folder, model_type, ids, L)
+    M, V = steps["effective_attention"][0].double(), steps["V_split"][0].double()  # [n_head, n, n], [.., d_V]
+    core = core.view(V.shape[1], V.shape[0], V.shape[2]).transpose(0, 1)  # [n_tokens, n_head·d_V] -> [n_head, n, d_V]
+    return [compare(f"layer {L} x", "the linear attention module's output", steps["x"][0], x),
+            compare(f"layer {L} effective_attention @ V", "the recurrence's output", (M @ V).float(), core)]
 
 
 def _patterns(result: HeadResult) -> dict[int, torch.Tensor]:
@@ -57,7 +98,10 @@ def _patterns(result: HeadResult) -> dict[int, torch.Tensor]:
     return {}
 
 
-def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int]) -> list[Comparison]:
+def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int],
+             linear: bool = False) -> list[Comparison]:
+    """The new ids against transformers' `generate`, and each step's row of layer L (a linear layer's M has no
+    softmax row there: the ids only)."""
     from attnscope.models import eager
 
     assert result.decode is not None
@@ -66,8 +110,8 @@ def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int]) 
     mine_ids = [step.token_id for step in result.decode]
     comparisons = [_same_ids(mine_ids, theirs.ids, "generate")]
     for t, (step, rows) in enumerate(zip(result.decode, theirs.rows, strict=True)):
-        if mine_ids[: t + 1] != theirs.ids[: t + 1]:
-            break  # past a different token the rows read different texts
+        if mine_ids[: t + 1] != theirs.ids[: t + 1] or linear:
+            break  # past a different token the rows read different texts; a linear layer has no softmax row
         row = rows[layer]  # [n_head, keys transformers' cache holds]
         comparisons.append(_compare(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
     return comparisons

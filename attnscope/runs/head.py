@@ -36,15 +36,18 @@ def _quiet(message: str) -> Iterator[None]:
 
 def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | None = None,
                max_memory: int | None = None, target: str | None = None, attention: str | None = None,
-               audio: str | Path | None = None) -> HeadResult:
+               audio: str | Path | None = None, image: str | Path | None = None, dense: bool = False) -> HeadResult:
     """The Python form of `attnscope head` (`attnscope.model_head`): head `head` of layer `layer` of a checkpoint
     (a folder, or a Hugging Face name in the local cache), and with `text` layers 0..layer run on it. The result
     shows itself in Jupyter (`_repr_html_`); `.attention` is the head's pattern, `.all_heads` every head's,
     `.heads` every head with its statistics and kind, `.run.layer` the layer's trace. An encoder-decoder takes
     `attention` ("encoder", "decoder" or "cross"), the decoder's `target` text, and for Whisper `audio` (a .wav)
-    in place of `text`."""
+    in place of `text`. `image` (a PNG or JPEG): a vision tower's input, or with `text` a vision-language model's
+    picture (`.image_share`: each head's weight on the image's tokens per query; docs/vision.md). `dense`: a sparse
+    indexer's dense softmax beside it (DeepSeek-V3.2, GLM-5: `.run.layer["selected_share"]`)."""
     return run_head(HeadOptions(model=str(model), layer=layer, head=head, text=text, max_memory=max_memory,
-                                target=target, attention=attention, audio=None if audio is None else str(audio)))
+                                target=target, attention=attention, audio=None if audio is None else str(audio),
+                                image=None if image is None else str(image), dense=dense))
 
 
 def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
@@ -62,27 +65,48 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         from attnscope.tensors import check_writable
 
         check_writable(asked.save, asked.force)
-    if asked.check and asked.text is None and asked.audio is None:
+    if asked.check and asked.text is None and asked.audio is None and asked.image is None:
         raise UsageError("--check compares the attention on a text with transformers' eager run; add --text \"...\"")
     if asked.text is not None:
         tokenizer.check_text(asked.text)
-    elif asked.all_heads and not asked.audio:
+    elif asked.all_heads and not asked.audio and not asked.image:
         raise UsageError("--all-heads shows what every head of the layer does on a sentence; add --text \"...\"")
     with progress(f"locating {asked.model}"):
         folder = hub.locate(asked.model, need_tokenizer=any(x is not None for x in (asked.text, asked.target,
                                                                                          asked.audio)),
-                            extra=("preprocessor_config.json",) if asked.audio else ())
+                            extra=("preprocessor_config.json",) if asked.audio or asked.image else ())
         config = read_config(folder)
+    from attnscope.models.gguf.open import is_gguf_file
+
+    if asked.check and is_gguf_file(folder):
+        raise UsageError("--check compares with transformers' eager run of a model folder, and --model is a GGUF "
+                         "file (transformers would dequantize it whole: from_pretrained(folder, gguf_file=...)); "
+                         "drop --check")
     if asked.command == "bert" and config.model_type not in BERT_TYPES:
         raise UsageError(f"--model {folder} is a {config.architecture} (model_type '{config.model_type}'); "
                          f"attnscope bert supports BERT-layout checkpoints and ModernBERT (model_type "
                          f"{', '.join(BERT_TYPES)}: BertModel, BertFor..., MiniLM saved as BertModel, ModernBertModel, "
                          "ModernBertFor...); for this one use attnscope head")
+    from attnscope.models.vision.tower import is_vision
+
+    if is_vision(config.model_type):  # ViT, DeiT, DINOv2, CLIP's and SigLIP's towers: the image alone
+        from attnscope.runs.vision import run_vision
+
+        return run_vision(asked, folder, config, progress)
+    if asked.query is not None:
+        raise UsageError(f"{{query}} picks the row a vision tower's overlay draws (ViT, DeiT, DINOv2, CLIP's, "
+                         f"SigLIP's); model_type '{config.model_type}' is not one: drop {{query}}", "query")
+    if asked.image is not None:  # a vision-language model's text with an image (runs/vlm.py)
+        from attnscope.runs.vlm import run_vlm
+
+        return run_vlm(asked, folder, config, progress)
     from attnscope.runs.encdec import encoder_decoder, refuse_one_stack_options, refuse_two_stack_options, run_encdec
 
     if encoder_decoder(config):  # before check_options, which would ask a Whisper for --text; checks its own run
         refuse_one_stack_options(asked, config)
         return run_encdec(asked, folder, config, progress)
+    if asked.dense:
+        _check_dense(asked, config)
     layers.check_options(asked)
     refuse_two_stack_options(asked, config)
     if family_of(config) is None and asked.text is not None:
@@ -95,6 +119,10 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
         model = open_model(folder, config, command=asked.command)
         with model.checkpoint:
             result = _traced(asked, model, progress)
+        from attnscope.models.gguf.open import NOTE
+
+        if is_gguf_file(folder):
+            result.notes.append(NOTE)
     if asked.check:
         from attnscope.runs.check_model import check_head
 
@@ -103,13 +131,25 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
     return result
 
 
+def _check_dense(asked: HeadOptions, config: Config) -> None:
+    """--dense needs a text and a family whose page has a sparse indexer (models/deepseek_v32.py)."""
+    from attnscope.models import family_of
+
+    if not hasattr(family_of(config), "dense"):
+        raise UsageError(f"{{dense}} computes the dense softmax beside a sparse indexer's (DeepSeek-V3.2, GLM-5), "
+                         f"and model_type '{config.model_type}' has none; drop {{dense}}", "dense")
+    if asked.text is None:
+        raise UsageError("{dense} shows the dense softmax on a text beside the sparse one; add {text}", "dense",
+                         "text")
+
+
 def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult:
     from attnscope.models.weights import head_weights
 
     model.check_position(asked.layer, asked.head)
     with progress(f"reading layer {asked.layer}, head {asked.head}"):
         weights = head_weights(model, asked.layer, asked.head)
-    result = HeadResult(asked, ModelInfo.of(model), weights, notes=list(weights.notes))
+    result = HeadResult(asked, ModelInfo.of(model, asked.layer), weights, notes=list(weights.notes))
     if asked.text is not None:
         _on_text(asked, model, result, progress)
     save_result(result)
@@ -124,6 +164,8 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
 
     encoded = result.encoded = tokenizer.encode(model.folder, asked.text or "")
     result.tracer = "attnscope"
+    if asked.dense:
+        model.dense = True  # type: ignore[attr-defined]  # _check_dense: a sparse indexer's page
     plan = layers.plan(asked, model, encoded)
     n = plan.n_tokens
     what = (f"running {'every layer' if asked.all_layers or asked.generate else f'layers 0..{asked.layer}'} of this "
@@ -143,19 +185,47 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
         with progress(f"running all {model.n_layer} layers on {n} tokens"):
             every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
         result.run, result.all_layers = every.run, every.patterns
+        result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
         layers.layer_heads(result)
     else:
         from attnscope.models.run import run_layer
 
         with progress(f"running layers 0 to {asked.layer} on {n} tokens"):
             result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
-    result.attention = result.run.head["attention"]
-    result.all_heads = result.run.layer["attention"][0]
+    _readings(model, result)
+    from attnscope.linear_attention import pattern_name
+
+    pattern = pattern_name(result.run.layer)  # a linear layer's exact matrix where it has no softmax
+    result.attention = result.run.head[pattern]
+    result.all_heads = result.run.layer[pattern][0]
     result.notes.extend(result.run.layer.notes)
     if asked.generate:
         with progress(f"decoding {counted(asked.generate, 'token')}"):
             result.decode = stream.generate(model, encoded.ids, asked.generate, asked.layer)
         result.decode_pieces = tokenizer.pieces(model.folder, [step.token_id for step in result.decode])
+    failed = result.run.selfcheck or next((s.selfcheck for s in result.decode or [] if s.selfcheck), "")
+    if failed:  # models/selfcheck.py: SDPA does not reproduce the traced layer (or a decode step's): the pattern only
+        result.notes.append(failed)
+        result.run = None
+
+
+def _readings(model: Family, result: HeadResult) -> None:
+    """Layer L's steps value_norms and weighted, from its traced values and W_O (readings/moved.py; with
+    --all-layers the stream has them already), and its sinks' weight: no second forward."""
+    from attnscope.readings.moved import add_steps, norm_flops, traced_readings
+
+    run, L = result.run, result.options.layer
+    assert run is not None
+    if "sink_weight" in run.layer:
+        result.sink_weight = run.layer["sink_weight"][0]  # [n_head, n_tokens]
+    norms = result.layer_norms[result.layer_numbers.index(L)] if result.layer_norms and result.layer_numbers else None
+    if norms is not None:
+        n_head, n_K = norms.shape
+        add_steps(run.layer, run.head, result.options.head, norms,
+                  norm_flops(n_head, n_K, result.info.d_head, result.info.d_model))
+    elif result.layer_norms is None and "W_o.weight" in (projections := model.projections(L)):
+        norms = traced_readings(run.layer, run.head, result.options.head, projections["W_o.weight"])
+    result.value_norms = norms
 
 
 def _through_transformers(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:

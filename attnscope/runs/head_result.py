@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from attnscope.models.run import LayerRun
     from attnscope.models.stream import DecodeStep
     from attnscope.models.tokenizer import Encoded
+    from attnscope.models.vision.patches import Picture
+    from attnscope.models.vision.vlm import ImageTokens
     from attnscope.models.weights import HeadWeights
     from attnscope.readings.headstats import LayerHeads
     from attnscope.spec import Latent
@@ -51,6 +53,9 @@ class HeadOptions:
     attention: str | None = None  # an encoder-decoder's attention: encoder (default), decoder or cross
     audio: str | None = None  # Whisper's source: a PCM .wav file
     check: bool = False  # --check: compare with transformers' eager run of the same checkpoint (runs/check_model.py)
+    dense: bool = False  # --dense: a sparse indexer's dense softmax beside it, and the selected keys' share of it
+    image: str | None = None  # --image: a picture for a vision tower, or beside --text for a VLM (runs/vlm.py)
+    query: str | None = None  # --query: with --image on a vision tower, the token whose row is drawn over the image
 
 
 @dataclass
@@ -69,9 +74,11 @@ class ModelInfo:
     stacks: tuple[int, int] | None = None  # an encoder-decoder's encoder and decoder layers
 
     @classmethod
-    def of(cls, model: Family) -> ModelInfo:
-        return cls(model.architecture, model.model_type, model.folder, model.n_layer, model.n_head, model.n_kv_head,
-                   model.d_model, model.d_head, model.latent)
+    def of(cls, model: Family, layer: int | None = None) -> ModelInfo:
+        """The model's sizes; with `layer`, that layer's head size and KV heads where they differ by layer (Gemma 4)."""
+        d_head, kv_heads = (model.d_head, model.n_kv_head) if layer is None else model.layer_sizes(layer)
+        return cls(model.architecture, model.model_type, model.folder, model.n_layer, model.n_head, kv_heads,
+                   model.d_model, d_head, model.latent)
 
 
 @dataclass
@@ -97,6 +104,17 @@ class HeadResult:
     tracer: str | None = None  # "attnscope" (the family's page) or "attention-interface" (transformers' code)
     about: str | None = None  # what an encoder-decoder's attention reads, under the header
     comparisons: list[Comparison] = field(default_factory=list)  # --check: against transformers' eager run
+    picture: Picture | None = None  # --image: the image as the model read it, its patch grid (models/vision)
+    image_tokens: ImageTokens | None = None  # a VLM's --text with --image: where the image's tokens are
+    image_share: torch.Tensor | None = None  # and each head's weight on them per query, [n_head, n_tokens]
+    # what each head moves (readings/moved.py) and a learned sink's weight, layer L's and with --all-layers each
+    # layer's: value_norms [n_head, n_K] float64 (None where the trace holds no values), sink_weight [n_head, n_Q]
+    value_norms: torch.Tensor | None = None
+    sink_weight: torch.Tensor | None = None
+    layer_norms: list[torch.Tensor | None] | None = None
+    layer_sinks: list[torch.Tensor | None] | None = None
+    rollout: torch.Tensor | None = None  # --all-layers: attention rollout [n_Q, n_K] float64 (readings/rollout.py)
+    rollout_weighted: torch.Tensor | None = None  # the same with the value-weighted patterns
 
     @property
     def check_failed(self) -> bool:
@@ -124,6 +142,8 @@ class HeadResult:
 
     @property
     def source_unit(self) -> str:
+        if self.picture is not None and self.options.text is None:
+            return "image tokens"  # a vision tower's [CLS], registers and patches
         return "audio positions" if self.options.audio else "tokens"
 
     @property
@@ -139,7 +159,8 @@ class HeadResult:
             from attnscope.readings.headstats import LayerHeads
 
             rows, cols = self.axes()
-            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols, masked=self.masked())
+            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols, masked=self.masked(),
+                                        value_norms=self.value_norms, sink_weight=self.sink_weight)
         return self._heads
 
     def masked(self) -> torch.Tensor | None:

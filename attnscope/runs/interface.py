@@ -70,6 +70,9 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     result.all_heads = run.attention  # [n_head, n_tokens, n_tokens]
     result.attention = run.attention[asked.head]
     own = f"model_type '{config.model_type}' is not one attnscope has a page for ({SUPPORTED})"
+    if run.recorded is None and run.fallback:  # models/selfcheck.py: the trace did not reproduce the module
+        result.notes.append(f"{own}; {run.fallback}")
+        return result
     if run.recorded is None:
         result.notes.append(f"{own}, and {run.module or 'its attention'} computes its attention in its own code, "
                             f"not through transformers' attention interface: this pattern is transformers' eager "
@@ -132,7 +135,8 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
         result.notes.append(f"{counted(len(stream.steps), 'token')} decoded greedily with transformers' own forward "
                             "and its "
                             f"{stream.cache}, one token at a time; each row is layer {asked.layer}'s attention "
-                            "function's, captured at that step")
+                            + ("function's, captured at that step" if stream.run.recorded is not None else
+                               "weights from transformers' eager output_attentions at that step (not traced)"))
     return result
 
 

@@ -81,6 +81,10 @@ def plan(asked: HeadOptions, model: Family | None, encoded: Encoded) -> Plan:
         if model is None:
             raise UsageError(f"the text is {n:,} tokens, more than {LONG_TOKENS:,}, and only the families attnscope "
                              "has a page for run in blocks; shorten the text")
+        if hasattr(model, "index_spec"):  # models/deepseek_v32.py: a query's keys are the indexer's top-k of all
+            raise UsageError(f"the text is {n:,} tokens, more than {LONG_TOKENS:,}, and {model.architecture}'s sparse "
+                             "indexer picks each query's keys from the whole layer, which is not computed in blocks; "
+                             "shorten the text")
     elif asked.rows:
         raise UsageError(f"--rows picks exact query rows of a pattern that is pooled, and the text is {n:,} tokens, "
                          f"at most {LONG_TOKENS:,}: the whole pattern is exact; drop --rows")
@@ -120,6 +124,24 @@ def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
     ids = list(keys.ids) if keys is not None and keys.ids else None
     result.layer_numbers = list(indices or range(len(result.all_layers)))
     traced = result.masked()  # the traced layer's mask: only its steps are kept
+    norms = result.layer_norms or [None] * len(result.all_layers)
+    sinks = result.layer_sinks or [None] * len(result.all_layers)
     result.layers = [LayerHeads.of(A, f"layer {i}", rows, cols, tokens=ids,
-                                   masked=traced if i == result.options.layer else None)
-                     for i, A in zip(result.layer_numbers, result.all_layers, strict=True)]
+                                   masked=traced if i == result.options.layer else None, value_norms=v, sink_weight=s)
+                     for i, A, v, s in zip(result.layer_numbers, result.all_layers, norms, sinks, strict=True)]
+    rollouts(result)
+
+
+def rollouts(result: HeadResult) -> None:
+    """Attention rollout over the layers shown, layer 0 first, and where every layer's value_norms are known the
+    value-weighted rollout (readings/rollout.py)."""
+    from attnscope.readings.rollout import Rollout, rollout
+
+    result.rollout = rollout(result.all_layers or [])
+    norms = result.layer_norms
+    if result.rollout is None or not norms or any(v is None for v in norms):
+        return
+    chain = Rollout()  # a layer at a time: one [n_head, n, n] float64 pattern held, not every layer's
+    for A, v in zip(result.all_layers or [], norms, strict=True):
+        chain.add(A, v)
+    result.rollout_weighted = chain.matrix

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 MAX_CELLS = 24_000_000  # weights a page holds exactly: MiniLM's 6 layers x 12 heads at 512 tokens is 18.9M
 POOLED_SIDE = 512  # beyond MAX_CELLS, each pattern is pooled to at most this many cells a side
 DATA_BUDGET = 14_000_000  # characters of packed data, before a decimal is given up (views/packing.py)
-SCRIPTS = ("data.js", "draw.js", "decode.js", "explorer.js")  # the page's script, joined in one function scope
+# the page's script, joined in one function scope
+SCRIPTS = ("data.js", "draw.js", "decode.js", "overlay.js", "readings.js", "explorer.js")
 # A head's kind (readings/headstats.py's KINDS) as one letter: the --all-layers grid, in the terminal and on the page
 KIND_LETTERS = {"first-token": "F", "previous-token": "P", "self": "S", "induction": "I", "broad": "B", "local": "L",
                 "mixed": "·"}
@@ -133,7 +134,11 @@ class Page:
     footer: list[str] = field(default_factory=list)
     verdict: tuple[str, str] | None = None  # ("good" or "bad", a line): a trace's outcome, a failed check
     pattern_note: str = ""  # where the pattern comes from, under the heatmap
+    sparse: bool = False  # a sparse indexer's layer: a hidden key the causal mask allows was not selected
     subject: str = ""  # where the title ends with the layer and head, its start: the heading follows those shown
+    image: dict[str, Any] | None = None  # head --image: the image (a data: URI) and its patch grid (overlay.js)
+    sinks: dict[str, Any] | None = None  # the sinks view: readings/sinkshare.py's layer x head grid (readings.js)
+    rollout: dict[str, Tensor] = field(default_factory=dict)  # "rollout", "rollout_weighted": [n_Q, n_K] each
 
 
 def page_html(page: Page) -> str:
@@ -200,8 +205,10 @@ def _meta(page: Page, packer: Packer, decimals: int) -> dict[str, Any]:
                              "attention": packer.add("decode", s.attention)} for s in page.decode]}
     return {"version": 1, "title": page.title, "queries": page.queries, "keys": page.keys, "offset": page.offset,
             "axis": page.axis, "layers": layers, "focus": list(page.focus), "decode": decode,
-            "decimals": decimals, "pattern_note": page.pattern_note, "viridis": [list(c) for c in VIRIDIS],
-            "subject": page.subject, "kind_letters": KIND_LETTERS}
+            "decimals": decimals, "pattern_note": page.pattern_note, "sparse": page.sparse,
+            "viridis": [list(c) for c in VIRIDIS],
+            "subject": page.subject, "kind_letters": KIND_LETTERS, "image": page.image, "sinks": page.sinks,
+            "rollout": {name: packer.add("readings", matrix) for name, matrix in page.rollout.items()}}
 
 
 class _Masks:

@@ -56,12 +56,14 @@ def trace_html(trace: Any, pattern: bool = True) -> str:
     table = (f"<table><thead><tr><th{LEFT}>step</th><th{LEFT}>dims = shape / op</th><th{LEFT}>dtype</th>"
              f"<th{RIGHT}>size</th><th{RIGHT}>FLOPs</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
              f"<p>total {format_flops(trace.total_flops)}</p>{notes}")
-    if pattern and "attention" in trace and trace["attention"].device.type != "meta" and trace["attention"].dim() >= 2:
-        attention = trace["attention"]
+    # a softmax pattern, or a linear attention layer's exact matrix (linear_attention.py)
+    name = next((n for n in ("attention", "effective_attention") if n in trace), None)
+    if pattern and name is not None and trace[name].device.type != "meta" and trace[name].dim() >= 2:
+        attention = trace[name]
         while attention.dim() > 2:
             attention = attention[0]
-        where = "" if trace["attention"].dim() == 2 else " (index 0 of every leading axis)"
-        table += pattern_svg(attention, title=f"attention{where}")
+        where = "" if trace[name].dim() == 2 else " (index 0 of every leading axis)"
+        table += pattern_svg(attention, title=f"{name}{where}")
     return table
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 # What a head does, in a word and numbers: (kind, statistics) of a pattern `[n_Q, n_K]` whose query 0 sits at a
 # position (readings/headstats.py's `describe`). Callers hand it in, so this low wing never imports a reading.
 Describe = Callable[["Tensor", int], tuple[str, dict[str, float]]]
+EFFECTIVE = "effective_attention"  # a linear attention layer's exact matrix, shown where a pattern goes
 MAX_BATCH = 16  # batch elements a page holds; the rest are left out, and the page says so
 STEP_COLUMNS = ["step", "dims = shape", "op", "dtype", "size", "FLOPs"]
 
@@ -95,12 +96,24 @@ def from_head(result: Any) -> Page:
         title = f"{result.layer_name}'s attention, every head, {result.tokens_text()}: {run.spec.describe(i.d_head)}"
         page.tables.append(steps_table(run.layer.steps, title))
     page.notes = list(result.notes)
+    picture = getattr(result, "picture", None)
+    if picture is not None:  # head --image: the image the model read, under the query's weights (overlay.js)
+        grid = picture.grid
+        page.image = {"uri": picture.data_uri(), "rows": grid.rows, "cols": grid.cols, "patch": grid.patch,
+                      "first": picture.first, "prefix": list(grid.prefix) if picture.start is None else [],
+                      "path": picture.path, "processor": picture.processor}
+        tokens = getattr(result, "image_tokens", None)
+        if tokens is not None:  # a VLM: the row shown first is its last text query's (the text's tokens find others)
+            page.image["query"] = len(tokens.image) - 1
+        if getattr(picture, "query", None) is not None:  # --query: the row shown first
+            page.image["query"] = picture.query
     heads = result.heads
     masked = None if heads is None else heads.masked  # the traced layer's, read once from its masked_scores
     if result.layers:  # --all-layers: every layer, each head with its kind
         page.queries, page.keys = list(result.layers[0].row_labels), list(result.layers[0].col_labels)
         numbers = result.layer_numbers or list(range(len(result.layers)))  # a hybrid's: its attention layers
-        page.layers = [Layer(i, _heads_of(layer, masked if i == o.layer else _same_mask(layer.attention, masked)))
+        page.layers = [Layer(i, _heads_of(layer, masked if i == o.layer else _same_mask(layer.attention, masked)),
+                             label=f"layer {i}: {EFFECTIVE}" if getattr(layer, "effective", False) else "")
                        for i, layer in zip(numbers, result.layers, strict=True)]
         shown = numbers.index(o.layer) if o.layer in numbers else 0
         page.focus = (shown, min(o.head, len(result.layers[0].heads) - 1))
@@ -110,6 +123,16 @@ def from_head(result: Any) -> Page:
         page.focus = (0, min(o.head, len(heads.heads) - 1))
         if run is None:
             page.pattern_note = f"transformers' eager output_attentions[{o.layer}] (the steps are not traced)"
+        elif getattr(heads, "effective", False):
+            page.pattern_note = (f"{EFFECTIVE}: the exact matrix M of a linear attention layer, out = M @ V; rows "
+                                 "need not sum to 1 and entries may be negative (kinds and statistics: each row's "
+                                 "share of |M|)")
+    if run is not None and "selected" in run.layer:  # a sparse indexer (indexer.py): its choice is in the mask
+        page.sparse = True
+        page.pattern_note = (f"layer {o.layer}: grey: keys the sparse indexer did not select (hover: not selected); "
+                             "hatched: keys the causal mask hides; every other key was selected (--json: selected, "
+                             "index_scores)")
+    _readings(page, result)
     for table in page.tables:  # the weights are layer L's head h's, the steps layer L's
         table.layer, table.head = page.focus[0], page.focus[1] if table.testid == "weights" else None
     long = getattr(result, "long", None)
@@ -183,6 +206,19 @@ def from_layers(title: str, tokens: list[str], layers: Iterable[tuple[int, Tenso
     page.layers = [Layer(number, [_described(h, A[h], offset, describe) for h in range(A.shape[0])])
                    for number, A in layers]
     return page
+
+
+def _readings(page: Page, result: Any) -> None:
+    """The sinks view (every layer shown, or layer L's heads) and the rollouts (--all-layers), readings.js's."""
+    from attnscope.readings.sinkshare import grid
+
+    layers = getattr(result, "layers", None) or ([result.heads] if page.layers and result.heads is not None else [])
+    if layers:
+        numbers = [layer.layer if layer.layer is not None else i for i, layer in enumerate(page.layers)]
+        page.sinks = grid([layer.sinks_share() for layer in layers], numbers)
+    for name in ("rollout", "rollout_weighted"):
+        if getattr(result, name, None) is not None:
+            page.rollout[name] = getattr(result, name)
 
 
 def from_heads(heads: Any) -> Page:

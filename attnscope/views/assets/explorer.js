@@ -20,7 +20,8 @@ function drawPattern() {
   if (!P || !P.grid) return;
   const [rows, cols] = P.grid.shape, [pr, pc] = P.pool, pooled = !P.exact;
   const max = P.grid.max();
-  const image = cells(rows, cols, (i, j) => P.grid.value(i * cols + j), () => max, null, P.masks && P.masked);
+  const dropped = META.sparse && P.exact && P.masks ? (i, j) => P.masked(i, j) && j <= i + (META.offset || 0) : null;
+  const image = cells(rows, cols, (i, j) => P.grid.value(i * cols + j), () => max, dropped, P.masks && P.masked);
   const selRow = state.query === null ? null : Math.floor(state.query / pr);
   const matches = new Set(state.matches);
   const cell = state.cell || autoCell(P);
@@ -130,7 +131,7 @@ function tokens() {
 
 function select(q, scroll) {
   state.query = q === null ? null : Math.max(0, Math.min(META.queries.length - 1, q));
-  drawPattern(); topKeys(); tokens();
+  drawPattern(); topKeys(); tokens(); drawOverlay();
   if (scroll && state.query !== null) {
     const b = $("query-tokens").children[state.query];
     if (b) b.scrollIntoView({ block: "nearest" });
@@ -148,7 +149,7 @@ async function open(li, hi) {  // the data first, then everything shown at once,
   layerSelect.value = String(li);
   if (layerChanged) fillHeads();
   headSelect.value = String(hi);
-  patternTitle(); drawPattern(); topKeys(); tokens(); stats(); heading(); kinds();
+  patternTitle(); drawPattern(); topKeys(); tokens(); stats(); heading(); kinds(); sinksView(); drawOverlay();
   document.documentElement.dataset.shown = `${li}:${hi}`;
   await grid(); await decode();
 }
@@ -317,7 +318,9 @@ function wire() {
     const at = geo && hit(geo, e);
     if (!at || !current) { tip.hidden = true; return; }
     const { i, j } = at, cols = current.grid.shape[1];
-    const text = current.masked(i, j) ? "masked (the mask forbids this key)" : current.grid.text(i * cols + j);
+    const dropped = META.sparse && current.exact && j <= i + (META.offset || 0);  // causal, so the indexer dropped it
+    const why = dropped ? "not selected by the sparse indexer" : "masked (the mask forbids this key)";
+    const text = current.masked(i, j) ? why : current.grid.text(i * cols + j);
     if (current.exact) showTip(tip, wrap, e, `query ${i} “${qLabel(i)}” → key ${j} “${kLabel(j)}”: ${text}`);
     else showTip(tip, wrap, e, `queries ${range(current.n_Q, current.pool[0], i)} → keys ${range(current.n_K, current.pool[1], j)}: ${text}`);
   });
@@ -388,6 +391,7 @@ async function start() {
     $("explorer").hidden = false;
     wire();
     await open(META.focus[0], META.focus[1]);
+    await rolloutView();  // readings.js
   }
   document.documentElement.dataset.ready = "1";
   window.attnscopeReady = performance.now();
