@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from attnscope.qknorm import QkNorm
-    from attnscope.rope import Rope
-    from attnscope.temperature import TemperatureTuning
+    from attnscope.variants.qknorm import QkNorm
+    from attnscope.variants.rope import Rope
+    from attnscope.variants.temperature import TemperatureTuning
 
 Align = Literal["upper-left", "lower-right"]
 ALIGNMENTS: tuple[Align, ...] = ("upper-left", "lower-right")
@@ -69,13 +69,13 @@ class AttentionSpec:
     # QkNorm (qknorm.py) that also says eps and Gemma's (1 + w); a word is made a QkNorm here
     qk_norm: QkNorm | str | None = None
     # the position of query 0 where the queries are rows start.. of a longer sequence whose keys are all given and
-    # no causal alignment applies (a block of a long input's rows, models/long.py); a causal block is a decode step
+    # no causal alignment applies (a block of a long input's rows, models/forward/long.py); a causal block is a decode step
     # (`cache`) instead
     start: int = 0
 
     def __post_init__(self) -> None:
         if self.qk_norm is not None:
-            from attnscope.qknorm import QkNorm
+            from attnscope.variants.qknorm import QkNorm
 
             if isinstance(self.qk_norm, str):
                 object.__setattr__(self, "qk_norm", QkNorm(self.qk_norm))

@@ -104,7 +104,7 @@ def test_moe_mlp_equals_gpt_oss_mlp(tiny):
 def test_mxfp4_dequantized_as_transformers_does():
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from attnscope.models.gpt_oss import dequantize_mxfp4
+    from attnscope.models.families.gpt_oss import dequantize_mxfp4
 
     generator = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (3, 6, 2, 16), generator=generator, dtype=torch.uint8)  # [n_expert, out, G, 16]

@@ -96,7 +96,7 @@ def family_of(config: Config) -> type[Family] | None:
     where = FAMILIES.get(config.model_type)
     if where is None:
         return None
-    family = getattr(import_module(f"attnscope.models.{where[0]}"), where[1])
+    family = getattr(import_module(f"attnscope.models.families.{where[0]}"), where[1])
     reads = getattr(family, "reads", None)
     return family if reads is None or reads(config) else None  # type: ignore[no-any-return]
 

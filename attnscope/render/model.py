@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from attnscope.render.beyond_layer import decode_json, layers_json, show_decode, show_layers
 from attnscope.render.console import clean, numbers
 from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import show_heatmap
-from attnscope.render.layers import decode_json, layers_json, show_decode, show_layers
 from attnscope.render.long import long_json, show_long
 from attnscope.render.tables import check_json, check_table, step_json, steps_table
 
@@ -121,8 +121,8 @@ def show_head(out: Console, result: HeadResult) -> None:
         show_heads(out, result.heads)
     if result.long is not None and result.encoded is not None:
         show_long(out, result)
-    if result.layers:
-        show_layers(out, result.layers, len(result.encoded.ids) if result.encoded else 0)
+    if result.layer_heads:
+        show_layers(out, result.layer_heads, len(result.encoded.ids) if result.encoded else 0)
     if result.decode:
         show_decode(out, result)
     if result.comparisons:
@@ -208,8 +208,8 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         payload["heads"] = heads_json(result.heads)
     if result.long is not None:
         payload |= long_json(result)
-    if result.layers:
-        payload["all_layers"] = layers_json(result.layers, result.layer_numbers)
+    if result.layer_heads:
+        payload["all_layers"] = layers_json(result.layer_heads, result.layer_numbers)
     if result.decode:
         payload["decode_steps"] = decode_json(result)
     if result.comparisons:

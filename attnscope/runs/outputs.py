@@ -16,7 +16,7 @@ from attnscope.words import counted
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.check import Comparison
+    from attnscope.check.comparison import Comparison
     from attnscope.readings.headstats import LayerHeads
     from attnscope.readings.maskview import MaskView
     from attnscope.runs.options import AttentionOptions

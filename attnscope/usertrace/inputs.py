@@ -293,7 +293,7 @@ def load_files(o: InputOptions, self_attention: bool) -> dict[str, torch.Tensor]
 
 def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any, notes: list[str],
                 n_cache: int, layout: str = "row") -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    from attnscope.attention import common_dtype
+    from attnscope.attention.dot_product import common_dtype
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
     for name, t in (("--q", Q), ("--k", K), ("--v", V)):

@@ -15,7 +15,7 @@ to the reference's own diagonal (query i's last key, lower-right aligned or not)
 - whole query rows forbidden where the reference forbids key columns: a key-padding mask applied on queries.
 
 ALiBi: the user's scores are the reference's plus `m_h · j` per head (BLOOM's form, or `-m_h · (i - j)`, the
-same after the softmax); the slopes are fitted and compared with ALiBi's `2^(-8 h / n_head)` (attnscope.alibi).
+same after the softmax); the slopes are fitted and compared with ALiBi's `2^(-8 h / n_head)` (attnscope.variants.alibi).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def _regions(extra: torch.Tensor, hidden: torch.Tensor, rel: torch.Tensor | None
 
 def alibi(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     """The user's scores (or softmax) are the reference's plus a linear bias in the key position per head."""
-    from attnscope import alibi as alibi_math
+    from attnscope.variants import alibi as alibi_math
 
     if step not in ("scores", "biased_scores", "masked_scores", "attention") or step not in ctx.reference:
         return None
