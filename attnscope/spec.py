@@ -69,7 +69,7 @@ class AttentionSpec:
     # QkNorm (qknorm.py) that also says eps and Gemma's (1 + w); a word is made a QkNorm here
     qk_norm: QkNorm | str | None = None
     # the position of query 0 where the queries are rows start.. of a longer sequence whose keys are all given and
-    # no causal alignment applies (a block of a long input's rows, models/forward/long.py); a causal block is a decode step
+    # no causal alignment applies (a block of a long input's rows, forward/long.py); a causal block is a decode step
     # (`cache`) instead
     start: int = 0
 

@@ -192,7 +192,8 @@ def test_mha_check_passes(runner, extra):
 
 @pytest.mark.parametrize(("target", "planted", "extra"), [
     ("attnscope.masks.chunk_mask", "window", ["--chunk", "3"]),
-    ("attnscope.variants.temperature.TemperatureTuning.scales", "scales", ["--temperature-tuning", "--floor-scale", "2"]),
+    ("attnscope.variants.temperature.TemperatureTuning.scales", "scales",
+     ["--temperature-tuning", "--floor-scale", "2"]),
     ("attnscope.variants.rope.apply_rope_interleaved", "pairing", ["--rope", "--rope-pairing", "interleaved"]),
 ])
 def test_planted_mistakes_fail_the_check(runner, monkeypatch, target, planted, extra):

@@ -1,4 +1,4 @@
-"""An encoder-decoder on a long source or target (models/forward/seq2seq_long.py): every layer before L attends in blocks of
+"""An encoder-decoder on a long source or target (forward/seq2seq_long.py): every layer before L attends in blocks of
 query rows (T5's bias made per block), layer L's head in blocks, pooled, its --rows exact against transformers'
 eager `output_attentions` (float32, 1e-5) on tiny models with every weight moved (tests/tiny_encdec.py), with
 LONG_TOKENS and BLOCK_ROWS made small so a sentence is long."""

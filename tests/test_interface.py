@@ -123,7 +123,7 @@ def test_a_family_that_does_not_call_the_interface_shows_eager_untraced(tmp_path
 
     tokenizer = _tokenizer("gpt2")
     config = tf.FalconConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                             new_decoder_architecture=True, num_kv_heads=2, alibi=True)  # models/families/falcon.py: no page
+                             new_decoder_architecture=True, num_kv_heads=2, alibi=True)  # families/falcon.py: no page
     torch.manual_seed(0)
     eager = save_random(tf.FalconForCausalLM(config), tokenizer, tmp_path / "falcon")
     with torch.no_grad():

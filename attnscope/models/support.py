@@ -29,7 +29,7 @@ DECODER = dict.fromkeys(VIEWS, EXACT)
 # 2,048 tokens, every layer in blocks of query rows and the head's pattern pooled (models/forward/seq2seq_long.py)
 ENCODER_DECODER = {"short": EXACT, "long": EXACT,
                    "generate": EXACT, "all-layers": EXACT, "check": EXACT}
-# through transformers' attention interface (models/nopage/interface.py, interface_stream.py): the long input is the whole
+# through transformers' attention interface (nopage/interface.py, interface_stream.py): the long input is the whole
 # pattern, memory-guarded up front; generate is transformers' own forward and cache, the attention captured each step
 INTERFACE = dict.fromkeys(VIEWS, EXACT)
 # a hybrid (attention and Mamba or convolution layers): every view on its attention layers; a layer with none is

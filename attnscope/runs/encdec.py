@@ -177,7 +177,7 @@ def _estimate(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: in
 
 
 def _plan_long(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: int, n_target: int) -> bool:
-    """Whether the run is long (models/forward/seq2seq_long.py: a sequence its stacks read past LONG_TOKENS), the options
+    """Whether the run is long (forward/seq2seq_long.py: a sequence its stacks read past LONG_TOKENS), the options
     that cannot go with it, or --rows without it, refused in one line; --rows checked against the queries."""
     from attnscope.models.forward import long, seq2seq_long
     from attnscope.runs.beyond_layer import parse_rows

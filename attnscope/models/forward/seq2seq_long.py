@@ -13,7 +13,7 @@ The stacks run as seq2seq_run.run_stack runs them, each attention sublayer befor
   `attention.sdpa`, the short path's one function; a causal block sees keys 0..b-1 (a decode step after `a`
   cached positions, as models/forward/long.py's).
 Layer L's asked head is then computed in blocks of query rows, each exact over every key it may see, pooled as it
-goes (models/forward/long.py's pooling), its rows' statistics gathered (readings/headstats.py's RowStats) and the rows asked
+goes (forward/long.py's pooling), its rows' statistics gathered (readings/headstats.py's RowStats) and the rows asked
 for (`--rows A:B`) kept whole.
 """
 
