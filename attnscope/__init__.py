@@ -8,6 +8,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from attnscope import trace as _trace
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -58,6 +60,17 @@ if TYPE_CHECKING:
     from attnscope.variants.qknorm import QkNorm
     from attnscope.variants.rope import Rope
     from attnscope.variants.temperature import TemperatureTuning
+
+
+def _notebook_view(trace: Trace) -> str:
+    """A trace in Jupyter: its steps and its attention, each head's kind read (views/embed.py, readings/)."""
+    from attnscope.readings.headstats import describe
+    from attnscope.views.embed import trace_view
+
+    return trace_view(trace, describe)
+
+
+_trace.Trace.notebook_view = _notebook_view  # the core's Trace shows itself through the views, which it never imports
 
 
 def __getattr__(name: str) -> Any:

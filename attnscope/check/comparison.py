@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,35 @@ from attnscope.check.reference import FORMULA, Asked, allowed_mask, formula, qk_
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.trace import Trace
+
+
+class MultiHeadAttention(Protocol):
+    """What the reference reads of attention/multihead.py's module: its sizes and its weights, never its code
+    (check/ imports nothing of attention/)."""
+
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def n_kv_head(self) -> int: ...
+    @property
+    def d_head(self) -> int: ...
+    @property
+    def d_feat(self) -> int: ...
+    @property
+    def W_q(self) -> torch.nn.Linear: ...
+    @property
+    def W_k(self) -> torch.nn.Linear: ...
+    @property
+    def W_v(self) -> torch.nn.Linear: ...
+    @property
+    def W_o(self) -> torch.nn.Linear: ...
+    @property
+    def q_norm(self) -> Any: ...  # the qk-norm's weights (`weight`, and `bias` for a LayerNorm), where it has one
+    @property
+    def k_norm(self) -> Any: ...
+    @property
+    def sinks(self) -> Tensor | None: ...
 
 # atol, rtol per dtype: what a different but correct summation order can give.
 TOLERANCES = {
@@ -68,7 +95,7 @@ def ran_in(dtype: torch.dtype, asked: Asked) -> torch.dtype:
     temperature factors and ALiBi bias are made in float32, as transformers makes them (its rotary modules and
     RMSNorms compute in float32 whatever the model's dtype), so against the float64 formula it agrees to
     float32's precision."""
-    float32_parts = (asked.rope_base is not None or asked.qk_norm is not None or asked.alibi
+    float32_parts = (asked.spec.rope is not None or asked.spec.norm is not None or asked.spec.alibi
                      or asked.spec.temperature is not None)
     return torch.float32 if dtype == torch.float64 and float32_parts else dtype
 
@@ -156,7 +183,7 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
         attn_mask, is_causal = sdpa_mask(user, n_Q, n_K, asked, Q.dtype)
         with torch.no_grad():
             out = F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask, is_causal=is_causal,  # type: ignore[arg-type]
-                                                 scale=asked.scale, enable_gqa=gqa)
+                                                 scale=asked.spec.scale, enable_gqa=gqa)
         name = "F.scaled_dot_product_attention" + ("(row form)ᵀ" if col else "")
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, name)]
     names = ("out", "attention")
@@ -171,7 +198,7 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
 def _plain(module: MultiHeadAttention, cache: tuple[Tensor, Tensor] | None, asked: Asked) -> bool:
     """What torch.nn.MultiheadAttention can hold: equal heads, d_head = d_feat / n_head, its own scale."""
     return (module.n_kv_head == module.n_head and module.n_head * module.d_head == module.d_feat
-            and cache is None and not asked.needs_formula and asked.scale is None)
+            and cache is None and not asked.needs_formula and asked.spec.scale is None)
 
 
 def reference_mha(module: MultiHeadAttention) -> torch.nn.MultiheadAttention:
@@ -240,7 +267,7 @@ def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V:
 
 def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V: Tensor,
                        user: Tensor | None, asked: Asked, cache: tuple[Tensor, Tensor] | None) -> list[Comparison]:
-    norm = asked.qk_norm
+    norm = asked.spec.norm
 
     def project(x: Tensor, name: str, heads: int) -> Tensor:  # in float64: [n_batch, heads, n, d_head]
         layer = getattr(module, name)
@@ -263,7 +290,7 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
             n_cache = cache[0].shape[-2]
             k, v = torch.cat([cache[0].double(), k], dim=-2), torch.cat([cache[1].double(), v], dim=-2)
         n_Q, n_K = q.shape[-2], k.shape[-2]
-        q_start = n_cache if cache is not None else (n_K - n_Q if asked.causal == "lower-right" else 0)
+        q_start = n_cache if cache is not None else (n_K - n_Q if asked.spec.align == "lower-right" else 0)
         normed = replace(asked, spec=replace(asked.spec, qk_norm=None))  # normed above, with the module's weights
         x_raw, attention = formula(q, k, v, user, normed, q_start=q_start, rotated_keys=n_cache, sinks=module.sinks)
         width = module.n_head * module.d_head

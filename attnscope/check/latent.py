@@ -12,7 +12,7 @@ repeated for every head, and reference.py's float64 attention for the masks, sof
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -22,9 +22,19 @@ from attnscope.check.reference import FORMULA, Asked, formula
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from attnscope.attention.latent import LatentAttention
     from attnscope.trace import Trace
     from attnscope.variants.rope import Rope
+
+
+class LatentAttention(Protocol):
+    """What the reference reads of attention/latent.py's module: its head count and its weights by transformers'
+    names, never its code (check/ imports nothing of attention/)."""
+
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def kv_b_proj(self) -> torch.nn.Linear: ...
+    def state_dict(self) -> dict[str, Any]: ...
 
 
 def check_latent(module: LatentAttention, trace: Trace, Q: Tensor, K: Tensor, user: Tensor | None, asked: Asked,
@@ -64,7 +74,7 @@ def reference(module: LatentAttention, Q: Tensor, K: Tensor, user: Tensor | None
             q_pe, k_pe = q_pe[..., order], k_pe[..., order]
         n_cache = 0 if cache is None else cache[0].shape[-2]
         n_K = n_cache + n_new
-        q_start = n_cache if cache is not None else (n_K - n_Q if asked.causal == "lower-right" else 0)
+        q_start = n_cache if cache is not None else (n_K - n_Q if asked.spec.align == "lower-right" else 0)
         n_pos = max(n_K, q_start + n_Q)
         q_pe, k_pe = _turn(q_pe, rope, q_start, n_pos), _turn(k_pe, rope, n_cache, n_pos)
         every = latent

@@ -23,65 +23,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from attnscope.spec import AttentionSpec
 
-if TYPE_CHECKING:
-    from attnscope.variants.qknorm import QkNorm
-
 FORMULA = "float64 formula"
 
 
 @dataclass(frozen=True)
 class Asked:
-    """The attention as the user asked for it (its `AttentionSpec`, in the user's words) and the padded keys:
-    the reference is built from these and the raw inputs alone."""
+    """The attention as the user asked for it (its `AttentionSpec`, read as it is: `asked.spec.window`) and what
+    lies outside the spec (the padded keys, a position bias): the reference is built from these and the raw inputs
+    alone."""
 
     spec: AttentionSpec = AttentionSpec()
     pad: int = 0
     position_bias: Tensor | None = None  # added to the scores as given (the user's file): T5's relative bias
 
     @property
-    def causal(self) -> str | None:  # "upper-left", "lower-right"
-        return self.spec.align
-
-    @property
-    def window(self) -> int | None:
-        return self.spec.window
-
-    @property
-    def scale(self) -> float | None:
-        return self.spec.scale
-
-    @property
-    def softcap(self) -> float | None:
-        return self.spec.softcap
-
-    @property
-    def alibi(self) -> bool:
-        return self.spec.alibi
-
-    @property
-    def chunk(self) -> int | None:
-        return self.spec.chunk
-
-    @property
-    def rope_base(self) -> float | None:
-        return None if self.spec.rope is None else self.spec.rope.base
-
-    @property
-    def qk_norm(self) -> QkNorm | None:
-        return self.spec.norm
-
-    @property
     def needs_formula(self) -> bool:
-        return (self.softcap is not None or self.alibi or self.rope_base is not None
-                or self.spec.temperature is not None or self.position_bias is not None or self.spec.sinks
-                or self.qk_norm is not None)
+        spec = self.spec
+        return (spec.softcap is not None or spec.alibi or spec.rope is not None or spec.temperature is not None
+                or self.position_bias is not None or spec.sinks or spec.norm is not None)
 
     def rope_config(self, d_head: int) -> dict[str, Any]:
         """The RoPE asked for as a config.json would say it, for check_rope.rotate64: the type and its
@@ -119,16 +85,16 @@ def allowed_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked) -> Tenso
         keep = torch.ones(n_K, dtype=torch.bool)
         keep[n_K - asked.pad :] = False
         parts.append(keep)
-    offset = n_K - n_Q if asked.causal == "lower-right" else 0
+    offset = n_K - n_Q if asked.spec.align == "lower-right" else 0
     ones = torch.ones(n_Q, n_K, dtype=torch.bool)
-    if asked.window is not None and asked.spec.window_side == "both":  # |i - j| <= window // 2, no causal mask
-        parts.append(ones.tril(diagonal=asked.window // 2) & ones.triu(diagonal=-(asked.window // 2)))
-    elif asked.window is not None:
-        parts.append(ones.tril(diagonal=offset) & ~ones.tril(diagonal=offset - asked.window))
-    elif asked.causal:
+    if asked.spec.window is not None and asked.spec.window_side == "both":  # |i - j| <= window // 2, no causal mask
+        parts.append(ones.tril(diagonal=asked.spec.window // 2) & ones.triu(diagonal=-(asked.spec.window // 2)))
+    elif asked.spec.window is not None:
+        parts.append(ones.tril(diagonal=offset) & ~ones.tril(diagonal=offset - asked.spec.window))
+    elif asked.spec.align:
         parts.append(ones.tril(diagonal=offset))
-    if asked.chunk is not None:
-        parts.append(_chunks(n_Q, n_K, offset, asked.chunk))
+    if asked.spec.chunk is not None:
+        parts.append(_chunks(n_Q, n_K, offset, asked.spec.chunk))
     if not parts:
         return None
     allowed = parts[0]
@@ -153,9 +119,9 @@ def sdpa_mask(user: Tensor | None, n_Q: int, n_K: int, asked: Asked,
     float mask takes the queries' `dtype`, as F.scaled_dot_product_attention requires."""
     boolean, additive = user_parts(user)
     additive = additive.to(dtype) if additive is not None else None
-    alone = (boolean is None and additive is None and not asked.pad and asked.window is None
-             and asked.chunk is None)
-    if alone and asked.causal == "upper-left":
+    alone = (boolean is None and additive is None and not asked.pad and asked.spec.window is None
+             and asked.spec.chunk is None)
+    if alone and asked.spec.align == "upper-left":
         return None, True
     allowed = allowed_mask(boolean, n_Q, n_K, asked)
     if additive is None:
@@ -216,13 +182,13 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
     `1 - attention.sum(-1)`."""
     q, k, v = q.double(), k.double(), v.double()
     n_Q, n_K, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    offset = n_K - n_Q if asked.causal == "lower-right" else 0
+    offset = n_K - n_Q if asked.spec.align == "lower-right" else 0
     q_start = offset if q_start is None else q_start
-    if asked.qk_norm is not None:
-        q = qk_norm64(q, None, None, asked.qk_norm)
-        fresh = qk_norm64(k[..., rotated_keys:, :], None, None, asked.qk_norm)
+    if asked.spec.norm is not None:
+        q = qk_norm64(q, None, None, asked.spec.norm)
+        fresh = qk_norm64(k[..., rotated_keys:, :], None, None, asked.spec.norm)
         k = torch.cat([k[..., :rotated_keys, :], fresh], dim=-2)
-    if asked.rope_base is not None:
+    if asked.spec.rope is not None:
         seq_len = max(n_K + k_start, q_start + n_Q)  # the positions the forward covers (dynamic, longrope)
         q = _rotated(q, asked, q_start, seq_len)
         fresh = _rotated(k[..., rotated_keys:, :], asked, k_start + rotated_keys, seq_len)
@@ -232,11 +198,11 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
     if q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]:
         serving = torch.arange(q.shape[-3]) // (q.shape[-3] // k.shape[-3])  # the KV head of each query head
         k, v = k.index_select(-3, serving), v.index_select(-3, serving)
-    scale = 1 / math.sqrt(d) if asked.scale is None else asked.scale
+    scale = 1 / math.sqrt(d) if asked.spec.scale is None else asked.spec.scale
     s = torch.einsum("...qd,...kd->...qk", q, k) * scale
-    if asked.softcap is not None:
-        s = asked.softcap * torch.tanh(s / asked.softcap)
-    if asked.alibi:
+    if asked.spec.softcap is not None:
+        s = asked.spec.softcap * torch.tanh(s / asked.spec.softcap)
+    if asked.spec.alibi:
         from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
         n_head = q.shape[-3] if q.dim() >= 4 else 1
