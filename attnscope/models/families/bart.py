@@ -1,4 +1,6 @@
-"""BART, Marian and mBART: encoder-decoders whose every attention is `BartAttention` (transformers'
+"""Bart <- EncoderDecoder <- Family; Marian, MBart <- Bart
+
+BART, Marian and mBART: encoder-decoders whose every attention is `BartAttention` (transformers'
 modeling_bart.py; Marian's and mBART's are copies of it).
 
 Checkpoint keys, under `model.` in `BartForConditionalGeneration`, `MarianMTModel`, `MBartForConditionalGeneration`
@@ -33,7 +35,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.families.seq2seq import EncoderDecoder, Stack
 
 if TYPE_CHECKING:
@@ -92,14 +94,14 @@ class Bart(EncoderDecoder):
 
     def _layer_norm(self, stem: str, x: torch.Tensor) -> torch.Tensor:
         """`nn.LayerNorm(d_model)` with its default eps, 1e-5."""
-        return layers.layer_norm(x, self.checkpoint.tensor(f"{stem}.weight"), self.checkpoint.tensor(f"{stem}.bias"),
+        return blocks.layer_norm(x, self.checkpoint.tensor(f"{stem}.weight"), self.checkpoint.tensor(f"{stem}.bias"),
                                  1e-5)
 
     def feed_forward(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`fc2(act(fc1(x)))` with `activation_function` (gelu for BART)."""
-        act = layers.activation(self.config.raw("activation_function", default="gelu"),
+        act = blocks.activation(self.config.raw("activation_function", default="gelu"),
                                 f"{self.config.path}: activation_function")
-        return layers.plain_mlp(x, self.weight(layer, "fc1.weight"), self.weight(layer, "fc1.bias"),
+        return blocks.plain_mlp(x, self.weight(layer, "fc1.weight"), self.weight(layer, "fc1.bias"),
                                 self.weight(layer, "fc2.weight"), self.weight(layer, "fc2.bias"), act)
 
     # --- embeddings and the stacks' ends ----------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""BERT and RoBERTa (and checkpoints saved as BertModel, such as MiniLM): encoders, post-norm.
+"""Bert <- Family; Roberta <- Bert
+
+BERT and RoBERTa (and checkpoints saved as BertModel, such as MiniLM): encoders, post-norm.
 
 Checkpoint keys, under `bert.` / `roberta.` in task models (`BertForMaskedLM`) and bare in `BertModel`:
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.family import Family, Slice
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
@@ -50,8 +52,12 @@ class Bert(Family):
         self.max_tokens = config.integer("max_position_embeddings", default=512)
         self.check_sizes()
 
+    # --- where head h lives ---------------------------------------------------------------------------------
+
     def head_slices(self, layer: int, head: int) -> list[Slice]:
         return linear_slices(self, layer, head, NAMES, (True, True))
+
+    # --- the attention's specifics --------------------------------------------------------------------------
 
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(causal=self.config.flag("is_decoder"))
@@ -59,13 +65,15 @@ class Bert(Family):
     def projections(self, layer: int) -> dict[str, Any]:
         return linear_projections(self, layer, NAMES)
 
+    # --- the prefix -----------------------------------------------------------------------------------------
+
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """A LayerNorm whose parameters old TF-converted checkpoints call gamma and beta."""
         weight, bias = f"{name}.weight", f"{name}.bias"
         if weight not in self.checkpoint and f"{name}.gamma" in self.checkpoint:
             weight, bias = f"{name}.gamma", f"{name}.beta"
         eps = self.config.number("layer_norm_eps", default=1e-12)
-        return layers.layer_norm(x, self.checkpoint.tensor(weight), self.checkpoint.tensor(bias), eps)
+        return blocks.layer_norm(x, self.checkpoint.tensor(weight), self.checkpoint.tensor(bias), eps)
 
     def positions(self, ids: list[int]) -> list[int]:
         return list(range(len(ids)))
@@ -88,9 +96,9 @@ class Bert(Family):
         return h, f"hidden_states[{layer}]: {source} (post-norm: no norm before attention)"
 
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
-        act = layers.activation(self.config.raw("hidden_act", default="gelu"), f"{self.config.path}: hidden_act")
+        act = blocks.activation(self.config.raw("hidden_act", default="gelu"), f"{self.config.path}: hidden_act")
         h = self._norm(self.key(layer, "attention.output.LayerNorm"), h + attention(h)["x"])
-        mlp = layers.plain_mlp(h, self.weight(layer, "intermediate.dense.weight"),
+        mlp = blocks.plain_mlp(h, self.weight(layer, "intermediate.dense.weight"),
                                self.weight(layer, "intermediate.dense.bias"),
                                self.weight(layer, "output.dense.weight"), self.weight(layer, "output.dense.bias"), act)
         return self._norm(self.key(layer, "output.LayerNorm"), h + mlp)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -111,7 +111,7 @@ class Bloom(Family):
     def norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """LayerNorm `name` (a full key without `.weight`) with its bias."""
         eps = self.config.number("layer_norm_epsilon", default=1e-5)
-        return layers.layer_norm(x, self.checkpoint.tensor(f"{name}.weight"), self.checkpoint.tensor(f"{name}.bias"),
+        return blocks.layer_norm(x, self.checkpoint.tensor(f"{name}.weight"), self.checkpoint.tensor(f"{name}.bias"),
                                  eps)
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
@@ -126,7 +126,7 @@ class Bloom(Family):
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`BloomMLP`: dense_h_to_4h, BLOOM's GELU, dense_4h_to_h."""
         up, down = (f"mlp.{n}" for n in ("dense_h_to_4h", "dense_4h_to_h"))
-        return layers.plain_mlp(x, self.weight(layer, f"{up}.weight"), self.weight(layer, f"{up}.bias"),
+        return blocks.plain_mlp(x, self.weight(layer, f"{up}.weight"), self.weight(layer, f"{up}.bias"),
                                 self.weight(layer, f"{down}.weight"), self.weight(layer, f"{down}.bias"), bloom_gelu)
 
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""DeepSeek-V3 (and DeepSeek-V2, whose transformers code is the same but where said): multi-head latent attention
+"""DeepseekV3 <- Llama <- Family; DeepseekV2 <- DeepseekV3
+
+DeepSeek-V3 (and DeepSeek-V2, whose transformers code is the same but where said): multi-head latent attention
 (latent.py) in every layer, a dense SwiGLU MLP in the first `first_k_dense_replace` layers and a mixture of
 experts after them. The computation is transformers' `DeepseekV3DecoderLayer` / `DeepseekV2DecoderLayer`
 (models/deepseek_v3/modeling_deepseek_v3.py); LLaMA's page (llama.py) gives the embedding and the norms.
@@ -236,15 +238,15 @@ class DeepseekV3(Llama):
         return h + self.moe(layer, x)
 
     def activation(self) -> Any:
-        from attnscope.models import blocks as layers
+        from attnscope.models import blocks
 
-        return layers.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
+        return blocks.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
 
     def moe(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`DeepseekV3MoE`: the routed experts' SwiGLU MLPs, weighted, plus the shared experts' (one wider MLP)."""
         import torch
 
-        from attnscope.models import blocks as layers
+        from attnscope.models import blocks
 
         flat = x.reshape(-1, x.shape[-1])  # [n_tokens, d_model]
         weights, chosen = self.route(layer, flat)  # [n_tokens, num_experts_per_tok] each
@@ -253,7 +255,7 @@ class DeepseekV3(Llama):
         for expert in sorted(set(chosen.flatten().tolist())):  # as transformers' loop: expert by expert
             tokens, slot = torch.where(chosen == expert)
             gate, up, down = self.expert(layer, expert)
-            out = layers.gated_mlp(flat[tokens], gate, up, down, act) * weights[tokens, slot, None]
+            out = blocks.gated_mlp(flat[tokens], gate, up, down, act) * weights[tokens, slot, None]
             routed.index_add_(0, tokens, out)
         shared = self.mlp_of(layer, "mlp.shared_experts", x, act)
         return routed.view_as(x) + shared
@@ -306,12 +308,12 @@ class DeepseekV3(Llama):
 
     def mlp_of(self, layer: int, stem: str, x: torch.Tensor, act: Any) -> torch.Tensor:
         """A SwiGLU MLP stored as `{stem}.{gate,up,down}_proj` (DeepSeek-V2's with biases when mlp_bias)."""
-        from attnscope.models import blocks as layers
+        from attnscope.models import blocks
 
         gate, up, down = (self.weight(layer, f"{stem}.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
         biases = tuple(self.weight(layer, f"{stem}.{n}.bias") for n in ("gate_proj", "up_proj", "down_proj")) \
             if self.mlp_biased() else (None, None, None)
-        return layers.gated_mlp(x, gate, up, down, act, biases)  # type: ignore[arg-type]
+        return blocks.gated_mlp(x, gate, up, down, act, biases)  # type: ignore[arg-type]
 
 
 class DeepseekV2(DeepseekV3):

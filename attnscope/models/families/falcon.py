@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.families.bloom import OUT, QKV, Bloom
 from attnscope.spec import AttentionSpec
 
@@ -139,11 +139,11 @@ class Falcon(Bloom):
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`FalconMLP`: dense_h_to_4h, `activation`, dense_4h_to_h (biased with `bias`)."""
-        act = layers.activation(self.config.raw("activation", default="gelu"), f"{self.config.path}: activation")
+        act = blocks.activation(self.config.raw("activation", default="gelu"), f"{self.config.path}: activation")
         up, down = (f"mlp.{n}" for n in ("dense_h_to_4h", "dense_4h_to_h"))
         biased = self.biases()[1]
         up_bias, down_bias = (self.weight(layer, f"{n}.bias") if biased else None for n in (up, down))
-        return layers.plain_mlp(x, self.weight(layer, f"{up}.weight"), up_bias, self.weight(layer, f"{down}.weight"),
+        return blocks.plain_mlp(x, self.weight(layer, f"{up}.weight"), up_bias, self.weight(layer, f"{down}.weight"),
                                 down_bias, act)
 
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""Gemma 2: LLaMA's keys and attention, with what Gemma changes.
+"""Gemma2 <- Llama <- Family
+
+Gemma 2: LLaMA's keys and attention, with what Gemma changes.
 
 - `head_dim` is its own setting, not `hidden_size / num_attention_heads` (Gemma 2 2B: 8 heads of 256 on a
   width of 2304), so q_proj is `[n_head·head_dim, d_model]`, wider or narrower than d_model.
@@ -34,12 +36,16 @@ class Gemma2(Llama):
     ties_by_default = True  # Gemma2Config's tie_word_embeddings
     activation_keys = ("hidden_activation", "hidden_act")  # Gemma2MLP reads hidden_activation
 
+    # --- where head h lives ---------------------------------------------------------------------------------
+
     def biases(self) -> tuple[bool, bool]:
         on = self.config.flag("attention_bias")
         return on, on
 
     def mlp_biased(self) -> bool:
         return False  # Gemma2MLP has no biases
+
+    # --- the attention's specifics --------------------------------------------------------------------------
 
     def window(self, layer: int) -> int | None:
         kinds = self.config.str_list("layer_types", self.n_layer)
@@ -51,6 +57,8 @@ class Gemma2(Llama):
         # Gemma2Model builds causal masks whatever `use_bidirectional_attention` says, so eager is causal.
         return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer),
                              softcap=self.config.optional_number("attn_logit_softcapping"), scale=scalar ** -0.5)
+
+    # --- the prefix -----------------------------------------------------------------------------------------
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
         """`Gemma2TextScaledWordEmbedding`: the rows times sqrt(hidden_size)."""

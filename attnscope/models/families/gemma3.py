@@ -1,4 +1,6 @@
-"""Gemma 3 (text): Gemma 2's layout and forward (gemma2.py), with qk-norm per head (qknormed.py), a RoPE base
+"""Gemma3 <- QkNormed, Gemma2 <- Llama <- Family
+
+Gemma 3 (text): Gemma 2's layout and forward (gemma2.py), with qk-norm per head (qknormed.py), a RoPE base
 per layer type, no attention softcapping, and the text half of the multimodal checkpoints.
 
 What changes from Gemma 2 (`Gemma3Attention`, `Gemma3TextModel`):
@@ -59,6 +61,8 @@ class Gemma3(QkNormed, Gemma2):
         super().__init__(folder, Config(config.path, {**TEXT_DEFAULTS, **text}), checkpoint)
         self.architecture = config.architecture
 
+    # --- the attention's specifics --------------------------------------------------------------------------
+
     @property
     def model_type(self) -> str:
         return self.saved_type
@@ -89,6 +93,8 @@ class Gemma3(QkNormed, Gemma2):
             both: dict[str, Any] = {} if window is None else {"window": window, "window_side": "both"}
             return AttentionSpec(causal=False, rope=rope, scale=scalar ** -0.5, qk_norm=self.qk_norm(), **both)
         return AttentionSpec(causal=True, rope=rope, window=window, scale=scalar ** -0.5, qk_norm=self.qk_norm())
+
+    # --- where head h lives ---------------------------------------------------------------------------------
 
     def head_notes(self, head: int) -> list[str]:
         notes = super().head_notes(head)

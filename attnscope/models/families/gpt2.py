@@ -1,4 +1,6 @@
-"""GPT-2: a decoder with learned positions, pre-norm, and fused query/key/value weights.
+"""Gpt2 <- Family
+
+GPT-2: a decoder with learned positions, pre-norm, and fused query/key/value weights.
 
 Checkpoint keys, under `transformer.` in `GPT2LMHeadModel` and bare in `GPT2Model`:
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -53,6 +55,8 @@ class Gpt2(Family):
         self.max_tokens = config.integer("n_positions", "max_position_embeddings", default=1024)
         self.check_sizes()
 
+    # --- where head h lives ---------------------------------------------------------------------------------
+
     def head_slices(self, layer: int, head: int) -> list[Slice]:
         d, D = self.d_head, self.d_model
         lo = head * d
@@ -71,6 +75,8 @@ class Gpt2(Family):
                 f"{D}-{2 * D - 1} K, {2 * D}-{3 * D - 1} V; head {head}'s are a slice of each third, shown "
                 "transposed (.T) to [d_head, d_model] like a Linear's rows; c_proj [in, out] likewise"]
 
+    # --- the attention's specifics --------------------------------------------------------------------------
+
     def attention_spec(self, layer: int) -> AttentionSpec:
         scale = self.d_head ** -0.5 if self.config.flag("scale_attn_weights", default=True) else 1.0
         if self.config.flag("scale_attn_by_inverse_layer_idx"):
@@ -86,10 +92,12 @@ class Gpt2(Family):
                 "W_o.weight": self.weight(layer, "attn.c_proj.weight").T,
                 "W_o.bias": self.weight(layer, "attn.c_proj.bias")}
 
+    # --- the prefix -----------------------------------------------------------------------------------------
+
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
         eps = self.config.number("layer_norm_epsilon", default=1e-5)
         weight, bias = self.checkpoint.tensor(f"{name}.weight"), self.checkpoint.tensor(f"{name}.bias")
-        return layers.layer_norm(x, weight, bias, eps)
+        return blocks.layer_norm(x, weight, bias, eps)
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
         """`GPT2Model.forward`: token embedding + learned position embedding."""
@@ -111,11 +119,11 @@ class Gpt2(Family):
                 f"ln_1(h): LayerNorm of the residual stream entering layer {layer}")
 
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
-        act = layers.activation(self.config.raw("activation_function", default="gelu_new"),
+        act = blocks.activation(self.config.raw("activation_function", default="gelu_new"),
                                 f"{self.config.path}: activation_function")
         h = h + attention(self.attention_input(layer, h)[0])["x"]
         x = self._norm(self.key(layer, "ln_2"), h)
         fc = self.weight(layer, "mlp.c_fc.weight").T  # Conv1D [in, out] -> Linear [out, in]
         proj = self.weight(layer, "mlp.c_proj.weight").T
-        return h + layers.plain_mlp(x, fc, self.weight(layer, "mlp.c_fc.bias"), proj,
+        return h + blocks.plain_mlp(x, fc, self.weight(layer, "mlp.c_fc.bias"), proj,
                                     self.weight(layer, "mlp.c_proj.bias"), act)

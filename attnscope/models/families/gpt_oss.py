@@ -1,4 +1,6 @@
-"""GPT-OSS (OpenAI's open-weight mixture of experts, transformers' `GptOssForCausalLM`): LLaMA's layout and forward
+"""GptOss <- Llama <- Family
+
+GPT-OSS (OpenAI's open-weight mixture of experts, transformers' `GptOssForCausalLM`): LLaMA's layout and forward
 (llama.py), with attention sinks, biases, alternating sliding and full layers, yarn RoPE and an MoE MLP.
 
 Checkpoint keys, under `model.` (`lm_head.weight` outside it):

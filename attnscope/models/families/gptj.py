@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.families.gpt2 import Gpt2
 from attnscope.models.family import Family, Slice
 from attnscope.models.weights import linear_projections, linear_slices
@@ -40,6 +40,8 @@ class GptJ(Gpt2):
     model_types = ("gptj",)
     query = "attn.q_proj.weight"
 
+    # --- where head h lives ---------------------------------------------------------------------------------
+
     def biases(self) -> tuple[bool, bool]:
         return False, False  # GPTJAttention's projections have none
 
@@ -48,6 +50,8 @@ class GptJ(Gpt2):
 
     def head_notes(self, head: int) -> list[str]:
         return Family.head_notes(self, head)  # four Linear layers: nothing fused to explain
+
+    # --- the attention's specifics --------------------------------------------------------------------------
 
     def attention_spec(self, layer: int) -> AttentionSpec:
         from attnscope.variants.rope import Rope
@@ -61,6 +65,8 @@ class GptJ(Gpt2):
     def projections(self, layer: int) -> dict[str, Any]:
         return linear_projections(self, layer, NAMES)
 
+    # --- the prefix -----------------------------------------------------------------------------------------
+
     def embed_at(self, ids: list[int], start: int) -> torch.Tensor:
         """`GPTJModel.forward`: the token embeddings alone (positions come from RoPE, up to n_positions)."""
         self.check_length(start + len(ids))
@@ -73,9 +79,9 @@ class GptJ(Gpt2):
 
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
         """`GPTJBlock.forward`: one norm feeding the attention and the MLP side by side."""
-        act = layers.activation(self.config.raw("activation_function", default="gelu_new"),
+        act = blocks.activation(self.config.raw("activation_function", default="gelu_new"),
                                 f"{self.config.path}: activation_function")
         x = self.attention_input(layer, h)[0]
-        mlp = layers.plain_mlp(x, self.weight(layer, "mlp.fc_in.weight"), self.weight(layer, "mlp.fc_in.bias"),
+        mlp = blocks.plain_mlp(x, self.weight(layer, "mlp.fc_in.weight"), self.weight(layer, "mlp.fc_in.bias"),
                                self.weight(layer, "mlp.fc_out.weight"), self.weight(layer, "mlp.fc_out.bias"), act)
         return h + attention(x)["x"] + mlp

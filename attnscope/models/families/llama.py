@@ -1,4 +1,6 @@
-"""LLaMA (Meta's `llama/model.py`): the architecture Mistral (mistral.py), Qwen2 (qwen2.py) and Gemma 2
+"""Llama <- Family
+
+LLaMA (Meta's `llama/model.py`): the architecture Mistral (mistral.py), Qwen2 (qwen2.py) and Gemma 2
 (gemma2.py) configure their own ways; each of those says only what differs.
 
 Checkpoint keys, under `model.` in `LlamaForCausalLM` and bare in `LlamaModel`:
@@ -21,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.family import Family, Slice
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
@@ -109,7 +111,7 @@ class Llama(Family):
 
     def norm(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         eps = self.config.number("rms_norm_eps", default=1e-6)
-        return layers.rms_norm(x, self.weight(layer, f"{name}.weight"), eps, plus_one=self.norm_plus_one)
+        return blocks.rms_norm(x, self.weight(layer, f"{name}.weight"), eps, plus_one=self.norm_plus_one)
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
         return self.checkpoint.rows(f"{self.prefix}embed_tokens.weight", ids)[None]  # [1, n_tokens, d_model]
@@ -119,13 +121,13 @@ class Llama(Family):
                 f"input_layernorm(h): RMSNorm of the residual stream entering layer {layer}")
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        act = layers.activation(self.config.raw(*self.activation_keys, default="silu"),
+        act = blocks.activation(self.config.raw(*self.activation_keys, default="silu"),
                                 f"{self.config.path}: {self.activation_keys[0]}")
         biased = self.mlp_biased()
         gate, up, down = (self.weight(layer, f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
         biases = (self.weight(layer, "mlp.gate_proj.bias"), self.weight(layer, "mlp.up_proj.bias"),
                   self.weight(layer, "mlp.down_proj.bias")) if biased else (None, None, None)
-        return layers.gated_mlp(x, gate, up, down, act, biases)
+        return blocks.gated_mlp(x, gate, up, down, act, biases)
 
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
         h = h + attention(self.attention_input(layer, h)[0])["x"]
@@ -134,5 +136,5 @@ class Llama(Family):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """`LlamaForCausalLM`: the final RMSNorm, then lm_head (the token embedding where tied)."""
         eps = self.config.number("rms_norm_eps", default=1e-6)
-        h = layers.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}norm.weight"), eps, plus_one=self.norm_plus_one)
+        h = blocks.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}norm.weight"), eps, plus_one=self.norm_plus_one)
         return h @ self.head_weight("embed_tokens.weight", self.ties_by_default).T  # [1, n, vocab]

@@ -1,4 +1,6 @@
-"""Llama 4 (text): `Llama4ForCausalLM`, or the language model inside a `Llama4ForConditionalGeneration`
+"""Llama4 <- Llama <- Family
+
+Llama 4 (text): `Llama4ForCausalLM`, or the language model inside a `Llama4ForConditionalGeneration`
 checkpoint (Scout, Maverick), read the way transformers' `modeling_llama4.py` runs it.
 
 Checkpoint keys, under `model.` (Llama4ForCausalLM) or `language_model.model.` (the multimodal checkpoints,
@@ -36,7 +38,7 @@ from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.config import Config
 from attnscope.models.families.llama import Llama
 from attnscope.models.families.nope import nope_note, rope_layers
@@ -124,11 +126,11 @@ class Llama4(Llama):
         return list(range(step - 1, self.n_layer, step))
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        act = layers.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
+        act = blocks.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
         if layer not in self.moe_layers():
             gate, up, down = (self.weight(layer, f"feed_forward.{n}.weight") for n in ("gate_proj", "up_proj",
                                                                                       "down_proj"))
-            return layers.gated_mlp(x, gate, up, down, act)
+            return blocks.gated_mlp(x, gate, up, down, act)
         return self.moe(layer, x, act)
 
     def moe(self, layer: int, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -149,5 +151,5 @@ class Llama4(Llama):
         experts = torch.bmm(up * act(gate), self.weight(layer, "feed_forward.experts.down_proj"))  # [n_expert, n, d]
         gate_w, up_w, down_w = (self.weight(layer, f"feed_forward.shared_expert.{n}.weight")
                                 for n in ("gate_proj", "up_proj", "down_proj"))
-        shared = layers.gated_mlp(flat, gate_w, up_w, down_w, act)  # [n_tokens, d_model]
+        shared = blocks.gated_mlp(flat, gate_w, up_w, down_w, act)  # [n_tokens, d_model]
         return (shared + experts.sum(dim=0)).view(x.shape)  # [1, n_tokens, d_model]

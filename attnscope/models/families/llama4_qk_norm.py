@@ -1,4 +1,6 @@
-"""Llama 4's qk-norm, the one thing its attention adds to MultiHeadAttention: after RoPE, each head's q and k
+"""Llama4Attention <- MultiHeadAttention: Llama 4's attention module (llama4.py)
+
+Llama 4's qk-norm, the one thing its attention adds to MultiHeadAttention: after RoPE, each head's q and k
 divided by their root mean square, with no weights (`Llama4TextL2Norm`: `x · rsqrt(mean(x²) + eps)`), unlike
 Qwen3's and Gemma 3's RMSNorm with weights before RoPE. Steps `Q_normed`, `K_normed` (the new tokens' only, with a KV
 cache: it holds normed keys), then sdpa reads them.

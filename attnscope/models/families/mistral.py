@@ -1,4 +1,6 @@
-"""Mistral: LLaMA's layout and forward (llama.py), with a sliding window of `sliding_window` keys on every layer
+"""Mistral <- Llama <- Family
+
+Mistral: LLaMA's layout and forward (llama.py), with a sliding window of `sliding_window` keys on every layer
 when the config sets one (transformers' `MistralAttention`), and no biases anywhere."""
 
 from __future__ import annotations

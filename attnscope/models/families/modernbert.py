@@ -1,4 +1,6 @@
-"""ModernBERT (Answer.AI's, transformers' `ModernBertModel`): a BERT-like encoder with a fused query/key/value
+"""ModernBert <- Family
+
+ModernBERT (Answer.AI's, transformers' `ModernBertModel`): a BERT-like encoder with a fused query/key/value
 projection, RoPE, pre-norm layers and alternating global and local (bidirectional sliding window) attention.
 
 Checkpoint keys, under `model.` in `ModernBertForMaskedLM` (and the other task models), bare in `ModernBertModel`:
@@ -29,7 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -118,7 +120,7 @@ class ModernBert(Family):
         """`nn.LayerNorm(d_model, eps=norm_eps, bias=norm_bias)`."""
         bias = self.checkpoint.tensor(f"{name}.bias") if self.config.flag("norm_bias") else None
         eps = self.config.number("norm_eps", default=1e-5)
-        return layers.layer_norm(x, self.checkpoint.tensor(f"{name}.weight"), bias, eps)
+        return blocks.layer_norm(x, self.checkpoint.tensor(f"{name}.weight"), bias, eps)
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
         """`ModernBertEmbeddings`: the token rows, LayerNorm (no position table: RoPE places the tokens)."""
@@ -133,14 +135,14 @@ class ModernBert(Family):
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`ModernBertMLP`: `input, gate = Wi(x).chunk(2)`, `Wo(act(input) * gate)`: a GeGLU."""
-        act = layers.activation(self.config.raw("hidden_activation", default="gelu"),
+        act = blocks.activation(self.config.raw("hidden_activation", default="gelu"),
                                 f"{self.config.path}: hidden_activation")
         first, second = self.weight(layer, "mlp.Wi.weight").chunk(2)  # `input` (activated) and `gate` rows
         biases: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
         if self.config.flag("mlp_bias"):
             first_bias, second_bias = self.weight(layer, "mlp.Wi.bias").chunk(2)
             biases = (first_bias, second_bias, self.weight(layer, "mlp.Wo.bias"))
-        return layers.gated_mlp(x, first, second, self.weight(layer, "mlp.Wo.weight"), act, biases)
+        return blocks.gated_mlp(x, first, second, self.weight(layer, "mlp.Wo.weight"), act, biases)
 
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
         h = h + attention(self.attention_input(layer, h)[0])["x"]

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -74,6 +74,8 @@ class Mpt(Family):
         self.max_tokens = config.integer("max_seq_len", default=2048)
         self.check_sizes()
 
+    # --- where head h lives ---------------------------------------------------------------------------------
+
     def biases(self) -> tuple[bool, bool]:
         return False, False  # MptAttention's Wqkv and out_proj have none
 
@@ -88,6 +90,8 @@ class Mpt(Family):
         D, lo = self.d_model, head * self.d_head
         return [f"Wqkv stacks Q, K and V ({D} rows each): head {head} has rows {lo}:{lo + self.d_head} of each"]
 
+    # --- the attention's specifics --------------------------------------------------------------------------
+
     def attention_spec(self, layer: int) -> AttentionSpec:
         scale = _attn_config(self.config).get("softmax_scale")
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
@@ -100,10 +104,12 @@ class Mpt(Family):
         return {"W_q.weight": fused[:D], "W_k.weight": fused[D : 2 * D], "W_v.weight": fused[2 * D :],
                 "W_o.weight": self.weight(layer, OUT)}
 
+    # --- the prefix -----------------------------------------------------------------------------------------
+
     def norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """MPT's LayerNorm `name` (a full key without `.weight`), without bias."""
         eps = self.config.number("layer_norm_epsilon", default=1e-5)
-        return layers.layer_norm(x, self.checkpoint.tensor(f"{name}.weight"), None, eps)
+        return blocks.layer_norm(x, self.checkpoint.tensor(f"{name}.weight"), None, eps)
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
         return self.embed_at(ids, 0)

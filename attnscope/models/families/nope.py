@@ -1,4 +1,6 @@
-"""NoPE layers: the layers of a model that rotate nothing (no position embedding at all), as SmolLM3 and Llama 4
+"""NoPE layers, for SmolLM3 and Llama4 (smollm3.py, llama4.py)
+
+NoPE layers: the layers of a model that rotate nothing (no position embedding at all), as SmolLM3 and Llama 4
 configure them. Both read the same two keys (`SmolLM3Config.__post_init__`, `Llama4TextConfig.__post_init__`):
 
 - `no_rope_layers`: one 0/1 per layer, and despite its name **1 means the layer uses RoPE** (transformers'

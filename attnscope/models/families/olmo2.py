@@ -1,4 +1,6 @@
-"""OLMo 2: LLaMA's keys and attention (llama.py), with qk-norm over the whole projection and norms after, not
+"""Olmo2 <- QkNormed, Llama <- Family
+
+OLMo 2: LLaMA's keys and attention (llama.py), with qk-norm over the whole projection and norms after, not
 before, each sublayer.
 
 - q and k are RMSNormed before the split into heads, over all n_head·d_head (keys: n_kv_head·d_head) coordinates
@@ -31,11 +33,17 @@ class Olmo2(QkNormed, Llama):
     model_types = ("olmo2",)
     norm_over = "proj"
 
+    # --- where head h lives ---------------------------------------------------------------------------------
+
     def mlp_biased(self) -> bool:
         return False  # Olmo2MLP has no biases
 
+    # --- the attention's specifics --------------------------------------------------------------------------
+
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(causal=True, rope=self.rope(), qk_norm=self.qk_norm())
+
+    # --- the prefix -----------------------------------------------------------------------------------------
 
     def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
         return h, f"h: the residual stream entering layer {layer} (OLMo 2 norms after the attention, not before)"

@@ -1,4 +1,6 @@
-"""Phi-3 and Phi-4 (model_type "phi3": Phi-3 mini/medium, Phi-3.5 mini, Phi-4, Phi-4 mini): LLaMA's forward
+"""Phi3 <- Llama <- Family
+
+Phi-3 and Phi-4 (model_type "phi3": Phi-3 mini/medium, Phi-3.5 mini, Phi-4, Phi-4 mini): LLaMA's forward
 (llama.py) with the projections fused, no biases, and RoPE that may turn only part of each head.
 
 Checkpoint keys, under `model.` in `Phi3ForCausalLM`:
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.families.llama import Llama
 from attnscope.models.family import Slice
 
@@ -36,6 +38,8 @@ class Phi3(Llama):
     model_types = ("phi3",)
     query = f"{QKV}.weight"
     whole_head_default = False  # Phi3RotaryEmbedding's default honours partial_rotary_factor
+
+    # --- where head h lives ---------------------------------------------------------------------------------
 
     def biases(self) -> tuple[bool, bool]:
         return False, False  # Phi3Attention's qkv_proj and o_proj have none
@@ -63,6 +67,8 @@ class Phi3(Llama):
         return [f"qkv_proj stacks Q ({self.n_head}·{self.d_head} rows), K and V ({self.n_kv_head}·{self.d_head} "
                 f"each): head {head} has {placed}", *super().head_notes(head)]
 
+    # --- the attention's specifics --------------------------------------------------------------------------
+
     def regenerates(self, past: int, total: int) -> bool:
         """`Phi3ForCausalLM.prepare_inputs_for_generation`: when the text first grows past
         `original_max_position_embeddings`, longrope turns to its long factors and the cache, rotated with the
@@ -87,9 +93,11 @@ class Phi3(Llama):
         return {"W_q.weight": fused[:q], "W_k.weight": fused[q : q + kv], "W_v.weight": fused[q + kv :],
                 "W_o.weight": self.weight(layer, f"{OUT}.weight")}
 
+    # --- the prefix -----------------------------------------------------------------------------------------
+
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`Phi3MLP`: `gate, up = gate_up_proj(x).chunk(2)`, `down_proj(up · act(gate))`."""
-        act = layers.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
+        act = blocks.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
         gate_up = self.weight(layer, "mlp.gate_up_proj.weight")  # [2·d_ff, d_model]
         gate, up = gate_up.chunk(2, dim=0)
-        return layers.gated_mlp(x, gate, up, self.weight(layer, "mlp.down_proj.weight"), act)
+        return blocks.gated_mlp(x, gate, up, self.weight(layer, "mlp.down_proj.weight"), act)

@@ -1,4 +1,6 @@
-"""What a LLaMA-layout family with qk-norm adds to its page (Qwen3, Qwen3-MoE, Gemma 3, OLMo 2): two norm weights
+"""QkNormed: mixed into Qwen3, Qwen3Moe, Gemma3 and Olmo2, before their LLaMA-layout base
+
+What a LLaMA-layout family with qk-norm adds to its page (Qwen3, Qwen3-MoE, Gemma 3, OLMo 2): two norm weights
 per layer beside the four projections, where head h reads them, and the norm in the layer's attention spec.
 
     layers.L.self_attn.q_norm.weight   [d_head] per head (Qwen3, Gemma 3), or [n_head·d_head] (OLMo 2)
@@ -12,21 +14,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnscope.models.families.llama import NAMES
+from attnscope.models.families.llama import NAMES, Llama
 from attnscope.models.weights import linear_projections, linear_slices, norm_projections, norm_slices
 
 if TYPE_CHECKING:
-    from attnscope.models.config import Config
     from attnscope.models.family import Slice
     from attnscope.variants.qknorm import QkNorm
 
 NORMS = {"q": "self_attn.q_norm", "k": "self_attn.k_norm"}
 
 
-class QkNormed:
+class QkNormed(Llama):
+    """Mixed in before a LLaMA-layout base (`class Qwen3(QkNormed, Qwen2)`): a Llama itself, so that what it reads
+    of the page (`config`, `biases`, `norm_plus_one`, the next `head_notes`) is typed."""
+
     norm_over = "head"  # where the qk-norm runs: "head" (over d_head) or "proj" (the whole projection)
-    norm_plus_one: bool  # Gemma's RMSNorm scales by (1 + w): the family page says (llama.py, gemma2.py)
-    config: Config
 
     def qk_norm(self) -> QkNorm:
         """The norm of q and k: its place, the config's `rms_norm_eps`, and the family's weight form."""
@@ -36,11 +38,11 @@ class QkNormed:
                       offset=self.norm_plus_one)
 
     def head_slices(self, layer: int, head: int) -> list[Slice]:
-        return (linear_slices(self, layer, head, NAMES, self.biases())  # type: ignore[arg-type, attr-defined]
-                + norm_slices(self, layer, head, NORMS, self.norm_over))  # type: ignore[arg-type]
+        return (linear_slices(self, layer, head, NAMES, self.biases())
+                + norm_slices(self, layer, head, NORMS, self.norm_over))
 
     def projections(self, layer: int) -> dict[str, Any]:
-        return linear_projections(self, layer, NAMES) | norm_projections(self, layer, NORMS)  # type: ignore[arg-type]
+        return linear_projections(self, layer, NAMES) | norm_projections(self, layer, NORMS)
 
     def head_notes(self, head: int) -> list[str]:
         if self.norm_over == "head":
@@ -50,4 +52,4 @@ class QkNormed:
         else:
             note = ("q_norm, k_norm: this head's rows of an RMSNorm weight over the whole projection; the norm's mean "
                     "runs over every head's coordinates (n_head·d_head for q, n_kv_head·d_head for k) before the split")
-        return [*super().head_notes(head), note]  # type: ignore[misc]
+        return [*super().head_notes(head), note]

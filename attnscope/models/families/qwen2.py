@@ -1,4 +1,6 @@
-"""Qwen2: LLaMA's layout and forward (llama.py), with biases on q, k and v (never o: `Qwen2Attention`), and a
+"""Qwen2 <- Llama <- Family
+
+Qwen2: LLaMA's layout and forward (llama.py), with biases on q, k and v (never o: `Qwen2Attention`), and a
 sliding window of `sliding_window` keys on the "sliding_attention" layers when `use_sliding_window` is on:
 `layer_types`, or from `max_window_layers` on where an older config has no `layer_types`."""
 

@@ -1,4 +1,6 @@
-"""Qwen3: LLaMA's layout and forward (llama.py) with qk-norm per head (qknormed.py), and Qwen2's windows
+"""Qwen3 <- QkNormed, Qwen2 <- Llama <- Family
+
+Qwen3: LLaMA's layout and forward (llama.py) with qk-norm per head (qknormed.py), and Qwen2's windows
 (qwen2.py).
 
 Checkpoint keys, under `model.` in `Qwen3ForCausalLM`, bare in `Qwen3Model`: LLaMA's, and two more per layer:
@@ -37,10 +39,14 @@ class Qwen3(QkNormed, Qwen2):
         if self.default_head_dim is not None:
             self.d_head = config.integer("head_dim", default=self.default_head_dim)
 
+    # --- where head h lives ---------------------------------------------------------------------------------
+
     def biases(self) -> tuple[bool, bool]:
         """`Qwen3Attention`: q, k, v and o all take `attention_bias` (Qwen2's q/k/v biases are gone)."""
         on = self.config.flag("attention_bias")
         return on, on
+
+    # --- the attention's specifics --------------------------------------------------------------------------
 
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer), qk_norm=self.qk_norm())

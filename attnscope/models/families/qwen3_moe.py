@@ -1,4 +1,6 @@
-"""Qwen3-MoE: Qwen3's attention (qwen3.py: qk-norm per head, traced), and a mixture of experts in place of the
+"""Qwen3Moe <- Qwen3 <- Qwen2 <- Llama <- Family
+
+Qwen3-MoE: Qwen3's attention (qwen3.py: qk-norm per head, traced), and a mixture of experts in place of the
 MLP on most layers, run exactly as transformers' `Qwen3MoeSparseMoeBlock` does but not traced: its output only
 feeds the layers after it.
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.families.qwen3 import Qwen3
 
 if TYPE_CHECKING:
@@ -54,9 +56,13 @@ class Qwen3Moe(Qwen3):
             raise UsageError(f"{config.path}: num_experts_per_tok {self.top_k} is more than the {self.n_experts} "
                              "experts; fix config.json")
 
+    # --- the attention's specifics --------------------------------------------------------------------------
+
     def window(self, layer: int) -> int | None:
         """Every layer: `Qwen3MoeAttention` takes `config.sliding_window`, None unless `use_sliding_window`."""
         return self.config.optional_integer("sliding_window") if self.config.flag("use_sliding_window") else None
+
+    # --- the prefix -----------------------------------------------------------------------------------------
 
     def sparse(self, layer: int) -> bool:
         """Whether layer `layer` routes through experts (`Qwen3MoeDecoderLayer.__init__`)."""
@@ -69,7 +75,7 @@ class Qwen3Moe(Qwen3):
         """`Qwen3MoeSparseMoeBlock.forward`: route each token to its top-k experts, weight and sum their outputs."""
         import torch
 
-        act = layers.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
+        act = blocks.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
         flat = x.reshape(-1, x.shape[-1])  # [n_tokens, d_model]
         logits = torch.nn.functional.linear(flat, self.weight(layer, "mlp.gate.weight"))  # [n_tokens, n_experts]
         if logits.shape[-1] != self.n_experts:
@@ -83,7 +89,7 @@ class Qwen3Moe(Qwen3):
         for expert in sorted(set(chosen.flatten().tolist())):
             tokens, slot = torch.where(chosen == expert)
             gate, up, down = self.expert_weights(layer, expert)
-            hidden = layers.gated_mlp(flat[tokens], gate, up, down, act)  # [n_routed, d_model]
+            hidden = blocks.gated_mlp(flat[tokens], gate, up, down, act)  # [n_routed, d_model]
             out.index_add_(0, tokens, hidden * top[tokens, slot, None])
         return out.view_as(x)
 

@@ -1,4 +1,6 @@
-"""Encoder-decoder families (T5, BART, Marian, mBART, Whisper): two stacks of layers, three attentions.
+"""EncoderDecoder <- Family: what the encoder-decoder pages (t5.py, bart.py, whisper.py) share
+
+Encoder-decoder families (T5, BART, Marian, mBART, Whisper): two stacks of layers, three attentions.
 
 | attention (`kind`) | queries | keys and values | mask | transformers' eager output |
 |---|---|---|---|---|

@@ -1,4 +1,6 @@
-"""SmolLM3: LLaMA's keys, layout and forward (llama.py), with NoPE layers: every `no_rope_layer_interval`-th
+"""SmolLM3 <- Llama <- Family
+
+SmolLM3: LLaMA's keys, layout and forward (llama.py), with NoPE layers: every `no_rope_layer_interval`-th
 layer (4: layers 3, 7, 11, ...), or those `no_rope_layers` marks 0, rotate nothing (nope.py), so their
 scores see positions only through the causal mask (transformers' `SmolLM3Attention`: `if self.use_rope:
 apply_rotary_pos_emb`). Layers whose `layer_types` entry is "sliding_attention" see a window of `sliding_window`
@@ -19,6 +21,8 @@ from attnscope.spec import AttentionSpec
 
 class SmolLM3(Llama):
     model_types = ("smollm3",)
+
+    # --- the attention's specifics --------------------------------------------------------------------------
 
     def uses_rope(self, layer: int) -> bool:
         return rope_layers(self.config, self.n_layer)[layer]

@@ -1,4 +1,6 @@
-"""T5 (and mT5, UMT5): an encoder-decoder with a learned relative position bias instead of position embeddings.
+"""T5 <- EncoderDecoder <- Family; Umt5 <- T5
+
+T5 (and mT5, UMT5): an encoder-decoder with a learned relative position bias instead of position embeddings.
 
 Checkpoint keys (`T5ForConditionalGeneration`, `T5Model`; bare, no prefix):
 
@@ -31,7 +33,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks as layers
+from attnscope.models import blocks
 from attnscope.models.families.seq2seq import BiasSteps, EncoderDecoder, Stack
 
 if TYPE_CHECKING:
@@ -115,7 +117,7 @@ class T5(EncoderDecoder):
     def norm(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         """`T5LayerNorm`: `x / sqrt(mean(x²) + eps) · w`, no mean subtracted, no bias."""
         eps = self.config.number("layer_norm_epsilon", default=1e-6)
-        return layers.rms_norm(x, self.weight(layer, f"{name}.weight"), eps)
+        return blocks.rms_norm(x, self.weight(layer, f"{name}.weight"), eps)
 
     def feed_forward(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`T5DenseActDense` or, for `gated-ACT`, `T5DenseGatedActDense`."""
@@ -126,12 +128,12 @@ class T5(EncoderDecoder):
         if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
             raise UsageError(f"{self.config.path}: feed_forward_proj {kind!r} is not 'ACT' or 'gated-ACT'")
         name = "gelu_new" if kind == "gated-gelu" else parts[-1]  # T5Config's backward compatibility
-        act = layers.activation(name, f"{self.config.path}: feed_forward_proj")
+        act = blocks.activation(name, f"{self.config.path}: feed_forward_proj")
         stem = self.ffn_norms[self.side].replace("layer_norm", "DenseReluDense")  # layer.1 / layer.2
         down = self.weight(layer, f"{stem}.wo.weight")
         if len(parts) == 2:
             gate, up = (self.weight(layer, f"{stem}.wi_{i}.weight") for i in (0, 1))
-            return layers.gated_mlp(x, gate, up, down, act)
+            return blocks.gated_mlp(x, gate, up, down, act)
         return F.linear(act(F.linear(x, self.weight(layer, f"{stem}.wi.weight"))), down)  # [.., d_model]
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
@@ -144,7 +146,7 @@ class T5(EncoderDecoder):
         key = f"{self.prefix}encoder.final_layer_norm.weight"
         eps = self.config.number("layer_norm_epsilon", default=1e-6)
         n = self.sizes["encoder"][0]
-        return (layers.rms_norm(h, self.checkpoint.tensor(key), eps),
+        return (blocks.rms_norm(h, self.checkpoint.tensor(key), eps),
                 f"encoder.final_layer_norm(h): the encoder's output after its {n} layers (T5Stack)")
 
     def decoder_start(self) -> int:
@@ -159,7 +161,7 @@ class T5(EncoderDecoder):
         import torch.nn.functional as F
 
         eps = self.config.number("layer_norm_epsilon", default=1e-6)
-        h = layers.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}decoder.final_layer_norm.weight"), eps)
+        h = blocks.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}decoder.final_layer_norm.weight"), eps)
         scales = self.scales_output
         if scales is None:
             scales = self.config.raw("tie_word_embeddings", default=True) is not False

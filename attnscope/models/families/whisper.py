@@ -1,4 +1,6 @@
-"""Whisper: an encoder over audio and a text decoder attending to it (transformers' modeling_whisper.py).
+"""Whisper <- Bart <- EncoderDecoder <- Family
+
+Whisper: an encoder over audio and a text decoder attending to it (transformers' modeling_whisper.py).
 
 Checkpoint keys, under `model.` in `WhisperForConditionalGeneration` and bare in `WhisperModel`:
 
