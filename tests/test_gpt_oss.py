@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from tiny_models import SENTENCE, build, eager_run, with_config
+from tiny_models import SENTENCE, build, eager_run, refuses_config, with_config
 
 from attnscope.cli import app
 from attnscope.models import open_model
@@ -190,10 +190,7 @@ def test_json_and_save(runner, tiny, tmp_path):
     ({"intermediate_size": 12}, "intermediate_size 12 make it [32, 24]; config.json does not describe these weights"),
 ])
 def test_bad_configs_are_one_line(runner, tiny, tmp_path, edit, message):
-    folder = with_config(tiny[0], tmp_path / "bad", lambda config: config | edit)
-    result = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "0", "--text", SENTENCE])
-    assert result.exit_code == 2, result.output
-    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    refuses_config(runner, tiny[0], tmp_path / "bad", edit, message)
 
 
 def test_missing_sinks_are_one_line(runner, tiny, tmp_path):

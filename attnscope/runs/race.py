@@ -181,19 +181,6 @@ def run(race: Race, runs: int, warmup: int, tick: Tick = lambda _: None) -> Benc
                        race.inputs_bytes, race.estimate_bytes)
 
 
-def bench_sdpa(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | None, device: str, dtype: str,
-               runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
-    return run(sdpa_race(batch, nq, nk, dk, dv, causal=causal, device=device, dtype=dtype), runs, warmup, tick)
-
-
-def bench_mha(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bool, causal: str | None,
-              device: str, dtype: str, runs: int, warmup: int, tick: Tick = lambda _: None,
-              kv_heads: int | None = None) -> BenchResult:
-    race = mha_race(batch, nq, nk, d_feat, heads, bias=bias, causal=causal, device=device, dtype=dtype,
-                    kv_heads=kv_heads)
-    return run(race, runs, warmup, tick)
-
-
 def _bytes(*tensors: torch.Tensor | None) -> int:
     unique = {id(t): t for t in tensors if t is not None}
     return sum(t.numel() * t.element_size() for t in unique.values())

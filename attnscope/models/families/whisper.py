@@ -97,7 +97,3 @@ class Whisper(Bart):
 
     def positions(self, n: int) -> torch.Tensor:
         raise AssertionError("Whisper's embed reads its own positions")
-
-    def seconds_per_position(self, hop_length: int, sampling_rate: int) -> float:
-        """An encoder position spans two frames of `hop_length` samples (conv2's stride)."""
-        return 2 * hop_length / sampling_rate
