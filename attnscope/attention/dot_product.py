@@ -182,6 +182,41 @@ def resolve_spec(spec: AttentionSpec | None, **asked: Any) -> AttentionSpec:
     return spec
 
 
+@dataclass(frozen=True)
+class Prologue:
+    """Q, K and V as every form of sdpa starts from them: checked, cast to one dtype, recorded as inputs."""
+
+    trace: Trace
+    Q: Tensor
+    K: Tensor
+    V: Tensor
+    batch_dims: tuple[str, ...]
+    dtype: torch.dtype  # the inputs' common dtype
+    acc: torch.dtype  # the dtype the scores are computed in (float32 for half precision)
+    n_group: int  # query heads per key/value head (grouped-query attention); 1 without
+
+
+def prologue(Q: Tensor, K: Tensor, V: Tensor, names: Names, *, layout: str = "row",
+             enable_gqa: bool = False) -> Prologue:
+    """What sdpa and textbook.sdpa_columns do first: check Q, K, V (`layout` "row": `[.., n, d]`, "col":
+    `[.., d, n]`), name their batch dims, cast them to their common dtype, and start the trace with the dtype's
+    notes and the three inputs."""
+    batch = check_qkv(Q, K, V, layout=layout, enable_gqa=enable_gqa)
+    n_group = gqa_group(Q, K, V) if enable_gqa else 1
+    batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
+    dtype, dtype_note = common_dtype(Q, K, V)
+    acc = accumulate_dtype(dtype)
+    Q, K, V = Q.to(dtype), K.to(dtype), V.to(dtype)
+    trace = Trace()
+    trace.notes.extend(note for note in (dtype_note, half_note(dtype) if acc != dtype else None) if note)
+    kv_dims = batch_dims if n_group == 1 else (*batch_dims[:-1], "n_kv_head")
+    axes = {"Q": ("n_Q", names.d_K), "K": ("n_K", names.d_K), "V": ("n_K", names.d_V)}
+    for step, x, dims in (("Q", Q, batch_dims), ("K", K, kv_dims), ("V", V, kv_dims)):
+        trace.add(getattr(names, step), x, (*leading_names(dims, x.dim()), *axes[step][::-1 if layout == "col" else 1]),
+                  "input")
+    return Prologue(trace, Q, K, V, batch_dims, dtype, acc, n_group)
+
+
 def sdpa(
     Q: Tensor,
     K: Tensor,
@@ -237,20 +272,10 @@ def sdpa(
     if spec.norm is not None and spec.norm.over != "head":
         raise UsageError(f"{{qk_norm}} {spec.norm.over}: sdpa has no projection to normalise before a split; use "
                          "'head' (over d_K), or MultiHeadAttention for OLMo 2's norm over the projection", "qk_norm")
-    batch = check_qkv(Q, K, V, enable_gqa=enable_gqa)
-    n_group = gqa_group(Q, K, V) if enable_gqa else 1
-    batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
-    dtype, dtype_note = common_dtype(Q, K, V)
-    acc = accumulate_dtype(dtype)
-    Q, K, V = Q.to(dtype), K.to(dtype), V.to(dtype)
+    inputs = prologue(Q, K, V, names, enable_gqa=enable_gqa)
+    trace, Q, K, V, batch_dims = inputs.trace, inputs.Q, inputs.K, inputs.V, inputs.batch_dims
+    dtype, acc, n_group = inputs.dtype, inputs.acc, inputs.n_group
     n_Q, d_K, n_K = Q.shape[-2], Q.shape[-1], K.shape[-2]
-
-    trace = Trace()
-    trace.notes.extend(note for note in (dtype_note, half_note(dtype) if acc != dtype else None) if note)
-    kv_dims = batch_dims if n_group == 1 else (*batch_dims[:-1], "n_kv_head")
-    trace.add(names.Q, Q, (*leading_names(batch_dims, Q.dim()), "n_Q", names.d_K), "input")
-    trace.add(names.K, K, (*leading_names(kv_dims, K.dim()), "n_K", names.d_K), "input")
-    trace.add(names.V, V, (*leading_names(kv_dims, V.dim()), "n_K", names.d_V), "input")
     q_name, k_name, v_name = names.Q, names.K, names.V
 
     offset = spec.offset(n_Q, n_K)

@@ -10,15 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attnscope import cost, masks
-from attnscope.attention.dot_product import (
-    accumulate_dtype,
-    batch_names,
-    check_qkv,
-    common_dtype,
-    dtype_name,
-    half_note,
-    leading_names,
-)
+from attnscope.attention.dot_product import Names, batch_names, common_dtype, dtype_name, leading_names, prologue
 from attnscope.attention.masking import zero_rows
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec
@@ -35,18 +27,11 @@ def sdpa_columns(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, sc
     rule as `sdpa`'s; half precision is computed in float32 as there.
     """
     AttentionSpec(scale=scale)  # checks the scale
-    batch = check_qkv(Q, K, V, layout="col")
-    batch_dims = batch_names(len(batch))
-    dtype, dtype_note = common_dtype(Q, K, V)
-    acc = accumulate_dtype(dtype)
-    Q, K, V = Q.to(dtype), K.to(dtype), V.to(dtype)
+    inputs = prologue(Q, K, V, Names(), layout="col")
+    trace, Q, K, V, batch_dims, dtype, acc = (inputs.trace, inputs.Q, inputs.K, inputs.V, inputs.batch_dims,
+                                              inputs.dtype, inputs.acc)
     d_K, n_Q, n_K = Q.shape[-2], Q.shape[-1], K.shape[-1]
 
-    trace = Trace()
-    trace.notes.extend(note for note in (dtype_note, half_note(dtype) if acc != dtype else None) if note)
-    trace.add("Q", Q, (*leading_names(batch_dims, Q.dim()), "d_K", "n_Q"), "input")
-    trace.add("K", K, (*leading_names(batch_dims, K.dim()), "d_K", "n_K"), "input")
-    trace.add("V", V, (*leading_names(batch_dims, V.dim()), "d_V", "n_K"), "input")
     scale_op = "/ sqrt(d_K)" if scale is None else f"* {scale:g}"
     scale = 1.0 / math.sqrt(d_K) if scale is None else scale
     scores_dims = (*leading_names(batch_dims, max(Q.dim(), K.dim())), "n_K", "n_Q")  # V may have more batch dims
