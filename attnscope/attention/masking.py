@@ -58,13 +58,14 @@ def zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Ten
     else:
         attention.masked_fill_(blocked, 0.0)  # in place: no second [.., n_Q, n_K] at the peak
     if attention.device.type != "meta" and n_Q and 0 not in attention.shape[:-2] and bool(blocked.any()):
-        rows = blocked if blocked.shape[-1] == 1 else blocked.transpose(-2, -1)
+        rows = blocked if blocked.shape[-1] == 1 else blocked.transpose(-2, -1)  # [.., n_Q, 1]
         rows = rows.expand(*rows.shape[:-2], n_Q, 1)  # a mask shared by every query blocks all n_Q rows
         trace.notes.append(_blocked_note(rows, n_Q))
     return attention
 
 
 def _blocked_note(blocked: Tensor, n_Q: int) -> str:
+    # [.., n_Q, 1] -> [n_rest, n_Q]: the rows any batch element blocks
     rows = sorted({int(i) for i in blocked.reshape(-1, blocked.shape[-2]).any(dim=0).nonzero().flatten()})
     shown = ", ".join(str(i) for i in rows[:12]) + (", ..." if len(rows) > 12 else "")
     return (

@@ -141,6 +141,7 @@ class MultiHeadAttention(nn.Module):
             x_rsh1 = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
                                "x_raw.permute(0, 2, 1, 3).contiguous()")
             width = self._width("n_head")
+            # [n_batch, n_Q, n_head, d_head] -> [n_batch, n_Q, n_head·d_head]
             x_rsh2 = trace.add("x_rsh2", x_rsh1.view(n_batch, x_rsh1.shape[1], self.n_head * self.d_head),
                                ("n_batch", "n_Q", width), f"x_rsh1.view(n_batch, -1, {width})", allocates=False)
             x = self.W_o(x_rsh2)  # [n_batch, n_Q, d_feat]

@@ -66,7 +66,7 @@ def checked(sinks: Any, n_head: int) -> Tensor:
     if values.device.type != "meta" and not bool(torch.isfinite(values).all()):
         raise UsageError("{sinks} hold NaN or infinity; each sink is a finite logit (GPT-OSS's are learned numbers "
                          "around 0 to 5)", "sinks")
-    return values.reshape(-1)
+    return values.reshape(-1)  # [n_head]
 
 
 def softmax(trace: Trace, logits: Tensor, last: str, sinks: Any,

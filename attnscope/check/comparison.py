@@ -169,13 +169,14 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
         Q, K, V = as_float(raw["Q"], raw["K"], raw["V"])
     col = layout == "col"
     if col:  # the column form against the row form on the transposed inputs, transposed back
-        Q, K, V = (t.transpose(-2, -1) for t in (Q, K, V))
+        Q, K, V = (t.transpose(-2, -1) for t in (Q, K, V))  # [.., d, n] -> [.., n, d]
         if user is not None:  # the form's mask is [.., n_K, n_Q]: a 1-D one runs along the queries
-            user = user.transpose(-2, -1) if user.dim() >= 2 else user.unsqueeze(-1)
+            user = user.transpose(-2, -1) if user.dim() >= 2 else user.unsqueeze(-1)  # [.., n_K, n_Q] -> [.., n_Q, n_K]
     n_Q, n_K = Q.shape[-2], K.shape[-2]
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     if asked.needs_formula:
         out, attention = formula(Q, K, V, user, asked, sinks=raw.get("sinks"))
+        # [.., n_Q, d_V] -> [.., d_V, n_Q] for col
         rows = [(trace["out"], out.transpose(-2, -1) if col else out, FORMULA)]
         if not col:
             rows.append((trace["attention"], attention, FORMULA))
@@ -185,7 +186,7 @@ def check_sdpa(trace: Trace, raw: dict[str, Tensor], user: Tensor | None, asked:
             out = F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask, is_causal=is_causal,  # type: ignore[arg-type]
                                                  scale=asked.spec.scale, enable_gqa=gqa)
         name = "F.scaled_dot_product_attention" + ("(row form)ᵀ" if col else "")
-        rows = [(trace["out"], out.transpose(-2, -1) if col else out, name)]
+        rows = [(trace["out"], out.transpose(-2, -1) if col else out, name)]  # [.., n_Q, d_V] -> [.., d_V, n_Q] for col
     names = ("out", "attention")
     dtype = ran_in(Q.dtype, asked)
     compared = [compare(names[i], reference, ours, ref, dtype) for i, (ours, ref, reference) in enumerate(rows)]
@@ -219,7 +220,7 @@ def _heads(x: Tensor, weight: Tensor, bias: Tensor | None, n_head: int) -> Tenso
     """[n_batch, n, d_feat] -> [n_batch, n_head, n, d_head] by F.linear, reshape and transpose."""
     projected = F.linear(x, weight, bias)  # [n_batch, n, n_head·d_head]
     d_head = weight.shape[0] // n_head  # not -1: an empty batch has no size to infer it from
-    return projected.reshape(x.shape[0], x.shape[1], n_head, d_head).transpose(1, 2)
+    return projected.reshape(x.shape[0], x.shape[1], n_head, d_head).transpose(1, 2)  # -> [n_batch, n_head, n, d_head]
 
 
 def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V: Tensor, user: Tensor | None,
@@ -249,7 +250,7 @@ def check_mha(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Tensor, V:
                 mask = mask + additive.to(Q.dtype)
             if allowed is not None:
                 mask = mask.masked_fill(~allowed, -math.inf)
-            ref_mask = mask.reshape(-1, n_Q, n_K)
+            ref_mask = mask.reshape(-1, n_Q, n_K)  # [n_batch·n_head, n_Q, n_K]
         x, attention = reference_mha(module)(Q, K, V, attn_mask=ref_mask, need_weights=True,
                                              average_attn_weights=False)
     # nn.MultiheadAttention gives NaN for a query that may attend to no key, where PyTorch's SDPA (and
@@ -279,6 +280,7 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
         projected = F.linear(x.double(), weight, bias)  # [n_batch, n, heads·d_head]
         if norm.over == "proj":  # OLMo 2: over the whole projection, then split
             projected = qk_norm64(projected, scale, shift, norm)
+        # [n_batch, heads, n, d_head]
         split = projected.reshape(x.shape[0], x.shape[1], heads, module.d_head).transpose(1, 2)
         return qk_norm64(split, scale, shift, norm) if norm.over == "head" else split
 
@@ -295,6 +297,7 @@ def _check_mhaformula(module: MultiHeadAttention, trace: Trace, Q: Tensor, K: Te
         x_raw, attention = formula(q, k, v, user, normed, q_start=q_start, rotated_keys=n_cache, sinks=module.sinks)
         width = module.n_head * module.d_head
         merged = x_raw.transpose(1, 2).reshape(Q.shape[0], n_Q, width)  # [n_batch, n_Q, n_head·d_head]
+        # [n_batch, n_Q, n_head·d_head] @ W_oᵀ -> [n_batch, n_Q, d_feat]
         x = torch.einsum("bnh,fh->bnf", merged, module.W_o.weight.double())
         if module.W_o.bias is not None:
             x = x + module.W_o.bias.double()

@@ -82,18 +82,19 @@ def reference(module: LatentAttention, Q: Tensor, K: Tensor, user: Tensor | None
             every = torch.cat([cache[0].double(), latent], dim=1)
             k_pe = torch.cat([cache[1].double(), k_pe], dim=1)
         expanded = torch.einsum("bkl,ol->bko", every, W["kv_b_proj.weight"])  # [n_batch, n_K, n_head·(d_nope+d_V)]
+        # -> [n_batch, n_head, n_K, d_nope+d_V]
         expanded = expanded.reshape(n_batch, n_K, n_head, d_nope + L.v_head_dim).transpose(1, 2)
         k = torch.cat([expanded[..., :d_nope], k_pe[:, None].expand(n_batch, n_head, n_K, d_rope)], dim=-1)
         q = torch.cat([q[..., :d_nope], q_pe], dim=-1)
         inner = Asked(replace(asked.spec, rope=None, latent=None), asked.pad)
         x_raw, attention = formula(q, k, expanded[..., d_nope:], user, inner)
-        merged = x_raw.transpose(1, 2).reshape(n_batch, n_Q, n_head * L.v_head_dim)
+        merged = x_raw.transpose(1, 2).reshape(n_batch, n_Q, n_head * L.v_head_dim)  # [n_batch, n_Q, n_head·d_V]
         x = _linear(merged, W, "o_proj")
     return latent, x_raw, attention, x
 
 
 def _linear(x: Tensor, W: dict[str, Tensor], name: str) -> Tensor:
-    out = torch.einsum("...i,oi->...o", x, W[f"{name}.weight"])
+    out = torch.einsum("...i,oi->...o", x, W[f"{name}.weight"])  # [.., in] @ [out, in]ᵀ -> [.., out]
     bias = W.get(f"{name}.bias")
     return out if bias is None else out + bias
 

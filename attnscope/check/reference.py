@@ -199,7 +199,7 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
         serving = torch.arange(q.shape[-3]) // (q.shape[-3] // k.shape[-3])  # the KV head of each query head
         k, v = k.index_select(-3, serving), v.index_select(-3, serving)
     scale = 1 / math.sqrt(d) if asked.spec.scale is None else asked.spec.scale
-    s = torch.einsum("...qd,...kd->...qk", q, k) * scale
+    s = torch.einsum("...qd,...kd->...qk", q, k) * scale  # [.., n_Q, d] @ [.., n_K, d]ᵀ -> [.., n_Q, n_K]
     if asked.spec.softcap is not None:
         s = asked.spec.softcap * torch.tanh(s / asked.spec.softcap)
     if asked.spec.alibi:
@@ -221,9 +221,10 @@ def formula(q: Tensor, k: Tensor, v: Tensor, user: Tensor | None, asked: Asked, 
     if allowed is not None:
         s = s.masked_fill(~allowed, -math.inf)
     if sinks is not None:  # GPT-OSS's eager attention: cat, softmax, drop the column
+        # [n_head, 1, 1] or [1, 1]
         column = sinks.double().reshape(-1, 1, 1) if s.dim() >= 3 else sinks.double().reshape(1, 1)
         s = torch.cat([s, column.expand(*s.shape[:-1], 1)], dim=-1)
     p = torch.softmax(s, dim=-1)
     p = torch.where(torch.isneginf(s).all(dim=-1, keepdim=True), 0.0, p)  # PyTorch's _safe_softmax rule
     p = p[..., :-1] if sinks is not None else p
-    return torch.einsum("...qk,...kd->...qd", p, v), p
+    return torch.einsum("...qk,...kd->...qd", p, v), p  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]

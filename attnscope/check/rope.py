@@ -90,6 +90,7 @@ def rotate64(x: Tensor, config: Mapping[str, Any], *, start: int = 0, seq_len: i
     x = x.double()
     x_rot, x_pass = x[..., :width], x[..., width:]
     if pairing == "interleaved":
+        # [.., n, width/2] complex
         z = torch.view_as_complex(x_rot.reshape(*x_rot.shape[:-1], width // 2, 2).contiguous()) * turn
         rotated = torch.view_as_real(z).flatten(-2)
     else:

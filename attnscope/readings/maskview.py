@@ -79,7 +79,7 @@ def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: to
     user_kind = None
     if user_mask is not None:
         if user_mask.dim() > 2:
-            user_mask = user_mask.reshape(-1, *user_mask.shape[-2:])[0]
+            user_mask = user_mask.reshape(-1, *user_mask.shape[-2:])[0]  # [.., n_Q, n_K] -> the first [n_Q, n_K]
             parts.append("the mask file (its first [n_Q, n_K] slice)")
         else:
             parts.append("the mask file")

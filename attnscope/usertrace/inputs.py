@@ -343,6 +343,7 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Te
     from attnscope.spec import AttentionSpec
 
     built, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache), n_Q, n_K)
+    # [n_Q, n_K] -> [n_K, n_Q] for the column form
     built = built.transpose(0, 1) if built is not None and col else built
     # [1, n_Q, n_K], the Annotated Transformer's `subsequent_mask` shape: it broadcasts against [n_batch, n_Q, n_K]
     # and [n_batch, n_head, n_Q, n_K] scores, and after the `mask.unsqueeze(1)` that code does for the heads.

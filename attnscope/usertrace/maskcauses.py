@@ -130,7 +130,7 @@ def _diagonal(allowed: torch.Tensor) -> int | None:
     None when the reference's mask is not causal (it allows the last key to the first query)."""
     n_Q, n_K = allowed.shape[-2:]
     rel = torch.arange(n_K)[None, :] - torch.arange(n_Q)[:, None]
-    any_allowed = allowed.reshape(-1, n_Q, n_K).any(0)
+    any_allowed = allowed.reshape(-1, n_Q, n_K).any(0)  # [.., n_Q, n_K] -> [n_Q, n_K]
     if not bool(any_allowed.any()):
         return None
     reach = int(rel[any_allowed].max())
@@ -236,6 +236,6 @@ def _fit_slopes(user: torch.Tensor, reference: torch.Tensor, softmax: bool) -> t
         return None
     shape = [1] * user.dim()
     shape[heads] = -1
-    residual = (dc - jc * slopes.view(shape)).abs().max()
+    residual = (dc - jc * slopes.view(shape)).abs().max()  # slopes [n_head] along the head axis
     scale = float(dc.abs().max())
     return slopes if float(residual) <= 1e-4 * max(scale, 1.0) else None

@@ -281,6 +281,7 @@ def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.T
     from attnscope.spec import AttentionSpec
 
     structural, _ = masks.structural(AttentionSpec.asked(spec.causal, spec.window), Q.shape[-1], K.shape[-1])
+    # [n_Q, n_K] -> the column form's [n_K, n_Q]
     combined = masks.combine(structural.transpose(-2, -1) if structural is not None else None, mask)
     with torch.no_grad():
         return sdpa_columns(Q, K, V, combined)

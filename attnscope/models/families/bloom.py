@@ -102,7 +102,9 @@ class Bloom(Family):
         for ours, which in (("W_q", 0), ("W_k", 1), ("W_v", 2)):
             for part in ("weight", "bias"):
                 fused = self.weight(layer, f"{QKV}.{part}")  # [3·d_model(, d_model)]
+                # [n_head, 3, d_head(, d_model)]
                 per_head = fused.reshape(self.n_head, 3, self.d_head, *fused.shape[1:])
+                # [n_head·d_head(, d_model)]
                 state[f"{ours}.{part}"] = per_head[:, which].reshape(self.n_head * self.d_head, *fused.shape[1:])
         return state | {f"W_o.{part}": self.weight(layer, f"{OUT}.{part}") for part in ("weight", "bias")}
 

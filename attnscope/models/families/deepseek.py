@@ -271,6 +271,7 @@ class DeepseekV3(Llama):
         n_group, top_groups, top_k = self._routing(n_experts)
         groups = choice.view(-1, n_group, n_experts // n_group).topk(2, dim=-1)[0].sum(dim=-1)  # [n_tokens, n_group]
         kept = torch.zeros_like(groups).scatter_(1, torch.topk(groups, k=top_groups, dim=-1, sorted=False)[1], 1)
+        # [n_tokens, n_group] -> [n_tokens, n_group, n_experts/n_group] -> [n_tokens, n_experts]
         allowed = kept.unsqueeze(-1).expand(-1, n_group, n_experts // n_group).reshape(-1, n_experts).bool()
         chosen = torch.topk(choice.masked_fill(~allowed, float("-inf")), k=top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, chosen)
@@ -349,6 +350,7 @@ class DeepseekV2(DeepseekV3):
             n_group, top_groups, top_k = self._routing(n_experts, best_of_group=1)
             groups = scores.view(-1, n_group, n_experts // n_group).max(dim=-1).values  # [n_tokens, n_group]
             kept = torch.zeros_like(groups).scatter_(1, torch.topk(groups, k=top_groups, dim=-1, sorted=False)[1], 1)
+            # [n_tokens, n_group] -> [n_tokens, n_group, n_experts/n_group] -> [n_tokens, n_experts]
             allowed = kept.unsqueeze(-1).expand(-1, n_group, n_experts // n_group).reshape(-1, n_experts).bool()
             scores = scores.masked_fill(~allowed, 0.0)
         weights, chosen = torch.topk(scores, k=top_k, dim=-1, sorted=False)

@@ -89,6 +89,7 @@ class Gpt2(Family):
         bias = self.weight(layer, "attn.c_attn.bias")
         return {"W_q.weight": fused[:D], "W_k.weight": fused[D : 2 * D], "W_v.weight": fused[2 * D :],
                 "W_q.bias": bias[:D], "W_k.bias": bias[D : 2 * D], "W_v.bias": bias[2 * D :],
+                # [d_model, d_model], Conv1D's [in, out] as [out, in]
                 "W_o.weight": self.weight(layer, "attn.c_proj.weight").T,
                 "W_o.bias": self.weight(layer, "attn.c_proj.bias")}
 
@@ -112,6 +113,7 @@ class Gpt2(Family):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """`GPT2LMHeadModel`: the final LayerNorm ln_f, then the head, tied to wte."""
+        # [.., n_tokens, d_model] @ [d_model, n_vocab]
         return self._norm(f"{self.prefix}ln_f", h) @ self.head_weight("wte.weight", ties_by_default=True).T
 
     def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -124,6 +126,6 @@ class Gpt2(Family):
         h = h + attention(self.attention_input(layer, h)[0])["x"]
         x = self._norm(self.key(layer, "ln_2"), h)
         fc = self.weight(layer, "mlp.c_fc.weight").T  # Conv1D [in, out] -> Linear [out, in]
-        proj = self.weight(layer, "mlp.c_proj.weight").T
+        proj = self.weight(layer, "mlp.c_proj.weight").T  # Conv1D [in, out] -> Linear [out, in]
         return h + blocks.plain_mlp(x, fc, self.weight(layer, "mlp.c_fc.bias"), proj,
                                     self.weight(layer, "mlp.c_proj.bias"), act)

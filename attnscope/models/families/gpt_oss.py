@@ -117,7 +117,7 @@ class GptOss(Llama):
             gate_up, gate_up_bias, down, down_bias = self.expert(layer, expert)
             hidden = self.clamped_swiglu(flat[tokens] @ gate_up + gate_up_bias)  # [n, d_ff]
             out.index_add_(0, tokens, (hidden @ down + down_bias) * share[tokens, slot, None])  # [n, d_model]
-        return out.reshape(x.shape)
+        return out.reshape(x.shape)  # [n_tokens, d_model] -> x's [.., n_tokens, d_model]
 
     def clamped_swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """`GptOssExperts._apply_gate`: gate and up interleaved, each clamped, `(up + 1) · gate · σ(alpha · gate)`."""
