@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 Align = Literal["upper-left", "lower-right"]
 ALIGNMENTS: tuple[Align, ...] = ("upper-left", "lower-right")
 WindowSide = Literal["left", "both"]
+View = Literal["layer", "run", "mask"]  # who describes a spec in words (AttentionSpec.words)
 WINDOW_SIDES: tuple[WindowSide, ...] = ("left", "both")
 
 
@@ -177,28 +178,67 @@ class AttentionSpec:
 
     def describe(self, d_head: int) -> str:
         """A model layer's attention in words, for the head view: `causal, RoPE (base 10000), scale 1/√64`."""
-        scale = f"1/√{d_head}" if self.scale is None else f"{self.scale:.6g}"
-        parts = ["causal" if self.align else "bidirectional (no causal mask)"]
-        if self.rope is not None:
+        return ", ".join(self.words("layer", d_head=d_head))
+
+    def words(self, view: View, *, d_head: int = 0, n_Q: int = 0, n_K: int = 0, given: list[str] | None = None
+              ) -> list[str]:
+        """This attention in words, a phrase for each part in play: the one description of a spec, each view's
+        wording side by side. "layer": a model layer's header (`describe`); "run": the header of an sdpa or mha
+        run, the alignment spelled out for n_Q queries over n_K keys (runs/outputs.py); "mask": what masks, for
+        the mask view (readings/maskview.py). `given`: what lies outside the spec (padded keys, a mask file, a
+        position bias), said where the view says it."""
+        given = given or []
+        if view == "mask":
+            if self.bidirectional_window:
+                masking = [f"bidirectional sliding window of {self.window} (|i − j| ≤ {self.reach})"]
+            elif self.window is not None:
+                masking = [f"sliding window of {self.window} ({self.align})"]
+            elif self.chunk is not None:
+                masking = [f"causal chunks of {self.chunk} ({self.align}): a query sees the earlier keys of its "
+                           "own chunk"]
+            else:
+                masking = [f"causal ({self.align})"] if self.align else []
+            sinks = ["attention sinks (not a mask: one more column per row, outside the grid)"] if self.sinks else []
+            return (masking + given or ["nothing: every key is seen"]) + sinks
+        layer = view == "layer"
+        parts = []
+        if layer:
+            parts.append("causal" if self.align else "bidirectional (no causal mask)")
+        elif self.align:
+            offset = self.offset(n_Q, n_K)
+            shift = f" + {offset}" if offset > 0 else f" − {-offset}" if offset < 0 else ""
+            parts.append(f"causal {self.align} (query i sees keys j ≤ i{shift})")
+        if layer and self.rope is not None:
             parts.append(f"RoPE ({self.rope.describe()})")
+        sliding = "sliding " if layer else ""
         if self.bidirectional_window:
-            parts.append(f"sliding window {self.window} both sides (|i − j| ≤ {self.reach})")
+            parts.append(f"{sliding}window {self.window} both sides (|i − j| ≤ {self.reach}"
+                         + (")" if layer else ", no causal mask)"))
         elif self.window is not None:
-            parts.append(f"sliding window {self.window}")
+            parts.append(f"{sliding}window {self.window}")
         if self.chunk is not None:
             parts.append(f"chunks of {self.chunk}")
+        if not layer and self.cache:
+            parts.append(f"KV cache: {self.cache} cached + {n_Q} new positions")
+        if not layer and self.rope is not None:
+            parts.append(f"RoPE {self.rope.describe()}")
         if self.temperature is not None:
             parts.append(self.temperature.describe())
-        parts.append(f"scale {scale}")
+        if layer:
+            parts.append(f"scale {f'1/√{d_head}' if self.scale is None else f'{self.scale:.6g}'}")
+        elif self.alibi:
+            parts.append("ALiBi")
         if self.softcap is not None:
             parts.append(f"softcap {self.softcap:g}")
-        if self.latent is not None:
+        if layer and self.latent is not None:
             parts.append(self.latent.describe())
         if self.sinks:
-            parts.append("attention sinks (a learned logit per head)")
+            parts.append("attention sinks (a learned logit per head)" if layer
+                         else "attention sinks (rows sum to less than 1)")
         if self.norm is not None:
-            parts.append(self.norm.describe())
-        return ", ".join(parts)
+            parts.append(self.norm.describe() if layer
+                         else f"qk-norm {'per head' if self.norm.over == 'head' else 'over the projection'}")
+        return parts + given
 
     @property
     def reach(self) -> int:
