@@ -1,8 +1,12 @@
-"""Models: one module per family behind one protocol (family.py, an abstract base class), where a head lives
-and reading it (weights.py), running layers 0..L with layer L traced (run.py), the lazy checkpoint reader
-(checkpoint.py), config.json read defensively (config.py), the model's own tokenizer (tokenizer.py), the
-Hugging Face cache lookup (hub.py); the encoder-decoders (seq2seq.py, seq2seq_run.py); and any other family
-through transformers, layers 0..L only (truncated.py), traced through its attention interface (interface.py).
+"""Models: the protocol and reading at the root, one page per family behind it (families/), the forwards that
+run them (forward/), and the families with no page, through transformers (nopage/).
+
+The root: the protocol (family.py, an abstract base class), where a head lives and reading it (weights.py), the
+lazy checkpoint reader (checkpoint.py), config.json read defensively (config.py), the model's own tokenizer
+(tokenizer.py), the Hugging Face cache lookup (hub.py). families/: a page per family, the encoder-decoders'
+three attentions (seq2seq.py). forward/: layers 0..L with layer L traced (run.py), every layer (stream.py),
+a long input (long.py), the encoder-decoders' (seq2seq_run.py). nopage/: any other family through
+transformers, layers 0..L only (truncated.py), traced through its attention interface (interface.py).
 
 | model_type | module | class |
 |---|---|---|
@@ -36,26 +40,28 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | step | made in |
 |---|---|
 | X, the attention's input (the residual stream after the layer's input norm) | the family's `attention_input`; |
-|   the layers before it by its `block` | bert.py, gpt2.py, llama.py, ... |
-| Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
-| Q_normed, K_normed (qk-norm before RoPE) | qknorm.py, from multihead.py `_heads` (`attention_spec().qk_norm`) |
-| cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
-|   layers) | |
-| Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
-| attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
-| alibi_bias, biased_scores (BLOOM, MPT) | attention.py `sdpa` with alibi.py |
-| K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
+|   the layers before it by its `block` | families/bert.py, gpt2.py, llama.py, ... |
+| Q_feat, K_feat, V_feat, Q_split, K_split, V_split | attention/multihead.py `_heads` (weights: the family's |
+|   | `projections`) |
+| Q_normed, K_normed (qk-norm before RoPE) | variants/qknorm.py, from multihead.py `_heads` |
+|   | (`attention_spec().qk_norm`) |
+| cos, sin, Q_rot, K_rot | attention/dot_product.py `rotate`, variants/rope.py (the family's |
+|   | `attention_spec().rope`; none on NoPE layers) |
+| Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | families/llama4_qk_norm.py `Llama4Attention` |
+| attn_scales, Q_tuned (Llama 4's NoPE layers) | dot_product.py `tune` with variants/temperature.py |
+| alibi_bias, biased_scores (BLOOM, MPT) | dot_product.py `sdpa` with variants/alibi.py |
+| K_rep, V_rep, scores, capped_scores, masked_scores, attention | dot_product.py `sdpa` (masks.py for the mask: |
 |   causal, window (left or both sides), chunk) | |
-| sinks, sink_weight (GPT-OSS) | sinks.py, called by attention.py `sdpa` (the values: the module's `sinks`) |
-| x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
+| sinks, sink_weight (GPT-OSS) | attention/sinks.py, called by `sdpa` (the values: the module's `sinks`) |
+| x_raw, x_rsh1, x_rsh2, x | attention/multihead.py `forward` |
 | the head's own X, Q, K, V, ..., out (views of the layer's steps) | head_steps.py `head_trace` |
-| an encoder-decoder's X, memory (across), position_buckets | seq2seq_run.py (t5.py: the buckets and bias) |
-| position_bias, biased_scores (T5) | attention.py `sdpa` with position_bias.py |
-| a family with no page: Q, K, V, K_rep, V_rep, scores, capped_scores, mask, masked_scores, | interface.py |
+| an encoder-decoder's X, memory (across), position_buckets | forward/seq2seq_run.py (t5.py: the buckets, bias) |
+| position_bias, biased_scores (T5) | dot_product.py `sdpa` with attention/position_bias.py |
+| a family with no page: Q, K, V, K_rep, V_rep, scores, capped_scores, mask, masked_scores, | nopage/interface.py |
 |   sinks, sink_weight, attention, out (layers before it: transformers' own, truncated.py) | |
 | where head h lives (W_Q, b_Q, ..., W_O) | the family's `head_slices`, read by weights.py |
-| MLA's Q_latent, ..., KV_latent, K_pe, Q_pe_rot, K_pe_rot, Q_full, KV_up, K_nope, K_full | latent.py (deepseek.py) |
-| MLA: the head's own Q_nope, ..., K_full, out | deepseek.py `head_trace` |
+| MLA's Q_latent, ..., KV_latent, K_pe, Q_pe_rot, K_pe_rot, Q_full, KV_up, K_nope, K_full | attention/latent.py |
+| MLA: the head's own Q_nope, ..., K_full, out | families/deepseek.py `head_trace` |
 """
 
 from __future__ import annotations
