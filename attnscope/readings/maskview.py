@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from attnscope import masks
+from attnscope.spec import in_words
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: to
         seen = ~torch.isneginf(user) if user.is_floating_point() else user
         allowed = masks.combine(allowed, seen)
     grid = (allowed if allowed is not None else torch.ones(n_Q, n_K, dtype=torch.bool)).expand(n_Q, n_K)
-    result = MaskView(n_Q, n_K, grid.tolist(), align or "none", spec.offset(n_Q, n_K), spec.words("mask", given=given))
+    result = MaskView(n_Q, n_K, grid.tolist(), align or "none", spec.offset(n_Q, n_K),
+                      in_words(spec, "mask", given=given))
     from attnscope.readings.translations import translate
 
     result.translations = translate(n_Q, n_K, spec, pad, user_kind)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.spec import in_words
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -197,11 +198,11 @@ def variant_params(spec: AttentionSpec) -> dict[str, Any]:
 
 
 def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: int) -> str:
-    """A header line for the masks and variants in play, the causal alignment spelled out (spec.words)."""
+    """A header line for the masks and variants in play, the causal alignment spelled out (spec.in_words)."""
     given = [f"last {counted(asked.pad, 'key')} padded"] if asked.pad else []
     given += [f"mask {asked.mask}"] if asked.mask else []
     given += [f"position bias {asked.position_bias}"] if asked.position_bias else []
-    parts = spec.words("run", n_Q=n_Q, n_K=n_K, given=given)
+    parts = in_words(spec, "run", n_Q=n_Q, n_K=n_K, given=given)
     lines = [""]
     for part in parts:  # break between items, never inside one
         lines[-1:] = [f"{lines[-1]}  {part}".strip()] if len(lines[-1]) + len(part) < 76 else [lines[-1], part]
