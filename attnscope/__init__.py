@@ -8,6 +8,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from attnscope import trace as _trace
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -30,16 +32,16 @@ __all__ = [
 
 _HOMES = {
     "AttnscopeError": "attnscope.errors",
-    "MultiHeadAttention": "attnscope.multihead",
+    "MultiHeadAttention": "attnscope.attention.multihead",
     "Latent": "attnscope.spec",
-    "LatentAttention": "attnscope.latent",
-    "QkNorm": "attnscope.qknorm",
-    "Rope": "attnscope.rope",
-    "sdpa": "attnscope.attention",
-    "split_heads": "attnscope.attention",
-    "merge_heads": "attnscope.attention",
+    "LatentAttention": "attnscope.attention.latent",
+    "QkNorm": "attnscope.variants.qknorm",
+    "Rope": "attnscope.variants.rope",
+    "sdpa": "attnscope.attention.dot_product",
+    "split_heads": "attnscope.attention.dot_product",
+    "merge_heads": "attnscope.attention.dot_product",
     "Step": "attnscope.trace",
-    "TemperatureTuning": "attnscope.temperature",
+    "TemperatureTuning": "attnscope.variants.temperature",
     "Trace": "attnscope.trace",
     "load_tensor": "attnscope.tensors",
     "model_head": "attnscope.runs.head",
@@ -47,17 +49,28 @@ _HOMES = {
 }
 
 if TYPE_CHECKING:
-    from attnscope.attention import merge_heads, sdpa, split_heads
+    from attnscope.attention.dot_product import merge_heads, sdpa, split_heads
+    from attnscope.attention.latent import LatentAttention
+    from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.errors import AttnscopeError
-    from attnscope.latent import LatentAttention
-    from attnscope.multihead import MultiHeadAttention
-    from attnscope.qknorm import QkNorm
-    from attnscope.rope import Rope
     from attnscope.runs.head import model_head
     from attnscope.spec import Latent
-    from attnscope.temperature import TemperatureTuning
     from attnscope.tensors import load_tensor, save_tensors
     from attnscope.trace import Step, Trace
+    from attnscope.variants.qknorm import QkNorm
+    from attnscope.variants.rope import Rope
+    from attnscope.variants.temperature import TemperatureTuning
+
+
+def _notebook_view(trace: Trace) -> str:
+    """A trace in Jupyter: its steps and its attention, each head's kind read (views/embed.py, readings/)."""
+    from attnscope.readings.headstats import describe
+    from attnscope.views.embed import trace_view
+
+    return trace_view(trace, describe)
+
+
+_trace.Trace.notebook_view = _notebook_view  # the core's Trace shows itself through the views, which it never imports
 
 
 def __getattr__(name: str) -> Any:

@@ -180,7 +180,7 @@ def fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:
     import torch
 
     if mask.dim() < 2:  # [n_K] (or a scalar): the same keys for every query
-        mask = mask.reshape(1, -1)
+        mask = mask.reshape(1, -1)  # [1, n_K]
     if mask.dtype == torch.bool:
         return ~mask.any(dim=-1, keepdim=True)
     return torch.isneginf(mask).all(dim=-1, keepdim=True)

@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from attnscope.qknorm import QkNorm
-    from attnscope.rope import Rope
-    from attnscope.temperature import TemperatureTuning
+    from attnscope.variants.qknorm import QkNorm
+    from attnscope.variants.rope import Rope
+    from attnscope.variants.temperature import TemperatureTuning
 
 Align = Literal["upper-left", "lower-right"]
 ALIGNMENTS: tuple[Align, ...] = ("upper-left", "lower-right")
 WindowSide = Literal["left", "both"]
+View = Literal["layer", "run", "mask"]  # who describes a spec in words (in_words)
 WINDOW_SIDES: tuple[WindowSide, ...] = ("left", "both")
 
 
@@ -69,13 +70,13 @@ class AttentionSpec:
     # QkNorm (qknorm.py) that also says eps and Gemma's (1 + w); a word is made a QkNorm here
     qk_norm: QkNorm | str | None = None
     # the position of query 0 where the queries are rows start.. of a longer sequence whose keys are all given and
-    # no causal alignment applies (a block of a long input's rows, models/long.py); a causal block is a decode step
+    # no causal alignment applies (a block of a long input's rows, forward/long.py); a causal block is a decode step
     # (`cache`) instead
     start: int = 0
 
     def __post_init__(self) -> None:
         if self.qk_norm is not None:
-            from attnscope.qknorm import QkNorm
+            from attnscope.variants.qknorm import QkNorm
 
             if isinstance(self.qk_norm, str):
                 object.__setattr__(self, "qk_norm", QkNorm(self.qk_norm))
@@ -177,28 +178,7 @@ class AttentionSpec:
 
     def describe(self, d_head: int) -> str:
         """A model layer's attention in words, for the head view: `causal, RoPE (base 10000), scale 1/√64`."""
-        scale = f"1/√{d_head}" if self.scale is None else f"{self.scale:.6g}"
-        parts = ["causal" if self.align else "bidirectional (no causal mask)"]
-        if self.rope is not None:
-            parts.append(f"RoPE ({self.rope.describe()})")
-        if self.bidirectional_window:
-            parts.append(f"sliding window {self.window} both sides (|i − j| ≤ {self.reach})")
-        elif self.window is not None:
-            parts.append(f"sliding window {self.window}")
-        if self.chunk is not None:
-            parts.append(f"chunks of {self.chunk}")
-        if self.temperature is not None:
-            parts.append(self.temperature.describe())
-        parts.append(f"scale {scale}")
-        if self.softcap is not None:
-            parts.append(f"softcap {self.softcap:g}")
-        if self.latent is not None:
-            parts.append(self.latent.describe())
-        if self.sinks:
-            parts.append("attention sinks (a learned logit per head)")
-        if self.norm is not None:
-            parts.append(self.norm.describe())
-        return ", ".join(parts)
+        return ", ".join(in_words(self, "layer", d_head=d_head))
 
     @property
     def reach(self) -> int:
@@ -209,6 +189,67 @@ class AttentionSpec:
     def norm(self) -> QkNorm | None:
         """The qk-norm, typed (`qk_norm` is always a QkNorm or None once built)."""
         return self.qk_norm  # type: ignore[return-value]
+
+
+def in_words(spec: AttentionSpec, view: View, *, d_head: int = 0, n_Q: int = 0, n_K: int = 0,
+             given: list[str] | None = None) -> list[str]:
+    """The attention `spec` asks for, in words, a phrase for each part in play: the one description of a spec,
+    each view's wording side by side. "layer": a model layer's header (`AttentionSpec.describe`); "run": the
+    header of an sdpa or mha run, the alignment spelled out for n_Q queries over n_K keys (runs/outputs.py);
+    "mask": what masks, for the mask view (readings/maskview.py). `given`: what lies outside the spec (padded
+    keys, a mask file, a position bias), said where the view says it."""
+    given = given or []
+    if view == "mask":
+        if spec.bidirectional_window:
+            masking = [f"bidirectional sliding window of {spec.window} (|i − j| ≤ {spec.reach})"]
+        elif spec.window is not None:
+            masking = [f"sliding window of {spec.window} ({spec.align})"]
+        elif spec.chunk is not None:
+            masking = [f"causal chunks of {spec.chunk} ({spec.align}): a query sees the earlier keys of its "
+                       "own chunk"]
+        else:
+            masking = [f"causal ({spec.align})"] if spec.align else []
+        sinks = ["attention sinks (not a mask: one more column per row, outside the grid)"] if spec.sinks else []
+        return (masking + given or ["nothing: every key is seen"]) + sinks
+    layer = view == "layer"
+    parts = []
+    if layer:
+        parts.append("causal" if spec.align else "bidirectional (no causal mask)")
+    elif spec.align:
+        offset = spec.offset(n_Q, n_K)
+        shift = f" + {offset}" if offset > 0 else f" − {-offset}" if offset < 0 else ""
+        parts.append(f"causal {spec.align} (query i sees keys j ≤ i{shift})")
+    if layer and spec.rope is not None:
+        parts.append(f"RoPE ({spec.rope.describe()})")
+    sliding = "sliding " if layer else ""
+    if spec.bidirectional_window:
+        parts.append(f"{sliding}window {spec.window} both sides (|i − j| ≤ {spec.reach}"
+                     + (")" if layer else ", no causal mask)"))
+    elif spec.window is not None:
+        parts.append(f"{sliding}window {spec.window}")
+    if spec.chunk is not None:
+        parts.append(f"chunks of {spec.chunk}")
+    if not layer and spec.cache:
+        parts.append(f"KV cache: {spec.cache} cached + {n_Q} new positions")
+    if not layer and spec.rope is not None:
+        parts.append(f"RoPE {spec.rope.describe()}")
+    if spec.temperature is not None:
+        parts.append(spec.temperature.describe())
+    if layer:
+        parts.append(f"scale {f'1/√{d_head}' if spec.scale is None else f'{spec.scale:.6g}'}")
+    elif spec.alibi:
+        parts.append("ALiBi")
+    if spec.softcap is not None:
+        parts.append(f"softcap {spec.softcap:g}")
+    if layer and spec.latent is not None:
+        parts.append(spec.latent.describe())
+    if spec.sinks:
+        parts.append("attention sinks (a learned logit per head)" if layer
+                     else "attention sinks (rows sum to less than 1)")
+    if spec.norm is not None:
+        parts.append(spec.norm.describe() if layer
+                     else f"qk-norm {'per head' if spec.norm.over == 'head' else 'over the projection'}")
+    return parts + given
 
 
 def check_kv_heads(n_head: int, n_kv_head: int) -> None:

@@ -6,9 +6,10 @@ multi-head attention run, as the tutorials' dict of intermediates was.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import html
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +56,7 @@ class Trace(Mapping[str, "torch.Tensor"]):
 
     _steps: dict[str, Step] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    notebook_view: ClassVar[Callable[[Trace], str] | None] = None  # how Jupyter shows a trace, handed in from above
 
     def add(
         self,
@@ -106,9 +108,9 @@ class Trace(Mapping[str, "torch.Tensor"]):
         return f"Trace({rows})"
 
     def _repr_html_(self) -> str:
-        """Jupyter shows a trace as an HTML table of its steps and its attention as a heatmap: the explorer page
-        where the frontend runs scripts, the static view of notebook.py where not (views/embed.py)."""
-        from attnscope.readings.headstats import describe
-        from attnscope.views.embed import trace_view
-
-        return trace_view(self, describe)
+        """Jupyter shows a trace through `notebook_view`, which the package hands in (attnscope/__init__.py:
+        views/embed.py's explorer page, the static table and heatmap where the frontend runs no script), so that
+        the core imports no view; without one, the steps as text."""
+        if Trace.notebook_view is None:
+            return f"<pre>{html.escape(repr(self))}</pre>"
+        return Trace.notebook_view(self)

@@ -80,7 +80,7 @@ def main() -> None:
 # What anatomy itself takes once the interpreter and the CLI's imports are there: reading and describing.
 IN_PROCESS = """
 import statistics, sys, time
-from attnscope.models.anatomy import read_anatomy
+from attnscope.anatomy.read import read_anatomy
 from attnscope.render.anatomy import anatomy_json
 times = []
 for _ in range(50):

@@ -1,5 +1,5 @@
 """A family attnscope has no page for, traced through transformers' attention interface with only layers 0..L
-built and loaded (models/truncated.py), against transformers' whole model: from_pretrained, then
+built and loaded (models/nopage/truncated.py), against transformers' whole model: from_pretrained, then
 output_attentions, on the same checkpoint and text.
 
     python benchmarks/bench_interface.py [--runs 5]

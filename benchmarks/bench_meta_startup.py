@@ -1,7 +1,7 @@
 """`--meta` against the real run, and what importing torch's compiler cost: fresh processes, before and after.
 
 Target: `mha --d-feat 64 --heads 4 --meta` never slower than the same run without --meta. Before
-attnscope/metadevice.py, the meta device's Python kernels imported sympy and torch._dynamo on the first op
+attnscope/tensors/metadevice.py, the meta device's Python kernels imported sympy and torch._dynamo on the first op
 (F.linear's bias through the addmm decomposition, whose torch.mm is wrapped by `torch._disable_dynamo`), and
 `--check` with a lower-right mask imported torch.nn.attention.bias, which imports torch._dynamo too. Each
 command runs in turn, round after round, as a fresh process with a fresh TMPDIR; with `--before DIR` (a
@@ -37,7 +37,7 @@ import time, torch, sys
 x, w, b = (torch.empty(s, device="meta") for s in ((8, 32, 64), (64, 64), (64,)))
 start = time.perf_counter()
 if sys.argv[1] == "mode":
-    from attnscope.metadevice import shapes_only
+    from attnscope.tensors.metadevice import shapes_only
     with shapes_only():
         torch.nn.functional.linear(x, w, b)
 else:
@@ -83,7 +83,7 @@ def main() -> None:
     print("| command | median wall (s) |")
     print("|---|---|")
     print(f"| one F.linear with a bias on meta tensors, plain torch (first call, import excluded) | {plain:.3f} |")
-    print(f"| the same under attnscope.metadevice.shapes_only | {mode:.3f} |")
+    print(f"| the same under attnscope.tensors.metadevice.shapes_only | {mode:.3f} |")
     print(f"| run_mha(d_feat=64, heads=4), torch imported: the real run | {own['real']:.3f} |")
     print(f"| the same with meta=True | {own['meta']:.3f} |")
     for name, sample in results.items():

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _measure import machine  # noqa: E402
 
 from attnscope import MultiHeadAttention  # noqa: E402
-from attnscope.check import reference_mha  # noqa: E402
+from attnscope.check.comparison import reference_mha  # noqa: E402
 
 
 class TutorialMHA(nn.Module):

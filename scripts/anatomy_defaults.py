@@ -1,4 +1,4 @@
-"""Write attnscope/models/anatomy_defaults.json: what `attnscope anatomy` needs from transformers' config classes,
+"""Write attnscope/anatomy/defaults.json: what `attnscope anatomy` needs from transformers' config classes,
 read once here so that anatomy itself never imports transformers (whose config classes import torch).
 
     python scripts/anatomy_defaults.py            # rewrite the file from the installed transformers
@@ -25,9 +25,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-OUT = ROOT / "attnscope" / "models" / "anatomy_defaults.json"
+OUT = ROOT / "attnscope" / "anatomy" / "defaults.json"
 
-from attnscope.models.anatomy_config import FIELDS  # noqa: E402
+from attnscope.anatomy.config import FIELDS  # noqa: E402
 
 DERIVED = {"layer_types"}  # per layer: derived from the number of layers, never a fixed default
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnscope.models.anatomy import read_anatomy
+from attnscope.anatomy.read import read_anatomy
 
 DECODER = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 16, "num_attention_heads": 4,
            "num_key_value_heads": 2, "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1,

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.cells import cell_len
 
-from attnscope.models.anatomy_config import FIELDS
+from attnscope.anatomy.config import FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "configs"

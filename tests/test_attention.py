@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import MultiHeadAttention, merge_heads, sdpa, split_heads
-from attnscope.check import reference_mha
+from attnscope.check.comparison import reference_mha
 from attnscope.errors import UsageError
 
 ATOL = 1e-5

@@ -8,7 +8,20 @@ import pytest
 import torch
 
 from attnscope.cli import app
-from attnscope.runs.race import bench_mha, bench_sdpa
+from attnscope.runs.race import mha_race, run, sdpa_race
+
+
+def bench_sdpa(batch, nq, nk, dk, dv, *, causal, device, dtype, runs, warmup):
+    """`attnscope bench sdpa`'s race, run as the command runs it (runs/bench.py)."""
+    return run(sdpa_race(batch, nq, nk, dk, dv, causal=causal, device=device, dtype=dtype), runs, warmup)
+
+
+def bench_mha(batch, nq, nk, d_feat, heads, *, bias, causal, device, dtype, runs, warmup, kv_heads=None,
+              tick=lambda _: None):
+    """`attnscope bench mha`'s race, run as the command runs it."""
+    race = mha_race(batch, nq, nk, d_feat, heads, bias=bias, causal=causal, device=device, dtype=dtype,
+                    kv_heads=kv_heads)
+    return run(race, runs, warmup, tick)
 
 
 def test_bench_sdpa_contenders_agree_and_report_rates():

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from attnscope import cost
-from attnscope.check import compare
+from attnscope.check.comparison import compare
 from attnscope.cli import app
-from attnscope.rope import Rope
 from attnscope.runs.mha import MhaOptions, run_mha
 from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 from attnscope.spec import AttentionSpec
+from attnscope.variants.rope import Rope
 
 SMALL_SDPA = ["sdpa", "--batch", "2", "--nq", "5", "--nk", "7", "--dk", "8", "--dv", "4"]
 SMALL_MHA = ["mha", "--batch", "2", "--nq", "6", "--d-feat", "16", "--heads", "4"]
@@ -141,7 +141,7 @@ def test_planted_window_without_causal_fails(runner, monkeypatch):
 
 
 def test_planted_rope_sign_error_fails(runner, monkeypatch):
-    from attnscope import rope
+    from attnscope.variants import rope
 
     _plant(monkeypatch, rope, "apply_rope", lambda x, cos, sin: x * cos - rope.rotate_half(x) * sin)
     result = runner.invoke(app, [*SMALL_MHA, "--rope", "--kv-heads", "2", "--check"])
@@ -149,7 +149,7 @@ def test_planted_rope_sign_error_fails(runner, monkeypatch):
 
 
 def test_planted_wrong_kv_head_sharing_fails(runner, monkeypatch):
-    from attnscope import attention
+    from attnscope.attention import dot_product as attention
 
     real = torch.Tensor.repeat_interleave
     monkeypatch.setattr(torch.Tensor, "repeat_interleave",
@@ -319,7 +319,7 @@ def test_lower_right_reference_is_what_causal_lower_right_materializes(n_Q, n_K)
     torch's compiler and writes $TMPDIR/torchinductor_*); the two are the same mask."""
     from torch.nn.attention.bias import causal_lower_right
 
-    from attnscope.reference import Asked, sdpa_mask
+    from attnscope.check.reference import Asked, sdpa_mask
 
     mask, is_causal = sdpa_mask(None, n_Q, n_K, Asked(AttentionSpec(causal="lower-right")))
     assert not is_causal and torch.equal(mask, causal_lower_right(n_Q, n_K)._materialize())

@@ -21,7 +21,7 @@ def test_half_precision_files_on_the_formula_path(runner, tmp_path, dtype, extra
     a float32 run keeps float32's; a float64 run keeps float64's, but float32's where it made RoPE's tables,
     the qk-norm, ALiBi's bias or the temperature's factors in float32, as transformers makes them (it once
     failed by a hair)."""
-    from attnscope.check import TOLERANCES
+    from attnscope.check.comparison import TOLERANCES
 
     made_in_float32 = {"--rope", "--alibi", "--qk-norm", "--temperature-tuning"} & set(extra)
     expected = torch.float32 if dtype == "float64" and made_in_float32 else getattr(torch, dtype)
@@ -40,7 +40,7 @@ def test_half_precision_files_on_the_formula_path(runner, tmp_path, dtype, extra
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_files_still_fail_a_planted_error(runner, tmp_path, monkeypatch, dtype):
-    from attnscope import rope
+    from attnscope.variants import rope
 
     torch.save(torch.randn(2, 5, 16).to(getattr(torch, dtype)), tmp_path / "q.pt")
     _plant(monkeypatch, rope, "apply_rope", lambda x, cos, sin: x * cos - rope.rotate_half(x) * sin)

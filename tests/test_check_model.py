@@ -20,7 +20,7 @@ def built(tmp_path_factory):
 def test_a_planted_mistake_fails_the_check(built, runner, monkeypatch):
     """Mistral's window dropped from attnscope's forward: layer 1's pattern differs from eager's, --check says
     FAIL for it, exit 1, and the table and JSON still show everything."""
-    from attnscope.models.mistral import Mistral
+    from attnscope.models.families.mistral import Mistral
 
     folder, _ = built("mistral")
     monkeypatch.setattr(Mistral, "window", lambda self, layer: None if layer == 1 else 4)
@@ -36,7 +36,7 @@ def test_a_planted_mistake_fails_the_check(built, runner, monkeypatch):
 
 
 def test_a_long_inputs_exact_rows_are_checked(built, runner, monkeypatch):
-    from attnscope.models import long
+    from attnscope.models.forward import long
 
     folder, _ = built("qwen2")
     monkeypatch.setattr(long, "LONG_TOKENS", 8)

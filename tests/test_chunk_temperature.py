@@ -21,7 +21,7 @@ from attnscope.errors import UsageError
 from attnscope.runs.mha import MhaOptions, run_mha
 from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 from attnscope.spec import AttentionSpec
-from attnscope.temperature import TemperatureTuning
+from attnscope.variants.temperature import TemperatureTuning
 
 
 def _chunked_reference(n_Q: int, n_K: int, chunk: int, offset: int) -> torch.Tensor:
@@ -47,7 +47,7 @@ def _close(ours, reference, atol=1e-5):
 def test_chunked_attention_is_transformers_chunked_causal_mask(n_Q, extra, chunk, align):
     """Fewer keys than queries too: lower-right, the first queries sit before key 0 and see none (check's
     reference once took their rows from the end of its blocks)."""
-    from attnscope.reference import Asked, allowed_mask
+    from attnscope.check.reference import Asked, allowed_mask
 
     n_K = max(0, n_Q + extra)
     offset = n_K - n_Q if align == "lower-right" else 0
@@ -192,11 +192,13 @@ def test_mha_check_passes(runner, extra):
 
 @pytest.mark.parametrize(("target", "planted", "extra"), [
     ("attnscope.masks.chunk_mask", "window", ["--chunk", "3"]),
-    ("attnscope.temperature.TemperatureTuning.scales", "scales", ["--temperature-tuning", "--floor-scale", "2"]),
-    ("attnscope.rope.apply_rope_interleaved", "pairing", ["--rope", "--rope-pairing", "interleaved"]),
+    ("attnscope.variants.temperature.TemperatureTuning.scales", "scales",
+     ["--temperature-tuning", "--floor-scale", "2"]),
+    ("attnscope.variants.rope.apply_rope_interleaved", "pairing", ["--rope", "--rope-pairing", "interleaved"]),
 ])
 def test_planted_mistakes_fail_the_check(runner, monkeypatch, target, planted, extra):
-    from attnscope import masks, rope
+    from attnscope import masks
+    from attnscope.variants import rope
 
     wrong = {"window": lambda n_Q, n_K, chunk, align="upper-left", device=None: masks.window_mask(n_Q, n_K, chunk,
                                                                                                    align, device),

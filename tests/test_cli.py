@@ -322,7 +322,7 @@ def test_check_prints_pass_per_tensor(runner):
 def test_check_json_and_exit_1_on_fail(runner, monkeypatch):
     from dataclasses import replace
 
-    from attnscope import attention
+    from attnscope.attention import dot_product as attention
 
     real = attention.sdpa  # the module's inner attention with a planted scale of 1
     monkeypatch.setattr(attention, "sdpa", lambda Q, K, V, mask=None, *, spec, **kw:

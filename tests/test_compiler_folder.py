@@ -66,7 +66,7 @@ def test_only_an_empty_folder_the_run_made_is_removed(tmp_path, monkeypatch):
 def test_an_out_of_range_head_is_refused_before_the_layers_run(tmp_path, monkeypatch):
     from tiny_interface import build
 
-    from attnscope.models import truncated
+    from attnscope.models.nopage import truncated
 
     build("gpt_neox", tmp_path / "gpt_neox")
     monkeypatch.setattr(truncated, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("layers ran")))

@@ -125,7 +125,8 @@ def _short_encoder_decoder(runner, folder, eager, family):
 
 
 def _long(runner, folder, eager, family, monkeypatch):
-    from attnscope.models import long, tokenizer
+    from attnscope.models import tokenizer
+    from attnscope.models.forward import long
 
     monkeypatch.setattr(long, "LONG_TOKENS", 8)
     monkeypatch.setattr(long, "BLOCK_ROWS", 5)
@@ -297,7 +298,7 @@ def row_of(family: str):
 
 
 def _refused(runner, folder, family, view, monkeypatch):
-    from attnscope.models import long
+    from attnscope.models.forward import long
 
     args = {"short": ["--text", SENTENCE], "long": ["--text", SENTENCE], "generate": ["--text", PROMPT, "--generate",
             "2"], "all-layers": ["--text", SENTENCE, "--all-layers"], "check": ["--text", SENTENCE, "--check"]}[view]

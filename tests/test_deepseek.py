@@ -1,4 +1,4 @@
-"""DeepSeek-V3 and DeepSeek-V2 (models/deepseek.py) against transformers' own models: tiny random checkpoints
+"""DeepSeek-V3 and DeepSeek-V2 (models/families/deepseek.py) against transformers' own models: tiny random checkpoints
 saved with save_pretrained (tests/tiny_deepseek.py) with a dense layer then mixture-of-experts layers. The --text
 pattern of every layer equals eager output_attentions (so the routers and experts before layer L run as
 transformers runs them); head h's weights are the model's parameters sliced; both config forms load."""

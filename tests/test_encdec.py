@@ -109,7 +109,7 @@ def test_every_heads_weights_are_the_modules_slices(family, kind):
 def test_t5s_buckets_and_bias_are_t5attentions(tmp_path):
     """The encoder's bidirectional and the decoder's causal buckets, and the bias they index, against
     `T5Attention._relative_position_bucket` and `compute_bias` (layer 0's table, shared)."""
-    from attnscope.models.t5 import relative_buckets
+    from attnscope.models.families.t5 import relative_buckets
 
     model = build("t5", tmp_path / "t5")
     result = None
@@ -334,7 +334,7 @@ def test_all_layers_are_every_layer_of_the_stack_labelled_as_it_reads(family, ki
     result = _run(family, kind, 1, 0, all_layers=True)
     assert result.layer_numbers == list(range(len(expected)))
     rows, cols = result.axes()
-    for layer, heads in enumerate(result.layers):
+    for layer, heads in enumerate(result.layer_heads):
         torch.testing.assert_close(heads.attention, expected[layer][0], atol=1e-5, rtol=0)
         assert (heads.row_labels, heads.col_labels) == (rows, cols)
     torch.testing.assert_close(result.all_heads, expected[1][0], atol=1e-5, rtol=0)  # layer L traced as without it
@@ -373,7 +373,7 @@ def test_generate_holds_what_transformers_cache_holds(family, kind):
 def test_check_fails_on_a_planted_mistake(whisper_and_bart, runner, monkeypatch):
     """--check holds the encoder-decoder's run against transformers' own: a scale gone wrong FAILs, exit 1."""
     from attnscope.cli import app
-    from attnscope.models.seq2seq import EncoderDecoder
+    from attnscope.models.families.seq2seq import EncoderDecoder
 
     folder = whisper_and_bart / "bart"
     args = ["head", "--model", str(folder), "--text", SOURCE, "--target", TARGET, "--attention", "cross", "--check",

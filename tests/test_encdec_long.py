@@ -1,4 +1,4 @@
-"""An encoder-decoder on a long source or target (models/seq2seq_long.py): every layer before L attends in blocks of
+"""An encoder-decoder on a long source or target (forward/seq2seq_long.py): every layer before L attends in blocks of
 query rows (T5's bias made per block), layer L's head in blocks, pooled, its --rows exact against transformers'
 eager `output_attentions` (float32, 1e-5) on tiny models with every weight moved (tests/tiny_encdec.py), with
 LONG_TOKENS and BLOCK_ROWS made small so a sentence is long."""
@@ -21,7 +21,7 @@ def t5_and_bart(tmp_path_factory):
 
 @pytest.fixture()
 def small_blocks(monkeypatch):
-    from attnscope.models import long
+    from attnscope.models.forward import long
 
     monkeypatch.setattr(long, "LONG_TOKENS", 8)
     monkeypatch.setattr(long, "BLOCK_ROWS", 3)
@@ -50,8 +50,8 @@ def test_t5_bias_of_a_block_is_those_rows_of_the_whole(t5_and_bart, kind):
                                               ("bart", "encoder"), ("bart", "decoder"), ("bart", "cross")])
 def test_a_sublayer_in_blocks_is_the_short_one(t5_and_bart, small_blocks, family, kind):
     """blocked_step gives the stream attention_step gives, which holds every head's whole pattern."""
-    from attnscope.models.seq2seq_long import blocked_step
-    from attnscope.models.seq2seq_run import attention_step
+    from attnscope.models.forward.seq2seq_long import blocked_step
+    from attnscope.models.forward.seq2seq_run import attention_step
 
     model = _model(t5_and_bart[family][0])
     view = model.for_kind(kind)
@@ -137,7 +137,7 @@ def test_the_memory_guard_says_the_blocked_estimate(t5_and_bart, small_blocks, r
 
 def test_the_estimate_grows_with_n_not_n_squared(t5_and_bart):
     """Doubling a 6,000-token source adds about what 6,000 tokens cost (weights aside), not three times it."""
-    from attnscope.models.seq2seq_long import estimate_bytes
+    from attnscope.models.forward.seq2seq_long import estimate_bytes
 
     model = _model(t5_and_bart["t5"][0])
     weights = estimate_bytes(model, "cross", 2, 0, 0)

@@ -17,7 +17,7 @@ from tiny_qknorm_models import build as build_qknorm
 
 from attnscope.models import open_model, tokenizer
 from attnscope.models.config import read_config
-from attnscope.models.stream import generate
+from attnscope.models.forward.stream import generate
 
 FAMILIES = ["llama4", "llama4_mm", "qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2"]
 

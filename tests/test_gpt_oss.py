@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from tiny_models import SENTENCE, build, eager_run, with_config
+from tiny_models import SENTENCE, build, eager_run, refuses_config, with_config
 
 from attnscope.cli import app
 from attnscope.models import open_model
@@ -105,7 +105,7 @@ def test_moe_mlp_equals_gpt_oss_mlp(tiny):
 def test_mxfp4_dequantized_as_transformers_does():
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from attnscope.models.gpt_oss import dequantize_mxfp4
+    from attnscope.models.families.gpt_oss import dequantize_mxfp4
 
     generator = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (3, 6, 2, 16), generator=generator, dtype=torch.uint8)  # [n_expert, out, G, 16]
@@ -191,10 +191,7 @@ def test_json_and_save(runner, tiny, tmp_path):
     ({"intermediate_size": 12}, "intermediate_size 12 make it [32, 24]; config.json does not describe these weights"),
 ])
 def test_bad_configs_are_one_line(runner, tiny, tmp_path, edit, message):
-    folder = with_config(tiny[0], tmp_path / "bad", lambda config: config | edit)
-    result = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "0", "--text", SENTENCE])
-    assert result.exit_code == 2, result.output
-    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    refuses_config(runner, tiny[0], tmp_path / "bad", edit, message)
 
 
 def test_missing_sinks_are_one_line(runner, tiny, tmp_path):

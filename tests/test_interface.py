@@ -1,4 +1,4 @@
-"""Families attnscope has no page for, traced through transformers' attention interface (models/interface.py):
+"""Families attnscope has no page for, traced through transformers' attention interface (models/nopage/interface.py):
 every layer of tiny GPT-NeoX, Cohere2, Granite, Mixtral, VaultGemma, GraniteSWA and ELECTRA against transformers'
 eager `output_attentions` (causal, sliding, softcapped, sinks, bidirectional layers), the recorded steps against
 transformers' own `repeat_kv` and eager function, the mask's kind against transformers' own mask functions, the
@@ -96,7 +96,7 @@ def test_head_json_steps_and_save(family, runner, tmp_path):
 
 
 def test_only_the_layers_up_to_l_are_built_and_run(tmp_path, monkeypatch):
-    from attnscope.models import interface, truncated
+    from attnscope.models.nopage import interface, truncated
 
     model, _ = build("cohere2", tmp_path / "cohere2")
     full, n_layer = truncated.full_config(tmp_path / "cohere2", "cohere2", 1)
@@ -123,7 +123,7 @@ def test_a_family_that_does_not_call_the_interface_shows_eager_untraced(tmp_path
 
     tokenizer = _tokenizer("gpt2")
     config = tf.FalconConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                             new_decoder_architecture=True, num_kv_heads=2, alibi=True)  # models/falcon.py: no page
+                             new_decoder_architecture=True, num_kv_heads=2, alibi=True)  # families/falcon.py: no page
     torch.manual_seed(0)
     eager = save_random(tf.FalconForCausalLM(config), tokenizer, tmp_path / "falcon")
     with torch.no_grad():
@@ -144,7 +144,7 @@ def test_the_mask_kind_is_read_from_transformers_own_masks(rule, size, kind):
     """Masks made by transformers' masking_utils (eager_mask over its own mask functions), read back."""
     from transformers import masking_utils as mu
 
-    from attnscope.models.mask_kind import allowed_pairs, read_mask
+    from attnscope.models.nopage.mask_kind import allowed_pairs, read_mask
 
     functions = {"causal": mu.causal_mask_function, "bidirectional": mu.bidirectional_mask_function,
                  "sliding": mu.sliding_window_causal_mask_function(size) if size else None,

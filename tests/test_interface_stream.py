@@ -1,5 +1,5 @@
 """`--all-layers` and `--generate` for families with no page, through transformers' own forward and cache with the
-attention captured at every call (models/interface_stream.py): the decode steps' evicted keys and cache bytes
+attention captured at every call (models/nopage/interface_stream.py): the decode steps' evicted keys and cache bytes
 against transformers' own cache, the memory guard before anything is loaded, the terminal views, and the
 refusals (no language-model head, attention in the family's own code, --rows) in one line. The patterns
 themselves are held against eager in tests/test_conformance.py's interface and hybrid rows."""
@@ -62,7 +62,7 @@ def test_all_layers_and_generate_together_on_the_terminal(mixtral, runner):
 
 
 def test_the_memory_guard_refuses_before_loading(mixtral, runner, monkeypatch):
-    from attnscope.models import truncated
+    from attnscope.models.nopage import truncated
 
     folder, _ = mixtral
     monkeypatch.setattr(truncated, "load", lambda *a, **k: pytest.fail("loaded past the memory guard"))
@@ -107,7 +107,7 @@ def test_rows_are_refused_without_a_page(mixtral, runner):
 
 
 def test_a_hybrid_layer_without_attention_is_refused_before_loading(tmp_path, runner, monkeypatch):
-    from attnscope.models import truncated
+    from attnscope.models.nopage import truncated
 
     build("lfm2", tmp_path / "lfm2")
     monkeypatch.setattr(truncated, "load", lambda *a, **k: pytest.fail("loaded a layer with no attention"))

@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnscope import Latent, LatentAttention, cost
-from attnscope.check_latent import check_latent, reference
+from attnscope.check.latent import check_latent, reference
+from attnscope.check.reference import Asked
 from attnscope.errors import UsageError
-from attnscope.reference import Asked
-from attnscope.rope import Rope
 from attnscope.runs.latent import prepare, run_latent
 from attnscope.runs.mha import MhaOptions
 from attnscope.spec import AttentionSpec
+from attnscope.variants.rope import Rope
 
 SIZES = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16,
          "qk_rope_head_dim": 8, "qk_nope_head_dim": 10, "v_head_dim": 12}

@@ -82,7 +82,7 @@ def test_generate_equals_transformers_generate(tiny, family, layer):
     """Greedy ids, and each row equal to generate(output_attentions=True)'s last query row of the layer; where a
     sliding window let keys go (Qwen2's layer 1, Gemma 2's layer 0: windows of 4), transformers' row holds only
     the keys its cache kept, and attnscope's the rest as zeros."""
-    from attnscope.models.stream import generate
+    from attnscope.models.forward.stream import generate
 
     folder, reference = tiny(family)
     ids = tokenizer.encode(folder, "The cat sat on").ids
@@ -124,7 +124,7 @@ def test_generate_cli(tiny, runner):
 def test_generate_timeline_numbers_its_keys(tiny, runner):
     """Issue 36, item 10: the terminal timeline had no key labels. A ruler of key positions sits above the
     columns, each number over the column of its key."""
-    from attnscope.render.layers import key_ruler
+    from attnscope.render.beyond_layer import key_ruler
 
     folder, _ = tiny("qwen2")
     table = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--text", "The cat sat on the mat",
@@ -142,7 +142,7 @@ def test_generate_timeline_numbers_its_keys(tiny, runner):
 def test_long_input_is_pooled_exactly(tiny, runner, tmp_path):
     """Past LONG_TOKENS the head's pattern is computed in blocks: pooled, it equals transformers' eager pattern
     pooled the same way; its statistics equal the whole pattern's; the rows asked for are exact."""
-    from attnscope.models.long import LONG_TOKENS
+    from attnscope.models.forward.long import LONG_TOKENS
     from attnscope.views.pooling import pool
 
     folder, reference = tiny("llama")
@@ -202,7 +202,7 @@ def test_generate_of_todays_decoders_equals_transformers(family, layer, tmp_path
     when it first grows past original_max_position_embeddings (8 here: the prompt is 7 tokens)."""
     from tiny_llama4_smollm3_phi3 import build as build_modern
 
-    from attnscope.models.stream import generate
+    from attnscope.models.forward.stream import generate
 
     reference = build_modern(family, tmp_path / family)
     ids = tokenizer.encode(tmp_path / family, "The cat sat on the mat").ids

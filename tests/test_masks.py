@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 from attnscope import MultiHeadAttention, sdpa
-from attnscope.check import reference_mha
+from attnscope.check.comparison import reference_mha
 from attnscope.errors import UsageError
 from attnscope.masks import causal_mask, key_padding_mask
 

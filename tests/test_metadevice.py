@@ -16,7 +16,7 @@ from fuzz import fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnscope.metadevice import shapes_only
+from attnscope.tensors.metadevice import shapes_only
 
 META = "meta"
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from tiny_models import SENTENCE, build, eager_run, with_config
+from tiny_models import SENTENCE, build, eager_run, refuses_config, with_config
 
 from attnscope.cli import app
 from attnscope.models import open_model
@@ -142,7 +142,4 @@ def test_bert_command_takes_it_and_json_says_the_window(runner, tiny):
     ({"local_attention": 0}, "local_attention is 0"),
 ])
 def test_bad_configs_are_one_line(runner, tiny, tmp_path, edit, message):
-    folder = with_config(tiny[0], tmp_path / "bad", lambda config: config | edit)
-    result = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "0", "--text", SENTENCE])
-    assert result.exit_code == 2, result.output
-    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    refuses_config(runner, tiny[0], tmp_path / "bad", edit, message)

@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnscope import cost
-from attnscope.attention import sdpa
+from attnscope.attention.dot_product import sdpa
+from attnscope.attention.multihead import MultiHeadAttention
 from attnscope.errors import UsageError
-from attnscope.multihead import MultiHeadAttention
 from attnscope.runs.mha import MhaOptions, run_mha
 from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 from attnscope.spec import AttentionSpec
@@ -117,7 +117,7 @@ def test_sdpa_and_mha_check_the_bias_against_the_float64_formula(runner, bias_fi
 
 def test_a_changed_bias_fails_the_check(bias_files, monkeypatch):
     """The reference reads the file again, not attnscope's step: a bias attnscope dropped would fail."""
-    import attnscope.attention as attention
+    import attnscope.attention.dot_product as attention
 
     original = attention.add_position_bias
     monkeypatch.setattr(attention, "add_position_bias",

@@ -137,7 +137,7 @@ def test_sdpa_qk_norm_is_the_unit_rmsnorm_before_rope():
 def test_mha_check_uses_the_modules_norm_weights(over):
     """--check's reference norms with the module's own weights (F.rms_norm in float64): it passes, and a weight
     changed after the run makes it fail."""
-    from attnscope import check
+    from attnscope.check import comparison as check
 
     torch.manual_seed(5)
     module = MultiHeadAttention(24, 3, d_head=8, n_kv_head=1, qk_norm=over, rope=Rope(), causal=True).eval()
@@ -297,7 +297,7 @@ def qk_norm_case(draw):
 def test_qk_norm_property_check_passes_and_estimate_equals_the_run(case):
     """For any sizes and input magnitudes: --check's float64 reference (F.rms_norm with the module's weights, before
     or after the split) agrees, and the memory estimate equals the meta-traced run."""
-    from attnscope import check
+    from attnscope.check import comparison as check
 
     n_head, n_kv_head, d_head, d_feat, over, rope, n_batch, n, magnitude, seed = case
     torch.manual_seed(seed)
@@ -360,7 +360,7 @@ def test_mha_with_a_layernorm_qk_norm_equals_plain_torch(record, kv_heads):
 
 
 def test_layernorm_qk_norm_in_the_spec_the_state_dict_and_check():
-    from attnscope import check
+    from attnscope.check import comparison as check
 
     norm = QkNorm(kind="layer", eps=1e-5)
     assert AttentionSpec(qk_norm=norm).qk_norm.layer and not QkNorm().layer

@@ -265,7 +265,7 @@ def test_gemma3_text_config_with_defaults_left_out(built, tmp_path):
     """Hub configs of the multimodal Gemma 3 leave Gemma3TextConfig's defaults out of text_config."""
     from transformers import Gemma3ForConditionalGeneration, Gemma3TextConfig
 
-    from attnscope.models.gemma3 import TEXT_DEFAULTS
+    from attnscope.models.families.gemma3 import TEXT_DEFAULTS
 
     defaults = Gemma3TextConfig()
     assert {key: getattr(defaults, key) for key in TEXT_DEFAULTS} == TEXT_DEFAULTS

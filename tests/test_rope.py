@@ -13,9 +13,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from attnscope import MultiHeadAttention, Rope, sdpa
-from attnscope.check_rope import frequencies64, rotate64
+from attnscope.check.rope import frequencies64, rotate64
 from attnscope.errors import UsageError
-from attnscope.rope_scaling import TYPES
+from attnscope.variants.rope_scaling import TYPES
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -408,7 +408,7 @@ def test_bad_configs_are_refused_in_one_line(config, d_head, phrase):
 
 def test_a_refused_type_in_a_model_folder_names_the_file():
     from attnscope.models.config import Config
-    from attnscope.models.llama import Llama
+    from attnscope.models.families.llama import Llama
 
     family = Llama.__new__(Llama)
     family.config, family.d_head = Config("config.json", {"rope_scaling": {"type": "su"}}), 8  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnscope import MultiHeadAttention, Rope, sdpa
-from attnscope.check_rope import rotate64
+from attnscope.check.rope import rotate64
 
 TYPES = [
     {"rope_type": "default", "rope_theta": 10000.0},

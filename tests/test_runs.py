@@ -98,7 +98,7 @@ def test_check_catches_the_sqrt_d_feat_pitfall(monkeypatch):
     """--check must fail when the math is wrong: scale by sqrt(d_feat) inside MHA, as the pitfall does."""
     from dataclasses import replace
 
-    from attnscope import attention
+    from attnscope.attention import dot_product as attention
 
     real_sdpa = attention.sdpa
 
@@ -182,7 +182,7 @@ def test_guard_counts_what_check_and_save_add(tmp_path):
 
 
 def test_a_nan_never_passes_the_check():
-    from attnscope.check import compare
+    from attnscope.check.comparison import compare
 
     ours = torch.zeros(2, 3)
     reference = ours.clone()

@@ -45,7 +45,7 @@ def test_sdpa_with_sinks_equals_gpt_oss_eager(n_head, n_kv_head, n_Q, n_K, causa
     spec = AttentionSpec(causal=causal, window=window)
     allowed = None
     if spec.structural:
-        from attnscope.reference import Asked, allowed_mask
+        from attnscope.check.reference import Asked, allowed_mask
 
         allowed = allowed_mask(None, n_Q, n_K, Asked(spec))
     out, weights = _eager(q, k, v, sinks, allowed)
@@ -67,7 +67,7 @@ def test_alibi_with_sinks_is_the_papers_bias(n_head, n_Q, n_K, causal):
     logit stays put: attnscope adds the paper's, and --check's float64 formula once added BLOOM's."""
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-    from attnscope.reference import Asked, allowed_mask, formula
+    from attnscope.check.reference import Asked, allowed_mask, formula
 
     q, k, v = torch.randn(1, n_head, n_Q, 8), torch.randn(1, n_head, n_K, 8), torch.randn(1, n_head, n_K, 8)
     sinks = torch.randn(n_head)
@@ -202,7 +202,7 @@ def test_estimates_equal_the_traced_runs(causal):
 
 def test_check_fails_when_the_sinks_differ():
     """The reference reads the raw sinks: a trace made with other values FAILs."""
-    from attnscope import check
+    from attnscope.check import comparison as check
 
     q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
     asked = check.Asked(AttentionSpec(sinks=True))

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import MultiHeadAttention, Rope, sdpa
-from attnscope import alibi as alibi_
 from attnscope.errors import UsageError
+from attnscope.variants import alibi as alibi_
 
 ATOL = 1e-5
 

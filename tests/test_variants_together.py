@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import MultiHeadAttention, Rope, cost
-from attnscope.qknorm import QkNorm
 from attnscope.runs.mha import MhaOptions, run_mha
 from attnscope.runs.options import check_options
 from attnscope.runs.sdpa import SdpaOptions, run_sdpa
-from attnscope.temperature import TemperatureTuning
+from attnscope.variants.qknorm import QkNorm
+from attnscope.variants.temperature import TemperatureTuning
 
 
 def _allowed(n: int, chunk: int | None, both: int | None) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Tiny random models of families attnscope has no page for, traced through transformers' attention interface
-(models/interface.py): one of each layer kind the interface hands over (causal, sliding, softcapped, sinks,
+(models/nopage/interface.py): one of each layer kind the interface hands over (causal, sliding, softcapped, sinks,
 bidirectional), with GQA where the family has it, and two hybrids (Jamba's Mamba layers, LFM2's convolutions).
 `build(name, folder, **sizes)` saves one and its tokenizer and returns transformers' eager model read back (with
 the tokenizer); `sizes` override the config's.

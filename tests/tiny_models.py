@@ -169,6 +169,17 @@ def with_config(folder: Path, target: Path, change, name: str = "config.json") -
     return target
 
 
+def refuses_config(runner, folder: Path, target: Path, edit: dict, message: str) -> None:
+    """`head --text` on a copy of `folder` whose config.json has `edit` merged in: exit 2, and one line on stderr
+    that says `message`."""
+    from attnscope.cli import app
+
+    bad = with_config(folder, target, lambda config: config | edit)
+    result = runner.invoke(app, ["head", "--model", str(bad), "--layer", "1", "--head", "0", "--text", SENTENCE])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
 def cached_builder(tmp_path_factory, build, **options):
     """family -> (folder, eager model), each built by `build(family, folder, ...)` the first time it is asked
     for (a module-scoped fixture's body); `options(family)` gives build's keywords."""

@@ -34,7 +34,7 @@ def anatomy(
     KV heads, head size, RoPE; the KV cache and attention FLOPs at --tokens. Identical layers share a row."""
     with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope anatomy") as out:
         from attnscope import render
-        from attnscope.models.anatomy import read_anatomy
+        from attnscope.anatomy.read import read_anatomy
 
         found = read_anatomy(model, tokens=tokens, dtype=dtype)
         if json:

@@ -1,8 +1,12 @@
-"""Models: one module per family behind one protocol (family.py, an abstract base class), where a head lives
-and reading it (weights.py), running layers 0..L with layer L traced (run.py), the lazy checkpoint reader
-(checkpoint.py), config.json read defensively (config.py), the model's own tokenizer (tokenizer.py), the
-Hugging Face cache lookup (hub.py); the encoder-decoders (seq2seq.py, seq2seq_run.py); and any other family
-through transformers, layers 0..L only (truncated.py), traced through its attention interface (interface.py).
+"""Models: the protocol and reading at the root, one page per family behind it (families/), the forwards that
+run them (forward/), and the families with no page, through transformers (nopage/).
+
+The root: the protocol (family.py, an abstract base class), where a head lives and reading it (weights.py), the
+lazy checkpoint reader (checkpoint.py), config.json read defensively (config.py), the model's own tokenizer
+(tokenizer.py), the Hugging Face cache lookup (hub.py). families/: a page per family, the encoder-decoders'
+three attentions (seq2seq.py). forward/: layers 0..L with layer L traced (run.py), every layer (stream.py),
+a long input (long.py), the encoder-decoders' (seq2seq_run.py). nopage/: any other family through
+transformers, layers 0..L only (truncated.py), traced through its attention interface (interface.py).
 
 | model_type | module | class |
 |---|---|---|
@@ -54,12 +58,12 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | alibi_bias, biased_scores (BLOOM, MPT) | attention.py `sdpa` with alibi.py |
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
 |   causal, window (left or both sides), chunk) | |
-| sinks, sink_weight (GPT-OSS) | sinks.py, called by attention.py `sdpa` (the values: the module's `sinks`) |
-| x_raw, x_rsh1, x_rsh2, x | multihead.py `forward` |
+| sinks, sink_weight (GPT-OSS) | attention/sinks.py, called by `sdpa` (the values: the module's `sinks`) |
+| x_raw, x_rsh1, x_rsh2, x | attention/multihead.py `forward` |
 | the head's own X, Q, K, V, ..., out (views of the layer's steps) | head_steps.py `head_trace` |
-| an encoder-decoder's X, memory (across), position_buckets | seq2seq_run.py (t5.py: the buckets and bias) |
-| position_bias, biased_scores (T5) | attention.py `sdpa` with position_bias.py |
-| a family with no page: Q, K, V, K_rep, V_rep, scores, capped_scores, mask, masked_scores, | interface.py |
+| an encoder-decoder's X, memory (across), position_buckets | forward/seq2seq_run.py (t5.py: the buckets, bias) |
+| position_bias, biased_scores (T5) | dot_product.py `sdpa` with attention/position_bias.py |
+| a family with no page: Q, K, V, K_rep, V_rep, scores, capped_scores, mask, masked_scores, | nopage/interface.py |
 |   sinks, sink_weight, attention, out (layers before it: transformers' own, truncated.py) | |
 | a vision tower on --image (ViT, DeiT, DINOv2, CLIP's, SigLIP's): pixel_values, patches, | vision/tower.py |
 |   then Q, K, V, ... through the interface (image.py, processor.py read it; patches.py labels) | |
@@ -119,7 +123,7 @@ def family_of(config: Config) -> type[Family] | None:
     where = FAMILIES.get(config.model_type)
     if where is None:
         return None
-    family = getattr(import_module(f"attnscope.models.{where[0]}"), where[1])
+    family = getattr(import_module(f"attnscope.models.families.{where[0]}"), where[1])
     reads = getattr(family, "reads", None)
     return family if reads is None or reads(config) else None  # type: ignore[no-any-return]
 

@@ -61,10 +61,10 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         raise UsageError(f"{{audio}} {path} is truncated: its data chunk holds {len(raw):,} of the "
                          f"{declared * frame:,} bytes it declares; give the whole file", "audio")
     if width == 3:  # 24-bit: widen each sample to 32 bits (little-endian, the low byte zero)
-        bytes_ = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3)
+        bytes_ = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3)  # [n_samples, 3]
         samples = np.zeros((len(bytes_), 4), dtype=np.uint8)
         samples[:, 1:] = bytes_
-        data = samples.view("<i4").reshape(-1).astype(np.float64) / 2**31
+        data = samples.view("<i4").reshape(-1).astype(np.float64) / 2**31  # [n_samples, 4] bytes -> [n_samples] int32
     elif width in (1, 2, 4):
         kind = {1: "u1", 2: "<i2", 4: "<i4"}[width]
         data = np.frombuffer(raw, dtype=np.dtype(kind)).astype(np.float64)
@@ -73,7 +73,7 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         raise UsageError(f"{{audio}} {path}: {8 * width}-bit samples; {convert}", "audio")
     if not len(data):
         raise UsageError(f"{{audio}} {path} holds no samples; give a recording", "audio")
-    mono = data.reshape(-1, channels).mean(axis=1)
+    mono = data.reshape(-1, channels).mean(axis=1)  # [n_frames, channels] -> [n_frames]
     return mono.astype(np.float32), rate
 
 

@@ -143,6 +143,7 @@ class Checkpoint:
             return self._slice(key, "pt")[:]  # type: ignore[no-any-return]
         start, end = self._offsets(path)[key]
         out = _mapped(path, start, end, key) if end > start else torch.empty(0, dtype=torch.uint8)
+        # bytes [n_bytes] -> the dtype's [n] -> shape
         return out.view(getattr(torch, TORCH_DTYPES[dtype])).reshape(shape)
 
     def _offsets(self, path: Path) -> dict[str, tuple[int, int]]:

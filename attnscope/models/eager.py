@@ -23,7 +23,7 @@ def patterns(folder: Path, model_type: str, ids: list[int], last: int) -> dict[i
     import torch
     from transformers import AutoModel
 
-    from attnscope.models import truncated
+    from attnscope.models.nopage import truncated
 
     truncated.quiet_transformers()
     full, n_layer = truncated.full_config(folder, model_type, last)
@@ -56,7 +56,7 @@ def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded
     import torch
     from transformers import AutoModelForCausalLM
 
-    from attnscope.models import truncated
+    from attnscope.models.nopage import truncated
 
     truncated.quiet_transformers()
     full, n_layer = truncated.full_config(folder, model_type, 0)
@@ -102,7 +102,7 @@ def seq2seq(folder: Path, model_type: str, source: list[int] | torch.Tensor, dec
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
 
-    from attnscope.models import truncated
+    from attnscope.models.nopage import truncated
 
     truncated.quiet_transformers()
     audio = not isinstance(source, list)

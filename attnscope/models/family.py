@@ -26,9 +26,9 @@ from attnscope.words import counted
 if TYPE_CHECKING:
     import torch
 
+    from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
-    from attnscope.multihead import MultiHeadAttention
     from attnscope.spec import AttentionSpec, Latent
     from attnscope.trace import Trace
 
@@ -228,7 +228,7 @@ class Family(ABC):
     def attention_module(self, layer: int) -> Callable[..., MultiHeadAttention]:
         """What builds layer `layer`'s attention: MultiHeadAttention, or a family's subclass of it (Llama 4 adds
         its qk-norm after RoPE) with MultiHeadAttention's arguments."""
-        from attnscope.multihead import MultiHeadAttention
+        from attnscope.attention.multihead import MultiHeadAttention
 
         return MultiHeadAttention
 

@@ -6,9 +6,9 @@ A view is one way of running a family's attention, all of them through the famil
 `forward`, `head_inputs` for blocks of rows, `empty_cache`/`cache_after` for decode steps):
 - short: `--text`, layers 0..L run and layer L traced step by step (models/run.py); a vision tower's `--image`;
 - long: a text past LONG_TOKENS, head h's rows computed in blocks, each a decode step after the rows before it
-  (models/long.py);
-- generate: `--generate N`, greedy decoding with a KV cache, every layer one token at a time (models/stream.py);
-- all-layers: `--all-layers`, every layer's every head on the text (models/stream.py);
+  (models/forward/long.py);
+- generate: `--generate N`, greedy decoding with a KV cache, every layer one token at a time (models/forward/stream.py);
+- all-layers: `--all-layers`, every layer's every head on the text (models/forward/stream.py);
 - check: `--check`, the run held against transformers' own eager run of the checkpoint at run time
   (runs/check_model.py, models/eager.py): PASS where the cells above are exact.
 """
@@ -25,11 +25,11 @@ ENCODER = {"short": EXACT, "long": EXACT, "generate": "refused: an encoder atten
 DECODER = dict.fromkeys(VIEWS, EXACT)
 # each of the three attentions (encoder, decoder, cross), each stack with its own head count
 # generate: the target decoded greedily (--attention decoder or cross), the encoder's output projected once for the
-# cross-attention, a KV cache for the self-attention (models/seq2seq_decode.py); long: a source or target past
-# 2,048 tokens, every layer in blocks of query rows and the head's pattern pooled (models/seq2seq_long.py)
+# cross-attention, a KV cache for the self-attention (models/forward/seq2seq_decode.py); long: a source or target past
+# 2,048 tokens, every layer in blocks of query rows and the head's pattern pooled (models/forward/seq2seq_long.py)
 ENCODER_DECODER = {"short": EXACT, "long": EXACT,
                    "generate": EXACT, "all-layers": EXACT, "check": EXACT}
-# through transformers' attention interface (models/interface.py, interface_stream.py): the long input is the whole
+# through transformers' attention interface (nopage/interface.py, interface_stream.py): the long input is the whole
 # pattern, memory-guarded up front; generate is transformers' own forward and cache, the attention captured each step
 INTERFACE = dict.fromkeys(VIEWS, EXACT)
 # a sparse indexer (DeepSeek-V3.2, GLM-5): each query's keys are the indexer's top-k over the whole layer, not a block's

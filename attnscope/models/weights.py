@@ -48,7 +48,7 @@ def head_weights(model: Family, layer: int, head: int) -> HeadWeights:
     for part in model.head_slices(layer, head):
         tensor, text = model.checkpoint.slice(part.key, part.axis, part.lo, part.hi)
         if part.transpose and len(tensor.shape) == 2:
-            tensor, text = tensor.T, f"{text}.T"
+            tensor, text = tensor.T, f"{text}.T"  # [in, out] -> [out, in]
         result.tensors[part.name] = tensor
         named = getattr(model.checkpoint, "source_of", None)  # a GGUF names its own tensor and type
         result.sources[part.name] = named(part.key, text) if named else f"{part.key}{text}"

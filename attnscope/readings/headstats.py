@@ -149,7 +149,7 @@ def row_sums(A: Tensor, first_position: int, causal: Tensor,
     entropy = -torch.special.xlogy(A, A).sum(dim=-1) / math.log(2)  # [G, n_rows], bits (0 log 0 = 0)
     keys = torch.arange(n_K, dtype=torch.float64)
     if bool(causal.all()):  # every key at or before its query: |p - j| = p - j, a matmul
-        distance = position * mass - A @ keys
+        distance = position * mass - A @ keys  # [G, n_rows, n_K] @ [n_K] -> [G, n_rows]
     else:
         distance = (A * (position[:, None] - keys[None, :]).abs()).sum(dim=-1)
     visible = torch.where(causal[:, None], (position + 1).clamp(max=n_K), float(n_K))  # [G, n_rows]

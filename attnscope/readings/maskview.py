@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from attnscope import masks
+from attnscope.spec import in_words
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -64,34 +65,25 @@ def view(n_Q: int, n_K: int, spec: AttentionSpec, *, pad: int = 0, user_mask: to
 
     align = spec.align
     allowed, _ = masks.structural(spec, n_Q, n_K)
-    parts = []
-    if spec.bidirectional_window:
-        parts.append(f"bidirectional sliding window of {spec.window} (|i − j| ≤ {spec.reach})")
-    elif spec.window is not None:
-        parts.append(f"sliding window of {spec.window} ({align})")
-    elif spec.chunk is not None:
-        parts.append(f"causal chunks of {spec.chunk} ({align}): a query sees the earlier keys of its own chunk")
-    elif align:
-        parts.append(f"causal ({align})")
+    given = []
     if pad:
         allowed = masks.combine(allowed, masks.key_padding_mask(n_K, pad))
-        parts.append(f"the last {counted(pad, 'key')} padded")
+        given.append(f"the last {counted(pad, 'key')} padded")
     user_kind = None
     if user_mask is not None:
         if user_mask.dim() > 2:
-            user_mask = user_mask.reshape(-1, *user_mask.shape[-2:])[0]
-            parts.append("the mask file (its first [n_Q, n_K] slice)")
+            user_mask = user_mask.reshape(-1, *user_mask.shape[-2:])[0]  # [.., n_Q, n_K] -> the first [n_Q, n_K]
+            given.append("the mask file (its first [n_Q, n_K] slice)")
         else:
-            parts.append("the mask file")
+            given.append("the mask file")
         masks.check_broadcast(user_mask, (n_Q, n_K))
         user = masks.normalize(user_mask)
         user_kind = "float" if user.is_floating_point() else "bool"
         seen = ~torch.isneginf(user) if user.is_floating_point() else user
         allowed = masks.combine(allowed, seen)
     grid = (allowed if allowed is not None else torch.ones(n_Q, n_K, dtype=torch.bool)).expand(n_Q, n_K)
-    sinks = ["attention sinks (not a mask: one more column per row, outside the grid)"] if spec.sinks else []
     result = MaskView(n_Q, n_K, grid.tolist(), align or "none", spec.offset(n_Q, n_K),
-                      (parts or ["nothing: every key is seen"]) + sinks)
+                      in_words(spec, "mask", given=given))
     from attnscope.readings.translations import translate
 
     result.translations = translate(n_Q, n_K, spec, pad, user_kind)

@@ -12,8 +12,8 @@ from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
 from attnscope.render.tables import short_flops
 
 if TYPE_CHECKING:
-    from attnscope.models.anatomy import Anatomy, Layer
-    from attnscope.models.anatomy_layers import Rope
+    from attnscope.anatomy.kinds import Rope
+    from attnscope.anatomy.read import Anatomy, Layer
 
 POSITION_WORDS = {"nope": "NoPE", "absolute": "absolute", "relative": "rel. bias", "alibi": "ALiBi",
                   "not rope": "no RoPE", "none": "-"}
@@ -44,7 +44,7 @@ def short_base(base: float) -> str:
 
 
 def show_anatomy(out: Console, anatomy: Anatomy) -> None:
-    from attnscope.models.anatomy import groups, ranges
+    from attnscope.anatomy.read import groups, ranges
 
     out.print(FittedText(_header(anatomy), style="bold"))
     columns = [Column("layers", style="bold cyan"), Column("n", justify="right"), Column("kind"),
@@ -92,7 +92,7 @@ def _header(anatomy: Anatomy) -> str:
 
 def notes(anatomy: Anatomy) -> list[str]:
     """One line for each thing the table cannot say by itself."""
-    from attnscope.models.anatomy import groups
+    from attnscope.anatomy.read import groups
 
     out = list(anatomy.assumed)
     layers = [layer for layer, _ in groups(anatomy)]
@@ -214,7 +214,7 @@ def _fields(value: Any) -> dict[str, Any] | None:
 
 
 def anatomy_json(anatomy: Anatomy) -> dict[str, Any]:
-    from attnscope.models.anatomy import groups, ranges
+    from attnscope.anatomy.read import groups, ranges
 
     grouped = []
     for layer, indices in groups(anatomy):

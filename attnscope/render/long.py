@@ -1,4 +1,4 @@
-"""A long input's head (models/long.py): the layer's steps as shapes, the pooled pattern, the head's statistics
+"""A long input's head (models/forward/long.py): the layer's steps as shapes, the pooled pattern, the head's statistics
 over every row, and the exact rows asked for (`--rows A:B`) as their strongest keys; and its JSON
 (`attention_pooled`, `pool`, `rows`, `head_stats`; docs/json.md)."""
 
@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
+from attnscope.render.beyond_layer import printable
 from attnscope.render.console import clean, numbers
 from attnscope.render.fit import FittedText
 from attnscope.render.heatmap import show_heatmap
-from attnscope.render.layers import printable
 from attnscope.render.tables import step_json, steps_table
 
 if TYPE_CHECKING:

@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from attnscope.render.beyond_layer import decode_json, layers_json, show_decode, show_layers
 from attnscope.render.console import clean, numbers
 from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import show_heatmap
-from attnscope.render.layers import decode_json, layers_json, show_decode, show_layers
 from attnscope.render.long import long_json, show_long
 from attnscope.render.readings import readings_json, show_moved, show_rollout, show_sinks
 from attnscope.render.selection import selection_json, show_selection

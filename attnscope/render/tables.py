@@ -15,7 +15,7 @@ from attnscope.render.console import finite
 from attnscope.render.fit import Column, FittedTable, FittedText, broken, cell, whole
 
 if TYPE_CHECKING:
-    from attnscope.check import Comparison
+    from attnscope.check.comparison import Comparison
     from attnscope.trace import Step, Trace
 
 

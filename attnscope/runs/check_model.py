@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
     import torch
 
-    from attnscope.check import Comparison
-    from attnscope.models.seq2seq import EncoderDecoder
+    from attnscope.check.comparison import Comparison
+    from attnscope.models.families.seq2seq import EncoderDecoder
     from attnscope.runs.head_result import HeadResult
 
 
@@ -91,8 +91,8 @@ def _linear(result: HeadResult, folder: Path, model_type: str, ids: list[int]) -
 def _patterns(result: HeadResult) -> dict[int, torch.Tensor]:
     """layer -> `[n_head, n, n]` the run showed: every layer's with --all-layers, else layer L's (none for a long
     input, whose pattern is pooled)."""
-    if result.layer_numbers is not None and result.all_layers is not None:
-        return dict(zip(result.layer_numbers, result.all_layers, strict=True))
+    if result.layer_numbers is not None and result.layer_patterns is not None:
+        return dict(zip(result.layer_numbers, result.layer_patterns, strict=True))
     if result.all_heads is not None:
         return {result.options.layer: result.all_heads}
     return {}
@@ -119,7 +119,7 @@ def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int],
 
 def _same_ids(mine: list[int], theirs: list[int], reference: str) -> Comparison:
     """The run's new ids against transformers' (`reference`: how it decoded), token by token."""
-    from attnscope.check import Comparison
+    from attnscope.check.comparison import Comparison
 
     same = sum(a == b for a, b in zip(mine, theirs, strict=True))
     agree = same == len(mine)
@@ -128,7 +128,7 @@ def _same_ids(mine: list[int], theirs: list[int], reference: str) -> Comparison:
 
 
 def _compare(name: str, mine: torch.Tensor, theirs: torch.Tensor) -> Comparison:
-    from attnscope.check import compare
+    from attnscope.check.comparison import compare
     return compare(name, "output_attentions", mine.float(), theirs.float())
 
 
@@ -136,11 +136,11 @@ def _guard(result: HeadResult, folder: Path, n_tokens: int) -> None:
     """transformers' model is loaded whole (with --generate) or up to layer L, and its eager run holds every
     layer's `[n_head, n, n]` attention: refused up front when that does not fit."""
     from attnscope.models.checkpoint import Checkpoint
-    from attnscope.models.truncated import estimate_bytes
+    from attnscope.models.nopage.truncated import estimate_bytes
     from attnscope.runs.head_result import guard_memory
 
     info, asked = result.info, result.options
-    last = info.layers - 1 if (result.all_layers is not None or asked.generate) else asked.layer
+    last = info.layers - 1 if (result.layer_patterns is not None or asked.generate) else asked.layer
     with Checkpoint.open(folder) as checkpoint:
         weights = estimate_bytes(checkpoint, last, 1)
     held = 4 * (last + 1) * info.heads * n_tokens * n_tokens
@@ -154,7 +154,7 @@ def check_encdec(result: HeadResult, model: EncoderDecoder, source: list[int] | 
     features) and decoder ids (models/eager.py's `seq2seq`): the attention shown (`--attention`), layer L's every
     head or every layer's with --all-layers, and with --generate the new ids and each step's row of layer L."""
     from attnscope.models import eager
-    from attnscope.models.seq2seq_decode import estimate_bytes
+    from attnscope.models.forward.seq2seq_decode import estimate_bytes
     from attnscope.runs.head_result import guard_memory
 
     asked, kind = result.options, result.kind or "encoder"

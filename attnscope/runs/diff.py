@@ -112,7 +112,7 @@ def _listed(run: SavedRun) -> str:
 def _compare(name: str, ta: torch.Tensor, tb: torch.Tensor, dims: Any, o: DiffOptions) -> DiffRow:
     import torch
 
-    from attnscope.check import compare, tolerance
+    from attnscope.check.comparison import compare, tolerance
 
     dtype_a, dtype_b = (str(t.dtype).removeprefix("torch.") for t in (ta, tb))
     dims = list(dims) if isinstance(dims, list) and len(dims) == ta.dim() else None

@@ -1,9 +1,9 @@
 """`attnscope head` on an encoder-decoder (T5, BART, Marian, mBART, Whisper): `--attention encoder|decoder|cross`
-picks one of its three attentions (models/seq2seq.py), `--text` is the source the encoder reads (Whisper:
+picks one of its three attentions (models/families/seq2seq.py), `--text` is the source the encoder reads (Whisper:
 `--audio FILE`), `--target` what the decoder reads (its start token when absent). The same named sequence as a
 decoder's head: where head h lives, then with a source the stacks run as far as the attention asked and
-that attention traced (models/seq2seq_run.py), every layer of its stack with --all-layers, the target
-decoded with --generate (models/seq2seq_decode.py), --check against transformers (runs/check_model.py), the
+that attention traced (models/forward/seq2seq_run.py), every layer of its stack with --all-layers, the target
+decoded with --generate (models/forward/seq2seq_decode.py), --check against transformers (runs/check_model.py), the
 memory guarded first, --save.
 """
 
@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnscope.errors import UsageError
-from attnscope.models.seq2seq import ATTENTION_KINDS, KIND_WORDS
+from attnscope.models.families.seq2seq import ATTENTION_KINDS, KIND_WORDS
 from attnscope.words import counted
 
 if TYPE_CHECKING:
     import torch
 
     from attnscope.models.config import Config
-    from attnscope.models.seq2seq import EncoderDecoder
+    from attnscope.models.families.seq2seq import EncoderDecoder
     from attnscope.models.tokenizer import Encoded
     from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def encoder_decoder(config: Config) -> bool:
     """Whether attnscope reads this checkpoint as an encoder-decoder (one of its family pages)."""
     from attnscope.models import family_of
-    from attnscope.models.seq2seq import EncoderDecoder
+    from attnscope.models.families.seq2seq import EncoderDecoder
 
     family = family_of(config)
     return family is not None and issubclass(family, EncoderDecoder)
@@ -48,7 +48,7 @@ def refuse_two_stack_options(asked: HeadOptions, config: Config) -> None:
 def refuse_one_stack_options(asked: HeadOptions, config: Config) -> None:
     """--rows picks exact query rows of a long input's pooled pattern; its form (A:B) is checked before anything
     is read, whether the input is long once it is encoded (_plan_long)."""
-    from attnscope.runs.layers import parse_rows
+    from attnscope.runs.beyond_layer import parse_rows
 
     parse_rows(asked.rows)
 
@@ -59,7 +59,7 @@ def run_encdec(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     kind = asked.attention or "encoder"
     if kind not in ATTENTION_KINDS:
         raise UsageError(f"--attention {kind}: use encoder, decoder or cross")
-    from attnscope.models.seq2seq import EncoderDecoder
+    from attnscope.models.families.seq2seq import EncoderDecoder
 
     model = open_model(folder, config, command=asked.command)
     assert isinstance(model, EncoderDecoder)
@@ -84,7 +84,7 @@ def _check_sources(asked: HeadOptions, model: EncoderDecoder, kind: str) -> None
     used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate)) if on]
     if used and not has_source:
         raise UsageError(f"{' and '.join(used)} run the model on an input; add {source}")
-    from attnscope.runs.layers import check_generate
+    from attnscope.runs.beyond_layer import check_generate
 
     check_generate(asked)
     if asked.generate and kind == "encoder":
@@ -94,7 +94,7 @@ def _check_sources(asked: HeadOptions, model: EncoderDecoder, kind: str) -> None
 
 
 def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progress) -> HeadResult:
-    from attnscope.models.seq2seq_run import run_stack
+    from attnscope.models.forward.seq2seq_run import run_stack
     from attnscope.models.weights import head_weights
     from attnscope.runs.head_result import HeadResult, ModelInfo, guard_memory, save_result
 
@@ -140,12 +140,13 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
     result.run.layer.notes.extend(heard)
     result.notes.extend(result.run.layer.notes)
     if asked.all_layers:
-        from attnscope.runs.layers import layer_heads
+        from attnscope.runs.beyond_layer import layer_heads
 
-        result.all_layers = stack.patterns
+        result.layer_patterns = stack.patterns
         layer_heads(result)
     if asked.generate:
-        from attnscope.models import seq2seq_decode, tokenizer
+        from attnscope.models import tokenizer
+        from attnscope.models.forward import seq2seq_decode
 
         with progress(f"decoding {counted(asked.generate, 'token')}"):
             result.decode = seq2seq_decode.generate(model, source, target_ids, kind, asked.layer, asked.generate)
@@ -162,7 +163,7 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
 def _estimate(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: int, n_target: int) -> int:
     """The run's memory: the stacks to layer L (every layer of the attention's stack with --all-layers, each one's
     pattern kept), and decoding's whole model and caches with --generate."""
-    from attnscope.models import seq2seq_decode
+    from attnscope.models.forward import seq2seq_decode
 
     view = model.for_kind(kind)
     last = view.n_layer - 1 if asked.all_layers else asked.layer
@@ -176,10 +177,10 @@ def _estimate(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: in
 
 
 def _plan_long(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: int, n_target: int) -> bool:
-    """Whether the run is long (models/seq2seq_long.py: a sequence its stacks read past LONG_TOKENS), the options
+    """Whether the run is long (forward/seq2seq_long.py: a sequence its stacks read past LONG_TOKENS), the options
     that cannot go with it, or --rows without it, refused in one line; --rows checked against the queries."""
-    from attnscope.models import long, seq2seq_long
-    from attnscope.runs.layers import parse_rows
+    from attnscope.models.forward import long, seq2seq_long
+    from attnscope.runs.beyond_layer import parse_rows
 
     is_long = seq2seq_long.is_long(kind, n_source, n_target)
     n_Q = n_source if kind == "encoder" else n_target
@@ -208,7 +209,7 @@ def _plan_long(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: i
 
 def _long_one(asked: HeadOptions, kind: str, n_source: int, n_target: int) -> str:
     """`--text is`, `--target is`: the input past LONG_TOKENS, in the words of the flag that gave it."""
-    from attnscope.models import long
+    from attnscope.models.forward import long
 
     if kind != "encoder" and n_target > long.LONG_TOKENS and n_target >= n_source:
         return "--target is"
@@ -220,7 +221,7 @@ def _never_long(model: EncoderDecoder, kind: str) -> str:
     """Whisper's source is always max_source_positions long and its target at most max_target_positions (its
     feature extractor pads the audio, its position table ends): where the sequences `kind` reads are all at most
     LONG_TOKENS, no input of it is ever long, and this says so ("" otherwise)."""
-    from attnscope.models import long
+    from attnscope.models.forward import long
 
     if model.model_type != "whisper":
         return ""
@@ -234,10 +235,10 @@ def _never_long(model: EncoderDecoder, kind: str) -> str:
 
 def _run_long(asked: HeadOptions, model: EncoderDecoder, kind: str, source: list[int] | torch.Tensor,
               target_ids: list[int], result: HeadResult, progress: Progress) -> None:
-    """The asked head in blocks of query rows, pooled (models/seq2seq_long.py), its memory guarded first."""
-    from attnscope.models import seq2seq_long
+    """The asked head in blocks of query rows, pooled (models/forward/seq2seq_long.py), its memory guarded first."""
+    from attnscope.models.forward import seq2seq_long
+    from attnscope.runs.beyond_layer import parse_rows
     from attnscope.runs.head_result import guard_memory
-    from attnscope.runs.layers import parse_rows
 
     n_source, n_target = len(result.encoded.tokens) if result.encoded else 0, len(target_ids)
     needed = seq2seq_long.estimate_bytes(model, kind, asked.layer, n_source, n_target)
@@ -274,7 +275,7 @@ def _source(asked: HeadOptions, model: EncoderDecoder) -> tuple[list[int] | torc
     if asked.audio is None:
         encoded = tokenizer.encode(model.folder, asked.text or "")
         return encoded.ids, encoded, []
-    from attnscope.models.whisper import Whisper
+    from attnscope.models.families.whisper import Whisper
 
     assert isinstance(model, Whisper)  # _check_sources refused --audio for any other family
     n_source = model.n_source

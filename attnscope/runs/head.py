@@ -53,7 +53,7 @@ def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | 
 def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
     from attnscope.models import family_of, hub, open_model, tokenizer
     from attnscope.models.config import read_config
-    from attnscope.runs import layers
+    from attnscope.runs import beyond_layer as layers
 
     if asked.text_file is not None:
         if asked.text is not None:
@@ -159,8 +159,9 @@ def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult
 def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Progress) -> None:
     """The model on the text: layer L traced (with every layer, or decoding, where asked), or a long input's
     head in blocks."""
-    from attnscope.models import stream, tokenizer
-    from attnscope.runs import layers
+    from attnscope.models import tokenizer
+    from attnscope.models.forward import stream
+    from attnscope.runs import beyond_layer as layers
 
     encoded = result.encoded = tokenizer.encode(model.folder, asked.text or "")
     result.tracer = "attnscope"
@@ -172,7 +173,7 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
             f"checkpoint on {n} tokens")
     guard_memory(layers.estimate_bytes(asked, model, plan), asked.max_memory, what)
     if plan.long:
-        from attnscope.models.long import long_head
+        from attnscope.models.forward.long import long_head
 
         with progress(f"running layers 0 to {asked.layer} on {n} tokens, head {asked.head} in blocks"):
             result.long = long_head(model, encoded.ids, encoded.type_ids, asked.layer, asked.head,
@@ -188,7 +189,7 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
         result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
         layers.layer_heads(result)
     else:
-        from attnscope.models.run import run_layer
+        from attnscope.models.forward.run import run_layer
 
         with progress(f"running layers 0 to {asked.layer} on {n} tokens"):
             result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)

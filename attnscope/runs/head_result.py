@@ -17,11 +17,11 @@ from attnscope.runs import memory
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.check import Comparison
+    from attnscope.check.comparison import Comparison
     from attnscope.models.family import Family
-    from attnscope.models.long import LongHead
-    from attnscope.models.run import LayerRun
-    from attnscope.models.stream import DecodeStep
+    from attnscope.models.forward.long import LongHead
+    from attnscope.models.forward.run import LayerRun
+    from attnscope.models.forward.stream import DecodeStep
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision.patches import Picture
     from attnscope.models.vision.vlm import ImageTokens
@@ -45,7 +45,7 @@ class HeadOptions:
     max_memory: int | None = None
     command: str = "head"  # "bert" takes BERT's encoders only (BERT_TYPES)
     all_heads: bool = False  # --all-heads: every head of the layer, with its statistics, shown
-    all_layers: bool = False  # --all-layers: every head of every layer (runs/layers.py)
+    all_layers: bool = False  # --all-layers: every head of every layer (runs/beyond_layer.py)
     generate: int = 0  # --generate N: greedy decoding of N new tokens
     text_file: str | None = None  # --text-file: the text read from a file
     rows: str | None = None  # --rows A:B: exact query rows of a long input's pooled pattern
@@ -92,8 +92,8 @@ class HeadResult:
     all_heads: torch.Tensor | None = None  # every head's pattern in layer L, [n_head, n_tokens, n_tokens]
     notes: list[str] = field(default_factory=list)
     saved: Path | None = None
-    all_layers: list[torch.Tensor] | None = None  # --all-layers: every layer's patterns, [n_head, n, n] each
-    layers: list[LayerHeads] | None = None  # and every layer's heads with their statistics and kinds
+    layer_patterns: list[torch.Tensor] | None = None  # --all-layers: every layer's patterns, [n_head, n, n] each
+    layer_heads: list[LayerHeads] | None = None  # and every layer's heads with their statistics and kinds
     layer_numbers: list[int] | None = None  # the model's number of each of those (a hybrid's attention layers)
     decode: list[DecodeStep] | None = None  # --generate: each new token, its row of layer L
     decode_pieces: list[tuple[str, str]] = field(default_factory=list)  # each new token as (token, text)
@@ -203,7 +203,7 @@ def saved_tensors(result: HeadResult) -> dict[str, Any]:
     elif result.attention is not None:
         tensors["attention"] = result.attention
         tensors["layer.attention"] = result.all_heads
-    for i, pattern in enumerate(result.all_layers or []):
+    for i, pattern in enumerate(result.layer_patterns or []):
         tensors[f"layers.{i}.attention"] = pattern
     for i, step in enumerate(result.decode or []):
         tensors[f"decode.{i}.attention"] = step.attention

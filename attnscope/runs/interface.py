@@ -1,6 +1,6 @@
 """`attnscope head --text` on a family attnscope has no page for: transformers runs layers 0..L
-(models/truncated.py), and where the family calls transformers' attention interface, layer L's attention is
-recorded step by step from what transformers hands it (models/interface.py): `traced`, with tracer
+(models/nopage/truncated.py), and where the family calls transformers' attention interface, layer L's attention is
+recorded step by step from what transformers hands it (models/nopage/interface.py): `traced`, with tracer
 "attention-interface". Otherwise the pattern is eager's `output_attentions`, untraced.
 """
 
@@ -14,15 +14,16 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from attnscope.models.config import Config
+    from attnscope.models.nopage.truncated import TransformersRun
     from attnscope.models.tokenizer import Encoded
-    from attnscope.models.truncated import TransformersRun
     from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
     from attnscope.trace import Trace
 
 
 def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models import tokenizer, truncated
+    from attnscope.models import tokenizer
     from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.nopage import truncated
     from attnscope.models.own_code import refuse_own_code
     from attnscope.runs.head_result import guard_memory, save_result
 
@@ -60,7 +61,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     layer's recorded steps and head h's."""
     from attnscope.models import SUPPORTED
     from attnscope.models.family import check_position
-    from attnscope.models.run import LayerRun
+    from attnscope.models.forward.run import LayerRun
     from attnscope.runs.head_result import HeadResult, ModelInfo
 
     info = ModelInfo(config.architecture, config.model_type, folder, run.n_layer, run.n_head, run.n_kv_head,
@@ -95,11 +96,12 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
 def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded,
                            progress: Progress) -> HeadResult:
     """--all-layers and --generate: the whole model through transformers' own forward and cache, every attention
-    call captured (models/interface_stream.py), memory-guarded up front."""
+    call captured (models/nopage/interface_stream.py), memory-guarded up front."""
     from attnscope.errors import UsageError
-    from attnscope.models import interface_stream, tokenizer
+    from attnscope.models import tokenizer
     from attnscope.models.checkpoint import Checkpoint
-    from attnscope.runs import layers
+    from attnscope.models.nopage import interface_stream
+    from attnscope.runs import beyond_layer as layers
     from attnscope.runs.head_result import guard_memory
 
     flags = " and ".join(f for f, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate)) if on)
@@ -123,7 +125,7 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
     result = _result(asked, folder, config, encoded, stream.run, "every layer")
     result.notes.extend(stream.notes)
     if stream.patterns is not None:
-        result.all_layers = stream.patterns
+        result.layer_patterns = stream.patterns
         layers.layer_heads(result, stream.layers)
         if stream.layers != list(range(prepared.n_layer)):
             result.notes.append(f"every layer with attention, {len(stream.layers)} of {prepared.n_layer}: layers "

@@ -31,8 +31,8 @@ from attnscope.runs.outputs import RunResult, SavedExtra, finish, finish_variant
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.check import Comparison
-    from attnscope.latent import LatentAttention
+    from attnscope.attention.latent import LatentAttention
+    from attnscope.check.comparison import Comparison
     from attnscope.spec import AttentionSpec, Latent
     from attnscope.trace import Trace
 
@@ -41,7 +41,7 @@ def run_latent(asked: mha.MhaOptions) -> RunResult:
     """`attnscope mha --kv-lora-rank R` (cli/mha.py picks it; `run_mha` runs every other mha)."""
     asked, spec = prepare(asked)
     estimate(asked, spec)
-    from attnscope.metadevice import shapes_only
+    from attnscope.tensors.metadevice import shapes_only
 
     with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
         inputs = mha.loaded(asked, spec)
@@ -97,7 +97,7 @@ def traced(asked: mha.MhaOptions, spec: AttentionSpec,
     shadow run on the meta device."""
     import torch
 
-    from attnscope.latent import LatentAttention
+    from attnscope.attention.latent import LatentAttention
 
     device = "meta" if asked.meta else "cpu"
     Q, K, mask = inputs.Q, inputs.K, inputs.mask
@@ -105,7 +105,7 @@ def traced(asked: mha.MhaOptions, spec: AttentionSpec,
     layer = replace(spec, cache=0)  # the module's own attention; the cache is an input of its forward
     with torch.no_grad():
         if asked.q and not asked.meta:
-            from attnscope.metadevice import shapes_only
+            from attnscope.tensors.metadevice import shapes_only
 
             with shapes_only():
                 shadow = LatentAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
@@ -130,8 +130,8 @@ def checked(asked: mha.MhaOptions, spec: AttentionSpec, module: LatentAttention,
     """--check: the raw inputs through the float64 formula (check_latent.py)."""
     if not asked.check:
         return []
-    from attnscope import check
-    from attnscope.check_latent import check_latent
+    from attnscope.check import comparison as check
+    from attnscope.check.latent import check_latent
 
     raw = inputs.raw
     Q_raw, K_raw = check.as_float(*(t for t in (raw["Q"], raw["K"]) if t is not None))

@@ -34,8 +34,8 @@ from attnscope.runs.outputs import (
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.check import Comparison
-    from attnscope.multihead import MultiHeadAttention
+    from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.check.comparison import Comparison
     from attnscope.spec import AttentionSpec
     from attnscope.trace import Trace
 
@@ -91,7 +91,7 @@ def run_mha(asked: MhaOptions) -> RunResult:
     """`attnscope mha` (with --kv-lora-rank, runs/latent.py's `run_latent` instead)."""
     spec = prepare(asked)
     estimate(asked, spec)
-    from attnscope.metadevice import shapes_only
+    from attnscope.tensors.metadevice import shapes_only
 
     with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
         inputs = loaded(asked, spec)
@@ -163,7 +163,7 @@ def loaded(asked: MhaOptions, spec: AttentionSpec) -> Inputs:
         Q, K, V = drawn["Q"], drawn.get("K", drawn["Q"]), drawn.get("V", drawn["Q"])
         raw: dict[str, torch.Tensor | None] = {"Q": Q, "K": K, "V": V}
     else:
-        from attnscope.attention import common_dtype
+        from attnscope.attention.dot_product import common_dtype
 
         K = Q if K is None else K
         V = K if V is None else V
@@ -188,7 +188,7 @@ def traced(asked: MhaOptions, spec: AttentionSpec,
     shadow run on the meta device."""
     import torch
 
-    from attnscope.multihead import MultiHeadAttention
+    from attnscope.attention.multihead import MultiHeadAttention
 
     device = "meta" if asked.meta else "cpu"
     Q, K, V, mask = inputs.Q, inputs.K, inputs.V, inputs.mask
@@ -197,7 +197,7 @@ def traced(asked: MhaOptions, spec: AttentionSpec,
     check_rope_width(spec, asked.d_head or inputs.d_feat // asked.heads, "d_head")
     with torch.no_grad():
         if asked.q and not asked.meta:  # file inputs: the estimate needs their shapes, so it comes after loading
-            from attnscope.metadevice import shapes_only
+            from attnscope.tensors.metadevice import shapes_only
 
             with shapes_only():
                 shadow = MultiHeadAttention(inputs.d_feat, asked.heads, bias=asked.bias, device="meta", dtype=Q.dtype,
@@ -226,7 +226,7 @@ def checked(asked: MhaOptions, spec: AttentionSpec, module: MultiHeadAttention, 
     """--check: the raw inputs through nn.MultiheadAttention, or the float64 formula for the variants."""
     if not asked.check:
         return []
-    from attnscope import check
+    from attnscope.check import comparison as check
 
     raw = inputs.raw
     Q_raw, K_raw, V_raw = check.as_float(*(t for t in (raw["Q"], raw["K"], raw["V"]) if t is not None))
@@ -299,8 +299,8 @@ def _given_sinks(asked: MhaOptions, module: MultiHeadAttention) -> None:
     `random` keeps the N(0, 1) values it drew from the seed."""
     import torch
 
+    from attnscope.attention.sinks import checked
     from attnscope.runs.options import parse_sinks
-    from attnscope.sinks import checked
 
     given = parse_sinks(asked.sinks)
     if given is not None and module.sinks is not None:

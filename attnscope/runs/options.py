@@ -14,9 +14,9 @@ from attnscope.errors import UsageError
 from attnscope.spec import divisors_near
 
 if TYPE_CHECKING:
-    from attnscope.rope import Rope
     from attnscope.spec import AttentionSpec
-    from attnscope.temperature import TemperatureTuning
+    from attnscope.variants.rope import Rope
+    from attnscope.variants.temperature import TemperatureTuning
 
 # PyTorch's sizes and seeds are 64-bit integers; a larger one gets a C++ backtrace out of torch.
 INT64 = 2**63
@@ -140,7 +140,7 @@ def rope_of(asked: Any) -> Rope | None:
                          "(Phi-3 mini uses 1, Phi-4 mini 0.75, GPT-NeoX 0.25)")
     if not asked.rope:
         return None
-    from attnscope.rope import Rope
+    from attnscope.variants.rope import Rope
 
     return Rope(ROPE_BASE if asked.rope_base is None else asked.rope_base, partial_rotary_factor=fraction,
                 pairing=pairing or "half-split")
@@ -155,7 +155,7 @@ def temperature_of(asked: AttentionOptions) -> TemperatureTuning | None:
             raise UsageError(f"{flag} sets Llama 4's temperature tuning; add --temperature-tuning to scale the queries")
     if not asked.temperature_tuning:
         return None
-    from attnscope.temperature import TemperatureTuning
+    from attnscope.variants.temperature import TemperatureTuning
 
     defaults = TemperatureTuning()
     return TemperatureTuning(defaults.floor_scale if asked.floor_scale is None else asked.floor_scale,

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.spec import in_words
 from attnscope.words import counted
 
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.check import Comparison
+    from attnscope.check.comparison import Comparison
     from attnscope.readings.headstats import LayerHeads
     from attnscope.readings.maskview import MaskView
     from attnscope.runs.options import AttentionOptions
@@ -197,38 +198,11 @@ def variant_params(spec: AttentionSpec) -> dict[str, Any]:
 
 
 def variants_line(asked: AttentionOptions, spec: AttentionSpec, n_Q: int, n_K: int) -> str:
-    """A header line for the masks and variants in play, the causal alignment spelled out."""
-    parts = []
-    if spec.align:
-        offset = spec.offset(n_Q, n_K)
-        shift = f" + {offset}" if offset > 0 else f" − {-offset}" if offset < 0 else ""
-        parts.append(f"causal {spec.align} (query i sees keys j ≤ i{shift})")
-    if spec.bidirectional_window:
-        parts.append(f"window {spec.window} both sides (|i − j| ≤ {spec.reach}, no causal mask)")
-    elif spec.window is not None:
-        parts.append(f"window {spec.window}")
-    if spec.chunk is not None:
-        parts.append(f"chunks of {spec.chunk}")
-    if spec.cache:
-        parts.append(f"KV cache: {spec.cache} cached + {n_Q} new positions")
-    if spec.rope is not None:
-        parts.append(f"RoPE {spec.rope.describe()}")
-    if spec.temperature is not None:
-        parts.append(spec.temperature.describe())
-    if spec.alibi:
-        parts.append("ALiBi")
-    if spec.softcap is not None:
-        parts.append(f"softcap {spec.softcap:g}")
-    if spec.sinks:
-        parts.append("attention sinks (rows sum to less than 1)")
-    if spec.norm is not None:
-        parts.append(f"qk-norm {'per head' if spec.norm.over == 'head' else 'over the projection'}")
-    if asked.pad:
-        parts.append(f"last {counted(asked.pad, 'key')} padded")
-    if asked.mask:
-        parts.append(f"mask {asked.mask}")
-    if asked.position_bias:
-        parts.append(f"position bias {asked.position_bias}")
+    """A header line for the masks and variants in play, the causal alignment spelled out (spec.in_words)."""
+    given = [f"last {counted(asked.pad, 'key')} padded"] if asked.pad else []
+    given += [f"mask {asked.mask}"] if asked.mask else []
+    given += [f"position bias {asked.position_bias}"] if asked.position_bias else []
+    parts = in_words(spec, "run", n_Q=n_Q, n_K=n_K, given=given)
     lines = [""]
     for part in parts:  # break between items, never inside one
         lines[-1:] = [f"{lines[-1]}  {part}".strip()] if len(lines[-1]) + len(part) < 76 else [lines[-1], part]

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import cost, masks
-from attnscope.attention import sdpa
-from attnscope.check import reference_mha
+from attnscope.attention.dot_product import sdpa
+from attnscope.attention.multihead import MultiHeadAttention
+from attnscope.check.comparison import reference_mha
 from attnscope.errors import UsageError
-from attnscope.multihead import MultiHeadAttention
 from attnscope.runs import measure
 from attnscope.runs.measure import Backend
 from attnscope.spec import AttentionSpec
@@ -146,7 +146,7 @@ def mha_race(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: boo
 def _expanded_first(module: MultiHeadAttention, Q: torch.Tensor, KV: torch.Tensor,
                     mask: torch.Tensor | None) -> torch.Tensor:
     """The layer as transformers' eager LLaMA writes it: each K/V head repeated for its group, then attention."""
-    from attnscope.attention import merge_heads, split_heads
+    from attnscope.attention.dot_product import merge_heads, split_heads
 
     q = split_heads(module.W_q(Q), module.n_head)  # [n_batch, n_head, n_Q, d_head]
     k = split_heads(module.W_k(KV), module.n_kv_head).repeat_interleave(module.n_group, dim=1)  # -> n_head heads
@@ -179,19 +179,6 @@ def run(race: Race, runs: int, warmup: int, tick: Tick = lambda _: None) -> Benc
     params = {**race.params, "runs": runs, "warmup": warmup}
     return BenchResult(race.command, params, race.flops, rows, race.backends(), measure.memory_method(race.device),
                        race.inputs_bytes, race.estimate_bytes)
-
-
-def bench_sdpa(batch: int, nq: int, nk: int, dk: int, dv: int, *, causal: str | None, device: str, dtype: str,
-               runs: int, warmup: int, tick: Tick = lambda _: None) -> BenchResult:
-    return run(sdpa_race(batch, nq, nk, dk, dv, causal=causal, device=device, dtype=dtype), runs, warmup, tick)
-
-
-def bench_mha(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: bool, causal: str | None,
-              device: str, dtype: str, runs: int, warmup: int, tick: Tick = lambda _: None,
-              kv_heads: int | None = None) -> BenchResult:
-    race = mha_race(batch, nq, nk, d_feat, heads, bias=bias, causal=causal, device=device, dtype=dtype,
-                    kv_heads=kv_heads)
-    return run(race, runs, warmup, tick)
 
 
 def _bytes(*tensors: torch.Tensor | None) -> int:

@@ -25,7 +25,7 @@ from attnscope.runs.outputs import RunResult, finish, finish_variants, mask_extr
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.check import Comparison
+    from attnscope.check.comparison import Comparison
     from attnscope.spec import AttentionSpec
     from attnscope.trace import Trace
 
@@ -59,7 +59,7 @@ DEFAULT_NK = 50
 def run_sdpa(asked: SdpaOptions) -> RunResult:
     spec = prepare(asked)
     estimate(asked, spec)
-    from attnscope.metadevice import shapes_only
+    from attnscope.tensors.metadevice import shapes_only
 
     with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
         inputs, user_mask, trace, mask = traced(asked, spec)
@@ -127,7 +127,7 @@ def traced(asked: SdpaOptions, spec: AttentionSpec) -> tuple[dict[str, torch.Ten
             inputs = _random_sdpa_inputs(asked, _keys(asked), device)
             _add_sinks(asked, inputs, device)
         else:
-            from attnscope.metadevice import shapes_only
+            from attnscope.tensors.metadevice import shapes_only
 
             _add_sinks(asked, loaded, device)
             shadowed = {n: t.to("meta") for n, t in loaded.items()}
@@ -152,7 +152,7 @@ def checked(asked: SdpaOptions, spec: AttentionSpec, trace: Trace, inputs: dict[
     col = asked.layout == "col"
     if not (asked.check or col) or asked.meta:
         return []
-    from attnscope import check
+    from attnscope.check import comparison as check
 
     asked_check = check.Asked(spec, asked.pad, inputs.get("position_bias"))
     comparisons = check.check_sdpa(trace, inputs, user_mask, asked_check, asked.layout)
@@ -234,9 +234,9 @@ def _sdpa_trace(asked: SdpaOptions, spec: AttentionSpec, inputs: dict[str, torch
                 user_mask: torch.Tensor | None, device: str) -> tuple[Trace, torch.Tensor | None]:
     """The traced run, and the mask it built from the file and padding (the causal and window masks and
     the other variants are the spec's, which sdpa applies)."""
-    from attnscope.attention import sdpa
+    from attnscope.attention.dot_product import sdpa
+    from attnscope.attention.textbook import project, sdpa_columns
     from attnscope.cost import broadcast_shapes
-    from attnscope.textbook import project, sdpa_columns
 
     prefix = None
     if "X" in inputs:

@@ -14,14 +14,14 @@ STATS_CHUNK = 1 << 20  # elements: float64 copies of this size at most, whatever
 def _chunks(tensor: torch.Tensor, limit: int = STATS_CHUNK) -> Iterator[torch.Tensor]:
     """Flat pieces of at most `limit` elements; only a piece is ever copied (a permuted view stays a view)."""
     if tensor.numel() <= limit:
-        yield tensor.reshape(-1)
+        yield tensor.reshape(-1)  # [numel]
     elif tensor.dim() == 1:
         yield from tensor.split(limit)
     else:
         rows = max(1, limit // tensor[0].numel())  # whole rows per piece
         for block in tensor.split(rows, dim=0):
             if block.numel() <= limit:
-                yield block.reshape(-1)
+                yield block.reshape(-1)  # [numel]
             else:  # one row is larger than a piece
                 yield from _chunks(block[0], limit)
 

@@ -53,7 +53,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         out.values[name] = n_cache
     if not plan.tables or rope_base is None:
         return out
-    from attnscope.rope import Rope
+    from attnscope.variants.rope import Rope
 
     d_head = sizes.get("d_head", sizes.get("d_K", 0))
     dtype = next(iter(inputs.tensors.values())).dtype

@@ -176,7 +176,8 @@ def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: i
         third = width // 3
         layouts.append(("split in thirds, q | k | v", blocks(name, linear, "qkv", [0, third, 2 * third, width])))
         if n_head and d_head and 3 * n_head * d_head == width:  # GPT-NeoX: [n_head, 3, d_head]
-            grid = torch.arange(width).view(n_head, 3, d_head)
+            grid = torch.arange(width).view(n_head, 3, d_head)  # [n_head, 3, d_head]: the fused row numbers
+            # grid[:, i]: [n_head, d_head] -> [n_head·d_head]
             parts = {role: rows(name, weight, bias, grid[:, i].reshape(-1), f"[per head, part {i}]")
                      for i, role in enumerate("qkv")}
             layouts.append(("split per head, [n_head, 3, d_head]", parts))

@@ -35,6 +35,7 @@ def split_without_transpose(step: str, ctx: Context, near: Match | None) -> Diag
         if feat not in ctx.reference or split not in ctx.reference or ctx.reference[split].dim() != 4:
             continue
         right = ctx.reference[split].double()
+        # [n_batch, n, d_feat] read as [n_batch, n_head, n, d_head]: no transpose
         wrong = ctx.reference[feat].double().reshape(right.shape)
         if close(wrong, right):
             continue
@@ -57,6 +58,7 @@ def merged_with_wrong_permute(step: str, ctx: Context, near: Match | None) -> Di
     for order in itertools.permutations(range(4)):
         if order in ((0, 2, 1, 3), (0, 1, 2, 3)) or order[0] != 0:
             continue
+        # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head·d_head]
         record = equal_record(ctx.records, x_raw.permute(order).reshape(shape))
         if record is not None:
             dims = ("n_batch", "n_head", "n_Q", "d_head")
@@ -77,7 +79,7 @@ def qk_norm(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     q, k = ctx.reference["Q_split"].double(), ctx.reference["K_split"].double()
     if q.shape[-1] != k.shape[-1] or q.dim() != k.dim():
         return None
-    plain = q @ k.transpose(-1, -2)
+    plain = q @ k.transpose(-1, -2)  # [.., n_Q, d] @ [.., d, n_K] -> [.., n_Q, n_K]
     scores = ctx.reference["scores"].double()
     usable = plain.abs() > 1e-6
     if not bool(usable.any()):
@@ -92,7 +94,7 @@ def qk_norm(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
         kn = k_rec.tensor.double() if k_rec is not None else k
         if qn.shape[-3] != kn.shape[-3]:
             continue
-        expected = scale * (qn @ kn.transpose(-1, -2))
+        expected = scale * (qn @ kn.transpose(-1, -2))  # [.., n_Q, n_K]
         if step != "scores":
             allowed = ~torch.isneginf(ctx.reference["masked_scores"]) if "masked_scores" in ctx.reference else None
             if allowed is not None:
@@ -143,7 +145,7 @@ def _normalized(x: torch.Tensor, records: list[Record]) -> list[tuple[Record, st
 
 def _affine(z: torch.Tensor, user: torch.Tensor, shift: bool) -> bool:
     """user = z · w + b per channel (b = 0 without shift), for some w and b fitted by least squares."""
-    zs, us = z.reshape(-1, z.shape[-1]), user.reshape(-1, z.shape[-1])
+    zs, us = z.reshape(-1, z.shape[-1]), user.reshape(-1, z.shape[-1])  # [n_rows, n_channel] each
     if shift:
         zm, um = zs.mean(0), us.mean(0)
         w = ((zs - zm) * (us - um)).sum(0) / ((zs - zm).pow(2).sum(0) + 1e-12)

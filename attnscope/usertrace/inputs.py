@@ -293,7 +293,7 @@ def load_files(o: InputOptions, self_attention: bool) -> dict[str, torch.Tensor]
 
 def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any, notes: list[str],
                 n_cache: int, layout: str = "row") -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    from attnscope.attention import common_dtype
+    from attnscope.attention.dot_product import common_dtype
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
     for name, t in (("--q", Q), ("--k", K), ("--v", V)):
@@ -343,6 +343,7 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Te
     from attnscope.spec import AttentionSpec
 
     built, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache), n_Q, n_K)
+    # [n_Q, n_K] -> [n_K, n_Q] for the column form
     built = built.transpose(0, 1) if built is not None and col else built
     # [1, n_Q, n_K], the Annotated Transformer's `subsequent_mask` shape: it broadcasts against [n_batch, n_Q, n_K]
     # and [n_batch, n_head, n_Q, n_K] scores, and after the `mask.unsqueeze(1)` that code does for the heads.

@@ -104,9 +104,9 @@ def _mha(given: dict[str, Any]) -> Hidden:
     padding = given.get("key_padding_mask")
     n_batch, n_Q, n_K = query.shape[1], query.shape[0], key.shape[0]
     if isinstance(mask, torch.Tensor) and mask.dim() == 3:  # [n_batch·n_head, n_Q, n_K]
-        mask = mask.view(n_batch, n_head, n_Q, n_K)
+        mask = mask.view(n_batch, n_head, n_Q, n_K)  # [n_batch, n_head, n_Q, n_K]
     if isinstance(padding, torch.Tensor):
-        padding = padding.view(n_batch, 1, 1, n_K)
+        padding = padding.view(n_batch, 1, 1, n_K)  # [n_batch, n_K] -> [n_batch, 1, 1, n_K]
         if padding.dtype == torch.bool:
             padding = torch.zeros(padding.shape).masked_fill(padding, float("-inf"))
         mask = padding if mask is None else (
@@ -115,5 +115,6 @@ def _mha(given: dict[str, Any]) -> Hidden:
     steps += attention_steps
     x_raw = attention_steps[-1][1] @ heads[2].to(attention_steps[-1][1].dtype)  # [N, H, n_Q, hd]
     steps.append(("x_raw", x_raw, "attention @ V"))
+    # [N, H, n_Q, hd] -> [n_Q, N, d]
     steps.append(("x_rsh2", x_raw.permute(2, 0, 1, 3).reshape(n_Q, n_batch, d), "heads merged"))
     return steps

@@ -353,5 +353,6 @@ def _skips(trace: Trace) -> dict[str, torch.Tensor]:
                 rows = rows.any(axis)
         kept = [d for d in row_dims if d in step.dims]
         if tuple(step.dims[: len(kept)]) == tuple(kept):
+            # [kept.., 1, ..]: broadcasts over the step
             skips[step.name] = rows.reshape(*rows.shape, *[1] * (len(step.dims) - len(kept)))
     return skips

@@ -15,7 +15,7 @@ to the reference's own diagonal (query i's last key, lower-right aligned or not)
 - whole query rows forbidden where the reference forbids key columns: a key-padding mask applied on queries.
 
 ALiBi: the user's scores are the reference's plus `m_h · j` per head (BLOOM's form, or `-m_h · (i - j)`, the
-same after the softmax); the slopes are fitted and compared with ALiBi's `2^(-8 h / n_head)` (attnscope.alibi).
+same after the softmax); the slopes are fitted and compared with ALiBi's `2^(-8 h / n_head)` (attnscope.variants.alibi).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def _diagonal(allowed: torch.Tensor) -> int | None:
     None when the reference's mask is not causal (it allows the last key to the first query)."""
     n_Q, n_K = allowed.shape[-2:]
     rel = torch.arange(n_K)[None, :] - torch.arange(n_Q)[:, None]
-    any_allowed = allowed.reshape(-1, n_Q, n_K).any(0)
+    any_allowed = allowed.reshape(-1, n_Q, n_K).any(0)  # [.., n_Q, n_K] -> [n_Q, n_K]
     if not bool(any_allowed.any()):
         return None
     reach = int(rel[any_allowed].max())
@@ -173,7 +173,7 @@ def _regions(extra: torch.Tensor, hidden: torch.Tensor, rel: torch.Tensor | None
 
 def alibi(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     """The user's scores (or softmax) are the reference's plus a linear bias in the key position per head."""
-    from attnscope import alibi as alibi_math
+    from attnscope.variants import alibi as alibi_math
 
     if step not in ("scores", "biased_scores", "masked_scores", "attention") or step not in ctx.reference:
         return None
@@ -236,6 +236,6 @@ def _fit_slopes(user: torch.Tensor, reference: torch.Tensor, softmax: bool) -> t
         return None
     shape = [1] * user.dim()
     shape[heads] = -1
-    residual = (dc - jc * slopes.view(shape)).abs().max()
+    residual = (dc - jc * slopes.view(shape)).abs().max()  # slopes [n_head] along the head axis
     scale = float(dc.abs().max())
     return slopes if float(residual) <= 1e-4 * max(scale, 1.0) else None

@@ -69,7 +69,7 @@ class Spec:
 
     def rope(self) -> Any:
         """attnscope's Rope for the reference, None without RoPE."""
-        from attnscope.rope import Rope
+        from attnscope.variants.rope import Rope
 
         return Rope(self.rope_base, pairing=self.rope_pairing) if self.rope_base is not None else None
 
@@ -168,7 +168,7 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
 def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.Module | None = None) -> nn.Module:
     """attnscope's MultiHeadAttention holding the user's weights (biases a layer lacks are zero), computing
     what `spec` describes."""
-    from attnscope.multihead import MultiHeadAttention
+    from attnscope.attention.multihead import MultiHeadAttention
 
     q, k, v, o = (found.linears[role][1] for role in ROLES)
     d_feat = q.in_features
@@ -264,7 +264,7 @@ def run_mha(reference: nn.Module, Q: torch.Tensor, K: torch.Tensor, V: torch.Ten
 
 def run_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
              spec: Spec = Spec()) -> Trace:
-    from attnscope.attention import sdpa
+    from attnscope.attention.dot_product import sdpa
 
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     with torch.no_grad():
@@ -277,10 +277,11 @@ def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.T
     ([.., n_K, n_Q], True = may attend) the file's and the causal/window mask transposed, as sdpa's build_mask
     transposes them for the column layout."""
     from attnscope import masks
+    from attnscope.attention.textbook import sdpa_columns
     from attnscope.spec import AttentionSpec
-    from attnscope.textbook import sdpa_columns
 
     structural, _ = masks.structural(AttentionSpec.asked(spec.causal, spec.window), Q.shape[-1], K.shape[-1])
+    # [n_Q, n_K] -> the column form's [n_K, n_Q]
     combined = masks.combine(structural.transpose(-2, -1) if structural is not None else None, mask)
     with torch.no_grad():
         return sdpa_columns(Q, K, V, combined)

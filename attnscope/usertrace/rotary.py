@@ -1,7 +1,7 @@
 """The classic RoPE mistakes, told by the numbers: each alternative rotation is computed from the reference's
 own unrotated Q_split / K_split and compared with the user's tensor.
 
-The alternatives are written here, small and in float64, rather than taken from attnscope.rope (which computes
+The alternatives are written here, small and in float64, rather than taken from attnscope.variants.rope (which computes
 the reference's pairing, half-split or --rope-pairing interleaved): the diagnosis needs rotations the reference
 never makes (another base, positions from 0, the other pairing).
 

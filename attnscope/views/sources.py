@@ -116,7 +116,7 @@ def from_head(result: Any) -> Page:
                              label=f"layer {i}: {EFFECTIVE}" if getattr(layer, "effective", False) else "")
                        for i, layer in zip(numbers, result.layers, strict=True)]
         shown = numbers.index(o.layer) if o.layer in numbers else 0
-        page.focus = (shown, min(o.head, len(result.layers[0].heads) - 1))
+        page.focus = (shown, min(o.head, len(result.layer_heads[0].heads) - 1))
     elif heads is not None:
         page.queries, page.keys = list(heads.row_labels), list(heads.col_labels)
         page.layers = [Layer(o.layer, _heads_of(heads, masked))]

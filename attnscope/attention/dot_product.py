@@ -1,0 +1,449 @@
+"""Scaled dot-product attention, recorded step by step, with the variants of today's models.
+
+`sdpa()` is a pure function that returns a `Trace`; `MultiHeadAttention` (multihead.py) calls it for
+its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
+
+Steps, in order, each only when its option asks for it:
+`Q, K, V, [Q_normed, K_normed], [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores,
+[capped_scores], [alibi_bias | position_bias, biased_scores], [masked_scores], [sinks], attention,
+[sink_weight], out` (sinks: sinks.py; qk-norm: qknorm.py; a position bias: position_bias.py).
+
+Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in
+float32 and `out` is cast back, as PyTorch's math path does (`_scaled_dot_product_attention_math` upcasts
+query, key and value); the steps' dtypes say so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from attnscope import cost
+from attnscope.attention import sinks as sinks_
+from attnscope.attention.masking import masked, zero_rows
+from attnscope.attention.position_bias import add_position_bias
+from attnscope.errors import UsageError
+from attnscope.spec import AttentionSpec
+from attnscope.trace import Trace
+from attnscope.variants import alibi as alibi_
+from attnscope.variants import qknorm
+from attnscope.words import counted
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from attnscope.variants.qknorm import QkNorm
+    from attnscope.variants.rope import Rope
+    from attnscope.variants.temperature import TemperatureTuning
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Names:
+    """What the steps and axes of one attention are called.
+
+    `sdpa` on its own uses the textbook names; `MultiHeadAttention` passes its own (`Q_rot`, `x_raw`,
+    `d_head`, batch axes `n_batch, n_head`) so its trace reads as the tutorial does.
+    """
+
+    Q: str = "Q"
+    K: str = "K"
+    V: str = "V"
+    out: str = "out"
+    d_K: str = "d_K"
+    d_V: str = "d_V"
+    batch: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class HeadInputs:
+    """What `sdpa` reads for one head of a module on a sequence, once the module has applied its own stages
+    (projection, qk-norm, RoPE, temperature): Q `[n_batch, 1, n_Q, d_K]`, K `[n_batch, 1, n_K, d_K]`, V
+    `[n_batch, 1, n_K, d_V]`, the `spec` of what is left for sdpa (the mask, softcap, sinks, scale...) and the
+    head's sink logit (`[1]`, None without sinks). A block of its query rows is `sdpa(Q[..., a:b, :], K', V',
+    spec=spec.rows_from(a), sinks=sinks)`, K' the keys those rows may see (models/forward/long.py)."""
+
+    Q: Tensor
+    K: Tensor
+    V: Tensor
+    spec: AttentionSpec
+    sinks: Tensor | None = None
+
+
+def batch_names(n: int) -> tuple[str, ...]:
+    """Leading axes: `n_batch`; `n_batch, n_head` for two (PyTorch's `[N, H, L, E]`); with more, the last is
+    `n_head` and the others `n_batch_1, n_batch_2, ...`."""
+    if n <= 2:
+        return ("n_batch", "n_head")[:n]
+    return (*(f"n_batch_{i + 1}" for i in range(n - 1)), "n_head")
+
+
+def leading_names(names: tuple[str, ...], rank: int) -> tuple[str, ...]:
+    """The batch names of a tensor with `rank - 2` leading axes (batch axes broadcast from the right)."""
+    return names[len(names) - (rank - 2) :] if rank > 2 else ()
+
+
+def common_dtype(*tensors: Tensor) -> tuple[torch.dtype, str | None]:
+    """The dtype of the inputs once made alike, and a note when they had to be converted."""
+    if all(t.is_floating_point() for t in tensors):
+        dtype = tensors[0].dtype
+        for t in tensors[1:]:
+            dtype = torch.promote_types(dtype, t.dtype)
+        mixed = len({t.dtype for t in tensors}) > 1
+        return dtype, (f"inputs of different dtypes were computed in {dtype_name(dtype)}" if mixed else None)
+    found = sorted({dtype_name(t.dtype) for t in tensors if not t.is_floating_point()})
+    return torch.float32, f"integer inputs ({', '.join(found)}) were computed in float32"
+
+
+def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where scores and softmax are computed: float32 for half precision, else the inputs' dtype."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+def half_note(dtype: torch.dtype) -> str:
+    return (f"{dtype_name(dtype)} inputs: scores, softmax and attention @ V computed in float32, as PyTorch's math "
+            f"path does (_scaled_dot_product_attention_math); out cast back to {dtype_name(dtype)}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_qkv(Q: Tensor, K: Tensor, V: Tensor, layout: str = "row", enable_gqa: bool = False) -> tuple[int, ...]:
+    """Validate shapes and return the broadcast batch shape. Row layout: `[.., n, d]`; column: `[.., d, n]`.
+    With `enable_gqa`, K and V may have fewer heads (axis -3) than Q, a divisor of Q's."""
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if t.dim() < 2:
+            raise UsageError(
+                f"{name} has rank {t.dim()} (shape {list(t.shape)}); attention needs rank 2 or more: "
+                + ("[.., n, d]" if layout == "row" else "[.., d, n]")
+            )
+    d_axis, n_axis = (-1, -2) if layout == "row" else (-2, -1)
+    if Q.shape[d_axis] != K.shape[d_axis]:
+        raise UsageError(
+            f"d_Q = {Q.shape[d_axis]} but d_K = {K.shape[d_axis]}: queries and keys are compared by a dot product, "
+            f"so they need the same feature size (Q {list(Q.shape)}, K {list(K.shape)})"
+        )
+    if Q.shape[d_axis] == 0:
+        raise UsageError(
+            f"d_K = 0 (Q {list(Q.shape)}, K {list(K.shape)}): queries and keys have no features, so every score "
+            "would be an empty dot product; give them at least one feature"
+        )
+    if K.shape[n_axis] != V.shape[n_axis]:
+        raise UsageError(
+            f"n_K = {K.shape[n_axis]} but n_V = {V.shape[n_axis]}: every key needs its value "
+            f"(K {list(K.shape)}, V {list(V.shape)})"
+        )
+    k_batch, v_batch = list(K.shape[:-2]), list(V.shape[:-2])
+    if enable_gqa and gqa_group(Q, K, V) > 1:
+        k_batch[-1] = v_batch[-1] = Q.shape[-3]  # K_rep, V_rep have Q's heads
+    try:
+        return cost.broadcast_shapes(Q.shape[:-2], k_batch, v_batch)
+    except ValueError:
+        hint = ""
+        if Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3] and not enable_gqa:
+            hint = "; for grouped-query attention (fewer K/V heads than Q heads) pass enable_gqa=True"
+        raise UsageError(
+            f"the batch dims of Q {list(Q.shape[:-2])}, K {list(K.shape[:-2])} and V {list(V.shape[:-2])} "
+            f"do not broadcast; make them equal or 1{hint}"
+        ) from None
+
+
+def gqa_group(Q: Tensor, K: Tensor, V: Tensor) -> int:
+    """n_group = n_head / n_kv_head: how many query heads share one K/V head (axis -3), as
+    `F.scaled_dot_product_attention(enable_gqa=True)` requires; 1 when the heads are equal."""
+    if Q.dim() < 3 or K.dim() < 3 or V.dim() < 3:
+        return 1
+    n_head, n_kv_head = Q.shape[-3], K.shape[-3]
+    if V.shape[-3] != n_kv_head:
+        raise UsageError(f"K has {counted(n_kv_head, 'head')} but V has {V.shape[-3]}; every key head needs its value "
+                         "head")
+    if n_head == n_kv_head:
+        return 1
+    if n_kv_head == 0 or n_head % n_kv_head:
+        raise UsageError(f"Q has {counted(n_head, 'head')} and K/V have {n_kv_head}: grouped-query attention needs the "
+                         f"query heads to be a multiple of the key/value heads")
+    return n_head // n_kv_head
+
+
+def resolve_spec(spec: AttentionSpec | None, **asked: Any) -> AttentionSpec:
+    """`spec` itself, or one built (and so checked) from the keywords; never both, which could disagree."""
+    if spec is None:
+        return AttentionSpec(**{name: value for name, value in asked.items() if value is not None})
+    given = [name for name, value in asked.items() if value not in (None, False)]
+    if given:
+        raise UsageError(f"give the attention either as spec=AttentionSpec(...) or as keywords, not both "
+                         f"({', '.join(given)} given beside spec)")
+    return spec
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """Q, K and V as every form of sdpa starts from them: checked, cast to one dtype, recorded as inputs."""
+
+    trace: Trace
+    Q: Tensor
+    K: Tensor
+    V: Tensor
+    batch_dims: tuple[str, ...]
+    dtype: torch.dtype  # the inputs' common dtype
+    acc: torch.dtype  # the dtype the scores are computed in (float32 for half precision)
+    n_group: int  # query heads per key/value head (grouped-query attention); 1 without
+
+
+def prologue(Q: Tensor, K: Tensor, V: Tensor, names: Names, *, layout: str = "row",
+             enable_gqa: bool = False) -> Prologue:
+    """What sdpa and textbook.sdpa_columns do first: check Q, K, V (`layout` "row": `[.., n, d]`, "col":
+    `[.., d, n]`), name their batch dims, cast them to their common dtype, and start the trace with the dtype's
+    notes and the three inputs."""
+    batch = check_qkv(Q, K, V, layout=layout, enable_gqa=enable_gqa)
+    n_group = gqa_group(Q, K, V) if enable_gqa else 1
+    batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
+    dtype, dtype_note = common_dtype(Q, K, V)
+    acc = accumulate_dtype(dtype)
+    Q, K, V = Q.to(dtype), K.to(dtype), V.to(dtype)
+    trace = Trace()
+    trace.notes.extend(note for note in (dtype_note, half_note(dtype) if acc != dtype else None) if note)
+    kv_dims = batch_dims if n_group == 1 else (*batch_dims[:-1], "n_kv_head")
+    axes = {"Q": ("n_Q", names.d_K), "K": ("n_K", names.d_K), "V": ("n_K", names.d_V)}
+    for step, x, dims in (("Q", Q, batch_dims), ("K", K, kv_dims), ("V", V, kv_dims)):
+        trace.add(getattr(names, step), x, (*leading_names(dims, x.dim()), *axes[step][::-1 if layout == "col" else 1]),
+                  "input")
+    return Prologue(trace, Q, K, V, batch_dims, dtype, acc, n_group)
+
+
+def sdpa(
+    Q: Tensor,
+    K: Tensor,
+    V: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    *,
+    causal: bool | str | None = False,
+    window: int | None = None,
+    window_side: str | None = None,
+    softcap: float | None = None,
+    alibi: bool = False,
+    rope: Rope | None = None,
+    enable_gqa: bool = False,
+    dropout_p: float = 0.0,
+    names: Names | None = None,
+    spec: AttentionSpec | None = None,
+    chunk: int | None = None,
+    temperature: TemperatureTuning | None = None,
+    position_bias: Tensor | None = None,
+    sinks: Tensor | None = None,
+    qk_norm: str | QkNorm | None = None,
+) -> Trace:
+    """Scaled dot-product attention: `out = softmax(Q Kᵀ · scale) V`, with `scale = 1/sqrt(d_K)` by default.
+
+    Q `[.., n_Q, d_K]`, K `[.., n_K, d_K]`, V `[.., n_K, d_V]`, any leading batch dims that broadcast.
+    `mask` is boolean (True = may attend), integer 0/1 (read as boolean) or float (added to the scores)
+    and broadcasts to `[.., n_Q, n_K]`. A query that may attend to no key gets an output of zeros, as
+    `F.scaled_dot_product_attention` gives.
+
+    Variants: `causal` (True or "upper-left" as `is_causal=True`, or "lower-right"); `window` W, query i sees key j
+    when j <= i and i - j < W (Mistral's; implies causal), or with `window_side="both"` when |i - j| <= W // 2 and
+    no causal mask (ModernBERT's local attention, W its `local_attention`); `softcap` C, `capped_scores =
+    C·tanh(scores/C)` (Gemma 2); `alibi`, a per-head linear bias (the head axis is -3; inputs without one are one
+    head); `rope`, rotary embeddings of Q and K (query i at position i + offset, key j at j); `enable_gqa`, K and V
+    with fewer heads than Q, shared by groups of query heads as `F.scaled_dot_product_attention(enable_gqa=True)`.
+    `chunk` C, query i sees key j when j <= i and j // C == i // C (Llama 4's chunked attention; implies causal);
+    `temperature`, Llama 4's per-query scale `log1p(floor((i + 1) / floor_scale)) · attn_scale + 1` on Q (after
+    RoPE; temperature.py). Lower-right alignment puts query i at position `i + n_K - n_Q` for the mask, RoPE,
+    ALiBi and the temperature alike.
+    `sinks`, one logit per head `[n_head]`, joins each softmax row and is dropped after (GPT-OSS; sinks.py).
+    `qk_norm="head"`: the unit-weight RMSNorm of Q and K over d_K before RoPE (Qwen3's q_norm/k_norm without
+    their weights; qknorm.py).
+    `spec` says all of these at once (an `AttentionSpec`, spec.py), in place of `scale` and the keywords.
+    `position_bias`, a float tensor that broadcasts to the scores, is added to them as its own step (T5's
+    relative position bias; position_bias.py).
+    """
+    names = names or Names()
+    spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope,
+                        chunk=chunk, temperature=temperature, window_side=window_side, qk_norm=qk_norm)
+    spec = sinks_.resolve(spec, sinks)
+    scale, softcap, rope = spec.scale, spec.softcap, spec.rope
+    if spec.norm is not None and spec.norm.over != "head":
+        raise UsageError(f"{{qk_norm}} {spec.norm.over}: sdpa has no projection to normalise before a split; use "
+                         "'head' (over d_K), or MultiHeadAttention for OLMo 2's norm over the projection", "qk_norm")
+    inputs = prologue(Q, K, V, names, enable_gqa=enable_gqa)
+    trace, Q, K, V, batch_dims = inputs.trace, inputs.Q, inputs.K, inputs.V, inputs.batch_dims
+    dtype, acc, n_group = inputs.dtype, inputs.acc, inputs.n_group
+    n_Q, d_K, n_K = Q.shape[-2], Q.shape[-1], K.shape[-2]
+    q_name, k_name, v_name = names.Q, names.K, names.V
+
+    offset = spec.offset(n_Q, n_K)
+    if spec.norm is not None:
+        Q, K = normalize(trace.add, Q, K, spec.norm, (None, None), source=(q_name, k_name),
+                                dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
+        q_name, k_name = "Q_normed", "K_normed"
+    if rope is not None:
+        Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
+                      dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)
+        q_name, k_name = "Q_rot", "K_rot"
+    if spec.temperature is not None:
+        Q = tune(trace.add, Q, spec.temperature, start=offset, source=q_name, dims=trace.step(q_name).dims)
+        q_name = "Q_tuned"
+    if n_group > 1:
+        K, V = _repeat_kv(trace, K, V, n_group, (k_name, v_name), batch_dims, names)
+        k_name, v_name = "K_rep", "V_rep"
+
+    scale_op = f"/ sqrt({names.d_K})" if scale is None else f"* {scale:g}"
+    scale = 1.0 / math.sqrt(d_K) if scale is None else scale
+    # V may carry more batch dims than Q and K (it broadcasts in `attention @ V`, as in PyTorch): the scores
+    # have only Q's and K's.
+    scores_dims = (*leading_names(batch_dims, max(Q.dim(), K.dim())), "n_Q", "n_K")
+    up = ".float()" if acc != dtype else ""
+    # mul_ on the fresh matmul result: no second [.., n_Q, n_K] tensor at the peak.
+    scores = torch.matmul(Q.to(acc), K.to(acc).transpose(-2, -1)).mul_(scale)  # [.., n_Q, n_K]
+    trace.add("scores", scores, scores_dims, f"{q_name}{up} @ {k_name}{up}.transpose(-2, -1) {scale_op}",
+              cost.matmul_flops(scores.shape, d_K) + scores.numel())
+    logits, last = scores, "scores"
+    if softcap is not None:
+        logits = trace.add("capped_scores", scores.div(softcap).tanh_().mul_(softcap), scores_dims,
+                           f"{softcap:g} * tanh(scores / {softcap:g})", 3 * scores.numel())
+        last = "capped_scores"
+    if spec.alibi and position_bias is not None:
+        raise UsageError("{alibi} and {position_bias} are two position biases; give one", "alibi", "position_bias")
+    if spec.alibi:
+        logits, last = _alibi(trace, logits, last, batch_dims, offset, spec.alibi_slopes)
+    if position_bias is not None:
+        logits, last = add_position_bias(trace, logits, last, position_bias, scores_dims[:-2])
+    logits, blocked, last = masked(trace, logits, last, mask, spec, scores_dims)
+
+    if spec.sinks:  # one more column per row, dropped after
+        attention, sink_weight, attention_op = sinks_.softmax(trace, logits, last, sinks, batch_dims)
+    else:
+        attention, attention_op = torch.softmax(logits, dim=-1), f"softmax({last}, dim=-1)"  # [.., n_Q, n_K]
+    if blocked is not None:
+        attention = zero_rows(attention, blocked, trace, n_Q)
+    if dropout_p > 0.0:
+        attention = F.dropout(attention, p=dropout_p, training=True)
+        attention_op = f"dropout({attention_op}, p={dropout_p:g})"
+    trace.add("attention", attention, scores_dims, attention_op,
+              cost.softmax_flops((*attention.shape[:-1], attention.shape[-1] + spec.sinks)))
+    if spec.sinks:
+        sinks_.record_weight(trace, sink_weight, scores_dims)
+
+    out = torch.matmul(attention, V.to(acc))  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
+    out_op = f"attention @ {v_name}"
+    if acc != dtype:
+        out, out_op = out.to(dtype), f"(attention @ {v_name}.float()).to({dtype_name(dtype)})"
+    trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), out_op, cost.matmul_flops(out.shape, n_K))
+    return trace
+
+
+def normalize(add: Any, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tensor | None, Tensor | None],
+              *, source: tuple[str, str], dims: tuple[tuple[str, ...], tuple[str, ...]], axis: tuple[str, str],
+              names: tuple[str | None, str | None] = (None, None),
+              biases: tuple[Tensor | None, Tensor | None] = (None, None)) -> tuple[Tensor, Tensor]:
+    """Steps `Q_normed`, `K_normed` through `add` (a Trace's add, or a stand-in that keeps nothing): the RMSNorm
+    of Q and K over their last axis (named `axis`, qknorm.rms_norm), or their LayerNorm with `biases` too
+    (qknorm.layer_norm), with `weights` (None: unit weight) called `names` in the op (`q_norm.weight`; a bias
+    `q_norm.bias`)."""
+    normed = []
+    for step, x, weight, bias, src, shape, over, name in zip(("Q_normed", "K_normed"), (Q, K), weights, biases,
+                                                             source, dims, axis, names, strict=True):
+        y = qknorm.apply(x, weight, bias, norm)
+        bias_name = None if bias is None else (name.replace("weight", "bias") if name else "b")
+        normed.append(add(step, y, shape, norm.op(src, over, name, bias_name),
+                          cost.rms_norm_flops(y.shape, weight is not None)))
+    return normed[0], normed[1]
+
+
+def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offset: int, source: tuple[str, str],
+           dims: tuple[tuple[str, ...], tuple[str, ...]], d_name: str, n_keys: int) -> tuple[Tensor, Tensor]:
+    """Steps `cos, sin, Q_rot, K_rot` through `add` (a Trace's add, or a stand-in): query i at `q_offset + i`
+    (negative before key 0, lower-right with n_Q > n_K: a score still depends on i − j alone), key j at
+    `k_offset + j`. `n_keys` (n_K, every key) names the positions' axis when the table covers exactly them."""
+    from attnscope.variants import rope as rotary
+
+    n_Q, n_K, d = Q.shape[-2], K.shape[-2], Q.shape[-1]
+    n_pos = max(k_offset + n_K, q_offset + n_Q)
+    first = min(0, q_offset, k_offset)
+    cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device, start=first)  # [n_pos - first, d_rot]
+    pos = "n_K" if (first, n_pos) == (0, n_keys) else "n_pos"
+    width = d_name if cos.shape[-1] == d else "d_rot"
+    add("cos", cos, (pos, width), rope.table_op("cos", d_name, d, n_pos, first))
+    add("sin", sin, (pos, width), rope.table_op("sin", d_name, d, n_pos, first))
+    apply = rotary.apply_rope if rope.pairing == "half-split" else rotary.apply_rope_interleaved
+    rotated = []
+    for name, x, offset, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):
+        start = offset - first  # the table's row of this tensor's first position
+        part = "" if (start, n) == (0, cos.shape[0]) else f"[{start}:{start + n}]"
+        src = source[0] if name == "Q_rot" else source[1]
+        x_rot = apply(x, cos[start : start + n], sin[start : start + n])  # [.., n, d]
+        rotated.append(add(name, x_rot, shape, rope.rotate_op(src, part, d),
+                           3 * x_rot.numel() * cos.shape[-1] // max(d, 1)))
+    return rotated[0], rotated[1]
+
+
+def tune(add: Any, Q: Tensor, temperature: TemperatureTuning, *, start: int, source: str,
+         dims: tuple[str, ...]) -> Tensor:
+    """Steps `attn_scales` `[n_Q]` and `Q_tuned` through `add`: each query scaled by its position's factor,
+    query i at position `start + i` (transformers' `Llama4TextAttention`: `(query_states * attn_scales).to(
+    query_states.dtype)`, the factor computed in float32)."""
+    n_Q = Q.shape[-2]
+    if start < 0:
+        raise UsageError(f"{{temperature}}: aligned lower-right with fewer keys than queries, query 0 sits at position "
+                         f"{start}, and the temperature's factor is only defined from position 0; give at least as "
+                         "many keys as queries, or align upper-left", "temperature")
+    scales = add("attn_scales", temperature.scales(start, n_Q, Q.device), ("n_Q",), temperature.op(start), 6 * n_Q)
+    tuned = (Q * scales[:, None]).to(Q.dtype)  # [.., n_Q, d] * [n_Q, 1]
+    return add("Q_tuned", tuned, dims, f"({source} * attn_scales[:, None]).to({dtype_name(Q.dtype)})",  # type: ignore[no-any-return]
+               tuned.numel())
+
+
+def _repeat_kv(trace: Trace, K: Tensor, V: Tensor, n_group: int, source: tuple[str, str],
+               batch_dims: tuple[str, ...], names: Names) -> tuple[Tensor, Tensor]:
+    """Steps `K_rep, V_rep`: each K/V head repeated for the n_group query heads it serves (transformers'
+    `repeat_kv`, which is `repeat_interleave(n_group, dim=1)`)."""
+    n_kv_head = K.shape[-3]
+    K_rep = K.repeat_interleave(n_group, dim=-3)  # [.., n_kv_head, n_K, d] -> [.., n_head, n_K, d]
+    V_rep = V.repeat_interleave(n_group, dim=-3)
+    for name, src, tensor, d in (("K_rep", source[0], K_rep, names.d_K), ("V_rep", source[1], V_rep, names.d_V)):
+        trace.add(name, tensor, (*leading_names(batch_dims, tensor.dim()), "n_K", d),
+                  f"repeat_kv({src}, n_group={n_group}) = {src}.repeat_interleave({n_group}, dim=-3)")
+    shown = [f"KV head {g}: query heads {g * n_group}-{(g + 1) * n_group - 1}" for g in range(min(n_kv_head, 4))]
+    more = f", ... ({n_kv_head} KV heads)" if n_kv_head > 4 else ""
+    trace.notes.append(f"grouped-query attention, n_group = {n_group}: " + "; ".join(shown) + more)
+    return K_rep, V_rep
+
+
+def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...], offset: int,
+           given: tuple[float, ...] | None = None) -> tuple[Tensor, str]:
+    """Steps `alibi_bias` `[n_head, n_Q, n_K]` and `biased_scores`; the head axis is the one named n_head; `given`:
+    the spec's own slopes (one head of a larger module)."""
+    n_head = logits.shape[-3] if "n_head" in batch_dims and logits.dim() >= 3 else 1
+    n_Q, n_K = logits.shape[-2], logits.shape[-1]
+    bias = alibi_.bias(n_head, n_Q, n_K, offset, logits.device, given).to(logits.dtype)  # [n_head, n_Q, n_K]
+    m = alibi_.slopes(n_head).tolist() if given is None else list(given)
+    slopes = ", ".join(f"{s:.4g}" for s in m[:4]) + (", ..." if n_head > 4 else "")
+    position = "i" if offset == 0 else f"(i + {offset})"
+    trace.add("alibi_bias", bias, ("n_head", "n_Q", "n_K"),
+              f"-slope[h] * ({position} - j), slopes {slopes}", 3 * bias.numel())
+    biased = logits + (bias if logits.dim() >= 3 else bias[0])  # [.., n_head, n_Q, n_K]; unbatched: [n_Q, n_K]
+    trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel())
+    return biased, "biased_scores"
+
+
+def split_heads(x: Tensor, n_head: int) -> Tensor:
+    """[n_batch, n, n_head·d_head] -> [n_batch, n_head, n, d_head], a view (BERT's `transpose_for_scores`)."""
+    n_batch, n, width = x.shape  # n, not -1: an empty batch leaves -1 undefined
+    return x.view(n_batch, n, n_head, width // n_head).permute(0, 2, 1, 3)  # [n_batch, n_head, n, d_head]
+
+
+def heads_last(x: Tensor) -> Tensor:
+    """[n_batch, n_head, n, d_head] -> [n_batch, n, n_head, d_head], copied so it can be viewed flat."""
+    return x.permute(0, 2, 1, 3).contiguous()  # [n_batch, n, n_head, d_head]
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """[n_batch, n_head, n, d_head] -> [n_batch, n, n_head·d_head], the inverse of `split_heads`."""
+    return heads_last(x).flatten(-2)  # [n_batch, n, n_head·d_head]

@@ -1,0 +1,344 @@
+"""Multi-head attention as the tutorials write it, and as today's models shape it.
+
+Four Linear layers, split into heads, SDPA in every head (through `attention.sdpa`, so the two never
+drift), merge, project. The variants are arguments: `n_kv_head` (grouped-query attention; 1 is
+multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `qk_norm` (an RMSNorm of Q and K before RoPE,
+per head or over the whole projection, with learned weights `q_norm.weight` and `k_norm.weight`; qknorm.py),
+`rope` (rotary embeddings after the split, transformers' `apply_rotary_pos_emb`), `causal`, `window` (and
+`window_side`), `chunk`, `softcap`, `alibi`, `scale`, `temperature` (Llama 4's per-query scale, after RoPE),
+`sinks` (a learned logit per head, the module's `sinks` parameter: GPT-OSS's), and a KV cache passed to
+`forward`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope import cost, masks
+from attnscope.attention import dot_product as attention
+from attnscope.attention.dot_product import HeadInputs, Names, heads_last, merge_heads, resolve_spec, split_heads
+from attnscope.errors import UsageError
+from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
+from attnscope.trace import Trace
+from attnscope.variants import alibi as alibi_
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from attnscope.variants.qknorm import QkNorm
+    from attnscope.variants.rope import Rope
+    from attnscope.variants.temperature import TemperatureTuning
+
+
+class MultiHeadAttention(nn.Module):
+    """`forward(Q, K=None, V=None, mask=None, cache=None, position_bias=None)` returns a `Trace` whose steps are
+    `Q_feat, K_feat, V_feat, Q_split, K_split, V_split, [Q_normed, K_normed], [cos, sin, Q_rot, K_rot],
+    [attn_scales, Q_tuned], [K_cache, V_cache, K_cat, V_cat], [K_rep, V_rep], scores, [capped_scores],
+    [alibi_bias | position_bias, biased_scores], [masked_scores], [sinks], attention, [sink_weight], x_raw,
+    x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Cross-attention: K (and V) are another sequence's states,
+    an encoder's output (`[n_batch, n_K, d_feat]`), projected by W_k and W_v. Scores are scaled by
+    `1/sqrt(d_head)` unless `scale` is given, as `torch.nn.MultiheadAttention` does. With `record=False` the
+    steps are not kept and the attention runs in `F.scaled_dot_product_attention`; the trace then holds only `x`.
+
+    W_q projects d_feat to n_head·d_head, W_k and W_v to n_kv_head·d_head, W_o n_head·d_head back to d_feat.
+    With `qk_norm`, `q_norm.weight` and `k_norm.weight` are `[d_head]` ("head") or `[n_head·d_head]` and
+    `[n_kv_head·d_head]` ("proj"), ones to start with (zeros for Gemma's offsets, `(1 + w)`), as transformers
+    names and initialises them, so a checkpoint's weights load into the state dict as they are; a LayerNorm
+    qk-norm (`QkNorm(kind="layer")`, timm's default) adds `q_norm.bias` and `k_norm.bias`, zeros to start.
+    `cache=(K_cache, V_cache)`, each `[n_batch, n_kv_head, n_cache, d_head]`, holds the keys (already
+    rotated, as transformers' caches hold them) and values of earlier positions; the new queries and keys
+    then sit at positions n_cache onwards, and `causal` should be "lower-right".
+    With `sinks=True` the module owns `sinks` `[n_head]` (an `nn.Parameter` in its state dict, drawn N(0, 1)
+    like GPT-OSS's before training: load or copy the values you want), one logit per head (sinks.py).
+    """
+
+    def __init__(
+        self,
+        d_feat: int,
+        n_head: int,
+        bias: bool = True,
+        dropout_p: float = 0.0,
+        record: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        n_kv_head: int | None = None,
+        d_head: int | None = None,
+        out_bias: bool | None = None,
+        scale: float | None = None,
+        causal: bool | str | None = False,
+        window: int | None = None,
+        window_side: str | None = None,
+        softcap: float | None = None,
+        alibi: bool = False,
+        rope: Rope | None = None,
+        sinks: bool = False,
+        spec: AttentionSpec | None = None,
+        chunk: int | None = None,
+        temperature: TemperatureTuning | None = None,
+        qk_norm: str | QkNorm | None = None,
+        d_kv_in: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
+                                 window_side=window_side, softcap=softcap, alibi=alibi, rope=rope, sinks=sinks,
+                                 chunk=chunk, temperature=temperature, qk_norm=qk_norm)
+        n_kv_head = n_head if self.spec.n_kv_head is None else self.spec.n_kv_head
+        _check_sizes(d_feat, n_head, n_kv_head, d_head)
+        if not 0.0 <= dropout_p < 1.0:
+            raise UsageError(f"dropout_p = {dropout_p} must be in [0, 1)")
+        self.d_feat, self.n_head, self.n_kv_head = d_feat, n_head, n_kv_head
+        self.d_kv_in = d_feat if d_kv_in is None else d_kv_in  # what K and V are read from (a context's width)
+        self.d_head = d_feat // n_head if d_head is None else d_head
+        if self.spec.rope is not None:
+            self.spec.rope.check(self.d_head)
+        self.dropout_p, self.record = dropout_p, record
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.W_q = nn.Linear(d_feat, n_head * self.d_head, bias=bias, **factory)
+        self.W_k = nn.Linear(self.d_kv_in, n_kv_head * self.d_head, bias=bias, **factory)
+        self.W_v = nn.Linear(self.d_kv_in, n_kv_head * self.d_head, bias=bias, **factory)
+        self.W_o = nn.Linear(n_head * self.d_head, d_feat, bias=bias if out_bias is None else out_bias, **factory)
+        # GPT-OSS's `sinks`: one logit per head, drawn after the projections so their seeded values stay the same
+        self.sinks = nn.Parameter(torch.randn(n_head, **factory)) if self.spec.sinks else None
+        norm = self.spec.norm
+        if norm is not None:
+            self.q_norm = NormWeight(norm.width(n_head, self.d_head), norm.offset, norm.layer, **factory)
+            self.k_norm = NormWeight(norm.width(n_kv_head, self.d_head), norm.offset, norm.layer, **factory)
+
+    @property
+    def n_group(self) -> int:
+        return self.n_head // self.n_kv_head
+
+    def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None, mask: Tensor | None = None,
+                cache: tuple[Tensor, Tensor] | None = None, position_bias: Tensor | None = None) -> Trace:
+        K = Q if K is None else K
+        V = K if V is None else V
+        self._check_inputs(Q, K, V, cache)
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
+        # A decode step: the new queries come after the cached positions (causal aligns lower-right).
+        spec = self.spec if cache is None else self.spec.with_cache(cache[0].shape[-2])
+        trace = Trace()
+        add = trace.add if self.record else _keep_tensor
+        Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache, spec)
+        spec = self._sdpa_spec(spec)
+        dropout_p = self.dropout_p if self.training else 0.0
+        n_batch = Q.shape[0]
+        if self.record:
+            inner = attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
+                                   names=names, spec=spec, position_bias=position_bias, sinks=self.sinks)
+            for step in inner.steps[3:]:  # from scores on: the inputs are already here
+                if step.name == "sinks":  # the module's parameter, counted with its weights
+                    step = replace(step, op="the module's parameter sinks, one logit per head (held with the weights)",
+                                   allocates=False)
+                trace.add_step(step)
+            trace.notes.extend(inner.notes)
+            x_rsh1 = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
+                               "x_raw.permute(0, 2, 1, 3).contiguous()")
+            width = self._width("n_head")
+            # [n_batch, n_Q, n_head, d_head] -> [n_batch, n_Q, n_head·d_head]
+            x_rsh2 = trace.add("x_rsh2", x_rsh1.view(n_batch, x_rsh1.shape[1], self.n_head * self.d_head),
+                               ("n_batch", "n_Q", width), f"x_rsh1.view(n_batch, -1, {width})", allocates=False)
+            x = self.W_o(x_rsh2)  # [n_batch, n_Q, d_feat]
+            trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
+                      cost.linear_flops(x.shape, x_rsh2.shape[-1], self.W_o.bias is not None))
+            return trace
+        x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
+        x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
+        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(merge_heads(F.scaled_dot_product_attention(...)))")
+        return trace
+
+    def empty_cache(self, n_batch: int = 1) -> tuple[Tensor, Tensor]:
+        """A cache of no positions, `[n_batch, n_kv_head, 0, d_head]` twice: a prompt run as a decode step after
+        nothing comes out with its keys and values joined (`K_cat`, `V_cat`), ready for the next step."""
+        empty = torch.zeros(n_batch, self.n_kv_head, 0, self.d_head, dtype=self.W_k.weight.dtype,
+                            device=self.W_k.weight.device)
+        return empty, empty
+
+    @staticmethod
+    def cache_after(trace: Trace) -> tuple[Tensor, Tensor]:
+        """What the cache holds after a decode step: the keys as the attention read them (rotated and normed) and
+        the values, earlier positions and new (transformers' DynamicCache holds the same)."""
+        return trace["K_cat"], trace["V_cat"]
+
+    @staticmethod
+    def _sdpa_spec(spec: AttentionSpec) -> AttentionSpec:
+        """What is left of `spec` for sdpa once `_heads` has run: Q and K are normed, rotated (and Q tuned) there,
+        before the cache joins."""
+        return replace(spec, rope=None, temperature=None, qk_norm=None)
+
+    def head_inputs(self, X: Tensor, head: int) -> HeadInputs:
+        """Self-attention's query head `head` and the key/value head that serves it, as the attention reads them
+        (projected, normed, rotated, tuned), nothing recorded, with the spec of the rest: one head of `forward`,
+        so a long input's blocks of query rows (models/forward/long.py) compute what the short trace does."""
+        self._check_inputs(X, X, X, None)
+        q, k, v, _ = self._heads(_keep_tensor, X, X, X, None, self.spec)
+        g = head // self.n_group  # transformers' repeat_kv order
+        sinks = None if self.sinks is None else self.sinks[head : head + 1]  # [1]
+        # one query head over its own key/value head: no grouping left
+        spec = replace(self._sdpa_spec(self.spec), n_kv_head=None)
+        if spec.alibi:  # one head of n_head: its own slope, not a one-head module's
+            spec = replace(spec, alibi_slopes=(float(alibi_.slopes(self.n_head)[head]),))
+        return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, sinks)  # [n_batch, 1, n, d]
+
+    def _width(self, heads: str) -> str:
+        """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head`."""
+        n = self.n_head if heads == "n_head" else self.n_kv_head
+        return "d_feat" if n * self.d_head == self.d_feat else f"{heads}·d_head"
+
+    def _heads(self, add: Any, Q: Tensor, K: Tensor, V: Tensor, cache: tuple[Tensor, Tensor] | None,
+               spec: AttentionSpec) -> tuple[Tensor, Tensor, Tensor, Names]:
+        """Project, split, rotate and extend with the cache: the per-head Q, K, V the attention reads, and
+        the names they go by. With a cache the new keys' axis is n_new, and n_K = n_cache + n_new."""
+        bias, kv_axis = self.W_q.bias is not None, self._kv_axis()
+        n_key = "n_K" if cache is None else "n_new"
+        plan = (("Q", self.W_q, Q, "n_Q", self.n_head, "n_head"), ("K", self.W_k, K, n_key, self.n_kv_head, kv_axis),
+                ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
+        feats = {name: add(f"{name}_feat", W(x), ("n_batch", n, self._width(axis)),  # [n_batch, n, heads·d_head]
+                           f"W_{name.lower()}({name})", cost.linear_flops((*x.shape[:-1], W.out_features),
+                                                                           x.shape[-1], bias))
+                 for name, W, x, n, _, axis in plan}
+        norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
+        if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
+            widths = (self._width("n_head"), self._width(kv_axis))
+            feats["Q"], feats["K"] = attention.normalize(
+                add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
+                dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
+                names=("q_norm.weight", "k_norm.weight"), biases=self._norm_biases())
+            made["Q"], made["K"] = "Q_normed", "K_normed"
+        split = {name: add(f"{name}_split", split_heads(feats[name], count),  # -> [n_batch, heads, n, d_head]
+                           ("n_batch", axis, n, "d_head"),
+                           f"{made[name]}.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
+                 for name, _, _, n, count, axis in plan}
+        q, k, v = split["Q"], split["K"], split["V"]
+        q_name, k_name, v_name = "Q_split", "K_split", "V_split"
+        if norm is not None and norm.over == "head":  # Qwen3, Gemma 3: each head over its own d_head
+            per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
+            q, k = attention.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
+                                    axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"),
+                                    biases=self._norm_biases())
+            q_name, k_name = "Q_normed", "K_normed"
+        n_cache = cache[0].shape[-2] if cache is not None else 0
+        n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
+        # the new tokens sit after the cached ones whether or not the attention is causal
+        q_offset = n_cache if cache is not None else spec.offset(n_Q, n_K)
+        if spec.rope is not None:
+            q, k = attention.rotate(add, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache,
+                                    source=(q_name, k_name), dims=(("n_batch", "n_head", "n_Q", "d_head"),
+                                                                   ("n_batch", kv_axis, n_key, "d_head")),
+                                    d_name="d_head", n_keys=n_K)
+            q_name, k_name = "Q_rot", "K_rot"
+        q, k, q_name, k_name = self._after_rope(add, q, k, (q_name, k_name), (kv_axis, n_key))
+        if spec.temperature is not None:
+            q = attention.tune(add, q, spec.temperature, start=q_offset, source=q_name,
+                               dims=("n_batch", "n_head", "n_Q", "d_head"))
+            q_name = "Q_tuned"
+        if cache is not None:
+            cached = ("n_batch", kv_axis, "n_cache", "d_head")
+            K_cache = add("K_cache", cache[0].to(k.dtype), cached, "input: cached keys (already rotated)")
+            V_cache = add("V_cache", cache[1].to(v.dtype), cached, "input: cached values")
+            full = ("n_batch", kv_axis, "n_K", "d_head")
+            k = add("K_cat", torch.cat([K_cache, k], dim=-2), full, f"torch.cat([K_cache, {k_name}], dim=-2)")
+            v = add("V_cat", torch.cat([V_cache, v], dim=-2), full, f"torch.cat([V_cache, {v_name}], dim=-2)")
+            k_name, v_name = "K_cat", "V_cat"
+        names = Names(Q=q_name, K=k_name, V=v_name, out="x_raw", d_K="d_head", d_V="d_head",
+                      batch=("n_batch", "n_head"))
+        return q, k, v, names
+
+    def _after_rope(self, add: Any, q: Tensor, k: Tensor, names: tuple[str, str],
+                    k_axes: tuple[str, str]) -> tuple[Tensor, Tensor, str, str]:
+        """A family's step on the new tokens' rotated q and k, before the cache joins (Llama 4's qk-norm);
+        `k_axes`: the names of k's head and position axes. None here."""
+        return q, k, names[0], names[1]
+
+    def _norm_weights(self) -> tuple[Tensor, Tensor]:
+        return self.q_norm.weight, self.k_norm.weight
+
+    def _norm_biases(self) -> tuple[Tensor | None, Tensor | None]:
+        """A LayerNorm qk-norm's biases (`q_norm.bias`, `k_norm.bias`); None for an RMSNorm."""
+        return self.q_norm.bias, self.k_norm.bias
+
+    def _kv_axis(self) -> str:
+        return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
+
+    def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float,
+               spec: AttentionSpec, position_bias: Tensor | None = None) -> Tensor:
+        """The attention through `F.scaled_dot_product_attention`, masks and biases made into one attn_mask.
+        Softcapping and sinks have no place in it, and a position bias must come before the mask's -inf, so such a
+        module runs `attention.sdpa` unrecorded."""
+        if spec.softcap is not None or spec.sinks or position_bias is not None:
+            names = Names(out="x_raw", batch=("n_batch", "n_head"))
+            return attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
+                                  names=names, spec=spec, position_bias=position_bias, sinks=self.sinks)["x_raw"]
+        n_Q, n_K = Q_h.shape[-2], K_h.shape[-2]
+        if mask is None and not spec.alibi and spec.plain_causal and n_Q == n_K:
+            # is_causal=True says the same without an [n_Q, n_K] mask: PyTorch's fused kernels then never hold
+            # one, which a long input's layers need (a 32k-token mask alone is 1 GiB).
+            return F.scaled_dot_product_attention(Q_h, K_h, V_h, dropout_p=dropout_p, is_causal=True,
+                                                  scale=spec.scale, enable_gqa=self.n_group > 1)
+        allowed, _ = masks.structural(spec, n_Q, n_K, Q_h.device)
+        attn_mask = masks.combine(allowed, mask)
+        if spec.alibi:
+            bias = alibi_.bias(self.n_head, n_Q, n_K, spec.offset(n_Q, n_K), Q_h.device)
+            attn_mask = bias if attn_mask is None else masks.to_additive(attn_mask) + bias
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(Q_h.dtype)
+        return F.scaled_dot_product_attention(Q_h, K_h, V_h, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              scale=spec.scale, enable_gqa=self.n_group > 1)
+
+    def _check_inputs(self, Q: Tensor, K: Tensor, V: Tensor, cache: tuple[Tensor, Tensor] | None) -> None:
+        for name, t in (("Q", Q), ("K", K), ("V", V)):
+            if t.dim() != 3 or t.shape[-1] != (self.d_feat if name == "Q" else self.d_kv_in):
+                raise UsageError(
+                    f"{name} is {list(t.shape)} but multi-head attention takes [n_batch, n, d_feat] "
+                    f"with d_feat = {self.d_feat}" + (f" (K and V: {self.d_kv_in} features)" if name != "Q" and
+                                                      self.d_kv_in != self.d_feat else "")
+                )
+        if not Q.shape[0] == K.shape[0] == V.shape[0]:
+            raise UsageError(f"n_batch differs: Q {Q.shape[0]}, K {K.shape[0]}, V {V.shape[0]}")
+        if K.shape[1] != V.shape[1]:
+            raise UsageError(f"n_K = {K.shape[1]} but n_V = {V.shape[1]}: every key needs its value")
+        if cache is not None:
+            want = [Q.shape[0], self.n_kv_head, cache[0].shape[-2] if cache[0].dim() == 4 else -1, self.d_head]
+            for name, t in zip(("K_cache", "V_cache"), cache, strict=True):
+                if t.dim() != 4 or list(t.shape) != want:
+                    raise UsageError(f"{name} is {list(t.shape)} but the cache is [n_batch, n_kv_head, n_cache, "
+                                     f"d_head] = [{want[0]}, {want[1]}, n_cache, {want[3]}], the same for K and V")
+
+
+class NormWeight(nn.Module):
+    """A qk-norm's learned weight `[width]`, kept as `<name>.weight` (`q_norm.weight`, as transformers' RMSNorm
+    modules are): ones, or zeros where the weights are offsets from 1 (Gemma's `(1 + w)`), so a fresh norm
+    scales by 1; a LayerNorm's (`layer`) has a bias `<name>.bias` too, zeros, as nn.LayerNorm's. The formula is
+    qknorm.rms_norm's, or qknorm.layer_norm's."""
+
+    def __init__(self, width: int, offset: bool, layer: bool = False, **factory: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter((torch.zeros if offset else torch.ones)(width, **factory))
+        self.bias = nn.Parameter(torch.zeros(width, **factory)) if layer else None
+
+
+def _keep_tensor(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """`Trace.add`'s stand-in when nothing is recorded."""
+    return tensor
+
+
+def _check_sizes(d_feat: int, n_head: int, n_kv_head: int, d_head: int | None) -> None:
+    if d_feat <= 0 or n_head <= 0 or n_kv_head <= 0:
+        raise UsageError(f"d_feat ({d_feat}), n_head ({n_head}) and n_kv_head ({n_kv_head}) must be positive")
+    check_kv_heads(n_head, n_kv_head)
+    if d_head is not None:
+        if d_head <= 0:
+            raise UsageError(f"d_head ({d_head}) must be positive")
+        return
+    if d_feat % n_head:
+        near = " or ".join(str(h) for h in divisors_near(d_feat, n_head))
+        raise UsageError(
+            f"d_feat = {d_feat} is not divisible by n_head = {n_head}; head counts near it that divide "
+            f"{d_feat}: {near} (or give d_head explicitly)"
+        )

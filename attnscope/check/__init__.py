@@ -1,0 +1,4 @@
+"""`--check`: the independent reference, built from the raw inputs with PyTorch's own functions
+(comparison.py, reference.py, rope.py, latent.py). Imports the top level and variants/, never
+attention/ (tests/test_layout.py says so).
+"""

@@ -1,0 +1,4 @@
+"""One page per family: its base chain on its first line, what its checkpoint calls
+each weight, where head h lives, its attention's specifics. Imports models/' root,
+attention/, variants/ and the top level; never forward/ or nopage/.
+"""

@@ -1,0 +1,140 @@
+"""Llama <- Family
+
+LLaMA (Meta's `llama/model.py`): the architecture Mistral (mistral.py), Qwen2 (qwen2.py) and Gemma 2
+(gemma2.py) configure their own ways; each of those says only what differs.
+
+Checkpoint keys, under `model.` in `LlamaForCausalLM` and bare in `LlamaModel`:
+
+    embed_tokens.weight [vocab, d_model], norm.weight, (lm_head.weight, outside `model.`)
+    layers.L.input_layernorm.weight, layers.L.post_attention_layernorm.weight         RMSNorm
+    layers.L.self_attn.q_proj.weight  [n_head·d_head, d_model]      head h = rows h·d_head ...
+    layers.L.self_attn.{k,v}_proj.weight  [n_kv_head·d_head, d_model]  KV head g = h // n_group, rows g·d_head ...
+    layers.L.self_attn.o_proj.weight  [d_model, n_head·d_head]      head h = columns h·d_head ...
+    layers.L.mlp.{gate,up,down}_proj.weight                          SwiGLU
+
+A layer (`LlamaDecoderLayer`): `h = h + attention(RMSNorm(h))`, `h = h + mlp(RMSNorm(h))`, with a causal,
+rotary attention whose key/value heads are shared by groups of n_group query heads (GQA). LLaMA's biases:
+q, k, v and o when `attention_bias`, the MLP's when `mlp_bias`; no sliding window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from attnscope.errors import UsageError
+from attnscope.models import blocks
+from attnscope.models.family import Family, Slice
+from attnscope.models.weights import linear_projections, linear_slices
+from attnscope.spec import AttentionSpec
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.config import Config
+    from attnscope.variants.rope import Rope
+
+NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj"}
+
+
+class Llama(Family):
+    model_types: ClassVar[tuple[str, ...]] = ("llama",)
+    layers = "layers"
+    query = "self_attn.q_proj.weight"
+    prefixes: ClassVar[tuple[str, ...]] = ("model.", "")
+    embedding = "embed_tokens.weight"  # the token embedding, [vocab, d_model] (models/shapes.py)
+    norm_plus_one = False  # Gemma's RMSNorm scales by (1 + w)
+    ties_by_default = False  # LlamaConfig's tie_word_embeddings
+    whole_head_default = True  # the default RoPE turns the whole head whatever partial_rotary_factor says
+    activation_keys: tuple[str, ...] = ("hidden_act",)  # where config.json names the MLP's activation
+
+    def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
+        super().__init__(folder, config, checkpoint)
+        self.n_layer = config.integer("num_hidden_layers")
+        self.n_head = config.integer("num_attention_heads")
+        self.n_kv_head = config.integer("num_key_value_heads", default=self.n_head)
+        self.d_model = config.integer("hidden_size")
+        if not config.has("head_dim") and self.d_model % self.n_head:
+            raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by num_attention_heads "
+                             f"{self.n_head} and there is no head_dim; fix config.json")
+        self.d_head = config.integer("head_dim", default=self.d_model // self.n_head)
+        self.check_sizes()
+
+    # --- where head h lives ---------------------------------------------------------------------------------
+
+    def biases(self) -> tuple[bool, bool]:
+        """(q/k/v, o): transformers' `LlamaAttention`."""
+        on = self.config.flag("attention_bias")
+        return on, on
+
+    def mlp_biased(self) -> bool:
+        """`LlamaMLP`'s gate, up and down projections have biases when `mlp_bias`."""
+        return self.config.flag("mlp_bias")
+
+    def head_slices(self, layer: int, head: int) -> list[Slice]:
+        return linear_slices(self, layer, head, NAMES, self.biases())
+
+    # --- the attention's specifics ----------------------------------------------------------------------
+
+    def rope(self, layer_type: str | None = None) -> Rope:
+        """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older configs): every type
+        transformers ships (`Rope.from_config`); `layer_type` where each type has its own (Gemma 3)."""
+        from attnscope.variants.rope import Rope
+
+        try:
+            rope = Rope.from_config(self.config.data, layer_type, head_dim=self.d_head)
+        except UsageError as error:
+            raise UsageError(f"{self.config.path}: {error}; fix config.json") from None
+        if rope is None:
+            raise UsageError(f"{self.config.path}: rope_parameters is null; LLaMA-family layers all rotate")
+        if self.whole_head_default and rope.kind == "default" and rope.fraction != 1:
+            # LlamaRotaryEmbedding.compute_default_rope_parameters (and Mistral's, Qwen2's, Gemma 2's) ignores
+            # partial_rotary_factor: the whole head rotates.
+            rope = replace(rope, partial_rotary_factor=1.0)
+        return rope
+
+    def window(self, layer: int) -> int | None:
+        """LLaMA's attention sees every earlier key."""
+        return None
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer))
+
+    def projections(self, layer: int) -> dict[str, Any]:
+        return linear_projections(self, layer, NAMES)
+
+    # --- the prefix -----------------------------------------------------------------------------------------
+
+    def norm(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        eps = self.config.number("rms_norm_eps", default=1e-6)
+        return blocks.rms_norm(x, self.weight(layer, f"{name}.weight"), eps, plus_one=self.norm_plus_one)
+
+    def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
+        return self.checkpoint.rows(f"{self.prefix}embed_tokens.weight", ids)[None]  # [1, n_tokens, d_model]
+
+    def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
+        return (self.norm(layer, "input_layernorm", h),
+                f"input_layernorm(h): RMSNorm of the residual stream entering layer {layer}")
+
+    def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        act = blocks.activation(self.config.raw(*self.activation_keys, default="silu"),
+                                f"{self.config.path}: {self.activation_keys[0]}")
+        biased = self.mlp_biased()
+        gate, up, down = (self.weight(layer, f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
+        biases = (self.weight(layer, "mlp.gate_proj.bias"), self.weight(layer, "mlp.up_proj.bias"),
+                  self.weight(layer, "mlp.down_proj.bias")) if biased else (None, None, None)
+        return blocks.gated_mlp(x, gate, up, down, act, biases)
+
+    def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:
+        h = h + attention(self.attention_input(layer, h)[0])["x"]
+        return h + self.mlp(layer, self.norm(layer, "post_attention_layernorm", h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """`LlamaForCausalLM`: the final RMSNorm, then lm_head (the token embedding where tied)."""
+        eps = self.config.number("rms_norm_eps", default=1e-6)
+        h = blocks.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}norm.weight"), eps, plus_one=self.norm_plus_one)
+        return h @ self.head_weight("embed_tokens.weight", self.ties_by_default).T  # [1, n, vocab]

@@ -1,0 +1,182 @@
+"""A model's layers one after another, keeping only what is asked: every layer's pattern (`every_layer`), or
+greedy decoding with a real KV cache and the asked layer's attention row at each new token (`generate`).
+
+Layers are streamed: a layer's weights are read when it runs and dropped after it, so memory holds one layer
+plus the embeddings and what is kept, never the model. Each layer's attention goes through the family's own
+`block` (its norms, MLP, residuals), with the attention module wrapped so that its trace (and, decoding, its
+keys and values) is kept on the way through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.models.family import Family
+    from attnscope.models.forward.run import LayerRun
+    from attnscope.trace import Trace
+
+Progress = Callable[[int], None]  # called with each layer (or token) index as it starts
+
+
+class Kept:
+    """A layer's attention that keeps its trace, and its keys and values when it runs as a decode step.
+
+    `cache`: the layer's keys (as RoPE and any norm left them) and values `[1, n_kv_head, n_cache, d_head]`
+    before this call, None when not decoding; after it, those and the new ones (transformers' DynamicCache
+    holds the same)."""
+
+    def __init__(self, module: MultiHeadAttention, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        self.module, self.cache = module, cache
+        self.trace: Trace | None = None
+
+    def __call__(self, X: torch.Tensor) -> Trace:
+        trace = self.module(X, cache=self.cache)
+        if self.cache is not None:  # decoding: what the module caches (keys as the attention read them, values)
+            self.cache = self.module.cache_after(trace)
+        self.trace = trace
+        return trace
+
+
+@dataclass
+class AllLayers:
+    """Every layer's pattern on the text, every head (`[n_head, n_tokens, n_tokens]` each), and layer L traced
+    whole with head h's own steps, as `head --text` shows it."""
+
+    patterns: list[torch.Tensor]
+    run: LayerRun
+    value_norms: list[torch.Tensor | None] | None = None  # each layer's ||f_h(x_j)|| [n_head, n_tokens] (moved.py)
+    sink_weights: list[torch.Tensor | None] | None = None  # each layer's sink_weight [n_head, n_tokens]; None: none
+
+
+def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
+                progress: Progress = lambda _: None) -> AllLayers:
+    """Each layer's pattern, layer by layer; the last layer's MLP is not run (nothing reads it)."""
+    import torch
+
+    from attnscope.linear_attention import pattern_name
+    from attnscope.models.run import layer_run
+    from attnscope.readings.moved import layer_norms
+
+    patterns, norms, sinks = [], [], []
+    run = None
+    with torch.no_grad():
+        h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
+        for index in range(model.n_layer):
+            progress(index)
+            kept = Kept(model.attention(index, record=True))
+            X, made = model.attention_input(index, h)  # [1, n_tokens, d_model]
+            if index == model.n_layer - 1:
+                kept(X)
+            else:
+                h = model.block(index, h, cast("MultiHeadAttention", kept))  # called as the attention is
+            assert kept.trace is not None
+            patterns.append(kept.trace[pattern_name(kept.trace)][0])  # [n_head, n_tokens, n_tokens]
+            # what each head moves, from the values just traced and the layer's W_O still held (no second forward)
+            out_proj = getattr(kept.module, "W_o", None)
+            norms.append(None if out_proj is None else layer_norms(kept.trace, out_proj.weight))
+            sinks.append(kept.trace["sink_weight"][0] if "sink_weight" in kept.trace else None)  # [n_head, n_tokens]
+            if index == layer:
+                run = layer_run(model, layer, head, kept.trace, X, made)
+    assert run is not None
+    return AllLayers(patterns, run, norms, sinks)
+
+
+@dataclass
+class DecodeStep:
+    """One new token of greedy decoding: its id, its position, the asked layer's attention row that chose it
+    (the previous token's query over every key before the new token, `[n_head, n_K]`, n_K = position), the
+    keys a sliding window has let go (transformers' sliding caches evict them), and what the KV cache holds
+    after the step."""
+
+    token_id: int
+    position: int
+    attention: torch.Tensor  # [n_head, n_K]
+    evicted: int  # the first `evicted` keys lie outside this layer's window (0: none)
+    kv_cache_bytes: int
+    selfcheck: str = ""  # models/selfcheck.py's note where SDPA does not reproduce the step's traced layer
+
+
+def generate(model: Family, ids: list[int], n_new: int, layer: int,
+             progress: Progress = lambda _: None) -> list[DecodeStep]:
+    """Greedy decoding of `n_new` tokens after `ids` with the family's own forward and a KV cache per layer, as
+    transformers' `generate(do_sample=False)` does. Each step runs every layer on the one new token."""
+    import torch
+
+    from attnscope.linear_attention import pattern_name
+    from attnscope.models.selfcheck import check_page
+
+    caches: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * model.n_layer
+    steps: list[DecodeStep] = []
+    with torch.no_grad():
+        tokens, start = list(ids), 0
+        for step in range(n_new):
+            progress(step)
+            if model.regenerates(start, len(tokens)):
+                caches, start = [None] * model.n_layer, 0
+            h = model.embed_at(tokens[start:], start)  # the prompt first, then one token at a time
+            row, note = None, None
+            for index in range(model.n_layer):
+                module = model.attention(index, record=True)
+                kept = Kept(module, caches[index] or module.empty_cache())
+                h = model.block(index, h, cast("MultiHeadAttention", kept))
+                caches[index] = kept.cache
+                if index == layer:
+                    assert kept.trace is not None
+                    row = kept.trace[pattern_name(kept.trace)][0, :, -1]  # [n_head, n_K]: the last query's row
+                    note = check_page(kept.trace)  # the step's traced layer against PyTorch's SDPA
+            next_id = int(model.logits(h[:, -1:])[0, -1].argmax())
+            start = len(tokens)  # the new token's position; the row is its predecessor's, which chose it
+            tokens.append(next_id)
+            assert row is not None
+            steps.append(DecodeStep(next_id, start, row, _evicted(model, layer, row.shape[-1]),
+                                    _cache_bytes(model, caches), note or ""))
+    return steps
+
+
+def _cache_window(model: Family, layer: int) -> int | None:
+    """The positions a layer's cache keeps: its sliding window, or its chunk (transformers' DynamicCache gives
+    a chunked layer a DynamicSlidingWindowLayer of `attention_chunk_size`: a query sees only its own chunk's
+    keys, all among the last chunk positions); None keeps every one."""
+    spec = model.attention_spec(layer)
+    return spec.window if spec.window is not None else spec.chunk
+
+
+def _evicted(model: Family, layer: int, n_K: int) -> int:
+    """How many of the oldest keys fall outside the layer's sliding window (or chunk) for the newest query."""
+    window = _cache_window(model, layer)
+    return max(0, n_K - window) if window is not None else 0
+
+
+def _cache_bytes(model: Family, caches: list[tuple[torch.Tensor, torch.Tensor] | None]) -> int:
+    """What transformers' cache holds after a step: every layer's keys and values, a sliding (or chunked)
+    layer's only the last `window - 1` (DynamicSlidingWindowLayer keeps those; the next query brings the
+    window's last key)."""
+    held = 0
+    for index, cache in enumerate(caches):
+        if cache is None:
+            continue
+        if not isinstance(cache, tuple):  # a linear layer's LinearState: its state and convolution inputs
+            held += cache.nbytes
+            continue
+        window = _cache_window(model, index)
+        for tensor in cache:
+            n = tensor.shape[-2] if window is None else min(tensor.shape[-2], window - 1)
+            held += tensor[..., :n, :].numel() * tensor.element_size()
+    return held
+
+
+def estimate_bytes(model: Family, n_tokens: int, keep_patterns: bool) -> int:
+    """Memory of a streamed run over `n_tokens` positions: the largest layer's weights (one layer is held at a
+    time), the residual stream and a traced layer's activations, the KV cache of every layer, and with
+    `keep_patterns` every layer's pattern."""
+    largest = max(model.weight_bytes(index, only=True) for index in range(model.n_layer))
+    activations = 4 * n_tokens * (40 * model.d_model + 4 * model.n_head * n_tokens)
+    cache = 2 * 4 * model.n_layer * model.n_kv_head * model.d_head * n_tokens
+    patterns = 4 * model.n_layer * model.n_head * n_tokens**2 if keep_patterns else 0
+    return largest + activations + cache + patterns

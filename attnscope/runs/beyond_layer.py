@@ -1,0 +1,147 @@
+"""What `head`/`bert --text` add beyond one layer: every layer at once (`--all-layers`), greedy decoding with a
+KV cache (`--generate N`), and a long input (`--text-file`, more than LONG_TOKENS tokens), whose head is computed
+in blocks and pooled. runs/head.py calls these once the model is open and the text encoded; the computing is
+models/forward/stream.py's and models/forward/long.py's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnscope.models.family import Family
+    from attnscope.models.tokenizer import Encoded
+    from attnscope.runs.head_result import HeadOptions, HeadResult
+
+MAX_NEW_TOKENS = 4096
+
+
+def parse_rows(text: str | None) -> tuple[int, int] | None:
+    """--rows A:B: query rows A to B - 1, as a Python slice."""
+    if text is None:
+        return None
+    first, sep, last = text.partition(":")
+    try:
+        rows = (int(first), int(last))
+    except ValueError:
+        rows = None
+    if not sep or rows is None or not 0 <= rows[0] < rows[1]:
+        raise UsageError(f"--rows {text}: give query rows as A:B with 0 <= A < B, e.g. --rows 100:110")
+    return rows
+
+
+def check_generate(asked: HeadOptions) -> None:
+    """--generate N: at most MAX_NEW_TOKENS new tokens (0: none asked)."""
+    if asked.generate < 0 or asked.generate > MAX_NEW_TOKENS:
+        raise UsageError(f"--generate {asked.generate}: give how many new tokens to decode, 1 to {MAX_NEW_TOKENS}")
+
+
+def check_options(asked: HeadOptions) -> None:
+    """The options' own sense, before anything is read."""
+    check_generate(asked)
+    if (asked.all_layers or asked.generate or asked.rows) and asked.text is None:
+        used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate),
+                                      ("--rows", asked.rows)) if on]
+        raise UsageError(f"{' and '.join(used)} run the model on a text; add --text \"...\" or --text-file FILE")
+    parse_rows(asked.rows)
+
+
+def refuse_beyond_one_layer(asked: HeadOptions, why: str) -> None:
+    """--all-layers and --generate run attnscope's own forward of a family with a page, layer after layer."""
+    used = [flag for flag, on in (("--all-layers", asked.all_layers), ("--generate", asked.generate),
+                                  ("--rows", asked.rows)) if on]
+    if used:
+        raise UsageError(f"{' and '.join(used)} run the families attnscope has a page for (docs/models.md), and {why}; "
+                         f"drop {' and '.join(used)}")
+
+
+@dataclass
+class Plan:
+    """Which run the text asks for: `long` when it has more than LONG_TOKENS tokens."""
+
+    long: bool
+    n_tokens: int
+
+
+def plan(asked: HeadOptions, model: Family | None, encoded: Encoded) -> Plan:
+    """The run for this text, and the options that cannot go with it refused in one line."""
+    from attnscope.models.forward.long import LONG_TOKENS
+
+    n = len(encoded.ids)
+    long = n > LONG_TOKENS
+    if long:
+        held = [flag for flag, on in (("--all-heads", asked.all_heads), ("--all-layers", asked.all_layers),
+                                      ("--generate", asked.generate)) if on]
+        if held:
+            raise UsageError(f"the text is {n:,} tokens, more than {LONG_TOKENS:,}: its pattern is computed in blocks "
+                             f"for the head asked only, and {' and '.join(held)} would hold every head's whole "
+                             f"[{n:,} x {n:,}] pattern; drop {' and '.join(held)}, or shorten the text")
+        if model is None:
+            raise UsageError(f"the text is {n:,} tokens, more than {LONG_TOKENS:,}, and only the families attnscope "
+                             "has a page for run in blocks; shorten the text")
+        if hasattr(model, "index_spec"):  # models/deepseek_v32.py: a query's keys are the indexer's top-k of all
+            raise UsageError(f"the text is {n:,} tokens, more than {LONG_TOKENS:,}, and {model.architecture}'s sparse "
+                             "indexer picks each query's keys from the whole layer, which is not computed in blocks; "
+                             "shorten the text")
+    elif asked.rows:
+        raise UsageError(f"--rows picks exact query rows of a pattern that is pooled, and the text is {n:,} tokens, "
+                         f"at most {LONG_TOKENS:,}: the whole pattern is exact; drop --rows")
+    if asked.generate:
+        if model is None:
+            raise UsageError("--generate decodes with attnscope's own forward of the model's family, and this "
+                             "model_type has no page; drop --generate")
+        if model.attention_spec(0).align is None:
+            raise UsageError(f"--generate decodes with a causal language model; {model.architecture} attends both "
+                             "ways (a BERT-like encoder); drop --generate")
+    rows = parse_rows(asked.rows)
+    if rows is not None and rows[1] > n:
+        raise UsageError(f"--rows {asked.rows}: the text has {n:,} tokens, so rows run 0 to {n - 1}")
+    return Plan(long, n)
+
+
+def estimate_bytes(asked: HeadOptions, model: Family, plan: Plan) -> int:
+    """What the run needs: a long input's blocks, or the layers streamed with what they keep."""
+    from attnscope.models.forward import long, stream
+
+    if plan.long:
+        return long.estimate_bytes(model, asked.layer, plan.n_tokens)
+    if asked.all_layers or asked.generate:
+        return stream.estimate_bytes(model, plan.n_tokens + asked.generate, keep_patterns=asked.all_layers)
+    return model.estimate_bytes(asked.layer, plan.n_tokens)
+
+
+def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
+    """Every layer's heads with their statistics and kinds (induction needs the token ids); `indices` name the
+    layers where all_layers holds only some (a hybrid's attention layers)."""
+    from attnscope.readings.headstats import LayerHeads
+
+    if result.layer_patterns is None or result.encoded is None:
+        return
+    rows, cols = result.axes()  # an encoder-decoder's decoder and cross-attention: the target's rows
+    keys = {"decoder": result.target, "cross": None}.get(result.kind or "", result.encoded)  # induction's ids
+    ids = list(keys.ids) if keys is not None and keys.ids else None
+    result.layer_numbers = list(indices or range(len(result.layer_patterns)))
+    traced = result.masked()  # the traced layer's mask: only its steps are kept
+    norms = result.layer_norms or [None] * len(result.all_layers)
+    sinks = result.layer_sinks or [None] * len(result.all_layers)
+    result.layers = [LayerHeads.of(A, f"layer {i}", rows, cols, tokens=ids,
+                                   masked=traced if i == result.options.layer else None, value_norms=v, sink_weight=s)
+                     for i, A, v, s in zip(result.layer_numbers, result.all_layers, norms, sinks, strict=True)]
+    rollouts(result)
+
+
+def rollouts(result: HeadResult) -> None:
+    """Attention rollout over the layers shown, layer 0 first, and where every layer's value_norms are known the
+    value-weighted rollout (readings/rollout.py)."""
+    from attnscope.readings.rollout import Rollout, rollout
+
+    result.rollout = rollout(result.all_layers or [])
+    norms = result.layer_norms
+    if result.rollout is None or not norms or any(v is None for v in norms):
+        return
+    chain = Rollout()  # a layer at a time: one [n_head, n, n] float64 pattern held, not every layer's
+    for A, v in zip(result.all_layers or [], norms, strict=True):
+        chain.add(A, v)
+    result.rollout_weighted = chain.matrix

@@ -1,0 +1,104 @@
+"""The house's layout, read from every module's imports (docs/architecture.md): the top level holds the shared
+vocabulary and nothing else, variants/ reads no spec, check/ imports nothing of attention/, and no module is part
+of an import loop. Every import counts, those inside functions and under TYPE_CHECKING too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import attnscope
+
+PACKAGE = Path(attnscope.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def wing(name: str) -> str:
+    """`attnscope.check.rope` -> `check` (the package's own modules: themselves)."""
+    return name.split(".")[1] if "." in name else name
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The attnscope modules `path` imports: `from attnscope.x import y` names y where y is a module, else x."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("attnscope")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnscope"):
+            for alias in node.names:
+                inner = f"{node.module}.{alias.name}"
+                found.add(inner if inner in known else node.module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: {target for target in imports(path, known) if target in known and target != name}
+            for name, path in known.items()}
+
+
+def test_the_top_level_is_the_shared_vocabulary() -> None:
+    top = sorted(path.stem for path in PACKAGE.glob("*.py"))
+    assert top == ["__init__", "__main__", "cost", "errors", "masks", "spec", "trace", "words"]
+
+
+def test_check_imports_nothing_of_attention() -> None:
+    arrows = graph()
+    wrong = {(name, target) for name, targets in arrows.items() if wing(name) == "check"
+             for target in targets if wing(target) == "attention"}
+    assert not wrong
+    assert sum(wing(name) == "check" for name in arrows) > 1  # the test reads the wing it guards
+
+
+def test_variants_read_no_spec_and_record_no_step() -> None:
+    arrows = graph()
+    for name, targets in arrows.items():
+        if wing(name) == "variants":
+            assert {wing(t) for t in targets} <= {"errors", "variants"}, name
+
+
+def test_the_core_never_imports_the_views() -> None:
+    arrows = graph()
+    for name in ("attnscope.trace", "attnscope.spec", "attnscope.masks", "attnscope.cost", "attnscope.errors"):
+        assert not {t for t in arrows[name] if wing(t) in ("views", "readings", "render", "runs", "cli")}
+
+
+def test_no_import_loop() -> None:
+    """Tarjan's strongly connected components: every one a single module."""
+    arrows = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for target in arrows[name]:
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                loops.append(sorted(component))
+
+    for name in sorted(arrows):
+        if name not in index:
+            visit(name)
+    assert not loops
