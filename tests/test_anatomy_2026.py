@@ -15,7 +15,7 @@ import torch
 from cli_main import run_main
 from tiny_models import perturb
 
-from attnscope.models.anatomy import read_anatomy
+from attnscope.anatomy.read import read_anatomy
 from attnscope.render.anatomy import anatomy_json
 
 SMALL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 16, "num_attention_heads": 4,

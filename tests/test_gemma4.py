@@ -18,8 +18,8 @@ from tiny_models import SENTENCE, cached_builder, with_config
 
 from attnscope.models import open_model, tokenizer
 from attnscope.models.config import read_config
-from attnscope.models.run import run_layer
-from attnscope.models.stream import generate
+from attnscope.models.forward.run import run_layer
+from attnscope.models.forward.stream import generate
 from attnscope.models.weights import head_weights
 
 

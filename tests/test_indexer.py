@@ -1,4 +1,5 @@
-"""DeepSeek-V3.2 and GLM-5's sparse indexer attention (attnscope/indexer.py, models/deepseek_v32.py) against
+"""DeepSeek-V3.2 and GLM-5's sparse indexer attention (attnscope/attention/indexer.py,
+models/families/deepseek_v32.py) against
 transformers' eager models (tests/tiny_indexer.py): every layer's pattern equals eager output_attentions on a text
 longer than index_topk, the traced layer's output equals the attention module's own, `selected` equals the keys
 transformers' indexer picks, --dense's share is the dense softmax's on them, and --generate decodes as
@@ -51,7 +52,7 @@ def test_every_layer_equals_eager(built, name):
     assert len(ids) > model.config.index_topk + 8  # most queries drop keys
     result = run_head(HeadOptions(model=str(folder), layer=2, head=1, text=SENTENCE, all_layers=True))
     for layer in range(3):
-        assert torch.allclose(result.all_layers[layer], attentions[layer][0], atol=1e-5), layer
+        assert torch.allclose(result.layer_patterns[layer], attentions[layer][0], atol=1e-5), layer
     assert torch.allclose(result.run.layer["x"], outputs[2], atol=1e-5)
     assert not any("self-check" in note for note in result.notes)  # PyTorch's SDPA reproduces the traced layer
     for layer in (0, 1):  # layers 0..L-1 run whole, then L traced: the same as every layer's run

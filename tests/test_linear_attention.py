@@ -16,7 +16,7 @@ import torch
 from tiny_linear import FAMILIES, build, linear_modules
 from tiny_models import SENTENCE
 
-from attnscope.linear_attention import TOLERANCE, effective_matrix, recurrence
+from attnscope.attention.linear_attention import TOLERANCE, effective_matrix, recurrence
 from attnscope.models.tokenizer import encode
 from attnscope.runs.head import model_head, run_head
 from attnscope.runs.head_result import HeadOptions
@@ -143,7 +143,7 @@ def test_generate_carries_the_state(built, family):
     # the last step's row of layer 0's M, carried through the decode steps, is the last row of M on the whole text
     from attnscope.models import open_model
     from attnscope.models.config import read_config
-    from attnscope.models.run import run_layer
+    from attnscope.models.forward.run import run_layer
 
     fed = ids + theirs[:-1]  # every token the steps fed in
     opened = open_model(folder, read_config(folder))
@@ -162,7 +162,7 @@ def test_all_layers_and_json(built, runner):
     folder, *_ = built("qwen3_next")
     result = run_head(HeadOptions(model=str(folder), layer=0, head=0, text=SENTENCE, all_layers=True))
     assert result.layer_numbers == [0, 1, 2, 3]
-    for layer in result.layers:
+    for layer in result.layer_heads:
         assert all(math.isfinite(v) for head in layer.heads for v in head["stats"].values())
     out = runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--head", "3", "--text", SENTENCE,
                               "--json"])
@@ -209,7 +209,7 @@ def test_qwen3_5_multimodal_checkpoint_reads_its_text_model(tmp_path):
 def test_long_input_rows_equal_the_whole_matrix(built, family, monkeypatch):
     """A long input's head: M in blocks of query rows, the effective keys carried block to block, equal to the
     whole M of the short run; its statistics those of the whole matrix's shares of |M|."""
-    from attnscope.models import long
+    from attnscope.models.forward import long
     from attnscope.readings.headstats import head_stats, shares
 
     folder, _, ids, *_ = built(family)

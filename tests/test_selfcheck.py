@@ -15,8 +15,8 @@ import torch
 from tiny_encdec import save_random
 from tiny_models import SENTENCE, _tokenizer
 
-from attnscope.models import truncated
 from attnscope.models.config import read_config
+from attnscope.models.nopage import truncated
 from attnscope.models.tokenizer import encode
 from attnscope.runs.head_result import HeadOptions
 from attnscope.runs.interface import run_transformers
@@ -132,7 +132,7 @@ def test_planted_page_step_falls_back(tmp_path, monkeypatch):
     note names x_raw, the pattern still shown."""
     import tiny_models
 
-    from attnscope.multihead import MultiHeadAttention
+    from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.runs.head import model_head
 
     tiny_models.build("llama", tmp_path)
@@ -154,7 +154,7 @@ def test_planted_decode_step_falls_back(tmp_path, monkeypatch):
     """The same, changed only on decode steps (one query): the prompt's layer reproduces, a step does not."""
     import tiny_models
 
-    from attnscope.multihead import MultiHeadAttention
+    from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.runs.head import run_head
 
     tiny_models.build("llama", tmp_path)

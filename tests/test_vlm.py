@@ -34,8 +34,8 @@ def _every_layer(folder, config, tokens, n_layer: int) -> list[torch.Tensor]:
     """attnscope's every layer's heads `[n_head, n_tokens, n_tokens]`: the family page's run from the model's
     embeddings (every layer in one pass, and layer L alone for each L: both must agree), or the attention
     interface's record of every layer."""
-    from attnscope.models.run import run_layer
-    from attnscope.models.stream import every_layer
+    from attnscope.models.forward.run import run_layer
+    from attnscope.models.forward.stream import every_layer
 
     if vlm.VLM_TYPES[config.model_type] is None:
         run, patterns = vlm_run.interface(folder, config, tokens, n_layer - 1, every=True)

@@ -21,15 +21,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from attnscope.anatomy import kinds
+from attnscope.anatomy import kinds, modern
 from attnscope.anatomy.config import MAX_LAYERS, MAX_SIZE, Settings, family_defaults, read_config_file
 from attnscope.anatomy.kinds import Mla, Rope
+from attnscope.anatomy.modern import Compress, Indexer, State
 from attnscope.errors import UsageError
-from attnscope.models import anatomy_layers as kinds
-from attnscope.models import anatomy_modern as modern
-from attnscope.models.anatomy_config import MAX_LAYERS, MAX_SIZE, Settings, family_defaults, read_config_file
-from attnscope.models.anatomy_layers import Mla, Rope
-from attnscope.models.anatomy_modern import Compress, Indexer, State
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
                "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "int8": 1, "uint8": 1}

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from attnscope.cost import broadcast_shapes
-from attnscope.models.interface import Failure, Recorder, pause
+from attnscope.models.nopage.interface import Failure, Recorder, pause
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -57,7 +57,7 @@ def watching(model: Any, recorder: Recorder) -> Iterator[None]:
             recorder.failure = check(module, kept, output)
             recorder.checked += 1
         if recorder.stop and recorder.recorded is not None:
-            from attnscope.models.interface import Reached
+            from attnscope.models.nopage.interface import Reached
 
             raise Reached
 
@@ -75,7 +75,7 @@ def watching(model: Any, recorder: Recorder) -> Iterator[None]:
 
 def check(module: Any, kept: tuple[tuple[Any, ...], dict[str, Any], Any], output: Any) -> Failure | None:
     """The module again on the same inputs with eager attention, against what it returned traced."""
-    from attnscope.check import tolerance
+    from attnscope.check.comparison import tolerance
 
     args, kwargs, entry = kept
     ours = output if isinstance(output, tuple) else (output,)
@@ -151,7 +151,7 @@ def check_page(trace: Any) -> str | None:
     import torch
     import torch.nn.functional as F
 
-    from attnscope.check import tolerance
+    from attnscope.check.comparison import tolerance
 
     if "scores" not in trace or "attention" not in trace or trace["scores"].device.type == "meta":
         return None

@@ -4,7 +4,7 @@ the conformance tests (tests/test_conformance.py), which hold every "exact" cell
 
 A view is one way of running a family's attention, all of them through the family's one attention module (its
 `forward`, `head_inputs` for blocks of rows, `empty_cache`/`cache_after` for decode steps):
-- short: `--text`, layers 0..L run and layer L traced step by step (models/run.py); a vision tower's `--image`;
+- short: `--text`, layers 0..L run and layer L traced step by step (models/forward/run.py); a vision tower's `--image`;
 - long: a text past LONG_TOKENS, head h's rows computed in blocks, each a decode step after the rows before it
   (models/forward/long.py);
 - generate: `--generate N`, greedy decoding with a KV cache, every layer one token at a time (models/forward/stream.py);

@@ -156,7 +156,7 @@ def _notes_2026(anatomy: Anatomy, layer: Layer) -> list[str]:
                    f"float32 and a conv window of {state.kernel} x {state.conv_dim} ({held}), the same at any "
                    "number of tokens (LinearAttentionLayer)")
     if layer.kv_from is not None:
-        from attnscope.models.anatomy import ranges
+        from attnscope.anatomy.read import ranges
 
         readers = ranges([i for i, other in anatomy.layers if other.kv_from == layer.kv_from])
         out.append(f"KV of layer {layer.kv_from}: layers {readers} compute no keys or values and cache nothing "

@@ -137,9 +137,9 @@ def show_head(out: Console, result: HeadResult) -> None:
         show_moved(out, result.heads)
     if result.long is not None and result.encoded is not None:
         show_long(out, result)
-    if result.layers:
-        show_layers(out, result.layers, len(result.encoded.tokens) if result.encoded else 0)
-        show_sinks(out, result.layers)
+    if result.layer_heads:
+        show_layers(out, result.layer_heads, len(result.encoded.tokens) if result.encoded else 0)
+        show_sinks(out, result.layer_heads)
         show_rollout(out, result)
     if result.decode:
         show_decode(out, result)
@@ -230,8 +230,8 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         payload["heads"] = heads_json(result.heads)
     if result.long is not None:
         payload |= long_json(result)
-    if result.layers:
-        payload["all_layers"] = layers_json(result.layers, result.layer_numbers)
+    if result.layer_heads:
+        payload["all_layers"] = layers_json(result.layer_heads, result.layer_numbers)
     if result.picture is not None:
         from attnscope.render.overlay import image_json
 

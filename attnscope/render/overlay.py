@@ -79,7 +79,7 @@ def head_overlays(result: HeadResult) -> list[Overlay]:
              (f"{where}: every query's mean weight over the image (no [CLS])", attention.double().mean(0))]
     rollout = getattr(result, "rollout", None)
     if rollout is not None:
-        found.append((f"attention rollout, layers 0..{len(result.layers or []) - 1}: "
+        found.append((f"attention rollout, layers 0..{len(result.layer_heads or []) - 1}: "
                       f"{who if q is not None else 'every query'}'s row over the image",
                       rollout[q] if q is not None else rollout.double().mean(0)))
     return [overlay_of(picture, row, title) for title, row in found]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
     from attnscope.runs.head_result import HeadResult
 
-LABEL = 9  # "layer 23 " and the like, as render/layers.py's grid
+LABEL = 9  # "layer 23 " and the like, as render/beyond_layer.py's grid
 CELL = 4  # " 100"
 ROLLOUT_TOKENS = 5  # the input tokens named for the last query
 
@@ -65,8 +65,9 @@ def readings_json(result: HeadResult) -> dict[str, Any]:
     """The run's top-level readings: `sinks_share` (layer L's row, every layer's with --all-layers), and with
     --all-layers `rollout`, `rollout_weighted` and `rollout_layers`."""
     payload: dict[str, Any] = {}
-    if result.layers:
-        payload["sinks_share"] = sinks_grid(result.layers, result.layer_numbers or list(range(len(result.layers))))
+    if result.layer_heads:
+        numbers = result.layer_numbers or list(range(len(result.layer_heads)))
+        payload["sinks_share"] = sinks_grid(result.layer_heads, numbers)
     elif result.heads is not None:
         payload["sinks_share"] = sinks_grid([result.heads], [result.options.layer])
     if result.rollout is not None:
@@ -155,6 +156,6 @@ def show_rollout(out: Console, result: HeadResult) -> None:
 
 
 def _token(token: str) -> str:
-    from attnscope.render.layers import printable
+    from attnscope.render.beyond_layer import printable
 
     return printable(token)

@@ -81,7 +81,8 @@ def plan(asked: HeadOptions, model: Family | None, encoded: Encoded) -> Plan:
         if model is None:
             raise UsageError(f"the text is {n:,} tokens, more than {LONG_TOKENS:,}, and only the families attnscope "
                              "has a page for run in blocks; shorten the text")
-        if hasattr(model, "index_spec"):  # models/deepseek_v32.py: a query's keys are the indexer's top-k of all
+        # models/families/deepseek_v32.py: a query's keys are the indexer's top-k of all
+        if hasattr(model, "index_spec"):
             raise UsageError(f"the text is {n:,} tokens, more than {LONG_TOKENS:,}, and {model.architecture}'s sparse "
                              "indexer picks each query's keys from the whole layer, which is not computed in blocks; "
                              "shorten the text")
@@ -124,11 +125,11 @@ def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
     ids = list(keys.ids) if keys is not None and keys.ids else None
     result.layer_numbers = list(indices or range(len(result.layer_patterns)))
     traced = result.masked()  # the traced layer's mask: only its steps are kept
-    norms = result.layer_norms or [None] * len(result.all_layers)
-    sinks = result.layer_sinks or [None] * len(result.all_layers)
-    result.layers = [LayerHeads.of(A, f"layer {i}", rows, cols, tokens=ids,
+    norms = result.layer_norms or [None] * len(result.layer_patterns)
+    sinks = result.layer_sinks or [None] * len(result.layer_patterns)
+    result.layer_heads = [LayerHeads.of(A, f"layer {i}", rows, cols, tokens=ids,
                                    masked=traced if i == result.options.layer else None, value_norms=v, sink_weight=s)
-                     for i, A, v, s in zip(result.layer_numbers, result.all_layers, norms, sinks, strict=True)]
+                     for i, A, v, s in zip(result.layer_numbers, result.layer_patterns, norms, sinks, strict=True)]
     rollouts(result)
 
 
@@ -137,11 +138,11 @@ def rollouts(result: HeadResult) -> None:
     value-weighted rollout (readings/rollout.py)."""
     from attnscope.readings.rollout import Rollout, rollout
 
-    result.rollout = rollout(result.all_layers or [])
+    result.rollout = rollout(result.layer_patterns or [])
     norms = result.layer_norms
     if result.rollout is None or not norms or any(v is None for v in norms):
         return
     chain = Rollout()  # a layer at a time: one [n_head, n, n] float64 pattern held, not every layer's
-    for A, v in zip(result.all_layers or [], norms, strict=True):
+    for A, v in zip(result.layer_patterns or [], norms, strict=True):
         chain.add(A, v)
     result.rollout_weighted = chain.matrix

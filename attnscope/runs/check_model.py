@@ -35,7 +35,7 @@ def check_head(result: HeadResult, folder: Path, model_type: str) -> list[Compar
     ids = encoded.ids
     _guard(result, folder, len(ids) + asked.generate)
     comparisons = []
-    whole = result.all_layers is not None or model_type in UNCUT
+    whole = result.layer_patterns is not None or model_type in UNCUT
     last = result.info.layers - 1 if whole else asked.layer
     reference = eager.patterns(folder, model_type, ids, last)
     linear = _linear_layers(result)
@@ -75,9 +75,9 @@ def _linear_layers(result: HeadResult) -> set[int]:
 
 def _linear(result: HeadResult, folder: Path, model_type: str, ids: list[int]) -> list[Comparison]:
     """A linear layer L: its output x against transformers' module's, and effective_attention @ V_split against
-    the recurrence's output as transformers computes it (its gated norm's input; models/qwen3_next.py)."""
-    from attnscope.check import compare
-    from attnscope.models.qwen3_next import eager_linear
+    the recurrence's output as transformers computes it (its gated norm's input; models/families/qwen3_next.py)."""
+    from attnscope.check.comparison import compare
+    from attnscope.models.families.qwen3_next import eager_linear
 
     assert result.run is not None
     steps, L = result.run.layer, result.options.layer

@@ -132,7 +132,7 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
 
 
 def _check_dense(asked: HeadOptions, config: Config) -> None:
-    """--dense needs a text and a family whose page has a sparse indexer (models/deepseek_v32.py)."""
+    """--dense needs a text and a family whose page has a sparse indexer (models/families/deepseek_v32.py)."""
     from attnscope.models import family_of
 
     if not hasattr(family_of(config), "dense"):
@@ -185,7 +185,7 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
     if asked.all_layers:
         with progress(f"running all {model.n_layer} layers on {n} tokens"):
             every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
-        result.run, result.all_layers = every.run, every.patterns
+        result.run, result.layer_patterns = every.run, every.patterns
         result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
         layers.layer_heads(result)
     else:
@@ -194,7 +194,7 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
         with progress(f"running layers 0 to {asked.layer} on {n} tokens"):
             result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
     _readings(model, result)
-    from attnscope.linear_attention import pattern_name
+    from attnscope.attention.linear_attention import pattern_name
 
     pattern = pattern_name(result.run.layer)  # a linear layer's exact matrix where it has no softmax
     result.attention = result.run.head[pattern]

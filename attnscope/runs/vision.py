@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
-    from attnscope.check import Comparison
+    from attnscope.check.comparison import Comparison
     from attnscope.models.config import Config
+    from attnscope.models.nopage.truncated import TransformersRun
     from attnscope.models.tokenizer import Encoded
-    from attnscope.models.truncated import TransformersRun
     from attnscope.models.vision.processor import Pixels
     from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
 
@@ -65,9 +65,9 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     result = _result(asked, folder, config, encoded, ran.run, read_as)
     result.picture = Picture(processor.shown(pixels), grid, asked.image, pixels.processor, query=query)
     if ran.patterns is not None:
-        from attnscope.runs import layers
+        from attnscope.runs import beyond_layer as layers
 
-        result.all_layers = ran.patterns
+        result.layer_patterns = ran.patterns
         result.notes.extend(ran.notes or [])
         layers.layer_heads(result)
     if asked.check:
@@ -81,7 +81,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
             read_as: str) -> HeadResult:
     """The tower's layer L as `head` shows it: every head's pattern, the layer's recorded steps and head h's;
     `read_as` says how the image became tokens."""
-    from attnscope.models.run import LayerRun
+    from attnscope.models.forward.run import LayerRun
     from attnscope.runs.head_result import HeadResult, ModelInfo
     from attnscope.runs.interface import head_trace
 
@@ -119,12 +119,12 @@ def check(result: HeadResult, folder: Path, model_type: str, pixels: Pixels) -> 
     import torch
     import transformers
 
-    from attnscope.check import compare
-    from attnscope.models import truncated
+    from attnscope.check.comparison import compare
+    from attnscope.models.nopage import truncated
     from attnscope.models.vision import tower
     asked, info = result.options, result.info
     config, n_layer = tower.tower_config(folder, model_type, asked.layer)
-    last = n_layer - 1 if result.all_layers is not None else asked.layer
+    last = n_layer - 1 if result.layer_patterns is not None else asked.layer
     n = int(result.all_heads.shape[-1]) if result.all_heads is not None else 1  # the image's tokens
     _guard(tower.estimate_bytes(folder, last, n) + 4 * (last + 1) * info.heads * n * n, asked.max_memory,
            f"--check: transformers' eager tower, layers 0..{last}, on {n} image tokens")
@@ -132,8 +132,8 @@ def check(result: HeadResult, folder: Path, model_type: str, pixels: Pixels) -> 
                            truncated.cut(config, n_layer, last), model_type, traced=False)
     with torch.no_grad():
         theirs = model(pixel_values=pixels.values, output_attentions=True).attentions
-    mine: dict[int, torch.Tensor] = dict(enumerate(result.all_layers or []))
-    if result.all_layers is None and result.all_heads is not None:
+    mine: dict[int, torch.Tensor] = dict(enumerate(result.layer_patterns or []))
+    if result.layer_patterns is None and result.all_heads is not None:
         mine[asked.layer] = result.all_heads
     return [compare(f"layer {i}", "output_attentions", pattern.float(), theirs[i][0].float())
             for i, pattern in mine.items()]

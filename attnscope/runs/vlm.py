@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from PIL import Image
 
-    from attnscope.check import Comparison
+    from attnscope.check.comparison import Comparison
     from attnscope.models.config import Config
     from attnscope.models.vision.patches import Picture
     from attnscope.models.vision.vlm import ImageTokens
@@ -76,12 +76,12 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
 def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
     """The text model on attnscope's page, its layer 0 fed the embeddings the model made: `run_layer`, or with
     --all-layers `every_layer`, as runs/head.py runs a text."""
-    from attnscope.models import stream
-    from attnscope.models.run import run_layer
+    from attnscope.models.forward import stream
+    from attnscope.models.forward.run import run_layer
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import vlm_run
     from attnscope.models.weights import head_weights
-    from attnscope.runs import layers
+    from attnscope.runs import beyond_layer as layers
     from attnscope.runs.head_result import HeadResult, ModelInfo
 
     model = vlm_run.text_family(folder, config, tokens)
@@ -94,7 +94,7 @@ def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageToke
         result = HeadResult(asked, info, weights, encoded, notes=list(weights.notes), tracer="attnscope")
         if asked.all_layers:
             every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
-            result.run, result.all_layers = every.run, every.patterns
+            result.run, result.layer_patterns = every.run, every.patterns
             result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
             layers.layer_heads(result)
         else:
@@ -112,7 +112,7 @@ def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageToke
 def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import vlm_run
-    from attnscope.runs import layers
+    from attnscope.runs import beyond_layer as layers
     from attnscope.runs.interface import _result
 
     run, patterns = vlm_run.interface(folder, config, tokens, asked.layer, every=asked.all_layers)
@@ -123,7 +123,7 @@ def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens:
                         "of the image, transformers' get_rope_index), which no attnscope page computes: its "
                         "attention is traced through transformers' attention interface from Q, K, V after RoPE")
     if patterns is not None:
-        result.all_layers = patterns
+        result.layer_patterns = patterns
         layers.layer_heads(result)
     return result
 
@@ -144,10 +144,10 @@ def check(result: HeadResult, folder: Path, config: Config, tokens: ImageTokens)
     `output_attentions` on the processor's inputs."""
     import torch
 
-    from attnscope.check import compare
+    from attnscope.check.comparison import compare
     from attnscope.models.vision import vlm_run
 
-    mine = dict(enumerate(result.all_layers)) if result.all_layers is not None else {result.options.layer:
+    mine = dict(enumerate(result.layer_patterns)) if result.layer_patterns is not None else {result.options.layer:
                                                                                        result.all_heads}
     model = vlm_run.load_eager(folder, config, max(mine))
     with torch.no_grad():

@@ -109,12 +109,12 @@ def from_head(result: Any) -> Page:
             page.image["query"] = picture.query
     heads = result.heads
     masked = None if heads is None else heads.masked  # the traced layer's, read once from its masked_scores
-    if result.layers:  # --all-layers: every layer, each head with its kind
-        page.queries, page.keys = list(result.layers[0].row_labels), list(result.layers[0].col_labels)
-        numbers = result.layer_numbers or list(range(len(result.layers)))  # a hybrid's: its attention layers
+    if result.layer_heads:  # --all-layers: every layer, each head with its kind
+        page.queries, page.keys = list(result.layer_heads[0].row_labels), list(result.layer_heads[0].col_labels)
+        numbers = result.layer_numbers or list(range(len(result.layer_heads)))  # a hybrid's: its attention layers
         page.layers = [Layer(i, _heads_of(layer, masked if i == o.layer else _same_mask(layer.attention, masked)),
                              label=f"layer {i}: {EFFECTIVE}" if getattr(layer, "effective", False) else "")
-                       for i, layer in zip(numbers, result.layers, strict=True)]
+                       for i, layer in zip(numbers, result.layer_heads, strict=True)]
         shown = numbers.index(o.layer) if o.layer in numbers else 0
         page.focus = (shown, min(o.head, len(result.layer_heads[0].heads) - 1))
     elif heads is not None:

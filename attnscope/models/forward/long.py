@@ -101,7 +101,7 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         del h
         module = model.attention(layer, record=False)
-        effective_rows = getattr(module, "effective_rows", None)  # a linear layer's (models/qwen3_next.py)
+        effective_rows = getattr(module, "effective_rows", None)  # a linear layer's (models/families/qwen3_next.py)
         if effective_rows is not None:  # its exact matrix M, the effective keys carried block to block
             blocks = Blocks(n, n, rows, True, ids, effective=True)
             for a, block in effective_rows(X, head, BLOCK_ROWS):

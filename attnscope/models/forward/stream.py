@@ -59,8 +59,8 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
     """Each layer's pattern, layer by layer; the last layer's MLP is not run (nothing reads it)."""
     import torch
 
-    from attnscope.linear_attention import pattern_name
-    from attnscope.models.run import layer_run
+    from attnscope.attention.linear_attention import pattern_name
+    from attnscope.models.forward.run import layer_run
     from attnscope.readings.moved import layer_norms
 
     patterns, norms, sinks = [], [], []
@@ -108,7 +108,7 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
     transformers' `generate(do_sample=False)` does. Each step runs every layer on the one new token."""
     import torch
 
-    from attnscope.linear_attention import pattern_name
+    from attnscope.attention.linear_attention import pattern_name
     from attnscope.models.selfcheck import check_page
 
     caches: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * model.n_layer

@@ -14,7 +14,7 @@ and once the module returns, selfcheck.py holds its output against the module's 
 (a module doing more than its attention function sees, DeepSeek-V3.2's indexer, fails it: the run then shows
 eager's pattern only); then it stops the model there (`Reached`): nothing after the layer runs. The steps
 before Q, K, V are the family's code, not traced. For
-`--all-layers` and `--generate` (models/interface_stream.py) the recorder does not stop: it keeps every attention
+`--all-layers` and `--generate` (models/nopage/interface_stream.py) the recorder does not stop: it keeps every attention
 layer's pattern, or layer L's steps at each decode step.
 
 Families whose modules do not call the interface (`_supports_attention_backend` False: Falcon, GPT-J, BLOOM,

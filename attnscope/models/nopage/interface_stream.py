@@ -87,7 +87,8 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from attnscope.models import interface, selfcheck, truncated
+    from attnscope.models import selfcheck
+    from attnscope.models.nopage import interface, truncated
 
     if n_new:
         model = _language_model(prepared, folder, model_type, AutoModelForCausalLM)
@@ -138,8 +139,8 @@ def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: in
     found a module the trace does not reproduce): every attention layer's, and layer L's row at each new token."""
     import torch
 
-    from attnscope.models import truncated
-    from attnscope.models.stream import DecodeStep
+    from attnscope.models.forward.stream import DecodeStep
+    from attnscope.models.nopage import truncated
 
     model.set_attn_implementation("eager")
     base = getattr(model, "base_model", model)

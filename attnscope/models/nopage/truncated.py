@@ -106,7 +106,8 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
     import torch
     from transformers import AutoModel
 
-    from attnscope.models import interface, selfcheck
+    from attnscope.models import selfcheck
+    from attnscope.models.nopage import interface
 
     quiet_transformers()
     full, n_layer = full_config(folder, model_type, layer)

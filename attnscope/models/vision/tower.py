@@ -1,5 +1,5 @@
 """A vision tower (ViT, DeiT, DINOv2 with or without registers, CLIP's and SigLIP's image towers) on an image,
-through transformers with attnscope's attention function (models/interface.py): the family's own embeddings and
+through transformers with attnscope's attention function (models/nopage/interface.py): the family's own embeddings and
 layers run, and layer L's attention is recorded step by step from what transformers hands the attention
 function (Q, K, V, no mask: every token sees every token), held against the family's own eager attention.
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from attnscope.models.truncated import TransformersRun
+    from attnscope.models.nopage.truncated import TransformersRun
     from attnscope.models.vision.processor import Pixels
     from attnscope.trace import Trace
 
@@ -74,7 +74,7 @@ def tower_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
     and its number of layers, `layer` checked."""
     from transformers import AutoConfig
 
-    from attnscope.models import truncated
+    from attnscope.models.nopage import truncated
 
     truncated.quiet_transformers()
     try:
@@ -109,8 +109,8 @@ def grid_of(config: Any, model_type: str, pixels: Pixels, image: str) -> Grid:
 def estimate_bytes(folder: Path, layer: int | None, n_tokens: int) -> int:
     """Layers 0..L's tensors (all of them for `layer` None) and the embeddings, in float32, held and being
     loaded, plus the scores (truncated.estimate_bytes)."""
-    from attnscope.models import truncated
     from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.nopage import truncated
 
     with Checkpoint.open(folder) as checkpoint:
         return truncated.estimate_bytes(checkpoint, 10**9 if layer is None else layer, n_tokens)
@@ -123,7 +123,7 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
     import torch
     import transformers
 
-    from attnscope.models import interface, truncated
+    from attnscope.models.nopage import interface, truncated
 
     model = truncated.load(getattr(transformers, TOWERS[model_type].model_class), folder,
                            config if every else truncated.cut(config, n_layer, layer), model_type, traced=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models.truncated import first_line
+from attnscope.models.nopage.truncated import first_line
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ def _processor(folder: Path, config: Config) -> tuple[Any, str, list[str]]:
     tokenizer and image processor apart, for the families whose placement is written here."""
     from transformers import AutoProcessor
 
-    from attnscope.models.truncated import quiet_transformers
+    from attnscope.models.nopage.truncated import quiet_transformers
 
     quiet_transformers()
     try:

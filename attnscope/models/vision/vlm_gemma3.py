@@ -17,7 +17,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from attnscope.models.gemma3 import Gemma3
+from attnscope.models.families.gemma3 import Gemma3
 
 if TYPE_CHECKING:
     import torch

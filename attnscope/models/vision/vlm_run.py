@@ -9,12 +9,12 @@ loaded than the tower, the projector and the embeddings.
 Then the text model's layers run:
 - on attnscope's family page where there is one (`text_family`): Gemma 3 (with the image's bidirectional mask:
   vlm_gemma3.py), Llama 4, LLaVA's LLaMA or Mistral, the page's class with `ImageEmbedded` mixed in, so that
-  its layer 0 reads those embeddings: models/run.py's `run_layer` (layers 0..L, L traced) and models/stream.py's
-  `every_layer` run it as they run any page;
+  its layer 0 reads those embeddings: models/forward/run.py's `run_layer` (layers 0..L, L traced) and
+  models/forward/stream.py's `every_layer` run it as they run any page;
 - through transformers' attention interface otherwise (`interface`): Qwen2.5-VL and Qwen3-VL turn M-RoPE, three
   position ids per token (temporal, row, column; `get_rope_index`), which no page computes, so the whole model
   runs in transformers (its text layers cut to L + 1 unless every layer is asked, its vision tower eager) and
-  layer L's attention is recorded from the Q, K, V and mask transformers hands it (models/interface.py).
+  layer L's attention is recorded from the Q, K, V and mask transformers hands it (models/nopage/interface.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError, UsageError
-from attnscope.models.truncated import first_line
+from attnscope.models.nopage.truncated import first_line
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from attnscope.models.config import Config
     from attnscope.models.family import Family
-    from attnscope.models.truncated import TransformersRun
+    from attnscope.models.nopage.truncated import TransformersRun
     from attnscope.models.vision.vlm import ImageTokens
 
 
@@ -44,8 +44,8 @@ class _Entered(Exception):
 
 class ImageEmbedded:
     """Mixed into a family's page: the residual stream entering layer 0 is the one the VLM made (`embeddings`: the
-    token embeddings with the image's projected features in its places), so models/run.py's `run_layer` and
-    models/stream.py's `every_layer` run the text model on a prompt with an image unchanged."""
+    token embeddings with the image's projected features in its places), so models/forward/run.py's `run_layer` and
+    models/forward/stream.py's `every_layer` run the text model on a prompt with an image unchanged."""
 
     h0: torch.Tensor  # [1, n_tokens, d_model]
 
@@ -118,8 +118,8 @@ def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int,
     n_tokens]` (the vision tower's own attention stays eager, unrecorded)."""
     import torch
 
-    from attnscope.models import interface as recorder
-    from attnscope.models.truncated import sizes
+    from attnscope.models.nopage import interface as recorder
+    from attnscope.models.nopage.truncated import sizes
 
     n = n_layer(folder, config)
     model = _load(folder, config, layers=n if every else layer + 1, attention=recorder.IMPLEMENTATION)
@@ -147,7 +147,7 @@ def text_settings(folder: Path, config: Config) -> dict[str, Any]:
     top level where an older config keeps them there (Qwen2.5-VL's)."""
     from transformers import AutoConfig
 
-    from attnscope.models.truncated import quiet_transformers
+    from attnscope.models.nopage.truncated import quiet_transformers
 
     quiet_transformers()
     try:
@@ -201,8 +201,8 @@ def _load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from attnscope.models import interface as recorder
-    from attnscope.models.truncated import cut, quiet_transformers
+    from attnscope.models.nopage import interface as recorder
+    from attnscope.models.nopage.truncated import cut, quiet_transformers
 
     quiet_transformers()
     try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models.deepseek import ATTN, DeepseekV3
+from attnscope.models.families.deepseek import ATTN, DeepseekV3
 from attnscope.models.family import Slice
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from attnscope.indexer import IndexedLatentAttention, IndexSpec
+    from attnscope.attention.indexer import IndexedLatentAttention, IndexSpec
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
 
@@ -42,7 +42,7 @@ class DeepseekV32(DeepseekV3):
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         super().__init__(folder, config, checkpoint)
-        from attnscope.indexer import Selections
+        from attnscope.attention.indexer import Selections
 
         assert self.latent is not None
         if self.latent.q_lora_rank is None:
@@ -61,7 +61,7 @@ class DeepseekV32(DeepseekV3):
         return True
 
     def index_spec(self, layer: int) -> IndexSpec:
-        from attnscope.indexer import IndexSpec
+        from attnscope.attention.indexer import IndexSpec
 
         assert self.latent is not None
         return IndexSpec(self.index_n_head, self.index_d_head, self.index_topk, self.latent.qk_rope_head_dim,
@@ -106,7 +106,7 @@ class DeepseekV32(DeepseekV3):
 
     def attention(self, layer: int, record: bool) -> IndexedLatentAttention:  # type: ignore[override]
         """Layer `layer`'s attention: the indexer, then latent attention restricted to its selection."""
-        from attnscope.indexer import IndexedLatentAttention
+        from attnscope.attention.indexer import IndexedLatentAttention
 
         module = IndexedLatentAttention(self.d_model, self.n_head, index=self.index_spec(layer),
                                         selections=self.selections, dense=self.dense, bias=self.biases()[0],

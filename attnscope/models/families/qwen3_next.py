@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from attnscope.attention.multihead import MultiHeadAttention
 from attnscope.errors import UsageError
-from attnscope.models.qwen3_moe import Qwen3Moe
-from attnscope.multihead import MultiHeadAttention
+from attnscope.models.families.qwen3_moe import Qwen3Moe
 from attnscope.spec import AttentionSpec
 from attnscope.words import counted
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from attnscope.linear_attention import DeltaInputs, DeltaSizes, LinearState
+    from attnscope.attention.linear_attention import DeltaInputs, DeltaSizes, LinearState
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
     from attnscope.models.family import Slice
@@ -94,7 +94,7 @@ class LinearLayers:
     def layer_notes(self, layer: int) -> list[str]:
         if not self.linear(layer):
             return [f"layer {layer} is {self.full_note}"]
-        from attnscope.linear_attention import EFFECTIVE_NOTE
+        from attnscope.attention.linear_attention import EFFECTIVE_NOTE
 
         s = self.delta
         return [f"layer {layer} is a linear attention layer ({self.linear_name}): no softmax, no KV cache; its state "
@@ -149,7 +149,7 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         super().__init__(folder, config, checkpoint)
-        from attnscope.linear_attention import DeltaSizes
+        from attnscope.attention.linear_attention import DeltaSizes
 
         n_k = config.integer("linear_num_key_heads", default=16)
         n_v = config.integer("linear_num_value_heads", default=32)
@@ -275,7 +275,7 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         import torch
         import torch.nn.functional as F
 
-        from attnscope.linear_attention import DeltaInputs
+        from attnscope.attention.linear_attention import DeltaInputs
 
         w = {name: t.to(X.device) for name, t in self.linear_projections(layer).items()}  # meta X: shapes only
         mixed = add("QKV_feat", X @ torch.cat([w["q"], w["k"], w["v"]]).T,  # [n_batch, n, conv_width]
@@ -296,13 +296,13 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         shared expert's SwiGLU."""
         import torch
 
-        from attnscope.models import layers
+        from attnscope.models import blocks
 
         routed = super().experts(layer, x)
-        act = layers.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
+        act = blocks.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
         gate, up, down = (self.weight(layer, f"mlp.shared_expert.{n}.weight") for n in ("gate_proj", "up_proj",
                                                                                           "down_proj"))
-        shared = layers.gated_mlp(x, gate, up, down, act)
+        shared = blocks.gated_mlp(x, gate, up, down, act)
         return routed + torch.sigmoid(x @ self.weight(layer, "mlp.shared_expert_gate.weight").T) * shared
 
 
@@ -365,7 +365,7 @@ def _through() -> Any:
 
 class DeltaLayer:
     """A linear attention layer as the forward calls an attention module: `layer(X, cache=None)` gives the trace
-    (x its output), `empty_cache()` and `cache_after(trace)` carry the state step to step (models/stream.py).
+    (x its output), `empty_cache()` and `cache_after(trace)` carry the state step to step (models/forward/stream.py).
     `project(X, add)` is the family's projections (DeltaInputs); the rest is linear_attention.delta_rule."""
 
     def __init__(self, sizes: DeltaSizes, project: Any, record: bool) -> None:
@@ -374,8 +374,8 @@ class DeltaLayer:
         self._after: dict[int, LinearState] = {}
 
     def __call__(self, X: torch.Tensor, cache: LinearState | None = None) -> Trace:
-        from attnscope.linear_attention import check_note, delta_rule
-        from attnscope.multihead import _keep_tensor
+        from attnscope.attention.linear_attention import check_note, delta_rule
+        from attnscope.attention.multihead import _keep_tensor
         from attnscope.trace import Trace
 
         trace = Trace()
@@ -391,16 +391,17 @@ class DeltaLayer:
 
     def effective_rows(self, X: torch.Tensor, head: int, block: int) -> Iterator[tuple[int, torch.Tensor]]:
         """Value head `head`'s M on a long input, in blocks of query rows (linear_attention.effective_rows)."""
-        from attnscope.linear_attention import _keep, effective_rows
+        from attnscope.attention.linear_attention import _keep, effective_rows
 
         return effective_rows(self.project(X, _keep), self.sizes, head, block)
 
     def to(self, device: Any) -> DeltaLayer:
-        """The weights are read at each call, onto X's device: a meta X runs the layer as shapes (models/long.py)."""
+        """The weights are read at each call, onto X's device: a meta X runs the layer as shapes
+        (models/forward/long.py)."""
         return self
 
     def empty_cache(self, n_batch: int = 1) -> LinearState:
-        from attnscope.linear_attention import empty_state
+        from attnscope.attention.linear_attention import empty_state
 
         return empty_state(self.sizes, n_batch)
 
@@ -444,7 +445,7 @@ def eager_linear(folder: Path, model_type: str, ids: list[int], layer: int) -> t
     import torch
     from transformers import AutoModel
 
-    from attnscope.models import truncated
+    from attnscope.models.nopage import truncated
 
     truncated.quiet_transformers()
     full, n_layer = truncated.full_config(folder, model_type, layer)

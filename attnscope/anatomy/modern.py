@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from attnscope.models.anatomy_config import Settings
+    from attnscope.anatomy.config import Settings
 
 LINEAR = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear"})
 INDEXED = frozenset({"deepseek_v32", "glm_moe_dsa"})

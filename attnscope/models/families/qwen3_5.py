@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.models.config import Config
-from attnscope.models.qwen3_next import LINEAR, Qwen3Next
+from attnscope.models.families.qwen3_next import LINEAR, Qwen3Next
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -33,12 +33,12 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from attnscope.anatomy.modern import layer_entry
 from attnscope.errors import UsageError
-from attnscope.models.anatomy_modern import layer_entry
 from attnscope.models.config import Config
+from attnscope.models.families.gemma3 import LAYER_TYPES, Gemma3
+from attnscope.models.families.llama import Llama
 from attnscope.models.family import Slice
-from attnscope.models.gemma3 import LAYER_TYPES, Gemma3
-from attnscope.models.llama import Llama
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
     import torch
 
+    from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.models.checkpoint import Checkpoint
-    from attnscope.multihead import MultiHeadAttention
     from attnscope.trace import Trace
 
 # Gemma4TextConfig's defaults for what this page reads.
@@ -245,14 +245,14 @@ class Gemma4(Gemma3):
     # --- the attention's specifics ----------------------------------------------------------------------
 
     def attention_spec(self, layer: int) -> AttentionSpec:
-        from attnscope.qknorm import QkNorm
+        from attnscope.variants.qknorm import QkNorm
 
         norm = QkNorm("head", eps=self.config.number("rms_norm_eps", default=1e-6, positive=False), offset=False)
         return AttentionSpec(causal=True, rope=self._layer_rope(layer), window=self.window(layer), scale=1.0,
                              qk_norm=norm, n_kv_head=self.sizes[layer][1])
 
     def _layer_rope(self, layer: int) -> Any:
-        from attnscope.rope import Rope
+        from attnscope.variants.rope import Rope
 
         d_head = self.sizes[layer][0]
         try:
@@ -322,9 +322,9 @@ class Gemma4(Gemma3):
         return h * self.weight(layer, "layer_scalar")
 
     def _activation(self) -> Any:
-        from attnscope.models import layers
+        from attnscope.models import blocks
 
-        return layers.activation(self.config.raw(*self.activation_keys, default="gelu_pytorch_tanh"),
+        return blocks.activation(self.config.raw(*self.activation_keys, default="gelu_pytorch_tanh"),
                                  f"{self.config.path}: {self.activation_keys[0]}")
 
     def _experts(self, layer: int, h: torch.Tensor) -> torch.Tensor:
@@ -362,9 +362,9 @@ def attention_class() -> type:
     import torch
 
     from attnscope import cost
-    from attnscope.attention import Names, split_heads
-    from attnscope.multihead import MultiHeadAttention
-    from attnscope.qknorm import apply as qk_norm
+    from attnscope.attention.dot_product import Names, split_heads
+    from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.variants.qknorm import apply as qk_norm
 
     class Gemma4Attention(MultiHeadAttention):
         """MultiHeadAttention with Gemma 4's values (`V_normed`: RMSNorm per head, no weight; the keys' projection
@@ -430,7 +430,7 @@ def attention_class() -> type:
         def _shared_heads(self, add: Any, Q: Any, cache: Any, spec: Any) -> Any:
             """The queries as any layer's (projected, split, normed, rotated at their positions among the owner's
             keys), and the owner's keys and values as they are."""
-            from attnscope import attention
+            from attnscope.attention import dot_product as attention
 
             keys, values = (t.to(Q.device) for t in self._shared_kv())
             n_cache = 0 if cache is None else cache[0].shape[-2]

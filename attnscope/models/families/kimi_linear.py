@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models.config import Config
-from attnscope.models.deepseek import DeepseekV3
-from attnscope.models.qwen3_next import LinearLayers
-from attnscope.rope import Rope
+from attnscope.models.families.deepseek import DeepseekV3
+from attnscope.models.families.qwen3_next import LinearLayers
+from attnscope.variants.rope import Rope
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import torch
 
-    from attnscope.linear_attention import DeltaInputs
+    from attnscope.attention.linear_attention import DeltaInputs
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.family import Slice
 
@@ -87,7 +87,7 @@ class KimiLinear(LinearLayers, DeepseekV3):
                                           "routed_scaling_factor": 2.446, "n_routed_experts": 256}
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
-        from attnscope.linear_attention import DeltaSizes
+        from attnscope.attention.linear_attention import DeltaSizes
 
         data = dict(config.data)
         for theirs, ours in ALIASES.items():
@@ -180,7 +180,7 @@ class KimiLinear(LinearLayers, DeepseekV3):
         import torch
         import torch.nn.functional as F
 
-        from attnscope.linear_attention import DeltaInputs
+        from attnscope.attention.linear_attention import DeltaInputs
 
         w = lambda name: self.weight(layer, f"{ATTN}.{name}").to(X.device)  # noqa: E731  (meta X: shapes only)
         s = self.delta

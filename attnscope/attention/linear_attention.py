@@ -146,7 +146,7 @@ def recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None,
     import torch
 
     out = torch.zeros_like(v)
-    if q.is_meta:  # the layer's steps as shapes (models/long.py): no loop over meta tensors
+    if q.is_meta:  # the layer's steps as shapes (models/forward/long.py): no loop over meta tensors
         return out, S.expand(*q.shape[:2], *S.shape[-2:])
     for t in range(q.shape[-2]):
         decay = g[:, :, t].exp()  # [n_batch, n_head] or [n_batch, n_head, d_K]
@@ -322,7 +322,8 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
 
 def effective_rows(inputs: DeltaInputs, sizes: DeltaSizes, head: int, block: int) -> Iterator[tuple[int, Tensor]]:
     """Value head `head`'s M in blocks of `block` query rows, never whole: (a, rows a..b-1 over keys 0..b-1, float64)
-    for a long input (models/long.py). The effective keys carried from block to block are `[d_K, n]` per head."""
+    for a long input (models/forward/long.py). The effective keys carried from block to block are `[d_K, n]` per
+    head."""
     import torch
 
     q, k, _, beta, g, _ = _heads(_keep, inputs, sizes, None)

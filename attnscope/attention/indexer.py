@@ -32,14 +32,14 @@ import torch
 from torch import nn
 
 from attnscope import cost
-from attnscope.latent import LatentAttention, _keep_tensor
-from attnscope.rope import apply_rope
+from attnscope.attention.latent import LatentAttention, _keep_tensor
 from attnscope.trace import Trace
+from attnscope.variants.rope import apply_rope
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from attnscope.rope import Rope
+    from attnscope.variants.rope import Rope
 
 K_NORM_EPS = 1e-6  # DeepseekV32Indexer's k_norm: nn.LayerNorm(index_head_dim, eps=1e-6)
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import layers
-from attnscope.models.llama import Llama
-from attnscope.models.qwen3_next import LinearLayers
+from attnscope.models import blocks
+from attnscope.models.families.llama import Llama
+from attnscope.models.families.qwen3_next import LinearLayers
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from attnscope.linear_attention import DeltaInputs
+    from attnscope.attention.linear_attention import DeltaInputs
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
     from attnscope.models.family import Slice
@@ -53,7 +53,7 @@ class MiniMax(LinearLayers, Llama):
     full_note = "a softmax attention layer (Mixtral's)"
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
-        from attnscope.linear_attention import DeltaSizes
+        from attnscope.attention.linear_attention import DeltaSizes
 
         super().__init__(folder, config, checkpoint)
         self.delta = DeltaSizes(n_head=self.n_head, n_k_head=self.n_head, d_K=self.d_head, d_V=self.d_head, kernel=0,
@@ -115,7 +115,7 @@ class MiniMax(LinearLayers, Llama):
         every v), the log-decay -slope of each head at every token, the output gate."""
         import torch
 
-        from attnscope.linear_attention import DeltaInputs
+        from attnscope.attention.linear_attention import DeltaInputs
 
         w = lambda name: self.weight(layer, f"{ATTN}.{name}").to(X.device)  # noqa: E731  (meta X: shapes only)
         per_head = w("qkv_proj.weight").view(self.n_head, 3, self.d_head, -1)  # [n_head, q|k|v, d_head, d_model]
@@ -143,7 +143,7 @@ class MiniMax(LinearLayers, Llama):
         """`MiniMaxSparseMoeBlock`: softmax over the experts in float32, the top k, renormalised, their SwiGLUs."""
         import torch
 
-        act = layers.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
+        act = blocks.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
         stem = "block_sparse_moe" if self.key(layer, "block_sparse_moe.gate.weight") in self.checkpoint else "mlp"
         flat = x.reshape(-1, x.shape[-1])  # [n_tokens, d_model]
         probs = torch.softmax(flat @ self.weight(layer, f"{stem}.gate.weight").T, dim=-1, dtype=torch.float32)
@@ -157,7 +157,7 @@ class MiniMax(LinearLayers, Llama):
         for expert in sorted(set(chosen.flatten().tolist())):
             tokens, slot = torch.where(chosen == expert)
             gate, up, down = self.expert_weights(layer, stem, expert)
-            out.index_add_(0, tokens, layers.gated_mlp(flat[tokens], gate, up, down, act) * top[tokens, slot, None])
+            out.index_add_(0, tokens, blocks.gated_mlp(flat[tokens], gate, up, down, act) * top[tokens, slot, None])
         return out.view_as(x)
 
     def expert_weights(self, layer: int, stem: str, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
