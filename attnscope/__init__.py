@@ -9,6 +9,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from attnscope import trace as _trace
+from attnscope.readings import headstats as _headstats
 
 __version__ = "0.1.0"
 
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from attnscope.attention.latent import LatentAttention
     from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.errors import AttnscopeError
+    from attnscope.readings.headstats import LayerHeads
     from attnscope.runs.head import model_head
     from attnscope.spec import Latent
     from attnscope.tensors import load_tensor, save_tensors
@@ -70,7 +72,15 @@ def _notebook_view(trace: Trace) -> str:
     return trace_view(trace, describe)
 
 
+def _heads_view(layer: LayerHeads) -> str:
+    """Every head of a layer in Jupyter (views/embed.py)."""
+    from attnscope.views.embed import heads_view
+
+    return heads_view(layer)
+
+
 _trace.Trace.notebook_view = _notebook_view  # the core's Trace shows itself through the views, which it never imports
+_headstats.LayerHeads.notebook_view = _heads_view  # and so does readings/' LayerHeads
 
 
 def __getattr__(name: str) -> Any:

@@ -93,7 +93,9 @@ def read_config_file(model: str, path: Path) -> dict[str, Any]:
     from attnscope.models.gguf.open import is_gguf_file, read_gguf_config
 
     if is_gguf_file(path):
-        return dict(read_gguf_config(path).data)
+        data = read_gguf_config(path)
+        check_sane(path, data)
+        return data
     if not path.is_file():
         raise UsageError(f"{model}: no config.json there; give a model folder saved by save_pretrained, its "
                          "config.json, or a Hugging Face model name")

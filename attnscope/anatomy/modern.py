@@ -19,9 +19,10 @@ Each rule names the code it restates (transformers 5.23):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from attnscope.models.config import layer_entry
 
 if TYPE_CHECKING:
     from attnscope.anatomy.config import Settings
@@ -150,13 +151,6 @@ def gemma4_sizes(s: Settings, index: int, layer_type: str, d_head: int, n_kv: in
     if s.flag("attention_k_eq_v") and s.raw("num_global_key_value_heads") is not None:
         n_kv = s.size("num_global_key_value_heads")
     return d, n_kv
-
-
-def layer_entry(table: Mapping[str, Any], index: int) -> Any:
-    """`per_layer_config`'s entry for layer `index`: its keys are layer numbers, written zero-padded to the width of
-    the largest ("05" of 30 layers) by transformers' config serialisation."""
-    found = {int(key): value for key, value in table.items() if str(key).isdigit()}
-    return found.get(index) or {}
 
 
 def compress(s: Settings, layer_type: str) -> Compress:

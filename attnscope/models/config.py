@@ -141,11 +141,20 @@ class Config:
         return UsageError(f"{self.path}: {shown} {what}; fix config.json or save the model again with save_pretrained")
 
 
+def layer_entry(table: Mapping[str, Any], index: int) -> Any:
+    """`per_layer_config`'s entry for layer `index`: its keys are layer numbers, written zero-padded to the width of
+    the largest ("05" of 30 layers) by transformers' config serialisation."""
+    found = {int(key): value for key, value in table.items() if str(key).isdigit()}
+    return found.get(index) or {}
+
+
 def read_config(folder: Path) -> Config:
     from attnscope.models.gguf.open import is_gguf_file, read_gguf_config
 
     if is_gguf_file(folder):  # a GGUF: its metadata is the config
-        return read_gguf_config(folder)
+        data = read_gguf_config(folder)
+        check_sane(folder, data)
+        return Config(folder, data)
     path = folder / "config.json"
     if not path.is_file():
         raise UsageError(f"{{model}} {folder}: no config.json in that folder; give a folder saved by save_pretrained",

@@ -21,6 +21,7 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.models.config import load_json
+from attnscope.models.post_processor import add_special_tokens
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
@@ -49,16 +50,15 @@ def encode(folder: Path, text: str, *, target: bool = False) -> Encoded:
     if folder.is_file():  # a GGUF file: the tokenizer its metadata describes
         from attnscope.models.gguf import tokenizer as gguf_tokenizer
 
-        return gguf_tokenizer.encode(folder, text)
-    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
+        encoded = _encoded(gguf_tokenizer.load(folder), text, "tokenizers (GGUF)")
+    elif not any((folder / name).is_file() for name in VOCABULARY_FILES):
         raise UsageError(f"{{model}} {folder} has no tokenizer for {{text}} (looked for "
                          f"{', '.join(VOCABULARY_FILES)}); save one beside the weights with "
                          "tokenizer.save_pretrained(folder)", "model", "text")
-    settings = _settings(folder)
-    if (folder / "tokenizer.json").is_file() and settings.get("tokenizer_class") in (DIRECT_CLASSES | {None}):
-        encoded = _direct(folder, text, settings)
     else:
-        encoded = _auto(folder, text, settings, target)
+        settings = _settings(folder)
+        direct = (folder / "tokenizer.json").is_file() and settings.get("tokenizer_class") in (DIRECT_CLASSES | {None})
+        encoded = _direct(folder, text, settings) if direct else _auto(folder, text, settings, target)
     if not encoded.ids:
         raise UsageError(f"{{text}} {text!r} gives no tokens with this model's tokenizer; give a sentence it can "
                          "read", "text")
@@ -94,15 +94,19 @@ def _direct(folder: Path, text: str, settings: dict[str, Any]) -> Encoded:
         raise UsageError(f"{folder / 'tokenizer.json'}: not a tokenizer the tokenizers library can read "
                          f"({str(exc).splitlines()[0][:120]})") from None
     if "add_bos_token" in settings or "add_eos_token" in settings or tokenizer.post_processor is None:
-        _template(tokenizer, settings)
+        add_special_tokens(tokenizer, settings)
     # A tokenizer.json may carry the padding and truncation of its last use (sentence-transformers saves
     # MiniLM's padded to 128); a tokenizer called on one sentence, as AutoTokenizer is, does neither.
     tokenizer.no_padding()
     tokenizer.no_truncation()
+    return _encoded(tokenizer, text, "tokenizers")
+
+
+def _encoded(tokenizer: Any, text: str, via: str) -> Encoded:
+    """`text` through a `tokenizers.Tokenizer`, its special tokens included."""
     encoding = tokenizer.encode(text)
     ids = list(encoding.ids)
-    tokens = [tokenizer.id_to_token(i) or "" for i in ids]
-    return Encoded(ids, tokens, list(encoding.type_ids), "tokenizers")
+    return Encoded(ids, [tokenizer.id_to_token(i) or "" for i in ids], list(encoding.type_ids), via)
 
 
 def _ships(lookup: Any, name: str) -> bool:
@@ -111,32 +115,6 @@ def _ships(lookup: Any, name: str) -> bool:
         return lookup(name) is not None or lookup(name.removesuffix("Fast")) is not None
     except (ImportError, AttributeError, ValueError):
         return False
-
-
-def _template(tokenizer: Any, settings: dict[str, Any]) -> None:
-    """transformers' `TokenizersBackend.update_post_processor`: `[bos] $A [eos]` as the flags say."""
-    from tokenizers import processors
-
-    special = []
-    parts = {}
-    for flag, name in (("add_bos_token", "bos_token"), ("add_eos_token", "eos_token")):
-        token = _token_text(settings.get(name))
-        token_id = tokenizer.token_to_id(token) if token else None
-        if settings.get(flag) and token is not None and token_id is not None:
-            special.append((token, token_id))
-            parts[name] = token
-    bos = f"{parts['bos_token']}:0 " if "bos_token" in parts else ""
-    eos = f" {parts['eos_token']}:0" if "eos_token" in parts else ""
-    bos1 = f" {parts['bos_token']}:1" if "bos_token" in parts else ""
-    eos1 = f" {parts['eos_token']}:1" if "eos_token" in parts else ""
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos}$A:0{eos}", pair=f"{bos}$A:0{eos}{bos1} $B:1{eos1}", special_tokens=special)
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):  # an AddedToken written out: {"content": "<s>", ...}
-        value = value.get("content")
-    return value if isinstance(value, str) else None
 
 
 def _auto(folder: Path, text: str, settings: dict[str, Any], target: bool = False) -> Encoded:
@@ -194,7 +172,7 @@ def tokens_of(folder: Path, ids: list[int]) -> list[str]:
     if folder.is_file():  # a GGUF file
         from attnscope.models.gguf import tokenizer as gguf_tokenizer
 
-        return gguf_tokenizer.tokens_of(folder, ids)
+        return [gguf_tokenizer.load(folder).id_to_token(i) or f"<id {i}>" for i in ids]
     if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         from tokenizers import Tokenizer
 
@@ -211,7 +189,8 @@ def pieces(folder: Path, ids: list[int]) -> list[tuple[str, str]]:
     if folder.is_file():  # a GGUF file
         from attnscope.models.gguf import tokenizer as gguf_tokenizer
 
-        return gguf_tokenizer.pieces(folder, ids)
+        tokenizer = gguf_tokenizer.load(folder)
+        return [(tokenizer.id_to_token(i) or "", tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
     if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         from tokenizers import Tokenizer
 

@@ -34,10 +34,11 @@ shows them and a notebook draws them.
 
 from __future__ import annotations
 
+import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -236,6 +237,8 @@ class LayerHeads:
     where query 0 sits (`offset`: query i is at position i + offset), and each head's `{"head", "stats",
     "kind"}` (`describe_heads`). `batch` is the batch element (None for a model's single sequence)."""
 
+    notebook_view: ClassVar[Callable[[LayerHeads], str] | None] = None  # how Jupyter shows it, handed in from above
+
     title: str
     attention: Tensor
     row_labels: list[str]
@@ -288,7 +291,9 @@ class LayerHeads:
         return self._shares
 
     def _repr_html_(self) -> str:
-        """Jupyter draws every head as a small heatmap with its kind, and the table of statistics (views/embed.py)."""
-        from attnscope.views.embed import heads_view
-
-        return heads_view(self)
+        """Jupyter draws every head as a small heatmap with its kind, and the table of statistics, through
+        `notebook_view`, which the package hands in (attnscope/__init__.py: views/embed.py), so that readings/ imports
+        no view; without one, the title as text."""
+        if LayerHeads.notebook_view is None:
+            return f"<pre>{html.escape(self.title)}</pre>"
+        return LayerHeads.notebook_view(self)

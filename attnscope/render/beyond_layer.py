@@ -16,7 +16,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
-from attnscope.render.console import clean, numbers
+from attnscope.render.console import clean, numbers, shown_token
 from attnscope.render.fit import FittedText
 from attnscope.render.shading import MASKED_LEGEND, CellLine, Cells, ramp
 from attnscope.views.explorer import KIND_LETTERS as LETTERS  # the page's grid uses the same letters
@@ -95,7 +95,7 @@ def show_decode(out: Console, result: HeadResult) -> None:
     if not steps:
         return
     n_K = steps[-1].attention.shape[-1]
-    texts = [printable(token if "\ufffd" in text else text) for token, text in result.decode_pieces]
+    texts = [shown_token(token if "\ufffd" in text else text) for token, text in result.decode_pieces]
     text_w = min(12, max((cell_len(t) for t in texts), default=4))
     pos_w = len(str(steps[-1].position))
     cols = group_size(n_K, max(8, out.width - pos_w - text_w - 4))
@@ -121,12 +121,6 @@ def show_decode(out: Console, result: HeadResult) -> None:
 
     out.print(Text(f"KV cache after the last token: {format_bytes(total)} (every layer's keys and values, as "
                    "transformers' cache holds them)"))
-
-
-def printable(text: str) -> str:
-    """A token's text on one line: control characters escaped, surrounding space shown as `␣`."""
-    shown = text.encode("unicode_escape").decode("ascii") if any(ord(c) < 32 for c in text) else text
-    return shown.replace(" ", "␣") or "∅"
 
 
 def key_ruler(n_cols: int, pool: int, room: int) -> str:

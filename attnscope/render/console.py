@@ -151,3 +151,9 @@ def clean(value: Any, aside: Callable[[Numbers], Any] | None = None) -> Any:
     if isinstance(value, dict):
         return {k: clean(v, aside) for k, v in value.items()}
     return value
+
+
+def shown_token(text: str) -> str:
+    """A token's text on one line: control characters escaped, surrounding space shown as `␣`."""
+    shown = text.encode("unicode_escape").decode("ascii") if any(ord(c) < 32 for c in text) else text
+    return shown.replace(" ", "␣") or "∅"

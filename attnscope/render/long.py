@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from attnscope.render.beyond_layer import printable
-from attnscope.render.console import clean, numbers
+from attnscope.render.console import clean, numbers, shown_token
 from attnscope.render.fit import FittedText
 from attnscope.render.heatmap import show_heatmap
 from attnscope.render.tables import step_json, steps_table
@@ -45,7 +44,7 @@ def show_long(out: Console, result: HeadResult) -> None:
                          f"{s.first:.2f}, previous {s.previous:.2f}, self {s.self:.2f}, distance {s.distance:.1f}"
                          + (f", induction {s.induction:.2f}" if s.induction is not None else "")))
     if long.rows is not None and long.exact_rows is not None:
-        tokens, key_tokens = [printable(t) for t in queries], [printable(t) for t in keys]
+        tokens, key_tokens = [shown_token(t) for t in queries], [shown_token(t) for t in keys]
         out.print(Text(f"exact rows {long.rows[0]} to {long.rows[1] - 1}: the {TOP_KEYS} strongest keys of each",
                        style="bold"))
         for i, row in enumerate(long.exact_rows):

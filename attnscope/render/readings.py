@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from attnscope.render.console import clean, numbers
+from attnscope.render.console import clean, numbers, shown_token
 from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
 
 if TYPE_CHECKING:
@@ -156,6 +156,4 @@ def show_rollout(out: Console, result: HeadResult) -> None:
 
 
 def _token(token: str) -> str:
-    from attnscope.render.beyond_layer import printable
-
-    return printable(token)
+    return shown_token(token)

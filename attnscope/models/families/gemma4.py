@@ -33,9 +33,8 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from attnscope.anatomy.modern import layer_entry
 from attnscope.errors import UsageError
-from attnscope.models.config import Config
+from attnscope.models.config import Config, layer_entry
 from attnscope.models.families.gemma3 import LAYER_TYPES, Gemma3
 from attnscope.models.families.llama import Llama
 from attnscope.models.family import Slice

@@ -14,13 +14,12 @@ What transformers' GGUF loader does to a tensor on its way to the model is done 
 
 from __future__ import annotations
 
-import mmap
 import re
 from typing import TYPE_CHECKING
 
 from attnscope.errors import UsageError
 from attnscope.models.gguf import quants
-from attnscope.models.gguf.header import Header, TensorInfo
+from attnscope.models.gguf.header import Header, TensorInfo, read_bytes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -200,11 +199,11 @@ class GgufCheckpoint:
         transformers' order: a fresh float32 array."""
         cols = info.shape[-1] if len(info.shape) > 1 else info.shape[0]
         if len(info.shape) == 1:
-            raw = _read(info, 0, info.nbytes)
+            raw = read_bytes(info, 0, info.nbytes)
             values = quants.dequantize(raw, info.ggml_type, 1, cols, f"{info.path}: {info.name}")[0, lo:hi]
         else:
             width = quants.row_bytes(info.ggml_type, cols)
-            raw = _read(info, lo * width, hi * width)
+            raw = read_bytes(info, lo * width, hi * width)
             values = quants.dequantize(raw, info.ggml_type, hi - lo, cols, f"{info.path}: {info.name}")
         group = self._permuted(info)
         if group is not None:
@@ -221,21 +220,3 @@ def _unpermute(values: np.ndarray, per_head: int) -> np.ndarray:
     heads = values.shape[0] // per_head
     split = values.reshape(heads, per_head // 2, 2, *rest)  # [n_head, d_head/2, 2, d_model]
     return split.swapaxes(2, 1).reshape(values.shape)  # [n_head, 2, d_head/2, d_model] -> [rows, d_model]
-
-
-def _read(info: TensorInfo, lo: int, hi: int) -> np.ndarray:
-    """Bytes lo:hi of a tensor, copied out of a memory map of just those pages (released on return)."""
-    import numpy as np
-
-    start, end = info.start + lo, info.start + hi
-    aligned = start - start % mmap.ALLOCATIONGRANULARITY
-    try:
-        with open(info.path, "rb") as handle, \
-                mmap.mmap(handle.fileno(), end - aligned, offset=aligned, access=mmap.ACCESS_READ) as mapped:
-            view = np.frombuffer(mapped, dtype=np.uint8, count=end - start, offset=start - aligned)
-            out = view.copy()
-            del view
-            return out
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{{model}} {info.path}: tensor {info.name} cannot be read ({exc}); the file is truncated "
-                         "or changed since it was opened", "model") from None

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnscope.errors import UsageError
-from attnscope.models.gguf.header import Header, Strings
+from attnscope.models.gguf.header import Header, Strings, read_bytes
 
 # general.architecture -> (model_type, the class transformers would build, what it reads)
 ARCHITECTURES = {
@@ -145,10 +145,9 @@ def _rope_factors(header: Header, get: Any) -> dict[str, Any] | None:
 
 def _values(header: Header, info: Any) -> list[float]:
     """A small F32 (or F16) tensor of the file as numbers."""
-    from attnscope.models.gguf.checkpoint import _read
     from attnscope.models.gguf.quants import dequantize
 
-    raw = _read(info, 0, info.nbytes)
+    raw = read_bytes(info, 0, info.nbytes)
     return [float(f) for f in dequantize(raw, info.ggml_type, 1, info.shape[-1], f"{header.path}: {info.name}")[0]]
 
 

@@ -20,9 +20,12 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # GGUF v1 counted in 32 bits; llama.cpp and the gguf package read 2 and 3
@@ -207,3 +210,22 @@ class _Walk:
 
     def _bad(self, what: str) -> UsageError:
         return UsageError(f"{{model}} {self.path} {what}", "model")
+
+
+def read_bytes(info: TensorInfo, lo: int, hi: int) -> np.ndarray:
+    """Bytes lo:hi of a tensor, copied out of a memory map of just those pages (released on return)."""
+    import numpy as np
+
+    start, end = info.start + lo, info.start + hi
+    aligned = start - start % mmap.ALLOCATIONGRANULARITY
+    try:
+        with open(info.path, "rb") as handle, \
+                mmap.mmap(handle.fileno(), end - aligned, offset=aligned, access=mmap.ACCESS_READ) as mapped:
+            view = np.frombuffer(mapped, dtype=np.uint8, count=end - start, offset=start - aligned)
+            out = view.copy()
+            del view
+            return out
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{{model}} {info.path}: tensor {info.name} cannot be read ({exc}); the file is truncated "
+                         "or changed since it was opened", "model") from None
+

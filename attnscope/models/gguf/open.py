@@ -16,13 +16,12 @@ import re
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
 from attnscope.models.gguf.header import MAGIC, Header, read_header
 
 if TYPE_CHECKING:
-    from attnscope.models.config import Config
     from attnscope.models.gguf.checkpoint import GgufCheckpoint
 
 SHARD = re.compile(r"(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")
@@ -124,14 +123,11 @@ def _header(path: Path, _stats: tuple[tuple[Path, int, int], ...]) -> Header:
     return header
 
 
-def read_gguf_config(path: Path) -> Config:
-    """The Config a family page reads, from the metadata (config.py); its path is the file's."""
-    from attnscope.models.config import Config, check_sane
+def read_gguf_config(path: Path) -> dict[str, Any]:
+    """The config.json a family page reads, from the metadata (models/config.py makes it a Config)."""
     from attnscope.models.gguf.config import config_of
 
-    data = config_of(header_of(path))
-    check_sane(path, data)
-    return Config(path, data)
+    return config_of(header_of(path))
 
 
 def open_checkpoint(path: Path) -> GgufCheckpoint:

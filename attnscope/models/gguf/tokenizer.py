@@ -17,7 +17,7 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.models.gguf.header import Strings
-from attnscope.models.tokenizer import Encoded, _template
+from attnscope.models.post_processor import add_special_tokens
 
 # tokenizer.ggml.* -> the names transformers' GGUF_TOKENIZER_MAPPING gives them
 TOKENIZER = {"model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens", "scores": "scores",
@@ -28,26 +28,6 @@ SPECIAL = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token"
            "pad_token": "padding_token_id"}
 PLAIN_SPLIT = frozenset({None, "default", "gpt-2", "gpt2", "smollm"})  # GPT-2's ByteLevel regex, nothing more
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
-
-
-def encode(path: Path, text: str) -> Encoded:
-    tokenizer = load(path)
-    encoding = tokenizer.encode(text)
-    ids = list(encoding.ids)
-    if not ids:
-        raise UsageError(f"{{text}} {text!r} gives no tokens with this model's tokenizer; give a sentence it can "
-                         "read", "text")
-    return Encoded(ids, [tokenizer.id_to_token(i) or "" for i in ids], list(encoding.type_ids), "tokenizers (GGUF)")
-
-
-def tokens_of(path: Path, ids: list[int]) -> list[str]:
-    tokenizer = load(path)
-    return [tokenizer.id_to_token(i) or f"<id {i}>" for i in ids]
-
-
-def pieces(path: Path, ids: list[int]) -> list[tuple[str, str]]:
-    tokenizer = load(path)
-    return [(tokenizer.id_to_token(i) or "", tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
 
 
 def load(path: Path) -> Any:
@@ -84,7 +64,7 @@ def _load(path: Path, _mtime: int) -> Any:
         raise UsageError(f"{{model}} {path}: its tokenizer metadata cannot be read ({str(exc)[:120]})", "model") \
             from None
     if "add_bos_token" in settings or "add_eos_token" in settings or tokenizer.post_processor is None:
-        _template(tokenizer, settings)  # TokenizersBackend.update_post_processor
+        add_special_tokens(tokenizer, settings)  # TokenizersBackend.update_post_processor
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer
