@@ -66,8 +66,8 @@ def readings_json(result: HeadResult) -> dict[str, Any]:
     --all-layers `rollout`, `rollout_weighted` and `rollout_layers`."""
     payload: dict[str, Any] = {}
     if result.layer_heads:
-        numbers = result.layer_numbers or list(range(len(result.layer_heads)))
-        payload["sinks_share"] = sinks_grid(result.layer_heads, numbers)
+        layer_numbers = result.layer_numbers or list(range(len(result.layer_heads)))
+        payload["sinks_share"] = sinks_grid(result.layer_heads, layer_numbers)
     elif result.heads is not None:
         payload["sinks_share"] = sinks_grid([result.heads], [result.options.layer])
     if result.rollout is not None:
