@@ -125,6 +125,7 @@ def short_conv(x: Tensor, weight: Tensor, state: Tensor | None) -> tuple[Tensor,
     before = state if state is not None else channels.new_zeros(*channels.shape[:2], kernel - 1)
     joined = torch.cat([before.to(channels.dtype), channels], dim=-1)  # [n_batch, width, kernel - 1 + n_tokens]
     out = F.conv1d(joined, weight, groups=channels.shape[1])  # [n_batch, width, n_tokens]
+    # [n_batch, width, n_tokens] -> [n_batch, n_tokens, width], and the new state [n_batch, width, kernel - 1]
     return F.silu(out).transpose(1, 2), joined[..., joined.shape[-1] - (kernel - 1):]
 
 
@@ -185,8 +186,10 @@ def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None, A: Te
         if beta is None:
             seen[..., -1] += k_t
         else:
+            # [n_batch, n_head, 1, d_K] @ [.., d_K, n_cache + t + 1] -> [n_batch, n_head, 1, n_cache + t + 1]
             seen.sub_(beta[:, :, t, None, None] * k_t[..., None] * (k_t[..., None, :] @ seen))  # (I - beta k k^T) D A
             seen[..., -1] += beta[:, :, t, None] * k_t  # a_{t,t} = beta_t k_t
+        # [n_batch, n_head, 1, d_K] @ [.., d_K, n_cache + t + 1] -> [n_batch, n_head, n_cache + t + 1]
         M[:, :, t, : n_cache + t + 1] = (q[:, :, t, None, :] @ seen)[..., 0, :]  # q_t^T a_{t,s}
     return M, A
 
@@ -266,7 +269,7 @@ def _heads(add: Any, inputs: DeltaInputs, sizes: DeltaSizes,
         beta = add("beta", inputs.beta.float().transpose(1, 2), ("n_batch", "n_head", new),  # [n_batch, n_head, n]
                    "sigmoid(b): how strongly each token writes its value", inputs.beta.numel())
     g_dims = ("n_batch", "n_head", new, "d_K") if s.per_channel else ("n_batch", "n_head", new)
-    g = add("g", inputs.g.float().transpose(1, 2), g_dims,
+    g = add("g", inputs.g.float().transpose(1, 2), g_dims,  # [n_batch, n_head, n] or [n_batch, n_head, n, d_K]
             "the log-decay, <= 0: the state is multiplied by exp(g) before each token" +
             (" (one per key channel)" if s.per_channel else ""), 4 * inputs.g.numel())
     return q, k, v, beta, g, conv_state
@@ -294,6 +297,7 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
             "the exact matrix M with x_raw = M @ V: the recurrence run on the identity in float64 (rows need not "
             "sum to 1)", 2 * s.n_head * n_batch * s.d_K * M.shape[-1] * (n + 2) * n)
         if n and not M.is_meta:
+            # [n_batch, n_head, n, n_cache + n] @ [.., n_cache + n, d_V] -> [n_batch, n_head, n, d_V], as x_raw
             difference = float((M @ values.to(torch.float64) - x_raw.to(torch.float64)).abs().max())
             figure = difference / max(1.0, float(x_raw.abs().max()))
     else:

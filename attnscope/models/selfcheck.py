@@ -175,6 +175,7 @@ def check_page(trace: Any) -> str | None:
         if exact:
             ref = F.scaled_dot_product_attention(q, k, v, attn_mask=p - s, scale=scale)  # [n_Q, d_V]
         else:
+            # [n_Q, n_K] @ [n_K, d_V] -> [n_Q, d_V]
             ref = (w if "sink_weight" in trace else torch.softmax(p, dim=-1)).nan_to_num(0.0) @ v
         ref = ref.nan_to_num(0.0)  # a row that may see no key: 0, as attnscope and PyTorch's safe softmax
         if ref.numel() and not bool(((ref - o).abs() <= SLACK * (atol + rtol * ref.abs())).all()):

@@ -85,6 +85,7 @@ def _linear(result: HeadResult, folder: Path, model_type: str, ids: list[int]) -
     M, V = steps["effective_attention"][0].double(), steps["V_split"][0].double()  # [n_head, n, n], [.., d_V]
     core = core.view(V.shape[1], V.shape[0], V.shape[2]).transpose(0, 1)  # [n_tokens, n_head·d_V] -> [n_head, n, d_V]
     return [compare(f"layer {L} x", "the linear attention module's output", steps["x"][0], x),
+            # [n_head, n, n] @ [n_head, n, d_V] -> [n_head, n, d_V], as core
             compare(f"layer {L} effective_attention @ V", "the recurrence's output", (M @ V).float(), core)]
 
 

@@ -103,6 +103,7 @@ def build_mask(spec: AttentionSpec, pad: int, user_mask: torch.Tensor | None, n_
         padding = masks.key_padding_mask(n_K, pad, device)  # [n_K]
         built = masks.combine(built, padding.unsqueeze(-1) if columns else padding)
     if columns and spec.align:
+        # [n_Q, n_K] -> [n_K, n_Q]: the column layout
         built = masks.combine(built, masks.causal_mask(n_Q, n_K, spec.align, device).transpose(0, 1))
     # [n_K] (key padding, or a 1-D mask; [n_Q] in the column layout) as [1, n_K]: the same for every query,
     # in the [.., n_Q, n_K] form every consumer takes (PyTorch's CPU attention refuses a 1-D attn_mask).

@@ -42,8 +42,9 @@ def timed(fn: Callable[[], torch.Tensor], device: torch.device) -> float:
 def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 512) -> float:
     """FLOP/s of an `[n, n] @ [n, n]` matmul here, the best of three: what the machine can do at most."""
     A = torch.randn(n, n, device=device).to(dtype)
+    # [n, n] @ [n, n] -> [n, n]
     A @ A  # noqa: B018 - warm-up: lazy initialisation, caches
-    best = min(timed(lambda: A @ A, device) for _ in range(3))
+    best = min(timed(lambda: A @ A, device) for _ in range(3))  # [n, n] @ [n, n] -> [n, n]
     return 2 * n**3 / max(best, 1e-9)
 
 

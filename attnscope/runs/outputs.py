@@ -137,7 +137,7 @@ def heatmap_of(step: Step, batch: int, head: int, masked_scores: Step | None = N
     matrix = step.tensor[tuple(index)] if index else step.tensor
     title = f"{step.name}[{', '.join(map(str, index))}] ({', '.join(where)})" if index else step.name
     if step.dims[-2:] == ("n_K", "n_Q"):  # the column layout: drawn with queries as rows, like every other
-        matrix, title = matrix.transpose(0, 1), f"{title}, transposed"
+        matrix, title = matrix.transpose(0, 1), f"{title}, transposed"  # [n_K, n_Q] -> [n_Q, n_K]
     hidden = None
     if masked_scores is not None and masked_scores.shape == step.shape and step.dims[-2:] == ("n_Q", "n_K"):
         from attnscope.masks import hidden as hidden_keys
@@ -162,6 +162,7 @@ def heads_of(step: Step, batch: int, causal: str | None, masked_scores: Step | N
                          f"{n_batch - 1}")
     offset = n_K - n_Q if causal == "lower-right" else 0
     if not n_batch:  # an empty batch has no heads to draw
+        # [0, n_head, n_Q, n_K] -> [0, n_Q, n_K]: no heads
         return LayerHeads.of(step.tensor.reshape(0, n_Q, n_K), f"{step.name} (n_batch = 0)", offset=offset)
     masked = None
     if masked_scores is not None and masked_scores.shape == step.shape and masked_scores.tensor.device.type != "meta":

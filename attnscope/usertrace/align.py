@@ -49,14 +49,14 @@ class Layout:
         return f"as [{', '.join(permuted)}] reshaped to {list(shape)}"
 
     def apply(self, reference: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        moved = reference.permute(self.order)  # the reference's dims in the user's order
-        return moved.reshape(shape) if self.merged else moved  # merged: the user's shape
+        moved = reference.permute(self.order)  # [the reference's dims in the user's order]
+        return moved.reshape(shape) if self.merged else moved  # merged: [*shape], the user's
 
     def undo(self, user: torch.Tensor, reference_shape: tuple[int, ...]) -> torch.Tensor:
         """The user's tensor in the reference's layout."""
         permuted = tuple(reference_shape[i] for i in self.order)
         inverse = sorted(range(len(self.order)), key=lambda i: self.order[i])
-        # the user's shape -> the reference's order's shape -> the reference's
+        # [*user.shape] -> [*permuted]: the reference's dims in the user's order -> [*reference_shape]
         return user.reshape(permuted).permute(inverse)
 
     def user_axis(self, reference_axis: int) -> int | None:

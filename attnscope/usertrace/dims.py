@@ -138,7 +138,7 @@ def _permutation(parent: torch.Tensor, tensor: torch.Tensor) -> tuple[int, ...] 
     for order in permutations(range(parent.dim())):
         if tuple(parent.shape[i] for i in order) == tuple(tensor.shape):
             try:
-                if torch.equal(parent.permute(order), tensor):
+                if torch.equal(parent.permute(order), tensor):  # [parent.shape[i] for i in order], tensor's shape
                     return order
             except RuntimeError:
                 return None

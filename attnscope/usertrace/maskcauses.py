@@ -87,6 +87,7 @@ def _say(mine: torch.Tensor, allowed: torch.Tensor) -> str:
     counts = f"{n_extra} cells the reference forbids are allowed, {n_hidden} it allows are masked"
     # key padding: the reference forbids whole key columns (alike in every row), the user whole query rows
     columns = allowed.all(-2, keepdim=True).expand_as(allowed)
+    # allowed: [.., n_Q, n_K] -> [.., n_K, n_Q]
     if bool(torch.equal(columns, allowed)) and bool(torch.equal(mine, allowed.transpose(-1, -2))):
         return (f"it masks whole query rows where the reference masks key columns: a key-padding mask applied on "
                 f"the queries ({counts}); a padded key is one no query may see, so the mask is [n_batch, 1, 1, n_K] "

@@ -105,7 +105,7 @@ def unpack(blob: str, ref: dict[str, Any]) -> np.ndarray:
     part = q[ref["at"]: ref["at"] + size].astype(np.float64)
     values = (ref["lo"] + part) * 10.0 ** ref["exp"]
     values[part == NOT_FINITE] = np.nan
-    return values.reshape(ref["shape"])
+    return values.reshape(ref["shape"])  # [size] -> ref["shape"]
 
 
 def shown(value: float, exp: int) -> str:

@@ -38,7 +38,7 @@ def pool(pattern: Tensor, rows: int = 1, cols: int = 1) -> Tensor:
         counts[n_Q:] = 0.0
         A = torch.nn.functional.pad(A.transpose(-1, -2), (0, pad)).transpose(-1, -2)  # [.., n_Q + pad, m]
         summed = A.reshape(*lead, (n_Q + pad) // rows, rows, A.shape[-1]).sum(dim=-2)  # [.., n_Q / rows, m]
-        A = summed / counts.reshape(-1, rows).sum(dim=-1)[:, None]
+        A = summed / counts.reshape(-1, rows).sum(dim=-1)[:, None]  # [.., n_Q / rows, m] / [n_Q / rows, 1]
     return A
 
 

@@ -246,7 +246,7 @@ def masked_of(steps: list[Any], shape: Any) -> Tensor | None:
     if step is None or step.tensor.device.type == "meta" or tuple(step.tensor.shape[-2:]) != tuple(shape[-2:]):
         return None
     masked = hidden(step.tensor)
-    return masked.reshape(shape) if masked.numel() == math.prod(shape) else None
+    return masked.reshape(shape) if masked.numel() == math.prod(shape) else None  # [.., n_Q, n_K] -> shape
 
 
 def _same_mask(attention: Tensor, masked: Tensor | None) -> Tensor | None:
@@ -261,6 +261,7 @@ def from_heatmap(heatmap: Any, describe: Describe | None = None) -> Page:
     """One pattern with its labels (runs/common.py's `Heatmap`), as a notebook shows it."""
     import torch
 
+    # [n_Q, n_K]
     matrix = torch.tensor(heatmap.matrix, dtype=torch.float64).reshape(len(heatmap.row_labels), -1)
     page = Page(f"attnscope: {heatmap.title}", queries=list(heatmap.row_labels), keys=list(heatmap.col_labels))
     page.layers = [Layer(None, [_described(None, matrix, 0, describe)], label=heatmap.title)]
@@ -297,7 +298,7 @@ def add_pattern(page: Page, tensor: Tensor, dims: tuple[str, ...], offset: int =
 
     def arranged(t: Tensor) -> Tensor:  # [n_batch, n_head, n_Q, n_K], at most MAX_BATCH batch elements
         if tuple(dims[-2:]) == ("n_K", "n_Q"):  # the column layout: queries as rows, like every other
-            t = t.transpose(-1, -2)
+            t = t.transpose(-1, -2)  # [.., n_K, n_Q] -> [.., n_Q, n_K]
         t = t[pick] if lead else t
         if batch_axis is None:
             t = t.unsqueeze(0)

@@ -289,8 +289,10 @@ class Gemma4(Gemma3):
         if d_ple:
             eps = self.config.number("rms_norm_eps", default=1e-6)
             rows = self.checkpoint.rows(f"{self.prefix}embed_tokens_per_layer.weight", ids)  # [n, n_layer·d_ple]
+            # [n_tokens, n_layer·d_ple] -> [1, n_tokens, n_layer, d_ple]
             own = (rows * torch.tensor(math.sqrt(d_ple), dtype=rows.dtype)).view(1, len(ids), self.n_layer, d_ple)
             W = self.checkpoint.tensor(f"{self.prefix}per_layer_model_projection.weight")  # [n_layer·d_ple, d_model]
+            # [1, n_tokens, d_model] @ [d_model, n_layer·d_ple] -> [1, n_tokens, n_layer, d_ple]
             projected = (e @ W.T * self.d_model ** -0.5).view(1, len(ids), self.n_layer, d_ple)
             norm = self.checkpoint.tensor(f"{self.prefix}per_layer_projection_norm.weight")
             self.per_layer_inputs = (_rms(projected, eps) * norm + own) * 2 ** -0.5  # [1, n, n_layer, d_ple]
@@ -313,6 +315,7 @@ class Gemma4(Gemma3):
         h = h + self.norm(layer, "post_feedforward_layernorm", x)
         if self.per_layer_inputs is not None:
             act = self._activation()
+            # [1, n_tokens, d_model] @ [d_model, d_ple] -> [1, n_tokens, d_ple]
             gated = act(h @ self.weight(layer, "per_layer_input_gate.weight").T) * self.per_layer_inputs[:, :, layer]
             x = gated @ self.weight(layer, "per_layer_projection.weight").T  # [1, n, d_ple] -> [1, n, d_model]
             h = h + self.norm(layer, "post_per_layer_input_norm", x)

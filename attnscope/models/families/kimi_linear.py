@@ -185,11 +185,13 @@ class KimiLinear(LinearLayers, DeepseekV3):
         w = lambda name: self.weight(layer, f"{ATTN}.{name}").to(X.device)  # noqa: E731  (meta X: shapes only)
         s = self.delta
         qkv = torch.cat([w("q_proj.weight"), w("k_proj.weight"), w("v_proj.weight")])  # [3·n_head·d_K, d_model]
+        # [n_batch, n, d_model] @ [d_model, 3·n_head·d_K] -> [n_batch, n, 3·n_head·d_K]
         mixed = add("QKV_feat", X @ qkv.T, ("n_batch", "n_tokens", "2·n_k_head·d_K+n_head·d_V"),
                     "cat(q_proj(X), k_proj(X), v_proj(X))", 2 * X.shape[0] * X.shape[1] * X.shape[2] * qkv.shape[0])
         n_batch, n = X.shape[:2]
         raw = X @ w("forget_gate.f_a_proj.weight").T @ w("forget_gate.f_b_proj.weight").T  # [n_batch, n, n_head·d_K]
         decay = w("forget_gate.A_log").float().reshape(-1).exp()  # [n_head]
+        # [n_batch, n, n_head·d_K] -> [n_batch, n, n_head, d_K]
         g = -decay[:, None] * F.softplus(raw + w("forget_gate.dt_bias")).view(n_batch, n, s.n_head, s.d_K)
         beta = torch.sigmoid(X @ w("b_proj.weight").T)  # [n_batch, n, n_head]
         gate = X @ w("g_a_proj.weight").T @ w("g_b_proj.weight").T  # [n_batch, n, n_head·d_V]

@@ -105,7 +105,7 @@ class MiniMax(LinearLayers, Llama):
 
         stored = self.key(layer, f"{ATTN}.slope_rate")
         if stored in self.checkpoint:
-            return self.checkpoint.tensor(stored).float().reshape(-1)
+            return self.checkpoint.tensor(stored).float().reshape(-1)  # [n_head, 1, 1] -> [n_head]
         base = 1 / (2 ** (8 / self.n_head))
         factor = 1 - layer / (self.n_layer - 1 + 1e-5) + 1e-5
         return base ** (torch.arange(self.n_head, dtype=torch.float32) + 1) * factor
@@ -119,13 +119,16 @@ class MiniMax(LinearLayers, Llama):
 
         w = lambda name: self.weight(layer, f"{ATTN}.{name}").to(X.device)  # noqa: E731  (meta X: shapes only)
         per_head = w("qkv_proj.weight").view(self.n_head, 3, self.d_head, -1)  # [n_head, q|k|v, d_head, d_model]
+        # [n_head, 3, d_head, d_model] -> [3, n_head, d_head, d_model] -> [3·n_head·d_head, d_model]
         qkv = per_head.transpose(0, 1).reshape(3 * self.n_head * self.d_head, -1)  # every q, every k, every v
+        # [n_batch, n, d_model] @ [d_model, 3·n_head·d_head] -> [n_batch, n, 3·n_head·d_head]
         mixed = add("QKV_feat", X @ qkv.T, ("n_batch", "n_tokens", "2·n_k_head·d_K+n_head·d_V"),
                     "qkv_proj(X), each head's q, k, v rows gathered: every q, every k, every v",
                     2 * X.shape[0] * X.shape[1] * X.shape[2] * qkv.shape[0])
         n_batch, n = X.shape[:2]
         g = -self.slopes(layer).to(X.device).expand(n_batch, n, self.n_head)  # [n_batch, n, n_head], each token's
         empty = torch.zeros(0, device=X.device)
+        # the gate: [n_batch, n, d_model] @ [d_model, n_head·d_V] -> [n_batch, n, n_head·d_V]
         return DeltaInputs(mixed, None, g, X @ w("output_gate.weight").T, empty, w("norm.weight"),
                            w("out_proj.weight"))
 
@@ -146,6 +149,7 @@ class MiniMax(LinearLayers, Llama):
         act = blocks.activation(self.config.raw("hidden_act", default="silu"), f"{self.config.path}: hidden_act")
         stem = "block_sparse_moe" if self.key(layer, "block_sparse_moe.gate.weight") in self.checkpoint else "mlp"
         flat = x.reshape(-1, x.shape[-1])  # [n_tokens, d_model]
+        # [n_tokens, d_model] @ [d_model, n_expert] -> [n_tokens, n_expert]
         probs = torch.softmax(flat @ self.weight(layer, f"{stem}.gate.weight").T, dim=-1, dtype=torch.float32)
         top_k = self.config.integer("num_experts_per_tok", default=2)
         if top_k > probs.shape[-1]:

@@ -265,8 +265,10 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         qkvz = self.weight(layer, f"{LINEAR}.in_proj_qkvz.weight")
         qkvz = qkvz.view(s.n_k_head, 2 * s.d_K + 2 * group * s.d_V, -1)  # [n_k_head, per key head, d_model]
         q, k, v, z = torch.split(qkvz, [s.d_K, s.d_K, group * s.d_V, group * s.d_V], dim=1)
+        # [n_k_head·2·n_group, d_model] -> [n_k_head, 2·n_group, d_model]
         ba = self.weight(layer, f"{LINEAR}.in_proj_ba.weight").view(s.n_k_head, 2 * group, -1)
         b, a = torch.split(ba, [group, group], dim=1)
+        # each [n_k_head, rows, d_model] -> [n_k_head·rows, d_model]
         return {name: w.reshape(-1, w.shape[-1]) for name, w in
                 (("q", q), ("k", k), ("v", v), ("z", z), ("b", b), ("a", a))}
 
@@ -284,6 +286,7 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         own = lambda name: self.weight(layer, f"{LINEAR}.{name}").float().to(X.device)  # noqa: E731
         beta = torch.sigmoid(X @ w["b"].T)  # [n_batch, n, n_head]
         g = -own("A_log").exp() * F.softplus(X @ w["a"].T + own("dt_bias"))  # [n_batch, n, n_head]
+        # the gate: [n_batch, n, d_model] @ [d_model, n_head·d_V] -> [n_batch, n, n_head·d_V]
         return DeltaInputs(mixed, beta, g, X @ w["z"].T, own("conv1d.weight"), own("norm.weight"),
                            own("out_proj.weight"))
 
@@ -303,6 +306,7 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         gate, up, down = (self.weight(layer, f"mlp.shared_expert.{n}.weight") for n in ("gate_proj", "up_proj",
                                                                                           "down_proj"))
         shared = blocks.gated_mlp(x, gate, up, down, act)
+        # [.., d_model] @ [d_model, 1] -> [.., 1]: one gate per token
         return routed + torch.sigmoid(x @ self.weight(layer, "mlp.shared_expert_gate.weight").T) * shared
 
 
@@ -435,6 +439,7 @@ def _split_gate(weight: torch.Tensor, n_head: int, d_head: int) -> tuple[torch.T
     """q_proj's rows (or bias) as `Qwen3NextAttention` reads them: per head d_head query rows, then d_head gate rows."""
     per_head = weight.view(n_head, 2 * d_head, *weight.shape[1:])  # [n_head, 2·d_head, (d_model)]
     query, gate = per_head[:, :d_head], per_head[:, d_head:]
+    # [n_head, d_head, (d_model)] -> [n_head·d_head, (d_model)], each
     return query.reshape(n_head * d_head, *weight.shape[1:]), gate.reshape(n_head * d_head, *weight.shape[1:])
 
 

@@ -138,6 +138,7 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if id(module) in recorder.watched:  # selfcheck.py checks the module's output when it returns (and stops there)
         recorder.caller = module
         steps = recorded.layer  # the module's output made from the recorded steps: [n_batch, n_tokens, n_head, d]
+        # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]
         return steps["out"].transpose(1, 2).contiguous(), steps["attention"]
     if index == recorder.layer and recorder.stop:
         raise Reached
@@ -217,8 +218,9 @@ def _attention(trace: Trace, logits: torch.Tensor, last: str, sinks: torch.Tenso
     out, out_op = attention @ V, f"attention @ {v_name}"  # [n_batch, n_head, n_Q, n_K] @ [.., n_K, d_head]
     if sinks is not None:
         n_head = logits.shape[1]
-        trace.add("sinks", sinks.reshape(n_head).to(logits.dtype), ("n_head",),
+        trace.add("sinks", sinks.reshape(n_head).to(logits.dtype), ("n_head",),  # [n_head]
                   "module.sinks: a learned logit per head, joining every softmax row")
+        # [n_head] -> [1, n_head, 1, 1] -> [n_batch, n_head, n_Q, 1]
         sink = sinks.reshape(1, n_head, 1, 1).to(logits.dtype).expand(*logits.shape[:-1], 1)
         joined = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)  # [.., n_tokens + 1]
         weight = trace.add("sink_weight", joined[..., -1], dims[:-1], "the softmax's share on the sink column")
@@ -233,7 +235,9 @@ def _attention(trace: Trace, logits: torch.Tensor, last: str, sinks: torch.Tenso
         trace.notes.append(f"these steps differ from the family's eager attention by {diff:.2e}: the pattern shown "
                            "is its own (output_attentions)")
         attention, op = eager_weights, "the family's eager_attention_forward's weights (output_attentions)"
+    # eager_out: [n_batch, n_Q, n_head, d_head] -> [n_batch, n_head, n_Q, d_head], as out
     elif not _close(out, eager_out.transpose(1, 2)):
+        # [n_batch, n_Q, n_head, d_head] -> [n_batch, n_head, n_Q, d_head]
         diff = float((out - eager_out.transpose(1, 2)).abs().max())
         trace.notes.append(f"out differs from the family's eager attention output by {diff:.2e}")
     trace.add("attention", attention, dims, op, cost.softmax_flops(attention.shape))

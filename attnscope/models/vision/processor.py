@@ -93,6 +93,7 @@ def shown(pixels: Pixels) -> Image.Image:
     array = (values * scale).clamp(0, 255).round().to(dtype=values.dtype).numpy().astype(np.uint8)
     if array.shape[0] == 1:
         return Image.fromarray(array[0], "L").convert("RGB")
+    # [3, height, width] -> [height, width, 3]
     return Image.fromarray(np.ascontiguousarray(array[:3].transpose(1, 2, 0)), "RGB")
 
 
