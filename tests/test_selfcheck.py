@@ -103,7 +103,7 @@ def test_planted_every_layer_and_generate(llama, monkeypatch):
     every = _run(llama, all_layers=True)
     assert not every.traced
     for layer in range(3):
-        assert torch.allclose(every.all_layers[layer], attentions[layer][0], atol=1e-6)
+        assert torch.allclose(every.layer_patterns[layer], attentions[layer][0], atol=1e-6)
     decoded = _run(llama, generate=3)
     assert [step.token_id for step in decoded.decode] == generated[0, len(ids):].tolist()
     for step in decoded.decode:

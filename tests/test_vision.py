@@ -42,8 +42,8 @@ def test_every_layer_every_head_equals_eager(towers, kind):
         torch.testing.assert_close(result.all_heads, theirs[layer][0], atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(result.run.head["attention"], theirs[layer][0, 1], atol=1e-6, rtol=1e-5)
     every = run_head(HeadOptions(model=str(folder), layer=1, head=0, image=str(image), all_layers=True))
-    assert len(every.all_layers) == len(theirs)
-    for mine, reference in zip(every.all_layers, theirs, strict=True):
+    assert len(every.layer_patterns) == len(theirs)
+    for mine, reference in zip(every.layer_patterns, theirs, strict=True):
         torch.testing.assert_close(mine, reference[0], atol=1e-6, rtol=1e-5)
 
 
