@@ -343,6 +343,9 @@ def test_every_layer_and_the_decode_timeline_of_a_real_run(runner, tmp_path, con
     assert "F first-token" in page.get_by_test_id("kinds-legend").inner_text()
     cells.nth(1).locator("td").nth(2).click()
     showing(page, 1, 2)
+    selected = page.get_by_test_id("kinds-grid").locator("td.selected")  # the head clicked, not its left neighbour
+    assert selected.count() == 1
+    assert (selected.get_attribute("data-layer"), selected.get_attribute("data-head")) == ("1", "2")
     assert page.get_by_test_id("page-title").inner_text().endswith(", layer 1, head 2")
     assert notes.evaluate_all("ns => ns.map(n => n.hidden)") == [True, True]
     assert page.locator("table.steps.elsewhere").count() == 0

@@ -200,7 +200,8 @@ function kinds() {
   }
   Array.from(table.tBodies[0].rows).forEach((tr, li) => {
     tr.classList.toggle("current", li === state.layer);
-    Array.from(tr.cells).forEach((td, hi) => td.classList.toggle("selected", li === state.layer && hi === state.head));
+    tr.querySelectorAll("td").forEach((td) => td.classList.toggle("selected",  // the row's label is a th, not a head
+      Number(td.dataset.layer) === state.layer && Number(td.dataset.head) === state.head));
   });
 }
 
