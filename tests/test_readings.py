@@ -231,3 +231,23 @@ def test_terminal_shows_the_sinks_grid_and_the_rollout(tiny, runner):
     assert "sinks: where each head parks its weight  [3 layers x 4 heads]" in out
     assert "value-weighted share from the first token" in out and "rollout, the last token draws from:" in out
     assert "what each head moves" in out and all(len(line) <= 80 for line in out.splitlines())
+
+
+def test_gemma4_value_norms_read_the_normed_values(runner, tmp_path):
+    """Gemma 4 norms its values per head (v_norm) after the projection: with as many KV heads as heads (no V_rep to
+    read) value_norms must be taken from V_normed, as transformers' attention reads them (a hook on v_norm)."""
+    from tiny_gemma4 import _tokenizer, decoder_layers, text_config
+    from tiny_models import save_random
+    from transformers import Gemma4ForCausalLM
+
+    tokenizer = _tokenizer()
+    config = text_config(len(tokenizer), num_key_value_heads=4, num_kv_shared_layers=0)
+    model = save_random(tmp_path / "gemma4", tokenizer, config, Gemma4ForCausalLM, 7)
+    payload = json.loads(runner.invoke(app, ["head", "--model", str(tmp_path / "gemma4"), "--layer", "0", "--head",
+                                             "0", "--text", TEXT, "--all-heads", "--json"]).stdout)
+    attention = decoder_layers(model)[0].self_attn
+    _, (V,), (W_O,) = eager_with_values(model, payload["token_ids"], [attention.v_norm], [attention.o_proj.weight])
+    norms = ref_value_norms(V.reshape(len(V), -1), W_O, len(payload["heads"]))  # [n, n_kv_head, d_head] -> [n, ..]
+    for h, head in enumerate(payload["heads"]):
+        torch.testing.assert_close(torch.tensor(head["value_norms"], dtype=torch.float64), norms[h], atol=2e-5,
+                                   rtol=2e-5)

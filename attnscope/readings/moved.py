@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
     from attnscope.trace import Trace
 
-VALUE_STEPS = ("V_rep", "V_cat", "V_split")  # a layer trace's values as the attention read them, first found wins
+# A layer trace's values as the attention read them, first found wins: repeated for grouped heads, with the cache,
+# another layer's (Gemma 4's shared KV), normed (Gemma 4's v_norm), as projected.
+VALUE_STEPS = ("V_rep", "V_cat", "V_shared", "V_normed", "V_split")
 
 
 def value_norms(V: Tensor, W_O: Tensor) -> Tensor:

@@ -212,7 +212,8 @@ def _readings(page: Page, result: Any) -> None:
     """The sinks view (every layer shown, or layer L's heads) and the rollouts (--all-layers), readings.js's."""
     from attnscope.readings.sinkshare import grid
 
-    layers = getattr(result, "layer_heads", None) or ([result.heads] if page.layers and result.heads is not None else [])
+    one = [result.heads] if page.layers and result.heads is not None else []
+    layers = getattr(result, "layer_heads", None) or one
     if layers:
         numbers = [layer.layer if layer.layer is not None else i for i, layer in enumerate(page.layers)]
         page.sinks = grid([layer.sinks_share() for layer in layers], numbers)
