@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from attnscope.cost import broadcast_shapes
-from attnscope.models.nopage.interface import Failure, Recorder, pause
+from attnscope.models.nopage.interface import Failure, Reached, Recorder, pause, recording
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,6 +35,27 @@ EAGER = "eager"
 SLACK = 10  # the module output's tolerance: the dtype's, ten times over (it has been through o_proj)
 UNCHECKED = ("self-check not run: the attention module could not be run again on its inputs (no layer_idx to "
              "hook it by); the steps agree with the eager function they were handed to, which is all that is known")
+
+
+@contextmanager
+def checked_recording(model: Any, layer: int, *, stop: bool = True, every: bool = False) -> Iterator[Recorder]:
+    """interface.recording of `model`'s forward inside, at layer `layer` (stopped there with `stop`; every layer's
+    pattern with `every`), with the self-check watching; read the result with `outcome`."""
+    with recording(layer, stop=stop, every=every) as recorder, watching(model, recorder):
+        try:
+            yield recorder
+        except Reached:
+            pass
+
+
+def outcome(recorder: Recorder) -> tuple[Any, str]:
+    """The recorded layer and "", or None and the self-check's note where the trace did not reproduce the module's
+    output (the run falls back to eager's pattern alone); a recorded layer no check reached says so in its notes."""
+    if recorder.failure is not None:
+        return None, recorder.failure.note()
+    if recorder.recorded is not None and not recorder.checked:
+        recorder.recorded.layer.notes.append(UNCHECKED)
+    return recorder.recorded, ""
 
 
 @contextmanager

@@ -62,6 +62,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     from attnscope.models import SUPPORTED
     from attnscope.models.family import check_position
     from attnscope.models.forward.run import LayerRun
+    from attnscope.models.nopage.interface import TOLERANCE
     from attnscope.runs.head_result import HeadResult, ModelInfo
 
     info = ModelInfo(config.architecture, config.model_type, folder, run.n_layer, run.n_head, run.n_kv_head,
@@ -86,7 +87,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
                        "and scaling to attnscope's attention function; the steps before Q, K, V (projections, "
                        "norms, RoPE) are the family's own code, not traced",
                        f"the mask transformers built for this layer, read from the mask itself: "
-                       f"{recorded.mask.describe()}; the steps agree with {recorded.function} to {_TOLERANCE:g}"]
+                       f"{recorded.mask.describe()}; the steps agree with {recorded.function} to {TOLERANCE:g}"]
     result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
     result.tracer = "attention-interface"
     result.notes.extend(layer.notes)
@@ -140,9 +141,6 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
                             + ("function's, captured at that step" if stream.run.recorded is not None else
                                "weights from transformers' eager output_attentions at that step (not traced)"))
     return result
-
-
-_TOLERANCE = 1e-5
 
 
 def head_trace(layer: Trace, head: int, n_head: int, n_kv_head: int) -> Trace:

@@ -82,6 +82,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     """The tower's layer L as `head` shows it: every head's pattern, the layer's recorded steps and head h's;
     `read_as` says how the image became tokens."""
     from attnscope.models.forward.run import LayerRun
+    from attnscope.models.nopage.interface import TOLERANCE
     from attnscope.runs.head_result import HeadResult, ModelInfo
     from attnscope.runs.interface import head_trace
 
@@ -98,7 +99,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
                        f"{run.module}'s Q, K, V and scaling to attnscope's attention function: no mask, every token "
                        "sees every token; the steps between patches and Q, K, V (position embeddings, norms, "
                        f"projections) are the family's own code, not traced; the steps agree with "
-                       f"{recorded.function} to 1e-05"]
+                       f"{recorded.function} to {TOLERANCE:g}"]
     result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
     result.tracer = "attention-interface"
     result.notes.extend(layer.notes)

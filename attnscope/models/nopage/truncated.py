@@ -107,7 +107,6 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
     from transformers import AutoModel
 
     from attnscope.models import selfcheck
-    from attnscope.models.nopage import interface
 
     quiet_transformers()
     full, n_layer = full_config(folder, model_type, layer)
@@ -120,16 +119,9 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
     try:
         with torch.no_grad():
             if traced:
-                with interface.recording(layer) as recorder, selfcheck.watching(model, recorder):
-                    try:
-                        model(input_ids=inputs)
-                    except interface.Reached:
-                        pass
-                recorded = recorder.recorded
-                if recorder.failure is not None:  # the module does more than its attention function is handed
-                    fallback, recorded = recorder.failure.note(), None
-                elif recorded is not None and not recorder.checked:
-                    recorded.layer.notes.append(selfcheck.UNCHECKED)
+                with selfcheck.checked_recording(model, layer) as recorder:
+                    model(input_ids=inputs)
+                recorded, fallback = selfcheck.outcome(recorder)
             if recorded is None:  # a layer that does not call the interface: its eager pattern
                 if layer not in module_layers(model):
                     refuse_layer(full, n_layer, layer, attention_layers(full, n_layer))

@@ -123,24 +123,27 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
     import torch
     import transformers
 
-    from attnscope.models.nopage import interface, truncated
+    from attnscope.models import selfcheck
+    from attnscope.models.nopage import truncated
 
     model = truncated.load(getattr(transformers, TOWERS[model_type].model_class), folder,
                            config if every else truncated.cut(config, n_layer, layer), model_type, traced=True)
     captured: dict[str, torch.Tensor] = {}
     hook = _patch_conv(model).register_forward_hook(lambda _m, _i, out: captured.setdefault("patches", out))
     try:
-        with torch.no_grad(), interface.recording(layer, stop=not every, every=every) as recorder:
-            try:
-                model(pixel_values=pixels.values)
-            except interface.Reached:
-                pass
+        with torch.no_grad(), selfcheck.checked_recording(model, layer, stop=not every, every=every) as recorder:
+            model(pixel_values=pixels.values)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"transformers could not run model_type '{model_type}' on the image "
                             f"({truncated.first_line(exc)})") from None
     finally:
         hook.remove()
-    recorded = recorder.recorded
+    failure = recorder.failure  # selfcheck.py: the module does more than its attention function is handed
+    if failure is not None:
+        raise ResourceError(f"{type(model).__name__}'s layer {failure.layer} does more than transformers' attention "
+                            f"interface hands attnscope (its output differs from its own eager run by "
+                            f"{failure.diff:.2e}); attnscope shows no pattern it cannot trace")
+    recorded, _ = selfcheck.outcome(recorder)
     if recorded is None or "patches" not in captured:
         raise ResourceError(f"{type(model).__name__} did not call transformers' attention interface at layer "
                             f"{layer}; attnscope cannot trace it")
