@@ -184,6 +184,8 @@ def test_a_text_model_refuses_an_image(tmp_path, picture):
     build_text("llama", tmp_path / "llama")
     out = run_main("head", "--model", str(tmp_path / "llama"), "--text", TEXT, "--image", str(picture))
     assert out.code == 2 and len(out.error_lines) == 1 and "vision-language" in out.stderr, out.stderr
+    alone = run_main("head", "--model", str(tmp_path / "llama"), "--image", str(picture))  # no --text to drop
+    assert alone.code == 2 and len(alone.error_lines) == 1 and "reads no image: drop --image" in alone.stderr
 
 
 def test_python_api_and_notebook(built, picture):

@@ -78,9 +78,11 @@ class ImageTokens:
 def check_vlm(config: Config) -> None:
     """A model_type attnscope places image tokens for, with a text model it can run; else one line."""
     if config.model_type not in VLM_TYPES:
-        raise UsageError(f"{{image}} with {{text}} reads the image tokens of vision-language models "
-                         f"({', '.join(VLM_TYPES)}); {{model}} is a {config.architecture} (model_type "
-                         f"'{config.model_type}'): drop {{image}}, or give it without {{text}} for a vision tower",
+        from attnscope.models.vision.tower import TOWERS
+
+        raise UsageError(f"{{image}} is read by vision towers ({', '.join(TOWERS)}) alone and by vision-language "
+                         f"models ({', '.join(VLM_TYPES)}) with {{text}}; {{model}} is a {config.architecture} "
+                         f"(model_type '{config.model_type}'), which reads no image: drop {{image}}",
                          "image", "text", "model")
     if VLM_TYPES[config.model_type] == "text_config":
         text = config.mapping("text_config") or {}
