@@ -3,7 +3,9 @@ Qwen3-VL): the image read and checked (models/vision/image.py), the prompt made 
 with the image's tokens placed and labelled `img(r,c)` (models/vision/vlm.py), the vision tower and projector
 run by transformers, the text model's layers 0..L on attnscope's family page or, for Qwen's M-RoPE, through the
 attention interface (models/vision/vlm_run.py); then each head's share of weight on the image's tokens, and the
-picture the page draws a text query's weights over. With --check, transformers' eager VLM on the same inputs.
+picture the page draws a text query's weights over. With --generate N, greedy decoding after that prompt
+(models/vision/vlm_generate.py): each new token's row of layer L and its share on the image. With --check,
+transformers' eager VLM on the same inputs (and its `generate` for the new tokens).
 """
 
 from __future__ import annotations
@@ -27,17 +29,20 @@ if TYPE_CHECKING:
 
 def refuse_options(asked: HeadOptions) -> None:
     """What a VLM's text with an image does not run yet, refused in one line before anything is read."""
-    used = [flag for flag, on in (("--generate", bool(asked.generate)), ("--rows", asked.rows is not None),
-                                  ("--target", asked.target is not None), ("--attention", asked.attention is not None),
-                                  ("--audio", asked.audio is not None)) if on]
+    from attnscope.runs.beyond_layer import check_generate
+
+    used = [flag for flag, on in (("--rows", asked.rows is not None), ("--target", asked.target is not None),
+                                  ("--attention", asked.attention is not None), ("--audio", asked.audio is not None))
+            if on]
     if used:
         named = " and ".join(used)
-        raise UsageError(f"--image with --text runs a vision-language model on the prompt once (layers 0..--layer, or "
-                         f"every layer); {named} {'do' if len(used) > 1 else 'does'} not run with an image; drop "
-                         f"{named}")
+        raise UsageError(f"--image with --text runs a vision-language model on the prompt (layers 0..--layer, every "
+                         f"layer, or decoding with --generate); {named} {'do' if len(used) > 1 else 'does'} not run "
+                         f"with an image; drop {named}")
     if asked.text is None:
         raise UsageError("--image on a vision-language model goes with a prompt: add --text \"...\" (the image's "
                          "tokens are placed where the model's processor places them)")
+    check_generate(asked)
 
 
 def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
@@ -51,13 +56,16 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
     with progress(f"reading {asked.image} and the model's processor"):
         picture = read_image(asked.image or "")
         tokens = vlm.place(folder, config, asked.text or "", picture)
-    n = len(tokens.ids)
-    last = vlm_run.n_layer(folder, config) - 1 if asked.all_layers else asked.layer
-    guard_memory(vlm_run.estimate_bytes(folder, last, n), asked.max_memory,
-                 f"running the vision tower and layers 0..{last} on {n} tokens")
+    n, n_new = len(tokens.ids), asked.generate
+    last = vlm_run.n_layer(folder, config) - 1 if asked.all_layers or n_new else asked.layer
+    guard_memory(vlm_run.estimate_bytes(folder, last, n + n_new), asked.max_memory,
+                 f"running the vision tower and layers 0..{last} on {n + n_new} tokens")
     page = vlm.VLM_TYPES[config.model_type] is not None
-    with progress(f"running {config.architecture}'s vision tower and layers 0 to {last} on {n} tokens"):
+    decoding = f", then decoding {counted(n_new, 'token')}" if n_new else ""
+    with progress(f"running {config.architecture}'s vision tower and layers 0 to {last} on {n} tokens{decoding}"):
         result = _on_page(asked, folder, config, tokens) if page else _through_interface(asked, folder, config, tokens)
+    if result.decode:
+        _decoded(result, folder, config)
     assert result.all_heads is not None
     result.image_tokens = tokens
     result.image_share = vlm.image_share(result.all_heads, tokens.image)  # [n_head, n_tokens]
@@ -99,6 +107,8 @@ def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageToke
             layers.layer_heads(result)
         else:
             result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
+        if asked.generate:  # the prompt prefilled from the VLM's embeddings, then a token a step
+            result.decode = stream.generate(model, tokens.ids, asked.generate, asked.layer)
     result.attention = result.run.head["attention"]
     result.all_heads = result.run.layer["attention"][0]  # [n_head, n_tokens, n_tokens]
     result.notes.extend(result.run.layer.notes)
@@ -111,11 +121,15 @@ def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageToke
 
 def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
     from attnscope.models.tokenizer import Encoded
-    from attnscope.models.vision import vlm_run
+    from attnscope.models.vision import vlm_generate, vlm_run
     from attnscope.runs import beyond_layer as layers
     from attnscope.runs.interface import _result
 
-    run, patterns = vlm_run.interface(folder, config, tokens, asked.layer, every=asked.all_layers)
+    if asked.generate:
+        run, patterns, steps = vlm_generate.through_interface(folder, config, tokens, asked.layer, asked.generate,
+                                                              every=asked.all_layers)
+    else:
+        (run, patterns), steps = vlm_run.interface(folder, config, tokens, asked.layer, every=asked.all_layers), []
     encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
     ran = "every layer" if asked.all_layers else f"layers 0..{asked.layer}"
     result = _result(asked, folder, config, encoded, run, f"the vision tower and {ran}")
@@ -125,7 +139,28 @@ def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens:
     if patterns is not None:
         result.layer_patterns = patterns
         layers.layer_heads(result)
+    result.decode = steps or None
     return result
+
+
+def _decoded(result: HeadResult, folder: Path, config: Config) -> None:
+    """The new tokens' pieces, and what the decoding did in a note (and a decode step's self-check, where one
+    failed)."""
+    from attnscope.models import tokenizer
+
+    steps = result.decode or []
+    result.decode_pieces = tokenizer.pieces(folder, [step.token_id for step in steps])
+    how = ("attnscope's page, a KV cache per layer" if result.tracer == "attnscope" else
+           "transformers' own forward and cache, M-RoPE's decode positions offset by the model's rope_deltas")
+    result.notes.append(f"{counted(len(steps), 'token')} decoded greedily after the prompt with {how}: the prompt "
+                        "(the image's features in its places) prefilled once, then each new token a decode step; "
+                        f"each step's row of layer {result.options.layer} is the query that chose the token"
+                        + ("; the image block's both-ways mask applies to the prefill only (as transformers' "
+                           "Gemma 3 drops token_type_ids after the first step)" if config.model_type == "gemma3"
+                           else ""))
+    failed = next((step.selfcheck for step in steps if step.selfcheck), "")
+    if failed:
+        result.notes.append(failed)
 
 
 def _picture(path: str, picture: Image.Image, tokens: ImageTokens) -> Picture:
@@ -157,6 +192,26 @@ def check(result: HeadResult, folder: Path, config: Config, tokens: ImageTokens)
         if theirs is None or theirs[layer] is None or pattern is None:
             raise UsageError(f"--check: transformers gives layer {layer} no attention weights to compare with")
         comparisons.append(compare(f"layer {layer}", "output_attentions", pattern.float(), theirs[layer][0].float()))
+    if result.decode:
+        comparisons.extend(_check_decoded(result, folder, config, tokens))
+    return comparisons
+
+
+def _check_decoded(result: HeadResult, folder: Path, config: Config, tokens: ImageTokens) -> list[Comparison]:
+    """The new ids against transformers' eager `generate` on the same inputs, and each step's row of layer L
+    (over the keys transformers' cache holds) while the ids agree, as runs/check_model.py does for a text."""
+    from attnscope.models.vision.vlm_generate import eager_decode
+    from attnscope.runs.check_model import _compare, _same_ids
+
+    steps, layer = result.decode or [], result.options.layer
+    theirs = eager_decode(folder, config, tokens, len(steps))
+    mine = [step.token_id for step in steps]
+    comparisons = [_same_ids(mine, theirs.ids, "generate")]
+    for t, (step, rows) in enumerate(zip(steps, theirs.rows, strict=True)):
+        if mine[: t + 1] != theirs.ids[: t + 1]:
+            break  # past a different token the rows read different texts
+        row = rows[layer]  # [n_head, keys transformers' cache holds]
+        comparisons.append(_compare(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
     return comparisons
 
 

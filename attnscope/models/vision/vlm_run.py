@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from attnscope.models.config import Config
     from attnscope.models.family import Family
+    from attnscope.models.nopage.interface import Recorder
     from attnscope.models.nopage.truncated import TransformersRun
     from attnscope.models.vision.vlm import ImageTokens
 
@@ -53,6 +54,14 @@ class ImageEmbedded:
         if len(ids) != int(self.h0.shape[1]):
             raise ValueError(f"{len(ids)} ids for the {int(self.h0.shape[1])} positions the model embedded")
         return self.h0
+
+    def embed_at(self, ids: list[int], start: int) -> torch.Tensor:
+        """Decoding (models/forward/stream.py's `generate`): the prompt is the VLM's embeddings; a new token is
+        text, the language model's own token embedding (as each family's forward embeds `input_ids` once the
+        image's features are in the cache). The families read here take positions from RoPE alone."""
+        if start == 0 and len(ids) == int(self.h0.shape[1]):
+            return self.h0
+        return super().embed(ids, [0] * len(ids))  # type: ignore[misc]  # the family page's, next in the MRO
 
 
 def text_family(folder: Path, config: Config, tokens: ImageTokens) -> Family:
@@ -91,7 +100,7 @@ def embeddings(folder: Path, config: Config, tokens: ImageTokens) -> torch.Tenso
     projector run by transformers, the features scattered over the image's positions."""
     import torch
 
-    model = _load(folder, config, layers=1, attention="eager")
+    model = load(folder, config, layers=1, attention="eager")
     decoder = model.get_decoder()
 
     def entered(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
@@ -119,10 +128,9 @@ def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int,
     import torch
 
     from attnscope.models.nopage import interface as recorder
-    from attnscope.models.nopage.truncated import sizes
 
     n = n_layer(folder, config)
-    model = _load(folder, config, layers=n if every else layer + 1, attention=recorder.IMPLEMENTATION)
+    model = load(folder, config, layers=n if every else layer + 1, attention=recorder.IMPLEMENTATION)
     try:
         with torch.no_grad(), recorder.recording(layer, stop=not every, every=every) as recording:
             try:
@@ -132,10 +140,19 @@ def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int,
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:
         raise ResourceError(f"transformers could not run {config.architecture} on the text and image "
                             f"({first_line(exc)})") from None
-    recorded = recording.recorded
-    if recorded is None:
+    return recorded(model, config, recording, layer, n)
+
+
+def recorded(model: Any, config: Config, recording: Recorder, layer: int,
+             n: int) -> tuple[TransformersRun, list[torch.Tensor] | None]:
+    """What the prompt's forward recorded: layer L's run (its steps and the model's sizes), and every layer's
+    pattern where `recording` kept them."""
+    from attnscope.models.nopage.truncated import sizes
+
+    found = recording.recorded
+    if found is None:
         raise ResourceError(f"{config.architecture}'s layer {layer} never called the attention interface")
-    run = sizes(model.get_decoder(), recorded, recorded.layer["attention"][0], n, layer)
+    run = sizes(model.get_decoder(), found, found.layer["attention"][0], n, layer)
     run.architecture = config.architecture
     patterns = recording.patterns
     return run, None if patterns is None else [patterns[i] for i in range(n)]
@@ -177,7 +194,7 @@ def estimate_bytes(folder: Path, last: int, n_tokens: int) -> int:
 
 def load_eager(folder: Path, config: Config, last: int) -> Any:
     """transformers' eager VLM, text layers 0..`last`: --check's reference."""
-    return _load(folder, config, layers=last + 1, attention="eager")
+    return load(folder, config, layers=last + 1, attention="eager")
 
 
 def n_layer(folder: Path, config: Config) -> int:
@@ -195,7 +212,7 @@ def check_position(folder: Path, config: Config, layer: int, head: int) -> None:
     check(n_layer(folder, config), heads if isinstance(heads, int) and heads > 0 else head + 1, layer, head)
 
 
-def _load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
+def load(folder: Path, config: Config, *, layers: int, attention: str) -> Any:
     """The VLM through transformers (AutoModelForImageTextToText, no code from the folder), float32, its text
     model cut to `layers` layers; the vision tower eager, the text model's attention `attention`."""
     import torch

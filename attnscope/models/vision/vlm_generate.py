@@ -1,0 +1,121 @@
+"""Greedy decoding with an image (`head --text ... --image F --generate N`): the prompt, the image's embeddings in
+its places, prefilled once; then each new token a decode step over the KV cache; at each, layer L's row for the
+query that chose the token, and the share of that row on the image's tokens.
+
+- On a family page (Gemma 3, Llama 4, LLaVA's LLaMA or Mistral) the text model decodes with
+  models/forward/stream.py's `generate`, as a text does: vlm_run.py's `ImageEmbedded` hands the prefill the
+  VLM's `inputs_embeds` and each new token its token embedding; Gemma 3's image block applies to the prefill
+  only (vlm_gemma3.py), as transformers drops `token_type_ids` after the first step.
+- Through the attention interface (Qwen2.5-VL, Qwen3-VL, `through_interface` here) transformers' own forward and
+  cache run: the prompt with `pixel_values` (its `get_rope_index` sets the model's `rope_deltas`), then one token a
+  step with M-RoPE's decode positions `position + rope_deltas` on each of the three axes
+  (`Qwen2_5_VLForConditionalGeneration._prepare_position_ids_for_generation`), layer L's row recorded each step.
+
+`eager_decode` is --check's reference: transformers' `generate(do_sample=False, output_attentions=True)` on the
+eager VLM, the processor's inputs as they are.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import ResourceError
+from attnscope.models.nopage.truncated import first_line
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from attnscope.models.config import Config
+    from attnscope.models.eager import Decoded
+    from attnscope.models.forward.stream import DecodeStep
+    from attnscope.models.nopage.truncated import TransformersRun
+    from attnscope.models.vision.vlm import ImageTokens
+
+
+def through_interface(folder: Path, config: Config, tokens: ImageTokens, layer: int, n_new: int,
+                      every: bool = False) -> tuple[TransformersRun, list[torch.Tensor] | None, list[DecodeStep]]:
+    """The whole VLM in transformers, layer L recorded through the attention interface on the prompt (with
+    `every`, every layer's pattern too) and at each of `n_new` greedy steps."""
+    import torch
+
+    from attnscope.models.nopage import interface as recorder
+    from attnscope.models.nopage.interface_stream import decode_step
+    from attnscope.models.vision import vlm_run
+
+    n = vlm_run.n_layer(folder, config)
+    model = vlm_run.load(folder, config, layers=n, attention=recorder.IMPLEMENTATION)
+    steps: list[DecodeStep] = []
+    ids = list(tokens.ids)
+    try:
+        with torch.no_grad(), recorder.recording(layer, stop=False, every=every) as recording:
+            out = model(**tokens.inputs, use_cache=True)  # the prompt: get_rope_index sets rope_deltas
+            run, patterns = vlm_run.recorded(model, config, recording, layer, n)
+            recording.patterns = None
+            deltas = _rope_deltas(model, config)
+            for _ in range(n_new):
+                assert recording.recorded is not None
+                cache = out.past_key_values
+                steps.append(decode_step(recording.recorded, int(out.logits[0, -1].argmax()), len(ids), cache))
+                ids.append(steps[-1].token_id)
+                if len(steps) < n_new:
+                    recording.calls = 0
+                    out = model(input_ids=torch.tensor([[ids[-1]]]), past_key_values=cache, use_cache=True,
+                                position_ids=decode_positions(len(ids) - 1, deltas))
+    except (ValueError, TypeError, RuntimeError, IndexError) as exc:
+        raise ResourceError(f"transformers could not decode with {config.architecture} on the text and image "
+                            f"({first_line(exc)})") from None
+    return run, patterns, steps
+
+
+def decode_positions(position: int, deltas: torch.Tensor) -> torch.Tensor:
+    """M-RoPE's position ids `[3, n_batch, n_new]` of a new text token at `position`: `position + rope_deltas` on
+    each axis (time, row, column), the offset the prompt's `get_rope_index` left (an image's tokens take fewer
+    positions than places)."""
+    import torch
+
+    return (torch.tensor([[[position]]]) + deltas).expand(3, 1, 1)  # [1, 1, 1] + [n_batch, 1] -> [3, 1, 1]
+
+
+def _rope_deltas(model: Any, config: Config) -> torch.Tensor:
+    """The model's `rope_deltas` `[n_batch, 1]`, set by the prompt's forward."""
+    deltas = getattr(getattr(model, "model", None), "rope_deltas", None)
+    if deltas is None:
+        raise ResourceError(f"{config.architecture}'s forward on the prompt set no rope_deltas: its decode "
+                            "positions are unknown")
+    return deltas
+
+
+def eager_decode(folder: Path, config: Config, tokens: ImageTokens, n_new: int) -> Decoded:
+    """transformers' eager VLM, every layer: `generate(**inputs, max_new_tokens=n_new, min_new_tokens=n_new,
+    do_sample=False, output_attentions=True, return_dict_in_generate=True)`; each step's row of every layer
+    (`[n_head, keys the cache holds]`)."""
+    import torch
+
+    from attnscope.models.eager import Decoded
+    from attnscope.models.vision import vlm_run
+
+    model = vlm_run.load_eager(folder, config, vlm_run.n_layer(folder, config) - 1)
+    try:
+        with torch.no_grad():
+            out = model.generate(**tokens.inputs, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                                 output_attentions=True, return_dict_in_generate=True)
+    except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
+        raise ResourceError(f"{{check}}: transformers could not decode with {config.architecture} "
+                            f"({first_line(exc)})", "check") from None
+    rows = [{layer: a[0, :, -1] for layer, a in enumerate(step) if a is not None} for step in out.attentions]
+    return Decoded(out.sequences[0, len(tokens.ids):].tolist(), rows)
+
+
+def step_shares(steps: list[DecodeStep], image: list[bool]) -> torch.Tensor:
+    """Each step's weight on the image's tokens, per head: `[n_new, n_head]` (its row summed over the keys the
+    image fills, all of them in the prompt)."""
+    import torch
+
+    from attnscope.models.vision.vlm import image_share
+
+    if not steps:
+        return torch.zeros(0, 0)
+    return torch.stack([image_share(step.attention, image + [False] * (step.attention.shape[-1] - len(image)))
+                        for step in steps])  # [n_new, n_head]
