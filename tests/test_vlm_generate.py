@@ -1,0 +1,129 @@
+"""--generate N with --image (models/vision/vlm_generate.py, runs/vlm.py): greedy decoding after a prompt that holds
+an image, for every VLM family attnscope reads (tests/tiny_vlm.py), held against transformers' own
+`generate(do_sample=False, output_attentions=True, return_dict_in_generate=True)` on the eager VLM with the same
+processor output: the same new ids, and each step's row of every layer equal (atol 1e-5); Gemma 3's image block
+both ways in the prefill only, Qwen's M-RoPE decode positions from rope_deltas; the command line's JSON, terminal
+and --check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cli_main import run_main
+from tiny_models import cached_builder
+from tiny_vlm import NAMES, TEXT, build, image
+
+from attnscope.models.config import read_config
+from attnscope.models.vision import vlm
+from attnscope.models.vision.image import read_image
+
+ATOL = 1e-5
+N_NEW = 4
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    return image(tmp_path_factory.mktemp("picture") / "cat.png")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return cached_builder(tmp_path_factory, build)
+
+
+def _theirs(model, inputs: dict) -> tuple[list[int], list[tuple]]:
+    """transformers' greedy decoding on the eager VLM: the new ids, and each step's attentions (every layer's
+    `[1, n_head, n_Q, keys its cache holds]`)."""
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=N_NEW, min_new_tokens=N_NEW, do_sample=False,
+                             output_attentions=True, return_dict_in_generate=True)
+    return out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), list(out.attentions)
+
+
+def _ours(folder, config, tokens, layer: int):
+    """attnscope's decode steps for layer `layer`: the family page's `generate` from the model's embeddings, or
+    transformers' forward through the attention interface (Qwen's M-RoPE)."""
+    from attnscope.models.forward.stream import generate
+    from attnscope.models.vision import vlm_generate, vlm_run
+
+    if vlm.VLM_TYPES[config.model_type] is None:
+        return vlm_generate.through_interface(folder, config, tokens, layer, N_NEW)[2]
+    model = vlm_run.text_family(folder, config, tokens)
+    with model.checkpoint:
+        return generate(model, tokens.ids, N_NEW, layer)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_step_of_every_layer_equals_generate(name, built, picture):
+    folder, model = built(name)
+    config = read_config(folder)
+    tokens = vlm.place(folder, config, TEXT, read_image(picture))
+    ids, attentions = _theirs(model, tokens.inputs)
+    n = len(tokens.ids)
+    for layer in range(len(attentions[0])):
+        steps = _ours(folder, config, tokens, layer)
+        assert [step.token_id for step in steps] == ids, (name, layer)
+        for t, step in enumerate(steps):
+            row = attentions[t][layer][0, :, -1]  # [n_head, keys the cache holds]
+            assert step.position == n + t and step.attention.shape[-1] == n + t
+            held = step.attention[:, -row.shape[-1]:]
+            assert torch.allclose(held, row, atol=ATOL), f"{name} layer {layer} step {t}: {(held - row).abs().max()}"
+            # the keys a sliding (or chunked) cache has let go carry no weight
+            assert torch.allclose(held.sum(-1), torch.ones(held.shape[0]), atol=ATOL)
+
+
+def test_gemma3_decodes_causally_after_a_both_ways_prefill(built, picture):
+    """The prompt's image tokens read each other both ways; a new token's row is causal and windowed (transformers
+    drops token_type_ids after the first step): its mask from vlm_gemma3.image_mask against a float64 rule."""
+    from attnscope.models.vision.vlm_gemma3 import image_mask
+
+    folder, _ = built("gemma3")
+    tokens = vlm.place(folder, read_config(folder), TEXT, read_image(picture))
+    blocks, n = tokens.blocks(), len(tokens.ids)
+    first = tokens.image.index(True)
+    prefill = image_mask(blocks, None)
+    assert bool(prefill[first, first + 3]) and not bool(prefill[first - 1, first])  # image both ways, text causal
+    for start in (n, n + 2):  # a decode step's row over every key so far
+        step = image_mask(blocks, 4, start, 1)[0]  # [start + 1]
+        keys = torch.arange(start + 1, dtype=torch.float64)
+        assert torch.equal(step, (keys <= start) & (keys > start - 4))
+
+
+@pytest.mark.parametrize("name", ["llava_mistral", "qwen3_vl"])
+def test_command_line_json_check_and_terminal(name, built, picture):
+    folder, model = built(name)
+    args = ("head", "--model", str(folder), "--layer", "1", "--head", "2", "--text", TEXT, "--image", str(picture),
+            "--generate", "3")
+    out = run_main(*args, "--check", "--json")
+    assert out.code == 0, out.stderr
+    data = out.json()
+    assert data["check_passed"] is True
+    assert [c["name"] for c in data["check"]] == ["layer 1", "generated ids"] + [f"step {t} layer 1" for t in range(3)]
+    tokens = vlm.place(folder, read_config(folder), TEXT, read_image(picture))
+    ids, attentions = _theirs(model, tokens.inputs)
+    steps = data["decode_steps"]
+    assert [s["token_id"] for s in steps] == ids[:3]
+    image_keys = data["image_tokens"]
+    shares = torch.tensor(data["decode_image_share"], dtype=torch.float64)  # [n_new, n_head]
+    for t, step in enumerate(steps):
+        row = attentions[t][1][0, :, -1].double()  # eager's [n_head, keys held]
+        ours = torch.tensor(step["attention"], dtype=torch.float64)
+        assert torch.allclose(ours[:, -row.shape[-1]:], row, atol=ATOL)
+        expected = torch.stack([ours[:, k] for k in image_keys], dim=-1).sum(-1)  # the row's sum over the image
+        assert torch.allclose(shares[t], expected, atol=1e-6)
+    overlays = data["image"]["overlays"]
+    assert len(overlays) == 1 + 3 and "new token" in overlays[-1]["title"]
+    cells = torch.tensor(overlays[-1]["patches"], dtype=torch.float64).flatten()  # head 2's row over the 2 x 2
+    assert torch.allclose(cells, torch.tensor(steps[-1]["attention"][2], dtype=torch.float64)[image_keys], atol=1e-6)
+    terminal = run_main(*args)
+    assert terminal.code == 0, terminal.stderr
+    assert "each new token's weight on the image" in terminal.stdout and "generated 3 tokens" in terminal.stdout
+    assert max(len(line) for line in terminal.stdout.splitlines()) <= 80
+
+
+def test_generate_refusals(built, picture):
+    folder, _ = built("llava")
+    for args, said in ((["--generate", "5000"], "--generate 5000: give how many new tokens"),
+                       (["--generate", "-1"], "--generate")):
+        out = run_main("head", "--model", str(folder), "--text", TEXT, "--image", str(picture), *args)
+        assert out.code == 2 and len(out.error_lines) == 1 and said in out.stderr, (args, out.stderr)
