@@ -3,7 +3,12 @@ does something its attention function is not handed falls back to eager's patter
 naming the step that could not be reproduced. Planted: a LLaMA attention that windows its keys only under eager
 (the interface sees a causal mask: step 'attention'), and one that scales its output only under eager (step
 'out'); and the real case, DeepSeek-V3.2, whose indexer's choice reaches eager's mask but only a keyword of any
-other attention function. The reference is transformers' eager model with the same module, output_attentions."""
+other attention function. The reference is transformers' eager model with the same module, output_attentions.
+
+Modules with no `layer_idx`, known by their call's order in the forward: vision towers (ViT, DINOv2 with registers,
+CLIP's and SigLIP's) and encoders (DistilBERT; ALBERT, one module shared by every layer) are checked on every layer
+(selfcheck.check counted), equal eager's output_attentions, and a module planted to hide a key or scale its output
+under eager falls back to eager's pattern, untraced, the note naming the layer, its path and the step."""
 
 from __future__ import annotations
 
@@ -170,3 +175,174 @@ def test_planted_decode_step_falls_back(tmp_path, monkeypatch):
     result = run_head(HeadOptions(model=str(tmp_path), layer=1, head=0, text=SENTENCE, generate=2))
     assert not result.traced and len(result.decode) == 2
     assert sum("the step 'x_raw'" in note for note in result.notes) == 1, result.notes
+
+
+def _hidden_first_key(original):
+    """A tower's or encoder's attention forward, key 0 hidden from every query only when eager runs it."""
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        if self.config._attn_implementation == "eager":
+            n = hidden_states.shape[1]
+            base = torch.zeros(1, 1, n, n) if attention_mask is None else attention_mask
+            first = torch.zeros(n, n, dtype=torch.bool)
+            first[:, 0] = True  # [n_Q, n_K]
+            attention_mask = base.masked_fill(first, torch.finfo(base.dtype).min)
+        return original(self, hidden_states, attention_mask, **kwargs)
+    return forward
+
+
+NO_LAYER_IDX = {"hide": (_hidden_first_key, "attention"), "scale": (_scaled, "out")}
+# each kind's attention module (no layer_idx) and its modeling module
+MODULES = {"vit": ("vit", "ViTAttention"),
+           "dinov2_with_registers": ("dinov2_with_registers", "Dinov2WithRegistersAttention"),
+           "clip_vision_model": ("clip", "CLIPAttention"), "siglip_vision_model": ("siglip", "SiglipAttention"),
+           "distilbert": ("distilbert", "DistilBertSelfAttention"), "albert": ("albert", "AlbertAttention")}
+TOWERS = ("vit", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
+ENCODERS = ("distilbert", "albert")
+
+
+def _plant_unindexed(monkeypatch, kind: str, plant: str) -> str:
+    """Plant `plant` in `kind`'s attention module class; the step its note must name."""
+    import importlib
+
+    family, name = MODULES[kind]
+    cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
+    assert not hasattr(cls(_config_of(kind)), "layer_idx")  # what this file is about
+    wrap, step = NO_LAYER_IDX[plant]
+    monkeypatch.setattr(cls, "forward", wrap(cls.forward))
+    return step
+
+
+def _config_of(kind: str):
+    import transformers as tf
+    from tiny_vision import SIZES
+
+    if kind in ENCODERS:
+        return _encoder(kind).config
+    config = {"vit": tf.ViTConfig, "dinov2_with_registers": tf.Dinov2WithRegistersConfig,
+              "clip_vision_model": tf.CLIPVisionConfig, "siglip_vision_model": tf.SiglipVisionConfig}[kind]
+    return config(**SIZES)
+
+
+def _encoder(kind: str):
+    import transformers as tf
+
+    vocab = len(_tokenizer("bert"))
+    if kind == "distilbert":
+        return tf.DistilBertModel(tf.DistilBertConfig(vocab_size=vocab, dim=32, hidden_dim=40, n_heads=4, n_layers=3,
+                                                      max_position_embeddings=64))
+    return tf.AlbertModel(tf.AlbertConfig(vocab_size=vocab, embedding_size=16, hidden_size=32, intermediate_size=40,
+                                          num_attention_heads=4, num_hidden_layers=3, max_position_embeddings=64))
+
+
+@pytest.fixture(scope="module")
+def unindexed(tmp_path_factory):
+    """Each kind's folder (towers and encoders) and the test image."""
+    from tiny_vision import build, draw
+
+    root = tmp_path_factory.mktemp("unindexed")
+    for kind in TOWERS:
+        build(kind, root / kind)
+    for kind in ENCODERS:
+        torch.manual_seed(len(kind))
+        save_random(_encoder(kind), _tokenizer("bert"), root / kind)
+    return root, draw(root / "picture.png")
+
+
+def _reference(kind: str, folder: Path, image: Path):
+    """transformers' eager model loaded from the folder (with whatever is planted), and its every layer's
+    output_attentions on the image, or on SENTENCE."""
+    import transformers as tf
+    from tiny_vision import TOWER, eager_attentions
+
+    if kind in TOWERS:
+        tower = getattr(tf, TOWER[kind]).from_pretrained(folder, attn_implementation="eager").eval()
+        return tower, eager_attentions(tower, folder, image)
+    model = tf.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return model, model(torch.tensor([encode(folder, SENTENCE).ids]), output_attentions=True).attentions
+
+
+def _options(kind: str, folder: Path, image: Path, layer: int, **more) -> HeadOptions:
+    given = {"image": str(image)} if kind in TOWERS else {"text": SENTENCE}
+    return HeadOptions(model=str(folder), layer=layer, head=1, **given, **more)
+
+
+def _counted(monkeypatch) -> list[int]:
+    """selfcheck.check wrapped: the layers it held against their module's own eager run, in order."""
+    from attnscope.models import selfcheck
+
+    layers: list[int] = []
+    original = selfcheck.check
+
+    def check(module, kept, output, layer, path=""):
+        layers.append(layer)
+        return original(module, kept, output, layer, path)
+
+    monkeypatch.setattr(selfcheck, "check", check)
+    return layers
+
+
+@pytest.mark.parametrize("kind", TOWERS + ENCODERS)
+def test_unindexed_modules_are_checked(unindexed, monkeypatch, kind):
+    """Every layer (alone, and all of them) traced, checked (one check per traced layer, by its call's order),
+    no 'self-check not run' note, and equal to eager's output_attentions."""
+    from attnscope.runs.head import run_head
+
+    root, image = unindexed
+    _, theirs = _reference(kind, root / kind, image)
+    checked = _counted(monkeypatch)
+    for layer in range(len(theirs)):
+        result = run_head(_options(kind, root / kind, image, layer))
+        assert result.traced and result.tracer == "attention-interface"
+        assert not [note for note in result.notes if "self-check" in note], result.notes
+        torch.testing.assert_close(result.all_heads, theirs[layer][0], atol=1e-6, rtol=1e-5)
+    assert checked == list(range(len(theirs)))
+    checked.clear()
+    every = run_head(_options(kind, root / kind, image, 0, all_layers=True))
+    assert every.traced and not [note for note in every.notes if "self-check" in note], every.notes
+    assert checked == list(range(len(theirs)))
+    for mine, reference in zip(every.layer_patterns, theirs, strict=True):
+        torch.testing.assert_close(mine, reference[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("plant", ["hide", "scale"])
+@pytest.mark.parametrize("kind", TOWERS + ENCODERS)
+def test_planted_unindexed_module_falls_back(unindexed, monkeypatch, kind, plant):
+    """A module doing under eager what its attention function is not handed: layer 1 falls back to eager's
+    pattern (the planted one), untraced; the note names the layer by its call's order, the module's path and
+    the step."""
+    from attnscope.runs.head import run_head
+
+    root, image = unindexed
+    step = _plant_unindexed(monkeypatch, kind, plant)
+    model, theirs = _reference(kind, root / kind, image)
+    result = run_head(_options(kind, root / kind, image, 1))
+    assert not result.traced and result.run is None
+    (note,) = [note for note in result.notes if "self-check" in note]
+    assert "self-check: layer 1's module (" in note and f"the step '{step}' could not be reproduced" in note, note
+    path = note.split("module (", 1)[1].split(")", 1)[0]  # ALBERT's one module serves every layer
+    assert type(dict(model.named_modules())[path]).__name__ == MODULES[kind][1]
+    assert (".0." if kind == "albert" else ".1.") in path, path
+    torch.testing.assert_close(result.all_heads, theirs[1][0], atol=1e-6, rtol=1e-5)
+    if plant == "hide":
+        assert bool((result.all_heads[:, :, 0] == 0).all())  # the planted mask, seen
+
+
+@pytest.mark.parametrize("kind", ["dinov2_with_registers", "albert"])
+def test_planted_unindexed_every_layer_on_the_command_line(unindexed, monkeypatch, kind):
+    """--all-layers --json on a planted tower and encoder: exit 0, traced false, the note on layer 0 (the first
+    checked), every layer's pattern eager's; --check passes against the same eager model."""
+    from cli_main import run_main
+
+    root, image = unindexed
+    _plant_unindexed(monkeypatch, kind, "hide")
+    _, theirs = _reference(kind, root / kind, image)
+    given = ["--image", str(image)] if kind in TOWERS else ["--text", SENTENCE]
+    out = run_main("head", "--model", str(root / kind), *given, "--layer", "1", "--all-layers", "--json", "--check")
+    assert out.code == 0, out.stderr
+    data = out.json()
+    assert data["traced"] is False and data["check_passed"] is True
+    assert any("self-check: layer 0's module (" in note for note in data["notes"]), data["notes"]
+    assert len(data["all_layers"]) == len(theirs)
+    for entry, reference in zip(data["all_layers"], theirs, strict=True):
+        torch.testing.assert_close(torch.tensor(entry["attention"]), reference[0], atol=1e-5, rtol=0)

@@ -12,9 +12,15 @@ the module's own projection) is a `Failure` naming the step that could not be re
 the eager module's weights differ from the recorded pattern, else `out`), and the run falls back to eager's
 pattern alone (truncated.py, interface_stream.py), never `traced`.
 
-Hooks on every module with a `layer_idx` (transformers' attention modules have one) keep each call's inputs;
-a module the interface was not called from is left alone. A decode step's cache is the module's to update
-once: the layer's cache entry is copied before the call and the re-run reads the copy.
+Hooks on every module holding a `config` (the attention modules switch implementation by it) keep each call's
+inputs; the module the interface is called from is the one checked, matched by identity (the attention function
+is handed the module itself), and a module it was not called from is left alone. Decoders' attention modules
+have a `layer_idx`; a vision tower's (ViT, DINOv2, CLIP's and SigLIP's) and some encoders' (DistilBERT's, ALBERT's
+one module shared by every layer) have none, and are known by their call's order in the forward, the layer
+interface.py records the call as (and transformers' output_attentions lists it as); a failure names their path
+in the model too (`encoder.layer.1.attention.attention`). A decode step's cache is the module's to update once:
+the layer's cache entry is copied before the call (by `layer_idx`) and the re-run reads the copy; a module
+handed a cache with no `layer_idx` to copy its entry by is left unchecked (its note says so).
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ if TYPE_CHECKING:
 
 EAGER = "eager"
 SLACK = 10  # the module output's tolerance: the dtype's, ten times over (it has been through o_proj)
-UNCHECKED = ("self-check not run: the attention module could not be run again on its inputs (no layer_idx to "
-             "hook it by); the steps agree with the eager function they were handed to, which is all that is known")
+UNCHECKED = ("self-check not run: the attention module could not be run again on its inputs (it holds no config "
+             "to switch to eager by, or was handed a cache with no layer_idx to copy its entry by); the steps agree "
+             "with the eager function they were handed to, which is all that is known")
 
 
 @contextmanager
@@ -60,10 +67,11 @@ def outcome(recorder: Recorder) -> tuple[Any, str]:
 
 @contextmanager
 def watching(model: Any, recorder: Recorder) -> Iterator[None]:
-    """Hooks on `model`'s modules with a `layer_idx`: each call's inputs kept (and its layer's cache entry
-    copied), and after a module the interface recorded from returns, `check`."""
+    """Hooks on `model`'s modules holding a `config`: each call's inputs kept (and, by its `layer_idx`, its
+    layer's cache entry copied), and after a module the interface recorded from returns, `check`."""
     handles = []
     inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any], Any]] = {}
+    paths: dict[int, str] = {}  # a module's name in the model, for a failure's note where it has no layer_idx
 
     def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         inputs[id(module)] = (args, kwargs, _cache_entry(module, _cache_of(args, kwargs)))
@@ -75,18 +83,20 @@ def watching(model: Any, recorder: Recorder) -> Iterator[None]:
         kept = inputs.pop(id(module), None)
         # a cache this check cannot copy is left unchecked: no module runs twice on it
         if kept is not None and recorder.failure is None and (_cache_of(*kept[:2]) is None or kept[2] is not None):
-            recorder.failure = check(module, kept, output)
+            recorder.failure = check(module, kept, output, recorder.caller_layer, paths.get(id(module), ""))
             recorder.checked += 1
         if recorder.stop and recorder.recorded is not None:
             from attnscope.models.nopage.interface import Reached
 
             raise Reached
 
-    for module in model.modules():
-        if isinstance(getattr(module, "layer_idx", None), int) and hasattr(module, "config"):
+    for name, module in model.named_modules():
+        if hasattr(module, "config"):  # named_modules names a module shared by layers (ALBERT's) once
             handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
             handles.append(module.register_forward_hook(after, with_kwargs=True))
             recorder.watched.add(id(module))
+            if not isinstance(getattr(module, "layer_idx", None), int):
+                paths[id(module)] = name
     try:
         yield
     finally:
@@ -94,8 +104,10 @@ def watching(model: Any, recorder: Recorder) -> Iterator[None]:
             handle.remove()
 
 
-def check(module: Any, kept: tuple[tuple[Any, ...], dict[str, Any], Any], output: Any) -> Failure | None:
-    """The module again on the same inputs with eager attention, against what it returned traced."""
+def check(module: Any, kept: tuple[tuple[Any, ...], dict[str, Any], Any], output: Any, layer: int,
+          path: str = "") -> Failure | None:
+    """The module again on the same inputs with eager attention, against what it returned traced (as layer
+    `layer`, at `path` in the model where it has no layer_idx)."""
     from attnscope.check.comparison import tolerance
 
     args, kwargs, entry = kept
@@ -120,7 +132,7 @@ def check(module: Any, kept: tuple[tuple[Any, ...], dict[str, Any], Any], output
     if diff is None:
         return None
     weights = _diff(ours[1], eager[1], atol, rtol) if len(ours) > 1 and len(eager) > 1 else None
-    return Failure(module.layer_idx, "attention" if weights is not None else "out", diff)
+    return Failure(layer, "attention" if weights is not None else "out", diff, path)
 
 
 def _diff(ours: torch.Tensor | None, eager: torch.Tensor | None, atol: float, rtol: float) -> float | None:
@@ -151,9 +163,10 @@ def _cache_entry(module: Any, cache: Any) -> Any:
     import copy
 
     layers = getattr(cache, "layers", None)
-    if cache is None or not isinstance(layers, list) or not module.layer_idx < len(layers):
+    index = getattr(module, "layer_idx", None)
+    if cache is None or not isinstance(layers, list) or not isinstance(index, int) or not index < len(layers):
         return None
-    return copy.deepcopy(layers[module.layer_idx])
+    return copy.deepcopy(layers[index])
 
 
 PRE_SOFTMAX = ("masked_scores", "biased_scores", "capped_scores", "scores")  # the last one present feeds softmax

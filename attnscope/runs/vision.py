@@ -1,8 +1,10 @@
 """`attnscope head --image FILE` on a vision tower (ViT, DeiT, DINOv2, CLIP's and SigLIP's image towers): the
 image read and checked (models/vision/image.py), made into pixel_values by the folder's own image processor
 (processor.py), and the tower run through transformers with layer L's attention recorded step by step
-(models/vision/tower.py); with --all-layers every layer's pattern. The tokens are `[CLS]` (DeiT's `[DIST]`,
-DINOv2's registers) and the patches `p(r,c)`; the result carries the picture the overlays draw on.
+(models/vision/tower.py) and self-checked against its module's own eager run (models/selfcheck.py: where the
+trace does not reproduce it, eager's pattern alone, untraced); with --all-layers every layer's pattern. The
+tokens are `[CLS]` (DeiT's `[DIST]`, DINOv2's registers) and the patches `p(r,c)`; the result carries the
+picture the overlays draw on.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
 
 def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, run: TransformersRun,
             read_as: str) -> HeadResult:
-    """The tower's layer L as `head` shows it: every head's pattern, the layer's recorded steps and head h's;
-    `read_as` says how the image became tokens."""
+    """The tower's layer L as `head` shows it: every head's pattern, the layer's recorded steps and head h's (the
+    pattern alone where the self-check failed); `read_as` says how the image became tokens."""
     from attnscope.models.forward.run import LayerRun
     from attnscope.models.nopage.interface import TOLERANCE
     from attnscope.runs.head_result import HeadResult, ModelInfo
@@ -92,7 +94,9 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     result.all_heads = run.attention  # [n_head, n_tokens, n_tokens]
     result.attention = run.attention[asked.head]
     recorded = run.recorded
-    assert recorded is not None
+    if recorded is None:  # models/selfcheck.py: the trace did not reproduce a module: eager's pattern, untraced
+        result.notes.extend([read_as, f"transformers ran {run.architecture} on the image; {run.fallback}"])
+        return result
     layer = recorded.layer
     layer.notes[:0] = [read_as,
                        f"transformers ran layers 0..{asked.layer} of {run.architecture} on the image and handed "

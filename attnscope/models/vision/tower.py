@@ -9,6 +9,12 @@ processor's `pixel_values`; the patch embedding (a Conv2d of kernel = stride = p
 steps say where `n_patches` comes from: `pixel_values` `[n_batch, n_channel, height, width]` -> `patches`
 `[n_batch, n_patches, d_model]`; the tokens are the `[CLS]` (and DeiT's `[DIST]`, DINOv2's registers) then the
 patches row by row (patches.py).
+
+The tower's attention modules have no `layer_idx`; the self-check (models/selfcheck.py) knows each by its call's
+order in the forward and runs the traced layer's module (every layer's, for every layer) again with eager
+attention on the same inputs. A module that does more than its attention function is handed fails it, and the
+tower runs again with transformers' eager attention and `output_attentions`: the pattern only, untraced, the
+self-check's note saying which layer and step (`_eager`).
 """
 
 from __future__ import annotations
@@ -56,8 +62,9 @@ VISION_TYPES = ", ".join(TOWERS)
 
 @dataclass
 class VisionRun:
-    """Layer L on the image (`run`: its recorded steps, the pixel and patch steps first), the patch grid, and
-    with every layer each layer's pattern `[n_head, n_tokens, n_tokens]`."""
+    """Layer L on the image (`run`: its recorded steps, the pixel and patch steps first; none, and its
+    `fallback` note, where the self-check failed), the patch grid, and with every layer each layer's pattern
+    `[n_head, n_tokens, n_tokens]`."""
 
     run: TransformersRun
     grid: Grid
@@ -134,27 +141,56 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
         with torch.no_grad(), selfcheck.checked_recording(model, layer, stop=not every, every=every) as recorder:
             model(pixel_values=pixels.values)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
-        raise ResourceError(f"transformers could not run model_type '{model_type}' on the image "
-                            f"({truncated.first_line(exc)})") from None
+        raise _could_not_run(model_type, exc) from None
     finally:
         hook.remove()
-    failure = recorder.failure  # selfcheck.py: the module does more than its attention function is handed
-    if failure is not None:
-        raise ResourceError(f"{type(model).__name__}'s layer {failure.layer} does more than transformers' attention "
-                            f"interface hands attnscope (its output differs from its own eager run by "
-                            f"{failure.diff:.2e}); attnscope shows no pattern it cannot trace")
-    recorded, _ = selfcheck.outcome(recorder)
+    recorded, fallback = selfcheck.outcome(recorder)
+    if fallback:  # selfcheck.py: a module does more than its attention function is handed: eager's patterns
+        return _eager(model, model_type, grid, pixels, n_layer, layer, every, fallback)
     if recorded is None or "patches" not in captured:
         raise ResourceError(f"{type(model).__name__} did not call transformers' attention interface at layer "
                             f"{layer}; attnscope cannot trace it")
-    n_tokens = int(recorded.layer["Q"].shape[2])
-    if n_tokens != grid.n_tokens:
-        raise ResourceError(f"{type(model).__name__} made {n_tokens} tokens of the image, not the {grid.n_tokens} "
-                            f"its grid implies ({grid.n_prefix} + {grid.rows} x {grid.cols} patches)")
+    _check_tokens(model, int(recorded.layer["Q"].shape[2]), grid)
     recorded.layer = _with_pixels(recorded.layer, pixels, captured["patches"], grid)
     patterns = [recorder.patterns[i] for i in sorted(recorder.patterns)] if recorder.patterns else None
     found = truncated.sizes(model, recorded, recorded.layer["attention"][0], n_layer, layer)
     return VisionRun(found, grid, patterns, list(recorder.notes))
+
+
+def _eager(model: Any, model_type: str, grid: Grid, pixels: Pixels, n_layer: int, layer: int, every: bool,
+           fallback: str) -> VisionRun:
+    """The same tower run again with transformers' eager attention and `output_attentions`: layer `layer`'s
+    pattern (every layer's with `every`), untraced, `fallback` (the self-check's note) saying why."""
+    import torch
+
+    from attnscope.models.nopage.truncated import sizes
+
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            attentions = model(pixel_values=pixels.values, output_attentions=True).attentions
+    except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
+        raise _could_not_run(model_type, exc) from None
+    if not attentions or len(attentions) <= layer:
+        raise ResourceError(f"{type(model).__name__} gives no attention weights (output_attentions) for layer "
+                            f"{layer}; attnscope cannot show its pattern")
+    attention = attentions[layer][0]  # [n_head, n_tokens, n_tokens]
+    _check_tokens(model, int(attention.shape[-1]), grid)
+    found = sizes(model, None, attention, n_layer, layer)
+    found.fallback = fallback
+    return VisionRun(found, grid, [a[0] for a in attentions] if every else None, [])
+
+
+def _could_not_run(model_type: str, exc: BaseException) -> ResourceError:
+    from attnscope.models.nopage.truncated import first_line
+
+    return ResourceError(f"transformers could not run model_type '{model_type}' on the image ({first_line(exc)})")
+
+
+def _check_tokens(model: Any, n_tokens: int, grid: Grid) -> None:
+    if n_tokens != grid.n_tokens:
+        raise ResourceError(f"{type(model).__name__} made {n_tokens} tokens of the image, not the {grid.n_tokens} "
+                            f"its grid implies ({grid.n_prefix} + {grid.rows} x {grid.cols} patches)")
 
 
 def _patch_conv(model: Any) -> Any:
