@@ -52,10 +52,12 @@ class Failure:
     layer: int
     step: str
     diff: float
+    path: str = ""  # the module's name in the model (named_modules), where it has no layer_idx to go by
 
     def note(self) -> str:
         what = "its output and attention weights differ" if self.step == "attention" else "its output differs"
-        return (f"self-check: layer {self.layer}'s module does something its attention function is not handed: "
+        module = f"module ({self.path})" if self.path else "module"
+        return (f"self-check: layer {self.layer}'s {module} does something its attention function is not handed: "
                 f"the step '{self.step}' could not be reproduced ({what} from the module's own eager run, by "
                 f"{self.diff:.2e}); shown is transformers' eager output_attentions, the pattern only, not traced")
 
@@ -84,6 +86,7 @@ class Recorder:
     patterns: dict[int, torch.Tensor] | None = None
     watched: set[int] = field(default_factory=set)  # the modules selfcheck.py hooks (by id)
     caller: Any = None  # the module whose recorded call waits for selfcheck.py's check when it returns
+    caller_layer: int = -1  # the layer its call was recorded as: its layer_idx, else the call's order in the forward
     failure: Failure | None = None  # the first layer whose module the trace does not reproduce
     checked: int = 0  # how many module calls were checked
 
@@ -136,7 +139,7 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if index == recorder.layer:
         recorder.recorded = recorded
     if id(module) in recorder.watched:  # selfcheck.py checks the module's output when it returns (and stops there)
-        recorder.caller = module
+        recorder.caller, recorder.caller_layer = module, index
         steps = recorded.layer  # the module's output made from the recorded steps: [n_batch, n_tokens, n_head, d]
         # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]
         return steps["out"].transpose(1, 2).contiguous(), steps["attention"]
