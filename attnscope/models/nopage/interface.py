@@ -17,6 +17,10 @@ before Q, K, V are the family's code, not traced. For
 `--all-layers` and `--generate` (models/nopage/interface_stream.py) the recorder does not stop: it keeps every attention
 layer's pattern, or layer L's steps at each decode step.
 
+A call's layer is its module's `layer_idx`; a module with none (a vision tower's, DistilBERT's, ALBERT's one
+module serving every layer) is known by the call's order in the forward, as transformers' `output_attentions`
+lists it, and the self-check names the same layer (`Recorder.caller_layer`).
+
 Families whose modules do not call the interface (`_supports_attention_backend` False: Falcon, GPT-J, BLOOM,
 ...) are run through eager with `output_attentions` instead (models/nopage/truncated.py), pattern only.
 """
