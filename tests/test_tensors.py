@@ -365,3 +365,109 @@ save_module.save_tensors({{"Q": torch.ones(2)}}, {str(tmp_path / "out.safetensor
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert child.returncode == 128 + getattr(signal, signame), child.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- a .pt file's pickle is read once ------------------------------------------------------------------------
+
+
+def _counting_loads(monkeypatch) -> list[str]:
+    """Every torch.load call from here on, by its map_location."""
+    calls: list[str] = []
+    real = torch.load
+
+    def counted(*args, **kwargs):
+        calls.append(str(kwargs.get("map_location")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counted)
+    return calls
+
+
+def _awkward_tensors() -> dict[str, torch.Tensor]:
+    """Views sharing one storage at offsets, strides of a transpose, a negative view, a parameter, empty and
+    0-d tensors, half precisions: what a .pt can hold that a plain contiguous tensor does not show."""
+    base = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    return {"q": base, "t": base.t(), "rows": base[2:5], "cols": base[:, 3:7], "step": base[::2, 1::3],
+            "neg": torch.complex(base, base).conj().imag, "param": torch.nn.Parameter(base * 3),
+            "empty": torch.empty(0, 4), "scalar": torch.tensor(2.5), "half": base.half(),
+            "bf16": (base * 5).bfloat16(), "ints": torch.arange(12).reshape(3, 4)[:, 1:]}
+
+
+def test_a_pt_file_is_unpickled_once_and_reads_as_torch_load_does(tmp_path, monkeypatch):
+    from attnscope.tensors.saved import read_saved
+
+    tensors = _awkward_tensors()
+    torch.save(tensors, tmp_path / "all.pt")
+    torch.save(tensors["t"], tmp_path / "one.pth")
+    reference = torch.load(tmp_path / "all.pt", weights_only=True)  # torch's own reading, unmapped
+    assert reference["neg"].is_neg()  # the file keeps the negative bit: the read must honour it
+    calls = _counting_loads(monkeypatch)
+    for name, expected in reference.items():
+        calls.clear()
+        got = load_tensor(f"{tmp_path / 'all.pt'}:{name}")
+        assert calls == ["meta"], name  # one read of the pickle, onto the meta device; the data mapped
+        assert (got.shape, got.dtype, got.stride()) == (expected.shape, expected.dtype, expected.stride()), name
+        assert torch.equal(got, expected), name
+        calls.clear()
+        shape = load_tensor(f"{tmp_path / 'all.pt'}:{name}", meta=True)
+        assert calls == ["meta"] and (shape.device.type, shape.shape, shape.dtype) == ("meta", expected.shape,
+                                                                                       expected.dtype)
+    calls.clear()
+    assert torch.equal(load_tensor(str(tmp_path / "one.pth")), torch.load(tmp_path / "one.pth"))
+    assert len(calls) == 2  # ours, then the reference's
+    calls.clear()
+    run = read_saved(str(tmp_path / "all.pt"))  # every entry and the metadata from one read
+    assert calls == ["meta"]
+    for name, expected in reference.items():
+        assert torch.equal(run.load(name), expected), name
+    assert calls == ["meta"]  # reading the data unpickles nothing again
+
+
+def test_a_saved_run_in_pt_reads_its_metadata_from_the_same_load(tmp_path, monkeypatch):
+    from cli_main import run_main
+
+    from attnscope.tensors.saved import read_saved
+
+    target = tmp_path / "run.pt"
+    outcome = run_main("sdpa", "--nq", "3", "--dk", "4", "--causal", "--save", str(target))
+    assert outcome.code == 0, outcome.stderr
+    reference = torch.load(target, weights_only=True)
+    calls = _counting_loads(monkeypatch)
+    run = read_saved(str(target))
+    assert calls == ["meta"]
+    assert run.meta == reference["__attnscope__"] and list(run.meta) == list(run.entries)
+    for name in run.entries:
+        assert torch.equal(run.load(name), reference[name]), name
+
+
+def test_a_pt_saved_on_the_other_byte_order_is_swapped_as_torch_load_swaps_it(tmp_path, monkeypatch):
+    """A file whose `byteorder` record names the other order, its data swapped to match: torch.load swaps each
+    storage back on reading (`storage.byteswap(dtype)` in torch/serialization.py). Read onto the meta device,
+    the swap of a meta storage is a segmentation fault (torch 2.13): such a file is read by torch's mapped load."""
+    import sys
+    import zipfile
+
+    tensors = {"q": torch.randn(3, 4, generator=torch.Generator().manual_seed(1)), "d": torch.arange(5.0).double()}
+    torch.save(tensors, tmp_path / "native.pt")
+    other = "big" if sys.byteorder == "little" else "little"
+    sizes = {}
+    with zipfile.ZipFile(tmp_path / "native.pt") as archive:
+        for name, tensor in tensors.items():
+            sizes[archive.read(f"native/data/{list(tensors).index(name)}")] = tensor.element_size()
+        with zipfile.ZipFile(tmp_path / "swapped.pt", "w", zipfile.ZIP_STORED) as new:
+            for info in archive.infolist():
+                data = archive.read(info.filename)
+                if info.filename.endswith("/byteorder"):
+                    data = other.encode()
+                elif "/data/" in info.filename and data in sizes:
+                    size = sizes[data]
+                    data = b"".join(data[i:i + size][::-1] for i in range(0, len(data), size))
+                new.writestr(info, data)
+    reference = torch.load(tmp_path / "swapped.pt", weights_only=True)
+    calls = _counting_loads(monkeypatch)
+    for name, tensor in tensors.items():
+        assert torch.equal(reference[name], tensor)  # the file is what torch reads as the original
+        calls.clear()
+        assert torch.equal(load_tensor(f"{tmp_path / 'swapped.pt'}:{name}"), tensor), name
+        assert calls == ["cpu"]
+        assert load_tensor(f"{tmp_path / 'swapped.pt'}:{name}", meta=True).shape == tensor.shape

@@ -7,7 +7,7 @@ guard work from the headers alone, whatever the file's size.
 | `.npy` | the magic string and the header dict (`numpy.lib.format.read_array_header_1_0/2_0`) |
 | `.npz` | the zip's directory, then each member's `.npy` header, inflating only those first bytes |
 | `.safetensors` | the 8-byte length and the JSON header (the format's spec), checked as safetensors checks it |
-| `.pt`, `.pth` | `torch.load(mmap=True, weights_only=True)`: the data stays on disk until used |
+| `.pt`, `.pth` | `torch.load(weights_only=True)` onto the meta device, once; the data mapped when used |
 
 Every header is checked against the bytes the file holds before any data is read: a header that declares more
 than its data holds is one line here (exit 2), not an error from the reader later, whichever command reads it.
@@ -19,6 +19,7 @@ import json
 import math
 import pickle
 import struct
+import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -257,7 +258,7 @@ def dtype_problem(dtype: torch.dtype) -> str | None:
     return None
 
 
-# --- .pt / .pth: torch.load, memory-mapped ---------------------------------------------------------------
+# --- .pt / .pth: the pickle read once, the data memory-mapped ----------------------------------------------
 
 
 class HeaderUnreadable(UsageError):
@@ -270,68 +271,119 @@ class HeaderUnreadable(UsageError):
 
 
 def torch_entries(path: Path, *, meta: bool, fits: Callable[[int], None]) -> dict[str, Entry]:
-    """`torch.load(mmap=True, weights_only=True)` maps the file: shapes and dtypes without reading the data.
-    A file in torch's legacy (pre-1.6) format cannot be mapped: it is read whole when it fits in memory
-    (`fits` refuses it otherwise), and refused under --meta, which reads headers only."""
-    import torch
+    return torch_contents(path, meta=meta, fits=fits)[0]
 
-    try:
-        loaded = _torch_load(path, mmap=True)
-    except RuntimeError as exc:
-        if "mmap" not in str(exc):
-            raise
+
+def torch_contents(path: Path, *, meta: bool, fits: Callable[[int], None]) -> tuple[dict[str, Entry], Any]:
+    """The file's entries and the object its pickle holds, from one `torch.load(weights_only=True)`.
+
+    The pickle is read once onto the meta device: shapes, dtypes and where each storage lies in the archive
+    (`_checkpoint_offset`), no data. A tensor's data is read only when asked, from the file mapped as
+    `torch.load(mmap=True)` maps it. A file saved on the other byte order, or holding a quantized tensor (no meta
+    form), is mapped by torch.load itself, its storages unchecked against their records. A file in torch's legacy
+    (pre-1.6) format cannot be mapped: it is read whole when it fits in memory (`fits` refuses it otherwise), and
+    refused under --meta, which reads headers only."""
+    with open(path, "rb") as handle:
+        archive = handle.read(4) == b"PK\x03\x04"  # torch.serialization._is_zipfile's test
+    if not archive:
         if meta:
             raise HeaderUnreadable(f"{path}: saved in torch's legacy format, which cannot be read without loading "
                                    "it all, and {meta} reads headers only; save it again with torch.save, or drop "
-                                   "{meta}", path.stat().st_size, "meta") from None
+                                   "{meta}", path.stat().st_size, "meta")
         fits(path.stat().st_size)
         loaded = _torch_load(path, mmap=False)
-    else:
-        _check_records(path)
+        return _torch_found(path, loaded, meta, None), loaded
+    mapped = _Mapped(path)
+    if mapped.byteorder not in (None, sys.byteorder):
+        # torch.load swaps each storage of a file saved on the other byte order, a meta one too, and that
+        # crashes the process (a segmentation fault, torch 2.13): such a file is mapped and swapped by torch
+        loaded = _torch_load(path, mmap=True)
+        return _torch_found(path, loaded, meta, None), loaded
+    try:
+        loaded = _torch_load(path, meta=True)
+    except (RuntimeError, NotImplementedError):  # a quantized tensor has no meta form: torch_problem refuses it
+        loaded = _torch_load(path, mmap=True)
+        return _torch_found(path, loaded, meta, None), loaded
+    return _torch_found(path, loaded, meta, mapped), loaded
+
+
+def _torch_found(path: Path, loaded: Any, meta: bool, mapped: _Mapped | None) -> dict[str, Entry]:
+    """Entries for the tensors `loaded` holds: read through `mapped` where the pickle was read onto the meta
+    device, else the loaded tensors themselves."""
+    import torch
+
     if isinstance(loaded, torch.Tensor):
         found = {"": loaded}
     elif isinstance(loaded, dict) and any(isinstance(v, torch.Tensor) for v in loaded.values()):
         found = {str(k): v for k, v in loaded.items() if isinstance(v, torch.Tensor)}
     else:
         raise UsageError(f"{path}: holds a {type(loaded).__name__}, not a tensor or a dict of tensors")
-    return {name: Entry(tuple(t.shape), t.dtype, t.numel() * t.element_size(), _constant(t), torch_problem(t, meta))
-            for name, t in found.items()}
+    entries = {}
+    for name, t in found.items():
+        read = mapped.reader(t) if mapped else None  # raises for a storage its record cannot hold
+        empty = t.device.type == "meta" and read is None  # saved on the meta device: a shape with no values
+        entries[name] = Entry(tuple(t.shape), t.dtype, t.numel() * t.element_size(), read or _constant(t),
+                              torch_problem(t, meta, empty))
+    return entries
 
 
-def _check_records(path: Path) -> None:
-    """Each storage fits in the archive record that holds it. torch.load(mmap=True) slices a storage out of the
-    mapped file by the size its pickle declares (`load_tensor` in torch/serialization.py) and checks it against
-    nothing but the file's end, so a storage larger than its record would read the records after it; the unmapped
-    load checks it (`get_storage_from_record`: "record size ... does not match"). A meta load reads the pickle
-    alone and gives each storage's size and its record's offset (`_checkpoint_offset`)."""
-    import torch
+class _Mapped:
+    """The archive's stored records, and its tensors' data read from the file mapped as `torch.load(mmap=True)`
+    maps it (`UntypedStorage.from_file`, then each storage a slice at its record's offset: `load_tensor` in
+    torch/serialization.py). Each storage must lie inside its record: torch's mapped load checks it against
+    nothing but the file's end, so a storage larger than its record would read the records after it (the unmapped
+    load says "record size ... does not match", `get_storage_from_record`)."""
 
-    held = {}
-    with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
-        for info in archive.infolist():
-            handle.seek(info.header_offset + 26)  # the local header: 30 bytes, then the name and the extra field
-            name_length, extra_length = struct.unpack("<HH", handle.read(4))
-            held[info.header_offset + 30 + name_length + extra_length] = info.file_size
-    try:
-        found = torch.load(path, map_location="meta", weights_only=True)
-    except (RuntimeError, NotImplementedError):  # a quantized tensor has no meta form: torch_problem refuses it
-        return
-    tensors = [found] if isinstance(found, torch.Tensor) else list(found.values()) if isinstance(found, dict) else []
-    for tensor in tensors:
-        if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
-            continue
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.held: dict[int, int] = {}  # offset of a record's data -> its size
+        with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
+            for info in archive.infolist():
+                handle.seek(info.header_offset + 26)  # the local header: 30 bytes, then the name and extra field
+                name_length, extra_length = struct.unpack("<HH", handle.read(4))
+                if info.compress_type == zipfile.ZIP_STORED:
+                    self.held[info.header_offset + 30 + name_length + extra_length] = info.file_size
+            order = [name for name in archive.namelist() if name.endswith("/byteorder")]
+            self.byteorder = archive.read(order[0]).decode() if order else None
+        self.whole: torch.UntypedStorage | None = None
+        self.storages: dict[int, torch.UntypedStorage] = {}
+
+    def reader(self, tensor: torch.Tensor) -> Callable[[], Any] | None:
+        """What reads `tensor`'s data (a meta tensor from the pickle); raises now for a storage its record cannot
+        hold. None for a tensor with no storage in the file: one saved on the meta device, or a sparse one."""
+        import torch
+
+        if tensor.layout != torch.strided:
+            return None
         storage = tensor.untyped_storage()
         offset = getattr(storage, "_checkpoint_offset", None)
-        if offset in held and storage.nbytes() > held[offset]:
-            raise UsageError(f"{path}: truncated or damaged: a tensor's storage is declared {storage.nbytes():,} "
-                             f"bytes but its record in the archive holds {held[offset]:,}; save it again")
+        if offset is None:
+            return None
+        if offset not in self.held or storage.nbytes() > self.held[offset]:
+            held = (f"its record in the archive holds {self.held[offset]:,}" if offset in self.held
+                    else "no record in the archive starts where it does")
+            raise UsageError(f"{self.path}: truncated or damaged: a tensor's storage is declared "
+                             f"{storage.nbytes():,} bytes but {held}; save it again")
+        return lambda: self._read(tensor, offset, storage.nbytes())
+
+    def _read(self, tensor: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+        import torch
+
+        if offset not in self.storages:  # a storage shared by several tensors is sliced once
+            if self.whole is None:
+                self.whole = torch.UntypedStorage.from_file(str(self.path), False, self.path.stat().st_size)
+            self.storages[offset] = self.whole[offset:offset + nbytes]
+        # torch._utils._rebuild_tensor: an empty tensor set to the storage, offset, size and stride
+        out = torch.empty((0,), dtype=tensor.dtype).set_(self.storages[offset], tensor.storage_offset(),
+                                                          tensor.shape, tensor.stride())
+        return torch._neg_view(out) if tensor.is_neg() else out.conj() if tensor.is_conj() else out
 
 
 def _constant(tensor: torch.Tensor) -> Callable[[], Any]:
     return lambda: tensor
 
 
-def torch_problem(tensor: torch.Tensor, meta: bool) -> str | None:
+def torch_problem(tensor: torch.Tensor, meta: bool, empty: bool) -> str | None:
     import torch
 
     if tensor.layout != torch.strided:
@@ -340,16 +392,17 @@ def torch_problem(tensor: torch.Tensor, meta: bool) -> str | None:
     if tensor.is_quantized:
         name = str(tensor.dtype).removeprefix("torch.")
         return f"holds a quantized tensor ({name}); save it dequantized (tensor.dequantize())"
-    if tensor.device.type == "meta" and not meta:
+    if empty and not meta:
         return "holds a meta tensor (a shape with no values); save real tensors, or use --meta for shapes only"
     return dtype_problem(tensor.dtype)
 
 
-def _torch_load(path: Path, *, mmap: bool) -> Any:
+def _torch_load(path: Path, *, mmap: bool = False, meta: bool = False) -> Any:
+    """`torch.load(weights_only=True)`, onto the meta device (the pickle alone) or the CPU (mapped or read)."""
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return torch.load(path, map_location="meta" if meta else "cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         # torch names the class or function the file would call ("Unsupported global: ..."); anything
         # else it could not unpickle is simply not a torch file.

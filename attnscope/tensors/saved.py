@@ -57,15 +57,17 @@ def read_saved(spec: str) -> SavedRun:
     if not path.is_file():
         raise UsageError(f"{spec}: no such file")
     try:
-        entries = dict(_entries(path, suffix, False))
         meta: dict[str, Any] = {}
+        if suffix in (".pt", ".pth"):  # the pickle read once: the entries and the metadata beside them
+            found, loaded = formats.torch_contents(path, meta=False, fits=lambda size: _check_fits(spec, size))
+            entries = dict(found)
+            meta = loaded.get("__attnscope__", {}) if isinstance(loaded, dict) else {}
+        else:
+            entries = dict(_entries(path, suffix, False))
         if suffix == ".safetensors":
             header, _ = formats.safetensors_header(path)
             text = (header.get("__metadata__") or {}).get("attnscope")
             meta = json.loads(text) if isinstance(text, str) else {}
-        elif suffix in (".pt", ".pth"):
-            loaded = formats._torch_load(path, mmap=True)
-            meta = loaded.get("__attnscope__", {}) if isinstance(loaded, dict) else {}
     except UsageError:
         raise
     except Exception as exc:  # a damaged archive, a truncated file: the loader's own words, one line
