@@ -3,9 +3,10 @@ own processor (tokenizer + image processor, built offline) beside it, and a test
 
 - gemma3: Gemma3ForConditionalGeneration, a SigLIP tower on 28 px (2 x 2 patches of 14), 4 image tokens per image
   (a 2 x 2 grid), layers sliding (window 4), sliding, full: the image block is bidirectional on every kind.
-- llama4: Llama4ForConditionalGeneration, 56 px (4 x 4 patches), pixel shuffle 0.5: 4 <|patch|> tokens (2 x 2),
-  RoPE + chunked layers 0, 2 (chunks of 4) and NoPE layers 1, 3. Its folder holds the tokenizer only:
-  Llama4ImageProcessorFast needs torchvision, not installed here.
+- llama4: Llama4ForConditionalGeneration, 56 px (4 x 4 patches), pixel shuffle 0.5: 4 <|patch|> tokens (2 x 2)
+  per tile, up to 4 tiles and the global view; RoPE + chunked layers 0, 2 (chunks of 4) and NoPE layers 1, 3. Its
+  processor_config.json is written as transformers 5.23's Llama4Processor.save_pretrained writes it (the image
+  processor's settings nested in it): that class needs torchvision to be built, not installed here.
 - llava: LlavaForConditionalGeneration over a LLaMA (GQA, biases), a CLIP tower on 28 px: 4 <image> tokens (2 x 2).
 - llava_mistral: the same over a Mistral with a window of 4.
 Qwen's processors need torchvision for their video half (not installed here), so their folders hold the tokenizer
@@ -85,7 +86,25 @@ def _llama4():
                              image_token_index=tokenizer.convert_tokens_to_ids("<|patch|>"),
                              boi_token_index=tokenizer.convert_tokens_to_ids("<|image_start|>"),
                              eoi_token_index=tokenizer.convert_tokens_to_ids("<|image_end|>"))
-    return config, tf.Llama4ForConditionalGeneration, (tokenizer,)  # its image processor needs torchvision
+    return config, tf.Llama4ForConditionalGeneration, (tokenizer, _Llama4ProcessorConfig())
+
+
+class _Llama4ProcessorConfig:
+    """processor_config.json as Llama4Processor(Llama4ImageProcessor(size=56, max_patches=4), tokenizer,
+    patch_size=14).save_pretrained writes it in transformers 5.23 (recorded where torchvision was installed)."""
+
+    SETTINGS = {"fake_image_token": "<|image|>", "image_token": "<|image|>", "patch_size": 14,
+                "processor_class": "Llama4Processor",
+                "image_processor": {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True,
+                                    "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                                    "image_processor_type": "Llama4ImageProcessor", "max_patches": 4, "resample": 2,
+                                    "rescale_factor": 0.00392156862745098, "resize_to_max_canvas": False,
+                                    "size": {"height": 56, "width": 56}}}
+
+    def save_pretrained(self, folder: Path) -> None:
+        import json
+
+        (folder / "processor_config.json").write_text(json.dumps(self.SETTINGS, indent=2))
 
 
 def _llava(text_model: str):

@@ -6,9 +6,11 @@ The processor is the folder's own (`AutoProcessor`: its tokenizer and image proc
 `__call__` does: Gemma 3's `\\n\\n<start_of_image>` + 256 `<image_soft_token>` + `<end_of_image>\\n\\n`, LLaVA's
 `<image>` repeated per patch, Llama 4's `<|image_start|>` ... `<|patch|>` ... `<|image_end|>`, Qwen's
 `<|vision_start|>` + `<|image_pad|>` per merged patch + `<|vision_end|>`). Where transformers cannot build the
-processor (Qwen's needs torchvision for its video half), the folder's tokenizer and image processor are used
-apart and the image's tokens placed by the processor's own rule (`Qwen2_5_VLProcessor.__call__`'s, written once
-in `_qwen_placement`). The prompt: the text as given where it holds the processor's image placeholder, else the
+processor for want of torchvision: Llama 4's image processor exists only as a torchvision class, so
+Llama4Processor is built over attnscope's copy of its steps (llama4_tiles.py, equal to it bit for bit); Qwen's
+needs torchvision for its video half, so the folder's tokenizer and image processor are used apart and the image's
+tokens placed by the processor's own rule (`Qwen2_5_VLProcessor.__call__`'s, written once in `_qwen_placement`).
+The prompt: the text as given where it holds the processor's image placeholder, else the
 chat template where the processor has one (a user turn: the image, then the text), else the placeholder before
 the text.
 
@@ -20,6 +22,7 @@ square's side (Gemma 3's `mm_tokens_per_image`, LLaVA's patches, Llama 4's pixel
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +121,10 @@ def place(folder: Path, config: Config, text: str, picture: Image.Image) -> Imag
     except (ValueError, TypeError, KeyError, RuntimeError, IndexError) as exc:
         raise UsageError(f"{{image}}: the model's processor cannot read the text with the image "
                          f"({first_line(exc)})", "image") from None
+    # the model runs in float32; Llama4ImageProcessor's pixels are bfloat16 (each exact in float32): moved to the
+    # model's dtype as its users do (`BatchFeature.to(model.dtype)`, which casts floating tensors only)
+    inputs = {k: v.float() if hasattr(v, "is_floating_point") and v.is_floating_point() else v
+              for k, v in inputs.items()}
     return found(config, inputs, processor.tokenizer, prompt, made_by, notes)
 
 
@@ -156,8 +163,8 @@ def image_share(patterns: torch.Tensor, image: list[bool]) -> torch.Tensor:
 
 
 def _processor(folder: Path, config: Config) -> tuple[Any, str, list[str]]:
-    """The folder's AutoProcessor; where transformers cannot build it (Qwen's video half needs torchvision), its
-    tokenizer and image processor apart, for the families whose placement is written here."""
+    """The folder's AutoProcessor; without torchvision, Llama 4's Llama4Processor over llama4_tiles, and Qwen's
+    tokenizer and image processor apart (its video half needs torchvision), placed by the rule written here."""
     from transformers import AutoProcessor
 
     from attnscope.models.nopage.truncated import quiet_transformers
@@ -165,8 +172,23 @@ def _processor(folder: Path, config: Config) -> tuple[Any, str, list[str]]:
     quiet_transformers()
     try:
         return AutoProcessor.from_pretrained(str(folder), trust_remote_code=False), "AutoProcessor", []
-    except (OSError, ValueError, TypeError, KeyError, ImportError, AttributeError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, ImportError, AttributeError, RuntimeError) as exc:
+        # RuntimeError: a torchvision that does not match the installed torch fails to import ("operator
+        # torchvision::nms does not exist")
+        torchvision = "torchvision" in str(exc).lower() or importlib.util.find_spec("torchvision") is None
         why = "it needs torchvision, not installed" if "torchvision" in str(exc).lower() else first_line(exc)
+    if config.model_type == "llama4" and torchvision:
+        from attnscope.models.vision import llama4_tiles
+
+        try:
+            made = llama4_tiles.processor(folder)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise UsageError(f"{{model}} {folder}: Llama4Processor cannot be built from this folder "
+                             f"({first_line(exc)})", "model") from None
+        note = ("Llama 4's image processor needs torchvision, not usable here: its tiles were cut by attnscope's "
+                "copy of Llama4ImageProcessor's steps (models/vision/llama4_tiles.py, equal to it bit for bit in "
+                "the tests) and placed by Llama4Processor itself")
+        return made, "AutoProcessor", [note]
     if not config.model_type.startswith("qwen"):
         fix = "pip install torchvision" if "torchvision" in why else "save it beside the weights with " \
             "AutoProcessor.save_pretrained(folder)"
