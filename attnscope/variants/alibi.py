@@ -40,12 +40,16 @@ def slopes(n_head: int) -> Tensor:
 
 
 def bias(n_head: int, n_Q: int, n_K: int, offset: int = 0, device: Any = None,
-         given: tuple[float, ...] | None = None) -> Tensor:
+         given: tuple[float, ...] | Tensor | None = None) -> Tensor:
     """`[n_head, n_Q, n_K]` float32: `-m_h · (i + offset - j)`; query i sits at position i + offset. `given`: the
-    heads' slopes where they are not `slopes(n_head)` (one head of a larger module)."""
+    heads' slopes, computed by the caller (who shows them too) or where they are not `slopes(n_head)` (one head of
+    a larger module); one per head."""
     import torch
 
+    m = slopes(n_head) if given is None else torch.as_tensor(given, dtype=torch.float32)  # [n_head]
+    if m.shape != (n_head,):
+        raise UsageError(f"{{alibi_slopes}} gives {m.numel()} slopes for {n_head} heads; give one per head",
+                         "alibi_slopes")
     query = torch.arange(n_Q, device=device, dtype=torch.float32)[:, None] + offset  # [n_Q, 1]
     key = torch.arange(n_K, device=device, dtype=torch.float32)[None, :]  # [1, n_K]
-    m = slopes(n_head) if given is None else torch.tensor(given, dtype=torch.float32)  # [n_head]
     return -m.to(device)[:, None, None] * (query - key)  # [n_head, n_Q, n_K]
