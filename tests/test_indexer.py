@@ -206,3 +206,33 @@ def test_page_marks_the_keys_the_indexer_dropped(built, tmp_path):
         hover(page, "heatmap", 0, 3)
         assert page.get_by_test_id("tooltip").inner_text().endswith("masked (the mask forbids this key)")
         assert opened.errors == []
+
+
+@pytest.mark.parametrize("name", ["v32", "glm5"])
+def test_all_layers_json_holds_every_layers_selected(built, name):
+    """--all-layers --json: each `all_layers` entry holds its layer's `selected`, the causal keys among
+    transformers' indexer's top-k (a GLM-5 shared layer: the previous full layer's); layer L's also at the top."""
+    folder, model, ids, _, _, picks = built(name)
+    n = len(ids)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    outcome = run_main("head", "--model", str(folder), "--layer", "1", "--text", SENTENCE, "--all-layers", "--json")
+    assert outcome.code == 0, outcome.stderr
+    payload = outcome.json()
+    entries = payload["all_layers"]
+    assert [entry["layer"] for entry in entries] == list(range(model.config.num_hidden_layers))
+    for entry in entries:
+        layer = entry["layer"]
+        full = layer if layer in picks else max(i for i in picks if i < layer)
+        expected = torch.zeros(n, n, dtype=torch.bool).scatter(-1, picks[full][0].long(), True) & causal
+        assert torch.equal(torch.tensor(entry["selected"]), expected), layer
+        assert {"attention", "kinds", "stats"} <= set(entry)  # the keys it had, kept
+    assert payload["selected"] == entries[1]["selected"]
+
+
+def test_all_layers_json_of_a_model_with_no_indexer_has_no_selected(tmp_path):
+    import tiny_models
+
+    tiny_models.build("llama", tmp_path)
+    outcome = run_main("head", "--model", str(tmp_path), "--text", SENTENCE, "--all-layers", "--json")
+    assert outcome.code == 0, outcome.stderr
+    assert not any("selected" in entry for entry in outcome.json()["all_layers"])
