@@ -19,7 +19,9 @@ a query that may see no key, is left out), with query i at position p = i + offs
 The kind, from these thresholds (the first that holds):
 `first-token` if first ≥ 0.5, `previous-token` if previous ≥ 0.5, `self` if self ≥ 0.5, `induction` if
 induction ≥ 0.5 (the largest of the four wins when several hold), `broad` if spread ≥ 0.85, `local` if
-distance ≤ 2, else `mixed`.
+distance ≤ 2, else `mixed`. On a vision tower's tokens (an image's patch grid, gridstats.py) there is no
+`previous-token`, and `local` is a mean distance on the grid of at most 1.5 patches (the 8 neighbours lie at 1
+and √2); each head also gets its `grid_stats` there, and a vision-language model's prompt gets them for its image.
 (0.85 rather than 0.9: on all-MiniLM-L6-v2 the heads of layer 0 that look even across the sentence reach
 0.85 to 0.90, and a spread of 0.85 is still about n^0.85 keys alike, 9 of 13; docs/heads.md.)
 
@@ -43,10 +45,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from attnscope.readings.gridstats import Layout
+
 KINDS = ("first-token", "previous-token", "self", "induction", "broad", "local", "mixed")
 DOMINANT = 0.5  # first, previous, self or induction at least this: the head's kind is that position
 BROAD = 0.85  # spread at least this: close to uniform over what each query may see
 LOCAL = 2.0  # mean attended distance at most this many positions
+LOCAL_PATCHES = 1.5  # a vision tower: mean distance on the patch grid at most this many patches (gridstats.py)
 GROUP_CELLS = 1 << 21  # describe_heads: heads a call, at most this many pattern cells (16 MiB in float64)
 
 
@@ -189,16 +194,23 @@ def induction_rows(A: Tensor, positions: Tensor, tokens: Sequence[int]) -> Tenso
     return torch.where(follows.any(dim=-1), mass, torch.nan)
 
 
-def kind(stats: HeadStats) -> str:
-    """One word for what the head does (thresholds in this module's docstring and docs/heads.md)."""
+def kind(stats: HeadStats, grid: dict[str, float | None] | None = None) -> str:
+    """One word for what the head does (thresholds in this module's docstring and docs/heads.md). `grid`: a vision
+    tower's grid figures (gridstats.py), where the previous token and a distance in positions mean nothing: no
+    `previous-token`, and `local` is a mean distance on the grid of at most LOCAL_PATCHES patches."""
     positional = {"first-token": stats.first, "previous-token": stats.previous, "self": stats.self,
                   "induction": stats.induction or 0.0}
+    if grid is not None:
+        del positional["previous-token"]
     name, mass = max(positional.items(), key=lambda item: item[1])
     if mass >= DOMINANT:
         return name
     if stats.spread >= BROAD:
         return "broad"
-    if stats.distance <= LOCAL:
+    if grid is None and stats.distance <= LOCAL:
+        return "local"
+    distance = None if grid is None else grid["distance"]
+    if distance is not None and distance <= LOCAL_PATCHES:
         return "local"
     return "mixed"
 
@@ -209,10 +221,14 @@ def describe(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = No
     return kind(stats), stats.as_dict()
 
 
-def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """Every head of one batch element, `[n_head, n_Q, n_K]`: `{"head", "stats", "kind"}` per head. Heads go
-    through `row_sums` together, as many at a time as fit in GROUP_CELLS cells (a long text's heads one by one)."""
+def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | None = None,
+                   grid: Layout | None = None) -> list[dict[str, Any]]:
+    """Every head of one batch element, `[n_head, n_Q, n_K]`: `{"head", "stats", "kind"}` per head, and
+    `"grid_stats"` where the tokens are an image's patch grid (`grid`, gridstats.py). Heads go through `row_sums`
+    together, as many at a time as fit in GROUP_CELLS cells (a long text's heads one by one)."""
     import torch
+
+    from attnscope.readings.gridstats import grid_figures
 
     heads: list[dict[str, Any]] = []
     n_head, n_Q, n_K = attention.shape
@@ -223,11 +239,16 @@ def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | N
         if is_effective(A):
             A = shares(A)
         sums, counts = row_sums(A, offset, causal[first: first + group], tokens)
+        figures = grid_figures(A, grid) if grid is not None else None
         for g in range(A.shape[0]):
             rows = RowStats()
             rows.take(sums, counts, g)
             stats = rows.result()
-            heads.append({"head": first + g, "stats": stats.as_dict(), "kind": kind(stats)})
+            tower = figures[g] if figures is not None and grid is not None and grid.tower else None
+            head = {"head": first + g, "stats": stats.as_dict(), "kind": kind(stats, tower)}
+            if figures is not None:
+                head["grid_stats"] = figures[g]
+            heads.append(head)
     return heads
 
 
@@ -251,6 +272,7 @@ class LayerHeads:
     sink_weight: Tensor | None = None  # [n_head, n_Q], a learned sink's weight (GPT-OSS); None: no sinks
     _shares: list[dict[str, Any]] | None = field(default=None, repr=False)  # sinks_share(), once computed
     effective: bool = False  # a linear layer's exact matrix M, not a softmax (is_effective): rows need not sum to 1
+    grid: Layout | None = None  # where the tokens are an image's patch grid (gridstats.py): each head's grid_stats
 
     @classmethod
     def of(cls, attention: Tensor, title: str, row_labels: list[str] | None = None,
@@ -260,13 +282,28 @@ class LayerHeads:
         """`tokens`: the token id at each key position, where known (a model's text), for induction heads;
         `masked`: where the mask hid a key (masks.hidden of the `masked_scores` step); `value_norms` and
         `sink_weight` for what each head moves and where it parks its weight (moved.py, sinkshare.py)."""
+        from attnscope.readings.gridstats import layout
+
         n_Q, n_K = attention.shape[-2:]
         if masked is not None and masked.shape != attention.shape:
             masked = None
+        # an image's patches among the keys (p(r,c), img(r,c)), where the queries are the same tokens
+        grid = layout(col_labels) if col_labels and row_labels == col_labels and not offset else None
+        if grid is not None and len(grid.image) != n_K:
+            grid = None
         return cls(title, attention, row_labels or [f"q{i}" for i in range(n_Q)],
                    col_labels or [f"k{j}" for j in range(n_K)], offset, batch,
-                   describe_heads(attention, offset, tokens), masked, value_norms, sink_weight,
-                   effective=is_effective(attention.detach()))
+                   describe_heads(attention, offset, tokens, grid), masked, value_norms, sink_weight,
+                   effective=is_effective(attention.detach()), grid=grid)
+
+    def flat_stats(self, head: dict[str, Any]) -> dict[str, Any]:
+        """One head's statistics as one flat dict, as the explorer page takes them (views/sources.py): `stats`,
+        and on a patch grid its `grid_stats` as `grid_distance`, `grid_row`, ..., with `grid_tower` (a vision
+        tower's tokens, where the page shows the grid's figures in place of previous and distance)."""
+        if self.grid is None or "grid_stats" not in head:
+            return dict(head["stats"])
+        return head["stats"] | {f"grid_{name}": value for name, value in head["grid_stats"].items()} | {
+            "grid_tower": self.grid.tower}
 
     def weighted(self) -> Tensor | None:
         """The value-weighted patterns `[n_head, n_Q, n_K]` float64 (readings/moved.py); None without value_norms."""

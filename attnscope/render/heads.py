@@ -1,5 +1,6 @@
 """`--all-heads`: every head of a layer as a grid of small heatmaps, each with its index and kind, and a table
-with a row per head (attnscope/readings/headstats.py: entropy, first-token "sink", previous, self, distance, kind).
+with a row per head (attnscope/readings/headstats.py: entropy, first-token "sink", previous, self, distance, kind;
+on a vision tower's patch grid, readings/gridstats.py's figures in place of previous and distance).
 
 A small heatmap has at most THUMB_COLS key columns and THUMB_ROWS query rows; beyond that neighbouring keys
 are summed and neighbouring queries averaged (attnscope/views/pooling.py), and the output says so. Each row is
@@ -56,7 +57,8 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
     out.print(FittedText("rows = queries (the first at the top), columns = keys;  more weight: brighter in "
                          "colour, more ink in shades"))
     if rows > 1 or cols > 1:
-        out.print(FittedText(f"each cell = sum over {cols} keys, mean over {rows} queries, to fit"))
+        pooled_by = [f"sum over {cols} keys"] * (cols > 1) + [f"mean over {rows} queries"] * (rows > 1)
+        out.print(FittedText(f"each cell = {', '.join(pooled_by)}, to fit"))
     for start in range(0, n_head, per_line):
         group = range(start, min(start + per_line, n_head))
         out.print()
@@ -78,31 +80,61 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
     if hidden and any(any(row) for head in hidden for row in head):
         out.print(FittedText(MASKED_LEGEND))
     out.print(heads_table(heads))
-    out.print(FittedText("entropy: mean over queries, bits (log2 n = even over n keys);  first token (the \"sink\"), "
-                         "previous, self: mean weight there;  distance: mean attended distance, in positions "
-                         "(docs/heads.md)"))
+    entropy = "entropy: mean over queries, bits (log2 n = even over n keys)"
+    if heads.grid is not None and heads.grid.tower:  # an image's patches: figures on the grid (gridstats.py)
+        special = [name for name, tokens in (("[CLS]", heads.grid.cls), ("[DIST]", heads.grid.distillation),
+                                             ("registers", heads.grid.registers)) if tokens]
+        out.print(FittedText(f"{entropy};  " + "".join(f"{name}, " for name in special) + "self, row, column, "
+                             "8 nbrs: mean over patch queries of the weight on " +
+                             "".join(f"{name}, " for name in special) + "its own patch, the rest of its row, of "
+                             "its column, its 8 neighbours;  distance: mean distance on the grid, in patches, of "
+                             "the weight on patches (docs/heads.md)"))
+        return
+    image = ";  image: the text's weight on the image's tokens, mean over the text after it" if heads.grid else ""
+    out.print(FittedText(f"{entropy};  first token (the \"sink\"), previous, self: mean weight there;  distance: "
+                         f"mean attended distance, in positions{image} (docs/heads.md)"))
 
 
 def heads_table(heads: LayerHeads) -> FittedTable:
-    columns = [Column("head", "right", style="bold cyan"), Column("kind"), Column("entropy", "right"),
-               Column("first token", "right"), Column("previous", "right"), Column("self", "right"),
-               Column("distance", "right")]
+    """A row per head: its kind and statistics; on a vision tower's patch grid the grid's figures in place of
+    the previous token and the distance in positions (readings/gridstats.py); a VLM's text gains its share on
+    the image."""
+    columns = [Column("head", "right", style="bold cyan"), Column("kind"), Column("entropy", "right")]
+    grid = heads.grid
+    if grid is not None and grid.tower:
+        figures = [(title, key) for title, key, tokens in (("[CLS]", "cls", grid.cls),
+                                                           ("[DIST]", "distillation", grid.distillation),
+                                                           ("registers", "registers", grid.registers)) if tokens]
+        figures += [("self", "self"), ("row", "row"), ("column", "column"), ("8 nbrs", "neighbours")]
+        columns += [Column(title, "right") for title, _ in figures] + [Column("distance", "right")]
+        rows = [[cell(whole(str(head["head"]))), cell(whole(head["kind"])),
+                 cell(whole(_number(head["stats"]["entropy"], ".2f"))),
+                 *(cell(whole(_number(head["grid_stats"][key], ".2f"))) for _, key in figures),
+                 cell(whole(_number(head["grid_stats"]["distance"], ".1f")))] for head in heads.heads]
+        return FittedTable(columns, rows)
+    columns += [Column("first token", "right"), Column("previous", "right"), Column("self", "right"),
+                Column("distance", "right")] + [Column("image", "right")] * (grid is not None)
     rows = []
     for head in heads.heads:
         s = head["stats"]
+        image = [cell(whole(_number(head["grid_stats"]["text_to_image"], ".2f")))] if grid is not None else []
         rows.append([cell(whole(str(head["head"]))), cell(whole(head["kind"])),
                      *(cell(whole(_number(s[key], ".2f"))) for key in ("entropy", "first", "previous", "self")),
-                     cell(whole(_number(s["distance"], ".1f")))])
+                     cell(whole(_number(s["distance"], ".1f"))), *image])
     return FittedTable(columns, rows)
 
 
-def _number(value: float, spec: str) -> str:
+def _number(value: float | None, spec: str) -> str:
+    """A figure to its digits; `nan` where it is not finite, `-` where it does not apply (None)."""
+    if value is None:
+        return "-"
     return format(value, spec) if math.isfinite(value) else "nan"
 
 
 def heads_json(heads: LayerHeads) -> list[dict[str, Any]]:
     """`[{"head", "attention", "stats", "kind", "sinks_share"}]`, `"value_norms", "weighted", "moved"` where the
-    values are known, and `"batch"` where the heads are one batch element's."""
+    values are known, `"grid_stats"` where the tokens are an image's patch grid (a vision tower; a VLM's prompt),
+    and `"batch"` where the heads are one batch element's."""
     from attnscope.render.readings import head_readings
 
     out = []  # a model's heads (no batch element) gain the readings; sdpa's and mha's keep their keys
@@ -113,5 +145,7 @@ def heads_json(heads: LayerHeads) -> list[dict[str, Any]]:
             entry["batch"] = heads.batch
         entry |= {"attention": numbers(heads.attention[h]), "stats": clean(head["stats"]),
                   "kind": head["kind"]} | readings  # value_norms, weighted, moved, sinks_share (render/readings.py)
+        if "grid_stats" in head:  # an image's patch grid (readings/gridstats.py): null where a figure has no rows
+            entry["grid_stats"] = clean(head["grid_stats"])
         out.append(entry)
     return out
