@@ -5,10 +5,11 @@ naming the step that could not be reproduced. Planted: a LLaMA attention that wi
 'out'); and the real case, DeepSeek-V3.2, whose indexer's choice reaches eager's mask but only a keyword of any
 other attention function. The reference is transformers' eager model with the same module, output_attentions.
 
-Modules with no `layer_idx`, known by their call's order in the forward: vision towers (ViT, DINOv2 with registers,
-CLIP's and SigLIP's) and encoders (DistilBERT; ALBERT, one module shared by every layer) are checked on every layer
-(selfcheck.check counted), equal eager's output_attentions, and a module planted to hide a key or scale its output
-under eager falls back to eager's pattern, untraced, the note naming the layer, its path and the step."""
+Modules with no `layer_idx`, known by their call's order in the forward: vision towers (ViT, DeiT, DINOv2 with and
+without registers, CLIP's and SigLIP's) and encoders (DistilBERT; ALBERT, one module shared by every layer) are
+checked on every layer (selfcheck.check counted), equal eager's output_attentions, and a module planted to hide a
+key or scale its output under eager falls back to eager's pattern, untraced, the note naming the layer, its path
+and the step."""
 
 from __future__ import annotations
 
@@ -192,11 +193,11 @@ def _hidden_first_key(original):
 
 NO_LAYER_IDX = {"hide": (_hidden_first_key, "attention"), "scale": (_scaled, "out")}
 # each kind's attention module (no layer_idx) and its modeling module
-MODULES = {"vit": ("vit", "ViTAttention"),
+MODULES = {"vit": ("vit", "ViTAttention"), "deit": ("deit", "DeiTAttention"), "dinov2": ("dinov2", "Dinov2Attention"),
            "dinov2_with_registers": ("dinov2_with_registers", "Dinov2WithRegistersAttention"),
            "clip_vision_model": ("clip", "CLIPAttention"), "siglip_vision_model": ("siglip", "SiglipAttention"),
            "distilbert": ("distilbert", "DistilBertSelfAttention"), "albert": ("albert", "AlbertAttention")}
-TOWERS = ("vit", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
+TOWERS = ("vit", "deit", "dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
 ENCODERS = ("distilbert", "albert")
 
 
@@ -218,7 +219,8 @@ def _config_of(kind: str):
 
     if kind in ENCODERS:
         return _encoder(kind).config
-    config = {"vit": tf.ViTConfig, "dinov2_with_registers": tf.Dinov2WithRegistersConfig,
+    config = {"vit": tf.ViTConfig, "deit": tf.DeiTConfig, "dinov2": tf.Dinov2Config,
+              "dinov2_with_registers": tf.Dinov2WithRegistersConfig,
               "clip_vision_model": tf.CLIPVisionConfig, "siglip_vision_model": tf.SiglipVisionConfig}[kind]
     return config(**SIZES)
 

@@ -77,10 +77,10 @@ def watching(model: Any, recorder: Recorder) -> Iterator[None]:
         inputs[id(module)] = (args, kwargs, _cache_entry(module, _cache_of(args, kwargs)))
 
     def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        kept = inputs.pop(id(module), None)  # held no longer than the call: a long input's activations go
         if recorder.caller is not module:
             return
         recorder.caller = None
-        kept = inputs.pop(id(module), None)
         # a cache this check cannot copy is left unchecked: no module runs twice on it
         if kept is not None and recorder.failure is None and (_cache_of(*kept[:2]) is None or kept[2] is not None):
             recorder.failure = check(module, kept, output, recorder.caller_layer, paths.get(id(module), ""))
