@@ -3,9 +3,12 @@ an image, for every VLM family attnscope reads (tests/tiny_vlm.py), held against
 `generate(do_sample=False, output_attentions=True, return_dict_in_generate=True)` on the eager VLM with the same
 processor output: the same new ids, and each step's row of every layer equal (atol 1e-5); Gemma 3's image block
 both ways in the prefill only, Qwen's M-RoPE decode positions from rope_deltas; the command line's JSON, terminal
-and --check."""
+and --check. And a prompt past the long-input threshold (models/vision/vlm_long.py): `--rows A:B` exact against
+eager output_attentions, computed in blocks."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -127,3 +130,59 @@ def test_generate_refusals(built, picture):
                        (["--generate", "-1"], "--generate")):
         out = run_main("head", "--model", str(folder), "--text", TEXT, "--image", str(picture), *args)
         assert out.code == 2 and len(out.error_lines) == 1 and said in out.stderr, (args, out.stderr)
+
+
+# --- a long prompt with an image (--rows A:B): head h in blocks of rows, the rows asked exact -----------------
+
+REAL_LONG = os.environ.get("ATTNSCOPE_LONG_TESTS") == "1"  # the real threshold, a 2,100-token text (seconds more)
+
+
+@pytest.fixture
+def long_prompt(monkeypatch):
+    """The text that makes the prompt long: past the real LONG_TOKENS with ATTNSCOPE_LONG_TESTS=1, else TEXT with
+    the threshold lowered to 8 tokens and blocks of 3 rows, so that blocks cut through the image's tokens."""
+    from attnscope.models.forward import long
+
+    if REAL_LONG:
+        return " ".join([TEXT] * 300)
+    monkeypatch.setattr(long, "LONG_TOKENS", 8)
+    monkeypatch.setattr(long, "BLOCK_ROWS", 3)
+    return TEXT
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llava_mistral", "llama4"])
+def test_long_prompt_rows_equal_eager(name, built, picture, long_prompt):
+    """Every row of head 1 at the last layer (Gemma 3's full layer: the image block both ways across blocks of rows;
+    Llama 4's tiles and chunked layers; Mistral's window), computed in blocks, against eager output_attentions."""
+    folder, model = built(name)
+    tokens = vlm.place(folder, read_config(folder), long_prompt, read_image(picture))
+    n = len(tokens.ids)
+    with torch.no_grad():
+        theirs = model(**tokens.inputs, output_attentions=True).attentions
+    L = len(theirs) - 1
+    rows = (0, n) if n < 100 else (n - 40, n)
+    out = run_main("head", "--model", str(folder), "--layer", str(L), "--head", "1", "--text", long_prompt,
+                   "--image", str(picture), "--rows", f"{rows[0]}:{rows[1]}", "--check", "--json")
+    assert out.code == 0, out.stderr
+    data = out.json()
+    assert data["check_passed"] is True and data["tokens"] == tokens.labels
+    exact = torch.tensor(data["rows"]["attention"], dtype=torch.float64)  # [n_rows, n_tokens]
+    assert torch.allclose(exact, theirs[L][0, 1, rows[0]:rows[1]].double(), atol=ATOL)
+    pooled = torch.tensor(data["attention_pooled"], dtype=torch.float64)
+    assert torch.allclose(pooled.sum(-1), torch.ones(pooled.shape[0], dtype=torch.float64), atol=1e-6)
+    assert any("each row's weight on the image's tokens" in note for note in data["notes"])
+
+
+def test_long_prompt_refusals(built, picture, long_prompt):
+    cases = [("gemma3", ["--generate", "2"], "drop --generate"), ("gemma3", ["--all-layers"], "drop --all-layers"),
+             ("qwen3_vl", ["--rows", "0:2"], "drop --rows")]
+    for name, args, said in cases:
+        folder, _ = built(name)
+        out = run_main("head", "--model", str(folder), "--text", long_prompt, "--image", str(picture), *args)
+        assert out.code == 2 and len(out.error_lines) == 1 and said in out.stderr, (name, args, out.stderr)
+
+
+def test_rows_on_a_short_prompt_is_refused(built, picture):
+    folder, _ = built("llava")
+    out = run_main("head", "--model", str(folder), "--text", TEXT, "--image", str(picture), "--rows", "0:2")
+    assert out.code == 2 and len(out.error_lines) == 1 and "drop --rows" in out.stderr, out.stderr

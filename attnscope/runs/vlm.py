@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from attnscope.check.comparison import Comparison
     from attnscope.models.config import Config
+    from attnscope.models.family import Family
     from attnscope.models.vision.patches import Picture
     from attnscope.models.vision.vlm import ImageTokens
     from attnscope.runs.head_result import HeadOptions, HeadResult, Progress
@@ -29,11 +30,10 @@ if TYPE_CHECKING:
 
 def refuse_options(asked: HeadOptions) -> None:
     """What a VLM's text with an image does not run yet, refused in one line before anything is read."""
-    from attnscope.runs.beyond_layer import check_generate
+    from attnscope.runs.beyond_layer import check_generate, parse_rows
 
-    used = [flag for flag, on in (("--rows", asked.rows is not None), ("--target", asked.target is not None),
-                                  ("--attention", asked.attention is not None), ("--audio", asked.audio is not None))
-            if on]
+    used = [flag for flag, on in (("--target", asked.target is not None), ("--attention", asked.attention is not None),
+                                  ("--audio", asked.audio is not None)) if on]
     if used:
         named = " and ".join(used)
         raise UsageError(f"--image with --text runs a vision-language model on the prompt (layers 0..--layer, every "
@@ -43,10 +43,12 @@ def refuse_options(asked: HeadOptions) -> None:
         raise UsageError("--image on a vision-language model goes with a prompt: add --text \"...\" (the image's "
                          "tokens are placed where the model's processor places them)")
     check_generate(asked)
+    parse_rows(asked.rows)
 
 
 def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models.vision import vlm, vlm_run
+    from attnscope.models.forward.long import LONG_TOKENS
+    from attnscope.models.vision import vlm, vlm_long, vlm_run
     from attnscope.models.vision.image import read_image
     from attnscope.runs.head_result import guard_memory, save_result
 
@@ -58,17 +60,24 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
         tokens = vlm.place(folder, config, asked.text or "", picture)
     n, n_new = len(tokens.ids), asked.generate
     last = vlm_run.n_layer(folder, config) - 1 if asked.all_layers or n_new else asked.layer
-    guard_memory(vlm_run.estimate_bytes(folder, last, n + n_new), asked.max_memory,
-                 f"running the vision tower and layers 0..{last} on {n + n_new} tokens")
     page = vlm.VLM_TYPES[config.model_type] is not None
+    if asked.rows is not None and not page:
+        raise UsageError(f"--rows picks exact rows of a long prompt computed in blocks, which the families attnscope "
+                         f"has a page for do (Gemma 3, Llama 4, LLaVA); {config.architecture} runs through "
+                         "transformers (M-RoPE), which computes its whole pattern: drop --rows")
+    if page and n > LONG_TOKENS:  # head h in blocks of rows (models/vision/vlm_long.py); the rest is refused by plan
+        needed = vlm_long.estimate_bytes(folder, config, asked.layer, n)
+    else:
+        needed = vlm_run.estimate_bytes(folder, last, n + n_new)
+    guard_memory(needed, asked.max_memory, f"running the vision tower and layers 0..{last} on {n + n_new} tokens")
     decoding = f", then decoding {counted(n_new, 'token')}" if n_new else ""
     with progress(f"running {config.architecture}'s vision tower and layers 0 to {last} on {n} tokens{decoding}"):
         result = _on_page(asked, folder, config, tokens) if page else _through_interface(asked, folder, config, tokens)
     if result.decode:
         _decoded(result, folder, config)
-    assert result.all_heads is not None
     result.image_tokens = tokens
-    result.image_share = vlm.image_share(result.all_heads, tokens.image)  # [n_head, n_tokens]
+    if result.all_heads is not None:  # a long prompt's head is pooled: its exact rows' share is in a note
+        result.image_share = vlm.image_share(result.all_heads, tokens.image)  # [n_head, n_tokens]
     result.picture = _picture(asked.image or "", picture, tokens)
     grids = ", ".join(f"{r} x {c}" for r, c in tokens.grids)
     result.notes[:0] = [f"{asked.image} ({picture.width} x {picture.height}) and the text made into "
@@ -100,6 +109,9 @@ def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageToke
         info = ModelInfo.of(model)
         info.model_type = config.model_type
         result = HeadResult(asked, info, weights, encoded, notes=list(weights.notes), tracer="attnscope")
+        if layers.plan(asked, model, encoded).long:  # a text's refusals: --rows on a short prompt, ... (plan's)
+            _long(result, model, tokens)
+            return result
         if asked.all_layers:
             every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
             result.run, result.layer_patterns = every.run, every.patterns
@@ -117,6 +129,25 @@ def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageToke
                         f"model ran on attnscope's {_page_name(model)} page from the embeddings the "
                         "model made (layer 0's input: the token embeddings with the image's features in its places)")
     return result
+
+
+def _long(result: HeadResult, model: Family, tokens: ImageTokens) -> None:
+    """A prompt past LONG_TOKENS: head h in blocks of query rows, pooled, the rows asked kept exact, and their
+    weight on the image's tokens in a note."""
+    from attnscope.models.vision import vlm_long
+    from attnscope.runs.beyond_layer import parse_rows
+
+    o = result.options
+    long = result.long = vlm_long.long_head(model, tokens, o.layer, o.head, parse_rows(o.rows))
+    n = len(tokens.ids)
+    result.notes.append(f"{n:,} tokens, the image's {tokens.n_image:,} among them: head {o.head}'s pattern is "
+                        "computed in blocks of query rows, each exact, and pooled; the layer's steps are shown as "
+                        "shapes (no [n_head, n_tokens, n_tokens] step is held)")
+    if long.rows is not None and long.exact_rows is not None:
+        shares = vlm_long.row_shares(long.exact_rows, tokens.image).tolist()  # [n_rows]
+        listed = ", ".join(f"{share:.3f}" for share in shares[:8]) + (", ..." if len(shares) > 8 else "")
+        result.notes.append(f"rows {long.rows[0]} to {long.rows[1] - 1}: each row's weight on the image's tokens "
+                            f"(head {o.head}): {listed}")
 
 
 def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
@@ -182,13 +213,18 @@ def check(result: HeadResult, folder: Path, config: Config, tokens: ImageTokens)
     from attnscope.check.comparison import compare
     from attnscope.models.vision import vlm_run
 
-    mine = dict(enumerate(result.layer_patterns)) if result.layer_patterns is not None else {result.options.layer:
-                                                                                       result.all_heads}
-    model = vlm_run.load_eager(folder, config, max(mine))
+    L = result.options.layer
+    mine = dict(enumerate(result.layer_patterns)) if result.layer_patterns is not None else {L: result.all_heads}
+    model = vlm_run.load_eager(folder, config, max(mine) if result.long is None else L)
     with torch.no_grad():
         theirs = model(**tokens.inputs, output_attentions=True).attentions
     comparisons = []
-    for layer, pattern in mine.items():
+    long = result.long
+    if long is not None and long.rows is not None and long.exact_rows is not None and theirs is not None:
+        first, end = long.rows
+        return [compare(f"layer {L} head {result.options.head} rows {first}:{end}", "output_attentions",
+                        long.exact_rows.float(), theirs[L][0, result.options.head, first:end].float())]
+    for layer, pattern in mine.items() if long is None else ():
         if theirs is None or theirs[layer] is None or pattern is None:
             raise UsageError(f"--check: transformers gives layer {layer} no attention weights to compare with")
         comparisons.append(compare(f"layer {layer}", "output_attentions", pattern.float(), theirs[layer][0].float()))

@@ -1,0 +1,90 @@
+"""A VLM's prompt past the long-input threshold (`head --text ... --image F` of more than LONG_TOKENS tokens: a long
+text, or Llama 4's many tiles), head h's pattern in blocks of query rows and pooled, with `--rows A:B` kept exact,
+as models/forward/long.py computes a text's.
+
+The language model's layer 0 reads the embeddings the VLM made (vlm_run.py's `ImageEmbedded`), so LLaVA's and
+Llama 4's pages go through `long.long_head` unchanged: their masks are their text model's own (causal, a window, a
+chunk), which a block of rows after its earlier positions computes. Gemma 3's image tokens also see the image's
+later tokens (vlm_gemma3.py): each block of rows reads every key, through `image_mask` for those rows, and the
+rows' statistics count every key as visible (a row is not causal where it reads ahead).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from attnscope.models.config import Config
+    from attnscope.models.family import Family
+    from attnscope.models.forward.long import LongHead
+    from attnscope.models.vision.vlm import ImageTokens
+    from attnscope.models.vision.vlm_gemma3 import Gemma3Image
+
+
+def long_head(model: Family, tokens: ImageTokens, layer: int, head: int,
+              rows: tuple[int, int] | None) -> LongHead:
+    """Head h of layer L on the prompt with its image, in blocks (Gemma 3's through its image mask)."""
+    from attnscope.models.forward import long
+    from attnscope.models.vision.vlm_gemma3 import Gemma3Image
+
+    if isinstance(model, Gemma3Image):
+        return _gemma3(model, tokens, layer, head, rows)
+    return long.long_head(model, tokens.ids, [0] * len(tokens.ids), layer, head, rows)
+
+
+def _gemma3(model: Gemma3Image, tokens: ImageTokens, layer: int, head: int,
+            rows: tuple[int, int] | None) -> LongHead:
+    import torch
+
+    from attnscope.attention.dot_product import sdpa
+    from attnscope.models.forward import long
+    from attnscope.models.vision.vlm_gemma3 import image_mask
+
+    ids, n = tokens.ids, len(tokens.ids)
+    window = model.window(layer)
+    with torch.no_grad():
+        h = model.embed(ids, [0] * n)  # [1, n_tokens, d_model]
+        for earlier in range(layer):
+            h = model.block(earlier, h, model.attention(earlier, record=False))
+        X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
+        del h
+        one = model.attention(layer, record=False).head_inputs(X, head)  # its spec: the mask holds causality
+        blocks = long.Blocks(n, n, rows, False, ids)
+        for a in range(0, n, long.BLOCK_ROWS):
+            b = min(n, a + long.BLOCK_ROWS)
+            mask = image_mask(model.blocks, window, a, b - a, n)  # [b - a, n_tokens]
+            trace = sdpa(one.Q[..., a:b, :], one.K, one.V, mask[None, None], spec=one.spec.rows_from(a),
+                         sinks=one.sinks)
+            blocks.add(trace["attention"][0, 0].to(torch.float64), a)  # [b - a, n_tokens]
+        layer_trace = long._shapes(model, layer, X, made)  # the steps as shapes, on the meta device
+    return blocks.head(layer_trace, model.attention_spec(layer))
+
+
+def estimate_bytes(folder: Path, config: Config, layer: int, n_tokens: int) -> int:
+    """Memory of a long prompt's run: the tower and the text model's layers 0..L (vlm_run.estimate_bytes without
+    the scores), and what long.estimate_bytes adds on a page: the residual stream and its activations, layer L's
+    queries, keys and values, one block of rows (Gemma 3's over every key, with its mask)."""
+    from attnscope.models.forward.long import BLOCK_ROWS
+    from attnscope.models.vision import vlm_run
+
+    text = vlm_run.text_settings(folder, config)
+    d_model = int(text.get("hidden_size") or 0)
+    n_head = int(text.get("num_attention_heads") or 1)
+    n_kv_head = int(text.get("num_key_value_heads") or n_head)
+    d_head = int(text.get("head_dim") or d_model // n_head)
+    linear = 4 * n_tokens * 40 * d_model
+    qkv = 4 * n_tokens * d_head * (n_head + 2 * n_kv_head)
+    block = BLOCK_ROWS * n_tokens * (3 * 4 + 3 * 8 + 1)
+    mask = n_tokens * n_tokens if config.model_type == "gemma3" else 0  # the layers before L: the whole mask, bool
+    return vlm_run.estimate_bytes(folder, layer, 0) + linear + qkv + block + mask
+
+
+def row_shares(exact_rows: torch.Tensor, image: list[bool]) -> torch.Tensor:
+    """The exact rows' weight on the image's tokens, `[n_rows]`."""
+    from attnscope.models.vision.vlm import image_share
+
+    return image_share(exact_rows, image)
