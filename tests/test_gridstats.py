@@ -198,6 +198,12 @@ def test_kinds_on_a_grid():
     assert second["grid_stats"]["cls"] == 1.0 and second["grid_stats"]["registers"] is None
     text = LayerHeads.of(torch.stack([left]), "text", [f"t{i}" for i in range(n)], [f"t{i}" for i in range(n)])
     assert text.grid is None and text.heads[0]["kind"] == "previous-token" and "grid_stats" not in text.heads[0]
+    from attnscope.views.notebook import heads_table_html  # a notebook's table: the grid's columns, "-" for None
+
+    shown = heads_table_html(heads)
+    assert ">[CLS]<" in shown and ">8 nbrs<" in shown and ">previous<" not in shown and ">registers<" not in shown
+    assert ">0.75<" in shown and ">-<" in shown
+    assert ">previous<" in heads_table_html(text)
 
 
 @pytest.mark.parametrize("labels", [

@@ -296,6 +296,25 @@ class LayerHeads:
                    describe_heads(attention, offset, tokens, grid), masked, value_norms, sink_weight,
                    effective=is_effective(attention.detach()), grid=grid)
 
+    def columns(self) -> list[tuple[str, str, str, str]]:
+        """What a table of these heads shows after the head and its kind, `(title, entry, key, format)` with
+        `entry` "stats" or "grid_stats": a text's figures; on a vision tower's patch grid the entropy, then the
+        grid's (gridstats.py: the special tokens where the model has them) in place of the first token, previous
+        and distance in positions; a VLM's text adds its share on the image."""
+        text = [("entropy", "stats", "entropy", ".2f"), ("first token", "stats", "first", ".2f"),
+                ("previous", "stats", "previous", ".2f"), ("self", "stats", "self", ".2f"),
+                ("distance", "stats", "distance", ".1f")]
+        if self.grid is None:
+            return text
+        if not self.grid.tower:
+            return [*text, ("image", "grid_stats", "text_to_image", ".2f")]
+        special = [(title, "grid_stats", key, ".2f") for title, key, tokens in (
+            ("[CLS]", "cls", self.grid.cls), ("[DIST]", "distillation", self.grid.distillation),
+            ("registers", "registers", self.grid.registers)) if tokens]
+        return [text[0], *special, *((title, "grid_stats", key, ".2f") for title, key in (
+            ("self", "self"), ("row", "row"), ("column", "column"), ("8 nbrs", "neighbours"))),
+            ("distance", "grid_stats", "distance", ".1f")]
+
     def flat_stats(self, head: dict[str, Any]) -> dict[str, Any]:
         """One head's statistics as one flat dict, as the explorer page takes them (views/sources.py): `stats`,
         and on a patch grid its `grid_stats` as `grid_distance`, `grid_row`, ..., with `grid_tower` (a vision

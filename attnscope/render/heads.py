@@ -98,29 +98,13 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
 def heads_table(heads: LayerHeads) -> FittedTable:
     """A row per head: its kind and statistics; on a vision tower's patch grid the grid's figures in place of
     the previous token and the distance in positions (readings/gridstats.py); a VLM's text gains its share on
-    the image."""
-    columns = [Column("head", "right", style="bold cyan"), Column("kind"), Column("entropy", "right")]
-    grid = heads.grid
-    if grid is not None and grid.tower:
-        figures = [(title, key) for title, key, tokens in (("[CLS]", "cls", grid.cls),
-                                                           ("[DIST]", "distillation", grid.distillation),
-                                                           ("registers", "registers", grid.registers)) if tokens]
-        figures += [("self", "self"), ("row", "row"), ("column", "column"), ("8 nbrs", "neighbours")]
-        columns += [Column(title, "right") for title, _ in figures] + [Column("distance", "right")]
-        rows = [[cell(whole(str(head["head"]))), cell(whole(head["kind"])),
-                 cell(whole(_number(head["stats"]["entropy"], ".2f"))),
-                 *(cell(whole(_number(head["grid_stats"][key], ".2f"))) for _, key in figures),
-                 cell(whole(_number(head["grid_stats"]["distance"], ".1f")))] for head in heads.heads]
-        return FittedTable(columns, rows)
-    columns += [Column("first token", "right"), Column("previous", "right"), Column("self", "right"),
-                Column("distance", "right")] + [Column("image", "right")] * (grid is not None)
-    rows = []
-    for head in heads.heads:
-        s = head["stats"]
-        image = [cell(whole(_number(head["grid_stats"]["text_to_image"], ".2f")))] if grid is not None else []
-        rows.append([cell(whole(str(head["head"]))), cell(whole(head["kind"])),
-                     *(cell(whole(_number(s[key], ".2f"))) for key in ("entropy", "first", "previous", "self")),
-                     cell(whole(_number(s["distance"], ".1f"))), *image])
+    the image (LayerHeads.columns)."""
+    shown = heads.columns()
+    columns = [Column("head", "right", style="bold cyan"), Column("kind"),
+               *(Column(title, "right") for title, *_ in shown)]
+    rows = [[cell(whole(str(head["head"]))), cell(whole(head["kind"])),
+             *(cell(whole(_number(head[entry][key], spec))) for _, entry, key, spec in shown)]
+            for head in heads.heads]
     return FittedTable(columns, rows)
 
 

@@ -27,7 +27,9 @@ class LayerHeads(Protocol):
 
     title: str
     attention: Tensor  # [n_head, n_Q, n_K]
-    heads: list[dict[str, Any]]  # {"head", "stats", "kind"} each
+    heads: list[dict[str, Any]]  # {"head", "stats", "kind"} each, and "grid_stats" on an image's patch grid
+
+    def columns(self) -> list[tuple[str, str, str, str]]: ...  # (title, entry, key, format) after head and kind
 
 CELL = 14  # pixels per heatmap cell
 MAX_CELLS = 96  # rows and columns drawn inline; beyond, neighbouring queries and keys are pooled
@@ -140,14 +142,16 @@ def heads_html(heads: LayerHeads) -> str:
 
 
 def heads_table_html(heads: LayerHeads) -> str:
-    header = "".join(f"<th{LEFT if name == 'kind' else RIGHT}>{name}</th>"
-                     for name in ("head", "kind", "entropy (bits)", "first token", "previous", "self", "distance"))
+    """A row per head, the columns the terminal's table has (readings/headstats.py's `LayerHeads.columns`: on a
+    vision tower's patch grid, the grid's figures)."""
+    shown = heads.columns()
+    titles = ["head", "kind", *("entropy (bits)" if title == "entropy" else title for title, *_ in shown)]
+    header = "".join(f"<th{LEFT if name == 'kind' else RIGHT}>{html.escape(name)}</th>" for name in titles)
     body = []
     for head in heads.heads:
-        s = head["stats"]
-        numbers = "".join(f"<td{RIGHT}>{s[key]:.2f}</td>" for key in ("entropy", "first", "previous", "self"))
-        body.append(f"<tr><td{RIGHT}>{head['head']}</td><td{LEFT}>{html.escape(head['kind'])}</td>{numbers}"
-                    f"<td{RIGHT}>{s['distance']:.1f}</td></tr>")
+        numbers = "".join(f"<td{RIGHT}>{'-' if head[entry][key] is None else format(head[entry][key], spec)}</td>"
+                          for _, entry, key, spec in shown)
+        body.append(f"<tr><td{RIGHT}>{head['head']}</td><td{LEFT}>{html.escape(head['kind'])}</td>{numbers}</tr>")
     return f"<table><thead><tr>{header}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
