@@ -13,11 +13,16 @@ and the log-decay `g` <= 0, then the recurrence, token by token (`torch_recurren
 
 S is a sum of outer products a v^T, so out_t is linear in the values: out_t = sum_s M[t, s] v_s with
 M[t, s] = q_t^T a_{t,s}, where a_{t,s} follows the same recurrence run on the identity: a_{t,t} = beta_t k_t,
-a_{t,s} = (I - beta_t k_t k_t^T) D_t a_{t-1,s} for s < t, and 0 for s > t. `effective_matrix` runs it in float64
-over all value indices at once (a `[d_K, n_K]` state per head); `effective_attention` is that M, one
-`[n_Q, n_K]` matrix per head with out = M @ V exactly (the decay, the gates and the delta rule's key removal all
-folded in). Its rows need not sum to 1 and its entries may be negative: it is not a softmax. The run checks
-M @ V against the recurrence's own output (`x_raw`, before the gated output norm) and says the figure.
+a_{t,s} = (I - beta_t k_t k_t^T) D_t a_{t-1,s} for s < t, and 0 for s > t: the delta rule with the values
+replaced by the identity over value indices (a `[d_K, n_K]` state per head). `effective_matrix` computes it in
+float64 a chunk of 64 tokens at a time, as the chunked kernels compute the layer (the UT transform of
+transformers' `torch_chunk_gated_delta_rule`): within a chunk a few `[64, 64]` products and a triangular solve,
+then the chunk's rows over the earlier columns and the state carried past it, two matrix products: about
+½ n² d_K (1 + d_K / 64) multiply-adds per head (½ n² d_K: M's own entries), a loop over chunks, not tokens.
+`effective_attention` is that M, one `[n_Q, n_K]` matrix per head with out = M @ V exactly (the decay, the gates
+and the delta rule's key removal all folded in). Its rows need not sum to 1 and its entries may be negative: it
+is not a softmax. The run checks M @ V against the recurrence's own output (`x_raw`, before the gated output
+norm) and says the figure.
 
 After the recurrence: the gated RMSNorm per head (`x_gated` = RMSNorm(x_raw) · act(gate), SiLU for Gated DeltaNet,
 sigmoid for KDA) and the output projection (`x`). `state` is the recurrent state after the last token: what a
@@ -38,6 +43,8 @@ if TYPE_CHECKING:
 
     from attnscope.trace import Trace
 
+CHUNK = 64  # tokens per chunk of effective_matrix (benchmarks/bench_linear.py, docs/performance.md)
+SPAN = 300.0  # a chunk's widest decay per key channel, as a log: exp(+-300) are normal float64 numbers
 TOLERANCE = 1e-5  # M @ V against the recurrence's output, float32, relative to the output's largest entry (>= 1)
 PATTERNS = ("attention", "effective_attention")  # a softmax layer's pattern, or a linear layer's exact matrix
 EFFECTIVE_NOTE = ("effective_attention is the exact matrix M of this linear attention layer, out = M @ V for each "
@@ -163,35 +170,122 @@ def recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None,
     return out, S
 
 
-def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None, A: Tensor) -> tuple[Tensor, Tensor]:
-    """M in float64: the recurrence run on the identity over value indices (module docstring). A `[n_batch, n_head,
-    d_K, n_cache]` holds a_{t,s} for the earlier positions (empty at the start). Returns M `[n_batch, n_head, n,
-    n_cache + n]` (row t over every position up to the newest; 0 past t) and A after the new tokens. beta None:
-    no key removal, a_{t,t} = k_t (MiniMax's lightning attention: M[t, s] = exp(g·(t - s)) q_t^T k_s)."""
+def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None, A: Tensor,
+                     chunk: int = CHUNK) -> tuple[Tensor, Tensor]:
+    """M in float64, up to `chunk` tokens at a time (module docstring). A `[n_batch, n_head, d_K, n_cache]` holds
+    a_{t,s} for the earlier positions (empty at the start). Returns M `[n_batch, n_head, n, n_cache + n]` (row t over
+    every position up to the newest; 0 past t) and A after the new tokens. beta None: no key removal, a_{t,t} = k_t
+    (MiniMax's lightning attention: each chunk's block is the closed form M[t, s] = exp(g_(s+1) + ... + g_t)
+    q_t^T k_s; in chunks, as the delta rule's, it was 5x faster than in one piece at 1,024 tokens)."""
     import torch
 
     q, k, g = (x.to(torch.float64) for x in (q, k, g))
     beta = None if beta is None else beta.to(torch.float64)
     n_batch, n_head, n, d_K = q.shape
     n_cache = A.shape[-1]
-    A = torch.cat([A.to(torch.float64), A.new_zeros(n_batch, n_head, d_K, n)], dim=-1)  # [.., d_K, n_cache + n]
-    M = q.new_zeros(n_batch, n_head, n, n_cache + n)
     if q.is_meta:  # shapes only
-        return M, A
-    for t in range(n):
-        seen = A[..., : n_cache + t + 1]  # [n_batch, n_head, d_K, n_cache + t + 1]: a_{t,s} is 0 for s > t
-        decay = g[:, :, t].exp()
-        seen.mul_(decay[..., None, None] if decay.dim() == 2 else decay[..., None])
-        k_t = k[:, :, t]  # [n_batch, n_head, d_K]
-        if beta is None:
-            seen[..., -1] += k_t
-        else:
-            # [n_batch, n_head, 1, d_K] @ [.., d_K, n_cache + t + 1] -> [n_batch, n_head, 1, n_cache + t + 1]
-            seen.sub_(beta[:, :, t, None, None] * k_t[..., None] * (k_t[..., None, :] @ seen))  # (I - beta k k^T) D A
-            seen[..., -1] += beta[:, :, t, None] * k_t  # a_{t,t} = beta_t k_t
-        # [n_batch, n_head, 1, d_K] @ [.., d_K, n_cache + t + 1] -> [n_batch, n_head, n_cache + t + 1]
-        M[:, :, t, : n_cache + t + 1] = (q[:, :, t, None, :] @ seen)[..., 0, :]  # q_t^T a_{t,s}
-    return M, A
+        return (q.new_zeros(n_batch, n_head, n, n_cache + n),
+                torch.cat([A.to(torch.float64), A.new_zeros(n_batch, n_head, d_K, n, dtype=torch.float64)], dim=-1))
+    M = q.new_empty(n_batch, n_head, n, n_cache + n)  # [n_batch, n_head, n, n_cache + n]: each entry written once
+    # A before and after each chunk, in turns: [n_batch, n_head, d_K, n_cache + n] twice (its columns up to the chunk)
+    now, spare = (q.new_empty(n_batch, n_head, d_K, n_cache + n) for _ in range(2))
+    now[..., :n_cache] = A
+    for a, b in _chunks(g, chunk):
+        seen, end = n_cache + a, n_cache + b  # columns written before the chunk, and by it
+        part = None if beta is None else beta[..., a:b]
+        rows, inner, carry, written = _chunk(q[..., a:b, :], k[..., a:b, :], g[:, :, a:b], part)
+        # [n_batch, n_head, b - a, d_K] @ [.., d_K, seen] -> [n_batch, n_head, b - a, seen], in place in M
+        torch.matmul(rows, now[..., :seen], out=M[..., a:b, :seen])
+        M[..., a:b, seen:end] = inner  # [n_batch, n_head, b - a, b - a]
+        M[..., a:b, end:] = 0  # causal: no weight on later tokens
+        if beta is None:  # a decay alone
+            now[..., :seen] *= carry  # [n_batch, n_head, d_K, 1]
+        else:  # [n_batch, n_head, d_K, d_K] @ [.., d_K, seen] -> [n_batch, n_head, d_K, seen], into the spare
+            torch.matmul(carry, now[..., :seen], out=spare[..., :seen])
+            now, spare = spare, now
+        now[..., seen:end] = written  # [n_batch, n_head, d_K, b - a]
+    return M, now
+
+
+def effective_flops(n: int, n_cache: int, d_K: int, delta: bool, chunk: int = CHUNK) -> int:
+    """effective_matrix's FLOPs for one head, n new tokens after n_cache (2 per multiply-add): each chunk's rows
+    over the earlier columns and the state carried past them (a matrix for the delta rule, a decay without), and
+    within the chunk QK and KK, and for the delta rule the UT transform's solve and its products."""
+    total = 0
+    for a in range(0, n, chunk):
+        C, seen = min(chunk, n - a), n_cache + a
+        total += 2 * C * d_K * seen + 4 * C * C * d_K  # rows @ A, and QK, KK
+        if delta:  # carry @ A, the solve, rows and carry themselves
+            total += 2 * d_K * d_K * seen + (C + d_K) * C * C + 2 * C * C * d_K + 2 * C * d_K * d_K
+        else:  # the decay on A
+            total += d_K * seen
+    return total
+
+
+def _chunks(g: Tensor, chunk: int) -> Iterator[tuple[int, int]]:
+    """Tokens a..b-1, `chunk` at a time; with a decay per key channel, a chunk also ends before the decay from its
+    first token spans more than exp(-SPAN) in any channel (of any batch row or head), so that _chunk's exp(±G) stay
+    normal floats (a chunk of one token always does)."""
+    n = g.shape[2]
+    G = g.cumsum(dim=2) if g.dim() == 4 else None  # [n_batch, n_head, n, d_K]: only where a channel decays alone
+    a = 0
+    while a < n:
+        b = min(n, a + chunk)
+        if G is not None:
+            span = (G[:, :, a, None] - G[:, :, a:b]).amax(dim=(0, 1, 3))  # [b - a]: the decay from token a, at most
+            wide = (span > SPAN).nonzero()
+            b = a + int(wide[0]) if len(wide) else b  # span[0] is 0: at least one token
+        yield a, b
+        a = b
+
+
+def _chunk(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One chunk of C tokens in float64, A_0 the effective keys before it: M's rows over the earlier columns are
+    `rows` @ A_0 (`[.., C, d_K]`), over the chunk's own `inner` (`[.., C, C]`, lower triangular); A after the chunk
+    is `carry` @ A_0 (`[.., d_K, d_K]`) on the earlier columns (beta None: `carry` * A_0, a decay `[.., d_K, 1]`)
+    and `written` (`[.., d_K, C]`) on its own.
+
+    With G_i = g_1 + ... + g_i (over the chunk; per channel for KDA), Γ = exp(G), QK[i, j] = q_i^T exp(G_i - G_j)
+    k_j for j <= i and KK[i, j] the same with k_i for j < i, the delta rule's writes u_i = beta_i (e_i - k_i^T D_i
+    A_(i-1)) solve (I + diag(beta) KK) U = diag(beta) (E - Γ K A_0) (the UT transform), so with
+    B = (I + diag(beta) KK)^-1 diag(beta) and K_C's row j exp(G_C - G_j) k_j:
+
+        inner = QK B      rows = Γ Q - inner Γ K      written = K_C^T B      carry = Γ_C - K_C^T B Γ K
+
+    beta None: B = I, rows = Γ Q, carry = Γ_C. The UT transform is transformers' `torch_chunk_gated_delta_rule`'s
+    (and `chunk_kimi_delta_attention`'s), there over the values, here over the value indices; exp(G_i - G_j) is
+    masked before its exp where j > i, as there. Per channel, QK is (Q exp(G')) (K exp(-G'))^T with G' from the
+    chunk's first token, a product of two matrices in place of their `[C, C, d_K]` decay (_chunks keeps exp(-G')
+    finite)."""
+    import torch
+
+    C, d_K = q.shape[-2:]
+    G = g.cumsum(dim=2)  # [n_batch, n_head, C] or [n_batch, n_head, C, d_K]
+    if g.dim() == 4:
+        relative = G - G[:, :, :1]  # [n_batch, n_head, C, d_K]: G', 0 .. -SPAN
+        far, near = relative.exp(), (-relative).exp()
+        # [n_batch, n_head, 2C, d_K] @ [.., d_K, C] -> [n_batch, n_head, 2C, C]: QK over KK, j > i still there
+        both = (torch.cat([q, k], dim=-2) * far.repeat(1, 1, 2, 1)) @ (k * near).transpose(-1, -2)
+        now, last, whole = G.exp(), (G[:, :, -1:] - G).exp(), G[:, :, -1, :, None].exp()  # whole: [.., d_K, 1]
+    else:
+        later = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)  # j > i: no weight (and no overflow)
+        decay = (G[..., :, None] - G[..., None, :]).masked_fill(later, float("-inf")).exp()  # [.., C, C]
+        # [n_batch, n_head, 2C, d_K] @ [.., d_K, C] -> [n_batch, n_head, 2C, C]: QK over KK
+        both = (torch.cat([q, k], dim=-2) @ k.transpose(-1, -2)) * decay.repeat(1, 1, 2, 1)
+        now, last = G.exp()[..., None], (G[..., -1:] - G).exp()[..., None]  # [n_batch, n_head, C, 1]
+        whole = G[:, :, -1, None, None].exp().expand(*G.shape[:2], d_K, 1)  # [n_batch, n_head, d_K, 1]
+    QK = both[..., :C, :].tril()  # [n_batch, n_head, C, C]
+    Gq, Gk, Kc = q * now, k * now, k * last  # Γ Q, Γ K, K_C: [n_batch, n_head, C, d_K]
+    if beta is None:
+        return Gq, QK, whole, Kc.transpose(-1, -2)  # [.., C, d_K] -> [.., d_K, C]
+    system = torch.eye(C, dtype=q.dtype, device=q.device) + (beta[..., None] * both[..., C:, :]).tril(-1)
+    # X (I + diag(beta) KK) = [QK; K_C^T] ([n_batch, n_head, C + d_K, C]), then diag(beta) on the right: QK B, K_C^T B
+    solved = torch.linalg.solve_triangular(system, torch.cat([QK, Kc.transpose(-1, -2)], dim=-2), upper=False,
+                                           left=False, unitriangular=True) * beta[..., None, :]
+    inner, written = solved[..., :C, :], solved[..., C:, :]  # [.., C, C], [.., d_K, C]
+    rows = Gq - inner @ Gk  # [n_batch, n_head, C, C] @ [.., C, d_K] -> [.., C, d_K]
+    carry = torch.diag_embed(whole[..., 0]) - written @ Gk  # [.., d_K, C] @ [.., C, d_K] -> [.., d_K, d_K]
+    return rows, inner, carry, written
 
 
 @dataclass(frozen=True)
@@ -294,8 +388,9 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
         M, A = effective_matrix(q, k, g, beta, A_before)  # [n_batch, n_head, n, n_cache + n] float64
         keys = "n_K" if state is not None else "n_tokens"
         add("effective_attention", M.to(torch.float32), ("n_batch", "n_head", new, keys),
-            "the exact matrix M with x_raw = M @ V: the recurrence run on the identity in float64 (rows need not "
-            "sum to 1)", 2 * s.n_head * n_batch * s.d_K * M.shape[-1] * (n + 2) * n)
+            f"the exact matrix M with x_raw = M @ V, in float64, {CHUNK} tokens at a time (the delta rule on the "
+            "identity, chunked; rows need not sum to 1)",
+            n_batch * s.n_head * effective_flops(n, A_before.shape[-1], s.d_K, beta is not None))
         if n and not M.is_meta:
             # [n_batch, n_head, n, n_cache + n] @ [.., n_cache + n, d_V] -> [n_batch, n_head, n, d_V], as x_raw
             difference = float((M @ values.to(torch.float64) - x_raw.to(torch.float64)).abs().max())
