@@ -260,6 +260,7 @@ def test_terminal_json_and_page(towers, tmp_path):
     with browser(executable) as context:
         page = open_page(context, page_file).page
         table = page.get_by_test_id("head-stats")
+        assert "over patch queries" in page.locator("#stats-about").inner_text()
         headers = table.locator("thead th").all_inner_texts()
         assert headers == ["head", "kind", "entropy (bits)", "[CLS]", "registers", "self", "row", "column",
                            "8 nbrs", "distance (patches)", "spread"]
