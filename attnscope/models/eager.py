@@ -26,7 +26,7 @@ def patterns(folder: Path, model_type: str, ids: list[int], last: int) -> dict[i
     from attnscope.models.nopage import truncated
 
     truncated.quiet_transformers()
-    full, n_layer = truncated.full_config(folder, model_type, last)
+    full, n_layer = truncated.full_config(folder, model_type, last, text=True)
     model = truncated.load(AutoModel, folder, truncated.cut(full, n_layer, last), model_type, traced=False)
     try:
         with torch.no_grad():
@@ -38,7 +38,7 @@ def patterns(folder: Path, model_type: str, ids: list[int], last: int) -> dict[i
     attentions = [a for a in (getattr(out, "attentions", None) or ()) if a is not None]
     layers = list(range(last + 1))
     if len(attentions) != len(layers):  # a hybrid: entries for its attention layers only
-        layers = [i for i in truncated.attention_layers(full, n_layer) if i <= last]
+        layers = [i for i in truncated.attention_layers(truncated.layers_config(full), n_layer) if i <= last]
     return {layer: attention[0] for layer, attention in zip(layers, attentions, strict=True)}
 
 
@@ -59,7 +59,7 @@ def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded
     from attnscope.models.nopage import truncated
 
     truncated.quiet_transformers()
-    full, n_layer = truncated.full_config(folder, model_type, 0)
+    full, n_layer = truncated.full_config(folder, model_type, 0, text=True)
     model = truncated.load(AutoModelForCausalLM, folder, full, model_type, traced=False)
     try:
         with torch.no_grad():
@@ -68,7 +68,7 @@ def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"{{check}}: transformers could not decode with model_type '{model_type}' "
                             f"({truncated.first_line(exc)})", "check") from None
-    layers = truncated.attention_layers(full, n_layer)
+    layers = truncated.attention_layers(truncated.layers_config(full), n_layer)
     rows = []
     for step in out.attentions:
         present = [a for a in step if a is not None]
