@@ -4,7 +4,10 @@ against transformers' own eager models: tiny random checkpoints with every weigh
 (tests/tiny_linear.py). Every layer's output equals the module's own; a full layer's pattern equals eager
 output_attentions; a linear layer's exact matrix M, times the values after the convolution, equals the
 recurrence's output as transformers computes it (its gated norm's input) to 1e-5; M equals a float64 product of
-the recurrence's matrices written out here; greedy decoding gives transformers' tokens."""
+the recurrence's matrices written out here; greedy decoding gives transformers' tokens. The chunked M (the UT
+transform) equals the recurrence run on the identity token by token (tests/linear_reference.py) to 1e-10 on
+random shapes, gates, betas and chunk sizes (hypothesis), in pieces and decode steps, and M @ V equals
+transformers' chunked gated delta rule and Kimi's per-channel rules."""
 
 from __future__ import annotations
 
@@ -13,6 +16,10 @@ import math
 
 import pytest
 import torch
+from fuzz import fuzz_settings
+from hypothesis import example, given
+from hypothesis import strategies as st
+from linear_reference import effective_matrix_by_recurrence
 from tiny_linear import FAMILIES, build, linear_modules
 from tiny_models import SENTENCE
 
@@ -221,3 +228,115 @@ def test_long_input_rows_equal_the_whole_matrix(built, family, monkeypatch):
     assert "effective_attention" in [step.name for step in result.long.layer.steps]  # the layer's shapes
     expected = head_stats(shares(whole), tokens=ids, causal=True)
     assert math.isclose(result.long.stats.entropy, expected.entropy, abs_tol=1e-5)
+
+
+# --- effective_matrix's chunked form against the recurrence on the identity (tests/linear_reference.py) ---
+
+def _case(seed: int, n_batch: int, n_head: int, n: int, d_K: int, n_cache: int, per_channel: bool, delta: bool,
+          decay: float, keys: float) -> tuple[torch.Tensor, ...]:
+    """q, k, g, beta and the effective keys of n_cache earlier positions, float64: keys of norm at most `keys`
+    (l2-normed, as the delta rule's layers hand them over, times a random factor), beta in [0, 1] with its ends,
+    g = -decay · uniform[0, 1) (per channel or per head and token), A a float64 state a few steps could have left."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n_batch, n_head, n, d_K, generator=gen, dtype=torch.float64)
+    k = torch.nn.functional.normalize(torch.randn(n_batch, n_head, n, d_K, generator=gen, dtype=torch.float64), dim=-1)
+    k = k * keys * torch.rand(n_batch, n_head, n, 1, generator=gen, dtype=torch.float64)
+    shape = (n_batch, n_head, n, d_K) if per_channel else (n_batch, n_head, n)
+    g = -decay * torch.rand(shape, generator=gen, dtype=torch.float64)
+    beta = torch.rand(n_batch, n_head, n, generator=gen, dtype=torch.float64) if delta else None
+    if beta is not None and n > 2:
+        beta[..., 0], beta[..., 1] = 0.0, 1.0  # no write, and a full overwrite
+    A = torch.randn(n_batch, n_head, d_K, n_cache, generator=gen, dtype=torch.float64)
+    return q, k, g, beta, A
+
+
+def _assert_close(mine: torch.Tensor, reference: torch.Tensor) -> None:
+    """Equal to 1e-10 of the reference's largest entry (exactly 0 where it is all 0)."""
+    scale = float(reference.abs().max()) if reference.numel() else 0.0
+    assert mine.shape == reference.shape and bool(mine.isfinite().all())
+    if reference.numel():
+        assert float((mine - reference).abs().max()) <= 1e-10 * scale
+
+
+@fuzz_settings(60)
+@given(seed=st.integers(0, 2**31 - 1), n_batch=st.integers(1, 2), n_head=st.integers(1, 3), n=st.integers(1, 40),
+       d_K=st.integers(1, 9), n_cache=st.integers(0, 6), per_channel=st.booleans(), delta=st.booleans(),
+       decay=st.sampled_from([0.0, 0.05, 1.0, 8.0, 200.0]), keys=st.sampled_from([0.1, 1.0, 4.0]),
+       chunk=st.integers(1, 45))
+@example(seed=0, n_batch=1, n_head=1, n=1, d_K=4, n_cache=0, per_channel=False, delta=True, decay=1.0, keys=1.0,
+         chunk=64)
+@example(seed=1, n_batch=1, n_head=2, n=1, d_K=3, n_cache=5, per_channel=True, delta=True, decay=1.0, keys=1.0,
+         chunk=1)
+@example(seed=2, n_batch=1, n_head=1, n=37, d_K=5, n_cache=0, per_channel=True, delta=True, decay=200.0, keys=1.0,
+         chunk=16)
+def test_chunked_matrix_is_the_recurrence_on_the_identity(seed, n_batch, n_head, n, d_K, n_cache, per_channel,
+                                                          delta, decay, keys, chunk):
+    """Random shapes, gates (none, weak, strong, and per channel past exp(-300) within a chunk), betas (0 and 1
+    among them), keys short and long (at most unit length for the delta rule, as its layers' l2 norm leaves them),
+    chunks that do not divide n, n = 1, an earlier state: M and the state after equal the recurrence on the
+    identity to 1e-10, and M is exactly 0 above the causal diagonal."""
+    keys = min(keys, 1.0) if delta else keys
+    q, k, g, beta, A = _case(seed, n_batch, n_head, n, d_K, n_cache, per_channel, delta, decay, keys)
+    M, after = effective_matrix(q, k, g, beta, A, chunk=chunk)
+    M_ref, after_ref = effective_matrix_by_recurrence(q, k, g, beta, A)
+    _assert_close(M, M_ref)
+    _assert_close(after, after_ref)
+    later = torch.ones(n, n, dtype=torch.bool).triu(1)  # s > t among the new tokens
+    assert bool((M[..., n_cache:][..., later] == 0).all())
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("delta", [False, True])
+def test_pieces_and_decode_steps_carry_the_effective_keys(per_channel, delta):
+    """M in two pieces of other chunk sizes, and token by token as decoding calls it (n = 1, the cache growing):
+    the rows of M on the whole input, and the same state after."""
+    n, d_K = 23, 6
+    q, k, g, beta, empty = _case(7, 1, 2, n, d_K, 0, per_channel, delta, 0.5, 1.0)
+    whole, after = effective_matrix(q, k, g, beta, empty, chunk=5)
+    _assert_close(whole, effective_matrix_by_recurrence(q, k, g, beta, empty)[0])
+
+    def piece(a, b, A, chunk):
+        return effective_matrix(q[..., a:b, :], k[..., a:b, :], g[:, :, a:b], None if beta is None else beta[..., a:b],
+                                A, chunk=chunk)
+
+    first, A = piece(0, 9, empty, 4)
+    second, A = piece(9, n, A, 64)
+    _assert_close(torch.cat([torch.nn.functional.pad(first, (0, n - 9)), second], dim=-2), whole)
+    _assert_close(A, after)
+    A = empty
+    for t in range(n):
+        row, A = piece(t, t + 1, A, 64)  # [1, 2, 1, t + 1]
+        _assert_close(row[..., 0, :], whole[..., t, : t + 1])
+    _assert_close(A, after)
+
+
+def test_strong_decay_per_channel_stays_finite():
+    """A key channel decaying by exp(-100) a token: the chunk is cut every few tokens (exp(-G) would overflow
+    float64 within the 64), and M stays finite and equal to the recurrence."""
+    q, k, g, beta, empty = _case(11, 1, 1, 70, 4, 0, True, True, 1.0, 1.0)
+    g[..., 2] = -100.0
+    M, _ = effective_matrix(q, k, g, beta, empty)
+    _assert_close(M, effective_matrix_by_recurrence(q, k, g, beta, empty)[0])
+
+
+@pytest.mark.parametrize("rule", ["torch_chunk_gated_delta_rule", "recurrent_kimi_delta_attention",
+                                  "chunk_kimi_delta_attention"])
+def test_against_transformers_chunked_and_kda_rules(rule):
+    """M @ V against transformers' own chunked gated delta rule (64-token chunks, 100 tokens: a last chunk of 36)
+    and Kimi's per-channel rules, recurrent and chunked, on random inputs."""
+    from transformers.models.kimi_linear import modeling_kimi_linear
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    fn = getattr(modeling_qwen3_next, rule, None) or getattr(modeling_kimi_linear, rule)
+    per_channel = "kimi" in rule
+    torch.manual_seed(13)
+    n, n_head, d_K, d_V = 100, 2, 8, 5
+    q, k, v = torch.randn(1, n, n_head, d_K), torch.randn(1, n, n_head, d_K), torch.randn(1, n, n_head, d_V)
+    beta = torch.rand(1, n, n_head)
+    g = -torch.rand(1, n, n_head, d_K) * 0.3 if per_channel else -torch.rand(1, n, n_head) * 0.3
+    theirs, _ = fn(q, k, v, g, beta, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=True)
+    qn = torch.nn.functional.normalize(q, dim=-1, eps=0).transpose(1, 2).double() / math.sqrt(d_K)
+    kn = torch.nn.functional.normalize(k, dim=-1, eps=0).transpose(1, 2).double()  # [1, n_head, n, d_K]
+    M, _ = effective_matrix(qn, kn, g.transpose(1, 2), beta.transpose(1, 2), torch.zeros(1, n_head, d_K, 0))
+    mine = M @ v.transpose(1, 2).double()  # [1, n_head, n, n] @ [.., n, d_V] -> [1, n_head, n, d_V]
+    assert torch.allclose(mine.float(), theirs.transpose(1, 2), atol=1e-4)  # float32 there, eps 1e-6 in their l2norm
