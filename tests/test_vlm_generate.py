@@ -121,7 +121,18 @@ def test_command_line_json_check_and_terminal(name, built, picture):
     terminal = run_main(*args)
     assert terminal.code == 0, terminal.stderr
     assert "each new token's weight on the image" in terminal.stdout and "generated 3 tokens" in terminal.stdout
+    assert terminal.stdout.count("the row that chose new token") == 3  # each drawn over the image's grid
     assert max(len(line) for line in terminal.stdout.splitlines()) <= 80
+
+
+def test_svg_draws_each_new_tokens_row(built, picture, tmp_path):
+    folder, _ = built("gemma3")
+    svg = tmp_path / "decode.svg"
+    out = run_main("head", "--model", str(folder), "--layer", "2", "--text", TEXT, "--image", str(picture),
+                   "--generate", "2", "--svg", str(svg))
+    assert out.code == 0, out.stderr
+    drawn = svg.read_text()
+    assert drawn.count('data-overlay="') == 3 and drawn.count("the row that chose new token") == 2
 
 
 def test_generate_refusals(built, picture):
