@@ -219,10 +219,30 @@ def test_labels_that_are_no_grid(labels):
 
 
 def test_two_images_in_a_prompt():
-    labels = ["<s>", "img(0,0)", "img(0,1)", "a", "img2(0,0)", "img2(1,0)", "b"]
+    """Two images' tokens among a text's: each its own grid; a patch's figures count its own image's patches only,
+    and the text after the first image gives its weight on both; a causal pattern, against the loops."""
+    labels = ["<s>", "img(0,0)", "img(0,1)", "img(1,0)", "img(1,1)", "img(2,0)", "img(2,1)", "a",
+              "img2(0,0)", "img2(0,1)", "img2(0,2)", "img2(1,0)", "img2(1,1)", "img2(1,2)", "b", "c"]
     found = layout(labels)
-    assert found is not None and not found.tower and found.grids == ((1, 2), (2, 1))
-    assert found.image == (-1, 0, 0, -1, 1, 1, -1) and found.row[5] == 1
+    assert found is not None and not found.tower and found.grids == ((3, 2), (2, 3))
+    assert found.image[:8] == (-1, 0, 0, 0, 0, 0, 0, -1) and (found.row[13], found.col[13]) == (1, 2)
+    n = len(labels)
+    torch.manual_seed(0)
+    A = torch.softmax(torch.randn(3, n, n, dtype=torch.float64) * 3, dim=-1).tril()
+    A = A / A.sum(dim=-1, keepdim=True)  # [3, n, n], causal rows summing to 1
+    heads = LayerHeads.of(A, "prompt", labels, labels)
+    first = {t: divmod(t - 1, 2) for t in range(1, 7)}
+    second = {t: divmod(t - 8, 3) for t in range(8, 14)}
+    text = [7, 14, 15]
+    for h, head in enumerate(heads.heads):
+        parts = [_reference(A[h], cells, [], [], []) for cells in (first, second)]
+        moved = sum(p["distance"] * p["patches"] * 6 for p in parts)  # each part: a mean over its 6 queries
+        expected = {name: (parts[0][name] + parts[1][name]) / 2 for name in ("self", "row", "column", "neighbours",
+                                                                             "patches")}
+        expected |= {"distance": moved / (6 * (parts[0]["patches"] + parts[1]["patches"])), "cls": None,
+                     "distillation": None, "registers": None,
+                     "text_to_image": sum(float(A[h, q, 1:7].sum() + A[h, q, 8:14].sum()) for q in text) / 3}
+        _close(head["grid_stats"], expected, f"head {h}")
 
 
 def test_terminal_json_and_page(towers, tmp_path):

@@ -103,43 +103,65 @@ def grid_figures(A: Tensor, grid: Layout) -> list[dict[str, float | None]]:
     tokens: a dict of FIGURES per pattern."""
     import torch
 
-    G, n_Q, n_K = A.shape
-    image = torch.tensor(grid.image)  # [n_tokens]
-    r = torch.tensor(grid.row, dtype=torch.float64)
-    c = torch.tensor(grid.col, dtype=torch.float64)
-    patch = image >= 0
-    same = patch[:, None] & patch[None, :] & (image[:, None] == image[None, :])  # [n_Q, n_K]: two patches of one image
-    dr, dc = (r[:, None] - r[None, :]).abs(), (c[:, None] - c[None, :]).abs()  # [n_Q, n_K]
-    own = torch.eye(n_Q, n_K, dtype=torch.bool)
-    keys = {"self": same & own, "row": same & (dr == 0) & ~own, "column": same & (dc == 0) & ~own,
-            "neighbours": same & (torch.maximum(dr, dc) == 1), "patches": same}
+    G, n_Q, _ = A.shape
     seen = A.sum(dim=-1) > 0  # [G, n_Q]: queries that may see some key
+    sums: dict[str, Tensor] = {}
+    counted = torch.zeros(G, dtype=torch.long)  # patch queries that see some key
+    for k, (R, C) in enumerate(grid.grids):
+        start = grid.image.index(k)
+        span = slice(start, start + R * C)  # the image's patches, row-major
+        rows = seen[:, span]  # [G, R * C]
+        block = torch.where(rows[..., None], A[:, span, span], 0.0)  # [G, R * C, R * C]: its queries x its keys
+        for name, total in _image_sums(block, R, C).items():
+            sums[name] = sums[name] + total if name in sums else total
+        counted += rows.sum(dim=-1)
+    figures: dict[str, list[float | None]] = {
+        name: [float(sums[name][g] / counted[g]) if counted[g] else None for g in range(G)]
+        for name in ("self", "row", "column", "neighbours", "patches")}
+    landed, moved = sums["patches"], sums["moved"]
+    figures["distance"] = [float(moved[g] / landed[g]) if counted[g] and landed[g] > 0 else None for g in range(G)]
+    patch = torch.tensor(grid.image) >= 0  # [n_tokens]
     queries = seen & patch[None, :]  # [G, n_Q]
-    counted = queries.sum(dim=-1)  # [G]
 
     def mean(weight: Tensor, rows: Tensor) -> list[float | None]:  # weight [G, n_Q]: its mean over `rows`
         total = torch.where(rows, weight, 0.0).sum(dim=-1)
         n = rows.sum(dim=-1)
         return [float(total[g] / n[g]) if n[g] else None for g in range(G)]
 
-    def on(mask: Tensor) -> Tensor:  # [G, n_Q]: each row's weight on the keys `mask` [n_Q, n_K] marks
-        return (A * mask).sum(dim=-1)
-
-    def on_tokens(tokens: tuple[int, ...]) -> list[float | None]:
-        if not tokens:
-            return [None] * G
-        return mean(A[..., list(tokens)].sum(dim=-1), queries)
-
-    figures: dict[str, list[float | None]] = {name: mean(on(mask), queries) for name, mask in keys.items()}
-    landed = torch.where(queries, on(same), 0.0).sum(dim=-1)  # [G]: the weight that lands on a patch
-    moved = torch.where(queries, on(same * torch.sqrt(dr ** 2 + dc ** 2)), 0.0).sum(dim=-1)  # [G]
-    figures["distance"] = [float(moved[g] / landed[g]) if counted[g] and landed[g] > 0 else None for g in range(G)]
-    figures["cls"], figures["distillation"] = on_tokens(grid.cls), on_tokens(grid.distillation)
-    figures["registers"] = on_tokens(grid.registers)
+    for name, tokens in (("cls", grid.cls), ("distillation", grid.distillation), ("registers", grid.registers)):
+        figures[name] = mean(A[..., list(tokens)].sum(dim=-1), queries) if tokens else [None] * G
     if grid.tower:
         figures["text_to_image"] = [None] * G
     else:  # the text after the image's first token: how much of its weight the image takes
-        first = grid.image.index(0)
-        text = seen & ~patch[None, :] & (torch.arange(n_Q) > first)[None, :]  # [G, n_Q]
-        figures["text_to_image"] = mean(on(patch[None, :].expand(n_Q, n_K)), text)
+        text = seen & ~patch[None, :] & (torch.arange(n_Q) > grid.image.index(0))[None, :]  # [G, n_Q]
+        figures["text_to_image"] = mean(A[..., patch].sum(dim=-1), text)
     return [{name: figures[name][g] for name in FIGURES} for g in range(G)]
+
+
+def _image_sums(block: Tensor, R: int, C: int) -> dict[str, Tensor]:
+    """One image's sums over its patch queries, `[G]` each, from `block` `[G, R * C, R * C]` (its patch queries x
+    its patch keys, row-major): the weight on the own patch, the rest of the row and of the column, the 8
+    neighbours, every patch, and `moved`, Σ A[i, j] d(i, j). The block is read as `[G, R, C, R', C']`, so that a
+    row, a column or a neighbour is an index, not a mask over every pair (a DINOv2 at 518 pixels has 1,374
+    tokens: 1.9 million pairs a head)."""
+    import torch
+
+    G = block.shape[0]
+    cells = block.view(G, R, C, R, C)  # [G, r, c, r', c']
+    own = block.diagonal(dim1=1, dim2=2).sum(dim=-1)  # [G]
+    on_rows = cells.sum(dim=-1)  # [G, R, C, R']: each query's weight on each row of patches
+    # a query's own row, Σ_c' cells[g, r, c, r, c'], is the diagonal over r, r' (itself left out); its column alike
+    row = on_rows.diagonal(dim1=1, dim2=3).sum(dim=(1, 2)) - own
+    column = cells.sum(dim=-2).diagonal(dim1=2, dim2=3).sum(dim=(1, 2)) - own  # [G, R, C, C'] -> over c, c'
+    r, c = torch.arange(R, dtype=torch.float64), torch.arange(C, dtype=torch.float64)
+    dr, dc = r[:, None] - r[None, :], c[:, None] - c[None, :]  # [R, R'], [C, C']
+    distance = torch.sqrt(dr[:, None, :, None] ** 2 + dc[None, :, None, :] ** 2)  # [R, C, R', C'], in patches
+    moved = block.reshape(G, -1) @ distance.reshape(-1)  # [G, (R C)²] @ [(R C)²] -> [G]
+    i = torch.arange(R * C)
+    step_r = torch.tensor([-1, -1, -1, 0, 0, 1, 1, 1])  # the 8 neighbours' offsets
+    step_c = torch.tensor([-1, 0, 1, -1, 1, -1, 0, 1])
+    nr, nc = (i // C)[:, None] + step_r, (i % C)[:, None] + step_c  # [R * C, 8]
+    inside = (nr >= 0) & (nr < R) & (nc >= 0) & (nc < C)  # the neighbours that are on the image
+    near = block.gather(-1, (nr * C + nc).where(inside, 0).expand(G, R * C, 8))  # [G, R * C, 8]
+    return {"self": own, "row": row, "column": column, "neighbours": torch.where(inside, near, 0.0).sum(dim=(1, 2)),
+            "patches": on_rows.sum(dim=(1, 2, 3)), "moved": moved}
