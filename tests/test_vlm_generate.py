@@ -197,3 +197,41 @@ def test_rows_on_a_short_prompt_is_refused(built, picture):
     folder, _ = built("llava")
     out = run_main("head", "--model", str(folder), "--text", TEXT, "--image", str(picture), "--rows", "0:2")
     assert out.code == 2 and len(out.error_lines) == 1 and "drop --rows" in out.stderr, out.stderr
+
+
+def test_page_draws_a_new_tokens_row_over_the_image(built, picture, tmp_path, monkeypatch):
+    """The explorer page in a real browser (tests/browser.py): a generated token picked on the decode timeline
+    paints its row over the image, the share the title states equal to --json's decode_image_share; a query picked
+    after it is drawn again."""
+    import re
+    import shutil
+
+    from browser import browser, chromium, open_page
+
+    found = chromium()
+    assert found is not None, "no Chromium: apt-get install chromium, or set ATTNSCOPE_CHROMIUM"
+    folder, _ = built("gemma3")
+    monkeypatch.chdir(tmp_path)  # the page names the image as given
+    shutil.copy(picture, tmp_path / "cat.png")
+    args = ["head", "--model", str(folder), "--text", TEXT, "--image", "cat.png", "--layer", "2", "--head", "1",
+            "--generate", "3"]
+    data = run_main(*args, "--json").json()
+    page_file = tmp_path / "page.html"
+    assert run_main(*args, "--html", str(page_file)).code == 0
+    with browser(found) as context:
+        opened = open_page(context, page_file)
+        page = opened.page
+        assert not opened.errors
+        page.get_by_test_id("decode-steps").locator("tbody tr").nth(2).click()
+        page.wait_for_function("document.querySelector('[data-testid=overlay-title]').textContent"
+                               ".startsWith('the row that chose')")
+        title = page.inner_text("[data-testid=overlay-title]")
+        step = data["decode_steps"][2]
+        assert title.startswith(f"the row that chose new token {step['position']} “{step['token']}”"), title
+        share = re.search(r": ([0-9.]+) of its weight on the 2 × 2 patches", title)
+        assert share, title
+        assert float(share.group(1)) == pytest.approx(data["decode_image_share"][2][1], abs=2e-3)
+        search = page.locator("[data-testid=token-search]")
+        search.fill("mat")
+        search.press("Enter")
+        assert page.inner_text("[data-testid=overlay-title]").startswith("query "), "a query picked: its row"
