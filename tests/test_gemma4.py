@@ -181,7 +181,52 @@ def test_bad_configs_are_refused_in_one_line(built, tmp_path):
     assert_usage_error(run_main("head", "--model", str(too_many), "--text", "The cat"), "num_kv_shared_layers 6")
     shutil.rmtree(too_many)
     encoder = _variant(folder, tmp_path, lambda c: {**c, "use_bidirectional_attention": "all"})
-    assert_usage_error(run_main("head", "--model", str(encoder), "--text", "The cat"), "use_bidirectional_attention")
+    assert_usage_error(run_main("head", "--model", str(encoder), "--text", "The cat", "--generate", "2"),
+                       "--generate", "attends both ways")
+
+
+def test_bidirectional_all_equals_eager_on_every_layer(tmp_path, monkeypatch):
+    """use_bidirectional_attention "all" (Gemma 4 as an encoder): every layer equal to eager, whose masks are then
+    transformers' bidirectional ones (a full layer sees every key, a sliding one |i - j| <= config.json's
+    sliding_window // 2 + 1: Gemma4TextConfig.__post_init__ and sliding_window_bidirectional_overlay)."""
+    import transformers as tf
+    from tiny_gemma4 import _tokenizer, text_config
+    from tiny_models import save_random
+
+    folder = tmp_path / "encoder"
+    words = _tokenizer()
+    reference = save_random(folder, words, text_config(len(words), use_bidirectional_attention="all"),
+                            tf.Gemma4ForCausalLM, 47)
+    assert reference.config.is_causal is False and reference.config.sliding_window == WINDOW // 2 + 1
+    ids, attentions, outputs = _eager(folder, reference)
+    n = len(ids)
+    reach = WINDOW // 2 + 1
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs()  # [n, n]
+    model = _open(folder)
+    for layer in range(model.n_layer):
+        theirs = attentions[layer][0]  # [n_head, n, n]
+        sliding = model.layer_type(layer) == "sliding_attention"
+        seen = distance <= reach if sliding else torch.ones(n, n, dtype=torch.bool)
+        assert bool((theirs[:, ~seen] == 0).all()) and bool((theirs[:, seen & (distance > 0)] > 0).all())
+        with model.checkpoint:
+            run = run_layer(model, ids, [0] * n, layer, 1)
+        torch.testing.assert_close(run.layer["attention"][0], theirs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(run.layer["x"], outputs[layer], atol=1e-5, rtol=1e-5)
+    outcome = run_main("head", "--model", str(folder), "--text", SENTENCE, "--layer", "4", "--all-layers",
+                       "--check", "--json")
+    assert outcome.code == 0, outcome.stderr
+    assert all(c["passed"] for c in outcome.json()["check"])
+    from attnscope.models.forward import long
+
+    monkeypatch.setattr(long, "LONG_TOKENS", 8)  # a long input's blocks of rows: the window centred on each row
+    monkeypatch.setattr(long, "BLOCK_ROWS", 5)
+    for layer in (2, 5):  # sliding (its own keys), full reading layer 3's
+        rows = run_main("head", "--model", str(folder), "--text", SENTENCE, "--layer", str(layer), "--head", "2",
+                        "--rows", f"0:{n}", "--json")
+        assert rows.code == 0, rows.stderr
+        assert "attention" not in rows.json()  # the blocked path
+        torch.testing.assert_close(torch.tensor(rows.json()["rows"]["attention"]), attentions[layer][0, 2],
+                                   atol=1e-5, rtol=0)
 
 
 def test_cli_json_of_a_shared_layer(built):

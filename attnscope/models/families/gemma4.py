@@ -77,9 +77,7 @@ class Gemma4(Gemma3):
                     "tie_word_embeddings": config.data.get("tie_word_embeddings", True)}
         Llama.__init__(self, folder, Config(config.path, {**TEXT_DEFAULTS, **text}), checkpoint)
         self.architecture = config.architecture
-        if self.config.raw("use_bidirectional_attention") == "all":
-            raise UsageError(f"{config.path}: use_bidirectional_attention 'all' (Gemma 4 as an encoder) is not read "
-                             "by attnscope's Gemma 4 page; its causal checkpoints are")
+        self.bidirectional = self.config.raw("use_bidirectional_attention") == "all"  # Gemma 4 as an encoder
         self.kinds = [self._read_type(layer) for layer in range(self.n_layer)]
         self.sizes = [self._read_sizes(layer) for layer in range(self.n_layer)]
         self.owners = self._read_owners()
@@ -247,7 +245,17 @@ class Gemma4(Gemma3):
         from attnscope.variants.qknorm import QkNorm
 
         norm = QkNorm("head", eps=self.config.number("rms_norm_eps", default=1e-6, positive=False), offset=False)
-        return AttentionSpec(causal=True, rope=self._layer_rope(layer), window=self.window(layer), scale=1.0,
+        window = self.window(layer)
+        if self.bidirectional:
+            # use_bidirectional_attention "all": config.is_causal is False, so create_causal_mask and
+            # create_sliding_window_causal_mask build create_bidirectional_mask and
+            # create_bidirectional_sliding_window_mask (masking_utils): a full layer sees every key, a sliding one
+            # the keys |i - j| <= sliding_window (sliding_window_bidirectional_overlay), which
+            # Gemma4TextConfig.__post_init__ sets to config.json's sliding_window // 2 + 1
+            both: dict[str, Any] = {} if window is None else {"window": 2 * (window // 2 + 1), "window_side": "both"}
+            return AttentionSpec(causal=False, rope=self._layer_rope(layer), scale=1.0, qk_norm=norm,
+                                 n_kv_head=self.sizes[layer][1], **both)
+        return AttentionSpec(causal=True, rope=self._layer_rope(layer), window=window, scale=1.0,
                              qk_norm=norm, n_kv_head=self.sizes[layer][1])
 
     def _layer_rope(self, layer: int) -> Any:
