@@ -303,3 +303,26 @@ def test_the_q_step_says_no_rope_for_a_tower(towers, tmp_path):
     build("gpt_neox", tmp_path / "neox")
     rotary = run_head(HeadOptions(model=str(tmp_path / "neox"), layer=0, head=0, text=SENTENCE))
     assert "(its projections, norms and RoPE before: not traced)" in rotary.run.layer.step("Q").op
+
+
+def test_the_q_step_names_where_the_positions_went():
+    """The four wordings, on modules standing in for a rotary family's NoPE layer (Llama 4's `use_rope`), a T5-like
+    module handed a position_bias, a tower, and a family attnscope has no word for."""
+    from types import SimpleNamespace
+
+    from attnscope.models.nopage.interface import _before
+
+    class Attention:
+        def __init__(self, config, **more):
+            self.config = SimpleNamespace(**config)
+            self.__dict__.update(more)
+
+    rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}, "model_type": "llama4_text"}
+    assert _before(Attention(rope), {}) == "(its projections, norms and RoPE before: not traced)"
+    assert _before(Attention(rope, use_rope=False), {}).endswith("; no RoPE in this layer")
+    assert _before(Attention({"model_type": "t5"}), {"position_bias": torch.zeros(1)}).endswith(
+        "no RoPE: positions enter as position_bias, below")
+    assert _before(Attention({"model_type": "deit"}), {}).endswith("added to the patch embeddings before the first "
+                                                                   "layer")
+    assert _before(Attention({"model_type": "segformer"}), {}) == "(its projections and norms before: not traced); " \
+                                                                   "no RoPE"
