@@ -182,6 +182,10 @@ def test_long_prompt_rows_equal_eager(name, built, picture, long_prompt):
     pooled = torch.tensor(data["attention_pooled"], dtype=torch.float64)
     assert torch.allclose(pooled.sum(-1), torch.ones(pooled.shape[0], dtype=torch.float64), atol=1e-6)
     assert any("each row's weight on the image's tokens" in note for note in data["notes"])
+    image_keys = data["image_tokens"]
+    assert image_keys == [i for i, on in enumerate(tokens.image) if on] and "image_share" not in data
+    expected = exact[:, image_keys].sum(-1)  # each exact row's weight on the image
+    assert torch.allclose(torch.tensor(data["rows_image_share"], dtype=torch.float64), expected, atol=1e-6)
 
 
 def test_long_prompt_refusals(built, picture, long_prompt):

@@ -64,13 +64,21 @@ def _share_table(first: str, rows: list[tuple[str, torch.Tensor]], h: int) -> Ta
 
 def image_tokens_json(result: HeadResult) -> dict[str, Any]:
     """`image_tokens`: the positions the image fills; `image_grids`: each run's [rows, cols]; `image_share`: each
-    head's weight on them per query, `[n_head][n_tokens]`; with --generate `decode_image_share`, each new token's
-    (the row that chose it, as `decode_steps`' `attention`), `[n_new][n_head]`."""
+    head's weight on them per query, `[n_head][n_tokens]` (a long prompt's pattern is pooled: `rows_image_share`
+    instead, head h's exact rows' `[n_rows]`); with --generate `decode_image_share`, each new token's (the row that
+    chose it, as `decode_steps`' `attention`), `[n_new][n_head]`."""
     tokens = result.image_tokens
-    if result.image_share is None or tokens is None:
+    if tokens is None:
         return {}
-    found = {"image_tokens": [i for i, on in enumerate(tokens.image) if on],
-             "image_grids": [list(grid) for grid in tokens.grids], "image_share": numbers(result.image_share)}
+    found: dict[str, Any] = {"image_tokens": [i for i, on in enumerate(tokens.image) if on],
+                             "image_grids": [list(grid) for grid in tokens.grids]}
+    if result.image_share is not None:
+        found["image_share"] = numbers(result.image_share)
+    long = result.long
+    if long is not None and long.exact_rows is not None:
+        from attnscope.models.vision.vlm_long import row_shares
+
+        found["rows_image_share"] = numbers(row_shares(long.exact_rows, tokens.image))
     if result.decode:
         from attnscope.models.vision.vlm_generate import step_shares
 
