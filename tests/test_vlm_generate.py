@@ -239,3 +239,28 @@ def test_page_draws_a_new_tokens_row_over_the_image(built, picture, tmp_path, mo
         search.fill("mat")
         search.press("Enter")
         assert page.inner_text("[data-testid=overlay-title]").startswith("query "), "a query picked: its row"
+
+
+def test_check_decodes_plain_greedy_whatever_the_generation_config(built, picture, tmp_path):
+    """A checkpoint's generation_config.json with a repetition penalty (Qwen2.5-VL's has 1.05): attnscope decodes
+    plain argmax, and --check's reference does too (eager generate's own ids without the penalty)."""
+    import json
+    import shutil
+
+    folder, model = built("llava")  # its tiny model repeats one token: a penalty would change the ids
+    copy = tmp_path / "llava-penalty"
+    shutil.copytree(folder, copy)
+    settings = json.loads((copy / "generation_config.json").read_text())
+    (copy / "generation_config.json").write_text(json.dumps({**settings, "repetition_penalty": 5.0}))
+    out = run_main("head", "--model", str(copy), "--layer", "1", "--text", TEXT, "--image", str(picture),
+                   "--generate", "3", "--check", "--json")
+    assert out.code == 0, out.stderr
+    data = out.json()
+    assert data["check_passed"] is True
+    tokens = vlm.place(folder, read_config(folder), TEXT, read_image(picture))
+    ids, _ = _theirs(model, tokens.inputs)  # the original folder's config: no penalty
+    assert [s["token_id"] for s in data["decode_steps"]] == ids[:3]
+    with torch.no_grad():
+        penalised = model.generate(**tokens.inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                                   repetition_penalty=5.0)[0, len(tokens.ids):].tolist()
+    assert penalised != ids[:3]  # the penalty would have changed them

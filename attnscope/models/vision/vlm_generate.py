@@ -89,7 +89,8 @@ def _rope_deltas(model: Any, config: Config) -> torch.Tensor:
 
 def eager_decode(folder: Path, config: Config, tokens: ImageTokens, n_new: int) -> Decoded:
     """transformers' eager VLM, every layer: `generate(**inputs, max_new_tokens=n_new, min_new_tokens=n_new,
-    do_sample=False, output_attentions=True, return_dict_in_generate=True)`; each step's row of every layer
+    do_sample=False, output_attentions=True, return_dict_in_generate=True)` (min_new_tokens: as many steps as
+    attnscope's, which does not stop at the end-of-text token); each step's row of every layer
     (`[n_head, keys the cache holds]`)."""
     import torch
 
@@ -99,8 +100,10 @@ def eager_decode(folder: Path, config: Config, tokens: ImageTokens, n_new: int) 
     model = vlm_run.load_eager(folder, config, vlm_run.n_layer(folder, config) - 1)
     try:
         with torch.no_grad():
+            # plain greedy, as attnscope decodes: a checkpoint's generation_config.json may add a repetition penalty
+            # (Qwen2.5-VL's 1.05), which generate applies even with do_sample=False; 1.0 turns it off
             out = model.generate(**tokens.inputs, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-                                 output_attentions=True, return_dict_in_generate=True)
+                                 repetition_penalty=1.0, output_attentions=True, return_dict_in_generate=True)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"{{check}}: transformers could not decode with {config.architecture} "
                             f"({first_line(exc)})", "check") from None
