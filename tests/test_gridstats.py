@@ -260,6 +260,11 @@ def test_terminal_json_and_page(towers, tmp_path):
     assert "sum over 1 keys" not in shown.stdout
     out = run_main(*args, "--all-layers", "--json")
     data = json.loads(out.stdout, parse_constant=lambda name: pytest.fail(f"{name} in --json"))
+    every = run_main(*args, "--all-layers").stdout  # a tower's words: image tokens, no text kinds, [CLS]'s rollout
+    assert "[2 layers x 4 heads, 27 image tokens]" in every and "previous-token" not in every
+    rollout = torch.tensor(data["rollout"][0], dtype=torch.float64)  # [CLS]'s row
+    top = int(rollout.argmax())
+    assert f"rollout, [CLS] draws from: {top} {data['tokens'][top]} {float(rollout[top]):.2f}" in every
     result = run_head(HeadOptions(model=folder, layer=1, head=0, image=str(picture), all_heads=True))
     for mine, head in zip(data["heads"], result.heads.heads, strict=True):
         assert mine["grid_stats"] == pytest.approx(head["grid_stats"]) and mine["grid_stats"]["distillation"] is None

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from attnscope.readings.gridstats import Layout
 
 KINDS = ("first-token", "previous-token", "self", "induction", "broad", "local", "mixed")
+TEXT_ONLY = ("previous-token", "induction")  # kinds a vision tower's patch grid never gives (`kind`)
 DOMINANT = 0.5  # first, previous, self or induction at least this: the head's kind is that position
 BROAD = 0.85  # spread at least this: close to uniform over what each query may see
 LOCAL = 2.0  # mean attended distance at most this many positions
