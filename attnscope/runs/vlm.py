@@ -82,7 +82,7 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
     grids = ", ".join(f"{r} x {c}" for r, c in tokens.grids)
     result.notes[:0] = [f"{asked.image} ({picture.width} x {picture.height}) and the text made into "
                         f"{counted(n, 'token')} by {tokens.processor}: the image fills {tokens.n_image} of them "
-                        f"({grids}, labelled img(r,c)); the prompt: {tokens.prompt!r}", *tokens.notes]
+                        f"({grids}, labelled img(r,c)); the prompt: {_quoted(tokens.prompt)}", *tokens.notes]
     if asked.check:
         with progress("--check: running transformers' eager model on the same text and image"):
             result.comparisons = check(result, folder, config, tokens)
@@ -249,6 +249,13 @@ def _check_decoded(result: HeadResult, folder: Path, config: Config, tokens: Ima
         row = rows[layer]  # [n_head, keys transformers' cache holds]
         comparisons.append(_compare(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
     return comparisons
+
+
+def _quoted(prompt: str, most: int = 300) -> str:
+    """The prompt as a note quotes it: whole, or a long one's start and end."""
+    if len(prompt) <= most:
+        return repr(prompt)
+    return f"{prompt[: most // 2]!r} ... {prompt[-most // 4:]!r} ({len(prompt):,} characters)"
 
 
 def _page_name(model: object) -> str:
