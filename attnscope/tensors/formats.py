@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from attnscope.errors import UsageError
 
@@ -370,8 +370,9 @@ class _Mapped:
         import torch
 
         if offset not in self.storages:  # a storage shared by several tensors is sliced once
-            if self.whole is None:
-                self.whole = torch.UntypedStorage.from_file(str(self.path), False, self.path.stat().st_size)
+            if self.whole is None:  # the file mapped private, as torch.load(mmap=True) maps it
+                mapped = torch.UntypedStorage.from_file(str(self.path), False, self.path.stat().st_size)
+                self.whole = cast("torch.UntypedStorage", mapped)
             self.storages[offset] = self.whole[offset:offset + nbytes]
         # torch._utils._rebuild_tensor: an empty tensor set to the storage, offset, size and stride
         out = torch.empty((0,), dtype=tensor.dtype).set_(self.storages[offset], tensor.storage_offset(),
