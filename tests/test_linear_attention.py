@@ -319,6 +319,22 @@ def test_strong_decay_per_channel_stays_finite():
     _assert_close(M, effective_matrix_by_recurrence(q, k, g, beta, empty)[0])
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("delta", [False, True])
+def test_faded_keys_are_zero_not_denormal(per_channel, delta):
+    """An input whose early effective keys fade below float64's normal numbers (exp(-5) a token for 200 tokens):
+    M and the state hold no denormal number (they are flushed to 0 first: x86 is several times slower on them),
+    and equal the recurrence."""
+    q, k, g, beta, empty = _case(17, 1, 1, 200, 3, 0, per_channel, delta, 10.0, 1.0)
+    M, A = effective_matrix(q, k, g, beta, empty)
+    reference, A_ref = effective_matrix_by_recurrence(q, k, g, beta, empty)
+    tiny = torch.finfo(torch.float64).tiny
+    assert bool(((reference != 0) & (reference.abs() < tiny)).any())  # the recurrence does reach them
+    assert not bool(((M != 0) & (M.abs() < tiny)).any()) and not bool(((A != 0) & (A.abs() < tiny)).any())
+    _assert_close(M, reference)
+    _assert_close(A, A_ref)
+
+
 @pytest.mark.parametrize("rule", ["torch_chunk_gated_delta_rule", "recurrent_kimi_delta_attention",
                                   "chunk_kimi_delta_attention"])
 def test_against_transformers_chunked_and_kda_rules(rule):

@@ -32,6 +32,7 @@ convolution's last kernel - 1 inputs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from attnscope.trace import Trace
 
 CHUNK = 64  # tokens per chunk of effective_matrix (benchmarks/bench_linear.py, docs/performance.md)
+FLUSH = 1e-100  # effective keys below FLUSH times the largest key are 0: denormal floats are ~3x slower on x86
 SPAN = 300.0  # a chunk's widest decay per key channel, as a log: exp(+-300) are normal float64 numbers
 TOLERANCE = 1e-5  # M @ V against the recurrence's output, float32, relative to the output's largest entry (>= 1)
 PATTERNS = ("attention", "effective_attention")  # a softmax layer's pattern, or a linear layer's exact matrix
@@ -190,6 +192,8 @@ def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None, A: Te
     # A before and after each chunk, in turns: [n_batch, n_head, d_K, n_cache + n] twice (its columns up to the chunk)
     now, spare = (q.new_empty(n_batch, n_head, d_K, n_cache + n) for _ in range(2))
     now[..., :n_cache] = A
+    tiny = FLUSH * max(float(k.amax()), -float(k.amin())) if k.numel() else 0.0
+    faded = 0.0  # the most that A decayed since its last flush, as a log
     for a, b in _chunks(g, chunk):
         seen, end = n_cache + a, n_cache + b  # columns written before the chunk, and by it
         part = None if beta is None else beta[..., a:b]
@@ -203,6 +207,10 @@ def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None, A: Te
         else:  # [n_batch, n_head, d_K, d_K] @ [.., d_K, seen] -> [n_batch, n_head, d_K, seen], into the spare
             torch.matmul(carry, now[..., :seen], out=spare[..., :seen])
             now, spare = spare, now
+        faded += float(g[:, :, a:b].sum(dim=2).min())
+        if faded < math.log(FLUSH):  # an effective key FLUSH below the keys: 0 (far below M's precision), before it
+            torch.ops.aten.hardshrink.out(now[..., :seen], tiny, out=spare[..., :seen])  # fades into slow denormals
+            now, spare, faded = spare, now, 0.0
         now[..., seen:end] = written  # [n_batch, n_head, d_K, b - a]
     return M, now
 
@@ -224,17 +232,17 @@ def effective_flops(n: int, n_cache: int, d_K: int, delta: bool, chunk: int = CH
 
 def _chunks(g: Tensor, chunk: int) -> Iterator[tuple[int, int]]:
     """Tokens a..b-1, `chunk` at a time; with a decay per key channel, a chunk also ends before the decay from its
-    first token spans more than exp(-SPAN) in any channel (of any batch row or head), so that _chunk's exp(±G) stay
-    normal floats (a chunk of one token always does)."""
+    first token could span more than exp(-SPAN) in a channel (the sum of each token's strongest decay over batch
+    rows, heads and channels, a bound), so that _chunk's exp(±G) stay normal floats (a chunk of one token does)."""
     n = g.shape[2]
-    G = g.cumsum(dim=2) if g.dim() == 4 else None  # [n_batch, n_head, n, d_K]: only where a channel decays alone
+    if g.dim() == 4:
+        # [n]: after token a, the strongest decay of tokens a+1..t, summed: G_a - G_t <= reach[t] - reach[a]
+        reach = (-g).amax(dim=(0, 1, 3)).cumsum(dim=0).tolist()
     a = 0
     while a < n:
         b = min(n, a + chunk)
-        if G is not None:
-            span = (G[:, :, a, None] - G[:, :, a:b]).amax(dim=(0, 1, 3))  # [b - a]: the decay from token a, at most
-            wide = (span > SPAN).nonzero()
-            b = a + int(wide[0]) if len(wide) else b  # span[0] is 0: at least one token
+        if g.dim() == 4:
+            b = next((t for t in range(a + 1, b) if reach[t] - reach[a] > SPAN), b)
         yield a, b
         a = b
 
@@ -263,28 +271,27 @@ def _chunk(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None) -> tuple[Tensor
     G = g.cumsum(dim=2)  # [n_batch, n_head, C] or [n_batch, n_head, C, d_K]
     if g.dim() == 4:
         relative = G - G[:, :, :1]  # [n_batch, n_head, C, d_K]: G', 0 .. -SPAN
-        far, near = relative.exp(), (-relative).exp()
-        # [n_batch, n_head, 2C, d_K] @ [.., d_K, C] -> [n_batch, n_head, 2C, C]: QK over KK, j > i still there
-        both = (torch.cat([q, k], dim=-2) * far.repeat(1, 1, 2, 1)) @ (k * near).transpose(-1, -2)
-        now, last, whole = G.exp(), (G[:, :, -1:] - G).exp(), G[:, :, -1, :, None].exp()  # whole: [.., d_K, 1]
+        far, near = relative.exp(), k * relative.neg_().exp_()  # exp(G'), K exp(-G')
+        # [n_batch, n_head, C, d_K] @ [.., d_K, C] -> [n_batch, n_head, C, C], j > i still there (tril, solve: unread)
+        QK, KK = ((q * far) @ near.transpose(-1, -2)).tril_(), (k * far) @ near.transpose(-1, -2)
+        now, last, whole = G.exp(), (G[:, :, -1:] - G).exp(), G[:, :, -1].exp()  # whole: [n_batch, n_head, d_K]
     else:
         later = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)  # j > i: no weight (and no overflow)
-        decay = (G[..., :, None] - G[..., None, :]).masked_fill(later, float("-inf")).exp()  # [.., C, C]
-        # [n_batch, n_head, 2C, d_K] @ [.., d_K, C] -> [n_batch, n_head, 2C, C]: QK over KK
-        both = (torch.cat([q, k], dim=-2) @ k.transpose(-1, -2)) * decay.repeat(1, 1, 2, 1)
+        decay = (G[..., :, None] - G[..., None, :]).masked_fill_(later, float("-inf")).exp_()  # [.., C, C]
+        # [n_batch, n_head, C, d_K] @ [.., d_K, C] -> [n_batch, n_head, C, C]
+        QK, KK = (q @ k.transpose(-1, -2)).mul_(decay), (k @ k.transpose(-1, -2)).mul_(decay)
         now, last = G.exp()[..., None], (G[..., -1:] - G).exp()[..., None]  # [n_batch, n_head, C, 1]
-        whole = G[:, :, -1, None, None].exp().expand(*G.shape[:2], d_K, 1)  # [n_batch, n_head, d_K, 1]
-    QK = both[..., :C, :].tril()  # [n_batch, n_head, C, C]
-    Gq, Gk, Kc = q * now, k * now, k * last  # Γ Q, Γ K, K_C: [n_batch, n_head, C, d_K]
+        whole = G[:, :, -1, None].exp().expand(*G.shape[:2], d_K)  # [n_batch, n_head, d_K]
+    Gq, Gk, Kc = q * now, k * now, (k * last).transpose(-1, -2)  # Γ Q, Γ K [.., C, d_K]; K_C^T [.., d_K, C]
     if beta is None:
-        return Gq, QK, whole, Kc.transpose(-1, -2)  # [.., C, d_K] -> [.., d_K, C]
-    system = torch.eye(C, dtype=q.dtype, device=q.device) + (beta[..., None] * both[..., C:, :]).tril(-1)
-    # X (I + diag(beta) KK) = [QK; K_C^T] ([n_batch, n_head, C + d_K, C]), then diag(beta) on the right: QK B, K_C^T B
-    solved = torch.linalg.solve_triangular(system, torch.cat([QK, Kc.transpose(-1, -2)], dim=-2), upper=False,
-                                           left=False, unitriangular=True) * beta[..., None, :]
-    inner, written = solved[..., :C, :], solved[..., C:, :]  # [.., C, C], [.., d_K, C]
-    rows = Gq - inner @ Gk  # [n_batch, n_head, C, C] @ [.., C, d_K] -> [.., C, d_K]
-    carry = torch.diag_embed(whole[..., 0]) - written @ Gk  # [.., d_K, C] @ [.., C, d_K] -> [.., d_K, d_K]
+        return Gq, QK, whole[..., None], Kc
+    # I + diag(beta) KK: the solve reads its strict lower triangle alone (unitriangular)
+    system = beta[..., None] * KK  # [n_batch, n_head, C, C]
+    inner, written = (torch.linalg.solve_triangular(system, X, upper=False, left=False, unitriangular=True)
+                      * beta[..., None, :] for X in (QK, Kc))  # QK B [.., C, C], K_C^T B [.., d_K, C]
+    rows = Gq.sub_(inner @ Gk)  # [n_batch, n_head, C, C] @ [.., C, d_K] -> [.., C, d_K]
+    carry = (written @ Gk).neg_()  # [.., d_K, C] @ [.., C, d_K] -> [n_batch, n_head, d_K, d_K]
+    carry.diagonal(dim1=-2, dim2=-1).add_(whole)  # Γ_C - K_C^T B Γ K
     return rows, inner, carry, written
 
 
