@@ -5,7 +5,9 @@ value-weighted attention (readings/moved.py), sink accounting (readings/sinkshar
 The terminal: with `--all-heads` a table of layer L's heads (moved, the weight and the value-weighted share on
 the first token, a learned sink's weight, the top keys' share); with `--all-layers` the "sinks" view, a layer x
 head grid of the weight parked on the first token (and a learned sink) beside the value-weighted share that
-arrives from there, and the input tokens the rollout says the last query draws from.
+arrives from there, and the input tokens the rollout says the last query draws from. A vision tower's tokens
+are no text: there the words name the token at position 0 by its label, `[CLS]` (SigLIP's, which has none, the patch
+`p(0,0)`), in place of "the first token" (`first_words`).
 """
 
 from __future__ import annotations
@@ -82,12 +84,24 @@ def _percent(value: float | None) -> str:
     return "-" if value is None or not math.isfinite(value) else str(round(100 * value))
 
 
+def first_words(heads: LayerHeads) -> tuple[str, str]:
+    """How the tables name key 0, the sink's usual place, short and in a sentence: `first`, `the first token` on a
+    text; on a vision tower's tokens, which are no text, the token there by its label (the heads' column labels):
+    `[CLS]`, `[CLS] (token 0)`, or SigLIP's first patch `p(0,0)`, `p(0,0) (token 0)`."""
+    if heads.grid is None or not heads.grid.tower or not heads.col_labels:
+        return "first", "the first token"
+    label = heads.col_labels[0]
+    return label, f"{label} (token 0)"
+
+
 def show_moved(out: Console, heads: LayerHeads) -> None:
     """`--all-heads`: what each head of the layer moves, and where its weight goes."""
     shares, moved = heads.sinks_share(), heads.moved()
     sinks = "sink" in shares[0] if shares else False
-    columns = [Column("head", "right", style="bold cyan"), Column("moved", "right"), Column("first %", "right"),
-               Column("value-wtd first %", "right"), Column("top-3 %", "right"), Column("value-wtd top-3 %", "right")]
+    first, the_first = first_words(heads)
+    columns = [Column("head", "right", style="bold cyan"), Column("moved", "right"), Column(f"{first} %", "right"),
+               Column(f"value-wtd {first} %", "right"), Column("top-3 %", "right"),
+               Column("value-wtd top-3 %", "right")]
     if sinks:
         columns.insert(2, Column("sink %", "right"))
     rows = []
@@ -103,7 +117,7 @@ def show_moved(out: Console, heads: LayerHeads) -> None:
                    style="bold"))
     out.print(FittedTable(columns, rows))
     out.print(FittedText("moved: mean over queries of Σ_j a_ij·||f(x_j)||, what the head adds to the residual "
-                         "stream;  first %: its weight on the first token, value-wtd: the share of what it moves "
+                         f"stream;  {first} %: its weight on {the_first}, value-wtd: the share of what it moves "
                          "that comes from there;  top-3: the three keys with the most weight" +
                          (";  sink %: the learned sink's weight, which moves nothing" if sinks else "") +
                          " (docs/heads.md)"))
@@ -117,11 +131,12 @@ def show_sinks(out: Console, layers: list[LayerHeads]) -> None:
     shares = [layer.sinks_share() for layer in layers]
     sinks = any("sink" in head for layer in shares for head in layer)
     weighted = all("weighted_first" in head for layer in shares for head in layer)
-    parked = "first token + learned sink" if sinks else "first token"
-    grids = [(f"weight on the {parked}, % (mean over queries)",
+    the_first = first_words(layers[0])[1]
+    parked = f"{the_first} + learned sink" if sinks else the_first
+    grids = [(f"weight on {parked}, % (mean over queries)",
               lambda head: head["first"] + head.get("sink", 0.0))]
     if weighted:
-        grids.append(("value-weighted share from the first token, % (what moves from there)",
+        grids.append((f"value-weighted share from {the_first}, % (what moves from there)",
                       lambda head: head["weighted_first"]))
     n_head = max(len(share) for share in shares)  # a hybrid's linear layers may have more heads than its others
     per_line = max(1, (out.width - LABEL) // CELL)
@@ -135,7 +150,7 @@ def show_sinks(out: Console, layers: list[LayerHeads]) -> None:
             for layer, share in zip(layers, shares, strict=True):
                 out.print(Text(layer.title.ljust(LABEL) + "".join(
                     f"{_percent(value(share[h])) if h < len(share) else '':>{CELL}}" for h in heads)))
-    out.print(FittedText("a head that parks its weight on the first token but moves little from there is resting "
+    out.print(FittedText(f"a head that parks its weight on {the_first} but moves little from there is resting "
                          "(Kobayashi et al. 2020; docs/heads.md)"))
 
 
@@ -144,13 +159,17 @@ def show_rollout(out: Console, result: HeadResult) -> None:
     if result.rollout is None or result.encoded is None:
         return
     tokens = result.axes()[1]
+    picture = result.picture
+    tower = picture is not None and result.options.text is None  # a vision tower: its last token is a patch
+    who = "the last token" if not tower else "[CLS]" if "[CLS]" in picture.grid.prefix else "the mean query"
     for name, matrix in (("rollout", result.rollout), ("value-weighted rollout", result.rollout_weighted)):
         if matrix is None or matrix.shape[0] == 0:
             continue
-        row = matrix[-1]
+        # a tower's [CLS] row, or with no [CLS] every query's mean, as the overlay draws it (render/overlay.py)
+        row = matrix[-1] if who == "the last token" else matrix[0] if who == "[CLS]" else matrix.double().mean(0)
         top = row.argsort(descending=True, stable=True)[:ROLLOUT_TOKENS].tolist()
         named = ",  ".join(f"{j} {_token(tokens[j] if j < len(tokens) else str(j))} {row[j]:.2f}" for j in top)
-        out.print(FittedText(f"{name}, the last token draws from: {named}"))
+        out.print(FittedText(f"{name}, {who} draws from: {named}"))
     out.print(FittedText("rollout: the product over layers of 0.5·mean_heads(A) + 0.5·I; the residual taken as "
                          "identity, heads averaged, MLPs ignored: a ranking, not an attribution (docs/heads.md)"))
 

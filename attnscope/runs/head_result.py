@@ -113,6 +113,7 @@ class HeadResult:
     sink_weight: torch.Tensor | None = None
     layer_norms: list[torch.Tensor | None] | None = None
     layer_sinks: list[torch.Tensor | None] | None = None
+    layer_selected: list[torch.Tensor | None] | None = None  # --all-layers: a sparse indexer's selected per layer
     rollout: torch.Tensor | None = None  # --all-layers: attention rollout [n_Q, n_K] float64 (readings/rollout.py)
     rollout_weighted: torch.Tensor | None = None  # the same with the value-weighted patterns
 
@@ -159,9 +160,18 @@ class HeadResult:
             from attnscope.readings.headstats import LayerHeads
 
             rows, cols = self.axes()
-            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols, masked=self.masked(),
-                                        value_norms=self.value_norms, sink_weight=self.sink_weight)
+            self._heads = LayerHeads.of(self.all_heads, self.layer_name, rows, cols, tokens=self.key_ids(),
+                                        masked=self.masked(), value_norms=self.value_norms,
+                                        sink_weight=self.sink_weight)
         return self._heads
+
+    def key_ids(self) -> list[int] | None:
+        """The token id at each key position, for the induction score (readings/headstats.py), as --all-layers
+        reads them (runs/beyond_layer.py's layer_heads): the text's; an encoder-decoder's decoder's, the target's;
+        None across (source keys, target queries: no repeat to follow) and where the tokens are not text (a vision
+        tower's patches, Whisper's audio positions: no ids)."""
+        keys = {"decoder": self.target, "cross": None}.get(self.kind or "", self.encoded)
+        return list(keys.ids) if keys is not None and keys.ids else None
 
     def masked(self) -> torch.Tensor | None:
         """Where layer L's mask hid a key, `[n_head, n_Q, n_K]` (masks.hidden of its `masked_scores` step); None
