@@ -114,25 +114,37 @@ def _exact_through_the_interface() -> dict[str, Builder]:
                                      pad_token_id=None)}  # its default 1 is the tokenizer's <s>: generate would mask it
 
 
+def _with_picture(build: Callable[[str, Path], object], draw: Callable[[Path], object], name: str) -> Builder:
+    """`build(name, folder)`, then the test picture drawn beside the model, `picture.png`."""
+    def made(folder: Path):
+        eager = build(name, folder)
+        draw(folder / "picture.png")
+        return eager
+    return made
+
+
 def _vision_towers() -> dict[str, Builder]:
     """The vision towers on --image (tests/tiny_vision.py), each folder holding its image processor and the test
     picture, `picture.png`."""
     import tiny_vision
 
-    def tower(kind: str) -> Builder:
-        def made(folder: Path):
-            eager = tiny_vision.build(kind, folder)
-            tiny_vision.draw(folder / "picture.png")
-            return eager
-        return made
+    return {f"vision:{name}": _with_picture(tiny_vision.build, tiny_vision.draw, kind)
+            for name, kind in (("vit", "vit"), ("deit", "deit"), ("dinov2", "dinov2_with_registers"),
+                               ("clip", "clip"), ("siglip", "siglip_vision_model"))}
 
-    return {f"vision:{name}": tower(kind) for name, kind in (("vit", "vit"), ("deit", "deit"),
-                                                             ("dinov2", "dinov2_with_registers"), ("clip", "clip"),
-                                                             ("siglip", "siglip_vision_model"))}
+
+def _vision_language_models() -> dict[str, Builder]:
+    """The vision-language models on --text with --image (tests/tiny_vlm.py), each folder holding its processor and
+    the test picture, `picture.png`; LLaVA's row over a Mistral (a window of 4)."""
+    import tiny_vlm
+
+    return {f"vlm:{row}": _with_picture(tiny_vlm.build, tiny_vlm.image, name)
+            for row, name in (("gemma3", "gemma3"), ("llama4", "llama4"), ("llava", "llava_mistral"),
+                              ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl"))}
 
 
 BUILDERS: dict[str, Builder] = {**_pages(), **_encoder_decoders(), **_through_transformers(), **_pattern_families(),
-                                **_exact_through_the_interface(), **_vision_towers()}
+                                **_exact_through_the_interface(), **_vision_towers(), **_vision_language_models()}
 
 
 def attention_layers(eager) -> list[int]:

@@ -68,6 +68,11 @@ def test_cell(family, view, built, runner, monkeypatch):
 
         conformance_cell(runner, app, folder, eager, view)
         return
+    if family.startswith("vlm:"):  # --text with --image (tests/tiny_vlm.py)
+        from tiny_vlm import conformance_cell as vlm_cell
+
+        vlm_cell(runner, app, folder, eager, view, monkeypatch)
+        return
     if row_of(family).views[view] != EXACT:
         _refused(runner, folder, family, view, monkeypatch)
         return

@@ -37,8 +37,9 @@ def test_every_layer_every_head_equals_eager(towers, kind):
     theirs = eager_attentions(eager, folder, image)  # [n_batch, n_head, n_tokens, n_tokens] per layer
     for layer in range(len(theirs)):
         result = run_head(HeadOptions(model=str(folder), layer=layer, head=1, image=str(image)))
-        assert result.tracer == "attention-interface"
-        assert not [n for n in result.notes if "differ" in n], result.notes
+        assert result.tracer == "attention-interface" and result.traced
+        # self-checked (no layer_idx: the module is known by its call's order), nothing differs, none "not run"
+        assert not [n for n in result.notes if "differ" in n or "self-check" in n], result.notes
         torch.testing.assert_close(result.all_heads, theirs[layer][0], atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(result.run.head["attention"], theirs[layer][0, 1], atol=1e-6, rtol=1e-5)
     every = run_head(HeadOptions(model=str(folder), layer=1, head=0, image=str(image), all_layers=True))

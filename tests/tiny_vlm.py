@@ -185,13 +185,28 @@ def build(name: str, folder: Path):
 
 def eager_attentions(model, folder: Path, text: str, picture: Path) -> tuple[list[int], tuple]:
     """transformers' own processor on (text, picture) and the full VLM's eager output_attentions: the ids and every
-    layer's `[1, n_head, n_tokens, n_tokens]`. The text gets the processor's image placeholder in front. Qwen's
-    (no processor without torchvision): its image processor, and the tokens placed as Qwen2_5_VLProcessor does."""
+    layer's `[1, n_head, n_tokens, n_tokens]`."""
+    inputs = reference_inputs(model, folder, text, picture)
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=True)
+    return inputs["input_ids"][0].tolist(), out.attentions
+
+
+def reference_inputs(model, folder: Path, text: str, picture: Path) -> dict:
+    """transformers' own processor on (text, picture). The text gets the processor's image placeholder in front.
+    Qwen's (no processor without torchvision): its image processor, and the tokens placed as Qwen2_5_VLProcessor
+    does. Llama 4's (its image processor is a torchvision class): Llama4Processor over attnscope's copy of its
+    steps, held equal to it bit for bit in tests/test_llama4_tiles.py."""
     from PIL import Image
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
     with Image.open(picture) as opened:
         rgb = opened.convert("RGB")
+    if "llama4" in type(model).__name__.lower():
+        from attnscope.models.config import read_config
+        from attnscope.models.vision.vlm import place
+
+        return place(folder, read_config(folder), text, rgb).inputs
     if "qwen" in type(model).__name__.lower():
         images = AutoImageProcessor.from_pretrained(folder, backend="pil")(images=[rgb], return_tensors="pt")
         n = int(images["image_grid_thw"].prod()) // 4  # merge_size 2: 2 x 2 patches a token
@@ -203,6 +218,61 @@ def eager_attentions(model, folder: Path, text: str, picture: Path) -> tuple[lis
         processor = AutoProcessor.from_pretrained(folder)
         placeholder = getattr(processor, "boi_token", None) or processor.image_token
         inputs = processor(text=f"{placeholder}{text}", images=[rgb], return_tensors="pt")
+    return dict(inputs)
+
+
+def conformance_cell(runner, app, folder: Path, eager, view: str, monkeypatch) -> None:
+    """A vision-language model's cell of the conformance matrix (tests/test_conformance.py): `--text TEXT` with its
+    folder's picture.png against transformers' eager VLM on the processor's inputs. short: the last layer's every
+    head (--all-heads); all-layers: every layer's pattern; generate: the new ids and each step's row of the last layer
+    against `generate(output_attentions=True)`; long: a page's last layer, every row in blocks (LONG_TOKENS and
+    BLOCK_ROWS made small), Qwen's --rows refused in one line; check: PASS, decoding included."""
+    import json
+
+    from attnscope.models.forward import long
+
+    image = folder / "picture.png"
+    inputs = reference_inputs(eager, folder, TEXT, image)
+    ids = inputs["input_ids"][0].tolist()
     with torch.no_grad():
-        out = model(**inputs, output_attentions=True)
-    return inputs["input_ids"][0].tolist(), out.attentions
+        theirs = eager(**inputs, output_attentions=True).attentions  # [1, n_head, n_tokens, n_tokens] per layer
+    base = ["head", "--model", str(folder), "--text", TEXT, "--image", str(image)]
+    last = str(len(theirs) - 1)
+
+    def payload(*more: str) -> dict:
+        result = runner.invoke(app, [*base, *more, "--json"])
+        assert result.exit_code == 0, result.output
+        found = json.loads(result.stdout)
+        assert found["token_ids"] == ids
+        return found
+
+    def close(mine, reference, what: str) -> None:
+        torch.testing.assert_close(torch.tensor(mine), reference.float(), atol=1e-5, rtol=0, msg=what)
+
+    if view == "short":  # the last layer traced (all-layers holds every layer's pattern)
+        for head in payload("--layer", last, "--all-heads")["heads"]:
+            close(head["attention"], theirs[int(last)][0, head["head"]], f"layer {last} head {head['head']}")
+    elif view == "all-layers":
+        got = payload("--layer", "0", "--all-layers")
+        for entry, pattern in zip(got["all_layers"], theirs, strict=True):
+            close(entry["attention"], pattern[0], f"all-layers layer {entry['layer']}")
+    elif view == "generate":
+        steps = payload("--layer", last, "--generate", "3")["decode_steps"]
+        with torch.no_grad():
+            out = eager.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                                 output_attentions=True, return_dict_in_generate=True)
+        assert [s["token_id"] for s in steps] == out.sequences[0, len(ids):].tolist()
+        for t, step in enumerate(steps):
+            row = out.attentions[t][int(last)][0, :, -1]  # [n_head, keys the cache holds]
+            close(torch.tensor(step["attention"])[:, -row.shape[-1]:].tolist(), row, f"generate step {t}")
+    elif view == "long" and "qwen" in type(eager).__name__.lower():  # transformers computes the whole pattern
+        result = runner.invoke(app, [*base, "--rows", "0:4"])
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "drop --rows" in result.stderr
+    elif view == "long":
+        monkeypatch.setattr(long, "LONG_TOKENS", 8)
+        monkeypatch.setattr(long, "BLOCK_ROWS", 3)
+        got = payload("--layer", last, "--head", "1", "--rows", f"0:{len(ids)}")
+        close(got["rows"]["attention"], theirs[int(last)][0, 1], "long: every row of head 1 in blocks")
+    else:
+        got = payload("--layer", last, "--generate", "2", "--check")
+        assert got["check_passed"] is True and len(got["check"]) == 4, got["check"]

@@ -422,8 +422,8 @@ def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...],
     the spec's own slopes (one head of a larger module)."""
     n_head = logits.shape[-3] if "n_head" in batch_dims and logits.dim() >= 3 else 1
     n_Q, n_K = logits.shape[-2], logits.shape[-1]
-    bias = alibi_.bias(n_head, n_Q, n_K, offset, logits.device, given).to(logits.dtype)  # [n_head, n_Q, n_K]
-    m = alibi_.slopes(n_head).tolist() if given is None else list(given)
+    m = alibi_.slopes(n_head).tolist() if given is None else list(given)  # [n_head], once: the bias and its text
+    bias = alibi_.bias(n_head, n_Q, n_K, offset, logits.device, tuple(m)).to(logits.dtype)  # [n_head, n_Q, n_K]
     slopes = ", ".join(f"{s:.4g}" for s in m[:4]) + (", ..." if n_head > 4 else "")
     position = "i" if offset == 0 else f"(i + {offset})"
     trace.add("alibi_bias", bias, ("n_head", "n_Q", "n_K"),

@@ -38,6 +38,11 @@ SPARSE_INDEXER = {**DECODER, "long": "refused: its indexer picks each query's ke
 # tokens, layer L traced; an image is one short input, and a tower does not decode
 VISION = {**INTERFACE, "long": "refused: an image's tokens are one short input, no long view",
           "generate": "refused: a vision tower does not decode"}
+# a vision-language model's text with `--image` (models/vision/vlm*.py): the text model from the VLM's embeddings on
+# its family page (Gemma 3's image block both ways), every view; Qwen's M-RoPE through the attention interface,
+# where a long prompt's pattern is computed whole, so `--rows` is refused
+VLM = dict.fromkeys(VIEWS, EXACT)
+VLM_MROPE = {**VLM, "long": "refused: --rows: transformers computes an M-RoPE model's whole pattern"}
 # a hybrid (attention and Mamba or convolution layers): every view on its attention layers; a layer with none is
 # refused in one line naming those that have
 HYBRID = dict.fromkeys(VIEWS, EXACT)
@@ -109,6 +114,11 @@ ROWS = (
     Row("vision:dinov2", ("dinov2", "dinov2_with_registers"), VISION),  # [CLS], registers, patches
     Row("vision:clip", ("clip", "clip_vision_model"), VISION),  # a whole CLIP's image tower, or the tower alone
     Row("vision:siglip", ("siglip", "siglip_vision_model"), VISION),  # patches alone
+    Row("vlm:gemma3", ("gemma3",), VLM),  # SigLIP tower, the image block both ways
+    Row("vlm:llama4", ("llama4",), VLM),  # tiles and a global view, chunked and NoPE layers
+    Row("vlm:llava", ("llava",), VLM),  # CLIP tower over a LLaMA or Mistral
+    Row("vlm:qwen2_5_vl", ("qwen2_5_vl",), VLM_MROPE),
+    Row("vlm:qwen3_vl", ("qwen3_vl",), VLM_MROPE),  # interleaved M-RoPE, deepstack
     Row("hybrid:jamba", ("jamba",), HYBRID),  # Mamba layers
     Row("hybrid:lfm2", ("lfm2",), HYBRID),  # short convolutions
 )
@@ -122,7 +132,8 @@ def markdown() -> str:
         how, _, model_type = row.family.partition(":")
         name = {"interface": f"any other (e.g. {model_type}), through transformers",
                 "hybrid": f"a hybrid (e.g. {model_type}): its attention layers; the others refused",
-                "vision": f"a vision tower ({', '.join(row.model_types)}) on --image, through transformers"}.get(
+                "vision": f"a vision tower ({', '.join(row.model_types)}) on --image, through transformers",
+                "vlm": f"a vision-language model ({', '.join(row.model_types)}) on --text with --image"}.get(
             how, f"{row.family} ({', '.join(row.model_types)})")
         cells = ["exact" if row.views[v] == EXACT else row.views[v].removeprefix("refused: ") for v in VIEWS]
         body.append(f"| {name} | " + " | ".join(cells) + " |")

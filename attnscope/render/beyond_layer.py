@@ -16,6 +16,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
+from attnscope.readings.headstats import TEXT_ONLY
 from attnscope.render.console import clean, numbers, shown_token
 from attnscope.render.fit import FittedText
 from attnscope.render.shading import MASKED_LEGEND, CellLine, Cells, ramp
@@ -23,6 +24,8 @@ from attnscope.views.explorer import KIND_LETTERS as LETTERS  # the page's grid 
 from attnscope.words import counted
 
 if TYPE_CHECKING:
+    import torch
+
     from attnscope.readings.headstats import LayerHeads
     from attnscope.runs.head_result import HeadResult
 
@@ -35,10 +38,12 @@ LABEL = 9  # "layer 23 " and the like
 
 def show_layers(out: Console, layers: list[LayerHeads], n_tokens: int) -> None:
     n_head = max((layer.attention.shape[0] for layer in layers), default=0)  # a linear layer may have more
-    out.print(Text(f"every layer, every head  [{len(layers)} layers x {n_head} heads, {n_tokens} tokens]",
+    tower = bool(layers) and layers[0].grid is not None and layers[0].grid.tower  # an image's patches: no text kinds
+    unit = "image tokens" if tower else "tokens"
+    out.print(Text(f"every layer, every head  [{len(layers)} layers x {n_head} heads, {n_tokens} {unit}]",
                    style="bold"))
-    out.print(FittedText("kinds: " + "  ".join(f"{letter} {name}" for name, letter in LETTERS.items())
-                         + "  (docs/heads.md)"))
+    kinds = [(name, letter) for name, letter in LETTERS.items() if not tower or name not in TEXT_ONLY]
+    out.print(FittedText("kinds: " + "  ".join(f"{letter} {name}" for name, letter in kinds) + "  (docs/heads.md)"))
     per_line = max(1, (out.width - LABEL) // 2)
     for start in range(0, n_head, per_line):
         heads = range(start, min(start + per_line, n_head))
@@ -134,18 +139,23 @@ def key_ruler(n_cols: int, pool: int, room: int) -> str:
     return line
 
 
-def layers_json(layers: list[LayerHeads], layer_numbers: list[int] | None = None) -> list[dict[str, Any]]:
+def layers_json(layers: list[LayerHeads], layer_numbers: list[int] | None = None,
+                selected: list[torch.Tensor | None] | None = None) -> list[dict[str, Any]]:
     """`all_layers`: a layer each, `{"layer", "attention" [n_head, n_Q, n_K], "kinds", "stats", "sinks_share"}`
-    (and `"value_norms" [n_head, n_K], "moved" [n_head]` where the values are known), "layer" the
-    model's own number (`layer_numbers`: a hybrid's attention layers; by default 0, 1, ...)."""
+    (and `"value_norms" [n_head, n_K], "moved" [n_head]` where the values are known, `"selected" [n_Q][n_K]` on
+    a sparse indexer's layer), "layer" the model's own number (`layer_numbers`: a hybrid's attention layers; by
+    default 0, 1, ...)."""
     from attnscope.render.readings import layer_readings
 
     numbers_of = layer_numbers or list(range(len(layers)))
+    chosen = selected or [None] * len(layers)
     return [{"layer": i, "attention": numbers(layer.attention),
              "pattern": "effective_attention" if layer.effective else "attention",  # a linear layer's exact M
              "kinds": [head["kind"] for head in layer.heads], "stats": [clean(head["stats"]) for head in layer.heads]}
+            | ({"grid_stats": [clean(head["grid_stats"]) for head in layer.heads]} if layer.grid else {})  # an image
             | layer_readings(layer)  # value_norms, moved, sinks_share (render/readings.py)
-            for i, layer in zip(numbers_of, layers, strict=True)]
+            | ({"selected": kept.tolist()} if kept is not None else {})  # the sparse indexer's choice
+            for i, layer, kept in zip(numbers_of, layers, chosen, strict=True)]
 
 
 def decode_json(result: HeadResult) -> list[dict[str, Any]]:

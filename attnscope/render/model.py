@@ -231,12 +231,12 @@ def head_json(result: HeadResult) -> dict[str, Any]:
     if result.long is not None:
         payload |= long_json(result)
     if result.layer_heads:
-        payload["all_layers"] = layers_json(result.layer_heads, result.layer_numbers)
+        payload["all_layers"] = layers_json(result.layer_heads, result.layer_numbers, result.layer_selected)
     if result.picture is not None:
         from attnscope.render.overlay import image_json
 
         payload["image"] = clean(image_json(result))  # the patch grid and the overlays' cells (docs/json.md)
-    if result.image_share is not None:
+    if result.image_tokens is not None:
         from attnscope.render.vlm import image_tokens_json
 
         payload |= image_tokens_json(result)  # a VLM's image_tokens, image_grids, image_share

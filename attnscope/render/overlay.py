@@ -82,6 +82,10 @@ def head_overlays(result: HeadResult) -> list[Overlay]:
         found.append((f"attention rollout, layers 0..{len(result.layer_heads or []) - 1}: "
                       f"{who if q is not None else 'every query'}'s row over the image",
                       rollout[q] if q is not None else rollout.double().mean(0)))
+    decoded = zip(getattr(result, "decode", None) or [], getattr(result, "decode_pieces", []), strict=False)
+    for step, (token, _) in decoded:  # a VLM's --generate: each new token's row, the query's that chose it
+        found.append((f"{where}: the row that chose new token {step.position} “{token}”",
+                      step.attention[result.options.head]))  # [n_K]
     return [overlay_of(picture, row, title) for title, row in found]
 
 

@@ -187,6 +187,7 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
             every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
         result.run, result.layer_patterns = every.run, every.patterns
         result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
+        result.layer_selected = every.selected
         layers.layer_heads(result)
     else:
         from attnscope.models.forward.run import run_layer

@@ -232,7 +232,7 @@ def from_heads(heads: Any) -> Page:
 
 def _heads_of(heads: Any, masked: Tensor | None = None) -> list[Head]:
     """A `LayerHeads`'s heads with their kinds, and the keys each one's mask forbids (`masked` [n_head, n_Q, n_K])."""
-    return [Head(h["head"], heads.attention[h["head"]], h["kind"], h["stats"],
+    return [Head(h["head"], heads.attention[h["head"]], h["kind"], heads.flat_stats(h),  # a patch grid's: grid_*
                  masked=None if masked is None else masked[h["head"]]) for h in heads.heads]
 
 

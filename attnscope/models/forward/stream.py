@@ -52,6 +52,7 @@ class AllLayers:
     run: LayerRun
     value_norms: list[torch.Tensor | None] | None = None  # each layer's ||f_h(x_j)|| [n_head, n_tokens] (moved.py)
     sink_weights: list[torch.Tensor | None] | None = None  # each layer's sink_weight [n_head, n_tokens]; None: none
+    selected: list[torch.Tensor | None] | None = None  # each layer's sparse indexer choice [n_tokens, n_tokens]
 
 
 def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
@@ -63,7 +64,7 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
     from attnscope.models.forward.run import layer_run
     from attnscope.readings.moved import layer_norms
 
-    patterns, norms, sinks = [], [], []
+    patterns, norms, sinks, chosen = [], [], [], []
     run = None
     with torch.no_grad():
         h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
@@ -81,10 +82,11 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
             out_proj = getattr(kept.module, "W_o", None)
             norms.append(None if out_proj is None else layer_norms(kept.trace, out_proj.weight))
             sinks.append(kept.trace["sink_weight"][0] if "sink_weight" in kept.trace else None)  # [n_head, n_tokens]
+            chosen.append(kept.trace["selected"][0] if "selected" in kept.trace else None)  # [n_tokens, n_tokens]
             if index == layer:
                 run = layer_run(model, layer, head, kept.trace, X, made)
     assert run is not None
-    return AllLayers(patterns, run, norms, sinks)
+    return AllLayers(patterns, run, norms, sinks, chosen)
 
 
 @dataclass

@@ -115,7 +115,7 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
             for _ in range(n_new):
                 assert out is not None and recorder.recorded is not None
                 cache = out.past_key_values
-                steps.append(_step(recorder.recorded, int(out.logits[0, -1].argmax()), len(tokens), cache))
+                steps.append(decode_step(recorder.recorded, int(out.logits[0, -1].argmax()), len(tokens), cache))
                 tokens.append(steps[-1].token_id)
                 if len(steps) < n_new:
                     recorder.calls = 0
@@ -144,13 +144,15 @@ def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: in
 
     model.set_attn_implementation("eager")
     base = getattr(model, "base_model", model)
-    layers = truncated.module_layers(base)
-    if layer not in layers:
-        truncated.refuse_layer(prepared.config, prepared.n_layer, layer, layers)
     tokens, steps, cache = list(ids), [], None
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids]), use_cache=bool(n_new), output_attentions=True)
         patterns = [a[0] for a in out.attentions if a is not None]  # [n_head, n, n] per attention layer
+        # a pattern from every layer: no module path need name them (ALBERT's one module serves every layer)
+        every = len(patterns) == prepared.n_layer
+        layers = list(range(prepared.n_layer)) if every else truncated.module_layers(base)
+        if layer not in layers:
+            truncated.refuse_layer(prepared.config, prepared.n_layer, layer, layers)
         for _ in range(n_new):
             cache = out.past_key_values
             row = out.attentions[layers.index(layer)][0, :, -1]  # [n_head, n_held]
@@ -188,7 +190,7 @@ def _language_model(prepared: Prepared, folder: Path, model_type: str, auto: Any
     return model
 
 
-def _step(recorded: Any, token_id: int, position: int, cache: Any) -> DecodeStep:
+def decode_step(recorded: Any, token_id: int, position: int, cache: Any) -> DecodeStep:
     """Layer L's row for the last query (over the keys the cache handed the attention, the oldest a sliding
     window has let go put back as zeros so the row spans every position before the new token), the keys
     before the first one the mask lets it see, and what the cache holds."""

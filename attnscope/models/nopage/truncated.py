@@ -70,9 +70,9 @@ def estimate_bytes(checkpoint: Checkpoint, layer: int, n_tokens: int) -> int:
     return 2 * 4 * numel + 4 * 64 * n_tokens * n_tokens + 4 * 1024 * n_tokens * 64
 
 
-def full_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
+def full_config(folder: Path, model_type: str, layer: int, *, text: bool = False) -> tuple[Any, int]:
     """transformers' config of the model (`AutoConfig`, no code from the folder), and its number of layers;
-    `layer` checked against it."""
+    `layer` checked against it. `text`: a multimodal model's layers are its text model's (`layers_config`)."""
     from transformers import AutoConfig
 
     try:
@@ -80,7 +80,7 @@ def full_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
     except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
         raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' ({first_line(exc)})",
                          "model") from None
-    n_layer = getattr(config, "num_hidden_layers", None)
+    n_layer = getattr(layers_config(config) if text else config, "num_hidden_layers", None)
     if not isinstance(n_layer, int) or n_layer < 1:
         raise UsageError(f"{{model}} {folder}: config.json gives model_type '{model_type}' no num_hidden_layers; "
                          "attnscope cannot tell its layers apart", "model")
@@ -90,15 +90,24 @@ def full_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
     return config, n_layer
 
 
+def layers_config(config: Any) -> Any:
+    """The config that holds the layers: the model's own, or a multimodal model's `text_config` (Gemma 3's and
+    Gemma 4's ...ForConditionalGeneration, LLaVA's, Llama 4's have no num_hidden_layers of their own)."""
+    inner = getattr(config, "text_config", None)
+    return inner if getattr(config, "num_hidden_layers", None) is None and inner is not None else config
+
+
 def cut(config: Any, n_layer: int, layer: int) -> Any:
-    """A copy of the config with layers 0..`layer` only (`num_hidden_layers`, and every per-layer list)."""
+    """A copy of the config with layers 0..`layer` only (`num_hidden_layers`, and every per-layer list; a
+    multimodal model's in its text_config)."""
     import copy
 
     config = copy.deepcopy(config)
-    for name, value in config.to_dict().items():  # layer_types, no_rope_layers, ...: one entry per layer
-        if isinstance(value, list) and len(value) == n_layer and hasattr(config, name):
-            setattr(config, name, value[: layer + 1])
-    config.num_hidden_layers = layer + 1
+    held = layers_config(config)
+    for name, value in held.to_dict().items():  # layer_types, no_rope_layers, ...: one entry per layer
+        if isinstance(value, list) and len(value) == n_layer and hasattr(held, name):
+            setattr(held, name, value[: layer + 1])
+    held.num_hidden_layers = layer + 1
     return config
 
 
@@ -123,7 +132,8 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
                     model(input_ids=inputs)
                 recorded, fallback = selfcheck.outcome(recorder)
             if recorded is None:  # a layer that does not call the interface: its eager pattern
-                if layer not in module_layers(model):
+                # (a self-check's fallback was recorded there: ALBERT's one module serves layers its path never names)
+                if not fallback and layer not in module_layers(model):
                     refuse_layer(full, n_layer, layer, attention_layers(full, n_layer))
                 model.set_attn_implementation("eager")
                 out = model(input_ids=inputs, output_attentions=True)

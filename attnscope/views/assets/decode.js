@@ -42,7 +42,7 @@ async function decode() {
   decodeKeys();
 }
 
-function decodePick(i) { state.decodeStep = i; decode(); }
+async function decodePick(i) { state.decodeStep = i; await decode(); if (META.image) overlayPick(i); }
 
 function decodeKeys() {
   const panel = $("decode-keys"), i = state.decodeStep;

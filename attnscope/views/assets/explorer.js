@@ -255,13 +255,28 @@ function thumb(canvas, P) {  // pooled to at most 48 cells a side, keys summed a
 }
 
 const STATS = [["entropy", "entropy (bits)", 2], ["first", "first token", 2], ["previous", "previous", 2], ["self", "self", 2], ["distance", "distance", 1], ["spread", "spread", 2]];
+// a vision tower's patch grid (readings/gridstats.py, docs/heads.md): its figures over patch queries in place of
+// previous and the distance in positions; the special tokens' columns where the model has them
+const GRID_STATS = [["entropy", "entropy (bits)", 2], ["grid_cls", "[CLS]", 2], ["grid_distillation", "[DIST]", 2], ["grid_registers", "registers", 2], ["grid_self", "self", 2], ["grid_row", "row", 2], ["grid_column", "column", 2], ["grid_neighbours", "8 nbrs", 2], ["grid_distance", "distance (patches)", 1], ["spread", "spread", 2]];
+const SPECIAL = ["grid_cls", "grid_distillation", "grid_registers"];
+const GRID_ABOUT = "(docs/heads.md: over patch queries, mean weight on [CLS] and registers, the own patch, the rest of its row and column, the 8 neighbours; mean distance of the weight on patches, in patches; entropy in bits)";
+const onGrid = (heads) => heads.some((h) => h.stats && h.stats.grid_tower);
+function statColumns(heads) {
+  const has = (k) => heads.some((h) => h.stats && h.stats[k] !== null && h.stats[k] !== undefined);
+  if (onGrid(heads)) return GRID_STATS.filter(([k]) => !SPECIAL.includes(k) || has(k));
+  return has("grid_text_to_image") ? [...STATS, ["grid_text_to_image", "image", 2]] : STATS;  // a VLM's text on its image
+}
 function stats() {
   const table = $("head-stats"), heads = META.layers[state.layer].heads;
   const known = heads.some((h) => h.stats);
   table.hidden = !known;
   if (!known) return;
+  const columns = statColumns(heads), about = $("stats-about");
+  if (!about.dataset.text) about.dataset.text = about.textContent;  // a text's words, kept for its layers
+  about.textContent = onGrid(heads) ? GRID_ABOUT : columns === STATS ? about.dataset.text :
+    about.dataset.text.replace(/\)$/, "; image: the text's mean weight on the image's tokens)");  // a VLM's prompt
   const head = document.createElement("thead"), tr = document.createElement("tr");
-  for (const [text, cls] of [["head", "num"], ["kind", "text"], ...STATS.map((s) => [s[1], "num"])]) {
+  for (const [text, cls] of [["head", "num"], ["kind", "text"], ...columns.map((s) => [s[1], "num"])]) {
     const th = document.createElement("th"); th.textContent = text; th.className = cls; th.scope = "col"; tr.append(th);
   }
   head.append(tr);
@@ -270,7 +285,7 @@ function stats() {
     const row = document.createElement("tr");
     row.className = "clickable" + (i === state.head ? " selected" : ""); row.tabIndex = 0;
     const cellsOf = [[h.head === null ? "-" : String(h.head), "num"], [h.kind || "", "text"],
-      ...STATS.map(([k, , d]) => [h.stats && h.stats[k] !== null && h.stats[k] !== undefined ? h.stats[k].toFixed(d) : "nan", "num"])];
+      ...columns.map(([k, , d]) => [h.stats && h.stats[k] !== null && h.stats[k] !== undefined ? h.stats[k].toFixed(d) : k.startsWith("grid_") ? "-" : "nan", "num"])];
     for (const [text, cls] of cellsOf) { const td = document.createElement("td"); td.textContent = text; td.className = cls; row.append(td); }
     row.addEventListener("click", () => open(state.layer, i));
     row.addEventListener("keydown", (e) => { if (e.key === "Enter") open(state.layer, i); });

@@ -7,8 +7,19 @@
 
 const OVERLAY_SIDE = 448, OVERLAY_ALPHA = 0.6;
 let overlayImage = null, overlayGeo = null, overlayRollout = null;
+let overlayStep = null;  // a VLM's --generate: the decode step picked on the timeline, shown until a query is picked
 
-function overlayRow() {  // [query or null, weights over every key]: the chosen query's, else [CLS]'s, else the mean
+function overlayPick(i) {  // decode.js: a generated token's row (the query that chose it) over the image
+  overlayStep = { i, query: state.query };
+  drawOverlay();
+}
+
+function overlayRow() {  // [query or null, weights over every key, decode step or null]: the chosen query's, else
+  // [CLS]'s, else the mean; a decode step picked after the query, its row
+  if (overlayStep && overlayStep.query === state.query && decodeRows && decodeRows[overlayStep.i]) {
+    const a = decodeRows[overlayStep.i], n = a.shape[1], h = Math.min(state.head, a.shape[0] - 1);
+    return [null, Array.from({ length: n }, (_, j) => a.value(h * n + j)), overlayStep.i];
+  }
   const I = META.image, q = state.query !== null ? state.query : (I.query ?? null);  // a VLM's: its last text query
   const R = overlayRollout, P = R ? { n_Q: R.shape[0], n_K: R.shape[1], row: (i) => ({ arr: R, base: i * R.shape[1] }) } : current;
   if (q !== null || I.prefix.includes("[CLS]")) {
@@ -47,7 +58,7 @@ function drawOverlay() {
     return;
   }
   if (!overlayImage.complete) return;
-  const [q, weights] = overlayRow(), canvas = $("overlay-canvas"), ratio = dpr();
+  const [q, weights, step] = overlayRow(), canvas = $("overlay-canvas"), ratio = dpr();
   const scale = OVERLAY_SIDE / Math.max(I.rows * I.patch, I.cols * I.patch), size = I.patch * scale;
   const W = I.cols * size, H = I.rows * size;
   canvas.width = Math.round(W * ratio); canvas.height = Math.round(H * ratio);
@@ -73,7 +84,9 @@ function drawOverlay() {
   const onPatches = patches.reduce((s, v) => s + (Number.isFinite(v) ? v : 0), 0);
   const L = META.layers[state.layer], h = L.heads[state.head];
   const whose = overlayRollout ? `rollout up to ${META.layers[META.layers.length - 1].label}` : `${L.label}, ${h.label}`;
-  const who = q === null ? "every query's mean" : `query ${q} “${qLabel(q)}”`;
+  const made = step == null ? null : META.decode.steps[step];
+  const who = made ? `the row that chose new token ${made.position} “${made.token}”`
+    : q === null ? "every query's mean" : `query ${q} “${qLabel(q)}”`;
   $("overlay-title").textContent = weights
     ? `${who}: ${onPatches.toFixed(3)} of its weight on the ${I.rows} × ${I.cols} patches; 0 (clear) to ${peak.toFixed(d)} (bright) · ${whose} · ${I.path}, ${I.processor}`
     : `${who}: its exact weights are not in the page, only the pooled pattern`;
