@@ -227,6 +227,11 @@ def test_the_page_names_a_tower_s_token_0(towers, tmp_path):
 DECODER = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2}
 MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8}
 SLIDING, FULL = "sliding_attention", "full_attention"
+GRANITE_HYBRID = dict(num_hidden_layers=2, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_state=8,
+                      mamba_d_head=16, mamba_chunk_size=8, num_local_experts=4, num_experts_per_tok=2,
+                      shared_intermediate_size=8)
+OLMO_HYBRID = dict(num_hidden_layers=2, layer_types=["linear_attention", FULL], pad_token_id=0, eos_token_id=1)
+MIXED = ("cohere2", "cohere2_moe", "exaone4", "exaone_moe", "kolibri1", "flint", "afmoe", "granite_swa")  # NoPE and not
 
 
 def _nope_families():
@@ -260,12 +265,21 @@ def _nope_families():
         # layer_rope_theta 0: the model hands that layer no position_embeddings
         "granite_swa": (tf.GraniteSWAConfig, tf.GraniteSWAForCausalLM, dict(
             num_hidden_layers=3, sliding_window=4, layer_rope_theta=[10000.0, 0, 500.0])),
+        # Granite 4.0-H: a Mamba layer, then attention with no positions (position_embedding_type None, the
+        # default) or RoPE ("rope")
+        "granitemoehybrid": (tf.GraniteMoeHybridConfig, tf.GraniteMoeHybridForCausalLM, GRANITE_HYBRID),
+        "granitemoehybrid_rope": (tf.GraniteMoeHybridConfig, tf.GraniteMoeHybridForCausalLM,
+                                  GRANITE_HYBRID | {"position_embedding_type": "rope"}),
+        # OLMo Hybrid: a gated DeltaNet layer, then attention; RoPE only with a rope_theta
+        "olmo_hybrid": (tf.OlmoHybridConfig, tf.OlmoHybridForCausalLM,
+                        OLMO_HYBRID | {"rope_parameters": {"rope_type": "default", "rope_theta": None}}),
+        "olmo_hybrid_rope": (tf.OlmoHybridConfig, tf.OlmoHybridForCausalLM, OLMO_HYBRID),
     }
 
 
-def _rotated_layers(model, ids: list[int]) -> list[bool]:
-    """transformers' eager run: which layers' attention modules called their modeling file's own
-    `apply_rotary_pos_emb` (patched to note the module running)."""
+def _rotated_layers(model, ids: list[int]) -> dict[int, bool]:
+    """transformers' eager run: whether each attention layer's module called its modeling file's own
+    `apply_rotary_pos_emb` (patched to note the module running), by layer."""
     import sys
 
     layers = [m for m in model.modules() if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")]
@@ -287,11 +301,11 @@ def _rotated_layers(model, ids: list[int]) -> list[bool]:
         modeling.apply_rotary_pos_emb = original
         for hook in hooks:
             hook.remove()
-    return [m.layer_idx in turned for m in sorted(layers, key=lambda m: m.layer_idx)]
+    return {m.layer_idx: m.layer_idx in turned for m in layers}
 
 
-@pytest.mark.parametrize("name", ["cohere2", "cohere2_moe", "exaone4", "exaone4_full", "exaone_moe", "kolibri1",
-                                  "flint", "afmoe", "granite_swa"])
+@pytest.mark.parametrize("name", [*MIXED, "exaone4_full", "granitemoehybrid", "granitemoehybrid_rope", "olmo_hybrid",
+                                  "olmo_hybrid_rope"])
 def test_the_q_step_says_rope_on_the_layers_that_turn_q_and_k(tmp_path, name):
     from tiny_encdec import save_random
     from tiny_models import _tokenizer
@@ -307,10 +321,13 @@ def test_the_q_step_says_rope_on_the_layers_that_turn_q_and_k(tmp_path, name):
     folder = tmp_path / name
     model = save_random(model_class(config), tokenizer, folder)
     rotated = _rotated_layers(model, encode(folder, SENTENCE).ids)
-    assert len(rotated) == config.num_hidden_layers
-    if name != "exaone4_full":
-        assert any(rotated) and not all(rotated)  # the family's NoPE layers are there
-    for layer, turned in enumerate(rotated):
+    kinds = getattr(config, "layer_types", None) or [FULL] * config.num_hidden_layers
+    assert sorted(rotated) == [i for i, kind in enumerate(kinds) if kind not in ("mamba", "linear_attention")]
+    if name in MIXED:  # the family's NoPE layers are there, beside its rotary ones
+        assert any(rotated.values()) and not all(rotated.values())
+    else:
+        assert all(rotated.values()) == name.endswith(("_full", "_rope")) and len(set(rotated.values())) == 1
+    for layer, turned in rotated.items():
         result = run_head(HeadOptions(model=str(folder), layer=layer, head=0, text=SENTENCE))
         assert result.tracer == "attention-interface"
         op = result.run.layer.step("Q").op

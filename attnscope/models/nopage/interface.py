@@ -185,6 +185,13 @@ LAYER_ROPE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ExaoneMoeAttention": (_global_nope, SLIDING),
     "Kolibri1Attention": (_global_nope, SLIDING),
     "AfmoeAttention": (lambda m: m.is_local_attention, SLIDING),  # AfmoeAttention: `if self.is_local_attention:`
+    # the model builds its rotary embedding only where the config asks, and hands the layers None otherwise:
+    # GraniteMoeHybridModel.__init__ (Granite 4.0-H: position_embedding_type None) and OlmoHybridModel.__init__
+    # ("Released ckpt don't use any ROPE": no rope_parameters' rope_theta)
+    "GraniteMoeHybridAttention": (lambda m: m.config.position_embedding_type == "rope",
+                                  "the config's position_embedding_type is not 'rope'"),
+    "OlmoHybridAttention": (lambda m: (m.config.rope_parameters or {}).get("rope_theta") is not None,
+                            "the config's rope_parameters have no rope_theta"),
 }
 
 
@@ -195,7 +202,10 @@ def _layer_rope(module: Any, config: Any) -> tuple[bool, str]:
     hands that layer `position_embeddings=None`, GraniteSWAModel.forward)."""
     rule = LAYER_ROPE.get(type(module).__name__)
     if rule is not None:
-        return rule[0](module), rule[1]
+        try:
+            return rule[0](module), rule[1]
+        except AttributeError:  # another transformers' version of the class, without the attribute its rule reads
+            pass
     if getattr(module, "use_rope", True) is False:
         return False, ""
     thetas, index = getattr(config, "layer_rope_theta", None), getattr(module, "layer_idx", None)
