@@ -1,6 +1,6 @@
 """`head --check`'s reference: the same checkpoint run by transformers' own eager modeling code, sharing nothing with
 attnscope's forward: `AutoModel.from_pretrained(..., attn_implementation="eager")` and `output_attentions=True` for
-a text, `AutoModelForCausalLM.generate(do_sample=False, output_attentions=True)` for decoding (no code from the
+a text, `AutoModelForCausalLM.generate` with attnscope's decoding rule (`greedy_config`) for decoding (no code from the
 model's folder runs: `trust_remote_code=False`). Layers past the last one compared are not built (truncated.py's
 cut config). Everything float32 on the CPU, batch 1, no padding.
 """
@@ -51,8 +51,26 @@ class Decoded:
     rows: list[dict[int, torch.Tensor]]
 
 
+def greedy_config(model: Any, n_new: int) -> Any:
+    """attnscope's decoding rule as transformers' `GenerationConfig`, made the model's own: `n_new` tokens, each the
+    argmax of the last logits, and nothing else (models/forward/stream.py's `generate` and
+    models/nopage/interface_stream.py's decode that way, and never stop at an end-of-text token). It replaces the
+    folder's generation_config.json, whose processors (a repetition_penalty, as Qwen2.5-Instruct's 1.05;
+    no_repeat_ngram_size, bad_words_ids, min_new_tokens, suppress_tokens, ...) `generate` would apply even with
+    do_sample=False: `GenerationMixin._prepare_generation_config` fills every setting a passed config leaves unset
+    from `model.generation_config`, so that is replaced too. No eos_token_id: no stop, and no
+    MinNewTokensLengthLogitsProcessor hiding the end-of-text token from the argmax."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=n_new, eos_token_id=None,
+                              pad_token_id=None, bos_token_id=None, output_attentions=True,
+                              return_dict_in_generate=True)
+    model.generation_config = config
+    return config
+
+
 def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded:
-    """`generate(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, output_attentions=True)`."""
+    """`generate` by attnscope's rule (`greedy_config`): `n_new` argmax tokens, every layer's attention a step."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -63,8 +81,7 @@ def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded
     model = truncated.load(AutoModelForCausalLM, folder, full, model_type, traced=False)
     try:
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-                                 output_attentions=True, return_dict_in_generate=True)
+            out = model.generate(torch.tensor([ids]), generation_config=greedy_config(model, n_new))
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"{{check}}: transformers could not decode with model_type '{model_type}' "
                             f"({truncated.first_line(exc)})", "check") from None

@@ -11,8 +11,8 @@ query that chose the token, and the share of that row on the image's tokens.
   step with M-RoPE's decode positions `position + rope_deltas` on each of the three axes
   (`Qwen2_5_VLForConditionalGeneration._prepare_position_ids_for_generation`), layer L's row recorded each step.
 
-`eager_decode` is --check's reference: transformers' `generate(do_sample=False, output_attentions=True)` on the
-eager VLM, the processor's inputs as they are.
+`eager_decode` is --check's reference: transformers' `generate` on the eager VLM, the processor's inputs as they are,
+decoding by attnscope's rule (models/eager.py's `greedy_config`), not by the folder's generation_config.json.
 """
 
 from __future__ import annotations
@@ -88,22 +88,19 @@ def _rope_deltas(model: Any, config: Config) -> torch.Tensor:
 
 
 def eager_decode(folder: Path, config: Config, tokens: ImageTokens, n_new: int) -> Decoded:
-    """transformers' eager VLM, every layer: `generate(**inputs, max_new_tokens=n_new, min_new_tokens=n_new,
-    do_sample=False, output_attentions=True, return_dict_in_generate=True)` (min_new_tokens: as many steps as
-    attnscope's, which does not stop at the end-of-text token); each step's row of every layer
-    (`[n_head, keys the cache holds]`)."""
+    """transformers' eager VLM, every layer: `generate(**inputs)` with attnscope's decoding rule
+    (models/eager.py's `greedy_config`: `n_new` argmax tokens, no stop at the end-of-text token, none of the
+    folder's generation_config.json processors, Qwen2.5-VL's repetition penalty of 1.05 among them); each step's
+    row of every layer (`[n_head, keys the cache holds]`)."""
     import torch
 
-    from attnscope.models.eager import Decoded
+    from attnscope.models.eager import Decoded, greedy_config
     from attnscope.models.vision import vlm_run
 
     model = vlm_run.load_eager(folder, config, vlm_run.n_layer(folder, config) - 1)
     try:
         with torch.no_grad():
-            # plain greedy, as attnscope decodes: a checkpoint's generation_config.json may add a repetition penalty
-            # (Qwen2.5-VL's 1.05), which generate applies even with do_sample=False; 1.0 turns it off
-            out = model.generate(**tokens.inputs, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-                                 repetition_penalty=1.0, output_attentions=True, return_dict_in_generate=True)
+            out = model.generate(**tokens.inputs, generation_config=greedy_config(model, n_new))
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"{{check}}: transformers could not decode with {config.architecture} "
                             f"({first_line(exc)})", "check") from None
