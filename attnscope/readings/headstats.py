@@ -14,7 +14,8 @@ a query that may see no key, is left out), with query i at position p = i + offs
   above the diagonal), n_K otherwise. A key is not "unseen" because its weight underflowed to 0;
 - induction (with the tokens known): the mean, over rows whose token occurred earlier, of the weight on the
   tokens that followed its earlier occurrences, `Σ A[i, j + 1]` over j + 1 < p with `token[j] = token[p]`
-  (Olsson et al.'s induction heads: "... A B ... A" attends to B); 0 when no token repeats.
+  (Olsson et al.'s induction heads: "... A B ... A" attends to B); 0 when no token repeats. A VLM's image tokens
+  (labelled `img(r,c)`: one placeholder id) are no repeat and follow none (`LayerHeads.of`).
 
 The kind, from these thresholds (the first that holds):
 `first-token` if first ≥ 0.5, `previous-token` if previous ≥ 0.5, `self` if self ≥ 0.5, `induction` if
@@ -283,7 +284,7 @@ class LayerHeads:
         """`tokens`: the token id at each key position, where known (a model's text), for induction heads;
         `masked`: where the mask hid a key (masks.hidden of the `masked_scores` step); `value_norms` and
         `sink_weight` for what each head moves and where it parks its weight (moved.py, sinkshare.py)."""
-        from attnscope.readings.gridstats import layout
+        from attnscope.readings.gridstats import PATCH, layout
 
         n_Q, n_K = attention.shape[-2:]
         if masked is not None and masked.shape != attention.shape:
@@ -292,6 +293,9 @@ class LayerHeads:
         grid = layout(col_labels) if col_labels and row_labels == col_labels and not offset else None
         if grid is not None and len(grid.image) != n_K:
             grid = None
+        if tokens is not None and col_labels:  # an image's tokens (img(r,c)): one placeholder id, never a repeat
+            tokens = [-1 - t if t < len(col_labels) and PATCH.match(col_labels[t]) else token
+                      for t, token in enumerate(tokens)]
         return cls(title, attention, row_labels or [f"q{i}" for i in range(n_Q)],
                    col_labels or [f"k{j}" for j in range(n_K)], offset, batch,
                    describe_heads(attention, offset, tokens, grid), masked, value_norms, sink_weight,

@@ -13,6 +13,12 @@ const SINK_MEASURES = [
 const ROLLOUTS = [["rollout", "the attention"], ["rollout_weighted", "the value-weighted attention"]];
 const readingState = { showAll: false };
 
+// key 0 in the measures' words: on a vision tower's tokens, which are no text, the token there by its label ("[CLS]
+// (token 0)", SigLIP's "p(0,0) (token 0)"), as render/readings.py's first_words says it in the terminal
+function firstToken() {
+  return META.layers.some((L) => onGrid(L.heads)) && META.keys.length ? `${kLabel(0)} (token 0)` : "the first token";
+}
+
 function sinkValue(S, key, li, hi) {
   const v = key === "parked" ? S.first[li][hi] + S.sink[li][hi] : S[key][li][hi];
   return v === null || v === undefined ? NaN : v;
@@ -63,7 +69,8 @@ function sinksView() {  // called each time a head opens: built once, then the h
   if (!S || !S.first || !S.first.length || S.first.length !== META.layers.length) return;
   if (!select.options.length) {
     const measures = SINK_MEASURES.filter(([key]) => (key === "parked" ? !!S.sink : !!S[key]));
-    select.replaceChildren(...measures.map(([key, text]) => new Option(text, key)));
+    const first = firstToken();
+    select.replaceChildren(...measures.map(([key, text]) => new Option(text.replace("the first token", first), key)));
     select.value = measures[0][0];
     select.addEventListener("change", fillSinks);
     $("sinks-grid").addEventListener("click", (e) => {
