@@ -336,3 +336,36 @@ def test_the_q_step_says_rope_on_the_layers_that_turn_q_and_k(tmp_path, name):
         else:
             assert "(its projections and norms before: not traced); no RoPE in this layer (NoPE: " in op, (layer, op)
             assert "RoPE before" not in op
+
+
+
+@pytest.mark.parametrize("name", ["llava", "gemma3"])
+def test_a_long_vlm_prompt_s_image_tokens_are_no_repeat(name, tmp_path, monkeypatch):
+    """The long path's statistics (blocks of rows: models/forward/long.py and vlm_long.py, Gemma 3's blocks through
+    its image mask) read the image's tokens as no repeat too: head_stats' induction equals the float64 formula
+    over eager output_attentions with the image's positions skipped."""
+    from cli_main import run_main
+    from tiny_vlm import build, image
+
+    from attnscope.models.config import read_config
+    from attnscope.models.forward import long
+    from attnscope.models.vision import vlm
+    from attnscope.models.vision.image import read_image
+
+    monkeypatch.setattr(long, "LONG_TOKENS", 8)
+    monkeypatch.setattr(long, "BLOCK_ROWS", 5)
+    folder = tmp_path / name
+    model = build(name, folder)
+    picture = image(folder / "picture.png")
+    out = run_main("head", "--model", str(folder), "--layer", "1", "--head", "1", "--text", TEXT, "--image",
+                   str(picture), "--json")
+    assert out.code == 0, out.stderr
+    data = out.json()
+    tokens = vlm.place(folder, read_config(folder), TEXT, read_image(picture))
+    assert data["token_ids"] == tokens.ids and "attention_pooled" in data  # the long path
+    with torch.no_grad():
+        theirs = model(**tokens.inputs, output_attentions=True).attentions[1][0, 1]  # [n_tokens, n_tokens]
+    skip = {t for t, on in enumerate(tokens.image) if on}
+    expected = induction_score(theirs, tokens.ids, skip)
+    assert expected is not None and expected != induction_score(theirs, tokens.ids)  # the image would count
+    assert data["head_stats"]["induction"] == pytest.approx(expected, abs=1e-5)

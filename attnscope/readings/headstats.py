@@ -87,6 +87,12 @@ def head_stats(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = 
     return rows.result()
 
 
+def no_repeat(tokens: Sequence[int], image: Sequence[bool]) -> list[int]:
+    """The ids the induction score reads: a VLM's image tokens (`image` true) all hold one placeholder id, so each
+    is given its own (-1 - position), never a repeat and followed by none."""
+    return [-1 - t if t < len(image) and image[t] else token for t, token in enumerate(tokens)]
+
+
 def is_effective(attention: Tensor) -> bool:
     """Whether `[..., n_Q, n_K]` is a linear layer's exact matrix rather than a softmax pattern: a negative entry,
     or a row summing past 1 (a softmax row sums to 1, less with a sink, 0 where the mask hides every key; 1e-2 of
@@ -293,9 +299,8 @@ class LayerHeads:
         grid = layout(col_labels) if col_labels and row_labels == col_labels and not offset else None
         if grid is not None and len(grid.image) != n_K:
             grid = None
-        if tokens is not None and col_labels:  # an image's tokens (img(r,c)): one placeholder id, never a repeat
-            tokens = [-1 - t if t < len(col_labels) and PATCH.match(col_labels[t]) else token
-                      for t, token in enumerate(tokens)]
+        if tokens is not None and col_labels:
+            tokens = no_repeat(tokens, [bool(PATCH.match(label)) for label in col_labels])
         return cls(title, attention, row_labels or [f"q{i}" for i in range(n_Q)],
                    col_labels or [f"k{j}" for j in range(n_K)], offset, batch,
                    describe_heads(attention, offset, tokens, grid), masked, value_norms, sink_weight,

@@ -90,7 +90,9 @@ class Blocks:
 
 
 def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
-              rows: tuple[int, int] | None = None) -> LongHead:
+              rows: tuple[int, int] | None = None, repeats: list[int] | None = None) -> LongHead:
+    """Head h of layer L in blocks of rows; `repeats`, the ids the induction score reads where they are not the
+    embedded ones (a VLM's image tokens: headstats.no_repeat)."""
     import torch
 
     n = len(ids)
@@ -103,12 +105,12 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
         module = model.attention(layer, record=False)
         effective_rows = getattr(module, "effective_rows", None)  # a linear layer's (models/families/qwen3_next.py)
         if effective_rows is not None:  # its exact matrix M, the effective keys carried block to block
-            blocks = Blocks(n, n, rows, True, ids, effective=True)
+            blocks = Blocks(n, n, rows, True, repeats or ids, effective=True)
             for a, block in effective_rows(X, head, BLOCK_ROWS):
                 blocks.add(block, a)  # [b - a, b] float64
         else:
             one = module.head_inputs(X, head)  # Q, K, V [1, 1, n, d_head]: normed, rotated, tuned as forward does
-            blocks = Blocks(n, n, rows, one.spec.align is not None, ids)
+            blocks = Blocks(n, n, rows, one.spec.align is not None, repeats or ids)
             for a in range(0, n, BLOCK_ROWS):
                 blocks.add(_block(one, a, min(n, a + BLOCK_ROWS)), a)  # [b - a, keys its rows may see] float64
         layer_trace = _shapes(model, layer, X, made)

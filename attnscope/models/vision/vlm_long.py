@@ -30,10 +30,12 @@ def long_head(model: Family, tokens: ImageTokens, layer: int, head: int,
     """Head h of layer L on the prompt with its image, in blocks (Gemma 3's through its image mask)."""
     from attnscope.models.forward import long
     from attnscope.models.vision.vlm_gemma3 import Gemma3Image
+    from attnscope.readings.headstats import no_repeat
 
     if isinstance(model, Gemma3Image):
         return _gemma3(model, tokens, layer, head, rows)
-    return long.long_head(model, tokens.ids, [0] * len(tokens.ids), layer, head, rows)
+    return long.long_head(model, tokens.ids, [0] * len(tokens.ids), layer, head, rows,
+                          repeats=no_repeat(tokens.ids, tokens.image))
 
 
 def _gemma3(model: Gemma3Image, tokens: ImageTokens, layer: int, head: int,
@@ -43,6 +45,7 @@ def _gemma3(model: Gemma3Image, tokens: ImageTokens, layer: int, head: int,
     from attnscope.attention.dot_product import sdpa
     from attnscope.models.forward import long
     from attnscope.models.vision.vlm_gemma3 import image_mask
+    from attnscope.readings.headstats import no_repeat
 
     ids, n = tokens.ids, len(tokens.ids)
     window = model.window(layer)
@@ -53,7 +56,7 @@ def _gemma3(model: Gemma3Image, tokens: ImageTokens, layer: int, head: int,
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         del h
         one = model.attention(layer, record=False).head_inputs(X, head)  # its spec: the mask holds causality
-        blocks = long.Blocks(n, n, rows, False, ids)
+        blocks = long.Blocks(n, n, rows, False, no_repeat(ids, tokens.image))
         for a in range(0, n, long.BLOCK_ROWS):
             b = min(n, a + long.BLOCK_ROWS)
             mask = image_mask(model.blocks, window, a, b - a, n)  # [b - a, n_tokens]
