@@ -23,6 +23,7 @@ from attnscope.errors import ResourceError
 from attnscope.models.nopage.truncated import first_line
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     import torch
@@ -37,36 +38,82 @@ if TYPE_CHECKING:
 def through_interface(folder: Path, config: Config, tokens: ImageTokens, layer: int, n_new: int,
                       every: bool = False) -> tuple[TransformersRun, list[torch.Tensor] | None, list[DecodeStep]]:
     """The whole VLM in transformers, layer L recorded through the attention interface on the prompt (with
-    `every`, every layer's pattern too) and at each of `n_new` greedy steps."""
+    `every`, every layer's pattern too) and at each of `n_new` greedy steps, the self-check watching every call
+    (models/selfcheck.py); where a module's output is not reproduced, on the prompt or at a step, the whole
+    decoding again with eager's `output_attentions` (`_eager`), untraced."""
     import torch
 
+    from attnscope.models import selfcheck
     from attnscope.models.nopage import interface as recorder
     from attnscope.models.nopage.interface_stream import decode_step
     from attnscope.models.vision import vlm_run
 
     n = vlm_run.n_layer(folder, config)
     model = vlm_run.load(folder, config, layers=n, attention=recorder.IMPLEMENTATION)
-    steps: list[DecodeStep] = []
-    ids = list(tokens.ids)
     try:
-        with torch.no_grad(), recorder.recording(layer, stop=False, every=every) as recording:
+        with torch.no_grad(), recorder.recording(layer, stop=False, every=every) as recording, \
+                selfcheck.watching(model, recording):
             out = model(**tokens.inputs, use_cache=True)  # the prompt: get_rope_index sets rope_deltas
-            run, patterns = vlm_run.recorded(model, config, recording, layer, n)
+            prompt, patterns = recording.recorded, recording.patterns
             recording.patterns = None
-            deltas = _rope_deltas(model, config)
-            for _ in range(n_new):
+
+            def step(out: Any, position: int) -> DecodeStep:
                 assert recording.recorded is not None
-                cache = out.past_key_values
-                steps.append(decode_step(recording.recorded, int(out.logits[0, -1].argmax()), len(ids), cache))
-                ids.append(steps[-1].token_id)
-                if len(steps) < n_new:
-                    recording.calls = 0
-                    out = model(input_ids=torch.tensor([[ids[-1]]]), past_key_values=cache, use_cache=True,
-                                position_ids=decode_positions(len(ids) - 1, deltas))
+                recording.calls = 0  # the next forward's calls counted from its layer 0
+                return decode_step(recording.recorded, int(out.logits[0, -1].argmax()), position, out.past_key_values)
+
+            steps = _decode(model, config, out, tokens.ids, n_new, step) if recording.failure is None else []
+            failure = recording.failure
+            if failure is None:
+                recording.recorded, recording.patterns = prompt, patterns
+                run, kept = vlm_run.recorded(model, config, recording, layer, n)
+                selfcheck.outcome(recording)  # a layer no check reached says so in its notes
+        if failure is not None:
+            with torch.no_grad():
+                return _eager(model, config, tokens, layer, n_new, n, every, failure.note())
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:
         raise ResourceError(f"transformers could not decode with {config.architecture} on the text and image "
                             f"({first_line(exc)})") from None
-    return run, patterns, steps
+    return run, kept, steps
+
+
+def _eager(model: Any, config: Config, tokens: ImageTokens, layer: int, n_new: int, n: int, every: bool,
+           fallback: str) -> tuple[TransformersRun, list[torch.Tensor] | None, list[DecodeStep]]:
+    """The prompt and `n_new` steps again with transformers' eager attention and `output_attentions`: layer L's
+    pattern and each step's row (every layer's pattern with `every`), untraced, `fallback` (the self-check's note)
+    saying why."""
+    from attnscope.models.nopage.interface_stream import eager_step
+    from attnscope.models.nopage.truncated import sizes
+
+    model.set_attn_implementation("eager")
+    out = model(**tokens.inputs, use_cache=True, output_attentions=True)
+    patterns = [a[0] for a in out.attentions]  # [n_head, n_tokens, n_tokens] each
+
+    def step(out: Any, position: int) -> DecodeStep:
+        return eager_step(out.attentions[layer], int(out.logits[0, -1].argmax()), position, out.past_key_values)
+
+    steps = _decode(model, config, out, tokens.ids, n_new, step, output_attentions=True)
+    run = sizes(model.get_decoder(), None, patterns[layer], n, layer)
+    run.architecture, run.fallback = config.architecture, fallback
+    return run, patterns if every else None, steps
+
+
+def _decode(model: Any, config: Config, out: Any, prompt: list[int], n_new: int,
+            step: Callable[[Any, int], DecodeStep], **more: Any) -> list[DecodeStep]:
+    """Greedy decoding on from the prompt's forward `out`: `step(out, position)` makes each step from the forward
+    that chose its token; then that token alone, with M-RoPE's decode positions (`decode_positions`) and the
+    cache (`more`: the forward's other keywords)."""
+    import torch
+
+    deltas = _rope_deltas(model, config)
+    ids, steps = list(prompt), []
+    for _ in range(n_new):
+        steps.append(step(out, len(ids)))
+        ids.append(steps[-1].token_id)
+        if len(steps) < n_new:
+            out = model(input_ids=torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True,
+                        position_ids=decode_positions(len(ids) - 1, deltas), **more)
+    return steps
 
 
 def decode_positions(position: int, deltas: torch.Tensor) -> torch.Tensor:

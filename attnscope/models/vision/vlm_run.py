@@ -127,20 +127,35 @@ def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int,
     n_tokens]` (the vision tower's own attention stays eager, unrecorded)."""
     import torch
 
+    from attnscope.models import selfcheck
     from attnscope.models.nopage import interface as recorder
 
     n = n_layer(folder, config)
     model = load(folder, config, layers=n if every else layer + 1, attention=recorder.IMPLEMENTATION)
     try:
-        with torch.no_grad(), recorder.recording(layer, stop=not every, every=every) as recording:
-            try:
+        with torch.no_grad():
+            with selfcheck.checked_recording(model, layer, stop=not every, every=every) as recording:
                 model(**tokens.inputs)
-            except recorder.Reached:
-                pass
+            fallback = selfcheck.outcome(recording)[1]
+            if fallback:  # selfcheck.py: a module does more than its attention function is handed
+                return _eager(model, config, tokens, layer, n, every, fallback)
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:
         raise ResourceError(f"transformers could not run {config.architecture} on the text and image "
                             f"({first_line(exc)})") from None
     return recorded(model, config, recording, layer, n)
+
+
+def _eager(model: Any, config: Config, tokens: ImageTokens, layer: int, n: int, every: bool,
+           fallback: str) -> tuple[TransformersRun, list[torch.Tensor] | None]:
+    """The same forward again with transformers' eager attention and `output_attentions`: layer L's pattern
+    (every layer's with `every`), untraced, `fallback` (the self-check's note) saying why."""
+    from attnscope.models.nopage.truncated import sizes
+
+    model.set_attn_implementation("eager")
+    patterns = [a[0] for a in model(**tokens.inputs, output_attentions=True).attentions]  # [n_head, n, n] each
+    run = sizes(model.get_decoder(), None, patterns[layer], n, layer)
+    run.architecture, run.fallback = config.architecture, fallback
+    return run, patterns if every else None
 
 
 def recorded(model: Any, config: Config, recording: Recorder, layer: int,
