@@ -46,6 +46,9 @@ RELATIVE = frozenset({"t5", "mt5", "umt5", "longt5", "switch_transformers", "deb
 # RoPE types transformers ships (ROPE_INIT_FUNCTIONS and the default), and older names it still reads.
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional", "axial")
 ROPE_ALIASES = {"su": "longrope", "mrope": "default"}  # Phi3Config, Qwen2VLConfig
+# use_bidirectional_attention "all": every layer both ways, the sliding window reaching W // 2 + 1 on each side
+# (Gemma4TextConfig.__post_init__; Gemma4UnifiedTextConfig's the same)
+BIDIRECTIONAL_ALL = frozenset({"gemma4_text", "gemma4_unified_text"})
 LAYER_TYPES = {"full_attention": "full", "attention": "full", "global": "full", "sliding_attention": "sliding",
                "local": "sliding", "chunked_attention": "chunked", "indexed_attention": "indexed"}
 
@@ -106,10 +109,30 @@ def layer_types(s: Settings, n_layers: int) -> list[str]:
 
 
 def sliding_window(s: Settings) -> int | None:
-    """The window of the sliding layers; 0 means none (Qwen2MoeConfig saves 0 when it is off)."""
+    """The window of the sliding layers; 0 means none (Qwen2MoeConfig saves 0 when it is off). A window both
+    ways is read as ModernBERT's, window // 2 keys on each side; Gemma 4 as an encoder's is `2 * reach` (`reach`)."""
     name = {"modernbert": "local_attention", "recurrent_gemma": "attention_window_size"}.get(s.model_type,
                                                                                            "sliding_window")
-    return s.optional_size(name, minimum=0, cap=1 << 40) or None
+    window = s.optional_size(name, minimum=0, cap=1 << 40) or None
+    return window if window is None or not encoder_all(s) else 2 * reach(window)
+
+
+def encoder_all(s: Settings) -> bool:
+    """Gemma 4 with `use_bidirectional_attention: "all"`, an encoder: Gemma4TextConfig.__post_init__ sets
+    `is_causal = False`, so masking_utils builds every layer's mask both ways (create_causal_mask ->
+    create_bidirectional_mask, create_sliding_window_causal_mask -> create_bidirectional_sliding_window_mask), and
+    Gemma4Attention.is_causal is False. ("vision" is a causal text model whose image tokens see each other.)"""
+    if s.model_type not in BIDIRECTIONAL_ALL or s.raw("use_bidirectional_attention") != "all":
+        return False
+    s.raw("is_causal")  # False, as __post_init__ set it (save_pretrained writes it): read, the same thing said
+    return True
+
+
+def reach(window: int) -> int:
+    """How far a Gemma 4 encoder's sliding layer sees on each side: Gemma4TextConfig.__post_init__ turns
+    config.json's sliding_window W into W // 2 + 1, and masking_utils' sliding_window_bidirectional_overlay lets a
+    query see the keys |i - j| <= that (2·(W // 2 + 1) + 1 keys in the middle of a long input)."""
+    return window // 2 + 1
 
 
 def _hybrid_types(s: Settings, n_layers: int) -> list[str] | None:
@@ -323,9 +346,10 @@ def mla(s: Settings) -> Mla | None:
 
 def is_causal(s: Settings) -> bool | None:
     """Whether the model's own layers are causal: False for encoders (BERT, ModernBERT; Gemma 3 with
-    use_bidirectional_attention), None where nothing says (then a causal decoder is assumed, and said)."""
+    use_bidirectional_attention, Gemma 4 with it "all"), None where nothing says (then a causal decoder is assumed,
+    and said)."""
     kind = s.model_type
-    if s.raw("use_bidirectional_attention") is True:
+    if s.raw("use_bidirectional_attention") is True or encoder_all(s):
         return False
     if kind in ENCODERS:
         return s.raw("is_decoder") is True

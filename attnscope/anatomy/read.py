@@ -280,6 +280,12 @@ def _decoder_or_encoder(s: Settings, assumed: list[str], causal: bool | None = N
     else:
         uses_rope = [True] * n_layers
     window = kinds.sliding_window(s)
+    if kinds.encoder_all(s):
+        both = "" if window is None else (
+            f", and a sliding layer sees the keys |i - j| <= {window // 2}: sliding_window {s.raw('sliding_window')} "
+            f"// 2 + 1, as Gemma4TextConfig sets it, inclusive in masking_utils (shown as sliding {window})")
+        assumed.append("use_bidirectional_attention 'all': an encoder; every layer attends both ways (no causal "
+                       f"mask), nothing is cached for decoding{both}")
     chunk = s.optional_size("attention_chunk_size", cap=MAX_TOKENS)
     softcap = s.optional_number("attn_logit_softcapping")
     sinks = s.model_type in kinds.SINKS
