@@ -331,12 +331,13 @@ def test_the_q_step_says_rope_on_the_layers_that_turn_q_and_k(tmp_path, name):
         result = run_head(HeadOptions(model=str(folder), layer=layer, head=0, text=SENTENCE))
         assert result.tracer == "attention-interface"
         op = result.run.layer.step("Q").op
+        own = next(note for note in result.notes if "the steps before Q, K, V" in note)  # runs/interface.py's
         if turned:
             assert op.endswith("(its projections, norms and RoPE before: not traced)"), (layer, op)
+            assert "(projections, norms, RoPE)" in own
         else:
             assert "(its projections and norms before: not traced); no RoPE in this layer (NoPE: " in op, (layer, op)
-            assert "RoPE before" not in op
-
+            assert "RoPE before" not in op and "(projections, norms)" in own
 
 
 @pytest.mark.parametrize("name", ["llava", "gemma3"])

@@ -315,7 +315,7 @@ def test_the_q_step_names_where_the_positions_went():
     module handed a position_bias, a tower, and a family attnscope has no word for."""
     from types import SimpleNamespace
 
-    from attnscope.models.nopage.interface import _before
+    from attnscope.models.nopage.positions import before as _before
 
     class Attention:
         def __init__(self, config, **more):

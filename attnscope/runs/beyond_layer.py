@@ -121,8 +121,7 @@ def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
     if result.layer_patterns is None or result.encoded is None:
         return
     rows, cols = result.axes()  # an encoder-decoder's decoder and cross-attention: the target's rows
-    keys = {"decoder": result.target, "cross": None}.get(result.kind or "", result.encoded)  # induction's ids
-    ids = list(keys.ids) if keys is not None and keys.ids else None
+    ids = result.key_ids()  # induction's ids
     result.layer_numbers = list(indices or range(len(result.layer_patterns)))
     traced = result.masked()  # the traced layer's mask: only its steps are kept
     norms = result.layer_norms or [None] * len(result.layer_patterns)

@@ -167,9 +167,9 @@ class HeadResult:
 
     def key_ids(self) -> list[int] | None:
         """The token id at each key position, for the induction score (readings/headstats.py), as --all-layers
-        reads them (runs/beyond_layer.py's layer_heads): the text's; an encoder-decoder's decoder's, the target's;
-        None across (source keys, target queries: no repeat to follow) and where the tokens are not text (a vision
-        tower's patches, Whisper's audio positions: no ids)."""
+        and --all-heads read them (runs/beyond_layer.py's layer_heads, `heads`): the text's; an encoder-decoder's
+        decoder's, the target's; None across (source keys, target queries: no repeat to follow) and where the
+        tokens are not text (a vision tower's patches, Whisper's audio positions: no ids)."""
         keys = {"decoder": self.target, "cross": None}.get(self.kind or "", self.encoded)
         return list(keys.ids) if keys is not None and keys.ids else None
 

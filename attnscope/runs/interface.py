@@ -83,9 +83,10 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
         return result
     recorded = run.recorded
     layer = recorded.layer
+    before = "projections, norms, RoPE" if "RoPE before" in layer.step("Q").op else "projections, norms"
     layer.notes[:0] = [f"{own}: transformers ran {ran} and handed {run.module}'s Q, K, V, mask "
-                       "and scaling to attnscope's attention function; the steps before Q, K, V (projections, "
-                       "norms, RoPE) are the family's own code, not traced",
+                       f"and scaling to attnscope's attention function; the steps before Q, K, V ({before}) are "
+                       "the family's own code, not traced",
                        f"the mask transformers built for this layer, read from the mask itself: "
                        f"{recorded.mask.describe()}; the steps agree with {recorded.function} to {TOLERANCE:g}"]
     result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
