@@ -197,15 +197,22 @@ def effective_matrix(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None, A: Te
     for a, b in _chunks(g, chunk):
         seen, end = n_cache + a, n_cache + b  # columns written before the chunk, and by it
         part = None if beta is None else beta[..., a:b]
-        rows, inner, carry, written = _chunk(q[..., a:b, :], k[..., a:b, :], g[:, :, a:b], part)
+        rows, inner, written, Gk, whole = _chunk(q[..., a:b, :], k[..., a:b, :], g[:, :, a:b], part)
+        earlier = now[..., :seen]  # [n_batch, n_head, d_K, seen]
         # [n_batch, n_head, b - a, d_K] @ [.., d_K, seen] -> [n_batch, n_head, b - a, seen], in place in M
-        torch.matmul(rows, now[..., :seen], out=M[..., a:b, :seen])
+        torch.matmul(rows, earlier, out=M[..., a:b, :seen])
         M[..., a:b, seen:end] = inner  # [n_batch, n_head, b - a, b - a]
         M[..., a:b, end:] = 0  # causal: no weight on later tokens
-        if beta is None:  # a decay alone
-            now[..., :seen] *= carry  # [n_batch, n_head, d_K, 1]
-        else:  # [n_batch, n_head, d_K, d_K] @ [.., d_K, seen] -> [n_batch, n_head, d_K, seen], into the spare
-            torch.matmul(carry, now[..., :seen], out=spare[..., :seen])
+        if Gk is None:  # a decay alone: Γ_C A_0
+            earlier *= whole[..., None]
+        elif 2 * (b - a) < d_K:  # Γ_C A_0 - K_C^T B (Γ K A_0), two thin products (a decode step's)
+            # [n_batch, n_head, b - a, d_K] @ [.., d_K, seen], then [.., d_K, b - a] @ that -> [.., d_K, seen]
+            removed = written @ (Gk @ earlier)
+            earlier.mul_(whole[..., None]).sub_(removed)
+        else:  # (Γ_C - K_C^T B Γ K) A_0, one [d_K, d_K] matrix: [.., d_K, d_K] @ [.., d_K, seen], into the spare
+            carry = (written @ Gk).neg_()  # [.., d_K, b - a] @ [.., b - a, d_K] -> [n_batch, n_head, d_K, d_K]
+            carry.diagonal(dim1=-2, dim2=-1).add_(whole)
+            torch.matmul(carry, earlier, out=spare[..., :seen])
             now, spare = spare, now
         faded += float(g[:, :, a:b].sum(dim=2).min())
         if faded < math.log(FLUSH):  # an effective key FLUSH below the keys: 0 (far below M's precision), before it
@@ -223,8 +230,9 @@ def effective_flops(n: int, n_cache: int, d_K: int, delta: bool, chunk: int = CH
     for a in range(0, n, chunk):
         C, seen = min(chunk, n - a), n_cache + a
         total += 2 * C * d_K * seen + 4 * C * C * d_K  # rows @ A, and QK, KK
-        if delta:  # carry @ A, the solve, rows and carry themselves
-            total += 2 * d_K * d_K * seen + (C + d_K) * C * C + 2 * C * C * d_K + 2 * C * d_K * d_K
+        if delta:  # the solve and rows; the state carried: two thin products, or one [d_K, d_K] matrix made
+            total += (C + d_K) * C * C + 2 * C * C * d_K
+            total += 4 * C * d_K * seen + 2 * d_K * seen if 2 * C < d_K else 2 * d_K * d_K * (seen + C)
         else:  # the decay on A
             total += d_K * seen
     return total
@@ -247,20 +255,21 @@ def _chunks(g: Tensor, chunk: int) -> Iterator[tuple[int, int]]:
         a = b
 
 
-def _chunk(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _chunk(q: Tensor, k: Tensor, g: Tensor,
+           beta: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]:
     """One chunk of C tokens in float64, A_0 the effective keys before it: M's rows over the earlier columns are
     `rows` @ A_0 (`[.., C, d_K]`), over the chunk's own `inner` (`[.., C, C]`, lower triangular); A after the chunk
-    is `carry` @ A_0 (`[.., d_K, d_K]`) on the earlier columns (beta None: `carry` * A_0, a decay `[.., d_K, 1]`)
-    and `written` (`[.., d_K, C]`) on its own.
+    is (Γ_C - `written` @ Γ K) A_0 on the earlier columns (Γ_C = exp(G_C), `whole`, `[.., d_K]`; Γ K `[.., C, d_K]`,
+    None for beta None: Γ_C A_0) and `written` (`[.., d_K, C]`) on its own.
 
     With G_i = g_1 + ... + g_i (over the chunk; per channel for KDA), Γ = exp(G), QK[i, j] = q_i^T exp(G_i - G_j)
     k_j for j <= i and KK[i, j] the same with k_i for j < i, the delta rule's writes u_i = beta_i (e_i - k_i^T D_i
     A_(i-1)) solve (I + diag(beta) KK) U = diag(beta) (E - Γ K A_0) (the UT transform), so with
     B = (I + diag(beta) KK)^-1 diag(beta) and K_C's row j exp(G_C - G_j) k_j:
 
-        inner = QK B      rows = Γ Q - inner Γ K      written = K_C^T B      carry = Γ_C - K_C^T B Γ K
+        inner = QK B      rows = Γ Q - inner Γ K      written = K_C^T B      A after = Γ_C A_0 - written Γ K A_0
 
-    beta None: B = I, rows = Γ Q, carry = Γ_C. The UT transform is transformers' `torch_chunk_gated_delta_rule`'s
+    beta None: B = I, rows = Γ Q, written = K_C^T. The UT transform is transformers' `torch_chunk_gated_delta_rule`'s
     (and `chunk_kimi_delta_attention`'s), there over the values, here over the value indices; exp(G_i - G_j) is
     masked before its exp where j > i, as there. Per channel, QK is (Q exp(G')) (K exp(-G'))^T with G' from the
     chunk's first token, a product of two matrices in place of their `[C, C, d_K]` decay (_chunks keeps exp(-G')
@@ -284,15 +293,13 @@ def _chunk(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None) -> tuple[Tensor
         whole = G[:, :, -1, None].exp().expand(*G.shape[:2], d_K)  # [n_batch, n_head, d_K]
     Gq, Gk, Kc = q * now, k * now, (k * last).transpose(-1, -2)  # Γ Q, Γ K [.., C, d_K]; K_C^T [.., d_K, C]
     if beta is None:
-        return Gq, QK, whole[..., None], Kc
+        return Gq, QK, Kc, None, whole
     # I + diag(beta) KK: the solve reads its strict lower triangle alone (unitriangular)
     system = beta[..., None] * KK  # [n_batch, n_head, C, C]
     inner, written = (torch.linalg.solve_triangular(system, X, upper=False, left=False, unitriangular=True)
                       * beta[..., None, :] for X in (QK, Kc))  # QK B [.., C, C], K_C^T B [.., d_K, C]
     rows = Gq.sub_(inner @ Gk)  # [n_batch, n_head, C, C] @ [.., C, d_K] -> [.., C, d_K]
-    carry = (written @ Gk).neg_()  # [.., d_K, C] @ [.., C, d_K] -> [n_batch, n_head, d_K, d_K]
-    carry.diagonal(dim1=-2, dim2=-1).add_(whole)  # Γ_C - K_C^T B Γ K
-    return rows, inner, carry, written
+    return rows, inner, written, Gk, whole
 
 
 @dataclass(frozen=True)
