@@ -54,27 +54,26 @@ def through_interface(folder: Path, config: Config, tokens: ImageTokens, layer: 
         with torch.no_grad(), recorder.recording(layer, stop=False, every=every) as recording, \
                 selfcheck.watching(model, recording):
             out = model(**tokens.inputs, use_cache=True)  # the prompt: get_rope_index sets rope_deltas
-            prompt, patterns = recording.recorded, recording.patterns
-            recording.patterns = None
+            if recording.failure is None:
+                run, patterns = vlm_run.recorded(model, config, recording, layer, n)
+                recording.patterns = None
 
-            def step(out: Any, position: int) -> DecodeStep:
-                assert recording.recorded is not None
-                recording.calls = 0  # the next forward's calls counted from its layer 0
-                return decode_step(recording.recorded, int(out.logits[0, -1].argmax()), position, out.past_key_values)
+                def step(out: Any, position: int) -> DecodeStep:
+                    assert recording.recorded is not None
+                    recording.calls = 0  # the next forward's calls counted from its layer 0
+                    token = int(out.logits[0, -1].argmax())
+                    return decode_step(recording.recorded, token, position, out.past_key_values)
 
-            steps = _decode(model, config, out, tokens.ids, n_new, step) if recording.failure is None else []
-            failure = recording.failure
-            if failure is None:
-                recording.recorded, recording.patterns = prompt, patterns
-                run, kept = vlm_run.recorded(model, config, recording, layer, n)
-                selfcheck.outcome(recording)  # a layer no check reached says so in its notes
-        if failure is not None:
+                steps = _decode(model, config, out, tokens.ids, n_new, step)
+        if recording.failure is not None:
             with torch.no_grad():
-                return _eager(model, config, tokens, layer, n_new, n, every, failure.note())
+                return _eager(model, config, tokens, layer, n_new, n, every, recording.failure.note())
+        if not recording.checked and run.recorded is not None:
+            run.recorded.layer.notes.append(selfcheck.UNCHECKED)
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:
         raise ResourceError(f"transformers could not decode with {config.architecture} on the text and image "
                             f"({first_line(exc)})") from None
-    return run, kept, steps
+    return run, patterns, steps
 
 
 def _eager(model: Any, config: Config, tokens: ImageTokens, layer: int, n_new: int, n: int, every: bool,
