@@ -79,6 +79,20 @@ class MiniMax(LinearLayers, Llama):
             return AttentionSpec(causal=True)
         return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer))
 
+    def cached_generate_note(self) -> str | None:
+        """Why `--check` decodes this model by an argmax loop over transformers' forward without a cache, or None
+        where transformers' cached `generate` is right. transformers 5.23's `MiniMaxModel.forward` calls
+        `create_sliding_window_causal_mask` with no layer_idx, and masking_utils then sizes the mask by cache layer
+        0 (`MiniMaxCache()` marks no layer sliding). A lightning layer 0 keeps its state in `linear_cache` and never
+        a key, so on a decode step the mask is one column, [1, 1, 1, 1], which `eager_attention_forward` adds
+        broadcast over every cached key: the new token sees the whole cache, no window. The prompt's forward is
+        right, and so is a model whose layer 0 is a full layer (tests/test_minimax_decode.py)."""
+        if self.window(0) is None or not self.linear(0):
+            return None
+        return ("transformers' cached generate of MiniMax drops the sliding window on decode steps (the mask is "
+                "sized by lightning layer 0's cache, which holds no key); the reference is an argmax loop over "
+                "its forward without a cache")
+
     # --- the lightning layers -----------------------------------------------------------------------------------
 
     def head_slices(self, layer: int, head: int) -> list[Slice]:
