@@ -122,6 +122,8 @@ def test_unplanted_is_checked_and_traced(built, picture, monkeypatch, name):
     decoded = _run(folder, picture, generate=N_NEW)
     assert decoded.traced and not _self_notes(decoded), decoded.notes
     assert checked == [LAYER] * N_NEW  # the prompt's forward and each step's but the last, which chose no token
+    said = f"layer {LAYER}'s module output checked against its own eager run on the prompt and at each new token"
+    assert any(said in note for note in decoded.notes), decoded.notes
     _same_decoding(decoded, ids, steps)
 
 
