@@ -188,3 +188,48 @@ def test_tables_fit_80_columns_and_read_every_setting(name):
     assert outcome.code == 0, outcome.stderr
     assert max(cell_len(line) for line in outcome.stdout.splitlines()) <= 80
     assert "not interpreted" not in outcome.stdout
+
+
+@pytest.mark.parametrize("n", [3, 8, 11, 20])
+def test_gemma4_as_an_encoder(tmp_path: Path, n):
+    """use_bidirectional_attention "all": every layer both ways, read as transformers' masks have it. Each layer's
+    `keys` (a token in the middle of N) is the number of keys the middle query's row of transformers' eager
+    output_attentions gives weight (masking_utils' create_bidirectional_mask and
+    create_bidirectional_sliding_window_mask, |i - j| <= sliding_window // 2 + 1); nothing cached; "vision" stays a
+    causal decoder."""
+    import transformers
+
+    sizes = {**GEMMA4, "attention_k_eq_v": False, "num_hidden_layers": 4, "sliding_window": 6,
+             "layer_types": ["sliding_attention", "full_attention"] * 2}
+    config = transformers.Gemma4TextConfig(**sizes, use_bidirectional_attention="all")
+    config.save_pretrained(tmp_path)
+    data = anatomy_json(read_anatomy(str(tmp_path), tokens=n))
+    layers = data["layers"]
+    assert [layer["kind"] for layer in layers] == [t.removesuffix("_attention") for t in config.layer_types]
+    assert all(not layer["causal"] and layer["stack"] == "encoder" and "bidirectional" in layer["label"]
+               for layer in layers)
+    reach = config.sliding_window  # 6 // 2 + 1, as Gemma4TextConfig.__post_init__ sets it
+    assert reach == 4 and [layer["window"] for layer in layers] == [2 * reach, None] * 2
+    assert [layer["kv_cache_bytes"] for layer in layers] == [0] * 4 and data["totals"]["kv_cache_bytes"] == 0
+    torch.manual_seed(0)
+    read = transformers.AutoConfig.from_pretrained(tmp_path)  # config.json read back: the window halved once more
+    assert read.sliding_window == reach and read.is_causal is False
+    model = perturb(transformers.Gemma4ForCausalLM._from_config(read, attn_implementation="eager").eval())
+    with torch.no_grad():
+        attentions = model(input_ids=torch.arange(3, 3 + n)[None], output_attentions=True).attentions
+    seen = [int((a[0, :, n // 2] > 0).sum(-1).unique().item()) for a in attentions]  # the middle query, every head
+    assert [layer["keys"] for layer in layers] == seen
+    assert seen == [min(n, 2 * reach + 1), n] * 2  # the rule in words: reach keys each side, every key
+    for layer in layers:
+        width = 2 * layer["d_K"] + 2 * layer["d_V"] + 6
+        assert layer["flops_per_token"] == layer["n_head"] * layer["keys"] * width
+    if n == 20:
+        out = run_main("anatomy", str(tmp_path), "--tokens", str(n))
+        assert out.code == 0, out.stderr
+        text = out.stdout.replace("\n", " ")
+        assert "use_bidirectional_attention 'all'" in text and "|i - j| <= 4" in text, out.stdout
+        assert "sliding 8, bidirectional" in text and "the 4 tokens on each side" in text, out.stdout
+        assert "not interpreted" not in text  # is_causal (false, as __post_init__ set it) read too
+        vision = transformers.Gemma4TextConfig(**sizes, use_bidirectional_attention="vision")
+        vision.save_pretrained(tmp_path / "vision")
+        assert all(layer["causal"] for layer in anatomy_json(read_anatomy(str(tmp_path / "vision")))["layers"])

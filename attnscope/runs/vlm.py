@@ -151,6 +151,7 @@ def _long(result: HeadResult, model: Family, tokens: ImageTokens) -> None:
 
 
 def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
+    from attnscope.models.selfcheck import UNCHECKED
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import vlm_generate, vlm_run
     from attnscope.runs import beyond_layer as layers
@@ -164,9 +165,15 @@ def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens:
     encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
     ran = "every layer" if asked.all_layers else f"layers 0..{asked.layer}"
     result = _result(asked, folder, config, encoded, run, f"the vision tower and {ran}")
+    how = "its attention is traced through transformers' attention interface from Q, K, V after RoPE"
+    if run.recorded is not None and UNCHECKED not in run.recorded.layer.notes:  # models/selfcheck.py's check
+        how += (f", and layer {asked.layer}'s module output checked against its own eager run"
+                + (" on the prompt and at each new token" if asked.generate else ""))
+    if run.fallback:
+        how = ("transformers ran it, and its pattern is eager's output_attentions (the trace did not reproduce its "
+               "module's own eager run, above)")
     result.notes.append(f"{config.architecture} turns M-RoPE (three position ids per token: time, row and column "
-                        "of the image, transformers' get_rope_index), which no attnscope page computes: its "
-                        "attention is traced through transformers' attention interface from Q, K, V after RoPE")
+                        f"of the image, transformers' get_rope_index), which no attnscope page computes: {how}")
     if patterns is not None:
         result.layer_patterns = patterns
         layers.layer_heads(result)

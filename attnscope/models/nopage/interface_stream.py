@@ -139,7 +139,6 @@ def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: in
     found a module the trace does not reproduce): every attention layer's, and layer L's row at each new token."""
     import torch
 
-    from attnscope.models.forward.stream import DecodeStep
     from attnscope.models.nopage import truncated
 
     model.set_attn_implementation("eager")
@@ -155,12 +154,8 @@ def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: in
             truncated.refuse_layer(prepared.config, prepared.n_layer, layer, layers)
         for _ in range(n_new):
             cache = out.past_key_values
-            row = out.attentions[layers.index(layer)][0, :, -1]  # [n_head, n_held]
-            gone = len(tokens) - row.shape[-1]  # what a sliding cache no longer holds, put back as zeros
-            if gone > 0:
-                row = torch.cat([row.new_zeros(row.shape[0], gone), row], dim=-1)  # [n_head, position]
-            steps.append(DecodeStep(int(out.logits[0, -1].argmax()), len(tokens), row, max(0, gone),
-                                    cache_bytes(cache)))
+            steps.append(eager_step(out.attentions[layers.index(layer)], int(out.logits[0, -1].argmax()),
+                                    len(tokens), cache))
             tokens.append(steps[-1].token_id)
             if len(steps) < n_new:
                 out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True,
@@ -196,19 +191,27 @@ def decode_step(recorded: Any, token_id: int, position: int, cache: Any) -> Deco
     before the first one the mask lets it see, and what the cache holds."""
     import torch
 
-    from attnscope.models.forward.stream import DecodeStep
-
-    row = recorded.layer["attention"][0, :, -1]  # [n_head, n_held]
-    n_held = row.shape[-1]
-    gone = position - n_held  # what transformers' sliding cache no longer holds
-    first = 0
+    step = eager_step(recorded.layer["attention"], token_id, position, cache)
     if "mask" in recorded.layer:
         mask = recorded.layer["mask"][0, -1]  # [n_held]: 0 where the query may attend
         allowed = mask > torch.finfo(mask.dtype).min / 2
-        first = int(allowed.long().argmax()) if bool(allowed.any()) else 0
+        step.evicted += int(allowed.long().argmax()) if bool(allowed.any()) else 0
+    return step
+
+
+def eager_step(attention: torch.Tensor, token_id: int, position: int, cache: Any) -> DecodeStep:
+    """A decode step from layer L's attention `[1, n_head, n_Q, n_held]` (eager's `output_attentions`, or the
+    recorded step): the last query's row, the keys a sliding cache no longer holds put back as zeros (counted in
+    `evicted`), and what the cache holds."""
+    import torch
+
+    from attnscope.models.forward.stream import DecodeStep
+
+    row = attention[0, :, -1]  # [n_head, n_held]
+    gone = position - row.shape[-1]  # what a sliding cache no longer holds, put back as zeros
     if gone > 0:
         row = torch.cat([row.new_zeros(row.shape[0], gone), row], dim=-1)  # [n_head, position]
-    return DecodeStep(token_id, position, row, max(0, gone) + first, cache_bytes(cache))
+    return DecodeStep(token_id, position, row, max(0, gone), cache_bytes(cache))
 
 
 def cache_bytes(cache: Any) -> int:
