@@ -7,12 +7,15 @@ the first token, a learned sink's weight, the top keys' share); with `--all-laye
 head grid of the weight parked on the first token (and a learned sink) beside the value-weighted share that
 arrives from there, and the input tokens the rollout says the last query draws from. A vision tower's tokens
 are no text: there the words name the token at position 0 by its label, `[CLS]` (SigLIP's, which has none, the patch
-`p(0,0)`), in place of "the first token" (`first_words`).
+`p(0,0)`), in place of "the first token" (`first_words`); nor are Whisper's encoder positions, audio labelled by
+the time each starts at (`0.00s`): there key 0 is "the audio's first 20 ms (position 0)", in the encoder and across,
+and the rollout's last query the audio at its time (`audio_words`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 LABEL = 9  # "layer 23 " and the like, as render/beyond_layer.py's grid
 CELL = 4  # " 100"
 ROLLOUT_TOKENS = 5  # the input tokens named for the last query
+SECONDS = re.compile(r"\d+\.\d\ds")  # an audio position's label, the time it starts at (models/audio.py)
 
 
 def head_readings(heads: LayerHeads) -> list[dict[str, Any]]:
@@ -87,11 +91,33 @@ def _percent(value: float | None) -> str:
 def first_words(heads: LayerHeads) -> tuple[str, str]:
     """How the tables name key 0, the sink's usual place, short and in a sentence: `first`, `the first token` on a
     text; on a vision tower's tokens, which are no text, the token there by its label (the heads' column labels):
-    `[CLS]`, `[CLS] (token 0)`, or SigLIP's first patch `p(0,0)`, `p(0,0) (token 0)`."""
+    `[CLS]`, `[CLS] (token 0)`, or SigLIP's first patch `p(0,0)`, `p(0,0) (token 0)`; on Whisper's encoder
+    positions (its keys in the encoder and across), audio, by their time: `0.00s`, `the audio's first 20 ms
+    (position 0)`."""
+    audio = audio_words(heads.col_labels)
+    if audio is not None:
+        return heads.col_labels[0], audio
     if heads.grid is None or not heads.grid.tower or not heads.col_labels:
         return "first", "the first token"
     label = heads.col_labels[0]
     return label, f"{label} (token 0)"
+
+
+def audio_words(labels: list[str], position: int = 0) -> str | None:
+    """Audio position `position` in a sentence, where `labels` are Whisper's encoder positions by the time each
+    starts at (models/audio.py's `position_labels`: `0.00s`, `0.02s`, ...): `the audio's first 20 ms (position
+    0)`, `the audio at 0.98s (position 49)`; None for any other labels (a text's tokens, an image's)."""
+    if not labels or labels[0] != "0.00s" or not all(SECONDS.fullmatch(label) for label in labels):
+        return None
+    times = [float(label[:-1]) for label in labels]
+    if any(b < a for a, b in zip(times, times[1:], strict=False)):
+        return None
+    if len(times) == 1:
+        return "the audio at 0.00s (position 0)"
+    span = f"{1000 * times[-1] / (len(times) - 1):.3g} ms"  # each position's, conv2's stride of two mel frames
+    if position == 0:
+        return f"the audio's first {span} (position 0)"
+    return f"the audio at {labels[position]} (position {position})"
 
 
 def show_moved(out: Console, heads: LayerHeads) -> None:
@@ -162,6 +188,7 @@ def show_rollout(out: Console, result: HeadResult) -> None:
     picture = result.picture
     tower = picture is not None and result.options.text is None  # a vision tower: its last token is a patch
     who = "the last token" if not tower else "[CLS]" if "[CLS]" in picture.grid.prefix else "the mean query"
+    audio = audio_words(tokens, len(tokens) - 1)  # Whisper's encoder: its last position is audio (or padding)
     for name, matrix in (("rollout", result.rollout), ("value-weighted rollout", result.rollout_weighted)):
         if matrix is None or matrix.shape[0] == 0:
             continue
@@ -169,7 +196,7 @@ def show_rollout(out: Console, result: HeadResult) -> None:
         row = matrix[-1] if who == "the last token" else matrix[0] if who == "[CLS]" else matrix.double().mean(0)
         top = row.argsort(descending=True, stable=True)[:ROLLOUT_TOKENS].tolist()
         named = ",  ".join(f"{j} {_token(tokens[j] if j < len(tokens) else str(j))} {row[j]:.2f}" for j in top)
-        out.print(FittedText(f"{name}, {who} draws from: {named}"))
+        out.print(FittedText(f"{name}, {audio or who} draws from: {named}"))
     out.print(FittedText("rollout: the product over layers of 0.5·mean_heads(A) + 0.5·I; the residual taken as "
                          "identity, heads averaged, MLPs ignored: a ranking, not an attribution (docs/heads.md)"))
 
