@@ -48,20 +48,23 @@ def check_addressable(needed: int) -> None:
 def guard_files(specs: list[str | None], max_memory: int | None) -> None:
     """Before any data is read, the input files' tensors, sized from their headers, must fit together (in
     --max-memory, or in what the machine has). A file whose header alone cannot be read (a legacy .pt) counts
-    by its size on disk, about what loading it takes."""
-    from attnscope.tensors import HeaderUnreadable, load_tensor
+    by its size on disk, about what loading it takes. A tensor named by several flags counts once, however its
+    path is spelled: the run reads each file once (tensors/opened.py) and holds its tensors once."""
+    from attnscope.tensors import HeaderUnreadable, load_tensor, split_spec
+    from attnscope.tensors.opened import identity
 
-    needed = 0
-    for spec in {spec for spec in specs if spec}:
+    sizes: dict[tuple[object, ...], int] = {}
+    for spec in dict.fromkeys(spec for spec in specs if spec):
         try:
             shape = load_tensor(spec, meta=True)
         except HeaderUnreadable as exc:
-            needed += exc.size
+            sizes[(*identity(split_spec(spec)[0]), None)] = exc.size  # read whole, whichever tensor is asked
             continue
         except UsageError:
             continue  # its load names what is wrong
-        needed += shape.numel() * shape.element_size()
-    guard_memory(needed, max_memory, what="the input files hold")
+        path, name = split_spec(spec)
+        sizes[(*identity(path), name)] = shape.numel() * shape.element_size()
+    guard_memory(sum(sizes.values()), max_memory, what="the input files hold")
 
 
 def inputs_bytes(*tensors: torch.Tensor | None) -> int:

@@ -21,6 +21,7 @@ from attnscope.runs.memory import (
 )
 from attnscope.runs.options import AttentionOptions, check_cache_sizes, check_options, check_rope_width
 from attnscope.runs.outputs import RunResult, finish, finish_variants, mask_extra, variant_params, variants_line
+from attnscope.tensors.opened import one_read
 
 if TYPE_CHECKING:
     import torch
@@ -57,14 +58,15 @@ DEFAULT_NK = 50
 
 
 def run_sdpa(asked: SdpaOptions) -> RunResult:
-    spec = prepare(asked)
-    estimate(asked, spec)
-    from attnscope.tensors.metadevice import shapes_only
+    with one_read():  # each input file opened once in this run: the guard's read, every flag's (tensors/opened.py)
+        spec = prepare(asked)
+        estimate(asked, spec)
+        from attnscope.tensors.metadevice import shapes_only
 
-    with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
-        inputs, user_mask, trace, mask = traced(asked, spec)
-        comparisons = checked(asked, spec, trace, inputs, user_mask)
-        return describe(asked, spec, trace, mask, user_mask, comparisons)
+        with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
+            inputs, user_mask, trace, mask = traced(asked, spec)
+            comparisons = checked(asked, spec, trace, inputs, user_mask)
+            return describe(asked, spec, trace, mask, user_mask, comparisons)
 
 
 def prepare(asked: SdpaOptions) -> AttentionSpec:

@@ -11,6 +11,7 @@ guard work from the headers alone, whatever the file's size.
 
 Every header is checked against the bytes the file holds before any data is read: a header that declares more
 than its data holds is one line here (exit 2), not an error from the reader later, whichever command reads it.
+Within a command's run each file is opened once, however many flags name it (opened.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from attnscope.errors import UsageError
+from attnscope.tensors.opened import opened
 
 if TYPE_CHECKING:
     import numpy as np
@@ -285,26 +287,30 @@ def torch_contents(path: Path, *, meta: bool, fits: Callable[[int], None]) -> tu
     refused under --meta, which reads headers only."""
     with open(path, "rb") as handle:
         archive = handle.read(4) == b"PK\x03\x04"  # torch.serialization._is_zipfile's test
+    if not archive and meta:
+        raise HeaderUnreadable(f"{path}: saved in torch's legacy format, which cannot be read without loading "
+                               "it all, and {meta} reads headers only; save it again with torch.save, or drop "
+                               "{meta}", path.stat().st_size, "meta")
+    # once per command (opened.py): the guard's read and each flag naming the file share one unpickling
+    loaded, mapped = opened(path, "torch", lambda: _torch_opened(path, archive, fits))
+    return _torch_found(path, loaded, meta, mapped), loaded
+
+
+def _torch_opened(path: Path, archive: bool, fits: Callable[[int], None]) -> tuple[Any, _Mapped | None]:
+    """The object the pickle holds and, where it was read onto the meta device, the mapped file its data is
+    read from (None where torch.load read or mapped the data itself)."""
     if not archive:
-        if meta:
-            raise HeaderUnreadable(f"{path}: saved in torch's legacy format, which cannot be read without loading "
-                                   "it all, and {meta} reads headers only; save it again with torch.save, or drop "
-                                   "{meta}", path.stat().st_size, "meta")
         fits(path.stat().st_size)
-        loaded = _torch_load(path, mmap=False)
-        return _torch_found(path, loaded, meta, None), loaded
+        return _torch_load(path, mmap=False), None
     mapped = _Mapped(path)
     if mapped.byteorder not in (None, sys.byteorder):
         # torch.load swaps each storage of a file saved on the other byte order, a meta one too, and that
         # crashes the process (a segmentation fault, torch 2.13): such a file is mapped and swapped by torch
-        loaded = _torch_load(path, mmap=True)
-        return _torch_found(path, loaded, meta, None), loaded
+        return _torch_load(path, mmap=True), None
     try:
-        loaded = _torch_load(path, meta=True)
+        return _torch_load(path, meta=True), mapped
     except (RuntimeError, NotImplementedError):  # a quantized tensor has no meta form: torch_problem refuses it
-        loaded = _torch_load(path, mmap=True)
-        return _torch_found(path, loaded, meta, None), loaded
-    return _torch_found(path, loaded, meta, mapped), loaded
+        return _torch_load(path, mmap=True), None
 
 
 def _torch_found(path: Path, loaded: Any, meta: bool, mapped: _Mapped | None) -> dict[str, Entry]:
@@ -381,7 +387,7 @@ class _Mapped:
 
 
 def _constant(tensor: torch.Tensor) -> Callable[[], Any]:
-    return lambda: tensor
+    return lambda: tensor.detach()  # a new tensor on the same data each time: the file may be read once a command
 
 
 def torch_problem(tensor: torch.Tensor, meta: bool, empty: bool) -> str | None:

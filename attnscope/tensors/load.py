@@ -7,13 +7,15 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError, UsageError
 from attnscope.tensors import formats
 from attnscope.tensors.formats import Entry
+from attnscope.tensors.opened import opened
 
 if TYPE_CHECKING:
     import torch
@@ -82,13 +84,28 @@ def unreadable(path: Path, exc: BaseException) -> UsageError:
 
 
 def _entries(path: Path, suffix: str, meta: bool) -> Mapping[str, Entry]:
-    if suffix == ".npy":
-        return formats.npy_entries(path)
-    if suffix == ".npz":
-        return formats.npz_entries(path)
-    if suffix == ".safetensors":
-        return formats.safetensors_entries(path)
-    return formats.torch_entries(path, meta=meta, fits=lambda size: _check_fits(str(path), size))
+    """The file's entries: within a command's run, its header parsed once and each tensor's data read once
+    (opened.py; a .pt's pickle is kept by formats.torch_contents)."""
+    if suffix in (".pt", ".pth"):
+        return formats.torch_entries(path, meta=meta, fits=lambda size: _check_fits(str(path), size))
+    return opened(path, suffix, lambda: {name: replace(entry, read=_read_once(entry.read))
+                                         for name, entry in READERS[suffix](path).items()})
+
+
+READERS = {".npy": formats.npy_entries, ".npz": formats.npz_entries, ".safetensors": formats.safetensors_entries}
+
+
+def _read_once(read: Callable[[], Any]) -> Callable[[], Any]:
+    """`read`, run once: later calls hand out a new tensor on the same data (an array is wrapped anew by
+    torch.from_numpy), so two flags naming one file hold it once, as two tensors."""
+    done: list[Any] = []
+
+    def again() -> Any:
+        if not done:
+            done.append(read())
+        value = done[0]
+        return value.detach() if hasattr(value, "detach") else value
+    return again
 
 
 def _check_fits(spec: str, size: int) -> None:
