@@ -311,10 +311,13 @@ class DeepseekV3(Llama):
         """A SwiGLU MLP stored as `{stem}.{gate,up,down}_proj` (DeepSeek-V2's with biases when mlp_bias)."""
         from attnscope.models import blocks
 
-        gate, up, down = (self.weight(layer, f"{stem}.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
-        biases = tuple(self.weight(layer, f"{stem}.{n}.bias") for n in ("gate_proj", "up_proj", "down_proj")) \
-            if self.mlp_biased() else (None, None, None)
-        return blocks.gated_mlp(x, gate, up, down, act, biases)  # type: ignore[arg-type]
+        names = ("gate_proj", "up_proj", "down_proj")
+        gate, up, down = (self.weight(layer, f"{stem}.{n}.weight") for n in names)
+        biases: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None] = (None, None, None)
+        if self.mlp_biased():
+            b_gate, b_up, b_down = (self.weight(layer, f"{stem}.{n}.bias") for n in names)
+            biases = b_gate, b_up, b_down
+        return blocks.gated_mlp(x, gate, up, down, act, biases)
 
 
 class DeepseekV2(DeepseekV3):
