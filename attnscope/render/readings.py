@@ -186,8 +186,9 @@ def show_rollout(out: Console, result: HeadResult) -> None:
         return
     tokens = result.axes()[1]
     picture = result.picture
-    tower = picture is not None and result.options.text is None  # a vision tower: its last token is a patch
-    who = "the last token" if not tower else "[CLS]" if "[CLS]" in picture.grid.prefix else "the mean query"
+    who = "the last token"
+    if picture is not None and result.options.text is None:  # a vision tower: its last token is a patch
+        who = "[CLS]" if "[CLS]" in picture.grid.prefix else "the mean query"
     audio = audio_words(tokens, len(tokens) - 1)  # Whisper's encoder: its last position is audio (or padding)
     for name, matrix in (("rollout", result.rollout), ("value-weighted rollout", result.rollout_weighted)):
         if matrix is None or matrix.shape[0] == 0:
