@@ -59,31 +59,28 @@ def full_first(tmp_path_factory):
 
 def _uncached_forward(model, fed: list[int]):
     """transformers' eager forward on `fed` without a cache: output_attentions (every layer's entry; a lightning
-    layer's is its state), and each lightning layer's input and recurrence output (its norm's input), hooked."""
-    inputs, cores, hooks = {}, {}, []
+    layer's is its state), and each lightning layer's qkv_proj output and recurrence output (its norm's input)."""
+    projected, cores, hooks = {}, {}, []
     for index, layer in enumerate(model.model.layers):
         if model.config.layer_types[index] == "linear_attention":
             attention = layer.self_attn
-            hooks.append(attention.register_forward_pre_hook(
-                lambda m, args, kwargs, i=index: inputs.__setitem__(i, kwargs.get("hidden_states", args[0] if args
-                                                                                  else None)), with_kwargs=True))
-            hooks.append(attention.norm.register_forward_hook(lambda m, a, out, i=index: cores.__setitem__(i, a[0])))
+            hooks += [attention.qkv_proj.register_forward_hook(lambda m, a, out, i=index: projected.update({i: out})),
+                      attention.norm.register_forward_hook(lambda m, a, out, i=index: cores.update({i: a[0]}))]
     try:
         with torch.no_grad():
             out = model(torch.tensor([fed]), use_cache=False, output_attentions=True)
     finally:
         for hook in hooks:
             hook.remove()
-    return out.attentions, inputs, cores
+    return out.attentions, projected, cores
 
 
-def _lightning_reference(module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """M `[n_head, n, n]` in float64 from `MiniMaxLightningAttention`'s own q, k, v (silu(qkv_proj(x)), each
-    head's q | k | v in turn) and its slope_rate: M[h, t, s] = exp(-slope_h (t - s)) q_t . k_s for s <= t, else 0;
-    and V `[n_head, n, d_head]`."""
+def _lightning_reference(module, projected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """M `[n_head, n, n]` in float64 from `MiniMaxLightningAttention`'s own q, k, v (silu of its qkv_proj output,
+    each head's q | k | v in turn) and its slope_rate: M[h, t, s] = exp(-slope_h (t - s)) q_t . k_s for s <= t,
+    else 0; and V `[n_head, n, d_head]`."""
     n_head, d_head = module.num_attention_heads, module.head_dim
-    with torch.no_grad():
-        qkv = torch.nn.functional.silu(module.qkv_proj(hidden))[0].double()  # [n, n_head·3·d_head]
+    qkv = torch.nn.functional.silu(projected[0].double())  # [n, n_head·3·d_head]
     q, k, v = qkv.view(-1, n_head, 3 * d_head).transpose(0, 1).split(d_head, dim=-1)  # [n_head, n, d_head] each
     n = q.shape[1]
     t = torch.arange(n, dtype=torch.float64)
@@ -136,13 +133,13 @@ def test_every_layer_every_step_equals_the_uncached_forward(minimax):
     recurrence's output there."""
     folder, model, ids, uncached = minimax
     fed = ids + uncached[:-1]  # every token the steps fed in
-    attentions, inputs, cores = _uncached_forward(model, fed)
+    attentions, projected, cores = _uncached_forward(model, fed)
     assert len(attentions) == model.config.num_hidden_layers
     for layer, kind in enumerate(model.config.layer_types):
         result = run_head(HeadOptions(model=str(folder), layer=layer, head=0, text=SENTENCE, generate=N_NEW))
         assert [step.token_id for step in result.decode] == uncached
         if kind == "linear_attention":
-            M, V = _lightning_reference(model.model.layers[layer].self_attn, inputs[layer])
+            M, V = _lightning_reference(model.model.layers[layer].self_attn, projected[layer])
             core = cores[layer][0].double().view(len(fed), M.shape[0], -1).transpose(0, 1)  # [n_head, n, d_head]
         for step in result.decode:
             p = step.position - 1  # the query that chose the step's token
