@@ -281,21 +281,26 @@ def _chunk(q: Tensor, k: Tensor, g: Tensor,
     if g.dim() == 4:
         relative = G - G[:, :, :1]  # [n_batch, n_head, C, d_K]: G', 0 .. -SPAN
         far, near = relative.exp(), k * relative.neg_().exp_()  # exp(G'), K exp(-G')
-        # [n_batch, n_head, C, d_K] @ [.., d_K, C] -> [n_batch, n_head, C, C], j > i still there (tril, solve: unread)
-        QK, KK = ((q * far) @ near.transpose(-1, -2)).tril_(), (k * far) @ near.transpose(-1, -2)
+
+        def pairs(x: Tensor) -> Tensor:  # x_i^T exp(G_i - G_j) k_j: [n_batch, n_head, C, C], j > i not yet 0
+            return (x * far) @ near.transpose(-1, -2)  # [n_batch, n_head, C, d_K] @ [.., d_K, C]
+
         now, last, whole = G.exp(), (G[:, :, -1:] - G).exp(), G[:, :, -1].exp()  # whole: [n_batch, n_head, d_K]
     else:
         later = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)  # j > i: no weight (and no overflow)
         decay = (G[..., :, None] - G[..., None, :]).masked_fill_(later, float("-inf")).exp_()  # [.., C, C]
-        # [n_batch, n_head, C, d_K] @ [.., d_K, C] -> [n_batch, n_head, C, C]
-        QK, KK = (q @ k.transpose(-1, -2)).mul_(decay), (k @ k.transpose(-1, -2)).mul_(decay)
+
+        def pairs(x: Tensor) -> Tensor:  # x_i^T exp(G_i - G_j) k_j: [n_batch, n_head, C, C]
+            return (x @ k.transpose(-1, -2)).mul_(decay)  # [n_batch, n_head, C, d_K] @ [.., d_K, C]
+
         now, last = G.exp()[..., None], (G[..., -1:] - G).exp()[..., None]  # [n_batch, n_head, C, 1]
         whole = G[:, :, -1, None].exp().expand(*G.shape[:2], d_K)  # [n_batch, n_head, d_K]
+    QK = pairs(q).tril_()
     Gq, Gk, Kc = q * now, k * now, (k * last).transpose(-1, -2)  # Γ Q, Γ K [.., C, d_K]; K_C^T [.., d_K, C]
     if beta is None:
         return Gq, QK, Kc, None, whole
     # I + diag(beta) KK: the solve reads its strict lower triangle alone (unitriangular)
-    system = beta[..., None] * KK  # [n_batch, n_head, C, C]
+    system = beta[..., None] * pairs(k)  # [n_batch, n_head, C, C]
     inner, written = (torch.linalg.solve_triangular(system, X, upper=False, left=False, unitriangular=True)
                       * beta[..., None, :] for X in (QK, Kc))  # QK B [.., C, C], K_C^T B [.., d_K, C]
     rows = Gq.sub_(inner @ Gk)  # [n_batch, n_head, C, C] @ [.., C, d_K] -> [.., C, d_K]
