@@ -407,8 +407,8 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
         M, A = effective_matrix(q, k, g, beta, A_before)  # [n_batch, n_head, n, n_cache + n] float64
         keys = "n_K" if state is not None else "n_tokens"
         add("effective_attention", M.to(torch.float32), ("n_batch", "n_head", new, keys),
-            f"the exact matrix M with x_raw = M @ V, in float64, {CHUNK} tokens at a time (the delta rule on the "
-            "identity, chunked; rows need not sum to 1)",
+            f"the exact matrix M with x_raw = M @ V, in float64, in chunks of {CHUNK} tokens (the delta rule on "
+            "the identity; rows need not sum to 1)",
             n_batch * s.n_head * effective_flops(n, A_before.shape[-1], s.d_K, beta is not None))
         if n and not M.is_meta:
             # [n_batch, n_head, n, n_cache + n] @ [.., n_cache + n, d_V] -> [n_batch, n_head, n, d_V], as x_raw
