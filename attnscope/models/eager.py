@@ -94,6 +94,35 @@ def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded
     return Decoded(out.sequences[0, len(ids):].tolist(), rows)
 
 
+def decode_uncached(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded:
+    """attnscope's decoding rule with no cache, for a model whose cached `generate` is wrong (MiniMax with a
+    sliding window: families/minimax.py's `cached_generate_note`): each step transformers' eager forward on every
+    token so far (`use_cache=False`, `output_attentions=True`), the argmax of its last logits; each step's rows
+    the last query's, over every key."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from attnscope.models.nopage import truncated
+
+    truncated.quiet_transformers()
+    full, n_layer = truncated.full_config(folder, model_type, 0, text=True)
+    model = truncated.load(AutoModelForCausalLM, folder, full, model_type, traced=False)
+    layers = truncated.attention_layers(truncated.layers_config(full), n_layer)
+    tokens, rows = list(ids), []
+    try:
+        with torch.no_grad():
+            for _ in range(n_new):
+                out = model(input_ids=torch.tensor([tokens]), use_cache=False, output_attentions=True)
+                present = [a for a in out.attentions if a is not None]
+                numbers = range(n_layer) if len(present) == n_layer else layers
+                rows.append({layer: a[0, :, -1] for layer, a in zip(numbers, present, strict=True)})
+                tokens.append(int(out.logits[0, -1].argmax()))
+    except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
+        raise ResourceError(f"{{check}}: transformers could not run model_type '{model_type}' without a cache "
+                            f"({truncated.first_line(exc)})", "check") from None
+    return Decoded(tokens[len(ids):], rows)
+
+
 @dataclass
 class Seq2Seq:
     """transformers' eager run of an encoder-decoder on attnscope's inputs: each attention's `output_attentions`

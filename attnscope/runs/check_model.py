@@ -102,20 +102,40 @@ def _patterns(result: HeadResult) -> dict[int, torch.Tensor]:
 def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int],
              linear: bool = False) -> list[Comparison]:
     """The new ids against transformers' `generate`, and each step's row of layer L (a linear layer's M has no
-    softmax row there: the ids only)."""
+    softmax row there: the ids only). Where a family page says transformers' cached `generate` is wrong there
+    (MiniMax with a window: `cached_generate_note`), against an argmax loop over its forward without a cache, said
+    in the ids' detail."""
+    from dataclasses import replace
+
     from attnscope.models import eager
 
     assert result.decode is not None
     layer = result.options.layer
-    theirs = eager.decode(folder, model_type, ids, len(result.decode))
+    note = _cached_generate_note(result)
+    theirs = (eager.decode_uncached if note else eager.decode)(folder, model_type, ids, len(result.decode))
     mine_ids = [step.token_id for step in result.decode]
-    comparisons = [_same_ids(mine_ids, theirs.ids, "generate")]
+    same = _same_ids(mine_ids, theirs.ids, "uncached forward" if note else "generate")
+    comparisons = [replace(same, detail="; ".join(filter(None, [same.detail, note])))]
     for t, (step, rows) in enumerate(zip(result.decode, theirs.rows, strict=True)):
         if mine_ids[: t + 1] != theirs.ids[: t + 1] or linear:
             break  # past a different token the rows read different texts; a linear layer has no softmax row
         row = rows[layer]  # [n_head, keys transformers' cache holds]
         comparisons.append(_compare(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
     return comparisons
+
+
+def _cached_generate_note(result: HeadResult) -> str | None:
+    """The family page's reason why transformers' cached `generate` cannot be the reference, or None."""
+    from attnscope.models import family_of, open_model
+    from attnscope.models.config import read_config
+
+    config = read_config(result.info.path)
+    if not hasattr(family_of(config), "cached_generate_note"):
+        return None
+    model = open_model(result.info.path, config)
+    with model.checkpoint:
+        note: str | None = getattr(model, "cached_generate_note")()  # noqa: B009  (a page's, not Family's)
+        return note
 
 
 def _same_ids(mine: list[int], theirs: list[int], reference: str) -> Comparison:

@@ -187,6 +187,8 @@ class DeepseekV3(Llama):
         return [*query, "kv_a_proj_with_mqa.weight", *(["kv_a_proj_with_mqa.bias"] if bias else []),
                 "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight", *(["o_proj.bias"] if bias else [])]
 
+    # LatentAttention is not a MultiHeadAttention (its cache is the latent, not K and V), so this narrows the base
+    # class's return type: the one override mypy is told about; making Family generic over it cost more than it saved
     def attention(self, layer: int, record: bool) -> LatentAttention:  # type: ignore[override]
         """Layer `layer`'s attention as a LatentAttention holding its weights."""
         from attnscope.attention.latent import LatentAttention
