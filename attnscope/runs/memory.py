@@ -58,12 +58,12 @@ def guard_files(specs: list[str | None], max_memory: int | None) -> None:
         try:
             shape = load_tensor(spec, meta=True)
         except HeaderUnreadable as exc:
-            sizes[(*identity(split_spec(spec)[0]), None)] = exc.size  # read whole, whichever tensor is asked
+            sizes[identity(split_spec(spec)[0]) + (None,)] = exc.size  # read whole, whichever tensor is asked
             continue
         except UsageError:
             continue  # its load names what is wrong
         path, name = split_spec(spec)
-        sizes[(*identity(path), name)] = shape.numel() * shape.element_size()
+        sizes[identity(path) + (name,)] = shape.numel() * shape.element_size()
     guard_memory(sum(sizes.values()), max_memory, what="the input files hold")
 
 
