@@ -10,7 +10,7 @@ own arithmetic stays small beside the file), saved with torch.save in a temporar
 _measure.py); torch.load is counted in one more run of each.
 
 `--before DIR` runs the same commands a second time on another attnscope source tree (on PYTHONPATH, the same
-Python), e.g. the tree before the change: `git archive 0832fe4 | tar -x -C DIR`.
+Python), e.g. the tree before the change: `git archive eb2d729^ attnscope | tar -x -C DIR`.
 """
 
 from __future__ import annotations
