@@ -67,6 +67,8 @@ def test_moved_table_names_the_audio(whisper, runner, kind):
     assert "0.00s % value-wtd 0.00s %" in shown
     assert f"0.00s %: its weight on the audio's first {span} (position 0)" in shown
     assert "first token" not in shown and "first %" not in shown
+    legend = " ".join(_head(runner, folder, "--all-heads", *target).split())  # the heads table's legend too
+    assert f"first: the audio's first {span} (position 0) (the \"sink\")" in legend and "first token" not in legend
     attentions = (out.encoder_attentions if kind == "encoder" else out.cross_attentions)[1][0]  # [n_head, n_Q, n_K]
     expected = [round(100 * float(weight)) for weight in attentions[:, :, 0].double().mean(dim=-1)]
     assert all(abs(a - b) <= 1 for a, b in zip(_first_percents(section, len(expected)), expected, strict=True))
@@ -113,3 +115,22 @@ def test_audio_words_reads_only_audio_positions():
     for other in (["The", "Ġcat"], ["[CLS]", "p(0,0)"], ["0.02s", "0.04s"], ["0.00s", "0.04s", "0.02s"],
                   ["0.00s", "cat"], []):
         assert audio_words(other) is None
+
+
+def test_the_page_names_the_audio(whisper, tmp_path):
+    """The page's sinks picker says the audio at 0.00s where the terminal says the audio's first 20 ms."""
+    from browser import browser, chromium, open_page
+    from cli_main import run_main
+
+    folder, _ = whisper
+    executable = chromium()
+    assert executable is not None, "no Chromium found: the page is tested in a real browser"
+    page = tmp_path / "whisper.html"
+    assert run_main("head", "--model", str(folder), "--audio", str(folder / "speech.wav"), "--all-layers",
+                    "--html", str(page)).code == 0
+    with browser(executable) as context:
+        opened = open_page(context, page)
+        assert not opened.errors
+        options = opened.page.locator("[data-testid=sinks-measure] option").all_inner_texts()
+        assert "weight on the audio at 0.00s (position 0)" in options
+        assert not any("first token" in option for option in options)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -85,6 +86,18 @@ def head_stats(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = 
     rows = RowStats()
     rows.add(A, offset, causal, tokens)
     return rows.result()
+
+
+SECONDS = re.compile(r"\d+\.\d\ds")  # an audio position's label, the time it starts at (models/audio.py)
+
+
+def audio_times(labels: Sequence[str]) -> list[float] | None:
+    """Whisper's encoder positions, labelled by the time each starts at (models/audio.py's `position_labels`:
+    `0.00s`, `0.02s`, ...), as seconds; None for any other labels (a text's tokens, an image's)."""
+    if not labels or labels[0] != "0.00s" or not all(SECONDS.fullmatch(label) for label in labels):
+        return None
+    times = [float(label[:-1]) for label in labels]
+    return None if any(b < a for a, b in zip(times, times[1:], strict=False)) else times
 
 
 def no_repeat(tokens: Sequence[int], image: Sequence[bool]) -> list[int]:
@@ -311,7 +324,8 @@ class LayerHeads:
         `entry` "stats" or "grid_stats": a text's figures; on a vision tower's patch grid the entropy, then the
         grid's (gridstats.py: the special tokens where the model has them) in place of the first token, previous
         and distance in positions; a VLM's text adds its share on the image."""
-        text = [("entropy", "stats", "entropy", ".2f"), ("first token", "stats", "first", ".2f"),
+        first = "first token" if audio_times(self.col_labels) is None else self.col_labels[0]  # Whisper's 0.00s
+        text = [("entropy", "stats", "entropy", ".2f"), (first, "stats", "first", ".2f"),
                 ("previous", "stats", "previous", ".2f"), ("self", "stats", "self", ".2f"),
                 ("distance", "stats", "distance", ".1f")]
         if self.grid is None:

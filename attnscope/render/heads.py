@@ -90,8 +90,12 @@ def show_heads(out: Console, heads: LayerHeads) -> None:
                              "its column, its 8 neighbours;  distance: mean distance on the grid, in patches, of "
                              "the weight on patches (docs/heads.md)"))
         return
+    from attnscope.render.readings import audio_words
+
     image = ";  image: the text's weight on the image's tokens, mean over the text after it" if heads.grid else ""
-    out.print(FittedText(f"{entropy};  first token (the \"sink\"), previous, self: mean weight there;  distance: "
+    audio = audio_words(heads.col_labels)  # Whisper's encoder positions: its first 20 ms, not a token
+    first = "first token" if audio is None else audio.replace("the audio's", "first: the audio's")
+    out.print(FittedText(f"{entropy};  {first} (the \"sink\"), previous, self: mean weight there;  distance: "
                          f"mean attended distance, in positions{image} (docs/heads.md)"))
 
 

@@ -15,7 +15,6 @@ and the rollout's last query the audio at its time (`audio_words`).
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 LABEL = 9  # "layer 23 " and the like, as render/beyond_layer.py's grid
 CELL = 4  # " 100"
 ROLLOUT_TOKENS = 5  # the input tokens named for the last query
-SECONDS = re.compile(r"\d+\.\d\ds")  # an audio position's label, the time it starts at (models/audio.py)
 
 
 def head_readings(heads: LayerHeads) -> list[dict[str, Any]]:
@@ -107,10 +105,10 @@ def audio_words(labels: list[str], position: int = 0) -> str | None:
     """Audio position `position` in a sentence, where `labels` are Whisper's encoder positions by the time each
     starts at (models/audio.py's `position_labels`: `0.00s`, `0.02s`, ...): `the audio's first 20 ms (position
     0)`, `the audio at 0.98s (position 49)`; None for any other labels (a text's tokens, an image's)."""
-    if not labels or labels[0] != "0.00s" or not all(SECONDS.fullmatch(label) for label in labels):
-        return None
-    times = [float(label[:-1]) for label in labels]
-    if any(b < a for a, b in zip(times, times[1:], strict=False)):
+    from attnscope.readings.headstats import audio_times
+
+    times = audio_times(labels)
+    if times is None:
         return None
     if len(times) == 1:
         return "the audio at 0.00s (position 0)"

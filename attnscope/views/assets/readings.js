@@ -14,8 +14,11 @@ const ROLLOUTS = [["rollout", "the attention"], ["rollout_weighted", "the value-
 const readingState = { showAll: false };
 
 // key 0 in the measures' words: on a vision tower's tokens, which are no text, the token there by its label ("[CLS]
-// (token 0)", SigLIP's "p(0,0) (token 0)"), as render/readings.py's first_words says it in the terminal
+// (token 0)", SigLIP's "p(0,0) (token 0)"); on Whisper's encoder positions, audio labelled by time ("0.00s"), the
+// audio there ("the audio at 0.00s (position 0)"), as render/readings.py's first_words says it in the terminal
 function firstToken() {
+  const audio = META.keys.length && kLabel(0) === "0.00s" && META.keys.every((_, j) => /^\d+\.\d\ds$/.test(kLabel(j)));
+  if (audio) return "the audio at 0.00s (position 0)";
   return META.layers.some((L) => onGrid(L.heads)) && META.keys.length ? `${kLabel(0)} (token 0)` : "the first token";
 }
 
