@@ -211,3 +211,20 @@ def test_the_guard_counts_a_file_named_twice_once(tmp_path, monkeypatch):
         guard_files(["x.pt", "./x.pt", str(tmp_path / "x.pt")], int(1.5 * size))
         with pytest.raises(ResourceError, match="the input files hold"):
             guard_files(["x.pt", "y.pt"], int(1.5 * size))
+
+
+def test_on_the_command_line_one_file_three_times_is_read_once(tmp_path, monkeypatch):
+    """`attnscope sdpa --q x.pt --k x.pt --v x.pt --check --values --json` as a shell runs it (cli.main): exit 0,
+    one unpickling, `out` as PyTorch's, --check passing."""
+    from cli_main import run_main
+
+    x = _saved(tmp_path / "x.pt", 14, (1, 4, 8))
+    spec = str(tmp_path / "x.pt")
+    calls = _counting(monkeypatch, torch, "load")
+    outcome = run_main("sdpa", "--q", spec, "--k", spec, "--v", spec, "--check", "--values", "--json")
+    assert outcome.code == 0, outcome.stderr
+    assert calls == ["meta"]
+    data = outcome.json()
+    assert isinstance(data, dict) and data["check"] and all(c["passed"] for c in data["check"])
+    out = next(t for t in data["tensors"] if t["name"] == "out")
+    assert torch.allclose(torch.tensor(out["values"]), F.scaled_dot_product_attention(x, x, x), atol=1e-6)
