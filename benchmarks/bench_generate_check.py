@@ -13,10 +13,11 @@ Two measurements per checkpoint, of `attnscope head --model M --text T --generat
 - wall: the command with the check and with `check_page` replaced by nothing (every call of it: the prompt's
   and each step's), both through the same wrapper so both pay the same start-up; fresh processes in turns,
   medians (see _measure.py);
-- per step, in one process (the check on, as users run it): each decode step's time (from one call of
-  `generate`'s progress to the next) and the time its `check_page` call took, medians over the decode steps
-  (the first step, which runs the prompt, is left out), and every check of the run together (the prompt's
-  twice: layer L's trace, run.py, and generate's first step). Target: the check <= 10% of a decode step.
+- per step, timed inside the process (the check on, as users run it), `--runs` runs more: each decode step's
+  time (from one call of `generate`'s progress to the next) and the time its `check_page` call took, medians
+  over the decode steps (the first step, which runs the prompt, is left out), and every check of the run
+  together (the prompt's twice: layer L's trace, run.py, and generate's first step); the median of the runs.
+  Target: the check <= 10% of a decode step.
 """
 
 from __future__ import annotations
@@ -72,30 +73,34 @@ run()
 """
 
 
-def steps(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
-    """Median decode step, median check within a step, and every check of the run (the prompt's too) together,
-    in seconds, from one run of `argv` in "steps" mode."""
+def steps(argv: list[str], env: dict[str, str], runs: int) -> tuple[float, float, float]:
+    """Median decode step, median check within a step, and every check of a run (the prompt's too) together, in
+    seconds: each the median over `runs` runs of `argv` in "steps" mode (in each, medians over its decode steps)."""
     import subprocess
 
-    done = subprocess.run([PYTHON, "-c", WRAPPER, "steps", *argv], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"benchmark command failed: {' '.join(argv)}\n{done.stderr}")
-    got = json.loads(done.stderr.strip().splitlines()[-1])
-    marks = got["marks"]
-    took = {step: end - start for (step, start), (_, end) in zip(marks, marks[1:], strict=False)}
-    checks = {step: spent for spent, step in got["checked"] if step is not None}
-    decode = [step for step in took if step]  # step 0 runs the prompt
-    if not decode or any(step not in checks for step in decode):
-        raise SystemExit(f"no decode step's check was timed: {got}")
-    total = sum(spent for spent, _ in got["checked"])
-    return statistics.median(took[s] for s in decode), statistics.median(checks[s] for s in decode), total
+    got = []
+    for _ in range(runs):
+        done = subprocess.run([PYTHON, "-c", WRAPPER, "steps", *argv], capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise SystemExit(f"benchmark command failed: {' '.join(argv)}\n{done.stderr}")
+        timed = json.loads(done.stderr.strip().splitlines()[-1])
+        marks = timed["marks"]
+        took = {step: end - start for (step, start), (_, end) in zip(marks, marks[1:], strict=False)}
+        checks = {step: spent for spent, step in timed["checked"] if step is not None}
+        decode = [step for step in took if step]  # step 0 runs the prompt
+        if not decode or any(step not in checks for step in decode):
+            raise SystemExit(f"no decode step's check was timed: {timed}")
+        got.append((statistics.median(took[s] for s in decode), statistics.median(checks[s] for s in decode),
+                    sum(spent for spent, _ in timed["checked"])))
+    step, check, total = (statistics.median(column) for column in zip(*got, strict=True))
+    return step, check, total
 
 
 def measure(label: str, model: str, n_new: int, runs: int, env: dict[str, str]) -> None:
     argv = ["head", "--model", model, "--text", TEXT, "--generate", str(n_new)]
     got = interleaved_medians({mode: [PYTHON, "-c", WRAPPER, mode, *argv] for mode in ("off", "on")}, runs, env=env)
     off, on = got["off"], got["on"]
-    step, check, total = steps(argv, env)
+    step, check, total = steps(argv, env, runs)
     share = check / step
     met = "met" if share <= TARGET else "MISSED"
     print(f"| {label} | without | {off.seconds:.2f} | {off.peak_mib:.0f} | | | |")
@@ -113,7 +118,8 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
     threads = python_output("import torch; print(torch.get_num_threads())")
     print(f"machine: {machine()}; torch threads {threads}; --generate {args.new}; median of {args.runs} runs after "
-          "1 warm-up, fresh process each, in turns; per step: one more run, medians over its decode steps\n")
+          "1 warm-up, fresh process each, in turns; per step: as many runs more, the median of their medians over "
+          "the decode steps\n")
     print("| checkpoint | page self-check | median wall (s) | median peak RSS (MiB) | with / without | "
           "a decode step (median) | every check of the run (s) |")
     print("|---|---|---|---|---|---|---|")
