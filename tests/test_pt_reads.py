@@ -194,9 +194,9 @@ def test_other_formats_read_each_tensor_once(tmp_path, monkeypatch, suffix):
     assert len(headers) == 1 and all(torch.equal(t, x) for t in tensors)
     assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1  # read once: one copy of the data
     assert tensors[0] is not tensors[1]
-    for _ in range(2):  # no command around them: each load parses the header again
-        load_tensor(str(path))
-    assert len(headers) == 3
+    outside = [load_tensor(str(path)) for _ in range(2)]  # no command around them: each load reads the file again
+    assert len(headers) == 3 and all(torch.equal(t, x) for t in outside)
+    assert outside[0].untyped_storage().data_ptr() != outside[1].untyped_storage().data_ptr()  # nothing kept
 
 
 def test_the_guard_counts_a_file_named_twice_once(tmp_path, monkeypatch):

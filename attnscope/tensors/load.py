@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import ResourceError, UsageError
 from attnscope.tensors import formats
 from attnscope.tensors.formats import Entry
-from attnscope.tensors.opened import opened
+from attnscope.tensors.opened import active, opened
 
 if TYPE_CHECKING:
     import torch
@@ -85,9 +85,12 @@ def unreadable(path: Path, exc: BaseException) -> UsageError:
 
 def _entries(path: Path, suffix: str, meta: bool) -> Mapping[str, Entry]:
     """The file's entries: within a command's run, its header parsed once and each tensor's data read once
-    (opened.py; a .pt's pickle is kept by formats.torch_contents)."""
+    (opened.py; a .pt's pickle is kept by formats.torch_contents). Outside one, nothing read is kept (diff reads
+    a saved run's steps one at a time and lets each go)."""
     if suffix in (".pt", ".pth"):
         return formats.torch_entries(path, meta=meta, fits=lambda size: _check_fits(str(path), size))
+    if not active():
+        return READERS[suffix](path)
     return opened(path, suffix, lambda: {name: replace(entry, read=_read_once(entry.read))
                                          for name, entry in READERS[suffix](path).items()})
 
