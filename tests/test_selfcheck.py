@@ -348,3 +348,45 @@ def test_planted_unindexed_every_layer_on_the_command_line(unindexed, monkeypatc
     assert len(data["all_layers"]) == len(theirs)
     for entry, reference in zip(data["all_layers"], theirs, strict=True):
         torch.testing.assert_close(torch.tensor(entry["attention"]), reference[0], atol=1e-5, rtol=0)
+
+
+def test_each_decode_step_is_checked_on_its_own(tmp_path, monkeypatch):
+    """The page self-check runs on every decode step's traced layer (models/forward/stream.py), one query row at a
+    time: an x_raw changed on the first decode step alone is caught on that step and on no other, and the rows
+    the steps show are still transformers' eager generate's (output_attentions of layer 1, each step's last row)."""
+    import tiny_models
+    from transformers import AutoModelForCausalLM
+
+    from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.models.selfcheck import check_page
+    from attnscope.runs.head import run_head
+
+    tiny_models.build("llama", tmp_path)
+    n_prompt = len(encode(tmp_path, SENTENCE).ids)
+    original, checked = MultiHeadAttention.forward, []
+
+    def forward(self, *args, **kwargs):
+        trace = original(self, *args, **kwargs)
+        if "x_raw" in trace and trace["scores"].shape[-2:] == (1, n_prompt + 1):  # [n_Q, n_K]: the first step
+            trace["x_raw"].mul_(1.5)
+        return trace
+
+    def counted(trace):
+        checked.append(tuple(trace["scores"].shape[-2:]))
+        return check_page(trace)
+
+    monkeypatch.setattr(MultiHeadAttention, "forward", forward)
+    monkeypatch.setattr("attnscope.models.selfcheck.check_page", counted)
+    result = run_head(HeadOptions(model=str(tmp_path), layer=1, head=0, text=SENTENCE, generate=3))
+    # the prompt's layer (run.py), then each step: the prompt again (step 0), then one new query a step
+    assert checked == [(n_prompt, n_prompt)] * 2 + [(1, n_prompt + k) for k in (1, 2)]
+    assert [bool(step.selfcheck) for step in result.decode] == [False, True, False]
+    assert "the step 'x_raw'" in result.decode[1].selfcheck and not result.traced
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    ids = torch.tensor([encode(tmp_path, SENTENCE).ids])
+    with torch.no_grad():
+        generated = model.generate(ids, max_new_tokens=3, do_sample=False, min_new_tokens=3)
+        assert [step.token_id for step in result.decode] == generated[0, n_prompt:].tolist()
+        for step in result.decode:
+            row = model(generated[:, : step.position], output_attentions=True).attentions[1][0, :, -1]
+            assert torch.allclose(step.attention, row, atol=1e-5)

@@ -27,6 +27,7 @@ from attnscope.runs.memory import (
     structural_bytes,
 )
 from attnscope.runs.outputs import RunResult, SavedExtra, finish, finish_variants, mask_extra, variants_line
+from attnscope.tensors.opened import one_read
 
 if TYPE_CHECKING:
     import torch
@@ -39,17 +40,18 @@ if TYPE_CHECKING:
 
 def run_latent(asked: mha.MhaOptions) -> RunResult:
     """`attnscope mha --kv-lora-rank R` (cli/mha.py picks it; `run_mha` runs every other mha)."""
-    asked, spec = prepare(asked)
-    estimate(asked, spec)
-    from attnscope.tensors.metadevice import shapes_only
+    with one_read():  # each input file opened once in this run: the guard's read, every flag's (tensors/opened.py)
+        asked, spec = prepare(asked)
+        estimate(asked, spec)
+        from attnscope.tensors.metadevice import shapes_only
 
-    with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
-        inputs = mha.loaded(asked, spec)
-        if asked.q:  # the default sizes follow the file's d_feat
-            spec = replace(spec, latent=latent_of(asked, inputs.d_feat))
-        module, trace, cache = traced(asked, spec, inputs)
-        comparisons = checked(asked, spec, module, trace, inputs, cache)
-        return describe(asked, spec, module, trace, inputs, comparisons)
+        with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
+            inputs = mha.loaded(asked, spec)
+            if asked.q:  # the default sizes follow the file's d_feat
+                spec = replace(spec, latent=latent_of(asked, inputs.d_feat))
+            module, trace, cache = traced(asked, spec, inputs)
+            comparisons = checked(asked, spec, module, trace, inputs, cache)
+            return describe(asked, spec, module, trace, inputs, comparisons)
 
 
 def prepare(asked: mha.MhaOptions) -> tuple[mha.MhaOptions, AttentionSpec]:

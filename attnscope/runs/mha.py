@@ -30,6 +30,7 @@ from attnscope.runs.outputs import (
     variant_params,
     variants_line,
 )
+from attnscope.tensors.opened import one_read
 
 if TYPE_CHECKING:
     import torch
@@ -89,15 +90,16 @@ class Inputs:
 
 def run_mha(asked: MhaOptions) -> RunResult:
     """`attnscope mha` (with --kv-lora-rank, runs/latent.py's `run_latent` instead)."""
-    spec = prepare(asked)
-    estimate(asked, spec)
-    from attnscope.tensors.metadevice import shapes_only
+    with one_read():  # each input file opened once in this run: the guard's read, every flag's (tensors/opened.py)
+        spec = prepare(asked)
+        estimate(asked, spec)
+        from attnscope.tensors.metadevice import shapes_only
 
-    with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
-        inputs = loaded(asked, spec)
-        module, trace, cache = traced(asked, spec, inputs)
-        comparisons = checked(asked, spec, module, trace, inputs, cache)
-        return describe(asked, spec, module, trace, inputs, comparisons)
+        with shapes_only(asked.meta):  # meta ops answered from shapes, not torch's Python kernels (metadevice.py)
+            inputs = loaded(asked, spec)
+            module, trace, cache = traced(asked, spec, inputs)
+            comparisons = checked(asked, spec, module, trace, inputs, cache)
+            return describe(asked, spec, module, trace, inputs, comparisons)
 
 
 def prepare(asked: MhaOptions) -> AttentionSpec:
