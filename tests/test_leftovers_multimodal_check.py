@@ -21,15 +21,10 @@ def built(tmp_path_factory):
     """name -> (folder, transformers' eager Gemma*ForConditionalGeneration read back from it)."""
     import importlib
 
-    cache: dict[str, tuple] = {}
+    from tiny_models import cached_builder
 
-    def get(name: str):
-        if name not in cache:
-            folder = tmp_path_factory.mktemp(name)
-            cache[name] = folder, importlib.import_module(BUILDERS[name]).build(name, folder)
-        return cache[name]
-
-    return get
+    return cached_builder(tmp_path_factory, lambda name, folder: importlib.import_module(BUILDERS[name]).build(
+        name, folder))
 
 
 def _eager(folder, model, text: str) -> tuple:
