@@ -158,6 +158,16 @@ def test_a_folder_without_its_image_settings_is_one_line(built, wide, tmp_path):
     assert out.code == 2 and len(out.error_lines) == 1 and "no image processor settings" in out.stderr, out.stderr
 
 
+def test_settings_that_are_not_an_object_are_one_line(built, wide, tmp_path):
+    folder, _ = built("llama4")
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (broken / "processor_config.json").write_text("[1, 2]")
+    out = run_main("head", "--model", str(broken), "--text", TEXT, "--image", str(wide))
+    assert out.code == 2 and len(out.error_lines) == 1 and "holds a JSON list" in out.stderr, out.stderr
+    assert "save_pretrained" in out.stderr
+
+
 def test_settings_in_preprocessor_config_json(built, wide, tmp_path):
     """Checkpoints saved before transformers 5 keep the image processor's settings in preprocessor_config.json
     (Llama-4-Scout's names Llama4ImageProcessorFast): read from there, the same tiles."""

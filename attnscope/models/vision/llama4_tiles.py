@@ -257,5 +257,6 @@ def _settings(path: Path) -> dict[str, Any]:
         return {}
     value = load_json(path)
     if not isinstance(value, dict):
-        raise UsageError(f"{path} holds a JSON {type(value).__name__}, not a processor's settings")
+        raise UsageError(f"{path} holds a JSON {type(value).__name__}, not a processor's settings (an object); "
+                         "save the processor beside the weights again with AutoProcessor.save_pretrained(folder)")
     return value
