@@ -77,6 +77,12 @@ def test_several_images_in_one_call(reference):
     ({"resample": 1}, "install torchvision"),
     ({"do_resize": False}, "do_resize is false"),
     ({"max_patches": 0}, "max_patches 0"),
+    ({"max_patches": 10**9}, "from 1 to 256"),
+    ({"max_patches": 2.5}, "max_patches 2.5"),
+    ({"image_std": [0, 0, 0]}, "holds a 0"),
+    ({"image_mean": "abc"}, "image_mean 'abc'"),
+    ({"image_mean": [0.5] * 7}, "one number per channel"),
+    ({"rescale_factor": "x"}, "rescale_factor 'x'"),
 ])
 def test_settings_it_cannot_follow_are_one_line(settings, said):
     with pytest.raises(UsageError, match=said):

@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Any] = {"size": {"height": 336, "width": 336}, "max_patches"
 # PILImageResampling -> torchvision's InterpolationMode (image_utils.pil_torch_interpolation_mapping) as
 # interpolate's mode: NEAREST -> NEAREST_EXACT, BILINEAR, BICUBIC
 MODES = {0: "nearest-exact", 2: "bilinear", 3: "bicubic"}
+MAX_TILES = 256  # 16 times what Llama 4 cuts: find_supported_resolutions factors every count up to it, and each
+# tile of 336 px is 677 KiB of bfloat16 before the text model reads its 144 tokens
 
 
 def _image_processing_mixin() -> type:
@@ -65,14 +67,37 @@ def make(settings: dict[str, Any]) -> Any:
     if not values["do_resize"]:
         raise UsageError("Llama 4's image processor settings: do_resize is false, which Llama4ImageProcessor refuses "
                          "(its tiles must have one size)")
-    if not (isinstance(values["max_patches"], int) and values["max_patches"] >= 1):
+    if not (isinstance(values["max_patches"], int) and 1 <= values["max_patches"] <= MAX_TILES):
         raise UsageError(f"Llama 4's image processor settings: max_patches {values['max_patches']!r} is not a "
-                         "positive whole number")
+                         f"whole number of tiles from 1 to {MAX_TILES:,} (Llama 4's checkpoints cut at most 16)")
+    _check_numbers(values)
     cls = type("Llama4Tiles", (_image_processing_mixin(),), {"__call__": _call, "model_input_names":
                                                               ["pixel_values"]})
     tiles = cls()
     tiles.settings = values
     return tiles
+
+
+def _check_numbers(values: dict[str, Any]) -> None:
+    """rescale_factor a number; image_mean and image_std a number or one per channel (torchvision's
+    normalize_image), the std never 0 (it refuses: "std evaluated to zero")."""
+    def numbers(value: Any) -> list[Any]:
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+
+    def real(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not real(values["rescale_factor"]):
+        raise UsageError(f"Llama 4's image processor settings: rescale_factor {values['rescale_factor']!r} is not a "
+                         "number (1/255 rescales 8-bit pixels to [0, 1])")
+    for key in ("image_mean", "image_std"):
+        given = numbers(values[key])
+        if len(given) not in (1, 3) or not all(real(v) for v in given):
+            raise UsageError(f"Llama 4's image processor settings: {key} {values[key]!r} is not a number or one "
+                             "number per channel (3)")
+    if any(v == 0 for v in numbers(values["image_std"])):
+        raise UsageError(f"Llama 4's image processor settings: image_std {values['image_std']!r} holds a 0, which "
+                         "would divide the pixels by zero (torchvision's normalize refuses it too)")
 
 
 def _call(self: Any, images: Any = None, return_tensors: Any = None, **_ignored: Any) -> Any:
