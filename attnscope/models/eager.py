@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     import torch
 
+
 def patterns(folder: Path, model_type: str, ids: list[int], last: int) -> dict[int, torch.Tensor]:
     """transformers' eager `output_attentions` of layers 0..`last` on `ids`: layer -> `[n_head, n, n]`, the layers
     with attention only (a hybrid's Mamba or convolution layers have none)."""
@@ -72,25 +73,17 @@ def greedy_config(model: Any, n_new: int) -> Any:
 def decode(folder: Path, model_type: str, ids: list[int], n_new: int) -> Decoded:
     """`generate` by attnscope's rule (`greedy_config`): `n_new` argmax tokens, every layer's attention a step."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from attnscope.models.nopage import truncated
+    from attnscope.models.nopage.truncated import first_line
 
-    truncated.quiet_transformers()
-    full, n_layer = truncated.full_config(folder, model_type, 0, text=True)
-    model = truncated.load(AutoModelForCausalLM, folder, full, model_type, traced=False)
+    model, n_layer, layers = _causal_lm(folder, model_type)
     try:
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), generation_config=greedy_config(model, n_new))
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"{{check}}: transformers could not decode with model_type '{model_type}' "
-                            f"({truncated.first_line(exc)})", "check") from None
-    layers = truncated.attention_layers(truncated.layers_config(full), n_layer)
-    rows = []
-    for step in out.attentions:
-        present = [a for a in step if a is not None]
-        numbers = range(n_layer) if len(present) == n_layer else layers
-        rows.append({layer: a[0, :, -1] for layer, a in zip(numbers, present, strict=True)})
+                            f"({first_line(exc)})", "check") from None
+    rows = [_newest_rows(step, n_layer, layers) for step in out.attentions]
     return Decoded(out.sequences[0, len(ids):].tolist(), rows)
 
 
@@ -100,6 +93,25 @@ def decode_uncached(folder: Path, model_type: str, ids: list[int], n_new: int) -
     token so far (`use_cache=False`, `output_attentions=True`), the argmax of its last logits; each step's rows
     the last query's, over every key."""
     import torch
+
+    from attnscope.models.nopage.truncated import first_line
+
+    model, n_layer, layers = _causal_lm(folder, model_type)
+    tokens, rows = list(ids), []
+    try:
+        with torch.no_grad():
+            for _ in range(n_new):
+                out = model(input_ids=torch.tensor([tokens]), use_cache=False, output_attentions=True)
+                rows.append(_newest_rows(out.attentions, n_layer, layers))
+                tokens.append(int(out.logits[0, -1].argmax()))
+    except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
+        raise ResourceError(f"{{check}}: transformers could not run model_type '{model_type}' without a cache "
+                            f"({first_line(exc)})", "check") from None
+    return Decoded(tokens[len(ids):], rows)
+
+
+def _causal_lm(folder: Path, model_type: str) -> tuple[Any, int, list[int]]:
+    """transformers' eager causal LM of the whole folder, its number of layers and the layers with attention."""
     from transformers import AutoModelForCausalLM
 
     from attnscope.models.nopage import truncated
@@ -107,20 +119,15 @@ def decode_uncached(folder: Path, model_type: str, ids: list[int], n_new: int) -
     truncated.quiet_transformers()
     full, n_layer = truncated.full_config(folder, model_type, 0, text=True)
     model = truncated.load(AutoModelForCausalLM, folder, full, model_type, traced=False)
-    layers = truncated.attention_layers(truncated.layers_config(full), n_layer)
-    tokens, rows = list(ids), []
-    try:
-        with torch.no_grad():
-            for _ in range(n_new):
-                out = model(input_ids=torch.tensor([tokens]), use_cache=False, output_attentions=True)
-                present = [a for a in out.attentions if a is not None]
-                numbers = range(n_layer) if len(present) == n_layer else layers
-                rows.append({layer: a[0, :, -1] for layer, a in zip(numbers, present, strict=True)})
-                tokens.append(int(out.logits[0, -1].argmax()))
-    except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
-        raise ResourceError(f"{{check}}: transformers could not run model_type '{model_type}' without a cache "
-                            f"({truncated.first_line(exc)})", "check") from None
-    return Decoded(tokens[len(ids):], rows)
+    return model, n_layer, truncated.attention_layers(truncated.layers_config(full), n_layer)
+
+
+def _newest_rows(attentions: Any, n_layer: int, layers: list[int]) -> dict[int, torch.Tensor]:
+    """One forward's `output_attentions` as layer -> the newest query's row `[n_head, n_K]`: every layer's, or a
+    hybrid's attention layers' where only those have an entry."""
+    present = [a for a in attentions if a is not None]
+    numbers = range(n_layer) if len(present) == n_layer else layers
+    return {layer: a[0, :, -1] for layer, a in zip(numbers, present, strict=True)}
 
 
 @dataclass
