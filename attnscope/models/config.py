@@ -167,6 +167,18 @@ def read_config(folder: Path) -> Config:
     return Config(path, data)
 
 
+def settings_file(path: Path, fix: str = "") -> dict[str, Any]:
+    """A model folder's optional JSON object of settings (tokenizer_config.json, processor_config.json, ...): {}
+    where the file is absent, one line (with `fix`, what to do) where it holds anything but an object."""
+    if not path.is_file():
+        return {}
+    data = load_json(path)
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} holds a JSON {type(data).__name__}, not an object of settings"
+                         + (f"; {fix}" if fix else ""))
+    return data
+
+
 def load_json(path: Path) -> Any:
     """A JSON file of a model folder (config.json, tokenizer_config.json, a shard index), refused in one line when
     it is unreadable, not JSON, too large or nested too deep to be one (json.loads would raise RecursionError)."""

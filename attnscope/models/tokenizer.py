@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.errors import UsageError
-from attnscope.models.config import load_json
+from attnscope.models.config import settings_file
 from attnscope.models.post_processor import add_special_tokens
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
@@ -76,13 +76,7 @@ def check_text(text: str) -> None:
 
 
 def _settings(folder: Path) -> dict[str, Any]:
-    path = folder / "tokenizer_config.json"
-    if not path.is_file():
-        return {}
-    settings = load_json(path)
-    if not isinstance(settings, dict):
-        raise UsageError(f"{path} holds a JSON {type(settings).__name__}, not an object of settings")
-    return settings
+    return settings_file(folder / "tokenizer_config.json")
 
 
 def _direct(folder: Path, text: str, settings: dict[str, Any]) -> Encoded:

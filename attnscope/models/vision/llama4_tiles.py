@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {"size": {"height": 336, "width": 336}, "max_patches"
 # PILImageResampling -> torchvision's InterpolationMode (image_utils.pil_torch_interpolation_mapping) as
 # interpolate's mode: NEAREST -> NEAREST_EXACT, BILINEAR, BICUBIC
 MODES = {0: "nearest-exact", 2: "bilinear", 3: "bicubic"}
+RESAVE = "save the processor beside the weights again with AutoProcessor.save_pretrained(folder)"
 MAX_TILES = 256  # 16 times what Llama 4 cuts: find_supported_resolutions factors every count up to it, and each
 # tile of 336 px is 677 KiB of bfloat16 before the text model reads its 144 tokens
 
@@ -254,10 +255,12 @@ def processor(folder: Path) -> Any:
 
     from transformers import AutoTokenizer, Llama4Processor
 
-    arguments = _settings(folder / "processor_config.json")
+    from attnscope.models.config import settings_file
+
+    arguments = settings_file(folder / "processor_config.json", RESAVE)
     images = arguments.pop("image_processor", None)
     if not isinstance(images, dict):
-        images = _settings(folder / "preprocessor_config.json")
+        images = settings_file(folder / "preprocessor_config.json", RESAVE)
     if not images:
         raise UsageError(f"{{model}} {folder} has no image processor settings (processor_config.json's "
                          "image_processor or preprocessor_config.json): how Llama 4 cuts this model's tiles is "
@@ -268,20 +271,7 @@ def processor(folder: Path) -> Any:
     kwargs = {k: v for k, v in arguments.items() if k in accepted}
     if (folder / "chat_template.jinja").is_file():
         kwargs["chat_template"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    elif isinstance(template := _settings(folder / "chat_template.json").get("chat_template"), str):
+    elif isinstance(template := settings_file(folder / "chat_template.json", RESAVE).get("chat_template"), str):
         kwargs["chat_template"] = template
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     return Llama4Processor(image_processor=make(images), tokenizer=tokenizer, **kwargs)
-
-
-def _settings(path: Path) -> dict[str, Any]:
-    """A JSON object from the folder, {} where the file is absent; one line where it is not an object."""
-    from attnscope.models.config import load_json
-
-    if not path.is_file():
-        return {}
-    value = load_json(path)
-    if not isinstance(value, dict):
-        raise UsageError(f"{path} holds a JSON {type(value).__name__}, not a processor's settings (an object); "
-                         "save the processor beside the weights again with AutoProcessor.save_pretrained(folder)")
-    return value
