@@ -23,6 +23,7 @@ reference recorded by scripts/llama4_tiles_reference.py on a machine with torchv
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 from pathlib import Path
@@ -47,10 +48,13 @@ MAX_TILES = 256  # 16 times what Llama 4 cuts: find_supported_resolutions factor
 # tile of 336 px is 677 KiB of bfloat16 before the text model reads its 144 tokens
 
 
-def _image_processing_mixin() -> type:
+@functools.cache
+def _tiles_class() -> type:
+    """`Llama4Tiles`, an image processor as Llama4Processor checks for (ImageProcessingMixin, imported from
+    transformers when first asked for), whose call is `_call`."""
     from transformers.image_processing_utils import ImageProcessingMixin
 
-    return ImageProcessingMixin
+    return type("Llama4Tiles", (ImageProcessingMixin,), {"__call__": _call, "model_input_names": ["pixel_values"]})
 
 
 def make(settings: dict[str, Any]) -> Any:
@@ -72,9 +76,7 @@ def make(settings: dict[str, Any]) -> Any:
         raise UsageError(f"Llama 4's image processor settings: max_patches {values['max_patches']!r} is not a "
                          f"whole number of tiles from 1 to {MAX_TILES:,} (Llama 4's checkpoints cut at most 16)")
     _check_numbers(values)
-    cls = type("Llama4Tiles", (_image_processing_mixin(),), {"__call__": _call, "model_input_names":
-                                                              ["pixel_values"]})
-    tiles = cls()
+    tiles = _tiles_class()()
     tiles.settings = values
     return tiles
 
