@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import ResourceError, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     import torch
@@ -94,8 +95,6 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
         model = _language_model(prepared, folder, model_type, AutoModelForCausalLM)
     else:
         model = truncated.load(AutoModel, folder, prepared.config, model_type, traced=True)
-    steps: list[DecodeStep] = []
-    tokens, cache = list(ids), None
     try:
         with torch.no_grad(), interface.recording(layer, stop=False, every=every_layer) as recorder, \
                 selfcheck.watching(model, recorder):
@@ -112,14 +111,13 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
                 raise UsageError(f"{{generate}} decodes with a causal language model; layer {layer} of this "
                                  f"{type(model).__name__} attends both ways ({first.mask.describe()})", "generate")
             recorder.patterns = None
-            for _ in range(n_new):
-                assert out is not None and recorder.recorded is not None
-                cache = out.past_key_values
-                steps.append(decode_step(recorder.recorded, int(out.logits[0, -1].argmax()), len(tokens), cache))
-                tokens.append(steps[-1].token_id)
-                if len(steps) < n_new:
-                    recorder.calls = 0
-                    out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True)
+
+            def step(out: Any, position: int) -> DecodeStep:
+                assert recorder.recorded is not None
+                recorder.calls = 0  # the next forward's calls counted from its layer 0
+                return decode_step(recorder.recorded, int(out.logits[0, -1].argmax()), position, out.past_key_values)
+
+            steps = greedy(model, out, ids, n_new, step)
         if recorder.failure is not None:  # selfcheck.py: the trace does not reproduce a module: eager's patterns
             return _eager(model, prepared, ids, layer, n_new, every_layer, recorder.failure.note())
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
@@ -130,7 +128,7 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
     layers = sorted(patterns) if patterns is not None else []
     return StreamRun(truncated.sizes(base, first, attention, prepared.n_layer, layer), layers,
                      [patterns[i] for i in layers] if patterns is not None else None, steps or None,
-                     list(recorder.notes), type(cache).__name__)
+                     list(recorder.notes), _cache_kind(out, n_new))
 
 
 def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: int, every_layer: bool,
@@ -143,7 +141,6 @@ def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: in
 
     model.set_attn_implementation("eager")
     base = getattr(model, "base_model", model)
-    tokens, steps, cache = list(ids), [], None
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids]), use_cache=bool(n_new), output_attentions=True)
         patterns = [a[0] for a in out.attentions if a is not None]  # [n_head, n, n] per attention layer
@@ -152,18 +149,39 @@ def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: in
         layers = list(range(prepared.n_layer)) if every else truncated.module_layers(base)
         if layer not in layers:
             truncated.refuse_layer(prepared.config, prepared.n_layer, layer, layers)
-        for _ in range(n_new):
-            cache = out.past_key_values
-            steps.append(eager_step(out.attentions[layers.index(layer)], int(out.logits[0, -1].argmax()),
-                                    len(tokens), cache))
-            tokens.append(steps[-1].token_id)
-            if len(steps) < n_new:
-                out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True,
-                            output_attentions=True)
+
+        def step(out: Any, position: int) -> DecodeStep:
+            return eager_step(out.attentions[layers.index(layer)], int(out.logits[0, -1].argmax()), position,
+                              out.past_key_values)
+
+        steps = greedy(model, out, ids, n_new, step, output_attentions=True)
     found = truncated.sizes(base, None, patterns[layers.index(layer)], prepared.n_layer, layer)
     found.fallback = note
-    return StreamRun(found, layers, patterns if every_layer else None, steps or None, [],
-                     type(cache).__name__)
+    return StreamRun(found, layers, patterns if every_layer else None, steps or None, [], _cache_kind(out, n_new))
+
+
+def greedy(model: Any, out: Any, prompt: list[int], n_new: int, step: Callable[[Any, int], DecodeStep],
+           positions: Callable[[int], torch.Tensor] | None = None, **more: Any) -> list[DecodeStep]:
+    """Greedy decoding on from the prompt's forward `out`: `step(out, position)` makes each step from the forward
+    that chose its token; then that token alone over the cache, with `positions(position)` as its position ids
+    where the model needs them given (M-RoPE's) and `more`, the forward's other keywords."""
+    import torch
+
+    tokens, steps = list(prompt), []
+    for _ in range(n_new):
+        steps.append(step(out, len(tokens)))
+        tokens.append(steps[-1].token_id)
+        if len(steps) < n_new:
+            given = {"position_ids": positions(len(tokens) - 1)} if positions is not None else {}
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True,
+                        **given, **more)
+    return steps
+
+
+def _cache_kind(out: Any, n_new: int) -> str:
+    """The class of the cache decoding ran over (transformers' DynamicCache, or a family's own), "NoneType"
+    without decoding: the prompt's forward hands it over and every step updates that one in place."""
+    return type(getattr(out, "past_key_values", None) if n_new else None).__name__
 
 
 def _language_model(prepared: Prepared, folder: Path, model_type: str, auto: Any) -> Any:

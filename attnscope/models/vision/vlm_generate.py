@@ -45,7 +45,7 @@ def through_interface(folder: Path, config: Config, tokens: ImageTokens, layer: 
 
     from attnscope.models import selfcheck
     from attnscope.models.nopage import interface as recorder
-    from attnscope.models.nopage.interface_stream import decode_step
+    from attnscope.models.nopage.interface_stream import decode_step, greedy
     from attnscope.models.vision import vlm_run
 
     n = vlm_run.n_layer(folder, config)
@@ -64,7 +64,7 @@ def through_interface(folder: Path, config: Config, tokens: ImageTokens, layer: 
                     token = int(out.logits[0, -1].argmax())
                     return decode_step(recording.recorded, token, position, out.past_key_values)
 
-                steps = _decode(model, config, out, tokens.ids, n_new, step)
+                steps = greedy(model, out, tokens.ids, n_new, step, _positions(model, config))
         if recording.failure is not None:
             with torch.no_grad():
                 return _eager(model, config, tokens, layer, n_new, n, every, recording.failure.note())
@@ -81,7 +81,7 @@ def _eager(model: Any, config: Config, tokens: ImageTokens, layer: int, n_new: i
     """The prompt and `n_new` steps again with transformers' eager attention and `output_attentions`: layer L's
     pattern and each step's row (every layer's pattern with `every`), untraced, `fallback` (the self-check's note)
     saying why."""
-    from attnscope.models.nopage.interface_stream import eager_step
+    from attnscope.models.nopage.interface_stream import eager_step, greedy
     from attnscope.models.nopage.truncated import sizes
 
     model.set_attn_implementation("eager")
@@ -91,28 +91,16 @@ def _eager(model: Any, config: Config, tokens: ImageTokens, layer: int, n_new: i
     def step(out: Any, position: int) -> DecodeStep:
         return eager_step(out.attentions[layer], int(out.logits[0, -1].argmax()), position, out.past_key_values)
 
-    steps = _decode(model, config, out, tokens.ids, n_new, step, output_attentions=True)
+    steps = greedy(model, out, tokens.ids, n_new, step, _positions(model, config), output_attentions=True)
     run = sizes(model.get_decoder(), None, patterns[layer], n, layer)
     run.architecture, run.fallback = config.architecture, fallback
     return run, patterns if every else None, steps
 
 
-def _decode(model: Any, config: Config, out: Any, prompt: list[int], n_new: int,
-            step: Callable[[Any, int], DecodeStep], **more: Any) -> list[DecodeStep]:
-    """Greedy decoding on from the prompt's forward `out`: `step(out, position)` makes each step from the forward
-    that chose its token; then that token alone, with M-RoPE's decode positions (`decode_positions`) and the
-    cache (`more`: the forward's other keywords)."""
-    import torch
-
+def _positions(model: Any, config: Config) -> Callable[[int], torch.Tensor]:
+    """A new token's M-RoPE position ids by its position (`decode_positions` with the prompt's rope_deltas)."""
     deltas = _rope_deltas(model, config)
-    ids, steps = list(prompt), []
-    for _ in range(n_new):
-        steps.append(step(out, len(ids)))
-        ids.append(steps[-1].token_id)
-        if len(steps) < n_new:
-            out = model(input_ids=torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True,
-                        position_ids=decode_positions(len(ids) - 1, deltas), **more)
-    return steps
+    return lambda position: decode_positions(position, deltas)
 
 
 def decode_positions(position: int, deltas: torch.Tensor) -> torch.Tensor:
