@@ -195,11 +195,12 @@ def test_any_size_and_setting_cuts_whole_tiles():
     """Any picture (1 x 1 to 400 x 400, any aspect) under any tile side and count: rows * cols <= max_patches tiles
     of the side, the global view only where there are several, aspect_ratios (rows, cols), and the padding
     (the canvas right and below the resized image) is normalized black: (0 - mean) / std."""
-    from hypothesis import given, settings
+    from fuzz import fuzz_settings
+    from hypothesis import given
     from hypothesis import strategies as st
     from PIL import Image
 
-    @settings(max_examples=40, deadline=None, derandomize=True)
+    @fuzz_settings(40)
     @given(st.integers(1, 400), st.integers(1, 400), st.sampled_from([14, 28]), st.integers(1, 8),
            st.booleans(), st.sampled_from([0, 2, 3]))
     def cut(width, height, side, max_patches, to_max, resample):
