@@ -1,4 +1,5 @@
-"""Errors the core raises. Each carries a one-line message a user can act on.
+"""Errors the core raises. Each carries a one-line message a user can act on, with any control character in it
+(a name or path echoed from the user or a file) escaped.
 
 The CLI maps them to exit codes: a `UsageError` (a bad option, file or shape: something the user
 typed) exits 2, any other `AttnscopeError` (a failure at run time) exits 1. Messages name parameters as a
@@ -7,7 +8,18 @@ Python caller writes them (`window`); the command line words them as flags (`--w
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+
+# What a terminal would act on rather than show: C0 controls (ESC starts a colour or a cursor move; tab and line
+# feed are spacing), DEL, C1 controls, and Unicode's bidirectional overrides and isolates (which reorder a line).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` (a name or path read from the user or a file) safe to echo: every control character escaped as
+    Python writes it in a string (ESC as `\\x1b`), so a message never colours, moves or rewrites the terminal."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 class AttnscopeError(Exception):
@@ -24,10 +36,11 @@ class AttnscopeError(Exception):
         super().__init__(self.worded({}))
 
     def worded(self, names: Mapping[str, str]) -> str:
+        """The message, each parameter named as `names` says, control characters escaped (`printable`)."""
         text = self.template
         for param in self.params:
             text = text.replace("{" + param + "}", names.get(param, param))
-        return text
+        return printable(text)
 
 
 class UsageError(AttnscopeError):

@@ -138,7 +138,18 @@ class Config:
 
     def _error(self, names: tuple[str, ...], what: str) -> UsageError:
         shown = names[0] if len(names) == 1 else f"{names[0]} (or {', '.join(names[1:])})"
-        return UsageError(f"{self.path}: {shown} {what}; fix config.json or save the model again with save_pretrained")
+        return UsageError(f"{self.path}: {shown} {what}; {fix_advice(self.path)}")
+
+
+def fix_advice(path: Path) -> str:
+    """What to do about a bad setting: a folder's config.json is fixed or saved again, a GGUF file's settings are
+    its metadata (models/gguf/config.py reads them under config.json's names), so the file is the thing to fix."""
+    from attnscope.models.gguf.open import is_gguf_file
+
+    if is_gguf_file(path):
+        return ("the GGUF file's metadata is damaged or not what llama.cpp writes: download it again, or convert the "
+                "model again with llama.cpp's convert_hf_to_gguf.py")
+    return "fix config.json or save the model again with save_pretrained"
 
 
 def layer_entry(table: Mapping[str, Any], index: int) -> Any:
@@ -216,5 +227,5 @@ def _check_number(path: Path, key: object, value: float) -> None:
         return
     shown = f"{value:.3g}" if isinstance(value, float) or abs(value) >= 10**15 else f"{value:,}"
     if what:
-        raise UsageError(f"{path}: {key} is {shown}; {what} (attnscope takes at most {bound:,}); fix config.json")
-    raise UsageError(f"{path}: {key} is {shown}, beyond 64-bit integers; fix config.json")
+        raise UsageError(f"{path}: {key} is {shown}; {what} (attnscope takes at most {bound:,}); {fix_advice(path)}")
+    raise UsageError(f"{path}: {key} is {shown}, beyond 64-bit integers; {fix_advice(path)}")

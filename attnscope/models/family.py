@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.errors import UsageError
+from attnscope.models.config import fix_advice
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -156,14 +157,14 @@ class Family(ABC):
         self.d_model = config.integer("hidden_size")
         if self.d_model % self.n_head:
             raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by num_attention_heads "
-                             f"{self.n_head}; fix config.json")
+                             f"{self.n_head}; {fix_advice(config.path)}")
         self.d_head = self.d_model // self.n_head
 
     def check_sizes(self) -> None:
         """After a subclass read its sizes: heads that divide, and every layer in the checkpoint."""
         if self.n_head % self.n_kv_head:
             raise UsageError(f"{self.config.path}: {self.n_head} attention heads are not a multiple of "
-                             f"{self.n_kv_head} key/value heads; fix config.json")
+                             f"{self.n_kv_head} key/value heads; {fix_advice(self.config.path)}")
         last = self.key(self.n_layer - 1, self.query)
         if last not in self.checkpoint:
             present = sum(1 for layer in range(self.n_layer) if self.key(layer, self.query) in self.checkpoint)

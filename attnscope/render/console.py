@@ -129,7 +129,9 @@ def message_lines(prefix: str, message: str) -> str:
         width = stream_width(sys.stderr)
     except (AttributeError, ValueError):  # a stream with no terminal behind it, or closed
         width = PIPED_WIDTH
-    text = prefix + " ".join(message.split())
+    from attnscope.errors import printable
+
+    text = prefix + " ".join(printable(message).split())  # an escape sequence in a name is shown, never acted on
     lines = textwrap.wrap(text, width, subsequent_indent=CONTINUATION, break_long_words=False,
                           break_on_hyphens=False)
     return "\n".join(lines or [prefix.rstrip()]) + "\n"

@@ -24,6 +24,8 @@ from attnscope.render.selection import selection_json, show_selection
 from attnscope.render.tables import check_json, check_table, step_json, steps_table
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from attnscope.models.weights import HeadWeights
     from attnscope.runs.head_result import HeadResult, ModelInfo
     from attnscope.spec import Latent
@@ -46,11 +48,24 @@ def summary(result: HeadResult) -> str:
         key = {"t5": "d_kv", "mt5": "d_kv", "umt5": "d_kv", "gemma4_text": "head_dim (or this layer's in "
                "per_layer_config)", "gemma4": "head_dim (or this layer's in per_layer_config)"}.get(i.model_type,
                                                                                                "head_dim")
-        lines.append(f"d_head is config.json's {key}, not d_model / heads = {i.d_model / i.heads:g}")
+        lines.append(f"d_head is {_head_dim_source(i.path, i.model_type, key)}, not d_model / heads = "
+                     f"{i.d_model / i.heads:g}")
     if result.about:
         lines.append(result.about)
     lines.append(str(i.path))
     return "\n".join(lines)
+
+
+def _head_dim_source(path: Path, model_type: str, key: str) -> str:
+    """Where d_head was read: config.json's key, or a GGUF file's metadata key that models/gguf/config.py reads
+    as head_dim (`{arch}.attention.key_length`)."""
+    from attnscope.models.gguf.config import ARCHITECTURES
+    from attnscope.models.gguf.open import is_gguf_file
+
+    if not is_gguf_file(path):
+        return f"config.json's {key}"
+    arch = next((name for name, (kind, _, _) in ARCHITECTURES.items() if kind == model_type), "{arch}")
+    return f"the GGUF's {arch}.attention.key_length"
 
 
 def wrap_key(source: str, width: int) -> list[str]:

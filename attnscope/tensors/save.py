@@ -5,7 +5,11 @@
 - never a replaced file without `force`, checked at the moment the file appears: the finished file is
   published with `os.link`, which fails when the name exists (with `force`, `os.replace`: atomic);
 - a symbolic link as the target is written through, as `open()` (and numpy, torch, safetensors, a shell's
-  `>`) would: the file it points to is the one checked and replaced, and the link stays a link.
+  `>`) would: the file it points to is the one checked and replaced, and the link stays a link; but only to a
+  regular file (or to nothing yet): a target that is a device, a pipe, a socket or a folder, named or reached
+  through a link, is refused before anything is written, and no temporary file is made beside it (replacing
+  /dev/full's node through a link with --force would have destroyed it). `os.replace` would replace whatever
+  the name holds, so the check is made again just before the finished file takes the name.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import errno
 import json
 import os
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -54,6 +59,7 @@ def check_writable(path: str | os.PathLike[str], force: bool = False, *, option:
     real = _through_link(target)
     if real.is_dir():
         raise UsageError(f"{words.target}: is a folder; give a file name")
+    _refuse_special(target, real, words)
     if real.exists() and not force:
         raise UsageError(f"{words.target}: the file exists; pass {words.force} to replace it")
     parent = real.parent
@@ -72,6 +78,25 @@ def check_writable(path: str | os.PathLike[str], force: bool = False, *, option:
 
 def _through_link(target: Path) -> Path:
     return Path(os.path.realpath(target)) if target.is_symlink() else target
+
+
+def _refuse_special(target: Path, real: Path, words: _Words) -> None:
+    """Refuse a target that is there and is not a regular file (a device, a pipe, a socket, a folder), itself
+    or at the end of its link: only a regular file is ever replaced."""
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"{words.target}: cannot be checked ({exc.strerror or exc}); choose another name") from None
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a character device" if stat.S_ISCHR(mode) else
+            "a block device" if stat.S_ISBLK(mode) else "a pipe" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    through = f"a link to {real}, which is {kind}" if real != target else kind
+    raise UsageError(f"{words.target}: is {through}, not a regular file; attnscope writes only to a regular file "
+                     "(through a link too) and never replaces anything else: give another file name")
 
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[str], *, force: bool = False,
@@ -116,6 +141,7 @@ def _write_atomically(real: Path, force: bool, words: _Words, write: Callable[[s
     """`write(tmp)` fills a temporary file beside `real`, which is then published under its name (`_publish`);
     on any failure, Ctrl-C, SIGTERM or SIGHUP the temporary file is removed and nothing is left."""
     tmp: str | None = None
+    _refuse_special(real, real, words)  # again: the name may have changed since check_writable
     with _signals_clean_up():
         try:
             fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".part")
@@ -136,6 +162,7 @@ def _publish(tmp: str, real: Path, force: bool, words: _Words) -> None:
     that exists, so a file that appeared while the run was computing is never replaced. Where a filesystem has
     no hard links, an `O_EXCL` placeholder claims the name first."""
     if force:
+        _refuse_special(real, real, words)  # the last moment before os.replace, which replaces a device node too
         os.replace(tmp, real)
         return
     appeared = UsageError(f"{words.target}: a file appeared there while the run was computing; it was kept, and "

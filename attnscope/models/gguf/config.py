@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnscope.errors import UsageError
-from attnscope.models.gguf.header import Header, Strings, read_bytes
+from attnscope.errors import UsageError, printable
+from attnscope.models.gguf.header import LAZY_TYPES, Array, Header, read_bytes
 
 # general.architecture -> (model_type, the class transformers would build, what it reads)
 ARCHITECTURES = {
@@ -33,16 +33,20 @@ ARCHITECTURES = {
 }
 SUPPORTED = ", ".join(f"{arch} ({what})" for arch, (_, _, what) in ARCHITECTURES.items())
 LARGE_GEMMA = {"gemma2": 46, "gemma3": 62}  # 27B's layers: llama.cpp's LLM_TYPE_27B
+PER_LAYER = ("attention.head_count", "attention.head_count_kv")  # llama.cpp allows an array of one per layer
 
 
 def architecture(header: Header) -> str:
     arch = header.metadata.get("general.architecture")
-    if not isinstance(arch, str):
+    if arch is None:
         raise UsageError(f"{{model}} {header.path} has no general.architecture in its metadata; it is not a model "
                          "llama.cpp converted", "model")
+    if not isinstance(arch, str) or len(arch) > 64:
+        raise UsageError(f"{{model}} {header.path}: its general.architecture is not an architecture's name; the "
+                         "file's metadata is damaged: download it again, or convert the model again", "model")
     if arch not in ARCHITECTURES:
-        raise UsageError(f"{{model}} {header.path} is a GGUF of architecture '{arch}'; attnscope reads GGUF files of "
-                         f"{SUPPORTED}", "model")
+        raise UsageError(f"{{model}} {header.path} is a GGUF of architecture {printable(repr(arch))}; attnscope reads "
+                         f"GGUF files of {SUPPORTED}", "model")
     return arch
 
 
@@ -56,12 +60,18 @@ def config_of(header: Header) -> dict[str, Any]:
         if need and value is None:
             raise UsageError(f"{{model}} {header.path}: the metadata has no {arch}.{key}; the file is not a complete "
                              "llama.cpp conversion", "model")
+        if key in PER_LAYER and isinstance(value, (list, Array)):  # a count per layer (hybrid models)
+            raise UsageError(f"{{model}} {header.path}: {arch}.{key} differs by layer; attnscope reads GGUF files "
+                             "whose layers all have the same heads", "model")
+        if isinstance(value, (list, *LAZY_TYPES)):  # an array (or a text past any setting's length): never quoted
+            what = f"an array of {len(value):,} values" if isinstance(value, (list, Array)) else \
+                f"a text of {len(value):,} bytes"
+            raise UsageError(f"{{model}} {header.path}: its metadata {arch}.{key} is {what}, where llama.cpp writes "
+                             "one value; the file's metadata is damaged: download it again, or convert the model "
+                             "again", "model")
         return value
 
     n_head, d_model = get("attention.head_count", need=True), get("embedding_length", need=True)
-    if isinstance(n_head, list):  # a count per layer (hybrid models): the families here have one
-        raise UsageError(f"{{model}} {header.path}: {arch}.attention.head_count differs by layer; attnscope reads "
-                         "GGUF files whose layers all have the same heads", "model")
     for key, value in (("attention.head_count", n_head), ("embedding_length", d_model)):
         if type(value) is not int or value < 1:
             raise UsageError(f"{{model}} {header.path}: {arch}.{key} is {value!r}; it must be a positive whole number",
@@ -82,7 +92,7 @@ def config_of(header: Header) -> dict[str, Any]:
     rotary = get("rope.dimension_count")
     if isinstance(rotary, int) and isinstance(head_dim, int) and head_dim and rotary != head_dim:
         config["partial_rotary_factor"] = rotary / head_dim
-    scaling = _rope_scaling(get) or _rope_freqs(header, config) or _rope_factors(header, get)
+    scaling = _rope_scaling(get, header) or _rope_freqs(header, config) or _rope_factors(header, get)
     if scaling:
         config["rope_scaling"] = scaling
         if arch == "phi3":  # Phi3Config's own attribute wins over the scaling's (4096 when absent)
@@ -105,7 +115,7 @@ def config_of(header: Header) -> dict[str, Any]:
 
 def _vocab(meta: dict[str, Any]) -> int | None:
     tokens = meta.get("tokenizer.ggml.tokens")
-    return len(tokens) if isinstance(tokens, (list, Strings)) else None
+    return len(tokens) if isinstance(tokens, (list, Array)) else None
 
 
 def _rope_freqs(header: Header, config: dict[str, Any]) -> dict[str, Any] | None:
@@ -151,13 +161,14 @@ def _values(header: Header, info: Any) -> list[float]:
     return [float(f) for f in dequantize(raw, info.ggml_type, 1, info.shape[-1], f"{header.path}: {info.name}")[0]]
 
 
-def _rope_scaling(get: Any) -> dict[str, Any] | None:
+def _rope_scaling(get: Any, header: Header) -> dict[str, Any] | None:
     kind = get("rope.scaling.type")
     if kind in (None, "none"):
         return None
     if kind not in ("linear", "yarn"):
-        raise UsageError(f"{{model}}: the file's RoPE scaling is '{kind}'; attnscope reads linear and yarn from GGUF "
-                         "metadata", "model")
+        shown = repr(kind) if len(repr(kind)) <= 40 else f"{repr(kind)[:40]}..."
+        raise UsageError(f"{{model}} {header.path}: its metadata's RoPE scaling ({architecture(header)}.rope.scaling."
+                         f"type) is {printable(shown)}; attnscope reads linear and yarn from GGUF metadata", "model")
     scaling: dict[str, Any] = {"rope_type": kind, "factor": get("rope.scaling.factor", 1.0)}
     original = get("rope.scaling.original_context_length")
     if original:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.errors import UsageError
-from attnscope.models.gguf.header import Strings
+from attnscope.models.gguf.header import LAZY_TYPES
 from attnscope.models.post_processor import add_special_tokens
 
 # tokenizer.ggml.* -> the names transformers' GGUF_TOKENIZER_MAPPING gives them
@@ -39,11 +39,14 @@ def _load(path: Path, _mtime: int) -> Any:
     from attnscope.models.gguf.open import header_of
 
     header = header_of(path)
-    meta = {key: value.values() if isinstance(value, Strings) else value for key, value in header.metadata.items()
-            if key.startswith("tokenizer.ggml.") or key == "general.architecture"}
-    if not isinstance(meta.get("tokenizer.ggml.tokens"), list):
+    meta = {key: header.metadata[key] for key in (*(f"tokenizer.ggml.{key}" for key in (*TOKENIZER, "add_bos_token",
+                                                                                     "add_eos_token")),
+                                                 "general.architecture") if key in header.metadata}
+    if "tokenizer.ggml.tokens" not in meta:
         raise UsageError(f"{{model}} {path} holds no tokenizer (no tokenizer.ggml.tokens in its metadata), so "
                          "{text} cannot be read; convert the model again with its tokenizer", "model", "text")
+    meta = {key: value.values() if isinstance(value, LAZY_TYPES) else value for key, value in meta.items()}
+    _check_types(path, meta)
     found = {name: meta[f"tokenizer.ggml.{key}"] for key, name in TOKENIZER.items() if f"tokenizer.ggml.{key}" in meta}
     settings: dict[str, Any] = {name: meta[f"tokenizer.ggml.{name}"] for name in ("add_bos_token", "add_eos_token")
                                 if f"tokenizer.ggml.{name}" in meta}
@@ -68,6 +71,34 @@ def _load(path: Path, _mtime: int) -> Any:
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer
+
+
+# tokenizer.ggml.* -> what llama.cpp writes there (convert_hf_to_gguf.py's gguf_writer.add_token_list, ...)
+KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "tokens": ((str,), "a list of strings"), "merges": ((str,), "a list of strings (\"a b\")"),
+    "scores": ((int, float), "a list of numbers"), "token_type": ((int,), "a list of whole numbers"),
+    "model": ((str,), "a name"), "pre": ((str,), "a name"), "precompiled_charsmap": ((int,), "a list of bytes")}
+
+
+def _check_types(path: Path, meta: dict[str, Any]) -> None:
+    """Each tokenizer value of the kind llama.cpp writes, refused in one line naming the key where not (merges
+    stored as numbers would fail deep inside the tokenizer's build); a value is never quoted."""
+    for key, (types, kind) in KINDS.items():
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is None:
+            continue
+        listed = kind.startswith("a list")
+        good = isinstance(value, list) and all(isinstance(v, types) and not isinstance(v, bool) for v in value) \
+            if listed else isinstance(value, types)
+        if not good:
+            raise UsageError(f"{{model}} {path}: its metadata tokenizer.ggml.{key} is not {kind}, as llama.cpp writes "
+                             "it; the file's tokenizer is damaged, so {text} cannot be read: download it again, or "
+                             "convert the model again", "model", "text")
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UsageError(f"{{model}} {path}: its metadata tokenizer.ggml.{key} is not a whole number; the file's "
+                             "tokenizer is damaged, so {text} cannot be read", "model", "text")
 
 
 def _byte_level(found: dict[str, Any], settings: dict[str, Any]) -> Any:
