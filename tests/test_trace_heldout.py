@@ -91,9 +91,15 @@ def test_meta_llama_attention_aligns_with_interleaved_pairing(tmp_path, runner):
     assert freqs["shape"] == [out["params"]["sizes"]["n_Q"], 8]  # never [n, 0]
 
 
-def test_meta_llama_attention_without_the_pairing_is_told_it(tmp_path, runner):
+def test_meta_llama_attention_without_the_pairing_reads_it_from_the_code(tmp_path, runner):
+    """Issue 41: the code says its pairing itself (view_as_complex): a convention, a note and exit 0; asked for
+    half-split with --rope-pairing, the difference is a divergence named so."""
     path = saved(tmp_path, META)
     result, out = trace(runner, f"{path}:Attention", *ARGS, "--rope", "--causal")
+    assert result.exit_code == 0, result.output
+    assert statuses(out) <= {"equal", "permuted"}
+    assert any("pairs RoPE's coordinates interleaved" in note for note in out["notes"])
+    result, out = trace(runner, f"{path}:Attention", *ARGS, "--rope", "--rope-pairing", "half-split", "--causal")
     assert result.exit_code == 1
     first = out["first_divergence"]
     assert first["reference"] == "Q_rot" and "interleaved" in first["diagnosis"]

@@ -150,6 +150,8 @@ def run_trace(o: TraceOptions) -> TraceRun:
         run.notes.append(f"no tensor operation ran from {target.path.name}: only ops called from that file are "
                          "recorded (torch functions, Tensor methods and operators)")
     if called.failure is None:
+        if any(name.lower() != "freqs_cis" for name in plan.tables):  # real tables laid out for one pairing:
+            spec = dataclasses.replace(spec, pairing_asked=True)  # the code pairs as they are laid out, or errs
         lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
         run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
         run.no_reference = lined.no_reference
@@ -264,7 +266,7 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
                          "works in the row layout: drop --layout col")
     return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache,
                 o.layout, asked.rope.pairing if asked.rope is not None else "half-split", alibi=o.alibi,
-                qk_norm=o.qk_norm, scale=o.scale, position_bias=bias)
+                qk_norm=o.qk_norm, scale=o.scale, position_bias=bias, pairing_asked=o.rope_pairing is not None)
 
 
 def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:

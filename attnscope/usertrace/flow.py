@@ -84,6 +84,12 @@ def _flow(records: list[Record]) -> tuple[list[set[str]], set[str]] | None:
     return [linears_of[left], linears_of[right], linears_of[value]], readers
 
 
+def operands(records: list[Record]) -> tuple[int, int, int, int | None] | None:
+    """The records of the scores' left and right operands, the pattern's partner (V), and the record made from
+    pattern and V (a fused kernel: its q, k, v and its output); None where no scores matmul was recorded."""
+    return _operands(records)
+
+
 def _operands(records: list[Record]) -> tuple[int, int, int, int | None] | None:
     """The records of the scores' left and right operands, the pattern's partner (V), and the record made
     from pattern and V; None where no softmax reads a matmul's product."""

@@ -181,7 +181,15 @@ def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: i
             parts = {role: rows(name, weight, bias, grid[:, i].reshape(-1), f"[per head, part {i}]")
                      for i, role in enumerate("qkv")}
             layouts.append(("split per head, [n_head, 3, d_head]", parts))
+    solved = solve_rows(name, linear, records, d_head)
+    if solved is not None and not any(_same_rows(solved[1], parts) for _, parts in layouts):
+        layouts.insert(0, solved)  # a layout none of the others reads (per KV group, packed, ...), the likeliest
     return layouts
+
+
+def _same_rows(a: dict[str, Part], b: dict[str, Part]) -> bool:
+    return a.keys() == b.keys() and all(a[r].weight.shape == b[r].weight.shape and torch.equal(a[r].weight, b[r].weight)
+                                        for r in a)
 
 
 def recorded_splits(name: str, records: list[Record], width: int, count: int = 3) -> list[tuple[tuple[int, ...], int]]:
@@ -213,3 +221,106 @@ def kv_layouts(name: str, linear: nn.Linear, records: list[Record]) -> list[tupl
     if width % 2 == 0 and all(cut != width // 2 for cut, _ in splits):
         splits.append((width // 2, "split in halves, k | v"))
     return [(how, blocks(name, linear, "kv", [0, cut, width])) for cut, how in splits]
+
+
+def solve_rows(name: str, linear: nn.Linear, records: list[Record],
+               d_head: int | None) -> tuple[str, dict[str, Part]] | None:
+    """The fused weight's rows for q, k and v, read from what the code computed rather than from widths: each
+    value of the code's own q (k, v) that reaches the scores (the pattern) is looked up among the fused
+    projection's outputs, which says the row it came from. Whatever the layout (q | k | v blocks, per head
+    `[n_head, 3, d_head]` as GPT-NeoX, per KV group `[n_group, q_per_group + 2, d_head]` as litgpt, packed
+    `[.., 3, n_head, d_head]` as flash-attn's Wqkv, Falcon's `[n_head + 2, d_head]`), the rows in the order the
+    code's heads read them are the layout. Heads a K/V tensor repeats are read once (first appearance: the key/
+    value heads in order). None where a role's tensor mixes tokens into its heads (a view that breaks the
+    tokens apart is a bug to report, not a layout) or the roles do not share the rows out."""
+    from attnscope.usertrace.flow import operands
+
+    found = operands(records)
+    made = [r for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)]
+    if found is None or len(made) != 1 or not made[0].tensor.is_floating_point():
+        return None
+    output = made[0].tensor.detach()
+    width = int(output.shape[-1])
+    flat = output.reshape(-1)
+    ordered, where = torch.sort(flat)
+    if bool((ordered[1:] == ordered[:-1]).any()):  # a value made twice: rows cannot be told by value
+        return None
+
+    def read(record: Record) -> list[int] | None:
+        tensor = record.tensor
+        if not tensor.is_floating_point() or tensor.dtype != output.dtype or tensor.numel() == 0 \
+                or record.index == made[0].index:
+            return None
+        values = tensor.detach().reshape(-1)
+        at = torch.searchsorted(ordered, values).clamp(max=flat.numel() - 1)
+        if not torch.equal(ordered[at], values):
+            return None
+        source = where[at].reshape(tensor.shape)
+        return row_order(source % width, source // width)
+
+    per_role: dict[str, list[list[int]]] = {}
+    for role, index in zip("qkv", found[:3], strict=True):
+        per_role[role] = [order for r in nearest_ancestors(records, index) if (order := read(r)) is not None]
+        if not per_role[role]:
+            return None
+    chosen: dict[str, list[int]] = {}
+    for role, orders in per_role.items():  # the widest reading sharing no row with the other roles' nearest
+        others = set().union(*(set(per_role[o][0]) for o in per_role if o != role))
+        fitting = [order for order in orders if not set(order) & others]
+        if not fitting:
+            return None
+        chosen[role] = max(fitting, key=len)
+    if d_head and any(len(order) % d_head for order in chosen.values()):
+        return None
+    if len(set().union(*map(set, chosen.values()))) != sum(map(len, chosen.values())):
+        return None
+    parts = {role: rows(name, linear.weight, linear.bias, torch.tensor(order), f"[{_ranges(order)}]")
+             for role, order in chosen.items()}
+    return "its rows read from your code's own q, k and v, each value looked up in the projection's output", parts
+
+
+def nearest_ancestors(records: list[Record], index: int, limit: int = 64) -> list[Record]:
+    """`records[index]` and what it was computed from, nearest first (breadth first), at most `limit`."""
+    out, seen, frontier = [], {index}, [index]
+    while frontier and len(out) < limit:
+        following = []
+        for i in frontier:
+            out.append(records[i])
+            for p in records[i].parents:
+                if p not in seen:
+                    seen.add(p)
+                    following.append(p)
+        frontier = following
+    return out[:limit]
+
+
+def row_order(columns: torch.Tensor, tokens: torch.Tensor) -> list[int] | None:
+    """The projection's rows a tensor reads, in the order its axes lay them out (each row once), where every axis
+    runs over tokens or over rows, never both: `columns` and `tokens` say where each value came from."""
+    keep = []
+    for axis in range(columns.dim()):
+        first_c, first_t = columns.narrow(axis, 0, 1), tokens.narrow(axis, 0, 1)
+        varies_c, varies_t = not bool((columns == first_c).all()), not bool((tokens == first_t).all())
+        if varies_c and varies_t:
+            return None
+        if varies_c:
+            keep.append(axis)
+    index = tuple(slice(None) if axis in keep else 0 for axis in range(columns.dim()))
+    rows_read = columns[index]  # the row axes only, in the tensor's order
+    token_axes = tokens[tuple(0 if axis in keep else slice(None) for axis in range(tokens.dim()))]
+    if bool((tokens != token_axes.reshape(
+            [tokens.shape[a] if a not in keep else 1 for a in range(tokens.dim())])).any()):
+        return None  # a token that depends on the row axes: the tokens are mixed into the heads
+    return list(dict.fromkeys(int(c) for c in rows_read.reshape(-1).tolist()))
+
+
+def _ranges(order: list[int]) -> str:
+    """Rows as runs: `0:16, 48:64`."""
+    runs: list[list[int]] = []
+    for r in order:
+        if runs and r == runs[-1][1]:
+            runs[-1][1] = r + 1
+        else:
+            runs.append([r, r + 1])
+    text = ", ".join(f"{a}:{b}" for a, b in runs)
+    return text if len(runs) <= 4 else f"{len(runs)} runs of rows, {runs[0][0]}:{runs[0][1]}, ..."

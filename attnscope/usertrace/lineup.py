@@ -75,10 +75,32 @@ class LineUp:
     divergence: Divergence | None = None
     no_reference: str | None = None  # why there is none
     notes: list[str] = field(default_factory=list)
+    trace: Trace | None = None  # the reference's run
+    spec: Spec | None = None  # what the reference computed: the options' spec, or a convention read from the code
 
 
 def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
-            spec: Spec | None = None) -> LineUp:
+            spec: Spec | None = None, read_conventions: bool = True) -> LineUp:
+    """The line-up under `spec`; where it diverges, under each convention the code's own tensors suggest
+    (conventions.py) the first under which every step lines up, with a note saying the convention."""
+    from attnscope.usertrace import conventions
+
+    first = _line_up(module, shapes, inputs, records, train, spec)
+    if not read_conventions or first.divergence is None or first.trace is None or spec is None:
+        return first
+    for other, said in conventions.readings(spec, first.trace, first.rows, records):
+        again = _line_up(module, shapes, inputs, records, train, other)
+        if again.divergence is None and again.no_reference is None:
+            line = next((row.record.line for row in again.rows
+                         if row.reference in ("Q_rot", "K_rot") and row.record is not None), None)
+            again.notes.insert(0, conventions.note(said, line))
+            again.spec = other
+            return again
+    return first
+
+
+def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
+             spec: Spec | None = None) -> LineUp:
     from attnscope.usertrace import reference as ref
     from attnscope.usertrace.align import candidates, compare
     from attnscope.usertrace.diagnose import diagnose
@@ -93,6 +115,7 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
         out.no_reference = str(exc)
         return out
     trace, wanted, reference_module, projections, out.reference, out.rows, skips = built
+    out.trace, out.spec = trace, spec
     if train:
         from attnscope.usertrace.dropouts import with_users_dropout
 
@@ -101,7 +124,7 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
             applied, note = dropped
             out.notes.append(note)
             if applied is not None:
-                trace = applied
+                trace = out.trace = applied
                 out.rows = _align(trace, wanted, records, skips)
     if skips:
         out.notes.append("some queries may attend to no key: attnscope gives them zeros, hand-written code often "

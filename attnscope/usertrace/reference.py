@@ -24,6 +24,7 @@ from torch import nn
 
 from attnscope.errors import UsageError
 from attnscope.trace import Trace
+from attnscope.variants.rope import Rope
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
@@ -59,6 +60,12 @@ class Spec:
     # (RMSNorm or LayerNorm), weights and eps are the user's norms' (build_mha)
     scale: float | None = None  # the scores' scale; None: 1/sqrt(d_head) (resp. d_K)
     position_bias: Any = field(default=None, compare=False)  # a float tensor added to the scores (T5's), or None
+    # Conventions read from the code (conventions.py), never from an option: the share of each head RoPE turns
+    # (GPT-NeoX's rotary_pct), the position of the first token (0, or 1 in code that counts from 1), and whether
+    # the pairing was asked for (--rope-pairing) rather than left to the code
+    rope_fraction: float | None = None
+    rope_start: int = 0
+    pairing_asked: bool = False
 
     def attention(self, n_kv_head: int | None = None) -> Any:
         """The AttentionSpec the reference computes, built here once from what the options said."""
@@ -69,17 +76,37 @@ class Spec:
 
     def rope(self) -> Any:
         """attnscope's Rope for the reference, None without RoPE."""
-        from attnscope.variants.rope import Rope
-
-        return Rope(self.rope_base, pairing=self.rope_pairing) if self.rope_base is not None else None
+        if self.rope_base is None:
+            return None
+        if self.rope_start:
+            return StartedRope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction,
+                               start=self.rope_start)
+        return Rope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction)
 
     def describe(self) -> str:
         parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}" if self.window else "",
-                 f"RoPE base {self.rope_base:g} ({self.rope_pairing})" if self.rope_base else "",
+                 f"RoPE base {self.rope_base:g} ({self.rope_pairing}{self._rope_more()})" if self.rope_base else "",
                  f"after {self.cache} cached positions" if self.cache else "", "ALiBi" if self.alibi else "",
                  f"qk-norm ({self.qk_norm})" if self.qk_norm else "", f"scale {self.scale:g}" if self.scale is not None
                  else "", "position bias" if self.position_bias is not None else ""]
         return ", ".join(p for p in parts if p)
+
+    def _rope_more(self) -> str:
+        more = [f"{self.rope_fraction:g} of each head" if self.rope_fraction else "",
+                f"positions from {self.rope_start}" if self.rope_start else ""]
+        return "".join(f", {m}" for m in more if m)
+
+
+@dataclass(frozen=True)
+class StartedRope(Rope):
+    """RoPE whose first token sits at position `start` (code that counts positions from 1): every table is the
+    default one shifted by `start` rows. Scores depend on i − j alone, so the attention is the same."""
+
+    start: int = 0
+
+    def cos_sin(self, n_pos: int, d_head: int, dtype: torch.dtype, device: Any = None,
+                start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().cos_sin(n_pos + self.start, d_head, dtype, device, start=start + self.start)
 
 
 @dataclass

@@ -5,7 +5,7 @@ mask (`scores + mask`). docs/trace.md traces it, and the two classes after it, e
 
     attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --causal
     attnscope trace docs/examples/llama.py:Attention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --cache 4
-    attnscope trace docs/examples/llama.py:InterleavedAttention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --causal
+    attnscope trace docs/examples/llama.py:InterleavedAttention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --rope-pairing half-split --causal
     attnscope trace docs/examples/llama.py:NoOffsetAttention --init "dim=64, n_heads=4, n_kv_heads=2" --rope --cache 4
 """
 

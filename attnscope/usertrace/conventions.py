@@ -1,0 +1,150 @@
+"""Conventions read from the code: where the line-up diverges, the ways correct code may differ from the reference
+(RoPE's pairing where --rope-pairing did not say it, the share of each head it turns, the position of the first
+token) are read off the user's own rotated tensor, and the reference is run again under each reading. A reading
+under which every step finds its equal is the code's convention: a note says it, and the run is clean. A reading
+that leaves a step without its equal is no convention, and the first line-up's divergence stands (a bug is never
+explained away: the rerun must reproduce every tensor).
+
+What is read, from the user's Q_rot (K_rot) against the reference's unrotated Q_split (K_split), in float64:
+- the rotated share of each head: the coordinates the code changed (GPT-NeoX's `rotary_pct`, transformers'
+  `partial_rotary_factor`: the first `int(fraction · d_head)` turn, the rest pass through);
+- the pairing, half-split (transformers' `rotate_half`) or interleaved (Meta's `view_as_complex`, GPT-J's
+  `rotate_every_two`): both are tried;
+- the first position: the angle the slowest pair turned at the first query, over its frequency (code that counts
+  from 1; scores depend on i − j alone, so the attention is the same).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from attnscope.trace import Trace
+    from attnscope.usertrace.lineup import Aligned
+    from attnscope.usertrace.record import Record
+    from attnscope.usertrace.reference import Spec
+
+PAIRING_WORDS = {"interleaved": "interleaved, (2i, 2i + 1) (Meta's view_as_complex, GPT-J's rotate_every_two)",
+                 "half-split": "half-split, (i, i + d_head/2) (transformers' rotate_half)"}
+
+
+def readings(spec: Spec, trace: Trace, rows: list[Aligned], records: list[Record]) -> list[tuple[Spec, list[str]]]:
+    """Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
+    where no convention is in question (no RoPE, or its rotated tensors line up)."""
+    if spec.rope_base is None:
+        return []
+    by_step = {row.reference: row for row in rows}
+    user = _rotated(by_step, trace, records)
+    if user is None:
+        return []
+    source, mine, row = user
+    d = source.shape[-1]
+    rotated = _rotated_share(source, mine, trace[row.reference])
+    fractions = [spec.rope_fraction]
+    if rotated is not None and 0 < rotated < d and rotated % 2 == 0:
+        fractions.insert(0, rotated / d)
+    pairings = [spec.rope_pairing] if spec.pairing_asked else [
+        spec.rope_pairing, "interleaved" if spec.rope_pairing == "half-split" else "half-split"]
+    found: list[tuple[Spec, list[str]]] = []
+    seen = {(spec.rope_pairing, spec.rope_fraction, spec.rope_start)}
+    for pairing in pairings:
+        for fraction in fractions:
+            width = int(d * fraction) if fraction else d
+            starts = [spec.rope_start]
+            # in a decode step the cached keys hold their positions: a shift of the new ones is no convention
+            fitted = _first_position(source, mine, spec, pairing, width) if not spec.cache else None
+            if fitted is not None and fitted not in starts:
+                starts.insert(0, fitted)
+            for start in starts:
+                if (pairing, fraction, start) in seen:
+                    continue
+                seen.add((pairing, fraction, start))
+                said = []
+                if pairing != spec.rope_pairing:
+                    said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
+                if fraction != spec.rope_fraction:
+                    said.append(f"it rotates the first {width} of each head's {d} coordinates (a rotary "
+                                f"fraction of {fraction:g}, GPT-NeoX's rotary_pct, transformers' "
+                                "partial_rotary_factor) and passes the rest through")
+                if start != spec.rope_start:
+                    said.append(f"it counts positions from {start} (the scores depend on i − j alone, so the "
+                                "attention is the same)")
+                found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_start=start), said))
+    return found
+
+
+def note(said: list[str], line: int | None) -> str:
+    """The note of a convention the rerun confirmed."""
+    where = f" (line {line})" if line else ""
+    pairing = any("pairs" in s for s in said)
+    return (f"RoPE as your code computes it{where}: " + "; ".join(said) + ". A convention, not a mistake: the "
+            "reference was rotated so, and every step lines up" + (
+                " (--rope-pairing asks for one pairing, and then checks it)" if pairing else ""))
+
+
+def _rotated(by_step: dict[str, Aligned], trace: Trace,
+             records: list[Record]) -> tuple[torch.Tensor, torch.Tensor, Aligned] | None:
+    """The reference's unrotated tensor, the user's rotated one in the reference's layout, and its row, for the
+    first of Q_rot, K_rot that differs: the user's tensor the row holds, else the one the code hands the scores
+    (its left or right operand, or the kernel's q or k), where it is not the unrotated one."""
+    from attnscope.usertrace.align import Layout, layouts
+    from attnscope.usertrace.flow import operands
+
+    handed = operands(records)
+    for side, (step, before) in enumerate((("Q_rot", ("Q_normed", "Q_split", "Q")),
+                                           ("K_rot", ("K_normed", "K_split", "K")))):
+        row = by_step.get(step)
+        source = next((s for s in before if s in trace), None)
+        if row is None or row.status not in ("differs", "missing") or source is None:
+            continue
+        shape = tuple(trace[step].shape)
+        if tuple(trace[source].shape) != shape:
+            continue
+        unrotated = trace[source].double()
+        tried = [(row.record, Layout(row.order, row.merged))] if row.record is not None and row.order else []
+        if handed is not None:
+            operand = records[handed[side]]
+            tried += [(operand, layout) for layout in layouts(shape, tuple(operand.tensor.shape))]
+        for record, layout in tried:
+            try:
+                mine = layout.undo(record.tensor, shape).double()
+            except RuntimeError:
+                continue
+            if not torch.allclose(mine, unrotated, atol=1e-6, rtol=1e-5):
+                return unrotated, mine, replace(row, record=record)
+    return None
+
+
+def _rotated_share(source: torch.Tensor, mine: torch.Tensor, reference: torch.Tensor) -> int | None:
+    """How many leading coordinates of each head the code changed (the rest equal the unrotated tensor), rounded
+    up to a pair; None where the code changed none."""
+    from attnscope.usertrace.align import tolerance
+
+    changed = ((mine - source).abs() > tolerance(reference)).flatten(0, -2).any(0)  # [d_head]
+    if not bool(changed.any()):
+        return None
+    last = int(torch.nonzero(changed).max()) + 1
+    return last + last % 2
+
+
+def _first_position(source: torch.Tensor, mine: torch.Tensor, spec: Spec, pairing: str, width: int) -> int | None:
+    """The position the code gave the first query (key), fitted from the angle its slowest rotated pair turned
+    there over that pair's frequency, minus where the reference puts it; None where that is no whole number."""
+    if width < 2 or spec.rope_base is None:
+        return None
+    half = width // 2
+    pair = half - 1
+    a, b = (pair, pair + half) if pairing == "half-split" else (2 * pair, 2 * pair + 1)
+    x = torch.complex(source[..., a], source[..., b]).flatten(0, -2)  # [.., n]
+    u = torch.complex(mine[..., a], mine[..., b]).flatten(0, -2)
+    turned = torch.angle((u * x.conj()).sum(0))  # [n]: the angle at each position
+    frequency = spec.rope_base ** (-2 * pair / width)
+    fitted = float(turned[0]) / frequency
+    if not math.isfinite(fitted) or abs(fitted - round(fitted)) > 0.05:
+        return None
+    start = round(fitted)
+    return start if abs(start) <= 4096 else None
