@@ -4,8 +4,9 @@
     python benchmarks/bench_gguf_hostile.py [--mib 200] [--before DIR]
 
 The files (written here, in a temporary folder): a metadata array of uint8 whose count fills the file, an array
-of empty strings that fills it (8 bytes each), arrays of empty arrays that fill it (12 bytes each), a metadata
-count of a million one-byte keys, and a tensor table of as many tensors as the file holds. None of them names an
+of empty strings that fills it (8 bytes each), arrays of empty arrays that fill it (12 bytes each), arrays of
+262,144 empty strings one after another (the most walking a header may do), a metadata count of a key for every
+14 bytes, and a tensor table of as many tensors as the file holds. None of them names an
 architecture, so every run ends in the same refusal once the header is read (or earlier, where a count is
 refused). One fresh process per file and tree: wall seconds, CPU seconds (user + system, from wait4) and the
 peak resident set (`ru_maxrss`), with the exit status and the first words of the message.
@@ -47,6 +48,9 @@ def write_files(folder: Path, size: int) -> dict[str, Path]:
     files["string array filling the file"] = (start + struct.pack("<IQ", STRING, size // 8), b"\0" * 8, size // 8)
     files["arrays of arrays filling the file"] = (start + struct.pack("<IQ", ARRAY, size // 12),
                                                   struct.pack("<IQ", U8, 0), size // 12)
+    per = 1 << 18  # arrays of 262,144 empty strings, one after another: the walk goes on to its bound
+    one = _key("s") + struct.pack("<IIQ", ARRAY, STRING, per) + b"\0" * 8 * per
+    files["string arrays of 262,144 each, filling it"] = (_head(size // len(one)), one, size // len(one))
     n_keys = size // 14
     files["a key count of the file's size"] = (_head(n_keys), _key("k") + struct.pack("<IB", U8, 1), n_keys)
     n_tensors = size // 33

@@ -426,3 +426,24 @@ def test_the_weight_dump_says_d_head_is_the_files_metadata(tmp_path):
     assert outcome.code == 0, outcome.stderr
     assert "d_head is the GGUF's llama.attention.key_length, not d_model / heads = 8" in outcome.stdout
     assert "config.json" not in outcome.stdout
+
+
+def test_a_device_or_a_pipe_as_the_model_is_named_and_never_opened(tmp_path):
+    pipe = tmp_path / "model.gguf"
+    os.mkfifo(pipe)  # opening it for reading would wait for ever
+    assert_usage_error(run_main("head", "--model", str(pipe)), "is a pipe, not a regular file")
+    assert_usage_error(run_main("anatomy", str(pipe)), "is a pipe, not a regular file")
+    assert_usage_error(run_main("head", "--model", "/dev/zero"), "is a character device")
+
+
+def test_short_string_arrays_count_against_the_bound_too(tmp_path, monkeypatch):
+    """Arrays of up to 64 strings are read at once, and count toward the strings a header may walk: many keys of
+    64 strings each would otherwise walk 65,536 x 64 (the bound lowered here to keep the file small)."""
+    from attnscope.models.gguf import header
+
+    monkeypatch.setattr(header, "MAX_ENTRIES", 1000)
+    one = struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 8, 64) + struct.pack("<Q", 0) * 64
+    path = tmp_path / "many.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 20) + one * 20)
+    with pytest.raises(Exception, match="more than 1,000 strings"):
+        header.read_header(path)

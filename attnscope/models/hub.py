@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 
 from attnscope.errors import ResourceError, UsageError
 from attnscope.models.checkpoint import WEIGHT_FILES
+from attnscope.models.gguf.open import not_regular as _not_regular
 from attnscope.models.tokenizer import TOKENIZER_FILES
 
 
@@ -27,7 +28,8 @@ def locate(model: str, *, need_tokenizer: bool = False, extra: tuple[str, ...] =
     if path.is_dir():
         return path
     if path.exists():
-        raise UsageError(f"{{model}} {model} is a file; give the folder that holds config.json and the weights "
+        what = "is a file" if path.is_file() else _not_regular(path)
+        raise UsageError(f"{{model}} {model} {what}; give the folder that holds config.json and the weights "
                          "(or a .gguf file)", "model")
     if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
         raise UsageError(f"{{model}} {model}: no such folder", "model")
@@ -50,6 +52,8 @@ def locate_config(model: str) -> Path:
         return path / "config.json"
     if path.is_file():
         return path
+    if path.exists():  # a device, a pipe: never opened (a pipe would wait for ever)
+        raise UsageError(f"{model} {_not_regular(path)}; give a model folder, its config.json or a GGUF file")
     if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
         raise UsageError(f"{model}: no such folder or file")
     cached = _cached_config(model)

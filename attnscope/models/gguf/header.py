@@ -17,7 +17,7 @@ the work of a hostile header small (issue 43; benchmarks/bench_gguf_hostile.py):
   `Text`): an array of numbers is stepped over without a read, and its values are read only when a reader asks
   (`values()`: the config and the tokenizer read the few keys they use);
 - arrays of strings and arrays of arrays must be walked entry by entry to find where they end: the whole header
-  may walk at most `MAX_ENTRIES` such entries (the largest vocabulary and merges known take a third of it);
+  may walk at most `MAX_ENTRIES` such entries (a 262,144-token vocabulary with as many merges takes a quarter);
 - counts beyond what a real file holds are refused before any loop: `MAX_KEYS` metadata entries,
   `MAX_TENSORS` tensors, keys of at most 65,535 bytes (gguf.md), tensor names shorter than 64 (llama.cpp's
   GGML_MAX_NAME);
@@ -48,7 +48,7 @@ MAX_KEYS = 1 << 16  # converters write a few dozen metadata entries
 MAX_TENSORS = 1 << 17  # the largest models list a few thousand tensors
 MAX_KEY = (1 << 16) - 1  # gguf.md: a key is at most 65,535 bytes
 MAX_NAME = 64  # GGML_MAX_NAME: llama.cpp's gguf.cpp refuses a tensor name of 64 bytes or more
-MAX_ENTRIES = 1 << 21  # strings and arrays inside arrays, the whole header: Llama 4's 202k tokens + merges ~ 650k
+MAX_ENTRIES = 1 << 21  # strings and arrays inside arrays, the whole header: 8x a 262k-token vocabulary
 MAX_TEXT = 1 << 16  # bytes of one string inside an array, read: no token or merge comes near
 LAZY = 64  # arrays longer than this are left in the file (Array)
 LAZY_TEXT = 1 << 16  # strings longer than this are left in the file (Text: a chat template, a licence)
@@ -199,12 +199,14 @@ class _Walk:
         metadata: dict[str, Any] = {}
         for _ in range(kv_count):
             key = self._string("a metadata key", MAX_KEY)
-            kind = self._unpack("<I", 4, key)
-            metadata[key] = self._value(kind, key)
+            shown = key if len(key) <= 80 else f"{key[:80]}..."  # as messages name it
+            kind = self._unpack("<I", 4, shown)
+            metadata[key] = self._value(kind, shown)
         table = [self._tensor() for _ in range(tensor_count)]
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
-            raise self._bad(f"general.alignment is {alignment!r}; it must be a power of two")
+            shown = repr(alignment) if isinstance(alignment, (int, float, bool)) else "not a number"
+            raise self._bad(f"general.alignment is {shown}; it must be a power of two")
         data_start = -(-self.pos // alignment) * alignment
         return Header(self.path, version, metadata, self._tensors(table, data_start, alignment), data_start)
 
@@ -268,6 +270,8 @@ class _Walk:
         count = self._unpack("<Q", 8, key)
         start = self.pos
         if count <= LAZY and item != ARRAY:  # arrays of arrays are left in the file: no model reads one
+            if item == STRING:
+                self._count(count, key)
             return self._entries(item, count, key, 1)
         self._skip(item, count, key, 1)
         return Array(self.path, key, start, count, item)
@@ -313,10 +317,7 @@ class _Walk:
         if item == ARRAY and depth >= MAX_DEPTH:
             raise self._bad(f"{key} nests arrays more than {MAX_DEPTH} deep")
         self._fits(count, 8 if item == STRING else 12, f"values of {key}")
-        self.entries += count
-        if self.entries > MAX_ENTRIES:
-            raise self._bad(f"holds more than {MAX_ENTRIES:,} strings and arrays inside its metadata arrays ({key} "
-                            f"alone {count:,}); no model's header does, so the header is damaged")
+        self._count(count, key)
         if item == ARRAY:
             for _ in range(count):
                 inner, n = self._unpack("<I", 4, key), self._unpack("<Q", 8, key)
@@ -334,6 +335,13 @@ class _Walk:
             if pos - self.released > RELEASE:
                 self._release(pos)
         self.pos = pos
+
+    def _count(self, count: int, key: str) -> None:
+        """`count` more strings or arrays walked one at a time: past MAX_ENTRIES in the header, refused."""
+        self.entries += count
+        if self.entries > MAX_ENTRIES:
+            raise self._bad(f"holds more than {MAX_ENTRIES:,} strings and arrays inside its metadata arrays ({key} "
+                            f"alone {count:,}); no model's header does, so the header is damaged")
 
     def _release(self, upto: int) -> None:
         """Hand back the mapped pages before `upto`: a long walk keeps no more of the file resident than this."""

@@ -49,7 +49,7 @@ def locate(model: str) -> Path | None:
             return _first_shard(found[0])
         return firsts[0] if firsts else None
     if path.suffix == ".gguf" and path.exists() and not path.is_file():
-        raise UsageError(f"{{model}} {model}: {_not_regular(path)}; give a GGUF file", "model")
+        raise UsageError(f"{{model}} {model}: {not_regular(path)}; give a GGUF file", "model")
     if path.is_file() and (path.suffix == ".gguf" or _starts_with_magic(path)):
         return _first_shard(path)
     if path.suffix == ".gguf":
@@ -71,8 +71,8 @@ def _first_shard(path: Path) -> Path:
     return first
 
 
-def _not_regular(path: Path) -> str:
-    """What a path that is there but is no regular file is, in words."""
+def not_regular(path: Path) -> str:
+    """What a path that is there but is no regular file is, in words (`is a folder, not a file`)."""
     try:
         mode = path.stat().st_mode
     except OSError as exc:
@@ -124,7 +124,7 @@ def ollama_blob(name: str) -> Path:
     manifest = _in_store(root, root.joinpath("manifests", *host, *parts, tag or "latest"), name, "manifest")
     if manifest is None or not manifest.is_file():
         where = root.joinpath("manifests", *host, *parts, tag or "latest")
-        found = "" if manifest is None else f" ({_not_regular(manifest)})"
+        found = "" if manifest is None else f" ({not_regular(manifest)})"
         raise UsageError(f"{{model}} ollama:{name}: no manifest at {where}{found}; pull it with `ollama pull {name}`, "
                          "or point OLLAMA_MODELS at the folder that holds Ollama's manifests and blobs", "model")
     not_manifest = UsageError(f"{{model}} ollama:{name}: {manifest} is not an Ollama manifest with a model layer; "
@@ -148,7 +148,7 @@ def ollama_blob(name: str) -> Path:
         raise UsageError(f"{{model}} ollama:{name}: its model blob {named} is missing; pull it again with "
                          f"`ollama pull {name}`", "model")
     if not blob.is_file():
-        raise UsageError(f"{{model}} ollama:{name}: its model blob {named} {_not_regular(blob)}; the store is "
+        raise UsageError(f"{{model}} ollama:{name}: its model blob {named} {not_regular(blob)}; the store is "
                          f"damaged: remove it and pull the model again with `ollama pull {name}`", "model")
     if not _starts_with_magic(blob):
         raise UsageError(f"{{model}} ollama:{name}: its model blob {named} is not a GGUF file (it does not start "
