@@ -111,10 +111,11 @@ def _args(line: str) -> tuple[str, ...]:
 
 def _shell_words(line: str) -> tuple[str, ...]:
     """The words bash makes of an example with a command substitution (`--model "$(python -c ...)"`, the packaged
-    MiniLM's folder), `python` being the interpreter that runs the tests, as it is in the user's activated venv."""
+    MiniLM's folder), `python` being the interpreter that runs the tests, as it is in the user's activated venv, and
+    `.venv/bin/python` the clone's own (run from the clone's root, as README says)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     script = f'set -- {line.split(" ", 1)[1]}\nprintf "%s\\0" "$@"'
-    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(["bash", "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     return tuple(done.stdout.split("\0")[:-1])
 
 

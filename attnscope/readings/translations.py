@@ -136,6 +136,7 @@ def _mha(n_Q: int, n_K: int, pad: int, user: str | None, terms: list[tuple[str, 
         lines.append("attn_mask = ~allowed")
         call.append("attn_mask=attn_mask")
     if pad:
+        lines.append("n_batch = q.shape[0] if mha.batch_first else q.shape[1]")
         lines.append(f"padding = (torch.arange({n_K}) >= {n_K - pad}).expand(n_batch, {n_K})")
         call.append("key_padding_mask=padding")
     lines.append(f"out, weights = mha({', '.join(call)})")
@@ -144,7 +145,8 @@ def _mha(n_Q: int, n_K: int, pad: int, user: str | None, terms: list[tuple[str, 
 
 def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, str]], chunk: int | None) -> str:
     base = f"torch.zeros(n_batch, 1, {n_Q}, {n_K})" if user != "float" else "user_mask.expand(n_batch, 1, -1, -1)"
-    lines = ["# additive [n_batch, 1, n_Q, n_K]: 0 = seen, finfo.min = masked; eager adds it"]
+    lines = ["# additive [n_batch, 1, n_Q, n_K]: 0 = seen, finfo.min = masked; eager adds it",
+             "n_batch = q.shape[0]  # eager_attention_forward's query: [n_batch, n_head, n_Q, d]"]
     if chunk is not None:
         lines.append(f"# the chunks are masking_utils.chunked_causal_mask_function({chunk}, left_padding)'s")
     lines += build(n_Q, n_K, terms)
