@@ -203,10 +203,65 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
         called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
     convention = masking.detect(called.records, called.failure, plan.mask)
     if convention.kind == given or (given == "additive" and convention.line is None):
-        return called, masking.Convention(given, convention.line, convention.how)
-    torch.manual_seed(o.seed)  # the same dropout draws as the first call
-    mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)
-    return call(target, fn, plan, inputs, module, o.max_memory, mask, fed), convention
+        convention = masking.Convention(given, convention.line, convention.how)
+    else:
+        torch.manual_seed(o.seed)  # the same dropout draws as the first call
+        mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)
+        called = call(target, fn, plan, inputs, module, o.max_memory, mask, fed)
+    if called.failure is not None and inputs.allowed.dtype == torch.bool:
+        # code that takes its mask in another shape (key padding [n_batch, n_K], diffusers' [n_batch, 1, n_K], ...):
+        # the first shape it runs on, by experiment, as a boolean or a float to add (diffusers' baddbmm)
+        for form, words in masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1)):
+            tried = None
+            for kind in dict.fromkeys((convention.kind, "additive")):
+                torch.manual_seed(o.seed)
+                tried = call(target, fn, plan, inputs, module, o.max_memory, masking.written(form, kind, dtype), fed)
+                if tried.failure is None:
+                    break
+            if tried is None or tried.failure is not None:
+                continue
+            inputs.allowed, called = form, tried
+            inputs.notes.append(f"{plan.mask}: your code raised on a [.., n_Q, n_K] mask and runs on one shaped "
+                                f"{words}, which it was given")
+            read = masking.detect(called.records, None, plan.mask)
+            if read.kind == kind or read.line is None:
+                convention = masking.Convention(kind, read.line, read.how)
+            else:
+                convention = read
+                torch.manual_seed(o.seed)
+                called = call(target, fn, plan, inputs, module, o.max_memory,
+                              masking.written(form, read.kind, dtype, read.line), fed)
+            break
+    return _own_mask(o, target, fn, plan, inputs, module, fed, called, convention), convention
+
+
+def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
+              called: Called, convention: Convention) -> Called:
+    """A code that masks by itself (a causal buffer, a tril of any diagonal, is_causal) and takes a mask as well
+    gets one that masks nothing, so that trace's mask never hides the code's own: the reference's mask is then
+    compared with the code's alone. Found by experiment: the code run with nothing masked still has weights of
+    exactly 0."""
+    import torch
+
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+
+    allowed = inputs.allowed
+    if called.failure is not None or allowed is None or allowed.dtype != torch.bool or bool(allowed.all()):
+        return called
+    dtype = next(iter(inputs.tensors.values())).dtype
+    everything = torch.ones_like(allowed)
+    torch.manual_seed(o.seed)
+    tried = call(target, fn, plan, inputs, module, o.max_memory,
+                 masking.written(everything, convention.kind, dtype, convention.line), fed)
+    own = masking.masks_by_itself(tried.records) if tried.failure is None else None
+    if own is None:
+        return called
+    inputs.allowed = everything
+    inputs.notes.append(f"your code masks by itself (line {own.line}: weights of exactly 0 with nothing masked by "
+                        f"{plan.mask}): {plan.mask} was given a mask that masks nothing, so that trace's mask never "
+                        "hides yours; the reference's mask is compared with your code's own")
+    return tried
 
 
 def _guard(o: TraceOptions, spec: Spec, sizes: dict[str, int], is_module: bool) -> None:

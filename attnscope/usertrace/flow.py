@@ -70,6 +70,19 @@ def shared(records: list[Record], names: list[str]) -> dict[str, str] | None:
     return {**found, "o": readers.pop()}
 
 
+def without_output(records: list[Record], names: list[str]) -> dict[str, str] | None:
+    """{q, k, v: Linear name} where three Linear layers write q, k and v, one each, and none reads what the
+    pattern made (HF's BertSelfAttention returns the merged heads; its output projection lives in BertSelfOutput);
+    None otherwise."""
+    if not records or not 3 <= len(names) <= MAX_LINEARS:
+        return None
+    flow = _flow(records)
+    if flow is None or any(len(found) != 1 for found in flow[0]) or flow[1]:
+        return None
+    found = dict(zip("qkv", (next(iter(s)) for s in flow[0]), strict=True))
+    return found if len(set(found.values())) == 3 else None
+
+
 def _flow(records: list[Record]) -> tuple[list[set[str]], set[str]] | None:
     """The Linear layers the scores' left and right operands and the pattern's V come from, and those that read
     what the pattern made; None where no scores matmul was recorded."""

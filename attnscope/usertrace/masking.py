@@ -38,6 +38,7 @@ BELOW = ("__lt__", "lt", "__le__", "le")  # `mask < 0.5`: True where the mask is
 ABOVE = ("__gt__", "gt", "__ge__", "ge")  # `mask > 0`: True where it is True
 ARITHMETIC = ("__rsub__", "sub", "__sub__", "mul", "__mul__", "__rmul__", "add", "__add__", "__radd__", "div",
               "__truediv__", "masked_fill", "where")
+ADDING = ("baddbmm", "addbmm", "addmm")  # diffusers' baddbmm(attention_mask, q, kᵀ, beta=1): the mask added
 WORDS = {
     "attend": "boolean, True = may attend (F.scaled_dot_product_attention's convention)",
     "masked": "boolean, True = masked out (nn.MultiheadAttention's convention)",
@@ -90,6 +91,8 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
         else:
             derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
     if failure is not None and label in failure.op and "bool" in failure.message.lower():
+        if any(f"{name}(" in failure.op for name in ADDING):  # baddbmm(mask, q, kᵀ): the mask is added
+            return Convention("additive", failure.line, failure.op)
         return Convention("float01", failure.line, failure.op)
     return Convention("attend")
 
@@ -103,7 +106,7 @@ def _applied(record: Record, inverted: bool, arithmetic: bool, others: list[Any]
     if name == "where":
         keeps_scores = len(record.args) > 1 and _is_tensor(record.args[1]) and record.args[1] in others
         return Convention("attend" if keeps_scores != inverted else "masked", record.line, op)
-    if name in ("add", "__add__", "__radd__", "sub", "__sub__"):
+    if name in ("add", "__add__", "__radd__", "sub", "__sub__") or name in ADDING:
         return Convention("additive", record.line, op)
     if name == "scaled_dot_product_attention":
         return Convention("attend", record.line, "F.scaled_dot_product_attention(attn_mask=...)")
@@ -160,3 +163,39 @@ def written(allowed: torch.Tensor, kind: str, dtype: torch.dtype, line: int | No
     if kind == "float01":
         return allowed.to(dtype)
     return allowed
+
+
+def forms(allowed: torch.Tensor, n_batch: int) -> list[tuple[torch.Tensor, str]]:
+    """The same mask (True = may attend) in the other shapes code takes a mask in, each with its words, tried in
+    turn where the code fails on the shape given first: transformers' 4-D `[n_batch, 1, n_Q, n_K]`, then the
+    key-padding shapes, `[n_batch, n_K]` (flash-attn's and nn.MultiheadAttention's key_padding_mask, HF BERT's
+    2-D attention_mask that the code extends itself), `[n_batch, 1, n_K]` (diffusers' attention_mask) and
+    `[n_batch, 1, 1, n_K]`, then `[n_Q, n_K]`. A rule that depends on the query (causal, a window) cannot be
+    written as key padding: those shapes then let every key be seen (`nothing padded`), and the code's own mask,
+    if any, is what is compared with the reference's."""
+    import torch
+
+    grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
+    n_Q, n_K = grid.shape[-2:]
+    wide = grid.expand(n_batch, n_Q, n_K) if grid.shape[0] == 1 else grid
+    out = [(wide.unsqueeze(1), "[n_batch, 1, n_Q, n_K]")]
+    padding = bool((wide == wide[:, :1, :]).all())
+    keys = wide[:, 0, :] if padding else torch.ones(n_batch, n_K, dtype=torch.bool)
+    said = "" if padding else ", nothing padded (a causal or window rule is no key padding)"
+    out += [(keys, f"[n_batch, n_K] key padding{said}"), (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}"),
+            (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}")]
+    if grid.shape[0] == 1:
+        out.append((grid[0], "[n_Q, n_K]"))
+    return out
+
+
+def masks_by_itself(records: list[Record]) -> Record | None:
+    """The code's pattern where it masks by itself (given a mask that masks nothing): the first softmax (or a
+    kernel's recomputed attention) with weights of exactly 0, which only a mask makes (a causal buffer, a tril,
+    `is_causal=True`); None where every weight is positive."""
+    for r in records:
+        name = r.func.split(".")[-1]
+        if (name in ("softmax", "_softmax") or r.label == "(attention)") and r.tensor.is_floating_point() \
+                and bool((r.tensor == 0).any()):
+            return r
+    return None

@@ -184,6 +184,15 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
             return candidates
     if len(linears) == 4:
         return [Projections(dict(zip(ROLES, linears, strict=True)), "registration order")]
+    alone = flow.without_output(records, names)
+    if alone is not None and modules[alone["q"]].out_features == modules[alone["q"]].in_features:
+        # no output projection (HF's BertSelfAttention): the reference's is the identity, so its x is the merge
+        width = modules[alone["q"]].out_features
+        weight = modules[alone["q"]].weight
+        none = fused.Part("(none)", torch.eye(width, dtype=weight.dtype, device=weight.device), None)
+        return [Projections({**{role: (name, modules[name]) for role, name in alone.items()}, "o": ("(none)", none)},
+                            "data flow; your code has no output projection, so the reference's is the identity "
+                            "and it is compared up to the merge of the heads")]
     listed = ", ".join(f"{n} [{m.in_features} → {m.out_features}]" for n, m in linears) or "none"
     raise UsageError(f"no reference for {type(module).__name__}: trace copies q, k, v and output projections (four "
                      "Linear layers named like W_q/q_proj/query and W_o/out_proj, or exactly four in that order; a "
