@@ -36,6 +36,7 @@ from attnscope.cli.options import (
     Svg,
     VFile,
     Window,
+    WindowSideOpt,
 )
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def trace(
     v: VFile = None,
     causal: CausalOpt = None,
     window: Window = None,
+    window_side: WindowSideOpt = None,
     mask: MaskFile = None,
     layout: Annotated[Layout, typer.Option("--layout", help="row: a function's inputs \\[.., n, d] (PyTorch); col: \\[.., d, n], one token a column, out = V softmax(Kᵀ Q), as sdpa --layout col.", rich_help_panel="Inputs")] = Layout.row,
     rope: RopeOpt = False,
@@ -102,7 +104,7 @@ def trace(
         options = TraceOptions(target=target, init=init, forward=forward, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
                                heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask, layout=layout.value,
                                causal=causal.value if causal else None, max_memory=max_memory_bytes(max_memory),
-                               window=window, rope=rope, rope_base=rope_base,
+                               window=window, window_side=window_side.value if window_side else "left", rope=rope, rope_base=rope_base,
                                rope_pairing=rope_pairing.value if rope_pairing else None, kv_heads=kv_heads, cache=cache,
                                save=save, force=force, alibi=alibi, position_bias=position_bias,
                                qk_norm=qk_norm.value if qk_norm else None, scale=scale)

@@ -271,7 +271,7 @@ def _guard(o: TraceOptions, spec: Spec, sizes: dict[str, int], is_module: bool) 
     from attnscope.spec import AttentionSpec
 
     n_batch, n_Q, n_K = sizes.get("n_batch", 1), sizes["n_Q"], sizes["n_K"]
-    asked = AttentionSpec(causal=spec.causal, window=spec.window, n_kv_head=sizes.get("n_kv_head"),
+    asked = AttentionSpec(causal=spec.causal, window=spec.window, window_side=spec.window_side, n_kv_head=sizes.get("n_kv_head"),
                           rope=spec.rope(), cache=spec.cache)
     if is_module:
         d_feat, n_head = sizes.get("d_feat", 1), sizes.get("n_head", 1)
@@ -297,7 +297,7 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
         if o.d_feat is not None:
             raise UsageError("--d-feat is a module's width; for a function give --dk (and --dv)")
     asked = AttentionSpec.asked(o.causal, o.window, o.cache, rope=rope_of(o), alibi=o.alibi, scale=o.scale,
-                                qk_norm=o.qk_norm)  # checked as sdpa/mha check them
+                                qk_norm=o.qk_norm, window_side=o.window_side)  # checked as sdpa/mha check them
     if o.alibi and o.position_bias:
         raise UsageError("--alibi and --position-bias are two position biases; give one")
     if o.scale is not None and not math.isfinite(o.scale):
@@ -321,7 +321,8 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
                          "works in the row layout: drop --layout col")
     return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache,
                 o.layout, asked.rope.pairing if asked.rope is not None else "half-split", alibi=o.alibi,
-                qk_norm=o.qk_norm, scale=o.scale, position_bias=bias, pairing_asked=o.rope_pairing is not None)
+                qk_norm=o.qk_norm, scale=o.scale, position_bias=bias, pairing_asked=o.rope_pairing is not None,
+                window_side=o.window_side)
 
 
 def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:

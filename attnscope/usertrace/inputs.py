@@ -46,6 +46,7 @@ class InputOptions:
     mask: str | None = None
     causal: str | None = None
     window: int | None = None
+    window_side: str = "left"  # "both": |i - j| <= window // 2, no causal mask (a bidirectional local window)
     rope: bool = False
     rope_base: float | None = None
     cache: int = 0
@@ -342,7 +343,7 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Te
         return loaded, None
     from attnscope.spec import AttentionSpec
 
-    built, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache), n_Q, n_K)
+    built, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache, window_side=o.window_side), n_Q, n_K)
     # [n_Q, n_K] -> [n_K, n_Q] for the column form
     built = built.transpose(0, 1) if built is not None and col else built
     # [1, n_Q, n_K], the Annotated Transformer's `subsequent_mask` shape: it broadcasts against [n_batch, n_Q, n_K]

@@ -264,6 +264,7 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
                             match.max_abs_diff, status, match.layout.order, match.layout.merged))
     if "alibi_bias" in trace:
         _shifted_rows(rows, trace)
+    _not_from_later(rows, records)
     statuses = {row.reference: row.status for row in rows}
     for i, row in enumerate(rows):  # a step fused away (F.scaled_dot_product_attention) is not a divergence
         later = any(r.status in ALIGNED for r in rows[i + 1:])
@@ -271,6 +272,21 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         if (row.status == "missing" and later) or (row.status == "differs" and derived):
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
+
+
+def _not_from_later(rows: list[Aligned], records: list[Record]) -> None:
+    """A step is never paired with a tensor computed from a later step's equal (K_rep with the output of a grouped
+    einsum that never repeats K, Q_feat with the module's return value): such a pairing is dropped, and the step
+    is `missing` (then `unseen` where a later step lines up)."""
+    from attnscope.usertrace.align import ancestors
+
+    for i, row in enumerate(rows):
+        if row.status != "differs" or row.record is None:
+            continue
+        above = ancestors(row.record, records) | {row.record.index}
+        if any(later.status in ALIGNED and later.record is not None and later.record.index in above
+               for later in rows[i + 1:]):
+            row.status, row.record, row.max_abs_diff, row.layout, row.order = "missing", None, None, "", None
 
 
 def _shifted_rows(rows: list[Aligned], trace: Trace) -> None:

@@ -63,6 +63,7 @@ class Spec:
     # Conventions read from the code (conventions.py), never from an option: the share of each head RoPE turns
     # (GPT-NeoX's rotary_pct), the position of the first token (0, or 1 in code that counts from 1), and whether
     # the pairing was asked for (--rope-pairing) rather than left to the code
+    window_side: str = "left"  # "both": a bidirectional local window, |i - j| <= window // 2 (--window-side)
     rope_fraction: float | None = None
     rope_start: int = 0
     pairing_asked: bool = False
@@ -71,7 +72,7 @@ class Spec:
         """The AttentionSpec the reference computes, built here once from what the options said."""
         from attnscope.spec import AttentionSpec
 
-        return AttentionSpec(causal=self.causal, window=self.window, alibi=self.alibi, rope=self.rope(),
+        return AttentionSpec(causal=self.causal, window=self.window, window_side=self.window_side, alibi=self.alibi, rope=self.rope(),
                              scale=self.scale, n_kv_head=n_kv_head, qk_norm=self.qk_norm)
 
     def rope(self) -> Any:
@@ -84,7 +85,7 @@ class Spec:
         return Rope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction)
 
     def describe(self) -> str:
-        parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}" if self.window else "",
+        parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}{' both sides' if self.window_side == 'both' else ''}" if self.window else "",
                  f"RoPE base {self.rope_base:g} ({self.rope_pairing}{self._rope_more()})" if self.rope_base else "",
                  f"after {self.cache} cached positions" if self.cache else "", "ALiBi" if self.alibi else "",
                  f"qk-norm ({self.qk_norm})" if self.qk_norm else "", f"scale {self.scale:g}" if self.scale is not None
@@ -316,7 +317,7 @@ def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.T
     from attnscope.attention.textbook import sdpa_columns
     from attnscope.spec import AttentionSpec
 
-    structural, _ = masks.structural(AttentionSpec.asked(spec.causal, spec.window), Q.shape[-1], K.shape[-1])
+    structural, _ = masks.structural(AttentionSpec.asked(spec.causal, spec.window, window_side=spec.window_side), Q.shape[-1], K.shape[-1])
     # [n_Q, n_K] -> the column form's [n_K, n_Q]
     combined = masks.combine(structural.transpose(-2, -1) if structural is not None else None, mask)
     with torch.no_grad():
