@@ -77,10 +77,14 @@ def readings(spec: Spec, trace: Trace, rows: list[Aligned], records: list[Record
     return found
 
 
-def note(said: list[str], line: int | None) -> str:
-    """The note of a convention the rerun confirmed."""
+def note(said: list[str], line: int | None, clean: bool = True) -> str:
+    """The note of a convention the rerun confirmed: every step lines up under it (`clean`), or the divergence
+    is met further on than without it (then it is read from the code, and the divergence is another matter)."""
     where = f" (line {line})" if line else ""
     pairing = any("pairs" in s for s in said)
+    if not clean:
+        return (f"RoPE as your code computes it{where}: " + "; ".join(said) + ". Read from your rotated tensors, and "
+                "the reference rotated so: the divergence below is another matter")
     return (f"RoPE as your code computes it{where}: " + "; ".join(said) + ". A convention, not a mistake: the "
             "reference was rotated so, and every step lines up" + (
                 " (--rope-pairing asks for one pairing, and then checks it)" if pairing else ""))

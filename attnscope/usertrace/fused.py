@@ -232,7 +232,8 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record],
     `[.., 3, n_head, d_head]` as flash-attn's Wqkv, Falcon's `[n_head + 2, d_head]`), the rows in the order the
     code's heads read them are the layout. Heads a K/V tensor repeats are read once (first appearance: the key/
     value heads in order). None where a role's tensor mixes tokens into its heads (a view that breaks the
-    tokens apart is a bug to report, not a layout) or the roles do not share the rows out."""
+    tokens apart is a bug to report, not a layout), the roles do not share the rows out, or they take them out of
+    the order q, k, v (every layout writes them so; code that reads k from v's rows has them swapped)."""
     from attnscope.usertrace.flow import operands
 
     found = operands(records)
@@ -274,6 +275,8 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record],
         return None
     if len(set().union(*map(set, chosen.values()))) != sum(map(len, chosen.values())):
         return None
+    if not min(chosen["q"]) < min(chosen["k"]) < min(chosen["v"]):
+        return None  # every layout writes q before k before v (per head, per group, in blocks): k and v swapped is a bug
     parts = {role: rows(name, linear.weight, linear.bias, torch.tensor(order), f"[{_ranges(order)}]")
              for role, order in chosen.items()}
     return "its rows read from your code's own q, k and v, each value looked up in the projection's output", parts

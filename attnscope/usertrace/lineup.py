@@ -88,15 +88,25 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     first = _line_up(module, shapes, inputs, records, train, spec)
     if not read_conventions or first.divergence is None or first.trace is None or spec is None:
         return first
+    best, best_said, reached = first, None, _reached(first)
     for other, said in conventions.readings(spec, first.trace, first.rows, records):
         again = _line_up(module, shapes, inputs, records, train, other)
-        if again.divergence is None and again.no_reference is None:
-            line = next((row.record.line for row in again.rows
-                         if row.reference in ("Q_rot", "K_rot") and row.record is not None), None)
-            again.notes.insert(0, conventions.note(said, line))
-            again.spec = other
-            return again
-    return first
+        if again.no_reference is None and _reached(again) > reached:  # the code's tensors say it, further on
+            best, best_said, reached = again, said, _reached(again)
+            if again.divergence is None:
+                break
+    if best_said is not None:  # a convention read from the code: said, whether or not a later step diverges
+        line = next((row.record.line for row in best.rows
+                     if row.reference in ("Q_rot", "K_rot") and row.record is not None), None)
+        best.notes.insert(0, conventions.note(best_said, line, clean=best.divergence is None))
+    return best
+
+
+def _reached(lined: LineUp) -> int:
+    """How far the line-up got: the number of steps before its divergence (all of them where there is none)."""
+    if lined.divergence is None:
+        return len(lined.rows) + 1
+    return next((i for i, row in enumerate(lined.rows) if row.reference == lined.divergence.reference), 0)
 
 
 def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
