@@ -35,7 +35,8 @@ FLAGS = {"causal": "--causal", "window": "--window", "softcap": "--softcap", "sc
          "window_side": "--window-side", "qk_norm": "--qk-norm", "generate": "--generate", "check": "--check",
          "image": "--image", "dense": "--dense", "query": "--query"}
 
-OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"
+OOM_ADVICE = "use --meta to see shapes and costs without allocating, or shrink the sizes"  # sdpa's and mha's
+SHRINK_ADVICE = "shrink the inputs"  # a command without --meta
 
 # What writing the output can fail with (stdout into a file on a full disk): errors of writes only, so an
 # OSError with one of these and no file name is the output's. Every file attnscope writes goes through
@@ -82,9 +83,10 @@ def stdout_to_devnull() -> None:
 
 
 @contextmanager
-def reported(debug: bool, oom_advice: str = OOM_ADVICE) -> Iterator[None]:
+def reported(debug: bool, oom_advice: str = SHRINK_ADVICE) -> Iterator[None]:
     """Turn every failure into one line on stderr and an exit code; --debug shows the traceback instead.
-    `oom_advice` names what the command offers when memory runs out (bench has no --meta)."""
+    `oom_advice` names what the command offers when memory runs out: OOM_ADVICE's --meta only where the command
+    has it (sdpa, mha)."""
     import warnings
 
     from attnscope import render

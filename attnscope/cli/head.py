@@ -95,8 +95,9 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
     from attnscope import render
 
     page = Page()
-    with reported(debug), exporting(svg, html, force=force, json=json, title=f"attnscope {command}",
-                                    page=page) as out:
+    smaller = "an earlier --layer, a shorter --text" + (" or a smaller --image" if image else "")
+    with reported(debug, oom_advice=f"pick {smaller}"), exporting(svg, html, force=force, json=json,
+                                                                   title=f"attnscope {command}", page=page) as out:
         from attnscope.runs.head import HeadOptions, run_head
         from attnscope.views.sources import from_head
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from attnscope.cli.common import Page, exporting, max_memory_bytes, show_run
-from attnscope.cli.errors import reported
+from attnscope.cli.errors import OOM_ADVICE, reported
 from attnscope.cli.options import (
     Alibi,
     AttentionCommand,
@@ -130,7 +130,8 @@ def mha(
     """Multi-head attention: project, split into heads, SDPA in every head, merge, project."""
 
     page = Page()
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope mha", page=page) as out:
+    with reported(debug, oom_advice=OOM_ADVICE), exporting(svg, html, force=force, json=json,
+                                                          title="attnscope mha", page=page) as out:
         from attnscope.runs.mha import MhaOptions, run_mha
 
         options = MhaOptions(

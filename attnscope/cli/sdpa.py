@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from attnscope.cli.common import Page, exporting, max_memory_bytes, show_run
-from attnscope.cli.errors import reported
+from attnscope.cli.errors import OOM_ADVICE, reported
 from attnscope.cli.options import (
     Alibi,
     AttentionCommand,
@@ -119,7 +119,8 @@ def sdpa(
     """Scaled dot-product attention: softmax(Q Kᵀ / √d_K) V, every step shown."""
 
     page = Page()
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope sdpa", page=page) as out:
+    with reported(debug, oom_advice=OOM_ADVICE), exporting(svg, html, force=force, json=json,
+                                                          title="attnscope sdpa", page=page) as out:
         from attnscope.runs.sdpa import SdpaOptions, run_sdpa
 
         options = SdpaOptions(

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from attnscope.trace import Trace
 
 # A layer trace's values as the attention read them, first found wins: repeated for grouped heads, with the cache,
-# another layer's (Gemma 4's shared KV), normed (Gemma 4's v_norm), as projected.
-VALUE_STEPS = ("V_rep", "V_cat", "V_shared", "V_normed", "V_split")
+# another layer's (Gemma 4's shared KV), normed (Gemma 4's v_norm), as projected; `V`, as transformers' attention
+# interface hands them to the attention function (a vision tower's, models/nopage/interface.py).
+VALUE_STEPS = ("V_rep", "V_cat", "V_shared", "V_normed", "V_split", "V")
 
 
 def value_norms(V: Tensor, W_O: Tensor) -> Tensor:

@@ -140,11 +140,15 @@ def show_moved(out: Console, heads: LayerHeads) -> None:
     out.print(Text(f"{heads.title}: what each head moves (value-weighted attention) and where its weight goes",
                    style="bold"))
     out.print(FittedTable(columns, rows))
-    out.print(FittedText("moved: mean over queries of Σ_j a_ij·||f(x_j)||, what the head adds to the residual "
-                         f"stream;  {first} %: its weight on {the_first}, value-wtd: the share of what it moves "
+    out.print(FittedText("moved: mean over queries of Σ_j a_ij·||f(x_j)||, an upper bound on the norm of what the "
+                         "head adds to the residual stream (its output's norm is at most this);  "
+                         f"{first} %: its weight on {the_first}, value-wtd: the share of what it moves "
                          "that comes from there;  top-3: the three keys with the most weight" +
                          (";  sink %: the learned sink's weight, which moves nothing" if sinks else "") +
                          " (docs/heads.md)"))
+    if moved is None:
+        out.print(FittedText("moved and value-wtd are '-': this run holds no traced values V and output projection "
+                             "W_o of the layer to weigh the weights by (the pattern alone)"))
 
 
 def show_sinks(out: Console, layers: list[LayerHeads]) -> None:

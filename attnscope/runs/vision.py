@@ -50,7 +50,7 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     check_position(n_layer, int(settings.num_attention_heads), asked.layer, asked.head)
     with progress(f"reading {asked.image}"):
         read = image.read_image(asked.image)
-        pixels = processor.pixel_values(folder, read)
+        pixels = processor.pixel_values(folder, read, asked.image)
     grid = tower.grid_of(settings, config.model_type, pixels, asked.image)
     query = None if asked.query is None else token_index(asked.query, grid.labels())
     every = asked.all_layers
@@ -65,6 +65,10 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     read_as = (f"{asked.image} ({read.width} x {read.height}) read by {pixels.processor} as {pixels.height} x "
                f"{pixels.width} pixels: {grid.dims_note(pixels.height, pixels.width)}{first}")
     result = _result(asked, folder, config, encoded, ran.run, read_as)
+    if result.run is not None and ran.W_O is not None:  # what each head moves (readings/moved.py)
+        from attnscope.readings.moved import traced_readings
+
+        result.value_norms = traced_readings(result.run.layer, result.run.head, asked.head, ran.W_O)
     result.picture = Picture(processor.shown(pixels), grid, asked.image, pixels.processor, query=query)
     if ran.patterns is not None:
         from attnscope.runs import beyond_layer as layers

@@ -57,7 +57,7 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
     vlm_run.check_position(folder, config, asked.layer, asked.head)
     with progress(f"reading {asked.image} and the model's processor"):
         picture = read_image(asked.image or "")
-        tokens = vlm.place(folder, config, asked.text or "", picture)
+        tokens = vlm.place(folder, config, asked.text or "", picture, asked.image or "")
     n, n_new = len(tokens.ids), asked.generate
     last = vlm_run.n_layer(folder, config) - 1 if asked.all_layers or n_new else asked.layer
     page = vlm.VLM_TYPES[config.model_type] is not None
@@ -206,9 +206,10 @@ def _picture(path: str, picture: Image.Image, tokens: ImageTokens) -> Picture:
     image, each of its tokens a cell."""
     from attnscope.models.vision.patches import Grid, Picture
 
+    from attnscope.models.vision.processor import to_rgb
     rows, cols = tokens.grids[tokens.whole]
     cell = max(1, min(picture.width // max(cols, 1), picture.height // max(rows, 1)))
-    shown = picture.resize((cols * cell, rows * cell))
+    shown = to_rgb(picture).resize((cols * cell, rows * cell))  # transparency on white, as the processors read it
     return Picture(shown, Grid(rows, cols, cell), path, tokens.processor, start=tokens.run_start(tokens.whole))
 
 

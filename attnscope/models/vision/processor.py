@@ -63,11 +63,86 @@ def load_processor(folder: Path) -> Any:
         raise UsageError(f"{path}: transformers cannot build its image processor ({_first_line(exc)})") from None
 
 
-def pixel_values(folder: Path, image: Image.Image) -> Pixels:
-    """`image` as the folder's image processor makes it for the model."""
-    processor = load_processor(folder)
+# The most pixels attnscope lets a processor resize an image to (4096 x 4096: Qwen2-VL's largest default,
+# 3584 x 3584, fits): its uint8 and float32 copies stay under 1 GiB. A thin image (2,000,000 x 1) that a
+# shortest-edge resize would scale up to 448,000,000 x 224 is refused before any pixel is resized.
+MAX_RESIZED = 4096 * 4096
+
+
+def planned_size(processor: Any, height: int, width: int) -> tuple[int, int, str] | None:
+    """The (height, width) the image processor's resize makes of a `height` x `width` image, and how, computed
+    as its resize computes it and without resizing: transformers' `PilBackend.resize` (a size dict's
+    shortest_edge, shortest and longest edge, max_height and max_width, or height and width, through
+    transformers' own get_resize_output_image_size, get_size_with_aspect_ratio,
+    get_image_size_for_max_height_width) or Qwen's `smart_resize` (its size's shortest and longest edge are
+    pixel counts, the factor patch_size * merge_size); None where the processor resizes another way. Qwen's
+    smart_resize refuses an aspect ratio over 200 with a ValueError, raised here as there."""
+    import sys
+
+    import numpy as np
+
+    if not getattr(processor, "do_resize", True):
+        return height, width, "no resize"
+    size = getattr(processor, "size", None)
+    if size is None or not hasattr(size, "shortest_edge"):
+        return None
+    smart = getattr(sys.modules.get(type(processor).__module__), "smart_resize", None)
+    if smart is not None and hasattr(processor, "merge_size") and size.shortest_edge and size.longest_edge:
+        factor = int(processor.patch_size) * int(processor.merge_size)
+        h, w = smart(height, width, factor=factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+        return int(h), int(w), f"smart_resize to {size.shortest_edge:,} to {size.longest_edge:,} pixels"
+    from transformers.image_processing_backends import PilBackend
+
+    if getattr(type(processor), "resize", None) is not PilBackend.resize:
+        return None
+    from transformers.image_transforms import get_resize_output_image_size, get_size_with_aspect_ratio
+    from transformers.image_utils import ChannelDimension, get_image_size_for_max_height_width
+
+    if size.shortest_edge and size.longest_edge:
+        h, w = get_size_with_aspect_ratio((height, width), size.shortest_edge, size.longest_edge)
+        how = f"its shorter side to {size.shortest_edge}, its longer at most {size.longest_edge}"
+    elif size.shortest_edge:
+        shape = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (3, height, width))  # a shape, no pixels
+        h, w = get_resize_output_image_size(shape, size=size.shortest_edge, default_to_square=False,
+                                            input_data_format=ChannelDimension.FIRST)
+        how = f"its shorter side to {size.shortest_edge}, the aspect ratio kept"
+    elif size.max_height and size.max_width:
+        h, w = get_image_size_for_max_height_width((height, width), size.max_height, size.max_width)
+        how = f"to fit {size.max_height} x {size.max_width}"
+    elif size.height and size.width:
+        h, w, how = size.height, size.width, "to its size"
+    else:
+        return None
+    return int(h), int(w), how
+
+
+def check_size(processor: Any, width: int, height: int, image: str = "") -> None:
+    """Refuse, in one message naming the image and the size, an image the processor would resize to more than
+    MAX_RESIZED pixels, or to nothing (a side of 0), before it resizes anything."""
+    name = type(processor).__name__
+    where = f"{{image}} {image}".rstrip()
     try:
-        made = processor(images=image, return_tensors="pt")
+        planned = planned_size(processor, height, width)
+    except ValueError as exc:  # Qwen's smart_resize: an aspect ratio over 200
+        raise UsageError(f"{where} is {width:,} x {height:,} pixels, which {name} cannot resize "
+                         f"({_first_line(exc)}); crop it to a less elongated shape", "image") from None
+    if planned is None:
+        return
+    h, w, how = planned
+    if h * w > MAX_RESIZED or min(h, w) < 1:
+        made = f"{w:,} x {h:,} = {w * h:,} pixels" if min(h, w) >= 1 else f"{w:,} x {h:,} pixels, an empty image"
+        limit = f"over the {MAX_RESIZED:,} attnscope lets it make" if min(h, w) >= 1 else "which holds nothing"
+        raise UsageError(f"{where} is {width:,} x {height:,} pixels, and {name} would resize it ({how}) to {made}, "
+                         f"{limit}; crop it to a less elongated shape first", "image")
+
+
+def pixel_values(folder: Path, image: Image.Image, path: str = "") -> Pixels:
+    """`image` (image.read_image's: its own mode) as the folder's image processor makes it for the model: its
+    size checked first (check_size), converted to RGB as the processor converts (as_processor_reads)."""
+    processor = load_processor(folder)
+    check_size(processor, image.width, image.height, path)
+    try:
+        made = processor(images=as_processor_reads(processor, image), return_tensors="pt")
     except (ValueError, TypeError, RuntimeError, KeyError) as exc:
         raise UsageError(f"{{image}}: {type(processor).__name__} cannot process it ({_first_line(exc)})",
                          "image") from None
@@ -77,6 +152,26 @@ def pixel_values(folder: Path, image: Image.Image) -> Pixels:
     rescale = getattr(processor, "rescale_factor", None) if getattr(processor, "do_rescale", False) else None
     return Pixels(values, type(processor).__name__, _floats(mean) if normalize else None,
                   _floats(std) if normalize else None, float(rescale) if rescale else None)
+
+
+def as_processor_reads(processor: Any, image: Image.Image) -> Image.Image:
+    """`image` as the processor is to be handed it: as it is where the processor converts to RGB itself
+    (`do_convert_rgb`: CLIP's, SigLIP's, DINOv2's BitImageProcessor, the VLMs'; its own `convert_to_rgb`, which in
+    transformers composites a transparent image on white), else RGB by transformers' `convert_to_rgb`, the same rule
+    (ViT's and DeiT's processors convert nothing and read three channels only: an L, RGBA or CMYK picture made
+    their normalize fail)."""
+    return image if getattr(processor, "do_convert_rgb", False) else to_rgb(image)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """`image` in RGB by transformers' `convert_to_rgb` (image_transforms.py): a picture with transparency (an
+    alpha band, a palette's or a grey's tRNS) composited on white, any other converted by Pillow."""
+    if image.mode == "RGB":
+        return image
+    from PIL import Image as PILImage
+    from transformers.image_transforms import convert_to_rgb
+
+    return PILImage.fromarray(convert_to_rgb(image, return_numpy=True), "RGB")
 
 
 def shown(pixels: Pixels) -> Image.Image:

@@ -70,6 +70,7 @@ class VisionRun:
     grid: Grid
     patterns: list[torch.Tensor] | None = None
     notes: list[str] | None = None
+    W_O: torch.Tensor | None = None  # layer L's output projection's weight [d_model, n_head·d_head] (moved.py)
 
 
 def is_vision(model_type: str) -> bool:
@@ -154,7 +155,26 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
     recorded.layer = _with_pixels(recorded.layer, pixels, captured["patches"], grid)
     patterns = [recorder.patterns[i] for i in sorted(recorder.patterns)] if recorder.patterns else None
     found = truncated.sizes(model, recorded, recorded.layer["attention"][0], n_layer, layer)
-    return VisionRun(found, grid, patterns, list(recorder.notes))
+    return VisionRun(found, grid, patterns, list(recorder.notes), output_weight(model, layer))
+
+
+# Where each tower keeps its attention's output projection in layer L: ViT's, DeiT's and DINOv2's
+# `attention.o_proj` (transformers 5.23; `attention.output.dense`, ViTSelfOutput's, before), CLIP's and SigLIP's
+# `self_attn.out_proj`.
+OUTPUT_PROJECTIONS = ("attention.o_proj", "attention.output.dense", "self_attn.out_proj", "self_attn.o_proj")
+
+
+def output_weight(model: Any, layer: int) -> torch.Tensor | None:
+    """Layer `layer`'s attention output projection's weight `[d_model, n_head·d_head]` (a Linear's), which
+    carries each head's values into the residual stream (readings/moved.py's W_O); None where the tower keeps it
+    elsewhere."""
+    import torch
+
+    ends = tuple(f".{layer}.{name}" for name in OUTPUT_PROJECTIONS)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.endswith(ends):
+            return module.weight.detach()
+    return None
 
 
 def _eager(model: Any, model_type: str, grid: Grid, pixels: Pixels, n_layer: int, layer: int, every: bool,

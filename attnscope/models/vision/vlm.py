@@ -83,16 +83,29 @@ def check_vlm(config: Config) -> None:
     if config.model_type not in VLM_TYPES:
         from attnscope.models.vision.tower import TOWERS
 
-        raise UsageError(f"{{image}} is read by vision towers ({', '.join(TOWERS)}) alone and by vision-language "
-                         f"models ({', '.join(VLM_TYPES)}) with {{text}}; {{model}} is a {config.architecture} "
-                         f"(model_type '{config.model_type}'), which reads no image: drop {{image}}",
-                         "image", "text", "model")
+        supported = (f"{{image}} is read by vision towers ({', '.join(TOWERS)}) alone and by vision-language "
+                     f"models ({', '.join(VLM_TYPES)}) with {{text}}")
+        what = f"{{model}} is a {config.architecture} (model_type '{config.model_type}')"
+        if reads_images(config):
+            raise UsageError(f"{what}, a model that reads images, but attnscope does not support its family; "
+                             f"{supported}", "image", "text", "model")
+        raise UsageError(f"{supported}; {what}, which reads no image: drop {{image}}", "image", "text", "model")
     if VLM_TYPES[config.model_type] == "text_config":
         text = config.mapping("text_config") or {}
         kind = text.get("model_type", "llama")
         if kind not in TEXT_TYPES:
             raise UsageError(f"{{model}}: this LLaVA's language model is a '{kind}'; attnscope places its image "
                              f"tokens over {' or '.join(TEXT_TYPES)} language models", "model")
+
+
+def reads_images(config: Config) -> bool:
+    """Whether the model's family reads images: transformers knows an image processor for its model_type
+    (`IMAGE_PROCESSOR_MAPPING_NAMES`: SigLIP2, BLIP, Idefics, ...), it is a `..._vision_model`, or its config holds
+    a `vision_config`."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    return (config.model_type in IMAGE_PROCESSOR_MAPPING_NAMES or config.model_type.endswith("_vision_model")
+            or isinstance(config.raw("vision_config"), dict))
 
 
 def image_token_id(config: Config) -> int:
@@ -104,9 +117,17 @@ def image_token_id(config: Config) -> int:
     return value
 
 
-def place(folder: Path, config: Config, text: str, picture: Image.Image) -> ImageTokens:
-    """The folder's processor on the text and the picture, and the image's tokens found and labelled."""
+def place(folder: Path, config: Config, text: str, picture: Image.Image, path: str = "") -> ImageTokens:
+    """The folder's processor on the text and the picture (image.read_image's, `path`), and the image's tokens
+    found and labelled. The size the image processor would resize the picture to is checked first, and the
+    picture converted to RGB as the image processor converts (processor.check_size, as_processor_reads)."""
+    from attnscope.models.vision.processor import as_processor_reads, check_size
+
     processor, made_by, notes = _processor(folder, config)
+    images = getattr(processor, "image_processor", None)
+    if images is not None:
+        check_size(images, picture.width, picture.height, path)
+        picture = as_processor_reads(images, picture)
     prompt, templated = _prompt(processor, text, config)
     try:
         if made_by == "AutoProcessor":
