@@ -205,8 +205,8 @@ def _picture(path: str, picture: Image.Image, tokens: ImageTokens) -> Picture:
     """The image the page draws the weights over: the file's picture at the grid of the run that shows the whole
     image, each of its tokens a cell."""
     from attnscope.models.vision.patches import Grid, Picture
-
     from attnscope.models.vision.processor import to_rgb
+
     rows, cols = tokens.grids[tokens.whole]
     cell = max(1, min(picture.width // max(cols, 1), picture.height // max(rows, 1)))
     shown = to_rgb(picture).resize((cols * cell, rows * cell))  # transparency on white, as the processors read it
