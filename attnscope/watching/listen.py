@@ -1,0 +1,156 @@
+"""What `watch` does at each attention call it hears (watching/hooks.py): find the call's layer, and keep what the
+pattern needs (watching/record.py). One `Listener` per with-block.
+
+A layer's number is its module's `layer_idx` where transformers gave it one; otherwise (a plain `nn.Module`, or
+a family whose modules carry none) the call's order in the forward, counted from 0 at each forward of the
+watched model, as transformers' `output_attentions` lists them. In a model whose attention modules are numbered,
+a module without a number (a VLM's vision tower) is not watched, and `notes` says so.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from attnscope.watching.record import Call, Layer
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Listener:
+    modules: dict[int, str]  # id(module) -> its path in the model (named_modules)
+    asked: set[int] | None  # the layers asked; None: every one
+    layers: dict[int, Layer] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)  # every layer number a call was heard for, asked or not
+    notes: list[str] = field(default_factory=list)
+    forward: int = 0  # forwards of the watched model so far
+    fresh: bool | None = None  # whether the current forward starts afresh (no filled cache); None: not known
+    order: int = 0  # unnumbered calls heard in this forward
+    numbered: bool = False  # the model's attention modules carry layer_idx
+    owners: dict[int, int] = field(default_factory=dict)  # layer number -> id of the module that holds it
+    tokens: list[int] = field(default_factory=list)  # batch element 0's token ids, prompt and each step's
+    gave_attentions: bool = False  # the caller asked the forward for output_attentions itself (outside families)
+
+    def begin(self, fresh: bool | None, ids: torch.Tensor | None) -> None:
+        """A forward of the watched model starts (its forward pre-hook)."""
+        self.forward += 1
+        self.fresh, self.order = fresh, 0
+        if fresh is not False:
+            self.tokens = []
+        if ids is not None and ids.dim() == 2:
+            self.tokens.extend(int(t) for t in ids[0].tolist())
+
+    def number(self, module: Any, path: str) -> int | None:
+        index = getattr(module, "layer_idx", None)
+        if isinstance(index, int) and not isinstance(index, bool):
+            owner = self.owners.setdefault(index, id(module))
+            if owner != id(module):
+                self._note(f"{path} also calls itself layer {index}: not watched (the first module of that "
+                           "number is)")
+                return None
+            return index
+        if self.numbered:
+            self._note(f"{path} has no layer_idx in a model whose attention layers are numbered: not watched")
+            return None
+        self.order += 1
+        return self.order - 1
+
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def on_call(self, module: Any, query: torch.Tensor, key: torch.Tensor, mask: Any, impl: str,
+                kwargs: dict[str, Any]) -> None:
+        """transformers' attention interface: Q, K and the mask after the backend ran on them."""
+        path = self.modules.get(id(module))
+        if path is None:
+            return
+        number = self.number(module, path)
+        if number is None:
+            return
+        self.seen.add(number)
+        if self.asked is not None and number not in self.asked:
+            return
+        n_Q, d_head = int(query.shape[2]), int(query.shape[3])
+        causal, window = None, None
+        if mask is None and impl == "sdpa":  # sdpa_attention_forward's is_causal
+            is_causal = kwargs.get("is_causal")
+            is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+            causal = "top-left" if n_Q > 1 and is_causal else None
+        elif impl.startswith("flash") and (mask is None or getattr(mask, "dim", lambda: 0)() == 2):
+            is_causal = kwargs.get("is_causal")
+            is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+            causal = "bottom-right" if is_causal else None
+            window = kwargs.get("sliding_window")
+        scaling = kwargs.get("scaling")
+        sinks = kwargs.get("s_aux")
+        sinks = getattr(module, "sinks", None) if sinks is None else sinks
+        import torch
+
+        sinks = sinks.detach() if isinstance(sinks, torch.Tensor) else None
+        bias = kwargs.get("position_bias")
+        extras = {"scale": float(scaling) if scaling is not None else d_head ** -0.5,
+                  "softcap": kwargs.get("softcap"), "sinks": sinks,
+                  "position_bias": bias.detach() if isinstance(bias, torch.Tensor) else None}
+        self._add(number, path, key, n_Q, key.shape[2], lambda row0, key0, count: Call(
+            query.detach(), row0, key0, count, mask, causal, window if isinstance(window, int) else None, **extras))
+
+    def on_sdpa(self, query: torch.Tensor, key: torch.Tensor, attn_mask: Any, is_causal: bool, scale: Any,
+                enable_gqa: bool) -> None:
+        """F.scaled_dot_product_attention, called by a module of the watched model (found up the call stack)."""
+        path = self._caller()
+        if path is None:
+            return
+        number = self.order
+        self.order += 1
+        self.seen.add(number)
+        if self.asked is not None and number not in self.asked:
+            return
+        Q, K = _four(query), _four(key)  # [n_batch, n_head, n, d]
+        mask = attn_mask
+        if mask is not None:
+            while mask.dim() < 4:
+                mask = mask.unsqueeze(0)
+            mask = mask.reshape(-1, *mask.shape[-3:]) if mask.dim() > 4 else mask
+        causal = "top-left" if is_causal else None  # torch's is_causal: the upper-left triangle
+        scale = float(scale) if scale is not None else int(Q.shape[-1]) ** -0.5
+        self._add(number, path, K, Q.shape[2], K.shape[2], lambda row0, key0, count: Call(
+            Q.detach(), row0, key0, count, mask, causal, None, scale))
+
+    def direct(self, number: int, weights: torch.Tensor) -> None:
+        """transformers' own attentions for a layer `[n_batch, n_head, n_Q, n_K]` (a family outside the
+        interface, run eager with output_attentions), kept on the CPU in float32."""
+        kept = weights.detach().float().cpu()
+        self._add(number, f"layer {number}", None, kept.shape[2], kept.shape[3], lambda row0, key0, count: Call(
+            None, row0, key0, count, None, None, None, 1.0, weights=kept))
+
+    def _add(self, number: int, path: str, K: torch.Tensor | None, n_Q: int, n_K: int, make: Any) -> None:
+        layer = self.layers.get(number)
+        if layer is None or layer.path != path:
+            layer = self.layers[number] = Layer(number, path)
+        layer.forward = self.forward
+        layer.add(int(n_Q), int(n_K), K, self.fresh, make)
+
+    def _caller(self) -> str | None:
+        """The innermost module of the watched model whose forward is on the call stack."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if owner is not None:
+                path = self.modules.get(id(owner))
+                if path is not None:
+                    return path or type(owner).__name__
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
+
+
+def _four(x: torch.Tensor) -> torch.Tensor:
+    """`[.., n, d]` as `[n_batch, n_head, n, d]`: one head where there is no head axis, leading axes as batch."""
+    if x.dim() == 3:
+        return x.unsqueeze(1)
+    if x.dim() == 2:
+        return x[None, None]
+    return x.reshape(-1, *x.shape[-3:]) if x.dim() > 4 else x
