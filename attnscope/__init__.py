@@ -29,6 +29,7 @@ __all__ = [
     "sdpa",
     "split_heads",
     "merge_heads",
+    "watch",
 ]
 
 _HOMES = {
@@ -47,6 +48,7 @@ _HOMES = {
     "load_tensor": "attnscope.tensors",
     "model_head": "attnscope.runs.head",
     "save_tensors": "attnscope.tensors",
+    "watch": "attnscope.watching",  # not a package named watch: importing it would make attnscope.watch the module
 }
 
 if TYPE_CHECKING:
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
     from attnscope.variants.qknorm import QkNorm
     from attnscope.variants.rope import Rope
     from attnscope.variants.temperature import TemperatureTuning
+    from attnscope.watching import watch
 
 
 def _notebook_view(trace: Trace) -> str:
