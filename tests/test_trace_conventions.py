@@ -1,7 +1,7 @@
 """`attnscope trace` reads conventions from the code (issue 41, part A): a fused q/k/v weight's rows whatever its
 layout, RoPE's pairing, rotary fraction and first position, a mask argument in the shape the code takes it, the
 code's own mask never intersected with trace's, no output projection, a bidirectional local window. Each module of
-tests/trace_styles.py is correct: it exits 0, a note where its convention differs, and it is checked, apart from
+docs/examples/code_styles.py is correct: it exits 0, a note where its convention differs, and it is checked, apart from
 attnscope, against F.scaled_dot_product_attention (or transformers' own module) holding its weights. Bugs planted
 in them still diverge: a convention never explains a mistake away.
 """
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from test_trace_command import trace, user_module
 from transformers.models.llama.modeling_llama import rotate_half
 
-STYLES = Path(__file__).resolve().parent / "trace_styles.py"
+STYLES = Path(__file__).resolve().parent.parent / "docs" / "examples" / "code_styles.py"
 ALIGNED = {"equal", "permuted", "unseen"}
 
 

@@ -1,10 +1,11 @@
-"""Attention modules in the code styles of issue 41 (written here, each correct), traced by
-tests/test_trace_conventions.py: GPT-NeoX/Pythia (q, k, v fused per head, a partial rotary fraction, a causal tril
-buffer), litgpt (fused per KV group), Falcon (fused multi-query), flash-attn's MHA (packed [.., 3, H, D], a
-key_padding_mask [B, S]), diffusers' Attention (head_to_batch_dim, baddbmm with a [B, 1, n_K] mask), HF's
-BertSelfAttention (no output projection, a 2-D 0/1 mask extended inside), GQA as a grouped einsum without a repeat,
-a plain function, T5 (unscaled), Meta's interleaved RoPE with its own tables, RoPE counting positions from 1, a
-bidirectional local window, nanoGPT's tril buffer, a causal buffer beside a mask argument, and the column form.
+"""Attention modules in the code styles of issue 41, each correct, traced in docs/trace.md ("How conventions are
+read") and by tests/test_trace_conventions.py: GPT-NeoX/Pythia (q, k, v fused per head, a partial rotary
+fraction, a causal tril buffer), litgpt (fused per KV group), Falcon (fused multi-query), flash-attn's MHA (packed
+[.., 3, H, D], a key_padding_mask [B, S]), diffusers' Attention (head_to_batch_dim, baddbmm with a [B, 1, n_K]
+mask), HF's BertSelfAttention (no output projection, a 2-D 0/1 mask extended inside), GQA as a grouped einsum
+without a repeat, nn.Parameter weights used as x @ W, a plain function, T5 (unscaled), Meta's interleaved RoPE
+with its own tables, RoPE counting positions from 1, a bidirectional local window, nanoGPT's tril buffer, a
+causal buffer beside a mask argument, and the column form.
 """
 
 import math
