@@ -755,7 +755,8 @@ def test_json_contract(runner, tmp_path):
     assert set(out) >= {"command", "params", "steps", "alignment", "first_divergence", "reference", "notes", "error"}
     assert out["command"] == "trace"
     assert set(out["alignment"][0]) >= {"reference", "user", "line", "max_abs_diff", "status"}
-    assert set(out["first_divergence"]) == {"reference", "user", "line", "ratio", "diagnosis"}
+    assert set(out["first_divergence"]) == {"reference", "user", "line", "ratio", "diagnosis", "experiment",
+                                            "evidence"}
     assert set(out["steps"][0]) >= {"name", "shape", "dims", "dtype", "bytes", "op", "line"}
     assert "NaN" not in result.stdout and "Infinity" not in result.stdout
 

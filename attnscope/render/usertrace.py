@@ -45,6 +45,8 @@ def show_usertrace(out: Console, run: TraceRun) -> None:
     where = f" at your {d.record.label} (line {d.record.line})" if d.record is not None else ""
     out.print(Text(f"first divergence: {d.reference}{where}", style="bold red"))
     out.print(Padding(Text(d.diagnosis), (0, 0, 0, 2)))
+    if d.evidence:
+        out.print(Padding(Text(d.evidence, style="dim"), (0, 0, 0, 2)))
 
 
 def alignment_table(rows: list[Aligned]) -> Table:
@@ -112,7 +114,9 @@ def usertrace_json(run: TraceRun) -> dict[str, Any]:
         payload["first_divergence"] = {
             "reference": d.reference, "user": d.record.label if d.record else None,
             "line": d.record.line if d.record else None,
-            "ratio": finite(d.ratio) if d.ratio is not None else None, "diagnosis": d.diagnosis}
+            "ratio": finite(d.ratio) if d.ratio is not None else None,
+            "diagnosis": f"{d.diagnosis}; {d.evidence}" if d.evidence else d.diagnosis,
+            "experiment": d.experiment, "evidence": d.evidence}
     if run.failure is not None:
         f = run.failure
         payload["error"] = {"kind": "exception", "op": f.op or None, "line": f.line, "shapes": f.shapes,

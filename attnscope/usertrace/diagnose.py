@@ -1,5 +1,7 @@
-"""Why a user's tensor differs from the reference step it should equal: the common causes, each one
-tested on the numbers, never read off the source text.
+"""Why a user's tensor differs from the reference step it should equal, told by experiment first: the reference
+is run again with each mistake of the catalog (usertrace/experiments.py) applied, and the mistake whose run gives
+the user's own tensors back (its output, and the tensor where the line-up diverged) is the cause. Where none does,
+the causes below, each tested on the numbers at the diverging step, never read off the source text.
 
 In order: a transposed result (equal once two axes of the same size are swapped), a missing bias
 (equal once the Linear's bias is added), heads merged in the wrong order (equal to `x_raw` viewed without
@@ -36,6 +38,9 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
 
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
+    found = by_experiment(step, ctx)
+    if found is not None:
+        return found
     for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c), split_without_transpose,
                   merged_with_wrong_permute, on_values, wrong_mask, alibi):
         found = whole(step, ctx, None)
@@ -53,7 +58,45 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
                          "or a layout of it")
     near = ranked[0]
     return Diagnosis(f"{label_of(near.record)} has {step}'s shape but not its values (max |diff| "
-                     f"{near.max_abs_diff:.3g}); none of the usual causes fits", near.record)
+                     f"{near.max_abs_diff:.3g}); none of the usual causes fits: no mistake of trace's catalog, "
+                     f"rerun on the reference, gives your tensors back, so {step} is where your code and the "
+                     "reference part", near.record)
+
+
+def by_experiment(step: str, ctx: Context) -> Diagnosis | None:
+    """The catalog's mistake whose rerun of the reference reproduces the user's tensors: of those that do, the one
+    whose run the user's code holds at the most steps, the catalog's order breaking a tie. None where none does."""
+    from attnscope.usertrace.experiments import CATALOG, SAYS_RERUN
+    from attnscope.usertrace.rerun import build, reproduces
+
+    base = build(ctx)
+    if base is None:
+        return None
+    best = None
+    for experiment in CATALOG:
+        for trial in _trials(experiment, base):
+            found = reproduces(base, step, trial.steps, trial.tol)
+            if found is None or (trial.fits is not None and not trial.fits(base, found)):
+                continue
+            if best is None or found.held > best[1].held:
+                best = (experiment, found, trial)
+    if best is None:
+        return None
+    experiment, found, trial = best
+    who = label_of(found.record) if found.record is not None else label_of(found.final)
+    gives = label_of(found.final) if found.record is None or found.final is found.record else (
+        f"{who} and {label_of(found.final)}")
+    detail = f"{trial.detail.format(who=who)}; " if trial.detail else ""
+    evidence = f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
+    return Diagnosis(trial.words.format(who=who), found.record, trial.ratio, experiment.name, evidence)
+
+
+def _trials(experiment, base):  # type: ignore[no-untyped-def]
+    """The experiment's runs; one that does not apply to these shapes (a view that cannot be made) is none."""
+    try:
+        yield from experiment.trials(base)
+    except RuntimeError:
+        return
 
 
 # --- the causes ---------------------------------------------------------------------------------------
@@ -233,6 +276,9 @@ def explain_ratio(step: str, ratio: float, ctx: Context) -> str:
     """Name the ratio when it is a known mistake of scale, else say it as a factor (√n where it is one)."""
     big = ratio if abs(ratio) >= 1 else 1 / ratio
     size = "too large" if abs(ratio) > 1 else "too small"
+    told = ctx.spec.scale if ctx.spec is not None and step == "scores" else None
+    if told is not None:  # the reference's scale is the user's --scale, not 1/√d_head
+        return _against_told(ratio, told, ctx, f"scores are {_factor(big)} times {size}")
     if step == "scores":
         d_name = "d_head" if ctx.kind == "module" else "d_K"
         d = ctx.sizes.get(d_name)
@@ -251,6 +297,24 @@ def explain_ratio(step: str, ratio: float, ctx: Context) -> str:
                 return text
     scaled = "; where your scale is your model's, --scale gives the reference's" if step == "scores" else ""
     return f"{step} is {_factor(big)} times {size} (a constant ratio {ratio:.6g}: a scale differs{scaled})"
+
+
+def _against_told(ratio: float, told: float, ctx: Context, head: str) -> str:
+    """A ratio of the scores where --scale gave the reference's scale: the user's scale, named where it is one of
+    the usual ones (1/√d_head, 1/d_head, 1/√d_feat, 1)."""
+    mine = ratio * told
+    d_name = "d_head" if ctx.kind == "module" else "d_K"
+    d = ctx.sizes.get(d_name)
+    usual = [(1.0, "not scaled")]
+    if d:
+        usual += [(1 / math.sqrt(d), f"divided by √{d_name} = {_root(d).split(' ')[-1]}"),
+                  (1 / d, f"divided by {d_name} = {d}")]
+    if ctx.kind == "module" and d and "n_head" in ctx.sizes:
+        usual.append((1 / math.sqrt(d * ctx.sizes["n_head"]), "divided by √d_feat"))
+    said = next((text for value, text in usual if math.isclose(mine, value, rel_tol=1e-3)), f"multiplied by {mine:.4g}")
+    ours = "not scaled (--scale 1, T5's)" if told == 1 else f"multiplied by --scale {told:g}"
+    return (f"{head}: your scores are {said}, where the reference's are {ours} as --scale says; where yours is your "
+            "model's scale, give it with --scale")
 
 
 def _root(n: int) -> str:

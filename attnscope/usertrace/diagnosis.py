@@ -38,6 +38,8 @@ class Diagnosis:
     text: str
     record: Record | None = None
     ratio: float | None = None
+    experiment: str | None = None  # the catalog's entry whose rerun reproduced the user's tensors (experiments.py)
+    evidence: str | None = None  # what the experiment reproduced, in words (shown on a line of its own)
 
 
 def label_of(record: Record) -> str:

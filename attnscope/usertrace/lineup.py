@@ -66,6 +66,8 @@ class Divergence:
     record: Record | None
     ratio: float | None
     diagnosis: str
+    experiment: str | None = None  # the catalog entry whose rerun reproduced the user's tensors (experiments.py)
+    evidence: str | None = None  # what that rerun reproduced, in words
 
 
 @dataclass
@@ -158,7 +160,8 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
         chosen = first.record.index
         ranked.sort(key=lambda m: m.record.index != chosen)
     found = diagnose(first.reference, ctx, ranked)
-    out.divergence = Divergence(first.reference, found.record or first.record, found.ratio, found.text)
+    out.divergence = Divergence(first.reference, found.record or first.record, found.ratio, found.text,
+                                found.experiment, found.evidence)
     shown = compare(found.record, tensor, skip)[:1] if found.record is not None else []
     if found.record is not None and shown:  # the row shows the tensor the diagnosis speaks of
         step = trace.step(first.reference)

@@ -1,0 +1,712 @@
+"""The catalog of mistakes `trace` names by experiment: each entry a named transformation of the reference's run
+(rerun.replay with one change) and the words that say what the rerun reproduced.
+
+After the first divergence, diagnose.py runs the reference again with each entry applied; an entry names the
+cause only where its run gives the user's own tensors back to tolerance (rerun.reproduces: the user's output, and
+the tensor where the line-up diverged). Where two entries compute the same numbers (scores multiplied by the mask
+or filled with 0; the heads tiled or a grouped einsum in the wrong order), the user's own op decides which words.
+The catalog in words, with an example of each message, is docs/trace.md's "The catalog of mistakes".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from attnscope.usertrace.rerun import Base, Reproduced, replay
+
+SAYS_RERUN = "the reference run again with this mistake gives back {gives} to tolerance"
+
+
+@dataclass
+class Trial:
+    """One run of an entry: the replayed steps, the words (`{who}`: the user's tensor that shows it), the ratio
+    of a scale, and what the user's own op must be for these words (None: any)."""
+
+    steps: dict[str, torch.Tensor]
+    words: str
+    ratio: float | None = None
+    fits: Callable[[Base, Reproduced], bool] | None = None
+    tol: str = ""
+    detail: str = ""  # what the rerun changed, where the words name the mistake otherwise (a scale's ratio)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str  # stable, in --json's first_divergence.experiment: "scale.d_model"
+    group: str
+    mistake: str  # one line for the docs
+    trials: Callable[[Base], Iterator[Trial]] = field(compare=False)
+
+
+# --- scale ----------------------------------------------------------------------------------------------------
+
+
+def _d(b: Base) -> tuple[str, int]:
+    return ("d_head" if b.kind == "module" else "d_K"), b.d_head
+
+
+def _ours(b: Base) -> str:
+    """The reference's scale in words: its own 1/√d_head, or the user's --scale."""
+    told = b.ctx.spec is not None and b.ctx.spec.scale is not None
+    name, d = _d(b)
+    return f"multiplied by --scale {b.scale:g}" if told else f"divided by √{name} = {_root(d)}"
+
+
+def _scaled(b: Base, scale: float, how: str, fits: Callable[[Base, Reproduced], bool] | None = None
+            ) -> Iterator[Trial]:
+    if math.isclose(scale, b.scale, rel_tol=1e-9):
+        return
+    from attnscope.usertrace.diagnose import explain_ratio
+
+    ratio = scale / b.scale
+    known = explain_ratio("scores", ratio, b.ctx)
+    reproduced = f"{{who}} equals the reference's scores {how} instead of {_ours(b)}"
+    if "a scale differs" in known:
+        yield Trial(replay(b, scale=scale), reproduced, ratio, fits)
+    else:
+        yield Trial(replay(b, scale=scale), known, ratio, fits, detail=reproduced)
+
+
+def _scale_none(b: Base) -> Iterator[Trial]:
+    yield from _scaled(b, 1.0, "not scaled at all")
+
+
+def _scale_twice(b: Base) -> Iterator[Trial]:
+    yield from _scaled(b, b.scale * b.scale, f"scaled twice ({b.scale:.4g} · {b.scale:.4g})", fits=_right_before)
+
+
+def _scale_d(b: Base) -> Iterator[Trial]:
+    name, d = _d(b)
+    yield from _scaled(b, 1 / d, f"divided by {name} = {d}", fits=lambda b, r: not _right_before(b, r))
+
+
+def _scale_d_model(b: Base) -> Iterator[Trial]:
+    if b.kind != "module" or b.q.dim() < 4:
+        return
+    d_model = b.sizes.get("d_feat") or b.q.shape[-3] * b.d_head
+    yield from _scaled(b, 1 / math.sqrt(d_model), f"divided by √d_model = {_root(d_model)}")
+
+
+def _scale_n(b: Base) -> Iterator[Trial]:
+    n_K = b.n_K
+    yield from _scaled(b, 1 / math.sqrt(n_K), f"divided by √n_K = {_root(n_K)}, the number of keys,")
+    yield from _scaled(b, 1 / n_K, f"divided by n_K = {n_K}, the number of keys,")
+    if b.q.dim() >= 4:
+        n_head = b.q.shape[-3]
+        yield from _scaled(b, 1 / math.sqrt(n_head), f"divided by √n_head = {_root(n_head)}")
+
+
+def _scale_multiplied(b: Base) -> Iterator[Trial]:
+    name, d = _d(b)
+    yield from _scaled(b, math.sqrt(d), f"multiplied by √{name} = {_root(d)}")
+
+
+def _right_before(b: Base, r: Reproduced) -> bool:
+    """The user's code held the right scores before it scaled them again."""
+    from attnscope.usertrace.rerun import _held
+
+    return "scores" in b.ref and _held(b.ctx.records, _out(b, "scores"), None, "") is not None
+
+
+# --- softmax --------------------------------------------------------------------------------------------------
+
+
+def _softmax_axis(b: Base) -> Iterator[Trial]:
+    dims = b.dims["attention"] if not b.col else (*b.dims["attention"][:-2], "n_Q", "n_K")
+    for axis in range(-2, -len(dims) - 1, -1):
+        where = dims[axis]
+        said = f"dim={axis}" if not b.col else f"dim={-3 - axis if axis > -3 else axis}"
+        yield Trial(replay(b, softmax_dim=axis), f"the softmax ran over {where}, not over n_K ({said} where the "
+                    f"keys' axis is dim=-1 of scores [.., n_Q, n_K]): {{who}} equals the reference's attention with "
+                    f"the softmax over {where}, so it sums to 1 over {where} rather than over the keys")
+
+
+# --- masks ----------------------------------------------------------------------------------------------------
+
+
+def _masked(b: Base) -> bool:
+    return b.allowed is not None and bool((~b.allowed).any()) and "masked_scores" in b.ref
+
+
+def _polarity(b: Base) -> Iterator[Trial]:
+    if _masked(b):
+        assert b.allowed is not None
+        yield Trial(replay(b, allowed=~b.allowed), "the mask is read the other way round: {who} is what the "
+                    "reference computes with the mask inverted, every allowed cell masked and every masked one "
+                    "allowed; True is read as masked out (nn.MultiheadAttention's attn_mask convention) where the "
+                    "reference reads it as may attend (the tutorials' masked_fill(mask == 0, -1e9), "
+                    "F.scaled_dot_product_attention's)")
+
+
+def _after_softmax(b: Base) -> Iterator[Trial]:
+    if _masked(b):
+        yield Trial(replay(b, mask="after"), "the mask is applied after the softmax: {who} equals the reference's "
+                    "run with the unmasked scores softmaxed and the masked weights then set to 0, so each row no "
+                    "longer sums to 1 and the allowed keys keep the weight the masked ones took from them; mask "
+                    "the scores (masked_fill(~mask, -inf)) before the softmax")
+
+
+def _zero(b: Base, multiplied: bool) -> Iterator[Trial]:
+    if not _masked(b):
+        return
+    if multiplied:
+        words = ("the mask is multiplied into the scores: {who} is what the reference computes with the masked scores "
+                 "set to 0 (scores · mask), which the softmax still weighs as e^0 = 1; a boolean or 0/1 mask is "
+                 "applied with masked_fill(~mask, -inf), an additive one (0 / -inf) added")
+    else:
+        words = ("the masked scores are filled with 0: {who} is what the reference computes with masked_fill(~mask, 0), "
+                 "and a score of 0 still gets weight e^0 = 1 in the softmax; fill with -inf (or "
+                 "torch.finfo(dtype).min)")
+    yield Trial(replay(b, mask="zero"), words, fits=lambda b, r: _by_mul(r) == multiplied)
+
+
+def _by_mul(r: Reproduced) -> bool:
+    record = r.record
+    return record is not None and record.func.strip("_").rstrip("_") in ("mul", "multiply")
+
+
+def _off_by_one(b: Base) -> Iterator[Trial]:
+    if not _masked(b):
+        return
+    assert b.allowed is not None
+    allowed = b.allowed
+    left = torch.zeros_like(allowed[..., :1])
+    wider = allowed | torch.cat((left, allowed[..., :-1]), dim=-1)  # each allowed cell lets the key after it in
+    narrower = allowed & torch.cat((allowed[..., 1:], left), dim=-1)  # a cell stays where the next key is allowed
+    for changed, words in ((wider, "the causal band is off by 1: each query also sees the next key after it; {who} "
+                            "is what the reference computes with the band one key wider, `tril(..., diagonal=1)` where a "
+                            "causal mask is `tril(...)`, diagonal=0"),
+                           (narrower, "the mask is off by one the other way: it masks the diagonal: no query may see "
+                            "its own key; {who} is what the reference computes with the band one key narrower, "
+                            "`tril(..., diagonal=-1)` where a causal mask is `tril(...)`, diagonal=0 (a first query "
+                            "then sees no key: NaN)")):
+        if not bool(torch.equal(changed, allowed)):
+            yield Trial(replay(b, allowed=changed), words)
+
+
+def _on_queries(b: Base) -> Iterator[Trial]:
+    if not _masked(b) or b.n_Q != b.n_K:
+        return
+    assert b.allowed is not None
+    if not bool(torch.equal(b.allowed.all(-2), b.allowed.any(-2))):  # not a key-padding mask: rows differ
+        return
+    yield Trial(replay(b, allowed=b.allowed.transpose(-1, -2)), "a key-padding mask applied on the queries: {who} "
+                "is what the reference computes with whole query rows masked where the padded keys' columns should be; "
+                "a padded key is one no query may see, so the mask is [n_batch, 1, 1, n_K] (`mask[:, None, None, "
+                ":]`), not [n_batch, 1, n_K, 1]")
+
+
+def _upper_left(b: Base) -> Iterator[Trial]:
+    if not _masked(b) or b.n_Q == b.n_K:
+        return
+    assert b.allowed is not None
+    upper_left = torch.ones(b.n_Q, b.n_K, dtype=torch.bool).tril()  # query i sees keys 0..i
+    shift = b.n_K - b.n_Q
+    yield Trial(replay(b, allowed=upper_left.expand_as(b.allowed)), f"the causal mask is aligned upper-left in a "
+                f"decode step: {{who}} is what the reference computes where query i sees keys 0 to i, but the {b.n_Q} new "
+                f"queries come after {shift} earlier keys, so query i sees keys 0 to {shift} + i (lower-right). "
+                "F.scaled_dot_product_attention's is_causal=True aligns its mask to the top-left corner: pass "
+                "is_causal=False with a lower-right mask (torch.nn.attention.bias.causal_lower_right, or "
+                "tril(ones(n_Q, n_K), diagonal=n_K - n_Q))")
+
+
+# --- keys and values ------------------------------------------------------------------------------------------
+
+
+def _swapped(b: Base) -> Iterator[Trial]:
+    if b.k_new.shape != b.v_new.shape:
+        return
+    words = ("keys and values swapped: {who} is what the reference computes with K in V's place and V in K's "
+             "(the scores read the values, the pattern multiplies the keys)")
+    yield Trial(replay(b, k_new=b.v_new, v_new=b.k_new), words)
+    plain_k, rope = b.plain("K"), _rope(b)
+    if rope is not None and plain_k is not None:
+        rotated_v = _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing)
+        yield Trial(replay(b, k_new=rotated_v, v_new=plain_k), words + ", each projected by the other's weights "
+                    "and then rotated as the keys are")
+
+
+def _values_from_keys(b: Base) -> Iterator[Trial]:
+    if b.k_new.shape[:-1] != b.v_new.shape[:-1]:
+        return
+    words = ("the values are the keys: {who} is what the reference computes with V = K{how}, as though the value "
+             "projection were the key one (`v = k`, or `self.k_proj(x)` twice)")
+    yield Trial(replay(b, v_new=b.k_new), words.replace("{how}", ""))
+    plain_k = b.plain("K")
+    if _rope(b) is not None and plain_k is not None:
+        yield Trial(replay(b, v_new=plain_k), words.replace("{how}", " before RoPE"))
+
+
+# --- grouped-query heads --------------------------------------------------------------------------------------
+
+
+def _tiled(b: Base, repeated: bool) -> Iterator[Trial]:
+    if b.n_group < 2:
+        return
+    n_kv = b.k_new.shape[-3]
+    if repeated:
+        words = (f"key/value heads repeated in the wrong order: {{who}} is what the reference computes with the {n_kv} "
+                 f"key/value heads tiled (0, 1, ..., 0, 1, ...), as .repeat(1, {b.n_group}, 1, 1) does, where query "
+                 f"head h reads key/value head h // {b.n_group} (0, 0, ..., 1, 1, ...): "
+                 f"repeat_interleave({b.n_group}, dim=1), as transformers' repeat_kv")
+    else:
+        words = (f"query heads grouped in the wrong order: {{who}} is what the reference computes where query head h "
+                 f"reads key/value head h % {n_kv}, as a grouped einsum over q viewed as [n_batch, {b.n_group}, "
+                 f"{n_kv}, ...] (n_group before n_kv_head) computes; query heads h·{b.n_group} to "
+                 f"h·{b.n_group} + {b.n_group - 1} share key/value head h, so view q as [n_batch, n_kv_head, n_group, "
+                 "n_Q, d_head] (transformers' repeat_kv order)")
+    yield Trial(replay(b, repeat="tile"), words, fits=lambda b, r: _materializes_repeat(b) == repeated)
+
+
+def _materializes_repeat(b: Base) -> bool:
+    if "K_rep" not in b.ref:
+        return False
+    shape = tuple(_out(b, "K_rep").shape)
+    records = b.ctx.records
+    return any(tuple(r.tensor.shape) == shape and (r.func in ("repeat", "repeat_interleave", "expand", "index_select",
+                                                                "cat", "tile")
+                                                     or r.func in ("reshape", "view", "flatten") and r.parents
+                                                     and records[r.parents[0]].func == "expand")
+               for r in records)
+
+
+# --- heads split and merged -----------------------------------------------------------------------------------
+
+
+def _merge(b: Base) -> Iterator[Trial]:
+    if "x_rsh2" in b.ref and "x_raw" in b.ref and b.ref["x_raw"].dim() == 4:
+        yield Trial(replay(b, merge="view"), "heads merged in the wrong order: {who} is what the reference computes "
+                    "with x_raw [n_batch, n_head, n_Q, d_head] viewed as [n_batch, n_Q, d_feat] without first moving "
+                    "n_head behind n_Q (view before permute), so each row mixes the positions of one head; "
+                    ".permute(0, 2, 1, 3).contiguous() before the view")
+
+
+def _split(b: Base) -> Iterator[Trial]:
+    """Each of Q, K and V split by a view without the transpose (one helper for all three: all of them), then
+    rotated where the reference rotates."""
+    if b.kind != "module":
+        return
+    rope = _rope(b)
+    wrong: dict[str, dict[str, torch.Tensor]] = {}  # role -> the replay's change, and the split itself
+    for role, change, name in (("Q", "q", "Q_rot"), ("K", "k_new", "K_rot"), ("V", "v_new", "")):
+        feat, split = f"{role}_feat", f"{role}_split"
+        if feat not in b.ref or split not in b.ref or b.ref[split].dim() != 4 or f"{role}_normed" in b.ref:
+            continue
+        if b.names[change[0]] not in (split, name):  # a step between the split and the attention (a norm)
+            continue
+        viewed = b.ref[feat].reshape(b.ref[split].shape)  # [n_batch, n, d_feat] read as [n_batch, n_head, n, d_head]
+        if rope is not None and role != "V":
+            turned = _rotate(viewed, rope.q_pos if role == "Q" else rope.k_pos, rope.base, rope.pairing)
+        else:
+            turned = viewed
+        wrong[role] = {change: turned, split: viewed}
+    runs = [[role] for role in wrong] + ([list(wrong)] if len(wrong) > 1 else [])
+    for roles in runs:
+        change = {key: t for role in roles for key, t in wrong[role].items() if not key.endswith("_split")}
+        steps = {**replay(b, **change), **{f"{r}_split": wrong[r][f"{r}_split"] for r in roles}}  # type: ignore[arg-type]
+        feats = " and ".join(f"{r}_feat" for r in roles)
+        n = "n_Q" if roles == ["Q"] else "n_K" if "Q" not in roles else "n"
+        yield Trial(steps, f"heads split without the transpose: {{who}} is {feats} [n_batch, {n}, d_feat] viewed "
+                    f"straight as [n_batch, n_head, {n}, d_head], so each head holds a run of whole feature rows of "
+                    f"several positions, not one slice of every position; view as [n_batch, {n}, n_head, d_head], "
+                    "then .transpose(1, 2)")
+
+
+# --- RoPE -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Rope:
+    base: float
+    pairing: str  # "half" or "interleaved"
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    q: torch.Tensor  # unrotated
+    k: torch.Tensor
+    rotary: int | None = None  # the coordinates that turn (a fraction of d_head), None: all
+
+
+def _rope(b: Base) -> _Rope | None:
+    """The reference's RoPE, read back: its base and pairing from the spec, the positions that give its Q_rot and
+    K_rot from the unrotated heads (None without RoPE, or where they do not)."""
+    spec = b.ctx.spec
+    if spec is None or spec.rope_base is None or "Q_rot" not in b.ref or "K_rot" not in b.ref:
+        return None
+    q, k = b.plain("Q"), b.plain("K")
+    if q is None or k is None or q.shape[-1] % 2:
+        return None
+    pairing = "interleaved" if spec.rope_pairing == "interleaved" else "half"
+    fraction = getattr(spec, "rope_fraction", None)
+    rotary = int(q.shape[-1] * fraction) if fraction else None
+    first = int(getattr(spec, "rope_start", 0) or 0)
+    n_K, n_Q, n_new = b.n_K, b.n_Q, int(k.shape[-2])
+    q_pos = k_pos = None
+    for start in dict.fromkeys((b.n_cache + first, n_K - n_Q + first, first, 0)):
+        pos = torch.arange(start, start + n_Q)
+        if _near(_rotate(q, pos, spec.rope_base, pairing, rotary=rotary), b.ref["Q_rot"]):
+            q_pos = pos
+            break
+    for start in dict.fromkeys((b.n_cache + first, first, 0)):
+        pos = torch.arange(start, start + n_new)
+        if _near(_rotate(k, pos, spec.rope_base, pairing, rotary=rotary), b.ref["K_rot"]):
+            k_pos = pos
+            break
+    if q_pos is None or k_pos is None:
+        return None
+    return _Rope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary)
+
+
+def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
+    from attnscope.usertrace.align import difference, tolerance
+
+    return tuple(mine.shape) == tuple(reference.shape) and difference(mine, reference) <= tolerance(reference.float())
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str, table: str | None = None,
+            rotary: int | None = None, over: int | None = None) -> torch.Tensor:
+    """x `[.., n, d]` rotated in float64: `pairing` "half" (rotate_half: i with i + r/2) or "interleaved" (2i with
+    2i + 1); `table` how the angles are laid along the coordinates ("cat": (θ, θ) as transformers' `cat((freqs,
+    freqs))`; "interleave": θ0, θ0, θ1, θ1, ... as `repeat_interleave(2)`), the pairing's own by default; only the
+    first `rotary` coordinates rotated (GPT-NeoX's rotary_pct), the rest passed through; `over`: the width the
+    frequencies are spread over (the rotated width, as GPT-NeoX's rotary_ndims, unless said)."""
+    x = x.double()
+    r = x.shape[-1] if rotary is None else rotary
+    inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / (over or r))  # [r/2]
+    angle = positions.double()[:, None] * inv_freq  # [n, r/2]
+    table = table or ("cat" if pairing == "half" else "interleave")
+    theta = torch.cat((angle, angle), -1) if table == "cat" else angle.repeat_interleave(2, -1)  # [n, r]
+    part, rest = x[..., :r], x[..., r:]
+    if pairing == "half":
+        turned = torch.cat((-part[..., r // 2:], part[..., : r // 2]), dim=-1)
+    else:
+        turned = torch.stack((-part[..., 1::2], part[..., 0::2]), dim=-1).flatten(-2)
+    return torch.cat((part * theta.cos() + turned * theta.sin(), rest), dim=-1)
+
+
+def _rotated(b: Base, rope: _Rope, q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
+             base: float | None = None, pairing: str | None = None, table: str | None = None,
+             rotary: int | None = None, over: int | None = None) -> dict[str, torch.Tensor]:
+    """The reference run again with its queries and keys rotated another way (the rest as the reference's)."""
+    base, pairing, rotary = base or rope.base, pairing or rope.pairing, rotary or rope.rotary
+    q = _rotate(rope.q, rope.q_pos if q_pos is None else q_pos, base, pairing, table, rotary, over)
+    k = _rotate(rope.k, rope.k_pos if k_pos is None else k_pos, base, pairing, table, rotary, over)
+    return replay(b, q=q, k_new=k)
+
+
+PAIRS = {"half": "half-split, (i, i + d_head/2), as transformers' LLaMA rotate_half does",
+         "interleaved": "interleaved, (0, 1), (2, 3), ... (GPT-J, Meta's view_as_complex)"}
+TABLES = {"cat": "a half-split table (cat((freqs, freqs)), each angle on i and i + d_head/2)",
+          "interleave": "an interleaved table (freqs.repeat_interleave(2), each angle on 2i and 2i + 1)"}
+
+
+def _pairing(b: Base) -> Iterator[Trial]:
+    rope = _rope(b)
+    if rope is None:
+        return
+    other = "interleaved" if rope.pairing == "half" else "half"
+    hint = ("pass --rope-pairing interleaved" if other == "interleaved" else
+            "drop --rope-pairing interleaved (half-split is the default)")
+    yield Trial(_rotated(b, rope, pairing=other), f"{{who}} pairs RoPE's coordinates {PAIRS[other]}, where the "
+                f"reference pairs them {PAIRS[rope.pairing]}; the two "
+                "agree only once the q and k weights' rows are permuted (transformers' convert_llama_weights_to_hf); "
+                f"if your weights are laid out for yours, {hint}")
+    for pairing, table in (("half", "interleave"), ("interleaved", "cat")):
+        yield Trial(_rotated(b, rope, pairing=pairing, table=table), f"RoPE's tables and pairing do not go together: "
+                    f"{{who}} equals the queries and keys rotated {PAIRS[pairing].split(',')[0]} with {TABLES[table]}, "
+                    f"so pair i turns by another pair's angle; the reference rotates {PAIRS[rope.pairing]}; build the "
+                    "cos/sin tables for the pairing your rotation uses")
+
+
+def _positions(b: Base) -> Iterator[Trial]:
+    rope = _rope(b)
+    if rope is None or not b.n_cache:
+        return
+    n = b.n_Q
+    for what, k_pos in (("queries", None), ("queries and keys", torch.arange(rope.k.shape[-2]))):
+        yield Trial(_rotated(b, rope, q_pos=torch.arange(n), k_pos=k_pos), f"positions not offset in a decode step: "
+                    f"{{who}} rotates the {n} new {what} at positions 0 to {n - 1}, but after {b.n_cache} cached "
+                    f"positions they sit at {b.n_cache} to {b.n_cache + n - 1}; add the cache's length to the "
+                    "positions (cos[start:start + n], freqs_cis[start_pos : start_pos + seqlen])")
+
+
+def _base(b: Base) -> Iterator[Trial]:
+    from attnscope.usertrace.rotary import KNOWN_BASES
+
+    rope = _rope(b)
+    if rope is None:
+        return
+    for base in KNOWN_BASES:
+        if base != rope.base:
+            yield Trial(_rotated(b, rope, base=base), f"{{who}} rotates with RoPE base {base:g} where the reference "
+                        f"uses {rope.base:g}: the reference rotated with {base:g} gives your tensors; if your model "
+                        f"was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
+
+
+def _fraction(b: Base) -> Iterator[Trial]:
+    """A rotary fraction where the reference rotates all (or the other way round), and a fraction whose
+    frequencies are spread over the whole head instead of the rotated part."""
+    rope = _rope(b)
+    if rope is None:
+        return
+    d = b.d_head
+    if rope.rotary is not None:
+        r = rope.rotary
+        yield Trial(_rotated(b, rope, over=d), f"RoPE's frequencies are spread over the whole head: {{who}} is what "
+                    f"the reference computes with the first {r} of d_head = {d} coordinates turning at base^(-2i / "
+                    f"{d}) where a rotary fraction turns them at base^(-2i / {r}) (GPT-NeoX's inv_freq over "
+                    "rotary_ndims)")
+        q = _rotate(rope.q, rope.q_pos, rope.base, rope.pairing)
+        k = _rotate(rope.k, rope.k_pos, rope.base, rope.pairing)
+        yield Trial(replay(b, q=q, k_new=k), f"RoPE rotates the whole head: {{who}} is what the reference computes "
+                    f"with all d_head = {d} coordinates rotated, where only the first {r} turn (a rotary fraction of "
+                    f"{r / d:g}) and the rest pass through")
+        return
+    for share in (0.25, 0.5):
+        r = int(d * share)
+        if r >= 2 and r % 2 == 0:
+            yield Trial(_rotated(b, rope, rotary=r), f"RoPE rotates only part of each head: {{who}} is what the "
+                        f"reference computes with the first {r} of d_head = {d} coordinates rotated (a rotary "
+                        f"fraction of {share:g}, GPT-NeoX's rotary_pct) and the rest passed through, where the "
+                        "reference rotates all of them")
+            yield Trial(_rotated(b, rope, rotary=r, over=d), f"RoPE's frequencies are spread over the whole head: "
+                        f"{{who}} is what the reference computes with the first {r} of d_head = {d} coordinates "
+                        f"turning at base^(-2i / {d}) where a rotary fraction turns them at base^(-2i / {r}) "
+                        "(GPT-NeoX's inv_freq over rotary_ndims)")
+
+
+def _on_values(b: Base) -> Iterator[Trial]:
+    rope = _rope(b)
+    if rope is None or b.v_new.shape[-1] % 2:
+        return
+    yield Trial(replay(b, v_new=_rotate(b.v_new, rope.k_pos, rope.base, rope.pairing)), "RoPE applied to the "
+                "values: {who} is what the reference computes with V rotated as the keys are; RoPE rotates only the "
+                "queries and the keys (their dot products then depend on the distance i − j), the values are "
+                "taken as they are")
+
+
+def _not_applied(b: Base) -> Iterator[Trial]:
+    rope = _rope(b)
+    if rope is not None:
+        yield Trial(replay(b, q=rope.q, k_new=rope.k), f"RoPE is never applied: {{who}} is what the reference computes "
+                    f"with the queries and keys not rotated (the reference rotates them, --rope, base "
+                    f"{rope.base:g})")
+
+
+def _untold(b: Base) -> Iterator[Trial]:
+    spec = b.ctx.spec
+    if spec is None or spec.rope_base is not None or b.names["q"] not in ("Q_split", "Q") or b.col or b.d_head % 2:
+        return
+    if b.names["k"] not in ("K_split", "K"):
+        return
+    q_pos = torch.arange(b.n_cache, b.n_cache + b.n_Q)
+    k_pos = torch.arange(b.n_cache, b.n_cache + b.k_new.shape[-2])
+    for pairing in ("half", "interleaved"):
+        hint = " --rope-pairing interleaved" if pairing == "interleaved" else ""
+        yield Trial(replay(b, q=_rotate(b.q, q_pos, 10000.0, pairing), k_new=_rotate(b.k_new, k_pos, 10000.0, pairing)),
+                    f"your code rotates q and k by RoPE (base 10000, pairing {PAIRS[pairing].split(',')[0]}), "
+                    f"which the reference was not told of: {{who}} is what the reference computes so rotated; "
+                    f"describe it with --rope{hint}")
+
+
+# --- ALiBi and T5's bias --------------------------------------------------------------------------------------
+
+
+def _alibi_parts(b: Base) -> tuple[torch.Tensor, int] | None:
+    """The reference's ALiBi slopes and the position of query 0, where it adds ALiBi."""
+    from attnscope.variants import alibi
+
+    spec = b.ctx.spec
+    if spec is None or not spec.alibi or "alibi_bias" not in b.ref or b.q.dim() < 3 or b.bias is None:
+        return None
+    n_head = b.q.shape[-3]
+    slopes = alibi.slopes(n_head).double()
+    return slopes, b.n_K - b.n_Q
+
+
+def _alibi_bias(b: Base, slopes: torch.Tensor, offset: int, symmetric: bool = False) -> torch.Tensor:
+    i = torch.arange(b.n_Q, dtype=torch.float64)[:, None] + offset
+    j = torch.arange(b.n_K, dtype=torch.float64)[None, :]
+    distance = (i - j).abs() if symmetric else i - j
+    return -slopes[:, None, None] * distance  # [n_head, n_Q, n_K]
+
+
+def _alibi_sign(b: Base) -> Iterator[Trial]:
+    parts = _alibi_parts(b)
+    if parts is not None:
+        assert b.bias is not None
+        yield Trial(replay(b, bias=-b.bias), "ALiBi's sign is flipped: {who} is what the reference computes with the "
+                    "bias +m_h · (i − j) added where ALiBi adds −m_h · (i − j): distant keys gain weight instead of "
+                    "losing it; the slopes are positive and the bias m_h · (j − i) (BLOOM's m_h · j)")
+
+
+def _alibi_slopes(b: Base) -> Iterator[Trial]:
+    parts = _alibi_parts(b)
+    if parts is None:
+        return
+    slopes, offset = parts
+    n_head = slopes.numel()
+    said = ", ".join(f"{m:.4g}" for m in slopes.tolist())
+    others = [("in reverse head order", slopes.flip(0)),
+              ("2^(-8 h / n_head) counted from h = 0", torch.tensor([2 ** (-8 * h / n_head) for h in range(n_head)],
+                                                                      dtype=torch.float64)),
+              ("2^(-h), without the 8 / n_head", torch.tensor([2.0 ** -(h + 1) for h in range(n_head)],
+                                                               dtype=torch.float64)),
+              ("all 1", torch.ones(n_head, dtype=torch.float64))]
+    for how, m in [*others, ("fitted from your scores", _fit(b, offset))]:
+        if m is None or torch.allclose(m, slopes):
+            continue
+        mine = ", ".join(f"{x:.4g}" for x in m.tolist())
+        yield Trial(replay(b, bias=_alibi_bias(b, m, offset)), f"ALiBi's slopes are wrong: {{who}} is what the "
+                    f"reference computes with slopes {mine} ({how}), which are not ALiBi's for {n_head} heads "
+                    f"({said}: 2^(-8 h / n_head), h = 1 to n_head)")
+
+
+def _fit(b: Base, offset: int) -> torch.Tensor | None:
+    """Per head, the slopes m of the user's biased scores less the reference's unbiased ones = m · j + a constant
+    per row, from the first user tensor of the scores' shape where one such fit holds."""
+    from attnscope.usertrace.maskcauses import _fit_slopes
+
+    scores = b.ref["scores"]
+    for record in b.ctx.records:
+        if tuple(record.tensor.shape) != tuple(_out(b, "scores").shape) or not record.tensor.is_floating_point():
+            continue
+        slopes = _fit_slopes(_back_row(b, record.tensor.double()), scores, False)
+        if slopes is not None:
+            return torch.tensor([float(f"{m:.6g}") for m in slopes.tolist()], dtype=torch.float64)
+    return None
+
+
+def _alibi_queries(b: Base) -> Iterator[Trial]:
+    parts = _alibi_parts(b)
+    if parts is not None:
+        slopes, offset = parts
+        yield Trial(replay(b, bias=_alibi_bias(b, slopes, offset, symmetric=True)), "ALiBi's query positions: {who} "
+                    "is what the reference computes with the bias −m_h · |i − j|, symmetric in the query and key "
+                    "positions, where ALiBi adds −m_h · (i − j) = m_h · (j − i), a constant per query row plus m_h · j "
+                    "(BLOOM's): keys after the query are pushed down as those before are")
+
+
+def _t5(b: Base) -> bool:
+    return b.ctx.spec is not None and b.ctx.spec.position_bias is not None and b.bias is not None
+
+
+def _t5_transposed(b: Base) -> Iterator[Trial]:
+    if _t5(b) and b.n_Q == b.n_K:
+        assert b.bias is not None
+        yield Trial(replay(b, bias=b.bias.transpose(-1, -2)), "the position bias is transposed: {who} is what the "
+                    "reference computes with bias[j, i] added to score (i, j) where T5 adds bias[i, j] (its "
+                    "relative_position = memory_position − context_position, keys minus queries)")
+
+
+def _t5_after_softmax(b: Base) -> Iterator[Trial]:
+    if _t5(b):
+        yield Trial(replay(b, bias=None, after_softmax=b.bias), "the position bias is added after the softmax: {who} "
+                    "is what the reference computes with the bias added to the attention weights, not to the scores; T5 "
+                    "adds position_bias to the scores before the softmax")
+
+
+# --- cache, precision, dropout --------------------------------------------------------------------------------
+
+
+def _cache_order(b: Base) -> Iterator[Trial]:
+    if b.cache is not None:
+        yield Trial(replay(b, cat_order="new first"), f"the cache is joined in the wrong order: {{who}} is what the "
+                    f"reference computes with the {b.k_new.shape[-2]} new keys and values before the {b.n_cache} cached "
+                    "ones, torch.cat([k, k_cache]) where the cached positions come first: torch.cat([k_cache, k], "
+                    "dim=-2)")
+
+
+def _float16(b: Base) -> Iterator[Trial]:
+    if not any(r.tensor.dtype in (torch.float16, torch.bfloat16) for r in b.ctx.records):
+        return
+    steps = replay(b, half=True)
+    if bool(torch.isinf(steps["scores"]).any()):
+        yield Trial(steps, "float16 overflows: {who} is what the reference computes with q @ kᵀ computed in float16, "
+                    f"whose largest number is {torch.finfo(torch.float16).max:.6g}: "
+                    f"{int(torch.isinf(steps['scores']).sum())} scores passed it and became inf; compute it in "
+                    "float32, or scale q by 1/√d_head before the matmul", tol="float16")
+
+
+def _dropout(b: Base) -> Iterator[Trial]:
+    from attnscope.usertrace.align import compare
+
+    attention = _out(b, "attention")
+    for record in b.ctx.records:
+        if record.func != "dropout" or not record.parents:
+            continue
+        before = b.ctx.records[record.parents[0]]
+        if torch.equal(before.tensor, record.tensor):
+            continue
+        match = next(iter(compare(before, attention)), None)
+        if match is None or not match.equal:
+            continue
+        shape = tuple(attention.shape)
+        after = _back_row(b, match.layout.undo(record.tensor.double(), shape))
+        kept = _back_row(b, match.layout.undo(before.tensor.double(), shape))
+        multiplier = torch.where(kept != 0, after / kept.where(kept != 0, torch.ones_like(kept)), 0.0)
+        p = float(record.details.get("p", float("nan")))
+        zeroed = float(((after == 0) & (kept != 0)).double().mean())
+        yield Trial(replay(b, multiplier=multiplier), f"dropout is active although the module runs in eval() mode: "
+                    f"{{who}} is what the reference computes with line {record.line}'s dropout (p = {p:g}, {zeroed:.1%} "
+                    "of the attention zeroed, the rest scaled by 1/(1 − p)) applied to its attention; F.dropout's "
+                    "training argument defaults to True: pass training=self.training (or use nn.Dropout)")
+
+
+def _out(b: Base, name: str) -> torch.Tensor:
+    """A reference step in the user's layout (the column form's own)."""
+    return _back_row(b, b.ref[name])
+
+
+def _back_row(b: Base, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.transpose(-1, -2) if b.col and tensor.dim() >= 2 else tensor
+
+
+def _root(n: int) -> str:
+    root = math.isqrt(n)
+    return f"{root}" if root * root == n else f"{math.sqrt(n):.3g}"
+
+
+CATALOG: tuple[Experiment, ...] = (
+    Experiment("heads.split_without_permute", "heads", "heads split by a view without the transpose", _split),
+    Experiment("rope.pairing", "RoPE", "the other pairing, or tables of one pairing with the other's rotation",
+               _pairing),
+    Experiment("rope.positions", "RoPE", "a decode step's new tokens rotated from position 0", _positions),
+    Experiment("rope.base", "RoPE", "another base (rope_theta)", _base),
+    Experiment("rope.fraction", "RoPE", "only a fraction of each head rotated (rotary_pct)", _fraction),
+    Experiment("rope.not_applied", "RoPE", "queries and keys never rotated", _not_applied),
+    Experiment("rope.untold", "RoPE", "RoPE the reference was not told of (--rope)", _untold),
+    Experiment("rope.on_values", "RoPE", "the values rotated as the keys are", _on_values),
+    Experiment("kv.swapped", "keys and values", "K and V swapped", _swapped),
+    Experiment("kv.values_from_keys", "keys and values", "the values taken from the keys", _values_from_keys),
+    Experiment("cache.order", "cache", "the cache joined after the new keys", _cache_order),
+    Experiment("gqa.tiled", "grouped-query", "key/value heads tiled (.repeat) instead of interleaved",
+               lambda b: _tiled(b, True)),
+    Experiment("gqa.group_order", "grouped-query", "a grouped einsum with the query heads in the wrong order",
+               lambda b: _tiled(b, False)),
+    Experiment("scale.none", "scale", "scores not scaled", _scale_none),
+    Experiment("scale.twice", "scale", "scores scaled twice", _scale_twice),
+    Experiment("scale.d_head", "scale", "scores divided by d_head, not √d_head", _scale_d),
+    Experiment("scale.d_model", "scale", "scores divided by √d_model, not √d_head", _scale_d_model),
+    Experiment("scale.n", "scale", "scores divided by the number of keys or heads", _scale_n),
+    Experiment("scale.multiplied", "scale", "scores multiplied by √d_head", _scale_multiplied),
+    Experiment("float16.overflow", "precision", "q @ kᵀ in float16, past 65504", _float16),
+    Experiment("alibi.sign", "ALiBi", "ALiBi's bias with its sign flipped", _alibi_sign),
+    Experiment("alibi.slopes", "ALiBi", "other slopes than 2^(-8 h / n_head)", _alibi_slopes),
+    Experiment("alibi.query_positions", "ALiBi", "a bias symmetric in i and j", _alibi_queries),
+    Experiment("t5.transposed", "T5 bias", "the position bias transposed", _t5_transposed),
+    Experiment("t5.after_softmax", "T5 bias", "the position bias added after the softmax", _t5_after_softmax),
+    Experiment("mask.polarity", "mask", "the mask read the other way round", _polarity),
+    Experiment("mask.after_softmax", "mask", "the mask applied after the softmax", _after_softmax),
+    Experiment("mask.multiplied", "mask", "the scores multiplied by the mask", lambda b: _zero(b, True)),
+    Experiment("mask.filled_with_0", "mask", "masked scores filled with 0", lambda b: _zero(b, False)),
+    Experiment("mask.off_by_one", "mask", "the causal band one key wider or narrower", _off_by_one),
+    Experiment("mask.on_queries", "mask", "a key-padding mask applied on the queries", _on_queries),
+    Experiment("mask.upper_left", "mask", "is_causal=True (upper-left) in a decode step", _upper_left),
+    Experiment("softmax.axis", "softmax", "the softmax over another axis than the keys", _softmax_axis),
+    Experiment("heads.merge_without_transpose", "heads", "heads merged by a view before the permute", _merge),
+    Experiment("dropout.left_on", "dropout", "dropout active in eval() mode", _dropout),
+)

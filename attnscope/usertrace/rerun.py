@@ -1,0 +1,298 @@
+"""The reference run again from its own heads, with one mistake applied: the engine of the experiments
+(usertrace/experiments.py holds the catalog of mistakes; diagnose.py asks it first).
+
+`Base` takes from the reference's trace what its attention starts from (the rotated queries, the keys and values
+before the head repeat, the scale, the bias, the allowed cells, the output projection), in float64 and in the row
+form (`--layout col` is transposed in and out). `replay(base, **change)` computes the steps from there on, as
+attnscope's `sdpa` and `MultiHeadAttention` do (scores · scale, + bias, masked with -inf, softmax over the keys,
+zero rows for a query that may see no key, @ V, heads merged with the permute, W_o), with one change applied.
+Replayed without a change it must give the reference's own steps back, else no experiment is run.
+
+`reproduces(base, step, steps)` says whether a replayed run is what the user's code computed: its last step (the
+module's output, the function's `out`) equals one of the user's tensors to tolerance, and so does the step where
+the line-up diverged, which the mistake must change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from attnscope.usertrace.align import compare, difference, tolerance
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.diagnosis import Context
+    from attnscope.usertrace.record import Record
+
+KEEP: Any = object()  # a replay argument left as the reference has it
+SCORE_STEPS = ("scores", "biased_scores", "masked_scores", "attention")
+Q_NAMES = ("Q_tuned", "Q_rot", "Q_normed", "Q_split", "Q")
+K_NAMES = ("K_rot", "K_normed", "K_split", "K")
+V_NAMES = ("V_split", "V")
+
+
+@dataclass
+class Base:
+    """What the reference's attention starts from, float64, row form: heads `[.., n_head, n, d]`."""
+
+    ctx: Context
+    order: list[str]  # the reference's steps, in order
+    dims: dict[str, tuple[str, ...]]
+    ref: dict[str, torch.Tensor]  # every step, float64, row form
+    q: torch.Tensor  # the queries the scores read (rotated, tuned)
+    k_new: torch.Tensor  # the new keys, rotated, before the cache joins and the heads repeat
+    v_new: torch.Tensor
+    names: dict[str, str]  # which step q, k_new and v_new are ("Q_rot", "K_rot", "V_split", ...)
+    cache: tuple[torch.Tensor, torch.Tensor] | None  # (K_cache, V_cache), rotated keys
+    n_group: int
+    scale: float
+    bias: torch.Tensor | None  # added to the scores (ALiBi's or a position bias), [.., n_Q, n_K]
+    allowed: torch.Tensor | None  # True = may attend, the scores' shape
+    w_o: tuple[torch.Tensor, torch.Tensor | None] | None
+    col: bool
+    kind: str
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_Q(self) -> int:
+        return int(self.q.shape[-2])
+
+    @property
+    def n_K(self) -> int:
+        return int(self.k_new.shape[-2]) + (int(self.cache[0].shape[-2]) if self.cache is not None else 0)
+
+    @property
+    def n_cache(self) -> int:
+        return int(self.cache[0].shape[-2]) if self.cache is not None else 0
+
+    @property
+    def d_head(self) -> int:
+        return int(self.q.shape[-1])
+
+    @property
+    def last(self) -> str:
+        return self.order[-1]
+
+    def plain(self, name: str) -> torch.Tensor | None:
+        """A step before any rotation: `Q_normed`/`Q_split`/`Q` for "Q", likewise "K", "V"."""
+        for candidate in (f"{name}_normed", f"{name}_split", name):
+            if candidate in self.ref:
+                return self.ref[candidate]
+        return None
+
+
+def build(ctx: Context) -> Base | None:
+    """The reference's starting point, or None where the replay cannot stand for it (a softcap, sinks, dropout in
+    training mode, a reference the replay does not give back)."""
+    trace = ctx.reference
+    names = [step.name for step in trace.steps]
+    if ctx.train or any(n in names for n in ("capped_scores", "sinks", "sink_weight", "index_scores")):
+        return None
+    if "scores" not in names or "attention" not in names:
+        return None
+    col = ctx.spec is not None and ctx.spec.layout == "col"
+    ref = {n: _row(trace[n].double(), n, col) for n in names if trace[n].is_floating_point()}
+    q_name = next((n for n in Q_NAMES if n in ref), None)
+    k_name = next((n for n in K_NAMES if n in ref), None)
+    v_name = next((n for n in V_NAMES if n in ref), None)
+    if q_name is None or k_name is None or v_name is None or ref[q_name].dim() < 2:
+        return None
+    cache = (ref["K_cache"], ref["V_cache"]) if "K_cache" in ref and "V_cache" in ref else None
+    q, k_new, v_new = ref[q_name], ref[k_name], ref[v_name]
+    n_kv = k_new.shape[-3] if k_new.dim() >= 3 else 1
+    n_head = q.shape[-3] if q.dim() >= 3 else 1
+    n_group = n_head // n_kv if n_kv and n_head % n_kv == 0 else 1
+    scale = ctx.spec.scale if ctx.spec is not None and ctx.spec.scale is not None else 1 / math.sqrt(q.shape[-1])
+    bias = None
+    if "biased_scores" in ref:
+        bias = torch.where(torch.isfinite(ref["biased_scores"]), ref["biased_scores"] - ref["scores"], 0.0)
+    allowed = ~torch.isneginf(ref["masked_scores"]) if "masked_scores" in ref else None
+    w_o = None
+    if ctx.projections is not None and "o" in ctx.projections.linears:
+        out = ctx.projections.linears["o"][1]
+        weight, b = getattr(out, "weight", None), getattr(out, "bias", None)
+        if isinstance(weight, torch.Tensor):
+            w_o = (weight.detach().double(), b.detach().double() if isinstance(b, torch.Tensor) else None)
+    base = Base(ctx, names, {n: trace.step(n).dims for n in names}, ref, q, k_new, v_new,
+                {"q": q_name, "k": k_name, "v": v_name}, cache, n_group, scale, bias, allowed, w_o, col, ctx.kind,
+                dict(ctx.sizes))
+    try:
+        again = replay(base)
+    except RuntimeError:  # shapes the replay does not know (an unbatched column form, ...)
+        return None
+    if not again or any(difference(again[n], base.ref[n]) > _tol(base.ref[n]) for n in again):
+        return None  # the replay is not the reference here: no experiment can speak for it
+    return base
+
+
+def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None = None,
+           v_new: torch.Tensor | None = None, cat_order: str = "cache first", repeat: str = "interleave",
+           scale: float | None = None, bias: Any = KEEP, allowed: Any = KEEP, mask: str = "fill",
+           softmax_dim: int = -1, after_softmax: torch.Tensor | None = None, multiplier: torch.Tensor | None = None,
+           merge: str = "permute", half: bool = False) -> dict[str, torch.Tensor]:
+    """The reference's steps from its heads on, with the changes given: only the steps the reference has, in the
+    row form."""
+    out: dict[str, torch.Tensor] = {}
+    q = b.q if q is None else q
+    k = b.k_new if k_new is None else k_new
+    v = b.v_new if v_new is None else v_new
+    if q is not b.q:
+        out[b.names["q"]] = q
+    if k is not b.k_new:
+        out[b.names["k"]] = k
+    if v is not b.v_new:
+        out[b.names["v"]] = v
+    if b.cache is not None:
+        parts = [(b.cache[0], k), (b.cache[1], v)]
+        k, v = (torch.cat(p if cat_order == "cache first" else p[::-1], dim=-2) for p in parts)
+        out["K_cat"], out["V_cat"] = k, v
+    if b.n_group > 1:
+        if repeat == "interleave":  # transformers' repeat_kv
+            k, v = k.repeat_interleave(b.n_group, dim=-3), v.repeat_interleave(b.n_group, dim=-3)
+        else:  # .repeat(1, n_group, 1, 1): the heads tiled
+            k, v = (t.repeat(*([1] * (t.dim() - 3)), b.n_group, 1, 1) for t in (k, v))
+        out["K_rep"], out["V_rep"] = k, v
+    s = b.scale if scale is None else scale
+    if half:  # q @ kᵀ in float16, as the user's code computes it: past 65504 it is inf
+        product = (q.half() @ k.half().transpose(-2, -1)).double()  # [.., n_Q, d] @ [.., d, n_K] -> [.., n_Q, n_K]
+    else:
+        product = q @ k.transpose(-2, -1)  # [.., n_Q, d] @ [.., d, n_K] -> [.., n_Q, n_K]
+    scores = product * s
+    out["scores"] = scores
+    bias = b.bias if bias is KEEP else bias
+    logits = scores + bias if bias is not None else scores
+    if "biased_scores" in b.ref:
+        out["biased_scores"] = logits
+    allowed = b.allowed if allowed is KEEP else allowed
+    if allowed is not None and mask in ("fill", "zero"):
+        logits = logits.masked_fill(~allowed, -math.inf if mask == "fill" else 0.0)
+    if "masked_scores" in b.ref:
+        out["masked_scores"] = logits
+    attention = torch.softmax(logits, dim=softmax_dim)
+    if mask == "fill" and softmax_dim == -1:  # a query that may see no key gets zeros (PyTorch's _safe_softmax)
+        attention = attention.masked_fill(torch.isneginf(logits).all(-1, keepdim=True), 0.0)
+    if allowed is not None and mask == "after":
+        attention = attention * allowed
+    if after_softmax is not None:
+        attention = attention + after_softmax
+    if multiplier is not None:
+        attention = attention * multiplier
+    out["attention"] = attention
+    x = attention @ v  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
+    final = "x_raw" if "x_raw" in b.ref else "out"
+    out[final] = x
+    if final == "x_raw" and x.dim() == 4:
+        n_batch, n_head, n_Q, d = x.shape
+        x_rsh1 = x.permute(0, 2, 1, 3)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]
+        if "x_rsh1" in b.ref and merge == "permute":
+            out["x_rsh1"] = x_rsh1
+        # -> [n_batch, n_Q, n_head·d_head]; without the permute, each row mixes one head's positions
+        merged = (x_rsh1 if merge == "permute" else x).reshape(n_batch, n_Q, n_head * d)
+        if "x_rsh2" in b.ref:
+            out["x_rsh2"] = merged
+        if "x" in b.ref and b.w_o is not None:
+            out["x"] = torch.nn.functional.linear(merged, *b.w_o)  # [n_batch, n_Q, d_feat]
+    return {n: t for n, t in out.items() if n in b.ref}
+
+
+@dataclass
+class Reproduced:
+    """An experiment's run that is the user's: the user's tensor at the diverging step (or the first step the
+    mistake changed that the user holds), the user's final tensor, and how many changed steps the user holds."""
+
+    record: Record | None
+    final: Record
+    held: int
+    steps: dict[str, torch.Tensor]
+
+
+def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = "") -> Reproduced | None:
+    """Whether the replayed `steps` are the user's: the mistake changes `step` (where the line-up diverged) and
+    the run's last step, and the user's code holds that last step (and the changed steps it materializes) to
+    tolerance. `tol` "float16": compared within float16's tolerance (an experiment computed in float16)."""
+    if step not in steps or b.last not in steps:
+        return None
+    changed = [n for n in b.order if n in steps and n in b.ref and tuple(steps[n].shape) == tuple(b.ref[n].shape)
+               and difference(steps[n], b.ref[n]) > _tol(b.ref[n])]
+    changed += [n for n in steps if n not in b.ref or tuple(steps[n].shape) != tuple(b.ref[n].shape)]
+    if step not in changed and b.last not in changed:
+        return None
+    skips = _skips(b, steps)
+
+    def held(name: str) -> Record | None:
+        skip = skips.get(name)
+        return _held(b.ctx.records, _back(steps[name], b.col), _back(skip, b.col) if skip is not None else None, tol)
+
+    final = held(b.last)
+    if final is None:
+        return None
+    at_step = held(step) if step in changed else None
+    count, first = 0, None
+    for name in changed:
+        record = held(name)
+        if record is not None:
+            count += 1
+            first = first or record
+    return Reproduced(at_step or first or final, final, count, steps)
+
+
+def _held(records: list[Record], tensor: torch.Tensor, skip: torch.Tensor | None, tol: str) -> Record | None:
+    """The user's tensor equal to `tensor` in some layout (an equal-size transpose is no layout), the named and
+    earliest first."""
+    found = []
+    numel, limits = tensor.numel(), {}
+    for record in records:
+        if not record.tensor.is_floating_point() or record.tensor.numel() != numel:
+            continue
+        dtype = record.tensor.dtype
+        if dtype not in limits:
+            limits[dtype] = _tol(tensor, dtype, tol)
+        matches = compare(record, tensor, skip, tol=limits[dtype])
+        if matches and matches[0].equal:
+            found.append(record)
+    return min(found, key=lambda r: (not r.names, r.index)) if found else None
+
+
+def _tol(tensor: torch.Tensor, dtype: torch.dtype = torch.float32, tol: str = "") -> float:
+    """float32's tolerance at least (the reference's own), the user's dtype's where coarser, float16's when asked."""
+    wanted = [tolerance(tensor.float())]
+    if dtype in (torch.float16, torch.bfloat16):
+        wanted.append(tolerance(tensor.to(dtype)))
+    if tol == "float16":
+        wanted.append(tolerance(tensor.half()))
+    return max(wanted)
+
+
+def _skips(b: Base, steps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The rows of queries that may see no key in this run, left out as the line-up leaves them out."""
+    from attnscope.trace import Trace
+    from attnscope.usertrace.lineup import _skips as rows_without_keys
+
+    trace = Trace()
+    for name in b.order:
+        tensor = steps.get(name, b.ref.get(name))
+        dims = _row_dims(b.dims[name], b.col)
+        if tensor is not None and tensor.dim() == len(dims) and name in (*SCORE_STEPS, "x_raw", "out", "x_rsh1",
+                                                                          "x_rsh2", "x"):
+            trace.add(name, tensor, dims, "")
+    if "masked_scores" not in trace:
+        return {}
+    return {n: s.expand(steps[n].shape) for n, s in rows_without_keys(trace).items() if n in steps}
+
+
+def _row(tensor: torch.Tensor, name: str, col: bool) -> torch.Tensor:
+    """The column form's steps in the row form: scores `[.., n_K, n_Q]` -> `[.., n_Q, n_K]`, `Q` `[.., d, n]` ->
+    `[.., n, d]`."""
+    return tensor.transpose(-2, -1) if col and tensor.dim() >= 2 else tensor
+
+
+def _back(tensor: torch.Tensor, col: bool) -> torch.Tensor:
+    """A row-form tensor in the user's layout (the column form's, transposed)."""
+    return tensor.transpose(-2, -1) if col and tensor.dim() >= 2 else tensor
+
+
+def _row_dims(dims: tuple[str, ...], col: bool) -> tuple[str, ...]:
+    return (*dims[:-2], dims[-1], dims[-2]) if col and len(dims) >= 2 else dims
