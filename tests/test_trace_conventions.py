@@ -116,6 +116,12 @@ def grouped(m, x):
                            is_causal=True))
 
 
+def params(m, x):
+    """x @ W with W [d_in, d_out] is F.linear with the weight Wᵀ."""
+    y = sdpa_heads(x, m.W_Q.T, m.W_K.T, m.W_V.T, None, None, None, m.n_heads, m.n_heads)
+    return y @ m.W_O
+
+
 def t5(m, x):
     return m.o(sdpa_heads(x, m.q.weight, m.k.weight, m.v.weight, None, None, None, m.n_heads, m.n_heads, scale=1.0))
 
@@ -161,6 +167,7 @@ CASES = [
     ("BertSelfAttention", (), "no output projection", bert),
     ("GroupedEinsum", ("--causal",), None, grouped),
     ("T5Attention", ("--scale", "1"), None, t5),
+    ("ParamAttention", (), "q=W_Q, k=W_K, v=W_V, o=W_O", params),
     ("MetaRope", ("--rope", "--causal"), "pairs RoPE's coordinates interleaved", meta),
     ("RopeFrom1", ("--rope", "--causal"), "counts positions from 1", from_one),
     ("LocalWindow", ("--window", "4", "--window-side", "both"), None, local),

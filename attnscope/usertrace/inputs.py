@@ -13,6 +13,7 @@ window and file combined, True = may attend, given to their code in the conventi
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -146,7 +147,11 @@ def module_width(module: Any) -> int | None:
     if projections is not None:
         return int(projections.linears["q"][1].in_features)
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
-    return linears[0].in_features if linears else None
+    if linears:
+        return linears[0].in_features
+    # nn.Parameter weights only (x @ W): the size their dims share most, d_feat (W_Q [d_feat, n_head·d_head], ...)
+    sizes = Counter(n for p in module.parameters() if p.dim() == 2 for n in p.shape)
+    return sizes.most_common(1)[0][0] if sizes else None
 
 
 @dataclass

@@ -196,6 +196,10 @@ class Recorder(TorchFunctionMode):
         elif name == "linear" and len(args) > 1 and id(args[1]) in self._linears:
             style = "linear"
             described = [("text", self._linears[id(args[1])]), described[0]]
+        elif name in ("matmul", "__matmul__") and len(args) == 2 and id(args[1]) in self._linears \
+                and id(args[0]) not in self._linears:  # x @ W with an nn.Parameter W [d_in, d_out]: a projection
+            name, style = "matmul", "linear"
+            described = [("text", self._linears[id(args[1])]), described[0]]
         elif owner.startswith(("TensorBase.", "Tensor.")):
             style = "operator" if (name in OPERATORS and len(args) == 2) or (name in UNARY and len(args) == 1) \
                 else "method"
@@ -241,7 +245,7 @@ def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> 
     if style == "property":
         return f"{parts[0]}.{name}"
     if style == "linear":
-        return f"{parts[0]}({parts[1]})"
+        return f"{parts[1]} @ {parts[0]}" if name == "matmul" else f"{parts[0]}({parts[1]})"
     if style == "operator" and name in UNARY:
         return f"{UNARY[name]}{parts[0]}"
     if style == "operator":

@@ -136,6 +136,24 @@ def role_of(name: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def parameter_projections(module: nn.Module, records: list[Record]) -> list[tuple[str, Any]]:
+    """2-D nn.Parameter weights the code projects with, each read as a Linear would hold it: `x @ W` with W
+    `[d_in, d_out]` (TransformerLens' W_Q, the from-scratch ports') as the weight `Wᵀ`, `F.linear(x, W)` as `W`."""
+    from attnscope.usertrace import fused
+
+    params = dict(module.named_parameters())
+    held = {f"{name}.weight" for name, m in module.named_modules() if isinstance(m, nn.Linear)}
+    out: dict[str, Any] = {}
+    for r in records:
+        if r.style != "linear" or not r.args or r.args[0][0] != "text":
+            continue
+        name = r.args[0][1]
+        if name in params and name not in held and name not in out and params[name].dim() == 2:
+            weight = params[name].detach()
+            out[name] = fused.Part(name, weight.t() if r.func == "matmul" else weight, None)
+    return list(out.items())
+
+
 def find_projections(module: nn.Module, records: list[Record] | None = None, n_head: int | None = None,
                      d_head: int | None = None) -> list[Projections]:
     """Every reading of the module's projections worth lining up, the likeliest first: four Linear layers by
@@ -145,6 +163,7 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
 
     records = records or []
     linears = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+    linears += parameter_projections(module, records)
     modules, names = dict(linears), [name for name, _ in linears]
     read = flow.roles(records, names, role_of)
     if read is not None:  # the data flow decides; names and order only break its ties
