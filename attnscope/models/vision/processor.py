@@ -123,17 +123,31 @@ def check_size(processor: Any, width: int, height: int, image: str = "") -> None
     where = f"{{image}} {image}".rstrip()
     try:
         planned = planned_size(processor, height, width)
-    except ValueError as exc:  # Qwen's smart_resize: an aspect ratio over 200
-        raise UsageError(f"{where} is {width:,} x {height:,} pixels, which {name} cannot resize "
-                         f"({_first_line(exc)}); crop it to a less elongated shape", "image") from None
-    if planned is None:
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        if "aspect ratio" in str(exc):  # Qwen's smart_resize: an aspect ratio over 200
+            raise UsageError(f"{where} is {width:,} x {height:,} pixels, which {name} cannot resize "
+                             f"({_first_line(exc)}); crop it to a less elongated shape", "image") from None
+        raise UsageError(f"{where}: {name} cannot work out the size it resizes a {width:,} x {height:,} image to "
+                         f"({_first_line(exc)}); fix the size in {PROCESSOR_CONFIG}", "image") from None
+    if planned is None or _fits(planned):
         return
     h, w, how = planned
-    if h * w > MAX_RESIZED or min(h, w) < 1:
-        made = f"{w:,} x {h:,} = {w * h:,} pixels" if min(h, w) >= 1 else f"{w:,} x {h:,} pixels, an empty image"
-        limit = f"over the {MAX_RESIZED:,} attnscope lets it make" if min(h, w) >= 1 else "which holds nothing"
-        raise UsageError(f"{where} is {width:,} x {height:,} pixels, and {name} would resize it ({how}) to {made}, "
-                         f"{limit}; crop it to a less elongated shape first", "image")
+    made = f"{_count(w)} x {_count(h)} = {_count(w * h)} pixels, over the {MAX_RESIZED:,} attnscope lets it make" \
+        if min(h, w) >= 1 else f"{_count(w)} x {_count(h)} pixels, an empty image"
+    side = min(width, height)
+    thin = _fits(planned_size(processor, side, side))  # a square picture would do: the shape is to blame
+    fix = "crop it to a less elongated shape first" if thin else f"fix the size in {PROCESSOR_CONFIG}"
+    raise UsageError(f"{where} is {width:,} x {height:,} pixels, and {name} would resize it ({how}) to {made}; "
+                     f"{fix}", "image")
+
+
+def _fits(planned: tuple[int, int, str] | None) -> bool:
+    return planned is None or (min(planned[0], planned[1]) >= 1 and planned[0] * planned[1] <= MAX_RESIZED)
+
+
+def _count(n: int) -> str:
+    """`2,048,000,000`; a number too long to read, `about 10^300`."""
+    return f"{n:,}" if abs(n) < 10**15 else f"about 10^{int(abs(n).bit_length() * 0.30103)}"
 
 
 def pixel_values(folder: Path, image: Image.Image, path: str = "") -> Pixels:
