@@ -199,6 +199,17 @@ def test_a_fused_layout_is_solved_not_read_by_width(runner):
     assert "q=attn[0:32, 64:96], k=attn[32:48, 96:112], v=attn[48:64, 112:128]" in out["reference"]
 
 
+def test_no_axis_is_named_from_a_coincidence_of_sizes(runner):
+    """litgpt's key/value heads are read only once the code ran (its fused projection): the run is made again with
+    sizes that avoid them, so the group axis reads n_kv_head, never n_batch."""
+    result, out = trace(runner, f"{STYLES}:LitGPTAttention", "--causal")
+    assert result.exit_code == 0
+    sizes = out["params"]["sizes"]
+    assert sizes["n_batch"] != 2
+    view = next(s for s in out["steps"] if s["op"].startswith("line") and "view" in s["op"])
+    assert view["dims"][:3] == ["n_batch", "n_Q", "n_kv_head"], view
+
+
 def test_padding_masks_in_the_codes_own_shape_and_convention(runner, tmp_path):
     """A [n_batch, 1, 1, n_K] padding file is given to flash-attn's key_padding_mask as [n_batch, n_K], to diffusers'
     attention_mask as a float [n_batch, 1, n_K] it adds (baddbmm), to BERT's as 2-D 0/1; each lines up, the padded

@@ -78,6 +78,7 @@ class LineUp:
     no_reference: str | None = None  # why there is none
     notes: list[str] = field(default_factory=list)
     trace: Trace | None = None  # the reference's run
+    n_kv_head: int | None = None  # the reference's key/value heads (read from the weights once the code ran)
     spec: Spec | None = None  # what the reference computed: the options' spec, or a convention read from the code
 
 
@@ -128,6 +129,7 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
         return out
     trace, wanted, reference_module, projections, out.reference, out.rows, skips = built
     out.trace, out.spec = trace, spec
+    out.n_kv_head = getattr(reference_module, "n_kv_head", None)
     if train:
         from attnscope.usertrace.dropouts import with_users_dropout
 
