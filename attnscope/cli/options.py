@@ -4,6 +4,7 @@ that make every command's help read right: `-h` as `--help`, flags shown as flag
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterable
 from enum import Enum
 from typing import Annotated, Any
@@ -95,6 +96,7 @@ class AttnscopeGroup(TyperGroup):
         super().__init__(*args, **kwargs)
         _flags_as_flags_below(self)
         _summaries_in_one_paragraph(self)
+        _examples_fitted(self)
 
     def get_params(self, ctx: typer.Context) -> list[Any]:
         params = super().get_params(ctx)  # the completion options are added after __init__
@@ -119,6 +121,66 @@ def _summaries_in_one_paragraph(group: Any) -> None:
             first = inspect.cleandoc(command.help).partition("\f")[0].split("\n\n")[0]
             command.short_help = " ".join(first.split())
         _summaries_in_one_paragraph(command)
+
+
+def _examples_fitted(command: Any) -> None:
+    """Each command's help ends with examples; one longer than the help's width was wrapped by Rich at any space,
+    inside a quoted sentence too (`--text "The cat sat on` | `the mat."`). Each is now fitted as the help is drawn
+    (`fitted_examples`), the epilog itself left as written (tests/examples.py runs it)."""
+    import types
+
+    if command.epilog:
+        command.format_help = types.MethodType(_format_help_fitted, command)
+    for sub in getattr(command, "commands", {}).values():
+        _examples_fitted(sub)
+
+
+def _format_help_fitted(self: Any, ctx: Any, formatter: Any) -> None:
+    import sys
+
+    from attnscope.render.console import stream_width
+
+    written = self.epilog
+    self.epilog = fitted_examples(written, stream_width(sys.stdout) - 2)  # Typer pads the epilog by one column
+    try:
+        type(self).format_help(self, ctx, formatter)
+    finally:
+        self.epilog = written
+
+
+_WORD = re.compile(r"""(?:[^\s"']+|"[^"]*"|'[^']*')+""")  # a shell word: its quoted parts whole
+
+
+def fitted_examples(epilog: str, width: int) -> str:
+    """`epilog` with each `attnscope ...` line wider than `width` broken between shell words, never inside
+    quotes, as a command a shell still reads whole: each line but the last ends in ` \\`, the next starts four
+    spaces in; a trailing `# comment` goes on a line of its own at the end."""
+    lines = []
+    for line in epilog.split("\n"):
+        text = line.strip()
+        if not text.startswith("attnscope ") or len(line) <= width:
+            lines.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        command, comment = _split_comment(text)
+        rows = [indent]
+        for word in _WORD.findall(command):
+            if rows[-1].strip() and len(rows[-1]) + 1 + len(word) + 2 > width:
+                rows.append(indent + "    ")
+            rows[-1] += (" " if rows[-1].strip() else "") + word
+        if comment and len(rows[-1]) + 3 + len(comment) <= width:
+            rows[-1] += "   " + comment
+        elif comment:
+            rows.append(indent + "    " + comment)
+        lines.append(" \\\n".join(rows))
+    return "\n".join(lines)
+
+
+def _split_comment(text: str) -> tuple[str, str]:
+    """`attnscope diff a b   # exit 1: ...` as the command and its comment (a `#` inside quotes is neither)."""
+    unquoted = re.sub(r"\"[^\"]*\"|'[^']*'", lambda m: "x" * len(m.group()), text)
+    found = re.search(r"\s#", unquoted)
+    return (text, "") if found is None else (text[: found.start()].rstrip(), text[found.start():].strip())
 
 
 def _flags_as_flags(params: Iterable[Any]) -> None:

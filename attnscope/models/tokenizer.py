@@ -35,12 +35,44 @@ DIRECT_CLASSES = frozenset({
 })
 
 
+SPACE, EMPTY = "␣", "∅"  # how a token's spaces and an empty token are shown, everywhere
+METASPACE = "▁"  # SentencePiece's word boundary, which its decoder strips from a text's first token
+
+
 @dataclass
 class Encoded:
     ids: list[int]
     tokens: list[str]  # as convert_ids_to_tokens gives them: `▁The`, `ĠThe`, `##ing`, `<s>`
     type_ids: list[int]  # BERT's token types (all 0 for one sentence)
     via: str  # "tokenizers" or "transformers AutoTokenizer"
+    # each token decoded alone (`texts`: ` The`, `##ing`); None where `tokens` are labels already (an image's
+    # patches, audio positions)
+    text: list[str] | None = None
+
+    @property
+    def labels(self) -> list[str]:
+        """What every view shows for each token (`token_label`): the decoded text, a leading space as `␣`."""
+        if self.text is None:
+            return list(self.tokens)
+        return [token_label(token, text) for token, text in zip(self.tokens, self.text, strict=True)]
+
+
+def token_label(token: str, text: str) -> str:
+    """A token as the heatmap, the tables, the page and the decode timeline show it: `text` (the token decoded
+    alone) on one line, control characters escaped, spaces shown as `␣`, nothing as `∅`; the token itself where
+    decoding it alone gives part of a character (`\ufffd`, a byte of a longer UTF-8 sequence)."""
+    shown = token if "\ufffd" in text and "\ufffd" not in token else text
+    if any(ord(c) < 32 for c in shown):
+        shown = shown.encode("unicode_escape").decode("ascii")
+    return shown.replace(" ", SPACE) or EMPTY
+
+
+def _alone(tokens: list[str], decoded: list[str]) -> list[str]:
+    """Each token's text decoded alone, as `tokenizer.decode([id])` gives it, keeping the leading space of a
+    SentencePiece `▁word`: its decoder (tokenizers' Metaspace, or Strip after Replace) drops the space from a
+    text's first token, which alone every token is; byte-level BPE's `Ġword` keeps its space anyway."""
+    return [" " + text if token.startswith(METASPACE) and not text[:1].isspace() else text
+            for token, text in zip(tokens, decoded, strict=True)]
 
 
 def encode(folder: Path, text: str, *, target: bool = False) -> Encoded:
@@ -100,7 +132,19 @@ def _encoded(tokenizer: Any, text: str, via: str) -> Encoded:
     """`text` through a `tokenizers.Tokenizer`, its special tokens included."""
     encoding = tokenizer.encode(text)
     ids = list(encoding.ids)
-    return Encoded(ids, [tokenizer.id_to_token(i) or "" for i in ids], list(encoding.type_ids), via)
+    tokens = [tokenizer.id_to_token(i) or "" for i in ids]
+    return Encoded(ids, tokens, list(encoding.type_ids), via, _decoded(tokenizer, tokens, ids))
+
+
+def _decoded(tokenizer: Any, tokens: list[str], ids: list[int]) -> list[str]:
+    """A `tokenizers.Tokenizer`'s decoding of each id alone, special tokens kept (`_alone`)."""
+    return _alone(tokens, list(tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)))
+
+
+def _auto_decoded(auto: Any, tokens: list[str], ids: list[int]) -> list[str]:
+    """AutoTokenizer's `decode([id])` for each id, without its clean-up of spaces before punctuation."""
+    return _alone(tokens, [str(auto.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+                           for i in ids])
 
 
 def _ships(lookup: Any, name: str) -> bool:
@@ -121,7 +165,8 @@ def _auto(folder: Path, text: str, settings: dict[str, Any], target: bool = Fals
         raise _unreadable(folder, exc) from None
     ids = list(encoded["input_ids"])
     type_ids = list(encoded.get("token_type_ids") or [0] * len(ids))
-    return Encoded(ids, list(tokenizer.convert_ids_to_tokens(ids)), type_ids, "transformers AutoTokenizer")
+    tokens = [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
+    return Encoded(ids, tokens, type_ids, "transformers AutoTokenizer", _auto_decoded(tokenizer, tokens, ids))
 
 
 def _auto_tokenizer(folder: Path, settings: dict[str, Any] | None = None) -> Any:
@@ -163,32 +208,45 @@ def _unreadable(folder: Path, exc: Exception) -> UsageError:
 def tokens_of(folder: Path, ids: list[int]) -> list[str]:
     """The tokens of `ids` as convert_ids_to_tokens gives them (a decoder's start token, say); `<id N>` where
     the folder has no tokenizer to ask."""
-    if folder.is_file():  # a GGUF file
-        from attnscope.models.gguf import tokenizer as gguf_tokenizer
-
-        return [gguf_tokenizer.load(folder).id_to_token(i) or f"<id {i}>" for i in ids]
-    if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        return [tokenizer.id_to_token(i) or f"<id {i}>" for i in ids]
-    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
-        return [f"<id {i}>" for i in ids]
-    return [str(t) for t in _auto_tokenizer(folder).convert_ids_to_tokens(ids)]
+    return [token for token, _ in pieces(folder, ids)]
 
 
 def pieces(folder: Path, ids: list[int]) -> list[tuple[str, str]]:
-    """Each id as a token (`convert_ids_to_tokens`: `▁cat`, `Ġcat`) and as the text it decodes to alone (` cat`),
-    for ids a model generated."""
+    """Each id as a token (`convert_ids_to_tokens`: `▁cat`, `Ġcat`) and as the text it decodes to alone (` cat`,
+    `_alone`); `<id N>` for both where the folder has no tokenizer to ask."""
     if folder.is_file():  # a GGUF file
         from attnscope.models.gguf import tokenizer as gguf_tokenizer
 
-        tokenizer = gguf_tokenizer.load(folder)
-        return [(tokenizer.id_to_token(i) or "", tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
+        return _pieces(gguf_tokenizer.load(folder), ids)
     if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        return [(tokenizer.id_to_token(i) or "", tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
+        return _pieces(Tokenizer.from_file(str(folder / "tokenizer.json")), ids)
+    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
+        return [(f"<id {i}>", f"<id {i}>") for i in ids]
     auto = _auto_tokenizer(folder)
-    return [(str(auto.convert_ids_to_tokens(i)), str(auto.decode([i]))) for i in ids]
+    tokens = [str(t) for t in auto.convert_ids_to_tokens(ids)]
+    return list(zip(tokens, _auto_decoded(auto, tokens, ids), strict=True))
+
+
+def _pieces(tokenizer: Any, ids: list[int]) -> list[tuple[str, str]]:
+    tokens = [tokenizer.id_to_token(i) or f"<id {i}>" for i in ids]
+    return list(zip(tokens, _decoded(tokenizer, tokens, ids), strict=True))
+
+
+def text_of(folder: Path, ids: list[int]) -> str:
+    """`ids` decoded together, as `tokenizer.decode(ids)` gives a continuation (special tokens kept, so an end of
+    turn shows): a character split over several tokens comes out whole, where `pieces` shows each part alone."""
+    if not ids:
+        return ""
+    if folder.is_file():  # a GGUF file
+        from attnscope.models.gguf import tokenizer as gguf_tokenizer
+
+        return str(gguf_tokenizer.load(folder).decode(ids, skip_special_tokens=False))
+    if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
+        from tokenizers import Tokenizer
+
+        return str(Tokenizer.from_file(str(folder / "tokenizer.json")).decode(ids, skip_special_tokens=False))
+    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
+        return " ".join(f"<id {i}>" for i in ids)
+    return str(_auto_tokenizer(folder).decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))

@@ -146,7 +146,7 @@ def _mha(n_Q: int, n_K: int, pad: int, user: str | None, terms: list[tuple[str, 
 def _transformers(n_Q: int, n_K: int, user: str | None, terms: list[tuple[str, str]], chunk: int | None) -> str:
     base = f"torch.zeros(n_batch, 1, {n_Q}, {n_K})" if user != "float" else "user_mask.expand(n_batch, 1, -1, -1)"
     lines = ["# additive [n_batch, 1, n_Q, n_K]: 0 = seen, finfo.min = masked; eager adds it",
-             "n_batch = q.shape[0]  # eager_attention_forward's query: [n_batch, n_head, n_Q, d]"]
+             "n_batch = q.shape[0]  # q: [n_batch, n_head, n_Q, d_head], as eager's query"]
     if chunk is not None:
         lines.append(f"# the chunks are masking_utils.chunked_causal_mask_function({chunk}, left_padding)'s")
     lines += build(n_Q, n_K, terms)

@@ -87,7 +87,11 @@ def _header(anatomy: Anatomy) -> str:
     count = (f"{stacks.count('encoder')} encoder and {stacks.count('decoder')} decoder layers"
              if "cross" in stacks else f"{len(stacks)} layers")
     at = f"at {anatomy.tokens} tokens ({anatomy.tokens_from}), " if anatomy.tokens is not None else ""
-    return f"{anatomy.model}: {named}{part}, {count}\n{at}{anatomy.dtype} ({anatomy.dtype_from}), one sequence"
+    if " " not in anatomy.dtype_from:  # a key (`torch_dtype`, `--dtype`): beside the dtype
+        return f"{anatomy.model}: {named}{part}, {count}\n{at}{anatomy.dtype} ({anatomy.dtype_from}), one sequence"
+    # a sentence (no dtype named, a GGUF's): a line of its own, never split over two by the wrapping
+    return f"{anatomy.model}: {named}{part}, {count}\n{at}{anatomy.dtype}, one sequence\n" \
+           f"{anatomy.dtype}: {anatomy.dtype_from}"
 
 
 def notes(anatomy: Anatomy) -> list[str]:

@@ -16,8 +16,10 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
+from attnscope.errors import printable
+from attnscope.models.tokenizer import token_label
 from attnscope.readings.headstats import TEXT_ONLY
-from attnscope.render.console import clean, numbers, shown_token
+from attnscope.render.console import clean, numbers
 from attnscope.render.fit import FittedText
 from attnscope.render.shading import MASKED_LEGEND, CellLine, Cells, ramp
 from attnscope.views.explorer import KIND_LETTERS as LETTERS  # the page's grid uses the same letters
@@ -100,7 +102,7 @@ def show_decode(out: Console, result: HeadResult) -> None:
     if not steps:
         return
     n_K = steps[-1].attention.shape[-1]
-    texts = [shown_token(token if "\ufffd" in text else text) for token, text in result.decode_pieces]
+    texts = [token_label(token, text) for token, text in result.decode_pieces]  # as the heatmap's labels
     text_w = min(12, max((cell_len(t) for t in texts), default=4))
     pos_w = len(str(steps[-1].position))
     cols = group_size(n_K, max(8, out.width - pos_w - text_w - 4))
@@ -126,6 +128,8 @@ def show_decode(out: Console, result: HeadResult) -> None:
 
     out.print(Text(f"KV cache after the last token: {format_bytes(total)} (every layer's keys and values, as "
                    "transformers' cache holds them)"))
+    if result.generated_text is not None:  # the new tokens decoded together, as tokenizer.decode(ids) reads them
+        out.print(Text("the continuation: ", style="bold") + Text(printable(result.generated_text)))
 
 
 def key_ruler(n_cols: int, pool: int, room: int) -> str:

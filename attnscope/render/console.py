@@ -71,6 +71,15 @@ class _Console(Console):
         self.quiet = True
         raise BrokenPipeError
 
+    def _render_buffer(self, buffer: Any) -> str:
+        """Rich's text, without the blanks it pads a line with (a table's last column, a wrapped sentence): piped
+        into a file or `diff`, no line ends in spaces. Only unstyled blanks right before a newline go: a styled
+        cell's background keeps its spaces, as its reset code follows them."""
+        return _TRAILING.sub("", super()._render_buffer(buffer))
+
+
+_TRAILING = re.compile(" +(?=\n)")
+
 
 def emit_json(payload: dict[str, Any]) -> None:
     """One JSON object on stdout. The keys are a documented contract (docs/json.md): add, never rename.
@@ -156,6 +165,8 @@ def clean(value: Any, aside: Callable[[Numbers], Any] | None = None) -> Any:
 
 
 def shown_token(text: str) -> str:
-    """A token's text on one line: control characters escaped, surrounding space shown as `␣`."""
-    shown = text.encode("unicode_escape").decode("ascii") if any(ord(c) < 32 for c in text) else text
-    return shown.replace(" ", "␣") or "∅"
+    """A token's text on one line: control characters escaped, spaces shown as `␣` (tokenizer.token_label, which
+    every view's token labels go through)."""
+    from attnscope.models.tokenizer import token_label
+
+    return token_label(text, text)

@@ -82,7 +82,8 @@ def long_json(result: HeadResult) -> dict[str, Any]:
     long, encoded = result.long, result.encoded
     assert long is not None and encoded is not None
     payload: dict[str, Any] = {
-        "tokens": encoded.tokens, "token_ids": encoded.ids, "tokenizer": encoded.via, "traced": True,
+        "tokens": encoded.tokens, **({"token_text": encoded.text} if encoded.text is not None else {}),
+        "token_ids": encoded.ids, "tokenizer": encoded.via, "traced": True,
         "tracer": result.tracer,
         "steps": [], "layer_steps": [step_json(step) for step in long.layer.steps],
         "attention_pooled": numbers(long.pooled), "pool": list(long.pool),

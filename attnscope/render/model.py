@@ -7,6 +7,7 @@ The weight table fits the terminal: a checkpoint key is broken only after a dot,
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -30,11 +31,10 @@ if TYPE_CHECKING:
     from attnscope.runs.head_result import HeadResult, ModelInfo
     from attnscope.spec import Latent
 
-NAME_WIDTH = 6  # "W_Q" and the column's padding ("q_norm" adds 3)
 STATS_WIDTH = 27  # mean, std and norm beside the key
 
 
-def summary(result: HeadResult) -> str:
+def summary(result: HeadResult, width: int = 10**6) -> str:
     i, o = result.info, result.options
     named = i.architecture if i.architecture == f"model_type {i.model_type}" else f"{i.architecture} ({i.model_type})"
     lines = [f"{named}: {result.layer_name}, head {o.head}"]
@@ -52,8 +52,19 @@ def summary(result: HeadResult) -> str:
                      f"{i.d_model / i.heads:g}")
     if result.about:
         lines.append(result.about)
-    lines.append(str(i.path))
+    lines += path_lines(str(i.path), width)
     return "\n".join(lines)
+
+
+def path_lines(path: str, width: int) -> list[str]:
+    """A path in lines of at most `width`, broken only after a `/` (a name longer than a line is cut, as nothing
+    else can show it): a terminal's own wrapping breaks it mid-name."""
+    lines = [""]
+    for part in re.findall(r"[^/]*/|[^/]+$", path):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return [piece[k:k + width] for piece in lines for k in range(0, max(len(piece), 1), width)]
 
 
 def _head_dim_source(path: Path, model_type: str, key: str) -> str:
@@ -71,13 +82,20 @@ def _head_dim_source(path: Path, model_type: str, key: str) -> str:
 def wrap_key(source: str, width: int) -> list[str]:
     """A checkpoint key and its slice in lines of at most `width`, broken only after a dot of the key: the
     slice (`[0:32, :]`, `[:, 64:96].T`) stays whole and on the line of the key's last part."""
+    note = source.find(" (")  # what the reading did: `(Q4_1 -> float32, rotary rows reordered)`
+    source, note_text = (source, "") if note < 0 else (source[:note], source[note:])
     cut = source.find("[")
     key, tail = (source, "") if cut < 0 else (source[:cut], source[cut:])
     parts = [p + "." for p in key.split(".")[:-1]] + [key.split(".")[-1] + tail]
+    if note_text:  # the note breaks between its parts (`, `), never inside one
+        pieces = note_text.split(", ")
+        parts += [piece + ("," if k < len(pieces) - 1 else "") if k == 0 else " " + piece + (
+            "," if k < len(pieces) - 1 else "") for k, piece in enumerate(pieces)]
     lines = [""]
     for part in parts:
         if lines[-1] and len(lines[-1]) + len(part) > width:
             lines.append("")
+            part = part.lstrip(" ")
         lines[-1] += part
     return lines
 
@@ -86,7 +104,8 @@ def weights_table(weights: HeadWeights, width: int) -> Table:
     from attnscope.models.checkpoint import describe, weight_stats
 
     longest = max((len(s) for s in weights.sources.values()), default=0)
-    names = NAME_WIDTH + max((len(name) - 3 for name in weights.tensors), default=0)
+    # the first column (its header "weight" or its longest name) and the two blanks between the columns
+    names = max([len("weight"), *(len(name) for name in weights.tensors)]) + 2
     beside = names + longest + STATS_WIDTH <= width  # the statistics fit beside the key
     key_width = max(20, width - names - (STATS_WIDTH if beside else 0))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
@@ -116,7 +135,7 @@ def show_head(out: Console, result: HeadResult) -> None:
     from attnscope.runs.outputs import Heatmap
 
     o = result.options
-    out.print(Text(summary(result), style="bold"))
+    out.print(Text(summary(result, out.width), style="bold"))
     if result.weights is not None:
         out.print(weights_table(result.weights, out.width))
         for note in result.weights.notes:
@@ -207,6 +226,8 @@ def head_json(result: HeadResult) -> dict[str, Any]:
     }
     if result.encoded is not None and result.attention is not None:
         payload["tokens"] = result.encoded.tokens
+        if result.encoded.text is not None:  # each token decoded alone: what the views show (with ␣ for a space)
+            payload["token_text"] = result.encoded.text
         payload["token_ids"] = result.encoded.ids
         payload["tokenizer"] = result.encoded.via
         payload["attention"] = numbers(result.attention)
@@ -219,6 +240,8 @@ def head_json(result: HeadResult) -> dict[str, Any]:
             payload["attention_kind"] = result.kind
         if result.target is not None:
             payload["target_tokens"] = result.target.tokens
+            if result.target.text is not None:
+                payload["target_token_text"] = result.target.text
             payload["target_token_ids"] = result.target.ids
         run = result.run
         payload["steps"] = [step_json(step) for step in run.head.steps] if run else []
@@ -259,6 +282,8 @@ def head_json(result: HeadResult) -> dict[str, Any]:
         payload |= readings_json(result)  # sinks_share, rollout (render/readings.py)
     if result.decode:
         payload["decode_steps"] = decode_json(result)
+        if result.generated_text is not None:  # the new tokens decoded together (tokenizer.text_of)
+            payload["generated_text"] = result.generated_text
     if result.comparisons:
         payload["check"] = [check_json(c) for c in result.comparisons]
         payload["check_passed"] = not result.check_failed

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
+from attnscope.models.tokenizer import token_label
 from attnscope.render.shading import CellLine, Cells, ramp
 from attnscope.views.colors import hex_color
 
@@ -83,8 +84,8 @@ def head_overlays(result: HeadResult) -> list[Overlay]:
                       f"{who if q is not None else 'every query'}'s row over the image",
                       rollout[q] if q is not None else rollout.double().mean(0)))
     decoded = zip(getattr(result, "decode", None) or [], getattr(result, "decode_pieces", []), strict=False)
-    for step, (token, _) in decoded:  # a VLM's --generate: each new token's row, the query's that chose it
-        found.append((f"{where}: the row that chose new token {step.position} “{token}”",
+    for step, (token, text) in decoded:  # a VLM's --generate: each new token's row, the query's that chose it
+        found.append((f"{where}: the row that chose new token {step.position} “{token_label(token, text)}”",
                       step.attention[result.options.head]))  # [n_K]
     return [overlay_of(picture, row, title) for title, row in found]
 

@@ -73,7 +73,23 @@ def show_values(out: Console, trace: Trace) -> None:
 
     for step in trace.steps:
         out.print(Text(f"{step.name} {list(step.shape)}", style="bold cyan"))
-        out.print(Text(preview(step.tensor, VALUES_LIMIT, width=out.width)))  # a row wrapped by Rich split a number
+        out.print(Text(balanced_preview(step.tensor, out.width)))  # a row wrapped by Rich split a number
+
+
+def balanced_preview(tensor: Any, width: int) -> str:
+    """`preview` at the narrowest line width that takes no more lines than `width` does: a row too long for one
+    line is split evenly (8 values as 4 + 4), never as 7 with the last value on a line of its own."""
+    from attnscope.tensors import preview
+
+    def lines(at: int) -> int:
+        return preview(tensor, VALUES_LIMIT, width=at).count("\n")
+
+    fewest = lines(width)
+    low, high = min(20, width), width  # lines(high) == fewest; the count only grows as the width shrinks
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if lines(middle) <= fewest else (middle + 1, high)
+    return preview(tensor, VALUES_LIMIT, width=high)
 
 
 def step_json(step: Step) -> dict[str, Any]:

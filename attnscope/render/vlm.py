@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from attnscope.models.tokenizer import token_label
 from attnscope.render.console import numbers
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def show_image_share(out: Console, result: HeadResult) -> None:
         out.print(Text(f"{result.layer_name}: each new token's weight on the image (the row of the query that "
                        "chose it)", style="bold"))
         by_step = step_shares(result.decode, image)  # [n_new, n_head]
-        pieces = [token for token, _ in result.decode_pieces]
+        pieces = [token_label(token, text) for token, text in result.decode_pieces]  # as the timeline shows them
         out.print(_share_table("new token", list(zip(pieces, by_step, strict=False)), result.options.head))
 
 

@@ -151,6 +151,7 @@ def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progres
         with progress(f"decoding {counted(asked.generate, 'token')}"):
             result.decode = seq2seq_decode.generate(model, source, target_ids, kind, asked.layer, asked.generate)
         result.decode_pieces = tokenizer.pieces(model.folder, [step.token_id for step in result.decode])
+        result.generated_text = tokenizer.text_of(model.folder, [step.token_id for step in result.decode])
     if asked.check:
         from attnscope.runs.check_model import check_encdec
 
@@ -305,4 +306,5 @@ def _target(model: EncoderDecoder, ids: list[int], default: bool) -> Encoded:
 
     via = "the decoder's start token (decoder_start_token_id), no --target given" if default else \
         "the target's tokens as the decoder reads them while it writes them (shift_tokens_right)"
-    return Encoded(ids, tokenizer.tokens_of(model.folder, ids), [0] * len(ids), via)
+    tokens, texts = zip(*tokenizer.pieces(model.folder, ids), strict=True) if ids else ((), ())
+    return Encoded(ids, list(tokens), [0] * len(ids), via, list(texts))

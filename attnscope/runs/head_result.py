@@ -97,6 +97,7 @@ class HeadResult:
     layer_numbers: list[int] | None = None  # the model's number of each of those (a hybrid's attention layers)
     decode: list[DecodeStep] | None = None  # --generate: each new token, its row of layer L
     decode_pieces: list[tuple[str, str]] = field(default_factory=list)  # each new token as (token, text)
+    generated_text: str | None = None  # --generate: the new tokens decoded together (tokenizer.text_of)
     long: LongHead | None = None  # a long input: the head's pattern pooled, computed in blocks
     _heads: LayerHeads | None = field(default=None, repr=False)
     target: Encoded | None = None  # an encoder-decoder's target tokens, as its decoder reads them
@@ -129,8 +130,8 @@ class HeadResult:
     def axes(self) -> tuple[list[str], list[str]]:
         """The pattern's row (query) and column (key) labels: the text's tokens; an encoder-decoder's decoder
         attends over the target's, and across, the target's queries over the source's keys."""
-        source = list(self.encoded.tokens) if self.encoded is not None else []
-        target = list(self.target.tokens) if self.target is not None else source
+        source = self.encoded.labels if self.encoded is not None else []  # tokens as decoded (tokenizer.token_label)
+        target = self.target.labels if self.target is not None else source
         return {"decoder": (target, target), "cross": (target, source)}.get(self.kind or "", (source, source))
 
     def tokens_text(self) -> str:

@@ -136,6 +136,7 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
     if stream.steps is not None:
         result.decode = stream.steps
         result.decode_pieces = tokenizer.pieces(folder, [step.token_id for step in stream.steps])
+        result.generated_text = tokenizer.text_of(folder, [step.token_id for step in stream.steps])
         result.notes.append(f"{counted(len(stream.steps), 'token')} decoded greedily with transformers' own forward "
                             "and its "
                             f"{stream.cache}, one token at a time; each row is layer {asked.layer}'s attention "

@@ -171,7 +171,7 @@ def head_html(result: Any) -> str:
     parts.extend(f"<p><i>note: {html.escape(note)}</i></p>" for note in result.notes
                  if result.run is None or note not in result.run.layer.notes)
     if result.attention is not None and result.encoded is not None:
-        tokens = list(result.encoded.tokens)
+        tokens = result.encoded.labels
         parts.append(pattern_svg(result.attention, tokens, tokens, f"layer {o.layer}, head {o.head}"))
     if result.heads is not None:
         parts.append(heads_html(result.heads))

@@ -137,7 +137,7 @@ def from_head(result: Any) -> Page:
         table.layer, table.head = page.focus[0], page.focus[1] if table.testid == "weights" else None
     long = getattr(result, "long", None)
     if long is not None and result.encoded is not None:  # a long input: the head pooled, its asked rows exact
-        tokens = list(result.encoded.tokens)
+        tokens = result.encoded.labels  # as decoded (tokenizer.token_label), as everywhere
         page.tables.append(steps_table(long.layer.steps, f"layer {o.layer}'s attention on {len(tokens):,} tokens, as "
                                                          "shapes (computed in blocks, never held)"))
         page.queries, page.keys = tokens, tokens
@@ -145,12 +145,13 @@ def from_head(result: Any) -> Page:
             long.rows[0] + i: row for i, row in enumerate(long.exact_rows)}
         page.layers = [Layer(o.layer, [Head(o.head, None, None, long.stats.as_dict(), long.pooled, long.pool, exact)])]
     if result.decode:
+        from attnscope.models.tokenizer import token_label
         from attnscope.views.explorer import DecodeStep
 
         page.decode_layer = o.layer
-        page.decode = [DecodeStep(step.token_id, token, step.position, step.attention, step.kv_cache_bytes,
-                                  [(0, step.evicted)] if step.evicted else [])
-                       for step, (token, _) in zip(result.decode, result.decode_pieces, strict=False)]
+        page.decode = [DecodeStep(step.token_id, token_label(token, text), step.position, step.attention,
+                                  step.kv_cache_bytes, [(0, step.evicted)] if step.evicted else [])
+                       for step, (token, text) in zip(result.decode, result.decode_pieces, strict=False)]
     return page
 
 

@@ -114,6 +114,15 @@ function hit(geo, event) {
   return i >= 0 && j >= 0 && i < geo.rows && j < geo.cols ? { i, j } : null;
 }
 
+// The row a click picks: its cells, or its label left of them (a label reads as the row's handle).
+function rowAt(geo, event) {
+  const at = hit(geo, event);
+  if (at) return at.i;
+  const r = event.target.getBoundingClientRect();
+  const x = event.clientX - r.left, i = Math.floor((event.clientY - r.top - geo.top) / geo.cell);
+  return x >= 0 && x < geo.left && i >= 0 && i < geo.rows ? i : null;
+}
+
 function showTip(tip, wrap, event, text) {
   tip.textContent = text; tip.hidden = false;
   const r = wrap.getBoundingClientRect();

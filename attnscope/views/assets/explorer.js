@@ -73,21 +73,23 @@ function showKeys(panel, title, sub, row, n_K, showAll, onToggle, masked) {  // 
   let max = 0;
   for (let j = 0; j < n_K; j++) { order.push(j); const v = row.arr.value(row.base + j); if (v > max) max = v; }
   const units = (j) => { const u = row.arr.units(row.base + j); return Number.isNaN(u) ? -Infinity : u; };
-  const top = order.slice().sort((a, b) => units(b) - units(a) || a - b).slice(0, TOP);
+  // the strongest of the keys the query may see: a masked key (weight 0 by construction) never pads the list
+  const allowed = order.filter((j) => !(masked && masked(j)));
+  const top = allowed.slice().sort((a, b) => units(b) - units(a) || a - b).slice(0, TOP);
   if (max <= 0 && !order.some((j) => Number.isNaN(row.arr.units(row.base + j)))) {
     const m = document.createElement("p"); m.textContent = "this query attends to no key: every weight is 0"; panel.append(m);
   }
   const list = document.createElement("ol"); list.className = "top"; list.dataset.testid = "top-keys-list";
   for (const j of top) list.append(keyItem(row, j, max, masked && masked(j)));
   panel.append(list);
-  if (n_K > 1) {
+  if (allowed.length > top.length) {  // keys the top list leaves out: else "show all" would repeat it
     const b = document.createElement("button"); b.type = "button"; b.dataset.testid = "show-all";
     b.textContent = showAll ? "hide the full list" : `show all ${n_K} keys in sequence order (a)`;
     b.setAttribute("aria-expanded", String(showAll));
     b.addEventListener("click", onToggle);
     panel.append(b);
   }
-  if (showAll) {
+  if (showAll && allowed.length > top.length) {
     const all = document.createElement("ol"); all.className = "all"; all.dataset.testid = "all-keys-list";
     for (const j of order) all.append(keyItem(row, j, max, masked && masked(j)));
     panel.append(all);
@@ -341,7 +343,7 @@ function wire() {
     else showTip(tip, wrap, e, `queries ${range(current.n_Q, current.pool[0], i)} → keys ${range(current.n_K, current.pool[1], j)}: ${text}`);
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
-  canvas.addEventListener("click", (e) => { const at = geo && hit(geo, e); if (at) select(at.i * current.pool[0], true); });
+  canvas.addEventListener("click", (e) => { const i = geo ? rowAt(geo, e) : null; if (i !== null) select(i * current.pool[0], true); });
   const dc = $("decode-canvas"), dtip = $("decode-tooltip");
   dc.addEventListener("mousemove", (e) => {
     const at = decodeGeo && hit(decodeGeo, e);
@@ -350,7 +352,7 @@ function wire() {
     showTip(dtip, dc.parentElement, e, `“${s.token}” @${s.position} → key ${at.j} “${decodeGeo.keys(at.j)}”: ${decodeRows[at.i].text(decodeGeo.h * n + at.j)}`);
   });
   dc.addEventListener("mouseleave", () => { dtip.hidden = true; });
-  dc.addEventListener("click", (e) => { const at = decodeGeo && hit(decodeGeo, e); if (at) decodePick(at.i); });
+  dc.addEventListener("click", (e) => { const i = decodeGeo ? rowAt(decodeGeo, e) : null; if (i !== null) decodePick(i); });
   $("zoom-in").addEventListener("click", () => zoom(1.25));
   $("zoom-out").addEventListener("click", () => zoom(0.8));
   $("zoom-fit").addEventListener("click", () => { state.cell = null; drawPattern(); });
@@ -403,6 +405,12 @@ async function start() {
       $("explorer").replaceChildren(p); $("explorer").hidden = false; return;
     }
     $("layer-axis").textContent = META.axis;
+    if (META.axis !== "layer") {  // rows of the kinds grid are batch elements (sdpa, mha, trace): say so
+      const plural = META.axis + "s";
+      $("layers").firstChild.textContent = `every ${META.axis}, every head `;
+      document.querySelector('a[href="#layers"]').textContent = `every ${META.axis}`;
+      $("kinds-grid").setAttribute("aria-label", `every ${META.axis}'s heads by kind: rows are ${plural}, columns are heads`);
+    }
     layerSelect.replaceChildren(...META.layers.map((L, i) => new Option(L.label, String(i))));
     $("explorer").hidden = false;
     wire();
