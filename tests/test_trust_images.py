@@ -192,7 +192,7 @@ def test_vlm_gets_the_picture_with_its_transparency(tmp_path):
     assert (theirs - dropped).abs().max() > 0.1
     thin = tmp_path / "thin.png"
     Image.new("RGB", (100_000, 1), (90, 40, 20)).save(thin)
-    with pytest.raises(UsageError, match=r"100,000 x 1 pixels.*would resize it.*crop it"):
+    with pytest.raises(UsageError, match=r"100,000 x 1 pixels.*would make it.*crop it"):
         vlm.place(folder, read_config(folder), TEXT, read_image(thin), str(thin))
 
 

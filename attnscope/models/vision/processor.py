@@ -82,7 +82,7 @@ def planned_size(processor: Any, height: int, width: int) -> tuple[int, int, str
     import numpy as np
 
     if not getattr(processor, "do_resize", True):
-        return height, width, "no resize"
+        return height, width, "it does not resize"
     size = getattr(processor, "size", None)
     if size is None or not hasattr(size, "shortest_edge"):
         return None
@@ -90,7 +90,7 @@ def planned_size(processor: Any, height: int, width: int) -> tuple[int, int, str
     if smart is not None and hasattr(processor, "merge_size") and size.shortest_edge and size.longest_edge:
         factor = int(processor.patch_size) * int(processor.merge_size)
         h, w = smart(height, width, factor=factor, min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
-        return int(h), int(w), f"smart_resize to {size.shortest_edge:,} to {size.longest_edge:,} pixels"
+        return int(h), int(w), f"smart_resize, to between {size.shortest_edge:,} and {size.longest_edge:,} pixels"
     from transformers.image_processing_backends import PilBackend
 
     if getattr(type(processor), "resize", None) is not PilBackend.resize:
@@ -100,17 +100,17 @@ def planned_size(processor: Any, height: int, width: int) -> tuple[int, int, str
 
     if size.shortest_edge and size.longest_edge:
         h, w = get_size_with_aspect_ratio((height, width), size.shortest_edge, size.longest_edge)
-        how = f"its shorter side to {size.shortest_edge}, its longer at most {size.longest_edge}"
+        how = f"its shorter side resized to {size.shortest_edge}, its longer at most {size.longest_edge}"
     elif size.shortest_edge:
         shape = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (3, height, width))  # a shape, no pixels
         h, w = get_resize_output_image_size(shape, size=size.shortest_edge, default_to_square=False,
                                             input_data_format=ChannelDimension.FIRST)
-        how = f"its shorter side to {size.shortest_edge}, the aspect ratio kept"
+        how = f"its shorter side resized to {size.shortest_edge}, the aspect ratio kept"
     elif size.max_height and size.max_width:
         h, w = get_image_size_for_max_height_width((height, width), size.max_height, size.max_width)
-        how = f"to fit {size.max_height} x {size.max_width}"
+        how = f"resized to fit {size.max_height} x {size.max_width}"
     elif size.height and size.width:
-        h, w, how = size.height, size.width, "to its size"
+        h, w, how = size.height, size.width, "resized to its size"
     else:
         return None
     return int(h), int(w), how
@@ -135,10 +135,13 @@ def check_size(processor: Any, width: int, height: int, image: str = "") -> None
     made = f"{_count(w)} x {_count(h)} = {_count(w * h)} pixels, over the {MAX_RESIZED:,} attnscope lets it make" \
         if min(h, w) >= 1 else f"{_count(w)} x {_count(h)} pixels, an empty image"
     side = min(width, height)
-    thin = _fits(planned_size(processor, side, side))  # a square picture would do: the shape is to blame
+    try:
+        thin = _fits(planned_size(processor, side, side))  # a square picture would do: the shape is to blame
+    except (ValueError, TypeError, ArithmeticError):
+        thin = False
     fix = "crop it to a less elongated shape first" if thin else f"fix the size in {PROCESSOR_CONFIG}"
-    raise UsageError(f"{where} is {width:,} x {height:,} pixels, and {name} would resize it ({how}) to {made}; "
-                     f"{fix}", "image")
+    raise UsageError(f"{where} is {width:,} x {height:,} pixels, and {name} would make it {made} ({how}); {fix}",
+                     "image")
 
 
 def _fits(planned: tuple[int, int, str] | None) -> bool:
