@@ -423,3 +423,25 @@ def test_processor_sizes_that_cannot_be_made_refused(towers, tmp_path, size, wor
     settings = json.loads((bad / "preprocessor_config.json").read_text())
     (bad / "preprocessor_config.json").write_text(json.dumps({**settings, "size": size, "do_center_crop": False}))
     assert_usage_error(run_main("head", "--model", str(bad), "--image", str(draw(tmp_path / "cat.png"))), *words)
+
+
+@pytest.mark.parametrize("kind", ["vit", "siglip"])
+def test_every_layer_of_a_tower_says_what_its_heads_move(towers, tmp_path, kind):
+    """Item 21 with --all-layers: each layer's value_norms equal the float64 reference from that layer's own value
+    and output projections, so the sinks view's value-weighted shares and the value-weighted rollout exist."""
+    from PIL import Image
+
+    from attnscope.runs.head import run_head
+    from attnscope.runs.head_result import HeadOptions
+
+    folder, tower = towers(kind)
+    path = draw(tmp_path / "cat.png")
+    result = run_head(HeadOptions(model=str(folder), layer=0, head=1, image=str(path), all_layers=True))
+    pixels = _reference_pixels(folder, Image.open(path))
+    assert result.layer_norms is not None and len(result.layer_norms) == 2
+    for layer, mine in enumerate(result.layer_norms):
+        pattern, values, W_O = _eager(tower, pixels, layer)
+        norms, _ = _moved_reference(pattern, values, W_O)
+        torch.testing.assert_close(mine, norms, atol=1e-5, rtol=1e-5)
+    assert result.rollout_weighted is not None
+    assert result.layer_heads is not None and all(h.moved() is not None for h in result.layer_heads)

@@ -74,6 +74,7 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
         from attnscope.runs import beyond_layer as layers
 
         result.layer_patterns = ran.patterns
+        result.layer_norms = ran.layer_norms  # what each head of every layer moves (readings/moved.py)
         result.notes.extend(ran.notes or [])
         layers.layer_heads(result)
     if asked.check:

@@ -71,6 +71,7 @@ class VisionRun:
     patterns: list[torch.Tensor] | None = None
     notes: list[str] | None = None
     W_O: torch.Tensor | None = None  # layer L's output projection's weight [d_model, n_head·d_head] (moved.py)
+    layer_norms: list[torch.Tensor | None] | None = None  # with every layer, each one's value_norms [n_head, n]
 
 
 def is_vision(model_type: str) -> bool:
@@ -137,14 +138,19 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
     model = truncated.load(getattr(transformers, TOWERS[model_type].model_class), folder,
                            config if every else truncated.cut(config, n_layer, layer), model_type, traced=True)
     captured: dict[str, torch.Tensor] = {}
-    hook = _patch_conv(model).register_forward_hook(lambda _m, _i, out: captured.setdefault("patches", out))
+    hooks = [_patch_conv(model).register_forward_hook(lambda _m, _i, out: captured.setdefault("patches", out))]
+    values: dict[int, torch.Tensor] = {}  # with every layer: each layer's V as its value projection made it
+    if every:
+        hooks += [module.register_forward_hook(lambda _m, _i, out, i=i: values.setdefault(i, out[0].detach()))
+                  for i, module in _projections(model, VALUE_PROJECTIONS).items()]
     try:
         with torch.no_grad(), selfcheck.checked_recording(model, layer, stop=not every, every=every) as recorder:
             model(pixel_values=pixels.values)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise _could_not_run(model_type, exc) from None
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     recorded, fallback = selfcheck.outcome(recorder)
     if fallback:  # selfcheck.py: a module does more than its attention function is handed: eager's patterns
         return _eager(model, model_type, grid, pixels, n_layer, layer, every, fallback)
@@ -155,26 +161,56 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
     recorded.layer = _with_pixels(recorded.layer, pixels, captured["patches"], grid)
     patterns = [recorder.patterns[i] for i in sorted(recorder.patterns)] if recorder.patterns else None
     found = truncated.sizes(model, recorded, recorded.layer["attention"][0], n_layer, layer)
-    return VisionRun(found, grid, patterns, list(recorder.notes), output_weight(model, layer))
+    norms = _layer_norms(model, values, n_layer, found.n_head) if every else None
+    return VisionRun(found, grid, patterns, list(recorder.notes), output_weight(model, layer), norms)
 
 
-# Where each tower keeps its attention's output projection in layer L: ViT's, DeiT's and DINOv2's
-# `attention.o_proj` (transformers 5.23; `attention.output.dense`, ViTSelfOutput's, before), CLIP's and SigLIP's
-# `self_attn.out_proj`.
+# Where each tower keeps its attention's output and value projections in a layer: ViT's, DeiT's and DINOv2's
+# `attention.o_proj` and `attention.v_proj` (transformers 5.23; ViTSelfOutput's `attention.output.dense` and
+# `attention.attention.value` before), CLIP's and SigLIP's `self_attn.out_proj` and `self_attn.v_proj`.
 OUTPUT_PROJECTIONS = ("attention.o_proj", "attention.output.dense", "self_attn.out_proj", "self_attn.o_proj")
+VALUE_PROJECTIONS = ("attention.v_proj", "attention.attention.value", "self_attn.v_proj")
 
 
 def output_weight(model: Any, layer: int) -> torch.Tensor | None:
     """Layer `layer`'s attention output projection's weight `[d_model, n_head·d_head]` (a Linear's), which
     carries each head's values into the residual stream (readings/moved.py's W_O); None where the tower keeps it
     elsewhere."""
+    found = _projections(model, OUTPUT_PROJECTIONS).get(layer)
+    return None if found is None else found.weight.detach()
+
+
+def _projections(model: Any, names: tuple[str, ...]) -> dict[int, Any]:
+    """Each layer's Linear named `<layers>.<i>.<one of names>`, by layer index i."""
     import torch
 
-    ends = tuple(f".{layer}.{name}" for name in OUTPUT_PROJECTIONS)
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and name.endswith(ends):
-            return module.weight.detach()
-    return None
+    found: dict[int, Any] = {}
+    for full, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        for name in names:
+            index = full[:-len(name) - 1].rpartition(".")[2] if full.endswith("." + name) else ""
+            if index.isdigit():  # `encoder.layers.3.self_attn.v_proj` -> 3
+                found.setdefault(int(index), module)
+    return found
+
+
+def _layer_norms(model: Any, values: dict[int, torch.Tensor], n_layer: int,
+                 n_head: int) -> list[torch.Tensor | None] | None:
+    """Every layer's value_norms `[n_head, n]` (readings/moved.py) from its value projection's output `[n,
+    n_head·d_head]` (bias in: f(x) = (x W_V + b_V) W_O) and its output projection; None where a layer's is
+    missing."""
+    from attnscope.readings.moved import value_norms
+
+    norms: list[torch.Tensor | None] = []
+    for i in range(n_layer):
+        W_O = output_weight(model, i)
+        if i not in values or W_O is None or values[i].shape[-1] % n_head:
+            return None
+        n, width = values[i].shape
+        V = values[i].view(n, n_head, width // n_head).transpose(0, 1)  # [n_head, n, d_head]
+        norms.append(value_norms(V, W_O))
+    return norms
 
 
 def _eager(model: Any, model_type: str, grid: Grid, pixels: Pixels, n_layer: int, layer: int, every: bool,
