@@ -412,3 +412,35 @@ def attention_cols(Q, K, V):
     """The column form: one token a column, out = V softmax(Kᵀ Q / √d_K), the softmax over the keys."""
     A = (K.transpose(-2, -1) @ Q) / math.sqrt(Q.shape[-2])
     return V @ A.softmax(dim=-2)
+
+
+class DictCfg(nn.Module):
+    """Its head count only in a dict it keeps under a name of its own (`self.hp`)."""
+    def __init__(self, d=64):
+        super().__init__()
+        self.hp = {"num_heads": 4, "dim": d}
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        H = self.hp["num_heads"]
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+class NoHeadsSaid(nn.Module):
+    """Its head count only as a literal in its forward: read from the queries it hands the kernel."""
+    def __init__(self, d=64):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        q, k, v = (t.view(B, T, 4, C // 4).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
