@@ -159,6 +159,12 @@ def nanogpt(m, x):
                                is_causal=True))
 
 
+def thirds(m, x):
+    C = x.shape[-1]
+    w = [rows_of(m.qkv, slice(j * C, (j + 1) * C)) for j in range(3)]
+    return m.out(sdpa_heads(x, w[0][0], w[1][0], w[2][0], w[0][1], w[1][1], w[2][1], 4, 4, is_causal=True))
+
+
 CASES = [
     ("NeoXAttention", ("--causal", "--rope"), "rotates the first 4 of each head's 16 coordinates", neox),
     ("LitGPTAttention", ("--causal",), "looked up in the projection's output", litgpt),
@@ -173,6 +179,8 @@ CASES = [
     ("LocalWindow", ("--window", "4", "--window-side", "both"), None, local),
     ("TrilBuffer", ("--causal",), None, nanogpt),
     ("BufferAndMask", ("--causal",), "your code masks by itself", nanogpt),
+    ("DictCfg", ("--causal",), None, thirds),
+    ("NoHeadsSaid", ("--causal",), "n_head = 4, read from the queries your code hands the scores", thirds),
 ]
 
 

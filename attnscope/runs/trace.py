@@ -150,6 +150,28 @@ def run_trace(o: TraceOptions) -> TraceRun:
     if not called.records:
         run.notes.append(f"no tensor operation ran from {target.path.name}: only ops called from that file are "
                          "recorded (torch functions, Tensor methods and operators)")
+
+    def again() -> tuple[Inputs, Feeds, Called, Convention | None]:
+        """The code run again on sizes chosen anew (a size learnt from the first run), the run's words with it."""
+        made = attempt(o)
+        run.notes[:] = first_notes + made[0].notes + plan_notes(plan, made[0])
+        if made[3] is not None:
+            run.notes.append(made[3].note(plan.mask or "mask"))
+        run.header = _header(target, label, plan, made[0], mode, spec)
+        run.header[-1] += "" if o.q else f"  seed={o.seed}"
+        run.params, run.failure, run.failure_source = _params(o, target, kwargs, made[0]), made[2].failure, \
+            made[2].source
+        return made
+
+    if called.failure is None and weighted is not None and shapes.n_head is None and o.heads is None:
+        read = _heads_from_run(called.records, shapes.fixed.get("d_feat"))
+        if read is not None:  # the head count only the code says (a literal in its forward): read from its q
+            heads, line = read
+            shapes = ShapePlan.make(dataclasses.replace(o, heads=heads), weighted, init)
+            inputs, fed, called, convention = again()
+            first_notes.append(f"n_head = {heads}, read from the queries your code hands the scores (line {line}: "
+                               f"[.., {heads}, n_Q, d_head]); nothing else in the module says it (--heads does)")
+            run.notes.insert(len(first_notes) - 1, first_notes[-1])
     if called.failure is None:
         if any(name.lower() != "freqs_cis" for name in plan.tables):  # real tables laid out for one pairing:
             spec = dataclasses.replace(spec, pairing_asked=True)  # the code pairs as they are laid out, or errs
@@ -160,14 +182,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
             # key/value heads read only from the run (a fused projection per KV group) share a size with a dim:
             # run again with sizes that avoid them, so no axis is named from a coincidence (n_batch for n_kv_head)
             shapes.extra["n_kv_head"] = kv
-            inputs, fed, called, convention = attempt(o)
-            run.notes[:] = first_notes + inputs.notes + plan_notes(plan, inputs)
-            if convention is not None:
-                run.notes.append(convention.note(plan.mask or "mask"))
-            run.header = _header(target, label, plan, inputs, mode, spec)
-            run.header[-1] += "" if o.q else f"  seed={o.seed}"
-            run.params, run.failure, run.failure_source = _params(o, target, kwargs, inputs), called.failure, \
-                called.source
+            inputs, fed, called, convention = again()
             if called.failure is None:
                 lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
         run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
@@ -279,6 +294,22 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
                         f"{plan.mask}): {plan.mask} was given a mask that masks nothing, so that trace's mask never "
                         "hides yours; the reference's mask is compared with your code's own")
     return tried
+
+
+def _heads_from_run(records: list[Record], d_feat: int | None) -> tuple[int, int] | None:
+    """n_head as the code's own queries say it, and their line: the scores' left operand (a kernel's q) laid out
+    [n_batch, n_head, n_Q, d_head], its heads times d_head the module's width; None where they are laid out
+    otherwise (heads folded into the batch, grouped in five axes)."""
+    from attnscope.usertrace.flow import operands
+
+    found = operands(records)
+    if found is None or not d_feat:
+        return None
+    q = records[found[0]]
+    shape = tuple(q.tensor.shape)
+    if len(shape) != 4 or shape[1] * shape[3] != d_feat or shape[1] < 1:
+        return None
+    return int(shape[1]), q.line
 
 
 def _guard(o: TraceOptions, spec: Spec, sizes: dict[str, int], is_module: bool) -> None:

@@ -466,7 +466,27 @@ def _configs(module: Any, init: dict[str, Any]) -> list[tuple[str, Any]]:
              if not isinstance(v, (int, float, str, bytes, bool, list, tuple, dict, set, type(None), complex))]
     found += [(f"its {k}", v) for k in CONFIG_NAMES if (v := attribute(module, k)) is not None
               and not isinstance(v, (int, float, str, bool)) and not callable(v)]
+    # any other object it keeps that says a head count (`self.hparams`, `self.model_cfg`, a dict or namespace)
+    import torch
+
+    held = {id(v) for _, v in found}
+    for k, v in (getattr(module, "__dict__", None) or {}).items():
+        if k.startswith("_") or id(v) in held or isinstance(v, (int, float, str, bytes, bool, list, tuple, set,
+                                                                  torch.Tensor, torch.nn.Module, type(None))) \
+                or callable(v):
+            continue
+        if isinstance(v, dict):
+            v = _Mapping(v)
+        if any(_count(attribute(v, name)) for name in HEAD_NAMES + HEAD_DIM_NAMES):
+            found.append((f"its {k}", v))
     return found
+
+
+class _Mapping:
+    """A dict config read as an object: `config["n_heads"]` as `config.n_heads`."""
+
+    def __init__(self, values: dict[Any, Any]) -> None:
+        self.__dict__.update({k: v for k, v in values.items() if isinstance(k, str)})
 
 
 def _count(value: Any) -> bool:
