@@ -144,3 +144,40 @@ def test_model_page_tokens_decode_labels_and_how_to_read(runner, tmp_path, conte
     for kind in KINDS:
         assert kind in how, kind
     finish(o)
+
+
+def test_the_image_overlay_has_a_colour_scale(tmp_path, context, monkeypatch):
+    """The overlay painted each patch from clear to bright with nothing to read its colours by: a scale under it
+    now runs from 0 (clear) to the row's largest weight on a patch (from --json's attention), its bright end
+    viridis' last colour (#fde725) at the overlay's opacity over the page."""
+    from cli_main import run_main
+    from tiny_vision import build as build_vision
+    from tiny_vision import draw
+
+    build_vision("dinov2_with_registers", tmp_path / "model")
+    draw(tmp_path / "cat.png", 96, 80)
+    monkeypatch.chdir(tmp_path)
+    args = ["head", "--model", "model", "--image", "cat.png", "--layer", "1", "--head", "2"]
+    data = run_main(*args, "--json").json()
+    assert run_main(*args, "--html", "page.html").code == 0
+    o = open_page(context, tmp_path / "page.html")
+    page = o.page
+    scale = page.get_by_test_id("overlay-scale")
+    assert scale.is_visible()
+    first = data["image"]["first_patch"]
+    row = data["attention"][0][first:first + data["image"]["n_patches"]]  # [CLS]'s row over the patches
+    top = float(scale.get_attribute("data-max"))
+    assert abs(top - max(row)) <= 0.5 * 10.0 ** -(len(scale.get_attribute("data-max").split(".")[1])) + 1e-9
+    assert scale.get_attribute("data-min") == "0"
+    alpha = float(scale.get_attribute("data-alpha"))
+    if page.evaluate("document.documentElement.dataset.theme") == "dark":
+        page.get_by_test_id("theme-toggle").click()  # the light page: its background is white
+    ends = scale.evaluate("""c => { const x = c.getContext('2d'), r = devicePixelRatio;
+        const at = (px) => Array.from(x.getImageData(Math.round(px * r), Math.round(8 * r), 1, 1).data.slice(0, 3));
+        return [at(2), at(c.clientWidth - 3)]; }""")
+    background = [255, 255, 255]
+    bright = [alpha * c + (1 - alpha) * b for c, b in zip((0xfd, 0xe7, 0x25), background, strict=True)]
+    assert all(abs(a - b) <= 3 for a, b in zip(ends[1], bright, strict=True)), ends
+    assert all(abs(a - b) <= 3 for a, b in zip(ends[0], background, strict=True)), ends
+    assert f"0 (clear) to {scale.get_attribute('data-max')} (bright)" in page.get_by_test_id("overlay-title").inner_text()
+    finish(o)

@@ -311,6 +311,7 @@ function redraw() {
   box.dataset.layer = "";
   grid();
   decode();
+  drawOverlay();  // its colour scale is drawn over the theme's background
 }
 
 function search(text) {

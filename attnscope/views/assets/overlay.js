@@ -91,7 +91,33 @@ function drawOverlay() {
     ? `${who}: ${onPatches.toFixed(3)} of its weight on the ${I.rows} × ${I.cols} patches; 0 (clear) to ${peak.toFixed(d)} (bright) · ${whose} · ${I.path}, ${I.processor}`
     : `${who}: its exact weights are not in the page, only the pooled pattern`;
   overlayGeo.decimals = d;
+  overlayScale(W, weights ? peak : null, d);
   overlayPrefix(q, weights, d);
+}
+
+// The overlay's colour scale, under the image: the viridis colours at the overlay's opacity over the page's
+// background (a patch paints its colour at OVERLAY_ALPHA x its share of the peak), 0 (clear) to the peak.
+function overlayScale(W, peak, d) {
+  const c = $("overlay-scale"), ratio = dpr(), H = 34, bar = 12, ctx = c.getContext("2d");
+  c.width = Math.round(W * ratio); c.height = Math.round(H * ratio);
+  c.style.width = W + "px"; c.style.height = H + "px";
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, W, H);
+  c.hidden = peak === null;
+  if (peak === null) return;
+  const n = Math.max(1, Math.floor(W - 2));
+  for (let x = 0; x < n; x++) {
+    const f = x / (n - 1 || 1), k = Math.round(f * 255) * 3;
+    ctx.fillStyle = css("--bg"); ctx.fillRect(1 + x, 2, 1, bar);
+    ctx.fillStyle = `rgba(${LUT[k]},${LUT[k + 1]},${LUT[k + 2]},${(OVERLAY_ALPHA * f).toFixed(3)})`;
+    ctx.fillRect(1 + x, 2, 1, bar);
+  }
+  ctx.strokeStyle = css("--line"); ctx.lineWidth = 1; ctx.strokeRect(0.5, 1.5, n + 1, bar + 1);
+  ctx.fillStyle = css("--fg"); ctx.font = "11px ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace";
+  ctx.textBaseline = "top";
+  ctx.textAlign = "left"; ctx.fillText("0 (clear)", 1, bar + 6);
+  ctx.textAlign = "right"; ctx.fillText(`${peak.toFixed(d)} (the largest on a patch)`, W - 1, bar + 6);
+  Object.assign(c.dataset, { min: "0", max: peak.toFixed(d), alpha: String(OVERLAY_ALPHA) });
 }
 
 function overlayPrefix(q, weights, d) {
