@@ -207,6 +207,12 @@ def test_a_fused_layout_is_solved_not_read_by_width(runner):
     assert "q=attn[0:32, 64:96], k=attn[32:48, 96:112], v=attn[48:64, 112:128]" in out["reference"]
 
 
+def test_a_window_the_reference_was_not_told_of_names_the_flags_that_describe_it(runner):
+    result, out = trace(runner, f"{STYLES}:LocalWindow")
+    assert result.exit_code == 1
+    assert "describe it with --window 4 --window-side both" in out["first_divergence"]["diagnosis"]
+
+
 def test_no_axis_is_named_from_a_coincidence_of_sizes(runner):
     """litgpt's key/value heads are read only once the code ran (its fused projection): the run is made again with
     sizes that avoid them, so the group axis reads n_kv_head, never n_batch."""

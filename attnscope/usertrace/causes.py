@@ -32,25 +32,28 @@ def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     base = ctx.reference["masked_scores" if "masked_scores" in ctx.reference else "scores"].double()
     user = in_reference_layout(near, step, ctx)
     n_Q, n_K = base.shape[-2], base.shape[-1]
-    for align in ("upper-left", "lower-right"):
-        for window in (None, *range(1, n_K + 1)):
-            allowed, _ = masks.structural(AttentionSpec(causal=align, window=window), n_Q, n_K)
-            assert allowed is not None
-            masked = base.masked_fill(~allowed, float("-inf"))
-            if bool(torch.equal(torch.isneginf(masked), torch.isneginf(base))):
-                continue  # the reference masks these already
-            expected = masked if step == "masked_scores" else _softmax(masked)
-            if not close(user, expected):
-                continue
-            said = f"a sliding window of {window} ({align})" if window else f"a causal mask ({align})"
-            if ctx.comparing:
-                return Diagnosis(f"B masks where A does not: {label_of(near.record)} is A's {step} under {said}; B's "
-                                 "code masks by itself, or B's run was given a mask that A's was not", near.record)
-            flags = ("--causal" if align == "upper-left" else "--causal lower-right") + (
-                f" --window {window}" if window else "")
-            return Diagnosis(f"your code masks by itself: {label_of(near.record)} is the reference's {step} under "
-                             f"{said}, which the reference was not told of; describe it with {flags} (it "
-                             "describes the reference whether or not your forward takes a mask)", near.record)
+    rules: list[tuple[str | None, int | None, str]] = [
+        (align, window, "left") for align in ("upper-left", "lower-right") for window in (None, *range(1, n_K + 1))]
+    rules += [(None, window, "both") for window in range(2, 2 * n_K, 2)]  # a bidirectional local window
+    for align, window, side in rules:
+        allowed, _ = masks.structural(AttentionSpec(causal=align, window=window, window_side=side), n_Q, n_K)
+        assert allowed is not None
+        masked = base.masked_fill(~allowed, float("-inf"))
+        if bool(torch.equal(torch.isneginf(masked), torch.isneginf(base))):
+            continue  # the reference masks these already
+        expected = masked if step == "masked_scores" else _softmax(masked)
+        if not close(user, expected):
+            continue
+        said = (f"a window on both sides, |i − j| ≤ {window // 2}" if side == "both" else
+                f"a sliding window of {window} ({align})" if window else f"a causal mask ({align})")
+        if ctx.comparing:
+            return Diagnosis(f"B masks where A does not: {label_of(near.record)} is A's {step} under {said}; B's "
+                             "code masks by itself, or B's run was given a mask that A's was not", near.record)
+        flags = f"--window {window} --window-side both" if side == "both" else (
+            "--causal" if align == "upper-left" else "--causal lower-right") + (f" --window {window}" if window else "")
+        return Diagnosis(f"your code masks by itself: {label_of(near.record)} is the reference's {step} under "
+                         f"{said}, which the reference was not told of; describe it with {flags} (it "
+                         "describes the reference whether or not your forward takes a mask)", near.record)
     return None
 
 
