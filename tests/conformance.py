@@ -155,6 +155,20 @@ def attention_layers(eager) -> list[int]:
     return tiny_interface.attention_layers(eager)
 
 
+# The watch column (attnscope.watch, issue 42; tests/watch_conformance.py): "exact" where the family's attention
+# goes through transformers' attention interface (each layer's pattern against eager output_attentions, generate's
+# rows too); "own" where the family computes it in its own code (BLOOM, MPT, GPT-J, Falcon: said in one line,
+# transformers' own output_attentions from its eager run); "modules" for an encoder-decoder (whose modules' layer_idx
+# repeat: every attention module numbered in module order, the encoder's, then the decoder's self and cross).
+WATCH_OWN = ("Bloom", "Mpt", "GptJ", "Falcon")
+
+
+def watch_column(family: str) -> str:
+    from test_conformance import ENCODER_DECODERS
+
+    return "own" if family in WATCH_OWN else "modules" if family in ENCODER_DECODERS else "exact"
+
+
 def assert_trained_looking(folder: Path) -> None:
     """Every floating tensor the checkpoint holds varies: no norm weight of ones, no zero bias or sink, no table
     left as initialised to a constant (Marian's and Whisper's sinusoids are not learned, and vary anyway)."""

@@ -298,6 +298,17 @@ def _check_encoder_decoder(runner, folder, eager, family):
             assert "generated ids" in names and sum(n.startswith("step ") for n in names) == 3
 
 
+@pytest.mark.parametrize("family", [row.family for row in ROWS])
+def test_watch_cell(family, built):
+    """The watch column (tests/watch_conformance.py): every row watched, as conformance.watch_column says."""
+    from watch_conformance import cell
+
+    folder, eager = built(family)
+    row = row_of(family)
+    decodes = row.views["generate"] == EXACT and ":" not in family or family.startswith(("interface:", "hybrid:"))
+    cell(family, folder, eager, ENCODER_DECODERS.get(family), decodes and family not in ENCODER_DECODERS)
+
+
 def row_of(family: str):
     return next(r for r in ROWS if r.family == family)
 

@@ -31,19 +31,23 @@ class Listener:
     order: int = 0  # unnumbered calls heard in this forward
     numbered: bool = False  # the model's attention modules carry layer_idx
     owners: dict[int, int] = field(default_factory=dict)  # layer number -> id of the module that holds it
+    plan: dict[int, int] | None = None  # id(module) -> its layer number, where layer_idx cannot be (`plan`)
     tokens: list[int] = field(default_factory=list)  # batch element 0's token ids, prompt and each step's
     gave_attentions: bool = False  # the caller asked the forward for output_attentions itself (outside families)
 
-    def begin(self, fresh: bool | None, ids: torch.Tensor | None) -> None:
-        """A forward of the watched model starts (its forward pre-hook)."""
+    def begin(self, fresh: bool | None, ids: torch.Tensor | None, restart: bool) -> None:
+        """A forward of the watched model starts (its forward pre-hook); `restart`: its token ids start over (no
+        cache to continue)."""
         self.forward += 1
         self.fresh, self.order = fresh, 0
-        if fresh is not False:
+        if restart:
             self.tokens = []
-        if ids is not None and ids.dim() == 2:
+        if ids is not None and ids.dim() == 2 and not ids.is_floating_point():
             self.tokens.extend(int(t) for t in ids[0].tolist())
 
     def number(self, module: Any, path: str) -> int | None:
+        if self.plan is not None and id(module) in self.plan:
+            return self.plan[id(module)]
         index = getattr(module, "layer_idx", None)
         if isinstance(index, int) and not isinstance(index, bool):
             owner = self.owners.setdefault(index, id(module))
@@ -118,7 +122,7 @@ class Listener:
         causal = "top-left" if is_causal else None  # torch's is_causal: the upper-left triangle
         scale = float(scale) if scale is not None else int(Q.shape[-1]) ** -0.5
         self._add(number, path, K, Q.shape[2], K.shape[2], lambda row0, key0, count: Call(
-            Q.detach(), row0, key0, count, mask, causal, None, scale))
+            Q.detach(), row0, key0, count, mask, causal, None, scale), last=False)  # torch's is_causal: top-left
 
     def direct(self, number: int, weights: torch.Tensor) -> None:
         """transformers' own attentions for a layer `[n_batch, n_head, n_Q, n_K]` (a family outside the
@@ -127,12 +131,13 @@ class Listener:
         self._add(number, f"layer {number}", None, kept.shape[2], kept.shape[3], lambda row0, key0, count: Call(
             None, row0, key0, count, None, None, None, 1.0, weights=kept))
 
-    def _add(self, number: int, path: str, K: torch.Tensor | None, n_Q: int, n_K: int, make: Any) -> None:
+    def _add(self, number: int, path: str, K: torch.Tensor | None, n_Q: int, n_K: int, make: Any,
+             last: bool = True) -> None:
         layer = self.layers.get(number)
         if layer is None or layer.path != path:
             layer = self.layers[number] = Layer(number, path)
         layer.forward = self.forward
-        layer.add(int(n_Q), int(n_K), K, self.fresh, make)
+        layer.add(int(n_Q), int(n_K), K, self.fresh, make, last)
 
     def _caller(self) -> str | None:
         """The innermost module of the watched model whose forward is on the call stack."""
@@ -145,6 +150,22 @@ class Listener:
                     return path or type(owner).__name__
             frame = frame.f_back  # type: ignore[assignment]
         return None
+
+
+def plan(model: Any) -> tuple[dict[int, int] | None, str]:
+    """Layer numbers for a model whose attention modules' `layer_idx` do not tell them apart (an encoder-decoder:
+    Whisper's encoder has none, T5's encoder and decoder count from 0 each, a decoder layer's self- and
+    cross-attention share one): every attention module (a class named ...Attention with a `layer_idx`) numbered
+    in the model's module order, with a note; None where layer_idx is each module's own number."""
+    found = [(name, m) for name, m in model.named_modules()
+             if "Attention" in type(m).__name__ and hasattr(m, "layer_idx")]
+    numbers = [getattr(m, "layer_idx", None) for _, m in found]
+    if all(isinstance(n, int) for n in numbers) and len(set(numbers)) == len(numbers):
+        return None, ""
+    first, last = found[0][0], found[-1][0]
+    return {id(m): i for i, (_, m) in enumerate(found)}, (
+        f"this model's attention modules do not each carry their own layer_idx (an encoder-decoder's): layers are "
+        f"numbered in module order, 0 = {first} to {len(found) - 1} = {last}; seen.paths names each")
 
 
 def _four(x: torch.Tensor) -> torch.Tensor:

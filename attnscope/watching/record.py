@@ -58,6 +58,7 @@ class Layer:
     n_rows: int = 0
     forward: int = -1
     notes: list[str] = field(default_factory=list)
+    offset: int = 0  # row i's query sits at key position offset + i (a forward that computes only its last queries)
 
     @property
     def n_head(self) -> int:
@@ -82,10 +83,13 @@ class Layer:
             self.keys = [joined]  # joined once, kept joined
         return joined[:, :, call.key0:call.key0 + call.n_K]
 
-    def add(self, n_Q: int, n_K: int, K: torch.Tensor | None, fresh: bool | None, make: Any) -> None:
+    def add(self, n_Q: int, n_K: int, K: torch.Tensor | None, fresh: bool | None, make: Any,
+            last: bool = False) -> None:
         """A call of `n_Q` queries over `n_K` keys (K, where the pattern is recomputed): a fresh forward starts
         the layer over; a continuing one (`fresh` False, or unknown and its keys the cache's: n_K > n_Q with the
-        kept keys before them) appends rows and its new keys. `make(row0, key0, n_K)` builds the Call."""
+        kept keys before them) appends rows and its new keys. `make(row0, key0, n_K)` builds the Call. `last`:
+        a fresh call's queries are its keys' last ones (transformers' self-attention: a layer that computes only
+        its last queries, Gemma 4's KV-shared layers in generate, has `offset` n_K - n_Q)."""
         held = n_K - n_Q  # keys the cache handed from before this call
         continuing = bool(self.calls) and held > 0 and held <= self.n_keys if fresh is None else (
             not fresh and bool(self.calls))
@@ -99,6 +103,7 @@ class Layer:
                 self.keys.append(_own(K))
             self.calls.append(make(0, 0, n_K))
             self.n_keys, self.n_rows = n_K, n_Q
+            self.offset = max(0, n_K - n_Q) if last else 0
             return
         if K is not None:
             self.keys.append(_own(K[:, :, -n_Q:]))  # the new keys: [n_batch, n_kv_head, n_Q, d_head]

@@ -85,10 +85,15 @@ class Seen:
                              f"element{'s' if layer.n_batch != 1 else ''} (0..{layer.n_batch - 1})")
         return batch
 
+    def offset(self, layer: int) -> int:
+        """Where the layer's first query row sits among its keys (query i at position offset + i): 0, but for a
+        layer that computed only its last queries (Gemma 4's KV-shared layers on a prompt in generate)."""
+        return self._layer(layer).offset
+
     def pattern(self, layer: int, head: int, batch: int = 0) -> torch.Tensor:
         """Head `head` of layer `layer` on batch element `batch`: `[n_Q, n_K]`, float32 on the CPU; after
         `generate`, the prompt's rows and a row for every decode step (keys not handed, a window's evicted ones,
-        are 0)."""
+        are 0). Query row i sits at key position `offset(layer) + i`."""
         from attnscope.watching.patterns import layer_pattern
 
         found = self._layer(layer)
@@ -120,8 +125,8 @@ class Seen:
         attention = self.patterns(layer, batch)
         tokens = self._listener.tokens if batch == 0 and len(self._listener.tokens) == attention.shape[-1] else None
         labels = [str(i) for i in range(attention.shape[-1])]
-        rows = labels if attention.shape[-2] == attention.shape[-1] else None
-        made = LayerHeads.of(attention, f"layer {layer} ({found.path})", rows, labels, batch=batch,
+        rows = labels[found.offset:found.offset + attention.shape[-2]]
+        made = LayerHeads.of(attention, f"layer {layer} ({found.path})", rows, labels, offset=found.offset, batch=batch,
                              tokens=tokens, sink_weight=self._sink_weight(found, batch))
         asked = set(self._heads(found))
         made.heads = [h for h in made.heads if h["head"] in asked]
@@ -146,7 +151,8 @@ class Seen:
         first = self._listener.layers[self.layers[0]]
         tokens = [str(t) for t in self._listener.tokens] if len(self._listener.tokens) == first.n_keys else \
             [str(i) for i in range(first.n_keys)]
-        layers = [(n, self.patterns(n)) for n in self.layers if self._listener.layers[n].n_keys == len(tokens)]
+        layers = [(n, self.patterns(n)) for n in self.layers if self._listener.layers[n].n_keys == len(tokens)
+                  and self._listener.layers[n].n_rows == len(tokens)]
         page = from_layers(f"attnscope watch: {self.model}", tokens, layers,
                            header=[f"{self.model}, watched: layers {', '.join(map(str, self.layers))}"],
                            describe=describe)

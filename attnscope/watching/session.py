@@ -33,11 +33,16 @@ class Watch:
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"model: watch takes a torch.nn.Module (a transformers model, or any module), not "
                              f"{type(model).__name__}")
+        from attnscope.watching.listen import plan
+
         self.model = model
+        self.route = _route(model)
+        self.plan, self.planned = plan(model) if self.route == "interface" else (None, "")
         self.n_layer, self.n_head = _sizes(model)
+        if self.plan is not None:  # an encoder-decoder's attention modules, numbered in module order
+            self.n_layer, self.n_head = len(self.plan), None
         self.layers = _numbers(layers, "layers", self.n_layer, "layer")
         self.heads = _numbers(heads, "heads", self.n_head, "head")
-        self.route = _route(model)
         self.seen: Seen | None = None
         self._handles: list[Any] = []
         self._patch: Any = None
@@ -53,7 +58,10 @@ class Watch:
         modules = {id(m): name for name, m in self.model.named_modules()}
         listener = Listener(modules, None if self.layers is None else set(self.layers))
         listener.numbered = any(isinstance(getattr(m, "layer_idx", None), int) for m in self.model.modules())
+        listener.plan = self.plan
         self.seen = Seen(listener, self.layers, self.heads, type(self.model).__name__, self.route)
+        if self.planned:
+            self.seen.notes.append(self.planned)
         if self.route == "outside":
             self.seen.notes.append(_outside_note(self.model))
         self._handles.append(self.model.register_forward_pre_hook(self._begin(listener), with_kwargs=True))
@@ -88,12 +96,11 @@ class Watch:
             import torch
 
             cache = kwargs.get("past_key_values")
-            fresh: bool | None = None
+            fresh: bool | None = None  # not known: each layer's keys say (watching/record.py)
             if self.route != "sdpa" or cache is not None:
-                length = getattr(cache, "get_seq_length", None)
-                fresh = cache is None or (callable(length) and int(length()) == 0)
+                fresh = True if cache is None or _empty(cache) else None
             ids = kwargs.get("input_ids", args[0] if args else None)
-            listener.begin(fresh, ids if isinstance(ids, torch.Tensor) else None)
+            listener.begin(fresh, ids if isinstance(ids, torch.Tensor) else None, fresh is True or cache is None)
             if outside:
                 kwargs = dict(kwargs)
                 listener.gave_attentions = bool(kwargs.get("output_attentions"))
@@ -181,6 +188,18 @@ def _route(model: Any) -> str:
                 "ALL_ATTENTION_FUNCTIONS" in vars(sys.modules.get(type(module).__module__, sys)):
             return "interface"
     return "outside"
+
+
+def _empty(cache: Any) -> bool:
+    """Whether a transformers cache holds nothing yet (a forward that starts a generate): every layer's length 0
+    (a hybrid's cache: its first layer may be a linear one whose length reads 0 at every step)."""
+    layers = getattr(cache, "layers", None)
+    try:
+        if layers:
+            return all(int(layer.get_seq_length()) == 0 for layer in layers if hasattr(layer, "get_seq_length"))
+        return int(cache.get_seq_length()) == 0
+    except (TypeError, ValueError, AttributeError, RuntimeError):
+        return False
 
 
 def _eager(model: Any) -> bool:
