@@ -165,6 +165,12 @@ def thirds(m, x):
     return m.out(sdpa_heads(x, w[0][0], w[1][0], w[2][0], w[0][1], w[1][1], w[2][1], 4, 4, is_causal=True))
 
 
+def kv_groups(m, x):
+    grid = torch.arange(2 * m.g * m.d).view(m.g, 2, m.d)  # [n_kv_head, 2, d_head]
+    wk, wv = m.kv.weight[grid[:, 0].reshape(-1)], m.kv.weight[grid[:, 1].reshape(-1)]
+    return m.o(sdpa_heads(x, m.q.weight, wk, wv, None, None, None, m.h, m.g, is_causal=True))
+
+
 CASES = [
     ("NeoXAttention", ("--causal", "--rope"), "rotates the first 4 of each head's 16 coordinates", neox),
     ("LitGPTAttention", ("--causal",), "looked up in the projection's output", litgpt),
@@ -180,6 +186,7 @@ CASES = [
     ("TrilBuffer", ("--causal",), None, nanogpt),
     ("BufferAndMask", ("--causal",), "your code masks by itself", nanogpt),
     ("DictCfg", ("--causal",), None, thirds),
+    ("FusedKVGroups", ("--causal",), "k=kv[0:16, 32:48], v=kv[16:32, 48:64]", kv_groups),
     ("NoHeadsSaid", ("--causal",), "n_head = 4, read from the queries your code hands the scores", thirds),
 ]
 
@@ -252,6 +259,24 @@ def test_padding_masks_in_the_codes_own_shape_and_convention(runner, tmp_path):
         expected = m.to_out[0](sdpa_heads(x, m.to_q.weight, m.to_k.weight, m.to_v.weight, None, None, None, 4, 4,
                                           attn_mask=allowed[:, None]))
         torch.testing.assert_close(m(x, attention_mask=additive), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_module_without_weights_takes_key_padding(runner, tmp_path):
+    """x-transformers' Attend: q, k, v [n_batch, n_head, n, d] and a [n_batch, n_K] key-padding mask."""
+    import numpy as np
+
+    pad = np.ones((2, 1, 1, 9), dtype=bool)
+    pad[1, ..., 6:] = False
+    np.save(tmp_path / "pad.npy", pad)
+    result, out = trace(runner, f"{STYLES}:Attend", "--heads", "4", "--batch", "2", "--nk", "9", "--mask",
+                        str(tmp_path / "pad.npy"))
+    assert result.exit_code == 0, result.output
+    assert clean(out) and any("[n_batch, n_K] key padding" in n for n in out["notes"])
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 9, 8), torch.randn(2, 4, 9, 8)
+    keys = torch.from_numpy(pad).reshape(2, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(styles().Attend().eval()(q, k, v, keys), F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keys[:, None, None, :]), rtol=1e-5, atol=1e-5)
 
 
 def test_column_form_function_lines_up(runner):

@@ -9,7 +9,10 @@
   the one under which the most reference steps find their equal (transformers' GPT-2 and GPT-NeoX code splits
   the same ways: `split(self.split_size, dim=2)`, `view(..., n_head, 3 * head_size)`).
 - A fused K/V projection beside a Q one (x-transformers' and vit-pytorch's `to_kv = Linear(dim, 2 * inner)`,
-  `.chunk(2, dim=-1)`), read from the data flow (flow.shared): its rows are k, then v, as its output is split.
+  `.chunk(2, dim=-1)`), read from the data flow (flow.shared): its rows are k, then v, as its output is split,
+  or as the code's own k and v read them (per KV group, `[n_kv_head, 2, d_head]`: solve_rows).
+- Any layout at all is first solved from the code's own q, k and v (solve_rows): each value they hold is looked
+  up among the projection's outputs, which says its row.
 - An nn.MultiheadAttention inside the module: its `in_proj_weight` (or `q/k/v_proj_weight`) and `out_proj`.
 - `F.multi_head_attention_forward` called in the module's forward with its own parameters: the weights the
   recorded call was given (`in_proj_weight`, or `q/k/v_proj_weight` with `use_separate_proj_weight`, and
@@ -220,11 +223,15 @@ def kv_layouts(name: str, linear: nn.Linear, records: list[Record]) -> list[tupl
               for sizes, line in recorded_splits(name, records, width, 2)]
     if width % 2 == 0 and all(cut != width // 2 for cut, _ in splits):
         splits.append((width // 2, "split in halves, k | v"))
-    return [(how, blocks(name, linear, "kv", [0, cut, width])) for cut, how in splits]
+    layouts = [(how, blocks(name, linear, "kv", [0, cut, width])) for cut, how in splits]
+    solved = solve_rows(name, linear, records, None, "kv")
+    if solved is not None and not any(_same_rows(solved[1], parts) for _, parts in layouts):
+        layouts.insert(0, solved)  # per KV group [n_kv_head, 2, d_head], or any layout the halves do not read
+    return layouts
 
 
-def solve_rows(name: str, linear: nn.Linear, records: list[Record],
-               d_head: int | None) -> tuple[str, dict[str, Part]] | None:
+def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int | None,
+               roles: str = "qkv") -> tuple[str, dict[str, Part]] | None:
     """The fused weight's rows for q, k and v, read from what the code computed rather than from widths: each
     value of the code's own q (k, v) that reaches the scores (the pattern) is looked up among the fused
     projection's outputs, which says the row it came from. Whatever the layout (q | k | v blocks, per head
@@ -261,6 +268,8 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record],
 
     per_role: dict[str, list[list[int]]] = {}
     for role, index in zip("qkv", found[:3], strict=True):
+        if role not in roles:  # a fused K/V projection beside a Q one: only k and v are its rows
+            continue
         per_role[role] = [order for r in nearest_ancestors(records, index) if (order := read(r)) is not None]
         if not per_role[role]:
             return None
@@ -275,11 +284,12 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record],
         return None
     if len(set().union(*map(set, chosen.values()))) != sum(map(len, chosen.values())):
         return None
-    if not min(chosen["q"]) < min(chosen["k"]) < min(chosen["v"]):
+    if [min(chosen[role]) for role in roles] != sorted(min(chosen[role]) for role in roles):
         return None  # every layout writes q before k before v (per head, per group, in blocks): k and v swapped is a bug
     parts = {role: rows(name, linear.weight, linear.bias, torch.tensor(order), f"[{_ranges(order)}]")
              for role, order in chosen.items()}
-    return "its rows read from your code's own q, k and v, each value looked up in the projection's output", parts
+    said = "q, k and v" if roles == "qkv" else "k and v"
+    return f"its rows read from your code's own {said}, each value looked up in the projection's output", parts
 
 
 def nearest_ancestors(records: list[Record], index: int, limit: int = 64) -> list[Record]:

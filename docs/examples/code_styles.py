@@ -444,3 +444,40 @@ class NoHeadsSaid(nn.Module):
         q, k, v = (t.view(B, T, 4, C // 4).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Attend(nn.Module):
+    """x-transformers-like: no weights, q, k, v [B, H, n, d], mask [B, n_K] key padding."""
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, q, k, v, mask=None):
+        scale = q.shape[-1] ** -0.5
+        sim = torch.einsum("b h i d, b h j d -> b h i j", q, k) * scale
+        if mask is not None:
+            mask = mask[:, None, None, :]
+            sim = sim.masked_fill(~mask, -torch.finfo(sim.dtype).max)
+        attn = sim.softmax(dim=-1)
+        attn = self.dropout(attn)
+        return torch.einsum("b h i j, b h j d -> b h i d", attn, v)
+
+
+class FusedKVGroups(nn.Module):
+    """q alone; k and v fused per KV group [n_group, 2, d_head]."""
+    def __init__(self, dim=64, heads=4, kv_heads=2):
+        super().__init__()
+        self.h, self.g, self.d = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.d, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.h, self.d).transpose(1, 2)
+        kv = self.kv(x).view(B, T, self.g, 2, self.d)
+        k, v = kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2)
+        k = k.repeat_interleave(self.h // self.g, dim=1)
+        v = v.repeat_interleave(self.h // self.g, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
