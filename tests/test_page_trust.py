@@ -181,3 +181,53 @@ def test_the_image_overlay_has_a_colour_scale(tmp_path, context, monkeypatch):
     assert all(abs(a - b) <= 3 for a, b in zip(ends[0], background, strict=True)), ends
     assert f"0 (clear) to {scale.get_attribute('data-max')} (bright)" in page.get_by_test_id("overlay-title").inner_text()
     finish(o)
+
+
+BUGGY = '''import torch
+
+
+def attention(query, key, value):
+    """Scores divided by d_k, not its square root: a bug trace finds."""
+    scores = torch.matmul(query, key.transpose(-2, -1)) / query.size(-1)
+    p_attn = scores.softmax(dim=-1)
+    return torch.matmul(p_attn, value), p_attn
+'''
+
+
+def test_trace_page_shows_the_reference_and_the_difference(runner, tmp_path, context):
+    """The trace page drew only the user's attention. Now the selector also holds the reference's, and
+    |yours - reference|: each row as a float64 softmax of the same inputs gives it."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(5)
+    Q, K, V = (torch.randn(2, n, 8, generator=g) * 1.5 for n in (4, 6, 6))
+    for name, t in (("q", Q), ("k", K), ("v", V)):
+        np.save(tmp_path / f"{name}.npy", t.numpy())
+    (tmp_path / "buggy.py").write_text(BUGGY, encoding="utf-8")
+    args = ["trace", f"{tmp_path / 'buggy.py'}:attention", "--q", str(tmp_path / "q.npy"), "--k",
+            str(tmp_path / "k.npy"), "--v", str(tmp_path / "v.npy"), "--html", str(tmp_path / "trace.html")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and (tmp_path / "trace.html").is_file(), result.output  # exit 1: a bug
+    scores = Q.double() @ K.double().transpose(-2, -1)
+    reference = torch.softmax(scores / 8 ** 0.5, dim=-1)  # [2, 4, 6]
+    yours = torch.softmax(scores / 8, dim=-1)
+    o = open_page(context, tmp_path / "trace.html")
+    page = o.page
+    decimals = page.evaluate("JSON.parse(document.getElementById('attnscope-meta').textContent).decimals")
+    layers = page.get_by_test_id("layer-select")
+    labels = layers.locator("option").all_inner_texts()
+    assert labels == ["batch element 0", "batch element 1", "reference: batch element 0",
+                      "reference: batch element 1", "|yours - reference|: batch element 0",
+                      "|yours - reference|: batch element 1"]
+    for label, truth in (("batch element 1", yours), ("reference: batch element 1", reference),
+                         ("|yours - reference|: batch element 1", (yours - reference).abs())):
+        layers.select_option(label=label)
+        showing(page, labels.index(label), 0)
+        for i in range(4):
+            page.get_by_test_id("query-token").nth(i).click()
+            shown = top_keys(page)
+            assert len(shown) == 6
+            for key, _, text in shown:
+                assert abs(float(text) - float(truth[1, i, key])) <= 0.5 * 10.0 ** -decimals + 1e-6, (label, i, key)
+    assert "|yours - reference|" in page.get_by_test_id("pattern-title").inner_text()
+    finish(o)

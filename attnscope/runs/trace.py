@@ -71,6 +71,7 @@ class TraceRun:
     no_reference: str | None = None
     notes: list[str] = field(default_factory=list)
     saved: Path | None = None
+    reference_attention: Any = None  # the reference's attention step (its dims: the `attention` row's), for the page
 
     @property
     def diverged(self) -> bool:
@@ -186,6 +187,8 @@ def run_trace(o: TraceOptions) -> TraceRun:
             if called.failure is None:
                 lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
         run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
+        if lined.trace is not None and "attention" in lined.trace:  # the page draws it beside the user's
+            run.reference_attention = lined.trace["attention"]
         run.no_reference = lined.no_reference
         run.notes += lined.notes
     run.steps = _steps(inputs, called.records, run.alignment, fed, plan)

@@ -193,10 +193,36 @@ def from_trace_run(run: Any, describe: Describe | None = None) -> Page:
             add_pattern(page, tensor, attention.dims, describe=describe)
             page.pattern_note = (f"your {attention.record.label} (line {attention.record.line}), the tensor lined up "
                                  f"with the reference's attention: {attention.status}")
+            _beside_the_reference(page, tensor, attention, getattr(run, "reference_attention", None), describe)
         else:
             page.notes.append(f"your attention ({attention.record.label}) is laid out {list(tensor.shape)}, not as "
                               f"the reference's {attention.shape}: no pattern drawn")
     return page
+
+
+def _beside_the_reference(page: Page, yours: Tensor, row: Any, reference: Tensor | None,
+                          describe: Describe | None) -> None:
+    """The reference's attention and |yours - reference| after the user's own in the selector, a batch element
+    each, where the reference's is laid out as the user's (the same dims, the same shape): the pattern to compare
+    with, and where the two part (the difference on its own scale, 0 to its largest)."""
+    if reference is None or row.layout or list(reference.shape) != list(yours.shape) or reference.device.type == "meta":
+        return
+    import torch
+
+    yours_layers = page.layers
+    add_pattern(page, reference.detach(), row.dims, describe=describe)
+    theirs = page.layers
+    difference = (yours.detach().to(torch.float64) - reference.detach().to(torch.float64)).abs()
+    add_pattern(page, difference.to(torch.float32), row.dims)
+    differs = page.layers
+    for layer in theirs:
+        layer.label = f"reference: {layer.label}"
+    for layer in differs:
+        layer.label = f"|yours - reference|: {layer.label}"
+    page.layers = [*yours_layers, *theirs, *differs]
+    page.notes = list(dict.fromkeys(page.notes))  # add_pattern's notes (batch elements left out) said once
+    page.pattern_note = (f"{page.pattern_note}; the {page.axis} selector also holds the reference's attention "
+                         f"and |yours - reference| (on its own scale, 0 to its largest: {float(difference.max()):.1e})")
 
 
 def from_layers(title: str, tokens: list[str], layers: Iterable[tuple[int, Tensor]], offset: int = 0,
