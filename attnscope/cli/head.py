@@ -107,8 +107,10 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
                               target=target, attention=attention, audio=audio, check=check, image=image,
                               dense=dense, query=query)
         status = render.console(stderr=True)
-        if status.is_terminal:  # a spinner while it reads and runs; nothing on a pipe
-            result = run_head(options, progress=lambda message: status.status(message))
+        if status.is_terminal:  # a spinner while it reads and runs, counting layers and tokens; nothing on a pipe
+            from attnscope.render.progress import Spinner
+
+            result = run_head(options, progress=Spinner(status))
         else:
             result = run_head(options)
         page.of(result, from_head)

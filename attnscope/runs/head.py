@@ -7,7 +7,7 @@ transformers for the others), guard the memory, --save.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def _quiet(message: str) -> Iterator[None]:
-    yield
+def _quiet(message: str, total: int | None = None, unit: str = "layer") -> Iterator[Callable[[int], None]]:
+    yield lambda index: None
 
 
 def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | None = None,
@@ -175,16 +175,17 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
     if plan.long:
         from attnscope.models.forward.long import long_head
 
-        with progress(f"running layers 0 to {asked.layer} on {n} tokens, head {asked.head} in blocks"):
+        with progress(f"running layers 0 to {asked.layer} on {n:,} tokens, head {asked.head} in blocks",
+                      total=asked.layer + 1) as tick:
             result.long = long_head(model, encoded.ids, encoded.type_ids, asked.layer, asked.head,
-                                    layers.parse_rows(asked.rows))
+                                    layers.parse_rows(asked.rows), progress=tick)
         result.notes.append(f"{n:,} tokens: head {asked.head}'s pattern is computed in blocks of query rows, each "
                             "exact, and pooled; the layer's steps are shown as shapes (no [n_head, n_tokens, "
                             "n_tokens] step is held)")
         return
     if asked.all_layers:
-        with progress(f"running all {model.n_layer} layers on {n} tokens"):
-            every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
+        with progress(f"running all {model.n_layer} layers on {n:,} tokens", total=model.n_layer) as tick:
+            every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head, progress=tick)
         result.run, result.layer_patterns = every.run, every.patterns
         result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
         result.layer_selected = every.selected
@@ -192,6 +193,8 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
     else:
         from attnscope.models.forward.run import run_layer
 
+        if asked.generate:
+            stream.reads_again(model)  # the layers traced now are read again at every token decoded
         with progress(f"running layers 0 to {asked.layer} on {n} tokens"):
             result.run = run_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head)
     _readings(model, result)
@@ -202,8 +205,8 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
     result.all_heads = result.run.layer[pattern][0]
     result.notes.extend(result.run.layer.notes)
     if asked.generate:
-        with progress(f"decoding {counted(asked.generate, 'token')}"):
-            result.decode = stream.generate(model, encoded.ids, asked.generate, asked.layer)
+        with progress(f"decoding {counted(asked.generate, 'token')}", total=asked.generate, unit="token") as tick:
+            result.decode = stream.generate(model, encoded.ids, asked.generate, asked.layer, progress=tick)
         result.decode_pieces = tokenizer.pieces(model.folder, [step.token_id for step in result.decode])
         result.generated_text = tokenizer.text_of(model.folder, [step.token_id for step in result.decode])
     failed = result.run.selfcheck or next((s.selfcheck for s in result.decode or [] if s.selfcheck), "")

@@ -193,7 +193,9 @@ class HeadResult:
         return head_view(self)
 
 
-Progress = Callable[[str], AbstractContextManager[Any]]
+# progress(message, total=None, unit="layer"): a context manager giving tick(index), called as item index of
+# total starts (render/progress.py draws it on a terminal)
+Progress = Callable[..., AbstractContextManager[Any]]
 
 
 def guard_memory(needed: int, max_memory: int | None, what: str) -> None:

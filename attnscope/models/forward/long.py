@@ -15,6 +15,7 @@ A causal block of rows a..b-1 needs keys 0..b-1 only: it runs as a decode step a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -90,16 +91,19 @@ class Blocks:
 
 
 def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
-              rows: tuple[int, int] | None = None, repeats: list[int] | None = None) -> LongHead:
+              rows: tuple[int, int] | None = None, repeats: list[int] | None = None,
+              progress: Callable[[int], None] = lambda _: None) -> LongHead:
     """Head h of layer L in blocks of rows; `repeats`, the ids the induction score reads where they are not the
-    embedded ones (a VLM's image tokens: headstats.no_repeat)."""
+    embedded ones (a VLM's image tokens: headstats.no_repeat); `progress(index)` as layer `index` starts."""
     import torch
 
     n = len(ids)
     with torch.no_grad():
         h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
         for earlier in range(layer):
+            progress(earlier)
             h = model.block(earlier, h, model.attention(earlier, record=False))
+        progress(layer)
         X, made = model.attention_input(layer, h)  # [1, n_tokens, d_model]
         del h
         module = model.attention(layer, record=False)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from attnscope.models.forward.run import LayerRun
     from attnscope.trace import Trace
 
-Progress = Callable[[int], None]  # called with each layer (or token) index as it starts
+Progress = Callable[[int], None]  # called with each layer (or token) index as it starts (render/progress.py)
 
 
 class Kept:
@@ -113,6 +113,7 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
     from attnscope.attention.linear_attention import pattern_name
     from attnscope.models.selfcheck import check_page
 
+    reads_again(model)
     caches: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * model.n_layer
     steps: list[DecodeStep] = []
     with torch.no_grad():
@@ -139,6 +140,14 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
             steps.append(DecodeStep(next_id, start, row, _evicted(model, layer, row.shape[-1]),
                                     _cache_bytes(model, caches), note or ""))
     return steps
+
+
+def reads_again(model: Family) -> None:
+    """Tell the checkpoint its layers will be read again (decoding): a GGUF file then keeps each layer it
+    dequantizes, within its bound (models/gguf/checkpoint.py), rather than dequantizing it at every token."""
+    hint = getattr(model.checkpoint, "reads_again", None)
+    if hint is not None:
+        hint()
 
 
 def _cache_window(model: Family, layer: int) -> int | None:

@@ -51,10 +51,18 @@ def transformers_name(arch: str, name: str) -> str | None:
     return f"model.layers.{layer}.{table[part]}.{kind}" if part in table else None
 
 
+KEEP_SHARE = 0.5  # at most this share of the memory available when the file is opened is kept dequantized
+KEEP_CAP = 8 << 30  # and never more than 8 GiB
+
+
 class GgufCheckpoint:
     """Every tensor of a GGUF file (or its shards) in transformers' names, dequantized to float32 when read.
-    A tensor read a second time (every layer again for each token `--generate` decodes) is kept from then on,
-    so decoding dequantizes each weight twice, not once per token; a single pass keeps nothing."""
+
+    A run that reads the layers again (`--generate`: every layer for each new token) says so (`reads_again`):
+    from then on each whole tensor is dequantized once and kept, while the kept tensors stay within `keep_bytes`
+    (half the memory available when the file was opened, at most 8 GiB); past that bound a tensor is dequantized
+    again at each read. A single pass (`--all-layers`, a long text) keeps nothing: a layer's float32 weights
+    are let go with the layer."""
 
     def __init__(self, header: Header) -> None:
         from attnscope.models.gguf.config import architecture, config_of
@@ -70,8 +78,10 @@ class GgufCheckpoint:
             key = transformers_name(self.arch, name)
             if key is not None:
                 self._infos[key] = info
-        self._seen: set[str] = set()
+        self._keep = False
         self._kept: dict[str, torch.Tensor] = {}
+        self._kept_bytes = 0
+        self.keep_bytes = _keep_bound()
         self._check_shapes(config)
 
     def __enter__(self) -> GgufCheckpoint:
@@ -82,7 +92,11 @@ class GgufCheckpoint:
 
     def close(self) -> None:
         self._kept.clear()
-        self._seen.clear()
+        self._kept_bytes = 0
+
+    def reads_again(self) -> None:
+        """The run reads its layers again (decoding): keep what is dequantized from now on, within the bound."""
+        self._keep = True
 
     # --- what is there ----------------------------------------------------------------------------------
 
@@ -138,9 +152,10 @@ class GgufCheckpoint:
             return self._kept[key]
         info = self._info(key)
         whole = torch.from_numpy(self._rows(info, 0, info.shape[0]))
-        if key in self._seen:
+        size = whole.numel() * whole.element_size()
+        if self._keep and self._kept_bytes + size <= self.keep_bytes:
             self._kept[key] = whole
-        self._seen.add(key)
+            self._kept_bytes += size
         return whole
 
     def rows(self, key: str, index: list[int]) -> torch.Tensor:
@@ -211,6 +226,15 @@ class GgufCheckpoint:
         if self._offset(info):
             values = values - 1  # in float32, as transformers subtracts from the float32 it dequantized
         return values
+
+
+def _keep_bound() -> int:
+    """Bytes of dequantized tensors a run may keep: `KEEP_SHARE` of the memory available now, at most `KEEP_CAP`
+    (where the available memory is unknown, 1 GiB)."""
+    from attnscope.cost import available_memory
+
+    available = available_memory()
+    return min(KEEP_CAP, int(available * KEEP_SHARE)) if available is not None else 1 << 30
 
 
 def _unpermute(values: np.ndarray, per_head: int) -> np.ndarray:
