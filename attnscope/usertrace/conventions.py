@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     from attnscope.trace import Trace
-    from attnscope.usertrace.lineup import Aligned
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Spec
 
@@ -32,8 +31,9 @@ PAIRING_WORDS = {"interleaved": "interleaved, (2i, 2i + 1) (Meta's view_as_compl
                  "half-split": "half-split, (i, i + d_head/2) (transformers' rotate_half)"}
 
 
-def readings(spec: Spec, trace: Trace, rows: list[Aligned], records: list[Record]) -> list[tuple[Spec, list[str]]]:
-    """Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
+def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record]) -> list[tuple[Spec, list[str]]]:
+    """`rows` are the line-up's (lineup.Aligned, which imports this module).
+    Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
     where no convention is in question (no RoPE, or its rotated tensors line up)."""
     if spec.rope_base is None:
         return []
@@ -90,8 +90,8 @@ def note(said: list[str], line: int | None, clean: bool = True) -> str:
                 " (--rope-pairing asks for one pairing, and then checks it)" if pairing else ""))
 
 
-def _rotated(by_step: dict[str, Aligned], trace: Trace,
-             records: list[Record]) -> tuple[torch.Tensor, torch.Tensor, Aligned] | None:
+def _rotated(by_step: dict[str, Any], trace: Trace,
+             records: list[Record]) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
     """The reference's unrotated tensor, the user's rotated one in the reference's layout, and its row, for the
     first of Q_rot, K_rot that differs: the user's tensor the row holds, else the one the code hands the scores
     (its left or right operand, or the kernel's q or k), where it is not the unrotated one."""
