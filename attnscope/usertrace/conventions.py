@@ -32,9 +32,9 @@ PAIRING_WORDS = {"interleaved": "interleaved, (2i, 2i + 1) (Meta's view_as_compl
 
 
 def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record]) -> list[tuple[Spec, list[str]]]:
-    """`rows` are the line-up's (lineup.Aligned, which imports this module).
-    Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
-    where no convention is in question (no RoPE, or its rotated tensors line up)."""
+    """Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
+    where no convention is in question (no RoPE, or its rotated tensors line up). `rows` are the line-up's
+    (lineup.Aligned; lineup imports this module, so it is not imported back)."""
     if spec.rope_base is None:
         return []
     by_step = {row.reference: row for row in rows}
