@@ -479,3 +479,43 @@ def test_two_mistakes_at_once_are_not_guessed(tmp_path, runner):
     assert result.exit_code == 1, result.output
     first = out["first_divergence"]
     assert first["experiment"] is None, first
+
+
+COLUMNS = '''import math
+import torch
+
+
+def attention_cols(Q, K, V, mask=None):
+    A = K.transpose(-2, -1) @ Q / math.sqrt(Q.shape[-2])  # [n_K, n_Q]: one query a column
+    A = A.masked_fill(~mask, float("-inf"))
+    A2 = torch.softmax(A, dim=-2)  # each column sums to 1 over the keys
+    return V @ A2  # [d_V, n_Q]
+'''
+COLUMN_PLANTS = {
+    "scale.none": [("A = K.transpose(-2, -1) @ Q / math.sqrt(Q.shape[-2])", "A = K.transpose(-2, -1) @ Q")],
+    "mask.multiplied": [('A = A.masked_fill(~mask, float("-inf"))', "A = A * mask")],
+    "mask.after_softmax": [('A = A.masked_fill(~mask, float("-inf"))', "pass"), ("return V @ A2", "return V @ (A2 * mask)")],
+    "softmax.axis": [("dim=-2)", "dim=-1)")],
+    "kv.values_from_keys": [("return V @ A2", "return K @ A2")],
+}
+
+
+@pytest.mark.parametrize("entry", COLUMN_PLANTS)
+def test_the_column_form_is_rerun_in_its_own_layout(tmp_path, runner, entry):
+    """One token a column (`--layout col`): the reference is rerun in the row form and compared in the column's."""
+    q, k, v = torch.randn(2, 8, 6), torch.randn(2, 8, 6), torch.randn(2, 8, 6)
+    right = load(write(tmp_path, COLUMNS, "cols.py"))
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril().T  # [n_K, n_Q]: key j seen by the queries from j on
+    expected = F.scaled_dot_product_attention(q.mT, k.mT, v.mT, is_causal=True).mT
+    torch.testing.assert_close(right.attention_cols(q, k, v, allowed), expected)
+    path = write(tmp_path, source_of(COLUMNS, COLUMN_PLANTS[entry]), "wrong_cols.py")
+    result, out = trace(runner, f"{path}:attention_cols", "--layout", "col", "--causal")
+    assert result.exit_code == 1, result.output
+    assert out["first_divergence"]["experiment"] == entry, out["first_divergence"]
+
+
+def source_of(body: str, changes: list[tuple[str, str]]) -> str:
+    for old, new in changes:
+        assert old in body, old
+        body = body.replace(old, new)
+    return body

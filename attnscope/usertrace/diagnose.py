@@ -13,16 +13,40 @@ scale: √(d_feat / d_head) is the classic one). Else the closest tensor and how
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from attnscope.usertrace.align import VERY_NEGATIVE, Match, ancestors, compare, tolerance
 from attnscope.usertrace.diagnosis import Context, Diagnosis, close, equal_record, in_reference_layout, label_of
+from attnscope.usertrace.scales import explain_ratio
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.experiments import Experiment, Trial
+    from attnscope.usertrace.rerun import Base, Reproduced
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 
 
 def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
+    """The catalog's experiments first (by_experiment); where none reproduces the user's tensors, the causes read
+    off the diverging step's numbers, saying so."""
+    from attnscope.usertrace.rerun import build
+
+    base = build(ctx)
+    if base is not None:
+        found = by_experiment(step, base)
+        if found is not None:
+            return found
+    found = _read_off(step, ctx, ranked)
+    if base is not None and found.evidence is None and "none of the usual causes fits" not in found.text:
+        found.evidence = (f"not by experiment: read off {step}'s numbers alone; no one mistake of trace's catalog, "
+                          "rerun on the reference, gives back your output")
+    return found
+
+
+def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
     """Try each cause on the candidates, the most likely first; the first cause that fits one explains the
     divergence. Some causes look through every tensor themselves; dropout is asked of the likeliest candidate
     only (a later tensor of the same shape, after a dropout, is not what went wrong)."""
@@ -38,9 +62,6 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
 
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
-    found = by_experiment(step, ctx)
-    if found is not None:
-        return found
     for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c), split_without_transpose,
                   merged_with_wrong_permute, on_values, wrong_mask, alibi):
         found = whole(step, ctx, None)
@@ -63,16 +84,13 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
                      "reference part", near.record)
 
 
-def by_experiment(step: str, ctx: Context) -> Diagnosis | None:
+def by_experiment(step: str, base: Base) -> Diagnosis | None:
     """The catalog's mistake whose rerun of the reference reproduces the user's tensors: of those that do, the one
     whose run the user's code holds at the most steps, the catalog's order breaking a tie. None where none does."""
     from attnscope.usertrace.experiments import CATALOG, SAYS_RERUN
-    from attnscope.usertrace.rerun import build, reproduces
+    from attnscope.usertrace.rerun import reproduces
 
-    base = build(ctx)
-    if base is None:
-        return None
-    best = None
+    best: tuple[Experiment, Reproduced, Trial] | None = None
     for experiment in CATALOG:
         for trial in _trials(experiment, base):
             found = reproduces(base, step, trial.steps, trial.tol)
@@ -91,7 +109,7 @@ def by_experiment(step: str, ctx: Context) -> Diagnosis | None:
     return Diagnosis(trial.words.format(who=who), found.record, trial.ratio, experiment.name, evidence)
 
 
-def _trials(experiment, base):  # type: ignore[no-untyped-def]
+def _trials(experiment: Experiment, base: Base) -> Iterator[Trial]:
     """The experiment's runs; one that does not apply to these shapes (a view that cannot be made) is none."""
     try:
         yield from experiment.trials(base)
@@ -270,61 +288,3 @@ def _ratio(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     if float((u - ratio * e).abs().max()) > tolerance(ratio * e) * 10:  # not a constant ratio
         return None
     return Diagnosis(explain_ratio(step, ratio, ctx), near.record, ratio)
-
-
-def explain_ratio(step: str, ratio: float, ctx: Context) -> str:
-    """Name the ratio when it is a known mistake of scale, else say it as a factor (√n where it is one)."""
-    big = ratio if abs(ratio) >= 1 else 1 / ratio
-    size = "too large" if abs(ratio) > 1 else "too small"
-    told = ctx.spec.scale if ctx.spec is not None and step == "scores" else None
-    if told is not None:  # the reference's scale is the user's --scale, not 1/√d_head
-        return _against_told(ratio, told, ctx, f"scores are {_factor(big)} times {size}")
-    if step == "scores":
-        d_name = "d_head" if ctx.kind == "module" else "d_K"
-        d = ctx.sizes.get(d_name)
-        known: list[tuple[float, str]] = []
-        if ctx.kind == "module" and "n_head" in ctx.sizes:
-            n = ctx.sizes["n_head"]
-            known.append((1 / math.sqrt(n), f"scores are √{n} = √(d_feat / d_head) times too small: divided by "
-                                            "√d_feat, not √d_head"))
-        if d:
-            known += [(math.sqrt(d), f"scores are {_root(d)} = √{d_name} times too large: not divided by "
-                                     f"√{d_name} (where that is your model's, T5's, --scale 1 describes it)"),
-                      (1 / math.sqrt(d), f"scores are {_root(d)} = √{d_name} times too small: divided by "
-                                         f"{d_name} = {d}, not √{d_name}")]
-        for value, text in known:
-            if math.isclose(ratio, value, rel_tol=1e-3):
-                return text
-    scaled = "; where your scale is your model's, --scale gives the reference's" if step == "scores" else ""
-    return f"{step} is {_factor(big)} times {size} (a constant ratio {ratio:.6g}: a scale differs{scaled})"
-
-
-def _against_told(ratio: float, told: float, ctx: Context, head: str) -> str:
-    """A ratio of the scores where --scale gave the reference's scale: the user's scale, named where it is one of
-    the usual ones (1/√d_head, 1/d_head, 1/√d_feat, 1)."""
-    mine = ratio * told
-    d_name = "d_head" if ctx.kind == "module" else "d_K"
-    d = ctx.sizes.get(d_name)
-    usual = [(1.0, "not scaled")]
-    if d:
-        usual += [(1 / math.sqrt(d), f"divided by √{d_name} = {_root(d).split(' ')[-1]}"),
-                  (1 / d, f"divided by {d_name} = {d}")]
-    if ctx.kind == "module" and d and "n_head" in ctx.sizes:
-        usual.append((1 / math.sqrt(d * ctx.sizes["n_head"]), "divided by √d_feat"))
-    said = next((text for value, text in usual if math.isclose(mine, value, rel_tol=1e-3)), f"multiplied by {mine:.4g}")
-    ours = "not scaled (--scale 1, T5's)" if told == 1 else f"multiplied by --scale {told:g}"
-    return (f"{head}: your scores are {said}, where the reference's are {ours} as --scale says; where yours is your "
-            "model's scale, give it with --scale")
-
-
-def _root(n: int) -> str:
-    """√16 = 4, √8 ≈ 2.83."""
-    root = math.isqrt(n)
-    return f"√{n} = {root}" if root * root == n else f"√{n} ≈ {math.sqrt(n):.3g}"
-
-
-def _factor(x: float) -> str:
-    square = round(x * x)
-    if square > 1 and math.isclose(x * x, square, rel_tol=1e-4) and not math.isclose(x, round(x), rel_tol=1e-4):
-        return f"√{square} ≈ {x:.4g}"
-    return f"{x:.4g}"

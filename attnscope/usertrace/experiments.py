@@ -60,7 +60,7 @@ def _scaled(b: Base, scale: float, how: str, fits: Callable[[Base, Reproduced], 
             ) -> Iterator[Trial]:
     if math.isclose(scale, b.scale, rel_tol=1e-9):
         return
-    from attnscope.usertrace.diagnose import explain_ratio
+    from attnscope.usertrace.scales import explain_ratio
 
     ratio = scale / b.scale
     known = explain_ratio("scores", ratio, b.ctx)
@@ -109,7 +109,7 @@ def _right_before(b: Base, r: Reproduced) -> bool:
     """The user's code held the right scores before it scaled them again."""
     from attnscope.usertrace.rerun import _held
 
-    return "scores" in b.ref and _held(b.ctx.records, _out(b, "scores"), None, "") is not None
+    return "scores" in b.ref and _held(b.ctx.records, _out(b, "scores"), None, "", b.sums) is not None
 
 
 # --- softmax --------------------------------------------------------------------------------------------------
@@ -144,8 +144,8 @@ def _polarity(b: Base) -> Iterator[Trial]:
 
 def _after_softmax(b: Base) -> Iterator[Trial]:
     if _masked(b):
-        yield Trial(replay(b, mask="after"), "the mask is applied after the softmax: {who} equals the reference's "
-                    "run with the unmasked scores softmaxed and the masked weights then set to 0, so each row no "
+        yield Trial(replay(b, mask="after"), "the mask is applied after the softmax: {who} is what the reference "
+                    "computes with the unmasked scores softmaxed and the masked weights then set to 0, so each row no "
                     "longer sums to 1 and the allowed keys keep the weight the masked ones took from them; mask "
                     "the scores (masked_fill(~mask, -inf)) before the softmax")
 
@@ -308,12 +308,12 @@ def _split(b: Base) -> Iterator[Trial]:
     for roles in runs:
         change = {key: t for role in roles for key, t in wrong[role].items() if not key.endswith("_split")}
         steps = {**replay(b, **change), **{f"{r}_split": wrong[r][f"{r}_split"] for r in roles}}  # type: ignore[arg-type]
-        feats = " and ".join(f"{r}_feat" for r in roles)
-        n = "n_Q" if roles == ["Q"] else "n_K" if "Q" not in roles else "n"
-        yield Trial(steps, f"heads split without the transpose: {{who}} is {feats} [n_batch, {n}, d_feat] viewed "
-                    f"straight as [n_batch, n_head, {n}, d_head], so each head holds a run of whole feature rows of "
-                    f"several positions, not one slice of every position; view as [n_batch, {n}, n_head, d_head], "
-                    "then .transpose(1, 2)")
+        n = "n_Q" if roles[0] == "Q" else "n_K"
+        also = f" ({' and '.join(f'{r}_feat' for r in roles[1:])} split the same way)" if len(roles) > 1 else ""
+        yield Trial(steps, f"heads split without the transpose: {{who}} is {roles[0]}_feat [n_batch, {n}, d_feat] "
+                    f"viewed straight as [n_batch, n_head, {n}, d_head]{also}, so each head holds a run of whole "
+                    f"feature rows of several positions, not one slice of every position; view as [n_batch, {n}, "
+                    "n_head, d_head], then .transpose(1, 2)")
 
 
 # --- RoPE -----------------------------------------------------------------------------------------------------
@@ -442,7 +442,7 @@ def _base(b: Base) -> Iterator[Trial]:
     for base in KNOWN_BASES:
         if base != rope.base:
             yield Trial(_rotated(b, rope, base=base), f"{{who}} rotates with RoPE base {base:g} where the reference "
-                        f"uses {rope.base:g}: the reference rotated with {base:g} gives your tensors; if your model "
+                        f"uses {rope.base:g}; if your model "
                         f"was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
 
 

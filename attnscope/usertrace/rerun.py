@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
 
 KEEP: Any = object()  # a replay argument left as the reference has it
-SCORE_STEPS = ("scores", "biased_scores", "masked_scores", "attention")
 Q_NAMES = ("Q_tuned", "Q_rot", "Q_normed", "Q_split", "Q")
 K_NAMES = ("K_rot", "K_normed", "K_split", "K")
 V_NAMES = ("V_split", "V")
@@ -55,6 +54,7 @@ class Base:
     col: bool
     kind: str
     sizes: dict[str, int] = field(default_factory=dict)
+    sums: dict[int, float] = field(default_factory=dict)  # each user tensor's sum, by record index (rerun._held)
 
     @property
     def n_Q(self) -> int:
@@ -224,7 +224,8 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
 
     def held(name: str) -> Record | None:
         skip = skips.get(name)
-        return _held(b.ctx.records, _back(steps[name], b.col), _back(skip, b.col) if skip is not None else None, tol)
+        return _held(b.ctx.records, _back(steps[name], b.col), _back(skip, b.col) if skip is not None else None, tol,
+                     b.sums)
 
     final = held(b.last)
     if final is None:
@@ -239,21 +240,34 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
     return Reproduced(at_step or first or final, final, count, steps)
 
 
-def _held(records: list[Record], tensor: torch.Tensor, skip: torch.Tensor | None, tol: str) -> Record | None:
+def _held(records: list[Record], tensor: torch.Tensor, skip: torch.Tensor | None, tol: str,
+          sums: dict[int, float]) -> Record | None:
     """The user's tensor equal to `tensor` in some layout (an equal-size transpose is no layout), the named and
     earliest first."""
     found = []
     numel, limits = tensor.numel(), {}
+    total = float(tensor.sum()) if skip is None else math.nan  # a layout moves values, never changes their sum
     for record in records:
         if not record.tensor.is_floating_point() or record.tensor.numel() != numel:
             continue
         dtype = record.tensor.dtype
         if dtype not in limits:
             limits[dtype] = _tol(tensor, dtype, tol)
+        if math.isfinite(total):
+            theirs = _sum(record, sums)
+            if math.isfinite(theirs) and abs(theirs - total) > numel * limits[dtype]:
+                continue
         matches = compare(record, tensor, skip, tol=limits[dtype])
         if matches and matches[0].equal:
             found.append(record)
     return min(found, key=lambda r: (not r.names, r.index)) if found else None
+
+
+def _sum(record: Record, sums: dict[int, float]) -> float:
+    """The record's values summed in float64, once per record (`sums`, by record index)."""
+    if record.index not in sums:
+        sums[record.index] = float(record.tensor.double().sum())
+    return sums[record.index]
 
 
 def _tol(tensor: torch.Tensor, dtype: torch.dtype = torch.float32, tol: str = "") -> float:
@@ -267,20 +281,24 @@ def _tol(tensor: torch.Tensor, dtype: torch.dtype = torch.float32, tol: str = ""
 
 
 def _skips(b: Base, steps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The rows of queries that may see no key in this run, left out as the line-up leaves them out."""
-    from attnscope.trace import Trace
-    from attnscope.usertrace.lineup import _skips as rows_without_keys
-
-    trace = Trace()
-    for name in b.order:
-        tensor = steps.get(name, b.ref.get(name))
-        dims = _row_dims(b.dims[name], b.col)
-        if tensor is not None and tensor.dim() == len(dims) and name in (*SCORE_STEPS, "x_raw", "out", "x_rsh1",
-                                                                          "x_rsh2", "x"):
-            trace.add(name, tensor, dims, "")
-    if "masked_scores" not in trace:
+    """Per step from the masked scores on, the rows of queries that may see no key in this run (row form, each the
+    step's shape), left out of the comparison as the line-up leaves them out (lineup._skips)."""
+    masked = steps.get("masked_scores", b.ref.get("masked_scores"))
+    if masked is None:
         return {}
-    return {n: s.expand(steps[n].shape) for n, s in rows_without_keys(trace).items() if n in steps}
+    empty = torch.isneginf(masked).all(-1)  # [.., n_Q]
+    if not bool(empty.any()):
+        return {}
+    rows = empty[..., None]  # [.., n_Q, 1]: broadcasts over the scores, the attention, x_raw / out
+    skips = {n: rows.expand(steps[n].shape) for n in ("masked_scores", "attention", "x_raw", "out")
+             if n in steps and steps[n].dim() == rows.dim() and steps[n].shape[:-1] == rows.shape[:-1]}
+    merged = empty.any(-2)[..., None] if empty.dim() >= 2 else None  # [n_batch, n_Q, 1]: after the heads merge
+    for n in ("x_rsh2", "x"):
+        if merged is not None and n in steps and steps[n].dim() == 3 and steps[n].shape[:-1] == merged.shape[:-1]:
+            skips[n] = merged.expand(steps[n].shape)
+    if merged is not None and "x_rsh1" in steps and steps["x_rsh1"].dim() == 4:
+        skips["x_rsh1"] = merged[..., None].expand(steps["x_rsh1"].shape)
+    return skips
 
 
 def _row(tensor: torch.Tensor, name: str, col: bool) -> torch.Tensor:
