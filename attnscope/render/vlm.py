@@ -33,7 +33,7 @@ def show_image_share(out: Console, result: HeadResult) -> None:
                    "over them)", style="bold"))
     rows = []
     seen = False
-    for q, token in enumerate(result.encoded.tokens):
+    for q, token in enumerate(result.encoded.labels):  # as decoded (tokenizer.token_label)
         if image[q]:
             continue
         seen = seen or q > image.index(True)

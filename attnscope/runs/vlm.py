@@ -102,7 +102,7 @@ def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageToke
     from attnscope.runs.head_result import HeadResult, ModelInfo
 
     model = vlm_run.text_family(folder, config, tokens)
-    encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
+    encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor, _texts(folder, tokens))
     with model.checkpoint:
         model.check_position(asked.layer, asked.head)
         weights = head_weights(model, asked.layer, asked.head)
@@ -162,7 +162,7 @@ def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens:
                                                               every=asked.all_layers)
     else:
         (run, patterns), steps = vlm_run.interface(folder, config, tokens, asked.layer, every=asked.all_layers), []
-    encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor)
+    encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor, _texts(folder, tokens))
     ran = "every layer" if asked.all_layers else f"layers 0..{asked.layer}"
     result = _result(asked, folder, config, encoded, run, f"the vision tower and {ran}")
     how = "its attention is traced through transformers' attention interface from Q, K, V after RoPE"
@@ -188,6 +188,7 @@ def _decoded(result: HeadResult, folder: Path, config: Config) -> None:
 
     steps = result.decode or []
     result.decode_pieces = tokenizer.pieces(folder, [step.token_id for step in steps])
+    result.generated_text = tokenizer.text_of(folder, [step.token_id for step in steps])
     how = ("attnscope's page, a KV cache per layer" if result.tracer == "attnscope" else
            "transformers' own forward and cache, M-RoPE's decode positions offset by the model's rope_deltas")
     result.notes.append(f"{counted(len(steps), 'token')} decoded greedily after the prompt with {how}: the prompt "
@@ -269,3 +270,13 @@ def _quoted(prompt: str, most: int = 300) -> str:
 def _page_name(model: object) -> str:
     """The page's class: `Gemma3` for the Gemma3ImageWithImage a VLM's run builds."""
     return type(model).__name__.removesuffix("WithImage").removesuffix("Image")
+
+
+def _texts(folder: Path, tokens: ImageTokens) -> list[str]:
+    """Each token's text as the views show a model's text (tokenizer.pieces: decoded alone); an image token's is
+    its label (`img(r,c)`), which is no text."""
+    from attnscope.models import tokenizer
+
+    decoded = tokenizer.pieces(folder, list(tokens.ids))
+    return [label if is_image else text
+            for label, is_image, (_, text) in zip(tokens.labels, tokens.image, decoded, strict=True)]
