@@ -243,7 +243,8 @@ def test_padding_masks_in_the_codes_own_shape_and_convention(runner, tmp_path):
     for name, shape, how in (("FlashMHA", "[n_batch, n_K] key padding", "masks where the mask is False"),
                              ("DiffusersAttention", "[n_batch, 1, n_K] key padding", "baddbmm"),
                              ("BertSelfAttention", "[n_batch, n_K] key padding", "builds its own bias")):
-        result, out = trace(runner, f"{STYLES}:{name}", "--batch", "2", "--nq", "5", "--mask", str(tmp_path / "pad.npy"))
+        result, out = trace(runner, f"{STYLES}:{name}", "--batch", "2", "--nq", "5", "--mask",
+                            str(tmp_path / "pad.npy"))
         assert result.exit_code == 0, (name, result.output)
         assert clean(out)
         notes = " ".join(out["notes"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from attnscope.errors import UsageError
 from attnscope.runs.memory import guard_memory
@@ -22,6 +22,7 @@ from attnscope.usertrace.inputs import InputOptions
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from attnscope.spec import WindowSide
     from attnscope.usertrace.call import Called
     from attnscope.usertrace.feeds import Feeds
     from attnscope.usertrace.inputs import Inputs
@@ -247,15 +248,15 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
         # code that takes its mask in another shape (key padding [n_batch, n_K], diffusers' [n_batch, 1, n_K], ...):
         # the first shape it runs on, by experiment, as a boolean or a float to add (diffusers' baddbmm)
         for form, words in masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1)):
-            tried = None
+            ran: Called | None = None
             for kind in dict.fromkeys((convention.kind, "additive")):
                 torch.manual_seed(o.seed)
-                tried = call(target, fn, plan, inputs, module, o.max_memory, masking.written(form, kind, dtype), fed)
-                if tried.failure is None:
+                ran = call(target, fn, plan, inputs, module, o.max_memory, masking.written(form, kind, dtype), fed)
+                if ran.failure is None:
                     break
-            if tried is None or tried.failure is not None:
+            if ran is None or ran.failure is not None:
                 continue
-            inputs.allowed, called = form, tried
+            inputs.allowed, called = form, ran
             inputs.notes.append(f"{plan.mask}: your code raised on a [.., n_Q, n_K] mask and runs on one shaped "
                                 f"{words}, which it was given")
             read = masking.detect(called.records, None, plan.mask)
@@ -322,7 +323,8 @@ def _guard(o: TraceOptions, spec: Spec, sizes: dict[str, int], is_module: bool) 
     from attnscope.spec import AttentionSpec
 
     n_batch, n_Q, n_K = sizes.get("n_batch", 1), sizes["n_Q"], sizes["n_K"]
-    asked = AttentionSpec(causal=spec.causal, window=spec.window, window_side=spec.window_side, n_kv_head=sizes.get("n_kv_head"),
+    asked = AttentionSpec(causal=spec.causal, window=spec.window, window_side=cast("WindowSide", spec.window_side),
+                          n_kv_head=sizes.get("n_kv_head"),
                           rope=spec.rope(), cache=spec.cache)
     if is_module:
         d_feat, n_head = sizes.get("d_feat", 1), sizes.get("n_head", 1)

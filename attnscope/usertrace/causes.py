@@ -19,6 +19,7 @@ from attnscope.usertrace.align import ancestors
 from attnscope.usertrace.diagnosis import Context, Diagnosis, close, in_reference_layout, label_of
 
 if TYPE_CHECKING:
+    from attnscope.spec import WindowSide
     from attnscope.usertrace.align import Match
     from attnscope.usertrace.record import Record
 
@@ -32,7 +33,7 @@ def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     base = ctx.reference["masked_scores" if "masked_scores" in ctx.reference else "scores"].double()
     user = in_reference_layout(near, step, ctx)
     n_Q, n_K = base.shape[-2], base.shape[-1]
-    rules: list[tuple[str | None, int | None, str]] = [
+    rules: list[tuple[str | None, int | None, WindowSide]] = [
         (align, window, "left") for align in ("upper-left", "lower-right") for window in (None, *range(1, n_K + 1))]
     rules += [(None, window, "both") for window in range(2, 2 * n_K, 2)]  # a bidirectional local window
     for align, window, side in rules:
@@ -44,7 +45,7 @@ def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
         expected = masked if step == "masked_scores" else _softmax(masked)
         if not close(user, expected):
             continue
-        said = (f"a window on both sides, |i − j| ≤ {window // 2}" if side == "both" else
+        said = (f"a window on both sides, |i − j| ≤ {(window or 0) // 2}" if side == "both" else
                 f"a sliding window of {window} ({align})" if window else f"a causal mask ({align})")
         if ctx.comparing:
             return Diagnosis(f"B masks where A does not: {label_of(near.record)} is A's {step} under {said}; B's "

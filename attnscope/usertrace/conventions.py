@@ -111,7 +111,7 @@ def _rotated(by_step: dict[str, Any], trace: Trace,
         unrotated = trace[source].double()
         tried = [(row.record, Layout(row.order, row.merged))] if row.record is not None and row.order else []
         if handed is not None:
-            operand = records[handed[side]]
+            operand = records[handed[0] if side == 0 else handed[1]]
             tried += [(operand, layout) for layout in layouts(shape, tuple(operand.tensor.shape))]
         for record, layout in tried:
             try:

@@ -285,7 +285,7 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
     if len(set().union(*map(set, chosen.values()))) != sum(map(len, chosen.values())):
         return None
     if [min(chosen[role]) for role in roles] != sorted(min(chosen[role]) for role in roles):
-        return None  # every layout writes q before k before v (per head, per group, in blocks): k and v swapped is a bug
+        return None  # every layout writes q, then k, then v (per head, per group, in blocks): k, v swapped is a bug
     parts = {role: rows(name, linear.weight, linear.bias, torch.tensor(order), f"[{_ranges(order)}]")
              for role, order in chosen.items()}
     said = "q, k and v" if roles == "qkv" else "k and v"
@@ -294,7 +294,8 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
 
 def nearest_ancestors(records: list[Record], index: int, limit: int = 64) -> list[Record]:
     """`records[index]` and what it was computed from, nearest first (breadth first), at most `limit`."""
-    out, seen, frontier = [], {index}, [index]
+    out: list[Record] = []
+    seen, frontier = {index}, [index]
     while frontier and len(out) < limit:
         following = []
         for i in frontier:

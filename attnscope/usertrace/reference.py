@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ from attnscope.trace import Trace
 from attnscope.variants.rope import Rope
 
 if TYPE_CHECKING:
+    from attnscope.spec import WindowSide
     from attnscope.usertrace.record import Record
 
 ROLES = ("q", "k", "v", "o")
@@ -72,7 +73,8 @@ class Spec:
         """The AttentionSpec the reference computes, built here once from what the options said."""
         from attnscope.spec import AttentionSpec
 
-        return AttentionSpec(causal=self.causal, window=self.window, window_side=self.window_side, alibi=self.alibi, rope=self.rope(),
+        return AttentionSpec(causal=self.causal, window=self.window, window_side=cast("WindowSide", self.window_side),
+                             alibi=self.alibi, rope=self.rope(),
                              scale=self.scale, n_kv_head=n_kv_head, qk_norm=self.qk_norm)
 
     def rope(self) -> Any:
@@ -85,7 +87,8 @@ class Spec:
         return Rope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction)
 
     def describe(self) -> str:
-        parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}{' both sides' if self.window_side == 'both' else ''}" if self.window else "",
+        sides = " both sides" if self.window_side == "both" else ""
+        parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}{sides}" if self.window else "",
                  f"RoPE base {self.rope_base:g} ({self.rope_pairing}{self._rope_more()})" if self.rope_base else "",
                  f"after {self.cache} cached positions" if self.cache else "", "ALiBi" if self.alibi else "",
                  f"qk-norm ({self.qk_norm})" if self.qk_norm else "", f"scale {self.scale:g}" if self.scale is not None
@@ -336,7 +339,8 @@ def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.T
     from attnscope.attention.textbook import sdpa_columns
     from attnscope.spec import AttentionSpec
 
-    structural, _ = masks.structural(AttentionSpec.asked(spec.causal, spec.window, window_side=spec.window_side), Q.shape[-1], K.shape[-1])
+    asked = AttentionSpec.asked(spec.causal, spec.window, window_side=spec.window_side)
+    structural, _ = masks.structural(asked, Q.shape[-1], K.shape[-1])
     # [n_Q, n_K] -> the column form's [n_K, n_Q]
     combined = masks.combine(structural.transpose(-2, -1) if structural is not None else None, mask)
     with torch.no_grad():
