@@ -23,9 +23,14 @@ from typing import Any
 MARK = "__attnscope_watched__"
 
 
-def _listening(fn: Callable[..., Any], impl: str, on_call: Callable[..., None]) -> Callable[..., Any]:
+def _listening(fn: Callable[..., Any], impl: str, on_call: Callable[..., None],
+               made: dict[tuple[int, str], Callable[..., Any]]) -> Callable[..., Any]:
+    """`fn` with the listener after it, made once per function and backend for the with-block (`made`)."""
     if getattr(fn, MARK, False):
         return fn
+    key = (id(fn), impl)
+    if key in made:
+        return made[key]
 
     @functools.wraps(fn)
     def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any,
@@ -42,6 +47,7 @@ def _listening(fn: Callable[..., Any], impl: str, on_call: Callable[..., None]) 
         return result
 
     setattr(attention, MARK, True)
+    made[key] = attention
     return attention
 
 
@@ -58,13 +64,14 @@ def patched(on_call: Callable[..., None] | None, on_sdpa: Callable[..., None] | 
             from transformers.modeling_utils import AttentionInterface
 
             get_interface, getitem = AttentionInterface.get_interface, AttentionInterface.__getitem__
+            made: dict[tuple[int, str], Callable[..., Any]] = {}  # fn -> its listening wrapper, kept alive here
 
             def watched_get_interface(self: Any, attn_implementation: str, default: Callable[..., Any]) -> Any:
                 return _listening(get_interface(self, attn_implementation, default), str(attn_implementation),
-                                  on_call)
+                                  on_call, made)
 
             def watched_getitem(self: Any, key: str) -> Any:
-                return _listening(getitem(self, key), str(key), on_call)
+                return _listening(getitem(self, key), str(key), on_call, made)
 
             AttentionInterface.get_interface = watched_get_interface  # type: ignore[method-assign]
             AttentionInterface.__getitem__ = watched_getitem  # type: ignore[method-assign]

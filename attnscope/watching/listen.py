@@ -96,11 +96,13 @@ class Listener:
 
         sinks = sinks.detach() if isinstance(sinks, torch.Tensor) else None
         bias = kwargs.get("position_bias")
-        extras = {"scale": float(scaling) if scaling is not None else d_head ** -0.5,
-                  "softcap": kwargs.get("softcap"), "sinks": sinks,
-                  "position_bias": bias.detach() if isinstance(bias, torch.Tensor) else None}
+        bias = bias.detach() if isinstance(bias, torch.Tensor) else None
+        scale = float(scaling) if scaling is not None else d_head ** -0.5
+        softcap = kwargs.get("softcap")
+        softcap = float(softcap) if softcap is not None else None
+        window = window if isinstance(window, int) else None
         self._add(number, path, key, n_Q, key.shape[2], lambda row0, key0, count: Call(
-            query.detach(), row0, key0, count, mask, causal, window if isinstance(window, int) else None, **extras))
+            query.detach(), row0, key0, count, mask, causal, window, scale, softcap, sinks, bias))
 
     def on_sdpa(self, query: torch.Tensor, key: torch.Tensor, attn_mask: Any, is_causal: bool, scale: Any,
                 enable_gqa: bool) -> None:
