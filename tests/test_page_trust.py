@@ -179,7 +179,8 @@ def test_the_image_overlay_has_a_colour_scale(tmp_path, context, monkeypatch):
     bright = [alpha * c + (1 - alpha) * b for c, b in zip((0xfd, 0xe7, 0x25), background, strict=True)]
     assert all(abs(a - b) <= 3 for a, b in zip(ends[1], bright, strict=True)), ends
     assert all(abs(a - b) <= 3 for a, b in zip(ends[0], background, strict=True)), ends
-    assert f"0 (clear) to {scale.get_attribute('data-max')} (bright)" in page.get_by_test_id("overlay-title").inner_text()
+    title = page.get_by_test_id("overlay-title").inner_text()
+    assert f"0 (clear) to {scale.get_attribute('data-max')} (bright)" in title
     finish(o)
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from cli_main import run_main
 
 from attnscope.readings.maskview import view
@@ -190,8 +189,9 @@ def test_sdpa_values_split_a_row_evenly():
 
 
 def _help_examples(*command: str) -> list[str]:
-    from attnscope.cli import app
     import typer
+
+    from attnscope.cli import app
 
     click_command = typer.main.get_command(app)
     for name in command:
@@ -233,3 +233,13 @@ def test_anatomy_dtype_note_is_whole_and_names_the_gguf():
     assert "config" not in payload["dtype_from"] and "GGUF" in payload["dtype_from"]
     other = run_main("anatomy", str(ROOT / "tests" / "configs" / "Qwen3-0.6B.json"))
     assert "bfloat16 (torch_dtype), one sequence" in other.stdout
+
+
+def test_anatomy_breaks_a_long_path_after_a_slash():
+    path = _smollm2()
+    outcome = run_main("anatomy", str(path))
+    assert outcome.code == 0, outcome.stderr
+    lines = outcome.stdout.splitlines()
+    end = next(i for i, line in enumerate(lines) if ".gguf: " in line)
+    assert "".join(lines[:end + 1]).startswith(f"{path}: llama")
+    assert all(line.endswith("/") for line in lines[:end]) and max(len(line) for line in lines) <= 80

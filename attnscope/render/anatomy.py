@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from attnscope.cost import format_bytes, format_flops
+from attnscope.render.console import path_lines
 from attnscope.render.fit import Column, FittedTable, FittedText, cell, whole
 from attnscope.render.tables import short_flops
 
@@ -46,7 +47,7 @@ def short_base(base: float) -> str:
 def show_anatomy(out: Console, anatomy: Anatomy) -> None:
     from attnscope.anatomy.read import groups, ranges
 
-    out.print(FittedText(_header(anatomy), style="bold"))
+    out.print(FittedText(_header(anatomy, out.width), style="bold"))
     columns = [Column("layers", style="bold cyan"), Column("n", justify="right"), Column("kind"),
                Column("heads q/kv", justify="right"), Column("d_head", justify="right"), Column("RoPE"),
                Column("KV/layer", justify="right", drop=2), Column("FLOPs/tok", justify="right", drop=1)]
@@ -80,17 +81,20 @@ def _parts(text: str, between: str = ", ") -> tuple[list[str], None]:
     return [ends[0], *(" " + part for part in ends[1:])], None
 
 
-def _header(anatomy: Anatomy) -> str:
+def _header(anatomy: Anatomy, width: int = 10**6) -> str:
     named = f"{anatomy.model_type} ({anatomy.architecture})" if anatomy.architecture else anatomy.model_type
+    model = anatomy.model
+    if len(model) + 1 > width:  # a long path breaks after a `/`, never inside a name (render/console.path_lines)
+        model = "\n".join(path_lines(model + ":", width))[:-1]
     part = ", text part (text_config)" if anatomy.part else ""
     stacks = [layer.stack for _, layer in anatomy.layers]
     count = (f"{stacks.count('encoder')} encoder and {stacks.count('decoder')} decoder layers"
              if "cross" in stacks else f"{len(stacks)} layers")
     at = f"at {anatomy.tokens} tokens ({anatomy.tokens_from}), " if anatomy.tokens is not None else ""
     if " " not in anatomy.dtype_from:  # a key (`torch_dtype`, `--dtype`): beside the dtype
-        return f"{anatomy.model}: {named}{part}, {count}\n{at}{anatomy.dtype} ({anatomy.dtype_from}), one sequence"
+        return f"{model}: {named}{part}, {count}\n{at}{anatomy.dtype} ({anatomy.dtype_from}), one sequence"
     # a sentence (no dtype named, a GGUF's): a line of its own, never split over two by the wrapping
-    return f"{anatomy.model}: {named}{part}, {count}\n{at}{anatomy.dtype}, one sequence\n" \
+    return f"{model}: {named}{part}, {count}\n{at}{anatomy.dtype}, one sequence\n" \
            f"{anatomy.dtype}: {anatomy.dtype_from}"
 
 

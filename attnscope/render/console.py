@@ -170,3 +170,14 @@ def shown_token(text: str) -> str:
     from attnscope.models.tokenizer import token_label
 
     return token_label(text, text)
+
+
+def path_lines(path: str, width: int) -> list[str]:
+    """A path in lines of at most `width`, broken only after a `/` (a name longer than a line is cut, as nothing
+    else can show it): a terminal's own wrapping breaks it mid-name."""
+    lines = [""]
+    for part in re.findall(r"[^/]*/|[^/]+$", path):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return [piece[k:k + width] for piece in lines for k in range(0, max(len(piece), 1), width)]

@@ -7,7 +7,6 @@ The weight table fits the terminal: a checkpoint key is broken only after a dot,
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -16,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnscope.render.beyond_layer import decode_json, layers_json, show_decode, show_layers
-from attnscope.render.console import clean, numbers
+from attnscope.render.console import clean, numbers, path_lines
 from attnscope.render.heads import heads_json, show_heads
 from attnscope.render.heatmap import show_heatmap
 from attnscope.render.long import long_json, show_long
@@ -54,17 +53,6 @@ def summary(result: HeadResult, width: int = 10**6) -> str:
         lines.append(result.about)
     lines += path_lines(str(i.path), width)
     return "\n".join(lines)
-
-
-def path_lines(path: str, width: int) -> list[str]:
-    """A path in lines of at most `width`, broken only after a `/` (a name longer than a line is cut, as nothing
-    else can show it): a terminal's own wrapping breaks it mid-name."""
-    lines = [""]
-    for part in re.findall(r"[^/]*/|[^/]+$", path):
-        if lines[-1] and len(lines[-1]) + len(part) > width:
-            lines.append("")
-        lines[-1] += part
-    return [piece[k:k + width] for piece in lines for k in range(0, max(len(piece), 1), width)]
 
 
 def _head_dim_source(path: Path, model_type: str, key: str) -> str:

@@ -69,8 +69,6 @@ VALUES_LIMIT = 64  # elements: a preview, not a dump; bigger tensors show their 
 
 
 def show_values(out: Console, trace: Trace) -> None:
-    from attnscope.tensors import preview
-
     for step in trace.steps:
         out.print(Text(f"{step.name} {list(step.shape)}", style="bold cyan"))
         out.print(Text(balanced_preview(step.tensor, out.width)))  # a row wrapped by Rich split a number
