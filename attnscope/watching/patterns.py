@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from attnscope.watching.record import Call, Layer
 
-BLOCK_CELLS = 1 << 22  # scores a block holds per head (16 MiB in float32)
+BLOCK_CELLS = 1 << 22  # scores a block holds, every head asked together (16 MiB in float32)
 
 
 def layer_pattern(layer: Layer, heads: list[int], batch: int, dtype: Any = None) -> torch.Tensor:
@@ -37,7 +37,7 @@ def layer_pattern(layer: Layer, heads: list[int], batch: int, dtype: Any = None)
             continue
         assert call.Q is not None
         K = layer.key_range(call)[batch, index // group].to(dtype)  # [n_heads, n_K, d_head]
-        rows = max(1, BLOCK_CELLS // max(1, call.n_K))
+        rows = max(1, BLOCK_CELLS // max(1, call.n_K * len(heads)))
         for start in range(0, call.n_Q, rows):
             stop = min(call.n_Q, start + rows)
             Q = call.Q[batch, index, start:stop].to(dtype)  # [n_heads, rows, d_head]
