@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models.config import Config
+from attnscope.models.config import Config, fix_advice
 from attnscope.models.families.deepseek import DeepseekV3
 from attnscope.models.families.qwen3_next import LinearLayers
 from attnscope.variants.rope import Rope
@@ -93,19 +93,22 @@ class KimiLinear(LinearLayers, DeepseekV3):
         for theirs, ours in ALIASES.items():
             if theirs in data and ours not in data:
                 data[ours] = data[theirs]
-        linear = data.get("linear_attn_config") or {}
-        if "layer_types" not in data and "full_attn_layers" in linear:  # Moonshot's: layers counted from 1
-            full = set(linear["full_attn_layers"])
+        linear = _linear_config(config)
+        full = linear.raw(f"{LINEAR}.full_attn_layers")
+        if data.get("layer_types") is None and full is not None and linear.has(f"{LINEAR}.kda_layers"):
+            full = set(full)  # Moonshot's: layers counted from 1
             data["layer_types"] = ["full_attention" if i + 1 in full else "linear_attention"
-                                   for i in range(int(data.get("num_hidden_layers", 27)))]
+                                   for i in range(config.integer("num_hidden_layers", default=27))]
         config = Config(config.path, data)
         super().__init__(folder, config, checkpoint)
-        n, d = (config.integer("linear_num_heads", default=linear.get("num_heads", 32)),
-                config.integer("linear_head_dim", default=linear.get("head_dim", 128)))
+        # KimiLinearConfig.__post_init__: linear_attn_config's head_dim, num_heads, short_conv_kernel_size win over
+        # the top-level linear_* settings
+        n = linear.integer(f"{LINEAR}.num_heads", default=config.integer("linear_num_heads", default=32))
+        d = linear.integer(f"{LINEAR}.head_dim", default=config.integer("linear_head_dim", default=128))
+        kernel = linear.integer(f"{LINEAR}.short_conv_kernel_size",
+                                default=config.integer("linear_conv_kernel_dim", default=4))
         self.delta = DeltaSizes(n_head=n, n_k_head=n, d_K=d, d_V=d, per_channel=True, gate="sigmoid", l2="sqrt",
-                                kernel=config.integer("linear_conv_kernel_dim",
-                                                      default=linear.get("short_conv_kernel_size", 4)),
-                                eps=config.number("rms_norm_eps", default=1e-5))
+                                kernel=kernel, eps=config.number("rms_norm_eps", default=1e-5))
         for layer in range(self.n_layer):
             self.layer_kind(layer)
 
@@ -219,3 +222,20 @@ class KimiLinear(LinearLayers, DeepseekV3):
 
     def mlp_biased(self) -> bool:
         return False
+
+
+LINEAR = "linear_attn_config"
+
+
+def _linear_config(config: Config) -> Config:
+    """Moonshot's `linear_attn_config` object as a Config whose messages name it (`linear_attn_config.num_heads`);
+    its layer lists checked to be whole layer numbers from 1 to num_hidden_layers, as KimiLinearConfig indexes them."""
+    table = config.mapping("linear_attn_config") or {}
+    n_layer = config.integer("num_hidden_layers", default=27)
+    for name in ("full_attn_layers", "kda_layers"):
+        value = table.get(name)
+        if value is not None and (not isinstance(value, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= n_layer for i in value)):
+            raise UsageError(f"{config.path}: linear_attn_config.{name} is {str(value)[:80]}; it must be a list of "
+                             f"layer numbers from 1 to {n_layer}; {fix_advice(config.path)}")
+    return Config(config.path, {f"{LINEAR}.{key}": value for key, value in table.items()})

@@ -77,7 +77,7 @@ def full_config(folder: Path, model_type: str, layer: int, *, text: bool = False
 
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+    except config_errors() as exc:
         raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' ({first_line(exc)})",
                          "model") from None
     n_layer = getattr(layers_config(config) if text else config, "num_hidden_layers", None)
@@ -88,6 +88,14 @@ def full_config(folder: Path, model_type: str, layer: int, *, text: bool = False
         raise UsageError(f"{{layer}} {layer} is out of range: this model has {counted(n_layer, 'layer')}, "
                          f"0 to {n_layer - 1}", "layer")
     return config, n_layer
+
+
+def config_errors() -> tuple[type[Exception], ...]:
+    """What `AutoConfig.from_pretrained` raises on a config.json it refuses: its own checks, and the strict
+    dataclass validation of transformers 5's config classes (`index_topk: null` where an int is declared)."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    return OSError, ValueError, KeyError, TypeError, ImportError, StrictDataclassError
 
 
 def layers_config(config: Any) -> Any:
@@ -278,5 +286,7 @@ def _attention_module(model: Any, layer: int) -> str:
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    text = [line.strip() for line in str(exc).strip().splitlines()]
+    if len(text) > 1 and text[0].endswith(":"):  # a heading, then what it heads (a dataclass validation error)
+        text = [f"{text[0]} {text[1]}"]
     return text[0][:160] if text else type(exc).__name__

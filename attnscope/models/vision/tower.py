@@ -88,7 +88,7 @@ def tower_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
     truncated.quiet_transformers()
     try:
         full = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+    except truncated.config_errors() as exc:
         raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' "
                          f"({truncated.first_line(exc)})", "model") from None
     config = full.vision_config if TOWERS[model_type].part else full

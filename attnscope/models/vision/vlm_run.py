@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError, UsageError
-from attnscope.models.nopage.truncated import first_line
+from attnscope.models.nopage.truncated import config_errors, first_line
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -184,7 +184,7 @@ def text_settings(folder: Path, config: Config) -> dict[str, Any]:
     quiet_transformers()
     try:
         settings = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+    except config_errors() as exc:
         raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{config.model_type}' "
                          f"({first_line(exc)})", "model") from None
     return dict(settings.get_text_config().to_dict())
