@@ -217,6 +217,7 @@ def test_help_examples_break_between_words_not_inside_quotes():
             assert not re.search(r'"[^"\n]*\n[^"\n]*"', shown.split("Examples:")[-1]), shown
         for line in shown.split("Examples:")[-1].splitlines():
             assert len(line) <= 80
+        assert not any(line.endswith(" ") for line in shown.splitlines())  # piped: Rich's padding dropped
 
 
 # --- item 14: anatomy's dtype note ---------------------------------------------------------------------------

@@ -136,16 +136,24 @@ def _examples_fitted(command: Any) -> None:
 
 
 def _format_help_fitted(self: Any, ctx: Any, formatter: Any) -> None:
+    import io
     import sys
 
     from attnscope.render.console import stream_width
 
     written = self.epilog
     self.epilog = fitted_examples(written, stream_width(sys.stdout) - 2)  # Typer pads the epilog by one column
+    piped = not sys.stdout.isatty()
+    shown, buffer = sys.stdout, io.StringIO()
+    if piped:
+        sys.stdout = buffer
     try:
         type(self).format_help(self, ctx, formatter)
     finally:
         self.epilog = written
+        sys.stdout = shown
+    if piped:  # Rich pads every line to the width: piped, no line ends in blanks (the console's own output too)
+        sys.stdout.write(re.sub(" +\n", "\n", buffer.getvalue()))
 
 
 _WORD = re.compile(r"""(?:[^\s"']+|"[^"]*"|'[^']*')+""")  # a shell word: its quoted parts whole
