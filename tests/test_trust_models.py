@@ -6,7 +6,6 @@ its eager attention."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -141,3 +140,42 @@ def test_reported_configs_are_one_message(family, path, value, command, words, f
     _one_message(outcome, command)
     for word in words:
         assert word in outcome.stderr
+
+
+# --- item 23: MiniMax in anatomy -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_minimax_anatomy_counts_what_its_cache_holds(window, tmp_path):
+    """Each layer's bytes are what MiniMaxCache holds after a 16-token forward (its lightning layers' linear_cache
+    too), and the keys the 16th token attends to are the ones its eager attention weights are not 0 on: with a
+    sliding_window, the softmax layers are sliding (MiniMaxModel's create_sliding_window_causal_mask)."""
+    import transformers as tf
+    from tiny_models import perturb
+
+    from attnscope.anatomy.read import read_anatomy
+
+    config = tf.MiniMaxConfig(vocab_size=64, hidden_size=32, intermediate_size=16, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=8, num_hidden_layers=4, num_local_experts=2,
+                              num_experts_per_tok=1, block_size=4, sliding_window=window,
+                              layer_types=["linear_attention", "full_attention"] * 2, max_position_embeddings=64)
+    config.save_pretrained(tmp_path)
+    anatomy = read_anatomy(str(tmp_path), tokens=16)
+    torch.manual_seed(0)
+    model = perturb(tf.MiniMaxForCausalLM(config).eval())
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        out = model(torch.arange(1, 17)[None], use_cache=True, output_attentions=True)
+    cache = out.past_key_values
+    for index, layer in anatomy.layers:
+        sizes = anatomy.sizes(layer)
+        linear = cache.linear_cache[index] if index < len(cache.linear_cache) else []
+        if isinstance(linear, torch.Tensor):
+            held = linear.numel() * linear.element_size()
+        else:
+            held = sum(t.numel() * t.element_size() for t in (cache.layers[index].keys, cache.layers[index].values))
+        assert sizes.kv_cache_bytes == held, (index, layer.label)
+        if layer.attention != "linear":
+            assert layer.attention == ("full" if window is None else "sliding")
+            seen = int((out.attentions[index][0, :, -1] > 0).sum(-1).max())
+            assert sizes.keys == seen == (16 if window is None else window)
+    assert "sliding_window" not in anatomy.uninterpreted

@@ -27,7 +27,7 @@ from attnscope.models.config import layer_entry
 if TYPE_CHECKING:
     from attnscope.anatomy.config import Settings
 
-LINEAR = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear"})
+LINEAR = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax"})
 INDEXED = frozenset({"deepseek_v32", "glm_moe_dsa"})
 COMPRESSED = {"compressed_sparse_attention": "compressed_sparse", "heavily_compressed_attention": "heavily_compressed"}
 V4_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}  # DeepseekV4Config's defaults
@@ -50,21 +50,24 @@ class State:
     """A linear attention layer's recurrent state: `heads` matrices `[d_k, d_v]` (float32) and a short convolution's
     last `kernel` inputs over `conv_dim` channels (the model's dtype)."""
 
-    kind: str  # "gated DeltaNet" (Qwen3-Next, Qwen3.5), "KDA" (Kimi Linear)
+    kind: str  # "gated DeltaNet" (Qwen3-Next, Qwen3.5), "KDA" (Kimi Linear), "lightning" (MiniMax)
     heads: int
     d_k: int
     d_v: int
     conv_dim: int
     kernel: int
+    float32: bool = True  # the recurrent state in float32 (the delta rules); MiniMax's in the model's dtype
 
     def bytes(self, bytes_per_number: int) -> int:
-        return self.heads * self.d_k * self.d_v * 4 + self.conv_dim * self.kernel * bytes_per_number
+        return self.heads * self.d_k * self.d_v * (4 if self.float32 else bytes_per_number) \
+            + self.conv_dim * self.kernel * bytes_per_number
 
     @property
     def flops_per_token(self) -> int:
         """One token's step: decay the state, read it with the key, correct it by the delta, read it with the
-        query (about 7 d_k·d_v a head), whatever the number of tokens before."""
-        return self.heads * 7 * self.d_k * self.d_v
+        query (about 7 d_k·d_v a head), whatever the number of tokens before; MiniMax's lightning step has no
+        delta: decay, add kᵀv, read with the query (about 5 d_k·d_v)."""
+        return self.heads * (5 if self.kind == "lightning" else 7) * self.d_k * self.d_v
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,10 @@ def linear_state(s: Settings) -> State | None:
     Mamba, convolutions)."""
     if s.model_type not in LINEAR:
         return None
+    if s.model_type == "minimax":  # MiniMaxLightningAttention: one [head_dim, head_dim] state a head, no convolution,
+        heads = s.size("num_attention_heads")  # in the model's dtype (MiniMaxCache.linear_cache)
+        d = s.optional_size("head_dim") or s.size("hidden_size") // heads
+        return State("lightning", heads, d, d, 0, 0, float32=False)
     kernel = s.size("linear_conv_kernel_dim", default=4)
     if s.model_type == "kimi_linear":  # KimiDeltaAttention: q, k, v convolved, one [d, d] state a head
         extra = s.mapping("linear_attn_config") or {}

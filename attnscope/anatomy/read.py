@@ -59,6 +59,7 @@ class Layer:
     kv_from: int | None = None  # the layer whose KV cache this one reads (Gemma 4's shared layers)
     k_eq_v: bool = False  # the values are the keys' projection (Gemma 4's attention_k_eq_v)
     compress: Compress | None = None  # DeepSeek-V4's compressed layers
+    keeps_all: bool = False  # a sliding layer whose cache keeps every token (MiniMaxCache's plain dynamic layers)
 
     @property
     def label(self) -> str:
@@ -186,7 +187,7 @@ def cached_tokens(layer: Layer, n: int) -> int | None:
         return 0
     if layer.state is not None:
         return 0
-    if layer.attention == "sliding":
+    if layer.attention == "sliding" and not layer.keeps_all:
         return min(n, layer.window - 1)  # type: ignore[operator]
     if layer.attention == "chunked":
         return min(n, layer.chunk - 1)  # type: ignore[operator]
@@ -297,6 +298,10 @@ def _decoder_or_encoder(s: Settings, assumed: list[str], causal: bool | None = N
     layers = []
     for i, layer_type in enumerate(types):
         attention = kinds.LAYER_TYPES.get(layer_type, layer_type)
+        # MiniMaxModel.forward: with a sliding_window every softmax layer's mask is create_sliding_window_causal_mask,
+        # and MiniMaxCache (a DynamicCache built without the config) keeps every token
+        keeps_all = s.model_type == "minimax" and attention == "full" and window is not None
+        attention = "sliding" if keeps_all else attention
         if state is not None and layer_type == "linear_attention":
             layers.append((i, Layer("decoder", "linear", True, state.heads, state.heads, state.d_k, state.d_v, "none",
                                     state=state)))
@@ -326,7 +331,8 @@ def _decoder_or_encoder(s: Settings, assumed: list[str], causal: bool | None = N
         layers.append((i, Layer(stack, attention, causal, n_head, n_kv_layer, d_layer, d_layer if mla is None else d_V,
                                 position, rope, window if attention == "sliding" else None,
                                 chunk if attention == "chunked" else None, kinds.qk_norm(s, uses_rope[i]), sinks,
-                                softcap, mla, None if index is None else index[i], kv_from=owners[i], k_eq_v=k_eq_v)))
+                                softcap, mla, None if index is None else index[i], kv_from=owners[i], k_eq_v=k_eq_v,
+                                keeps_all=keeps_all)))
     return layers
 
 

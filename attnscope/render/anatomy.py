@@ -126,7 +126,10 @@ def _layer_notes(anatomy: Anatomy, layer: Layer) -> list[str]:
                    f"{m.qk_rope_head_dim} = {m.kv_lora_rank + m.qk_rope_head_dim} numbers a token, as transformers "
                    f"stores it (5.23 caches kv_nope and k_rot); as full heads, what transformers 4.x cached, "
                    f"{layer.n_head} x ({layer.d_K} + {layer.d_V}) = {layer.n_head * (layer.d_K + layer.d_V)}")
-    if layer.attention == "sliding" and layer.causal:
+    if layer.attention == "sliding" and layer.keeps_all:
+        out.append(f"sliding {layer.window}: a query sees the last {layer.window} keys, itself included "
+                   "(sliding_window masks MiniMax's softmax layers); MiniMaxCache keeps every token")
+    elif layer.attention == "sliding" and layer.causal:
         out.append(f"sliding {layer.window}: a query sees the last {layer.window} keys, itself included; the cache "
                    f"keeps the last {layer.window - 1} (W - 1, as transformers' DynamicSlidingWindowLayer)")
     elif layer.attention == "sliding" and layer.window:
@@ -160,9 +163,14 @@ def _notes_2026(anatomy: Anatomy, layer: Layer) -> list[str]:
                    "layer's choice of keys and caches no indexer keys")
     if state is not None:
         held = format_bytes(state.bytes(anatomy.bytes_per_number))
-        out.append(f"linear ({state.kind}): no keys are kept; a state of {state.heads} x [{state.d_k}, {state.d_v}] "
-                   f"float32 and a conv window of {state.kernel} x {state.conv_dim} ({held}), the same at any "
-                   "number of tokens (LinearAttentionLayer)")
+        if state.kernel:
+            out.append(f"linear ({state.kind}): no keys are kept; a state of {state.heads} x [{state.d_k}, "
+                       f"{state.d_v}] float32 and a conv window of {state.kernel} x {state.conv_dim} ({held}), the "
+                       "same at any number of tokens (LinearAttentionLayer)")
+        else:  # MiniMax: no convolution, the state in the model's dtype
+            out.append(f"linear ({state.kind}): no keys are kept; a state of {state.heads} x [{state.d_k}, "
+                       f"{state.d_v}] {'float32' if state.float32 else anatomy.dtype} ({held}), the same at any "
+                       "number of tokens (MiniMaxCache's linear_cache)")
     if layer.kv_from is not None:
         from attnscope.anatomy.read import ranges
 
