@@ -290,16 +290,16 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
 
 
 def _not_from_later(rows: list[Aligned], records: list[Record]) -> None:
-    """A step is never paired with a tensor computed from a later step's equal (K_rep with the output of a grouped
-    einsum that never repeats K, Q_feat with the module's return value): such a pairing is dropped, and the step
-    is `missing` (then `unseen` where a later step lines up)."""
+    """A step is never paired with a tensor computed from the tensor a later step is paired with (K_rep with the
+    output of a grouped einsum that never repeats K, Q_feat with the module's return value): such a pairing is
+    dropped, and the step is `missing` (then `unseen` where a later step lines up)."""
     from attnscope.usertrace.align import ancestors
 
     for i, row in enumerate(rows):
         if row.status != "differs" or row.record is None:
             continue
         above = ancestors(row.record, records) | {row.record.index}
-        if any(later.status in ALIGNED and later.record is not None and later.record.index in above
+        if any(later.status in (*ALIGNED, "differs") and later.record is not None and later.record.index in above
                for later in rows[i + 1:]):
             row.status, row.record, row.max_abs_diff, row.layout, row.order = "missing", None, None, "", None
 
