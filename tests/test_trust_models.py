@@ -6,6 +6,7 @@ its eager attention."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,70 @@ def test_minimax_anatomy_counts_what_its_cache_holds(window, tmp_path):
             seen = int((out.attentions[index][0, :, -1] > 0).sum(-1).max())
             assert sizes.keys == seen == (16 if window is None else window)
     assert "sliding_window" not in anatomy.uninterpreted
+
+
+# --- item 10: the rollout beside a sink ----------------------------------------------------------------------
+
+def _rollout64(layers: list, drop_first: bool) -> object:
+    """Abnar & Zuidema's rollout in numpy float64, written apart from attnscope's: per layer the heads' mean (key 0's
+    column zeroed and rows renormalised when `drop_first`), plus the identity, rows renormalised, chained."""
+    import numpy as np
+
+    R = None
+    for A in layers:
+        A = np.asarray(A, dtype=np.float64).copy()  # [n_head, n, n]
+        if drop_first:
+            A[..., 0] = 0.0
+            total = A.sum(-1, keepdims=True)
+            A = np.divide(A, total, out=np.zeros_like(A), where=total > 0)
+        M = 0.5 * A.mean(0) + 0.5 * np.eye(A.shape[-1])
+        M = M / M.sum(-1, keepdims=True)
+        R = M if R is None else M @ R
+    return R
+
+
+def test_rollout_without_first_token_against_float64():
+    """Patterns that park 0.9 to 0.99 of every row on key 0: the rollout's last row is all but 1.00 on it, and the
+    rollout without the first token ranks the rest; both equal a numpy float64 formula, rows sum to 1, column 0
+    past row 0 is 0."""
+    import numpy as np
+
+    from attnscope.readings.rollout import rollout
+
+    g = torch.Generator().manual_seed(3)
+    layers = []
+    for _ in range(12):
+        scores = torch.randn(3, 7, 7, generator=g, dtype=torch.float64)
+        scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), -math.inf)
+        A = torch.softmax(scores, -1)  # [n_head, n, n]
+        park = 0.9 + 0.09 * torch.rand(3, 7, 1, generator=g, dtype=torch.float64)
+        A = (1 - park) * A
+        A[..., 0] += park[..., 0]
+        layers.append(A.float())
+    plain, rest = rollout(layers), rollout(layers, drop_first=True)
+    assert float(plain[-1, 0]) > 0.99
+    np.testing.assert_allclose(plain.numpy(), _rollout64([a.numpy() for a in layers], False), atol=1e-12)
+    np.testing.assert_allclose(rest.numpy(), _rollout64([a.numpy() for a in layers], True), atol=1e-12)
+    np.testing.assert_allclose(rest.sum(-1).numpy(), 1.0, atol=1e-12)
+    assert float(rest[1:, 0].abs().max()) == 0.0
+    assert float(rest[-1, 1:].max()) > 0.1  # the other tokens keep shares that rank
+
+
+def test_rollout_without_first_token_in_the_run(tmp_path):
+    """`head --all-layers --json` on a tiny LLaMA: `rollout_without_first` is the float64 formula over transformers'
+    eager output_attentions; the terminal says when the first token holds half the rollout or more."""
+    import tiny_models
+
+    model = tiny_models.build("llama", tmp_path)
+    outcome = run_main("head", "--model", str(tmp_path), "--text", TEXT, "--all-layers", "--json")
+    assert outcome.code == 0, outcome.stderr
+    payload = json.loads(outcome.stdout)
+    with torch.no_grad():
+        attentions = model(torch.tensor([payload["token_ids"]]), output_attentions=True).attentions
+    layers = [A[0].double().numpy() for A in attentions]
+    import numpy as np
+
+    np.testing.assert_allclose(np.array(payload["rollout_without_first"]), _rollout64(layers, True), atol=2e-5)
+    np.testing.assert_allclose(np.array(payload["rollout"]), _rollout64(layers, False), atol=2e-5)
+    shown = run_main("head", "--model", str(tmp_path), "--text", TEXT, "--all-layers").stdout
+    assert ("rollout without the first token" in shown) == (payload["rollout"][-1][0] >= 0.5)

@@ -12,6 +12,12 @@ What it assumes, and so where it misleads (docs/heads.md): the residual stream i
 much as all the heads together (the 0.5), the heads are averaged as if alike, the MLPs and norms are ignored,
 and the tokens stay in their positions. It ranks input tokens; its numbers are not attributions.
 
+On a decoder whose heads park most of their weight on the first token (a sink: Xiao et al. 2023), every row of
+R reads about 1.00 on that token and about 0 elsewhere, in an order rounding decides. The rollout without the
+first token (`Rollout(drop_first=True)`) zeroes every head's weight on key 0 and divides each row by what is left
+before the layer's matrix is made, as if parking there moved nothing: R's column 0 is then 0 past row 0, and the
+other tokens are ranked by what the heads take from them (docs/heads.md).
+
 Float64; one `[n, n]` product is held, each layer multiplied in as it comes (`Rollout.add`).
 """
 
@@ -44,9 +50,10 @@ def row_normalised(weights: Tensor) -> Tensor:
 class Rollout:
     """The product of the layers' matrices, from layer 0 up: `add` each layer's heads in order, `matrix` is R."""
 
-    def __init__(self) -> None:
+    def __init__(self, drop_first: bool = False) -> None:
         self.matrix: Tensor | None = None
         self.layers = 0
+        self.drop_first = drop_first  # the first key's weight left out of every head, rows renormalised
 
     def add(self, heads: Tensor, value_norms: Tensor | None = None) -> None:
         """The next layer's patterns `[n_head, n, n]` (square: a self-attention over the same tokens); with its
@@ -56,14 +63,31 @@ class Rollout:
         with one_thread():
             if value_norms is not None:
                 heads = row_normalised(weighted(heads, value_norms))  # [n_head, n, n]
+            if self.drop_first:
+                heads = row_normalised(without_first(heads))  # [n_head, n, n]; row 0 all zeros: the identity's
             M = layer_matrix(heads)  # [n, n]
             self.matrix = M if self.matrix is None else M @ self.matrix  # [n, n] @ [n, n] -> [n, n]
         self.layers += 1
 
 
-def rollout(layers: list[Tensor]) -> Tensor | None:
-    """R over `layers`, each `[n_head, n, n]`, layer 0 first; None where there are none or one is not square."""
-    chain = Rollout()
+def without_first(heads: Tensor) -> Tensor:
+    """`[n_head, n, n]` float64 with key 0's column set to 0."""
+    import torch
+
+    heads = heads.detach().to(torch.float64).clone()
+    heads[..., 0] = 0.0
+    return heads
+
+
+def first_share(matrix: Tensor, row: int = -1) -> float:
+    """The first token's share of one row of R (the last query's by default)."""
+    return float(matrix[row, 0])
+
+
+def rollout(layers: list[Tensor], drop_first: bool = False) -> Tensor | None:
+    """R over `layers`, each `[n_head, n, n]`, layer 0 first; None where there are none or one is not square.
+    `drop_first`: the rollout without the first token (the module's docstring)."""
+    chain = Rollout(drop_first)
     for heads in layers:
         if heads.dim() != 3 or heads.shape[-1] != heads.shape[-2]:
             return None

@@ -79,6 +79,8 @@ def readings_json(result: HeadResult) -> dict[str, Any]:
         payload["rollout_layers"] = list(result.layer_numbers or [])
         if result.rollout_weighted is not None:
             payload["rollout_weighted"] = numbers(result.rollout_weighted)
+        if result.rollout_without_first is not None:
+            payload["rollout_without_first"] = numbers(result.rollout_without_first)
     return payload
 
 
@@ -182,6 +184,9 @@ def show_sinks(out: Console, layers: list[LayerHeads]) -> None:
                          "(Kobayashi et al. 2020; docs/heads.md)"))
 
 
+SINK_DOMINATES = 0.5  # the first token's share of the last row above which the rollout ranks little else
+
+
 def show_rollout(out: Console, result: HeadResult) -> None:
     """The input tokens the last query draws from, by attention rollout (and value-weighted rollout)."""
     if result.rollout is None or result.encoded is None:
@@ -200,6 +205,15 @@ def show_rollout(out: Console, result: HeadResult) -> None:
         top = row.argsort(descending=True, stable=True)[:ROLLOUT_TOKENS].tolist()
         named = ",  ".join(f"{j} {_token(tokens[j] if j < len(tokens) else str(j))} {row[j]:.2f}" for j in top)
         out.print(FittedText(f"{name}, {audio or who} draws from: {named}"))
+    rest = result.rollout_without_first
+    if who == "the last token" and rest is not None and float(result.rollout[-1, 0]) >= SINK_DOMINATES:
+        share = float(result.rollout[-1, 0])
+        row = rest[-1]
+        top = [j for j in row.argsort(descending=True, stable=True).tolist() if j > 0][:ROLLOUT_TOKENS]
+        named = ",  ".join(f"{j} {_token(tokens[j] if j < len(tokens) else str(j))} {row[j]:.2f}" for j in top)
+        out.print(FittedText(f"the first token holds {share:.2f} of the rollout: the heads park their weight there "
+                             "(a sink), so the other tokens' shares are near 0 and their order is noise"))
+        out.print(FittedText(f"rollout without the first token, the last token draws from: {named}"))
     out.print(FittedText("rollout: the product over layers of 0.5·mean_heads(A) + 0.5·I; the residual taken as "
                          "identity, heads averaged, MLPs ignored: a ranking, not an attribution (docs/heads.md)"))
 

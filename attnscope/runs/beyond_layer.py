@@ -138,6 +138,8 @@ def rollouts(result: HeadResult) -> None:
     from attnscope.readings.rollout import Rollout, rollout
 
     result.rollout = rollout(result.layer_patterns or [])
+    if result.rollout is not None and result.rollout.shape[-1] > 1:  # the ranking of the rest, beside a sink
+        result.rollout_without_first = rollout(result.layer_patterns or [], drop_first=True)
     norms = result.layer_norms
     if result.rollout is None or not norms or any(v is None for v in norms):
         return

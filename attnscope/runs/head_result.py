@@ -117,6 +117,7 @@ class HeadResult:
     layer_selected: list[torch.Tensor | None] | None = None  # --all-layers: a sparse indexer's selected per layer
     rollout: torch.Tensor | None = None  # --all-layers: attention rollout [n_Q, n_K] float64 (readings/rollout.py)
     rollout_weighted: torch.Tensor | None = None  # the same with the value-weighted patterns
+    rollout_without_first: torch.Tensor | None = None  # the rollout with key 0's weight left out of every head
 
     @property
     def check_failed(self) -> bool:
