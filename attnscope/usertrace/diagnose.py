@@ -34,11 +34,15 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
     off the diverging step's numbers, saying so."""
     from attnscope.usertrace.rerun import build
 
-    base = build(ctx)
-    if base is not None:
-        found = by_experiment(step, base)
-        if found is not None:
-            return found
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the reruns are many small ops: threads only add their hand-offs
+    try:
+        base = build(ctx)
+        found = by_experiment(step, base) if base is not None else None
+    finally:
+        torch.set_num_threads(threads)
+    if found is not None:
+        return found
     found = _read_off(step, ctx, ranked)
     if base is not None and found.evidence is None and "none of the usual causes fits" not in found.text:
         found.evidence = (f"not by experiment: read off {step}'s numbers alone; no one mistake of trace's catalog, "
@@ -88,12 +92,15 @@ def by_experiment(step: str, base: Base) -> Diagnosis | None:
     """The catalog's mistake whose rerun of the reference reproduces the user's tensors: of those that do, the one
     whose run the user's code holds at the most steps, the catalog's order breaking a tie. None where none does."""
     from attnscope.usertrace.experiments import CATALOG, SAYS_RERUN
-    from attnscope.usertrace.rerun import reproduces
+    from attnscope.usertrace.rerun import holds_step, reproduces
 
     best: tuple[Experiment, Reproduced, Trial] | None = None
+    strict = not holds_step(base, step)
     for experiment in CATALOG:
+        if strict and not experiment.can_change(base, step):
+            continue
         for trial in _trials(experiment, base):
-            found = reproduces(base, step, trial.steps, trial.tol)
+            found = reproduces(base, step, trial.steps, trial.tol, strict)
             if found is None or (trial.fits is not None and not trial.fits(base, found)):
                 continue
             if best is None or found.held > best[1].held:

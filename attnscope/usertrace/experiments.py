@@ -41,6 +41,19 @@ class Experiment:
     mistake: str  # one line for the docs
     trials: Callable[[Base], Iterator[Trial]] = field(compare=False)
 
+    def can_change(self, b: Base, step: str) -> bool:
+        """Whether the mistake can change `step`: it is not before the first step the mistake's group changes."""
+        first = [b.order.index(n) for n in FIRST.get(self.group, ()) if n in b.order]
+        return not first or b.order.index(step) >= min(first)
+
+
+# The steps a group's mistakes change first (the earliest the reference holds); one before them they leave alone.
+FIRST = {"scale": ("scores",), "softmax": ("attention",), "mask": ("masked_scores",),
+         "keys and values": ("K_rot", "K_split", "K", "V_split", "V", "scores"), "cache": ("K_cat", "V_cat"),
+         "grouped-query": ("K_rep", "V_rep", "scores"), "RoPE": ("Q_split", "K_split", "Q_rot", "K_rot", "scores"),
+         "ALiBi": ("biased_scores",), "T5 bias": ("biased_scores",), "precision": ("scores",),
+         "dropout": ("attention",), "heads": ("Q_split", "K_split", "V_split", "x_rsh2")}
+
 
 # --- scale ----------------------------------------------------------------------------------------------------
 

@@ -209,16 +209,23 @@ class Reproduced:
     steps: dict[str, torch.Tensor]
 
 
-def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = "") -> Reproduced | None:
+def holds_step(b: Base, step: str) -> bool:
+    """Whether the user's code holds the reference's `step` after all (the line-up paired the step with another
+    tensor on the same line, the matmul before its division say): then the divergence is not at `step`."""
+    return step in b.ref and _held(b.ctx.records, _back(b.ref[step], b.col), None, "", b.sums) is not None
+
+
+def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = "",
+               strict: bool = True) -> Reproduced | None:
     """Whether the replayed `steps` are the user's: the mistake changes `step` (where the line-up diverged) and
     the run's last step, and the user's code holds that last step (and the changed steps it materializes) to
-    tolerance. `tol` "float16": compared within float16's tolerance (an experiment computed in float16)."""
-    if step not in steps or b.last not in steps:
+    tolerance; not `strict` (the user holds the reference's `step` after all), `step` may be left as it is. `tol` "float16": compared within float16's tolerance (an experiment computed in float16)."""
+    if b.last not in steps or (strict and step not in steps):
         return None
     changed = [n for n in b.order if n in steps and n in b.ref and tuple(steps[n].shape) == tuple(b.ref[n].shape)
                and difference(steps[n], b.ref[n]) > _tol(b.ref[n])]
     changed += [n for n in steps if n not in b.ref or tuple(steps[n].shape) != tuple(b.ref[n].shape)]
-    if step not in changed and b.last not in changed:
+    if strict and step not in changed:  # the mistake leaves the diverging step as the reference has it
         return None
     skips = _skips(b, steps)
 
