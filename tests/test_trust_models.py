@@ -131,12 +131,16 @@ def test_fuzzed_config_is_one_message(family, folders, tmp_path_factory):
      ["linear_attn_config.full_attn_layers"]),
     ("kimi_linear", ("linear_attn_config",), {"num_heads": "4"}, "head", ["linear_attn_config.num_heads"]),
     ("deepseek_v32", ("index_topk",), None, "check", ["index_topk", "expected int"]),
+    # found by the long fuzz run: a math domain error, an AttributeError
+    ("gpt_oss", ("rope_parameters", "beta_fast"), 1e308, "head", ["beta_fast"]),
+    ("gemma4_text", ("per_layer_config", "3"), "x", "anatomy", ["per_layer_config"]),
 ])
 def test_reported_configs_are_one_message(family, path, value, command, words, folders, tmp_path):
     """The two the issue names: Kimi Linear's malformed linear_attn_config (an AttributeError before) and
     deepseek_v32's index_topk null under --check (transformers' dataclass validation, an internal error before)."""
     target = _with(folders(family), tmp_path / "m", path, value)
-    outcome = run_main("head", "--model", str(target), "--text", TEXT, *(["--check"] if command == "check" else []))
+    outcome = (run_main("anatomy", str(target)) if command == "anatomy" else
+               run_main("head", "--model", str(target), "--text", TEXT, *(["--check"] if command == "check" else [])))
     assert outcome.code == 2, outcome.stderr
     _one_message(outcome, command)
     for word in words:

@@ -147,6 +147,9 @@ def gemma4_sizes(s: Settings, index: int, layer_type: str, d_head: int, n_kv: in
     table = s.mapping("per_layer_config")
     if table is not None:
         own = layer_entry(table, index)
+        if not isinstance(own, dict):
+            raise s._error(("per_layer_config",), f"gives layer {index} {str(own)[:40]!r}; each entry must be an "
+                           "object")
         d, n = own.get("head_dim", d_head), own.get("num_key_value_heads", n_kv)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (d, n)):
             raise s._error(("per_layer_config",), f"gives layer {index} head_dim {d!r} and num_key_value_heads "

@@ -71,6 +71,12 @@ def parse(kind: str, parameters: Mapping[str, Any], source: str, max_positions: 
     if not isinstance(truncate, bool):
         raise UsageError(f"{source}.truncate is {truncate!r}; it must be true or false")
     values["truncate"] = truncate
+    for key in ("beta_fast", "beta_slow"):  # yarn's correction_dim takes log(original / (beta · 2π)): finite, > 0
+        beta, held = values.get(key), values.get("original_max_position_embeddings") or 1
+        if beta and not 0 < held / (beta * 2 * math.pi) < math.inf:
+            raise UsageError(f"{source}.{key} is {beta:g}; yarn turns it into a dimension by log(original / "
+                             f"({key} · 2π)), which it makes {'0' if beta > 1 else 'infinite'}; give a number near "
+                             "yarn's own (beta_fast 32, beta_slow 1)")
     for key in REQUIRED.get(kind, ()):
         if key not in values and not (kind == "yarn" and key == "factor" and "factor" in parameters):
             hint = " (or max_position_embeddings, which transformers takes for it)" \
