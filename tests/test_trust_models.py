@@ -251,3 +251,40 @@ def test_rollout_without_first_token_in_the_run(tmp_path):
     np.testing.assert_allclose(np.array(payload["rollout"]), _rollout64(layers, False), atol=2e-5)
     shown = run_main("head", "--model", str(tmp_path), "--text", TEXT, "--all-layers").stdout
     assert ("rollout without the first token" in shown) == (payload["rollout"][-1][0] >= 0.5)
+
+
+# --- item 9: a head of two kinds -----------------------------------------------------------------------------
+
+def test_a_head_can_be_first_token_and_induction():
+    """Patterns that park most weight on the first token and, on each repeated row, 0.55 (or 0.3) on the token
+    after the earlier occurrence: first-token is the kind; induction (checked against its float64 share over the
+    repeated rows, Olsson et al.) at 0.55 is named the second kind, at 0.3 it is not."""
+    from attnscope.readings.headstats import describe_heads
+
+    tokens = [5, 6, 7, 8, 5, 6, 7, 8]  # "A B C D A B C D"
+    n = len(tokens)
+
+    def pattern(induction: float) -> torch.Tensor:
+        """Rows whose token came before: 0.45 on the first token, `induction` on the key after its earlier
+        occurrence, the rest on itself; other rows all on the first token (as SmolLM2's layer 18 head 6 does)."""
+        A = torch.zeros(n, n, dtype=torch.float64)
+        for i in range(n):
+            earlier = [j + 1 for j in range(i) if tokens[j] == tokens[i] and j + 1 < i]
+            if earlier:
+                A[i, 0], A[i, earlier[0]] = 0.45, induction
+                A[i, i] += 0.55 - induction
+            else:
+                A[i, 0] = 1.0
+        return A
+
+    both, one = describe_heads(torch.stack([pattern(0.55), pattern(0.3)]), tokens=tokens)
+    # the reference: the mean over repeated rows of the weight on the keys after earlier occurrences
+    rows = [i for i in range(n) if any(tokens[j] == tokens[i] for j in range(i))]
+    for head, amount in ((both, 0.55), (one, 0.3)):
+        A = pattern(amount)
+        share = sum(float(A[i, [j + 1 for j in range(i) if tokens[j] == tokens[i] and j + 1 < i]].sum())
+                    for i in rows) / len(rows)
+        assert head["stats"]["induction"] == pytest.approx(share, abs=1e-9)
+        assert head["kind"] == "first-token"
+    assert both["stats"]["induction"] >= 0.5 and both["kind_also"] == "induction"
+    assert one["kind_also"] is None

@@ -19,7 +19,8 @@ a query that may see no key, is left out), with query i at position p = i + offs
 
 The kind, from these thresholds (the first that holds):
 `first-token` if first ≥ 0.5, `previous-token` if previous ≥ 0.5, `self` if self ≥ 0.5, `induction` if
-induction ≥ 0.5 (the largest of the four wins when several hold), `broad` if spread ≥ 0.85, `local` if
+induction ≥ 0.5 (the largest of the four wins when several hold; the next of those that hold is the head's
+second kind, `kind_also`), `broad` if spread ≥ 0.85, `local` if
 distance ≤ 2, else `mixed`. On a vision tower's tokens (an image's patch grid, gridstats.py) there is no
 `previous-token`, and `local` is a mean distance on the grid of at most 1.5 patches (the 8 neighbours lie at 1
 and √2); each head also gets its `grid_stats` there, and a vision-language model's prompt gets them for its image.
@@ -236,6 +237,18 @@ def kind(stats: HeadStats, grid: dict[str, float | None] | None = None) -> str:
     return "mixed"
 
 
+def kind_also(stats: HeadStats, grid: dict[str, float | None] | None = None) -> str | None:
+    """A head's second kind: where two positions each hold at least DOMINANT (SmolLM2's layer 18 head 6 puts 0.73
+    on the first token and 0.56 on the tokens that followed earlier occurrences: first-token, then induction), the
+    smaller; None where only one does (or none)."""
+    positional = {"first-token": stats.first, "previous-token": stats.previous, "self": stats.self,
+                  "induction": stats.induction or 0.0}
+    if grid is not None:
+        del positional["previous-token"]
+    held = sorted(((mass, name) for name, mass in positional.items() if mass >= DOMINANT), reverse=True)
+    return held[1][1] if len(held) > 1 else None
+
+
 def describe(pattern: Tensor, offset: int = 0, tokens: Sequence[int] | None = None) -> tuple[str, dict[str, float]]:
     """A head's kind and statistics, as the explorer page shows them (views/sources.py's `Describe`)."""
     stats = head_stats(pattern, offset, tokens)
@@ -266,7 +279,8 @@ def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | N
             rows.take(sums, counts, g)
             stats = rows.result()
             tower = figures[g] if figures is not None and grid is not None and grid.tower else None
-            head = {"head": first + g, "stats": stats.as_dict(), "kind": kind(stats, tower)}
+            head = {"head": first + g, "stats": stats.as_dict(), "kind": kind(stats, tower),
+                    "kind_also": kind_also(stats, tower)}
             if figures is not None:
                 head["grid_stats"] = figures[g]
             heads.append(head)

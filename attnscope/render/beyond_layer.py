@@ -54,6 +54,11 @@ def show_layers(out: Console, layers: list[LayerHeads], n_tokens: int) -> None:
             letters = "".join(f"{LETTERS.get(layer.heads[h]['kind'], '?') if h < len(layer.heads) else ' ':<2}"
                               for h in heads).rstrip()
             out.print(Text(layer.title.ljust(LABEL) + letters))
+    both = [f"{layer.title.removeprefix('layer ')}.{head['head']} {LETTERS.get(head['kind'], '?')}+"
+            f"{LETTERS.get(head['kind_also'], '?')}" for layer in layers for head in layer.heads
+            if head.get("kind_also")]
+    if both:  # a head can be both (readings/headstats.kind_also): its second kind, by layer.head
+        out.print(FittedText("two kinds (layer.head, first + second): " + ",  ".join(both)))
     if any(layer.effective for layer in layers):
         out.print(FittedText("layers " + ", ".join(layer.title.removeprefix("layer ") for layer in layers
                                                    if layer.effective)
@@ -155,7 +160,9 @@ def layers_json(layers: list[LayerHeads], layer_numbers: list[int] | None = None
     chosen = selected or [None] * len(layers)
     return [{"layer": i, "attention": numbers(layer.attention),
              "pattern": "effective_attention" if layer.effective else "attention",  # a linear layer's exact M
-             "kinds": [head["kind"] for head in layer.heads], "stats": [clean(head["stats"]) for head in layer.heads]}
+             "kinds": [head["kind"] for head in layer.heads],
+             "kinds_also": [head.get("kind_also") for head in layer.heads],
+             "stats": [clean(head["stats"]) for head in layer.heads]}
             | ({"grid_stats": [clean(head["grid_stats"]) for head in layer.heads]} if layer.grid else {})  # an image
             | layer_readings(layer)  # value_norms, moved, sinks_share (render/readings.py)
             | ({"selected": kept.tolist()} if kept is not None else {})  # the sparse indexer's choice

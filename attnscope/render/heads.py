@@ -106,10 +106,16 @@ def heads_table(heads: LayerHeads) -> FittedTable:
     shown = heads.columns()
     columns = [Column("head", "right", style="bold cyan"), Column("kind"),
                *(Column(title, "right") for title, *_ in shown)]
-    rows = [[cell(whole(str(head["head"]))), cell(whole(head["kind"])),
+    rows = [[cell(whole(str(head["head"]))), cell(whole(_kinds(head))),
              *(cell(whole(_number(head[entry][key], spec))) for _, entry, key, spec in shown)]
             for head in heads.heads]
     return FittedTable(columns, rows)
+
+
+def _kinds(head: dict[str, Any]) -> str:
+    """The head's kind, and its second where it has one (`first-token + induction`)."""
+    also = head.get("kind_also")
+    return head["kind"] if also is None else f"{head['kind']} + {also}"
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -132,7 +138,8 @@ def heads_json(heads: LayerHeads) -> list[dict[str, Any]]:
         if heads.batch is not None:
             entry["batch"] = heads.batch
         entry |= {"attention": numbers(heads.attention[h]), "stats": clean(head["stats"]),
-                  "kind": head["kind"]} | readings  # value_norms, weighted, moved, sinks_share (render/readings.py)
+                  "kind": head["kind"], "kind_also": head.get("kind_also")} \
+            | readings  # value_norms, weighted, moved, sinks_share (render/readings.py)
         if "grid_stats" in head:  # an image's patch grid (readings/gridstats.py): null where a figure has no rows
             entry["grid_stats"] = clean(head["grid_stats"])
         out.append(entry)
