@@ -276,6 +276,10 @@ def _rope_params(s: Settings, layer_type: str) -> Mapping[str, Any]:
         s.used.add("rope_parameters")
         nested = [key for key, value in own.items() if key in LAYER_TYPES and isinstance(value, Mapping)]
         if nested:  # one dict per layer type (Gemma 3, ModernBERT in 5.x)
+            bad = [key for key in LAYER_TYPES if key in own and not isinstance(own[key], Mapping)]
+            if bad:
+                raise s._error(("rope_parameters",), f"has {bad[0]} {str(own[bad[0]])[:40]!r}; each layer type's "
+                               "entry must be an object")
             found = own.get(layer_type) or own.get("full_attention") or {}
             return {**found, "rope_theta": found.get("rope_theta", s.default_theta(layer_type))}
         return own

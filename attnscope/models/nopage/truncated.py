@@ -80,6 +80,7 @@ def full_config(folder: Path, model_type: str, layer: int, *, text: bool = False
     except config_errors() as exc:
         raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' ({first_line(exc)})",
                          "model") from None
+    _check_buildable(folder, layers_config(config))
     n_layer = getattr(layers_config(config) if text else config, "num_hidden_layers", None)
     if not isinstance(n_layer, int) or n_layer < 1:
         raise UsageError(f"{{model}} {folder}: config.json gives model_type '{model_type}' no num_hidden_layers; "
@@ -90,12 +91,22 @@ def full_config(folder: Path, model_type: str, layer: int, *, text: bool = False
     return config, n_layer
 
 
+def _check_buildable(folder: Path, config: Any) -> None:
+    """What AutoConfig accepts but building the model does not (found by tests/test_trust_models' fuzzing): a
+    pad_token_id outside the embedding (nn.Embedding's padding_idx must lie in [-vocab_size, vocab_size))."""
+    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+    if isinstance(pad, int) and isinstance(vocab, int) and not -vocab <= pad < vocab:
+        raise UsageError(f"{{model}} {folder}: config.json's pad_token_id {pad} is outside the {vocab} embeddings; "
+                         "fix config.json or save the model again with save_pretrained", "model")
+
+
 def config_errors() -> tuple[type[Exception], ...]:
     """What `AutoConfig.from_pretrained` raises on a config.json it refuses: its own checks, and the strict
-    dataclass validation of transformers 5's config classes (`index_topk: null` where an int is declared)."""
+    dataclass validation of transformers 5's config classes (`index_topk: null` where an int is declared), and the
+    AttributeError of its getattr(torch, dtype) on a `dtype` torch has no name for."""
     from huggingface_hub.errors import StrictDataclassError
 
-    return OSError, ValueError, KeyError, TypeError, ImportError, StrictDataclassError
+    return OSError, ValueError, KeyError, TypeError, ImportError, AttributeError, StrictDataclassError
 
 
 def layers_config(config: Any) -> Any:
