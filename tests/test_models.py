@@ -404,7 +404,8 @@ def test_all_heads_json_equals_eager_for_every_head(runner, built, eager, family
     expected = attentions[layer][0]  # [n_head, n_tokens, n_tokens]
     assert [h["head"] for h in heads] == list(range(expected.shape[0]))
     for h, entry in enumerate(heads):
-        assert set(entry) == {"head", "attention", "stats", "kind", "value_norms", "weighted", "moved", "sinks_share"}
+        assert set(entry) == {"head", "attention", "stats", "kind", "kind_also", "value_norms", "weighted", "moved",
+                              "sinks_share"}
         torch.testing.assert_close(torch.tensor(entry["attention"], dtype=torch.float32), expected[h],
                                    atol=1e-5, rtol=1e-5)
         reference = plain_stats(expected[h].double().tolist())
