@@ -99,7 +99,8 @@ def test_heads_json_has_no_nan_and_names_the_batch_element(runner):
     attention = torch.tensor([t for t in payload["tensors"] if t["name"] == "attention"][0]["shape"])
     assert attention.tolist() == [3, 4, 5, 5]
     assert [h["head"] for h in payload["heads"]] == [0, 1, 2, 3]
-    assert all(h["batch"] == 2 and set(h) == {"head", "batch", "attention", "stats", "kind"} for h in payload["heads"])
+    assert all(h["batch"] == 2 and set(h) == {"head", "batch", "attention", "stats", "kind", "kind_also"}
+               for h in payload["heads"])
     assert set(payload["heads"][0]["stats"]) == {"entropy", "first", "previous", "self", "distance", "spread"}
 
 
