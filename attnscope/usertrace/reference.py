@@ -169,6 +169,15 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     linears += parameter_projections(module, records)
     modules, names = dict(linears), [name for name, _ in linears]
     read = flow.roles(records, names, role_of)
+    named = {role: [n for n in names if role_of(n) == role] for role in ROLES}
+    if read is not None and all(len(named[role]) == 1 for role in ROLES) and any(
+            read[0][role] != named[role][0] for role in ROLES):
+        # four Linear layers named one role each, used in other roles (k_proj's output multiplied by the pattern,
+        # v_proj's making the scores): a swap, never a convention. The reference holds the weights by their names
+        # and the line-up shows where the code parts from it (the catalog names the swap by experiment).
+        used = ", ".join(f"{read[0][role]} as {role.upper()}" for role in ROLES if read[0][role] != named[role][0])
+        return [Projections({role: (named[role][0], modules[named[role][0]]) for role in ROLES},
+                            f"name; your code uses {used}")]
     if read is not None:  # the data flow decides; names and order only break its ties
         found_roles, tie = read
         how = "name" if all(role_of(name) == role for role, name in found_roles.items()) else (
