@@ -156,7 +156,8 @@ def test_hostile_gguf_headers_keep_the_promises(world, tmp_path_factory, data):
 # --- Ollama stores laid out every way ------------------------------------------------------------------------------
 
 NAMES = st.one_of(st.sampled_from(["tiny:q8", "tiny", "me/tiny:q8", "a/b/c/tiny:q8", "tiny:", ":q8", "../tiny",
-                                   "tiny:..", "t" * 300, "tiny:" + "q" * 300, "\x1b[31mtiny", "ti\x00ny", "tiny\u202e"]),
+                                   "tiny:..", "t" * 300, "tiny:" + "q" * 300, "\x1b[31mtiny", "ti\x00ny",
+                                   "tiny\u202e"]),
                   st.text(max_size=12))
 
 

@@ -139,7 +139,8 @@ def _gguf(path: Path, *, kv: dict | None = None, tokenizer: dict | None = None, 
     if d_head:
         writer.add_uint32(f"{arch}.attention.key_length", d_head)
         writer.add_uint32(f"{arch}.attention.value_length", d_head)
-    for key, (kind, value) in {**(kv or {}), **{f"tokenizer.ggml.{k}": v for k, v in (tokenizer or {}).items()}}.items():
+    pairs = {**(kv or {}), **{f"tokenizer.ggml.{k}": v for k, v in (tokenizer or {}).items()}}
+    for key, (kind, value) in pairs.items():
         writer.add_key_value(key, value, kind)
     shapes = {"attn_q": (width, d_model), "attn_k": (width, d_model), "attn_v": (width, d_model),
               "attn_output": (d_model, width), "ffn_gate": (64, d_model), "ffn_up": (64, d_model),

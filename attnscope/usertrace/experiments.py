@@ -171,7 +171,8 @@ def _zero(b: Base, multiplied: bool) -> Iterator[Trial]:
                  "set to 0 (scores · mask), which the softmax still weighs as e^0 = 1; a boolean or 0/1 mask is "
                  "applied with masked_fill(~mask, -inf), an additive one (0 / -inf) added")
     else:
-        words = ("the masked scores are filled with 0: {who} is what the reference computes with masked_fill(~mask, 0), "
+        words = ("the masked scores are filled with 0: {who} is what the reference computes with "
+                 "masked_fill(~mask, 0), "
                  "and a score of 0 still gets weight e^0 = 1 in the softmax; fill with -inf (or "
                  "torch.finfo(dtype).min)")
     yield Trial(replay(b, mask="zero"), words, fits=lambda b, r: _by_mul(r) == multiplied)
@@ -191,7 +192,8 @@ def _off_by_one(b: Base) -> Iterator[Trial]:
     wider = allowed | torch.cat((left, allowed[..., :-1]), dim=-1)  # each allowed cell lets the key after it in
     narrower = allowed & torch.cat((allowed[..., 1:], left), dim=-1)  # a cell stays where the next key is allowed
     for changed, words in ((wider, "the causal band is off by 1: each query also sees the next key after it; {who} "
-                            "is what the reference computes with the band one key wider, `tril(..., diagonal=1)` where a "
+                            "is what the reference computes with the band one key wider, `tril(..., "
+                            "diagonal=1)` where a "
                             "causal mask is `tril(...)`, diagonal=0"),
                            (narrower, "the mask is off by one the other way: it masks the diagonal: no query may see "
                             "its own key; {who} is what the reference computes with the band one key narrower, "
@@ -220,7 +222,8 @@ def _upper_left(b: Base) -> Iterator[Trial]:
     upper_left = torch.ones(b.n_Q, b.n_K, dtype=torch.bool).tril()  # query i sees keys 0..i
     shift = b.n_K - b.n_Q
     yield Trial(replay(b, allowed=upper_left.expand_as(b.allowed)), f"the causal mask is aligned upper-left in a "
-                f"decode step: {{who}} is what the reference computes where query i sees keys 0 to i, but the {b.n_Q} new "
+                f"decode step: {{who}} is what the reference computes where query i sees keys 0 to i, but the "
+                f"{b.n_Q} new "
                 f"queries come after {shift} earlier keys, so query i sees keys 0 to {shift} + i (lower-right). "
                 "F.scaled_dot_product_attention's is_causal=True aligns its mask to the top-left corner: pass "
                 "is_causal=False with a lower-right mask (torch.nn.attention.bias.causal_lower_right, or "
@@ -319,8 +322,8 @@ def _split(b: Base) -> Iterator[Trial]:
         wrong[role] = {change: turned, split: viewed}
     runs = [[role] for role in wrong] + ([list(wrong)] if len(wrong) > 1 else [])
     for roles in runs:
-        change = {key: t for role in roles for key, t in wrong[role].items() if not key.endswith("_split")}
-        steps = {**replay(b, **change), **{f"{r}_split": wrong[r][f"{r}_split"] for r in roles}}  # type: ignore[arg-type]
+        changed = {key: t for role in roles for key, t in wrong[role].items() if not key.endswith("_split")}
+        steps = {**replay(b, **changed), **{f"{r}_split": wrong[r][f"{r}_split"] for r in roles}}  # type: ignore[arg-type]
         n = "n_Q" if roles[0] == "Q" else "n_K"
         also = f" ({' and '.join(f'{r}_feat' for r in roles[1:])} split the same way)" if len(roles) > 1 else ""
         yield Trial(steps, f"heads split without the transpose: {{who}} is {roles[0]}_feat [n_batch, {n}, d_feat] "
@@ -618,7 +621,8 @@ def _t5_transposed(b: Base) -> Iterator[Trial]:
 def _t5_after_softmax(b: Base) -> Iterator[Trial]:
     if _t5(b):
         yield Trial(replay(b, bias=None, after_softmax=b.bias), "the position bias is added after the softmax: {who} "
-                    "is what the reference computes with the bias added to the attention weights, not to the scores; T5 "
+                    "is what the reference computes with the bias added to the attention weights, not to the "
+                    "scores; T5 "
                     "adds position_bias to the scores before the softmax")
 
 
@@ -628,7 +632,8 @@ def _t5_after_softmax(b: Base) -> Iterator[Trial]:
 def _cache_order(b: Base) -> Iterator[Trial]:
     if b.cache is not None:
         yield Trial(replay(b, cat_order="new first"), f"the cache is joined in the wrong order: {{who}} is what the "
-                    f"reference computes with the {b.k_new.shape[-2]} new keys and values before the {b.n_cache} cached "
+                    f"reference computes with the {b.k_new.shape[-2]} new keys and values before the "
+                    f"{b.n_cache} cached "
                     "ones, torch.cat([k, k_cache]) where the cached positions come first: torch.cat([k_cache, k], "
                     "dim=-2)")
 
@@ -664,7 +669,8 @@ def _dropout(b: Base) -> Iterator[Trial]:
         p = float(record.details.get("p", float("nan")))
         zeroed = float(((after == 0) & (kept != 0)).double().mean())
         yield Trial(replay(b, multiplier=multiplier), f"dropout is active although the module runs in eval() mode: "
-                    f"{{who}} is what the reference computes with line {record.line}'s dropout (p = {p:g}, {zeroed:.1%} "
+                    f"{{who}} is what the reference computes with line {record.line}'s dropout (p = {p:g}, "
+                    f"{zeroed:.1%} "
                     "of the attention zeroed, the rest scaled by 1/(1 − p)) applied to its attention; F.dropout's "
                     "training argument defaults to True: pass training=self.training (or use nn.Dropout)")
 

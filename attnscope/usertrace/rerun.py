@@ -219,7 +219,8 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
                strict: bool = True) -> Reproduced | None:
     """Whether the replayed `steps` are the user's: the mistake changes `step` (where the line-up diverged) and
     the run's last step, and the user's code holds that last step (and the changed steps it materializes) to
-    tolerance; not `strict` (the user holds the reference's `step` after all), `step` may be left as it is. `tol` "float16": compared within float16's tolerance (an experiment computed in float16)."""
+    tolerance; not `strict` (the user holds the reference's `step` after all), `step` may be left as it is.
+    `tol` "float16": compared within float16's tolerance (an experiment computed in float16)."""
     if b.last not in steps or (strict and step not in steps):
         return None
     changed = [n for n in b.order if n in steps and n in b.ref and tuple(steps[n].shape) == tuple(b.ref[n].shape)
@@ -297,6 +298,7 @@ def _skips(b: Base, steps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if not bool(empty.any()):
         return {}
     rows = empty[..., None]  # [.., n_Q, 1]: broadcasts over the scores, the attention, x_raw / out
+    skips: dict[str, torch.Tensor]
     skips = {n: rows.expand(steps[n].shape) for n in ("masked_scores", "attention", "x_raw", "out")
              if n in steps and steps[n].dim() == rows.dim() and steps[n].shape[:-1] == rows.shape[:-1]}
     merged = empty.any(-2)[..., None] if empty.dim() >= 2 else None  # [n_batch, n_Q, 1]: after the heads merge

@@ -185,10 +185,11 @@ def to_rgb(image: Image.Image) -> Image.Image:
     alpha band, a palette's or a grey's tRNS) composited on white, any other converted by Pillow."""
     if image.mode == "RGB":
         return image
+    import numpy as np
     from PIL import Image as PILImage
     from transformers.image_transforms import convert_to_rgb
 
-    return PILImage.fromarray(convert_to_rgb(image, return_numpy=True), "RGB")
+    return PILImage.fromarray(np.asarray(convert_to_rgb(image, return_numpy=True)), "RGB")
 
 
 def shown(pixels: Pixels) -> Image.Image:
