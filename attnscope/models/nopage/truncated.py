@@ -78,8 +78,7 @@ def full_config(folder: Path, model_type: str, layer: int, *, text: bool = False
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     except config_errors() as exc:
-        raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' ({first_line(exc)})",
-                         "model") from None
+        raise refused(folder, model_type, exc) from None
     _check_buildable(folder, layers_config(config))
     n_layer = getattr(layers_config(config) if text else config, "num_hidden_layers", None)
     if not isinstance(n_layer, int) or n_layer < 1:
@@ -107,6 +106,40 @@ def config_errors() -> tuple[type[Exception], ...]:
     from huggingface_hub.errors import StrictDataclassError
 
     return OSError, ValueError, KeyError, TypeError, ImportError, AttributeError, StrictDataclassError
+
+
+def refused(folder: Path, model_type: str, exc: BaseException) -> UsageError:
+    """The one message for a config.json that `AutoConfig.from_pretrained` refused: the field, where it is a `dtype`
+    torch has no name for (transformers' getattr(torch, dtype) says only "module 'torch' has no attribute"),
+    else transformers' own first line."""
+    bad = _bad_dtype(folder)
+    if bad is not None:
+        return UsageError(f"{{model}} {folder}: config.json's {bad[0]} {bad[1]!r} is not a torch dtype; give one "
+                          "torch names (float32, bfloat16, float16) or 'auto'", "model")
+    return UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' ({first_line(exc)})",
+                      "model")
+
+
+def _bad_dtype(folder: Path) -> tuple[str, object] | None:
+    """(`dtype` or `torch_dtype`, with the sub-config's name before it, and its value) where config.json names
+    a dtype torch does not have; None where every one it names is torch's or 'auto'."""
+    import json
+
+    import torch
+
+    try:
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    tables = [("", data)] + [(f"{k}.", v) for k, v in data.items() if k.endswith("_config") and isinstance(v, dict)]
+    for prefix, table in tables if isinstance(data, dict) else []:
+        for key in ("dtype", "torch_dtype"):
+            value = table.get(key)
+            if value is None or value == "auto":
+                continue
+            if not isinstance(value, str) or not isinstance(getattr(torch, value, None), torch.dtype):
+                return f"{prefix}{key}", value
+    return None
 
 
 def layers_config(config: Any) -> Any:

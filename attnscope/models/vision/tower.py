@@ -89,8 +89,7 @@ def tower_config(folder: Path, model_type: str, layer: int) -> tuple[Any, int]:
     try:
         full = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     except truncated.config_errors() as exc:
-        raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{model_type}' "
-                         f"({truncated.first_line(exc)})", "model") from None
+        raise truncated.refused(folder, model_type, exc) from None
     config = full.vision_config if TOWERS[model_type].part else full
     n_layer = int(config.num_hidden_layers)
     if not 0 <= layer < n_layer:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError, UsageError
-from attnscope.models.nopage.truncated import config_errors, first_line
+from attnscope.models.nopage.truncated import config_errors, first_line, refused
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -185,8 +185,7 @@ def text_settings(folder: Path, config: Config) -> dict[str, Any]:
     try:
         settings = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     except config_errors() as exc:
-        raise UsageError(f"{{model}} {folder}: transformers cannot read model_type '{config.model_type}' "
-                         f"({first_line(exc)})", "model") from None
+        raise refused(folder, config.model_type, exc) from None
     return dict(settings.get_text_config().to_dict())
 
 
