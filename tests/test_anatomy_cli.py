@@ -221,3 +221,13 @@ def test_any_config_keeps_the_promises(tmp_path_factory, base, model_type, edits
     assert INTERNAL not in outcome.stderr and len(outcome.error_lines) <= 1, (outcome.stderr, config)
     if outcome.code == 0 and as_json:
         outcome.json()  # strict: no NaN, no Infinity
+
+
+def test_a_bad_model_is_named_as_anatomy_takes_it(tmp_path):
+    """anatomy's model is its MODEL argument: its messages never name a --model it does not have."""
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUFxxxx")
+    for target in (str(path), str(tmp_path / "missing.gguf"), "ollama:nosuch-model"):
+        outcome = run_main("anatomy", target)
+        assert outcome.code == 2, outcome.stderr
+        assert "--model" not in outcome.stderr and "MODEL" in outcome.stderr, outcome.stderr

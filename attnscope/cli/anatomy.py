@@ -32,7 +32,8 @@ def anatomy(
 ) -> None:
     """Every layer's attention from config.json alone: full, sliding, chunked, NoPE, MLA, sinks, qk-norm; heads,
     KV heads, head size, RoPE; the KV cache and attention FLOPs at --tokens. Identical layers share a row."""
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope anatomy") as out:
+    with reported(debug, names={"model": "MODEL"}), exporting(svg, html, force=force, json=json,
+                                                              title="attnscope anatomy") as out:
         from attnscope import render
         from attnscope.anatomy.read import read_anatomy
 

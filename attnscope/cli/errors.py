@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import typer
@@ -83,10 +83,11 @@ def stdout_to_devnull() -> None:
 
 
 @contextmanager
-def reported(debug: bool, oom_advice: str = SHRINK_ADVICE) -> Iterator[None]:
+def reported(debug: bool, oom_advice: str = SHRINK_ADVICE, names: Mapping[str, str] | None = None) -> Iterator[None]:
     """Turn every failure into one line on stderr and an exit code; --debug shows the traceback instead.
     `oom_advice` names what the command offers when memory runs out: OOM_ADVICE's --meta only where the command
-    has it (sdpa, mha)."""
+    has it (sdpa, mha). `names`: parameters this command sets otherwise than FLAGS says (anatomy's model is its
+    MODEL argument, not --model)."""
     import warnings
 
     from attnscope import render
@@ -105,7 +106,7 @@ def reported(debug: bool, oom_advice: str = SHRINK_ADVICE) -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        render.error(exc.worded(FLAGS))
+        render.error(exc.worded({**FLAGS, **(names or {})}))
         raise typer.Exit(exc.exit_code) from None  # under --debug too: a usage error stays exit 2
     except KeyboardInterrupt:
         render.error("interrupted")
