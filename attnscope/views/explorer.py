@@ -84,6 +84,7 @@ class Head:
     pool: tuple[int, int] = (1, 1)
     rows: dict[int, Tensor] = field(default_factory=dict)  # query index -> its exact row [n_K]
     masked: Tensor | None = None  # bool [n_Q, n_K]: True where the mask forbids the key (exact patterns only)
+    kind_also: str | None = None  # a second kind the head also fits (readings/headstats.kind_also)
 
     @property
     def label(self) -> str:
@@ -187,7 +188,7 @@ def _meta(page: Page, packer: Packer, decimals: int) -> dict[str, Any]:
         group = f"layer-{i}"
         heads = []
         for h in layer.heads:
-            entry: dict[str, Any] = {"head": h.head, "label": h.label, "kind": h.kind,
+            entry: dict[str, Any] = {"head": h.head, "label": h.label, "kind": h.kind, "kind_also": h.kind_also,
                                      "stats": _clean(h.stats) if h.stats else None, "pool": list(h.pool),
                                      "attention": packer.add(group, h.attention) if h.attention is not None else None,
                                      "attention_pooled": (packer.add(group, h.attention_pooled)

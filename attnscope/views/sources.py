@@ -244,7 +244,7 @@ def _readings(page: Page, result: Any) -> None:
     if layers:
         numbers = [layer.layer if layer.layer is not None else i for i, layer in enumerate(page.layers)]
         page.sinks = grid([layer.sinks_share() for layer in layers], numbers)
-    for name in ("rollout", "rollout_weighted"):
+    for name in ("rollout", "rollout_weighted", "rollout_without_first"):
         if getattr(result, name, None) is not None:
             page.rollout[name] = getattr(result, name)
 
@@ -260,7 +260,8 @@ def from_heads(heads: Any) -> Page:
 def _heads_of(heads: Any, masked: Tensor | None = None) -> list[Head]:
     """A `LayerHeads`'s heads with their kinds, and the keys each one's mask forbids (`masked` [n_head, n_Q, n_K])."""
     return [Head(h["head"], heads.attention[h["head"]], h["kind"], heads.flat_stats(h),  # a patch grid's: grid_*
-                 masked=None if masked is None else masked[h["head"]]) for h in heads.heads]
+                 masked=None if masked is None else masked[h["head"]], kind_also=h.get("kind_also"))
+            for h in heads.heads]
 
 
 def masked_of(steps: list[Any], shape: Any) -> Tensor | None:

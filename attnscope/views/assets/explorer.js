@@ -36,10 +36,15 @@ function drawPattern() {
   colorbar(max, P.grid.ref.exp, !!P.masks);
 }
 
+// A head's kind, and the second one it also fits ("first-token + induction", the terminal's words)
+function kindText(h) {
+  return h.kind_also ? `${h.kind} + ${h.kind_also}` : h.kind;
+}
+
 function patternTitle() {
   const L = META.layers[state.layer], h = L.heads[state.head], P = current;
   const parts = [`${L.label}, ${h.label}`];
-  if (h.kind) parts.push(h.kind);
+  if (h.kind) parts.push(kindText(h));
   parts.push(`${P.n_Q} queries × ${P.n_K} keys`);
   if (!P.exact) parts.push(`pooled: each cell = ${P.pool[0]} queries × ${P.pool[1]} keys (mean over the queries of their total weight on the keys)`);
   parts.push(`0 (dark) to ${P.grid.max().toFixed(Math.max(0, -P.grid.ref.exp))} (bright)`);
@@ -192,7 +197,7 @@ function kinds() {
       L.heads.forEach((h, hi) => {
         const td = tr.insertCell();
         td.textContent = h.kind ? letters[h.kind] || "?" : "";
-        td.title = `${L.label}, ${h.label}${h.kind ? ": " + h.kind : ""}`;
+        td.title = `${L.label}, ${h.label}${h.kind ? ": " + kindText(h) : ""}`;
         td.dataset.layer = li; td.dataset.head = hi; td.dataset.testid = "kind-cell";
       });
     });
@@ -209,7 +214,7 @@ function kinds() {
 
 function fillHeads() {
   const heads = META.layers[state.layer].heads;
-  headSelect.replaceChildren(...heads.map((h, i) => new Option(h.kind ? `${h.label} · ${h.kind}` : h.label, String(i))));
+  headSelect.replaceChildren(...heads.map((h, i) => new Option(h.kind ? `${h.label} · ${kindText(h)}` : h.label, String(i))));
   $("heads-layer").textContent = META.layers[state.layer].label;
 }
 
@@ -222,7 +227,7 @@ async function grid() {
       const h = heads[hi], b = document.createElement("button");
       b.type = "button"; b.className = "thumb"; b.dataset.testid = "head-thumb"; b.dataset.head = hi;
       const c = document.createElement("canvas"), cap = document.createElement("span");
-      cap.textContent = h.kind ? `${h.label}: ${h.kind}` : h.label;
+      cap.textContent = h.kind ? `${h.label}: ${kindText(h)}` : h.label;
       b.append(c, cap);
       b.addEventListener("click", () => open(li, hi));
       box.append(b);
@@ -286,7 +291,7 @@ function stats() {
   heads.forEach((h, i) => {
     const row = document.createElement("tr");
     row.className = "clickable" + (i === state.head ? " selected" : ""); row.tabIndex = 0;
-    const cellsOf = [[h.head === null ? "-" : String(h.head), "num"], [h.kind || "", "text"],
+    const cellsOf = [[h.head === null ? "-" : String(h.head), "num"], [h.kind ? kindText(h) : "", "text"],
       ...columns.map(([k, , d]) => [h.stats && h.stats[k] !== null && h.stats[k] !== undefined ? h.stats[k].toFixed(d) : k.startsWith("grid_") ? "-" : "nan", "num"])];
     for (const [text, cls] of cellsOf) { const td = document.createElement("td"); td.textContent = text; td.className = cls; row.append(td); }
     row.addEventListener("click", () => open(state.layer, i));

@@ -10,7 +10,8 @@ const SINK_MEASURES = [
   ["top", "weight on the 3 keys with the most weight"],
   ["weighted_top", "value-weighted share from the 3 keys that move the most"],
 ];
-const ROLLOUTS = [["rollout", "the attention"], ["rollout_weighted", "the value-weighted attention"]];
+const ROLLOUTS = [["rollout", "the attention"], ["rollout_weighted", "the value-weighted attention"],
+  ["rollout_without_first", "the attention, the first token left out"]];  // --all-layers' rollout_without_first
 const readingState = { showAll: false };
 
 // key 0 in the measures' words: on a vision tower's tokens, which are no text, the token there by its label ("[CLS]
