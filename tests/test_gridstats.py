@@ -170,7 +170,9 @@ def test_vlm_text_share_on_its_image(tmp_path):
     shown = run_main("head", "--model", str(folder), "--layer", "1", "--text", TEXT, "--image", str(picture),
                      "--all-heads")
     assert shown.code == 0, shown.stderr
-    assert "previous" in shown.stdout and " image " in shown.stdout and "8 nbrs" not in shown.stdout
+    header = next(line.split() for line in shown.stdout.splitlines() if line.split()[:2] == ["head", "kind"])
+    assert "previous" in header and header[-1] == "image"  # piped, the header ends at its last column
+    assert "8 nbrs" not in shown.stdout
 
 
 def _labels(n_rows: int, n_cols: int, prefix: list[str]) -> list[str]:
