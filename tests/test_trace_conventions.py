@@ -334,4 +334,4 @@ def test_the_bug_planted_is_a_bug_by_the_independent_reference():
     x = torch.randn(2, 7, 64)
     with torch.no_grad():
         assert not torch.allclose(m(x), nanogpt(m, x), atol=1e-4)
-    assert math.isfinite(float(m(x).abs().max()))
+        assert math.isfinite(float(m(x).abs().max()))
