@@ -164,6 +164,12 @@ def test_anatomy_reads_the_metadata(written, runner):
     layers = json.loads(result.stdout)["layers"]
     assert [layer["kind"] for layer in layers] == ["sliding"] * 5 + ["full"]
     assert layers[0]["window"] == 4 and layers[5]["rope"]["base"] == 1_000_000.0 and layers[0]["head_dim"] == 256
+    import gguf
+
+    found = json.loads(result.stdout)
+    context = gguf.GGUFReader(str(path)).get_field("gemma3.context_length")
+    assert found["tokens_from"] == "the GGUF's context_length"  # no config.json field: the file's own key
+    assert found["tokens"] == int(context.parts[context.data[0]][0])
 
 
 def test_refusals(written, runner, tmp_path):

@@ -243,6 +243,8 @@ def read_anatomy(model: str, tokens: int | None = None, dtype: str | None = None
     dtype_name, dtype_from = _dtype(read[0], data, dtype)
     if dtype is None and dtype_from == NO_DTYPE and is_gguf_file(path):  # quantized blocks, no dtype to name
         dtype_from = GGUF_DTYPE
+    if tokens_from == "max_position_embeddings" and is_gguf_file(path):  # models/gguf/config.py reads it from there
+        tokens_from = "the GGUF's context_length"
     uninterpreted = [name for one in read for name in one.uninterpreted()] + _unread_types(layers)
     return Anatomy(model, path, read[0].model_type or "?", architecture, where.rstrip("."), layers, n_tokens,
                    tokens_from, source, dtype_name, dtype_from, uninterpreted, assumed)
