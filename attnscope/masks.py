@@ -175,6 +175,27 @@ def structural(spec: AttentionSpec, n_Q: int, n_K: int, device: Any = None) -> t
     return causal_mask(n_Q, n_K, align, device), f"causal({align})"
 
 
+def structural_rows(spec: AttentionSpec, n_Q: int, n_K: int, first: int, last: int,
+                    device: Any = None) -> torch.Tensor | None:
+    """Rows first..last of `structural(spec, n_Q, n_K)`, `[last - first, n_K]` boolean (None when the spec has no
+    structural mask), built without the other rows: a block of a long input's queries (attention/rows.py)."""
+    import torch
+
+    if spec.align is None and not spec.bidirectional_window:
+        return None
+    position = torch.arange(first, last, device=device).unsqueeze(-1) + spec.offset(n_Q, n_K)  # [rows, 1]
+    cols = torch.arange(n_K, device=device)  # [n_K]
+    if spec.bidirectional_window:
+        assert spec.window is not None
+        return (position - cols).abs() <= spec.window // 2  # [rows, n_K]
+    allowed = cols <= position  # [rows, n_K]
+    if spec.chunk is not None:
+        return allowed & (cols // spec.chunk == position // spec.chunk)
+    if spec.window is not None:
+        return allowed & (position - cols < spec.window)
+    return allowed
+
+
 def fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:
     """Boolean `[.., n_Q, 1]`: True where a query may attend to no key at all."""
     import torch

@@ -53,6 +53,8 @@ def masked(trace: Trace, logits: Tensor, last: str, mask: Tensor | None, spec: A
 
 def zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Tensor:
     """A softmax of a row of -inf is NaN; PyTorch's attention gives 0 there (`_safe_softmax`), as attnscope."""
+    if attention.device.type != "meta" and not bool(blocked.any()):
+        return attention  # no row blocked: nothing to zero (a causal mask blocks none)
     if torch.is_grad_enabled() and attention.requires_grad:
         attention = attention.masked_fill(blocked, 0.0)  # softmax's backward needs its output unchanged
     else:

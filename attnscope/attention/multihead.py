@@ -21,6 +21,7 @@ from torch import nn
 
 from attnscope import cost, masks
 from attnscope.attention import dot_product as attention
+from attnscope.attention import rows
 from attnscope.attention.dot_product import HeadInputs, Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
@@ -43,7 +44,8 @@ class MultiHeadAttention(nn.Module):
     x_rsh1, x_rsh2, x`, so `out["x"]` is the output. Cross-attention: K (and V) are another sequence's states,
     an encoder's output (`[n_batch, n_K, d_feat]`), projected by W_k and W_v. Scores are scaled by
     `1/sqrt(d_head)` unless `scale` is given, as `torch.nn.MultiheadAttention` does. With `record=False` the
-    steps are not kept and the attention runs in `F.scaled_dot_product_attention`; the trace then holds only `x`.
+    steps are not kept and the trace holds only `x`: the attention runs as eager's does, in blocks of query rows
+    (rows.py), or with `fused=True` in `F.scaled_dot_product_attention`.
 
     W_q projects d_feat to n_head·d_head, W_k and W_v to n_kv_head·d_head, W_o n_head·d_head back to d_feat.
     With `qk_norm`, `q_norm.weight` and `k_norm.weight` are `[d_head]` ("head") or `[n_head·d_head]` and
@@ -83,8 +85,10 @@ class MultiHeadAttention(nn.Module):
         temperature: TemperatureTuning | None = None,
         qk_norm: str | QkNorm | None = None,
         d_kv_in: int | None = None,
+        fused: bool = False,
     ) -> None:
         super().__init__()
+        self.fused = fused  # unrecorded: PyTorch's fused kernel (attnscope bench races it), not eager's order
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
                                  window_side=window_side, softcap=softcap, alibi=alibi, rope=rope, sinks=sinks,
                                  chunk=chunk, temperature=temperature, qk_norm=qk_norm)
@@ -150,7 +154,8 @@ class MultiHeadAttention(nn.Module):
             return trace
         x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
         x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
-        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(merge_heads(F.scaled_dot_product_attention(...)))")
+        kernel = "F.scaled_dot_product_attention" if self.fused else "eager attention by blocks of query rows"
+        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), f"W_o(merge_heads({kernel}(...)))")
         return trace
 
     def empty_cache(self, n_batch: int = 1) -> tuple[Tensor, Tensor]:
@@ -268,9 +273,13 @@ class MultiHeadAttention(nn.Module):
 
     def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float,
                spec: AttentionSpec, position_bias: Tensor | None = None) -> Tensor:
-        """The attention through `F.scaled_dot_product_attention`, masks and biases made into one attn_mask.
-        Softcapping and sinks have no place in it, and a position bias must come before the mask's -inf, so such a
-        module runs `attention.sdpa` unrecorded."""
+        """The attention unrecorded: in eager's order, in blocks of query rows (rows.py), so that a model's
+        layers agree with transformers' eager ones to the last bit; with `fused=True`, through
+        `F.scaled_dot_product_attention`, masks and biases made into one attn_mask (softcapping and sinks have no
+        place in it, and a position bias must come before the mask's -inf, so such a module runs eager's)."""
+        if not self.fused:
+            return rows.eager_rows(Q_h, K_h, V_h, mask, spec, n_group=self.n_group, dropout_p=dropout_p,
+                                   position_bias=position_bias, sinks=self.sinks)
         if spec.softcap is not None or spec.sinks or position_bias is not None:
             names = Names(out="x_raw", batch=("n_batch", "n_head"))
             return attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,

@@ -105,7 +105,8 @@ def mha_race(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: boo
     torch.manual_seed(0)
     n_kv = heads if kv_heads is None else kv_heads
     traced = MultiHeadAttention(d_feat, heads, bias=bias, device=dev, dtype=dt, n_kv_head=n_kv).eval()
-    fast = MultiHeadAttention(d_feat, heads, bias=bias, record=False, device=dev, dtype=dt, n_kv_head=n_kv).eval()
+    fast = MultiHeadAttention(d_feat, heads, bias=bias, record=False, device=dev, dtype=dt, n_kv_head=n_kv,
+                              fused=True).eval()  # PyTorch's fused kernel: the fast path raced
     fast.load_state_dict(traced.state_dict())
     generator = torch.Generator(device=dev).manual_seed(0)
     Q = torch.randn(batch, nq, d_feat, device=dev, dtype=dt, generator=generator)

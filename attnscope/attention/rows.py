@@ -1,0 +1,98 @@
+"""Attention that records nothing, computed in eager's order, a block of query rows at a time.
+
+A model's layers before the one shown run unrecorded (`MultiHeadAttention(record=False)`). They compute what
+`attention.sdpa` computes, the order of transformers' eager attention (`eager_attention_forward`: `Q @ Kᵀ`, times
+the scale, the mask, a float32 softmax, `@ V`), not what `F.scaled_dot_product_attention` computes: on the CPU its
+fused kernel takes the softmax over blocks of keys (an online softmax), which rounds differently. Where a model's
+logits are large, that rounding, carried through the residual stream, moves later layers visibly: Gemma 4 scales
+RMS-normed Q and K by 1, and with trained norm weights its fourth layer's pattern came out 2.1e-5 from eager through
+the fused kernel, 0 through this one.
+
+Each block holds at most `BLOCK_BYTES` of scores, so no `[n_head, n_Q, n_K]` is ever whole (a long input's
+32k-token layer would need 4 GiB a head group). A block's causal, window or chunk mask is built for its rows alone
+(`masks.structural_rows`), and its queries are placed at their positions (`spec.start`), for ALiBi too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from attnscope import masks
+from attnscope.attention import dot_product as attention
+from attnscope.attention.dot_product import Names
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from attnscope.spec import AttentionSpec
+
+BLOCK_BYTES = 8 << 20  # scores of one block, float32; the softmax holds about three such tensors at its peak
+NAMES = Names(out="x_raw", batch=("n_batch", "n_head"))
+
+
+def eager_rows(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, spec: AttentionSpec, *, n_group: int,
+               dropout_p: float = 0.0, position_bias: Tensor | None = None, sinks: Tensor | None = None,
+               block_bytes: int = BLOCK_BYTES) -> Tensor:
+    """`attention.sdpa(...)["x_raw"]` on Q `[n_batch, n_head, n_Q, d]` and K, V `[n_batch, n_kv_head, n_K, d]`
+    (already normed and rotated), in blocks of query rows. `mask` and `position_bias` broadcast to
+    `[n_batch, n_head, n_Q, n_K]`; a row axis of n_Q is cut with the queries."""
+    import torch
+
+    n_Q, n_K = Q.shape[-2], K.shape[-2]
+    per_row = max(1, Q[..., :1, :1].numel() * n_K * 4)  # bytes of one query row's scores, over batch and heads
+    rows = max(1, block_bytes // per_row)
+    offset = spec.offset(n_Q, n_K)
+    if rows >= n_Q or offset < 0:  # one block: exactly the recorded path's call
+        return attention.sdpa(Q, K, V, mask, enable_gqa=n_group > 1, dropout_p=dropout_p, names=NAMES, spec=spec,
+                              position_bias=position_bias, sinks=sinks)["x_raw"]
+    if n_group > 1:  # transformers' repeat_kv, once for every block
+        K, V = K.repeat_interleave(n_group, dim=-3), V.repeat_interleave(n_group, dim=-3)
+    # the structural mask is given per block; the block's queries sit at their own positions
+    loose = replace(spec, causal=None, window=None, chunk=None, window_side="left", cache=0, n_kv_head=None)
+    out = []
+    for first in range(0, n_Q, rows):
+        last = min(n_Q, first + rows)
+        lo, hi = _keys_seen(spec, offset + first, offset + last - 1, n_K)
+        allowed = masks.structural_rows(spec, n_Q, n_K, first, last, Q.device)  # [rows, n_K] or None
+        block_mask = masks.combine(_cols(allowed, n_K, lo, hi), _cols(_rows(mask, n_Q, first, last), n_K, lo, hi))
+        bias = _cols(_rows(position_bias, n_Q, first, last), n_K, lo, hi)
+        out.append(attention.sdpa(Q[..., first:last, :], K[..., lo:hi, :], V[..., lo:hi, :], block_mask,
+                                  dropout_p=dropout_p, names=NAMES, spec=replace(loose, start=offset + first),
+                                  sinks=sinks, position_bias=bias)["x_raw"])
+    return torch.cat(out, dim=-2)  # [n_batch, n_head, n_Q, d_V]
+
+
+def _keys_seen(spec: AttentionSpec, top: int, bottom: int, n_K: int) -> tuple[int, int]:
+    """The keys lo..hi outside which the structural mask hides every key from the queries at positions
+    top..bottom: a causal block never computes the scores of the keys after its last query (they would come out
+    as weights of exactly 0). ALiBi's bias reads key positions from 0, so it keeps every key."""
+    if spec.alibi:
+        return 0, n_K
+    if spec.bidirectional_window:
+        assert spec.window is not None
+        lo, hi = top - spec.window // 2, bottom + spec.window // 2 + 1
+    elif spec.align is None:
+        return 0, n_K
+    else:
+        hi = bottom + 1
+        lo = 0 if spec.window is None else top - spec.window + 1
+        if spec.chunk is not None:
+            lo = top // spec.chunk * spec.chunk
+    lo, hi = max(0, lo), min(n_K, hi)
+    return (lo, hi) if lo < hi else (0, n_K)  # no key seen at all: every key, each masked, zero rows
+
+
+def _cols(t: Tensor | None, n_K: int, lo: int, hi: int) -> Tensor | None:
+    """Columns lo..hi of a tensor that broadcasts to `[.., n_K]`."""
+    if t is None or (lo, hi) == (0, n_K) or t.dim() < 1 or t.shape[-1] != n_K:
+        return t
+    return t[..., lo:hi]
+
+
+def _rows(t: Tensor | None, n_Q: int, first: int, last: int) -> Tensor | None:
+    """Rows first..last of a tensor that broadcasts to `[.., n_Q, n_K]`; one whose row axis is 1 (or that has
+    none) is the same for every query."""
+    if t is None or t.dim() < 2 or t.shape[-2] != n_Q or n_Q == 1:
+        return t
+    return t[..., first:last, :]
