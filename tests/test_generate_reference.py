@@ -1,4 +1,4 @@
-"""--generate N --check decodes the reference by attnscope's rule (models/eager.py's `greedy_config`): N tokens, each
+"""--generate N --check decodes the reference by attnscope's rule (nopage/eager.py's `greedy_config`): N tokens, each
 the argmax of the last logits, no stop at the end-of-text token, none of the processors a checkpoint's
 generation_config.json asks for. Each folder here carries a repetition_penalty, a no_repeat_ngram_size and a
 min_new_tokens (with the end-of-text token set to one the argmax picks) that would each change transformers'

@@ -1,5 +1,5 @@
 """`--all-layers` and `--generate` for families with no page, through transformers' own forward and cache with the
-attention captured at every call (models/nopage/interface_stream.py): the decode steps' evicted keys and cache bytes
+attention captured at every call (models/forward/interface_stream.py): the decode steps' evicted keys and cache bytes
 against transformers' own cache, the memory guard before anything is loaded, the terminal views, and the
 refusals (no language-model head, attention in the family's own code, --rows) in one line. The patterns
 themselves are held against eager in tests/test_conformance.py's interface and hybrid rows."""

@@ -1,10 +1,12 @@
 """The house's layout, read from every module's imports (docs/architecture.md): the top level holds the shared
-vocabulary and nothing else, variants/ reads no spec, check/ imports nothing of attention/, and no module is part
-of an import loop. Every import counts, those inside functions and under TYPE_CHECKING too."""
+vocabulary and nothing else, variants/ reads no spec, check/ imports nothing of attention/, no module is part
+of an import loop, the sub-folders of a wing import without a loop, and models/' folders import in one order.
+Every import counts, those inside functions and under TYPE_CHECKING too."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import attnscope
@@ -39,6 +41,7 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
     return found
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     known = modules()
     return {name: {target for target in imports(path, known) if target in known and target != name}
@@ -71,9 +74,8 @@ def test_the_core_never_imports_the_views() -> None:
         assert not {t for t in arrows[name] if wing(t) in ("views", "readings", "render", "runs", "cli")}
 
 
-def test_no_import_loop() -> None:
-    """Tarjan's strongly connected components: every one a single module."""
-    arrows = graph()
+def loops_in(arrows: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one node."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -101,4 +103,54 @@ def test_no_import_loop() -> None:
     for name in sorted(arrows):
         if name not in index:
             visit(name)
-    assert not loops
+    return loops
+
+
+def test_no_import_loop() -> None:
+    """Every strongly connected component a single module."""
+    assert not loops_in(graph())
+
+
+def folder(name: str) -> str:
+    """The folder a module lives in, below its wing: `attnscope.models.families.llama` -> `models/families`,
+    `attnscope.models.family` -> `models` (a wing's root; the top level's modules: themselves)."""
+    parts = name.split(".")[1:]
+    path = PACKAGE.joinpath(*parts)
+    return "/".join(parts if path.is_dir() else parts[:-1]) or name
+
+
+def folder_arrows(wing_name: str) -> dict[str, list[tuple[str, str]]]:
+    """`(from folder, to folder)` -> the module imports that make it, for the folders of one wing."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for name, targets in graph().items():
+        if wing(name) != wing_name:
+            continue
+        for target in targets:
+            if wing(target) == wing_name and folder(target) != folder(name):
+                found.setdefault(f"{folder(name)} -> {folder(target)}", []).append((name, target))
+    return found
+
+
+def test_no_wing_has_a_loop_between_its_folders() -> None:
+    """A module may import within its folder freely; between the folders of a wing, no loop (models/: root ->
+    nopage -> forward -> families -> root and root <-> gguf once)."""
+    wings = {wing(name) for name in modules()}
+    for name in sorted(wings):
+        arrows: dict[str, set[str]] = {}
+        for edge in folder_arrows(name):
+            start, end = edge.split(" -> ")
+            arrows.setdefault(start, set()).add(end)
+            arrows.setdefault(end, set())
+        assert not loops_in(arrows), (name, folder_arrows(name))
+
+
+# models/' folders, top to bottom: each imports only those below it (and itself), docs/architecture.md
+MODELS_ORDER = ["models/vision", "models/forward", "models/families", "models/nopage", "models", "models/gguf"]
+
+
+def test_models_folders_import_downwards() -> None:
+    folders = {folder(name) for name in modules() if wing(name) == "models"}
+    assert folders == set(MODELS_ORDER)  # a new folder takes its place in the order
+    up = {edge: imports for edge, imports in folder_arrows("models").items()
+          if MODELS_ORDER.index(edge.split(" -> ")[0]) > MODELS_ORDER.index(edge.split(" -> ")[1])}
+    assert not up

@@ -1,4 +1,4 @@
-"""The self-check of a trace through transformers' attention interface (models/selfcheck.py): a layer whose module
+"""The self-check of a trace through transformers' attention interface (nopage/interface_check.py): a layer whose module
 does something its attention function is not handed falls back to eager's pattern, never `traced`, with a note
 naming the step that could not be reproduced. Planted: a LLaMA attention that windows its keys only under eager
 (the interface sees a causal mask: step 'attention'), and one that scales its output only under eager (step
@@ -271,7 +271,7 @@ def _options(kind: str, folder: Path, image: Path, layer: int, **more) -> HeadOp
 
 def _counted(monkeypatch) -> list[int]:
     """selfcheck.check wrapped: the layers it held against their module's own eager run, in order."""
-    from attnscope.models import selfcheck
+    from attnscope.models.nopage import interface_check as selfcheck
 
     layers: list[int] = []
     original = selfcheck.check

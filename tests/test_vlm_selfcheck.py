@@ -1,12 +1,12 @@
 """The self-check on Qwen2.5-VL and Qwen3-VL (models/vision/vlm_run.py `interface`, vlm_generate.py
 `through_interface`): their text model runs through transformers' attention interface, and the traced layer is held
-against its module's own eager run (models/selfcheck.py) on the prompt and at every decode step. Unplanted: checked
-(selfcheck.check counted), no self-check note, traced, equal to eager's output_attentions and to generate's ids and
-rows. Planted as tests/test_selfcheck.py plants them, in the text attention module: a key hidden only under eager
+against its module's own eager run (nopage/interface_check.py) on the prompt and at every decode step. Unplanted:
+checked (selfcheck.check counted), no self-check note, traced, equal to eager's output_attentions and to generate's ids
+and rows. Planted as tests/test_selfcheck.py plants them, in the text attention module: a key hidden only under eager
 (step 'attention'), the output scaled only under eager (step 'out'), and the output scaled only on one-token decode
-steps (the prompt reproduces, a step does not): caught, the run falls back to eager's output_attentions, untraced,
-with the self-check's note, equal to the planted eager model's pattern, ids and rows. The reference is transformers'
-eager VLM (tests/tiny_vlm.py) with the same plant."""
+steps (the prompt reproduces, a step does not): caught, the run falls back to eager's output_attentions, untraced, with
+the self-check's note, equal to the planted eager model's pattern, ids and rows. The reference is transformers' eager
+VLM (tests/tiny_vlm.py) with the same plant."""
 
 from __future__ import annotations
 

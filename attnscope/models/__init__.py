@@ -5,8 +5,11 @@ The root: the protocol (family.py, an abstract base class), where a head lives a
 lazy checkpoint reader (checkpoint.py), config.json read defensively (config.py), the model's own tokenizer
 (tokenizer.py), the Hugging Face cache lookup (hub.py). families/: a page per family, the encoder-decoders'
 three attentions (seq2seq.py). forward/: layers 0..L with layer L traced (run.py), every layer (stream.py),
-a long input (long.py), the encoder-decoders' (seq2seq_run.py). nopage/: any other family through
-transformers, layers 0..L only (truncated.py), traced through its attention interface (interface.py).
+a long input (long.py), the encoder-decoders' (seq2seq_run.py), a family with no page's every layer and
+decoding (interface_stream.py). nopage/: any other family through transformers, layers 0..L only
+(truncated.py), traced through its attention interface (interface.py), and transformers' eager runs
+(eager.py). The folders import in one order, top to bottom: vision/, forward/, families/, nopage/, the root,
+gguf/; never up (tests/test_layout.py).
 
 | model_type | module | class |
 |---|---|---|

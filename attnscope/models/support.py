@@ -10,7 +10,7 @@ A view is one way of running a family's attention, all of them through the famil
 - generate: `--generate N`, greedy decoding with a KV cache, every layer one token at a time (models/forward/stream.py);
 - all-layers: `--all-layers`, every layer's every head on the text (models/forward/stream.py);
 - check: `--check`, the run held against transformers' own eager run of the checkpoint at run time
-  (runs/check_model.py, models/eager.py): PASS where the cells above are exact.
+  (runs/check_model.py, models/nopage/eager.py): PASS where the cells above are exact.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.models.config import settings_file
-from attnscope.models.post_processor import add_special_tokens
+from attnscope.models.gguf.post_processor import add_special_tokens
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")

@@ -1,5 +1,5 @@
 """`head --check`: what the run showed held against transformers' own eager run of the same checkpoint
-(models/eager.py): layer L's every head (every layer's with --all-layers), a long input's exact rows, and with
+(models/nopage/eager.py): layer L's every head (every layer's with --all-layers), a long input's exact rows, and with
 --generate the new tokens and each step's row of layer L. Each comparison is `check.compare`'s: max |diff|
 against atol + rtol · max |reference| at float32's tolerance; the command exits 1 on a FAIL.
 """
@@ -27,7 +27,7 @@ UNCUT = frozenset({"gemma4_text", "gemma4"})
 
 def check_head(result: HeadResult, folder: Path, model_type: str) -> list[Comparison]:
     """The run's patterns against transformers' eager ones, memory-guarded first."""
-    from attnscope.models import eager
+    from attnscope.models.nopage import eager
 
     asked, encoded = result.options, result.encoded
     if encoded is None:
@@ -107,7 +107,7 @@ def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int],
     in the ids' detail."""
     from dataclasses import replace
 
-    from attnscope.models import eager
+    from attnscope.models.nopage import eager
 
     assert result.decode is not None
     layer = result.options.layer
@@ -172,10 +172,10 @@ def _guard(result: HeadResult, folder: Path, n_tokens: int) -> None:
 def check_encdec(result: HeadResult, model: EncoderDecoder, source: list[int] | torch.Tensor,
                  decoder_ids: list[int]) -> list[Comparison]:
     """An encoder-decoder's run against transformers' eager run on the same source ids (Whisper: the same
-    features) and decoder ids (models/eager.py's `seq2seq`): the attention shown (`--attention`), layer L's every
+    features) and decoder ids (models/nopage/eager.py's `seq2seq`): the attention shown (`--attention`), layer L's every
     head or every layer's with --all-layers, and with --generate the new ids and each step's row of layer L."""
-    from attnscope.models import eager
     from attnscope.models.forward.seq2seq_decode import estimate_bytes
+    from attnscope.models.nopage import eager
     from attnscope.runs.head_result import guard_memory
 
     asked, kind = result.options, result.kind or "encoder"

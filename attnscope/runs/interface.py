@@ -72,7 +72,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     result.all_heads = run.attention  # [n_head, n_tokens, n_tokens]
     result.attention = run.attention[asked.head]
     own = f"model_type '{config.model_type}' is not one attnscope has a page for ({SUPPORTED})"
-    if run.recorded is None and run.fallback:  # models/selfcheck.py: the trace did not reproduce the module
+    if run.recorded is None and run.fallback:  # nopage/interface_check.py: the trace did not reproduce the module
         result.notes.append(f"{own}; {run.fallback}")
         return result
     if run.recorded is None:
@@ -98,11 +98,11 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
 def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded,
                            progress: Progress) -> HeadResult:
     """--all-layers and --generate: the whole model through transformers' own forward and cache, every attention
-    call captured (models/nopage/interface_stream.py), memory-guarded up front."""
+    call captured (models/forward/interface_stream.py), memory-guarded up front."""
     from attnscope.errors import UsageError
     from attnscope.models import tokenizer
     from attnscope.models.checkpoint import Checkpoint
-    from attnscope.models.nopage import interface_stream
+    from attnscope.models.forward import interface_stream
     from attnscope.runs import beyond_layer as layers
     from attnscope.runs.head_result import guard_memory
 

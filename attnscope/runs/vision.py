@@ -1,7 +1,7 @@
 """`attnscope head --image FILE` on a vision tower (ViT, DeiT, DINOv2, CLIP's and SigLIP's image towers): the
 image read and checked (models/vision/image.py), made into pixel_values by the folder's own image processor
 (processor.py), and the tower run through transformers with layer L's attention recorded step by step
-(models/vision/tower.py) and self-checked against its module's own eager run (models/selfcheck.py: where the
+(models/vision/tower.py) and self-checked against its module's own eager run (nopage/interface_check.py: where the
 trace does not reproduce it, eager's pattern alone, untraced); with --all-layers every layer's pattern. The
 tokens are `[CLS]` (DeiT's `[DIST]`, DINOv2's registers) and the patches `p(r,c)`; the result carries the
 picture the overlays draw on.
@@ -99,7 +99,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     result.all_heads = run.attention  # [n_head, n_tokens, n_tokens]
     result.attention = run.attention[asked.head]
     recorded = run.recorded
-    if recorded is None:  # models/selfcheck.py: the trace did not reproduce a module: eager's pattern, untraced
+    if recorded is None:  # nopage/interface_check.py: the trace did not reproduce a module: eager's pattern, untraced
         result.notes.extend([read_as, f"transformers ran {run.architecture} on the image; {run.fallback}"])
         return result
     layer = recorded.layer

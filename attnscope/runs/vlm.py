@@ -151,7 +151,7 @@ def _long(result: HeadResult, model: Family, tokens: ImageTokens) -> None:
 
 
 def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
-    from attnscope.models.selfcheck import UNCHECKED
+    from attnscope.models.nopage.interface_check import UNCHECKED
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import vlm_generate, vlm_run
     from attnscope.runs import beyond_layer as layers
@@ -166,7 +166,7 @@ def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens:
     ran = "every layer" if asked.all_layers else f"layers 0..{asked.layer}"
     result = _result(asked, folder, config, encoded, run, f"the vision tower and {ran}")
     how = "its attention is traced through transformers' attention interface from Q, K, V after RoPE"
-    if run.recorded is not None and UNCHECKED not in run.recorded.layer.notes:  # models/selfcheck.py's check
+    if run.recorded is not None and UNCHECKED not in run.recorded.layer.notes:  # nopage/interface_check.py's check
         how += (f", and layer {asked.layer}'s module output checked against its own eager run"
                 + (" on the prompt and at each new token" if asked.generate else ""))
     if run.fallback:

@@ -17,7 +17,7 @@ from typing import Any
 
 from attnscope.errors import UsageError
 from attnscope.models.gguf.header import LAZY_TYPES
-from attnscope.models.post_processor import add_special_tokens
+from attnscope.models.gguf.post_processor import add_special_tokens
 
 # tokenizer.ggml.* -> the names transformers' GGUF_TOKENIZER_MAPPING gives them
 TOKENIZER = {"model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens", "scores": "scores",

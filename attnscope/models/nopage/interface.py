@@ -10,11 +10,11 @@ module's modeling file's), so the model computes exactly what eager computes; on
 records the steps from those inputs (`record`): Q, K, V, K_rep, V_rep (transformers' `repeat_kv`), scores,
 capped_scores, position_bias and biased_scores, mask and masked_scores, sinks and sink_weight, attention,
 out, then holds them against the eager function's own pattern and output, hands the module the recorded `out`,
-and once the module returns, selfcheck.py holds its output against the module's own eager run on the same inputs
+and once the module returns, interface_check.py holds its output against the module's own eager run on the same inputs
 (a module doing more than its attention function sees, DeepSeek-V3.2's indexer, fails it: the run then shows
 eager's pattern only); then it stops the model there (`Reached`): nothing after the layer runs. The steps
 before Q, K, V are the family's code, not traced. For
-`--all-layers` and `--generate` (models/nopage/interface_stream.py) the recorder does not stop: it keeps every attention
+`--all-layers` and `--generate` (forward/interface_stream.py) the recorder does not stop: it keeps every attention
 layer's pattern, or layer L's steps at each decode step.
 
 A call's layer is its module's `layer_idx`; a module with none (a vision tower's, DistilBERT's, ALBERT's one
@@ -89,8 +89,8 @@ class Recorder:
     notes: list[str] = field(default_factory=list)
     stop: bool = True
     patterns: dict[int, torch.Tensor] | None = None
-    watched: set[int] = field(default_factory=set)  # the modules selfcheck.py hooks (by id)
-    caller: Any = None  # the module whose recorded call waits for selfcheck.py's check when it returns
+    watched: set[int] = field(default_factory=set)  # the modules interface_check.py hooks (by id)
+    caller: Any = None  # the module whose recorded call waits for interface_check.py's check when it returns
     caller_layer: int = -1  # the layer its call was recorded as: its layer_idx, else the call's order in the forward
     failure: Failure | None = None  # the first layer whose module the trace does not reproduce
     checked: int = 0  # how many module calls were checked
@@ -143,7 +143,7 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
         recorder.notes.extend(f"layer {index}: {note}" for note in recorded.layer.notes if "differ" in note)
     if index == recorder.layer:
         recorder.recorded = recorded
-    if id(module) in recorder.watched:  # selfcheck.py checks the module's output when it returns (and stops there)
+    if id(module) in recorder.watched:  # interface_check.py checks the module's output as it returns (and stops there)
         recorder.caller, recorder.caller_layer = module, index
         steps = recorded.layer  # the module's output made from the recorded steps: [n_batch, n_tokens, n_head, d]
         # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]
@@ -259,7 +259,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @contextmanager
 def pause() -> Iterator[None]:
-    """No recording inside (selfcheck.py's eager re-run of a module)."""
+    """No recording inside (interface_check.py's eager re-run of a module)."""
     token = _active.set(None)
     try:
         yield

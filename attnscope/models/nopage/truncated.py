@@ -13,7 +13,7 @@ plus the embeddings and final norm. Then:
 
 A hybrid's layer without attention (Jamba's Mamba layers, LFM2's convolutions, as `layer_types` names them, or
 holding no module transformers records as `attentions`) is refused in one line naming the layers that have it.
-The whole model, for `--all-layers` and `--generate`, is models/nopage/interface_stream.py's.
+The whole model, for `--all-layers` and `--generate`, is models/forward/interface_stream.py's.
 
 Everything is float32 on the CPU, batch 1, no padding.
 """
@@ -56,7 +56,7 @@ class TransformersRun:
     d_model: int
     d_head: int
     module: str  # the attention module's class, `GPTNeoXAttention`
-    fallback: str = ""  # selfcheck.py's note where the trace did not reproduce the module's output: pattern only
+    fallback: str = ""  # interface_check.py's note where the trace did not reproduce the module's output: pattern only
 
 
 def estimate_bytes(checkpoint: Checkpoint, layer: int, n_tokens: int) -> int:
@@ -167,7 +167,7 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
     import torch
     from transformers import AutoModel
 
-    from attnscope.models import selfcheck
+    from attnscope.models.nopage import interface_check
 
     quiet_transformers()
     full, n_layer = full_config(folder, model_type, layer)
@@ -180,9 +180,9 @@ def run(folder: Path, ids: list[int], model_type: str, layer: int) -> Transforme
     try:
         with torch.no_grad():
             if traced:
-                with selfcheck.checked_recording(model, layer) as recorder:
+                with interface_check.checked_recording(model, layer) as recorder:
                     model(input_ids=inputs)
-                recorded, fallback = selfcheck.outcome(recorder)
+                recorded, fallback = interface_check.outcome(recorder)
             if recorded is None:  # a layer that does not call the interface: its eager pattern
                 # (a self-check's fallback was recorded there: ALBERT's one module serves layers its path never names)
                 if not fallback and layer not in module_layers(model):

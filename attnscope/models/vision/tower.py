@@ -10,7 +10,7 @@ steps say where `n_patches` comes from: `pixel_values` `[n_batch, n_channel, hei
 `[n_batch, n_patches, d_model]`; the tokens are the `[CLS]` (and DeiT's `[DIST]`, DINOv2's registers) then the
 patches row by row (patches.py).
 
-The tower's attention modules have no `layer_idx`; the self-check (models/selfcheck.py) knows each by its call's
+The tower's attention modules have no `layer_idx`; the self-check (nopage/interface_check.py) knows each by its call's
 order in the forward and runs the traced layer's module (every layer's, for every layer) again with eager
 attention on the same inputs. A module that does more than its attention function is handed fails it, and the
 tower runs again with transformers' eager attention and `output_attentions`: the pattern only, untraced, the
@@ -131,8 +131,7 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
     import torch
     import transformers
 
-    from attnscope.models import selfcheck
-    from attnscope.models.nopage import truncated
+    from attnscope.models.nopage import interface_check, truncated
 
     model = truncated.load(getattr(transformers, TOWERS[model_type].model_class), folder,
                            config if every else truncated.cut(config, n_layer, layer), model_type, traced=True)
@@ -143,15 +142,15 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
         hooks += [module.register_forward_hook(lambda _m, _i, out, i=i: values.setdefault(i, out[0].detach()))
                   for i, module in _projections(model, VALUE_PROJECTIONS).items()]
     try:
-        with torch.no_grad(), selfcheck.checked_recording(model, layer, stop=not every, every=every) as recorder:
+        with torch.no_grad(), interface_check.checked_recording(model, layer, stop=not every, every=every) as recorder:
             model(pixel_values=pixels.values)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise _could_not_run(model_type, exc) from None
     finally:
         for hook in hooks:
             hook.remove()
-    recorded, fallback = selfcheck.outcome(recorder)
-    if fallback:  # selfcheck.py: a module does more than its attention function is handed: eager's patterns
+    recorded, fallback = interface_check.outcome(recorder)
+    if fallback:  # interface_check.py: a module does more than its attention function is handed: eager's patterns
         return _eager(model, model_type, grid, pixels, n_layer, layer, every, fallback)
     if recorded is None or "patches" not in captured:
         raise ResourceError(f"{type(model).__name__} did not call transformers' attention interface at layer "

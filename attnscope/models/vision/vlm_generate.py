@@ -12,7 +12,7 @@ query that chose the token, and the share of that row on the image's tokens.
   (`Qwen2_5_VLForConditionalGeneration._prepare_position_ids_for_generation`), layer L's row recorded each step.
 
 `eager_decode` is --check's reference: transformers' `generate` on the eager VLM, the processor's inputs as they are,
-decoding by attnscope's rule (models/eager.py's `greedy_config`), not by the folder's generation_config.json.
+decoding by attnscope's rule (models/nopage/eager.py's `greedy_config`), not by the folder's generation_config.json.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.models.config import Config
-    from attnscope.models.eager import Decoded
     from attnscope.models.forward.stream import DecodeStep
+    from attnscope.models.nopage.eager import Decoded
     from attnscope.models.nopage.truncated import TransformersRun
     from attnscope.models.vision.vlm import ImageTokens
 
@@ -39,20 +39,20 @@ def through_interface(folder: Path, config: Config, tokens: ImageTokens, layer: 
                       every: bool = False) -> tuple[TransformersRun, list[torch.Tensor] | None, list[DecodeStep]]:
     """The whole VLM in transformers, layer L recorded through the attention interface on the prompt (with
     `every`, every layer's pattern too) and at each of `n_new` greedy steps, the self-check watching every call
-    (models/selfcheck.py); where a module's output is not reproduced, on the prompt or at a step, the whole
+    (models/nopage/interface_check.py); where a module's output is not reproduced, on the prompt or at a step, the whole
     decoding again with eager's `output_attentions` (`_eager`), untraced."""
     import torch
 
-    from attnscope.models import selfcheck
+    from attnscope.models.forward.interface_stream import decode_step, greedy
     from attnscope.models.nopage import interface as recorder
-    from attnscope.models.nopage.interface_stream import decode_step, greedy
+    from attnscope.models.nopage import interface_check
     from attnscope.models.vision import vlm_run
 
     n = vlm_run.n_layer(folder, config)
     model = vlm_run.load(folder, config, layers=n, attention=recorder.IMPLEMENTATION)
     try:
         with torch.no_grad(), recorder.recording(layer, stop=False, every=every) as recording, \
-                selfcheck.watching(model, recording):
+                interface_check.watching(model, recording):
             out = model(**tokens.inputs, use_cache=True)  # the prompt: get_rope_index sets rope_deltas
             if recording.failure is None:
                 run, patterns = vlm_run.recorded(model, config, recording, layer, n)
@@ -69,7 +69,7 @@ def through_interface(folder: Path, config: Config, tokens: ImageTokens, layer: 
             with torch.no_grad():
                 return _eager(model, config, tokens, layer, n_new, n, every, recording.failure.note())
         if not recording.checked and run.recorded is not None:
-            run.recorded.layer.notes.append(selfcheck.UNCHECKED)
+            run.recorded.layer.notes.append(interface_check.UNCHECKED)
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:
         raise ResourceError(f"transformers could not decode with {config.architecture} on the text and image "
                             f"({first_line(exc)})") from None
@@ -81,7 +81,7 @@ def _eager(model: Any, config: Config, tokens: ImageTokens, layer: int, n_new: i
     """The prompt and `n_new` steps again with transformers' eager attention and `output_attentions`: layer L's
     pattern and each step's row (every layer's pattern with `every`), untraced, `fallback` (the self-check's note)
     saying why."""
-    from attnscope.models.nopage.interface_stream import eager_step, greedy
+    from attnscope.models.forward.interface_stream import eager_step, greedy
     from attnscope.models.nopage.truncated import sizes
 
     model.set_attn_implementation("eager")
@@ -123,12 +123,12 @@ def _rope_deltas(model: Any, config: Config) -> torch.Tensor:
 
 def eager_decode(folder: Path, config: Config, tokens: ImageTokens, n_new: int) -> Decoded:
     """transformers' eager VLM, every layer: `generate(**inputs)` with attnscope's decoding rule
-    (models/eager.py's `greedy_config`: `n_new` argmax tokens, no stop at the end-of-text token, none of the
+    (models/nopage/eager.py's `greedy_config`: `n_new` argmax tokens, no stop at the end-of-text token, none of the
     folder's generation_config.json processors, Qwen2.5-VL's repetition penalty of 1.05 among them); each step's
     row of every layer (`[n_head, keys the cache holds]`)."""
     import torch
 
-    from attnscope.models.eager import Decoded, greedy_config
+    from attnscope.models.nopage.eager import Decoded, greedy_config
     from attnscope.models.vision import vlm_run
 
     model = vlm_run.load_eager(folder, config, vlm_run.n_layer(folder, config) - 1)

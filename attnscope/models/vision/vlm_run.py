@@ -127,17 +127,17 @@ def interface(folder: Path, config: Config, tokens: ImageTokens, layer: int,
     n_tokens]` (the vision tower's own attention stays eager, unrecorded)."""
     import torch
 
-    from attnscope.models import selfcheck
     from attnscope.models.nopage import interface as recorder
+    from attnscope.models.nopage import interface_check
 
     n = n_layer(folder, config)
     model = load(folder, config, layers=n if every else layer + 1, attention=recorder.IMPLEMENTATION)
     try:
         with torch.no_grad():
-            with selfcheck.checked_recording(model, layer, stop=not every, every=every) as recording:
+            with interface_check.checked_recording(model, layer, stop=not every, every=every) as recording:
                 model(**tokens.inputs)
-            fallback = selfcheck.outcome(recording)[1]
-            if fallback:  # selfcheck.py: a module does more than its attention function is handed
+            fallback = interface_check.outcome(recording)[1]
+            if fallback:  # interface_check.py: a module does more than its attention function is handed
                 return _eager(model, config, tokens, layer, n, every, fallback)
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:
         raise ResourceError(f"transformers could not run {config.architecture} on the text and image "

@@ -88,8 +88,7 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from attnscope.models import selfcheck
-    from attnscope.models.nopage import interface, truncated
+    from attnscope.models.nopage import interface, interface_check, truncated
 
     if n_new:
         model = _language_model(prepared, folder, model_type, AutoModelForCausalLM)
@@ -97,7 +96,7 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
         model = truncated.load(AutoModel, folder, prepared.config, model_type, traced=True)
     try:
         with torch.no_grad(), interface.recording(layer, stop=False, every=every_layer) as recorder, \
-                selfcheck.watching(model, recorder):
+                interface_check.watching(model, recorder):
             try:
                 out = model(input_ids=torch.tensor([ids]), use_cache=bool(n_new))  # the prompt
             except interface.Reached:
@@ -118,7 +117,7 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
                 return decode_step(recorder.recorded, int(out.logits[0, -1].argmax()), position, out.past_key_values)
 
             steps = greedy(model, out, ids, n_new, step)
-        if recorder.failure is not None:  # selfcheck.py: the trace does not reproduce a module: eager's patterns
+        if recorder.failure is not None:  # interface_check.py: the trace does not reproduce a module: eager's patterns
             return _eager(model, prepared, ids, layer, n_new, every_layer, recorder.failure.note())
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"transformers could not run model_type '{model_type}' "

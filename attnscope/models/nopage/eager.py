@@ -55,7 +55,7 @@ class Decoded:
 def greedy_config(model: Any, n_new: int) -> Any:
     """attnscope's decoding rule as transformers' `GenerationConfig`, made the model's own: `n_new` tokens, each the
     argmax of the last logits, and nothing else (models/forward/stream.py's `generate` and
-    models/nopage/interface_stream.py's decode that way, and never stop at an end-of-text token). It replaces the
+    models/forward/interface_stream.py's decode that way, and never stop at an end-of-text token). It replaces the
     folder's generation_config.json, whose processors (a repetition_penalty, as Qwen2.5-Instruct's 1.05;
     no_repeat_ngram_size, bad_words_ids, min_new_tokens, suppress_tokens, ...) `generate` would apply even with
     do_sample=False: `GenerationMixin._prepare_generation_config` fills every setting a passed config leaves unset
