@@ -114,16 +114,6 @@ def grid_of(config: Any, model_type: str, pixels: Pixels, image: str) -> Grid:
     return Grid.of(pixels.height, pixels.width, patch, prefix_names(tower.cls, n_register, tower.distillation))
 
 
-def estimate_bytes(folder: Path, layer: int | None, n_tokens: int) -> int:
-    """Layers 0..L's tensors (all of them for `layer` None) and the embeddings, in float32, held and being
-    loaded, plus the scores (truncated.estimate_bytes)."""
-    from attnscope.models.checkpoint import Checkpoint
-    from attnscope.models.nopage import truncated
-
-    with Checkpoint.open(folder) as checkpoint:
-        return truncated.estimate_bytes(checkpoint, 10**9 if layer is None else layer, n_tokens)
-
-
 def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pixels: Pixels, layer: int,
         every: bool) -> VisionRun:
     """Layer `layer` traced on the image (`config`, `grid`: tower_config's and grid_of's); with `every` the whole
