@@ -137,13 +137,15 @@ def _build(where: Path) -> dict[str, tuple[Path, list[int]]]:
             "qwen3_next": (where / "qwen3_next", [2, 1])}  # Qwen3-Next: full layer 2, linear layer 1
 
 
-def _duplicates() -> dict:
-    out = subprocess.run(["duplicates", "--most", "200", "--seconds", "120"], cwd=PACKAGE, capture_output=True,
+def _duplicates(package: Path = PACKAGE) -> dict:
+    out = subprocess.run(["duplicates", "--most", "200", "--seconds", "120"], cwd=package, capture_output=True,
                          text=True, check=False).stdout
     rows = [line for line in out.splitlines() if re.match(r"D\d+ ", line)]
     plain = [line for line in rows if "boilerplate" not in line]
     in_cli = [line for line in rows if line.split()[1].startswith("cli/") and line.split()[3].startswith("cli/")]
-    return {"pairs": len(rows), "not_boilerplate": len(plain), "cli_pairs": len(in_cli)}
+    return {"pairs": len(rows), "not_boilerplate": len(plain), "cli_pairs": len(in_cli),
+            "cli_not_boilerplate": sum("boilerplate" not in line for line in in_cli),
+            "not_boilerplate_rows": plain}
 
 
 def _estimate_bytes() -> list[str]:
@@ -192,8 +194,9 @@ def markdown(found: dict) -> str:
                  f"{len(run['pairs_both_ways'])} pairs both ways:")
     lines.extend(f"    {pair}" for pair in run["pairs_both_ways"])
     dup = found["duplicates"]
-    lines.append(f"(c) duplicates in attnscope/: {dup['pairs']} pairs, {dup['not_boilerplate']} not boilerplate, "
-                 f"{dup['cli_pairs']} within cli/")
+    lines.append(f"(c) duplicates in attnscope/: {dup['pairs']} pairs, {dup['not_boilerplate']} not boilerplate; "
+                 f"{dup['cli_pairs']} within cli/, {dup['cli_not_boilerplate']} of them not boilerplate:")
+    lines.extend(f"    {row}" for row in dup["not_boilerplate_rows"])
     est = found["estimate_bytes"]
     lines.append(f"(d) estimate_bytes functions: {est['count']}")
     lines.extend(f"    {where}" for where in est["where"])
