@@ -137,6 +137,11 @@ def test_fuzzed_config_is_one_message(family, folders, tmp_path_factory):
     ("gemma4_text", ("rope_parameters", "full_attention"), "x", "anatomy", ["rope_parameters"]),
     ("gpt_oss", ("dtype",), "x", "check", ["config.json's dtype 'x' is not a torch dtype"]),
     ("qwen3_5_text", ("pad_token_id",), -(2 ** 31), "check", ["pad_token_id"]),
+    # found by the long fuzz run of stop 41: a --check FAIL against transformers' other RoPE size, a reshape's
+    # RuntimeError, a ZeroDivisionError in Llama4TextConfig.__post_init__
+    ("deepseek_v3", ("head_dim",), 1, "check", ["head_dim 1 is not qk_rope_head_dim"]),
+    ("gemma4_text", ("hidden_size_per_layer_input",), 1, "head", ["hidden_size_per_layer_input 1"]),
+    ("llama4", ("no_rope_layer_interval",), 0, "check", ["integer modulo by zero"]),
 ])
 def test_reported_configs_are_one_message(family, path, value, command, words, folders, tmp_path):
     """The two the issue names: Kimi Linear's malformed linear_attn_config (an AttributeError before) and

@@ -81,6 +81,14 @@ class DeepseekV3(Llama):
             v_head_dim=config.integer("v_head_dim", default=d["v_head_dim"]),
             q_lora_rank=None if q_rank is None else config.integer("q_lora_rank"),
             rope_interleave=self.rope_interleave())
+        given = config.data.get("head_dim")
+        if given is not None and given != self.latent.qk_rope_head_dim:
+            # DeepseekV3Config sets head_dim = qk_rope_head_dim; a config.json that says otherwise sizes
+            # DeepseekV3RotaryEmbedding's tables by its head_dim, and they no longer fit the rotated coordinates
+            raise UsageError(f"{config.path}: head_dim {given!r} is not qk_rope_head_dim "
+                             f"{self.latent.qk_rope_head_dim}; transformers sizes this model's RoPE tables by "
+                             "head_dim and turns the qk_rope_head_dim coordinates of each query and key with them, "
+                             "so make the two equal (or drop head_dim) in config.json")
         self.n_kv_head = self.n_head  # every head's key and value are expanded from the latent
         self.d_head = self.latent.d_K
         self.first_dense = config.integer("first_k_dense_replace", default=d["first_k_dense_replace"], minimum=0)

@@ -295,6 +295,7 @@ class Gemma4(Gemma3):
         d_ple = self.config.integer("hidden_size_per_layer_input", default=0, minimum=0)
         self.per_layer_inputs = None
         if d_ple:
+            self._check_per_layer_inputs(d_ple)
             eps = self.config.number("rms_norm_eps", default=1e-6)
             rows = self.checkpoint.rows(f"{self.prefix}embed_tokens_per_layer.weight", ids)  # [n, n_layer·d_ple]
             # [n_tokens, n_layer·d_ple] -> [1, n_tokens, n_layer, d_ple]
@@ -305,6 +306,27 @@ class Gemma4(Gemma3):
             norm = self.checkpoint.tensor(f"{self.prefix}per_layer_projection_norm.weight")
             self.per_layer_inputs = (_rms(projected, eps) * norm + own) * 2 ** -0.5  # [1, n, n_layer, d_ple]
         return e
+
+    def _check_per_layer_inputs(self, d_ple: int) -> None:
+        """The per-layer inputs' weights have the shapes `hidden_size_per_layer_input` gives them
+        (`Gemma4TextModel.__init__`), so a config.json that says otherwise is named before any matmul fails."""
+        width, d_model = self.n_layer * d_ple, self.d_model
+        wanted = {f"{self.prefix}embed_tokens_per_layer.weight": (None, width),
+                  f"{self.prefix}per_layer_model_projection.weight": (width, d_model),
+                  f"{self.prefix}per_layer_projection_norm.weight": (d_ple,)}
+        for layer in range(self.n_layer):
+            wanted[self.key(layer, "per_layer_input_gate.weight")] = (d_ple, d_model)
+            wanted[self.key(layer, "per_layer_projection.weight")] = (d_model, d_ple)
+        for key, shape in wanted.items():
+            if key not in self.checkpoint:
+                raise UsageError(f"{self.config.path}: hidden_size_per_layer_input is {d_ple} but the checkpoint has "
+                                 f"no {key}; fix config.json (0: no per-layer inputs)")
+            found = self.checkpoint.shape(key)
+            if len(found) != len(shape) or any(w is not None and w != f for w, f in zip(shape, found, strict=True)):
+                want = ", ".join("n" if w is None else str(w) for w in shape)
+                raise UsageError(f"{self.config.path}: {key} is {found} but hidden_size_per_layer_input "
+                                 f"{d_ple} ({self.n_layer} layers, hidden_size {d_model}) makes it [{want}]; fix "
+                                 "config.json")
 
     def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
         return (self.norm(layer, "input_layernorm", h),

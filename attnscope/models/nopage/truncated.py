@@ -102,10 +102,12 @@ def _check_buildable(folder: Path, config: Any) -> None:
 def config_errors() -> tuple[type[Exception], ...]:
     """What `AutoConfig.from_pretrained` raises on a config.json it refuses: its own checks, and the strict
     dataclass validation of transformers 5's config classes (`index_topk: null` where an int is declared), and the
-    AttributeError of its getattr(torch, dtype) on a `dtype` torch has no name for."""
+    AttributeError of its getattr(torch, dtype) on a `dtype` torch has no name for, and the arithmetic of a config
+    class's __post_init__ on a hostile value (Llama 4's `(i + 1) % no_rope_layer_interval` with an interval of 0)."""
     from huggingface_hub.errors import StrictDataclassError
 
-    return OSError, ValueError, KeyError, TypeError, ImportError, AttributeError, StrictDataclassError
+    return (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError, ArithmeticError,
+            StrictDataclassError)
 
 
 def refused(folder: Path, model_type: str, exc: BaseException) -> UsageError:
