@@ -24,6 +24,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -34,7 +35,7 @@ import json, resource, sys, time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-mode, source, tokens, layer = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+mode, source, tokens, layer, pairs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.manual_seed(0)
 impl = "eager" if mode == "eager" else "sdpa"
 if source.startswith("layers="):
@@ -65,7 +66,7 @@ with torch.no_grad():
             start = time.perf_counter(); model(ids); forward = time.perf_counter() - start
         if mode == "watch-one":  # and in this one process, unwatched and watched in turns: the load hits both
             walls = {"plain": [], "watched": []}
-            for _ in range(2):
+            for _ in range(pairs):
                 start = time.perf_counter(); model(ids); walls["plain"].append(time.perf_counter() - start)
                 with watch(model, layers=asked):
                     start = time.perf_counter(); model(ids); walls["watched"].append(time.perf_counter() - start)
@@ -82,12 +83,15 @@ print(json.dumps({"forward_s": forward, "patterns_s": patterns, "peak_mib": peak
 MODES = ("plain", "watch-one", "watch-all", "eager")
 
 
-def child(mode: str, source: str, tokens: int, layer: int) -> dict:
-    out = subprocess.run([PYTHON, "-c", CHILD, mode, source, str(tokens), str(layer)], capture_output=True,
-                         text=True)
+def child(mode: str, source: str, tokens: int, layer: int, pairs: int) -> dict:
+    start = time.perf_counter()
+    out = subprocess.run([PYTHON, "-c", CHILD, mode, source, str(tokens), str(layer), str(pairs)],
+                         capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"  {mode}: {time.perf_counter() - start:.0f} s, {got}", file=sys.stderr, flush=True)
+    return got
 
 
 def main() -> None:
@@ -97,6 +101,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--layer", type=int, default=1, help="the one layer watch-one asks for")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=2, help="watch-one's unwatched and watched forwards in turns "
+                        "in its one process (the wall ratio)")
     args = parser.parse_args()
     if args.layers is None:
         from bench_model_text import llama_1b
@@ -107,7 +113,7 @@ def main() -> None:
     samples: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for _ in range(args.runs):  # the modes in turns: a slow moment of the machine hits them all alike
         for mode in MODES:
-            samples[mode].append(child(mode, source, args.tokens, args.layer))
+            samples[mode].append(child(mode, source, args.tokens, args.layer, args.pairs))
     med = {mode: {key: statistics.median(s[key] or 0.0 for s in got) for key in got[0]} for mode, got in
            samples.items()}
     plain = med["plain"]
@@ -119,8 +125,8 @@ def main() -> None:
         print(f"| {mode} | {m['forward_s']:.2f} | {m['forward_s'] / plain['forward_s']:.2f}x | "
               f"{m['patterns_s']:.2f} | {m['peak_mib']:.0f} | {m['peak_mib'] / plain['peak_mib']:.2f}x | "
               f"{m['peak_mib'] - m['loaded_mib']:.0f} |")
-    print(f"watch-one in one process, its fastest watched forward over its fastest unwatched one (2 each, in "
-          f"turns), median over the runs: {med['watch-one']['same_process']:.3f}x")
+    print(f"watch-one in one process, its fastest watched forward over its fastest unwatched one ({args.pairs} "
+          f"each, in turns), median over the runs: {med['watch-one']['same_process']:.3f}x")
     print(f"watch-all peak / eager peak: {med['watch-all']['peak_mib'] / med['eager']['peak_mib']:.2f}x; "
           f"added over loaded: {(med['watch-all']['peak_mib'] - med['watch-all']['loaded_mib']):.0f} vs "
           f"{(med['eager']['peak_mib'] - med['eager']['loaded_mib']):.0f} MiB")

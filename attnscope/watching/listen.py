@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnscope.watching.record import Call, Layer
+from attnscope.watching.record import Call, Layer, slim
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +34,7 @@ class Listener:
     plan: dict[int, int] | None = None  # id(module) -> its layer number, where layer_idx cannot be (`plan`)
     tokens: list[int] = field(default_factory=list)  # batch element 0's token ids, prompt and each step's
     gave_attentions: bool = False  # the caller asked the forward for output_attentions itself (outside families)
+    copy_keys: bool = True  # the forward's cache may write into the keys it hands (not a DynamicCache): copy them
 
     def begin(self, fresh: bool | None, ids: torch.Tensor | None, restart: bool) -> None:
         """A forward of the watched model starts (its forward pre-hook); `restart`: its token ids start over (no
@@ -79,6 +80,9 @@ class Listener:
         if self.asked is not None and number not in self.asked:
             return
         n_Q, d_head = int(query.shape[2]), int(query.shape[3])
+        real = filled(mask, n_Q, int(key.shape[2]))
+        if real < key.shape[2]:  # a fixed-size cache's keys: only the positions filled so far are kept
+            key = key[:, :, :real]
         causal, window = None, None
         if mask is None and impl == "sdpa":  # sdpa_attention_forward's is_causal
             is_causal = kwargs.get("is_causal")
@@ -101,8 +105,9 @@ class Listener:
         softcap = kwargs.get("softcap")
         softcap = float(softcap) if softcap is not None else None
         window = window if isinstance(window, int) else None
+        kept = slim(query.detach())
         self._add(number, path, key, n_Q, key.shape[2], lambda row0, key0, count: Call(
-            query.detach(), row0, key0, count, mask, causal, window, scale, softcap, sinks, bias))
+            kept, row0, key0, count, mask, causal, window, scale, softcap, sinks, bias))
 
     def on_sdpa(self, query: torch.Tensor, key: torch.Tensor, attn_mask: Any, is_causal: bool, scale: Any,
                 enable_gqa: bool) -> None:
@@ -123,8 +128,9 @@ class Listener:
             mask = mask.reshape(-1, *mask.shape[-3:]) if mask.dim() > 4 else mask
         causal = "top-left" if is_causal else None  # torch's is_causal: the upper-left triangle
         scale = float(scale) if scale is not None else int(Q.shape[-1]) ** -0.5
+        kept = slim(Q.detach())
         self._add(number, path, K, Q.shape[2], K.shape[2], lambda row0, key0, count: Call(
-            Q.detach(), row0, key0, count, mask, causal, None, scale), last=False)  # torch's is_causal: top-left
+            kept, row0, key0, count, mask, causal, None, scale), last=False)  # torch's is_causal: top-left
 
     def direct(self, number: int, weights: torch.Tensor) -> None:
         """transformers' own attentions for a layer `[n_batch, n_head, n_Q, n_K]` (a family outside the
@@ -139,7 +145,7 @@ class Listener:
         if layer is None or layer.path != path:
             layer = self.layers[number] = Layer(number, path)
         layer.forward = self.forward
-        layer.add(int(n_Q), int(n_K), K, self.fresh, make, last)
+        layer.add(int(n_Q), int(n_K), K, self.fresh, make, last, self.copy_keys)
 
     def _caller(self) -> str | None:
         """The innermost module of the watched model whose forward is on the call stack."""
@@ -168,6 +174,26 @@ def plan(model: Any) -> tuple[dict[int, int] | None, str]:
     return {id(m): i for i, (_, m) in enumerate(found)}, (
         f"this model's attention modules do not each carry their own layer_idx (an encoder-decoder's): layers are "
         f"numbered in module order, 0 = {first} to {len(found) - 1} = {last}; seen.paths names each")
+
+
+def filled(mask: Any, n_Q: int, n_K: int) -> int:
+    """How many of a call's keys are real: all `n_K`, but where the mask lets no query see the last ones (a
+    StaticCache hands its whole `max_cache_len` buffer, the positions not yet written masked off, as
+    masking_utils' `sdpa_mask`/`eager_mask` build them from `StaticLayer.get_mask_sizes`): the keys up to the last
+    one any query may see."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or n_K <= n_Q or mask.shape[-1] < n_K:
+        return n_K
+
+    def seen(part: torch.Tensor) -> torch.Tensor:  # True where a query may attend
+        return part if part.dtype == torch.bool else part > torch.finfo(part.dtype).min / 2
+
+    if bool(seen(mask[..., n_K - 1]).any()):  # the usual case, one column read: every key is real
+        return n_K
+    columns = seen(mask[..., :n_K]).flatten(0, -2).any(dim=0)  # [n_K]
+    where = torch.nonzero(columns)
+    return max(n_Q, int(where[-1]) + 1) if len(where) else n_K
 
 
 def _four(x: torch.Tensor) -> torch.Tensor:

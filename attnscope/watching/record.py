@@ -84,12 +84,14 @@ class Layer:
         return joined[:, :, call.key0:call.key0 + call.n_K]
 
     def add(self, n_Q: int, n_K: int, K: torch.Tensor | None, fresh: bool | None, make: Any,
-            last: bool = False) -> None:
+            last: bool = False, copy: bool = True) -> None:
         """A call of `n_Q` queries over `n_K` keys (K, where the pattern is recomputed): a fresh forward starts
         the layer over; a continuing one (`fresh` False, or unknown and its keys the cache's: n_K > n_Q with the
         kept keys before them) appends rows and its new keys. `make(row0, key0, n_K)` builds the Call. `last`:
         a fresh call's queries are its keys' last ones (transformers' self-attention: a layer that computes only
-        its last queries, Gemma 4's KV-shared layers in generate, has `offset` n_K - n_Q)."""
+        its last queries, Gemma 4's KV-shared layers in generate, has `offset` n_K - n_Q). `copy`: the keys may be
+        a buffer the cache writes into later (a StaticCache's, which `reset()` also zeroes): kept as a copy, not a
+        reference."""
         held = n_K - n_Q  # keys the cache handed from before this call
         continuing = bool(self.calls) and held > 0 and held <= self.n_keys if fresh is None else (
             not fresh and bool(self.calls))
@@ -100,7 +102,7 @@ class Layer:
         if not continuing:
             self.calls, self.keys, self.n_keys, self.n_rows = [], [], 0, 0
             if K is not None:
-                self.keys.append(_own(K))
+                self.keys.append(_own(K) if copy else slim(K.detach()))
             self.calls.append(make(0, 0, n_K))
             self.n_keys, self.n_rows = n_K, n_Q
             self.offset = max(0, n_K - n_Q) if last else 0
@@ -113,5 +115,14 @@ class Layer:
 
 
 def _own(K: torch.Tensor) -> torch.Tensor:
-    """The keys, copied: a cache may hand its own buffer and write the next step into it (StaticCache)."""
+    """The keys, copied: a cache may hand its own buffer and write the next step into it (StaticCache); a decode
+    step's few new keys are a slice of the step's whole K, which a reference would keep alive."""
     return K.detach().clone()
+
+
+def slim(x: torch.Tensor) -> torch.Tensor:
+    """`x` itself, or a copy of just its elements where it is a view of a bigger tensor (a fused QKV projection's
+    slice, GPT-2's `c_attn` split): a reference would keep the whole bigger tensor alive after the forward."""
+    if x.untyped_storage().nbytes() > x.numel() * x.element_size():
+        return x.contiguous() if not x.is_contiguous() else x.clone()
+    return x

@@ -101,6 +101,7 @@ class Watch:
                 fresh = True if cache is None or _empty(cache) else None
             ids = kwargs.get("input_ids", args[0] if args else None)
             listener.begin(fresh, ids if isinstance(ids, torch.Tensor) else None, fresh is True or cache is None)
+            listener.copy_keys = self.route == "sdpa" or (cache is not None and _writes_in_place(cache))
             if outside:
                 kwargs = dict(kwargs)
                 listener.gave_attentions = bool(kwargs.get("output_attentions"))
@@ -200,6 +201,17 @@ def _empty(cache: Any) -> bool:
         return int(cache.get_seq_length()) == 0
     except (TypeError, ValueError, AttributeError, RuntimeError):
         return False
+
+
+def _writes_in_place(cache: Any) -> bool:
+    """Whether a transformers cache may write into the keys it handed out: a StaticCache's layers
+    (`is_compileable`: fixed buffers, `index_copy_` at each step, zeroed by `reset()`), or a cache whose layers are
+    not known. DynamicCache's layers concatenate into a new tensor at each update (`DynamicLayer.update`), so its
+    keys are kept by reference, not copied."""
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return True
+    return any(getattr(layer, "is_compileable", True) or not hasattr(layer, "get_seq_length") for layer in layers)
 
 
 def _eager(model: Any) -> bool:
