@@ -283,3 +283,97 @@ def test_smollm2_gguf_through_transformers_on_sdpa():
         torch.testing.assert_close(seen.patterns(layer), eager[layer][0], atol=TOLERANCE, rtol=0)
     assert seen.paths[20] == "model.layers.20.self_attn"
     assert all(c.passed for c in seen.check())
+
+
+def _steps(attentions: tuple, layer: int, n_keys: int) -> torch.Tensor:
+    """generate's output_attentions for one layer, its steps' rows stacked: `[n_head, n_rows, n_keys]` of batch
+    element 0 (a static cache's columns past the filled ones are eager's zeros: checked, then cut)."""
+    rows = torch.cat([step[layer][0] for step in attentions], dim=1)  # [n_head, n_rows, max_cache_len]
+    assert float(rows[..., n_keys:].abs().max()) == 0.0 if rows.shape[-1] > n_keys else True
+    return rows[..., :n_keys]
+
+
+@pytest.mark.parametrize("given", ["cache_implementation", "StaticCache"])
+def test_static_cache_keeps_only_the_filled_keys(given):
+    from transformers import StaticCache
+
+    model = tiny("llama", "sdpa")
+    ids = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(5))
+
+    def run(eager: bool = False):
+        cache = StaticCache(config=model.config, max_cache_len=24)
+        how = {"cache_implementation": "static"} if given == "cache_implementation" else {"past_key_values": cache}
+        out = model.generate(ids, max_new_tokens=5, do_sample=False, return_dict_in_generate=True,
+                             output_attentions=eager, **how)
+        return out, cache
+
+    with torch.no_grad():
+        plain, _ = run()
+        with watch(model, layers=[0, 1]) as seen:
+            watched, cache = run()
+        cache.reset()  # zeroes the user's cache in place: what was seen was copied, not referenced
+        model.set_attn_implementation("eager")
+        try:
+            eager, _ = run(eager=True)
+        finally:
+            model.set_attn_implementation("sdpa")
+    assert torch.equal(plain.sequences, watched.sequences) and torch.equal(watched.sequences, eager.sequences)
+    n = watched.sequences.shape[1] - 1  # the last token is chosen, never fed
+    for layer in (0, 1):
+        ours = seen.patterns(layer)
+        assert ours.shape == (4, n, n)  # the 24-row cache's 13 unwritten rows not kept
+        torch.testing.assert_close(ours, _steps(eager.attentions, layer, n), atol=TOLERANCE, rtol=0)
+    assert not seen.all_notes()
+    assert all(c.passed for c in seen.check())
+
+
+def _fake_flash(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+                softcap=None, is_causal=None, **kwargs):
+    """Flash attention's contract on the CPU, through F.scaled_dot_product_attention: transformers' flash masks
+    (None, or `[n_batch, n_K]` padding), causal from the bottom right, `sliding_window` keys back including the
+    query's own (modeling_flash_attention_utils: window_size (w - 1, w - 1)); output `[n_batch, n_Q, n_head, d]`."""
+    n_Q, n_K = query.shape[2], key.shape[2]
+    rows = torch.arange(n_Q)[:, None] + (n_K - n_Q)
+    cols = torch.arange(n_K)[None, :]
+    allowed = cols <= rows if (module.is_causal if is_causal is None else is_causal) else torch.ones(n_Q, n_K,
+                                                                                                     dtype=torch.bool)
+    if sliding_window is not None:
+        allowed = allowed & (cols > rows - sliding_window)
+    allowed = allowed[None, None]
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, None, :n_K].bool()
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@pytest.mark.parametrize("name", ["flash_attention_2", "kernels-community/flash-attn3"])
+def test_flash_named_backend_is_read_with_flash_masks(name):
+    """flash itself cannot run here (no GPU, no flash_attn): a stand-in registered under flash's names, as
+    hub_kernels.load_and_register_attn_kernel registers a kernel (its function and flash's mask function), so
+    that watch's lookup and its reading of flash's masks (bottom-right causal, sliding_window) are what is tested."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = tiny("mistral", "sdpa")  # sliding_window 3
+    ids = torch.randint(1, 64, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain = model.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                               output_logits=True)
+    ALL_ATTENTION_FUNCTIONS[name] = _fake_flash  # the instance's local mapping: deleted after, globals untouched
+    ALL_MASK_ATTENTION_FUNCTIONS[name] = ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"]
+    try:
+        model.config._attn_implementation = name
+        with torch.no_grad(), watch(model) as seen:
+            flashed = model.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                                     output_logits=True)
+    finally:
+        model.config._attn_implementation = "sdpa"
+        del ALL_ATTENTION_FUNCTIONS[name], ALL_MASK_ATTENTION_FUNCTIONS[name]
+    assert torch.equal(plain.sequences, flashed.sequences)  # the stand-in computes what SDPA does
+    for theirs, ours in zip(plain.logits, flashed.logits, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+    fed = flashed.sequences[:, :-1]
+    eager = eager_attentions(model, input_ids=fed)
+    for layer, theirs in enumerate(eager):
+        torch.testing.assert_close(seen.patterns(layer), theirs[0], atol=TOLERANCE, rtol=0)
+    assert all(c.passed for c in seen.check())

@@ -80,19 +80,19 @@ class Listener:
         if self.asked is not None and number not in self.asked:
             return
         n_Q, d_head = int(query.shape[2]), int(query.shape[3])
-        real = filled(mask, n_Q, int(key.shape[2]))
-        if real < key.shape[2]:  # a fixed-size cache's keys: only the positions filled so far are kept
-            key = key[:, :, :real]
         causal, window = None, None
         if mask is None and impl == "sdpa":  # sdpa_attention_forward's is_causal
             is_causal = kwargs.get("is_causal")
             is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
             causal = "top-left" if n_Q > 1 and is_causal else None
-        elif impl.startswith("flash") and (mask is None or getattr(mask, "dim", lambda: 0)() == 2):
+        elif _flash(impl) and (mask is None or getattr(mask, "dim", lambda: 0)() == 2):
             is_causal = kwargs.get("is_causal")
             is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
             causal = "bottom-right" if is_causal else None
             window = kwargs.get("sliding_window")
+        real = filled(mask, n_Q, int(key.shape[2]), causal)
+        if real < key.shape[2]:  # a fixed-size cache's keys: only the positions filled so far are kept
+            key = key[:, :, :real]
         scaling = kwargs.get("scaling")
         sinks = kwargs.get("s_aux")
         sinks = getattr(module, "sinks", None) if sinks is None else sinks
@@ -176,13 +176,36 @@ def plan(model: Any) -> tuple[dict[int, int] | None, str]:
         f"numbered in module order, 0 = {first} to {len(found) - 1} = {last}; seen.paths names each")
 
 
-def filled(mask: Any, n_Q: int, n_K: int) -> int:
+def _flash(impl: str) -> bool:
+    """Whether a backend takes flash attention's masks (None, or a `[n_batch, n_K]` padding mask: causal from the
+    bottom right, the window from `sliding_window`): the mask function transformers registered for it is
+    masking_utils' `flash_attention_mask` (flash_attention_2/3, and a hub kernel that
+    hub_kernels.load_and_register_attn_kernel registered with flash's masks, "kernels-community/flash-attn3"), or,
+    where none is registered, transformers' `is_flash_attention_requested` says so by its name."""
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+        return ALL_MASK_ATTENTION_FUNCTIONS[impl] is flash_attention_mask
+    except (ImportError, KeyError):
+        pass
+    try:
+        from transformers.utils.generic import is_flash_attention_requested
+
+        return bool(is_flash_attention_requested(requested_attention_implementation=impl))
+    except (ImportError, ValueError, TypeError):
+        return impl.startswith("flash")
+
+
+def filled(mask: Any, n_Q: int, n_K: int, causal: str | None = None) -> int:
     """How many of a call's keys are real: all `n_K`, but where the mask lets no query see the last ones (a
     StaticCache hands its whole `max_cache_len` buffer, the positions not yet written masked off, as
     masking_utils' `sdpa_mask`/`eager_mask` build them from `StaticLayer.get_mask_sizes`): the keys up to the last
-    one any query may see."""
+    one any query may see. With no mask and SDPA's top-left `is_causal` (a static cache's prompt, where
+    sdpa_mask skips the mask), no query sees past key n_Q - 1."""
     import torch
 
+    if mask is None and causal == "top-left":
+        return min(n_Q, n_K)
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or n_K <= n_Q or mask.shape[-1] < n_K:
         return n_K
 
