@@ -142,6 +142,12 @@ def test_fuzzed_config_is_one_message(family, folders, tmp_path_factory):
     ("deepseek_v3", ("head_dim",), 1, "check", ["head_dim 1 is not qk_rope_head_dim"]),
     ("gemma4_text", ("hidden_size_per_layer_input",), 1, "head", ["hidden_size_per_layer_input 1"]),
     ("llama4", ("no_rope_layer_interval",), 0, "check", ["integer modulo by zero"]),
+    # and by the next one: AutoConfig's IndexError, a load's OverflowError, MiniMax's top-k read only in its MoE, a
+    # whole float past int64
+    ("qwen3_next", ("dtype",), [], "check", ["config.json's dtype [] is not a torch dtype"]),
+    ("qwen3_5_text", ("rope_parameters", "partial_rotary_factor"), 2 ** 62, "check", ["cannot load"]),
+    ("minimax", ("num_experts_per_tok",), -1, "check", ["num_experts_per_tok is -1"]),
+    ("llama4", ("attention_chunk_size",), 1e308, "head", ["attention_chunk_size is 1e+308"]),
 ])
 def test_reported_configs_are_one_message(family, path, value, command, words, folders, tmp_path):
     """The two the issue names: Kimi Linear's malformed linear_attn_config (an AttributeError before) and

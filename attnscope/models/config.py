@@ -47,6 +47,8 @@ MAX_DEPTH = 64  # save_pretrained nests a few levels (text_config.rope_scaling);
 MAX_BYTES = 64 << 20  # the largest configs (tens of thousands of labels) are a few MB
 
 
+INT64_MAX = 2 ** 63 - 1
+
 class Config:
     """The parsed config.json of a model folder, with typed getters that refuse bad values in one line."""
 
@@ -89,6 +91,8 @@ class Config:
             raise self._error(names, f"is {value!r} ({type(value).__name__}); it must be a whole number")
         if value < minimum:
             raise self._error(names, f"is {value}; it must be at least {minimum}")
+        if value > INT64_MAX:  # 1e308 is a whole float; no size, count or position of a model is this large
+            raise self._error(names, f"is {value:.3g}; it must be at most 2**63 - 1, the largest torch's int64 holds")
         return value
 
     def number(self, *names: str, default: Any = _MISSING, positive: bool = True) -> float:

@@ -60,6 +60,8 @@ class MiniMax(LinearLayers, Llama):
                                 gate="sigmoid", l2="none", rule="plain", scaled=False, norm_over="proj", eps=1e-6)
         for layer in range(self.n_layer):
             self.layer_kind(layer)
+        # read now, whichever layer is asked: a bad value is refused here, not by transformers under --check
+        self.config.integer("num_experts_per_tok", default=2)
 
     def layer_kind(self, layer: int) -> str:
         """`layer_types`, or MiniMaxConfig's default: full on the even layers, lightning on the odd ones."""

@@ -106,7 +106,7 @@ def config_errors() -> tuple[type[Exception], ...]:
     class's __post_init__ on a hostile value (Llama 4's `(i + 1) % no_rope_layer_interval` with an interval of 0)."""
     from huggingface_hub.errors import StrictDataclassError
 
-    return (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError, ArithmeticError,
+    return (OSError, ValueError, LookupError, TypeError, ImportError, AttributeError, ArithmeticError,
             StrictDataclassError)
 
 
@@ -226,7 +226,7 @@ def load(auto: Any, folder: Path, config: Any, model_type: str, traced: bool, **
     try:
         loaded = auto.from_pretrained(str(folder), config=config, dtype=torch.float32, trust_remote_code=False,
                                       attn_implementation=interface.IMPLEMENTATION if traced else "eager", **more)
-    except (OSError, ValueError, KeyError, TypeError, ImportError, RuntimeError) as exc:
+    except (OSError, ValueError, LookupError, TypeError, ImportError, RuntimeError, ArithmeticError) as exc:
         raise UsageError(f"{{model}} {folder}: transformers cannot load model_type '{model_type}' either "
                          f"({first_line(exc)})", "model") from None
     (loaded[0] if isinstance(loaded, tuple) else loaded).eval()
