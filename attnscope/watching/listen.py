@@ -35,6 +35,12 @@ class Listener:
     tokens: list[int] = field(default_factory=list)  # batch element 0's token ids, prompt and each step's
     gave_attentions: bool = False  # the caller asked the forward for output_attentions itself (outside families)
     copy_keys: bool = True  # the forward's cache may write into the keys it hands (not a DynamicCache): copy them
+    cross: dict[int, bool] = field(default_factory=dict)  # id(module) -> its last call was cross-attention
+
+    def heard(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """An encoder-decoder's attention module is called (its forward pre-hook): cross-attention where it was
+        handed the encoder's states (`key_value_states`: BART, T5, Whisper; `encoder_hidden_states`: BERT's)."""
+        self.cross[id(module)] = any(kwargs.get(k) is not None for k in ("key_value_states", "encoder_hidden_states"))
 
     def begin(self, fresh: bool | None, ids: torch.Tensor | None, restart: bool) -> None:
         """A forward of the watched model starts (its forward pre-hook); `restart`: its token ids start over (no
@@ -90,9 +96,12 @@ class Listener:
             is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
             causal = "bottom-right" if is_causal else None
             window = kwargs.get("sliding_window")
-        real = filled(mask, n_Q, int(key.shape[2]), causal)
-        if real < key.shape[2]:  # a fixed-size cache's keys: only the positions filled so far are kept
-            key = key[:, :, :real]
+        if self.copy_keys:  # a fixed-size cache's keys (StaticCache): only the positions filled so far are kept.
+            # Never where the cache grows by each step (DynamicCache's layers, DeepSeek-V3.2's indexed ones): there a
+            # mask that hides the last keys from every query is a selection (a sparse indexer's top-k), not padding.
+            real = filled(mask, n_Q, int(key.shape[2]), causal)
+            if real < key.shape[2]:
+                key = key[:, :, :real]
         scaling = kwargs.get("scaling")
         sinks = kwargs.get("s_aux")
         sinks = getattr(module, "sinks", None) if sinks is None else sinks
@@ -106,8 +115,9 @@ class Listener:
         softcap = float(softcap) if softcap is not None else None
         window = window if isinstance(window, int) else None
         kept = slim(query.detach())
+        cross = self.cross.get(id(module), False)
         self._add(number, path, key, n_Q, key.shape[2], lambda row0, key0, count: Call(
-            kept, row0, key0, count, mask, causal, window, scale, softcap, sinks, bias))
+            kept, row0, key0, count, mask, causal, window, scale, softcap, sinks, bias), last=not cross, cross=cross)
 
     def on_sdpa(self, query: torch.Tensor, key: torch.Tensor, attn_mask: Any, is_causal: bool, scale: Any,
                 enable_gqa: bool) -> None:
@@ -140,12 +150,15 @@ class Listener:
             None, row0, key0, count, None, None, None, 1.0, weights=kept))
 
     def _add(self, number: int, path: str, K: torch.Tensor | None, n_Q: int, n_K: int, make: Any,
-             last: bool = True) -> None:
+             last: bool = True, cross: bool = False) -> None:
         layer = self.layers.get(number)
         if layer is None or layer.path != path:
             layer = self.layers[number] = Layer(number, path)
         layer.forward = self.forward
-        layer.add(int(n_Q), int(n_K), K, self.fresh, make, last, self.copy_keys)
+        if cross:
+            layer.add_cross(int(n_Q), int(n_K), K, self.fresh, make)
+        else:
+            layer.add(int(n_Q), int(n_K), K, self.fresh, make, last, self.copy_keys)
 
     def _caller(self) -> str | None:
         """The innermost module of the watched model whose forward is on the call stack."""

@@ -114,6 +114,18 @@ class Layer:
         self.n_rows += n_Q
 
 
+    def add_cross(self, n_Q: int, n_K: int, K: torch.Tensor | None, fresh: bool | None, make: Any) -> None:
+        """A cross-attention call (an encoder-decoder's decoder over the encoder's states): each decode step's
+        queries are the next rows over the same source keys, as generate's `cross_attentions` stack them; a fresh
+        forward, or other source keys, starts the layer over."""
+        if self.calls and fresh is not True and n_K == self.n_keys:
+            self.calls.append(make(self.n_rows, 0, n_K))
+            self.n_rows += n_Q
+            return
+        self.calls, self.keys = [make(0, 0, n_K)], [] if K is None else [slim(K.detach())]
+        self.n_keys, self.n_rows, self.offset = n_K, n_Q, 0
+
+
 def _own(K: torch.Tensor) -> torch.Tensor:
     """The keys, copied: a cache may hand its own buffer and write the next step into it (StaticCache); a decode
     step's few new keys are a slice of the step's whole K, which a reference would keep alive."""

@@ -65,6 +65,9 @@ class Watch:
         if self.route == "outside":
             self.seen.notes.append(_outside_note(self.model))
         self._handles.append(self.model.register_forward_pre_hook(self._begin(listener), with_kwargs=True))
+        if self.plan is not None:  # an encoder-decoder: which of its attention calls are cross-attention
+            self._handles.extend(m.register_forward_pre_hook(listener.heard, with_kwargs=True)
+                                 for m in self.model.modules() if id(m) in self.plan)
         if self.route == "outside" and _eager(self.model):
             self._handles.append(self.model.register_forward_hook(self._attentions(listener), with_kwargs=True))
         self._patch = hooks.patched(listener.on_call if self.route == "interface" else None,
@@ -95,7 +98,7 @@ class Watch:
         def pre_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             import torch
 
-            cache = kwargs.get("past_key_values")
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.24 renamed it `cache`
             fresh: bool | None = None  # not known: each layer's keys say (watching/record.py)
             if self.route != "sdpa" or cache is not None:
                 fresh = True if cache is None or _empty(cache) else None
