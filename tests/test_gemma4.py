@@ -62,30 +62,71 @@ def test_every_layer_equals_eager(built, family):
         torch.testing.assert_close(run.head["attention"], attentions[layer][0, 3], atol=1e-5, rtol=0)
 
 
-def test_large_logits_agree_with_eager_to_the_last_bit(built, tmp_path):
-    """Gemma 4 scales RMS-normed Q and K by 1: with trained-size norm weights its logits are large, and any rounding
-    of the layers below differs visibly later. Through F.scaled_dot_product_attention's fused kernel the 4th
-    layer was 1.7e-5 from eager (issue 43, item 24: 2.1e-5 on a held-out config); in eager's order, 0."""
+@pytest.fixture(scope="module")
+def large(built, tmp_path_factory):
+    """The tiny Gemma 4 (sliding_window 4, full layers with K = V, every weight drawn off its init) with its
+    qk-norm weights at a trained model's size, N(0, 1.2) around ±4: 4 times the drawn weight plus 4 with its sign.
+    Returns its folder and transformers' eager model read back."""
     import transformers as tf
 
     source, _ = built("gemma4_text")
-    folder = tmp_path / "large"
+    folder = tmp_path_factory.mktemp("large")
     model = tf.AutoModelForCausalLM.from_pretrained(source)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.mul_(4.0)
+                p.mul_(4.0).add_(4.0 * torch.sign(p))
     model.save_pretrained(folder)
     for extra in source.iterdir():
         if extra.name.startswith("tokenizer") or extra.name == "special_tokens_map.json":
             shutil.copy(extra, folder / extra.name)
     reference = tf.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    assert reference.config.sliding_window == 4 and "full_attention" in reference.config.layer_types
+    norms = [p for n, p in reference.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight"))]
+    assert min(float(p.abs().min()) for p in norms) > 2.0  # far from 1 everywhere
+    return folder, reference
+
+
+def test_large_logits_agree_with_eager_to_the_last_bit(large):
+    """Gemma 4 scales RMS-normed Q and K by 1: with trained-size norm weights its logits are large, and any rounding
+    of the layers below differs visibly later. Through F.scaled_dot_product_attention's fused kernel the 4th
+    layer was 1.7e-5 from eager (issue 43, item 24: 2.1e-5 on a held-out config); in eager's order, 0."""
+    folder, reference = large
     ids, attentions, _ = _eager(folder, reference)
     mine = _open(folder)
     for layer in range(mine.n_layer):
         with mine.checkpoint:
             run = run_layer(mine, ids, [0] * len(ids), layer, 0)
         torch.testing.assert_close(run.layer["attention"][0], attentions[layer][0], atol=1e-6, rtol=0)
+
+
+def test_large_logits_agree_with_eager_in_head_all_layers_and_check(large):
+    """Issue 43, item 24 through the command line: `head --check` on each layer (sliding and full, own and shared
+    keys) and `--all-layers --check`, the shown patterns and --check's differences all within 1e-6 of transformers'
+    eager output_attentions, where --check's own tolerance is 2e-5. Through the fused kernel below the layer shown,
+    `head --layer 3` (full) was 2.6e-6 off and `--layer 4` (sliding, on layer 2's keys) 2.8e-5: --check FAILed."""
+    folder, reference = large
+    ids, attentions, _ = _eager(folder, reference)
+    n_layer = len(attentions)
+    for layer in range(n_layer):
+        outcome = run_main("head", "--model", str(folder), "--text", SENTENCE, "--layer", str(layer), "--head", "1",
+                           "--check", "--json")
+        assert outcome.code == 0, outcome.stderr
+        data = outcome.json()
+        got = torch.tensor(data["attention"], dtype=torch.float32)
+        torch.testing.assert_close(got, attentions[layer][0, 1], atol=1e-6, rtol=0)
+        assert data["check"] and all(c["passed"] for c in data["check"])
+        assert max(c["max_abs_diff"] for c in data["check"]) <= 1e-6, (layer, data["check"])
+    outcome = run_main("head", "--model", str(folder), "--text", SENTENCE, "--layer", str(n_layer - 1),
+                       "--all-layers", "--check", "--json")
+    assert outcome.code == 0, outcome.stderr
+    data = outcome.json()
+    assert [entry["layer"] for entry in data["all_layers"]] == list(range(n_layer))
+    for entry in data["all_layers"]:
+        got = torch.tensor(entry["attention"], dtype=torch.float32)
+        torch.testing.assert_close(got, attentions[entry["layer"]][0], atol=1e-6, rtol=0)
+    assert data["check"] and all(c["passed"] for c in data["check"])
+    assert max(c["max_abs_diff"] for c in data["check"]) <= 1e-6, data["check"]
 
 
 def test_layer_kinds_sizes_and_owners(built):
