@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,18 @@ BAD = st.sampled_from([None, "x", "", -1, 0, 1, 3, -(2 ** 31), 2 ** 62, 10 ** 30
                        {}, [1, 2], [None], ["full_attention"], {"a": 1}])
 
 
+MAX_CPU = 5.0  # seconds of CPU a refusal may take (issue 43's campaign)
+MAX_GROWTH = 1 << 30  # bytes the peak resident set may grow by in a refused run
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
+    """Each file of `folder`: its inode, size and bytes' digest."""
+    import hashlib
+
+    return {p.name: (p.stat().st_ino, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(folder.iterdir()) if p.is_file()}
+
+
 def _one_message(outcome, what: str) -> None:
     assert INTERNAL not in outcome.stderr, (what, outcome.stderr)
     assert "Traceback" not in outcome.stderr, (what, outcome.stderr)
@@ -111,9 +125,14 @@ def _one_message(outcome, what: str) -> None:
 @pytest.mark.parametrize("family", FUZZED)
 def test_fuzzed_config_is_one_message(family, folders, tmp_path_factory):
     """A field of config.json set to null, a wrong type, a negative or huge value: anatomy, head and head --check
-    end in one message (exit 2, or 1 for memory) or run; never an internal error."""
+    end in one message (exit 2, or 1 for memory) or run; never an internal error. A refusal takes under 5 s of CPU
+    and 1 GiB more memory, and no run writes a file beside the config or into the model it links to."""
     folder = folders(family)
     paths = _paths(json.loads((folder / "config.json").read_text()))
+
+    before = _snapshot(folder)
+    warm = run_main("head", "--model", str(folder), "--text", TEXT, "--check")  # imports paid before any timing
+    assert warm.code == 0, warm.stderr
 
     @fuzz_settings(4)
     @given(st.sampled_from(paths), BAD, st.sampled_from(["anatomy", "head", "check"]))
@@ -121,9 +140,18 @@ def test_fuzzed_config_is_one_message(family, folders, tmp_path_factory):
         target = _with(folder, tmp_path_factory.mktemp("fuzzed"), path, value)
         args = (["anatomy", str(target), "--tokens", "16"] if command == "anatomy"
                 else ["head", "--model", str(target), "--text", TEXT, *(["--check"] if command == "check" else [])])
-        _one_message(run_main(*args), f"{family} {'.'.join(path)}={value!r} {command}")
+        what = f"{family} {'.'.join(path)}={value!r} {command}"
+        peak, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.process_time()
+        outcome = run_main(*args)
+        spent = time.process_time() - start
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak
+        _one_message(outcome, what)
+        if outcome.code:  # a refusal is cheap: within 5 s of CPU and 1 GiB more memory
+            assert spent < MAX_CPU and grown < MAX_GROWTH, (what, spent, grown)
+        assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in folder.iterdir()), what
 
     run()
+    assert _snapshot(folder) == before  # the model read through links, never written
 
 
 @pytest.mark.parametrize(("family", "path", "value", "command", "words"), [
