@@ -18,7 +18,9 @@ the older fuzz does.
 from __future__ import annotations
 
 import json
+import resource
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -323,8 +325,14 @@ def test_gguf_of_any_damage_keeps_the_promises(gguf_world, tmp_path_factory, dat
     argv += data.draw(st.sampled_from([["--text", "The cat sat on the mat."], [],
                                        ["--text", "The cat sat", "--all-layers"]]))
     argv += ["--json"] if data.draw(st.booleans()) else []
+    peak, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.process_time()
     outcome = run_main(*argv)
+    spent = time.process_time() - start
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak
     keeps_promises(argv, outcome)
+    if outcome.code:  # a refusal is cheap (issue 43's campaign): under 5 s of CPU and 1 GiB more memory
+        assert spent < 5.0 and grown < 1 << 30, (argv, spent, grown)
+    assert [p.name for p in path.parent.iterdir()] == ["model.gguf"]  # nothing written beside the file
 
 
 @pytest.mark.parametrize("damage", ["magic", "version", "tensor_count", "kv_count", "truncated", "type", "arch"])

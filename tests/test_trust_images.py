@@ -403,6 +403,7 @@ def test_fuzzed_images_read_or_refused(tmp_path_factory, long, short, mode, fmt,
         assert "\n" not in str(exc) and INTERNAL not in str(exc)
     assert time.process_time() - start < 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory < 1024 * 1024  # KiB: 1 GiB
+    assert [p.name for p in folder.iterdir()] == [path.name]  # read, nothing written beside it
 
 
 @pytest.mark.parametrize(("size", "words"), [
