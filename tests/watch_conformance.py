@@ -85,7 +85,9 @@ def cell(family: str, folder, eager, encoder_decoder: str | None, decodes: bool)
     for layer, pattern in zip(seen.layers, theirs, strict=True):
         _close(seen.patterns(layer), pattern[0], f"{family} watch layer {layer}")
     assert all(c.passed for c in seen.check()), family
-    if decodes:
+    if decodes and encoder_decoder is not None:
+        _generate_encoder_decoder(family, eager, inputs)
+    elif decodes:
         _generate(family, folder, eager, column)
 
 
@@ -127,3 +129,51 @@ def _generate(family: str, folder, eager, column: str) -> None:
             held = theirs.shape[-1]
             key = row + offset  # the step's query's position: its keys end there
             _close(mine[:, row, key + 1 - held:key + 1], theirs[:, -1], f"{family} generate layer {layer} step {t}")
+
+
+def _generate_encoder_decoder(family: str, eager, inputs: dict) -> None:
+    """An encoder-decoder's generate, watched on SDPA, against the same generate on eager with output_attentions:
+    the encoder's layers, each decoder self-attention layer's prompt rows and each step's row over the keys its
+    cache held, and each cross-attention layer's rows, a step's one row over the same source keys. The tokens are
+    the same and the sequences bit-identical to an unwatched generate (forced_eos_token_id off: BART's config
+    forces </s> at the last step; a cache of the test's own: generate's would size itself by the encoder's
+    num_layers, not T5's 3 decoder layers)."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    def run(**more):
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        with torch.no_grad():
+            return eager.generate(**inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                  forced_eos_token_id=None, cache=cache, **more)
+
+    impl = _fast(eager)
+    try:
+        plain = run()
+        with watch(eager) as seen:
+            sequences = run()
+    finally:
+        eager.set_attn_implementation("eager") if impl != "eager" else None
+    assert torch.equal(plain, sequences), f"{family}: the watched generate's sequences changed ({impl})"
+    out = run(output_attentions=True, return_dict_in_generate=True)
+    # Whisper's generate hands back only the new tokens where it returns no dict
+    assert torch.equal(sequences[:, -NEW_TOKENS:], out.sequences[:, -NEW_TOKENS:]), f"{family}: other tokens ({impl})"
+    n = inputs["decoder_input_ids"].shape[1]
+    kinds: dict[str, list[int]] = {"encoder": [], "decoder": [], "cross": []}
+    for layer in seen.layers:
+        kinds[_kind(seen.paths[layer])].append(layer)
+    assert len(kinds["encoder"]) == len(out.encoder_attentions), family
+    for layer, theirs in zip(kinds["encoder"], out.encoder_attentions, strict=True):
+        _close(seen.patterns(layer), theirs[0], f"{family} generate encoder layer {layer}")
+    for kind, stack in (("decoder", out.decoder_attentions), ("cross", out.cross_attentions)):
+        assert len(kinds[kind]) == len(stack[0]), f"{family}: {kind} layers {kinds[kind]}"
+        for index, layer in enumerate(kinds[kind]):
+            mine = seen.patterns(layer)  # decoder: [n_head, n + NEW - 1, n + NEW - 1]; cross: [.., n + NEW - 1, n_src]
+            assert mine.shape[1] == n + NEW_TOKENS - 1, f"{family} {kind} layer {layer}: {tuple(mine.shape)}"
+            for t, entries in enumerate(stack):
+                theirs = entries[index][0]  # [n_head, n_Q, n_K]: the prompt's rows, then one row a step
+                rows = slice(0, n) if t == 0 else slice(n + t - 1, n + t)
+                keys = theirs.shape[-1] if kind == "cross" else rows.stop
+                assert kind != "cross" or keys == mine.shape[-1], f"{family} cross layer {layer}: other source keys"
+                _close(mine[:, rows, :keys], theirs, f"{family} generate {kind} layer {layer} step {t}")
+                if kind == "decoder":  # nothing beyond the keys the step's cache held
+                    assert float(mine[:, rows, keys:].abs().sum()) == 0.0, f"{family} {layer} step {t}"
