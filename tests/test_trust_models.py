@@ -31,24 +31,24 @@ def _build(family: str, folder: Path) -> None:
 
     if family in tiny_linear.FAMILIES:
         tiny_linear.build(family, folder)
-    elif family == "deepseek_v32":
-        tiny_indexer.build(folder, "v32")
+    elif family in ("deepseek_v32", "glm5"):
+        tiny_indexer.build(folder, "v32" if family == "deepseek_v32" else family)
     elif family == "deepseek_v3":
         import tiny_deepseek
 
         tiny_deepseek.build(folder, 3)
-    elif family == "llama4":
+    elif family in ("llama4", "smollm3", "phi4"):
         import tiny_llama4_smollm3_phi3
 
-        tiny_llama4_smollm3_phi3.build("llama4", folder)
-    elif family == "gemma4_text":
-        tiny_gemma4.build("gemma4_text", folder)
+        tiny_llama4_smollm3_phi3.build(family, folder)
+    elif family in ("gemma4_text", "gemma4"):
+        tiny_gemma4.build(family, folder)
     else:
         tiny_models.build(family, folder)
 
 
-FUZZED = ("qwen3_next", "qwen3_5_text", "kimi_linear", "minimax", "deepseek_v32", "deepseek_v3", "gpt_oss",
-          "gemma4_text", "llama4")
+FUZZED = ("qwen3_next", "qwen3_5_text", "kimi_linear", "minimax", "deepseek_v32", "glm5", "deepseek_v3", "gpt_oss",
+          "gemma4_text", "gemma4", "llama4", "smollm3", "phi4")
 
 
 @pytest.fixture(scope="module")
