@@ -377,3 +377,30 @@ def test_flash_named_backend_is_read_with_flash_masks(name):
     for layer, theirs in enumerate(eager):
         torch.testing.assert_close(seen.patterns(layer), theirs[0], atol=TOLERANCE, rtol=0)
     assert all(c.passed for c in seen.check())
+
+
+def test_bfloat16_model_patterns_in_float32():
+    """A bfloat16 model (on the CPU: no GPU here) on SDPA: its outputs bit-identical watched, the patterns float32
+    from its bfloat16 Q and K. Layer 0's against eager output_attentions of the same weights (bfloat16: eager's
+    float32 softmax rounded, half a bfloat16 step of 1 is 2e-3; later layers' inputs differ between the kernels by
+    bfloat16's noise), every layer's against seen.check()'s float64 reference, and against a float64 softmax of the
+    recorded Q and K written here (causal, GQA)."""
+    model = tiny("llama", "sdpa").to(torch.bfloat16)
+    ids = torch.randint(1, 64, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with watch(model) as seen:
+            watched = model(input_ids=ids).logits
+    assert plain.dtype == torch.bfloat16 and torch.equal(plain, watched)
+    eager = eager_attentions(model, input_ids=ids)
+    ours = seen.patterns(0)
+    assert ours.dtype == torch.float32 and eager[0].dtype == torch.bfloat16
+    torch.testing.assert_close(ours, eager[0][0].float(), atol=2e-3, rtol=0)
+    assert all(c.passed for c in seen.check())
+    layer = seen.layers[-1]
+    kept = seen._listener.layers[layer]
+    Q = kept.calls[0].Q[0].double()  # [n_head, n_Q, d_head], bfloat16 -> float64
+    K = kept.keys[0][0].double().repeat_interleave(2, dim=0)  # [n_kv_head, n_K, d_head] -> [n_head, n_K, d_head]
+    scores = Q @ K.transpose(-1, -2) * Q.shape[-1] ** -0.5  # [n_head, n_Q, n_K]
+    scores = scores.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(seen.patterns(layer).double(), scores.softmax(-1), atol=1e-6, rtol=0)
