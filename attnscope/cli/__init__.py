@@ -1,7 +1,7 @@
 """The `attnscope` command: a thin Typer shell over the core.
 
-One module per command (sdpa, mha, bert, head, bench, anatomy), the shared option types in options.py and error
-reporting in errors.py. Each command parses its options, calls the core, and hands the result to
+One module per command (sdpa, mha, bert, head, bench, anatomy), imported only when its command runs or is
+listed (commands.py), the shared option types in options.py and error reporting in errors.py. Each command parses its options, calls the core, and hands the result to
 render. Errors become one line on stderr: exit 2 for a bad option, argument, file or shape, exit 1 for
 a failure at run time. A traceback shows only with --debug. torch is never imported here, so --help starts in a blink.
 """
@@ -49,23 +49,6 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Run attention and see every intermediate tensor: its name, shape, named dims and the op that made it."""
-
-
-def _register() -> None:
-    from attnscope.cli import anatomy, bench, bert, diff, head, mask, mha, sdpa, trace
-
-    sdpa.register(app)
-    mha.register(app)
-    mask.register(app)
-    bert.register(app)
-    head.register(app)
-    bench.register(app)
-    trace.register(app)
-    anatomy.register(app)
-    diff.register(app)
-
-
-_register()
 
 
 def run() -> None:

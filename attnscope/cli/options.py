@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import types
 from collections.abc import Iterable
 from enum import Enum
 from typing import Annotated, Any
@@ -86,22 +87,42 @@ def refuse_ignored(ctx) -> None:  # type: ignore[no-untyped-def]
 
 
 class AttnscopeGroup(TyperGroup):
-    """The root command group. Typer 0.29 renders every flag in the help panels with a value type,
+    """The root command group. Its commands are cli/commands.py's, each module imported only when its command
+    is run or listed. Typer 0.29 renders every flag in the help panels with a value type,
     `--check <bool>`, which invites `--check true` (then: "unexpected extra argument"); Typer 0.16 to 0.28
     showed flags bare. A flag given an empty metavar renders bare in all of them, so this group gives one
-    to every flag of every command below it (their own, the help option, the completion options) as the
-    command tree is built: commands added later are covered without doing anything."""
+    to every flag of every command below it (their own, the help option, the completion options) as each
+    command is built: commands added later are covered without doing anything."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from attnscope.cli.commands import COMMANDS, Commands, build
+
         super().__init__(*args, **kwargs)
-        _flags_as_flags_below(self)
-        _summaries_in_one_paragraph(self)
-        _examples_fitted(self)
+        for command in self.commands.values():
+            _dressed(command)
+        self.commands = Commands(self.commands, list(COMMANDS), build, _dressed)
+        if self.epilog:
+            self.format_help = types.MethodType(_format_help_fitted, self)  # type: ignore[method-assign]
 
     def get_params(self, ctx: typer.Context) -> list[Any]:
         params = super().get_params(ctx)  # the completion options are added after __init__
         _flags_as_flags(params)
         return params
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return list(self.commands)  # the names alone: Typer's lists them by building each
+
+
+def _dressed(command: Any) -> None:
+    """A command of the root group, as it is built: flags shown as flags, its summary in one paragraph, its
+    examples fitted to the width; the same for the commands below it (bench's)."""
+    # The help option is made on first use and then kept (Click >= 8.2): make it now, with our names.
+    help_option = command.get_help_option(typer.Context(command, help_option_names=HELP_NAMES))
+    _flags_as_flags([*command.params, help_option])
+    _flags_as_flags_below(command)
+    _summary_in_one_paragraph(command)
+    _summaries_in_one_paragraph(command)
+    _examples_fitted(command)
 
 
 def _flags_as_flags_below(group: Any) -> None:
@@ -117,18 +138,20 @@ def _summaries_in_one_paragraph(group: Any) -> None:
     `attnscope --help` broke sentences mid-way ("and write it for / F.scaled_dot_product_attention"): each
     command's summary is its first paragraph as one line, wrapped by Rich to the width."""
     for command in getattr(group, "commands", {}).values():
-        if command.short_help is None and command.help:
-            first = inspect.cleandoc(command.help).partition("\f")[0].split("\n\n")[0]
-            command.short_help = " ".join(first.split())
+        _summary_in_one_paragraph(command)
         _summaries_in_one_paragraph(command)
+
+
+def _summary_in_one_paragraph(command: Any) -> None:
+    if command.short_help is None and command.help:
+        first = inspect.cleandoc(command.help).partition("\f")[0].split("\n\n")[0]
+        command.short_help = " ".join(first.split())
 
 
 def _examples_fitted(command: Any) -> None:
     """Each command's help ends with examples; one longer than the help's width was wrapped by Rich at any space,
     inside a quoted sentence too (`--text "The cat sat on` | `the mat."`). Each is now fitted as the help is drawn
     (`fitted_examples`), the epilog itself left as written (tests/examples.py runs it)."""
-    import types
-
     if command.epilog:
         command.format_help = types.MethodType(_format_help_fitted, command)
     for sub in getattr(command, "commands", {}).values():
