@@ -9,7 +9,8 @@ keys and values) is kept on the way through.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -122,24 +123,46 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
             progress(step)
             if model.regenerates(start, len(tokens)):
                 caches, start = [None] * model.n_layer, 0
-            h = model.embed_at(tokens[start:], start)  # the prompt first, then one token at a time
-            row, note = None, None
-            for index in range(model.n_layer):
-                module = model.attention(index, record=True)
-                kept = Kept(module, caches[index] or module.empty_cache())
-                h = model.block(index, h, cast("MultiHeadAttention", kept))
-                caches[index] = kept.cache
-                if index == layer:
-                    assert kept.trace is not None
-                    row = kept.trace[pattern_name(kept.trace)][0, :, -1]  # [n_head, n_K]: the last query's row
-                    note = check_page(kept.trace)  # the step's traced layer against PyTorch's SDPA
-            next_id = int(model.logits(h[:, -1:])[0, -1].argmax())
+            with _threads(len(tokens) - start):
+                h = model.embed_at(tokens[start:], start)  # the prompt first, then one token at a time
+                row, note = None, None
+                for index in range(model.n_layer):
+                    module = model.attention(index, record=True)
+                    kept = Kept(module, caches[index] or module.empty_cache())
+                    h = model.block(index, h, cast("MultiHeadAttention", kept))
+                    caches[index] = kept.cache
+                    if index == layer:
+                        assert kept.trace is not None
+                        row = kept.trace[pattern_name(kept.trace)][0, :, -1]  # [n_head, n_K]: the last query's row
+                        note = check_page(kept.trace)  # the step's traced layer against PyTorch's SDPA
+                next_id = int(model.logits(h[:, -1:])[0, -1].argmax())
             start = len(tokens)  # the new token's position; the row is its predecessor's, which chose it
             tokens.append(next_id)
             assert row is not None
             steps.append(DecodeStep(next_id, start, row, _evicted(model, layer, row.shape[-1]),
                                     _cache_bytes(model, caches), note or ""))
     return steps
+
+
+ONE_THREAD_ROWS = 64  # a pass over at most this many new tokens runs on one torch thread
+
+
+@contextmanager
+def _threads(n_rows: int) -> Iterator[None]:
+    """One torch thread for a pass over few rows (a decode step's one token, a short prompt): its products are
+    matrix-vector sized, too small to share, and a second thread that waits for a busy core made each several
+    times slower (SmolLM2's 1,536 x 576 product on one token, 2 CPUs under load: 13.3 ms on two threads,
+    1.05 ms on one). The setting is torch's, process-wide: restored on the way out."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if n_rows <= ONE_THREAD_ROWS and threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def reads_again(model: Family) -> None:
