@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,25 @@ PATTERNS = ("attention", "effective_attention")  # a softmax layer's pattern, or
 EFFECTIVE_NOTE = ("effective_attention is the exact matrix M of this linear attention layer, out = M @ V for each "
                   "head (decay, gates and the delta rule's key removal folded in): not a softmax, so its rows need "
                   "not sum to 1 and entries may be negative")
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads set to 1, then put back: the recurrence is thousands of small steps, M a few
+    products per chunk of 64 tokens, and each waits for every thread. On the 2-CPU machine of docs/performance.md,
+    shared (load average 13), a gated DeltaNet layer of 8 heads at 2,048 tokens took 2.5 s (recurrence), 2.1 s
+    (M) and 0.36 s (its check) on one thread, 24, 16 and 0.8 s on two; on a quiet machine two threads were 1.3 to
+    1.5 times faster for M (bench_linear.py)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
 
 
 def pattern_name(trace: Trace | Any) -> str:
@@ -398,20 +418,23 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
     q, k, v, beta, g, conv_state, S_before = heads
     n_batch, n = inputs.mixed.shape[:2]
     new = "n_tokens" if state is None else "n_new"
-    x_raw, S = recurrence(q, k, v, g, beta, S_before)
+    with one_thread():
+        x_raw, S = recurrence(q, k, v, g, beta, S_before)
     A_before = state.A if state is not None else q.new_zeros(n_batch, s.n_head, s.d_K, 0, dtype=torch.float64)
     V_before = state.values if state is not None else v.new_zeros(n_batch, s.n_head, 0, s.d_V)
     values = torch.cat([V_before, v], dim=-2)  # [n_batch, n_head, n_cache + n, d_V]
     figure = None
     if record:
-        M, A = effective_matrix(q, k, g, beta, A_before)  # [n_batch, n_head, n, n_cache + n] float64
+        with one_thread():
+            M, A = effective_matrix(q, k, g, beta, A_before)  # [n_batch, n_head, n, n_cache + n] float64
         keys = "n_K" if state is not None else "n_tokens"
         add("effective_attention", M.to(torch.float32), ("n_batch", "n_head", new, keys),
             f"the exact matrix M with x_raw = M @ V, in float64, in chunks of {CHUNK} tokens (the delta rule on "
             "the identity; rows need not sum to 1)",
             n_batch * s.n_head * effective_flops(n, A_before.shape[-1], s.d_K, beta is not None))
         if n and not M.is_meta:
-            figure = _check(M, values, x_raw) / max(1.0, float(x_raw.abs().max()))
+            with one_thread():
+                figure = _check(M, values, x_raw) / max(1.0, float(x_raw.abs().max()))
     else:
         A = A_before
     rule = ("S_t = (I - beta_t k_t k_t^T) exp(g_t) S_(t-1) + beta_t k_t v_t^T" if beta is not None
