@@ -362,3 +362,71 @@ def test_readme_says_what_the_tool_shows_of_smollm2s_layer_18_head_6():
     assert "labels head 6 `first-token + induction`" in said
     assert re.search(rf"parks {first:.2f} of its weight on the first token and, on the repeated half, "
                      rf"{induction:.2f} on the token that followed the earlier occurrence", said), (first, induction)
+
+
+# --- the campaign: RoPE where config.json names none -----------------------------------------------------------
+
+
+def _paged_model_types() -> list[str]:
+    import importlib
+    import pkgutil
+
+    import attnscope.models.families as families
+    from attnscope.models.family import Family
+
+    for module in pkgutil.iter_modules(families.__path__):
+        importlib.import_module(f"{families.__name__}.{module.name}")
+    found, todo = set(), list(Family.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.update(getattr(cls, "model_types", ()))
+        todo.extend(cls.__subclasses__())
+    return sorted(found)
+
+
+def test_rope_without_its_dicts_is_what_the_config_class_builds():
+    """Every family with a page, its config as transformers' class writes it less rope_parameters, rope_scaling and
+    rope_theta: the base and scaling attnscope reads are the ones the class builds (its `default_theta`; GPT-OSS's
+    yarn). Before, every such config read base 10000 and no scaling: GPT-OSS, Llama 4, MiniMax and SmolLM3 differed."""
+    import transformers as tf
+
+    from attnscope.variants.rope_config import rope_arguments
+
+    checked = []
+    for model_type in _paged_model_types():
+        try:
+            config = tf.AutoConfig.for_model(model_type)
+        except (ValueError, KeyError):
+            continue
+        text = getattr(config, "text_config", None) or config
+        theirs = getattr(text, "rope_parameters", None)
+        if not isinstance(theirs, dict) or "rope_type" not in theirs:  # none, or one dict per layer type
+            continue
+        data = {k: v for k, v in text.to_dict().items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
+        mine = rope_arguments(data)
+        assert mine is not None, model_type
+        assert mine["base"] == theirs["rope_theta"], (model_type, mine["base"], theirs)
+        scaling = dict(mine.get("scaling") or {})
+        assert scaling.get("rope_type", "default") == theirs["rope_type"], (model_type, scaling, theirs)
+        for key in ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings", "truncate"):
+            assert scaling.get(key) == theirs.get(key), (model_type, key, scaling, theirs)
+        checked.append(model_type)
+    assert {"gpt_oss", "llama4_text", "minimax", "smollm3", "llama", "qwen3"} <= set(checked), checked
+
+
+@pytest.mark.parametrize(("family", "how"), [("gpt_oss", "null"), ("gpt_oss", "missing"), ("llama4", "null"),
+                                             ("smollm3", "null"), ("minimax", "missing")])
+def test_rope_parameters_left_out_run_as_transformers_runs_them(family, how, folders, tmp_path):
+    """Found by the campaign's config fuzz (GPT-OSS, rope_parameters null, --check): attnscope rotated with base 10000
+    and no scaling where transformers' class builds its own default, and --check FAILed (0.14 on GPT-OSS, 0.04 on
+    Llama 4, 0.03 on SmolLM3). Now every layer's check passes against transformers' eager output_attentions."""
+    source = folders(family)
+    target = _with(source, tmp_path / "m", ("rope_parameters",), None)
+    if how == "missing":
+        data = json.loads((target / "config.json").read_text())
+        data.pop("rope_parameters")
+        (target / "config.json").write_text(json.dumps(data))
+    outcome = run_main("head", "--model", str(target), "--text", TEXT, "--all-layers", "--check", "--json")
+    assert outcome.code == 0, outcome.stdout[-600:] + outcome.stderr
+    checks = outcome.json()["check"]
+    assert checks and all(c["passed"] for c in checks), checks

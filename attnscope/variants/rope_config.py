@@ -11,8 +11,8 @@ families' own overrides named below).
   `global_rope_theta`/`local_rope_theta` (`rope_scaling` applies to both); GPT-J's and CodeGen's `rotary_dim`
   (a count of coordinates, base fixed at 10000).
 Where both `rope_scaling` and `rope_parameters` are present, `rope_scaling` wins, as in transformers. A config
-without `rope_theta` anywhere gets 10000 (Gemma 3: 1M and 10k; ModernBERT 160k and 10k); the rare family whose
-class declares another `default_theta` should save it, as `save_pretrained` does.
+without `rope_theta` anywhere gets its class's `default_theta`: 10000 but for the families in DEFAULT_THETA (Gemma 3:
+1M and 10k; ModernBERT 160k and 10k); one with neither dict gets what its class builds (GPT-OSS: yarn).
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ PARTIAL = {"gpt_neox": 0.25, "stablelm": 0.25, "persimmon": 0.5, "phi": 0.5, "gl
 LOCAL_GLOBAL = {"gemma3_text": ("rope_theta", "rope_local_base_freq", 1_000_000.0, 10_000.0, False),
                 "gemma3": ("rope_theta", "rope_local_base_freq", 1_000_000.0, 10_000.0, False),
                 "modernbert": ("global_rope_theta", "local_rope_theta", 160_000.0, 10_000.0, True)}
+# `default_theta` where a page's config class declares another than 10000, and the scaling a class builds where
+# config.json gives neither rope_parameters nor rope_scaling (GptOssConfig.__post_init__): a config without them
+# is read as transformers reads it (issue 43's campaign: --check had FAILed by 0.14 on GPT-OSS, 0.04 on Llama 4).
+DEFAULT_THETA = {"gpt_oss": 150_000.0, "llama4": 500_000.0, "llama4_text": 500_000.0, "minimax": 1_000_000.0,
+                 "smollm3": 2_000_000.0}
+CLASS_SCALING = {"gpt_oss": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 4096}}
 # Phi3Config always has `original_max_position_embeddings` (4096 by default), and it overrides the one in the
 # scaling dict (`standardize_rope_params`); older Phi-3 configs call longrope "su" or "yarn".
 PHI3 = frozenset({"phi3", "phi4_multimodal"})
@@ -67,7 +74,7 @@ def rope_arguments(config: Mapping[str, Any], layer_type: str | None = None,
     elif nested and not scaling:
         by_type = parameters  # type: ignore[assignment]
     else:
-        return common | _flat(config, model_type, dict(scaling or parameters or {}),
+        return common | _flat(config, model_type, dict(scaling or parameters or CLASS_SCALING.get(model_type, {})),
                               "rope_scaling" if scaling else "rope_parameters")
     if layer_type is None:
         raise UsageError(f"rope_parameters gives each layer type its own RoPE ({', '.join(by_type)}); "
@@ -82,7 +89,7 @@ def rope_arguments(config: Mapping[str, Any], layer_type: str | None = None,
         raise UsageError(f"{source} is {entry!r}; it must be a dict such as {{'rope_type': 'default', "
                          "'rope_theta': 10000.0}")
     entry = dict(entry)
-    entry.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    entry.setdefault("rope_theta", config.get("rope_theta", DEFAULT_THETA.get(model_type, 10000.0)))
     if config.get("partial_rotary_factor") is not None:
         entry.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
     # `_compute_yarn_parameters` reads `truncate` from the top of rope_parameters, which per layer type holds
@@ -95,7 +102,8 @@ def _flat(config: Mapping[str, Any], model_type: Any, parameters: dict[str, Any]
     if model_type == "gpt_neox":  # GPTNeoXConfig reads only its own names
         theta, partial = config.get("rotary_emb_base", 10000.0), config.get("rotary_pct", 0.25)
     else:
-        theta, partial = config.get("rope_theta", 10000.0), config.get("partial_rotary_factor", PARTIAL.get(model_type))
+        theta = config.get("rope_theta", DEFAULT_THETA.get(model_type, 10000.0))
+        partial = config.get("partial_rotary_factor", PARTIAL.get(model_type))
     parameters.setdefault("rope_theta", theta)
     if partial is not None:
         parameters.setdefault("partial_rotary_factor", partial)
