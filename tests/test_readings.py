@@ -13,7 +13,7 @@ from tiny_models import build, cached_builder
 
 from attnscope.cli import app
 from attnscope.readings.moved import value_norms, weighted
-from attnscope.readings.rollout import rollout
+from attnscope.readings.rollout import last_row, rollout
 from attnscope.readings.sinkshare import TOP, sink_shares
 
 TEXT = "The cat sat on the mat. The cat sat on the mat because it was tired."
@@ -206,6 +206,22 @@ def test_causal_rollout_and_rows_that_see_nothing():
     assert rollout([torch.rand(2, 3, 4)]) is None  # not square: cross-attention has no rollout
 
 
+def test_last_row_is_the_rollouts_last_row():
+    """What the terminal shows, R's last row alone (`e_last · M_L · ... · M_0`, a row times a matrix a layer), equals
+    the last row of the loops' R, plain and value-weighted, and of the whole rollout without the first token."""
+    torch.manual_seed(3)
+    n = 7
+    mask = torch.ones(n, n).tril().bool()
+    layers = [torch.softmax(torch.randn(3, n, n).masked_fill(~mask, float("-inf")), -1) for _ in range(5)]
+    norms = [torch.rand(3, n, dtype=torch.float64) + 0.1 for _ in layers]
+    torch.testing.assert_close(last_row(layers), ref_rollout(layers)[-1:], atol=1e-12, rtol=0)
+    torch.testing.assert_close(last_row(layers, norms), ref_rollout(layers, norms)[-1:], atol=1e-12, rtol=0)
+    whole = rollout(layers, drop_first=True)
+    assert whole is not None
+    torch.testing.assert_close(last_row(layers, drop_first=True), whole[-1:], atol=1e-12, rtol=0)
+    assert last_row([]) is None and last_row([torch.rand(2, 3, 4)]) is None  # not square: no rollout
+
+
 def test_value_norms_through_the_gram_matrix_equal_the_direct_norms():
     """`sqrt(v G_h v)` equals `||v W_O^hT||` computed key by key (grouped-query attention included): to 1e-10 from
     float64 inputs, to 1e-5 from float32 ones (the Gram matrix then summed in float32, as W_o sums)."""
@@ -231,6 +247,12 @@ def test_terminal_shows_the_sinks_grid_and_the_rollout(tiny, runner):
     assert "sinks: where each head parks its weight  [3 layers x 4 heads]" in out
     assert "value-weighted share from the first token" in out and "rollout, the last token draws from:" in out
     assert "what each head moves" in out and all(len(line) <= 80 for line in out.splitlines())
+    # the terminal computes the rollout's last row alone: the tokens it names are the whole rollout's (--json)
+    payload = json.loads(runner.invoke(app, ["head", "--model", str(folder), "--layer", "1", "--text", TEXT,
+                                             "--all-layers", "--json"]).stdout)
+    row = payload["rollout"][-1]
+    top = sorted(range(len(row)), key=lambda j: (-row[j], j))[0]
+    assert f"rollout, the last token draws from: {top} " in out
 
 
 def test_gemma4_value_norms_read_the_normed_values(runner, tmp_path):

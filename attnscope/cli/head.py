@@ -99,13 +99,12 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
     with reported(debug, oom_advice=f"pick {smaller}"), exporting(svg, html, force=force, json=json,
                                                                    title=f"attnscope {command}", page=page) as out:
         from attnscope.runs.head import HeadOptions, run_head
-        from attnscope.views.sources import from_head
 
         options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
                               max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads,
                               all_layers=all_layers, generate=generate, text_file=text_file, rows=rows,
                               target=target, attention=attention, audio=audio, check=check, image=image,
-                              dense=dense, query=query)
+                              dense=dense, query=query, terminal_only=not json and html is None)
         status = render.console(stderr=True)
         if status.is_terminal:  # a spinner while it reads and runs, counting layers and tokens; nothing on a pipe
             from attnscope.render.progress import Spinner
@@ -113,7 +112,10 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
             result = run_head(options, progress=Spinner(status))
         else:
             result = run_head(options)
-        page.of(result, from_head)
+        if html:  # the explorer page, made only for --html (views/sources.py)
+            from attnscope.views.sources import from_head
+
+            page.of(result, from_head)
         if result.picture is not None:  # --svg: the image with the weights on top
             from attnscope.render.overlay import overlay_svg
 

@@ -260,31 +260,43 @@ def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | N
     """Every head of one batch element, `[n_head, n_Q, n_K]`: `{"head", "stats", "kind"}` per head, and
     `"grid_stats"` where the tokens are an image's patch grid (`grid`, gridstats.py). Heads go through `row_sums`
     together, as many at a time as fit in GROUP_CELLS cells (a long text's heads one by one)."""
+    return _described(attention, offset, tokens, grid)[0]
+
+
+def _described(attention: Tensor, offset: int, tokens: Sequence[int] | None,
+               grid: Layout | None) -> tuple[list[dict[str, Any]], bool]:
+    """`describe_heads`, and whether the patterns are a linear layer's exact matrices (`is_effective` of them all:
+    any group's, since both of its tests are "any"). On one thread (moved.py's `one_thread`): some thirty ops a
+    layer, each waiting for both threads on the busy 2-core machine (docs/performance.md)."""
     import torch
 
     from attnscope.readings.gridstats import grid_figures
+    from attnscope.readings.moved import one_thread
 
     heads: list[dict[str, Any]] = []
     n_head, n_Q, n_K = attention.shape
-    causal = causal_rows(attention.detach(), offset)  # every head at once: one triu a layer, not a head
     group = max(1, GROUP_CELLS // max(1, n_Q * n_K))
-    for first in range(0, n_head, group):
-        A = attention[first: first + group].detach().to(torch.float64)
-        if is_effective(A):
-            A = shares(A)
-        sums, counts = row_sums(A, offset, causal[first: first + group], tokens)
-        figures = grid_figures(A, grid) if grid is not None else None
-        for g in range(A.shape[0]):
-            rows = RowStats()
-            rows.take(sums, counts, g)
-            stats = rows.result()
-            tower = figures[g] if figures is not None and grid is not None and grid.tower else None
-            head = {"head": first + g, "stats": stats.as_dict(), "kind": kind(stats, tower),
-                    "kind_also": kind_also(stats, tower)}
-            if figures is not None:
-                head["grid_stats"] = figures[g]
-            heads.append(head)
-    return heads
+    effective = False
+    with one_thread():
+        causal = causal_rows(attention.detach(), offset)  # every head at once: one triu a layer, not a head
+        for first in range(0, n_head, group):
+            A = attention[first: first + group].detach().to(torch.float64)
+            if is_effective(A):
+                effective = True
+                A = shares(A)
+            sums, counts = row_sums(A, offset, causal[first: first + group], tokens)
+            figures = grid_figures(A, grid) if grid is not None else None
+            for g in range(A.shape[0]):
+                rows = RowStats()
+                rows.take(sums, counts, g)
+                stats = rows.result()
+                tower = figures[g] if figures is not None and grid is not None and grid.tower else None
+                head = {"head": first + g, "stats": stats.as_dict(), "kind": kind(stats, tower),
+                        "kind_also": kind_also(stats, tower)}
+                if figures is not None:
+                    head["grid_stats"] = figures[g]
+                heads.append(head)
+    return heads, effective
 
 
 @dataclass
@@ -328,10 +340,10 @@ class LayerHeads:
             grid = None
         if tokens is not None and col_labels:
             tokens = no_repeat(tokens, [bool(PATCH.match(label)) for label in col_labels])
+        heads, effective = _described(attention, offset, tokens, grid)  # is_effective read once, group by group
         return cls(title, attention, row_labels or [f"q{i}" for i in range(n_Q)],
-                   col_labels or [f"k{j}" for j in range(n_K)], offset, batch,
-                   describe_heads(attention, offset, tokens, grid), masked, value_norms, sink_weight,
-                   effective=is_effective(attention.detach()), grid=grid)
+                   col_labels or [f"k{j}" for j in range(n_K)], offset, batch, heads, masked, value_norms,
+                   sink_weight, effective=effective, grid=grid)
 
     def columns(self) -> list[tuple[str, str, str, str]]:
         """What a table of these heads shows after the head and its kind, `(title, entry, key, format)` with

@@ -134,16 +134,26 @@ def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:
 
 def rollouts(result: HeadResult) -> None:
     """Attention rollout over the layers shown, layer 0 first, and where every layer's value_norms are known the
-    value-weighted rollout (readings/rollout.py)."""
-    from attnscope.readings.rollout import Rollout, rollout
+    value-weighted rollout (readings/rollout.py). Where only the terminal's view is asked (`terminal_only`: no
+    --json, --html or --image), which names what the last query draws from, only R's last row is computed, held
+    as a `[1, n_K]` matrix (its row -1 is the last query's, as the whole matrix's): n² a layer, not n³."""
+    from attnscope.readings.rollout import Rollout, last_row, rollout
 
-    result.rollout = rollout(result.layer_patterns or [])
+    patterns, norms = result.layer_patterns or [], result.layer_norms
+    weighted = bool(norms) and not any(v is None for v in norms or [])
+    if result.options.terminal_only and result.options.image is None:
+        result.rollout = last_row(patterns)
+        if result.rollout is not None and result.rollout.shape[-1] > 1:  # the ranking of the rest, beside a sink
+            result.rollout_without_first = last_row(patterns, drop_first=True)
+        if result.rollout is not None and weighted:
+            result.rollout_weighted = last_row(patterns, norms)
+        return
+    result.rollout = rollout(patterns)
     if result.rollout is not None and result.rollout.shape[-1] > 1:  # the ranking of the rest, beside a sink
-        result.rollout_without_first = rollout(result.layer_patterns or [], drop_first=True)
-    norms = result.layer_norms
-    if result.rollout is None or not norms or any(v is None for v in norms):
+        result.rollout_without_first = rollout(patterns, drop_first=True)
+    if result.rollout is None or not weighted:
         return
     chain = Rollout()  # a layer at a time: one [n_head, n, n] float64 pattern held, not every layer's
-    for A, v in zip(result.layer_patterns or [], norms, strict=True):
+    for A, v in zip(patterns, norms or [], strict=True):
         chain.add(A, v)
     result.rollout_weighted = chain.matrix

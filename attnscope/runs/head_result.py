@@ -56,6 +56,7 @@ class HeadOptions:
     dense: bool = False  # --dense: a sparse indexer's dense softmax beside it, and the selected keys' share of it
     image: str | None = None  # --image: a picture for a vision tower, or beside --text for a VLM (runs/vlm.py)
     query: str | None = None  # --query: with --image on a vision tower, the token whose row is drawn over the image
+    terminal_only: bool = False  # only what the terminal shows is asked (no --json, --html): the rollout's last row
 
 
 @dataclass
