@@ -33,17 +33,32 @@ def show_selection(out: Console, result: HeadResult) -> None:
         out.print(FittedText("--dense adds the share of the dense softmax's weight the kept keys hold"))
     label_w = min(12, max((cell_len(printable(t)) for t in rows), default=4))
     count_w = len(f"{len(cols)} of {len(cols)}")
+    flags = selected.numpy()  # [n_Q, n_K] bool: each row's kept keys found by NumPy, not element by element
+    shares = share.tolist() if share is not None else None
     for i, token in enumerate(rows):
-        kept = [j for j in range(len(cols)) if bool(selected[i, j])]
+        kept = flags[i].nonzero()[0].tolist()
         seen = i + selected.shape[1] - selected.shape[0] + 1  # the causal keys of query i
         line = f"{set_cell_size(printable(token), label_w)} {f'{len(kept)} of {seen}':>{count_w}}"
-        if share is not None:
-            line += f"  {float(share[i]):.3f}"
-        keys = " ".join(printable(cols[j]) for j in kept)
+        if shares is not None:
+            line += f"  {float(shares[i]):.3f}"
         room = out.width - cell_len(line) - 2
         if room > 3:
+            keys = _fitting_keys([cols[j] for j in kept], room)
             line += "  " + (keys if cell_len(keys) <= room else set_cell_size(keys, room - 1) + "…")
         out.print(Text(line))
+
+
+def _fitting_keys(tokens: list[str], room: int) -> str:
+    """The kept keys' tokens joined by spaces, only as many as reach past `room` cells: what is cut at `room - 1`
+    is the same as from all of them (a query at 2,048 tokens keeps hundreds)."""
+    parts, width = [], -1
+    for token in tokens:
+        part = printable(token)
+        parts.append(part)
+        width += 1 + cell_len(part)
+        if width > room:
+            break
+    return " ".join(parts)
 
 
 def selection_json(result: HeadResult) -> dict[str, Any]:
