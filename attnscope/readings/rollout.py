@@ -37,17 +37,19 @@ def layer_matrix(heads: Tensor) -> Tensor:
     (Abnar & Zuidema's `aug_att_mat = att_mat + residual_att` over its row sums, with the heads averaged)."""
     import torch
 
-    n = heads.shape[-1]
-    M = 0.5 * heads.detach().to(torch.float64).mean(dim=0) + 0.5 * torch.eye(n, dtype=torch.float64)  # [n, n]
-    return M / M.sum(dim=-1, keepdim=True)
+    M = heads.detach().to(torch.float64).mean(dim=0).mul_(0.5)  # [n, n]
+    M.diagonal().add_(0.5)  # + 0.5 · I, in place: the same numbers as adding the identity, no [n, n] eye made
+    return M.div_(M.sum(dim=-1, keepdim=True))
 
 
-def row_normalised(weights: Tensor) -> Tensor:
-    """Each row divided by its sum (a row of zeros stays zeros): value-weighted patterns as shares."""
+def row_normalised(weights: Tensor, in_place: bool = False) -> Tensor:
+    """Each row divided by its sum (a row of zeros stays zeros): value-weighted patterns as shares. `in_place`:
+    `weights` (a tensor of the caller's own) divided where it lies, the same numbers with no new tensor."""
     import torch
 
     total = weights.sum(dim=-1, keepdim=True)
-    return weights / torch.where(total > 0, total, 1.0)
+    divisor = torch.where(total > 0, total, 1.0)
+    return weights.div_(divisor) if in_place else weights / divisor
 
 
 def layer_matrix_of(heads: Tensor, value_norms: Tensor | None = None, drop_first: bool = False) -> Tensor:
@@ -56,9 +58,9 @@ def layer_matrix_of(heads: Tensor, value_norms: Tensor | None = None, drop_first
     from attnscope.readings.moved import weighted
 
     if value_norms is not None:
-        heads = row_normalised(weighted(heads, value_norms))  # [n_head, n, n]
+        heads = row_normalised(weighted(heads, value_norms), in_place=True)  # [n_head, n, n]
     if drop_first:
-        heads = row_normalised(without_first(heads))  # [n_head, n, n]; row 0 all zeros: the identity's
+        heads = row_normalised(without_first(heads), in_place=True)  # [n_head, n, n]; row 0 zeros: the identity's
     return layer_matrix(heads)  # [n, n]
 
 
@@ -110,6 +112,17 @@ def last_row(layers: list[Tensor], norms: list[Tensor] | None = None, drop_first
     """The last query's row of R over `layers` (each `[n_head, n, n]`, layer 0 first) as `[1, n]` float64:
     `e_last · M_L · ... · M_0`, the last layer multiplied in first; with `norms` (a layer's `[n_head, n]` each)
     the value-weighted rollout's. None where there are no layers or one is not square (as `rollout`)."""
+    rows = last_rows(layers, norms, drop_first)
+    return None if rows is None else rows["rollout_weighted" if norms is not None else
+                                          "rollout_without_first" if drop_first else "rollout"]
+
+
+def last_rows(layers: list[Tensor], norms: list[Tensor] | None = None,
+              without_first_token: bool = True) -> dict[str, Tensor] | None:
+    """`last_row` of the rollout, of the rollout without the first token (`without_first_token`) and, with
+    `norms`, of the value-weighted rollout, `{"rollout", "rollout_without_first", "rollout_weighted"}`, each
+    `[1, n]`: the three chains in one pass over the layers, each layer's patterns made float64 once for all
+    three (the same numbers as three `last_row` calls). None where `last_row` is None."""
     import torch
 
     from attnscope.readings.moved import one_thread
@@ -117,10 +130,20 @@ def last_row(layers: list[Tensor], norms: list[Tensor] | None = None, drop_first
     if not layers or any(A.dim() != 3 or A.shape[-1] != A.shape[-2] for A in layers):
         return None
     n = layers[0].shape[-1]
-    row = torch.zeros(1, n, dtype=torch.float64)
-    row[0, -1] = 1.0
+    start = torch.zeros(1, n, dtype=torch.float64)
+    start[0, -1] = 1.0
+    rows = {"rollout": start} | ({"rollout_without_first": start} if without_first_token else {}) | (
+        {"rollout_weighted": start} if norms is not None else {})
     with one_thread():
         for index in reversed(range(len(layers))):
-            M = layer_matrix_of(layers[index], None if norms is None else norms[index], drop_first)  # [n, n]
-            row = row @ M  # [1, n] @ [n, n] -> [1, n]
-    return row
+            A = layers[index].detach().to(torch.float64)  # [n_head, n, n], once for the chains
+            rows["rollout"] = rows["rollout"] @ layer_matrix(A)  # [1, n] @ [n, n] -> [1, n]
+            if without_first_token:
+                dropped = row_normalised(without_first(A), in_place=True)  # [n_head, n, n]
+                rows["rollout_without_first"] = rows["rollout_without_first"] @ layer_matrix(dropped)
+                del dropped
+            if norms is not None:
+                shares = row_normalised(A * norms[index][:, None, :], in_place=True)  # moved.weighted, as shares
+                rows["rollout_weighted"] = rows["rollout_weighted"] @ layer_matrix(shares)
+                del shares
+    return rows

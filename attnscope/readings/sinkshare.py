@@ -34,7 +34,8 @@ def shares(A: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
     n_head, _, n_K = A.shape
     rows = keep.sum(dim=-1).clamp_min(1)  # [n_head]
-    kept = torch.where(keep[..., None], A, 0.0)  # [n_head, n_Q, n_K]
+    # [n_head, n_Q, n_K]; where every row is kept (a text's rows all see a key), A itself: no copy of its size
+    kept = A if bool(keep.all()) else torch.where(keep[..., None], A, 0.0)
     if n_K == 0:
         empty = torch.zeros(n_head, dtype=torch.float64)
         return empty, empty, torch.zeros(n_head, 0, dtype=torch.long)
@@ -69,7 +70,7 @@ def _sink_shares(attention: Tensor, sink_weight: Tensor | None, norms: Tensor | 
     if norms is not None:
         W = A * norms[:, None, :].to(torch.float64)  # [n_head, n_Q, n_K]: ||a_ij f_h(x_j)||
         moved = W.sum(dim=-1, keepdim=True)  # [n_head, n_Q, 1]
-        share = W / torch.where(moved > 0, moved, 1.0)
+        share = W.div_(torch.where(moved > 0, moved, 1.0))  # in place: W is this function's own
         w_first, w_top, w_keys = shares(share, moved[..., 0] > 0)
         columns |= {"weighted_first": w_first.tolist(), "weighted_top": w_top.tolist(),
                     "weighted_top_keys": w_keys.tolist()}

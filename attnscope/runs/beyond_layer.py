@@ -137,16 +137,15 @@ def rollouts(result: HeadResult) -> None:
     value-weighted rollout (readings/rollout.py). Where only the terminal's view is asked (`terminal_only`: no
     --json, --html or --image), which names what the last query draws from, only R's last row is computed, held
     as a `[1, n_K]` matrix (its row -1 is the last query's, as the whole matrix's): n² a layer, not n³."""
-    from attnscope.readings.rollout import Rollout, last_row, rollout
+    from attnscope.readings.rollout import Rollout, last_rows, rollout
 
     patterns, norms = result.layer_patterns or [], result.layer_norms
     weighted = bool(norms) and not any(v is None for v in norms or [])
     if result.options.terminal_only and result.options.image is None:
-        result.rollout = last_row(patterns)
-        if result.rollout is not None and result.rollout.shape[-1] > 1:  # the ranking of the rest, beside a sink
-            result.rollout_without_first = last_row(patterns, drop_first=True)
-        if result.rollout is not None and weighted:
-            result.rollout_weighted = last_row(patterns, norms)
+        rows = last_rows(patterns, norms if weighted else None,
+                         without_first_token=bool(patterns) and patterns[0].shape[-1] > 1)  # beside a sink
+        for name, row in (rows or {}).items():
+            setattr(result, name, row)
         return
     result.rollout = rollout(patterns)
     if result.rollout is not None and result.rollout.shape[-1] > 1:  # the ranking of the rest, beside a sink
