@@ -3,8 +3,9 @@
 
 Target: one head at most 1.15x the floor in every bytecode case. With --text, a head imports what the floor imports
 (torch, safetensors, tokenizers) and runs layers 0..L; without it, it reads the head's slices alone (no torch).
-The commands run in turn, round after round, as fresh processes; medians and ratios come from one run. Wall time is the target's measure; the
-CPU time (user + system, from wait4) is printed beside it because on a loaded machine the wall is mostly waiting.
+The commands run in turn, round after round, as fresh processes; medians and ratios come from one run. Wall time is
+the target's measure; the CPU time (user + system, from wait4) is printed beside it because on a loaded machine the
+wall is mostly waiting.
 
     python benchmarks/bench_import_floor.py [--runs 5] [--only tiny|1b] [--modules] [--before COMMIT]
 
@@ -76,7 +77,8 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"benchmark command failed: {' '.join(argv)}\n{proc.stderr.read().decode()}")  # type: ignore[union-attr]
+        stderr = proc.stderr.read().decode() if proc.stderr else ""
+        raise SystemExit(f"benchmark command failed: {' '.join(argv)}\n{stderr}")
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
