@@ -245,6 +245,7 @@ MODULES = ("bert", "fused", "diffusers")
 ALL = (*MODULES, "function")
 ROTATED = (ROPE, "q, k = rope(q, P), rope(k, P)")
 CAUSAL = ("--causal",)
+OWN_BASE = (ROPE, "q, k = rope(q, P, base=1000000.0), rope(k, P, base=1000000.0)")  # --rope-base 1000000's
 HALF = "q, k = rope(q, P, rotary=q.shape[-1] // 2), rope(k, P, rotary=q.shape[-1] // 2)"  # GPT-NeoX's rotary_pct
 DECODE = ("--causal", "lower-right", "--cache", "3")
 BLOOM = (BIAS, "scores = scores + heads(alibi(H, T, S))")
@@ -292,8 +293,10 @@ PLANTS: dict[str, tuple[tuple[str, ...], tuple[list[tuple[str, str]], tuple[str,
     "rope.pairing": (("bert", "diffusers", "function"), ([ROTATED], ("--causal", "--rope")),
                      [(ROTATED[1], 'q, k = rope(q, P, table="il"), rope(k, P, table="il")')]),
     "rope.positions": (MODULES, ([ROTATED], (*DECODE, "--rope")), [(ROTATED[1], "q, k = rope(q, 0), rope(k, 0)")]),
-    "rope.base": (("fused", "diffusers", "function"), ([ROTATED], ("--causal", "--rope")),
-                  [(ROTATED[1], "q, k = rope(q, P, base=500000.0), rope(k, P, base=500000.0)")]),
+    # a base of the code's own is a convention where nothing says another (test_trace_more_styles.py); here
+    # --rope-base says one, and the code rotates with another
+    "rope.base": (("fused", "diffusers", "function"), ([OWN_BASE], ("--causal", "--rope", "--rope-base", "1000000")),
+                  [(OWN_BASE[1], "q, k = rope(q, P, base=500000.0), rope(k, P, base=500000.0)")]),
     "rope.fraction": (("bert", "fused", "sdpa"), ([(ROPE, HALF)], ("--causal", "--rope")),
                       [(HALF, HALF.replace("// 2)", "// 2, over=q.shape[-1])"))]),
     "rope.not_applied": (("bert", "diffusers", "function"), ([ROTATED], ("--causal", "--rope")), [(ROTATED[1], "pass")]),

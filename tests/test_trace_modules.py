@@ -387,14 +387,19 @@ def test_a_decode_step_that_forgets_the_offset_is_named(tmp_path, runner):
 def test_the_wrong_rope_base_is_fitted_and_named(tmp_path, runner):
     path = write(tmp_path, DECODER)
     result, out = trace(runner, f"{path}:Attention", "--init", "dim=64, n_heads=8, n_kv_heads=2, rope_theta=500000.0",
-                        "--rope", "--causal")
+                        "--rope", "--rope-base", "1000000", "--causal")  # told another base than the code's
     assert result.exit_code == 1
     first = out["first_divergence"]
     assert first["reference"] == "Q_rot"
-    assert "rotates with RoPE base 500000 where the reference uses 10000" in first["diagnosis"]
+    assert "rotates with RoPE base 500000 where the reference uses 1e+06" in first["diagnosis"]
     assert "--rope-base 500000" in first["diagnosis"]
 
-    # and told the base, it aligns: the module is transformers' LLaMA with rope_theta 500000
+    # told no base, the base the code rotates with is its own (it keeps only inv_freq: nothing says another), a note;
+    # told --rope-base 500000, it aligns: the module is transformers' LLaMA with rope_theta 500000
+    result, out = trace(runner, f"{path}:Attention", "--init", "dim=64, n_heads=8, n_kv_heads=2, rope_theta=500000.0",
+                        "--rope", "--causal")
+    assert result.exit_code == 0, result.output
+    assert any("RoPE base 500000" in note and "A convention, not a mistake" in note for note in out["notes"])
     result, out = trace(runner, f"{path}:Attention", "--init", "dim=64, n_heads=8, n_kv_heads=2, rope_theta=500000.0",
                         "--rope", "--rope-base", "500000", "--causal")
     assert result.exit_code == 0, result.output

@@ -30,38 +30,53 @@ MAX_PERMUTED_RANK = 6
 
 @dataclass
 class Layout:
-    """How a user tensor lays out a reference tensor: `order` permutes the reference's axes, then
-    neighbouring axes are merged into the user's shape."""
+    """How a user tensor lays out a reference tensor: `split` (axis, a, b) first views one of the reference's axes
+    as two, a outer and b inner (n_head as [n_kv_head, n_group] in GQA written as a grouped einsum), `order`
+    permutes the axes, then neighbouring axes are merged into the user's shape."""
 
     order: tuple[int, ...]
     merged: bool
+    split: tuple[int, int, int] | None = None
 
     @property
     def same(self) -> bool:
-        return not self.merged and self.order == tuple(range(len(self.order)))
+        return not self.merged and self.split is None and self.order == tuple(range(len(self.order)))
+
+    def source(self, reference_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The reference's shape once `split` has viewed one axis as two."""
+        if self.split is None:
+            return tuple(reference_shape)
+        axis, a, b = self.split
+        return (*reference_shape[:axis], a, b, *reference_shape[axis + 1:])
 
     def describe(self, dims: tuple[str, ...], shape: tuple[int, ...]) -> str:
         if self.same:
             return ""
+        if self.split is not None:
+            axis = self.split[0]
+            parts = ("n_kv_head", "n_group") if dims[axis] == "n_head" else (f"{dims[axis]}₁", f"{dims[axis]}₂")
+            dims = (*dims[:axis], *parts, *dims[axis + 1:])
         permuted = [dims[i] for i in self.order]
         if not self.merged:
             return f"as [{', '.join(permuted)}]"
         return f"as [{', '.join(permuted)}] reshaped to {list(shape)}"
 
     def apply(self, reference: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        moved = reference.permute(self.order)  # [the reference's dims in the user's order]
+        # [the reference's dims, one of them split] -> [those dims in the user's order]
+        moved = reference.reshape(self.source(tuple(reference.shape))).permute(self.order)
         return moved.reshape(shape) if self.merged else moved  # merged: [*shape], the user's
 
     def undo(self, user: torch.Tensor, reference_shape: tuple[int, ...]) -> torch.Tensor:
         """The user's tensor in the reference's layout."""
-        permuted = tuple(reference_shape[i] for i in self.order)
+        source = self.source(tuple(reference_shape))
+        permuted = tuple(source[i] for i in self.order)
         inverse = sorted(range(len(self.order)), key=lambda i: self.order[i])
         # [*user.shape] -> [*permuted]: the reference's dims in the user's order -> [*reference_shape]
-        return user.reshape(permuted).permute(inverse)
+        return user.reshape(permuted).permute(inverse).reshape(reference_shape)
 
     def user_axis(self, reference_axis: int) -> int | None:
-        """Where a reference axis sits in the user's tensor, counted from the end (None once merged)."""
-        if self.merged:
+        """Where a reference axis sits in the user's tensor, counted from the end (None once merged or split)."""
+        if self.merged or self.split is not None:
             return None
         return self.order.index(reference_axis % len(self.order)) - len(self.order)
 
@@ -90,15 +105,36 @@ def layouts(reference_shape: tuple[int, ...], user_shape: tuple[int, ...], *, sw
     axes of equal size keep their order (swapping them is a transpose, not a layout)."""
     if math.prod(reference_shape) != math.prod(user_shape) or len(reference_shape) > MAX_PERMUTED_RANK:
         return [Layout(tuple(range(len(reference_shape))), False)] if reference_shape == user_shape else []
+    found = _permuted(reference_shape, user_shape, swaps, None)
+    if not found and len(user_shape) > len(reference_shape) - 1 and len(reference_shape) < MAX_PERMUTED_RANK:
+        for split in _splits(reference_shape, user_shape):
+            found += _permuted(Layout((), False, split).source(reference_shape), user_shape, swaps, split)
+    return found
+
+
+def _permuted(source: tuple[int, ...], user_shape: tuple[int, ...], swaps: bool,
+              split: tuple[int, int, int] | None) -> list[Layout]:
     found: list[Layout] = []
-    for order in permutations(range(len(reference_shape))):
-        if not swaps and _swaps_equal_sizes(order, reference_shape):
+    for order in permutations(range(len(source))):
+        if not swaps and _swaps_equal_sizes(order, source):
             continue
-        shape = tuple(reference_shape[i] for i in order)
+        shape = tuple(source[i] for i in order)
         if shape == user_shape:
-            found.append(Layout(order, False))
+            found.append(Layout(order, False, split))
         elif _merges_into(shape, user_shape) and len(user_shape) < len(shape):
-            found.append(Layout(order, True))
+            found.append(Layout(order, True, split))
+    return found
+
+
+def _splits(reference_shape: tuple[int, ...], user_shape: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Each way to view one reference axis as two (a outer, b inner) whose sizes are both among the user's axes:
+    the candidates of a layout that splits an axis (n_head as [n_kv_head, n_group])."""
+    found = []
+    for axis, size in enumerate(reference_shape):
+        for a in range(2, size // 2 + 1):
+            if size % a == 0 and a in user_shape and size // a in user_shape \
+                    and (a != size // a or user_shape.count(a) >= 2):
+                found.append((axis, a, size // a))
     return found
 
 
@@ -183,7 +219,8 @@ def closest(records: list[Record], reference: torch.Tensor, name: str, skip: tor
 # The ops that make each step (Record.func), beside those that hand their input on (`.float()`, `.contiguous()`).
 MAKES = {
     "scores": ("matmul", "bmm", "baddbmm", "einsum", "div", "mul", "true_divide", "recomputed"),
-    "masked_scores": ("masked_fill", "masked_fill_", "add", "where", "__setitem__", "sub", "recomputed"),
+    "masked_scores": ("masked_fill", "masked_fill_", "add", "where", "__setitem__", "sub", "recomputed", "baddbmm",
+                      "addbmm"),
     "attention": ("softmax", "_softmax", "dropout", "div", "mul", "recomputed"),
     "x_raw": ("matmul", "bmm", "einsum", "scaled_dot_product_attention", "multi_head_attention_forward"),
     "out": ("matmul", "bmm", "einsum", "scaled_dot_product_attention"),
@@ -193,27 +230,35 @@ MAKES = {
     "K_rep": ("repeat", "repeat_interleave", "expand", "reshape", "view", "index_select", "cat", "flatten"),
     "V_rep": ("repeat", "repeat_interleave", "expand", "reshape", "view", "index_select", "cat", "flatten"),
 }
+FUSED_WITH_SCORES = ("masked_scores", "biased_scores")
+ADDS_A_MASK = ("baddbmm", "addbmm")
 PASSING = ("contiguous", "float", "to", "type_as", "clone", "half", "bfloat16", "double")
 
 
 def follow(records: list[Record], reference: torch.Tensor, name: str, after: list[Record],
-           skip: torch.Tensor | None = None, claimed: frozenset[int] = frozenset()) -> Match | None:
+           skip: torch.Tensor | None = None, claimed: frozenset[int] = frozenset(),
+           avoid: frozenset[int] = frozenset()) -> Match | None:
     """The user's tensor that stands where step `name` stands in the data flow, when none equals it: one computed
     from `after` (the user's tensors lined up with the steps it is computed from; a step recomputed inside a kernel
     stands for the kernel's arguments), of its shape or a layout of it, not lined up with another step (`claimed`),
     the one the user gave its name, then one made by an op that makes such a step before one that hands its input
-    on, a named one, the same layout, the nearest in order. None when no such tensor exists: the step is not found,
-    rather than paired with a tensor of the same shape elsewhere."""
+    on, a named one, the same layout, the nearest in order. Never one computed from `avoid` (the user's tensors for
+    steps this one is not computed from: K_rep is no tensor the queries went into). None when no such tensor exists:
+    the step is not found, rather than paired with a tensor of the same shape elsewhere."""
     need = [set(r.parents) if r.func == "recomputed" else {r.index} for r in after]
+    upstream = set().union(*(ancestors(r, records) | {r.index} for r in after))
+    avoid = frozenset(avoid - upstream)
     makes = MAKES.get(name)
     found = []
     for record in records:
-        if record.index in claimed or record.index <= max(r.index for r in after):
+        # diffusers' baddbmm(mask, q, kᵀ) adds the mask as it makes the scores: one op stands for both steps
+        adds = name in FUSED_WITH_SCORES and record.func in ADDS_A_MASK and record in after
+        if (record.index in claimed or record.index <= max(r.index for r in after)) and not adds:
             continue
         if makes is not None and record.func not in makes and record.func not in PASSING:
             continue
         origin = ancestors(record, records) | {record.index}
-        if not all(n <= origin for n in need):
+        if not all(n <= origin for n in need) or origin & avoid:
             continue
         found += [(m, record.func in PASSING or record.details.get("same")) for m in
                   compare(record, reference, skip)[:1]]

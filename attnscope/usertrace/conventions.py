@@ -31,10 +31,41 @@ PAIRING_WORDS = {"interleaved": "interleaved, (2i, 2i + 1) (Meta's view_as_compl
                  "half-split": "half-split, (i, i + d_head/2) (transformers' rotate_half)"}
 
 
-def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record]) -> list[tuple[Spec, list[str]]]:
+DEFAULT_BASE = 10000.0  # the reference's base where neither --rope-base nor the module says one (runs/options.py's)
+# Where a module keeps its RoPE base: on itself, a rotary submodule (`RotaryEmbedding(base=...)`) or a config
+BASE_NAMES = ("rope_theta", "rope_base", "rotary_base", "rotary_emb_base", "rope_freq_base", "theta", "base")
+
+
+def own_base(module: Any) -> float | None:
+    """The RoPE base the module says it uses: a number under one of BASE_NAMES on the module, any of its
+    submodules, or a config it keeps (an object or a dict, one level down). A config's name (`rope_theta`) outranks
+    a generic one (a rotary submodule's `base`), which may be a default the config's value never reached; None where
+    none says one, or where two of the same rank say different ones."""
+    if module is None or not isinstance(module, torch.nn.Module):
+        return None
+    found: dict[int, set[float]] = {}
+    for sub in module.modules():
+        holders = [vars(sub)]
+        holders += [v if isinstance(v, dict) else vars(v) for v in vars(sub).values()
+                    if isinstance(v, dict) or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type))
+                                               and not callable(v))]
+        for held in holders:
+            for rank, name in enumerate(BASE_NAMES):
+                value = held.get(name)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+                    found.setdefault(rank, set()).add(float(value))
+    if not found:
+        return None
+    best = found[min(found)]
+    return next(iter(best)) if len(best) == 1 else None
+
+
+def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
+             base_free: bool = False) -> list[tuple[Spec, list[str]]]:
     """Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
     where no convention is in question (no RoPE, or its rotated tensors line up). `rows` are the line-up's
-    (lineup.Aligned; lineup imports this module, so it is not imported back)."""
+    (lineup.Aligned; lineup imports this module, so it is not imported back). `base_free`: neither --rope-base
+    nor the module says the base, so the base the code rotates with is read too (its own choice)."""
     if spec.rope_base is None:
         return []
     by_step = {row.reference: row for row in rows}
@@ -50,30 +81,45 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record]) -
     pairings = [spec.rope_pairing] if spec.pairing_asked else [
         spec.rope_pairing, "interleaved" if spec.rope_pairing == "half-split" else "half-split"]
     found: list[tuple[Spec, list[str]]] = []
-    seen = {(spec.rope_pairing, spec.rope_fraction, spec.rope_start)}
-    for pairing in pairings:
-        for fraction in fractions:
-            width = int(d * fraction) if fraction else d
-            starts = [spec.rope_start]
-            # in a decode step the cached keys hold their positions: a shift of the new ones is no convention
-            fitted = _first_position(source, mine, spec, pairing, width) if not spec.cache else None
-            if fitted is not None and fitted not in starts:
-                starts.insert(0, fitted)
-            for start in starts:
-                if (pairing, fraction, start) in seen:
-                    continue
-                seen.add((pairing, fraction, start))
-                said = []
-                if pairing != spec.rope_pairing:
-                    said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
-                if fraction != spec.rope_fraction:
-                    said.append(f"it rotates the first {width} of each head's {d} coordinates (a rotary "
-                                f"fraction of {fraction:g}, GPT-NeoX's rotary_pct, transformers' "
-                                "partial_rotary_factor) and passes the rest through")
-                if start != spec.rope_start:
-                    said.append(f"it counts positions from {start} (the scores depend on i − j alone, so the "
-                                "attention is the same)")
-                found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_start=start), said))
+    seen = {(spec.rope_pairing, spec.rope_fraction, spec.rope_start, spec.rope_base)}
+    bases = [spec.rope_base]
+    if base_free:
+        from attnscope.usertrace.rotary import _fit_base
+
+        n = source.shape[-2]
+        start0 = spec.cache if spec.cache else 0
+        for pairing in pairings:
+            fitted_base = _fit_base(source.double(), mine.double(), torch.arange(start0, start0 + n),
+                                    "interleaved" if pairing == "interleaved" else "half")
+            if fitted_base is not None and not any(math.isclose(fitted_base, b, rel_tol=1e-3) for b in bases):
+                bases.insert(0, fitted_base)
+    for pairing, fraction, base in ((p, f, b) for p in pairings for f in fractions for b in bases):
+        width = int(d * fraction) if fraction else d
+        starts = [spec.rope_start]
+        # in a decode step the cached keys hold their positions: a shift of the new ones is no convention
+        fitted = _first_position(source, mine, replace(spec, rope_base=base), pairing, width) \
+            if not spec.cache else None
+        if fitted is not None and fitted not in starts:
+            starts.insert(0, fitted)
+        for start in starts:
+            if (pairing, fraction, start, base) in seen:
+                continue
+            seen.add((pairing, fraction, start, base))
+            said = []
+            if base != spec.rope_base:
+                said.append(f"it rotates with RoPE base {base:g} (its rope_theta; neither --rope-base nor your "
+                            "module names another)")
+            if pairing != spec.rope_pairing:
+                said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
+            if fraction != spec.rope_fraction:
+                said.append(f"it rotates the first {width} of each head's {d} coordinates (a rotary "
+                            f"fraction of {fraction:g}, GPT-NeoX's rotary_pct, transformers' "
+                            "partial_rotary_factor) and passes the rest through")
+            if start != spec.rope_start:
+                said.append(f"it counts positions from {start} (the scores depend on i − j alone, so the "
+                            "attention is the same)")
+            found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_start=start,
+                                  rope_base=base), said))
     return found
 
 
@@ -109,7 +155,7 @@ def _rotated(by_step: dict[str, Any], trace: Trace,
         if tuple(trace[source].shape) != shape:
             continue
         unrotated = trace[source].double()
-        tried = [(row.record, Layout(row.order, row.merged))] if row.record is not None and row.order else []
+        tried = [(row.record, Layout(row.order, row.merged, row.split))] if row.record is not None and row.order else []
         if handed is not None:
             operand = records[handed[0] if side == 0 else handed[1]]
             tried += [(operand, layout) for layout in layouts(shape, tuple(operand.tensor.shape))]

@@ -133,7 +133,7 @@ def _transposed(step: str, ctx: Context, near: Match | None) -> Diagnosis | None
     tol = tolerance(reference)
     for record in ctx.records:
         for match in compare(record, reference, ctx.skip.get(step), swaps=True, tol=tol):
-            if not match.equal or match.layout.merged:
+            if not match.equal or match.layout.merged or match.layout.split is not None:
                 continue
             pairs = [(dims[b], dims[a]) for i, a in enumerate(match.layout.order)
                      for b in match.layout.order[i + 1:] if reference.shape[a] == reference.shape[b] and a > b]

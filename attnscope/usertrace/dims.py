@@ -35,7 +35,8 @@ def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
     resolved: dict[int, Dims] = {}
     for row in rows:
         if row.record is not None and row.status in ("equal", "permuted") and row.record.index not in resolved:
-            found = _from_step(row.dims, tuple(row.shape), tuple(row.record.tensor.shape), row.order, row.merged)
+            found = _from_step(row.dims, tuple(row.shape), tuple(row.record.tensor.shape), row.order, row.merged,
+                               row.split)
             if found is not None:
                 resolved[row.record.index] = found
     out: dict[int, Dims] = {}
@@ -68,9 +69,14 @@ def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
 
 
 def _from_step(dims: Dims, shape: tuple[int, ...], user_shape: tuple[int, ...], order: tuple[int, ...] | None,
-               merged: bool) -> Dims | None:
+               merged: bool, split: tuple[int, int, int] | None = None) -> Dims | None:
     if order is None:
         return None
+    if split is not None:  # one axis viewed as two (n_head as n_kv_head, n_group)
+        axis, a, b = split
+        parts = ("n_kv_head", "n_group") if dims[axis] == "n_head" else (dims[axis], dims[axis])
+        dims = (*dims[:axis], *parts, *dims[axis + 1:])
+        shape = (*shape[:axis], a, b, *shape[axis + 1:])
     permuted = [dims[i] for i in order]
     if not merged:
         return tuple(permuted)

@@ -239,6 +239,9 @@ def _swapped(b: Base) -> Iterator[Trial]:
     words = ("keys and values swapped: {who} is what the reference computes with K in V's place and V in K's "
              "(the scores read the values, the pattern multiplies the keys)")
     yield Trial(replay(b, k_new=b.v_new, v_new=b.k_new), words)
+    if b.cache is not None:  # swapped after the cache was joined: the cached keys and values swapped too
+        yield Trial(replay(b, k_new=b.v_new, v_new=b.k_new, swap_cache=True), words + ", after the cache was joined "
+                    "(the cached ones swapped as well)")
     plain_k, rope = b.plain("K"), _rope(b)
     if rope is not None and plain_k is not None:
         rotated_v = _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing)
@@ -455,11 +458,18 @@ def _base(b: Base) -> Iterator[Trial]:
     rope = _rope(b)
     if rope is None:
         return
+    own = b.ctx.spec is not None and b.ctx.spec.base_from_module
     for base in KNOWN_BASES:
-        if base != rope.base:
-            yield Trial(_rotated(b, rope, base=base), f"{{who}} rotates with RoPE base {base:g} where the reference "
-                        f"uses {rope.base:g}; if your model "
-                        f"was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
+        if base == rope.base:
+            continue
+        if own:  # the module says its base, and rotates with another: a bug, whatever the model
+            words = (f"{{who}} rotates with RoPE base {base:g} where your module says {rope.base:g} (its rope_theta "
+                     f"or base): the base is not handed on to where the rotation's frequencies are made "
+                     f"(base ** (-2i / d_head) with base = {base:g}); pass the module's own")
+        else:
+            words = (f"{{who}} rotates with RoPE base {base:g} where the reference uses {rope.base:g}; if your model "
+                     f"was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
+        yield Trial(_rotated(b, rope, base=base), words)
 
 
 def _fraction(b: Base) -> Iterator[Trial]:

@@ -77,10 +77,14 @@ def qk_norm(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     if not {"Q_split", "K_split", "scores"} <= set(ctx.reference):
         return None
     q, k = ctx.reference["Q_split"].double(), ctx.reference["K_split"].double()
-    if q.shape[-1] != k.shape[-1] or q.dim() != k.dim():
+    if q.shape[-1] != k.shape[-1] or q.dim() != k.dim() or q.shape[-3] % k.shape[-3]:
         return None
+    if q.shape[-3] != k.shape[-3]:  # grouped-query: each key/value head read by n_group query heads, as K_rep
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
     plain = q @ k.transpose(-1, -2)  # [.., n_Q, d] @ [.., d, n_K] -> [.., n_Q, n_K]
     scores = ctx.reference["scores"].double()
+    if plain.shape != scores.shape:  # a decode step: the scores read the cache's keys too
+        return None
     usable = plain.abs() > 1e-6
     if not bool(usable.any()):
         return None

@@ -9,7 +9,7 @@ divergence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
@@ -58,6 +58,7 @@ class Aligned:
     status: str  # equal | permuted | differs | missing | unseen
     order: tuple[int, ...] | None = None  # the layout: how the user's tensor permutes the step's axes
     merged: bool = False  # ... and merges neighbours of them
+    split: tuple[int, int, int] | None = None  # ... after viewing one of them as two (align.Layout)
 
 
 @dataclass
@@ -88,21 +89,46 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     (conventions.py) the first under which every step lines up, with a note saying the convention."""
     from attnscope.usertrace import conventions
 
+    said_base = None
+    declared = conventions.own_base(module) if spec is not None and spec.rope_base is not None else None
+    default = spec is not None and spec.rope_base == conventions.DEFAULT_BASE
+    if declared is not None and default and declared != spec.rope_base and not _takes_tables(module):
+        # the module's own rope_theta, where --rope-base said none
+        spec = replace(spec, rope_base=declared, base_from_module=True)
+        said_base = (f"RoPE base {declared:g}, read from your module (its rope_theta or base); --rope-base "
+                     "overrides it")
     first = _line_up(module, shapes, inputs, records, train, spec)
+    if said_base is not None:
+        first.notes.insert(0, said_base)
     if not read_conventions or first.divergence is None or first.trace is None or spec is None:
         return first
     best, best_said, reached = first, None, _reached(first)
-    for other, said in conventions.readings(spec, first.trace, first.rows, records):
+    base_free = default and declared is None
+    for other, said in conventions.readings(spec, first.trace, first.rows, records, base_free):
         again = _line_up(module, shapes, inputs, records, train, other)
         if again.no_reference is None and _reached(again) > reached:  # the code's tensors say it, further on
             best, best_said, reached = again, said, _reached(again)
             if again.divergence is None:
                 break
+    if said_base is not None and best is not first:
+        best.notes.insert(0, said_base)
     if best_said is not None:  # a convention read from the code: said, whether or not a later step diverges
         line = next((row.record.line for row in best.rows
                      if row.reference in ("Q_rot", "K_rot") and row.record is not None), None)
         best.notes.insert(0, conventions.note(best_said, line, clean=best.divergence is None))
     return best
+
+
+def _takes_tables(module: Any) -> bool:
+    """Whether the module's forward takes RoPE's tables (trace makes them with the reference's base)."""
+    import inspect
+
+    from attnscope.usertrace.load import TABLE_NAMES
+
+    try:
+        return any(name in TABLE_NAMES for name in inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError, AttributeError):
+        return False
 
 
 def _reached(lined: LineUp) -> int:
@@ -169,7 +195,7 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
         step = trace.step(first.reference)
         first.record, first.max_abs_diff = found.record, shown[0].max_abs_diff
         first.layout = shown[0].layout.describe(step.dims, tuple(found.record.tensor.shape))
-        first.order, first.merged = shown[0].layout.order, shown[0].layout.merged
+        first.order, first.merged, first.split = shown[0].layout.order, shown[0].layout.merged, shown[0].layout.split
     return out
 
 
@@ -253,7 +279,7 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
            skips: dict[str, torch.Tensor]) -> list[Aligned]:
     """Each step with the user's tensor equal to it; failing that, the tensor that stands where the step stands in
     the user's data flow (align.follow), or none: a tensor of the right shape elsewhere is not the step."""
-    from attnscope.usertrace.align import best_equal, closest, follow
+    from attnscope.usertrace.align import ADDS_A_MASK, best_equal, closest, follow
 
     rows: list[Aligned] = []
     paired: dict[str, Record] = {}  # step -> the user's tensor lined up with it
@@ -264,7 +290,10 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         match = best_equal(records, step.tensor, skip)
         if match is None:
             after = [paired[p] for p in _parents(name, trace) if p in paired]
-            match = (follow(records, step.tensor, name, after, skip, frozenset(claimed)) if after
+            # a repeat of the keys (values) is never computed from the queries (a grouped einsum's output is no K_rep)
+            avoid = frozenset(r.index for s, r in paired.items() if s.startswith("Q")) \
+                if name in ("K_rep", "V_rep") else frozenset()
+            match = (follow(records, step.tensor, name, after, skip, frozenset(claimed), avoid) if after
                      else closest(records, step.tensor, name, skip, anchor, frozenset(claimed)))
         if match is None:
             rows.append(Aligned(name, step.dims, list(step.shape), None, "", None, "missing"))
@@ -276,15 +305,23 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         status = ("equal" if match.layout.same else "permuted") if match.equal else "differs"
         rows.append(Aligned(name, step.dims, list(step.shape), match.record,
                             match.layout.describe(step.dims, tuple(match.record.tensor.shape)),
-                            match.max_abs_diff, status, match.layout.order, match.layout.merged))
+                            match.max_abs_diff, status, match.layout.order, match.layout.merged,
+                            match.layout.split))
     if "alibi_bias" in trace:
         _shifted_rows(rows, trace)
     _not_from_later(rows, records)
     statuses = {row.reference: row.status for row in rows}
+    held = {row.reference: row.record.index for row in rows if row.record is not None}
     for i, row in enumerate(rows):  # a step fused away (F.scaled_dot_product_attention) is not a divergence
         later = any(r.status in ALIGNED for r in rows[i + 1:])
-        derived = statuses.get(DERIVED.get(row.reference, ""), "") in ALIGNED
-        if (row.status == "missing" and later) or (row.status == "differs" and derived):
+        derived = statuses.get(DERIVED.get(row.reference, ""), "")
+        # one op makes both (diffusers' baddbmm adds the mask as it computes the scores): the step never exists
+        fused = row.status == "differs" and row.record is not None and row.record.func in ADDS_A_MASK \
+            and held.get(DERIVED.get(row.reference, "")) == row.record.index
+        # never materialized: the step computed from it is found (GQA's scores from K never repeated)
+        skipped = row.status == "missing" and row.reference in ("K_rep", "V_rep") and derived in (*ALIGNED, "differs")
+        if (row.status == "missing" and later) or (row.status == "differs" and derived in ALIGNED) or skipped \
+                or fused:
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
 
@@ -293,12 +330,14 @@ def _not_from_later(rows: list[Aligned], records: list[Record]) -> None:
     """A step is never paired with a tensor computed from the tensor a later step is paired with (K_rep with the
     output of a grouped einsum that never repeats K, Q_feat with the module's return value): such a pairing is
     dropped, and the step is `missing` (then `unseen` where a later step lines up)."""
-    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.align import ADDS_A_MASK, ancestors
 
     for i, row in enumerate(rows):
         if row.status != "differs" or row.record is None:
             continue
         above = ancestors(row.record, records) | {row.record.index}
+        if row.record.func in ADDS_A_MASK:  # baddbmm(mask, q, kᵀ): the scores and the masked scores in one op
+            above.discard(row.record.index)
         if any(later.status in (*ALIGNED, "differs") and later.record is not None and later.record.index in above
                for later in rows[i + 1:]):
             row.status, row.record, row.max_abs_diff, row.layout, row.order = "missing", None, None, "", None
@@ -317,7 +356,7 @@ def _shifted_rows(rows: list[Aligned], trace: Trace) -> None:
             continue
         assert row.record is not None
         reference = trace[row.reference].double()
-        user = Layout(row.order, row.merged).undo(row.record.tensor, tuple(reference.shape)).double()
+        user = Layout(row.order, row.merged, row.split).undo(row.record.tensor, tuple(reference.shape)).double()
         kept = torch.isfinite(reference) & (reference > VERY_NEGATIVE)
         if not bool(torch.equal(kept, user > VERY_NEGATIVE)) or not bool(kept.any()):
             continue
@@ -373,7 +412,7 @@ def _differs_at(row: Aligned, found: Match, dims: tuple[str, ...]) -> Aligned:
     """`row`, lined up now with `found`'s tensor, where the step differs."""
     row.record, row.max_abs_diff, row.status = found.record, found.max_abs_diff, "differs"
     row.layout = found.layout.describe(dims, tuple(found.record.tensor.shape))
-    row.order, row.merged = found.layout.order, found.layout.merged
+    row.order, row.merged, row.split = found.layout.order, found.layout.merged, found.layout.split
     return row
 
 

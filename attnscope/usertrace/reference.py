@@ -68,6 +68,7 @@ class Spec:
     rope_fraction: float | None = None
     rope_start: int = 0
     pairing_asked: bool = False
+    base_from_module: bool = False  # rope_base is the module's own (its rope_theta), read where --rope-base said none
 
     def attention(self, n_kv_head: int | None = None) -> Any:
         """The AttentionSpec the reference computes, built here once from what the options said."""

@@ -132,7 +132,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
            v_new: torch.Tensor | None = None, cat_order: str = "cache first", repeat: str = "interleave",
            scale: float | None = None, bias: Any = KEEP, allowed: Any = KEEP, mask: str = "fill",
            softmax_dim: int = -1, after_softmax: torch.Tensor | None = None, multiplier: torch.Tensor | None = None,
-           merge: str = "permute", half: bool = False) -> dict[str, torch.Tensor]:
+           merge: str = "permute", half: bool = False, swap_cache: bool = False) -> dict[str, torch.Tensor]:
     """The reference's steps from its heads on, with the changes given: only the steps the reference has, in the
     row form."""
     out: dict[str, torch.Tensor] = {}
@@ -146,7 +146,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if v is not b.v_new:
         out[b.names["v"]] = v
     if b.cache is not None:
-        parts = [(b.cache[0], k), (b.cache[1], v)]
+        cached = b.cache[::-1] if swap_cache else b.cache  # swap_cache: K_cache joined to the values, V_cache the keys
+        parts = [(cached[0], k), (cached[1], v)]
         k, v = (torch.cat(p if cat_order == "cache first" else p[::-1], dim=-2) for p in parts)
         out["K_cat"], out["V_cat"] = k, v
     if b.n_group > 1:

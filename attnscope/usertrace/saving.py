@@ -47,7 +47,7 @@ def saved_steps(rows: list[Aligned], inputs: Inputs, target: Target) -> tuple[di
         if record is None or row.status not in ("equal", "permuted", "differs") or row.order is None:
             continue
         try:
-            tensor = Layout(row.order, row.merged).undo(record.tensor, tuple(row.shape))
+            tensor = Layout(row.order, row.merged, row.split).undo(record.tensor, tuple(row.shape))
         except RuntimeError:
             continue
         tensors[row.reference] = tensor

@@ -1,0 +1,151 @@
+"""`attnscope trace` on five code styles of docs/examples/more_styles.py that no other test holds (issue 41's
+held-out measure): GQA as a 5-D matmul without a repeat, a config's rope_theta handed to a RotaryEmbedding, a decode
+step joining a KV cache, heads folded into the batch with a [B, 1, n_K] padding mask added by baddbmm, and RoPE
+frequencies of the model's own base kept as a buffer. Each correct version exits 0 and is checked, apart from
+attnscope, against F.scaled_dot_product_attention holding its weights; each planted bug exits 1 with the catalog
+entry whose rerun reproduces it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_trace_command import trace, user_module
+from transformers.models.llama.modeling_llama import rotate_half
+
+STYLES = Path(__file__).resolve().parent.parent / "docs" / "examples" / "more_styles.py"
+TARGET = str(STYLES)
+CAUSAL = ("--causal",)
+DECODE = ("--causal", "lower-right", "--cache", "3")
+
+
+@pytest.fixture(scope="module")
+def padding(tmp_path_factory) -> tuple[str, ...]:
+    keep = torch.ones(2, 1, 1, 6, dtype=torch.bool)  # [n_batch, 1, 1, n_K]: keys 4, 5 and 5 padded
+    keep[0, ..., 4:] = False
+    keep[1, ..., 5:] = False
+    path = tmp_path_factory.mktemp("pad") / "pad.pt"
+    torch.save(keep, path)
+    return ("--mask", str(path), "--batch", "2", "--nq", "6")
+
+
+def args_of(style: str, padding: tuple[str, ...]) -> tuple[str, ...]:
+    return {"GroupedMatmul": CAUSAL, "ThetaAttention": (*CAUSAL, "--rope"), "CachedDecode": DECODE,
+            "PaddedBaddbmm": padding, "FixedTheta": (*CAUSAL, "--rope")}[style]
+
+
+def heads(t: torch.Tensor, n: int) -> torch.Tensor:
+    B, T, _ = t.shape
+    return t.view(B, T, n, -1).transpose(1, 2)  # [B, T, n·d] -> [B, n, T, d]
+
+
+def rope(t: torch.Tensor, base: float) -> torch.Tensor:
+    d = t.shape[-1]
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    emb = torch.cat([torch.outer(torch.arange(t.shape[-2], dtype=torch.float64), inv)] * 2, -1).float()
+    return t * emb.cos() + rotate_half(t) * emb.sin()
+
+
+def merged(y: torch.Tensor) -> torch.Tensor:
+    return y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+
+
+# --- the correct versions: PyTorch's attention holding their weights --------------------------------------------
+
+
+def test_each_correct_style_is_pytorchs_attention():
+    m = user_module(TARGET)
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 48)
+    with torch.no_grad():
+        g = m.GroupedMatmul().eval()  # 6 query heads on 2 key/value heads: head h reads h // 3
+        q, k, v = heads(g.wq(x), 6), heads(g.wk(x), 2), heads(g.wv(x), 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        torch.testing.assert_close(g(x), g.wo(merged(y)), rtol=1e-5, atol=1e-5)
+
+        t = m.ThetaAttention().eval()
+        q, k, v = heads(t.q_proj(x), 3), heads(t.k_proj(x), 3), heads(t.v_proj(x), 3)
+        y = F.scaled_dot_product_attention(rope(q, 500000.0), rope(k, 500000.0), v, is_causal=True)
+        torch.testing.assert_close(t(x), t.o_proj(merged(y)), rtol=1e-5, atol=1e-5)
+
+        f = m.FixedTheta().eval()
+        q, k, v = (heads(p, 3) for p in f.qkv(x).split(48, dim=-1))
+        y = F.scaled_dot_product_attention(rope(q, 1e6), rope(k, 1e6), v, is_causal=True)
+        torch.testing.assert_close(f(x), f.proj(merged(y)), rtol=1e-5, atol=1e-5)
+
+        c = m.CachedDecode().eval()
+        x40 = torch.randn(2, 4, 40)
+        cache = torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8)
+        q, k, v = (heads(p, 5) for p in c.c_attn(x40).split(40, dim=-1))
+        k, v = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2)
+        lower_right = torch.ones(4, 7, dtype=torch.bool).tril(3)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=lower_right)
+        torch.testing.assert_close(c(x40, cache), c.c_proj(merged(y)), rtol=1e-5, atol=1e-5)
+
+        p = m.PaddedBaddbmm().eval()
+        x32 = torch.randn(2, 6, 32)
+        keep = torch.ones(2, 1, 6, dtype=torch.bool)
+        keep[0, :, 4:] = False
+        q, k, v = heads(p.to_q(x32), 4), heads(p.to_k(x32), 4), heads(p.to_v(x32), 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None])
+        torch.testing.assert_close(p(x32, keep), p.to_out(merged(y)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("style", ["GroupedMatmul", "ThetaAttention", "CachedDecode", "PaddedBaddbmm", "FixedTheta"])
+def test_each_correct_style_exits_0(runner, padding, style):
+    result, out = trace(runner, f"{TARGET}:{style}", *args_of(style, padding))
+    assert result.exit_code == 0, result.output
+    assert out["first_divergence"] is None
+    if style == "GroupedMatmul":  # the 5-D scores line up as the reference's, n_head viewed as n_kv_head, n_group
+        rows = {row["reference"]: row for row in out["alignment"]}
+        assert rows["scores"]["status"] == "permuted" and "n_kv_head, n_group" in rows["scores"]["layout"]
+    if style == "ThetaAttention":
+        assert any("RoPE base 500000, read from your module" in n for n in out["notes"])
+    if style == "FixedTheta":
+        assert any("RoPE base 1e+06" in n and "A convention, not a mistake" in n for n in out["notes"])
+
+
+# --- planted bugs: each named by the experiment that reproduces it -----------------------------------------------
+
+
+BUGS = [
+    ("GroupedMatmul", "noscale", "scale.none", "scores"),
+    ("GroupedMatmul", "tril1", "mask.off_by_one", "masked_scores"),
+    ("GroupedMatmul", "axis", "softmax.axis", "attention"),
+    ("GroupedMatmul", "v_is_k", "kv.values_from_keys", "x_raw"),
+    ("GroupedMatmul", "group_order", "gqa.group_order", "scores"),
+    ("ThetaAttention", "forgot_base", "rope.base", "Q_rot"),
+    ("ThetaAttention", "scale_d_model", "scale.d_model", "scores"),
+    ("ThetaAttention", "rope_on_v", "rope.on_values", "x_raw"),
+    ("CachedDecode", "cache_order", "cache.order", "K_cat"),
+    ("CachedDecode", "upper_left", "mask.upper_left", "masked_scores"),
+    ("CachedDecode", "kv_swapped", "kv.swapped", "scores"),
+    ("PaddedBaddbmm", "on_queries", "mask.on_queries", "masked_scores"),
+    ("PaddedBaddbmm", "merge", "heads.merge_without_transpose", "x_rsh2"),
+    ("PaddedBaddbmm", "noscale", "scale.none", "masked_scores"),  # the mask added in the scores' own baddbmm
+]
+
+
+@pytest.mark.parametrize(("style", "bug", "entry", "step"), BUGS, ids=[f"{b[0]}-{b[1]}" for b in BUGS])
+def test_each_planted_bug_is_named_by_experiment(runner, padding, style, bug, entry, step):
+    result, out = trace(runner, f"{TARGET}:{style}", "--init", f"bug={bug!r}", *args_of(style, padding))
+    assert result.exit_code == 1, result.output
+    first = out["first_divergence"]
+    assert (first["reference"], first["experiment"]) == (step, entry), first
+    assert first["evidence"].startswith("by experiment: ") and "to tolerance" in first["evidence"], first
+
+
+def test_a_base_unlike_the_modules_own_names_the_modules():
+    """The module's rope_theta is the reference's base where --rope-base says none, and the message says so."""
+    from typer.testing import CliRunner
+
+    from attnscope.cli import app
+
+    result = CliRunner().invoke(app, ["trace", f"{TARGET}:ThetaAttention", "--init", "bug='forgot_base'", "--causal",
+                                      "--rope"], env={"COLUMNS": "80", "NO_COLOR": "1"})
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert "rotates with RoPE base 10000 where your module says 500000" in text
