@@ -268,8 +268,8 @@ def _quoted(prompt: str, most: int = 300) -> str:
 
 
 def _page_name(model: object) -> str:
-    """The page's class: `Gemma3` for the Gemma3ImageWithImage a VLM's run builds."""
-    return type(model).__name__.removesuffix("WithImage").removesuffix("Image")
+    """The page's class: `Gemma3` for the Gemma3Image a VLM's run holds (vlm_run.ImageEmbedded's `page`)."""
+    return type(getattr(model, "page", model)).__name__.removesuffix("Image")
 
 
 def _texts(folder: Path, tokens: ImageTokens) -> list[str]:

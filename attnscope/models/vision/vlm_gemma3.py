@@ -24,9 +24,12 @@ from typing import TYPE_CHECKING, Any
 from attnscope.models.families.gemma3 import Gemma3
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
-    from attnscope.spec import AttentionSpec
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.config import Config
 
 
 def image_mask(blocks: list[int], window: int | None, start: int = 0, n_new: int | None = None,
@@ -74,25 +77,24 @@ class ImageMasked:
 
 class Gemma3Image(Gemma3):
     """Gemma 3's text model reading a prompt with an image: `blocks` says which image each position is in (-1:
-    text), as `ImageTokens.blocks` gives it."""
+    text), as `ImageTokens.blocks` gives it, and each layer's attention is called with the mask they make."""
 
-    blocks: list[int]
-    _building = False  # while the module is built: its spec leaves causality and the window to the mask
-
-    def attention_spec(self, layer: int) -> AttentionSpec:
-        """The layer's own spec (causal, its window: what the table and JSON describe); the module's, while it
-        is built, without them, as the mask it is called with holds both."""
-        spec = super().attention_spec(layer)
-        return replace(spec, causal=False, window=None) if self._building else spec
+    def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint, blocks: list[int]) -> None:
+        super().__init__(folder, config, checkpoint)
+        self.blocks = blocks
 
     def attention(self, layer: int, record: bool) -> Any:
-        """Layer `layer`'s MultiHeadAttention, called with this layer's mask."""
-        self._building = True
-        try:
-            module = super().attention(layer, record)
-        finally:
-            self._building = False
-        return ImageMasked(module, self.blocks, self.window(layer))
+        """Layer `layer`'s MultiHeadAttention, called with this layer's image mask: its spec is the layer's
+        (`attention_spec`, what the table and JSON describe) without the causal rule and the window, which the mask
+        holds."""
+        from attnscope.attention.multihead import MultiHeadAttention
+
+        spec = replace(self.attention_spec(layer), causal=False, window=None, n_kv_head=self.n_kv_head)
+        qkv, out = self.biases()
+        module = MultiHeadAttention(self.d_model, self.n_head, bias=qkv, record=record, device="meta",
+                                    d_head=self.d_head, out_bias=out, spec=spec)
+        module.load_state_dict(self.projections(layer), assign=True)
+        return ImageMasked(module.eval(), self.blocks, self.window(layer))
 
     def layer_notes(self, layer: int) -> list[str]:
         window = self.window(layer)

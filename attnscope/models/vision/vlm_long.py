@@ -11,7 +11,7 @@ rows' statistics count every key as visible (a row is not causal where it reads 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,8 +32,8 @@ def long_head(model: Family, tokens: ImageTokens, layer: int, head: int,
     from attnscope.models.vision.vlm_gemma3 import Gemma3Image
     from attnscope.readings.headstats import no_repeat
 
-    if isinstance(model, Gemma3Image):
-        return _gemma3(model, tokens, layer, head, rows)
+    if isinstance(getattr(model, "page", model), Gemma3Image):  # vlm_run.ImageEmbedded's page
+        return _gemma3(cast("Gemma3Image", model), tokens, layer, head, rows)
     return long.long_head(model, tokens.ids, [0] * len(tokens.ids), layer, head, rows,
                           repeats=no_repeat(tokens.ids, tokens.image))
 

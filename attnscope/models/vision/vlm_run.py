@@ -8,7 +8,7 @@ loaded than the tower, the projector and the embeddings.
 
 Then the text model's layers run:
 - on attnscope's family page where there is one (`text_family`): Gemma 3 (with the image's bidirectional mask:
-  vlm_gemma3.py), Llama 4, LLaVA's LLaMA or Mistral, the page's class with `ImageEmbedded` mixed in, so that
+  vlm_gemma3.py), Llama 4, LLaVA's LLaMA or Mistral, the page held by `ImageEmbedded`, so that
   its layer 0 reads those embeddings: models/forward/run.py's `run_layer` (layers 0..L, L traced) and
   models/forward/stream.py's `every_layer` run it as they run any page;
 - through transformers' attention interface otherwise (`interface`): Qwen2.5-VL and Qwen3-VL turn M-RoPE, three
@@ -19,7 +19,7 @@ Then the text model's layers run:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from attnscope.errors import ResourceError, UsageError
 from attnscope.models.nopage.truncated import config_errors, first_line, refused
@@ -44,11 +44,13 @@ class _Entered(Exception):
 
 
 class ImageEmbedded:
-    """Mixed into a family's page: the residual stream entering layer 0 is the one the VLM made (`embeddings`: the
-    token embeddings with the image's projected features in its places), so models/forward/run.py's `run_layer` and
-    models/forward/stream.py's `every_layer` run the text model on a prompt with an image unchanged."""
+    """A family's page reading a prompt with an image: the residual stream entering layer 0 is `h0`, the one the VLM
+    made (`embeddings`: the token embeddings with the image's projected features in its places), so
+    models/forward/run.py's `run_layer` and models/forward/stream.py's `every_layer` run the text model on it
+    unchanged. Everything else (layers, attention, logits, checkpoint) is the page's; `architecture` is the VLM's."""
 
-    h0: torch.Tensor  # [1, n_tokens, d_model]
+    def __init__(self, page: Family, h0: torch.Tensor, architecture: str) -> None:
+        self.page, self.h0, self.architecture = page, h0, architecture  # h0: [1, n_tokens, d_model]
 
     def embed(self, ids: list[int], type_ids: list[int]) -> torch.Tensor:
         if len(ids) != int(self.h0.shape[1]):
@@ -56,12 +58,17 @@ class ImageEmbedded:
         return self.h0
 
     def embed_at(self, ids: list[int], start: int) -> torch.Tensor:
-        """Decoding (models/forward/stream.py's `generate`): the prompt is the VLM's embeddings; a new token is
+        """The prompt's embeddings (a decode step's prefill), else the tokens generated after the image and the
         text, the language model's own token embedding (as each family's forward embeds `input_ids` once the
         image's features are in the cache). The families read here take positions from RoPE alone."""
         if start == 0 and len(ids) == int(self.h0.shape[1]):
             return self.h0
-        return super().embed(ids, [0] * len(ids))  # type: ignore[misc]  # the family page's, next in the MRO
+        return self.page.embed(ids, [0] * len(ids))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "page":  # not set yet (a copy being made): no recursion through it
+            raise AttributeError(name)
+        return getattr(self.page, name)
 
 
 def text_family(folder: Path, config: Config, tokens: ImageTokens) -> Family:
@@ -72,27 +79,22 @@ def text_family(folder: Path, config: Config, tokens: ImageTokens) -> Family:
     from attnscope.models.config import Config as Settings
     from attnscope.models.shapes import check_weights
 
-    settings = config
+    page: Family
     if config.model_type == "gemma3":
         from attnscope.models.vision.vlm_gemma3 import Gemma3Image
 
-        family: type[Family] | None = Gemma3Image
-    elif config.model_type == "llava":
-        # transformers' text config, its class defaults filled in: LLaVA 1.5's config.json names a few settings
-        settings = Settings(config.path, {**text_settings(folder, config),
-                                          "architectures": config.data.get("architectures")})
-        family = family_of(settings)
+        page = Gemma3Image(folder, config, Checkpoint.open(folder), tokens.blocks())  # each position's image
     else:
-        family = family_of(config)
-    assert family is not None  # vlm.check_vlm kept the families with a page
-    with_image = type(f"{family.__name__}WithImage", (ImageEmbedded, family), {})
-    model: Family = with_image(folder, settings, Checkpoint.open(folder))
-    model.architecture = config.architecture
-    if config.model_type == "gemma3":
-        model.blocks = tokens.blocks()  # type: ignore[attr-defined]  # each position's image, for its mask
-    check_weights(model)
-    model.h0 = embeddings(folder, config, tokens)  # type: ignore[attr-defined]
-    return model
+        settings = config
+        if config.model_type == "llava":
+            # transformers' text config, its class defaults filled in: LLaVA 1.5's config.json names a few settings
+            settings = Settings(config.path, {**text_settings(folder, config),
+                                              "architectures": config.data.get("architectures")})
+        family = family_of(settings)
+        assert family is not None  # vlm.check_vlm kept the families with a page
+        page = family(folder, settings, Checkpoint.open(folder))
+    check_weights(page)
+    return cast("Family", ImageEmbedded(page, embeddings(folder, config, tokens), config.architecture))
 
 
 def embeddings(folder: Path, config: Config, tokens: ImageTokens) -> torch.Tensor:
