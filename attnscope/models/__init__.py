@@ -55,7 +55,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | Q_normed, K_normed (qk-norm before RoPE) | qknorm.py, from multihead.py `_heads` (`attention_spec().qk_norm`) |
 | cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
 |   layers) | |
-| Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4_qk_norm.py `Llama4Attention` |
+| Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4.py `Llama4Attention` |
 | attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
 | V_normed (Gemma 4's values); K_shared, V_shared (a layer reading another's KV) | gemma4.py `Gemma4Attention` |
 | alibi_bias, biased_scores (BLOOM, MPT) | attention.py `sdpa` with alibi.py |

@@ -36,6 +36,7 @@ from attnscope.errors import UsageError
 from attnscope.models.config import Config, layer_entry
 from attnscope.models.families.gemma3 import LAYER_TYPES, Gemma3
 from attnscope.models.families.llama import Llama
+from attnscope.models.families.written import WrittenAttention, join_cache, kv_axis, project
 from attnscope.models.family import Slice
 from attnscope.spec import AttentionSpec
 
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
     import torch
 
-    from attnscope.attention.dot_product import HeadInputs
     from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.trace import Trace
@@ -392,109 +392,59 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
 
 
-class Gemma4Attention:
-    """Layer L's attention as `Gemma4TextAttention.forward` computes it, called as a MultiHeadAttention is
-    (`attention(X, mask=None, cache=None)` -> Trace): `module` holds the weights (W_q, W_k, W_v, W_o, q_norm, k_norm)
-    and the spec, and everything else a caller reads of it (`spec`, `W_o`) is the module's.
-
-    What Gemma 4 adds, in `heads`: the values RMSNormed per head with no weight (`V_normed`; where K = V, W_v holds
-    k_proj's weight, so V_feat is k_proj(X)); a storing layer writes its keys and values (after the cache joins, as
-    `shared_kv_states[layer_type] = key_states, value_states`) into `shared`, and a reusing layer (`owner`) reads
-    them (`K_shared`, `V_shared`) instead of computing its own, its queries at the last of the owner's positions."""
+class Gemma4Attention(WrittenAttention):
+    """Layer L's attention as `Gemma4TextAttention.forward` computes it (written.py runs sdpa, the merge and W_o on
+    what `heads` makes). What Gemma 4 adds: the values RMSNormed per head with no weight (`V_normed`; where K = V,
+    W_v holds k_proj's weight, so V_feat is k_proj(X)); a storing layer writes its keys and values (after the cache
+    joins, as `shared_kv_states[layer_type] = key_states, value_states`) into `shared`, and a reusing layer
+    (`owner`) reads them (`K_shared`, `V_shared`) instead of computing its own, its queries at the last of the
+    owner's positions."""
 
     def __init__(self, module: MultiHeadAttention, shared: dict[str, Any], kind: str, owner: int | None, stores: bool,
                  eps: float) -> None:
-        self.module, self.shared, self.kind, self.owner, self.stores, self.eps = (module, shared, kind, owner, stores,
-                                                                                  eps)
+        super().__init__(module)
+        self.shared, self.kind, self.owner, self.stores, self.eps = shared, kind, owner, stores, eps
 
     def __call__(self, X: torch.Tensor, mask: torch.Tensor | None = None,
                  cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Trace:
-        from attnscope import cost
-        from attnscope.attention import rows
-        from attnscope.attention.dot_product import heads_last, merge_heads, sdpa
-        from attnscope.trace import Trace
-
-        m = self.module
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
         if self.owner is not None:  # this layer's own cache is empty (DummyLayer): the owner's keys say where Q sits
-            past = self._shared_kv()[0].shape[-2] - X.shape[1]
+            m, past = self.module, self._shared_kv()[0].shape[-2] - X.shape[1]
             cache = None if past <= 0 else (X.new_zeros(X.shape[0], m.n_kv_head, past, m.d_head),) * 2
-        spec = m.spec if cache is None else m.spec.with_cache(cache[0].shape[-2])
-        trace = Trace()
-        q, k, v, names = self.heads(trace.add if m.record else _keeping, X, cache, spec)
-        spec = replace(spec, rope=None, temperature=None, qk_norm=None)  # normed and rotated in `heads`
-        n_group = m.n_head // m.n_kv_head
-        if not m.record:
-            x_raw = rows.eager_rows(q, k, v, mask, spec, n_group=n_group)  # [n_batch, n_head, n_Q, d_head]
-            trace.add("x", m.W_o(merge_heads(x_raw)), ("n_batch", "n_Q", "d_feat"),  # [n_batch, n_Q, d_feat]
-                      "W_o(merge_heads(eager attention by blocks of query rows(...)))")
-            return trace
-        inner = sdpa(q, k, v, mask, enable_gqa=n_group > 1, names=names, spec=spec)
-        for step in inner.steps[3:]:  # from scores on: the inputs are already here
-            trace.add_step(step)
-        trace.notes.extend(inner.notes)
-        width = self._width(m.n_head)
-        merged = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
-                           "x_raw.permute(0, 2, 1, 3).contiguous()")
-        merged = trace.add("x_rsh2", merged.flatten(-2), ("n_batch", "n_Q", width),  # -> [n_batch, n_Q, n_head·d_head]
-                           f"x_rsh1.view(n_batch, -1, {width})", allocates=False)
-        x = m.W_o(merged)  # [n_batch, n_Q, d_feat]
-        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
-                  cost.linear_flops(x.shape, merged.shape[-1], m.W_o.bias is not None))
-        return trace
+        return super().__call__(X, mask, cache)
 
     def heads(self, add: Any, X: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None,
               spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
         """Q, K, V per head as the attention reads them, and their names: projected, split, the values normed,
         q and k normed and rotated, the cache joined; on a reusing layer, the owner's keys and values."""
         from attnscope import cost
-        from attnscope.attention.dot_product import Names, normalize, rotate, split_heads
+        from attnscope.attention.dot_product import Names, normalize, rotate
         from attnscope.variants.qknorm import apply as qk_norm
 
-        m, shared = self.module, self.owner is not None
-        kv_axis = "n_head" if m.n_kv_head == m.n_head else "n_kv_head"
+        m, axis = self.module, kv_axis(self.module)
         n_key, n_cache = ("n_K", 0) if cache is None else ("n_new", cache[0].shape[-2])
-        biased = m.W_q.bias is not None
-        plan = (("Q", m.W_q, "n_Q", m.n_head, "n_head"), ("K", m.W_k, n_key, m.n_kv_head, kv_axis),
-                ("V", m.W_v, n_key, m.n_kv_head, kv_axis))[: 1 if shared else 3]
-        feat = {name: add(f"{name}_feat", W(X), ("n_batch", n, self._width(count)),  # [n_batch, n, heads·d_head]
-                          f"W_{name.lower()}({name})",
-                          cost.linear_flops((*X.shape[:-1], W.out_features), X.shape[-1], biased))
-                for name, W, n, count, _ in plan}
-        split = {name: add(f"{name}_split", split_heads(feat[name], count),  # -> [n_batch, heads, n, d_head]
-                           ("n_batch", axis, n, "d_head"),
-                           f"{name}_feat.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
-                 for name, _, n, count, axis in plan}
-        q_dims, kv_dims = ("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head")
+        split = project(add, m, X, "Q" if self.owner is not None else "QKV", n_key)
+        q_dims, kv_dims = ("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", axis, n_key, "d_head")
         norm = spec.norm
-        assert norm is not None  # Gemma4.attention_spec's per-head RMSNorm
-        if shared:
+        assert norm is not None and spec.rope is not None  # Gemma4.attention_spec's: every layer norms and rotates
+        if self.owner is not None:
             normed = qk_norm(split["Q"], m.q_norm.weight, None, norm)  # [n_batch, n_head, n_Q, d_head]
             q = add("Q_normed", normed, q_dims, norm.op("Q_split", "d_head", "q_norm.weight"),
                     cost.rms_norm_flops(normed.shape, True))
             return self._shared_heads(add, q, n_cache, spec)
         v = _rms(split["V"], self.eps)  # v_norm: [n_batch, n_kv_head, n, d_head]
         v = add("V_normed", v, kv_dims, f"V_split * (mean(V_split², dim=-1) + {self.eps:g})^-½: v_norm, RMSNorm of "
-                f"each {kv_axis.removeprefix('n_')}'s values over d_head, no weight", cost.rms_norm_flops(v.shape, False))
+                f"each {axis.removeprefix('n_')}'s values over d_head, no weight", cost.rms_norm_flops(v.shape, False))
         q, k = normalize(add, split["Q"], split["K"], norm, (m.q_norm.weight, m.k_norm.weight),
                          source=("Q_split", "K_split"), dims=(q_dims, kv_dims), axis=("d_head", "d_head"),
                          names=("q_norm.weight", "k_norm.weight"), biases=(m.q_norm.bias, m.k_norm.bias))
         n_K = n_cache + k.shape[-2]
         q_offset = n_cache if cache is not None else spec.offset(q.shape[-2], n_K)
-        assert spec.rope is not None  # every Gemma 4 layer rotates (Gemma4._layer_rope)
         q, k = rotate(add, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache, source=("Q_normed", "K_normed"),
                       dims=(q_dims, kv_dims), d_name="d_head", n_keys=n_K)
         names = Names(Q="Q_rot", K="K_rot", V="V_normed", out="x_raw", d_K="d_head", d_V="d_head",
                       batch=("n_batch", "n_head"))
         if cache is not None:
-            import torch
-
-            cached, full = ("n_batch", kv_axis, "n_cache", "d_head"), ("n_batch", kv_axis, "n_K", "d_head")
-            K_cache = add("K_cache", cache[0].to(k.dtype), cached, "input: cached keys (already rotated)")
-            V_cache = add("V_cache", cache[1].to(v.dtype), cached, "input: cached values")
-            k = add("K_cat", torch.cat([K_cache, k], dim=-2), full, "torch.cat([K_cache, K_rot], dim=-2)")
-            v = add("V_cat", torch.cat([V_cache, v], dim=-2), full, "torch.cat([V_cache, V_normed], dim=-2)")
+            k, v = join_cache(add, k, v, cache, axis, ("K_rot", "V_normed"))
             names = replace(names, K="K_cat", V="V_cat")
         if self.stores:
             self.shared[self.kind] = (k, v)
@@ -511,7 +461,7 @@ class Gemma4Attention:
                       source=("Q_normed", "K_shared"), dims=(("n_batch", "n_head", "n_Q", "d_head"),
                                                              ("n_batch", "n_kv_head", "n_K", "d_head")),
                       d_name="d_head", n_keys=keys.shape[-2])
-        kv_dims = ("n_batch", "n_head" if self.module.n_kv_head == self.module.n_head else "n_kv_head", "n_K", "d_head")
+        kv_dims = ("n_batch", kv_axis(self.module), "n_K", "d_head")
         made = ("K_cat", "V_cat") if n_cache else ("K_rot", "V_normed")
         k = add("K_shared", keys, kv_dims, f"layer {self.owner}'s keys ({made[0]}: normed, rotated), shared",
                 allocates=False)
@@ -526,22 +476,6 @@ class Gemma4Attention:
                              "it reads; run the layers in order")
         return self.shared[self.kind]  # type: ignore[no-any-return]
 
-    def _width(self, n: int) -> str:
-        """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head`."""
-        m = self.module
-        return "d_feat" if n * m.d_head == m.d_feat else f"{'n_head' if n == m.n_head else 'n_kv_head'}·d_head"
-
-    def head_inputs(self, X: torch.Tensor, head: int) -> HeadInputs:
-        """Query head `head` and the key/value head that serves it, as `heads` makes them, nothing recorded
-        (models/forward/long.py's blocks of rows)."""
-        from attnscope.attention.dot_product import HeadInputs
-
-        m = self.module
-        q, k, v, _ = self.heads(_keeping, X, None, m.spec)
-        g = head // (m.n_head // m.n_kv_head)  # transformers' repeat_kv order
-        spec = replace(m.spec, rope=None, temperature=None, qk_norm=None, n_kv_head=None)
-        return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, None)  # [1, 1, n, d_head]
-
     def empty_cache(self, n_batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
@@ -552,22 +486,7 @@ class Gemma4Attention:
     def cache_after(self, trace: Trace) -> tuple[torch.Tensor, torch.Tensor]:
         if self.owner is not None:  # transformers' DummyLayer: nothing cached here
             return self.empty_cache()
-        return trace["K_cat"], trace["V_cat"]
-
-    def to(self, device: str) -> Gemma4Attention:
-        """On `device` (the meta device: a long prompt's steps as shapes), moved as a module is, in place."""
-        self.module.to(device)
-        return self
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "module":  # not set yet (a copy being made): no recursion through it
-            raise AttributeError(name)
-        return getattr(self.module, name)
-
-
-def _keeping(name: str, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """`Trace.add`'s stand-in when nothing is recorded."""
-    return tensor
+        return super().cache_after(trace)
 
 
 def _dropping(add: Any, names: tuple[str, ...]) -> Any:

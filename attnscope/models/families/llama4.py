@@ -34,14 +34,14 @@ shared expert's output is added.
 
 from __future__ import annotations
 
-from functools import partial
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks
 from attnscope.models.config import Config
 from attnscope.models.families.llama import Llama
 from attnscope.models.families.nope import nope_note, rope_layers
+from attnscope.models.families.written import WrittenAttention, join_cache, kv_axis, project
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -99,14 +99,13 @@ class Llama4(Llama):
         return AttentionSpec(causal=True, rope=self.rope() if rope else None, chunk=self.chunk(layer),
                              temperature=tuning)
 
-    def attention_module(self, layer: int) -> Callable[..., MultiHeadAttention]:
+    def attention(self, layer: int, record: bool) -> MultiHeadAttention:
+        """LLaMA's attention, and on a RoPE layer with `use_qk_norm` Llama4Attention's (q and k normed after RoPE)."""
+        module = super().attention(layer, record)
         if not (self.uses_rope(layer) and self.config.flag("use_qk_norm", default=True)):
-            return super().attention_module(layer)
-        from attnscope.models.families.llama4_qk_norm import (
-            Llama4Attention,  # torch: only for a run, never a weight dump
-        )
-
-        return partial(Llama4Attention, qk_norm_eps=self.config.number("rms_norm_eps", default=1e-5))
+            return module
+        eps = self.config.number("rms_norm_eps", default=1e-5)
+        return cast("MultiHeadAttention", Llama4Attention(module, eps))
 
     def layer_notes(self, layer: int) -> list[str]:
         if self.uses_rope(layer):
@@ -153,3 +152,48 @@ class Llama4(Llama):
                                 for n in ("gate_proj", "up_proj", "down_proj"))
         shared = blocks.gated_mlp(flat, gate_w, up_w, down_w, act)  # [n_tokens, d_model]
         return (shared + experts.sum(dim=0)).view(x.shape)  # [1, n_tokens, d_model]
+
+
+class Llama4Attention(WrittenAttention):
+    """A RoPE layer's attention with `use_qk_norm`, as `Llama4TextAttention.forward` computes it (written.py runs
+    sdpa, the merge and W_o on what `heads` makes): after RoPE, each head's q and k divided by their root mean
+    square, with no weights (`Llama4TextL2Norm`: `x · rsqrt(mean(x²) + eps)`), unlike Qwen3's and Gemma 3's RMSNorm
+    with weights before RoPE; the new tokens' only, before the cache joins, as transformers norms them before
+    `past_key_values.update` (the cached keys are already normed)."""
+
+    def __init__(self, module: MultiHeadAttention, eps: float) -> None:
+        super().__init__(module)
+        self.eps = eps
+
+    def heads(self, add: Any, X: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None,
+              spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """Q, K, V per head: projected, split, rotated, normed (`Q_normed`, `K_normed`), the cache joined."""
+        from attnscope.attention.dot_product import Names, rotate
+
+        m, axis, eps = self.module, kv_axis(self.module), self.eps
+        n_key, n_cache = ("n_K", 0) if cache is None else ("n_new", cache[0].shape[-2])
+        split = project(add, m, X, "QKV", n_key)
+        q_dims, kv_dims = ("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", axis, n_key, "d_head")
+        n_K = n_cache + split["K"].shape[-2]
+        q_offset = n_cache if cache is not None else spec.offset(split["Q"].shape[-2], n_K)
+        assert spec.rope is not None and spec.temperature is None  # a RoPE layer's (the NoPE layers tune)
+        q, k = rotate(add, split["Q"], split["K"], spec.rope, q_offset=q_offset, k_offset=n_cache,
+                      source=("Q_split", "K_split"), dims=(q_dims, kv_dims), d_name="d_head", n_keys=n_K)
+        q = add("Q_normed", l2_norm(q, eps), q_dims,
+                f"Q_rot * rsqrt(mean(Q_rot², dim=-1) + {eps:g}): Llama 4's L2 qk-norm, no weights, after RoPE",
+                4 * q.numel())
+        k = add("K_normed", l2_norm(k, eps), kv_dims,
+                f"K_rot * rsqrt(mean(K_rot², dim=-1) + {eps:g}): the same norm of the keys", 4 * k.numel())
+        v, names = split["V"], ("Q_normed", "K_normed", "V_split")
+        if cache is not None:
+            k, v = join_cache(add, k, v, cache, axis, ("K_normed", "V_split"))
+            names = ("Q_normed", "K_cat", "V_cat")
+        return q, k, v, Names(Q=names[0], K=names[1], V=names[2], out="x_raw", d_K="d_head", d_V="d_head",
+                              batch=("n_batch", "n_head"))
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`Llama4TextL2Norm`: `x · rsqrt(mean(x²) + eps)` over the last axis."""
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # [.., d_head]

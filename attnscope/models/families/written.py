@@ -1,0 +1,140 @@
+"""What a page that writes its attention out shares (gemma4.py's `Gemma4Attention`, llama4.py's `Llama4Attention`).
+
+Such a page adds its own lines between MultiHeadAttention's stages (Gemma 4 norms its values and shares its keys and
+values; Llama 4 norms q and k after RoPE), so it writes the attention as `heads(add, X, cache, spec)`, its Q, K and V
+per head, and `WrittenAttention` does the rest as MultiHeadAttention.forward does: sdpa, the merge and W_o. The
+layer's MultiHeadAttention (`module`) only holds the weights and the spec; it is called as a MultiHeadAttention is,
+`attention(X, mask=None, cache=None)` -> Trace, and whatever else a caller reads of it (`spec`, `W_o`,
+`empty_cache`) is the module's. `add` is a Trace's add, or `keeping` when nothing is recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.attention.dot_product import HeadInputs, Names
+    from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.spec import AttentionSpec
+    from attnscope.trace import Trace
+
+Cache = tuple["torch.Tensor", "torch.Tensor"]
+
+
+class WrittenAttention:
+    """A layer's attention whose Q, K and V per head a page writes in `heads`."""
+
+    def __init__(self, module: MultiHeadAttention) -> None:
+        self.module = module
+
+    def heads(self, add: Any, X: torch.Tensor, cache: Cache | None,
+              spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Names]:
+        """Q `[n_batch, n_head, n_Q, d_head]`, K and V `[n_batch, n_kv_head, n_K, d_head]` as sdpa reads them, and
+        their names; the page writes it."""
+        raise NotImplementedError
+
+    def __call__(self, X: torch.Tensor, mask: torch.Tensor | None = None, cache: Cache | None = None) -> Trace:
+        from attnscope import cost
+        from attnscope.attention import rows
+        from attnscope.attention.dot_product import heads_last, merge_heads, sdpa
+        from attnscope.trace import Trace
+
+        m = self.module
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
+        spec = m.spec if cache is None else m.spec.with_cache(cache[0].shape[-2])  # a decode step after the cache
+        trace = Trace()
+        q, k, v, names = self.heads(trace.add if m.record else keeping, X, cache, spec)
+        spec = replace(spec, rope=None, temperature=None, qk_norm=None)  # applied in `heads`
+        n_group = m.n_head // m.n_kv_head
+        if not m.record:
+            x_raw = rows.eager_rows(q, k, v, mask, spec, n_group=n_group)  # [n_batch, n_head, n_Q, d_head]
+            trace.add("x", m.W_o(merge_heads(x_raw)), ("n_batch", "n_Q", "d_feat"),  # [n_batch, n_Q, d_feat]
+                      "W_o(merge_heads(eager attention by blocks of query rows(...)))")
+            return trace
+        inner = sdpa(q, k, v, mask, enable_gqa=n_group > 1, names=names, spec=spec)
+        for step in inner.steps[3:]:  # from scores on: the inputs are already here
+            trace.add_step(step)
+        trace.notes.extend(inner.notes)
+        wide = width(m, m.n_head)
+        merged = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
+                           "x_raw.permute(0, 2, 1, 3).contiguous()")
+        merged = trace.add("x_rsh2", merged.flatten(-2), ("n_batch", "n_Q", wide),  # -> [n_batch, n_Q, n_head·d_head]
+                           f"x_rsh1.view(n_batch, -1, {wide})", allocates=False)
+        x = m.W_o(merged)  # [n_batch, n_Q, d_feat]
+        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
+                  cost.linear_flops(x.shape, merged.shape[-1], m.W_o.bias is not None))
+        return trace
+
+    def head_inputs(self, X: torch.Tensor, head: int) -> HeadInputs:
+        """Query head `head` and the key/value head that serves it, as `heads` makes them, nothing recorded
+        (models/forward/long.py's blocks of rows)."""
+        from attnscope.attention.dot_product import HeadInputs
+
+        m = self.module
+        q, k, v, _ = self.heads(keeping, X, None, m.spec)
+        g = head // (m.n_head // m.n_kv_head)  # transformers' repeat_kv order
+        spec = replace(m.spec, rope=None, temperature=None, qk_norm=None, n_kv_head=None)
+        return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, None)  # [1, 1, n, d_head]
+
+    def cache_after(self, trace: Trace) -> Cache:
+        """The keys as the attention read them and the values, earlier positions and new."""
+        return trace["K_cat"], trace["V_cat"]
+
+    def to(self, device: str) -> WrittenAttention:
+        """On `device` (the meta device: a long prompt's steps as shapes), moved as a module is, in place."""
+        self.module.to(device)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "module":  # not set yet (a copy being made): no recursion through it
+            raise AttributeError(name)
+        return getattr(self.module, name)
+
+
+def project(add: Any, m: MultiHeadAttention, X: torch.Tensor, which: str, n_key: str) -> dict[str, torch.Tensor]:
+    """Steps `Q_feat, K_feat, V_feat`, then `Q_split, K_split, V_split` (those of `which`, "QKV" or "Q"): X through
+    W_q, W_k and W_v, split into heads. `n_key`: the keys' axis (n_K, or n_new after a cache)."""
+    from attnscope import cost
+    from attnscope.attention.dot_product import split_heads
+
+    biased, kv = m.W_q.bias is not None, kv_axis(m)
+    plan = {"Q": (m.W_q, "n_Q", m.n_head, "n_head"), "K": (m.W_k, n_key, m.n_kv_head, kv),
+            "V": (m.W_v, n_key, m.n_kv_head, kv)}
+    feat = {name: add(f"{name}_feat", W(X), ("n_batch", n, width(m, count)),  # [n_batch, n, heads·d_head]
+                      f"W_{name.lower()}({name})", cost.linear_flops((*X.shape[:-1], W.out_features), X.shape[-1],
+                                                                     biased))
+            for name, (W, n, count, _) in plan.items() if name in which}
+    return {name: add(f"{name}_split", split_heads(feat[name], count),  # -> [n_batch, heads, n, d_head]
+                      ("n_batch", axis, n, "d_head"), f"{name}_feat.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)",
+                      allocates=False)
+            for name, (_, n, count, axis) in plan.items() if name in which}
+
+
+def join_cache(add: Any, k: torch.Tensor, v: torch.Tensor, cache: Cache, axis: str, made: tuple[str, str]) -> Cache:
+    """Steps `K_cache, V_cache, K_cat, V_cat`: the cached keys and values (`[n_batch, axis, n_cache, d_head]`)
+    before the new ones (named `made`)."""
+    import torch
+
+    cached, full = ("n_batch", axis, "n_cache", "d_head"), ("n_batch", axis, "n_K", "d_head")
+    K_cache = add("K_cache", cache[0].to(k.dtype), cached, "input: cached keys (already rotated)")
+    V_cache = add("V_cache", cache[1].to(v.dtype), cached, "input: cached values")
+    return (add("K_cat", torch.cat([K_cache, k], dim=-2), full, f"torch.cat([K_cache, {made[0]}], dim=-2)"),
+            add("V_cat", torch.cat([V_cache, v], dim=-2), full, f"torch.cat([V_cache, {made[1]}], dim=-2)"))
+
+
+def width(m: MultiHeadAttention, n: int) -> str:
+    """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head`."""
+    return "d_feat" if n * m.d_head == m.d_feat else f"{'n_head' if n == m.n_head else 'n_kv_head'}·d_head"
+
+
+def kv_axis(m: MultiHeadAttention) -> str:
+    return "n_head" if m.n_kv_head == m.n_head else "n_kv_head"
+
+
+def keeping(name: str, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """`Trace.add`'s stand-in when nothing is recorded."""
+    return tensor
