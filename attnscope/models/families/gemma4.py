@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attnscope.errors import UsageError
 from attnscope.models.config import Config, layer_entry
 from attnscope.models.families.gemma3 import LAYER_TYPES, Gemma3
+from attnscope.models.families.gemma3 import TEXT_DEFAULTS as GEMMA3_DEFAULTS
 from attnscope.models.families.llama import Llama
 from attnscope.models.families.written import WrittenAttention, join_cache, kv_axis, project
 from attnscope.models.family import Slice
@@ -49,12 +50,11 @@ if TYPE_CHECKING:
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.trace import Trace
 
-# Gemma4TextConfig's defaults for what this page reads.
+# Gemma4TextConfig's defaults for what this page reads: Gemma 3's (gemma3.py) but query_pre_attn_scalar, and these.
 TEXT_DEFAULTS: dict[str, Any] = {
-    "model_type": "gemma4_text", "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216,
-    "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-    "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
-    "attention_bias": False, "sliding_window": 512, "hidden_size_per_layer_input": 256,
+    **{key: value for key, value in GEMMA3_DEFAULTS.items() if key != "query_pre_attn_scalar"},
+    "model_type": "gemma4_text", "vocab_size": 262_144, "num_hidden_layers": 30, "sliding_window": 512,
+    "hidden_size_per_layer_input": 256,
     "vocab_size_per_layer_input": 262_144, "attention_k_eq_v": False, "num_kv_shared_layers": 0,
     "enable_moe_block": False, "tie_word_embeddings": True,
     "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
