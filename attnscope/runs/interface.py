@@ -61,16 +61,10 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
     layer's recorded steps and head h's."""
     from attnscope.models import SUPPORTED
     from attnscope.models.family import check_position
-    from attnscope.models.forward.run import LayerRun
     from attnscope.models.nopage.interface import TOLERANCE
-    from attnscope.runs.head_result import HeadResult, ModelInfo
 
-    info = ModelInfo(config.architecture, config.model_type, folder, run.n_layer, run.n_head, run.n_kv_head,
-                     run.d_model, run.d_head)
     check_position(run.n_layer, run.n_head, asked.layer, asked.head)
-    result = HeadResult(asked, info, None, encoded)
-    result.all_heads = run.attention  # [n_head, n_tokens, n_tokens]
-    result.attention = run.attention[asked.head]
+    result = patterns_result(asked, folder, config, encoded, run)
     own = f"model_type '{config.model_type}' is not one attnscope has a page for ({SUPPORTED})"
     if run.recorded is None and run.fallback:  # nopage/interface_check.py: the trace did not reproduce the module
         result.notes.append(f"{own}; {run.fallback}")
@@ -82,14 +76,37 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
                             "tokens; the steps that made it are not shown")
         return result
     recorded = run.recorded
+    before = "projections, norms, RoPE" if "RoPE before" in recorded.layer.step("Q").op else "projections, norms"
+    return with_steps(result, run, [
+        f"{own}: transformers ran {ran} and handed {run.module}'s Q, K, V, mask and scaling to attnscope's attention "
+        f"function; the steps before Q, K, V ({before}) are the family's own code, not traced",
+        f"the mask transformers built for this layer, read from the mask itself: {recorded.mask.describe()}; the "
+        f"steps agree with {recorded.function} to {TOLERANCE:g}"])
+
+
+def patterns_result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded | None,
+                    run: TransformersRun) -> HeadResult:
+    """A run through transformers as `head` shows it before its steps: every head's pattern, and head h's."""
+    from attnscope.runs.head_result import HeadResult, ModelInfo
+
+    info = ModelInfo(config.architecture, config.model_type, folder, run.n_layer, run.n_head, run.n_kv_head,
+                     run.d_model, run.d_head)
+    result = HeadResult(asked, info, None, encoded)
+    result.all_heads = run.attention  # [n_head, n_tokens, n_tokens]
+    result.attention = run.attention[asked.head]
+    return result
+
+
+def with_steps(result: HeadResult, run: TransformersRun, notes: list[str]) -> HeadResult:
+    """`result` with the layer the attention interface recorded and head h's steps, `notes` first among the
+    layer's (what ran, and how far the steps agree)."""
+    from attnscope.models.forward.run import LayerRun
+
+    recorded = run.recorded
+    assert recorded is not None
     layer = recorded.layer
-    before = "projections, norms, RoPE" if "RoPE before" in layer.step("Q").op else "projections, norms"
-    layer.notes[:0] = [f"{own}: transformers ran {ran} and handed {run.module}'s Q, K, V, mask "
-                       f"and scaling to attnscope's attention function; the steps before Q, K, V ({before}) are "
-                       "the family's own code, not traced",
-                       f"the mask transformers built for this layer, read from the mask itself: "
-                       f"{recorded.mask.describe()}; the steps agree with {recorded.function} to {TOLERANCE:g}"]
-    result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
+    layer.notes[:0] = notes
+    result.run = LayerRun(layer, head_trace(layer, result.options.head, run.n_head, recorded.n_kv_head), recorded.spec)
     result.tracer = "attention-interface"
     result.notes.extend(layer.notes)
     return result

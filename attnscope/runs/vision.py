@@ -92,31 +92,19 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
             read_as: str) -> HeadResult:
     """The tower's layer L as `head` shows it: every head's pattern, the layer's recorded steps and head h's (the
     pattern alone where the self-check failed); `read_as` says how the image became tokens."""
-    from attnscope.models.forward.run import LayerRun
     from attnscope.models.nopage.interface import TOLERANCE
-    from attnscope.runs.head_result import HeadResult, ModelInfo
-    from attnscope.runs.interface import head_trace
+    from attnscope.runs.interface import patterns_result, with_steps
 
-    info = ModelInfo(config.architecture, config.model_type, folder, run.n_layer, run.n_head, run.n_kv_head,
-                     run.d_model, run.d_head)
-    result = HeadResult(asked, info, None, encoded)
-    result.all_heads = run.attention  # [n_head, n_tokens, n_tokens]
-    result.attention = run.attention[asked.head]
+    result = patterns_result(asked, folder, config, encoded, run)
     recorded = run.recorded
     if recorded is None:  # nopage/interface_check.py: the trace did not reproduce a module: eager's pattern, untraced
         result.notes.extend([read_as, f"transformers ran {run.architecture} on the image; {run.fallback}"])
         return result
-    layer = recorded.layer
-    layer.notes[:0] = [read_as,
-                       f"transformers ran layers 0..{asked.layer} of {run.architecture} on the image and handed "
-                       f"{run.module}'s Q, K, V and scaling to attnscope's attention function: no mask, every token "
-                       "sees every token; the steps between patches and Q, K, V (position embeddings, norms, "
-                       f"projections) are the family's own code, not traced; the steps agree with "
-                       f"{recorded.function} to {TOLERANCE:g}"]
-    result.run = LayerRun(layer, head_trace(layer, asked.head, run.n_head, recorded.n_kv_head), recorded.spec)
-    result.tracer = "attention-interface"
-    result.notes.extend(layer.notes)
-    return result
+    return with_steps(result, run, [
+        read_as, f"transformers ran layers 0..{asked.layer} of {run.architecture} on the image and handed "
+        f"{run.module}'s Q, K, V and scaling to attnscope's attention function: no mask, every token sees every token; "
+        "the steps between patches and Q, K, V (position embeddings, norms, projections) are the family's own code, "
+        f"not traced; the steps agree with {recorded.function} to {TOLERANCE:g}"])
 
 
 def _guard(needed: int, max_memory: int | None, what: str) -> None:

@@ -109,8 +109,8 @@ def project(add: Any, m: MultiHeadAttention, X: torch.Tensor, which: str, n_key:
                                                                      biased))
             for name, (W, n, count, _) in plan.items() if name in which}
     return {name: add(f"{name}_split", split_heads(feat[name], count),  # -> [n_batch, heads, n, d_head]
-                      ("n_batch", axis, n, "d_head"), f"{name}_feat.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)",
-                      allocates=False)
+                      ("n_batch", axis, n, "d_head"),
+                      f"{name}_feat.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
             for name, (_, n, count, axis) in plan.items() if name in which}
 
 
