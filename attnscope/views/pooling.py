@@ -26,12 +26,16 @@ def pool(pattern: Tensor, rows: int = 1, cols: int = 1) -> Tensor:
     queries averaged in groups of `rows` (in float64 for the sums; the result in float64)."""
     import torch
 
-    A = pattern.detach().to(torch.float64)
+    A = pattern.detach()
     *lead, n_Q, n_K = A.shape
-    if cols > 1 and n_K:
-        pad = -n_K % cols
-        A = torch.nn.functional.pad(A, (0, pad))  # zeros add nothing to a sum
-        A = A.reshape(*lead, n_Q, (n_K + pad) // cols, cols).sum(dim=-1)  # [.., n_Q, n_K / cols]
+    if cols > 1 and n_K:  # summed in float64 from the pattern itself: no padded float64 copy of [.., n_Q, n_K]
+        full = n_K - n_K % cols
+        groups = [A.unfold(-1, cols, cols).sum(dim=-1, dtype=torch.float64)] if full else []  # [.., n_Q, full / cols]
+        if full < n_K:  # the last group takes what is left
+            groups.append(A[..., full:].sum(dim=-1, keepdim=True, dtype=torch.float64))  # [.., n_Q, 1]
+        A = torch.cat(groups, dim=-1) if len(groups) > 1 else groups[0]  # [.., n_Q, ceil(n_K / cols)]
+    else:
+        A = A.to(torch.float64)
     if rows > 1 and n_Q:
         pad = -n_Q % rows
         counts = torch.full((n_Q + pad,), 1.0, dtype=torch.float64)
