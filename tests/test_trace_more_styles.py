@@ -1,7 +1,8 @@
-"""`attnscope trace` on five code styles of docs/examples/more_styles.py that no other test holds (issue 41's
+"""`attnscope trace` on six code styles of docs/examples/more_styles.py that no other test holds (issue 41's
 held-out measure): GQA as a 5-D matmul without a repeat, a config's rope_theta handed to a RotaryEmbedding, a decode
-step joining a KV cache, heads folded into the batch with a [B, 1, n_K] padding mask added by baddbmm, and RoPE
-frequencies of the model's own base kept as a buffer. Each correct version exits 0 and is checked, apart from
+step joining a KV cache, heads folded into the batch with a [B, 1, n_K] padding mask added by baddbmm, RoPE
+frequencies of the model's own base kept as a buffer, and x-transformers' weightless Attend (key padding [b, n], a
+causal mask aligned lower-right). Each correct version exits 0 and is checked, apart from
 attnscope, against F.scaled_dot_product_attention holding its weights; each planted bug exits 1 with the catalog
 entry whose rerun reproduces it.
 """
@@ -32,9 +33,18 @@ def padding(tmp_path_factory) -> tuple[str, ...]:
     return ("--mask", str(path), "--batch", "2", "--nq", "6")
 
 
+SIZED = ("--heads", "4", "--dk", "8", "--dv", "8")  # Attend takes q, k, v [b, h, n, d]
+
+
 def args_of(style: str, padding: tuple[str, ...]) -> tuple[str, ...]:
     return {"GroupedMatmul": CAUSAL, "ThetaAttention": (*CAUSAL, "--rope"), "CachedDecode": DECODE,
-            "PaddedBaddbmm": padding, "FixedTheta": (*CAUSAL, "--rope")}[style]
+            "PaddedBaddbmm": padding, "FixedTheta": (*CAUSAL, "--rope"),
+            "Attend": (*SIZED, *CAUSAL, "--init", "causal=True"),
+            "AttendPadded": (*SIZED, *padding, "--nk", "6")}[style]
+
+
+def target(style: str) -> str:
+    return f"{TARGET}:{'Attend' if style == 'AttendPadded' else style}"  # AttendPadded: Attend given key padding
 
 
 def heads(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -93,10 +103,19 @@ def test_each_correct_style_is_pytorchs_attention():
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None])
         torch.testing.assert_close(p(x32, keep), p.to_out(merged(y)), rtol=1e-5, atol=1e-5)
 
+        a = m.Attend(causal=True).eval()  # 6 queries on 9 keys: query i sees keys 0 to 3 + i
+        q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 9, 8), torch.randn(2, 4, 9, 8)
+        keys = torch.ones(2, 9, dtype=torch.bool)
+        keys[1, 7:] = False
+        allowed = torch.ones(6, 9, dtype=torch.bool).tril(3) & keys[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        torch.testing.assert_close(a(q, k, v, keys), y, rtol=1e-5, atol=1e-5)
 
-@pytest.mark.parametrize("style", ["GroupedMatmul", "ThetaAttention", "CachedDecode", "PaddedBaddbmm", "FixedTheta"])
+
+@pytest.mark.parametrize("style", ["GroupedMatmul", "ThetaAttention", "CachedDecode", "PaddedBaddbmm", "FixedTheta",
+                                   "Attend", "AttendPadded"])
 def test_each_correct_style_exits_0(runner, padding, style):
-    result, out = trace(runner, f"{TARGET}:{style}", *args_of(style, padding))
+    result, out = trace(runner, target(style), *args_of(style, padding))
     assert result.exit_code == 0, result.output
     assert out["first_divergence"] is None
     if style == "GroupedMatmul":  # the 5-D scores line up as the reference's, n_head viewed as n_kv_head, n_group
@@ -104,6 +123,8 @@ def test_each_correct_style_exits_0(runner, padding, style):
         assert rows["scores"]["status"] == "permuted" and "n_kv_head, n_group" in rows["scores"]["layout"]
     if style == "ThetaAttention":
         assert any("RoPE base 500000, read from your module" in n for n in out["notes"])
+    if style == "Attend":  # 6 queries on 9 keys, masked to the last key: --causal's upper-left is not its own
+        assert any("aligned lower-right" in n and "A convention, not a mistake" in n for n in out["notes"])
     if style == "FixedTheta":
         assert any("RoPE base 1e+06" in n and "A convention, not a mistake" in n for n in out["notes"])
 
@@ -126,12 +147,17 @@ BUGS = [
     ("PaddedBaddbmm", "on_queries", "mask.on_queries", "masked_scores"),
     ("PaddedBaddbmm", "merge", "heads.merge_without_transpose", "x_rsh2"),
     ("PaddedBaddbmm", "noscale", "scale.none", "masked_scores"),  # the mask added in the scores' own baddbmm
+    ("AttendPadded", "on_queries", "mask.on_queries", "masked_scores"),
+    ("Attend", "scale_twice", "scale.twice", "scores"),  # read under its lower-right mask
 ]
 
 
 @pytest.mark.parametrize(("style", "bug", "entry", "step"), BUGS, ids=[f"{b[0]}-{b[1]}" for b in BUGS])
 def test_each_planted_bug_is_named_by_experiment(runner, padding, style, bug, entry, step):
-    result, out = trace(runner, f"{TARGET}:{style}", "--init", f"bug={bug!r}", *args_of(style, padding))
+    args = args_of(style, padding)
+    init = f"bug={bug!r}" + (", causal=True" if "causal=True" in args else "")
+    args = tuple(a for a in args if a not in ("--init", "causal=True"))
+    result, out = trace(runner, target(style), "--init", init, *args)
     assert result.exit_code == 1, result.output
     first = out["first_divergence"]
     assert (first["reference"], first["experiment"]) == (step, entry), first

@@ -2,7 +2,8 @@
 
 For each reference step, the user's tensor that equals it: values within tolerance, in the same layout
 or in another one, an axis permutation (`[n_batch, n_Q, n_head, d_head]` for `Q_split`) possibly with
-neighbouring axes merged (`[n_batch·n_head, n_Q, d_head]`). A permutation that swaps two axes of the same
+neighbouring axes merged (`[n_batch·n_head, n_Q, d_head]`), or one axis viewed as two first (grouped-query scores
+`[n_batch, n_kv_head, n_group, n_Q, n_K]`). A permutation that swaps two axes of the same
 size is not a layout: shape alone cannot tell them apart, so it is a transposed result (diagnose.py).
 The first reference step without an equal is the divergence.
 """

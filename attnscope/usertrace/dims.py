@@ -112,6 +112,13 @@ def _from_parents(record: Record, dims: Dims, sources: list[tuple[Dims, torch.Te
             for axis, source in enumerate(order):
                 _settle(named, axis, parent_dims[source])
             continue
+        if record.func in ("view", "reshape", "flatten", "_unsafe_view") and record.tensor.dim() < parent.dim() \
+                and not any("|" in d for d in parent_dims):  # neighbours merged: their names joined, in order
+            joined = _from_step(parent_dims, tuple(parent.shape), tuple(record.tensor.shape),
+                                tuple(range(parent.dim())), True)
+            if joined is not None:
+                named = [n if "|" not in n else j for n, j in zip(named, joined, strict=True)]
+                continue
         same = min(len(parent_dims), record.tensor.dim())
         for side in (1, -1):  # the axes a view or an elementwise op keeps, from the left, then from the right
             for k in range(same):

@@ -102,6 +102,23 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
         first.notes.insert(0, said_base)
     if not read_conventions or first.divergence is None or first.trace is None or spec is None:
         return first
+    if spec.causal == "upper-left" and not spec.cache and inputs.sizes.get("n_Q") != inputs.sizes.get("n_K"):
+        # keys and queries of different lengths: a causal mask aligned to the last key is another convention
+        lower = _line_up(module, shapes, inputs, records, train, replace(spec, causal="lower-right"))
+        if lower.no_reference is None and _better(lower, first):
+            row = next((r for r in lower.rows if r.reference == "masked_scores" and r.record is not None), None)
+            where = f" (line {row.record.line})" if row is not None and row.record is not None else ""
+            lower.notes.insert(0, f"causal mask as your code computes it{where}: aligned lower-right, query i sees "
+                                  "keys 0 to n_K − n_Q + i, so the last query sees every key (flash-attn's and "
+                                  "x-transformers' alignment, F.scaled_dot_product_attention's is_causal being "
+                                  "upper-left). " + ("A convention, not a mistake: the reference was masked so; "
+                                                     if lower.divergence is None else
+                                                     "Read from your code, and the reference masked so: the "
+                                                     "divergence below is another matter; ")
+                                  + "--causal lower-right says it")
+            if said_base is not None:
+                lower.notes.insert(0, said_base)
+            return lower
     best, best_said, reached = first, None, _reached(first)
     base_free = default and declared is None
     for other, said in conventions.readings(spec, first.trace, first.rows, records, base_free):
@@ -117,6 +134,16 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
                      if row.reference in ("Q_rot", "K_rot") and row.record is not None), None)
         best.notes.insert(0, conventions.note(best_said, line, clean=best.divergence is None))
     return best
+
+
+def _better(other: LineUp, first: LineUp) -> bool:
+    """Whether a line-up under another reading fits the code better than `first`: no divergence, a later one, or
+    the same one with a cause its rerun reproduced where `first` has none."""
+    if other.divergence is None:
+        return True
+    if first.divergence is None or _reached(other) != _reached(first):
+        return _reached(other) > _reached(first)
+    return other.divergence.experiment is not None and first.divergence.experiment is None
 
 
 def _takes_tables(module: Any) -> bool:

@@ -1,8 +1,9 @@
-"""Five more attention code styles for `attnscope trace` (issue 41), none of them in docs/examples/code_styles.py:
+"""Six more attention code styles for `attnscope trace` (issue 41), none of them in docs/examples/code_styles.py:
 grouped-query attention as a 5-D matmul without a repeat (q viewed [B, n_kv_head, n_group, T, d_head]), a rotary
 module whose base is its config's `rope_theta` handed to a `RotaryEmbedding`, a decode step that joins a KV cache,
-diffusers-style heads folded into the batch with a `[B, 1, n_K]` additive padding mask added by `baddbmm`, and
-RoPE frequencies kept as a buffer made with a base of the model's own.
+diffusers-style heads folded into the batch with a `[B, 1, n_K]` additive padding mask added by `baddbmm`, RoPE
+frequencies kept as a buffer made with a base of the model's own, and x-transformers' weightless `Attend` with a
+`[b, n]` key-padding mask and a causal mask aligned lower-right.
 
 Each class is correct as written (`bug=""`); `bug="..."` plants one mistake the way people make it, for
 tests/test_trace_more_styles.py to check that trace names it. The comments say which.
@@ -191,3 +192,27 @@ class FixedTheta(nn.Module):
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Attend(nn.Module):
+    """x-transformers' Attend, no weights: q, k, v [b, h, n, d], a key-padding mask [b, n] (True = keep), a causal
+    mask aligned to the last key (lower-right) where there are more keys than queries, masked with -finfo.max.
+    Bugs: "on_queries" (the padding mask on the query rows), "scale_twice" (the scale applied again)."""
+
+    def __init__(self, causal=False, bug=""):
+        super().__init__()
+        self.causal, self.bug = causal, bug
+
+    def forward(self, q, k, v, mask=None):
+        scale = q.shape[-1] ** -0.5
+        sim = torch.einsum("b h i d, b h j d -> b h i j", q, k) * scale
+        if self.bug == "scale_twice":
+            sim = sim * scale
+        if mask is not None:
+            keep = mask[:, None, :, None] if self.bug == "on_queries" else mask[:, None, None, :]
+            sim = sim.masked_fill(~keep, -torch.finfo(sim.dtype).max)
+        if self.causal:
+            i, j = sim.shape[-2:]
+            sim = sim.masked_fill(torch.ones(i, j, dtype=torch.bool).triu(j - i + 1), -torch.finfo(sim.dtype).max)
+        attn = sim.softmax(dim=-1)
+        return torch.einsum("b h i j, b h j d -> b h i d", attn, v)
