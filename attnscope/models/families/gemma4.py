@@ -274,7 +274,7 @@ class Gemma4(Gemma3):
             rope = replace(rope, partial_rotary_factor=1.0)
         return rope
 
-    def attention(self, layer: int, record: bool) -> Gemma4Attention:
+    def attention(self, layer: int, record: bool) -> Any:
         """Layer `layer`'s attention: a MultiHeadAttention holding its weights and spec, run by Gemma4Attention's
         `__call__` below, where Gemma 4's own lines are written (V_normed, K = V, the shared KV)."""
         from attnscope.attention.multihead import MultiHeadAttention
@@ -450,7 +450,8 @@ class Gemma4Attention(WrittenAttention):
             self.shared[self.kind] = (k, v)
         return q, k, v, names
 
-    def _shared_heads(self, add: Any, q: torch.Tensor, n_cache: int, spec: AttentionSpec) -> tuple[Any, ...]:
+    def _shared_heads(self, add: Any, q: torch.Tensor, n_cache: int,
+                      spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
         """The normed queries rotated at their positions among the owner's keys, and the owner's keys and values
         as they are (K_shared, V_shared)."""
         from attnscope.attention.dot_product import Names, rotate

@@ -34,7 +34,7 @@ shared expert's output is added.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks
@@ -99,13 +99,14 @@ class Llama4(Llama):
         return AttentionSpec(causal=True, rope=self.rope() if rope else None, chunk=self.chunk(layer),
                              temperature=tuning)
 
-    def attention(self, layer: int, record: bool) -> MultiHeadAttention:
-        """LLaMA's attention, and on a RoPE layer with `use_qk_norm` Llama4Attention's (q and k normed after RoPE)."""
+    def attention(self, layer: int, record: bool) -> Any:
+        """LLaMA's attention, and on a RoPE layer with `use_qk_norm` Llama4Attention's (q and k normed after RoPE),
+        called as a MultiHeadAttention is."""
         module = super().attention(layer, record)
         if not (self.uses_rope(layer) and self.config.flag("use_qk_norm", default=True)):
             return module
         eps = self.config.number("rms_norm_eps", default=1e-5)
-        return cast("MultiHeadAttention", Llama4Attention(module, eps))
+        return Llama4Attention(module, eps)
 
     def layer_notes(self, layer: int) -> list[str]:
         if self.uses_rope(layer):
