@@ -40,7 +40,7 @@ def args_of(style: str, padding: tuple[str, ...]) -> tuple[str, ...]:
     return {"GroupedMatmul": CAUSAL, "ThetaAttention": (*CAUSAL, "--rope"), "CachedDecode": DECODE,
             "PaddedBaddbmm": padding, "FixedTheta": (*CAUSAL, "--rope"),
             "Attend": (*SIZED, *CAUSAL, "--init", "causal=True"),
-            "AttendPadded": (*SIZED, *padding, "--nk", "6")}[style]
+            "AttendPadded": (*SIZED, *padding, "--nk", "6"), "FlashPadded": CAUSAL}[style]
 
 
 def target(style: str) -> str:
@@ -103,6 +103,18 @@ def test_each_correct_style_is_pytorchs_attention():
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None])
         torch.testing.assert_close(p(x32, keep), p.to_out(merged(y)), rtol=1e-5, atol=1e-5)
 
+        fp = m.FlashPadded().eval()  # its own causal mask and key padding [B, S]
+        x32 = torch.randn(2, 6, 32)
+        keep = torch.ones(2, 6, dtype=torch.bool)
+        keep[0, 3] = False
+        q, k, v = (heads(t, 4) for t in fp.Wqkv(x32).split(32, dim=-1))
+        allowed = torch.ones(6, 6, dtype=torch.bool).tril() & keep[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        torch.testing.assert_close(fp(x32, keep), fp.out_proj(merged(y)), rtol=1e-5, atol=1e-5)
+        wrong = m.FlashPadded(bug="on_queries").eval()
+        wrong.load_state_dict(fp.state_dict())  # the bug alone differs: query 3 of the first sequence sees no key
+        assert not torch.allclose(wrong(x32, keep)[0, 4:], fp(x32, keep)[0, 4:])
+
         a = m.Attend(causal=True).eval()  # 6 queries on 9 keys: query i sees keys 0 to 3 + i
         q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 9, 8), torch.randn(2, 4, 9, 8)
         keys = torch.ones(2, 9, dtype=torch.bool)
@@ -113,7 +125,7 @@ def test_each_correct_style_is_pytorchs_attention():
 
 
 @pytest.mark.parametrize("style", ["GroupedMatmul", "ThetaAttention", "CachedDecode", "PaddedBaddbmm", "FixedTheta",
-                                   "Attend", "AttendPadded"])
+                                   "Attend", "AttendPadded", "FlashPadded"])
 def test_each_correct_style_exits_0(runner, padding, style):
     result, out = trace(runner, target(style), *args_of(style, padding))
     assert result.exit_code == 0, result.output
@@ -125,6 +137,8 @@ def test_each_correct_style_exits_0(runner, padding, style):
         assert any("RoPE base 500000, read from your module" in n for n in out["notes"])
     if style == "Attend":  # 6 queries on 9 keys, masked to the last key: --causal's upper-left is not its own
         assert any("aligned lower-right" in n and "A convention, not a mistake" in n for n in out["notes"])
+    if style == "FlashPadded":  # only --causal: trace pads a key itself, in the module's mask and the reference's
+        assert any("key_padding_mask" in n and "padded by trace" in n for n in out["notes"]), out["notes"]
     if style == "FixedTheta":
         assert any("RoPE base 1e+06" in n and "A convention, not a mistake" in n for n in out["notes"])
 
@@ -149,6 +163,7 @@ BUGS = [
     ("PaddedBaddbmm", "noscale", "scale.none", "masked_scores"),  # the mask added in the scores' own baddbmm
     ("AttendPadded", "on_queries", "mask.on_queries", "masked_scores"),
     ("Attend", "scale_twice", "scale.twice", "scores"),  # read under its lower-right mask
+    ("FlashPadded", "on_queries", "mask.on_queries", "masked_scores"),  # only --causal: a key trace padded shows it
 ]
 
 

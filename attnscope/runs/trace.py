@@ -208,6 +208,7 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
     way (masked_fill(mask, ...), scores + mask, ...), call it again with the mask written that way."""
     import torch
 
+    from attnscope import masks
     from attnscope.usertrace import masking
     from attnscope.usertrace.call import call
 
@@ -238,6 +239,7 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
         torch.manual_seed(o.seed)
         called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
     convention = masking.detect(called.records, called.failure, plan.mask)
+    keys_only = False  # the mask given is key padding, [n_batch, .., n_K]: no rule of the queries to hide the code's
     if convention.kind == given or (given == "additive" and convention.line is None):
         convention = masking.Convention(given, convention.line, convention.how)
     else:
@@ -247,7 +249,7 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
     if called.failure is not None and inputs.allowed.dtype == torch.bool:
         # code that takes its mask in another shape (key padding [n_batch, n_K], diffusers' [n_batch, 1, n_K], ...):
         # the first shape it runs on, by experiment, as a boolean or a float to add (diffusers' baddbmm)
-        for form, words in masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1)):
+        for form, words, padded in masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1)):
             ran: Called | None = None
             for kind in dict.fromkeys((convention.kind, "additive")):
                 torch.manual_seed(o.seed)
@@ -257,6 +259,9 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
             if ran is None or ran.failure is not None:
                 continue
             inputs.allowed, called = form, ran
+            keys_only = "key padding" in words
+            if padded is not None:  # the key trace padded, padded in the reference's mask too: [n_batch, 1, 1, n_K]
+                inputs.mask = masks.combine(inputs.mask, padded[:, None, None, :])
             inputs.notes.append(f"{plan.mask}: your code raised on a [.., n_Q, n_K] mask and runs on one shaped "
                                 f"{words}, which it was given")
             read = masking.detect(called.records, None, plan.mask)
@@ -268,6 +273,8 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
                 called = call(target, fn, plan, inputs, module, o.max_memory,
                               masking.written(form, read.kind, dtype, read.line), fed)
             break
+    if keys_only:  # key padding holds no causal or window rule that could hide the code's own
+        return called, convention
     return _own_mask(o, target, fn, plan, inputs, module, fed, called, convention), convention
 
 

@@ -13,10 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from attnscope.usertrace.rerun import Base, Reproduced, replay
+
+if TYPE_CHECKING:
+    from attnscope.spec import WindowSide
 
 SAYS_RERUN = "the reference run again with this mistake gives back {gives} to tolerance"
 
@@ -207,12 +211,30 @@ def _on_queries(b: Base) -> Iterator[Trial]:
     if not _masked(b) or b.n_Q != b.n_K:
         return
     assert b.allowed is not None
-    if not bool(torch.equal(b.allowed.all(-2), b.allowed.any(-2))):  # not a key-padding mask: rows differ
-        return
-    yield Trial(replay(b, allowed=b.allowed.transpose(-1, -2)), "a key-padding mask applied on the queries: {who} "
+    keys = b.allowed.any(-2, keepdim=True)  # [.., 1, n_K]: a padded key is one no query may see
+    rule = _rule(b)  # the reference's causal or window rule [n_Q, n_K], None without one
+    if bool(keys.all()) or not bool(torch.equal(keys.expand_as(b.allowed) if rule is None else rule & keys,
+                                                b.allowed)):
+        return  # nothing padded, or a mask that is not key padding under the rule
+    rows = keys.transpose(-1, -2)  # [.., n_Q, 1]: the padding along the queries
+    on_queries = (rows if rule is None else rule & rows).expand_as(b.allowed)
+    yield Trial(replay(b, allowed=on_queries), "a key-padding mask applied on the queries: {who} "
                 "is what the reference computes with whole query rows masked where the padded keys' columns should be; "
                 "a padded key is one no query may see, so the mask is [n_batch, 1, 1, n_K] (`mask[:, None, None, "
                 ":]`), not [n_batch, 1, n_K, 1]")
+
+
+def _rule(b: Base) -> torch.Tensor | None:
+    """The reference's own causal or window mask [n_Q, n_K] (True = may attend), as its options say it."""
+    from attnscope import masks
+    from attnscope.spec import AttentionSpec
+
+    spec = b.ctx.spec
+    if spec is None or (spec.causal is None and spec.window is None):
+        return None
+    side = cast("WindowSide", spec.window_side)
+    rule, _ = masks.structural(AttentionSpec(causal=spec.causal, window=spec.window, window_side=side), b.n_Q, b.n_K)
+    return rule
 
 
 def _upper_left(b: Base) -> Iterator[Trial]:

@@ -165,28 +165,49 @@ def written(allowed: torch.Tensor, kind: str, dtype: torch.dtype, line: int | No
     return allowed
 
 
-def forms(allowed: torch.Tensor, n_batch: int) -> list[tuple[torch.Tensor, str]]:
-    """The same mask (True = may attend) in the other shapes code takes a mask in, each with its words, tried in
-    turn where the code fails on the shape given first: transformers' 4-D `[n_batch, 1, n_Q, n_K]`, then the
-    key-padding shapes, `[n_batch, n_K]` (flash-attn's and nn.MultiheadAttention's key_padding_mask, HF BERT's
-    2-D attention_mask that the code extends itself), `[n_batch, 1, n_K]` (diffusers' attention_mask) and
-    `[n_batch, 1, 1, n_K]`, then `[n_Q, n_K]`. A rule that depends on the query (causal, a window) cannot be
-    written as key padding: those shapes then let every key be seen (`nothing padded`), and the code's own mask,
-    if any, is what is compared with the reference's."""
+def forms(allowed: torch.Tensor, n_batch: int) -> list[tuple[torch.Tensor, str, torch.Tensor | None]]:
+    """The same mask (True = may attend) in the other shapes code takes a mask in, each with its words and the
+    keys trace pads itself (None: none), tried in turn where the code fails on the shape given first:
+    transformers' 4-D `[n_batch, 1, n_Q, n_K]`, then the key-padding shapes, `[n_batch, n_K]` (flash-attn's and
+    nn.MultiheadAttention's key_padding_mask, HF BERT's 2-D attention_mask that the code extends itself),
+    `[n_batch, 1, n_K]` (diffusers' attention_mask) and `[n_batch, 1, 1, n_K]`, then `[n_Q, n_K]`. A rule that
+    depends on the query (causal, a window) cannot be written as key padding: those shapes then pad one key of
+    trace's own (`padded`), which the reference's mask must then pad as well, so that a mask applied along the
+    wrong axis shows; the code's own causal mask, if any, is what is compared with the reference's rule."""
     import torch
 
     grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
     n_Q, n_K = grid.shape[-2:]
     wide = grid.expand(n_batch, n_Q, n_K) if grid.shape[0] == 1 else grid
-    out = [(wide.unsqueeze(1), "[n_batch, 1, n_Q, n_K]")]
+    out: list[tuple[torch.Tensor, str, torch.Tensor | None]] = [(wide.unsqueeze(1), "[n_batch, 1, n_Q, n_K]", None)]
     padding = bool((wide == wide[:, :1, :]).all())
-    keys = wide[:, 0, :] if padding else torch.ones(n_batch, n_K, dtype=torch.bool)
-    said = "" if padding else ", nothing padded (a causal or window rule is no key padding)"
-    out += [(keys, f"[n_batch, n_K] key padding{said}"), (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}"),
-            (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}")]
+    keys, padded, said = (wide[:, 0, :], None, "") if padding else _padded_keys(wide)
+    out += [(keys, f"[n_batch, n_K] key padding{said}", padded),
+            (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}", padded),
+            (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}", padded)]
     if grid.shape[0] == 1:
-        out.append((grid[0], "[n_Q, n_K]"))
+        out.append((grid[0], "[n_Q, n_K]", None))
     return out
+
+
+def _padded_keys(wide: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+    """Key padding [n_batch, n_K] for a rule that is none (causal, a window): one key of the first sequence
+    padded, the one nearest the middle (seen by the most queries under a causal rule) that leaves every query a key
+    it may see (else nothing padded), so that code applying the padding along the queries, or across the batch,
+    differs from the reference, whose mask pads the same key."""
+    import torch
+
+    n_batch, _, n_K = wide.shape
+    keys = torch.ones(n_batch, n_K, dtype=torch.bool)
+    for key in sorted(range(n_K), key=lambda j: (abs(j - n_K // 2), -j)):
+        rows = wide[0].clone()
+        rows[:, key] = False
+        if bool(rows.any(-1).all()):
+            keys[0, key] = False
+            first = " of the first sequence" if n_batch > 1 else ""
+            return keys, keys, (f", key {key}{first} padded by trace (a causal or window rule is no key padding; the "
+                                "reference's mask pads the same key, so that the mask's axis shows)")
+    return keys, None, ", nothing padded (a causal or window rule is no key padding)"
 
 
 def masks_by_itself(records: list[Record]) -> Record | None:

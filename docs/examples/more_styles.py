@@ -1,9 +1,10 @@
-"""Six more attention code styles for `attnscope trace` (issue 41), none of them in docs/examples/code_styles.py:
+"""Seven more attention code styles for `attnscope trace` (issue 41), none of them in docs/examples/code_styles.py:
 grouped-query attention as a 5-D matmul without a repeat (q viewed [B, n_kv_head, n_group, T, d_head]), a rotary
 module whose base is its config's `rope_theta` handed to a `RotaryEmbedding`, a decode step that joins a KV cache,
 diffusers-style heads folded into the batch with a `[B, 1, n_K]` additive padding mask added by `baddbmm`, RoPE
 frequencies kept as a buffer made with a base of the model's own, and x-transformers' weightless `Attend` with a
-`[b, n]` key-padding mask and a causal mask aligned lower-right.
+`[b, n]` key-padding mask and a causal mask aligned lower-right, and flash-attn's MHA with its own causal mask and
+a `[B, S]` key_padding_mask, traced with only --causal.
 
 Each class is correct as written (`bug=""`); `bug="..."` plants one mistake the way people make it, for
 tests/test_trace_more_styles.py to check that trace names it. The comments say which.
@@ -216,3 +217,27 @@ class Attend(nn.Module):
             sim = sim.masked_fill(torch.ones(i, j, dtype=torch.bool).triu(j - i + 1), -torch.finfo(sim.dtype).max)
         attn = sim.softmax(dim=-1)
         return torch.einsum("b h i j, b h j d -> b h i d", attn, v)
+
+
+class FlashPadded(nn.Module):
+    """flash-attn's MHA with its own causal mask and a key_padding_mask [B, S] (True = keep): Wqkv packed
+    [b, s, 3, h, d]. Run with only --causal, trace pads a key itself so that the mask's axis shows.
+    Bugs: "on_queries" (the padding mask on the query rows)."""
+
+    def __init__(self, embed_dim=32, num_heads=4, bug=""):
+        super().__init__()
+        self.num_heads, self.bug = num_heads, bug
+        self.head_dim = embed_dim // num_heads
+        self.Wqkv = nn.Linear(embed_dim, 3 * embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x, key_padding_mask=None):
+        B, S, _ = x.shape
+        q, k, v = self.Wqkv(x).view(B, S, 3, self.num_heads, self.head_dim).unbind(dim=2)  # [b, s, h, d] each
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.head_dim)  # [b, h, t, s]
+        if key_padding_mask is not None:
+            keep = key_padding_mask[:, None, :, None] if self.bug == "on_queries" else key_padding_mask[:, None, None]
+            scores = scores.masked_fill(~keep, float("-inf"))
+        scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+        out = torch.einsum("bhts,bshd->bthd", scores.softmax(dim=-1), v).reshape(B, S, -1)
+        return self.out_proj(out)
