@@ -59,7 +59,7 @@ def rope_arguments(config: Mapping[str, Any], layer_type: str | None = None,
     text = config.get("text_config")
     if isinstance(text, Mapping) and not any(key in config for key in ROPE_KEYS):
         config = text  # Gemma 3's and Llama 4's multimodal configs keep the language model's in text_config
-    model_type = config.get("model_type")
+    model_type = str(config.get("model_type") or "")
     pairing = "interleaved" if model_type in INTERLEAVED else "half-split"
     max_positions = config.get("max_position_embeddings", config.get("n_positions"))
     common = {"pairing": pairing, "max_position_embeddings": max_positions}
