@@ -142,7 +142,8 @@ def rollouts(result: HeadResult) -> None:
     patterns, norms = result.layer_patterns or [], result.layer_norms
     weighted = bool(norms) and not any(v is None for v in norms or [])
     if result.options.terminal_only and result.options.image is None:
-        rows = last_rows(patterns, norms if weighted else None,
+        known = [v for v in norms or [] if v is not None] if weighted else None  # every one, where weighted
+        rows = last_rows(patterns, known,
                          without_first_token=bool(patterns) and patterns[0].shape[-1] > 1)  # beside a sink
         for name, row in (rows or {}).items():
             setattr(result, name, row)
