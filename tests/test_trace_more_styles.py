@@ -179,6 +179,31 @@ def test_each_planted_bug_is_named_by_experiment(runner, padding, style, bug, en
     assert first["evidence"].startswith("by experiment: ") and "to tolerance" in first["evidence"], first
 
 
+@pytest.fixture(scope="module")
+def padding_2d(tmp_path_factory) -> tuple[str, ...]:
+    keep = torch.ones(2, 6, dtype=torch.bool)  # [n_batch, n_K], flash-attn's key_padding_mask: keys 4, 5 and 5 padded
+    keep[0, 4:] = False
+    keep[1, 5:] = False
+    path = tmp_path_factory.mktemp("pad2d") / "pad.pt"
+    torch.save(keep, path)
+    return ("--mask", str(path), "--batch", "2", "--nq", "6")
+
+
+@pytest.mark.parametrize(("style", "causal"), [("PaddedBaddbmm", ()), ("FlashPadded", CAUSAL)])
+def test_a_two_dimensional_mask_file_is_key_padding(runner, padding_2d, style, causal):
+    """--mask [n_batch, n_K] (was: 'does not broadcast') is key padding [n_batch, 1, 1, n_K]: each correct style
+    exits 0, the file's padding given to the code in its own shape (with --causal as well: the rule is the code's
+    own), and a padding on the queries is named."""
+    result, out = trace(runner, f"{TARGET}:{style}", *padding_2d, *causal)
+    assert result.exit_code == 0, result.output
+    assert out["first_divergence"] is None
+    assert any("[n_batch, n_K] = [2, 6], read as key padding [2, 1, 1, 6]" in n for n in out["notes"]), out["notes"]
+    result, out = trace(runner, f"{TARGET}:{style}", "--init", "bug='on_queries'", *padding_2d, *causal)
+    assert result.exit_code == 1, result.output
+    first = out["first_divergence"]
+    assert (first["reference"], first["experiment"]) == ("masked_scores", "mask.on_queries"), first
+
+
 def test_a_base_unlike_the_modules_own_names_the_modules():
     """The module's rope_theta is the reference's base where --rope-base says none, and the message says so."""
     from typer.testing import CliRunner

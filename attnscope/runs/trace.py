@@ -249,7 +249,7 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
     if called.failure is not None and inputs.allowed.dtype == torch.bool:
         # code that takes its mask in another shape (key padding [n_batch, n_K], diffusers' [n_batch, 1, n_K], ...):
         # the first shape it runs on, by experiment, as a boolean or a float to add (diffusers' baddbmm)
-        for form, words, padded in masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1)):
+        for form, words, padded in masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1), inputs.mask):
             ran: Called | None = None
             for kind in dict.fromkeys((convention.kind, "additive")):
                 torch.manual_seed(o.seed)

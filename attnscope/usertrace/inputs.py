@@ -207,7 +207,7 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
                                      generator=generator, dtype=dtype)
                    for role in ROLES[len(plan.tensors)]}
     roles = dict(zip(plan.tensors, ROLES[len(plan.tensors)], strict=True))
-    reference_mask, allowed = _masks(o, plan, sizes)
+    reference_mask, allowed = _masks(o, plan, sizes, notes)
     files = {"Q": o.q, "K": o.k or o.q, "V": o.v or o.k or o.q}
     ops = {name: f"loaded from {files[role]}" if files[role] else
            f"torch.randn({', '.join(role_dims(role, sizes, is_module, o.layout))})" for name, role in roles.items()}
@@ -333,7 +333,8 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
     return tensors, sizes
 
 
-def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] | None = None
+           ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(the reference's mask: the file under the mask rule; what the user's mask parameter stands for: causal,
     window and file combined, True = may attend, or a float bias when the file holds one)."""
     from attnscope import masks
@@ -343,7 +344,13 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Te
     col = o.layout == "col"  # the column form's scores are [.., n_K, n_Q]: a file is given so, causal transposed
     loaded = masks.normalize(load_tensor(o.mask)) if o.mask else None
     if loaded is not None:
-        masks.check_broadcast(loaded, (*_leading(sizes), *((n_K, n_Q) if col else (n_Q, n_K))))
+        scores = (*_leading(sizes), *((n_K, n_Q) if col else (n_Q, n_K)))
+        padding = _key_padding(loaded, sizes, scores, col)
+        if padding is not None and notes is not None:
+            notes.append(f"--mask {o.mask}: [n_batch, n_K] = {list(loaded.shape)}, read as key padding "
+                         f"{list(padding.shape)} (a key masked for every query of its sequence)")
+        loaded = loaded if padding is None else padding
+        masks.check_broadcast(loaded, scores)
     if plan.mask is None:
         return loaded, None
     from attnscope.spec import AttentionSpec
@@ -355,6 +362,27 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int]) -> tuple[torch.Te
     # and [n_batch, n_head, n_Q, n_K] scores, and after the `mask.unsqueeze(1)` that code does for the heads.
     allowed = masks.combine(built.unsqueeze(0) if built is not None else None, loaded)
     return loaded, allowed
+
+
+def _key_padding(mask: torch.Tensor, sizes: dict[str, int], scores: tuple[int, ...], col: bool
+                 ) -> torch.Tensor | None:
+    """A 2-D file [n_batch, n_K] that does not broadcast as [n_Q, n_K] (flash-attn's key_padding_mask, HF's 2-D
+    attention_mask): key padding, [n_batch, 1, 1, n_K] before scores [n_batch, n_head, n_Q, n_K] ([n_batch, 1, n_K]
+    before 3-D ones; [.., n_K, 1] in the column form). None where the file is no such mask; where n_batch = n_Q
+    a 2-D file is [n_Q, n_K], as it broadcasts."""
+    from attnscope.cost import broadcast_shapes
+
+    n_batch, n_K = sizes.get("n_batch"), sizes["n_K"]
+    if mask.dim() != 2 or n_batch is None or len(scores) < 3 or tuple(mask.shape) != (n_batch, n_K):
+        return None
+    try:
+        if broadcast_shapes(tuple(mask.shape), scores) == scores:
+            return None
+    except ValueError:
+        pass
+    if col:
+        return mask.reshape(n_batch, *(1,) * (len(scores) - 3), n_K, 1)
+    return mask.reshape(n_batch, *(1,) * (len(scores) - 2), n_K)
 
 
 def _leading(sizes: dict[str, int]) -> tuple[int, ...]:

@@ -165,7 +165,8 @@ def written(allowed: torch.Tensor, kind: str, dtype: torch.dtype, line: int | No
     return allowed
 
 
-def forms(allowed: torch.Tensor, n_batch: int) -> list[tuple[torch.Tensor, str, torch.Tensor | None]]:
+def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
+          ) -> list[tuple[torch.Tensor, str, torch.Tensor | None]]:
     """The same mask (True = may attend) in the other shapes code takes a mask in, each with its words and the
     keys trace pads itself (None: none), tried in turn where the code fails on the shape given first:
     transformers' 4-D `[n_batch, 1, n_Q, n_K]`, then the key-padding shapes, `[n_batch, n_K]` (flash-attn's and
@@ -173,7 +174,8 @@ def forms(allowed: torch.Tensor, n_batch: int) -> list[tuple[torch.Tensor, str, 
     `[n_batch, 1, n_K]` (diffusers' attention_mask) and `[n_batch, 1, 1, n_K]`, then `[n_Q, n_K]`. A rule that
     depends on the query (causal, a window) cannot be written as key padding: those shapes then pad one key of
     trace's own (`padded`), which the reference's mask must then pad as well, so that a mask applied along the
-    wrong axis shows; the code's own causal mask, if any, is what is compared with the reference's rule."""
+    wrong axis shows; the code's own causal mask, if any, is what is compared with the reference's rule. Where the
+    --mask file (`filed`, the reference's mask) is key padding, its padding is what those shapes carry."""
     import torch
 
     grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
@@ -181,13 +183,34 @@ def forms(allowed: torch.Tensor, n_batch: int) -> list[tuple[torch.Tensor, str, 
     wide = grid.expand(n_batch, n_Q, n_K) if grid.shape[0] == 1 else grid
     out: list[tuple[torch.Tensor, str, torch.Tensor | None]] = [(wide.unsqueeze(1), "[n_batch, 1, n_Q, n_K]", None)]
     padding = bool((wide == wide[:, :1, :]).all())
-    keys, padded, said = (wide[:, 0, :], None, "") if padding else _padded_keys(wide)
+    filed_keys = file_padding(filed, n_batch, n_K)
+    if padding:
+        keys, padded, said = wide[:, 0, :], None, ""
+    elif filed_keys is not None:  # the file's padding; the rule (causal, a window) is the code's own to apply
+        keys, padded, said = filed_keys, None, ", the --mask file's (a causal or window rule is no key padding)"
+    else:
+        keys, padded, said = _padded_keys(wide)
     out += [(keys, f"[n_batch, n_K] key padding{said}", padded),
             (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}", padded),
             (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}", padded)]
     if grid.shape[0] == 1:
         out.append((grid[0], "[n_Q, n_K]", None))
     return out
+
+
+def file_padding(filed: torch.Tensor | None, n_batch: int, n_K: int) -> torch.Tensor | None:
+    """A boolean --mask [.., 1, n_K] (1 on every axis but the first and the keys'), as key padding [n_batch, n_K]
+    (True = may attend); None for any other mask."""
+    import torch
+
+    if filed is None or filed.dtype != torch.bool or filed.dim() < 2 or filed.shape[-1] != n_K:
+        return None
+    if any(size != 1 for size in filed.shape[1:-1]) or (filed.dim() == 2 and filed.shape[0] != 1):
+        return None
+    first = filed.shape[0] if filed.dim() > 2 else 1
+    if first not in (1, n_batch):
+        return None
+    return filed.reshape(first, n_K).expand(n_batch, n_K)
 
 
 def _padded_keys(wide: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, str]:
