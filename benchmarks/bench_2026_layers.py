@@ -26,8 +26,8 @@ CACHE = Path("/tmp/attnscope-bench-2026")
 TESTS = Path(__file__).parents[1] / "tests"
 # name -> (builder code run in a subprocess: argv folder; the layer shown)
 BUILD = {
-    "linear": ("""
-import sys; sys.path.insert(0, %r)
+    "linear": (f"""
+import sys; sys.path.insert(0, {str(TESTS)!r})
 from pathlib import Path
 import tiny_linear
 tiny_linear.build("qwen3_next", Path(sys.argv[1]), hidden_size=512, intermediate_size=1024, num_attention_heads=8,
@@ -37,9 +37,9 @@ tiny_linear.build("qwen3_next", Path(sys.argv[1]), hidden_size=512, intermediate
                   max_position_embeddings=4096, num_hidden_layers=8,
                   layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
                   + ["full_attention"])
-""" % str(TESTS), 0),
-    "indexer": ("""
-import sys; sys.path.insert(0, %r)
+""", 0),
+    "indexer": (f"""
+import sys; sys.path.insert(0, {str(TESTS)!r})
 from pathlib import Path
 import tiny_indexer
 tiny_indexer.build(Path(sys.argv[1]), "v32", hidden_size=512, intermediate_size=1536, moe_intermediate_size=256,
@@ -47,7 +47,7 @@ tiny_indexer.build(Path(sys.argv[1]), "v32", hidden_size=512, intermediate_size=
                    q_lora_rank=384, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, n_routed_experts=16,
                    num_experts_per_tok=4, n_group=4, topk_group=2, first_k_dense_replace=1,
                    max_position_embeddings=4096, index_topk=256, index_head_dim=64, index_n_heads=8)
-""" % str(TESTS), 1),
+""", 1),
 }
 TRANSFORMERS = """
 import sys, torch
