@@ -204,6 +204,36 @@ def test_a_two_dimensional_mask_file_is_key_padding(runner, padding_2d, style, c
     assert (first["reference"], first["experiment"]) == ("masked_scores", "mask.on_queries"), first
 
 
+@pytest.mark.parametrize("style", ["FixedTheta", "ThetaAttention"])
+def test_a_base_asked_for_is_the_references_even_the_default(runner, style):
+    """--rope-base 10000 typed is told apart from no --rope-base: the code's own base (a buffer of 1e6, a config's
+    500000) is then a bug, rope.base, not a convention read from the code or the module."""
+    result, out = trace(runner, f"{TARGET}:{style}", "--causal", "--rope", "--rope-base", "10000")
+    assert result.exit_code == 1, result.output
+    first = out["first_divergence"]
+    assert (first["reference"], first["experiment"]) == ("Q_rot", "rope.base"), first
+    assert out["params"]["rope_base_asked"] is True
+    assert not any("A convention, not a mistake" in n for n in out["notes"])
+    result, out = trace(runner, f"{TARGET}:{style}", "--causal", "--rope")  # not asked: the code's or module's own
+    assert result.exit_code == 0 and out["params"]["rope_base_asked"] is False
+
+
+def test_an_alignment_asked_for_is_the_references_even_the_default(runner):
+    """--causal upper-left typed is told apart from a bare --causal: Attend's lower-right mask on 6 queries and 9 keys
+    is then the divergence (the note says the alignment the code has), not a convention."""
+    args = (*SIZED, "--init", "causal=True", "--nq", "6", "--nk", "9")
+    result, out = trace(runner, f"{TARGET}:Attend", *args, "--causal", "upper-left")
+    assert result.exit_code == 1, result.output
+    assert out["first_divergence"]["reference"] == "masked_scores"
+    assert out["params"]["causal_asked"] is True
+    assert any("aligned lower-right" in n and "--causal upper-left asks" in n for n in out["notes"]), out["notes"]
+    assert not any("A convention, not a mistake" in n for n in out["notes"])
+    result, out = trace(runner, f"{TARGET}:Attend", *args, "--causal")  # bare: the alignment is the code's own
+    assert result.exit_code == 0 and out["params"]["causal_asked"] is False
+    result, out = trace(runner, f"{TARGET}:Attend", *args, "--causal", "lower-right")
+    assert result.exit_code == 0 and out["params"]["causal_asked"] is True
+
+
 def test_a_base_unlike_the_modules_own_names_the_modules():
     """The module's rope_theta is the reference's base where --rope-base says none, and the message says so."""
     from typer.testing import CliRunner

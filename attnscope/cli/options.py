@@ -47,6 +47,7 @@ class AttentionCommand(TyperCommand):
     refuses an option typed where it would be silently ignored (`refuse_ignored`)."""
 
     def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
+        ctx.meta[BARE_GIVEN] = bare_flags(list(args))  # a bare --causal is told apart from --causal upper-left
         rest = super().parse_args(ctx, expand_bare_causal(list(args)))
         refuse_ignored(ctx)
         return rest
@@ -224,15 +225,27 @@ def _flags_as_flags(params: Iterable[Any]) -> None:
 BARE = {"--causal": Causal.upper_left.value, "--sinks": "random", "--qk-norm": QkNormPlace.head.value}
 
 
+BARE_GIVEN = "attnscope.bare"  # ctx.meta: the options of BARE given without their value
+
+
 def expand_bare_causal(args: list[str]) -> list[str]:
     """`--causal` and `--qk-norm` given without a value get their bare meaning (BARE)."""
     out: list[str] = []
     for i, arg in enumerate(args):
         out.append(arg)
-        following = args[i + 1] if i + 1 < len(args) else None
-        if arg in BARE and (following is None or (following.startswith("-") and not _numbers(following))):
+        if _bare(args, i):
             out.append(BARE[arg])
     return out
+
+
+def bare_flags(args: list[str]) -> set[str]:
+    """The options of BARE given without a value (`--causal` alone, not `--causal upper-left`)."""
+    return {arg for i, arg in enumerate(args) if _bare(args, i)}
+
+
+def _bare(args: list[str], i: int) -> bool:
+    following = args[i + 1] if i + 1 < len(args) else None
+    return args[i] in BARE and (following is None or (following.startswith("-") and not _numbers(following)))
 
 
 def _numbers(text: str) -> bool:

@@ -90,6 +90,7 @@ def trace(
     html: HtmlPage = None,
     force: Force = False,
     debug: Debug = False,
+    ctx: typer.Context = None,  # type: ignore[assignment]  # given by Typer: which options stood bare
 ) -> None:
     """Is my attention right? Run YOUR attention code (FILE.py:NAME is imported, which runs it), record every
     tensor op with its line, and line it up with attnscope's reference on the same inputs and weights; the
@@ -101,13 +102,17 @@ def trace(
         from attnscope.runs.trace import TraceOptions, run_trace
         from attnscope.views.sources import from_trace_run
 
+        from attnscope.cli.options import BARE_GIVEN
+
+        bare = ctx.meta.get(BARE_GIVEN, set())  # a bare --causal: its alignment left to the default
         options = TraceOptions(target=target, init=init, forward=forward, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,
                                heads=heads, dk=dk, dv=dv, seed=seed, q=q, k=k, v=v, mask=mask, layout=layout.value,
                                causal=causal.value if causal else None, max_memory=max_memory_bytes(max_memory),
                                window=window, window_side=window_side.value if window_side else "left", rope=rope, rope_base=rope_base,
                                rope_pairing=rope_pairing.value if rope_pairing else None, kv_heads=kv_heads, cache=cache,
                                save=save, force=force, alibi=alibi, position_bias=position_bias,
-                               qk_norm=qk_norm.value if qk_norm else None, scale=scale)
+                               qk_norm=qk_norm.value if qk_norm else None, scale=scale,
+                               causal_asked=causal is not None and "--causal" not in bare)
         run = run_trace(options)
         page.of(run, lambda traced: from_trace_run(traced, describe))
         _show(out, run, json, exported=bool(svg or html))

@@ -48,6 +48,7 @@ class TraceOptions(InputOptions):
     position_bias: str | None = None  # a file: a float tensor the reference adds to the scores (T5's)
     qk_norm: str | None = None  # "head" or "proj": the reference's RMSNorm of Q and K, the user's norm weights
     scale: float | None = None  # the scores' scale, for 1/sqrt(d_head)
+    causal_asked: bool = False  # the alignment typed (`--causal upper-left`), not a bare --causal's default
 
 
 @dataclass(frozen=True)
@@ -382,7 +383,8 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
     return Spec(asked.align, asked.window, asked.rope.base if asked.rope is not None else None, asked.cache,
                 o.layout, asked.rope.pairing if asked.rope is not None else "half-split", alibi=o.alibi,
                 qk_norm=o.qk_norm, scale=o.scale, position_bias=bias, pairing_asked=o.rope_pairing is not None,
-                window_side=o.window_side)
+                window_side=o.window_side, base_asked=o.rope_base is not None,
+                align_asked=o.causal is not None and o.causal_asked)
 
 
 def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
@@ -489,7 +491,8 @@ def _params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inp
             "rope": o.rope, "rope_base": (o.rope_base or ROPE_BASE) if o.rope else None,
             "rope_pairing": (o.rope_pairing or "half-split") if o.rope else None,
             "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save, "alibi": o.alibi,
-            "position_bias": o.position_bias, "qk_norm": o.qk_norm, "scale": o.scale, "forward": o.forward}
+            "position_bias": o.position_bias, "qk_norm": o.qk_norm, "scale": o.scale, "forward": o.forward,
+            "rope_base_asked": o.rope_base is not None, "causal_asked": o.causal is not None and o.causal_asked}
 
 
 def _jsonable(value: Any) -> Any:

@@ -91,7 +91,7 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
 
     said_base = None
     declared = conventions.own_base(module) if spec is not None and spec.rope_base is not None else None
-    default = spec is not None and spec.rope_base == conventions.DEFAULT_BASE
+    default = spec is not None and spec.rope_base == conventions.DEFAULT_BASE and not spec.base_asked
     if declared is not None and default and declared != spec.rope_base and not _takes_tables(module):
         # the module's own rope_theta, where --rope-base said none
         spec = replace(spec, rope_base=declared, base_from_module=True)
@@ -102,7 +102,8 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
         first.notes.insert(0, said_base)
     if not read_conventions or first.divergence is None or first.trace is None or spec is None:
         return first
-    if spec.causal == "upper-left" and not spec.cache and inputs.sizes.get("n_Q") != inputs.sizes.get("n_K"):
+    if spec.causal == "upper-left" and not spec.align_asked and not spec.cache \
+            and inputs.sizes.get("n_Q") != inputs.sizes.get("n_K"):
         # keys and queries of different lengths: a causal mask aligned to the last key is another convention
         lower = _line_up(module, shapes, inputs, records, train, replace(spec, causal="lower-right"))
         if lower.no_reference is None and _better(lower, first):
@@ -119,6 +120,15 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
             if said_base is not None:
                 lower.notes.insert(0, said_base)
             return lower
+    if spec.causal == "upper-left" and spec.align_asked and not spec.cache \
+            and inputs.sizes.get("n_Q") != inputs.sizes.get("n_K"):
+        # --causal upper-left typed: the code's lower-right alignment is then a bug, said as what the code does
+        lower = _line_up(module, shapes, inputs, records, train, replace(spec, causal="lower-right"))
+        if lower.no_reference is None and _better(lower, first):
+            first.notes.insert(0, "your code's causal mask is aligned lower-right (query i sees keys 0 to n_K − n_Q + "
+                                  "i: the reference run so lines up further) where --causal upper-left asks query i "
+                                  "to see keys 0 to i; as asked, that is the divergence below (--causal lower-right "
+                                  "if the alignment is meant)")
     best, best_said, reached = first, None, _reached(first)
     base_free = default and declared is None
     for other, said in conventions.readings(spec, first.trace, first.rows, records, base_free):

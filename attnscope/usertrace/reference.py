@@ -69,6 +69,10 @@ class Spec:
     rope_start: int = 0
     pairing_asked: bool = False
     base_from_module: bool = False  # rope_base is the module's own (its rope_theta), read where --rope-base said none
+    # What the user typed rather than left to a default: --rope-base B (even 10000) and --causal ALIGN (even
+    # upper-left). An asked value is the reference's; the code's own base or alignment is then a bug, not a convention
+    base_asked: bool = False
+    align_asked: bool = False
 
     def attention(self, n_kv_head: int | None = None) -> Any:
         """The AttentionSpec the reference computes, built here once from what the options said."""
