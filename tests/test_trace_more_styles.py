@@ -234,6 +234,29 @@ def test_an_alignment_asked_for_is_the_references_even_the_default(runner):
     assert result.exit_code == 0 and out["params"]["causal_asked"] is True
 
 
+def test_no_tensor_names_the_key_value_heads_twice(runner):
+    """4 query heads on 2 key/value heads: n_group = n_kv_head = 2, so q viewed [B, T, n_kv, n_group, d] and its 5-D
+    scores were named [.., n_kv_head, n_kv_head, ..] by size alone; the group axis is n_group, settled by where the
+    tensor comes from, and the module still exits 0."""
+    result, out = trace(runner, f"{TARGET}:GroupedMatmul", "--init", "dim=32, n_heads=4, n_kv_heads=2", *CAUSAL)
+    assert result.exit_code == 0, result.output
+    grouped = [s for s in out["steps"] if len(s["dims"]) == 5 and "1" not in s["dims"]]
+    assert len(grouped) >= 6
+    for step in grouped:
+        assert step["dims"].count("n_kv_head") == 1 and "n_group" in step["dims"], (step["op"], step["dims"])
+    n_group = out["params"]["sizes"]["n_head"] // out["params"]["sizes"]["n_kv_head"]
+    chosen = ("n_batch", "n_Q", "n_K")
+    assert all(out["params"]["sizes"][d] != n_group for d in chosen)
+
+
+def test_the_group_size_is_kept_from_the_chosen_sizes():
+    from attnscope.usertrace.inputs import _group
+
+    assert _group({"n_head": 6, "n_kv_head": 2}, {}) == (3,)
+    assert _group({"n_head": 8}, {"n_kv_head": 2}) == (4,)  # key/value heads read from the run (litgpt)
+    assert _group({"n_head": 4}, {}) == () and _group({"n_head": 4, "n_kv_head": 4}, {}) == ()
+
+
 def test_a_base_unlike_the_modules_own_names_the_modules():
     """The module's rope_theta is the reference's base where --rope-base says none, and the message says so."""
     from typer.testing import CliRunner

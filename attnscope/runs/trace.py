@@ -180,10 +180,14 @@ def run_trace(o: TraceOptions) -> TraceRun:
             spec = dataclasses.replace(spec, pairing_asked=True)  # the code pairs as they are laid out, or errs
         lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
         kv = lined.n_kv_head
-        if kv and o.batch is None and kv != inputs.sizes.get("n_head") and kv not in shapes.extra.values() \
-                and kv in inputs.sizes.values():
-            # key/value heads read only from the run (a fused projection per KV group) share a size with a dim:
-            # run again with sizes that avoid them, so no axis is named from a coincidence (n_batch for n_kv_head)
+        n_head = inputs.sizes.get("n_head")
+        group = n_head // kv if kv and n_head and n_head % kv == 0 else None  # n_group
+        chosen = [inputs.sizes[d] for d in ("n_batch", "n_Q", "n_K") if d in inputs.sizes]
+        if kv and o.batch is None and kv != n_head and kv not in shapes.extra.values() \
+                and (kv in inputs.sizes.values() or group in chosen):
+            # key/value heads read only from the run (a fused projection per KV group) share a size (theirs or
+            # n_group's) with a dim: run again with sizes that avoid both, so no axis is named from a coincidence
+            # (n_batch for n_kv_head)
             shapes.extra["n_kv_head"] = kv
             inputs, fed, called, convention = again()
             if called.failure is None:

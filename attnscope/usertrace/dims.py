@@ -28,6 +28,17 @@ MATMULS = ("matmul", "__matmul__", "bmm", "mm", "einsum")
 Dims = tuple[str, ...]
 
 
+def _grouped(dims: Dims, shape: torch.Size, names: AxisNames) -> Dims:
+    """A dim named twice by size where n_group has that size (n_kv_head = n_group = 2: q viewed [.., n_kv_head,
+    n_group, ..]): both axes keep both candidates, `n_kv_head|n_group`, for where they come from to settle."""
+    group = names.extra.get("n_group")
+    plain = [d for d in dims if "|" not in d]
+    twice = {d for d in plain if plain.count(d) > 1}
+    if not group or not twice:
+        return dims
+    return tuple(f"{d}|n_group" if d in twice and int(n) == group else d for d, n in zip(dims, shape, strict=True))
+
+
 def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
                  inputs: dict[str, tuple[Dims, torch.Tensor]]) -> dict[int, Dims]:
     """record index -> its dims. `inputs`: how the ops name each input -> its dims (the queries' axis n_Q,
@@ -41,7 +52,7 @@ def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
                 resolved[row.record.index] = found
     out: dict[int, Dims] = {}
     for record in records:
-        dims = resolved.get(record.index) or names.dims(record.tensor.shape)
+        dims = resolved.get(record.index) or _grouped(names.dims(record.tensor.shape), record.tensor.shape, names)
         if any("|" in d for d in dims):
             sources = [(out[p], records[p].tensor) for p in record.parents if p in out]
             sources += [inputs[a[1]] for a in record.args if a[0] == "text" and a[1] in inputs]

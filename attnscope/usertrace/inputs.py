@@ -246,7 +246,7 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
     wanted += [] if is_module else ["d_K"] + ([] if self_attention else ["d_V"])
     given = {"n_batch": o.batch or None, "n_Q": o.nq, "n_K": o.nk, "d_K": o.dk, "d_V": o.dv}
     fixed = dict(shapes.fixed) | ({"n_cache": o.cache} if o.cache else {})
-    avoid = tuple(shapes.extra.values())
+    avoid = tuple(shapes.extra.values()) + _group(fixed, shapes.extra)  # n_group: an axis of grouped queries
     while True:
         sizes = choose_sizes(fixed, wanted, given, avoid)
         if self_attention:
@@ -257,6 +257,15 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
         if not o.cache or o.nq is not None or sizes["n_K"] not in taken:
             return sizes
         avoid = (*avoid, sizes["n_Q"])  # n_cache + n_Q lands on another dim's size: another n_Q
+
+
+def _group(fixed: dict[str, int], extra: dict[str, int]) -> tuple[int, ...]:
+    """n_group = n_head / n_kv_head, where both are known: a size no chosen dim may take, so an axis of grouped
+    queries ([.., n_kv_head, n_group, n_Q, d_head]) is never named from another dim."""
+    n_head, kv = fixed.get("n_head"), fixed.get("n_kv_head") or extra.get("n_kv_head")
+    if not n_head or not kv or kv == n_head or n_head % kv:
+        return ()
+    return (n_head // kv,)
 
 
 def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "row") -> tuple[str, ...]:
