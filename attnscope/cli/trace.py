@@ -13,6 +13,7 @@ import typer
 from attnscope.cli.common import Page, exporting, max_memory_bytes
 from attnscope.cli.errors import reported
 from attnscope.cli.options import (
+    BARE_GIVEN,
     Alibi,
     AttentionCommand,
     Cache,
@@ -101,8 +102,6 @@ def trace(
         from attnscope.readings.headstats import describe
         from attnscope.runs.trace import TraceOptions, run_trace
         from attnscope.views.sources import from_trace_run
-
-        from attnscope.cli.options import BARE_GIVEN
 
         bare = ctx.meta.get(BARE_GIVEN, set())  # a bare --causal: its alignment left to the default
         options = TraceOptions(target=target, init=init, forward=forward, train=train, batch=batch, nq=nq, nk=nk, d_feat=d_feat,

@@ -92,7 +92,8 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     said_base = None
     declared = conventions.own_base(module) if spec is not None and spec.rope_base is not None else None
     default = spec is not None and spec.rope_base == conventions.DEFAULT_BASE and not spec.base_asked
-    if declared is not None and default and declared != spec.rope_base and not _takes_tables(module):
+    if spec is not None and declared is not None and default and declared != spec.rope_base \
+            and not _takes_tables(module):
         # the module's own rope_theta, where --rope-base said none
         spec = replace(spec, rope_base=declared, base_from_module=True)
         said_base = (f"RoPE base {declared:g}, read from your module (its rope_theta or base); --rope-base "

@@ -176,8 +176,6 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     trace's own (`padded`), which the reference's mask must then pad as well, so that a mask applied along the
     wrong axis shows; the code's own causal mask, if any, is what is compared with the reference's rule. Where the
     --mask file (`filed`, the reference's mask) is key padding, its padding is what those shapes carry."""
-    import torch
-
     grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
     n_Q, n_K = grid.shape[-2:]
     wide = grid.expand(n_batch, n_Q, n_K) if grid.shape[0] == 1 else grid

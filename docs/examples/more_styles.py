@@ -2,9 +2,8 @@
 grouped-query attention as a 5-D matmul without a repeat (q viewed [B, n_kv_head, n_group, T, d_head]), a rotary
 module whose base is its config's `rope_theta` handed to a `RotaryEmbedding`, a decode step that joins a KV cache,
 diffusers-style heads folded into the batch with a `[B, 1, n_K]` additive padding mask added by `baddbmm`, RoPE
-frequencies kept as a buffer made with a base of the model's own, and x-transformers' weightless `Attend` with a
-`[b, n]` key-padding mask and a causal mask aligned lower-right, and flash-attn's MHA with its own causal mask and
-a `[B, S]` key_padding_mask, traced with only --causal.
+frequencies kept as a buffer of the model's own base, x-transformers' weightless `Attend` with a `[b, n]` key-padding
+mask and a causal mask aligned lower-right, and flash-attn's MHA with its causal mask and a `[B, S]` key padding.
 
 Each class is correct as written (`bug=""`); `bug="..."` plants one mistake the way people make it, for
 tests/test_trace_more_styles.py to check that trace names it. The comments say which.
