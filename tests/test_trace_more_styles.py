@@ -257,6 +257,16 @@ def test_the_group_size_is_kept_from_the_chosen_sizes():
     assert _group({"n_head": 4}, {}) == () and _group({"n_head": 4, "n_kv_head": 4}, {}) == ()
 
 
+def test_key_padding_without_the_causal_rule_is_said_so(runner):
+    """flash-attn's MHA built without causal=True, traced with --causal: its key_padding_mask gets a key trace padded,
+    and the code masks that key alone, so the message says the rule is missing (not a causal band 'off by n')."""
+    styles = str(STYLES.parent / "code_styles.py")
+    result, out = trace(runner, f"{styles}:FlashMHA", *CAUSAL)
+    assert result.exit_code == 1, result.output
+    first = out["first_divergence"]
+    assert first["reference"] == "masked_scores" and "only the key padding is applied" in first["diagnosis"], first
+
+
 def test_a_base_unlike_the_modules_own_names_the_modules():
     """The module's rope_theta is the reference's base where --rope-base says none, and the message says so."""
     from typer.testing import CliRunner

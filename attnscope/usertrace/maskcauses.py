@@ -92,6 +92,12 @@ def _say(mine: torch.Tensor, allowed: torch.Tensor) -> str:
         return (f"it masks whole query rows where the reference masks key columns: a key-padding mask applied on "
                 f"the queries ({counts}); a padded key is one no query may see, so the mask is [n_batch, 1, 1, n_K] "
                 "(`mask[:, None, None, :]`), not [n_batch, 1, n_K, 1]")
+    # a mask of key padding alone: the padded keys (no query may see them) masked, the causal or window rule not
+    keys = allowed.any(-2, keepdim=True).expand_as(allowed)
+    if not bool(keys.all()) and not bool(torch.equal(keys, allowed)) and bool(torch.equal(mine, keys)):
+        return (f"only the key padding is applied: it masks the padded keys and nothing else ({counts}), where the "
+                "reference also masks by position (its causal or window rule, --causal/--window); the rule is "
+                "missing: mask the scores with it as well (`tril(ones(n_Q, n_K))`, or is_causal=True)")
     reach = _diagonal(allowed)
     if reach is None:
         return counts + _regions(extra, hidden, None, i, j)
