@@ -109,8 +109,8 @@ def _say(mine: torch.Tensor, allowed: torch.Tensor) -> str:
                 f"({counts}); `triu` where a causal mask is `tril` (True = may attend on and below the diagonal)")
     if n_hidden == 0 and bool((extra <= above).all()):
         past = int(rel[extra].max())
-        keys = "the next key" if past == 1 else f"the next {past} keys"
-        return (f"the causal band is off by {past}: each query also sees {keys} after it, above the "
+        seen = "the next key" if past == 1 else f"the next {past} keys"
+        return (f"the causal band is off by {past}: each query also sees {seen} after it, above the "
                 f"diagonal ({counts}); `tril(..., diagonal={past})` where a causal mask is `tril(...)`, diagonal=0"
                 + (" (or `triu(..., diagonal=1)` of the masked cells, not `diagonal=0`)" if past == 1 else ""))
     if n_extra == 0 and bool(torch.equal(hidden, diagonal & allowed)):
