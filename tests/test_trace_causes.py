@@ -154,7 +154,6 @@ def test_a_mask_of_the_wrong_pattern_is_named_from_the_users_masked_scores(tmp_p
      "masked_scores", "adds ALiBi's bias"),
     (("--causal",), [(BIAS, "scores = scores + alibi_slopes(self.n_head).flip(0)[:, None, None] * torch.arange(T)")],
      "masked_scores", "which are not ALiBi's for 4 heads"),
-    (("--causal",), [(ROTATE, "q, k = self.q_norm(q), self.k_norm(k)")], "scores", "your code applies qk-norm"),
     (("--causal",), [(ROTATE, "q = self.q_norm(q)")], "scores", "qk-norm on one side only"),
     (("--causal", "--rope"), [(ROTATE, "q, k, v = rope(q), rope(k), rope(v)")], "x_raw", "RoPE applied to the values"),
     (("--causal",), [("q = self.q_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)",
@@ -166,7 +165,7 @@ def test_a_mask_of_the_wrong_pattern_is_named_from_the_users_masked_scores(tmp_p
     (("--causal",), [("self.q_proj.weight.mul_(1.0)", LARGE),
                      (SCORES, "scores = (q.half() @ k.half().transpose(-2, -1)).float() / math.sqrt(self.d_head)")],
      "scores", "float16 overflows"),
-], ids=["alibi", "alibi-slopes", "qk-norm", "q-norm-only", "rope-on-v", "split", "merge", "float16"])
+], ids=["alibi", "alibi-slopes", "q-norm-only", "rope-on-v", "split", "merge", "float16"])
 def test_each_planted_bug_is_named_at_its_step(tmp_path, runner, args, changes, step, words):
     first = diverges(runner, module(tmp_path, *changes), *args)
     assert step is None or first["reference"] == step, first
@@ -230,18 +229,25 @@ def test_code_of_another_convention_exits_0_with_the_option_that_describes_it(tm
 
 @pytest.mark.parametrize(("args", "changes", "words"), [
     (("--causal",), [BLOOM], "describe it with --alibi"),
-    (("--causal",), TIMM_RMS, "describe it with --qk-norm head"),
-    (("--causal",), TIMM_LN, "LayerNorm), before the scores (timm's qk_norm=True, OLMo2, Qwen3), which the reference "
-                             "was not told of; describe it with --qk-norm head (the reference then normalizes with "
-                             "your norms' weights and biases)"),
     (("--causal", "--alibi"), [], "adds no position bias"),
     (("--causal", "--alibi"), [(BIAS, BLOOM[1].replace("n_head)", "n_head).flip(0)"))], "which are not ALiBi's"),
     (("--causal",), T5[:1], "times too large: not divided by √d_head (where that is your model's, T5's, --scale 1"),
-], ids=["alibi-untold", "qk-norm-untold", "qk-norm-layernorm-untold", "alibi-absent", "alibi-slopes-told",
-        "scale-untold"])
+], ids=["alibi-untold", "alibi-absent", "alibi-slopes-told", "scale-untold"])
 def test_without_the_option_the_cause_is_named(tmp_path, runner, args, changes, words):
     first = diverges(runner, module(tmp_path, *changes), *args)
     assert words in first["diagnosis"], first
+
+
+@pytest.mark.parametrize("changes", [[(ROTATE, "q, k = self.q_norm(q), self.k_norm(k)")], TIMM_RMS, TIMM_LN],
+                         ids=["qk-norm", "qk-norm-rms", "qk-norm-layernorm"])
+def test_the_codes_own_qk_norm_is_read_as_its_convention(tmp_path, runner, changes):
+    """q and k both normalized by the module's own norms, without --qk-norm: the code's convention (timm's
+    qk_norm=True, Qwen3), read by rerunning the reference with it (runs/trace.py's _own_qk_norm), a note and exit 0
+    (it was a cause, "describe it with --qk-norm head"); the norm on one side only stays a bug (q-norm-only)."""
+    result, out = trace(runner, module(tmp_path, *changes), "--causal")
+    assert result.exit_code == 0, result.output
+    assert out["first_divergence"] is None and out["params"]["qk_norm_read"] == "head"
+    assert any("read as its own convention" in note for note in out["notes"]), out["notes"]
 
 
 def test_a_layernorm_qk_norm_takes_the_users_eps_and_a_mixed_one_is_refused_in_one_line(tmp_path, runner):

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from attnscope.usertrace.call import Called
     from attnscope.usertrace.feeds import Feeds
     from attnscope.usertrace.inputs import Inputs
-    from attnscope.usertrace.lineup import Aligned, Divergence
+    from attnscope.usertrace.lineup import Aligned, Divergence, LineUp
     from attnscope.usertrace.load import Plan, Target
     from attnscope.usertrace.masking import Convention
     from attnscope.usertrace.record import Failure, Record
@@ -192,6 +192,11 @@ def run_trace(o: TraceOptions) -> TraceRun:
             inputs, fed, called, convention = again()
             if called.failure is None:
                 lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
+        if lined.divergence is not None and o.qk_norm is None and weighted is not None and o.layout != "col":
+            own = _own_qk_norm(weighted, shapes, inputs, called.records, o.train, spec, lined)
+            if own is not None:  # the code normalizes q and k itself: its convention, read by experiment
+                spec, lined = own
+                run.params["qk_norm_read"] = spec.qk_norm
         run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
         if lined.trace is not None and "attention" in lined.trace:  # the page draws it beside the user's
             run.reference_attention = lined.trace["attention"]
@@ -310,6 +315,46 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
                         f"{plan.mask}): {plan.mask} was given a mask that masks nothing, so that trace's mask never "
                         "hides yours; the reference's mask is compared with your code's own")
     return tried
+
+
+def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train: bool, spec: Spec,
+                 lined: LineUp) -> tuple[Spec, LineUp] | None:
+    """qk-norm read from the code, as RoPE's pairing and base are: where the reference without it diverges at the
+    scores or after, the reference is run again with a qk-norm over d_head ("head": timm's qk_norm=True, Qwen3)
+    and over the projection ("proj": OLMo 2), with the module's own norms' weights (usertrace/reference.py's
+    _qk_norms). A reading is kept only where its run lines up further than the first one did (no divergence, or
+    a later one, or at the same step one that an experiment of the catalog then reproduces): a norm on one side
+    only, or of another kind, stays the first run's diagnosis."""
+    from attnscope.errors import AttnscopeError
+    from attnscope.usertrace.lineup import line_up
+
+    diverged = lined.divergence
+    if diverged is None:
+        return None
+    names = [row.reference for row in lined.rows]
+    first = diverged.reference
+    if "scores" not in names or first not in names or names.index(first) < names.index("scores"):
+        return None
+    for kind in ("head", "proj"):
+        asked = dataclasses.replace(spec, qk_norm=kind)
+        try:
+            again = line_up(module, shapes, inputs, records, train, asked)
+        except (AttnscopeError, RuntimeError, ValueError):
+            continue
+        if again.no_reference is not None:
+            continue
+        later = again.divergence is None or (again.divergence.reference in names
+                                             and names.index(again.divergence.reference) > names.index(first))
+        # or the same step, where only the reading lets an experiment of the catalog reproduce the code's tensors
+        explained = again.divergence is not None and again.divergence.reference == first \
+            and again.divergence.experiment is not None and diverged.experiment is None
+        if later or explained:
+            over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"
+            again.notes.append(f"your code normalizes q and k before the scores (qk-norm over {over}): read as its "
+                               f"own convention, and the reference applies it too, with your norms' weights "
+                               f"(--qk-norm {kind} says so)")
+            return asked, again
+    return None
 
 
 def _heads_from_run(records: list[Record], d_feat: int | None) -> tuple[int, int] | None:

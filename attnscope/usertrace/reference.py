@@ -158,8 +158,22 @@ def parameter_projections(module: nn.Module, records: list[Record]) -> list[tupl
         name = r.args[0][1]
         if name in params and name not in held and name not in out and params[name].dim() == 2:
             weight = params[name].detach()
-            out[name] = fused.Part(name, weight.t() if r.func == "matmul" else weight, None)
+            weight = weight.t() if r.func == "matmul" else weight  # [d_out, d_in], as a Linear holds it
+            out[name] = fused.Part(name, weight, _added_bias(r, records, params, weight.shape[0]))
     return list(out.items())
+
+
+def _added_bias(projection: Record, records: list[Record], params: dict[str, Any], width: int) -> Any:
+    """The 1-D nn.Parameter the code adds to a projection's output (`x @ W + b`, `b + x @ W`, `.add(b)`: GPT-2's
+    Conv1D written out, the from-scratch ports' W/b pairs), read as that projection's bias; None where none is
+    added or the same bias meets other tensors too."""
+    for r in records:
+        if r.func not in ("add", "__add__", "__radd__", "add_") or ("rec", projection.index) not in r.args:
+            continue
+        for kind, value in r.args:
+            if kind == "text" and value in params and params[value].dim() == 1 and params[value].shape[0] == width:
+                return params[value].detach()
+    return None
 
 
 def find_projections(module: nn.Module, records: list[Record] | None = None, n_head: int | None = None,
