@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnscope import cost
+from attnscope.tensors.threads import one_thread
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -53,25 +53,6 @@ PATTERNS = ("attention", "effective_attention")  # a softmax layer's pattern, or
 EFFECTIVE_NOTE = ("effective_attention is the exact matrix M of this linear attention layer, out = M @ V for each "
                   "head (decay, gates and the delta rule's key removal folded in): not a softmax, so its rows need "
                   "not sum to 1 and entries may be negative")
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """torch's intra-op threads set to 1, then put back: the recurrence is thousands of small steps, M a few
-    products per chunk of 64 tokens, and each waits for every thread. On the 2-CPU machine of docs/performance.md,
-    shared (load average 13), a gated DeltaNet layer of 8 heads at 2,048 tokens took 2.5 s (recurrence), 2.1 s
-    (M) and 0.36 s (its check) on one thread, 24, 16 and 0.8 s on two; on a quiet machine two threads were 1.3 to
-    1.5 times faster for M (bench_linear.py)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    if threads > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if threads > 1:
-            torch.set_num_threads(threads)
 
 
 def pattern_name(trace: Trace | Any) -> str:
@@ -418,6 +399,8 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
     q, k, v, beta, g, conv_state, S_before = heads
     n_batch, n = inputs.mixed.shape[:2]
     new = "n_tokens" if state is None else "n_new"
+    # one thread: at 2,048 tokens x 8 heads, on the shared 2-CPU machine, 2.5 s (recurrence), 2.1 s (M) and 0.36 s
+    # (the check) against 24, 16 and 0.8 s on two; on a quiet one two threads were 1.3-1.5x faster for M alone
     with one_thread():
         x_raw, S = recurrence(q, k, v, g, beta, S_before)
     A_before = state.A if state is not None else q.new_zeros(n_batch, s.n_head, s.d_K, 0, dtype=torch.float64)

@@ -266,12 +266,12 @@ def describe_heads(attention: Tensor, offset: int = 0, tokens: Sequence[int] | N
 def _described(attention: Tensor, offset: int, tokens: Sequence[int] | None,
                grid: Layout | None) -> tuple[list[dict[str, Any]], bool]:
     """`describe_heads`, and whether the patterns are a linear layer's exact matrices (`is_effective` of them all:
-    any group's, since both of its tests are "any"). On one thread (moved.py's `one_thread`): some thirty ops a
-    layer, each waiting for both threads on the busy 2-core machine (docs/performance.md)."""
+    any group's, since both of its tests are "any"). On one thread (tensors/threads.py's `one_thread`): some thirty
+    ops a layer, each waiting for both threads on the busy 2-core machine (docs/performance.md)."""
     import torch
 
     from attnscope.readings.gridstats import grid_figures
-    from attnscope.readings.moved import one_thread
+    from attnscope.tensors.threads import one_thread
 
     heads: list[dict[str, Any]] = []
     n_head, n_Q, n_K = attention.shape

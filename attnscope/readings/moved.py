@@ -22,8 +22,6 @@ float64 inputs); the quadratic form and everything after it in float64.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,6 +39,8 @@ def value_norms(V: Tensor, W_O: Tensor) -> Tensor:
     """`||f_h(x_j)||` `[n_head, n_K]` float64 from the values `[n_head or n_kv_head, n_K, d_head]` (with b_V) and
     the output projection's weight `W_O` `[d_model, n_head·d_head]` (a Linear's, head h in columns h·d_head on)."""
     import torch
+
+    from attnscope.tensors.threads import one_thread
 
     n_kv, n_K, d_head = V.shape
     d_model, width = W_O.shape
@@ -123,16 +123,3 @@ def traced_readings(layer: Trace, head: Trace, index: int, W_O: Tensor) -> Tenso
     return norms
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """PyTorch's intra-op threads set to 1 for the readings' small tensors, then put back: on the 2-core machine of
-    docs/performance.md a layer's shares and rollout step took 5 to 10 times longer on two threads (each of some
-    thirty ops of a few hundred thousand numbers waits for both threads) than on one."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)

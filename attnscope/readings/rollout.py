@@ -75,7 +75,7 @@ class Rollout:
     def add(self, heads: Tensor, value_norms: Tensor | None = None) -> None:
         """The next layer's patterns `[n_head, n, n]` (square: a self-attention over the same tokens); with its
         value_norms `[n_head, n]`, the value-weighted patterns, each row as shares, in their place."""
-        from attnscope.readings.moved import one_thread
+        from attnscope.tensors.threads import one_thread
 
         with one_thread():
             M = layer_matrix_of(heads, value_norms, self.drop_first)  # [n, n]
@@ -125,7 +125,7 @@ def last_rows(layers: list[Tensor], norms: list[Tensor] | None = None,
     three (the same numbers as three `last_row` calls). None where `last_row` is None."""
     import torch
 
-    from attnscope.readings.moved import one_thread
+    from attnscope.tensors.threads import one_thread
 
     if not layers or any(A.dim() != 3 or A.shape[-1] != A.shape[-2] for A in layers):
         return None

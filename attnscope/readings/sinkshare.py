@@ -50,7 +50,7 @@ def sink_shares(attention: Tensor, sink_weight: Tensor | None = None,
                 norms: Tensor | None = None) -> list[dict[str, Any]]:
     """Each head's shares (module docstring) for patterns `[n_head, n_Q, n_K]`, the sinks' weights `[n_head, n_Q]`
     (None: no sinks) and value_norms `[n_head, n_K]` (None: no value-weighted shares)."""
-    from attnscope.readings.moved import one_thread
+    from attnscope.tensors.threads import one_thread
 
     with one_thread():
         return _sink_shares(attention, sink_weight, norms)

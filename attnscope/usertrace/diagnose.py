@@ -32,15 +32,12 @@ ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
     """The catalog's experiments first (by_experiment); where none reproduces the user's tensors, the causes read
     off the diverging step's numbers, saying so."""
+    from attnscope.tensors.threads import one_thread
     from attnscope.usertrace.rerun import build
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the reruns are many small ops: threads only add their hand-offs
-    try:
+    with one_thread():  # the reruns are many small ops: threads only add their hand-offs
         base = build(ctx)
         found = by_experiment(step, base) if base is not None else None
-    finally:
-        torch.set_num_threads(threads)
     if found is not None:
         return found
     found = _read_off(step, ctx, ranked)

@@ -9,10 +9,11 @@ keys and values) is kept on the way through.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
+
+from attnscope.tensors.threads import one_thread
 
 if TYPE_CHECKING:
     import torch
@@ -123,7 +124,7 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
             progress(step)
             if model.regenerates(start, len(tokens)):
                 caches, start = [None] * model.n_layer, 0
-            with _threads(len(tokens) - start):
+            with one_thread(len(tokens) - start <= ONE_THREAD_ROWS):  # few rows: matrix-vector sized
                 h = model.embed_at(tokens[start:], start)  # the prompt first, then one token at a time
                 row, note = None, None
                 for index in range(model.n_layer):
@@ -145,24 +146,6 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
 
 
 ONE_THREAD_ROWS = 64  # a pass over at most this many new tokens runs on one torch thread
-
-
-@contextmanager
-def _threads(n_rows: int) -> Iterator[None]:
-    """One torch thread for a pass over few rows (a decode step's one token, a short prompt): its products are
-    matrix-vector sized, too small to share, and a second thread that waits for a busy core made each several
-    times slower (SmolLM2's 1,536 x 576 product on one token, 2 CPUs under load: 13.3 ms on two threads,
-    1.05 ms on one). The setting is torch's, process-wide: restored on the way out."""
-    import torch
-
-    threads = torch.get_num_threads()
-    if n_rows <= ONE_THREAD_ROWS and threads > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
 
 
 def reads_again(model: Family) -> None:
