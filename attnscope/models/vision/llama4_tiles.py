@@ -23,11 +23,14 @@ reference recorded by scripts/llama4_tiles_reference.py on a machine with torchv
 
 from __future__ import annotations
 
-import functools
 import math
 import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+# Llama4Tiles' base, a written class's: this module is imported only inside vision/vlm.py's processor, which runs
+# transformers' Llama4Processor
+from transformers.image_processing_utils import ImageProcessingMixin
 
 from attnscope.errors import UsageError
 
@@ -46,15 +49,6 @@ MODES = {0: "nearest-exact", 2: "bilinear", 3: "bicubic"}
 RESAVE = "save the processor beside the weights again with AutoProcessor.save_pretrained(folder)"
 MAX_TILES = 256  # 16 times what Llama 4 cuts: find_supported_resolutions factors every count up to it, and each
 # tile of 336 px is 677 KiB of bfloat16 before the text model reads its 144 tokens
-
-
-@functools.cache
-def _tiles_class() -> type:
-    """`Llama4Tiles`, an image processor as Llama4Processor checks for (ImageProcessingMixin, imported from
-    transformers when first asked for), whose call is `_call`."""
-    from transformers.image_processing_utils import ImageProcessingMixin
-
-    return type("Llama4Tiles", (ImageProcessingMixin,), {"__call__": _call, "model_input_names": ["pixel_values"]})
 
 
 def make(settings: dict[str, Any]) -> Any:
@@ -76,9 +70,7 @@ def make(settings: dict[str, Any]) -> Any:
         raise UsageError(f"Llama 4's image processor settings: max_patches {values['max_patches']!r} is not a "
                          f"whole number of tiles from 1 to {MAX_TILES:,} (Llama 4's checkpoints cut at most 16)")
     _check_numbers(values)
-    tiles = _tiles_class()()
-    tiles.settings = values
-    return tiles
+    return Llama4Tiles(values)
 
 
 def _check_numbers(values: dict[str, Any]) -> None:
@@ -103,17 +95,27 @@ def _check_numbers(values: dict[str, Any]) -> None:
                          "would divide the pixels by zero (torchvision's normalize refuses it too)")
 
 
-def _call(self: Any, images: Any = None, return_tensors: Any = None, **_ignored: Any) -> Any:
-    """`Llama4ImageProcessor.__call__`: every image's tiles, `pixel_values [n_tiles, 3, side, side]` for all the
-    images together, and each image's `aspect_ratios (rows, cols)`."""
-    import torch
-    from transformers.feature_extraction_utils import BatchFeature
+class Llama4Tiles(ImageProcessingMixin):
+    """An image processor as Llama4Processor checks for (an ImageProcessingMixin), with the folder's settings
+    (`make` checks them): its call is `Llama4ImageProcessor.__call__`."""
 
-    listed = images if isinstance(images, (list, tuple)) else [images]
-    made = [tiles(picture, self.settings) for picture in listed]
-    values = torch.cat([pixels for pixels, _ in made], dim=0)  # [n_tiles, n_channel, side, side]
-    ratios = torch.tensor([ratio for _, ratio in made])  # [n_images, 2]
-    return BatchFeature(data={"pixel_values": values, "aspect_ratios": ratios}, tensor_type=return_tensors)
+    model_input_names = ["pixel_values"]
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def __call__(self, images: Any = None, return_tensors: Any = None, **_ignored: Any) -> Any:
+        """Every image's tiles, `pixel_values [n_tiles, 3, side, side]` for all the images together, and each
+        image's `aspect_ratios (rows, cols)`."""
+        import torch
+        from transformers.feature_extraction_utils import BatchFeature
+
+        listed = images if isinstance(images, (list, tuple)) else [images]
+        made = [tiles(picture, self.settings) for picture in listed]
+        values = torch.cat([pixels for pixels, _ in made], dim=0)  # [n_tiles, n_channel, side, side]
+        ratios = torch.tensor([ratio for _, ratio in made])  # [n_images, 2]
+        return BatchFeature(data={"pixel_values": values, "aspect_ratios": ratios}, tensor_type=return_tensors)
 
 
 def tiles(picture: Image.Image, settings: dict[str, Any]) -> tuple[torch.Tensor, tuple[int, int]]:
