@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
+    from attnscope.models.memory import Experts
     from attnscope.spec import AttentionSpec, Latent
     from attnscope.trace import Trace
 
@@ -66,6 +67,7 @@ class Family(ABC):
     d_head: int
     max_tokens: int | None = None  # learned position tables end; RoPE models have no hard limit
     latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek-V2/V3), None for the others
+    expert_reads: Experts | None = None  # how a mixture-of-experts page reads its experts (models/memory.py)
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         self.folder, self.config, self.checkpoint = folder, config, checkpoint
@@ -233,11 +235,24 @@ class Family(ABC):
 
         return MultiHeadAttention
 
+    @property
+    def extra_cells(self) -> int:
+        """The page's own `[n_tokens, n_tokens]` float32 tensors beside its heads' (models/memory.py): none."""
+        return 0
+
     def estimate_bytes(self, layer: int, n_tokens: int) -> int:
-        """Memory of a run up to `layer`: its layers' weights, plus the activations and the traced attention
-        (scores, masked, capped and attention of every head)."""
-        activations = 4 * n_tokens * (40 * self.d_model + 4 * self.n_head * n_tokens)
-        return self.weight_bytes(layer) + activations
+        """Memory of a run up to `layer` (models/memory.py): its layers' weights (its experts as `expert_reads`
+        says they are read), plus the activations and the traced attention (scores, masked, capped and attention
+        of every head, and the page's `extra_cells`)."""
+        from attnscope.models import memory
+
+        weights = self.weight_bytes(layer)
+        if self.expert_reads is not None:
+            stem = f"{self.prefix}{self.layers}."
+            experts = [k for k in self.checkpoint.keys if k.startswith(stem) and ".mlp.experts." in k
+                       and _layer_of(k[len(stem):]) <= layer]
+            weights += self.expert_reads.change(self.checkpoint, experts, n_tokens)
+        return memory.whole(memory.Footprint(weights, 40 * self.d_model, 4 * self.n_head + self.extra_cells), n_tokens)
 
     def weight_bytes(self, layer: int, only: bool = False) -> int:
         """Layers 0..`layer`'s weights (only layer `layer`'s with `only`) as stored (the pages read) and as

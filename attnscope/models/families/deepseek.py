@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models.families.llama import Llama
-from attnscope.models.family import Slice, _layer_of
+from attnscope.models.family import Slice
+from attnscope.models.memory import Experts
 from attnscope.spec import AttentionSpec, Latent
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ class DeepseekV3(Llama):
         self.n_kv_head = self.n_head  # every head's key and value are expanded from the latent
         self.d_head = self.latent.d_K
         self.first_dense = config.integer("first_k_dense_replace", default=d["first_k_dense_replace"], minimum=0)
+        # a mixture-of-experts layer reads only the experts its tokens choose, at most n_tokens ·
+        # num_experts_per_tok of its n_routed_experts (a 671B checkpoint's layer holds 256)
+        self.expert_reads = Experts(reach=(config.integer("n_routed_experts", "num_experts",
+                                                          default=d["n_routed_experts"]),
+                                           config.integer("num_experts_per_tok", default=8)))
 
     def rope_interleave(self) -> bool:
         """DeepSeek-V3's `rope_interleave` (default true): the rotary coordinates gathered even then odd."""
@@ -223,20 +229,6 @@ class DeepseekV3(Llama):
             else:
                 trace.add(name, step.tensor[0], step.dims[1:], f"{source}[0]: every head's", allocates=False)
         return trace
-
-    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
-        """Every family's estimate, but a mixture-of-experts layer reads only the experts its tokens choose, at
-        most n_tokens · num_experts_per_tok of its n_routed_experts (a 671B checkpoint's layer holds 256)."""
-        stem = f"{self.prefix}{self.layers}."
-        experts = [k for k in self.checkpoint.keys if k.startswith(stem) and ".mlp.experts." in k
-                   and _layer_of(k[len(stem):]) <= layer]
-        total = super().estimate_bytes(layer, n_tokens)
-        if not experts:
-            return total
-        held = sum(self.checkpoint.nbytes(k) + 4 * self._numel(k) for k in experts)
-        n_experts = self.config.integer("n_routed_experts", "num_experts", default=self.defaults["n_routed_experts"])
-        chosen = min(n_experts, n_tokens * self.config.integer("num_experts_per_tok", default=8))
-        return total - held + held * chosen // n_experts
 
     # --- the prefix: dense and mixture-of-experts layers ----------------------------------------------------
 

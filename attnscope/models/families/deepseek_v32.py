@@ -114,11 +114,11 @@ class DeepseekV32(DeepseekV3):
         module.load_state_dict(self.projections(layer), assign=True)
         return module.eval()
 
-    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
-        """DeepSeek-V3's, and the indexer's: its per-index-head scores `[n_index_head, n, n]`, index_scores and
-        selected, and with --dense the dense softmax of every head."""
-        per_cell = self.index_n_head + 2 + (self.n_head + 1 if self.dense else 0)
-        return super().estimate_bytes(layer, n_tokens) + 4 * n_tokens * n_tokens * per_cell
+    @property
+    def extra_cells(self) -> int:
+        """The indexer's per-index-head scores `[n_index_head, n, n]`, index_scores and selected, and with --dense
+        the dense softmax of every head (models/memory.py)."""
+        return self.index_n_head + 2 + (self.n_head + 1 if self.dense else 0)
 
     def block(self, layer: int, h: torch.Tensor, attention: Any) -> torch.Tensor:
         """DeepSeek-V3's block, its MLP dense or mixture-of-experts by `mlp_layer_types`."""

@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
 from attnscope.models.families.llama import NAMES, Llama
-from attnscope.models.family import Slice, _layer_of
+from attnscope.models.family import Slice
+from attnscope.models.memory import Experts
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
@@ -69,6 +70,8 @@ class GptOss(Llama):
             raise UsageError(f"{config.path}: num_experts_per_tok {self.top_k} is more than num_local_experts "
                              f"{self.n_expert}; fix config.json")
         self.d_ff = config.integer("intermediate_size")
+        # the experts are read one at a time: one expert in float32, twice over (dequantized and multiplied)
+        self.expert_reads = Experts(one=3 * self.d_model * self.d_ff + 2 * self.d_ff + self.d_model)
         self.alpha = config.number("swiglu_alpha", default=1.702)
         self.limit = config.number("swiglu_limit", default=7.0)
 
@@ -150,15 +153,6 @@ class GptOss(Llama):
         tensor, _ = self.checkpoint.slice(self.key(layer, EXPERTS + name), "rows", expert, expert + 1)
         return _as_torch(tensor)[0]
 
-    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
-        """LLaMA's estimate without the experts, which are read one at a time: one expert in float32, twice over
-        for its dequantized and multiplied copies."""
-        stem = f"{self.prefix}{self.layers}."
-        experts = [k for k in self.checkpoint.keys
-                   if k.startswith(stem) and f".{EXPERTS}" in k and _layer_of(k[len(stem):]) <= layer]
-        held = sum(self.checkpoint.nbytes(k) + 4 * self._numel(k) for k in experts)
-        one = 4 * (3 * self.d_model * self.d_ff + 2 * self.d_ff + self.d_model)
-        return super().estimate_bytes(layer, n_tokens) - held + 2 * one
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from attnscope.errors import UsageError
 from attnscope.models import blocks
 from attnscope.models.families.qwen3 import Qwen3
+from attnscope.models.memory import Experts
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -55,6 +56,10 @@ class Qwen3Moe(Qwen3):
         if self.n_experts and self.top_k > self.n_experts:
             raise UsageError(f"{config.path}: num_experts_per_tok {self.top_k} is more than the {self.n_experts} "
                              "experts; fix config.json")
+        # `experts` holds one expert's weights in float32 at a time (gate, up, down), twice over, and reads rows
+        # of the stored tensors
+        one = 3 * config.integer("moe_intermediate_size", default=768) * self.d_model
+        self.expert_reads = Experts(one=one, stored=True)
 
     # --- the attention's specifics --------------------------------------------------------------------------
 
@@ -92,15 +97,6 @@ class Qwen3Moe(Qwen3):
             hidden = blocks.gated_mlp(flat[tokens], gate, up, down, act)  # [n_routed, d_model]
             out.index_add_(0, tokens, hidden * top[tokens, slot, None])
         return out.view_as(x)
-
-    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
-        """The shared estimate counts every expert's weights as float32; `experts` holds one expert's at a time
-        (and reads only those some token picked), so the float32 copies of all but two are taken back out."""
-        stem = f"{self.prefix}{self.layers}."
-        experts = [k for k in self.checkpoint.keys if k.startswith(stem) and ".mlp.experts." in k
-                   and int(k[len(stem):].split(".", 1)[0]) <= layer]
-        one = 3 * self.config.integer("moe_intermediate_size", default=768) * self.d_model  # gate, up, down
-        return super().estimate_bytes(layer, n_tokens) - 4 * sum(self._numel(k) for k in experts) + 2 * 4 * one
 
     def expert_weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Expert `expert`'s gate, up and down projections, from per-expert keys or the fused tensors."""
