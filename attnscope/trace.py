@@ -1,4 +1,5 @@
-"""The record of a run: `Step`s in order, each with its tensor, symbolic dims and the op that made it.
+"""The record of a run: `Step`s in order, each with its tensor, symbolic dims, the op that made it and the steps it
+was computed from (`inputs`, by name: structure a reader follows, where `op` is text a person reads).
 
 A `Trace` is a read-only mapping from step name to tensor, so `trace["x"]` is the output of a
 multi-head attention run, as the tutorials' dict of intermediates was.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -20,8 +21,10 @@ class Step:
     """One intermediate tensor.
 
     `dims` names every axis (`n_batch, n_Q, d_K`, ...), `op` is the expression that produced it,
-    `flops` the floating-point operations that op cost, and `allocates` is False for views
-    (a `view`/`permute` shares its input's memory, so it adds nothing to the peak).
+    `flops` the floating-point operations that op cost, `allocates` is False for views
+    (a `view`/`permute` shares its input's memory, so it adds nothing to the peak), and `inputs` names the steps
+    (or the caller's inputs, `Q`, `X`) the tensor was computed from, in the op's order: `scores` from
+    `("Q_rot", "K_rot")`, `x_raw` from `("attention", "V_rep")`; empty where the recording site says none.
     """
 
     name: str
@@ -30,6 +33,7 @@ class Step:
     op: str
     flops: int = 0
     allocates: bool = True
+    inputs: tuple[str, ...] = field(default=(), kw_only=True)  # keyword-only: subclasses add positional fields
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -49,6 +53,28 @@ class Step:
         sizes = ", ".join(str(n) for n in self.shape)
         return f"[{names}] = [{sizes}]"
 
+    def reading(self, renamed: Mapping[str, str]) -> Step:
+        """The step with inputs renamed (`{"Q": "X"}`: a module's argument Q is the layer's X): in `inputs`, and in
+        `op` where it applies a function to that input alone (`W_q(Q)` -> `W_q(X)`); other ops stay as they are."""
+        inputs = tuple(renamed.get(name, name) for name in self.inputs)
+        op = self.op
+        if len(self.inputs) == 1 and self.inputs[0] in renamed and op.endswith(f"({self.inputs[0]})"):
+            op = f"{op.removesuffix(f'({self.inputs[0]})')}({inputs[0]})"
+        return replace(self, inputs=inputs, op=op)
+
+
+class Recorder(Protocol):
+    """Where a stage records its steps: a `Trace`'s `add`, or `discard` when nothing is kept (`record=False`).
+    Either way the tensor comes back, so a stage reads the same recorded or not."""
+
+    def __call__(self, name: str, tensor: torch.Tensor, dims: tuple[str, ...], op: str, flops: int = 0,
+                 allocates: bool = True, *, inputs: tuple[str, ...] = ()) -> torch.Tensor: ...
+
+
+def discard(name: str, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The `Recorder` that keeps nothing: the tensor back, unrecorded."""
+    return tensor
+
 
 @dataclass
 class Trace(Mapping[str, "torch.Tensor"]):
@@ -66,18 +92,22 @@ class Trace(Mapping[str, "torch.Tensor"]):
         op: str,
         flops: int = 0,
         allocates: bool = True,
+        *,
+        inputs: tuple[str, ...] = (),
     ) -> torch.Tensor:
-        """Record a step and hand its tensor back, so the computation reads as a chain of adds."""
+        """Record a step and hand its tensor back, so the computation reads as a chain of adds; `inputs`: the steps
+        it was computed from, by name."""
         if name in self._steps:
             raise ValueError(f"step {name!r} is already in this trace; a name is never reused")
         if len(dims) != tensor.dim():
             raise ValueError(f"step {name!r} has {tensor.dim()} axes but {len(dims)} dim names {dims}")
-        self._steps[name] = Step(name, tensor, tuple(dims), op, flops, allocates)
+        self._steps[name] = Step(name, tensor, tuple(dims), op, flops, allocates, inputs=tuple(inputs))
         return tensor
 
     def add_step(self, step: Step, name: str | None = None) -> torch.Tensor:
         """Record a step taken from another trace, optionally under a new name."""
-        return self.add(name or step.name, step.tensor, step.dims, step.op, step.flops, step.allocates)
+        return self.add(name or step.name, step.tensor, step.dims, step.op, step.flops, step.allocates,
+                        inputs=step.inputs)
 
     def set_op(self, name: str, op: str) -> None:
         """Say where an input came from (`torch.randn(...)`, `loaded from q.npy`) once the caller knows."""

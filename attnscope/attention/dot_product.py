@@ -303,7 +303,7 @@ def sdpa(
     # mul_ on the fresh matmul result: no second [.., n_Q, n_K] tensor at the peak.
     scores = torch.matmul(Q.to(acc), K.to(acc).transpose(-2, -1)).mul_(scale)  # [.., n_Q, n_K]
     trace.add("scores", scores, scores_dims, f"{q_name}{up} @ {k_name}{up}.transpose(-2, -1) {scale_op}",
-              cost.matmul_flops(scores.shape, d_K) + scores.numel())
+              cost.matmul_flops(scores.shape, d_K) + scores.numel(), inputs=(q_name, k_name))
     logits, last = scores, "scores"
     if softcap is not None:
         logits = trace.add("capped_scores", scores.div(softcap).tanh_().mul_(softcap), scores_dims,
@@ -335,7 +335,8 @@ def sdpa(
     out_op = f"attention @ {v_name}"
     if acc != dtype:
         out, out_op = out.to(dtype), f"(attention @ {v_name}.float()).to({dtype_name(dtype)})"
-    trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), out_op, cost.matmul_flops(out.shape, n_K))
+    trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), out_op, cost.matmul_flops(out.shape, n_K),
+              inputs=("attention", v_name))
     return trace
 
 

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from attnscope import cost
-from attnscope.attention.latent import LatentAttention, _keep_tensor
-from attnscope.trace import Trace
+from attnscope.attention.latent import LatentAttention
+from attnscope.trace import Trace, discard
 from attnscope.variants.rope import apply_rope
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class IndexedLatentAttention(LatentAttention):
     def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None, mask: Tensor | None = None,
                 cache: tuple[Tensor, ...] | None = None) -> Trace:
         trace = Trace()
-        add = trace.add if self.record else _keep_tensor
+        add = trace.add if self.record else discard
         selected = self._select(add, Q, cache)
         inner = super().forward(Q, mask=selected[:, None], cache=None if cache is None else (cache[0], cache[1]))
         if not self.record:

@@ -51,7 +51,7 @@ from attnscope.attention import dot_product as attention
 from attnscope.attention.dot_product import HeadInputs, Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, Latent
-from attnscope.trace import Trace
+from attnscope.trace import Trace, discard
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -158,7 +158,7 @@ class LatentAttention(nn.Module):
             mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
         spec = self.spec if cache is None else self.spec.with_cache(cache[0].shape[-2])
         trace = Trace()
-        add = trace.add if self.record else _keep_tensor
+        add = trace.add if self.record else discard
         q, k, v = self._heads(add, Q, K, cache, spec)
         names = Names(Q="Q_full", K="K_full", V="V_split", out="x_raw", batch=("n_batch", "n_head"))
         inner = attention.sdpa(q, k, v, mask, dropout_p=self.dropout_p if self.training else 0.0, names=names,
@@ -204,7 +204,7 @@ class LatentAttention(nn.Module):
         """Self-attention's head `head` as the attention reads it (Q_full, K_full, V_split), nothing recorded,
         with the spec of the rest: one head of `forward` (models/forward/long.py's blocks of rows)."""
         self._check_inputs(X, X, None)
-        q, k, v = self._heads(_keep_tensor, X, X, None, self.spec)  # [n_batch, n_head, n, d_K | d_V]
+        q, k, v = self._heads(discard, X, X, None, self.spec)  # [n_batch, n_head, n, d_K | d_V]
         one = slice(head, head + 1)
         return HeadInputs(q[:, one], k[:, one], v[:, one], self._sdpa_spec(self.spec))  # [n_batch, 1, n, d]
 
@@ -221,7 +221,7 @@ class LatentAttention(nn.Module):
         Q_pe = self._pe(add, "Q_pe", Q_split[..., d_nope:], ("n_batch", "n_head", "n_Q", "d_rope"),
                         "Q_split[..., d_nope:]")
         KV_feat = add("KV_feat", self.kv_a_proj_with_mqa(K), ("n_batch", n_key, "d_latent+d_rope"),
-                      "kv_a_proj_with_mqa(K)", _linear_flops(self.kv_a_proj_with_mqa, K))
+                      "kv_a_proj_with_mqa(K)", _linear_flops(self.kv_a_proj_with_mqa, K), inputs=("K",))
         latent = add("KV_latent", self.kv_a_layernorm(KV_feat[..., :d_latent]), ("n_batch", n_key, "d_latent"),
                      f"kv_a_layernorm(KV_feat[..., :d_latent]): RMSNorm over d_latent, eps {RMS_EPS:g}",
                      4 * K.shape[0] * K.shape[1] * d_latent)
@@ -265,11 +265,12 @@ class LatentAttention(nn.Module):
         """Q_latent, Q_latent_normed (with a query latent), Q_feat and Q_split `[n_batch, n_head, n_Q, d_K]`."""
         width = ("n_batch", "n_Q", "n_head·d_K")
         if self.q_proj is not None:
-            Q_feat = add("Q_feat", self.q_proj(Q), width, "q_proj(Q)", _linear_flops(self.q_proj, Q))
+            Q_feat = add("Q_feat", self.q_proj(Q), width, "q_proj(Q)", _linear_flops(self.q_proj, Q), inputs=("Q",))
         else:
             assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None
             dims = ("n_batch", "n_Q", "d_Q_latent")
-            compressed = add("Q_latent", self.q_a_proj(Q), dims, "q_a_proj(Q)", _linear_flops(self.q_a_proj, Q))
+            compressed = add("Q_latent", self.q_a_proj(Q), dims, "q_a_proj(Q)", _linear_flops(self.q_a_proj, Q),
+                             inputs=("Q",))
             normed = add("Q_latent_normed", self.q_a_layernorm(compressed), dims,
                          f"q_a_layernorm(Q_latent): RMSNorm over d_Q_latent, eps {RMS_EPS:g}", 4 * compressed.numel())
             Q_feat = add("Q_feat", self.q_b_proj(normed), width, "q_b_proj(Q_latent_normed)",
@@ -318,8 +319,3 @@ def _check_rope(rope: Rope, latent: Latent) -> None:
 
 def _linear_flops(layer: nn.Linear, x: Tensor) -> int:
     return cost.linear_flops((*x.shape[:-1], layer.out_features), layer.in_features, layer.bias is not None)
-
-
-def _keep_tensor(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """`Trace.add`'s stand-in when nothing is recorded."""
-    return tensor

@@ -39,6 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import cost
 from attnscope.tensors.threads import one_thread
+from attnscope.trace import discard
+
+_keep = discard  # HEAD's qwen3_next.py imports it until its edit lands (attnscope.trace.discard)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -466,7 +469,7 @@ def effective_rows(inputs: DeltaInputs, sizes: DeltaSizes, head: int, block: int
     head."""
     import torch
 
-    q, k, _, beta, g, _ = _heads(_keep, inputs, sizes, None)
+    q, k, _, beta, g, _ = _heads(discard, inputs, sizes, None)
     one = slice(head, head + 1)
     q, k, g = q[:, one], k[:, one], g[:, one]  # [n_batch, 1, n, ...]
     beta = None if beta is None else beta[:, one]
@@ -476,11 +479,6 @@ def effective_rows(inputs: DeltaInputs, sizes: DeltaSizes, head: int, block: int
         part = None if beta is None else beta[..., a:b]
         rows, A = effective_matrix(q[..., a:b, :], k[..., a:b, :], g[:, :, a:b], part, A)
         yield a, rows[0, 0]  # [b - a, b]
-
-
-def _keep(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """Trace.add's stand-in when nothing is recorded."""
-    return tensor
 
 
 def check_note(figure: float | None) -> str | None:

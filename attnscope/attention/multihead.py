@@ -25,8 +25,10 @@ from attnscope.attention import rows
 from attnscope.attention.dot_product import HeadInputs, Names, heads_last, merge_heads, resolve_spec, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
-from attnscope.trace import Trace
+from attnscope.trace import Trace, discard
 from attnscope.variants import alibi as alibi_
+
+_keep_tensor = discard  # HEAD's qwen3_next.py imports it until its edit lands (attnscope.trace.discard)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -128,7 +130,7 @@ class MultiHeadAttention(nn.Module):
         # A decode step: the new queries come after the cached positions (causal aligns lower-right).
         spec = self.spec if cache is None else self.spec.with_cache(cache[0].shape[-2])
         trace = Trace()
-        add = trace.add if self.record else _keep_tensor
+        add = trace.add if self.record else discard
         Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache, spec)
         spec = self._sdpa_spec(spec)
         dropout_p = self.dropout_p if self.training else 0.0
@@ -182,7 +184,7 @@ class MultiHeadAttention(nn.Module):
         (projected, normed, rotated, tuned), nothing recorded, with the spec of the rest: one head of `forward`,
         so a long input's blocks of query rows (models/forward/long.py) compute what the short trace does."""
         self._check_inputs(X, X, X, None)
-        q, k, v, _ = self._heads(_keep_tensor, X, X, X, None, self.spec)
+        q, k, v, _ = self._heads(discard, X, X, X, None, self.spec)
         g = head // self.n_group  # transformers' repeat_kv order
         sinks = None if self.sinks is None else self.sinks[head : head + 1]  # [1]
         # one query head over its own key/value head: no grouping left
@@ -206,7 +208,7 @@ class MultiHeadAttention(nn.Module):
                 ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
         feats = {name: add(f"{name}_feat", W(x), ("n_batch", n, self._width(axis)),  # [n_batch, n, heads·d_head]
                            f"W_{name.lower()}({name})", cost.linear_flops((*x.shape[:-1], W.out_features),
-                                                                           x.shape[-1], bias))
+                                                                           x.shape[-1], bias), inputs=(name,))
                  for name, W, x, n, _, axis in plan}
         norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
         if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
@@ -330,11 +332,6 @@ class NormWeight(nn.Module):
         super().__init__()
         self.weight = nn.Parameter((torch.zeros if offset else torch.ones)(width, **factory))
         self.bias = nn.Parameter(torch.zeros(width, **factory)) if layer else None
-
-
-def _keep_tensor(name: str, tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """`Trace.add`'s stand-in when nothing is recorded."""
-    return tensor
 
 
 def _check_sizes(d_feat: int, n_head: int, n_kv_head: int, d_head: int | None) -> None:

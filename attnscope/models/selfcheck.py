@@ -21,13 +21,13 @@ PRE_SOFTMAX = ("masked_scores", "biased_scores", "capped_scores", "scores")  # t
 
 def check_page(trace: Any) -> str | None:
     """A family page's traced layer against PyTorch: `F.scaled_dot_product_attention` in float64, one
-    `[n_Q, n_K]` at a time, on the recorded Q, K and V the scores read (the scale fitted from `scores` itself),
-    with the recorded masks and biases as an additive mask (the pre-softmax step minus `scores`), against the
+    `[n_Q, n_K]` at a time, on the recorded Q, K and V the scores and the output read (their steps' `inputs`; the
+    scale fitted from `scores` itself), with the recorded masks and biases as an additive mask (the pre-softmax
+    step minus `scores`), against the
     recorded output (`x_raw`, ...). A softcap or sinks are not SDPA's: there the recorded pattern's float64
     softmax (with sinks, the recorded `attention`) times V stands in. Returns a note naming the step that could
     not be reproduced, or None (also where the trace holds no such steps, or only shapes)."""
     import itertools
-    import re
 
     import torch
     import torch.nn.functional as F
@@ -36,13 +36,13 @@ def check_page(trace: Any) -> str | None:
 
     if "scores" not in trace or "attention" not in trace or trace["scores"].device.type == "meta":
         return None
-    found = re.match(r"(\w+)(?:\.float\(\))? @ (\w+)", trace.step("scores").op)
-    out = next((s for s in reversed(trace.steps) if re.match(r"\(?attention @ (\w+)", s.op)), None)
-    if found is None or out is None or found.group(1) not in trace or found.group(2) not in trace:
+    read = trace.step("scores").inputs  # (Q, K) as the scores read them
+    out = next((s for s in reversed(trace.steps) if len(s.inputs) == 2 and s.inputs[0] == "attention"), None)
+    if len(read) != 2 or out is None or not all(name in trace for name in (*read, out.inputs[1])):
         return None
-    v_name = re.match(r"\(?attention @ (\w+)", out.op).group(1)  # type: ignore[union-attr]
+    (q_name, k_name), v_name = read, out.inputs[1]
     pre_name = next(name for name in PRE_SOFTMAX if name in trace)
-    Q, K, V, scores, pre, weights, want = (trace[name] for name in (*found.groups(), v_name, "scores", pre_name,
+    Q, K, V, scores, pre, weights, want = (trace[name] for name in (q_name, k_name, v_name, "scores", pre_name,
                                                                      "attention", out.name))
     exact = "capped_scores" not in trace and "sink_weight" not in trace
     atol, rtol = tolerance(want.dtype)
@@ -63,8 +63,8 @@ def check_page(trace: Any) -> str | None:
             worst = max(worst, float((ref - o).abs().max()))
     if not worst:
         return None
-    return (f"self-check: PyTorch's scaled_dot_product_attention (float64) on the recorded {found.group(1)}, "
-            f"{found.group(2)}, {v_name} and masks does not reproduce the step '{out.name}' (by {worst:.2e}): "
+    return (f"self-check: PyTorch's scaled_dot_product_attention (float64) on the recorded {q_name}, "
+            f"{k_name}, {v_name} and masks does not reproduce the step '{out.name}' (by {worst:.2e}): "
             "the pattern is shown, not traced")
 
 

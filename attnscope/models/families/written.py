@@ -5,7 +5,8 @@ values; Llama 4 norms q and k after RoPE), so it writes the attention as `heads(
 per head, and `WrittenAttention` does the rest as MultiHeadAttention.forward does: sdpa, the merge and W_o. The
 layer's MultiHeadAttention (`module`) only holds the weights and the spec; it is called as a MultiHeadAttention is,
 `attention(X, mask=None, cache=None)` -> Trace, and whatever else a caller reads of it (`spec`, `W_o`,
-`empty_cache`) is the module's. `add` is a Trace's add, or `keeping` when nothing is recorded.
+`empty_cache`) is the module's. `add` is a Recorder (attnscope/trace.py): a Trace's add, or `discard` when nothing
+is recorded.
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ class WrittenAttention:
         from attnscope import cost
         from attnscope.attention import rows
         from attnscope.attention.dot_product import heads_last, merge_heads, sdpa
-        from attnscope.trace import Trace
+        from attnscope.trace import Trace, discard
 
         m = self.module
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
         spec = m.spec if cache is None else m.spec.with_cache(cache[0].shape[-2])  # a decode step after the cache
         trace = Trace()
-        q, k, v, names = self.heads(trace.add if m.record else keeping, X, cache, spec)
+        q, k, v, names = self.heads(trace.add if m.record else discard, X, cache, spec)
         spec = replace(spec, rope=None, temperature=None, qk_norm=None)  # applied in `heads`
         n_group = m.n_head // m.n_kv_head
         if not m.record:
@@ -73,9 +74,10 @@ class WrittenAttention:
         """Query head `head` and the key/value head that serves it, as `heads` makes them, nothing recorded
         (models/forward/long.py's blocks of rows)."""
         from attnscope.attention.dot_product import HeadInputs
+        from attnscope.trace import discard
 
         m = self.module
-        q, k, v, _ = self.heads(keeping, X, None, m.spec)
+        q, k, v, _ = self.heads(discard, X, None, m.spec)
         g = head // (m.n_head // m.n_kv_head)  # transformers' repeat_kv order
         spec = replace(m.spec, rope=None, temperature=None, qk_norm=None, n_kv_head=None)
         return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, None)  # [1, 1, n, d_head]
@@ -106,7 +108,7 @@ def project(add: Any, m: MultiHeadAttention, X: torch.Tensor, which: str, n_key:
             "V": (m.W_v, n_key, m.n_kv_head, kv)}
     feat = {name: add(f"{name}_feat", W(X), ("n_batch", n, width(m, count)),  # [n_batch, n, heads·d_head]
                       f"W_{name.lower()}({name})", cost.linear_flops((*X.shape[:-1], W.out_features), X.shape[-1],
-                                                                     biased))
+                                                                     biased), inputs=(name,))
             for name, (W, n, count, _) in plan.items() if name in which}
     return {name: add(f"{name}_split", split_heads(feat[name], count),  # -> [n_batch, heads, n, d_head]
                       ("n_batch", axis, n, "d_head"),
@@ -133,8 +135,3 @@ def width(m: MultiHeadAttention, n: int) -> str:
 
 def kv_axis(m: MultiHeadAttention) -> str:
     return "n_head" if m.n_kv_head == m.n_head else "n_kv_head"
-
-
-def keeping(name: str, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """`Trace.add`'s stand-in when nothing is recorded."""
-    return tensor

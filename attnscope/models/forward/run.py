@@ -3,7 +3,6 @@ head h's own steps are sliced out of the layer's trace by the family (head_steps
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,9 +58,11 @@ def layer_trace(inner: Trace, X: torch.Tensor, made: str) -> Trace:
 
     trace = Trace(notes=list(inner.notes))
     trace.add("X", X, ("n_batch", "n_tokens", "d_model"), made)
+    arguments = {name: "X" for name in ("Q", "K", "V") if name not in inner}  # the module's arguments: X each
     for step in inner.steps:
         dims = tuple(MODEL_DIMS.get(d, d) for d in step.dims)
         # every projection reads X: W_q(Q) -> W_q(X), and MLA's q_a_proj(Q), kv_a_proj_with_mqa(K) likewise
-        op = re.sub(r"\((Q|K|V)\)$", "(X)", step.op.replace("d_feat", "d_model"))
-        trace.add(step.name, step.tensor, dims, op, step.flops, step.allocates)
+        step = step.reading(arguments)
+        trace.add(step.name, step.tensor, dims, step.op.replace("d_feat", "d_model"), step.flops, step.allocates,
+                  inputs=step.inputs)
     return trace

@@ -112,9 +112,9 @@ def _heads(module: MultiHeadAttention, X: torch.Tensor, keys: torch.Tensor) -> t
     """Q from X and K, V from `keys` (X itself, or memory across), split into heads as the module's forward splits
     them, `[1, n_head, n, d_head]` each, and the spec left for sdpa: the module's own `_heads`, nothing recorded
     (MultiHeadAttention.head_inputs reads one sequence only, and the cross-attention reads two)."""
-    from attnscope.attention.multihead import _keep_tensor
+    from attnscope.trace import discard
 
-    Q, K, V, _ = module._heads(_keep_tensor, X, keys, keys, None, module.spec)
+    Q, K, V, _ = module._heads(discard, X, keys, keys, None, module.spec)
     return Q, K, V, module._sdpa_spec(module.spec)
 
 
