@@ -75,9 +75,9 @@ def _linear_layers(result: HeadResult) -> set[int]:
 
 def _linear(result: HeadResult, folder: Path, model_type: str, ids: list[int]) -> list[Comparison]:
     """A linear layer L: its output x against transformers' module's, and effective_attention @ V_split against
-    the recurrence's output as transformers computes it (its gated norm's input; models/families/qwen3_next.py)."""
+    the recurrence's output as transformers computes it (its gated norm's input; models/nopage/eager_linear.py)."""
     from attnscope.check.comparison import compare
-    from attnscope.models.families.qwen3_next import eager_linear
+    from attnscope.models.nopage.eager_linear import eager_linear
 
     assert result.run is not None
     steps, L = result.run.layer, result.options.layer
@@ -156,14 +156,15 @@ def _compare(name: str, mine: torch.Tensor, theirs: torch.Tensor) -> Comparison:
 def _guard(result: HeadResult, folder: Path, n_tokens: int) -> None:
     """transformers' model is loaded whole (with --generate) or up to layer L, and its eager run holds every
     layer's `[n_head, n, n]` attention: refused up front when that does not fit."""
+    from attnscope.models import memory
     from attnscope.models.checkpoint import Checkpoint
-    from attnscope.models.nopage.truncated import estimate_bytes
+    from attnscope.models.nopage.truncated import footprint
     from attnscope.runs.head_result import guard_memory
 
     info, asked = result.info, result.options
     last = info.layers - 1 if (result.layer_patterns is not None or asked.generate) else asked.layer
     with Checkpoint.open(folder) as checkpoint:
-        weights = estimate_bytes(checkpoint, last, 1)
+        weights = memory.whole(footprint(checkpoint, last), 1)
     held = 4 * (last + 1) * info.heads * n_tokens * n_tokens
     guard_memory(weights + held, asked.max_memory, f"--check: transformers' eager run of layers 0..{last} on "
                  f"{n_tokens} tokens")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attnscope.errors import UsageError
 from attnscope.models.config import Config, fix_advice
 from attnscope.models.families.deepseek import DeepseekV3
-from attnscope.models.families.qwen3_next import LinearLayers
+from attnscope.models.families.hybrid import LinearLayers
 from attnscope.variants.rope import Rope
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks
+from attnscope.models.families.hybrid import LinearLayers
 from attnscope.models.families.llama import Llama
-from attnscope.models.families.qwen3_next import LinearLayers
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:

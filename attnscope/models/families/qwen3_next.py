@@ -24,119 +24,26 @@ g = -exp(A_log) · softplus(a + dt_bias), the delta rule, RMSNorm(x_raw) · silu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.attention.multihead import MultiHeadAttention
 from attnscope.errors import UsageError
+from attnscope.models.families.hybrid import LinearLayers
 from attnscope.models.families.qwen3_moe import Qwen3Moe
 from attnscope.spec import AttentionSpec
-from attnscope.words import counted
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import torch
 
-    from attnscope.attention.linear_attention import DeltaInputs, DeltaSizes, LinearState
+    from attnscope.attention.linear_attention import DeltaInputs
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
     from attnscope.models.family import Slice
     from attnscope.trace import Trace
 
 LINEAR = "linear_attn"
-KINDS = ("linear_attention", "full_attention")
-
-
-class LinearLayers:
-    """What a hybrid of linear attention and full attention layers adds to a family page (Qwen3-Next, Qwen3.5,
-    Kimi Linear): which layer is which (`layer_types`), a linear layer's own heads, its DeltaLayer, notes and head
-    steps. A mixin before the page of the full layers' family: `class Qwen3Next(LinearLayers, Qwen3Moe)`; the
-    family sets `delta` (DeltaSizes) and `delta_inputs(layer, X, add)`."""
-
-    delta: DeltaSizes
-    n_layer: int
-    n_head: int
-    config: Config
-    architecture: str
-    linear_name = "Gated DeltaNet"
-
-    def layer_kind(self, layer: int) -> str:
-        """`layer_types[layer]`, or the config class's default: full every `full_attention_interval`-th layer."""
-        kinds = self.config.str_list("layer_types", self.n_layer)
-        if kinds is None:
-            every = self.config.integer("full_attention_interval", default=4)
-            return "full_attention" if (layer + 1) % every == 0 else "linear_attention"
-        if kinds[layer] not in KINDS:
-            raise UsageError(f"{self.config.path}: layer_types[{layer}] is {kinds[layer]!r}; {self.architecture}'s "
-                             f"layers are {' or '.join(KINDS)}")
-        return kinds[layer]
-
-    def linear(self, layer: int) -> bool:
-        return self.layer_kind(layer) == "linear_attention"
-
-    def heads_in(self, layer: int) -> int:
-        """A linear layer has its own heads (its value heads), one matrix M each."""
-        return self.delta.n_head if self.linear(layer) else self.n_head
-
-    def check_position(self, layer: int, head: int) -> None:
-        from attnscope.models.family import check_position
-
-        check_position(self.n_layer, self.n_head, layer, 0)
-        n = self.heads_in(layer)
-        if not 0 <= head < n:
-            kind = "linear attention" if self.linear(layer) else "full attention"
-            raise UsageError(f"{{head}} {head} is out of range: layer {layer} ({kind}) has {counted(n, 'head')}, "
-                             f"0 to {n - 1}", "head")
-
-    full_note = "a full attention layer"  # what the family's full layers are, in the traced layer's notes
-
-    def layer_notes(self, layer: int) -> list[str]:
-        if not self.linear(layer):
-            return [f"layer {layer} is {self.full_note}"]
-        from attnscope.attention.linear_attention import EFFECTIVE_NOTE
-
-        s = self.delta
-        return [f"layer {layer} is a linear attention layer ({self.linear_name}): no softmax, no KV cache; its state "
-                f"is [n_head, d_K, d_V] = [{s.n_head}, {s.d_K}, {s.d_V}] per sequence", EFFECTIVE_NOTE]
-
-    def layer_head_notes(self, layer: int, head: int) -> list[str]:
-        """A linear layer's head: where its weights lie (`linear_head_note`), and what its pattern is; a full
-        layer's as the family's (head_notes)."""
-        if not self.linear(layer):
-            return self.head_notes(head)  # type: ignore[attr-defined, no-any-return]
-        return [f"{self.linear_head_note(layer, head)}; its pattern is the exact matrix M of this linear attention "
-                "layer (effective_attention)"]
-
-    def linear_head_note(self, layer: int, head: int) -> str:
-        """Which key head serves value head `head` (grouped: Qwen3-Next's 16 key heads for 32 value heads)."""
-        s = self.delta
-        group = s.n_head // s.n_k_head
-        served = f"key head {head // group} of {s.n_k_head} (= {head} // {group}) serves value heads " \
-                 f"{head // group * group} to {head // group * group + group - 1}: its W_Q, W_K; " if group > 1 else ""
-        return f"{served}W_V, W_O and the output gate are value head {head}'s own"
-
-    def attention(self, layer: int, record: bool) -> Any:
-        if self.linear(layer):
-            return DeltaLayer(self.delta, lambda X, add: self.delta_inputs(layer, X, add), record)
-        return super().attention(layer, record)  # type: ignore[misc]
-
-    def delta_inputs(self, layer: int, X: torch.Tensor, add: Any) -> DeltaInputs:
-        raise NotImplementedError
-
-    def projections(self, layer: int) -> dict[str, Any]:
-        """A linear layer has no attention module's state dict to load (DeltaLayer reads its weights through
-        `delta_inputs`), so none; a full layer's as its family's."""
-        return {} if self.linear(layer) else super().projections(layer)  # type: ignore[misc, no-any-return]
-
-    def head_trace(self, layer: Trace, head: int) -> Trace:
-        if "effective_attention" not in layer:
-            return super().head_trace(layer, head)  # type: ignore[misc, no-any-return]
-        return linear_head_trace(layer, head)
-
-    def estimate_bytes(self, layer: int, n_tokens: int) -> int:
-        """Every family's, and a linear layer's M `[n_head, n, n]` in float64 beside its float32 copy."""
-        return super().estimate_bytes(layer, n_tokens) + 12 * self.delta.n_head * n_tokens * n_tokens  # type: ignore[misc, no-any-return]
 
 
 class Qwen3Next(LinearLayers, Qwen3Moe):
@@ -311,8 +218,8 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
 
 
 class GatedAttention(MultiHeadAttention):
-    """MultiHeadAttention with Qwen3-Next's output gate (`Qwen3NextAttention`): `W_gate` projects X to
-    n_head·d_head, and each head's output is multiplied by sigmoid of it before W_o (steps `gate`, `x_gated`)."""
+    """`Qwen3NextAttention`: MultiHeadAttention's heads and sdpa, then each head's output times sigmoid of its gate
+    rows (`W_gate` projects X to n_head·d_head: steps `gate`, `x_gated`) before W_o."""
 
     def __init__(self, d_feat: int, n_head: int, *args: Any, **kwargs: Any) -> None:
         from torch import nn
@@ -324,115 +231,41 @@ class GatedAttention(MultiHeadAttention):
     def forward(self, Q: torch.Tensor, K: torch.Tensor | None = None, V: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
                 position_bias: torch.Tensor | None = None) -> Trace:
+        """The layer's self-attention on X = Q (a decoder layer's: K and V are X too): Q_feat ... x_raw, x_rsh1,
+        x_rsh2 as MultiHeadAttention records them, then gate, x_gated and x."""
         import torch
 
         from attnscope import cost
-        from attnscope.trace import Trace
+        from attnscope.attention.dot_product import heads_last, merge_heads, sdpa
+        from attnscope.trace import Trace, discard
 
-        W_o = self.W_o
-        self.W_o = _through()  # MultiHeadAttention's last step, held back for the gate
-        try:
-            inner = super().forward(Q, K, V, mask, cache, position_bias)
-        finally:
-            self.W_o = W_o
-        merged = inner["x"]  # [n_batch, n_Q, n_head·d_head]: x_rsh2, the heads merged before W_o
-        trace = Trace(notes=list(inner.notes))
-        for step in inner.steps:
-            if step.name != "x":
+        self._check_inputs(Q, Q, Q, cache)
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
+        spec = self.spec if cache is None else self.spec.with_cache(cache[0].shape[-2])  # new tokens after the cache
+        trace = Trace()
+        add = trace.add if self.record else discard
+        q, k, v, names = self._heads(add, Q, Q, Q, cache, spec)  # projected, qk-normed, rotated, the cache joined
+        spec, width = self._sdpa_spec(spec), "n_head·d_head"
+        if self.record:  # scores ... x_raw, then the heads merged: x_rsh2 [n_batch, n_Q, n_head·d_head]
+            inner = sdpa(q, k, v, mask, enable_gqa=self.n_group > 1, names=names, spec=spec)
+            for step in inner.steps[3:]:  # q, k and v are recorded above
                 trace.add_step(step)
-        width = "n_head·d_head"
+            trace.notes.extend(inner.notes)
+            heads = trace.add("x_rsh1", heads_last(inner["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
+                              "x_raw.permute(0, 2, 1, 3).contiguous()")
+            merged = trace.add("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", self._width("n_head")),
+                               f"x_rsh1.view(n_batch, -1, {self._width('n_head')})", allocates=False)
+        else:  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head·d_head]
+            merged = merge_heads(self._fused(q, k, v, mask, 0.0, spec))
         gate = self.W_gate(Q)  # [n_batch, n_Q, n_head·d_head]
-        if self.record:
-            gate = trace.add("gate", torch.sigmoid(gate), ("n_batch", "n_Q", width), "sigmoid(W_gate(Q))",
-                             cost.linear_flops(gate.shape, Q.shape[-1], self.W_gate.bias is not None) + gate.numel())
-            x_gated = trace.add("x_gated", merged * gate, ("n_batch", "n_Q", width), "x_rsh2 * gate", merged.numel())
-        else:
-            x_gated = merged * torch.sigmoid(gate)
+        gate = add("gate", torch.sigmoid(gate), ("n_batch", "n_Q", width), "sigmoid(W_gate(Q))",
+                   cost.linear_flops(gate.shape, Q.shape[-1], self.W_gate.bias is not None) + gate.numel())
+        x_gated = add("x_gated", merged * gate, ("n_batch", "n_Q", width), "x_rsh2 * gate", merged.numel())
         x = self.W_o(x_gated)  # [n_batch, n_Q, d_feat]
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_gated)",
                   cost.linear_flops(x.shape, x_gated.shape[-1], self.W_o.bias is not None))
         return trace
-
-
-def _through() -> Any:
-    """Stands in for W_o while MultiHeadAttention runs, so its `x` is the merged heads, before the gate."""
-    from torch import nn
-
-    class Through(nn.Module):
-        bias = None
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x
-
-    return Through()
-
-
-class DeltaLayer:
-    """A linear attention layer as the forward calls an attention module: `layer(X, cache=None)` gives the trace
-    (x its output), `empty_cache()` and `cache_after(trace)` carry the state step to step (models/forward/stream.py).
-    `project(X, add)` is the family's projections (DeltaInputs); the rest is linear_attention.delta_rule."""
-
-    def __init__(self, sizes: DeltaSizes, project: Any, record: bool) -> None:
-        self.sizes, self.project, self.record = sizes, project, record
-        self.spec = AttentionSpec(causal=True)
-        self._after: dict[int, LinearState] = {}
-
-    def __call__(self, X: torch.Tensor, cache: LinearState | None = None) -> Trace:
-        from attnscope.attention.linear_attention import check_note, delta_rule
-        from attnscope.attention.multihead import _keep_tensor
-        from attnscope.trace import Trace
-
-        trace = Trace()
-        add = trace.add if self.record else _keep_tensor
-        x, state, figure = delta_rule(add, self.project(X, add), self.sizes, cache, self.record)
-        if not self.record:
-            trace.add("x", x, ("n_batch", "n_tokens", "d_model"), "out_proj(...): the linear attention layer")
-        note = check_note(figure)
-        if note:
-            trace.notes.append(note)
-        self._after[id(trace)] = state
-        return trace
-
-    def effective_rows(self, X: torch.Tensor, head: int, block: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """Value head `head`'s M on a long input, in blocks of query rows (linear_attention.effective_rows)."""
-        from attnscope.attention.linear_attention import _keep, effective_rows
-
-        return effective_rows(self.project(X, _keep), self.sizes, head, block)
-
-    def to(self, device: Any) -> DeltaLayer:
-        """The weights are read at each call, onto X's device: a meta X runs the layer as shapes
-        (models/forward/long.py)."""
-        return self
-
-    def empty_cache(self, n_batch: int = 1) -> LinearState:
-        from attnscope.attention.linear_attention import empty_state
-
-        return empty_state(self.sizes, n_batch)
-
-    def cache_after(self, trace: Trace) -> LinearState:
-        """The state after the call that made `trace`: the convolution's last inputs and S (and, for the view,
-        every position's effective key and value)."""
-        return self._after.pop(id(trace))
-
-
-def linear_head_trace(layer: Trace, head: int) -> Trace:
-    """Value head h of a linear layer, as views into the layer's steps: X, the query and key of its key head
-    (normed and repeated where the layer norms them), its values, beta (a delta rule's), g, its effective_attention M
-    and output, and its state."""
-    from attnscope.trace import Trace
-
-    trace = Trace()
-    X = layer.step("X")
-    trace.add("X", X.tensor[0], X.dims[1:], f"{X.op} (n_batch 0)", allocates=False)
-    for name, sources in (("Q", ("Q_normed", "Q_split")), ("K", ("K_normed", "K_split")), ("V", ("V_split",)),
-                          ("beta", ("beta",)), ("g", ("g",)), ("effective_attention", ("effective_attention",)),
-                          ("out", ("x_raw",)), ("state", ("state",))):
-        source = next((s for s in sources if s in layer), None)
-        if source is None:  # MiniMax's lightning attention: no norm of q and k, no beta
-            continue
-        step = layer.step(source)
-        trace.add(name, step.tensor[0, head], step.dims[2:], f"{source}[0, {head}]", allocates=False)
-    return trace
 
 
 def _split_gate(weight: torch.Tensor, n_head: int, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -441,31 +274,3 @@ def _split_gate(weight: torch.Tensor, n_head: int, d_head: int) -> tuple[torch.T
     query, gate = per_head[:, :d_head], per_head[:, d_head:]
     # [n_head, d_head, (d_model)] -> [n_head·d_head, (d_model)], each
     return query.reshape(n_head * d_head, *weight.shape[1:]), gate.reshape(n_head * d_head, *weight.shape[1:])
-
-
-def eager_linear(folder: Path, model_type: str, ids: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' own run of layers 0..`layer` on `ids` (`truncated.load`, eager, float32): linear layer
-    `layer`'s output `[n_tokens, d_model]` and its recurrence's output before the gated norm `[n_tokens,
-    n_head·d_V]` (the norm's input, hooked, heads merged): what `head --check` holds x and M @ V against."""
-    import torch
-    from transformers import AutoModel
-
-    from attnscope.models.nopage import truncated
-
-    truncated.quiet_transformers()
-    full, n_layer = truncated.full_config(folder, model_type, layer)
-    model = truncated.load(AutoModel, folder, truncated.cut(full, n_layer, layer), model_type, traced=False)
-    inner = getattr(model, "language_model", model)  # Qwen3.5's multimodal model: its text model
-    module = getattr(inner.layers[layer], "linear_attn", None) or inner.layers[layer].self_attn
-    norm = getattr(module, "norm", None) or module.o_norm
-    seen: dict[str, torch.Tensor] = {}
-    hooks = [module.register_forward_hook(lambda m, a, out: seen.__setitem__("x", out[0] if isinstance(out, tuple)
-                                                                           else out)),
-             norm.register_forward_hook(lambda m, a, out: seen.__setitem__("core", a[0]))]
-    try:
-        with torch.no_grad():
-            model(input_ids=torch.tensor([ids]), use_cache=False)  # a cache of linear layers only: transformers fails
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return seen["x"][0], seen["core"].reshape(len(ids), -1)  # [n_tokens, d_model], [n_tokens, n_head·d_V]
