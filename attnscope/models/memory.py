@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from attnscope.models.checkpoint import Checkpoint
 
@@ -35,6 +35,29 @@ class Footprint:
     weights: int
     per_token: int = 0
     cells: int = 0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A text model's sizes where no page reads them: from its config's values, transformers' defaults where one is
+    left out (KV heads: one per head; d_head: d_model / n_head)."""
+
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    d_head: int
+
+    @classmethod
+    def of(cls, get: Callable[[str], Any]) -> Sizes:
+        """`get("hidden_size")` and the rest: a config's values, None where one is left out."""
+        d_model, n_head = int(get("hidden_size") or 0), int(get("num_attention_heads") or 1)
+        n_kv_head = int(get("num_key_value_heads") or n_head)
+        return cls(d_model, n_head, n_kv_head, int(get("head_dim") or d_model // n_head))
+
+    @property
+    def qkv(self) -> int:
+        """A token's queries, keys and values, in numbers."""
+        return self.d_head * (self.n_head + 2 * self.n_kv_head)
 
 
 @dataclass(frozen=True)

@@ -103,14 +103,26 @@ def plan(asked: HeadOptions, model: Family | None, encoded: Encoded) -> Plan:
 
 
 def estimate_bytes(asked: HeadOptions, model: Family, plan: Plan) -> int:
-    """What the run needs: a long input's blocks, or the layers streamed with what they keep."""
-    from attnscope.models.forward import long, stream
+    """What the run needs (models/memory.py): a long input's blocks, or the layers streamed with what they keep,
+    or layers 0..L with L traced (the page's own estimate)."""
+    from attnscope.models import memory
+    from attnscope.models.forward.long import BLOCK_ROWS
 
-    if plan.long:
-        return long.estimate_bytes(model, asked.layer, plan.n_tokens)
-    if asked.all_layers or asked.generate:
-        return stream.estimate_bytes(model, plan.n_tokens + asked.generate, keep_patterns=asked.all_layers)
-    return model.estimate_bytes(asked.layer, plan.n_tokens)
+    n = plan.n_tokens
+    if plan.long:  # layers 0..L's weights, layer L's queries, keys and values, and one block of rows: scores,
+        # masked scores, attention, and their float64 copy
+        qkv = model.d_head * (model.n_head + 2 * model.n_kv_head)
+        return memory.blocked(memory.Footprint(model.weight_bytes(asked.layer), 40 * model.d_model), n, BLOCK_ROWS,
+                              qkv=qkv, cell=3 * 4 + 3 * 8)
+    if asked.all_layers or asked.generate:  # one layer's weights held at a time (the largest), every layer's KV
+        # cache (each layer's own head size and KV heads: Gemma 4's full layers are wider than the model's d_head)
+        # and with --all-layers every layer's pattern
+        n += asked.generate
+        largest = max(model.weight_bytes(index, only=True) for index in range(model.n_layer))
+        cache = 2 * 4 * n * sum(d * n_kv for d, n_kv in map(model.layer_sizes, range(model.n_layer)))
+        kept = model.n_layer * model.n_head if asked.all_layers else 0
+        return memory.whole(memory.Footprint(largest, 40 * model.d_model, 4 * model.n_head + kept), n, cache)
+    return model.estimate_bytes(asked.layer, n)
 
 
 def layer_heads(result: HeadResult, indices: list[int] | None = None) -> None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models import tokenizer
+    from attnscope.models import memory, tokenizer
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.nopage import truncated
     from attnscope.models.own_code import refuse_own_code
@@ -36,7 +36,7 @@ def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress:
         return result
     n = len(encoded.ids)
     with Checkpoint.open(folder) as checkpoint:
-        needed = truncated.estimate_bytes(checkpoint, asked.layer, n)
+        needed = memory.whole(truncated.footprint(checkpoint, asked.layer), n)
     guard_memory(needed, asked.max_memory, f"loading layers 0..{asked.layer} of this model through transformers")
     with progress(f"running {config.architecture} through transformers, layers 0 to {asked.layer}"):
         run = truncated.run(folder, encoded.ids, config.model_type, asked.layer)
@@ -116,10 +116,13 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
                            progress: Progress) -> HeadResult:
     """--all-layers and --generate: the whole model through transformers' own forward and cache, every attention
     call captured (models/forward/interface_stream.py), memory-guarded up front."""
+    from dataclasses import replace
+
     from attnscope.errors import UsageError
-    from attnscope.models import tokenizer
+    from attnscope.models import memory, tokenizer
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.forward import interface_stream
+    from attnscope.models.nopage import truncated
     from attnscope.runs import beyond_layer as layers
     from attnscope.runs.head_result import guard_memory
 
@@ -129,8 +132,14 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
         raise UsageError(f"{flags} capture transformers' attention interface at every call, and model_type "
                          f"'{config.model_type}' computes its attention in its own code; drop {flags}")
     n = len(encoded.ids)
-    with Checkpoint.open(folder) as checkpoint:
-        needed = interface_stream.estimate_bytes(checkpoint, prepared, n + asked.generate, asked.all_layers)
+    with Checkpoint.open(folder) as checkpoint:  # the truncated load of every layer, every attention layer's keys
+        # and values, and with --all-layers its [n_head, n, n] pattern (models/memory.py)
+        loaded = truncated.footprint(checkpoint, prepared.n_layer - 1)
+    sizes = memory.Sizes.of(lambda key: getattr(prepared.config, key, None))
+    n_attention = len(prepared.declared) if prepared.declared is not None else prepared.n_layer
+    kept = n_attention * sizes.n_head if asked.all_layers else 0
+    needed = memory.whole(replace(loaded, cells=loaded.cells + kept), n + asked.generate,
+                          2 * 4 * n_attention * sizes.n_kv_head * sizes.d_head * (n + asked.generate))
     guard_memory(needed, asked.max_memory, f"running every layer of this model through transformers on "
                                            f"{n + asked.generate} tokens")
     doing = (f"decoding {counted(asked.generate, 'token')}" if asked.generate

@@ -36,6 +36,7 @@ def refuse_options(asked: HeadOptions, model_type: str) -> None:
 
 
 def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
+    from attnscope.models import memory
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.family import check_position
     from attnscope.models.nopage import truncated
@@ -57,7 +58,7 @@ def run_vision(asked: HeadOptions, folder: Path, config: Config, progress: Progr
     query = None if asked.query is None else token_index(asked.query, grid.labels())
     every = asked.all_layers
     with Checkpoint.open(folder) as checkpoint:  # a tower's run is a truncated load: its estimate
-        needed = truncated.estimate_bytes(checkpoint, n_layer - 1 if every else asked.layer, grid.n_tokens)
+        needed = memory.whole(truncated.footprint(checkpoint, n_layer - 1 if every else asked.layer), grid.n_tokens)
     _guard(needed, asked.max_memory,
            f"running {'every layer' if every else f'layers 0..{asked.layer}'} of this vision tower on "
            f"{grid.n_tokens} image tokens")
@@ -122,6 +123,7 @@ def check(result: HeadResult, folder: Path, model_type: str, pixels: Pixels) -> 
     import transformers
 
     from attnscope.check.comparison import compare
+    from attnscope.models import memory
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.nopage import truncated
     from attnscope.models.vision import tower
@@ -130,7 +132,7 @@ def check(result: HeadResult, folder: Path, model_type: str, pixels: Pixels) -> 
     last = n_layer - 1 if result.layer_patterns is not None else asked.layer
     n = int(result.all_heads.shape[-1]) if result.all_heads is not None else 1  # the image's tokens
     with Checkpoint.open(folder) as checkpoint:  # the truncated load's, and every layer's output_attentions
-        needed = truncated.estimate_bytes(checkpoint, last, n) + 4 * (last + 1) * info.heads * n * n
+        needed = memory.whole(truncated.footprint(checkpoint, last), n) + 4 * (last + 1) * info.heads * n * n
     _guard(needed, asked.max_memory,
            f"--check: transformers' eager tower, layers 0..{last}, on {n} image tokens")
     model = truncated.load(getattr(transformers, tower.TOWERS[model_type].model_class), folder,

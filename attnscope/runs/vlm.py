@@ -47,8 +47,9 @@ def refuse_options(asked: HeadOptions) -> None:
 
 
 def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models.forward.long import LONG_TOKENS
-    from attnscope.models.vision import vlm, vlm_long, vlm_run
+    from attnscope.models import memory
+    from attnscope.models.forward.long import BLOCK_ROWS, LONG_TOKENS
+    from attnscope.models.vision import vlm, vlm_run
     from attnscope.models.vision.image import read_image
     from attnscope.runs.head_result import guard_memory, save_result
 
@@ -66,9 +67,14 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
                          f"has a page for do (Gemma 3, Llama 4, LLaVA); {config.architecture} runs through "
                          "transformers (M-RoPE), which computes its whole pattern: drop --rows")
     if page and n > LONG_TOKENS:  # head h in blocks of rows (models/vision/vlm_long.py); the rest is refused by plan
-        needed = vlm_long.estimate_bytes(folder, config, asked.layer, n)
+        # (models/memory.py): the tower and layers 0..L, the residual stream and its activations, layer L's queries,
+        # keys and values, one block of rows with its mask, and Gemma 3's whole mask for the layers before L
+        text = memory.Sizes.of(vlm_run.text_settings(folder, config).get)
+        weights = memory.Footprint(vlm_run.footprint(folder, asked.layer).weights, 40 * text.d_model)
+        needed = memory.blocked(weights, n, BLOCK_ROWS, qkv=text.qkv, cell=3 * 4 + 3 * 8 + 1,
+                                mask=config.model_type == "gemma3")
     else:
-        needed = vlm_run.estimate_bytes(folder, last, n + n_new)
+        needed = memory.whole(vlm_run.footprint(folder, last), n + n_new)
     guard_memory(needed, asked.max_memory, f"running the vision tower and layers 0..{last} on {n + n_new} tokens")
     decoding = f", then decoding {counted(n_new, 'token')}" if n_new else ""
     with progress(f"running {config.architecture}'s vision tower and layers 0 to {last} on {n} tokens{decoding}"):

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
     import torch
 
-    from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.forward.stream import DecodeStep
     from attnscope.models.nopage.truncated import TransformersRun
 
@@ -62,23 +61,6 @@ def prepare(folder: Path, model_type: str, layer: int) -> Prepared:
     truncated.check_attention_layer(config, n_layer, layer)
     return Prepared(config, n_layer, truncated.declared_attention_layers(config, n_layer),
                     truncated.routes_through_interface(config))
-
-
-def estimate_bytes(checkpoint: Checkpoint, prepared: Prepared, n_tokens: int, keep_patterns: bool) -> int:
-    """Every layer's tensors (truncated.estimate_bytes up to the last layer), every layer's keys and values for
-    `n_tokens` positions, and with `keep_patterns` every attention layer's `[n_head, n_tokens, n_tokens]`."""
-    from attnscope.models.nopage import truncated
-
-    config = prepared.config
-    n_head = int(getattr(config, "num_attention_heads", 1) or 1)
-    n_kv_head = int(getattr(config, "num_key_value_heads", n_head) or n_head)
-    d_model = int(getattr(config, "hidden_size", 0) or 0)
-    d_head = int(getattr(config, "head_dim", 0) or d_model // n_head)
-    n_attention = len(prepared.declared) if prepared.declared is not None else prepared.n_layer
-    weights = truncated.estimate_bytes(checkpoint, prepared.n_layer - 1, n_tokens)
-    cache = 2 * 4 * n_attention * n_kv_head * d_head * n_tokens
-    patterns = 4 * n_attention * n_head * n_tokens**2 if keep_patterns else 0
-    return weights + cache + patterns
 
 
 def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer: int, n_new: int,

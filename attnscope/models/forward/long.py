@@ -154,12 +154,3 @@ def _shapes(model: Family, layer: int, X: torch.Tensor, made: str) -> Trace:
     with shapes_only():  # no torch compiler imported for the meta ops (metadevice.py)
         meta = model.attention(layer, record=True).to("meta")
         return layer_trace(meta(X.to("meta")), X.to("meta"), made)
-
-
-def estimate_bytes(model: Family, layer: int, n_tokens: int) -> int:
-    """Memory of a long run: the weights up to layer L, the residual stream and its activations, layer L's
-    queries, keys and values, and one block of rows (scores, masked scores, attention, and the float64 copy)."""
-    linear = 4 * n_tokens * 40 * model.d_model
-    qkv = 4 * n_tokens * model.d_head * (model.n_head + 2 * model.n_kv_head)
-    block = BLOCK_ROWS * n_tokens * (3 * 4 + 3 * 8)
-    return model.weight_bytes(layer) + linear + qkv + block

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from attnscope.errors import ResourceError, UsageError
+from attnscope.models.memory import Footprint
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -59,15 +60,16 @@ class TransformersRun:
     fallback: str = ""  # interface_check.py's note where the trace did not reproduce the module's output: pattern only
 
 
-def estimate_bytes(checkpoint: Checkpoint, layer: int, n_tokens: int) -> int:
-    """Layers 0..L's tensors and every tensor outside the layers (embeddings, norms), in float32, once held and
-    once being loaded, plus activations of every head's scores: what the truncated load needs."""
+def footprint(checkpoint: Checkpoint, layer: int) -> Footprint:
+    """What the truncated load holds (models/memory.py): layers 0..L's tensors and every tensor outside the layers
+    (embeddings, norms), in float32, once held and once being loaded; each token's activations and every head's
+    scores, for up to 64 heads of 1,024 numbers a token."""
     numel = 0
     for key in checkpoint.keys:
         found = _LAYER.search(key)
         if found is None or int(found.group(1)) <= layer:
             numel += math.prod(checkpoint.shape(key))
-    return 2 * 4 * numel + 4 * 64 * n_tokens * n_tokens + 4 * 1024 * n_tokens * 64
+    return Footprint(2 * 4 * numel, per_token=1024 * 64, cells=64)
 
 
 def full_config(folder: Path, model_type: str, layer: int, *, text: bool = False) -> tuple[Any, int]:

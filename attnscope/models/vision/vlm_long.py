@@ -14,11 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from pathlib import Path
 
     import torch
 
-    from attnscope.models.config import Config
     from attnscope.models.family import Family
     from attnscope.models.forward.long import LongHead
     from attnscope.models.vision.vlm import ImageTokens
@@ -65,25 +63,6 @@ def _gemma3(model: Gemma3Image, tokens: ImageTokens, layer: int, head: int,
             blocks.add(trace["attention"][0, 0].to(torch.float64), a)  # [b - a, n_tokens]
         layer_trace = long._shapes(model, layer, X, made)  # the steps as shapes, on the meta device
     return blocks.head(layer_trace, model.attention_spec(layer))
-
-
-def estimate_bytes(folder: Path, config: Config, layer: int, n_tokens: int) -> int:
-    """Memory of a long prompt's run: the tower and the text model's layers 0..L (vlm_run.estimate_bytes without
-    the scores), and what long.estimate_bytes adds on a page: the residual stream and its activations, layer L's
-    queries, keys and values, one block of rows (Gemma 3's over every key, with its mask)."""
-    from attnscope.models.forward.long import BLOCK_ROWS
-    from attnscope.models.vision import vlm_run
-
-    text = vlm_run.text_settings(folder, config)
-    d_model = int(text.get("hidden_size") or 0)
-    n_head = int(text.get("num_attention_heads") or 1)
-    n_kv_head = int(text.get("num_key_value_heads") or n_head)
-    d_head = int(text.get("head_dim") or d_model // n_head)
-    linear = 4 * n_tokens * 40 * d_model
-    qkv = 4 * n_tokens * d_head * (n_head + 2 * n_kv_head)
-    block = BLOCK_ROWS * n_tokens * (3 * 4 + 3 * 8 + 1)
-    mask = n_tokens * n_tokens if config.model_type == "gemma3" else 0  # the layers before L: the whole mask, bool
-    return vlm_run.estimate_bytes(folder, layer, 0) + linear + qkv + block + mask
 
 
 def row_shares(exact_rows: torch.Tensor, image: list[bool]) -> torch.Tensor:

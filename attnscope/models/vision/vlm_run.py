@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from attnscope.models.config import Config
     from attnscope.models.family import Family
+    from attnscope.models.memory import Footprint
     from attnscope.models.nopage.interface import Recorder
     from attnscope.models.nopage.truncated import TransformersRun
     from attnscope.models.vision.vlm import ImageTokens
@@ -191,21 +192,21 @@ def text_settings(folder: Path, config: Config) -> dict[str, Any]:
     return dict(settings.get_text_config().to_dict())
 
 
-def estimate_bytes(folder: Path, last: int, n_tokens: int) -> int:
-    """What a run up to text layer `last` holds: every tensor of the vision tower and projector and the text
-    model's layers 0..`last` with its embeddings, as stored and in float32 (transformers' load, then the page's
-    reads), plus every head's scores of every layer run: `[64 heads, n_tokens, n_tokens]` float32 a layer, at most."""
-    import math
+def footprint(folder: Path, last: int) -> Footprint:
+    """What a run up to text layer `last` holds (models/memory.py): every tensor of the vision tower and projector
+    and the text model's layers 0..`last` with its embeddings, as stored and in float32 (transformers' load, then
+    the page's reads), and every head's scores of every layer run: `[64 heads, n_tokens, n_tokens]` a layer, at
+    most."""
     import re
 
+    from attnscope.models import memory
     from attnscope.models.checkpoint import Checkpoint
 
     layer = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
     with Checkpoint.open(folder) as checkpoint:
         kept = [key for key in checkpoint.keys if "vis" in key or (found := layer.search(key)) is None
                 or int(found.group(1)) <= last]  # the tower's ("vision_tower", "visual"), then the text's
-        weights = sum(checkpoint.nbytes(key) + 4 * math.prod(checkpoint.shape(key)) for key in kept)
-    return weights + (last + 1) * 4 * 64 * n_tokens * n_tokens
+        return memory.Footprint(memory.held(checkpoint, kept), cells=64 * (last + 1))
 
 
 def load_eager(folder: Path, config: Config, last: int) -> Any:
