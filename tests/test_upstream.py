@@ -1,4 +1,4 @@
-"""attnscope on a transformers release with a bug in a reference it runs (attnscope/models/upstream.py).
+"""attnscope on a transformers release with a bug in a reference it runs (attnscope/models/nopage/upstream.py).
 
 transformers 5.24.0's Llama4ForConditionalGeneration.forward raises AttributeError ('image_outputs') on every
 input, so `--check` on a Llama 4 VLM was an internal error there. The run is a subprocess: the tests' own conftest
@@ -41,7 +41,7 @@ def test_check_on_a_llama4_vlm_runs_transformers_reference(llama4_vlm, extra):
 def test_the_fix_is_undone_on_leaving():
     from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
-    from attnscope.models.upstream import reference_fixes
+    from attnscope.models.nopage.upstream import reference_fixes
 
     before = "image_outputs" in vars(MoeCausalLMOutputWithPast)
     with reference_fixes():

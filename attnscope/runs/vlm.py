@@ -226,13 +226,13 @@ def check(result: HeadResult, folder: Path, config: Config, tokens: ImageTokens)
     import torch
 
     from attnscope.check.comparison import compare
-    from attnscope.models.upstream import reference_fixes
+    from attnscope.models.nopage.upstream import reference_fixes
     from attnscope.models.vision import vlm_run
 
     L = result.options.layer
     mine = dict(enumerate(result.layer_patterns)) if result.layer_patterns is not None else {L: result.all_heads}
     model = vlm_run.load_eager(folder, config, max(mine) if result.long is None else L)
-    with torch.no_grad(), reference_fixes():  # models/upstream.py: transformers 5.24's Llama 4 forward
+    with torch.no_grad(), reference_fixes():  # models/nopage/upstream.py: transformers 5.24's Llama 4 forward
         theirs = model(**tokens.inputs, output_attentions=True).attentions
     comparisons = []
     long = result.long

@@ -129,12 +129,12 @@ def eager_decode(folder: Path, config: Config, tokens: ImageTokens, n_new: int) 
     import torch
 
     from attnscope.models.nopage.eager import Decoded, greedy_config
-    from attnscope.models.upstream import reference_fixes
+    from attnscope.models.nopage.upstream import reference_fixes
     from attnscope.models.vision import vlm_run
 
     model = vlm_run.load_eager(folder, config, vlm_run.n_layer(folder, config) - 1)
     try:
-        with torch.no_grad(), reference_fixes():  # models/upstream.py: transformers 5.24's Llama 4 forward
+        with torch.no_grad(), reference_fixes():  # models/nopage/upstream.py: transformers 5.24's Llama 4 forward
             out = model.generate(**tokens.inputs, generation_config=greedy_config(model, n_new))
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
         raise ResourceError(f"{{check}}: transformers could not decode with {config.architecture} "
