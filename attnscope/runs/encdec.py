@@ -168,7 +168,7 @@ def _estimate(asked: HeadOptions, model: EncoderDecoder, kind: str, n_source: in
 
     view = model.for_kind(kind)
     last = view.n_layer - 1 if asked.all_layers else asked.layer
-    needed = view.estimate_bytes(last, n_source, n_target)
+    needed = view.estimate_bytes(last, max(n_source, n_target))
     if asked.all_layers:
         n_K = n_source if kind != "decoder" else n_target
         needed += 4 * view.n_layer * view.n_head * (n_source if kind == "encoder" else n_target) * n_K

@@ -208,19 +208,23 @@ class EncoderDecoder(Family):
 
     # --- memory ---------------------------------------------------------------------------------------------
 
-    def estimate_bytes(self, layer: int, n_tokens: int, n_target: int = 1) -> int:
-        """A run for this attention: the encoder's layers (all of them when the decoder runs) and the decoder's
-        up to `layer`, their weights as stored and as float32, plus activations and the traced attention."""
-        needed = []
+    def weight_bytes(self, layer: int, only: bool = False) -> int:
+        """What a run for this attention reads, as stored and as float32 (models/memory.py): the encoder's layers
+        (all of them when the decoder runs) and the decoder's up to `layer`; with `only`, layer `layer` of the
+        attention's own stack."""
+        from attnscope.models import memory
+
+        needed, own = [], "encoder" if self.kind == "encoder" else "decoder"
         for side, last in (("encoder", layer if self.kind == "encoder" else 1 << 62),
                            ("decoder", layer if self.kind != "encoder" else -1)):
             stem = f"{self.prefix}{self.stacks[side].layers}."
-            needed += [k for k in self.checkpoint.keys if k.startswith(stem) and _layer_of(k[len(stem):]) <= last]
-        stored = sum(self.checkpoint.nbytes(k) for k in needed)
-        numel = sum(self._numel(k) for k in needed)
-        n = max(n_tokens, n_target)
-        # Eight [n_head, n, n] float32 tensors at the peak: the traced layer's scores, biased scores (T5's bias
-        # itself) and attention, with the fused attention's own copies beside them (measured: 0.45 GB for T5's
-        # 4 heads at 1,992 tokens, where four counted 0.25 GB)
-        activations = 4 * n * (40 * self.d_model + 8 * self.n_head * n)
-        return stored + 4 * numel + activations
+            needed += [k for k in self.checkpoint.keys if k.startswith(stem) and (
+                _layer_of(k[len(stem):]) == layer and side == own if only else _layer_of(k[len(stem):]) <= last)]
+        return memory.held(self.checkpoint, needed)
+
+    @property
+    def extra_cells(self) -> int:
+        """Eight `[n_head, n, n]` float32 tensors at the peak where a page counts four: the traced layer's scores,
+        biased scores (T5's bias itself) and attention, with the fused attention's own copies beside them
+        (measured: 0.45 GB for T5's 4 heads at 1,992 tokens, where four counted 0.25 GB)."""
+        return 4 * self.n_head

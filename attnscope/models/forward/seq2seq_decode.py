@@ -67,10 +67,11 @@ def generate(model: EncoderDecoder, source: list[int] | torch.Tensor, target: li
 def estimate_bytes(model: EncoderDecoder, n_source: int, n_target: int) -> int:
     """Decoding's memory: the whole checkpoint as float32 beside its stored bytes (every layer runs at each step),
     the encoder's activations over the source, and both caches of every decoder layer."""
+    from attnscope.models import memory
+
     n_layer, n_head = model.sizes["decoder"]
     d_head = model.d_heads["decoder"] if model.d_heads else model.d_head
-    weights = sum(model.checkpoint.nbytes(k) + 4 * model._numel(k) for k in model.checkpoint.keys)
-    n = max(n_source, n_target)
-    activations = 4 * n * (40 * model.d_model + 8 * max(n_head, model.sizes["encoder"][1]) * n)
+    every = memory.Footprint(memory.held(model.checkpoint, model.checkpoint.keys), 40 * model.d_model,
+                             8 * max(n_head, model.sizes["encoder"][1]))  # as a short run's eight tensors a head
     caches = 2 * 4 * n_layer * n_head * d_head * (n_source + n_target)
-    return weights + activations + caches
+    return memory.whole(every, max(n_source, n_target), caches)

@@ -158,13 +158,11 @@ def estimate_bytes(model: EncoderDecoder, kind: str, layer: int, n_source: int, 
     activations (the source's, and the target's beside `memory` in the decoder), layer L's queries, keys and values
     of every head, and one block of rows: T5's bias and buckets for it with every head's scores, biased scores and
     attention, and the traced head's steps with their float64 copy."""
-    view = model.for_kind(kind)
-    weights = view.estimate_bytes(layer, 0, 0)  # no tokens: the weights alone
-    n = n_source + (n_target if kind != "encoder" else 0)
-    linear = 4 * n * 40 * model.d_model
-    qkv = 4 * 3 * max(n_source, n_target) * model.d_model
+    from attnscope.models import memory
+
     n_head = max(n_head for _, n_head in model.sizes.values())
-    cells = blocks.BLOCK_ROWS * max(n_source, n_target)  # one block's rows over the most keys any block sees
-    blocked = cells * (4 * 4 * n_head + 3 * 8)  # bias, scores, biased scores, attention; buckets and distances
-    head = cells * (3 * 4 + 3 * 8)
-    return weights + linear + qkv + blocked + head
+    cell = 4 * 4 * n_head + 3 * 8 + 3 * 4 + 3 * 8  # bias, scores, biased scores, attention; buckets and distances;
+    # the head's steps and their float64 copy, for each of one block's rows over the most keys any block sees
+    weights = memory.Footprint(model.for_kind(kind).weight_bytes(layer), 40 * model.d_model)
+    return memory.blocked(weights, max(n_source, n_target), blocks.BLOCK_ROWS, qkv=3 * model.d_model, cell=cell,
+                          n_stream=n_source + (n_target if kind != "encoder" else 0))
