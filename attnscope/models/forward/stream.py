@@ -186,15 +186,3 @@ def _cache_bytes(model: Family, caches: list[tuple[torch.Tensor, torch.Tensor] |
             n = tensor.shape[-2] if window is None else min(tensor.shape[-2], window - 1)
             held += tensor[..., :n, :].numel() * tensor.element_size()
     return held
-
-
-def estimate_bytes(model: Family, n_tokens: int, keep_patterns: bool) -> int:
-    """Memory of a streamed run over `n_tokens` positions: the largest layer's weights (one layer is held at a
-    time), the residual stream and a traced layer's activations, the KV cache of every layer, and with
-    `keep_patterns` every layer's pattern."""
-    largest = max(model.weight_bytes(index, only=True) for index in range(model.n_layer))
-    activations = 4 * n_tokens * (40 * model.d_model + 4 * model.n_head * n_tokens)
-    # each layer's own head size and KV heads (Gemma 4's full layers are wider than the model's d_head)
-    cache = 2 * 4 * n_tokens * sum(d * n_kv for d, n_kv in map(model.layer_sizes, range(model.n_layer)))
-    patterns = 4 * model.n_layer * model.n_head * n_tokens**2 if keep_patterns else 0
-    return largest + activations + cache + patterns
