@@ -40,8 +40,8 @@ _HOMES = {
     "QkNorm": "attnscope.variants.qknorm",
     "Rope": "attnscope.variants.rope",
     "sdpa": "attnscope.attention.dot_product",
-    "split_heads": "attnscope.attention.dot_product",
-    "merge_heads": "attnscope.attention.dot_product",
+    "split_heads": "attnscope.attention.stages",
+    "merge_heads": "attnscope.attention.stages",
     "Step": "attnscope.trace",
     "TemperatureTuning": "attnscope.variants.temperature",
     "Trace": "attnscope.trace",
@@ -52,9 +52,10 @@ _HOMES = {
 }
 
 if TYPE_CHECKING:
-    from attnscope.attention.dot_product import merge_heads, sdpa, split_heads
+    from attnscope.attention.dot_product import sdpa
     from attnscope.attention.latent import LatentAttention
     from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.attention.stages import merge_heads, split_heads
     from attnscope.errors import AttnscopeError
     from attnscope.readings.headstats import LayerHeads
     from attnscope.runs.head import model_head

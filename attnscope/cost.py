@@ -170,7 +170,7 @@ def _masks(n_Q: int, n_K: int, spec: AttentionSpec, user_mask: bool, pad: bool) 
 
 def _table_rows(n_Q: int, n_K: int, offset: int) -> int:
     """The rows of RoPE's cos and sin tables: positions from min(0, offset) (negative lower-right when n_Q > n_K)
-    to the last of the keys' and queries' (attention.rotate)."""
+    to the last of the keys' and queries' (stages.rotate)."""
     return max(n_K, offset + n_Q) - min(0, offset)
 
 

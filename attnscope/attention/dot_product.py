@@ -1,7 +1,8 @@
 """Scaled dot-product attention, recorded step by step, with the variants of today's models.
 
 `sdpa()` is a pure function that returns a `Trace`; `MultiHeadAttention` (multihead.py) calls it for
-its inner step, so the two can never drift apart. Nothing here prints or imports a terminal library.
+its inner step, so the two can never drift apart. The stages it shares with every form (qk-norm, RoPE, the
+temperature, repeat KV) are stages.py's. Nothing here prints or imports a terminal library.
 
 Steps, in order, each only when its option asks for it:
 `Q, K, V, [Q_normed, K_normed], [cos, sin, Q_rot, K_rot], [attn_scales, Q_tuned], [K_rep, V_rep], scores,
@@ -16,7 +17,7 @@ query, key and value); the steps' dtypes say so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,11 +27,11 @@ from attnscope import cost
 from attnscope.attention import sinks as sinks_
 from attnscope.attention.masking import masked, zero_rows
 from attnscope.attention.position_bias import add_position_bias
+from attnscope.attention.stages import gqa_note, normalize, repeat_kv, rotate, tune
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
 from attnscope.variants import alibi as alibi_
-from attnscope.variants import qknorm
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -281,7 +282,7 @@ def sdpa(
     offset = spec.offset(n_Q, n_K)
     if spec.norm is not None:
         Q, K = normalize(trace.add, Q, K, spec.norm, (None, None), source=(q_name, k_name),
-                                dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
+                         dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
         q_name, k_name = "Q_normed", "K_normed"
     if rope is not None:
         Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
@@ -291,7 +292,10 @@ def sdpa(
         Q = tune(trace.add, Q, spec.temperature, start=offset, source=q_name, dims=trace.step(q_name).dims)
         q_name = "Q_tuned"
     if n_group > 1:
-        K, V = _repeat_kv(trace, K, V, n_group, (k_name, v_name), batch_dims, names)
+        trace.notes.append(gqa_note(K.shape[-3], n_group))
+        K, V = repeat_kv(trace.add, K, V, n_group, source=(k_name, v_name),
+                         dims=((*leading_names(batch_dims, K.dim()), "n_K", names.d_K),
+                               (*leading_names(batch_dims, V.dim()), "n_K", names.d_V)))
         k_name, v_name = "K_rep", "V_rep"
 
     scale_op = f"/ sqrt({names.d_K})" if scale is None else f"* {scale:g}"
@@ -340,81 +344,20 @@ def sdpa(
     return trace
 
 
-def normalize(add: Any, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tensor | None, Tensor | None],
-              *, source: tuple[str, str], dims: tuple[tuple[str, ...], tuple[str, ...]], axis: tuple[str, str],
-              names: tuple[str | None, str | None] = (None, None),
-              biases: tuple[Tensor | None, Tensor | None] = (None, None)) -> tuple[Tensor, Tensor]:
-    """Steps `Q_normed`, `K_normed` through `add` (a Trace's add, or a stand-in that keeps nothing): the RMSNorm
-    of Q and K over their last axis (named `axis`, qknorm.rms_norm), or their LayerNorm with `biases` too
-    (qknorm.layer_norm), with `weights` (None: unit weight) called `names` in the op (`q_norm.weight`; a bias
-    `q_norm.bias`)."""
-    normed = []
-    for step, x, weight, bias, src, shape, over, name in zip(("Q_normed", "K_normed"), (Q, K), weights, biases,
-                                                             source, dims, axis, names, strict=True):
-        y = qknorm.apply(x, weight, bias, norm)
-        bias_name = None if bias is None else (name.replace("weight", "bias") if name else "b")
-        normed.append(add(step, y, shape, norm.op(src, over, name, bias_name),
-                          cost.rms_norm_flops(y.shape, weight is not None)))
-    return normed[0], normed[1]
-
-
-def rotate(add: Any, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offset: int, source: tuple[str, str],
-           dims: tuple[tuple[str, ...], tuple[str, ...]], d_name: str, n_keys: int) -> tuple[Tensor, Tensor]:
-    """Steps `cos, sin, Q_rot, K_rot` through `add` (a Trace's add, or a stand-in): query i at `q_offset + i`
-    (negative before key 0, lower-right with n_Q > n_K: a score still depends on i − j alone), key j at
-    `k_offset + j`. `n_keys` (n_K, every key) names the positions' axis when the table covers exactly them."""
-    from attnscope.variants import rope as rotary
-
-    n_Q, n_K, d = Q.shape[-2], K.shape[-2], Q.shape[-1]
-    n_pos = max(k_offset + n_K, q_offset + n_Q)
-    first = min(0, q_offset, k_offset)
-    cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device, start=first)  # [n_pos - first, d_rot]
-    pos = "n_K" if (first, n_pos) == (0, n_keys) else "n_pos"
-    width = d_name if cos.shape[-1] == d else "d_rot"
-    add("cos", cos, (pos, width), rope.table_op("cos", d_name, d, n_pos, first))
-    add("sin", sin, (pos, width), rope.table_op("sin", d_name, d, n_pos, first))
-    apply = rotary.apply_rope if rope.pairing == "half-split" else rotary.apply_rope_interleaved
-    rotated = []
-    for name, x, offset, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):
-        start = offset - first  # the table's row of this tensor's first position
-        part = "" if (start, n) == (0, cos.shape[0]) else f"[{start}:{start + n}]"
-        src = source[0] if name == "Q_rot" else source[1]
-        x_rot = apply(x, cos[start : start + n], sin[start : start + n])  # [.., n, d]
-        rotated.append(add(name, x_rot, shape, rope.rotate_op(src, part, d),
-                           3 * x_rot.numel() * cos.shape[-1] // max(d, 1)))
-    return rotated[0], rotated[1]
-
-
-def tune(add: Any, Q: Tensor, temperature: TemperatureTuning, *, start: int, source: str,
-         dims: tuple[str, ...]) -> Tensor:
-    """Steps `attn_scales` `[n_Q]` and `Q_tuned` through `add`: each query scaled by its position's factor,
-    query i at position `start + i` (transformers' `Llama4TextAttention`: `(query_states * attn_scales).to(
-    query_states.dtype)`, the factor computed in float32)."""
-    n_Q = Q.shape[-2]
-    if start < 0:
-        raise UsageError(f"{{temperature}}: aligned lower-right with fewer keys than queries, query 0 sits at position "
-                         f"{start}, and the temperature's factor is only defined from position 0; give at least as "
-                         "many keys as queries, or align upper-left", "temperature")
-    scales = add("attn_scales", temperature.scales(start, n_Q, Q.device), ("n_Q",), temperature.op(start), 6 * n_Q)
-    tuned = (Q * scales[:, None]).to(Q.dtype)  # [.., n_Q, d] * [n_Q, 1]
-    return add("Q_tuned", tuned, dims, f"({source} * attn_scales[:, None]).to({dtype_name(Q.dtype)})",  # type: ignore[no-any-return]
-               tuned.numel())
-
-
-def _repeat_kv(trace: Trace, K: Tensor, V: Tensor, n_group: int, source: tuple[str, str],
-               batch_dims: tuple[str, ...], names: Names) -> tuple[Tensor, Tensor]:
-    """Steps `K_rep, V_rep`: each K/V head repeated for the n_group query heads it serves (transformers'
-    `repeat_kv`, which is `repeat_interleave(n_group, dim=1)`)."""
-    n_kv_head = K.shape[-3]
-    K_rep = K.repeat_interleave(n_group, dim=-3)  # [.., n_kv_head, n_K, d] -> [.., n_head, n_K, d]
-    V_rep = V.repeat_interleave(n_group, dim=-3)
-    for name, src, tensor, d in (("K_rep", source[0], K_rep, names.d_K), ("V_rep", source[1], V_rep, names.d_V)):
-        trace.add(name, tensor, (*leading_names(batch_dims, tensor.dim()), "n_K", d),
-                  f"repeat_kv({src}, n_group={n_group}) = {src}.repeat_interleave({n_group}, dim=-3)")
-    shown = [f"KV head {g}: query heads {g * n_group}-{(g + 1) * n_group - 1}" for g in range(min(n_kv_head, 4))]
-    more = f", ... ({n_kv_head} KV heads)" if n_kv_head > 4 else ""
-    trace.notes.append(f"grouped-query attention, n_group = {n_group}: " + "; ".join(shown) + more)
-    return K_rep, V_rep
+def sdpa_steps(trace: Trace, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, names: Names,
+               spec: AttentionSpec, **options: Any) -> Tensor:
+    """`sdpa` on the per-head Q, K, V a module made (projected, normed, rotated, the cache joined: already steps of
+    `trace`, called `names`), its steps from `scores` on and its notes added to `trace`; the output back. A sink
+    logit is the module's parameter, counted with its weights. `options`: sdpa's (enable_gqa, dropout_p,
+    position_bias, sinks)."""
+    inner = sdpa(Q, K, V, mask, names=names, spec=spec, **options)
+    for step in inner.steps[3:]:  # from scores on: the inputs are already here
+        if step.name == "sinks":  # the module's parameter, counted with its weights
+            step = replace(step, op="the module's parameter sinks, one logit per head (held with the weights)",
+                           allocates=False)
+        trace.add_step(step)
+    trace.notes.extend(inner.notes)
+    return trace[names.out]
 
 
 def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...], offset: int,
@@ -432,19 +375,3 @@ def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...],
     biased = logits + (bias if logits.dim() >= 3 else bias[0])  # [.., n_head, n_Q, n_K]; unbatched: [n_Q, n_K]
     trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel())
     return biased, "biased_scores"
-
-
-def split_heads(x: Tensor, n_head: int) -> Tensor:
-    """[n_batch, n, n_head·d_head] -> [n_batch, n_head, n, d_head], a view (BERT's `transpose_for_scores`)."""
-    n_batch, n, width = x.shape  # n, not -1: an empty batch leaves -1 undefined
-    return x.view(n_batch, n, n_head, width // n_head).permute(0, 2, 1, 3)  # [n_batch, n_head, n, d_head]
-
-
-def heads_last(x: Tensor) -> Tensor:
-    """[n_batch, n_head, n, d_head] -> [n_batch, n, n_head, d_head], copied so it can be viewed flat."""
-    return x.permute(0, 2, 1, 3).contiguous()  # [n_batch, n, n_head, d_head]
-
-
-def merge_heads(x: Tensor) -> Tensor:
-    """[n_batch, n_head, n, d_head] -> [n_batch, n, n_head·d_head], the inverse of `split_heads`."""
-    return heads_last(x).flatten(-2)  # [n_batch, n, n_head·d_head]

@@ -20,7 +20,7 @@ Steps (`[...]` only where asked), dims named as STYLE.md's vocabulary and the na
 | KV_feat | n_batch, n_K, d_latent+d_rope | `kv_a_proj_with_mqa(K)`: the latent and K_pe, one tensor |
 | KV_latent | n_batch, n_K, d_latent | `kv_a_layernorm(KV_feat[..., :d_latent])`: what a cache holds |
 | K_pe | n_batch, n_K, d_rope | `KV_feat[..., d_latent:]`: one rotary key part for every head |
-| cos, sin, Q_pe_rot, K_pe_rot | | RoPE on the rotary parts only (`attention.rotate`) |
+| cos, sin, Q_pe_rot, K_pe_rot | | RoPE on the rotary parts only (`stages.rotate`) |
 | [KV_latent_cache, K_pe_cache, KV_latent_cat, K_pe_cat] | n_batch, n_cache / n_K, ... | a decode step |
 | Q_full | n_batch, n_head, n_Q, d_K | `cat(Q_nope, Q_pe_rot)` |
 | KV_up, K_nope, V_split | n_batch, n_K, n_head·(d_nope+d_V); per head d_nope, d_V | `kv_b_proj(KV_latent)`, split |
@@ -48,7 +48,8 @@ from torch import nn
 
 from attnscope import cost
 from attnscope.attention import dot_product as attention
-from attnscope.attention.dot_product import HeadInputs, Names, heads_last, merge_heads, resolve_spec, split_heads
+from attnscope.attention.dot_product import HeadInputs, Names, resolve_spec
+from attnscope.attention.stages import heads_last, merge_heads, rotate, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, Latent
 from attnscope.trace import Trace, discard
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from attnscope.variants.rope import Rope
 
 RMS_EPS = 1e-6  # DeepseekV3RMSNorm's default: q_a_layernorm and kv_a_layernorm are built without the config's eps
-PE_NAMES = {"Q_rot": "Q_pe_rot", "K_rot": "K_pe_rot"}  # attention.rotate's names, for the rotary parts
+PE_NAMES = {"Q_rot": "Q_pe_rot", "K_rot": "K_pe_rot"}  # stages.rotate's names, for the rotary parts
 
 
 class RMSNorm(nn.Module):
@@ -230,7 +231,7 @@ class LatentAttention(nn.Module):
         n_Q, n_K = Q.shape[1], n_cache + K.shape[1]
         q_offset = n_cache if cache is not None else spec.offset(n_Q, n_K)
         assert spec.rope is not None
-        Q_pe_rot, K_pe_rot = attention.rotate(
+        Q_pe_rot, K_pe_rot = rotate(
             lambda name, *args, **kwargs: add(PE_NAMES.get(name, name), *args, **kwargs), Q_pe, K_pe, spec.rope,
             q_offset=q_offset, k_offset=n_cache, source=("Q_pe", "K_pe"),
             dims=(("n_batch", "n_head", "n_Q", "d_rope"), ("n_batch", n_key, "d_rope")), d_name="d_rope", n_keys=n_K)

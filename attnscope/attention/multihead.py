@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnscope import cost, masks
+from attnscope import masks
 from attnscope.attention import dot_product as attention
-from attnscope.attention import rows
-from attnscope.attention.dot_product import HeadInputs, Names, heads_last, merge_heads, resolve_spec, split_heads
+from attnscope.attention import rows, stages
+from attnscope.attention.dot_product import HeadInputs, Names, resolve_spec
+from attnscope.attention.stages import merge_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
 from attnscope.trace import Trace, discard
@@ -134,25 +135,10 @@ class MultiHeadAttention(nn.Module):
         Q_h, K_h, V_h, names = self._heads(add, Q, K, V, cache, spec)
         spec = self._sdpa_spec(spec)
         dropout_p = self.dropout_p if self.training else 0.0
-        n_batch = Q.shape[0]
         if self.record:
-            inner = attention.sdpa(Q_h, K_h, V_h, mask, enable_gqa=self.n_group > 1, dropout_p=dropout_p,
-                                   names=names, spec=spec, position_bias=position_bias, sinks=self.sinks)
-            for step in inner.steps[3:]:  # from scores on: the inputs are already here
-                if step.name == "sinks":  # the module's parameter, counted with its weights
-                    step = replace(step, op="the module's parameter sinks, one logit per head (held with the weights)",
-                                   allocates=False)
-                trace.add_step(step)
-            trace.notes.extend(inner.notes)
-            x_rsh1 = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
-                               "x_raw.permute(0, 2, 1, 3).contiguous()")
-            width = self._width("n_head")
-            # [n_batch, n_Q, n_head, d_head] -> [n_batch, n_Q, n_head·d_head]
-            x_rsh2 = trace.add("x_rsh2", x_rsh1.view(n_batch, x_rsh1.shape[1], self.n_head * self.d_head),
-                               ("n_batch", "n_Q", width), f"x_rsh1.view(n_batch, -1, {width})", allocates=False)
-            x = self.W_o(x_rsh2)  # [n_batch, n_Q, d_feat]
-            trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
-                      cost.linear_flops(x.shape, x_rsh2.shape[-1], self.W_o.bias is not None))
+            attention.sdpa_steps(trace, Q_h, K_h, V_h, mask, names, spec, enable_gqa=self.n_group > 1,
+                                 dropout_p=dropout_p, position_bias=position_bias, sinks=self.sinks)
+            stages.merge(trace.add, trace["x_raw"], self.W_o, self._width("n_head"))
             return trace
         x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
         x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
@@ -202,31 +188,27 @@ class MultiHeadAttention(nn.Module):
                spec: AttentionSpec) -> tuple[Tensor, Tensor, Tensor, Names]:
         """Project, split, rotate and extend with the cache: the per-head Q, K, V the attention reads, and
         the names they go by. With a cache the new keys' axis is n_new, and n_K = n_cache + n_new."""
-        bias, kv_axis = self.W_q.bias is not None, self._kv_axis()
+        kv_axis = self._kv_axis()
         n_key = "n_K" if cache is None else "n_new"
         plan = (("Q", self.W_q, Q, "n_Q", self.n_head, "n_head"), ("K", self.W_k, K, n_key, self.n_kv_head, kv_axis),
                 ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
-        feats = {name: add(f"{name}_feat", W(x), ("n_batch", n, self._width(axis)),  # [n_batch, n, heads·d_head]
-                           f"W_{name.lower()}({name})", cost.linear_flops((*x.shape[:-1], W.out_features),
-                                                                           x.shape[-1], bias), inputs=(name,))
+        feats = {name: stages.project(add, name, W, x, ("n_batch", n, self._width(axis)))  # [n_batch, n, heads·d_head]
                  for name, W, x, n, _, axis in plan}
         norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
         if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
             widths = (self._width("n_head"), self._width(kv_axis))
-            feats["Q"], feats["K"] = attention.normalize(
+            feats["Q"], feats["K"] = stages.normalize(
                 add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
                 dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
                 names=("q_norm.weight", "k_norm.weight"), biases=self._norm_biases())
             made["Q"], made["K"] = "Q_normed", "K_normed"
-        split = {name: add(f"{name}_split", split_heads(feats[name], count),  # -> [n_batch, heads, n, d_head]
-                           ("n_batch", axis, n, "d_head"),
-                           f"{made[name]}.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
-                 for name, _, _, n, count, axis in plan}
+        split = {name: stages.split(add, name, feats[name], count, ("n_batch", axis, n, "d_head"), made[name])
+                 for name, _, _, n, count, axis in plan}  # [n_batch, heads, n, d_head]
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
         if norm is not None and norm.over == "head":  # Qwen3, Gemma 3: each head over its own d_head
             per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
-            q, k = attention.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
+            q, k = stages.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
                                     axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"),
                                     biases=self._norm_biases())
             q_name, k_name = "Q_normed", "K_normed"
@@ -235,23 +217,18 @@ class MultiHeadAttention(nn.Module):
         # the new tokens sit after the cached ones whether or not the attention is causal
         q_offset = n_cache if cache is not None else spec.offset(n_Q, n_K)
         if spec.rope is not None:
-            q, k = attention.rotate(add, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache,
-                                    source=(q_name, k_name), dims=(("n_batch", "n_head", "n_Q", "d_head"),
-                                                                   ("n_batch", kv_axis, n_key, "d_head")),
-                                    d_name="d_head", n_keys=n_K)
+            q, k = stages.rotate(add, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache,
+                                 source=(q_name, k_name), dims=(("n_batch", "n_head", "n_Q", "d_head"),
+                                                                ("n_batch", kv_axis, n_key, "d_head")),
+                                 d_name="d_head", n_keys=n_K)
             q_name, k_name = "Q_rot", "K_rot"
         q, k, q_name, k_name = self._after_rope(add, q, k, (q_name, k_name), (kv_axis, n_key))
         if spec.temperature is not None:
-            q = attention.tune(add, q, spec.temperature, start=q_offset, source=q_name,
-                               dims=("n_batch", "n_head", "n_Q", "d_head"))
+            q = stages.tune(add, q, spec.temperature, start=q_offset, source=q_name,
+                            dims=("n_batch", "n_head", "n_Q", "d_head"))
             q_name = "Q_tuned"
         if cache is not None:
-            cached = ("n_batch", kv_axis, "n_cache", "d_head")
-            K_cache = add("K_cache", cache[0].to(k.dtype), cached, "input: cached keys (already rotated)")
-            V_cache = add("V_cache", cache[1].to(v.dtype), cached, "input: cached values")
-            full = ("n_batch", kv_axis, "n_K", "d_head")
-            k = add("K_cat", torch.cat([K_cache, k], dim=-2), full, f"torch.cat([K_cache, {k_name}], dim=-2)")
-            v = add("V_cat", torch.cat([V_cache, v], dim=-2), full, f"torch.cat([V_cache, {v_name}], dim=-2)")
+            k, v = stages.join_cache(add, k, v, cache, kv_axis, (k_name, v_name))
             k_name, v_name = "K_cat", "V_cat"
         names = Names(Q=q_name, K=k_name, V=v_name, out="x_raw", d_K="d_head", d_V="d_head",
                       batch=("n_batch", "n_head"))

@@ -147,7 +147,7 @@ def mha_race(batch: int, nq: int, nk: int, d_feat: int, heads: int, *, bias: boo
 def _expanded_first(module: MultiHeadAttention, Q: torch.Tensor, KV: torch.Tensor,
                     mask: torch.Tensor | None) -> torch.Tensor:
     """The layer as transformers' eager LLaMA writes it: each K/V head repeated for its group, then attention."""
-    from attnscope.attention.dot_product import merge_heads, split_heads
+    from attnscope.attention.stages import merge_heads, split_heads
 
     q = split_heads(module.W_q(Q), module.n_head)  # [n_batch, n_head, n_Q, d_head]
     k = split_heads(module.W_k(KV), module.n_kv_head).repeat_interleave(module.n_group, dim=1)  # -> n_head heads

@@ -63,7 +63,7 @@ def _unapplied(record: Record, records: list[Record]) -> str:
 
 def _after_attention(trace: Trace, dropped: torch.Tensor, reference: Any) -> Trace:
     """The trace with every step after `attention` computed again from `dropped`."""
-    from attnscope.attention.dot_product import heads_last
+    from attnscope.attention.stages import heads_last
 
     out = Trace(notes=list(trace.notes))
     after = False

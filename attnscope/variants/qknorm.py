@@ -18,7 +18,7 @@ The LayerNorm kind (`kind="layer"`) is timm's default: its `Attention(qk_norm=Tr
 `(x - mean) · rsqrt(var + eps) · w + b` over d_head with a weight and a bias `[d_head]`, eps 1e-5
 (`torch.nn.functional.layer_norm`, computed in float32 as nn.LayerNorm's kernels do, cast back).
 
-Steps `Q_normed`, `K_normed` (recorded by attention.normalize, beside attention.rotate and attention.tune);
+Steps `Q_normed`, `K_normed` (recorded by attention/stages.py's normalize, beside its rotate and tune);
 TransformerLens calls the same tensors `hook_q_normed` and `hook_k_normed`.
 torch is imported inside the functions: the spec that carries a `QkNorm` is built before torch loads.
 """

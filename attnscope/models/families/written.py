@@ -38,9 +38,9 @@ class WrittenAttention:
         raise NotImplementedError
 
     def __call__(self, X: torch.Tensor, mask: torch.Tensor | None = None, cache: Cache | None = None) -> Trace:
-        from attnscope import cost
-        from attnscope.attention import rows
-        from attnscope.attention.dot_product import heads_last, merge_heads, sdpa
+        from attnscope.attention import rows, stages
+        from attnscope.attention.dot_product import sdpa_steps
+        from attnscope.attention.stages import merge_heads
         from attnscope.trace import Trace, discard
 
         m = self.module
@@ -56,18 +56,8 @@ class WrittenAttention:
             trace.add("x", m.W_o(merge_heads(x_raw)), ("n_batch", "n_Q", "d_feat"),  # [n_batch, n_Q, d_feat]
                       "W_o(merge_heads(eager attention by blocks of query rows(...)))")
             return trace
-        inner = sdpa(q, k, v, mask, enable_gqa=n_group > 1, names=names, spec=spec)
-        for step in inner.steps[3:]:  # from scores on: the inputs are already here
-            trace.add_step(step)
-        trace.notes.extend(inner.notes)
-        wide = width(m, m.n_head)
-        merged = trace.add("x_rsh1", heads_last(trace["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
-                           "x_raw.permute(0, 2, 1, 3).contiguous()")
-        merged = trace.add("x_rsh2", merged.flatten(-2), ("n_batch", "n_Q", wide),  # -> [n_batch, n_Q, n_head·d_head]
-                           f"x_rsh1.view(n_batch, -1, {wide})", allocates=False)
-        x = m.W_o(merged)  # [n_batch, n_Q, d_feat]
-        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
-                  cost.linear_flops(x.shape, merged.shape[-1], m.W_o.bias is not None))
+        x_raw = sdpa_steps(trace, q, k, v, mask, names, spec, enable_gqa=n_group > 1)
+        stages.merge(trace.add, x_raw, m.W_o, width(m, m.n_head))
         return trace
 
     def head_inputs(self, X: torch.Tensor, head: int) -> HeadInputs:
@@ -99,33 +89,25 @@ class WrittenAttention:
 
 def project(add: Any, m: MultiHeadAttention, X: torch.Tensor, which: str, n_key: str) -> dict[str, torch.Tensor]:
     """Steps `Q_feat, K_feat, V_feat`, then `Q_split, K_split, V_split` (those of `which`, "QKV" or "Q"): X through
-    W_q, W_k and W_v, split into heads. `n_key`: the keys' axis (n_K, or n_new after a cache)."""
-    from attnscope import cost
-    from attnscope.attention.dot_product import split_heads
+    W_q, W_k and W_v, split into heads (stages.project, stages.split). `n_key`: the keys' axis (n_K, or n_new after
+    a cache)."""
+    from attnscope.attention import stages
 
-    biased, kv = m.W_q.bias is not None, kv_axis(m)
+    kv = kv_axis(m)
     plan = {"Q": (m.W_q, "n_Q", m.n_head, "n_head"), "K": (m.W_k, n_key, m.n_kv_head, kv),
             "V": (m.W_v, n_key, m.n_kv_head, kv)}
-    feat = {name: add(f"{name}_feat", W(X), ("n_batch", n, width(m, count)),  # [n_batch, n, heads·d_head]
-                      f"W_{name.lower()}({name})", cost.linear_flops((*X.shape[:-1], W.out_features), X.shape[-1],
-                                                                     biased), inputs=(name,))
+    feat = {name: stages.project(add, name, W, X, ("n_batch", n, width(m, count)))  # [n_batch, n, heads·d_head]
             for name, (W, n, count, _) in plan.items() if name in which}
-    return {name: add(f"{name}_split", split_heads(feat[name], count),  # -> [n_batch, heads, n, d_head]
-                      ("n_batch", axis, n, "d_head"),
-                      f"{name}_feat.view(n_batch, -1, {axis}, d_head).permute(0, 2, 1, 3)", allocates=False)
-            for name, (_, n, count, axis) in plan.items() if name in which}
+    return {name: stages.split(add, name, feat[name], count, ("n_batch", axis, n, "d_head"), f"{name}_feat")
+            for name, (_, n, count, axis) in plan.items() if name in which}  # [n_batch, heads, n, d_head]
 
 
 def join_cache(add: Any, k: torch.Tensor, v: torch.Tensor, cache: Cache, axis: str, made: tuple[str, str]) -> Cache:
-    """Steps `K_cache, V_cache, K_cat, V_cat`: the cached keys and values (`[n_batch, axis, n_cache, d_head]`)
-    before the new ones (named `made`)."""
-    import torch
+    """stages.join_cache (steps `K_cache, V_cache, K_cat, V_cat`), imported when called: a page's module imports no
+    torch."""
+    from attnscope.attention import stages
 
-    cached, full = ("n_batch", axis, "n_cache", "d_head"), ("n_batch", axis, "n_K", "d_head")
-    K_cache = add("K_cache", cache[0].to(k.dtype), cached, "input: cached keys (already rotated)")
-    V_cache = add("V_cache", cache[1].to(v.dtype), cached, "input: cached values")
-    return (add("K_cat", torch.cat([K_cache, k], dim=-2), full, f"torch.cat([K_cache, {made[0]}], dim=-2)"),
-            add("V_cat", torch.cat([V_cache, v], dim=-2), full, f"torch.cat([V_cache, {made[1]}], dim=-2)"))
+    return stages.join_cache(add, k, v, cache, axis, made)
 
 
 def width(m: MultiHeadAttention, n: int) -> str:

@@ -87,7 +87,7 @@ def blocked_step(view: EncoderDecoder, layer: int, h: torch.Tensor, memory: torc
     the same as seq2seq_run.attention_step's, never holding an `[n_Q, n_K]` pattern: the stream after it."""
     import torch
 
-    from attnscope.attention.dot_product import merge_heads
+    from attnscope.attention.stages import merge_heads
 
     X = view.attention_input(layer, h)[0]  # [1, n_Q, d_model]
     keys = X if memory is None else memory
