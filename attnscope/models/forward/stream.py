@@ -65,10 +65,11 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
     from attnscope.attention.linear_attention import pattern_name
     from attnscope.models.forward.run import layer_run
     from attnscope.readings.moved import layer_norms
+    from attnscope.tensors.weight_threads import weights_on_all_threads
 
     patterns, norms, sinks, chosen = [], [], [], []
     run = None
-    with torch.no_grad():
+    with torch.no_grad(), weights_on_all_threads(len(ids)):  # a short text's small operations on one thread
         h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
         for index in range(model.n_layer):
             progress(index)

@@ -1,0 +1,65 @@
+"""A short text's forward with its small operations on one torch thread and its products with weights on all.
+
+A layer of a short text (a few dozen tokens) is a handful of products with the layer's weights, millions of
+numbers each, and some forty small operations around them: norms, RoPE, the scores, the mask, the softmax, the
+merge of the heads, the readings and the self-check, a few hundred thousand numbers each. torch's thread count is
+process-wide and read by each operation as it starts: on two threads every small operation hands half its work to
+the second thread and waits for it, which on a machine running anything else costs it a time slice each time
+(the 1.1B LLaMA's 16 layers at 73 tokens, 2 CPUs at a load average of 10: 20.7 s on two threads, 12.2 s so;
+docs/performance.md, issue 44 goal 1). `weights_on_all_threads()` runs every operation on one thread except
+`F.linear` with a weight of at least WIDE numbers, which runs on the threads torch had.
+
+Every number stays what the same operations give on torch's threads: a product's thread count changes how it
+splits its sums, so the products keep theirs; an element-wise operation, a softmax or a norm over a row computes
+each output the same way on any number of threads (checked: every layer's pattern and value norms of the 1.1B
+LLaMA, bit for bit, tests/test_weight_threads.py on a tiny one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+WIDE = 1 << 20  # a weight of at least this many numbers (4 MiB in float32) keeps every thread
+SHORT = 256  # a pass over at most this many tokens runs its small operations on one thread
+
+
+class _WeightsWide(TorchFunctionMode):
+    """Inside it torch runs on one thread; `F.linear` with a wide weight on `threads`."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__()
+        self.threads = threads
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        if func is not F.linear or not isinstance(weight, torch.Tensor) or weight.numel() < WIDE:
+            return func(*args, **kwargs)
+        torch.set_num_threads(self.threads)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            torch.set_num_threads(1)
+
+
+@contextmanager
+def weights_on_all_threads(n_tokens: int) -> Iterator[None]:
+    """For a pass over `n_tokens` tokens (at most SHORT; longer passes are left as they are): one torch thread
+    inside the block but for the products with wide weights, which keep the threads torch had; restored after."""
+    threads = torch.get_num_threads()
+    if n_tokens > SHORT or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        with _WeightsWide(threads):
+            yield
+    finally:
+        torch.set_num_threads(threads)

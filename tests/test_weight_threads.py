@@ -1,0 +1,70 @@
+"""tensors/weight_threads.py: a short text's forward on one torch thread but for its products with wide weights,
+which keep torch's threads; the thread count put back after, and every number what it was."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_models import SENTENCE, build
+
+from attnscope.tensors import weight_threads
+from attnscope.tensors.weight_threads import SHORT, WIDE, weights_on_all_threads
+
+
+@pytest.fixture()
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_one_thread_inside_and_put_back(two_threads) -> None:
+    with weights_on_all_threads(SHORT):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    with weights_on_all_threads(SHORT + 1):  # a longer pass is left as it is
+        assert torch.get_num_threads() == 2
+    with pytest.raises(ValueError), weights_on_all_threads(3):
+        raise ValueError
+    assert torch.get_num_threads() == 2
+
+
+def test_wide_products_keep_the_threads(two_threads, monkeypatch) -> None:
+    seen: list[int] = []
+    original = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), original(n)))
+    x, wide, narrow = torch.randn(7, 1024), torch.randn(WIDE // 1024, 1024), torch.randn(64, 1024)
+    outside = F.linear(x, wide)
+    with weights_on_all_threads(7):
+        seen.clear()
+        inside = F.linear(x, wide)
+        assert seen == [2, 1]  # the product on torch's two threads, then back to one
+        seen.clear()
+        F.linear(x, narrow)
+        torch.nn.Linear(1024, 64)(x)
+        (x * 2).softmax(-1)
+        assert seen == []  # small ones stay on the one thread
+    assert torch.equal(inside, outside)
+
+
+def test_every_layer_numbers_unchanged(two_threads, tmp_path, monkeypatch, runner) -> None:
+    from attnscope.cli import app
+
+    build("llama", tmp_path)
+    monkeypatch.setattr(weight_threads, "WIDE", 1)  # every product of this tiny model counts as wide
+    runs = {}
+    for short in (SHORT, 0):  # 0: as before, every operation on torch's threads
+        monkeypatch.setattr(weight_threads, "SHORT", short)
+        for extra in ([], ["--all-layers"]):
+            result = runner.invoke(app, ["head", "--model", str(tmp_path), "--layer", "1", "--head", "0", "--text",
+                                         SENTENCE, "--json", *extra])
+            assert result.exit_code == 0, result.stderr
+            assert torch.get_num_threads() == 2
+            runs[short, bool(extra)] = json.loads(result.stdout)
+    for every in (False, True):
+        assert runs[SHORT, every] == runs[0, every]  # the same numbers, every weight and reading
+    assert len(runs[SHORT, True]["all_layers"]) == 3  # the tiny LLaMA's three layers
