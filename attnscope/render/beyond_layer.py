@@ -23,6 +23,7 @@ from attnscope.render.console import clean, numbers
 from attnscope.render.fit import FittedText
 from attnscope.render.shading import MASKED_LEGEND, CellLine, Cells, ramp
 from attnscope.views.explorer import KIND_LETTERS as LETTERS  # the page's grid uses the same letters
+from attnscope.views.pooling import THUMB_COLS, THUMB_ROWS  # the grid's cells, which a streamed run pools to
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
     from attnscope.readings.headstats import LayerHeads
     from attnscope.runs.head_result import HeadResult
 
-THUMB_COLS = 6  # key columns of one head's heatmap in the all-layers grid
-THUMB_ROWS = 3  # query rows
 EVICTED = "×"
 RULER_WORDS = "  (key position)"  # after the decode timeline's key_ruler
 LABEL = 9  # "layer 23 " and the like
@@ -68,7 +67,9 @@ def show_layers(out: Console, layers: list[LayerHeads], n_tokens: int) -> None:
 
 
 def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
-    """The layers as rows of small heatmaps, each row of cells on its own scale."""
+    """The layers as rows of small heatmaps, each row of cells on its own scale. A layer read as it came (a long
+    text: readings/layerdigest.py) holds its thumbnails already, pooled to the same cells."""
+    from attnscope.readings.layerdigest import StreamedHeads
     from attnscope.views.pooling import group_size, pool, pool_masked
 
     if not layers or 0 in layers[0].attention.shape:
@@ -83,7 +84,8 @@ def _thumbnails(out: Console, layers: list[LayerHeads]) -> None:
                          f"mean over {rows} queries"))
     for layer in layers:
         n_head = layer.attention.shape[0]  # the layer's own: a hybrid's linear layers may have more heads
-        pooled = pool(layer.attention, rows, cols).tolist()  # [n_head][rows][cols]
+        kept = layer.thumbnail if isinstance(layer, StreamedHeads) else None
+        pooled = (kept if kept is not None else pool(layer.attention, rows, cols)).tolist()  # [n_head][rows][cols]
         hidden = None if layer.masked is None else pool_masked(layer.masked, rows, cols).tolist()
         for start in range(0, n_head, per_line):
             heads = range(start, min(start + per_line, n_head))

@@ -183,7 +183,11 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
                             "exact, and pooled; the layer's steps are shown as shapes (no [n_head, n_tokens, "
                             "n_tokens] step is held)")
         return
-    if asked.all_layers:
+    from attnscope.runs import streamed_layers
+
+    if streamed_layers.streams(asked, model, n):  # a long text, the terminal's view: each layer read as it comes
+        streamed_layers.run_streamed(model, result, progress)
+    elif asked.all_layers:
         with progress(f"running all {model.n_layer} layers on {n:,} tokens", total=model.n_layer) as tick:
             every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head, progress=tick)
         result.run, result.layer_patterns = every.run, every.patterns

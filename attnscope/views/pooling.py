@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import Tensor
 
+THUMB_COLS = 6  # key columns of one head's heatmap in the all-layers grid (render/beyond_layer.py)
+THUMB_ROWS = 3  # query rows; runs/streamed_layers.py pools each layer to these as it comes
+
 
 def group_size(n: int, cells: int) -> int:
     """How many neighbours go into one cell so that `n` of them fit in `cells` cells."""

@@ -57,9 +57,16 @@ class AllLayers:
     selected: list[torch.Tensor | None] | None = None  # each layer's sparse indexer choice [n_tokens, n_tokens]
 
 
+# what takes each layer's patterns in place of keeping them: (layer, patterns [n_head, n, n], value_norms
+# [n_head, n] or None, sink_weight [n_head, n] or None), as readings/layerdigest.py's EveryLayer.add
+Reader = Callable[[int, "torch.Tensor", "torch.Tensor | None", "torch.Tensor | None"], None]
+
+
 def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
-                progress: Progress = lambda _: None) -> AllLayers:
-    """Each layer's pattern, layer by layer; the last layer's MLP is not run (nothing reads it)."""
+                progress: Progress = lambda _: None, reader: Reader | None = None) -> AllLayers:
+    """Each layer's pattern, layer by layer; the last layer's MLP is not run (nothing reads it). With `reader`,
+    each layer's patterns, value norms and sinks' weights go to it as the layer comes and are not kept
+    (`patterns` and `selected` empty; the value norms and sinks' weights, `[n_head, n]` a layer, still are)."""
     import torch
 
     from attnscope.attention.linear_attention import pattern_name
@@ -80,14 +87,19 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
             else:
                 h = model.block(index, h, cast("MultiHeadAttention", kept))  # called as the attention is
             assert kept.trace is not None
-            patterns.append(kept.trace[pattern_name(kept.trace)][0])  # [n_head, n_tokens, n_tokens]
+            pattern = kept.trace[pattern_name(kept.trace)][0]  # [n_head, n_tokens, n_tokens]
             # what each head moves, from the values just traced and the layer's W_O still held (no second forward)
             out_proj = getattr(kept.module, "W_o", None)
             norms.append(None if out_proj is None else layer_norms(kept.trace, out_proj.weight))
             sinks.append(kept.trace["sink_weight"][0] if "sink_weight" in kept.trace else None)  # [n_head, n_tokens]
-            chosen.append(kept.trace["selected"][0] if "selected" in kept.trace else None)  # [n_tokens, n_tokens]
+            if reader is None:
+                patterns.append(pattern)
+                chosen.append(kept.trace["selected"][0] if "selected" in kept.trace else None)  # [n_tokens, n_tokens]
+            else:
+                reader(index, pattern, norms[-1], sinks[-1])
             if index == layer:
                 run = layer_run(model, layer, head, kept.trace, X, made)
+            del kept, pattern  # a layer not kept lets its steps go before the next one is traced
     assert run is not None
     return AllLayers(patterns, run, norms, sinks, chosen)
 

@@ -1,0 +1,212 @@
+"""Every layer's readings taken as the layer comes, its patterns then let go: what the terminal's `--all-layers`
+view shows of a long text (models/forward/stream.py hands each layer in; runs/streamed_layers.py says when).
+
+One pass a layer over blocks of query rows, each block made float64 once and read by all of:
+
+- each head's statistics and kind (headstats.py's `row_sums`, gathered block by block in `RowStats`, as the
+  long path gathers one head's);
+- where each head parks its weight (sinkshare.py's shares: sums over the rows kept, the keys' column sums added
+  up block by block, the top keys sorted at the end), with the value norms where the layer has them;
+- the grid's thumbnail of each head (views/pooling.py's `pool`: each row's keys summed into groups as the rows
+  come, the query groups averaged at the end: the same numbers as pooling the whole pattern);
+- the rollout's three layer matrices, rows by rows (rollout.py's `layer_matrix` is row by row), kept in float32
+  by `LastRows` for the last query's row at the end.
+
+A causal layer's block of rows f..l - 1 reads keys 0..l - 1 only (nothing above the diagonal: zeros), so half the
+pattern is never made float64. The numbers are the whole pattern's up to the order of float64 additions (a
+mean's rows summed block by block), and for the rollout the float32 of what is kept (tests/test_streamed_layers.py
+compares them with the whole path's and with transformers' eager output_attentions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnscope.readings.headstats import GROUP_CELLS, LayerHeads, RowStats, kind, kind_also
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+BLOCK_CELLS = 1 << 20  # float64 cells of one block of rows, every head's (8 MiB)
+
+
+@dataclass
+class StreamedHeads(LayerHeads):
+    """A layer's heads whose patterns were read as they came and not kept: `attention` is a meta tensor (its
+    shape only), the sink shares are computed already, and `thumbnail` holds the grid's pooled pattern."""
+
+    thumbnail: Tensor | None = None  # [n_head, rows, cols] float64: pool(the patterns, *thumb)
+
+
+class SinkSums:
+    """sinkshare.py's `shares` gathered over blocks of rows: the weight on key 0 over the rows kept, and each key's
+    column sum, for the top keys."""
+
+    def __init__(self, n_head: int, n_K: int) -> None:
+        import torch
+
+        self.first = torch.zeros(n_head, dtype=torch.float64)
+        self.columns = torch.zeros(n_head, n_K, dtype=torch.float64)
+        self.rows = torch.zeros(n_head, dtype=torch.long)
+
+    def add(self, A: Tensor, keep: Tensor) -> None:
+        """Rows of row-normalised weights `[n_head, n_rows, n_keys]` float64 (keys 0..n_keys - 1) and the rows
+        kept `[n_head, n_rows]`."""
+        import torch
+
+        kept = A if bool(keep.all()) else torch.where(keep[..., None], A, 0.0)
+        self.rows += keep.sum(dim=-1)
+        if A.shape[-1]:
+            self.first += kept[..., 0].sum(dim=-1)
+            self.columns[:, : A.shape[-1]] += kept.sum(dim=1)
+
+    def shares(self) -> tuple[list[float], list[float], list[list[int]]]:
+        """Each head's mean weight on key 0 and on its top keys, and those keys (sinkshare.py's `shares`)."""
+        from attnscope.readings.sinkshare import TOP
+
+        rows = self.rows.clamp_min(1)
+        keys = self.columns.sort(dim=-1, descending=True, stable=True).indices[:, : min(TOP, self.columns.shape[-1])]
+        top = self.columns.gather(-1, keys).sum(dim=-1) / rows
+        return (self.first / rows).tolist(), top.tolist(), keys.tolist()
+
+
+class EveryLayer:
+    """The readings of every layer, a layer at a time (`add`), for rows and columns labelled `row_labels` and
+    `col_labels` (a text's tokens: a self-attention, queries and keys alike), `tokens` the ids for induction, and
+    `thumb` the grid's pooling (query rows, keys) a cell."""
+
+    def __init__(self, row_labels: list[str], col_labels: list[str], tokens: Sequence[int] | None,
+                 thumb: tuple[int, int]) -> None:
+        from attnscope.readings.gridstats import PATCH
+        from attnscope.readings.headstats import no_repeat
+        from attnscope.readings.rollout import LastRows
+
+        self.row_labels, self.col_labels, self.thumb = row_labels, col_labels, thumb
+        self.tokens = no_repeat(tokens, [bool(PATCH.match(label)) for label in col_labels]) if tokens else tokens
+        self.layers: list[StreamedHeads] = []
+        self.chains = LastRows(len(col_labels))
+        self.weighted = True  # every layer so far had its value norms: the value-weighted rollout is known
+
+    def add(self, index: int, attention: Tensor, norms: Tensor | None, sink: Tensor | None) -> None:
+        """Layer `index`'s patterns `[n_head, n, n]`, value norms `[n_head, n]` and learned sinks' weights
+        `[n_head, n]` (None where it has none), read in one pass of row blocks."""
+        from attnscope.tensors.threads import one_thread
+
+        self.weighted &= norms is not None
+        with one_thread():  # some forty small ops a block, each waiting for both threads on a busy machine
+            self.layers.append(self._read(index, attention.detach(), norms, sink))
+
+    def _read(self, index: int, A: Tensor, norms: Tensor | None, sink: Tensor | None) -> StreamedHeads:
+        import torch
+
+        from attnscope.readings.headstats import row_sums
+        from attnscope.readings.rollout import layer_matrix, row_normalised, without_first
+        from attnscope.views.pooling import pool
+
+        n_head, n_Q, n_K = A.shape
+        causal = _causal(A)  # [n_head] bool
+        every = bool(causal.all())
+        self.chains.start(every)
+        stats = [RowStats() for _ in range(n_head)]
+        sinks, weighted = SinkSums(n_head, n_K), SinkSums(n_head, n_K) if norms is not None else None
+        parked = torch.zeros(n_head, dtype=torch.float64)
+        effective = torch.zeros(n_head, dtype=torch.bool)
+        keyed = []  # each block's rows with their keys summed in groups: [n_head, n_rows, ceil(n_K / cols)]
+        step = max(1, BLOCK_CELLS // max(1, n_head * n_K))
+        for f in range(0, n_Q, step):
+            end = min(n_Q, f + step)
+            keys = min(end, n_K) if every else n_K  # a causal block's rows see keys 0..end - 1
+            B = A[:, f:end, :keys].to(torch.float64)  # [n_head, n_rows, keys]: the block, made float64 once
+            keyed.append(pool(A[:, f:end], 1, self.thumb[1]))  # from the float32 pattern, as the whole grid pools
+            total = B.sum(dim=-1)  # [n_head, n_rows]
+            effective |= (B < 0).flatten(1).any(dim=1) | (total > 1 + 1e-2).any(dim=1)  # headstats.is_effective
+            sums, counts = row_sums(B, f, causal, self.tokens)
+            for h in range(n_head):
+                stats[h].take(sums, counts, h)
+            s = None if sink is None else sink[:, f:end].to(torch.float64)  # [n_head, n_rows]
+            keep = (total + (s if s is not None else 0.0)) > 0  # rows that give weight somewhere
+            sinks.add(B, keep)
+            if s is not None:
+                parked += torch.where(keep, s, 0.0).sum(dim=-1)
+            self.chains.put("rollout", f, layer_matrix(B, f))
+            if n_K > 1:
+                self.chains.put("rollout_without_first", f, layer_matrix(
+                    row_normalised(without_first(B), in_place=True), f))
+            if norms is not None and weighted is not None:  # moved.weighted as shares, in B's place
+                W = B.mul_(norms[:, None, :keys].to(torch.float64))  # [n_head, n_rows, keys]: ||a_ij f_h(x_j)||
+                moved = W.sum(dim=-1)  # [n_head, n_rows]
+                share = W.div_(torch.where(moved > 0, moved, 1.0)[..., None])  # rollout.row_normalised's numbers
+                weighted.add(share, moved > 0)
+                if self.weighted:
+                    self.chains.put("rollout_weighted", f, layer_matrix(share, f))
+            del B
+        group = max(1, GROUP_CELLS // max(1, n_Q * n_K))  # headstats._described's groups of heads
+        groups = [bool(effective[g: g + group].any()) for g in range(0, n_head, group)]
+        if any(groups):  # a linear layer's exact matrix: its statistics read each row's share of |M|, again
+            stats = self._shares_stats(A, causal, [groups[h // group] for h in range(n_head)])
+        heads = []
+        for h, rows in enumerate(stats):
+            result = rows.result()
+            heads.append({"head": h, "stats": result.as_dict(), "kind": kind(result), "kind_also": kind_also(result)})
+        return StreamedHeads(f"layer {index}", A.new_empty(A.shape, device="meta"), self.row_labels,
+                             self.col_labels, heads=heads, value_norms=norms, sink_weight=sink,
+                             _shares=_share_dicts(sinks, weighted, parked if sink is not None else None),
+                             effective=any(groups), thumbnail=pool(torch.cat(keyed, dim=1), self.thumb[0], 1))
+
+    def _shares_stats(self, A: Tensor, causal: Tensor, effective: list[bool]) -> list[RowStats]:
+        """The statistics again, each row of an effective head as its share of |M| (headstats.shares)."""
+        import torch
+
+        from attnscope.readings.headstats import row_sums, shares
+
+        n_head, n_Q, n_K = A.shape
+        stats = [RowStats() for _ in range(n_head)]
+        step = max(1, BLOCK_CELLS // max(1, n_head * n_K))
+        for f in range(0, n_Q, step):
+            B = A[:, f: f + step].to(torch.float64)
+            for h in range(n_head):
+                if effective[h]:
+                    B[h] = shares(B[h])
+            sums, counts = row_sums(B, f, causal, self.tokens)
+            for h in range(n_head):
+                stats[h].take(sums, counts, h)
+        return stats
+
+    def rollout_rows(self) -> dict[str, Tensor]:
+        """The last query's row of each rollout, `[1, n]` (rollout.py's `last_rows` keys): the value-weighted one
+        where every layer had its value norms."""
+        rows = self.chains.rows()
+        if not self.weighted:
+            rows.pop("rollout_weighted", None)
+        if len(self.col_labels) <= 1:
+            rows.pop("rollout_without_first", None)
+        return rows
+
+
+def _causal(A: Tensor) -> Tensor:
+    """headstats.causal_rows of each `[n, n]` pattern, block of rows by block: whether nothing lies above the
+    diagonal (no `[n_head, n, n]` copy made)."""
+    import torch
+
+    from attnscope.readings.headstats import causal_rows
+
+    n_head, n_Q, n_K = A.shape
+    step = max(1, BLOCK_CELLS // max(1, n_head * n_K))
+    causal = torch.ones(n_head, dtype=torch.bool)
+    for f in range(0, n_Q, step):
+        causal &= causal_rows(A[:, f: f + step], f)  # [n_head]: row i of the block sits at position f + i
+    return causal
+
+
+def _share_dicts(sinks: SinkSums, weighted: SinkSums | None, parked: Tensor | None) -> list[dict[str, Any]]:
+    """sinkshare.sink_shares' list of dicts, a head each, from the sums gathered."""
+    first, top, keys = sinks.shares()
+    columns: dict[str, Any] = {"first": first, "top": top, "top_keys": keys}
+    if parked is not None:
+        columns["sink"] = (parked / sinks.rows.clamp_min(1)).tolist()
+    if weighted is not None:
+        w_first, w_top, w_keys = weighted.shares()
+        columns |= {"weighted_first": w_first, "weighted_top": w_top, "weighted_top_keys": w_keys}
+    return [{key: values[h] for key, values in columns.items()} for h in range(len(first))]
