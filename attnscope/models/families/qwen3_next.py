@@ -231,12 +231,13 @@ class GatedAttention(MultiHeadAttention):
     def forward(self, Q: torch.Tensor, K: torch.Tensor | None = None, V: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
                 position_bias: torch.Tensor | None = None) -> Trace:
-        """The layer's self-attention on X = Q (a decoder layer's: K and V are X too): Q_feat ... x_raw, x_rsh1,
-        x_rsh2 as MultiHeadAttention records them, then gate, x_gated and x."""
+        """The layer's self-attention on X = Q (a decoder layer's: K and V are X too): Q_feat ... x_raw as
+        MultiHeadAttention records them, the heads merged (x_rsh1, x_rsh2), then gate, x_gated and x."""
         import torch
 
         from attnscope import cost
-        from attnscope.attention.dot_product import heads_last, merge_heads, sdpa
+        from attnscope.attention.dot_product import sdpa_steps
+        from attnscope.attention.stages import heads_last, merge_heads
         from attnscope.trace import Trace, discard
 
         self._check_inputs(Q, Q, Q, cache)
@@ -247,24 +248,23 @@ class GatedAttention(MultiHeadAttention):
         add = trace.add if self.record else discard
         q, k, v, names = self._heads(add, Q, Q, Q, cache, spec)  # projected, qk-normed, rotated, the cache joined
         spec, width = self._sdpa_spec(spec), "n_head·d_head"
-        if self.record:  # scores ... x_raw, then the heads merged: x_rsh2 [n_batch, n_Q, n_head·d_head]
-            inner = sdpa(q, k, v, mask, enable_gqa=self.n_group > 1, names=names, spec=spec)
-            for step in inner.steps[3:]:  # q, k and v are recorded above
-                trace.add_step(step)
-            trace.notes.extend(inner.notes)
-            heads = trace.add("x_rsh1", heads_last(inner["x_raw"]), ("n_batch", "n_Q", "n_head", "d_head"),
-                              "x_raw.permute(0, 2, 1, 3).contiguous()")
-            merged = trace.add("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", self._width("n_head")),
-                               f"x_rsh1.view(n_batch, -1, {self._width('n_head')})", allocates=False)
+        if self.record:  # scores ... x_raw [n_batch, n_head, n_Q, d_head], then the heads side by side again
+            x_raw = sdpa_steps(trace, q, k, v, mask, names, spec, enable_gqa=self.n_group > 1)
+            heads = add("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_head"),
+                        "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
+            merged = add("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", self._width("n_head")),  # [.., n_head·d_head]
+                         f"x_rsh1.view(n_batch, -1, {self._width('n_head')})", allocates=False, inputs=("x_rsh1",))
         else:  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head·d_head]
             merged = merge_heads(self._fused(q, k, v, mask, 0.0, spec))
         gate = self.W_gate(Q)  # [n_batch, n_Q, n_head·d_head]
         gate = add("gate", torch.sigmoid(gate), ("n_batch", "n_Q", width), "sigmoid(W_gate(Q))",
-                   cost.linear_flops(gate.shape, Q.shape[-1], self.W_gate.bias is not None) + gate.numel())
-        x_gated = add("x_gated", merged * gate, ("n_batch", "n_Q", width), "x_rsh2 * gate", merged.numel())
+                   cost.linear_flops(gate.shape, Q.shape[-1], self.W_gate.bias is not None) + gate.numel(),
+                   inputs=("Q",))
+        x_gated = add("x_gated", merged * gate, ("n_batch", "n_Q", width), "x_rsh2 * gate", merged.numel(),
+                      inputs=("x_rsh2", "gate"))
         x = self.W_o(x_gated)  # [n_batch, n_Q, d_feat]
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_gated)",
-                  cost.linear_flops(x.shape, x_gated.shape[-1], self.W_o.bias is not None))
+                  cost.linear_flops(x.shape, x_gated.shape[-1], self.W_o.bias is not None), inputs=("x_gated",))
         return trace
 
 
