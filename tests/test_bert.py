@@ -12,8 +12,9 @@ import torch
 
 from attnscope.cli import app
 from attnscope.errors import ResourceError, UsageError
-from attnscope.models import checkpoint, hub, open_model
+from attnscope.models import checkpoint, hub
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.models.weights import head_weights
 from attnscope.runs.head import HeadOptions, run_head
 

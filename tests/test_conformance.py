@@ -18,7 +18,7 @@ from conformance import BUILDERS, assert_trained_looking, attention_layers, eage
 from tiny_models import SENTENCE, cached_builder
 
 from attnscope.cli import app
-from attnscope.models import FAMILIES
+from attnscope.models.families import FAMILIES
 from attnscope.models.support import EXACT, LINEAR_HYBRID, ROWS, VIEWS
 
 CELLS = [(row.family, view) for row in ROWS for view in VIEWS]

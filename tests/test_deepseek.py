@@ -16,8 +16,8 @@ from tiny_deepseek import YARN, build
 from tiny_models import SENTENCE
 
 from attnscope.cli import app
-from attnscope.models import open_model
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.models.tokenizer import encode
 from attnscope.models.weights import head_weights
 from attnscope.runs.head import model_head

@@ -83,8 +83,8 @@ def test_the_layer_output_equals_the_familys_attention_module(family, kind):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_every_heads_weights_are_the_modules_slices(family, kind):
     name, _, model, _ = family
-    from attnscope.models import open_model
     from attnscope.models.config import read_config
+    from attnscope.models.families import open_model
     from attnscope.models.weights import head_weights
 
     folder = family[1]

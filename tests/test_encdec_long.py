@@ -28,8 +28,8 @@ def small_blocks(monkeypatch):
 
 
 def _model(folder):
-    from attnscope.models import open_model
     from attnscope.models.config import read_config
+    from attnscope.models.families import open_model
 
     return open_model(folder, read_config(folder))
 

@@ -16,8 +16,9 @@ from cli_main import assert_usage_error, run_main
 from tiny_gemma4 import FAMILIES, WINDOW, build, decoder_layers
 from tiny_models import SENTENCE, cached_builder, with_config
 
-from attnscope.models import open_model, tokenizer
+from attnscope.models import tokenizer
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.models.forward.run import run_layer
 from attnscope.models.forward.stream import generate
 from attnscope.models.weights import head_weights

@@ -15,8 +15,9 @@ from tiny_llama4_smollm3_phi3 import build as build_llama4
 from tiny_models import cached_builder
 from tiny_qknorm_models import build as build_qknorm
 
-from attnscope.models import open_model, tokenizer
+from attnscope.models import tokenizer
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.models.forward.stream import generate
 
 FAMILIES = ["llama4", "llama4_mm", "qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2"]

@@ -10,8 +10,9 @@ import torch
 from tiny_models import build
 
 from attnscope.cli import app
-from attnscope.models import open_model, tokenizer
+from attnscope.models import tokenizer
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.readings.headstats import RowStats, head_stats, induction_rows
 
 TEXT = "The cat sat on the mat. The cat sat on the mat because it was tired."  # a repeated span: induction

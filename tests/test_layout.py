@@ -1,7 +1,8 @@
 """The house's layout, read from every module's imports (docs/architecture.md): the top level holds the shared
 vocabulary and nothing else, variants/ reads no spec, check/ imports nothing of attention/, no module is part
-of an import loop, the sub-folders of a wing import without a loop, and models/' folders import in one order.
-Every import counts, those inside functions and under TYPE_CHECKING too."""
+of an import loop, the sub-folders of a wing import without a loop, models/' folders import in one order, and
+models/' root imports none of them but gguf/. Every import counts, those inside functions and under TYPE_CHECKING
+too."""
 
 from __future__ import annotations
 
@@ -38,6 +39,21 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
             for alias in node.names:
                 inner = f"{node.module}.{alias.name}"
                 found.add(inner if inner in known else node.module)
+    return found
+
+
+def imported_by_name(path: Path, known: dict[str, Path]) -> set[str]:
+    """The attnscope modules `path` imports by name at run time: `import_module("attnscope.x.y")` names that one,
+    `import_module(f"attnscope.x.{name}")` every module below attnscope.x (any may be asked for)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "import_module" and node.args):
+            continue
+        arg = node.args[0]
+        head = arg.values[0] if isinstance(arg, ast.JoinedStr) and arg.values else arg
+        if isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith("attnscope"):
+            found |= ({head.value} & set(known) if head is arg else
+                      {name for name in known if name.startswith(head.value) and name != head.value.rstrip(".")})
     return found
 
 
@@ -154,3 +170,16 @@ def test_models_folders_import_downwards() -> None:
     up = {edge: imports for edge, imports in folder_arrows("models").items()
           if MODELS_ORDER.index(edge.split(" -> ")[0]) > MODELS_ORDER.index(edge.split(" -> ")[1])}
     assert not up
+
+
+def test_the_models_root_imports_none_of_its_folders() -> None:
+    """models/' root is the protocol and the reading (family, weights, config, checkpoint, tokenizer, hub): it
+    imports none of its folders, by an import or by a name given to import_module (which page reads a checkpoint
+    is families/' to say), but gguf/, the GGUF reader that its readers open."""
+    known = modules()
+    below = {name: graph()[name] | imported_by_name(known[name], known) for name in known
+             if wing(name) == "models" and folder(name) == "models"}
+    wrong = {(name, target) for name, targets in below.items() for target in targets
+             if wing(target) == "models" and folder(target) not in ("models", "models/gguf")}
+    assert not wrong
+    assert "attnscope.models.family" in below  # the test reads the root it guards

@@ -148,8 +148,8 @@ def test_generate_carries_the_state(built, family):
     n_head = 6 if family.startswith("qwen") else 4  # layer 0's: a linear layer's value heads
     assert first.attention.shape == (n_head, len(ids)) and second.attention.shape == (n_head, len(ids) + 1)
     # the last step's row of layer 0's M, carried through the decode steps, is the last row of M on the whole text
-    from attnscope.models import open_model
     from attnscope.models.config import read_config
+    from attnscope.models.families import open_model
     from attnscope.models.forward.run import run_layer
 
     fed = ids + theirs[:-1]  # every token the steps fed in

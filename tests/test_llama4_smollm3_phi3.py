@@ -17,8 +17,8 @@ from tiny_llama4_smollm3_phi3 import NAMES, build, text_model
 from tiny_models import SENTENCE, assert_every_head_dumped
 
 from attnscope.cli import app
-from attnscope.models import open_model
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.models.weights import head_weights
 from attnscope.runs.head import HeadOptions, run_head
 

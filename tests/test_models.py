@@ -14,8 +14,8 @@ import torch
 from tiny_models import FAMILIES, SENTENCE, assert_every_head_dumped, base, build, cached_builder
 
 from attnscope.cli import app
-from attnscope.models import open_model
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.models.tokenizer import encode
 from attnscope.models.weights import head_weights
 from attnscope.runs.head import HeadOptions, run_head

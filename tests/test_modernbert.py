@@ -12,8 +12,8 @@ import torch
 from tiny_models import SENTENCE, build, eager_run, refuses_config, with_config
 
 from attnscope.cli import app
-from attnscope.models import open_model
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.models.weights import head_weights
 from attnscope.runs.head import HeadOptions, run_head
 

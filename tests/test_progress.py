@@ -56,8 +56,8 @@ def test_all_layers_and_generate_count_to_their_totals(gguf):
 
 
 def test_long_head_counts_layers_up_to_the_asked_one(gguf):
-    from attnscope.models import open_model
     from attnscope.models.config import read_config
+    from attnscope.models.families import open_model
 
     recorder: list[int] = []
     model = open_model(gguf, read_config(gguf))

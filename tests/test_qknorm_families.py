@@ -16,8 +16,8 @@ from tiny_models import SENTENCE, cached_builder
 from tiny_qknorm_models import FAMILIES, WINDOW, build, decoder_layers
 
 from attnscope.cli import app
-from attnscope.models import open_model
 from attnscope.models.config import read_config
+from attnscope.models.families import open_model
 from attnscope.models.weights import head_weights
 from attnscope.runs.head import HeadOptions, run_head
 

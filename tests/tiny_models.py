@@ -202,8 +202,8 @@ def base(model):
 def assert_every_head_dumped(folder: Path, expected_slices, label: str) -> None:
     """Every head of every layer: attnscope's dumped weights (`head_weights`) are `expected_slices(layer, head)`
     (a dict name -> tensor, in that order, sliced from the model's own parameters), bit for bit."""
-    from attnscope.models import open_model
     from attnscope.models.config import read_config
+    from attnscope.models.families import open_model
     from attnscope.models.weights import head_weights
 
     opened = open_model(folder, read_config(folder))

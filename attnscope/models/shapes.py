@@ -5,7 +5,7 @@ the checkpoint's) would otherwise have head h shown as the wrong rows without a 
 head_dim is 8 where the weights have 16 showed rows 24:32 as head 3), or fail inside PyTorch with `size
 mismatch` once a text runs. transformers refuses the same folders when it loads them
 (`PreTrainedModel._load_pretrained_model` reports mismatched sizes); attnscope reads only slices, so it
-checks here, from the headers, once, when the family is opened (`models.open_model`, after the family's own
+checks here, from the headers, once, when the family is opened (`families.open_model`, after the family's own
 construction has read its sizes).
 
 What a family implies, from its own protocol: each weight of head h is a slice (`head_slices`), so along the

@@ -61,8 +61,8 @@ def check_head(result: HeadResult, folder: Path, model_type: str) -> list[Compar
 def _linear_layers(result: HeadResult) -> set[int]:
     """The layers the run showed as a linear layer's exact matrix (effective_attention) rather than a softmax:
     layer L's by its trace, the others' (--all-layers) by the family page's `linear`."""
-    from attnscope.models import family_of, open_model
     from attnscope.models.config import read_config
+    from attnscope.models.families import family_of, open_model
 
     config = read_config(result.info.path)
     if not hasattr(family_of(config), "linear"):  # no page (run through transformers), or no linear layers
@@ -126,8 +126,8 @@ def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int],
 
 def _cached_generate_note(result: HeadResult) -> str | None:
     """The family page's reason why transformers' cached `generate` cannot be the reference, or None."""
-    from attnscope.models import family_of, open_model
     from attnscope.models.config import read_config
+    from attnscope.models.families import family_of, open_model
 
     config = read_config(result.info.path)
     if not hasattr(family_of(config), "cached_generate_note"):

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 def encoder_decoder(config: Config) -> bool:
     """Whether attnscope reads this checkpoint as an encoder-decoder (one of its family pages)."""
-    from attnscope.models import family_of
+    from attnscope.models.families import family_of
     from attnscope.models.families.seq2seq import EncoderDecoder
 
     family = family_of(config)
@@ -54,7 +54,7 @@ def refuse_one_stack_options(asked: HeadOptions, config: Config) -> None:
 
 
 def run_encdec(asked: HeadOptions, folder: Path, config: Config, progress: Progress) -> HeadResult:
-    from attnscope.models import open_model
+    from attnscope.models.families import open_model
 
     kind = asked.attention or "encoder"
     if kind not in ATTENTION_KINDS:

@@ -59,7 +59,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
             ran: str) -> HeadResult:
     """Layer L's run as `head --text` shows it: every head's pattern, and where the interface was called the
     layer's recorded steps and head h's."""
-    from attnscope.models import SUPPORTED
+    from attnscope.models.families import SUPPORTED
     from attnscope.models.family import check_position
     from attnscope.models.nopage.interface import TOLERANCE
 

@@ -75,9 +75,9 @@ class ImageEmbedded:
 def text_family(folder: Path, config: Config, tokens: ImageTokens) -> Family:
     """The page that reads this VLM's language model (Gemma 3's with the image mask, Llama 4's, or for LLaVA the
     page of its text_config's model_type), its layer 0 fed the embeddings the model made of the prompt."""
-    from attnscope.models import family_of
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config as Settings
+    from attnscope.models.families import family_of
     from attnscope.models.shapes import check_weights
 
     page: Family
