@@ -51,8 +51,9 @@ def model_head(model: str | Path, layer: int = 0, head: int = 0, *, text: str | 
 
 
 def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
-    from attnscope.models import family_of, hub, open_model, tokenizer
+    from attnscope.models import hub, tokenizer
     from attnscope.models.config import read_config
+    from attnscope.models.families import family_of, open_model
     from attnscope.runs import beyond_layer as layers
 
     if asked.text_file is not None:
@@ -133,7 +134,7 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
 
 def _check_dense(asked: HeadOptions, config: Config) -> None:
     """--dense needs a text and a family whose page has a sparse indexer (models/families/deepseek_v32.py)."""
-    from attnscope.models import family_of
+    from attnscope.models.families import family_of
 
     if not hasattr(family_of(config), "dense"):
         raise UsageError(f"{{dense}} computes the dense softmax beside a sparse indexer's (DeepSeek-V3.2, GLM-5), "
