@@ -183,3 +183,13 @@ def test_the_models_root_imports_none_of_its_folders() -> None:
              if wing(target) == "models" and folder(target) not in ("models", "models/gguf")}
     assert not wrong
     assert "attnscope.models.family" in below  # the test reads the root it guards
+
+
+def test_models_imports_only_what_lies_below_it() -> None:
+    """models/ imports the top level, variants/, attention/, check/ (the references it holds a run against),
+    tensors/, views/ and readings/ (docs/architecture.md); never runs/, render/, cli/, usertrace/ or anatomy/."""
+    top = {path.stem for path in PACKAGE.glob("*.py")}
+    allowed = top | {"models", "variants", "attention", "check", "tensors", "views", "readings"}
+    wrong = {(name, target) for name, targets in graph().items() if wing(name) == "models"
+             for target in targets if wing(target) not in allowed}
+    assert not wrong
