@@ -54,13 +54,13 @@ Following a family's forward across files, step by step (`attnscope head --text`
 |   the layers before it by its `block` | bert.py, gpt2.py, llama.py, ... |
 | Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
 | Q_normed, K_normed (qk-norm before RoPE) | qknorm.py, from multihead.py `_heads` (`attention_spec().qk_norm`) |
-| cos, sin, Q_rot, K_rot | attention.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
+| cos, sin, Q_rot, K_rot | stages.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
 |   layers) | |
 | Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4.py `Llama4Attention` |
-| attn_scales, Q_tuned (Llama 4's NoPE layers) | attention.py `tune` with temperature.py |
+| attn_scales, Q_tuned (Llama 4's NoPE layers) | stages.py `tune` with temperature.py |
 | V_normed (Gemma 4's values); K_shared, V_shared (a layer reading another's KV) | gemma4.py `Gemma4Attention` |
-| alibi_bias, biased_scores (BLOOM, MPT) | attention.py `sdpa` with alibi.py |
-| K_rep, V_rep, scores, capped_scores, masked_scores, attention | attention.py `sdpa` (masks.py for the mask: |
+| alibi_bias, biased_scores (BLOOM, MPT) | dot_product.py `sdpa` with alibi.py |
+| K_rep, V_rep, scores, capped_scores, masked_scores, attention | dot_product.py `sdpa` (masks.py for the mask: |
 |   causal, window (left or both sides), chunk) | |
 | sinks, sink_weight (GPT-OSS) | attention/sinks.py, called by `sdpa` (the values: the module's `sinks`) |
 | x_raw, x_rsh1, x_rsh2, x | attention/multihead.py `forward` |
@@ -77,8 +77,8 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | index_q, index_k, index_weights, index_scores, selected; dense_attention, selected_share (--dense) | indexer.py |
 |   (deepseek_v32.py: DeepSeek-V3.2, GLM-5) | |
 | a linear attention layer's QKV_feat (and beta, g, gate inputs) | the family's `delta_inputs` (qwen3_next.py, |
-|   | kimi_linear.py) |
+|   | kimi_linear.py, minimax.py) |
 | QKV_conv, Q_split, K_split, V_split, Q_normed, K_normed, beta, g, effective_attention, x_raw, | linear_attention.py |
-|   state, gate, x_gated, x (a linear layer) | `delta_rule` |
+|   state, gate, x_gated, x (a linear layer) | `delta_rule`, from hybrid.py `DeltaLayer` |
 | gate, x_gated (gated full attention) | qwen3_next.py `GatedAttention` |
 """
