@@ -19,7 +19,7 @@ self-check's note saying which layer and step (`_eager`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError, UsageError
@@ -146,7 +146,7 @@ def run(folder: Path, model_type: str, config: Any, n_layer: int, grid: Grid, pi
         raise ResourceError(f"{type(model).__name__} did not call transformers' attention interface at layer "
                             f"{layer}; attnscope cannot trace it")
     _check_tokens(model, int(recorded.layer["Q"].shape[2]), grid)
-    recorded.layer = _with_pixels(recorded.layer, pixels, captured["patches"], grid)
+    recorded = replace(recorded, layer=_with_pixels(recorded.layer, pixels, captured["patches"], grid))
     patterns = [recorder.patterns[i] for i in sorted(recorder.patterns)] if recorder.patterns else None
     found = truncated.sizes(model, recorded, recorded.layer["attention"][0], n_layer, layer)
     norms = _layer_norms(model, values, n_layer, found.n_head) if every else None
@@ -220,8 +220,7 @@ def _eager(model: Any, model_type: str, grid: Grid, pixels: Pixels, n_layer: int
                             f"{layer}; attnscope cannot show its pattern")
     attention = attentions[layer][0]  # [n_head, n_tokens, n_tokens]
     _check_tokens(model, int(attention.shape[-1]), grid)
-    found = sizes(model, None, attention, n_layer, layer)
-    found.fallback = fallback
+    found = replace(sizes(model, None, attention, n_layer, layer), fallback=fallback)
     return VisionRun(found, grid, [a[0] for a in attentions] if every else None, [])
 
 

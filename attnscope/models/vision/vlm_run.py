@@ -19,6 +19,7 @@ Then the text model's layers run:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from attnscope.errors import ResourceError, UsageError
@@ -157,8 +158,7 @@ def _eager(model: Any, config: Config, tokens: ImageTokens, layer: int, n: int, 
     model.set_attn_implementation("eager")
     patterns = [a[0] for a in model(**tokens.inputs, output_attentions=True).attentions]  # [n_head, n, n] each
     run = sizes(model.get_decoder(), None, patterns[layer], n, layer)
-    run.architecture, run.fallback = config.architecture, fallback
-    return run, patterns if every else None
+    return replace(run, architecture=config.architecture, fallback=fallback), patterns if every else None
 
 
 def recorded(model: Any, config: Config, recording: Recorder, layer: int,
@@ -171,9 +171,8 @@ def recorded(model: Any, config: Config, recording: Recorder, layer: int,
     if found is None:
         raise ResourceError(f"{config.architecture}'s layer {layer} never called the attention interface")
     run = sizes(model.get_decoder(), found, found.layer["attention"][0], n, layer)
-    run.architecture = config.architecture
     patterns = recording.patterns
-    return run, None if patterns is None else [patterns[i] for i in range(n)]
+    return replace(run, architecture=config.architecture), None if patterns is None else [patterns[i] for i in range(n)]
 
 
 def text_settings(folder: Path, config: Config) -> dict[str, Any]:
