@@ -6,25 +6,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnscope.cli.common import exporting
-from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     AttentionCommand,
     Batch,
     Bias,
     CausalOpt,
-    Debug,
     DFeat,
     Dk,
     Dv,
-    ExportForce,
+    Export,
     Heads,
-    Html,
-    Json,
     Nk,
     NkOrNq,
     Nq,
-    Svg,
+    grouped,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +61,7 @@ LONG_SECONDS = 5.0  # a bench expected to take longer says so on stderr first, s
 
 
 @bench_app.command("sdpa", cls=AttentionCommand, epilog=SDPA_EXAMPLES)
+@grouped
 def bench_sdpa(
     batch: Batch = 8,
     nq: Nq = 1024,
@@ -77,20 +73,17 @@ def bench_sdpa(
     dtype: Dtype = "float32",
     runs: Runs = 20,
     warmup: Warmup = 3,
-    json: Json = False,
-    svg: Svg = None,
-    html: Html = None,
-    force: ExportForce = False,
-    debug: Debug = False,
+    export: Export = Export(),
 ) -> None:
     """Time attnscope's traced sdpa and F.scaled_dot_product_attention on the same inputs."""
     from attnscope.runs.bench import BenchOptions
 
     _race(BenchOptions("sdpa", batch, nq, nk, causal.value if causal else None, device, dtype, dk=dk, dv=dv),
-          debug, json, runs, warmup, (svg, html, force))
+          runs, warmup, export)
 
 
 @bench_app.command("mha", cls=AttentionCommand, epilog=MHA_EXAMPLES)
+@grouped
 def bench_mha(
     batch: Batch = 8,
     nq: Nq = 256,
@@ -104,29 +97,22 @@ def bench_mha(
     dtype: Dtype = "float32",
     runs: Runs = 20,
     warmup: Warmup = 3,
-    json: Json = False,
-    svg: Svg = None,
-    html: Html = None,
-    force: ExportForce = False,
-    debug: Debug = False,
+    export: Export = Export(),
 ) -> None:
     """Time attnscope's MultiHeadAttention (traced and record=False) and torch.nn.MultiheadAttention."""
     from attnscope.runs.bench import BenchOptions
 
     _race(BenchOptions("mha", batch, nq, nk, causal.value if causal else None, device, dtype, d_feat=d_feat,
-                       heads=heads, kv_heads=kv_heads, bias=bias), debug, json, runs, warmup, (svg, html, force))
+                       heads=heads, kv_heads=kv_heads, bias=bias), runs, warmup, export)
 
 
-def _race(asked: BenchOptions, debug: bool, json: bool, runs: int, warmup: int,
-          exports: tuple[str | None, str | None, bool]) -> None:
+def _race(asked: BenchOptions, runs: int, warmup: int, export: Export) -> None:
     """Prepare the race (runs/bench.py), say how long a long bench will take, time the contenders under a
     progress bar, show the result."""
     from attnscope import render
     from attnscope.runs.bench import SHRINK, prepare
 
-    svg, html, force = exports
-    with reported(debug, oom_advice=SHRINK), exporting(svg, html, force=force, json=json,
-                                                       title="attnscope bench") as out:
+    with export.around("bench", oom_advice=SHRINK) as out:
         race = prepare(asked)
         from attnscope.runs.race import run, seconds_estimate
 
@@ -135,7 +121,7 @@ def _race(asked: BenchOptions, debug: bool, json: bool, runs: int, warmup: int,
             render.info(render.bench_estimate(race, seconds, calls, rate))
         with render.progress_bar(len(race.candidates) * (runs + warmup)) as tick:
             result = run(race, runs, warmup, tick)
-        if json:
+        if export.json:
             render.emit_json(render.bench_json(result))
         else:
             render.show_bench(out, result)

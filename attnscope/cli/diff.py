@@ -10,9 +10,7 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import exporting
-from attnscope.cli.errors import reported
-from attnscope.cli.options import Debug, ExportForce, Html, Json, Svg
+from attnscope.cli.options import Export, grouped
 
 DIFF_EXAMPLES = """Examples:
 
@@ -29,23 +27,19 @@ def diff(
     b: Annotated[str, typer.Argument(metavar="B", help="The run to compare with it, step by step.", show_default=False)],
     atol: Annotated[float | None, typer.Option("--atol", metavar="X", help="Absolute tolerance.  \\[default: by dtype, as --check]", show_default=False)] = None,
     rtol: Annotated[float | None, typer.Option("--rtol", metavar="X", help="Relative tolerance, of max |A|.  \\[default: by dtype, as --check]", show_default=False)] = None,
-    json: Json = False,
-    svg: Svg = None,
-    html: Html = None,
-    force: ExportForce = False,
-    debug: Debug = False,
+    export: Export = Export(),
 ) -> None:
     """Compare two saved runs (--save of any command, trace --save) step by step: shape, dtype and max |diff| of
     every step both hold, NaN-aware, each within its dtype's tolerance. Exit 0 when all agree, 1 at the first
     that does not (named, and where trace's diagnoses apply, why)."""
 
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope diff") as out:
+    with export.around("diff") as out:
         from attnscope import render
         from attnscope.render.diff import diff_json, show_diff
         from attnscope.runs.diff import DiffOptions, run_diff
 
         run = run_diff(DiffOptions(a=a, b=b, atol=atol, rtol=rtol))
-        if json:
+        if export.json:
             render.emit_json(diff_json(run))
         else:
             show_diff(out, run)
@@ -54,4 +48,4 @@ def diff(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("diff", epilog=DIFF_EXAMPLES)(diff)
+    app.command("diff", epilog=DIFF_EXAMPLES)(grouped(diff))

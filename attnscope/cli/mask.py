@@ -6,23 +6,18 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.common import exporting
-from attnscope.cli.errors import reported
 from attnscope.cli.options import (
     AttentionCommand,
     Cache,
     CausalOpt,
     Chunk,
-    Debug,
-    ExportForce,
-    Html,
-    Json,
+    Export,
     MaskFile,
     Pad,
     SinksOpt,
-    Svg,
     Window,
     WindowSideOpt,
+    grouped,
 )
 
 MASK_EXAMPLES = """Examples:
@@ -45,15 +40,11 @@ def mask(
     pad: Pad = 0,
     cache: Cache = 0,
     mask_file: MaskFile = None,
-    json: Json = False,
-    svg: Svg = None,
-    html: Html = None,
-    force: ExportForce = False,
-    debug: Debug = False,
+    export: Export = Export(),
 ) -> None:
     """Draw the combined mask (■ may attend, · masked), name its alignment, and write it for
     F.scaled_dot_product_attention, nn.MultiheadAttention, transformers, flash-attn and FlexAttention."""
-    with reported(debug), exporting(svg, html, force=force, json=json, title="attnscope mask") as out:
+    with export.around("mask") as out:
         from attnscope import render
         from attnscope.render.mask import mask_command_json, show_mask
         from attnscope.runs.mask import MaskOptions, run_mask
@@ -62,11 +53,11 @@ def mask(
                               cache=cache, mask=mask_file, chunk=chunk,
                               window_side=window_side.value if window_side else "left", sinks=sinks)
         view, params = run_mask(options)
-        if json:
+        if export.json:
             render.emit_json(mask_command_json(view, params))
         else:
             show_mask(out, view)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("mask", cls=AttentionCommand, epilog=MASK_EXAMPLES)(mask)
+    app.command("mask", cls=AttentionCommand, epilog=MASK_EXAMPLES)(grouped(mask))

@@ -6,12 +6,17 @@ from __future__ import annotations
 import inspect
 import re
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP_NAMES = ["-h", "--help"]  # `-h` works as --help everywhere (set on the root, inherited by every command)
 
@@ -317,3 +322,59 @@ WindowSideOpt = Annotated[WindowSideChoice | None, typer.Option("--window-side",
 SinksOpt = Annotated[str | None, typer.Option("--sinks", metavar="[random|S|S1,S2,..]", help="Attention sinks (GPT-OSS): a logit per head joins each softmax row and is dropped after, so rows sum to less than 1. Bare or random: drawn from the seed; one number for every head, or one per head.", rich_help_panel="Variants")]
 QkNormOpt = Annotated[QkNormPlace | None, typer.Option("--qk-norm", help="RMSNorm of Q and K before RoPE (trace: the module's own q and k norms, RMSNorm or LayerNorm, weights included): head (each head over its d_head, Qwen3, Gemma 3; bare --qk-norm) or proj (mha: the whole projection before the split, OLMo 2).", rich_help_panel="Variants")]
 ShowMask = Annotated[bool, typer.Option("--show-mask", help="Draw the combined mask (■ may attend, · masked) above the table.", rich_help_panel="Masks")]
+
+
+# --- options a command takes as one value ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Export:
+    """What anatomy, bench, diff and mask show and write, declared once: each field an option (its type says how
+    Typer reads it, its default is the option's), handed to the command as one value (`grouped`)."""
+
+    json: Json = False
+    svg: Svg = None
+    html: Html = None
+    force: ExportForce = False
+    debug: Debug = False
+
+    @contextmanager
+    def around(self, command: str, **report: Any) -> Iterator[Console]:
+        """Around a command's output: its errors reported (`report`: reported's names and oom_advice), --svg and
+        --html checked first and written last; the block prints to the console it is given."""
+        from attnscope.cli.common import exporting
+        from attnscope.cli.errors import reported
+
+        with reported(self.debug, **report), exporting(self.svg, self.html, force=self.force, json=self.json,
+                                                       title=f"attnscope {command}") as out:
+            yield out
+
+
+def grouped(own: Callable[..., None]) -> Callable[..., None]:
+    """`own(..., name: Group, ...)`, Group a dataclass of options (Export), as the function Typer reads: that
+    parameter replaced, in its place, by the group's fields as options; `own` is handed them as one Group."""
+    parameters = list(inspect.signature(own, eval_str=True).parameters.values())
+    group = next(p for p in parameters if is_dataclass(p.annotation))
+    kind, at, names = inspect.Parameter.KEYWORD_ONLY, parameters.index(group), [f.name for f in fields(group.annotation)]
+    types = get_type_hints(group.annotation, include_extras=True)
+    options = [inspect.Parameter(f.name, kind, default=f.default, annotation=types[f.name])
+               for f in fields(group.annotation)]
+    mine = [p.replace(kind=kind) for p in parameters]
+    return signed(own, [*mine[:at], *options, *mine[at + 1:]],
+                  lambda given: {group.name: group.annotation(**{name: given.pop(name) for name in names})})
+
+
+def signed(own: Callable[..., None], parameters: list[inspect.Parameter],
+           gather: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[..., None]:
+    """`own` as Typer reads it: `parameters` its options, in their order; called with every option by name,
+    `gather` takes out those `own` does not take (popping them) and gives what it takes in their place."""
+
+    def command(**given: Any) -> None:
+        gathered = gather(given)
+        own(**given, **gathered)
+
+    command.__name__, command.__qualname__, command.__doc__ = own.__name__, own.__qualname__, own.__doc__
+    command.__module__ = own.__module__
+    command.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+    return command

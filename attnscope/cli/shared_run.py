@@ -59,6 +59,7 @@ from attnscope.cli.options import (
     VFile,
     Window,
     WindowSideOpt,
+    signed,
 )
 
 if TYPE_CHECKING:
@@ -156,13 +157,4 @@ def attention_command(own: Callable[..., None]) -> Callable[..., None]:
     shared_options, last = _options()
     merged = [*mine[:at], *shared_options, *mine[at:], *last]
     names = [f.name for f in fields(Shared)]
-
-    def command(**given: Any) -> None:
-        shared = Shared(**{name: given.pop(name) for name in names})
-        own(**given, shared=shared)
-
-    command.__name__, command.__qualname__, command.__doc__ = own.__name__, own.__qualname__, own.__doc__
-    command.__module__ = own.__module__
-    command.__signature__ = inspect.Signature(merged, return_annotation=None)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in merged} | {"return": None}
-    return command
+    return signed(own, merged, lambda given: {"shared": Shared(**{name: given.pop(name) for name in names})})
