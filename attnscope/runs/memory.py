@@ -88,3 +88,12 @@ def flag_overhead(asked: AttentionOptions, spec: AttentionSpec, traced: int) -> 
     formula = (spec.rope is not None or spec.alibi or spec.softcap is not None or spec.temperature is not None
                or spec.sinks)
     return traced * (bool(asked.save) + (2 if formula else 1) * bool(asked.check))
+
+
+def guard_sizes(asked: AttentionOptions, spec: AttentionSpec, needed: int) -> None:
+    """sdpa's and mha's random inputs, refused from their sizes alone: with --meta, only what PyTorch cannot count;
+    else what the run `needed` and its output flags add, against --max-memory or the machine."""
+    if asked.meta:
+        check_addressable(needed)
+    else:
+        guard_memory(needed + flag_overhead(asked, spec, needed), asked.max_memory)

@@ -12,10 +12,10 @@ from attnscope import cost
 from attnscope.errors import UsageError
 from attnscope.runs.inputs import bias_numel, build_mask, input_op, load, random_inputs
 from attnscope.runs.memory import (
-    check_addressable,
     flag_overhead,
     guard_files,
     guard_memory,
+    guard_sizes,
     inputs_bytes,
     param_bytes,
     structural_bytes,
@@ -135,10 +135,7 @@ def estimate(asked: MhaOptions, spec: AttentionSpec) -> None:
     needed = cost.mha_bytes(asked.batch, asked.nq, asked.cache + n_new, asked.d_feat, asked.heads, spec,
                             bias=asked.bias, cross=n_new != asked.nq, user_mask=bool(asked.mask), pad=bool(asked.pad),
                             d_head=asked.d_head, position_bias=bias_numel(asked.position_bias))
-    if asked.meta:
-        check_addressable(needed)
-    else:
-        guard_memory(needed + flag_overhead(asked, spec, needed), asked.max_memory)
+    guard_sizes(asked, spec, needed)
 
 
 def loaded(asked: MhaOptions, spec: AttentionSpec) -> Inputs:
