@@ -126,15 +126,8 @@ def _layer_notes(anatomy: Anatomy, layer: Layer) -> list[str]:
                    f"{m.qk_rope_head_dim} = {m.kv_lora_rank + m.qk_rope_head_dim} numbers a token, as transformers "
                    f"stores it (5.23 caches kv_nope and k_rot); as full heads, what transformers 4.x cached, "
                    f"{layer.n_head} x ({layer.d_K} + {layer.d_V}) = {layer.n_head * (layer.d_K + layer.d_V)}")
-    if layer.attention == "sliding" and layer.keeps_all:
-        out.append(f"sliding {layer.window}: a query sees the last {layer.window} keys, itself included "
-                   "(sliding_window masks MiniMax's softmax layers); MiniMaxCache keeps every token")
-    elif layer.attention == "sliding" and layer.causal:
-        out.append(f"sliding {layer.window}: a query sees the last {layer.window} keys, itself included; the cache "
-                   f"keeps the last {layer.window - 1} (W - 1, as transformers' DynamicSlidingWindowLayer)")
-    elif layer.attention == "sliding" and layer.window:
-        out.append(f"sliding {layer.window}, bidirectional: a token sees the {layer.window // 2} tokens on each "
-                   "side of it (transformers' sliding_window_bidirectional_overlay)")
+    if layer.attention == "sliding":
+        out += _sliding_notes(layer)
     if layer.attention == "chunked" and layer.chunk:
         out.append(f"chunked {layer.chunk}: a query sees the keys of its own chunk of {layer.chunk} positions, "
                    f"causally; transformers caches it as a sliding window, keeping the last {layer.chunk - 1}")
@@ -148,6 +141,20 @@ def _layer_notes(anatomy: Anatomy, layer: Layer) -> list[str]:
     if layer.position == "nope":
         out.append("NoPE: these layers rotate nothing; position comes from the causal mask alone")
     return out + _notes_2026(anatomy, layer)
+
+
+def _sliding_notes(layer: Layer) -> list[str]:
+    """What a sliding layer's window is: a query's last W keys (and what its cache keeps), or W on both sides."""
+    window = layer.window
+    last = f"sliding {window}: a query sees the last {window} keys, itself included"
+    if layer.keeps_all:
+        return [f"{last} (sliding_window masks MiniMax's softmax layers); MiniMaxCache keeps every token"]
+    if layer.causal:
+        return [f"{last}; the cache keeps the last {window - 1} (W - 1, as transformers' DynamicSlidingWindowLayer)"]
+    if window:
+        return [f"sliding {window}, bidirectional: a token sees the {window // 2} tokens on each side of it "
+                "(transformers' sliding_window_bidirectional_overlay)"]
+    return []
 
 
 def _notes_2026(anatomy: Anatomy, layer: Layer) -> list[str]:
