@@ -29,7 +29,7 @@ from attnscope.readings.headstats import GROUP_CELLS, LayerHeads, RowStats, kind
 if TYPE_CHECKING:
     from torch import Tensor
 
-BLOCK_CELLS = 1 << 20  # float64 cells of one block of rows, every head's (8 MiB)
+BLOCK_CELLS = 1 << 19  # float64 cells of one block of rows, every head's (4 MiB; a few such at once)
 
 
 @dataclass
@@ -74,11 +74,11 @@ class SinkSums:
 
 class EveryLayer:
     """The readings of every layer, a layer at a time (`add`), for rows and columns labelled `row_labels` and
-    `col_labels` (a text's tokens: a self-attention, queries and keys alike), `tokens` the ids for induction, and
-    `thumb` the grid's pooling (query rows, keys) a cell."""
+    `col_labels` (a text's tokens: a self-attention, queries and keys alike), `tokens` the ids for induction,
+    `thumb` the grid's pooling (query rows, keys) a cell, and `n_layer` layers at the most."""
 
     def __init__(self, row_labels: list[str], col_labels: list[str], tokens: Sequence[int] | None,
-                 thumb: tuple[int, int]) -> None:
+                 thumb: tuple[int, int], n_layer: int) -> None:
         from attnscope.readings.gridstats import PATCH
         from attnscope.readings.headstats import no_repeat
         from attnscope.readings.rollout import LastRows
@@ -86,7 +86,7 @@ class EveryLayer:
         self.row_labels, self.col_labels, self.thumb = row_labels, col_labels, thumb
         self.tokens = no_repeat(tokens, [bool(PATCH.match(label)) for label in col_labels]) if tokens else tokens
         self.layers: list[StreamedHeads] = []
-        self.chains = LastRows(len(col_labels))
+        self.chains, self.n_layer = LastRows(len(col_labels), n_layer), n_layer
         self.weighted = True  # every layer so far had its value norms: the value-weighted rollout is known
 
     def add(self, index: int, attention: Tensor, norms: Tensor | None, sink: Tensor | None) -> None:
@@ -130,17 +130,19 @@ class EveryLayer:
             sinks.add(B, keep)
             if s is not None:
                 parked += torch.where(keep, s, 0.0).sum(dim=-1)
-            self.chains.put("rollout", f, layer_matrix(B, f))
-            if n_K > 1:
-                self.chains.put("rollout_without_first", f, layer_matrix(
-                    row_normalised(without_first(B), in_place=True), f))
+            rolled = index < self.n_layer - 1 or end == n_Q  # of the last layer only its last row is read
+            if rolled:
+                self._put("rollout", f, layer_matrix(B, f), index)
+            if rolled and n_K > 1:
+                self._put("rollout_without_first", f, layer_matrix(
+                    row_normalised(without_first(B), in_place=True), f), index)
             if norms is not None and weighted is not None:  # moved.weighted as shares, in B's place
                 W = B.mul_(norms[:, None, :keys].to(torch.float64))  # [n_head, n_rows, keys]: ||a_ij f_h(x_j)||
                 moved = W.sum(dim=-1)  # [n_head, n_rows]
                 share = W.div_(torch.where(moved > 0, moved, 1.0)[..., None])  # rollout.row_normalised's numbers
                 weighted.add(share, moved > 0)
-                if self.weighted:
-                    self.chains.put("rollout_weighted", f, layer_matrix(share, f))
+                if self.weighted and rolled:
+                    self._put("rollout_weighted", f, layer_matrix(share, f), index)
             del B
         group = max(1, GROUP_CELLS // max(1, n_Q * n_K))  # headstats._described's groups of heads
         groups = [bool(effective[g: g + group].any()) for g in range(0, n_head, group)]
@@ -154,6 +156,14 @@ class EveryLayer:
                              self.col_labels, heads=heads, value_norms=norms, sink_weight=sink,
                              _shares=_share_dicts(sinks, weighted, parked if sink is not None else None),
                              effective=any(groups), thumbnail=pool(torch.cat(keyed, dim=1), self.thumb[0], 1))
+
+    def _put(self, chain: str, first_row: int, block: Tensor, index: int) -> None:
+        """Rows of layer `index`'s M to keep; of the last layer only the last row, the one `e_last ·` reads (the
+        rest of its packed rows are never written, so never take memory)."""
+        if index < self.n_layer - 1:
+            self.chains.put(chain, first_row, block)
+        else:
+            self.chains.put(chain, first_row + block.shape[0] - 1, block[-1:])
 
     def _shares_stats(self, A: Tensor, causal: Tensor, effective: list[bool]) -> list[RowStats]:
         """The statistics again, each row of an effective head as its share of |M| (headstats.shares)."""
@@ -186,8 +196,9 @@ class EveryLayer:
 
 
 def _causal(A: Tensor) -> Tensor:
-    """headstats.causal_rows of each `[n, n]` pattern, block of rows by block: whether nothing lies above the
-    diagonal (no `[n_head, n, n]` copy made)."""
+    """headstats.causal_rows of each `[n, n]` pattern, `[n_head]` bool, block of rows by block: whether nothing
+    lies above the diagonal. A block's rows f..e - 1 read their keys from e on (all above) without a copy, and
+    the square of keys f..e - 1 through `causal_rows`."""
     import torch
 
     from attnscope.readings.headstats import causal_rows
@@ -196,7 +207,10 @@ def _causal(A: Tensor) -> Tensor:
     step = max(1, BLOCK_CELLS // max(1, n_head * n_K))
     causal = torch.ones(n_head, dtype=torch.bool)
     for f in range(0, n_Q, step):
-        causal &= causal_rows(A[:, f: f + step], f)  # [n_head]: row i of the block sits at position f + i
+        end = min(n_Q, f + step)
+        if end < n_K:
+            causal &= ~A[:, f:end, end:].ne(0).any(dim=-1).any(dim=-1)  # a NaN is not 0 there either
+        causal &= causal_rows(A[:, f:end, f: min(end, n_K)])  # [n_head]: the block's own square
     return causal
 
 

@@ -162,60 +162,63 @@ class LastRows:
     packed: n(n + 1)/2 numbers); `rows` then takes `e_last · M_L · ... · M_0` in float64 as `last_rows` does.
     At 1,230 tokens and 30 layers, three chains keep 272 MiB where float64 would keep 545 MiB and the layers'
     patterns 1.6 GiB; float32's rounding (6e-8 of each entry) moves the rows by about 1e-6 at most, below the
-    two decimals the terminal prints (docs/performance.md)."""
+    two decimals the terminal prints (docs/performance.md). A chain's packed layers are one tensor
+    `[n_layer, n(n + 1)/2]`, its pages written as the layers come and given back whole when it goes."""
 
-    def __init__(self, n: int, chains: tuple[str, ...] = CHAINS) -> None:
+    def __init__(self, n: int, n_layer: int, chains: tuple[str, ...] = CHAINS) -> None:
+        import torch
+
         self.n = n
-        self.kept: dict[str, list[Tensor]] = {chain: [] for chain in chains}  # layer 0 first: packed or [n, n]
+        self.packed = {chain: torch.empty(n_layer, n * (n + 1) // 2, dtype=torch.float32) for chain in chains}
+        self.full: dict[tuple[str, int], Tensor] = {}  # a layer that is not causal: its whole [n, n]
         self.causal: list[bool] = []  # each layer's: lower triangular (packed)
+        self.lower = torch.ones(n, n, dtype=torch.bool).tril()  # [n, n]: the packed entries, row-major
 
     def start(self, causal: bool) -> None:
         """A new layer; `causal`: its matrices are lower triangular (no query sees a later key)."""
         import torch
 
         self.causal.append(causal)
-        size = self.n * (self.n + 1) // 2 if causal else self.n * self.n
-        for chain in self.kept.values():
-            chain.append(torch.zeros(size, dtype=torch.float32))
+        if not causal:
+            for chain in self.packed:
+                self.full[chain, len(self.causal) - 1] = torch.zeros(self.n, self.n, dtype=torch.float32)
 
     def put(self, chain: str, first_row: int, block: Tensor) -> None:
         """Rows first_row.. of the newest layer's M for `chain`, `[n_rows, n_keys]` float64: a causal layer's
         keys 0..first_row + n_rows - 1 (at least), any other's all n."""
-        import torch
-
-        flat, rows = self.kept[chain][-1], block.shape[0]
+        layer, rows = len(self.causal) - 1, block.shape[0]
         if not self.causal[-1]:
-            flat.view(self.n, self.n)[first_row: first_row + rows] = block
+            self.full[chain, layer][first_row: first_row + rows] = block
             return
         last = first_row + rows
-        lower = torch.ones(rows, last, dtype=torch.bool).tril(first_row)  # row i's keys 0..first_row + i
         start = first_row * (first_row + 1) // 2  # the packed rows before: 1 + 2 + ... + first_row numbers
-        flat[start: start + int(lower.sum())] = block[:, :last][lower]  # row by row, as row-major order packs
+        count = last * (last + 1) // 2 - start
+        self.packed[chain][layer, start: start + count] = block[:, :last][self.lower[first_row:last, :last]]
 
     def matrix(self, chain: str, layer: int) -> Tensor:
         """Layer `layer`'s M for `chain`, `[n, n]` float64."""
         import torch
 
-        flat = self.kept[chain][layer]
         if not self.causal[layer]:
-            return flat.view(self.n, self.n).to(torch.float64)
-        M = torch.zeros(self.n, self.n, dtype=torch.float64)
-        lower = torch.ones(self.n, self.n, dtype=torch.bool).tril()
-        M[lower] = flat.to(torch.float64)
-        return M
+            return self.full[chain, layer].to(torch.float64)
+        return torch.zeros(self.n, self.n, dtype=torch.float64).masked_scatter_(
+            self.lower, self.packed[chain][layer].to(torch.float64))
 
     def rows(self) -> dict[str, Tensor]:
-        """Each chain's last row of R, `[1, n]` float64 (`last_rows`' keys)."""
+        """Each chain's last row of R, `[1, n]` float64 (`last_rows`' keys). Of the last layer only its last row
+        is read (the rest need not be given)."""
         import torch
 
         from attnscope.tensors.threads import one_thread
 
         out = {}
+        top = len(self.causal) - 1
         with one_thread():
-            for chain, layers in self.kept.items():
-                row = torch.zeros(1, self.n, dtype=torch.float64)
-                row[0, -1] = 1.0
-                for index in reversed(range(len(layers))):
+            for chain in self.packed:
+                # e_last · M_top: the top layer's last row (the only one given of it: EveryLayer), [1, n]
+                last = self.packed[chain][top, -self.n:] if self.causal[top] else self.full[chain, top][-1]
+                row = last.to(torch.float64)[None]
+                for index in reversed(range(top)):
                     row = row @ self.matrix(chain, index)  # [1, n] @ [n, n] -> [1, n]
                 out[chain] = row
         return out

@@ -44,7 +44,7 @@ def run_streamed(model: Family, result: HeadResult, progress: Progress) -> None:
     assert encoded is not None
     rows, cols = result.axes()
     digest = EveryLayer(rows, cols, result.key_ids(),
-                        (group_size(len(rows), THUMB_ROWS), group_size(len(cols), THUMB_COLS)))
+                        (group_size(len(rows), THUMB_ROWS), group_size(len(cols), THUMB_COLS)), model.n_layer)
     n = len(encoded.ids)
     with progress(f"running all {model.n_layer} layers on {n:,} tokens", total=model.n_layer) as tick:
         every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head, progress=tick,

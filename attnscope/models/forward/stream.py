@@ -92,13 +92,14 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
             out_proj = getattr(kept.module, "W_o", None)
             norms.append(None if out_proj is None else layer_norms(kept.trace, out_proj.weight))
             sinks.append(kept.trace["sink_weight"][0] if "sink_weight" in kept.trace else None)  # [n_head, n_tokens]
+            if index == layer:
+                run = layer_run(model, layer, head, kept.trace, X, made)
             if reader is None:
                 patterns.append(pattern)
                 chosen.append(kept.trace["selected"][0] if "selected" in kept.trace else None)  # [n_tokens, n_tokens]
             else:
+                kept.trace = None  # its other steps (scores, masked_scores, ...) go before the reader reads
                 reader(index, pattern, norms[-1], sinks[-1])
-            if index == layer:
-                run = layer_run(model, layer, head, kept.trace, X, made)
             del kept, pattern  # a layer not kept lets its steps go before the next one is traced
     assert run is not None
     return AllLayers(patterns, run, norms, sinks, chosen)
