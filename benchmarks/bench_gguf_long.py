@@ -3,8 +3,9 @@
     python benchmarks/bench_gguf_long.py [--runs 3] [--words 1000] [--warmup 0]
 
 - attnscope: `attnscope head --model FILE --layer 1 --head 0 --text-file TEXT --all-layers` (the terminal's
-  view: every layer's heads, their kinds, the sinks grid and the rollout's last row; --json is not timed: it
-  writes every layer's every weight, 30 x 9 x 1,230² numbers, some 4 GB of text);
+  view: every layer's heads, their kinds, the sinks grid and the rollout's last row, each layer read as it comes
+  and let go: runs/streamed_layers.py; --json is not timed: it writes every layer's every weight, 30 x 9 x 1,230²
+  numbers, some 4 GB of text);
 - transformers: `AutoTokenizer` and `AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)` (eager; the
   whole file dequantized first), then the forward with `output_attentions=True` on the same text.
 Targets: attnscope's terminal view <= 0.5x the wall of transformers, in <= 1 GiB. The text: `--words` words drawn
@@ -15,6 +16,7 @@ Each command runs as a fresh process, in turns (see _measure.py); medians of wal
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
@@ -63,8 +65,11 @@ def main() -> None:
             "--all-layers"]
     commands = {"transformers": [PYTHON, "-c", TRANSFORMERS_FILE, str(path.parent), path.name, str(text)],
                 "attnscope --all-layers": ours}
+    before = os.getloadavg()
     got = interleaved_medians(commands, args.runs, warmup=args.warmup)
-    print(f"{machine()}; {path.name}; {args.words} words, {tokens} tokens; median of {args.runs} runs")
+    load = ", ".join(f"{a:.1f}-{b:.1f}" for a, b in zip(before, os.getloadavg(), strict=True))
+    print(f"{machine()}; {path.name}; {args.words} words, {tokens} tokens; median of {args.runs} runs; load "
+          f"average (1, 5, 15 min) before-after: {load}")
     base = got["transformers"]
     print(f"{'':30} {'wall':>8} {'peak RSS':>10} {'x wall':>7} {'x memory':>9}")
     print(f"{'transformers':30} {base.seconds:7.2f}s {base.peak_mib:7.0f} MiB")
