@@ -137,4 +137,4 @@ class Llama(Family):
         """`LlamaForCausalLM`: the final RMSNorm, then lm_head (the token embedding where tied)."""
         eps = self.config.number("rms_norm_eps", default=1e-6)
         h = blocks.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}norm.weight"), eps, plus_one=self.norm_plus_one)
-        return h @ self.head_weight("embed_tokens.weight", self.ties_by_default).T  # [1, n, vocab]
+        return self.head_product(h, "embed_tokens.weight", self.ties_by_default)  # [1, n, vocab]

@@ -14,11 +14,13 @@ What transformers' GGUF loader does to a tensor on its way to the model is done 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING
 
 from attnscope.errors import UsageError
 from attnscope.models.gguf import quants
+from attnscope.models.gguf.buffers import Buffers
 from attnscope.models.gguf.header import Header, TensorInfo, read_bytes
 
 if TYPE_CHECKING:
@@ -53,6 +55,9 @@ def transformers_name(arch: str, name: str) -> str | None:
 
 KEEP_SHARE = 0.5  # at most this share of the memory available when the file is opened is kept dequantized
 KEEP_CAP = 8 << 30  # and never more than 8 GiB
+KEEP_FRACTION = 16  # and at most a sixteenth of the model's float32 weights,
+KEEP_FLOOR = 32 << 20  # or 32 MiB where that is more (a small model is kept whole)
+PRODUCT_ROWS = 4096  # rows of a weight expanded at a time by `product` (the LM head: 9 MiB of SmolLM2's float32)
 
 
 class GgufCheckpoint:
@@ -60,9 +65,12 @@ class GgufCheckpoint:
 
     A run that reads the layers again (`--generate`: every layer for each new token) says so (`reads_again`):
     from then on each whole tensor is dequantized once and kept, while the kept tensors stay within `keep_bytes`
-    (half the memory available when the file was opened, at most 8 GiB); past that bound a tensor is dequantized
-    again at each read. A single pass (`--all-layers`, a long text) keeps nothing: a layer's float32 weights
-    are let go with the layer."""
+    (a sixteenth of the model's float32 weights, or 32 MiB where that is more; never over half the memory
+    available when the file was opened, nor 8 GiB); past that bound a tensor is expanded again from the file's
+    bytes at each read (expand.py: torch, about 0.7 ns a value, the same bits), and the LM head's product is
+    taken a few thousand rows at a time (`product`), so its [vocab, d_model] float32 matrix is never whole. A
+    single pass (`--all-layers`, a long text) keeps nothing: a layer's float32 weights are let go with the
+    layer."""
 
     def __init__(self, header: Header) -> None:
         from attnscope.models.gguf.config import architecture, config_of
@@ -81,7 +89,9 @@ class GgufCheckpoint:
         self._keep = False
         self._kept: dict[str, torch.Tensor] = {}
         self._kept_bytes = 0
-        self.keep_bytes = _keep_bound()
+        self._buffers = Buffers()
+        float32_bytes = 4 * sum(math.prod(info.shape) for info in self._infos.values())
+        self.keep_bytes = min(_keep_bound(), max(KEEP_FLOOR, float32_bytes // KEEP_FRACTION))
         self._check_shapes(config)
 
     def __enter__(self) -> GgufCheckpoint:
@@ -93,6 +103,7 @@ class GgufCheckpoint:
     def close(self) -> None:
         self._kept.clear()
         self._kept_bytes = 0
+        self._buffers.clear()
 
     def reads_again(self) -> None:
         """The run reads its layers again (decoding): keep what is dequantized from now on, within the bound."""
@@ -146,17 +157,31 @@ class GgufCheckpoint:
         return values.copy(), text
 
     def tensor(self, key: str) -> torch.Tensor:
-        import torch
-
         if key in self._kept:
             return self._kept[key]
         info = self._info(key)
-        whole = torch.from_numpy(self._rows(info, 0, info.shape[0]))
-        size = whole.numel() * whole.element_size()
-        if self._keep and self._kept_bytes + size <= self.keep_bytes:
-            self._kept[key] = whole
+        size = 4 * math.prod(info.shape)
+        if self._keep and self._kept_bytes + size <= self.keep_bytes:  # dequantized once, kept for the run
+            self._kept[key] = whole = self._expanded(info, 0, info.shape[0])
             self._kept_bytes += size
-        return whole
+            return whole
+        return self._expanded(info, 0, info.shape[0], reused=self._keep)
+
+    def product(self, key: str, h: torch.Tensor) -> torch.Tensor:
+        """`h @ W.T` for the matrix `key` `[n_out, d_model]` (the LM head), `[.., n_out]`: the kept float32 matrix
+        where there is one, else `PRODUCT_ROWS` of its rows expanded at a time, so a [vocab, d_model] float32
+        matrix is never held whole. Each output is the same dot product either way (one row of W against h), and
+        the same bits (tests/test_gguf_expand.py)."""
+        import torch
+        import torch.nn.functional as F
+
+        if key in self._kept:
+            return h @ self._kept[key].T  # [.., d_model] @ [d_model, n_out]
+        info = self._info(key)
+        step = PRODUCT_ROWS - PRODUCT_ROWS % (self._permuted(info) or 1)  # whole heads of a reordered Q or K
+        parts = [F.linear(h, self._expanded(info, lo, min(lo + step, info.shape[0]), reused=True))  # [.., rows]
+                 for lo in range(0, info.shape[0], step)]
+        return torch.cat(parts, dim=-1)  # [.., n_out]
 
     def rows(self, key: str, index: list[int]) -> torch.Tensor:
         """Rows `index` of a matrix (the embedding's rows for these token ids), float32: only those are read."""
@@ -208,6 +233,25 @@ class GgufCheckpoint:
     def _offset(self, info: TensorInfo) -> bool:
         """Gemma's norms, stored as 1 + w (transformers' Gemma2TensorProcessor: any `norm.weight`)."""
         return self.arch in ("gemma2", "gemma3") and "norm.weight" in info.name
+
+    def _expanded(self, info: TensorInfo, lo: int, hi: int, reused: bool = False) -> torch.Tensor:
+        """Rows lo:hi of a tensor as `_rows` gives them, float32: a matrix of a type expand.py takes is expanded by
+        torch (its byte rows put back in transformers' order first: a block never spans two rows), into an array
+        of `_buffers` that no tensor holds any more with `reused` (decoding), the rest by `_rows`."""
+        import torch
+
+        from attnscope.models.gguf.expand import TYPES, expand
+
+        name = quants.names().get(info.ggml_type)
+        if len(info.shape) != 2 or name not in TYPES or self._offset(info):
+            return torch.from_numpy(self._rows(info, lo, hi))
+        width = quants.row_bytes(info.ggml_type, info.shape[1])
+        raw = read_bytes(info, lo * width, hi * width).reshape(hi - lo, width)  # [rows, bytes per row]
+        group = self._permuted(info)
+        if group is not None:
+            raw = _unpermute(raw, group)  # whole heads: lo and hi on head boundaries
+        into = self._buffers.take(hi - lo, info.shape[1]) if reused else None
+        return expand(torch.from_numpy(raw).reshape(-1), name, hi - lo, info.shape[1], into)  # [rows, cols]
 
     def _rows(self, info: TensorInfo, lo: int, hi: int) -> np.ndarray:
         """Rows lo:hi (lo and hi on head boundaries for a reordered Q or K), dequantized and put back in

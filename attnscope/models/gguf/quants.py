@@ -9,6 +9,7 @@ matrix), so rows lo:hi of a quantized matrix are bytes `lo·row_bytes .. hi·row
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+@cache
 def names() -> dict[int, str]:
     from gguf.constants import GGMLQuantizationType
 
