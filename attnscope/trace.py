@@ -64,8 +64,8 @@ class Step:
 
 
 class Recorder(Protocol):
-    """Where a stage records its steps: a `Trace`'s `add`, or `discard` when nothing is kept (`record=False`).
-    Either way the tensor comes back, so a stage reads the same recorded or not."""
+    """Where a stage records its steps: a `Trace` (called, it adds) or its `add`, or `discard` when nothing is kept
+    (`record=False`). Either way the tensor comes back, so a stage reads the same recorded or not."""
 
     def __call__(self, name: str, tensor: torch.Tensor, dims: tuple[str, ...], op: str, flops: int = 0,
                  allocates: bool = True, *, inputs: tuple[str, ...] = ()) -> torch.Tensor: ...
@@ -103,6 +103,8 @@ class Trace(Mapping[str, "torch.Tensor"]):
             raise ValueError(f"step {name!r} has {tensor.dim()} axes but {len(dims)} dim names {dims}")
         self._steps[name] = Step(name, tensor, tuple(dims), op, flops, allocates, inputs=tuple(inputs))
         return tensor
+
+    __call__ = add  # a Trace is a Recorder: a stage handed one records into it
 
     def add_step(self, step: Step, name: str | None = None) -> torch.Tensor:
         """Record a step taken from another trace, optionally under a new name."""

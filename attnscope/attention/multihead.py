@@ -32,8 +32,11 @@ from attnscope.variants import alibi as alibi_
 _keep_tensor = discard  # HEAD's qwen3_next.py imports it until its edit lands (attnscope.trace.discard)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch import Tensor
 
+    from attnscope.trace import Recorder
     from attnscope.variants.qknorm import QkNorm
     from attnscope.variants.rope import Rope
     from attnscope.variants.temperature import TemperatureTuning
@@ -89,9 +92,11 @@ class MultiHeadAttention(nn.Module):
         qk_norm: str | QkNorm | None = None,
         d_kv_in: int | None = None,
         fused: bool = False,
+        page: Callable[..., Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.fused = fused  # unrecorded: PyTorch's fused kernel (attnscope bench races it), not eager's order
+        self.page = page  # a family page's attention method, run on self-attention (llama.py's attend)
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
                                  window_side=window_side, softcap=softcap, alibi=alibi, rope=rope, sinks=sinks,
                                  chunk=chunk, temperature=temperature, qk_norm=qk_norm)
@@ -123,6 +128,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None, mask: Tensor | None = None,
                 cache: tuple[Tensor, Tensor] | None = None, position_bias: Tensor | None = None) -> Trace:
+        if self.page is not None and K is None and V is None and position_bias is None:
+            return self._page(Q, mask, cache)
         K = Q if K is None else K
         V = K if V is None else V
         self._check_inputs(Q, K, V, cache)
@@ -136,14 +143,26 @@ class MultiHeadAttention(nn.Module):
         spec = self._sdpa_spec(spec)
         dropout_p = self.dropout_p if self.training else 0.0
         if self.record:
-            attention.sdpa_steps(trace, Q_h, K_h, V_h, mask, names, spec, enable_gqa=self.n_group > 1,
-                                 dropout_p=dropout_p, position_bias=position_bias, sinks=self.sinks)
-            stages.merge(trace.add, trace["x_raw"], self.W_o, self._width("n_head"))
+            x_raw = attend(trace, Q_h, K_h, V_h, mask, names, spec, n_group=self.n_group, dropout_p=dropout_p,
+                           position_bias=position_bias, sinks=self.sinks)
+            stages.merge(trace, x_raw, self.W_o, self._width("n_head"))
             return trace
         x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
         x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
         kernel = "F.scaled_dot_product_attention" if self.fused else "eager attention by blocks of query rows"
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), f"W_o(merge_heads({kernel}(...)))")
+        return trace
+
+    def _page(self, X: Tensor, mask: Tensor | None, cache: tuple[Tensor, Tensor] | None) -> Trace:
+        """The page's attention on X, each step recorded (or, with `record=False`, the output alone, as `forward`
+        records it then)."""
+        self._check_inputs(X, X, X, cache)
+        trace = Trace()
+        assert self.page is not None
+        x = self.page(self, X, trace if self.record else discard, cache, mask)  # [n_batch, n_Q, d_feat]
+        if not self.record:
+            trace.add("x", x, ("n_batch", "n_Q", "d_feat"),
+                      "W_o(merge_heads(eager attention by blocks of query rows(...)))")
         return trace
 
     def empty_cache(self, n_batch: int = 1) -> tuple[Tensor, Tensor]:
@@ -160,10 +179,12 @@ class MultiHeadAttention(nn.Module):
         return trace["K_cat"], trace["V_cat"]
 
     @staticmethod
-    def _sdpa_spec(spec: AttentionSpec) -> AttentionSpec:
+    def sdpa_spec(spec: AttentionSpec) -> AttentionSpec:
         """What is left of `spec` for sdpa once `_heads` has run: Q and K are normed, rotated (and Q tuned) there,
         before the cache joins."""
         return replace(spec, rope=None, temperature=None, qk_norm=None)
+
+    _sdpa_spec = sdpa_spec  # the name qwen3_next.py's GatedAttention and forward/seq2seq_long.py call
 
     def head_inputs(self, X: Tensor, head: int) -> HeadInputs:
         """Self-attention's query head `head` and the key/value head that serves it, as the attention reads them
@@ -297,6 +318,17 @@ class MultiHeadAttention(nn.Module):
                 if t.dim() != 4 or list(t.shape) != want:
                     raise UsageError(f"{name} is {list(t.shape)} but the cache is [n_batch, n_kv_head, n_cache, "
                                      f"d_head] = [{want[0]}, {want[1]}, n_cache, {want[3]}], the same for K and V")
+
+
+def attend(rec: Recorder, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, names: Names, spec: AttentionSpec,
+           *, n_group: int = 1, sinks: Tensor | None = None, **options: Any) -> Tensor:
+    """Stage `scores ... x_raw` on per-head Q, K, V (projected, normed, rotated, the cache joined: steps called
+    `names`), `spec` what is left for it (the mask, softcap, scale, sinks...): into a Trace, sdpa's steps
+    (dot_product.sdpa_steps); with nothing recorded, eager attention in blocks of query rows (rows.eager_rows), as
+    transformers' eager runs it. `options`: dropout_p, position_bias. Returns x_raw `[n_batch, n_head, n_Q, d_V]`."""
+    if isinstance(rec, Trace):
+        return attention.sdpa_steps(rec, Q, K, V, mask, names, spec, enable_gqa=n_group > 1, sinks=sinks, **options)
+    return rows.eager_rows(Q, K, V, mask, spec, n_group=n_group, sinks=sinks, **options)
 
 
 class NormWeight(nn.Module):

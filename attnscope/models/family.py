@@ -230,12 +230,15 @@ class Family(ABC):
 
         return head_trace(layer, head, self.kv_head(head), self.biases()[0])
 
+    attend: Callable[..., torch.Tensor] | None = None  # a page's own attention method (llama.py's), or none
+
     def attention(self, layer: int, record: bool) -> MultiHeadAttention:
-        """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights."""
+        """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights, whose
+        forward runs the page's `attend` where it writes one."""
         spec = replace(self.attention_spec(layer), n_kv_head=self.n_kv_head)
         qkv, out = self.biases()
         module = self.attention_module(layer)(self.d_model, self.n_head, bias=qkv, record=record, device="meta",
-                                    d_head=self.d_head, out_bias=out, spec=spec)
+                                    d_head=self.d_head, out_bias=out, spec=spec, page=self.attend)
         module.load_state_dict(self.projections(layer), assign=True)
         return module.eval()
 

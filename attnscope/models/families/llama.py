@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks
+from attnscope.models.families.written import Cache, kv_axis, width
 from attnscope.models.family import Family, Slice
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
@@ -36,9 +37,11 @@ if TYPE_CHECKING:
     from attnscope.attention.multihead import MultiHeadAttention
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
+    from attnscope.trace import Recorder
     from attnscope.variants.rope import Rope
 
 NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj"}
+NORM_NAMES = ("q_norm.weight", "k_norm.weight")  # a qk-norm's weights, as the op names them
 
 
 class Llama(Family):
@@ -106,6 +109,60 @@ class Llama(Family):
 
     def projections(self, layer: int) -> dict[str, Any]:
         return linear_projections(self, layer, NAMES)
+
+    # --- the attention ----------------------------------------------------------------------------------------
+
+    def attend(self, m: MultiHeadAttention, x: torch.Tensor, rec: Recorder, cache: Cache | None = None,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`LlamaAttention.forward`, prefill and decode (a step after `cache`: the earlier keys, rotated, and
+        values), on x `[n_batch, n_Q, d_model]` with m's weights and spec, each stage recorded in `rec`
+        (attention/stages.py); qk-norm (Qwen3, Gemma 3 per head, OLMo 2 over the projection) and Llama 4's
+        temperature where the spec asks. Returns x `[n_batch, n_Q, d_model]`."""
+        from attnscope.attention import stages
+        from attnscope.attention.dot_product import Names
+        from attnscope.attention.multihead import attend
+
+        spec = m.spec if cache is None else m.spec.with_cache(cache[0].shape[-2])  # decode: after the cache
+        n_cache, new = (0, "n_K") if cache is None else (cache[0].shape[-2], "n_new")  # n_K = n_cache + n_new
+        kv, norm = kv_axis(m), spec.norm
+        wide = (width(m, m.n_head), width(m, m.n_kv_head))
+        q, k, v = (stages.project(rec, name, W, x, ("n_batch", n, w))  # [n_batch, n, heads·d_head]
+                   for name, W, n, w in (("Q", m.W_q, "n_Q", wide[0]), ("K", m.W_k, new, wide[1]),
+                                         ("V", m.W_v, new, wide[1])))
+        made = ["Q_feat", "K_feat", "V_feat"]
+        if norm is not None and norm.over == "proj":  # OLMo 2: over every head's coordinates at once
+            q, k = stages.normalize(rec, q, k, norm, (m.q_norm.weight, m.k_norm.weight), source=(made[0], made[1]),
+                                    dims=(("n_batch", "n_Q", wide[0]), ("n_batch", new, wide[1])), axis=wide,
+                                    names=NORM_NAMES, biases=(m.q_norm.bias, m.k_norm.bias))
+            made[:2] = "Q_normed", "K_normed"
+        dims = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv, new, "d_head"))
+        q, k, v = (stages.split(rec, name, feat, heads, d, source)  # [n_batch, heads, n, d_head]
+                   for name, feat, heads, d, source in zip("QKV", (q, k, v), (m.n_head, m.n_kv_head, m.n_kv_head),
+                                                           (*dims, dims[1]), made, strict=True))
+        made = ["Q_split", "K_split", "V_split"]
+        if norm is not None and norm.over == "head":  # Qwen3, Gemma 3: each head over its own d_head
+            q, k = stages.normalize(rec, q, k, norm, (m.q_norm.weight, m.k_norm.weight), source=(made[0], made[1]),
+                                    dims=dims, axis=("d_head", "d_head"), names=NORM_NAMES,
+                                    biases=(m.q_norm.bias, m.k_norm.bias))
+            made[:2] = "Q_normed", "K_normed"
+        q_offset = n_cache if cache is not None else spec.offset(q.shape[-2], k.shape[-2])
+        if spec.rope is not None:
+            q, k = stages.rotate(rec, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache,
+                                 source=(made[0], made[1]), dims=dims, d_name="d_head", n_keys=n_cache + k.shape[-2])
+            made[:2] = "Q_rot", "K_rot"
+        if spec.temperature is not None:  # Llama 4's NoPE layers
+            q = stages.tune(rec, q, spec.temperature, start=q_offset, source=made[0], dims=dims[0])
+            made[0] = "Q_tuned"
+        if cache is not None:
+            k, v = stages.join_cache(rec, k, v, cache, kv, (made[1], made[2]))
+            made[1:] = "K_cat", "V_cat"
+        names = Names(Q=made[0], K=made[1], V=made[2], out="x_raw", d_K="d_head", d_V="d_head",
+                      batch=("n_batch", "n_head"))
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
+        x_raw = attend(rec, q, k, v, mask, names, m.sdpa_spec(spec), n_group=m.n_group,
+                       sinks=m.sinks)  # scores ... x_raw: [n_batch, n_head, n_Q, d_head]
+        return stages.merge(rec, x_raw, m.W_o, wide[0])  # x_rsh1, x_rsh2, x: [n_batch, n_Q, d_model]
 
     # --- the prefix -----------------------------------------------------------------------------------------
 
