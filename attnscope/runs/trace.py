@@ -107,7 +107,13 @@ def run_trace(o: TraceOptions) -> TraceRun:
     else:
         module, kwargs, label = (target.obj if target.kind == "module" else None), {}, target.name
     notes: list[str] = []
-    if module is not None:
+    if target.kind == "function":  # its weights as arguments (W_q, W_k, ...): traced as a module holding them
+        from attnscope.usertrace.weightargs import holding
+
+        module = holding(target.obj, o.d_feat, o.seed)
+        if module is not None:
+            notes.append(_weights_note(module))
+    if module is not None and target.kind != "function":
         if not isinstance(module, torch.nn.Module):
             raise UsageError(f"{target.name} built a {type(module).__name__}, not a torch.nn.Module")
         load.guarded(target, "train()", lambda: module.train(o.train))
@@ -116,13 +122,19 @@ def run_trace(o: TraceOptions) -> TraceRun:
                      "dropout zeroes attention weights at random)")
     fn = module if module is not None else target.obj
     plan = load.plan(module.forward if module is not None else fn,
-                     f"{target.name}.forward" if module is not None else target.name, o.train)
+                     f"{target.name}.forward" if module is not None and target.kind != "function" else target.name,
+                     o.train)
     plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
     weighted = _weighted(o, module, plan, target)  # None for a function, and a module with no weights
     if module is not None and weighted is None:
         notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "
                      "and --heads")
     shapes = ShapePlan.make(o, weighted, init)
+    stacked = _heads_from_weights(weighted) if shapes.n_head is None and o.heads is None else None
+    if stacked is not None:  # per-head weight stacks [n_head, d_head, d_feat]: their first axis is the head count
+        shapes = ShapePlan.make(dataclasses.replace(o, heads=stacked[0]), weighted, init)
+        notes.append(f"n_head = {stacked[0]}, read from your per-head weights ({stacked[1]}: "
+                     f"[n_head, .., ..] = {list(stacked[2])}); --heads says it otherwise")
     plan = shapes.fed(plan)  # a memory of K's own width to `context=None` (Stable Diffusion's CrossAttention)
 
     def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
@@ -141,11 +153,26 @@ def run_trace(o: TraceOptions) -> TraceRun:
             where = f"line {failed.line}: " if failed.line else ""
             notes.append(f"your code failed on batched inputs [n_batch, ..] ({where}{failed.message}) and ran on "
                          "2-D ones, one sequence, as shown; --batch 0 asks for 2-D inputs, --batch N for batched")
+    if called.failure is not None and _columns_possible(o, weighted):
+        # code of the column convention (one token a column, W @ x, Kᵀ Q, softmax over dim -2) fails on rows:
+        # the same code fed [.., d, n], read as that convention
+        row_shapes, found = shapes, None
+        for width in _widths(weighted, shapes):  # a width the weights leave open (d_feat or d_attn), tried in turn
+            shapes = _with_width(row_shapes, width)
+            found = _column_form(o, attempt)
+            if found is not None:
+                break
+        shapes = shapes if found is not None else row_shapes
+        if found is not None:
+            failed = called.failure
+            o, (inputs, fed, called, convention) = found
+            spec = dataclasses.replace(spec, layout="col")
+            notes.append(_column_note(failed, o, weighted is not None))
     first_notes = list(notes)  # the module's, before those of its inputs (a second run makes them again)
     notes += inputs.notes + plan_notes(plan, inputs)
     if convention is not None:
         notes.append(convention.note(plan.mask or "mask"))
-    mode = "" if module is None else ", training mode" if o.train else ", eval() mode"
+    mode = "" if module is None or target.kind == "function" else ", training mode" if o.train else ", eval() mode"
     header = _header(target, label, plan, inputs, mode, spec)
     header[-1] += "" if o.q else f"  seed={o.seed}"
     run = TraceRun(header, _params(o, target, kwargs, inputs), [], notes=notes, failure=called.failure,
@@ -167,13 +194,18 @@ def run_trace(o: TraceOptions) -> TraceRun:
         return made
 
     if called.failure is None and weighted is not None and shapes.n_head is None and o.heads is None:
-        read = _heads_from_run(called.records, shapes.fixed.get("d_feat"))
+        read = _heads_from_run(called.records, shapes.fixed.get("d_feat"), o.layout == "col",
+                               inputs.sizes.get("n_batch"))
         if read is not None:  # the head count only the code says (a literal in its forward): read from its q
             heads, line = read
+            width = shapes.fixed.get("d_feat")  # as the run found it (a width the weights left open, _widths)
             shapes = ShapePlan.make(dataclasses.replace(o, heads=heads), weighted, init)
+            shapes = _with_width(shapes, width if width != shapes.fixed.get("d_feat") else None)
             inputs, fed, called, convention = again()
+            laid = "[.., n_Q, d_head]" if o.layout != "col" else "[.., d_head, n_Q]"
+            laid = f"[.., {heads}, {laid[5:]}" if heads > 1 or o.layout != "col" else "no head axis: one head"
             first_notes.append(f"n_head = {heads}, read from the queries your code hands the scores (line {line}: "
-                               f"[.., {heads}, n_Q, d_head]); nothing else in the module says it (--heads does)")
+                               f"{laid}); nothing else in the module says it (--heads does)")
             run.notes.insert(len(first_notes) - 1, first_notes[-1])
     if called.failure is None:
         if any(name.lower() != "freqs_cis" for name in plan.tables):  # real tables laid out for one pairing:
@@ -357,10 +389,12 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
     return None
 
 
-def _heads_from_run(records: list[Record], d_feat: int | None) -> tuple[int, int] | None:
+def _heads_from_run(records: list[Record], d_feat: int | None, col: bool = False,
+                    n_batch: int | None = None) -> tuple[int, int] | None:
     """n_head as the code's own queries say it, and their line: the scores' left operand (a kernel's q) laid out
     [n_batch, n_head, n_Q, d_head], its heads times d_head the module's width; None where they are laid out
-    otherwise (heads folded into the batch, grouped in five axes)."""
+    otherwise (heads folded into the batch, grouped in five axes). `col`: the column form's queries, [n_batch,
+    n_head, d_head, n_Q], or one head where they have no head axis ([n_batch, d_attn, n_Q], [d_attn, n_Q])."""
     from attnscope.usertrace.flow import operands
 
     found = operands(records)
@@ -368,9 +402,98 @@ def _heads_from_run(records: list[Record], d_feat: int | None) -> tuple[int, int
         return None
     q = records[found[0]]
     shape = tuple(q.tensor.shape)
-    if len(shape) != 4 or shape[1] * shape[3] != d_feat or shape[1] < 1:
+    if col and (len(shape) == 2 and n_batch is None or len(shape) == 3 and shape[0] == n_batch):
+        return 1, q.line
+    if len(shape) != 4 or shape[1] * shape[2 if col else 3] != d_feat or shape[1] < 1:
         return None
     return int(shape[1]), q.line
+
+
+def _heads_from_weights(module: Any) -> tuple[int, str, tuple[int, ...]] | None:
+    """n_head where the module holds its projections as per-head stacks (3-D nn.Parameters, [n_head, d_head, d_in]
+    used as W @ x or [n_head, d_in, d_head] as x @ W): the first axis they all share, with the first one's name and
+    shape; None where it holds none, or they disagree."""
+    if module is None:
+        return None
+    stacks = [(name, tuple(p.shape)) for name, p in module.named_parameters() if p.dim() == 3]
+    if not stacks or len({shape[0] for _, shape in stacks}) != 1 or stacks[0][1][0] < 1:
+        return None
+    return stacks[0][1][0], stacks[0][0], stacks[0][1]
+
+
+def _weights_note(module: Any) -> str:
+    """What a function's weight arguments were given."""
+    shapes = ", ".join(f"{name} {list(p.shape)}" for name, p in module.named_parameters())
+    return (f"your function takes its weights as arguments: each got a random weight drawn from the seed ({shapes}; "
+            "--d-feat sizes them), and which side of a matmul each stands on says how it projects")
+
+
+def _columns_possible(o: TraceOptions, module: Any) -> bool:
+    """Whether code that failed on rows may be tried in the column form: rows were not asked for by files (their
+    shapes decide), no option that works only in the row layout was given, and the module (if any) projects with
+    no nn.Linear, which reads rows."""
+    return o.layout == "row" and not o.q and not _reads_rows(module) and not (
+        o.rope or o.kv_heads or o.alibi or o.position_bias or o.qk_norm or o.scale is not None or o.cache)
+
+
+def _reads_rows(module: Any) -> bool:
+    """Whether the module projects with nn.Linear layers (they read the last axis: one token a row)."""
+    from torch import nn
+
+    return module is not None and any(isinstance(m, nn.Linear) for m in module.modules())
+
+
+def _widths(module: Any, shapes: Any) -> list[int | None]:
+    """The widths d_feat may be, the one chosen first: a module holding nn.Parameter weights alone (no Linear) whose
+    dims leave it open, W_q [d_attn, d_feat] and W_o [d_feat, d_attn] counting both sizes alike (which one the
+    input has is known only once the code runs); one None (the width as chosen) for a function or another module."""
+    from collections import Counter
+
+    from torch import nn
+
+    chosen = shapes.fixed.get("d_feat")
+    if module is None or chosen is None or any(isinstance(m, nn.Linear) for m in module.modules()):
+        return [None]
+    counts = Counter(n for p in module.parameters() if p.dim() == 2 for n in p.shape)
+    tied = [n for n, c in counts.items() if c == counts.get(chosen) and n != chosen]
+    return [None, *tied]
+
+
+def _with_width(shapes: Any, width: int | None) -> Any:
+    """`shapes` with d_feat = width (None: as they are); a d_head read from the other width is dropped (the
+    reference reads it from the query projection's width)."""
+    if width is None:
+        return shapes
+    fixed = {k: v for k, v in shapes.fixed.items() if k != "d_head"} | {"d_feat": width}
+    return dataclasses.replace(shapes, fixed=fixed)
+
+
+def _column_form(o: TraceOptions, attempt: Any) -> tuple[TraceOptions, tuple[Any, ...]] | None:
+    """The code run on column-form inputs, [.., d, n] (then [d, n], one sequence, where no --batch was given): the
+    options it ran under and the run, or None where it fails on those too (the row run's failure is then the one
+    reported)."""
+    tries = [dataclasses.replace(o, layout="col")]
+    if o.batch is None:
+        tries.append(dataclasses.replace(o, layout="col", batch=0))
+    for asked in tries:
+        try:
+            made = attempt(asked)
+        except UsageError:
+            continue
+        if made[2].failure is None:
+            return asked, made
+    return None
+
+
+def _column_note(failed: Failure, o: TraceOptions, weighted: bool) -> str:
+    """The note for code read as the column convention."""
+    where = f"line {failed.line}: " if failed.line else ""
+    shape = ("[n_batch, d_feat, n]" if weighted else "[n_batch, d, n]") if o.batch != 0 else (
+        "[d_feat, n]" if weighted else "[d, n]")
+    return (f"your code failed on rows [.., n, d] ({where}{failed.message}) and runs on columns {shape}, one token a "
+            "column: read as the column convention (W @ x, scores Kᵀ Q [.., n_K, n_Q], softmax over the keys, dim "
+            "-2), a convention, not a mistake; the reference is the row form's on your inputs transposed, its steps "
+            "transposed back (--layout col says it)")
 
 
 def _guard(o: TraceOptions, spec: Spec, sizes: dict[str, int], is_module: bool) -> None:
@@ -397,6 +520,7 @@ def _guard(o: TraceOptions, spec: Spec, sizes: dict[str, int], is_module: bool) 
 def _check_options(o: TraceOptions, target: Target) -> Spec:
     """The options' own sense, and what they say the reference computes."""
     from attnscope.usertrace.reference import Spec
+    from attnscope.usertrace.weightargs import weight_names
 
     if target.kind != "class" and o.init:
         raise UsageError(f"--init builds a class; {target.name} is a {target.kind}, so drop --init")
@@ -404,9 +528,13 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
         if o.train:
             raise UsageError("--train sets a module's training mode; a function has none (its dropout parameters, "
                              "if any, are passed as documented)")
-        if o.d_feat is not None:
-            raise UsageError("--d-feat is a module's width; for a function give --dk (and --dv)")
-    asked = AttentionSpec.asked(o.causal, o.window, o.cache, rope=rope_of(o), alibi=o.alibi, scale=o.scale,
+        if o.d_feat is not None and not weight_names(target.obj):
+            raise UsageError("--d-feat is a module's width (or that of a function's weight arguments); for a "
+                             "function give --dk (and --dv)")
+    # a bare --causal leaves the alignment to the run: a decode step's (--cache N) is lower-right; only an
+    # upper-left typed is refused there
+    causal = "lower-right" if o.cache and o.causal == "upper-left" and not o.causal_asked else o.causal
+    asked = AttentionSpec.asked(causal, o.window, o.cache, rope=rope_of(o), alibi=o.alibi, scale=o.scale,
                                 qk_norm=o.qk_norm, window_side=o.window_side)  # checked as sdpa/mha check them
     if o.alibi and o.position_bias:
         raise UsageError("--alibi and --position-bias are two position biases; give one")
@@ -450,12 +578,13 @@ def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
     if o.dk is not None or o.dv is not None:
         raise UsageError("--dk/--dv size a function's inputs (or a module's with no weights); a module's width is "
                          "--d-feat")
-    if o.batch == 0:
+    if o.layout == "col" and _reads_rows(module):
+        raise UsageError(f"--layout col is for code that takes one token a column, [.., d, n] (W @ x); "
+                         f"{target.name} projects with nn.Linear layers, which read [n_batch, n, d_feat]: drop "
+                         "--layout col")
+    if o.batch == 0 and o.layout != "col":  # the column form's [d_feat, n] are run on a batch of one (columns.py)
         raise UsageError(f"--batch 0 (2-D inputs) is for a function; {target.name} takes [n_batch, n, d_feat]: "
                          "give --batch N, N >= 1")
-    if o.layout == "col":
-        raise UsageError(f"--layout col is for a function (or a module with no weights) taking q, k, v as [.., d, "
-                         f"n]; {target.name} projects its inputs, [n_batch, n, d_feat]: drop --layout col")
     return module
 
 
@@ -541,7 +670,8 @@ def _params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inp
             "rope_pairing": (o.rope_pairing or "half-split") if o.rope else None,
             "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save, "alibi": o.alibi,
             "position_bias": o.position_bias, "qk_norm": o.qk_norm, "scale": o.scale, "forward": o.forward,
-            "rope_base_asked": o.rope_base is not None, "causal_asked": o.causal is not None and o.causal_asked}
+            "rope_base_asked": o.rope_base is not None, "causal_asked": o.causal is not None and o.causal_asked,
+            "layout": o.layout}
 
 
 def _jsonable(value: Any) -> Any:

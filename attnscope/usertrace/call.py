@@ -50,8 +50,8 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
         labels.update({id(p): name for name, p in module.named_parameters()})
         labels.update({id(b): name for name, b in module.named_buffers()})
         linears = {id(m.weight): name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
-        for name, p in module.named_parameters():  # nn.Parameter weights used as x @ W or F.linear(x, W)
-            if p.dim() == 2 and id(p) not in linears:
+        for name, p in module.named_parameters():  # nn.Parameter weights used as x @ W, W @ x or F.linear(x, W)
+            if p.dim() in (2, 3) and id(p) not in linears:  # 3: per-head stacks [n_head, d_head, d_in] (W @ x)
                 linears[id(p)] = name
     available = available_memory()
     budgets = [b for b in (int(available * MEMORY_SHARE) if available else None, max_memory) if b is not None]

@@ -137,8 +137,9 @@ def _softmax_axis(b: Base) -> Iterator[Trial]:
     for axis in range(-2, -len(dims) - 1, -1):
         where = dims[axis]
         said = f"dim={axis}" if not b.col else f"dim={-3 - axis if axis > -3 else axis}"
+        keys = "dim=-2 of scores [.., n_K, n_Q]" if b.col else "dim=-1 of scores [.., n_Q, n_K]"
         yield Trial(replay(b, softmax_dim=axis), f"the softmax ran over {where}, not over n_K ({said} where the "
-                    f"keys' axis is dim=-1 of scores [.., n_Q, n_K]): {{who}} equals the reference's attention with "
+                    f"keys' axis is {keys}): {{who}} equals the reference's attention with "
                     f"the softmax over {where}, so it sums to 1 over {where} rather than over the keys")
 
 

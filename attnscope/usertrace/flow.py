@@ -125,6 +125,10 @@ def _operands(records: list[Record]) -> tuple[int, int, int, int | None] | None:
         if r.func.split(".")[-1] in MATMULS + ("einsum",) and len(given) >= 2:
             from_pattern = [softmax.index in ancestors(records[g], records) | {g} for g in given[-2:]]
             if from_pattern.count(True) == 1:
+                if from_pattern[1] and r.func.split(".")[-1] in MATMULS:
+                    # V @ pattern: the column form (one token a column), whose scores are Kᵀ Q, so the queries are
+                    # the right operand and the keys the left
+                    left, right = right, left
                 return left, right, given[-2:][from_pattern.index(False)], r.index
     return None
 

@@ -369,7 +369,8 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
     built = built.transpose(0, 1) if built is not None and col else built
     # [1, n_Q, n_K], the Annotated Transformer's `subsequent_mask` shape: it broadcasts against [n_batch, n_Q, n_K]
     # and [n_batch, n_head, n_Q, n_K] scores, and after the `mask.unsqueeze(1)` that code does for the heads.
-    allowed = masks.combine(built.unsqueeze(0) if built is not None else None, loaded)
+    # (2-D inputs, one sequence, get the mask as it is: [1, ..] would add an axis to their scores)
+    allowed = masks.combine(built.unsqueeze(0) if built is not None and "n_batch" in sizes else built, loaded)
     return loaded, allowed
 
 

@@ -256,14 +256,22 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
         raise UsageError(shapes.why_no_heads or "cannot tell how many heads the module has; pass --heads")
     best: tuple[Any, ...] | None = None
     error: UsageError | None = None
+    mask, col = inputs.mask, spec.layout == "col"
+    if col:  # the column form: the row form's reference on the inputs transposed, its steps transposed back
+        from attnscope.usertrace import columns
+
+        Q, K, V, mask = columns.rows(Q, K, V, mask)  # [.., d, n] -> [.., n, d]; a mask [.., n_K, n_Q] transposed
+        Q, K, V = columns.batched(Q, K, V)
     for projections in ref.find_projections(module, records, shapes.n_head, shapes.fixed.get("d_head")):
         try:
             reference = ref.build_mha(projections, shapes.n_head, spec, module)
-            trace = ref.run_mha(reference, Q, K, V, inputs.mask, inputs.cache, spec.position_bias)
+            trace = ref.run_mha(reference, Q, K, V, mask, inputs.cache, spec.position_bias)
         except UsageError as exc:
             error = error or exc
             continue
         skips = _skips(trace)
+        if col:  # the steps and the rows of queries that see no key, in the column form
+            trace, skips = columns.columns(trace), columns.columns_of(skips)
         rows = _align(trace, ref.MHA_STEPS, records, skips)
         aligned = sum(row.status in ALIGNED for row in rows)
         if best is None or aligned > best[0]:
@@ -275,6 +283,7 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     kv = f", n_kv_head={reference.n_kv_head}" if reference.n_kv_head != reference.n_head else ""
     what = (f"attnscope MultiHeadAttention (d_feat={reference.d_feat}, n_head={shapes.n_head}{kv}, d_head="
             f"{reference.d_head}, scores / √d_head{variants}) holding your weights: {projections.describe()}")
+    what += "; in the column form, your inputs transposed in and its steps transposed out" if col else ""
     return trace, ref.MHA_STEPS, reference, projections, what, rows, skips
 
 
@@ -358,8 +367,12 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
             and held.get(DERIVED.get(row.reference, "")) == row.record.index
         # never materialized: the step computed from it is found (GQA's scores from K never repeated)
         skipped = row.status == "missing" and row.reference in ("K_rep", "V_rep") and derived in (*ALIGNED, "differs")
+        # the tensor the step computed from it holds as it is, read here with an axis split (per-head weight
+        # stacks make Q_split at once: Q_feat never exists whole)
+        split = row.status == "permuted" and row.split is not None and row.record is not None and derived == "equal" \
+            and held.get(DERIVED.get(row.reference, "")) == row.record.index
         if (row.status == "missing" and later) or (row.status == "differs" and derived in ALIGNED) or skipped \
-                or fused:
+                or fused or split:
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
 

@@ -33,6 +33,7 @@ OPERATORS = {"matmul": "@", "__matmul__": "@", "div": "/", "true_divide": "/", "
              "le": "<=", "__ge__": ">=", "ge": ">=", "__and__": "&", "__or__": "|", "__rtruediv__": "/r",
              "__rmul__": "*", "__radd__": "+", "__rsub__": "-r", "pow": "**", "__pow__": "**"}
 UNARY = {"__invert__": "~", "bitwise_not": "~", "__neg__": "-", "neg": "-", "logical_not": "~"}
+LEFT = ("side", "left")  # the last argument of a projection written W @ x (the weight on the left): no tensor
 MATMULS = ("matmul", "__matmul__", "bmm", "mm", "baddbmm")
 SOFTMAXES = ("softmax", "log_softmax", "_softmax")
 ELEMENTWISE = ("div", "true_divide", "mul", "add", "sub", "masked_fill", "masked_fill_", "exp", "sqrt", "rsqrt",
@@ -200,6 +201,12 @@ class Recorder(TorchFunctionMode):
                 and id(args[0]) not in self._linears:  # x @ W with an nn.Parameter W [d_in, d_out]: a projection
             name, style = "matmul", "linear"
             described = [("text", self._linears[id(args[1])]), described[0]]
+        elif name in ("matmul", "__matmul__") and len(args) == 2 and id(args[0]) in self._linears \
+                and id(args[1]) not in self._linears:
+            # W @ x, the column form's projection (W [d_out, d_in], or per-head stacks [n_head, d_head, d_in], x one
+            # token a column): the weight held as it is, its side said by the argument LEFT
+            name, style = "matmul", "linear"
+            described = [("text", self._linears[id(args[0])]), described[1], LEFT]
         elif owner.startswith(("TensorBase.", "Tensor.")):
             style = "operator" if (name in OPERATORS and len(args) == 2) or (name in UNARY and len(args) == 1) \
                 else "method"
@@ -244,6 +251,8 @@ def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> 
         return name
     if style == "property":
         return f"{parts[0]}.{name}"
+    if style == "linear" and LEFT in args:
+        return f"{parts[0]} @ {parts[1]}"
     if style == "linear":
         return f"{parts[1]} @ {parts[0]}" if name == "matmul" else f"{parts[0]}({parts[1]})"
     if style == "operator" and name in UNARY:

@@ -148,6 +148,7 @@ def parameter_projections(module: nn.Module, records: list[Record]) -> list[tupl
     """2-D nn.Parameter weights the code projects with, each read as a Linear would hold it: `x @ W` with W
     `[d_in, d_out]` (TransformerLens' W_Q, the from-scratch ports') as the weight `Wᵀ`, `F.linear(x, W)` as `W`."""
     from attnscope.usertrace import fused
+    from attnscope.usertrace.record import LEFT
 
     params = dict(module.named_parameters())
     held = {f"{name}.weight" for name, m in module.named_modules() if isinstance(m, nn.Linear)}
@@ -156,23 +157,42 @@ def parameter_projections(module: nn.Module, records: list[Record]) -> list[tupl
         if r.style != "linear" or not r.args or r.args[0][0] != "text":
             continue
         name = r.args[0][1]
-        if name in params and name not in held and name not in out and params[name].dim() == 2:
-            weight = params[name].detach()
-            weight = weight.t() if r.func == "matmul" else weight  # [d_out, d_in], as a Linear holds it
-            out[name] = fused.Part(name, weight, _added_bias(r, records, params, weight.shape[0]))
+        if name in params and name not in held and name not in out and params[name].dim() in (2, 3):
+            weight = _as_linear(params[name].detach(), r.func == "matmul", LEFT in r.args)
+            if weight is not None:
+                out[name] = fused.Part(name, weight, _added_bias(r, records, params, weight.shape[0]))
     return list(out.items())
+
+
+def _as_linear(weight: torch.Tensor, matmul: bool, left: bool) -> torch.Tensor | None:
+    """A weight as a Linear holds it, [d_out, d_in]: `x @ W` (W [d_in, d_out]) transposed, `W @ x` (the column
+    form) and `F.linear(x, W)` as they are; per-head stacks with their heads outer, `W @ x` of [n_head, d_head,
+    d_in] and `x @ W` of [n_head, d_in, d_head] as [n_head·d_head, d_in]. None for a 3-D F.linear weight."""
+    if weight.dim() == 3:
+        if not matmul:
+            return None
+        heads = weight if left else weight.transpose(1, 2)  # -> [n_head, d_head, d_in]
+        return heads.reshape(-1, heads.shape[-1])  # [n_head, d_head, d_in] -> [n_head·d_head, d_in]
+    return weight.t() if matmul and not left else weight
+
+
+COLUMN_VIEWS = ("__getitem__", "unsqueeze", "view", "reshape", "expand")  # a bias made a column, [d_out, 1]
 
 
 def _added_bias(projection: Record, records: list[Record], params: dict[str, Any], width: int) -> Any:
     """The 1-D nn.Parameter the code adds to a projection's output (`x @ W + b`, `b + x @ W`, `.add(b)`: GPT-2's
-    Conv1D written out, the from-scratch ports' W/b pairs), read as that projection's bias; None where none is
-    added or the same bias meets other tensors too."""
+    Conv1D written out, the from-scratch ports' W/b pairs; the column form's `W @ x + b[:, None]` or a `[d_out, 1]`
+    one), read as that projection's bias; None where none is added or the same bias meets other tensors too."""
     for r in records:
         if r.func not in ("add", "__add__", "__radd__", "add_") or ("rec", projection.index) not in r.args:
             continue
         for kind, value in r.args:
-            if kind == "text" and value in params and params[value].dim() == 1 and params[value].shape[0] == width:
-                return params[value].detach()
+            if kind == "rec" and value != projection.index and records[value].func in COLUMN_VIEWS \
+                    and records[value].args and records[value].args[0][0] == "text":
+                kind, value = records[value].args[0]  # the column form's b[:, None], b.unsqueeze(-1): b as a column
+            if kind == "text" and value in params and params[value].numel() == width \
+                    and params[value].dim() - list(params[value].shape).count(1) <= 1:
+                return params[value].detach().reshape(width)  # [d_out], [d_out, 1] -> [d_out]
     return None
 
 
