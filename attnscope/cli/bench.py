@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import typer
 
@@ -22,9 +23,6 @@ from attnscope.cli.options import (
     grouped,
 )
 
-if TYPE_CHECKING:
-    from attnscope.runs.bench import BenchOptions
-
 BENCH_EXAMPLES = """Examples:
 
   attnscope bench sdpa
@@ -38,6 +36,17 @@ Device = Annotated[str, typer.Option("--device", help="cpu or cuda.")]
 Dtype = Annotated[str, typer.Option("--dtype", help="float32, float64, float16 or bfloat16.")]
 Runs = Annotated[int, typer.Option("--runs", min=1, help="Timed runs per contender; the median is reported.")]
 Warmup = Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first (caches, lazy initialisation).")]
+
+
+@dataclass(frozen=True)
+class Race:
+    """What each bench asks of its race, declared once: the mask, the device and dtype, how many runs."""
+
+    causal: CausalOpt = None
+    device: Device = "cpu"
+    dtype: Dtype = "float32"
+    runs: Runs = 20
+    warmup: Warmup = 3
 
 # Defaults sized for a bench: realistic shapes (heads of 64, as BERT's), about a second per contender on a
 # 2-core CPU with the default --runs (docs/performance.md has the numbers).
@@ -68,18 +77,11 @@ def bench_sdpa(
     nk: Nk = 1024,
     dk: Dk = 64,
     dv: Dv = 64,
-    causal: CausalOpt = None,
-    device: Device = "cpu",
-    dtype: Dtype = "float32",
-    runs: Runs = 20,
-    warmup: Warmup = 3,
+    setup: Race = Race(),
     export: Export = Export(),
 ) -> None:
     """Time attnscope's traced sdpa and F.scaled_dot_product_attention on the same inputs."""
-    from attnscope.runs.bench import BenchOptions
-
-    _race(BenchOptions("sdpa", batch, nq, nk, causal.value if causal else None, device, dtype, dk=dk, dv=dv),
-          runs, warmup, export)
+    _race("sdpa", batch, nq, nk, setup, export, dk=dk, dv=dv)
 
 
 @bench_app.command("mha", cls=AttentionCommand, epilog=MHA_EXAMPLES)
@@ -92,25 +94,22 @@ def bench_mha(
     heads: Heads = 8,
     kv_heads: Annotated[int | None, typer.Option("--kv-heads", min=1, help="n_kv_head: time grouped-query attention, F.scaled_dot_product_attention(enable_gqa=True) against K/V expanded first.  \\[default: --heads]")] = None,
     bias: Bias = True,
-    causal: CausalOpt = None,
-    device: Device = "cpu",
-    dtype: Dtype = "float32",
-    runs: Runs = 20,
-    warmup: Warmup = 3,
+    setup: Race = Race(),
     export: Export = Export(),
 ) -> None:
     """Time attnscope's MultiHeadAttention (traced and record=False) and torch.nn.MultiheadAttention."""
-    from attnscope.runs.bench import BenchOptions
-
-    _race(BenchOptions("mha", batch, nq, nk, causal.value if causal else None, device, dtype, d_feat=d_feat,
-                       heads=heads, kv_heads=kv_heads, bias=bias), runs, warmup, export)
+    _race("mha", batch, nq, nk, setup, export, d_feat=d_feat, heads=heads, kv_heads=kv_heads, bias=bias)
 
 
-def _race(asked: BenchOptions, runs: int, warmup: int, export: Export) -> None:
+def _race(command: str, batch: int, nq: int, nk: int | None, setup: Race, export: Export, **sizes: Any) -> None:
     """Prepare the race (runs/bench.py), say how long a long bench will take, time the contenders under a
     progress bar, show the result."""
     from attnscope import render
-    from attnscope.runs.bench import SHRINK, prepare
+    from attnscope.runs.bench import SHRINK, BenchOptions, prepare
+
+    asked = BenchOptions(command, batch, nq, nk, setup.causal.value if setup.causal else None, setup.device,
+                         setup.dtype, **sizes)
+    runs, warmup = setup.runs, setup.warmup
 
     with export.around("bench", oom_advice=SHRINK) as out:
         race = prepare(asked)

@@ -351,17 +351,20 @@ class Export:
 
 
 def grouped(own: Callable[..., None]) -> Callable[..., None]:
-    """`own(..., name: Group, ...)`, Group a dataclass of options (Export), as the function Typer reads: that
-    parameter replaced, in its place, by the group's fields as options; `own` is handed them as one Group."""
-    parameters = list(inspect.signature(own, eval_str=True).parameters.values())
-    group = next(p for p in parameters if is_dataclass(p.annotation))
-    kind, at, names = inspect.Parameter.KEYWORD_ONLY, parameters.index(group), [f.name for f in fields(group.annotation)]
-    types = get_type_hints(group.annotation, include_extras=True)
-    options = [inspect.Parameter(f.name, kind, default=f.default, annotation=types[f.name])
-               for f in fields(group.annotation)]
-    mine = [p.replace(kind=kind) for p in parameters]
-    return signed(own, [*mine[:at], *options, *mine[at + 1:]],
-                  lambda given: {group.name: group.annotation(**{name: given.pop(name) for name in names})})
+    """`own(..., name: Group, ...)`, each Group a dataclass of options (Export, bench's Race), as the function Typer
+    reads: each such parameter replaced, in its place, by its group's fields as options; `own` is handed each group
+    as one value."""
+    kind, merged = inspect.Parameter.KEYWORD_ONLY, []
+    groups: dict[str, Any] = {}  # a parameter's name -> its group's dataclass
+    for parameter in inspect.signature(own, eval_str=True).parameters.values():
+        if not is_dataclass(parameter.annotation):
+            merged.append(parameter.replace(kind=kind))
+            continue
+        groups[parameter.name] = group = parameter.annotation
+        types = get_type_hints(group, include_extras=True)
+        merged += [inspect.Parameter(f.name, kind, default=f.default, annotation=types[f.name]) for f in fields(group)]
+    return signed(own, merged, lambda given: {name: group(**{f.name: given.pop(f.name) for f in fields(group)})
+                                              for name, group in groups.items()})
 
 
 def signed(own: Callable[..., None], parameters: list[inspect.Parameter],
