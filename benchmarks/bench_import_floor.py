@@ -7,11 +7,12 @@ The commands run in turn, round after round, as fresh processes; medians and rat
 the target's measure; the CPU time (user + system, from wait4) is printed beside it because on a loaded machine the
 wall is mostly waiting.
 
-    python benchmarks/bench_import_floor.py [--runs 5] [--only tiny|1b] [--modules] [--before COMMIT]
+    python benchmarks/bench_import_floor.py [--runs 5] [--only tiny|1b] [--modules] [--before COMMIT] [--at COMMIT]
 
 The attnscope measured is a copy of this tree's package, taken when the script starts (so an edit made while it
-runs changes nothing), put first on PYTHONPATH; with --before, a copy of the package at that commit (`git archive`)
-is timed in the same rounds. Three bytecode cases, each with its own copies:
+runs changes nothing), or with --at the package at that commit (`git archive`: a tree others are editing need not
+import), put first on PYTHONPATH; with --before, a copy of the package at that commit is timed in the same rounds.
+Three bytecode cases, each with its own copies:
 - cached: bytecode written on the untimed warm-up and read after, as a regular install (pip compiles every module
   it installs, `attnscope/**/__pycache__` included) or a second run of an editable one;
 - attnscope not cached: PYTHONDONTWRITEBYTECODE=1 and no `__pycache__` in the copy, so attnscope's modules are
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("tiny", "1b"))
     parser.add_argument("--modules", action="store_true")
     parser.add_argument("--before", metavar="COMMIT", help="also time each --text head with the package at COMMIT")
+    parser.add_argument("--at", metavar="COMMIT", help="time the package at COMMIT in place of this tree's")
     args = parser.parse_args()
     attnscope = shutil.which("attnscope") or f"{Path(PYTHON).parent}/attnscope"
     print(f"machine: {machine()}; median of {args.runs} interleaved runs after 1 warm-up, fresh process each\n")
@@ -132,7 +134,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         worst, envs = [0.0, 0.0], cases(tmp)
         for i, (case, env) in enumerate(envs.items()):
-            now = {**env, "PYTHONPATH": copy_package(tmp / f"now{i}")}
+            now = {**env, "PYTHONPATH": copy_package(tmp / f"now{i}", args.at)}
             commands = {floor: ([PYTHON, "-c", FLOOR], now), **{label: (argv, now) for label, argv in heads.items()}}
             if args.before:
                 then = {**env, "PYTHONPATH": copy_package(tmp / f"before{i}", args.before)}

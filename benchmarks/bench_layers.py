@@ -1,8 +1,11 @@
 """Across layers and at long context (docs/generation.md, docs/heads.md): three measurements.
 
     python benchmarks/bench_layers.py [--runs 3] [--only all-layers|long-tiny|long-1b] [--model DIR]
+                                      [--at COMMIT] [--before COMMIT]
 
-(`--model`: a 1.1B checkpoint already built, as bench_model_text.py builds it, in place of the cache's.)
+(`--model`: a 1.1B checkpoint already built, as bench_model_text.py builds it, in place of the cache's. `--at`:
+the package at that commit (`git archive`) in place of this tree's, first on PYTHONPATH; `--before`: all-layers
+also times the package at that commit in the same rounds.)
 
 - all-layers: `attnscope head --all-layers` on the 1.1B LLaMA-shaped checkpoint of bench_model_text.py (every
   layer streamed), as the terminal's grid and as --json (every layer's every weight written), against
@@ -24,10 +27,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _measure import PYTHON, interleaved_medians, machine, medians, python_output  # noqa: E402
+from bench_import_floor import copy_package  # noqa: E402
 from bench_model_text import CACHE, REFERENCE, llama_1b  # noqa: E402
 
 WORDS = "the cat sat on the mat because it was tired and the dog ran after it".split()
@@ -122,9 +127,19 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", choices=("all-layers", "long-tiny", "long-1b"))
     parser.add_argument("--model", type=Path, help="the 1.1B checkpoint's folder (default: built once in the cache)")
+    parser.add_argument("--at", metavar="COMMIT", help="time the package at COMMIT in place of this tree's")
+    parser.add_argument("--before", metavar="COMMIT", help="all-layers: also time the package at COMMIT")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        measure(args, Path(tmp))
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> None:
     attnscope = shutil.which("attnscope") or f"{Path(PYTHON).parent}/attnscope"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+    if args.at:
+        env["PYTHONPATH"] = copy_package(tmp / "at", args.at)
+    before = ["env", f"PYTHONPATH={copy_package(tmp / 'before', args.before)}"] if args.before else []
     print(f"machine: {machine()}; median of {args.runs} runs after 1 warm-up, fresh process each\n")
     print("| measurement | route | median wall (s) | median peak RSS (MiB) | ratios (time, memory) |")
     print("|---|---|---|---|---|")
@@ -137,11 +152,14 @@ def main() -> None:
         theirs = json.loads(subprocess.run(reference, capture_output=True, text=True, env=env, check=True).stdout)
         diff = max(abs(a - b) for ra, rb in zip(mine["all_layers"][1]["attention"][0], theirs, strict=True)
                    for a, b in zip(ra, rb, strict=True))
-        got = interleaved_medians({"attnscope": ours[:-1], "attnscope --json": ours, "transformers": reference},
-                                  runs=args.runs, env=env)
+        commands = {"attnscope": ours[:-1], "attnscope --json": ours, "transformers": reference}
+        if before:
+            commands.update({f"attnscope at {args.before}": before + ours[:-1],
+                             f"attnscope --json at {args.before}": before + ours})
+        got = interleaved_medians(commands, runs=args.runs, env=env)
         t = got["transformers"]
         label = f"--all-layers, LLaMA 1.1B, {len(mine['token_ids'])} tokens"
-        for route in ("attnscope", "attnscope --json"):  # the grid in the terminal; every weight as JSON
+        for route in (name for name in commands if name != "transformers"):  # the grid; every weight as JSON
             a = got[route]
             row(label, route, a.seconds, a.peak_mib, f"{a.seconds / t.seconds:.2f}x, {a.peak_mib / t.peak_mib:.2f}x "
                 "(targets 0.45x, 0.15x)")
