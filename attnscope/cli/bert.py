@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from attnscope.cli.head import AllHeads, AllLayers, Head, HeadSave, Layer, Text, TextFile, run_command
-from attnscope.cli.options import Debug, Force, HtmlPage, Json, MaxMemory, Svg
+from attnscope.cli.head import AllHeads, AllLayers, Head, Layer, Shown, Text, TextFile, run_command
+from attnscope.cli.options import grouped
 
 BERT_EXAMPLES = """Examples:
 
@@ -30,18 +30,12 @@ def bert(
     text_file: TextFile = None,
     all_heads: AllHeads = False,
     all_layers: AllLayers = False,
-    json: Json = False,
-    save: HeadSave = None,
-    svg: Svg = None,
-    html: HtmlPage = None,
-    force: Force = False,
-    max_memory: MaxMemory = None,
-    debug: Debug = False,
+    shown: Shown = Shown(),
 ) -> None:
     """One BERT head: its slice of the query/key/value/output weights, and (with --text) its attention."""
-    run_command("bert", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
-                force=force, max_memory=max_memory, debug=debug, text_file=text_file, all_layers=all_layers)
+    run_command("bert", model, layer, head, text, shown, all_heads=all_heads, text_file=text_file,
+                all_layers=all_layers)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("bert", epilog=BERT_EXAMPLES)(bert)
+    app.command("bert", epilog=BERT_EXAMPLES)(grouped(bert))

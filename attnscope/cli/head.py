@@ -6,6 +6,7 @@ mBART, Whisper; any other family through transformers' attention interface): its
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated
 
@@ -13,7 +14,7 @@ import typer
 
 from attnscope.cli.common import Page, exporting, max_memory_bytes
 from attnscope.cli.errors import reported
-from attnscope.cli.options import Debug, Force, HtmlPage, Json, MaxMemory, Svg, not_empty
+from attnscope.cli.options import Debug, Force, HtmlPage, Json, MaxMemory, Svg, grouped, not_empty
 
 HEAD_EXAMPLES = """Examples:
 
@@ -48,6 +49,22 @@ Audio = Annotated[str | None, typer.Option("--audio", metavar="FILE", help="Whis
 Image = Annotated[str | None, typer.Option("--image", metavar="FILE", help="A PNG or JPEG picture, read with Pillow and the model's own processor. A vision tower (ViT, DeiT, DINOv2, CLIP's, SigLIP's) reads it alone: tokens [CLS], registers reg0.., patches p(r,c), a query's row drawn over the image (--svg: the image with the weights on top). With --text on a vision-language model (Gemma 3, Llama 4, LLaVA, Qwen2.5-VL, Qwen3-VL) its tokens are placed as the model places them, labelled img(r,c), and each text query's weight on them is shown; --generate draws each new token's row over the image, --rows keeps a long prompt's rows exact (docs/vision.md).")]
 Query = Annotated[str | None, typer.Option("--query", metavar="TOKEN", help="With --image on a vision tower: the query whose row is drawn over the image (terminal, --svg, --json's image), by its label (p(3,7), [CLS], reg0) or its index; default [CLS], or every query's mean where there is none.")]
 Dense = Annotated[bool, typer.Option("--dense", help="With --text on a sparse indexer's model (DeepSeek-V3.2, GLM-5): compute the dense softmax beside the sparse one and show, per query, the share of its weight the keys the indexer selected hold (docs/modern-attention.md).", rich_help_panel="Output")]
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What head and bert show and write, declared once: each field an option (its type says how Typer reads it,
+    its default is the option's), handed to the command as one value (options.grouped)."""
+
+    json: Json = False
+    save: HeadSave = None
+    svg: Svg = None
+    html: HtmlPage = None
+    force: Force = False
+    max_memory: MaxMemory = None
+    debug: Debug = False
+
+
 MODEL_HELP = ("A folder with config.json and model.safetensors (or its shards, or pytorch_model.bin), or a Hugging "
               "Face model name found in the local cache; or a GGUF file (llama.cpp, LM Studio: FILE.gguf, a folder "
               "holding one, a split model's shard) or ollama:NAME[:TAG], read lazily.")
@@ -70,24 +87,17 @@ def head(
     query: Query = None,
     dense: Dense = False,
     check: Check = False,
-    json: Json = False,
-    save: HeadSave = None,
-    svg: Svg = None,
-    html: HtmlPage = None,
-    force: Force = False,
-    max_memory: MaxMemory = None,
-    debug: Debug = False,
+    shown: Shown = Shown(),
 ) -> None:
     """One attention head of a transformer: where it lives in the checkpoint, and (with --text) what it does."""
-    run_command("head", model, layer, head, text, all_heads=all_heads, json=json, save=save, svg=svg, html=html,
-                force=force, max_memory=max_memory, debug=debug, text_file=text_file, all_layers=all_layers,
-                generate=generate, rows=rows, target=target, attention=attention.value if attention else None,
-                audio=audio, check=check, image=image, dense=dense, query=query)
+    run_command("head", model, layer, head, text, shown, all_heads=all_heads, text_file=text_file,
+                all_layers=all_layers, generate=generate, rows=rows, target=target,
+                attention=attention.value if attention else None, audio=audio, check=check, image=image, dense=dense,
+                query=query)
 
 
-def run_command(command: str, model: str, layer: int, head: int, text: str | None, *, all_heads: bool, json: bool,
-                save: str | None, svg: str | None, html: str | None, force: bool, max_memory: str | None,
-                debug: bool, text_file: str | None = None, all_layers: bool = False, generate: int = 0,
+def run_command(command: str, model: str, layer: int, head: int, text: str | None, shown: Shown, *,
+                all_heads: bool, text_file: str | None = None, all_layers: bool = False, generate: int = 0,
                 rows: str | None = None, target: str | None = None, attention: str | None = None,
                 audio: str | None = None, check: bool = False, image: str | None = None,
                 dense: bool = False, query: str | None = None) -> None:
@@ -96,15 +106,15 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
 
     page = Page()
     smaller = "an earlier --layer, a shorter --text" + (" or a smaller --image" if image else "")
-    with reported(debug, oom_advice=f"pick {smaller}"), exporting(svg, html, force=force, json=json,
-                                                                   title=f"attnscope {command}", page=page) as out:
+    with reported(shown.debug, oom_advice=f"pick {smaller}"), exporting(
+            shown.svg, shown.html, force=shown.force, json=shown.json, title=f"attnscope {command}", page=page) as out:
         from attnscope.runs.head import HeadOptions, run_head
 
-        options = HeadOptions(model=model, layer=layer, head=head, text=text, save=save, force=force,
-                              max_memory=max_memory_bytes(max_memory), command=command, all_heads=all_heads,
+        options = HeadOptions(model=model, layer=layer, head=head, text=text, save=shown.save, force=shown.force,
+                              max_memory=max_memory_bytes(shown.max_memory), command=command, all_heads=all_heads,
                               all_layers=all_layers, generate=generate, text_file=text_file, rows=rows,
                               target=target, attention=attention, audio=audio, check=check, image=image,
-                              dense=dense, query=query, terminal_only=not json and html is None)
+                              dense=dense, query=query, terminal_only=not shown.json and shown.html is None)
         status = render.console(stderr=True)
         if status.is_terminal:  # a spinner while it reads and runs, counting layers and tokens; nothing on a pipe
             from attnscope.render.progress import Spinner
@@ -112,7 +122,7 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
             result = run_head(options, progress=Spinner(status))
         else:
             result = run_head(options)
-        if html:  # the explorer page, made only for --html (views/sources.py)
+        if shown.html:  # the explorer page, made only for --html (views/sources.py)
             from attnscope.views.sources import from_head
 
             page.of(result, from_head)
@@ -120,7 +130,7 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
             from attnscope.render.overlay import overlay_svg
 
             page.svg = lambda: overlay_svg(result)
-        if json:
+        if shown.json:
             render.emit_json(render.head_json(result))
         else:
             render.show_head(out, result)
@@ -129,4 +139,4 @@ def run_command(command: str, model: str, layer: int, head: int, text: str | Non
 
 
 def register(app: typer.Typer) -> None:
-    app.command("head", epilog=HEAD_EXAMPLES)(head)
+    app.command("head", epilog=HEAD_EXAMPLES)(grouped(head))
