@@ -236,7 +236,7 @@ class GatedAttention(MultiHeadAttention):
         import torch
 
         from attnscope import cost
-        from attnscope.attention.dot_product import sdpa_steps
+        from attnscope.attention.multihead import attend
         from attnscope.attention.stages import heads_last, merge_heads
         from attnscope.trace import Trace, discard
 
@@ -245,22 +245,23 @@ class GatedAttention(MultiHeadAttention):
             mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
         spec = self.spec if cache is None else self.spec.with_cache(cache[0].shape[-2])  # new tokens after the cache
         trace = Trace()
-        add = trace.add if self.record else discard
-        q, k, v, names = self._heads(add, Q, Q, Q, cache, spec)  # projected, qk-normed, rotated, the cache joined
-        spec, width = self._sdpa_spec(spec), "n_head·d_head"
-        if self.record:  # scores ... x_raw [n_batch, n_head, n_Q, d_head], then the heads side by side again
-            x_raw = sdpa_steps(trace, q, k, v, mask, names, spec, enable_gqa=self.n_group > 1)
-            heads = add("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_head"),
+        rec = trace if self.record else discard
+        q, k, v, names = self._heads(rec, Q, Q, Q, cache, spec)  # projected, qk-normed, rotated, the cache joined
+        # scores ... x_raw [n_batch, n_head, n_Q, d_head] (unrecorded: eager attention by blocks of query rows)
+        x_raw = attend(rec, q, k, v, mask, names, self.sdpa_spec(spec), n_group=self.n_group)
+        width = "n_head·d_head"
+        if self.record:  # the heads side by side again: x_rsh2 [n_batch, n_Q, n_head·d_head]
+            heads = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_head"),
                         "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
-            merged = add("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", self._width("n_head")),  # [.., n_head·d_head]
+            merged = rec("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", self._width("n_head")),
                          f"x_rsh1.view(n_batch, -1, {self._width('n_head')})", allocates=False, inputs=("x_rsh1",))
-        else:  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head·d_head]
-            merged = merge_heads(self._fused(q, k, v, mask, 0.0, spec))
+        else:
+            merged = merge_heads(x_raw)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head·d_head]
         gate = self.W_gate(Q)  # [n_batch, n_Q, n_head·d_head]
-        gate = add("gate", torch.sigmoid(gate), ("n_batch", "n_Q", width), "sigmoid(W_gate(Q))",
+        gate = rec("gate", torch.sigmoid(gate), ("n_batch", "n_Q", width), "sigmoid(W_gate(Q))",
                    cost.linear_flops(gate.shape, Q.shape[-1], self.W_gate.bias is not None) + gate.numel(),
                    inputs=("Q",))
-        x_gated = add("x_gated", merged * gate, ("n_batch", "n_Q", width), "x_rsh2 * gate", merged.numel(),
+        x_gated = rec("x_gated", merged * gate, ("n_batch", "n_Q", width), "x_rsh2 * gate", merged.numel(),
                       inputs=("x_rsh2", "gate"))
         x = self.W_o(x_gated)  # [n_batch, n_Q, d_feat]
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_gated)",
