@@ -110,12 +110,12 @@ class AttnscopeGroup(TyperGroup):
         if self.epilog:
             self.format_help = types.MethodType(_format_help_fitted, self)  # type: ignore[method-assign]
 
-    def get_params(self, ctx: typer.Context) -> list[Any]:
+    def get_params(self, ctx: Any) -> list[Any]:  # a click Context (typer vendors click: its own class)
         params = super().get_params(ctx)  # the completion options are added after __init__
         _flags_as_flags(params)
         return params
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # the names alone: Typer's lists them by building each
 
 
