@@ -89,7 +89,7 @@ class Recorder:
     notes: list[str] = field(default_factory=list)
     stop: bool = True
     patterns: dict[int, torch.Tensor] | None = None
-    watched: set[int] = field(default_factory=set)  # the modules interface_check.py hooks (by id)
+    watched: set[Any] = field(default_factory=set)  # the modules interface_check.py hooks
     caller: Any = None  # the module whose recorded call waits for interface_check.py's check when it returns
     caller_layer: int = -1  # the layer its call was recorded as: its layer_idx, else the call's order in the forward
     failure: Failure | None = None  # the first layer whose module the trace does not reproduce
@@ -143,7 +143,7 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
         recorder.notes.extend(f"layer {index}: {note}" for note in recorded.layer.notes if "differ" in note)
     if index == recorder.layer:
         recorder.recorded = recorded
-    if id(module) in recorder.watched:  # interface_check.py checks the module's output as it returns (and stops there)
+    if module in recorder.watched:  # interface_check.py checks the module's output as it returns (and stops there)
         recorder.caller, recorder.caller_layer = module, index
         steps = recorded.layer  # the module's output made from the recorded steps: [n_batch, n_tokens, n_head, d]
         # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]

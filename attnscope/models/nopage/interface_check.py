@@ -69,20 +69,20 @@ def watching(model: Any, recorder: Recorder) -> Iterator[None]:
     """Hooks on `model`'s modules holding a `config`: each call's inputs kept (and, by its `layer_idx`, its
     layer's cache entry copied), and after a module the interface recorded from returns, `check`."""
     handles = []
-    inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any], Any]] = {}
-    paths: dict[int, str] = {}  # a module's name in the model, for a failure's note where it has no layer_idx
+    inputs: dict[Any, tuple[tuple[Any, ...], dict[str, Any], Any]] = {}  # by module: its call's inputs
+    paths: dict[Any, str] = {}  # a module's name in the model, for a failure's note where it has no layer_idx
 
     def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        inputs[id(module)] = (args, kwargs, _cache_entry(module, _cache_of(args, kwargs)))
+        inputs[module] = (args, kwargs, _cache_entry(module, _cache_of(args, kwargs)))
 
     def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        kept = inputs.pop(id(module), None)  # held no longer than the call: a long input's activations go
+        kept = inputs.pop(module, None)  # held no longer than the call: a long input's activations go
         if recorder.caller is not module:
             return
         recorder.caller = None
         # a cache this check cannot copy is left unchecked: no module runs twice on it
         if kept is not None and recorder.failure is None and (_cache_of(*kept[:2]) is None or kept[2] is not None):
-            recorder.failure = check(module, kept, output, recorder.caller_layer, paths.get(id(module), ""))
+            recorder.failure = check(module, kept, output, recorder.caller_layer, paths.get(module, ""))
             recorder.checked += 1
         if recorder.stop and recorder.recorded is not None:
             from attnscope.models.nopage.interface import Reached
@@ -93,9 +93,9 @@ def watching(model: Any, recorder: Recorder) -> Iterator[None]:
         if hasattr(module, "config"):  # named_modules names a module shared by layers (ALBERT's) once
             handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
             handles.append(module.register_forward_hook(after, with_kwargs=True))
-            recorder.watched.add(id(module))
+            recorder.watched.add(module)
             if not isinstance(getattr(module, "layer_idx", None), int):
-                paths[id(module)] = name
+                paths[module] = name
     try:
         yield
     finally:
