@@ -146,3 +146,21 @@ def test_json_and_save_keep_the_whole_path(models, runner, monkeypatch, tmp_path
     payload = json.loads(result.stdout)
     assert len(payload["all_layers"]) == 2 and len(payload["all_layers"][0]["attention"][0]) == len(payload["tokens"])
     assert "rollout" in payload
+
+
+def test_memory_guard_counts_what_a_streamed_run_holds(models, monkeypatch):
+    """The guard's estimate (runs/beyond_layer.py) drops every layer's patterns and adds the rollout's chains."""
+    from attnscope.models.config import read_config
+    from attnscope.models.families import open_model
+    from attnscope.runs import beyond_layer
+
+    path = models("gguf")[0]
+    model = open_model(path, read_config(path), command="head")
+    asked = HeadOptions(model=str(path), layer=1, text=TEXT, all_layers=True, terminal_only=True)
+    plan = beyond_layer.Plan(False, 1000)
+    monkeypatch.setattr(streamed_layers, "STREAM_BYTES", 1 << 62)
+    whole = beyond_layer.estimate_bytes(asked, model, plan)
+    monkeypatch.setattr(streamed_layers, "STREAM_BYTES", -1)
+    streamed = beyond_layer.estimate_bytes(asked, model, plan)
+    cells = model.n_layer * model.n_head - streamed_layers.kept_cells(model)  # [n, n] float32 tensors not held
+    assert whole - streamed == 4 * 1000 * 1000 * cells

@@ -121,6 +121,10 @@ def estimate_bytes(asked: HeadOptions, model: Family, plan: Plan) -> int:
         largest = max(model.weight_bytes(index, only=True) for index in range(model.n_layer))
         cache = 2 * 4 * n * sum(d * n_kv for d, n_kv in map(model.layer_sizes, range(model.n_layer)))
         kept = model.n_layer * model.n_head if asked.all_layers else 0
+        from attnscope.runs import streamed_layers
+
+        if streamed_layers.streams(asked, model, plan.n_tokens):  # each layer read as it comes, not kept
+            kept = streamed_layers.kept_cells(model)
         return memory.whole(memory.Footprint(largest, 40 * model.d_model, 4 * model.n_head + kept), n, cache)
     return model.estimate_bytes(asked.layer, n)
 

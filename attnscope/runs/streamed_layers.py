@@ -33,6 +33,13 @@ def streams(asked: HeadOptions, model: Family, n_tokens: int) -> bool:
             and not asked.check and kept_bytes(model, n_tokens) > STREAM_BYTES)
 
 
+def kept_cells(model: Family) -> int:
+    """The float32 `[n, n]` tensors a streamed run holds besides the layer that runs (models/memory.py's cells):
+    layer L's scores, masked scores and pattern, every head's, and the rollout's three chains (rollout.LastRows:
+    n(n + 1)/2 numbers a layer each, about half a matrix)."""
+    return 3 * model.n_head + (3 * model.n_layer + 1) // 2
+
+
 def run_streamed(model: Family, result: HeadResult, progress: Progress) -> None:
     """Every layer on the text, its readings into `result` as `layer_heads` and the rollout's last rows (as
     runs/beyond_layer.py's `layer_heads` gives them for the terminal), `layer_patterns` left None."""
