@@ -176,7 +176,7 @@ CASES = [
     ("LitGPTAttention", ("--causal",), "looked up in the projection's output", litgpt),
     ("FalconAttention", ("--causal",), None, falcon),
     ("FlashMHA", ("--causal", "--init", "causal=True"),
-     "[n_batch, n_K] key padding, key 3 of the first sequence padded by trace", flash),
+     "[n_batch, n_K] key padding, keys 3, 4 of the first sequence padded by trace", flash),
     ("BertSelfAttention", (), "no output projection", bert),
     ("GroupedEinsum", ("--causal",), None, grouped),
     ("T5Attention", ("--scale", "1"), None, t5),

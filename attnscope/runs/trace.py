@@ -140,7 +140,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
     def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
         inputs = make_inputs(asked, plan, shapes, weighted,
                              guard=lambda sizes: _guard(asked, spec, sizes, weighted is not None))
-        fed = feeds(plan, inputs, spec.rope_base, spec.rope_pairing)
+        fed = feeds(plan, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias)
         return (inputs, fed, *_call(asked, target, fn, plan, inputs, module, fed))
 
     inputs, fed, called, convention = attempt(o)
@@ -203,7 +203,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
             shapes = _with_width(shapes, width if width != shapes.fixed.get("d_feat") else None)
             inputs, fed, called, convention = again()
             laid = "[.., n_Q, d_head]" if o.layout != "col" else "[.., d_head, n_Q]"
-            laid = f"[.., {heads}, {laid[5:]}" if heads > 1 or o.layout != "col" else "no head axis: one head"
+            laid = f"[.., {heads}, {laid[5:]}" if heads > 1 else "no head axis: one head"
             first_notes.append(f"n_head = {heads}, read from the queries your code hands the scores (line {line}: "
                                f"{laid}); nothing else in the module says it (--heads does)")
             run.notes.insert(len(first_notes) - 1, first_notes[-1])
@@ -224,6 +224,22 @@ def run_trace(o: TraceOptions) -> TraceRun:
             inputs, fed, called, convention = again()
             if called.failure is None:
                 lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
+        if lined.divergence is not None and _columns_possible(o, weighted):
+            # code that runs on rows too (weightless self-attention: Xᵀ X is [d, d] on rows) yet lines up only on
+            # columns: the column convention, read from what it computes
+            found = _column_form(o, attempt)
+            col_spec = dataclasses.replace(spec, layout="col")
+            col_lined = line_up(weighted, shapes, found[1][0], found[1][2].records, o.train, col_spec) \
+                if found is not None else None
+            if found is not None and col_lined is not None and col_lined.divergence is None \
+                    and col_lined.no_reference is None:
+                o, (inputs, fed, called, convention), spec, lined = found[0], found[1], col_spec, col_lined
+                run.notes[:] = first_notes + inputs.notes + plan_notes(plan, inputs) + [_lined_note(o)]
+                if convention is not None:
+                    run.notes.append(convention.note(plan.mask or "mask"))
+                run.header = _header(target, label, plan, inputs, mode, spec)
+                run.header[-1] += "" if o.q else f"  seed={o.seed}"
+                run.params = _params(o, target, kwargs, inputs)
         if lined.divergence is not None and o.qk_norm is None and weighted is not None and o.layout != "col":
             own = _own_qk_norm(weighted, shapes, inputs, called.records, o.train, spec, lined)
             if own is not None:  # the code normalizes q and k itself: its convention, read by experiment
@@ -393,8 +409,8 @@ def _heads_from_run(records: list[Record], d_feat: int | None, col: bool = False
                     n_batch: int | None = None) -> tuple[int, int] | None:
     """n_head as the code's own queries say it, and their line: the scores' left operand (a kernel's q) laid out
     [n_batch, n_head, n_Q, d_head], its heads times d_head the module's width; None where they are laid out
-    otherwise (heads folded into the batch, grouped in five axes). `col`: the column form's queries, [n_batch,
-    n_head, d_head, n_Q], or one head where they have no head axis ([n_batch, d_attn, n_Q], [d_attn, n_Q])."""
+    otherwise (heads folded into the batch, grouped in five axes); one head where they have no head axis
+    ([n_batch, n_Q, d_attn], [n_Q, d_attn]). `col`: the column form's queries, [n_batch, n_head, d_head, n_Q]."""
     from attnscope.usertrace.flow import operands
 
     found = operands(records)
@@ -402,8 +418,8 @@ def _heads_from_run(records: list[Record], d_feat: int | None, col: bool = False
         return None
     q = records[found[0]]
     shape = tuple(q.tensor.shape)
-    if col and (len(shape) == 2 and n_batch is None or len(shape) == 3 and shape[0] == n_batch):
-        return 1, q.line
+    if len(shape) == 2 and n_batch is None or len(shape) == 3 and shape[0] == n_batch:
+        return 1, q.line  # no head axis (and no heads folded into the batch): one head
     if len(shape) != 4 or shape[1] * shape[2 if col else 3] != d_feat or shape[1] < 1:
         return None
     return int(shape[1]), q.line
@@ -419,6 +435,14 @@ def _heads_from_weights(module: Any) -> tuple[int, str, tuple[int, ...]] | None:
     if not stacks or len({shape[0] for _, shape in stacks}) != 1 or stacks[0][1][0] < 1:
         return None
     return stacks[0][1][0], stacks[0][0], stacks[0][1]
+
+
+def _lined_note(o: TraceOptions) -> str:
+    """The note for code that runs on rows but lines up only on columns."""
+    shape = "[n_batch, d, n]" if o.batch != 0 else "[d, n]"
+    return ("your code runs on rows [.., n, d] but lines up with the reference only on columns "
+            f"{shape}, one token a column: read as the column convention (scores Kᵀ Q [.., n_K, n_Q], softmax over "
+            "the keys, dim -2), a convention, not a mistake (--layout col says it)")
 
 
 def _weights_note(module: Any) -> str:
@@ -491,7 +515,8 @@ def _column_note(failed: Failure, o: TraceOptions, weighted: bool) -> str:
     shape = ("[n_batch, d_feat, n]" if weighted else "[n_batch, d, n]") if o.batch != 0 else (
         "[d_feat, n]" if weighted else "[d, n]")
     return (f"your code failed on rows [.., n, d] ({where}{failed.message}) and runs on columns {shape}, one token a "
-            "column: read as the column convention (W @ x, scores Kᵀ Q [.., n_K, n_Q], softmax over the keys, dim "
+            f"column: read as the column convention ({'W @ x, ' if weighted else ''}scores Kᵀ Q [.., n_K, n_Q], "
+            "softmax over the keys, dim "
             "-2), a convention, not a mistake; the reference is the row form's on your inputs transposed, its steps "
             "transposed back (--layout col says it)")
 

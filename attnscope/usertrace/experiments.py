@@ -89,7 +89,9 @@ def _scaled(b: Base, scale: float, how: str, fits: Callable[[Base, Reproduced], 
 
 
 def _scale_none(b: Base) -> Iterator[Trial]:
+    """No scale; or, where --scale gives the model's own (T5's 1), the usual 1/√d_head in its place."""
     yield from _scaled(b, 1.0, "not scaled at all")
+    yield from _scale_default(b)
 
 
 def _scale_twice(b: Base) -> Iterator[Trial]:
@@ -122,6 +124,14 @@ def _scale_multiplied(b: Base) -> Iterator[Trial]:
     yield from _scaled(b, math.sqrt(d), f"multiplied by √{name} = {_root(d)}")
 
 
+def _scale_default(b: Base) -> Iterator[Trial]:
+    """1/√d_head where --scale says the model's scale is another (T5's 1, Gemma 2's query_pre_attn_scalar)."""
+    if b.ctx.spec is None or b.ctx.spec.scale is None:
+        return
+    name, d = _d(b)
+    yield from _scaled(b, 1 / math.sqrt(d), f"divided by √{name} = {_root(d)}")
+
+
 def _right_before(b: Base, r: Reproduced) -> bool:
     """The user's code held the right scores before it scaled them again."""
     from attnscope.usertrace.rerun import _held
@@ -138,9 +148,12 @@ def _softmax_axis(b: Base) -> Iterator[Trial]:
         where = dims[axis]
         said = f"dim={axis}" if not b.col else f"dim={-3 - axis if axis > -3 else axis}"
         keys = "dim=-2 of scores [.., n_K, n_Q]" if b.col else "dim=-1 of scores [.., n_Q, n_K]"
-        yield Trial(replay(b, softmax_dim=axis), f"the softmax ran over {where}, not over n_K ({said} where the "
-                    f"keys' axis is {keys}): {{who}} equals the reference's attention with "
-                    f"the softmax over {where}, so it sums to 1 over {where} rather than over the keys")
+        words = (f"the softmax ran over {where}, not over n_K ({said} where the keys' axis is {keys}): {{who}} "
+                 f"equals the reference's attention with the softmax over {where}, so it sums to 1 over {where} "
+                 "rather than over the keys")
+        yield Trial(replay(b, softmax_dim=axis), words)
+        if _masked(b):  # masked with a large finite number (-1e9): a column masked whole is uniform, not NaN
+            yield Trial(replay(b, softmax_dim=axis, mask="finite"), words)
 
 
 # --- masks ----------------------------------------------------------------------------------------------------
@@ -189,23 +202,68 @@ def _by_mul(r: Reproduced) -> bool:
 
 
 def _off_by_one(b: Base) -> Iterator[Trial]:
+    """The band one key wider or narrower at its right edge (a causal `tril` of diagonal 1 or -1), at its left edge
+    (a sliding window of W + 1 or W - 1 keys, `triu(diagonal=-W)`), or at both (a bidirectional window written with
+    `<` for `<=`); each run only where it changes the mask."""
     if not _masked(b):
         return
     assert b.allowed is not None
     allowed = b.allowed
-    left = torch.zeros_like(allowed[..., :1])
-    wider = allowed | torch.cat((left, allowed[..., :-1]), dim=-1)  # each allowed cell lets the key after it in
-    narrower = allowed & torch.cat((allowed[..., 1:], left), dim=-1)  # a cell stays where the next key is allowed
-    for changed, words in ((wider, "the causal band is off by 1: each query also sees the next key after it; {who} "
-                            "is what the reference computes with the band one key wider, `tril(..., "
-                            "diagonal=1)` where a "
-                            "causal mask is `tril(...)`, diagonal=0"),
-                           (narrower, "the mask is off by one the other way: it masks the diagonal: no query may see "
-                            "its own key; {who} is what the reference computes with the band one key narrower, "
-                            "`tril(..., diagonal=-1)` where a causal mask is `tril(...)`, diagonal=0 (a first query "
-                            "then sees no key: NaN)")):
-        if not bool(torch.equal(changed, allowed)):
+    off = torch.zeros_like(allowed[..., :1])
+    after = torch.cat((off, allowed[..., :-1]), dim=-1)  # True where the key before is allowed
+    before = torch.cat((allowed[..., 1:], off), dim=-1)  # True where the key after is allowed
+    window = "the window" if _has_left_edge(allowed) else "the mask's band"
+    left = ("{who} is what the reference computes with the band one key {how} on the left (a sliding window of W "
+            "keys is `triu(..., diagonal=-(W - 1))` on the causal mask, query i seeing keys i - W + 1 to i)")
+    both = ("{{who}} is what the reference computes with the band one key {how} on each side (a window of "
+            "`|i - j| <= w` is the reference's --window 2w --window-side both)")
+    band = _band(allowed)
+    changes = [(allowed | after, "the causal band is off by 1: each query also sees the next key after it; {who} is "
+                "what the reference computes with the band one key wider, `tril(..., diagonal=1)` where a causal "
+                "mask is `tril(...)`, diagonal=0"),
+               (allowed & before, "the mask is off by one the other way: it masks the diagonal: no query may see its "
+                "own key; {who} is what the reference computes with the band one key narrower, `tril(..., "
+                "diagonal=-1)` where a causal mask is `tril(...)`, diagonal=0 (a first query then sees no key: NaN)")]
+    if band is not None:  # a band lo <= j - i <= hi: its left edge moved, or both
+        rel, lo, hi = band
+        changes += [((rel >= lo - 1) & (rel <= hi), f"{window} is off by 1: each query also sees one key further "
+                     "back than the reference lets it; " + left.replace("{how}", "wider")),
+                    ((rel >= lo + 1) & (rel <= hi), f"{window} is off by 1 the other way: each query sees one key "
+                     "fewer back than the reference lets it; " + left.replace("{how}", "narrower")),
+                    ((rel >= lo - 1) & (rel <= hi + 1), f"{window} is off by 1 on both sides: each query also sees "
+                     "one key more each way (`<=` where `<` was meant); " + both.format(how="wider")),
+                    ((rel >= lo + 1) & (rel <= hi - 1), f"{window} is off by 1 on both sides: each query sees one "
+                     "key fewer each way (`|i - j| < w` where `|i - j| <= w` is meant); "
+                     + both.format(how="narrower"))]
+    tried: list[torch.Tensor] = []
+    for changed, words in changes:
+        changed = changed.expand_as(allowed)
+        if not bool(torch.equal(changed, allowed)) and not any(bool(torch.equal(changed, t)) for t in tried):
+            tried.append(changed)
             yield Trial(replay(b, allowed=changed), words)
+
+
+def _band(allowed: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
+    """The mask as a band of diagonals, lo <= j - i <= hi (aligned upper-left or lower-right), the same for every
+    sequence and head, with a left edge inside the matrix: (j - i, lo, hi); None for any other mask."""
+    n_Q, n_K = allowed.shape[-2:]
+    if allowed.dim() > 2 and not bool((allowed == allowed.reshape(-1, n_Q, n_K)[:1]).all()):
+        return None
+    cells = allowed.reshape(-1, n_Q, n_K)[0]
+    if not bool(cells.any()):
+        return None
+    for shift in dict.fromkeys((0, n_K - n_Q)):
+        rel = torch.arange(n_K)[None, :] - torch.arange(n_Q)[:, None] - shift
+        lo, hi = int(rel[cells].min()), int(rel[cells].max())
+        if bool(torch.equal((rel >= lo) & (rel <= hi), cells)) and lo > int(rel.min()):
+            return rel, lo, hi
+    return None
+
+
+def _has_left_edge(allowed: torch.Tensor) -> bool:
+    """Whether a row's first allowed key comes after a masked one (a window, not a causal band from key 0)."""
+    first = allowed.int().argmax(dim=-1)
+    return bool(((first > 0) & allowed.any(dim=-1)).any())
 
 
 def _on_queries(b: Base) -> Iterator[Trial]:
@@ -239,18 +297,34 @@ def _rule(b: Base) -> torch.Tensor | None:
 
 
 def _upper_left(b: Base) -> Iterator[Trial]:
+    """The causal mask aligned to the other corner where n_Q ≠ n_K: upper-left (`is_causal=True`) where the
+    reference's is lower-right (a decode step, or --causal lower-right), or lower-right where --causal upper-left
+    asks for the top-left corner; a key padding the reference holds kept."""
     if not _masked(b) or b.n_Q == b.n_K:
         return
     assert b.allowed is not None
-    upper_left = torch.ones(b.n_Q, b.n_K, dtype=torch.bool).tril()  # query i sees keys 0..i
     shift = b.n_K - b.n_Q
-    yield Trial(replay(b, allowed=upper_left.expand_as(b.allowed)), f"the causal mask is aligned upper-left in a "
-                f"decode step: {{who}} is what the reference computes where query i sees keys 0 to i, but the "
-                f"{b.n_Q} new "
-                f"queries come after {shift} earlier keys, so query i sees keys 0 to {shift} + i (lower-right). "
-                "F.scaled_dot_product_attention's is_causal=True aligns its mask to the top-left corner: pass "
-                "is_causal=False with a lower-right mask (torch.nn.attention.bias.causal_lower_right, or "
-                "tril(ones(n_Q, n_K), diagonal=n_K - n_Q))")
+    upper = torch.ones(b.n_Q, b.n_K, dtype=torch.bool).tril()  # query i sees keys 0..i
+    lower = torch.ones(b.n_Q, b.n_K, dtype=torch.bool).tril(diagonal=shift)  # query i sees keys 0..shift + i
+    ours, theirs = (upper, lower) if not bool((b.allowed & ~upper).any()) else (lower, upper)
+    if bool((b.allowed & ~ours).any()):  # the reference's mask is no causal band of either corner
+        return
+    padded = (ours & ~b.allowed).any(dim=-2, keepdim=True)  # keys masked where the band would let them in
+    changed = (theirs & ~padded).expand_as(b.allowed)
+    if theirs is upper:
+        where = "in a decode step" if b.n_cache else f"where the {b.n_Q} queries are the last of {b.n_K} keys"
+        words = (f"the causal mask is aligned upper-left {where}: {{who}} is what the reference computes where query "
+                 f"i sees keys 0 to i, but the {b.n_Q} new queries come after {shift} earlier keys, so query i sees "
+                 f"keys 0 to {shift} + i (lower-right). F.scaled_dot_product_attention's is_causal=True aligns its "
+                 "mask to the top-left corner: pass is_causal=False with a lower-right mask "
+                 "(torch.nn.attention.bias.causal_lower_right, or tril(ones(n_Q, n_K), diagonal=n_K - n_Q))")
+    else:
+        words = (f"the causal mask is aligned lower-right where --causal upper-left asks for the top-left corner: "
+                 f"{{who}} is what the reference computes where query i sees keys 0 to {shift} + i (the last query "
+                 "every key: flash-attn's and x-transformers' alignment), where upper-left query i sees keys 0 to i "
+                 "(F.scaled_dot_product_attention's is_causal=True); --causal lower-right if that alignment is meant")
+    if not bool(torch.equal(changed, b.allowed)):
+        yield Trial(replay(b, allowed=changed), words)
 
 
 # --- keys and values ------------------------------------------------------------------------------------------
@@ -278,6 +352,10 @@ def _values_from_keys(b: Base) -> Iterator[Trial]:
     words = ("the values are the keys: {who} is what the reference computes with V = K{how}, as though the value "
              "projection were the key one (`v = k`, or `self.k_proj(x)` twice)")
     yield Trial(replay(b, v_new=b.k_new), words.replace("{how}", ""))
+    # the keys as code that splits the scale between q and k holds them (Whisper's k · d_head^-0.25)
+    yield Trial(replay(b, v_new=b.k_new * math.sqrt(b.scale)), words.replace(
+        "{how}", f" scaled as your keys are, K · √scale = K · {math.sqrt(b.scale):.4g} (the scale split between q "
+        "and k)"))
     plain_k = b.plain("K")
     if _rope(b) is not None and plain_k is not None:
         yield Trial(replay(b, v_new=plain_k), words.replace("{how}", " before RoPE"))
@@ -302,17 +380,21 @@ def _tiled(b: Base, repeated: bool) -> Iterator[Trial]:
                  f"h·{b.n_group} + {b.n_group - 1} share key/value head h, so view q as [n_batch, n_kv_head, n_group, "
                  "n_Q, d_head] (transformers' repeat_kv order)")
     yield Trial(replay(b, repeat="tile"), words, fits=lambda b, r: _materializes_repeat(b) == repeated)
+    if not repeated:  # the grouped result merged back in its own order, [.., n_kv_head, n_group, ..]: the output
+        # projection then reads query head g·n_kv_head + kv at kv·n_group + g, as though q's heads were reordered
+        order = torch.arange(b.q.shape[-3]).view(b.n_group, n_kv).t().reshape(-1)
+        yield Trial(replay(b, q=b.q.index_select(-3, order)), words, fits=lambda b, r: not _materializes_repeat(b))
 
 
 def _materializes_repeat(b: Base) -> bool:
     if "K_rep" not in b.ref:
         return False
-    shape = tuple(_out(b, "K_rep").shape)
-    records = b.ctx.records
-    return any(tuple(r.tensor.shape) == shape and (r.func in ("repeat", "repeat_interleave", "expand", "index_select",
-                                                                "cat", "tile")
-                                                     or r.func in ("reshape", "view", "flatten") and r.parents
-                                                     and records[r.parents[0]].func == "expand")
+    shape = sorted(_out(b, "K_rep").shape)  # in any order: [.., n_head, n, d], or [.., n, n_head, d] repeated
+    records = b.ctx.records                 # before the transpose (Mistral's repeat_kv on dim=2)
+    return any(sorted(r.tensor.shape) == shape
+               and (r.func in ("repeat", "repeat_interleave", "expand", "index_select", "cat", "tile")
+                    or r.func in ("reshape", "view", "flatten") and r.parents
+                    and records[r.parents[0]].func == "expand")
                for r in records)
 
 
@@ -531,7 +613,8 @@ def _on_values(b: Base) -> Iterator[Trial]:
     rope = _rope(b)
     if rope is None or b.v_new.shape[-1] % 2:
         return
-    yield Trial(replay(b, v_new=_rotate(b.v_new, rope.k_pos, rope.base, rope.pairing)), "RoPE applied to the "
+    yield Trial(replay(b, v_new=_rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, rotary=rope.rotary)),
+                "RoPE applied to the "
                 "values: {who} is what the reference computes with V rotated as the keys are; RoPE rotates only the "
                 "queries and the keys (their dot products then depend on the distance i − j), the values are "
                 "taken as they are")
@@ -727,8 +810,9 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("rope.pairing", "RoPE", "the other pairing, or tables of one pairing with the other's rotation",
                _pairing),
     Experiment("rope.positions", "RoPE", "a decode step's new tokens rotated from position 0", _positions),
-    Experiment("rope.base", "RoPE", "another base (rope_theta)", _base),
+    # rope.fraction before rope.base: frequencies over the whole head turn as base^fraction over the rotated part
     Experiment("rope.fraction", "RoPE", "only a fraction of each head rotated (rotary_pct)", _fraction),
+    Experiment("rope.base", "RoPE", "another base (rope_theta)", _base),
     Experiment("rope.not_applied", "RoPE", "queries and keys never rotated", _not_applied),
     Experiment("rope.untold", "RoPE", "RoPE the reference was not told of (--rope)", _untold),
     Experiment("rope.on_values", "RoPE", "the values rotated as the keys are", _on_values),
@@ -739,7 +823,8 @@ CATALOG: tuple[Experiment, ...] = (
                lambda b: _tiled(b, True)),
     Experiment("gqa.group_order", "grouped-query", "a grouped einsum with the query heads in the wrong order",
                lambda b: _tiled(b, False)),
-    Experiment("scale.none", "scale", "scores not scaled", _scale_none),
+    Experiment("scale.none", "scale", "scores not scaled (or 1/√d_head where --scale gives the model's own)",
+               _scale_none),
     Experiment("scale.twice", "scale", "scores scaled twice", _scale_twice),
     Experiment("scale.d_head", "scale", "scores divided by d_head, not √d_head", _scale_d),
     Experiment("scale.d_model", "scale", "scores divided by √d_model, not √d_head", _scale_d_model),

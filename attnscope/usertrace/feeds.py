@@ -8,6 +8,7 @@ RoPE's tables (--rope), each in the form the code that passes them in writes it.
   LLMs-from-scratch's `compute_rope_params` makes them; the code slices its positions out;
 - `freqs_cis`: complex `[n_Q, d_head / 2]` for the new positions, as Meta's `precompute_freqs_cis` sliced by
   `Transformer.forward` (`freqs_cis[start_pos : start_pos + seqlen]`);
+- a position bias (`position_bias`, T5's): --position-bias's tensor, `[.., n_Q, n_K]` as the file holds it;
 - `position_embeddings`: `(cos, sin)`, each `[n_batch, n_Q, d_head]` for the new positions, as transformers'
   `LlamaRotaryEmbedding` hands them to `LlamaAttention.forward`.
 The tables use the reference's base (--rope-base), so what they cannot tell apart is the user's pairing and
@@ -35,11 +36,23 @@ class Feeds:
     labels: dict[int, str] = field(default_factory=dict)  # id(tensor) -> how ops name it
 
 
-def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "half-split") -> Feeds:
+def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "half-split",
+          position_bias: torch.Tensor | None = None) -> Feeds:
     import torch
 
     out = Feeds()
     sizes = inputs.sizes
+    if plan.bias is not None:
+        if position_bias is None and plan.bias_required:
+            raise UsageError(f"{plan.bias}: your code adds a position bias to the scores; give the one it is meant to "
+                             "add with --position-bias FILE ([.., n_Q, n_K], T5's)")
+        out.values[plan.bias] = position_bias
+        if position_bias is not None:
+            bias = position_bias.to(next(iter(inputs.tensors.values())).dtype)
+            out.values[plan.bias] = bias
+            out.steps.append((plan.bias, bias, (*("?",) * (bias.dim() - 2), "n_Q", "n_K"),
+                              "input: --position-bias, added to the scores"))
+            out.labels[id(bias)] = plan.bias
     n_cache = sizes.get("n_cache", 0)
     if plan.cache is not None:
         out.values[plan.cache] = inputs.cache

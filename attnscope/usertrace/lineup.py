@@ -134,7 +134,9 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     base_free = default and declared is None
     for other, said in conventions.readings(spec, first.trace, first.rows, records, base_free):
         again = _line_up(module, shapes, inputs, records, train, other)
-        if again.no_reference is None and _reached(again) > reached:  # the code's tensors say it, further on
+        if again.no_reference is None and (_reached(again) > reached or _reached(again) == reached
+                                            and _better(again, best)):
+            # the code's tensors say it, further on, or where a rerun then names the mistake at the same step
             best, best_said, reached = again, said, _reached(again)
             if again.divergence is None:
                 break

@@ -29,6 +29,9 @@ from attnscope.errors import AttnscopeError, UsageError
 from attnscope.usertrace.initargs import build
 
 MASK_WORDS = ("mask",)
+# A bias added to the scores: a position bias (T5's `position_bias`) gets --position-bias's tensor; any other (xformers'
+# `attn_bias`, an additive mask) is fed as a mask is, in the convention its code reads.
+POSITION_BIAS_WORDS = ("position_bias", "pos_bias", "rel_bias", "relative_bias")
 DROPOUT_WORDS = ("dropout",)
 # A decode step's parameters (--cache N): the cached keys and values, and the position of the first new token.
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past", "past_kv", "past")
@@ -79,6 +82,8 @@ class Plan:
     cache: str | None = None  # gets (K_cache, V_cache) with --cache, else None
     positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
+    bias: str | None = None  # a position bias: gets --position-bias's tensor, else None
+    bias_required: bool = False  # the position bias has no default: --position-bias must give it
     order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
     optional: list[str] = field(default_factory=list)  # others defaulting to None: a memory's candidates
     given: dict[str, Any] = field(default_factory=dict)  # --forward's arguments, built: given as they are
@@ -333,7 +338,12 @@ def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
 
 
 def is_mask(name: str) -> bool:
-    return any(word in name.lower() for word in MASK_WORDS)
+    lower = name.lower()
+    return any(word in lower for word in MASK_WORDS) or "bias" in lower and not is_position_bias(name)
+
+
+def is_position_bias(name: str) -> bool:
+    return any(word in name.lower() for word in POSITION_BIAS_WORDS)
 
 
 def is_dropout(name: str) -> bool:
@@ -358,7 +368,9 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
         p.order.append(name)
         required = param.default is param.empty
         lower = name.lower()
-        if is_mask(name):
+        if is_position_bias(name) and p.bias is None and (required or param.default is None):
+            p.bias, p.bias_required = name, required
+        elif is_mask(name):
             masks.append(name)
         elif lower in CACHE_NAMES and (required or param.default is None):
             p.cache = name
@@ -380,7 +392,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             p.positional_only.add(name)
     if len(p.tensors) not in (1, 2, 3):
         raise UsageError(p.unfed())
-    preferred = [m for m in masks if m.lower() in ("mask", "attn_mask", "attention_mask")]
+    preferred = [m for m in masks if m.lower() in ("mask", "attn_mask", "attention_mask")] or [
+        m for m in masks if "mask" in m.lower()]
     p.mask = (preferred or masks)[0] if masks else None
     p.nones.extend(m for m in masks if m != p.mask)
     return p

@@ -168,8 +168,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if "biased_scores" in b.ref:
         out["biased_scores"] = logits
     allowed = b.allowed if allowed is KEEP else allowed
-    if allowed is not None and mask in ("fill", "zero"):
-        logits = logits.masked_fill(~allowed, -math.inf if mask == "fill" else 0.0)
+    if allowed is not None and mask in ("fill", "zero", "finite"):  # finite: -1e9, a large negative number
+        logits = logits.masked_fill(~allowed, {"fill": -math.inf, "zero": 0.0, "finite": -1e30}[mask])
     if "masked_scores" in b.ref:
         out["masked_scores"] = logits
     attention = torch.softmax(logits, dim=softmax_dim)
