@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -72,8 +73,11 @@ def main() -> None:
         commands.update({"transformers generate": [PYTHON, "-c", TRANSFORMERS_GENERATE, str(path.parent), path.name,
                                                    TEXT, str(N_NEW)],
                          f"--generate {N_NEW}": [*head, "--generate", str(N_NEW)]})
+    load_before = os.getloadavg()
     got = interleaved_medians(commands, runs, warmup=args.warmup)
     print(f"{machine()}; {path.name}, {path.stat().st_size / 2**20:.0f} MiB; median of {runs} runs")
+    print(f"load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load_before)}, "
+          f"after {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'':22} {'wall':>8} {'peak RSS':>10} {'x wall':>7} {'x memory':>9}  targets")
     rows = [] if args.only == "generate" else [("transformers", None, *TARGETS.items())]
     if args.only != "forward":

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from attnscope.errors import UsageError
 from attnscope.models.gguf import quants
 from attnscope.models.gguf.buffers import Buffers
-from attnscope.models.gguf.header import Header, TensorInfo, read_bytes
+from attnscope.models.gguf.header import Header, TensorInfo, read_bytes, with_bytes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -245,13 +245,15 @@ class GgufCheckpoint:
         name = quants.names().get(info.ggml_type)
         if len(info.shape) != 2 or name not in TYPES or self._offset(info):
             return torch.from_numpy(self._rows(info, lo, hi))
-        width = quants.row_bytes(info.ggml_type, info.shape[1])
-        raw = read_bytes(info, lo * width, hi * width).reshape(hi - lo, width)  # [rows, bytes per row]
-        group = self._permuted(info)
-        if group is not None:
-            raw = _unpermute(raw, group)  # whole heads: lo and hi on head boundaries
+        width, group = quants.row_bytes(info.ggml_type, info.shape[1]), self._permuted(info)
         into = self._buffers.take(hi - lo, info.shape[1]) if reused else None
-        return expand(torch.from_numpy(raw).reshape(-1), name, hi - lo, info.shape[1], into)  # [rows, cols]
+
+        def use(raw: np.ndarray) -> torch.Tensor:  # [rows · bytes per row], in the file's map
+            if group is not None:  # whole heads: lo and hi on head boundaries
+                raw = _unpermute(raw.reshape(hi - lo, width), group).reshape(-1)
+            return expand(torch.from_numpy(raw), name, hi - lo, info.shape[1], into)  # [rows, cols]
+
+        return with_bytes(info, lo * width, hi * width, use)
 
     def _rows(self, info: TensorInfo, lo: int, hi: int) -> np.ndarray:
         """Rows lo:hi (lo and hi on head boundaries for a reordered Q or K), dequantized and put back in

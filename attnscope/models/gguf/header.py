@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attnscope.errors import UsageError
 
@@ -59,6 +60,7 @@ SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4),
            7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
 STRING, ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -389,18 +391,29 @@ class _Walk:
 
 def read_bytes(info: TensorInfo, lo: int, hi: int) -> np.ndarray:
     """Bytes lo:hi of a tensor, copied out of a memory map of just those pages (released on return)."""
+    return with_bytes(info, lo, hi, lambda view: view.copy())
+
+
+def with_bytes(info: TensorInfo, lo: int, hi: int, use: Callable[[np.ndarray], T]) -> T:
+    """`use(view)`, `view` bytes lo:hi of a tensor (uint8) in a private memory map of just those pages, unmapped
+    on return: read in place (a weight expanded at each use skips `read_bytes`' copy). What `use` returns must
+    not hold the view."""
     import numpy as np
 
     start, end = info.start + lo, info.start + hi
     aligned = start - start % mmap.ALLOCATIONGRANULARITY
     try:
-        with open(info.path, "rb") as handle, \
-                mmap.mmap(handle.fileno(), end - aligned, offset=aligned, access=mmap.ACCESS_READ) as mapped:
-            view = np.frombuffer(mapped, dtype=np.uint8, count=end - start, offset=start - aligned)
-            out = view.copy()
-            del view
-            return out
+        with open(info.path, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), end - aligned, offset=aligned, access=mmap.ACCESS_COPY)
     except (OSError, ValueError) as exc:
         raise UsageError(f"{{model}} {info.path}: tensor {info.name} cannot be read ({exc}); the file is truncated "
                          "or changed since it was opened", "model") from None
-
+    view = np.frombuffer(mapped, dtype=np.uint8, count=end - start, offset=start - aligned)
+    try:
+        return use(view)
+    finally:
+        del view
+        try:
+            mapped.close()
+        except BufferError:  # an exception's traceback still holds the view: unmapped once it is let go
+            pass
