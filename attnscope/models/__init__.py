@@ -52,8 +52,9 @@ Following a family's forward across files, step by step (`attnscope head --text`
 |---|---|
 | X, the attention's input (the residual stream after the layer's input norm) | the family's `attention_input`; |
 |   the layers before it by its `block` | bert.py, gpt2.py, llama.py, ... |
-| Q_feat, K_feat, V_feat, Q_split, K_split, V_split | multihead.py `_heads` (weights: the family's `projections`) |
-| Q_normed, K_normed (qk-norm before RoPE) | qknorm.py, from multihead.py `_heads` (`attention_spec().qk_norm`) |
+| Q_feat, K_feat, V_feat, Q_split, K_split, V_split | the page's `attend` (llama.py's) with stages.py `project`, |
+|   | `split`; a page with none: multihead.py `_heads` (weights: the family's `projections`) |
+| Q_normed, K_normed (qk-norm before RoPE) | stages.py `normalize` with qknorm.py (`attention_spec().qk_norm`) |
 | cos, sin, Q_rot, K_rot | stages.py `rotate` with rope.py (the family's `attention_spec().rope`; none on NoPE |
 |   layers) | |
 | Q_normed, K_normed (Llama 4: an L2 norm after RoPE) | llama4.py `Llama4Attention` |
@@ -63,7 +64,7 @@ Following a family's forward across files, step by step (`attnscope head --text`
 | K_rep, V_rep, scores, capped_scores, masked_scores, attention | dot_product.py `sdpa` (masks.py for the mask: |
 |   causal, window (left or both sides), chunk) | |
 | sinks, sink_weight (GPT-OSS) | attention/sinks.py, called by `sdpa` (the values: the module's `sinks`) |
-| x_raw, x_rsh1, x_rsh2, x | attention/multihead.py `forward` |
+| x_raw, x_rsh1, x_rsh2, x | multihead.py `attend` (x_raw), stages.py `merge`; Qwen3-Next's gate between them |
 | the head's own X, Q, K, V, ..., out (views of the layer's steps) | head_steps.py `head_trace` |
 | an encoder-decoder's X, memory (across), position_buckets | forward/seq2seq_run.py (t5.py: the buckets, bias) |
 | position_bias, biased_scores (T5) | dot_product.py `sdpa` with attention/position_bias.py |
