@@ -81,8 +81,11 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
         for index in range(model.n_layer):
             progress(index)
             kept = Kept(model.attention(index, record=True))
-            X, made = model.attention_input(index, h)  # [1, n_tokens, d_model]
+            # [1, n_tokens, d_model]: the input norm again (block makes its own) only where layer L's run or the
+            # last layer's bare attention reads it: 29 of SmolLM2's 30 RMSNorms of [1, 1,230, 576] saved
+            X, made = model.attention_input(index, h) if index in (layer, model.n_layer - 1) else (None, "")
             if index == model.n_layer - 1:
+                assert X is not None
                 kept(X)
             else:
                 h = model.block(index, h, cast("MultiHeadAttention", kept))  # called as the attention is
@@ -93,6 +96,7 @@ def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, 
             norms.append(None if out_proj is None else layer_norms(kept.trace, out_proj.weight))
             sinks.append(kept.trace["sink_weight"][0] if "sink_weight" in kept.trace else None)  # [n_head, n_tokens]
             if index == layer:
+                assert X is not None
                 run = layer_run(model, layer, head, kept.trace, X, made)
             if reader is None:
                 patterns.append(pattern)
