@@ -110,6 +110,40 @@ def test_a_function_taking_its_weights_in_columns(runner):
     torch.testing.assert_close(fn(x, *W, mask), (y @ W[3].T).transpose(-2, -1), atol=1e-5, rtol=1e-5)
 
 
+def test_a_row_function_taking_its_weights_reads_their_side(runner):
+    """x @ w: the reference holds wᵀ (the same square weights held as they stand would diverge at Q_feat)."""
+    result, out = trace(runner, f"{STYLES}:row_attention", "--causal")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert out["first_divergence"] is None and out["params"]["layout"] == "row"
+    assert next(row for row in out["alignment"] if row["reference"] == "Q_feat")["status"] == "equal"
+    fn = user_module(STYLES).row_attention
+    W = [torch.randn(12, 12) for _ in range(3)]
+    x = torch.randn(2, 5, 12)
+    y = F.scaled_dot_product_attention(x @ W[0], x @ W[1], x @ W[2], is_causal=True)
+    torch.testing.assert_close(fn(x, *W, _causal_cols(5)), y, atol=1e-5, rtol=1e-5)
+
+
+def test_weightless_column_code_is_read_without_the_flag(runner):
+    """docs/examples/textbook.py's attention_cols, traced without --layout col: rows fail, columns run."""
+    docs = str(Path(__file__).resolve().parent.parent / "docs" / "examples" / "textbook.py")
+    result, out = trace(runner, f"{docs}:attention_cols", "--causal")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert out["first_divergence"] is None and out["params"]["layout"] == "col"
+    assert any("column convention" in note for note in out["notes"]), out["notes"]
+
+
+def test_column_code_that_runs_on_rows_is_read_by_what_lines_up(runner):
+    """self_columns(X) runs on rows without an error, computing Xᵀ X [d, d]: only its columns line up."""
+    result, out = trace(runner, f"{STYLES}:self_columns")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert out["first_divergence"] is None and out["params"]["layout"] == "col"
+    assert any("lines up with the reference only on columns" in note for note in out["notes"]), out["notes"]
+    X = torch.randn(2, 6, 5)  # [n_batch, d, n]
+    rows = X.transpose(-2, -1)
+    torch.testing.assert_close(user_module(STYLES).self_columns(X),
+                               F.scaled_dot_product_attention(rows, rows, rows).transpose(-2, -1), atol=1e-5, rtol=1e-5)
+
+
 def test_the_papers_function_on_one_sequence(runner):
     """docs/examples/columns.py's Algorithm 3, attention(X, Z, W_q, W_k, W_v, mask): [d, n] inputs (.T, dim=0),
     queries' tokens and a context of another length."""

@@ -60,6 +60,20 @@ def self_attention(x, W_q, W_k, W_v, W_o, mask=None, bug=""):
     return W_o.matmul(v.matmul(weights))
 
 
+def row_attention(x, w_q, w_k, w_v, mask=None):
+    """The row form's counterpart, x [n_batch, n, d] @ w [d_in, d_out]: the side each weight stands on is read."""
+    scores = (x @ w_q) @ (x @ w_k).transpose(-2, -1) / math.sqrt(w_q.shape[-1])  # [n_batch, n_Q, n_K]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1) @ (x @ w_v)
+
+
+def self_columns(X):
+    """Weightless self-attention in columns, X [.., d, n]; it runs on rows too (Xᵀ X is then [d, d])."""
+    A = torch.softmax(X.transpose(-2, -1) @ X / math.sqrt(X.shape[-2]), dim=-2)  # [.., n_K, n_Q]
+    return X @ A  # [.., d, n_Q]
+
+
 class UnbatchedColumns(nn.Module):
     """Algorithm 3 in a module, for one sequence: X [d, n], `.T` and dim=0 as the paper writes them."""
 
