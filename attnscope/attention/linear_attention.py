@@ -41,8 +41,6 @@ from attnscope import cost
 from attnscope.tensors.threads import one_thread
 from attnscope.trace import discard
 
-_keep = discard  # HEAD's qwen3_next.py imports it until its edit lands (attnscope.trace.discard)
-
 if TYPE_CHECKING:
     from torch import Tensor
 

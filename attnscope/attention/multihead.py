@@ -29,8 +29,6 @@ from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
 from attnscope.trace import Trace, discard
 from attnscope.variants import alibi as alibi_
 
-_keep_tensor = discard  # HEAD's qwen3_next.py imports it until its edit lands (attnscope.trace.discard)
-
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -145,7 +143,7 @@ class MultiHeadAttention(nn.Module):
         if self.record:
             x_raw = attend(trace, Q_h, K_h, V_h, mask, names, spec, n_group=self.n_group, dropout_p=dropout_p,
                            position_bias=position_bias, sinks=self.sinks)
-            stages.merge(trace, x_raw, self.W_o, self._width("n_head"))
+            stages.merge(trace, x_raw, self.W_o, self.width("n_head"))
             return trace
         x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
         x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
@@ -200,24 +198,27 @@ class MultiHeadAttention(nn.Module):
             spec = replace(spec, alibi_slopes=(float(alibi_.slopes(self.n_head)[head]),))
         return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, sinks)  # [n_batch, 1, n, d]
 
-    def _width(self, heads: str) -> str:
-        """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head`."""
+    def width(self, heads: str) -> str:
+        """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head` (`heads`:
+        n_head, or the key/value heads' `kv_axis()`)."""
         n = self.n_head if heads == "n_head" else self.n_kv_head
         return "d_feat" if n * self.d_head == self.d_feat else f"{heads}·d_head"
+
+    _width = width  # the name qwen3_next.py's GatedAttention calls
 
     def _heads(self, add: Any, Q: Tensor, K: Tensor, V: Tensor, cache: tuple[Tensor, Tensor] | None,
                spec: AttentionSpec) -> tuple[Tensor, Tensor, Tensor, Names]:
         """Project, split, rotate and extend with the cache: the per-head Q, K, V the attention reads, and
         the names they go by. With a cache the new keys' axis is n_new, and n_K = n_cache + n_new."""
-        kv_axis = self._kv_axis()
+        kv_axis = self.kv_axis()
         n_key = "n_K" if cache is None else "n_new"
         plan = (("Q", self.W_q, Q, "n_Q", self.n_head, "n_head"), ("K", self.W_k, K, n_key, self.n_kv_head, kv_axis),
                 ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
-        feats = {name: stages.project(add, name, W, x, ("n_batch", n, self._width(axis)))  # [n_batch, n, heads·d_head]
+        feats = {name: stages.project(add, name, W, x, ("n_batch", n, self.width(axis)))  # [n_batch, n, heads·d_head]
                  for name, W, x, n, _, axis in plan}
         norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
         if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
-            widths = (self._width("n_head"), self._width(kv_axis))
+            widths = (self.width("n_head"), self.width(kv_axis))
             feats["Q"], feats["K"] = stages.normalize(
                 add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
                 dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
@@ -268,7 +269,8 @@ class MultiHeadAttention(nn.Module):
         """A LayerNorm qk-norm's biases (`q_norm.bias`, `k_norm.bias`); None for an RMSNorm."""
         return self.q_norm.bias, self.k_norm.bias
 
-    def _kv_axis(self) -> str:
+    def kv_axis(self) -> str:
+        """The key/value heads' axis: n_head where every query head has its own, else n_kv_head."""
         return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
 
     def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float,

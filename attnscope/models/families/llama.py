@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks
-from attnscope.models.families.written import Cache, kv_axis, width
 from attnscope.models.family import Family, Slice
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
@@ -39,6 +38,8 @@ if TYPE_CHECKING:
     from attnscope.models.config import Config
     from attnscope.trace import Recorder
     from attnscope.variants.rope import Rope
+
+    Cache = tuple[torch.Tensor, torch.Tensor]  # a layer's cached keys and values
 
 NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj"}
 NORM_NAMES = ("q_norm.weight", "k_norm.weight")  # a qk-norm's weights, as the op names them
@@ -124,8 +125,8 @@ class Llama(Family):
 
         spec = m.spec if cache is None else m.spec.with_cache(cache[0].shape[-2])  # decode: after the cache
         n_cache, new = (0, "n_K") if cache is None else (cache[0].shape[-2], "n_new")  # n_K = n_cache + n_new
-        kv, norm = kv_axis(m), spec.norm
-        wide = (width(m, m.n_head), width(m, m.n_kv_head))
+        kv, norm = m.kv_axis(), spec.norm
+        wide = (m.width("n_head"), m.width(kv))  # [n_head·d_head], [n_kv_head·d_head]: their names
         q, k, v = (stages.project(rec, name, W, x, ("n_batch", n, w))  # [n_batch, n, heads·d_head]
                    for name, W, n, w in (("Q", m.W_q, "n_Q", wide[0]), ("K", m.W_k, new, wide[1]),
                                          ("V", m.W_v, new, wide[1])))
