@@ -311,7 +311,7 @@ def sdpa(
     logits, last = scores, "scores"
     if softcap is not None:
         logits = trace.add("capped_scores", scores.div(softcap).tanh_().mul_(softcap), scores_dims,
-                           f"{softcap:g} * tanh(scores / {softcap:g})", 3 * scores.numel())
+                           f"{softcap:g} * tanh(scores / {softcap:g})", 3 * scores.numel(), inputs=("scores",))
         last = "capped_scores"
     if spec.alibi and position_bias is not None:
         raise UsageError("{alibi} and {position_bias} are two position biases; give one", "alibi", "position_bias")
@@ -331,7 +331,8 @@ def sdpa(
         attention = F.dropout(attention, p=dropout_p, training=True)
         attention_op = f"dropout({attention_op}, p={dropout_p:g})"
     trace.add("attention", attention, scores_dims, attention_op,
-              cost.softmax_flops((*attention.shape[:-1], attention.shape[-1] + spec.sinks)))
+              cost.softmax_flops((*attention.shape[:-1], attention.shape[-1] + spec.sinks)),
+              inputs=(last, "sinks") if spec.sinks else (last,))
     if spec.sinks:
         sinks_.record_weight(trace, sink_weight, scores_dims)
 
@@ -373,5 +374,6 @@ def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...],
     trace.add("alibi_bias", bias, ("n_head", "n_Q", "n_K"),
               f"-slope[h] * ({position} - j), slopes {slopes}", 3 * bias.numel())
     biased = logits + (bias if logits.dim() >= 3 else bias[0])  # [.., n_head, n_Q, n_K]; unbatched: [n_Q, n_K]
-    trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel())
+    trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel(),
+              inputs=(last, "alibi_bias"))
     return biased, "biased_scores"

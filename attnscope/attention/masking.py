@@ -43,7 +43,7 @@ def masked(trace: Trace, logits: Tensor, last: str, mask: Tensor | None, spec: A
         logits = logits.masked_fill(~allowed, float("-inf"))
         op = f"({op})" if additive is not None else op
         op = f"{op}.masked_fill(~{hidden}, -inf)"
-    trace.add("masked_scores", logits, dims, op, logits.numel())
+    trace.add("masked_scores", logits, dims, op, logits.numel(), inputs=(last,))
     if additive is not None:
         seen = additive if allowed is None else torch.where(allowed, additive, float("-inf"))
         return logits, masks.fully_masked_rows(seen), "masked_scores"
