@@ -92,6 +92,18 @@ def test_multi_head_columns_read_the_head_count_from_the_weight_stacks(runner):
         torch.testing.assert_close(module(x, mask), (merged @ module.W_o.T).transpose(-2, -1), atol=1e-5, rtol=1e-5)
 
 
+def test_dropout_in_training_mode_is_applied_to_the_column_reference(runner):
+    """--train: the mask the code's dropout drew, read off its pattern [n_batch, n_head, n_K, n_Q], applied to the
+    reference's, and the steps after it (V @ pattern, the merge, W_o) computed again in the column form."""
+    result, out = trace(runner, f"{STYLES}:ColumnMultiHead", "--init", "d=24, d_head=4, n_stack=3, dropout=0.3",
+                        "--train", "--causal")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert out["first_divergence"] is None
+    assert any("dropout in training mode" in note and "of the attention" in note for note in out["notes"])
+    x_row = next(row for row in out["alignment"] if row["reference"] == "x")
+    assert x_row["status"] == "equal" and x_row["shape"] == [x_row["shape"][0], 24, x_row["shape"][2]]
+
+
 def test_a_function_taking_its_weights_in_columns(runner):
     """self_attention(x, W_q, W_k, W_v, W_o, mask): trace gives the weight arguments weights, sized by --d-feat."""
     out = _traced(runner, f"{STYLES}:self_attention", "--d-feat", "10", "--causal")

@@ -94,10 +94,11 @@ class ColumnMultiHead(nn.Module):
     """Multi-head in columns: per-head weight stacks [n_head, d_head, d] (the head count is only in their shapes),
     the heads' outputs [n_batch, n_head, d_head, n] concatenated into [n_batch, n_head·d_head, n], then W_o @."""
 
-    def __init__(self, d=16, d_head=4, n_stack=4, bug=""):
+    def __init__(self, d=16, d_head=4, n_stack=4, dropout=0.0, bug=""):
         super().__init__()
         self.W_q, self.W_k, self.W_v = (_weight(n_stack, d_head, d) for _ in range(3))
         self.W_o = _weight(d, n_stack * d_head)
+        self.drop = nn.Dropout(dropout)
         self.bug = bug
 
     def forward(self, x, mask=None):
@@ -109,7 +110,7 @@ class ColumnMultiHead(nn.Module):
         S = S / (math.sqrt(d) if self.bug == "scale_d_model" else math.sqrt(d_head))
         if mask is not None:
             S = S.masked_fill(~mask.unsqueeze(1), float("-inf"))  # [B, 1, n_K, n_Q]
-        A = torch.softmax(S, dim=-2)
+        A = self.drop(torch.softmax(S, dim=-2))
         Y = V @ A  # [B, H, d_head, n_Q]
         if self.bug == "merge_without_transpose":  # through rows, forgetting to move the heads behind the tokens
             Y = Y.transpose(-2, -1).reshape(B, n, H * d_head).transpose(-2, -1)  # [B, n, H·d_head] -> [B, H·d_head, n]

@@ -68,13 +68,21 @@ def _after_attention(trace: Trace, dropped: torch.Tensor, reference: Any) -> Tra
     out = Trace(notes=list(trace.notes))
     after = False
     values = next(name for name in ("V_rep", "V_cat", "V_split", "V") if name in trace)
+    col = trace.step("attention").dims[-1] == "n_Q"  # the column form's [.., n_K, n_Q] (usertrace/columns.py)
     for step in trace.steps:
         if not after:
             out.add_step(step)
             after = step.name == "attention"
             continue
-        if step.name in ("x_raw", "out"):
+        if step.name in ("x_raw", "out") and col:
+            tensor = trace[values].to(dropped.dtype) @ dropped  # [.., d, n_K] @ [.., n_K, n_Q] -> [.., d, n_Q]
+        elif step.name in ("x_raw", "out"):
             tensor = dropped @ trace[values].to(dropped.dtype)  # [.., n_Q, n_K] @ [.., n_K, d] -> [.., n_Q, d]
+        elif step.name == "x_rsh2" and col:
+            tensor = out["x_raw"].reshape(step.shape)  # [n_batch, n_head, d_head, n_Q] -> [n_batch, d_feat, n_Q]
+        elif step.name == "x" and col:
+            with torch.no_grad():  # W_o on the rows, [n_batch, n_Q, d_feat], then back to columns
+                tensor = reference.W_o(out["x_rsh2"].transpose(-2, -1)).transpose(-2, -1)
         elif step.name == "x_rsh1":
             tensor = heads_last(out["x_raw"])  # [n_batch, n_Q, n_head, d_head]
         elif step.name == "x_rsh2":
