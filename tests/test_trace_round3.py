@@ -239,3 +239,14 @@ def test_the_planted_bugs_are_bugs():
             for bug in bugs:
                 wrong = _module(name, **init, bug=bug)
                 assert not torch.allclose(wrong(x), right(x), atol=1e-4), (name, bug)
+
+
+def test_a_bias_parameter_is_fed_as_a_mask_a_position_bias_as_the_bias_and_a_flag_left_alone():
+    from attnscope.usertrace.load import plan
+
+    def attention(q, k, v, position_bias, use_bias=False, attn_bias=None):
+        return q
+
+    fed = plan(attention, "attention", train=False)
+    assert (fed.tensors, fed.mask, fed.bias, fed.bias_required) == (["q", "k", "v"], "attn_bias", "position_bias", True)
+    assert "use_bias" not in fed.nones + [fed.mask]

@@ -337,9 +337,12 @@ def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
     return dataclasses.replace(plan, given=built, tensors=tensors, optional=optional)
 
 
-def is_mask(name: str) -> bool:
+def is_mask(name: str, default: Any = None) -> bool:
+    """Named like a mask; or like a bias added to the scores (xformers' `attn_bias`), where it defaults to None (a
+    flag such as `use_bias=False` is no mask)."""
     lower = name.lower()
-    return any(word in lower for word in MASK_WORDS) or "bias" in lower and not is_position_bias(name)
+    return any(word in lower for word in MASK_WORDS) or (
+        "bias" in lower and not is_position_bias(name) and default is None)
 
 
 def is_position_bias(name: str) -> bool:
@@ -370,7 +373,7 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
         lower = name.lower()
         if is_position_bias(name) and p.bias is None and (required or param.default is None):
             p.bias, p.bias_required = name, required
-        elif is_mask(name):
+        elif is_mask(name, None if param.default is param.empty else param.default):
             masks.append(name)
         elif lower in CACHE_NAMES and (required or param.default is None):
             p.cache = name
