@@ -58,11 +58,14 @@ def expand(raw: torch.Tensor, name: str, rows: int, cols: int, into: torch.Tenso
 
 
 def _scales(blocks: torch.Tensor, n: int) -> torch.Tensor:
-    """The `n` float16 numbers that open each block (d, or d and m), float32: `[n_blocks, n]`, read as 16-bit
-    words in place (no copy of the strided bytes first)."""
+    """The `n` float16 numbers that open each block (d, or d and m), float32: `[n_blocks, n]`. Read as one word
+    a block (int16 for d, int32 for d and m), a one-dimensional strided copy, then converted contiguous: the
+    strided `[n_blocks, 2]` float16 view converted directly took 0.4 ns a value of Q4_1, 30% of the expansion."""
     import torch
 
-    return blocks.view(torch.int16)[:, :n].view(torch.float16).float()  # [n_blocks, n]
+    word = torch.int16 if n == 1 else torch.int32
+    first = blocks.view(word)[:, 0].contiguous()  # [n_blocks]: each block's first word
+    return first.view(torch.float16).view(-1, n).float()  # [n_blocks, n]
 
 
 def _nibbles(qs: torch.Tensor, word: torch.dtype, mask: int) -> torch.Tensor:
