@@ -253,8 +253,8 @@ class GatedAttention(MultiHeadAttention):
         if self.record:  # the heads side by side again: x_rsh2 [n_batch, n_Q, n_head·d_head]
             heads = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_head"),
                         "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
-            merged = rec("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", self._width("n_head")),
-                         f"x_rsh1.view(n_batch, -1, {self._width('n_head')})", allocates=False, inputs=("x_rsh1",))
+            merged = rec("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", self.width("n_head")),
+                         f"x_rsh1.view(n_batch, -1, {self.width('n_head')})", allocates=False, inputs=("x_rsh1",))
         else:
             merged = merge_heads(x_raw)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head·d_head]
         gate = self.W_gate(Q)  # [n_batch, n_Q, n_head·d_head]
