@@ -170,6 +170,22 @@ def test_the_papers_function_on_one_sequence(runner):
     torch.testing.assert_close(fn(X, Z, *W), y.T, atol=1e-5, rtol=1e-5)
 
 
+def test_einsum_projections_in_columns(runner):
+    """torch.einsum("hcd,bdn->bhcn", W, x): a projection, the weight on the side its contracted index says."""
+    out = _traced(runner, f"{STYLES}:EinsumColumns")
+    assert out["params"]["sizes"]["n_head"] == 4
+    assert "q=W_q, k=W_k, v=W_v, o=W_o" in out["reference"]
+    result, out = trace(runner, f"{STYLES}:EinsumColumns", "--init", "bug='no_scale'")
+    assert result.exit_code == 1 and out["first_divergence"]["experiment"] == "scale.none"
+    module = _moved(user_module(STYLES).EinsumColumns())
+    with torch.no_grad():
+        x = torch.randn(2, 20, 6)  # [n_batch, d, n]
+        rows = x.transpose(-2, -1)[:, None]  # [n_batch, 1, n, d]
+        q, k, v = (rows @ w.transpose(-2, -1) for w in (module.W_q, module.W_k, module.W_v))  # [B, H, n, d_head]
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 6, 20)  # [B, n, H·d_head]
+        torch.testing.assert_close(module(x), (y @ module.W_o.T).transpose(-2, -1), atol=1e-5, rtol=1e-5)
+
+
 def test_unbatched_module_in_columns(runner):
     out = _traced(runner, f"{STYLES}:UnbatchedColumns", "--causal")
     assert "n_batch" not in out["params"]["sizes"]

@@ -117,3 +117,20 @@ class ColumnMultiHead(nn.Module):
         else:
             Y = Y.reshape(B, H * d_head, n)  # [B, H, d_head, n] -> [B, H·d_head, n]
         return self.W_o @ Y  # [B, d, n_Q]
+
+
+class EinsumColumns(nn.Module):
+    """The column form in einsum: per-head stacks [n_head, d_head, d] contracted with x [n_batch, d, n] on d."""
+
+    def __init__(self, d=20, heads=4, bug=""):
+        super().__init__()
+        self.W_q, self.W_k, self.W_v = (_weight(heads, d // heads, d) for _ in "qkv")
+        self.W_o = _weight(d, d)
+        self.bug = bug
+
+    def forward(self, x):
+        q, k, v = (torch.einsum("hcd,bdn->bhcn", w, x) for w in (self.W_q, self.W_k, self.W_v))  # [b, h, c, n]
+        s = torch.einsum("bhck,bhcq->bhkq", k, q)  # [b, h, n_K, n_Q]
+        s = s if self.bug == "no_scale" else s / math.sqrt(q.shape[-2])
+        y = torch.einsum("bhck,bhkq->bhcq", v, s.softmax(dim=-2)).flatten(1, 2)  # [b, h·c, n_Q]
+        return torch.einsum("ed,bdn->ben", self.W_o, y)

@@ -207,6 +207,12 @@ class Recorder(TorchFunctionMode):
             # token a column): the weight held as it is, its side said by the argument LEFT
             name, style = "matmul", "linear"
             described = [("text", self._linears[id(args[0])]), described[1], LEFT]
+        elif name == "einsum" and (side := self._einsum_weight(args)) is not None:
+            # torch.einsum("ij,bjn->bin", W, x): a projection, W on the side its contracted index says
+            weight, left = side
+            name, style = "matmul", "linear"
+            others = [self._arg(a) for a in _tensors(args, {}) if a is not weight]
+            described = [("text", self._linears[id(weight)]), others[0], *([LEFT] if left else [])]
         elif owner.startswith(("TensorBase.", "Tensor.")):
             style = "operator" if (name in OPERATORS and len(args) == 2) or (name in UNARY and len(args) == 1) \
                 else "method"
@@ -215,6 +221,30 @@ class Recorder(TorchFunctionMode):
             prefix = "F." if "nn" in module else "torch."
             style, name = "function", f"{prefix}{name}" if not name.startswith(("F.", "torch.")) else name
         return render_op(name, style, described, self._text), described, style, name
+
+    def _einsum_weight(self, args: list[Any]) -> tuple[torch.Tensor, bool] | None:
+        """The weight of an einsum that projects with one (two operands, one of them a weight, one index of the
+        weight's contracted): the weight, and whether it stands on the left as the column form's W @ x does (its last
+        index contracted: [d_out, d_in], [n_head, d_head, d_in]) rather than as x @ W (its first, or for per-head
+        stacks [n_head, d_in, d_head] its middle). None for any other einsum."""
+        operands = _tensors(args, {})
+        if not args or not isinstance(args[0], str) or len(operands) != 2 or "->" not in args[0]:
+            return None
+        weights = [i for i, t in enumerate(operands) if id(t) in self._linears]
+        if len(weights) != 1:
+            return None
+        inputs, output = args[0].replace(" ", "").split("->")
+        parts = inputs.split(",")
+        if len(parts) != 2 or "." in inputs:
+            return None
+        subscripts = parts[weights[0]]
+        contracted = [i for i, letter in enumerate(subscripts) if letter not in output]
+        if len(contracted) != 1 or len(subscripts) not in (2, 3):
+            return None
+        at = contracted[0]
+        if at == len(subscripts) - 1:
+            return operands[weights[0]], True
+        return (operands[weights[0]], False) if at == len(subscripts) - 2 else None
 
     def _arg(self, value: Any) -> tuple[str, Any]:
         if isinstance(value, torch.Tensor):
