@@ -163,7 +163,15 @@ class Llama(Family):
             mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
         x_raw = attend(rec, q, k, v, mask, names, m.sdpa_spec(spec), n_group=m.n_group,
                        sinks=m.sinks)  # scores ... x_raw: [n_batch, n_head, n_Q, d_head]
-        return stages.merge(rec, x_raw, m.W_o, wide[0])  # x_rsh1, x_rsh2, x: [n_batch, n_Q, d_model]
+        return self.merge(m, x, rec, x_raw, wide[0])  # x_rsh1, x_rsh2, x: [n_batch, n_Q, d_model]
+
+    def merge(self, m: MultiHeadAttention, x: torch.Tensor, rec: Recorder, x_raw: torch.Tensor,
+              width: str) -> torch.Tensor:
+        """The heads' outputs side by side and through W_o (stages.merge: x_rsh1, x_rsh2, x); a page with an
+        output gate writes its lines here (qwen3_next.py)."""
+        from attnscope.attention import stages
+
+        return stages.merge(rec, x_raw, m.W_o, width)
 
     # --- the prefix -----------------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
     from attnscope.models.family import Slice
-    from attnscope.trace import Trace
+    from attnscope.trace import Recorder
 
 LINEAR = "linear_attn"
 
@@ -106,6 +106,30 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         if q_b is not None:
             state["W_q.bias"], state["W_gate.bias"] = q_b
         return state
+
+    def merge(self, m: MultiHeadAttention, x: torch.Tensor, rec: Recorder, x_raw: torch.Tensor,
+              width: str) -> torch.Tensor:
+        """LLaMA's attention (llama.py's attend) up to x_raw, then `Qwen3NextAttention`'s gate: each head's output
+        times sigmoid of its gate rows of q_proj (`W_gate`), before o_proj."""
+        import torch
+
+        from attnscope import cost
+        from attnscope.attention.stages import heads_last
+
+        heads = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_head"),  # [n_batch, n_Q, n_head, d]
+                    "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
+        merged = rec("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", width),  # [n_batch, n_Q, n_head·d_head]
+                     f"x_rsh1.view(n_batch, -1, {width})", allocates=False, inputs=("x_rsh1",))
+        assert isinstance(m, GatedAttention)  # attention_module's: it holds W_gate
+        gate = m.W_gate(x)  # [n_batch, n_Q, n_head·d_head]
+        flops = cost.linear_flops(gate.shape, x.shape[-1], m.W_gate.bias is not None) + gate.numel()
+        gate = rec("gate", torch.sigmoid(gate), ("n_batch", "n_Q", "n_head·d_head"), "sigmoid(W_gate(Q))", flops,
+                   inputs=("Q",))
+        x_gated = rec("x_gated", merged * gate, ("n_batch", "n_Q", "n_head·d_head"), "x_rsh2 * gate", merged.numel(),
+                      inputs=("x_rsh2", "gate"))
+        out = m.W_o(x_gated)  # [n_batch, n_Q, d_feat]
+        return rec("x", out, ("n_batch", "n_Q", "d_feat"), "W_o(x_gated)",
+                   cost.linear_flops(out.shape, x_gated.shape[-1], m.W_o.bias is not None), inputs=("x_gated",))
 
     def head_slices(self, layer: int, head: int) -> list[Slice]:
         from attnscope.models.family import Slice
@@ -218,8 +242,8 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
 
 
 class GatedAttention(MultiHeadAttention):
-    """`Qwen3NextAttention`: MultiHeadAttention's heads and sdpa, then each head's output times sigmoid of its gate
-    rows (`W_gate` projects X to n_head·d_head: steps `gate`, `x_gated`) before W_o."""
+    """`Qwen3NextAttention`'s weights: MultiHeadAttention's and the output gate's, `W_gate` (X to n_head·d_head);
+    the page's `merge` applies it."""
 
     def __init__(self, d_feat: int, n_head: int, *args: Any, **kwargs: Any) -> None:
         from torch import nn
@@ -227,46 +251,6 @@ class GatedAttention(MultiHeadAttention):
         super().__init__(d_feat, n_head, *args, **kwargs)
         self.W_gate = nn.Linear(d_feat, n_head * self.d_head, bias=self.W_q.bias is not None,
                                 device=self.W_q.weight.device)
-
-    def forward(self, Q: torch.Tensor, K: torch.Tensor | None = None, V: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, cache: tuple[torch.Tensor, torch.Tensor] | None = None,
-                position_bias: torch.Tensor | None = None) -> Trace:
-        """The layer's self-attention on X = Q (a decoder layer's: K and V are X too): Q_feat ... x_raw as
-        MultiHeadAttention records them, the heads merged (x_rsh1, x_rsh2), then gate, x_gated and x."""
-        import torch
-
-        from attnscope import cost
-        from attnscope.attention.multihead import attend
-        from attnscope.attention.stages import heads_last, merge_heads
-        from attnscope.trace import Trace, discard
-
-        self._check_inputs(Q, Q, Q, cache)
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
-        spec = self.spec if cache is None else self.spec.with_cache(cache[0].shape[-2])  # new tokens after the cache
-        trace = Trace()
-        rec = trace if self.record else discard
-        q, k, v, names = self._heads(rec, Q, Q, Q, cache, spec)  # projected, qk-normed, rotated, the cache joined
-        # scores ... x_raw [n_batch, n_head, n_Q, d_head] (unrecorded: eager attention by blocks of query rows)
-        x_raw = attend(rec, q, k, v, mask, names, self.sdpa_spec(spec), n_group=self.n_group)
-        width = "n_head·d_head"
-        if self.record:  # the heads side by side again: x_rsh2 [n_batch, n_Q, n_head·d_head]
-            heads = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_head"),
-                        "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
-            merged = rec("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", self.width("n_head")),
-                         f"x_rsh1.view(n_batch, -1, {self.width('n_head')})", allocates=False, inputs=("x_rsh1",))
-        else:
-            merged = merge_heads(x_raw)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head·d_head]
-        gate = self.W_gate(Q)  # [n_batch, n_Q, n_head·d_head]
-        gate = rec("gate", torch.sigmoid(gate), ("n_batch", "n_Q", width), "sigmoid(W_gate(Q))",
-                   cost.linear_flops(gate.shape, Q.shape[-1], self.W_gate.bias is not None) + gate.numel(),
-                   inputs=("Q",))
-        x_gated = rec("x_gated", merged * gate, ("n_batch", "n_Q", width), "x_rsh2 * gate", merged.numel(),
-                      inputs=("x_rsh2", "gate"))
-        x = self.W_o(x_gated)  # [n_batch, n_Q, d_feat]
-        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_gated)",
-                  cost.linear_flops(x.shape, x_gated.shape[-1], self.W_o.bias is not None), inputs=("x_gated",))
-        return trace
 
 
 def _split_gate(weight: torch.Tensor, n_head: int, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
