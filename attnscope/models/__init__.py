@@ -81,5 +81,5 @@ Following a family's forward across files, step by step (`attnscope head --text`
 |   | kimi_linear.py, minimax.py) |
 | QKV_conv, Q_split, K_split, V_split, Q_normed, K_normed, beta, g, effective_attention, x_raw, | linear_attention.py |
 |   state, gate, x_gated, x (a linear layer) | `delta_rule`, from hybrid.py `DeltaLayer` |
-| gate, x_gated (gated full attention) | qwen3_next.py `GatedAttention` |
+| gate, x_gated (gated full attention) | qwen3_next.py `merge` (the page method llama.py's `attend` ends in) |
 """
