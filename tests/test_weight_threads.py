@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tiny_models import SENTENCE, build
 
 from attnscope.tensors import weight_threads
-from attnscope.tensors.weight_threads import SHORT, WIDE, weights_on_all_threads
+from attnscope.tensors.weight_threads import SHORT, weights_on_all_threads
 
 
 @pytest.fixture()
@@ -33,29 +33,31 @@ def test_one_thread_inside_and_put_back(two_threads) -> None:
     assert torch.get_num_threads() == 2
 
 
-def test_wide_products_keep_the_threads(two_threads, monkeypatch) -> None:
+def test_matrix_products_keep_the_threads(two_threads, monkeypatch) -> None:
     seen: list[int] = []
     original = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), original(n)))
-    x, wide, narrow = torch.randn(7, 1024), torch.randn(WIDE // 1024, 1024), torch.randn(64, 1024)
-    outside = F.linear(x, wide)
+    x, weight = torch.randn(7, 1024), torch.randn(4096, 1024)
+    outside = F.linear(x, weight), x @ weight.T, torch.mm(x, weight.T)
     with weights_on_all_threads(7):
+        for product in (lambda: F.linear(x, weight), lambda: x @ weight.T, lambda: torch.mm(x, weight.T),
+                        lambda: torch.nn.Linear(1024, 64)(x), lambda: x[None] @ weight.T):
+            seen.clear()
+            product()
+            assert seen == [2, 1]  # the product on torch's two threads, then back to one
         seen.clear()
-        inside = F.linear(x, wide)
-        assert seen == [2, 1]  # the product on torch's two threads, then back to one
-        seen.clear()
-        F.linear(x, narrow)
-        torch.nn.Linear(1024, 64)(x)
         (x * 2).softmax(-1)
-        assert seen == []  # small ones stay on the one thread
-    assert torch.equal(inside, outside)
+        torch.bmm(x[None], weight.T[None])  # a batch of products: the same numbers on any count
+        x[None, None] @ weight.T[None, None]
+        assert seen == []  # the rest stays on the one thread
+        inside = F.linear(x, weight), x @ weight.T, torch.mm(x, weight.T)
+    assert all(torch.equal(a, b) for a, b in zip(inside, outside, strict=True))
 
 
 def test_every_layer_numbers_unchanged(two_threads, tmp_path, monkeypatch, runner) -> None:
     from attnscope.cli import app
 
     build("llama", tmp_path)
-    monkeypatch.setattr(weight_threads, "WIDE", 1)  # every product of this tiny model counts as wide
     runs = {}
     for short in (SHORT, 0):  # 0: as before, every operation on torch's threads
         monkeypatch.setattr(weight_threads, "SHORT", short)

@@ -6,13 +6,17 @@ merge of the heads, the readings and the self-check, a few hundred thousand numb
 process-wide and read by each operation as it starts: on two threads every small operation hands half its work to
 the second thread and waits for it, which on a machine running anything else costs it a time slice each time
 (the 1.1B LLaMA's 16 layers at 73 tokens, 2 CPUs at a load average of 10: 20.7 s on two threads, 12.2 s so;
-docs/performance.md, issue 44 goal 1). `weights_on_all_threads()` runs every operation on one thread except
-`F.linear` with a weight of at least WIDE numbers, which runs on the threads torch had.
+docs/performance.md, issue 44 goal 1). `weights_on_all_threads()` runs every operation on one thread except the
+products with a matrix (`F.linear`, and `matmul`, `@`, `mm`, `addmm` with a 2-D operand: a weight), which run on
+the threads torch had.
 
-Every number stays what the same operations give on torch's threads: a product's thread count changes how it
-splits its sums, so the products keep theirs; an element-wise operation, a softmax or a norm over a row computes
-each output the same way on any number of threads (checked: every layer's pattern and value norms of the 1.1B
-LLaMA, bit for bit, tests/test_weight_threads.py on a tiny one).
+Every number stays what the same operations give on torch's threads: a matrix product's thread count changes how
+it splits its sums (one thread against two: up to 1.1e-4 on a random [73, 2048] x [2048, 5632], entries about 45),
+so those keep theirs, whatever their size; an element-wise operation, a softmax or a norm over a row computes each
+output the same way on any number of threads, and so does a batch of products (`bmm`, `@` of two batched operands:
+each product whole on one thread; checked on the value norms' Gram matrices and a `[16, 73, 2048] @ [16, 2048,
+1024]`). Checked: every layer's pattern and value norms of the 1.1B LLaMA, bit for bit; tests/test_weight_threads.py
+on a tiny one.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-WIDE = 1 << 20  # a weight of at least this many numbers (4 MiB in float32) keeps every thread
 SHORT = 256  # a pass over at most this many tokens runs its small operations on one thread
+PRODUCTS = frozenset({F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+                      torch.mm, torch.Tensor.mm, torch.addmm, torch.Tensor.addmm})
 
 
 class _WeightsWide(TorchFunctionMode):
-    """Inside it torch runs on one thread; `F.linear` with a wide weight on `threads`."""
+    """Inside it torch runs on one thread; a product with a matrix (a 2-D operand) on `threads`."""
 
     def __init__(self, threads: int) -> None:
         super().__init__()
@@ -39,8 +44,8 @@ class _WeightsWide(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        weight = args[1] if len(args) > 1 else kwargs.get("weight")
-        if func is not F.linear or not isinstance(weight, torch.Tensor) or weight.numel() < WIDE:
+        if func not in PRODUCTS or not any(isinstance(a, torch.Tensor) and a.dim() == 2
+                                           for a in (*args, *kwargs.values())):
             return func(*args, **kwargs)
         torch.set_num_threads(self.threads)
         try:
@@ -52,7 +57,7 @@ class _WeightsWide(TorchFunctionMode):
 @contextmanager
 def weights_on_all_threads(n_tokens: int) -> Iterator[None]:
     """For a pass over `n_tokens` tokens (at most SHORT; longer passes are left as they are): one torch thread
-    inside the block but for the products with wide weights, which keep the threads torch had; restored after."""
+    inside the block but for the products with a matrix, which keep the threads torch had; restored after."""
     threads = torch.get_num_threads()
     if n_tokens > SHORT or threads == 1:
         yield
