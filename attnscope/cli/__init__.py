@@ -65,7 +65,7 @@ def run() -> None:
     except SystemExit as exc:
         code = exc.code
     if not isinstance(code, int | None):
-        sys.exit(code)  # a message as the code, printed by the interpreter
+        raise SystemExit(code)  # a message as the code, printed by the interpreter
     if "torch" not in sys.modules or "attnscope.usertrace.load" in sys.modules:
         sys.exit(_flushed(code or 0))  # nothing slow to skip, or the user's code ran: the usual exit
     atexit._run_exitfuncs()

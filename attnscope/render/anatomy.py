@@ -145,7 +145,7 @@ def _layer_notes(anatomy: Anatomy, layer: Layer) -> list[str]:
 
 def _sliding_notes(layer: Layer) -> list[str]:
     """What a sliding layer's window is: a query's last W keys (and what its cache keeps), or W on both sides."""
-    window = layer.window
+    window = layer.window or 0  # a sliding layer always has its window (anatomy/kinds.py)
     last = f"sliding {window}: a query sees the last {window} keys, itself included"
     if layer.keeps_all:
         return [f"{last} (sliding_window masks MiniMax's softmax layers); MiniMaxCache keeps every token"]

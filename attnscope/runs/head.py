@@ -205,16 +205,18 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
     _readings(model, result)
     from attnscope.attention.linear_attention import pattern_name
 
-    pattern = pattern_name(result.run.layer)  # a linear layer's exact matrix where it has no softmax
-    result.attention = result.run.head[pattern]
-    result.all_heads = result.run.layer[pattern][0]
-    result.notes.extend(result.run.layer.notes)
+    run = result.run
+    assert run is not None  # every branch above sets it (streamed_layers.run_streamed too)
+    pattern = pattern_name(run.layer)  # a linear layer's exact matrix where it has no softmax
+    result.attention = run.head[pattern]
+    result.all_heads = run.layer[pattern][0]
+    result.notes.extend(run.layer.notes)
     if asked.generate:
         with progress(f"decoding {counted(asked.generate, 'token')}", total=asked.generate, unit="token") as tick:
             result.decode = stream.generate(model, encoded.ids, asked.generate, asked.layer, progress=tick)
         result.decode_pieces = tokenizer.pieces(model.folder, [step.token_id for step in result.decode])
         result.generated_text = tokenizer.text_of(model.folder, [step.token_id for step in result.decode])
-    failed = result.run.selfcheck or next((s.selfcheck for s in result.decode or [] if s.selfcheck), "")
+    failed = run.selfcheck or next((s.selfcheck for s in result.decode or [] if s.selfcheck), "")
     if failed:  # models/selfcheck.py: SDPA does not reproduce the traced layer (or a decode step's): the pattern only
         result.notes.append(failed)
         result.run = None
