@@ -15,9 +15,9 @@ from attnscope.runs.memory import (
     flag_overhead,
     guard_files,
     guard_memory,
-    guard_sizes,
     inputs_bytes,
     param_bytes,
+    sized_need,
     structural_bytes,
 )
 from attnscope.runs.options import AttentionOptions, check_heads, check_options, check_rope_width
@@ -135,7 +135,8 @@ def estimate(asked: MhaOptions, spec: AttentionSpec) -> None:
     needed = cost.mha_bytes(asked.batch, asked.nq, asked.cache + n_new, asked.d_feat, asked.heads, spec,
                             bias=asked.bias, cross=n_new != asked.nq, user_mask=bool(asked.mask), pad=bool(asked.pad),
                             d_head=asked.d_head, position_bias=bias_numel(asked.position_bias))
-    guard_sizes(asked, spec, needed)
+    if (whole := sized_need(asked, spec, needed)) is not None:  # None under --meta
+        guard_memory(whole, asked.max_memory)
 
 
 def loaded(asked: MhaOptions, spec: AttentionSpec) -> Inputs:

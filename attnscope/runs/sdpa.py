@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope import cost
 from attnscope.errors import UsageError
 from attnscope.runs.inputs import bias_numel, build_mask, input_op, load, random_inputs, sink_op, sink_values
-from attnscope.runs.memory import flag_overhead, guard_files, guard_memory, guard_sizes, inputs_bytes, structural_bytes
+from attnscope.runs.memory import flag_overhead, guard_files, guard_memory, inputs_bytes, sized_need, structural_bytes
 from attnscope.runs.options import AttentionOptions, check_cache_sizes, check_options, check_rope_width
 from attnscope.runs.outputs import RunResult, finish, finish_variants, mask_extra, variant_params, variants_line
 from attnscope.tensors.opened import one_read
@@ -94,7 +94,8 @@ def estimate(asked: SdpaOptions, spec: AttentionSpec) -> None:
     check_rope_width(spec, asked.dk, "d_K")
     needed = cost.sdpa_bytes(asked.batch, asked.nq, _keys(asked), asked.dk, asked.dv, spec,
                              user_mask=bool(asked.mask), pad=bool(asked.pad), bias=bias_numel(asked.position_bias))
-    guard_sizes(asked, spec, needed)
+    if (whole := sized_need(asked, spec, needed)) is not None:  # None under --meta
+        guard_memory(whole, asked.max_memory)
 
 
 def traced(asked: SdpaOptions, spec: AttentionSpec) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, Trace,
