@@ -134,7 +134,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
     if stacked is not None:  # per-head weight stacks [n_head, d_head, d_feat]: their first axis is the head count
         shapes = ShapePlan.make(dataclasses.replace(o, heads=stacked[0]), weighted, init)
         notes.append(f"n_head = {stacked[0]}, read from your per-head weights ({stacked[1]}: "
-                     f"[n_head, .., ..] = {list(stacked[2])}); --heads says it otherwise")
+                     f"{list(stacked[2])}); --heads says it otherwise")
     plan = shapes.fed(plan)  # a memory of K's own width to `context=None` (Stable Diffusion's CrossAttention)
 
     def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
@@ -431,7 +431,11 @@ def _heads_from_weights(module: Any) -> tuple[int, str, tuple[int, ...]] | None:
     shape; None where it holds none, or they disagree."""
     if module is None:
         return None
+    from attnscope.usertrace.inputs import kernel_heads
+
     stacks = [(name, tuple(p.shape)) for name, p in module.named_parameters() if p.dim() == 3]
+    if stacks and (pair := kernel_heads(module)) is not None:  # Keras' kernels [d, n_head, d_head], [n_head, .., d]
+        return pair[0], stacks[0][0], stacks[0][1]
     if not stacks or len({shape[0] for _, shape in stacks}) != 1 or stacks[0][1][0] < 1:
         return None
     return stacks[0][1][0], stacks[0][0], stacks[0][1]

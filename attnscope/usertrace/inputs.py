@@ -151,7 +151,28 @@ def module_width(module: Any) -> int | None:
         return linears[0].in_features
     # nn.Parameter weights only (x @ W): the size their dims share most, d_feat (W_Q [d_feat, n_head·d_head], ...)
     sizes = Counter(n for p in module.parameters() if p.dim() == 2 for n in p.shape)
-    return sizes.most_common(1)[0][0] if sizes else None
+    return sizes.most_common(1)[0][0] if sizes else _kernel_width(module)
+
+
+def _kernel_width(module: Any) -> int | None:
+    """d_feat of 3-D kernels only (Keras' EinsumDense: [d_feat, n_head, d_head] in, [n_head, d_head, d_feat] out):
+    the one adjacent pair of sizes every kernel holds in the same order is (n_head, d_head); d_feat the size left.
+    None where no pair, or more than one, is common to them all."""
+    pair = kernel_heads(module)
+    if pair is None:
+        return None
+    first = next(tuple(p.shape) for p in module.parameters() if p.dim() == 3)
+    return int(first[2] if first[0:2] == pair else first[0])
+
+
+def kernel_heads(module: Any) -> tuple[int, int] | None:
+    """(n_head, d_head) of 3-D kernels that disagree on their first axis (EinsumDense's [d_feat, n_head, d_head] and
+    [n_head, d_head, d_feat]): the one adjacent pair of sizes they all hold in the same order; None otherwise."""
+    kernels = [tuple(p.shape) for p in module.parameters() if p.dim() == 3]
+    if len(kernels) < 2 or len({k[0] for k in kernels}) == 1:
+        return None
+    common = set.intersection(*({k[0:2], k[1:3]} for k in kernels))
+    return (int(common.copy().pop()[0]), int(common.pop()[1])) if len(common) == 1 else None
 
 
 @dataclass

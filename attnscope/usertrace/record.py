@@ -34,6 +34,8 @@ OPERATORS = {"matmul": "@", "__matmul__": "@", "div": "/", "true_divide": "/", "
              "__rmul__": "*", "__radd__": "+", "__rsub__": "-r", "pow": "**", "__pow__": "**"}
 UNARY = {"__invert__": "~", "bitwise_not": "~", "__neg__": "-", "neg": "-", "logical_not": "~"}
 LEFT = ("side", "left")  # the last argument of a projection written W @ x (the weight on the left): no tensor
+KERNEL_IN = ("side", "kernel_in")  # a 3-D kernel [d_in, n_head, d_head] (Keras EinsumDense): no tensor
+KERNEL_OUT = ("side", "kernel_out")  # a 3-D output kernel [n_head, d_head, d_out]: no tensor
 MATMULS = ("matmul", "__matmul__", "bmm", "mm", "baddbmm")
 SOFTMAXES = ("softmax", "log_softmax", "_softmax")
 ELEMENTWISE = ("div", "true_divide", "mul", "add", "sub", "masked_fill", "masked_fill_", "exp", "sqrt", "rsqrt",
@@ -212,7 +214,8 @@ class Recorder(TorchFunctionMode):
             weight, left = side
             name, style = "matmul", "linear"
             others = [self._arg(a) for a in _tensors(args, {}) if a is not weight]
-            described = [("text", self._linears[id(weight)]), others[0], *([LEFT] if left else [])]
+            described = [("text", self._linears[id(weight)]), others[0],
+                         *([left] if isinstance(left, tuple) else [LEFT] if left else [])]
         elif owner.startswith(("TensorBase.", "Tensor.")):
             style = "operator" if (name in OPERATORS and len(args) == 2) or (name in UNARY and len(args) == 1) \
                 else "method"
@@ -222,11 +225,14 @@ class Recorder(TorchFunctionMode):
             style, name = "function", f"{prefix}{name}" if not name.startswith(("F.", "torch.")) else name
         return render_op(name, style, described, self._text), described, style, name
 
-    def _einsum_weight(self, args: list[Any]) -> tuple[torch.Tensor, bool] | None:
+    def _einsum_weight(self, args: list[Any]) -> tuple[torch.Tensor, bool | tuple[str, str]] | None:
         """The weight of an einsum that projects with one (two operands, one of them a weight, one index of the
         weight's contracted): the weight, and whether it stands on the left as the column form's W @ x does (its last
         index contracted: [d_out, d_in], [n_head, d_head, d_in]) rather than as x @ W (its first, or for per-head
-        stacks [n_head, d_in, d_head] its middle). None for any other einsum."""
+        stacks [n_head, d_in, d_head] its middle). A 3-D kernel whose uncontracted indices stay side by side in the
+        output, in their order, is Keras' EinsumDense: its first contracted ("btd,dhk->bthk", [d_in, n_head, d_head]:
+        KERNEL_IN) or its first two ("bthk,hkd->btd", [n_head, d_head, d_out]: KERNEL_OUT), the head axis the kernel's
+        own. None for any other einsum."""
         operands = _tensors(args, {})
         if not args or not isinstance(args[0], str) or len(operands) != 2 or "->" not in args[0]:
             return None
@@ -239,6 +245,12 @@ class Recorder(TorchFunctionMode):
             return None
         subscripts = parts[weights[0]]
         contracted = [i for i, letter in enumerate(subscripts) if letter not in output]
+        kept = "".join(letter for letter in subscripts if letter in output)
+        if len(subscripts) == 3 and kept and kept in output and len(set(subscripts)) == 3:
+            if contracted == [0] and output.endswith(kept):  # [d_in, n_head, d_head] -> [.., n_head, d_head]
+                return operands[weights[0]], KERNEL_IN
+            if contracted == [0, 1]:  # [n_head, d_head, d_out] -> [.., d_out]
+                return operands[weights[0]], KERNEL_OUT
         if len(contracted) != 1 or len(subscripts) not in (2, 3):
             return None
         at = contracted[0]

@@ -158,16 +158,23 @@ def parameter_projections(module: nn.Module, records: list[Record]) -> list[tupl
             continue
         name = r.args[0][1]
         if name in params and name not in held and name not in out and params[name].dim() in (2, 3):
-            weight = _as_linear(params[name].detach(), r.func == "matmul", LEFT in r.args)
+            weight = _as_linear(params[name].detach(), r.func == "matmul", LEFT in r.args,
+                                next((a[1] for a in r.args if a[0] == "side" and a[1].startswith("kernel")), None))
             if weight is not None:
                 out[name] = fused.Part(name, weight, _added_bias(r, records, params, weight.shape[0]))
     return list(out.items())
 
 
-def _as_linear(weight: torch.Tensor, matmul: bool, left: bool) -> torch.Tensor | None:
+def _as_linear(weight: torch.Tensor, matmul: bool, left: bool, kernel: str | None = None) -> torch.Tensor | None:
     """A weight as a Linear holds it, [d_out, d_in]: `x @ W` (W [d_in, d_out]) transposed, `W @ x` (the column
     form) and `F.linear(x, W)` as they are; per-head stacks with their heads outer, `W @ x` of [n_head, d_head,
-    d_in] and `x @ W` of [n_head, d_in, d_head] as [n_head·d_head, d_in]. None for a 3-D F.linear weight."""
+    d_in] and `x @ W` of [n_head, d_in, d_head] as [n_head·d_head, d_in]; Keras' EinsumDense kernels, [d_in, n_head,
+    d_head] ("kernel_in") and the output's [n_head, d_head, d_out] ("kernel_out"), likewise. None for a 3-D F.linear
+    weight."""
+    if weight.dim() == 3 and kernel == "kernel_in":
+        return weight.permute(1, 2, 0).reshape(-1, weight.shape[0])  # -> [n_head·d_head, d_in]
+    if weight.dim() == 3 and kernel == "kernel_out":
+        return weight.reshape(-1, weight.shape[-1]).t()  # -> [d_out, n_head·d_head]
     if weight.dim() == 3:
         if not matmul:
             return None
