@@ -133,8 +133,9 @@ def run_trace(o: TraceOptions) -> TraceRun:
     stacked = _heads_from_weights(weighted) if shapes.n_head is None and o.heads is None else None
     if stacked is not None:  # per-head weight stacks [n_head, d_head, d_feat]: their first axis is the head count
         shapes = ShapePlan.make(dataclasses.replace(o, heads=stacked[0]), weighted, init)
+        shown = f"[n_head, .., ..] = {list(stacked[2])}" if stacked[2][0] == stacked[0] else list(stacked[2])
         notes.append(f"n_head = {stacked[0]}, read from your per-head weights ({stacked[1]}: "
-                     f"{list(stacked[2])}); --heads says it otherwise")
+                     f"{shown}); --heads says it otherwise")
     plan = shapes.fed(plan)  # a memory of K's own width to `context=None` (Stable Diffusion's CrossAttention)
 
     def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
