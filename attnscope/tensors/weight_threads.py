@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from attnscope.tensors.threads import one_thread
+
 SHORT = 256  # a pass over at most this many tokens runs its small operations on one thread
 PRODUCTS = frozenset({F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
                       torch.mm, torch.Tensor.mm, torch.addmm, torch.Tensor.addmm})
@@ -62,9 +64,5 @@ def weights_on_all_threads(n_tokens: int) -> Iterator[None]:
     if n_tokens > SHORT or threads == 1:
         yield
         return
-    torch.set_num_threads(1)
-    try:
-        with _WeightsWide(threads):
-            yield
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread(), _WeightsWide(threads):
+        yield
