@@ -176,6 +176,9 @@ def test_fuzzed_config_is_one_message(family, folders, tmp_path_factory):
     ("qwen3_5_text", ("rope_parameters", "partial_rotary_factor"), 2 ** 62, "check", ["cannot load"]),
     ("minimax", ("num_experts_per_tok",), -1, "check", ["num_experts_per_tok is -1"]),
     ("llama4", ("attention_chunk_size",), 1e308, "head", ["attention_chunk_size is 1e+308"]),
+    # and by stop 48's: GPT-OSS's sliding layers with no window (transformers' sliding mask refuses it)
+    ("gpt_oss", ("sliding_window",), None, "check", ["sliding_window is missing"]),
+    ("gpt_oss", ("sliding_window",), None, "head", ["sliding_window is missing"]),
 ])
 def test_reported_configs_are_one_message(family, path, value, command, words, folders, tmp_path):
     """The two the issue names: Kimi Linear's malformed linear_attn_config (an AttributeError before) and

@@ -95,7 +95,9 @@ class GptOss(Llama):
         """`layer_types[layer]`, else GptOssConfig's default: even layers slide."""
         kinds = self.config.str_list("layer_types", self.n_layer)
         sliding = kinds[layer] == "sliding_attention" if kinds is not None else layer % 2 == 0
-        return self.config.optional_integer("sliding_window") if sliding else None
+        # a sliding layer needs its window: GptOssAttention passes config.sliding_window to
+        # create_sliding_window_causal_mask, which refuses None (masking_utils)
+        return self.config.integer("sliding_window") if sliding else None
 
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(causal=True, rope=self.rope(), window=self.window(layer), sinks=True)
