@@ -5,12 +5,18 @@
 
 (a) Files to open to read a family's attention: a tiny checkpoint of the family (the tests' builders:
     tests/tiny_models.py, tiny_indexer.py, tiny_linear.py) runs `attnscope head --text` in this process under
-    `sys.setprofile`. The attention window opens when a family's `attention(layer, record=True)` is called and
-    closes at its caller's next call after the returned module's `__call__` (or its return): what is
-    counted is every attnscope file in which a Python function is entered inside that window, the page's file
-    included (dataclass-generated methods, which have no file, are not counted). Qwen3-Next is counted on a
-    full layer and a linear layer, and the union is its figure; DeepSeek-V3.2 on its first MoE layer (the
-    indexer's). Lines are the files' whole lengths (what a reader opens).
+    `sys.setprofile`, and the traced layer (the family's `attention(layer, record=True)`, then the returned
+    module called on X) is cut in three windows, each the attnscope files in which a Python function is entered
+    inside it (dataclass-generated methods, which have no file, are not counted):
+    - the attention: from the page's attention method's entry to its return (`attend`, a method of a page in
+      models/families/, llama.py's), or where the page writes none, the module's call (from its first entered
+      function to the caller's next call: DeepSeek-V3.2's IndexedLatentAttention, a hybrid's linear layer);
+      the figure is these files with the page's own file (what a reader opens: the page plus the files it names);
+    - the build: `attention(layer, record=True)` itself (reading the weights, building the module), on its own
+      line, never hidden;
+    - the module's call around the page's method (the old window was build + call, reported beside them).
+    Qwen3-Next is counted on a full layer and a linear layer, and the union is its figure; DeepSeek-V3.2 on its
+    first MoE layer (the indexer's). Lines are the files' whole lengths (what a reader opens).
 (b) One tiny LLaMA `head --text` run (layer 1, head 0), the whole command in-process: the attnscope modules in
     which a function is entered; the calls whose caller and callee live in different attnscope modules (the
     caller is the nearest attnscope frame on the stack, so a call through torch's `Module.__call__` or typer
@@ -52,20 +58,28 @@ def _module(filename: str) -> str | None:
 
 
 class Profile:
-    """Every Python call while installed: modules entered, cross-module calls, and the attention windows' files."""
+    """Every Python call while installed: modules entered, cross-module calls, and the traced layer's windows' files
+    (each window a dict: "build", "call", "attend" -> the files entered there)."""
 
     def __init__(self) -> None:
         self.modules: set[str] = set()
         self.calls: Counter[tuple[str, str]] = Counter()
-        self.window_files: list[set[str]] = []
+        self.windows: list[dict[str, set[str]]] = []
         self._caller_of_attention = None  # the frame that called attention(layer, record=True)
         self._direct = 0  # calls that frame has made since
+        self._build = None  # the attention(layer, record=True) frame, while it runs
+        self._attend = None  # the page's attention method's frame, while it runs
 
     def __call__(self, frame, event: str, arg) -> None:
         if event == "call":
             self._enter(frame)
-        elif event == "return" and frame is self._caller_of_attention:
-            self._caller_of_attention = None
+        elif event == "return":
+            if frame is self._caller_of_attention:
+                self._caller_of_attention = None
+            if frame is self._build:
+                self._build = None
+            if frame is self._attend:
+                self._attend = None
 
     def _enter(self, frame) -> None:
         callee = _module(frame.f_code.co_filename)
@@ -76,10 +90,17 @@ class Profile:
                 self._caller_of_attention = None
         if (callee is not None and frame.f_code.co_name == "attention" and frame.f_locals.get("record") is True
                 and self._caller_of_attention is None):
-            self._caller_of_attention, self._direct = caller_frame, 1
-            self.window_files.append(set())
+            self._caller_of_attention, self._direct, self._build = caller_frame, 1, frame
+            self.windows.append({"build": set(), "call": set(), "attend": set()})
         if self._caller_of_attention is not None and callee is not None:
-            self.window_files[-1].add(str(Path(frame.f_code.co_filename).resolve()))
+            path = str(Path(frame.f_code.co_filename).resolve())
+            if (self._build is None and self._attend is None and frame.f_code.co_name == "attend"
+                    and callee.startswith("attnscope.models.families.")):
+                self._attend = frame
+            window = self.windows[-1]
+            window["build" if self._build is not None else "call"].add(path)
+            if self._attend is not None:
+                window["attend"].add(path)
         if callee is None:
             return
         self.modules.add(callee)
@@ -110,10 +131,15 @@ def _head(folder: Path, layer: int) -> Profile:
     return profile
 
 
-def _window(profile: Profile) -> set[str]:
-    if not profile.window_files:
+def _window(profile: Profile) -> dict[str, set[str]]:
+    if not profile.windows:
         raise SystemExit("no attention(layer, record=True) call was seen: the window needs updating")
-    return profile.window_files[-1]  # the traced layer's (the last one opened)
+    return profile.windows[-1]  # the traced layer's (the last one opened)
+
+
+def _attention(window: dict[str, set[str]]) -> set[str]:
+    """The attention's files: the page's method's where it has one, else the module's call."""
+    return window["attend"] or window["call"]
 
 
 def _files(paths: set[str]) -> dict:
@@ -157,22 +183,31 @@ def _estimate_bytes() -> list[str]:
     return found
 
 
+PAGES = {"llama": "llama.py", "deepseek_v32": "deepseek_v32.py", "qwen3_next": "qwen3_next.py"}
+
+
 def counts() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         models = _build(Path(tmp))
         files: dict[str, dict] = {}
         run = None
         for family, (folder, layers) in models.items():
-            union: set[str] = set()
+            page = {str(PACKAGE / "models" / "families" / PAGES[family])}  # the page itself
+            union = set(page)
+            build: set[str] = set()
+            whole: set[str] = set()
             per_layer = {}
             for layer in layers:
                 profile = _head(folder, layer)
                 window = _window(profile)
-                per_layer[str(layer)] = _files(window)["files"]
-                union |= window
+                per_layer[str(layer)] = _files(_attention(window) | page)["files"]
+                union |= _attention(window)
+                build |= window["build"]
+                whole |= window["build"] | window["call"]
                 if family == "llama":
                     run = profile
-            files[family] = {**_files(union), "per_layer": per_layer}
+            files[family] = {**_files(union), "per_layer": per_layer, "build": _files(build),
+                             "build_and_call": _files(whole)}
     assert run is not None
     both = sorted({tuple(sorted(edge)) for edge in run.calls if edge[::-1] in run.calls})
     head_run = {"modules_entered": len(run.modules), "cross_module_calls": sum(run.calls.values()),
@@ -183,11 +218,16 @@ def counts() -> dict:
 
 
 def markdown(found: dict) -> str:
-    lines = ["(a) files to read the attention (page + modules entered in the traced layer's attention):"]
+    lines = ["(a) files to read the attention (the page + the files entered in its attention method, or in the "
+             "module's call where the page writes none):"]
     for family, entry in found["files_to_read_attention"].items():
         layers = ", ".join(f"layer {k}: {v}" for k, v in entry["per_layer"].items())
         lines.append(f"- {family}: {entry['files']} files, {entry['lines']} lines ({layers})")
         lines.extend(f"    {path}" for path in entry["paths"])
+        build, whole = entry["build"], entry["build_and_call"]
+        lines.append(f"  {family}'s layer build (attention(layer, record=True)): {build['files']} files, "
+                     f"{build['lines']} lines: {', '.join(build['paths'])}")
+        lines.append(f"  {family}'s build and module call together (the old window): {whole['files']} files")
     run = found["llama_head_run"]
     lines.append(f"(b) tiny LLaMA head run: {run['modules_entered']} modules entered, {run['cross_module_calls']} "
                  f"cross-module calls over {run['distinct_edges']} distinct edges, "
