@@ -120,31 +120,6 @@ class Family(ABC):
         generate does so: Phi-3 when longrope switches)."""
         return False
 
-    def head_weight(self, tied: str, ties_by_default: bool = False) -> torch.Tensor:
-        """The language-model head's weight `[vocab, d_model]`: the token embedding `tied` where the config ties
-        them (`tie_word_embeddings`, default as the family's config class has it), else `lm_head.weight`, beside
-        the model's keys (`language_model.lm_head.weight` where they lie under `language_model.model.`: Llama 4's
-        multimodal checkpoints) or at the top (Gemma 3's)."""
-        return self.checkpoint.tensor(self.head_key(tied, ties_by_default))
-
-    def head_product(self, h: torch.Tensor, tied: str, ties_by_default: bool = False) -> torch.Tensor:
-        """`h @ head_weight(...).T`, `[1, n, vocab]`; through the checkpoint's own `product` where it has one (a
-        GGUF file's: the head's rows expanded a few thousand at a time, its float32 matrix never whole)."""
-        key = self.head_key(tied, ties_by_default)
-        product = getattr(self.checkpoint, "product", None)
-        return product(key, h) if product is not None else h @ self.checkpoint.tensor(key).T  # [1, n, vocab]
-
-    def head_key(self, tied: str, ties_by_default: bool = False) -> str:
-        """The key of `head_weight`'s tensor."""
-        if self.config.flag("tie_word_embeddings", default=ties_by_default):
-            return f"{self.prefix}{tied}"
-        beside = self.prefix[: -len("model.")] if self.prefix.endswith(".model.") else ""
-        for key in dict.fromkeys((f"{beside}lm_head.weight", "lm_head.weight")):
-            if key in self.checkpoint:
-                return key
-        raise UsageError(f"{{generate}}: {self.checkpoint.source.name} holds no lm_head.weight (a base model "
-                         "without its language-model head); give a ...ForCausalLM checkpoint", "generate")
-
     # --- shared -----------------------------------------------------------------------------------------
 
     @property

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks
+from attnscope.models import blocks, lm_head
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -141,4 +141,5 @@ class Bloom(Family):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """`BloomForCausalLM`: ln_f, then lm_head, tied to word_embeddings."""
-        return self.norm(f"{self.prefix}ln_f", h) @ self.head_weight("word_embeddings.weight", True).T  # [1, n, vocab]
+        head = lm_head.weight(self, "word_embeddings.weight", True)  # [vocab, d_model]
+        return self.norm(f"{self.prefix}ln_f", h) @ head.T  # [1, n, vocab]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks
+from attnscope.models import blocks, lm_head
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -114,7 +114,7 @@ class Gpt2(Family):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """`GPT2LMHeadModel`: the final LayerNorm ln_f, then the head, tied to wte."""
         # [.., n_tokens, d_model] @ [d_model, n_vocab]
-        return self._norm(f"{self.prefix}ln_f", h) @ self.head_weight("wte.weight", ties_by_default=True).T
+        return self._norm(f"{self.prefix}ln_f", h) @ lm_head.weight(self, "wte.weight", ties_by_default=True).T
 
     def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
         return (self._norm(self.key(layer, "ln_1"), h),

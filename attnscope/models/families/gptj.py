@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks
+from attnscope.models import blocks, lm_head
 from attnscope.models.families.gpt2 import Gpt2
 from attnscope.models.family import Family, Slice
 from attnscope.models.weights import linear_projections, linear_slices
@@ -74,7 +74,7 @@ class GptJ(Gpt2):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """`GPTJForCausalLM`: ln_f, then lm_head, which has a bias (untied by default)."""
-        weight = self.head_weight("wte.weight", ties_by_default=False)
+        weight = lm_head.weight(self, "wte.weight", ties_by_default=False)
         return self._norm(f"{self.prefix}ln_f", h) @ weight.T + self.checkpoint.tensor("lm_head.bias")  # [1, n, vocab]
 
     def block(self, layer: int, h: torch.Tensor, attention: MultiHeadAttention) -> torch.Tensor:

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks
+from attnscope.models import blocks, lm_head
 from attnscope.models.family import Family, Slice
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
@@ -203,4 +203,4 @@ class Llama(Family):
         """`LlamaForCausalLM`: the final RMSNorm, then lm_head (the token embedding where tied)."""
         eps = self.config.number("rms_norm_eps", default=1e-6)
         h = blocks.rms_norm(h, self.checkpoint.tensor(f"{self.prefix}norm.weight"), eps, plus_one=self.norm_plus_one)
-        return self.head_product(h, "embed_tokens.weight", self.ties_by_default)  # [1, n, vocab]
+        return lm_head.product(self, h, "embed_tokens.weight", self.ties_by_default)  # [1, n, vocab]

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks
+from attnscope.models import blocks, lm_head
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -134,4 +134,4 @@ class Mpt(Family):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """`MptForCausalLM`: norm_f, then lm_head, tied to wte by default."""
-        return self.norm(f"{self.prefix}norm_f", h) @ self.head_weight("wte.weight", True).T  # [1, n, vocab]
+        return self.norm(f"{self.prefix}norm_f", h) @ lm_head.weight(self, "wte.weight", True).T  # [1, n, vocab]
