@@ -90,10 +90,11 @@ def read_config_file(model: str, path: Path) -> dict[str, Any]:
     """config.json as a dict: refused in one line if missing, too large, not JSON, nested without end, or not
     an object; then refused as the model reader refuses it (config.check_sane: nested past 64, a size past its
     bound, an integer past 64 bits), wherever the value sits. A GGUF file's config is its metadata's."""
-    from attnscope.models.gguf.open import is_gguf_file, read_gguf_config
+    from attnscope.models.source import source_of
 
-    if is_gguf_file(path):
-        data = read_gguf_config(path)
+    source = source_of(path)
+    if source.gguf:
+        data = source.gguf_settings()
         check_sane(path, data)
         return data
     if not path.is_file():

@@ -207,7 +207,7 @@ def visible_keys(layer: Layer, n: int) -> int:
 
 def read_anatomy(model: str, tokens: int | None = None, dtype: str | None = None) -> Anatomy:
     from attnscope.models import hub
-    from attnscope.models.gguf.open import is_gguf_file
+    from attnscope.models.source import source_of
 
     if tokens is not None and not 1 <= tokens <= MAX_TOKENS:
         raise UsageError(f"tokens is {tokens}; give a number of tokens from 1 to {MAX_TOKENS}")
@@ -241,9 +241,10 @@ def read_anatomy(model: str, tokens: int | None = None, dtype: str | None = None
     n_tokens, tokens_from = _tokens(s, tokens, CONTEXT_FIELDS + ("max_target_positions",), assumed)
     source, _ = _tokens(read[1] if len(read) == 3 else s, tokens, ("max_source_positions", *CONTEXT_FIELDS))
     dtype_name, dtype_from = _dtype(read[0], data, dtype)
-    if dtype is None and dtype_from == NO_DTYPE and is_gguf_file(path):  # quantized blocks, no dtype to name
+    gguf = source_of(path).gguf
+    if dtype is None and dtype_from == NO_DTYPE and gguf:  # quantized blocks, no dtype to name
         dtype_from = GGUF_DTYPE
-    if tokens_from == "max_position_embeddings" and is_gguf_file(path):  # models/gguf/config.py reads it from there
+    if tokens_from == "max_position_embeddings" and gguf:  # models/gguf/config.py reads it from there
         tokens_from = "the GGUF's context_length"
     uninterpreted = [name for one in read for name in one.uninterpreted()] + _unread_types(layers)
     return Anatomy(model, path, read[0].model_type or "?", architecture, where.rstrip("."), layers, n_tokens,

@@ -52,10 +52,11 @@ class Checkpoint:
 
     @classmethod
     def open(cls, folder: Path) -> Checkpoint:
-        from attnscope.models.gguf.open import is_gguf_file, open_checkpoint
+        from attnscope.models.source import source_of
 
-        if is_gguf_file(folder):  # a GGUF file: its tensors in transformers' names, dequantized when read
-            return open_checkpoint(folder)  # type: ignore[return-value]
+        located = source_of(folder)
+        if located.gguf:  # a GGUF file: its tensors in transformers' names, dequantized when read
+            return located.gguf_checkpoint()  # type: ignore[return-value]
         source = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
         if source is None:
             raise UsageError(f"{{model}} {folder}: no checkpoint there (looked for {', '.join(WEIGHT_FILES)})", "model")

@@ -148,12 +148,9 @@ class Config:
 def fix_advice(path: Path) -> str:
     """What to do about a bad setting: a folder's config.json is fixed or saved again, a GGUF file's settings are
     its metadata (models/gguf/config.py reads them under config.json's names), so the file is the thing to fix."""
-    from attnscope.models.gguf.open import is_gguf_file
+    from attnscope.models.source import source_of
 
-    if is_gguf_file(path):
-        return ("the GGUF file's metadata is damaged or not what llama.cpp writes: download it again, or convert the "
-                "model again with llama.cpp's convert_hf_to_gguf.py")
-    return "fix config.json or save the model again with save_pretrained"
+    return source_of(path).fix_advice
 
 
 def layer_entry(table: Mapping[str, Any], index: int) -> Any:
@@ -164,10 +161,11 @@ def layer_entry(table: Mapping[str, Any], index: int) -> Any:
 
 
 def read_config(folder: Path) -> Config:
-    from attnscope.models.gguf.open import is_gguf_file, read_gguf_config
+    from attnscope.models.source import source_of
 
-    if is_gguf_file(folder):  # a GGUF: its metadata is the config
-        data = read_gguf_config(folder)
+    source = source_of(folder)
+    if source.gguf:  # a GGUF: its metadata is the config
+        data = source.gguf_settings()
         check_sane(folder, data)
         return Config(folder, data)
     path = folder / "config.json"

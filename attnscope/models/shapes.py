@@ -74,12 +74,11 @@ def _compare(model: Family, key: str, implied: list[int | None]) -> None:
 
 
 def _refuse(model: Family, key: str, shape: list[int], implied: str) -> None:
-    from attnscope.models.config import fix_advice
-    from attnscope.models.gguf.open import is_gguf_file
+    from attnscope.models.source import source_of
 
     sizes = (f"num_attention_heads {model.n_head}, key/value heads {model.n_kv_head}, head_dim {model.d_head}, "
              f"hidden_size {model.d_model}")
-    said = "its metadata" if is_gguf_file(model.folder) else "config.json"
-    raise UsageError(f"{{model}} {model.folder}: {key} is {shape} in {model.checkpoint.source.name}, but {said} "
-                     f"implies {implied} ({sizes}); the config does not describe these weights: "
-                     f"{fix_advice(model.folder)}", "model")
+    source = source_of(model.folder)
+    raise UsageError(f"{{model}} {model.folder}: {key} is {shape} in {model.checkpoint.source.name}, but "
+                     f"{source.settings_name} implies {implied} ({sizes}); the config does not describe these "
+                     f"weights: {source.fix_advice}", "model")

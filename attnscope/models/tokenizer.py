@@ -22,6 +22,7 @@ from typing import Any
 from attnscope.errors import UsageError
 from attnscope.models.config import settings_file
 from attnscope.models.gguf.post_processor import add_special_tokens
+from attnscope.models.source import source_of
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "vocab.json", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
@@ -79,10 +80,9 @@ def encode(folder: Path, text: str, *, target: bool = False) -> Encoded:
     """`text`'s ids and tokens; `target`: as an encoder-decoder's target (`tokenizer(text_target=...)`, which
     Marian's and mBART's tokenizers read with the target language's vocabulary or code)."""
     check_text(text)
-    if folder.is_file():  # a GGUF file: the tokenizer its metadata describes
-        from attnscope.models.gguf import tokenizer as gguf_tokenizer
-
-        encoded = _encoded(gguf_tokenizer.load(folder), text, "tokenizers (GGUF)")
+    source = source_of(folder)
+    if source.gguf:  # a GGUF file: the tokenizer its metadata describes
+        encoded = _encoded(source.gguf_tokenizer(), text, "tokenizers (GGUF)")
     elif not any((folder / name).is_file() for name in VOCABULARY_FILES):
         raise UsageError(f"{{model}} {folder} has no tokenizer for {{text}} (looked for "
                          f"{', '.join(VOCABULARY_FILES)}); save one beside the weights with "
@@ -214,10 +214,9 @@ def tokens_of(folder: Path, ids: list[int]) -> list[str]:
 def pieces(folder: Path, ids: list[int]) -> list[tuple[str, str]]:
     """Each id as a token (`convert_ids_to_tokens`: `▁cat`, `Ġcat`) and as the text it decodes to alone (` cat`,
     `_alone`); `<id N>` for both where the folder has no tokenizer to ask."""
-    if folder.is_file():  # a GGUF file
-        from attnscope.models.gguf import tokenizer as gguf_tokenizer
-
-        return _pieces(gguf_tokenizer.load(folder), ids)
+    source = source_of(folder)
+    if source.gguf:  # a GGUF file
+        return _pieces(source.gguf_tokenizer(), ids)
     if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         from tokenizers import Tokenizer
 
@@ -239,10 +238,9 @@ def text_of(folder: Path, ids: list[int]) -> str:
     turn shows): a character split over several tokens comes out whole, where `pieces` shows each part alone."""
     if not ids:
         return ""
-    if folder.is_file():  # a GGUF file
-        from attnscope.models.gguf import tokenizer as gguf_tokenizer
-
-        return str(gguf_tokenizer.load(folder).decode(ids, skip_special_tokens=False))
+    source = source_of(folder)
+    if source.gguf:  # a GGUF file
+        return str(source.gguf_tokenizer().decode(ids, skip_special_tokens=False))
     if (folder / "tokenizer.json").is_file() and _settings(folder).get("tokenizer_class") in (DIRECT_CLASSES | {None}):
         from tokenizers import Tokenizer
 

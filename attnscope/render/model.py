@@ -59,9 +59,9 @@ def _head_dim_source(path: Path, model_type: str, key: str) -> str:
     """Where d_head was read: config.json's key, or a GGUF file's metadata key that models/gguf/config.py reads
     as head_dim (`{arch}.attention.key_length`)."""
     from attnscope.models.gguf.config import ARCHITECTURES
-    from attnscope.models.gguf.open import is_gguf_file
+    from attnscope.models.source import source_of
 
-    if not is_gguf_file(path):
+    if not source_of(path).gguf:
         return f"config.json's {key}"
     arch = next((name for name, (kind, _, _) in ARCHITECTURES.items() if kind == model_type), "{arch}")
     return f"the GGUF's {arch}.attention.key_length"

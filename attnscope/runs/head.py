@@ -77,9 +77,10 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
                                                                                          asked.audio)),
                             extra=("preprocessor_config.json",) if asked.audio or asked.image else ())
         config = read_config(folder)
-    from attnscope.models.gguf.open import is_gguf_file
+    from attnscope.models.source import source_of
 
-    if asked.check and is_gguf_file(folder):
+    gguf = source_of(folder).gguf
+    if asked.check and gguf:
         raise UsageError("--check compares with transformers' eager run of a model folder, and --model is a GGUF "
                          "file (transformers would dequantize it whole: from_pretrained(folder, gguf_file=...)); "
                          "drop --check")
@@ -122,7 +123,7 @@ def run_head(asked: HeadOptions, progress: Progress = _quiet) -> HeadResult:
             result = _traced(asked, model, progress)
         from attnscope.models.gguf.open import NOTE
 
-        if is_gguf_file(folder):
+        if gguf:
             result.notes.append(NOTE)
     if asked.check:
         from attnscope.runs.check_model import check_head
