@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models.config import fix_advice
+from attnscope.models import layout
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Family(ABC):
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         self.folder, self.config, self.checkpoint = folder, config, checkpoint
         self.architecture = config.architecture
-        self.prefix = self._find_prefix()
+        self.prefix = layout.find_prefix(checkpoint, f"{self.layers}.0.{self.query}", self.prefixes, self.model_type)
 
     # --- the protocol: each family writes these --------------------------------------------------------
 
@@ -136,28 +136,9 @@ class Family(ABC):
     def weight(self, layer: int, name: str) -> torch.Tensor:
         return self.checkpoint.tensor(self.key(layer, name))
 
-    def read_sizes(self) -> None:
-        """An encoder's sizes: `num_hidden_layers`, `num_attention_heads` (each head its own keys and values) and
-        `hidden_size`, whose quotient d_head must be whole."""
-        config = self.config
-        self.n_layer = config.integer("num_hidden_layers")
-        self.n_head = self.n_kv_head = config.integer("num_attention_heads")
-        self.d_model = config.integer("hidden_size")
-        if self.d_model % self.n_head:
-            raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by num_attention_heads "
-                             f"{self.n_head}; {fix_advice(config.path)}")
-        self.d_head = self.d_model // self.n_head
-
     def check_sizes(self) -> None:
-        """After a subclass read its sizes: heads that divide, and every layer in the checkpoint."""
-        if self.n_head % self.n_kv_head:
-            raise UsageError(f"{self.config.path}: {self.n_head} attention heads are not a multiple of "
-                             f"{self.n_kv_head} key/value heads; {fix_advice(self.config.path)}")
-        last = self.key(self.n_layer - 1, self.query)
-        if last not in self.checkpoint:
-            present = sum(1 for layer in range(self.n_layer) if self.key(layer, self.query) in self.checkpoint)
-            raise UsageError(f"{self.config.path} says {self.n_layer} layers but {self.checkpoint.source.name} holds "
-                             f"{present} ({last} is missing); config.json does not describe these weights")
+        """After a subclass read its sizes (layout.check_sizes; llama.py's call, until its page is free)."""
+        layout.check_sizes(self)
 
     def check_position(self, layer: int, head: int) -> None:
         check_position(self.n_layer, self.n_head, layer, head)
@@ -256,18 +237,6 @@ class Family(ABC):
         import math
 
         return math.prod(self.checkpoint.shape(key))
-
-    def _find_prefix(self) -> str:
-        """"" for a base model, "model." / "bert." / "transformer." for task models that wrap it."""
-        wanted = f"{self.layers}.0.{self.query}"
-        for prefix in self.prefixes:
-            if f"{prefix}{wanted}" in self.checkpoint:
-                return prefix
-        found = next((k for k in self.checkpoint.keys if k.endswith(wanted)), None)
-        if found is None:
-            raise UsageError(f"{self.checkpoint.source}: no {wanted}; this checkpoint is not laid out as "
-                             f"{self.model_type}'s (model_type in config.json: '{self.model_type}')")
-        return found.removesuffix(wanted)
 
 
 def check_position(n_layer: int, n_head: int, layer: int, head: int) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks, lm_head
+from attnscope.models import blocks, layout, lm_head
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -53,7 +53,7 @@ class Gpt2(Family):
                              "fix config.json")
         self.d_head = self.d_model // self.n_head
         self.max_tokens = config.integer("n_positions", "max_position_embeddings", default=1024)
-        self.check_sizes()
+        layout.check_sizes(self)
 
     # --- where head h lives ---------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks, lm_head
+from attnscope.models import blocks, layout, lm_head
 from attnscope.models.family import Family, Slice
 from attnscope.spec import AttentionSpec
 
@@ -72,7 +72,7 @@ class Mpt(Family):
                              "fix config.json")
         self.d_head = self.d_model // self.n_head
         self.max_tokens = config.integer("max_seq_len", default=2048)
-        self.check_sizes()
+        layout.check_sizes(self)
 
     # --- where head h lives ---------------------------------------------------------------------------------
 
