@@ -68,6 +68,7 @@ class Family(ABC):
     max_tokens: int | None = None  # learned position tables end; RoPE models have no hard limit
     latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek-V2/V3), None for the others
     expert_reads: Experts | None = None  # how a mixture-of-experts page reads its experts (models/memory.py)
+    extra_cells: int = 0  # the page's own [n_tokens, n_tokens] float32 tensors beside its heads' (models/memory.py)
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         self.folder, self.config, self.checkpoint = folder, config, checkpoint
@@ -204,11 +205,6 @@ class Family(ABC):
         from attnscope.attention.multihead import MultiHeadAttention
 
         return MultiHeadAttention
-
-    @property
-    def extra_cells(self) -> int:
-        """The page's own `[n_tokens, n_tokens]` float32 tensors beside its heads' (models/memory.py): none."""
-        return 0
 
     def estimate_bytes(self, layer: int, n_tokens: int) -> int:
         """Memory of a run up to `layer` (models/memory.py): its layers' weights (its experts as `expert_reads`

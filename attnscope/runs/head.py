@@ -168,7 +168,7 @@ def _on_text(asked: HeadOptions, model: Family, result: HeadResult, progress: Pr
     encoded = result.encoded = tokenizer.encode(model.folder, asked.text or "")
     result.tracer = "attnscope"
     if asked.dense:
-        model.dense = True  # type: ignore[attr-defined]  # _check_dense: a sparse indexer's page
+        model.with_dense()  # type: ignore[attr-defined]  # _check_dense: a sparse indexer's page
     plan = layers.plan(asked, model, encoded)
     n = plan.n_tokens
     what = (f"running {'every layer' if asked.all_layers or asked.generate else f'layers 0..{asked.layer}'} of this "

@@ -56,6 +56,7 @@ class DeepseekV32(DeepseekV3):
             raise UsageError(f"{config.path}: index_head_dim {self.index_d_head} is less than qk_rope_head_dim "
                              f"{self.latent.qk_rope_head_dim}, the indexer's rotated part; fix config.json")
         self.selections = Selections()
+        self.extra_cells = self.index_n_head + 2  # the indexer's scores [n_index_head, n, n], index_scores, selected
 
     def rope_interleave(self) -> bool:
         return True
@@ -114,11 +115,10 @@ class DeepseekV32(DeepseekV3):
         module.load_state_dict(self.projections(layer), assign=True)
         return module.eval()
 
-    @property
-    def extra_cells(self) -> int:
-        """The indexer's per-index-head scores `[n_index_head, n, n]`, index_scores and selected, and with --dense
-        the dense softmax of every head (models/memory.py)."""
-        return self.index_n_head + 2 + (self.n_head + 1 if self.dense else 0)
+    def with_dense(self) -> None:
+        """--dense: the dense softmax of every head computed beside the sparse one, and held (`extra_cells`)."""
+        self.dense = True
+        self.extra_cells = self.index_n_head + 2 + self.n_head + 1
 
     def block(self, layer: int, h: torch.Tensor, attention: Any) -> torch.Tensor:
         """DeepSeek-V3's block, its MLP dense or mixture-of-experts by `mlp_layer_types`."""

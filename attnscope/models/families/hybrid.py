@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from attnscope.models.config import Config
 
 KINDS = ("linear_attention", "full_attention")
+LINEAR_CELLS = 3  # a linear layer's M [n, n] a value head, in float64 beside its float32 copy: a page's extra_cells
 
 
 class LinearLayers:
@@ -109,11 +110,6 @@ class LinearLayers:
         if "effective_attention" not in layer:
             return super().head_trace(layer, head)  # type: ignore[misc, no-any-return]
         return linear_head_trace(layer, head)
-
-    @property
-    def extra_cells(self) -> int:
-        """A linear layer's M `[n_head, n, n]` in float64 beside its float32 copy (models/memory.py)."""
-        return 3 * self.delta.n_head
 
 
 @dataclass(repr=False, eq=False)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from attnscope.errors import UsageError
 from attnscope.models.config import Config, fix_advice
 from attnscope.models.families.deepseek import DeepseekV3
-from attnscope.models.families.hybrid import LinearLayers
+from attnscope.models.families.hybrid import LINEAR_CELLS, LinearLayers
 from attnscope.variants.rope import Rope
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class KimiLinear(LinearLayers, DeepseekV3):
                                 default=config.integer("linear_conv_kernel_dim", default=4))
         self.delta = DeltaSizes(n_head=n, n_k_head=n, d_K=d, d_V=d, per_channel=True, gate="sigmoid", l2="sqrt",
                                 kernel=kernel, eps=config.number("rms_norm_eps", default=1e-5))
+        self.extra_cells = LINEAR_CELLS * self.delta.n_head  # its M (models/memory.py)
         for layer in range(self.n_layer):
             self.layer_kind(layer)
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks
-from attnscope.models.families.hybrid import LinearLayers
+from attnscope.models.families.hybrid import LINEAR_CELLS, LinearLayers
 from attnscope.models.families.llama import Llama
 from attnscope.spec import AttentionSpec
 
@@ -58,6 +58,7 @@ class MiniMax(LinearLayers, Llama):
         super().__init__(folder, config, checkpoint)
         self.delta = DeltaSizes(n_head=self.n_head, n_k_head=self.n_head, d_K=self.d_head, d_V=self.d_head, kernel=0,
                                 gate="sigmoid", l2="none", rule="plain", scaled=False, norm_over="proj", eps=1e-6)
+        self.extra_cells = LINEAR_CELLS * self.delta.n_head  # its M (models/memory.py)
         for layer in range(self.n_layer):
             self.layer_kind(layer)
         # read now, whichever layer is asked: a bad value is refused here, not by transformers under --check

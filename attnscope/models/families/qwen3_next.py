@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.attention.multihead import MultiHeadAttention
 from attnscope.errors import UsageError
-from attnscope.models.families.hybrid import LinearLayers
+from attnscope.models.families.hybrid import LINEAR_CELLS, LinearLayers
 from attnscope.models.families.qwen3_moe import Qwen3Moe
 from attnscope.spec import AttentionSpec
 
@@ -67,6 +67,7 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
                                 d_V=config.integer("linear_value_head_dim", default=128),
                                 kernel=config.integer("linear_conv_kernel_dim", default=4),
                                 eps=config.number("rms_norm_eps", default=1e-6))
+        self.extra_cells = LINEAR_CELLS * self.delta.n_head  # its M (models/memory.py)
         for layer in range(self.n_layer):
             self.layer_kind(layer)  # a bad layer_types entry is refused now, not at layer L
 

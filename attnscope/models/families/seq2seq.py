@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from attnscope.models.config import Config
 
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
+# The [n_head, n, n] float32 tensors at the peak a head adds beyond a page's four (extra_cells): the traced layer's
+# scores, biased scores (T5's bias itself) and attention, with the fused attention's own copies beside them
+# (measured: 0.45 GB for T5's 4 heads at 1,992 tokens, where four counted 0.25 GB).
+EXTRA_CELLS = 4
 KIND_WORDS = {"encoder": "the encoder's self-attention", "decoder": "the decoder's (causal) self-attention",
               "cross": "the decoder's cross-attention"}
 
@@ -93,6 +97,7 @@ class EncoderDecoder(Family):
             layout.check_sizes(self.for_kind(kind))
         self.n_layer, self.n_head = self.sizes["encoder"]
         self.n_kv_head = self.n_head
+        self.extra_cells = EXTRA_CELLS * self.n_head
 
     def for_kind(self, kind: str) -> EncoderDecoder:
         """The same checkpoint seen as its `kind` attention ("encoder", "decoder" or "cross")."""
@@ -102,6 +107,7 @@ class EncoderDecoder(Family):
         view.kind, view.stack = kind, self.stacks[kind]
         view.n_layer, view.n_head = self.sizes[view.side]
         view.n_kv_head = view.n_head
+        view.extra_cells = EXTRA_CELLS * view.n_head
         if self.d_heads is not None:
             view.d_head = self.d_heads[view.side]
         return view
@@ -223,9 +229,3 @@ class EncoderDecoder(Family):
                 _layer_of(k[len(stem):]) == layer and side == own if only else _layer_of(k[len(stem):]) <= last)]
         return memory.held(self.checkpoint, needed)
 
-    @property
-    def extra_cells(self) -> int:
-        """Eight `[n_head, n, n]` float32 tensors at the peak where a page counts four: the traced layer's scores,
-        biased scores (T5's bias itself) and attention, with the fused attention's own copies beside them
-        (measured: 0.45 GB for T5's 4 heads at 1,992 tokens, where four counted 0.25 GB)."""
-        return 4 * self.n_head
