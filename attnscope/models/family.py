@@ -153,12 +153,6 @@ class Family(ABC):
         """(d_head, n_kv_head) of layer `layer`: the model's, where a family's layers differ (Gemma 4) its own."""
         return self.d_head, self.n_kv_head
 
-    def check_length(self, n_tokens: int) -> None:
-        """Learned position tables end: a longer text has no position to take."""
-        if self.max_tokens is not None and n_tokens > self.max_tokens:
-            raise UsageError(f"{{text}} is {n_tokens} tokens, more than this model's {self.max_tokens} positions; "
-                             "shorten it", "text")
-
     def kv_head(self, head: int) -> int:
         """The key/value head that serves query head `head` (transformers' `repeat_kv` order)."""
         return head // self.n_group
@@ -243,6 +237,13 @@ def check_position(n_layer: int, n_head: int, layer: int, head: int) -> None:
     if not 0 <= head < n_head:
         raise UsageError(f"{{head}} {head} is out of range: this model has {counted(n_head, 'head')}, "
                          f"0 to {n_head - 1}", "head")
+
+
+def check_length(max_tokens: int | None, n_tokens: int) -> None:
+    """A page's learned position table (`max_tokens` positions) ends: a longer text has no position to take."""
+    if max_tokens is not None and n_tokens > max_tokens:
+        raise UsageError(f"{{text}} is {n_tokens} tokens, more than this model's {max_tokens} positions; "
+                         "shorten it", "text")
 
 
 def _layer_of(rest: str) -> int:

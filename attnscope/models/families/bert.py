@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks, layout
-from attnscope.models.family import Family, Slice
+from attnscope.models.family import Family, Slice, check_length
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
@@ -85,7 +85,7 @@ class Bert(Family):
         if kind != "absolute":
             raise UsageError(f"{self.config.path}: position_embedding_type {kind!r}; attnscope computes BERT's "
                              "'absolute' positions only")
-        self.check_length(len(ids))
+        check_length(self.max_tokens, len(ids))
         stem = f"{self.prefix}embeddings"
         h = (self.checkpoint.rows(f"{stem}.word_embeddings.weight", ids)
              + self.checkpoint.rows(f"{stem}.position_embeddings.weight", self.positions(ids))

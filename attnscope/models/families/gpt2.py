@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks, layout, lm_head
-from attnscope.models.family import Family, Slice
+from attnscope.models.family import Family, Slice, check_length
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class Gpt2(Family):
 
     def embed_at(self, ids: list[int], start: int) -> torch.Tensor:
         """Tokens at positions start, start + 1, ...: their embeddings and those positions' (a decode step)."""
-        self.check_length(start + len(ids))
+        check_length(self.max_tokens, start + len(ids))
         h = (self.checkpoint.rows(f"{self.prefix}wte.weight", ids)
              + self.checkpoint.rows(f"{self.prefix}wpe.weight", list(range(start, start + len(ids)))))
         return h[None]  # [1, n, d_model]

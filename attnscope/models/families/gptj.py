@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import UsageError
 from attnscope.models import blocks, lm_head
 from attnscope.models.families.gpt2 import Gpt2
-from attnscope.models.family import Family, Slice
+from attnscope.models.family import Family, Slice, check_length
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
@@ -69,7 +69,7 @@ class GptJ(Gpt2):
 
     def embed_at(self, ids: list[int], start: int) -> torch.Tensor:
         """`GPTJModel.forward`: the token embeddings alone (positions come from RoPE, up to n_positions)."""
-        self.check_length(start + len(ids))
+        check_length(self.max_tokens, start + len(ids))
         return self.checkpoint.rows(f"{self.prefix}wte.weight", ids)[None]  # [1, n, d_model]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
 from attnscope.models import blocks, layout, lm_head
-from attnscope.models.family import Family, Slice
+from attnscope.models.family import Family, Slice, check_length
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class Mpt(Family):
 
     def embed_at(self, ids: list[int], start: int) -> torch.Tensor:
         """`MptModel.forward`: the token embeddings alone; ALiBi's table ends at max_seq_len."""
-        self.check_length(start + len(ids))
+        check_length(self.max_tokens, start + len(ids))
         return self.checkpoint.rows(f"{self.prefix}wte.weight", ids)[None]  # [1, n, d_model]
 
     def attention_input(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, str]:
