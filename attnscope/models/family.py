@@ -68,6 +68,9 @@ class Family(ABC):
     max_tokens: int | None = None  # learned position tables end; RoPE models have no hard limit
     latent: Latent | None = None  # multi-head latent attention's sizes (DeepSeek-V2/V3), None for the others
     expert_reads: Experts | None = None  # how a mixture-of-experts page reads its experts (models/memory.py)
+    # decoding drops its cache and runs the whole text again the step the text first grows past this many
+    # positions (forward/stream.py), as a family's generate does (Phi-3's when longrope switches); None: never
+    regenerate_past: int | None = None
     extra_cells: int = 0  # the page's own [n_tokens, n_tokens] float32 tensors beside its heads' (models/memory.py)
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
@@ -115,11 +118,6 @@ class Family(ABC):
         cannot generate says so."""
         raise UsageError(f"{{generate}}: {self.architecture} is not a causal language model attnscope can decode "
                          "with", "generate")
-
-    def regenerates(self, past: int, total: int) -> bool:
-        """Whether decoding drops the cache of `past` positions and runs all `total` again (a family whose
-        generate does so: Phi-3 when longrope switches)."""
-        return False
 
     # --- shared -----------------------------------------------------------------------------------------
 

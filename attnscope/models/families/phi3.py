@@ -29,7 +29,12 @@ from attnscope.models.families.llama import Llama
 from attnscope.models.family import Slice
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
+
+    from attnscope.models.checkpoint import Checkpoint
+    from attnscope.models.config import Config
 
 QKV, OUT = "self_attn.qkv_proj", "self_attn.o_proj"
 
@@ -69,12 +74,12 @@ class Phi3(Llama):
 
     # --- the attention's specifics --------------------------------------------------------------------------
 
-    def regenerates(self, past: int, total: int) -> bool:
+    def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         """`Phi3ForCausalLM.prepare_inputs_for_generation`: when the text first grows past
         `original_max_position_embeddings`, longrope turns to its long factors and the cache, rotated with the
-        short ones, is dropped: that step runs the whole text again."""
-        limit = self._original_max()
-        return limit is not None and past > 0 and total >= limit + 1 and past <= limit
+        short ones, is dropped: that step runs the whole text again (`regenerate_past`)."""
+        super().__init__(folder, config, checkpoint)
+        self.regenerate_past = self._original_max()
 
     def _original_max(self) -> int | None:
         """transformers checks the config's own attribute (Phi3Config sets it from rope_parameters)."""

@@ -140,7 +140,8 @@ def generate(model: Family, ids: list[int], n_new: int, layer: int,
         tokens, start = list(ids), 0
         for step in range(n_new):
             progress(step)
-            if model.regenerates(start, len(tokens)):
+            limit = model.regenerate_past  # the step the text first grows past it runs the whole text again
+            if limit is not None and 0 < start <= limit < len(tokens):
                 caches, start = [None] * model.n_layer, 0
             with one_thread(len(tokens) - start <= ONE_THREAD_ROWS):  # few rows: matrix-vector sized
                 h = model.embed_at(tokens[start:], start)  # the prompt first, then one token at a time
