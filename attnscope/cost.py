@@ -48,6 +48,21 @@ def rms_norm_flops(shape: Sequence[int], weighted: bool) -> int:
     return (3 + weighted) * numel(shape) + 3 * rows
 
 
+def counted(kind: str, shape: Sequence[int], k: int = 0, extra: int = 0) -> int:
+    """The FLOPs a step's `Cost` says (trace.py: recorded as data in the forward, counted when a table or the JSON
+    asks): "linear" (`k` = d_in, `extra` 1 with a bias), "matmul" (`k` the summed axis, plus `extra` element-wise
+    FLOPs), "softmax", "rms_norm" (`k` 1 with a weight), each over the output `shape`."""
+    if kind == "linear":
+        return linear_flops(shape, k, bool(extra))
+    if kind == "matmul":
+        return matmul_flops(shape, k) + extra
+    if kind == "softmax":
+        return softmax_flops(shape)
+    if kind == "rms_norm":
+        return rms_norm_flops(shape, bool(k))
+    raise ValueError(f"no FLOP count for {kind!r}")
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 

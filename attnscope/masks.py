@@ -20,6 +20,7 @@ window or chunk an attention has is its `AttentionSpec`'s to say (spec.py), chec
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
@@ -194,6 +195,68 @@ def structural_rows(spec: AttentionSpec, n_Q: int, n_K: int, first: int, last: i
     if spec.window is not None:
         return allowed & (position - cols < spec.window)
     return allowed
+
+
+@dataclass(frozen=True)
+class Mask:
+    """The mask of one attention call, built before the attention runs (as transformers' `create_causal_mask` is
+    before the layers) and applied by attention/stages.py's `attend` as data: `allowed` (boolean, True = may attend:
+    the spec's causal, window or chunk mask and a boolean mask of the caller's, ANDed; None when neither),
+    `additive` (a float mask of the caller's, in the scores' dtype; None without), `hidden` (how the op says what
+    `allowed` hides: `causal(upper-left)`, `(causal(upper-left) & mask)`), `blocked` (`[.., n_Q, 1]`: the rows that
+    may see no key, None when nothing is masked). `spec` is the attention the mask was built for (the scale,
+    softcap, sinks and ALiBi the stage reads too), `offset` the position of query 0 (masks and ALiBi). `user` is the
+    caller's mask as given; `resolved` False until it is folded in against the scores' shape (`fold`), `built` False
+    where no `[n_Q, n_K]` mask was built (an unrecorded run's blocks of rows build their own: attention/rows.py)."""
+
+    spec: AttentionSpec
+    offset: int
+    allowed: torch.Tensor | None = None
+    additive: torch.Tensor | None = None
+    hidden: str = ""
+    blocked: torch.Tensor | None = None
+    user: torch.Tensor | None = None
+    resolved: bool = True
+    built: bool = True
+
+
+def prepare(spec: AttentionSpec, n_Q: int, n_K: int, device: Any = None, user: torch.Tensor | None = None, *,
+            scores: tuple[int, ...] | None = None, dtype: torch.dtype | None = None, build: bool = True) -> Mask:
+    """The `Mask` of an attention of `n_Q` queries over `n_K` keys: the spec's structural mask, and the caller's
+    `user` mask folded in where the scores' shape (`scores`) and dtype are known; else left for `fold` (sdpa folds it
+    once its scores are made). `build=False`: nothing built (an unrecorded run), `user` kept as given."""
+    offset = spec.offset(n_Q, n_K)
+    if not build:
+        return Mask(spec, offset, user=user, resolved=False, built=False)
+    allowed, described = structural(spec, n_Q, n_K, device)
+    mask = Mask(spec, offset, allowed, hidden=described, user=user, resolved=user is None)
+    if user is None or scores is None:
+        return mask if user is not None else fold(mask, (), None, device)
+    assert dtype is not None
+    return fold(mask, scores, dtype, device)
+
+
+def fold(mask: Mask, scores: tuple[int, ...], dtype: torch.dtype | None, device: Any = None) -> Mask:
+    """`mask` with the caller's mask put under the one dtype rule against the scores' shape and `dtype` (boolean
+    masks combine by AND, a float mask is added), and the rows that may see no key."""
+    import torch
+
+    allowed, additive, parts = mask.allowed, None, [mask.hidden] if mask.hidden else []
+    if mask.user is not None and not mask.resolved:
+        assert dtype is not None
+        user = as_attention_mask(mask.user if device is None else mask.user.to(device), scores, dtype)
+        if user.dtype == torch.bool:
+            allowed = user if allowed is None else allowed & user
+            parts.append("mask")
+        else:
+            additive = user
+    hidden = parts[0] if len(parts) == 1 else f"({' & '.join(parts)})" if parts else ""
+    blocked = None
+    if additive is not None:
+        blocked = fully_masked_rows(additive if allowed is None else torch.where(allowed, additive, float("-inf")))
+    elif allowed is not None:
+        blocked = fully_masked_rows(allowed)
+    return replace(mask, allowed=allowed, additive=additive, hidden=hidden, blocked=blocked, resolved=True)
 
 
 def fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:

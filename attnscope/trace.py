@@ -21,7 +21,7 @@ class Step:
     """One intermediate tensor.
 
     `dims` names every axis (`n_batch, n_Q, d_K`, ...), `op` is the expression that produced it,
-    `flops` the floating-point operations that op cost, `allocates` is False for views
+    `flops` the floating-point operations that op cost (`work`: the count or its `Cost`), `allocates` is False for views
     (a `view`/`permute` shares its input's memory, so it adds nothing to the peak), and `inputs` names the steps
     (or the caller's inputs, `Q`, `X`) the tensor was computed from, in the op's order: `scores` from
     `("Q_rot", "K_rot")`, `x_raw` from `("attention", "V_rep")`; empty where the recording site says none.
@@ -31,9 +31,19 @@ class Step:
     tensor: torch.Tensor
     dims: tuple[str, ...]
     op: str
-    flops: int = 0
+    work: int | Cost = 0  # the FLOPs, or a Cost to count them from when asked (`flops`)
     allocates: bool = True
     inputs: tuple[str, ...] = field(default=(), kw_only=True)  # keyword-only: subclasses add positional fields
+
+    @property
+    def flops(self) -> int:
+        """The floating-point operations of `op`: counted from its `Cost` here, when a table or the JSON asks, so a
+        forward records its steps without the arithmetic (cost.py's `counted`)."""
+        if isinstance(self.work, int):
+            return self.work
+        from attnscope.cost import counted
+
+        return counted(*self.work)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -63,11 +73,16 @@ class Step:
         return replace(self, inputs=inputs, op=op)
 
 
+Cost = tuple[str, tuple[int, ...], int, int]
+"""A step's FLOPs said as data, `(kind, shape, k, extra)`: ("linear", out_shape, d_in, bias), ("matmul", out_shape,
+k, element-wise extra), ("softmax", shape, 0, 0), ("rms_norm", shape, weighted, 0); counted by cost.py when asked."""
+
+
 class Recorder(Protocol):
     """Where a stage records its steps: a `Trace` (called, it adds) or its `add`, or `discard` when nothing is kept
     (`record=False`). Either way the tensor comes back, so a stage reads the same recorded or not."""
 
-    def __call__(self, name: str, tensor: torch.Tensor, dims: tuple[str, ...], op: str, flops: int = 0,
+    def __call__(self, name: str, tensor: torch.Tensor, dims: tuple[str, ...], op: str, flops: int | Cost = 0,
                  allocates: bool = True, *, inputs: tuple[str, ...] = ()) -> torch.Tensor: ...
 
 
@@ -90,13 +105,13 @@ class Trace(Mapping[str, "torch.Tensor"]):
         tensor: torch.Tensor,
         dims: tuple[str, ...],
         op: str,
-        flops: int = 0,
+        flops: int | Cost = 0,
         allocates: bool = True,
         *,
         inputs: tuple[str, ...] = (),
     ) -> torch.Tensor:
-        """Record a step and hand its tensor back, so the computation reads as a chain of adds; `inputs`: the steps
-        it was computed from, by name."""
+        """Record a step and hand its tensor back, so the computation reads as a chain of adds; `flops`: a count, or
+        a `Cost` counted when asked; `inputs`: the steps it was computed from, by name."""
         if name in self._steps:
             raise ValueError(f"step {name!r} is already in this trace; a name is never reused")
         if len(dims) != tensor.dim():
@@ -108,7 +123,7 @@ class Trace(Mapping[str, "torch.Tensor"]):
 
     def add_step(self, step: Step, name: str | None = None) -> torch.Tensor:
         """Record a step taken from another trace, optionally under a new name."""
-        return self.add(name or step.name, step.tensor, step.dims, step.op, step.flops, step.allocates,
+        return self.add(name or step.name, step.tensor, step.dims, step.op, step.work, step.allocates,
                         inputs=step.inputs)
 
     def set_op(self, name: str, op: str) -> None:

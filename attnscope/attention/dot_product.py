@@ -16,22 +16,27 @@ query, key and value); the steps' dtypes say so.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
-from attnscope import cost
+from attnscope import cost, masks
 from attnscope.attention import sinks as sinks_
-from attnscope.attention.masking import masked, zero_rows
-from attnscope.attention.position_bias import add_position_bias
-from attnscope.attention.stages import gqa_note, normalize, repeat_kv, rotate, tune
+from attnscope.attention.stages import (
+    HALF,
+    Names,
+    attend,
+    dtype_name,
+    half_note,
+    leading_names,
+    normalize,
+    rotate,
+    tune,
+)
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
-from attnscope.variants import alibi as alibi_
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -41,24 +46,7 @@ if TYPE_CHECKING:
     from attnscope.variants.rope import Rope
     from attnscope.variants.temperature import TemperatureTuning
 
-HALF = (torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True)
-class Names:
-    """What the steps and axes of one attention are called.
-
-    `sdpa` on its own uses the textbook names; `MultiHeadAttention` passes its own (`Q_rot`, `x_raw`,
-    `d_head`, batch axes `n_batch, n_head`) so its trace reads as the tutorial does.
-    """
-
-    Q: str = "Q"
-    K: str = "K"
-    V: str = "V"
-    out: str = "out"
-    d_K: str = "d_K"
-    d_V: str = "d_V"
-    batch: tuple[str, ...] | None = None
+__all__ = ["HALF", "HeadInputs", "Names", "dtype_name", "half_note", "leading_names", "sdpa", "sdpa_steps"]
 
 
 @dataclass(frozen=True)
@@ -84,11 +72,6 @@ def batch_names(n: int) -> tuple[str, ...]:
     return (*(f"n_batch_{i + 1}" for i in range(n - 1)), "n_head")
 
 
-def leading_names(names: tuple[str, ...], rank: int) -> tuple[str, ...]:
-    """The batch names of a tensor with `rank - 2` leading axes (batch axes broadcast from the right)."""
-    return names[len(names) - (rank - 2) :] if rank > 2 else ()
-
-
 def common_dtype(*tensors: Tensor) -> tuple[torch.dtype, str | None]:
     """The dtype of the inputs once made alike, and a note when they had to be converted."""
     if all(t.is_floating_point() for t in tensors):
@@ -104,15 +87,6 @@ def common_dtype(*tensors: Tensor) -> tuple[torch.dtype, str | None]:
 def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     """Where scores and softmax are computed: float32 for half precision, else the inputs' dtype."""
     return torch.float32 if dtype in HALF else dtype
-
-
-def half_note(dtype: torch.dtype) -> str:
-    return (f"{dtype_name(dtype)} inputs: scores, softmax and attention @ V computed in float32, as PyTorch's math "
-            f"path does (_scaled_dot_product_attention_math); out cast back to {dtype_name(dtype)}")
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def check_qkv(Q: Tensor, K: Tensor, V: Tensor, layout: str = "row", enable_gqa: bool = False) -> tuple[int, ...]:
@@ -198,10 +172,10 @@ class Prologue:
 
 
 def prologue(Q: Tensor, K: Tensor, V: Tensor, names: Names, *, layout: str = "row",
-             enable_gqa: bool = False) -> Prologue:
+             enable_gqa: bool = False, note_half: bool = True) -> Prologue:
     """What sdpa and textbook.sdpa_columns do first: check Q, K, V (`layout` "row": `[.., n, d]`, "col":
     `[.., d, n]`), name their batch dims, cast them to their common dtype, and start the trace with the dtype's
-    notes and the three inputs."""
+    notes (the half-precision one where `note_half`: sdpa's stages.attend says it) and the three inputs."""
     batch = check_qkv(Q, K, V, layout=layout, enable_gqa=enable_gqa)
     n_group = gqa_group(Q, K, V) if enable_gqa else 1
     batch_dims = names.batch if names.batch is not None else batch_names(len(batch))
@@ -209,7 +183,7 @@ def prologue(Q: Tensor, K: Tensor, V: Tensor, names: Names, *, layout: str = "ro
     acc = accumulate_dtype(dtype)
     Q, K, V = Q.to(dtype), K.to(dtype), V.to(dtype)
     trace = Trace()
-    trace.notes.extend(note for note in (dtype_note, half_note(dtype) if acc != dtype else None) if note)
+    trace.notes.extend(note for note in (dtype_note, half_note(dtype) if acc != dtype and note_half else None) if note)
     kv_dims = batch_dims if n_group == 1 else (*batch_dims[:-1], "n_kv_head")
     axes = {"Q": ("n_Q", names.d_K), "K": ("n_K", names.d_K), "V": ("n_K", names.d_V)}
     for step, x, dims in (("Q", Q, batch_dims), ("K", K, kv_dims), ("V", V, kv_dims)):
@@ -269,79 +243,31 @@ def sdpa(
     spec = resolve_spec(spec, scale=scale, causal=causal, window=window, softcap=softcap, alibi=alibi, rope=rope,
                         chunk=chunk, temperature=temperature, window_side=window_side, qk_norm=qk_norm)
     spec = sinks_.resolve(spec, sinks)
-    scale, softcap, rope = spec.scale, spec.softcap, spec.rope
+    rope = spec.rope
     if spec.norm is not None and spec.norm.over != "head":
         raise UsageError(f"{{qk_norm}} {spec.norm.over}: sdpa has no projection to normalise before a split; use "
                          "'head' (over d_K), or MultiHeadAttention for OLMo 2's norm over the projection", "qk_norm")
-    inputs = prologue(Q, K, V, names, enable_gqa=enable_gqa)
-    trace, Q, K, V, batch_dims = inputs.trace, inputs.Q, inputs.K, inputs.V, inputs.batch_dims
-    dtype, acc, n_group = inputs.dtype, inputs.acc, inputs.n_group
-    n_Q, d_K, n_K = Q.shape[-2], Q.shape[-1], K.shape[-2]
-    q_name, k_name, v_name = names.Q, names.K, names.V
+    inputs = prologue(Q, K, V, names, enable_gqa=enable_gqa, note_half=False)
+    trace, Q, K, V = inputs.trace, inputs.Q, inputs.K, inputs.V
+    n_Q, n_K = Q.shape[-2], K.shape[-2]
+    q_name, k_name = names.Q, names.K
 
     offset = spec.offset(n_Q, n_K)
     if spec.norm is not None:
-        Q, K = normalize(trace.add, Q, K, spec.norm, (None, None), source=(q_name, k_name),
+        Q, K = normalize(trace, Q, K, spec.norm, (None, None), source=(q_name, k_name),
                          dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
         q_name, k_name = "Q_normed", "K_normed"
     if rope is not None:
-        Q, K = rotate(trace.add, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
+        Q, K = rotate(trace, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
                       dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)
         q_name, k_name = "Q_rot", "K_rot"
     if spec.temperature is not None:
-        Q = tune(trace.add, Q, spec.temperature, start=offset, source=q_name, dims=trace.step(q_name).dims)
+        Q = tune(trace, Q, spec.temperature, start=offset, source=q_name, dims=trace.step(q_name).dims)
         q_name = "Q_tuned"
-    if n_group > 1:
-        trace.notes.append(gqa_note(K.shape[-3], n_group))
-        K, V = repeat_kv(trace.add, K, V, n_group, source=(k_name, v_name),
-                         dims=((*leading_names(batch_dims, K.dim()), "n_K", names.d_K),
-                               (*leading_names(batch_dims, V.dim()), "n_K", names.d_V)))
-        k_name, v_name = "K_rep", "V_rep"
-
-    scale_op = f"/ sqrt({names.d_K})" if scale is None else f"* {scale:g}"
-    scale = 1.0 / math.sqrt(d_K) if scale is None else scale
-    # V may carry more batch dims than Q and K (it broadcasts in `attention @ V`, as in PyTorch): the scores
-    # have only Q's and K's.
-    scores_dims = (*leading_names(batch_dims, max(Q.dim(), K.dim())), "n_Q", "n_K")
-    up = ".float()" if acc != dtype else ""
-    # mul_ on the fresh matmul result: no second [.., n_Q, n_K] tensor at the peak.
-    scores = torch.matmul(Q.to(acc), K.to(acc).transpose(-2, -1)).mul_(scale)  # [.., n_Q, n_K]
-    trace.add("scores", scores, scores_dims, f"{q_name}{up} @ {k_name}{up}.transpose(-2, -1) {scale_op}",
-              cost.matmul_flops(scores.shape, d_K) + scores.numel(), inputs=(q_name, k_name))
-    logits, last = scores, "scores"
-    if softcap is not None:
-        logits = trace.add("capped_scores", scores.div(softcap).tanh_().mul_(softcap), scores_dims,
-                           f"{softcap:g} * tanh(scores / {softcap:g})", 3 * scores.numel(), inputs=("scores",))
-        last = "capped_scores"
-    if spec.alibi and position_bias is not None:
-        raise UsageError("{alibi} and {position_bias} are two position biases; give one", "alibi", "position_bias")
-    if spec.alibi:
-        logits, last = _alibi(trace, logits, last, batch_dims, offset, spec.alibi_slopes)
-    if position_bias is not None:
-        logits, last = add_position_bias(trace, logits, last, position_bias, scores_dims[:-2])
-    logits, blocked, last = masked(trace, logits, last, mask, spec, scores_dims)
-
-    if spec.sinks:  # one more column per row, dropped after
-        attention, sink_weight, attention_op = sinks_.softmax(trace, logits, last, sinks, batch_dims)
-    else:
-        attention, attention_op = torch.softmax(logits, dim=-1), f"softmax({last}, dim=-1)"  # [.., n_Q, n_K]
-    if blocked is not None:
-        attention = zero_rows(attention, blocked, trace, n_Q)
-    if dropout_p > 0.0:
-        attention = F.dropout(attention, p=dropout_p, training=True)
-        attention_op = f"dropout({attention_op}, p={dropout_p:g})"
-    trace.add("attention", attention, scores_dims, attention_op,
-              cost.softmax_flops((*attention.shape[:-1], attention.shape[-1] + spec.sinks)),
-              inputs=(last, "sinks") if spec.sinks else (last,))
-    if spec.sinks:
-        sinks_.record_weight(trace, sink_weight, scores_dims)
-
-    out = torch.matmul(attention, V.to(acc))  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
-    out_op = f"attention @ {v_name}"
-    if acc != dtype:
-        out, out_op = out.to(dtype), f"(attention @ {v_name}.float()).to({dtype_name(dtype)})"
-    trace.add(names.out, out, (*batch_dims, "n_Q", names.d_V), out_op, cost.matmul_flops(out.shape, n_K),
-              inputs=("attention", v_name))
+    # the mask is folded in once the scores are made, against their shape (stages.attend)
+    built = masks.prepare(spec, n_Q, n_K, Q.device, mask)
+    attend(trace, Q, K, V, built, replace(names, Q=q_name, K=k_name), n_group=inputs.n_group, sinks=sinks,
+           dropout_p=dropout_p, position_bias=position_bias, batch_dims=inputs.batch_dims, dtype=inputs.dtype)
     return trace
 
 
@@ -359,21 +285,3 @@ def sdpa_steps(trace: Trace, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | Non
         trace.add_step(step)
     trace.notes.extend(inner.notes)
     return trace[names.out]
-
-
-def _alibi(trace: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...], offset: int,
-           given: tuple[float, ...] | None = None) -> tuple[Tensor, str]:
-    """Steps `alibi_bias` `[n_head, n_Q, n_K]` and `biased_scores`; the head axis is the one named n_head; `given`:
-    the spec's own slopes (one head of a larger module)."""
-    n_head = logits.shape[-3] if "n_head" in batch_dims and logits.dim() >= 3 else 1
-    n_Q, n_K = logits.shape[-2], logits.shape[-1]
-    m = alibi_.slopes(n_head).tolist() if given is None else list(given)  # [n_head], once: the bias and its text
-    bias = alibi_.bias(n_head, n_Q, n_K, offset, logits.device, tuple(m)).to(logits.dtype)  # [n_head, n_Q, n_K]
-    slopes = ", ".join(f"{s:.4g}" for s in m[:4]) + (", ..." if n_head > 4 else "")
-    position = "i" if offset == 0 else f"(i + {offset})"
-    trace.add("alibi_bias", bias, ("n_head", "n_Q", "n_K"),
-              f"-slope[h] * ({position} - j), slopes {slopes}", 3 * bias.numel())
-    biased = logits + (bias if logits.dim() >= 3 else bias[0])  # [.., n_head, n_Q, n_K]; unbatched: [n_Q, n_K]
-    trace.add("biased_scores", biased, trace.step(last).dims, f"{last} + alibi_bias", biased.numel(),
-              inputs=(last, "alibi_bias"))
-    return biased, "biased_scores"

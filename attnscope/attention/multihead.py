@@ -22,8 +22,9 @@ from torch import nn
 from attnscope import masks
 from attnscope.attention import dot_product as attention
 from attnscope.attention import rows, stages
-from attnscope.attention.dot_product import HeadInputs, Names, resolve_spec
-from attnscope.attention.stages import merge_heads
+from attnscope.attention import sinks as sinks_
+from attnscope.attention.dot_product import HeadInputs, resolve_spec
+from attnscope.attention.stages import HALF, Names, merge_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
 from attnscope.trace import Trace, discard
@@ -105,6 +106,10 @@ class MultiHeadAttention(nn.Module):
         self.d_feat, self.n_head, self.n_kv_head = d_feat, n_head, n_kv_head
         self.d_kv_in = d_feat if d_kv_in is None else d_kv_in  # what K and V are read from (a context's width)
         self.d_head = d_feat // n_head if d_head is None else d_head
+        self.n_group = n_head // n_kv_head  # query heads per key/value head
+        # the names of the key/value heads' axis and of the projections' widths (stages.axes), and the qk-norm, typed
+        self.kv, self.wide_q, self.wide_kv = stages.axes(n_head, n_kv_head, self.d_head, d_feat)
+        self.qk_norm = self.spec.norm
         if self.spec.rope is not None:
             self.spec.rope.check(self.d_head)
         self.dropout_p, self.record = dropout_p, record
@@ -119,10 +124,6 @@ class MultiHeadAttention(nn.Module):
         if norm is not None:
             self.q_norm = NormWeight(norm.width(n_head, self.d_head), norm.offset, norm.layer, **factory)
             self.k_norm = NormWeight(norm.width(n_kv_head, self.d_head), norm.offset, norm.layer, **factory)
-
-    @property
-    def n_group(self) -> int:
-        return self.n_head // self.n_kv_head
 
     def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None, mask: Tensor | None = None,
                 cache: tuple[Tensor, Tensor] | None = None, position_bias: Tensor | None = None) -> Trace:
@@ -153,11 +154,24 @@ class MultiHeadAttention(nn.Module):
 
     def _page(self, X: Tensor, mask: Tensor | None, cache: tuple[Tensor, Tensor] | None) -> Trace:
         """The page's attention on X, each step recorded (or, with `record=False`, the output alone, as `forward`
-        records it then)."""
+        records it then). The mask is built here, before the attention (masks.prepare, as transformers'
+        create_causal_mask before the layers), for the step's spec: after the cache, rope, temperature and qk-norm
+        left to the page's stages."""
         self._check_inputs(X, X, X, cache)
+        if self.sinks is not None:
+            sinks_.checked(self.sinks, self.n_head)  # a checkpoint's sinks: one finite logit per head
+        n_Q = X.shape[1]
+        n_cache = 0 if cache is None else cache[0].shape[-2]
+        spec = self.sdpa_spec(self.spec if cache is None else self.spec.with_cache(n_cache))
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
+        acc = torch.float32 if X.dtype in HALF else X.dtype  # the scores' dtype
+        built = masks.prepare(spec, n_Q, n_cache + n_Q, X.device, mask, scores=(X.shape[0], self.n_head, n_Q,
+                                                                                n_cache + n_Q),
+                              dtype=acc, build=self.record)
         trace = Trace()
         assert self.page is not None
-        x = self.page(self, X, trace if self.record else discard, cache, mask)  # [n_batch, n_Q, d_feat]
+        x = self.page(self, X, trace if self.record else discard, cache, built)  # [n_batch, n_Q, d_feat]
         if not self.record:
             trace.add("x", x, ("n_batch", "n_Q", "d_feat"),
                       "W_o(merge_heads(eager attention by blocks of query rows(...)))")
@@ -201,8 +215,7 @@ class MultiHeadAttention(nn.Module):
     def width(self, heads: str) -> str:
         """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head` (`heads`:
         n_head, or the key/value heads' `kv_axis()`)."""
-        n = self.n_head if heads == "n_head" else self.n_kv_head
-        return "d_feat" if n * self.d_head == self.d_feat else f"{heads}·d_head"
+        return self.wide_q if heads == "n_head" else self.wide_kv
 
     _width = width  # the name qwen3_next.py's GatedAttention calls
 
@@ -271,7 +284,7 @@ class MultiHeadAttention(nn.Module):
 
     def kv_axis(self) -> str:
         """The key/value heads' axis: n_head where every query head has its own, else n_kv_head."""
-        return "n_head" if self.n_kv_head == self.n_head else "n_kv_head"
+        return self.kv
 
     def _fused(self, Q_h: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None, dropout_p: float,
                spec: AttentionSpec, position_bias: Tensor | None = None) -> Tensor:

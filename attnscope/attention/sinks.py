@@ -15,7 +15,8 @@ its sink (the max transformers subtracts),
     attention = exp(logits - m) / (Σ_j exp(logits_j - m) + exp(sink - m)),   sink_weight = exp(sink - m) / (same)
 
 A query that may see no key gives all its weight to the sink: its attention row is 0 and its sink_weight 1 (never
-NaN: the sink is always there to see). The --check reference (reference.py) builds the concatenation instead.
+NaN: the sink is always there to see). attention/stages.py's `attend` computes it; the --check reference
+(reference.py) builds the concatenation instead.
 """
 
 from __future__ import annotations
@@ -23,14 +24,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from attnscope import cost
 from attnscope.errors import UsageError
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from attnscope.spec import AttentionSpec
-    from attnscope.trace import Trace
 
 
 def resolve(spec: AttentionSpec, sinks: Any) -> AttentionSpec:
@@ -67,42 +66,3 @@ def checked(sinks: Any, n_head: int) -> Tensor:
         raise UsageError("{sinks} hold NaN or infinity; each sink is a finite logit (GPT-OSS's are learned numbers "
                          "around 0 to 5)", "sinks")
     return values.reshape(-1)  # [n_head]
-
-
-def softmax(trace: Trace, logits: Tensor, last: str, sinks: Any,
-            batch_dims: tuple[str, ...]) -> tuple[Tensor, Tensor, str]:
-    """Step `sinks` `[n_head]`, then the softmax over every row's keys and its sink: the attention (rows summing
-    to 1 - sink_weight), the sink's weight `[.., n_Q]`, and the attention step's op."""
-    import torch
-
-    values = checked(sinks, heads(logits, batch_dims))
-    trace.add("sinks", values, ("n_head",), "input: a learned logit per head, one more column of each softmax row")
-    shaped = values.to(device=logits.device, dtype=logits.dtype)
-    column = shaped.reshape(-1, 1, 1) if logits.dim() >= 3 else shaped.reshape(1, 1)  # [n_head, 1, 1] or [1, 1]
-    if logits.shape[-1]:
-        m = torch.maximum(logits.amax(dim=-1, keepdim=True), column)  # [.., n_Q, 1]: max over keys and sink
-    else:
-        m = column.expand(*logits.shape[:-1], 1)
-    in_place = not (torch.is_grad_enabled() and logits.requires_grad)
-    shifted = logits - m  # [.., n_Q, n_K]
-    weights = shifted.exp_() if in_place else shifted.exp()
-    sink = (column - m).exp()  # [.., n_Q, 1]
-    total = weights.sum(dim=-1, keepdim=True) + sink  # [.., n_Q, 1]
-    attention = weights.div_(total) if in_place else weights / total  # [.., n_Q, n_K]
-    op = f"softmax(cat([{last}, sinks], dim=-1), dim=-1)[..., :-1]"
-    return attention, (sink / total).squeeze(-1), op
-
-
-def record_weight(trace: Trace, sink_weight: Tensor, scores_dims: tuple[str, ...]) -> None:
-    """Step `sink_weight` `[.., n_Q]` and the note that says the attention rows sum to less than 1."""
-    import torch
-
-    trace.add("sink_weight", sink_weight, scores_dims[:-1],
-              "the softmax's last column, the weight the sink took: 1 - attention.sum(-1)",
-              cost.numel(sink_weight.shape))
-    took = ""
-    if sink_weight.device.type != "meta" and sink_weight.numel():
-        low, high = float(torch.min(sink_weight.detach())), float(torch.max(sink_weight.detach()))
-        took = f" (here the sink took {low:.3g} to {high:.3g} of a row)"
-    trace.notes.append("attention sinks: each attention row sums to 1 - sink_weight, less than 1" + took
-                       + "; the sink has no value, so out = attention @ V leaves that share out")

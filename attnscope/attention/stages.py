@@ -1,38 +1,63 @@
-"""The stages every dot-product attention shares, in the order a layer runs them: project, split into heads,
-normalize (qk-norm), rotate (RoPE), tune (Llama 4's temperature), join the cache, repeat KV, and after `sdpa`'s
-scores ... out, merge the heads and project back.
+"""The stages of a dot-product attention, in the order a layer runs them: project, split into heads, normalize
+(qk-norm), rotate (RoPE), tune (Llama 4's temperature), join the cache, then `attend` (repeat KV, scores, softcap,
+the mask applied, sinks, softmax, the weighted sum: scores ... out), and merge the heads and project back.
 
 Each is a pure function of its tensors, the part of the spec it applies (a `Rope`, a `QkNorm`, a
-`TemperatureTuning`) and a `Recorder` (attnscope/trace.py: a Trace's `add`, or `discard` when nothing is kept),
-through which it records its steps with the steps they read (`inputs`); it returns its tensors, recorded or not.
-`sdpa` (dot_product.py), `MultiHeadAttention` (multihead.py) and the pages that write their attention out
-(models/families/) call them, so a stage is written once.
+`TemperatureTuning`, a `Mask` built before the attention: masks.py) and a `Recorder` (attnscope/trace.py: a Trace,
+or `discard` when nothing is kept), through which it records its steps with the steps they read (`inputs`) and
+their FLOPs as data (a `Cost`, counted when asked); it returns its tensors, recorded or not. A family's page
+(models/families/llama.py's `attend`), `sdpa` (dot_product.py) and `MultiHeadAttention` (multihead.py) call them,
+so a stage is written once.
+
+Half precision: for float16/bfloat16 inputs the scores, the softmax and `attention @ V` are computed in float32
+and the output is cast back, as PyTorch's math path does (`_scaled_dot_product_attention_math`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnscope import cost
 from attnscope.errors import UsageError
 from attnscope.variants import qknorm
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-    from attnscope.trace import Recorder
+    from attnscope.masks import Mask
+    from attnscope.trace import Recorder, Trace
     from attnscope.variants.qknorm import QkNorm
     from attnscope.variants.rope import Rope
     from attnscope.variants.temperature import TemperatureTuning
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Names:
+    """What the steps and axes of one attention are called.
+
+    `sdpa` on its own uses the textbook names; `MultiHeadAttention` and the pages pass their own (`Q_rot`, `x_raw`,
+    `d_head`, batch axes `n_batch, n_head`) so their trace reads as the tutorial does.
+    """
+
+    Q: str = "Q"
+    K: str = "K"
+    V: str = "V"
+    out: str = "out"
+    d_K: str = "d_K"
+    d_V: str = "d_V"
+    batch: tuple[str, ...] | None = None
 
 
 def project(rec: Recorder, name: str, W: nn.Linear, x: Tensor, dims: tuple[str, ...]) -> Tensor:
     """Step `{name}_feat` (`Q_feat`): `x` through the Linear `W` (`W_q(Q)`), `[n_batch, n, heads·d_head]`."""
     feat = W(x)  # [n_batch, n, d_in] -> [n_batch, n, heads·d_head]
     return rec(f"{name}_feat", feat, dims, f"W_{name.lower()}({name})",
-               cost.linear_flops(feat.shape, x.shape[-1], W.bias is not None), inputs=(name,))
+               ("linear", feat.shape, x.shape[-1], W.bias is not None), inputs=(name,))
 
 
 def split(rec: Recorder, name: str, feat: Tensor, n_head: int, dims: tuple[str, ...], source: str) -> Tensor:
@@ -56,7 +81,7 @@ def normalize(rec: Recorder, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[
         y = qknorm.apply(x, weight, bias, norm)
         bias_name = None if bias is None else (name.replace("weight", "bias") if name else "b")
         normed.append(rec(step, y, shape, norm.op(src, over, name, bias_name),
-                          cost.rms_norm_flops(y.shape, weight is not None), inputs=(src,)))
+                          ("rms_norm", y.shape, weight is not None, 0), inputs=(src,)))
     return normed[0], normed[1]
 
 
@@ -136,6 +161,189 @@ def gqa_note(n_kv_head: int, n_group: int) -> str:
     return f"grouped-query attention, n_group = {n_group}: " + "; ".join(shown) + more
 
 
+def attend(rec: Trace, Q: Tensor, K: Tensor, V: Tensor, mask: Mask, names: Names, *, n_group: int = 1,
+           sinks: Tensor | None = None, held: bool = False, dropout_p: float = 0.0,
+           position_bias: Tensor | None = None, batch_dims: tuple[str, ...] | None = None,
+           dtype: torch.dtype | None = None) -> Tensor:
+    """Steps `[K_rep, V_rep], scores, [capped_scores], [alibi_bias | position_bias, biased_scores], [masked_scores],
+    [sinks], attention, [sink_weight]` and the output (`names.out`, `x_raw` on a module's heads), on per-head Q
+    `[.., n_Q, d_K]`, K `[.., n_K, d_K]`, V `[.., n_K, d_V]` (already steps of `rec`, called `names`), with n_group
+    query heads to a K/V head (repeated here, transformers' `repeat_kv`). `mask` (masks.py's `Mask`, built before
+    the attention) says what the scores may see and the rest of the spec this stage applies (scale, softcap, ALiBi,
+    sinks); `sinks`: one logit per head (`held`: the module's parameter, counted with its weights); `dtype`: the
+    inputs' (half precision is computed in float32). Returns the output `[.., n_Q, d_V]`."""
+    spec, batch = mask.spec, names.batch if batch_dims is None else batch_dims
+    assert batch is not None
+    dtype = Q.dtype if dtype is None else dtype
+    acc = torch.float32 if dtype in HALF else dtype
+    if acc != dtype:
+        rec.notes.append(half_note(dtype))
+    n_Q, d_K, n_K = Q.shape[-2], Q.shape[-1], K.shape[-2]
+    q_name, k_name, v_name = names.Q, names.K, names.V
+    if n_group > 1:
+        rec.notes.append(gqa_note(K.shape[-3], n_group))
+        K, V = repeat_kv(rec, K, V, n_group, source=(k_name, v_name),
+                         dims=((*leading_names(batch, K.dim()), "n_K", names.d_K),
+                               (*leading_names(batch, V.dim()), "n_K", names.d_V)))
+        k_name, v_name = "K_rep", "V_rep"
+
+    scale_op = f"/ sqrt({names.d_K})" if spec.scale is None else f"* {spec.scale:g}"
+    scale = 1.0 / math.sqrt(d_K) if spec.scale is None else spec.scale
+    # V may carry more batch dims than Q and K (it broadcasts in `attention @ V`, as in PyTorch): the scores
+    # have only Q's and K's.
+    dims = (*leading_names(batch, max(Q.dim(), K.dim())), "n_Q", "n_K")
+    up = ".float()" if acc != dtype else ""
+    # mul_ on the fresh matmul result: no second [.., n_Q, n_K] tensor at the peak.
+    scores = torch.matmul(Q.to(acc), K.to(acc).transpose(-2, -1)).mul_(scale)  # [.., n_Q, n_K]
+    rec("scores", scores, dims, f"{q_name}{up} @ {k_name}{up}.transpose(-2, -1) {scale_op}",
+        ("matmul", scores.shape, d_K, scores.numel()), inputs=(q_name, k_name))
+    logits, last = scores, "scores"
+    if spec.softcap is not None:
+        logits = rec("capped_scores", scores.div(spec.softcap).tanh_().mul_(spec.softcap), dims,
+                     f"{spec.softcap:g} * tanh(scores / {spec.softcap:g})", 3 * scores.numel(), inputs=("scores",))
+        last = "capped_scores"
+    if spec.alibi and position_bias is not None:
+        raise UsageError("{alibi} and {position_bias} are two position biases; give one", "alibi", "position_bias")
+    if spec.alibi:
+        logits, last = _alibi(rec, logits, last, batch, mask.offset, spec.alibi_slopes)
+    if position_bias is not None:
+        from attnscope.attention.position_bias import add_position_bias
+
+        logits, last = add_position_bias(rec, logits, last, position_bias, dims[:-2])
+    if not mask.resolved:  # the caller's mask, checked against the scores as they are (sdpa's)
+        from attnscope import masks
+
+        mask = masks.fold(mask, tuple(logits.shape), logits.dtype, logits.device)
+    if mask.additive is not None or mask.allowed is not None:
+        op = last
+        if mask.additive is not None:
+            logits, op = logits + mask.additive, f"{last} + mask"
+        if mask.allowed is not None:
+            logits = logits.masked_fill(~mask.allowed, float("-inf"))
+            op = f"({op})" if mask.additive is not None else op
+            op = f"{op}.masked_fill(~{mask.hidden}, -inf)"
+        rec("masked_scores", logits, dims, op, logits.numel(), inputs=(last,))
+        last = "masked_scores"
+
+    if spec.sinks:  # one more column per row, dropped after
+        attention, sink_weight, attention_op = _sink_softmax(rec, logits, last, sinks, batch, held)
+    else:
+        attention, attention_op = torch.softmax(logits, dim=-1), f"softmax({last}, dim=-1)"  # [.., n_Q, n_K]
+    if mask.blocked is not None:
+        attention = zero_rows(attention, mask.blocked, rec, n_Q)
+    if dropout_p > 0.0:
+        attention = torch.nn.functional.dropout(attention, p=dropout_p, training=True)
+        attention_op = f"dropout({attention_op}, p={dropout_p:g})"
+    with_sink = (*attention.shape[:-1], attention.shape[-1] + spec.sinks)  # a sink is one more column to softmax
+    rec("attention", attention, dims, attention_op, ("softmax", with_sink, 0, 0),
+        inputs=(last, "sinks") if spec.sinks else (last,))
+    if spec.sinks:
+        rec("sink_weight", sink_weight, dims[:-1], "the softmax's last column, the weight the sink took: "
+            "1 - attention.sum(-1)", sink_weight.numel())
+        took = ""
+        if sink_weight.device.type != "meta" and sink_weight.numel():
+            low, high = float(torch.min(sink_weight.detach())), float(torch.max(sink_weight.detach()))
+            took = f" (here the sink took {low:.3g} to {high:.3g} of a row)"
+        rec.notes.append("attention sinks: each attention row sums to 1 - sink_weight, less than 1" + took
+                         + "; the sink has no value, so out = attention @ V leaves that share out")
+
+    out = torch.matmul(attention, V.to(acc))  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
+    out_op = f"attention @ {v_name}"
+    if acc != dtype:
+        out, out_op = out.to(dtype), f"(attention @ {v_name}.float()).to({dtype_name(dtype)})"
+    return rec(names.out, out, (*batch, "n_Q", names.d_V), out_op, ("matmul", out.shape, n_K, 0),
+               inputs=("attention", v_name))
+
+
+def _alibi(rec: Trace, logits: Tensor, last: str, batch_dims: tuple[str, ...], offset: int,
+           given: tuple[float, ...] | None = None) -> tuple[Tensor, str]:
+    """Steps `alibi_bias` `[n_head, n_Q, n_K]` and `biased_scores`; the head axis is the one named n_head; `given`:
+    the spec's own slopes (one head of a larger module)."""
+    from attnscope.variants import alibi
+
+    n_head = logits.shape[-3] if "n_head" in batch_dims and logits.dim() >= 3 else 1
+    n_Q, n_K = logits.shape[-2], logits.shape[-1]
+    m = alibi.slopes(n_head).tolist() if given is None else list(given)  # [n_head], once: the bias and its text
+    bias = alibi.bias(n_head, n_Q, n_K, offset, logits.device, tuple(m)).to(logits.dtype)  # [n_head, n_Q, n_K]
+    slopes = ", ".join(f"{s:.4g}" for s in m[:4]) + (", ..." if n_head > 4 else "")
+    position = "i" if offset == 0 else f"(i + {offset})"
+    rec("alibi_bias", bias, ("n_head", "n_Q", "n_K"), f"-slope[h] * ({position} - j), slopes {slopes}",
+        3 * bias.numel())
+    biased = logits + (bias if logits.dim() >= 3 else bias[0])  # [.., n_head, n_Q, n_K]; unbatched: [n_Q, n_K]
+    rec("biased_scores", biased, rec.step(last).dims, f"{last} + alibi_bias", biased.numel(),
+        inputs=(last, "alibi_bias"))
+    return biased, "biased_scores"
+
+
+def _sink_softmax(rec: Trace, logits: Tensor, last: str, sinks: Any, batch_dims: tuple[str, ...],
+                  held: bool) -> tuple[Tensor, Tensor, str]:
+    """Step `sinks` `[n_head]`, then the softmax over every row's keys and its sink (sinks.py says the formula): the
+    attention (rows summing to 1 - sink_weight), the sink's weight `[.., n_Q]`, and the attention step's op."""
+    if held:  # the module's parameter, one logit per head, checked when the module ran (multihead.py)
+        values = rec("sinks", sinks.reshape(-1), ("n_head",),
+                     "the module's parameter sinks, one logit per head (held with the weights)", allocates=False)
+    else:
+        from attnscope.attention import sinks as sinks_
+
+        values = rec("sinks", sinks_.checked(sinks, sinks_.heads(logits, batch_dims)), ("n_head",),
+                     "input: a learned logit per head, one more column of each softmax row")
+    shaped = values.to(device=logits.device, dtype=logits.dtype)
+    column = shaped.reshape(-1, 1, 1) if logits.dim() >= 3 else shaped.reshape(1, 1)  # [n_head, 1, 1] or [1, 1]
+    if logits.shape[-1]:
+        top = torch.maximum(logits.amax(dim=-1, keepdim=True), column)  # [.., n_Q, 1]: max over keys and sink
+    else:
+        top = column.expand(*logits.shape[:-1], 1)
+    in_place = not (torch.is_grad_enabled() and logits.requires_grad)
+    shifted = logits - top  # [.., n_Q, n_K]
+    weights = shifted.exp_() if in_place else shifted.exp()
+    sink = (column - top).exp()  # [.., n_Q, 1]
+    total = weights.sum(dim=-1, keepdim=True) + sink  # [.., n_Q, 1]
+    attention = weights.div_(total) if in_place else weights / total  # [.., n_Q, n_K]
+    op = f"softmax(cat([{last}, sinks], dim=-1), dim=-1)[..., :-1]"
+    return attention, (sink / total).squeeze(-1), op
+
+
+def zero_rows(attention: Tensor, blocked: Tensor, trace: Trace, n_Q: int) -> Tensor:
+    """A softmax of a row of -inf is NaN; PyTorch's attention gives 0 there (`_safe_softmax`), as attnscope."""
+    if attention.device.type != "meta" and not bool(blocked.any()):
+        return attention  # no row blocked: nothing to zero (a causal mask blocks none)
+    if torch.is_grad_enabled() and attention.requires_grad:
+        attention = attention.masked_fill(blocked, 0.0)  # softmax's backward needs its output unchanged
+    else:
+        attention.masked_fill_(blocked, 0.0)  # in place: no second [.., n_Q, n_K] at the peak
+    if attention.device.type != "meta" and n_Q and 0 not in attention.shape[:-2] and bool(blocked.any()):
+        rows = blocked if blocked.shape[-1] == 1 else blocked.transpose(-2, -1)  # [.., n_Q, 1]
+        rows = rows.expand(*rows.shape[:-2], n_Q, 1)  # a mask shared by every query blocks all n_Q rows
+        # [.., n_Q, 1] -> [n_rest, n_Q]: the rows any batch element blocks
+        seen = sorted({int(i) for i in rows.reshape(-1, rows.shape[-2]).any(dim=0).nonzero().flatten()})
+        shown = ", ".join(str(i) for i in seen[:12]) + (", ..." if len(seen) > 12 else "")
+        trace.notes.append(f"{len(seen)} of {n_Q} query rows may attend to no key (n_Q index {shown}): their "
+                           "attention and output are 0, as in F.scaled_dot_product_attention")
+    return attention
+
+
+def leading_names(names: tuple[str, ...], rank: int) -> tuple[str, ...]:
+    """The batch names of a tensor with `rank - 2` leading axes (batch axes broadcast from the right)."""
+    return names[len(names) - (rank - 2) :] if rank > 2 else ()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def half_note(dtype: torch.dtype) -> str:
+    return (f"{dtype_name(dtype)} inputs: scores, softmax and attention @ V computed in float32, as PyTorch's math "
+            f"path does (_scaled_dot_product_attention_math); out cast back to {dtype_name(dtype)}")
+
+
+def axes(n_head: int, n_kv_head: int, d_head: int, d_feat: int) -> tuple[str, str, str]:
+    """The key/value heads' axis (n_head where every query head has its own, else n_kv_head) and the names of the
+    query and key/value projections' last axes: d_feat when one is d_feat wide, else `n_head·d_head`."""
+    kv = "n_head" if n_kv_head == n_head else "n_kv_head"
+    return (kv, *("d_feat" if n * d_head == d_feat else f"{name}·d_head"
+                  for n, name in ((n_head, "n_head"), (n_kv_head, kv))))  # type: ignore[return-value]
+
+
 def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str) -> Tensor:
     """Steps `x_rsh1, x_rsh2, x`: the heads' outputs `[n_batch, n_head, n_Q, d_head]` side by side again
     (`width`: the name of n_head·d_head) and through W_o."""
@@ -147,7 +355,7 @@ def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str) -> Tensor:
                  inputs=("x_rsh1",))
     x = W_o(x_rsh2)  # [n_batch, n_Q, d_feat]
     return rec("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
-               cost.linear_flops(x.shape, x_rsh2.shape[-1], W_o.bias is not None), inputs=("x_rsh2",))
+               ("linear", x.shape, x_rsh2.shape[-1], W_o.bias is not None), inputs=("x_rsh2",))
 
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:

@@ -11,7 +11,7 @@ import torch
 
 from attnscope import cost, masks
 from attnscope.attention.dot_product import Names, batch_names, common_dtype, dtype_name, leading_names, prologue
-from attnscope.attention.masking import zero_rows
+from attnscope.attention.stages import zero_rows
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace

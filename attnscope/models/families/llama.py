@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.masks import Mask
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
     from attnscope.trace import Recorder
@@ -114,19 +115,19 @@ class Llama(Family):
     # --- the attention ----------------------------------------------------------------------------------------
 
     def attend(self, m: MultiHeadAttention, x: torch.Tensor, rec: Recorder, cache: Cache | None = None,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+               mask: Mask | None = None) -> torch.Tensor:
         """`LlamaAttention.forward`, prefill and decode (a step after `cache`: the earlier keys, rotated, and
         values), on x `[n_batch, n_Q, d_model]` with m's weights and spec, each stage recorded in `rec`
         (attention/stages.py); qk-norm (Qwen3, Gemma 3 per head, OLMo 2 over the projection) and Llama 4's
-        temperature where the spec asks. Returns x `[n_batch, n_Q, d_model]`."""
-        from attnscope.attention import stages
-        from attnscope.attention.dot_product import Names
-        from attnscope.attention.multihead import attend
+        temperature where the spec asks. `mask`: built before the attention (masks.prepare, by m's forward: the
+        causal mask, and a caller's), with the position of query 0. Returns x `[n_batch, n_Q, d_model]`."""
+        from attnscope.attention import rows, stages
+        from attnscope.trace import Trace
 
-        spec = m.spec if cache is None else m.spec.with_cache(cache[0].shape[-2])  # decode: after the cache
+        assert mask is not None  # m's forward builds it
+        spec, norm = m.spec, m.qk_norm
         n_cache, new = (0, "n_K") if cache is None else (cache[0].shape[-2], "n_new")  # n_K = n_cache + n_new
-        kv, norm = m.kv_axis(), spec.norm
-        wide = (m.width("n_head"), m.width(kv))  # [n_head·d_head], [n_kv_head·d_head]: their names
+        kv, wide = m.kv, (m.wide_q, m.wide_kv)  # n_kv_head; [n_head·d_head], [n_kv_head·d_head]: their names
         q, k, v = (stages.project(rec, name, W, x, ("n_batch", n, w))  # [n_batch, n, heads·d_head]
                    for name, W, n, w in (("Q", m.W_q, "n_Q", wide[0]), ("K", m.W_k, new, wide[1]),
                                          ("V", m.W_v, new, wide[1])))
@@ -146,7 +147,7 @@ class Llama(Family):
                                     dims=dims, axis=("d_head", "d_head"), names=NORM_NAMES,
                                     biases=(m.q_norm.bias, m.k_norm.bias))
             made[:2] = "Q_normed", "K_normed"
-        q_offset = n_cache if cache is not None else spec.offset(q.shape[-2], k.shape[-2])
+        q_offset = n_cache if cache is not None else mask.offset  # the new queries after the cached positions
         if spec.rope is not None:
             q, k = stages.rotate(rec, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache,
                                  source=(made[0], made[1]), dims=dims, d_name="d_head", n_keys=n_cache + k.shape[-2])
@@ -157,12 +158,13 @@ class Llama(Family):
         if cache is not None:
             k, v = stages.join_cache(rec, k, v, cache, kv, (made[1], made[2]))
             made[1:] = "K_cat", "V_cat"
-        names = Names(Q=made[0], K=made[1], V=made[2], out="x_raw", d_K="d_head", d_V="d_head",
-                      batch=("n_batch", "n_head"))
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # [n_batch, n_Q, n_K] -> [n_batch, 1, n_Q, n_K]: the same for every head
-        x_raw = attend(rec, q, k, v, mask, names, m.sdpa_spec(spec), n_group=m.n_group,
-                       sinks=m.sinks)  # scores ... x_raw: [n_batch, n_head, n_Q, d_head]
+        if not mask.built:  # nothing recorded: eager's attention in blocks of query rows, as transformers' eager
+            x_raw = rows.eager_rows(q, k, v, mask.user, mask.spec, n_group=m.n_group, sinks=m.sinks)
+        else:  # scores ... x_raw: [n_batch, n_head, n_Q, d_head]
+            assert isinstance(rec, Trace)  # m's forward builds the mask where it records
+            names = stages.Names(Q=made[0], K=made[1], V=made[2], out="x_raw", d_K="d_head", d_V="d_head",
+                                 batch=("n_batch", "n_head"))
+            x_raw = stages.attend(rec, q, k, v, mask, names, n_group=m.n_group, sinks=m.sinks, held=True)
         return self.merge(m, x, rec, x_raw, wide[0])  # x_rsh1, x_rsh2, x: [n_batch, n_Q, d_model]
 
     def merge(self, m: MultiHeadAttention, x: torch.Tensor, rec: Recorder, x_raw: torch.Tensor,
