@@ -179,24 +179,23 @@ class Family(ABC):
 
         return head_trace(layer, head, self.kv_head(head), self.biases()[0])
 
+    # what builds a layer's attention, with MultiHeadAttention's arguments: MultiHeadAttention where None, or a
+    # page's subclass of it (Qwen3-Next's GatedAttention, which holds the output gate's weights)
+    attention_class: ClassVar[type[MultiHeadAttention] | None] = None
     attend: Callable[..., torch.Tensor] | None = None  # a page's own attention method (llama.py's), or none
 
     def attention(self, layer: int, record: bool) -> MultiHeadAttention:
         """Layer `layer`'s attention as a MultiHeadAttention with the family's specifics and its weights, whose
         forward runs the page's `attend` where it writes one."""
-        spec = replace(self.attention_spec(layer), n_kv_head=self.n_kv_head)
-        qkv, out = self.biases()
-        module = self.attention_module(layer)(self.d_model, self.n_head, bias=qkv, record=record, device="meta",
-                                    d_head=self.d_head, out_bias=out, spec=spec, page=self.attend)
-        module.load_state_dict(self.projections(layer), assign=True)
-        return module.eval()
-
-    def attention_module(self, layer: int) -> Callable[..., MultiHeadAttention]:
-        """What builds layer `layer`'s attention: MultiHeadAttention, or a family's subclass of it (Llama 4 adds
-        its qk-norm after RoPE) with MultiHeadAttention's arguments."""
         from attnscope.attention.multihead import MultiHeadAttention
 
-        return MultiHeadAttention
+        spec = replace(self.attention_spec(layer), n_kv_head=self.n_kv_head)
+        qkv, out = self.biases()
+        build = self.attention_class or MultiHeadAttention
+        module = build(self.d_model, self.n_head, bias=qkv, record=record, device="meta", d_head=self.d_head,
+                       out_bias=out, spec=spec, page=self.attend)
+        module.load_state_dict(self.projections(layer), assign=True)
+        return module.eval()
 
     def estimate_bytes(self, layer: int, n_tokens: int) -> int:
         """Memory of a run up to `layer` (models/memory.py): its layers' weights (its experts as `expert_reads`

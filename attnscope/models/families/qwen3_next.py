@@ -46,9 +46,22 @@ if TYPE_CHECKING:
 LINEAR = "linear_attn"
 
 
+class GatedAttention(MultiHeadAttention):
+    """`Qwen3NextAttention`'s weights: MultiHeadAttention's and the output gate's, `W_gate` (X to n_head·d_head);
+    the page's `merge` applies it."""
+
+    def __init__(self, d_feat: int, n_head: int, *args: Any, **kwargs: Any) -> None:
+        from torch import nn
+
+        super().__init__(d_feat, n_head, *args, **kwargs)
+        self.W_gate = nn.Linear(d_feat, n_head * self.d_head, bias=self.W_q.bias is not None,
+                                device=self.W_q.weight.device)
+
+
 class Qwen3Next(LinearLayers, Qwen3Moe):
     model_types: ClassVar[tuple[str, ...]] = ("qwen3_next",)  # type: ignore[assignment]
     query = "input_layernorm.weight"  # every layer has one; layer 0 is a linear layer, without q_proj
+    attention_class = GatedAttention  # a full layer's: MultiHeadAttention's weights and the output gate's, W_gate
     default_head_dim = 256  # type: ignore[assignment]  # Qwen3NextConfig's
     norm_plus_one = True  # Qwen3NextRMSNorm: (1 + w), the qk-norms too
     whole_head_default = False  # Qwen3NextRotaryEmbedding turns partial_rotary_factor of each head, 0.25 by default
@@ -92,9 +105,6 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
     def window(self, layer: int) -> int | None:
         return None
 
-    def attention_module(self, layer: int) -> Any:
-        return GatedAttention
-
     def projections(self, layer: int) -> dict[str, Any]:
         """The full layer's: q_proj cut into each head's query rows (W_q) and gate rows (W_gate)."""
         state = super().projections(layer)
@@ -114,23 +124,22 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         times sigmoid of its gate rows of q_proj (`W_gate`), before o_proj."""
         import torch
 
-        from attnscope import cost
-        from attnscope.attention.stages import heads_last
+        from attnscope.attention.stages import heads_last, wide
 
         heads = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_head"),  # [n_batch, n_Q, n_head, d]
                     "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
         merged = rec("x_rsh2", heads.flatten(-2), ("n_batch", "n_Q", width),  # [n_batch, n_Q, n_head·d_head]
                      f"x_rsh1.view(n_batch, -1, {width})", allocates=False, inputs=("x_rsh1",))
-        assert isinstance(m, GatedAttention)  # attention_module's: it holds W_gate
-        gate = m.W_gate(x)  # [n_batch, n_Q, n_head·d_head]
-        flops = cost.linear_flops(gate.shape, x.shape[-1], m.W_gate.bias is not None) + gate.numel()
-        gate = rec("gate", torch.sigmoid(gate), ("n_batch", "n_Q", "n_head·d_head"), "sigmoid(W_gate(Q))", flops,
-                   inputs=("Q",))
+        assert isinstance(m, GatedAttention)  # attention_class's: it holds W_gate
+        gate = wide(m.W_gate, x)  # [n_batch, n_Q, n_head·d_head]
+        biased = m.W_gate.bias is not None  # the FLOPs: the product, its bias and the sigmoid, one each per output
+        gate = rec("gate", torch.sigmoid(gate), ("n_batch", "n_Q", "n_head·d_head"), "sigmoid(W_gate(Q))",
+                   ("matmul", gate.shape, x.shape[-1], gate.numel() * (1 + biased)), inputs=("Q",))
         x_gated = rec("x_gated", merged * gate, ("n_batch", "n_Q", "n_head·d_head"), "x_rsh2 * gate", merged.numel(),
                       inputs=("x_rsh2", "gate"))
-        out = m.W_o(x_gated)  # [n_batch, n_Q, d_feat]
+        out = wide(m.W_o, x_gated)  # [n_batch, n_Q, d_feat]
         return rec("x", out, ("n_batch", "n_Q", "d_feat"), "W_o(x_gated)",
-                   cost.linear_flops(out.shape, x_gated.shape[-1], m.W_o.bias is not None), inputs=("x_gated",))
+                   ("linear", out.shape, x_gated.shape[-1], m.W_o.bias is not None), inputs=("x_gated",))
 
     def head_slices(self, layer: int, head: int) -> list[Slice]:
         from attnscope.models.family import Slice
@@ -240,18 +249,6 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
         shared = blocks.gated_mlp(x, gate, up, down, act)
         # [.., d_model] @ [d_model, 1] -> [.., 1]: one gate per token
         return routed + torch.sigmoid(x @ self.weight(layer, "mlp.shared_expert_gate.weight").T) * shared
-
-
-class GatedAttention(MultiHeadAttention):
-    """`Qwen3NextAttention`'s weights: MultiHeadAttention's and the output gate's, `W_gate` (X to n_head·d_head);
-    the page's `merge` applies it."""
-
-    def __init__(self, d_feat: int, n_head: int, *args: Any, **kwargs: Any) -> None:
-        from torch import nn
-
-        super().__init__(d_feat, n_head, *args, **kwargs)
-        self.W_gate = nn.Linear(d_feat, n_head * self.d_head, bias=self.W_q.bias is not None,
-                                device=self.W_q.weight.device)
 
 
 def _split_gate(weight: torch.Tensor, n_head: int, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
