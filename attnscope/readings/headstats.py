@@ -163,20 +163,22 @@ class RowStats:
         return HeadStats(**means, induction=induction if self.tokens_known else None)
 
 
-def row_sums(A: Tensor, first_position: int, causal: Tensor,
-             tokens: Sequence[int] | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def row_sums(A: Tensor, first_position: int, causal: Tensor, tokens: Sequence[int] | None = None, *,
+             mass: Tensor | None = None,
+             pairs: InductionPairs | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Each statistic's sum over the rows it applies to, and how many rows that is, for each of G patterns at
-    once (`[G, n_rows, n_K]` float64, row i at position `first_position + i`; `causal` `[G]` bool): `[G]` each.
-    "induction" only where `tokens` are given. All heads of a layer go in one call: per-head calls cost a few
-    milliseconds each in torch's overhead, whatever the size (512 of them were 0.3 s of a 16-layer run)."""
+    once (`[G, n_rows, n_K]` float64, weights >= 0, row i at position `first_position + i`; `causal` `[G]`
+    bool): `[G]` each. "induction" only where `tokens` (or their `pairs`, made once for many calls) are given;
+    `mass`, `A.sum(dim=-1)` where the caller has it. All heads of a layer go in one call: per-head calls cost a
+    few milliseconds each in torch's overhead, whatever the size (512 of them were 0.3 s of a 16-layer run)."""
     import torch
 
     G, n_rows, n_K = A.shape
     position = torch.arange(n_rows, dtype=torch.float64) + first_position  # [n_rows]
     p = position.long()
-    mass = A.sum(dim=-1)  # [G, n_rows]
+    mass = A.sum(dim=-1) if mass is None else mass  # [G, n_rows]
     seen = mass > 0  # queries that may see some key
-    entropy = -torch.special.xlogy(A, A).sum(dim=-1) / math.log(2)  # [G, n_rows], bits (0 log 0 = 0)
+    entropy = _entropy(A) / math.log(2)  # [G, n_rows], bits (0 log 0 = 0)
     keys = torch.arange(n_K, dtype=torch.float64)
     if bool(causal.all()):  # every key at or before its query: |p - j| = p - j, a matmul
         distance = position * mass - A @ keys  # [G, n_rows, n_K] @ [n_K] -> [G, n_rows]
@@ -193,12 +195,75 @@ def row_sums(A: Tensor, first_position: int, causal: Tensor,
               "previous": (at(p - 1), seen & (p >= 1) & (p - 1 < n_K)), "self": (at(p), seen & (p < n_K)),
               "distance": (distance, seen),
               "spread": (entropy / torch.log2(visible.clamp_min(2)), seen & (visible >= 2))}
-    if tokens is not None:
-        induction = induction_rows(A, p, tokens)  # [G, n_rows]
+    if tokens is not None or pairs is not None:
+        induction = pairs.rows(A, first_position) if pairs is not None else induction_rows(A, p, tokens or [])
         values["induction"] = (induction, seen & ~induction.isnan())
     sums = {name: torch.where(rows, value, 0.0).sum(dim=-1) for name, (value, rows) in values.items()}
     counts = {name: rows.sum(dim=-1) for name, (_, rows) in values.items()}
     return sums, counts
+
+
+def _entropy(A: Tensor) -> Tensor:
+    """`-Σ_j A[.., j] ln A[.., j]` over the last axis (0 ln 0 = 0; a NaN stays NaN), `[..]`: `A · ln(max(A, tiny))`,
+    ln over the whole tensor once, in place (torch's xlogy takes its logarithms one number at a time: 2.5 times
+    as long on a block of a pattern). Weights >= 0: a weight below float64's smallest normal number (never one
+    made from float32) would count as that number."""
+    import torch
+
+    logs = A.clamp_min(torch.finfo(A.dtype).tiny).log_()  # [.., n_K]
+    return -logs.mul_(A).sum(dim=-1)
+
+
+class InductionPairs:
+    """`induction_rows`' keys, listed once for many blocks of rows (readings/layerdigest.py's every layer): for
+    each position p, the keys k with 1 <= k < p whose previous token is p's (`tokens[k - 1] == tokens[p]`), as
+    pairs (p, k) in order of p, then k. A block's induction mass is then a sum over its pairs, not a product with
+    a `[n_rows, n_K]` mask: the same numbers up to the order of float64 additions. None (`of`) where the pairs
+    would outnumber MAX_PAIRS a token (a text that repeats one token throughout: n²/2 pairs)."""
+
+    MAX_PAIRS = 64
+
+    def __init__(self, queries: Tensor, keys: Tensor, n_tokens: int) -> None:
+        import torch
+
+        self.queries, self.keys = queries, keys  # [n_pairs] each, long
+        # pairs of positions before p: where p's own pairs start in the list, [n_tokens + 1]
+        self.starts = torch.searchsorted(queries, torch.arange(n_tokens + 1)).tolist()
+
+    @classmethod
+    def of(cls, tokens: Sequence[int]) -> InductionPairs | None:
+        import torch
+
+        earlier: dict[int, list[int]] = {}  # each token's positions so far
+        queries: list[int] = []
+        keys: list[int] = []
+        limit = cls.MAX_PAIRS * max(1, len(tokens))
+        for p, token in enumerate(tokens):
+            seen = earlier.setdefault(token, [])
+            before = [j + 1 for j in seen if j <= p - 2]  # keys j + 1 < p after an earlier occurrence j
+            queries += [p] * len(before)
+            keys += before
+            if len(keys) > limit:
+                return None
+            seen.append(p)
+        return cls(torch.tensor(queries, dtype=torch.long), torch.tensor(keys, dtype=torch.long), len(tokens))
+
+    def rows(self, A: Tensor, first_position: int) -> Tensor:
+        """`induction_rows(A, positions, tokens)` for rows at positions first_position.. of `[G, n_rows, n_K]`
+        float64: `[G, n_rows]`, NaN for a row with no pair."""
+        import torch
+
+        G, n_rows, n_K = A.shape
+        last = min(first_position + n_rows, len(self.starts) - 1)
+        lo, hi = self.starts[min(first_position, last)], self.starts[last]
+        rows, keys = self.queries[lo:hi] - first_position, self.keys[lo:hi]  # [m]: each pair's row and key
+        if bool((keys >= n_K).any()):  # keys past the block's (a block cut short): not among its weights
+            rows, keys = rows[keys < n_K], keys[keys < n_K]
+        cells = rows * n_K + keys  # [m]: its cell in a row-major [n_rows, n_K]
+        mass = torch.zeros(G, n_rows, dtype=A.dtype).index_add_(1, rows, A.reshape(G, -1).index_select(1, cells))
+        has = torch.zeros(n_rows, dtype=torch.bool)
+        has[rows] = True
+        return torch.where(has, mass, torch.nan)
 
 
 def induction_rows(A: Tensor, positions: Tensor, tokens: Sequence[int]) -> Tensor:

@@ -173,6 +173,7 @@ class LastRows:
         self.full: dict[tuple[str, int], Tensor] = {}  # a layer that is not causal: its whole [n, n]
         self.causal: list[bool] = []  # each layer's: lower triangular (packed)
         self.lower = torch.ones(n, n, dtype=torch.bool).tril()  # [n, n]: the packed entries, row-major
+        self.cells: dict[tuple[int, int], Tensor] = {}  # a block's packed entries in its [n_rows, last]: `_cells`
 
     def start(self, causal: bool) -> None:
         """A new layer; `causal`: its matrices are lower triangular (no query sees a later key)."""
@@ -193,7 +194,18 @@ class LastRows:
         last = first_row + rows
         start = first_row * (first_row + 1) // 2  # the packed rows before: 1 + 2 + ... + first_row numbers
         count = last * (last + 1) // 2 - start
-        self.packed[chain][layer, start: start + count] = block[:, :last][self.lower[first_row:last, :last]]
+        cells = self._cells(first_row, last)  # [count]
+        self.packed[chain][layer, start: start + count] = block[:, :last].reshape(-1).index_select(0, cells)
+
+    def _cells(self, first_row: int, last: int) -> Tensor:
+        """The lower triangle's cells of rows first_row..last - 1 in their `[n_rows, last]` block, flat, in packed
+        order, `[count]` long: made once a block (the layers' blocks are the same), where a boolean mask was
+        read again at each put (5 times as long)."""
+
+        key = (first_row, last)
+        if key not in self.cells:
+            self.cells[key] = self.lower[first_row:last, :last].reshape(-1).nonzero().squeeze(1)
+        return self.cells[key]
 
     def matrix(self, chain: str, layer: int) -> Tensor:
         """Layer `layer`'s M for `chain`, `[n, n]` float64."""
