@@ -123,6 +123,8 @@ class Family(ABC):
 
     @property
     def n_group(self) -> int:
+        """Query heads a key/value head serves: query head h reads KV head h // n_group (transformers' repeat_kv
+        order)."""
         return self.n_head // self.n_kv_head
 
     @property
@@ -151,10 +153,6 @@ class Family(ABC):
         """(d_head, n_kv_head) of layer `layer`: the model's, where a family's layers differ (Gemma 4) its own."""
         return self.d_head, self.n_kv_head
 
-    def kv_head(self, head: int) -> int:
-        """The key/value head that serves query head `head` (transformers' `repeat_kv` order)."""
-        return head // self.n_group
-
     def layer_notes(self, layer: int) -> list[str]:
         """What the traced layer's table should say about it beyond its steps (a NoPE layer, say)."""
         return []
@@ -162,7 +160,7 @@ class Family(ABC):
     def head_notes(self, head: int) -> list[str]:
         if self.n_group == 1:
             return []
-        g = self.kv_head(head)
+        g = head // self.n_group  # the KV head that serves query head `head` (transformers' repeat_kv order)
         shared = ", ".join(str(h) for h in range(g * self.n_group, (g + 1) * self.n_group))
         return [f"W_K, W_V: KV head {g} of {self.n_kv_head} (= {head} // n_group {self.n_group}) serves query "
                 f"heads {shared}"]
@@ -177,7 +175,7 @@ class Family(ABC):
         deepseek.py) says its own."""
         from attnscope.models.head_steps import head_trace
 
-        return head_trace(layer, head, self.kv_head(head), self.biases()[0])
+        return head_trace(layer, head, head // self.n_group, self.biases()[0])
 
     # what builds a layer's attention, with MultiHeadAttention's arguments: MultiHeadAttention where None, or a
     # page's subclass of it (Qwen3-Next's GatedAttention, which holds the output gate's weights)

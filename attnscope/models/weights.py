@@ -62,7 +62,7 @@ def linear_slices(model: Family, layer: int, head: int, names: dict[str, str],
     that serves h), columns of the output projection. `names` maps q, k, v, o to the layer's module names;
     `biases` says whether q/k/v and o have biases (the output bias is not per head, so it is not shown)."""
     d = model.d_head
-    q, kv = head * d, model.kv_head(head) * d
+    q, kv = head * d, head // model.n_group * d
     parts = [Slice("W_Q", model.key(layer, f"{names['q']}.weight"), "rows", q, q + d),
              Slice("W_K", model.key(layer, f"{names['k']}.weight"), "rows", kv, kv + d),
              Slice("W_V", model.key(layer, f"{names['v']}.weight"), "rows", kv, kv + d)]
@@ -90,7 +90,7 @@ def norm_slices(model: Family, layer: int, head: int, names: dict[str, str], ove
     `[d_head]` weight every head shares ("head"), or head h's rows of a weight as wide as the projection ("proj",
     OLMo 2: the rows of the KV head that serves h for the keys)."""
     d = model.d_head
-    q, kv = (0, 0) if over == "head" else (head * d, model.kv_head(head) * d)
+    q, kv = (0, 0) if over == "head" else (head * d, head // model.n_group * d)
     return [Slice("q_norm", model.key(layer, f"{names['q']}.weight"), "rows", q, q + d),
             Slice("k_norm", model.key(layer, f"{names['k']}.weight"), "rows", kv, kv + d)]
 

@@ -72,7 +72,7 @@ class Falcon(Bloom):
         """Where head h's query rows and its KV head's key and value rows start in query_key_value."""
         d = self.d_head
         if self.new_layout:
-            g, j, run = self.kv_head(head), head % self.n_group, self.n_group + 2
+            g, j, run = head // self.n_group, head % self.n_group, self.n_group + 2
             return {"Q": (g * run + j) * d, "K": (g * run + self.n_group) * d, "V": (g * run + self.n_group + 1) * d}
         if self.n_kv_head == 1:
             return {"Q": head * d, "K": self.n_head * d, "V": (self.n_head + 1) * d}

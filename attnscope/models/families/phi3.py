@@ -54,7 +54,7 @@ class Phi3(Llama):
 
     def rows(self, head: int) -> dict[str, tuple[int, int]]:
         """Where head h's query rows and its KV head's key and value rows sit in qkv_proj."""
-        d, g = self.d_head, self.kv_head(head)
+        d, g = self.d_head, head // self.n_group  # its KV head (transformers' repeat_kv order)
         keys = self.n_head * d
         values = keys + self.n_kv_head * d
         return {"W_Q": (head * d, (head + 1) * d), "W_K": (keys + g * d, keys + (g + 1) * d),

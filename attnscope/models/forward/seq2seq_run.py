@@ -162,7 +162,7 @@ def _head(model: EncoderDecoder, layer: Trace, head: int) -> Trace:
     head's slice of the position bias after its scores."""
     from attnscope.trace import Trace
 
-    base = head_trace(layer, head, model.kv_head(head), model.biases()[0])
+    base = head_trace(layer, head, head // model.n_group, model.biases()[0])
     trace = Trace()
     for step in base.steps:
         op = step.op.replace("= X @ W_K", "= memory @ W_K").replace("= X @ W_V", "= memory @ W_V")
