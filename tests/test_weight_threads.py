@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import SENTENCE, build
+from torch.overrides import TorchFunctionMode
 
 from attnscope.tensors import weight_threads
 from attnscope.tensors.weight_threads import SHORT, weights_on_all_threads
@@ -70,3 +71,50 @@ def test_every_layer_numbers_unchanged(two_threads, tmp_path, monkeypatch, runne
     for every in (False, True):
         assert runs[SHORT, every] == runs[0, every]  # the same numbers, every weight and reading
     assert len(runs[SHORT, True]["all_layers"]) == 3  # the tiny LLaMA's three layers
+
+
+class _Products(TorchFunctionMode):
+    """Below weights_on_all_threads' hook: the thread count each product with a matrix (a 2-D operand) runs on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in weight_threads.PRODUCTS and any(isinstance(a, torch.Tensor) and a.dim() == 2
+                                                   for a in (*args, *kwargs.values())):
+            self.threads.append(torch.get_num_threads())
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+def test_a_pages_attention_sets_its_products_threads_itself(two_threads, tmp_path, runner, family) -> None:
+    """The traced attention runs without the per-op hook (weight_threads.unhooked: stages.wide sets the threads
+    around its projections); every product with a matrix in the run still runs on torch's two threads."""
+    from tiny_linear import build as build_linear
+
+    from attnscope.cli import app
+
+    if family == "llama":
+        build("llama", tmp_path)
+    else:
+        build_linear("qwen3_next", tmp_path)
+    lifted = []
+    original = weight_threads.unhooked
+
+    def watched():
+        lifted.append(torch.overrides._get_current_function_mode())
+        return original()
+
+    products = _Products()
+    with pytest.MonkeyPatch.context() as patch:
+        import attnscope.attention.multihead as multihead
+
+        patch.setattr(multihead, "unhooked", watched)
+        with products:
+            result = runner.invoke(app, ["head", "--model", str(tmp_path), "--layer", "2" if family != "llama" else "1",
+                                         "--head", "0", "--text", SENTENCE])
+    assert result.exit_code == 0, result.stderr
+    assert lifted and all(isinstance(mode, weight_threads._WeightsWide) for mode in lifted)  # the hook was on top
+    assert products.threads and set(products.threads) == {2}

@@ -27,6 +27,7 @@ from attnscope.attention.dot_product import HeadInputs, resolve_spec
 from attnscope.attention.stages import HALF, Names, merge_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, check_kv_heads, divisors_near
+from attnscope.tensors.weight_threads import unhooked
 from attnscope.trace import Trace, discard
 from attnscope.variants import alibi as alibi_
 
@@ -171,7 +172,8 @@ class MultiHeadAttention(nn.Module):
                               dtype=acc, build=self.record)
         trace = Trace()
         assert self.page is not None
-        x = self.page(self, X, trace if self.record else discard, cache, built)  # [n_batch, n_Q, d_feat]
+        with unhooked():  # the page's stages set their products' threads themselves (stages.wide)
+            x = self.page(self, X, trace if self.record else discard, cache, built)  # [n_batch, n_Q, d_feat]
         if not self.record:
             trace.add("x", x, ("n_batch", "n_Q", "d_feat"),
                       "W_o(merge_heads(eager attention by blocks of query rows(...)))")

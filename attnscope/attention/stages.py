@@ -22,9 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnscope.errors import UsageError
+from attnscope.tensors import weight_threads
 from attnscope.variants import qknorm
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch import Tensor, nn
 
     from attnscope.masks import Mask
@@ -55,7 +58,7 @@ class Names:
 
 def project(rec: Recorder, name: str, W: nn.Linear, x: Tensor, dims: tuple[str, ...]) -> Tensor:
     """Step `{name}_feat` (`Q_feat`): `x` through the Linear `W` (`W_q(Q)`), `[n_batch, n, heads·d_head]`."""
-    feat = W(x)  # [n_batch, n, d_in] -> [n_batch, n, heads·d_head]
+    feat = wide(W, x)  # [n_batch, n, d_in] -> [n_batch, n, heads·d_head]
     return rec(f"{name}_feat", feat, dims, f"W_{name.lower()}({name})",
                ("linear", feat.shape, x.shape[-1], W.bias is not None), inputs=(name,))
 
@@ -353,9 +356,23 @@ def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str) -> Tensor:
     x_rsh2 = rec("x_rsh2", x_rsh1.view(n_batch, n_Q, n_head * d_head),  # [n_batch, n_Q, n_head·d_head]
                  ("n_batch", "n_Q", width), f"x_rsh1.view(n_batch, -1, {width})", allocates=False,
                  inputs=("x_rsh1",))
-    x = W_o(x_rsh2)  # [n_batch, n_Q, d_feat]
+    x = wide(W_o, x_rsh2)  # [n_batch, n_Q, d_feat]
     return rec("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
                ("linear", x.shape, x_rsh2.shape[-1], W_o.bias is not None), inputs=("x_rsh2",))
+
+
+def wide(product: Callable[..., Tensor], *args: Any) -> Tensor:
+    """`product(*args)`, a product with weights (a Linear, `F.linear`), on the threads torch had where a short
+    text's forward runs the rest on one (tensors/weight_threads.py's `WIDE`): the sums split as they always did, so
+    every number stays the same."""
+    threads = weight_threads.WIDE
+    if threads is None:
+        return product(*args)
+    torch.set_num_threads(threads)
+    try:
+        return product(*args)
+    finally:
+        torch.set_num_threads(1)
 
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:

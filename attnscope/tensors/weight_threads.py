@@ -8,7 +8,8 @@ the second thread and waits for it, which on a machine running anything else cos
 (the 1.1B LLaMA's 16 layers at 73 tokens, 2 CPUs at a load average of 10: 20.7 s on two threads, 12.2 s so;
 docs/performance.md, issue 44 goal 1). `weights_on_all_threads()` runs every operation on one thread except the
 products with a matrix (`F.linear`, and `matmul`, `@`, `mm`, `addmm` with a 2-D operand: a weight), which run on
-the threads torch had.
+the threads torch had. A stretch that sets its own products' threads (attention/stages.py's `wide`, around the
+projections of a traced attention) runs `unhooked()`, without the per-op hook.
 
 Every number stays what the same operations give on torch's threads: a matrix product's thread count changes how
 it splits its sums (one thread against two: up to 1.1e-4 on a random [73, 2048] x [2048, 5632], entries about 45),
@@ -56,13 +57,44 @@ class _WeightsWide(TorchFunctionMode):
             torch.set_num_threads(1)
 
 
+WIDE: int | None = None  # inside weights_on_all_threads: the threads torch had, which the products with weights keep
+_hooks: list[_WeightsWide] = []  # the hooks in force, innermost last
+
+
 @contextmanager
 def weights_on_all_threads(n_tokens: int) -> Iterator[None]:
     """For a pass over `n_tokens` tokens (at most SHORT; longer passes are left as they are): one torch thread
-    inside the block but for the products with a matrix, which keep the threads torch had; restored after."""
+    inside the block but for the products with a matrix, which keep the threads torch had (`WIDE`); restored
+    after."""
+    global WIDE
     threads = torch.get_num_threads()
     if n_tokens > SHORT or threads == 1:
         yield
         return
-    with one_thread(), _WeightsWide(threads):
+    hook, before = _WeightsWide(threads), WIDE
+    WIDE = threads
+    _hooks.append(hook)
+    try:
+        with one_thread(), hook:
+            yield
+    finally:
+        WIDE = before
+        _hooks.pop()
+
+
+@contextmanager
+def unhooked() -> Iterator[None]:
+    """A stretch of the forward that sets its products' threads itself (attention/stages.py's `wide`: a layer's
+    traced attention): inside `weights_on_all_threads` the per-op hook is lifted there, so its small operations run
+    on the one thread without a Python call each; elsewhere nothing changes."""
+    from torch.overrides import _get_current_function_mode
+
+    hook = _hooks[-1] if _hooks else None
+    if hook is None or _get_current_function_mode() is not hook:  # not ours on top: leave the stack as it is
         yield
+        return
+    hook.__exit__(None, None, None)
+    try:
+        yield
+    finally:
+        hook.__enter__()
