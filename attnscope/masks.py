@@ -218,18 +218,21 @@ class Mask:
     user: torch.Tensor | None = None
     resolved: bool = True
     built: bool = True
+    name: str = "mask"  # what the op calls the caller's mask (`selected`: DeepSeek-V3.2's indexer's)
 
 
 def prepare(spec: AttentionSpec, n_Q: int, n_K: int, device: Any = None, user: torch.Tensor | None = None, *,
-            scores: tuple[int, ...] | None = None, dtype: torch.dtype | None = None, build: bool = True) -> Mask:
+            scores: tuple[int, ...] | None = None, dtype: torch.dtype | None = None, build: bool = True,
+            name: str = "mask") -> Mask:
     """The `Mask` of an attention of `n_Q` queries over `n_K` keys: the spec's structural mask, and the caller's
     `user` mask folded in where the scores' shape (`scores`) and dtype are known; else left for `fold` (sdpa folds it
-    once its scores are made). `build=False`: nothing built (an unrecorded run), `user` kept as given."""
+    once its scores are made). `build=False`: nothing built (an unrecorded run), `user` kept as given. `name`: what
+    the op calls the caller's mask."""
     offset = spec.offset(n_Q, n_K)
     if not build:
-        return Mask(spec, offset, user=user, resolved=False, built=False)
+        return Mask(spec, offset, user=user, resolved=False, built=False, name=name)
     allowed, described = structural(spec, n_Q, n_K, device)
-    mask = Mask(spec, offset, allowed, hidden=described, user=user, resolved=user is None)
+    mask = Mask(spec, offset, allowed, hidden=described, user=user, resolved=user is None, name=name)
     if user is None or scores is None:
         return mask if user is not None else fold(mask, (), None, device)
     assert dtype is not None
@@ -247,7 +250,7 @@ def fold(mask: Mask, scores: tuple[int, ...], dtype: torch.dtype | None, device:
         user = as_attention_mask(mask.user if device is None else mask.user.to(device), scores, dtype)
         if user.dtype == torch.bool:
             allowed = user if allowed is None else allowed & user
-            parts.append("mask")
+            parts.append(mask.name)
         else:
             additive = user
     hidden = parts[0] if len(parts) == 1 else f"({' & '.join(parts)})" if parts else ""

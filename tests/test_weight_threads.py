@@ -88,16 +88,19 @@ class _Products(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_next"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_next", "deepseek_v32"])
 def test_a_pages_attention_sets_its_products_threads_itself(two_threads, tmp_path, runner, family) -> None:
     """The traced attention runs without the per-op hook (weight_threads.unhooked: stages.wide sets the threads
     around its projections); every product with a matrix in the run still runs on torch's two threads."""
+    from tiny_indexer import build as build_indexer
     from tiny_linear import build as build_linear
 
     from attnscope.cli import app
 
     if family == "llama":
         build("llama", tmp_path)
+    elif family == "deepseek_v32":
+        build_indexer(tmp_path, "v32")
     else:
         build_linear("qwen3_next", tmp_path)
     lifted = []
@@ -109,12 +112,16 @@ def test_a_pages_attention_sets_its_products_threads_itself(two_threads, tmp_pat
 
     products = _Products()
     with pytest.MonkeyPatch.context() as patch:
+        import attnscope.attention.indexer as indexer
+        import attnscope.attention.latent as latent
         import attnscope.attention.multihead as multihead
 
-        patch.setattr(multihead, "unhooked", watched)
+        for module in (multihead, latent, indexer):
+            patch.setattr(module, "unhooked", watched)
         with products:
-            result = runner.invoke(app, ["head", "--model", str(tmp_path), "--layer", "2" if family != "llama" else "1",
-                                         "--head", "0", "--text", SENTENCE])
+            layer = "2" if family == "qwen3_next" else "1"  # Qwen3-Next's full layer
+            result = runner.invoke(app, ["head", "--model", str(tmp_path), "--layer", layer, "--head", "0", "--text",
+                                         SENTENCE])
     assert result.exit_code == 0, result.stderr
-    assert lifted and all(isinstance(mode, weight_threads._WeightsWide) for mode in lifted)  # the hook was on top
+    assert any(isinstance(mode, weight_threads._WeightsWide) for mode in lifted)  # the hook was on top, lifted
     assert products.threads and set(products.threads) == {2}

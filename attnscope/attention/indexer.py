@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from attnscope import cost
+from attnscope.attention import stages
 from attnscope.attention.latent import LatentAttention
+from attnscope.tensors.weight_threads import unhooked
 from attnscope.trace import Trace, discard
 from attnscope.variants.rope import apply_rope
 
@@ -88,30 +89,30 @@ class Indexer(nn.Module):
         cos, sin = rope.cos_sin(n_K, s.d_rope, X.dtype, X.device)  # [n_K, d_rope]: the attention's table
         cos, sin = cos[n_cache:], sin[n_cache:]  # the new tokens' positions
         turn = "interleaved, as apply_rotary_pos_emb_interleave" if s.interleave else "half-split"
-        q_flat = self.wq_b(q_latent)  # [n_batch, n_Q, n_index_head·d_index]
+        q_flat = stages.wide(self.wq_b, q_latent)  # [n_batch, n_Q, n_index_head·d_index]
         q = q_flat.view(n_batch, n_new, s.n_head, s.d_head)  # [n_batch, n_Q, n_index_head, d_index]
         index_q = add("index_q", self._rotate(q, cos[:, None], sin[:, None]),
                       ("n_batch", "n_Q", "n_index_head", "d_index"), f"wq_b(Q_latent_normed).view(n_batch, n_Q, "
                       f"n_index_head, d_index), its first {s.d_rope} coordinates rotated {turn}",
-                      cost.linear_flops(q_flat.shape, q_latent.shape[-1], False))
-        k_new = self._rotate(self.k_norm(self.wk(X)), cos, sin)  # [n_batch, n_new, d_index]
+                      ("linear", q_flat.shape, q_latent.shape[-1], False))
+        k_new = self._rotate(self.k_norm(stages.wide(self.wk, X)), cos, sin)  # [n_batch, n_new, d_index]
         k_op = f"k_norm(wk(X)): LayerNorm eps {K_NORM_EPS:g}, its first {s.d_rope} coordinates rotated {turn}"
         if cached is not None:
             k_new = torch.cat([cached.to(k_new.dtype), k_new], dim=1)  # [n_batch, n_K, d_index]
             k_op = f"torch.cat([index_k cache, {k_op}], dim=1)"
         index_k = add("index_k", k_new, ("n_batch", "n_K", "d_index"), k_op,
-                      cost.linear_flops((n_batch, n_new, s.d_head), X.shape[-1], False))
-        weights = self.weights_proj(X.to(self.weights_proj.weight.dtype)).float() * s.n_head ** -0.5
+                      ("linear", (n_batch, n_new, s.d_head), X.shape[-1], False))
+        weights = stages.wide(self.weights_proj, X.to(self.weights_proj.weight.dtype)).float() * s.n_head ** -0.5
         weights = add("index_weights", weights, ("n_batch", "n_Q", "n_index_head"),
                       f"weights_proj(X) * n_index_head^-0.5 ({s.n_head ** -0.5:.6g})",
-                      cost.linear_flops(weights.shape, X.shape[-1], False))
+                      ("linear", weights.shape, X.shape[-1], False))
         # transformers' order, for the same float32 numbers (a top-k tie breaks alike):
         per_head = torch.matmul(index_q.float(), index_k.transpose(-1, -2).float().unsqueeze(1))  # [n_batch, n_Q,
         per_head = torch.relu(per_head * s.d_head ** -0.5)  # n_index_head, n_K]
         scores = torch.matmul(weights.unsqueeze(-2), per_head).squeeze(-2)  # [n_batch, n_Q, n_K]
         index_scores = add("index_scores", scores, ("n_batch", "n_Q", "n_K"),
                            f"Σ_h index_weights · relu(index_q @ index_k.T * {s.d_head ** -0.5:.6g})",
-                           2 * cost.matmul_flops(per_head.shape, s.d_head))
+                           ("matmul", per_head.shape, 2 * s.d_head, 0))  # two products, each over d_index
         allowed = torch.ones(n_new, n_K, dtype=torch.bool, device=X.device).tril(n_cache)  # [n_Q, n_K]: causal
         hidden = torch.zeros(n_new, n_K, device=X.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
         top = (index_scores + hidden).topk(min(s.topk, n_K), dim=-1).indices  # [n_batch, n_Q, topk]
@@ -135,6 +136,8 @@ class IndexedLatentAttention(LatentAttention):
     `cache` is `(KV_latent_cache, K_pe_cache, index_k cache)`. A shared layer (`index.shared`) has no indexer
     and keeps `selections.latest`; a full one writes it."""
 
+    mask_name = "selected"  # masked_scores hides what the indexer did not select: `(causal(lower-right) & selected)`
+
     def __init__(self, d_feat: int, n_head: int, *, index: IndexSpec, selections: Selections, dense: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(d_feat, n_head, **kwargs)
@@ -145,6 +148,10 @@ class IndexedLatentAttention(LatentAttention):
 
     def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None, mask: Tensor | None = None,
                 cache: tuple[Tensor, ...] | None = None) -> Trace:
+        with unhooked():  # its products with weights set their threads themselves (stages.wide)
+            return self._indexed(Q, cache)
+
+    def _indexed(self, Q: Tensor, cache: tuple[Tensor, ...] | None) -> Trace:
         trace = Trace()
         add = trace.add if self.record else discard
         selected = self._select(add, Q, cache)
@@ -154,9 +161,6 @@ class IndexedLatentAttention(LatentAttention):
         for step in inner.steps:
             trace.add_step(step)
         trace.notes.extend(inner.notes)
-        if "masked_scores" in trace:
-            op = trace.step("masked_scores").op.replace("& mask)", "& selected)")
-            trace.set_op("masked_scores", op)
         if self.dense:
             self._dense(trace)
         return trace
@@ -171,7 +175,7 @@ class IndexedLatentAttention(LatentAttention):
             return add("selected", chosen, ("n_batch", "n_Q", "n_K"),  # type: ignore[no-any-return]
                        "the previous full indexer layer's selected (indexer_types 'shared')", allocates=False)
         assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.spec.rope is not None
-        q_latent = self.q_a_layernorm(self.q_a_proj(X))  # [n_batch, n_Q, d_Q_latent], as Q_latent_normed
+        q_latent = self.q_a_layernorm(stages.wide(self.q_a_proj, X))  # [n_batch, n_Q, d_Q_latent], as Q_latent_normed
         selected = self.indexer(add, X, q_latent, self.spec.rope, None if cache is None else cache[2])
         self.selections.latest = selected
         return selected  # type: ignore[no-any-return]
@@ -184,7 +188,7 @@ class IndexedLatentAttention(LatentAttention):
         dense = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)  # [n_batch, n_head, n_Q, n_K]
         dims = trace.step("scores").dims
         trace.add("dense_attention", dense, dims, "softmax(scores.masked_fill(~causal, -inf), dim=-1): no selection",
-                  cost.softmax_flops(dense.shape))
+                  ("softmax", dense.shape, 0, 0))
         share = (dense * trace["selected"][:, None]).sum(-1)  # [n_batch, n_head, n_Q]
         trace.add("selected_share", share, dims[:-1], "(dense_attention * selected).sum(-1): the dense weight the "
                   "selected keys hold", 2 * dense.numel())

@@ -46,12 +46,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from attnscope import cost
-from attnscope.attention import dot_product as attention
-from attnscope.attention.dot_product import HeadInputs, Names, resolve_spec
-from attnscope.attention.stages import heads_last, merge_heads, rotate, split_heads
+from attnscope import masks
+from attnscope.attention import stages
+from attnscope.attention.dot_product import HeadInputs, resolve_spec
+from attnscope.attention.stages import HALF, Names, heads_last, merge_heads, rotate, split_heads
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec, Latent
+from attnscope.tensors.weight_threads import unhooked
 from attnscope.trace import Trace, discard
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class LatentAttention(nn.Module):
     K_pe_cache)`, `[n_batch, n_cache, d_latent]` and `[n_batch, n_cache, d_rope]`, holds earlier positions'
     normalized latents and rotated rotary parts, as transformers' cache holds them; the new tokens then sit at
     positions n_cache onwards and causal aligns lower-right."""
+
+    mask_name = "mask"  # what the masked_scores op calls a caller's mask (indexer.py's: selected)
 
     def __init__(
         self,
@@ -150,6 +153,11 @@ class LatentAttention(nn.Module):
 
     def forward(self, Q: Tensor, K: Tensor | None = None, V: Tensor | None = None, mask: Tensor | None = None,
                 cache: tuple[Tensor, Tensor] | None = None) -> Trace:
+        with unhooked():  # its products with weights set their threads themselves (stages.wide)
+            return self._attend(Q, K, V, mask, cache)
+
+    def _attend(self, Q: Tensor, K: Tensor | None, V: Tensor | None, mask: Tensor | None,
+                cache: tuple[Tensor, Tensor] | None) -> Trace:
         K = Q if K is None else K
         if V is not None and V is not K:
             raise UsageError("latent attention makes keys and values from one input, K: give K only (V is "
@@ -162,24 +170,23 @@ class LatentAttention(nn.Module):
         add = trace.add if self.record else discard
         q, k, v = self._heads(add, Q, K, cache, spec)
         names = Names(Q="Q_full", K="K_full", V="V_split", out="x_raw", batch=("n_batch", "n_head"))
-        inner = attention.sdpa(q, k, v, mask, dropout_p=self.dropout_p if self.training else 0.0, names=names,
-                               spec=self._sdpa_spec(spec))
-        x_raw = inner["x_raw"]  # [n_batch, n_head, n_Q, d_V]
-        n_batch, n_Q = Q.shape[0], Q.shape[1]
+        n_batch, n_Q, n_K = Q.shape[0], Q.shape[1], k.shape[-2]
+        acc = torch.float32 if q.dtype in HALF else q.dtype  # the scores' dtype
+        built = masks.prepare(self._sdpa_spec(spec), n_Q, n_K, Q.device, mask,
+                              scores=(n_batch, self.n_head, n_Q, n_K), dtype=acc, name=self.mask_name)
+        # scores ... x_raw, into the trace (unrecorded: into one that is dropped)
+        x_raw = stages.attend(trace if self.record else Trace(), q, k, v, built, names,
+                              dropout_p=self.dropout_p if self.training else 0.0)  # [n_batch, n_head, n_Q, d_V]
         if not self.record:
-            x = self.o_proj(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
+            x = stages.wide(self.o_proj, merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
             trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "o_proj(merge_heads(x_raw))")
             return trace
-        for step in inner.steps[3:]:  # from scores on: Q_full, K_full and V_split are already here
-            trace.add_step(step)
-        trace.notes.extend(inner.notes)
         x_rsh1 = trace.add("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_V"),
                            "x_raw.permute(0, 2, 1, 3).contiguous()")
         x_rsh2 = trace.add("x_rsh2", x_rsh1.view(n_batch, n_Q, self.n_head * self.d_V),  # [n_batch, n_Q, n_head·d_V]
                            ("n_batch", "n_Q", "n_head·d_V"), "x_rsh1.view(n_batch, -1, n_head·d_V)", allocates=False)
-        x = self.o_proj(x_rsh2)  # [n_batch, n_Q, d_feat]
-        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "o_proj(x_rsh2)",
-                  cost.linear_flops(x.shape, x_rsh2.shape[-1], self.o_proj.bias is not None))
+        x = stages.wide(self.o_proj, x_rsh2)  # [n_batch, n_Q, d_feat]
+        trace.add("x", x, ("n_batch", "n_Q", "d_feat"), "o_proj(x_rsh2)", _linear_flops(self.o_proj, x_rsh2))
         return trace
 
     def empty_cache(self, n_batch: int = 1) -> tuple[Tensor, Tensor]:
@@ -221,7 +228,7 @@ class LatentAttention(nn.Module):
                      allocates=False)
         Q_pe = self._pe(add, "Q_pe", Q_split[..., d_nope:], ("n_batch", "n_head", "n_Q", "d_rope"),
                         "Q_split[..., d_nope:]")
-        KV_feat = add("KV_feat", self.kv_a_proj_with_mqa(K), ("n_batch", n_key, "d_latent+d_rope"),
+        KV_feat = add("KV_feat", stages.wide(self.kv_a_proj_with_mqa, K), ("n_batch", n_key, "d_latent+d_rope"),
                       "kv_a_proj_with_mqa(K)", _linear_flops(self.kv_a_proj_with_mqa, K), inputs=("K",))
         latent = add("KV_latent", self.kv_a_layernorm(KV_feat[..., :d_latent]), ("n_batch", n_key, "d_latent"),
                      f"kv_a_layernorm(KV_feat[..., :d_latent]): RMSNorm over d_latent, eps {RMS_EPS:g}",
@@ -248,7 +255,7 @@ class LatentAttention(nn.Module):
         pe_name = "K_pe_rot" if cache is None else "K_pe_cat"
         Q_full = add("Q_full", torch.cat([Q_nope, Q_pe_rot], dim=-1), ("n_batch", "n_head", "n_Q", "d_K"),
                      "torch.cat([Q_nope, Q_pe_rot], dim=-1)")  # [n_batch, n_head, n_Q, d_K]
-        KV_up = add("KV_up", self.kv_b_proj(latent), ("n_batch", "n_K", "n_head·(d_nope+d_V)"),
+        KV_up = add("KV_up", stages.wide(self.kv_b_proj, latent), ("n_batch", "n_K", "n_head·(d_nope+d_V)"),
                     f"kv_b_proj({latent_name})", _linear_flops(self.kv_b_proj, latent))  # [n_batch, n_K, n_head·(..)]
         per_head = split_heads(KV_up, n_head)  # [n_batch, n_head, n_K, d_nope + d_V], a view
         split_op = "KV_up.view(n_batch, -1, n_head, d_nope+d_V).transpose(1, 2)"
@@ -266,15 +273,16 @@ class LatentAttention(nn.Module):
         """Q_latent, Q_latent_normed (with a query latent), Q_feat and Q_split `[n_batch, n_head, n_Q, d_K]`."""
         width = ("n_batch", "n_Q", "n_head·d_K")
         if self.q_proj is not None:
-            Q_feat = add("Q_feat", self.q_proj(Q), width, "q_proj(Q)", _linear_flops(self.q_proj, Q), inputs=("Q",))
+            Q_feat = add("Q_feat", stages.wide(self.q_proj, Q), width, "q_proj(Q)", _linear_flops(self.q_proj, Q),
+                         inputs=("Q",))
         else:
             assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None
             dims = ("n_batch", "n_Q", "d_Q_latent")
-            compressed = add("Q_latent", self.q_a_proj(Q), dims, "q_a_proj(Q)", _linear_flops(self.q_a_proj, Q),
-                             inputs=("Q",))
+            compressed = add("Q_latent", stages.wide(self.q_a_proj, Q), dims, "q_a_proj(Q)",
+                             _linear_flops(self.q_a_proj, Q), inputs=("Q",))
             normed = add("Q_latent_normed", self.q_a_layernorm(compressed), dims,
                          f"q_a_layernorm(Q_latent): RMSNorm over d_Q_latent, eps {RMS_EPS:g}", 4 * compressed.numel())
-            Q_feat = add("Q_feat", self.q_b_proj(normed), width, "q_b_proj(Q_latent_normed)",
+            Q_feat = add("Q_feat", stages.wide(self.q_b_proj, normed), width, "q_b_proj(Q_latent_normed)",
                          _linear_flops(self.q_b_proj, normed))  # [n_batch, n_Q, n_head·d_K]
         return add("Q_split", split_heads(Q_feat, self.n_head), ("n_batch", "n_head", "n_Q", "d_K"),
                    "Q_feat.view(n_batch, -1, n_head, d_K).transpose(1, 2)", allocates=False)
@@ -318,5 +326,6 @@ def _check_rope(rope: Rope, latent: Latent) -> None:
                          "pairing='interleaved')", "rope_interleave", "rope")
 
 
-def _linear_flops(layer: nn.Linear, x: Tensor) -> int:
-    return cost.linear_flops((*x.shape[:-1], layer.out_features), layer.in_features, layer.bias is not None)
+def _linear_flops(layer: nn.Linear, x: Tensor) -> tuple[str, tuple[int, ...], int, int]:
+    """The FLOPs of `layer(x)`, as data (trace.Cost)."""
+    return "linear", (*x.shape[:-1], layer.out_features), layer.in_features, layer.bias is not None
