@@ -83,12 +83,13 @@ class TraceRun:
 def run_trace(o: TraceOptions) -> TraceRun:
     import torch
 
-    from attnscope.usertrace import load
+    from attnscope.usertrace import load, timefirst, weightargs
     from attnscope.usertrace.feeds import feeds
     from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
     from attnscope.usertrace.lineup import line_up
 
     check_numbers(o, texts=("target", "init", "forward"))
+    o = dataclasses.replace(o, causal=_causal_used(o))  # a bare --causal in a decode step: lower-right, everywhere
     target = load.find(o.target)
     spec = _check_options(o, target)
     if o.save:
@@ -110,7 +111,7 @@ def run_trace(o: TraceOptions) -> TraceRun:
     if target.kind == "function":  # its weights as arguments (W_q, W_k, ...): traced as a module holding them
         from attnscope.usertrace.weightargs import holding
 
-        module = holding(target.obj, o.d_feat, o.seed)
+        module = holding(target.obj, o.d_feat, o.seed, o.heads)
         if module is not None:
             notes.append(_weights_note(module))
     if module is not None and target.kind != "function":
@@ -169,6 +170,43 @@ def run_trace(o: TraceOptions) -> TraceRun:
             o, (inputs, fed, called, convention) = found
             spec = dataclasses.replace(spec, layout="col")
             notes.append(_column_note(failed, o, weighted is not None))
+    if called.failure is not None and target.kind == "function" and weighted is not None \
+            and not weightargs.square(weighted):
+        # a function's weights of n_head·d_head ≠ d_feat, given as x @ W reads them: turned for F.linear(x, W)
+        weightargs.transpose(weighted)
+        kept = shapes
+        shapes = _with_width(ShapePlan.make(o, weighted, init), shapes.fixed.get("d_feat"))  # x's width as it was
+        made = _attempted(attempt, o)
+        if made is not None and made[2].failure is None:
+            inputs, fed, called, convention = made
+            notes[notes.index(_weights_note(weighted, turned=True))] = _weights_note(weighted)
+        else:
+            weightargs.transpose(weighted)
+            shapes = kept
+    if called.failure is not None and weighted is not None and "d_kv_in" not in shapes.fixed and not o.q:
+        # widths the weights hold but did not say: nn.Parameter weights whose d_feat is not their most common size
+        # (W_q [d_feat, n_head·d_head]), K and V reading a context of another width (diffusers'
+        # cross_attention_dim, nn.MultiheadAttention's kdim/vdim): each pair the weights hold, the first the code
+        # runs on
+        for width, context in _held_widths(weighted, shapes, plan.memory() is not None):
+            held = shapes, plan
+            shapes = _with_width(shapes, width)
+            if context is not None:
+                shapes = dataclasses.replace(shapes, fixed=shapes.fixed | {"d_kv_in": context})
+                plan = shapes.fed(plan)
+            made = _attempted(attempt, o)
+            if made is not None and made[2].failure is None:
+                inputs, fed, called, convention = made
+                break
+            shapes, plan = held
+    if called.failure is not None and timefirst.possible(o, inputs):
+        # code written for time-first inputs (fairseq's, nn.MultiheadAttention's batch_first=False) fails on
+        # [n_batch, n, d]: the same inputs fed [n, n_batch, d], read as that convention
+        made = _attempted(attempt, timefirst.asked(o, inputs))
+        if made is not None and made[2].failure is None:
+            failed = called.failure
+            o, (inputs, fed, called, convention) = timefirst.asked(o, inputs), made
+            notes.append(timefirst.note(failed, weighted is not None, o.layout))
     first_notes = list(notes)  # the module's, before those of its inputs (a second run makes them again)
     notes += inputs.notes + plan_notes(plan, inputs)
     if convention is not None:
@@ -198,13 +236,11 @@ def run_trace(o: TraceOptions) -> TraceRun:
         read = _heads_from_run(called.records, shapes.fixed.get("d_feat"), o.layout == "col",
                                inputs.sizes.get("n_batch"))
         if read is not None:  # the head count only the code says (a literal in its forward): read from its q
-            heads, line = read
+            heads, line, laid = read
             width = shapes.fixed.get("d_feat")  # as the run found it (a width the weights left open, _widths)
             shapes = ShapePlan.make(dataclasses.replace(o, heads=heads), weighted, init)
             shapes = _with_width(shapes, width if width != shapes.fixed.get("d_feat") else None)
             inputs, fed, called, convention = again()
-            laid = "[.., n_Q, d_head]" if o.layout != "col" else "[.., d_head, n_Q]"
-            laid = f"[.., {heads}, {laid[5:]}" if heads > 1 else "no head axis: one head"
             first_notes.append(f"n_head = {heads}, read from the queries your code hands the scores (line {line}: "
                                f"{laid}); nothing else in the module says it (--heads does)")
             run.notes.insert(len(first_notes) - 1, first_notes[-1])
@@ -225,6 +261,21 @@ def run_trace(o: TraceOptions) -> TraceRun:
             inputs, fed, called, convention = again()
             if called.failure is None:
                 lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
+        if timefirst.early(lined) and timefirst.possible(o, inputs):
+            # time-first code that runs on batch-first inputs too (it then attends across the batch): the reading
+            # under which it lines up further is kept (usertrace/timefirst.py)
+            made = _attempted(attempt, timefirst.asked(o, inputs))
+            tried = line_up(weighted, shapes, made[0], made[2].records, o.train, spec) \
+                if made is not None and made[2].failure is None else None
+            if made is not None and tried is not None and timefirst.better(tried, lined):
+                o, (inputs, fed, called, convention), lined = timefirst.asked(o, inputs), made, tried
+                first_notes.append(timefirst.note(None, weighted is not None, o.layout))
+                run.notes[:] = first_notes + inputs.notes + plan_notes(plan, inputs)
+                if convention is not None:
+                    run.notes.append(convention.note(plan.mask or "mask"))
+                run.header = _header(target, label, plan, inputs, mode, spec)
+                run.header[-1] += "" if o.q else f"  seed={o.seed}"
+                run.params, run.failure, run.failure_source = _params(o, target, kwargs, inputs), None, None
         if lined.divergence is not None and _columns_possible(o, weighted):
             # code that runs on rows too (weightless self-attention: Xᵀ X is [d, d] on rows) yet lines up only on
             # columns: the column convention, read from what it computes
@@ -407,11 +458,13 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
 
 
 def _heads_from_run(records: list[Record], d_feat: int | None, col: bool = False,
-                    n_batch: int | None = None) -> tuple[int, int] | None:
+                    n_batch: int | None = None) -> tuple[int, int, str] | None:
     """n_head as the code's own queries say it, and their line: the scores' left operand (a kernel's q) laid out
     [n_batch, n_head, n_Q, d_head], its heads times d_head the module's width; None where they are laid out
     otherwise (heads folded into the batch, grouped in five axes); one head where they have no head axis
-    ([n_batch, n_Q, d_attn], [n_Q, d_attn]). `col`: the column form's queries, [n_batch, n_head, d_head, n_Q]."""
+    ([n_batch, n_Q, d_attn], [n_Q, d_attn]); folded into the batch, d_feat over their d_head, and laid out
+    [.., n_Q, n_head, d_head] (an einsum's 'bqhd'). `col`: the column form's queries, [n_batch, n_head, d_head, n_Q].
+    With them, how the queries lay the heads out, in words."""
     from attnscope.usertrace.flow import operands
 
     found = operands(records)
@@ -420,10 +473,16 @@ def _heads_from_run(records: list[Record], d_feat: int | None, col: bool = False
     q = records[found[0]]
     shape = tuple(q.tensor.shape)
     if len(shape) == 2 and n_batch is None or len(shape) == 3 and shape[0] == n_batch:
-        return 1, q.line  # no head axis (and no heads folded into the batch): one head
+        return 1, q.line, "no head axis: one head"  # (and no heads folded into the batch)
+    if len(shape) == 3 and not col and shape[-1] < d_feat and d_feat % shape[-1] == 0 \
+            and shape[0] % (d_feat // shape[-1]) == 0:
+        heads = d_feat // shape[-1]  # heads folded into the batch (bmm, baddbmm)
+        return heads, q.line, f"[n_batch·n_head, n_Q, d_head] = {list(shape)}, d_feat / d_head = {heads}"
+    if len(shape) == 4 and not col and shape[2] * shape[3] == d_feat and shape[1] * shape[3] != d_feat:
+        return int(shape[2]), q.line, f"[.., n_Q, {shape[2]}, d_head]"  # an einsum's 'bqhd', Megatron's [s, b, n, d]
     if len(shape) != 4 or shape[1] * shape[2 if col else 3] != d_feat or shape[1] < 1:
         return None
-    return int(shape[1]), q.line
+    return int(shape[1]), q.line, f"[.., {shape[1]}, {'d_head, n_Q' if col else 'n_Q, d_head'}]"
 
 
 def _heads_from_weights(module: Any) -> tuple[int, str, tuple[int, ...]] | None:
@@ -450,9 +509,10 @@ def _lined_note(o: TraceOptions) -> str:
             "the keys, dim -2), a convention, not a mistake (--layout col says it)")
 
 
-def _weights_note(module: Any) -> str:
-    """What a function's weight arguments were given."""
-    shapes = ", ".join(f"{name} {list(p.shape)}" for name, p in module.named_parameters())
+def _weights_note(module: Any, turned: bool = False) -> str:
+    """What a function's weight arguments were given (`turned`: as they were before the holder turned them)."""
+    shapes = ", ".join(f"{name} {list(p.shape)[::-1] if turned else list(p.shape)}"
+                       for name, p in module.named_parameters())
     return (f"your function takes its weights as arguments: each got a random weight drawn from the seed ({shapes}; "
             "--d-feat sizes them), and which side of a matmul each stands on says how it projects")
 
@@ -514,6 +574,35 @@ def _column_form(o: TraceOptions, attempt: Any) -> tuple[TraceOptions, tuple[Any
     return None
 
 
+def _held_widths(module: Any, shapes: Any, memory: bool) -> list[tuple[int | None, int | None]]:
+    """(d_feat, the context's width) pairs to try where the code failed on the widths chosen: every size the module's
+    2-D weights hold, most held first, as d_feat (None: as chosen) and, where the forward takes a memory, as the
+    context's; the chosen pair itself left out."""
+    from collections import Counter
+
+    from torch import nn
+
+    counts = Counter(n for p in module.parameters() if p.dim() == 2 for n in p.shape)
+    held = [n for n, _ in counts.most_common()]
+    chosen = shapes.fixed.get("d_feat")
+    params_only = not any(isinstance(m, nn.Linear) for m in module.modules())
+    widths: list[int | None] = [None] + ([n for n in held if n != chosen] if params_only else [])
+    pairs: list[tuple[int | None, int | None]] = []
+    for width in widths:
+        d = chosen if width is None else width
+        pairs += [(width, context) for context in ([None] if width is not None else []) +
+                  ([n for n in held if n != d] if memory else [])]
+    return pairs
+
+
+def _attempted(attempt: Any, asked: TraceOptions) -> tuple[Any, ...] | None:
+    """The code run under `asked`; None where those inputs cannot be made."""
+    try:
+        return cast("tuple[Any, ...]", attempt(asked))
+    except UsageError:
+        return None
+
+
 def _column_note(failed: Failure, o: TraceOptions, weighted: bool) -> str:
     """The note for code read as the column convention."""
     where = f"line {failed.line}: " if failed.line else ""
@@ -563,7 +652,7 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
                              "function give --dk (and --dv)")
     # a bare --causal leaves the alignment to the run: a decode step's (--cache N) is lower-right; only an
     # upper-left typed is refused there
-    causal = "lower-right" if o.cache and o.causal == "upper-left" and not o.causal_asked else o.causal
+    causal = _causal_used(o)
     asked = AttentionSpec.asked(causal, o.window, o.cache, rope=rope_of(o), alibi=o.alibi, scale=o.scale,
                                 qk_norm=o.qk_norm, window_side=o.window_side)  # checked as sdpa/mha check them
     if o.alibi and o.position_bias:
@@ -582,7 +671,7 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
     if bias is not None and not bias.is_floating_point():
         raise UsageError(f"--position-bias {o.position_bias}: a {str(bias.dtype).removeprefix('torch.')} tensor; "
                          "the bias added to the scores is a float tensor [.., n_Q, n_K]")
-    if o.layout not in ("row", "col"):
+    if o.layout not in ("row", "col", "time", "bthd"):
         raise UsageError(f"--layout {o.layout}: use row or col")
     if o.layout == "col" and (o.rope or o.kv_heads):  # as sdpa refuses variants in the column layout
         raise UsageError(f"--layout col traces the textbook column form; {'--rope' if o.rope else '--kv-heads'} "
@@ -592,6 +681,12 @@ def _check_options(o: TraceOptions, target: Target) -> Spec:
                 qk_norm=o.qk_norm, scale=o.scale, position_bias=bias, pairing_asked=o.rope_pairing is not None,
                 window_side=o.window_side, base_asked=o.rope_base is not None,
                 align_asked=o.causal is not None and o.causal_asked)
+
+
+def _causal_used(o: TraceOptions) -> str | None:
+    """The causal alignment the reference uses: a bare --causal's is the run's, lower-right in a decode step
+    (--cache N); one typed is as typed."""
+    return "lower-right" if o.cache and o.causal == "upper-left" and not o.causal_asked else o.causal
 
 
 def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
@@ -695,7 +790,7 @@ def _params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inp
     files = {role: spec for role, spec in (("Q", o.q), ("K", o.k), ("V", o.v)) if spec}
     return {"target": o.target, "file": str(target.path), "name": target.name, "kind": target.kind,
             "init": {k: _jsonable(v) for k, v in kwargs.items()}, "train": o.train, "sizes": dict(inputs.sizes),
-            "seed": o.seed, "inputs": files or "random", "mask": o.mask, "causal": o.causal, "window": o.window,
+            "seed": o.seed, "inputs": files or "random", "mask": o.mask, "causal": _causal_used(o), "window": o.window,
             "rope": o.rope, "rope_base": (o.rope_base or ROPE_BASE) if o.rope else None,
             "rope_pairing": (o.rope_pairing or "half-split") if o.rope else None,
             "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save, "alibi": o.alibi,

@@ -37,8 +37,8 @@ def with_users_dropout(trace: Trace, records: list[Record], reference: Any) -> t
     for record in dropouts:
         before = records[record.parents[0]]
         match = next(iter(compare(before, attention)), None)
-        if match is None or not match.equal or match.layout.merged:
-            continue
+        if match is None or not match.equal:  # merged too: heads folded into the batch, or a module of one head
+            continue  # whose [n_batch, n_Q, n_K] is the attention's [n_batch, 1, n_Q, n_K]
         shape = tuple(attention.shape)
         after = match.layout.undo(record.tensor, shape).to(attention.dtype)
         kept = match.layout.undo(before.tensor, shape).to(attention.dtype)

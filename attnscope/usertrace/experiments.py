@@ -407,6 +407,14 @@ def _merge(b: Base) -> Iterator[Trial]:
                     "with x_raw [n_batch, n_head, n_Q, d_head] viewed as [n_batch, n_Q, d_feat] without first moving "
                     "n_head behind n_Q (view before permute), so each row mixes the positions of one head; "
                     ".permute(0, 2, 1, 3).contiguous() before the view")
+        n_batch, n_Q = b.ref["x_raw"].shape[0], b.ref["x_raw"].shape[2]
+        if n_batch != n_Q and any(tuple(r.tensor.shape[:2]) == (n_Q, n_batch) for r in b.ctx.records
+                                  if r.tensor.dim() == 3):  # time-first code (usertrace/timefirst.py)
+            yield Trial(replay(b, merge="time"), "heads merged in the wrong order: {who} is what the reference "
+                        "computes with x_raw as [n_batch·n_head, n_Q, d_head] viewed straight as time-first "
+                        "[n_Q, n_batch, d_feat] without first moving n_Q in front (view before transpose), so each "
+                        "row mixes the positions and heads of one sequence; .transpose(0, 1).contiguous() before the "
+                        "view")
 
 
 def _split(b: Base) -> Iterator[Trial]:

@@ -51,7 +51,9 @@ class InputOptions:
     rope: bool = False
     rope_base: float | None = None
     cache: int = 0
-    layout: str = "row"  # "col": a function's inputs [.., d, n], one token a column (sdpa --layout col)
+    layout: str = "row"  # "col": a function's inputs [.., d, n], one token a column (sdpa --layout col); "time":
+    # time-first [n, n_batch, d] (fairseq's, nn.MultiheadAttention's batch_first=False); "bthd": a function's
+    # heads behind the tokens, [n_batch, n, n_head, d] (flash-attn's, JAX's); the last two read from the run only
 
 
 @dataclass
@@ -94,7 +96,10 @@ class ShapePlan:
         if n_head:
             fixed["n_head"] = n_head
             projections = _projections(module, n_head, hint or (d_feat // n_head if d_feat % n_head == 0 else None))
-            q_width = projections.linears["q"][1].out_features if projections else d_feat
+            kernels = kernel_heads(module) if projections is None else None  # Keras' [d_feat, n_head, d_head]
+            q_width = projections.linears["q"][1].out_features if projections else \
+                kernels[0] * kernels[1] if kernels is not None and kernels[0] == n_head else \
+                n_head * hint if hint else d_feat  # the head width the module says (a function's d_head=10)
             if projections and projections.linears["k"][1].in_features != d_feat:  # K, V read a context's width
                 fixed["d_kv_in"] = projections.linears["k"][1].in_features
             if q_width % n_head == 0:
@@ -189,7 +194,12 @@ class Inputs:
     layout: str = "row"
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The inputs as the reference reads them: [n_batch, n, d] (time-first ones [n, n_batch, d] transposed)."""
         by_role = {role: self.tensors[name] for name, role in self.roles.items()}
+        if self.layout == "time":
+            by_role = {role: t.transpose(0, 1) for role, t in by_role.items()}  # [n, n_batch, d] -> [n_batch, n, d]
+        elif self.layout == "bthd":  # [n_batch, n, n_head, d] -> [n_batch, n_head, n, d]
+            by_role = {role: t.transpose(1, 2) for role, t in by_role.items()}
         Q = by_role["Q"]
         K = by_role.get("K", Q)
         return Q, K, by_role.get("V", K)
@@ -290,7 +300,8 @@ def _group(fixed: dict[str, int], extra: dict[str, int]) -> tuple[int, ...]:
 
 
 def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "row") -> tuple[str, ...]:
-    """An input's dims: [n_batch, (n_head,) n, d], or [.., d, n] in the column layout; no n_batch for 2-D inputs."""
+    """An input's dims: [n_batch, (n_head,) n, d], or [.., d, n] in the column layout, [n, n_batch, d] time-first;
+    no n_batch for 2-D inputs."""
     n = "n_Q" if role == "Q" else "n_K"
     d = "d_V" if role == "V" else "d_K"
     if is_module:
@@ -299,6 +310,10 @@ def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "
     if not is_module and "n_head" in sizes:
         heads = ("n_kv_head",) if role != "Q" and "n_kv_head" in sizes else ("n_head",)
     batch = ("n_batch",) if "n_batch" in sizes else ()
+    if layout == "time" and batch and not heads:
+        return (n, "n_batch", d)
+    if layout == "bthd" and batch and heads:  # a function's heads behind the tokens (flash-attn's, JAX's 'bqhd')
+        return ("n_batch", n, *heads, d)
     return (*batch, *heads, *((d, n) if layout == "col" else (n, d)))
 
 
@@ -350,10 +365,10 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
     converted = {id(t): t.to(dtype) for t in (Q, K, V)}  # K is Q when only --q: it stays the same tensor
     tensors = {"Q": converted[id(Q)], "K": converted[id(K)], "V": converted[id(V)]}
     sizes = dict(shapes.fixed) | ({"n_cache": n_cache} if n_cache else {})
-    n, d = (-1, -2) if layout == "col" else (-2, -1)
+    n, d = (-1, -2) if layout == "col" else (0, -1) if layout == "time" else (-2, -1)
     sizes.update({"n_Q": int(Q.shape[n]), "n_K": int(K.shape[n]) + n_cache})
     if Q.dim() >= 3:
-        sizes["n_batch"] = int(Q.shape[0])
+        sizes["n_batch"] = int(Q.shape[1 if layout == "time" else 0])
     if module is None:
         sizes.update({"d_K": int(Q.shape[d]), "d_V": int(V.shape[d])})
         if Q.dim() == 4:

@@ -458,6 +458,12 @@ def head_count(module: Any, init: dict[str, Any], heads: int | None) -> int | No
               if _count(value := attribute(module, k))]
     for label, config in _configs(module, init):
         found += [(f"{label}.{k}", value) for k in HEAD_NAMES if _count(value := attribute(config, k))]
+    import torch
+
+    wrapped = [(name, m) for name, m in module.named_modules() if isinstance(m, torch.nn.MultiheadAttention)] \
+        if isinstance(module, torch.nn.Module) else []
+    if len(wrapped) == 1:  # the one nn.MultiheadAttention it wraps says it
+        found.append((f"its {wrapped[0][0]}.num_heads", wrapped[0][1].num_heads))
     if heads is not None:
         for source, value in found[:1]:
             if value != heads:

@@ -38,6 +38,7 @@ BELOW = ("__lt__", "lt", "__le__", "le")  # `mask < 0.5`: True where the mask is
 ABOVE = ("__gt__", "gt", "__ge__", "ge")  # `mask > 0`: True where it is True
 ARITHMETIC = ("__rsub__", "sub", "__sub__", "mul", "__mul__", "__rmul__", "add", "__add__", "__radd__", "div",
               "__truediv__", "masked_fill", "where")
+ADDS = ("add", "__add__", "__radd__", "sub", "__sub__", "add_", "__iadd__", "sub_", "__isub__")  # fairseq's +=
 ADDING = ("baddbmm", "addbmm", "addmm")  # diffusers' baddbmm(attention_mask, q, kᵀ, beta=1): the mask added
 WORDS = {
     "attend": "boolean, True = may attend (F.scaled_dot_product_attention's convention)",
@@ -106,7 +107,7 @@ def _applied(record: Record, inverted: bool, arithmetic: bool, others: list[Any]
     if name == "where":
         keeps_scores = len(record.args) > 1 and _is_tensor(record.args[1]) and record.args[1] in others
         return Convention("attend" if keeps_scores != inverted else "masked", record.line, op)
-    if name in ("add", "__add__", "__radd__", "sub", "__sub__") or name in ADDING:
+    if name in ADDS or name in ADDING:
         return Convention("additive", record.line, op)
     if name == "scaled_dot_product_attention":
         return Convention("attend", record.line, "F.scaled_dot_product_attention(attn_mask=...)")

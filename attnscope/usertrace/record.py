@@ -198,7 +198,14 @@ class Recorder(TorchFunctionMode):
             name, style = getattr(func.__self__, "__name__", "attribute"), "property"
         elif name == "linear" and len(args) > 1 and id(args[1]) in self._linears:
             style = "linear"
-            described = [("text", self._linears[id(args[1])]), described[0]]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            # F.linear(x, W, b) with nn.Parameters W and b (fairseq's in_proj_weight, in_proj_bias): b its bias
+            described = [("text", self._linears[id(args[1])]), described[0],
+                         *([("kw", ("bias", self._arg(bias)))] if isinstance(bias, torch.Tensor) else [])]
+        elif name == "addmm" and len(args) >= 3 and id(args[2]) in self._linears and id(args[1]) not in self._linears:
+            # torch.addmm(b, x, W): GPT-2's Conv1D, x @ W + b with W [d_in, d_out], b its bias
+            name, style = "matmul", "linear"
+            described = [("text", self._linears[id(args[2])]), self._arg(args[1]), ("kw", ("bias", self._arg(args[0])))]
         elif name in ("matmul", "__matmul__") and len(args) == 2 and id(args[1]) in self._linears \
                 and id(args[0]) not in self._linears:  # x @ W with an nn.Parameter W [d_in, d_out]: a projection
             name, style = "matmul", "linear"

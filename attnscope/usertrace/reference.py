@@ -189,7 +189,12 @@ COLUMN_VIEWS = ("__getitem__", "unsqueeze", "view", "reshape", "expand")  # a bi
 def _added_bias(projection: Record, records: list[Record], params: dict[str, Any], width: int) -> Any:
     """The 1-D nn.Parameter the code adds to a projection's output (`x @ W + b`, `b + x @ W`, `.add(b)`: GPT-2's
     Conv1D written out, the from-scratch ports' W/b pairs; the column form's `W @ x + b[:, None]` or a `[d_out, 1]`
-    one), read as that projection's bias; None where none is added or the same bias meets other tensors too."""
+    one), read as that projection's bias; None where none is added or the same bias meets other tensors too.
+    `F.linear(x, W, b)`'s own b is its bias."""
+    for kind, value in projection.args:  # F.linear(x, W, b): ("kw", ("bias", ("text", name)))
+        if kind == "kw" and value[0] == "bias" and value[1][0] == "text" and value[1][1] in params \
+                and params[value[1][1]].numel() == width:
+            return params[value[1][1]].detach().reshape(width)
     for r in records:
         if r.func not in ("add", "__add__", "__radd__", "add_") or ("rec", projection.index) not in r.args:
             continue

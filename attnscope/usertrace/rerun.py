@@ -192,6 +192,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
             out["x_rsh1"] = x_rsh1
         # -> [n_batch, n_Q, n_head·d_head]; without the permute, each row mixes one head's positions
         merged = (x_rsh1 if merge == "permute" else x).reshape(n_batch, n_Q, n_head * d)
+        if merge == "time":  # time-first [n_batch·n_head, n_Q, d_head] viewed as [n_Q, n_batch, d_feat] (fairseq)
+            merged = x.reshape(n_Q, n_batch, n_head * d).transpose(0, 1)  # -> [n_batch, n_Q, d_feat]
         if "x_rsh2" in b.ref:
             out["x_rsh2"] = merged
         if "x" in b.ref and b.w_o is not None:

@@ -1,0 +1,86 @@
+"""Time-first inputs, `[n, n_batch, d]`: fairseq's MultiheadAttention, `nn.MultiheadAttention(batch_first=False)`,
+the Transformer-XL and Megatron cores (`[s, b, h]`), read from the run as the column form is (columns.py).
+
+Code written for time-first inputs either fails on batch-first ones (a mask `[n_Q, n_K]` added to scores whose
+sequence axis is the batch), or runs and attends across the batch. Neither is a bug of the code: trace runs it
+again on the same inputs transposed, `[n, n_batch, d]`, and keeps that reading where the code runs only on it,
+lines up whole under it, or diverges where only under it an experiment of the catalog reproduces the code's
+tensors. The reference reads the inputs transposed back (`Inputs.qkv`); the code's tensors are lined up in
+whatever layout they hold the steps (`[n_Q, n_batch, d_feat]`, fairseq's `[n_batch·n_head, n_Q, d_head]`), as any
+layout is (align.py). Masks keep their own convention (`key_padding_mask` `[n_batch, n_K]`, `attn_mask`
+`[n_Q, n_K]`): no mask is time-first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.inputs import InputOptions, Inputs
+    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.record import Failure
+
+# the steps up to the scores: a time-first code fed batch-first mixes its batch into its sequence there at the latest
+BEFORE_MIXING = ("Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "Q_rot", "K_rot", "K_rep", "V_rep",
+                 "Q", "K", "V", "scores")
+
+
+def possible(o: InputOptions, inputs: Inputs) -> bool:
+    """Whether the code may be tried on time-first inputs: batched 3-D inputs [n_batch, n, d] of random draws (files
+    say their own layout), rows asked for, no decode step, and a batch whose size tells it from the tokens'."""
+    if o.layout != "row" or o.q or o.cache or o.batch == 0 or not inputs.tensors:
+        return False
+    sizes = inputs.sizes
+    if "n_batch" not in sizes:
+        return False
+    if "n_head" in sizes and "d_feat" not in sizes:  # a function's heads [n_batch, n_head, n, d]: behind the tokens?
+        return sizes["n_head"] not in (sizes.get("n_Q"), sizes.get("n_K")) \
+            and all(t.dim() == 4 for t in inputs.tensors.values())
+    if sizes["n_batch"] in (sizes.get("n_Q"), sizes.get("n_K")):
+        return False
+    return all(t.dim() == 3 for t in inputs.tensors.values())
+
+
+def early(lined: LineUp) -> bool:
+    """Whether the batch-first run diverged where time-first code fed batch-first would: at the scores or before
+    (after them, the tokens were already the code's tokens)."""
+    return lined.divergence is not None and lined.divergence.reference in BEFORE_MIXING
+
+
+def better(tried: LineUp, first: LineUp) -> bool:
+    """Whether the time-first reading `tried` is the code's: it lines up whole, or only under it does an experiment of
+    the catalog reproduce the code's tensors. A later divergence alone is no reason: batch-first code whose heads are
+    split without the transpose computes, fed time-first, what correct time-first code computes up to its scores."""
+    if tried.no_reference is not None:
+        return False
+    if tried.divergence is None:
+        return True
+    return first.divergence is not None and tried.divergence.experiment is not None \
+        and first.divergence.experiment is None
+
+
+def note(failed: Failure | None, weighted: bool, layout: str = "time") -> str:
+    """The note for code read as time-first (or, `layout` "bthd", with its heads behind the tokens)."""
+    if layout == "bthd":
+        where = f" (line {failed.line}: {failed.message})" if failed is not None and failed.line else ""
+        return (f"your code {'failed' if failed is not None else 'does not line up'} on inputs [n_batch, n_head, n, d]"
+                f"{where} and runs on [n_batch, n, n_head, d], the heads behind the tokens (flash-attn's, JAX's "
+                "'bqhd'): read as that convention, a convention, not a mistake; the reference reads your inputs "
+                "transposed to [n_batch, n_head, n, d]")
+    d = "d_feat" if weighted else "d"
+    if failed is not None:
+        where = f"line {failed.line}: " if failed.line else ""
+        why = f"your code failed on batch-first inputs [n_batch, n, {d}] ({where}{failed.message}) and runs"
+    else:
+        why = (f"your code runs on batch-first inputs [n_batch, n, {d}] but lines up with the reference only")
+    return (f"{why} on time-first ones [n, n_batch, {d}] (fairseq's, nn.MultiheadAttention's batch_first=False): "
+            "read as that convention, a convention, not a mistake; the reference reads your inputs transposed to "
+            "[n_batch, n, ..] and each of your tensors is lined up in the layout it holds the step in")
+
+
+def asked(o: Any, inputs: Inputs) -> Any:
+    """The options with time-first inputs, or 4-D ones with the heads behind the tokens."""
+    import dataclasses
+
+    four = all(t.dim() == 4 for t in inputs.tensors.values())
+    return dataclasses.replace(o, layout="bthd" if four else "time")

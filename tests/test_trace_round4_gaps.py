@@ -1,0 +1,202 @@
+"""`attnscope trace` on the gaps a held-out round left (tests/trace_styles_round4_gaps.py): time-first inputs
+(fairseq's MultiheadAttention, Megatron's [s, b, h] core, nn.MultiheadAttention with batch_first=False), Keras
+kernels whose key_dim is not d_model / num_heads, a context of another width than the queries (nn.Parameter
+weights, nn.MultiheadAttention's kdim), a function's non-square weights, --train on one head, and --json's
+params.causal in a decode step.
+
+Correct code exits 0 with every step lined up; each style is checked apart from attnscope against
+F.scaled_dot_product_attention holding its weights; planted bugs get their catalog entry."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_trace_columns_weights import ALIGNED, _moved
+from test_trace_command import trace, user_module
+
+STYLES = str(Path(__file__).resolve().parent / "trace_styles_round4_gaps.py")
+LLAMA = str(Path(__file__).resolve().parent.parent / "docs" / "examples" / "llama.py")
+
+
+def _clean(runner, target: str, *args: str) -> dict:
+    result, out = trace(runner, f"{STYLES}:{target}", *args)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert out["first_divergence"] is None, out["first_divergence"]
+    assert {row["status"] for row in out["alignment"]} <= ALIGNED, out["alignment"]
+    return out
+
+
+def _named(runner, target: str, bug: str, entry: str, *args: str) -> dict:
+    result, out = trace(runner, f"{STYLES}:{target}", "--init", f"bug={bug!r}", *args)
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == entry, out["first_divergence"]
+    return out
+
+
+def _time_first(out: dict) -> None:
+    assert any("time-first ones [n, n_batch, d_feat]" in note for note in out["notes"]), out["notes"]
+
+
+# --- time-first inputs --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [("--causal",), ()])
+def test_fairseq_time_first_correct(runner, args):
+    out = _clean(runner, "FairseqStyle", *args)
+    _time_first(out)
+    assert out["params"]["sizes"]["n_batch"] != out["params"]["sizes"]["n_Q"]
+    query = next(s for s in out["steps"] if s["name"] == "query")
+    assert query["dims"] == ["n_Q", "n_batch", "d_feat"], query
+
+
+@pytest.mark.parametrize(("bug", "entry"), [("scale_twice", "scale.d_head"), ("axis", "softmax.axis"),
+                                            ("merge", "heads.merge_without_transpose")])
+def test_fairseq_time_first_bugs_named(runner, bug, entry):
+    _time_first(_named(runner, "FairseqStyle", bug, entry, "--causal"))
+
+
+def test_megatron_seq_first_einsum(runner):
+    out = _clean(runner, "SeqFirstEinsum", "--causal")
+    _time_first(out)
+    assert out["params"]["sizes"]["n_head"] == 3
+
+
+@pytest.mark.parametrize(("bug", "entry"), [("kv_swap", "kv.swapped"), ("no_scale", "scale.none")])
+def test_megatron_seq_first_bugs_named(runner, bug, entry):
+    _named(runner, "SeqFirstEinsum", bug, entry, "--causal")
+
+
+@pytest.mark.parametrize("args", [("--causal",), ()])
+def test_wrapped_multihead_attention_time_first(runner, args):
+    _time_first(_clean(runner, "WrappedTimeFirst", *args))
+
+
+def test_time_first_styles_against_sdpa():
+    """The styles apart from attnscope: fed [T, B, C], each equals F.scaled_dot_product_attention on [B, T, C]."""
+    styles = user_module(STYLES)
+    x = torch.randn(7, 3, 32)  # [T, B, C]
+    keep = torch.ones(7, 7, dtype=torch.bool).tril()
+    fairseq = _moved(styles.FairseqStyle())
+    wrapped = _moved(styles.WrappedTimeFirst())
+    megatron = _moved(styles.SeqFirstEinsum())
+    with torch.no_grad():
+        for module, w, b, out in ((fairseq, fairseq.in_proj_weight, fairseq.in_proj_bias, fairseq.out_proj),
+                                  (wrapped, wrapped.attn.in_proj_weight, wrapped.attn.in_proj_bias,
+                                   wrapped.attn.out_proj)):
+            q, k, v = (F.linear(x.transpose(0, 1), w, b).chunk(3, dim=-1))
+            heads = [t.reshape(3, 7, 4, 8).transpose(1, 2) for t in (q, k, v)]  # [B, H, T, d]
+            y = F.scaled_dot_product_attention(*heads, attn_mask=keep).transpose(1, 2).reshape(3, 7, 32)
+            additive = torch.zeros(7, 7).masked_fill(~keep, float("-inf"))
+            torch.testing.assert_close(module(x, additive), out(y).transpose(0, 1), atol=1e-5, rtol=1e-5)
+        h = torch.randn(7, 3, 24)
+        q, k, v = (lin(h.transpose(0, 1)).reshape(3, 7, 3, 8).transpose(1, 2)
+                   for lin in (megatron.query, megatron.key, megatron.value))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(3, 7, 24)
+        torch.testing.assert_close(megatron(h), megatron.dense(y).transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+# --- Keras kernels, key_dim != d_model / num_heads ------------------------------------------------------------------
+
+def test_keras_key_dim_read_from_kernels(runner):
+    out = _clean(runner, "KerasWide", "--causal")
+    assert out["params"]["sizes"]["d_feat"] == 24 and out["params"]["sizes"]["n_head"] == 3
+    assert out["params"]["sizes"]["d_head"] == 12  # key_dim, not 24 / 3
+    assert "d_head=12" in out["reference"]
+
+
+def test_keras_key_dim_bug_named(runner):
+    _named(runner, "KerasWide", "no_scale", "scale.none", "--causal")
+
+
+# --- a context of another width --------------------------------------------------------------------------------------
+
+def test_parameter_cross_attention_context_width(runner):
+    out = _clean(runner, "ParamContext")
+    assert out["params"]["sizes"]["d_feat"] == 24 and out["params"]["sizes"]["d_kv_in"] == 20
+    assert out["params"]["sizes"]["n_K"] != out["params"]["sizes"]["n_Q"]
+
+
+@pytest.mark.parametrize(("bug", "entry"), [("kv_swap", "kv.swapped"), ("no_scale", "scale.none")])
+def test_parameter_cross_attention_bugs_named(runner, bug, entry):
+    _named(runner, "ParamContext", bug, entry)
+
+
+def test_wrapped_kdim(runner):
+    out = _clean(runner, "WrappedKdim")
+    assert out["params"]["sizes"]["d_kv_in"] == 20
+
+
+def test_context_styles_against_sdpa():
+    styles = user_module(STYLES)
+    module, wrapped = _moved(styles.ParamContext()), _moved(styles.WrappedKdim())
+    x, z = torch.randn(2, 5, 24), torch.randn(2, 9, 20)
+    with torch.no_grad():
+        q = (x @ module.W_q).reshape(2, 5, 4, 8).transpose(1, 2)
+        k, v = ((z @ w).reshape(2, 9, 4, 8).transpose(1, 2) for w in (module.W_k, module.W_v))
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 5, 32)
+        torch.testing.assert_close(module(x, z), y @ module.W_o, atol=1e-5, rtol=1e-5)
+        x = torch.randn(2, 5, 32)
+        mha = wrapped.mha
+        q = F.linear(x, mha.q_proj_weight, mha.in_proj_bias[:32]).reshape(2, 5, 4, 8).transpose(1, 2)
+        k = F.linear(z, mha.k_proj_weight, mha.in_proj_bias[32:64]).reshape(2, 9, 4, 8).transpose(1, 2)
+        v = F.linear(z, mha.v_proj_weight, mha.in_proj_bias[64:]).reshape(2, 9, 4, 8).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 5, 32)
+        torch.testing.assert_close(wrapped(x, z), mha.out_proj(y), atol=1e-5, rtol=1e-5)
+
+
+# --- a function's non-square weights -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("target", "n_head", "d_head"), [("attention_heads", 4, 3), ("attention_sized", 2, 10),
+                                                          ("attention_linear", 2, 10)])
+def test_function_weights_of_the_right_shapes(runner, target, n_head, d_head):
+    out = _clean(runner, target, *(("--causal",) if target == "attention_linear" else ()))
+    assert out["params"]["sizes"]["n_head"] == n_head
+    if target != "attention_linear":
+        assert out["params"]["sizes"]["d_head"] == d_head
+    assert any(f"[12, {n_head * d_head}]" in note or f"[{n_head * d_head}, 12]" in note for note in out["notes"])
+
+
+def test_function_heads_flag(runner):
+    out = _clean(runner, "attention_heads", "--heads", "3")
+    assert out["params"]["sizes"]["n_head"] == 3
+
+
+def test_function_non_square_bug_named(runner):
+    result, out = trace(runner, f"{STYLES}:attention_sized_unscaled")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == "scale.none", out["first_divergence"]
+
+
+def test_function_styles_against_sdpa():
+    styles = user_module(STYLES)
+    x = torch.randn(2, 7, 12)
+    w_q, w_k, w_v = (torch.randn(12, 20) / math.sqrt(12) for _ in range(3))
+    w_o = torch.randn(20, 12) / math.sqrt(20)
+    q, k, v = ((x @ w).reshape(2, 7, 2, 10).transpose(1, 2) for w in (w_q, w_k, w_v))
+    y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 7, 20) @ w_o
+    torch.testing.assert_close(styles.attention_sized(x, w_q, w_k, w_v, w_o), y, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(styles.attention_heads(x, w_q, w_k, w_v, w_o, 2), y, atol=1e-5, rtol=1e-5)
+
+
+# --- --train on one head ---------------------------------------------------------------------------------------------
+
+def test_train_one_head(runner):
+    out = _clean(runner, "OneHeadDropout", "--train")
+    assert out["params"]["sizes"]["n_head"] == 1
+    assert any("the reference applies that same mask" in note for note in out["notes"]), out["notes"]
+
+
+# --- params.causal says what the reference did ---------------------------------------------------------------------
+
+def test_bare_causal_in_a_decode_step_reports_lower_right(runner):
+    result, out = trace(runner, f"{LLAMA}:Attention", "--init", "dim=64, n_heads=4, n_kv_heads=2", "--rope",
+                        "--causal", "--cache", "3")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert out["params"]["causal"] == "lower-right"
+    assert "lower-right" in out["reference"]
+    result, out = trace(runner, f"{LLAMA}:Attention", "--init", "dim=64, n_heads=4, n_kv_heads=2", "--rope",
+                        "--causal")
+    assert out["params"]["causal"] == "upper-left"
