@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from attnscope.errors import UsageError
 from attnscope.models import layout
@@ -46,6 +46,16 @@ class Slice:
     hi: int
     transpose: bool = False
     dims: tuple[str, ...] | None = None  # its axes' names, where weights.HEAD_DIMS has none (MLA's W_UK, ...)
+
+
+class LayerSizes(NamedTuple):
+    """One layer's heads: `n_head` of width `d_head`, and `n_kv_head`; `kind`, the layer's kind in words where a
+    model's layers have heads of their own (a hybrid's "linear attention" and "full attention"), else None."""
+
+    n_head: int
+    d_head: int
+    n_kv_head: int
+    kind: str | None = None
 
 
 class Family(ABC):
@@ -141,17 +151,10 @@ class Family(ABC):
         """After a subclass read its sizes (layout.check_sizes; llama.py's call, until its page is free)."""
         layout.check_sizes(self)
 
-    def check_position(self, layer: int, head: int) -> None:
-        check_position(self.n_layer, self.n_head, layer, head)
-
-    def heads_in(self, layer: int) -> int:
-        """Layer `layer`'s heads: n_head, but where a hybrid's layers of another kind have their own (a linear
-        attention layer's value heads, qwen3_next.py)."""
-        return self.n_head
-
-    def layer_sizes(self, layer: int) -> tuple[int, int]:
-        """(d_head, n_kv_head) of layer `layer`: the model's, where a family's layers differ (Gemma 4) its own."""
-        return self.d_head, self.n_kv_head
+    def layer_sizes(self, layer: int) -> LayerSizes:
+        """Layer `layer`'s heads: the model's, where a family's layers differ its own (Gemma 4's d_head and KV
+        heads, a hybrid's linear attention layer's value heads)."""
+        return LayerSizes(self.n_head, self.d_head, self.n_kv_head)
 
     def layer_notes(self, layer: int) -> list[str]:
         """What the traced layer's table should say about it beyond its steps (a NoPE layer, say)."""
@@ -224,14 +227,23 @@ class Family(ABC):
         return math.prod(self.checkpoint.shape(key))
 
 
-def check_position(n_layer: int, n_head: int, layer: int, head: int) -> None:
-    """Layer `layer` and head `head` exist in a model of `n_layer` layers of `n_head` heads."""
+def check_position(n_layer: int, n_head: int, layer: int, head: int, kind: str | None = None) -> None:
+    """Layer `layer` and head `head` exist in a model of `n_layer` layers of `n_head` heads (with `kind`: the heads
+    of layer `layer`, a layer of that kind)."""
     if not 0 <= layer < n_layer:
         raise UsageError(f"{{layer}} {layer} is out of range: this model has {counted(n_layer, 'layer')}, "
                          f"0 to {n_layer - 1}", "layer")
     if not 0 <= head < n_head:
-        raise UsageError(f"{{head}} {head} is out of range: this model has {counted(n_head, 'head')}, "
+        where = "this model" if kind is None else f"layer {layer} ({kind})"
+        raise UsageError(f"{{head}} {head} is out of range: {where} has {counted(n_head, 'head')}, "
                          f"0 to {n_head - 1}", "head")
+
+
+def check_layer_head(model: Family, layer: int, head: int) -> None:
+    """Layer `layer` exists in `model`, and head `head` in that layer (its `layer_sizes`)."""
+    check_position(model.n_layer, model.n_head, layer, 0)
+    sizes = model.layer_sizes(layer)
+    check_position(model.n_layer, sizes.n_head, layer, head, sizes.kind)
 
 
 def check_length(max_tokens: int | None, n_tokens: int) -> None:

@@ -44,7 +44,7 @@ def check_weights(model: Family) -> None:
 def implied_shapes(model: Family, layer: int) -> dict[str, list[int | None]]:
     """Each attention weight of `layer` that head slices are read from, with the shape config.json implies."""
     reach: dict[str, Slice] = {}
-    for part in model.head_slices(layer, model.heads_in(layer) - 1):  # the last head reaches furthest
+    for part in model.head_slices(layer, model.layer_sizes(layer).n_head - 1):  # the last head reaches furthest
         if part.key not in reach or part.hi > reach[part.key].hi:
             reach[part.key] = part
     return {key: _implied(model, part) for key, part in reach.items()}

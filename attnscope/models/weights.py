@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnscope.models.family import Family, Slice
+from attnscope.models.family import Family, Slice, check_layer_head
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +43,7 @@ class HeadWeights:
 
 def head_weights(model: Family, layer: int, head: int) -> HeadWeights:
     """Read this head's slices only (from safetensors lazily, from a .bin through a memory map)."""
-    model.check_position(layer, head)
+    check_layer_head(model, layer, head)
     result = HeadWeights(model, layer, head, notes=model.layer_head_notes(layer, head))
     for part in model.head_slices(layer, head):
         tensor, text = model.checkpoint.slice(part.key, part.axis, part.lo, part.hi)

@@ -119,7 +119,7 @@ def estimate_bytes(asked: HeadOptions, model: Family, plan: Plan) -> int:
         # and with --all-layers every layer's pattern
         n += asked.generate
         largest = max(model.weight_bytes(index, only=True) for index in range(model.n_layer))
-        cache = 2 * 4 * n * sum(d * n_kv for d, n_kv in map(model.layer_sizes, range(model.n_layer)))
+        cache = 2 * 4 * n * sum(s.d_head * s.n_kv_head for s in map(model.layer_sizes, range(model.n_layer)))
         kept = model.n_layer * model.n_head if asked.all_layers else 0
         from attnscope.runs import streamed_layers
 

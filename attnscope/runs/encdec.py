@@ -94,12 +94,13 @@ def _check_sources(asked: HeadOptions, model: EncoderDecoder, kind: str) -> None
 
 
 def _run(asked: HeadOptions, model: EncoderDecoder, kind: str, progress: Progress) -> HeadResult:
+    from attnscope.models.family import check_layer_head
     from attnscope.models.forward.seq2seq_run import run_stack
     from attnscope.models.weights import head_weights
     from attnscope.runs.head_result import HeadResult, ModelInfo, guard_memory, save_result
 
     view = model.for_kind(kind)
-    view.check_position(asked.layer, asked.head)
+    check_layer_head(view, asked.layer, asked.head)
     with progress(f"reading {kind} layer {asked.layer}, head {asked.head}"):
         weights = head_weights(view, asked.layer, asked.head)
     info = ModelInfo.of(view)

@@ -146,9 +146,10 @@ def _check_dense(asked: HeadOptions, config: Config) -> None:
 
 
 def _traced(asked: HeadOptions, model: Family, progress: Progress) -> HeadResult:
+    from attnscope.models.family import check_layer_head
     from attnscope.models.weights import head_weights
 
-    model.check_position(asked.layer, asked.head)
+    check_layer_head(model, asked.layer, asked.head)
     with progress(f"reading layer {asked.layer}, head {asked.head}"):
         weights = head_weights(model, asked.layer, asked.head)
     result = HeadResult(asked, ModelInfo.of(model, asked.layer), weights, notes=list(weights.notes))

@@ -77,7 +77,8 @@ class ModelInfo:
     @classmethod
     def of(cls, model: Family, layer: int | None = None) -> ModelInfo:
         """The model's sizes; with `layer`, that layer's head size and KV heads where they differ by layer (Gemma 4)."""
-        d_head, kv_heads = (model.d_head, model.n_kv_head) if layer is None else model.layer_sizes(layer)
+        sizes = model.layer_sizes(layer) if layer is not None else None
+        d_head, kv_heads = (model.d_head, model.n_kv_head) if sizes is None else (sizes.d_head, sizes.n_kv_head)
         return cls(model.architecture, model.model_type, model.folder, model.n_layer, model.n_head, kv_heads,
                    model.d_model, d_head, model.latent)
 

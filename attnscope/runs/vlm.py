@@ -99,6 +99,7 @@ def run_vlm(asked: HeadOptions, folder: Path, config: Config, progress: Progress
 def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageTokens) -> HeadResult:
     """The text model on attnscope's page, its layer 0 fed the embeddings the model made: `run_layer`, or with
     --all-layers `every_layer`, as runs/head.py runs a text."""
+    from attnscope.models.family import check_layer_head
     from attnscope.models.forward import stream
     from attnscope.models.forward.run import run_layer
     from attnscope.models.tokenizer import Encoded
@@ -110,7 +111,7 @@ def _on_page(asked: HeadOptions, folder: Path, config: Config, tokens: ImageToke
     model = vlm_run.text_family(folder, config, tokens)
     encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor, _texts(folder, tokens))
     with model.checkpoint:
-        model.check_position(asked.layer, asked.head)
+        check_layer_head(model, asked.layer, asked.head)
         weights = head_weights(model, asked.layer, asked.head)
         info = ModelInfo.of(model)
         info.model_type = config.model_type

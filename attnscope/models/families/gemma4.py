@@ -38,7 +38,7 @@ from attnscope.models.families.gemma3 import LAYER_TYPES, Gemma3
 from attnscope.models.families.gemma3 import TEXT_DEFAULTS as GEMMA3_DEFAULTS
 from attnscope.models.families.llama import Llama
 from attnscope.models.families.written import WrittenAttention, join_cache, kv_axis, project
-from attnscope.models.family import Slice
+from attnscope.models.family import LayerSizes, Slice
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -153,8 +153,8 @@ class Gemma4(Gemma3):
         """`attention_k_eq_v` on a full layer: the values are the keys' projection (`use_alternative_attention`)."""
         return self.config.flag("attention_k_eq_v") and self.kinds[layer] != "sliding_attention"
 
-    def layer_sizes(self, layer: int) -> tuple[int, int]:
-        return self.sizes[layer]
+    def layer_sizes(self, layer: int) -> LayerSizes:
+        return LayerSizes(self.n_head, *self.sizes[layer])
 
     # --- where head h lives ---------------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.models.family import LayerSizes
 from attnscope.spec import AttentionSpec
 from attnscope.trace import Trace
-from attnscope.words import counted
 
 if TYPE_CHECKING:
     import torch
@@ -56,15 +56,11 @@ class LinearLayers:
         """A linear layer has its own heads (its value heads), one matrix M each."""
         return self.delta.n_head if self.linear(layer) else self.n_head
 
-    def check_position(self, layer: int, head: int) -> None:
-        from attnscope.models.family import check_position
-
-        check_position(self.n_layer, self.n_head, layer, 0)
-        n = self.heads_in(layer)
-        if not 0 <= head < n:
-            kind = "linear attention" if self.linear(layer) else "full attention"
-            raise UsageError(f"{{head}} {head} is out of range: layer {layer} ({kind}) has {counted(n, 'head')}, "
-                             f"0 to {n - 1}", "head")
+    def layer_sizes(self, layer: int) -> LayerSizes:
+        """A linear layer's heads are its own (`heads_in`), and each layer says its kind (family.check_layer_head)."""
+        sizes = super().layer_sizes(layer)  # type: ignore[misc]
+        kind = "linear attention" if self.linear(layer) else "full attention"
+        return sizes._replace(n_head=self.heads_in(layer), kind=kind)  # type: ignore[no-any-return]
 
     full_note = "a full attention layer"  # what the family's full layers are, in the traced layer's notes
 
