@@ -147,10 +147,6 @@ class Family(ABC):
     def weight(self, layer: int, name: str) -> torch.Tensor:
         return self.checkpoint.tensor(self.key(layer, name))
 
-    def check_sizes(self) -> None:
-        """After a subclass read its sizes (layout.check_sizes; llama.py's call, until its page is free)."""
-        layout.check_sizes(self)
-
     def layer_sizes(self, layer: int) -> LayerSizes:
         """Layer `layer`'s heads: the model's, where a family's layers differ its own (Gemma 4's d_head and KV
         heads, a hybrid's linear attention layer's value heads)."""
