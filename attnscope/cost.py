@@ -51,7 +51,7 @@ def rms_norm_flops(shape: Sequence[int], weighted: bool) -> int:
 def counted(kind: str, shape: Sequence[int], k: int = 0, extra: int = 0) -> int:
     """The FLOPs a step's `Cost` says (trace.py: recorded as data in the forward, counted when a table or the JSON
     asks): "linear" (`k` = d_in, `extra` 1 with a bias), "matmul" (`k` the summed axis, plus `extra` element-wise
-    FLOPs), "softmax", "rms_norm" (`k` 1 with a weight), each over the output `shape`."""
+    FLOPs), "softmax", "rms_norm" (`k` 1 with a weight, plus `extra`), each over the output `shape`."""
     if kind == "linear":
         return linear_flops(shape, k, bool(extra))
     if kind == "matmul":
@@ -59,7 +59,7 @@ def counted(kind: str, shape: Sequence[int], k: int = 0, extra: int = 0) -> int:
     if kind == "softmax":
         return softmax_flops(shape)
     if kind == "rms_norm":
-        return rms_norm_flops(shape, bool(k))
+        return rms_norm_flops(shape, bool(k)) + extra
     raise ValueError(f"no FLOP count for {kind!r}")
 
 

@@ -75,7 +75,8 @@ class Step:
 
 Cost = tuple[str, tuple[int, ...], int, int]
 """A step's FLOPs said as data, `(kind, shape, k, extra)`: ("linear", out_shape, d_in, bias), ("matmul", out_shape,
-k, element-wise extra), ("softmax", shape, 0, 0), ("rms_norm", shape, weighted, 0); counted by cost.py when asked."""
+k, element-wise extra), ("softmax", shape, 0, 0), ("rms_norm", shape, weighted, extra); counted by cost.py when
+asked."""
 
 
 class Recorder(Protocol):

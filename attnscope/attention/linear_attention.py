@@ -37,7 +37,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnscope import cost
 from attnscope.tensors.threads import one_thread
 from attnscope.trace import discard
 
@@ -437,9 +436,9 @@ def _rest(add: Any, inputs: DeltaInputs, sizes: DeltaSizes, state: LinearState |
     over = "per head" if s.norm_over == "head" else "over every head's outputs"
     x_gated = add("x_gated", normed.reshape(n_batch, n, s.n_head * s.d_V) * gate,  # [n_batch, n, n_head·d_V]
                   ("n_batch", new, "n_head·d_V"), f"RMSNorm(x_raw) {over} * gate, heads merged",
-                  cost.rms_norm_flops(normed.shape, True) + gate.numel())
+                  ("rms_norm", normed.shape, True, gate.numel()))  # the norm, its weight, and the gate
     x = add("x", F.linear(x_gated, inputs.out_weight), ("n_batch", new, "d_model"),  # [n_batch, n, d_model]
-            "out_proj(x_gated)", cost.linear_flops((n_batch, n, inputs.out_weight.shape[0]), x_gated.shape[-1], False))
+            "out_proj(x_gated)", ("linear", (n_batch, n, inputs.out_weight.shape[0]), x_gated.shape[-1], False))
     return x, LinearState(conv_state, S, A, values), figure
 
 
