@@ -77,12 +77,12 @@ def test_thumbnail_groups_are_pooling_sums():
     labels = [str(i) for i in range(n)]
     digest = EveryLayer(labels, labels, None, (4, 5), 1)
     block = A[:, 8:20].to(torch.float64)[..., :20]
-    got = digest._keyed(A[:, 8:20], block, block.sum(dim=-1))
+    got = digest._keyed(A[:, 8:20], block, block.sum(dim=-1), n)
     want = torch.stack([A[:, 8:20, k: k + 5].double().sum(dim=-1) for k in range(0, n, 5)], dim=-1)
     torch.testing.assert_close(got, want, rtol=1e-15, atol=1e-15)
     A[1, 10, 3] = float("nan")  # a NaN stays in its own cell
     block = A[:, 8:20].to(torch.float64)[..., :20]
-    got = digest._keyed(A[:, 8:20], block, block.sum(dim=-1))
+    got = digest._keyed(A[:, 8:20], block, block.sum(dim=-1), n)
     assert got[1, 2, 0].isnan() and not got[1, 2, 1:].isnan().any()
 
 

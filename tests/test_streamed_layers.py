@@ -164,3 +164,40 @@ def test_memory_guard_counts_what_a_streamed_run_holds(models, monkeypatch):
     streamed = beyond_layer.estimate_bytes(asked, model, plan)
     cells = model.n_layer * model.n_head - streamed_layers.kept_cells(model)  # [n, n] float32 tensors not held
     assert whole - streamed == 4 * 1000 * 1000 * cells
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_layers_read_by_blocks_of_rows(models, runner, monkeypatch, layer):
+    """The layers other than L run unrecorded in eager's blocks of query rows (attention/rows.py), each block's
+    pattern read as it is made (layerdigest.RowsRead), here three rows a block: kinds and the terminal as the
+    whole path's, the statistics within float32's rounding of them (a block's `attention @ V` sums fewer keys,
+    so the layers after it move by about 1e-7), thumbnails and rollouts within 2e-5 of transformers' eager
+    output_attentions."""
+    from attnscope.attention import rows
+
+    path, reference, _ = models("gguf")
+    monkeypatch.setattr(rows, "BLOCK_BYTES", 4 * 4 * 64 * 3)  # 4 heads, float32, at most 64 keys: 3 rows or more
+    read = []
+    by_rows = layerdigest.EveryLayer.by_rows
+    monkeypatch.setattr(layerdigest.EveryLayer, "by_rows", lambda self, *a: read.append(a[0]) or by_rows(self, *a))
+    whole = _run(path, monkeypatch, streamed=False, layer=layer)
+    streamed = _run(path, monkeypatch, streamed=True, cells=1500, layer=layer)
+    assert read == [1 - layer]  # the layer that is not L went by rows
+    with torch.no_grad():
+        eager = reference(torch.tensor([whole.encoded.ids]), output_attentions=True).attentions
+    from attnscope.views.pooling import THUMB_COLS, THUMB_ROWS, group_size, pool
+
+    n = len(whole.encoded.ids)
+    cells = (group_size(n, THUMB_ROWS), group_size(n, THUMB_COLS))
+    for mine, theirs, ref in zip(streamed.layer_heads, whole.layer_heads, eager, strict=True):
+        assert [h["kind"] for h in mine.heads] == [h["kind"] for h in theirs.heads]
+        for a, b in zip(mine.heads, theirs.heads, strict=True):
+            for key in a["stats"]:
+                assert math.isclose(a["stats"][key], b["stats"][key], rel_tol=1e-5, abs_tol=1e-6), key
+        torch.testing.assert_close(mine.thumbnail, pool(ref[0], *cells), rtol=0, atol=2e-5)
+    torch.testing.assert_close(streamed.rollout[0], _rollout_last_row(eager), rtol=0, atol=2e-5)
+    args = ["head", "--model", str(path), "--layer", str(layer), "--head", "1", "--text", TEXT, "--all-layers"]
+    monkeypatch.setattr(streamed_layers, "STREAM_BYTES", 1 << 62)
+    printed = runner.invoke(app, args).stdout
+    monkeypatch.setattr(streamed_layers, "STREAM_BYTES", -1)
+    assert runner.invoke(app, args).stdout == printed

@@ -11,10 +11,16 @@ the fused kernel, 0 through this one.
 Each block holds at most `BLOCK_BYTES` of scores, so no `[n_head, n_Q, n_K]` is ever whole (a long input's
 32k-token layer would need 4 GiB a head group). A block's causal, window or chunk mask is built for its rows alone
 (`masks.structural_rows`), and its queries are placed at their positions (`spec.start`), for ALiBi too.
+
+Inside `reading(reader)`, each block's pattern also goes to `reader` as it is made (models/forward/stream.py's
+every layer on a long text: each layer's readings taken block by block, no `[n_head, n_Q, n_K]` made).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -30,10 +36,25 @@ if TYPE_CHECKING:
 BLOCK_BYTES = 8 << 20  # scores of one block, float32; the softmax holds about three such tensors at its peak
 NAMES = Names(out="x_raw", batch=("n_batch", "n_head"))
 
+# what takes each block's pattern inside `reading`: (first query row, keys lo..hi, the block's pattern
+# `[n_batch, n_head, n_rows, hi - lo]`, the values V `[n_batch, n_kv_head, n_K, d_V]` as the attention read them)
+RowsReader = Callable[[int, int, int, "Tensor", "Tensor"], None]
+_READER: ContextVar[RowsReader | None] = ContextVar("attnscope_rows_reader", default=None)
+
+
+@contextmanager
+def reading(reader: RowsReader) -> Iterator[None]:
+    """Every block `eager_rows` computes inside the block is handed to `reader` too, in order of rows."""
+    token = _READER.set(reader)
+    try:
+        yield
+    finally:
+        _READER.reset(token)
+
 
 def eager_rows(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, spec: AttentionSpec, *, n_group: int,
                dropout_p: float = 0.0, position_bias: Tensor | None = None, sinks: Tensor | None = None,
-               block_bytes: int = BLOCK_BYTES) -> Tensor:
+               block_bytes: int | None = None) -> Tensor:
     """`attention.sdpa(...)["x_raw"]` on Q `[n_batch, n_head, n_Q, d]` and K, V `[n_batch, n_kv_head, n_K, d]`
     (already normed and rotated), in blocks of query rows. `mask` and `position_bias` broadcast to
     `[n_batch, n_head, n_Q, n_K]`; a row axis of n_Q is cut with the queries."""
@@ -41,11 +62,15 @@ def eager_rows(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, spec: Atten
 
     n_Q, n_K = Q.shape[-2], K.shape[-2]
     per_row = max(1, Q[..., :1, :1].numel() * n_K * 4)  # bytes of one query row's scores, over batch and heads
-    rows = max(1, block_bytes // per_row)
+    rows = max(1, (BLOCK_BYTES if block_bytes is None else block_bytes) // per_row)
     offset = spec.offset(n_Q, n_K)
+    reader, values = _READER.get(), V
     if rows >= n_Q or offset < 0:  # one block: exactly the recorded path's call
-        return attention.sdpa(Q, K, V, mask, enable_gqa=n_group > 1, dropout_p=dropout_p, names=NAMES, spec=spec,
-                              position_bias=position_bias, sinks=sinks)["x_raw"]
+        whole = attention.sdpa(Q, K, V, mask, enable_gqa=n_group > 1, dropout_p=dropout_p, names=NAMES, spec=spec,
+                               position_bias=position_bias, sinks=sinks)
+        if reader is not None:
+            reader(0, 0, n_K, whole["attention"], values)
+        return whole["x_raw"]
     if n_group > 1:  # transformers' repeat_kv, once for every block
         K, V = K.repeat_interleave(n_group, dim=-3), V.repeat_interleave(n_group, dim=-3)
     # the structural mask is given per block; the block's queries sit at their own positions
@@ -57,9 +82,13 @@ def eager_rows(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, spec: Atten
         allowed = masks.structural_rows(spec, n_Q, n_K, first, last, Q.device)  # [rows, n_K] or None
         block_mask = masks.combine(_cols(allowed, n_K, lo, hi), _cols(_rows(mask, n_Q, first, last), n_K, lo, hi))
         bias = _cols(_rows(position_bias, n_Q, first, last), n_K, lo, hi)
-        out.append(attention.sdpa(Q[..., first:last, :], K[..., lo:hi, :], V[..., lo:hi, :], block_mask,
-                                  dropout_p=dropout_p, names=NAMES, spec=replace(loose, start=offset + first),
-                                  sinks=sinks, position_bias=bias)["x_raw"])
+        block = attention.sdpa(Q[..., first:last, :], K[..., lo:hi, :], V[..., lo:hi, :], block_mask,
+                               dropout_p=dropout_p, names=NAMES, spec=replace(loose, start=offset + first),
+                               sinks=sinks, position_bias=bias)
+        if reader is not None:
+            reader(first, lo, hi, block["attention"], values)
+        out.append(block["x_raw"])
+        del block
     return torch.cat(out, dim=-2)  # [n_batch, n_head, n_Q, d_V]
 
 

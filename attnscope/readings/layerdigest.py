@@ -101,76 +101,31 @@ class EveryLayer:
             self.layers.append(self._read(index, attention.detach(), norms, sink))
 
     def _read(self, index: int, A: Tensor, norms: Tensor | None, sink: Tensor | None) -> StreamedHeads:
-        import torch
-
-        from attnscope.readings.headstats import row_sums
-        from attnscope.readings.rollout import layer_matrix, row_normalised, without_first
-        from attnscope.views.pooling import pool
-
         n_head, n_Q, n_K = A.shape
-        causal = _causal(A)  # [n_head] bool
-        every = bool(causal.all())
-        self.chains.start(every)
-        sinks, weighted = SinkSums(n_head, n_K), SinkSums(n_head, n_K) if norms is not None else None
-        parked = torch.zeros(n_head, dtype=torch.float64)
-        effective = torch.zeros(n_head, dtype=torch.bool)
-        gathered = Gathered()
-        keyed = []  # each block's rows with their keys summed in groups: [n_head, n_rows, ceil(n_K / cols)]
+        layer = LayerReads(self, index, A.shape, _causal(A), norms, sink)
         step = max(1, BLOCK_CELLS // max(1, n_head * n_K))
         for f in range(0, n_Q, step):
-            end = min(n_Q, f + step)
-            keys = min(end, n_K) if every else n_K  # a causal block's rows see keys 0..end - 1
-            B = A[:, f:end, :keys].to(torch.float64)  # [n_head, n_rows, keys]: the block, made float64 once
-            total = B.sum(dim=-1)  # [n_head, n_rows]
-            keyed.append(self._keyed(A[:, f:end], B, total))  # [n_head, n_rows, ceil(n_K / cols)]
-            effective |= _negative(B) | (total > 1 + 1e-2).any(dim=1)  # headstats.is_effective
-            gathered.add(*row_sums(B, f, causal, self.tokens if self.pairs is None else None, mass=total,
-                                   pairs=self.pairs))
-            s = None if sink is None else sink[:, f:end].to(torch.float64)  # [n_head, n_rows]
-            keep = (total + (s if s is not None else 0.0)) > 0  # rows that give weight somewhere
-            sinks.add(B, keep)
-            if s is not None:
-                parked += torch.where(keep, s, 0.0).sum(dim=-1)
-            rolled = index < self.n_layer - 1 or end == n_Q  # of the last layer only its last row is read
-            if rolled:
-                self._put("rollout", f, layer_matrix(B, f), index)
-            if rolled and n_K > 1:
-                self._put("rollout_without_first", f, layer_matrix(
-                    row_normalised(without_first(B), in_place=True), f), index)
-            if norms is not None and weighted is not None:  # moved.weighted as shares, in B's place
-                W = B.mul_(norms[:, None, :keys].to(torch.float64))  # [n_head, n_rows, keys]: ||a_ij f_h(x_j)||
-                moved = W.sum(dim=-1)  # [n_head, n_rows]
-                share = W.div_(torch.where(moved > 0, moved, 1.0)[..., None])  # rollout.row_normalised's numbers
-                weighted.add(share, moved > 0)
-                if self.weighted and rolled:
-                    self._put("rollout_weighted", f, layer_matrix(share, f), index)
-            del B
-        group = max(1, GROUP_CELLS // max(1, n_Q * n_K))  # headstats._described's groups of heads
-        groups = [bool(effective[g: g + group].any()) for g in range(0, n_head, group)]
-        stats = gathered.stats(n_head)
-        if any(groups):  # a linear layer's exact matrix: its statistics read each row's share of |M|, again
-            stats = self._shares_stats(A, causal, [groups[h // group] for h in range(n_head)])
-        heads = []
-        for h, rows in enumerate(stats):
-            result = rows.result()
-            heads.append({"head": h, "stats": result.as_dict(), "kind": kind(result), "kind_also": kind_also(result)})
-        return StreamedHeads(f"layer {index}", A.new_empty(A.shape, device="meta"), self.row_labels,
-                             self.col_labels, heads=heads, value_norms=norms, sink_weight=sink,
-                             _shares=_share_dicts(sinks, weighted, parked if sink is not None else None),
-                             effective=any(groups), thumbnail=pool(torch.cat(keyed, dim=1), self.thumb[0], 1))
+            layer.rows(f, A[:, f: f + step])
+        return layer.finish(A)
 
-    def _keyed(self, rows: Tensor, B: Tensor, total: Tensor) -> Tensor:
-        """The thumbnail's key groups of a block: `pool(rows, 1, cols)` (`rows` the float32 pattern's rows, every
-        key), taken as the product of the block's float64 `B` (its first keys, the rest 0) with a 0/1 matrix of
-        the groups: the same sums in another order, a tenth of the time of unfold's float64 sums. A row with a
-        NaN (its `total` NaN) is pooled as it is, so the NaN stays in its own cell."""
+    def by_rows(self, index: int, n_head: int, n: int, W_O: Tensor | None) -> RowsRead:
+        """A reader of layer `index`'s pattern in blocks of rows as the attention makes them (attention/rows.py's
+        `reading`): a causal self-attention over `n` tokens, every head's keys from 0, `W_O` its output
+        projection's weight for the value norms (None: none); `finish()` once the layer has run."""
+        return RowsRead(self, index, n_head, n, W_O)
+
+    def _keyed(self, rows: Tensor, B: Tensor, total: Tensor, n_K: int) -> Tensor:
+        """The thumbnail's key groups of a block: `pool(rows, 1, cols)` (`rows` the float32 pattern's rows, their
+        first keys of n_K, the rest 0), taken as the product of the block's float64 `B` (its first keys, the rest
+        0) with a 0/1 matrix of the groups: the same sums in another order, a tenth of the time of unfold's
+        float64 sums. A row with a NaN (its `total` NaN) is pooled as it is, so the NaN stays in its own cell."""
         import torch
 
         from attnscope.views.pooling import pool
 
-        n_K, cols = rows.shape[-1], self.thumb[1]
+        cols = self.thumb[1]
         if cols <= 1 or bool(total.isnan().any()):
-            return pool(rows, 1, cols)
+            return pool(torch.nn.functional.pad(rows, (0, n_K - rows.shape[-1])), 1, cols)  # keys past the rows': 0
         if self.groups is None or self.groups.shape[0] != n_K:
             groups = torch.arange(n_K) // cols  # [n_K]: each key's group
             self.groups = torch.nn.functional.one_hot(groups, int(groups[-1]) + 1).to(torch.float64)  # [n_K, m]
@@ -210,6 +165,126 @@ class EveryLayer:
         if len(self.col_labels) <= 1:
             rows.pop("rollout_without_first", None)
         return rows
+
+
+class LayerReads:
+    """One layer's readings gathered block of rows by block (`rows`), then made its `StreamedHeads` (`finish`):
+    `shape` `[n_head, n_Q, n_K]`, `causal` `[n_head]` bool (nothing above the diagonal: a block's rows f..e - 1
+    are read on keys 0..e - 1 when every head is)."""
+
+    def __init__(self, owner: EveryLayer, index: int, shape: Any, causal: Tensor, norms: Tensor | None,
+                 sink: Tensor | None) -> None:
+        import torch
+
+        n_head, n_Q, n_K = shape
+        self.owner, self.index, self.shape, self.causal = owner, index, shape, causal
+        self.norms, self.sink = norms, sink
+        self.every = bool(causal.all())
+        owner.chains.start(self.every)
+        self.sinks, self.weighted = SinkSums(n_head, n_K), SinkSums(n_head, n_K) if norms is not None else None
+        self.parked = torch.zeros(n_head, dtype=torch.float64)
+        self.effective = torch.zeros(n_head, dtype=torch.bool)
+        self.gathered = Gathered()
+        self.keyed: list[Tensor] = []  # each block's rows with their keys summed in groups: [n_head, n_rows, m]
+
+    def rows(self, f: int, A: Tensor) -> None:
+        """Rows f.. of the pattern, float32 `[n_head, n_rows, keys]`: every key, or (a causal layer) at least
+        keys 0..f + n_rows - 1."""
+        import torch
+
+        from attnscope.readings.headstats import row_sums
+        from attnscope.readings.rollout import layer_matrix, row_normalised, without_first
+
+        owner, index, norms, sink = self.owner, self.index, self.norms, self.sink
+        _, n_Q, n_K = self.shape
+        end = f + A.shape[1]
+        keys = min(end, n_K) if self.every else n_K  # a causal block's rows see keys 0..end - 1
+        B = A[:, :, :keys].to(torch.float64)  # [n_head, n_rows, keys]: the block, made float64 once
+        total = B.sum(dim=-1)  # [n_head, n_rows]
+        self.keyed.append(owner._keyed(A, B, total, n_K))  # [n_head, n_rows, ceil(n_K / cols)]
+        self.effective |= _negative(B) | (total > 1 + 1e-2).any(dim=1)  # headstats.is_effective
+        self.gathered.add(*row_sums(B, f, self.causal, owner.tokens if owner.pairs is None else None, mass=total,
+                                    pairs=owner.pairs))
+        s = None if sink is None else sink[:, f:end].to(torch.float64)  # [n_head, n_rows]
+        keep = (total + (s if s is not None else 0.0)) > 0  # rows that give weight somewhere
+        self.sinks.add(B, keep)
+        if s is not None:
+            self.parked += torch.where(keep, s, 0.0).sum(dim=-1)
+        rolled = index < owner.n_layer - 1 or end == n_Q  # of the last layer only its last row is read
+        if rolled:
+            owner._put("rollout", f, layer_matrix(B, f), index)
+        if rolled and n_K > 1:
+            owner._put("rollout_without_first", f, layer_matrix(
+                row_normalised(without_first(B), in_place=True), f), index)
+        if norms is not None and self.weighted is not None:  # moved.weighted as shares, in B's place
+            W = B.mul_(norms[:, None, :keys].to(torch.float64))  # [n_head, n_rows, keys]: ||a_ij f_h(x_j)||
+            moved = W.sum(dim=-1)  # [n_head, n_rows]
+            share = W.div_(torch.where(moved > 0, moved, 1.0)[..., None])  # rollout.row_normalised's numbers
+            self.weighted.add(share, moved > 0)
+            if owner.weighted and rolled:
+                owner._put("rollout_weighted", f, layer_matrix(share, f), index)
+
+    def finish(self, A: Tensor | None = None) -> StreamedHeads:
+        """The layer's heads; `A`, the whole pattern where it is held (a linear layer's exact matrix is read
+        again as shares: `_shares_stats`)."""
+        import torch
+
+        from attnscope.views.pooling import pool
+
+        owner, (n_head, n_Q, n_K) = self.owner, self.shape
+        group = max(1, GROUP_CELLS // max(1, n_Q * n_K))  # headstats._described's groups of heads
+        groups = [bool(self.effective[g: g + group].any()) for g in range(0, n_head, group)]
+        stats = self.gathered.stats(n_head)
+        if any(groups):  # a linear layer's exact matrix: its statistics read each row's share of |M|, again
+            assert A is not None, "a pattern read by rows is a softmax's"
+            stats = owner._shares_stats(A, self.causal, [groups[h // group] for h in range(n_head)])
+        heads = []
+        for h, rows in enumerate(stats):
+            result = rows.result()
+            heads.append({"head": h, "stats": result.as_dict(), "kind": kind(result), "kind_also": kind_also(result)})
+        return StreamedHeads(f"layer {self.index}", torch.empty(self.shape, device="meta"), owner.row_labels,
+                             owner.col_labels, heads=heads, value_norms=self.norms, sink_weight=self.sink,
+                             _shares=_share_dicts(self.sinks, self.weighted, self.parked if self.sink is not None
+                                                  else None),
+                             effective=any(groups), thumbnail=pool(torch.cat(self.keyed, dim=1), owner.thumb[0], 1))
+
+
+class RowsRead:
+    """EveryLayer's reader of one layer's blocks of rows as attention/rows.py's `eager_rows` makes them (its
+    `RowsReader`): the value norms from the values of the first block, then each block read in pieces of
+    BLOCK_CELLS float64 cells; `finish` adds the layer."""
+
+    def __init__(self, owner: EveryLayer, index: int, n_head: int, n: int, W_O: Tensor | None) -> None:
+        self.owner, self.index, self.n_head, self.n, self.W_O = owner, index, n_head, n, W_O
+        self.norms: Tensor | None = None
+        self.layer: LayerReads | None = None
+
+    def __call__(self, first: int, lo: int, hi: int, pattern: Tensor, V: Tensor) -> None:
+        import torch
+
+        from attnscope.readings.moved import value_norms
+        from attnscope.tensors.threads import one_thread
+
+        assert lo == 0 and hi >= first + pattern.shape[-2], "a causal layer's rows read from key 0"
+        with one_thread():  # as EveryLayer.add
+            if self.layer is None:
+                if self.W_O is not None:
+                    self.norms = value_norms(V[0], self.W_O)  # [n_head, n]
+                self.owner.weighted &= self.norms is not None
+                self.layer = LayerReads(self.owner, self.index, (self.n_head, self.n, self.n),
+                                        torch.ones(self.n_head, dtype=torch.bool), self.norms, None)
+            A = pattern[0].detach()  # [n_head, n_rows, hi]
+            step = max(1, BLOCK_CELLS // max(1, self.n_head * self.n))
+            for f in range(0, A.shape[1], step):
+                self.layer.rows(first + f, A[:, f: f + step])
+
+    def finish(self) -> None:
+        """The layer's heads, added to the owner's layers."""
+        from attnscope.tensors.threads import one_thread
+
+        assert self.layer is not None, "the layer ran no attention by rows"
+        with one_thread():
+            self.owner.layers.append(self.layer.finish())
 
 
 class Gathered:

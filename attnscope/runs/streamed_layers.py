@@ -45,6 +45,8 @@ def run_streamed(model: Family, result: HeadResult, progress: Progress) -> None:
     runs/beyond_layer.py's `layer_heads` gives them for the terminal), `layer_patterns` left None."""
     from attnscope.models.forward import stream
     from attnscope.readings.layerdigest import EveryLayer
+    from attnscope.tensors.size_threads import small_ops_on_one_thread
+    from attnscope.tensors.weight_threads import SHORT
     from attnscope.views.pooling import THUMB_COLS, THUMB_ROWS, group_size
 
     asked, encoded = result.options, result.encoded
@@ -53,9 +55,12 @@ def run_streamed(model: Family, result: HeadResult, progress: Progress) -> None:
     digest = EveryLayer(rows, cols, result.key_ids(),
                         (group_size(len(rows), THUMB_ROWS), group_size(len(cols), THUMB_COLS)), model.n_layer)
     n = len(encoded.ids)
-    with progress(f"running all {model.n_layer} layers on {n:,} tokens", total=model.n_layer) as tick:
+    # a long text's small operations on one thread (a short one's are, in every_layer: weights_on_all_threads)
+    with (progress(f"running all {model.n_layer} layers on {n:,} tokens", total=model.n_layer) as tick,
+          small_ops_on_one_thread(n > SHORT)):
         every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head, progress=tick,
-                                   reader=digest.add)
+                                   reader=digest.add, by_rows=lambda index, module: digest.by_rows(
+                                       index, module.n_head, n, module.W_o.weight))
     result.run = every.run
     result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
     result.layer_numbers = list(range(len(digest.layers)))

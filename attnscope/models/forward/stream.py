@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from attnscope.tensors.threads import one_thread
 
@@ -62,24 +62,67 @@ class AllLayers:
 Reader = Callable[[int, "torch.Tensor", "torch.Tensor | None", "torch.Tensor | None"], None]
 
 
+class RowsRead(Protocol):
+    """A layer's reader of blocks of rows (readings/layerdigest.py's RowsRead): attention/rows.py's RowsReader,
+    the value norms it read (None: none), and `finish` once the layer has run."""
+
+    norms: torch.Tensor | None
+
+    def __call__(self, first: int, lo: int, hi: int, pattern: torch.Tensor, V: torch.Tensor) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+ByRows = Callable[[int, "MultiHeadAttention"], RowsRead]  # layer, its attention -> the reader of its rows
+
+
+def _read_by_rows(module: MultiHeadAttention) -> bool:
+    """Whether a layer's attention can hand its pattern over by rows: a page's self-attention run by
+    rows.eager_rows (MultiHeadAttention itself, not fused), plain causal (each block's keys from 0), no sinks."""
+    from attnscope.attention.multihead import MultiHeadAttention
+
+    spec = module.spec
+    return (type(module) is MultiHeadAttention and module.page is not None and not module.fused
+            and spec.plain_causal and not spec.sinks and not spec.cache)
+
+
 def every_layer(model: Family, ids: list[int], type_ids: list[int], layer: int, head: int,
-                progress: Progress = lambda _: None, reader: Reader | None = None) -> AllLayers:
+                progress: Progress = lambda _: None, reader: Reader | None = None,
+                by_rows: ByRows | None = None) -> AllLayers:
     """Each layer's pattern, layer by layer; the last layer's MLP is not run (nothing reads it). With `reader`,
     each layer's patterns, value norms and sinks' weights go to it as the layer comes and are not kept
-    (`patterns` and `selected` empty; the value norms and sinks' weights, `[n_head, n]` a layer, still are)."""
+    (`patterns` and `selected` empty; the value norms and sinks' weights, `[n_head, n]` a layer, still are).
+    With `by_rows` as well, a plain causal layer other than L runs unrecorded, in eager's blocks of
+    query rows (attention/rows.py), each block's pattern handed to the reader `by_rows` gives for it as it is made:
+    no `[n_head, n, n]` scores, masked scores or pattern, and no weight above the diagonal computed."""
     import torch
 
+    from attnscope.attention import rows
     from attnscope.attention.linear_attention import pattern_name
     from attnscope.models.forward.run import layer_run
     from attnscope.readings.moved import layer_norms
     from attnscope.tensors.weight_threads import weights_on_all_threads
 
-    patterns, norms, sinks, chosen = [], [], [], []
+    patterns, norms, chosen = [], [], []
+    sinks: list[torch.Tensor | None] = []
     run = None
     with torch.no_grad(), weights_on_all_threads(len(ids)):  # a short text's small operations on one thread
         h = model.embed(ids, type_ids)  # [1, n_tokens, d_model]
         for index in range(model.n_layer):
             progress(index)
+            if by_rows is not None and index != layer:
+                module = model.attention(index, record=False)
+                if _read_by_rows(module):
+                    read = by_rows(index, module)
+                    with rows.reading(read):
+                        if index == model.n_layer - 1:  # its attention alone: nothing reads what follows
+                            module(model.attention_input(index, h)[0])
+                        else:
+                            h = model.block(index, h, module)
+                    norms.append(read.norms)
+                    sinks.append(None)
+                    read.finish()
+                    continue
             kept = Kept(model.attention(index, record=True))
             # [1, n_tokens, d_model]: the input norm again (block makes its own) only where layer L's run or the
             # last layer's bare attention reads it: 29 of SmolLM2's 30 RMSNorms of [1, 1,230, 576] saved
