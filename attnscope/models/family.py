@@ -152,22 +152,15 @@ class Family(ABC):
         heads, a hybrid's linear attention layer's value heads)."""
         return LayerSizes(self.n_head, self.d_head, self.n_kv_head)
 
-    def layer_notes(self, layer: int) -> list[str]:
-        """What the traced layer's table should say about it beyond its steps (a NoPE layer, say)."""
-        return []
-
-    def head_notes(self, head: int) -> list[str]:
-        if self.n_group == 1:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        """What the traced layer's table should say about layer `layer` beyond its steps (a NoPE layer, say), or
+        with `head`, about head `head`'s weights in it (here: the query heads its KV head serves)."""
+        if head is None or self.n_group == 1:
             return []
         g = head // self.n_group  # the KV head that serves query head `head` (transformers' repeat_kv order)
         shared = ", ".join(str(h) for h in range(g * self.n_group, (g + 1) * self.n_group))
         return [f"W_K, W_V: KV head {g} of {self.n_kv_head} (= {head} // n_group {self.n_group}) serves query "
                 f"heads {shared}"]
-
-    def layer_head_notes(self, layer: int, head: int) -> list[str]:
-        """Head h's notes in layer `layer`: `head_notes`, but where a hybrid's layers of another kind say their own
-        (a linear attention layer's, qwen3_next.py)."""
-        return self.head_notes(head)
 
     def head_trace(self, layer: Trace, head: int) -> Trace:
         """Head h's own steps, as views into layer L's (head_steps.py's slicing); a family whose steps differ (MLA's

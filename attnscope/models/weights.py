@@ -44,7 +44,7 @@ class HeadWeights:
 def head_weights(model: Family, layer: int, head: int) -> HeadWeights:
     """Read this head's slices only (from safetensors lazily, from a .bin through a memory map)."""
     check_layer_head(model, layer, head)
-    result = HeadWeights(model, layer, head, notes=model.layer_head_notes(layer, head))
+    result = HeadWeights(model, layer, head, notes=model.notes(layer, head))
     for part in model.head_slices(layer, head):
         tensor, text = model.checkpoint.slice(part.key, part.axis, part.lo, part.hi)
         if part.transpose and len(tensor.shape) == 2:

@@ -86,10 +86,12 @@ class Bloom(Family):
             parts += [Slice(f"b_{n}", bias, "rows", rows[n], rows[n] + d) for n in ("Q", "K", "V")]
         return [*parts, Slice("W_O", self.key(layer, f"{OUT}.weight"), "cols", head * d, (head + 1) * d)]
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         placed = ", ".join(f"W_{n} rows {lo}:{lo + self.d_head}" for n, lo in self.qkv_rows(head).items())
         return [f"query_key_value is fused per head ([n_head, 3, d_head] rows): head {head} has {placed}",
-                *super().head_notes(head)]
+                *super().notes(layer, head)]
 
     # --- the attention's specifics ----------------------------------------------------------------------
 

@@ -141,7 +141,9 @@ class DeepseekV3(Llama):
                   Slice("W_O", key("o_proj.weight"), "cols", head * d_V, (head + 1) * d_V, dims=("d_model", "d_V"))]
         return parts
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         L = self.latent
         assert L is not None
         compressed = L.q_lora_rank is not None

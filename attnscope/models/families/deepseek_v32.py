@@ -85,12 +85,12 @@ class DeepseekV32(DeepseekV3):
                 Slice("b_index_k", key("k_norm.bias"), "rows", 0, d, dims=("d_index",)),
                 Slice("W_index_weights", key("weights_proj.weight"), "rows", 0, n, dims=("n_index_head", "d_model"))]
 
-    def head_notes(self, head: int) -> list[str]:
-        return [*super().head_notes(head), "W_index_q, W_index_k, g_index_k, b_index_k, W_index_weights: the "
-                "layer's sparse indexer (wq_b, wk, k_norm, weights_proj), every head's: it picks the keys the whole "
-                "layer attends to (a GLM-5 'shared' layer has none and keeps the previous full layer's choice)"]
-
-    def layer_notes(self, layer: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is not None:
+            return [*super().notes(layer, head), "W_index_q, W_index_k, g_index_k, b_index_k, W_index_weights: "
+                    "the layer's sparse indexer (wq_b, wk, k_norm, weights_proj), every head's: it picks the keys the "
+                    "whole layer attends to (a GLM-5 'shared' layer has none and keeps the previous full layer's "
+                    "choice)"]
         index = self.index_spec(layer)
         whose = "the previous full indexer layer's choice (indexer_types 'shared')" if index.shared else \
             f"its indexer ({index.n_head} index heads of {index.d_head})"

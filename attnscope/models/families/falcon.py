@@ -78,12 +78,14 @@ class Falcon(Bloom):
             return {"Q": head * d, "K": self.n_head * d, "V": (self.n_head + 1) * d}
         return super().qkv_rows(head)
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         placed = ", ".join(f"W_{n} rows {lo}:{lo + self.d_head}" for n, lo in self.qkv_rows(head).items())
         layout = ("grouped: each KV group's query heads, then its key and value" if self.new_layout else
                   "every query head, then the one key and value (multi_query)" if self.n_kv_head == 1 else
                   "fused per head, [n_head, 3, d_head] rows")
-        return [f"query_key_value is {layout}: head {head} has {placed}", *super(Bloom, self).head_notes(head)]
+        return [f"query_key_value is {layout}: head {head} has {placed}", *super(Bloom, self).notes(layer, head)]
 
     # --- the attention's specifics ----------------------------------------------------------------------
 

@@ -96,8 +96,10 @@ class Gemma3(QkNormed, Gemma2):
 
     # --- where head h lives ---------------------------------------------------------------------------------
 
-    def head_notes(self, head: int) -> list[str]:
-        notes = super().head_notes(head)
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
+        notes = super().notes(layer, head)
         cap = self.config.optional_number("attn_logit_softcapping")
         if cap is not None:
             notes.append(f"config.json sets attn_logit_softcapping {cap:g}, which Gemma 3 does not apply: "

@@ -194,12 +194,11 @@ class Gemma4(Gemma3):
             state["W_o.bias"] = self.weight(layer, "self_attn.o_proj.bias")
         return state
 
-    def head_notes(self, head: int) -> list[str]:
-        return ["q_norm, k_norm: one [d_head] RMSNorm weight (plain w, not Gemma 3's 1 + w) that every head shares, "
-                "applied to each head's q and k before RoPE; the values are RMSNormed per head with no weight "
-                "(v_norm, V_normed); scores are not scaled (scale 1)"]
-
-    def layer_notes(self, layer: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is not None:
+            return ["q_norm, k_norm: one [d_head] RMSNorm weight (plain w, not Gemma 3's 1 + w) that every head "
+                    "shares, applied to each head's q and k before RoPE; the values are RMSNormed per head with no "
+                    "weight (v_norm, V_normed); scores are not scaled (scale 1)"]
         d, n_kv = self.sizes[layer]
         notes = [f"layer {layer} ({self.kinds[layer].split('_')[0]}): d_head {d}, {n_kv} KV "
                  f"head{'s' * (n_kv != 1)}" + (" (per_layer_config)" if (d, n_kv) != (self.d_head, self.n_kv_head)

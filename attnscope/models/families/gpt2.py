@@ -69,7 +69,9 @@ class Gpt2(Family):
                 Slice("b_V", bias, "rows", 2 * D + lo, 2 * D + lo + d),
                 Slice("W_O", out, "rows", lo, lo + d, transpose=True)]
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         D = self.d_model
         return [f"GPT-2's c_attn is a Conv1D stored [in, out] = [{D}, {3 * D}]: columns 0-{D - 1} make Q, "
                 f"{D}-{2 * D - 1} K, {2 * D}-{3 * D - 1} V; head {head}'s are a slice of each third, shown "

@@ -85,8 +85,10 @@ class GptOss(Llama):
         sink = Slice("sink", self.key(layer, "self_attn.sinks"), "rows", head, head + 1)
         return [*linear_slices(self, layer, head, NAMES, self.biases()), sink]
 
-    def head_notes(self, head: int) -> list[str]:
-        return [*super().head_notes(head), f"sink: sinks[{head}], the logit head {head} adds to every softmax row "
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
+        return [*super().notes(layer, head), f"sink: sinks[{head}], the logit head {head} adds to every softmax row "
                 "as one more column, dropped after: the row's attention sums to less than 1"]
 
     # --- the attention's specifics ------------------------------------------------------------------------

@@ -48,8 +48,10 @@ class GptJ(Gpt2):
     def head_slices(self, layer: int, head: int) -> list[Slice]:
         return linear_slices(self, layer, head, NAMES, self.biases())
 
-    def head_notes(self, head: int) -> list[str]:
-        return Family.head_notes(self, head)  # four Linear layers: nothing fused to explain
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
+        return Family.notes(self, layer, head)  # four Linear layers: nothing fused to explain
 
     # --- the attention's specifics --------------------------------------------------------------------------
 

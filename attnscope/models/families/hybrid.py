@@ -64,7 +64,14 @@ class LinearLayers:
 
     full_note = "a full attention layer"  # what the family's full layers are, in the traced layer's notes
 
-    def layer_notes(self, layer: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        """Each layer's kind; a linear layer's head: where its weights lie (`linear_head_note`), and what its
+        pattern is; a full layer's head as the family's."""
+        if head is not None:
+            if not self.linear(layer):
+                return super().notes(layer, head)  # type: ignore[misc, no-any-return]
+            return [f"{self.linear_head_note(layer, head)}; its pattern is the exact matrix M of this linear "
+                    "attention layer (effective_attention)"]
         if not self.linear(layer):
             return [f"layer {layer} is {self.full_note}"]
         from attnscope.attention.linear_attention import EFFECTIVE_NOTE
@@ -72,14 +79,6 @@ class LinearLayers:
         s = self.delta
         return [f"layer {layer} is a linear attention layer ({self.linear_name}): no softmax, no KV cache; its state "
                 f"is [n_head, d_K, d_V] = [{s.n_head}, {s.d_K}, {s.d_V}] per sequence", EFFECTIVE_NOTE]
-
-    def layer_head_notes(self, layer: int, head: int) -> list[str]:
-        """A linear layer's head: where its weights lie (`linear_head_note`), and what its pattern is; a full
-        layer's as the family's (head_notes)."""
-        if not self.linear(layer):
-            return self.head_notes(head)  # type: ignore[attr-defined, no-any-return]
-        return [f"{self.linear_head_note(layer, head)}; its pattern is the exact matrix M of this linear attention "
-                "layer (effective_attention)"]
 
     def linear_head_note(self, layer: int, head: int) -> str:
         """Which key head serves value head `head` (grouped: Qwen3-Next's 16 key heads for 32 value heads)."""

@@ -108,7 +108,9 @@ class Llama4(Llama):
         eps = self.config.number("rms_norm_eps", default=1e-5)
         return Llama4Attention(module, eps)
 
-    def layer_notes(self, layer: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is not None:
+            return super().notes(layer, head)
         if self.uses_rope(layer):
             return []
         tuned = self.attention_spec(layer).temperature is not None

@@ -74,7 +74,9 @@ class ModernBert(Family):
                             third * D + (head + 1) * d) for third, name in enumerate("QKV")]
         return [*parts, Slice("W_O", self.key(layer, "attn.Wo.weight"), "cols", head * d, (head + 1) * d)]
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         d, D = self.d_head, self.d_model
         return [f"W_Q, W_K, W_V: the fused Wqkv holds Q, K and V as three {D}-row thirds; head {head} is rows "
                 f"{head * d}:{(head + 1) * d} of each ({head * d}, {D + head * d} and {2 * D + head * d} onwards)"]

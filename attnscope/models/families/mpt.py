@@ -86,7 +86,9 @@ class Mpt(Family):
                 Slice("W_V", fused, "rows", 2 * D + lo, 2 * D + lo + d),
                 Slice("W_O", self.key(layer, OUT), "cols", lo, lo + d)]
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         D, lo = self.d_model, head * self.d_head
         return [f"Wqkv stacks Q, K and V ({D} rows each): head {head} has rows {lo}:{lo + self.d_head} of each"]
 

@@ -66,11 +66,13 @@ class Phi3(Llama):
         lo = head * self.d_head
         return [*parts, Slice("W_O", self.key(layer, f"{OUT}.weight"), "cols", lo, lo + self.d_head)]
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         rows = self.rows(head)
         placed = ", ".join(f"{name} rows {lo}:{hi}" for name, (lo, hi) in rows.items())
         return [f"qkv_proj stacks Q ({self.n_head}·{self.d_head} rows), K and V ({self.n_kv_head}·{self.d_head} "
-                f"each): head {head} has {placed}", *super().head_notes(head)]
+                f"each): head {head} has {placed}", *super().notes(layer, head)]
 
     # --- the attention's specifics --------------------------------------------------------------------------
 

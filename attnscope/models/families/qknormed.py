@@ -26,7 +26,7 @@ NORMS = {"q": "self_attn.q_norm", "k": "self_attn.k_norm"}
 
 class QkNormed(Llama):
     """Mixed in before a LLaMA-layout base (`class Qwen3(QkNormed, Qwen2)`): a Llama itself, so that what it reads
-    of the page (`config`, `biases`, `norm_plus_one`, the next `head_notes`) is typed."""
+    of the page (`config`, `biases`, `norm_plus_one`, the next `notes`) is typed."""
 
     norm_over = "head"  # where the qk-norm runs: "head" (over d_head) or "proj" (the whole projection)
 
@@ -44,7 +44,9 @@ class QkNormed(Llama):
     def projections(self, layer: int) -> dict[str, Any]:
         return linear_projections(self, layer, NAMES) | norm_projections(self, layer, NORMS)
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         if self.norm_over == "head":
             form = "(1 + w) " if self.norm_plus_one else ""
             note = (f"q_norm, k_norm: one [d_head] {form}RMSNorm weight that every head shares, applied to each head's "
@@ -52,4 +54,4 @@ class QkNormed(Llama):
         else:
             note = ("q_norm, k_norm: this head's rows of an RMSNorm weight over the whole projection; the norm's mean "
                     "runs over every head's coordinates (n_head·d_head for q, n_kv_head·d_head for k) before the split")
-        return [*super().head_notes(head), note]
+        return [*super().notes(layer, head), note]

@@ -157,9 +157,11 @@ class Qwen3Next(LinearLayers, Qwen3Moe):
                       Slice("b_G", qb, "rows", head * 2 * d + d, (head + 1) * 2 * d, dims=("d_head",))]
         return moved + [p for p in parts if p.name not in ("W_Q", "b_Q")]
 
-    def head_notes(self, head: int) -> list[str]:
-        return [*super().head_notes(head), "W_G: head h's output gate, the rows after its query in q_proj: its output "
-                "is scaled by sigmoid(X @ W_G.T)"]
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None or self.linear(layer):  # a linear layer's head: hybrid.py's
+            return super().notes(layer, head)
+        return [*super().notes(layer, head), "W_G: head h's output gate, the rows after its query in q_proj: its "
+                "output is scaled by sigmoid(X @ W_G.T)"]
 
     # --- the linear layers -------------------------------------------------------------------------------------
 

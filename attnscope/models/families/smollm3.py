@@ -50,5 +50,7 @@ class SmolLM3(Llama):
         return AttentionSpec(causal=True, rope=self.rope() if self.uses_rope(layer) else None,
                              window=self.window(layer))
 
-    def layer_notes(self, layer: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is not None:
+            return super().notes(layer, head)
         return [] if self.uses_rope(layer) else [nope_note(layer)]

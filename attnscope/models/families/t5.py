@@ -78,7 +78,9 @@ class T5(EncoderDecoder):
     def scale(self) -> float | None:
         return 1.0
 
-    def layer_notes(self, layer: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is not None:
+            return super().notes(layer, head)
         return ["T5 does not scale the scores by 1/√d_head (T5Attention.scaling = 1.0): Mesh TensorFlow folds it "
                 "into W_q's initialisation, std (d_model·d_kv)^-½ against d_model^-½ for W_k and W_v"]
 

@@ -54,7 +54,9 @@ class Whisper(Bart):
         """BART's slices without b_K: `WhisperAttention.k_proj` has no bias."""
         return [part for part in super().head_slices(layer, head) if part.name != "b_K"]
 
-    def head_notes(self, head: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is None:
+            return super().notes(layer)
         return ["k_proj has no bias in WhisperAttention (q_proj, v_proj and out_proj have one): b_K is 0"]
 
     def projections(self, layer: int) -> dict[str, Any]:

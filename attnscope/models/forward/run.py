@@ -47,7 +47,7 @@ def layer_run(model: Family, layer: int, head: int, traced: Trace, X: torch.Tens
     from attnscope.models.selfcheck import check_page
 
     steps = layer_trace(traced, X, made)
-    steps.notes.extend(model.layer_notes(layer))
+    steps.notes.extend(model.notes(layer))
     return LayerRun(steps, model.head_trace(steps, head), model.attention_spec(layer), check_page(steps) or "")
 
 

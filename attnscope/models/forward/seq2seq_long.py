@@ -149,7 +149,7 @@ def _shapes(view: EncoderDecoder, layer: int, X: torch.Tensor, made: str, memory
         keys_meta = X_meta if memory_meta is None else memory_meta
         inner = meta(X_meta, keys_meta, keys_meta, position_bias=None if bias is None else bias.bias)
         trace = layer_steps(inner, X_meta, made, memory_meta, memory_op, bias)
-    trace.notes.extend(view.layer_notes(layer))
+    trace.notes.extend(view.notes(layer))
     return trace
 
 

@@ -124,7 +124,7 @@ def run_stack(model: EncoderDecoder, source: list[int] | torch.Tensor, target: l
 def _layer_run(view: EncoderDecoder, layer: int, head: int, attended: Attended, memory: torch.Tensor | None,
                memory_op: str) -> LayerRun:
     layer_trace = layer_steps(attended.trace, attended.X, attended.made, memory, memory_op, attended.bias)
-    layer_trace.notes.extend(view.layer_notes(layer))
+    layer_trace.notes.extend(view.notes(layer))
     return LayerRun(layer_trace, _head(view, layer_trace, head), view.attention_spec(layer))
 
 

@@ -96,9 +96,11 @@ class Gemma3Image(Gemma3):
         module.load_state_dict(self.projections(layer), assign=True)
         return ImageMasked(module.eval(), self.blocks, self.window(layer))
 
-    def layer_notes(self, layer: int) -> list[str]:
+    def notes(self, layer: int, head: int | None = None) -> list[str]:
+        if head is not None:
+            return super().notes(layer, head)
         window = self.window(layer)
         rule = "causal, or both in the same image" + (f", and at most {window - 1} keys back" if window else "")
-        return [*super().layer_notes(layer),
+        return [*super().notes(layer),
                 f"the mask Gemma3Model builds from token_type_ids (create_masks_for_vision_model): {rule}; each "
                 "image's tokens see each other both ways"]
