@@ -111,7 +111,8 @@ class ShapePlan:
             if o.kv_heads is not None and o.kv_heads != kv_found:
                 raise UsageError(f"--kv-heads {o.kv_heads} but the module's key projection makes {kv_found} key/value "
                                  "heads; drop --kv-heads")
-            fused = _fused_width(module)
+            fused = _fused_width(module) or next(  # fairseq's in_proj_weight [3·d_feat, d_feat], an nn.Parameter
+                (3 * d_feat for p in module.parameters() if p.dim() == 2 and 3 * d_feat in p.shape), None)
             if fused:
                 extra["3·d_feat" if fused == 3 * d_feat else "(n_head+2·n_kv_head)·d_head"] = fused
                 if "d_head" in fixed:

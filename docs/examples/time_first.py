@@ -1,0 +1,77 @@
+"""Attention that takes its inputs time-first, [T, B, C], traced in docs/trace.md ("Time-first inputs"): fairseq's
+MultiheadAttention (one in_proj_weight and its bias, heads folded into the batch [B·H, T, d_head] by bmm, an
+attn_mask [T, S] added in place), Megatron's core attention ([s, b, h], the heads [s, b, n, d], an einsum), and a
+function taking its weights and its head count with n_head·d_head ≠ d_model. `bug` plants a mistake.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class FairseqAttention(nn.Module):
+    """fairseq's MultiheadAttention, self-attention: forward(query [T, B, C], attn_mask [T, S] added)."""
+
+    def __init__(self, embed_dim=32, num_heads=4, bug=None):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.in_proj_weight = nn.Parameter(torch.randn(3 * embed_dim, embed_dim) * 0.2)
+        self.in_proj_bias = nn.Parameter(torch.randn(3 * embed_dim) * 0.1)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        self.bug = bug
+
+    def forward(self, query, attn_mask=None):
+        tgt_len, bsz, embed_dim = query.size()
+        q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        q = q * self.scaling
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)  # [B·H, T, d_head]
+        k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))  # [B·H, T, S]
+        if attn_mask is not None:
+            attn_weights += attn_mask.unsqueeze(0)
+        attn_weights = F.softmax(attn_weights, dim=-1)
+        attn = torch.bmm(attn_weights, v)  # [B·H, T, d_head]
+        if self.bug == "merge":  # the view without the transpose back to [T, B·H, d_head]
+            attn = attn.contiguous().view(tgt_len, bsz, embed_dim)
+        else:
+            attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        return self.out_proj(attn)
+
+
+class MegatronAttention(nn.Module):
+    """Megatron's core: hidden states [s, b, h], its own causal mask (no mask parameter)."""
+
+    def __init__(self, hidden_size=24, num_attention_heads=3, bug=None):
+        super().__init__()
+        self.n, self.d = num_attention_heads, hidden_size // num_attention_heads
+        self.query = nn.Linear(hidden_size, hidden_size)
+        self.key = nn.Linear(hidden_size, hidden_size)
+        self.value = nn.Linear(hidden_size, hidden_size)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.bug = bug
+
+    def forward(self, hidden_states):
+        s, b, _ = hidden_states.shape
+        q = self.query(hidden_states).view(s, b, self.n, self.d)  # [s, b, n, d]
+        k = self.key(hidden_states).view(s, b, self.n, self.d)
+        v = self.value(hidden_states).view(s, b, self.n, self.d)
+        scores = torch.einsum("ibnd,jbnd->bnij", q, k)  # [b, n, s, s]
+        if self.bug != "no_scale":
+            scores = scores / math.sqrt(self.d)
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        context = torch.einsum("bnij,jbnd->ibnd", probs, v)  # [s, b, n, d]
+        return self.dense(context.reshape(s, b, self.n * self.d))
+
+
+def attention(x, W_q, W_k, W_v, W_o, n_head, d_head=10):
+    """Weights as arguments, W_q [d_model, n_head·d_head] with n_head·d_head ≠ d_model."""
+    b, t, _ = x.shape
+    q, k, v = ((x @ W).view(b, t, n_head, d_head).transpose(1, 2) for W in (W_q, W_k, W_v))
+    att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_head), dim=-1)
+    return (att @ v).transpose(1, 2).reshape(b, t, n_head * d_head) @ W_o
