@@ -86,6 +86,8 @@ class Family(ABC):
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         self.folder, self.config, self.checkpoint = folder, config, checkpoint
         self.architecture = config.architecture
+        # config.json's model_type: a page that reads a sub-config (Gemma 3's text_config) sets the file's own first
+        self.model_type: str = vars(self).get("model_type", config.model_type)
         self.prefix = layout.find_prefix(checkpoint, f"{self.layers}.0.{self.query}", self.prefixes, self.model_type)
 
     # --- the protocol: each family writes these --------------------------------------------------------
@@ -136,10 +138,6 @@ class Family(ABC):
         """Query heads a key/value head serves: query head h reads KV head h // n_group (transformers' repeat_kv
         order)."""
         return self.n_head // self.n_kv_head
-
-    @property
-    def model_type(self) -> str:
-        return self.config.model_type
 
     def key(self, layer: int, name: str) -> str:
         return f"{self.prefix}{self.layers}.{layer}.{name}"

@@ -53,7 +53,7 @@ class Gemma3(QkNormed, Gemma2):
     prefixes: ClassVar[tuple[str, ...]] = ("model.", "", "language_model.model.", "model.language_model.")
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
-        self.saved_type = config.model_type
+        self.model_type = config.model_type  # the checkpoint's own, not its text_config's (Family keeps it)
         text = dict(config.data)
         if config.model_type == "gemma3":  # Gemma3ForConditionalGeneration ties its head by its own config
             text = {**(config.mapping("text_config") or {}),
@@ -62,10 +62,6 @@ class Gemma3(QkNormed, Gemma2):
         self.architecture = config.architecture
 
     # --- the attention's specifics --------------------------------------------------------------------------
-
-    @property
-    def model_type(self) -> str:
-        return self.saved_type
 
     def layer_type(self, layer: int) -> str:
         """`layer_types[layer]`, or `sliding_window_pattern`'s rule: sliding unless (layer + 1) is a multiple."""

@@ -70,7 +70,7 @@ class Gemma4(Gemma3):
     norm_plus_one = False  # Gemma4RMSNorm: x · w
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
-        self.saved_type = config.model_type
+        self.model_type = config.model_type  # the checkpoint's own, not its text_config's (Family keeps it)
         text = dict(config.data)
         if config.model_type == "gemma4":  # Gemma4ForConditionalGeneration: the language model's in text_config
             text = {**(config.mapping("text_config") or {}),

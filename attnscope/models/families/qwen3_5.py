@@ -38,16 +38,12 @@ class Qwen3_5(Qwen3Next):  # noqa: N801 (transformers' name)
     qkv_op = "in_proj_qkv(X): every query, key and value"
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
-        self.saved_type = config.model_type
+        self.model_type = config.model_type  # the checkpoint's own, not its text_config's (Family keeps it)
         if config.model_type == "qwen3_5":  # Qwen3_5ForConditionalGeneration: the text model's settings
             text = {**(config.mapping("text_config") or {}),
                     "tie_word_embeddings": config.data.get("tie_word_embeddings", False)}
             config = Config(config.path, {**text, "model_type": "qwen3_5_text"})
         super().__init__(folder, config, checkpoint)
-
-    @property
-    def model_type(self) -> str:
-        return self.saved_type
 
     def sparse(self, layer: int) -> bool:
         """`Qwen3_5DecoderLayer`: a dense MLP in every layer."""
