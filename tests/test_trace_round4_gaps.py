@@ -58,6 +58,27 @@ def test_fairseq_time_first_bugs_named(runner, bug, entry):
     _time_first(_named(runner, "FairseqStyle", bug, entry, "--causal"))
 
 
+def _padding(tmp_path) -> str:
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[0, 4:] = False  # the first sequence padded after 4 tokens
+    path = tmp_path / "pad.pt"
+    torch.save(keep, path)
+    return str(path)
+
+
+def test_fairseq_key_padding_goes_to_its_parameter(runner, tmp_path):
+    """A [n_batch, n_K] padding file: the code's attn_mask takes [n_Q, n_K] only, so the mask goes to the other mask
+    parameter, key_padding_mask, in the convention it reads (True = padded)."""
+    out = _clean(runner, "FairseqStyle", "--mask", _padding(tmp_path), "--batch", "2", "--nq", "7")
+    _time_first(out)
+    assert any(note.startswith("key_padding_mask: boolean, True = masked out") for note in out["notes"]), out["notes"]
+
+
+def test_fairseq_key_padding_filled_with_zero(runner, tmp_path):
+    _named(runner, "FairseqStyle", "fill0", "mask.filled_with_0", "--mask", _padding(tmp_path), "--batch", "2",
+           "--nq", "7")
+
+
 def test_megatron_seq_first_einsum(runner):
     out = _clean(runner, "SeqFirstEinsum", "--causal")
     _time_first(out)
@@ -90,7 +111,7 @@ def test_time_first_styles_against_sdpa():
             heads = [t.reshape(3, 7, 4, 8).transpose(1, 2) for t in (q, k, v)]  # [B, H, T, d]
             y = F.scaled_dot_product_attention(*heads, attn_mask=keep).transpose(1, 2).reshape(3, 7, 32)
             additive = torch.zeros(7, 7).masked_fill(~keep, float("-inf"))
-            torch.testing.assert_close(module(x, additive), out(y).transpose(0, 1), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(module(x, attn_mask=additive), out(y).transpose(0, 1), atol=1e-5, rtol=1e-5)
         h = torch.randn(7, 3, 24)
         q, k, v = (lin(h.transpose(0, 1)).reshape(3, 7, 3, 8).transpose(1, 2)
                    for lin in (megatron.query, megatron.key, megatron.value))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 
 # fairseq's MultiheadAttention: one in_proj_weight [3d, d] and its bias, time-first [T, B, C], heads folded into
-# the batch [B·H, T, d] by bmm, attn_mask [T, S] added in place
+# the batch [B·H, T, d] by bmm, attn_mask [T, S] added in place, key_padding_mask [B, S] True = padded
 class FairseqStyle(nn.Module):
     def __init__(self, embed_dim=32, num_heads=4, bug=None):
         super().__init__()
@@ -22,7 +22,7 @@ class FairseqStyle(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.bug = bug
 
-    def forward(self, query, attn_mask=None):
+    def forward(self, query, key_padding_mask=None, attn_mask=None):
         tgt_len, bsz, embed_dim = query.size()
         q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         q = q * self.scaling
@@ -34,6 +34,12 @@ class FairseqStyle(nn.Module):
         attn_weights = torch.bmm(q, k.transpose(1, 2))  # [B·H, T, S]
         if attn_mask is not None:
             attn_weights += attn_mask.unsqueeze(0)
+        if key_padding_mask is not None:  # [B, S], True = padded
+            src_len = attn_weights.size(-1)
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len)
+            fill = 0.0 if self.bug == "fill0" else float("-inf")
+            attn_weights = attn_weights.masked_fill(key_padding_mask[:, None, None, :].to(torch.bool), fill)
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
         attn_weights = F.softmax(attn_weights, dim=-1 if self.bug != "axis" else 1)
         attn = torch.bmm(attn_weights, v)  # [B·H, T, d]
         if self.bug == "merge":

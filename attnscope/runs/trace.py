@@ -140,10 +140,22 @@ def run_trace(o: TraceOptions) -> TraceRun:
     plan = shapes.fed(plan)  # a memory of K's own width to `context=None` (Stable Diffusion's CrossAttention)
 
     def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
-        inputs = make_inputs(asked, plan, shapes, weighted,
-                             guard=lambda sizes: _guard(asked, spec, sizes, weighted is not None))
-        fed = feeds(plan, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias)
-        return (inputs, fed, *_call(asked, target, fn, plan, inputs, module, fed))
+        nonlocal plan
+        made = None
+        for tried in [plan] + [plan.with_mask(m) for m in plan.other_masks if asked.mask or asked.causal
+                               or asked.window]:
+            # the mask to the first mask parameter the code runs with (fairseq's key_padding_mask [n_batch, n_K]
+            # for a padding file, where its attn_mask takes [n_Q, n_K])
+            inputs = make_inputs(asked, tried, shapes, weighted,
+                                 guard=lambda sizes: _guard(asked, spec, sizes, weighted is not None))
+            fed = feeds(tried, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias)
+            ran = (inputs, fed, *_call(asked, target, fn, tried, inputs, module, fed))
+            made = made or ran
+            if ran[2].failure is None:
+                plan = tried
+                return ran
+        assert made is not None
+        return made
 
     inputs, fed, called, convention = attempt(o)
     if called.failure is not None and weighted is None and o.batch is None and not o.q:

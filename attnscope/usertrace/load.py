@@ -87,6 +87,7 @@ class Plan:
     order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
     optional: list[str] = field(default_factory=list)  # others defaulting to None: a memory's candidates
     given: dict[str, Any] = field(default_factory=dict)  # --forward's arguments, built: given as they are
+    other_masks: list[str] = field(default_factory=list)  # mask parameters besides `mask` (given None): tried in turn
 
     def unfed(self) -> str:
         found = ", ".join(self.tensors) if self.tensors else "none"
@@ -105,6 +106,13 @@ class Plan:
             return None
         named = [n for n in self.optional if n.lower() in MEMORY_NAMES]
         return named[0] if named else self.optional[0] if len(self.optional) == 1 else None
+
+    def with_mask(self, name: str) -> Plan:
+        """This plan with the mask given to `name` (fairseq's key_padding_mask beside attn_mask), the others None."""
+        others = [m for m in [self.mask, *self.other_masks] if m is not None and m != name]
+        return dataclasses.replace(self, mask=name, other_masks=others,
+                                   nones=[n for n in self.nones if n != name] + [m for m in others
+                                                                                  if m not in self.nones])
 
     def with_memory(self, name: str) -> Plan:
         """This plan with `name` fed as the memory of cross-attention (x for the queries, it for K and V)."""
@@ -399,6 +407,7 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
         m for m in masks if "mask" in m.lower()]
     p.mask = (preferred or masks)[0] if masks else None
     p.nones.extend(m for m in masks if m != p.mask)
+    p.other_masks = [m for m in masks if m != p.mask]
     return p
 
 

@@ -107,6 +107,8 @@ def _applied(record: Record, inverted: bool, arithmetic: bool, others: list[Any]
     if name == "where":
         keeps_scores = len(record.args) > 1 and _is_tensor(record.args[1]) and record.args[1] in others
         return Convention("attend" if keeps_scores != inverted else "masked", record.line, op)
+    if name in ("mul", "__mul__", "__rmul__", "mul_") and inverted:  # weights * (mask == 0): 0 keeps, as a mask
+        return Convention("masked", record.line, op)  # True = masked out (or additive 0) reads
     if name in ADDS or name in ADDING:
         return Convention("additive", record.line, op)
     if name == "scaled_dot_product_attention":
