@@ -76,7 +76,7 @@ def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, 
                             "tokens; the steps that made it are not shown")
         return result
     recorded = run.recorded
-    before = "projections, norms, RoPE" if "RoPE before" in recorded.layer.step("Q").op else "projections, norms"
+    before = "projections, norms, RoPE" if recorded.rotated else "projections, norms"
     return with_steps(result, run, [
         f"{own}: transformers ran {ran} and handed {run.module}'s Q, K, V, mask and scaling to attnscope's attention "
         f"function; the steps before Q, K, V ({before}) are the family's own code, not traced",

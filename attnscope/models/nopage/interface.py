@@ -76,6 +76,7 @@ class Recorded:
     spec: AttentionSpec
     function: str  # the eager function held against: `transformers.models.gpt_neox.modeling_gpt_neox.eager_...`
     n_kv_head: int
+    rotated: bool = False  # the family rotated Q and K (RoPE) before handing them over (positions.rotated)
 
 
 @dataclass
@@ -210,7 +211,7 @@ def record(module: Any, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask:
     spec = AttentionSpec(causal=kind.causal, window=kind.size if kind.kind == "sliding" else None,
                          chunk=kind.size if kind.kind == "chunked" else None, softcap=softcap,
                          scale=None if abs(scale - d_head ** -0.5) < 1e-12 else scale)
-    return Recorded(trace, kind, spec, f"{eager.__module__}.{eager.__name__}", n_kv_head)
+    return Recorded(trace, kind, spec, f"{eager.__module__}.{eager.__name__}", n_kv_head, positions.rotated(module))
 
 
 def _attention(trace: Trace, logits: torch.Tensor, last: str, sinks: torch.Tensor | None, V: torch.Tensor,

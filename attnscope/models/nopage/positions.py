@@ -72,13 +72,26 @@ def _layer_rope(module: Any, config: Any) -> tuple[bool, str]:
     return True, ""
 
 
+def rotated(module: Any) -> bool:
+    """Whether the family rotated Q and K (RoPE) before handing them over: where the model has rotary embeddings
+    (a config's rope_parameters, rope_theta or rotary_dim; rotary code in its modeling file) and this layer applies
+    them (`_layer_rope`)."""
+    config = getattr(module, "config", None)
+    return _rotary(module, config) and _layer_rope(module, config)[0]
+
+
+def _rotary(module: Any, config: Any) -> bool:
+    """The model has rotary embeddings: a config's rope_parameters, rope_theta or rotary_dim, or rotary code in its
+    modeling file."""
+    rotary = any(getattr(config, key, None) is not None for key in ("rope_parameters", "rope_theta", "rotary_dim"))
+    return rotary or any("rotary" in name.lower() for name in vars(sys.modules[type(module).__module__]))
+
+
 def before(module: Any, extras: dict[str, Any]) -> str:
     """What the family did to Q and K before handing them over, in the Q step's words: RoPE only where the model
-    has rotary embeddings (a config's rope_parameters, rope_theta or rotary_dim; rotary code in its modeling file)
-    and this layer applies them (`_layer_rope`); else where its positions went instead."""
+    has rotary embeddings and this layer applies them (`rotated`); else where its positions went instead."""
     config = getattr(module, "config", None)
-    rotary = any(getattr(config, key, None) is not None for key in ("rope_parameters", "rope_theta", "rotary_dim"))
-    rotary = rotary or any("rotary" in name.lower() for name in vars(sys.modules[type(module).__module__]))
+    rotary = _rotary(module, config)
     turned, why = _layer_rope(module, config) if rotary else (False, "")
     if turned:
         return "(its projections, norms and RoPE before: not traced)"
