@@ -19,16 +19,18 @@ HEAD_STEPS = {"Q_split": ("Q", "q"), "K_split": ("K", "kv"), "V_split": ("V", "k
               "sink_weight": ("sink_weight", "q"), "x_raw": ("out", "q")}
 
 
-def head_trace(layer: Trace, head: int, kv_head: int, bias: bool) -> Trace:
+def head_trace(layer: Trace, head: int, kv_head: int, bias: bool, keys: str = "X") -> Trace:
     """Head h's own computation, as views into the layer's steps: its query rows, the keys and values of the
-    KV head that serves it (`kv_head`), its scores, pattern and output. Names as sdpa's (X, Q, K, V, ..., out)."""
+    KV head that serves it (`kv_head`), its scores, pattern and output. Names as sdpa's (X, Q, K, V, ..., out).
+    `keys`: the step K and V are projected from (a cross-attention's `memory`), X's where not said."""
     from attnscope.trace import Trace
 
     trace = Trace()
     X = layer.step("X")
     trace.add("X", X.tensor[0], X.dims[1:], f"{X.op} (n_batch 0)", allocates=False)
     index = {"q": head, "kv": kv_head}
-    formulas = {name: f" = X @ W_{name}.T" + (f" + b_{name}" if bias else "") for name in ("Q", "K", "V")}
+    formulas = {name: f" = {'X' if name == 'Q' else keys} @ W_{name}.T" + (f" + b_{name}" if bias else "")
+                for name in ("Q", "K", "V")}
     formulas["out"] = f" = attention @ {'V_rep' if 'V_rep' in layer else 'V_split'}[0, {head}]"
     over_projection = "Q_normed" in layer and layer.step("Q_normed").dims[1] == "n_tokens"
     if over_projection:  # OLMo 2: the split is of the normed projection, and the norm saw every head

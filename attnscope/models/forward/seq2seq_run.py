@@ -162,11 +162,11 @@ def _head(model: EncoderDecoder, layer: Trace, head: int) -> Trace:
     head's slice of the position bias after its scores."""
     from attnscope.trace import Trace
 
-    base = head_trace(layer, head, head // model.n_group, model.biases()[0])
+    keys = "memory" if "memory" in layer else "X"  # across, K and V are projected from the encoder's output
+    base = head_trace(layer, head, head // model.n_group, model.biases()[0], keys)
     trace = Trace()
     for step in base.steps:
-        op = step.op.replace("= X @ W_K", "= memory @ W_K").replace("= X @ W_V", "= memory @ W_V")
-        trace.add(step.name, step.tensor, step.dims, op if "memory" in layer else step.op, 0, allocates=False)
+        trace.add(step.name, step.tensor, step.dims, step.op, 0, allocates=False)
         if step.name == "X" and "memory" in layer:
             memory = layer.step("memory")
             trace.add("memory", memory.tensor[0], memory.dims[1:], f"{memory.op} (n_batch 0)", allocates=False)
