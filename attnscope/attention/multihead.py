@@ -157,7 +157,12 @@ class MultiHeadAttention(nn.Module):
         """The page's attention on X, each step recorded (or, with `record=False`, the output alone, as `forward`
         records it then). The mask is built here, before the attention (masks.prepare, as transformers'
         create_causal_mask before the layers), for the step's spec: after the cache, rope, temperature and qk-norm
-        left to the page's stages."""
+        left to the page's stages. The page's stages set their products' threads themselves (stages.wide), so it
+        runs without the per-op thread hook."""
+        with unhooked():
+            return self._run_page(X, mask, cache)
+
+    def _run_page(self, X: Tensor, mask: Tensor | None, cache: tuple[Tensor, Tensor] | None) -> Trace:
         self._check_inputs(X, X, X, cache)
         if self.sinks is not None:
             sinks_.checked(self.sinks, self.n_head)  # a checkpoint's sinks: one finite logit per head
@@ -172,8 +177,7 @@ class MultiHeadAttention(nn.Module):
                               dtype=acc, build=self.record)
         trace = Trace()
         assert self.page is not None
-        with unhooked():  # the page's stages set their products' threads themselves (stages.wide)
-            x = self.page(self, X, trace if self.record else discard, cache, built)  # [n_batch, n_Q, d_feat]
+        x = self.page(self, X, trace if self.record else discard, cache, built)  # [n_batch, n_Q, d_feat]
         if not self.record:
             trace.add("x", x, ("n_batch", "n_Q", "d_feat"),
                       "W_o(merge_heads(eager attention by blocks of query rows(...)))")
