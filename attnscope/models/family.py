@@ -195,7 +195,7 @@ class Family(ABC):
         if self.expert_reads is not None:
             stem = f"{self.prefix}{self.layers}."
             experts = [k for k in self.checkpoint.keys if k.startswith(stem) and ".mlp.experts." in k
-                       and _layer_of(k[len(stem):]) <= layer]
+                       and layer_of(k[len(stem):]) <= layer]
             weights += self.expert_reads.change(self.checkpoint, experts, n_tokens)
         return memory.whole(memory.Footprint(weights, 40 * self.d_model, 4 * self.n_head + self.extra_cells), n_tokens)
 
@@ -204,7 +204,7 @@ class Family(ABC):
         float32."""
         stem = f"{self.prefix}{self.layers}."
         needed = [k for k in self.checkpoint.keys if k.startswith(stem)
-                  and (_layer_of(k[len(stem):]) == layer if only else _layer_of(k[len(stem):]) <= layer)]
+                  and (layer_of(k[len(stem):]) == layer if only else layer_of(k[len(stem):]) <= layer)]
         stored = sum(self.checkpoint.nbytes(k) for k in needed)
         return stored + 4 * sum(self._numel(k) for k in needed)
 
@@ -240,7 +240,7 @@ def check_length(max_tokens: int | None, n_tokens: int) -> None:
                          "shorten it", "text")
 
 
-def _layer_of(rest: str) -> int:
+def layer_of(rest: str) -> int:
     """The layer number at the start of a key's rest (`3.self_attn.q_proj.weight` -> 3); huge when none."""
     number = rest.split(".", 1)[0]
     return int(number) if number.isdigit() else 1 << 62

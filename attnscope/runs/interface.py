@@ -40,13 +40,13 @@ def run_transformers(asked: HeadOptions, folder: Path, config: Config, progress:
     guard_memory(needed, asked.max_memory, f"loading layers 0..{asked.layer} of this model through transformers")
     with progress(f"running {config.architecture} through transformers, layers 0 to {asked.layer}"):
         run = truncated.run(folder, encoded.ids, config.model_type, asked.layer)
-    result = _result(asked, folder, config, encoded, run, f"layers 0..{asked.layer}")
+    result = layer_result(asked, folder, config, encoded, run, f"layers 0..{asked.layer}")
     save_result(result)
     return result
 
 
 def _check_head(asked: HeadOptions, config: Config) -> None:
-    """--head against config.json's number of heads, before layers 0..L run (`_result` checks it again against the
+    """--head against config.json's number of heads, before layers 0..L run (`layer_result` checks it again against the
     heads that ran); a count that is not one number (a list per layer) is left to that check."""
     from attnscope.models.family import check_position
 
@@ -55,7 +55,7 @@ def _check_head(asked: HeadOptions, config: Config) -> None:
         check_position(asked.layer + 1, n_head, asked.layer, asked.head)  # the layer is checked when they run
 
 
-def _result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, run: TransformersRun,
+def layer_result(asked: HeadOptions, folder: Path, config: Config, encoded: Encoded, run: TransformersRun,
             ran: str) -> HeadResult:
     """Layer L's run as `head --text` shows it: every head's pattern, and where the interface was called the
     layer's recorded steps and head h's."""
@@ -150,7 +150,7 @@ def _every_layer_or_decode(asked: HeadOptions, folder: Path, config: Config, enc
                                           asked.generate, asked.all_layers)
         except UsageError as exc:
             raise UsageError(exc.worded({"generate": "--generate"}), *exc.params) from None
-    result = _result(asked, folder, config, encoded, stream.run, "every layer")
+    result = layer_result(asked, folder, config, encoded, stream.run, "every layer")
     result.notes.extend(stream.notes)
     if stream.patterns is not None:
         result.layer_patterns = stream.patterns

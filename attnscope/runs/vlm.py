@@ -162,7 +162,7 @@ def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens:
     from attnscope.models.tokenizer import Encoded
     from attnscope.models.vision import vlm_generate, vlm_run
     from attnscope.runs import beyond_layer as layers
-    from attnscope.runs.interface import _result
+    from attnscope.runs.interface import layer_result
 
     if asked.generate:
         run, patterns, steps = vlm_generate.through_interface(folder, config, tokens, asked.layer, asked.generate,
@@ -171,7 +171,7 @@ def _through_interface(asked: HeadOptions, folder: Path, config: Config, tokens:
         (run, patterns), steps = vlm_run.interface(folder, config, tokens, asked.layer, every=asked.all_layers), []
     encoded = Encoded(tokens.ids, tokens.labels, [0] * len(tokens.ids), tokens.processor, _texts(folder, tokens))
     ran = "every layer" if asked.all_layers else f"layers 0..{asked.layer}"
-    result = _result(asked, folder, config, encoded, run, f"the vision tower and {ran}")
+    result = layer_result(asked, folder, config, encoded, run, f"the vision tower and {ran}")
     how = "its attention is traced through transformers' attention interface from Q, K, V after RoPE"
     if run.recorded is not None and UNCHECKED not in run.recorded.layer.notes:  # nopage/interface_check.py's check
         how += (f", and layer {asked.layer}'s module output checked against its own eager run"

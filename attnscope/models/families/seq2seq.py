@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
 from attnscope.models import layout
-from attnscope.models.family import Family, Slice, _layer_of
+from attnscope.models.family import Family, Slice, layer_of
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
@@ -226,6 +226,6 @@ class EncoderDecoder(Family):
                            ("decoder", layer if self.kind != "encoder" else -1)):
             stem = f"{self.prefix}{self.stacks[side].layers}."
             needed += [k for k in self.checkpoint.keys if k.startswith(stem) and (
-                _layer_of(k[len(stem):]) == layer and side == own if only else _layer_of(k[len(stem):]) <= last)]
+                layer_of(k[len(stem):]) == layer and side == own if only else layer_of(k[len(stem):]) <= last)]
         return memory.held(self.checkpoint, needed)
 

@@ -117,7 +117,7 @@ def long_head(model: Family, ids: list[int], type_ids: list[int], layer: int, he
             blocks = Blocks(n, n, rows, one.spec.align is not None, repeats or ids)
             for a in range(0, n, BLOCK_ROWS):
                 blocks.add(_block(one, a, min(n, a + BLOCK_ROWS)), a)  # [b - a, keys its rows may see] float64
-        layer_trace = _shapes(model, layer, X, made)
+        layer_trace = layer_shapes(model, layer, X, made)
     return blocks.head(layer_trace, module.spec)
 
 
@@ -146,7 +146,7 @@ def _pool_into(sums: torch.Tensor, block: torch.Tensor, a: int, r: int, c: int) 
     sums[:, : by_keys.shape[1]].index_add_(0, groups, by_keys)
 
 
-def _shapes(model: Family, layer: int, X: torch.Tensor, made: str) -> Trace:
+def layer_shapes(model: Family, layer: int, X: torch.Tensor, made: str) -> Trace:
     """Layer L's steps run on the meta device: every shape, byte and FLOP, no number held."""
     from attnscope.models.forward.run import layer_trace
     from attnscope.tensors.metadevice import shapes_only

@@ -115,7 +115,7 @@ def _heads(module: MultiHeadAttention, X: torch.Tensor, keys: torch.Tensor) -> t
     from attnscope.trace import discard
 
     Q, K, V, _ = module._heads(discard, X, keys, keys, None, module.spec)
-    return Q, K, V, module._sdpa_spec(module.spec)
+    return Q, K, V, module.sdpa_spec(module.spec)
 
 
 def _attend(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, spec: AttentionSpec, a: int, b: int,

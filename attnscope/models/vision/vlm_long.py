@@ -61,7 +61,7 @@ def _gemma3(model: Gemma3Image, tokens: ImageTokens, layer: int, head: int,
             trace = sdpa(one.Q[..., a:b, :], one.K, one.V, mask[None, None], spec=one.spec.rows_from(a),
                          sinks=one.sinks)
             blocks.add(trace["attention"][0, 0].to(torch.float64), a)  # [b - a, n_tokens]
-        layer_trace = long._shapes(model, layer, X, made)  # the steps as shapes, on the meta device
+        layer_trace = long.layer_shapes(model, layer, X, made)  # the steps as shapes, on the meta device
     return blocks.head(layer_trace, model.attention_spec(layer))
 
 
