@@ -166,16 +166,23 @@ def test_memory_guard_counts_what_a_streamed_run_holds(models, monkeypatch):
     assert whole - streamed == 4 * 1000 * 1000 * cells
 
 
-@pytest.mark.parametrize("layer", [0, 1])
-def test_layers_read_by_blocks_of_rows(models, runner, monkeypatch, layer):
+@pytest.mark.parametrize(("layer", "long"), [(0, False), (1, False), (1, True)])
+def test_layers_read_by_blocks_of_rows(models, runner, monkeypatch, layer, long):
     """The layers other than L run unrecorded in eager's blocks of query rows (attention/rows.py), each block's
     pattern read as it is made (layerdigest.RowsRead), here three rows a block: kinds and the terminal as the
     whole path's, the statistics within float32's rounding of them (a block's `attention @ V` sums fewer keys,
     so the layers after it move by about 1e-7), thumbnails and rollouts within 2e-5 of transformers' eager
-    output_attentions."""
+    output_attentions. `long`: as a text past weight_threads.SHORT runs, the layers read on a thread of their own
+    (layerdigest.Behind) and the small operations on one thread (tensors/size_threads.py)."""
     from attnscope.attention import rows
+    from attnscope.tensors import weight_threads
 
     path, reference, _ = models("gguf")
+    if long:
+        monkeypatch.setattr(weight_threads, "SHORT", 0)
+        behind = layerdigest.EveryLayer.behind
+        started = []
+        monkeypatch.setattr(layerdigest.EveryLayer, "behind", lambda self: started.append(1) or behind(self))
     monkeypatch.setattr(rows, "BLOCK_BYTES", 4 * 4 * 64 * 3)  # 4 heads, float32, at most 64 keys: 3 rows or more
     read = []
     by_rows = layerdigest.EveryLayer.by_rows
@@ -183,6 +190,7 @@ def test_layers_read_by_blocks_of_rows(models, runner, monkeypatch, layer):
     whole = _run(path, monkeypatch, streamed=False, layer=layer)
     streamed = _run(path, monkeypatch, streamed=True, cells=1500, layer=layer)
     assert read == [1 - layer]  # the layer that is not L went by rows
+    assert len(started) == 1 if long else True  # the streamed run read its layers behind
     with torch.no_grad():
         eager = reference(torch.tensor([whole.encoded.ids]), output_attentions=True).attentions
     from attnscope.views.pooling import THUMB_COLS, THUMB_ROWS, group_size, pool

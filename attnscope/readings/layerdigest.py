@@ -20,7 +20,7 @@ compares them with the whole path's and with transformers' eager output_attentio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,15 +90,31 @@ class EveryLayer:
         self.chains, self.n_layer = LastRows(len(col_labels), n_layer), n_layer
         self.weighted = True  # every layer so far had its value norms: the value-weighted rollout is known
         self.groups: Tensor | None = None  # [n_K, ceil(n_K / cols)]: the thumbnail's key groups, 0/1 (`_keyed`)
+        self.worker: Behind | None = None  # the thread that reads the layers, where asked (`behind`)
 
     def add(self, index: int, attention: Tensor, norms: Tensor | None, sink: Tensor | None) -> None:
         """Layer `index`'s patterns `[n_head, n, n]`, value norms `[n_head, n]` and learned sinks' weights
         `[n_head, n]` (None where it has none), read in one pass of row blocks."""
-        from attnscope.tensors.threads import one_thread
 
         self.weighted &= norms is not None
-        with one_thread():  # some forty small ops a block, each waiting for both threads on a busy machine
-            self.layers.append(self._read(index, attention.detach(), norms, sink))
+        self.later(lambda: self.layers.append(self._read(index, attention.detach(), norms, sink)))
+
+    def later(self, work: Callable[[], None]) -> None:
+        """Run `work` on one thread (some forty small ops a block, each waiting for both threads on a busy
+        machine): behind the caller on a thread of its own when `behind()` was asked (in order), else now."""
+        from attnscope.tensors.threads import one_thread
+
+        if self.worker is not None:
+            self.worker.put(work)
+            return
+        with one_thread():
+            work()
+
+    def behind(self) -> Behind:
+        """Read the layers on a thread of their own from now on, while the caller runs the next layer (the two
+        cores of a quiet machine each take one); `close()` the result to wait for the last."""
+        self.worker = Behind()
+        return self.worker
 
     def _read(self, index: int, A: Tensor, norms: Tensor | None, sink: Tensor | None) -> StreamedHeads:
         n_head, n_Q, n_K = A.shape
@@ -258,33 +274,83 @@ class RowsRead:
         self.owner, self.index, self.n_head, self.n, self.W_O = owner, index, n_head, n, W_O
         self.norms: Tensor | None = None
         self.layer: LayerReads | None = None
+        self.started = False
 
     def __call__(self, first: int, lo: int, hi: int, pattern: Tensor, V: Tensor) -> None:
-        import torch
-
         from attnscope.readings.moved import value_norms
         from attnscope.tensors.threads import one_thread
 
         assert lo == 0 and hi >= first + pattern.shape[-2], "a causal layer's rows read from key 0"
-        with one_thread():  # as EveryLayer.add
-            if self.layer is None:
-                if self.W_O is not None:
+        if not self.started:  # the value norms now: the caller reads them once the layer has run
+            self.started = True
+            if self.W_O is not None:
+                with one_thread():  # as value_norms' own products
                     self.norms = value_norms(V[0], self.W_O)  # [n_head, n]
-                self.owner.weighted &= self.norms is not None
-                self.layer = LayerReads(self.owner, self.index, (self.n_head, self.n, self.n),
-                                        torch.ones(self.n_head, dtype=torch.bool), self.norms, None)
-            A = pattern[0].detach()  # [n_head, n_rows, hi]
-            step = max(1, BLOCK_CELLS // max(1, self.n_head * self.n))
-            for f in range(0, A.shape[1], step):
-                self.layer.rows(first + f, A[:, f: f + step])
+            self.owner.weighted &= self.norms is not None
+        self.owner.later(lambda: self._rows(first, pattern[0].detach()))
+
+    def _rows(self, first: int, A: Tensor) -> None:
+        """Rows first.. of the pattern, `[n_head, n_rows, keys]`, in pieces of BLOCK_CELLS."""
+        import torch
+
+        if self.layer is None:
+            self.layer = LayerReads(self.owner, self.index, (self.n_head, self.n, self.n),
+                                    torch.ones(self.n_head, dtype=torch.bool), self.norms, None)
+        step = max(1, BLOCK_CELLS // max(1, self.n_head * self.n))
+        for f in range(0, A.shape[1], step):
+            self.layer.rows(first + f, A[:, f: f + step])
 
     def finish(self) -> None:
-        """The layer's heads, added to the owner's layers."""
-        from attnscope.tensors.threads import one_thread
+        """The layer's heads, added to the owner's layers (once its blocks are read)."""
+        assert self.started, "the layer ran no attention by rows"
 
-        assert self.layer is not None, "the layer ran no attention by rows"
-        with one_thread():
+        def done() -> None:
+            assert self.layer is not None
             self.owner.layers.append(self.layer.finish())
+
+        self.owner.later(done)
+
+
+class Behind:
+    """A thread that runs the work `put` to it in order, on one torch thread, while the caller goes on: at most
+    QUEUED pieces wait (each a layer's pattern or a block of it, so what waits stays a few of those); `close`
+    waits for the last and raises what any raised."""
+
+    QUEUED = 4
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self.queue: queue.Queue[Callable[[], None] | None] = queue.Queue(self.QUEUED)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="attnscope-readings", daemon=True)
+        self.thread.start()
+
+    def put(self, work: Callable[[], None]) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(work)
+
+    def _run(self) -> None:
+        import torch
+
+        torch.get_num_threads()  # this thread's count made (from the process's) before it is set:
+        torch.set_num_threads(1)  # OpenMP's count is a thread's own, so the caller's stays as it is
+        while (work := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    with torch.no_grad():
+                        work()
+                except BaseException as error:  # handed to the caller at its next put or close
+                    self.error = error
+
+    def close(self) -> None:
+        """Wait for every piece put; raise the first error one raised."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 class Gathered:

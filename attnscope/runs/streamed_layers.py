@@ -55,12 +55,18 @@ def run_streamed(model: Family, result: HeadResult, progress: Progress) -> None:
     digest = EveryLayer(rows, cols, result.key_ids(),
                         (group_size(len(rows), THUMB_ROWS), group_size(len(cols), THUMB_COLS)), model.n_layer)
     n = len(encoded.ids)
-    # a long text's small operations on one thread (a short one's are, in every_layer: weights_on_all_threads)
-    with (progress(f"running all {model.n_layer} layers on {n:,} tokens", total=model.n_layer) as tick,
-          small_ops_on_one_thread(n > SHORT)):
-        every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head, progress=tick,
-                                   reader=digest.add, by_rows=lambda index, module: digest.by_rows(
-                                       index, module.n_head, n, module.W_o.weight))
+    # a long text's small operations on one thread (a short one's are, in every_layer: weights_on_all_threads),
+    # each layer read on a thread of its own while the next one runs
+    behind = digest.behind() if n > SHORT else None
+    try:
+        with (progress(f"running all {model.n_layer} layers on {n:,} tokens", total=model.n_layer) as tick,
+              small_ops_on_one_thread(n > SHORT)):
+            every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head,
+                                       progress=tick, reader=digest.add, by_rows=lambda index, module: digest.by_rows(
+                                           index, module.n_head, n, module.W_o.weight))
+    finally:
+        if behind is not None:
+            behind.close()
     result.run = every.run
     result.layer_norms, result.layer_sinks = every.value_norms, every.sink_weights
     result.layer_numbers = list(range(len(digest.layers)))
