@@ -221,3 +221,72 @@ def test_bare_causal_in_a_decode_step_reports_lower_right(runner):
     result, out = trace(runner, f"{LLAMA}:Attention", "--init", "dim=64, n_heads=4, n_kv_heads=2", "--rope",
                         "--causal")
     assert out["params"]["causal"] == "upper-left"
+
+
+# --- further styles: GPT-2's Conv1D, HF 4.x, Megatron's baddbmm core, a 'bqhd' function, fairseq's cross-attention ---
+
+def test_gpt2_conv1d_addmm(runner):
+    out = _clean(runner, "GPT2Attention", "--causal")
+    assert "q=c_attn.weight" in out["reference"], out["reference"]
+
+
+@pytest.mark.parametrize(("bug", "entry"), [("merge", "heads.merge_without_transpose"), ("no_scale", "scale.none"),
+                                            ("off_by_one", "mask.off_by_one"), ("kv_swap", "kv.swapped")])
+def test_gpt2_conv1d_bugs_named(runner, bug, entry):
+    _named(runner, "GPT2Attention", bug, entry, "--causal")
+
+
+def test_hf4_tuple_and_mask_after(runner):
+    _clean(runner, "HF4Attention", "--causal")
+    _named(runner, "HF4Attention", "mask_after", "mask.after_softmax", "--causal")
+    _named(runner, "HF4Attention", "tiled", "gqa.tiled", "--causal")
+
+
+def test_megatron_baddbmm_core(runner):
+    out = _clean(runner, "MegatronCore", "--causal")
+    _time_first(out)
+    assert out["params"]["sizes"]["n_head"] == 4
+    assert any("[n_batch·n_head, n_Q, d_head]" in note for note in out["notes"]), out["notes"]
+    _named(runner, "MegatronCore", "no_scale", "scale.none", "--causal")
+    _named(runner, "MegatronCore", "axis", "softmax.axis", "--causal")
+
+
+def test_function_heads_behind_the_tokens(runner):
+    result, out = trace(runner, f"{STYLES}:dot_product_attention", "--causal", "--heads", "4")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert out["first_divergence"] is None, out["first_divergence"]
+    assert any("runs on [n_batch, n, n_head, d]" in note for note in out["notes"]), out["notes"]
+
+
+@pytest.mark.parametrize("args", [(), ("--mask", "PAD", "--batch", "2", "--nq", "5", "--nk", "7")])
+def test_fairseq_cross_attention(runner, tmp_path, args):
+    args = tuple(_padding(tmp_path) if a == "PAD" else a for a in args)
+    _time_first(_clean(runner, "FairseqCross", *args))
+    _named(runner, "FairseqCross", "values_from_keys", "kv.values_from_keys", *args)
+    _named(runner, "FairseqCross", "axis", "softmax.axis", *args)
+
+
+def test_further_styles_against_sdpa():
+    styles = user_module(STYLES)
+    gpt2, megatron, cross = _moved(styles.GPT2Attention()), _moved(styles.MegatronCore()), _moved(styles.FairseqCross())
+    with torch.no_grad():
+        x = torch.randn(2, 7, 32)
+        q, k, v = (x @ gpt2.c_attn.weight + gpt2.c_attn.bias).split(32, dim=-1)
+        q, k, v = (t.reshape(2, 7, 4, 8).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 7, 32)
+        torch.testing.assert_close(gpt2(x)[0], y @ gpt2.c_proj.weight + gpt2.c_proj.bias, atol=1e-5, rtol=1e-5)
+        h = torch.randn(7, 2, 32)  # [s, b, h]
+        mixed = megatron.query_key_value(h.transpose(0, 1)).reshape(2, 7, 4, 3, 8)  # per head [q | k | v]
+        q, k, v = (mixed[..., i, :].transpose(1, 2) for i in range(3))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 7, 32)
+        masked = ~torch.ones(7, 7, dtype=torch.bool).tril()
+        torch.testing.assert_close(megatron(h, masked), megatron.dense(y).transpose(0, 1), atol=1e-5, rtol=1e-5)
+        q_in, kv_in = torch.randn(5, 2, 32), torch.randn(9, 2, 32)
+        q = cross.q_proj(q_in.transpose(0, 1)).reshape(2, 5, 4, 8).transpose(1, 2)
+        k, v = (p(kv_in.transpose(0, 1)).reshape(2, 9, 4, 8).transpose(1, 2) for p in (cross.k_proj, cross.v_proj))
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 5, 32)
+        torch.testing.assert_close(cross(q_in, kv_in, kv_in), cross.out_proj(y).transpose(0, 1), atol=1e-5,
+                                   rtol=1e-5)
+        b = torch.randn(2, 6, 4, 10)  # [B, T, H, D]
+        y = F.scaled_dot_product_attention(*(b.transpose(1, 2),) * 3).transpose(1, 2)
+        torch.testing.assert_close(styles.dot_product_attention(b, b, b), y, atol=1e-5, rtol=1e-5)

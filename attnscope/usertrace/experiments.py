@@ -53,7 +53,8 @@ class Experiment:
 
 # The steps a group's mistakes change first (the earliest the reference holds); one before them they leave alone.
 FIRST = {"scale": ("scores",), "softmax": ("attention",), "mask": ("masked_scores",),
-         "keys and values": ("K_rot", "K_split", "K", "V_split", "V", "scores"), "cache": ("K_cat", "V_cat"),
+         "keys and values": ("K_feat", "V_feat", "K_rot", "K_split", "K", "V_split", "V", "scores"),
+         "cache": ("K_cat", "V_cat"),
          "grouped-query": ("K_rep", "V_rep", "scores"), "RoPE": ("Q_split", "K_split", "Q_rot", "K_rot", "scores"),
          "ALiBi": ("biased_scores",), "T5 bias": ("biased_scores",), "precision": ("scores",),
          "dropout": ("attention",), "heads": ("Q_split", "K_split", "V_split", "x_rsh2")}
@@ -335,7 +336,10 @@ def _swapped(b: Base) -> Iterator[Trial]:
         return
     words = ("keys and values swapped: {who} is what the reference computes with K in V's place and V in K's "
              "(the scores read the values, the pattern multiplies the keys)")
-    yield Trial(replay(b, k_new=b.v_new, v_new=b.k_new), words)
+    steps = replay(b, k_new=b.v_new, v_new=b.k_new)
+    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
+        steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]  # `k, v = self.v_proj(x), self.k_proj(x)`
+    yield Trial(steps, words)
     if b.cache is not None:  # swapped after the cache was joined: the cached keys and values swapped too
         yield Trial(replay(b, k_new=b.v_new, v_new=b.k_new, swap_cache=True), words + ", after the cache was joined "
                     "(the cached ones swapped as well)")
@@ -351,7 +355,10 @@ def _values_from_keys(b: Base) -> Iterator[Trial]:
         return
     words = ("the values are the keys: {who} is what the reference computes with V = K{how}, as though the value "
              "projection were the key one (`v = k`, or `self.k_proj(x)` twice)")
-    yield Trial(replay(b, v_new=b.k_new), words.replace("{how}", ""))
+    steps = replay(b, v_new=b.k_new)
+    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
+        steps["V_feat"] = b.ref["K_feat"]  # `v = self.k_proj(x)`: the values' projection is the keys' already
+    yield Trial(steps, words.replace("{how}", ""))
     # the keys as code that splits the scale between q and k holds them (Whisper's k · d_head^-0.25)
     yield Trial(replay(b, v_new=b.k_new * math.sqrt(b.scale)), words.replace(
         "{how}", f" scaled as your keys are, K · √scale = K · {math.sqrt(b.scale):.4g} (the scale split between q "

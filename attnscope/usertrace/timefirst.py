@@ -43,8 +43,10 @@ def possible(o: InputOptions, inputs: Inputs) -> bool:
 
 def early(lined: LineUp) -> bool:
     """Whether the batch-first run diverged where time-first code fed batch-first would: at the scores or before
-    (after them, the tokens were already the code's tokens)."""
-    return lined.divergence is not None and lined.divergence.reference in BEFORE_MIXING
+    (after them, the tokens were already the code's tokens), with no experiment of the catalog reproducing the
+    code's tensors (one that does names a batch-first mistake)."""
+    return lined.divergence is not None and lined.divergence.reference in BEFORE_MIXING \
+        and lined.divergence.experiment is None
 
 
 def better(tried: LineUp, first: LineUp) -> bool:
