@@ -45,11 +45,11 @@ def check_head(result: HeadResult, folder: Path, model_type: str) -> list[Compar
         theirs = reference.get(layer)
         if theirs is None:
             raise UsageError(f"--check: transformers gives layer {layer} no attention weights to compare with")
-        comparisons.append(_compare(f"layer {layer}", mine, theirs))
+        comparisons.append(compare_attention(f"layer {layer}", mine, theirs))
     if result.long is not None and result.long.exact_rows is not None and result.long.rows is not None:
         first, end = result.long.rows
         theirs = reference[asked.layer][asked.head, first:end]  # [rows, n_tokens]
-        comparisons.append(_compare(f"layer {asked.layer} head {asked.head} rows {first}:{end}",
+        comparisons.append(compare_attention(f"layer {asked.layer} head {asked.head} rows {first}:{end}",
                                     result.long.exact_rows, theirs))
     if asked.layer in linear and result.run is not None:
         comparisons.extend(_linear(result, folder, model_type, ids))
@@ -114,13 +114,13 @@ def _decoded(result: HeadResult, folder: Path, model_type: str, ids: list[int],
     note = _cached_generate_note(result)
     theirs = (eager.decode_uncached if note else eager.decode)(folder, model_type, ids, len(result.decode))
     mine_ids = [step.token_id for step in result.decode]
-    same = _same_ids(mine_ids, theirs.ids, "uncached forward" if note else "generate")
+    same = same_ids(mine_ids, theirs.ids, "uncached forward" if note else "generate")
     comparisons = [replace(same, detail="; ".join(filter(None, [same.detail, note])))]
     for t, (step, rows) in enumerate(zip(result.decode, theirs.rows, strict=True)):
         if mine_ids[: t + 1] != theirs.ids[: t + 1] or linear:
             break  # past a different token the rows read different texts; a linear layer has no softmax row
         row = rows[layer]  # [n_head, keys transformers' cache holds]
-        comparisons.append(_compare(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
+        comparisons.append(compare_attention(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
     return comparisons
 
 
@@ -138,7 +138,7 @@ def _cached_generate_note(result: HeadResult) -> str | None:
         return note
 
 
-def _same_ids(mine: list[int], theirs: list[int], reference: str) -> Comparison:
+def same_ids(mine: list[int], theirs: list[int], reference: str) -> Comparison:
     """The run's new ids against transformers' (`reference`: how it decoded), token by token."""
     from attnscope.check.comparison import Comparison
 
@@ -148,7 +148,7 @@ def _same_ids(mine: list[int], theirs: list[int], reference: str) -> Comparison:
                       "" if agree else f"{same} of {len(mine)} tokens agree")
 
 
-def _compare(name: str, mine: torch.Tensor, theirs: torch.Tensor) -> Comparison:
+def compare_attention(name: str, mine: torch.Tensor, theirs: torch.Tensor) -> Comparison:
     from attnscope.check.comparison import compare
     return compare(name, "output_attentions", mine.float(), theirs.float())
 
@@ -191,13 +191,13 @@ def check_encdec(result: HeadResult, model: EncoderDecoder, source: list[int] | 
     reference = theirs.attentions[kind]
     comparisons = []
     for layer, mine in _patterns(result).items():
-        comparisons.append(_compare(f"{kind} layer {layer}", mine, reference[layer]))
+        comparisons.append(compare_attention(f"{kind} layer {layer}", mine, reference[layer]))
     if result.decode:
         mine_ids = [step.token_id for step in result.decode]
-        comparisons.append(_same_ids(mine_ids, theirs.ids, "greedy decoding"))
+        comparisons.append(same_ids(mine_ids, theirs.ids, "greedy decoding"))
         for t, (step, rows) in enumerate(zip(result.decode, theirs.rows, strict=True)):
             if mine_ids[:t] != theirs.ids[:t]:
                 break  # past a different token the rows read different texts
-            comparisons.append(_compare(f"step {t} {kind} layer {asked.layer}", step.attention,
+            comparisons.append(compare_attention(f"step {t} {kind} layer {asked.layer}", step.attention,
                                         rows[kind][asked.layer]))
     return comparisons

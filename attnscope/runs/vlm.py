@@ -254,17 +254,17 @@ def _check_decoded(result: HeadResult, folder: Path, config: Config, tokens: Ima
     """The new ids against transformers' eager `generate` on the same inputs, and each step's row of layer L
     (over the keys transformers' cache holds) while the ids agree, as runs/check_model.py does for a text."""
     from attnscope.models.vision.vlm_generate import eager_decode
-    from attnscope.runs.check_model import _compare, _same_ids
+    from attnscope.runs.check_model import compare_attention, same_ids
 
     steps, layer = result.decode or [], result.options.layer
     theirs = eager_decode(folder, config, tokens, len(steps))
     mine = [step.token_id for step in steps]
-    comparisons = [_same_ids(mine, theirs.ids, "generate")]
+    comparisons = [same_ids(mine, theirs.ids, "generate")]
     for t, (step, rows) in enumerate(zip(steps, theirs.rows, strict=True)):
         if mine[: t + 1] != theirs.ids[: t + 1]:
             break  # past a different token the rows read different texts
         row = rows[layer]  # [n_head, keys transformers' cache holds]
-        comparisons.append(_compare(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
+        comparisons.append(compare_attention(f"step {t} layer {layer}", step.attention[:, -row.shape[-1]:], row))
     return comparisons
 
 
