@@ -290,3 +290,18 @@ def test_further_styles_against_sdpa():
         b = torch.randn(2, 6, 4, 10)  # [B, T, H, D]
         y = F.scaled_dot_product_attention(*(b.transpose(1, 2),) * 3).transpose(1, 2)
         torch.testing.assert_close(styles.dot_product_attention(b, b, b), y, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("init", ["batch_first=False", "batch_first=True"])
+def test_padding_and_causal_rule_each_to_its_mask(runner, tmp_path, init):
+    """--causal with a padding file: key_padding_mask takes the padding, attn_mask the causal rule."""
+    out = _clean(runner, "WrappedBothMasks", "--init", init, "--causal", "--mask", _padding(tmp_path), "--batch", "2",
+                 "--nq", "7")
+    assert any(note.startswith("attn_mask: given the causal rule [n_Q, n_K]") for note in out["notes"]), out["notes"]
+    assert not any(note.startswith("attn_mask = None") for note in out["notes"]), out["notes"]
+
+
+def test_fairseq_padding_beside_the_causal_rule(runner, tmp_path):
+    args = ("--causal", "--mask", _padding(tmp_path), "--batch", "2", "--nq", "7")
+    _time_first(_clean(runner, "FairseqStyle", *args))
+    _named(runner, "FairseqStyle", "axis", "softmax.axis", *args)

@@ -381,3 +381,13 @@ class FairseqCross(nn.Module):
         w = F.softmax(w, dim=-1 if self.bug != "axis" else -2)
         o = torch.bmm(w, v).transpose(0, 1).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(o)
+
+
+# nn.MultiheadAttention taking both masks: key padding [B, S] and the causal rule [T, S]
+class WrappedBothMasks(nn.Module):
+    def __init__(self, embed_dim=32, num_heads=4, batch_first=False):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(embed_dim, num_heads, batch_first=batch_first)
+
+    def forward(self, x, key_padding_mask=None, attn_mask=None):
+        return self.mha(x, x, x, key_padding_mask=key_padding_mask, attn_mask=attn_mask, need_weights=False)[0]

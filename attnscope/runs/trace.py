@@ -395,9 +395,51 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
                 called = call(target, fn, plan, inputs, module, o.max_memory,
                               masking.written(form, read.kind, dtype, read.line), fed)
             break
+    if keys_only and plan.other_masks and (o.causal or o.window) and called.failure is None:
+        # the mask parameter takes key padding only (nn.MultiheadAttention's key_padding_mask): the causal or window
+        # rule goes to another one (its attn_mask [n_Q, n_K]), in the convention that one reads
+        called = _rule_beside(o, target, fn, plan, inputs, module, fed, called)
     if keys_only:  # key padding holds no causal or window rule that could hide the code's own
         return called, convention
     return _own_mask(o, target, fn, plan, inputs, module, fed, called, convention), convention
+
+
+def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
+                 called: Called) -> Called:
+    """The code called again with the causal or window rule, `[n_Q, n_K]`, given to the first other mask parameter
+    it runs with, beside the key padding `plan.mask` takes (the reference's mask holds both); `called` where none
+    runs."""
+    import torch
+
+    from attnscope import masks
+    from attnscope.spec import AttentionSpec
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+
+    rule, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache, window_side=o.window_side),
+                               inputs.sizes["n_Q"], inputs.sizes["n_K"])
+    if rule is None:
+        return called
+    dtype = next(iter(inputs.tensors.values())).dtype
+    for other in plan.other_masks:
+        beside = dataclasses.replace(plan, nones=[n for n in plan.nones if n != other])
+        kind, read = "attend", None
+        for _ in range(2):  # as a boolean True = may attend, then as the code reads it
+            given = masking.written(rule, kind, dtype, read.line if read is not None else None)
+            more = dataclasses.replace(fed, values={**fed.values, other: given},
+                                       labels={**fed.labels, id(given): other})
+            torch.manual_seed(o.seed)
+            tried = call(target, fn, beside, inputs, module, o.max_memory, called.mask_given, more)
+            if tried.failure is not None:
+                break
+            read = masking.detect(tried.records, None, other)
+            if read.kind == kind or read.line is None:
+                inputs.notes.append(f"{other}: given the {'causal' if o.causal else 'window'} rule [n_Q, n_K] beside "
+                                    f"the key padding {plan.mask} takes, {masking.WORDS[kind]}")
+                inputs.also_masked.append(other)
+                return tried
+            kind = read.kind
+    return called
 
 
 def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,

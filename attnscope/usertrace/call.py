@@ -28,6 +28,7 @@ class Called:
     failure: Failure | None
     source: str | None  # the user's traceback line, `File "x.py", line 9, in forward: ...`
     result: Any
+    mask_given: Any = None  # what the mask parameter was given, in the convention the code reads
 
 
 def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_memory: int | None = None,
@@ -75,7 +76,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     recorder.finish(result)
     for record in recorder.records:
         record.details["op"] = recorder.op_text(record)
-    return Called(recorder.records, failure, source, result)
+    return Called(recorder.records, failure, source, result, mask)
 
 
 def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple[list[Any], dict[str, Any]]:

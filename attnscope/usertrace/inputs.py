@@ -193,6 +193,7 @@ class Inputs:
     cache: tuple[torch.Tensor, torch.Tensor] | None = None  # K_cache, V_cache [n_batch, n_kv_head, n_cache, d_head]
     extra_names: dict[str, int] = field(default_factory=dict)
     layout: str = "row"
+    also_masked: list[str] = field(default_factory=list)  # mask parameters given a rule beside `mask`'s (not None)
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The inputs as the reference reads them: [n_batch, n, d] (time-first ones [n, n_batch, d] transposed)."""
@@ -448,7 +449,8 @@ def plan_notes(plan: Plan, inputs: Inputs) -> list[str]:
                          f"{'|'.join(names)}; sizes that differ tell them apart")
     if plan.mask and inputs.allowed is None:
         notes.append(f"{plan.mask} = None (give --causal, --window or --mask FILE to pass a mask)")
-    nones, zeros = [n for n in plan.nones if n not in plan.given], [n for n in plan.zeros if n not in plan.given]
+    nones = [n for n in plan.nones if n not in plan.given and n not in inputs.also_masked]
+    zeros = [n for n in plan.zeros if n not in plan.given]
     if nones:
         notes.append(f"{', '.join(nones)} = None")
     if zeros:
