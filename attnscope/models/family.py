@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from attnscope.errors import UsageError
-from attnscope.models import layout
+from attnscope.models.config import fix_advice
 from attnscope.words import counted
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Family(ABC):
         self.architecture = config.architecture
         # config.json's model_type: a page that reads a sub-config (Gemma 3's text_config) sets the file's own first
         self.model_type: str = vars(self).get("model_type", config.model_type)
-        self.prefix = layout.find_prefix(checkpoint, f"{self.layers}.0.{self.query}", self.prefixes, self.model_type)
+        self.prefix = find_prefix(checkpoint, f"{self.layers}.0.{self.query}", self.prefixes, self.model_type)
 
     # --- the protocol: each family writes these --------------------------------------------------------
 
@@ -212,6 +212,44 @@ class Family(ABC):
         import math
 
         return math.prod(self.checkpoint.shape(key))
+
+
+def find_prefix(checkpoint: Checkpoint, wanted: str, prefixes: tuple[str, ...], model_type: str) -> str:
+    """Where layer 0's query weight `wanted` lies: "" for a base model, "model." / "bert." / "transformer." for
+    task models that wrap it (the page's `prefixes` first, then any key that ends in it)."""
+    for prefix in prefixes:
+        if f"{prefix}{wanted}" in checkpoint:
+            return prefix
+    found = next((k for k in checkpoint.keys if k.endswith(wanted)), None)
+    if found is None:
+        raise UsageError(f"{checkpoint.source}: no {wanted}; this checkpoint is not laid out as "
+                         f"{model_type}'s (model_type in config.json: '{model_type}')")
+    return found.removesuffix(wanted)
+
+
+def encoder_sizes(config: Config) -> tuple[int, int, int, int]:
+    """An encoder's (n_layer, n_head, d_model, d_head): `num_hidden_layers`, `num_attention_heads` (each head its
+    own keys and values) and `hidden_size`, whose quotient d_head must be whole."""
+    n_layer = config.integer("num_hidden_layers")
+    n_head = config.integer("num_attention_heads")
+    d_model = config.integer("hidden_size")
+    if d_model % n_head:
+        raise UsageError(f"{config.path}: hidden_size {d_model} is not divisible by num_attention_heads "
+                         f"{n_head}; {fix_advice(config.path)}")
+    return n_layer, n_head, d_model, d_model // n_head
+
+
+def check_sizes(model: Family) -> None:
+    """After a page read its sizes: heads that divide, and every layer in the checkpoint."""
+    path, checkpoint = model.config.path, model.checkpoint
+    if model.n_head % model.n_kv_head:
+        raise UsageError(f"{path}: {model.n_head} attention heads are not a multiple of "
+                         f"{model.n_kv_head} key/value heads; {fix_advice(path)}")
+    last = model.key(model.n_layer - 1, model.query)
+    if last not in checkpoint:
+        present = sum(1 for layer in range(model.n_layer) if model.key(layer, model.query) in checkpoint)
+        raise UsageError(f"{path} says {model.n_layer} layers but {checkpoint.source.name} holds "
+                         f"{present} ({last} is missing); config.json does not describe these weights")
 
 
 def check_position(n_layer: int, n_head: int, layer: int, head: int, kind: str | None = None) -> None:

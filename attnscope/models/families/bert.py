@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks, layout
-from attnscope.models.family import Family, Slice, check_length
+from attnscope.models import blocks
+from attnscope.models.family import Family, Slice, check_length, check_sizes, encoder_sizes
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
@@ -48,10 +48,10 @@ class Bert(Family):
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         super().__init__(folder, config, checkpoint)
-        self.n_layer, self.n_head, self.d_model, self.d_head = layout.encoder_sizes(config)
+        self.n_layer, self.n_head, self.d_model, self.d_head = encoder_sizes(config)
         self.n_kv_head = self.n_head
         self.max_tokens = config.integer("max_position_embeddings", default=512)
-        layout.check_sizes(self)
+        check_sizes(self)
 
     # --- where head h lives ---------------------------------------------------------------------------------
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks, layout, lm_head
-from attnscope.models.family import Family, Slice
+from attnscope.models import blocks, lm_head
+from attnscope.models.family import Family, Slice, check_sizes
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Bloom(Family):
             raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by the {self.n_head} "
                              "attention heads; fix config.json")
         self.d_head = self.d_model // self.n_head
-        layout.check_sizes(self)
+        check_sizes(self)
 
     def kv_heads(self) -> int:
         """BLOOM's heads each have their own key and value."""

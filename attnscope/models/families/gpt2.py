@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks, layout, lm_head
-from attnscope.models.family import Family, Slice, check_length
+from attnscope.models import blocks, lm_head
+from attnscope.models.family import Family, Slice, check_length, check_sizes
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class Gpt2(Family):
                              "fix config.json")
         self.d_head = self.d_model // self.n_head
         self.max_tokens = config.integer("n_positions", "max_position_embeddings", default=1024)
-        layout.check_sizes(self)
+        check_sizes(self)
 
     # --- where head h lives ---------------------------------------------------------------------------------
 

@@ -23,8 +23,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks, layout, lm_head
-from attnscope.models.family import Family, Slice
+from attnscope.models import blocks, lm_head
+from attnscope.models.family import Family, Slice, check_sizes
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
@@ -67,7 +67,7 @@ class Llama(Family):
             raise UsageError(f"{config.path}: hidden_size {self.d_model} is not divisible by num_attention_heads "
                              f"{self.n_head} and there is no head_dim; fix config.json")
         self.d_head = config.integer("head_dim", default=self.d_model // self.n_head)
-        layout.check_sizes(self)
+        check_sizes(self)
 
     # --- where head h lives ---------------------------------------------------------------------------------
 

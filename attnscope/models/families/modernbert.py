@@ -31,8 +31,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks, layout
-from attnscope.models.family import Family, Slice
+from attnscope.models import blocks
+from attnscope.models.family import Family, Slice, check_sizes, encoder_sizes
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -55,9 +55,9 @@ class ModernBert(Family):
 
     def __init__(self, folder: Path, config: Config, checkpoint: Checkpoint) -> None:
         super().__init__(folder, config, checkpoint)
-        self.n_layer, self.n_head, self.d_model, self.d_head = layout.encoder_sizes(config)
+        self.n_layer, self.n_head, self.d_model, self.d_head = encoder_sizes(config)
         self.n_kv_head = self.n_head
-        layout.check_sizes(self)
+        check_sizes(self)
 
     # --- where head h lives -------------------------------------------------------------------------------
 

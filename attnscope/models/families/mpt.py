@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.models import blocks, layout, lm_head
-from attnscope.models.family import Family, Slice, check_length
+from attnscope.models import blocks, lm_head
+from attnscope.models.family import Family, Slice, check_length, check_sizes
 from attnscope.spec import AttentionSpec
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Mpt(Family):
                              "fix config.json")
         self.d_head = self.d_model // self.n_head
         self.max_tokens = config.integer("max_seq_len", default=2048)
-        layout.check_sizes(self)
+        check_sizes(self)
 
     # --- where head h lives ---------------------------------------------------------------------------------
 

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnscope.errors import UsageError
-from attnscope.models import layout
-from attnscope.models.family import Family, Slice, layer_of
+from attnscope.models.family import Family, Slice, check_sizes, layer_of
 from attnscope.models.weights import linear_projections, linear_slices
 from attnscope.spec import AttentionSpec
 
@@ -94,7 +93,7 @@ class EncoderDecoder(Family):
     def finish_sizes(self) -> None:
         """After a subclass read `sizes` and `d_model`, `d_head`: the encoder's view, every layer checked."""
         for kind in ("encoder", "decoder"):
-            layout.check_sizes(self.for_kind(kind))
+            check_sizes(self.for_kind(kind))
         self.n_layer, self.n_head = self.sizes["encoder"]
         self.n_kv_head = self.n_head
         self.extra_cells = EXTRA_CELLS * self.n_head
