@@ -173,7 +173,7 @@ def test_layers_read_by_blocks_of_rows(models, runner, monkeypatch, layer, long)
     whole path's, the statistics within float32's rounding of them (a block's `attention @ V` sums fewer keys,
     so the layers after it move by about 1e-7), thumbnails and rollouts within 2e-5 of transformers' eager
     output_attentions. `long`: as a text past weight_threads.SHORT runs, the layers read on a thread of their own
-    (layerdigest.Behind) and the small operations on one thread (tensors/size_threads.py)."""
+    (layerdigest.Behind) and the forward on one thread."""
     from attnscope.attention import rows
     from attnscope.tensors import weight_threads
 

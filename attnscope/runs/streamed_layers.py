@@ -45,7 +45,7 @@ def run_streamed(model: Family, result: HeadResult, progress: Progress) -> None:
     runs/beyond_layer.py's `layer_heads` gives them for the terminal), `layer_patterns` left None."""
     from attnscope.models.forward import stream
     from attnscope.readings.layerdigest import EveryLayer
-    from attnscope.tensors.size_threads import small_ops_on_one_thread
+    from attnscope.tensors.threads import one_thread
     from attnscope.tensors.weight_threads import SHORT
     from attnscope.views.pooling import THUMB_COLS, THUMB_ROWS, group_size
 
@@ -55,12 +55,12 @@ def run_streamed(model: Family, result: HeadResult, progress: Progress) -> None:
     digest = EveryLayer(rows, cols, result.key_ids(),
                         (group_size(len(rows), THUMB_ROWS), group_size(len(cols), THUMB_COLS)), model.n_layer)
     n = len(encoded.ids)
-    # a long text's small operations on one thread (a short one's are, in every_layer: weights_on_all_threads),
-    # each layer read on a thread of its own while the next one runs
+    # a long text's layers each read on a thread of their own while the next one runs on one thread: the two
+    # cores each take one (a short text's run in every_layer, its small operations on one thread, in turn)
     behind = digest.behind() if n > SHORT else None
     try:
         with (progress(f"running all {model.n_layer} layers on {n:,} tokens", total=model.n_layer) as tick,
-              small_ops_on_one_thread(n > SHORT)):
+              one_thread(behind is not None)):
             every = stream.every_layer(model, encoded.ids, encoded.type_ids, asked.layer, asked.head,
                                        progress=tick, reader=digest.add, by_rows=lambda index, module: digest.by_rows(
                                            index, module.n_head, n, module.W_o.weight))
