@@ -363,12 +363,12 @@ def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str) -> Tensor:
 
 def wide(product: Callable[..., Tensor], *args: Any) -> Tensor:
     """`product(*args)`, a product with weights (a Linear, `F.linear`), on the threads torch had where a short
-    text's forward runs the rest on one (tensors/weight_threads.py's `WIDE`): the sums split as they always did, so
-    every number stays the same."""
-    threads = weight_threads.WIDE
-    if threads is None:
+    text's forward runs the rest on one (tensors/weight_threads.py's hook in force, `HOOKS[-1]`): the sums split as
+    they always did, so every number stays the same."""
+    hooks = weight_threads.HOOKS
+    if not hooks:
         return product(*args)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(hooks[-1].threads)
     try:
         return product(*args)
     finally:

@@ -57,29 +57,25 @@ class _WeightsWide(TorchFunctionMode):
             torch.set_num_threads(1)
 
 
-WIDE: int | None = None  # inside weights_on_all_threads: the threads torch had, which the products with weights keep
-_hooks: list[_WeightsWide] = []  # the hooks in force, innermost last
+HOOKS: list[_WeightsWide] = []  # the hooks in force, innermost last: its `threads` are what products keep
 
 
 @contextmanager
 def weights_on_all_threads(n_tokens: int) -> Iterator[None]:
     """For a pass over `n_tokens` tokens (at most SHORT; longer passes are left as they are): one torch thread
-    inside the block but for the products with a matrix, which keep the threads torch had (`WIDE`); restored
-    after."""
-    global WIDE
+    inside the block but for the products with a matrix, which keep the threads torch had (the hook's `threads`,
+    `HOOKS[-1].threads`); restored after."""
     threads = torch.get_num_threads()
     if n_tokens > SHORT or threads == 1:
         yield
         return
-    hook, before = _WeightsWide(threads), WIDE
-    WIDE = threads
-    _hooks.append(hook)
+    hook = _WeightsWide(threads)
+    HOOKS.append(hook)
     try:
         with one_thread(), hook:
             yield
     finally:
-        WIDE = before
-        _hooks.pop()
+        HOOKS.remove(hook)  # this one, whatever order generators holding others end in
 
 
 @contextmanager
@@ -89,7 +85,7 @@ def unhooked() -> Iterator[None]:
     on the one thread without a Python call each; elsewhere nothing changes."""
     from torch.overrides import _get_current_function_mode
 
-    hook = _hooks[-1] if _hooks else None
+    hook = HOOKS[-1] if HOOKS else None
     if hook is None or _get_current_function_mode() is not hook:  # not ours on top: leave the stack as it is
         yield
         return
