@@ -305,3 +305,12 @@ def test_fairseq_padding_beside_the_causal_rule(runner, tmp_path):
     args = ("--causal", "--mask", _padding(tmp_path), "--batch", "2", "--nq", "7")
     _time_first(_clean(runner, "FairseqStyle", *args))
     _named(runner, "FairseqStyle", "axis", "softmax.axis", *args)
+    _named(runner, "FairseqStyle", "fill0", "mask.filled_with_0", *args)  # only the padding filled with 0
+
+
+def test_fairseq_padding_branch_runs_under_causal_alone(runner):
+    """--causal alone: attn_mask takes the rule, and key_padding_mask keys trace pads (the reference pads them too),
+    so that a mistake in the padding branch shows."""
+    out = _clean(runner, "FairseqStyle", "--causal")
+    assert any(note.startswith("key_padding_mask: keys ") and "padded by trace" in note for note in out["notes"])
+    _named(runner, "FairseqStyle", "fill0", "mask.filled_with_0", "--causal")

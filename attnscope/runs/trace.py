@@ -401,7 +401,8 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
         called = _rule_beside(o, target, fn, plan, inputs, module, fed, called)
     if keys_only:  # key padding holds no causal or window rule that could hide the code's own
         return called, convention
-    return _own_mask(o, target, fn, plan, inputs, module, fed, called, convention), convention
+    called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
+    return _padding_beside(o, target, fn, plan, inputs, module, fed, called), convention
 
 
 def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
@@ -439,6 +440,52 @@ def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: I
                 inputs.also_masked.append(other)
                 return tried
             kind = read.kind
+    return called
+
+
+def _padding_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
+                    called: Called) -> Called:
+    """Where the mask parameter took the rule (causal, a window) and the forward takes key padding as well
+    (fairseq's key_padding_mask beside its attn_mask), the padding parameter gets keys of trace's own padded
+    (masking.padded_keys), the reference's mask padding the same keys, so that its branch runs and is compared;
+    `called` where the code does not run so, or nothing could be padded."""
+    import torch
+
+    from attnscope import masks
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+
+    allowed = inputs.allowed
+    others = [m for m in plan.other_masks if "padding" in m.lower() and m not in inputs.also_masked]
+    if called.failure is not None or not others or allowed is None or allowed.dtype != torch.bool \
+            or o.mask or "n_batch" not in inputs.sizes:
+        return called
+    grid = allowed.reshape(-1, *allowed.shape[-2:])
+    if grid.shape[0] != 1:
+        return called
+    keys, padded, _ = masking.padded_keys(grid.expand(inputs.sizes["n_batch"], *grid.shape[1:]))
+    if padded is None:
+        return called
+    dtype = next(iter(inputs.tensors.values())).dtype
+    other = others[0]
+    beside = dataclasses.replace(plan, nones=[n for n in plan.nones if n != other])
+    kind, line = "attend", None
+    for _ in range(2):  # as a boolean True = may attend, then as the code reads it
+        given = masking.written(keys, kind, dtype, line)
+        more = dataclasses.replace(fed, values={**fed.values, other: given}, labels={**fed.labels, id(given): other})
+        torch.manual_seed(o.seed)
+        tried = call(target, fn, beside, inputs, module, o.max_memory, called.mask_given, more)
+        if tried.failure is not None:
+            return called
+        read = masking.detect(tried.records, None, other)
+        if read.kind == kind or read.line is None:
+            inputs.mask = masks.combine(inputs.mask, padded[:, None, None, :])
+            which = ", ".join(str(int(k)) for k in torch.nonzero(~padded[0]).flatten())
+            inputs.notes.append(f"{other}: keys {which} of the first sequence padded by trace, {masking.WORDS[kind]}, "
+                                f"so that your code's padding runs; the reference's mask pads the same keys")
+            inputs.also_masked.append(other)
+            return tried
+        kind, line = read.kind, read.line
     return called
 
 

@@ -195,6 +195,22 @@ def _zero(b: Base, multiplied: bool) -> Iterator[Trial]:
                  "and a score of 0 still gets weight e^0 = 1 in the softmax; fill with -inf (or "
                  "torch.finfo(dtype).min)")
     yield Trial(replay(b, mask="zero"), words, fits=lambda b, r: _by_mul(r) == multiplied)
+    allowed = b.allowed
+    if multiplied or allowed is None or allowed.dim() < 3 or allowed.shape[0] < 2 or "scores" not in b.ref:
+        return
+    # only the key padding filled with 0, the rule (causal, a window) masked with -inf: fairseq's key_padding_mask
+    # filled so beside its attn_mask. The padding is what one sequence masks that another allows.
+    rule = allowed.any(0, keepdim=True).expand_as(allowed)  # [n_batch, .., n_Q, n_K]
+    padded = (rule & ~allowed).any(-2, keepdim=True) & ~allowed.any(-2, keepdim=True)  # [.., 1, n_K]: keys padded
+    if not bool(padded.any()) or not bool((~rule).any()):
+        return
+    said = words.replace("masked_fill(~mask, 0)", "the padded keys' scores filled with 0 "
+                         "(masked_fill(key_padding_mask, 0)<after>; the rule's other cells masked with -inf)")
+    for cells, after in ((padded.expand_as(allowed), ", after the rule"), (padded & rule, ", before the rule")):
+        zeroed = torch.where(cells, -b.ref["scores"], 0.0)  # scores + this = 0 there
+        bias = zeroed if b.bias is None else b.bias + zeroed
+        yield Trial(replay(b, bias=bias, allowed=rule | cells), said.replace("<after>", after),
+                    fits=lambda b, r: not _by_mul(r))
 
 
 def _by_mul(r: Reproduced) -> bool:

@@ -190,7 +190,7 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     elif filed_keys is not None:  # the file's padding; the rule (causal, a window) is the code's own to apply
         keys, padded, said = filed_keys, None, ", the --mask file's (a causal or window rule is no key padding)"
     else:
-        keys, padded, said = _padded_keys(wide)
+        keys, padded, said = padded_keys(wide)
     out += [(keys, f"[n_batch, n_K] key padding{said}", padded),
             (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}", padded),
             (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}", padded)]
@@ -214,7 +214,7 @@ def file_padding(filed: torch.Tensor | None, n_batch: int, n_K: int) -> torch.Te
     return filed.reshape(first, n_K).expand(n_batch, n_K)
 
 
-def _padded_keys(wide: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+def padded_keys(wide: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     """Key padding [n_batch, n_K] for a rule that is none (causal, a window): keys of the first sequence padded, a
     third of them (at least one), those nearest the middle (seen by the most queries under a causal rule) that leave
     every query a key it may see (else nothing padded), so that code applying the padding along the queries, or
