@@ -197,10 +197,9 @@ def test_models_imports_only_what_lies_below_it() -> None:
 
 def test_the_stages_read_only_the_vocabulary() -> None:
     """attention/stages.py, the stages a page's attention method calls (docs/architecture.md), imports the top level,
-    variants/ and the thread count of its products (tensors/weight_threads.py), and of attention/ only what sdpa's
-    own inputs need (sink values, a position bias): a page and stages.py are the attention's whole text."""
+    variants/ and the thread count of its products (tensors/weight_threads.py), and of attention/ only the check of
+    sdpa's sink values (sinks.py): a page and stages.py are the attention's whole text."""
     top = {f"attnscope.{name}" for name in ("trace", "masks", "spec", "cost", "errors", "words")}
-    allowed = top | {"attnscope.tensors.weight_threads", "attnscope.attention.sinks",
-                     "attnscope.attention.position_bias"}
+    allowed = top | {"attnscope.tensors.weight_threads", "attnscope.attention.sinks"}
     stages = graph()["attnscope.attention.stages"]
     assert {t for t in stages if wing(t) != "variants"} <= allowed, stages

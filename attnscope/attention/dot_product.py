@@ -23,6 +23,7 @@ import torch
 
 from attnscope import cost, masks
 from attnscope.attention import sinks as sinks_
+from attnscope.attention.position_bias import add_position_bias
 from attnscope.attention.stages import (
     HALF,
     Names,
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
     from attnscope.variants.rope import Rope
     from attnscope.variants.temperature import TemperatureTuning
 
-__all__ = ["HALF", "HeadInputs", "Names", "dtype_name", "half_note", "leading_names", "sdpa", "sdpa_steps"]
+__all__ = ["HALF", "HeadInputs", "Names", "add_position_bias", "dtype_name", "half_note", "leading_names", "sdpa",
+           "sdpa_steps"]
 
 
 @dataclass(frozen=True)
@@ -267,7 +269,8 @@ def sdpa(
     # the mask is folded in once the scores are made, against their shape (stages.attend)
     built = masks.prepare(spec, n_Q, n_K, Q.device, mask)
     attend(trace, Q, K, V, built, replace(names, Q=q_name, K=k_name), n_group=inputs.n_group, sinks=sinks,
-           dropout_p=dropout_p, position_bias=position_bias, batch_dims=inputs.batch_dims, dtype=inputs.dtype)
+           dropout_p=dropout_p, position_bias=position_bias, bias_stage=add_position_bias,
+           batch_dims=inputs.batch_dims, dtype=inputs.dtype)
     return trace
 
 

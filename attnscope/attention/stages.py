@@ -166,14 +166,15 @@ def gqa_note(n_kv_head: int, n_group: int) -> str:
 
 def attend(rec: Trace, Q: Tensor, K: Tensor, V: Tensor, mask: Mask, names: Names, *, n_group: int = 1,
            sinks: Tensor | None = None, held: bool = False, dropout_p: float = 0.0,
-           position_bias: Tensor | None = None, batch_dims: tuple[str, ...] | None = None,
-           dtype: torch.dtype | None = None) -> Tensor:
+           position_bias: Tensor | None = None, bias_stage: Callable[..., tuple[Tensor, str]] | None = None,
+           batch_dims: tuple[str, ...] | None = None, dtype: torch.dtype | None = None) -> Tensor:
     """Steps `[K_rep, V_rep], scores, [capped_scores], [alibi_bias | position_bias, biased_scores], [masked_scores],
     [sinks], attention, [sink_weight]` and the output (`names.out`, `x_raw` on a module's heads), on per-head Q
     `[.., n_Q, d_K]`, K `[.., n_K, d_K]`, V `[.., n_K, d_V]` (already steps of `rec`, called `names`), with n_group
     query heads to a K/V head (repeated here, transformers' `repeat_kv`). `mask` (masks.py's `Mask`, built before
     the attention) says what the scores may see and the rest of the spec this stage applies (scale, softcap, ALiBi,
-    sinks); `sinks`: one logit per head (`held`: the module's parameter, counted with its weights); `dtype`: the
+    sinks); `sinks`: one logit per head (`held`: the module's parameter, counted with its weights);
+    `position_bias` is added by `bias_stage` (position_bias.py's add_position_bias, which sdpa hands in); `dtype`: the
     inputs' (half precision is computed in float32). Returns the output `[.., n_Q, d_V]`."""
     spec, batch = mask.spec, names.batch if batch_dims is None else batch_dims
     assert batch is not None
@@ -210,9 +211,8 @@ def attend(rec: Trace, Q: Tensor, K: Tensor, V: Tensor, mask: Mask, names: Names
     if spec.alibi:
         logits, last = _alibi(rec, logits, last, batch, mask.offset, spec.alibi_slopes)
     if position_bias is not None:
-        from attnscope.attention.position_bias import add_position_bias
-
-        logits, last = add_position_bias(rec, logits, last, position_bias, dims[:-2])
+        assert bias_stage is not None  # sdpa's: position_bias.add_position_bias
+        logits, last = bias_stage(rec, logits, last, position_bias, dims[:-2])
     if not mask.resolved:  # the caller's mask, checked against the scores as they are (sdpa's)
         from attnscope import masks
 
