@@ -2,15 +2,15 @@
 page reads a checkpoint: `open_model`), the forwards that run them (forward/), and the families with no page,
 through transformers (nopage/).
 
-The root: the protocol (family.py, an abstract base class), where a head lives and reading it (weights.py), the
-lazy checkpoint reader (checkpoint.py), config.json read defensively (config.py), the model's own tokenizer
-(tokenizer.py), the Hugging Face cache lookup (hub.py), the source's kind decided once (source.py). families/: a page per family, the encoder-decoders'
-three attentions (seq2seq.py). forward/: layers 0..L with layer L traced (run.py), every layer (stream.py),
-a long input (long.py), the encoder-decoders' (seq2seq_run.py), a family with no page's every layer and
-decoding (interface_stream.py). nopage/: any other family through transformers, layers 0..L only
-(truncated.py), traced through its attention interface (interface.py), and transformers' eager runs
-(eager.py). The folders import in one order, top to bottom: vision/, forward/, families/, nopage/, the root,
-gguf/; never up (tests/test_layout.py).
+The root: the protocol (family.py, an abstract base class), where a head lives and reading it (weights.py), the lazy
+checkpoint reader (checkpoint.py), config.json read defensively (config.py), the model's own tokenizer
+(tokenizer.py), the Hugging Face cache lookup (hub.py), the source's kind decided once (source.py). families/: a
+page per family, the encoder-decoders' three attentions (seq2seq.py). forward/: layers 0..L with layer L traced
+(run.py), every layer (stream.py), a long input (long.py), the encoder-decoders' (seq2seq_run.py), a family with no
+page's every layer and decoding (interface_stream.py). nopage/: any other family through transformers, layers 0..L
+only (truncated.py), traced through its attention interface (interface.py), and transformers' eager runs (eager.py).
+The folders import in one order, top to bottom: vision/, forward/, families/, nopage/, the root, gguf/; never up
+(tests/test_layout.py).
 
 | model_type | module | class |
 |---|---|---|
