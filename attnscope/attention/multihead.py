@@ -175,9 +175,14 @@ class MultiHeadAttention(nn.Module):
         built = masks.prepare(spec, n_Q, n_cache + n_Q, X.device, mask, scores=(X.shape[0], self.n_head, n_Q,
                                                                                 n_cache + n_Q),
                               dtype=acc, build=self.record)
+        tables = None  # RoPE's tables, made before the attention as transformers' model makes them (stages.py)
+        if self.spec.rope is not None:
+            tables = stages.rope_tables(self.spec.rope, q_offset=n_cache if cache is not None else built.offset,
+                                        k_offset=n_cache, n_Q=n_Q, n_K=n_Q, d=self.d_head, dtype=X.dtype,
+                                        device=X.device, d_name="d_head", n_keys=n_cache + n_Q)
         trace = Trace()
         assert self.page is not None
-        x = self.page(self, X, trace if self.record else discard, cache, built)  # [n_batch, n_Q, d_feat]
+        x = self.page(self, X, trace if self.record else discard, cache, built, tables)  # [n_batch, n_Q, d_feat]
         if not self.record:
             trace.add("x", x, ("n_batch", "n_Q", "d_feat"),
                       "W_o(merge_heads(eager attention by blocks of query rows(...)))")

@@ -88,21 +88,50 @@ def normalize(rec: Recorder, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[
     return normed[0], normed[1]
 
 
+@dataclass(frozen=True)
+class RopeTables:
+    """RoPE's `cos` and `sin` `[n_pos - first, d_rot]` for positions `first .. n_pos - 1`, with their ops: made once
+    before the attention, as transformers' model makes `position_embeddings = self.rotary_emb(x, position_ids)`
+    before its layers and hands them to each attention (LlamaModel.forward). `positions`: the axis' name."""
+
+    cos: Tensor
+    sin: Tensor
+    first: int
+    d: int  # the head's size they were made for
+    positions: str
+    cos_op: str
+    sin_op: str
+
+
+def rope_tables(rope: Rope, *, q_offset: int, k_offset: int, n_Q: int, n_K: int, d: int, dtype: torch.dtype,
+                device: Any, d_name: str, n_keys: int) -> RopeTables:
+    """The tables `rotate` reads for n_Q queries from position `q_offset` and n_K keys from `k_offset` (a table
+    from the first of them to the last: a score still depends on i − j alone); `n_keys` (n_K, every key) names
+    the positions' axis when the table covers exactly them."""
+    n_pos = max(k_offset + n_K, q_offset + n_Q)
+    first = min(0, q_offset, k_offset)
+    cos, sin = rope.cos_sin(n_pos, d, dtype, device, start=first)  # [n_pos - first, d_rot]
+    return RopeTables(cos, sin, first, d, "n_K" if (first, n_pos) == (0, n_keys) else "n_pos",
+                      rope.table_op("cos", d_name, d, n_pos, first), rope.table_op("sin", d_name, d, n_pos, first))
+
+
 def rotate(rec: Recorder, Q: Tensor, K: Tensor, rope: Rope, *, q_offset: int, k_offset: int, source: tuple[str, str],
-           dims: tuple[tuple[str, ...], tuple[str, ...]], d_name: str, n_keys: int) -> tuple[Tensor, Tensor]:
+           dims: tuple[tuple[str, ...], tuple[str, ...]], d_name: str, n_keys: int,
+           tables: RopeTables | None = None) -> tuple[Tensor, Tensor]:
     """Steps `cos, sin, Q_rot, K_rot`: query i at `q_offset + i` (negative before key 0, lower-right with
     n_Q > n_K: a score still depends on i − j alone), key j at `k_offset + j`. `n_keys` (n_K, every key) names the
-    positions' axis when the table covers exactly them."""
+    positions' axis when the table covers exactly them. `tables`: made before the attention (`rope_tables`);
+    None: made here."""
     from attnscope.variants import rope as rotary
 
     n_Q, n_K, d = Q.shape[-2], K.shape[-2], Q.shape[-1]
-    n_pos = max(k_offset + n_K, q_offset + n_Q)
-    first = min(0, q_offset, k_offset)
-    cos, sin = rope.cos_sin(n_pos, d, Q.dtype, Q.device, start=first)  # [n_pos - first, d_rot]
-    pos = "n_K" if (first, n_pos) == (0, n_keys) else "n_pos"
+    if tables is None or (tables.d, tables.cos.dtype, tables.cos.device) != (d, Q.dtype, Q.device):
+        tables = rope_tables(rope, q_offset=q_offset, k_offset=k_offset, n_Q=n_Q, n_K=n_K, d=d, dtype=Q.dtype,
+                             device=Q.device, d_name=d_name, n_keys=n_keys)
+    cos, sin, first = tables.cos, tables.sin, tables.first
     width = d_name if cos.shape[-1] == d else "d_rot"
-    rec("cos", cos, (pos, width), rope.table_op("cos", d_name, d, n_pos, first))
-    rec("sin", sin, (pos, width), rope.table_op("sin", d_name, d, n_pos, first))
+    rec("cos", cos, (tables.positions, width), tables.cos_op)
+    rec("sin", sin, (tables.positions, width), tables.sin_op)
     apply = rotary.apply_rope if rope.pairing == "half-split" else rotary.apply_rope_interleaved
     rotated = []
     for name, x, offset, n, shape in (("Q_rot", Q, q_offset, n_Q, dims[0]), ("K_rot", K, k_offset, n_K, dims[1])):

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.attention.multihead import MultiHeadAttention
+    from attnscope.attention.stages import RopeTables
     from attnscope.masks import Mask
     from attnscope.models.checkpoint import Checkpoint
     from attnscope.models.config import Config
@@ -115,12 +116,14 @@ class Llama(Family):
     # --- the attention ----------------------------------------------------------------------------------------
 
     def attend(self, m: MultiHeadAttention, x: torch.Tensor, rec: Recorder, cache: Cache | None = None,
-               mask: Mask | None = None) -> torch.Tensor:
+               mask: Mask | None = None, tables: RopeTables | None = None) -> torch.Tensor:
         """`LlamaAttention.forward`, prefill and decode (a step after `cache`: the earlier keys, rotated, and
         values), on x `[n_batch, n_Q, d_model]` with m's weights and spec, each stage recorded in `rec`
         (attention/stages.py); qk-norm (Qwen3, Gemma 3 per head, OLMo 2 over the projection) and Llama 4's
         temperature where the spec asks. `mask`: built before the attention (masks.prepare, by m's forward: the
-        causal mask, and a caller's), with the position of query 0. Returns x `[n_batch, n_Q, d_model]`."""
+        causal mask, and a caller's), with the position of query 0; `tables`: RoPE's cos and sin, made before it too
+        (stages.rope_tables, by m's forward, as transformers' LlamaModel makes position_embeddings). Returns x
+        `[n_batch, n_Q, d_model]`."""
         from attnscope.attention import rows, stages
         from attnscope.trace import Trace
 
@@ -150,7 +153,8 @@ class Llama(Family):
         q_offset = n_cache if cache is not None else mask.offset  # the new queries after the cached positions
         if spec.rope is not None:
             q, k = stages.rotate(rec, q, k, spec.rope, q_offset=q_offset, k_offset=n_cache,
-                                 source=(made[0], made[1]), dims=dims, d_name="d_head", n_keys=n_cache + k.shape[-2])
+                                 source=(made[0], made[1]), dims=dims, d_name="d_head", n_keys=n_cache + k.shape[-2],
+                                 tables=tables)
             made[:2] = "Q_rot", "K_rot"
         if spec.temperature is not None:  # Llama 4's NoPE layers
             q = stages.tune(rec, q, spec.temperature, start=q_offset, source=made[0], dims=dims[0])
