@@ -223,6 +223,14 @@ class MultiHeadAttention(nn.Module):
             spec = replace(spec, alibi_slopes=(float(alibi_.slopes(self.n_head)[head]),))
         return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, sinks)  # [n_batch, 1, n, d]
 
+    def all_head_inputs(self, X: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q from X and K, V from `keys` (X itself, or an encoder's memory across), every head, as the attention
+        reads them (projected, normed, rotated, tuned), nothing recorded: `[n_batch, heads, n, d_head]` each, so
+        an encoder-decoder's long input (models/forward/seq2seq_long.py) computes what the short trace does."""
+        self._check_inputs(X, keys, keys, None)
+        q, k, v, _ = self._heads(discard, X, keys, keys, None, self.spec)
+        return q, k, v
+
     def width(self, heads: str) -> str:
         """The name of a projection's last axis: d_feat when it is d_feat wide, else `n_head·d_head` (`heads`:
         n_head, or the key/value heads' `kv_axis()`)."""

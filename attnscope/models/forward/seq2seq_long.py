@@ -110,11 +110,9 @@ def blocked_step(view: EncoderDecoder, layer: int, h: torch.Tensor, memory: torc
 def _heads(module: MultiHeadAttention, X: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                   torch.Tensor, AttentionSpec]:
     """Q from X and K, V from `keys` (X itself, or memory across), split into heads as the module's forward splits
-    them, `[1, n_head, n, d_head]` each, and the spec left for sdpa: the module's own `_heads`, nothing recorded
-    (MultiHeadAttention.head_inputs reads one sequence only, and the cross-attention reads two)."""
-    from attnscope.trace import discard
-
-    Q, K, V, _ = module._heads(discard, X, keys, keys, None, module.spec)
+    them, `[1, n_head, n, d_head]` each, and the spec left for sdpa: the module's `all_head_inputs`, nothing
+    recorded (MultiHeadAttention.head_inputs reads one sequence and one head, and the cross-attention reads two)."""
+    Q, K, V = module.all_head_inputs(X, keys)
     return Q, K, V, module.sdpa_spec(module.spec)
 
 
