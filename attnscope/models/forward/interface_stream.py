@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError, UsageError
+from attnscope.models.nopage.cache_names import cache_keyword, cache_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -96,7 +97,7 @@ def run(prepared: Prepared, folder: Path, ids: list[int], model_type: str, layer
             def step(out: Any, position: int) -> DecodeStep:
                 assert recorder.recorded is not None
                 recorder.calls = 0  # the next forward's calls counted from its layer 0
-                return decode_step(recorder.recorded, int(out.logits[0, -1].argmax()), position, out.past_key_values)
+                return decode_step(recorder.recorded, int(out.logits[0, -1].argmax()), position, cache_of(out))
 
             steps = greedy(model, out, ids, n_new, step)
         if recorder.failure is not None:  # interface_check.py: the trace does not reproduce a module: eager's patterns
@@ -133,7 +134,7 @@ def _eager(model: Any, prepared: Prepared, ids: list[int], layer: int, n_new: in
 
         def step(out: Any, position: int) -> DecodeStep:
             return eager_step(out.attentions[layers.index(layer)], int(out.logits[0, -1].argmax()), position,
-                              out.past_key_values)
+                              cache_of(out))
 
         steps = greedy(model, out, ids, n_new, step, output_attentions=True)
     found = truncated.sizes(base, None, patterns[layers.index(layer)], prepared.n_layer, layer)
@@ -154,15 +155,15 @@ def greedy(model: Any, out: Any, prompt: list[int], n_new: int, step: Callable[[
         tokens.append(steps[-1].token_id)
         if len(steps) < n_new:
             given = {"position_ids": positions(len(tokens) - 1)} if positions is not None else {}
-            out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True,
-                        **given, **more)
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), **{cache_keyword(model): cache_of(out)},
+                        use_cache=True, **given, **more)
     return steps
 
 
 def _cache_kind(out: Any, n_new: int) -> str:
     """The class of the cache decoding ran over (transformers' DynamicCache, or a family's own), "NoneType"
     without decoding: the prompt's forward hands it over and every step updates that one in place."""
-    return type(getattr(out, "past_key_values", None) if n_new else None).__name__
+    return type(cache_of(out) if n_new else None).__name__
 
 
 def _language_model(prepared: Prepared, folder: Path, model_type: str, auto: Any) -> Any:

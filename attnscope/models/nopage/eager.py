@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError
+from attnscope.models.nopage.cache_names import cache_keyword, cache_of
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -188,6 +189,6 @@ def _greedy(model: Any, out: Any, n_new: int) -> tuple[list[int], list[dict[str,
                      for kind in ("decoder", "cross")})
         ids.append(int(out.logits[0, -1].argmax()))
         if step + 1 < n_new:
-            out = model(encoder_outputs=(out.encoder_last_hidden_state,), past_key_values=out.past_key_values,
+            out = model(encoder_outputs=(out.encoder_last_hidden_state,), **{cache_keyword(model): cache_of(out)},
                         decoder_input_ids=torch.tensor([[ids[-1]]]), output_attentions=True, use_cache=True)
     return ids, rows

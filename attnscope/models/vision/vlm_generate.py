@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import ResourceError
+from attnscope.models.nopage.cache_names import cache_of
 from attnscope.models.nopage.truncated import first_line
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def through_interface(folder: Path, config: Config, tokens: ImageTokens, layer: 
                     assert recording.recorded is not None
                     recording.calls = 0  # the next forward's calls counted from its layer 0
                     token = int(out.logits[0, -1].argmax())
-                    return decode_step(recording.recorded, token, position, out.past_key_values)
+                    return decode_step(recording.recorded, token, position, cache_of(out))
 
                 steps = greedy(model, out, tokens.ids, n_new, step, _positions(model, config))
         if recording.failure is not None:
@@ -89,7 +90,7 @@ def _eager(model: Any, config: Config, tokens: ImageTokens, layer: int, n_new: i
     patterns = [a[0] for a in out.attentions]  # [n_head, n_tokens, n_tokens] each
 
     def step(out: Any, position: int) -> DecodeStep:
-        return eager_step(out.attentions[layer], int(out.logits[0, -1].argmax()), position, out.past_key_values)
+        return eager_step(out.attentions[layer], int(out.logits[0, -1].argmax()), position, cache_of(out))
 
     steps = greedy(model, out, tokens.ids, n_new, step, _positions(model, config), output_attentions=True)
     run = sizes(model.get_decoder(), None, patterns[layer], n, layer)
