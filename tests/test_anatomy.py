@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from attnscope.anatomy.read import read_anatomy
+from attnscope.models.nopage.cache_names import cache_of
 
 DECODER = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 16, "num_attention_heads": 4,
            "num_key_value_heads": 2, "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1,
@@ -287,7 +288,7 @@ def test_kv_cache_bytes_equal_a_real_dynamic_cache(name, tmp_path):
     folder = saved(config, tmp_path)
     model = getattr(transformers, FAMILIES[name][2])(config).eval()
     with torch.no_grad():
-        cache = model(torch.arange(11)[None] % 64, use_cache=True).past_key_values
+        cache = cache_of(model(torch.arange(11)[None] % 64, use_cache=True))  # transformers 5.2x: out.cache
     held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     assert read_anatomy(str(folder), tokens=11, dtype="float32").totals()["kv_cache_bytes"] == held
 

@@ -16,6 +16,7 @@ from cli_main import run_main
 from tiny_models import perturb
 
 from attnscope.anatomy.read import read_anatomy
+from attnscope.models.nopage.cache_names import cache_keyword
 from attnscope.render.anatomy import anatomy_json
 
 SMALL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 16, "num_attention_heads": 4,
@@ -111,7 +112,7 @@ def _cache_bytes(name: str, config) -> list[int]:
     model = perturb(getattr(transformers, FAMILIES[name][2])(config).eval())
     cache = DynamicCache(config=config)
     with torch.no_grad():
-        model(input_ids=torch.arange(3, 3 + TOKENS)[None], past_key_values=cache, use_cache=True)
+        model(input_ids=torch.arange(3, 3 + TOKENS)[None], **{cache_keyword(model): cache}, use_cache=True)
     return [_held(layer) for layer in cache.layers]
 
 

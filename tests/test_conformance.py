@@ -19,6 +19,7 @@ from tiny_models import SENTENCE, cached_builder
 
 from attnscope.cli import app
 from attnscope.models.families import FAMILIES
+from attnscope.models.nopage.cache_names import cache_keyword
 from attnscope.models.support import EXACT, LINEAR_HYBRID, ROWS, VIEWS
 
 CELLS = [(row.family, view) for row in ROWS for view in VIEWS]
@@ -204,7 +205,7 @@ def _generate_encoder_decoder(runner, folder, eager, family):
         with torch.no_grad():
             out = eager.generate(**inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                                  forced_eos_token_id=None, output_attentions=True, return_dict_in_generate=True,
-                                 past_key_values=cache)
+                                 **{cache_keyword(eager): cache})  # past_key_values before transformers 5.2x
         n = inputs["decoder_input_ids"].shape[1]
         ids, decoder, cross = out.sequences[0, n:].tolist(), out.decoder_attentions, out.cross_attentions
     for kind, theirs in (("decoder", decoder), ("cross", cross)):

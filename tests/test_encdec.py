@@ -12,6 +12,8 @@ import pytest
 import torch
 from tiny_encdec import ENCDEC, SOURCE, TARGET, build, source_and_target, write_wav
 
+from attnscope.models.nopage.cache_names import cache_keyword, cache_of
+
 KINDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
 
@@ -359,11 +361,11 @@ def test_generate_holds_what_transformers_cache_holds(family, kind):
     with torch.no_grad():
         out = model(**inputs, use_cache=True)
         for token in ids:
-            cache = out.past_key_values
+            cache = cache_of(out)
             held.append(sum(t.numel() * t.element_size() for part in (cache.self_attention_cache,
                                                                       cache.cross_attention_cache)
                             for layer in part.layers for t in (layer.keys, layer.values)))
-            out = model(encoder_outputs=(out.encoder_last_hidden_state,), past_key_values=cache,
+            out = model(encoder_outputs=(out.encoder_last_hidden_state,), **{cache_keyword(model): cache},
                         decoder_input_ids=torch.tensor([[token]]), use_cache=True)
     for t, step in enumerate(result.decode):
         torch.testing.assert_close(step.attention, theirs[t][2][0, :, -1], atol=1e-5, rtol=0)

@@ -21,6 +21,7 @@ from attnscope.models.config import read_config
 from attnscope.models.families import open_model
 from attnscope.models.forward.run import run_layer
 from attnscope.models.forward.stream import generate
+from attnscope.models.nopage.cache_names import cache_of
 from attnscope.models.weights import head_weights
 
 
@@ -190,7 +191,7 @@ def test_generate_equals_transformers_generate(built, family):
     with torch.no_grad():
         out = reference.generate(torch.tensor([ids]), max_new_tokens=5, min_new_tokens=5, do_sample=False,
                                  output_attentions=True, return_dict_in_generate=True)
-    held = sum(tensor.numel() * tensor.element_size() for cache in out.past_key_values.layers
+    held = sum(tensor.numel() * tensor.element_size() for cache in cache_of(out).layers
                if cache.keys is not None for tensor in (cache.keys, cache.values))
     # full with K = V; sliding and full reading layers 2's and 3's caches (the text model; the others: the last)
     for layer in (1, 4, 5) if family == "gemma4_text" else (5,):

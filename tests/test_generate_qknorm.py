@@ -19,6 +19,7 @@ from attnscope.models import tokenizer
 from attnscope.models.config import read_config
 from attnscope.models.families import open_model
 from attnscope.models.forward.stream import generate
+from attnscope.models.nopage.cache_names import cache_of
 
 FAMILIES = ["llama4", "llama4_mm", "qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2"]
 
@@ -51,7 +52,7 @@ def test_generate_equals_transformers_generate(tiny, family):
             if t:  # a decode step: the cache holds only what the window (or chunk) keeps
                 assert step.evicted == step.attention.shape[-1] - kept, (layer, t)
             assert not bool(step.attention[:, : step.evicted].any())
-    held = sum(tensor.numel() * tensor.element_size() for layer_cache in out.past_key_values.layers
+    held = sum(tensor.numel() * tensor.element_size() for layer_cache in cache_of(out).layers
                for tensor in (layer_cache.keys, layer_cache.values))
     assert steps[-1].kv_cache_bytes == held
 

@@ -15,6 +15,7 @@ from tiny_interface import build
 from tiny_models import SENTENCE, _tokenizer
 
 from attnscope.cli import app
+from attnscope.models.nopage.cache_names import cache_of
 
 PROMPT = "The cat sat on"
 
@@ -47,7 +48,7 @@ def test_decode_steps_evict_and_count_the_cache_as_transformers_does(mixtral, ru
         row = torch.tensor(step["attention"])
         assert bool((row[:, : step["evicted"]] == 0).all())
         torch.testing.assert_close(row.sum(-1), torch.ones(row.shape[0]))
-    cache = out.past_key_values  # after the last step (the prompt and 3 new tokens fed): a window keeps 3 keys
+    cache = cache_of(out)  # after the last step (the prompt and 3 new tokens fed): a window keeps 3 keys
     held = sum(layer.keys.numel() * 4 * 2 for layer in cache.layers)
     assert steps[-1]["kv_cache_bytes"] == held
     assert any("DynamicCache" in note for note in payload["notes"])

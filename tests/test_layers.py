@@ -13,6 +13,7 @@ from attnscope.cli import app
 from attnscope.models import tokenizer
 from attnscope.models.config import read_config
 from attnscope.models.families import open_model
+from attnscope.models.nopage.cache_names import cache_of
 from attnscope.readings.headstats import RowStats, head_stats, induction_rows
 
 TEXT = "The cat sat on the mat. The cat sat on the mat because it was tired."  # a repeated span: induction
@@ -94,7 +95,7 @@ def test_generate_equals_transformers_generate(tiny, family, layer):
         out = reference.generate(torch.tensor([ids]), max_new_tokens=6, min_new_tokens=6, do_sample=False,
                                  output_attentions=True, return_dict_in_generate=True)
     assert [s.token_id for s in steps] == out.sequences[0, len(ids):].tolist()
-    cache = out.past_key_values
+    cache = cache_of(out)
     for t, step in enumerate(steps):
         theirs = out.attentions[t][layer][0, :, -1]  # [n_head, keys the cache kept]
         kept = theirs.shape[-1]

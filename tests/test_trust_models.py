@@ -18,6 +18,8 @@ from fuzz import fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnscope.models.nopage.cache_names import cache_of
+
 TEXT = "The cat sat on the mat. The cat sat"
 
 
@@ -215,7 +217,7 @@ def test_minimax_anatomy_counts_what_its_cache_holds(window, tmp_path):
     model.config._attn_implementation = "eager"
     with torch.no_grad():
         out = model(torch.arange(1, 17)[None], use_cache=True, output_attentions=True)
-    cache = out.past_key_values
+    cache = cache_of(out)
     for index, layer in anatomy.layers:
         sizes = anatomy.sizes(layer)
         linear = cache.linear_cache[index] if index < len(cache.linear_cache) else []

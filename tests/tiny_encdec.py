@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from tiny_models import CORPUS, _bpe
 
+from attnscope.models.nopage.cache_names import cache_keyword, cache_of
+
 ENCDEC = ("t5", "umt5", "bart", "marian", "mbart", "whisper")
 SOURCE = "The cat sat on the mat because it was tired."
 TARGET = "A dog ran to the park."
@@ -170,6 +172,6 @@ def greedy(model, inputs: dict, n_new: int):
             decoder.append(out.decoder_attentions)
             cross.append(out.cross_attentions)
             ids.append(int(out.logits[0, -1].argmax()))
-            out = model(encoder_outputs=(out.encoder_last_hidden_state,), past_key_values=out.past_key_values,
+            out = model(encoder_outputs=(out.encoder_last_hidden_state,), **{cache_keyword(model): cache_of(out)},
                         decoder_input_ids=torch.tensor([[ids[-1]]]), output_attentions=True, use_cache=True)
     return ids, decoder, cross
