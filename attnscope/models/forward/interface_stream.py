@@ -150,12 +150,13 @@ def greedy(model: Any, out: Any, prompt: list[int], n_new: int, step: Callable[[
     import torch
 
     tokens, steps = list(prompt), []
+    name = cache_keyword(model)  # the forward's name for its cache, asked once a run
     for _ in range(n_new):
         steps.append(step(out, len(tokens)))
         tokens.append(steps[-1].token_id)
         if len(steps) < n_new:
             given = {"position_ids": positions(len(tokens) - 1)} if positions is not None else {}
-            out = model(input_ids=torch.tensor([[tokens[-1]]]), **{cache_keyword(model): cache_of(out)},
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), **{name: cache_of(out)},
                         use_cache=True, **given, **more)
     return steps
 

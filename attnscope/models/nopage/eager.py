@@ -184,11 +184,12 @@ def _greedy(model: Any, out: Any, n_new: int) -> tuple[list[int], list[dict[str,
 
     ids: list[int] = []
     rows = []
+    name = cache_keyword(model)  # the forward's name for its cache, asked once a run
     for step in range(n_new):
         rows.append({kind: {layer: a[0, :, -1] for layer, a in enumerate(getattr(out, SEQ2SEQ_OUTPUTS[kind]))}
                      for kind in ("decoder", "cross")})
         ids.append(int(out.logits[0, -1].argmax()))
         if step + 1 < n_new:
-            out = model(encoder_outputs=(out.encoder_last_hidden_state,), **{cache_keyword(model): cache_of(out)},
+            out = model(encoder_outputs=(out.encoder_last_hidden_state,), **{name: cache_of(out)},
                         decoder_input_ids=torch.tensor([[ids[-1]]]), output_attentions=True, use_cache=True)
     return ids, rows
