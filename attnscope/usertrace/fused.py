@@ -36,6 +36,7 @@ from torch import nn
 from attnscope.usertrace import words
 
 if TYPE_CHECKING:
+    from attnscope.usertrace.keybias import Zero
     from attnscope.usertrace.record import Record
 
 FUSED_WORDS = ("qkv", "c_attn", "in_proj", "query_key_value", "att_proj", "wqkv", "to_qkv", "qkv_proj")
@@ -194,8 +195,9 @@ def output_linear(linears: list[tuple[str, nn.Linear]], fused: tuple[str, nn.Lin
 
 
 def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: int | None,
-                  d_head: int | None) -> list[tuple[str, dict[str, Part]]]:
-    """Every way of reading the fused weight's rows as q, k, v, each with how it was found."""
+                  d_head: int | None, zero: Zero | None = None) -> list[tuple[str, dict[str, Part]]]:
+    """Every way of reading the fused weight's rows as q, k, v, each with how it was found (`zero`: the rows of its
+    bias the code holds at a constant zero, keybias.py)."""
     weight, bias, width = linear.weight, linear.bias, linear.out_features
     layouts: list[tuple[str, dict[str, Part]]] = []
     for sizes, line in recorded_splits(name, records, width):
@@ -215,7 +217,7 @@ def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: i
             parts = {role: rows(name, weight, bias, grid[:, i].reshape(-1), f"[per head, part {i}]")
                      for i, role in enumerate("qkv")}
             layouts.append(("split per head, [n_head, 3, d_head]", parts))
-    return _with_solved(layouts, solve_rows(name, linear, records, d_head))
+    return _with_solved(layouts, solve_rows(name, linear, records, d_head, zero=zero))
 
 
 def _same_rows(a: dict[str, Part], b: dict[str, Part]) -> bool:
@@ -243,7 +245,8 @@ def recorded_splits(name: str, records: list[Record], width: int, count: int = 3
     return found
 
 
-def kv_layouts(name: str, linear: nn.Linear, records: list[Record]) -> list[tuple[str, dict[str, Part]]]:
+def kv_layouts(name: str, linear: nn.Linear, records: list[Record],
+               zero: Zero | None = None) -> list[tuple[str, dict[str, Part]]]:
     """Every way of reading a fused K/V weight's rows (x-transformers' and vit-pytorch's `to_kv`, chunked into
     k and v) as k, then v: as its output is split, else in halves."""
     width = linear.out_features
@@ -252,7 +255,7 @@ def kv_layouts(name: str, linear: nn.Linear, records: list[Record]) -> list[tupl
     if width % 2 == 0 and all(cut != width // 2 for cut, _ in splits):
         splits.append((width // 2, "split in halves, k | v"))
     layouts = [(how, blocks(name, linear, "kv", [0, cut, width])) for cut, how in splits]
-    return _with_solved(layouts, solve_rows(name, linear, records, None, "kv"))  # per KV group [n_kv_head, 2, ..]
+    return _with_solved(layouts, solve_rows(name, linear, records, None, "kv", zero))  # per KV group [n_kv_head, 2, ..]
 
 
 def _with_solved(layouts: list[tuple[str, dict[str, Part]]],
@@ -274,7 +277,7 @@ class Solved(NamedTuple):
 
 
 def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int | None,
-               roles: str = "qkv") -> Solved | None:
+               roles: str = "qkv", zero: Zero | None = None) -> Solved | None:
     """The fused weight's rows for q, k and v, read from what the code computed rather than from widths: each
     value of the code's own q (k, v) that reaches the scores (the pattern) is looked up among the fused
     projection's outputs, which says the row it came from. Whatever the layout (q | k | v blocks, per head
@@ -285,7 +288,9 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
     tokens apart is a bug to report, not a layout) or the roles do not share the rows out. The roles may come in
     any order (CodeGen's blocks hold q | v | k): order_note says one other than q, k, v. Where the code's own
     words (words.said) name the part it uses as the keys v, or the values' k (`k, v = v, k` after the split,
-    `attn @ k`, a packed axis indexed 2 for the keys), k and v are held by the words: the code swaps them."""
+    `attn @ k`, a packed axis indexed 2 for the keys), k and v are held by the words: the code swaps them. Where
+    the words say nothing against the use, the bias may: the rows the code uses as its values fed a constant zero
+    (`zero`, keybias.py) and its keys' a learned bias are the keys' and the values' rows read the other way round."""
     from attnscope.usertrace.flow import operands
 
     found = operands(records)
@@ -333,6 +338,8 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
     first = {role: min((r for r in nearest_ancestors(records, operand[role]) if (order := read(r)) is not None
                         and set(order) <= set(chosen[role])), key=lambda r: r.index) for role in "kv"}
     swapped = _named_swapped({role: words.said(records, first[role], operand[role], roles) for role in "kv"}, roles)
+    if swapped is None and zero is not None:
+        swapped = _biased_swapped(zero, chosen["k"], chosen["v"])
     if swapped is not None:  # the words say k and v: the reference holds the rows by them, the code swaps them
         chosen["k"], chosen["v"] = chosen["v"], chosen["k"]
     parts = {role: rows(name, linear.weight, linear.bias, torch.tensor(order), f"[{_ranges(order)}]")
@@ -358,6 +365,15 @@ def _named_swapped(said: dict[str, words.Said | None], roles: str) -> str | None
     how = f"as the packed axis's index gives them ({', '.join(roles)}: {indices})" \
         if all(s.by_index for s in found) else "as your code names them"
     return f"; k and v {how} at line {lines}, which your code then uses the other way round"
+
+
+def _biased_swapped(zero: Zero, k: list[int], v: list[int]) -> str | None:
+    """Where the rows the code uses as its values are fed a constant-zero bias and its keys' a learned one: how the
+    bias says so (the zero block is the keys', keybias.py); None otherwise."""
+    if not (bool(zero.zero[v].all()) and bool(zero.learned[k].all())):
+        return None
+    return (f"; k and v as your bias gives them (line {zero.line}: {zero.what}, the keys' bias a constant zero, "
+            "as a softmax cancels it, the values' a learned one), which your code then uses the other way round")
 
 
 def nearest_ancestors(records: list[Record], index: int, limit: int = 64) -> list[Record]:

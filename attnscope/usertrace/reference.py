@@ -351,7 +351,7 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     name, a wrapped nn.MultiheadAttention, a fused q/k/v projection (one candidate per way of splitting it),
     exactly four Linear layers in registration order. `inputs`: the forward's tensor parameters by role (Q, K,
     V), where it takes them apart: each projection's role is then the role of the input it reads."""
-    from attnscope.usertrace import flow, fused, identity, perhead, unused
+    from attnscope.usertrace import flow, fused, identity, keybias, perhead, unused
 
     if identity.is_holder(module):  # q, k, v given already projected, the heads split by the code (identity.py)
         return [Projections(identity.projections(module), "identity")]
@@ -414,14 +414,16 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
                              **{role: (part.name, part) for role, part in parts.items()},
                              "o": (shared["o"], modules[shared["o"]])}, f"a fused K/V projection, {how}",
                             fused.order_note(shared["k"], parts))
-                for how, parts in fused.kv_layouts(shared["k"], modules[shared["k"]], records)]
+                for how, parts in fused.kv_layouts(shared["k"], modules[shared["k"]], records,
+                                                   keybias.zero_rows(module, records, shared["k"]))]
     if shared is not None and len(set(shared.values())) == 2 and (found is None or out is None):
         # q, k, v from one Linear the flow names, whatever its name
         found, out = (shared["q"], modules[shared["q"]]), (shared["o"], modules[shared["o"]])
     if found is not None and out is not None:
         candidates = [Projections({**{role: (part.name, part) for role, part in parts.items()}, "o": out},
                                   f"a fused projection, {how}", fused.order_note(found[0], parts))
-                      for how, parts in fused.split_layouts(found[0], found[1], records, n_head, d_head)]
+                      for how, parts in fused.split_layouts(found[0], found[1], records, n_head, d_head,
+                                                            keybias.zero_rows(module, records, found[0]))]
         if candidates:
             return candidates
     if len(linears) == 4:

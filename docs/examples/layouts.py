@@ -1,5 +1,5 @@
 """Weights laid out as checkpoints and tutorials lay them out, traced in docs/trace.md ("How conventions are read"):
-CodeGen's fused qkv_proj (4 blocks, each q | v | k), Karpathy's MultiHeadAttention of Head modules (one softmax per
+CodeGen's fused qkv_proj (4 blocks, each q | v | k), BEiT's qkv with its bias cat(q_bias, zeros, v_bias), Karpathy's MultiHeadAttention of Head modules (one softmax per
 head, outputs concatenated), and Flax's MultiHeadDotProductAttention (DenseGeneral kernels [d, n_head, d_head] in,
 [n_head, d_head, d] out, contracted by einsum).
 """
@@ -111,3 +111,33 @@ class FlaxAttention(nn.Module):
             weights = torch.where(mask, weights, torch.finfo(weights.dtype).min)
         x = torch.einsum("...hqk,...khd->...qhd", weights.softmax(-1), value)
         return torch.einsum("...hk,hko->...o", x, self.out.kernel) + self.out.bias
+
+
+class ZeroKeyBias(nn.Module):
+    """BEiT's (and Swin v2's, data2vec's) qkv: no bias in the Linear, q_bias and v_bias learned, the keys' a zero."""
+    renamed = False
+
+    def __init__(self, dim=32, num_heads=4):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=False)
+        self.q_bias = nn.Parameter(torch.zeros(dim))
+        self.v_bias = nn.Parameter(torch.zeros(dim))
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv_bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias, requires_grad=False), self.v_bias))
+        qkv = F.linear(input=x, weight=self.qkv.weight, bias=qkv_bias)
+        qkv = qkv.reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        if self.renamed:
+            q, v, k = qkv[0], qkv[1], qkv[2]
+        else:
+            q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = (q * (C // self.num_heads) ** -0.5) @ k.transpose(-2, -1)
+        return self.proj((attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, N, C))
+
+
+class ZeroKeyBiasRenamed(ZeroKeyBias):
+    """The unpacking names qkv[1] v and qkv[2] k: the values read the block whose bias is the zero."""
+    renamed = True
