@@ -100,6 +100,11 @@ def run_trace(o: TraceOptions) -> TraceRun:
     return split if split_better(split, whole) else whole
 
 
+def _cache_parameters(plan: Plan) -> tuple[str, ...]:
+    """The parameter a decode step's cache goes to, or the two its keys and values go to apart."""
+    return tuple(p for p in (plan.cache, plan.cache_values) if p is not None)
+
+
 def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     import torch
 
@@ -246,11 +251,11 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         if made[2].failure is None or made[0].cache is None or plan.cache is None:
             return made, None
         failed, kept = made[2].failure, cache_layout
-        for layout in cachelayouts.others(failed, made[0].cache):
+        for layout in cachelayouts.others(failed, made[0].cache, apart=plan.cache_values is not None):
             cache_layout = layout
             again = _attempted(attempt, asked)
             if again is not None and again[2].failure is None:
-                return again, cachelayouts.note(layout, failed, plan.cache)
+                return again, cachelayouts.note(layout, failed, _cache_parameters(plan))
         cache_layout = kept
         return made, None
 
@@ -335,6 +340,13 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             notes.append(joined[1])
         else:
             cache_layout = held_layout
+    if inputs.cache is not None and plan.cache is not None:  # two parameters, or a dict's keys (cacheforms.py)
+        from attnscope.usertrace.cacheforms import note as form_note
+
+        given = fed.values.get(plan.cache)
+        said = form_note(_cache_parameters(plan), list(getattr(given, "asked", [])),
+                         "" if cache_layout != "bhnd" else cachelayouts.words(cache_layout))  # else noted
+        notes += [said] if said else []
     first_notes = list(notes)  # the module's, before those of its inputs (a second run makes them again)
     notes += inputs.notes + plan_notes(plan, inputs)
     if convention is not None and (called.failure is None or convention.line is not None):

@@ -5,7 +5,8 @@ other layouts too: sequence-major `[n_batch, n_cache, n_kv_head, d_head]` (mistr
 the transpose, joined on dim 1), heads folded into the batch `[n_batch·n_kv_head, n_cache, d_head]` (fairseq's
 incremental state), time-first `[n_cache, n_batch, n_kv_head, d_head]` (Megatron's inference cache), the keys
 transposed `[.., d_head, n_cache]` beside the values (BLOOM's), each of those stacked in one tensor `[2, ..]`
-(GPT-2's `present`), or transformers' Cache object (hfcache.py: `past_key_value.update(k, v, layer_idx)`). Code that
+(GPT-2's `present`) or joined on their last axis `[.., 2·d_head]` (GPTBigCode's `layer_past`, split `(d_head,
+d_head)` on dim -1), or transformers' Cache object (hfcache.py: `past_key_value.update(k, v, layer_idx)`). Code that
 raises on the first is handed the others, those whose shape meets the op it raised on (every axis but one the same
 as another tensor's there: the one it joins on) first; the first it runs on is its layout, a convention of the
 code, noted. The reference keeps its own layout: only what the code is handed changes.
@@ -35,14 +36,22 @@ BASE_WORDS = {"bhnd": "transformers'", "bnhd": "sequence-major, mistral-inferenc
 # transformers' Cache: keys [n_batch·n_head, d_head, n], values [n_batch·n_head, n, d_head], joined on 2 and on 1)
 TRANSPOSED = {"bhdn": "bhnd", "(bh)dn": "(bh)nd"}
 STACKED = "2·"  # keys and values stacked on a first axis, one tensor [2, ..] (GPT-2's and GPT-NeoX's `present`)
+# keys and values joined on their last axis, one tensor [.., 2·d_head] split (d_head, d_head) (GPTBigCode's
+# `layer_past`, multi-query [n_batch, n_cache, 2·d_head]: heads folded into the batch, one key/value head)
+FUSED = "kv·"
 OBJECT = "Cache"  # transformers' Cache object (hfcache.py): update(k, v, layer_idx) joins, [B, H_kv, N, D]
 # layout -> its keys' dims (its values': dims_of)
 DIMS = BASES | {key: (*BASES[base][:-2], "d_head", "n_cache") for key, base in TRANSPOSED.items()} \
-    | {STACKED + base: ("2", *dims) for base, dims in BASES.items()} | {OBJECT: BASES["bhnd"]}
+    | {STACKED + base: ("2", *dims) for base, dims in BASES.items()} | {OBJECT: BASES["bhnd"]} \
+    | {FUSED + base: (*dims[:-1], "2·d_head") for base, dims in BASES.items()}
+# the layouts handed as a pair, which code that takes its keys and values as two parameters may keep
+PAIRED = (*BASES, *TRANSPOSED)
 
 
 def dims_of(layout: str, keys: bool) -> tuple[str, ...]:
     """The dims of the keys (`keys`) or the values as `layout` holds them, for the trace's input rows."""
+    if layout.startswith(FUSED):
+        return BASES[layout.removeprefix(FUSED)]
     return DIMS[layout] if keys or layout not in TRANSPOSED else BASES[TRANSPOSED[layout]]
 
 
@@ -54,6 +63,9 @@ def words(layout: str) -> str:
     if layout in TRANSPOSED:
         return (f"keys [{', '.join(DIMS[layout])}] (transposed), values [{', '.join(dims_of(layout, False))}] "
                 "(BLOOM's)")
+    if layout.startswith(FUSED):
+        return (f"[{', '.join(DIMS[layout])}] (keys and values joined on the last axis, GPTBigCode's layer_past: "
+                "[n_batch, n_cache, 2·d_head] where one key/value head serves every query head)")
     base = layout.removeprefix(STACKED)
     said = BASE_WORDS[base] if base == layout else f"keys and values stacked in one tensor, {BASE_WORDS[base]}"
     return f"[{', '.join(DIMS[layout])}] ({said})"
@@ -65,7 +77,7 @@ def held(tensor: torch.Tensor, layout: str, keys: bool = True) -> torch.Tensor:
     if layout in TRANSPOSED:
         values = held(tensor, TRANSPOSED[layout])
         return values.transpose(-1, -2).contiguous() if keys else values
-    base = layout.removeprefix(STACKED)
+    base = layout.removeprefix(STACKED).removeprefix(FUSED)
     if base == "bnhd":
         return tensor.transpose(1, 2).contiguous()
     if base == "nbhd":
@@ -76,25 +88,33 @@ def held(tensor: torch.Tensor, layout: str, keys: bool = True) -> torch.Tensor:
 
 
 def handed(parts: tuple[torch.Tensor, ...], layout: str) -> Any:
-    """What the code's cache parameter gets, from `(K_cache, V_cache)` laid out as `layout` (`held`): the pair, one
-    tensor stacking them, or transformers' Cache object holding them."""
+    """What the code's cache parameter gets, from `(K_cache, V_cache)` laid out as `layout` (`held`): the pair (which
+    answers a dict's keys too: cacheforms.Handed), one tensor stacking them or joining them on the last axis, or
+    transformers' Cache object holding them."""
     import torch
+
+    from attnscope.usertrace.cacheforms import Handed
 
     if layout == OBJECT:
         from attnscope.usertrace.hfcache import HandedCache
 
         return HandedCache(*parts)
-    return torch.stack(parts) if layout.startswith(STACKED) else parts
+    if layout.startswith(FUSED):
+        return torch.cat(parts, dim=-1)
+    return torch.stack(parts) if layout.startswith(STACKED) else Handed(*parts)
 
 
 def _shape(cache: tuple[torch.Tensor, torch.Tensor], layout: str) -> tuple[int, ...]:
     part = tuple(held(cache[0], layout).shape)
+    if layout.startswith(FUSED):
+        return (*part[:-1], 2 * part[-1])
     return (2, *part) if layout.startswith(STACKED) else part
 
 
-def others(failure: Failure | None, cache: tuple[torch.Tensor, torch.Tensor]) -> list[str]:
-    """The layouts to try after the code raised on trace's own: those whose shape meets the op it raised on first."""
-    tried = [layout for layout in DIMS if layout != "bhnd"]
+def others(failure: Failure | None, cache: tuple[torch.Tensor, torch.Tensor], apart: bool = False) -> list[str]:
+    """The layouts to try after the code raised on trace's own: those whose shape meets the op it raised on first;
+    `apart`: the keys and values go to two parameters, so only the layouts handed as a pair."""
+    tried = [layout for layout in (PAIRED if apart else DIMS) if layout != "bhnd"]
     shapes = [tuple(s) for s in (failure.shapes if failure is not None else [])]
     own = tuple(cache[0].shape)
     met = [s for s in shapes if s != own]
@@ -147,8 +167,8 @@ def read(records: list[Record], parameter: str, layout: str,
                    "reads the same keys and values")
 
 
-def note(layout: str, failure: Failure | None, parameter: str) -> str:
+def note(layout: str, failure: Failure | None, parameters: tuple[str, ...]) -> str:
     where = f" (line {failure.line}: {failure.message})" if failure is not None and failure.line else ""
-    return (f"{parameter}: your code keeps its cache as {words(layout)}; it raised on the pair (K_cache, V_cache), "
-            f"each laid out {words('bhnd')}{where}, and runs on this one, which it is handed. A convention, not a "
-            "mistake: the reference reads the same keys and values")
+    return (f"{', '.join(parameters)}: your code keeps its cache as {words(layout)}; it raised on the pair (K_cache, "
+            f"V_cache), each laid out {words('bhnd')}{where}, and runs on this one, which it is handed. A convention, "
+            "not a mistake: the reference reads the same keys and values")

@@ -68,16 +68,21 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
 
             layout = inputs.cache_layout  # the layout the code keeps it in
             parts = tuple(held(t, layout, keys=i == 0) for i, t in enumerate(inputs.cache))
-            given = handed(parts, inputs.cache_layout)  # the pair, one tensor stacking it, or a Cache object
-            out.values[plan.cache] = given
+            apart = plan.cache_values is not None  # two parameters, the keys and the values (cacheforms.py)
+            # the pair (answering a dict's keys too), one tensor stacking or joining it, or a Cache object
+            given = parts if apart else handed(parts, inputs.cache_layout)
+            out.values[plan.cache] = given[0] if apart else given
+            if apart:
+                out.values[str(plan.cache_values)] = given[1]
             if isinstance(given, torch.Tensor):
                 out.labels[id(given)] = plan.cache
             heads = "n_kv_head" if "n_kv_head" in sizes else "n_head"
             for i, (name, tensor) in enumerate(zip(("K_cache", "V_cache"), parts, strict=True)):
                 dims = tuple(d.replace("n_kv_head", heads) for d in dims_of(layout, i == 0) if d != "2")
                 what = "random keys, taken as already rotated" if i == 0 else "random values"
-                out.steps.append((name, tensor, dims, f"input: {plan.cache}[{i}], {what}"))
-                out.labels[id(tensor)] = f"{plan.cache}[{i}]"
+                label = (plan.cache, plan.cache_values)[i] if apart else f"{plan.cache}[{i}]"
+                out.steps.append((name, tensor, dims, f"input: {label}, {what}"))
+                out.labels[id(tensor)] = str(label)
     for name in plan.positions:
         out.values[name] = n_cache
     if not plan.tables or rope_base is None:

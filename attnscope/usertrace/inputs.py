@@ -285,7 +285,8 @@ def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
     if o.cache:
         if not is_module or plan.cache is None or not plan.self_attention:
             raise UsageError(f"--cache {o.cache} runs a decode step, which needs a module whose forward takes x and "
-                             f"a cache (kv_cache, past_key_value, layer_past, ...); {plan.signature} takes none")
+                             "a cache (kv_cache, past_key_value, layer_past, ...; or past_key and past_value); "
+                             f"{plan.signature} takes none")
     elif plan.cache is not None and plan.cache in plan.tensors:
         raise UsageError(f"{plan.signature} needs {plan.cache}: give --cache N for a decode step after N positions")
     if plan.tables and not o.rope:

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from attnscope.errors import AttnscopeError, UsageError
+from attnscope.usertrace import cacheforms
 from attnscope.usertrace.initargs import build
 
 MASK_WORDS = ("mask",)
@@ -88,6 +89,8 @@ class Plan:
     zeros: list[str] = field(default_factory=list)
     positional_only: set[str] = field(default_factory=set)
     cache: str | None = None  # gets (K_cache, V_cache) with --cache, else None
+    cache_values: str | None = None  # the values' parameter where the code takes them apart (cacheforms.py):
+    # `cache` then gets K_cache alone
     positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     tables_optional: bool = False  # every one of them defaults to None: the module may make its own
@@ -453,6 +456,7 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
     text = f"{label}{signature}"
     p = Plan(text, [])
     masks: list[str] = []
+    halves: list[tuple[str, bool]] = []  # a cache's keys or values alone (`past_key`, `v_cache`): a pair, or others
     for name, param in signature.parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
@@ -465,6 +469,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             masks.append(name)
         elif lower in CACHE_NAMES and (required or param.default is None):
             p.cache = name
+        elif cacheforms.is_half(name) and (required or param.default is None):
+            halves.append((name, required))
         elif lower in POSITION_NAMES and (required or isinstance(param.default, int)):
             p.positions.append(name)
         elif lower in TABLE_NAMES and (required or param.default is None):
@@ -484,6 +490,11 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             p.optional.append(name)
         if param.kind == param.POSITIONAL_ONLY:
             p.positional_only.add(name)
+    split = cacheforms.pair([name for name, _ in halves]) if p.cache is None else None
+    if split is not None:
+        p.cache, p.cache_values = split
+    for name, required in halves if split is None else []:  # no pair: what they would be
+        (p.tensors if required else p.optional).append(name)
     if p.lengths is None and len(p.tensors) == 4:  # query, key, value and a fourth: lengths, if the code says so
         p.lengths = p.tensors.pop()
     if p.lengths is not None and (masks or len(p.tensors) not in (1, 2, 3)):  # the code has a mask parameter

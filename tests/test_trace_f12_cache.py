@@ -1,0 +1,130 @@
+"""`attnscope trace` reads a decode step's cache in the forms code takes it besides one `(k, v)` in one parameter
+(tests/trace_styles_f12_cache.py):
+
+- the keys and the values as two parameters (`past_key, past_value`; `k_cache, v_cache` sequence-major): before,
+  "--cache 3 runs a decode step, which needs a module whose forward takes x and a cache" (exit 2);
+- a dict (`cache["k"]`; `layer_past.get("key")`, heads folded into the batch): before, "your code raised TypeError:
+  tuple indices must be integers or slices, not str" (exit 1);
+- GPTBigCode's keys and values joined on the last axis (`layer_past` [n_batch, n_cache, 2·d_head], multi-query;
+  [n_batch, n_head, n_cache, 2·d_head]): before, "expected Tensor as element 0 in argument 0, but got tuple" (exit 1).
+
+Each correct style passes with a note that says how its cache was read; its join in the wrong order is `cache.order`,
+SDPA's `is_causal=True` (or a mask of the square's diagonal) in a decode step `mask.upper_left`, and a third plant of
+each style its own cause, all by experiment. Each style is checked apart from attnscope against
+F.scaled_dot_product_attention in float64, and each planted bug shown to change its output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_trace_command import trace, user_module
+from test_trace_round7_heldcache import _decode64  # SDPA over the cache joined, lower-right, kv heads repeated
+
+STYLES = str(Path(__file__).resolve().parent / "trace_styles_f12_cache.py")
+styles = user_module(STYLES)
+
+
+def _heads(t, h):  # [B, T, h·d] -> [B, h, T, d], float64
+    return t.double().view(*t.shape[:2], h, -1).transpose(1, 2)
+
+
+def _lin(layer, x):
+    return F.linear(x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double())
+
+
+def _out(y, layer):  # [B, H, T, D] -> the output projection of [B, T, H·D]
+    return _lin(layer, y.transpose(1, 2).flatten(2))
+
+
+def _bugs_change(make, bugs, call):
+    for bug in bugs:
+        torch.manual_seed(1)
+        right = make().eval()
+        torch.manual_seed(1)
+        wrong = make(bug=bug).eval()
+        assert not torch.allclose(call(wrong), call(right), atol=1e-3), (make.__name__, bug)
+
+
+def test_the_cache_forms_are_sdpa_over_the_joined_cache_and_the_bugs_change_them():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 32, generator=g)
+    cache = (torch.randn(2, 4, 3, 8, generator=g), torch.randn(2, 4, 3, 8, generator=g))  # [B, H, N, D]
+    lower_right = torch.zeros(5, 8).masked_fill(~torch.ones(5, 8, dtype=torch.bool).tril(3), float("-inf"))
+    with torch.no_grad():
+        torch.manual_seed(1)
+        m = styles.PastKeyValueArgs().eval()
+        want = _out(_decode64(*(_heads(_lin(p, x), 4) for p in (m.q_proj, m.k_proj, m.v_proj)), cache), m.o_proj)
+        assert torch.allclose(m(x, lower_right, *cache).double(), want, atol=1e-5)
+        _bugs_change(styles.PastKeyValueArgs, ("new_first", "is_causal", "no_scale"), lambda f: f(x, lower_right,
+                                                                                                    *cache))
+
+        gqa = (torch.randn(2, 2, 3, 8, generator=g), torch.randn(2, 2, 3, 8, generator=g))
+        seq = tuple(t.transpose(1, 2).contiguous() for t in gqa)  # [B, N, H_kv, D]
+        torch.manual_seed(1)
+        s = styles.SeqMajorArgs().eval()
+        want = _out(_decode64(_heads(_lin(s.wq, x), 4), _heads(_lin(s.wk, x), 2), _heads(_lin(s.wv, x), 2), gqa),
+                    s.wo)
+        assert torch.allclose(s(x, *seq).double(), want, atol=1e-5)
+        _bugs_change(styles.SeqMajorArgs, ("new_first", "is_causal", "tiled"), lambda f: f(x, *seq))
+
+        torch.manual_seed(1)
+        d = styles.DictCache().eval()
+        as_dict = {"k": cache[0], "v": cache[1]}
+        want = _out(_decode64(*(_heads(_lin(p, x), 4) for p in (d.to_q, d.to_k, d.to_v)), cache), d.to_out)
+        assert torch.allclose(d(x, as_dict).double(), want, atol=1e-5)
+        _bugs_change(styles.DictCache, ("new_first", "is_causal", "no_scale"), lambda f: f(x, as_dict))
+
+        torch.manual_seed(1)
+        p = styles.LayerPastDict().eval()
+        folded = {"key": cache[0].reshape(8, 3, 8), "value": cache[1].reshape(8, 3, 8)}  # [B·H, N, D]
+        want = _out(_decode64(*(_heads(_lin(f, x), 4) for f in (p.q_proj, p.k_proj, p.v_proj)), cache), p.out_proj)
+        assert torch.allclose(p(x, folded).double(), want, atol=1e-5)
+        _bugs_change(styles.LayerPastDict, ("new_first", "upper_left", "no_scale"), lambda f: f(x, folded))
+
+        mqa = (torch.randn(2, 1, 3, 8, generator=g), torch.randn(2, 1, 3, 8, generator=g))  # one key/value head
+        fused = torch.cat(mqa, dim=-1).squeeze(1)  # [B, N, 2·D]
+        torch.manual_seed(1)
+        b = styles.FusedMQACache().eval()
+        q, k, v = _lin(b.c_attn, x).split((32, 8, 8), dim=-1)
+        want = _out(_decode64(_heads(q, 4), _heads(k, 1), _heads(v, 1), mqa), b.c_proj)
+        assert torch.allclose(b(x, fused).double(), want, atol=1e-5)
+        _bugs_change(styles.FusedMQACache, ("new_first", "is_causal", "no_scale"), lambda f: f(x, fused))
+
+        joined = torch.cat(cache, dim=-1)  # [B, H, N, 2·D]
+        torch.manual_seed(1)
+        h = styles.FusedHeadsCache().eval()
+        k, v = _lin(h.to_kv, x).chunk(2, dim=-1)
+        want = _out(_decode64(_heads(_lin(h.to_q, x), 4), _heads(k, 4), _heads(v, 4), cache), h.to_out)
+        assert torch.allclose(h(x, joined).double(), want, atol=1e-5)
+        _bugs_change(styles.FusedHeadsCache, ("new_first", "is_causal", "values_first"), lambda f: f(x, joined))
+
+
+FORMS = [("PastKeyValueArgs", "past_key, past_value: your code takes its cache as two parameters", "no_scale",
+          "scale.none"),
+         ("SeqMajorArgs", "k_cache, v_cache: your code keeps its cache as [n_batch, n_cache, n_kv_head, d_head]",
+          "tiled", "gqa.tiled"),
+         ("DictCache", "cache: your code reads its cache as a dict, cache['k'] and cache['v']", "no_scale",
+          "scale.none"),
+         ("LayerPastDict", "layer_past: your code reads its cache as a dict, layer_past['key'] and "
+          "layer_past['value']", "no_scale", "scale.none"),
+         ("FusedMQACache", "layer_past: your code keeps its cache as [n_batch·n_kv_head, n_cache, 2·d_head] (keys "
+          "and values joined on the last axis", "no_scale", "scale.none"),
+         ("FusedHeadsCache", "layer_past: your code keeps its cache as [n_batch, n_kv_head, n_cache, 2·d_head]",
+          "values_first", "kv.swapped")]
+
+
+@pytest.mark.parametrize(("name", "said", "bug", "cause"), FORMS, ids=[f[0] for f in FORMS])
+def test_a_cache_in_another_form_passes_and_its_mistakes_are_named_by_experiment(runner, name, said, bug, cause):
+    args = (f"{STYLES}:{name}", "--causal", "--cache", "3")
+    result, out = trace(runner, *args)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert any(said in n for n in out["notes"]), out["notes"]
+    upper_left = "upper_left" if name == "LayerPastDict" else "is_causal"
+    for planted, named in (("new_first", "cache.order"), (upper_left, "mask.upper_left"), (bug, cause)):
+        result, out = trace(runner, *args, "--init", f"bug={planted!r}")
+        assert result.exit_code == 1, result.stdout + result.stderr
+        first = out["first_divergence"]
+        assert first["experiment"] == named and first["evidence"].startswith("by experiment"), (planted, first)

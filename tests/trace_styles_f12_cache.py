@@ -1,0 +1,229 @@
+"""Decode steps whose cache comes another way than one `(k, v)` tuple or tensor, for tests/test_trace_f12_cache.py;
+each correct one and each planted bug (`bug=`) is checked there against F.scaled_dot_product_attention in float64,
+and each bug shown to change the output.
+
+The cache as two parameters of the forward:
+- `PastKeyValueArgs`: `forward(hidden_states, attention_mask=None, past_key=None, past_value=None)`, transformers'
+  layout [n_batch, n_head, n_cache, d_head] joined on dim 2, an additive mask; bugs `new_first` (cache.order),
+  `is_causal` (SDPA's is_causal=True: mask.upper_left), `no_scale` (scale.none);
+- `SeqMajorArgs`: `forward(x, k_cache=None, v_cache=None)`, GQA, each [n_batch, n_cache, n_kv_head, d_head]
+  (mistral-inference's) joined on dim 1, heads repeated by repeat_interleave, a hand-made lower-right mask;
+  bugs `new_first`, `is_causal`, `tiled` (gqa.tiled).
+
+The cache as a dict:
+- `DictCache`: `forward(x, cache=None)` with `cache["k"]`, `cache["v"]` [n_batch, n_head, n_cache, d_head],
+  einsum scores; bugs `new_first`, `is_causal`, `no_scale`;
+- `LayerPastDict`: `layer_past={"key": .., "value": ..}` read with `.get`, heads folded into the batch
+  [n_batch·n_head, n_cache, d_head], bmm, masked_fill; bugs `new_first`, `upper_left` (a tril of the square's
+  diagonal: mask.upper_left), `no_scale`.
+
+GPTBigCode's fused cache, keys and values on one last axis:
+- `FusedMQACache`: multi-query (one key/value head), `c_attn` writing q | k | v, `layer_past` [n_batch, n_cache,
+  2·d_head] joined on dim -2 and split `(d_head, d_head)` on dim -1, the queries' heads folded into the rows
+  (`[b, q·h, d]`, baddbmm); bugs `new_first`, `is_causal`, `no_scale`;
+- `FusedHeadsCache`: every head its own keys and values, `layer_past` [n_batch, n_head, n_cache, 2·d_head] chunked in
+  two on dim -1, SDPA; bugs `new_first`, `is_causal`, `values_first` (the split read v | k: kv.swapped).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _heads(t, h):  # [B, T, h·d] -> [B, h, T, d]
+    return t.view(*t.shape[:2], h, -1).transpose(1, 2)
+
+
+def _allowed(n_q, n_k):  # lower-right causal: the new queries after the cached positions, True = may attend
+    return torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+
+
+# --- the cache as two parameters ------------------------------------------------------------------------------
+
+
+class PastKeyValueArgs(nn.Module):
+    def __init__(self, hidden_size=32, num_heads=4, bug=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.bug = num_heads, hidden_size // num_heads, bug
+        self.q_proj = nn.Linear(hidden_size, hidden_size)
+        self.k_proj = nn.Linear(hidden_size, hidden_size)
+        self.v_proj = nn.Linear(hidden_size, hidden_size)
+        self.o_proj = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, hidden_states, attention_mask=None, past_key=None, past_value=None):
+        bsz, q_len, _ = hidden_states.shape
+        query = _heads(self.q_proj(hidden_states), self.num_heads)
+        key = _heads(self.k_proj(hidden_states), self.num_heads)
+        value = _heads(self.v_proj(hidden_states), self.num_heads)
+        if past_key is not None:
+            if self.bug == "new_first":
+                key, value = torch.cat([key, past_key], dim=2), torch.cat([value, past_value], dim=2)
+            else:
+                key, value = torch.cat([past_key, key], dim=2), torch.cat([past_value, value], dim=2)
+        if self.bug == "is_causal":
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                 scale=1.0 if self.bug == "no_scale" else None)
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
+
+
+class SeqMajorArgs(nn.Module):
+    def __init__(self, dim=32, n_heads=4, n_kv_heads=2, bug=None):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim, self.bug = n_heads, n_kv_heads, dim // n_heads, bug
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x, k_cache=None, v_cache=None):
+        bsz, seqlen, _ = x.shape
+        xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
+        xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        if k_cache is not None:
+            first = self.bug == "new_first"
+            xk = torch.cat((xk, k_cache) if first else (k_cache, xk), dim=1)
+            xv = torch.cat((xv, v_cache) if first else (v_cache, xv), dim=1)
+        repeats = self.n_heads // self.n_kv_heads
+        if self.bug == "tiled":
+            keys, values = xk.repeat(1, 1, repeats, 1), xv.repeat(1, 1, repeats, 1)
+        else:
+            keys, values = xk.repeat_interleave(repeats, dim=2), xv.repeat_interleave(repeats, dim=2)
+        q, k, v = xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+        if self.bug == "is_causal":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=_allowed(seqlen, k.shape[2]))
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+# --- the cache as a dict ----------------------------------------------------------------------------------------
+
+
+class DictCache(nn.Module):
+    def __init__(self, d_model=32, n_head=4, bug=None):
+        super().__init__()
+        self.n_head, self.d_head, self.bug = n_head, d_model // n_head, bug
+        self.to_q = nn.Linear(d_model, d_model, bias=False)
+        self.to_k = nn.Linear(d_model, d_model, bias=False)
+        self.to_v = nn.Linear(d_model, d_model, bias=False)
+        self.to_out = nn.Linear(d_model, d_model)
+
+    def forward(self, x, cache=None):
+        b, n, _ = x.shape
+        q, k, v = (_heads(f(x), self.n_head) for f in (self.to_q, self.to_k, self.to_v))
+        if cache is not None:
+            pair = ((k, cache["k"]), (v, cache["v"])) if self.bug == "new_first" else ((cache["k"], k), (cache["v"], v))
+            k, v = (torch.cat(p, dim=-2) for p in pair)
+        if self.bug == "is_causal":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scale = 1.0 if self.bug == "no_scale" else self.d_head ** -0.5
+            dots = torch.einsum("bhid,bhjd->bhij", q, k) * scale
+            dots = dots.masked_fill(~_allowed(n, k.shape[-2]), -torch.finfo(dots.dtype).max)
+            y = torch.einsum("bhij,bhjd->bhid", dots.softmax(dim=-1), v)
+        return self.to_out(y.transpose(1, 2).reshape(b, n, -1))
+
+
+class LayerPastDict(nn.Module):
+    def __init__(self, embed_dim=32, num_heads=4, bug=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.bug = num_heads, embed_dim // num_heads, bug
+        self.scaling = 1.0 if bug == "no_scale" else self.head_dim ** -0.5
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def _shape(self, t, bsz):  # [B, T, E] -> [B·H, T, D]
+        return t.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2).reshape(bsz * self.num_heads, -1,
+                                                                                      self.head_dim)
+
+    def forward(self, hidden_states, layer_past=None):
+        bsz, tgt_len, embed_dim = hidden_states.shape
+        q = self._shape(self.q_proj(hidden_states) * self.scaling, bsz)
+        k = self._shape(self.k_proj(hidden_states), bsz)
+        v = self._shape(self.v_proj(hidden_states), bsz)
+        if layer_past is not None:
+            prev_key, prev_value = layer_past.get("key"), layer_past.get("value")
+            if self.bug == "new_first":
+                k, v = torch.cat([k, prev_key], dim=1), torch.cat([v, prev_value], dim=1)
+            else:
+                k, v = torch.cat([prev_key, k], dim=1), torch.cat([prev_value, v], dim=1)
+        src_len = k.size(1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))  # [B·H, T, S]
+        if self.bug == "upper_left":
+            future = torch.ones(tgt_len, src_len, dtype=torch.bool).triu(1)
+        else:
+            future = ~_allowed(tgt_len, src_len)
+        attn_weights = attn_weights.masked_fill(future, float("-inf"))
+        attn_output = torch.bmm(F.softmax(attn_weights, dim=-1), v)
+        attn_output = attn_output.view(bsz, self.num_heads, tgt_len, self.head_dim).transpose(1, 2)
+        return self.out_proj(attn_output.reshape(bsz, tgt_len, embed_dim))
+
+
+# --- GPTBigCode's fused cache -------------------------------------------------------------------------------------
+
+
+class FusedMQACache(nn.Module):
+    def __init__(self, n_embd=32, n_head=4, bug=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.embed_dim, self.bug = n_head, n_embd // n_head, n_embd, bug
+        self.c_attn = nn.Linear(n_embd, n_embd + 2 * self.head_dim)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, hidden_states, layer_past=None):
+        query, key_value = self.c_attn(hidden_states).split((self.embed_dim, 2 * self.head_dim), dim=2)
+        if layer_past is not None:
+            parts = (key_value, layer_past) if self.bug == "new_first" else (layer_past, key_value)
+            key_value = torch.cat(parts, dim=-2)
+        present = key_value  # noqa: F841  (what GPTBigCode hands back with use_cache)
+        key, value = key_value.split((self.head_dim, self.head_dim), dim=-1)
+        batch_size, query_length = query.shape[0], query.shape[1]
+        key_length = key.size(-2)
+        query = query.reshape(batch_size, query_length * self.num_heads, self.head_dim)  # [b, q·h, d]
+        if self.bug == "is_causal":
+            q4 = query.view(batch_size, query_length, self.num_heads, self.head_dim).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q4, key.unsqueeze(1), value.unsqueeze(1), is_causal=True)
+            attn_output = out.transpose(1, 2).reshape(batch_size, query_length, self.embed_dim)
+            return self.c_proj(attn_output)
+        scale = 1.0 if self.bug == "no_scale" else 1 / math.sqrt(self.head_dim)
+        empty = torch.empty(batch_size, query_length * self.num_heads, key_length)
+        attn_weights = torch.baddbmm(empty, query, key.transpose(-1, -2), beta=0, alpha=scale)
+        attn_weights = attn_weights.view(batch_size, query_length, self.num_heads, key_length)
+        mask = _allowed(query_length, key_length)[None, :, None, :]  # [1, q, 1, k]
+        attn_weights = torch.where(mask, attn_weights, torch.finfo(attn_weights.dtype).min)
+        attn_weights = F.softmax(attn_weights, dim=-1).view(batch_size, query_length * self.num_heads, key_length)
+        attn_output = torch.bmm(attn_weights, value).view(batch_size, query_length, self.embed_dim)
+        return self.c_proj(attn_output)
+
+
+class FusedHeadsCache(nn.Module):
+    def __init__(self, dim=32, heads=4, bug=None):
+        super().__init__()
+        self.heads, self.dim_head, self.bug = heads, dim // heads, bug
+        self.to_q = nn.Linear(dim, dim, bias=False)
+        self.to_kv = nn.Linear(dim, 2 * dim, bias=False)
+        self.to_out = nn.Linear(dim, dim)
+
+    def forward(self, x, layer_past=None):
+        b, n, _ = x.shape
+        q = _heads(self.to_q(x), self.heads)
+        k, v = (_heads(t, self.heads) for t in self.to_kv(x).chunk(2, dim=-1))
+        kv = torch.cat((k, v), dim=-1)  # [b, h, n, 2·d]
+        if layer_past is not None:
+            kv = torch.cat((kv, layer_past) if self.bug == "new_first" else (layer_past, kv), dim=2)
+        k, v = kv.chunk(2, dim=-1)
+        if self.bug == "values_first":
+            v, k = k, v
+        if self.bug == "is_causal":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=_allowed(n, k.shape[2]))
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
