@@ -133,3 +133,109 @@ class KVZeroBias(nn.Module):
         dots = torch.matmul(q, k.transpose(-1, -2)) * (d // self.heads) ** -0.5
         out = torch.matmul(dots.softmax(dim=-1), v)
         return self.to_out(out.permute(0, 2, 1, 3).reshape(b, n, d))
+
+
+def _relative_index(n_q: int, n_k: int, clip: int) -> torch.Tensor:
+    """Shaw et al.'s clipped distances j - i, shifted to index a table of 2 * clip + 1 rows: [n_q, n_k]."""
+    distance = torch.arange(n_k)[None, :] - torch.arange(n_q)[:, None]
+    return torch.clamp(distance, -clip, clip) + clip
+
+
+class ShawKeysValues(nn.Module):
+    """Shaw et al. (2018), relative keys in the scores and relative values in the output, by einsum; causal."""
+
+    def __init__(self, d_model: int = 32, n_heads: int = 4, clip: int = 3, bug: str | None = None) -> None:
+        super().__init__()
+        self.h, self.dk, self.clip, self.bug = n_heads, d_model // n_heads, clip, bug
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.rel_k = nn.Parameter(torch.randn(2 * clip + 1, self.dk) * 0.5)
+        self.rel_v = nn.Parameter(torch.randn(2 * clip + 1, self.dk) * 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = (w(x).view(b, n, self.h, self.dk).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        index = _relative_index(n, n, self.clip)
+        a_k, a_v = self.rel_k[index], self.rel_v[index]  # [n, n, d_k]
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) + torch.einsum("bhqd,qkd->bhqk", q, a_k)
+        scores = scores if self.bug == "no_scale" else scores / math.sqrt(self.dk)
+        future = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=2 if self.bug == "diagonal" else 1)
+        attn = scores.masked_fill(future, float("-inf")).softmax(dim=-2 if self.bug == "softmax_dim" else -1)
+        out = torch.einsum("bhqk,bhkd->bhqd", attn, v) + torch.einsum("bhqk,qkd->bhqd", attn, a_v)
+        return self.wo(out.transpose(1, 2).reshape(b, n, d))
+
+
+class ShawValuesTimeMajor(nn.Module):
+    """Relative values alone, as the popular `RelativePosition` port writes them: the pattern made time-major,
+    `[n_q, b * h, n_k] @ table[n_q, n_k, d_k]`, viewed back and added to `attn @ v`; a padding mask (1 = keep)."""
+
+    def __init__(self, hid_dim: int = 32, n_heads: int = 4, max_relative_position: int = 2,
+                 bug: str | None = None) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim, self.bug = n_heads, hid_dim // n_heads, bug
+        self.max_relative_position = max_relative_position
+        self.table_v = nn.Parameter(torch.empty(2 * max_relative_position + 1, self.head_dim))
+        nn.init.xavier_uniform_(self.table_v)
+        self.fc_q, self.fc_k, self.fc_v, self.fc_o = (nn.Linear(hid_dim, hid_dim) for _ in range(4))
+        self.scale = math.sqrt(hid_dim if bug == "scale_hid" else self.head_dim)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        batch_size, len_q, len_k = query.shape[0], query.shape[1], key.shape[1]
+        q = self.fc_q(query).view(batch_size, -1, self.n_heads, self.head_dim).permute(0, 2, 1, 3)
+        k = self.fc_k(key).view(batch_size, -1, self.n_heads, self.head_dim).permute(0, 2, 1, 3)
+        v = self.fc_v(value).view(batch_size, -1, self.n_heads, self.head_dim).permute(0, 2, 1, 3)
+        attn = torch.matmul(q, k.permute(0, 1, 3, 2)) / self.scale
+        if mask is not None:
+            attn = attn.masked_fill(mask == 0, 0.0 if self.bug == "fill_zero" else -1e10)
+        attn = torch.softmax(attn, dim=-1)
+        weight1 = torch.matmul(attn, v)
+        r_v = self.table_v[_relative_index(len_q, len_k, self.max_relative_position)]  # [len_q, len_k, d]
+        weight2 = attn.permute(2, 0, 1, 3).contiguous().view(len_q, batch_size * self.n_heads, len_k)
+        weight2 = torch.matmul(weight2, r_v)  # [len_q, b * h, d]
+        weight2 = weight2.transpose(0, 1).contiguous().view(batch_size, self.n_heads, len_q, self.head_dim)
+        x = (weight1 + weight2).permute(0, 2, 1, 3).contiguous().view(batch_size, -1, self.n_heads * self.head_dim)
+        return self.fc_o(x)
+
+
+class PositionOutputBias(nn.Module):
+    """A learned bias per query position and head added to each head's output `[h, max_len, d_head]`; a fused
+    qkv, causal by a tril buffer."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, max_len: int = 16, bug: str | None = None) -> None:
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out_pos = nn.Parameter(torch.randn(heads, max_len, dim // heads) * 0.5)
+        self.proj = nn.Linear(dim, dim)
+        self.register_buffer("tril", torch.tril(torch.ones(max_len, max_len)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = q @ k.transpose(-2, -1)
+        att = att * (1.0 if self.bug == "no_scale" else 1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-2 if self.bug == "softmax_dim" else -1)
+        y = att @ v + self.out_pos[:, :T]
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class KeyPositionValues(nn.Module):
+    """The pattern also averages a learned table of absolute key positions, `attn @ pos_v[:n_k]`, beside `attn @ v`
+    (a position read out per query, TUPE-like); no mask."""
+
+    def __init__(self, d: int = 32, h: int = 4, max_len: int = 16, bug: str | None = None) -> None:
+        super().__init__()
+        self.h, self.bug = h, bug
+        self.to_q, self.to_k, self.to_v = (nn.Linear(d, d, bias=False) for _ in range(3))
+        self.pos_v = nn.Parameter(torch.randn(max_len, d // h) * 0.5)
+        self.to_out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = (f(x).reshape(b, n, self.h, -1).permute(0, 2, 1, 3) for f in (self.to_q, self.to_k, self.to_v))
+        scale = (d if self.bug == "scale_d_model" else d // self.h) ** -0.5
+        w = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=1 if self.bug == "softmax_dim" else -1)
+        out = torch.matmul(w, v) + torch.matmul(w, self.pos_v[:n])
+        return self.to_out(out.permute(0, 2, 1, 3).reshape(b, n, d))

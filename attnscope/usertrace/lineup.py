@@ -94,10 +94,31 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
     from attnscope.usertrace.ownterm import output_term
 
     lined = _own_additions(module, shapes, inputs, records, train, spec, read_conventions)
+    if read_conventions and spec is not None and spec.out_term is None and lined.divergence is not None:
+        folded = _with_output_term(module, shapes, inputs, records, train, spec, lined)
+        if folded is not None:
+            return folded
     said = output_term(module, records, lined) if read_conventions else None
     if said is not None and lined.divergence is not None:  # Shaw's relative values: said, never blamed elsewhere
         lined.divergence.diagnosis, lined.divergence.evidence = said, None
     return lined
+
+
+def _with_output_term(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
+                      spec: Spec, lined: LineUp) -> LineUp | None:
+    """The line-up with the reference adding the code's own term on its attention's output (outterm.py: Shaw's
+    relative values), with a note, where that fits better than `lined`: clean, further, or a mistake upstream
+    named by experiment (its rerun adds the term too); None otherwise."""
+    from attnscope.usertrace import outterm
+
+    term = outterm.found(module, records, lined)
+    if term is None or spec.layout == "col":
+        return None
+    again = _own_additions(module, shapes, inputs, records, train, replace(spec, out_term=term.tensor), True)
+    if again.no_reference is not None or not _better(again, lined):
+        return None
+    again.notes.insert(0, term.note)
+    return again
 
 
 def _own_additions(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
@@ -400,6 +421,7 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     """The reference run on the inputs; for a module, under each reading of its projections (a fused one can
     be split several ways), the one under which most steps find their equal. Last, which axis of each of the
     code's scores holds the keys, read from its data flow under that reading (scoreaxes.key_axes)."""
+    from attnscope.usertrace import outterm
     from attnscope.usertrace import reference as ref
 
     Q, K, V = inputs.qkv()
@@ -437,6 +459,8 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
         try:
             reference = ref.build_mha(projections, shapes.n_head, spec, module)
             trace = ref.run_mha(reference, Q, K, V, mask, inputs.cache, spec.added(cast(int, reference.d_head)))
+            if spec.out_term is not None and not col:  # the code's own term on its output (outterm.py)
+                trace = outterm.folded(trace, spec.out_term, reference)
         except UsageError as exc:
             error = error or exc
             continue

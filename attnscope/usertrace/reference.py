@@ -96,6 +96,9 @@ class Spec:
     # code adds it: before the scale (`term_before_scale`, scaled with the scores) or after it
     own_term: Any = field(default=None, compare=False)
     term_before_scale: bool = False
+    # A term the code adds to its attention's output beside attn @ v (outterm.py: Shaw's relative values), taken from
+    # the code's run in x_raw's layout `[n_batch, n_head, n_Q, d_V]`, added to the reference's x_raw
+    out_term: Any = field(default=None, compare=False)
 
     def added(self, d_head: int) -> Any:
         """What the reference adds to its scaled scores: the position bias, the code's own term (scaled with the
@@ -131,7 +134,8 @@ class Spec:
                  f"qk-norm ({self.qk_norm})" if self.qk_norm else "", f"scale {self.scale:g}" if self.scale is not None
                  else "", f"softcap {self.softcap:g}" if self.softcap is not None else "",
                  "position bias" if self.position_bias is not None else "",
-                 "your own term on the scores" if self.own_term is not None else ""]
+                 "your own term on the scores" if self.own_term is not None else "",
+                 "your own term on the output" if self.out_term is not None else ""]
         return ", ".join(p for p in parts if p)
 
     def _rope_more(self) -> str:

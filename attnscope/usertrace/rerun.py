@@ -65,6 +65,8 @@ class Base:
     # The code's own term on the scores where it adds it before the scale (Spec.own_term, ownterm.py): held in `bias`
     # at the reference's scale, and scaled with the scores where an experiment changes the scale
     pre_term: torch.Tensor | None = None
+    # The code's own term on its attention's output (Spec.out_term, outterm.py), added to x_raw as the code adds it
+    post_term: torch.Tensor | None = None
 
     @property
     def n_Q(self) -> int:
@@ -146,6 +148,8 @@ def build(ctx: Context) -> Base | None:
         base.raw_keys = rotated_back(cache[0], ctx.spec)
     if ctx.spec is not None and ctx.spec.own_term is not None and ctx.spec.term_before_scale and not col:
         base.pre_term = ctx.spec.own_term.double()
+    if ctx.spec is not None and ctx.spec.out_term is not None and not col:
+        base.post_term = ctx.spec.out_term.double()
     try:
         again = replay(base)
     except RuntimeError:  # shapes the replay does not know (an unbatched column form, ...)
@@ -245,6 +249,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         attention = attention * multiplier
     out["attention"] = attention
     x = attention @ v  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
+    if b.post_term is not None and tuple(b.post_term.shape) == tuple(x.shape):
+        x = x + b.post_term  # the code's own term on its output, as its run made it
     final = "x_raw" if "x_raw" in b.ref else "out"
     out[final] = x
     if final == "x_raw" and x.dim() == 4:

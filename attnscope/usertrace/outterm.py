@@ -1,0 +1,125 @@
+"""A term the code adds to its attention's output that no option describes, beside the pattern times V: Shaw et
+al.'s relative values `attn · rel_v[j − i]` (an einsum, or the pattern made time-major times the table), a learned
+output bias per query position, the pattern averaging a table of key positions (`attn @ pos_v[:n_K]`).
+
+The module's own, as a term on its scores is (ownterm.py): read off the data flow, an add one of whose operands is
+the code's `attn @ v` (the tensor the line-up pairs with x_raw, or a rearranging of it) and the other computed from
+a tensor of the module's own that no projection holds (a table, a bias) or the positions (an arange). The term is
+taken from the run, the sum less `attn @ v`, in the reference's x_raw layout, and the reference adds it to its
+x_raw (the heads then merged and projected as before), so every step is still compared, and a rerun of a catalog
+mistake upstream (the scale, the mask, the softmax's axis) adds it too: the code's term was made from the code's
+own pattern, which the mistake's rerun reproduces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from attnscope.usertrace.align import REARRANGING, Layout, ancestors, layouts
+
+if TYPE_CHECKING:
+    from attnscope.trace import Trace
+    from attnscope.usertrace.record import Record
+
+ADDS = ("add", "__add__", "__radd__")
+TAIL = ("x_raw", "x_rsh1", "x_rsh2", "x")
+
+
+@dataclass
+class OutTerm:
+    tensor: torch.Tensor  # the term as the code adds it, in the reference's x_raw layout [n_batch, n_head, n_Q, d]
+    note: str
+
+
+def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
+    """The term the code adds to its `attn @ v` (the record the line-up `lined` pairs with x_raw), in the reference's
+    x_raw layout, and the note that says it; None where the code adds none."""
+    from attnscope.usertrace.ownterm import _extra_params, _own_source
+
+    trace = lined.trace
+    row = next((r for r in lined.rows if r.reference == "x_raw" and r.record is not None and r.order is not None
+                and r.status in ("equal", "permuted", "differs")), None)
+    pattern = next((r.record for r in lined.rows if r.reference == "attention" and r.record is not None), None)
+    if trace is None or row is None or pattern is None or "x_raw" not in trace:
+        return None
+    shape = tuple(trace["x_raw"].shape)
+    made = row.record
+    held = Layout(row.order, row.merged, row.split).undo(made.tensor, shape).double()  # made, as x_raw lays it out
+    paired = {r.reference: r.record for r in lined.rows if r.record is not None}
+    extra = _extra_params(module, records, paired)
+    before = ancestors(pattern, records) | {pattern.index}  # the scores' own term is read there, not here
+    moved = {made.index}  # made, and made rearranged
+    for record in records[made.index + 1:]:
+        given = [v for k, v in record.args if k == "rec"]
+        if record.func in REARRANGING and given[:1] and given[0] in moved \
+                and record.tensor.numel() == made.tensor.numel():
+            moved.add(record.index)
+            continue
+        if record.func not in ADDS or not record.tensor.is_floating_point():
+            continue
+        mine = [v for v in given if v in moved]
+        if len(mine) != 1 or tuple(record.tensor.shape) != tuple(records[mine[0]].tensor.shape):
+            continue
+        others = [a for a in record.args if a != ("rec", mine[0])]
+        up = set().union(*(ancestors(records[v], records) | {v} for k, v in others if k == "rec")) - before
+        if len(others) != 1 or made.index in up or (others[0][0] == "rec" and not _own_source(up, records, extra)) \
+                or (others[0][0] == "text" and others[0][1] not in extra):
+            continue
+        operand = records[mine[0]]
+        layout = _layout_of(operand, held, shape)
+        if layout is None:
+            continue
+        term = layout.undo(record.tensor, shape).double() - layout.undo(operand.tensor, shape).double()
+        if not bool(torch.isfinite(term).any()):
+            continue
+        # a query that sees no key (NaN in the code's pattern, its row left out of the comparison): no term there
+        term = torch.where(torch.isfinite(term), term, 0.0)
+        return OutTerm(term.float(), _note(record, others[0], records, extra, before))
+    return None
+
+
+def _layout_of(operand: Record, held: torch.Tensor, shape: tuple[int, ...]) -> Layout | None:
+    """How `operand` (the code's `attn @ v`, or that rearranged) lays out the reference's x_raw: the layout under
+    which it holds `held`'s values."""
+    for layout in layouts(shape, tuple(operand.tensor.shape)):
+        if torch.equal(layout.undo(operand.tensor, shape).double(), held):
+            return layout
+    return None
+
+
+def _note(record: Record, other: tuple[str, Any], records: list[Record], extra: set[str], before: set[int]) -> str:
+    from attnscope.usertrace.ownterm import _sources
+
+    made = record.details.get("op", record.label)
+    if other[0] == "rec":
+        term = records[other[1]]
+        reads = "your attention weights and " if any(i in before for i in ancestors(term, records)) else ""
+        said = f"{term.label} from {reads}{_sources(term, records, extra, before)}"
+    else:
+        said = f"{other[1]}, a parameter of your own"
+    return (f"your code adds a term of its own to the attention's output (line {record.line}: {made}; {said}, as "
+            "Shaw et al.'s relative values, or a position's own bias, are): the reference adds it too, to its x_raw, "
+            "as your run computes it; a convention, not a mistake")
+
+
+def folded(trace: Trace, term: torch.Tensor, reference: Any) -> Trace:
+    """The reference's run with the code's term added to its x_raw, the heads then merged and projected again
+    (attention/stages.merge, as the reference's MultiHeadAttention does)."""
+    from attnscope.attention.stages import merge
+    from attnscope.trace import Trace
+
+    if any(name not in trace for name in TAIL) or tuple(trace["x_raw"].shape) != tuple(term.shape):
+        return trace
+    out = Trace(notes=list(trace.notes))
+    for step in trace.steps:
+        if step.name not in TAIL:
+            out.add_step(step)
+    old = trace.step("x_raw")
+    x_raw = out.add("x_raw", old.tensor + term.to(old.tensor.dtype), old.dims, f"{old.op} + your own term",
+                    old.work, inputs=old.inputs)
+    with torch.no_grad():
+        merge(out, x_raw, reference.W_o, reference.width("n_head"))
+    return out
