@@ -6,7 +6,10 @@
 - a dict (`cache["k"]`; `layer_past.get("key")`, heads folded into the batch): before, "your code raised TypeError:
   tuple indices must be integers or slices, not str" (exit 1);
 - GPTBigCode's keys and values joined on the last axis (`layer_past` [n_batch, n_cache, 2·d_head], multi-query;
-  [n_batch, n_head, n_cache, 2·d_head]): before, "expected Tensor as element 0 in argument 0, but got tuple" (exit 1).
+  [n_batch, n_head, n_cache, 2·d_head]): before, "expected Tensor as element 0 in argument 0, but got tuple" (exit 1);
+- a cache the module holds itself, written at the new positions (gpt-fast's KVCache buffers at `input_pos`, the whole
+  buffer attended under the mask; `index_copy_` at `input_pos`; Meta-like plain attributes at `start_pos` with its
+  own RoPE table): before, "--cache 3 runs a decode step, which needs a module whose forward takes x and a cache".
 
 Each correct style passes with a note that says how its cache was read; its join in the wrong order is `cache.order`,
 SDPA's `is_causal=True` (or a mask of the square's diagonal) in a decode step `mask.upper_left`, and a third plant of
@@ -102,29 +105,105 @@ def test_the_cache_forms_are_sdpa_over_the_joined_cache_and_the_bugs_change_them
         _bugs_change(styles.FusedHeadsCache, ("new_first", "is_causal", "values_first"), lambda f: f(x, joined))
 
 
-FORMS = [("PastKeyValueArgs", "past_key, past_value: your code takes its cache as two parameters", "no_scale",
-          "scale.none"),
+# each form in two styles: one with its join in the wrong order and SDPA's is_causal (or the square's diagonal), the
+# other with a third mistake of its own
+FORMS = [("PastKeyValueArgs", "past_key, past_value: your code takes its cache as two parameters",
+          (("new_first", "cache.order"), ("is_causal", "mask.upper_left"))),
          ("SeqMajorArgs", "k_cache, v_cache: your code keeps its cache as [n_batch, n_cache, n_kv_head, d_head]",
-          "tiled", "gqa.tiled"),
-         ("DictCache", "cache: your code reads its cache as a dict, cache['k'] and cache['v']", "no_scale",
-          "scale.none"),
+          (("tiled", "gqa.tiled"),)),
          ("LayerPastDict", "layer_past: your code reads its cache as a dict, layer_past['key'] and "
-          "layer_past['value']", "no_scale", "scale.none"),
+          "layer_past['value']", (("new_first", "cache.order"), ("upper_left", "mask.upper_left"))),
+         ("DictCache", "cache: your code reads its cache as a dict, cache['k'] and cache['v']",
+          (("no_scale", "scale.none"),)),
          ("FusedMQACache", "layer_past: your code keeps its cache as [n_batch·n_kv_head, n_cache, 2·d_head] (keys "
-          "and values joined on the last axis", "no_scale", "scale.none"),
+          "and values joined on the last axis", (("new_first", "cache.order"), ("is_causal", "mask.upper_left"))),
          ("FusedHeadsCache", "layer_past: your code keeps its cache as [n_batch, n_kv_head, n_cache, 2·d_head]",
-          "values_first", "kv.swapped")]
+          (("values_first", "kv.swapped"),))]
 
 
-@pytest.mark.parametrize(("name", "said", "bug", "cause"), FORMS, ids=[f[0] for f in FORMS])
-def test_a_cache_in_another_form_passes_and_its_mistakes_are_named_by_experiment(runner, name, said, bug, cause):
+@pytest.mark.parametrize(("name", "said", "plants"), FORMS, ids=[f[0] for f in FORMS])
+def test_a_cache_in_another_form_passes_and_its_mistakes_are_named_by_experiment(runner, name, said, plants):
     args = (f"{STYLES}:{name}", "--causal", "--cache", "3")
     result, out = trace(runner, *args)
     assert result.exit_code == 0, result.stdout + result.stderr
     assert any(said in n for n in out["notes"]), out["notes"]
-    upper_left = "upper_left" if name == "LayerPastDict" else "is_causal"
-    for planted, named in (("new_first", "cache.order"), (upper_left, "mask.upper_left"), (bug, cause)):
+    _named(runner, args, plants)
+
+
+def _named(runner, args, plants):
+    for planted, named in plants:
         result, out = trace(runner, *args, "--init", f"bug={planted!r}")
         assert result.exit_code == 1, result.stdout + result.stderr
         first = out["first_divergence"]
         assert first["experiment"] == named and first["evidence"].startswith("by experiment"), (planted, first)
+
+
+def _rope64(t, start):  # [B, H, T, D] half-split at positions start .. start + T - 1, base 10000, float64
+    d = t.shape[-1]
+    inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.outer(torch.arange(start, start + t.shape[2], dtype=torch.float64), inv)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    return t * cos + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * sin
+
+
+def test_the_held_caches_are_sdpa_over_the_cache_they_hold_and_the_bugs_change_them():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 32, generator=g)
+    gqa = (torch.randn(2, 2, 3, 8, generator=g), torch.randn(2, 2, 3, 8, generator=g))  # [B, H_kv, N, D]
+    full = (torch.randn(2, 4, 3, 8, generator=g), torch.randn(2, 4, 3, 8, generator=g))
+    input_pos = torch.arange(3, 8)
+    allowed = torch.ones(5, 8, dtype=torch.bool).tril(3)
+
+    def holding(make, cache, axis, bug=None):  # the module, its cache at positions 0 .. 2 of a room 8 long
+        torch.manual_seed(1)
+        m = make(bug=bug).eval()
+        owner, names = (m.kv_cache, ("k_cache", "v_cache")) if make is styles.GptFastHeld else (m, ("cache_k",
+                                                                                                   "cache_v"))
+        for name, part in zip(names, cache, strict=True):
+            held = part.transpose(1, 2) if axis == 1 else part
+            room = torch.cat([held, held.new_zeros(*held.shape[:axis], 5, *held.shape[axis + 1:])], dim=axis)
+            setattr(owner, name, room)
+        return m
+
+    with torch.no_grad():
+        m = holding(styles.GptFastHeld, gqa, 2)
+        q, k, v = _lin(m.wqkv, x).split([32, 16, 16], dim=-1)
+        want = _out(_decode64(_heads(q, 4), _heads(k, 2), _heads(v, 2), gqa), m.wo)
+        assert torch.allclose(m(x, allowed, input_pos).double(), want, atol=1e-5)
+        for bug in ("is_causal", "tiled"):
+            wrong = holding(styles.GptFastHeld, gqa, 2, bug)
+            assert not torch.allclose(wrong(x, allowed, input_pos), m(x, allowed, input_pos), atol=1e-3), bug
+
+        i = holding(styles.IndexCopyHeld, full, 2)
+        want = _out(_decode64(*(_heads(_lin(p, x), 4) for p in (i.q_proj, i.k_proj, i.v_proj)), full), i.output_proj)
+        assert torch.allclose(i(x, mask=allowed, input_pos=input_pos).double(), want, atol=1e-5)
+        for bug in ("new_first", "is_causal", "no_scale"):
+            right, wrong = holding(styles.IndexCopyHeld, full, 2), holding(styles.IndexCopyHeld, full, 2, bug)
+            assert not torch.allclose(wrong(x, mask=allowed, input_pos=input_pos),
+                                      right(x, mask=allowed, input_pos=input_pos), atol=1e-3), bug
+
+        s = holding(styles.StartPosHeld, gqa, 1)
+        q, k = _rope64(_heads(_lin(s.wq, x), 4), 3), _rope64(_heads(_lin(s.wk, x), 2), 3)
+        want = _out(_decode64(q, k, _heads(_lin(s.wv, x), 2), gqa), s.wo)
+        assert torch.allclose(s(x, start_pos=3).double(), want, atol=1e-5)
+        for bug in ("new_first", "upper_left", "no_offset"):
+            right, wrong = holding(styles.StartPosHeld, gqa, 1), holding(styles.StartPosHeld, gqa, 1, bug)
+            assert not torch.allclose(wrong(x, start_pos=3), right(x, start_pos=3), atol=1e-3), bug
+
+
+HELD = [("GptFastHeld", (), "kv_cache.k_cache, kv_cache.v_cache", "[n_batch, n_kv_head, n_cache, d_head]",
+         (("tiled", "gqa.tiled"),)),
+        ("IndexCopyHeld", (), "cache_k, cache_v", "[n_batch, n_kv_head, n_cache, d_head]",
+         (("is_causal", "mask.upper_left"), ("no_scale", "scale.none"))),
+        ("StartPosHeld", ("--rope",), "cache_k, cache_v", "[n_batch, n_cache, n_kv_head, d_head]",
+         (("new_first", "cache.order"), ("no_offset", "rope.positions")))]
+
+
+@pytest.mark.parametrize(("name", "more", "names", "layout", "plants"), HELD, ids=[h[0] for h in HELD])
+def test_a_cache_the_module_holds_is_read_from_what_it_writes(runner, name, more, names, layout, plants):
+    args = (f"{STYLES}:{name}", *more, "--causal", "--cache", "3")
+    result, out = trace(runner, *args)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert any(n.startswith(f"{names}: your module holds its cache itself, {layout}") for n in out["notes"]), \
+        out["notes"]
+    _named(runner, args, plants)

@@ -227,3 +227,137 @@ class FusedHeadsCache(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=_allowed(n, k.shape[2]))
         return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+# --- a cache the module holds itself ----------------------------------------------------------------------------
+
+
+class KVCache(nn.Module):  # gpt-fast's: buffers [B, H, max_len, D], written at input_pos, handed back whole
+    def __init__(self, max_batch_size, max_seq_length, n_heads, head_dim):
+        super().__init__()
+        shape = (max_batch_size, n_heads, max_seq_length, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape))
+        self.register_buffer("v_cache", torch.zeros(shape))
+
+    def update(self, input_pos, k_val, v_val):
+        k_out, v_out = self.k_cache, self.v_cache
+        k_out[:, :, input_pos] = k_val
+        v_out[:, :, input_pos] = v_val
+        return k_out, v_out
+
+
+class GptFastHeld(nn.Module):
+    def __init__(self, dim=32, n_head=4, n_local_heads=2, max_batch_size=2, max_seq_length=16, bug=None):
+        super().__init__()
+        self.n_head, self.n_local_heads, self.head_dim, self.dim, self.bug = n_head, n_local_heads, dim // n_head, \
+            dim, bug
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_local_heads) * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.kv_cache = KVCache(max_batch_size, max_seq_length, n_local_heads, self.head_dim)
+
+    def forward(self, x, mask, input_pos=None):
+        bsz, seqlen, _ = x.shape
+        kv_size = self.n_local_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([self.dim, kv_size, kv_size], dim=-1)
+        q = q.view(bsz, seqlen, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(bsz, seqlen, self.n_local_heads, self.head_dim).transpose(1, 2)
+        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim).transpose(1, 2)
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)
+        rep = self.n_head // self.n_local_heads
+        if self.bug == "tiled":
+            k, v = k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1)
+        else:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if self.bug == "is_causal":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
+        return self.wo(y.transpose(1, 2).contiguous().view(bsz, seqlen, self.dim))
+
+
+class IndexCopyHeld(nn.Module):
+    """torchtune-like: the cache written with index_copy_ at input_pos, read back up to the last new position."""
+
+    def __init__(self, embed_dim=32, num_heads=4, max_seq_len=16, batch_size=2, bug=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.bug = num_heads, embed_dim // num_heads, bug
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.output_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        shape = (batch_size, num_heads, max_seq_len, self.head_dim)
+        self.register_buffer("cache_k", torch.zeros(shape), persistent=False)
+        self.register_buffer("cache_v", torch.zeros(shape), persistent=False)
+
+    def forward(self, x, *, mask=None, input_pos=None):
+        b, s, _ = x.shape
+        q, k, v = (_heads(f(x), self.num_heads) for f in (self.q_proj, self.k_proj, self.v_proj))
+        self.cache_k.index_copy_(2, input_pos, k)
+        self.cache_v.index_copy_(2, input_pos, v)
+        if self.bug == "new_first":  # the cached positions joined after the new ones
+            start = int(input_pos[0])
+            k = torch.cat([k, self.cache_k[:, :, :start]], dim=2)
+            v = torch.cat([v, self.cache_v[:, :, :start]], dim=2)
+        else:
+            end = int(input_pos[-1]) + 1
+            k, v = self.cache_k[:, :, :end], self.cache_v[:, :, :end]
+        scale = 1.0 if self.bug == "no_scale" else None
+        if self.bug == "is_causal":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return self.output_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class StartPosHeld(nn.Module):
+    """Meta-llama-like: plain tensor attributes [max_batch, max_seq, n_kv_heads, head_dim] written at start_pos, its
+    own RoPE table (half-split cos/sin) sliced at start_pos, GQA by repeat_interleave, an additive mask built in."""
+
+    def __init__(self, dim=32, n_heads=4, n_kv_heads=2, max_batch_size=2, max_seq_len=16, base=10000.0, bug=None):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim, self.bug = n_heads, n_kv_heads, dim // n_heads, bug
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        self.cache_k = torch.zeros(max_batch_size, max_seq_len, n_kv_heads, self.head_dim)
+        self.cache_v = torch.zeros(max_batch_size, max_seq_len, n_kv_heads, self.head_dim)
+        inv_freq = 1.0 / base ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        angles = torch.outer(torch.arange(4 * max_seq_len).float(), inv_freq)
+        self.register_buffer("cos", torch.cat([angles, angles], -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat([angles, angles], -1).sin(), persistent=False)
+
+    def _rotate(self, t, cos, sin):  # t [B, T, H, D], half-split
+        half = t.shape[-1] // 2
+        turned = torch.cat([-t[..., half:], t[..., :half]], dim=-1)
+        return t * cos[None, :, None] + turned * sin[None, :, None]
+
+    def forward(self, x, start_pos=0):
+        bsz, seqlen, _ = x.shape
+        xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)
+        xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        xv = self.wv(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        first = 0 if self.bug == "no_offset" else start_pos
+        cos, sin = self.cos[first:first + seqlen], self.sin[first:first + seqlen]
+        xq, xk = self._rotate(xq, cos, sin), self._rotate(xk, cos, sin)
+        self.cache_k[:bsz, start_pos:start_pos + seqlen] = xk
+        self.cache_v[:bsz, start_pos:start_pos + seqlen] = xv
+        if self.bug == "new_first":
+            keys = torch.cat([xk, self.cache_k[:bsz, :start_pos]], dim=1)
+            values = torch.cat([xv, self.cache_v[:bsz, :start_pos]], dim=1)
+        else:
+            keys = self.cache_k[:bsz, :start_pos + seqlen]
+            values = self.cache_v[:bsz, :start_pos + seqlen]
+        rep = self.n_heads // self.n_kv_heads
+        keys, values = keys.repeat_interleave(rep, dim=2), values.repeat_interleave(rep, dim=2)
+        q, k, v = xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim)
+        n_k = k.shape[2]
+        if self.bug == "upper_left":
+            allowed = torch.ones(seqlen, n_k, dtype=torch.bool).tril()
+        else:
+            allowed = _allowed(seqlen, n_k)
+        scores = scores + torch.zeros(seqlen, n_k).masked_fill(~allowed, float("-inf"))
+        out = F.softmax(scores.float(), dim=-1).type_as(q) @ v
+        return self.wo(out.transpose(1, 2).contiguous().view(bsz, seqlen, -1))

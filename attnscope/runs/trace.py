@@ -108,7 +108,7 @@ def _cache_parameters(plan: Plan) -> tuple[str, ...]:
 def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     import torch
 
-    from attnscope.usertrace import cachelayouts, identity, load, queries, timefirst, weightargs
+    from attnscope.usertrace import cachelayouts, heldcache, identity, load, queries, timefirst, weightargs
     from attnscope.usertrace.feeds import feeds
     from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
     from attnscope.usertrace.lineup import line_up
@@ -166,6 +166,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
                      f"{target.name}.forward" if module is not None and target.kind != "function" else target.name,
                      o.train)
     plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
+    if o.cache and plan.cache is None and module is not None and heldcache.places(module):
+        plan = dataclasses.replace(plan, cache_held=True)  # a cache it holds itself, read from a run (heldcache.py)
     weighted = _weighted(o, module, plan, target)  # None for a function, and a module with no weights
     if module is not None and weighted is None and not identity.read(module):
         notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "
@@ -188,6 +190,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     notes += [said] if said else []
     sliced: list[str] = []  # the note, where RoPE's tables were made as wide as the code slices its heads
     cache_layout = "bhnd"  # how the code keeps a decode step's cache (cachelayouts.py): trace's own, else read
+    own_cache: heldcache.Held | None = None  # a cache the module holds itself, where it does: filled before each run
 
     def run_plan(asked: TraceOptions, tried: Plan) -> tuple[Inputs, Feeds, Called, Convention | None]:
         nonlocal spec
@@ -199,6 +202,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         inputs.cache_layout = cache_layout
         width = _table_width(spec, tried, inputs.sizes.get("d_head"))
         fed = feeds(tried, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias, width)
+        if own_cache is not None and inputs.cache is not None:
+            heldcache.fill(own_cache, inputs.cache, inputs.sizes["n_Q"])
         ran = (inputs, fed, *_call(asked, target, fn, tried, inputs, module, fed))
         failed = ran[2].failure
         d_head = inputs.sizes.get("d_head")
@@ -259,6 +264,24 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         cache_layout = kept
         return made, None
 
+    if plan.cache_held:  # the module's own cache: the tensors a first run writes the new keys and values into
+        before = heldcache.kept(module)
+        # one sequence, or as many as it holds room for, where that is fewer than trace's batch
+        rooms = sorted({int(n) for _, t in before for n in t.shape if 1 < n <= 16})
+        for batch in dict.fromkeys((o.batch, 1, *rooms)):
+            probe = attempt(dataclasses.replace(o, batch=batch))  # what it writes, before any op it raises on
+            if probe[0].cache is not None:
+                own_cache = heldcache.read(before, probe[0].cache, probe[0].sizes["n_Q"])
+            for (owner, name, _), old in before:
+                setattr(owner, name, old.clone())
+            if own_cache is not None:
+                break
+        if own_cache is None:
+            raise UsageError(f"--cache {o.cache} runs a decode step, which needs a module whose forward takes x and a "
+                             "cache (kv_cache, past_key_value, layer_past, ...; or past_key and past_value), or that "
+                             "holds one it writes the new keys and values into at their positions; "
+                             f"{plan.signature} takes none, and a run wrote none")
+        notes.append(heldcache.note(own_cache))
     (inputs, fed, called, convention), said = in_layouts(o, attempt(o))
     notes += [said] if said else []
     if called.failure is not None and weighted is None and o.batch is None and not o.q:

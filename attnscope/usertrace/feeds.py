@@ -5,7 +5,8 @@ RoPE's tables (--rope), each in the form the code that passes them in writes it.
   `[n_batch, n_kv_head, n_cache, d_head]`, keys already rotated (transformers' caches hold them so); in the layout
   the code keeps, where it raised on that one (cachelayouts.py: sequence-major, folded, time-first, stacked, or
   transformers' Cache object);
-- a first position (`start_pos`, `offset`, `past_length`, ...): n_cache (0 without --cache);
+- a first position (`start_pos`, `offset`, `past_length`, ...): n_cache (0 without --cache); the new positions as
+  a tensor (gpt-fast's `input_pos`, transformers' `cache_position`): arange(n_cache, n_cache + n_Q);
 - `cos`, `sin`: `[n_pos, d_head]` for positions 0 .. n_K - 1, half-split (`cat(freqs, freqs)`), as
   LLMs-from-scratch's `compute_rope_params` makes them; the code slices its positions out;
 - `freqs_cis`: complex `[n_Q, d_head / 2]` for the new positions, as Meta's `precompute_freqs_cis` sliced by
@@ -85,6 +86,8 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
                 out.labels[id(tensor)] = str(label)
     for name in plan.positions:
         out.values[name] = n_cache
+    for name in plan.position_tensors:  # gpt-fast's input_pos: the new tokens' positions, after the cached ones
+        out.values[name] = torch.arange(n_cache, n_cache + sizes["n_Q"])
     if not plan.tables or rope_base is None:
         return out
     from attnscope.usertrace.load import PAIR_TABLES

@@ -283,7 +283,7 @@ def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
         raise UsageError(f"--mask: {plan.signature} has no mask parameter to pass it to (--causal and --window "
                          "describe the reference even without one)")
     if o.cache:
-        if not is_module or plan.cache is None or not plan.self_attention:
+        if not is_module or (plan.cache is None and not plan.cache_held) or not plan.self_attention:
             raise UsageError(f"--cache {o.cache} runs a decode step, which needs a module whose forward takes x and "
                              "a cache (kv_cache, past_key_value, layer_past, ...; or past_key and past_value); "
                              f"{plan.signature} takes none")

@@ -39,6 +39,8 @@ DROPOUT_WORDS = ("dropout",)
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past", "past_kv", "past")
 POSITION_NAMES = ("start_pos", "pos", "offset", "position_offset", "past_length", "past_len", "n_past",
                   "cache_len", "start_position", "seqlen_offset")
+# The new tokens' positions as a tensor [n]: gpt-fast's and torchtune's input_pos, transformers' cache_position
+POSITIONS_NAMES = ("input_pos", "input_positions", "cache_position")
 # RoPE's tables, as the code that passes them in writes them (--rope): LLMs-from-scratch's cos, sin
 # [n_pos, d_head]; Meta's freqs_cis [n, d_head / 2] complex; transformers' position_embeddings (cos, sin).
 # llama2.c's freqs_cos, freqs_sin: freqs_cis's real and imaginary parts, each [n, d_head / 2].
@@ -92,6 +94,8 @@ class Plan:
     cache_values: str | None = None  # the values' parameter where the code takes them apart (cacheforms.py):
     # `cache` then gets K_cache alone
     positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
+    position_tensors: list[str] = field(default_factory=list)  # get the new positions, arange(n_cache, n_cache + n)
+    cache_held: bool = False  # the module holds its cache itself (heldcache.py): --cache N fills it
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     tables_optional: bool = False  # every one of them defaults to None: the module may make its own
     bias: str | None = None  # a position bias: gets --position-bias's tensor, else None
@@ -473,6 +477,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             halves.append((name, required))
         elif lower in POSITION_NAMES and (required or isinstance(param.default, int)):
             p.positions.append(name)
+        elif lower in POSITIONS_NAMES and (required or param.default is None):
+            p.position_tensors.append(name)
         elif lower in TABLE_NAMES and (required or param.default is None):
             p.tables_optional = not required and (p.tables_optional or not p.tables)
             p.tables.append(name)

@@ -1,0 +1,117 @@
+"""A decode step's cache the module holds itself: tensors it writes the new keys and values into at their positions
+and reads back joined (Meta's llama: `self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk` then
+`self.cache_k[:bsz, : start_pos + seqlen]`; gpt-fast's and torchtune's `KVCache` submodule, buffers `k_cache`,
+`v_cache` [n_batch, n_kv_head, max_len, d_head] written at `input_pos` by slice assignment or `index_copy_`).
+
+Read from what the code writes, not from names: the module's tensors that are not parameters (buffers, or plain
+attributes as Meta's) are kept, the forward is run once as a decode step after n_cache positions (its start position,
+`start_pos`, or `input_pos` as arange(n_cache, n_cache + n)), and the tensors it changed are its cache. The region it
+wrote says the layout: the axis written from n_cache on, n long, holds the positions, and the region's extents on the
+others match one of the layouts code keeps (cachelayouts.BASES). The keys are the one whose name says keys (`k`,
+`key`), else the first held. Every run then hands them trace's `(K_cache, V_cache)`: each tensor made anew,
+[n_batch, .., n_cache + n, ..] in its layout, the cached positions filled and the new ones zero, so that code that
+attends to its whole cache (gpt-fast's mask over max_len) attends to those positions alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+Place = tuple[Any, str, str]  # the module holding it, its attribute, its full name (`kv_cache.k_cache`)
+
+
+@dataclass
+class Held:
+    keys: Place
+    values: Place
+    layout: str  # cachelayouts.BASES's
+
+    def names(self) -> str:
+        return f"{self.keys[2]}, {self.values[2]}"
+
+
+def places(module: Any) -> list[Place]:
+    """The module's tensors that are not parameters, of 3 dims or more (buffers, plain attributes), each once."""
+    import torch
+
+    found: dict[int, Place] = {}
+    for path, sub in module.named_modules():
+        own = [(n, t) for n, t in sub._buffers.items() if t is not None]
+        own += [(n, t) for n, t in vars(sub).items() if isinstance(t, torch.Tensor)
+                and not isinstance(t, torch.nn.Parameter)]
+        for name, tensor in own:
+            if tensor.dim() >= 3 and tensor.is_floating_point() and id(tensor) not in found:
+                found[id(tensor)] = (sub, name, f"{path}.{name}" if path else name)
+    return list(found.values())
+
+
+def kept(module: Any) -> list[tuple[Place, torch.Tensor]]:
+    """Each place with a copy of what it holds, before a run."""
+    return [(place, getattr(place[0], place[1]).clone()) for place in places(module)]
+
+
+def read(before: list[tuple[Place, torch.Tensor]], cache: tuple[torch.Tensor, torch.Tensor], n_new: int) -> Held | None:
+    """The cache the run wrote into, from the places as they were `before` it: two tensors written from position
+    n_cache on, n_new long, in a layout whose other extents are the cache's; None where the run wrote no such pair."""
+    import torch
+
+    from attnscope.usertrace.cacheforms import role
+    from attnscope.usertrace.cachelayouts import BASES, DIMS, held
+
+    n_cache = int(cache[0].shape[2])
+    written: list[tuple[Place, str]] = []
+    for place, old in before:
+        now = getattr(place[0], place[1])
+        if not isinstance(now, torch.Tensor) or now.shape != old.shape:
+            continue
+        changed = (now != old)
+        if not bool(changed.any()):
+            continue
+        starts, extents = [], []
+        for axis in range(changed.dim()):
+            where = changed.movedim(axis, 0).flatten(1).any(1).nonzero().flatten()
+            starts.append(int(where.min()))
+            extents.append(int(where.max()) - int(where.min()) + 1)
+        for layout in BASES:
+            axis = DIMS[layout].index("n_cache")
+            want = list(held(cache[0], layout).shape)
+            want[axis] = n_new
+            # a batch written whole where the run's one sequence broadcast over the room it holds for more
+            fits = len(want) == len(extents) and all(e == w or (DIMS[layout][i] == "n_batch" and e >= w)
+                                                     for i, (e, w) in enumerate(zip(extents, want, strict=False)))
+            if fits and starts[axis] == n_cache and all(s == 0 for i, s in enumerate(starts) if i != axis):
+                written.append((place, layout))
+                break
+    if len(written) != 2 or written[0][1] != written[1][1]:
+        return None
+    said = [role(place[2].rsplit(".", 1)[-1]) for place, _ in written]
+    first, second = written if said != [1, 0] else written[::-1]
+    return Held(first[0], second[0], first[1])
+
+
+def fill(found: Held, cache: tuple[torch.Tensor, torch.Tensor], n_new: int) -> None:
+    """The module's cache made anew for a run of `n_new` tokens: trace's keys and values at positions 0 ..
+    n_cache − 1, in its layout, the new positions zero, the batch as trace's."""
+    import torch
+
+    from attnscope.usertrace.cachelayouts import DIMS, held
+
+    axis = DIMS[found.layout].index("n_cache")
+    for (owner, name, _), part in zip((found.keys, found.values), cache, strict=True):
+        laid = held(part, found.layout)
+        room = list(laid.shape)
+        room[axis] = n_new
+        setattr(owner, name, torch.cat([laid, laid.new_zeros(room)], dim=axis))
+
+
+def note(found: Held) -> str:
+    from attnscope.usertrace.cachelayouts import words
+
+    return (f"{found.names()}: your module holds its cache itself, {words(found.layout)}, and writes the new keys "
+            "and values into it at their positions (read from what a run wrote): it is handed trace's cached keys "
+            "and values there, at positions 0 to n_cache − 1, in a cache as long as the cached and the new positions "
+            "together. A convention, not a mistake: the reference reads the same keys and values")
