@@ -1,6 +1,7 @@
 """`attnscope trace` where a module's own bias says which block of a fused projection is the keys' (a constant-zero
 block beside learned ones: BEiT's `cat(q_bias, zeros_like(v_bias), v_bias)`, EVA's zero buffer, a `new_zeros`
-chunk, a fused K/V's `cat(zeros, v_bias)`): unpacking the fused output with k and v named the other way round is
+chunk, a fused K/V's `cat(zeros, v_bias)`, a Linear without a bias among ones whose names say no role):
+unpacking the fused output with k and v named the other way round is
 kv.swapped by experiment, while the same rename over blocks that are alike stays a layout of the weights (a note).
 Styles: tests/trace_styles_f12_kv.py, each checked against F.scaled_dot_product_attention in float64, each plant
 shown to change the output."""
@@ -17,7 +18,7 @@ from test_trace_command import trace, user_module
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_f12_kv.py")
 styles = user_module(STYLES)
-KV_STYLES = ["CatZerosBias", "ZeroBufferBias", "ChunkedParamBias", "KVZeroBias"]
+KV_STYLES = ["CatZerosBias", "ZeroBufferBias", "ChunkedParamBias", "KVZeroBias", "ProjList"]
 
 
 def _heads(t, h):
@@ -36,6 +37,8 @@ def _want(m, x):
     if isinstance(m, styles.KVZeroBias):
         k, v = F.linear(x, m.to_kv.weight).split(d, -1)
         return m.to_out(_sdpa(m.to_q(x), k, v + m.v_bias, 4))
+    if isinstance(m, styles.ProjList):  # the keys' Linear is the one without a bias
+        return m.out(_sdpa(m.projs[0](x), m.projs[1](x), m.projs[2](x), 4))
     if isinstance(m, styles.ChunkedParamBias):
         q, k, v = (x @ m.w_qkv).split(d, -1)
         b_q, _, b_v = m.b_qkv.chunk(3)
@@ -79,6 +82,8 @@ def test_the_bias_is_what_says_it(runner):
     assert any("qkv's rows hold q, v, k, as your code reads them" in n for n in out["notes"]), out["notes"]
     result, out = trace(runner, f"{STYLES}:KVZeroBias", "--init", "bug='kv_renamed'")
     assert "k and v as your bias gives them" in out["reference"], out["reference"]
+    result, out = trace(runner, f"{STYLES}:ProjList", "--init", "bug='kv_renamed'")
+    assert "k and v as their biases give them: projs.1 has none" in out["reference"], out["reference"]
 
 
 # --- a term of the module's own on its attention's output ---------------------------------------------------------

@@ -3,7 +3,8 @@
 Fused projections whose bias says which block is the keys' (a constant-zero block beside learned ones), in the
 forms BEiT / Swin v2 (`cat(q_bias, zeros_like(v_bias), v_bias)`), EVA (a zero buffer `k_bias`), a chunked
 `qkv_bias` parameter with its k part replaced by `new_zeros`, and a fused K/V projection beside a Q one: each with
-the plant `kv_renamed`, the unpacking of the fused output naming k and v the other way round.
+the plant `kv_renamed`, the unpacking of the fused output naming k and v the other way round; and Whisper's
+biases (none on the keys' Linear) on three Linear layers whose names say no role, with the same plant.
 
 Modules whose attention output gets a term of their own beside `attn @ v`: Shaw et al.'s relative position
 values (`attn @ rel_v` per query row, an einsum), a learned output bias per query position, and a gated
@@ -133,6 +134,28 @@ class KVZeroBias(nn.Module):
         dots = torch.matmul(q, k.transpose(-1, -2)) * (d // self.heads) ** -0.5
         out = torch.matmul(dots.softmax(dim=-1), v)
         return self.to_out(out.permute(0, 2, 1, 3).reshape(b, n, d))
+
+
+class ProjList(nn.Module):
+    """Whisper's biases (none on the keys' projection) on three Linear layers in a ModuleList, whose names say no
+    role; heads by einsum."""
+
+    def __init__(self, d: int = 32, h: int = 4, bug: str | None = None) -> None:
+        super().__init__()
+        self.h, self.bug = h, bug
+        self.projs = nn.ModuleList([nn.Linear(d, d), nn.Linear(d, d, bias=False), nn.Linear(d, d)])
+        self.out = nn.Linear(d, d)
+        _moved(self.projs[0].bias, self.projs[2].bias, seed=7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        parts = [p(x).view(b, n, self.h, d // self.h) for p in self.projs]
+        if self.bug == "kv_renamed":
+            q, v, k = parts
+        else:
+            q, k, v = parts
+        w = (torch.einsum("bnhd,bmhd->bhnm", q, k) / math.sqrt(d // self.h)).softmax(-1)
+        return self.out(torch.einsum("bhnm,bmhd->bnhd", w, v).reshape(b, n, d))
 
 
 def _relative_index(n_q: int, n_k: int, clip: int) -> torch.Tensor:

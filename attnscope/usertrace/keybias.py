@@ -7,7 +7,9 @@ row, the same for every key, which the softmax cancels; so these models learn no
 values moves the output. Code that reads the zero block as its values and a learned one as its keys swaps k and
 v, whatever order its weight's rows are in (fused.solve_rows then holds the rows as the bias says, and the
 catalog names the swap by experiment); a fused weight whose blocks are otherwise alike says nothing, and any
-order of its rows is a layout of the weights.
+order of its rows is a layout of the weights. Separate Linear layers whose names say no role (a ModuleList, `lin1`,
+`lin2`) say it the same way: one built with `bias=False` beside biased ones (Whisper's and data2vec's keys) is the
+keys' (biased_swap).
 """
 
 from __future__ import annotations
@@ -118,3 +120,16 @@ def _reads_parameters(index: int, records: list[Record], params: dict[str, Any])
                 elif k == "text" and v in params:
                     return True
     return False
+
+
+def biased_swap(found: dict[str, str], modules: dict[str, Any], role_of: Any) -> tuple[dict[str, str], str] | None:
+    """{role: Linear name} with k and v exchanged, and how, where the data flow reads the Linear without a bias as
+    V and one with a bias as K, and neither's name says a role (names decide where they do); None otherwise."""
+    k, v = found["k"], found["v"]
+    if role_of(k) is not None or role_of(v) is not None:
+        return None
+    if getattr(modules[k], "bias", None) is None or getattr(modules[v], "bias", None) is not None:
+        return None
+    return ({**found, "k": v, "v": k},
+            f"data flow, and k and v as their biases give them: {v} has none, as the keys' projection (whose bias a "
+            f"softmax cancels) in Whisper and data2vec, and {k} one, which your code uses the other way round")

@@ -389,6 +389,9 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
         how = "name" if all(role_of(name) == role for role, name in found_roles.items()) else (
             "data flow: Q makes the scores' left operand, K the right, V what the pattern multiplies"
             + (f"; {tie} broke a tie" if tie else ""))
+        biased = keybias.biased_swap(found_roles, modules, role_of)
+        if biased is not None:  # no bias on the Linear used as V, one on K's: the keys' is the one left out
+            found_roles, how = biased
         return [Projections({role: (name, modules[name]) for role, name in found_roles.items()}, how)]
     by_role: dict[str, list[tuple[str, nn.Linear]]] = {}
     for name, linear in linears:
