@@ -9,7 +9,10 @@
   [n_batch, n_head, n_cache, 2·d_head]): before, "expected Tensor as element 0 in argument 0, but got tuple" (exit 1);
 - a cache the module holds itself, written at the new positions (gpt-fast's KVCache buffers at `input_pos`, the whole
   buffer attended under the mask; `index_copy_` at `input_pos`; Meta-like plain attributes at `start_pos` with its
-  own RoPE table): before, "--cache 3 runs a decode step, which needs a module whose forward takes x and a cache".
+  own RoPE table): before, "--cache 3 runs a decode step, which needs a module whose forward takes x and a cache";
+- multi-head latent attention (DeepSeek-V2/V3's MLA) in a decode step, its cache every head's keys and values expanded
+  (a tuple `past_key_value`; DeepSeek's inference k_cache, v_cache held at start_pos): before, refused ("... whose
+  reference trace builds for self-attention without a cache").
 
 Each correct style passes with a note that says how its cache was read; its join in the wrong order is `cache.order`,
 SDPA's `is_causal=True` (or a mask of the square's diagonal) in a decode step `mask.upper_left`, and a third plant of
@@ -206,4 +209,69 @@ def test_a_cache_the_module_holds_is_read_from_what_it_writes(runner, name, more
     assert result.exit_code == 0, result.stdout + result.stderr
     assert any(n.startswith(f"{names}: your module holds its cache itself, {layout}") for n in out["notes"]), \
         out["notes"]
+    _named(runner, args, plants)
+
+
+def _pairs64(t, start):  # [.., T, d] interleaved pairs (0, 1), (2, 3), ... at positions start .., base 10000
+    d = t.shape[-1]
+    inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.outer(torch.arange(start, start + t.shape[-2], dtype=torch.float64), inv)
+    even, odd = t[..., 0::2], t[..., 1::2]
+    return torch.stack([even * angles.cos() - odd * angles.sin(), even * angles.sin() + odd * angles.cos()],
+                       -1).flatten(-2)
+
+
+def _norm64(t, norm):
+    t = t.double()
+    return norm.weight.double() * t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + norm.eps)
+
+
+def test_the_latent_styles_are_sdpa_over_the_expanded_cache_and_the_bugs_change_them():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 32, generator=g)
+    cache = (torch.randn(2, 4, 3, 12, generator=g), torch.randn(2, 4, 3, 6, generator=g))  # d_K 12, d_V 6
+    with torch.no_grad():
+        torch.manual_seed(1)
+        m = styles.LatentDecode().eval()
+        q = _heads(_lin(m.q_proj, x), 4)
+        latent, k_pe = _lin(m.kv_a_proj_with_mqa, x).split([12, 4], dim=-1)
+        k_nope, v = _heads(_lin(m.kv_b_proj, _norm64(latent, m.kv_a_layernorm)), 4).split([8, 6], dim=-1)
+        k = torch.cat([k_nope, _rope64(k_pe[:, None], 3).expand(-1, 4, -1, -1)], -1)
+        q = torch.cat([q[..., :8], _rope64(q[..., 8:], 3)], -1)
+        want = _out(_decode64(q, k, v, cache), m.o_proj)
+        assert torch.allclose(m(x, cache).double(), want, atol=1e-5)
+        _bugs_change(styles.LatentDecode, ("new_first", "is_causal", "scale_hidden"), lambda f: f(x, cache))
+
+        def holding(bug=None):
+            torch.manual_seed(1)
+            h = styles.LatentHeld(bug=bug).eval()
+            h.k_cache[:, :3], h.v_cache[:, :3] = cache[0].transpose(1, 2), cache[1].transpose(1, 2)  # [B, N, H, D]
+            return h
+
+        h = holding()
+        q = _lin(h.wq_b, _norm64(_lin(h.wq_a, x), h.q_norm)).view(2, 5, 4, 12).transpose(1, 2)
+        latent, k_pe = _lin(h.wkv_a, x).split([12, 4], dim=-1)
+        k_nope, v = _heads(_lin(h.wkv_b, _norm64(latent, h.kv_norm)), 4).split([8, 6], dim=-1)
+        k = torch.cat([k_nope, _pairs64(k_pe[:, None], 3).expand(-1, 4, -1, -1)], -1)
+        q = torch.cat([q[..., :8], _pairs64(q[..., 8:], 3)], -1)
+        want = _out(_decode64(q, k, v, cache), h.wo)
+        assert torch.allclose(holding()(x, start_pos=3).double(), want, atol=1e-5)
+        for bug in ("new_first", "upper_left", "softmax_queries"):
+            assert not torch.allclose(holding(bug)(x, start_pos=3), holding()(x, start_pos=3), atol=1e-3), bug
+
+
+LATENT = [("LatentDecode", "past_key_value: multi-head latent attention in a decode step",
+           (("new_first", "cache.order"), ("scale_hidden", "scale.d_model"))),
+          ("LatentHeld", "k_cache, v_cache: multi-head latent attention in a decode step",
+           (("upper_left", "mask.upper_left"), ("softmax_queries", "softmax.axis")))]
+
+
+@pytest.mark.parametrize(("name", "said", "plants"), LATENT, ids=[lat[0] for lat in LATENT])
+def test_latent_attention_in_a_decode_step_is_handed_the_keys_and_values_its_latents_expand_into(runner, name, said,
+                                                                                                  plants):
+    args = (f"{STYLES}:{name}", "--rope", "--causal", "--cache", "3")
+    result, out = trace(runner, *args)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert any(n.startswith(said) for n in out["notes"]), out["notes"]
+    assert "LatentAttention" in out["reference"], out["reference"]
     _named(runner, args, plants)

@@ -361,3 +361,132 @@ class StartPosHeld(nn.Module):
         scores = scores + torch.zeros(seqlen, n_k).masked_fill(~allowed, float("-inf"))
         out = F.softmax(scores.float(), dim=-1).type_as(q) @ v
         return self.wo(out.transpose(1, 2).contiguous().view(bsz, seqlen, -1))
+
+
+# --- multi-head latent attention in a decode step ----------------------------------------------------------------
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, width, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(width)), eps
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class LatentDecode(nn.Module):
+    """DeepSeek-V3-like MLA as transformers writes it, no query latent: kv_a_proj_with_mqa -> RMSNorm -> kv_b_proj
+    expanding every head's no-RoPE key and value, one rotary key part (half-split) shared by the heads; its cache
+    `past_key_value = (keys, values)`, [n_batch, n_head, n_cache, d_K] and [n_batch, n_head, n_cache, d_V], the keys
+    whole (no-RoPE part and rotated part), joined on dim 2; the new tokens rotated after the cached ones. Bugs
+    `new_first` (cache.order), `is_causal` (SDPA is_causal=True: mask.upper_left), `scale_hidden` (scale.d_model)."""
+
+    def __init__(self, hidden_size=32, num_heads=4, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                 v_head_dim=6, bug=None):
+        super().__init__()
+        self.num_heads, self.bug = num_heads, bug
+        self.nope, self.rope_dim, self.v_dim, self.rank = qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank
+        self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        self.q_proj = nn.Linear(hidden_size, num_heads * self.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden_size, kv_lora_rank + qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = _RMSNorm(kv_lora_rank)
+        self.kv_b_proj = nn.Linear(kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), bias=False)
+        self.o_proj = nn.Linear(num_heads * v_head_dim, hidden_size, bias=False)
+        self.scaling = (hidden_size if bug == "scale_hidden" else self.qk_head_dim) ** -0.5
+
+    def _rotate(self, t, start):  # [.., T, d_rope] half-split at positions start ..
+        d = t.shape[-1]
+        inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2).float() / d)
+        angles = torch.outer(torch.arange(start, start + t.shape[-2]).float(), inv_freq)
+        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        return t * cos + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * sin
+
+    def forward(self, hidden_states, past_key_value=None):
+        bsz, q_len, _ = hidden_states.shape
+        past = 0 if past_key_value is None else past_key_value[0].shape[-2]
+        q = self.q_proj(hidden_states).view(bsz, q_len, self.num_heads, self.qk_head_dim).transpose(1, 2)
+        q_nope, q_pe = torch.split(q, [self.nope, self.rope_dim], dim=-1)
+        compressed_kv, k_pe = torch.split(self.kv_a_proj_with_mqa(hidden_states), [self.rank, self.rope_dim], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(compressed_kv))
+        kv = kv.view(bsz, q_len, self.num_heads, self.nope + self.v_dim).transpose(1, 2)
+        k_nope, value_states = torch.split(kv, [self.nope, self.v_dim], dim=-1)
+        q_pe = self._rotate(q_pe, past)
+        k_pe = self._rotate(k_pe.view(bsz, 1, q_len, self.rope_dim), past)
+        query_states = torch.cat([q_nope, q_pe], dim=-1)
+        key_states = torch.cat([k_nope, k_pe.expand(-1, self.num_heads, -1, -1)], dim=-1)
+        if past_key_value is not None:
+            first = self.bug == "new_first"
+            key_states = torch.cat((key_states, past_key_value[0]) if first else (past_key_value[0], key_states), 2)
+            value_states = torch.cat((value_states, past_key_value[1]) if first else (past_key_value[1],
+                                                                                      value_states), 2)
+        if self.bug == "is_causal":
+            out = F.scaled_dot_product_attention(query_states, key_states, value_states, is_causal=True,
+                                                 scale=self.scaling)
+        else:
+            scores = query_states @ key_states.transpose(2, 3) * self.scaling
+            scores = scores.masked_fill(~_allowed(q_len, key_states.shape[2]), float("-inf"))
+            out = scores.softmax(dim=-1) @ value_states
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
+
+
+class LatentHeld(nn.Module):
+    """DeepSeek's inference model.py, naive attention: a query latent (wq_a -> RMSNorm -> wq_b), wkv_a -> RMSNorm ->
+    wkv_b, the rotary parts turned as complex numbers (interleaved pairs) at start_pos, and its own caches
+    `k_cache` [max_batch, max_seq, n_heads, d_K] and `v_cache` [.., d_V] written at start_pos, einsum over
+    [b, s, h, d]. Bugs `new_first` (cache.order), `upper_left` (its mask not shifted by start_pos: mask.upper_left),
+    `softmax_queries` (softmax.axis)."""
+
+    def __init__(self, dim=32, n_heads=4, q_lora_rank=10, kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                 v_head_dim=6, max_batch_size=2, max_seq_len=16, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim = kv_lora_rank, qk_nope_head_dim, \
+            qk_rope_head_dim
+        self.qk_head_dim, self.v_head_dim = qk_nope_head_dim + qk_rope_head_dim, v_head_dim
+        self.wq_a = nn.Linear(dim, q_lora_rank, bias=False)
+        self.q_norm = _RMSNorm(q_lora_rank)
+        self.wq_b = nn.Linear(q_lora_rank, n_heads * self.qk_head_dim, bias=False)
+        self.wkv_a = nn.Linear(dim, kv_lora_rank + qk_rope_head_dim, bias=False)
+        self.kv_norm = _RMSNorm(kv_lora_rank)
+        self.wkv_b = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False)
+        self.wo = nn.Linear(n_heads * v_head_dim, dim, bias=False)
+        self.softmax_scale = self.qk_head_dim ** -0.5
+        self.register_buffer("k_cache", torch.zeros(max_batch_size, max_seq_len, n_heads, self.qk_head_dim),
+                             persistent=False)
+        self.register_buffer("v_cache", torch.zeros(max_batch_size, max_seq_len, n_heads, v_head_dim),
+                             persistent=False)
+        freqs = 1.0 / 10000.0 ** (torch.arange(0, qk_rope_head_dim, 2).float() / qk_rope_head_dim)
+        angles = torch.outer(torch.arange(4 * max_seq_len).float(), freqs)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles), persistent=False)
+
+    @staticmethod
+    def _rotate(x, freqs_cis):  # x [b, s, h, d], pairs (0, 1), (2, 3), ...
+        turned = torch.view_as_complex(x.float().view(*x.shape[:-1], -1, 2)) * freqs_cis.view(1, x.size(1), 1, -1)
+        return torch.view_as_real(turned).flatten(3).type_as(x)
+
+    def forward(self, x, start_pos=0):
+        bsz, seqlen, _ = x.size()
+        end_pos = start_pos + seqlen
+        freqs_cis = self.freqs_cis[start_pos:end_pos]
+        q = self.wq_b(self.q_norm(self.wq_a(x))).view(bsz, seqlen, self.n_heads, self.qk_head_dim)
+        q_nope, q_pe = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        q = torch.cat([q_nope, self._rotate(q_pe, freqs_cis)], dim=-1)
+        kv, k_pe = torch.split(self.wkv_a(x), [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        k_pe = self._rotate(k_pe.unsqueeze(2), freqs_cis)
+        kv = self.wkv_b(self.kv_norm(kv)).view(bsz, seqlen, self.n_heads, self.qk_nope_head_dim + self.v_head_dim)
+        k_nope, v = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(-1, -1, self.n_heads, -1)], dim=-1)
+        self.k_cache[:bsz, start_pos:end_pos] = k
+        self.v_cache[:bsz, start_pos:end_pos] = v
+        if self.bug == "new_first":
+            keys = torch.cat([k, self.k_cache[:bsz, :start_pos]], dim=1)
+            values = torch.cat([v, self.v_cache[:bsz, :start_pos]], dim=1)
+        else:
+            keys, values = self.k_cache[:bsz, :end_pos], self.v_cache[:bsz, :end_pos]
+        scores = torch.einsum("bshd,bthd->bsht", q, keys) * self.softmax_scale
+        shift = 0 if self.bug == "upper_left" else start_pos
+        mask = torch.full((seqlen, end_pos), float("-inf")).triu_(1 + shift)
+        scores = scores + mask.unsqueeze(1)
+        scores = scores.softmax(dim=1 if self.bug == "softmax_queries" else -1, dtype=torch.float32).type_as(x)
+        return self.wo(torch.einsum("bsht,bthd->bshd", scores, values).flatten(2))

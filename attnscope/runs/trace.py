@@ -108,7 +108,7 @@ def _cache_parameters(plan: Plan) -> tuple[str, ...]:
 def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     import torch
 
-    from attnscope.usertrace import cachelayouts, heldcache, identity, load, queries, timefirst, weightargs
+    from attnscope.usertrace import cachelayouts, heldcache, identity, latentcache, load, queries, timefirst, weightargs
     from attnscope.usertrace.feeds import feeds
     from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
     from attnscope.usertrace.lineup import line_up
@@ -191,6 +191,13 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     sliced: list[str] = []  # the note, where RoPE's tables were made as wide as the code slices its heads
     cache_layout = "bhnd"  # how the code keeps a decode step's cache (cachelayouts.py): trace's own, else read
     own_cache: heldcache.Held | None = None  # a cache the module holds itself, where it does: filled before each run
+    latent_maker: latentcache.LatentCache | None = None  # multi-head latent attention's decode step (latentcache.py)
+
+    def expanded(inputs: Inputs) -> None:
+        """MLA's decode step: the cache as the keys and values the reference's latents expand into."""
+        if latent_maker is not None and inputs.cache is not None:
+            inputs.cache, inputs.latent_cache = latentcache.cache_for(latent_maker, int(inputs.cache[0].shape[0]),
+                                                                      inputs.cache[0].dtype)
 
     def run_plan(asked: TraceOptions, tried: Plan) -> tuple[Inputs, Feeds, Called, Convention | None]:
         nonlocal spec
@@ -200,6 +207,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         inputs = make_inputs(dataclasses.replace(asked, causal=None) if apart else asked, tried, shapes, weighted,
                              guard=lambda sizes: _guard(asked, spec, sizes, weighted is not None))
         inputs.cache_layout = cache_layout
+        expanded(inputs)
         width = _table_width(spec, tried, inputs.sizes.get("d_head"))
         fed = feeds(tried, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias, width)
         if own_cache is not None and inputs.cache is not None:
@@ -213,6 +221,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         # tables as wide as the share of each head the code rotates (it slices q[..., :rotary_ndims] and raised on
         # d_head-wide ones): the reference rotates that share
         inputs = make_inputs(asked, tried, shapes, weighted)
+        expanded(inputs)
         fed = feeds(tried, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias, narrower)
         again = (inputs, fed, *_call(asked, target, fn, tried, inputs, module, fed))
         if again[2].failure is not None:
@@ -264,11 +273,22 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         cache_layout = kept
         return made, None
 
+    # a module holding its cache: one sequence, or as many as it holds room for, where trace's batch does not fit
+    batches = dict.fromkeys((o.batch, 1, *sorted({int(n) for *_, t in heldcache.places(module, True)
+                                                   for n in t.shape if 1 < n <= 16}))) if plan.cache_held else {}
+    if o.cache and module is not None and (plan.cache is not None or plan.cache_held):
+        # multi-head latent attention, read from a prefill's data flow: its cache drawn as latents and expanded
+        for batch in batches or (o.batch,):
+            before = heldcache.kept(module) if plan.cache_held else []
+            prefill = _attempted(attempt, dataclasses.replace(o, cache=0, batch=batch))
+            for (owner, name, _), old in before:
+                setattr(owner, name, old)
+            if prefill is not None and prefill[2].failure is None:
+                latent_maker = latentcache.read(prefill[2].records, module, shapes.n_head, spec, o.cache, o.seed)
+                break
     if plan.cache_held:  # the module's own cache: the tensors a first run writes the new keys and values into
         before = heldcache.kept(module)
-        # one sequence, or as many as it holds room for, where that is fewer than trace's batch
-        rooms = sorted({int(n) for _, t in before for n in t.shape if 1 < n <= 16})
-        for batch in dict.fromkeys((o.batch, 1, *rooms)):
+        for batch in batches:
             probe = attempt(dataclasses.replace(o, batch=batch))  # what it writes, before any op it raises on
             if probe[0].cache is not None:
                 own_cache = heldcache.read(before, probe[0].cache, probe[0].sizes["n_Q"])
@@ -363,6 +383,9 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             notes.append(joined[1])
         else:
             cache_layout = held_layout
+    if latent_maker is not None and called.failure is None:
+        notes.append(latentcache.note(", ".join(_cache_parameters(plan)) if plan.cache else own_cache.names()
+                                      if own_cache is not None else "cache"))
     if inputs.cache is not None and plan.cache is not None:  # two parameters, or a dict's keys (cacheforms.py)
         from attnscope.usertrace.cacheforms import note as form_note
 

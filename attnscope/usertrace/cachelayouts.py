@@ -115,6 +115,8 @@ def others(failure: Failure | None, cache: tuple[torch.Tensor, torch.Tensor], ap
     """The layouts to try after the code raised on trace's own: those whose shape meets the op it raised on first;
     `apart`: the keys and values go to two parameters, so only the layouts handed as a pair."""
     tried = [layout for layout in (PAIRED if apart else DIMS) if layout != "bhnd"]
+    if cache[0].shape != cache[1].shape:  # keys and values of two widths (latent attention's d_K, d_V): no stack
+        tried = [layout for layout in tried if not layout.startswith(STACKED)]
     shapes = [tuple(s) for s in (failure.shapes if failure is not None else [])]
     own = tuple(cache[0].shape)
     met = [s for s in shapes if s != own]

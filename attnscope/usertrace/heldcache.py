@@ -34,18 +34,19 @@ class Held:
         return f"{self.keys[2]}, {self.values[2]}"
 
 
-def places(module: Any) -> list[Place]:
-    """The module's tensors that are not parameters, of 3 dims or more (buffers, plain attributes), each once."""
+def places(module: Any, tensors: bool = False) -> list[Any]:
+    """The module's tensors that are not parameters, of 3 dims or more (buffers, plain attributes), each once
+    (`tensors`: each with the tensor, (module, attribute, name, tensor))."""
     import torch
 
-    found: dict[int, Place] = {}
+    found: dict[int, Any] = {}
     for path, sub in module.named_modules():
         own = [(n, t) for n, t in sub._buffers.items() if t is not None]
         own += [(n, t) for n, t in vars(sub).items() if isinstance(t, torch.Tensor)
                 and not isinstance(t, torch.nn.Parameter)]
         for name, tensor in own:
             if tensor.dim() >= 3 and tensor.is_floating_point() and id(tensor) not in found:
-                found[id(tensor)] = (sub, name, f"{path}.{name}" if path else name)
+                found[id(tensor)] = (sub, name, f"{path}.{name}" if path else name) + ((tensor,) if tensors else ())
     return list(found.values())
 
 
@@ -63,7 +64,7 @@ def read(before: list[tuple[Place, torch.Tensor]], cache: tuple[torch.Tensor, to
     from attnscope.usertrace.cachelayouts import BASES, DIMS, held
 
     n_cache = int(cache[0].shape[2])
-    written: list[tuple[Place, str]] = []
+    written: list[tuple[Place, str, set[int]]] = []  # the place, its layout, which of the keys (0), values (1) fit
     for place, old in before:
         now = getattr(place[0], place[1])
         if not isinstance(now, torch.Tensor) or now.shape != old.shape:
@@ -78,19 +79,31 @@ def read(before: list[tuple[Place, torch.Tensor]], cache: tuple[torch.Tensor, to
             extents.append(int(where.max()) - int(where.min()) + 1)
         for layout in BASES:
             axis = DIMS[layout].index("n_cache")
-            want = list(held(cache[0], layout).shape)
-            want[axis] = n_new
-            # a batch written whole where the run's one sequence broadcast over the room it holds for more
-            fits = len(want) == len(extents) and all(e == w or (DIMS[layout][i] == "n_batch" and e >= w)
-                                                     for i, (e, w) in enumerate(zip(extents, want, strict=False)))
-            if fits and starts[axis] == n_cache and all(s == 0 for i, s in enumerate(starts) if i != axis):
-                written.append((place, layout))
+            fit = {i for i, part in enumerate(cache) if _fits(held(part, layout).shape, axis, n_new, layout, starts,
+                                                                extents, n_cache)}
+            if fit:
+                written.append((place, layout, fit))
                 break
     if len(written) != 2 or written[0][1] != written[1][1]:
         return None
-    said = [role(place[2].rsplit(".", 1)[-1]) for place, _ in written]
-    first, second = written if said != [1, 0] else written[::-1]
+    said = [role(place[2].rsplit(".", 1)[-1]) for place, _, _ in written]
+    # the keys: the one only the keys' shape fits (latent attention's d_K ≠ d_V), else the one named for keys
+    swap = written[0][2] == {1} or written[1][2] == {0} or (written[0][2] == written[1][2] and said == [1, 0])
+    first, second = written[::-1] if swap else written
     return Held(first[0], second[0], first[1])
+
+
+def _fits(shape: Any, axis: int, n_new: int, layout: str, starts: list[int], extents: list[int],
+          n_cache: int) -> bool:
+    """Whether a region written from `starts`, `extents` long, is n_new positions from n_cache on of a part of
+    `shape` laid out as `layout` (a batch written whole where one sequence broadcast over the room held for more)."""
+    from attnscope.usertrace.cachelayouts import DIMS
+
+    want = list(shape)
+    want[axis] = n_new
+    fits = len(want) == len(extents) and all(e == w or (DIMS[layout][i] == "n_batch" and e >= w)
+                                             for i, (e, w) in enumerate(zip(extents, want, strict=False)))
+    return fits and starts[axis] == n_cache and all(s == 0 for i, s in enumerate(starts) if i != axis)
 
 
 def fill(found: Held, cache: tuple[torch.Tensor, torch.Tensor], n_new: int) -> None:

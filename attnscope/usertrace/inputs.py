@@ -206,6 +206,9 @@ class Inputs:
     allowed: torch.Tensor | None = None  # what the user's mask parameter stands for: True = may attend
     cache: tuple[torch.Tensor, torch.Tensor] | None = None  # K_cache, V_cache [n_batch, n_kv_head, n_cache, d_head]
     cache_layout: str = "bhnd"  # how the code is handed the cache (cachelayouts.py); the reference reads `cache`
+    # multi-head latent attention's (latentcache.py): the latents and rotary parts `cache` was expanded from, which
+    # the reference reads instead
+    latent_cache: tuple[torch.Tensor, torch.Tensor] | None = None
     extra_names: dict[str, int] = field(default_factory=dict)
     layout: str = "row"
     also_masked: list[str] = field(default_factory=list)  # mask parameters given a rule beside `mask`'s (not None)

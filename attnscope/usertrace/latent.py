@@ -56,7 +56,8 @@ def refusal(records: list[Record], name: str) -> UsageError | None:
     return UsageError(
         f"{name} is multi-head latent attention (DeepSeek-V2/V3's MLA, read from the data flow: {up} expands every "
         f"head's keys and values from a latent of {width} numbers a token that {latent} writes, and the keys take a "
-        f"part of {latent}'s output past it), whose reference trace builds for self-attention without a cache or the "
-        "column form, its head count known (--heads), and its query, latent and output layers read from the flow; "
+        f"part of {latent}'s output past it), whose reference trace builds for self-attention (in a decode step, "
+        "where its code keeps every head's keys and values expanded), not the column form, its head count known "
+        "(--heads), and its query, latent and output layers read from the flow; "
         "for a DeepSeek checkpoint run `attnscope head --model FOLDER` (docs/models.md), for MLA of random weights "
         "`attnscope mha --kv-lora-rank R`")

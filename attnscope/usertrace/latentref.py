@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from attnscope.usertrace.reference import Projections, Spec
 
 STEPS = ("Q_latent", "Q_latent_normed", "Q_feat", "Q_split", "Q_nope", "Q_pe", "KV_feat", "KV_latent", "K_pe",
-         "Q_pe_rot", "K_pe_rot", "Q_full", "KV_up", "K_nope", "V_split", "K_full", "scores", "masked_scores",
-         "attention", "x_raw", "x_rsh1", "x_rsh2", "x")
+         "Q_pe_rot", "K_pe_rot", "Q_full", "KV_up", "K_nope", "V_split", "K_full", "K_cat", "V_cat", "scores",
+         "masked_scores", "attention", "x_raw", "x_rsh1", "x_rsh2", "x")  # K_cat, V_cat: a decode step's
 
 HALF_SPLIT = ("your code turns its rotary parts half-split, (i, i + d_rope/2) (MiniCPM3's form), and the reference "
               "so; DeepSeek-V2/V3's checkpoints hold interleaved pairs, which their code turns as complex numbers or "
@@ -146,7 +146,9 @@ def wanted(reference: Any, trace: Trace) -> tuple[str, ...]:
     return tuple(step for step in STEPS if step in trace and step not in (*gathered, "K_pe_rot"))
 
 
-def run(reference: Any, Q: torch.Tensor, mask: torch.Tensor | None) -> Trace:
+def run(reference: Any, Q: torch.Tensor, mask: torch.Tensor | None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Trace:
+    """The reference on Q (after a cache of latents and rotated rotary parts: a decode step, latentcache.py)."""
     with torch.no_grad():
-        trace: Trace = reference(Q, mask=mask)
+        trace: Trace = reference(Q, mask=mask, cache=cache)
     return trace

@@ -504,17 +504,20 @@ def _latent_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
         ] | None:
     """`_references` for multi-head latent attention (usertrace/latentref.py): attnscope's LatentAttention holding
     the module's weights, under the rotary form that lines up best; None where none can be built."""
-    from attnscope.usertrace import latentref
+    from attnscope.usertrace import latentcache, latentref
 
-    if shapes.n_head is None or inputs.cache is not None or spec.layout == "col":
+    if shapes.n_head is None or (inputs.cache is not None and inputs.latent_cache is None) or spec.layout == "col":
         return None
     Q, _, _ = inputs.qkv()
+    held = inputs.latent_cache  # a decode step's: the latents the code's expanded cache was made from
     best: tuple[Any, ...] | None = None
     for reference, projections in latentref.candidates(module, records, shapes.n_head, spec):
         try:
-            trace = latentref.run(reference, Q, inputs.mask)
+            trace = latentref.run(reference, Q, inputs.mask, held)
         except UsageError:
             continue
+        if held is not None:
+            trace = latentcache.decoded(trace, int(held[0].shape[-2]))
         wanted = latentref.wanted(reference, trace)
         best = _best_reading(best, records, inputs, (trace, reference, projections, _skips(trace), wanted))
     if best is None:
