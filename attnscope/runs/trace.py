@@ -304,6 +304,19 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         notes.append(heldcache.note(own_cache))
     (inputs, fed, called, convention), said = in_layouts(o, attempt(o))
     notes += [said] if said else []
+    if called.failure is not None and module is not None and o.cache == 0 and not o.q:
+        # code that raised with its memory None (Mllama's cross-attention then reads its cache): each parameter
+        # defaulting to None given a memory in turn, kept where the key and value projections read it
+        from attnscope.usertrace.roles import uses_memory
+
+        for memory in plan.memories():
+            alone, plan = plan, plan.with_memory(memory)
+            made = _attempted(attempt, o)
+            if made is not None and made[2].failure is None and uses_memory(plan, made[2].records):
+                notes.append(memory_note(memory, str(made[0].sizes["n_K"]), called.failure))
+                inputs, fed, called, convention = made
+                break
+            plan = alone
     if called.failure is not None and weighted is None and o.batch is None and not o.q:
         # code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) fails on [n_batch, n, d]: try [n, d]
         unbatched = attempt(dataclasses.replace(o, batch=0))
@@ -526,17 +539,28 @@ def _read_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: An
     from attnscope.usertrace import roles
 
     wants_memory = plan.self_attention and (o.k is not None or (o.nk is not None and o.nk != o.nq))
-    memory = plan.memory() if wants_memory and module is not None and o.cache == 0 else None
-    tried = plan.with_memory(memory) if memory is not None else plan
-    if len(tried.tensors) not in (2, 3) or (memory is None and roles.by_names(tried.tensors) is not None):
-        return roles.read(tried, []) if len(tried.tensors) in (2, 3) else (plan, None)  # the names hold
-    records = _probe(o, target, fn, tried, shapes, weighted, module, spec)
-    if memory is not None:
-        if records is None or not roles.uses_memory(tried, records):
-            return plan, None
-        return tried, (f"{memory}: the memory your code takes its keys and values from (cross-attention, n_K = "
-                       f"{'the --k file' if o.k else o.nk}), read from its data flow; None makes it self-attention")
-    return roles.read(tried, records or [])
+    if wants_memory and module is not None and o.cache == 0:
+        for memory in plan.memories():  # each parameter defaulting to None, kept where the K/V projections read it
+            tried = plan.with_memory(memory)
+            records = _probe(o, target, fn, tried, shapes, weighted, module, spec)
+            if records is not None and roles.uses_memory(tried, records):
+                return tried, memory_note(memory, "the --k file" if o.k else str(o.nk))
+        return plan, None
+    if len(plan.tensors) not in (2, 3) or roles.by_names(plan.tensors) is not None:
+        return roles.read(plan, []) if len(plan.tensors) in (2, 3) else (plan, None)  # the names hold
+    records = _probe(o, target, fn, plan, shapes, weighted, module, spec)
+    return roles.read(plan, records or [])
+
+
+def memory_note(memory: str, n_K: str, failed: Failure | None = None) -> str:
+    """The note for a memory parameter read from the data flow (fed where asked for, or where the code raised
+    without it)."""
+    said = f"{memory}: the memory your code takes its keys and values from (cross-attention, n_K = {n_K}), read " \
+           "from its data flow"
+    if failed is None:
+        return f"{said}; None makes it self-attention"
+    where = f"line {failed.line}: " if failed.line else ""
+    return f"{said}; your code raised with {memory} = None ({where}{failed.message})"
 
 
 def _probe(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: Any, weighted: Any, module: Any,

@@ -279,6 +279,9 @@ def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
         raise UsageError(plan.unfed())
     if plan.self_attention and o.nk is not None and o.nk != o.nq:
         more = f" (with --cache {o.cache}, n_K = {o.cache} + n_Q)" if o.cache else ""
+        if plan.memories() and is_module and not o.cache:
+            more += (f": none of {', '.join(plan.memories())} (defaulting to None), given keys of another length, is "
+                     "what its key and value projections read")
         raise UsageError(f"{plan.signature} takes one tensor (self-attention), so n_K = n_Q{more}; drop --nk")
     if plan.self_attention and o.dv is not None and o.dv != o.dk:
         raise UsageError(f"{plan.signature} takes one tensor (self-attention), so d_V = d_K; drop --dv")

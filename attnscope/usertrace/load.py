@@ -127,6 +127,15 @@ class Plan:
         named = [n for n in self.optional if n.lower() in MEMORY_NAMES]
         return named[0] if named else self.optional[0] if len(self.optional) == 1 else None
 
+    def memories(self) -> list[str]:
+        """Every parameter a self-attention forward may take its keys' and values' input from: each defaulting to
+        None (Mllama's `cross_attention_states=None` beside `use_cache=None`), those named so first; which one the
+        key and value projections read is told by the data flow (roles.uses_memory), not the name."""
+        if not self.self_attention:
+            return []
+        named = [n for n in self.optional if n.lower() in MEMORY_NAMES]
+        return named + [n for n in self.optional if n not in named]
+
     def with_mask(self, name: str) -> Plan:
         """This plan with the mask given to `name` (fairseq's key_padding_mask beside attn_mask), the others None."""
         others = [m for m in [self.mask, *self.other_masks] if m is not None and m != name]

@@ -1,7 +1,8 @@
 """Code whose inputs or mask come another way than trace draws them first (docs/trace.md, "Masks in every
 convention" and "What each parameter of your forward gets"): OpenNMT's `forward(key, value, query, mask)`, BART's
-`key_value_states=None` with its 4-D mask checked by size, AI2 OLMo's decode step (its bias as floats, cut out of
-the whole sequence's, its cache of keys before RoPE) and mistral-inference's (its cache [B, n, n_kv, d]), each a `bug`.
+`key_value_states=None` with its 4-D mask checked by size, Mllama's `cross_attention_states=None` (read from a cache
+when None), AI2 OLMo's decode step (its bias as floats, cut out of the whole sequence's, its cache of keys before RoPE)
+and mistral-inference's (its cache [B, n, n_kv, d]), each a `bug`.
 pad_2x9.npy is key padding [n_batch=2, n_K=9], True = may attend."""
 
 import math
@@ -139,3 +140,26 @@ class MistralDecode(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(seqlen, n_k, dtype=torch.bool).tril(
                 n_k - seqlen))
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+class ImageCrossAttention(nn.Module):
+    """Mllama's text-to-image cross-attention, shrunk: forward(hidden_states, cross_attention_states=None, cache=None,
+    attention_mask=None, use_cache=None); with no image states it reads the image's keys and values from its cache."""
+
+    def __init__(self, hidden_size=32, num_heads=4, bug=None):
+        super().__init__()
+        self.num_heads, self.bug = num_heads, bug
+        self.q_proj, self.k_proj = nn.Linear(hidden_size, hidden_size), nn.Linear(hidden_size, hidden_size)
+        self.v_proj, self.o_proj = nn.Linear(hidden_size, hidden_size), nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, hidden_states, cross_attention_states=None, cache=None, attention_mask=None, use_cache=None):
+        q = split(self.q_proj(hidden_states), self.num_heads)
+        if cross_attention_states is not None:
+            k = split(self.k_proj(cross_attention_states), self.num_heads)
+            v = split(self.v_proj(cross_attention_states), self.num_heads)
+        else:
+            k, v = cache.layers[0].keys, cache.layers[0].values
+        weights = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if attention_mask is not None:
+            weights = weights + attention_mask
+        return self.o_proj(merge(weights.softmax(-2 if self.bug == "softmax_queries" else -1) @ v))
