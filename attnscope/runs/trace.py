@@ -1074,6 +1074,7 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
     one that an experiment of the catalog then reproduces): a norm on one side only, or of another kind, stays the
     first run's diagnosis."""
     from attnscope.errors import AttnscopeError
+    from attnscope.usertrace import rownorms
     from attnscope.usertrace.lineup import line_up
 
     diverged = lined.divergence
@@ -1081,14 +1082,20 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
         return None
     names = [row.reference for row in lined.rows]
     first = diverged.reference
+    # a norm without weights, read from the code's rows (Llama 4's L2Norm, F.rms_norm, F.normalize)
+    rows = rownorms.read(module, records, lined.trace)
     # the scores or after, or the rotated q and k, which a norm before RoPE already changes (Cohere's, Qwen3's); any
     # step where the module holds a layer that could be such a norm (a bug before the scores hides it otherwise)
     if "scores" not in names or first not in names or (names.index(first) < names.index("scores")
                                                         and first not in ("Q_rot", "K_rot")
-                                                        and not _holds_norms(module)):
+                                                        and not _holds_norms(module) and rows is None):
         return None
-    for kind in ("head", "proj"):
-        asked = dataclasses.replace(spec, qk_norm=kind)
+    tries = [dataclasses.replace(spec, qk_norm=kind) for kind in ("head", "proj")]
+    if rows is not None:  # before the norms' weights where the module holds none, after them where it does
+        weightless = dataclasses.replace(spec, qk_norm=rows.over, qk_norm_gain=rows.gain, qk_norm_eps=rows.eps)
+        tries = tries + [weightless] if _holds_norms(module) else [weightless, *tries]
+    for asked in tries:
+        kind = asked.qk_norm
         try:
             again = line_up(module, shapes, inputs, records, train, asked)
         except (AttnscopeError, RuntimeError, ValueError):
@@ -1101,12 +1108,24 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
         explained = again.divergence is not None and again.divergence.reference == first \
             and again.divergence.experiment is not None and diverged.experiment is None
         if later or explained:
+            if asked.qk_norm_gain is not None and rows is not None:
+                flag = f" (--qk-norm {kind} says so)" if rows.kind == "RMS" else ", with that gain"
+                again.notes.append(f"{rows.words(_after_rope(rows.record, lined))}: read as its own convention, "
+                                   f"and the reference applies it too{flag}")
+                return asked, again
             over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"
             again.notes.append(f"your code normalizes q and k before the scores (qk-norm over {over}): read as its "
                                f"own convention, and the reference applies it too, with your norms' weights "
                                f"(--qk-norm {kind} says so)")
             return asked, again
     return None
+
+
+def _after_rope(record: Record, lined: LineUp) -> bool | None:
+    """Whether the code normalizes after it rotates: the record comes after the one that lined up with the
+    reference's rotated queries or keys; None without RoPE."""
+    rotated = [row.record.index for row in lined.rows if row.reference in ("Q_rot", "K_rot") and row.record is not None]
+    return None if not rotated else record.index > min(rotated)
 
 
 def _holds_norms(module: Any) -> bool:

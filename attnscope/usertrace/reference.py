@@ -62,6 +62,10 @@ class Spec:
     alibi: bool = False  # ALiBi's per-head bias on the scores (BLOOM's)
     qk_norm: str | None = None  # qk-norm: "head" (over d_head, timm's qk_norm, Qwen3) or "proj" (OLMo 2); its kind
     # (RMSNorm or LayerNorm), weights and eps are the user's norms' (build_mha)
+    # a qk-norm without weights read from the code's rows (rownorms.py: Llama 4's L2Norm, F.rms_norm, F.normalize):
+    # the gain its unit rows carry (1, or 1/√width for rows of unit length) and its epsilon; None: the norms' own
+    qk_norm_gain: float | None = None
+    qk_norm_eps: float | None = None
     scale: float | None = None  # the scores' scale; None: 1/sqrt(d_head) (resp. d_K)
     position_bias: Any = field(default=None, compare=False)  # a float tensor added to the scores (T5's), or None
     # Conventions read from the code (conventions.py), never from an option: the share of each head RoPE turns
@@ -522,6 +526,8 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
     norms = _qk_norms(module, spec, n_head, n_kv_head, d_head) if module is not None else {}
     attention = spec.attention(n_kv_head)
     forms: dict[str, Any] = {}
+    if not norms and attention.norm is not None and spec.qk_norm_eps is not None:  # a norm without weights
+        attention = replace(attention, qk_norm=replace(attention.norm, eps=float(spec.qk_norm_eps)))
     if norms and attention.norm is not None:  # the user's norm's epsilon (nn.RMSNorm's None: its dtype's eps), kind
         forms = _norm_forms(norms, attention.norm, n_head, n_kv_head, d_head)
         if forms:  # read by experiment on the user's own norms (normforms.py): kind, (1 + w), eps, weights
@@ -542,6 +548,9 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
             mine.weight.copy_(theirs.weight)
             if mine.bias is not None:
                 mine.bias.copy_(theirs.bias if theirs.bias is not None else torch.zeros_like(mine.bias))
+        if not norms and attention.norm is not None and spec.qk_norm_gain is not None:
+            reference.q_norm.weight.fill_(spec.qk_norm_gain)
+            reference.k_norm.weight.fill_(spec.qk_norm_gain)
         for role, (_, norm) in norms.items():
             mine = getattr(reference, f"{role}_norm")
             theirs, bias = (forms[role].weight, forms[role].bias) if forms else \

@@ -3,6 +3,7 @@ told of it (docs/trace.md, "Biases, qk-norm and the scale"):
 
     attnscope trace docs/examples/conventions.py:BloomAttention --causal --alibi
     attnscope trace docs/examples/conventions.py:TimmAttention --causal --qk-norm
+    attnscope trace docs/examples/conventions.py:Llama4NormAttention --causal
     attnscope trace docs/examples/conventions.py:T5Attention --causal --scale 1 --nq 6 \
         --position-bias docs/examples/t5_bias.npy
 """
@@ -78,3 +79,25 @@ class T5Attention(Attention):
     def scores(self, q, k):
         T = q.shape[-2]
         return q @ k.transpose(-2, -1) + 0.1 * (torch.arange(T)[None, :] - torch.arange(T)[:, None]).float()
+
+
+class L2Norm(nn.Module):
+    """Llama 4's Llama4TextL2Norm: an RMSNorm without weights, x · rsqrt(mean(x²) + eps)."""
+
+    def __init__(self, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class Llama4NormAttention(Attention):
+    """Llama 4's qk-norm: q and k normalized by a norm that holds no weights (read from what it computes)."""
+
+    def __init__(self, d_feat=32, n_head=4):
+        super().__init__(d_feat, n_head)
+        self.qk_norm = L2Norm(1e-5)
+
+    def scores(self, q, k):
+        return super().scores(self.qk_norm(q), self.qk_norm(k))
