@@ -1084,10 +1084,12 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
     first = diverged.reference
     # a norm without weights, read from the code's rows (Llama 4's L2Norm, F.rms_norm, F.normalize)
     rows = rownorms.read(module, records, lined.trace)
-    # the scores or after, or the rotated q and k, which a norm before RoPE already changes (Cohere's, Qwen3's); any
-    # step where the module holds a layer that could be such a norm (a bug before the scores hides it otherwise)
+    # the scores or after, or the rotated q and k, which a norm before RoPE already changes (Cohere's, Qwen3's), or
+    # the keys joined to a decode step's cache or repeated for grouped heads, which a norm changed (nanochat's, a
+    # norm after RoPE); any step where the module holds a layer that could be such a norm (a bug before the scores
+    # hides it otherwise)
     if "scores" not in names or first not in names or (names.index(first) < names.index("scores")
-                                                        and first not in ("Q_rot", "K_rot")
+                                                        and first not in ("Q_rot", "K_rot", "K_cat", "K_rep")
                                                         and not _holds_norms(module) and rows is None):
         return None
     tries = [dataclasses.replace(spec, qk_norm=kind) for kind in ("head", "proj")]
@@ -1104,8 +1106,10 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
             continue
         later = again.divergence is None or (again.divergence.reference in names
                                              and names.index(again.divergence.reference) > names.index(first))
-        # or the same step, where only the reading lets an experiment of the catalog reproduce the code's tensors
-        explained = again.divergence is not None and again.divergence.reference == first \
+        # or the same step, or one only the reading has (its q normed, where the code norms after RoPE), where only
+        # the reading lets an experiment of the catalog reproduce the code's tensors
+        explained = again.divergence is not None and (again.divergence.reference == first
+                                                      or again.divergence.reference not in names) \
             and again.divergence.experiment is not None and diverged.experiment is None
         if later or explained:
             if asked.qk_norm_gain is not None and rows is not None:

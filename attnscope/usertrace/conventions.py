@@ -11,7 +11,10 @@ What is read, from the user's Q_rot (K_rot) against the reference's unrotated Q_
 - the pairing, half-split (transformers' `rotate_half`) or interleaved (Meta's `view_as_complex`, GPT-J's
   `rotate_every_two`): both are tried;
 - the first position: the angle the slowest pair turned at the first query, over its frequency (code that counts
-  from 1; scores depend on i − j alone, so the attention is the same).
+  from 1; scores depend on i − j alone, so the attention is the same);
+- the direction: the fastest pair turns one radian a position, +1 (transformers' `x·cos + rotate_half(x)·sin`) or
+  -1 (nanochat's `x1·cos + x2·sin, −x1·sin + x2·cos`, Meta's table conjugated): q·k then depends on j − i, a
+  relative position all the same. Code that turns q one way and k the other lines up under neither.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
     pairings = [spec.rope_pairing] if spec.pairing_asked else [
         spec.rope_pairing, "interleaved" if spec.rope_pairing == "half-split" else "half-split"]
     found: list[tuple[Spec, list[str]]] = []
-    seen = {(spec.rope_pairing, spec.rope_fraction, spec.rope_start, spec.rope_base)}
+    seen = {(spec.rope_pairing, spec.rope_fraction, spec.rope_start, spec.rope_base, spec.rope_sign)}
     bases = [spec.rope_base]
     if base_free:
         from attnscope.usertrace.rotary import fit_base
@@ -72,17 +75,24 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
                 bases.insert(0, fitted_base)
     for pairing, fraction, base in ((p, f, b) for p in pairings for f in fractions for b in bases):
         width = int(d * fraction) if fraction else d
+        # the way each pair turns, +θ or −θ, read off its fastest pair (a turn of one radian a position)
+        sign = _direction(source, mine, pairing, width, (spec.cache or 0) + spec.rope_start, spec.rope_sign)
         starts = [spec.rope_start]
         # in a decode step the cached keys hold their positions: a shift of the new ones is no convention
-        fitted = _first_position(source, mine, replace(spec, rope_base=base), pairing, width) \
+        fitted = _first_position(source, mine, replace(spec, rope_base=base), pairing, width, sign) \
             if not spec.cache else None
         if fitted is not None and fitted not in starts:
             starts.insert(0, fitted)
         for start in starts:
-            if (pairing, fraction, start, base) in seen:
+            if (pairing, fraction, start, base, sign) in seen:
                 continue
-            seen.add((pairing, fraction, start, base))
+            seen.add((pairing, fraction, start, base, sign))
             said = []
+            if sign != spec.rope_sign:
+                said.append("it turns each pair by −θ where the reference turns it by +θ (x1·cos + x2·sin, "
+                            "−x1·sin + x2·cos: nanochat's apply_rotary_emb, the sin table's sign flipped); q·k "
+                            "then depends on j − i instead of i − j, a relative position all the same"
+                            if sign == -1 else "it turns each pair by +θ")
             if base != spec.rope_base:
                 said.append(f"it rotates with RoPE base {base:g} (its rope_theta; neither --rope-base nor your "
                             "module names another)")
@@ -96,7 +106,7 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
                 said.append(f"it counts positions from {start} (the scores depend on i − j alone, so the "
                             "attention is the same)")
             found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_start=start,
-                                  rope_base=base), said))
+                                  rope_base=base, rope_sign=sign), said))
     return found
 
 
@@ -167,19 +177,48 @@ def _rotated_share(source: torch.Tensor, mine: torch.Tensor, reference: torch.Te
     return last + last % 2
 
 
-def _first_position(source: torch.Tensor, mine: torch.Tensor, spec: Spec, pairing: str, width: int) -> int | None:
-    """The position the code gave the first query (key), fitted from the angle its slowest rotated pair turned
-    there over that pair's frequency, minus where the reference puts it; None where that is no whole number."""
-    if width < 2 or spec.rope_base is None:
-        return None
+def _pair_turns(source: torch.Tensor, mine: torch.Tensor, pairing: str, width: int, pair: int) -> torch.Tensor:
+    """The angle the code turned pair `pair` (of the first `width` coordinates) by at each position `[n]`."""
     half = width // 2
-    pair = half - 1
     a, b = (pair, pair + half) if pairing == "half-split" else (2 * pair, 2 * pair + 1)
     x = torch.complex(source[..., a], source[..., b]).flatten(0, -2)  # [.., n]
     u = torch.complex(mine[..., a], mine[..., b]).flatten(0, -2)
-    turned = torch.angle((u * x.conj()).sum(0))  # [n]: the angle at each position
+    return torch.angle((u * x.conj()).sum(0))
+
+
+def _direction(source: torch.Tensor, mine: torch.Tensor, pairing: str, width: int, first: int, default: int) -> int:
+    """+1 where the code turns each pair by +θ (transformers' x·cos + rotate_half(x)·sin), -1 by −θ (nanochat's
+    x1·cos + x2·sin), read off the fastest pair, which turns one radian a position (any base): from one position
+    to the next, +1 or -1 radian (whatever the first position, right or wrong); a single query against ±`first`.
+    `default` where neither fits better (a single query at 0)."""
+    if width < 2:
+        return default
+    turned = _pair_turns(source.double(), mine.double(), pairing, width, 0)  # [n]
+    if turned.shape[-1] > 1:
+        turned, expected = turned[1:] - turned[:-1], torch.ones(turned.shape[-1] - 1, dtype=torch.float64)
+    else:
+        expected = torch.full_like(turned, float(first))
+
+    def miss(sign: int) -> float:
+        return float(torch.remainder(turned - sign * expected + math.pi, 2 * math.pi).sub(math.pi).abs().sum())
+
+    plus, minus = miss(1), miss(-1)
+    if abs(plus - minus) < 1e-3 * turned.shape[-1]:
+        return default
+    return 1 if plus < minus else -1
+
+
+def _first_position(source: torch.Tensor, mine: torch.Tensor, spec: Spec, pairing: str, width: int,
+                    sign: int = 1) -> int | None:
+    """The position the code gave the first query (key), fitted from the angle its slowest rotated pair turned
+    there over that pair's frequency (turned by `sign` · θ), minus where the reference puts it; None where that
+    is no whole number."""
+    if width < 2 or spec.rope_base is None:
+        return None
+    pair = width // 2 - 1
+    turned = _pair_turns(source, mine, pairing, width, pair)  # [n]: the angle at each position
     frequency = spec.rope_base ** (-2 * pair / width)
-    fitted = float(turned[0]) / frequency
+    fitted = sign * float(turned[0]) / frequency
     if not math.isfinite(fitted) or abs(fitted - round(fitted)) > 0.05:
         return None
     start = round(fitted)

@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 # A step code may compute in one op with the one after it: a mask built with the bias in it (Baichuan's and MPT's
-# ALiBi mask, -inf above the diagonal plus m_h · j), added once. Where no mistake reproduces the code's tensors at
-# the first, the causes of the second are tried with the first kept as the reference has it.
-FUSED_AFTER = {"biased_scores": ("masked_scores",)}
+# ALiBi mask, -inf above the diagonal plus m_h · j), added once; or in the other order: q and k normalized after RoPE
+# (nanochat's norm without weights, which a rotation keeps), so the code's normed q is the reference's Q_rot normed.
+# Where no mistake reproduces the code's tensors at the first, the causes of the second are tried with the first kept
+# as the reference has it.
+FUSED_AFTER = {"biased_scores": ("masked_scores",), "Q_normed": ("Q_rot",), "K_normed": ("K_rot",)}
 
 
 def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:

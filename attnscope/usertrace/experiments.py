@@ -656,7 +656,7 @@ def _swapped(b: Base) -> Iterator[Trial]:
                     "(the cached ones swapped as well)")
     plain_k = b.plain("K")
     if rope is not None and plain_k is not None:
-        rotated_v = _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing)
+        rotated_v = _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, sign=rope.sign)
         yield Trial(replay(b, k_new=rotated_v, v_new=plain_k), words + ", each projected by the other's weights "
                     "and then rotated as the keys are")
 
@@ -666,10 +666,7 @@ def _joined_swaps(b: Base, rope: _Rope, words: str) -> Iterator[Trial]:
     joined (the cached ones swapped as well), before the rotation or after it."""
     plain_k = b.plain("K")
     start = int(rope.k_pos[0]) - b.n_cache
-
-    def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return _rotate(x, positions, rope.base, rope.pairing, rotary=rope.rotary)
-
+    turn = _turn(rope)
     steps = _rejoined(b, b.q, turn, keys=b.v_new, values=plain_k, start=start)
     if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
         steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]  # `k, v = self.v_proj(x), self.k_proj(x)`
@@ -814,7 +811,7 @@ def _split(b: Base) -> Iterator[Trial]:
         source = b.ref[feat] if b.kind == "module" else b.ref[feat].transpose(1, 2).contiguous()
         viewed = source.reshape(b.ref[split].shape)
         if rope is not None and role != "V":
-            turned = _rotate(viewed, rope.q_pos if role == "Q" else rope.k_pos, rope.base, rope.pairing)
+            turned = _rotate(viewed, rope.q_pos if role == "Q" else rope.k_pos, rope.base, rope.pairing, sign=rope.sign)
         else:
             turned = viewed
         wrong[role] = {change: turned, split: viewed}
@@ -856,6 +853,7 @@ class _Rope:
     q: torch.Tensor  # unrotated
     k: torch.Tensor
     rotary: int | None = None  # the coordinates that turn (a fraction of d_head), None: all
+    sign: int = 1  # -1: each pair turned by −θ (nanochat's), as the code was read to
 
 
 def _rope(b: Base) -> _Rope | None:
@@ -871,21 +869,27 @@ def _rope(b: Base) -> _Rope | None:
     fraction = getattr(spec, "rope_fraction", None)
     rotary = int(q.shape[-1] * fraction) if fraction else None
     first = int(getattr(spec, "rope_start", 0) or 0)
+    sign = int(getattr(spec, "rope_sign", 1) or 1)
     n_K, n_Q, n_new = b.n_K, b.n_Q, int(k.shape[-2])
     q_pos = k_pos = None
     for start in dict.fromkeys((b.n_cache + first, n_K - n_Q + first, first, 0)):
         pos = torch.arange(start, start + n_Q)
-        if _near(_rotate(q, pos, spec.rope_base, pairing, rotary=rotary), b.ref["Q_rot"]):
+        if _near(_rotate(q, pos, spec.rope_base, pairing, rotary=rotary, sign=sign), b.ref["Q_rot"]):
             q_pos = pos
             break
     for start in dict.fromkeys((b.n_cache + first, first, 0)):
         pos = torch.arange(start, start + n_new)
-        if _near(_rotate(k, pos, spec.rope_base, pairing, rotary=rotary), b.ref["K_rot"]):
+        if _near(_rotate(k, pos, spec.rope_base, pairing, rotary=rotary, sign=sign), b.ref["K_rot"]):
             k_pos = pos
             break
     if q_pos is None or k_pos is None:
         return None
-    return _Rope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary)
+    return _Rope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary, sign)
+
+
+def _turn(rope: _Rope) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """x `[.., n, d]` at `positions` rotated as the reference's RoPE turns them."""
+    return lambda x, positions: _rotate(x, positions, rope.base, rope.pairing, rotary=rope.rotary, sign=rope.sign)
 
 
 def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
@@ -895,16 +899,17 @@ def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str, table: str | None = None,
-            rotary: int | None = None, over: int | None = None) -> torch.Tensor:
+            rotary: int | None = None, over: int | None = None, sign: int = 1) -> torch.Tensor:
     """x `[.., n, d]` rotated in float64: `pairing` "half" (rotate_half: i with i + r/2) or "interleaved" (2i with
     2i + 1); `table` how the angles are laid along the coordinates ("cat": (θ, θ) as transformers' `cat((freqs,
     freqs))`; "interleave": θ0, θ0, θ1, θ1, ... as `repeat_interleave(2)`), the pairing's own by default; only the
     first `rotary` coordinates rotated (GPT-NeoX's rotary_pct), the rest passed through; `over`: the width the
-    frequencies are spread over (the rotated width, as GPT-NeoX's rotary_ndims, unless said)."""
+    frequencies are spread over (the rotated width, as GPT-NeoX's rotary_ndims, unless said); `sign` -1 turns each
+    pair by −θ (nanochat's)."""
     x = x.double()
     r = x.shape[-1] if rotary is None else rotary
     inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / (over or r))  # [r/2]
-    angle = positions.double()[:, None] * inv_freq  # [n, r/2]
+    angle = sign * positions.double()[:, None] * inv_freq  # [n, r/2]
     table = table or ("cat" if pairing == "half" else "interleave")
     theta = torch.cat((angle, angle), -1) if table == "cat" else angle.repeat_interleave(2, -1)  # [n, r]
     part, rest = x[..., :r], x[..., r:]
@@ -922,7 +927,7 @@ def _rotated(b: Base, rope: _Rope, q_pos: torch.Tensor | None = None, k_pos: tor
     base, pairing, rotary = base or rope.base, pairing or rope.pairing, rotary or rope.rotary
 
     def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return _rotate(x, positions, base, pairing, table, rotary, over)
+        return _rotate(x, positions, base, pairing, table, rotary, over, rope.sign)
 
     q = turn(rope.q, rope.q_pos if q_pos is None else q_pos)
     k_pos = rope.k_pos if k_pos is None else k_pos
@@ -1105,10 +1110,11 @@ def _on_values(b: Base) -> Iterator[Trial]:
     if rope is None or b.v_new.shape[-1] % 2:
         return
     if b.raw_keys is not None:  # the joined values rotated with the joined keys
-        steps = _rejoined(b, b.q, lambda x, p: _rotate(x, p, rope.base, rope.pairing, rotary=rope.rotary),
+        steps = _rejoined(b, b.q, _turn(rope),
                           start=int(rope.k_pos[0]) - b.n_cache, turn_values=True)
     else:
-        steps = replay(b, v_new=_rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, rotary=rope.rotary))
+        steps = replay(b, v_new=_rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, rotary=rope.rotary,
+                                                sign=rope.sign))
     yield Trial(steps,
                 "RoPE applied to the "
                 "values: {who} is what the reference computes with V rotated as the keys are; RoPE rotates only the "
@@ -1368,7 +1374,7 @@ def _cache_order(b: Base) -> Iterator[Trial]:
         yield Trial(replay(b, cat_order="new first"), words)
         return
     # the code rotates the join: the new keys turn at the cache's positions 0 .. n_new − 1, the cached ones after
-    steps = _rejoined(b, b.q, lambda x, p: _rotate(x, p, rope.base, rope.pairing, rotary=rope.rotary),
+    steps = _rejoined(b, b.q, _turn(rope),
                       start=int(rope.k_pos[0]) - past, new_first=True)
     yield Trial(steps, words.replace(" where the cached", f", then rotated together, so the new keys turn at "
                                      f"positions 0 to {n_new - 1}, where the cached"))

@@ -74,6 +74,7 @@ class Spec:
     window_side: str = "left"  # "both": a bidirectional local window, |i - j| <= window // 2 (--window-side)
     rope_fraction: float | None = None
     rope_start: int = 0
+    rope_sign: int = 1  # -1: the code turns each pair by −θ (nanochat's x1·cos + x2·sin, −x1·sin + x2·cos)
     pairing_asked: bool = False
     base_from_module: bool = False  # rope_base is the module's own (its rope_theta), read where --rope-base said none
     fraction_from_module: bool = False  # rope_fraction is the module's config's (rotary_dim, partial_rotary_factor)
@@ -125,9 +126,9 @@ class Spec:
         """attnscope's Rope for the reference, None without RoPE."""
         if self.rope_base is None:
             return None
-        if self.rope_start:
+        if self.rope_start or self.rope_sign != 1:
             return StartedRope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction,
-                               start=self.rope_start)
+                               start=self.rope_start, sign=self.rope_sign)
         return Rope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction)
 
     def describe(self) -> str:
@@ -144,20 +145,24 @@ class Spec:
 
     def _rope_more(self) -> str:
         more = [f"{self.rope_fraction:g} of each head" if self.rope_fraction else "",
-                f"positions from {self.rope_start}" if self.rope_start else ""]
+                f"positions from {self.rope_start}" if self.rope_start else "",
+                "turned by −θ" if self.rope_sign == -1 else ""]
         return "".join(f", {m}" for m in more if m)
 
 
 @dataclass(frozen=True)
 class StartedRope(Rope):
-    """RoPE whose first token sits at position `start` (code that counts positions from 1): every table is the
-    default one shifted by `start` rows. Scores depend on i − j alone, so the attention is the same."""
+    """RoPE as the code computes it: its first token at position `start` (code that counts positions from 1: every
+    table is the default one shifted by `start` rows), each pair turned by `sign` · θ (-1: nanochat's
+    `x1 * cos + x2 * sin`, the sin table negated). Scores depend on i − j alone, so the attention is the same."""
 
     start: int = 0
+    sign: int = 1
 
     def cos_sin(self, n_pos: int, d_head: int, dtype: torch.dtype, device: Any = None,
                 start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        return super().cos_sin(n_pos + self.start, d_head, dtype, device, start=start + self.start)
+        cos, sin = super().cos_sin(n_pos + self.start, d_head, dtype, device, start=start + self.start)
+        return cos, sin * self.sign
 
 
 @dataclass
