@@ -108,7 +108,8 @@ def _cache_parameters(plan: Plan) -> tuple[str, ...]:
 def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     import torch
 
-    from attnscope.usertrace import cachelayouts, heldcache, identity, latentcache, load, queries, timefirst, weightargs
+    from attnscope.usertrace import (cachelayouts, heldcache, identity, latentcache, load, posembed, queries,
+                                     timefirst, weightargs)
     from attnscope.usertrace.feeds import feeds
     from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
     from attnscope.usertrace.lineup import line_up
@@ -242,6 +243,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             candidates = [plan.with_mask(causal), *(c for c in candidates if c.mask != causal)]
         if asked.rope and plan.tables_optional:  # its own RoPE tables first (all of its code runs), else trace's
             candidates = [c for p in candidates for c in (p.with_own_tables(), p)]
+        if plan.embeddings:  # position embeddings fed first (all of its code runs), else left None
+            candidates += [c.without_embeddings() for c in candidates]
         for tried in candidates:
             # the mask to the first mask parameter the code runs with (fairseq's key_padding_mask [n_batch, n_K]
             # for a padding file, where its attn_mask takes [n_Q, n_K])
@@ -253,6 +256,9 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
                 own = queries.find(ran[2].records, ran[0], weighted)  # Perceiver's latents: n_Q is theirs
                 if own is not None:
                     queries.apply(ran[0], own)
+                else:  # DETR's q_proj(x + pos), k_proj(x + pos), v_proj(x)
+                    posembed.read(ran[2].records, ran[0], weighted, shapes.n_head, shapes.fixed.get("d_head"),
+                                  tried.embeddings)
                 return ran
         assert made is not None
         return made
@@ -1558,7 +1564,8 @@ def _header(target: Target, label: str, plan: Plan, inputs: Inputs, mode: str, s
         order.index(k) if k in order else len(order), k)))
     kind = "self-attention" if plan.self_attention else (
         "cross-attention" if inputs.sizes.get("n_Q") != inputs.sizes.get("n_K") else "attention")
-    kind = "cross-attention, the queries from your module's own tensors" if inputs.own else kind
+    kind = "cross-attention, the queries from your module's own tensors" if inputs.own and \
+        inputs.own_from == "module" else kind
     kind += "" if not spec.cache else ", a decode step"
     described = ", ".join(part for part in (spec.describe(), "column layout" if spec.layout == "col" else "") if part)
     variants = f"; reference: {described}" if described else ""

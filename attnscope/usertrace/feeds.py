@@ -88,6 +88,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         out.values[name] = n_cache
     for name in plan.position_tensors:  # gpt-fast's input_pos: the new tokens' positions, after the cached ones
         out.values[name] = torch.arange(n_cache, n_cache + sizes["n_Q"])
+    _embeddings(plan, inputs, out)
     if not plan.tables or rope_base is None:
         return out
     from attnscope.usertrace.load import PAIR_TABLES
@@ -127,3 +128,27 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         if not isinstance(value, tuple):
             out.labels[id(value)] = name
     return out
+
+
+def _embeddings(plan: Plan, inputs: Inputs, out: Feeds) -> None:
+    """A random position embedding for each parameter that takes one (DETR's object_queries, SAM's key_pe): the
+    shape of the input it is added to (x's, [n_batch, n, d_feat] or time-first), the memory's where its name says
+    the keys' side (left at its default None in self-attention, where no memory is fed)."""
+    import torch
+
+    from attnscope.usertrace.inputs import role_dims
+    from attnscope.usertrace.load import embedding_side
+
+    by_role = {role: name for name, role in inputs.roles.items()}
+    for i, name in enumerate(plan.embeddings):
+        keys = embedding_side(name) == "n_K"
+        if plan.self_attention and keys and name not in plan.embeddings_required:
+            continue  # the memory's (DETR's spatial_position_embeddings): None where no memory is fed
+        role = "K" if keys and "K" in by_role else "Q"
+        x = inputs.tensors[by_role[role]]
+        generator = torch.Generator().manual_seed(1000 + i)
+        value = torch.randn(*x.shape, generator=generator, dtype=x.dtype)
+        out.values[name] = value
+        out.labels[id(value)] = name
+        dims = role_dims(role, inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
+        out.steps.append((name, value, dims, f"input: {name}, a random position embedding"))

@@ -214,6 +214,7 @@ class Inputs:
     also_masked: list[str] = field(default_factory=list)  # mask parameters given a rule beside `mask`'s (not None)
     own: dict[str, torch.Tensor] = field(default_factory=dict)  # Q (K, V): the module's own inputs (Perceiver's
     # latents; keys joined to them), read from the run (usertrace/queries.py)
+    own_from: str = "module"  # "position": `own` holds the inputs plus a position embedding (usertrace/posembed.py)
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The inputs as the reference reads them: [n_batch, n, d] (time-first ones [n, n_batch, d] transposed)."""
@@ -255,6 +256,9 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
             guard(sizes)
     else:
         sizes = _choose(o, plan, shapes, is_module)
+        batch = _file_sizes(o, self_attention, is_module).get("n_batch")
+        if batch is not None and sizes.get("n_batch") == batch:
+            notes.append(f"n_batch = {batch}, the first axis of --mask {o.mask} (--batch N sets it)")
         if guard is not None:
             guard(sizes)
         dtype = next(iter(module.parameters()), torch.empty(0)).dtype if is_module else torch.float32
@@ -263,7 +267,7 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
                                      generator=generator, dtype=dtype)
                    for role in ROLES[len(plan.tensors)]}
     roles = dict(zip(plan.tensors, ROLES[len(plan.tensors)], strict=True))
-    reference_mask, allowed = _masks(o, plan, sizes, notes)
+    reference_mask, allowed = _masks(o, plan, sizes, notes, is_module)
     files = {"Q": o.q, "K": o.k or o.q, "V": o.v or o.k or o.q}
     ops = {name: f"loaded from {files[role]}" if files[role] else
            f"torch.randn({', '.join(role_dims(role, sizes, is_module, o.layout))})" for name, role in roles.items()}
@@ -304,8 +308,9 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
     self_attention = plan.self_attention
     wanted = (["n_batch"] if o.batch != 0 else []) + ["n_Q"] + ([] if self_attention else ["n_K"])  # 0: 2-D
     wanted += [] if is_module else ["d_K"] + ([] if self_attention else ["d_V"])
-    given = {"n_batch": o.batch or None, "n_Q": o.nq, "n_K": o.nk or _file_keys(o, self_attention), "d_K": o.dk,
-             "d_V": o.dv}
+    filed = _file_sizes(o, self_attention, is_module)
+    given = {"n_batch": o.batch or filed.get("n_batch"), "n_Q": o.nq or filed.get("n_Q"),
+             "n_K": o.nk or filed.get("n_K"), "d_K": o.dk, "d_V": o.dv}
     fixed = dict(shapes.fixed) | ({"n_cache": o.cache} if o.cache else {})
     avoid = tuple(shapes.extra.values()) + _group(fixed, shapes.extra)  # n_group: an axis of grouped queries
     while True:
@@ -320,16 +325,24 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
         avoid = (*avoid, sizes["n_Q"])  # n_cache + n_Q lands on another dim's size: another n_Q
 
 
-def _file_keys(o: InputOptions, self_attention: bool) -> int | None:
-    """n_K as a --mask file says it (its last axis, the keys'), where the keys' length is not the queries' (a
-    function or module given query, key and value) and --nk does not say it; None otherwise."""
-    if not o.mask or self_attention or o.cache:
-        return None
+def _file_sizes(o: InputOptions, self_attention: bool, is_module: bool) -> dict[str, int]:
+    """The sizes a --mask file says where no flag does: n_K its last axis (the keys'), where the keys' length is
+    not the queries' (query, key and value given apart), else n_Q (self-attention without a cache); n_batch its
+    first axis, for a 4-D file (a 3-D one before a module's or a function's headless scores). An axis of 1 is
+    shared and says nothing."""
+    if not o.mask or o.q:
+        return {}
     from attnscope import masks
     from attnscope.tensors import load_tensor
 
     shape = masks.normalize(load_tensor(o.mask)).shape
-    return int(shape[-1]) if shape and shape[-1] > 1 else None
+    found: dict[str, int] = {}
+    if shape and shape[-1] > 1 and not o.cache:
+        found["n_Q" if self_attention else "n_K"] = int(shape[-1])
+    batched = len(shape) == 4 or (len(shape) == 3 and (is_module or not o.heads))
+    if o.batch is None and batched and shape[0] > 1:
+        found["n_batch"] = int(shape[0])
+    return found
 
 
 def _group(fixed: dict[str, int], extra: dict[str, int]) -> tuple[int, ...]:
@@ -422,10 +435,12 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
     return tensors, sizes
 
 
-def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] | None = None
-           ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] | None = None,
+           is_module: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(the reference's mask: the file under the mask rule; what the user's mask parameter stands for: causal,
-    window and file combined, True = may attend, or a float bias when the file holds one)."""
+    window and file combined, True = may attend, or a float bias when the file holds one). A module's file is
+    judged against the reference's scores [n_batch, n_head, n_Q, n_K], whatever layout the code's own scores take
+    ([n_batch·n_head, n_Q, n_K] for DETR's bmm); where n_head is not known yet, as many heads as the file says."""
     from attnscope import masks
     from attnscope.tensors import load_tensor
 
@@ -433,7 +448,7 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
     col = o.layout == "col"  # the column form's scores are [.., n_K, n_Q]: a file is given so, causal transposed
     loaded = masks.normalize(load_tensor(o.mask)) if o.mask else None
     if loaded is not None:
-        scores = (*_leading(sizes), *((n_K, n_Q) if col else (n_Q, n_K)))
+        scores = (*_leading(sizes, loaded if is_module else None), *((n_K, n_Q) if col else (n_Q, n_K)))
         padding = _key_padding(loaded, sizes, scores, col)
         if padding is not None and notes is not None:
             notes.append(f"--mask {o.mask}: [n_batch, n_K] = {list(loaded.shape)}, read as key padding "
@@ -475,8 +490,15 @@ def _key_padding(mask: torch.Tensor, sizes: dict[str, int], scores: tuple[int, .
     return mask.reshape(n_batch, *(1,) * (len(scores) - 2), n_K)
 
 
-def _leading(sizes: dict[str, int]) -> tuple[int, ...]:
-    return (*((sizes["n_batch"],) if "n_batch" in sizes else ()), *((sizes["n_head"],) if "n_head" in sizes else ()))
+def _leading(sizes: dict[str, int], mask: torch.Tensor | None = None) -> tuple[int, ...]:
+    """The scores' axes before [n_Q, n_K]; with `mask` (a module's file), a heads' axis always: n_head where it is
+    known, else the file's own (1 where it has none): the reference's scores are [n_batch, n_head, n_Q, n_K]."""
+    batch = (sizes["n_batch"],) if "n_batch" in sizes else ()
+    if "n_head" in sizes:
+        return (*batch, sizes["n_head"])
+    if mask is None or not batch:
+        return batch
+    return (*batch, int(mask.shape[-3]) if mask.dim() >= 4 else 1)
 
 
 def plan_notes(plan: Plan, inputs: Inputs) -> list[str]:

@@ -60,6 +60,13 @@ CONFIG_NAMES = ("config", "args", "params", "cfg")  # where a module keeps the c
 # named so, or a fourth parameter without a default beside query, key and value; read as lengths only where the
 # code compares it with an arange over the keys (usertrace/lengths.py).
 LENGTH_WORDS = ("len", "length")
+# A position embedding the code adds to an input before its projections (DETR's object_queries, query_pos, pos;
+# SAM's query_pe, key_pe; transformers' DETR `position_embeddings: torch.Tensor | None`): fed a random tensor the
+# shape of that input where it defaults to None, so the code's own additions run (usertrace/posembed.py reads them).
+EMBEDDING_WORDS = ("pos", "pe", "posemb", "object_queries", "position_embedding", "position_embeddings")
+NOT_EMBEDDING_WORDS = ("input", "ids", "id", "idx", "index", "start", "offset", "cache", "past", "len", "length")
+# Those that belong to the keys' side in cross-attention (DETR's spatial_position_embeddings for its memory)
+KEY_SIDE_WORDS = ("key", "keys", "k", "kv", "memory", "encoder", "spatial", "src", "context", "image")
 MEMORY_NAMES = ("context", "memory", "encoder_hidden_states", "encoder_output", "encoder_out", "key_value_states",
                 "cond", "condition", "kv", "enc", "y")
 
@@ -106,6 +113,8 @@ class Plan:
     other_masks: list[str] = field(default_factory=list)  # mask parameters besides `mask` (given None): tried in turn
     said: dict[str, str] = field(default_factory=dict)  # parameter -> why it was given None, a note: the code
     # multiplies its attention weights by it (transformers' head_mask), it makes RoPE's tables itself
+    embeddings: list[str] = field(default_factory=list)  # get a random position embedding (EMBEDDING_WORDS)
+    embeddings_required: list[str] = field(default_factory=list)  # those of them without a default
     lengths: str | None = None  # a parameter that may take sequence lengths (D2L's valid_lens); it is the mask
     # parameter once the code is seen to compare it with an arange over the keys (usertrace/lengths.py)
 
@@ -182,6 +191,10 @@ class Plan:
         said = {name: words if i == 0 else "" for i, name in enumerate(self.tables)}  # one note for them all
         return dataclasses.replace(self, tables=[], tables_optional=False, nones=[*self.nones, *self.tables],
                                    said={**self.said, **said})
+
+    def without_embeddings(self) -> Plan:
+        """This plan with its position embeddings given None (their default), where the code runs on no other."""
+        return dataclasses.replace(self, embeddings=[], nones=[*self.nones, *self.embeddings])
 
     def check_fed(self) -> None:
         """Refused in one line where trace cannot feed the inputs the signature asks for."""
@@ -427,7 +440,8 @@ def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
             plan, other_masks=[m for m in plan.other_masks if m != masked])
     lengths = None if plan.lengths in built else plan.lengths
     return dataclasses.replace(plan, given=built, tensors=tensors, optional=optional, lengths=lengths,
-                               nones=[n for n in plan.nones if n not in built])
+                               nones=[n for n in plan.nones if n not in built],
+                               embeddings=[n for n in plan.embeddings if n not in built])
 
 
 def is_mask(name: str, default: Any = None) -> bool:
@@ -436,6 +450,24 @@ def is_mask(name: str, default: Any = None) -> bool:
     lower = name.lower()
     return any(word in lower for word in MASK_WORDS) or (
         "bias" in lower and not is_position_bias(name) and default is None)
+
+
+def is_embedding(name: str, annotation: Any = None) -> bool:
+    """Named like a position embedding added to an input (EMBEDDING_WORDS, a word of the name); `position_embeddings`
+    only where annotated as one tensor (transformers' RoPE tables are a tuple, `(cos, sin)`)."""
+    lower = name.lower()
+    if lower in TABLE_NAMES:
+        said = str(annotation)
+        return annotation is not inspect.Parameter.empty and "Tensor" in said and "tuple" not in said.lower()
+    words = lower.split("_")
+    if any(w in NOT_EMBEDDING_WORDS for w in words):  # gpt-fast's input_pos: token positions, not an embedding
+        return False
+    return any(w in EMBEDDING_WORDS for w in words) or "position_embedding" in lower or lower == "object_queries"
+
+
+def embedding_side(name: str) -> str:
+    """n_K for a key-side embedding (its name says keys, memory, encoder, spatial), else n_Q."""
+    return "n_K" if any(w in KEY_SIDE_WORDS for w in name.lower().split("_")) else "n_Q"
 
 
 def is_lengths(name: str) -> bool:
@@ -488,6 +520,9 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             p.positions.append(name)
         elif lower in POSITIONS_NAMES and (required or param.default is None):
             p.position_tensors.append(name)
+        elif (required or param.default is None) and is_embedding(name, param.annotation):
+            p.embeddings.append(name)
+            p.embeddings_required += [name] if required else []
         elif lower in TABLE_NAMES and (required or param.default is None):
             p.tables_optional = not required and (p.tables_optional or not p.tables)
             p.tables.append(name)

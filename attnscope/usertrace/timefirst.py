@@ -32,7 +32,7 @@ def possible(o: InputOptions, inputs: Inputs) -> bool:
     cache stays [n_batch, n_kv_head, n_cache, d_head], as fairseq's incremental state holds it). A batch of the
     tokens' size (--batch = --nq) is tried too: the same tensor then reads either way, and only the line-up says
     which reading is the code's."""
-    if o.layout != "row" or o.batch == 0 or not inputs.tensors or bool(inputs.own):
+    if o.layout != "row" or o.batch == 0 or not inputs.tensors or (bool(inputs.own) and inputs.own_from == "module"):
         return False
     sizes = inputs.sizes
     if "n_batch" not in sizes:
