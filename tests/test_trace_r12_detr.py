@@ -184,3 +184,13 @@ def test_key_padding_to_a_time_first_nn_multihead_attention_with_the_position(ru
 def test_a_file_of_another_batch_than_asked_is_still_refused(runner, pad):
     result, _ = trace(runner, f"{STYLES}:DetrQuerySelf", "--mask", pad, "--batch", "2")
     assert result.exit_code == 2 and "does not broadcast to the scores' shape [2, " in result.stderr, result.stderr
+
+
+def test_rope_tables_and_token_positions_are_no_position_embeddings():
+    from attnscope.usertrace.load import is_embedding
+
+    assert not is_embedding("freqs_cis", torch.Tensor) and not is_embedding("cos", torch.Tensor)
+    assert not is_embedding("position_embeddings", tuple[torch.Tensor, torch.Tensor])
+    assert not is_embedding("input_pos") and not is_embedding("start_pos")
+    assert is_embedding("position_embeddings", torch.Tensor | None)
+    assert all(is_embedding(n) for n in ("object_queries", "query_pos", "pos", "key_pe", "pos_embed"))

@@ -456,7 +456,9 @@ def is_embedding(name: str, annotation: Any = None) -> bool:
     """Named like a position embedding added to an input (EMBEDDING_WORDS, a word of the name); `position_embeddings`
     only where annotated as one tensor (transformers' RoPE tables are a tuple, `(cos, sin)`)."""
     lower = name.lower()
-    if lower in TABLE_NAMES:
+    if lower in TABLE_NAMES and lower != "position_embeddings":  # cos, sin, freqs_cis: RoPE's, whatever their type
+        return False
+    if lower == "position_embeddings":
         said = str(annotation)
         return annotation is not inspect.Parameter.empty and "Tensor" in said and "tuple" not in said.lower()
     words = lower.split("_")
