@@ -108,8 +108,17 @@ def _cache_parameters(plan: Plan) -> tuple[str, ...]:
 def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     import torch
 
-    from attnscope.usertrace import (cachelayouts, heldcache, identity, latentcache, load, posembed, queries,
-                                     timefirst, weightargs)
+    from attnscope.usertrace import (
+        cachelayouts,
+        heldcache,
+        identity,
+        latentcache,
+        load,
+        posembed,
+        queries,
+        timefirst,
+        weightargs,
+    )
     from attnscope.usertrace.feeds import feeds
     from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
     from attnscope.usertrace.lineup import line_up
