@@ -172,3 +172,35 @@ def test_mistakes_beside_the_output_term_are_named_by_experiment(runner, name, b
     first = out["first_divergence"]
     assert first["experiment"] == entry, first
     assert first["evidence"].startswith("by experiment"), first
+
+
+# --- a bias added once the projection's output is cut apart ------------------------------------------------------
+
+LATER = [("BiasAfterChunk", "no_scale", "scale.none"), ("HeadBiasAfterView", "softmax_dim", "softmax.axis")]
+
+
+def test_biases_added_after_the_split_are_sdpa():
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    m = styles.BiasAfterChunk().double()
+    q, k, v = F.linear(x, m.qkv.weight).split(32, -1)
+    with torch.no_grad():
+        assert torch.allclose(m(x), m.proj(_sdpa(q + m.q_bias, k, v + m.v_bias, 4)), atol=1e-10)
+        h = styles.HeadBiasAfterView().double()
+        q, k, v = (lin(x) + b.reshape(-1) for lin, b in ((h.w_q, h.b_q), (h.w_k, h.b_k), (h.w_v, h.b_v)))
+        assert torch.allclose(h(x), h.w_o(_sdpa(q, k, v, 4)), atol=1e-10)
+        for name, bug, _ in LATER:
+            right = getattr(styles, name)().double()
+            wrong = getattr(styles, name)(bug=bug).double()
+            wrong.load_state_dict(right.state_dict())
+            assert (wrong(x) - right(x)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(("name", "bug", "entry"), LATER, ids=[n for n, _, _ in LATER])
+def test_a_bias_added_after_the_split_is_the_projections(runner, name, bug, entry):
+    result, out = trace(runner, f"{STYLES}:{name}")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    rows = {row["reference"]: row["status"] for row in out["alignment"]}
+    assert rows["Q_split"] in ("equal", "permuted") and rows["x"] == "equal", rows
+    result, out = trace(runner, f"{STYLES}:{name}", "--init", f"bug='{bug}'")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == entry, out["first_divergence"]

@@ -262,3 +262,46 @@ class KeyPositionValues(nn.Module):
         w = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=1 if self.bug == "softmax_dim" else -1)
         out = torch.matmul(w, v) + torch.matmul(w, self.pos_v[:n])
         return self.to_out(out.permute(0, 2, 1, 3).reshape(b, n, d))
+
+
+class BiasAfterChunk(nn.Module):
+    """A fused qkv without a bias, q_bias and v_bias added once its output is chunked (the keys get none)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, bug: str | None = None) -> None:
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.q_bias = nn.Parameter(torch.zeros(dim))
+        self.v_bias = nn.Parameter(torch.zeros(dim))
+        self.proj = nn.Linear(dim, dim)
+        _moved(self.q_bias, self.v_bias, seed=8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, v = q + self.q_bias, v + self.v_bias
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        att = q @ k.transpose(-2, -1)
+        att = att if self.bug == "no_scale" else att / math.sqrt(d // self.heads)
+        return self.proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d))
+
+
+class HeadBiasAfterView(nn.Module):
+    """Projections without a bias, each given a `[n_head, d_head]` one once its heads are split."""
+
+    def __init__(self, d_model: int = 32, n_head: int = 4, bug: str | None = None) -> None:
+        super().__init__()
+        self.n_head, self.d_head, self.bug = n_head, d_model // n_head, bug
+        self.w_q, self.w_k, self.w_v = (nn.Linear(d_model, d_model, bias=False) for _ in range(3))
+        self.b_q, self.b_k, self.b_v = (nn.Parameter(torch.zeros(n_head, self.d_head)) for _ in range(3))
+        self.w_o = nn.Linear(d_model, d_model)
+        _moved(self.b_q, self.b_k, self.b_v, seed=9)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.w_q(x).view(b, n, self.n_head, self.d_head) + self.b_q
+        k = self.w_k(x).view(b, n, self.n_head, self.d_head) + self.b_k
+        v = self.w_v(x).view(b, n, self.n_head, self.d_head) + self.b_v
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
+        weights = scores.softmax(dim=-2 if self.bug == "softmax_dim" else -1)
+        return self.w_o(torch.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, n, -1))

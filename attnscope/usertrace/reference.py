@@ -364,7 +364,7 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     name, a wrapped nn.MultiheadAttention, a fused q/k/v projection (one candidate per way of splitting it),
     exactly four Linear layers in registration order. `inputs`: the forward's tensor parameters by role (Q, K,
     V), where it takes them apart: each projection's role is then the role of the input it reads."""
-    from attnscope.usertrace import flow, fused, identity, keybias, perhead, unused
+    from attnscope.usertrace import flow, fused, identity, keybias, laterbias, perhead, unused
 
     if identity.is_holder(module):  # q, k, v given already projected, the heads split by the code (identity.py)
         return [Projections(identity.projections(module), "identity")]
@@ -373,6 +373,8 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     linears = [(name, _as_called(name, m, records, params)) for name, m in module.named_modules()
                if isinstance(m, nn.Linear)]
     linears += parameter_projections(module, records)
+    # a bias the code adds once it has cut the output apart (q = q + self.q_bias after the chunk): laterbias.py
+    linears = [(name, laterbias.added(name, m, records, params)) for name, m in linears]
     modules, names = dict(linears), [name for name, _ in linears]
     heads = perhead.find(records)
     if heads is not None and all(name in modules for roles in heads.roles for name in roles.values()):
