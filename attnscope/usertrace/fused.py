@@ -15,7 +15,9 @@
   up among the projection's outputs, which says its row; the roles in any order (CodeGen's q | v | k per block),
   an order other than q, k, v said in a note (order_note), never a bug, as long as the code's words agree: a part
   it binds to `v` at the split and uses as the keys (or to `k` and uses as the values) is k and v swapped, the
-  rows held as the words say (words.py), so the catalog names the swap by experiment.
+  rows held as the words say (words.py), so the catalog names the swap by experiment. Where the words agree with
+  the use, the module's own bias may still say it: a constant-zero block beside learned ones is the keys'
+  (BEiT's `cat(q_bias, zeros_like(v_bias), v_bias)`, keybias.py), so the values read from it are a swap too.
 - An nn.MultiheadAttention inside the module: its `in_proj_weight` (or `q/k/v_proj_weight`) and `out_proj`.
 - `F.multi_head_attention_forward` called in the module's forward with its own parameters: the weights the
   recorded call was given (`in_proj_weight`, or `q/k/v_proj_weight` with `use_separate_proj_weight`, and
