@@ -730,10 +730,37 @@ def _call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, 
         # beside a parameter named for the causal rule (CLIP's causal_attention_mask): the causal or window rule
         # goes to another one (its attn_mask [n_Q, n_K]), in the convention that one reads
         called = _rule_beside(o, target, fn, plan, inputs, module, fed, called)
-    if keys_only:  # key padding holds no causal or window rule that could hide the code's own
+    if not keys_only:  # key padding holds no causal or window rule that could hide the code's own
+        called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
+        called = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
+    return _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
+
+
+def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
+               called: Called, convention: Convention) -> tuple[Called, Convention]:
+    """Where the code's own words give its boolean mask the polarity its ops do not (statedmask.py: "True =
+    masked" over a `masked_fill(~mask, ..)`), the mask as the words say, so that the run shows what the code does
+    with it; else the run as it was."""
+    import torch
+
+    from attnscope.usertrace import masking, statedmask
+    from attnscope.usertrace.call import call
+
+    allowed = inputs.allowed
+    if called.failure is not None or convention.kind not in ("attend", "masked") or allowed is None \
+            or allowed.dtype != torch.bool or bool(allowed.all()) or inputs.also_masked or plan.mask is None:
         return called, convention
-    called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
-    return _padding_beside(o, target, fn, plan, inputs, module, fed, called), convention
+    traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
+    said = statedmask.read(target.path, convention.line, plan.mask, tuple(plan.other_masks), traced)
+    if said is None or said.kind == convention.kind:
+        return called, convention
+    torch.manual_seed(o.seed)
+    dtype = next(iter(inputs.tensors.values())).dtype
+    again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, said.kind, dtype), fed)
+    if again.failure is not None:
+        return called, convention
+    words = said.words if len(said.words) <= 60 else said.words[:57] + "..."
+    return again, dataclasses.replace(convention, kind=said.kind, stated=f'line {said.line}: "{words}"')
 
 
 def _not_weights(tried: Plan, ran: tuple[Inputs, Feeds, Called, Convention | None],

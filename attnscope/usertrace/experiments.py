@@ -346,9 +346,9 @@ def _polarity(b: Base) -> Iterator[Trial]:
         assert b.allowed is not None
         yield Trial(replay(b, allowed=~b.allowed), "the mask is read the other way round: {who} is what the "
                     "reference computes with the mask inverted, every allowed cell masked and every masked one "
-                    "allowed; True is read as masked out (nn.MultiheadAttention's attn_mask convention) where the "
-                    "reference reads it as may attend (the tutorials' masked_fill(mask == 0, -1e9), "
-                    "F.scaled_dot_product_attention's)")
+                    "allowed: True read as masked out where it means may attend, or the reverse "
+                    "(nn.MultiheadAttention's attn_mask convention against the tutorials' "
+                    "masked_fill(mask == 0, -1e9) and F.scaled_dot_product_attention's)")
 
 
 def _after_softmax(b: Base) -> Iterator[Trial]:

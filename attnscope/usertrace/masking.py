@@ -59,9 +59,14 @@ class Convention:
     kind: str  # attend | masked | additive | float01 | subtracted
     line: int | None = None
     how: str = ""  # the op that told it
+    stated: str = ""  # where the code's own words give the other polarity (statedmask.py): 'line N: "..."'
 
     def note(self, parameter: str) -> str:
         where = f" (line {self.line}: {self.how})" if self.line else ""
+        if self.stated:
+            opposite = f"it masks where the mask is {self.kind == 'attend'}"
+            return (f"{parameter}: given {WORDS[self.kind]}, as your code's own words say it is ({self.stated}); "
+                    f"your code reads it the other way round: {opposite}{where}")
         if self.kind == "attend" and self.how == "converted":
             return (f"{parameter}: {WORDS['attend']}; your code builds its own bias from it"
                     f"{f' (line {self.line})' if self.line else ''}")

@@ -1,0 +1,150 @@
+"""What the code's own words say of its mask's polarity, where its ops cannot.
+
+A boolean mask is read by a module either way round: `scores.masked_fill(mask == 0, -1e9)` masks where the mask is
+False (the tutorials', F.scaled_dot_product_attention's convention), `scores.masked_fill(mask, -1e9)` where it is
+True (nn.MultiheadAttention's). Both are right for some caller, so the ops alone never make either a bug
+(masking.py reads the one the code uses). The code's words can: a comment on the line that applies the mask ("mask
+is True where a key may be attended"), the docstring of the function or class around it, or the file's docstring
+("True = masked", "1 for tokens that are not masked, 0 for padding", "filled with -inf where False"). Where they
+state one polarity and the ops read the other, the module contradicts itself, and the mask is given as its words
+say, so that the run shows what the code does with it (experiments.py's `mask.polarity` names it).
+
+The nearest words decide: the comments on the applying line and the two above it, then the docstrings of the
+function and class holding that line, then those of the traced class and its forward (and of the classes of the file
+it inherits from, nearest first), then the file's docstring, then the docstrings of the file's other functions that
+take a parameter of the mask's name; a place whose words state both polarities states none. Only sentences
+that name a mask are read, and never one that names another of the forward's mask parameters, nor one of an
+additive mask ("-inf = masked", "0 = may attend" of a float bias), whose 0 is not False.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+_TRUE = r"true|ones?|non-?zeros?|(?<![\w.+\-])1(?![\w.])"
+_FALSE = r"false|zeros?|(?<![\w.+\-])0(?![\w.])"
+# "not masked" before "masked": the first alternative that matches at a place wins
+_ATTEND = (r"not (?:be )?(?:masked|padd?(?:ed|ing)?|ignored|blocked|hidden)|non-?(?:masked|padd?(?:ed|ing)?)|unmasked"
+           r"|(?:may|can|should|to|will)(?: be)? attend(?:ed)?|attend(?:ed|s|ing)?|keep|kept|valid|visible|allowed"
+           r"|take part|participates?|real tokens?|seen|unpadded")
+_MASKED = (r"masked(?: out)?|mask(?:ed)? out|ignored?|padd?(?:ed|ing)?|pad|blocked|hidden|excluded|disallowed"
+           r"|not allowed|cannot (?:be )?attend(?:ed)?|can ?not attend|(?:not|never) attend(?:ed)?|prevented|filled"
+           r"|invalid|dropped|removed")
+_MEANING = rf"(?P<attend>{_ATTEND})|(?P<masked>{_MASKED})"
+_JOIN = r"\s*(?:=|==|:|->|→|means?|for|where|when|if|indicates?|marks?|is|are|denotes?|at|as)\s*"
+# a value, then up to six words, then what it means: "True = masked", "1 for tokens that are not masked"
+_VALUE_FIRST = re.compile(rf"\b(?P<value>{_TRUE}|{_FALSE}){_JOIN}(?:[\w`'*]+\s+){{0,6}}?(?:{_MEANING})\b", re.I)
+# what it means, then the value: "filled with -finfo.max where False", "positions to ignore are True"
+_MEANING_FIRST = re.compile(rf"\b(?:{_MEANING})\b(?:[^.;:\n]|\.(?=\S)){{0,40}}?\b"
+                            r"(?:where|when|if|is|are|=|set to|equal to)\s+(?:(?:the|its|a|this)\s+)?"
+                            rf"(?:\w*mask\w*\s+(?:is\s+|==\s*)?)?(?P<value>{_TRUE}|{_FALSE})\b", re.I)
+# an additive mask's words, a large negative number meaning masked: "0 = may attend, -inf = masked", "a float bias"
+_ADDITIVE = re.compile(r"additive|float (?:mask|bias)|"
+                       r"(?:[-−]\s*(?:inf\b|infinity|∞)|-\s*1e\d+|finfo\S*min|-10+\.?0*)\s*"
+                       rf"(?:=|==|:|->|→|means?|for|where|when|if|is|are)\s*(?:\w+\s+){{0,3}}?(?:{_MEANING})", re.I)
+
+
+@dataclass(frozen=True)
+class Stated:
+    kind: str  # "attend" (True = may attend) or "masked" (True = masked out)
+    line: int
+    words: str  # the sentence that says it
+
+
+def read(path: Path, line: int | None, parameter: str, others: tuple[str, ...] = (),
+         traced: tuple[str, ...] = ()) -> Stated | None:
+    """The polarity the code's words give `parameter`'s mask, read nearest the line that applies it first."""
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    comments = _comments(source)
+    for place in _places(tree, comments, line, traced, parameter):
+        found: dict[str, Stated] = {}
+        for text, at in place:
+            for s in _statements(text, at, parameter, others):
+                found.setdefault(s.kind, s)
+        if len(found) == 1:
+            said = next(iter(found.values()))
+            return Stated(said.kind, _line_of(source, said.line, said.words), said.words)
+    return None  # where one place says both polarities, it says none: the next one is read
+
+
+def _places(tree: ast.Module, comments: dict[int, str], line: int | None, traced: tuple[str, ...],
+            parameter: str) -> list[list[tuple[str, int]]]:
+    """The texts to read, nearest first: each a list of (text, its first line)."""
+    places: list[list[tuple[str, int]]] = []
+    holders = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+    if line is not None:
+        inner = [n for n in holders if n.lineno <= line <= (n.end_lineno or n.lineno)]
+        function = max((n for n in inner if not isinstance(n, ast.ClassDef)), key=lambda n: n.lineno, default=None)
+        top = function.lineno if function is not None else 1
+        places.append([(comments[i], i) for i in range(max(top, line - 2), line + 1) if i in comments])
+        around = sorted(inner, key=lambda n: -n.lineno)
+        places.append([(d, n.lineno) for n in around if (d := ast.get_docstring(n))])
+    for name in traced:  # the traced class and the classes it inherits from in the file, or the function
+        named = [n for n in holders if n.name == name and n.col_offset == 0]
+        places.append([(d, n.lineno) for c in named for n in [c, *_forwards(c)] if (d := ast.get_docstring(n))])
+    if (d := ast.get_docstring(tree)) is not None:
+        places.append([(d, 1)])
+    # the file's other functions that take a parameter of the mask's name (flax's dot_product_attention_weights
+    # beside the dot_product_attention that calls it): what they say of it
+    places.append([(d, n.lineno) for n in holders if not isinstance(n, ast.ClassDef) and parameter in _names(n)
+                   and (d := ast.get_docstring(n))])
+    return places
+
+
+def _names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    arguments = function.args
+    return [a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]]
+
+
+def _line_of(source: str, start: int, words: str) -> int:
+    """The line of the file where `words` (as a docstring's text, its whitespace and markup read loosely) begin,
+    looked for from line `start` on; `start` where they are not found."""
+    lines = source.splitlines(keepends=True)
+    before = sum(len(text) for text in lines[:start - 1])
+    pattern = r"[\s*`]+".join(re.escape(word) for word in words.split())
+    found = re.search(pattern, source[before:])
+    return start if found is None else start + source[before:before + found.start()].count("\n")
+
+
+def _forwards(node: ast.AST) -> list[ast.FunctionDef]:
+    body = getattr(node, "body", [])
+    return [n for n in body if isinstance(n, ast.FunctionDef) and n.name in ("forward", "__call__")]
+
+
+def _comments(source: str) -> dict[int, str]:
+    found: dict[int, str] = {}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                found[token.start[0]] = token.string.lstrip("#").strip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return found
+
+
+def _statements(text: str, at: int, parameter: str, others: tuple[str, ...]) -> list[Stated]:
+    said = []
+    clean = text.replace("*", "").replace("`", "")
+    for sentence in re.split(r"(?<=[.;])\s+|\n\s*\n|\n\s*[-•]\s+", clean):
+        sentence = " ".join(sentence.split())
+        names = {n.lower() for n in re.findall(r"\w*mask\w*", sentence, re.I)}
+        # a sentence of masks, not only of others the code makes (`causal_mask`) or another parameter
+        other = any(o != parameter and re.search(rf"\b{re.escape(o)}\b", sentence) for o in others)
+        if other or not names & {"mask", "masks", "masked", "masking", parameter.lower()}:
+            continue
+        if _ADDITIVE.search(sentence):
+            continue
+        for match in [*_VALUE_FIRST.finditer(sentence), *_MEANING_FIRST.finditer(sentence)]:
+            true = re.fullmatch(_TRUE, match.group("value"), re.I) is not None
+            attend = match.group("attend") is not None
+            said.append(Stated("attend" if true == attend else "masked", at, match.group(0)))
+    return said

@@ -1,0 +1,175 @@
+"""Styles whose words say how they read their boolean mask, written in forms of our own: a tutorial's multi-head
+module with a scaled-dot-product helper and a comment on its masking line; a core on split heads with a module-level
+mask function, its docstring saying `True = masked`; a key-padding cross-attention that folds its heads into the
+batch, its docstring saying the padded keys are filled where the mask is False; and a `torch.where` module whose
+forward's docstring gives the HF-like "1 for tokens to attend, 0 for padding"; and functions on heads-last inputs
+whose words are those of a helper beside them that takes the same mask (flax's). Each comes right and with its mask
+read the other way round (`mask.polarity`); one more reads its mask as its words say but scales twice."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ScaledDotProduct(nn.Module):
+    def __init__(self, temperature):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / self.temperature
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, -1e9)  # the mask is True where a key may be attended
+        return torch.softmax(scores, dim=-1) @ v
+
+
+class FlippedDotProduct(ScaledDotProduct):
+    def forward(self, q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / self.temperature
+        if mask is not None:
+            scores = scores.masked_fill(mask, -1e9)  # the mask is True where a key may be attended
+        return torch.softmax(scores, dim=-1) @ v
+
+
+class TutorialMHA(nn.Module):
+    """Multi-head attention as a tutorial writes it: project, split the heads, the helper, merge, project."""
+
+    inner = ScaledDotProduct
+
+    def __init__(self, d_model=24, n_head=3):
+        super().__init__()
+        self.n_head, self.d_head = n_head, d_model // n_head
+        self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.attend = self.inner(self.d_head ** 0.5)
+
+    def forward(self, x, mask=None):
+        b, n, _ = x.shape
+        q, k, v = (w(x).view(b, n, self.n_head, self.d_head).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
+        if mask is not None:
+            mask = mask.unsqueeze(1)  # the same mask for every head
+        out = self.attend(q, k, v, mask)
+        return self.w_o(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class TutorialFlipped(TutorialMHA):
+    inner = FlippedDotProduct
+
+
+def mask_fill(scores, attention_mask):
+    scores.masked_fill_(attention_mask, -10000.0)
+    return scores
+
+
+def mask_fill_flipped(scores, attention_mask):
+    scores.masked_fill_(~attention_mask, -10000.0)
+    return scores
+
+
+class SplitCore(nn.Module):
+    """A core attention on heads already split, q, k, v [b, h, n, d]; the attention mask [b, 1, n_Q, n_K] is
+    boolean, True = masked (filled with -10000 before the softmax)."""
+
+    fill = staticmethod(mask_fill)
+    twice = False
+
+    def forward(self, query, key, value, attention_mask):
+        d = query.shape[-1]
+        scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(d)
+        if self.twice:
+            scores = scores / math.sqrt(d)
+        probs = torch.softmax(self.fill(scores, attention_mask), dim=-1)
+        return torch.matmul(probs, value)
+
+
+class SplitFlipped(SplitCore):
+    fill = staticmethod(mask_fill_flipped)
+
+
+class SplitTwice(SplitCore):
+    twice = True
+
+
+class FoldedCross(nn.Module):
+    """Cross-attention with its heads folded into the batch; a key mask [b, n_K], its padded keys filled with
+    -finfo.max where the mask is False."""
+
+    flipped = False
+
+    def __init__(self, query_dim=24, context_dim=16, heads=3, dim_head=8):
+        super().__init__()
+        inner = heads * dim_head
+        self.heads, self.scale = heads, dim_head ** -0.5
+        self.to_q = nn.Linear(query_dim, inner, bias=False)
+        self.to_k = nn.Linear(context_dim, inner, bias=False)
+        self.to_v = nn.Linear(context_dim, inner, bias=False)
+        self.to_out = nn.Linear(inner, query_dim)
+
+    def forward(self, x, context, mask=None):
+        h = self.heads
+        q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
+        q, k, v = (t.reshape(t.shape[0], t.shape[1], h, -1).permute(0, 2, 1, 3).reshape(t.shape[0] * h, t.shape[1], -1)
+                   for t in (q, k, v))
+        sim = torch.einsum("bid,bjd->bij", q, k) * self.scale
+        if mask is not None:
+            mask = mask.repeat_interleave(h, dim=0)[:, None, :]
+            sim = sim.masked_fill(mask if self.flipped else ~mask, -torch.finfo(sim.dtype).max)
+        out = torch.einsum("bij,bjd->bid", sim.softmax(dim=-1), v)
+        b = out.shape[0] // h
+        return self.to_out(out.reshape(b, h, out.shape[1], -1).permute(0, 2, 1, 3).reshape(b, out.shape[1], -1))
+
+
+class FoldedFlipped(FoldedCross):
+    flipped = True
+
+
+class WhereMHA(nn.Module):
+    def __init__(self, hidden=24, heads=3):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+
+    def weights(self, scores, attention_mask):
+        return torch.where(attention_mask[:, None, None, :], scores, torch.finfo(scores.dtype).min)
+
+    def forward(self, hidden_states, attention_mask=None):
+        """attention_mask: [batch, seq] of 1 for tokens to attend and 0 for padding."""
+        b, n, _ = hidden_states.shape
+        q, k, v = self.qkv(hidden_states).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) * self.head_dim ** -0.5
+        if attention_mask is not None:
+            scores = self.weights(scores, attention_mask.bool())
+        out = F.softmax(scores, dim=-1) @ v
+        return self.out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class WhereFlipped(WhereMHA):
+    def weights(self, scores, attention_mask):
+        return torch.where(attention_mask[:, None, None, :], torch.finfo(scores.dtype).min, scores)
+
+
+def attention_weights(query, key, mask=None):
+    """Weights of the keys for each query, query and key [batch, length, heads, depth].
+
+    mask: boolean, broadcastable to [batch, heads, q_length, kv_length]; False means the weight is masked out.
+    """
+    weights = torch.einsum("bqhd,bkhd->bhqk", query / query.shape[-1] ** 0.5, key)
+    if mask is not None:
+        weights = torch.where(mask, weights, torch.finfo(weights.dtype).min)
+    return torch.softmax(weights, dim=-1)
+
+
+def heads_last_attention(query, key, value, mask=None):
+    return torch.einsum("bhqk,bkhd->bqhd", attention_weights(query, key, mask), value)
+
+
+def heads_last_flipped(query, key, value, mask=None):
+    weights = torch.einsum("bqhd,bkhd->bhqk", query / query.shape[-1] ** 0.5, key)
+    if mask is not None:
+        weights = torch.where(mask, torch.finfo(weights.dtype).min, weights)
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(weights, dim=-1), value)
