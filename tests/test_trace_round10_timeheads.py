@@ -83,3 +83,17 @@ def test_a_run_that_raised_before_its_mask_says_nothing_of_how_it_reads_it(runne
     result, out = trace(runner, f"{STYLES}:raises_before_its_mask", *FN, "--causal")
     assert result.exit_code == 1, result.stdout + result.stderr
     assert not any("as your code reads it" in n for n in out["notes"]), out["notes"]
+
+
+def test_heads_merged_with_the_queries_width_size_the_values_alike(runner):
+    """d_V was drawn apart from d_K, and code that merges its heads with the queries' d raised on every layout;
+    d_V = d_K is then tried, and the core (checked here against SDPA) passes."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(5, 2, 3, 8, generator=g), torch.randn(5, 2, 3, 8, generator=g), torch.randn(
+        5, 2, 3, 8, generator=g)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    got = styles.QueriesWidthCore()(q.double(), k.double(), v.double(), ~causal)
+    assert torch.allclose(got, _sdpa64(q, k, v, causal).reshape(5, 2, 24), atol=1e-10)
+    result, out = trace(runner, f"{STYLES}:QueriesWidthCore", "--heads", "3", "--causal")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert any(n.startswith("d_K = d_V = 8: your code views its heads merged as 24") for n in out["notes"])

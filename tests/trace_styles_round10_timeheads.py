@@ -74,3 +74,15 @@ def raises_before_its_mask(query, key, value, mask):
     """Code that raises before it reads its mask (a width of its own that no input has)."""
     scores = query.reshape(*query.shape[:-1], 3, -1) @ key.transpose(-2, -1)
     return scores.masked_fill(mask, float("-inf")).softmax(-1) @ value
+
+
+class QueriesWidthCore(nn.Module):
+    """A weightless time-first core that merges its heads back with the queries' width, `reshape(s, b, h * d)` with
+    d read off the queries (so d_V must equal d_K); `masked_fill(mask, -10000.0)`, True = masked out."""
+
+    def forward(self, query, key, value, attention_mask):
+        s, b, h, d = query.shape
+        scores = torch.matmul(query.permute(1, 2, 0, 3), key.permute(1, 2, 3, 0)) / math.sqrt(d)
+        probs = torch.softmax(scores.masked_fill(attention_mask, -10000.0), dim=-1)
+        context = torch.matmul(probs, value.permute(1, 2, 0, 3))
+        return context.permute(2, 0, 1, 3).reshape(s, b, h * d)

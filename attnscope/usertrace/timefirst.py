@@ -126,8 +126,8 @@ def viewed_width(failed: Failure | None, sizes: dict[str, int], o: Any) -> tuple
     if found is None:
         return None
     width = int(found.group(1).split(",")[-1])
-    if width <= n_head or width % n_head or width // n_head in (sizes.get("d_K"), sizes.get("d_V")):
-        return None
+    if width <= n_head or width % n_head or width // n_head == sizes.get("d_K") == sizes.get("d_V"):
+        return None  # (a width of the queries' d_K alone: `reshape(n, b, h * d)` with d read off the queries)
     d = width // n_head
     return d, (f"d_K = d_V = {d}: your code views its heads merged as {width} = n_head · d (line {failed.line}: "
                f"{failed.op}), and raised on d_K = {sizes.get('d_K')}, d_V = {sizes.get('d_V')}; --dk and --dv size "
