@@ -1,8 +1,7 @@
 """Code whose inputs or mask come another way than trace draws them first (docs/trace.md, "Masks in every
 convention" and "What each parameter of your forward gets"): OpenNMT's `forward(key, value, query, mask)`, BART's
-`key_value_states=None` with its 4-D mask checked by size, Mllama's `cross_attention_states=None` (read from a cache
-when None), AI2 OLMo's decode step (its bias as floats, cut out of the whole sequence's, its cache of keys before RoPE)
-and mistral-inference's (its cache [B, n, n_kv, d]), each a `bug`.
+`key_value_states=None` with its 4-D mask checked by size, AI2 OLMo's decode step (its bias as floats, cut out of
+the whole sequence's, its cache of keys before RoPE) and mistral-inference's (its cache [B, n, n_kv, d]), each a `bug`.
 pad_2x9.npy is key padding [n_batch=2, n_K=9], True = may attend."""
 
 import math
