@@ -8,8 +8,9 @@
 - GPTBigCode's keys and values joined on the last axis (`layer_past` [n_batch, n_cache, 2·d_head], multi-query;
   [n_batch, n_head, n_cache, 2·d_head]): before, "expected Tensor as element 0 in argument 0, but got tuple" (exit 1);
 - a cache the module holds itself, written at the new positions (gpt-fast's KVCache buffers at `input_pos`, the whole
-  buffer attended under the mask; `index_copy_` at `input_pos`; Meta-like plain attributes at `start_pos` with its
-  own RoPE table): before, "--cache 3 runs a decode step, which needs a module whose forward takes x and a cache";
+  buffer attended under the mask; `index_copy_` at `input_pos`; torchtune's KVCache counting its own positions in
+  `cache_pos`; Meta-like plain attributes at `start_pos` with its own RoPE table): before, "--cache 3 runs a decode
+  step, which needs a module whose forward takes x and a cache";
 - multi-head latent attention (DeepSeek-V2/V3's MLA) in a decode step, its cache every head's keys and values expanded
   (a tuple `past_key_value`; DeepSeek's inference k_cache, v_cache held at start_pos): before, refused ("... whose
   reference trace builds for self-attention without a cache").
@@ -185,6 +186,21 @@ def test_the_held_caches_are_sdpa_over_the_cache_they_hold_and_the_bugs_change_t
             assert not torch.allclose(wrong(x, mask=allowed, input_pos=input_pos),
                                       right(x, mask=allowed, input_pos=input_pos), atol=1e-3), bug
 
+        def counting(bug=None):  # torchtune's: its cache_pos moved 3 on, as after 3 positions
+            torch.manual_seed(1)
+            c = styles.CountingHeld(bug=bug).eval()
+            c.kv_cache.k_cache[:, :, :3], c.kv_cache.v_cache[:, :, :3] = gqa
+            c.kv_cache.k_cache, c.kv_cache.v_cache = c.kv_cache.k_cache[:, :, :8], c.kv_cache.v_cache[:, :, :8]
+            c.kv_cache.cache_pos.add_(3)
+            return c
+
+        c = counting()
+        want = _out(_decode64(*(_heads(_lin(p, x), n) for p, n in ((c.q_proj, 4), (c.k_proj, 2), (c.v_proj, 2))),
+                              gqa), c.output_proj)
+        assert torch.allclose(c(x, mask=allowed).double(), want, atol=1e-5)
+        for bug in ("is_causal", "no_scale"):
+            assert not torch.allclose(counting(bug)(x, mask=allowed), counting()(x, mask=allowed), atol=1e-3), bug
+
         s = holding(styles.StartPosHeld, gqa, 1)
         q, k = _rope64(_heads(_lin(s.wq, x), 4), 3), _rope64(_heads(_lin(s.wk, x), 2), 3)
         want = _out(_decode64(q, k, _heads(_lin(s.wv, x), 2), gqa), s.wo)
@@ -198,6 +214,8 @@ HELD = [("GptFastHeld", (), "kv_cache.k_cache, kv_cache.v_cache", "[n_batch, n_k
          (("tiled", "gqa.tiled"),)),
         ("IndexCopyHeld", (), "cache_k, cache_v", "[n_batch, n_kv_head, n_cache, d_head]",
          (("is_causal", "mask.upper_left"), ("no_scale", "scale.none"))),
+        ("CountingHeld", (), "kv_cache.k_cache, kv_cache.v_cache", "[n_batch, n_kv_head, n_cache, d_head]",
+         (("is_causal", "mask.upper_left"),)),
         ("StartPosHeld", ("--rope",), "cache_k, cache_v", "[n_batch, n_cache, n_kv_head, d_head]",
          (("new_first", "cache.order"), ("no_offset", "rope.positions")))]
 

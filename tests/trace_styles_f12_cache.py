@@ -490,3 +490,49 @@ class LatentHeld(nn.Module):
         scores = scores + mask.unsqueeze(1)
         scores = scores.softmax(dim=1 if self.bug == "softmax_queries" else -1, dtype=torch.float32).type_as(x)
         return self.wo(torch.einsum("bsht,bthd->bshd", scores, values).flatten(2))
+
+
+class CountingKVCache(nn.Module):  # torchtune's: it counts its positions itself, cache_pos moved by add_(seq_len)
+    def __init__(self, batch_size, max_seq_len, num_kv_heads, head_dim):
+        super().__init__()
+        shape = (batch_size, num_kv_heads, max_seq_len, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+        self.register_buffer("cache_pos", torch.arange(0, max_seq_len), persistent=False)
+
+    def update(self, k_val, v_val):
+        seq_len = k_val.shape[2]
+        assert (self.cache_pos[0] + seq_len) <= self.k_cache.shape[2]
+        k_out, v_out = self.k_cache, self.v_cache
+        k_out[:, :, self.cache_pos[:seq_len]] = k_val
+        v_out[:, :, self.cache_pos[:seq_len]] = v_val
+        self.cache_pos.add_(seq_len)
+        return k_out, v_out
+
+
+class CountingHeld(nn.Module):
+    """torchtune's MultiHeadAttention, shrunk: GQA, a KVCache that counts its own positions (no input_pos), the
+    whole cache attended under the mask handed in. Bugs `is_causal` (mask.upper_left), `no_scale` (scale.none)."""
+
+    def __init__(self, embed_dim=32, num_heads=4, num_kv_heads=2, batch_size=2, max_seq_len=16, bug=None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.bug = num_heads, num_kv_heads, embed_dim // num_heads, \
+            bug
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=False)
+        self.output_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.kv_cache = CountingKVCache(batch_size, max_seq_len, num_kv_heads, self.head_dim)
+
+    def forward(self, x, *, mask=None):
+        b, s, _ = x.shape
+        q = _heads(self.q_proj(x), self.num_heads)
+        k, v = _heads(self.k_proj(x), self.num_kv_heads), _heads(self.v_proj(x), self.num_kv_heads)
+        k, v = self.kv_cache.update(k, v)
+        rep = self.num_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if self.bug == "is_causal":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 if self.bug == "no_scale" else None)
+        return self.output_proj(out.transpose(1, 2).reshape(b, s, -1))

@@ -178,6 +178,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
     if o.cache and plan.cache is None and module is not None and heldcache.places(module):
         plan = dataclasses.replace(plan, cache_held=True)  # a cache it holds itself, read from a run (heldcache.py)
+    # what it holds before any run: the runs that read its roles move a count of positions it keeps (cache_pos)
+    pristine = (heldcache.kept(module), heldcache.counts(module)) if plan.cache_held else ([], [])
     weighted = _weighted(o, module, plan, target)  # None for a function, and a module with no weights
     if module is not None and weighted is None and not identity.read(module):
         notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "
@@ -294,23 +296,36 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     if o.cache and module is not None and (plan.cache is not None or plan.cache_held):
         # multi-head latent attention, read from a prefill's data flow: its cache drawn as latents and expanded
         for batch in batches or (o.batch,):
-            before = heldcache.kept(module) if plan.cache_held else []
+            heldcache.restored(*pristine)
             prefill = _attempted(attempt, dataclasses.replace(o, cache=0, batch=batch))
-            for (owner, name, _), old in before:
-                setattr(owner, name, old)
+            heldcache.restored(*pristine)
             if prefill is not None and prefill[2].failure is None:
                 latent_maker = latentcache.read(prefill[2].records, module, shapes.n_head, spec, o.cache, o.seed)
                 break
     if plan.cache_held:  # the module's own cache: the tensors a first run writes the new keys and values into
-        before = heldcache.kept(module)
+        before, counts = pristine
+        heldcache.restored(*pristine)
         for batch in batches:
-            probe = attempt(dataclasses.replace(o, batch=batch))  # what it writes, before any op it raises on
+            asked = dataclasses.replace(o, batch=batch)
+            probe = attempt(asked)  # what it writes, before any op it raises on
+            n_new = probe[0].sizes.get("n_Q", 0)
+            counting = heldcache.moved(counts, n_new) if probe[0].cache is not None else []
             if probe[0].cache is not None:
-                own_cache = heldcache.read(before, probe[0].cache, probe[0].sizes["n_Q"])
-            for (owner, name, _), old in before:
-                setattr(owner, name, old.clone())
+                own_cache = heldcache.read(before, probe[0].cache, n_new)
+            heldcache.restored(*pristine)
+            if own_cache is None and counting:  # a count of its own positions (torchtune's cache_pos): n_cache further
+                hook = module.register_forward_pre_hook(functools.partial(heldcache.before_call, counting, o.cache))
+                probe = attempt(asked)
+                hook.remove()
+                if probe[0].cache is not None:
+                    own_cache = heldcache.read(before, probe[0].cache, n_new)
+                    if own_cache is not None:
+                        own_cache.counters = counting
+                heldcache.restored(*pristine)
             if own_cache is not None:
                 break
+        if own_cache is not None and own_cache.counters:  # every later call starts n_cache positions on
+            module.register_forward_pre_hook(functools.partial(heldcache.before_call, own_cache.counters, o.cache))
         if own_cache is None:
             raise UsageError(f"--cache {o.cache} runs a decode step, which needs a module whose forward takes x and a "
                              "cache (kv_cache, past_key_value, layer_past, ...; or past_key and past_value), or that "

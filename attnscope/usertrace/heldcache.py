@@ -5,7 +5,10 @@ and reads back joined (Meta's llama: `self.cache_k[:bsz, start_pos : start_pos +
 
 Read from what the code writes, not from names: the module's tensors that are not parameters (buffers, or plain
 attributes as Meta's) are kept, the forward is run once as a decode step after n_cache positions (its start position,
-`start_pos`, or `input_pos` as arange(n_cache, n_cache + n)), and the tensors it changed are its cache. The region it
+`start_pos`, or `input_pos` as arange(n_cache, n_cache + n)), and the tensors it changed are its cache. A module
+that counts its positions itself (torchtune's `cache_pos` buffer, moved by `add_(seq_len)`; an older KVCache's
+`size`) writes from its count on: an integer each call moved n further is that count, set n_cache further before
+each call. The region it
 wrote says the layout: the axis written from n_cache on, n long, holds the positions, and the region's extents on the
 others match one of the layouts code keeps (cachelayouts.BASES). The keys are the one whose name says keys (`k`,
 `key`), else the first held. Every run then hands them trace's `(K_cache, V_cache)`: each tensor made anew,
@@ -15,7 +18,7 @@ attends to its whole cache (gpt-fast's mask over max_len) attends to those posit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +32,9 @@ class Held:
     keys: Place
     values: Place
     layout: str  # cachelayouts.BASES's
+    # the module's own count of the positions it holds (torchtune's cache_pos, an older `size`), as before a run:
+    # a hook before each call of the module sets it n_cache further (runs/trace.py)
+    counters: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     def names(self) -> str:
         return f"{self.keys[2]}, {self.values[2]}"
@@ -48,6 +54,62 @@ def places(module: Any, tensors: bool = False) -> list[Any]:
             if tensor.dim() >= 3 and tensor.is_floating_point() and id(tensor) not in found:
                 found[id(tensor)] = (sub, name, f"{path}.{name}" if path else name) + ((tensor,) if tensors else ())
     return list(found.values())
+
+
+def counts(module: Any) -> list[tuple[Any, str, Any]]:
+    """The module's integers that may count positions: integer buffers and tensor attributes, and int attributes
+    of its submodules (torchtune's `cache_pos`, an older KVCache's `size`), each with a copy of its value."""
+    import torch
+
+    found: list[tuple[Any, str, Any]] = []
+    for _, sub in module.named_modules():
+        for name, value in [*sub._buffers.items(), *vars(sub).items()]:
+            if isinstance(value, torch.Tensor) and not value.is_floating_point() and not value.is_complex() \
+                    and value.dtype != torch.bool:
+                found.append((sub, name, value.clone()))
+            elif isinstance(value, int) and not isinstance(value, bool) and not name.startswith("_"):
+                found.append((sub, name, value))
+    return found
+
+
+def moved(before: list[tuple[Any, str, Any]], n_new: int) -> list[tuple[Any, str, Any]]:
+    """Of `before`'s integers, those a run moved n_new further for each call (every element of a tensor alike): a
+    count of positions."""
+    import torch
+
+    out = []
+    for owner, name, old in before:
+        now = getattr(owner, name, None)
+        if isinstance(old, torch.Tensor):
+            step = now - old if isinstance(now, torch.Tensor) and now.shape == old.shape and old.numel() else None
+            if step is not None and bool((step == step.flatten()[0]).all()) and _runs(int(step.flatten()[0]), n_new):
+                out.append((owner, name, old))
+        elif isinstance(now, int) and not isinstance(now, bool) and _runs(now - old, n_new):
+            out.append((owner, name, old))
+    return out
+
+
+def _runs(step: int, n_new: int) -> bool:
+    """Whether a count moved by `step` over one or more runs of n_new tokens each (a run may call the code twice)."""
+    return n_new > 0 and step > 0 and step % n_new == 0
+
+
+def counted(found: list[tuple[Any, str, Any]], by: int) -> None:
+    """Each count set `by` further than it was before the runs (0: back as it was)."""
+    for owner, name, old in found:
+        setattr(owner, name, old + by)  # a new tensor (or int) each time: the kept one stays as it was
+
+
+def restored(before: list[tuple[Place, torch.Tensor]], counts_before: list[tuple[Any, str, Any]]) -> None:
+    """The module's tensors and counts set back as `kept` and `counts` found them (copies: a run writes into them)."""
+    for (owner, name, _), old in before:
+        setattr(owner, name, old.clone())
+    counted(counts_before, 0)
+
+
+def before_call(found: list[tuple[Any, str, Any]], by: int, *_: Any) -> None:
+    """A forward pre-hook: the counts set `by` further than before the runs, for this call."""
+    counted(found, by)
 
 
 def kept(module: Any) -> list[tuple[Place, torch.Tensor]]:
@@ -124,7 +186,10 @@ def fill(found: Held, cache: tuple[torch.Tensor, torch.Tensor], n_new: int) -> N
 def note(found: Held) -> str:
     from attnscope.usertrace.cachelayouts import words
 
+    counts = ", ".join(name for _, name, _ in found.counters)
+    counting = f" (from its own count of positions, {counts}, set n_cache on before each call)" if counts \
+        else ""
     return (f"{found.names()}: your module holds its cache itself, {words(found.layout)}, and writes the new keys "
-            "and values into it at their positions (read from what a run wrote): it is handed trace's cached keys "
-            "and values there, at positions 0 to n_cache − 1, in a cache as long as the cached and the new positions "
-            "together. A convention, not a mistake: the reference reads the same keys and values")
+            f"and values into it at their positions{counting} (read from what a run wrote): it is handed trace's "
+            "cached keys and values there, at positions 0 to n_cache − 1, in a cache as long as the cached and the "
+            "new positions together. A convention, not a mistake: the reference reads the same keys and values")
