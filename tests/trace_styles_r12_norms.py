@@ -155,7 +155,7 @@ class ProjRms(nn.Module):
 def llama4_config(**over):
     """The few fields of Llama4TextConfig a NoPE layer reads."""
     fields = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                  attn_temperature_tuning=True, floor_scale=4, attn_scale=0.1, rope_theta=500000.0)
+                  attn_temperature_tuning=True, floor_scale=4, attn_scale=0.1)
     fields.update(over)
     return SimpleNamespace(**fields)
 
@@ -168,9 +168,10 @@ class NopeTuned(nn.Module):
     """Llama 4's NoPE layer: no RoPE, no qk-norm, each query scaled by log1p(floor((p + 1) / floor_scale)) ·
     attn_scale + 1 read from its config; repeat_kv, additive causal mask."""
 
-    def __init__(self, config=None, bug=None):
+    def __init__(self, config=None, use_rope=False, bug=None):
         super().__init__()
         self.config = config = config or llama4_config()
+        self.use_rope = use_rope  # a Llama 4 RoPE layer declares the temperature too, and does not tune
         self.floor_scale, self.attn_scale = config.floor_scale, config.attn_scale
         self.attn_temperature_tuning = config.attn_temperature_tuning
         self.h, self.kv, self.dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -187,8 +188,8 @@ class NopeTuned(nn.Module):
         q = self.q_proj(hidden_states).view(b, n, -1, self.dh)
         k = self.k_proj(hidden_states).view(b, n, -1, self.dh).transpose(1, 2)
         v = self.v_proj(hidden_states).view(b, n, -1, self.dh).transpose(1, 2)
-        if self.attn_temperature_tuning:
-            positions = torch.arange(n) + (1 if self.bug == "positions_from_1" else 0)
+        if self.attn_temperature_tuning and not self.use_rope:
+            positions = torch.arange(n)
             attn_scales = _tuned(positions, self.floor_scale, self.attn_scale).view(1, n, 1, 1)
             q = q * attn_scales
         q = q.transpose(1, 2)
@@ -224,3 +225,142 @@ class TunedSdpa(nn.Module):
             k, v = v, k
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, n, d))
+
+
+class OwnRotary(nn.Module):
+    """ModernBERT's rotary embedding: only an inv_freq buffer says its base (no rope_theta anywhere)."""
+
+    def __init__(self, dim, base):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), persistent=False)
+
+    def forward(self, n):
+        freqs = torch.outer(torch.arange(n).float(), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class WindowMaskBert(nn.Module):
+    """ModernBERT's attention: fused Wqkv viewed [b, n, 3, h, d], transpose(3, 1).unbind(2), RoPE from its own
+    inv_freq (base 80000), and a local layer that adds sliding_window_mask where a global one adds attention_mask."""
+
+    def __init__(self, hidden=32, heads=4, local=True, bug=None):
+        super().__init__()
+        self.heads, self.head_dim, self.local, self.bug = heads, hidden // heads, local, bug
+        self.Wqkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.Wo = nn.Linear(hidden, hidden, bias=False)
+        self.rotary_emb = OwnRotary(self.head_dim, 80000.0)
+        _trained(self, 17)
+
+    def forward(self, hidden_states, attention_mask=None, sliding_window_mask=None):
+        bs, n, dim = hidden_states.shape
+        qkv = self.Wqkv(hidden_states).view(bs, -1, 3, self.heads, self.head_dim)
+        if self.bug == "split_without_permute":
+            query, key, value = (t.reshape(bs, self.heads, n, self.head_dim) for t in qkv.unbind(dim=2))
+        else:
+            query, key, value = qkv.transpose(3, 1).unbind(dim=2)
+        cos, sin = self.rotary_emb(n)
+        query, key = query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+        scores = torch.matmul(query, key.transpose(2, 3)) * self.head_dim ** -0.5
+        if self.local:
+            attention_mask = sliding_window_mask
+        if attention_mask is not None and self.bug != "mask_after_softmax":
+            scores = scores + attention_mask
+        weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        if attention_mask is not None and self.bug == "mask_after_softmax":
+            weights = weights + attention_mask
+        out = torch.matmul(weights, value).transpose(1, 2).contiguous().view(bs, -1, dim)
+        return self.Wo(out)
+
+
+class LocalBoolMask(nn.Module):
+    """A local attention taking a boolean window_mask (True = may attend) beside a padding mask, separate q/k/v
+    projections, einsum, masked_fill(~window_mask, -inf)."""
+
+    def __init__(self, dim=32, heads=4, bug=None):
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim) for _ in range(3))
+        self.to_out = nn.Linear(dim, dim)
+        _trained(self, 18)
+
+    def forward(self, x, mask=None, window_mask=None):
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.heads, -1) for f in (self.to_q, self.to_k, self.to_v))
+        dots = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(d // self.heads)
+        if window_mask is not None and self.bug != "mask_after_softmax":
+            dots = dots.masked_fill(~window_mask, float("-inf"))
+        attn = dots.softmax(-1)
+        if window_mask is not None and self.bug == "mask_after_softmax":
+            attn = attn.masked_fill(~window_mask, 0.0)
+        out = torch.einsum("bhij,bjhd->bihd", attn, v)
+        return self.to_out(out.reshape(b, n, d))
+
+
+class LocalSdpa(nn.Module):
+    """A local attention through SDPA whose forward takes attention_mask and local_attention_mask, reading the
+    local one (the plant reads attention_mask: the window left out)."""
+
+    def __init__(self, dim=32, heads=4, bug=None):
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        _trained(self, 19)
+
+    def forward(self, x, attention_mask=None, local_attention_mask=None):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        mask = attention_mask if self.bug == "global_mask" else local_attention_mask
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(b, n, d))
+
+
+class WindowFromPadding(nn.Module):
+    """ModernBertModel._update_attention_mask inside the layer: the 2-D 0/1 padding made additive, and the local
+    window |i - j| <= w // 2 built on it (`distance <= w // 2`; the plant writes `<`)."""
+
+    def __init__(self, hidden=32, heads=4, local_attention=4, bug=None):
+        super().__init__()
+        self.attn = WindowMaskBert(hidden, heads, local=True)
+        self.local_attention, self.bug = local_attention, bug
+
+    def forward(self, hidden_states, attention_mask=None):
+        bs, n, _ = hidden_states.shape
+        if attention_mask is None:
+            attention_mask = torch.ones(bs, n)
+        padding = (1.0 - attention_mask[:, None, None, :].float()).expand(bs, 1, n, n)
+        padding = padding.masked_fill(padding.bool(), torch.finfo(torch.float32).min)
+        rows = torch.arange(n)[None]
+        distance = (rows - rows.T).abs()
+        reach = {"window_off_by_one": -1, "window_two_wider": 2}.get(self.bug, 0)  # the plants: `<` for `<=`, w + 2
+        near = distance <= self.local_attention // 2 + reach
+        window = padding.masked_fill(~near[None, None], torch.finfo(torch.float32).min)
+        return self.attn(hidden_states, attention_mask=padding, sliding_window_mask=window)
+
+
+class TunedDictConfig(nn.Module):
+    """The temperature's numbers in a dict config (`cfg["floor_scale"]`), the scale applied to [b, h, n, d] queries
+    after the transpose, einsum scores, bidirectional."""
+
+    def __init__(self, cfg=None, bug=None):
+        super().__init__()
+        self.cfg = cfg or {"dim": 32, "heads": 4, "floor_scale": 3, "attn_scale": 0.2}
+        dim, self.bug = self.cfg["dim"], bug
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        _trained(self, 20)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        h = self.cfg["heads"]
+        q, k, v = (w(x).view(b, n, h, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        tau = torch.log1p(torch.floor((torch.arange(n) + 1.0) / self.cfg["floor_scale"])) * self.cfg["attn_scale"] + 1
+        q = q * tau[:, None]
+        s = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(d // h)
+        a = s.softmax(dim=-2 if self.bug == "softmax_axis" else -1)
+        return self.wo(torch.einsum("bhqk,bhkd->bhqd", a, v).transpose(1, 2).reshape(b, n, d))

@@ -117,6 +117,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         posembed,
         queries,
         timefirst,
+        tuning,
         weightargs,
     )
     from attnscope.usertrace.feeds import feeds
@@ -249,8 +250,9 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         made = None
         candidates = [plan] + [plan.with_mask(m) for m in plan.other_masks if asked.mask or asked.causal
                                or asked.window]
-        causal = plan.causal_mask()
-        if causal is not None and asked.causal and not asked.mask:  # CLIP's causal_attention_mask: the rule's own
+        causal = plan.causal_mask(window=bool(asked.window))
+        # CLIP's causal_attention_mask, ModernBERT's sliding_window_mask: the rule's own
+        if causal is not None and (asked.causal or asked.window) and not asked.mask:
             candidates = [plan.with_mask(causal), *(c for c in candidates if c.mask != causal)]
         if asked.rope and plan.tables_optional:  # its own RoPE tables first (all of its code runs), else trace's
             candidates = [c for p in candidates for c in (p.with_own_tables(), p)]
@@ -536,6 +538,10 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             if own is not None:  # the code normalizes q and k itself: its convention, read by experiment
                 spec, lined = own
                 run.params["qk_norm_read"] = spec.qk_norm
+        if lined.divergence is not None and weighted is not None and o.layout != "col":
+            tuned = tuning.read(weighted, shapes, inputs, called.records, o.train, spec, lined)
+            if tuned is not None:  # Llama 4's temperature tuning, declared by the module: its convention
+                spec, lined = tuned
         run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
         if lined.trace is not None and "attention" in lined.trace:  # the page draws it beside the user's
             run.reference_attention = lined.trace["attention"]

@@ -12,6 +12,7 @@ its config says query_pre_attn_scalar, rotates with another base) has a bug, nam
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -72,9 +73,35 @@ def own_base(module: Any, built_with: dict[str, Any] | None = None) -> float | N
     for _, name, value in _numbers(module, BASE_NAMES, built_with, above=1):
         found.setdefault(BASE_NAMES.index(name), set()).add(value)
     if not found:
-        return None
+        return _inv_freq_base(module)
     best = found[min(found)]
     return next(iter(best)) if len(best) == 1 else None
+
+
+def _inv_freq_base(module: Any) -> float | None:
+    """The base a rotary submodule's `inv_freq` buffer holds where no name says one (ModernBERT's rotary_emb, built
+    from its config's global_rope_theta or local_rope_theta): `inv_freq[k] = base^(-k / m)` over its m entries, read
+    only where the buffer is that geometric series from 1 (a scaled RoPE's is not); None otherwise, or where two
+    differ."""
+    if not isinstance(module, torch.nn.Module):
+        return None
+    bases = set()
+    for sub in module.modules():
+        inv = getattr(sub, "inv_freq", None)
+        if not isinstance(inv, torch.Tensor) or inv.dim() != 1 or inv.numel() < 2 or not inv.is_floating_point():
+            continue
+        inv = inv.detach().double().cpu()
+        m = inv.numel()
+        k = torch.arange(m, dtype=torch.float64)
+        if float(inv.min()) <= 0:
+            return None
+        base = math.exp(-m * float((k * inv.log()).sum() / (k * k).sum()))  # least squares on log inv_freq
+        nice = float(f"{base:.3g}")  # float32's rounding taken off a base a config would write
+        base = nice if abs(nice - base) <= 1e-4 * base else base
+        if abs(float(inv[0]) - 1.0) > 1e-6 or not bool(torch.allclose(inv, base ** (-k / m), rtol=1e-4, atol=0)):
+            return None
+        bases.add(base)
+    return next(iter(bases)) if len(bases) == 1 else None
 
 
 def own_fraction(module: Any, d_head: int | None, built_with: dict[str, Any] | None = None) -> float | None:

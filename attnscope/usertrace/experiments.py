@@ -440,7 +440,12 @@ def _off_by_one(b: Base) -> Iterator[Trial]:
             "keys is `triu(..., diagonal=-(W - 1))` on the causal mask, query i seeing keys i - W + 1 to i)")
     both = ("{{who}} is what the reference computes with the band one key {how} on each side (a window of "
             "`|i - j| <= w` is the reference's --window 2w --window-side both)")
-    band = _band(allowed)
+    band, keys = _band(allowed), None
+    if band is None:  # a band beside key padding (ModernBERT's window on a padded batch): the band moved, the keys kept
+        rule = _rule(b)
+        keys = allowed.any(-2, keepdim=True)  # the keys some query may see: those not padded
+        band = _band(rule) if rule is not None and bool(torch.equal((rule & keys).expand_as(allowed), allowed)) \
+            else None
     changes = [(allowed | after, "the causal band is off by 1: each query also sees the next key after it; {who} is "
                 "what the reference computes with the band one key wider, `tril(..., diagonal=1)` where a causal "
                 "mask is `tril(...)`, diagonal=0"),
@@ -458,6 +463,8 @@ def _off_by_one(b: Base) -> Iterator[Trial]:
                     ((rel >= lo + 1) & (rel <= hi - 1), f"{window} is off by 1 on both sides: each query sees one "
                      "key fewer each way (`|i - j| < w` where `|i - j| <= w` is meant); "
                      + both.format(how="narrower"))]
+    if keys is not None:  # the moved bands on the padded keys
+        changes = changes[:2] + [(changed & keys, words) for changed, words in changes[2:]]
     tried: list[torch.Tensor] = []
     for changed, words in changes:
         changed = changed.expand_as(allowed)

@@ -162,12 +162,15 @@ class Plan:
                                        nones=moved.nones if self.mask in moved.nones else [*moved.nones, self.mask])
         return dataclasses.replace(self, mask=None, nones=[*self.nones, self.mask])
 
-    def causal_mask(self) -> str | None:
+    def causal_mask(self, window: bool = False) -> str | None:
         """The mask parameter whose name says it takes the causal rule (CLIP's `causal_attention_mask` beside its
-        `attention_mask`), where the forward takes another mask as well: --causal's mask goes there, a --mask file
-        to the other; None where no name says so, or it is the only mask parameter."""
+        `attention_mask`), or with `window` the local window's (ModernBERT's `sliding_window_mask`, which its local
+        layers read instead of `attention_mask`; else one named for the causal rule), where the forward takes
+        another mask as well: --causal's (--window's) mask goes there, a --mask file to the other; None where no
+        name says so, or it is the only mask parameter."""
         masks = [m for m in (self.mask, *self.other_masks) if m is not None]
         named = [m for m in masks if says_causal(m)]
+        named = [m for m in masks if says_window(m)] + named if window else named
         return named[0] if named and len(masks) > 1 else None
 
     def fed_by_lengths(self) -> bool:
@@ -487,6 +490,11 @@ def says_causal(name: str) -> bool:
     return "causal" in name.lower()
 
 
+def says_window(name: str) -> bool:
+    """A mask parameter named for the local window (`sliding_window_mask`, `window_mask`, `local_attention_mask`)."""
+    return any(word in name.lower() for word in ("window", "sliding", "local"))
+
+
 def is_dropout(name: str) -> bool:
     return any(word in name.lower() for word in DROPOUT_WORDS)
 
@@ -551,7 +559,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
         p.lengths = p.tensors.pop()
     if p.lengths is not None and (masks or len(p.tensors) not in (1, 2, 3)):  # the code has a mask parameter
         p = p.lengths_dropped(signature.parameters[p.lengths].default is inspect.Parameter.empty)
-    plain = [m for m in masks if not says_causal(m)] or masks  # CLIP's causal_attention_mask: --causal's alone
+    # CLIP's causal_attention_mask, ModernBERT's sliding_window_mask: --causal's, --window's alone
+    plain = [m for m in masks if not says_causal(m) and not says_window(m)] or masks
     preferred = [m for m in plain if m.lower() in ("mask", "attn_mask", "attention_mask")] or [
         m for m in plain if "mask" in m.lower()]
     p.mask = (preferred or plain)[0] if masks else None

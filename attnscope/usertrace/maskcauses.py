@@ -98,6 +98,8 @@ def _say(mine: torch.Tensor, allowed: torch.Tensor) -> str:
         return (f"only the key padding is applied: it masks the padded keys and nothing else ({counts}), where the "
                 "reference also masks by position (its causal or window rule, --causal/--window); the rule is "
                 "missing: mask the scores with it as well (`tril(ones(n_Q, n_K))`, or is_causal=True)")
+    if _two_sided(allowed, keys):  # a window on both sides (ModernBERT's local layers): by distance, not diagonal
+        return counts + _distances(extra, hidden, (i - j).abs())
     reach = _diagonal(allowed)
     if reach is None:
         return counts + _regions(extra, hidden, None, i, j)
@@ -130,6 +132,29 @@ def _say(mine: torch.Tensor, allowed: torch.Tensor) -> str:
         return (f"the sliding window is narrower than the reference's {window}" + (f": {narrower}" if narrower else "")
                 + f" ({counts}); query i sees key j when j ≤ i and i − j < window")
     return counts + _regions(extra, hidden, rel, i, j)
+
+
+def _two_sided(allowed: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether the reference's mask is a window on both sides of the diagonal, |i − j| <= w (beside key padding): the
+    same read by rows as by columns, once the padded keys' columns and rows are left out, with keys masked both
+    after and before some query."""
+    n_Q, n_K = allowed.shape[-2:]
+    if n_Q != n_K:
+        return False
+    rule = allowed | ~keys | ~keys.transpose(-1, -2)
+    rel = torch.arange(n_K)[None, :] - torch.arange(n_Q)[:, None]
+    return bool(torch.equal(rule, rule.transpose(-1, -2))) and bool((~rule & (rel > 0)).any())
+
+
+def _distances(extra: torch.Tensor, hidden: torch.Tensor, distance: torch.Tensor) -> str:
+    """The differing cells by their distance from the diagonal, |i − j|."""
+    parts = []
+    for what, cells in (("allowed", extra), ("masked", hidden)):
+        if bool(cells.any()):
+            far = distance.expand_as(cells)[cells]
+            counts = [f"{int((far == d).sum())} at |i − j| = {int(d)}" for d in far.unique()]
+            parts.append(f"{what}: {', '.join(counts)}")
+    return f" ({'; '.join(parts)})"
 
 
 def _diagonal(allowed: torch.Tensor) -> int | None:

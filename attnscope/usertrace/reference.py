@@ -66,6 +66,9 @@ class Spec:
     # the gain its unit rows carry (1, or 1/√width for rows of unit length) and its epsilon; None: the norms' own
     qk_norm_gain: float | None = None
     qk_norm_eps: float | None = None
+    # Llama 4's temperature tuning of the queries (variants/temperature.TemperatureTuning), read from the module's
+    # declared floor_scale and attn_scale by experiment (tuning.py); None: none
+    temperature: Any = None
     scale: float | None = None  # the scores' scale; None: 1/sqrt(d_head) (resp. d_K)
     position_bias: Any = field(default=None, compare=False)  # a float tensor added to the scores (T5's), or None
     # Conventions read from the code (conventions.py), never from an option: the share of each head RoPE turns
@@ -120,7 +123,8 @@ class Spec:
 
         return AttentionSpec(causal=self.causal, window=self.window, window_side=cast("WindowSide", self.window_side),
                              alibi=self.alibi, rope=self.rope(), softcap=self.softcap,
-                             scale=self.scale, n_kv_head=n_kv_head, qk_norm=self.qk_norm)
+                             scale=self.scale, n_kv_head=n_kv_head, qk_norm=self.qk_norm,
+                             temperature=self.temperature)
 
     def rope(self) -> Any:
         """attnscope's Rope for the reference, None without RoPE."""
@@ -140,7 +144,8 @@ class Spec:
                  else "", f"softcap {self.softcap:g}" if self.softcap is not None else "",
                  "position bias" if self.position_bias is not None else "",
                  "your own term on the scores" if self.own_term is not None else "",
-                 "your own term on the output" if self.out_term is not None else ""]
+                 "your own term on the output" if self.out_term is not None else "",
+                 self.temperature.describe() if self.temperature is not None else ""]
         return ", ".join(p for p in parts if p)
 
     def _rope_more(self) -> str:

@@ -1,9 +1,11 @@
-"""Multi-head attention in three conventions that are right for their models, each traced against a reference
+"""Multi-head attention in conventions that are right for their models, each traced against a reference
 told of it (docs/trace.md, "Biases, qk-norm and the scale"):
 
     attnscope trace docs/examples/conventions.py:BloomAttention --causal --alibi
     attnscope trace docs/examples/conventions.py:TimmAttention --causal --qk-norm
     attnscope trace docs/examples/conventions.py:Llama4NormAttention --causal
+    attnscope trace docs/examples/conventions.py:Llama4NopeAttention --causal
+    attnscope trace docs/examples/conventions.py:LocalWindowAttention --window 4 --window-side both
     attnscope trace docs/examples/conventions.py:T5Attention --causal --scale 1 --nq 6 \
         --position-bias docs/examples/t5_bias.npy
 """
@@ -101,3 +103,29 @@ class Llama4NormAttention(Attention):
 
     def scores(self, q, k):
         return super().scores(self.qk_norm(q), self.qk_norm(k))
+
+
+class Llama4NopeAttention(Attention):
+    """Llama 4's NoPE layers' attention temperature tuning: each query scaled by log1p(floor((i + 1) / floor_scale))
+    · attn_scale + 1 at its position i (floor_scale 8192 in Llama 4; 2 here, so that a short text shows it)."""
+
+    def __init__(self, d_feat=32, n_head=4, floor_scale=2, attn_scale=0.5):
+        super().__init__(d_feat, n_head)
+        self.floor_scale, self.attn_scale = floor_scale, attn_scale
+
+    def scores(self, q, k):
+        positions = torch.arange(q.shape[-2], dtype=torch.float32)
+        attn_scales = torch.log1p(torch.floor((positions + 1) / self.floor_scale)) * self.attn_scale + 1
+        return super().scores(q * attn_scales[:, None], k)
+
+
+class LocalWindowAttention(Attention):
+    """ModernBERT's local layers: forward takes attention_mask and sliding_window_mask (additive, [.., n, n]) and
+    reads the window's alone."""
+
+    def forward(self, x, attention_mask=None, sliding_window_mask=None):
+        B, T, C = x.shape
+        q, k, v = self.heads(x)
+        scores = self.scores(q, k) + sliding_window_mask
+        y = scores.softmax(dim=-1) @ v
+        return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
