@@ -115,6 +115,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         latentcache,
         load,
         posembed,
+        prenorm,
         queries,
         timefirst,
         tuning,
@@ -272,6 +273,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
                 else:  # DETR's q_proj(x + pos), k_proj(x + pos), v_proj(x)
                     posembed.read(ran[2].records, ran[0], weighted, shapes.n_head, shapes.fixed.get("d_head"),
                                   tried.embeddings)
+                    # vit-pytorch's x = self.norm(x) before to_qkv: the normed x is the projections' input
+                    prenorm.read(ran[2].records, ran[0], weighted, shapes.n_head, shapes.fixed.get("d_head"))
                 return ran
         assert made is not None
         return made
@@ -391,7 +394,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         # (W_q [d_feat, n_head·d_head]), K and V reading a context of another width (diffusers'
         # cross_attention_dim, nn.MultiheadAttention's kdim/vdim): each pair the weights hold, the first the code
         # runs on
-        for width, context in _held_widths(weighted, shapes, plan.memory() is not None):
+        for width, context in _held_widths(weighted, shapes, plan.memory() is not None or not plan.self_attention):
             held = shapes, plan
             shapes = _with_width(shapes, width)
             if context is not None:

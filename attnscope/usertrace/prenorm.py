@@ -1,0 +1,131 @@
+"""A norm the module applies to its input before its projections (vit-pytorch's and lucidrains' `Attention`:
+`x = self.norm(x)` then `self.to_qkv(x)`; a cross-attention's `norm_context(context)` before `to_kv`).
+
+Read from the run, never from names alone: the projections the reference holds read, in their one call, not the
+forward's input but a norm of it, an op of torch's norms (`F.layer_norm`, `F.rms_norm`, `F.group_norm`,
+`F.normalize`) or what a submodule of the module's whose class is a norm (`nn.LayerNorm`, an `RMSNorm` of the
+file's) gives back on that input. Every projection that reads that input reads the same normed tensor, so the norm
+is the module's input side, a convention, not attention: the reference's projections read the normed tensor
+(`Inputs.own`, as posembed.py's sums), and a mistake after them is still named by experiment. A norm some
+projections read and others not is left alone (no convention trace can tell from a mistake).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.usertrace.inputs import Inputs
+    from attnscope.usertrace.record import Record
+
+NORMS = ("layer_norm", "rms_norm", "group_norm", "normalize", "instance_norm")
+
+
+@dataclass
+class Normed:
+    tensors: dict[str, torch.Tensor]  # role (Q, K, V) -> what its projection reads, [n_batch, n, d]
+    line: dict[str, int]  # role -> the norm's line
+    said: dict[str, str]  # role -> the norm as the code writes it
+
+
+def read(records: list[Record], inputs: Inputs, module: Any, n_head: int | None, d_head: int | None) -> None:
+    """`inputs` with the normed tensors the projections the reference holds read, where they read them."""
+    from attnscope.errors import UsageError
+    from attnscope.usertrace.reference import find_projections
+
+    if module is None or inputs.own or inputs.layout not in ("row", "time") or inputs.cache is not None:
+        return
+    try:
+        readings = find_projections(module, records, n_head, d_head)
+    except UsageError:
+        return
+    if not readings:
+        return
+    # a fused projection's rows (`to_qkv[0:32]`): the one call of the layer that holds them
+    names = {name.split("[")[0] for name, _ in readings[0].linears.values()}
+    by_role = {role: name for name, role in inputs.roles.items()}
+    calls = [r for r in records if r.style == "linear" and len(r.args) > 1 and r.args[0][0] == "text"
+             and r.args[0][1] in names and r.args[0][1] != readings[0].linears.get("o", ("",))[0].split("[")[0]]
+    normed: dict[str, Record] = {}  # forward input -> the norm of it every projection reads
+    for given in dict.fromkeys(by_role.values()):
+        read = {c.args[1][1] if c.args[1][0] == "rec" else -1 for c in calls if _reads(c, records, given)}
+        if len(read) != 1 or -1 in read:
+            continue  # no projection reads it, or one reads it normed and another as it is
+        record = records[next(iter(read))]
+        if _normed(record, records, inputs.tensors, given, module):
+            normed[given] = record
+    found = Normed({}, {}, {})
+    for role in "QKV":
+        source = by_role.get(role) or (by_role.get("K") if role == "V" else None) or by_role.get("Q")
+        if source is not None and source in normed:
+            record = normed[source]
+            found.tensors[role] = record.tensor.detach().transpose(0, 1) if inputs.layout == "time" \
+                else record.tensor.detach()
+            found.line[role], found.said[role] = record.line, record.details.get("op", record.call)
+    if found.tensors:
+        apply(inputs, found)
+
+
+def _reads(call: Record, records: list[Record], given: str) -> bool:
+    """Whether a projection's call reads the forward input `given`, as it is or made into another tensor."""
+    from attnscope.usertrace.align import ancestors
+
+    kind, value = call.args[1]
+    if kind == "text":
+        return bool(value == given)
+    if kind != "rec":
+        return False
+    history = [records[i] for i in ancestors(records[value], records) | {value}]
+    return any(k == "text" and t == given for r in history for k, t in r.args)
+
+
+def _normed(record: Record, records: list[Record], inputs: dict[str, torch.Tensor], given: str, module: Any) -> bool:
+    """Whether `record` is a norm of the forward input `given` (x) and of no other tensor input: an op of torch's
+    norms on it, or the output of one of the module's norm submodules run on it."""
+    import torch
+
+    from attnscope.usertrace.align import ancestors
+
+    x = inputs[given]
+    if tuple(record.tensor.shape) != tuple(x.shape) or bool((record.tensor == x).all()):
+        return False
+    history = [records[i] for i in ancestors(record, records) | {record.index}]
+    if any(r.style == "linear" for r in history):
+        return False
+    texts = {t for r in history for k, t in r.args if k == "text" and isinstance(t, str)}
+    if texts & set(inputs) != {given}:
+        return False
+    if record.func in NORMS:
+        return True
+    with torch.no_grad():
+        for name, sub in module.named_modules():
+            if name and "norm" in type(sub).__name__.lower():
+                try:
+                    out = sub(x.to(next(sub.parameters(), x).dtype))
+                except Exception:  # noqa: BLE001 - a submodule that does not take x is no norm of it
+                    continue
+                if isinstance(out, torch.Tensor) and out.shape == record.tensor.shape \
+                        and torch.allclose(out.to(record.tensor.dtype), record.tensor, atol=1e-6, rtol=1e-5):
+                    return True
+    return False
+
+
+def apply(inputs: Inputs, normed: Normed) -> None:
+    """`inputs` with the normed tensors as the reference's inputs, and the note that says so."""
+    inputs.own = dict(normed.tensors)
+    inputs.own_from = "norm"
+    words = {"Q": "queries'", "K": "keys'", "V": "values'"}
+    said: dict[tuple[int, str], list[str]] = {}
+    for role in sorted(normed.tensors, key="QKV".index):
+        said.setdefault((normed.line[role], normed.said[role]), []).append(words[role])
+    parts = "; ".join(f"the {_listed(roles)} projections (line {line}: {op})" for (line, op), roles in said.items())
+    inputs.notes.append(f"your module normalizes its input before its projections read it: {parts}; read as its "
+                        "input side, a convention, not a mistake: the reference's projections read the same normed "
+                        "tensor")
+
+
+def _listed(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
