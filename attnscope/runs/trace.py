@@ -114,16 +114,19 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         identity,
         latentcache,
         load,
+        pairparams,
         posembed,
         prenorm,
         queries,
+        sinkcols,
+        tableforms,
         timefirst,
         tuning,
         weightargs,
     )
-    from attnscope.usertrace.feeds import feeds
+    from attnscope.usertrace.feeds import TableForm, feeds
     from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
-    from attnscope.usertrace.lineup import line_up
+    from attnscope.usertrace.lineup import better_fit, line_up
 
     check_numbers(o, texts=("target", "init", "forward"))
     o = dataclasses.replace(o, causal=_causal_used(o))  # a bare --causal in a decode step: lower-right, everywhere
@@ -178,6 +181,9 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
                      f"{target.name}.forward" if module is not None and target.kind != "function" else target.name,
                      o.train)
     plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
+    if o.rope:  # a parameter the code unpacks in two, (cos, sin) under a name of its own (nanochat's cos_sin)
+        plan = plan.with_pairs(pairparams.unpacked_in_two(module.forward if module is not None else fn,
+                                                          plan.tensors[1:] + plan.optional))
     if o.cache and plan.cache is None and module is not None and heldcache.places(module):
         plan = dataclasses.replace(plan, cache_held=True)  # a cache it holds itself, read from a run (heldcache.py)
     # what it holds before any run: the runs that read its roles move a count of positions it keeps (cache_pos)
@@ -202,7 +208,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     spec = _with_own_rope(dataclasses.replace(spec, built_with=built), module, plan, built, shapes.fixed.get("d_head"))
     plan, said = _read_roles(o, target, fn, plan, shapes, weighted, module, spec)
     notes += [said] if said else []
-    sliced: list[str] = []  # the note, where RoPE's tables were made as wide as the code slices its heads
+    sliced: list[str] = []  # the note, where RoPE's tables were made in the form the code runs on (tableforms.py)
+    table_form: list[TableForm] = []  # that form, once read
     cache_layout = "bhnd"  # how the code keeps a decode step's cache (cachelayouts.py): trace's own, else read
     own_cache: heldcache.Held | None = None  # a cache the module holds itself, where it does: filled before each run
     latent_maker: latentcache.LatentCache | None = None  # multi-head latent attention's decode step (latentcache.py)
@@ -223,27 +230,39 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         inputs.cache_layout = cache_layout
         expanded(inputs)
         width = _table_width(spec, tried, inputs.sizes.get("d_head"))
-        fed = feeds(tried, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias, width)
+        fed = feeds(tried, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias, width,
+                    table_form[0] if table_form and tried.tables else None)
         if own_cache is not None and inputs.cache is not None:
             heldcache.fill(own_cache, inputs.cache, inputs.sizes["n_Q"])
         ran = (inputs, fed, *_call(asked, target, fn, tried, inputs, module, fed))
         failed = ran[2].failure
         d_head = inputs.sizes.get("d_head")
-        narrower = _sliced_width(failed, width, d_head) if failed and tried.tables and d_head else None
-        if narrower is None or d_head is None or failed is None:
+        if failed is None or not tried.tables or not d_head or table_form or spec.rope_base is None:
             return ran
-        # tables as wide as the share of each head the code rotates (it slices q[..., :rotary_ndims] and raised on
-        # d_head-wide ones): the reference rotates that share
-        inputs = make_inputs(asked, tried, shapes, weighted)
-        expanded(inputs)
-        fed = feeds(tried, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias, narrower)
-        again = (inputs, fed, *_call(asked, target, fn, tried, inputs, module, fed))
-        if again[2].failure is not None:
+        # tables in the form the code runs on (tableforms.py: one angle a pair, a share of each head, along its own
+        # axes); where several run, the one under which it lines up further
+        made = []
+        for form in tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"]):
+            inputs = make_inputs(asked, tried, shapes, weighted)
+            inputs.cache_layout = cache_layout
+            expanded(inputs)
+            fed = feeds(tried, inputs, spec.rope_base, spec.rope_pairing, spec.position_bias, form=form)
+            if own_cache is not None and inputs.cache is not None:
+                heldcache.fill(own_cache, inputs.cache, inputs.sizes["n_Q"])
+            again = (inputs, fed, *_call(asked, target, fn, tried, inputs, module, fed))
+            if again[2].failure is None:
+                made.append((form, _form_spec(spec, form, d_head), again))
+        if not made:
             return ran
-        spec = dataclasses.replace(spec, rope_fraction=narrower / d_head, fraction_from_module=True)
-        sliced[:] = [f"RoPE: it rotates the first {narrower} of each head's {d_head} coordinates (a rotary fraction "
-                     f"of {narrower / d_head:g}), read from your code, which raised on tables {width or d_head} wide "
-                     f"(line {failed.line}) and runs on tables {narrower} wide; the reference rotates so"]
+        if len(made) > 1 and weighted is not None:
+            fits = [line_up(weighted, shapes, m[2][0], m[2][2].records, asked.train, m[1]) for m in made]
+            best = 0
+            for i in range(1, len(made)):
+                best = i if better_fit(fits[i], fits[best]) else best
+            made = [made[best]]
+        form, spec, again = made[0]
+        table_form[:] = [form]
+        sliced[:] = [tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
         return again
 
     def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
@@ -480,9 +499,15 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             run.notes.insert(len(first_notes) - 1, first_notes[-1])
     if called.failure is None:
         # real tables laid out for one pairing (not freqs_cis nor llama2.c's freqs_cos, freqs_sin: one angle a pair)
-        if any(name.lower() not in load.PAIR_TABLES for name in plan.tables):
+        if any(name.lower() not in load.PAIR_TABLES for name in plan.tables) \
+                and not (table_form and table_form[0].pairs):
             spec = dataclasses.replace(spec, pairing_asked=True)  # the code pairs as they are laid out, or errs
         spec = _with_own_fraction(spec, weighted, plan, inputs.sizes.get("d_head"), built)
+        sunk = sinkcols.read(module, called.records, inputs.sizes.get("n_head"))
+        if sunk is not None:  # attention sinks the module holds, joined to its scores (GPT-OSS's): its convention
+            spec = dataclasses.replace(spec, sinks=sunk[0])
+            first_notes.append(sinkcols.note(sunk[1], int(sunk[0].numel())))
+            run.notes.append(first_notes[-1])
         lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
         kv = lined.n_kv_head
         n_head = inputs.sizes.get("n_head")
@@ -1511,18 +1536,15 @@ def _table_width(spec: Spec, plan: Plan, d_head: int | None) -> int | None:
     return int(d_head * spec.rope_fraction)
 
 
-def _sliced_width(failure: Failure, width: int | None, d_head: int | None) -> int | None:
-    """The width of RoPE's tables the code rotates by, where it raised on tables `width` (or d_head) wide: of the
-    two shapes that met in the op it raised on, one as wide as the tables, the other's last axis, an even share of
-    the head (StableLM's `query_rot * cos` with query_rot = q[..., :rotary_ndims]); None otherwise."""
-    given = width or d_head
-    if not given or len(failure.shapes) != 2:
-        return None
-    lasts = [shape[-1] for shape in failure.shapes if shape]
-    if len(lasts) != 2 or given not in lasts:
-        return None
-    other = lasts[1] if lasts[0] == given else lasts[0]
-    return other if 2 <= other < given and other % 2 == 0 else None
+def _form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
+    """The reference for code that runs on RoPE's tables in `form` (tableforms.py): a share of each head turned where
+    they are narrower than the head and laid out for a pairing; one angle a pair leaves the pairing to the code."""
+    if form.pairs:
+        return dataclasses.replace(spec, pairing_asked=False)
+    if form.width < d_head:
+        return dataclasses.replace(spec, rope_fraction=form.width / d_head, fraction_from_module=True,
+                                   pairing_asked=True)
+    return dataclasses.replace(spec, pairing_asked=True)
 
 
 def _causal_used(o: TraceOptions) -> str | None:

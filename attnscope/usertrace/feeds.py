@@ -42,10 +42,26 @@ class Feeds:
     labels: dict[int, str] = field(default_factory=dict)  # id(tensor) -> how ops name it
 
 
+@dataclass(frozen=True)
+class TableForm:
+    """RoPE's tables as the code runs on them, read where it raised on trace's first ones (runs/trace.py): `width`
+    wide, holding one angle a pair (`pairs`: [.., d_head / 2], the frequencies over the whole head, as freqs_cis holds
+    them: GPT-OSS's `_apply_rotary_emb` and nanochat's `apply_rotary_emb` broadcast them over each half of the head)
+    or laid out for a pairing over that share of the head (a rotary fraction); laid along `axes` (the number of axes
+    of the tensor the code multiplies them with, and its positions' axis: nanochat's [1, n_Q, 1, width] for q
+    [n_batch, n_Q, n_head, d_head / 2]), else as the parameter's kind lays them."""
+
+    width: int
+    pairs: bool = False
+    axes: tuple[int, int] | None = None
+
+
 def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "half-split",
-          position_bias: torch.Tensor | None = None, rope_width: int | None = None) -> Feeds:
+          position_bias: torch.Tensor | None = None, rope_width: int | None = None,
+          form: TableForm | None = None) -> Feeds:
     """What the forward's other parameters get; RoPE's tables `rope_width` wide where the code rotates only that
-    share of each head (its config's partial_rotary_factor, or the width its code slices), else d_head wide."""
+    share of each head (its config's partial_rotary_factor, or the width its code slices), else d_head wide; in
+    `form` where the code was read to run on another (one angle a pair, laid along its own axes)."""
     import torch
 
     out = Feeds()
@@ -99,13 +115,25 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     n_pos, n_Q = sizes["n_K"] if plan.self_attention else max(sizes["n_Q"], sizes["n_K"]), sizes["n_Q"]
     if not d_head:  # never tables of width 0: the head count is what is missing
         raise UsageError("cannot tell d_head, so RoPE's tables cannot be made; pass --heads")
-    d_head = rope_width or d_head  # the share the code rotates: the tables are that wide
-    cos, sin = Rope(rope_base, pairing=pairing).cos_sin(n_pos, d_head, dtype)  # [n_pos, d_head]
+    if form is not None and form.pairs:  # one angle a pair, the frequencies over the whole head
+        angle = torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(d_head)
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)  # [n_pos, d_head / 2]
+    else:
+        d_head = (form.width if form is not None else rope_width) or d_head  # the share the code rotates
+        cos, sin = Rope(rope_base, pairing=pairing).cos_sin(n_pos, d_head, dtype)  # [n_pos, d_head]
+    width = cos.shape[-1]
     start = n_cache
     for name in plan.tables:
         kind = name.lower()
         value: Any
-        if kind in ("cos", "sin"):
+        if form is not None and form.axes is not None:  # laid along the axes of the tensor the code turns
+            shape = [1] * form.axes[0]
+            shape[form.axes[1]], shape[-1] = n_Q, width
+            laid = (cos[start:start + n_Q].reshape(shape), sin[start:start + n_Q].reshape(shape))
+            value = laid if kind not in ("cos", "sin") else laid[0] if kind == "cos" else laid[1]
+            for i, part in enumerate(laid if isinstance(value, tuple) else ()):
+                out.labels[id(part)] = f"{name}[{i}]"
+        elif kind in ("cos", "sin"):
             value = cos if kind == "cos" else sin
             out.steps.append((name, value, ("n_K", "d_head"), f"input: {kind}(position · inv_freq), positions 0 to "
                               f"{n_pos - 1}, base {rope_base:g}, {pairing}"))
@@ -120,7 +148,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
                               f"{start + n_Q - 1}, base {rope_base:g} ({'Meta' if kind == 'freqs_cis' else 'llama2.c'}"
                               "'s precompute_freqs_cis)"))
         else:  # position_embeddings
-            batch = (sizes.get("n_batch", 1), n_Q, d_head)
+            batch = (sizes.get("n_batch", 1), n_Q, width)
             value = (cos[start:start + n_Q].expand(batch), sin[start:start + n_Q].expand(batch))
             for i, part in enumerate(value):
                 out.labels[id(part)] = f"{name}[{i}]"

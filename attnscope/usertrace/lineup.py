@@ -315,6 +315,11 @@ def _undoes(lined: LineUp, reading: Spec, spec: Spec) -> bool:
     return bool(experiment is not None and changed.get(experiment))
 
 
+def better_fit(other: LineUp, first: LineUp) -> bool:
+    """Whether `other` fits the code better than `first` (_better): RoPE's tables of another form (runs/trace.py)."""
+    return _better(other, first)
+
+
 def _better(other: LineUp, first: LineUp) -> bool:
     """Whether a line-up under another reading fits the code better than `first`: no divergence, a later one, or
     the same one with a cause its rerun reproduced where `first` has none."""

@@ -199,6 +199,17 @@ class Plan:
         """This plan with its position embeddings given None (their default), where the code runs on no other."""
         return dataclasses.replace(self, embeddings=[], nones=[*self.nones, *self.embeddings])
 
+    def with_pairs(self, names: list[str]) -> Plan:
+        """This plan with `names` given RoPE's `(cos, sin)`: parameters the code unpacks in two (pairparams.py,
+        nanochat's `cos_sin`), read so under --rope."""
+        names = [n for n in names if n in self.tensors or n in self.optional]
+        if not names:
+            return self
+        required = any(n in self.tensors for n in names) or bool(self.tables and not self.tables_optional)
+        return dataclasses.replace(self, tensors=[n for n in self.tensors if n not in names],
+                                   optional=[n for n in self.optional if n not in names],
+                                   tables=[*self.tables, *names], tables_optional=not required)
+
     def check_fed(self) -> None:
         """Refused in one line where trace cannot feed the inputs the signature asks for."""
         if len(self.tensors) not in (1, 2, 3):

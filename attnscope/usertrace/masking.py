@@ -406,9 +406,14 @@ def masks_by_itself(records: list[Record]) -> Record | None:
     """The code's pattern where it masks by itself (given a mask that masks nothing): the first softmax (or a
     kernel's recomputed attention) with weights of exactly 0, which only a mask makes (a causal buffer, a tril,
     `is_causal=True`); None where every weight is positive."""
+    from attnscope.usertrace.sinkcols import joined_at
+
     for r in records:
         name = r.func.split(".")[-1]
         if (name in ("softmax", "_softmax") or r.label == "(attention)") and r.tensor.is_floating_point() \
                 and bool((r.tensor == 0).any()):
-            return r
+            sink = joined_at(r, records) if name != "(attention)" else None  # a sink's column weighs no key
+            weights = r.tensor if sink is None else r.tensor[..., 1:] if sink == 0 else r.tensor[..., :-1]
+            if bool((weights == 0).any()):
+                return r
     return None

@@ -107,6 +107,9 @@ class Spec:
     # A term the code adds to its attention's output beside attn @ v (outterm.py: Shaw's relative values), taken from
     # the code's run in x_raw's layout `[n_batch, n_head, n_Q, d_V]`, added to the reference's x_raw
     out_term: Any = field(default=None, compare=False)
+    # Attention sinks the module holds (sinkcols.py: GPT-OSS's `sinks`, one logit a head joined to each row of scores
+    # and dropped after the softmax), `[n_head]`, read from the code's run; the reference holds them
+    sinks: Any = field(default=None, compare=False)
 
     def added(self, d_head: int) -> Any:
         """What the reference adds to its scaled scores: the position bias, the code's own term (scaled with the
@@ -124,7 +127,7 @@ class Spec:
         return AttentionSpec(causal=self.causal, window=self.window, window_side=cast("WindowSide", self.window_side),
                              alibi=self.alibi, rope=self.rope(), softcap=self.softcap,
                              scale=self.scale, n_kv_head=n_kv_head, qk_norm=self.qk_norm,
-                             temperature=self.temperature)
+                             temperature=self.temperature, sinks=self.sinks is not None)
 
     def rope(self) -> Any:
         """attnscope's Rope for the reference, None without RoPE."""
@@ -145,7 +148,8 @@ class Spec:
                  "position bias" if self.position_bias is not None else "",
                  "your own term on the scores" if self.own_term is not None else "",
                  "your own term on the output" if self.out_term is not None else "",
-                 self.temperature.describe() if self.temperature is not None else ""]
+                 self.temperature.describe() if self.temperature is not None else "",
+                 "attention sinks" if self.sinks is not None else ""]
         return ", ".join(p for p in parts if p)
 
     def _rope_more(self) -> str:
@@ -560,6 +564,8 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
             mine.weight.copy_(theirs.weight)
             if mine.bias is not None:
                 mine.bias.copy_(theirs.bias if theirs.bias is not None else torch.zeros_like(mine.bias))
+        if spec.sinks is not None and reference.sinks is not None:  # the module's own sinks (sinkcols.py)
+            reference.sinks.copy_(spec.sinks.reshape(-1).to(reference.sinks.dtype))
         if not norms and attention.norm is not None and spec.qk_norm_gain is not None:
             reference.q_norm.weight.fill_(spec.qk_norm_gain)
             reference.k_norm.weight.fill_(spec.qk_norm_gain)
@@ -668,7 +674,7 @@ def run_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tens
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
     with torch.no_grad():
         return sdpa(Q, K, V, mask, enable_gqa=gqa, spec=spec.attention(),
-                    position_bias=spec.added(Q.shape[-1]))
+                    position_bias=spec.added(Q.shape[-1]), sinks=spec.sinks)
 
 
 def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,

@@ -67,6 +67,8 @@ class Base:
     pre_term: torch.Tensor | None = None
     # The code's own term on its attention's output (Spec.out_term, outterm.py), added to x_raw as the code adds it
     post_term: torch.Tensor | None = None
+    # The module's attention sinks (Spec.sinks, sinkcols.py), `[n_head]`: one more column in each softmax row, dropped
+    sinks: torch.Tensor | None = None
 
     @property
     def n_Q(self) -> int:
@@ -103,7 +105,8 @@ def build(ctx: Context) -> Base | None:
     mode, a reference the replay does not give back)."""
     trace = ctx.reference
     names = [step.name for step in trace.steps]
-    if ctx.train or any(n in names for n in ("sinks", "sink_weight", "index_scores")):
+    sunk = ctx.spec is not None and ctx.spec.sinks is not None  # the module's own, which the replay joins too
+    if ctx.train or "index_scores" in names or (not sunk and any(n in names for n in ("sinks", "sink_weight"))):
         return None
     if "scores" not in names or "attention" not in names:
         return None
@@ -150,6 +153,8 @@ def build(ctx: Context) -> Base | None:
         base.pre_term = ctx.spec.own_term.double()
     if ctx.spec is not None and ctx.spec.out_term is not None and not col:
         base.post_term = ctx.spec.out_term.double()
+    if sunk and ctx.spec is not None:
+        base.sinks = ctx.spec.sinks.detach().double().reshape(-1)
     try:
         again = replay(base)
     except RuntimeError:  # shapes the replay does not know (an unbatched column form, ...)
@@ -236,8 +241,12 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         out["capped_scores"] = logits
     if "masked_scores" in b.ref:
         out["masked_scores"] = logits
-    attention = torch.softmax(logits, dim=softmax_dim)
-    if mask == "fill" and softmax_dim == -1:  # a query that may see no key gets zeros (PyTorch's _safe_softmax)
+    if b.sinks is not None and softmax_dim == -1 and logits.dim() >= 3:  # one more column, a logit a head, dropped
+        column = b.sinks.reshape(-1, 1, 1).expand(*logits.shape[:-1], 1)
+        attention = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
+    else:
+        attention = torch.softmax(logits, dim=softmax_dim)
+    if mask == "fill" and softmax_dim == -1 and b.sinks is None:  # a query that may see no key: zeros (_safe_softmax)
         attention = attention.masked_fill(torch.isneginf(logits).all(-1, keepdim=True), 0.0)
     if allowed is not None and mask == "after":
         attention = attention * allowed

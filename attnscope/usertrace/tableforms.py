@@ -1,0 +1,72 @@
+"""RoPE's tables in the form the code runs on, read from the op it raised on with trace's first ones (tables of the
+whole head, `[n_batch, n_Q, d_head]` for a pair in one parameter). The tensor the code multiplies them with says
+the rest: its last axis is the width it turns by, its positions' axis where the tables' positions go.
+
+- Half the head, the tables broadcast over each half (GPT-OSS's `_apply_rotary_emb`: `first_half * cos -
+  second_half * sin`; nanochat's `x1 * cos + x2 * sin`): one angle a pair, the frequencies over the whole head, as
+  freqs_cis holds them (feeds.TableForm.pairs). The code pairs its coordinates as it will, and that pairing is read
+  from its rotated tensors;
+- a share of the head, the rest passed through (StableLM's `q[..., :rotary_ndims] * cos`): a rotary fraction, tables
+  laid out for a pairing over that share.
+Where half the head could be either, both are made, and the one under which the code lines up further is kept
+(runs/trace.py). Tables that broadcast only along the code's own axes (nanochat's [1, T, 1, d_head / 2] for q
+[n_batch, T, n_head, d_head]) are laid so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attnscope.usertrace.feeds import TableForm
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.record import Failure
+
+
+def forms(failure: Failure, width: int | None, d_head: int, n_Q: int) -> list[TableForm]:
+    """The forms to try, likeliest first, where the code raised on tables `width` (or d_head) wide: from the shapes
+    that met in the op it raised on, the other operand's last axis (an even share of the head, or the head) and its
+    positions' axis (of size n_Q)."""
+    given = width or d_head
+    if len(failure.shapes) != 2 or not all(failure.shapes):
+        return []
+    a, b = failure.shapes
+    # the tensor the code turns: the one of more axes, else the one whose width is not the tables'
+    other = a if len(a) > len(b) else b if len(b) > len(a) else (a if a[-1] != given else b)
+    turned = other[-1]
+    if turned < 2 or turned % 2 or turned > d_head:
+        return []
+    kinds = []
+    if 2 * turned == d_head:
+        kinds.append(TableForm(turned, pairs=True))
+    if turned < given:
+        kinds.append(TableForm(turned))
+    if turned == d_head and given != d_head:
+        kinds.append(TableForm(turned))
+    at = next((i for i, size in enumerate(other[:-1]) if size == n_Q), None)
+    laid = [TableForm(k.width, k.pairs, (len(other), at)) for k in kinds] if at is not None and len(other) > 2 else []
+    if at is not None and len(other) > 2 and turned == given:  # as wide as they were, along other axes
+        laid.insert(0, TableForm(turned, axes=(len(other), at)))
+    return kinds + laid
+
+
+def note(form: TableForm, failure: Failure, given: int, d_head: int, parameters: list[str]) -> str:
+    """What was read: the tables the code runs on, and from what."""
+    where = f" (line {failure.line})" if failure.line else ""
+    laid = ""
+    if form.axes is not None:
+        dims = ["1"] * form.axes[0]
+        dims[form.axes[1]], dims[-1] = "n_Q", str(form.width)
+        laid = f", laid [{', '.join(dims)}] as the tensor it turns"
+    names = ", ".join(parameters)
+    if form.pairs:
+        return (f"RoPE's tables ({names}): your code broadcasts them over each half of the head, so they hold one "
+                f"angle a pair, {form.width} = d_head / 2 wide with the frequencies over the whole head (as freqs_cis "
+                f"holds them: GPT-OSS's and nanochat's){laid}; read from your code, which raised on tables {given} "
+                f"wide{where} and runs on these; its pairing is read from its rotated tensors")
+    if form.width < d_head:
+        return (f"RoPE: it rotates the first {form.width} of each head's {d_head} coordinates (a rotary fraction of "
+                f"{form.width / d_head:g}), read from your code, which raised on tables {given} wide{where} and runs "
+                f"on tables {form.width} wide{laid}; the reference rotates so")
+    return (f"RoPE's tables ({names}){laid}: read from your code, which raised on the first ones{where} and runs on "
+            "these")
