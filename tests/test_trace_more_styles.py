@@ -140,7 +140,8 @@ def test_each_correct_style_exits_0(runner, padding, style):
     if style == "FlashPadded":  # only --causal: trace pads a key itself, in the module's mask and the reference's
         assert any("key_padding_mask" in n and "padded by trace" in n for n in out["notes"]), out["notes"]
     if style == "FixedTheta":
-        assert any("RoPE base 1e+06" in n and "A convention, not a mistake" in n for n in out["notes"])
+        # its inv_freq buffer says the base (declared._inv_freq_base): the module's own, read from it
+        assert any("RoPE base 1e+06, read from your module" in n for n in out["notes"]), out["notes"]
 
 
 # --- planted bugs: each named by the experiment that reproduces it -----------------------------------------------

@@ -175,7 +175,7 @@ class PaddedBaddbmm(nn.Module):
 
 class FixedTheta(nn.Module):
     """RoPE frequencies made once with base 1e6 (a long-context model's own choice) and kept as a buffer, with no
-    base or rope_theta said anywhere else: trace reads the base from the rotated tensors, a convention."""
+    base or rope_theta said anywhere else: trace reads the base from that inv_freq buffer, the module's own."""
 
     def __init__(self, dim=48, heads=3):
         super().__init__()
