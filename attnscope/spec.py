@@ -73,6 +73,8 @@ class AttentionSpec:
     # no causal alignment applies (a block of a long input's rows, forward/long.py); a causal block is a decode step
     # (`cache`) instead
     start: int = 0
+    # q, k and v clipped after their projection, clamp(min, max) (DBRX's clip_qkv: (-c, c)); None: not clipped
+    clip_qkv: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.qk_norm is not None:
@@ -91,6 +93,9 @@ class AttentionSpec:
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
             raise UsageError(f"{{softcap}} {self.softcap:g}: the cap must be a positive number (Gemma 2 uses 50)",
                                  "softcap")
+        if self.clip_qkv is not None and not self.clip_qkv[0] < self.clip_qkv[1]:
+            raise UsageError(f"{{clip_qkv}} {self.clip_qkv}: clip q, k and v to (min, max), min below max (either "
+                             "may be infinite: open on that side)", "clip_qkv")
         if self.scale is not None and not math.isfinite(self.scale):
             raise UsageError(f"{{scale}} {self.scale}: the scores' scale must be a finite number", "scale")
         if self.cache < 0:
@@ -197,7 +202,7 @@ class AttentionSpec:
     def after_stages(self) -> AttentionSpec:
         """What is left for the scores once a module's stages have run on Q and K: normed, rotated and tuned (the
         module's qk-norm, RoPE and temperature are applied before the cache joins)."""
-        return replace(self, rope=None, temperature=None, qk_norm=None)
+        return replace(self, rope=None, temperature=None, qk_norm=None, clip_qkv=None)
 
     def after_norm(self) -> AttentionSpec:
         """What is left once Q and K are normed by a module's own weights (the float64 reference's, which rotates)."""
@@ -284,6 +289,8 @@ def in_words(spec: AttentionSpec, view: View, *, d_head: int = 0, n_Q: int = 0, 
         parts.append("ALiBi")
     if spec.softcap is not None:
         parts.append(f"softcap {spec.softcap:g}")
+    if spec.clip_qkv is not None:
+        parts.append(clip_words(spec.clip_qkv))
     if layer and spec.latent is not None:
         parts.append(spec.latent.describe())
     if spec.sinks:
@@ -293,6 +300,12 @@ def in_words(spec: AttentionSpec, view: View, *, d_head: int = 0, n_Q: int = 0, 
         parts.append(spec.norm.describe() if layer
                      else f"qk-norm {'per head' if spec.norm.over == 'head' else 'over the projection'}")
     return parts + given
+
+
+def clip_words(clip: tuple[float, float]) -> str:
+    """q, k and v clipped to (min, max), in words: DBRX's ±clip_qkv."""
+    low, high = clip
+    return f"q, k, v clipped to ±{high:g}" if low == -high else f"q, k, v clipped to [{low:g}, {high:g}]"
 
 
 def check_kv_heads(n_head: int, n_kv_head: int) -> None:

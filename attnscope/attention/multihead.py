@@ -266,8 +266,8 @@ class MultiHeadAttention(nn.Module):
         n_key = "n_K" if cache is None else "n_new"
         plan = (("Q", self.W_q, Q, "n_Q", self.n_head, "n_head"), ("K", self.W_k, K, n_key, self.n_kv_head, kv_axis),
                 ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
-        feats = {name: stages.project(add, name, W, x, ("n_batch", n, self.width(axis)))  # [n_batch, n, heads·d_head]
-                 for name, W, x, n, _, axis in plan}
+        feats = {name: stages.project(add, name, W, x, ("n_batch", n, self.width(axis)),  # [n_batch, n, heads·d_head]
+                                      spec.clip_qkv) for name, W, x, n, _, axis in plan}
         norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
         if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
             widths = (self.width("n_head"), self.width(kv_axis))

@@ -56,11 +56,15 @@ class Names:
     batch: tuple[str, ...] | None = None
 
 
-def project(rec: Recorder, name: str, W: nn.Linear, x: Tensor, dims: tuple[str, ...]) -> Tensor:
-    """Step `{name}_feat` (`Q_feat`): `x` through the Linear `W` (`W_q(Q)`), `[n_batch, n, heads·d_head]`."""
+def project(rec: Recorder, name: str, W: nn.Linear, x: Tensor, dims: tuple[str, ...],
+            clip: tuple[float, float] | None = None) -> Tensor:
+    """Step `{name}_feat` (`Q_feat`): `x` through the Linear `W` (`W_q(Q)`), `[n_batch, n, heads·d_head]`; clipped
+    to `clip` (min, max) where given (DBRX's clip_qkv)."""
     feat = wide(W, x)  # [n_batch, n, d_in] -> [n_batch, n, heads·d_head]
-    return rec(f"{name}_feat", feat, dims, f"W_{name.lower()}({name})",
-               ("linear", feat.shape, x.shape[-1], W.bias is not None), inputs=(name,))
+    op = f"W_{name.lower()}({name})"
+    if clip is not None:
+        feat, op = feat.clamp(min=clip[0], max=clip[1]), f"{op}.clamp({clip[0]:g}, {clip[1]:g})"
+    return rec(f"{name}_feat", feat, dims, op, ("linear", feat.shape, x.shape[-1], W.bias is not None), inputs=(name,))
 
 
 def split(rec: Recorder, name: str, feat: Tensor, n_head: int, dims: tuple[str, ...], source: str) -> Tensor:

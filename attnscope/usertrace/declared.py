@@ -1,10 +1,11 @@
 """What a module declares of its attention, read in one place: its RoPE base (`rope_theta`), the share of each head
 RoPE turns (`rotary_pct`, `partial_rotary_factor`), the scores' softcap (Gemma 2's `attn_logit_softcapping`, C ·
-tanh(scores / C) before the mask) and the scores' scale (Gemma 2's `query_pre_attn_scalar` q, scale q^-0.5;
-Granite's `attention_multiplier` and Grok-1's `attn_output_multiplier`, the scale itself). Each is read from the
-module, its submodules, a config it keeps (an object or a dict, one level down), or the arguments its __init__ was
-given and did not keep (gpt-fast's `def __init__(self, config): self.n_head = config.n_head`, built from --init's
-`config=ModelArgs(...)`): `holders` walks them all, so every value is looked for in the same places.
+tanh(scores / C) before the mask), DBRX's `clip_qkv` (q, k and v clipped to ±c) and the scores' scale (Gemma 2's
+`query_pre_attn_scalar` q, scale q^-0.5; Granite's `attention_multiplier` and Grok-1's `attn_output_multiplier`, the
+scale itself). Each is read from the module, its submodules, a config it keeps (an object or a dict, one level
+down), or the arguments its __init__ was given and did not keep (gpt-fast's `def __init__(self, config): self.n_head
+= config.n_head`, built from --init's `config=ModelArgs(...)`): `holders` walks them all, so every value is looked
+for in the same places.
 
 The module's own value is the reference's: code that computes another (caps nothing, scales by 1/√d_head where
 its config says query_pre_attn_scalar, rotates with another base) has a bug, named by experiment (experiments.py).
@@ -33,6 +34,8 @@ WIDTH_NAMES = ("rotary_dim", "rotary_ndims", "rotary_emb_dim", "rope_dim", "rota
 FRACTION_NAMES = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction", "rotary_fraction", "rope_fraction")
 SOFTCAP_NAMES = ("attn_logit_softcapping", "attn_logit_softcap", "attention_logit_softcapping", "attn_softcapping",
                  "attn_softcap", "attention_softcap", "logits_soft_cap", "softcap")
+# where a config says that q, k and v are clipped to ±c after their projection (DBRX's attn_config.clip_qkv)
+CLIP_NAMES = ("clip_qkv", "qkv_clip", "clamp_qkv", "qkv_clamp")
 # a config's name for the scale, and the scale it gives
 SCALE_NAMES: dict[str, tuple[Callable[[float], float], str]] = {
     "query_pre_attn_scalar": (lambda q: q ** -0.5, "query_pre_attn_scalar^-0.5"),
@@ -160,4 +163,11 @@ def with_declared(module: Any, spec: Spec) -> tuple[Spec, list[str]]:
             spec = replace(spec, scale=scale, scale_from=f"{how} = {scale:.6g} (your module's {name} = {value:g})")
             notes.append(f"scale {scale:.6g} = {how}, read from your module (its {name} = {value:g}); --scale "
                          "overrides it")
+    if spec.clip_qkv is None:
+        clip = own_value(module, CLIP_NAMES, spec.built_with)
+        if clip is not None:
+            name, value = clip
+            spec = replace(spec, clip_qkv=(-value, value))
+            notes.append(f"q, k and v clipped to ±{value:g} after their projection, read from your module (its "
+                         f"{name} = {value:g}, DBRX's): the reference clips its Q_feat, K_feat and V_feat so")
     return spec, notes

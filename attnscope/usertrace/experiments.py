@@ -116,11 +116,15 @@ def _scale_twice(b: Base) -> Iterator[Trial]:
 def _query_scaled_first(b: Base) -> Iterator[Trial]:
     """The queries (or what they are projected from, without a bias) scaled by the scale before a kernel or code that
     scales their scores again (fairseq's and OpenNMT's q · d_head^-0.5 handed to nn.MultiheadAttention): every
-    query step the reference has, from the projection on, times the scale, and the scores scaled twice."""
-    if "Q_normed" in b.ref or math.isclose(b.scale, 1.0):  # a norm takes a scale before it out again
+    query step the reference has, from the projection on, times the scale, and the scores scaled twice. Where the
+    queries are normed (a norm takes a scale before it out again), those from the norm on (modded-nanogpt's
+    `norm(q) * attn_scale` handed to an attention that scales by it too)."""
+    if math.isclose(b.scale, 1.0):
         return
     steps = replay(b, q=b.q * b.scale)
     queries = [name for name in b.order if name.startswith("Q") and name in b.ref]
+    if "Q_normed" in queries:
+        queries = queries[queries.index("Q_normed"):]
     for name in queries:
         steps.setdefault(name, b.ref[name] * b.scale)
 

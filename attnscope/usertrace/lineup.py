@@ -206,7 +206,7 @@ SCORED = ("scores", "capped_scores", "biased_scores", "masked_scores", "attentio
 def _read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
           spec: Spec | None = None, read_conventions: bool = True) -> LineUp:
     """line_up without the module's own bias."""
-    from attnscope.usertrace import conventions
+    from attnscope.usertrace import clips, conventions
 
     said_base = None
     declared = conventions.own_base(module, spec.built_with) if spec is not None and spec.rope_base is not None \
@@ -225,6 +225,10 @@ def _read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record],
         from attnscope.usertrace.declared import with_declared
 
         spec, own_notes = with_declared(module, spec)
+        clipped = clips.read(records) if spec.clip_qkv is None else None
+        if clipped is not None:  # a clamp of the projections' output no config says (DBRX's qkv.clamp)
+            spec = replace(spec, clip_qkv=clipped[0])
+            own_notes.append(clips.note(*clipped))
     first = _line_up(module, shapes, inputs, records, train, spec)
     if said_base is not None:
         first.notes.insert(0, said_base)
@@ -440,7 +444,7 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
         what += f"; {spec.describe()}" if spec.describe() else ""
         return trace, ref.SDPA_STEPS, None, None, what, _align(trace, ref.SDPA_STEPS, records, skips, keys), skips, \
             keys
-    from attnscope.usertrace import latent
+    from attnscope.usertrace import latent, valuegain
 
     refused = latent.refusal(records, type(module).__name__)  # MLA: keys and values expanded from one latent
     if refused is not None:
@@ -458,9 +462,12 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
 
         Q, K, V, mask = columns.rows(Q, K, V, mask)  # [.., d, n] -> [.., n, d]; a mask [.., n_K, n_Q] transposed
         Q, K, V = columns.batched(Q, K, V)
+    gain = valuegain.find(records, dict(module.named_parameters()))  # modded-nanogpt's lambdas[0] * v
     for projections in ref.find_projections(module, records, shapes.n_head, shapes.fixed.get("d_head"),
                                             {name: role for name, role in inputs.roles.items() if role not in
                                              inputs.own}):
+        if gain is not None and projections.matched_by != "identity":
+            projections = valuegain.apply(projections, gain)
         try:
             reference = ref.build_mha(projections, shapes.n_head, spec, module)
             trace = ref.run_mha(reference, Q, K, V, mask, inputs.cache, spec.added(cast(int, reference.d_head)))

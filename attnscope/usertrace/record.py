@@ -57,6 +57,13 @@ ELEMENTWISE = ("div", "true_divide", "mul", "add", "sub", "masked_fill", "masked
                "__rtruediv__", "__rmul__", "__radd__", "__rsub__", "pow", "__pow__", *ATTENTION_KERNELS)
 
 
+# ops that hand a tensor's every value on, reshaped, laid out anew or cast: applied to a weight, what they make is
+# that weight as the code uses it
+WEIGHT_VIEWS = ("flatten", "view", "reshape", "type_as", "to", "contiguous", "float", "double", "half", "bfloat16",
+                "squeeze", "unsqueeze", "t", "transpose", "permute", "T", "mT", "clone", "detach", "view_as",
+                "reshape_as")
+
+
 class RecordingTooLarge(Exception):
     """The snapshots would pass the memory budget; raised through the user's code, turned into a ResourceError."""
 
@@ -104,7 +111,8 @@ class Recorder(TorchFunctionMode):
         self.records: list[Record] = []
         self.failure: Failure | None = None
         self._labels = dict(labels)  # id(tensor) -> input or parameter name
-        self._linears = linears  # id(weight) -> the Linear's name in the module
+        self._linears = dict(linears)  # id(weight) -> the Linear's name in the module (or the parameter's)
+        self._derived: dict[int, torch.Tensor] = {}  # id -> a weight as the code reshaped or cast it (WEIGHT_VIEWS)
         self._produced: dict[int, int] = {}  # id(result) -> its latest record
         self._changed: dict[int, int] = {}  # id(tensor) -> the in-place op that last changed it through a view of it
         self._alive: list[Any] = []  # keep results alive so their ids stay theirs
@@ -205,6 +213,9 @@ class Recorder(TorchFunctionMode):
                 details["part"] = position
             if asked:
                 details["kernel"] = asked
+            if style == "linear" and (used := next((self._derived[id(t)] for t in _tensors(args, kwargs)
+                                                     if id(t) in self._derived), None)) is not None:
+                details["weight"] = used  # the weight as the code handed it (qkv_w.flatten(end_dim=1))
             if (bound := self.statements.bound(frames[0].f_lineno)) is not None:
                 details["bound"] = bound  # the names its statement binds, as written (words.py reads them)
             self.records.append(Record(index, name, call, snapshot, frames[0].f_lineno, text_args, style, not shares,
@@ -216,6 +227,12 @@ class Recorder(TorchFunctionMode):
                 if base is not None and id(base) in self._produced:
                     self._changed[id(base)] = index
             self._alive.append(tensor)
+            if name in WEIGHT_VIEWS and first is not None and id(first) in self._linears and tensor is not first \
+                    and tensor.numel() == first.numel():
+                # a weight reshaped or cast whole (modded-nanogpt's F.linear(x, qkv_w.flatten(end_dim=1))): still
+                # that parameter's, read as the code uses it
+                self._linears[id(tensor)] = self._linears[id(first)]
+                self._derived[id(tensor)] = snapshot
             # every frame of the user's binds names: `Q_split = split(Q_feat)` names what the helper returned;
             # a comprehension binds nothing itself, the statement around it does
             for frame in frames:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from attnscope.errors import UsageError
+from attnscope.spec import clip_words
 from attnscope.trace import Trace
 from attnscope.usertrace import normforms
 from attnscope.variants.rope import Rope
@@ -92,6 +93,9 @@ class Spec:
     softcap_asked: bool = False
     softcap_from_module: bool = False
     scale_from: str | None = None
+    # q, k and v clipped after their projection, (min, max): DBRX's clip_qkv, read from the module's config
+    # (declared.py), else from the code's own clamp of a projection's output (clips.py)
+    clip_qkv: tuple[float, float] | None = None
     # the arguments the module's __init__ was given (runs/trace._built_with): a config it read and did not keep,
     # where what the module declares (declared.py: its RoPE base, softcap, scale) is read beside the module itself
     built_with: Any = field(default=None, compare=False)
@@ -127,7 +131,7 @@ class Spec:
         return AttentionSpec(causal=self.causal, window=self.window, window_side=cast("WindowSide", self.window_side),
                              alibi=self.alibi, rope=self.rope(), softcap=self.softcap,
                              scale=self.scale, n_kv_head=n_kv_head, qk_norm=self.qk_norm,
-                             temperature=self.temperature, sinks=self.sinks is not None)
+                             temperature=self.temperature, sinks=self.sinks is not None, clip_qkv=self.clip_qkv)
 
     def rope(self) -> Any:
         """attnscope's Rope for the reference, None without RoPE."""
@@ -145,6 +149,7 @@ class Spec:
                  f"after {self.cache} cached positions" if self.cache else "", "ALiBi" if self.alibi else "",
                  f"qk-norm ({self.qk_norm})" if self.qk_norm else "", f"scale {self.scale:g}" if self.scale is not None
                  else "", f"softcap {self.softcap:g}" if self.softcap is not None else "",
+                 clip_words(self.clip_qkv) if self.clip_qkv is not None else "",
                  "position bias" if self.position_bias is not None else "",
                  "your own term on the scores" if self.own_term is not None else "",
                  "your own term on the output" if self.out_term is not None else "",
@@ -220,7 +225,8 @@ def parameter_projections(module: nn.Module, records: list[Record], spare: bool 
         if name in params and name not in held and name not in out and params[name].dim() >= 2:
             recipes[name] = (r.func == "matmul", LEFT in r.args,
                              next((a[1] for a in r.args if a[0] == "side" and a[1].startswith("kernel")), None))
-            weight = _as_linear(params[name].detach(), *recipes[name])
+            used = r.details.get("weight")  # as the code reshaped it (qkv_w [3, hdim, dim] flattened), else itself
+            weight = _as_linear(params[name].detach() if used is None else used, *recipes[name])
             if weight is not None:
                 out[name] = fused.Part(name, weight, _added_bias(r, records, params, weight.shape[0]))
     said = {role_of(name) for name in out}
@@ -315,7 +321,13 @@ def _added_bias(projection: Record, records: list[Record], params: dict[str, Any
 def _from_parameters(index: int, records: list[Record], params: dict[str, Any]) -> bool:
     """Whether record `index` is computed from the module's parameters and constants alone (no input reaches it:
     every name its ops read, all the way up, is a parameter), as a bias the code builds is."""
-    seen, stack = set(), [index]
+    return parameters_read(index, records, params) is not None
+
+
+def parameters_read(index: int, records: list[Record], params: dict[str, Any]) -> set[str] | None:
+    """The module's parameters record `index` is computed from, all the way up; None where anything else reaches it
+    (an input, a name that is no parameter): constants alone read none."""
+    seen, stack, read = set(), [index], set()
     while stack:
         i = stack.pop()
         if i in seen:
@@ -324,17 +336,18 @@ def _from_parameters(index: int, records: list[Record], params: dict[str, Any]) 
         for kind, value in records[i].args:
             if kind == "kw":
                 kind, value = value[1]
+            named = [value] if kind == "text" else [v for k, v in value if k == "text"] if kind == "list" else []
             if kind == "rec":
                 stack.append(value)
             elif kind == "list":
                 stack.extend(v for k, v in value if k == "rec")
-                if any(k == "text" and isinstance(v, str) and v.replace(".", "_").isidentifier() and v not in params
-                       for k, v in value):
-                    return False
-            elif kind == "text" and isinstance(value, str) and value.replace(".", "_").isidentifier() \
-                    and value not in params and value not in ("True", "False", "None"):
-                return False
-    return True
+            for name in named:
+                if name in params:
+                    read.add(name)
+                elif isinstance(name, str) and name.replace(".", "_").isidentifier() \
+                        and (kind == "list" or name not in ("True", "False", "None")):
+                    return None
+    return read
 
 
 def called_bias(projection: Record, records: list[Record], params: dict[str, Any], width: int) -> Any:
