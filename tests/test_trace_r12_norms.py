@@ -90,7 +90,7 @@ def test_the_norm_styles_are_sdpa_and_the_plants_change_them(name, bug):
 
 
 NORM_RUNS = [("L2NormLlama", ("--rope", "--causal"), "gqa_tiled", "gqa.tiled", "to RMS 1", "after RoPE; eps 1e-05"),
-             ("RmsNormChat", ("--rope", "--causal"), "scale_twice", "scale.d_head", "to RMS 1", "after RoPE"),
+             ("RmsNormChat", ("--rope", "--causal"), "scale_twice", "scale.twice", "to RMS 1", "after RoPE"),
              ("CosineAttn", (), "softmax_axis", "softmax.axis", "to unit length", "over each head's d_head"),
              ("ProjRms", ("--causal",), "scale_d_model", "scale.d_model", "to RMS 1", "over the whole projection")]
 
