@@ -290,10 +290,11 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
                 if own is not None:
                     queries.apply(ran[0], own)
                 else:  # DETR's q_proj(x + pos), k_proj(x + pos), v_proj(x)
-                    posembed.read(ran[2].records, ran[0], weighted, shapes.n_head, shapes.fixed.get("d_head"),
-                                  tried.embeddings)
+                    held = posembed.projections(weighted, ran[2].records, shapes.n_head, shapes.fixed.get("d_head")) \
+                        if not ran[0].own else {}
+                    posembed.read(ran[2].records, ran[0], weighted, held, tried.embeddings)
                     # vit-pytorch's x = self.norm(x) before to_qkv: the normed x is the projections' input
-                    prenorm.read(ran[2].records, ran[0], weighted, shapes.n_head, shapes.fixed.get("d_head"))
+                    prenorm.read(ran[2].records, ran[0], weighted, held)
                 return ran
         assert made is not None
         return made

@@ -32,20 +32,27 @@ class Added:
     terms: dict[str, str]  # role -> what was added, as the code writes it
 
 
-def read(records: list[Record], inputs: Inputs, module: Any, n_head: int | None, d_head: int | None,
-         fed: list[str]) -> None:
-    """`inputs` with the sums the projections the reference holds read, where they read such sums (`find`); `fed`:
-    the forward's parameters trace gave a position embedding (load.EMBEDDING_WORDS)."""
+def projections(module: Any, records: list[Record], n_head: int | None, d_head: int | None) -> dict[str, str]:
+    """The projections the reference holds, role (q, k, v, o) -> the name its records write (a fused one's rows as
+    `to_qkv[0:32]`), of the likeliest reading; empty where none is found. Read once a run, for this module's `read`
+    and prenorm.py's."""
     from attnscope.errors import UsageError
     from attnscope.usertrace.reference import find_projections
 
-    if module is None or inputs.own:
-        return
+    if module is None:
+        return {}
     try:
         readings = find_projections(module, records, n_head, d_head)
     except UsageError:
+        return {}
+    return {role: name for role, (name, _) in readings[0].linears.items()} if readings else {}
+
+
+def read(records: list[Record], inputs: Inputs, module: Any, names: dict[str, str], fed: list[str]) -> None:
+    """`inputs` with the sums the projections the reference holds (`names`, from `projections`) read, where they
+    read such sums (`find`); `fed`: the forward's parameters trace gave a position embedding (load.EMBEDDING_WORDS)."""
+    if module is None or inputs.own:
         return
-    names = {role: name for role, (name, _) in readings[0].linears.items()} if readings else {}
     added = find(records, inputs, module, names, fed)
     if added is not None:
         apply(inputs, added)

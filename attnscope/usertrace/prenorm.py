@@ -31,24 +31,17 @@ class Normed:
     said: dict[str, str]  # role -> the norm as the code writes it
 
 
-def read(records: list[Record], inputs: Inputs, module: Any, n_head: int | None, d_head: int | None) -> None:
-    """`inputs` with the normed tensors the projections the reference holds read, where they read them."""
-    from attnscope.errors import UsageError
-    from attnscope.usertrace.reference import find_projections
-
-    if module is None or inputs.own or inputs.layout not in ("row", "time") or inputs.cache is not None:
-        return
-    try:
-        readings = find_projections(module, records, n_head, d_head)
-    except UsageError:
-        return
-    if not readings:
+def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[str, str]) -> None:
+    """`inputs` with the normed tensors the projections the reference holds (`projections`, role -> name, as
+    posembed.projections reads them) read, where they read them."""
+    if module is None or inputs.own or inputs.layout not in ("row", "time") or inputs.cache is not None \
+            or not projections:
         return
     # a fused projection's rows (`to_qkv[0:32]`): the one call of the layer that holds them
-    names = {name.split("[")[0] for name, _ in readings[0].linears.values()}
+    names = {name.split("[")[0] for name in projections.values()}
     by_role = {role: name for name, role in inputs.roles.items()}
     calls = [r for r in records if r.style == "linear" and len(r.args) > 1 and r.args[0][0] == "text"
-             and r.args[0][1] in names and r.args[0][1] != readings[0].linears.get("o", ("",))[0].split("[")[0]]
+             and r.args[0][1] in names and r.args[0][1] != projections.get("o", "").split("[")[0]]
     normed: dict[str, Record] = {}  # forward input -> the norm of it every projection reads
     for given in dict.fromkeys(by_role.values()):
         read = {c.args[1][1] if c.args[1][0] == "rec" else -1 for c in calls if _reads(c, records, given)}
