@@ -85,6 +85,11 @@ def parse(kind: str, parameters: Mapping[str, Any], source: str, max_positions: 
     if kind == "llama3" and not values["high_freq_factor"] > values["low_freq_factor"]:
         raise UsageError(f"{source}.high_freq_factor ({values['high_freq_factor']:g}) must be above "
                          f"low_freq_factor ({values['low_freq_factor']:g}); Llama 3.1 uses 4 and 1")
+    if kind == "longrope" and values.get("attention_factor") is None \
+            and values.get("original_max_position_embeddings") == 1:  # transformers' _compute_longrope_parameters
+        raise UsageError(f"{source}.original_max_position_embeddings is 1; longrope scales cos and sin by "
+                         "sqrt(1 + ln(factor) / ln(original_max_position_embeddings)), which divides by ln 1 = 0; "
+                         "give the length the model was trained on (Phi-3's 4096), or attention_factor")
     if kind == "dynamic" and max_positions is None:
         raise UsageError("RoPE type 'dynamic' needs max_position_embeddings, the length beyond which it rescales")
     if kind in ("yarn", "longrope") and values.get("factor") is None and max_positions is None \
