@@ -419,14 +419,16 @@ def test_rope_without_its_dicts_is_what_the_config_class_builds():
     assert {"gpt_oss", "llama4_text", "minimax", "smollm3", "llama", "qwen3"} <= set(checked), checked
 
 
-@pytest.mark.parametrize(("family", "how"), [("gpt_oss", "null"), ("gpt_oss", "missing"), ("llama4", "null"),
-                                             ("smollm3", "null"), ("minimax", "missing")])
+@pytest.mark.parametrize(("family", "how"), [("gpt_oss", "null"), ("gpt_oss", "missing"), ("gpt_oss", "empty"),
+                                             ("llama4", "null"), ("smollm3", "null"), ("minimax", "missing")])
 def test_rope_parameters_left_out_run_as_transformers_runs_them(family, how, folders, tmp_path):
     """Found by the campaign's config fuzz (GPT-OSS, rope_parameters null, --check): attnscope rotated with base 10000
     and no scaling where transformers' class builds its own default, and --check FAILed (0.14 on GPT-OSS, 0.04 on
-    Llama 4, 0.03 on SmolLM3). Now every layer's check passes against transformers' eager output_attentions."""
+    Llama 4, 0.03 on SmolLM3). Now every layer's check passes against transformers' eager output_attentions.
+    An empty dict is not a missing one (the long fuzz run): GptOssConfig keeps `{}` and rotates by the default RoPE,
+    where attnscope had put its class's yarn in (0.155 at layer 0)."""
     source = folders(family)
-    target = _with(source, tmp_path / "m", ("rope_parameters",), None)
+    target = _with(source, tmp_path / "m", ("rope_parameters",), {} if how == "empty" else None)
     if how == "missing":
         data = json.loads((target / "config.json").read_text())
         data.pop("rope_parameters")

@@ -74,7 +74,11 @@ def rope_arguments(config: Mapping[str, Any], layer_type: str | None = None,
     elif nested and not scaling:
         by_type = parameters  # type: ignore[assignment]
     else:
-        return common | _flat(config, model_type, dict(scaling or parameters or CLASS_SCALING.get(model_type, {})),
+        # A class's own default (GptOssConfig's yarn) stands only where rope_parameters is missing or null: an
+        # empty dict is kept and means the default RoPE, as `GptOssConfig.__post_init__` then
+        # `convert_rope_params_to_dict` (`rope_scaling or rope_parameters`) read it.
+        own = parameters if parameters is not None else CLASS_SCALING.get(model_type, {})
+        return common | _flat(config, model_type, dict(scaling or own),
                               "rope_scaling" if scaling else "rope_parameters")
     if layer_type is None:
         raise UsageError(f"rope_parameters gives each layer type its own RoPE ({', '.join(by_type)}); "
