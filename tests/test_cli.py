@@ -158,10 +158,10 @@ def test_installed_command_runs_and_errors_are_one_line():
     assert ok.returncode == 0, ok.stderr
     assert "[n_batch, n_Q, n_K] = [3, 4, 6]" in ok.stdout
     for bad in (["sdpa", "--nq", "0"], ["sdpa", "--nq", "abc"], ["sdpa", "--no-such-option"],
-                ["mha", "--d-feat", "10", "--heads", "3"]):
+                ["mha", "--d-feat", "10", "--heads", "3"], ["mha", "--d-feat", "10", "--heads", "3", "--json"]):
         failed = subprocess.run([*_installed_attnscope(), *bad], capture_output=True, text=True, timeout=120)
         assert failed.returncode == 2, (bad, failed.stderr)
-        assert failed.stdout == ""
+        assert failed.stdout == ""  # with --json too: docs/json.md, a refusal prints no object
         lines = unwrapped(failed.stderr).strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("attnscope: error:"), failed.stderr
 
