@@ -84,9 +84,25 @@ class TraceRun:
         return self.divergence is not None
 
 
+ONE_THREAD_ROWS = 64  # a run on at most this many rows (n_batch x tokens) of trace's own inputs: one torch thread
+
+
 def run_trace(o: TraceOptions) -> TraceRun:
-    """The run; for code that says a head count (usertrace/identity.py), read as splitting the heads itself unless
-    it reads, by its tensors, as taking them split already."""
+    """The run, on one torch thread where trace makes small inputs itself: its plans, reruns and experiments are
+    hundreds of small operations, where a second thread only adds hand-offs and, on a busy machine, waits for a
+    core (the trace tests' slowest style, 7.3-9.5 s on two threads against 5.5 s on one at a load of 8;
+    docs/performance.md, tensors/threads.py). Your code and the reference run on the same count, so they sum alike."""
+    from attnscope.tensors.threads import one_thread
+
+    given = o.q or o.k or o.v
+    rows = (o.batch or 2) * (max(o.nq or 0, o.nk or 0, 8) + o.cache)
+    with one_thread(not given and rows <= ONE_THREAD_ROWS):
+        return _run_both(o)
+
+
+def _run_both(o: TraceOptions) -> TraceRun:
+    """For code that says a head count (usertrace/identity.py), read as splitting the heads itself unless it reads,
+    by its tensors, as taking them split already."""
     split = _run_trace(o, True)
     if split.split_heads is None or (split.failure is None and split.no_reference is None and (
             split.divergence is None or split.divergence.experiment is not None)):

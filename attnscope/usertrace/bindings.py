@@ -9,6 +9,7 @@ Nothing of the user's is evaluated beyond plain attribute and constant-key looku
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,15 +26,10 @@ class Statements:
 
     def __init__(self, path: Path) -> None:
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-        except SyntaxError:  # already imported, so this cannot happen unless the file changed meanwhile
-            tree = ast.Module(body=[], type_ignores=[])
-        self._spans = sorted(
-            ((node.lineno, node.end_lineno or node.lineno, node) for node in ast.walk(tree)
-             if isinstance(node, ast.stmt) and not isinstance(node, COMPOUND)),
-            key=lambda s: s[1] - s[0],
-        )
-        self.lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            stat = path.stat()
+            self._spans, self.lines = _parsed(str(path), stat.st_mtime_ns, stat.st_size)
+        except OSError:  # gone since it was imported: no statements to name results by
+            self._spans, self.lines = (), ()
         self._bound: dict[int, tuple[tuple[str, ...], int] | None] = {}
 
     def at(self, line: int) -> ast.stmt | None:
@@ -53,6 +49,20 @@ class Statements:
 
     def source(self, line: int) -> str:
         return self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple[tuple[tuple[int, int, ast.stmt], ...], tuple[str, ...]]:
+    """The file's simple statements, narrowest first, and its lines: parsed once for each version of the file, where
+    trace's plans and experiments record the same code tens of times a run. The trees are only read."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:  # already imported, so this cannot happen unless the file changed meanwhile
+        tree = ast.Module(body=[], type_ignores=[])
+    spans = sorted(((node.lineno, node.end_lineno or node.lineno, node) for node in ast.walk(tree)
+                    if isinstance(node, ast.stmt) and not isinstance(node, COMPOUND)), key=lambda s: s[1] - s[0])
+    return tuple(spans), tuple(text.splitlines())
 
 
 def _bound(statement: ast.stmt | None) -> tuple[tuple[str, ...], int] | None:
