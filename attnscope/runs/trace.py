@@ -97,7 +97,35 @@ def run_trace(o: TraceOptions) -> TraceRun:
     given = o.q or o.k or o.v
     rows = (o.batch or 2) * (max(o.nq or 0, o.nk or 0, 8) + o.cache)
     with one_thread(not given and rows <= ONE_THREAD_ROWS):
-        return _run_both(o)
+        try:
+            return _run_both(o)
+        except _HeadsForCache as unknown:
+            return _heads_then_cache(o, unknown.name)
+
+
+class _HeadsForCache(Exception):
+    """A decode step asked of code whose head count only its run says: the cache, [.., n_kv_head, n_cache, d_head],
+    cannot be drawn before a run has read it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _heads_then_cache(o: TraceOptions, name: str) -> TraceRun:
+    """The code run without its cache first, as a prefill (every reading of trace's: time-first inputs, layouts),
+    its head count read from the queries it hands the scores; then the decode step with that count, as --heads would
+    give it (ChatGLM's SelfAttention keeps it as num_attention_heads_per_partition, which no rule reads)."""
+    prefill = _run_both(dataclasses.replace(o, cache=0))
+    heads = prefill.params.get("sizes", {}).get("n_head") if prefill.params else None
+    if prefill.failure is not None or not isinstance(heads, int):
+        raise UsageError(f"cannot tell how many heads {name} has, which the keys and values of --cache "
+                         f"{o.cache} are drawn with; pass --heads")
+    run = _run_both(dataclasses.replace(o, heads=heads))
+    run.notes.insert(min(1, len(run.notes)), f"n_head = {heads}, read from a run of your code without the cache (the "
+                     "queries it hands the scores), so that the cache of the decode step has its shape; nothing in "
+                     "the module says it (--heads does)")
+    return run
 
 
 def _run_both(o: TraceOptions) -> TraceRun:
@@ -373,6 +401,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
                              "holds one it writes the new keys and values into at their positions; "
                              f"{plan.signature} takes none, and a run wrote none")
         notes.append(heldcache.note(own_cache))
+    if o.cache and weighted is not None and shapes.n_head is None and o.heads is None:
+        raise _HeadsForCache(target.name)  # run_trace reads it from a run without the cache, then comes back
     (inputs, fed, called, convention), said = in_layouts(o, attempt(o))
     notes += [said] if said else []
     if called.failure is not None and module is not None and o.cache == 0 and not o.q:

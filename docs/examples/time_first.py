@@ -1,6 +1,6 @@
 """Attention that takes its inputs time-first, [T, B, C], traced in docs/trace.md ("Time-first inputs"): fairseq's
 MultiheadAttention (one in_proj_weight and its bias, heads folded into the batch [B·H, T, d_head] by bmm, an
-attn_mask [T, S] added in place), Megatron's core attention ([s, b, h], the heads [s, b, n, d], an einsum), and a
+attn_mask [T, S] added in place), Megatron's core attention ([s, b, h], the heads [s, b, n, d], an einsum), ChatGLM's decode step, and a
 function taking its weights and its head count with n_head·d_head ≠ d_model. `bug` plants a mistake.
 """
 
@@ -67,6 +67,36 @@ class MegatronAttention(nn.Module):
         probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
         context = torch.einsum("bnij,jbnd->ibnd", probs, v)  # [s, b, n, d]
         return self.dense(context.reshape(s, b, self.n * self.d))
+
+
+class ChatGLMAttention(nn.Module):
+    """ChatGLM2's SelfAttention, shrunk: [s, b, h], a fused query_key_value of multi-query groups, its counts under
+    names of its own, a decode step's cache (k, v) time-first [s, b, groups, d]."""
+
+    def __init__(self, hidden_size=32, num_attention_heads=4, multi_query_group_num=2, bug=None):
+        super().__init__()
+        self.np, self.g = num_attention_heads, multi_query_group_num
+        self.hn = hidden_size // num_attention_heads
+        self.query_key_value = nn.Linear(hidden_size, hidden_size + 2 * self.g * self.hn)
+        self.dense = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.bug = bug
+
+    def forward(self, hidden_states, kv_cache=None):
+        sq, b, _ = hidden_states.shape
+        q, k, v = self.query_key_value(hidden_states).split([self.np * self.hn, self.g * self.hn, self.g * self.hn], -1)
+        q, k, v = q.view(sq, b, self.np, self.hn), k.view(sq, b, self.g, self.hn), v.view(sq, b, self.g, self.hn)
+        if kv_cache is not None:
+            cache_k, cache_v = kv_cache
+            if self.bug == "cache_order":
+                k, v = torch.cat((k, cache_k), dim=0), torch.cat((v, cache_v), dim=0)  # the new keys first
+            else:
+                k, v = torch.cat((cache_k, k), dim=0), torch.cat((cache_v, v), dim=0)
+        k = k.repeat_interleave(self.np // self.g, dim=2)
+        v = v.repeat_interleave(self.np // self.g, dim=2)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, np, s, hn]
+        keep = torch.ones(sq, k.shape[2], dtype=torch.bool).tril(k.shape[2] - sq)  # the new rows after the cache
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return self.dense(context.permute(2, 0, 1, 3).reshape(sq, b, self.np * self.hn))
 
 
 def attention(x, W_q, W_k, W_v, W_o, n_head, d_head=10):
