@@ -1252,7 +1252,9 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
         if later or explained:
             if asked.qk_norm_gain is not None and rows is not None:
                 flag = f" (--qk-norm {kind} says so)" if rows.kind == "RMS" else ", with that gain"
-                again.notes.append(f"{rows.words(_after_rope(rows.record, lined))}: read as its own convention, "
+                after = rownorms.after_rope(rows.record, records, again.trace)
+                after = _after_rope(rows.record, lined) if after is None else after
+                again.notes.append(f"{rows.words(after)}: read as its own convention, "
                                    f"and the reference applies it too{flag}")
                 return asked, again
             over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"

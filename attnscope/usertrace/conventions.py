@@ -28,6 +28,7 @@ import torch
 # what the module declares (its rope_theta, rotary_pct, ...), read in one place with its softcap and scale
 from attnscope.usertrace.declared import own_base as own_base
 from attnscope.usertrace.declared import own_fraction as own_fraction
+from attnscope.usertrace.ropefreqs import pair_turns
 
 if TYPE_CHECKING:
     from attnscope.trace import Trace
@@ -107,6 +108,39 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
                             "attention is the same)")
             found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_start=start,
                                   rope_base=base, rope_sign=sign), said))
+    if base_free and not spec.fraction_from_module:  # a frequency table of the code's own, tried last
+        for source, mine, _ in _rotated(by_step, trace, records, every=True):
+            tables = _tables(spec, source, mine, pairings, fractions)
+            if tables:
+                found += tables
+                break
+    return found
+
+
+def _tables(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list[str],
+            fractions: list[float | None]) -> list[tuple[Spec, list[str]]]:
+    """Readings with each pair's frequency read from the rotated tensors (ropefreqs.py), where no base gives them:
+    under each pairing and rotated share, the code's direction with them."""
+    from attnscope.usertrace import ropefreqs
+
+    d, first = source.shape[-1], (spec.cache or 0) + spec.rope_start
+    found: list[tuple[Spec, list[str]]] = []
+    for pairing, fraction in ((p, f) for p in pairings for f in fractions):
+        width = int(d * fraction) if fraction else d
+        table = ropefreqs.read(source.double(), mine.double(), pairing, width, first)
+        if table is None or ropefreqs.is_base(table, float(spec.rope_base or DEFAULT_BASE), width):
+            continue
+        said = [table.words()]
+        if table.sign != spec.rope_sign:
+            said.append("each turns by −θ where the reference turns it by +θ (x1·cos + x2·sin, −x1·sin + x2·cos); "
+                        "q·k then depends on j − i instead of i − j, a relative position all the same"
+                        if table.sign == -1 else "each turns by +θ")
+        if pairing != spec.rope_pairing:
+            said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
+        if fraction != spec.rope_fraction:
+            said.append(f"it rotates the first {width} of each head's {d} coordinates and passes the rest through")
+        found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_sign=table.sign,
+                              rope_freqs=table.freqs), said))
     return found
 
 
@@ -114,7 +148,7 @@ def note(said: list[str], line: int | None, clean: bool = True) -> str:
     """The note of a convention the rerun confirmed: every step lines up under it (`clean`), or the divergence
     is met further on than without it (then it is read from the code, and the divergence is another matter)."""
     where = f" (line {line})" if line else ""
-    pairing = any("pairs" in s for s in said)
+    pairing = any("pairs RoPE's coordinates" in s for s in said)
     if not clean:
         return (f"RoPE as your code computes it{where}: " + "; ".join(said) + ". Read from your rotated tensors, and "
                 "the reference rotated so: the divergence below is another matter")
@@ -123,12 +157,12 @@ def note(said: list[str], line: int | None, clean: bool = True) -> str:
                 " (--rope-pairing asks for one pairing, and then checks it)" if pairing else ""))
 
 
-def _rotated(by_step: dict[str, Any], trace: Trace,
-             records: list[Record]) -> tuple[torch.Tensor, torch.Tensor, Any] | None:
+def _rotated(by_step: dict[str, Any], trace: Trace, records: list[Record], every: bool = False) -> Any:
     """The reference's unrotated tensor, the user's rotated one in the reference's layout, and its row, for the
     first of Q_rot, K_rot that differs: the user's tensor the row holds, else the one the code hands the scores
     (its left or right operand, or the kernel's q or k), where it is not the unrotated one (also where no tensor
-    of the code's lines up with the step: a decode step that rotates the joined keys makes no K_rot)."""
+    of the code's lines up with the step: a decode step that rotates the joined keys makes no K_rot). `every`: all
+    such tensors of that step, the one that keeps the head vectors' lengths first."""
     from attnscope.usertrace.align import Layout, layouts
     from attnscope.usertrace.flow import operands
 
@@ -161,7 +195,7 @@ def _rotated(by_step: dict[str, Any], trace: Trace,
         kept = next((found for found in differing if torch.allclose(
             found[1].norm(dim=-1), unrotated.norm(dim=-1), rtol=1e-4, atol=1e-5)), None)
         if kept is not None or differing:
-            return kept or differing[0]
+            return [kept, *differing] if every and kept is not None else differing if every else kept or differing[0]
     return None
 
 
@@ -177,15 +211,6 @@ def _rotated_share(source: torch.Tensor, mine: torch.Tensor, reference: torch.Te
     return last + last % 2
 
 
-def _pair_turns(source: torch.Tensor, mine: torch.Tensor, pairing: str, width: int, pair: int) -> torch.Tensor:
-    """The angle the code turned pair `pair` (of the first `width` coordinates) by at each position `[n]`."""
-    half = width // 2
-    a, b = (pair, pair + half) if pairing == "half-split" else (2 * pair, 2 * pair + 1)
-    x = torch.complex(source[..., a], source[..., b]).flatten(0, -2)  # [.., n]
-    u = torch.complex(mine[..., a], mine[..., b]).flatten(0, -2)
-    return torch.angle((u * x.conj()).sum(0))
-
-
 def _direction(source: torch.Tensor, mine: torch.Tensor, pairing: str, width: int, first: int, default: int) -> int:
     """+1 where the code turns each pair by +θ (transformers' x·cos + rotate_half(x)·sin), -1 by −θ (nanochat's
     x1·cos + x2·sin), read off the fastest pair, which turns one radian a position (any base): from one position
@@ -193,7 +218,7 @@ def _direction(source: torch.Tensor, mine: torch.Tensor, pairing: str, width: in
     `default` where neither fits better (a single query at 0)."""
     if width < 2:
         return default
-    turned = _pair_turns(source.double(), mine.double(), pairing, width, 0)  # [n]
+    turned = pair_turns(source.double(), mine.double(), pairing, width, 0)  # [n]
     if turned.shape[-1] > 1:
         turned, expected = turned[1:] - turned[:-1], torch.ones(turned.shape[-1] - 1, dtype=torch.float64)
     else:
@@ -216,7 +241,7 @@ def _first_position(source: torch.Tensor, mine: torch.Tensor, spec: Spec, pairin
     if width < 2 or spec.rope_base is None:
         return None
     pair = width // 2 - 1
-    turned = _pair_turns(source, mine, pairing, width, pair)  # [n]: the angle at each position
+    turned = pair_turns(source, mine, pairing, width, pair)  # [n]: the angle at each position
     frequency = spec.rope_base ** (-2 * pair / width)
     fitted = sign * float(turned[0]) / frequency
     if not math.isfinite(fitted) or abs(fitted - round(fitted)) > 0.05:

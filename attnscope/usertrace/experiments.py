@@ -118,25 +118,36 @@ def _query_scaled_first(b: Base) -> Iterator[Trial]:
     scales their scores again (fairseq's and OpenNMT's q · d_head^-0.5 handed to nn.MultiheadAttention): every
     query step the reference has, from the projection on, times the scale, and the scores scaled twice. Where the
     queries are normed (a norm takes a scale before it out again), those from the norm on (modded-nanogpt's
-    `norm(q) * attn_scale` handed to an attention that scales by it too)."""
+    `norm(q) * attn_scale` handed to an attention that scales by it too); and, after a norm, from any later query
+    step on (the rotated queries scaled just before the attention: the speedrun's `q * attn_scale` after RoPE)."""
     if math.isclose(b.scale, 1.0):
         return
-    steps = replay(b, q=b.q * b.scale)
+    replayed = replay(b, q=b.q * b.scale)
     queries = [name for name in b.order if name.startswith("Q") and name in b.ref]
+    starts = [0]
     if "Q_normed" in queries:
-        queries = queries[queries.index("Q_normed"):]
-    for name in queries:
-        steps.setdefault(name, b.ref[name] * b.scale)
+        first = queries.index("Q_normed")
+        starts = list(range(first, len(queries)))
+    for start in starts:
+        scaled = queries[start:]
+        steps = dict(replayed)
+        for name in scaled:
+            steps.setdefault(name, b.ref[name] * b.scale)
+        yield Trial(steps, f"the scores are scaled twice: {{who}} is the reference's queries already scaled "
+                    f"({_ours(b)}), and the attention then scales their scores again ({b.scale:.4g} · "
+                    f"{b.scale:.4g}); scale q once, or leave the scaling to the attention that does it",
+                    fits=_holds_scaled(steps, scaled))
 
-    def held_scaled(b: Base, r: Reproduced) -> bool:  # the code holds the scaled queries themselves
-        from attnscope.usertrace.rerun import record_holding
 
+def _holds_scaled(steps: dict[str, torch.Tensor], queries: list[str]) -> Callable[[Base, Reproduced], bool]:
+    """Whether the code holds the scaled queries themselves (one of `queries`' steps as `steps` has it)."""
+    from attnscope.usertrace.rerun import record_holding
+
+    def held(b: Base, r: Reproduced) -> bool:
         return any(record_holding(b.ctx.records, _back_row(b, steps[name]), None, "", b.sums) is not None
                    for name in queries)
 
-    yield Trial(steps, f"the scores are scaled twice: {{who}} is the reference's queries already scaled "
-                f"({_ours(b)}), and the attention then scales their scores again ({b.scale:.4g} · {b.scale:.4g}); "
-                "scale q once, or leave the scaling to the attention that does it", fits=held_scaled)
+    return held
 
 
 def _scale_half(b: Base) -> Iterator[Trial]:
@@ -667,7 +678,7 @@ def _swapped(b: Base) -> Iterator[Trial]:
                     "(the cached ones swapped as well)")
     plain_k = b.plain("K")
     if rope is not None and plain_k is not None:
-        rotated_v = _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, sign=rope.sign)
+        rotated_v = _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, sign=rope.sign, freqs=rope.freqs)
         yield Trial(replay(b, k_new=rotated_v, v_new=plain_k), words + ", each projected by the other's weights "
                     "and then rotated as the keys are")
 
@@ -822,7 +833,8 @@ def _split(b: Base) -> Iterator[Trial]:
         source = b.ref[feat] if b.kind == "module" else b.ref[feat].transpose(1, 2).contiguous()
         viewed = source.reshape(b.ref[split].shape)
         if rope is not None and role != "V":
-            turned = _rotate(viewed, rope.q_pos if role == "Q" else rope.k_pos, rope.base, rope.pairing, sign=rope.sign)
+            turned = _rotate(viewed, rope.q_pos if role == "Q" else rope.k_pos, rope.base, rope.pairing, sign=rope.sign,
+                           freqs=rope.freqs)
         else:
             turned = viewed
         wrong[role] = {change: turned, split: viewed}
@@ -865,6 +877,7 @@ class _Rope:
     k: torch.Tensor
     rotary: int | None = None  # the coordinates that turn (a fraction of d_head), None: all
     sign: int = 1  # -1: each pair turned by −θ (nanochat's), as the code was read to
+    freqs: tuple[float, ...] | None = None  # each pair's frequency, read from the code (ropefreqs.py); None: the base's
 
 
 def _rope(b: Base) -> _Rope | None:
@@ -881,26 +894,28 @@ def _rope(b: Base) -> _Rope | None:
     rotary = int(q.shape[-1] * fraction) if fraction else None
     first = int(getattr(spec, "rope_start", 0) or 0)
     sign = int(getattr(spec, "rope_sign", 1) or 1)
+    freqs = getattr(spec, "rope_freqs", None)
     n_K, n_Q, n_new = b.n_K, b.n_Q, int(k.shape[-2])
     q_pos = k_pos = None
     for start in dict.fromkeys((b.n_cache + first, n_K - n_Q + first, first, 0)):
         pos = torch.arange(start, start + n_Q)
-        if _near(_rotate(q, pos, spec.rope_base, pairing, rotary=rotary, sign=sign), b.ref["Q_rot"]):
+        if _near(_rotate(q, pos, spec.rope_base, pairing, rotary=rotary, sign=sign, freqs=freqs), b.ref["Q_rot"]):
             q_pos = pos
             break
     for start in dict.fromkeys((b.n_cache + first, first, 0)):
         pos = torch.arange(start, start + n_new)
-        if _near(_rotate(k, pos, spec.rope_base, pairing, rotary=rotary, sign=sign), b.ref["K_rot"]):
+        if _near(_rotate(k, pos, spec.rope_base, pairing, rotary=rotary, sign=sign, freqs=freqs), b.ref["K_rot"]):
             k_pos = pos
             break
     if q_pos is None or k_pos is None:
         return None
-    return _Rope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary, sign)
+    return _Rope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary, sign, freqs)
 
 
 def _turn(rope: _Rope) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """x `[.., n, d]` at `positions` rotated as the reference's RoPE turns them."""
-    return lambda x, positions: _rotate(x, positions, rope.base, rope.pairing, rotary=rope.rotary, sign=rope.sign)
+    return lambda x, positions: _rotate(x, positions, rope.base, rope.pairing, rotary=rope.rotary, sign=rope.sign,
+                                        freqs=rope.freqs)
 
 
 def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
@@ -910,16 +925,19 @@ def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str, table: str | None = None,
-            rotary: int | None = None, over: int | None = None, sign: int = 1) -> torch.Tensor:
+            rotary: int | None = None, over: int | None = None, sign: int = 1,
+            freqs: tuple[float, ...] | None = None) -> torch.Tensor:
     """x `[.., n, d]` rotated in float64: `pairing` "half" (rotate_half: i with i + r/2) or "interleaved" (2i with
     2i + 1); `table` how the angles are laid along the coordinates ("cat": (θ, θ) as transformers' `cat((freqs,
     freqs))`; "interleave": θ0, θ0, θ1, θ1, ... as `repeat_interleave(2)`), the pairing's own by default; only the
     first `rotary` coordinates rotated (GPT-NeoX's rotary_pct), the rest passed through; `over`: the width the
     frequencies are spread over (the rotated width, as GPT-NeoX's rotary_ndims, unless said); `sign` -1 turns each
-    pair by −θ (nanochat's)."""
+    pair by −θ (nanochat's); `freqs`: each pair's frequency, read from the code (ropefreqs.py), in place of the
+    base's."""
     x = x.double()
     r = x.shape[-1] if rotary is None else rotary
-    inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / (over or r))  # [r/2]
+    inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / (over or r)) if freqs is None \
+        else torch.tensor(freqs, dtype=torch.float64)  # [r/2]
     angle = sign * positions.double()[:, None] * inv_freq  # [n, r/2]
     table = table or ("cat" if pairing == "half" else "interleave")
     theta = torch.cat((angle, angle), -1) if table == "cat" else angle.repeat_interleave(2, -1)  # [n, r]
@@ -935,10 +953,11 @@ def _rotated(b: Base, rope: _Rope, q_pos: torch.Tensor | None = None, k_pos: tor
              base: float | None = None, pairing: str | None = None, table: str | None = None,
              rotary: int | None = None, over: int | None = None) -> dict[str, torch.Tensor]:
     """The reference run again with its queries and keys rotated another way (the rest as the reference's)."""
+    freqs = rope.freqs if base is None and rotary is None and over is None else None  # the code's own table
     base, pairing, rotary = base or rope.base, pairing or rope.pairing, rotary or rope.rotary
 
     def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return _rotate(x, positions, base, pairing, table, rotary, over, rope.sign)
+        return _rotate(x, positions, base, pairing, table, rotary, over, rope.sign, freqs)
 
     q = turn(rope.q, rope.q_pos if q_pos is None else q_pos)
     k_pos = rope.k_pos if k_pos is None else k_pos
@@ -1125,7 +1144,7 @@ def _on_values(b: Base) -> Iterator[Trial]:
                           start=int(rope.k_pos[0]) - b.n_cache, turn_values=True)
     else:
         steps = replay(b, v_new=_rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, rotary=rope.rotary,
-                                                sign=rope.sign))
+                                                sign=rope.sign, freqs=rope.freqs))
     yield Trial(steps,
                 "RoPE applied to the "
                 "values: {who} is what the reference computes with V rotated as the keys are; RoPE rotates only the "
@@ -1143,13 +1162,26 @@ def _not_applied(b: Base) -> Iterator[Trial]:
 
 
 def _untold(b: Base) -> Iterator[Trial]:
+    from attnscope.usertrace import ropefreqs
+
     spec = b.ctx.spec
-    if spec is None or spec.rope_base is not None or b.names["q"] not in ("Q_split", "Q") or b.col or b.d_head % 2:
+    if spec is None or spec.rope_base is not None or b.names["q"] not in ("Q_split", "Q", "Q_normed") or b.col \
+            or b.d_head % 2:
         return
-    if b.names["k"] not in ("K_split", "K"):
+    if b.names["k"] not in ("K_split", "K", "K_normed"):
         return
     q_pos = torch.arange(b.n_cache, b.n_cache + b.n_Q)
     k_pos = torch.arange(b.n_cache, b.n_cache + b.k_new.shape[-2])
+    read = ropefreqs.from_code(b.ctx.records, b.q, b.k_new, b.n_cache) if not b.n_cache else None
+    if read is not None:  # RoPE of the code's own frequencies, read from the queries and keys it hands its scores
+        table, pairing = read
+        turn = "half" if pairing == "half-split" else "interleaved"
+        hint = " --rope-pairing interleaved" if turn == "interleaved" else ""
+        yield Trial(replay(b, q=_rotate(b.q, q_pos, 10000.0, turn, sign=table.sign, freqs=table.freqs),
+                           k_new=_rotate(b.k_new, k_pos, 10000.0, turn, sign=table.sign, freqs=table.freqs)),
+                    f"your code rotates q and k by RoPE ({table.words()}; pairing {pairing}), which the reference "
+                    f"was not told of: {{who}} is what the reference computes so rotated; describe it with "
+                    f"--rope{hint} (its frequencies are then read from your code)")
     for pairing in ("half", "interleaved"):
         hint = " --rope-pairing interleaved" if pairing == "interleaved" else ""
         yield Trial(replay(b, q=_rotate(b.q, q_pos, 10000.0, pairing), k_new=_rotate(b.k_new, k_pos, 10000.0, pairing)),

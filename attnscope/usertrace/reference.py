@@ -79,6 +79,9 @@ class Spec:
     rope_fraction: float | None = None
     rope_start: int = 0
     rope_sign: int = 1  # -1: the code turns each pair by −θ (nanochat's x1·cos + x2·sin, −x1·sin + x2·cos)
+    # how fast each rotated pair turns, read from the code's rotated tensors where no base gives them (ropefreqs.py:
+    # the speedrun's half-truncated RoPE, a frequency schedule of its own); None: the base's, base^(-2i/d)
+    rope_freqs: tuple[float, ...] | None = None
     pairing_asked: bool = False
     base_from_module: bool = False  # rope_base is the module's own (its rope_theta), read where --rope-base said none
     fraction_from_module: bool = False  # rope_fraction is the module's config's (rotary_dim, partial_rotary_factor)
@@ -137,9 +140,9 @@ class Spec:
         """attnscope's Rope for the reference, None without RoPE."""
         if self.rope_base is None:
             return None
-        if self.rope_start or self.rope_sign != 1:
+        if self.rope_start or self.rope_sign != 1 or self.rope_freqs:
             return StartedRope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction,
-                               start=self.rope_start, sign=self.rope_sign)
+                               start=self.rope_start, sign=self.rope_sign, freqs=self.rope_freqs or ())
         return Rope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction)
 
     def describe(self) -> str:
@@ -160,6 +163,7 @@ class Spec:
     def _rope_more(self) -> str:
         more = [f"{self.rope_fraction:g} of each head" if self.rope_fraction else "",
                 f"positions from {self.rope_start}" if self.rope_start else "",
+                "its own frequencies" if self.rope_freqs else "",
                 "turned by −θ" if self.rope_sign == -1 else ""]
         return "".join(f", {m}" for m in more if m)
 
@@ -168,10 +172,23 @@ class Spec:
 class StartedRope(Rope):
     """RoPE as the code computes it: its first token at position `start` (code that counts positions from 1: every
     table is the default one shifted by `start` rows), each pair turned by `sign` · θ (-1: nanochat's
-    `x1 * cos + x2 * sin`, the sin table negated). Scores depend on i − j alone, so the attention is the same."""
+    `x1 * cos + x2 * sin`, the sin table negated). Scores depend on i − j alone, so the attention is the same.
+    `freqs`: how fast each pair turns, read from the code (ropefreqs.py), in place of the base's; () : the base's."""
 
     start: int = 0
     sign: int = 1
+    freqs: tuple[float, ...] = ()
+
+    def inv_freq(self, d_head: int, seq_len: int | None = None) -> torch.Tensor:
+        if not self.freqs:
+            return super().inv_freq(d_head, seq_len)
+        return torch.tensor(self.freqs, dtype=torch.float32)
+
+    def table_op(self, which: str, d_name: str, d_head: int, n_pos: int, first: int = 0) -> str:
+        if not self.freqs:
+            return super().table_op(which, d_name, d_head, n_pos, first)
+        freqs = ", ".join(f"{f:.4g}" for f in self.freqs)
+        return f"{which}(position · inv_freq), inv_freq = [{freqs}] (read from your rotated tensors)"
 
     def cos_sin(self, n_pos: int, d_head: int, dtype: torch.dtype, device: Any = None,
                 start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,6 +79,36 @@ def read(module: Any, records: list[Record], trace: Any) -> RowNorm | None:
     return RowNorm(over, 1.0 / math.sqrt(width) if unit else 1.0, eps, record, "unit" if unit else "RMS", eps_from)
 
 
+def after_rope(norm: Record, records: list[Record], trace: Any) -> bool | None:
+    """Whether the code normalizes after it rotates: some tensor of its before the norm already holds the rotated
+    queries, its head rows (each scaled to unit length, which a rotation and a weightless norm both keep) those of
+    the reference's Q_rot, in any layout; `trace` is the reference's run with the norm and the code's RoPE. None
+    without RoPE."""
+    from attnscope.usertrace.align import layouts
+
+    if trace is None or "Q_rot" not in trace:
+        return None
+    want = _unit_rows(trace["Q_rot"].double())
+    shape = tuple(want.shape)
+    for record in records:
+        tensor = record.tensor
+        if record.index >= norm.index or not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() \
+                or tensor.numel() != want.numel():
+            continue
+        for layout in layouts(shape, tuple(tensor.shape)):
+            try:
+                mine = _unit_rows(layout.undo(tensor, shape).double())
+            except RuntimeError:
+                continue
+            if torch.allclose(mine, want, atol=1e-4):
+                return True
+    return False
+
+
+def _unit_rows(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
 def _rows_rms(tensor: torch.Tensor) -> float | None:
     """The rows' one RMS over the last axis, None where the rows' lengths differ (or any is zero)."""
     rows = tensor.detach().double().reshape(-1, tensor.shape[-1])

@@ -1,0 +1,118 @@
+"""`attnscope trace` on RoPE whose frequencies no base gives (round 12b's modded-nanogpt), in styles of its own
+(tests/trace_styles_r13_freqs.py): each pair's frequency read from the rotated tensors (usertrace/ropefreqs.py), with
+the direction and the pairs that never turn, a note and exit 0; the mistakes beside it named by experiment; code that
+turns q and k differently is no convention; RoPE the reference was not told of is named with --rope's hint. Each
+correct style is checked against a float64 formula with SDPA, each plant shown to change the output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_trace_command import trace, user_module
+
+STYLES = str(Path(__file__).resolve().parent / "trace_styles_r13_freqs.py")
+styles = user_module(STYLES)
+
+
+def _turn(x, freqs, pairing, sign=1):
+    """x [b, h, n, d] float64, pair p turned by sign · position · freqs[p]: half-split (p, p + d/2) or interleaved."""
+    n, d = x.shape[-2], x.shape[-1]
+    angle = sign * torch.outer(torch.arange(n, dtype=torch.float64), freqs.double())  # [n, d/2]
+    cos, sin = angle.cos(), angle.sin()
+    if pairing == "half":
+        a, b = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
+
+
+def _heads(t, h):
+    b, n, _ = t.shape
+    return t.view(b, n, h, -1).transpose(1, 2)
+
+
+def _want(name, m, x):
+    """The style's output from a float64 formula: its weights, its frequency table written out here, SDPA."""
+    h = 4
+    if name == "TruncatedRope":
+        q, k, v = (_heads(F.linear(x, w.weight), h) for w in (m.c_q, m.c_k, m.c_v))
+        q, k = (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float64).eps) for t in (q, k))
+        freqs = torch.cat([(1 / 1024) ** torch.linspace(0, 1, 2, dtype=torch.float64), torch.zeros(2)])
+        q, k = _turn(q, freqs, "half", -1), _turn(k, freqs, "half", -1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.12)
+        return F.linear(y.transpose(1, 2).reshape(x.shape), m.c_proj.weight)
+    if name == "LinspaceComplex":
+        q = _heads(F.linear(x, m.wq.weight), 4)
+        k, v = (_heads(F.linear(x, w.weight), 2).repeat_interleave(2, dim=1) for w in (m.wk, m.wv))
+        freqs = 10000.0 ** -torch.linspace(0, 1, 4, dtype=torch.float64)
+        y = F.scaled_dot_product_attention(_turn(q, freqs, "interleaved"), _turn(k, freqs, "interleaved"), v,
+                                           is_causal=True)
+        return F.linear(y.transpose(1, 2).reshape(x.shape), m.wo.weight)
+    q, k, v = (_heads(lin(x), h) for lin in (m.q_proj, m.k_proj, m.v_proj))
+    inv = 10000.0 ** -(torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    freqs = torch.cat([inv[:3], torch.zeros(1, dtype=torch.float64)])
+    y = F.scaled_dot_product_attention(_turn(q, freqs, "half"), _turn(k, freqs, "half"), v)
+    return m.o_proj(y.transpose(1, 2).reshape(x.shape))
+
+
+STYLED = [("TruncatedRope", "scale_twice"), ("TruncatedRope", "off_by_one"), ("LinspaceComplex", "tiled"),
+          ("PRope", "kv_swapped")]
+
+
+@pytest.mark.parametrize(("name", "bug"), STYLED)
+def test_the_styles_are_their_formula_and_the_plants_change_them(name, bug):
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    m = getattr(styles, name)().double().eval()
+    with torch.no_grad():
+        want = _want(name, m, x)
+        assert (m(x) - want).abs().max() < 1e-5  # the styles make their tables in float32
+        wrong = getattr(styles, name)(bug=bug).double().eval()
+        wrong.load_state_dict(m.state_dict())
+        assert (wrong(x) - want).abs().max() > 1e-2
+        opposite = styles.Opposite().double().eval()
+        opposite.load_state_dict(styles.TruncatedRope().state_dict())
+        if name == "TruncatedRope":
+            assert (opposite(x) - want).abs().max() > 1e-2
+
+
+RUNS = [("TruncatedRope", ("--causal", "--scale", "0.12"), "2 rotated pairs", "2 of its 4 pairs do not turn"),
+        ("LinspaceComplex", ("--causal",), "4 rotated pairs", "interleaved"),
+        ("PRope", (), "3 rotated pairs", "1 of its 4 pairs do not turn")]
+
+
+@pytest.mark.parametrize(("name", "options", "pairs", "also"), RUNS)
+def test_frequencies_no_base_gives_are_read_from_the_rotated_tensors(runner, name, options, pairs, also):
+    result, out = trace(runner, f"{STYLES}:{name}", "--rope", *options)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    said = [n for n in out["notes"] if n.startswith("RoPE as your code computes it")]
+    assert said and f"it turns its {pairs} at frequencies of its own" in said[0] and also in said[0], out["notes"]
+    assert "A convention, not a mistake" in said[0]
+
+
+PLANTS = [("TruncatedRope", ("--causal", "--scale", "0.12"), "scale_twice", "scale.twice"),
+          ("TruncatedRope", ("--causal", "--scale", "0.12"), "off_by_one", "mask.off_by_one"),
+          ("LinspaceComplex", ("--causal",), "tiled", "gqa.tiled"),
+          ("PRope", (), "kv_swapped", "kv.swapped")]
+
+
+@pytest.mark.parametrize(("name", "options", "bug", "cause"), PLANTS)
+def test_mistakes_beside_a_table_of_its_own_are_named_by_experiment(runner, name, options, bug, cause):
+    result, out = trace(runner, f"{STYLES}:{name}", "--rope", *options, "--init", f"bug='{bug}'")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == cause, out["first_divergence"]
+
+
+def test_q_and_k_turned_opposite_ways_is_no_convention(runner):
+    result, out = trace(runner, f"{STYLES}:Opposite", "--rope", "--causal", "--scale", "0.12")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["reference"] in ("Q_rot", "K_rot", "scores"), out["first_divergence"]
+
+
+def test_a_table_of_its_own_without_rope_is_named_with_the_flag(runner):
+    result, out = trace(runner, f"{STYLES}:PRope")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == "rope.untold", out["first_divergence"]
+    assert "describe it with --rope" in out["first_divergence"]["diagnosis"]
