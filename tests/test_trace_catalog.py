@@ -233,6 +233,11 @@ MERGE = {"bert": ("y.permute(0, 2, 1, 3).contiguous().view(B, T, C)", "y.contigu
          "fused": ("y.transpose(1, 2).contiguous().view(B, T, C)", "y.contiguous().view(B, T, C)"),
          "diffusers": ("t.reshape(BH // self.heads, self.heads, T, D).permute(0, 2, 1, 3).reshape",
                        "t.reshape")}
+# heads.merge_wrong_permute: x_raw permuted another way before the merge's view (einops' 'b h n d -> b n (d h)')
+PERMUTED = {"bert": (MERGE["bert"][0], "y.permute(0, 2, 3, 1).contiguous().view(B, T, C)"),
+            "fused": (MERGE["fused"][0], "y.transpose(-1, -2).contiguous().view(B, T, C)"),
+            "diffusers": (MERGE["diffusers"][0], "t.reshape(BH // self.heads, self.heads, T, D).permute(0, 2, 3, 1)"
+                                                 ".reshape")}
 ROPE = "pass  # ROPE"
 SCORES = "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # SCORES"
 BIAS, AFTER = "pass  # BIAS", "pass  # AFTER"
@@ -290,6 +295,7 @@ PLANTS: dict[str, tuple[tuple[str, ...], tuple[list[tuple[str, str]], tuple[str,
                         [(REP[0], "G = q.shape[-3] // k.shape[-3]"), (REP[1], "pass"), *GROUPED[2:]]),
     "heads.split_without_permute": (MODULES, ([], CAUSAL), []),
     "heads.merge_without_transpose": (MODULES, ([], CAUSAL), []),
+    "heads.merge_wrong_permute": (MODULES, ([], CAUSAL), []),
     "rope.pairing": (("bert", "diffusers", "function"), ([ROTATED], ("--causal", "--rope")),
                      [(ROTATED[1], 'q, k = rope(q, P, table="il"), rope(k, P, table="il")')]),
     "rope.positions": (MODULES, ([ROTATED], (*DECODE, "--rope")), [(ROTATED[1], "q, k = rope(q, 0), rope(k, 0)")]),
@@ -333,6 +339,8 @@ def planted(entry: str, style: str) -> list[tuple[str, str]]:
         return [SPLIT[style]]
     if entry == "heads.merge_without_transpose":
         return [MERGE[style]]
+    if entry == "heads.merge_wrong_permute":
+        return [PERMUTED[style]]
     return PLANTS[entry][2]
 
 

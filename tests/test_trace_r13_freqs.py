@@ -116,3 +116,103 @@ def test_a_table_of_its_own_without_rope_is_named_with_the_flag(runner):
     assert result.exit_code == 1, result.stdout + result.stderr
     assert out["first_divergence"]["experiment"] == "rope.untold", out["first_divergence"]
     assert "describe it with --rope" in out["first_divergence"]["diagnosis"]
+
+
+# --- a fused projection's output reshaped straight to heads, then split -----------------------------------------
+
+
+def _rotate_half_ref(x):  # [b, h, n, d] float64, pairs (i, i + d/2), base 10000
+    d = x.shape[-1]
+    return _turn(x, 10000.0 ** -(torch.arange(0, d, 2, dtype=torch.float64) / d), "half")
+
+
+def _rms(t, g):
+    return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * g
+
+
+def _fused_want(name, m, x):
+    """The style's output from a float64 formula: the fused weight's rows split in thirds (by head counts), SDPA."""
+    if name == "ElmSplit":
+        w = m.qkv_proj.weight
+        q, k, v = (_heads(F.linear(x, part), n) for part, n in zip(w.split([32, 16, 16]), (4, 2, 2), strict=True))
+        q, k = _rotate_half_ref(_rms(q, m.q_norm.weight)), _rotate_half_ref(_rms(k, m.k_norm.weight))
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(y.transpose(1, 2).reshape(x.shape), m.out_proj.weight)
+    lin = m.c_attn if name == "GptFused" else m.qkv
+    q, k, v = (_heads(F.linear(x, w, b), 4) for w, b in zip(lin.weight.chunk(3), lin.bias.chunk(3), strict=True))
+    if name == "TimmNormed":
+        q, k = m.q_norm(q), m.k_norm(k)
+    y = F.scaled_dot_product_attention(q, k, v)
+    out = m.c_proj if name == "GptFused" else m.proj
+    return out(y.transpose(1, 2).reshape(x.shape))
+
+
+FUSED = [("ElmSplit", ("--rope", "--causal")), ("GptFused", ()), ("TimmNormed", ())]
+
+
+@pytest.mark.parametrize(("name", "options"), FUSED)
+def test_the_fused_styles_are_their_formula_and_the_straight_reshape_changes_them(name, options):
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    m = getattr(styles, name)().double().eval()
+    with torch.no_grad():
+        want = _fused_want(name, m, x)
+        assert (m(x) - want).abs().max() < 1e-5
+        wrong = getattr(styles, name)(bug="straight").double().eval()
+        wrong.load_state_dict(m.state_dict())
+        assert (wrong(x) - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(("name", "options"), FUSED)
+def test_a_fused_output_split_without_the_transpose_is_named_by_experiment(runner, name, options):
+    result, out = trace(runner, f"{STYLES}:{name}", *options)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    result, out = trace(runner, f"{STYLES}:{name}", *options, "--init", "bug='straight'")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == "heads.split_without_permute", out["first_divergence"]
+    assert "fused projection's output" in out["first_divergence"]["diagnosis"]
+
+
+# --- heads merged after another permute than (0, 2, 1, 3) -------------------------------------------------------
+
+MERGES = [("VitMerge", (), "d_h", (0, 2, 3, 1)), ("SdpaMerge", ("--causal",), "swap_last", (0, 1, 3, 2)),
+          ("EinsumMerge", (), "d_h", (0, 2, 3, 1))]
+
+
+def _merge_want(name, m, x, order):
+    """The style's output from a float64 formula (SDPA), its heads merged after `order` (None: (0, 2, 1, 3))."""
+    b, n, d = x.shape
+    if name == "VitMerge":
+        q, k, v = (_heads(t, 4) for t in F.linear(x, m.to_qkv.weight).chunk(3, -1))
+        out = m.to_out[0]
+    elif name == "SdpaMerge":
+        q, k, v = (_heads(p(x), 4) for p in (m.q_proj, m.k_proj, m.v_proj))
+        out = m.out_proj
+    else:
+        q, k, v = (_heads(F.linear(x, w.weight), 4) for w in (m.wq, m.wk, m.wv))
+        out = m.wo
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=name == "SdpaMerge")  # [b, h, n, d_head]
+    return out(y.permute(order or (0, 2, 1, 3)).reshape(b, n, d))
+
+
+@pytest.mark.parametrize(("name", "options", "bug", "order"), MERGES)
+def test_the_merge_styles_are_sdpa_and_the_wrong_permute_is_what_the_plant_computes(name, options, bug, order):
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    m = getattr(styles, name)().double().eval()
+    with torch.no_grad():
+        want = _merge_want(name, m, x, None)
+        assert (m(x) - want).abs().max() < 1e-10
+        wrong = getattr(styles, name)(bug=bug).double().eval()
+        wrong.load_state_dict(m.state_dict())
+        assert (wrong(x) - want).abs().max() > 1e-2
+        assert (wrong(x) - _merge_want(name, m, x, order)).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize(("name", "options", "bug", "order"), MERGES)
+def test_heads_merged_after_a_wrong_permute_are_named_by_experiment(runner, name, options, bug, order):
+    result, out = trace(runner, f"{STYLES}:{name}", *options)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    result, out = trace(runner, f"{STYLES}:{name}", *options, "--init", f"bug='{bug}'")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == "heads.merge_wrong_permute", out["first_divergence"]
+    assert f"permuted {order}" in out["first_divergence"]["diagnosis"]

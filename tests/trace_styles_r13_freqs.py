@@ -164,3 +164,151 @@ class Opposite(TruncatedRope):
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                            scale=self.scale)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, self.h * self.d))
+
+
+# --- a fused projection's output reshaped straight to heads, then split ---------------------------------------
+# - `ElmSplit`: OpenELM's qkv_proj [b, s, (q + 2k)·d] reshaped [b, s, q + 2k, d], transposed, split by head counts,
+#   q/k RMSNorm with weights, RoPE (rotate_half), repeat_interleave, SDPA causal; bug "straight" reshapes to
+#   [b, q + 2k, s, d] with no transpose.
+# - `GptFused`: nanoGPT-like c_attn [b, s, 3·d] viewed [b, s, 3h, d], transposed, chunk(3, dim=1); bug "straight".
+# - `TimmNormed`: timm's Attention with qk_norm=True (nn.LayerNorm(head_dim)): qkv.reshape(B, N, 3, H, D)
+#   .permute(2, 0, 3, 1, 4).unbind(0); bug "straight" reshapes to (B, 3, H, N, D) and unbinds axis 1.
+
+
+class HeadRms(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class ElmSplit(nn.Module):
+    def __init__(self, model_dim=32, head_dim=8, q_heads=4, kv_heads=2, bug=None):
+        super().__init__()
+        self.d, self.hq, self.hk, self.bug = head_dim, q_heads, kv_heads, bug
+        self.qkv_proj = nn.Linear(model_dim, (q_heads + 2 * kv_heads) * head_dim, bias=False)
+        self.q_norm, self.k_norm = HeadRms(head_dim), HeadRms(head_dim)
+        self.out_proj = nn.Linear(q_heads * head_dim, model_dim, bias=False)
+        _trained(self, 34)
+
+    def forward(self, hidden_states):
+        b, s, _ = hidden_states.shape
+        qkv = self.qkv_proj(hidden_states)
+        if self.bug == "straight":
+            qkv = qkv.reshape(b, self.hq + 2 * self.hk, s, self.d)
+        else:
+            qkv = qkv.reshape(b, s, self.hq + 2 * self.hk, self.d).transpose(1, 2)
+        queries, keys, values = qkv.split([self.hq, self.hk, self.hk], dim=1)
+        queries, keys = self.q_norm(queries), self.k_norm(keys)
+        inv = 1.0 / (10000 ** (torch.arange(0, self.d, 2, dtype=torch.float32) / self.d))
+        emb = torch.outer(torch.arange(s, dtype=torch.float32), inv)
+        emb = torch.cat((emb, emb), -1)
+        queries = queries * emb.cos() + _rotate_half(queries) * emb.sin()
+        keys = keys * emb.cos() + _rotate_half(keys) * emb.sin()
+        keys = keys.repeat_interleave(self.hq // self.hk, dim=1)
+        values = values.repeat_interleave(self.hq // self.hk, dim=1)
+        out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True)
+        return self.out_proj(out.transpose(1, 2).reshape(b, s, self.hq * self.d))
+
+
+class GptFused(nn.Module):
+    def __init__(self, n_embd=32, n_head=4, bug=None):
+        super().__init__()
+        self.n_head, self.bug = n_head, bug
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        _trained(self, 35)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        qkv = self.c_attn(x)
+        if self.bug == "straight":
+            qkv = qkv.view(B, 3 * self.n_head, T, C // self.n_head)
+        else:
+            qkv = qkv.view(B, T, 3 * self.n_head, C // self.n_head).transpose(1, 2)
+        q, k, v = qkv.chunk(3, dim=1)
+        att = F.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1))), dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class TimmNormed(nn.Module):
+    def __init__(self, dim=32, num_heads=4, bug=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.bug = num_heads, dim // num_heads, bug
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=True)
+        self.q_norm, self.k_norm = nn.LayerNorm(self.head_dim), nn.LayerNorm(self.head_dim)
+        self.proj = nn.Linear(dim, dim)
+        _trained(self, 36)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        if self.bug == "straight":
+            q, k, v = self.qkv(x).reshape(B, 3, self.num_heads, N, self.head_dim).unbind(1)
+        else:
+            q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj(x)
+
+
+# --- heads merged after another permute than (0, 2, 1, 3) -------------------------------------------------------
+# - `VitMerge`: vit-pytorch's Attention (to_qkv chunk(3), matmul · scale, nn.Softmax, to_out); bug "d_h" merges
+#   as einops' 'b h n d -> b n (d h)' (permute(0, 2, 3, 1)).
+# - `SdpaMerge`: separate projections, SDPA; bug "swap_last" merges x.transpose(-1, -2).reshape(b, n, -1).
+# - `EinsumMerge`: einsum scores and output; bug "d_h" merges with einsum('bhnd->bndh').
+
+
+class VitMerge(nn.Module):
+    def __init__(self, dim=32, heads=4, dim_head=8, bug=None):
+        super().__init__()
+        self.heads, self.scale, self.bug = heads, dim_head ** -0.5, bug
+        self.attend = nn.Softmax(dim=-1)
+        self.to_qkv = nn.Linear(dim, heads * dim_head * 3, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(0.0))
+        _trained(self, 37)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, self.heads, -1).permute(0, 2, 1, 3) for t in self.to_qkv(x).chunk(3, dim=-1))
+        attn = self.attend(torch.matmul(q, k.transpose(-1, -2)) * self.scale)
+        out = torch.matmul(attn, v)
+        out = out.permute(0, 2, 3, 1) if self.bug == "d_h" else out.permute(0, 2, 1, 3)
+        return self.to_out(out.reshape(b, n, -1))
+
+
+class SdpaMerge(nn.Module):
+    def __init__(self, d_model=32, n_head=4, bug=None):
+        super().__init__()
+        self.n_head, self.bug = n_head, bug
+        self.q_proj, self.k_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.v_proj, self.out_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        _trained(self, 38)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (p(x).view(b, n, self.n_head, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(-1, -2) if self.bug == "swap_last" else y.transpose(1, 2)
+        return self.out_proj(y.reshape(b, n, d))
+
+
+class EinsumMerge(nn.Module):
+    def __init__(self, dim=32, heads=4, bug=None):
+        super().__init__()
+        self.h, self.bug = heads, bug
+        self.wq, self.wk, self.wv = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.wo = nn.Linear(dim, dim, bias=False)
+        _trained(self, 39)
+
+    def forward(self, x):
+        b, n, dim = x.shape
+        q, k, v = (w(x).view(b, n, self.h, dim // self.h) for w in (self.wq, self.wk, self.wv))
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dim // self.h)
+        out = torch.einsum("bhqk,bkhd->bhqd", scores.softmax(-1), v)
+        out = torch.einsum("bhqd->bqdh", out) if self.bug == "d_h" else torch.einsum("bhqd->bqhd", out)
+        return self.wo(out.reshape(b, n, dim))

@@ -62,7 +62,9 @@ FIRST = {"scale": ("scores", "Q_feat", "Q_split", "Q_rot", "Q"),
          "cache": ("K_cat", "V_cat"),
          "grouped-query": ("K_rep", "V_rep", "scores"), "RoPE": ("Q_split", "K_split", "Q_rot", "K_rot", "scores"),
          "ALiBi": ("biased_scores",), "T5 bias": ("biased_scores",), "precision": ("scores",),
-         "dropout": ("attention",), "heads": ("Q_split", "K_split", "V_split", "x_rsh2")}
+         "dropout": ("attention",), "heads": ("Q_split", "K_split", "V_split", "x_rsh2", "Q_feat", "K_feat", "V_feat")}
+# (a fused projection's heads split wrongly: the first tensor of the code's that holds Q_feat apart is the split one,
+# usertrace/fusedsplit.py)
 # Where the code joins its cache before RoPE (rerun.Base.raw_keys), the join's mistakes change the rotated keys too
 JOINED_FIRST = {"cache": ("K_rot",)}
 
@@ -780,6 +782,32 @@ def _merge(b: Base) -> Iterator[Trial]:
                         "view")
 
 
+def _merge_permuted(b: Base) -> Iterator[Trial]:
+    """x_raw `[n_batch, n_head, n_Q, d_head]` permuted another way than (0, 2, 1, 3) before the view to `[n_batch,
+    n_Q, d_feat]` (einops' `'b h n d -> b n (d h)'`: the head index the fastest), the output projection reading it
+    so."""
+    if "x_rsh2" not in b.ref or "x_raw" not in b.ref or b.ref["x_raw"].dim() != 4 or b.col:
+        return
+    dims = ("n_batch", "n_head", "n_Q", "d_head")
+    for order in ((0, 2, 3, 1), (0, 1, 3, 2), (0, 3, 1, 2), (0, 3, 2, 1)):
+        steps = replay(b)
+        x_raw = steps.get("x_raw")
+        if x_raw is None or x_raw.dim() != 4:
+            return
+        n_batch, n_head, n_Q, d = x_raw.shape
+        merged = x_raw.permute(order).reshape(n_batch, n_Q, n_head * d)
+        steps.pop("x_rsh1", None)
+        steps["x_rsh2"] = merged
+        if "x" in steps and b.w_o is not None:
+            steps["x"] = torch.nn.functional.linear(merged, *b.w_o)
+        became = ", ".join(dims[a] for a in order)
+        yield Trial(steps, f"heads merged with the wrong permute: {{who}} is what the reference computes with x_raw "
+                    f"[n_batch, n_head, n_Q, d_head] permuted {order} to [{became}], then viewed as [n_batch, n_Q, "
+                    "d_feat], so each row holds the heads' features in another order than the output projection "
+                    "reads; .permute(0, 2, 1, 3) (or .transpose(1, 2), einops' 'b h n d -> b n (h d)') gives "
+                    "[n_batch, n_Q, n_head, d_head], then .reshape")
+
+
 def _returned_merge(b: Base) -> Iterator[Trial]:
     """What a call returns, where it is the divergence (lineup._return_differs): the last step as the code holds it
     (`attn @ v`, [n_batch·n_head, n_Q, d_V] say) reshaped straight into the returned tensor's shape, the heads never
@@ -822,6 +850,15 @@ def _split(b: Base) -> Iterator[Trial]:
     if b.kind != "module" and b.ctx.layout != "bthd":
         return
     rope = _rope(b)
+    if b.kind == "module":  # a fused projection's output reshaped straight, then split (usertrace/fusedsplit.py)
+        from attnscope.usertrace import fusedsplit
+
+        def turn(x: torch.Tensor, role: str) -> torch.Tensor:
+            assert rope is not None
+            return _turn(rope)(x, rope.q_pos if role == "Q" else rope.k_pos)
+
+        for steps, words in fusedsplit.trials(b, turn if rope is not None else None):
+            yield Trial(steps, words)
     wrong: dict[str, dict[str, torch.Tensor]] = {}  # role -> the replay's change, and the split itself
     for role, change, name in (("Q", "q", "Q_rot"), ("K", "k_new", "K_rot"), ("V", "v_new", "")):
         feat, split = (f"{role}_feat", f"{role}_split") if b.kind == "module" else (role, role)
@@ -1536,5 +1573,7 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("mask.upper_left", "mask", "is_causal=True (upper-left) in a decode step", _upper_left),
     Experiment("softmax.axis", "softmax", "the softmax over another axis than the keys", _softmax_axis),
     Experiment("heads.merge_without_transpose", "heads", "heads merged by a view before the permute", _merge),
+    Experiment("heads.merge_wrong_permute", "heads", "heads merged after another permute than (0, 2, 1, 3)",
+               _merge_permuted),
     Experiment("dropout.left_on", "dropout", "dropout active in eval() mode", _dropout),
 )
