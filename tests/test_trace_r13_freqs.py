@@ -216,3 +216,11 @@ def test_heads_merged_after_a_wrong_permute_are_named_by_experiment(runner, name
     assert result.exit_code == 1, result.stdout + result.stderr
     assert out["first_divergence"]["experiment"] == "heads.merge_wrong_permute", out["first_divergence"]
     assert f"permuted {order}" in out["first_divergence"]["diagnosis"]
+
+
+def test_a_mistake_beside_rope_untold_says_to_describe_the_rope_first(runner):
+    result, out = trace(runner, f"{STYLES}:TruncatedRope", "--causal", "--scale", "0.12", "--init", "bug='off_by_one'")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    said = out["first_divergence"]["diagnosis"]
+    assert said.startswith("your code rotates q and k by RoPE, which the reference was not told of"), said
+    assert "describe the RoPE with --rope" in said and "2 of its 4 pairs do not turn" in said

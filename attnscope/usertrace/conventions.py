@@ -125,8 +125,10 @@ def _tables(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list
 
     d, first = source.shape[-1], (spec.cache or 0) + spec.rope_start
     found: list[tuple[Spec, list[str]]] = []
-    for pairing, fraction in ((p, f) for p in pairings for f in fractions):
-        width = int(d * fraction) if fraction else d
+    # over the whole head only: a share of it turning at frequencies of another width is rope.fraction's mistake
+    # (GPT-NeoX's inv_freq spread over the head while rotary_ndims turn), never a table of the code's own
+    for pairing, fraction in ((p, f) for p in pairings for f in fractions if not f or f == 1):
+        width = d
         table = ropefreqs.read(source.double(), mine.double(), pairing, width, first)
         if table is None or ropefreqs.is_base(table, float(spec.rope_base or DEFAULT_BASE), width):
             continue
@@ -137,8 +139,6 @@ def _tables(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list
                         if table.sign == -1 else "each turns by +θ")
         if pairing != spec.rope_pairing:
             said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
-        if fraction != spec.rope_fraction:
-            said.append(f"it rotates the first {width} of each head's {d} coordinates and passes the rest through")
         found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_sign=table.sign,
                               rope_freqs=table.freqs), said))
     return found

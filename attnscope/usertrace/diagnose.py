@@ -74,7 +74,7 @@ def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
         split_without_transpose,
     )
     from attnscope.usertrace.maskcauses import alibi, wrong_mask
-    from attnscope.usertrace.rotary import after_repeat, diagnose_rope, not_rotated, on_values
+    from attnscope.usertrace.rotary import after_repeat, diagnose_rope, not_rotated, on_values, untold
 
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
@@ -84,7 +84,7 @@ def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
         if found is not None:
             return found
     checks = (float16_overflow, _missing_bias, _dropout, kernel_dropout, qk_norm, diagnose_rope, not_rotated,
-              repeat_order, own_mask, _mask_inverted, _mask_ignored, _softmax_axis, _ratio)
+              repeat_order, own_mask, _mask_inverted, _mask_ignored, _softmax_axis, _ratio, untold)
     for check in checks:
         for near in ranked[:1] if check in (_dropout, kernel_dropout) else ranked:
             found = check(step, ctx, near)

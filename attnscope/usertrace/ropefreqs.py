@@ -76,17 +76,16 @@ def read(source: torch.Tensor, mine: torch.Tensor, pairing: str, width: int, fir
 
 def from_code(records: list[Any], q: torch.Tensor, k: torch.Tensor, first: int) -> tuple[Table, str] | None:
     """The table and pairing under which the queries and keys the code hands its scores (its operands, in any
-    layout) are the reference's unrotated `q` and `k` (`[.., n, d]`) rotated, both alike, the first at `first`;
-    None where they are not so (not rotated, or rotated otherwise)."""
+    layout, each head row perhaps scaled: a norm or a scale keeps the angles) are the reference's unrotated `q` and
+    `k` (`[.., n, d]`) rotated, both alike, the first at `first`; None where they are not so."""
     from attnscope.usertrace.flow import operands
 
     handed = operands(records)
     if handed is None:
         return None
-    mine = [_as(records[handed[0]].tensor, q), _as(records[handed[1]].tensor, k)]
     for pairing in ("half-split", "interleaved"):
-        tables = [read(x.double(), m, pairing, x.shape[-1], first) if m is not None else None
-                  for x, m in zip((q, k), mine, strict=True)]
+        tables = [_read_any(records[index].tensor, x, pairing, first) for index, x in zip(handed[:2], (q, k),
+                                                                                          strict=True)]
         if tables[0] is not None and tables[1] is not None and tables[0].sign == tables[1].sign \
                 and all(math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-6)
                         for a, b in zip(tables[0].freqs, tables[1].freqs, strict=True)):
@@ -94,9 +93,8 @@ def from_code(records: list[Any], q: torch.Tensor, k: torch.Tensor, first: int) 
     return None
 
 
-def _as(tensor: Any, reference: torch.Tensor) -> torch.Tensor | None:
-    """The code's tensor laid out as the reference's (the first layout whose head vectors keep their lengths: a
-    rotation keeps them), float64; None where none."""
+def _read_any(tensor: Any, reference: torch.Tensor, pairing: str, first: int) -> Table | None:
+    """The table read from the code's tensor in the first layout of the reference's shape that gives one."""
     from attnscope.usertrace.align import layouts
 
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
@@ -107,8 +105,9 @@ def _as(tensor: Any, reference: torch.Tensor) -> torch.Tensor | None:
             mine = layout.undo(tensor, shape).double()
         except RuntimeError:
             continue
-        if torch.allclose(mine.norm(dim=-1), reference.double().norm(dim=-1), rtol=1e-4, atol=1e-5):
-            return mine
+        table = read(reference.double(), mine, pairing, shape[-1], first)
+        if table is not None:
+            return table
     return None
 
 

@@ -99,6 +99,29 @@ def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None
                      f"{ctx.spec.rope_base:g})", near.record)
 
 
+def untold(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
+    """At the scores and after, where no cause fits and the reference has no RoPE: the code hands its scores queries
+    and keys rotated by a RoPE (any frequencies, ropefreqs.py) that the reference was not told of; something else
+    differs too (rope.untold's rerun would give them back otherwise)."""
+    from attnscope.usertrace import ropefreqs
+
+    if near is None or step not in ("scores", "masked_scores", "attention", "x_raw") or ctx.spec is None \
+            or ctx.spec.rope_base is not None or "scores" not in ctx.reference:
+        return None
+    q = next((ctx.reference[s] for s in ("Q_split", "Q") if s in ctx.reference), None)
+    k = next((ctx.reference[s] for s in ("K_split", "K") if s in ctx.reference), None)
+    if q is None or k is None or q.dim() < 2 or q.shape[-1] % 2:
+        return None
+    read = ropefreqs.from_code(ctx.records, q, k, ctx.spec.cache)
+    if read is None:
+        return None
+    table, pairing = read
+    hint = " --rope-pairing interleaved" if pairing == "interleaved" else ""
+    return Diagnosis(f"your code rotates q and k by RoPE, which the reference was not told of ({table.words()}; "
+                     f"pairing {pairing}), and something else differs as well: describe the RoPE with --rope{hint} "
+                     "(its frequencies are then read from your code), and trace names what is left", near.record)
+
+
 def on_values(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     """A whole cause, at the values and after: some user tensor is the reference's values rotated."""
     if ctx.spec is None or ctx.spec.rope_base is None or step in ("Q_feat", "K_feat", "V_feat", "Q_rot", "K_rot"):
