@@ -53,14 +53,20 @@ def early(lined: LineUp) -> bool:
 
 def better(tried: LineUp, first: LineUp) -> bool:
     """Whether the time-first reading `tried` is the code's: it lines up whole, or only under it does an experiment of
-    the catalog reproduce the code's tensors. A later divergence alone is no reason: batch-first code whose heads are
-    split without the transpose computes, fed time-first, what correct time-first code computes up to its scores."""
+    the catalog reproduce the code's tensors, or it lines up past the scores where the batch-first run did not reach
+    them. A later divergence before the scores is no reason: batch-first code whose heads are split without the
+    transpose computes, fed time-first, what correct time-first code computes up to its scores."""
     if tried.no_reference is not None:
         return False
     if tried.divergence is None:
         return True
-    return first.divergence is not None and tried.divergence.experiment is not None \
-        and first.divergence.experiment is None
+    if first.divergence is None or first.divergence.experiment is not None:
+        return False
+    # a cause the catalog reproduces only under it; or every step up to the scores lined up under it, where the
+    # batch-first run parted before them (ChatGLM's time-first code masking by itself, run without --causal: its
+    # scores line up, its softmax is the reference's under a causal mask)
+    return tried.divergence.experiment is not None or (
+        first.divergence.reference in BEFORE_MIXING and tried.divergence.reference not in BEFORE_MIXING)
 
 
 def note(failed: Failure | None, weighted: bool, layout: str = "time") -> str:
