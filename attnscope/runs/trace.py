@@ -618,6 +618,9 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             if tuned is not None:  # Llama 4's temperature tuning, declared by the module: its convention
                 spec, lined = tuned
         run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
+        if lined.joint:  # streams joined along the tokens: one attention over all of them, whatever the inputs' kinds
+            run.header[1] = run.header[1].replace(": cross-attention,", ": joint attention,", 1).replace(
+                ": self-attention,", ": joint attention,", 1)
         if lined.trace is not None and "attention" in lined.trace:  # the page draws it beside the user's
             run.reference_attention = lined.trace["attention"]
         run.no_reference = lined.no_reference
@@ -647,7 +650,7 @@ def _read_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: An
     without a mask, and a note where that changed anything; with an optional memory parameter (BART's
     `key_value_states=None`) fed where keys of another length than the queries are asked for (--nk, --k) and the
     code takes its keys and values from it."""
-    from attnscope.usertrace import roles
+    from attnscope.usertrace import joint, roles
 
     wants_memory = plan.self_attention and (o.k is not None or (o.nk is not None and o.nk != o.nq))
     if wants_memory and module is not None and o.cache == 0:
@@ -656,6 +659,8 @@ def _read_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: An
             records = _probe(o, target, fn, tried, shapes, weighted, module, spec)
             if records is not None and roles.uses_memory(tried, records):
                 return tried, memory_note(memory, "the --k file" if o.k else str(o.nk))
+            if records is not None and joint.streams(records, dict(module.named_parameters()), tried.tensors[:2]):
+                return tried, joint.memory_note(memory, tried.tensors[0], "the --k file" if o.k else str(o.nk))
         return plan, None
     if len(plan.tensors) not in (2, 3) or roles.by_names(plan.tensors) is not None:
         return roles.read(plan, []) if len(plan.tensors) in (2, 3) else (plan, None)  # the names hold

@@ -83,6 +83,7 @@ class LineUp:
     trace: Trace | None = None  # the reference's run
     n_kv_head: int | None = None  # the reference's key/value heads (read from the weights once the code ran)
     spec: Spec | None = None  # what the reference computed: the options' spec, or a convention read from the code
+    joint: bool = False  # the reference starts from the code's q, k, v joined from streams (joint.py)
 
 
 def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
@@ -371,6 +372,7 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
     trace, wanted, reference_module, projections, out.reference, out.rows, skips, keys = built
     out.trace, out.spec = trace, spec
     out.n_kv_head = getattr(reference_module, "n_kv_head", None)
+    out.joint = projections is not None and projections.joint
     if projections is not None and projections.note:
         out.notes.append(projections.note)
     if train:
@@ -452,6 +454,13 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
         if found is None:
             raise refused
         return found
+    if spec.layout != "col":  # streams joined along the tokens (Flux, SD3): the reference starts where they meet
+        from attnscope.usertrace import joint
+
+        joined = joint.find(records, dict(module.named_parameters()))
+        made = _joint_reference(module, shapes, inputs, records, spec, joined) if joined is not None else None
+        if made is not None:
+            return made
     if shapes.n_head is None:
         raise UsageError(shapes.why_no_heads or "cannot tell how many heads the module has; pass --heads")
     best: tuple[Any, ...] | None = None
@@ -469,7 +478,13 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
         if gain is not None and projections.matched_by != "identity":
             projections = valuegain.apply(projections, gain)
         try:
-            reference = ref.build_mha(projections, shapes.n_head, spec, module)
+            try:
+                reference = ref.build_mha(projections, shapes.n_head, spec, module)
+            except UsageError:  # an output projection reading the merge beside an MLP's features (a parallel block)
+                wider = ref.merge_only(projections)
+                if wider is None:
+                    raise
+                projections, reference = wider, ref.build_mha(wider, shapes.n_head, spec, module)
             trace = ref.run_mha(reference, Q, K, V, mask, inputs.cache, spec.added(cast(int, reference.d_head)))
             if spec.out_term is not None and not col:  # the code's own term on its output (outterm.py)
                 trace = outterm.folded(trace, spec.out_term, reference)
@@ -486,6 +501,10 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     if best is None:
         raise error or UsageError(f"no reference for {type(module).__name__}")
     _, trace, reference, projections, rows, skips, wanted, keys = best
+    if projections.merge_only and not col:  # the merge lined up where the code makes it, its layout checked
+        from attnscope.usertrace.joint import merge_row
+
+        merge_row(rows, trace, records)
     variants = f", {spec.describe()}" if spec.describe() else ""
     kv = f", n_kv_head={reference.n_kv_head}" if reference.n_kv_head != reference.n_head else ""
     what = (f"attnscope MultiHeadAttention (d_feat={reference.d_feat}, n_head={shapes.n_head}{kv}, d_head="
@@ -509,6 +528,48 @@ def _best_reading(best: tuple[Any, ...] | None, records: list[Record], inputs: I
     if best is None or aligned > best[0]:
         return (aligned, trace, reference, projections, rows, skips, wanted, keys)
     return best
+
+
+def _joint_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], spec: Spec,
+                     joined: Any) -> tuple[Trace, tuple[str, ...], Any, Projections | None, str, list[Aligned],
+                                       dict[str, torch.Tensor], dict[int, int]] | None:
+    """`_references` for joint attention (usertrace/joint.py): attnscope's MultiHeadAttention with identity
+    projections on the code's joined q, k and v, compared up to the merge of the heads; the qk-norm the options ask
+    for read as the code's own before the join (each stream's norms), else as the reference's over the joined q and
+    k, whichever lines up further. None where the joined tensors' layout is not read."""
+    import torch
+
+    from attnscope.usertrace import fused, joint
+    from attnscope.usertrace import reference as ref
+
+    n_head = joint.heads(joined, shapes.n_head)
+    merged = joined.merged(n_head) if n_head else None
+    if merged is None or n_head is None:
+        return None
+    Q, K, V = merged
+    parts = {role: (f"(identity {role})", fused.Part(f"(identity {role})", torch.eye(
+        int(t.shape[-1]), dtype=t.dtype, device=t.device), None)) for role, t in zip("qkvo", (Q, K, V, Q), strict=True)}
+    projections = ref.Projections(parts, "identity", joined.note(), joint=True)
+    mask = inputs.mask if inputs.mask is not None and tuple(inputs.mask.shape[-2:]) == (joined.n, joined.n) else None
+    wanted = tuple(s for s in ref.MHA_STEPS if not s.endswith("_feat"))
+    best: tuple[Any, ...] | None = None
+    for reading in (replace(spec, qk_norm=None), *((spec,) if spec.qk_norm else ())):
+        try:
+            reference = ref.build_mha(projections, n_head, reading, module if reading.qk_norm else None)
+            trace = ref.run_mha(reference, Q, K, V, mask, None, reading.added(cast(int, reference.d_head)))
+        except UsageError:
+            continue
+        best = _best_reading(best, records, inputs, (trace, reference, projections, _skips(trace), wanted))
+    if best is None:
+        return None
+    _, trace, reference, projections, rows, skips, wanted, keys = best
+    joint.merge_row(rows, trace, records)
+    rest = replace(spec, qk_norm=None).describe() if reference.spec.norm is None else spec.describe()
+    own = "; qk-norm: each stream's own, before the join" if spec.qk_norm and reference.spec.norm is None else ""
+    what = (f"attnscope MultiHeadAttention (n_head={n_head}, d_head={reference.d_head}, scores / √d_head"
+            f"{', ' + rest if rest else ''}) with identity projections on your joined q, k and v ({joined.n} tokens), "
+            f"compared up to the merge of the heads{own}")
+    return trace, wanted, reference, projections, what, rows, skips, keys
 
 
 def _latent_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], spec: Spec) -> tuple[

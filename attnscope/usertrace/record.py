@@ -64,6 +64,11 @@ WEIGHT_VIEWS = ("flatten", "view", "reshape", "type_as", "to", "contiguous", "fl
                 "reshape_as")
 
 
+# Tensor methods whose output holds the first tensor's values alone, the others lending only a dtype and a device
+# (Flux's QKNorm returns `q.to(v), k.to(v)`): v is no parent of the queries they make
+DTYPE_ONLY = ("to", "type_as")
+
+
 class RecordingTooLarge(Exception):
     """The snapshots would pass the memory budget; raised through the user's code, turned into a ResourceError."""
 
@@ -188,6 +193,8 @@ class Recorder(TorchFunctionMode):
         name = call.removeprefix("F.").removeprefix("torch.")
         parents = tuple(max(self._produced[id(t)], self._changed.get(id(t), -1)) for t in _tensors(args, kwargs)
                         if id(t) in self._produced)
+        if name in DTYPE_ONLY and parents:  # `q.to(v)`, `x.type_as(y)`: y lends its dtype and device, no values
+            parents = parents[:1]
         first = next(iter(_tensors(args, kwargs)), None)
         asked: dict[str, Any] = {}
         if name in KERNELS:  # what it computes without materializing: recomputed, marked so, before its output

@@ -204,6 +204,8 @@ class Projections:
     linears: dict[str, tuple[str, Any]]
     matched_by: str  # "data flow ...", "name", "registration order", "a fused projection, ...", ...
     note: str | None = None  # a convention the reading holds (a fused projection's rows in the order k after v)
+    merge_only: bool = False  # an identity output projection where the code's reads more (merge_only)
+    joint: bool = False  # identity projections on the code's q, k, v joined from streams (joint.py)
 
     def describe(self) -> str:
         pairs = ", ".join(f"{role}={name}" for role, (name, _) in self.linears.items())
@@ -500,6 +502,23 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
                      "fused q/k/v Linear such as nanoGPT's c_attn with its output projection; a fused k/v "
                      "Linear such as x-transformers' to_kv beside a q one; or an "
                      f"nn.MultiheadAttention) into attnscope's MultiHeadAttention; its Linear layers are {listed}")
+
+
+def merge_only(found: Projections) -> Projections | None:
+    """`found` with an identity output projection where its own reads more features than the heads write: the merge
+    of the heads joined with other features before it (Flux's single-stream block, PaLM's and GPT-J's parallel
+    blocks: `linear2(cat(attention, mlp(x)))`), so that the reference is compared up to the merge. None otherwise."""
+    from attnscope.usertrace import fused
+
+    (_, q), (name, o) = found.linears["q"], found.linears["o"]
+    if o.in_features <= q.out_features:
+        return None
+    weight = q.weight
+    none = fused.Part("(none)", torch.eye(q.out_features, dtype=weight.dtype, device=weight.device), None)
+    return Projections({**found.linears, "o": ("(none)", none)},
+                       f"{found.matched_by}; your {name} reads {o.in_features} features, the {q.out_features} of the "
+                       "merged heads beside others (an MLP's, as in a parallel block), so the reference's output "
+                       "projection is the identity and it is compared up to the merge of the heads", found.note, True)
 
 
 def _by_inputs(records: list[Record], names: list[str], inputs: dict[str, str], named: dict[str, list[str]]
