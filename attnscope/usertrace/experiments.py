@@ -862,25 +862,30 @@ def _split(b: Base) -> Iterator[Trial]:
     wrong: dict[str, dict[str, torch.Tensor]] = {}  # role -> the replay's change, and the split itself
     for role, change, name in (("Q", "q", "Q_rot"), ("K", "k_new", "K_rot"), ("V", "v_new", "")):
         feat, split = (f"{role}_feat", f"{role}_split") if b.kind == "module" else (role, role)
-        if feat not in b.ref or split not in b.ref or b.ref[split].dim() != 4 or f"{role}_normed" in b.ref:
+        normed = f"{role}_normed" if b.kind == "module" and f"{role}_normed" in b.ref else None
+        if feat not in b.ref or split not in b.ref or b.ref[split].dim() != 4:
             continue
-        if b.names[change[0]] not in (split, name):  # a step between the split and the attention (a norm)
+        if normed is not None and b.ref[normed].shape != b.ref[split].shape:
+            continue  # a norm over the whole projection, before the split: not this trial's
+        if b.names[change[0]] not in (split, name, normed):  # another step between the split and the attention
             continue
         # [n_batch, n, d_feat] read as [n_batch, n_head, n, d_head]; a function's [n_batch, n, n_head, d] so too
         source = b.ref[feat] if b.kind == "module" else b.ref[feat].transpose(1, 2).contiguous()
-        viewed = source.reshape(b.ref[split].shape)
-        if rope is not None and role != "V":
-            turned = _rotate(viewed, rope.q_pos if role == "Q" else rope.k_pos, rope.base, rope.pairing, sign=rope.sign,
-                           freqs=rope.freqs)
-        else:
-            turned = viewed
-        wrong[role] = {change: turned, split: viewed}
+        shape = b.ref[split].shape
+        viewed = source.reshape(shape)
+        # a norm of each head's d_head (Persimmon's q_layernorm on [n_batch, n, n_head, d_head], before the view):
+        # the view keeps each row of d_head whole, so the norm then the view is the reference's norm viewed so
+        views = {split: viewed} if normed is None else {
+            split: viewed, normed: b.ref[normed].transpose(1, 2).contiguous().reshape(shape)}
+        plain = views[normed] if normed is not None else viewed
+        turned = _turn(rope)(plain, rope.q_pos if role == "Q" else rope.k_pos) \
+            if rope is not None and role != "V" else plain
+        wrong[role] = {change: turned, **views}
     runs = [[role] for role in wrong] + ([list(wrong)] if len(wrong) > 1 else [])
     for roles in runs:
         changes = {"Q": "q", "K": "k_new", "V": "v_new"}
         changed = {changes[r]: wrong[r][changes[r]] for r in roles}
-        splits = {f"{r}_split" if b.kind == "module" else r: wrong[r][f"{r}_split" if b.kind == "module" else r]
-                  for r in roles}
+        splits = {step: t for r in roles for step, t in wrong[r].items() if step != changes[r]}
         if b.kind != "module":  # a function's split is its q itself, or what RoPE then turns
             splits = {name: t for name, t in splits.items() if b.names[changes[name][0]] != name}
         steps = {**replay(b, **changed), **splits}  # type: ignore[arg-type]
