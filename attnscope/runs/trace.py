@@ -158,6 +158,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         identity,
         latentcache,
         load,
+        masking,
         pairparams,
         posembed,
         prenorm,
@@ -169,7 +170,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         weightargs,
     )
     from attnscope.usertrace.feeds import TableForm, feeds
-    from attnscope.usertrace.inputs import ShapePlan, make_inputs, plan_notes
+    from attnscope.usertrace.inputs import ShapePlan, keys_of_own_queries, make_inputs, nk_refused, plan_notes
     from attnscope.usertrace.lineup import better_fit, line_up
 
     check_numbers(o, texts=("target", "init", "forward"))
@@ -250,7 +251,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
 
     built = _built_with(kwargs)  # a config the __init__ read and did not keep: what the module declares is read there
     spec = _with_own_rope(dataclasses.replace(spec, built_with=built), module, plan, built, shapes.fixed.get("d_head"))
-    plan, said = _read_roles(o, target, fn, plan, shapes, weighted, module, spec)
+    plan, said, shapes = _read_roles(o, target, fn, plan, shapes, weighted, module, spec)
     notes += [said] if said else []
     sliced: list[str] = []  # the note, where RoPE's tables were made in the form the code runs on (tableforms.py)
     table_form: list[TableForm] = []  # that form, once read
@@ -310,7 +311,6 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         return again
 
     def attempt(asked: TraceOptions) -> tuple[Inputs, Feeds, Called, Convention | None]:
-        nonlocal plan
         made = None
         candidates = [plan] + [plan.with_mask(m) for m in plan.other_masks if asked.mask or asked.causal
                                or asked.window]
@@ -322,26 +322,43 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             candidates = [c for p in candidates for c in (p.with_own_tables(), p)]
         if plan.embeddings:  # position embeddings fed first (all of its code runs), else left None
             candidates += [c.without_embeddings() for c in candidates]
+        unread: tuple[Plan, tuple[Any, ...]] | None = None  # the first run whose code read no op of its mask
         for tried in candidates:
             # the mask to the first mask parameter the code runs with (fairseq's key_padding_mask [n_batch, n_K]
-            # for a padding file, where its attn_mask takes [n_Q, n_K])
+            # for a padding file, where its attn_mask takes [n_Q, n_K]); in cross-attention, the first it reads
+            # (transformers' Perceiver and BERT read inputs_mask, encoder_attention_mask with a memory, never their
+            # attention_mask), else the first it runs with. A mask parameter named for the rule keeps it (a plant
+            # that reads the other one is then seen)
             ran = run_plan(asked, tried)
             tried, ran = _not_weights(tried, ran, functools.partial(run_plan, asked))
             made = made or ran
-            if ran[2].failure is None:
-                plan = tried
-                own = queries.find(ran[2].records, ran[0], weighted)  # Perceiver's latents: n_Q is theirs
-                if own is not None:
-                    queries.apply(ran[0], own)
-                else:  # DETR's q_proj(x + pos), k_proj(x + pos), v_proj(x)
-                    held = posembed.projections(weighted, ran[2].records, shapes.n_head, shapes.fixed.get("d_head")) \
-                        if not ran[0].own else {}
-                    posembed.read(ran[2].records, ran[0], weighted, held, tried.embeddings)
-                    # vit-pytorch's x = self.norm(x) before to_qkv: the normed x is the projections' input
-                    prenorm.read(ran[2].records, ran[0], weighted, held)
-                return ran
+            if ran[2].failure is not None:
+                continue
+            if ran[0].allowed is not None and tried.mask not in (None, causal) and not tried.self_attention \
+                    and not masking.reads(ran[2].records, tried.mask):
+                unread = unread or (tried, ran)
+                continue
+            return keep_run(tried, ran)
+        if unread is not None:
+            return keep_run(*unread)
         assert made is not None
         return made
+
+    def keep_run(tried: Plan, ran: tuple[Any, ...]) -> tuple[Inputs, Feeds, Called, Convention | None]:
+        """The run `attempt` keeps, its plan now the run's, its inputs as the run reads them (a module's own
+        queries, position embeddings, a norm before its projections)."""
+        nonlocal plan
+        plan = tried
+        own = queries.find(ran[2].records, ran[0], weighted)  # Perceiver's latents: n_Q is theirs
+        if own is not None:
+            queries.apply(ran[0], own)
+        else:  # DETR's q_proj(x + pos), k_proj(x + pos), v_proj(x)
+            held = posembed.projections(weighted, ran[2].records, shapes.n_head, shapes.fixed.get("d_head")) \
+                if not ran[0].own else {}
+            posembed.read(ran[2].records, ran[0], weighted, held, tried.embeddings)
+            # vit-pytorch's x = self.norm(x) before to_qkv: the normed x is the projections' input
+            prenorm.read(ran[2].records, ran[0], weighted, held)
+        return cast("tuple[Inputs, Feeds, Called, Convention | None]", ran)
 
     def in_layouts(asked: TraceOptions, made: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
         """`made`, the code run under `asked`, where it ran; else the code handed its cache in each layout real code
@@ -410,14 +427,18 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         # defaulting to None given a memory in turn, kept where the key and value projections read it
         from attnscope.usertrace.roles import uses_memory
 
-        for memory in plan.memories():
-            alone, plan = plan, plan.with_memory(memory)
+        contexts = _context_widths(weighted, shapes)
+        for memory, context in ((m, c) for m in plan.memories() for c in contexts):  # at each width held (HF
+            # Perceiver's `inputs=None` read by key = Linear(kv_dim, ..))
+            alone, narrow, plan = plan, shapes, plan.with_memory(memory)
+            shapes = shapes if context is None else \
+                dataclasses.replace(shapes, fixed=shapes.fixed | {"d_kv_in": context})
             made = _attempted(attempt, o)
             if made is not None and made[2].failure is None and uses_memory(plan, made[2].records):
                 notes.append(memory_note(memory, str(made[0].sizes["n_K"]), called.failure))
                 inputs, fed, called, convention = made
                 break
-            plan = alone
+            plan, shapes = alone, narrow
     if called.failure is not None and weighted is None and o.batch is None and not o.q:
         # code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) fails on [n_batch, n, d]: try [n, d]
         unbatched = attempt(dataclasses.replace(o, batch=0))
@@ -455,7 +476,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         else:
             weightargs.transpose(weighted)
             shapes = kept
-    if called.failure is not None and weighted is not None and "d_kv_in" not in shapes.fixed and not o.q:
+    if called.failure is not None and weighted is not None and not o.q and (
+            "d_kv_in" not in shapes.fixed or plan.self_attention):  # one input beside a context width: the keys'?
         # widths the weights hold but did not say: nn.Parameter weights whose d_feat is not their most common size
         # (W_q [d_feat, n_head·d_head]), K and V reading a context of another width (diffusers'
         # cross_attention_dim, nn.MultiheadAttention's kdim/vdim): each pair the weights hold, the first the code
@@ -507,6 +529,9 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         said = form_note(_cache_parameters(plan), list(getattr(given, "asked", [])),
                          "" if cache_layout != "bhnd" else cachelayouts.words(cache_layout))  # else noted
         notes += [said] if said else []
+    if o.nk is not None and o.nk != o.nq and keys_of_own_queries(o, plan, module is not None) and not (
+            called.failure is None and "Q" in inputs.own and inputs.own_from == "module"):
+        raise nk_refused(o, plan, True)  # --nk for a one-input forward whose queries are not its own after all
     first_notes = list(notes)  # the module's, before those of its inputs (a second run makes them again)
     notes += inputs.notes + plan_notes(plan, inputs)
     if convention is not None and (called.failure is None or convention.line is not None):
@@ -533,13 +558,16 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         return made
 
     if called.failure is None and weighted is not None and shapes.n_head is None and o.heads is None:
-        read = _heads_from_run(called.records, shapes.fixed.get("d_feat"), o.layout == "col",
-                               inputs.sizes.get("n_batch"))
+        own = inputs.own.get("Q") if inputs.own_from == "module" else None  # latents of their own width
+        read = _heads_from_run(called.records, shapes.fixed.get("d_feat") if own is None else int(own.shape[-1]),
+                               o.layout == "col", inputs.sizes.get("n_batch"))
         if read is not None:  # the head count only the code says (a literal in its forward): read from its q
             heads, line, laid = read
             width = shapes.fixed.get("d_feat")  # as the run found it (a width the weights left open, _widths)
             shapes = ShapePlan.make(dataclasses.replace(o, heads=heads), weighted, init)
             shapes = _with_width(shapes, width if width != shapes.fixed.get("d_feat") else None)
+            if own is not None and int(own.shape[-1]) % heads == 0:  # d_head as the heads were read: the latents'
+                shapes.fixed["d_head"] = int(own.shape[-1]) // heads
             inputs, fed, called, convention = again()
             first_notes.append(f"n_head = {heads}, read from the queries your code hands the scores (line {line}: "
                                f"{laid}); nothing else in the module says it (--heads does)")
@@ -645,27 +673,35 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
 
 
 def _read_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: Any, weighted: Any, module: Any,
-                spec: Spec) -> tuple[Plan, str | None]:
+                spec: Spec) -> tuple[Plan, str | None, Any]:
     """`plan` with its tensors in the order the code uses them (Q, K, V: usertrace/roles.py), read from a run
     without a mask, and a note where that changed anything; with an optional memory parameter (BART's
     `key_value_states=None`) fed where keys of another length than the queries are asked for (--nk, --k) and the
-    code takes its keys and values from it."""
+    code takes its keys and values from it, at the width its key and value projections read (perceiver-pytorch's
+    `to_kv = nn.Linear(context_dim, ..)` behind `context = default(context, x)`: each width the weights hold,
+    `shapes` then with it as d_kv_in)."""
     from attnscope.usertrace import joint, roles
 
     wants_memory = plan.self_attention and (o.k is not None or (o.nk is not None and o.nk != o.nq))
     if wants_memory and module is not None and o.cache == 0:
+        contexts = _context_widths(weighted, shapes) if not o.k else [None]
         for memory in plan.memories():  # each parameter defaulting to None, kept where the K/V projections read it
             tried = plan.with_memory(memory)
-            records = _probe(o, target, fn, tried, shapes, weighted, module, spec)
-            if records is not None and roles.uses_memory(tried, records):
-                return tried, memory_note(memory, "the --k file" if o.k else str(o.nk))
-            if records is not None and joint.streams(records, dict(module.named_parameters()), tried.tensors[:2]):
-                return tried, joint.memory_note(memory, tried.tensors[0], "the --k file" if o.k else str(o.nk))
-        return plan, None
+            for context in contexts:
+                widened = shapes if context is None else \
+                    dataclasses.replace(shapes, fixed=shapes.fixed | {"d_kv_in": context})
+                records = _probe(o, target, fn, tried, widened, weighted, module, spec)
+                if records is not None and roles.uses_memory(tried, records):
+                    return tried, memory_note(memory, "the --k file" if o.k else str(o.nk)), widened
+                if records is not None and joint.streams(records, dict(module.named_parameters()),
+                                                         tried.tensors[:2]):
+                    return tried, joint.memory_note(memory, tried.tensors[0], "the --k file" if o.k else str(o.nk)), \
+                        widened
+        return plan, None, shapes
     if len(plan.tensors) not in (2, 3) or roles.by_names(plan.tensors) is not None:
-        return roles.read(plan, []) if len(plan.tensors) in (2, 3) else (plan, None)  # the names hold
+        return (*roles.read(plan, []), shapes) if len(plan.tensors) in (2, 3) else (plan, None, shapes)
     records = _probe(o, target, fn, plan, shapes, weighted, module, spec)
-    return roles.read(plan, records or [])
+    return (*roles.read(plan, records or []), shapes)
 
 
 def memory_note(memory: str, n_K: str, failed: Failure | None = None) -> str:
@@ -1412,22 +1448,31 @@ def _column_form(o: TraceOptions, attempt: Any) -> tuple[TraceOptions, tuple[Any
 def _held_widths(module: Any, shapes: Any, memory: bool) -> list[tuple[int | None, int | None]]:
     """(d_feat, the context's width) pairs to try where the code failed on the widths chosen: every size the module's
     2-D weights hold, most held first, as d_feat (None: as chosen) and, where the forward takes a memory, as the
-    context's; the chosen pair itself left out."""
+    context's; the chosen pair itself left out. A module of nn.Linear layers: d_feat each width one of them reads
+    (a latents wrapper's data, read by the keys' projection alone: perceiver-pytorch's to_kv of input_dim)."""
     from collections import Counter
 
-    from torch import nn
+    from attnscope.usertrace.inputs import linear_widths
 
     counts = Counter(n for p in module.parameters() if p.dim() >= 2 for n in p.shape)  # kernels of any rank too
     held = [n for n, _ in counts.most_common()]
     chosen = shapes.fixed.get("d_feat")
-    params_only = not any(isinstance(m, nn.Linear) for m in module.modules())
-    widths: list[int | None] = [None] + ([n for n in held if n != chosen] if params_only else [])
+    read = linear_widths(module)
+    widths: list[int | None] = [None] + [n for n in (read or held) if n != chosen]
     pairs: list[tuple[int | None, int | None]] = []
     for width in widths:
         d = chosen if width is None else width
         pairs += [(width, context) for context in ([None] if width is not None else []) +
                   ([n for n in held if n != d] if memory else [])]
     return pairs
+
+
+def _context_widths(module: Any, shapes: Any) -> list[int | None]:
+    """The widths a memory is given in turn: as chosen (None: the queries' width, or the d_kv_in the projections
+    said), then, where nothing said it, each other width the module's weights hold (a fused to_kv of its own)."""
+    if module is None or "d_kv_in" in shapes.fixed:
+        return [None]
+    return [None] + [context for width, context in _held_widths(module, shapes, True) if width is None]
 
 
 def _attempted(attempt: Any, asked: TraceOptions) -> tuple[Any, ...] | None:
@@ -1677,7 +1722,7 @@ def _input_dims(inputs: Inputs, name: str, names: AxisNames) -> tuple[str, ...]:
     another rank)."""
     from attnscope.usertrace.inputs import role_dims
 
-    dims = role_dims(inputs.roles[name], inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
+    dims = role_dims(inputs.side(name), inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
     tensor = inputs.tensors[name]
     return dims if tensor.dim() == len(dims) else names.dims(tensor.shape)
 

@@ -13,6 +13,7 @@ window and file combined, True = may attend, given to their code in the conventi
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,8 +82,11 @@ class ShapePlan:
                 raise UsageError("--kv-heads gives K and V fewer heads than Q; add --heads for the query heads")
             return ShapePlan(fixed, o.heads)
         width = module_width(module)
-        if o.d_feat is not None and width is not None and o.d_feat != width and _holds_linear(module):
-            raise UsageError(f"--d-feat {o.d_feat} but the module reads {width} features; drop --d-feat")
+        read = linear_widths(module)
+        if o.d_feat is not None and width is not None and read and o.d_feat not in read:
+            widths = " or ".join(str(n) for n in sorted(read))
+            raise UsageError(f"--d-feat {o.d_feat} but the module's Linear layers read {widths} features; drop "
+                             "--d-feat")
         d_feat = o.d_feat if o.d_feat is not None else width  # nn.Parameter weights only: their sizes leave it open
         if d_feat is None:
             raise UsageError("cannot tell the module's width d_feat (no Linear layer found); pass --d-feat")
@@ -167,11 +171,16 @@ def module_width(module: Any) -> int | None:
     return sizes.most_common(1)[0][0] if sizes else None  # a guess the run confirms (trace tries the others)
 
 
-def _holds_linear(module: Any) -> bool:
-    """Whether the module's width is read off an nn.Linear (then certain), not guessed from nn.Parameter sizes."""
+def linear_widths(module: Any) -> list[int]:
+    """The widths the module's nn.Linear layers (and nn.MultiheadAttention's query, key and value: embed_dim, kdim,
+    vdim) read, in the order they are registered, each once: those its inputs may have (the queries' d_feat; a
+    context's, or a latents wrapper's data, of another width); none where it holds nn.Parameter weights alone
+    (their sizes leave the width open)."""
     from torch import nn
 
-    return any(isinstance(m, nn.Linear) for m in module.modules())
+    read = [w for m in module.modules() for w in ((m.embed_dim, m.kdim, m.vdim) if isinstance(m, nn.MultiheadAttention)
+                                                 else (m.in_features,) if isinstance(m, nn.Linear) else ())]
+    return list(dict.fromkeys(int(w) for w in read))
 
 
 def _kernel_width(module: Any) -> int | None:
@@ -215,6 +224,12 @@ class Inputs:
     own: dict[str, torch.Tensor] = field(default_factory=dict)  # Q (K, V): the module's own inputs (Perceiver's
     # latents; keys joined to them), read from the run (usertrace/queries.py)
     own_from: str = "module"  # "position": `own` holds the inputs plus a position embedding (usertrace/posembed.py)
+
+    def side(self, name: str) -> str:
+        """The role an input's dims are named by: its own, or K where the module's own tensors are the queries
+        (Perceiver's latents: the forward's input is what the keys and values read, [n_batch, n_K, d_kv_in])."""
+        role = self.roles[name]
+        return "K" if role == "Q" and "Q" in self.own and self.own_from == "module" else role
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The inputs as the reference reads them: [n_batch, n, d] (time-first ones [n, n_batch, d] transposed)."""
@@ -281,12 +296,8 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
 def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
     if len(plan.tensors) == 2 and not is_module:  # a function's two tensors say nothing of which is which
         raise UsageError(plan.unfed())
-    if plan.self_attention and o.nk is not None and o.nk != o.nq:
-        more = f" (with --cache {o.cache}, n_K = {o.cache} + n_Q)" if o.cache else ""
-        if plan.memories() and is_module and not o.cache:
-            more += (f": none of {', '.join(plan.memories())} (defaulting to None), given keys of another length, is "
-                     "what its key and value projections read")
-        raise UsageError(f"{plan.signature} takes one tensor (self-attention), so n_K = n_Q{more}; drop --nk")
+    if plan.self_attention and o.nk is not None and o.nk != o.nq and not keys_of_own_queries(o, plan, is_module):
+        raise nk_refused(o, plan, is_module)
     if plan.self_attention and o.dv is not None and o.dv != o.dk:
         raise UsageError(f"{plan.signature} takes one tensor (self-attention), so d_V = d_K; drop --dv")
     if o.mask and plan.mask is None:
@@ -304,11 +315,29 @@ def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
                          "--rope-base B) so that trace can make them and the reference rotates alike")
 
 
+def nk_refused(o: InputOptions, plan: Plan, is_module: bool) -> UsageError:
+    """--nk refused for a forward that takes one tensor and reads no memory beside it."""
+    more = f" (with --cache {o.cache}, n_K = {o.cache} + n_Q)" if o.cache else ""
+    if plan.memories() and is_module and not o.cache:
+        more += (f": none of {', '.join(plan.memories())} (defaulting to None), given keys of another length, is "
+                 "what its key and value projections read")
+    return UsageError(f"{plan.signature} takes one tensor (self-attention), so n_K = n_Q{more}; drop --nk")
+
+
+def keys_of_own_queries(o: InputOptions, plan: Plan, is_module: bool) -> bool:
+    """Whether --nk may be the length of a module's one input, no memory beside it: the keys' where the module makes
+    its queries itself (Perceiver's latents, read from the run: usertrace/queries.py); where it does not, the run
+    refuses --nk after all (runs/trace.py)."""
+    return is_module and plan.self_attention and not plan.memories() and not o.cache and not o.q and o.nq is None
+
+
 def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> dict[str, int]:
     self_attention = plan.self_attention
     wanted = (["n_batch"] if o.batch != 0 else []) + ["n_Q"] + ([] if self_attention else ["n_K"])  # 0: 2-D
     wanted += [] if is_module else ["d_K"] + ([] if self_attention else ["d_V"])
     filed = _file_sizes(o, self_attention, is_module)
+    if o.nk is not None and keys_of_own_queries(o, plan, is_module):  # the one input is as long as --nk says
+        o = dataclasses.replace(o, nq=o.nk)
     given = {"n_batch": o.batch or filed.get("n_batch"), "n_Q": o.nq or filed.get("n_Q"),
              "n_K": o.nk or filed.get("n_K"), "d_K": o.dk, "d_V": o.dv}
     fixed = dict(shapes.fixed) | ({"n_cache": o.cache} if o.cache else {})

@@ -173,6 +173,12 @@ def _subtracted(op: str, name: str) -> bool:
                      op) is not None
 
 
+def reads(records: list[Record], label: str) -> bool:
+    """Whether an op of the run reads the mask parameter `label`: none does where the code leaves it unread
+    (transformers' Perceiver in cross-attention reads its inputs_mask, never its attention_mask)."""
+    return any(_source(arg, {}, label) is not None for record in records for arg in record.args)
+
+
 def _source(arg: Any, derived: dict[int, tuple[bool, bool]], label: str) -> tuple[bool, bool] | None:
     kind, value = arg
     if kind == "text" and value == label:

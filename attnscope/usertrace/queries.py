@@ -53,7 +53,8 @@ def find(records: list[Record], inputs: Inputs, module: Any) -> OwnQueries | Non
     if texts & set(inputs.tensors):
         return None
     held = sorted(texts & set(own))
-    batched = _batched(tensor, inputs.sizes.get("n_batch"), inputs.sizes["d_feat"])
+    batched = _batched(tensor, inputs.sizes.get("n_batch"), None)  # of their own width (latent_dim) where the input
+    # is of another (perceiver-pytorch's data of input_dim, read by to_kv alone)
     if not held or batched is None:
         return None
     queries = OwnQueries(batched, held, line, projection)
@@ -82,7 +83,7 @@ def _kernel_queries(records: list[Record], kernel: Record, inputs: Inputs, own: 
     if texts & set(inputs.tensors) or not held:
         return None
     tensor = source.tensor.transpose(0, 1) if source.tensor.dim() == 3 else source.tensor
-    batched = _batched(tensor, inputs.sizes.get("n_batch"), inputs.sizes["d_feat"])
+    batched = _batched(tensor, inputs.sizes.get("n_batch"), None)  # the latents' own width (kdim beside them)
     return OwnQueries(batched, held, source.line, "the nn.MultiheadAttention") if batched is not None else None
 
 
@@ -134,7 +135,16 @@ def apply(inputs: Inputs, queries: OwnQueries) -> bool:
     inputs.own = {"Q": queries.tensor, **{role: t for role, (t, _) in queries.keys.items()}}
     inputs.sizes["n_Q"], inputs.sizes["n_K"] = n_Q, n_K
     held = " and ".join(queries.held)
+    width, fed = int(queries.tensor.shape[-1]), inputs.sizes["d_feat"]
     keys = "the keys and values from the input"
+    if width != fed:  # perceiver-pytorch's data of input_dim beside latents of latent_dim: the input is d_kv_in wide
+        inputs.sizes["d_feat"], inputs.sizes["d_kv_in"] = width, fed
+        keys += f" (d_kv_in = {fed}, the width their projections read; d_feat = {width}, your {held}')"
+    from attnscope.usertrace.inputs import role_dims
+
+    for name, op in inputs.ops.items():  # the input is the keys' side: [n_batch, n_K, d_kv_in]
+        if op.startswith("torch.randn("):
+            inputs.ops[name] = f"torch.randn({', '.join(role_dims('K', inputs.sizes, True, inputs.layout))})"
     if "K" in queries.keys:
         keys = (f"the keys and values from your input joined to your own tensors (line {queries.keys['K'][1]}), "
                 f"n_K = {n_K}")

@@ -35,7 +35,7 @@ def saved_steps(rows: list[Aligned], inputs: Inputs, target: Target) -> tuple[di
         if any(tensor is t for t in seen):
             continue
         seen.append(tensor)
-        dims = role_dims(role, inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
+        dims = role_dims(inputs.side(name), inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
         tensors[role] = tensor
         meta[role] = {"dims": list(dims) if len(dims) == tensor.dim() else None,
                       "op": f"input {name}: {inputs.ops[name]}"}
