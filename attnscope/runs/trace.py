@@ -156,6 +156,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         cachelayouts,
         heldcache,
         identity,
+        keyinputs,
         latentcache,
         load,
         masking,
@@ -358,6 +359,10 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             posembed.read(ran[2].records, ran[0], weighted, held, tried.embeddings)
             # vit-pytorch's x = self.norm(x) before to_qkv: the normed x is the projections' input
             prenorm.read(ran[2].records, ran[0], weighted, held)
+            # Segformer's keys and values from LayerNorm(Conv2d(x)): that tensor is their input, n_K its length
+            reduced = keyinputs.find(ran[2].records, ran[0], weighted)
+            if reduced is not None:
+                keyinputs.apply(ran[0], reduced)
         return cast("tuple[Inputs, Feeds, Called, Convention | None]", ran)
 
     def in_layouts(asked: TraceOptions, made: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:

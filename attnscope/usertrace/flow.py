@@ -74,6 +74,19 @@ def shared(records: list[Record], names: list[str]) -> dict[str, str] | None:
     return {**found, "o": readers.pop()}
 
 
+def shared_without_output(records: list[Record], names: list[str]) -> dict[str, str] | None:
+    """{q, k, v: Linear name} where one Linear writes two or all three of q, k, v and none reads what the pattern
+    made (HF's BertSelfAttention with `self.key(x)` written for the values, its `value` Linear never called); None
+    otherwise."""
+    if not records or not 2 <= len(names) <= MAX_LINEARS:
+        return None
+    flow = _flow(records)
+    if flow is None or any(len(found) != 1 for found in flow[0]) or flow[1]:
+        return None
+    found = dict(zip("qkv", (next(iter(s)) for s in flow[0]), strict=True))
+    return found if len(set(found.values())) < 3 else None
+
+
 def without_output(records: list[Record], names: list[str]) -> dict[str, str] | None:
     """{q, k, v: Linear name} where three Linear layers write q, k and v, one each, and none reads what the
     pattern made (HF's BertSelfAttention returns the merged heads; its output projection lives in BertSelfOutput);

@@ -479,12 +479,12 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
             projections = valuegain.apply(projections, gain)
         try:
             try:
-                reference = ref.build_mha(projections, shapes.n_head, spec, module)
+                reference = ref.build_mha(projections, shapes.n_head, spec, module, records)
             except UsageError:  # an output projection reading the merge beside an MLP's features (a parallel block)
                 wider = ref.merge_only(projections)
                 if wider is None:
                     raise
-                projections, reference = wider, ref.build_mha(wider, shapes.n_head, spec, module)
+                projections, reference = wider, ref.build_mha(wider, shapes.n_head, spec, module, records)
             trace = ref.run_mha(reference, Q, K, V, mask, inputs.cache, spec.added(cast(int, reference.d_head)))
             if spec.out_term is not None and not col:  # the code's own term on its output (outterm.py)
                 trace = outterm.folded(trace, spec.out_term, reference)

@@ -424,6 +424,9 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
                             "its own, stacked by head in the order your code merges their outputs")]
     read = flow.roles(records, names, role_of)
     named = {role: [n for n in names if role_of(n) == role] for role in ROLES}
+    if read is not None:  # the Linear layers the run called (diffusers' Attention holds add_q_proj beside to_q)
+        ran = {role: [n for n in held if mentioned(n, records)] for role, held in named.items()}
+        named = ran if all(len(ran[role]) == 1 for role in ROLES) else named
     if read is not None and all(len(named[role]) == 1 for role in ROLES) and any(
             read[0][role] != named[role][0] for role in ROLES):
         # four Linear layers named one role each, used in other roles (k_proj's output multiplied by the pattern,
@@ -468,6 +471,13 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
         if siblings is not None:
             return [Projections({role: (name, (modules | spare_parts)[name]) for role, name in siblings[0].items()},
                                 siblings[1])]
+    lone = flow.shared_without_output(records, names) if shared is None else None
+    if lone is not None:  # no output projection, and a weight the run never calls (`self.key(x)` for the values)
+        spare = [n for n in names if not mentioned(n, records)]
+        siblings = unused.sibling_reading(lone, modules, spare, role_of)
+        if siblings is not None:
+            return [Projections({**{role: (name, modules[name]) for role, name in siblings[0].items()},
+                                 "o": ("(none)", _identity(modules[lone["q"]]))}, f"{siblings[1]}; {NO_OUTPUT}")]
     if shared is not None and shared["q"] != shared["k"] == shared["v"]:  # a fused K/V projection (to_kv)
         return [Projections({"q": (shared["q"], modules[shared["q"]]),
                              **{role: (part.name, part) for role, part in parts.items()},
@@ -490,12 +500,8 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     alone = flow.without_output(records, names)
     if alone is not None and modules[alone["q"]].out_features == modules[alone["q"]].in_features:
         # no output projection (HF's BertSelfAttention): the reference's is the identity, so its x is the merge
-        width = modules[alone["q"]].out_features
-        weight = modules[alone["q"]].weight
-        none = fused.Part("(none)", torch.eye(width, dtype=weight.dtype, device=weight.device), None)
-        return [Projections({**{role: (name, modules[name]) for role, name in alone.items()}, "o": ("(none)", none)},
-                            "data flow; your code has no output projection, so the reference's is the identity "
-                            "and it is compared up to the merge of the heads")]
+        return [Projections({**{role: (name, modules[name]) for role, name in alone.items()},
+                             "o": ("(none)", _identity(modules[alone["q"]]))}, f"data flow; {NO_OUTPUT}")]
     listed = ", ".join(f"{n} [{m.in_features} → {m.out_features}]" for n, m in linears) or "none"
     raise UsageError(f"no reference for {type(module).__name__}: trace copies q, k, v and output projections (four "
                      "Linear layers named like W_q/q_proj/query and W_o/out_proj, or exactly four in that order; a "
@@ -508,17 +514,26 @@ def merge_only(found: Projections) -> Projections | None:
     """`found` with an identity output projection where its own reads more features than the heads write: the merge
     of the heads joined with other features before it (Flux's single-stream block, PaLM's and GPT-J's parallel
     blocks: `linear2(cat(attention, mlp(x)))`), so that the reference is compared up to the merge. None otherwise."""
-    from attnscope.usertrace import fused
-
     (_, q), (name, o) = found.linears["q"], found.linears["o"]
     if o.in_features <= q.out_features:
         return None
-    weight = q.weight
-    none = fused.Part("(none)", torch.eye(q.out_features, dtype=weight.dtype, device=weight.device), None)
-    return Projections({**found.linears, "o": ("(none)", none)},
+    return Projections({**found.linears, "o": ("(none)", _identity(q))},
                        f"{found.matched_by}; your {name} reads {o.in_features} features, the {q.out_features} of the "
                        "merged heads beside others (an MLP's, as in a parallel block), so the reference's output "
                        "projection is the identity and it is compared up to the merge of the heads", found.note, True)
+
+
+NO_OUTPUT = "your code has no output projection, so the reference's is the identity and it is compared up to the " \
+    "merge of the heads"
+
+
+def _identity(query: Any) -> Any:
+    """The output projection of a module that has none (HF's BertSelfAttention): the identity over the queries'
+    width, so the reference's x is the merge of its heads."""
+    from attnscope.usertrace import fused
+
+    width, weight = query.out_features, query.weight
+    return fused.Part("(none)", torch.eye(width, dtype=weight.dtype, device=weight.device), None)
 
 
 def _by_inputs(records: list[Record], names: list[str], inputs: dict[str, str], named: dict[str, list[str]]
@@ -562,7 +577,8 @@ def _by_inputs(records: list[Record], names: list[str], inputs: dict[str, str], 
     return found, how
 
 
-def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.Module | None = None) -> nn.Module:
+def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.Module | None = None,
+              records: list[Record] | None = None) -> nn.Module:
     """attnscope's MultiHeadAttention holding the user's weights (biases a layer lacks are zero), computing
     what `spec` describes."""
     from attnscope.attention.multihead import MultiHeadAttention
@@ -588,7 +604,7 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
         raise UsageError(f"RoPE rotates pairs of coordinates, so d_head must be even; it is {d_head}")
     qkv_bias = any(m.bias is not None for m in (q, k, v))
     weight = q.weight
-    norms = _qk_norms(module, spec, n_head, n_kv_head, d_head) if module is not None else {}
+    norms = _qk_norms(module, spec, n_head, n_kv_head, d_head, records) if module is not None else {}
     attention = spec.attention(n_kv_head)
     forms: dict[str, Any] = {}
     if not norms and attention.norm is not None and spec.qk_norm_eps is not None:  # a norm without weights
@@ -634,12 +650,14 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
     return reference.eval()
 
 
-def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head: int) -> dict[str, tuple[str, Any]]:
+def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head: int,
+              records: list[Record] | None = None) -> dict[str, tuple[str, Any]]:
     """With --qk-norm, the user's q and k norms whose weights the reference takes: modules with a 1-D `weight` as
-    wide as the norm (d_head per head, the projection's width over it), by name (`q_norm`, `k_norm`), else the
-    only two in registration order; none found: unit weights. An nn.LayerNorm (timm's default norm_layer: the mean
-    taken out, a bias) makes the reference's qk-norm a LayerNorm; another norm with a bias, or q and k normed by
-    different kinds, is refused in one line."""
+    wide as the norm (d_head per head, the projection's width over it) that the run reads (`records`: diffusers'
+    Attention holds norm_added_q and norm_added_k beside norm_q and norm_k, for a context its self-attention never
+    gets), by name (`q_norm`, `k_norm`), else the only two in registration order; none found: unit weights. An
+    nn.LayerNorm (timm's default norm_layer: the mean taken out, a bias) makes the reference's qk-norm a LayerNorm;
+    another norm with a bias, or q and k normed by different kinds, is refused in one line."""
     if spec.qk_norm is None:
         return {}
     widths = {"q": d_head, "k": d_head} if spec.qk_norm == "head" else {"q": n_head * d_head, "k": n_kv_head * d_head}
@@ -648,6 +666,8 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
     found = [(name, m) for name, m in module.named_modules()
              if m is not module and not isinstance(m, nn.Linear)
              and _gain(m, widths.values(), {*rows["q"], *rows["k"]}) is not None]
+    if records:  # the norms the run used (their weights read by an op, or the module called on a tensor)
+        found = [(name, m) for name, m in found if _used(name, m, records)] or found
     by_role = {role: [(n, m) for n, m in found if role_of(n.replace("norm", "")) == role] for role in ("q", "k")}
     if all(len(by_role[r]) == 1 for r in ("q", "k")):
         norms = {r: by_role[r][0] for r in ("q", "k")}
@@ -671,6 +691,13 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
         raise UsageError(f"your {q_name} is a {type(q_norm).__name__} and your {k_name} a {type(k_norm).__name__}; "
                          "the reference normalizes q and k with one kind of norm, LayerNorm or RMSNorm")
     return norms
+
+
+def _used(name: str, norm: nn.Module, records: list[Record]) -> bool:
+    """Whether any op of the run read one of the norm's parameters (`x * norm_q.weight`, `F.rms_norm(..,
+    weight=norm_q.weight)`, a weight cast first: `norm_q.weight.to(x.dtype)`)."""
+    held = {f"{name}.{p}" for p, _ in norm.named_parameters()}
+    return any(mentioned(p, records) for p in held)
 
 
 def _as_held(value: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
