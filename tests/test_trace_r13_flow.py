@@ -81,8 +81,9 @@ NORMED = [("DiffusersNormed", (), "kv_swapped", "kv.swapped"),
           ("ProjNormed", ("--causal",), "scale_d_model", "scale.d_model"),
           ("GainNormed", ("--causal",), "scale_none", "scale.none"),
           ("LayerNormed", (), "kv_swapped", "kv.swapped")]
-REDUCED = [("ReducedSelfAttention", ("--forward", "height=4, width=4", "--nq", "16"), "v_from_k", "kv.values_from_keys"),
-           ("ReducedSelfAttention", ("--forward", "height=4, width=4", "--nq", "16"), "softmax_axis", "softmax.axis"),
+IMAGE = ("--forward", "height=4, width=4", "--nq", "16")
+REDUCED = [("ReducedSelfAttention", IMAGE, "v_from_k", "kv.values_from_keys"),
+           ("ReducedSelfAttention", IMAGE, "softmax_axis", "softmax.axis"),
            ("PvtAttention", ("--forward", "H=4, W=4", "--nq", "16"), "softmax_axis", "softmax.axis"),
            ("PooledMemory", (), "v_from_k", "kv.values_from_keys"),
            ("PooledMemory", (), "scale_d_model", "scale.d_model")]
