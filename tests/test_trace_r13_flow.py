@@ -77,6 +77,8 @@ def _want(m, x):
 
 NORMED = [("DiffusersNormed", (), "kv_swapped", "kv.swapped"),
           ("DiffusersNormed", (), "dropout_on", "dropout.left_on"),
+          ("DiffusersNormed", (), "split_no_permute", "heads.split_without_permute"),
+          ("ProjNormed", ("--causal",), "split_no_permute", "heads.split_without_permute"),
           ("T5Normed", (), "softmax_axis", "softmax.axis"),
           ("ProjNormed", ("--causal",), "scale_d_model", "scale.d_model"),
           ("GainNormed", ("--causal",), "scale_none", "scale.none"),

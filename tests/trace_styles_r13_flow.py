@@ -67,9 +67,12 @@ class DiffusersNormed(nn.Module):
         b = hidden_states.shape[0]
         query, key, value = self.to_q(hidden_states), self.to_k(hidden_states), self.to_v(hidden_states)
         head_dim = key.shape[-1] // self.heads
-        query = query.view(b, -1, self.heads, head_dim).transpose(1, 2)
-        key = key.view(b, -1, self.heads, head_dim).transpose(1, 2)
-        value = value.view(b, -1, self.heads, head_dim).transpose(1, 2)
+        if self.bug == "split_no_permute":
+            query, key, value = (t.view(b, self.heads, -1, head_dim) for t in (query, key, value))
+        else:
+            query = query.view(b, -1, self.heads, head_dim).transpose(1, 2)
+            key = key.view(b, -1, self.heads, head_dim).transpose(1, 2)
+            value = value.view(b, -1, self.heads, head_dim).transpose(1, 2)
         query, key = self.norm_q(query), self.norm_k(key)
         if self.bug == "kv_swapped":
             out = F.scaled_dot_product_attention(query, value, key)
@@ -153,7 +156,10 @@ class ProjNormed(nn.Module):
         q = self.q_norm(self.q_proj(hidden_states))
         k = self.k_norm(self.k_proj(hidden_states))
         v = self.v_proj(hidden_states)
-        q, k, v = (t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        if self.bug == "split_no_permute":
+            q, k, v = (t.view(b, self.num_heads, n, self.head_dim) for t in (q, k, v))
+        else:
+            q, k, v = (t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         scale = 1 / math.sqrt(self.num_heads * self.head_dim) if self.bug == "scale_d_model" else None
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))

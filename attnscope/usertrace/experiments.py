@@ -859,28 +859,35 @@ def _split(b: Base) -> Iterator[Trial]:
 
         for steps, words in fusedsplit.trials(b, turn if rope is not None else None):
             yield Trial(steps, words)
-    wrong: dict[str, dict[str, torch.Tensor]] = {}  # role -> the replay's change, and the split itself
+    wrong: dict[str, dict[str, torch.Tensor]] = {}  # role -> the replay's change, and the steps the view makes
     for role, change, name in (("Q", "q", "Q_rot"), ("K", "k_new", "K_rot"), ("V", "v_new", "")):
         feat, split = (f"{role}_feat", f"{role}_split") if b.kind == "module" else (role, role)
         normed = f"{role}_normed" if b.kind == "module" and f"{role}_normed" in b.ref else None
         if feat not in b.ref or split not in b.ref or b.ref[split].dim() != 4:
             continue
-        if normed is not None and b.ref[normed].shape != b.ref[split].shape:
-            continue  # a norm over the whole projection, before the split: not this trial's
         if b.names[change[0]] not in (split, name, normed):  # another step between the split and the attention
             continue
-        # [n_batch, n, d_feat] read as [n_batch, n_head, n, d_head]; a function's [n_batch, n, n_head, d] so too
-        source = b.ref[feat] if b.kind == "module" else b.ref[feat].transpose(1, 2).contiguous()
         shape = b.ref[split].shape
-        viewed = source.reshape(shape)
-        # a norm of each head's d_head (Persimmon's q_layernorm on [n_batch, n, n_head, d_head], before the view):
-        # the view keeps each row of d_head whole, so the norm then the view is the reference's norm viewed so
-        views = {split: viewed} if normed is None else {
-            split: viewed, normed: b.ref[normed].transpose(1, 2).contiguous().reshape(shape)}
-        plain = views[normed] if normed is not None else viewed
+        if normed is not None and b.ref[normed].shape != shape:
+            # a norm over the whole projection (OLMo 2's), before the split: the view takes the normed projection
+            views = {split: b.ref[normed].reshape(shape)}
+        else:
+            # [n_batch, n, d_feat] read as [n_batch, n_head, n, d_head]; a function's [n_batch, n, n_head, d] so too
+            source = b.ref[feat] if b.kind == "module" else b.ref[feat].transpose(1, 2).contiguous()
+            viewed = source.reshape(shape)
+            # a norm of each head's d_head (Persimmon's q_layernorm on [n_batch, n, n_head, d_head] before the view,
+            # SD3's norm_q after it): the view keeps each row of d_head whole, so the norm and the view give the
+            # reference's norm viewed so (one gain that every head shares)
+            views = {split: viewed} if normed is None else {
+                split: viewed, normed: b.ref[normed].transpose(1, 2).contiguous().reshape(shape)}
+        plain = views.get(normed or "", views[split])
         turned = _turn(rope)(plain, rope.q_pos if role == "Q" else rope.k_pos) \
             if rope is not None and role != "V" else plain
         wrong[role] = {change: turned, **views}
+    yield from _split_trials(b, wrong)
+
+
+def _split_trials(b: Base, wrong: dict[str, dict[str, torch.Tensor]]) -> Iterator[Trial]:
     runs = [[role] for role in wrong] + ([list(wrong)] if len(wrong) > 1 else [])
     for roles in runs:
         changes = {"Q": "q", "K": "k_new", "V": "v_new"}
