@@ -61,6 +61,20 @@ def _want(m, x):
         q, k, v = (_heads(t, b) for t in m.qkv(x).chunk(3, -1))
         q, k = _rms(q, 1e-6) * m.qn.gain, _rms(k, 1e-6) * m.kn.gain
         return m.proj(_merged(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+    if isinstance(m, styles.BareRmsGain):
+        q, k, v = (_heads(f(x), b) for f in (m.wq, m.wk, m.wv))
+        q, k = _rms(q, 1e-6) * m.q_gain, _rms(k, 1e-6) * m.k_gain
+        return m.wo(_merged(F.scaled_dot_product_attention(q, k, v)))
+    if isinstance(m, styles.L2Scaled):
+        q, k, v = (_heads(f(x), b) for f in (m.to_q, m.to_k, m.to_v))
+        q = q / q.pow(2).sum(-1, keepdim=True).sqrt() * m.qk_norm_q_scale
+        k = k / k.pow(2).sum(-1, keepdim=True).sqrt() * m.qk_norm_k_scale
+        return m.to_out(_merged(F.scaled_dot_product_attention(q, k, v)))
+    if isinstance(m, styles.BareLayerGain):
+        q, k, v = (_heads(f(x), b) for f in (m.W_Q, m.W_K, m.W_V))
+        q, k = ((t - t.mean(-1, keepdim=True)) for t in (q, k))
+        q, k = _rms(q, 1e-5) * m.q_w + m.q_b, _rms(k, 1e-5) * m.k_w + m.k_b
+        return m.W_O(_merged(F.scaled_dot_product_attention(q, k, v)))
     if isinstance(m, styles.ReducedSelfAttention):
         memory = _reduced(m, x, 4, 4, m.sr, m.layer_norm)
         q, k, v = _heads(m.query(x), b), _heads(m.key(memory), b), _heads(m.value(memory), b)
@@ -82,7 +96,10 @@ NORMED = [("DiffusersNormed", (), "kv_swapped", "kv.swapped"),
           ("T5Normed", (), "softmax_axis", "softmax.axis"),
           ("ProjNormed", ("--causal",), "scale_d_model", "scale.d_model"),
           ("GainNormed", ("--causal",), "scale_none", "scale.none"),
-          ("LayerNormed", (), "kv_swapped", "kv.swapped")]
+          ("LayerNormed", (), "kv_swapped", "kv.swapped"),
+          ("BareRmsGain", (), "kv_swapped", "kv.swapped"),
+          ("L2Scaled", (), "softmax_axis", "softmax.axis"),
+          ("BareLayerGain", (), "scale_d_model", "scale.d_model")]
 IMAGE = ("--forward", "height=4, width=4", "--nq", "16")
 REDUCED = [("ReducedSelfAttention", IMAGE, "v_from_k", "kv.values_from_keys"),
            ("ReducedSelfAttention", IMAGE, "softmax_axis", "softmax.axis"),
@@ -108,8 +125,10 @@ def test_the_styles_are_sdpa_and_the_plants_change_them(name, options, bug, caus
 
 @pytest.mark.parametrize(("name", "options", "bug", "cause"), NORMED)
 def test_the_gains_of_the_norms_the_run_calls_are_read_and_the_plant_named(runner, name, options, bug, cause):
-    """Two norms more than the self-attention calls (diffusers' norm_added_q/k, a memory's pair): the reference
-    takes the gains of those the run calls, with --qk-norm and without (read from the code)."""
+    """Two norms more than the self-attention calls (diffusers' norm_added_q/k, a memory's pair), or gains the
+    attention module holds itself (`F.rms_norm(q, (d,)) * self.q_gain`, x-transformers' per-head scale after an
+    l2norm, an inline LayerNorm's gain and bias): the reference takes the gains the run applies, with --qk-norm and
+    without (read from the code)."""
     over = "the whole projection" if name == "ProjNormed" else "d_head"
     result, out = trace(runner, f"{STYLES}:{name}", *options)
     assert result.exit_code == 0, result.stdout + result.stderr

@@ -313,3 +313,73 @@ class PooledMemory(nn.Module):
         q, k, v = (t.reshape(b, -1, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, scale=d ** -0.5 if self.bug == "scale_d_model" else None)
         return self.to_out(out.transpose(1, 2).reshape(b, n, d))
+
+
+class BareRmsGain(nn.Module):
+    """The gains are the attention module's own parameters: `F.rms_norm(q, (d,)) * self.q_gain`."""
+
+    def __init__(self, dim=32, n_head=4, bug=None):
+        super().__init__()
+        self.n_head, self.hd, self.bug = n_head, dim // n_head, bug
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim) for _ in range(4))
+        self.q_gain = nn.Parameter(torch.ones(self.hd))
+        self.k_gain = nn.Parameter(torch.ones(self.hd))
+        _trained(self, 8)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.n_head, self.hd).transpose(1, 2) for f in (self.wq, self.wk, self.wv))
+        q = F.rms_norm(q, (self.hd,), eps=1e-6) * self.q_gain
+        k = F.rms_norm(k, (self.hd,), eps=1e-6) * self.k_gain
+        y = F.scaled_dot_product_attention(q, v, k) if self.bug == "kv_swapped" else \
+            F.scaled_dot_product_attention(q, k, v)
+        return self.wo(y.transpose(1, 2).reshape(b, n, d))
+
+
+class L2Scaled(nn.Module):
+    """x-transformers' qk_norm: l2norm of q and k, then a learned scale per head, `[heads, 1, dim_head]`."""
+
+    def __init__(self, dim=32, heads=4, dim_head=8, bug=None):
+        super().__init__()
+        self.heads, self.scale, self.bug = heads, dim_head ** -0.5, bug
+        inner = heads * dim_head
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.Linear(inner, dim, bias=False)
+        self.qk_norm_q_scale = nn.Parameter(torch.ones(heads, 1, dim_head))
+        self.qk_norm_k_scale = nn.Parameter(torch.ones(heads, 1, dim_head))
+        _trained(self, 9)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, self.heads, -1).permute(0, 2, 1, 3) for t in (self.to_q(x), self.to_k(x),
+                                                                                 self.to_v(x)))
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        q = q * self.qk_norm_q_scale
+        k = k * self.qk_norm_k_scale
+        dots = torch.einsum("b h i d, b h j d -> b h i j", q, k) * self.scale
+        attn = dots.softmax(dim=-2 if self.bug == "softmax_axis" else -1)
+        out = torch.einsum("b h i j, b h j d -> b h i d", attn, v)
+        return self.to_out(out.permute(0, 2, 1, 3).reshape(b, n, -1))
+
+
+class BareLayerGain(nn.Module):
+    """A LayerNorm written inline with a gain and a bias the attention module holds."""
+
+    def __init__(self, d_model=32, n_heads=4, bug=None):
+        super().__init__()
+        self.h, self.d_k, self.bug = n_heads, d_model // n_heads, bug
+        self.W_Q, self.W_K, self.W_V, self.W_O = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.q_w, self.q_b = nn.Parameter(torch.ones(self.d_k)), nn.Parameter(torch.zeros(self.d_k))
+        self.k_w, self.k_b = nn.Parameter(torch.ones(self.d_k)), nn.Parameter(torch.zeros(self.d_k))
+        _trained(self, 10)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (W(x).view(b, n, self.h, self.d_k).transpose(1, 2) for W in (self.W_Q, self.W_K, self.W_V))
+        q = F.layer_norm(q, (self.d_k,), eps=1e-5) * self.q_w + self.q_b
+        k = F.layer_norm(k, (self.d_k,), eps=1e-5) * self.k_w + self.k_b
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d if self.bug == "scale_d_model" else self.d_k)
+        out = scores.softmax(-1) @ v
+        return self.W_O(out.transpose(1, 2).contiguous().view(b, n, d))

@@ -1279,7 +1279,8 @@ def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record]
     tries = [dataclasses.replace(spec, qk_norm=kind) for kind in ("head", "proj")]
     if rows is not None:  # before the norms' weights where the module holds none, after them where it does
         weightless = dataclasses.replace(spec, qk_norm=rows.over, qk_norm_gain=rows.gain, qk_norm_eps=rows.eps)
-        tries = tries + [weightless] if _holds_norms(module) else [weightless, *tries]
+        tries = tries + [weightless] if _holds_norms(module) or _own_gains(module, records, lined) else \
+            [weightless, *tries]
     for asked in tries:
         kind = asked.qk_norm
         try:
@@ -1316,6 +1317,18 @@ def _after_rope(record: Record, lined: LineUp) -> bool | None:
     reference's rotated queries or keys; None without RoPE."""
     rotated = [row.record.index for row in lined.rows if row.reference in ("Q_rot", "K_rot") and row.record is not None]
     return None if not rotated else record.index > min(rotated)
+
+
+def _own_gains(module: Any, records: list[Record], lined: LineUp) -> bool:
+    """The module multiplies its normalized q and k by parameters of its own (`F.rms_norm(q, (d,)) * self.q_gain`,
+    usertrace/baregains.py): its norms hold weights, though it holds no norm layer."""
+    from attnscope.usertrace import baregains
+
+    trace = lined.trace
+    if trace is None or "Q_split" not in trace or "Q_feat" not in trace:
+        return False
+    widths = {int(trace["Q_split"].shape[-1]), int(trace["Q_feat"].shape[-1])}
+    return len(baregains.read(module, records, widths)) >= 2
 
 
 def _holds_norms(module: Any) -> bool:

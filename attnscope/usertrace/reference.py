@@ -668,6 +668,10 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
              and _gain(m, widths.values(), {*rows["q"], *rows["k"]}) is not None]
     if records:  # the norms the run used (their weights read by an op, or the module called on a tensor)
         found = [(name, m) for name, m in found if _used(name, m, records)] or found
+    if records and not found:  # gains the module holds itself, `F.rms_norm(q, (d,)) * self.q_gain` (baregains.py)
+        from attnscope.usertrace import baregains
+
+        found = baregains.read(module, records, set(widths.values()))
     by_role = {role: [(n, m) for n, m in found if role_of(n.replace("norm", "")) == role] for role in ("q", "k")}
     if all(len(by_role[r]) == 1 for r in ("q", "k")):
         norms = {r: by_role[r][0] for r in ("q", "k")}

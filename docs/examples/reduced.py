@@ -71,3 +71,22 @@ class JointAttention(nn.Module):
         q, k = self.norm_q(q), self.norm_k(k)
         out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, -1, self.heads * 8)
         return self.to_out[1](self.to_out[0](out))
+
+
+class GainAttention(nn.Module):
+    """q and k normalized by F.rms_norm, then gained by parameters the attention module holds itself."""
+
+    def __init__(self, dim=32, n_head=4):
+        super().__init__()
+        self.n_head, self.hd = n_head, dim // n_head
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim) for _ in range(4))
+        self.q_gain = nn.Parameter(torch.empty(self.hd).uniform_(0.5, 1.5))
+        self.k_gain = nn.Parameter(torch.empty(self.hd).uniform_(0.5, 1.5))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.n_head, self.hd).transpose(1, 2) for f in (self.wq, self.wk, self.wv))
+        q = F.rms_norm(q, (self.hd,), eps=1e-6) * self.q_gain
+        k = F.rms_norm(k, (self.hd,), eps=1e-6) * self.k_gain
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, n, d))

@@ -1,0 +1,93 @@
+"""qk-norm gains the attention module holds as parameters of its own, read from the data flow: no norm submodule,
+but q and k normalized by an op (`F.rms_norm`, `F.normalize`, a LayerNorm without its affine, an RMS by hand) and
+then multiplied by a 1-D parameter of the norm's width (`q = F.rms_norm(q, (d,)) * self.q_gain`; x-transformers'
+`l2norm(q) * self.qk_norm_q_scale`, one row per head), perhaps with a parameter added after (a bias).
+
+Each such product is read as a norm module the reference's qk-norm can take its weights from (`Held`): its form
+(RMS rows or mean-free rows of one variance, read from the tensor the gain multiplies), its epsilon (the op's own
+`eps=`, else the form's usual one), its gain and bias the module's parameters. normforms.read then fits it as it
+fits any norm submodule, so unit-length rows (F.normalize) become an RMSNorm with the gain over √width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnscope.usertrace.record import Record
+
+MULS = ("mul", "__mul__", "__rmul__", "mul_")
+ADDS = ("add", "__add__", "__radd__", "add_")
+SPREAD = 2e-3
+
+
+class Held(nn.Module):
+    """A norm the code writes inline, as a module: `form(x) · weight (+ bias)` over the last axis."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str, eps: float, rms: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.kind, self.eps, self.rms = kind, eps, rms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layer":
+            x = x - x.mean(-1, keepdim=True)
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.rms * self.weight
+        return y if self.bias is None else y + self.bias
+
+
+def read(module: nn.Module, records: list[Record], widths: set[int]) -> list[tuple[str, nn.Module]]:
+    """The module's own parameters that gain a normalized q or k, as norms, in the order the run uses them."""
+    own = {name: p for name, p in module.named_parameters(recurse=False) if p.dim() >= 1 and p.shape[-1] in widths}
+    found: dict[str, nn.Module] = {}
+    for r in records:
+        if r.func not in MULS:
+            continue
+        named = [v for k, v in r.args if k == "text" and v in own]
+        normed = [records[v] for k, v in r.args if k == "rec"]
+        if len(named) != 1 or len(normed) != 1 or named[0] in found:
+            continue
+        weight, x = own[named[0]], normed[0].tensor
+        form = _form(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else None
+        if form is None or x.shape[-1] != weight.shape[-1]:
+            continue
+        kind, rms = form
+        eps = _eps(normed[0], kind)
+        found[named[0]] = Held(weight, _bias(r, records, own, weight), kind, eps, rms)
+    return list(found.items())
+
+
+def _form(x: torch.Tensor) -> tuple[str, float] | None:
+    """("rms" or "layer", the rows' RMS) where every row over the last axis has one RMS (and, for "layer", mean 0)."""
+    rows = x.detach().double().reshape(-1, x.shape[-1])
+    if rows.shape[0] < 2 or rows.shape[-1] < 2:
+        return None
+    centred = rows.mean(-1).abs().max() <= 1e-5 * max(1.0, float(rows.abs().max()))
+    rms = rows.pow(2).mean(-1).sqrt()
+    low, high = float(rms.min()), float(rms.max())
+    if not math.isfinite(high) or low <= 0 or high - low > SPREAD * high:
+        return None
+    return ("layer" if centred else "rms"), float(rms.median())
+
+
+def _eps(record: Record, kind: str) -> float:
+    for k, v in record.args:
+        if k == "kw" and v[0] == "eps" and v[1][0] == "text":
+            try:
+                return float(v[1][1])
+            except (TypeError, ValueError):
+                break
+    return 1e-5 if kind == "layer" else 1e-6
+
+
+def _bias(product: Record, records: list[Record], own: dict[str, Any], weight: torch.Tensor) -> torch.Tensor | None:
+    """A parameter of the gain's shape added to the product (`F.layer_norm(q, (d,)) * self.q_w + self.q_b`)."""
+    for r in records:
+        if r.func in ADDS and ("rec", product.index) in r.args:
+            added = [v for k, v in r.args if k == "text" and v in own and own[v].shape == weight.shape]
+            return own[added[0]].detach() if len(added) == 1 else None
+    return None
