@@ -154,9 +154,10 @@ def test_keys_from_a_tensor_the_module_makes_are_its_input_side(runner, name, op
     assert out["first_divergence"]["experiment"] == cause, out["first_divergence"]
 
 
-def test_keys_from_the_input_laid_out_anew_are_no_input_side(runner, tmp_path):
-    """Keys and values read from the input's tokens scrambled by a view (no weight of the module's made them, the
-    length is the input's): a mistake the line-up shows, never read as the keys' input."""
+@pytest.mark.parametrize("made", ["x.transpose(1, 2).reshape(b, n, d)", "x[:, :-1]"])
+def test_keys_from_the_input_laid_out_anew_are_no_input_side(runner, tmp_path, made):
+    """Keys and values read from the input's tokens scrambled by a view or cut by a slice (no weight of the module's
+    made them, no pooling): a mistake the line-up shows, never read as the keys' input."""
     path = tmp_path / "scrambled.py"
     path.write_text(Path(STYLES).read_text().split("class DiffusersRMSNorm")[0] + '''
 class Scrambled(nn.Module):
@@ -168,11 +169,11 @@ class Scrambled(nn.Module):
 
     def forward(self, x):
         b, n, d = x.shape
-        kv = x.transpose(1, 2).reshape(b, n, d)
+        kv = MADE
         q, k, v = self.to_q(x), self.to_k(kv), self.to_v(kv)
-        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(b, t.shape[1], self.heads, -1).transpose(1, 2) for t in (q, k, v))
         return self.to_out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d))
-''')
+'''.replace("MADE", made))
     result, out = trace(runner, f"{path}:Scrambled")
     assert result.exit_code == 1, result.stdout + result.stderr
     assert not any(n.startswith("your key and value projections") for n in out["notes"]), out["notes"]

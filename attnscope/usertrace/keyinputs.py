@@ -7,9 +7,10 @@ Read from the run, never from names or widths: the projections behind the scores
 partner (flow.operands) read one and the same tensor, made from the forward's input by ops of no projection, where
 the query projection reads the input itself. That tensor is the keys' and values' input side, a convention, not
 attention: the reference's key and value projections read it (`Inputs.own`, as queries.py's latents), n_K its
-length, and a mistake after the projections is still named by experiment. A tensor as long as the input is kept only
-where the module's own parameters made it (a convolution, a norm): the input merely laid out anew for the keys
-(a transpose that scrambles the tokens) is a mistake the line-up shows, no convention.
+length, and a mistake after the projections is still named by experiment. The tensor is kept only where the
+module's own parameters made it (a convolution, a norm) or, of another length than the input, an op that summarizes
+positions (a pooling, a mean, an interpolation): the input merely laid out anew for the keys (a transpose that
+scrambles the tokens) or cut (`x[:, :-1]`) is a mistake the line-up shows, no convention.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def find(records: list[Record], inputs: Inputs, module: Any) -> KeyInput | None:
     texts, parameters = _history(keys, records, module)
     if texts & set(inputs.tensors) != {given} or not _batched(keys.tensor, x):
         return None
-    if keys.tensor.shape[-2] == x.shape[-2] and not parameters:
-        return None  # as long as x and made by no weight of the module's: x laid out anew, no input side
+    if not parameters and (keys.tensor.shape[-2] == x.shape[-2] or not _pooled(keys, records)):
+        return None  # made by no weight of the module's and no pooling: x laid out anew or cut, no input side
     calls = tuple(dict.fromkeys(str(records[c].args[0][1]) for c in (k_call, v_call)))
     return KeyInput(keys.tensor.detach(), keys, calls)
 
@@ -112,6 +113,16 @@ def _history(record: Record, records: list[Record], module: Any) -> tuple[set[st
                 texts.add(value)
     held = {name for name, _ in (*module.named_parameters(), *module.named_buffers())}
     return texts, texts & held
+
+
+POOLING = ("pool", "interpolate", "mean", "conv", "sum")  # ops that summarize positions (a pooled memory)
+
+
+def _pooled(record: Record, records: list[Record]) -> bool:
+    """Whether an op that summarizes positions (a pooling, a mean, an interpolation) made `record`."""
+    from attnscope.usertrace.align import ancestors
+
+    return any(any(word in records[i].func for word in POOLING) for i in ancestors(record, records) | {record.index})
 
 
 def _batched(tensor: torch.Tensor, x: torch.Tensor) -> bool:
