@@ -1,7 +1,8 @@
 """Attention whose projections no reference of four Linear layers holds (held-out round 13a: Flux's double- and
 single-stream blocks and SD3's joint attention were refused, exit 2). Streams joined along the tokens are now lined
-up from the code's joined q, k and v to the merge of the heads (usertrace/joint.py); an output projection that
-also reads an MLP's features is the identity, compared up to the merge (reference.merge_only). Each style of
+up from the code's joined q, k and v to the merge of the heads (usertrace/joint.py), inputs joined before shared
+projections (CogVideoX's) are the reference's input (joint.apply_joined); an output projection that also reads an
+MLP's features is the identity, compared up to the merge (reference.merge_only). Each style of
 tests/trace_styles_round13_joint.py is checked against F.scaled_dot_product_attention in float64 on its own weights,
 passes (exit 0, with its note), and three plants of the catalog in each are named by experiment."""
 
@@ -66,7 +67,7 @@ def test_the_styles_are_sdpa_on_their_own_weights_and_each_plant_changes_them():
         want = (_lin(m.to_out, y[:, 4:]), _lin(m.ctx_out, y[:, :4]))
         got = m(x, ctx)
         assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(got, want, strict=True))
-        m.bugs = ("scale_d_model", "softmax_axis", "kv_swapped", "merge_no_transpose")
+        m.bugs = ("scale_d_model", "softmax_axis", "kv_swapped", "merge_no_transpose", "split_no_permute")
         _planted(m, want, x, ctx)
 
         m = _moved(styles.DoubleStream())  # img = x, txt = ctx, joined txt + img, half-split RoPE base 10000
@@ -96,10 +97,21 @@ def test_the_styles_are_sdpa_on_their_own_weights_and_each_plant_changes_them():
         m.bugs = ("mask_after_softmax", "softmax_axis", "merge_no_transpose")
         _planted(m, want, x)
 
+        m = _moved(styles.JoinedFirst())  # the context's tokens, then x's, joined before shared projections
+        joined = torch.cat([ctx, x], 1)
+        y = _merge(F.scaled_dot_product_attention(*(_heads(_lin(p, joined), 4) for p in (m.to_q, m.to_k, m.to_v))))
+        y = _lin(m.to_out, y)
+        want = (y[:, 4:], y[:, :4])
+        got = m(x, ctx)
+        assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(got, want, strict=True))
+        m.bugs = ("no_scale", "softmax_axis", "kv_swapped")
+        _planted(m, want, x, ctx)
+
 
 CORRECT = [("MMDiTJoint", ("--nk", "5"), "joint attention: your code joins 2 streams along the tokens (5 + "),
            ("DoubleStream", ("--rope",), "joint attention: your code joins 2 streams along the tokens ("),
-           ("ParallelBlock", ("--causal",), None)]
+           ("ParallelBlock", ("--causal",), None),
+           ("JoinedFirst", ("--nk", "5"), "joint attention: your code joins its inputs along the tokens before")]
 
 
 @pytest.mark.parametrize(("name", "args", "note"), CORRECT)
@@ -109,7 +121,7 @@ def test_correct_code_lines_up_from_its_joined_q_k_v(runner, name, args, note):
     assert out["first_divergence"] is None
     if note is not None:
         assert any(n.startswith(note) for n in out["notes"]), out["notes"]
-        assert "with identity projections on your joined q, k and v" in out["reference"]
+        assert "with identity projections on your joined q, k and v" in out["reference"] or name == "JoinedFirst"
     else:
         assert "reads 96 features, the 32 of the merged heads beside others" in out["reference"]
 
@@ -118,12 +130,16 @@ PLANTS = [("MMDiTJoint", ("--nk", "5"), "scale_d_model", "scale.d_model"),
           ("MMDiTJoint", ("--nk", "5"), "softmax_axis", "softmax.axis"),
           ("MMDiTJoint", ("--nk", "5"), "kv_swapped", "kv.swapped"),
           ("MMDiTJoint", ("--nk", "5"), "merge_no_transpose", "heads.merge_without_transpose"),
+          ("MMDiTJoint", ("--nk", "5"), "split_no_permute", "heads.split_without_permute"),
           ("DoubleStream", ("--rope",), "rope_on_v", "rope.on_values"),
           ("DoubleStream", ("--rope",), "scale_twice", "scale.twice"),
           ("DoubleStream", ("--rope",), "merge_no_transpose", "heads.merge_without_transpose"),
           ("ParallelBlock", ("--causal",), "mask_after_softmax", "mask.after_softmax"),
           ("ParallelBlock", ("--causal",), "softmax_axis", "softmax.axis"),
-          ("ParallelBlock", ("--causal",), "merge_no_transpose", "heads.merge_without_transpose")]
+          ("ParallelBlock", ("--causal",), "merge_no_transpose", "heads.merge_without_transpose"),
+          ("JoinedFirst", ("--nk", "5"), "no_scale", "scale.none"),
+          ("JoinedFirst", ("--nk", "5"), "softmax_axis", "softmax.axis"),
+          ("JoinedFirst", ("--nk", "5"), "kv_swapped", "kv.swapped")]
 
 
 @pytest.mark.parametrize(("name", "args", "bug", "cause"), PLANTS)

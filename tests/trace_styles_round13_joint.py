@@ -43,6 +43,8 @@ class MMDiTJoint(nn.Module):
 
     def _heads(self, t):
         b, n, _ = t.shape
+        if self.bug == "split_no_permute":
+            return t.reshape(b, self.heads, n, self.head_dim)
         return t.reshape(b, n, self.heads, self.head_dim).permute(0, 2, 1, 3)
 
     def forward(self, x, context=None):
@@ -146,3 +148,35 @@ class ParallelBlock(nn.Module):
         else:
             out = out.transpose(1, 2).reshape(b, n, d)
         return self.fused_out(torch.cat([out, F.silu(ff)], dim=-1))
+
+
+class JoinedFirst(nn.Module):
+    """CogVideoX-like: the text's and the video's tokens joined before shared projections (one stream made of
+    two), the heads folded into the batch as diffusers' head_to_batch_dim does, the output split back."""
+
+    def __init__(self, inner=32, heads=4, bug=None):
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.to_q, self.to_k, self.to_v = nn.Linear(inner, inner), nn.Linear(inner, inner), nn.Linear(inner, inner)
+        self.to_out = nn.Linear(inner, inner)
+
+    def head_to_batch_dim(self, t):
+        b, n, d = t.shape
+        return t.reshape(b, n, self.heads, d // self.heads).permute(0, 2, 1, 3).reshape(b * self.heads, n, -1)
+
+    def forward(self, hidden_states, encoder_hidden_states=None):
+        text_len = 0 if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+        if encoder_hidden_states is not None:
+            hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        b, n, d = hidden_states.shape
+        q = self.head_to_batch_dim(self.to_q(hidden_states))
+        k = self.head_to_batch_dim(self.to_k(hidden_states))
+        v = self.head_to_batch_dim(self.to_v(hidden_states))
+        scores = torch.matmul(q, (v if self.bug == "kv_swapped" else k).transpose(1, 2))
+        if self.bug != "no_scale":
+            scores = scores * (d // self.heads) ** -0.5
+        probs = F.softmax(scores, dim=1 if self.bug == "softmax_axis" else -1)
+        out = torch.matmul(probs, k if self.bug == "kv_swapped" else v)
+        out = out.reshape(b, self.heads, n, -1).permute(0, 2, 1, 3).reshape(b, n, d)
+        out = self.to_out(out)
+        return out[:, text_len:], out[:, :text_len]

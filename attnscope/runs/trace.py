@@ -156,6 +156,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         cachelayouts,
         heldcache,
         identity,
+        joint,
         keyinputs,
         latentcache,
         load,
@@ -363,6 +364,8 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             reduced = keyinputs.find(ran[2].records, ran[0], weighted)
             if reduced is not None:
                 keyinputs.apply(ran[0], reduced)
+            # CogVideoX's torch.cat([encoder_hidden_states, hidden_states], dim=1) before to_q, to_k, to_v
+            joint.apply_joined(ran[2].records, ran[0])
         return cast("tuple[Inputs, Feeds, Called, Convention | None]", ran)
 
     def in_layouts(asked: TraceOptions, made: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
@@ -650,6 +653,18 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
             tuned = tuning.read(weighted, shapes, inputs, called.records, o.train, spec, lined)
             if tuned is not None:  # Llama 4's temperature tuning, declared by the module: its convention
                 spec, lined = tuned
+        width = int(lined.trace["Q_split"].shape[-1]) if lined.joint and lined.trace is not None \
+            and "Q_split" in lined.trace else None
+        if width is not None and inputs.sizes.get("d_head") != width:
+            # joint attention: the head width is the joined q's, not a width one stream's projections suggested
+            # (Flux's fused qkv read as one query projection, 96 / 4 = 24): the dims named again with it
+            shapes.fixed["d_head"] = width
+            shapes.fixed.pop("n_kv_head", None)
+            shapes.extra.pop("3·d_head", None)
+            made = again()
+            if made[2].failure is None:
+                inputs, fed, called, convention = made
+                lined = line_up(weighted, shapes, inputs, called.records, o.train, spec)
         run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
         if lined.joint:  # streams joined along the tokens: one attention over all of them, whatever the inputs' kinds
             run.header[1] = run.header[1].replace(": cross-attention,", ": joint attention,", 1).replace(
@@ -1765,6 +1780,7 @@ def _header(target: Target, label: str, plan: Plan, inputs: Inputs, mode: str, s
         "cross-attention" if inputs.sizes.get("n_Q") != inputs.sizes.get("n_K") else "attention")
     kind = "cross-attention, the queries from your module's own tensors" if inputs.own and \
         inputs.own_from == "module" else kind
+    kind = "joint attention" if inputs.own and inputs.own_from == "joined" else kind
     kind += "" if not spec.cache else ", a decode step"
     described = ", ".join(part for part in (spec.describe(), "column layout" if spec.layout == "col" else "") if part)
     variants = f"; reference: {described}" if described else ""

@@ -114,6 +114,8 @@ def _join_above(operand: Record, records: list[Record], params: dict[str, Any]
         fed = [g for g in given if parameters_read(g.index, records, params) is None]
         if len(given) < 2 or len(fed) < 2:
             continue
+        if any(records[i].style == "linear" and r.index in ancestors(records[i], records) for i in above):
+            return None  # the inputs joined before the projections read them (CogVideoX's): no streams of their own
         axis = _axis(r.tensor, [g.tensor for g in given])
         if axis is not None and axis != r.tensor.dim() - 1:  # the last axis joins features (rotate_half's halves)
             return r, axis, tuple(int(g.tensor.shape[axis]) for g in given)
@@ -150,12 +152,65 @@ def streams(records: list[Record], params: dict[str, Any], inputs: Sequence[str]
     and values' alone."""
     from attnscope.usertrace.align import ancestors
 
+    if joined_inputs(records, inputs) is not None:
+        return True
     joined = find(records, params)
     if joined is None:
         return False
     above = {i for r in (joined.q, joined.k, joined.v) for i in ancestors(r, records)}
     read = {value for i in above for kind, value in records[i].args if kind == "text"}
     return all(name in read for name in inputs)
+
+
+def joined_inputs(records: list[Record], inputs: Sequence[str]) -> Record | None:
+    """The tensor every one of the code's q, k and v projections reads where it is the forward's inputs (at least two
+    of `inputs`, by label) joined along the tokens before them (CogVideoX's `torch.cat([encoder_hidden_states,
+    hidden_states], dim=1)`, then `to_q`, `to_k`, `to_v`): one stream made of several, read as the reference's input.
+    None otherwise."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import operands
+
+    found = operands(records)
+    if found is None:
+        return None
+    read: set[int] = set()
+    for index in found[:3]:
+        above = ancestors(records[index], records) | {index}
+        calls = [records[i] for i in sorted(above, reverse=True) if records[i].style == "linear"]
+        if not calls or len(calls[0].args) < 2 or calls[0].args[1][0] != "rec":
+            return None
+        read.add(calls[0].args[1][1])
+    if len(read) != 1:
+        return None
+    joined = records[read.pop()]
+    listed = [value for kind, value in joined.args if kind == "list"]
+    labels = [value for kind, value in listed[0] if kind == "text"] if len(listed) == 1 else []
+    axis = [value for kind, value in joined.args if kind == "text" and value.removeprefix("dim=") in ("1", "-2")]
+    if joined.func.split(".")[-1] not in JOINS or joined.tensor.dim() != 3 or len(labels) != len(listed[0]) \
+            or len(set(labels) & set(inputs)) < 2 or not axis:
+        return None
+    return joined
+
+
+def apply_joined(records: list[Record], inputs: Any) -> bool:
+    """`inputs` with the forward's inputs joined along the tokens before every projection (joined_inputs) as the
+    reference's input for q, k and v, n_Q = n_K their length, and the note that says so; False (nothing changed)
+    where they are not, or the mask does not fit that length."""
+    joined = joined_inputs(records, list(inputs.tensors))
+    if joined is None or inputs.own or inputs.layout != "row" or inputs.cache is not None:
+        return False
+    n = int(joined.tensor.shape[1])
+    mask = inputs.mask
+    if mask is not None and mask.dim() >= 2 and (mask.shape[-2] not in (1, n) or mask.shape[-1] not in (1, n)):
+        return False
+    tensor = joined.tensor.detach()
+    inputs.own = {"Q": tensor, "K": tensor, "V": tensor}
+    inputs.own_from = "joined"
+    inputs.sizes["n_Q"], inputs.sizes["n_K"] = n, n
+    inputs.notes.append(f"joint attention: your code joins its inputs along the tokens before its projections read "
+                        f"them (line {joined.line}: {joined.details.get('op', joined.call)}), n = {n}; the reference "
+                        "reads the joined tensor as its input, self-attention over all the tokens")
+    return True
 
 
 def memory_note(memory: str, first: str, n: str) -> str:
@@ -188,6 +243,53 @@ def merge_row(rows: list[Any], trace: Any, records: list[Record]) -> None:
         row.merged, row.split = False, None
         if diff <= tolerance(x):
             row.status = "equal"
+
+
+@dataclass(frozen=True)
+class SplitFault:
+    """A stream whose heads the code splits by a view without the transpose, found before the join."""
+
+    role: str  # "Q", "K" or "V"
+    split: Record  # the code's tensor, [n_batch, n_head, n, d_head] read straight from the projection's output
+    projection: Record  # the stream's projection output it was viewed from, [n_batch, n, n_head·d_head]
+
+    def words(self) -> tuple[str, str]:
+        """The diagnosis and the evidence."""
+        p, s = self.projection, self.split
+        diagnosis = (f"heads split without the transpose: your {s.label} (line {s.line}) holds your {p.label} (line "
+                     f"{p.line}), a stream's {self.role} [n_batch, n, n_head·d_head], viewed straight as [n_batch, "
+                     "n_head, n, d_head], so each head holds a run of positions of several heads, not one head of "
+                     "every position; view it as [n_batch, n, n_head, d_head] and .transpose(1, 2)")
+        evidence = (f"by experiment: your {p.label} (line {p.line}) viewed straight as {list(s.tensor.shape)} gives "
+                    f"back your "
+                    f"{s.label} (line {s.line}) exactly, where the split with the transpose does not")
+        return diagnosis, evidence
+
+
+def split_fault(records: list[Record], joined: Joined, n_head: int) -> SplitFault | None:
+    """The first stream whose q, k or v the code splits into heads by viewing its projection's output `[n_batch, n,
+    n_head·d_head]` straight as `[n_batch, n_head, n, d_head]` before the join: the reference starts from the joined
+    tensors, so such a split is found here, by experiment (the straight view gives the code's tensor back exactly,
+    the view with the transpose does not); None where every stream's split reads its projection's tokens whole."""
+    import torch
+
+    from attnscope.usertrace.fused import nearest_ancestors
+
+    for role, cat in (("Q", joined.q), ("K", joined.k), ("V", joined.v)):
+        for part in (records[i] for kind, value in cat.args if kind == "list" for k, i in value if k == "rec"):
+            for r in nearest_ancestors(records, part.index):
+                made = next((records[p] for p in r.parents if records[p].style == "linear"), None)
+                t = r.tensor
+                if made is None or t.dim() != 4 or t.shape[1] != n_head or made.tensor.dim() != 3 \
+                        or made.tensor.numel() != t.numel() or made.tensor.shape[1] != t.shape[2]:
+                    continue
+                b, n, _ = made.tensor.shape
+                source = made.tensor.detach()
+                right = source.reshape(b, n, n_head, -1).transpose(1, 2)
+                if torch.equal(source.reshape(t.shape), t.detach()) and not torch.equal(right, t.detach()):
+                    return SplitFault(role, r, made)
+                break
+    return None
 
 
 def heads(joined: Joined, n_head: int | None) -> int | None:

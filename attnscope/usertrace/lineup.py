@@ -373,6 +373,13 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
     out.trace, out.spec = trace, spec
     out.n_kv_head = getattr(reference_module, "n_kv_head", None)
     out.joint = projections is not None and projections.joint
+    if out.joint and module is not None:  # a stream split into heads wrongly, before the join the reference reads
+        from attnscope.usertrace import joint
+
+        joined = joint.find(records, dict(module.named_parameters()))
+        fault = joint.split_fault(records, joined, int(reference_module.n_head)) if joined is not None else None
+        if fault is not None:
+            return _split_fault(out, fault)
     if projections is not None and projections.note:
         out.notes.append(projections.note)
     if train:
@@ -528,6 +535,23 @@ def _best_reading(best: tuple[Any, ...] | None, records: list[Record], inputs: I
     if best is None or aligned > best[0]:
         return (aligned, trace, reference, projections, rows, skips, wanted, keys)
     return best
+
+
+def _split_fault(out: LineUp, fault: Any) -> LineUp:
+    """The line-up of joint attention where a stream's heads were split without the transpose (joint.split_fault):
+    the divergence at that role's split, at the code's tensor, named by its experiment."""
+    from attnscope.usertrace.align import difference
+
+    step = f"{fault.role}_split"
+    row = next((r for r in out.rows if r.reference == step), None)
+    if row is not None:
+        row.record, row.status, row.layout, row.order, row.merged, row.split = fault.split, "differs", "", None, \
+            False, None
+        same = out.trace is not None and tuple(out.trace[step].shape) == tuple(fault.split.tensor.shape)
+        row.max_abs_diff = difference(fault.split.tensor, out.trace[step]) if same and out.trace is not None else None
+    diagnosis, evidence = fault.words()
+    out.divergence = Divergence(step, fault.split, None, diagnosis, "heads.split_without_permute", evidence)
+    return out
 
 
 def _joint_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], spec: Spec,

@@ -1,13 +1,15 @@
-"""Attention whose projections no reference of four Linear layers holds. docs/trace.md traces both:
+"""Attention whose projections no reference of four Linear layers holds. docs/trace.md traces them:
 
     attnscope trace docs/examples/joint_attention.py:JointAttention --nk 5
     attnscope trace docs/examples/joint_attention.py:ParallelBlock --causal
+    attnscope trace docs/examples/joint_attention.py:CogJoint --nk 5
 
 - JointAttention: SD3's MMDiT joint attention, as diffusers' JointAttnProcessor2_0 writes it (shortened): the
   sample's and the context's streams, each with its own q/k/v projections and output projection, joined along the
   tokens for one F.scaled_dot_product_attention and split back.
 - ParallelBlock: a parallel block (PaLM, GPT-J) without its residual: one Linear writes q, k, v and the MLP's input,
   one Linear reads the merged heads beside the MLP's activation.
+- CogJoint: CogVideoX's joint attention: the text's and the video's tokens joined before shared projections.
 """
 import torch
 import torch.nn.functional as F
@@ -54,3 +56,21 @@ class ParallelBlock(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out = out.transpose(1, 2).reshape(b, n, d)
         return self.w_out(torch.cat([out, F.gelu(h)], dim=-1))
+
+
+class CogJoint(nn.Module):
+    """CogVideoX's joint attention, shortened: the text's and the video's tokens joined before shared projections."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.to_q, self.to_k, self.to_v, self.to_out = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, hidden_states, encoder_hidden_states):
+        text_seq_length = encoder_hidden_states.shape[1]
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        b, n, d = hidden_states.shape
+        q, k, v = (p(hidden_states).view(b, n, self.heads, -1).transpose(1, 2) for p in (self.to_q, self.to_k, self.to_v))
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+        out = self.to_out(out)
+        return out[:, text_seq_length:], out[:, :text_seq_length]
