@@ -102,6 +102,12 @@ def test_the_styles_are_their_references_and_the_plants_change_them():
         got = bert(x, attention_mask=unread, encoder_hidden_states=enc, encoder_attention_mask=additive)
         assert torch.allclose(got, want, atol=1e-10)
 
+        pma = _moved(styles.SeedPool())
+        q = pma.fc_q(pma.S.expand(2, -1, -1))
+        want = pma.fc_o(_merged(F.scaled_dot_product_attention(_heads(q, 2), _heads(pma.fc_k(feats), 2),
+                                                               _heads(pma.fc_v(feats), 2))))
+        assert torch.allclose(pma(feats), want, atol=1e-10)
+
         pool = _moved(styles.AttentionPool())
         a = pool.attn
         b_q, b_k, b_v = a.in_proj_bias.chunk(3)
@@ -140,6 +146,7 @@ def test_a_memory_of_another_width_is_read_from_the_data_flow(runner, name, args
 
 @pytest.mark.parametrize(("name", "args", "n_Q"), [
     ("QFormerPool", (), 4),
+    ("SeedPool", ("--nk", "9"), 3),  # 2 heads of 8, read from the queries before their split (16), not 32 / 8
     ("QFormerPool", ("--nk", "9"), 4),
     ("QFormerPool", ("--init", "hidden_size=32, encoder_width=16", "--d-feat", "16"), 4),  # the input's width
     ("AttentionPool", ("--nk", "9"), 3),
@@ -150,6 +157,7 @@ def test_latents_read_an_input_of_the_width_its_layers_read(runner, name, args, 
     sizes = out["params"]["sizes"]
     assert (sizes["n_Q"], sizes["d_feat"], sizes["d_kv_in"]) == (n_Q, 32, 16), sizes
     assert "--nk" not in args or sizes["n_K"] == 9
+    assert sizes["n_head"] == (2 if name == "SeedPool" else 4), sizes
     said = [n for n in out["notes"] if n.startswith("your queries come from your module's own")]
     assert said and "(d_kv_in = 16, the width their projections read; d_feat = 32" in said[0], out["notes"]
 

@@ -9,6 +9,7 @@ libraries write it (tests/test_trace_r13_memory.py):
 - a BLIP-2 Q-Former's learned query tokens attending to image embeddings of `encoder_width` (BERT's names, an
   extended additive mask);
 - an attention pool whose learned queries go to nn.MultiheadAttention with kdim = vdim = the input's width;
+- Set Transformer's PMA: seeds attending through bmm, heads folded into the batch, n_head·d_head not their width;
 - transformers' BertSelfAttention as cross-attention: encoder_hidden_states of encoder_width, and with them its
   encoder_attention_mask the mask (attention_mask left unread).
 """
@@ -154,6 +155,33 @@ class AttentionPool(nn.Module):
     def forward(self, x, key_padding_mask=None):
         q = self.queries.unsqueeze(0).expand(x.shape[0], -1, -1)
         return self.attn(q, x, x, key_padding_mask=key_padding_mask, need_weights=False)[0]
+
+
+class SeedPool(nn.Module):
+    """Set Transformer's pooling by multihead attention, its seeds of dim features attending to a set of dim_in ones
+    through bmm, the heads folded into the batch, their n_head·d_head (16) not the seeds' width (32) and said by no
+    attribute of a head count's name."""
+
+    def __init__(self, num_seeds=3, dim=32, dim_in=16, dim_V=16, splits=2):
+        super().__init__()
+        self.S = nn.Parameter(torch.randn(1, num_seeds, dim) * 0.5)
+        self.splits = splits
+        self.fc_q = nn.Linear(dim, dim_V)
+        self.fc_k = nn.Linear(dim_in, dim_V)
+        self.fc_v = nn.Linear(dim_in, dim_V)
+        self.fc_o = nn.Linear(dim_V, dim)
+
+    def fold(self, t):  # [b, n, g·d] -> [b·g, n, d]
+        b, n, _ = t.shape
+        return t.view(b, n, self.splits, -1).transpose(1, 2).reshape(b * self.splits, n, -1)
+
+    def forward(self, X):
+        b = X.shape[0]
+        Q = self.fold(self.fc_q(self.S.repeat(b, 1, 1)))
+        K, V = self.fold(self.fc_k(X)), self.fold(self.fc_v(X))
+        A = torch.softmax(Q.bmm(K.transpose(1, 2)) / math.sqrt(Q.shape[-1]), 2)
+        out = A.bmm(V).view(b, self.splits, Q.shape[1], -1).transpose(1, 2).reshape(b, Q.shape[1], -1)
+        return self.fc_o(out)
 
 
 class BertCrossSelfAttention(nn.Module):
