@@ -107,11 +107,23 @@ def test_the_styles_are_sdpa_on_their_own_weights_and_each_plant_changes_them():
         m.bugs = ("no_scale", "softmax_axis", "kv_swapped")
         _planted(m, want, x, ctx)
 
+        m = _moved(styles.FlatJoint())  # x's tokens, then the context's, joined before the heads split; GQA 4/2
+        q = _heads(torch.cat([_lin(m.wq, x), _lin(m.ctx_wq, ctx)], 1), 4)
+        k, v = (_heads(torch.cat(pair, 1), 2).repeat_interleave(2, 1) for pair in zip(
+            _lin(m.wkv, x).chunk(2, -1), _lin(m.ctx_wkv, ctx).chunk(2, -1), strict=True))
+        y = _merge(F.scaled_dot_product_attention(q, k, v))
+        want = (_lin(m.wo, y[:, :6]), _lin(m.ctx_wo, y[:, 6:]))
+        got = m(x, ctx)
+        assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(got, want, strict=True))
+        m.bugs = ("scale_d_head",)
+        _planted(m, want, x, ctx)
+
 
 CORRECT = [("MMDiTJoint", ("--nk", "5"), "joint attention: your code joins 2 streams along the tokens (5 + "),
            ("DoubleStream", ("--rope",), "joint attention: your code joins 2 streams along the tokens ("),
            ("ParallelBlock", ("--causal",), None),
-           ("JoinedFirst", ("--nk", "5"), "joint attention: your code joins its inputs along the tokens before")]
+           ("JoinedFirst", ("--nk", "5"), "joint attention: your code joins its inputs along the tokens before"),
+           ("FlatJoint", ("--nk", "5"), "joint attention: your code joins 2 streams along the tokens (7 + 5")]
 
 
 @pytest.mark.parametrize(("name", "args", "note"), CORRECT)
@@ -122,6 +134,7 @@ def test_correct_code_lines_up_from_its_joined_q_k_v(runner, name, args, note):
     if note is not None:
         assert any(n.startswith(note) for n in out["notes"]), out["notes"]
         assert "with identity projections on your joined q, k and v" in out["reference"] or name == "JoinedFirst"
+        assert "n_kv_head=2" in out["reference"] or name != "FlatJoint"
     else:
         assert "reads 96 features, the 32 of the merged heads beside others" in out["reference"]
 
@@ -139,7 +152,8 @@ PLANTS = [("MMDiTJoint", ("--nk", "5"), "scale_d_model", "scale.d_model"),
           ("ParallelBlock", ("--causal",), "merge_no_transpose", "heads.merge_without_transpose"),
           ("JoinedFirst", ("--nk", "5"), "no_scale", "scale.none"),
           ("JoinedFirst", ("--nk", "5"), "softmax_axis", "softmax.axis"),
-          ("JoinedFirst", ("--nk", "5"), "kv_swapped", "kv.swapped")]
+          ("JoinedFirst", ("--nk", "5"), "kv_swapped", "kv.swapped"),
+          ("FlatJoint", ("--nk", "5"), "scale_d_head", "scale.d_head")]
 
 
 @pytest.mark.parametrize(("name", "args", "bug", "cause"), PLANTS)

@@ -180,3 +180,28 @@ class JoinedFirst(nn.Module):
         out = out.reshape(b, self.heads, n, -1).permute(0, 2, 1, 3).reshape(b, n, d)
         out = self.to_out(out)
         return out[:, text_len:], out[:, :text_len]
+
+
+class FlatJoint(nn.Module):
+    """Streams joined before the heads are split ([B, n, width] along the tokens), grouped-query: each stream a q
+    Linear and a fused k/v Linear of its own, 4 query heads sharing 2 key/value heads (SDPA's enable_gqa)."""
+
+    def __init__(self, dim=32, heads=4, kv_heads=2, bug=None):
+        super().__init__()
+        self.h, self.kvh, self.d, self.bug = heads, kv_heads, dim // heads, bug
+        self.wq, self.wkv = nn.Linear(dim, dim), nn.Linear(dim, 2 * kv_heads * self.d)
+        self.ctx_wq, self.ctx_wkv = nn.Linear(dim, dim), nn.Linear(dim, 2 * kv_heads * self.d)
+        self.wo, self.ctx_wo = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x, context=None):
+        b, n, _ = x.shape
+        m = context.shape[1]
+        k, v = self.wkv(x).chunk(2, dim=-1)
+        ck, cv = self.ctx_wkv(context).chunk(2, dim=-1)
+        q = torch.cat([self.wq(x), self.ctx_wq(context)], dim=1).view(b, n + m, self.h, self.d).transpose(1, 2)
+        k = torch.cat([k, ck], dim=1).view(b, n + m, self.kvh, self.d).transpose(1, 2)
+        v = torch.cat([v, cv], dim=1).view(b, n + m, self.kvh, self.d).transpose(1, 2)
+        scale = 1 / self.d if self.bug == "scale_d_head" else None
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(b, n + m, -1)
+        return self.wo(out[:, :n]), self.ctx_wo(out[:, n:])

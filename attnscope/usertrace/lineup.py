@@ -590,7 +590,8 @@ def _joint_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: li
     joint.merge_row(rows, trace, records)
     rest = replace(spec, qk_norm=None).describe() if reference.spec.norm is None else spec.describe()
     own = "; qk-norm: each stream's own, before the join" if spec.qk_norm and reference.spec.norm is None else ""
-    what = (f"attnscope MultiHeadAttention (n_head={n_head}, d_head={reference.d_head}, scores / √d_head"
+    kv = f", n_kv_head={reference.n_kv_head}" if reference.n_kv_head != n_head else ""
+    what = (f"attnscope MultiHeadAttention (n_head={n_head}{kv}, d_head={reference.d_head}, scores / √d_head"
             f"{', ' + rest if rest else ''}) with identity projections on your joined q, k and v ({joined.n} tokens), "
             f"compared up to the merge of the heads{own}")
     return trace, wanted, reference, projections, what, rows, skips, keys
