@@ -242,7 +242,7 @@ def test_without_the_option_the_cause_is_named(tmp_path, runner, args, changes, 
                          ids=["qk-norm", "qk-norm-rms", "qk-norm-layernorm"])
 def test_the_codes_own_qk_norm_is_read_as_its_convention(tmp_path, runner, changes):
     """q and k both normalized by the module's own norms, without --qk-norm: the code's convention (timm's
-    qk_norm=True, Qwen3), read by rerunning the reference with it (runs/trace.py's _own_qk_norm), a note and exit 0
+    qk_norm=True, Qwen3), read by rerunning the reference with it (usertrace/ownnorm.py's read), a note and exit 0
     (it was a cause, "describe it with --qk-norm head"); the norm on one side only stays a bug (q-norm-only)."""
     result, out = trace(runner, module(tmp_path, *changes), "--causal")
     assert result.exit_code == 0, result.output

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from attnscope.usertrace.call import Called
     from attnscope.usertrace.feeds import Feeds
     from attnscope.usertrace.inputs import Inputs
-    from attnscope.usertrace.lineup import Aligned, Divergence, LineUp
+    from attnscope.usertrace.lineup import Aligned, Divergence
     from attnscope.usertrace.load import Plan, Target
     from attnscope.usertrace.masking import Convention
     from attnscope.usertrace.record import Failure, Record
@@ -154,6 +154,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
 
     from attnscope.usertrace import (
         cachelayouts,
+        headcount,
         heldcache,
         identity,
         joint,
@@ -161,6 +162,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         latentcache,
         load,
         masking,
+        ownnorm,
         pairparams,
         posembed,
         prenorm,
@@ -240,7 +242,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "
                      "and --heads")
     shapes = ShapePlan.make(o, weighted, init)
-    stacked = _heads_from_weights(weighted) if shapes.n_head is None and o.heads is None else None
+    stacked = headcount.from_weights(weighted) if shapes.n_head is None and o.heads is None else None
     if stacked is not None:  # per-head weight stacks [n_head, d_head, d_feat]: their first axis is the head count
         shapes = ShapePlan.make(dataclasses.replace(o, heads=stacked[0]), weighted, init)
         shown = f"[n_head, .., ..] = {list(stacked[2])}" if stacked[2][0] == stacked[0] else list(stacked[2])
@@ -567,14 +569,14 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
 
     if called.failure is None and weighted is not None and shapes.n_head is None and o.heads is None:
         own = inputs.own.get("Q") if inputs.own_from == "module" else None  # latents of their own width
-        read = _heads_from_run(called.records, shapes.fixed.get("d_feat") if own is None else int(own.shape[-1]),
+        read = headcount.from_run(called.records, shapes.fixed.get("d_feat") if own is None else int(own.shape[-1]),
                                o.layout == "col", inputs.sizes.get("n_batch"))
         if read is not None:  # the head count only the code says (a literal in its forward): read from its q
             heads, line, laid = read
             width = shapes.fixed.get("d_feat")  # as the run found it (a width the weights left open, _widths)
             shapes = ShapePlan.make(dataclasses.replace(o, heads=heads), weighted, init)
             shapes = _with_width(shapes, width if width != shapes.fixed.get("d_feat") else None)
-            d_head = _queries_head(called.records, heads)
+            d_head = headcount.queries_head(called.records, heads)
             if own is not None and d_head is not None:  # d_head as the run's queries have it, not the latents' / heads
                 shapes.fixed["d_head"] = d_head
             inputs, fed, called, convention = again()
@@ -646,7 +648,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
                 run.header[-1] += "" if o.q else f"  seed={o.seed}"
                 run.params = _params(o, target, kwargs, inputs)
         if lined.divergence is not None and o.qk_norm is None and weighted is not None and o.layout != "col":
-            own = _own_qk_norm(weighted, shapes, inputs, called.records, o.train, spec, lined)
+            own = ownnorm.read(weighted, shapes, inputs, called.records, o.train, spec, lined)
             if own is not None:  # the code normalizes q and k itself: its convention, read by experiment
                 spec, lined = own
                 run.params["qk_norm_read"] = spec.qk_norm
@@ -1262,182 +1264,6 @@ def _rule_left_over(o: TraceOptions, inputs: Inputs, own: Record) -> tuple[Any, 
     if on_future and not on_far:
         return allowed | future, "the causal part", f"the window's far keys ({o.window} or more back)"
     return None
-
-
-def _own_qk_norm(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train: bool, spec: Spec,
-                 lined: LineUp) -> tuple[Spec, LineUp] | None:
-    """qk-norm read from the code, as RoPE's pairing and base are: where the reference without it diverges at the
-    rotated q or k, the scores or after (anywhere, where the module holds a layer that could be a norm), the
-    reference is run again with a qk-norm over d_head ("head": timm's qk_norm=True, Qwen3) and over the projection
-    ("proj": OLMo 2), with the module's own norms' weights (usertrace/reference.py's _qk_norms). A reading is kept
-    only where its run lines up further than the first one did (no divergence, or a later one, or at the same step
-    one that an experiment of the catalog then reproduces): a norm on one side only, or of another kind, stays the
-    first run's diagnosis."""
-    from attnscope.errors import AttnscopeError
-    from attnscope.usertrace import rownorms
-    from attnscope.usertrace.lineup import line_up
-
-    diverged = lined.divergence
-    if diverged is None:
-        return None
-    names = [row.reference for row in lined.rows]
-    first = diverged.reference
-    # a norm without weights, read from the code's rows (Llama 4's L2Norm, F.rms_norm, F.normalize)
-    rows = rownorms.read(module, records, lined.trace)
-    # the scores or after, or the rotated q and k, which a norm before RoPE already changes (Cohere's, Qwen3's), or
-    # the keys joined to a decode step's cache or repeated for grouped heads, which a norm changed (nanochat's, a
-    # norm after RoPE); any step where the module holds a layer that could be such a norm (a bug before the scores
-    # hides it otherwise)
-    if "scores" not in names or first not in names or (names.index(first) < names.index("scores")
-                                                        and first not in ("Q_rot", "K_rot", "K_cat", "K_rep")
-                                                        and not _holds_norms(module) and rows is None):
-        return None
-    tries = [dataclasses.replace(spec, qk_norm=kind) for kind in ("head", "proj")]
-    if rows is not None:  # before the norms' weights where the module holds none, after them where it does
-        weightless = dataclasses.replace(spec, qk_norm=rows.over, qk_norm_gain=rows.gain, qk_norm_eps=rows.eps)
-        tries = tries + [weightless] if _holds_norms(module) or _own_gains(module, records, lined) else \
-            [weightless, *tries]
-    for asked in tries:
-        kind = asked.qk_norm
-        try:
-            again = line_up(module, shapes, inputs, records, train, asked)
-        except (AttnscopeError, RuntimeError, ValueError):
-            continue
-        if again.no_reference is not None:
-            continue
-        later = again.divergence is None or (again.divergence.reference in names
-                                             and names.index(again.divergence.reference) > names.index(first))
-        # or the same step, or one only the reading has (its q normed, where the code norms after RoPE), where only
-        # the reading lets an experiment of the catalog reproduce the code's tensors
-        explained = again.divergence is not None and (again.divergence.reference == first
-                                                      or again.divergence.reference not in names) \
-            and again.divergence.experiment is not None and diverged.experiment is None
-        if later or explained:
-            if asked.qk_norm_gain is not None and rows is not None:
-                flag = f" (--qk-norm {kind} says so)" if rows.kind == "RMS" else ", with that gain"
-                after = rownorms.after_rope(rows.record, records, again.trace)
-                after = _after_rope(rows.record, lined) if after is None else after
-                again.notes.append(f"{rows.words(after)}: read as its own convention, "
-                                   f"and the reference applies it too{flag}")
-                return asked, again
-            over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"
-            again.notes.append(f"your code normalizes q and k before the scores (qk-norm over {over}): read as its "
-                               f"own convention, and the reference applies it too, with your norms' weights "
-                               f"(--qk-norm {kind} says so)")
-            return asked, again
-    return None
-
-
-def _after_rope(record: Record, lined: LineUp) -> bool | None:
-    """Whether the code normalizes after it rotates: the record comes after the one that lined up with the
-    reference's rotated queries or keys; None without RoPE."""
-    rotated = [row.record.index for row in lined.rows if row.reference in ("Q_rot", "K_rot") and row.record is not None]
-    return None if not rotated else record.index > min(rotated)
-
-
-def _own_gains(module: Any, records: list[Record], lined: LineUp) -> bool:
-    """The module multiplies its normalized q and k by parameters of its own (`F.rms_norm(q, (d,)) * self.q_gain`,
-    usertrace/baregains.py): its norms hold weights, though it holds no norm layer."""
-    from attnscope.usertrace import baregains
-
-    trace = lined.trace
-    if trace is None or "Q_split" not in trace or "Q_feat" not in trace:
-        return False
-    widths = {int(trace["Q_split"].shape[-1]), int(trace["Q_feat"].shape[-1])}
-    return len(baregains.read(module, records, widths)) >= 2
-
-
-def _holds_norms(module: Any) -> bool:
-    """The module holds a layer with parameters of its own other than a projection or an embedding: a norm,
-    perhaps."""
-    import torch
-
-    if not isinstance(module, torch.nn.Module):
-        return False
-    return any(m is not module and not isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
-               and next(m.parameters(recurse=False), None) is not None for m in module.modules())
-
-
-def _heads_from_run(records: list[Record], d_feat: int | None, col: bool = False,
-                    n_batch: int | None = None) -> tuple[int, int, str] | None:
-    """n_head as the code's own queries say it, and their line: the scores' left operand (a kernel's q) laid out
-    [n_batch, n_head, n_Q, d_head], its heads times d_head the module's width; None where they are laid out
-    otherwise (heads folded into the batch, grouped in five axes); one head where they have no head axis
-    ([n_batch, n_Q, d_attn], [n_Q, d_attn]); folded into the batch, d_feat over their d_head, and laid out
-    [.., n_Q, n_head, d_head] (an einsum's 'bqhd'). `col`: the column form's queries, [n_batch, n_head, d_head, n_Q].
-    With them, how the queries lay the heads out, in words."""
-    from attnscope.usertrace import perhead
-    from attnscope.usertrace.flow import operands
-
-    per_head = perhead.find(records)
-    if per_head is not None:  # one softmax per head, each with projections of its own
-        return len(per_head.roles), per_head.line, f"one softmax per head, {len(per_head.roles)} of them"
-    found = operands(records)
-    if found is None or not d_feat:
-        return None
-    q = records[found[0]]
-    shape = tuple(q.tensor.shape)
-    if len(shape) == 2 and n_batch is None or len(shape) == 3 and shape[0] == n_batch:
-        return 1, q.line, "no head axis: one head"  # (and no heads folded into the batch)
-    split = _split_width(records, q, n_batch) if len(shape) == 3 and not col else None
-    if split is not None:  # heads folded into the batch, counted off the queries before the split (n_head·d_head
-        # other than d_feat: perceiver-pytorch's cross_heads·cross_dim_head beside its latent_dim)
-        heads = split // shape[-1]
-        return heads, q.line, f"[n_batch·n_head, n_Q, d_head] = {list(shape)}, their width before the split / d_head " \
-                              f"= {split} / {shape[-1]}"
-    if len(shape) == 3 and not col and shape[-1] < d_feat and d_feat % shape[-1] == 0 \
-            and shape[0] % (d_feat // shape[-1]) == 0:
-        heads = d_feat // shape[-1]  # heads folded into the batch (bmm, baddbmm)
-        return heads, q.line, f"[n_batch·n_head, n_Q, d_head] = {list(shape)}, d_feat / d_head = {heads}"
-    if len(shape) == 4 and not col and shape[2] * shape[3] == d_feat and shape[1] * shape[3] != d_feat:
-        return int(shape[2]), q.line, f"[.., n_Q, {shape[2]}, d_head]"  # an einsum's 'bqhd', Megatron's [s, b, n, d]
-    if len(shape) != 4 or shape[1] * shape[2 if col else 3] != d_feat or shape[1] < 1:
-        return None
-    return int(shape[1]), q.line, f"[.., {shape[1]}, {'d_head, n_Q' if col else 'n_Q, d_head'}]"
-
-
-def _queries_head(records: list[Record], heads: int) -> int | None:
-    """d_head of the queries the code hands its scores, where they split their heads: their last axis."""
-    from attnscope.usertrace.flow import operands
-
-    found = operands(records)
-    if found is None or heads < 1:
-        return None
-    shape = tuple(records[found[0]].tensor.shape)
-    return int(shape[-1]) if len(shape) >= 3 else None
-
-
-def _split_width(records: list[Record], q: Record, n_batch: int | None) -> int | None:
-    """n_head·d_head where the queries `q` ([n_batch·n_head, n_Q, d_head]) were split from [n_batch, n_Q, n_head·d_head]
-    and that width is not the module's d_feat alone says: the nearest tensor they come from laid out so, its
-    width a whole number of heads that, times n_batch, is their first axis; None where none is seen."""
-    from attnscope.usertrace.align import ancestors
-
-    n, d_head = int(q.tensor.shape[1]), int(q.tensor.shape[-1])
-    if not n_batch:
-        return None
-    for i in sorted(ancestors(q, records), reverse=True):
-        shape = tuple(records[i].tensor.shape)
-        if len(shape) == 3 and shape[:2] == (n_batch, n) and shape[-1] > d_head and shape[-1] % d_head == 0:
-            return int(shape[-1]) if n_batch * (shape[-1] // d_head) == q.tensor.shape[0] else None
-    return None
-
-
-def _heads_from_weights(module: Any) -> tuple[int, str, tuple[int, ...]] | None:
-    """n_head where the module holds its projections as per-head stacks (3-D nn.Parameters, [n_head, d_head, d_in]
-    used as W @ x or [n_head, d_in, d_head] as x @ W): the first axis they all share, with the first one's name and
-    shape; None where it holds none, or they disagree. A Parameter [1, n, d] is learned tokens broadcast over the
-    batch (Set Transformer's seeds, a Q-Former's query tokens), no stack of heads."""
-    if module is None:
-        return None
-    from attnscope.usertrace.inputs import kernel_heads
-
-    stacks = [(name, tuple(p.shape)) for name, p in module.named_parameters() if p.dim() == 3 and p.shape[0] > 1]
-    if stacks and (pair := kernel_heads(module)) is not None:  # Keras' kernels [d, n_head, d_head], [n_head, .., d]
-        return pair[0], stacks[0][0], stacks[0][1]
-    if not stacks or len({shape[0] for _, shape in stacks}) != 1 or stacks[0][1][0] < 1:
-        return None
-    return stacks[0][1][0], stacks[0][0], stacks[0][1]
 
 
 def _lined_note(o: TraceOptions) -> str:

@@ -1,0 +1,108 @@
+"""qk-norm read from the code, as RoPE's pairing and base are (runs/trace.py asks, where the first line-up diverges):
+the reference run again with a qk-norm over d_head or over the projection, with the module's own norms' weights,
+or with a weightless norm read from its rows (rownorms.py), kept where it lines up further."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.inputs import Inputs
+    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.record import Record
+    from attnscope.usertrace.reference import Spec
+
+
+def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train: bool, spec: Spec,
+                 lined: LineUp) -> tuple[Spec, LineUp] | None:
+    """qk-norm read from the code, as RoPE's pairing and base are: where the reference without it diverges at the
+    rotated q or k, the scores or after (anywhere, where the module holds a layer that could be a norm), the
+    reference is run again with a qk-norm over d_head ("head": timm's qk_norm=True, Qwen3) and over the projection
+    ("proj": OLMo 2), with the module's own norms' weights (usertrace/reference.py's _qk_norms). A reading is kept
+    only where its run lines up further than the first one did (no divergence, or a later one, or at the same step
+    one that an experiment of the catalog then reproduces): a norm on one side only, or of another kind, stays the
+    first run's diagnosis."""
+    from attnscope.errors import AttnscopeError
+    from attnscope.usertrace import rownorms
+    from attnscope.usertrace.lineup import line_up
+
+    diverged = lined.divergence
+    if diverged is None:
+        return None
+    names = [row.reference for row in lined.rows]
+    first = diverged.reference
+    # a norm without weights, read from the code's rows (Llama 4's L2Norm, F.rms_norm, F.normalize)
+    rows = rownorms.read(module, records, lined.trace)
+    # the scores or after, or the rotated q and k, which a norm before RoPE already changes (Cohere's, Qwen3's), or
+    # the keys joined to a decode step's cache or repeated for grouped heads, which a norm changed (nanochat's, a
+    # norm after RoPE); any step where the module holds a layer that could be such a norm (a bug before the scores
+    # hides it otherwise)
+    if "scores" not in names or first not in names or (names.index(first) < names.index("scores")
+                                                        and first not in ("Q_rot", "K_rot", "K_cat", "K_rep")
+                                                        and not holds_norms(module) and rows is None):
+        return None
+    tries = [dataclasses.replace(spec, qk_norm=kind) for kind in ("head", "proj")]
+    if rows is not None:  # before the norms' weights where the module holds none, after them where it does
+        weightless = dataclasses.replace(spec, qk_norm=rows.over, qk_norm_gain=rows.gain, qk_norm_eps=rows.eps)
+        tries = tries + [weightless] if holds_norms(module) or _own_gains(module, records, lined) else \
+            [weightless, *tries]
+    for asked in tries:
+        kind = asked.qk_norm
+        try:
+            again = line_up(module, shapes, inputs, records, train, asked)
+        except (AttnscopeError, RuntimeError, ValueError):
+            continue
+        if again.no_reference is not None:
+            continue
+        later = again.divergence is None or (again.divergence.reference in names
+                                             and names.index(again.divergence.reference) > names.index(first))
+        # or the same step, or one only the reading has (its q normed, where the code norms after RoPE), where only
+        # the reading lets an experiment of the catalog reproduce the code's tensors
+        explained = again.divergence is not None and (again.divergence.reference == first
+                                                      or again.divergence.reference not in names) \
+            and again.divergence.experiment is not None and diverged.experiment is None
+        if later or explained:
+            if asked.qk_norm_gain is not None and rows is not None:
+                flag = f" (--qk-norm {kind} says so)" if rows.kind == "RMS" else ", with that gain"
+                after = rownorms.after_rope(rows.record, records, again.trace)
+                after = _after_rope(rows.record, lined) if after is None else after
+                again.notes.append(f"{rows.words(after)}: read as its own convention, "
+                                   f"and the reference applies it too{flag}")
+                return asked, again
+            over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"
+            again.notes.append(f"your code normalizes q and k before the scores (qk-norm over {over}): read as its "
+                               f"own convention, and the reference applies it too, with your norms' weights "
+                               f"(--qk-norm {kind} says so)")
+            return asked, again
+    return None
+
+
+def _after_rope(record: Record, lined: LineUp) -> bool | None:
+    """Whether the code normalizes after it rotates: the record comes after the one that lined up with the
+    reference's rotated queries or keys; None without RoPE."""
+    rotated = [row.record.index for row in lined.rows if row.reference in ("Q_rot", "K_rot") and row.record is not None]
+    return None if not rotated else record.index > min(rotated)
+
+
+def _own_gains(module: Any, records: list[Record], lined: LineUp) -> bool:
+    """The module multiplies its normalized q and k by parameters of its own (`F.rms_norm(q, (d,)) * self.q_gain`,
+    usertrace/baregains.py): its norms hold weights, though it holds no norm layer."""
+    from attnscope.usertrace import baregains
+
+    trace = lined.trace
+    if trace is None or "Q_split" not in trace or "Q_feat" not in trace:
+        return False
+    widths = {int(trace["Q_split"].shape[-1]), int(trace["Q_feat"].shape[-1])}
+    return len(baregains.read(module, records, widths)) >= 2
+
+
+def holds_norms(module: Any) -> bool:
+    """The module holds a layer with parameters of its own other than a projection or an embedding: a norm,
+    perhaps."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        return False
+    return any(m is not module and not isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
+               and next(m.parameters(recurse=False), None) is not None for m in module.modules())
