@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -76,3 +78,18 @@ def machine() -> str:
 
 
 PYTHON = sys.executable
+
+
+PACKAGE = Path(__file__).resolve().parent.parent / "attnscope"
+
+
+def copy_package(into: Path, commit: str | None = None) -> str:
+    """The package as it is now (or at `commit`), without bytecode; returns the folder to put on PYTHONPATH."""
+    if commit is None:
+        shutil.copytree(PACKAGE, into / "attnscope", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    else:
+        into.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(PACKAGE.parent), "archive", commit, "attnscope"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return str(into)

@@ -26,9 +26,8 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _measure import PYTHON, interleaved_medians, machine, python_output  # noqa: E402
+from _measure import PYTHON, copy_package, interleaved_medians, machine, python_output  # noqa: E402
 from bench_gguf import TRANSFORMERS, smollm2  # noqa: E402
-from bench_import_floor import copy_package  # noqa: E402
 
 VOCABULARY = ("the capital of France is Paris and the capital of Italy is Rome while a river runs through each "
               "city and people walk along its banks in the evening talking about history art food and the "

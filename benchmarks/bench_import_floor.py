@@ -39,25 +39,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _measure import PYTHON, machine  # noqa: E402
+from _measure import PYTHON, copy_package, machine  # noqa: E402
 
 FLOOR = "import torch, safetensors, tokenizers"
 TARGET = 1.15
-PACKAGE = Path(__file__).resolve().parent.parent / "attnscope"
 
 TEXT = "The cat sat on the mat because it was tired, and the dog ran after it."
-
-
-def copy_package(into: Path, commit: str | None = None) -> str:
-    """The package as it is now (or at `commit`), without bytecode; returns the folder to put on PYTHONPATH."""
-    if commit is None:
-        shutil.copytree(PACKAGE, into / "attnscope", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    else:
-        into.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(PACKAGE.parent), "archive", commit, "attnscope"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return str(into)
 
 
 def cases(tmp: Path) -> dict[str, dict[str, str]]:

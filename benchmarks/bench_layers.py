@@ -35,8 +35,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _measure import PYTHON, interleaved_medians, machine, medians, python_output  # noqa: E402
-from bench_import_floor import copy_package  # noqa: E402
+from _measure import PYTHON, copy_package, interleaved_medians, machine, medians, python_output  # noqa: E402
 from bench_model_text import CACHE, REFERENCE, llama_1b  # noqa: E402
 
 WORDS = "the cat sat on the mat because it was tired and the dog ran after it".split()

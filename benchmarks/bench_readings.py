@@ -21,8 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _measure import PYTHON, interleaved_medians, machine  # noqa: E402
-from bench_import_floor import copy_package  # noqa: E402
+from _measure import PYTHON, copy_package, interleaved_medians, machine  # noqa: E402
 from bench_layers import TEXT  # noqa: E402
 from bench_model_text import llama_1b  # noqa: E402
 
