@@ -165,3 +165,18 @@ def test_flops_of_a_call_are_counted_exactly_before_it_runs(causal):
     with torch.no_grad():
         full = MultiHeadAttention(8, 2)(torch.randn(3, 5, 8), torch.randn(3, 7, 8), torch.randn(3, 7, 8), mask)
     assert race.flops == full.total_flops
+
+
+def test_cpp_warnings_of_the_eligibility_checks_are_read_back_not_printed(capfd):
+    """PyTorch 2.11+cu130 (an H100, 2026-11-25) printed the SDPA eligibility checks' reasons straight to fd 2 as
+    c10 warning lines, so `bench --device cuda` showed "not eligible" with no reason and a stderr full of them:
+    measure.stderr_of reads them back and cpp_warnings takes their messages."""
+    import os
+
+    from attnscope.runs.measure import cpp_warnings, stderr_of
+
+    line = (b"[W1125 15:36:41.001379443 sdp_utils_cpp.h:262] Warning: Flash Attention does not support non-null "
+            b"attn_mask. (function check_for_attn_mask)\n")
+    result, printed = stderr_of(lambda: (os.write(2, line), "ok")[1])
+    assert result == "ok" and capfd.readouterr().err == ""
+    assert cpp_warnings(printed) == ["Flash Attention does not support non-null attn_mask."]

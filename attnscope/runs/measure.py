@@ -7,6 +7,7 @@ Peak memory is seen allocation by allocation: CUDA's allocator counters on a GPU
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -130,8 +131,36 @@ def cuda_backends(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch
             continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ok = bool(can_use(params, True))
-        reasons = "; ".join(" ".join(str(w.message).split())[:160] for w in caught)
+            ok, printed = stderr_of(functools.partial(can_use, params, True))
+            ok = bool(ok)
+        said = [str(w.message) for w in caught] + cpp_warnings(printed)
+        reasons = "; ".join(dict.fromkeys(" ".join(m.split())[:160] for m in said))
         backends.append(Backend(name, ok, "" if ok else reasons or "not eligible"))
     backends.append(Backend("math", cuda.math_sdp_enabled(), "" if cuda.math_sdp_enabled() else "disabled"))
     return backends
+
+
+def stderr_of(call: Callable[[], Any]) -> tuple[Any, str]:
+    """`call()`, and what it wrote to the process's stderr meanwhile, read back instead of shown. PyTorch's SDPA
+    eligibility checks warn through c10's C++ handler, which some builds (2.11+cu130, seen on an H100) print
+    straight to file descriptor 2 as `[W...] Warning: ... (function ...)` lines, not as Python warnings."""
+    import tempfile
+
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            result = call()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        return result, sink.read().decode("utf-8", errors="replace")
+
+
+def cpp_warnings(text: str) -> list[str]:
+    """The messages of c10's warning lines: `[W1125 ...] Warning: <message> (function <name>)`."""
+    import re
+
+    return [m.group(1) for m in re.finditer(r"Warning: (.*?)(?: \(function [^)]*\))?$", text, re.M)]
