@@ -265,3 +265,11 @@ def _inputs_of(records: list[Record], names: set[str]) -> dict[int, set[str]]:
             found |= out.get(p, set())
         out[r.index] = found
     return out
+
+
+def projection_above(records: list[Record], index: int) -> Record | None:
+    """The projection nearest above record `index` in its data flow (a Linear's call, `x @ W`: a record of style
+    "linear" with what it reads as its second argument), record `index` itself included; None where none is."""
+    start = records[index]
+    above = sorted(ancestors(start, records) | {start.index}, reverse=True)
+    return next((records[i] for i in above if records[i].style == "linear" and len(records[i].args) > 1), None)

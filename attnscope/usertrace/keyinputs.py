@@ -86,11 +86,9 @@ def apply(inputs: Inputs, found: KeyInput) -> bool:
 def _projected(records: list[Record], index: int) -> tuple[int, tuple[str, Any]] | None:
     """The projection nearest above record `index` (a Linear's call, `x @ W`) and what it reads: ("text", the
     input's name) or ("rec", a record); None where none is seen."""
-    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import projection_above
 
-    start = records[index]
-    above = sorted(ancestors(start, records) | {start.index}, reverse=True)
-    call = next((records[i] for i in above if records[i].style == "linear" and len(records[i].args) > 1), None)
+    call = projection_above(records, index)
     if call is None or call.args[0][0] != "text":
         return None
     return call.index, call.args[1]

@@ -92,11 +92,9 @@ def _read(records: list[Record], index: int, own: dict[str, Any]
     """What the projection behind record `index` reads: the tensor, the names its history reads (inputs,
     parameters), its line and the projection's name; None where no projection is seen."""
     from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import projection_above
 
-    start = records[index]
-    above = sorted(ancestors(start, records) | {start.index}, reverse=True)
-    projection = next((records[i] for i in above if records[i].style == "linear" and len(records[i].args) > 1),
-                      None)
+    projection = projection_above(records, index)
     if projection is None:
         return None
     kind, value = projection.args[1]
