@@ -81,3 +81,14 @@ def test_the_head_count_is_read_before_the_cache_is_drawn(runner, name):
     assert planted.exit_code == 1, planted.stdout + planted.stderr
     first = out["first_divergence"]
     assert first["experiment"] == "cache.order" and first["evidence"].startswith("by experiment"), first
+
+
+def test_a_count_no_run_says_is_refused_in_one_line_naming_heads(runner):
+    """Code that cannot run without its cache says its head count in no run trace can make: one line asking for
+    --heads, exit 2; with --heads the decode step runs and passes."""
+    result, _ = trace(runner, f"{STYLES}:NeedsItsCache", "--causal", "--cache", "3")
+    assert result.exit_code == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert "cannot tell how many heads NeedsItsCache has" in result.stderr and "pass --heads" in lines[-1], lines
+    told, _ = trace(runner, f"{STYLES}:NeedsItsCache", "--causal", "--cache", "3", "--heads", "4")
+    assert told.exit_code == 0, told.stdout + told.stderr

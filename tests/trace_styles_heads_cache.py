@@ -82,3 +82,18 @@ class LiteralHeads(nn.Module):
         mask = torch.ones(t, k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - t)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class NeedsItsCache(nn.Module):
+    """A literal head count, and a cache the forward cannot run without (no default): no run says the count."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x, kv_cache):
+        b, t, _ = x.shape
+        q, k, v = (w(x).view(b, t, 4, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        k, v = torch.cat((kv_cache[0], k), 2), torch.cat((kv_cache[1], v), 2)
+        mask = torch.ones(t, k.shape[2], dtype=torch.bool).tril(k.shape[2] - t)
+        return self.wo(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, t, -1))
