@@ -85,7 +85,16 @@ def test_the_head_count_is_read_before_the_cache_is_drawn(runner, name):
 
 def test_a_count_no_run_says_is_refused_in_one_line_naming_heads(runner):
     """Code that cannot run without its cache says its head count in no run trace can make: one line asking for
-    --heads, exit 2; with --heads the decode step runs and passes."""
+    --heads, exit 2; with --heads the decode step runs and passes (the style is SDPA over the joined cache,
+    float64)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 32, generator=g, dtype=torch.float64)
+    ck, cv = (torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    with torch.no_grad():
+        m = _moved(styles.NeedsItsCache().double())
+        q, k, v = (_heads(_lin(w, x), 4) for w in (m.wq, m.wk, m.wv))
+        want = _lin(m.wo, _decode64(q, torch.cat([ck, k], 2), torch.cat([cv, v], 2)).transpose(1, 2).flatten(2))
+        assert torch.allclose(m(x, (ck, cv)), want, atol=1e-10)
     result, _ = trace(runner, f"{STYLES}:NeedsItsCache", "--causal", "--cache", "3")
     assert result.exit_code == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
