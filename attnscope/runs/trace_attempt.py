@@ -1,0 +1,236 @@
+"""The run so far: what `attnscope trace` has read of the user's code (its target, module, plan, shapes, the
+reference's spec, the cache layout it keeps) and the one way every step runs it, `RunSoFar.attempt`: the plan and
+each of its mask parameters in turn, the mask as the code reads it (trace_mask.py), RoPE's tables in the form it
+runs on, the run kept with its inputs as the code reads them. runs/trace_layouts.py and runs/trace_readings.py
+run it again under other readings; each reading is kept on this object, so that a later run starts from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from attnscope.errors import UsageError
+from attnscope.runs.trace_mask import masked_call, not_weights
+from attnscope.runs.trace_options import guard
+
+if TYPE_CHECKING:
+    from attnscope.runs.trace_options import TraceOptions
+    from attnscope.usertrace.call import Called
+    from attnscope.usertrace.feeds import Feeds, TableForm
+    from attnscope.usertrace.heldcache import Held
+    from attnscope.usertrace.inputs import Inputs, ShapePlan
+    from attnscope.usertrace.latentcache import LatentCache
+    from attnscope.usertrace.load import Plan, Target
+    from attnscope.usertrace.masking import Convention
+    from attnscope.usertrace.reference import Spec
+
+    # a run: its inputs, what was fed, the call, the mask's reading
+    Made = tuple[Inputs, Feeds, Called, Convention | None]
+
+
+@dataclass
+class RunSoFar:
+    """What the steps of a trace share, each reading what the ones before it kept: the options (a later reading
+    may replace them: time-first, the column form), the user's target and what was built of it, the plan of its
+    forward, the sizes chosen, the reference's spec, and what the runs have read (RoPE's table form, the cache's
+    layout, a cache the module holds, MLA's latents). `notes` are the module's; `first_notes` and `mode` are set
+    once the first run is recorded (trace_readings.py)."""
+
+    o: TraceOptions
+    split: bool  # code that says a head count: read as splitting the heads itself (True) or taking them split
+    target: Target
+    spec: Spec
+    init: Any
+    module: Any
+    kwargs: dict[str, Any]
+    label: str
+    notes: list[str]
+    fn: Any
+    plan: Plan
+    pristine: tuple[Any, Any]  # what a module holding its cache holds before any run (heldcache.py)
+    weighted: Any  # the module whose weights the reference holds; None for a function, and a module without any
+    shapes: ShapePlan
+    built: dict[str, Any]  # a config the __init__ read and did not keep
+    sliced: list[str] = field(default_factory=list)  # the note, where RoPE's tables were made in the code's form
+    table_form: list[TableForm] = field(default_factory=list)  # that form (tableforms.py), once read
+    cache_layout: str = "bhnd"  # how the code keeps a decode step's cache (cachelayouts.py): trace's own, else read
+    own_cache: Held | None = None  # a cache the module holds itself, where it does: filled before each run
+    latent_maker: LatentCache | None = None  # multi-head latent attention's decode step (latentcache.py)
+    first_notes: list[str] = field(default_factory=list)  # the module's notes, before those of its inputs
+    mode: str = ""  # ", eval() mode" or ", training mode" for a module, in the header
+
+    def expanded(self, inputs: Inputs) -> None:
+        """MLA's decode step: the cache as the keys and values the reference's latents expand into."""
+        from attnscope.usertrace import latentcache
+
+        if self.latent_maker is not None and inputs.cache is not None:
+            inputs.cache, inputs.latent_cache = latentcache.cache_for(self.latent_maker, int(inputs.cache[0].shape[0]),
+                                                                      inputs.cache[0].dtype)
+
+    def run_plan(self, asked: TraceOptions, tried: Plan) -> Made:
+        """The code run on `tried` under `asked`; where it raised on RoPE's tables, on tables in the form it runs
+        on (tableforms.py), the spec and the note of that form kept."""
+        from attnscope.usertrace import heldcache, tableforms
+        from attnscope.usertrace.feeds import feeds
+        from attnscope.usertrace.inputs import make_inputs
+        from attnscope.usertrace.lineup import better_fit, line_up
+
+        # a --mask file beside a mask parameter named for the causal rule: the file alone to `tried.mask`, the rule
+        # to the causal one (_rule_beside)
+        apart = asked.mask and asked.causal and tried.causal_mask() not in (None, tried.mask)
+        inputs = make_inputs(dataclasses.replace(asked, causal=None) if apart else asked, tried, self.shapes,
+                             self.weighted,
+                             guard=lambda sizes: guard(asked, self.spec, sizes, self.weighted is not None))
+        inputs.cache_layout = self.cache_layout
+        self.expanded(inputs)
+        width = table_width(self.spec, tried, inputs.sizes.get("d_head"))
+        fed = feeds(tried, inputs, self.spec.rope_base, self.spec.rope_pairing, self.spec.position_bias, width,
+                    self.table_form[0] if self.table_form and tried.tables else None)
+        if self.own_cache is not None and inputs.cache is not None:
+            heldcache.fill(self.own_cache, inputs.cache, inputs.sizes["n_Q"])
+        ran = (inputs, fed, *masked_call(asked, self.target, self.fn, tried, inputs, self.module, fed))
+        failed = ran[2].failure
+        d_head = inputs.sizes.get("d_head")
+        if failed is None or not tried.tables or not d_head or self.table_form or self.spec.rope_base is None:
+            return ran
+        # tables in the form the code runs on (tableforms.py: one angle a pair, a share of each head, along its own
+        # axes); where several run, the one under which it lines up further
+        made = []
+        for form in tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"]):
+            inputs = make_inputs(asked, tried, self.shapes, self.weighted)
+            inputs.cache_layout = self.cache_layout
+            self.expanded(inputs)
+            fed = feeds(tried, inputs, self.spec.rope_base, self.spec.rope_pairing, self.spec.position_bias, form=form)
+            if self.own_cache is not None and inputs.cache is not None:
+                heldcache.fill(self.own_cache, inputs.cache, inputs.sizes["n_Q"])
+            again = (inputs, fed, *masked_call(asked, self.target, self.fn, tried, inputs, self.module, fed))
+            if again[2].failure is None:
+                made.append((form, _form_spec(self.spec, form, d_head), again))
+        if not made:
+            return ran
+        if len(made) > 1 and self.weighted is not None:
+            fits = [line_up(self.weighted, self.shapes, m[2][0], m[2][2].records, asked.train, m[1]) for m in made]
+            best = 0
+            for i in range(1, len(made)):
+                best = i if better_fit(fits[i], fits[best]) else best
+            made = [made[best]]
+        form, self.spec, again = made[0]
+        self.table_form[:] = [form]
+        self.sliced[:] = [tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
+        return again
+
+    def attempt(self, asked: TraceOptions) -> Made:
+        """The code run under `asked`: the plan, then each of its other mask parameters (the rule's own first),
+        with its own RoPE tables and position embeddings first; the first run that reads its mask is kept
+        (keep_run), else the first that ran, else the first run."""
+        from attnscope.usertrace import masking
+
+        made = None
+        candidates = [self.plan] + [self.plan.with_mask(m) for m in self.plan.other_masks if asked.mask or asked.causal
+                               or asked.window]
+        causal = self.plan.causal_mask(window=bool(asked.window))
+        # CLIP's causal_attention_mask, ModernBERT's sliding_window_mask: the rule's own
+        if causal is not None and (asked.causal or asked.window) and not asked.mask:
+            candidates = [self.plan.with_mask(causal), *(c for c in candidates if c.mask != causal)]
+        if asked.rope and self.plan.tables_optional:  # its own RoPE tables first (all of its code runs), else trace's
+            candidates = [c for p in candidates for c in (p.with_own_tables(), p)]
+        if self.plan.embeddings:  # position embeddings fed first (all of its code runs), else left None
+            candidates += [c.without_embeddings() for c in candidates]
+        unread: tuple[Plan, tuple[Any, ...]] | None = None  # the first run whose code read no op of its mask
+        for tried in candidates:
+            # the mask to the first mask parameter the code runs with (fairseq's key_padding_mask [n_batch, n_K]
+            # for a padding file, where its attn_mask takes [n_Q, n_K]); in cross-attention, the first it reads
+            # (transformers' Perceiver and BERT read inputs_mask, encoder_attention_mask with a memory, never their
+            # attention_mask), else the first it runs with. A mask parameter named for the rule keeps it (a plant
+            # that reads the other one is then seen)
+            ran = self.run_plan(asked, tried)
+            tried, ran = not_weights(tried, ran, functools.partial(self.run_plan, asked))
+            made = made or ran
+            if ran[2].failure is not None:
+                continue
+            if ran[0].allowed is not None and tried.mask not in (None, causal) and not tried.self_attention \
+                    and not masking.reads(ran[2].records, tried.mask):
+                unread = unread or (tried, ran)
+                continue
+            return self.keep_run(tried, ran)
+        if unread is not None:
+            return self.keep_run(*unread)
+        assert made is not None
+        return made
+
+    def keep_run(self, tried: Plan, ran: tuple[Any, ...]) -> Made:
+        """The run `attempt` keeps, its plan now the run's, its inputs as the run reads them (a module's own
+        queries, position embeddings, a norm before its projections)."""
+        from attnscope.usertrace import joint, keyinputs, posembed, prenorm, queries
+
+        self.plan = tried
+        own = queries.find(ran[2].records, ran[0], self.weighted)  # Perceiver's latents: n_Q is theirs
+        if own is not None:
+            queries.apply(ran[0], own)
+        else:  # DETR's q_proj(x + pos), k_proj(x + pos), v_proj(x)
+            held = posembed.projections(self.weighted, ran[2].records, self.shapes.n_head,
+                                        self.shapes.fixed.get("d_head")) \
+                if not ran[0].own else {}
+            posembed.read(ran[2].records, ran[0], self.weighted, held, tried.embeddings)
+            # vit-pytorch's x = self.norm(x) before to_qkv: the normed x is the projections' input
+            prenorm.read(ran[2].records, ran[0], self.weighted, held)
+            # Segformer's keys and values from LayerNorm(Conv2d(x)): that tensor is their input, n_K its length
+            reduced = keyinputs.find(ran[2].records, ran[0], self.weighted)
+            if reduced is not None:
+                keyinputs.apply(ran[0], reduced)
+            # CogVideoX's torch.cat([encoder_hidden_states, hidden_states], dim=1) before to_q, to_k, to_v
+            joint.apply_joined(ran[2].records, ran[0])
+        return cast("Made", ran)
+
+    def in_layouts(self, asked: TraceOptions, made: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
+        """`made`, the code run under `asked`, where it ran; else the code handed its cache in each layout real code
+        keeps (cachelayouts.py; [n_batch, n_cache, n_kv_head, d_head], mistral-inference's, ...), those that meet
+        the op it raised on first: the first it runs on, with the note that says so."""
+        from attnscope.usertrace import cachelayouts
+
+        if made[2].failure is None or made[0].cache is None or self.plan.cache is None:
+            return made, None
+        failed, kept = made[2].failure, self.cache_layout
+        for layout in cachelayouts.others(failed, made[0].cache, apart=self.plan.cache_values is not None):
+            self.cache_layout = layout
+            again = attempted(self.attempt, asked)
+            if again is not None and again[2].failure is None:
+                return again, cachelayouts.note(layout, failed, cache_parameters(self.plan))
+        self.cache_layout = kept
+        return made, None
+
+
+
+def attempted(attempt: Any, asked: TraceOptions) -> tuple[Any, ...] | None:
+    """The code run under `asked`; None where those inputs cannot be made."""
+    try:
+        return cast("tuple[Any, ...]", attempt(asked))
+    except UsageError:
+        return None
+
+
+def cache_parameters(plan: Plan) -> tuple[str, ...]:
+    """The parameter a decode step's cache goes to, or the two its keys and values go to apart."""
+    return tuple(p for p in (plan.cache, plan.cache_values) if p is not None)
+
+
+def table_width(spec: Spec, plan: Plan, d_head: int | None) -> int | None:
+    """How wide RoPE's tables are made: the share of each head the reference rotates, where the forward takes them
+    and that share is less than the head; None for the whole head."""
+    if not plan.tables or not spec.rope_fraction or not d_head:
+        return None
+    return int(d_head * spec.rope_fraction)
+
+
+def _form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
+    """The reference for code that runs on RoPE's tables in `form` (tableforms.py): a share of each head turned where
+    they are narrower than the head and laid out for a pairing; one angle a pair leaves the pairing to the code."""
+    if form.pairs:
+        return dataclasses.replace(spec, pairing_asked=False)
+    if form.width < d_head:
+        return dataclasses.replace(spec, rope_fraction=form.width / d_head, fraction_from_module=True,
+                                   pairing_asked=True)
+    return dataclasses.replace(spec, pairing_asked=True)

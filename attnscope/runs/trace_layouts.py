@@ -1,0 +1,311 @@
+"""The first run of the user's code, and the readings tried where it raises: a decode step's cache (MLA's latents,
+a cache the module holds), then the code handed its cache in each layout real code keeps, a memory where it raised
+without one, one sequence, the column form, a function's weights turned, the widths its weights hold, time-first
+inputs; and a cache layout its own join says. Each reading is kept on the run so far (trace_attempt.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import UsageError
+from attnscope.runs.trace_attempt import RunSoFar, attempted, cache_parameters
+from attnscope.runs.trace_setup import (
+    context_widths,
+    held_widths,
+    memory_note,
+    reads_rows,
+    weights_note,
+    widths,
+    with_width,
+)
+
+if TYPE_CHECKING:
+    from attnscope.runs.trace_attempt import Made
+    from attnscope.runs.trace_options import TraceOptions
+    from attnscope.usertrace.record import Failure
+
+
+def first_run(r: RunSoFar) -> Made:
+    """The code's first run under the options, its decode step's cache read first; where it raised, each reading
+    that may let it run, in turn; the notes that say which was kept."""
+    _decode_cache(r)
+    made, said = r.in_layouts(r.o, r.attempt(r.o))
+    r.notes += [said] if said else []
+    for retry in (_with_memory, _unbatched, _in_columns, _weights_turned, _at_held_widths, _time_first,
+                  _joined_layout):
+        made = retry(r, made)
+    _cache_notes(r, made)
+    return made
+
+
+def _decode_cache(r: RunSoFar) -> None:
+    """A decode step's cache read before the first run: MLA's latents from a prefill's data flow, a cache the
+    module holds (the tensors a first run writes the new keys and values into); the head count asked for where only
+    a run says it."""
+    from attnscope.usertrace import heldcache, latentcache
+
+    batches = dict.fromkeys((r.o.batch, 1, *sorted({int(n) for *_, t in heldcache.places(r.module, True)
+                                                   for n in t.shape if 1 < n <= 16}))) if r.plan.cache_held else {}
+    if r.o.cache and r.module is not None and (r.plan.cache is not None or r.plan.cache_held):
+        # multi-head latent attention, read from a prefill's data flow: its cache drawn as latents and expanded
+        for batch in batches or (r.o.batch,):
+            heldcache.restored(*r.pristine)
+            prefill = attempted(r.attempt, dataclasses.replace(r.o, cache=0, batch=batch))
+            heldcache.restored(*r.pristine)
+            if prefill is not None and prefill[2].failure is None:
+                r.latent_maker = latentcache.read(prefill[2].records, r.module, r.shapes.n_head, r.spec, r.o.cache,
+                                                  r.o.seed)
+                break
+    if r.plan.cache_held:  # the module's own cache: the tensors a first run writes the new keys and values into
+        before, counts = r.pristine
+        heldcache.restored(*r.pristine)
+        for batch in batches:
+            asked = dataclasses.replace(r.o, batch=batch)
+            probe = r.attempt(asked)  # what it writes, before any op it raises on
+            n_new = probe[0].sizes.get("n_Q", 0)
+            counting = heldcache.moved(counts, n_new) if probe[0].cache is not None else []
+            if probe[0].cache is not None:
+                r.own_cache = heldcache.read(before, probe[0].cache, n_new)
+            heldcache.restored(*r.pristine)
+            # a count of its own positions (torchtune's cache_pos): n_cache further
+            if r.own_cache is None and counting:
+                hook = r.module.register_forward_pre_hook(functools.partial(heldcache.before_call, counting, r.o.cache))
+                probe = r.attempt(asked)
+                hook.remove()
+                if probe[0].cache is not None:
+                    r.own_cache = heldcache.read(before, probe[0].cache, n_new)
+                    if r.own_cache is not None:
+                        r.own_cache.counters = counting
+                heldcache.restored(*r.pristine)
+            if r.own_cache is not None:
+                break
+        if r.own_cache is not None and r.own_cache.counters:  # every later call starts n_cache positions on
+            r.module.register_forward_pre_hook(functools.partial(heldcache.before_call, r.own_cache.counters,
+                                                                 r.o.cache))
+        if r.own_cache is None:
+            raise UsageError(f"--cache {r.o.cache} runs a decode step, which needs a module whose forward takes x "
+                             "and a cache (kv_cache, past_key_value, layer_past, ...; or past_key and past_value), or "
+                             "that holds one it writes the new keys and values into at their positions; "
+                             f"{r.plan.signature} takes none, and a run wrote none")
+        r.notes.append(heldcache.note(r.own_cache))
+    if r.o.cache and r.weighted is not None and r.shapes.n_head is None and r.o.heads is None:
+        raise HeadsForCache(r.target.name)  # run_trace reads it from a run without the cache, then comes back
+
+
+def _with_memory(r: RunSoFar, ran: Made) -> Made:
+    """Code that raised with its memory None (Mllama's cross-attention then reads its cache): each parameter
+    defaulting to None given a memory in turn, kept where the key and value projections read it."""
+    inputs, fed, called, convention = ran
+    if called.failure is not None and r.module is not None and r.o.cache == 0 and not r.o.q:
+        # code that raised with its memory None (Mllama's cross-attention then reads its cache): each parameter
+        # defaulting to None given a memory in turn, kept where the key and value projections read it
+        from attnscope.usertrace.roles import uses_memory
+
+        contexts = context_widths(r.weighted, r.shapes)
+        for memory, context in ((m, c) for m in r.plan.memories() for c in contexts):  # at each width held (HF
+            # Perceiver's `inputs=None` read by key = Linear(kv_dim, ..))
+            alone, narrow, r.plan = r.plan, r.shapes, r.plan.with_memory(memory)
+            r.shapes = r.shapes if context is None else \
+                dataclasses.replace(r.shapes, fixed=r.shapes.fixed | {"d_kv_in": context})
+            made = attempted(r.attempt, r.o)
+            if made is not None and made[2].failure is None and uses_memory(r.plan, made[2].records):
+                r.notes.append(memory_note(memory, str(made[0].sizes["n_K"]), called.failure))
+                inputs, fed, called, convention = made
+                break
+            r.plan, r.shapes = alone, narrow
+    return inputs, fed, called, convention
+
+
+def _unbatched(r: RunSoFar, ran: Made) -> Made:
+    """Code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) that fails on [n_batch, n, d]: run
+    on [n, d]."""
+    inputs, fed, called, convention = ran
+    if called.failure is not None and r.weighted is None and r.o.batch is None and not r.o.q:
+        # code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) fails on [n_batch, n, d]: try [n, d]
+        unbatched = r.attempt(dataclasses.replace(r.o, batch=0))
+        if unbatched[2].failure is None:
+            failed = called.failure
+            inputs, fed, called, convention = unbatched
+            where = f"line {failed.line}: " if failed.line else ""
+            r.notes.append(f"your code failed on batched inputs [n_batch, ..] ({where}{failed.message}) and ran on "
+                         "2-D ones, one sequence, as shown; --batch 0 asks for 2-D inputs, --batch N for batched")
+    return inputs, fed, called, convention
+
+
+def _in_columns(r: RunSoFar, ran: Made) -> Made:
+    """Code of the column convention (one token a column, W @ x, Kᵀ Q, softmax over dim -2) that fails on rows:
+    the same code fed [.., d, n], read as that convention."""
+    inputs, fed, called, convention = ran
+    if called.failure is not None and columns_possible(r.o, r.weighted):
+        # code of the column convention (one token a column, W @ x, Kᵀ Q, softmax over dim -2) fails on rows:
+        # the same code fed [.., d, n], read as that convention
+        row_shapes, found = r.shapes, None
+        for width in widths(r.weighted, r.shapes):  # a width the weights leave open (d_feat or d_attn), tried in turn
+            r.shapes = with_width(row_shapes, width)
+            found = column_form(r.o, r.attempt)
+            if found is not None:
+                break
+        r.shapes = r.shapes if found is not None else row_shapes
+        if found is not None:
+            failed = called.failure
+            r.o, (inputs, fed, called, convention) = found
+            r.spec = dataclasses.replace(r.spec, layout="col")
+            r.notes.append(_column_note(failed, r.o, r.weighted is not None))
+    return inputs, fed, called, convention
+
+
+def _weights_turned(r: RunSoFar, ran: Made) -> Made:
+    """A function's weights of n_head·d_head ≠ d_feat, given as x @ W reads them: turned for F.linear(x, W)."""
+    from attnscope.usertrace import weightargs
+    from attnscope.usertrace.inputs import ShapePlan
+
+    inputs, fed, called, convention = ran
+    if called.failure is not None and r.target.kind == "function" and r.weighted is not None \
+            and not weightargs.square(r.weighted):
+        # a function's weights of n_head·d_head ≠ d_feat, given as x @ W reads them: turned for F.linear(x, W)
+        weightargs.transpose(r.weighted)
+        kept = r.shapes
+        # x's width as it was
+        r.shapes = with_width(ShapePlan.make(r.o, r.weighted, r.init), r.shapes.fixed.get("d_feat"))
+        made = attempted(r.attempt, r.o)
+        if made is not None and made[2].failure is None:
+            inputs, fed, called, convention = made
+            r.notes[r.notes.index(weights_note(r.weighted, turned=True))] = weights_note(r.weighted)
+        else:
+            weightargs.transpose(r.weighted)
+            r.shapes = kept
+    return inputs, fed, called, convention
+
+
+def _at_held_widths(r: RunSoFar, ran: Made) -> Made:
+    """Code that fails on the widths chosen: each (d_feat, context width) pair its weights hold, the first
+    it runs on."""
+    inputs, fed, called, convention = ran
+    if called.failure is not None and r.weighted is not None and not r.o.q and (
+            "d_kv_in" not in r.shapes.fixed or r.plan.self_attention):  # one input beside a context width: the keys'?
+        # widths the weights hold but did not say: nn.Parameter weights whose d_feat is not their most common size
+        # (W_q [d_feat, n_head·d_head]), K and V reading a context of another width (diffusers'
+        # cross_attention_dim, nn.MultiheadAttention's kdim/vdim): each pair the weights hold, the first the code
+        # runs on
+        memory = r.plan.memory() is not None or not r.plan.self_attention
+        for width, context in held_widths(r.weighted, r.shapes, memory):
+            held = r.shapes, r.plan
+            r.shapes = with_width(r.shapes, width)
+            if context is not None:
+                r.shapes = dataclasses.replace(r.shapes, fixed=r.shapes.fixed | {"d_kv_in": context})
+                r.plan = r.shapes.fed(r.plan)
+            made = attempted(r.attempt, r.o)
+            if made is not None and made[2].failure is None:
+                inputs, fed, called, convention = made
+                break
+            r.shapes, r.plan = held
+    return inputs, fed, called, convention
+
+
+def _time_first(r: RunSoFar, ran: Made) -> Made:
+    """Code written for time-first inputs that fails on [n_batch, n, d]: the same inputs fed [n, n_batch, d],
+    read as that convention (its cache too, in turn)."""
+    from attnscope.usertrace import timefirst
+
+    inputs, fed, called, convention = ran
+    if called.failure is not None and timefirst.possible(r.o, inputs):
+        # code written for time-first inputs (fairseq's, nn.MultiheadAttention's batch_first=False) fails on
+        # [n_batch, n, d]: the same inputs fed [n, n_batch, d], read as that convention (its cache too, in turn)
+        for time_o in timefirst.asked(r.o, inputs):
+            made = attempted(r.attempt, time_o)
+            merged = timefirst.viewed_width(made[2].failure, made[0].sizes, r.o) if made is not None else None
+            if merged is not None:  # heads merged into a width of the code's own (Megatron's [sq, b, hp]): hp / np
+                time_o = dataclasses.replace(time_o, dk=merged[0], dv=merged[0])
+                made = attempted(r.attempt, time_o)
+                r.notes += [merged[1]] if made is not None and made[2].failure is None else []
+            made, said = r.in_layouts(time_o, made) if made is not None else (None, None)
+            if made is not None and made[2].failure is None:
+                failed = called.failure
+                r.o, (inputs, fed, called, convention) = time_o, made
+                r.notes += [timefirst.note(failed, r.weighted is not None, r.o.layout)] + ([said] if said else [])
+                break
+    return inputs, fed, called, convention
+
+
+def _joined_layout(r: RunSoFar, ran: Made) -> Made:
+    """A run on a cache layout whose own join says another of that shape: run again on that one."""
+    from attnscope.usertrace import cachelayouts
+
+    inputs, fed, called, convention = ran
+    joined = cachelayouts.read(called.records, r.plan.cache, r.cache_layout, inputs.cache) \
+        if called.failure is None and inputs.cache is not None and r.plan.cache is not None else None
+    if joined is not None:  # it ran on this layout, and its own join says another of that shape
+        held_layout, r.cache_layout = r.cache_layout, joined[0]
+        made = attempted(r.attempt, r.o)
+        if made is not None and made[2].failure is None:
+            inputs, fed, called, convention = made
+            r.notes.append(joined[1])
+        else:
+            r.cache_layout = held_layout
+    return inputs, fed, called, convention
+
+
+def _cache_notes(r: RunSoFar, ran: Made) -> None:
+    """The notes of a decode step's cache: MLA's latents, the parameters it was handed in."""
+    from attnscope.usertrace import cachelayouts, latentcache
+
+    inputs, fed, called, convention = ran
+    if r.latent_maker is not None and called.failure is None:
+        r.notes.append(latentcache.note(", ".join(cache_parameters(r.plan)) if r.plan.cache else r.own_cache.names()
+                                      if r.own_cache is not None else "cache"))
+    if inputs.cache is not None and r.plan.cache is not None:  # two parameters, or a dict's keys (cacheforms.py)
+        from attnscope.usertrace.cacheforms import note as form_note
+
+        given = fed.values.get(r.plan.cache)
+        said = form_note(cache_parameters(r.plan), list(getattr(given, "asked", [])),
+                         "" if r.cache_layout != "bhnd" else cachelayouts.words(r.cache_layout))  # else noted
+        r.notes += [said] if said else []
+
+
+class HeadsForCache(Exception):
+    """A decode step asked of code whose head count only its run says: the cache, [.., n_kv_head, n_cache, d_head],
+    cannot be drawn before a run has read it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def columns_possible(o: TraceOptions, module: Any) -> bool:
+    """Whether code that failed on rows may be tried in the column form: rows were not asked for by files (their
+    shapes decide), no option that works only in the row layout was given, and the module (if any) projects with
+    no nn.Linear, which reads rows."""
+    return o.layout == "row" and not o.q and not reads_rows(module) and not (
+        o.rope or o.kv_heads or o.alibi or o.position_bias or o.qk_norm or o.scale is not None or o.cache)
+
+
+def column_form(o: TraceOptions, attempt: Any) -> tuple[TraceOptions, tuple[Any, ...]] | None:
+    """The code run on column-form inputs, [.., d, n] (then [d, n], one sequence, where no --batch was given): the
+    options it ran under and the run, or None where it fails on those too (the row run's failure is then the one
+    reported)."""
+    tries = [dataclasses.replace(o, layout="col")]
+    if o.batch is None:
+        tries.append(dataclasses.replace(o, layout="col", batch=0))
+    for asked in tries:
+        try:
+            made = attempt(asked)
+        except UsageError:
+            continue
+        if made[2].failure is None:
+            return asked, made
+    return None
+
+
+def _column_note(failed: Failure, o: TraceOptions, weighted: bool) -> str:
+    """The note for code read as the column convention."""
+    where = f"line {failed.line}: " if failed.line else ""
+    shape = ("[n_batch, d_feat, n]" if weighted else "[n_batch, d, n]") if o.batch != 0 else (
+        "[d_feat, n]" if weighted else "[d, n]")
+    return (f"your code failed on rows [.., n, d] ({where}{failed.message}) and runs on columns {shape}, one token a "
+            f"column: read as the column convention ({'W @ x, ' if weighted else ''}scores Kᵀ Q [.., n_K, n_Q], "
+            "softmax over the keys, dim "
+            "-2), a convention, not a mistake; the reference is the row form's on your inputs transposed, its steps "
+            "transposed back (--layout col says it)")

@@ -1,0 +1,461 @@
+"""The user's code called with its mask: True = may attend first, then as its ops read a mask (masked_fill, added
+to the scores, another shape, key padding, the rule beside it, a mask it makes itself, its own words), each found by
+experiment. runs/trace_attempt.py calls `masked_call` for every run of the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import UsageError
+from attnscope.spec import AttentionSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from attnscope.runs.trace_options import TraceOptions
+    from attnscope.usertrace.call import Called
+    from attnscope.usertrace.feeds import Feeds
+    from attnscope.usertrace.inputs import Inputs
+    from attnscope.usertrace.load import Plan, Target
+    from attnscope.usertrace.masking import Convention
+    from attnscope.usertrace.record import Failure, Record
+
+
+def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any,
+          fed: Feeds) -> tuple[Called, Convention | None]:
+    """Call the user's code with the mask True = may attend; when its ops show that it reads the mask another
+    way (masked_fill(mask, ...), scores + mask, ...), call it again with the mask written that way."""
+    import torch
+
+    from attnscope import masks
+    from attnscope.usertrace import lengths, masking
+    from attnscope.usertrace.call import call
+
+    torch.manual_seed(o.seed)  # dropout in training mode draws the same for the same seed
+    if plan.mask is None or inputs.allowed is None:
+        return call(target, fn, plan, inputs, module, o.max_memory, None, fed), None
+    if plan.fed_by_lengths():  # D2L's valid_lens: the mask written as lengths, [n_batch] or [n_batch, n_Q]
+        counts, inputs.allowed = lengths.written(inputs.allowed, inputs.sizes.get("n_batch", 1), plan.mask)
+        called = call(target, fn, plan, inputs, module, o.max_memory, counts, fed)
+        inputs.notes.append(lengths.note(plan.mask, counts, lengths.compared(called.records, plan.mask,
+                                                                            inputs.sizes["n_K"])))
+        return called, None
+    dtype = next(iter(inputs.tensors.values())).dtype
+    try:
+        first, given = masking.written(inputs.allowed, "attend", dtype), "attend"
+    except UsageError:  # a float bias from --mask: it can only be added
+        first, given = inputs.allowed.to(dtype), "additive"
+    torch.manual_seed(o.seed)
+    called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
+    turned = _scores_turned(called, inputs, module) if o.layout == "col" else None
+    if turned is not None:  # square scores Qᵀ K [n_Q, n_K]: the mask is handed as they are laid out
+        inputs.allowed, first = turned, masking.written(turned, given, dtype) if given == "attend" else turned.to(dtype)
+        torch.manual_seed(o.seed)
+        called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
+        inputs.notes.append(f"{plan.mask}: given [.., n_Q, n_K], as your scores are laid out (the queries' axis "
+                            "first, read from the product that makes them), not the column form's [.., n_K, n_Q]")
+    failure = called.failure
+    # the layout of the scores the mask meets where the code raised on it: the mask is tried laid out so first
+    met = _met(failure, plan.mask, list(first.shape))
+    if failure is not None and plan.mask in failure.op and inputs.allowed.dim() < 4 and not o.mask:
+        failed_at = failure.line
+        # code that slices the mask as transformers' 4-D one (`attention_mask[:, :, :, :n_K]`): [n_batch, 1, n_Q, n_K];
+        # in a decode step, one over all n_K positions whose last n_Q rows are the new queries' (OLMo's
+        # `attention_bias[:, :, key_len - query_len:key_len, :key_len]`)
+        sliced = []  # the first shape the code runs on, else the first it raises on elsewhere than on its mask
+        for wide, words in masking.sliced_forms(inputs.allowed, inputs.sizes.get("n_batch", 1),
+                                                inputs.sizes.get("n_cache")):
+            wide_first = masking.written(wide, given, dtype)  # "additive": a float bias, as it is (.to(dtype))
+            torch.manual_seed(o.seed)
+            tried = call(target, fn, plan, inputs, module, o.max_memory, wide_first, fed)
+            sliced.append((wide, words, tried, wide_first))
+            if tried.failure is None:
+                break
+        fits = [r for r in sliced if r[2].failure is None] or [
+            r for r in sliced if r[2].failure is not None and plan.mask not in r[2].failure.op]
+        if fits:
+            wide, words, tried, wide_first = fits[0]
+            inputs.allowed, called, failure, first = wide, tried, tried.failure, wide_first
+            if tried.failure is None:
+                inputs.notes.append(f"{plan.mask}: your code slices its mask itself (line {failed_at}) and raised "
+                                    f"on a [.., n_Q, n_K] mask; it runs on one shaped {words}, which it was given")
+    if failure is not None and plan.mask in failure.op and inputs.allowed.dim() == 3 and inputs.allowed.shape[0] == 1:
+        # code that takes [n_Q, n_K] only (nn.MultiheadAttention's attn_mask): the same mask, without its 1
+        inputs.allowed = inputs.allowed[0]
+        first = first[0]
+        torch.manual_seed(o.seed)
+        called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
+    convention = masking.detect(called.records, called.failure, plan.mask)
+    keys_only = False  # the mask given is key padding, [n_batch, .., n_K]: no rule of the queries to hide the code's
+    if convention.kind == given or (given == "additive" and convention.line is None):
+        convention = masking.Convention(given, convention.line, convention.how)
+    else:
+        torch.manual_seed(o.seed)  # the same dropout draws as the first call
+        mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)
+        called = call(target, fn, plan, inputs, module, o.max_memory, mask, fed)
+    grade = _grade(called, inputs, plan.mask) if called.failure is None else 0
+    if (called.failure is not None or grade) and inputs.allowed.dtype == torch.bool:
+        # code that takes its mask in another shape (key padding [n_batch, n_K], diffusers' [n_batch, 1, n_K], ...):
+        # the first shape it runs on, by experiment, as a boolean or a float to add (diffusers' baddbmm). Code that
+        # indexes the mask itself (`padding_mask[:, None, None, :]`) runs on any shape, a wrong one broadcast into
+        # more axes than out has: the first shape whose output has out's axes and is finite (else out's axes alone)
+        why = _misfit(called, inputs, plan.mask) if grade else None
+        chosen: tuple[Any, str, Any, Called, str] | None = None
+        laid = masking.laid_like(inputs.allowed, met, inputs.sizes, o.layout == "col") if met else None
+        for form, words, padded in [*([laid] if laid is not None else []),
+                                    *masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1), inputs.mask,
+                                                  inputs.sizes.get("n_Q"))]:
+            ran: Called | None = None
+            for kind in dict.fromkeys((convention.kind, "additive")):
+                torch.manual_seed(o.seed)
+                ran = call(target, fn, plan, inputs, module, o.max_memory, masking.written(form, kind, dtype), fed)
+                if ran.failure is None:
+                    break
+            if ran is None or ran.failure is not None:
+                continue
+            better = _grade(ran, inputs, plan.mask) if grade else 0
+            if better < grade or not grade:
+                chosen, grade = (form, words, padded, ran, kind), better
+            if not grade:
+                break
+        if chosen is not None:
+            form, words, padded, called, kind = chosen
+            inputs.allowed = form
+            keys_only = "key padding" in words
+            if padded is not None:  # the key trace padded, padded in the reference's mask too: [n_batch, 1, 1, n_K]
+                inputs.mask = masks.combine(inputs.mask, padded[:, None, None, :])
+            axes = "n_K, n_Q" if o.layout == "col" else "n_Q, n_K"
+            inputs.notes.append(f"{plan.mask}: your code raised on a [.., {axes}] mask and runs on one shaped {words}, "
+                                "which it was given" if why is None else
+                                f"{plan.mask}: on a mask shaped {list(first.shape)}, {why}; on one shaped {words}, "
+                                "which it was given, your code's output has out's axes")
+            read = masking.detect(called.records, None, plan.mask)
+            if read.kind == kind or read.line is None:
+                convention = masking.Convention(kind, read.line, read.how)
+            else:
+                convention = read
+                torch.manual_seed(o.seed)
+                called = call(target, fn, plan, inputs, module, o.max_memory,
+                              masking.written(form, read.kind, dtype, read.line), fed)
+    apart = o.mask and o.causal and plan.causal_mask() not in (None, plan.mask)
+    if (keys_only or apart) and plan.other_masks and (o.causal or o.window) and called.failure is None:
+        # the mask parameter takes key padding only (nn.MultiheadAttention's key_padding_mask), or the --mask file
+        # beside a parameter named for the causal rule (CLIP's causal_attention_mask): the causal or window rule
+        # goes to another one (its attn_mask [n_Q, n_K]), in the convention that one reads
+        called = _rule_beside(o, target, fn, plan, inputs, module, fed, called)
+    if not keys_only:  # key padding holds no causal or window rule that could hide the code's own
+        called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
+        called = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
+    return _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
+
+
+def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
+               called: Called, convention: Convention) -> tuple[Called, Convention]:
+    """Where the code's own words give its boolean mask the polarity its ops do not (statedmask.py: "True =
+    masked" over a `masked_fill(~mask, ..)`), the mask as the words say, so that the run shows what the code does
+    with it; else the run as it was."""
+    import torch
+
+    from attnscope.usertrace import masking, statedmask
+    from attnscope.usertrace.call import call
+
+    allowed = inputs.allowed
+    if called.failure is not None or convention.kind not in ("attend", "masked") or allowed is None \
+            or allowed.dtype != torch.bool or bool(allowed.all()) or inputs.also_masked or plan.mask is None:
+        return called, convention
+    traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
+    said = statedmask.read(target.path, convention.line, plan.mask, tuple(plan.other_masks), traced)
+    if said is None or said.kind == convention.kind:
+        return called, convention
+    torch.manual_seed(o.seed)
+    dtype = next(iter(inputs.tensors.values())).dtype
+    again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, said.kind, dtype), fed)
+    if again.failure is not None:
+        return called, convention
+    words = said.words if len(said.words) <= 60 else said.words[:57] + "..."
+    return again, dataclasses.replace(convention, kind=said.kind, stated=f'line {said.line}: "{words}"')
+
+
+def not_weights(tried: Plan, ran: tuple[Inputs, Feeds, Called, Convention | None],
+                 rerun: Callable[[Plan], tuple[Inputs, Feeds, Called, Convention | None]]
+                 ) -> tuple[Plan, tuple[Inputs, Feeds, Called, Convention | None]]:
+    """(plan, run) with the mask taken from a parameter the code multiplies its attention weights by after the
+    softmax (transformers' `head_mask`: a weight per head, no mask; masking.weighs), given None instead, where the
+    code then runs, and another parameter takes the mask, or the code masks by itself, or the parameter is named for
+    heads. Otherwise (a plain `mask` multiplied after the softmax, the code's only mask) it keeps the mask: that is
+    the `mask.after_softmax` mistake, named by experiment."""
+    from attnscope.usertrace import masking
+
+    inputs, called = ran[0], ran[2]
+    if tried.mask is None or inputs.allowed is None or tried.fed_by_lengths():
+        return tried, ran
+    line = masking.weighs(called.records, tried.mask, called.failure)
+    if line is None:
+        return tried, ran
+    other = tried.without_mask()
+    again = rerun(other)
+    if again[2].failure is not None:
+        return tried, ran
+    if other.mask is None and masking.masks_itself(again[2].records) is None and "head" not in tried.mask.lower():
+        return tried, ran
+    said = (f"{tried.mask}: your code multiplies its attention weights by it after the softmax (line {line}), a "
+            f"weight per head and no mask, so it was given None (--forward \"{tried.mask}=...\" gives it a value)")
+    return dataclasses.replace(other, said={**other.said, tried.mask: said}), again
+
+
+def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
+    """The mask (True = may attend) the column form hands as `[.., n_K, n_Q]`, turned to `[.., n_Q, n_K]`, where the
+    code's scores are square and hold the queries' axis first (`Qᵀ K`), as the data flow of the product that makes
+    them says (scoreaxes.py: which input, or which projection's weight, each operand comes from); None where the
+    scores hold the keys first, the flow says nothing, or turning changes nothing."""
+    from attnscope.usertrace import scoreaxes
+    from attnscope.usertrace.lineup import given_roles, projected_roles
+    from attnscope.usertrace.reference import find_projections
+
+    allowed = inputs.allowed
+    if called.failure is not None or allowed is None or allowed.dim() < 2 \
+            or allowed.shape[-1] != allowed.shape[-2] or bool((allowed == allowed.transpose(-1, -2)).all()):
+        return None
+    roles = given_roles(inputs)
+    if module is not None:
+        try:
+            read = find_projections(module, called.records, inputs.sizes.get("n_head"), inputs.sizes.get("d_head"))
+        except UsageError:
+            read = []
+        roles = projected_roles(read[0], inputs) if read else roles
+    keys_last = scoreaxes.keys_last(scoreaxes.key_axes(called.records, *roles))
+    return allowed.transpose(-1, -2) if keys_last else None
+
+
+def _met(failure: Failure | None, label: str, given: list[int]) -> list[int] | None:
+    """The shape of what the mask met in the op the code raised on (the scores): of the shapes that met there, the
+    largest that is not the mask's own; None where the op is not the mask's."""
+    if failure is None or label not in failure.op:
+        return None
+    others = [list(shape) for shape in failure.shapes if list(shape) != given and len(shape) >= 2]
+    return max(others, key=lambda shape: math.prod(shape)) if others else None
+
+
+def _misfit(called: Called, inputs: Inputs, label: str) -> str | None:
+    """What is wrong with a call's output, where it cannot be out (a mask of the wrong shape broadcast into the
+    scores' axes): the mask widened what it was applied to (`scores.masked_fill(mask[:, None, None, :], ..)` on a
+    4-D mask: 6 axes, or a batch of batches), more axes than the queries have, or values that are not finite; None
+    where none of these."""
+    import torch
+
+    widened = _widened(called.records, label, set(inputs.tensors))
+    if widened is not None:
+        return widened
+    found = called.result if isinstance(called.result, (tuple, list)) else [called.result]  # (out, weights)
+    tensors = [t for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    queries = [t for name, t in inputs.tensors.items() if inputs.roles.get(name) == "Q"]
+    if not tensors or not queries:
+        return None
+    out, rank = tensors[0], queries[0].dim()
+    if out.dim() > rank:
+        return f"your code's output was {list(out.shape)}, {out.dim()} axes where your queries have {rank}"
+    if not bool(torch.isfinite(out).all()):
+        return f"your code's output was {list(out.shape)}, with values that are not finite"
+    return None
+
+
+def _widened(records: list[Record], label: str, inputs: set[str]) -> str | None:
+    """The first op where the mask (or what the code made of it) meets a tensor computed from the inputs (the
+    scores) and makes it larger: the mask broadcast into axes the scores do not have; None where it never does."""
+    derived: set[int] = set()
+    computed: set[int] = set()  # records whose values come from the forward's inputs
+    for r in records:
+        reads = [value for kind, value in r.args if kind == "rec"] + [
+            value[1][1] for kind, value in r.args if kind == "kw" and value[1][0] == "rec"]
+        texts = [value for kind, value in r.args if kind == "text"] + [
+            value[1][1] for kind, value in r.args if kind == "kw" and value[1][0] == "text"]
+        if any(t in inputs for t in texts) or computed & set(reads):
+            computed.add(r.index)
+        if label not in texts and not derived & set(reads):
+            continue
+        others = [records[i].tensor for i in reads if i not in derived and i in computed]
+        if others and r.tensor.numel() > max(t.numel() for t in others) and r.tensor.dim() >= max(
+                t.dim() for t in others):
+            widest = max(others, key=lambda t: t.numel())
+            return (f"the mask widened {list(widest.shape)} to {list(r.tensor.shape)} at line {r.line} "
+                    f"({r.details.get('op', r.func)})")
+        derived.add(r.index)
+    return None
+
+
+def _grade(called: Called, inputs: Inputs, label: str) -> int:
+    """How far a call's output is from being out: 0 where it may be, 1 with values that are not finite although the
+    mask leaves every query a key, 2 where the mask widened the scores or the output has more axes than the
+    queries (a mask of the wrong shape broadcast into the scores' axes)."""
+    import torch
+
+    why = _misfit(called, inputs, label)
+    if why is None:
+        return 0
+    if "not finite" not in why:
+        return 2
+    allowed = inputs.allowed
+    # a mask that leaves a query no key: hand-written code gives it NaN, no mistake of the mask's shape
+    return 1 if allowed is not None and allowed.dtype == torch.bool and bool(allowed.any(-1).all()) else 0
+
+
+def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
+                 called: Called) -> Called:
+    """The code called again with the causal or window rule, `[n_Q, n_K]`, given to the first other mask parameter
+    it runs with, beside the key padding `plan.mask` takes (the reference's mask holds both); `called` where none
+    runs."""
+
+    from attnscope import masks
+    from attnscope.spec import AttentionSpec
+    from attnscope.usertrace import masking
+
+    rule, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache, window_side=o.window_side),
+                               inputs.sizes["n_Q"], inputs.sizes["n_K"])
+    if rule is None:
+        return called
+    dtype = next(iter(inputs.tensors.values())).dtype
+    causal = plan.causal_mask()
+    for other in sorted(plan.other_masks, key=lambda m: m != causal):  # one named for the rule first
+        ran = _given_beside(o, (target, fn, plan, inputs, module, fed, called), other, rule, dtype)
+        if ran is not None:
+            held = "the --mask file" if o.mask and other == causal else "the key padding"
+            inputs.notes.append(f"{other}: given the {'causal' if o.causal else 'window'} rule [n_Q, n_K] beside "
+                                f"{held} {plan.mask} takes, {masking.WORDS[ran[1]]}")
+            inputs.also_masked.append(other)
+            return ran[0]
+    return called
+
+
+def _given_beside(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds, Called], other: str,
+                  mask: Any, dtype: Any) -> tuple[Called, str] | None:
+    """The code called again with `mask` (True = may attend) given to the mask parameter `other` as well, as a
+    boolean, then in the convention the code reads it: (the call, that convention), None where it raises."""
+    import torch
+
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+
+    target, fn, plan, inputs, module, fed, called = run
+    beside = dataclasses.replace(plan, nones=[n for n in plan.nones if n != other])
+    kind, line = "attend", None
+    for _ in range(2):
+        given = masking.written(mask, kind, dtype, line)
+        more = dataclasses.replace(fed, values={**fed.values, other: given}, labels={**fed.labels, id(given): other})
+        torch.manual_seed(o.seed)
+        tried = call(target, fn, beside, inputs, module, o.max_memory, called.mask_given, more)
+        if tried.failure is not None:
+            return None
+        read = masking.detect(tried.records, None, other)
+        if read.kind == kind or read.line is None:
+            return tried, kind
+        kind, line = read.kind, read.line
+    return None
+
+
+def _padding_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
+                    called: Called) -> Called:
+    """Where the mask parameter took the rule (causal, a window) and the forward takes key padding as well
+    (fairseq's key_padding_mask beside its attn_mask), the padding parameter gets keys of trace's own padded
+    (masking.padded_keys), the reference's mask padding the same keys, so that its branch runs and is compared;
+    `called` where the code does not run so, or nothing could be padded."""
+    import torch
+
+    from attnscope import masks
+    from attnscope.usertrace import masking
+
+    allowed = inputs.allowed
+    others = [m for m in plan.other_masks if "padding" in m.lower() and m not in inputs.also_masked]
+    if called.failure is not None or not others or allowed is None or allowed.dtype != torch.bool \
+            or o.mask or "n_batch" not in inputs.sizes:
+        return called
+    grid = allowed.reshape(-1, *allowed.shape[-2:])
+    if grid.shape[0] != 1:
+        return called
+    keys, padded, _ = masking.padded_keys(grid.expand(inputs.sizes["n_batch"], *grid.shape[1:]))
+    if padded is None:
+        return called
+    dtype = next(iter(inputs.tensors.values())).dtype
+    other = others[0]
+    # [n_batch, n_K] (fairseq's key_padding_mask), else [n_batch, 1, 1, n_K] (a 4-D additive attention_mask)
+    for shaped, words in ((keys, "[n_batch, n_K]"), (keys[:, None, None, :], "[n_batch, 1, 1, n_K]")):
+        ran = _given_beside(o, (target, fn, plan, inputs, module, fed, called), other, shaped, dtype)
+        if ran is not None:
+            inputs.mask = masks.combine(inputs.mask, padded[:, None, None, :])
+            which = ", ".join(str(int(k)) for k in torch.nonzero(~padded[0]).flatten())
+            inputs.notes.append(f"{other}: keys {which} of the first sequence padded by trace ({words}), "
+                                f"{masking.WORDS[ran[1]]}, so that your code's padding runs; the reference's mask "
+                                "pads the same keys")
+            inputs.also_masked.append(other)
+            return ran[0]
+    return called
+
+
+def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
+              called: Called, convention: Convention) -> Called:
+    """A code that masks by itself (a causal buffer, a tril of any diagonal, is_causal) and takes a mask as well
+    gets one that masks nothing, so that trace's mask never hides the code's own: the reference's mask is then
+    compared with the code's alone. Found by experiment: the code run with nothing masked still has weights of
+    exactly 0."""
+    import torch
+
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+
+    allowed = inputs.allowed
+    if called.failure is not None or allowed is None or allowed.dtype != torch.bool or bool(allowed.all()):
+        return called
+    dtype = next(iter(inputs.tensors.values())).dtype
+    everything = torch.ones_like(allowed)
+    torch.manual_seed(o.seed)
+    tried = call(target, fn, plan, inputs, module, o.max_memory,
+                 masking.written(everything, convention.kind, dtype, convention.line), fed)
+    own = masking.masks_by_itself(tried.records) if tried.failure is None else None
+    if own is None:
+        return called
+    rest = _rule_left_over(o, inputs, own)
+    if rest is not None:  # the code masks one part of the rule itself and merges it into the mask it is given
+        given, mine, theirs = rest
+        torch.manual_seed(o.seed)
+        again = call(target, fn, plan, inputs, module, o.max_memory,
+                     masking.written(given, convention.kind, dtype, convention.line), fed)
+        if again.failure is None:
+            inputs.allowed = given
+            inputs.notes.append(f"your code masks {mine} by itself (line {own.line}: weights of exactly 0 with nothing "
+                                f"masked by {plan.mask}) and takes the rest of the rule from {plan.mask}: it was "
+                                f"given {theirs} alone, so that trace's mask never hides yours; the reference's mask "
+                                "is compared with the two together")
+            return again
+    inputs.allowed = everything
+    inputs.notes.append(f"your code masks by itself (line {own.line}: weights of exactly 0 with nothing masked by "
+                        f"{plan.mask}): {plan.mask} was given a mask that masks nothing, so that trace's mask never "
+                        "hides yours; the reference's mask is compared with your code's own")
+    return tried
+
+
+def _rule_left_over(o: TraceOptions, inputs: Inputs, own: Record) -> tuple[Any, str, str] | None:
+    """Where the rule is a sliding window (causal, on the left) and the code, given a mask that masks nothing,
+    masks one of its two parts alone (the window's far keys, which Gemma 2 merges into the causal mask it is given;
+    or the causal part, a window coming from the caller): the mask with the other part only (and any key padding),
+    with both parts in words; None otherwise (it masks both, or cells of neither part)."""
+    from attnscope import masks
+
+    n_Q, n_K = inputs.sizes["n_Q"], inputs.sizes["n_K"]
+    allowed = inputs.allowed
+    if allowed is None or o.window is None or o.window_side == "both" or tuple(own.tensor.shape[-2:]) != (n_Q, n_K):
+        return None
+    forbids = (own.tensor == 0).reshape(-1, n_Q, n_K).all(0)  # [n_Q, n_K]: masked in every sequence and head
+    spec = AttentionSpec.asked(o.causal, o.window, o.cache, window_side=o.window_side)
+    whole, _ = masks.structural(spec, n_Q, n_K)
+    causal, _ = masks.structural(AttentionSpec.asked(spec.align, None, o.cache), n_Q, n_K)
+    if whole is None or causal is None:
+        return None
+    future, far = ~causal, causal & ~whole  # the causal part, the window's far keys
+    on_future, on_far = bool((forbids & future).any()), bool((forbids & far).any())
+    if on_far and not on_future:
+        return allowed | far, f"the window's far keys ({o.window} or more back)", "the causal mask"
+    if on_future and not on_far:
+        return allowed | future, "the causal part", f"the window's far keys ({o.window} or more back)"
+    return None

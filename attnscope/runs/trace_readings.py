@@ -1,0 +1,280 @@
+"""The first run recorded, then what it reads of the code once it ran: a head count only its queries say, RoPE's
+pairing and share, attention sinks, key/value heads, time-first code that runs on batch-first inputs too, the column
+convention, its own qk-norm and temperature, a joint attention's head width; the line-up with the reference and its
+notes. Each reading that runs the code again keeps the run's words with it (`again`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from attnscope.runs.trace_attempt import RunSoFar, attempted
+from attnscope.runs.trace_layouts import column_form, columns_possible
+from attnscope.runs.trace_result import TraceRun, run_header, run_params
+from attnscope.runs.trace_setup import with_width
+
+if TYPE_CHECKING:
+    from attnscope.runs.trace_attempt import Made
+    from attnscope.runs.trace_options import TraceOptions
+    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.load import Plan
+    from attnscope.usertrace.reference import Spec
+
+
+def recorded(r: RunSoFar, ran: Made) -> TraceRun:
+    """The run as it stands after the first run and its readings: its notes, header and parameters."""
+    from attnscope.usertrace import identity
+    from attnscope.usertrace.inputs import keys_of_own_queries, nk_refused, plan_notes
+
+    inputs, fed, called, convention = ran
+    if r.o.nk is not None and r.o.nk != r.o.nq and keys_of_own_queries(r.o, r.plan, r.module is not None) and not (
+            called.failure is None and "Q" in inputs.own and inputs.own_from == "module"):
+        raise nk_refused(r.o, r.plan, True)  # --nk for a one-input forward whose queries are not its own after all
+    r.first_notes = list(r.notes)  # the module's, before those of its inputs (a second run makes them again)
+    r.notes += inputs.notes + plan_notes(r.plan, inputs)
+    if convention is not None and (called.failure is None or convention.line is not None):
+        r.notes.append(convention.note(r.plan.mask or "mask"))  # a run that raised before its mask read nothing of it
+    r.mode = "" if r.module is None or r.target.kind == "function" else \
+        ", training mode" if r.o.train else ", eval() mode"
+    header = run_header(r.target, r.label, r.plan, inputs, r.mode, r.spec)
+    header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
+    run = TraceRun(header, run_params(r.o, r.target, r.kwargs, inputs), [], notes=r.notes, failure=called.failure,
+                   failure_source=called.source, split_heads=r.split if identity.read(r.module) else None)
+    if not called.records:
+        run.notes.append(f"no tensor operation ran from {r.target.path.name}: only ops called from that file are "
+                         "recorded (torch functions, Tensor methods and operators)")
+    return run
+
+
+def again(r: RunSoFar, run: TraceRun) -> Made:
+    """The code run again on sizes chosen anew (a size learnt from the first run), the run's words with it."""
+    from attnscope.usertrace.inputs import plan_notes
+
+    made = r.attempt(r.o)
+    run.notes[:] = r.first_notes + made[0].notes + plan_notes(r.plan, made[0])
+    if made[3] is not None:
+        run.notes.append(made[3].note(r.plan.mask or "mask"))
+    run.header = run_header(r.target, r.label, r.plan, made[0], r.mode, r.spec)
+    run.header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
+    run.params, run.failure, run.failure_source = run_params(r.o, r.target, r.kwargs, made[0]), made[2].failure, \
+        made[2].source
+    return made
+
+
+def read_run(r: RunSoFar, run: TraceRun, ran: Made) -> Made:
+    """What the code reads as once it ran, each reading kept where it lines up further; the line-up with the
+    reference, and its words, into `run`."""
+
+    ran = _heads_read(r, run, ran)
+    if ran[2].failure is not None:
+        return ran
+    ran, lined = _lined_up(r, run, ran)
+    for reading in (_kv_heads, _time_first_reading, _column_reading, _own_conventions, _joint_width):
+        ran, lined = reading(r, run, ran, lined)
+    _said(r, run, ran, lined)
+    return ran
+
+
+def _heads_read(r: RunSoFar, run: TraceRun, ran: Made) -> Made:
+    """The head count only the code says (a literal in its forward): read from its q, the code run again with it."""
+    from attnscope.usertrace import headcount
+    from attnscope.usertrace.inputs import ShapePlan
+
+    inputs, fed, called, convention = ran
+    if called.failure is None and r.weighted is not None and r.shapes.n_head is None and r.o.heads is None:
+        own = inputs.own.get("Q") if inputs.own_from == "module" else None  # latents of their own width
+        read = headcount.from_run(called.records, r.shapes.fixed.get("d_feat") if own is None else int(own.shape[-1]),
+                               r.o.layout == "col", inputs.sizes.get("n_batch"))
+        if read is not None:  # the head count only the code says (a literal in its forward): read from its q
+            heads, line, laid = read
+            width = r.shapes.fixed.get("d_feat")  # as the run found it (a width the weights left open, _widths)
+            r.shapes = ShapePlan.make(dataclasses.replace(r.o, heads=heads), r.weighted, r.init)
+            r.shapes = with_width(r.shapes, width if width != r.shapes.fixed.get("d_feat") else None)
+            d_head = headcount.queries_head(called.records, heads)
+            if own is not None and d_head is not None:  # d_head as the run's queries have it, not the latents' / heads
+                r.shapes.fixed["d_head"] = d_head
+            inputs, fed, called, convention = again(r, run)
+            r.first_notes.append(f"n_head = {heads}, read from the queries your code hands the scores (line {line}: "
+                               f"{laid}); nothing else in the module says it (--heads does)")
+            run.notes.insert(len(r.first_notes) - 1, r.first_notes[-1])
+    return inputs, fed, called, convention
+
+
+def _lined_up(r: RunSoFar, run: TraceRun, ran: Made) -> tuple[Made, LineUp]:
+    """RoPE's pairing and share, attention sinks read; the run lined up with the reference."""
+    from attnscope.usertrace import load, sinkcols
+    from attnscope.usertrace.lineup import line_up
+
+    inputs, fed, called, convention = ran
+    # real tables laid out for one pairing (not freqs_cis nor llama2.c's freqs_cos, freqs_sin: one angle a pair)
+    if any(name.lower() not in load.PAIR_TABLES for name in r.plan.tables) \
+            and not (r.table_form and r.table_form[0].pairs):
+        r.spec = dataclasses.replace(r.spec, pairing_asked=True)  # the code pairs as they are laid out, or errs
+    r.spec = _with_own_fraction(r.spec, r.weighted, r.plan, inputs.sizes.get("d_head"), r.built)
+    sunk = sinkcols.read(r.module, called.records, inputs.sizes.get("n_head"))
+    if sunk is not None:  # attention sinks the module holds, joined to its scores (GPT-OSS's): its convention
+        r.spec = dataclasses.replace(r.spec, sinks=sunk[0])
+        r.first_notes.append(sinkcols.note(sunk[1], int(sunk[0].numel())))
+        run.notes.append(r.first_notes[-1])
+    lined = line_up(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec)
+    return (inputs, fed, called, convention), lined
+
+
+def _kv_heads(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
+    """Key/value heads read only from the run that share a size with a dim: run again with sizes that avoid it."""
+    from attnscope.usertrace.lineup import line_up
+
+    inputs, fed, called, convention = ran
+    kv = lined.n_kv_head
+    n_head = inputs.sizes.get("n_head")
+    group = n_head // kv if kv and n_head and n_head % kv == 0 else None  # n_group
+    chosen = [inputs.sizes[d] for d in ("n_batch", "n_Q", "n_K") if d in inputs.sizes]
+    if kv and r.o.batch is None and kv != n_head and kv not in r.shapes.extra.values() \
+            and (kv in inputs.sizes.values() or group in chosen):
+        # key/value heads read only from the run (a fused projection per KV group) share a size (theirs or
+        # n_group's) with a dim: run again with sizes that avoid both, so no axis is named from a coincidence
+        # (n_batch for n_kv_head)
+        r.shapes.extra["n_kv_head"] = kv
+        inputs, fed, called, convention = again(r, run)
+        if called.failure is None:
+            lined = line_up(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec)
+    return (inputs, fed, called, convention), lined
+
+
+def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
+    """Time-first code that runs on batch-first inputs too: the reading under which it lines up further."""
+    from attnscope.usertrace import timefirst
+    from attnscope.usertrace.inputs import plan_notes
+    from attnscope.usertrace.lineup import line_up
+
+    inputs, fed, called, convention = ran
+    if timefirst.early(lined) and timefirst.possible(r.o, inputs):
+        # time-first code that runs on batch-first inputs too (it then attends across the batch): the reading
+        # under which it lines up further is kept (usertrace/timefirst.py)
+        # (where --batch equals --nq the two readings share one shape: tried on a batch of another size)
+        apart = timefirst.apart(r.o, inputs, r.shapes.extra.values())
+        for time_o in timefirst.asked(r.o if apart is None else dataclasses.replace(r.o, batch=apart), inputs):
+            made = attempted(r.attempt, time_o)
+            tried = line_up(r.weighted, r.shapes, made[0], made[2].records, r.o.train, r.spec) \
+                if made is not None and made[2].failure is None else None
+            if made is not None and tried is not None and timefirst.better(tried, lined):
+                break
+        if made is not None and tried is not None and timefirst.better(tried, lined):
+            batch = r.o.batch
+            r.o, (inputs, fed, called, convention), lined = time_o, made, tried
+            r.first_notes.append(timefirst.note(None, r.weighted is not None, r.o.layout))
+            if apart is not None:
+                r.first_notes.append(timefirst.apart_note(batch, apart))
+            run.notes[:] = r.first_notes + inputs.notes + plan_notes(r.plan, inputs)
+            if convention is not None:
+                run.notes.append(convention.note(r.plan.mask or "mask"))
+            run.header = run_header(r.target, r.label, r.plan, inputs, r.mode, r.spec)
+            run.header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
+            run.params, run.failure, run.failure_source = run_params(r.o, r.target, r.kwargs, inputs), None, None
+    return (inputs, fed, called, convention), lined
+
+
+def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
+    """Code that runs on rows yet lines up only on columns: the column convention."""
+    from attnscope.usertrace.inputs import plan_notes
+    from attnscope.usertrace.lineup import line_up
+
+    inputs, fed, called, convention = ran
+    if lined.divergence is not None and columns_possible(r.o, r.weighted):
+        # code that runs on rows too (weightless self-attention: Xᵀ X is [d, d] on rows) yet lines up only on
+        # columns: the column convention, read from what it computes
+        found = column_form(r.o, r.attempt)
+        col_spec = dataclasses.replace(r.spec, layout="col")
+        col_lined = line_up(r.weighted, r.shapes, found[1][0], found[1][2].records, r.o.train, col_spec) \
+            if found is not None else None
+        if found is not None and col_lined is not None and col_lined.divergence is None \
+                and col_lined.no_reference is None:
+            r.o, (inputs, fed, called, convention), r.spec, lined = found[0], found[1], col_spec, col_lined
+            run.notes[:] = r.first_notes + inputs.notes + plan_notes(r.plan, inputs) + [_lined_note(r.o)]
+            if convention is not None:
+                run.notes.append(convention.note(r.plan.mask or "mask"))
+            run.header = run_header(r.target, r.label, r.plan, inputs, r.mode, r.spec)
+            run.header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
+            run.params = run_params(r.o, r.target, r.kwargs, inputs)
+    return (inputs, fed, called, convention), lined
+
+
+def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
+    """The code's own qk-norm and temperature tuning, read by experiment where the line-up diverges."""
+    from attnscope.usertrace import ownnorm, tuning
+
+    inputs, fed, called, convention = ran
+    if lined.divergence is not None and r.o.qk_norm is None and r.weighted is not None and r.o.layout != "col":
+        own = ownnorm.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
+        if own is not None:  # the code normalizes q and k itself: its convention, read by experiment
+            r.spec, lined = own
+            run.params["qk_norm_read"] = r.spec.qk_norm
+    if lined.divergence is not None and r.weighted is not None and r.o.layout != "col":
+        tuned = tuning.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
+        if tuned is not None:  # Llama 4's temperature tuning, declared by the module: its convention
+            r.spec, lined = tuned
+    return (inputs, fed, called, convention), lined
+
+
+def _joint_width(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
+    """Joint attention: the head width is the joined q's; the dims named again with it."""
+    from attnscope.usertrace.lineup import line_up
+
+    inputs, fed, called, convention = ran
+    width = int(lined.trace["Q_split"].shape[-1]) if lined.joint and lined.trace is not None \
+        and "Q_split" in lined.trace else None
+    if width is not None and inputs.sizes.get("d_head") != width:
+        # joint attention: the head width is the joined q's, not a width one stream's projections suggested
+        # (Flux's fused qkv read as one query projection, 96 / 4 = 24): the dims named again with it
+        r.shapes.fixed["d_head"] = width
+        r.shapes.fixed.pop("n_kv_head", None)
+        r.shapes.extra.pop("3·d_head", None)
+        made = again(r, run)
+        if made[2].failure is None:
+            inputs, fed, called, convention = made
+            lined = line_up(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec)
+    return (inputs, fed, called, convention), lined
+
+
+def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
+    """The line-up and its words into `run`."""
+    inputs, fed, called, convention = ran
+    run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
+    if lined.joint:  # streams joined along the tokens: one attention over all of them, whatever the inputs' kinds
+        run.header[1] = run.header[1].replace(": cross-attention,", ": joint attention,", 1).replace(
+            ": self-attention,", ": joint attention,", 1)
+    if lined.trace is not None and "attention" in lined.trace:  # the page draws it beside the user's
+        run.reference_attention = lined.trace["attention"]
+    run.no_reference = lined.no_reference
+    run.notes += lined.notes
+    fraction = r.spec.rope_fraction if r.spec.fraction_from_module else None
+    if r.sliced:
+        run.notes += r.sliced
+    elif fraction is not None and lined.spec is not None and lined.spec.rope_fraction == fraction:
+        d_head = inputs.sizes.get("d_head") or 0
+        run.notes.append(f"RoPE: it rotates the first {int(d_head * fraction)} of each head's "
+                         f"{d_head} coordinates (a rotary fraction of {fraction:g}), read from your "
+                         "module's config (its rotary_dim, rotary_pct or partial_rotary_factor); the reference "
+                         "rotates so")
+
+
+def _lined_note(o: TraceOptions) -> str:
+    """The note for code that runs on rows but lines up only on columns."""
+    shape = "[n_batch, d, n]" if o.batch != 0 else "[d, n]"
+    return ("your code runs on rows [.., n, d] but lines up with the reference only on columns "
+            f"{shape}, one token a column: read as the column convention (scores Kᵀ Q [.., n_K, n_Q], softmax over "
+            "the keys, dim -2), a convention, not a mistake (--layout col says it)")
+
+
+def _with_own_fraction(spec: Spec, module: Any, plan: Plan, d_head: int | None, made: dict[str, Any]) -> Spec:
+    """The spec rotating the share of each head the module's config says RoPE turns (its rotary_dim,
+    partial_rotary_factor), where --rope asks for RoPE and the module was given no tables by trace (those it was are
+    read before the call, _with_own_rope); as the base read from its rope_theta, code that rotates another share
+    then has a bug, named by experiment."""
+    from attnscope.usertrace.conventions import own_fraction
+
+    if spec.rope_base is None or spec.rope_fraction is not None or plan.tables:
+        return spec
+    fraction = own_fraction(module, d_head, made)
+    return spec if fraction is None else dataclasses.replace(spec, rope_fraction=fraction, fraction_from_module=True)
