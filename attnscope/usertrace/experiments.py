@@ -1483,24 +1483,23 @@ def _float16(b: Base) -> Iterator[Trial]:
                     "float32, or scale q by 1/√d_head before the matmul", tol="float16")
 
 
-def _dropout(b: Base) -> Iterator[Trial]:
-    from attnscope.usertrace.align import compare, tolerance
+# where a dropout can sit: on the attention weights, or on the output before the heads merge, before the output
+# projection or after it (transformers' StarCoder2 `residual_dropout`, nanoGPT's `resid_dropout`)
+DROPPED_AT = {"attention": "the attention", "x_raw": "the heads' output", "out": "the output",
+              "x_rsh2": "the merged heads (before the output projection)", "x": "the output projection's output"}
 
-    attention = _out(b, "attention")
+
+def _dropout(b: Base) -> Iterator[Trial]:
     for record in b.ctx.records:
         if record.func != "dropout" or not record.parents:
             continue
         before = b.ctx.records[record.parents[0]]
         if torch.equal(before.tensor, record.tensor):
             continue
-        # to the tolerance of the user's dtype (a function's reference runs in float64)
-        tol = tolerance(attention.to(before.tensor.dtype)) if before.tensor.is_floating_point() else None
-        match = next(iter(compare(before, attention, b.ctx.skip.get("attention"), tol=tol)), None)
-        if match is None or not match.equal:
+        found = _dropped(b, record, before)
+        if found is None:
             continue
-        shape = tuple(attention.shape)
-        after = _back_row(b, match.layout.undo(record.tensor.double(), shape))
-        kept = _back_row(b, match.layout.undo(before.tensor.double(), shape))
+        name, after, kept = found
         multiplier = torch.where(kept != 0, after / kept.where(kept != 0, torch.ones_like(kept)), 0.0)
         p = float(record.details.get("p", float("nan")))
         zeroed = float(((after == 0) & (kept != 0)).double().mean())
@@ -1508,11 +1507,34 @@ def _dropout(b: Base) -> Iterator[Trial]:
                      if b.kind == "module" else
                      ("trace runs your function for inference", "pass it a training flag (training=False at "
                       "inference)"))
-        yield Trial(replay(b, multiplier=multiplier), f"dropout is active although {runs}: "
+        steps = replay(b, multiplier=multiplier) if name == "attention" else replay(b, dropped={name: multiplier})
+        yield Trial(steps, f"dropout is active although {runs}: "
                     f"{{who}} is what the reference computes with line {record.line}'s dropout (p = {p:g}, "
                     f"{zeroed:.1%} "
-                    "of the attention zeroed, the rest scaled by 1/(1 − p)) applied to its attention; F.dropout's "
+                    f"of {DROPPED_AT[name]} zeroed, the rest scaled by 1/(1 − p)) applied to its {name}; F.dropout's "
                     f"training argument defaults to True: {fix}")
+
+
+def _dropped(b: Base, record: Record, before: Record) -> tuple[str, torch.Tensor, torch.Tensor] | None:
+    """(the reference step the dropout's input holds, the dropout's output and input laid out as that step), the
+    first of DROPPED_AT's steps that it equals; None where it holds none."""
+    from attnscope.usertrace.align import compare, tolerance
+
+    for name in DROPPED_AT:
+        if name not in b.ref:
+            continue
+        step = _out(b, name) if name == "attention" else b.ref[name]
+        # to the tolerance of the user's dtype (a function's reference runs in float64)
+        tol = tolerance(step.to(before.tensor.dtype)) if before.tensor.is_floating_point() else None
+        match = next(iter(compare(before, step, b.ctx.skip.get(name), tol=tol)), None)
+        if match is None or not match.equal:
+            continue
+        shape = tuple(step.shape)
+        after, kept = (match.layout.undo(t.double(), shape) for t in (record.tensor, before.tensor))
+        if name == "attention":
+            after, kept = _back_row(b, after), _back_row(b, kept)
+        return name, after, kept
+    return None
 
 
 def _out(b: Base, name: str) -> torch.Tensor:

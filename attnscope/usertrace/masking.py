@@ -21,6 +21,7 @@ F.scaled_dot_product_attention; transformers' `_prepare_4d_attention_mask` turns
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ WORDS = {
     "additive": "additive float, 0 = may attend, -inf = masked",
     "float01": "float 0/1, 1 = may attend",
     "subtracted": "float, subtracted from the scores: 0 = may attend, +inf = masked",
+    "additive_min": "additive float, 0 = may attend, finfo.min = masked (transformers' 4-D masks)",
 }
 SUBTRACTS = ("sub", "__sub__", "sub_", "__isub__", "subtract")
 SHAPED_ONLY = ("ones_like", "zeros_like", "full_like", "empty_like", "rand_like", "randn_like", "new_ones",
@@ -56,10 +58,11 @@ SHAPED_ONLY = ("ones_like", "zeros_like", "full_like", "empty_like", "rand_like"
 
 @dataclass
 class Convention:
-    kind: str  # attend | masked | additive | float01 | subtracted
+    kind: str  # attend | masked | additive | float01 | subtracted | additive_min
     line: int | None = None
     how: str = ""  # the op that told it
     stated: str = ""  # where the code's own words give the other polarity (statedmask.py): 'line N: "..."'
+    compared: bool = False  # read from a comparison with a number only an additive mask's values straddle
 
     def note(self, parameter: str) -> str:
         where = f" (line {self.line}: {self.how})" if self.line else ""
@@ -73,6 +76,10 @@ class Convention:
         reads = {"attend": "it masks where the mask is False", "masked": "it masks where the mask is True",
                  "additive": "it adds the mask to the scores", "float01": "it computes with the mask as numbers",
                  "subtracted": "it subtracts the mask from the scores"}
+        if self.compared:
+            fill = "finfo.min" if self.kind == "additive_min" else "-inf"
+            reads[self.kind] = (f"it compares the mask with a number that tells an additive mask's 0 and {fill} "
+                                "apart (and no boolean's True and False)")
         return f"{parameter}: {WORDS[self.kind]}, as your code reads it: {reads[self.kind]}{where}"
 
 
@@ -100,6 +107,8 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             return _applied(record, inverted, arithmetic, others, _floated(record, sources, records))
         if name in INVERTING:
             derived[record.index] = (not inverted, arithmetic)
+        elif (compared := _compared_additive(record)) is not None:
+            return compared
         elif name in COMPARING:
             value = _literal(record.args[1]) if len(record.args) > 1 else None
             flips = (value in (0, False)) == (name in ("__eq__", "eq"))
@@ -120,6 +129,42 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             return Convention("subtracted", failure.line, failure.op)
         return Convention("float01", failure.line, failure.op)
     return Convention("attend")
+
+
+def _compared_additive(record: Record) -> Convention | None:
+    """An additive convention where the code compares its mask with a number that splits an additive mask's values
+    (0 and -inf, or finfo.min) but not a boolean's or a 0/1 mask's: Jamba's `masked_fill(causal_mask < 0, 0.0)`,
+    `mask == float('-inf')`, `mask == torch.finfo(dtype).min`, `mask >= 0`. On a boolean mask such a comparison is
+    the same everywhere (`mask < 0` never True), so the code can only mean a float bias. None for any other op."""
+    name = record.func
+    if name not in COMPARING + BELOW + ABOVE or len(record.args) < 2 or record.args[1][0] != "text":
+        return None
+    value = _number(record.args[1][1])
+    if value is None or _splits(name, value, 0.0, 1.0) or not _splits(name, value, float("-inf"), 0.0):
+        return None
+    kind = "additive_min" if -math.inf < value < -1e4 else "additive"  # `== finfo.min`: that fill, not -inf
+    return Convention(kind, record.line, record.details.get("op", record.call), compared=True)
+
+
+def _splits(name: str, value: float, low: float, high: float) -> bool:
+    """Whether comparing with `value` by the op `name` tells the mask's values `low` and `high` apart (-inf stands
+    for any very negative fill, finfo.min included)."""
+    import operator
+
+    if low == float("-inf") and value < -1e4:  # `mask == finfo.min`, `mask < -1e9`: a fill, as -inf is
+        low = value if name in ("__eq__", "eq", "__ne__", "ne", "__le__", "le", "__gt__", "gt") else value - 1
+    test = {"__eq__": operator.eq, "eq": operator.eq, "__ne__": operator.ne, "ne": operator.ne,
+            "__lt__": operator.lt, "lt": operator.lt, "__le__": operator.le, "le": operator.le,
+            "__gt__": operator.gt, "gt": operator.gt, "__ge__": operator.ge, "ge": operator.ge}[name]
+    return bool(test(low, value)) != bool(test(high, value))
+
+
+def _number(text: Any) -> float | None:
+    """The number an op's argument text writes ("0", "-inf", "-3.40282e+38"), None for anything else."""
+    try:
+        return float(str(text))
+    except ValueError:
+        return None
 
 
 def _floated(record: Record, sources: list[tuple[bool, bool] | None], records: list[Record]) -> bool:
@@ -211,6 +256,9 @@ def written(allowed: torch.Tensor, kind: str, dtype: torch.dtype, line: int | No
 
     from attnscope import masks
 
+    if kind == "additive_min":  # code that finds its masked cells by `== finfo.min`: that fill, not -inf
+        bias = allowed.to(dtype) if allowed.is_floating_point() else masks.to_additive(allowed).to(dtype)
+        return bias.clamp(min=torch.finfo(dtype).min)
     if allowed.is_floating_point():
         if kind == "additive":
             return allowed.to(dtype)

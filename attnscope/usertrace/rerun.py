@@ -175,14 +175,18 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
            softmax_dim: int = -1, after_softmax: torch.Tensor | None = None, multiplier: torch.Tensor | None = None,
            merge: str = "permute", half: bool = False, swap_cache: bool = False, softcap: Any = KEEP,
            cap: str = "capped", joined: tuple[torch.Tensor, torch.Tensor] | None = None,
-           before: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+           before: torch.Tensor | None = None, dropped: dict[str, torch.Tensor] | None = None
+           ) -> dict[str, torch.Tensor]:
     """The reference's steps from its heads on, with the changes given: only the steps the reference has, in the
     row form. `softcap` C caps the scores as `cap` says: "capped" C · tanh(scores / C) (Gemma 2's), "after mask"
     the masked scores capped (-inf becomes -C), "no multiply" tanh(scores / C), "no divide" C · tanh(scores),
     "unscaled" C · tanh(q · kᵀ / C) scaled after. `joined`: the keys and values after the cache joins them, as an
     experiment made them (code that joins its cache before RoPE rotates the join), in place of the cache joined to
     `k_new` and `v_new`. `before` (True = may attend): a mask applied to the scores before the softmax, where `mask`
-    applies `allowed` after it (a padding mask before, the causal rule after)."""
+    applies `allowed` after it (a padding mask before, the causal rule after). `dropped`: a multiplier (a dropout's
+    0 or 1/(1 − p) per entry) for a step after the attention (`x_raw` or `out`, `x_rsh2`, `x`), applied to it there
+    (a dropout on the output, before or after the output projection)."""
+    dropped = dropped or {}
     out: dict[str, torch.Tensor] = {}
     q = b.q if q is None else q
     k = b.k_new if k_new is None else k_new
@@ -261,6 +265,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if b.post_term is not None and tuple(b.post_term.shape) == tuple(x.shape):
         x = x + b.post_term  # the code's own term on its output, as its run made it
     final = "x_raw" if "x_raw" in b.ref else "out"
+    x = x * dropped[final] if final in dropped else x
     out[final] = x
     if final == "x_raw" and x.dim() == 4:
         n_batch, n_head, n_Q, d = x.shape
@@ -271,10 +276,12 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         merged = (x_rsh1 if merge == "permute" else x).reshape(n_batch, n_Q, n_head * d)
         if merge == "time":  # time-first [n_batch·n_head, n_Q, d_head] viewed as [n_Q, n_batch, d_feat] (fairseq)
             merged = x.reshape(n_Q, n_batch, n_head * d).transpose(0, 1)  # -> [n_batch, n_Q, d_feat]
+        merged = merged * dropped["x_rsh2"] if "x_rsh2" in dropped else merged
         if "x_rsh2" in b.ref:
             out["x_rsh2"] = merged
         if "x" in b.ref and b.w_o is not None:
             out["x"] = torch.nn.functional.linear(merged, *b.w_o)  # [n_batch, n_Q, d_feat]
+            out["x"] = out["x"] * dropped["x"] if "x" in dropped else out["x"]
     return {n: t for n, t in out.items() if n in b.ref}
 
 
