@@ -41,13 +41,14 @@ PAIRING_WORDS = {"interleaved": "interleaved, (2i, 2i + 1) (Meta's view_as_compl
 
 DEFAULT_BASE = 10000.0  # the reference's base where neither --rope-base nor the module says one (runs/options.py's)
 def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
-             base_free: bool = False) -> list[tuple[Spec, list[str]]]:
+             base_free: bool = False, scaled: str | None = None) -> list[tuple[Spec, list[str]]]:
     """Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
     where no convention is in question (no RoPE, or its rotated tensors line up). `rows` are the line-up's
     (lineup.Aligned; lineup imports this module, so it is not imported back). `base_free`: neither --rope-base
-    nor the module says the base, so the base the code rotates with is read too (its own choice)."""
-    if spec.rope_base is None:
-        return []
+    nor the module says the base, so the base the code rotates with is read too (its own choice). `scaled`: the
+    RoPE scaling the module declares (its rope_scaling's type), whose frequencies are then read from the code."""
+    if spec.rope_base is None:  # a 2-D RoPE no flag describes is read all the same (a 1-D one is rope.untold)
+        return _angles(spec, trace, records)
     by_step = {row.reference: row for row in rows}
     user = _rotated(by_step, trace, records)
     if user is None:
@@ -108,13 +109,34 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
                             "attention is the same)")
             found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_start=start,
                                   rope_base=base, rope_sign=sign), said))
+    if not base_free and not spec.fraction_from_module:  # the base's frequencies scaled (linear, or as declared)
+        found += _scaled(spec, source, mine, pairings, scaled)
     if base_free and not spec.fraction_from_module:  # a frequency table of the code's own, tried last
         for source, mine, _ in _rotated(by_step, trace, records, every=True):
             tables = _tables(spec, source, mine, pairings, fractions)
             if tables:
                 found += tables
                 break
-    return found
+    return found + _angles(spec, trace, records)
+
+
+def _angles(spec: Spec, trace: Trace, records: list[Record]) -> list[tuple[Spec, list[str]]]:
+    """The reading with each token's angles read whole from the code's rotated queries and keys (ropefreqs.Angles:
+    2-D or axial RoPE, a prefix kept unrotated), where no one 1-D position gives them; self-attention without a
+    cache alone (the table is read for the tokens the code holds)."""
+    from attnscope.usertrace import ropefreqs
+
+    if spec.cache or spec.layout != "row":
+        return []
+    q, k = (next((trace[s] for s in names if s in trace), None) for names in (("Q_normed", "Q_split"),
+                                                                             ("K_normed", "K_split")))
+    if q is None or k is None or q.dim() < 3:
+        return []
+    read = ropefreqs.angles_from(records, q, k)
+    if read is None:
+        return []
+    return [(replace(spec, rope_base=spec.rope_base or DEFAULT_BASE, rope_pairing=read.pairing, rope_fraction=None,
+                     rope_start=0, rope_sign=1, rope_freqs=None, rope_angles=read.table), [read.words()])]
 
 
 def _tables(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list[str],
@@ -141,6 +163,41 @@ def _tables(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list
             said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
         found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_sign=table.sign,
                               rope_freqs=table.freqs), said))
+    return found
+
+
+def _scaled(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list[str],
+            scaled: str | None) -> list[tuple[Spec, list[str]]]:
+    """Readings with each pair's frequency read from the rotated tensors (ropefreqs.py) where the base is said: the
+    base's own over one factor (linear scaling, positions t / f: a convention, as the base is), or any table where
+    the module declares a RoPE scaling (dynamic NTK, llama3, yarn move the frequencies), over the whole head."""
+    from attnscope.usertrace import ropefreqs
+
+    d, first, base = source.shape[-1], (spec.cache or 0) + spec.rope_start, float(spec.rope_base or DEFAULT_BASE)
+    found: list[tuple[Spec, list[str]]] = []
+    if spec.rope_fraction not in (None, 1):
+        return found
+    for pairing in pairings:
+        table = ropefreqs.read(source.double(), mine.double(), pairing, d, first)
+        if table is None or ropefreqs.is_base(table, base, d):
+            continue
+        factor = ropefreqs.linear_factor(table, base, d)
+        shown = ", ".join(f"{f:.3g}" for f in table.freqs[:4]) + (", ..." if len(table.freqs) > 4 else "")
+        if factor is not None:
+            said = [f"it turns each pair at base {base:g}'s frequency over {factor:g}, so positions are scaled by "
+                    f"1/{factor:g} (linear RoPE scaling, position interpolation: transformers' rope_scaling = "
+                    f"{{'type': 'linear', 'factor': {factor:g}}})"]
+        elif scaled is not None:
+            said = [f"it turns its pairs at frequencies of its own, {shown} radians a position, read from your "
+                    f"rotated tensors: its rope_scaling ({scaled}) moves base {base:g}'s"]
+        else:
+            continue
+        if table.sign != spec.rope_sign:
+            said.append("each turns by −θ where the reference turns it by +θ" if table.sign == -1 else
+                        "each turns by +θ")
+        if pairing != spec.rope_pairing:
+            said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
+        found.append((replace(spec, rope_pairing=pairing, rope_sign=table.sign, rope_freqs=table.freqs), said))
     return found
 
 

@@ -107,6 +107,23 @@ def _inv_freq_base(module: Any) -> float | None:
     return next(iter(bases)) if len(bases) == 1 else None
 
 
+SCALING_NAMES = ("rope_scaling", "rope_parameters")  # transformers' 4.x and 5.x names for a RoPE scaling's dict
+
+
+def own_scaling(module: Any, built_with: dict[str, Any] | None = None) -> str | None:
+    """The RoPE scaling the module's config says it uses, by its type (`rope_scaling={"type": "linear", ...}`,
+    `rope_parameters={"rope_type": "yarn", ...}`) wherever `holders` looks; None where none says one, it is the
+    default, or two say different ones."""
+    kinds = set()
+    for _, held in holders(module, built_with):
+        for name in SCALING_NAMES:
+            value = held.get(name)
+            kind = value.get("rope_type", value.get("type")) if isinstance(value, dict) else None
+            if isinstance(kind, str) and kind != "default":
+                kinds.add(kind)
+    return next(iter(kinds)) if len(kinds) == 1 else None
+
+
 def own_fraction(module: Any, d_head: int | None, built_with: dict[str, Any] | None = None) -> float | None:
     """The share of each head RoPE turns, where the module says it is less than all of it: a width under WIDTH_NAMES
     over d_head, or a fraction under FRACTION_NAMES, wherever `holders` looks; None where none says one, where they

@@ -680,7 +680,8 @@ def _swapped(b: Base) -> Iterator[Trial]:
                     "(the cached ones swapped as well)")
     plain_k = b.plain("K")
     if rope is not None and plain_k is not None:
-        rotated_v = _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, sign=rope.sign, freqs=rope.freqs)
+        rotated_v = _turn(rope)(b.v_new, rope.k_pos) if rope.rotary is None else \
+            _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, sign=rope.sign, freqs=rope.freqs)
         yield Trial(replay(b, k_new=rotated_v, v_new=plain_k), words + ", each projected by the other's weights "
                     "and then rotated as the keys are")
 
@@ -927,6 +928,7 @@ class _Rope:
     rotary: int | None = None  # the coordinates that turn (a fraction of d_head), None: all
     sign: int = 1  # -1: each pair turned by −θ (nanochat's), as the code was read to
     freqs: tuple[float, ...] | None = None  # each pair's frequency, read from the code (ropefreqs.py); None: the base's
+    angles: torch.Tensor | None = None  # each position's pair's angle, read from the code (ropefreqs.Angles)
 
 
 def _rope(b: Base) -> _Rope | None:
@@ -944,27 +946,30 @@ def _rope(b: Base) -> _Rope | None:
     first = int(getattr(spec, "rope_start", 0) or 0)
     sign = int(getattr(spec, "rope_sign", 1) or 1)
     freqs = getattr(spec, "rope_freqs", None)
+    angles = getattr(spec, "rope_angles", None)
     n_K, n_Q, n_new = b.n_K, b.n_Q, int(k.shape[-2])
     q_pos = k_pos = None
     for start in dict.fromkeys((b.n_cache + first, n_K - n_Q + first, first, 0)):
         pos = torch.arange(start, start + n_Q)
-        if _near(_rotate(q, pos, spec.rope_base, pairing, rotary=rotary, sign=sign, freqs=freqs), b.ref["Q_rot"]):
+        if _near(_rotate(q, pos, spec.rope_base, pairing, rotary=rotary, sign=sign, freqs=freqs, angles=angles),
+                 b.ref["Q_rot"]):
             q_pos = pos
             break
     for start in dict.fromkeys((b.n_cache + first, first, 0)):
         pos = torch.arange(start, start + n_new)
-        if _near(_rotate(k, pos, spec.rope_base, pairing, rotary=rotary, sign=sign, freqs=freqs), b.ref["K_rot"]):
+        if _near(_rotate(k, pos, spec.rope_base, pairing, rotary=rotary, sign=sign, freqs=freqs, angles=angles),
+                 b.ref["K_rot"]):
             k_pos = pos
             break
     if q_pos is None or k_pos is None:
         return None
-    return _Rope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary, sign, freqs)
+    return _Rope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary, sign, freqs, angles)
 
 
 def _turn(rope: _Rope) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """x `[.., n, d]` at `positions` rotated as the reference's RoPE turns them."""
     return lambda x, positions: _rotate(x, positions, rope.base, rope.pairing, rotary=rope.rotary, sign=rope.sign,
-                                        freqs=rope.freqs)
+                                        freqs=rope.freqs, angles=rope.angles)
 
 
 def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
@@ -975,19 +980,21 @@ def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str, table: str | None = None,
             rotary: int | None = None, over: int | None = None, sign: int = 1,
-            freqs: tuple[float, ...] | None = None) -> torch.Tensor:
+            freqs: tuple[float, ...] | None = None, angles: torch.Tensor | None = None) -> torch.Tensor:
     """x `[.., n, d]` rotated in float64: `pairing` "half" (rotate_half: i with i + r/2) or "interleaved" (2i with
     2i + 1); `table` how the angles are laid along the coordinates ("cat": (θ, θ) as transformers' `cat((freqs,
     freqs))`; "interleave": θ0, θ0, θ1, θ1, ... as `repeat_interleave(2)`), the pairing's own by default; only the
     first `rotary` coordinates rotated (GPT-NeoX's rotary_pct), the rest passed through; `over`: the width the
     frequencies are spread over (the rotated width, as GPT-NeoX's rotary_ndims, unless said); `sign` -1 turns each
     pair by −θ (nanochat's); `freqs`: each pair's frequency, read from the code (ropefreqs.py), in place of the
-    base's."""
+    base's; `angles`: each position's pair's angle `[n, d/2]` (ropefreqs.Angles), in place of both (positions past
+    the table turn by its rows taken cyclically: a trial that no code of the table's tokens reproduces)."""
     x = x.double()
     r = x.shape[-1] if rotary is None else rotary
     inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / (over or r)) if freqs is None \
         else torch.tensor(freqs, dtype=torch.float64)  # [r/2]
-    angle = sign * positions.double()[:, None] * inv_freq  # [n, r/2]
+    angle = sign * positions.double()[:, None] * inv_freq if angles is None \
+        else sign * angles.double()[positions.long() % angles.shape[0], : r // 2]  # [n, r/2]
     table = table or ("cat" if pairing == "half" else "interleave")
     theta = torch.cat((angle, angle), -1) if table == "cat" else angle.repeat_interleave(2, -1)  # [n, r]
     part, rest = x[..., :r], x[..., r:]
@@ -1002,11 +1009,12 @@ def _rotated(b: Base, rope: _Rope, q_pos: torch.Tensor | None = None, k_pos: tor
              base: float | None = None, pairing: str | None = None, table: str | None = None,
              rotary: int | None = None, over: int | None = None) -> dict[str, torch.Tensor]:
     """The reference run again with its queries and keys rotated another way (the rest as the reference's)."""
-    freqs = rope.freqs if base is None and rotary is None and over is None else None  # the code's own table
+    own = base is None and rotary is None and over is None  # the code's own table
+    freqs, angles = (rope.freqs, rope.angles) if own else (None, None)
     base, pairing, rotary = base or rope.base, pairing or rope.pairing, rotary or rope.rotary
 
     def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return _rotate(x, positions, base, pairing, table, rotary, over, rope.sign, freqs)
+        return _rotate(x, positions, base, pairing, table, rotary, over, rope.sign, freqs, angles)
 
     q = turn(rope.q, rope.q_pos if q_pos is None else q_pos)
     k_pos = rope.k_pos if k_pos is None else k_pos
@@ -1192,8 +1200,7 @@ def _on_values(b: Base) -> Iterator[Trial]:
         steps = _rejoined(b, b.q, _turn(rope),
                           start=int(rope.k_pos[0]) - b.n_cache, turn_values=True)
     else:
-        steps = replay(b, v_new=_rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, rotary=rope.rotary,
-                                                sign=rope.sign, freqs=rope.freqs))
+        steps = replay(b, v_new=_turn(rope)(b.v_new, rope.k_pos))
     yield Trial(steps,
                 "RoPE applied to the "
                 "values: {who} is what the reference computes with V rotated as the keys are; RoPE rotates only the "

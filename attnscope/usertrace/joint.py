@@ -10,7 +10,9 @@ q, k, v up to the merge of the heads, and the catalog's experiments rerun that c
 
 Read from the data flow alone (never names or widths): the scores' two operands and the pattern's partner
 (flow.operands) each computed from a `cat` of at least two tensors that the inputs reach (not parameters or
-constants: a learned null key is no stream), along one axis, the same for all three. Where the names the code
+constants: a learned null key is no stream), each from a projection of its own (one projection's output split into
+a prefix and the rest, EVA-02's cls token kept aside from RoPE, and joined back is one stream), along one axis, the
+same for all three. Where the names the code
 binds the joined keys and values to say the other roles than their use (`key = torch.cat(..)` handed as the values),
 the names hold them: a swap is a mistake, never a convention.
 """
@@ -103,6 +105,7 @@ def _join_above(operand: Record, records: list[Record], params: dict[str, Any]
     rotate_half's halves), two or more tensors the inputs reach and holds as many values as the operand (the same
     tokens and heads, in any layout)."""
     from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import projection_above
     from attnscope.usertrace.reference import parameters_read
 
     above = sorted(ancestors(operand, records) | {operand.index}, reverse=True)
@@ -116,6 +119,8 @@ def _join_above(operand: Record, records: list[Record], params: dict[str, Any]
             continue
         if any(records[i].style == "linear" and r.index in ancestors(records[i], records) for i in above):
             return None  # the inputs joined before the projections read them (CogVideoX's): no streams of their own
+        if len({getattr(projection_above(records, g.index), "index", None) for g in fed}) < len(fed):
+            continue  # one projection's output split (a cls token kept aside from RoPE) and joined back: one stream
         axis = _axis(r.tensor, [g.tensor for g in given])
         if axis is not None and axis != r.tensor.dim() - 1:  # the last axis joins features (rotate_half's halves)
             return r, axis, tuple(int(g.tensor.shape[axis]) for g in given)

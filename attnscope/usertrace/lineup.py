@@ -208,6 +208,7 @@ def _read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record],
           spec: Spec | None = None, read_conventions: bool = True) -> LineUp:
     """line_up without the module's own bias."""
     from attnscope.usertrace import clips, conventions
+    from attnscope.usertrace.declared import own_scaling
 
     said_base = None
     declared = conventions.own_base(module, spec.built_with) if spec is not None and spec.rope_base is not None \
@@ -266,7 +267,8 @@ def _read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record],
                                   "if the alignment is meant)")
     best, best_said, reached = first, None, _reached(first)
     base_free = default and declared is None
-    for other, said in conventions.readings(spec, first.trace, first.rows, records, base_free):
+    scaled = own_scaling(module, spec.built_with)
+    for other, said in conventions.readings(spec, first.trace, first.rows, records, base_free, scaled):
         again = _line_up(module, shapes, inputs, records, train, other)
         if again.divergence is not None and spec.cache:  # RoPE read so, and a cache of keys before RoPE
             again = _cache_read(module, shapes, inputs, records, train, again)

@@ -82,6 +82,9 @@ class Spec:
     # how fast each rotated pair turns, read from the code's rotated tensors where no base gives them (ropefreqs.py:
     # the speedrun's half-truncated RoPE, a frequency schedule of its own); None: the base's, base^(-2i/d)
     rope_freqs: tuple[float, ...] | None = None
+    # the angle each token's pair turns by `[n, d_head/2]`, read from the code where no one 1-D position gives it
+    # (ropefreqs.Angles: 2-D or axial RoPE, a prefix kept unrotated); None: position · frequency
+    rope_angles: Any = field(default=None, compare=False)
     pairing_asked: bool = False
     base_from_module: bool = False  # rope_base is the module's own (its rope_theta), read where --rope-base said none
     fraction_from_module: bool = False  # rope_fraction is the module's config's (rotary_dim, partial_rotary_factor)
@@ -140,9 +143,10 @@ class Spec:
         """attnscope's Rope for the reference, None without RoPE."""
         if self.rope_base is None:
             return None
-        if self.rope_start or self.rope_sign != 1 or self.rope_freqs:
+        if self.rope_start or self.rope_sign != 1 or self.rope_freqs or self.rope_angles is not None:
             return StartedRope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction,
-                               start=self.rope_start, sign=self.rope_sign, freqs=self.rope_freqs or ())
+                               start=self.rope_start, sign=self.rope_sign, freqs=self.rope_freqs or (),
+                               angles=self.rope_angles)
         return Rope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction)
 
     def describe(self) -> str:
@@ -164,6 +168,7 @@ class Spec:
         more = [f"{self.rope_fraction:g} of each head" if self.rope_fraction else "",
                 f"positions from {self.rope_start}" if self.rope_start else "",
                 "its own frequencies" if self.rope_freqs else "",
+                "its own angle table" if self.rope_angles is not None else "",
                 "turned by −θ" if self.rope_sign == -1 else ""]
         return "".join(f", {m}" for m in more if m)
 
@@ -173,11 +178,13 @@ class StartedRope(Rope):
     """RoPE as the code computes it: its first token at position `start` (code that counts positions from 1: every
     table is the default one shifted by `start` rows), each pair turned by `sign` · θ (-1: nanochat's
     `x1 * cos + x2 * sin`, the sin table negated). Scores depend on i − j alone, so the attention is the same.
-    `freqs`: how fast each pair turns, read from the code (ropefreqs.py), in place of the base's; () : the base's."""
+    `freqs`: how fast each pair turns, read from the code (ropefreqs.py), in place of the base's; () : the base's.
+    `angles`: the angle each position's pair turns by `[n, d_head/2]` (ropefreqs.Angles), in place of both."""
 
     start: int = 0
     sign: int = 1
     freqs: tuple[float, ...] = ()
+    angles: Any = field(default=None, compare=False)
 
     def inv_freq(self, d_head: int, seq_len: int | None = None) -> torch.Tensor:
         if not self.freqs:
@@ -185,6 +192,8 @@ class StartedRope(Rope):
         return torch.tensor(self.freqs, dtype=torch.float32)
 
     def table_op(self, which: str, d_name: str, d_head: int, n_pos: int, first: int = 0) -> str:
+        if self.angles is not None:
+            return f"{which}(angles), each token's angles as your code turns its pairs (read from your rotated tensors)"
         if not self.freqs:
             return super().table_op(which, d_name, d_head, n_pos, first)
         freqs = ", ".join(f"{f:.4g}" for f in self.freqs)
@@ -192,6 +201,13 @@ class StartedRope(Rope):
 
     def cos_sin(self, n_pos: int, d_head: int, dtype: torch.dtype, device: Any = None,
                 start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.angles is not None:  # the code's own table: positions 0 .. n − 1, as it was read
+            if start < 0 or n_pos > self.angles.shape[0]:
+                raise UsageError(f"RoPE's angles were read for {self.angles.shape[0]} positions; positions {start} .. "
+                                 f"{n_pos - 1} are not among them")
+            rows = self.angles[start:n_pos].to(device=device, dtype=torch.float64) * self.sign
+            emb = torch.cat((rows, rows), -1) if self.pairing == "half-split" else rows.repeat_interleave(2, -1)
+            return emb.cos().to(dtype), emb.sin().to(dtype)
         cos, sin = super().cos_sin(n_pos + self.start, d_head, dtype, device, start=start + self.start)
         return cos, sin * self.sign
 

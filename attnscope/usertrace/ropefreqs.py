@@ -10,6 +10,15 @@ first position), for every pair. The direction comes with it: pairs that turn by
 (nanochat's, the speedrun's `x1·cos + x2·sin`); all of one sign, or the reading is none (code that turns pairs
 both ways). Frequencies of more than π a position cannot be told from their alias and are not read (RoPE's are 1
 and less). A table of zeros is no rotation at all (`rope.not_applied` stays a bug).
+
+Where no one 1-D position gives the angles, the angle each token's pair turns by is read whole, a table `[n, pairs]`
+(`Angles`): 2-D or axial RoPE (EVA-02's VisionRotaryEmbeddingFast, DINOv3's, Pixtral's vision encoder, Qwen2-VL's
+vision rotary and M-RoPE) turns some pairs by a token's row and others by its column; a cls token or registers kept
+aside turn by nothing. It is read where it has RoPE's structure alone: the code's tensor is the unrotated one with
+each pair turned by an angle of its token and pair (not of the values: every row of every batch and head turned
+alike, up to one gain, the scale that may follow), and the queries and keys turned by the same table. A table whose
+every pair moves evenly from token to token is a 1-D RoPE, which the readings by base and frequency cover (and whose
+other base or positions stay bugs); a table read for the queries that the keys do not share is no convention.
 """
 
 from __future__ import annotations
@@ -109,6 +118,115 @@ def _read_any(tensor: Any, reference: torch.Tensor, pairing: str, first: int) ->
         if table is not None:
             return table
     return None
+
+
+@dataclass(frozen=True)
+class Angles:
+    """The angle each token's rotated pair turns by, `table` `[n, d_head/2]` float64 (pairs as `pairing` says), read
+    from the code's queries and keys alike."""
+
+    table: torch.Tensor
+    pairing: str
+
+    def words(self) -> str:
+        still = [i for i in range(self.table.shape[0]) if float(self.table[i].abs().max()) < STILL]
+        kept = f"; token{'s' if len(still) > 1 else ''} {_spans(still)} turn{'' if len(still) > 1 else 's'} by " \
+               "no angle (a prefix kept aside: a cls token, registers; or a token at position 0)" if still else ""
+        return (f"it turns each token's pairs by angles of its own, the same for q and k, which no one position "
+                f"times a frequency gives (a 2-D or axial RoPE: a token's row turns some pairs and its column others, "
+                f"as EVA-02's, Pixtral's and Qwen2-VL's vision rotary do){kept}; read from your rotated tensors, "
+                f"pairs {self.pairing}")
+
+
+def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor) -> Angles | None:
+    """The angle table under which the last tensor above the queries the code hands its scores that is a rotation
+    of the reference's unrotated `q` (`[.., n, d]`, in any layout, perhaps scaled), and the same for the keys `k`,
+    are those rotated, where both share it, some pair turns, and no 1-D position gives it; None otherwise."""
+    from attnscope.usertrace.flow import operands
+
+    handed = operands(records)
+    if handed is None or q.shape[-1] % 2 or q.shape[-2] != k.shape[-2] or q.shape[-2] < 2:
+        return None
+    for pairing in ("half-split", "interleaved"):
+        tables = [_last_turned(records, index, x.double(), pairing) for index, x in zip(handed[:2], (q, k),
+                                                                                         strict=True)]
+        if tables[0] is None or tables[1] is None or float(tables[0].abs().max()) < STILL \
+                or float(_wrapped(tables[0] - tables[1]).abs().max()) > ANGLE_TOL or _even(tables[0]):
+            continue
+        return Angles(tables[0], pairing)
+    return None
+
+
+def turned_by(source: torch.Tensor, mine: torch.Tensor, pairing: str) -> torch.Tensor | None:
+    """The angle `[n, d/2]` each pair of `mine` is `source`'s turned by (`[.., n, d]`, float64), the same for every
+    row of the leading axes, up to one gain; None where `mine` is no such rotation of `source`."""
+    d = source.shape[-1]
+    if d % 2 or source.shape != mine.shape or source.dim() < 2:
+        return None
+    a, b = _pair_indices(d, pairing)
+    x = torch.complex(source[..., a], source[..., b])  # [.., n, d/2]
+    u = torch.complex(mine[..., a], mine[..., b])
+    angle = torch.angle((u * x.conj()).flatten(0, -3).sum(0))  # [n, d/2]
+    turned = x * torch.polar(torch.ones_like(angle), angle)
+    power = float((turned.abs() ** 2).sum())
+    if power == 0.0:
+        return None
+    gain = float((u * turned.conj()).real.sum()) / power
+    scale = float(u.abs().max())
+    if gain <= 0 or float((u - gain * turned).abs().max()) > 1e-4 * max(scale, 1e-12):
+        return None
+    return angle
+
+
+def _last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: str) -> torch.Tensor | None:
+    """The angle table of the last tensor at or above record `index` that is `source` turned (turned_by), in any
+    layout of its shape; None where none is."""
+    import math as _math
+
+    from attnscope.usertrace.align import ancestors, layouts
+
+    shape = tuple(source.shape)
+    for i in sorted(ancestors(records[index], records) | {index}, reverse=True):
+        tensor = records[i].tensor
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() \
+                or tensor.numel() != _math.prod(shape):
+            continue
+        for layout in layouts(shape, tuple(tensor.shape)):
+            try:
+                mine = layout.undo(tensor.detach(), shape).double()
+            except RuntimeError:
+                continue
+            table = turned_by(source, mine, pairing)
+            if table is not None:
+                return table
+    return None
+
+
+def _even(table: torch.Tensor) -> bool:
+    """Whether every pair turns by the same angle from each token to the next (a 1-D RoPE, from any position)."""
+    steps = _wrapped(table[1:] - table[:-1])  # [n - 1, d/2]
+    return bool((steps - steps[:1]).abs().max() <= ANGLE_TOL)
+
+
+def _pair_indices(d: int, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if pairing == "half-split":
+        a = torch.arange(d // 2)
+        return a, a + d // 2
+    a = torch.arange(0, d, 2)
+    return a, a + 1
+
+
+def linear_factor(table: Table, base: float, width: int) -> float | None:
+    """The factor f where the table is `base`'s own over f, every pair alike (linear RoPE scaling: positions t / f,
+    transformers' `rope_scaling={"type": "linear", "factor": f}`); None where the pairs' ratios differ (another
+    base, another schedule) or f is 1."""
+    ratios = [base ** (-2 * i / width) / f for i, f in enumerate(table.freqs) if f != 0.0]
+    if len(ratios) != len(table.freqs) or not all(math.isclose(r, ratios[0], rel_tol=1e-3) for r in ratios):
+        return None
+    factor = sum(ratios) / len(ratios)
+    nice = round(factor, 2)
+    factor = nice if math.isclose(nice, factor, rel_tol=1e-4) else factor
+    return None if math.isclose(factor, 1.0, rel_tol=1e-4) else factor
 
 
 def is_base(table: Table, base: float, width: int) -> bool:
