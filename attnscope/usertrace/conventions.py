@@ -41,12 +41,12 @@ PAIRING_WORDS = {"interleaved": "interleaved, (2i, 2i + 1) (Meta's view_as_compl
 
 DEFAULT_BASE = 10000.0  # the reference's base where neither --rope-base nor the module says one (runs/options.py's)
 def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
-             base_free: bool = False, scaled: str | None = None) -> list[tuple[Spec, list[str]]]:
+             base_free: bool = False, scaled: Any = None) -> list[tuple[Spec, list[str]]]:
     """Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
     where no convention is in question (no RoPE, or its rotated tensors line up). `rows` are the line-up's
     (lineup.Aligned; lineup imports this module, so it is not imported back). `base_free`: neither --rope-base
     nor the module says the base, so the base the code rotates with is read too (its own choice). `scaled`: the
-    RoPE scaling the module declares (its rope_scaling's type), whose frequencies are then read from the code."""
+    RoPE scaling the module declares (declared.own_scaling, a Rope), whose frequencies the code's must then be."""
     if spec.rope_base is None:  # a 2-D RoPE no flag describes is read all the same (a 1-D one is rope.untold)
         return _angles(spec, trace, records)
     by_step = {row.reference: row for row in rows}
@@ -109,7 +109,7 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
                             "attention is the same)")
             found.append((replace(spec, rope_pairing=pairing, rope_fraction=fraction, rope_start=start,
                                   rope_base=base, rope_sign=sign), said))
-    if not base_free and not spec.fraction_from_module:  # the base's frequencies scaled (linear, or as declared)
+    if not spec.fraction_from_module:  # the base's frequencies scaled (linear, or as the module declares)
         found += _scaled(spec, source, mine, pairings, scaled)
     if base_free and not spec.fraction_from_module:  # a frequency table of the code's own, tried last
         for source, mine, _ in _rotated(by_step, trace, records, every=True):
@@ -167,29 +167,38 @@ def _tables(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list
 
 
 def _scaled(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list[str],
-            scaled: str | None) -> list[tuple[Spec, list[str]]]:
-    """Readings with each pair's frequency read from the rotated tensors (ropefreqs.py) where the base is said: the
-    base's own over one factor (linear scaling, positions t / f: a convention, as the base is), or any table where
-    the module declares a RoPE scaling (dynamic NTK, llama3, yarn move the frequencies), over the whole head."""
+            scaled: Any) -> list[tuple[Spec, list[str]]]:
+    """Readings with each pair's frequency read from the rotated tensors (ropefreqs.py), over the whole head: the
+    base's own over one factor (linear scaling, positions t / f: a convention, as the base is), or the frequencies
+    the RoPE scaling the module declares gives the base (`scaled`: dynamic NTK, llama3, yarn move them; another
+    base under it stays `rope.base`)."""
+    from attnscope.errors import AttnscopeError
     from attnscope.usertrace import ropefreqs
 
     d, first, base = source.shape[-1], (spec.cache or 0) + spec.rope_start, float(spec.rope_base or DEFAULT_BASE)
     found: list[tuple[Spec, list[str]]] = []
     if spec.rope_fraction not in (None, 1):
         return found
+    declared = None
+    if scaled is not None:
+        try:
+            declared = replace(scaled, base=base).inv_freq(d, first + source.shape[-2]).double()
+        except AttnscopeError:
+            declared = None
     for pairing in pairings:
         table = ropefreqs.read(source.double(), mine.double(), pairing, d, first)
         if table is None or ropefreqs.is_base(table, base, d):
             continue
         factor = ropefreqs.linear_factor(table, base, d)
-        shown = ", ".join(f"{f:.3g}" for f in table.freqs[:4]) + (", ..." if len(table.freqs) > 4 else "")
         if factor is not None:
             said = [f"it turns each pair at base {base:g}'s frequency over {factor:g}, so positions are scaled by "
                     f"1/{factor:g} (linear RoPE scaling, position interpolation: transformers' rope_scaling = "
                     f"{{'type': 'linear', 'factor': {factor:g}}})"]
-        elif scaled is not None:
-            said = [f"it turns its pairs at frequencies of its own, {shown} radians a position, read from your "
-                    f"rotated tensors: its rope_scaling ({scaled}) moves base {base:g}'s"]
+        elif declared is not None and len(declared) == len(table.freqs) and all(
+                math.isclose(f, float(w), rel_tol=1e-3, abs_tol=1e-7) for f, w in zip(table.freqs, declared,
+                                                                                     strict=True)):
+            said = [f"it turns its pairs at the frequencies its rope_scaling ({scaled.kind}) gives base {base:g}, "
+                    "read from your rotated tensors and checked against what your module declares"]
         else:
             continue
         if table.sign != spec.rope_sign:

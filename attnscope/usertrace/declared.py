@@ -110,18 +110,29 @@ def _inv_freq_base(module: Any) -> float | None:
 SCALING_NAMES = ("rope_scaling", "rope_parameters")  # transformers' 4.x and 5.x names for a RoPE scaling's dict
 
 
-def own_scaling(module: Any, built_with: dict[str, Any] | None = None) -> str | None:
-    """The RoPE scaling the module's config says it uses, by its type (`rope_scaling={"type": "linear", ...}`,
-    `rope_parameters={"rope_type": "yarn", ...}`) wherever `holders` looks; None where none says one, it is the
-    default, or two say different ones."""
-    kinds = set()
+def own_scaling(module: Any, built_with: dict[str, Any] | None = None) -> Any:
+    """The RoPE the module's config declares beside its base, as attnscope's Rope (variants/rope.py): its scaling dict
+    (`rope_scaling={"type": "linear", ...}`, `rope_parameters={"rope_type": "llama3", ...}`) and its
+    max_position_embeddings, wherever `holders` looks, at the module's base (own_base, else 10000: replaced by the
+    caller's); None where none says one, it is the default, two say different ones, or the Rope refuses them."""
+    from attnscope.errors import AttnscopeError
+    from attnscope.variants.rope import Rope
+
+    found: list[dict[str, Any]] = []
     for _, held in holders(module, built_with):
         for name in SCALING_NAMES:
             value = held.get(name)
             kind = value.get("rope_type", value.get("type")) if isinstance(value, dict) else None
-            if isinstance(kind, str) and kind != "default":
-                kinds.add(kind)
-    return next(iter(kinds)) if len(kinds) == 1 else None
+            if isinstance(value, dict) and isinstance(kind, str) and kind != "default" and value not in found:
+                found.append(value)
+    if len(found) != 1:
+        return None
+    longest = own_value(module, ("max_position_embeddings",), built_with)
+    try:
+        return Rope(own_base(module, built_with) or 10000.0, scaling=found[0],
+                    max_position_embeddings=int(longest[1]) if longest is not None else None)
+    except (AttnscopeError, TypeError, ValueError):
+        return None
 
 
 def own_fraction(module: Any, d_head: int | None, built_with: dict[str, Any] | None = None) -> float | None:

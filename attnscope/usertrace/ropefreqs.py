@@ -148,8 +148,8 @@ def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor) -> Angles 
     if handed is None or q.shape[-1] % 2 or q.shape[-2] != k.shape[-2] or q.shape[-2] < 2:
         return None
     for pairing in ("half-split", "interleaved"):
-        tables = [_last_turned(records, index, x.double(), pairing) for index, x in zip(handed[:2], (q, k),
-                                                                                         strict=True)]
+        tables = [found[1] if (found := last_turned(records, index, x.double(), pairing)) is not None else None
+                  for index, x in zip(handed[:2], (q, k), strict=True)]
         if tables[0] is None or tables[1] is None or float(tables[0].abs().max()) < STILL \
                 or float(_wrapped(tables[0] - tables[1]).abs().max()) > ANGLE_TOL or _even(tables[0]):
             continue
@@ -178,9 +178,10 @@ def turned_by(source: torch.Tensor, mine: torch.Tensor, pairing: str) -> torch.T
     return angle
 
 
-def _last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: str) -> torch.Tensor | None:
-    """The angle table of the last tensor at or above record `index` that is `source` turned (turned_by), in any
-    layout of its shape; None where none is."""
+def last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: str
+                ) -> tuple[Any, torch.Tensor] | None:
+    """The last record at or above record `index` whose tensor is `source` turned (turned_by), in any layout of its
+    shape, with its angle table; None where none is."""
     import math as _math
 
     from attnscope.usertrace.align import ancestors, layouts
@@ -198,7 +199,7 @@ def _last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: 
                 continue
             table = turned_by(source, mine, pairing)
             if table is not None:
-                return table
+                return records[i], table
     return None
 
 

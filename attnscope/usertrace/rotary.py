@@ -19,7 +19,7 @@ never makes (another base, positions from 0, the other pairing).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -94,9 +94,31 @@ def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None
     if source is None or not close(in_reference_layout(near, step, ctx), ctx.reference[source].double()):
         return None
     what = "queries" if step == "Q_rot" else "keys"
+    turned = _turned_otherwise(step, ctx, ctx.reference[source])
+    if turned is not None:  # rotated all the same, by angles of its own: RoPE is applied, not as the reference's
+        return Diagnosis(f"{label_of(turned)} is {source} rotated, but by angles other than the reference's (--rope, "
+                         f"base {ctx.spec.rope_base:g}): the {what} turn at another base, scaling or positions, so "
+                         f"RoPE is applied, not as the reference applies it", turned)
     return Diagnosis(f"{label_of(near.record)} is {source} not rotated, and no tensor of yours is {source} rotated: "
                      f"RoPE is never applied to the {what} (the reference rotates them, --rope, base "
                      f"{ctx.spec.rope_base:g})", near.record)
+
+
+def _turned_otherwise(step: str, ctx: Context, source: torch.Tensor) -> Any:
+    """The code's tensor above what it hands its scores (the queries for Q_rot, the keys for K_rot) that is `source`
+    rotated, by any angles (ropefreqs.last_turned), where some pair turns; None otherwise."""
+    from attnscope.usertrace import ropefreqs
+    from attnscope.usertrace.flow import operands
+
+    handed = operands(ctx.records)
+    if handed is None or source.dim() < 2 or source.shape[-1] % 2:
+        return None
+    index = handed[0] if step == "Q_rot" else handed[1]
+    for pairing in ("half-split", "interleaved"):
+        found = ropefreqs.last_turned(ctx.records, index, source.double(), pairing)
+        if found is not None and float(found[1].abs().max()) > ropefreqs.STILL:
+            return found[0]
+    return None
 
 
 def untold(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
