@@ -799,6 +799,10 @@ def _merge_permuted(b: Base) -> Iterator[Trial]:
         merged = x_raw.permute(order).reshape(n_batch, n_Q, n_head * d)
         steps.pop("x_rsh1", None)
         steps["x_rsh2"] = merged
+        if b.gate is not None and "x_gated" in steps:  # the code's output gate (outgate.py), where it gates
+            merged = (x_raw * b.gate).permute(order).reshape(n_batch, n_Q, n_head * d) if b.gate_first \
+                else merged * steps["gate"]
+            steps["x_gated"] = merged
         if "x" in steps and b.w_o is not None:
             steps["x"] = torch.nn.functional.linear(merged, *b.w_o)
         became = ", ".join(dims[a] for a in order)

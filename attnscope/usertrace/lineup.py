@@ -30,7 +30,8 @@ ALIGNED = ("equal", "permuted")
 # GPT-NeoX splits a fused projection per head, so Q_feat never exists whole; LLMs-from-scratch masks before it
 # scales, so the scaled scores never exist unmasked.
 DERIVED = {"Q_feat": "Q_split", "K_feat": "K_split", "V_feat": "V_split", "K_rep": "scores", "V_rep": "x_raw",
-           "scores": "masked_scores", "capped_scores": "masked_scores", "biased_scores": "masked_scores"}
+           "scores": "masked_scores", "capped_scores": "masked_scores", "biased_scores": "masked_scores",
+           "x_rsh2": "x_gated"}  # OpenFold gates each head's output before the merge: the merge is never ungated
 # What each step is computed from, each a group of alternatives, the nearest first: after a divergence a step lines
 # up only with a tensor that comes from the user's tensors for these (align.follow).
 _Q = ("Q_rot", "Q_normed", "Q_split", "Q")
@@ -46,7 +47,7 @@ FROM: dict[str, tuple[tuple[str, ...], ...]] = {
     "masked_scores": (("biased_scores", "capped_scores", "scores"),),
     "attention": (("masked_scores", "biased_scores", "capped_scores", "scores"),),
     "x_raw": (("attention",), _V), "out": (("attention",), _V), "x_rsh1": (("x_raw",),),
-    "x_rsh2": (("x_rsh1", "x_raw"),), "x": (("x_rsh2",),)}
+    "x_rsh2": (("x_rsh1", "x_raw"),), "x_gated": (("x_rsh2",), ("gate",)), "x": (("x_gated", "x_rsh2"),)}
 
 
 @dataclass
@@ -99,6 +100,10 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
         folded = _with_output_term(module, shapes, inputs, records, train, spec, lined)
         if folded is not None:
             return folded
+    if read_conventions and spec is not None and spec.out_gate is None and lined.divergence is not None:
+        gated = _with_output_gate(module, shapes, inputs, records, train, spec, lined)
+        if gated is not None:
+            return gated
     said = output_term(module, records, lined) if read_conventions else None
     if said is not None and lined.divergence is not None:  # Shaw's relative values: said, never blamed elsewhere
         lined.divergence.diagnosis, lined.divergence.evidence = said, None
@@ -119,6 +124,24 @@ def _with_output_term(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
     if again.no_reference is not None or not _better(again, lined):
         return None
     again.notes.insert(0, term.note)
+    return again
+
+
+def _with_output_gate(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
+                      spec: Spec, lined: LineUp) -> LineUp | None:
+    """The line-up with the reference multiplying its merged heads by the code's own output gate (outgate.py:
+    OpenFold's sigmoid(linear_g(q_x))), with a note, where that fits better than `lined`: clean, further, or a mistake
+    upstream named by experiment (its rerun gates too); None otherwise."""
+    from attnscope.usertrace import outgate
+
+    gate = outgate.found(records, lined) if module is not None and spec.layout != "col" else None
+    if gate is None:
+        return None
+    again = _own_additions(module, shapes, inputs, records, train,
+                           replace(spec, out_gate=gate.tensor, gate_before_merge=gate.before_merge), True)
+    if again.no_reference is not None or not _better(again, lined):
+        return None
+    again.notes.insert(0, gate.note)
     return again
 
 
@@ -441,7 +464,7 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     """The reference run on the inputs; for a module, under each reading of its projections (a fused one can
     be split several ways), the one under which most steps find their equal. Last, which axis of each of the
     code's scores holds the keys, read from its data flow under that reading (scoreaxes.key_axes)."""
-    from attnscope.usertrace import outterm
+    from attnscope.usertrace import outgate, outterm
     from attnscope.usertrace import reference as ref
 
     Q, K, V = inputs.qkv()
@@ -455,7 +478,7 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
         what += f"; {spec.describe()}" if spec.describe() else ""
         return trace, ref.SDPA_STEPS, None, None, what, _align(trace, ref.SDPA_STEPS, records, skips, keys), skips, \
             keys
-    from attnscope.usertrace import latent, valuegain
+    from attnscope.usertrace import latent, valuegain, widerows
 
     refused = latent.refusal(records, type(module).__name__)  # MLA: keys and values expanded from one latent
     if refused is not None:
@@ -486,6 +509,8 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
                                              inputs.own}):
         if gain is not None and projections.matched_by != "identity":
             projections = valuegain.apply(projections, gain)
+        if projections.matched_by != "identity":  # a projection the role reads some rows of (Qwen3-Next's q_proj)
+            projections = widerows.narrowed(projections, records)
         try:
             try:
                 reference = ref.build_mha(projections, shapes.n_head, spec, module, records)
@@ -497,6 +522,8 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
             trace = ref.run_mha(reference, Q, K, V, mask, inputs.cache, spec.added(cast(int, reference.d_head)))
             if spec.out_term is not None and not col:  # the code's own term on its output (outterm.py)
                 trace = outterm.folded(trace, spec.out_term, reference)
+            if spec.out_gate is not None and not col:  # the code's own gate on its output (outgate.py)
+                trace = outgate.gated(trace, spec.out_gate, reference)
         except UsageError as exc:
             error = error or exc
             continue
@@ -719,6 +746,9 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
             # q or k scaled early (ESM's q · d_head^-0.5 before RoPE): the step times a number, a convention
             match = best_scaled(records, step.tensor, skip, tuple(paired[p] for p in _parents(name, trace)
                                                                    if p in paired), frozenset(claimed))
+        if match is None and name == "gate":  # the code's own gate, taken from its run: equal, or never made whole
+            rows.append(Aligned(name, step.dims, list(step.shape), None, "", None, "missing"))
+            continue
         if match is None:
             after = [paired[p] for p in _parents(name, trace) if p in paired]
             # a repeat of the keys (values) is never computed from the queries (a grouped einsum's output is no K_rep)
@@ -754,7 +784,8 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
              if row.reference in FUSED_WITH_SCORES and row.record is not None}
     by_index = {r.index: r for r in records}
     for i, row in enumerate(rows):  # a step fused away (F.scaled_dot_product_attention) is not a divergence
-        later = any(r.status in ALIGNED for r in rows[i + 1:])
+        # (the code's own gate, taken from its run, is equal whatever came before: no sign of a step fused away)
+        later = any(r.status in ALIGNED for r in rows[i + 1:] if r.reference != "gate")
         derived = statuses.get(DERIVED.get(row.reference, ""), "")
         if row.reference == "scores" and not derived:  # no mask: the biased scores are made from the scores
             derived = statuses.get("biased_scores", "")

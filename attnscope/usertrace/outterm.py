@@ -13,6 +13,7 @@ own pattern, which the mistake's rerun reproduces.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,13 +52,7 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
     paired = {r.reference: r.record for r in lined.rows if r.record is not None}
     extra = _extra_params(module, records, paired)
     before = ancestors(pattern, records) | {pattern.index}  # the scores' own term is read there, not here
-    moved = {made.index}  # made, and made rearranged
-    for record in records[made.index + 1:]:
-        given = [v for k, v in record.args if k == "rec"]
-        if record.func in REARRANGING and given[:1] and given[0] in moved \
-                and record.tensor.numel() == made.tensor.numel():
-            moved.add(record.index)
-            continue
+    for record, given, moved in downstream(made, records):
         if record.func not in ADDS or not record.tensor.is_floating_point():
             continue
         mine = [v for v in given if v in moved]
@@ -79,6 +74,19 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
         term = torch.where(torch.isfinite(term), term, 0.0)
         return OutTerm(term.float(), _note(record, others[0], records, extra, before))
     return None
+
+
+def downstream(made: Record, records: list[Record]) -> Iterator[tuple[Record, list[int], set[int]]]:
+    """Each op after `made` (the code's `attn @ v`) that only rearranging ops do not explain, with the records it
+    reads and, so far, `made` and its rearrangings (the heads moved back, merged): where an op on them is sought."""
+    moved = {made.index}
+    for record in records[made.index + 1:]:
+        given = [v for k, v in record.args if k == "rec"]
+        if record.func in REARRANGING and given[:1] and given[0] in moved \
+                and record.tensor.numel() == made.tensor.numel():
+            moved.add(record.index)
+            continue
+        yield record, given, moved
 
 
 def _layout_of(operand: Record, held: torch.Tensor, shape: tuple[int, ...]) -> Layout | None:

@@ -45,7 +45,7 @@ NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weigh
 WEIGHT_WORDS = {"kernel", "weight", "w", "bias"}  # a projection's tensor in its module (Flax's query.kernel)
 MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "Q_normed", "K_normed", "Q_rot", "K_rot",
              "K_cat", "V_cat", "K_rep", "V_rep", "scores", "capped_scores", "biased_scores", "masked_scores",
-             "attention", "x_raw", "x_rsh1", "x_rsh2", "x")
+             "attention", "x_raw", "x_rsh1", "x_rsh2", "gate", "x_gated", "x")
 SDPA_STEPS = ("Q_normed", "K_normed", "Q_rot", "K_rot", "K_rep", "V_rep", "scores", "capped_scores", "biased_scores",
               "masked_scores", "attention", "out")
 
@@ -117,6 +117,11 @@ class Spec:
     # A term the code adds to its attention's output beside attn @ v (outterm.py: Shaw's relative values), taken from
     # the code's run in x_raw's layout `[n_batch, n_head, n_Q, d_V]`, added to the reference's x_raw
     out_term: Any = field(default=None, compare=False)
+    # An output gate the code multiplies its heads' output by before the output projection (outgate.py: OpenFold's
+    # sigmoid(linear_g(q_x)), Qwen3-Next's gate), taken from the code's run in x_raw's layout; the reference
+    # multiplies its merged heads by it (steps gate, x_gated); `gate_before_merge`: the code gates attn @ v as it is
+    out_gate: Any = field(default=None, compare=False)
+    gate_before_merge: bool = False
     # Attention sinks the module holds (sinkcols.py: GPT-OSS's `sinks`, one logit a head joined to each row of scores
     # and dropped after the softmax), `[n_head]`, read from the code's run; the reference holds them
     sinks: Any = field(default=None, compare=False)
@@ -160,6 +165,7 @@ class Spec:
                  "position bias" if self.position_bias is not None else "",
                  "your own term on the scores" if self.own_term is not None else "",
                  "your own term on the output" if self.out_term is not None else "",
+                 "your gate on the output" if self.out_gate is not None else "",
                  self.temperature.describe() if self.temperature is not None else "",
                  "attention sinks" if self.sinks is not None else ""]
         return ", ".join(p for p in parts if p)

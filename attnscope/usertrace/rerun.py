@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnscope.attention.stages import merge_heads
 from attnscope.usertrace import scoreaxes
 from attnscope.usertrace.align import PRE_SOFTMAX, SCALABLE, best_scaled, best_shifted, compare, difference, tolerance
 
@@ -67,6 +68,10 @@ class Base:
     pre_term: torch.Tensor | None = None
     # The code's own term on its attention's output (Spec.out_term, outterm.py), added to x_raw as the code adds it
     post_term: torch.Tensor | None = None
+    # The code's own output gate (Spec.out_gate, outgate.py), x_raw's layout: the merged heads multiplied by it (each
+    # head's output before the merge where the code gates attn @ v as it is: `gate_first`)
+    gate: torch.Tensor | None = None
+    gate_first: bool = False
     # The module's attention sinks (Spec.sinks, sinkcols.py), `[n_head]`: one more column in each softmax row, dropped
     sinks: torch.Tensor | None = None
 
@@ -153,6 +158,8 @@ def build(ctx: Context) -> Base | None:
         base.pre_term = ctx.spec.own_term.double()
     if ctx.spec is not None and ctx.spec.out_term is not None and not col:
         base.post_term = ctx.spec.out_term.double()
+    if ctx.spec is not None and ctx.spec.out_gate is not None and not col:
+        base.gate, base.gate_first = ctx.spec.out_gate.double(), ctx.spec.gate_before_merge
     if sunk and ctx.spec is not None:
         base.sinks = ctx.spec.sinks.detach().double().reshape(-1)
     try:
@@ -267,22 +274,35 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     final = "x_raw" if "x_raw" in b.ref else "out"
     x = x * dropped[final] if final in dropped else x
     out[final] = x
+    gate = b.gate if b.gate is not None and tuple(b.gate.shape) == tuple(x.shape) else None
     if final == "x_raw" and x.dim() == 4:
-        n_batch, n_head, n_Q, d = x.shape
-        x_rsh1 = x.permute(0, 2, 1, 3)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]
-        if "x_rsh1" in b.ref and merge == "permute":
-            out["x_rsh1"] = x_rsh1
-        # -> [n_batch, n_Q, n_head·d_head]; without the permute, each row mixes one head's positions
-        merged = (x_rsh1 if merge == "permute" else x).reshape(n_batch, n_Q, n_head * d)
-        if merge == "time":  # time-first [n_batch·n_head, n_Q, d_head] viewed as [n_Q, n_batch, d_feat] (fairseq)
-            merged = x.reshape(n_Q, n_batch, n_head * d).transpose(0, 1)  # -> [n_batch, n_Q, d_feat]
+        merged = _merged(x, merge, out, "x_rsh1" in b.ref)
         merged = merged * dropped["x_rsh2"] if "x_rsh2" in dropped else merged
         if "x_rsh2" in b.ref:
             out["x_rsh2"] = merged
+        if gate is not None:  # the heads' output times the code's gate (outgate.py), as the code gates it
+            out["gate"] = merge_heads(gate)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, d_feat]
+            # before the merge where the code gates attn @ v as it is (the merge, right or wrong, after the gate)
+            merged = _merged(x * gate, merge, {}, False) if b.gate_first else merged * out["gate"]
+            out["x_gated"] = merged
         if "x" in b.ref and b.w_o is not None:
             out["x"] = torch.nn.functional.linear(merged, *b.w_o)  # [n_batch, n_Q, d_feat]
             out["x"] = out["x"] * dropped["x"] if "x" in dropped else out["x"]
     return {n: t for n, t in out.items() if n in b.ref}
+
+
+def _merged(x: torch.Tensor, merge: str, out: dict[str, torch.Tensor], keep: bool) -> torch.Tensor:
+    """x_raw `[n_batch, n_head, n_Q, d_head]` merged to `[n_batch, n_Q, n_head·d_head]` as `merge` says: with the
+    permute (x_rsh1 kept in `out` where `keep`), a view without it, or viewed straight as time-first."""
+    n_batch, n_head, n_Q, d = x.shape
+    x_rsh1 = x.permute(0, 2, 1, 3)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]
+    if keep and merge == "permute":
+        out["x_rsh1"] = x_rsh1
+    # -> [n_batch, n_Q, n_head·d_head]; without the permute, each row mixes one head's positions
+    merged = (x_rsh1 if merge == "permute" else x).reshape(n_batch, n_Q, n_head * d)
+    if merge == "time":  # time-first [n_batch·n_head, n_Q, d_head] viewed as [n_Q, n_batch, d_feat] (fairseq)
+        merged = x.reshape(n_Q, n_batch, n_head * d).transpose(0, 1)  # -> [n_batch, n_Q, d_feat]
+    return merged
 
 
 def _row_shift(records: list[Record], biased: torch.Tensor) -> torch.Tensor | None:

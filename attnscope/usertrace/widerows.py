@@ -1,0 +1,87 @@
+"""A projection that makes more than its role: Qwen3-Next's `q_proj` writes each head's queries and its output gate
+side by side (`[n_batch, n, n_head, 2·d_head]`, chunked in two), so the queries are some of its rows and the rest
+feed something else (the gate, outgate.py). The rows the role reads are looked up from the code's own tensor: each
+value of the queries (keys, values) that reach the scores is found among the projection's outputs, which says its
+row (fused.solve_rows does the same for a fused q/k/v weight). The reference holds those rows, in the order the
+code's heads read them, and a note says so; a convention of the weights, not a mistake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.record import Record
+    from attnscope.usertrace.reference import Projections
+
+
+def narrowed(projections: Projections, records: list[Record]) -> Projections:
+    """`projections` with each of q, k, v whose projection the code's role tensor reads only some rows of held as
+    those rows; as it is where none is."""
+    from attnscope.usertrace import flow, fused
+
+    found = flow.operands(records)
+    if found is None:
+        return projections
+    linears, said = dict(projections.linears), []
+    for role, index in zip("qkv", found[:3], strict=True):
+        if role not in linears:
+            continue
+        name, linear = linears[role]
+        order = _rows(name, records, index)
+        weight = getattr(linear, "weight", None)
+        if order is None or not isinstance(weight, torch.Tensor) or len(order) >= weight.shape[0]:
+            continue
+        part = fused.rows(name, weight, getattr(linear, "bias", None), torch.tensor(order),
+                          f"[{fused._ranges(order)}]")
+        linears[role] = (part.name, part)
+        said.append(f"{name} writes {weight.shape[0]} features, of which your {role} reads {len(order)} "
+                    f"({part.name}): the reference's {role} projection holds those rows; the rest feed something "
+                    "else (a gate, as Qwen3-Next's query projection makes)")
+    if not said:
+        return projections
+    note = "; ".join(said)
+    return dataclasses.replace(projections, linears=linears,
+                               note=f"{projections.note}; {note}" if projections.note else note)
+
+
+def _rows(name: str, records: list[Record], index: int) -> list[int] | None:
+    """The rows of `name`'s output that the code's tensor `index` (or the nearest tensor it is made from that holds
+    the projection's values as they are) reads, in its heads' order; None where no such tensor reads fewer rows
+    than the projection makes, or the projection ran more than once."""
+    from attnscope.usertrace.fused import nearest_ancestors, row_order
+
+    made = [r for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)]
+    if len(made) != 1 or not made[0].tensor.is_floating_point():
+        return None
+    output = made[0].tensor.detach()
+    if records[index].tensor.numel() >= output.numel() or made[0].index not in _above(records, index):
+        return None
+    width = int(output.shape[-1])
+    flat = output.reshape(-1)
+    ordered, where = torch.sort(flat)
+    if bool((ordered[1:] == ordered[:-1]).any()):  # a value made twice: rows cannot be told by value
+        return None
+    for record in nearest_ancestors(records, index):
+        tensor = record.tensor
+        if record.index == made[0].index or not tensor.is_floating_point() or tensor.dtype != output.dtype \
+                or tensor.numel() == 0 or tensor.numel() >= output.numel():
+            continue
+        values = tensor.detach().reshape(-1)
+        at = torch.searchsorted(ordered, values).clamp(max=flat.numel() - 1)
+        if not torch.equal(ordered[at], values):
+            continue
+        source = where[at].reshape(tensor.shape)
+        order = row_order(source % width, source // width)
+        if order is not None and len(order) < width:
+            return order
+    return None
+
+
+def _above(records: list[Record], index: int) -> set[int]:
+    from attnscope.usertrace.align import ancestors
+
+    return ancestors(records[index], records)
