@@ -14,25 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import trace, user_module
+from trace_round14_helpers import heads as _heads
+from trace_round14_helpers import merged as _merged
+from trace_round14_helpers import moved
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round14_gates.py")
 styles = user_module(STYLES)
-
-
-def _moved(module, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    return module.double().eval()
-
-
-def _heads(t, h=4):
-    return t.unflatten(-1, (h, -1)).transpose(1, 2)  # [B, n, h·d] -> [B, h, n, d]
-
-
-def _merged(t):
-    return t.transpose(1, 2).flatten(2)  # [B, h, n, d] -> [B, n, h·d]
 
 
 def _planted(cls, ours, bug, *args):
@@ -45,7 +32,7 @@ def test_the_styles_are_gated_sdpa_and_the_plants_change_them():
     g = torch.Generator().manual_seed(0)
     x, m = (torch.randn(2, n, 32, generator=g, dtype=torch.float64) for n in (5, 6))
     with torch.no_grad():
-        af = _moved(styles.GatingAttention())
+        af = moved(styles.GatingAttention(), 3)
         o = _merged(F.scaled_dot_product_attention(_heads(af.linear_q(x)), _heads(af.linear_k(m)),
                                                    _heads(af.linear_v(m))))
         want = af.output_linear(o * torch.sigmoid(af.gating_linear(x)))
@@ -53,7 +40,7 @@ def test_the_styles_are_gated_sdpa_and_the_plants_change_them():
         for bug in ("scale_twice", "kv_swapped"):
             assert (_planted(styles.GatingAttention, af, bug, x, m) - want).abs().max() > 1e-2
 
-        qg = _moved(styles.QueryGated())
+        qg = moved(styles.QueryGated(), 3)
         qa, gate = qg.q_proj(x).unflatten(-1, (4, 2, 8)).unbind(-2)  # each head's queries, then its gate
         o = _merged(F.scaled_dot_product_attention(qa.transpose(1, 2), _heads(qg.k_proj(x)), _heads(qg.v_proj(x))))
         want = qg.o_proj(o * torch.sigmoid(gate.flatten(-2)))
@@ -61,7 +48,7 @@ def test_the_styles_are_gated_sdpa_and_the_plants_change_them():
         for bug in ("scale_none", "merge_no_transpose"):
             assert (_planted(styles.QueryGated, qg, bug, x) - want).abs().max() > 1e-2
 
-        hw = _moved(styles.HeadwiseGate())
+        hw = moved(styles.HeadwiseGate(), 3)
         q, k, v = hw.qkv(x).chunk(3, -1)
         o = F.scaled_dot_product_attention(_heads(q), _heads(k), _heads(v))
         want = hw.proj(_merged(o * torch.sigmoid(hw.gate(x)).transpose(1, 2)[..., None]))
@@ -69,7 +56,7 @@ def test_the_styles_are_gated_sdpa_and_the_plants_change_them():
         for bug in ("scale_twice", "merge_no_transpose"):
             assert (_planted(styles.HeadwiseGate, hw, bug, x) - want).abs().max() > 1e-2
 
-        sg = _moved(styles.SiluGated())
+        sg = moved(styles.SiluGated(), 3)
         o = _merged(F.scaled_dot_product_attention(_heads(sg.to_q(x)), _heads(sg.to_k(x)), _heads(sg.to_v(x))))
         want = sg.to_out(o * F.silu(sg.to_gates(x)))
         assert torch.allclose(sg(x), want, atol=1e-10)

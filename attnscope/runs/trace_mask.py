@@ -133,8 +133,9 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
                                 f"{plan.mask}: on a mask shaped {list(first.shape)}, {why}; on one shaped {words}, "
                                 "which it was given, your code's output has out's axes")
             read = masking.detect(called.records, None, plan.mask)
-            if read.kind == kind or read.line is None:
-                convention = masking.Convention(kind, read.line, read.how)
+            agreed = masking.agreed(read, kind, convention)
+            if agreed is not None:
+                convention = agreed
             else:
                 convention = read
                 torch.manual_seed(o.seed)
@@ -145,7 +146,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         # the mask parameter takes key padding only (nn.MultiheadAttention's key_padding_mask), or the --mask file
         # beside a parameter named for the causal rule (CLIP's causal_attention_mask): the causal or window rule
         # goes to another one (its attn_mask [n_Q, n_K]), in the convention that one reads
-        called = _rule_beside(o, target, fn, plan, inputs, module, fed, called)
+        called = _rule_beside(o, target, fn, plan, inputs, module, fed, called, convention)
     if not keys_only:  # key padding holds no causal or window rule that could hide the code's own
         called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
         called = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
@@ -303,15 +304,23 @@ def _grade(called: Called, inputs: Inputs, label: str) -> int:
 
 
 def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
-                 called: Called) -> Called:
+                 called: Called, convention: Convention) -> Called:
     """The code called again with the causal or window rule, `[n_Q, n_K]`, given to the first other mask parameter
     it runs with, beside the key padding `plan.mask` takes (the reference's mask holds both); `called` where none
-    runs."""
+    runs, or where the code masks by itself (lucidrains' chunked attention, causal=True): the rule given too would
+    hide the code's own."""
 
     from attnscope import masks
     from attnscope.spec import AttentionSpec
     from attnscope.usertrace import masking
 
+    own = _masks_alone(o, (target, fn, plan, inputs, module, fed), called, convention)
+    if own is not None:
+        inputs.notes.append(f"your code masks by itself (line {own.line}: weights of exactly 0 with nothing masked "
+                            f"by {plan.mask}): the {'causal' if o.causal else 'window'} rule was given to no other "
+                            "mask parameter, so that trace's mask never hides yours; the reference's mask is compared "
+                            "with your code's own")
+        return called
     rule, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache, window_side=o.window_side),
                                inputs.sizes["n_Q"], inputs.sizes["n_K"])
     if rule is None:
@@ -327,6 +336,26 @@ def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: I
             inputs.also_masked.append(other)
             return ran[0]
     return called
+
+
+def _masks_alone(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
+                 convention: Convention) -> Record | None:
+    """The code's pattern (or, in online softmax, a block's exponentials) where, given a key padding that masks
+    nothing and no rule, it still has weights of exactly 0 (masking.masks_by_itself); None where it has none."""
+    import torch
+
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+
+    target, fn, plan, inputs, module, fed = run
+    allowed = inputs.allowed
+    if called.failure is not None or allowed is None or allowed.dtype != torch.bool:
+        return None
+    dtype = next(iter(inputs.tensors.values())).dtype
+    torch.manual_seed(o.seed)
+    tried = call(target, fn, plan, inputs, module, o.max_memory,
+                 masking.written(torch.ones_like(allowed), convention.kind, dtype, convention.line), fed)
+    return masking.masks_by_itself(tried.records) if tried.failure is None else None
 
 
 def _given_beside(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds, Called], other: str,

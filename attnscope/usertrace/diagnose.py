@@ -57,8 +57,10 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
         return found
     found = _read_off(step, ctx, ranked)
     if base is not None and found.evidence is None and "none of the usual causes fits" not in found.text:
-        found.evidence = (f"not by experiment: read off {step}'s numbers alone; no one mistake of trace's catalog, "
-                          "rerun on the reference, gives back your output")
+        # no tensor of the step's shape (online softmax over blocks): no numbers of it to read off
+        read = f"read off {step}'s numbers alone; " if ranked else "your output differs, and "
+        found.evidence = f"not by experiment: {read}no one mistake of trace's catalog, rerun on the reference, gives " \
+            "back your output"
     return found
 
 

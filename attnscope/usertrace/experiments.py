@@ -457,18 +457,21 @@ def _off_by_one(b: Base) -> Iterator[Trial]:
             "keys is `triu(..., diagonal=-(W - 1))` on the causal mask, query i seeing keys i - W + 1 to i)")
     both = ("{{who}} is what the reference computes with the band one key {how} on each side (a window of "
             "`|i - j| <= w` is the reference's --window 2w --window-side both)")
-    band, keys = _band(allowed), None
+    band, keys, rule = _band(allowed), None, None
     if band is None:  # a band beside key padding (ModernBERT's window on a padded batch): the band moved, the keys kept
         rule = _rule(b)
         keys = allowed.any(-2, keepdim=True)  # the keys some query may see: those not padded
-        band = _band(rule) if rule is not None and bool(torch.equal((rule & keys).expand_as(allowed), allowed)) \
-            else None
+        padded = rule is not None and bool(torch.equal((rule & keys).expand_as(allowed), allowed))
+        band, rule = (_band(rule), rule) if padded else (None, None)
     changes = [(allowed | after, "the causal band is off by 1: each query also sees the next key after it; {who} is "
                 "what the reference computes with the band one key wider, `tril(..., diagonal=1)` where a causal "
                 "mask is `tril(...)`, diagonal=0"),
                (allowed & before, "the mask is off by one the other way: it masks the diagonal: no query may see its "
                 "own key; {who} is what the reference computes with the band one key narrower, `tril(..., "
                 "diagonal=-1)` where a causal mask is `tril(...)`, diagonal=0 (a first query then sees no key: NaN)")]
+    if rule is not None and keys is not None:  # the rule's right edge moved, the padded keys kept (trace's, or yours)
+        changes = [(_edge_moved(rule, keys, wider), words) for wider, (_, words) in zip((True, False), changes,
+                                                                                      strict=True)]
     if band is not None:  # a band lo <= j - i <= hi: its left edge moved, or both
         rel, lo, hi = band
         changes += [((rel >= lo - 1) & (rel <= hi), f"{window} is off by 1: each query also sees one key further "
@@ -488,6 +491,16 @@ def _off_by_one(b: Base) -> Iterator[Trial]:
         if not bool(torch.equal(changed, allowed)) and not any(bool(torch.equal(changed, t)) for t in tried):
             tried.append(changed)
             yield Trial(replay(b, allowed=changed), words)
+
+
+def _edge_moved(rule: torch.Tensor, keys: torch.Tensor, wider: bool) -> torch.Tensor:
+    """The rule's band one key wider (or narrower) at its right edge, the padded keys still masked: the causal
+    rule off by one beside key padding (trace's padded keys, or a --mask file's), which the code applies as it
+    should."""
+    off = torch.zeros_like(rule[..., :1])
+    if wider:
+        return (rule | torch.cat((off, rule[..., :-1]), dim=-1)) & keys  # the key after each allowed one
+    return rule & torch.cat((rule[..., 1:], off), dim=-1) & keys
 
 
 def _band(allowed: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:

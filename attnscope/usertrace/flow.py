@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
 
 ROLES = ("q", "k", "v", "o")
+# Code that never calls a softmax (Rabe & Staats' chunked attention, a flash-attention loop in PyTorch) exponentiates
+# each block of scores less a running max and multiplies the values by that: its first such exp stands for the pattern
+EXPONENTS = ("exp", "exp_")
 MAX_LINEARS = 12  # more than that, and the flow is not read (4 of 12 is 11,880 readings)
 
 
@@ -129,8 +132,9 @@ def _operands(records: list[Record]) -> tuple[int, int, int, int | None] | None:
             if len(given) >= 3:
                 return given[0], given[1], given[2], r.index
     softmax = next((r for r in records if r.func.split(".")[-1] in SOFTMAXES), None)
-    if softmax is None:
-        return None
+    if softmax is None:  # online softmax (chunked, flash-style): each block's exp stands for the pattern
+        return next((found for r in records if r.func.split(".")[-1] in EXPONENTS
+                     and (found := operands_at(records, r)) is not None), None)
     return operands_at(records, softmax)
 
 

@@ -70,6 +70,9 @@ class Convention:
             opposite = f"it masks where the mask is {self.kind == 'attend'}"
             return (f"{parameter}: given {WORDS[self.kind]}, as your code's own words say it is ({self.stated}); "
                     f"your code reads it the other way round: {opposite}{where}")
+        if self.kind == "float01" and self.how == "converted":  # agrees(): OpenFold's inf * (mask - 1)
+            return (f"{parameter}: {WORDS['float01']}: your code builds its own bias from the mask's numbers"
+                    f"{f' (line {self.line})' if self.line else ''}, and a boolean makes it raise in that arithmetic")
         if self.kind == "attend" and self.how == "converted":
             return (f"{parameter}: {WORDS['attend']}; your code builds its own bias from it"
                     f"{f' (line {self.line})' if self.line else ''}")
@@ -104,7 +107,10 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             derived[record.index] = found[0]
             continue
         if others:  # the mask meets another tensor: this op applies it
-            return _applied(record, inverted, arithmetic, others, _floated(record, sources, records))
+            applied = _applied(record, inverted, arithmetic, others, _floated(record, sources, records))
+            # an op that says nothing of the mask (`scores * mask`), then arithmetic a boolean raises in: numbers
+            raised = _raised(failure, records, derived, label) if applied.line is None else None
+            return raised or applied
         if name in INVERTING:
             derived[record.index] = (not inverted, arithmetic)
         elif (compared := _compared_additive(record)) is not None:
@@ -121,14 +127,22 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             return Convention("masked", record.line, "nn.MultiheadAttention's attn_mask")
         else:
             derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
+    return _raised(failure, records, derived, label) or Convention("attend")
+
+
+def _raised(failure: Failure | None, records: list[Record], derived: dict[int, tuple[bool, bool]], label: str
+            ) -> Convention | None:
+    """The convention the code's failure on a boolean mask says (arithmetic PyTorch refuses on booleans): added
+    (baddbmm), subtracted from the scores, else 0/1 numbers (`1 - mask`, OpenFold's `inf * (mask - 1)`, the old
+    TensorFlow `scores * mask - 1e9 * (1 - mask)`); None where it failed elsewhere."""
     named = [label, *(records[i].label for i in derived)]
-    if failure is not None and any(n in failure.op for n in named) and "bool" in failure.message.lower():
-        if any(f"{name}(" in failure.op for name in ADDING):  # baddbmm(mask, q, kᵀ): the mask is added
-            return Convention("additive", failure.line, failure.op)
-        if any(_subtracted(failure.op, n) for n in named):  # scores - mask: subtracted, +inf where blocked
-            return Convention("subtracted", failure.line, failure.op)
-        return Convention("float01", failure.line, failure.op)
-    return Convention("attend")
+    if failure is None or not any(n in failure.op for n in named) or "bool" not in failure.message.lower():
+        return None
+    if any(f"{name}(" in failure.op for name in ADDING):  # baddbmm(mask, q, kᵀ): the mask is added
+        return Convention("additive", failure.line, failure.op)
+    if any(_subtracted(failure.op, n) for n in named):  # scores - mask: subtracted, +inf where blocked
+        return Convention("subtracted", failure.line, failure.op)
+    return Convention("float01", failure.line, failure.op)
 
 
 def _compared_additive(record: Record) -> Convention | None:
@@ -165,6 +179,18 @@ def _number(text: Any) -> float | None:
         return float(str(text))
     except ValueError:
         return None
+
+
+def agreed(read: Convention, kind: str, before: Convention) -> Convention | None:
+    """The convention `kind` the mask was written in, where the one read from that run agrees with it: the same
+    kind, none read, or 0/1 floats the code computes its own bias from (OpenFold's `inf * (mask - 1)`, BERT's
+    `(1.0 - mask) * -10000.0`: read as a boolean cast first would be, "converted", where a boolean makes the code
+    raise in that arithmetic, at the line `before` says); None where the run reads it another way."""
+    if read.kind == kind or read.line is None:
+        return Convention(kind, read.line, read.how)
+    if kind == "float01" and read.how == "converted":
+        return Convention(kind, before.line if before.kind == kind and before.line else read.line, read.how)
+    return None
 
 
 def _floated(record: Record, sources: list[tuple[bool, bool] | None], records: list[Record]) -> bool:
@@ -462,10 +488,12 @@ def masks_by_itself(records: list[Record]) -> Record | None:
     `is_causal=True`); None where every weight is positive."""
     from attnscope.usertrace.sinkcols import joined_at
 
+    # online softmax (chunked, flash-style) never calls one: each block's exp(scores − max) stands for the pattern
+    online = not any(r.func.split(".")[-1] in ("softmax", "_softmax") or r.label == "(attention)" for r in records)
     for r in records:
         name = r.func.split(".")[-1]
-        if (name in ("softmax", "_softmax") or r.label == "(attention)") and r.tensor.is_floating_point() \
-                and bool((r.tensor == 0).any()):
+        if (name in ("softmax", "_softmax") or r.label == "(attention)" or (online and name in ("exp", "exp_"))) \
+                and r.tensor.is_floating_point() and bool((r.tensor == 0).any()):
             sink = joined_at(r, records) if name != "(attention)" else None  # a sink's column weighs no key
             weights = r.tensor if sink is None else r.tensor[..., 1:] if sink == 0 else r.tensor[..., :-1]
             if bool((weights == 0).any()):
