@@ -8,7 +8,8 @@ scalings (round 14b's MiniCPM with linear rope_scaling), in styles of their own 
   the cls token kept aside and joined back is no joint attention.
 - linear scaling (positions t / f: transformers', GPT-NeoX-like, Meta's precompute_freqs_cis) read as a convention
   naming the factor; a scaling the module declares (Llama 3.1's) read from the rotated tensors and checked against
-  it; another base under it, or keys turned without the factor, stay mistakes.
+  it (YaRN's attention factor with it); another base under it, keys turned without the factor, or cos and sin left
+  without YaRN's factor, stay mistakes.
 
 Each correct style is checked against a float64 formula written here with SDPA, each plant shown to change the
 output."""
@@ -103,6 +104,16 @@ def _want(name, m, x):
                                            is_causal=True)
         return m.wo(y.transpose(1, 2).reshape(x.shape))
     q, k, v = (_heads(p(x), 2) for p in (m.q_proj, m.k_proj, m.v_proj))
+    if name == "YarnScaled":  # transformers' own YaRN frequencies and attention factor
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        config = LlamaConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                             max_position_embeddings=16384, rope_parameters={**styles.YARN, "rope_theta": 10000.0})
+        yarn, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+        q, k = (factor * _turn(t, torch.outer(positions, yarn.double()), "half") for t in (q, k))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return m.o_proj(y.transpose(1, 2).reshape(x.shape))
     angles = torch.outer(positions / 2, inv) if name == "LinearLlama" else \
         torch.outer(positions, _llama3(inv, 8.0, 1.0, 4.0, 64))
     y = F.scaled_dot_product_attention(_turn(q, angles, "half"), _turn(k, angles, "half"), v, is_causal=True)
@@ -113,7 +124,8 @@ STYLED = [("EvaRope", 10, ("rope_on_v", "scale_dmodel", "softmax_axis", "merge_n
           ("DinoRope", 15, ("rope_on_v", "scale_dmodel", "merge_no_transpose", "k_pairing")),
           ("QwenVisionRope", 9, ("rope_on_v", "scale_dmodel", "softmax_axis")),
           ("LinearLlama", 7, ("k_unscaled",)), ("NeoxLinear", 7, ("rope_on_v",)),
-          ("MetaLinear", 7, ("mask_after_softmax",)), ("Llama3Scaled", 7, ("base_wrong",))]
+          ("MetaLinear", 7, ("mask_after_softmax",)), ("Llama3Scaled", 7, ("base_wrong",)),
+          ("YarnScaled", 7, ("no_mscale",))]
 
 
 @pytest.mark.parametrize(("name", "n", "bugs"), STYLED)
@@ -174,7 +186,8 @@ def test_a_table_the_keys_do_not_share_is_no_convention(runner, name, n, bug):
 SCALED = [("LinearLlama", "positions are scaled by 1/2 (linear RoPE scaling"),
           ("NeoxLinear", "positions are scaled by 1/4 (linear RoPE scaling"),
           ("MetaLinear", "positions are scaled by 1/8 (linear RoPE scaling"),
-          ("Llama3Scaled", "the frequencies its rope_scaling (llama3) gives base 10000")]
+          ("Llama3Scaled", "the frequencies its rope_scaling (llama3) gives base 10000"),
+          ("YarnScaled", "the frequencies its rope_scaling (yarn) gives base 10000")]
 
 
 @pytest.mark.parametrize(("name", "words"), SCALED)
@@ -196,7 +209,8 @@ def test_mistakes_beside_a_scaling_are_named_by_experiment(runner, name, bug, ca
     assert out["first_divergence"]["experiment"] == cause, out["first_divergence"]
 
 
-@pytest.mark.parametrize(("name", "bug"), [("LinearLlama", "k_unscaled"), ("Llama3Scaled", "base_wrong")])
+@pytest.mark.parametrize(("name", "bug"), [("LinearLlama", "k_unscaled"), ("Llama3Scaled", "base_wrong"),
+                                          ("YarnScaled", "no_mscale")])
 def test_a_scaling_on_one_side_or_over_another_base_stays_a_mistake(runner, name, bug):
     result, out = trace(runner, f"{STYLES}:{name}", "--rope", "--causal", "--init", f"bug='{bug}'")
     assert result.exit_code == 1, result.stdout + result.stderr

@@ -18,6 +18,8 @@ tests/test_trace_round14_rope2d.py. Each takes `bug=` for a planted mistake.
   (interleaved pairs).
 - Llama3Scaled: Llama 3.1's `apply_scaling` of the frequencies (low frequencies divided by the factor, a smooth ramp
   between), its config's `rope_scaling = {"rope_type": "llama3", ...}`, rotate_half.
+- YarnScaled: YaRN as DeepSeek's code writes it (frequencies blended over a correction range, cos and sin times
+  0.1 · ln(factor) + 1), its config's `rope_scaling = {"rope_type": "yarn", ...}`.
 """
 
 import math
@@ -358,3 +360,52 @@ class Llama3Scaled(nn.Module):
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+
+
+def yarn_inv_freq(dim, base, factor, original_max, beta_fast=32, beta_slow=1):
+    """YaRN's frequencies and attention factor, as DeepSeek's and transformers' code computes them."""
+    def correction_dim(rotations):
+        return (dim * math.log(original_max / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / max(high - low, 0.001), 0, 1)
+    extrapolation = 1.0 / base ** (torch.arange(0, dim, 2).float() / dim)
+    inv_freq = extrapolation / factor * ramp + extrapolation * (1 - ramp)
+    return inv_freq, 0.1 * math.log(factor) + 1.0
+
+
+class YarnScaled(nn.Module):
+    """A long-context LLaMA with YaRN as its config declares it: blended frequencies, cos and sin times the
+    attention factor (mscale), rotate_half; causal eager attention."""
+
+    def __init__(self, config=None, bug=None):
+        super().__init__()
+        self.config = config or ScalingConfig(rope_scaling=dict(YARN), max_position_embeddings=16384)
+        c, self.bug = self.config, bug
+        self.num_heads, self.head_dim = c.num_attention_heads, c.hidden_size // c.num_attention_heads
+        self.q_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        self.o_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        s = c.rope_scaling
+        inv_freq, self.mscale = yarn_inv_freq(self.head_dim, c.rope_theta, s["factor"],
+                                              s["original_max_position_embeddings"])
+        if bug == "no_mscale":  # the attention factor left off the tables
+            self.mscale = 1.0
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        _trained(self, seed=7)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (p(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        emb = torch.outer(torch.arange(n, dtype=torch.float32), self.inv_freq).repeat(1, 2)
+        cos, sin = emb.cos() * self.mscale, emb.sin() * self.mscale
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        attn = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        attn = attn.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        return self.o_proj(torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1))

@@ -187,7 +187,8 @@ def _scaled(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list
             declared = None
     for pairing in pairings:
         table = ropefreqs.read(source.double(), mine.double(), pairing, d, first)
-        if table is None or ropefreqs.is_base(table, base, d):
+        # the base's own frequencies are read by base, unless a declared scaling scales cos and sin (yarn's factor)
+        if table is None or ropefreqs.is_base(table, base, d) and (scaled is None or scaled.attention_scaling == 1):
             continue
         factor = ropefreqs.linear_factor(table, base, d)
         if factor is not None:
@@ -206,7 +207,9 @@ def _scaled(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list
                         "each turns by +θ")
         if pairing != spec.rope_pairing:
             said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
-        found.append((replace(spec, rope_pairing=pairing, rope_sign=table.sign, rope_freqs=table.freqs), said))
+        own = replace(scaled, base=base, pairing=pairing) if factor is None and table.sign == 1 else None
+        found.append((replace(spec, rope_pairing=pairing, rope_sign=table.sign, rope_freqs=table.freqs,
+                              rope_declared=own), said))
     return found
 
 

@@ -85,6 +85,9 @@ class Spec:
     # the angle each token's pair turns by `[n, d_head/2]`, read from the code where no one 1-D position gives it
     # (ropefreqs.Angles: 2-D or axial RoPE, a prefix kept unrotated); None: position · frequency
     rope_angles: Any = field(default=None, compare=False)
+    # the RoPE scaling the module declares (declared.own_scaling: yarn's, llama3's, ...) at rope_base, where the
+    # frequencies read from the code are what it gives: the reference's Rope, its attention factor with it
+    rope_declared: Any = field(default=None, compare=False)
     pairing_asked: bool = False
     base_from_module: bool = False  # rope_base is the module's own (its rope_theta), read where --rope-base said none
     fraction_from_module: bool = False  # rope_fraction is the module's config's (rotary_dim, partial_rotary_factor)
@@ -148,6 +151,9 @@ class Spec:
         """attnscope's Rope for the reference, None without RoPE."""
         if self.rope_base is None:
             return None
+        if self.rope_declared is not None and not self.rope_start and self.rope_sign == 1 \
+                and self.rope_angles is None:
+            return self.rope_declared
         if self.rope_start or self.rope_sign != 1 or self.rope_freqs or self.rope_angles is not None:
             return StartedRope(self.rope_base, pairing=self.rope_pairing, partial_rotary_factor=self.rope_fraction,
                                start=self.rope_start, sign=self.rope_sign, freqs=self.rope_freqs or (),

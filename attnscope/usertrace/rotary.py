@@ -96,9 +96,10 @@ def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None
     what = "queries" if step == "Q_rot" else "keys"
     turned = _turned_otherwise(step, ctx, ctx.reference[source])
     if turned is not None:  # rotated all the same, by angles of its own: RoPE is applied, not as the reference's
-        return Diagnosis(f"{label_of(turned)} is {source} rotated, but by angles other than the reference's (--rope, "
-                         f"base {ctx.spec.rope_base:g}): the {what} turn at another base, scaling or positions, so "
-                         f"RoPE is applied, not as the reference applies it", turned)
+        return Diagnosis(f"{label_of(turned)} is {source} rotated, but not as the reference rotates it (--rope, base "
+                         f"{ctx.spec.rope_base:g}): the {what} turn by other angles or at another scale (another "
+                         "base, scaling, attention factor or positions), so RoPE is applied, not as the reference "
+                         "applies it", turned)
     return Diagnosis(f"{label_of(near.record)} is {source} not rotated, and no tensor of yours is {source} rotated: "
                      f"RoPE is never applied to the {what} (the reference rotates them, --rope, base "
                      f"{ctx.spec.rope_base:g})", near.record)
