@@ -78,6 +78,8 @@ def pad(tmp_path_factory):
     ("FlashLoop", ()),
     ("FlashLoop", ("--init", "causal=True", "--causal")),
     ("LogSumExpMerge", ()),
+    ("MemoryEfficient", ("--init", "bucket=16")),  # one block: its exp(scores − max) has the pattern's shape
+    ("FlashLoop", ("--init", "block=16, causal=True", "--causal")),
 ])
 def test_attention_in_blocks_is_lined_up_by_its_output(runner, pad, name, args):
     args = ("--mask", pad, "--batch", "2", "--nq", "7") if args == ("MASK",) else args
@@ -93,6 +95,7 @@ def test_attention_in_blocks_is_lined_up_by_its_output(runner, pad, name, args):
     ("FlashLoop", "causal=True, bug='causal_off_by_one'", ("--causal",), "mask.off_by_one"),
     ("FlashLoop", "bug='scale_none'", (), "scale.none"),
     ("LogSumExpMerge", "bug='kv_swapped'", (), "kv.swapped"),
+    ("MemoryEfficient", "bucket=16, bug='values_from_keys'", (), "kv.values_from_keys"),
 ])
 def test_mistakes_in_blocks_are_named_by_the_outputs_experiment(runner, name, init, args, cause):
     result, out = trace(runner, f"{STYLES}:{name}", "--init", init, *args)

@@ -461,8 +461,9 @@ def _off_by_one(b: Base) -> Iterator[Trial]:
     if band is None:  # a band beside key padding (ModernBERT's window on a padded batch): the band moved, the keys kept
         rule = _rule(b)
         keys = allowed.any(-2, keepdim=True)  # the keys some query may see: those not padded
-        padded = rule is not None and bool(torch.equal((rule & keys).expand_as(allowed), allowed))
-        band, rule = (_band(rule), rule) if padded else (None, None)
+        if rule is None or not bool(torch.equal((rule & keys).expand_as(allowed), allowed)):
+            rule = None
+        band = _band(rule) if rule is not None else None
     changes = [(allowed | after, "the causal band is off by 1: each query also sees the next key after it; {who} is "
                 "what the reference computes with the band one key wider, `tril(..., diagonal=1)` where a causal "
                 "mask is `tril(...)`, diagonal=0"),

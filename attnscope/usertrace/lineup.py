@@ -730,6 +730,8 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         closest,
         follow,
     )
+    from attnscope.usertrace.flow import EXPONENTS
+    from attnscope.usertrace.record import SOFTMAXES
 
     rows: list[Aligned] = []
     paired: dict[str, Record] = {}  # step -> the user's tensor lined up with it
@@ -803,8 +805,13 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         # stacks make Q_split at once: Q_feat never exists whole)
         split = row.status == "permuted" and row.split is not None and row.record is not None and derived == "equal" \
             and held.get(DERIVED.get(row.reference, "")) == row.record.index
+        # online softmax in one block (lucidrains' buckets wider than the run): its exp(scores − max) has the
+        # pattern's shape but is never normalized, the weighted values divided by its sum instead
+        unnormalized = row.reference == "attention" and row.status == "differs" and row.record is not None \
+            and not any(r.func in SOFTMAXES for r in records) \
+            and any(by_index[i].func in EXPONENTS for i in ancestors(row.record, records) | {row.record.index})
         if (row.status == "missing" and later) or (row.status == "differs" and derived in ALIGNED) or skipped \
-                or fused or split:
+                or fused or split or unnormalized:
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
 
