@@ -55,6 +55,11 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
             bug = "causal_off_by_one" if causal else "scale_none"
             assert (_planted(styles.FlashLoop, fl, bug, x, causal=causal) - want).abs().max() > 1e-2
 
+        torch.manual_seed(0)  # the dropout left on draws its cells; each against its own SDPA-checked output
+        assert (_planted(styles.MemoryEfficient, me, "dropout_on", x, mask, causal=True) - me(x, mask)).abs().max() \
+            > 1e-2
+        assert (_planted(styles.FlashLoop, fl, "dropout_on", x, causal=True) - fl(x)).abs().max() > 1e-2
+
         ls = moved(styles.LogSumExpMerge(), 5)
         want = ls.o_proj(_merged(F.scaled_dot_product_attention(_heads(ls.q_proj(x)), _heads(ls.k_proj(x)),
                                                                 _heads(ls.v_proj(x)))))
@@ -96,6 +101,8 @@ def test_attention_in_blocks_is_lined_up_by_its_output(runner, pad, name, args):
     ("FlashLoop", "bug='scale_none'", (), "scale.none"),
     ("LogSumExpMerge", "bug='kv_swapped'", (), "kv.swapped"),
     ("MemoryEfficient", "bucket=16, bug='values_from_keys'", (), "kv.values_from_keys"),
+    ("MemoryEfficient", "bug='dropout_on'", (), "dropout.left_on"),  # the dropped block summed as the normalizer
+    ("FlashLoop", "causal=True, bug='dropout_on'", ("--causal",), "dropout.left_on"),  # the weights alone dropped
 ])
 def test_mistakes_in_blocks_are_named_by_the_outputs_experiment(runner, name, init, args, cause):
     result, out = trace(runner, f"{STYLES}:{name}", "--init", init, *args)

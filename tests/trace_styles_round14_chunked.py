@@ -53,6 +53,8 @@ class MemoryEfficient(nn.Module):
                     weight = weight.masked_fill(j > i + step, fill)
                 weight_max = weight.amax(dim=-1, keepdim=True).detach()
                 exp_weight = (weight - weight_max).exp()
+                if self.bug == "dropout_on":  # lucidrains' F.dropout(exp_weight, p=dropout), training left on
+                    exp_weight = F.dropout(exp_weight, p=0.1)
                 sums.append(exp_weight.sum(dim=-1))
                 values.append(torch.einsum("bhij,bhjd->bhid", exp_weight, v[..., ks:ks + self.bucket, :]))
                 maxes.append(weight_max.squeeze(-1))
@@ -91,6 +93,8 @@ class FlashLoop(nn.Module):
             p = torch.exp(s - m_new)
             alpha = torch.exp(m - m_new)
             l_sum = alpha * l_sum + p.sum(dim=-1, keepdim=True)
+            if self.bug == "dropout_on":  # flash-attention drops the weights, never their sum
+                p = F.dropout(p, p=0.1)
             acc = alpha * acc + p @ v[:, :, start:start + self.block]
             m = m_new
         out = acc / l_sum

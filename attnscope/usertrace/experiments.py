@@ -1538,6 +1538,68 @@ def _dropout(b: Base) -> Iterator[Trial]:
                     f"{zeroed:.1%} "
                     f"of {DROPPED_AT[name]} zeroed, the rest scaled by 1/(1 − p)) applied to its {name}; F.dropout's "
                     f"training argument defaults to True: {fix}")
+    yield from _blocked_dropout(b)
+
+
+def _blocked_dropout(b: Base) -> Iterator[Trial]:
+    """Dropout in online softmax (lucidrains' memory-efficient attention, a flash loop in PyTorch): each block's
+    exp(scores − max) dropped out, the block placed where its scores stand in the reference's (its matmul's values
+    found there); the reference's attention times that multiplier, as flash-attention drops the normalized weights,
+    and renormalized by the dropped weights' sum, as code that sums the dropped block does."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import EXPONENTS
+    from attnscope.usertrace.record import SOFTMAXES
+
+    records = b.ctx.records
+    if b.col or "attention" not in b.ref or any(r.func in SOFTMAXES for r in records):
+        return
+    scores, attention = b.ref["scores"], b.ref["attention"]
+    multiplier, line, p = torch.ones_like(attention), None, float("nan")
+    for record in records:
+        if record.func != "dropout" or not record.parents:
+            continue
+        before = records[record.parents[0]]
+        above = sorted(ancestors(before, records) | {before.index}, reverse=True)
+        if torch.equal(before.tensor, record.tensor) or not any(records[i].func in EXPONENTS for i in above):
+            continue
+        # the nearest tensor it is made from that holds a block of the reference's scores (q · kᵀ, scaled)
+        at = next((found for i in above if records[i].tensor.shape == before.tensor.shape
+                   and records[i].tensor.is_floating_point()
+                   and (found := _block_at(records[i].tensor.double(), scores)) is not None), None)
+        if at is None:
+            return
+        kept, after = before.tensor.double(), record.tensor.double()
+        rows, cols = at[0], at[1]
+        multiplier[..., rows:rows + kept.shape[-2], cols:cols + kept.shape[-1]] = torch.where(
+            kept != 0, after / kept.where(kept != 0, torch.ones_like(kept)), 0.0)
+        line, p = line or record.line, float(record.details.get("p", p))
+    if line is None:
+        return
+    said = (f"dropout is active although the module runs in eval() mode: {{who}} is what the reference computes with "
+            f"line {line}'s dropout (p = {p:g}) applied to each block of its attention")
+    fix = "; F.dropout's training argument defaults to True: pass training=self.training"
+    yield Trial(replay(b, multiplier=multiplier), said + fix)
+    dropped = attention * multiplier
+    total = dropped.sum(-1, keepdim=True)
+    renormed = torch.where(total > 0, multiplier / total.where(total > 0, torch.ones_like(total)), 0.0)
+    yield Trial(replay(b, multiplier=renormed), said + ", the dropped weights summed as the normalizer" + fix)
+
+
+def _block_at(block: torch.Tensor, scores: torch.Tensor) -> tuple[int, int] | None:
+    """Where a block of scores `[.., a, c]` stands in the reference's `[.., n_Q, n_K]`: the first offset whose values
+    it holds to tolerance; None where none, or the leading axes differ."""
+    from attnscope.usertrace.align import tolerance
+
+    if block.shape[:-2] != scores.shape[:-2] or block.shape[-2] > scores.shape[-2] \
+            or block.shape[-1] > scores.shape[-1] or scores.shape[-2] * scores.shape[-1] > 1 << 16:
+        return None
+    tol = tolerance(scores.float())
+    a, c = block.shape[-2:]
+    for i in range(scores.shape[-2] - a + 1):
+        for j in range(scores.shape[-1] - c + 1):
+            if float((scores[..., i:i + a, j:j + c] - block).abs().max()) <= tol:
+                return i, j
+    return None
 
 
 def _dropped(b: Base, record: Record, before: Record) -> tuple[str, torch.Tensor, torch.Tensor] | None:
