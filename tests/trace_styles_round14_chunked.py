@@ -22,7 +22,8 @@ def _merge(t):  # [b, h, n, d] -> [b, n, h·d]
 
 class MemoryEfficient(nn.Module):
     """Rabe & Staats' chunked attention as lucidrains writes it: to_q, a fused to_kv chunked in two, buckets of
-    queries and keys, a key padding mask (True = keep) and a causal rule by global positions."""
+    queries and keys, a key padding mask (True = keep), a causal rule by global positions, blocks wholly in the
+    future skipped."""
 
     def __init__(self, dim=32, heads=4, causal=False, bucket=3, bug=None):
         super().__init__()
@@ -42,6 +43,8 @@ class MemoryEfficient(nn.Module):
             q_chunk = q[..., qs:qs + self.bucket, :]
             sums, values, maxes = [], [], []
             for ks in range(0, k.shape[-2], self.bucket):
+                if self.causal and ks > qs + q_chunk.shape[-2] - 1:  # a block wholly in the future: skipped
+                    continue
                 weight = torch.einsum("bhid,bhjd->bhij", q_chunk, k[..., ks:ks + self.bucket, :])
                 fill = -torch.finfo(weight.dtype).max
                 if mask is not None:

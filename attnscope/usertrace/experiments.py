@@ -486,6 +486,10 @@ def _off_by_one(b: Base) -> Iterator[Trial]:
                      + both.format(how="narrower"))]
     if keys is not None:  # the moved bands on the padded keys
         changes = changes[:2] + [(changed & keys, words) for changed, words in changes[2:]]
+    computed = _blocks_computed(b)
+    if computed is not None:  # online softmax that skips blocks (lucidrains' causal chunks wholly in the future)
+        changes += [(changed & computed, f"{words} (in the blocks your code computes; it skips the others)")
+                    for changed, words in changes[:2]]
     tried: list[torch.Tensor] = []
     for changed, words in changes:
         changed = changed.expand_as(allowed)
@@ -1583,6 +1587,33 @@ def _blocked_dropout(b: Base) -> Iterator[Trial]:
     total = dropped.sum(-1, keepdim=True)
     renormed = torch.where(total > 0, multiplier / total.where(total > 0, torch.ones_like(total)), 0.0)
     yield Trial(replay(b, multiplier=renormed), said + ", the dropped weights summed as the normalizer" + fix)
+
+
+def _blocks_computed(b: Base) -> torch.Tensor | None:
+    """In code that calls no softmax (online softmax over blocks), the cells of the scores its blocks cover, each
+    block's exp(scores − max) placed where its scores stand in the reference's; None where it covers them all, or
+    a block is not placed."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import EXPONENTS
+    from attnscope.usertrace.record import SOFTMAXES
+
+    records = b.ctx.records
+    if b.col or "scores" not in b.ref or any(r.func in SOFTMAXES for r in records):
+        return None
+    scores = b.ref["scores"]
+    covered = torch.zeros_like(scores, dtype=torch.bool)
+    for record in records:
+        if record.func not in EXPONENTS or record.tensor.dim() != scores.dim():
+            continue
+        above = sorted(ancestors(record, records), reverse=True)
+        at = next((found for i in above if records[i].tensor.shape == record.tensor.shape
+                   and records[i].tensor.is_floating_point()
+                   and (found := _block_at(records[i].tensor.double(), scores)) is not None), None)
+        if at is None:
+            continue  # a renormalizing factor's exp (exp(m - m_new)), no block of weights
+        a, c = record.tensor.shape[-2:]
+        covered[..., at[0]:at[0] + a, at[1]:at[1] + c] = True
+    return None if bool(covered.all()) or not bool(covered.any()) else covered
 
 
 def _block_at(block: torch.Tensor, scores: torch.Tensor) -> tuple[int, int] | None:
