@@ -38,6 +38,8 @@ def _qkv_out(m, x):
         q, k, v, out = _lin(m.q_proj, x), _lin(m.k_proj, x), _lin(m.v_proj, x), m.o_proj
     elif hasattr(m, "to_q"):
         q, k, v, out = _lin(m.to_q, x), _lin(m.to_k, x), _lin(m.to_v, x), m.to_out
+    elif hasattr(m, "W_q"):
+        q, k, v, out = _lin(m.W_q, x), _lin(m.W_k, x), _lin(m.W_v, x), m.W_o
     else:
         fused, proj = next((f, p) for f, p in FUSED if hasattr(m, f) and hasattr(m, p))
         q, k, v = _lin(getattr(m, fused), x).chunk(3, -1)  # each style's fused output is [q | k | v]
@@ -115,3 +117,101 @@ def test_dropout_left_on_anywhere_on_the_output_is_named_by_experiment(runner, n
     first = out["first_divergence"]
     assert first["experiment"] == "dropout.left_on" and first["evidence"].startswith("by experiment"), first
     assert "training argument defaults to True" in first["diagnosis"], first
+
+
+# --- attention within groups of tokens the module makes itself --------------------------------------------------
+
+GROUPED = {"UnfoldPatches": lambda r, c: (r % 2) * 2 + c % 2,  # the same pixel of each 2×2 patch
+           "WindowPartition": lambda r, c: (r // 2) * 2 + c // 2,  # the same 2×2 window
+           "ChunkedLocal": lambda r, c: (r * 4 + c) // 4,  # the same chunk of 4 consecutive tokens
+           "AxialColumns": lambda r, c: c}  # the same column of the 4×4 grid
+
+
+def _same_group(name: str) -> torch.Tensor:
+    """[16, 16], True where two tokens of the 4×4 grid (raster order) share a group of the style's."""
+    t = torch.arange(16)
+    label = GROUPED[name](t // 4, t % 4)
+    return label[:, None] == label[None, :]
+
+
+def _grouped64(m, x, allowed):
+    """The style as SDPA over the whole sequence under its group mask, in float64, with its own weights."""
+    b, n, d = x.shape
+    if hasattr(m, "to_kv"):
+        q, (k, v), out = _lin(m.to_q, x), _lin(m.to_kv, x).chunk(2, -1), m.to_out
+        q, k, v = _heads(q, b, n), _heads(k, b, n), _heads(v, b, n)
+    else:
+        q, k, v, out = _qkv_out(m, x)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    return _lin(out, y.transpose(1, 2).reshape(b, n, -1))
+
+
+def test_the_grouped_styles_are_sdpa_under_their_group_mask_and_the_bugs_change_them():
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for name in GROUPED:
+            torch.manual_seed(1)
+            right = getattr(styles, name)().eval()
+            torch.manual_seed(1)
+            wrong = getattr(styles, name)(bug="scale").eval()
+            got = right(x)
+            assert torch.allclose(got.double(), _grouped64(right, x, _same_group(name)), atol=1e-5), name
+            assert not torch.allclose(wrong(x), got, atol=1e-3), name
+        torch.manual_seed(1)
+        unfolded = styles.WindowPartition(bug="fold").eval()
+        assert not torch.allclose(unfolded(x).double(), _grouped64(unfolded, x, _same_group("WindowPartition")),
+                                  atol=1e-3)
+        torch.manual_seed(1)
+        band = styles.OwnBandMask().eval()
+        torch.manual_seed(1)
+        after = styles.OwnBandMask(bug="after").eval()
+        x8 = x[:, :8]
+        got = band(x8)
+        assert torch.allclose(got.double(), _sdpa64(band, x8, styles.band_pattern(8)), atol=1e-5)
+        assert not torch.allclose(after(x8), got, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", list(GROUPED))
+def test_groups_the_module_makes_are_its_convention_and_a_plant_inside_is_named(runner, name, tmp_path):
+    result, out = trace(runner, f"{STYLES}:{name}", "--nq", "16")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    said = " ".join(out["notes"])
+    assert "your code attends within groups of 4 tokens (4 a sequence" in said, said
+    assert "a --mask [n_batch, n_Q, n_K] True where two tokens share a group says the same" in said, said
+    path = tmp_path / "groups.pt"
+    torch.save(_same_group(name), path)
+    result, out = trace(runner, f"{STYLES}:{name}", "--nq", "16", "--mask", str(path))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "the --mask file allows no pair across them" in " ".join(out["notes"]), out["notes"]
+    result, out = trace(runner, f"{STYLES}:{name}", "--init", "bug='scale'", "--nq", "16")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    first = out["first_divergence"]
+    assert first["experiment"].startswith("scale.") and first["evidence"].startswith("by experiment"), first
+    assert first["reference"] == "scores", first
+
+
+def test_a_fold_that_does_not_undo_the_unfold_and_a_mask_across_groups_are_no_pass(runner, tmp_path):
+    result, out = trace(runner, f"{STYLES}:WindowPartition", "--init", "bug='fold'", "--nq", "16")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["reference"] == "x", out["first_divergence"]
+    assert "does not put the tokens back" in out["first_divergence"]["diagnosis"], out["first_divergence"]
+    path = tmp_path / "wide.pt"  # each token may see its own window and the next one: pairs across the groups
+    torch.save(_same_group("WindowPartition") | _same_group("ChunkedLocal"), path)
+    result, out = trace(runner, f"{STYLES}:WindowPartition", "--nq", "16", "--mask", str(path))
+    assert result.exit_code == 1, result.stdout + result.stderr
+
+
+def test_a_mask_file_describes_the_reference_of_a_forward_that_takes_none(runner, tmp_path):
+    result, out = trace(runner, f"{STYLES}:OwnBandMask", "--nq", "8")  # its own pattern, untold: --mask says it
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert "masks by itself with a pattern of its own" in out["first_divergence"]["diagnosis"], out
+    assert "describe it with --mask FILE" in out["first_divergence"]["diagnosis"], out
+    path = tmp_path / "band.pt"
+    torch.save(styles.band_pattern(8), path)
+    result, out = trace(runner, f"{STYLES}:OwnBandMask", "--nq", "8", "--mask", str(path))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "takes no mask, so the file describes the reference alone" in " ".join(out["notes"]), out["notes"]
+    result, out = trace(runner, f"{STYLES}:OwnBandMask", "--init", "bug='after'", "--nq", "8", "--mask", str(path))
+    assert result.exit_code == 1, result.stdout + result.stderr
+    first = out["first_divergence"]
+    assert first["experiment"] == "mask.after_softmax" and first["evidence"].startswith("by experiment"), first

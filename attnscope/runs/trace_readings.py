@@ -201,8 +201,9 @@ def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tup
 
 
 def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
-    """The code's own qk-norm and temperature tuning, read by experiment where the line-up diverges."""
-    from attnscope.usertrace import ownnorm, tuning
+    """The code's own qk-norm, temperature tuning and groups of tokens, read by experiment where the line-up
+    diverges."""
+    from attnscope.usertrace import ownnorm, regroup, tuning
 
     inputs, fed, called, convention = ran
     if lined.divergence is not None and r.o.qk_norm is None and r.weighted is not None and r.o.layout != "col":
@@ -214,6 +215,11 @@ def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tu
         tuned = tuning.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
         if tuned is not None:  # Llama 4's temperature tuning, declared by the module: its convention
             r.spec, lined = tuned
+    if lined.divergence is not None and r.weighted is not None:
+        grouped = regroup.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
+        if grouped is not None:  # attention within groups the code makes itself (MobileViT's unfold): the reference
+            lined = grouped[1]  # run on those groups, a note saying them
+            run.notes.append(grouped[2])
     return (inputs, fed, called, convention), lined
 
 

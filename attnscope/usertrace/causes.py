@@ -56,7 +56,29 @@ def own_mask(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
         return Diagnosis(f"your code masks by itself: {label_of(near.record)} is the reference's {step} under "
                          f"{said}, which the reference was not told of; describe it with {flags} (it "
                          "describes the reference whether or not your forward takes a mask)", near.record)
-    return None
+    return None if ctx.comparing else _own_pattern(step, near, user, base)
+
+
+def _own_pattern(step: str, near: Match, user: torch.Tensor, base: torch.Tensor) -> Diagnosis | None:
+    """A pattern of the code's own that no rule says (a local band with global tokens, blocks), the same for every
+    sequence and head: the user's tensor is the reference's scores masked where it holds -inf (or its attention
+    where it holds 0), and only --mask FILE describes it."""
+    n_Q, n_K = base.shape[-2:]
+    masked = torch.isneginf(user) if step == "masked_scores" or bool(torch.isneginf(user).any()) else user == 0
+    cells = masked.reshape(-1, n_Q, n_K)
+    if not bool((cells == cells[:1]).all()) or bool(cells[0].all(-1).any()) or not bool(cells[0].any()):
+        return None
+    keep = ~cells[0]
+    expected = base.masked_fill(~keep, float("-inf"))
+    if bool(torch.equal(torch.isneginf(expected), torch.isneginf(base))):
+        return None  # the reference masks these already
+    if not (close(user, expected) or close(user, _softmax(expected))):
+        return None
+    return Diagnosis(f"your code masks by itself with a pattern of its own: {label_of(near.record)} is the "
+                     f"reference's {step} with {int((~keep).sum())} of the {n_Q * n_K} cells of [n_Q, n_K] masked, "
+                     "the same for every sequence and head, which no causal or window rule is and the reference was "
+                     "not told of; describe it with --mask FILE, [n_Q, n_K], True = may attend (it describes the "
+                     "reference whether or not your forward takes a mask)", near.record)
 
 
 def kernel_dropout(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:

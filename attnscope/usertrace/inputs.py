@@ -300,7 +300,7 @@ def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
         raise nk_refused(o, plan, is_module)
     if plan.self_attention and o.dv is not None and o.dv != o.dk:
         raise UsageError(f"{plan.signature} takes one tensor (self-attention), so d_V = d_K; drop --dv")
-    if o.mask and plan.mask is None:
+    if o.mask and plan.mask is None and not is_module:  # a module's describes the reference, as --causal does
         raise UsageError(f"--mask: {plan.signature} has no mask parameter to pass it to (--causal and --window "
                          "describe the reference even without one)")
     if o.cache:
@@ -485,6 +485,9 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
         loaded = loaded if padding is None else padding
         masks.check_broadcast(loaded, scores)
     if plan.mask is None:
+        if loaded is not None and notes is not None:  # as --causal and --window: the reference's, the code's own
+            notes.append(f"--mask {o.mask}: {plan.signature} takes no mask, so the file describes the reference "
+                         "alone, a mask your code is expected to apply by itself")
         return loaded, None
     from attnscope.spec import AttentionSpec
 

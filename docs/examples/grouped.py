@@ -1,0 +1,32 @@
+"""Attention within groups of tokens the module makes itself (docs/trace.md, "Attention within groups the module
+makes"): Swin's window partition inside the module, on a 4×4 grid of tokens in raster order. `bug='scale'` scales
+the scores twice:
+
+    attnscope trace docs/examples/grouped.py:WindowAttention --nq 16
+    attnscope trace docs/examples/grouped.py:WindowAttention --init "bug='scale'" --nq 16
+"""
+
+import torch.nn as nn
+
+
+class WindowAttention(nn.Module):
+    def __init__(self, dim=32, num_heads=4, grid=4, window=2, bug=None):
+        super().__init__()
+        self.num_heads, self.grid, self.window, self.bug = num_heads, grid, window, bug
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, L, C = x.shape
+        g, w = self.grid // self.window, self.window
+        # [B, H·W, C] -> [B·g·g, w·w, C]: each window a sequence of its own
+        windows = x.view(B, g, w, g, w, C).permute(0, 1, 3, 2, 4, 5).reshape(B * g * g, w * w, C)
+        b, n, _ = windows.shape
+        q, k, v = self.qkv(windows).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        if self.bug == "scale":
+            attn = attn * self.scale
+        out = self.proj((attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, C))
+        # the windows put back: [B·g·g, w·w, C] -> [B, H·W, C]
+        return out.view(B, g, g, w, w, C).permute(0, 1, 3, 2, 4, 5).reshape(B, L, C)
