@@ -89,6 +89,7 @@ class Convention:
 def detect(records: list[Record], failure: Failure | None, label: str) -> Convention:
     """The convention the code's ops show (attend when they show none)."""
     derived: dict[int, tuple[bool, bool]] = {}  # record -> (inverted, made by arithmetic)
+    compared: Convention | None = None  # a comparison only an additive mask's values answer (`mask < 0`)
     for record in records:
         sources = [_source(arg, derived, label) for arg in record.args]
         found = [s for s in sources if s is not None]
@@ -108,13 +109,16 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             continue
         if others:  # the mask meets another tensor: this op applies it
             applied = _applied(record, inverted, arithmetic, others, _floated(record, sources, records))
+            if compared is not None and applied.kind in ("attend", "masked"):
+                # a boolean reading of what a comparison made of an additive mask (Jamba's masked_fill(mask < 0,
+                # 0.0)): the mask compared is additive
+                return compared
             # an op that says nothing of the mask (`scores * mask`), then arithmetic a boolean raises in: numbers
             raised = _raised(failure, records, derived, label) if applied.line is None else None
             return raised or applied
+        compared = compared or _compared_additive(record)
         if name in INVERTING:
             derived[record.index] = (not inverted, arithmetic)
-        elif (compared := _compared_additive(record)) is not None:
-            return compared
         elif name in COMPARING:
             value = _literal(record.args[1]) if len(record.args) > 1 else None
             flips = (value in (0, False)) == (name in ("__eq__", "eq"))
@@ -127,7 +131,7 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             return Convention("masked", record.line, "nn.MultiheadAttention's attn_mask")
         else:
             derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
-    return _raised(failure, records, derived, label) or Convention("attend")
+    return _raised(failure, records, derived, label) or compared or Convention("attend")
 
 
 def _raised(failure: Failure | None, records: list[Record], derived: dict[int, tuple[bool, bool]], label: str
