@@ -325,6 +325,13 @@ def apply_scaling(freqs, scale_factor, low_freq_factor, high_freq_factor, old_co
     return torch.tensor(new_freqs, dtype=freqs.dtype)
 
 
+def _llama_projections(module, c):
+    """LLaMA's four projections and head sizes, as transformers' LlamaAttention makes them from its config."""
+    module.num_heads, module.head_dim = c.num_attention_heads, c.hidden_size // c.num_attention_heads
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        setattr(module, name, nn.Linear(c.hidden_size, c.hidden_size, bias=False))
+
+
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
 
@@ -337,11 +344,7 @@ class Llama3Scaled(nn.Module):
         self.config = config or ScalingConfig(rope_theta=10000.0, rope_scaling=dict(LLAMA3),
                                               max_position_embeddings=512)
         c, self.bug = self.config, bug
-        self.num_heads, self.head_dim = c.num_attention_heads, c.hidden_size // c.num_attention_heads
-        self.q_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.o_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        _llama_projections(self, c)
         base = 500000.0 if bug == "base_wrong" else c.rope_theta
         freqs = 1.0 / (base ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
         s = c.rope_scaling
@@ -386,11 +389,7 @@ class YarnScaled(nn.Module):
         super().__init__()
         self.config = config or ScalingConfig(rope_scaling=dict(YARN), max_position_embeddings=16384)
         c, self.bug = self.config, bug
-        self.num_heads, self.head_dim = c.num_attention_heads, c.hidden_size // c.num_attention_heads
-        self.q_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.o_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        _llama_projections(self, c)
         s = c.rope_scaling
         inv_freq, self.mscale = yarn_inv_freq(self.head_dim, c.rope_theta, s["factor"],
                                               s["original_max_position_embeddings"])
