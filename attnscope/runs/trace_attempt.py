@@ -137,8 +137,12 @@ class RunSoFar:
             candidates = [self.plan.with_mask(causal), *(c for c in candidates if c.mask != causal)]
         if asked.rope and self.plan.tables_optional:  # its own RoPE tables first (all of its code runs), else trace's
             candidates = [c for p in candidates for c in (p.with_own_tables(), p)]
-        if self.plan.embeddings:  # position embeddings fed first (all of its code runs), else left None
-            candidates += [c.without_embeddings() for c in candidates]
+        if self.plan.embeddings:  # position embeddings fed first (all of its code runs), in the input's shape, then
+            # in a relative embedding's (ESPnet's pos_emb [1, 2n-1, d]), else left None
+            from attnscope.usertrace.feeds import RELATIVE
+
+            candidates += [c.with_embedding_form(form) for form in RELATIVE for c in candidates] \
+                + [c.without_embeddings() for c in candidates]
         unread: tuple[Plan, tuple[Any, ...]] | None = None  # the first run whose code read no op of its mask
         for tried in candidates:
             # the mask to the first mask parameter the code runs with (fairseq's key_padding_mask [n_batch, n_K]
@@ -178,7 +182,7 @@ class RunSoFar:
             # vit-pytorch's x = self.norm(x) before to_qkv: the normed x is the projections' input
             prenorm.read(ran[2].records, ran[0], self.weighted, held)
             # Segformer's keys and values from LayerNorm(Conv2d(x)): that tensor is their input, n_K its length
-            reduced = keyinputs.find(ran[2].records, ran[0], self.weighted)
+            reduced = keyinputs.find(ran[2].records, ran[0], self.weighted, held)
             if reduced is not None:
                 keyinputs.apply(ran[0], reduced)
             # CogVideoX's torch.cat([encoder_hidden_states, hidden_states], dim=1) before to_q, to_k, to_v

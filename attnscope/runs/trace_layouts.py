@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
 from attnscope.runs.trace_attempt import RunSoFar, attempted, cache_parameters
+from attnscope.runs.trace_relative import equal_lengths, refused
 from attnscope.runs.trace_setup import (
     context_widths,
     held_widths,
@@ -34,8 +35,8 @@ def first_run(r: RunSoFar) -> Made:
     _decode_cache(r)
     made, said = r.in_layouts(r.o, r.attempt(r.o))
     r.notes += [said] if said else []
-    for retry in (_with_memory, _unbatched, _in_columns, _weights_turned, _at_held_widths, _time_first,
-                  _joined_layout):
+    for retry in (_with_memory, equal_lengths, _unbatched, _in_columns, _weights_turned, _at_held_widths,
+                  _time_first, _joined_layout, refused):
         made = retry(r, made)
     _cache_notes(r, made)
     return made

@@ -407,6 +407,13 @@ def _zero(b: Base, multiplied: bool) -> Iterator[Trial]:
                  "and a score of 0 still gets weight e^0 = 1 in the softmax; fill with -inf (or "
                  "torch.finfo(dtype).min)")
     yield Trial(replay(b, mask="zero"), words, fits=lambda b, r: _by_mul(r) == multiplied)
+    if not multiplied:  # the masked weights set to 0 again after the softmax (ESPnet's forward_attention), which
+        # changes nothing where the scores were masked with -inf, so the reference never holds it
+        yield Trial(replay(b, mask="zero, then after"), words.replace(
+            "masked_fill(~mask, 0), ", "masked_fill(~mask, 0) (the masked weights then set to 0 after the softmax, "
+            "as your code does), ").replace("still gets weight e^0 = 1 in the softmax",
+                                             "still takes weight e^0 = 1 from the allowed keys in the softmax"),
+                    fits=lambda b, r: not _by_mul(r))
     allowed = b.allowed
     if multiplied or allowed is None or allowed.dim() < 3 or allowed.shape[0] < 2 or "scores" not in b.ref:
         return

@@ -158,6 +158,12 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     return out
 
 
+# The shapes a relative position embedding takes, tried in turn where the code raises on the input's own (ESPnet's
+# RelPositionMultiHeadedAttention: pos_emb [1, 2·T-1, d], relative positions T-1 .. -(T-1)): form -> its dims
+RELATIVE = {"relative": ("1", "2·n_Q-1", "d_feat"), "relative, batched": ("n_batch", "2·n_Q-1", "d_feat"),
+            "one for the batch": ("1", "n_Q", "d_feat")}
+
+
 def _embeddings(plan: Plan, inputs: Inputs, out: Feeds) -> None:
     """A random position embedding for each parameter that takes one (DETR's object_queries, SAM's key_pe): the
     shape of the input it is added to (x's, [n_batch, n, d_feat] or time-first), the memory's where its name says
@@ -175,8 +181,15 @@ def _embeddings(plan: Plan, inputs: Inputs, out: Feeds) -> None:
         role = "K" if keys and "K" in by_role else "Q"
         x = inputs.tensors[by_role[role]]
         generator = torch.Generator().manual_seed(1000 + i)
-        value = torch.randn(*x.shape, generator=generator, dtype=x.dtype)
+        dims = role_dims(role, inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
+        shape, what = tuple(x.shape), "a random position embedding"
+        if plan.embedding_form in RELATIVE and inputs.layout == "row" and x.dim() == 3:
+            dims = RELATIVE[plan.embedding_form]
+            n_batch, n, width = x.shape
+            shape = (1 if dims[0] == "1" else n_batch, 2 * n - 1 if dims[1].startswith("2") else n, width)
+            what = f"a random {plan.embedding_form} position embedding" + (
+                f" (relative positions {n - 1} .. -{n - 1})" if dims[1].startswith("2") else "")
+        value = torch.randn(*shape, generator=generator, dtype=x.dtype)
         out.values[name] = value
         out.labels[id(value)] = name
-        dims = role_dims(role, inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
-        out.steps.append((name, value, dims, f"input: {name}, a random position embedding"))
+        out.steps.append((name, value, dims, f"input: {name}, {what}"))

@@ -185,8 +185,9 @@ def _content(records: list[Record], scores: list[Record], value: int) -> Record:
 
 
 def _recs(record: Record) -> list[int]:
-    """The records an op read, in the order of its arguments (keyword tensors after)."""
-    out = [value for kind, value in record.args if kind == "rec"]
+    """The records an op read, in the order of its arguments (a list's in its order: `torch.einsum(eq, [q, k])`;
+    keyword tensors after)."""
+    out = [i for kind, value in record.args for k, i in ([(kind, value)] if kind != "list" else value) if k == "rec"]
     out += [value[1][1] for kind, value in record.args if kind == "kw" and value[1][0] == "rec"]
     return out
 

@@ -1,17 +1,19 @@
 """Keys and values read from a tensor the module computes from its input: Segformer's and PVT's spatial reduction
 (`sr = Conv2d(stride=sr_ratio)` over x laid out as an image, then a LayerNorm), a pooled memory
-(`F.adaptive_avg_pool1d(x.transpose(1, 2), m)`), a downsampled sequence. The forward takes x, its query projection
-reads x, but its key and value projections read one other tensor made from x, so n_K is that tensor's length.
+(`F.adaptive_avg_pool1d(x.transpose(1, 2), m)`), a downsampled sequence; and each of q, k and v read through a tensor
+of its own (CvT's depthwise Conv2d + BatchNorm2d per role, the class token kept aside and joined back; its AvgPool2d
+keys and values; a depthwise Conv1d or a norm before each role's Linear). The forward takes x, but its key and
+value projections read other tensors made from x, so n_K is their length.
 
 Read from the run, never from names or widths: the projections behind the scores' right operand and the pattern's
-partner (flow.operands) read one and the same tensor, made from the forward's input by ops of no projection, where
-the query projection reads the input itself. That tensor is the keys' and values' input side, a convention, not
-attention: the reference's key and value projections read it (`Inputs.own`, as queries.py's latents), n_K its
-length, and a mistake after the projections is still named by experiment. The tensor is kept only where the
-module's own parameters made it (a convolution, a norm) or, of another length than the input, an op that summarizes
-positions (a pooling, a mean, an interpolation): the input merely laid out anew for the keys (a transpose that
-scrambles the tokens) or cut (`x[:, :-1]`) is a mistake the line-up shows, no convention.
-"""
+partner (flow.operands) each read a tensor made from the forward's input by ops of no projection (one and the same,
+or one each), and the query projection reads the input itself or a tensor of its own made so, as long as the input.
+Each tensor is its role's input side, a convention, not attention: the reference's projections read them
+(`Inputs.own`, as queries.py's latents), n_K the keys' length, and a mistake after the projections is still named by
+experiment. A tensor is kept only where the module's own parameters made it (a convolution, a norm) or, of another
+length than the input, an op that summarizes positions (a pooling, a mean, an interpolation): the input merely laid
+out anew for the keys (a transpose that scrambles the tokens) or cut (`x[:, :-1]`) is a mistake the line-up shows,
+no convention."""
 
 from __future__ import annotations
 
@@ -27,16 +29,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class KeyInput:
-    tensor: torch.Tensor  # [n_batch, n_K, d_feat], as the key and value projections read it
-    record: Record  # the op that made it
+    tensors: dict[str, torch.Tensor]  # role -> what its projection reads, [n_batch, n, d_feat]: K and V, Q where made
+    records: dict[str, Record]  # role -> the op that made it
     projections: tuple[str, ...]  # the key's and the value's projection (one, fused or read twice)
+    made: dict[str, list[Record]]  # role -> the ops of the module's weights or the poolings that made it (CvT's
+    # conv2d and batch_norm)
+    kept: int = 0  # the input's tokens kept aside and joined back as they are (CvT's class token)
 
 
-def find(records: list[Record], inputs: Inputs, module: Any) -> KeyInput | None:
-    """The tensor the key and value projections read, where the module makes it from its one input and the query
-    projection reads that input; None otherwise."""
+def find(records: list[Record], inputs: Inputs, module: Any, held: dict[str, str] | None = None) -> KeyInput | None:
+    """The tensors the key and value projections (and the query one, where it reads one of its own) read, where the
+    module makes them from its one input; None otherwise. `held` (role -> the projection the reference holds for it,
+    posembed.projections): each role's tensor is the one its projection reads (keys and values swapped in the code
+    then stay a mistake of the projections, as the reference finds it)."""
     from attnscope.usertrace.flow import operands
-
     if module is None or inputs.own or inputs.layout != "row" or inputs.cache is not None \
             or set(inputs.roles.values()) != {"Q"} or len(inputs.roles) != 1:
         return None
@@ -48,39 +54,109 @@ def find(records: list[Record], inputs: Inputs, module: Any) -> KeyInput | None:
     if any(r is None for r in reads):
         return None
     (q_call, q_in), (k_call, k_in), (v_call, v_in) = reads  # type: ignore[misc]
-    if q_in != ("text", given) or k_in[0] != "rec" or v_in[0] != "rec":
+    if k_in[0] != "rec" or v_in[0] != "rec":
         return None
+    x, names = inputs.tensors[given], set(inputs.tensors)
     keys, values = records[k_in[1]], records[v_in[1]]
-    if keys.index != values.index and not _same(keys.tensor, values.tensor):
+    made = {"K": _side(keys, records, module, x, names), "V": _side(values, records, module, x, names)}
+    if made["K"] is None or made["V"] is None or keys.tensor.shape[-2] != values.tensor.shape[-2]:
         return None
-    x = inputs.tensors[given]
-    texts, parameters = _history(keys, records, module)
-    if texts & set(inputs.tensors) != {given} or not _batched(keys.tensor, x):
-        return None
-    if not parameters and (keys.tensor.shape[-2] == x.shape[-2] or not _pooled(keys, records)):
-        return None  # made by no weight of the module's and no pooling: x laid out anew or cut, no input side
-    calls = tuple(dict.fromkeys(str(records[c].args[0][1]) for c in (k_call, v_call)))
-    return KeyInput(keys.tensor.detach(), keys, calls)
+    chosen = {"K": keys, "V": values}
+    if q_in != ("text", given):  # CvT's conv_proj_q before proj_q: the queries' input side of their own
+        queries = records[q_in[1]] if q_in[0] == "rec" else None
+        if queries is None or queries.tensor.shape != x.shape:
+            return None
+        if not _same(queries.tensor, x):  # x split and joined back as it is reads as x
+            q_made = _side(queries, records, module, x, names)
+            if q_made is None:
+                return None
+            made["Q"], chosen["Q"] = q_made, queries
+    calls = tuple(dict.fromkeys(str(records[c].args[0][1]) for c in (q_call, k_call, v_call)
+                                if c != q_call or "Q" in chosen))
+    reader = {str(records[c].args[0][1]): role for role, c in zip("QKV", (q_call, k_call, v_call), strict=True)
+              if role in chosen}
+    if held and len(reader) == len(chosen):  # each role the tensor the reference's projection for it reads
+        chosen = {role: chosen[reader.get(held.get(role.lower(), ""), role)] for role in chosen}
+    return KeyInput({role: r.tensor.detach() for role, r in chosen.items()}, chosen, calls,
+                    {role: ops for role, ops in made.items() if ops}, _kept(keys, records, x))
 
 
 def apply(inputs: Inputs, found: KeyInput) -> bool:
-    """`inputs` with the tensor as the reference's key and value input, n_K its length, and the note that says so;
-    False (nothing changed) where the reference's mask does not fit that length."""
-    n_K = int(found.tensor.shape[-2])
+    """`inputs` with the tensors as the reference's key and value (and query) inputs, n_K their length, and the note
+    that says so; False (nothing changed) where the reference's mask does not fit that length."""
+    n_K = int(found.tensors["K"].shape[-2])
     mask = inputs.mask
     if mask is not None and mask.dim() >= 1 and mask.shape[-1] not in (1, n_K):
         return False
-    inputs.own = {"K": found.tensor, "V": found.tensor}
+    inputs.own = dict(found.tensors)
     inputs.own_from = "keys"
     n_input = inputs.sizes.get("n_K")
     inputs.sizes["n_K"] = n_K
     by = " and ".join(found.projections)
-    op = found.record.details.get("op", found.record.call)
-    inputs.notes.append(f"your key and value projections ({by}) read a tensor your module makes from its input "
-                        f"(line {found.record.line}: {op}), n_K = {n_K} where the input has {n_input}: read as the "
-                        "keys' and values' input side (a spatial reduction, a pooling, a memory of its own), a "
-                        "convention, not a mistake: the reference's key and value projections read the same tensor")
+    if "Q" not in found.tensors and found.records["K"].index == found.records["V"].index:
+        record = found.records["K"]
+        op = record.details.get("op", record.call)
+        inputs.notes.append(f"your key and value projections ({by}) read a tensor your module makes from its input "
+                            f"(line {record.line}: {op}), n_K = {n_K} where the input has {n_input}: read as the "
+                            "keys' and values' input side (a spatial reduction, a pooling, a memory of its own), a "
+                            "convention, not a mistake: the reference's key and value projections read the same "
+                            "tensor")
+        return True
+    words = {"Q": "queries", "K": "keys", "V": "values"}
+    parts = ", ".join(f"{words[role]} line {ops[0].line} ({', '.join(dict.fromkeys(r.call for r in ops))})"
+                      for role in "QKV" if (ops := found.made.get(role)))
+    kept = f"; {found.kept} token{'s' if found.kept > 1 else ''} of your input kept aside and joined back " \
+        "unchanged (a class token)" if found.kept else ""
+    roles = "query, key and value" if "Q" in found.tensors else "key and value"
+    inputs.notes.append(f"your {roles} projections ({_listed(found.projections)}) each read a tensor your module "
+                        "makes from its input: "
+                        f"{parts}{kept}; n_K = {n_K} where the input has {n_input}: read as each role's input side (a "
+                        "convolutional or pooled projection), a convention, not a mistake: the reference's "
+                        "projections read the same tensors")
     return True
+
+
+def _side(record: Record, records: list[Record], module: Any, x: torch.Tensor, names: set[str]) \
+        -> list[Record] | None:
+    """The ops of the module's weights or the poolings that made `record`, a tensor a projection reads, from the
+    input x alone (`record` itself where none is needed: a tensor equal to x's rows); None where `record` is no
+    input side (x laid out anew or cut, a projection on the way, another input read)."""
+    from attnscope.usertrace.align import ancestors
+
+    texts, parameters = _history(record, records, module)
+    if len(texts & names) != 1 or not _batched(record.tensor, x):
+        return None
+    if not parameters and (record.tensor.shape[-2] == x.shape[-2] or not _pooled(record, records)):
+        return None  # made by no weight of the module's and no pooling: x laid out anew or cut, no input side
+    held = _held(module)
+    up = sorted(ancestors(record, records) | {record.index})
+    return [records[i] for i in up if any(_arg_text(a) in held for a in records[i].args)
+            or any(word in records[i].func for word in POOLING)] or [record]
+
+
+def _kept(record: Record, records: list[Record], x: torch.Tensor) -> int:
+    """The input's tokens a join (`torch.cat([cls_token, k], dim=1)`) puts back beside the made ones, as they are."""
+    if record.func != "cat":
+        return 0
+    kept = 0
+    for kind, value in (a for k, v in record.args for a in (v if k == "list" else [(k, v)])):
+        if kind == "rec" and value < len(records):
+            part = records[value].tensor
+            if part.dim() == x.dim() and part.shape[-2] < x.shape[-2] and part.shape[-1] == x.shape[-1] \
+                    and _same(part, x[:, :part.shape[-2]]):
+                kept += int(part.shape[-2])
+    return kept
+
+
+def _held(module: Any) -> set[str]:
+    return {name for name, _ in (*module.named_parameters(), *module.named_buffers())}
+
+
+def _arg_text(arg: tuple[str, Any]) -> Any:
+    kind, value = arg
+    if kind == "kw":
+        kind, value = value[1]
+    return value if kind == "text" else None
 
 
 def _projected(records: list[Record], index: int) -> tuple[int, tuple[str, Any]] | None:
@@ -109,8 +185,7 @@ def _history(record: Record, records: list[Record], module: Any) -> tuple[set[st
                 kind, value = value[1]
             if kind == "text" and isinstance(value, str):
                 texts.add(value)
-    held = {name for name, _ in (*module.named_parameters(), *module.named_buffers())}
-    return texts, texts & held
+    return texts, texts & _held(module)
 
 
 POOLING = ("pool", "interpolate", "mean", "conv", "sum")  # ops that summarize positions (a pooled memory)
@@ -133,3 +208,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     import torch
 
     return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _listed(words: tuple[str, ...]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"

@@ -444,6 +444,9 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
     turned = scoreaxes.turned(keys, trace.step(first.reference).dims)
     ranked = _before_later(candidates(records, tensor, first.reference, skip, _anchor(out.rows), used, turned),
                            out.rows[out.rows.index(first) + 1:], records)
+    if first.reference[:1] in "KV":  # a key's or value's step is never shown at a tensor of the queries' alone
+        queries_only = _queries_only(records)
+        ranked = [m for m in ranked if m.record.index not in queries_only]
     if first.record is not None:  # the tensor where the step stands in your data flow (_align) is the likeliest
         chosen = first.record.index
         ranked.sort(key=lambda m: m.record.index != chosen)
@@ -737,6 +740,7 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
     paired: dict[str, Record] = {}  # step -> the user's tensor lined up with it
     claimed: set[int] = set()
     anchor = -1
+    queries_only = _queries_only(records)
     for name in (n for n in wanted if n in trace):
         step, skip = trace.step(name), skips.get(name)
         turned = scoreaxes.turned(keys or {}, step.dims)  # square scores held the other way round (data flow)
@@ -756,8 +760,10 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
             # a repeat of the keys (values) is never computed from the queries (a grouped einsum's output is no K_rep)
             avoid = frozenset(r.index for s, r in paired.items() if s.startswith("Q")) \
                 if name in ("K_rep", "V_rep") else frozenset()
-            match = (follow(records, step.tensor, name, after, skip, frozenset(claimed), avoid, turned) if after
-                     else closest(records, step.tensor, name, skip, anchor, frozenset(claimed), turned))
+            # nor is a key's or value's step ever a tensor of the queries' side alone (CvT's q beside pooled keys)
+            taken = frozenset(claimed | queries_only) if name[:1] in "KV" else frozenset(claimed)
+            match = (follow(records, step.tensor, name, after, skip, taken, avoid, turned) if after
+                     else closest(records, step.tensor, name, skip, anchor, taken, turned))
         if match is None:
             rows.append(Aligned(name, step.dims, list(step.shape), None, "", None, "missing"))
             continue
@@ -789,7 +795,8 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         # (the code's own gate, taken from its run, is equal whatever came before: no sign of a step fused away)
         later = any(r.status in ALIGNED for r in rows[i + 1:] if r.reference != "gate")
         derived = statuses.get(DERIVED.get(row.reference, ""), "")
-        if row.reference == "scores" and not derived:  # no mask: the biased scores are made from the scores
+        if row.reference == "scores" and (not derived or statuses.get("biased_scores") in ALIGNED):
+            # no mask, or the scores with the code's own term (a bias) held: the biased scores are made from them
             derived = statuses.get("biased_scores", "")
         # one op makes both (diffusers' baddbmm adds the mask as it computes the scores): the step never exists
         fused = row.status == "differs" and row.record is not None and row.record.func in ADDS_A_MASK \
@@ -814,6 +821,20 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
                 or fused or split or unnormalized:
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
+
+
+def _queries_only(records: list[Record]) -> set[int]:
+    """The user's tensors on the queries' side of its data flow alone: the scores' left operand and what it is
+    made from, where neither the keys (the right operand) nor the values are made from them."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import operands
+
+    found = operands(records)
+    if found is None:
+        return set()
+    left, right, value = (records[i] for i in found[:3])
+    others = ancestors(right, records) | ancestors(value, records) | {right.index, value.index}
+    return (ancestors(left, records) | {left.index}) - others
 
 
 FINAL = ("x", "x_rsh2", "out")  # the steps a call's result holds: the module's output (its merge without W_o), sdpa's

@@ -115,6 +115,9 @@ class Plan:
     # multiplies its attention weights by it (transformers' head_mask), it makes RoPE's tables itself
     embeddings: list[str] = field(default_factory=list)  # get a random position embedding (EMBEDDING_WORDS)
     embeddings_required: list[str] = field(default_factory=list)  # those of them without a default
+    # how they are shaped: "input" (the input's own [n_batch, n, d]), or a relative embedding's (feeds.RELATIVE:
+    # ESPnet's pos_emb [1, 2n-1, d], positions n-1 .. -(n-1)), tried where the code raises on the input's shape
+    embedding_form: str = "input"
     lengths: str | None = None  # a parameter that may take sequence lengths (D2L's valid_lens); it is the mask
     # parameter once the code is seen to compare it with an arange over the keys (usertrace/lengths.py)
 
@@ -194,6 +197,10 @@ class Plan:
         said = {name: words if i == 0 else "" for i, name in enumerate(self.tables)}  # one note for them all
         return dataclasses.replace(self, tables=[], tables_optional=False, nones=[*self.nones, *self.tables],
                                    said={**self.said, **said})
+
+    def with_embedding_form(self, form: str) -> Plan:
+        """This plan with its position embeddings shaped as `form` says (feeds.RELATIVE)."""
+        return dataclasses.replace(self, embedding_form=form)
 
     def without_embeddings(self) -> Plan:
         """This plan with its position embeddings given None (their default), where the code runs on no other."""

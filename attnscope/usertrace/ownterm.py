@@ -53,6 +53,20 @@ def added_term(module: Any, records: list[Record], lined: Any) -> Term | Record 
     scale = spec.scale if spec.scale is not None else 1 / math.sqrt(d_head)
     content = scores / scale  # q · kᵀ as the reference computes it
     rows = {row.reference: row for row in lined.rows if row.record is not None and row.status in ("equal", "permuted")}
+    found = _found(module, records, trace, rows, content, None)
+    own = _own_content(lined, trace, records, rows) if not isinstance(found, Term) else None
+    if own is not None:  # the line-up diverges at the queries (keys) the code's term is made from: theirs
+        rows = {**rows, own[0]: next(row for row in lined.rows if row.reference == own[0])}
+        again = _found(module, records, trace, rows, own[1], own[2:])
+        if isinstance(again, Term):
+            return again
+    return found
+
+
+def _found(module: Any, records: list[Record], trace: Any, rows: dict[str, Any], content: torch.Tensor,
+           own: tuple[torch.Tensor, torch.Tensor] | None) -> Term | Record | None:
+    """added_term's Term, given the content product q · kᵀ in the reference's layout and the rows lined up (with
+    `own`, the code's own queries and keys where they diverge)."""
     paired = {name: row.record for name, row in rows.items() if row.record is not None}
     q_side = {r.index for n, r in paired.items() if n in CONTENT_Q}
     k_side = {r.index for n, r in paired.items() if n in CONTENT_K}
@@ -76,7 +90,7 @@ def added_term(module: Any, records: list[Record], lined: Any) -> Term | Record 
                 continue
             unplaced = unplaced or record
             more = _more_terms(record, records, softmaxed, extra)
-            placed = _placed(x, y, more[-1] if more else record, content, records, trace, rows)
+            placed = _placed(x, y, more[-1] if more else record, content, records, trace, rows, own)
             if placed is None:
                 continue
             term, factor = placed
@@ -89,6 +103,43 @@ def added_term(module: Any, records: list[Record], lined: Any) -> Term | Record 
             return Term(term.float(), before, record, _note(record, y, records, extra, before),
                         _products(parts, records, q_side | k_side, extra))
     return unplaced
+
+
+def _own_content(lined: Any, trace: Any, records: list[Record], rows: dict[str, Any]
+                 ) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Where the line-up diverges at the queries the scores read (ESPnet's heads split without the transpose, its
+    relative term then made from those queries too): that step, q · kᵀ from the code's own queries and keys in the
+    reference's layout, and those queries; None elsewhere. The term the code adds is then the sum less that product,
+    so a rerun of the mistake, adding it, gives the code's scores back."""
+    divergence = lined.divergence
+    q_step = next((n for n in ("Q_rot", "Q_normed", "Q_split") if n in trace), None)
+    k_step = next((n for n in ("K_rep", "K_cat", "K_rot", "K_normed", "K_split") if n in trace), None)
+    if divergence is None or q_step is None or k_step is None or divergence.reference != q_step:
+        return None
+    row = next((r for r in lined.rows if r.reference == q_step), None)
+    shape = tuple(trace[q_step].shape)
+    if row is None or row.record is None or tuple(row.record.tensor.shape) != shape:
+        return None
+    keys = _own_keys(records, rows, trace, k_step, row.record)
+    if keys is None:
+        return None
+    queries = row.record.tensor.double()
+    return q_step, queries @ keys.transpose(-2, -1), queries, keys
+
+
+def _own_keys(records: list[Record], rows: dict[str, Any], trace: Any, k_step: str, queries: Record
+              ) -> torch.Tensor | None:
+    """The keys the code's scores read, in the reference's layout: the last tensor of that very shape made from the
+    keys' projection (the reference's keys where the code holds them so) and not from the queries; None where
+    none is."""
+    projected = next((rows[n].record for n in ("K_feat", "K") if n in rows), None)
+    if projected is None:
+        return None
+    shape = tuple(trace[k_step].shape)
+    q_up = ancestors(queries, records) | {queries.index}
+    found = [r for r in records if tuple(r.tensor.shape) == shape and r.tensor.is_floating_point()
+             and projected.index in ancestors(r, records) and not (ancestors(r, records) & q_up)]
+    return found[-1].tensor.double() if found else None
 
 
 def _products(parts: list[Record], records: list[Record], sides: set[int], extra: set[str]) -> int:
@@ -138,7 +189,8 @@ def _laid(term: Record, like: Record, content: torch.Tensor) -> torch.Tensor:
 
 
 def _placed(x: Record, y: Record, total: Record, content: torch.Tensor, records: list[Record], trace: Any,
-            rows: dict[str, Any]) -> tuple[torch.Tensor, float] | None:
+            rows: dict[str, Any], own: tuple[torch.Tensor, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, float] | None:
     """The term in the reference's layout and the factor the content operand carries (1 before the scale, the code's
     scale after it): `y` itself where `x` is the content times a number; else the sum less the content, where `x` is
     the content product of queries with a learned bias added (found by recomputing it)."""
@@ -148,13 +200,15 @@ def _placed(x: Record, y: Record, total: Record, content: torch.Tensor, records:
         factor = _factor(user, content)
         if factor is not None and tuple(y.tensor.shape) == tuple(x.tensor.shape):
             return layout.undo(y.tensor, shape).double(), factor
-    biased = _biased_content(x, trace, records, rows)
+    biased = _biased_content(x, trace, records, rows, own)
     if biased is None:
         return None
     for layout in layouts(shape, tuple(total.tensor.shape)):
         factor = _factor(layout.undo(x.tensor, shape).double(), biased)
         if factor is not None and math.isclose(factor, 1.0, rel_tol=1e-3):
             return layout.undo(total.tensor, shape).double() - content, 1.0
+        if factor is not None:  # the queries scaled first (`q * scale`, the bias with them): the term after the scale
+            return layout.undo(total.tensor, shape).double() - factor * content, factor
     return None
 
 
@@ -170,7 +224,8 @@ def _factor(user: torch.Tensor, expected: torch.Tensor) -> float | None:
     return factor if off <= tolerance((expected * factor).float()) else None
 
 
-def _biased_content(x: Record, trace: Any, records: list[Record], rows: dict[str, Any]) -> torch.Tensor | None:
+def _biased_content(x: Record, trace: Any, records: list[Record], rows: dict[str, Any],
+                    own: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """`(q + u) · kᵀ` in the reference's layout, where `x` is made from the code's queries with something added
     (Transformer-XL's r_w_bias): that add, laid out as its operand that holds the reference's queries is (found by
     its numbers, whatever views lie between), times the reference's keys; None where `x` reads no such add."""
@@ -178,8 +233,8 @@ def _biased_content(x: Record, trace: Any, records: list[Record], rows: dict[str
     k_step = next((n for n in ("K_rep", "K_cat", "K_rot", "K_normed", "K_split") if n in trace), None)
     if q_step is None or k_step is None or rows[q_step].record is None:
         return None
-    q_rec, queries = rows[q_step].record, trace[q_step].double()
-    shape, keys = tuple(queries.shape), trace[k_step].double()
+    q_rec, queries = rows[q_step].record, trace[q_step].double() if own is None else own[0]
+    shape, keys = tuple(queries.shape), trace[k_step].double() if own is None else own[1]
     for index in sorted(ancestors(x, records)):
         added = records[index]
         if added.func not in ADDS or added.tensor.numel() != queries.numel():
@@ -192,8 +247,10 @@ def _biased_content(x: Record, trace: Any, records: list[Record], rows: dict[str
                 if tuple(added.tensor.shape) != tuple(operand.tensor.shape):
                     continue
                 held = layout.undo(operand.tensor, shape).double()
-                if float((held - queries).abs().max()) <= tolerance(queries.float()):
-                    return layout.undo(added.tensor, shape).double() @ keys.transpose(-2, -1)
+                factor = 1.0 if float((held - queries).abs().max()) <= tolerance(queries.float()) \
+                    else _factor(held, queries)  # the queries scaled first (NeMo-like `q * d_k ** -0.5`)
+                if factor is not None:
+                    return layout.undo(added.tensor, shape).double() / factor @ keys.transpose(-2, -1)
     return None
 
 

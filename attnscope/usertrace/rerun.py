@@ -243,8 +243,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if "biased_scores" in b.ref:
         out["biased_scores"] = logits
     allowed = b.allowed if allowed is KEEP else allowed
-    if allowed is not None and mask in ("fill", "zero", "finite"):  # finite: -1e9, a large negative number
-        logits = logits.masked_fill(~allowed, {"fill": -math.inf, "zero": 0.0, "finite": -1e30}[mask])
+    if allowed is not None and mask in ("fill", "zero", "finite", "zero, then after"):  # finite: -1e9, large negative
+        logits = logits.masked_fill(~allowed, -math.inf if mask == "fill" else -1e30 if mask == "finite" else 0.0)
     if before is not None:
         logits = logits.masked_fill(~before, -math.inf)
     if cap_at is not None and cap == "after mask":  # the mask's -inf (finfo.min) capped to -C: masked keys keep weight
@@ -259,7 +259,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         attention = torch.softmax(logits, dim=softmax_dim)
     if mask == "fill" and softmax_dim == -1 and b.sinks is None:  # a query that may see no key: zeros (_safe_softmax)
         attention = attention.masked_fill(torch.isneginf(logits).all(-1, keepdim=True), 0.0)
-    if allowed is not None and mask == "after":
+    if allowed is not None and mask in ("after", "zero, then after"):  # ESPnet's masked_fill(mask, 0.0) after it too
         attention = attention * allowed
     if allowed is not None and mask == "added after":  # an additive mask (0 / -inf) added to the weights (CLIP's)
         attention = attention + torch.zeros_like(attention).masked_fill(~allowed, -math.inf)
