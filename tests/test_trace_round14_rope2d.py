@@ -216,3 +216,12 @@ def test_a_scaling_on_one_side_or_over_another_base_stays_a_mistake(runner, name
     assert result.exit_code == 1, result.stdout + result.stderr
     assert out["first_divergence"]["reference"] in ("Q_rot", "K_rot"), out["first_divergence"]
     assert "never applied" not in out["first_divergence"]["diagnosis"]
+
+
+def test_another_base_under_linear_scaling_is_named_by_experiment(runner):
+    config = "ScalingConfig(rope_theta=500000.0, rope_scaling={'type': 'linear', 'factor': 2.0})"
+    result, out = trace(runner, f"{STYLES}:LinearLlama", "--rope", "--causal", "--init",
+                        f"bug='base_default', config={config}")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == "rope.base", out["first_divergence"]
+    assert "base 10000, positions scaled by 1/2" in out["first_divergence"]["diagnosis"]

@@ -1186,6 +1186,34 @@ def _base(b: Base) -> Iterator[Trial]:
             words = (f"{{who}} rotates with RoPE base {base:g} where the reference uses {rope.base:g}; if your model "
                      f"was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
         yield Trial(_rotated(b, rope, base=base), words)
+    yield from _scaled_base(b, rope, own)
+
+
+def _scaled_base(b: Base, rope: _Rope, own: bool) -> Iterator[Trial]:
+    """rope.base under linear scaling: the queries and keys the code hands its scores turn at another known base's
+    frequencies over one factor (positions t / f), where the reference's base (over that factor, a convention) does
+    not give them."""
+    from dataclasses import replace
+
+    from attnscope.usertrace import ropefreqs
+    from attnscope.usertrace.rotary import KNOWN_BASES
+
+    if rope.freqs is not None or rope.angles is not None or rope.rotary is not None or b.n_cache:
+        return
+    read = ropefreqs.from_code(b.ctx.records, rope.q, rope.k, 0)
+    if read is None or read[0].sign != rope.sign or (read[1] == "interleaved") != (rope.pairing == "interleaved"):
+        return
+    table = read[0]
+    for base in (x for x in KNOWN_BASES if x != rope.base):
+        factor = ropefreqs.linear_factor(table, base, rope.q.shape[-1])
+        if factor is None:
+            continue
+        scaled = f"RoPE base {base:g}, positions scaled by 1/{factor:g} (its linear RoPE scaling),"
+        words = (f"{{who}} rotates with {scaled} where your module says base {rope.base:g} (its rope_theta or base): "
+                 "the base is not handed on to where the rotation's frequencies are made; pass the module's own"
+                 if own else f"{{who}} rotates with {scaled} where the reference uses base {rope.base:g}; if your "
+                 f"model was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
+        yield Trial(_rotated(b, replace(rope, freqs=table.freqs)), words)
 
 
 def _fraction(b: Base) -> Iterator[Trial]:
