@@ -190,6 +190,25 @@ def test_groups_the_module_makes_are_its_convention_and_a_plant_inside_is_named(
     assert first["reference"] == "scores", first
 
 
+def test_causal_chunks_are_the_causal_rule_within_each_group(runner):
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.manual_seed(1)
+        right = styles.CausalChunks().eval()
+        torch.manual_seed(1)
+        wrong = styles.CausalChunks(bug="scale").eval()
+        allowed = _same_group("ChunkedLocal") & torch.ones(16, 16, dtype=torch.bool).tril()
+        assert torch.allclose(right(x).double(), _sdpa64(right, x, allowed), atol=1e-5)
+        assert not torch.allclose(wrong(x), right(x), atol=1e-3)
+    result, out = trace(runner, f"{STYLES}:CausalChunks", "--nq", "16", "--causal")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "the causal rule within each group, its tokens in order" in " ".join(out["notes"]), out["notes"]
+    result, out = trace(runner, f"{STYLES}:CausalChunks", "--init", "bug='scale'", "--nq", "16", "--causal")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    first = out["first_divergence"]
+    assert first["experiment"].startswith("scale.") and first["evidence"].startswith("by experiment"), first
+
+
 def test_a_fold_that_does_not_undo_the_unfold_and_a_mask_across_groups_are_no_pass(runner, tmp_path):
     result, out = trace(runner, f"{STYLES}:WindowPartition", "--init", "bug='fold'", "--nq", "16")
     assert result.exit_code == 1, result.stdout + result.stderr

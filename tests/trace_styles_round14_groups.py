@@ -322,3 +322,24 @@ def band_pattern(n: int) -> torch.Tensor:
     allowed[0, :] = True
     allowed[:, 0] = True
     return allowed
+
+
+class CausalChunks(nn.Module):
+    """Chunked causal attention of a decoder (a local-attention layer's blocks): the sequence cut into chunks of 4
+    folded into the batch, causal within each chunk (`is_causal=True`); bug 'scale': `scale=` of d_head, not √."""
+
+    def __init__(self, d_model: int = 32, n_head: int = 4, chunk: int = 4, bug: str | None = None):
+        super().__init__()
+        self.n_head, self.chunk, self.bug = n_head, chunk, bug
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        blocks = x.view(B * T // self.chunk, self.chunk, C)
+        q, k, v = self.c_attn(blocks).split(C, dim=2)
+        q, k, v = (t.view(-1, self.chunk, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        d = C // self.n_head
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / d if self.bug == "scale" else None)
+        y = y.transpose(1, 2).reshape(-1, self.chunk, C)
+        return self.c_proj(y).view(B, T, C)

@@ -100,11 +100,15 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     from attnscope.usertrace.lineup import _better, line_up
 
     if lined.divergence is None or len(inputs.tensors) != 1 or inputs.layout != "row" or inputs.cache is not None \
-            or inputs.allowed is not None or spec.causal or spec.window:
+            or inputs.allowed is not None or spec.window:
         return None
     name, x = next(iter(inputs.tensors.items()))
     grouping = find(records, x)
     if grouping is None:
+        return None
+    # the causal rule within each group is the global one there only where each group keeps its tokens in order
+    # (chunked causal attention)
+    if spec.causal and not bool((grouping.index[:, 1:] > grouping.index[:, :-1]).all()):
         return None
     fits, mask = _grouped_mask(grouping, inputs.mask)
     if not fits:
@@ -128,7 +132,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     said = (f"your code attends within {grouping.words()}: it moves them into the batch axis, each group a sequence "
             f"of its own, and folds the output back; the reference is run on the same groups "
             + ("(the --mask file allows no pair across them, and is read within each)" if inputs.mask is not None
-               else "(a --mask [n_batch, n_Q, n_K] True where two tokens share a group says the same)"))
+               else "(a --mask [n_batch, n_Q, n_K] True where two tokens share a group says the same)")
+            + (", the causal rule within each group, its tokens in order" if spec.causal else ""))
     return grouped, again, said
 
 
