@@ -816,11 +816,24 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         # pattern's shape but is never normalized, the weighted values divided by its sum instead
         unnormalized = row.reference == "attention" and row.status == "differs" and row.record is not None \
             and not any(r.func in SOFTMAXES for r in records) \
-            and any(by_index[i].func in EXPONENTS for i in ancestors(row.record, records) | {row.record.index})
+            and any(by_index[i].func in EXPONENTS for i in ancestors(row.record, records) | {row.record.index}) \
+            and not _normalized(row.record.tensor)
         if (row.status == "missing" and later) or (row.status == "differs" and derived in ALIGNED) or skipped \
                 or fused or split or unnormalized:
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
+
+
+def _normalized(tensor: Any) -> bool:
+    """Whether a pattern-shaped tensor sums to 1 along one of its last two axes: a softmax written by hand
+    (`e / e.sum(..)`), over the keys or the wrong axis, which is the code's attention, never a block's unnormalized
+    exp(scores − max)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() < 2:
+        return False
+    t = tensor.detach().double()
+    return any(bool(torch.allclose(t.sum(axis), torch.ones((), dtype=t.dtype), atol=1e-4)) for axis in (-1, -2))
 
 
 def _queries_only(records: list[Record]) -> set[int]:
