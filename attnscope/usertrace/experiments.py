@@ -732,23 +732,26 @@ def _values_from_keys(b: Base) -> Iterator[Trial]:
         return
     words = ("the values are the keys: {who} is what the reference computes with V = K{how}, as though the value "
              "projection were the key one (`v = k`, or `self.k_proj(x)` twice)")
-    steps = replay(b, v_new=b.k_new)
-    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
-        steps["V_feat"] = b.ref["K_feat"]  # `v = self.k_proj(x)`: the values' projection is the keys' already
-    yield Trial(steps, words.replace("{how}", ""))
+    yield Trial(_keys_projected(b, replay(b, v_new=b.k_new)), words.replace("{how}", ""))
     # the keys as code that splits the scale between q and k holds them (Whisper's k · d_head^-0.25)
     yield Trial(replay(b, v_new=b.k_new * math.sqrt(b.scale)), words.replace(
         "{how}", f" scaled as your keys are, K · √scale = K · {math.sqrt(b.scale):.4g} (the scale split between q "
         "and k)"))
     plain_k = b.plain("K")
     if _rope(b) is not None and plain_k is not None:
-        yield Trial(replay(b, v_new=plain_k), words.replace("{how}", " before RoPE"))
+        yield Trial(_keys_projected(b, replay(b, v_new=plain_k)), words.replace("{how}", " before RoPE"))
     unnormed = b.ref.get("K_split")  # the keys as projected, before a qk-norm (Cohere's v from k_proj, unnormed)
     if "K_normed" in b.ref and unnormed is not None and unnormed.shape == b.v_new.shape:
-        steps = replay(b, v_new=unnormed)
-        if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
-            steps["V_feat"] = b.ref["K_feat"]
-        yield Trial(steps, words.replace("{how}", " as projected, before the qk-norm"))
+        yield Trial(_keys_projected(b, replay(b, v_new=unnormed)), words.replace(
+            "{how}", " as projected, before the qk-norm"))
+
+
+def _keys_projected(b: Base, steps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`steps` with V_feat the keys' projection, K_feat (`v = self.k_proj(x)`: the values' projection is the keys'
+    already, so the code's values equal K_feat from the first step on, whatever is done to the keys after)."""
+    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
+        steps["V_feat"] = b.ref["K_feat"]
+    return steps
 
 
 # --- grouped-query heads --------------------------------------------------------------------------------------
