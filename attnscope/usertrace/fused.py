@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from attnscope.usertrace import words
+from attnscope.usertrace.valueindex import ValueIndex
 
 if TYPE_CHECKING:
     from attnscope.usertrace.keybias import Zero
@@ -301,9 +302,8 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
         return None
     output = made[0].tensor.detach()
     width = int(output.shape[-1])
-    flat = output.reshape(-1)
-    ordered, where = torch.sort(flat)
-    if bool((ordered[1:] == ordered[:-1]).any()):  # a value made twice: rows cannot be told by value
+    lookup = ValueIndex.of(output)
+    if lookup is None:  # a value made twice: rows cannot be told by value
         return None
 
     def read(record: Record) -> list[int] | None:
@@ -311,12 +311,8 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
         if not tensor.is_floating_point() or tensor.dtype != output.dtype or tensor.numel() == 0 \
                 or record.index == made[0].index:
             return None
-        values = tensor.detach().reshape(-1)
-        at = torch.searchsorted(ordered, values).clamp(max=flat.numel() - 1)
-        if not torch.equal(ordered[at], values):
-            return None
-        source = where[at].reshape(tensor.shape)
-        return row_order(source % width, source // width)
+        source = lookup.positions(tensor.detach())
+        return None if source is None else row_order(source % width, source // width)
 
     per_role: dict[str, list[list[int]]] = {}
     for role, index in zip("qkv", found[:3], strict=True):

@@ -26,6 +26,7 @@ def added(name: str, linear: Any, records: list[Record], params: dict[str, Any])
     """`linear` as a fused.Part whose bias holds what the code adds to parts of its output after the fact; `linear`
     itself where it has a bias of its own, or no such add is found."""
     from attnscope.usertrace.fused import Part, row_order
+    from attnscope.usertrace.valueindex import ValueIndex
 
     made = [r for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)]
     weight = getattr(linear, "weight", None)
@@ -34,9 +35,8 @@ def added(name: str, linear: Any, records: list[Record], params: dict[str, Any])
         return linear
     output = made[0].tensor.detach()
     width = int(output.shape[-1])
-    flat = output.reshape(-1)
-    ordered, where = torch.sort(flat)
-    if width != weight.shape[0] or bool((ordered[1:] == ordered[:-1]).any()):
+    lookup = ValueIndex.of(output)
+    if width != weight.shape[0] or lookup is None:
         return linear
     bias = torch.zeros(width, dtype=weight.dtype, device=weight.device)
     reached = torch.zeros(width, dtype=torch.bool)
@@ -50,11 +50,9 @@ def added(name: str, linear: Any, records: list[Record], params: dict[str, Any])
         operand, param = records[parts[0]].tensor, params[given[0]].detach()
         if operand.dtype != output.dtype or tuple(record.tensor.shape) != tuple(operand.shape):
             continue
-        values = operand.detach().reshape(-1)
-        at = torch.searchsorted(ordered, values).clamp(max=flat.numel() - 1)
-        if not torch.equal(ordered[at], values):
+        source = lookup.positions(operand.detach())
+        if source is None:
             continue
-        source = where[at].reshape(operand.shape)
         read = row_order(source % width, source // width)
         if read is None or not read:
             continue

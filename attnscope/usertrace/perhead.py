@@ -93,15 +93,13 @@ def _columns(merged: torch.Tensor, part: torch.Tensor) -> list[int] | None:
     for every token; None where a value is not found, or found twice."""
     if not merged.is_floating_point() or part.dtype != merged.dtype or part.numel() == 0:
         return None
-    flat = merged.reshape(-1)
-    ordered, where = torch.sort(flat)
-    if bool((ordered[1:] == ordered[:-1]).any()):
+    from attnscope.usertrace.valueindex import ValueIndex
+
+    lookup = ValueIndex.of(merged)
+    source = lookup.positions(part) if lookup is not None else None
+    if source is None:
         return None
-    values = part.reshape(-1)
-    at = torch.searchsorted(ordered, values).clamp(max=flat.numel() - 1)
-    if not torch.equal(ordered[at], values):
-        return None
-    columns = (where[at] % merged.shape[-1]).reshape(-1, part.shape[-1])
+    columns = (source % merged.shape[-1]).reshape(-1, part.shape[-1])
     if not bool((columns == columns[0]).all()):
         return None
     return [int(c) for c in columns[0].tolist()]

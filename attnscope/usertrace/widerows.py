@@ -53,6 +53,7 @@ def _rows(name: str, records: list[Record], index: int) -> list[int] | None:
     the projection's values as they are) reads, in its heads' order; None where no such tensor reads fewer rows
     than the projection makes, or the projection ran more than once."""
     from attnscope.usertrace.fused import nearest_ancestors, row_order
+    from attnscope.usertrace.valueindex import ValueIndex
 
     made = [r for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)]
     if len(made) != 1 or not made[0].tensor.is_floating_point():
@@ -61,20 +62,17 @@ def _rows(name: str, records: list[Record], index: int) -> list[int] | None:
     if records[index].tensor.numel() >= output.numel() or made[0].index not in _above(records, index):
         return None
     width = int(output.shape[-1])
-    flat = output.reshape(-1)
-    ordered, where = torch.sort(flat)
-    if bool((ordered[1:] == ordered[:-1]).any()):  # a value made twice: rows cannot be told by value
+    lookup = ValueIndex.of(output)
+    if lookup is None:  # a value made twice: rows cannot be told by value
         return None
     for record in nearest_ancestors(records, index):
         tensor = record.tensor
         if record.index == made[0].index or not tensor.is_floating_point() or tensor.dtype != output.dtype \
                 or tensor.numel() == 0 or tensor.numel() >= output.numel():
             continue
-        values = tensor.detach().reshape(-1)
-        at = torch.searchsorted(ordered, values).clamp(max=flat.numel() - 1)
-        if not torch.equal(ordered[at], values):
+        source = lookup.positions(tensor.detach())
+        if source is None:
             continue
-        source = where[at].reshape(tensor.shape)
         order = row_order(source % width, source // width)
         if order is not None and len(order) < width:
             return order
