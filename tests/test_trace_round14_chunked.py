@@ -11,23 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import trace, user_module
 from trace_round14_helpers import heads as _heads
 from trace_round14_helpers import merged as _merged
-from trace_round14_helpers import moved
+from trace_round14_helpers import moved, padding_file
+from trace_round14_helpers import planted as _planted
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round14_chunked.py")
 styles = user_module(STYLES)
-
-
-def _planted(cls, ours, bug, *args, **init):
-    wrong = cls(bug=bug, **init).double().eval()
-    wrong.load_state_dict(ours.state_dict())
-    return wrong(*args)
 
 
 def test_the_styles_are_sdpa_and_the_plants_change_them():
@@ -69,11 +63,7 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
 
 @pytest.fixture(scope="module")
 def pad(tmp_path_factory):
-    keep = np.ones((2, 7), dtype=bool)
-    keep[0, 5:] = False
-    path = tmp_path_factory.mktemp("r14c") / "pad.npy"
-    np.save(path, keep)
-    return str(path)
+    return padding_file(tmp_path_factory.mktemp("r14c"), 5)
 
 
 @pytest.mark.parametrize(("name", "args"), [

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import trace, user_module
 from trace_round14_helpers import heads as _heads
 from trace_round14_helpers import merged as _merged
-from trace_round14_helpers import moved
+from trace_round14_helpers import moved, padding_file
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round14_floatmask.py")
 styles = user_module(STYLES)
@@ -54,11 +53,7 @@ def test_the_styles_are_sdpa_with_key_padding_and_the_plants_change_them():
 
 @pytest.fixture(scope="module")
 def pad(tmp_path_factory):
-    keep = np.ones((2, 7), dtype=bool)
-    keep[0, 4:] = False
-    path = tmp_path_factory.mktemp("r14f") / "pad.npy"
-    np.save(path, keep)
-    return str(path)
+    return padding_file(tmp_path_factory.mktemp("r14f"), 4)
 
 
 @pytest.mark.parametrize(("name", "line"), [

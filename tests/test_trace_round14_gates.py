@@ -17,15 +17,10 @@ from test_trace_command import trace, user_module
 from trace_round14_helpers import heads as _heads
 from trace_round14_helpers import merged as _merged
 from trace_round14_helpers import moved
+from trace_round14_helpers import planted as _planted
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round14_gates.py")
 styles = user_module(STYLES)
-
-
-def _planted(cls, ours, bug, *args):
-    wrong = cls(bug=bug).double().eval()
-    wrong.load_state_dict(ours.state_dict())
-    return wrong(*args)
 
 
 def test_the_styles_are_gated_sdpa_and_the_plants_change_them():
