@@ -205,6 +205,18 @@ def test_a_two_dimensional_mask_file_is_key_padding(runner, padding_2d, style, c
     assert (first["reference"], first["experiment"]) == ("masked_scores", "mask.on_queries"), first
 
 
+@pytest.mark.parametrize(("style", "causal"), [("PaddedBaddbmm", ()), ("FlashPadded", CAUSAL)])
+def test_a_padding_file_gives_n_batch_where_no_flag_does(runner, padding_2d, style, causal):
+    """In self-attention a 2-D file whose rows are not its columns is key padding, never [n_Q, n_K]: its first axis
+    is n_batch without --batch (was: 'mask of shape [2, 6] does not broadcast to the scores' shape [3, .., 6, 6]',
+    exit 2), as a 4-D file's is."""
+    args = tuple(a for a in padding_2d if a not in ("--batch", "2"))
+    result, out = trace(runner, f"{TARGET}:{style}", *args, *causal)
+    assert result.exit_code == 0, result.output
+    assert out["params"]["sizes"]["n_batch"] == 2, out["params"]
+    assert any("read as key padding [2, 1, 1, 6]" in n for n in out["notes"]), out["notes"]
+
+
 @pytest.mark.parametrize("style", ["FixedTheta", "ThetaAttention"])
 def test_a_base_asked_for_is_the_references_even_the_default(runner, style):
     """--rope-base 10000 typed is told apart from no --rope-base: the code's own base (a buffer of 1e6, a config's

@@ -357,8 +357,9 @@ def _choose(o: InputOptions, plan: Plan, shapes: ShapePlan, is_module: bool) -> 
 def _file_sizes(o: InputOptions, self_attention: bool, is_module: bool) -> dict[str, int]:
     """The sizes a --mask file says where no flag does: n_K its last axis (the keys'), where the keys' length is
     not the queries' (query, key and value given apart), else n_Q (self-attention without a cache); n_batch its
-    first axis, for a 4-D file (a 3-D one before a module's or a function's headless scores). An axis of 1 is
-    shared and says nothing."""
+    first axis, for a 4-D file (a 3-D one before a module's or a function's headless scores), and for a 2-D file
+    of self-attention whose rows are not its columns (key padding [n_batch, n_K]). An axis of 1 is shared and says
+    nothing."""
     if not o.mask or o.q:
         return {}
     from attnscope import masks
@@ -369,7 +370,10 @@ def _file_sizes(o: InputOptions, self_attention: bool, is_module: bool) -> dict[
     if shape and shape[-1] > 1 and not o.cache:
         found["n_Q" if self_attention else "n_K"] = int(shape[-1])
     batched = len(shape) == 4 or (len(shape) == 3 and (is_module or not o.heads))
-    if o.batch is None and batched and shape[0] > 1:
+    # a 2-D file of self-attention without a cache whose rows are not its columns is no [n_Q, n_K] pattern (n_Q = n_K
+    # there): key padding [n_batch, n_K], flash-attn's key_padding_mask and HF's 2-D attention_mask (_key_padding)
+    padding = len(shape) == 2 and self_attention and not o.cache and shape[0] != shape[-1]
+    if o.batch is None and (batched or padding) and shape[0] > 1:
         found["n_batch"] = int(shape[0])
     return found
 
