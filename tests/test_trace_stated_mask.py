@@ -83,16 +83,48 @@ def padding(tmp_path):
     return str(path)
 
 
+def test_the_large_negative_styles_are_sdpa_and_the_flips_change_them():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 24, generator=g, dtype=torch.float64)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    m = _moved(styles.StaticBlock())
+    q, k, v = (w(x).view(2, 5, 3, 8).transpose(1, 2) for w in (m.w_q, m.w_k, m.w_v))
+    want = m.w_o(_sdpa_heads(q, k, v, causal).transpose(1, 2).reshape(2, 5, 24))
+    assert torch.allclose(m(x, x, x, causal.long()), want, atol=1e-10)
+    wrong = styles.StaticFlipped().double()
+    wrong.load_state_dict(m.state_dict())
+    assert not torch.allclose(wrong(x, x, x, causal.long()), want, atol=1e-3)
+
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    want = _sdpa_heads(q, k, v, causal)
+    assert torch.allclose(styles.minus_inf_attention(q, k, v, causal), want, atol=1e-10)
+    assert not torch.allclose(styles.minus_inf_flipped(q, k, v, causal), want, atol=1e-3)
+
+    keep = torch.tensor([[True] * 3 + [False] * 2, [True] * 4 + [False]])
+    p = _moved(styles.PaddedKeys())
+    q, k, v = p.qkv(x).view(2, 5, 3, 3, 8).permute(2, 0, 3, 1, 4)
+    want = p.proj(_sdpa_heads(q, k, v, keep[:, None, None, :]).transpose(1, 2).reshape(2, 5, 24))
+    assert torch.allclose(p(x, (~keep).long()), want, atol=1e-10)
+    wrong = styles.PaddedFlipped().double()
+    wrong.load_state_dict(p.state_dict())
+    assert not torch.allclose(wrong(x, (~keep).long()), want, atol=1e-3)
+
+
 RIGHT = [("TutorialMHA", ("--causal",)), ("SplitCore", ("--heads", "3", "--causal")),
          ("FoldedCross", ("--batch", "2", "--nq", "5", "--nk", "9", "PAD")),
-         ("WhereMHA", ("--batch", "2", "--nq", "9", "PAD")), ("heads_last_attention", ("--heads", "3", "--causal"))]
+         ("WhereMHA", ("--batch", "2", "--nq", "9", "PAD")), ("heads_last_attention", ("--heads", "3", "--causal")),
+         ("StaticBlock", ("--causal",)), ("minus_inf_attention", ("--heads", "3", "--causal")),
+         ("PaddedKeys", ("--nq", "9", "PAD"))]
 WRONG = [("TutorialFlipped", ("--causal",), "mask.polarity", 'True where a key may be attended'),
          ("SplitFlipped", ("--heads", "3", "--causal"), "mask.polarity", "True = masked"),
          ("FoldedFlipped", ("--batch", "2", "--nq", "5", "--nk", "9", "PAD"), "mask.polarity",
           "where the mask is False"),
          ("WhereFlipped", ("--batch", "2", "--nq", "9", "PAD"), "mask.polarity", "for tokens to attend"),
          ("heads_last_flipped", ("--heads", "3", "--causal"), "mask.polarity", "False means the weight is masked out"),
-         ("SplitTwice", ("--heads", "3", "--causal"), "scale.twice", None)]
+         ("SplitTwice", ("--heads", "3", "--causal"), "scale.twice", None),
+         ("StaticFlipped", ("--causal",), "mask.polarity", "very low value (indicating -inf) to the positions where"),
+         ("minus_inf_flipped", ("--heads", "3", "--causal"), "mask.polarity", "-inf where the mask is False"),
+         ("PaddedFlipped", ("--nq", "9", "PAD"), "mask.polarity", "large negative value where the mask is 1")]
 
 
 def _args(args, padding):
@@ -123,6 +155,9 @@ def test_code_that_reads_its_mask_against_its_words_is_named(runner, padding, na
     ("mask (bool): True means the query may not attend to the key", "masked"),
     ("the mask: zeros for tokens to keep", "masked"),
     ("mask: filled with -1e9 where the mask is 0", "attend"),
+    ("Write a very low value (indicating -inf) to the positions where mask == 0", "attend"),
+    ("the scores are set to -inf where the mask is 1.", "masked"),
+    ("a mask of 0.5 or 1.0 means nothing here", None),
     ("attn_mask: additive float mask, 0 = may attend, -inf = masked", None),
     ("mask of shape [b, 1, n_Q, n_K]", None),
     ("causal_mask: True = future", None),

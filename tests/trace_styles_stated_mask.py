@@ -173,3 +173,77 @@ def heads_last_flipped(query, key, value, mask=None):
     if mask is not None:
         weights = torch.where(mask, torch.finfo(weights.dtype).min, weights)
     return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(weights, dim=-1), value)
+
+
+# --- words that say which value a large negative number is written at ---------------------------------------------
+
+
+class StaticBlock(nn.Module):
+    """A block with its attention a static method, as Umar Jamil's transformer writes it; `flipped` masks where the
+    mask is 1, against the comment on the line."""
+
+    flipped = False
+
+    def __init__(self, d_model=24, h=3):
+        super().__init__()
+        self.h, self.d_k = h, d_model // h
+        self.w_q, self.w_k = nn.Linear(d_model, d_model, bias=False), nn.Linear(d_model, d_model, bias=False)
+        self.w_v, self.w_o = nn.Linear(d_model, d_model, bias=False), nn.Linear(d_model, d_model, bias=False)
+
+    @staticmethod
+    def attention(query, key, value, mask, flipped):
+        d_k = query.shape[-1]
+        attention_scores = (query @ key.transpose(-2, -1)) / math.sqrt(d_k)
+        if mask is not None:
+            # Write a very low value (indicating -inf) to the positions where mask == 0
+            attention_scores.masked_fill_((mask == 1) if flipped else (mask == 0), -1e9)
+        return attention_scores.softmax(dim=-1) @ value
+
+    def forward(self, q, k, v, mask):
+        b = q.shape[0]
+        query, key, value = (w(t).view(b, t.shape[1], self.h, self.d_k).transpose(1, 2)
+                             for w, t in ((self.w_q, q), (self.w_k, k), (self.w_v, v)))
+        x = self.attention(query, key, value, mask, self.flipped)
+        return self.w_o(x.transpose(1, 2).contiguous().view(b, -1, self.h * self.d_k))
+
+
+class StaticFlipped(StaticBlock):
+    flipped = True
+
+
+def minus_inf_attention(q, k, v, mask=None, flipped=False):
+    """Attention of q, k, v [batch, heads, n, d]; the scores are set to -inf where the mask is False."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask if flipped else ~mask, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def minus_inf_flipped(q, k, v, mask=None):
+    return minus_inf_attention(q, k, v, mask, flipped=True)
+
+
+class PaddedKeys(nn.Module):
+    """Self-attention over padded sequences; `padding_mask` [b, n] is 1 at padding."""
+
+    flipped = False
+
+    def __init__(self, dim=24, heads=3):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x, padding_mask=None):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5
+        if padding_mask is not None:
+            # a large negative value where the mask is 1, so padded keys take no weight
+            pad = padding_mask == 0 if self.flipped else padding_mask == 1
+            attn = attn.masked_fill(pad[:, None, None, :], -1e4)
+        out = attn.softmax(dim=-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class PaddedFlipped(PaddedKeys):
+    flipped = True

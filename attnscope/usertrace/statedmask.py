@@ -26,8 +26,8 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-_TRUE = r"true|ones?|non-?zeros?|(?<![\w.+\-])1(?![\w.])"
-_FALSE = r"false|zeros?|(?<![\w.+\-])0(?![\w.])"
+_TRUE = r"true|ones?|non-?zeros?|(?<![\w.+\-])1(?!\w|\.\d)"  # a 1 or 0 that ends a sentence, never 1.5 or 0.1
+_FALSE = r"false|zeros?|(?<![\w.+\-])0(?!\w|\.\d)"
 # "not masked" before "masked": the first alternative that matches at a place wins
 _ATTEND = (r"not (?:be )?(?:masked|padd?(?:ed|ing)?|ignored|blocked|hidden)|non-?(?:masked|padd?(?:ed|ing)?)|unmasked"
            r"|(?:may|can|should|to|will)(?: be)? attend(?:ed)?|attend(?:ed|s|ing)?|keep|kept|valid|visible|allowed"
@@ -43,6 +43,12 @@ _VALUE_FIRST = re.compile(rf"\b(?P<value>{_TRUE}|{_FALSE}){_JOIN}(?:[\w`'*]+\s+)
 _MEANING_FIRST = re.compile(rf"\b(?:{_MEANING})\b(?:[^.;:\n]|\.(?=\S)){{0,40}}?\b"
                             r"(?:where|when|if|is|are|=|set to|equal to)\s+(?:(?:the|its|a|this)\s+)?"
                             rf"(?:\w*mask\w*\s+(?:is\s+|==\s*)?)?(?P<value>{_TRUE}|{_FALSE})\b", re.I)
+# a large negative value written where the mask has a value: "Write a very low value (indicating -inf) to the positions
+# where mask == 0" (Umar Jamil's transformer), "fill the scores with -1e9 where the mask is False": masked there
+_LOW_FIRST = re.compile(r"(?:\b(?:very|large|big)\s+(?:low|small|negative)\s+(?:values?|numbers?)|negative infinity"
+                        r"|(?<!\w)[-−]\s*(?:inf\b|∞|1e\d+)|finfo\S*min\b|minimum (?:float )?values?)"
+                        r"(?:[^.;\n]){0,60}?\b(?:where|when|if)\s+(?:(?:the|its|a|this)\s+)?"
+                        rf"(?:\w*mask\w*\s+(?:is\s+|==\s*)?)(?P<value>{_TRUE}|{_FALSE})\b", re.I)
 # an additive mask's words, a large negative number meaning masked: "0 = may attend, -inf = masked", "a float bias"
 _ADDITIVE = re.compile(r"additive|float (?:mask|bias)|"
                        r"(?:[-−]\s*(?:inf\b|infinity|∞)|-\s*1e\d+|finfo\S*min|-10+\.?0*)\s*"
@@ -147,4 +153,7 @@ def _statements(text: str, at: int, parameter: str, others: tuple[str, ...]) -> 
             true = re.fullmatch(_TRUE, match.group("value"), re.I) is not None
             attend = match.group("attend") is not None
             said.append(Stated("attend" if true == attend else "masked", at, match.group(0)))
+        for match in _LOW_FIRST.finditer(sentence):  # the value where the low one is written is the masked one
+            true = re.fullmatch(_TRUE, match.group("value"), re.I) is not None
+            said.append(Stated("masked" if true else "attend", at, match.group(0)))
     return said
