@@ -33,6 +33,12 @@ ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 # Where no mistake reproduces the code's tensors at the first, the causes of the second are tried with the first kept
 # as the reference has it.
 FUSED_AFTER = {"biased_scores": ("masked_scores",), "Q_normed": ("Q_rot",), "K_normed": ("K_rot",)}
+# A step code may never hold where it does the next one first: code that masks before it scales (GPT-J's and CodeGen's
+# `where(causal_mask, q @ kᵀ, min) / scale_attn`, LLMs-from-scratch's `masked_fill_` then `softmax(s / √d)`) holds the
+# product unscaled and the masked scores scaled, never the reference's scaled scores unmasked (`unseen` in correct
+# code). Where no mistake reproduces the code's tensors at the first, the mistakes of the later steps are tried
+# there, and the divergence is said at the step the experiment reproduced.
+HELD_LATER = {"scores": ("biased_scores", "masked_scores")}
 
 
 def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
@@ -52,6 +58,14 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
             if fused in base.order:  # the code adds the bias and the mask in one op (Baichuan's ALiBi mask)
                 found = by_experiment(fused, base)
                 if found is not None:
+                    break
+        held = HELD_LATER.get(step, ()) if found is None and base is not None else ()
+        for after in held:
+            assert base is not None  # `held` is empty without a base
+            if after in base.order:  # the code masks before it scales: the divergence is at the masked scores
+                found = by_experiment(after, base)
+                if found is not None:
+                    found.step = after
                     break
     if found is not None:
         return found

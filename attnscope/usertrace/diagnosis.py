@@ -45,6 +45,9 @@ class Diagnosis:
     ratio: float | None = None
     experiment: str | None = None  # the catalog's entry whose rerun reproduced the user's tensors (experiments.py)
     evidence: str | None = None  # what the experiment reproduced, in words (shown on a line of its own)
+    # the later step the experiment reproduced the divergence at, where the code never holds the line-up's first
+    # (diagnose.HELD_LATER: code that masks before it scales never holds the scaled scores unmasked); None: that one
+    step: str | None = None
 
 
 def label_of(record: Record) -> str:

@@ -697,18 +697,47 @@ def _swapped(b: Base) -> Iterator[Trial]:
         yield from _joined_swaps(b, rope, words)
         return
     steps = replay(b, k_new=b.v_new, v_new=b.k_new)
-    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
-        steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]  # `k, v = self.v_proj(x), self.k_proj(x)`
+    _feats_swapped(b, steps)
     yield Trial(steps, words)
     if b.cache is not None:  # swapped after the cache was joined: the cached keys and values swapped too
         yield Trial(replay(b, k_new=b.v_new, v_new=b.k_new, swap_cache=True), words + ", after the cache was joined "
                     "(the cached ones swapped as well)")
     plain_k = b.plain("K")
     if rope is not None and plain_k is not None:
-        rotated_v = _turn(rope)(b.v_new, rope.k_pos) if rope.rotary is None else \
-            _rotate(b.v_new, rope.k_pos, rope.base, rope.pairing, sign=rope.sign, freqs=rope.freqs)
-        yield Trial(replay(b, k_new=rotated_v, v_new=plain_k), words + ", each projected by the other's weights "
-                    "and then rotated as the keys are")
+        rotated_v = _turn(rope)(b.v_new, rope.k_pos)  # the reference's own turn: its fraction, sign, table
+        steps = replay(b, k_new=rotated_v, v_new=plain_k)
+        _feats_swapped(b, steps)
+        yield Trial(steps, words + ", each projected by the other's weights and then rotated as the keys are")
+    yield from _swapped_before_norm(b, rope, words)
+
+
+def _feats_swapped(b: Base, steps: dict[str, torch.Tensor]) -> None:
+    """`steps` with K_feat and V_feat swapped, where the reference has both of one shape: the code's keys are the
+    value projection's output from the first step on (`k, v = self.v_proj(x), self.k_proj(x)`)."""
+    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
+        steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]
+
+
+def _swapped_before_norm(b: Base, rope: _Rope | None, words: str) -> Iterator[Trial]:
+    """kv.swapped before a qk-norm (Qwen3's `k_norm(v_proj(x))`, `v = k_proj(x)`): the keys' norm, refit from the
+    reference's own keys before and after it, applied to the values, then rotated where the reference rotates; the
+    values the keys as projected, unnormed."""
+    from attnscope.usertrace.fusedsplit import refit_norm
+
+    unnormed, normed = b.ref.get("K_split"), b.ref.get("K_normed")
+    if unnormed is None or normed is None or unnormed.shape != b.v_new.shape or b.raw_keys is not None:
+        return
+    norm = refit_norm(unnormed, normed)
+    if norm is None:
+        return
+    keys = norm(b.v_new)
+    rotated = _turn(rope)(keys, rope.k_pos) if rope is not None else keys
+    steps = replay(b, k_new=rotated, v_new=unnormed)
+    steps["K_split"], steps["K_normed"] = b.v_new, keys
+    _feats_swapped(b, steps)
+    then = "normed and rotated" if rope is not None else "normed"
+    yield Trial(steps, f"{words}, each projected by the other's weights before the keys' norm (the values then {then} "
+                "as the keys are)")
 
 
 def _joined_swaps(b: Base, rope: _Rope, words: str) -> Iterator[Trial]:
@@ -718,8 +747,7 @@ def _joined_swaps(b: Base, rope: _Rope, words: str) -> Iterator[Trial]:
     start = int(rope.k_pos[0]) - b.n_cache
     turn = _turn(rope)
     steps = _rejoined(b, b.q, turn, keys=b.v_new, values=plain_k, start=start)
-    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
-        steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]  # `k, v = self.v_proj(x), self.k_proj(x)`
+    _feats_swapped(b, steps)
     yield Trial(steps, words + ", before the cache was joined (the values then rotated as the keys are)")
     for when, said in (("join", "before the rotation, so the values are rotated as the keys"),
                        ("turned", "after the rotation")):
@@ -1557,29 +1585,35 @@ DROPPED_AT = {"attention": "the attention", "x_raw": "the heads' output", "out":
 
 
 def _dropout(b: Base) -> Iterator[Trial]:
-    for record in b.ctx.records:
-        if record.func != "dropout" or not record.parents:
-            continue
-        before = b.ctx.records[record.parents[0]]
-        if torch.equal(before.tensor, record.tensor):
-            continue
-        found = _dropped(b, record, before)
+    """A dropout left on, whatever its form (dropouts.drops: F.dropout, or a keep-mask drawn at random and multiplied
+    in by hand, flax's and haiku's ports): the mask it drew, read from its two tensors, applied to the reference
+    step its input holds."""
+    from attnscope.usertrace.dropouts import drops
+
+    for drop in drops(b.ctx.records):
+        record = drop.record
+        found = _dropped(b, record, drop.before)
         if found is None:
             continue
         name, after, kept = found
         multiplier = torch.where(kept != 0, after / kept.where(kept != 0, torch.ones_like(kept)), 0.0)
-        p = float(record.details.get("p", float("nan")))
         zeroed = float(((after == 0) & (kept != 0)).double().mean())
-        runs, fix = (("the module runs in eval() mode", "pass training=self.training (or use nn.Dropout)")
-                     if b.kind == "module" else
-                     ("trace runs your function for inference", "pass it a training flag (training=False at "
-                      "inference)"))
+        runs = "the module runs in eval() mode" if b.kind == "module" else "trace runs your function for inference"
+        if drop.own:
+            how = (f"line {record.line}'s own dropout (a keep-mask drawn at random, "
+                   f"{'p = ' + format(drop.p, '.3g') + ', ' if math.isfinite(drop.p) else ''}{zeroed:.1%} of "
+                   f"{DROPPED_AT[name]} zeroed, the rest scaled by 1/(1 − p))")
+            fix = ("it is applied whatever the mode: draw it only when training (`if self.training`, flax's "
+                   "`deterministic`), as F.dropout(..., training=self.training) does")
+        else:
+            how = (f"line {record.line}'s dropout (p = {drop.p:g}, {zeroed:.1%} of {DROPPED_AT[name]} zeroed, the rest "
+                   "scaled by 1/(1 − p))")
+            fix = "F.dropout's training argument defaults to True: " + (
+                "pass training=self.training (or use nn.Dropout)" if b.kind == "module" else
+                "pass it a training flag (training=False at inference)")
         steps = replay(b, multiplier=multiplier) if name == "attention" else replay(b, dropped={name: multiplier})
-        yield Trial(steps, f"dropout is active although {runs}: "
-                    f"{{who}} is what the reference computes with line {record.line}'s dropout (p = {p:g}, "
-                    f"{zeroed:.1%} "
-                    f"of {DROPPED_AT[name]} zeroed, the rest scaled by 1/(1 − p)) applied to its {name}; F.dropout's "
-                    f"training argument defaults to True: {fix}")
+        yield Trial(steps, f"dropout is active although {runs}: {{who}} is what the reference computes with {how} "
+                    f"applied to its {name}; {fix}")
     yield from _blocked_dropout(b)
 
 

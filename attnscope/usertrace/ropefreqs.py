@@ -141,15 +141,22 @@ class Angles:
 def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor) -> Angles | None:
     """The angle table under which the last tensor above the queries the code hands its scores that is a rotation
     of the reference's unrotated `q` (`[.., n, d]`, in any layout, perhaps scaled), and the same for the keys `k`,
-    are those rotated, where both share it, some pair turns, and no 1-D position gives it; None otherwise."""
+    are those rotated, where both share it, some pair turns, and no 1-D position gives it; None otherwise. The keys
+    are looked for above the scores' right operand, else above the pattern's partner: code that hands its rotated
+    keys to the pattern and its values to the scores (`sdpa(q, v, k)`) still rotates them with the queries' table,
+    and the swap is a mistake the catalog names (kv.swapped), never a RoPE the reference cannot be told of."""
     from attnscope.usertrace.flow import operands
 
     handed = operands(records)
     if handed is None or q.shape[-1] % 2 or q.shape[-2] != k.shape[-2] or q.shape[-2] < 2:
         return None
     for pairing in ("half-split", "interleaved"):
-        tables = [found[1] if (found := last_turned(records, index, x.double(), pairing)) is not None else None
-                  for index, x in zip(handed[:2], (q, k), strict=True)]
+        turned = last_turned(records, handed[0], q.double(), pairing) or own_turn(records, handed[0], q.shape, pairing)
+        # the keys' operand, else the values' (code that swaps k and v)
+        keys = next((found for index in handed[1:3] if (found := last_turned(records, index, k.double(), pairing)
+                                                          or own_turn(records, index, k.shape, pairing)) is not None),
+                    None)
+        tables = [found[1] if found is not None else None for found in (turned, keys)]
         if tables[0] is None or tables[1] is None or float(tables[0].abs().max()) < STILL \
                 or float(_wrapped(tables[0] - tables[1]).abs().max()) > ANGLE_TOL or _even(tables[0]):
             continue
@@ -200,6 +207,42 @@ def last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: s
             table = turned_by(source, mine, pairing)
             if table is not None:
                 return records[i], table
+    return None
+
+
+OWN_TRIES = 8  # the tensors above an operand, and the tensors above each, that own_turn looks at (the nearest)
+
+
+def own_turn(records: list[Any], index: int, shape: torch.Size, pairing: str) -> tuple[Any, torch.Tensor] | None:
+    """The last record at or above record `index` that is an earlier tensor of the code's own turned (turned_by,
+    some pair turning), each laid out as `shape` (`[.., n, d]`), with its angle table: the rotation the code applies,
+    read from its own tensors before and after it, where what it rotates is not the reference's unrotated tensor (a
+    mistake before RoPE: heads split without the transpose); None where none is. The nearest OWN_TRIES of each."""
+    import math as _math
+
+    from attnscope.usertrace.align import ancestors, layouts
+
+    numel = _math.prod(shape)
+
+    def held(i: int) -> bool:
+        tensor = records[i].tensor
+        return isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() == numel
+
+    above = [i for i in sorted(ancestors(records[index], records) | {index}, reverse=True) if held(i)]
+    for i in above[:OWN_TRIES]:
+        after = records[i].tensor.detach()
+        sources = [j for j in sorted(ancestors(records[i], records), reverse=True)
+                   if held(j) and records[j].tensor.shape == after.shape][:OWN_TRIES]
+        for layout in layouts(tuple(shape), tuple(after.shape)):
+            try:
+                mine = layout.undo(after, tuple(shape)).double()
+                befores = [layout.undo(records[j].tensor.detach(), tuple(shape)).double() for j in sources]
+            except RuntimeError:
+                continue
+            for before in befores:
+                table = turned_by(before, mine, pairing) if not torch.equal(before, mine) else None
+                if table is not None and float(table.abs().max()) >= STILL:
+                    return records[i], table
     return None
 
 
