@@ -60,7 +60,7 @@ def trace(
     init: Annotated[str | None, typer.Option("--init", metavar="ARGS", help="Keyword arguments for the class, as Python literals, or calls of the file's own classes with such arguments: \"d_feat=200, n_head=5\", \"config=GPTConfig(n_embd=64, n_head=4)\" (read with ast, never eval).")] = None,
     forward: Annotated[str | None, typer.Option("--forward", metavar="ARGS", help="More keyword arguments for the forward, read as --init is: \"start_pos=0\", \"use_cache=False\"; trace still feeds the inputs and the mask.")] = None,
     train: Annotated[bool, typer.Option("--train", help="Run the module in training mode (dropout on, random); by default it runs in eval() mode.")] = False,
-    batch: Annotated[int | None, typer.Option("--batch", min=0, help="n_batch; 0: 2-D inputs \\[n, d], one sequence (a function's).  \\[default: chosen so every dim differs; 2-D where your function fails on batched inputs]", show_default=False)] = None,
+    batch: Annotated[int | None, typer.Option("--batch", min=0, help="n_batch; 0: 2-D inputs \\[n, d], one sequence.  \\[default: chosen so every dim differs; 2-D where your code fails on batched inputs]", show_default=False)] = None,
     nq: Annotated[int | None, typer.Option("--nq", min=1, help="n_Q: queries.  \\[default: chosen]", show_default=False)] = None,
     nk: Annotated[int | None, typer.Option("--nk", min=1, help="n_K: keys, for a callable taking query, key, value.  \\[default: chosen, ≠ n_Q]", show_default=False)] = None,
     d_feat: Annotated[int | None, typer.Option("--d-feat", min=1, help="d_feat, for a class whose constructor needs it and --init does not give it.", show_default=False)] = None,

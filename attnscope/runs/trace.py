@@ -35,14 +35,19 @@ def run_trace(o: TraceOptions) -> TraceRun:
         try:
             return _run_both(o)
         except HeadsForCache as unknown:
-            return _heads_then_cache(o, unknown.name)
+            return _heads_then_cache(o, unknown.name, unknown.batches)
 
 
-def _heads_then_cache(o: TraceOptions, name: str) -> TraceRun:
+def _heads_then_cache(o: TraceOptions, name: str, batches: tuple[int | None, ...] = ()) -> TraceRun:
     """The code run without its cache first, as a prefill (every reading of trace's: time-first inputs, layouts),
     its head count read from the queries it hands the scores; then the decode step with that count, as --heads would
-    give it (ChatGLM's SelfAttention keeps it as num_attention_heads_per_partition, which no rule reads)."""
-    prefill = _run_both(dataclasses.replace(o, cache=0))
+    give it (ChatGLM's SelfAttention keeps it as num_attention_heads_per_partition, which no rule reads). A module
+    that holds its cache is run at each batch size its cache may hold until one runs (torchtune's KVCache, allocated
+    for a batch of its own)."""
+    for batch in batches or (o.batch,):
+        prefill = _run_both(dataclasses.replace(o, cache=0, batch=batch))
+        if prefill.failure is None:
+            break
     heads = prefill.params.get("sizes", {}).get("n_head") if prefill.params else None
     if prefill.failure is not None or not isinstance(heads, int):
         raise UsageError(f"cannot tell how many heads {name} has, which the keys and values of --cache "

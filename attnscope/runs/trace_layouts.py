@@ -35,8 +35,8 @@ def first_run(r: RunSoFar) -> Made:
     _decode_cache(r)
     made, said = r.in_layouts(r.o, r.attempt(r.o))
     r.notes += [said] if said else []
-    for retry in (_with_memory, equal_lengths, _unbatched, _in_columns, _weights_turned, _at_held_widths,
-                  _time_first, _joined_layout, refused):
+    for retry in (_with_memory, equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned,
+                  _at_held_widths, _time_first, _joined_layout, _module_unbatched, refused):
         made = retry(r, made)
     _cache_notes(r, made)
     return made
@@ -50,6 +50,11 @@ def _decode_cache(r: RunSoFar) -> None:
 
     batches = dict.fromkeys((r.o.batch, 1, *sorted({int(n) for *_, t in heldcache.places(r.module, True)
                                                    for n in t.shape if 1 < n <= 16}))) if r.plan.cache_held else {}
+    if r.o.cache and r.weighted is not None and r.shapes.n_head is None and r.o.heads is None:
+        # before any run with a cache, whose keys and values are drawn [n_batch, n_kv_head, n_cache, d_head] (a held
+        # cache's probe too: torchtune's KVCache raised KeyError 'n_head' there): run_trace reads the count from a run
+        # without the cache, at a batch the module's own cache holds, then comes back
+        raise HeadsForCache(r.target.name, tuple(batches))
     if r.o.cache and r.module is not None and (r.plan.cache is not None or r.plan.cache_held):
         # multi-head latent attention, read from a prefill's data flow: its cache drawn as latents and expanded
         for batch in batches or (r.o.batch,):
@@ -92,8 +97,6 @@ def _decode_cache(r: RunSoFar) -> None:
                              "that holds one it writes the new keys and values into at their positions; "
                              f"{r.plan.signature} takes none, and a run wrote none")
         r.notes.append(heldcache.note(r.own_cache))
-    if r.o.cache and r.weighted is not None and r.shapes.n_head is None and r.o.heads is None:
-        raise HeadsForCache(r.target.name)  # run_trace reads it from a run without the cache, then comes back
 
 
 def _with_memory(r: RunSoFar, ran: Made) -> Made:
@@ -120,20 +123,62 @@ def _with_memory(r: RunSoFar, ran: Made) -> Made:
     return inputs, fed, called, convention
 
 
-def _unbatched(r: RunSoFar, ran: Made) -> Made:
-    """Code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) that fails on [n_batch, n, d]: run
-    on [n, d]."""
+def _at_held_batches(r: RunSoFar, ran: Made) -> Made:
+    """Code that fails at trace's batch size and holds tensors of its own (a cache set up for a batch: torchtune's
+    KVCache [batch, n_kv_head, max_len, d_head] written whole): each size of theirs up to 16 as n_batch, the first it
+    runs at, with a note."""
+    from attnscope.usertrace import heldcache
+
     inputs, fed, called, convention = ran
+    if called.failure is None or r.module is None or r.o.batch is not None or r.o.q or r.o.cache:
+        return ran
+    held = heldcache.places(r.module, True)
+    for batch in sorted({int(n) for *_, t in held for n in t.shape if 1 <= n <= 16} - {inputs.sizes.get("n_batch")}):
+        made = attempted(r.attempt, dataclasses.replace(r.o, batch=batch))
+        if made is not None and made[2].failure is None:
+            shown = ", ".join(f"{name} {list(t.shape)}" for *_, name, t in held if batch in t.shape)
+            r.notes.append(f"n_batch = {batch}: your code failed at {inputs.sizes.get('n_batch')} sequences "
+                           f"({called.failure.message}) and ran on {batch}, a size of the tensors it holds ({shown}); "
+                           "--batch N sets it")
+            return made
+    return ran
+
+
+def _unbatched(r: RunSoFar, ran: Made) -> Made:
+    """Code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`; picoGPT's module) that fails on
+    [n_batch, n, d]: run on [n, d]. A module asked for 2-D inputs (--batch 0) that fails on them and runs batched
+    is refused in one line."""
+    inputs, fed, called, convention = ran
+    if called.failure is not None and r.o.batch == 0 and r.module is not None and not r.o.q \
+            and r.o.layout != "col":  # asked for 2-D inputs that the module cannot take, where it takes batched ones
+        batched = attempted(r.attempt, dataclasses.replace(r.o, batch=None))
+        if batched is not None and batched[2].failure is None:
+            raise UsageError(f"--batch 0 (2-D inputs, one sequence): {r.target.name} failed on them "
+                             f"({called.failure.message}) and takes [n_batch, n, d_feat]: give --batch N, N >= 1")
     if called.failure is not None and r.weighted is None and r.o.batch is None and not r.o.q:
-        # code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) fails on [n_batch, n, d]: try [n, d]
-        unbatched = r.attempt(dataclasses.replace(r.o, batch=0))
-        if unbatched[2].failure is None:
-            failed = called.failure
-            inputs, fed, called, convention = unbatched
-            where = f"line {failed.line}: " if failed.line else ""
-            r.notes.append(f"your code failed on batched inputs [n_batch, ..] ({where}{failed.message}) and ran on "
-                         "2-D ones, one sequence, as shown; --batch 0 asks for 2-D inputs, --batch N for batched")
+        return _one_sequence(r, ran)
     return inputs, fed, called, convention
+
+
+def _module_unbatched(r: RunSoFar, ran: Made) -> Made:
+    """A module with weights written for one sequence (picoGPT's: `x @ c_attn_w`, `q @ k.T`), tried on [n, d] after
+    every batched reading (time-first's, the joined layouts') failed, never in a decode step."""
+    if ran[2].failure is not None and r.weighted is not None and r.o.batch is None and not r.o.q and not r.o.cache:
+        return _one_sequence(r, ran)
+    return ran
+
+
+def _one_sequence(r: RunSoFar, ran: Made) -> Made:
+    """Code written for one sequence ([n, d]: `Q @ K.T`, `softmax(dim=1)`) that failed on [n_batch, n, d], run on
+    [n, d]; as it ran where it fails there too."""
+    failed = ran[2].failure
+    unbatched = attempted(r.attempt, dataclasses.replace(r.o, batch=0))
+    if failed is None or unbatched is None or unbatched[2].failure is not None:
+        return ran
+    where = f"line {failed.line}: " if failed.line else ""
+    r.notes.append(f"your code failed on batched inputs [n_batch, ..] ({where}{failed.message}) and ran on 2-D ones, "
+                   "one sequence, as shown; --batch 0 asks for 2-D inputs, --batch N for batched")
+    return unbatched
 
 
 def _in_columns(r: RunSoFar, ran: Made) -> Made:
@@ -270,9 +315,10 @@ class HeadsForCache(Exception):
     """A decode step asked of code whose head count only its run says: the cache, [.., n_kv_head, n_cache, d_head],
     cannot be drawn before a run has read it."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, batches: tuple[int | None, ...] = ()) -> None:
         super().__init__(name)
         self.name = name
+        self.batches = batches  # the batch sizes a cache the module holds may take (None: trace's own), in turn
 
 
 def columns_possible(o: TraceOptions, module: Any) -> bool:

@@ -90,6 +90,8 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
         plan = dataclasses.replace(plan, cache_held=True)  # a cache it holds itself, read from a run (heldcache.py)
     # what it holds before any run: the runs that read its roles move a count of positions it keeps (cache_pos)
     pristine = (heldcache.kept(module), heldcache.counts(module)) if plan.cache_held else ([], [])
+    if module is not None and not plan.cache_held:
+        _runs_from_its_state(module)
     weighted = _weighted(o, module, plan, target)  # None for a function, and a module with no weights
     if module is not None and weighted is None and not identity.read(module):
         notes.append(f"{target.name} has no weights: it is traced as a function is, its inputs sized by --dk, --dv "
@@ -112,6 +114,19 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     notes += [said] if said else []
     return RunSoFar(o, split, target, spec, init, module, kwargs, label, notes, fn, plan, pristine, weighted, shapes,
                     built)
+
+
+def _runs_from_its_state(module: Any) -> None:
+    """Each run of a module that keeps state between its calls (a cache it writes into, torchtune's KVCache and its
+    cache_pos moved by every call; a count of its own) starts from the state it was built in, as the first does:
+    trace runs the code many times (a prefill of torchtune's attention with its cache set up raised its own
+    AssertionError at the third run, its positions past max_seq_len). A decode step's held cache is filled before
+    each run instead (heldcache.py)."""
+    from attnscope.usertrace import heldcache
+
+    built = (heldcache.kept(module), heldcache.counts(module))
+    if built[0] or built[1]:
+        module.register_forward_pre_hook(lambda *_: heldcache.restored(*built))
 
 
 def _read_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: Any, weighted: Any, module: Any,
@@ -318,9 +333,6 @@ def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
         raise UsageError(f"--layout col is for code that takes one token a column, [.., d, n] (W @ x); "
                          f"{target.name} projects with nn.Linear layers, which read [n_batch, n, d_feat]: drop "
                          "--layout col")
-    if o.batch == 0 and o.layout != "col":  # the column form's [d_feat, n] are run on a batch of one (columns.py)
-        raise UsageError(f"--batch 0 (2-D inputs) is for a function; {target.name} takes [n_batch, n, d_feat]: "
-                         "give --batch N, N >= 1")
     return module
 
 

@@ -406,14 +406,14 @@ def _zero(b: Base, multiplied: bool) -> Iterator[Trial]:
                  "masked_fill(~mask, 0), "
                  "and a score of 0 still gets weight e^0 = 1 in the softmax; fill with -inf (or "
                  "torch.finfo(dtype).min)")
-    yield Trial(replay(b, mask="zero"), words, fits=lambda b, r: _by_mul(r) == multiplied)
+    yield Trial(replay(b, mask="zero"), words, fits=lambda b, r: _by_mul(b, r) == multiplied)
     if not multiplied:  # the masked weights set to 0 again after the softmax (ESPnet's forward_attention), which
         # changes nothing where the scores were masked with -inf, so the reference never holds it
         yield Trial(replay(b, mask="zero, then after"), words.replace(
             "masked_fill(~mask, 0), ", "masked_fill(~mask, 0) (the masked weights then set to 0 after the softmax, "
             "as your code does), ").replace("still gets weight e^0 = 1 in the softmax",
                                              "still takes weight e^0 = 1 from the allowed keys in the softmax"),
-                    fits=lambda b, r: not _by_mul(r))
+                    fits=lambda b, r: not _by_mul(b, r))
     allowed = b.allowed
     if multiplied or allowed is None or allowed.dim() < 3 or allowed.shape[0] < 2 or "scores" not in b.ref:
         return
@@ -430,7 +430,7 @@ def _zero(b: Base, multiplied: bool) -> Iterator[Trial]:
         zeroed = torch.where(cells, -logits, 0.0)  # the scores (and their bias) + this = 0 there
         bias = zeroed if b.bias is None else b.bias + zeroed
         yield Trial(replay(b, bias=bias, allowed=rule | cells), said.replace("<after>", after),
-                    fits=lambda b, r: not _by_mul(r))
+                    fits=lambda b, r: not _by_mul(b, r))
     # the other way round: the rule's cells (causal, a window) filled with 0, the padded keys masked with -inf
     # (MPT's masked_fill(causal_mask, 0) after its key padding's finfo.min)
     said = words.replace("masked_fill(~mask, 0)", "the cells the rule (causal, a window) forbids filled with 0 "
@@ -440,12 +440,34 @@ def _zero(b: Base, multiplied: bool) -> Iterator[Trial]:
         zeroed = torch.where(cells, -logits, 0.0)
         bias = zeroed if b.bias is None else b.bias + zeroed
         yield Trial(replay(b, bias=bias, allowed=allowed | cells), said.replace("<after>", after),
-                    fits=lambda b, r: not _by_mul(r))
+                    fits=lambda b, r: not _by_mul(b, r))
 
 
-def _by_mul(r: Reproduced) -> bool:
+def _by_mul(b: Base, r: Reproduced) -> bool:
+    """Whether the code multiplies its scores by the mask: the tensor that gave the mistake back is a product, or,
+    where the line-up holds no masked scores (heads computed one at a time, picoGPT's `q @ k.T / √d * mask` inside a
+    list), one of the code's products multiplies a tensor of the pattern's last two axes by a 0/1 mask of them."""
     record = r.record
-    return record is not None and record.func.strip("_").rstrip("_") in ("mul", "multiply")
+    if record is not None and _is_mul(record):
+        return True
+    records = b.ctx.records
+    return record is not None and record.func not in ("masked_fill", "where") and any(
+        _is_mul(p) and p.tensor.dim() >= 2 and any(_zero_one(records[i].tensor, p.tensor.shape[-2:])
+                                                    for i in p.parents if 0 <= i < len(records))
+        for p in records[:record.index + 1])
+
+
+def _is_mul(record: Record) -> bool:
+    return record.func.strip("_").rstrip("_") in ("mul", "multiply")
+
+
+def _zero_one(tensor: torch.Tensor, pattern: torch.Size) -> bool:
+    """A mask of 0s and 1s, both held, over the pattern's last two axes."""
+    if tensor.dim() < 2 or tensor.shape[-2:] != pattern or tensor.is_complex():
+        return False
+    values = tensor.detach()
+    ones = values == 1
+    return bool(((values == 0) | ones).all()) and bool(ones.any()) and not bool(ones.all())
 
 
 def _off_by_one(b: Base) -> Iterator[Trial]:

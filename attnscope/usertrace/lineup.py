@@ -508,11 +508,11 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     best: tuple[Any, ...] | None = None
     error: UsageError | None = None
     mask, col = inputs.mask, spec.layout == "col"
-    if col:  # the column form: the row form's reference on the inputs transposed, its steps transposed back
-        from attnscope.usertrace import columns
+    from attnscope.usertrace import columns
 
+    if col:  # the column form: the row form's reference on the inputs transposed, its steps transposed back
         Q, K, V, mask = columns.rows(Q, K, V, mask)  # [.., d, n] -> [.., n, d]; a mask [.., n_K, n_Q] transposed
-        Q, K, V = columns.batched(Q, K, V)
+    Q, K, V = columns.batched(Q, K, V)  # one sequence [n, d] (picoGPT's) as a batch of one, its axis merged away
     gain = valuegain.find(records, dict(module.named_parameters()))  # modded-nanogpt's lambdas[0] * v
     for projections in ref.find_projections(module, records, shapes.n_head, shapes.fixed.get("d_head"),
                                             {name: role for name, role in inputs.roles.items() if role not in
