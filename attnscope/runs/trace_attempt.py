@@ -57,6 +57,7 @@ class RunSoFar:
     sliced: list[str] = field(default_factory=list)  # the note, where RoPE's tables were made in the code's form
     table_form: list[TableForm] = field(default_factory=list)  # that form (tableforms.py), once read
     cache_layout: str = "bhnd"  # how the code keeps a decode step's cache (cachelayouts.py): trace's own, else read
+    empty_cache: bool = False  # no decode step, and code that cannot run with its cache None: handed an empty one
     own_cache: Held | None = None  # a cache the module holds itself, where it does: filled before each run
     latent_maker: LatentCache | None = None  # multi-head latent attention's decode step (latentcache.py)
     first_notes: list[str] = field(default_factory=list)  # the module's notes, before those of its inputs
@@ -84,7 +85,7 @@ class RunSoFar:
         inputs = make_inputs(dataclasses.replace(asked, causal=None) if apart else asked, tried, self.shapes,
                              self.weighted,
                              guard=lambda sizes: guard(asked, self.spec, sizes, self.weighted is not None))
-        inputs.cache_layout = self.cache_layout
+        inputs.cache_layout, inputs.empty_cache = self.cache_layout, self.empty_cache
         self.expanded(inputs)
         width = table_width(self.spec, tried, inputs.sizes.get("d_head"))
         fed = feeds(tried, inputs, self.spec.rope_base, self.spec.rope_pairing, self.spec.position_bias, width,
@@ -101,7 +102,7 @@ class RunSoFar:
         made = []
         for form in tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"]):
             inputs = make_inputs(asked, tried, self.shapes, self.weighted)
-            inputs.cache_layout = self.cache_layout
+            inputs.cache_layout, inputs.empty_cache = self.cache_layout, self.empty_cache
             self.expanded(inputs)
             fed = feeds(tried, inputs, self.spec.rope_base, self.spec.rope_pairing, self.spec.position_bias, form=form)
             if self.own_cache is not None and inputs.cache is not None:
@@ -163,7 +164,31 @@ class RunSoFar:
         if unread is not None:
             return self.keep_run(*unread)
         assert made is not None
-        return made
+        return self.refused_mask(asked, made)
+
+    def refused_mask(self, asked: TraceOptions, made: Made) -> Made:
+        """`made`, or where the code refuses its mask itself, an assert or a raise on the line that reads its mask
+        parameter (AudioCraft's `assert attn_mask is None` where its own causal=True makes the mask), the code run
+        with no mask at all, its mask parameters None: kept where it runs (the code masks by itself, or not, and the
+        reference's mask is compared with what it does), returned where it gets further; never "your code raised" on
+        a mask trace made up."""
+        from attnscope.usertrace.load import names_parameter
+
+        failed = made[2].failure
+        masks = [m for m in (self.plan.mask, *self.plan.other_masks) if m is not None]
+        named = names_parameter(self.target.path, failed.line, masks) if failed is not None and not failed.op \
+            else None  # an assert or a raise of its own; a tensor op that fails on the mask is read by its shapes
+        if failed is None or named is None:
+            return made
+        bare = self.plan.without_masks()
+        ran = self.run_plan(asked, bare)
+        again = ran[2].failure
+        if again is not None and again.line == failed.line:
+            return made
+        said = (f"{named} = None: your code raised on the mask trace gave it (line {failed.line}: {failed.message}) "
+                "and runs without one; the reference's mask is compared with what your code does without it")
+        bare = dataclasses.replace(bare, said={**bare.said, named: said})
+        return self.keep_run(bare, ran) if again is None else ran
 
     def keep_run(self, tried: Plan, ran: tuple[Any, ...]) -> Made:
         """The run `attempt` keeps, its plan now the run's, its inputs as the run reads them (a module's own
@@ -197,14 +222,41 @@ class RunSoFar:
 
         if made[2].failure is None or made[0].cache is None or self.plan.cache is None:
             return made, None
-        failed, kept = made[2].failure, self.cache_layout
-        for layout in cachelayouts.others(failed, made[0].cache, apart=self.plan.cache_values is not None):
-            self.cache_layout = layout
-            again = attempted(self.attempt, asked)
-            if again is not None and again[2].failure is None:
-                return again, cachelayouts.note(layout, failed, cache_parameters(self.plan))
-        self.cache_layout = kept
-        return made, None
+        failed = made[2].failure
+        found = self.cache_forms(asked, made, cachelayouts.others(
+            failed, made[0].cache, apart=self.plan.cache_values is not None, n_new=made[0].sizes.get("n_Q", 0)))
+        if found is None:
+            return made, None
+        again, heads = found
+        return again, cachelayouts.note(self.cache_layout, failed, cache_parameters(self.plan)) + heads
+
+    def cache_forms(self, asked: TraceOptions, made: tuple[Any, ...], layouts: list[str]
+                    ) -> tuple[tuple[Any, ...], str] | None:
+        """The code run on its cache handed in each of `layouts` in turn, first with the key/value heads the op it
+        raised on says, where it says a count other than trace's (cachelayouts.heads_met: the new keys it writes into
+        the cache hold them; a fused projection's GQA says none before a run): the first run that runs, and the
+        words of the heads read (""), its layout and heads kept; None where none runs."""
+        from attnscope.usertrace import cachelayouts
+
+        kept = self.cache_layout, self.shapes
+        heads = cachelayouts.heads_met(made[2].failure, made[0].sizes)
+        counts: list[tuple[int | None, Any]] = [(heads, made[2].failure)] if heads else []
+        counts.append((None, None))
+        for count, failed in counts:
+            if count is not None:
+                self.shapes = dataclasses.replace(kept[1], fixed=kept[1].fixed | {"n_kv_head": count})
+            for layout in layouts:
+                self.cache_layout = layout
+                again = attempted(self.attempt, asked)
+                if again is not None and again[2].failure is None:
+                    return again, "" if count is None else (
+                        f"; n_kv_head = {count}, read from the new keys your code writes into it (line {failed.line})")
+                met = cachelayouts.heads_met(again[2].failure, again[0].sizes) if again is not None else None
+                if again is not None and count is None and met and all(c != met for c, _ in counts):
+                    counts.append((met, again[2].failure))  # the heads the op met: tried next
+            self.shapes = kept[1]
+        self.cache_layout = kept[0]
+        return None
 
 
 

@@ -35,8 +35,11 @@ def first_run(r: RunSoFar) -> Made:
     _decode_cache(r)
     made, said = r.in_layouts(r.o, r.attempt(r.o))
     r.notes += [said] if said else []
-    for retry in (_with_memory, equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned,
-                  _at_held_widths, _time_first, _joined_layout, _module_unbatched, refused):
+    made = _with_memory(r, made)
+    made = _empty_cache(r, made)
+    made = _one_input(r, made)
+    for retry in (equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned, _at_held_widths,
+                  _time_first, _joined_layout, _module_unbatched, refused):
         made = retry(r, made)
     _cache_notes(r, made)
     return made
@@ -97,6 +100,58 @@ def _decode_cache(r: RunSoFar) -> None:
                              "that holds one it writes the new keys and values into at their positions; "
                              f"{r.plan.signature} takes none, and a run wrote none")
         r.notes.append(heldcache.note(r.own_cache))
+
+
+def _empty_cache(r: RunSoFar, ran: Made) -> Made:
+    """Code that raised with its cache None where no decode step was asked for (gemma_pytorch's `kv_cache`, unpacked
+    and written in place at `kv_write_indices`): handed a cache of no cached positions in each layout real code
+    keeps, those with room for the new positions last (cachelayouts.py); the first it runs on is kept, a prefill."""
+    from attnscope.usertrace import cachelayouts
+    from attnscope.usertrace.load import names_parameter
+
+    inputs, fed, called, convention = ran
+    if called.failure is None or r.o.cache or r.plan.cache is None or r.module is None:
+        return ran
+    failed = called.failure
+    if failed.line is not None and names_parameter(r.target.path, failed.line, list(cache_parameters(r.plan))) is None:
+        return ran  # it raised elsewhere than where it reads its cache
+    empty = (inputs.tensors[next(iter(inputs.tensors))].new_zeros(1, 1, 1, 1),) * 2  # the layouts in order
+    layouts = ["bhnd", *cachelayouts.others(None, empty, apart=r.plan.cache_values is not None, n_new=1)]
+    r.empty_cache = True
+    first = r.cache_forms(r.o, ran, layouts)
+    if first is None:
+        r.empty_cache = False
+        return ran
+    made, heads = first
+    where = f" (line {failed.line}: {failed.message})" if failed.line else ""
+    r.notes.append(f"{', '.join(cache_parameters(r.plan))}: your code cannot run with its cache None{where}: it is "
+                   f"handed one of no cached positions, {cachelayouts.words(r.cache_layout)}, a prefill (--cache N "
+                   f"runs a decode step after N positions){heads}")
+    return made
+
+
+def _one_input(r: RunSoFar, ran: Made) -> Made:
+    """Code of `forward(query, key, value)` that refuses three tensors itself, an assert or a raise of its own
+    (AudioCraft's `assert query is key` in its self-attention, `assert query.shape[1] == key.shape[1]` where it is
+    causal): one tensor handed to all three, the same object, n_K = n_Q, as --q alone hands it; kept where it runs,
+    or gets further."""
+    inputs, _, called, _ = ran
+    if called.failure is None or called.failure.op or len(r.plan.tensors) != 3 or r.o.q or r.o.one_input \
+            or r.module is None or (r.o.nk is not None and r.o.nq is not None and r.o.nk != r.o.nq):
+        return ran  # ran, or failed in a tensor op (scores transposed, n_Q ≠ n_K): a mistake, never a refusal
+    n_Q = inputs.sizes.get("n_Q")
+    asked = dataclasses.replace(r.o, one_input=True, nk=r.o.nk or r.o.nq or n_Q, nq=r.o.nq or n_Q)
+    made = attempted(r.attempt, asked)
+    if made is None or (made[2].failure is not None and made[2].failure.line == called.failure.line):
+        return ran
+    if made[2].failure is None:
+        failed = called.failure
+        where = f"line {failed.line}: " if failed.line else ""
+        names = ", ".join(r.plan.tensors)
+        r.o = asked
+        r.notes.append(f"{names}: your code raised on three tensors ({where}{failed.message}) and runs on one, handed "
+                       "to all three (the same tensor: self-attention, as --q alone gives it)")
+    return made
 
 
 def _with_memory(r: RunSoFar, ran: Made) -> Made:

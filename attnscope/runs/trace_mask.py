@@ -487,4 +487,20 @@ def _rule_left_over(o: TraceOptions, inputs: Inputs, own: Record) -> tuple[Any, 
         return allowed | far, f"the window's far keys ({o.window} or more back)", "the causal mask"
     if on_future and not on_far:
         return allowed | future, "the causal part", f"the window's far keys ({o.window} or more back)"
+    if on_far and _band(forbids, far, future, o.window):
+        return (allowed | far, f"a band on both sides (the window's far keys, {o.window} or more back, and the keys "
+                f"{o.window} or more ahead, which the causal mask hides too)", "the causal mask")
     return None
+
+
+def _band(forbids: Any, far: Any, future: Any, window: int) -> bool:
+    """Whether the code's own mask `forbids` [n_Q, n_K] reads as a band it builds on both sides (Gemma's
+    `triu(ones, -W + 1) * tril(ones, W - 1)`, merged into the causal mask it is given) rather than the causal part
+    and the window both its own: it is nearer, cell for cell, to the band of the reference's width, |i - j| >= W,
+    than to the whole rule's complement (every later key and the far ones); a width off by one stays a band."""
+    import torch
+
+    n_Q, n_K = forbids.shape
+    ahead = torch.arange(n_K)[None, :] - torch.arange(n_Q)[:, None] - (n_K - n_Q)  # > 0 for a later key
+    band = far | (future & (ahead >= window))
+    return int((forbids ^ band).sum()) < int((forbids ^ (far | future)).sum())

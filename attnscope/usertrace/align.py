@@ -163,10 +163,11 @@ def _merges_into(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
 
 def difference(user: torch.Tensor, expected: torch.Tensor, skip: torch.Tensor | None = None) -> float:
     """max |user - expected|, with -inf in `expected` met by any very negative user value (a masked score
-    written as -1e9), NaN by NaN, and `skip` (broadcast to `expected`) left out."""
+    written as -1e9), NaN by NaN or ±inf (an inf the reference's identity output projection turned into NaN, inf · 0,
+    where the code has none), and `skip` (broadcast to `expected`) left out."""
     user, expected = user.double(), expected.double()
     masked = torch.isneginf(expected)
-    agree = (masked & (user <= VERY_NEGATIVE)) | (torch.isnan(expected) & torch.isnan(user)) | (
+    agree = (masked & (user <= VERY_NEGATIVE)) | (torch.isnan(expected) & ~torch.isfinite(user)) | (
         torch.isinf(expected) & (user == expected))
     if skip is not None:
         agree = agree | skip

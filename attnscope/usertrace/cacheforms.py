@@ -18,13 +18,13 @@ KEY_WORDS = ("k", "key", "keys")
 VALUE_WORDS = ("v", "value", "values", "val", "vals")
 
 
-def _words(name: str) -> list[str]:
+def name_words(name: str) -> list[str]:
     return [w for w in re.split(r"[^a-z0-9]+", re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()) if w]
 
 
 def role(name: str) -> int | None:
     """0 where `name` says keys (`k`, `key`, `past_key`, `cache_k`), 1 values, None neither or both."""
-    words = _words(name)
+    words = name_words(name)
     keys, values = any(w in KEY_WORDS for w in words), any(w in VALUE_WORDS for w in words)
     return None if keys == values else 0 if keys else 1
 
@@ -32,7 +32,7 @@ def role(name: str) -> int | None:
 def is_half(name: str) -> bool:
     """`name` holds a cache of keys or of values alone: a cache word beside a key or value word (`past_key`,
     `k_cache`, `cache_v`, `prev_value`), or `kcache` / `vcache`."""
-    words = _words(name)
+    words = name_words(name)
     if any(w in ("kcache", "vcache") for w in words):
         return True
     return any(w in CACHE_WORDS for w in words) and role(name) is not None
@@ -48,7 +48,7 @@ def pair(names: list[str]) -> tuple[str, str] | None:
 
 
 def _role(name: str) -> int | None:
-    words = _words(name)
+    words = name_words(name)
     if "kcache" in words:
         return 0
     if "vcache" in words:

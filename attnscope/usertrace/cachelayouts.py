@@ -40,12 +40,17 @@ STACKED = "2·"  # keys and values stacked on a first axis, one tensor [2, ..] (
 # `layer_past`, multi-query [n_batch, n_cache, 2·d_head]: heads folded into the batch, one key/value head)
 FUSED = "kv·"
 OBJECT = "Cache"  # transformers' Cache object (hfcache.py): update(k, v, layer_idx) joins, [B, H_kv, N, D]
+# a cache with room for the new positions, written in place at them and read whole (gemma_pytorch's kv_cache
+# [n_batch, max_len, n_kv_head, d_head], `k_cache.index_copy_(1, kv_write_indices, xk)`; gpt-fast's KVCache): each
+# base layout as long as the cached and the new positions together, n_K, the new ones zero
+ROOM = "room·"
 # layout -> its keys' dims (its values': dims_of)
 DIMS = BASES | {key: (*BASES[base][:-2], "d_head", "n_cache") for key, base in TRANSPOSED.items()} \
     | {STACKED + base: ("2", *dims) for base, dims in BASES.items()} | {OBJECT: BASES["bhnd"]} \
-    | {FUSED + base: (*dims[:-1], "2·d_head") for base, dims in BASES.items()}
+    | {FUSED + base: (*dims[:-1], "2·d_head") for base, dims in BASES.items()} \
+    | {ROOM + base: tuple("n_K" if d == "n_cache" else d for d in dims) for base, dims in BASES.items()}
 # the layouts handed as a pair, which code that takes its keys and values as two parameters may keep
-PAIRED = (*BASES, *TRANSPOSED)
+PAIRED = (*BASES, *TRANSPOSED, *(ROOM + base for base in BASES))
 
 
 def dims_of(layout: str, keys: bool) -> tuple[str, ...]:
@@ -66,14 +71,27 @@ def words(layout: str) -> str:
     if layout.startswith(FUSED):
         return (f"[{', '.join(DIMS[layout])}] (keys and values joined on the last axis, GPTBigCode's layer_past: "
                 "[n_batch, n_cache, 2·d_head] where one key/value head serves every query head)")
+    if layout.startswith(ROOM):
+        return (f"[{', '.join(DIMS[layout])}], room for the cached and the new positions together (n_K = n_cache + "
+                "n_Q), written in place at the new positions and read whole")
     base = layout.removeprefix(STACKED)
     said = BASE_WORDS[base] if base == layout else f"keys and values stacked in one tensor, {BASE_WORDS[base]}"
     return f"[{', '.join(DIMS[layout])}] ({said})"
 
 
-def held(tensor: torch.Tensor, layout: str, keys: bool = True) -> torch.Tensor:
+def held(tensor: torch.Tensor, layout: str, keys: bool = True, n_new: int = 0) -> torch.Tensor:
     """A cache tensor `[n_batch, n_kv_head, n_cache, d_head]` laid out as `layout`'s keys (`keys`) or values
-    (contiguous, as a cache the code filled would be)."""
+    (contiguous, as a cache the code filled would be); a ROOM layout's with `n_new` zero positions after the cached
+    ones, for the code to write the new keys and values into."""
+    if layout.startswith(ROOM):
+        import torch
+
+        base = layout.removeprefix(ROOM)
+        laid = held(tensor, base)
+        room = list(laid.shape)
+        axis = BASES[base].index("n_cache")
+        room[axis] = n_new
+        return torch.cat([laid, laid.new_zeros(room)], dim=axis)
     if layout in TRANSPOSED:
         values = held(tensor, TRANSPOSED[layout])
         return values.transpose(-1, -2).contiguous() if keys else values
@@ -83,7 +101,7 @@ def held(tensor: torch.Tensor, layout: str, keys: bool = True) -> torch.Tensor:
     if base == "nbhd":
         return tensor.permute(2, 0, 1, 3).contiguous()
     if base == "(bh)nd":
-        return tensor.reshape(-1, *tensor.shape[2:]).contiguous()
+        return tensor.reshape(tensor.shape[0] * tensor.shape[1], *tensor.shape[2:]).contiguous()
     return tensor
 
 
@@ -104,17 +122,20 @@ def handed(parts: tuple[torch.Tensor, ...], layout: str) -> Any:
     return torch.stack(parts) if layout.startswith(STACKED) else Handed(*parts)
 
 
-def _shape(cache: tuple[torch.Tensor, torch.Tensor], layout: str) -> tuple[int, ...]:
-    part = tuple(held(cache[0], layout).shape)
+def _shape(cache: tuple[torch.Tensor, torch.Tensor], layout: str, n_new: int = 0) -> tuple[int, ...]:
+    part = tuple(held(cache[0], layout, n_new=n_new).shape)
     if layout.startswith(FUSED):
         return (*part[:-1], 2 * part[-1])
     return (2, *part) if layout.startswith(STACKED) else part
 
 
-def others(failure: Failure | None, cache: tuple[torch.Tensor, torch.Tensor], apart: bool = False) -> list[str]:
-    """The layouts to try after the code raised on trace's own: those whose shape meets the op it raised on first;
-    `apart`: the keys and values go to two parameters, so only the layouts handed as a pair."""
-    tried = [layout for layout in (PAIRED if apart else DIMS) if layout != "bhnd"]
+def others(failure: Failure | None, cache: tuple[torch.Tensor, torch.Tensor], apart: bool = False,
+           n_new: int = 0) -> list[str]:
+    """The layouts to try after the code raised on trace's own: those whose shape meets the op it raised on first,
+    the ones with room for the `n_new` new positions last (none where there are none); `apart`: the keys and values
+    go to two parameters, so only the layouts handed as a pair."""
+    tried = [layout for layout in (PAIRED if apart else DIMS) if layout != "bhnd"
+             and (n_new or not layout.startswith(ROOM))]
     if cache[0].shape != cache[1].shape:  # keys and values of two widths (latent attention's d_K, d_V): no stack
         tried = [layout for layout in tried if not layout.startswith(STACKED)]
     shapes = [tuple(s) for s in (failure.shapes if failure is not None else [])]
@@ -122,10 +143,29 @@ def others(failure: Failure | None, cache: tuple[torch.Tensor, torch.Tensor], ap
     met = [s for s in shapes if s != own]
 
     def meets(layout: str) -> bool:
-        shape = _shape(cache, layout)
+        shape = _shape(cache, layout, n_new)
         return any(len(s) == len(shape) and sum(a != b for a, b in zip(s, shape, strict=True)) <= 1 for s in met)
 
-    return sorted(tried, key=lambda layout: not meets(layout))
+    return sorted(tried, key=lambda layout: (layout.startswith(ROOM), not meets(layout)))
+
+
+def heads_met(failure: Failure | None, sizes: dict[str, int]) -> int | None:
+    """The key/value heads of the new keys the code writes into its cache, where the op it raised on met them in
+    another count than trace's cache holds: a tensor [n_batch, .., d_head] holding n_Q (the new positions) and one
+    more axis, a count of heads that divides n_head (gemma_pytorch's `k_cache.index_copy_(1, indices, xk)`, xk
+    [n_batch, n_Q, n_kv_head, d_head], where a fused projection said no n_kv_head before a run); None otherwise."""
+    n_head, d_head, n_Q = sizes.get("n_head"), sizes.get("d_head"), sizes.get("n_Q")
+    if failure is None or not n_head or not d_head or not n_Q:
+        return None
+    held = sizes.get("n_kv_head", n_head)
+    for shape in failure.shapes:
+        if len(shape) != 4 or shape[0] != sizes.get("n_batch") or shape[-1] != d_head or n_Q not in shape[1:3]:
+            continue
+        rest = list(shape[1:3])
+        rest.remove(n_Q)
+        if rest[0] != held and 0 < rest[0] < n_head and n_head % rest[0] == 0:
+            return int(rest[0])
+    return None
 
 
 def join(records: list[Record], parameter: str | None = None) -> tuple[Record, int] | None:

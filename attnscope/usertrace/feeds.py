@@ -80,11 +80,12 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     n_cache = sizes.get("n_cache", 0)
     if plan.cache is not None:
         out.values[plan.cache] = inputs.cache
-        if inputs.cache is not None:
-            from attnscope.usertrace.cachelayouts import dims_of, handed, held
+        cache = inputs.cache if inputs.cache is not None or not inputs.empty_cache else _empty(inputs)
+        if cache is not None:
+            from attnscope.usertrace.cachelayouts import ROOM, dims_of, handed, held
 
             layout = inputs.cache_layout  # the layout the code keeps it in
-            parts = tuple(held(t, layout, keys=i == 0) for i, t in enumerate(inputs.cache))
+            parts = tuple(held(t, layout, keys=i == 0, n_new=sizes["n_Q"]) for i, t in enumerate(cache))
             apart = plan.cache_values is not None  # two parameters, the keys and the values (cacheforms.py)
             # the pair (answering a dict's keys too), one tensor stacking or joining it, or a Cache object
             given = parts if apart else handed(parts, inputs.cache_layout)
@@ -97,6 +98,11 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
             for i, (name, tensor) in enumerate(zip(("K_cache", "V_cache"), parts, strict=True)):
                 dims = tuple(d.replace("n_kv_head", heads) for d in dims_of(layout, i == 0) if d != "2")
                 what = "random keys, taken as already rotated" if i == 0 else "random values"
+                if inputs.cache is None:
+                    what = f"no cached {'keys' if i == 0 else 'values'}" + (
+                        ", room for the new ones (zero)" if int(tensor.numel()) else "")
+                elif layout.startswith(ROOM):
+                    what += ", then room for the new ones (zero)"
                 label = (plan.cache, plan.cache_values)[i] if apart else f"{plan.cache}[{i}]"
                 out.steps.append((name, tensor, dims, f"input: {label}, {what}"))
                 out.labels[id(tensor)] = str(label)
@@ -156,6 +162,19 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         if not isinstance(value, tuple):
             out.labels[id(value)] = name
     return out
+
+
+def _empty(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A cache of no cached positions, [n_batch, n_kv_head, 0, d_head] (None where the sizes do not say its shape)."""
+    import torch
+
+    sizes = inputs.sizes
+    heads = sizes.get("n_kv_head", sizes.get("n_head"))
+    if heads is None or "d_head" not in sizes:
+        return None
+    dtype = next(iter(inputs.tensors.values())).dtype
+    shape = (sizes.get("n_batch", 1), heads, 0, sizes["d_head"])
+    return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
 
 
 # The shapes a relative position embedding takes, tried in turn where the code raises on the input's own (ESPnet's

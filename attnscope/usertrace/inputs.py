@@ -55,6 +55,9 @@ class InputOptions:
     layout: str = "row"  # "col": a function's inputs [.., d, n], one token a column (sdpa --layout col); "time":
     # time-first [n, n_batch, d] (fairseq's, nn.MultiheadAttention's batch_first=False); "bthd": a function's
     # heads behind the tokens, [n_batch, n, n_head, d] (flash-attn's, JAX's); the last two read from the run only
+    # query, key and value given one tensor, the same object, as --q alone gives it (self-attention through a
+    # forward of three: AudioCraft's `assert query is key`); read from the run only
+    one_input: bool = False
 
 
 @dataclass
@@ -215,6 +218,9 @@ class Inputs:
     allowed: torch.Tensor | None = None  # what the user's mask parameter stands for: True = may attend
     cache: tuple[torch.Tensor, torch.Tensor] | None = None  # K_cache, V_cache [n_batch, n_kv_head, n_cache, d_head]
     cache_layout: str = "bhnd"  # how the code is handed the cache (cachelayouts.py); the reference reads `cache`
+    # a run without a decode step whose code cannot run with its cache None (gemma_pytorch's kv_cache, written in
+    # place): handed one of no cached positions, in `cache_layout` (feeds.py); the reference reads none
+    empty_cache: bool = False
     # multi-head latent attention's (latentcache.py): the latents and rotary parts `cache` was expanded from, which
     # the reference reads instead
     latent_cache: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -281,11 +287,17 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
         tensors = {role: torch.randn(*(sizes[d] for d in role_dims(role, sizes, is_module, o.layout)),
                                      generator=generator, dtype=dtype)
                    for role in ROLES[len(plan.tensors)]}
+        if o.one_input and sizes.get("n_K") == sizes["n_Q"] and all(
+                t.shape == tensors["Q"].shape for t in tensors.values()):
+            tensors = dict.fromkeys(tensors, tensors["Q"])  # the same object for every role
     roles = dict(zip(plan.tensors, ROLES[len(plan.tensors)], strict=True))
     reference_mask, allowed = _masks(o, plan, sizes, notes, is_module)
     files = {"Q": o.q, "K": o.k or o.q, "V": o.v or o.k or o.q}
     ops = {name: f"loaded from {files[role]}" if files[role] else
            f"torch.randn({', '.join(role_dims(role, sizes, is_module, o.layout))})" for name, role in roles.items()}
+    if not loaded and len(set(map(id, tensors.values()))) < len(tensors):
+        first = plan.tensors[0]
+        ops = {name: ops[name] if name == first else f"{first}, the same tensor" for name in ops}
     inputs = Inputs({name: tensors[role] for name, role in roles.items()}, roles, reference_mask, sizes, ops, notes,
                     allowed, extra_names=dict(shapes.extra), layout=o.layout)
     if o.cache:
@@ -304,6 +316,11 @@ def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:
         raise UsageError(f"--mask: {plan.signature} has no mask parameter to pass it to (--causal and --window "
                          "describe the reference even without one)")
     if o.cache:
+        if is_module and plan.cache is not None and not plan.self_attention:  # a cache, beside more than x
+            raise UsageError(f"--cache {o.cache} runs a decode step of self-attention, which feeds x alone beside "
+                             f"its cache ({plan.cache}); {plan.signature} also takes {', '.join(plan.tensors[1:])} "
+                             "without a default, which trace cannot make: trace the module that calls it with them, "
+                             "or give them defaults")
         if not is_module or (plan.cache is None and not plan.cache_held) or not plan.self_attention:
             raise UsageError(f"--cache {o.cache} runs a decode step, which needs a module whose forward takes x and "
                              "a cache (kv_cache, past_key_value, layer_past, ...; or past_key and past_value); "

@@ -41,6 +41,10 @@ POSITION_NAMES = ("start_pos", "pos", "offset", "position_offset", "past_length"
                   "cache_len", "start_position", "seqlen_offset")
 # The new tokens' positions as a tensor [n]: gpt-fast's and torchtune's input_pos, transformers' cache_position
 POSITIONS_NAMES = ("input_pos", "input_positions", "cache_position")
+# ... or named by its words as indices of several positions (`positions`, `write_indices`, `slot_indices`), or an
+# index beside a cache word (`cache_idx`): where a cache written in place takes the new keys and values
+POSITIONS_WORDS = ("positions", "indices", "idxs")
+INDEX_WORDS = ("index", "idx")
 # RoPE's tables, as the code that passes them in writes them (--rope): LLMs-from-scratch's cos, sin
 # [n_pos, d_head]; Meta's freqs_cis [n, d_head / 2] complex; transformers' position_embeddings (cos, sin).
 # llama2.c's freqs_cos, freqs_sin: freqs_cis's real and imaginary parts, each [n, d_head / 2].
@@ -164,6 +168,12 @@ class Plan:
             return dataclasses.replace(moved, other_masks=[m for m in moved.other_masks if m != self.mask],
                                        nones=moved.nones if self.mask in moved.nones else [*moved.nones, self.mask])
         return dataclasses.replace(self, mask=None, nones=[*self.nones, self.mask])
+
+    def without_masks(self) -> Plan:
+        """This plan with every mask parameter given None (code that refuses a mask: it makes its own)."""
+        masks = [m for m in (self.mask, *self.other_masks) if m is not None]
+        return dataclasses.replace(self, mask=None, other_masks=[], lengths=None,
+                                   nones=[*self.nones, *(m for m in masks if m not in self.nones)])
 
     def causal_mask(self, window: bool = False) -> str | None:
         """The mask parameter whose name says it takes the causal rule (CLIP's `causal_attention_mask` beside its
@@ -465,6 +475,19 @@ def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
                                embeddings=[n for n in plan.embeddings if n not in built])
 
 
+def names_parameter(path: Path, line: int | None, names: list[str]) -> str | None:
+    """The parameter (of `names`) that the source line `line` of the user's file, or one of the two lines above it,
+    names as a word (`assert attn_mask is None`, `if mask is not None: raise ...`, `k_cache, v_cache = kv_cache`);
+    None where none does, or the line is unknown."""
+    import linecache
+    import re
+
+    if line is None or not names:
+        return None
+    text = " ".join(linecache.getline(str(path), n) for n in range(max(1, line - 2), line + 1))
+    return next((name for name in names if re.search(rf"\b{re.escape(name)}\b", text)), None)
+
+
 def is_mask(name: str, default: Any = None) -> bool:
     """Named like a mask; or like a bias added to the scores (xformers' `attn_bias`), where it defaults to None (a
     flag such as `use_bias=False` is no mask)."""
@@ -497,6 +520,19 @@ def is_lengths(name: str) -> bool:
     """Named like sequence lengths (`valid_lens`, `lengths`, `seq_len`, `key_lengths`), not like a mask."""
     lower = name.lower()
     return any(word in lower for word in LENGTH_WORDS) and not is_mask(name)
+
+
+def is_positions(name: str) -> bool:
+    """Named like the new tokens' positions as a tensor (POSITIONS_NAMES; a word of POSITIONS_WORDS, `kv_write_indices`;
+    an index word beside a cache word, `cache_idx`), never like a mask or token ids (`position_ids` [n_batch, n])."""
+    lower = name.lower()
+    if lower in POSITIONS_NAMES:
+        return True
+    words = cacheforms.name_words(name)
+    if "ids" in words or is_mask(name, None):
+        return False
+    return any(w in POSITIONS_WORDS for w in words) or (
+        any(w in INDEX_WORDS for w in words) and any(w in (*cacheforms.CACHE_WORDS, "kv", "write") for w in words))
 
 
 def is_position_bias(name: str) -> bool:
@@ -546,7 +582,7 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             halves.append((name, required))
         elif lower in POSITION_NAMES and (required or isinstance(param.default, int)):
             p.positions.append(name)
-        elif lower in POSITIONS_NAMES and (required or param.default is None):
+        elif is_positions(name) and (required or param.default is None):
             p.position_tensors.append(name)
         elif (required or param.default is None) and is_embedding(name, param.annotation):
             p.embeddings.append(name)

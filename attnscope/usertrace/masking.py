@@ -90,6 +90,7 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
     """The convention the code's ops show (attend when they show none)."""
     derived: dict[int, tuple[bool, bool]] = {}  # record -> (inverted, made by arithmetic)
     compared: Convention | None = None  # a comparison only an additive mask's values answer (`mask < 0`)
+    filled: dict[int, int] = {}  # record -> the line where cells of the mask were set to a large negative number
     for record in records:
         sources = [_source(arg, derived, label) for arg in record.args]
         found = [s for s in sources if s is not None]
@@ -100,13 +101,26 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
         name = record.func
         if name in SHAPED_ONLY:  # ones_like(mask): the mask's shape alone, none of its values
             continue
+        reads = [arg[1][1] if arg[0] == "kw" else arg for arg in record.args]
+        fill = next((filled[v] for kind, v in reads if kind == "rec" and v in filled), None)
         edited = (name == "where" and len(sources) == 3 and sources[0] is None and any(sources[1:])) or (
             name.startswith("masked_fill") and len(sources) > 1 and sources[0] is not None and sources[1] is None)
         if edited:  # the mask as the data, cells of it replaced where the code's own condition says (Gemma 2's
             # window merged into the causal mask it is given: where(window, finfo.min, attention_mask),
             # attention_mask.masked_fill(far, finfo.min)): carried on
             derived[record.index] = found[0]
+            put = record.args[2 if name.startswith("masked_fill") else 1] if len(record.args) > 2 else ("", None)
+            value = _number(put[1]) if put[0] == "text" else None
+            if fill is not None or (value is not None and value <= -1e4):
+                filled[record.index] = fill if fill is not None else record.line
             continue
+        if fill is not None and name == "scaled_dot_product_attention":
+            # cells of the mask set to a large negative number (finfo.min), which on a boolean would read True:
+            # the code's mask is numbers, added to the scores
+            return Convention("additive", record.line, f"cells of it set to a large negative number (line {fill}), "
+                              f"then {record.details.get('op', record.call)}")
+        if fill is not None:
+            filled[record.index] = fill
         if others:  # the mask meets another tensor: this op applies it
             applied = _applied(record, inverted, arithmetic, others, _floated(record, sources, records))
             if compared is not None and applied.kind in ("attend", "masked"):
@@ -489,7 +503,9 @@ def masks_itself(records: list[Record]) -> Record | None:
 def masks_by_itself(records: list[Record]) -> Record | None:
     """The code's pattern where it masks by itself (given a mask that masks nothing): the first softmax (or a
     kernel's recomputed attention) with weights of exactly 0, which only a mask makes (a causal buffer, a tril,
-    `is_causal=True`); None where every weight is positive."""
+    `is_causal=True`); else the weights after the first softmax where the code zeroes some itself (GPT-2's causal
+    buffer applied to them, `torch.where(causal_mask, weights, 0)`: `after_softmax`); None where every weight is
+    positive."""
     from attnscope.usertrace.sinkcols import joined_at
 
     # online softmax (chunked, flash-style) never calls one: each block's exp(scores − max) stands for the pattern
@@ -502,4 +518,35 @@ def masks_by_itself(records: list[Record]) -> Record | None:
             weights = r.tensor if sink is None else r.tensor[..., 1:] if sink == 0 else r.tensor[..., :-1]
             if bool((weights == 0).any()):
                 return r
+    return after_softmax(records)
+
+
+def after_softmax(records: list[Record]) -> Record | None:
+    """The first op after the first softmax that zeroes some of its weights, where the softmax has none at 0: a
+    mask of the code's own applied to the weights (`torch.where(causal_mask, weights, 0)`, `weights * tril`,
+    `masked_fill(~mask, 0)`), on the weights' own shape, before they meet the values. Zeros with a random draw in
+    their history (`F.dropout` in training mode, a keep-mask drawn by hand: dropouts.RANDOM) are a dropout's, never
+    a mask; `zeros_like(weights)` holds none of their values. None where there is no such op."""
+    import torch
+
+    from attnscope.usertrace.dropouts import RANDOM
+
+    softmax = next((r for r in records if r.func.split(".")[-1] in ("softmax", "_softmax")), None)
+    if softmax is None or not softmax.tensor.is_floating_point() or bool((softmax.tensor == 0).any()):
+        return None
+    drawn: set[int] = set()  # records with a random op in their history (a dropout in eval() mode draws nothing)
+    for r in records:
+        name = r.func.split(".")[-1]
+        idle = "dropout" in name and bool(r.parents) and torch.equal(records[r.parents[0]].tensor, r.tensor)
+        if (name in RANDOM and not idle) or drawn & set(r.parents):
+            drawn.add(r.index)
+    derived = {softmax.index}
+    for r in records[softmax.index + 1:]:
+        if not derived & set(r.parents) or r.func.split(".")[-1] in SHAPED_ONLY:  # zeros_like(weights): no values
+            continue
+        if tuple(r.tensor.shape) != tuple(softmax.tensor.shape) or not r.tensor.is_floating_point():
+            continue  # the weighted sum (another shape), a comparison: the weights go no further here
+        derived.add(r.index)
+        if r.index not in drawn and bool((r.tensor == 0).any()):
+            return r
     return None
