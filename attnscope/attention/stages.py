@@ -474,8 +474,9 @@ def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str) -> Tensor:
     x_rsh2 = rec("x_rsh2", x_rsh1.view(n_batch, n_Q, n_head * d_head),  # [n_batch, n_Q, n_head·d_head]
                  ("n_batch", "n_Q", width), f"x_rsh1.view(n_batch, -1, {width})", allocates=False,
                  inputs=("x_rsh1",))
-    x = wide(W_o, x_rsh2)  # [n_batch, n_Q, d_feat]
-    return rec("x", x, ("n_batch", "n_Q", "d_feat"), "W_o(x_rsh2)",
+    x = wide(W_o, x_rsh2)  # [n_batch, n_Q, d_feat]; a W_o as wide as the merge (trace's identity): [.., width]
+    out = width if W_o.out_features == n_head * d_head else "d_feat"
+    return rec("x", x, ("n_batch", "n_Q", out), "W_o(x_rsh2)",
                ("linear", x.shape, x_rsh2.shape[-1], W_o.bias is not None), inputs=("x_rsh2",))
 
 

@@ -1,7 +1,8 @@
 """The first run of the user's code, and the readings tried where it raises: a decode step's cache (MLA's latents,
 a cache the module holds), then the code handed its cache in each layout real code keeps, a memory where it raised
 without one, one sequence, the column form, a function's weights turned, the widths its weights hold, time-first
-inputs; and a cache layout its own join says. Each reading is kept on the run so far (trace_attempt.py).
+inputs, n_head slices of a width they hold; and a cache layout its own join says. Each reading is kept on the run
+so far (trace_attempt.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from attnscope.runs.trace_setup import (
     held_widths,
     memory_note,
     reads_rows,
+    sliced_widths,
     weights_note,
     widths,
     with_width,
@@ -39,7 +41,7 @@ def first_run(r: RunSoFar) -> Made:
     made = _empty_cache(r, made)
     made = _one_input(r, made)
     for retry in (equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned, _at_held_widths,
-                  _time_first, _joined_layout, _module_unbatched, refused):
+                  _time_first, _joined_layout, _module_unbatched, _at_sliced_widths, refused):
         made = retry(r, made)
     _cache_notes(r, made)
     return made
@@ -304,6 +306,23 @@ def _at_held_widths(r: RunSoFar, ran: Made) -> Made:
                 break
             r.shapes, r.plan = held
     return inputs, fed, called, convention
+
+
+def _at_sliced_widths(r: RunSoFar, ran: Made) -> Made:
+    """Code that fails on every other reading, whose weights each read one head's slice (no weight reads d_feat):
+    d_feat n_head times each width they hold, d_head that width, the first it runs on."""
+    inputs, fed, called, convention = ran
+    n_head = r.shapes.n_head
+    if called.failure is None or r.weighted is None or r.o.q or r.o.d_feat is not None or not n_head or n_head < 2:
+        return ran
+    for width in sliced_widths(r.weighted):
+        held = r.shapes
+        r.shapes = dataclasses.replace(r.shapes, fixed=r.shapes.fixed | {"d_feat": n_head * width, "d_head": width})
+        made = attempted(r.attempt, r.o)
+        if made is not None and made[2].failure is None:
+            return made
+        r.shapes = held
+    return ran
 
 
 def _time_first(r: RunSoFar, ran: Made) -> Made:

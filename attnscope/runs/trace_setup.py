@@ -390,6 +390,18 @@ def held_widths(module: Any, shapes: Any, memory: bool) -> list[tuple[int | None
     return pairs
 
 
+def sliced_widths(module: Any) -> list[int]:
+    """The widths one head's slice may have where the code failed on every other reading: each width the module's
+    Linear layers read, else each size its weights hold, most held first (weights each head applies to its own
+    slice after the split, a shared `Linear(d_head, d_head)` or blocks `[n_head, d_head, d_head]`: blockheads.py)."""
+    from collections import Counter
+
+    from attnscope.usertrace.inputs import linear_widths
+
+    counts = Counter(n for p in module.parameters() if p.dim() >= 2 for n in p.shape)
+    return linear_widths(module) or [n for n, _ in counts.most_common()]
+
+
 def context_widths(module: Any, shapes: Any) -> list[int | None]:
     """The widths a memory is given in turn: as chosen (None: the queries' width, or the d_kv_in the projections
     said), then, where nothing said it, each other width the module's weights hold (a fused to_kv of its own)."""

@@ -64,6 +64,9 @@ class Part:
         return int(self.weight.shape[0])
 
 
+NONE = "(none)"  # the name of the identity a module without an output projection is held by (its merge compared)
+
+
 def rows(name: str, weight: torch.Tensor, bias: torch.Tensor | None, index: torch.Tensor | slice,
          label: str) -> Part:
     held = range(weight.shape[0])[index] if isinstance(index, slice) else index.reshape(-1).tolist()

@@ -72,7 +72,7 @@ class ShapePlan:
 
     @staticmethod
     def make(o: InputOptions, module: Any, init: dict[str, Any]) -> ShapePlan:
-        from attnscope.usertrace import load
+        from attnscope.usertrace import load, perhead
 
         if module is None:
             fixed = {"n_head": o.heads} if o.heads else {}
@@ -104,7 +104,9 @@ class ShapePlan:
             fixed["n_head"] = n_head
             projections = _projections(module, n_head, hint or (d_feat // n_head if d_feat % n_head == 0 else None))
             kernels = kernel_heads(module) if projections is None else None  # Keras' [d_feat, n_head, d_head]
+            per_head = perhead.head_width(module, n_head, d_feat) if projections is None else None
             q_width = projections.linears["q"][1].out_features if projections else \
+                n_head * per_head if per_head else \
                 kernels[0] * kernels[1] if kernels is not None and kernels[0] == n_head else \
                 n_head * hint if hint else d_feat  # the head width the module says (a function's d_head=10)
             if projections and projections.linears["k"][1].in_features != d_feat:  # K, V read a context's width

@@ -4,10 +4,12 @@ value `Linear(n_embd, head_size)`; a ModuleList or ParameterList per role indexe
 
 - The heads are read from the data flow: each softmax's scores come from one projection on the left (q) and one on
   the right (k), its pattern multiplies a third (v); no projection serves two heads; one projection (o) reads every
-  head's output.
+  head's output, or none does (Raschka's `MultiHeadAttentionWrapper`, `torch.cat([head(x) for head in self.heads],
+  dim=-1)` returned as it is): then the merge is the first tensor made from every head's output, and the reference
+  has no output projection of its own (its o is the identity, compared up to the merge).
 - Their order is the one the code's merge lays them out in: each head's output is looked up by value among what o
-  reads, which says its columns (`torch.cat([h(x) for h in self.heads])` puts head 0 first, any other order or
-  interleaving reads as it is written). n_head is the number of heads, d_head each projection's width.
+  reads (or in the merge), which says its columns (`torch.cat([h(x) for h in self.heads])` puts head 0 first, any
+  other order or interleaving reads as it is written). n_head is the number of heads, d_head each projection's width.
 - The reference holds their weights stacked by head in that order (o's columns in the same order), and the user's
   per-head tensors are stacked along a head axis for the line-up (`stacked`): each op every head runs alike, its
   heads' tensors `[.., n_head, ..]` before their last two axes, as the reference's `[n_batch, n_head, n_Q, ..]`.
@@ -32,7 +34,7 @@ ROLES = ("q", "k", "v")
 class Heads:
     roles: list[dict[str, str]]  # per head, in the order the merge lays them out: {q, k, v: projection name}
     outs: list[int]  # each head's output record (pattern @ V), in that order
-    o: str  # the projection reading every head's output
+    o: str | None  # the projection reading every head's output; None where none does (the merge is returned)
     columns: list[int]  # o's input columns, head by head in that order (each head's coordinates in its order)
     line: int  # the line of the first head's scores
 
@@ -62,19 +64,37 @@ def find(records: list[Record]) -> Heads | None:
         return None  # a projection serving two softmaxes: not one head each (a decode step, two attentions)
     readers = [r for r in records if r.index in made and made[r.index] not in set().union(*used)
                and all(out in ancestors(r, records) for _, out in heads)]
-    if len({made[r.index] for r in readers}) != 1:
+    if len({made[r.index] for r in readers}) > 1:
         return None
-    o_call = readers[0]
-    merged = next((records[v] for k, v in o_call.args[1:2] if k == "rec"), None)
     widths = [int(records[out].tensor.shape[-1]) for _, out in heads]
+    if readers:
+        o: str | None = made[readers[0].index]
+        merged = next((records[v] for k, v in readers[0].args[1:2] if k == "rec"), None)
+    else:  # no output projection: the merge is the first tensor made from every head's output, as wide as they are
+        o, merged = None, next((r for r in records if r.tensor.dim() and r.tensor.shape[-1] == sum(widths)
+                                and all(out in ancestors(r, records) for _, out in heads)), None)
+        if merged is None:
+            return None
     columns = [_columns(merged.tensor, records[out].tensor) if merged is not None else None for _, out in heads]
     if any(c is None for c in columns):  # not found by value: the heads side by side, in the order they ran
         starts = [sum(widths[:i]) for i in range(len(widths))]
         columns = [list(range(s, s + w)) for s, w in zip(starts, widths, strict=True)]
     order = sorted(range(len(heads)), key=lambda i: min(columns[i] or [0]))
     line = records[operands_at(records, softmaxes[0])[0]].line  # type: ignore[index]
-    return Heads([heads[i][0] for i in order], [heads[i][1] for i in order], made[o_call.index],
+    return Heads([heads[i][0] for i in order], [heads[i][1] for i in order], o,
                  [c for i in order for c in columns[i] or []], line)
+
+
+def head_width(module: Any, n_head: int, d_feat: int) -> int | None:
+    """What each head's projections write, read from the module before it runs: its Linear layers reading d_feat
+    include 3·n_head of one width (a q, k and v of its own for each head, whatever their names); None otherwise."""
+    from collections import Counter
+
+    from torch import nn
+
+    widths = Counter(m.out_features for m in module.modules() if isinstance(m, nn.Linear) and m.in_features == d_feat)
+    found = [w for w, count in widths.items() if count == 3 * n_head]
+    return found[0] if n_head > 1 and len(found) == 1 else None
 
 
 def _sources(records: list[Record], made: dict[int, str]) -> dict[int, set[str]]:
@@ -119,6 +139,13 @@ def projections(heads: Heads, modules: dict[str, Any], names: list[str], role_of
         names_of = [roles[role] for roles in chosen]
         name = f"{_pattern(names_of)} ({len(parts)} heads stacked{_order(names_of)})"
         out[role] = (name, _stack(name, parts))
+    if heads.o is None:  # no output projection: the identity over the merge, its columns in the heads' order
+        from attnscope.usertrace.fused import NONE
+
+        weight = out["q"][1].weight
+        eye = torch.eye(len(heads.columns), dtype=weight.dtype, device=weight.device)
+        out["o"] = (NONE, Part(NONE, eye[:, heads.columns], None))
+        return out
     o = modules[heads.o]
     width = int(o.weight.shape[1])
     if heads.columns == list(range(width)):

@@ -225,6 +225,8 @@ class Recorder(TorchFunctionMode):
                 details["weight"] = used  # the weight as the code handed it (qkv_w.flatten(end_dim=1))
             if (bound := self.statements.bound(frames[0].f_lineno)) is not None:
                 details["bound"] = bound  # the names its statement binds, as written (words.py reads them)
+            if first is not None and not parents:  # what an input (or a parameter) was: no record says its shape
+                details["source_shape"] = tuple(first.shape)
             self.records.append(Record(index, name, call, snapshot, frames[0].f_lineno, text_args, style, not shares,
                                        _flops(name, args, tensor), parents, details=details))
             self._produced[id(tensor)] = index

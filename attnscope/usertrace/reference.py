@@ -27,6 +27,7 @@ from attnscope.errors import UsageError
 from attnscope.spec import clip_words
 from attnscope.trace import Trace
 from attnscope.usertrace import normforms
+from attnscope.usertrace.fused import NONE
 from attnscope.variants.rope import Rope
 
 if TYPE_CHECKING:
@@ -432,8 +433,21 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     """Every reading of the module's projections worth lining up, the likeliest first: four Linear layers by
     name, a wrapped nn.MultiheadAttention, a fused q/k/v projection (one candidate per way of splitting it),
     exactly four Linear layers in registration order. `inputs`: the forward's tensor parameters by role (Q, K,
-    V), where it takes them apart: each projection's role is then the role of the input it reads."""
-    from attnscope.usertrace import flow, fused, identity, keybias, laterbias, perhead, unused
+    V), where it takes them apart: each projection's role is then the role of the input it reads. A projection
+    applied to each head's slice (blockheads.py) is held block-diagonal, said in the reading's note."""
+    from attnscope.usertrace import blockheads
+
+    found = _find_projections(module, records, n_head, d_head, inputs)
+    for projections in found:
+        said = blockheads.note(projections.linears)
+        if said is not None:
+            projections.note = f"{projections.note}; {said}" if projections.note else said
+    return found
+
+
+def _find_projections(module: nn.Module, records: list[Record] | None, n_head: int | None, d_head: int | None,
+                      inputs: dict[str, str] | None) -> list[Projections]:
+    from attnscope.usertrace import blockheads, flow, fused, identity, keybias, laterbias, perhead, unused
 
     if identity.is_holder(module):  # q, k, v given already projected, the heads split by the code (identity.py)
         return [Projections(identity.projections(module), "identity")]
@@ -444,12 +458,15 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     linears += parameter_projections(module, records)
     # a bias the code adds once it has cut the output apart (q = q + self.q_bias after the chunk): laterbias.py
     linears = [(name, laterbias.added(name, m, records, params)) for name, m in linears]
+    # one projection every head applies to its own slice, after the split (Persson's Linear(head_dim, head_dim))
+    linears = [(name, blockheads.spread(name, m, records, n_head)) for name, m in linears]
     modules, names = dict(linears), [name for name, _ in linears]
     heads = perhead.find(records)
     if heads is not None and all(name in modules for roles in heads.roles for name in roles.values()):
         return [Projections(perhead.projections(heads, modules, names, role_of),
                             f"data flow, per head: {len(heads.roles)} softmaxes, each with q, k and v projections of "
-                            "its own, stacked by head in the order your code merges their outputs")]
+                            "its own, stacked by head in the order your code merges their outputs"
+                            + (f"; {NO_OUTPUT}" if heads.o is None else ""))]
     read = flow.roles(records, names, role_of)
     named = {role: [n for n in names if role_of(n) == role] for role in ROLES}
     if read is not None:  # the Linear layers the run called (diffusers' Attention holds add_q_proj beside to_q)
@@ -492,20 +509,22 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     found = fused.fused_linear(linears)
     out = fused.output_linear(linears, found, role_of) if found is not None else None
     shared = flow.shared(records, names)
+    thrown = unused.discarded(records)  # called, its product thrown away (`v = self.Wv(x)`, then `@ k`)
     if shared is not None and len(set(shared.values())) < 4:  # one weight writes two roles, beside unused ones
-        spare = [n for n in names if not mentioned(n, records)]
+        spare = [n for n in names if not mentioned(n, records) or n in thrown]
         spare_parts = dict(parameter_projections(module, records, spare=True))
-        siblings = unused.sibling_reading(shared, modules | spare_parts, spare + list(spare_parts), role_of)
+        siblings = unused.sibling_reading(shared, modules | spare_parts, spare + list(spare_parts), role_of,
+                                          thrown)
         if siblings is not None:
             return [Projections({role: (name, (modules | spare_parts)[name]) for role, name in siblings[0].items()},
                                 siblings[1])]
     lone = flow.shared_without_output(records, names) if shared is None else None
     if lone is not None:  # no output projection, and a weight the run never calls (`self.key(x)` for the values)
-        spare = [n for n in names if not mentioned(n, records)]
-        siblings = unused.sibling_reading(lone, modules, spare, role_of)
+        spare = [n for n in names if not mentioned(n, records) or n in thrown]
+        siblings = unused.sibling_reading(lone, modules, spare, role_of, thrown)
         if siblings is not None:
             return [Projections({**{role: (name, modules[name]) for role, name in siblings[0].items()},
-                                 "o": ("(none)", _identity(modules[lone["q"]]))}, f"{siblings[1]}; {NO_OUTPUT}")]
+                                 "o": (NONE, _identity(modules[lone["q"]]))}, f"{siblings[1]}; {NO_OUTPUT}")]
     if shared is not None and shared["q"] != shared["k"] == shared["v"]:  # a fused K/V projection (to_kv)
         return [Projections({"q": (shared["q"], modules[shared["q"]]),
                              **{role: (part.name, part) for role, part in parts.items()},
@@ -526,10 +545,16 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     if len(linears) == 4:
         return [Projections(dict(zip(ROLES, linears, strict=True)), "registration order")]
     alone = flow.without_output(records, names)
-    if alone is not None and modules[alone["q"]].out_features == modules[alone["q"]].in_features:
-        # no output projection (HF's BertSelfAttention): the reference's is the identity, so its x is the merge
+    if alone is not None:  # no output projection (HF's BertSelfAttention): the reference's is the identity, so its
+        # x is the merge (of any width: n_head·d_head need not be d_feat)
+        how = "data flow"
+        if all(len(named[role]) == 1 for role in "qkv") and any(alone[role] != named[role][0] for role in "qkv"):
+            # three named one role each, used in others: a swap, held by the names as with an output projection
+            how = "name; your code uses " + ", ".join(f"{alone[role]} as {role.upper()}" for role in "qkv"
+                                                      if alone[role] != named[role][0])
+            alone = {role: named[role][0] for role in "qkv"}
         return [Projections({**{role: (name, modules[name]) for role, name in alone.items()},
-                             "o": ("(none)", _identity(modules[alone["q"]]))}, f"data flow; {NO_OUTPUT}")]
+                             "o": (NONE, _identity(modules[alone["q"]]))}, f"{how}; {NO_OUTPUT}")]
     listed = ", ".join(f"{n} [{m.in_features} → {m.out_features}]" for n, m in linears) or "none"
     raise UsageError(f"no reference for {type(module).__name__}: trace copies q, k, v and output projections (four "
                      "Linear layers named like W_q/q_proj/query and W_o/out_proj, or exactly four in that order; a "
@@ -545,7 +570,7 @@ def merge_only(found: Projections) -> Projections | None:
     (_, q), (name, o) = found.linears["q"], found.linears["o"]
     if o.in_features <= q.out_features:
         return None
-    return Projections({**found.linears, "o": ("(none)", _identity(q))},
+    return Projections({**found.linears, "o": (NONE, _identity(q))},
                        f"{found.matched_by}; your {name} reads {o.in_features} features, the {q.out_features} of the "
                        "merged heads beside others (an MLP's, as in a parallel block), so the reference's output "
                        "projection is the identity and it is compared up to the merge of the heads", found.note, True)
@@ -561,7 +586,7 @@ def _identity(query: Any) -> Any:
     from attnscope.usertrace import fused
 
     width, weight = query.out_features, query.weight
-    return fused.Part("(none)", torch.eye(width, dtype=weight.dtype, device=weight.device), None)
+    return fused.Part(NONE, torch.eye(width, dtype=weight.dtype, device=weight.device), None)
 
 
 def _by_inputs(records: list[Record], names: list[str], inputs: dict[str, str], named: dict[str, list[str]]
@@ -614,7 +639,8 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
     q, k, v, o = (found.linears[role][1] for role in ROLES)
     d_feat = q.in_features
     names = {role: found.linears[role][0] for role in ROLES}
-    if k.in_features != v.in_features or o.out_features != d_feat:  # K, V may read a context of their own width
+    merge = names["o"] == NONE  # no output projection: the identity over the merge, of the heads' width
+    if k.in_features != v.in_features or o.out_features != d_feat and not merge:  # K, V may read their own width
         raise UsageError(f"{names['k']} and {names['v']} must read the same features and {names['o']} write "
                          f"{names['q']}'s back: found {q.in_features}, {k.in_features}, {v.in_features} in, "
                          f"{o.out_features} out")
@@ -652,6 +678,8 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
                                    d_head=d_head if d_head * n_head != d_feat else None, device=weight.device,
                                    dtype=weight.dtype, spec=attention,
                                    d_kv_in=k.in_features if k.in_features != d_feat else None)
+    if o.out_features != d_feat:  # the merge of heads other than d_feat wide, compared as it is: x = x_rsh2
+        reference.W_o = nn.Linear(o.in_features, o.out_features, bias=False, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         for mine, theirs in ((reference.W_q, q), (reference.W_k, k), (reference.W_v, v), (reference.W_o, o)):
             mine.weight.copy_(theirs.weight)

@@ -8,20 +8,48 @@ Which role each unused weight stands for: its name where it says one of the role
 writer keeps the role its own name says; else the writer keeps the first role of q, k, v it wrote, and the unused
 weights take the others in the order the module registers them (the usual slip writes the keys' projection where
 the values' was meant).
+
+A weight the code calls and then throws away (`v = self.Wv(x)` computed, and the pattern multiplied by `k`: its
+product reaches nothing the call returns) is unused as well: it never turns the weight that took its role into a
+fused one (read as a K/V projection split in halves).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.record import Record
 
 ROLES = ("q", "k", "v")
 
 
+def discarded(records: list[Record]) -> set[str]:
+    """The projections (by name) the code calls where no product of theirs reaches what the call returns; empty
+    where the run marks nothing returned."""
+    returned = [r for r in records if "returned" in r.details]
+    if not returned:
+        return set()
+    live: set[int] = set()
+    stack = [r.index for r in returned]
+    while stack:
+        index = stack.pop()
+        if index not in live:
+            live.add(index)
+            stack.extend(records[index].parents)
+    calls: dict[str, bool] = {}
+    for r in records:
+        if r.style == "linear" and r.args and r.args[0][0] == "text":
+            calls[r.args[0][1]] = calls.get(r.args[0][1], False) or r.index in live
+    return {name for name, used in calls.items() if not used}
+
+
 def sibling_reading(shared: dict[str, str], modules: dict[str, Any], spare: list[str],
-                    role_of: Any) -> tuple[dict[str, str], str] | None:
-    """{role: weight name} with the unused weights `spare` (in the module's order) in the roles a weight of their
-    shape took besides its own, and how; None where no one weight writes two roles, or the unused weights of its
-    shape are not one for each role it took too many."""
+                    role_of: Any, thrown: set[str] | None = None) -> tuple[dict[str, str], str] | None:
+    """{role: weight name} with the unused weights `spare` (in the module's order; `thrown`: those the code calls
+    and throws the product of away) in the roles a weight of their shape took besides its own, and how; None where
+    no one weight writes two roles, or the unused weights of its shape are not one for each role it took too
+    many."""
     writers: dict[str, list[str]] = {}
     for role in ROLES:
         writers.setdefault(shared[role], []).append(role)
@@ -47,6 +75,8 @@ def sibling_reading(shared: dict[str, str], modules: dict[str, Any], spare: list
         found[role] = sibling
     found[keeps] = writer
     taken = ", ".join(f"{found[r]} as {r.upper()}" for r in roles if found[r] != writer)
+    ran = [found[r] for r in roles if found[r] != writer and found[r] in (thrown or set())]
     how = (f"data flow, with weights your code never uses: {writer} makes your {', '.join(r.upper() for r in roles)}; "
-           f"the reference holds {taken}, of {writer}'s shape, there")
+           f"the reference holds {taken}, of {writer}'s shape, there"
+           + (f" ({', '.join(ran)} runs, and nothing it makes reaches your output)" if ran else ""))
     return found, how
