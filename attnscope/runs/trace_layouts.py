@@ -41,7 +41,7 @@ def first_run(r: RunSoFar) -> Made:
     made = _empty_cache(r, made)
     made = _one_input(r, made)
     for retry in (equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned, _at_held_widths,
-                  _time_first, _joined_layout, _module_unbatched, _at_sliced_widths, refused):
+                  _time_first, _as_image, _joined_layout, _module_unbatched, _at_sliced_widths, refused):
         made = retry(r, made)
     _cache_notes(r, made)
     return made
@@ -348,6 +348,34 @@ def _time_first(r: RunSoFar, ran: Made) -> Made:
                 r.notes += [timefirst.note(failed, r.weighted is not None, r.o.layout)] + ([said] if said else [])
                 break
     return inputs, fed, called, convention
+
+
+def _as_image(r: RunSoFar, ran: Made) -> Made:
+    """A module that takes its one input as an image, `[n_batch, n_h, n_w, d_feat]` (SAM's image encoder: `B, H, W, _
+    = x.shape`; ViTDet's), that raised on `[n_batch, n, d_feat]` before any op of its own (or unpacking four sizes
+    from three): the same tokens handed so, n_h·n_w of them in raster order, the reference's n_Q."""
+    inputs, fed, called, convention = ran
+    failed = called.failure
+    if failed is None or r.weighted is None or not r.plan.self_attention or len(r.plan.tensors) != 1 or r.o.q \
+            or r.o.layout != "row" or r.o.cache or r.o.grid is not None or r.o.batch == 0:
+        return ran
+    if called.records and "expected 4" not in failed.message:
+        return ran
+    made = attempted(r.attempt, dataclasses.replace(r.o, grid=(0, 0)))
+    if made is None or made[2].failure is not None or made[0].grid is None:
+        return ran
+    r.o = dataclasses.replace(r.o, grid=made[0].grid)  # the image it ran on, kept for every later run
+    r.notes.append(image_note(made[0].grid, failed))
+    return made
+
+
+def image_note(grid: tuple[int, int], failed: Failure | None = None) -> str:
+    """The note for a module read as taking its input as an image."""
+    where = f" (line {failed.line}: {failed.message}, on [n_batch, n, d_feat])" if failed is not None and failed.line \
+        else ""
+    return (f"your module takes its input as an image, [n_batch, n_h, n_w, d_feat] = [.., {grid[0]}, {grid[1]}, ..]"
+            f"{where}: it is handed one, its n_h·n_w tokens in raster order the reference's n_Q = {grid[0] * grid[1]} "
+            "(a --q file [n_batch, n_h, n_w, d_feat] says the same); a convention, not a mistake")
 
 
 def _joined_layout(r: RunSoFar, ran: Made) -> Made:

@@ -149,7 +149,7 @@ def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) ->
     from attnscope.usertrace.lineup import line_up
 
     inputs, fed, called, convention = ran
-    if timefirst.early(lined) and timefirst.possible(r.o, inputs):
+    if timefirst.early(lined) and timefirst.possible(r.o, inputs) and not _grouped(r, ran, lined):
         # time-first code that runs on batch-first inputs too (it then attends across the batch): the reading
         # under which it lines up further is kept (usertrace/timefirst.py)
         # (where --batch equals --nq the two readings share one shape: tried on a batch of another size)
@@ -173,6 +173,16 @@ def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) ->
             run.header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
             run.params, run.failure, run.failure_source = run_params(r.o, r.target, r.kwargs, inputs), None, None
     return (inputs, fed, called, convention), lined
+
+
+def _grouped(r: RunSoFar, ran: Made, lined: LineUp) -> bool:
+    """Whether the code, as it ran, attends within groups it makes itself (regroup.py: Hiera's mask units, which a
+    time-first reading would line up no better): read so later, never as time-first."""
+    from attnscope.usertrace import regroup
+
+    inputs, _, called, _ = ran
+    return r.weighted is not None and regroup.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec,
+                                                   lined) is not None
 
 
 def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
@@ -203,7 +213,7 @@ def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tup
 def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
     """The code's own qk-norm, temperature tuning and groups of tokens, read by experiment where the line-up
     diverges."""
-    from attnscope.usertrace import ownnorm, regroup, tuning
+    from attnscope.usertrace import ownnorm, pooled, regroup, tuning
 
     inputs, fed, called, convention = ran
     if lined.divergence is not None and r.o.qk_norm is None and r.weighted is not None and r.o.layout != "col":
@@ -220,6 +230,21 @@ def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tu
         if grouped is not None:  # attention within groups the code makes itself (MobileViT's unfold): the reference
             lined = grouped[1]  # run on those groups, a note saying them
             run.notes.append(grouped[2])
+    if lined.divergence is not None and r.weighted is not None:
+        made = pooled.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
+        if made is not None:  # q, k or v pooled along the tokens after the projection (Hiera, Linformer): the
+            from attnscope.usertrace.inputs import plan_notes  # reference attends over the code's pooled tensors
+
+            stale = plan_notes(r.plan, inputs)
+            inputs.sizes.update(made[0].sizes)  # n_Q or n_K theirs; sizes shared before are said anew
+            fresh = plan_notes(r.plan, inputs)
+            run.notes[:] = [n for n in run.notes if n not in stale or n in fresh] + [n for n in fresh
+                                                                                     if n not in run.notes]
+            r.spec, lined = dataclasses.replace(r.spec, pooled=made[1].spec.pooled if made[1].spec else None), made[1]
+            run.notes.append(made[2])
+            run.header = run_header(r.target, r.label, r.plan, inputs, r.mode, r.spec)
+            run.header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
+            run.params["sizes"] = dict(inputs.sizes)
     return (inputs, fed, called, convention), lined
 
 

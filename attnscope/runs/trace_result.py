@@ -63,6 +63,8 @@ def run_header(target: Target, label: str, plan: Plan, inputs: Inputs, mode: str
     kind = "cross-attention, the queries from your module's own tensors" if inputs.own and \
         inputs.own_from == "module" else kind
     kind = "joint attention" if inputs.own and inputs.own_from == "joined" else kind
+    kind = "self-attention, the queries from some of its tokens" if inputs.own and inputs.own_from == "selected" \
+        else kind
     kind += "" if not spec.cache else ", a decode step"
     described = ", ".join(part for part in (spec.describe(), "column layout" if spec.layout == "col" else "") if part)
     variants = f"; reference: {described}" if described else ""
@@ -79,7 +81,7 @@ def run_params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: 
             "kv_heads": o.kv_heads, "cache": o.cache, "save": o.save, "alibi": o.alibi,
             "position_bias": o.position_bias, "qk_norm": o.qk_norm, "scale": o.scale, "forward": o.forward,
             "rope_base_asked": o.rope_base is not None, "causal_asked": o.causal is not None and o.causal_asked,
-            "layout": o.layout}
+            "layout": o.layout, "grid": list(o.grid) if o.grid is not None else None}
 
 
 def _jsonable(value: Any) -> Any:
@@ -103,10 +105,13 @@ def run_steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: F
     from attnscope.usertrace.sizes import AxisNames
 
     names = AxisNames(inputs.sizes, _extra_names(inputs))
+    handed = inputs.handed()  # as the code is handed them: an image [n_batch, n_h, n_w, d_feat] where it takes one
     dims_of = {name: _input_dims(inputs, name, names) for name in inputs.tensors}
+    dims_of = {name: dims if handed[name].dim() == len(dims) else (*dims[:-2], "n_h", "n_w", dims[-1])
+               for name, dims in dims_of.items()}
     steps = [UserStep(name, t, dims_of[name], f"input: {inputs.ops[name]}", allocates=True)
-             for name, t in inputs.tensors.items()]
-    given = {name: (dims_of[name], t) for name, t in inputs.tensors.items()}
+             for name, t in handed.items()]
+    given = {name: (dims_of[name], t) for name, t in handed.items()}
     for name, tensor, dims, op in fed.steps:
         steps.append(UserStep(name, tensor, dims, op))
         given[fed.labels.get(id(tensor), name)] = (dims, tensor)

@@ -61,6 +61,8 @@ class Layout:
         permuted = [dims[i] for i in self.order]
         if not self.merged:
             return f"as [{', '.join(permuted)}]"
+        if len(shape) > len(permuted):  # axes of 1 put in (Hiera's one mask unit, [n_batch, n_head, 1, n, d_head])
+            return f"as [{', '.join(permuted)}] with an axis of 1 put in: {list(shape)}"
         return f"as [{', '.join(permuted)}] reshaped to {list(shape)}"
 
     def apply(self, reference: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -125,7 +127,7 @@ def _permuted(source: tuple[int, ...], user_shape: tuple[int, ...], swaps: bool,
         shape = tuple(source[i] for i in order)
         if shape == user_shape:
             found.append(Layout(order, False, split))
-        elif _merges_into(shape, user_shape) and len(user_shape) < len(shape):
+        elif _merges_into(shape, user_shape) and (len(user_shape) < len(shape) or _unsqueezed(shape, user_shape)):
             found.append(Layout(order, True, split))
     return found
 
@@ -140,6 +142,12 @@ def _splits(reference_shape: tuple[int, ...], user_shape: tuple[int, ...]) -> li
                     and (a != size // a or user_shape.count(a) >= 2):
                 found.append((axis, a, size // a))
     return found
+
+
+def _unsqueezed(shape: tuple[int, ...], user_shape: tuple[int, ...]) -> bool:
+    """Whether `user_shape` is `shape` with axes of size 1 put in (Hiera's one mask unit, `[n_batch, n_head, 1, n,
+    d_head]`): the same values in the same order."""
+    return [n for n in shape if n != 1] == [n for n in user_shape if n != 1] and len(user_shape) > len(shape)
 
 
 def _swaps_equal_sizes(order: tuple[int, ...], shape: tuple[int, ...]) -> bool:

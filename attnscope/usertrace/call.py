@@ -42,7 +42,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     from attnscope.usertrace import flex, load, perhead
     from attnscope.usertrace.record import Failure, Recorder, RecordingTooLarge
 
-    labels = {id(t): name for name, t in inputs.tensors.items()}
+    labels = {id(t): name for name, t in inputs.handed().items()}
     if mask is not None:
         labels[id(mask)] = plan.mask or "mask"
     if fed is not None:
@@ -91,7 +91,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
 
 
 def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple[list[Any], dict[str, Any]]:
-    values: dict[str, Any] = dict(inputs.tensors)
+    values: dict[str, Any] = dict(inputs.handed())
     if plan.mask:
         values[plan.mask] = mask
     values.update(fed.values if fed is not None else {})

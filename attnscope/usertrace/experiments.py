@@ -721,6 +721,11 @@ def _swapped(b: Base) -> Iterator[Trial]:
     steps = replay(b, k_new=b.v_new, v_new=b.k_new)
     _feats_swapped(b, steps)
     yield Trial(steps, words)
+    if "K_pooled" in b.ref and "V_pooled" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
+        # swapped before the code pools them (pooled.py): the pooled ones the reference reads are the code's own
+        steps = replay(b)
+        steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]
+        yield Trial(steps, words + ", before your code pools them", fits=lambda _, r: r.held >= 2)  # both held
     if b.cache is not None:  # swapped after the cache was joined: the cached keys and values swapped too
         yield Trial(replay(b, k_new=b.v_new, v_new=b.k_new, swap_cache=True), words + ", after the cache was joined "
                     "(the cached ones swapped as well)")
@@ -783,6 +788,9 @@ def _values_from_keys(b: Base) -> Iterator[Trial]:
     words = ("the values are the keys: {who} is what the reference computes with V = K{how}, as though the value "
              "projection were the key one (`v = k`, or `self.k_proj(x)` twice)")
     yield Trial(_keys_projected(b, replay(b, v_new=b.k_new)), words.replace("{how}", ""))
+    if "V_pooled" in b.ref:  # values pooled from the keys' projection (pooled.py): the pooled values the reference
+        # attends over are the code's own, so V_feat alone is the keys' projection
+        yield Trial(_keys_projected(b, replay(b)), words.replace("{how}", " before your code pools them"))
     # the keys as code that splits the scale between q and k holds them (Whisper's k · d_head^-0.25)
     yield Trial(replay(b, v_new=b.k_new * math.sqrt(b.scale)), words.replace(
         "{how}", f" scaled as your keys are, K · √scale = K · {math.sqrt(b.scale):.4g} (the scale split between q "
@@ -945,6 +953,7 @@ def _split(b: Base) -> Iterator[Trial]:
     wrong: dict[str, dict[str, torch.Tensor]] = {}  # role -> the replay's change, and the steps the view makes
     for role, change, name in (("Q", "q", "Q_rot"), ("K", "k_new", "K_rot"), ("V", "v_new", "")):
         feat, split = (f"{role}_feat", f"{role}_split") if b.kind == "module" else (role, role)
+        feat = f"{role}_pooled" if f"{role}_pooled" in b.ref else feat  # pooled after the projection (pooled.py)
         normed = f"{role}_normed" if b.kind == "module" and f"{role}_normed" in b.ref else None
         if feat not in b.ref or split not in b.ref or b.ref[split].dim() != 4:
             continue

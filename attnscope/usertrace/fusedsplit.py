@@ -26,7 +26,7 @@ def trials(b: Base, rotate: Callable[[torch.Tensor, str], torch.Tensor] | None) 
     """The rerun's steps and their words, where the reference's projections are rows of one fused weight;
     `rotate(x, role)` turns "Q" or "K" as the reference's RoPE does (None: no RoPE)."""
     parts = _fused_rows(b)
-    if parts is None:
+    if parts is None or any(f"{role}_pooled" in b.ref for role in "QKV"):  # pooled after the projection: no split
         return
     feats = {role: b.ref.get(f"{role}_feat") for role in "QKV"}
     splits = {role: b.ref.get(f"{role}_split") for role in "QKV"}

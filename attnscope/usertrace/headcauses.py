@@ -32,6 +32,7 @@ def split_without_transpose(step: str, ctx: Context, near: Match | None) -> Diag
     """A whole cause: some user tensor is X_feat viewed straight as [n_batch, n_head, n, d_head]."""
     for role, n in HEAD_SPLITS.items():
         feat, split = f"{role}_feat", f"{role}_split"
+        feat = f"{role}_pooled" if f"{role}_pooled" in ctx.reference else feat  # pooled after the projection
         if feat not in ctx.reference or split not in ctx.reference or ctx.reference[split].dim() != 4:
             continue
         right = ctx.reference[split].double()

@@ -52,6 +52,9 @@ class InputOptions:
     rope: bool = False
     rope_base: float | None = None
     cache: int = 0
+    # a module's one input handed as an image, [n_batch, n_h, n_w, d_feat] (SAM's, ViTDet's): (n_h, n_w), (0, 0)
+    # for sizes chosen (image_grid); None: as rows
+    grid: tuple[int, int] | None = None
     layout: str = "row"  # "col": a function's inputs [.., d, n], one token a column (sdpa --layout col); "time":
     # time-first [n, n_batch, d] (fairseq's, nn.MultiheadAttention's batch_first=False); "bthd": a function's
     # heads behind the tokens, [n_batch, n, n_head, d] (flash-attn's, JAX's); the last two read from the run only
@@ -232,12 +235,31 @@ class Inputs:
     own: dict[str, torch.Tensor] = field(default_factory=dict)  # Q (K, V): the module's own inputs (Perceiver's
     # latents; keys joined to them), read from the run (usertrace/queries.py)
     own_from: str = "module"  # "position": `own` holds the inputs plus a position embedding (usertrace/posembed.py)
+    # (n_h, n_w): the one input is handed to the code as an image `[n_batch, n_h, n_w, d_feat]`, its tokens the
+    # reference's n_Q = n_h·n_w in raster order (`tensors` holds them as the reference reads them); None: as it is
+    grid: tuple[int, int] | None = None
+    # handed(): each input's view, by the input's id, with the input it views
+    views: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False, compare=False)
+
+    def handed(self) -> dict[str, torch.Tensor]:
+        """The inputs as the code is handed them: an image `[n_batch, n_h, n_w, d_feat]` where `grid` says one, a
+        view of the tokens the reference reads (the same view each time it is asked for)."""
+        if self.grid is None:
+            return self.tensors
+        out = {}
+        for name, t in self.tensors.items():
+            if self.roles[name] == "Q" and t.dim() == 3:
+                if id(t) not in self.views or self.views[id(t)][0] is not t:
+                    self.views[id(t)] = (t, t.unflatten(-2, self.grid))
+                t = self.views[id(t)][1]
+            out[name] = t
+        return out
 
     def side(self, name: str) -> str:
         """The role an input's dims are named by: its own, or K where the module's own tensors are the queries
         (Perceiver's latents: the forward's input is what the keys and values read, [n_batch, n_K, d_kv_in])."""
         role = self.roles[name]
-        return "K" if role == "Q" and "Q" in self.own and self.own_from == "module" else role
+        return "K" if role == "Q" and "Q" in self.own and self.own_from in ("module", "selected") else role
 
     def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The inputs as the reference reads them: [n_batch, n, d] (time-first ones [n, n_batch, d] transposed)."""
@@ -273,11 +295,19 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
                          f"{' and '.join(sized)}")
     loaded = load_files(o, self_attention)
     notes: list[str] = []
+    grid = None
+    if loaded and is_module and self_attention and loaded["Q"].dim() == 4 and o.layout == "row" and not o.cache:
+        # an image [n_batch, n_h, n_w, d_feat] (SAM's, ViTDet's): its tokens in raster order, handed as they are
+        grid = (int(loaded["Q"].shape[1]), int(loaded["Q"].shape[2]))
+        loaded = {role: t.flatten(1, 2) for role, t in loaded.items()}
     if loaded:
         tensors, sizes = _from_files(loaded, shapes, module, notes, o.cache, o.layout)
         if guard is not None:
             guard(sizes)
     else:
+        if o.grid is not None and is_module and self_attention and o.layout == "row":
+            grid, batch = (o.grid, o.batch) if o.grid[0] * o.grid[1] > 0 else image_grid(o, shapes)
+            o = dataclasses.replace(o, nq=grid[0] * grid[1], batch=batch)
         sizes = _choose(o, plan, shapes, is_module)
         batch = _file_sizes(o, self_attention, is_module).get("n_batch")
         if batch is not None and sizes.get("n_batch") == batch:
@@ -300,11 +330,29 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
     if not loaded and len(set(map(id, tensors.values()))) < len(tensors):
         first = plan.tensors[0]
         ops = {name: ops[name] if name == first else f"{first}, the same tensor" for name in ops}
+    extra = dict(shapes.extra)
+    if grid is not None:
+        extra.update({"n_h": grid[0], "n_w": grid[1]})
+        ops = {name: op if op.startswith("loaded") else f"{op.replace('n_Q', 'n_h, n_w')} (n_Q = n_h·n_w tokens "
+               "in raster order)" for name, op in ops.items()}
     inputs = Inputs({name: tensors[role] for name, role in roles.items()}, roles, reference_mask, sizes, ops, notes,
-                    allowed, extra_names=dict(shapes.extra), layout=o.layout)
+                    allowed, extra_names=extra, layout=o.layout, grid=grid)
     if o.cache:
         inputs.cache = _cache(sizes, o.seed, tensors["Q"].dtype)
     return inputs
+
+
+def image_grid(o: InputOptions, shapes: ShapePlan) -> tuple[tuple[int, int], int | None]:
+    """((n_h, n_w), n_batch) of an image input: --nq's tokens as near a square as they divide (n_h ≤ n_w); without
+    --nq, the two smallest sizes no other dim has (n_batch chosen as for any input), a small image whose axes are
+    named."""
+    if o.nq is not None:
+        h = max(d for d in range(1, int(o.nq ** 0.5) + 1) if o.nq % d == 0)
+        return (h, o.nq // h), o.batch
+    batch = choose_sizes(dict(shapes.fixed), ["n_batch"], {"n_batch": o.batch}, tuple(shapes.extra.values()))
+    taken = {*shapes.fixed.values(), *shapes.extra.values(), batch["n_batch"], 1, 3}  # 3: a fused q, k, v
+    h = next(n for n in range(2, 64) if n not in taken)
+    return (h, next(n for n in range(h + 1, 64) if n not in taken)), batch["n_batch"]
 
 
 def _check(o: InputOptions, plan: Plan, is_module: bool) -> None:

@@ -54,9 +54,11 @@ def find(records: list[Record], inputs: Inputs, module: Any, held: dict[str, str
     if any(r is None for r in reads):
         return None
     (q_call, q_in), (k_call, k_in), (v_call, v_in) = reads  # type: ignore[misc]
+    x, names = inputs.tensors[given], set(inputs.tensors)
+    if q_in[0] == "rec" and k_in == ("text", given) and v_in == ("text", given):  # CaiT's self.q(x[:, 0])
+        return _selected(records, records[q_in[1]], records[q_call], module, x, names)
     if k_in[0] != "rec" or v_in[0] != "rec":
         return None
-    x, names = inputs.tensors[given], set(inputs.tensors)
     keys, values = records[k_in[1]], records[v_in[1]]
     made = {"K": _side(keys, records, module, x, names), "V": _side(values, records, module, x, names)}
     if made["K"] is None or made["V"] is None or keys.tensor.shape[-2] != values.tensor.shape[-2]:
@@ -84,6 +86,8 @@ def find(records: list[Record], inputs: Inputs, module: Any, held: dict[str, str
 def apply(inputs: Inputs, found: KeyInput) -> bool:
     """`inputs` with the tensors as the reference's key and value (and query) inputs, n_K their length, and the note
     that says so; False (nothing changed) where the reference's mask does not fit that length."""
+    if "K" not in found.tensors:
+        return _apply_selected(inputs, found)
     n_K = int(found.tensors["K"].shape[-2])
     mask = inputs.mask
     if mask is not None and mask.dim() >= 1 and mask.shape[-1] not in (1, n_K):
@@ -113,6 +117,55 @@ def apply(inputs: Inputs, found: KeyInput) -> bool:
                         f"{parts}{kept}; n_K = {n_K} where the input has {n_input}: read as each role's input side (a "
                         "convolutional or pooled projection), a convention, not a mistake: the reference's "
                         "projections read the same tensors")
+    return True
+
+
+def _selected(records: list[Record], record: Record, call: Record, module: Any, x: torch.Tensor, names: set[str]
+              ) -> KeyInput | None:
+    """The queries' input side where the query projection reads some of the input's tokens, or a summary of them, and
+    the key and value projections the input itself: CaiT's class attention `self.q(x[:, 0])`, a Perceiver-AR-like
+    last token `x[:, -1:]`, a pooled token `x.mean(1, keepdim=True)`; `[n_batch, n_Q, d_feat]` (one token selected
+    away, `[n_batch, d_feat]`, as one), n_Q fewer than the input's tokens. None where no projection is on the way
+    from the input alone to it."""
+    texts, _ = _history(record, records, module)
+    t = record.tensor
+    if texts & names != names or len(names) != 1 or not t.is_floating_point() or t.shape[0] != x.shape[0] \
+            or t.shape[-1] != x.shape[-1] or x.dim() != 3:
+        return None
+    if t.dim() == 2:  # one token selected away: [n_batch, d_feat] -> [n_batch, 1, d_feat]
+        t = t.unsqueeze(1)
+    if t.dim() != 3 or t.shape[1] >= x.shape[1]:
+        return None
+    from attnscope.usertrace.align import ancestors
+
+    up = sorted(ancestors(record, records) | {record.index})
+    return KeyInput({"Q": t.detach()}, {"Q": record}, (str(call.args[0][1]),), {"Q": [records[i] for i in up]})
+
+
+def _apply_selected(inputs: Inputs, found: KeyInput) -> bool:
+    """`inputs` with the queries a selection of the input's tokens (_selected): the reference's query input, n_Q
+    their count, the input the keys' and values' side; False where the reference's mask does not fit n_Q."""
+    t = found.tensors["Q"]
+    n_Q = int(t.shape[-2])
+    mask = inputs.mask
+    if mask is not None and mask.dim() >= 2 and mask.shape[-2] not in (1, n_Q):
+        return False
+    inputs.own = {"Q": t}
+    inputs.own_from = "selected"
+    n_input = inputs.sizes["n_Q"]
+    inputs.sizes["n_Q"], inputs.sizes["n_K"] = n_Q, n_input
+    from attnscope.usertrace.inputs import role_dims
+
+    for name, op in inputs.ops.items():  # the input is the keys' side: [n_batch, n_K, d_feat]
+        if op.startswith("torch.randn("):
+            inputs.ops[name] = f"torch.randn({', '.join(role_dims('K', inputs.sizes, True, inputs.layout))})"
+    record = found.records["Q"]
+    op = record.details.get("op", record.call)
+    inputs.notes.append(f"your query projection ({found.projections[0]}) reads {n_Q} of the {n_input} tokens of your "
+                        f"input, or a summary of them (line {record.line}: {op}), where the key and value projections "
+                        f"read all of them: read as the queries' input side (a class token, the last token, a pooled "
+                        f"token), n_Q = {n_Q}, a convention, not a mistake: the reference's query projection reads "
+                        "the same tensor, and its keys and values every token")
     return True
 
 

@@ -29,7 +29,8 @@ ALIGNED = ("equal", "permuted")
 # the first one's shape is no divergence. enable_gqa repeats K and V inside F.scaled_dot_product_attention;
 # GPT-NeoX splits a fused projection per head, so Q_feat never exists whole; LLMs-from-scratch masks before it
 # scales, so the scaled scores never exist unmasked.
-DERIVED = {"Q_feat": "Q_split", "K_feat": "K_split", "V_feat": "V_split", "K_rep": "scores", "V_rep": "x_raw",
+DERIVED = {"Q_feat": "Q_split", "K_feat": "K_split", "V_feat": "V_split", "Q_pooled": "Q_split",
+           "K_pooled": "K_split", "V_pooled": "V_split", "K_rep": "scores", "V_rep": "x_raw",
            "scores": "masked_scores", "capped_scores": "masked_scores", "biased_scores": "masked_scores",
            "x_rsh2": "x_gated"}  # OpenFold gates each head's output before the merge: the merge is never ungated
 # What each step is computed from, each a group of alternatives, the nearest first: after a divergence a step lines
@@ -38,7 +39,8 @@ _Q = ("Q_rot", "Q_normed", "Q_split", "Q")
 _K = ("K_rep", "K_cat", "K_rot", "K_normed", "K_split", "K")
 _V = ("V_rep", "V_cat", "V_split", "V")
 FROM: dict[str, tuple[tuple[str, ...], ...]] = {
-    "Q_split": (("Q_feat",),), "K_split": (("K_feat",),), "V_split": (("V_feat",),),
+    "Q_pooled": (("Q_feat",),), "K_pooled": (("K_feat",),), "V_pooled": (("V_feat",),),
+    "Q_split": (("Q_pooled", "Q_feat"),), "K_split": (("K_pooled", "K_feat"),), "V_split": (("V_pooled", "V_feat"),),
     "Q_normed": (("Q_feat", "Q"),), "K_normed": (("K_feat", "K"),),  # over the projection, or each head after it
     "Q_rot": (("Q_normed", "Q_split", "Q"),), "K_rot": (("K_normed", "K_split", "K"),),
     "K_cat": (("K_rot", "K_normed", "K_split", "K"),),
@@ -530,6 +532,11 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
                     raise
                 projections, reference = wider, ref.build_mha(wider, shapes.n_head, spec, module, records)
             trace = ref.run_mha(reference, Q, K, V, mask, inputs.cache, spec.added(cast(int, reference.d_head)))
+            if spec.pooled is not None and not col:  # the code's own pooled q, k or v (pooled.py)
+                from attnscope.usertrace import pooledref
+
+                trace, reference = pooledref.combined(trace, projections, shapes.n_head, spec, module, records,
+                                                      (Q, K, V))
             if spec.out_term is not None and not col:  # the code's own term on its output (outterm.py)
                 trace = outterm.folded(trace, spec.out_term, reference)
             if spec.out_gate is not None and not col:  # the code's own gate on its output (outgate.py)
@@ -802,6 +809,8 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         # (the code's own gate, taken from its run, is equal whatever came before: no sign of a step fused away)
         later = any(r.status in ALIGNED for r in rows[i + 1:] if r.reference != "gate")
         derived = statuses.get(DERIVED.get(row.reference, ""), "")
+        if row.reference.endswith("_feat") and f"{row.reference[0]}_pooled" in trace:
+            derived = ""  # what the code pools is taken from its run: nothing after it speaks for the projection
         if row.reference == "scores" and (not derived or statuses.get("biased_scores") in ALIGNED):
             # no mask, or the scores with the code's own term (a bias) held: the biased scores are made from them
             derived = statuses.get("biased_scores", "")
@@ -825,8 +834,12 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
             and not any(r.func in SOFTMAXES for r in records) \
             and any(by_index[i].func in EXPONENTS for i in ancestors(row.record, records) | {row.record.index}) \
             and not _normalized(row.record.tensor)
+        # the heads' output transposed, where the code never holds it so (n_Q and n_head of one size hide a merge
+        # straight from x_raw): the numbers of x_raw, found there; the merge after it says whether it is right
+        transposed = row.reference == "x_rsh1" and row.status in ("differs", "missing") \
+            and statuses.get("x_raw") in ALIGNED
         if (row.status == "missing" and later) or (row.status == "differs" and derived in ALIGNED) or skipped \
-                or fused or split or unnormalized:
+                or fused or split or unnormalized or transposed:
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
 

@@ -44,7 +44,8 @@ ROLE_WORDS = {
 NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weight", "in", "attn", "attention",
          "self", "l", "dense_layer", "c"}
 WEIGHT_WORDS = {"kernel", "weight", "w", "bias"}  # a projection's tensor in its module (Flax's query.kernel)
-MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_split", "K_split", "V_split", "Q_normed", "K_normed", "Q_rot", "K_rot",
+MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_pooled", "K_pooled", "V_pooled", "Q_split", "K_split", "V_split",
+             "Q_normed", "K_normed", "Q_rot", "K_rot",
              "K_cat", "V_cat", "K_rep", "V_rep", "scores", "capped_scores", "biased_scores", "masked_scores",
              "attention", "x_raw", "x_rsh1", "x_rsh2", "gate", "x_gated", "x")
 SDPA_STEPS = ("Q_normed", "K_normed", "Q_rot", "K_rot", "K_rep", "V_rep", "scores", "capped_scores", "biased_scores",
@@ -129,6 +130,10 @@ class Spec:
     # Attention sinks the module holds (sinkcols.py: GPT-OSS's `sinks`, one logit a head joined to each row of scores
     # and dropped after the softmax), `[n_head]`, read from the code's run; the reference holds them
     sinks: Any = field(default=None, compare=False)
+    # Queries, keys or values the code pools along the tokens after their projection (pooled.py: Hiera's max-pooled
+    # queries, Linformer's keys projected along the sequence), role -> the code's own pooled tensor `[n_batch, n,
+    # n_head·d_head]`, read from its run: the reference attends over them (steps Q_pooled, K_pooled, V_pooled)
+    pooled: Any = field(default=None, compare=False)
 
     def added(self, d_head: int) -> Any:
         """What the reference adds to its scaled scores: the position bias, the code's own term (scaled with the
@@ -173,6 +178,7 @@ class Spec:
                  "your own term on the scores" if self.own_term is not None else "",
                  "your own term on the output" if self.out_term is not None else "",
                  "your gate on the output" if self.out_gate is not None else "",
+                 f"your pooled {', '.join(self.pooled)}" if self.pooled is not None else "",
                  self.temperature.describe() if self.temperature is not None else "",
                  "attention sinks" if self.sinks is not None else ""]
         return ", ".join(p for p in parts if p)

@@ -32,62 +32,101 @@ if TYPE_CHECKING:
 class Grouping:
     """The code's groups: `index[g, i]`, the flat position `b · n_tokens + t` of group g's i-th token."""
 
-    index: torch.Tensor  # [n_group, n_in_group]
+    index: torch.Tensor  # [n_group, n_in_group]; -1: a token of zeros the code pads a group with
     n_batch: int
     n_tokens: int
     record: Record  # the regrouped input, as the code made it
+    source: Record | None = None  # the tensor whose rows the code regroups, where it is not the input (a norm of it)
+
+    @property
+    def pads(self) -> int:
+        """How many tokens of zeros the code pads its groups with (SAM's window partition of a grid that no window
+        size divides)."""
+        return int((self.index < 0).sum())
 
     def group(self, tensor: torch.Tensor) -> torch.Tensor:
         """A tensor of the input's tokens `[n_batch, n_tokens, ..]` as the code's groups
-        `[n_groups, n_in_group, ..]`."""
+        `[n_groups, n_in_group, ..]`, a padded token zeros."""
         flat = tensor.reshape(self.n_batch * self.n_tokens, *tensor.shape[2:])
-        return flat[self.index.reshape(-1)].reshape(*self.index.shape, *tensor.shape[2:])
+        flat = torch.cat([flat, torch.zeros_like(flat[:1])])  # the last row: a padded token's
+        index = torch.where(self.index < 0, flat.shape[0] - 1, self.index)
+        return flat[index.reshape(-1)].reshape(*self.index.shape, *tensor.shape[2:])
 
     def pattern(self) -> torch.Tensor:
         """The mask the grouping is, `[n_batch, n_tokens, n_tokens]`: True where two tokens share a group."""
         label = torch.empty(self.n_batch * self.n_tokens, dtype=torch.long)
-        label[self.index.reshape(-1)] = torch.arange(self.index.shape[0]).repeat_interleave(self.index.shape[1])
+        groups = torch.arange(self.index.shape[0]).repeat_interleave(self.index.shape[1])
+        kept = self.index.reshape(-1) >= 0
+        label[self.index.reshape(-1)[kept]] = groups[kept]
         label = label.reshape(self.n_batch, self.n_tokens)
         return label[:, :, None] == label[:, None, :]
 
     def words(self) -> str:
         """The grouping in words: how many groups of how many tokens, and which tokens the first one holds."""
         n_group, size = self.index.shape
-        first = self.index[0] % self.n_tokens
+        first = self.index[0][self.index[0] >= 0] % self.n_tokens
+        padded = f"; {self.pads // self.n_batch} tokens of zeros pad each sequence's" if self.pads else ""
         step = {int(b) - int(a) for a, b in zip(first[:-1], first[1:], strict=True)}
         held = (f"tokens {int(first[0])}, {int(first[1])}, … {int(first[-1])} ({step.pop()} apart)"
-                if len(step) == 1 and size > 2 and next(iter(step)) > 1 else
+                if len(step) == 1 and len(first) > 2 and next(iter(step)) > 1 else
                 f"tokens {int(first[0])} to {int(first[-1])}" if step == {1} else
-                f"tokens {', '.join(str(int(t)) for t in first[:6])}{', …' if size > 6 else ''}")
-        return (f"groups of {size} tokens ({n_group // self.n_batch} a sequence; the first holds {held}), made at "
-                f"line {self.record.line} ({self.record.details.get('op', self.record.call)})")
+                f"tokens {', '.join(str(int(t)) for t in first[:6])}{', …' if len(first) > 6 else ''}")
+        normed = f" of your {self.source.label} (line {self.source.line})" if self.source is not None else ""
+        return (f"groups of {size} tokens{normed} ({n_group // self.n_batch} a sequence; the first holds {held}"
+                f"{padded}), made at line {self.record.line} ({self.record.details.get('op', self.record.call)})")
 
 
-def find(records: list[Record], x: torch.Tensor) -> Grouping | None:
-    """The code's regrouping of its input `x` `[n_batch, n_tokens, d_feat]`: the first tensor of the run that holds
-    x's rows (exactly, each once) as more sequences than x has, each sequence's tokens from one of x's; None where
-    there is none."""
+def find(records: list[Record], x: torch.Tensor, source: Record | None = None) -> Grouping | None:
+    """The code's regrouping of its input `x` `[n_batch, n_tokens, d_feat]` (or of `source`, a norm of it, as x's
+    tokens laid out): the first tensor of the run that holds x's rows (exactly, each once, and beside them only rows
+    of zeros: a padding) as more sequences than x has, each sequence's tokens from one of x's; None where there is
+    none."""
     if x.dim() != 3 or not x.is_floating_point():
         return None
     n_batch, n_tokens, width = x.shape
-    rows = x.reshape(-1, width)
+    rows = (x if source is None else source.tensor).reshape(-1, width)
     where = {tuple(row.tolist()): i for i, row in enumerate(rows)}
-    if len(where) != len(rows):  # repeated rows: no permutation can be read
+    zero = tuple([0.0] * width)
+    if len(where) != len(rows) or zero in where:  # repeated rows: no permutation can be read
         return None
+    where[zero] = -1  # a padded token
     for record in records:
         t = record.tensor
-        if not t.is_floating_point() or t.dim() < 3 or t.shape[-1] != width or t.numel() != x.numel() \
-                or t.dtype != x.dtype or t.shape[0] <= n_batch or (n_batch * n_tokens) % t.shape[0]:
+        if not t.is_floating_point() or t.dim() < 3 or t.shape[-1] != width or t.numel() < x.numel() \
+                or t.dtype != x.dtype or t.shape[0] <= n_batch or (source is not None and record.index <= source.index):
             continue
         found = [where.get(tuple(row.tolist())) for row in t.reshape(-1, width)]
-        if any(i is None for i in found) or len(set(found)) != len(found):
+        kept = [i for i in found if i is not None and i >= 0]
+        if any(i is None for i in found) or len(set(kept)) != len(kept) or len(kept) != len(rows):
             continue
         index = torch.tensor(found).reshape(t.shape[0], -1)
         if index.shape[1] < 2:  # one token a group: time-first code's transpose of a batch of one, no attention
             continue
-        if bool(((index // n_tokens) != (index[:, :1] // n_tokens)).any()):  # a group across sequences
+        sequence = torch.where(index < 0, -1, index // n_tokens)
+        first = sequence.max(dim=1, keepdim=True).values
+        if bool(((sequence != first) & (sequence >= 0)).any()) or bool((first < 0).any()):  # a group across
+            continue  # sequences, or of padding alone
+        return Grouping(index, n_batch, n_tokens, record, source)
+    return None
+
+
+def normed_source(records: list[Record], x: torch.Tensor, name: str) -> Record | None:
+    """A norm of the input `name` (`x`, `[n_batch, n_tokens, d_feat]`, or laid out as an image) that the code
+    regroups rather than x itself (SAM's block: norm1, then its window partition): an op of torch's norms on x alone,
+    no projection on the way, as many values as x; None where there is none."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.prenorm import NORMS
+
+    for record in records:
+        t = record.tensor
+        if record.func not in NORMS or t.numel() != x.numel() or t.shape[-1] != x.shape[-1] \
+                or not t.is_floating_point():
             continue
-        return Grouping(index, n_batch, n_tokens, record)
+        history = [records[i] for i in ancestors(record, records) | {record.index}]
+        texts = {a for r in history for k, a in r.args if k == "text" and isinstance(a, str)}
+        if any(r.style == "linear" for r in history) or name not in texts:
+            continue
+        return record
     return None
 
 
@@ -103,8 +142,17 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
             or inputs.allowed is not None or spec.window:
         return None
     name, x = next(iter(inputs.tensors.items()))
-    grouping = find(records, x)
-    if grouping is None:
+    grouping = find(records, x) if not inputs.own else None
+    normed = normed_source(records, x, name) if grouping is None and not inputs.own else None
+    if normed is not None:  # SAM's block: its norm1, partitioned into windows (padded), is what it attends over
+        grouping = find(records, x, normed)
+    after = None
+    if grouping is None and not inputs.own and lined.trace is not None:  # Hiera's mask units: q, k, v cut after
+        from attnscope.usertrace import headgroups  # the projection into groups with an axis of their own
+
+        after = headgroups.find(records, lined.trace)
+        grouping = Grouping(after.index, after.n_batch, after.n_tokens, after.record) if after is not None else None
+    if grouping is None or (grouping.pads and (spec.causal or inputs.mask is not None)):
         return None
     # the causal rule within each group is the global one there only where each group keeps its tokens in order
     # (chunked causal attention)
@@ -114,10 +162,13 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     if not fits:
         return None
     n_group, size = grouping.index.shape
-    grouped = dataclasses.replace(inputs, tensors={name: grouping.group(x)}, mask=mask, notes=[],
+    side = x if grouping.source is None else grouping.source.tensor.reshape(x.shape)
+    grouped = dataclasses.replace(inputs, tensors={name: grouping.group(side)}, mask=mask, notes=[], grid=None,
                                   sizes={**inputs.sizes, "n_batch": n_group, "n_Q": size, "n_K": size})
+    regrouped = after.regrouped(records) if after is not None else records
+    regrouped = regrouped if grouping.pads else _returned_grouped(regrouped, grouping)  # padded: compared unfolded
     try:
-        again = line_up(module, shapes, grouped, _returned_grouped(records, grouping), train, spec)
+        again = line_up(module, shapes, grouped, regrouped, train, spec)
     except (AttnscopeError, RuntimeError, ValueError):
         return None
     if again.no_reference is not None or not _better(again, lined):
@@ -129,12 +180,33 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
                        f"put the tokens back where line {grouping.record.line} took them from: regrouped as that "
                        f"line lays them, it differs from the reference's {d.reference}; fold the groups back with "
                        "the inverse of the unfolding (the same views, the permute undone)")
-    said = (f"your code attends within {grouping.words()}: it moves them into the batch axis, each group a sequence "
-            f"of its own, and folds the output back; the reference is run on the same groups "
-            + ("(the --mask file allows no pair across them, and is read within each)" if inputs.mask is not None
-               else "(a --mask [n_batch, n_Q, n_K] True where two tokens share a group says the same)")
+    _as_run(again, records)
+    moved = ("it cuts its queries, keys and values into them after the projection, an axis of their own beside the "
+             "heads, and merges the output back; the reference is run on the same groups, your tensors compared with "
+             "the groups moved into the batch axis") if after is not None else \
+        ("it moves them into the batch axis, each group a sequence of its own, and folds the output back; the "
+         "reference is run on the same groups")
+    said = (f"your code attends within {grouping.words()}: {moved}"
+            + (", the norm your code regroups read as their input side" if grouping.source is not None else "")
+            + (", its padded tokens zeros (your code attends to them too), and what your code returns compared in "
+               "groups, before the fold" if grouping.pads else
+               " (the --mask file allows no pair across them, and is read within each)" if inputs.mask is not None
+               else " (a --mask [n_batch, n_Q, n_K] True where two tokens share a group says the same)")
             + (", the causal rule within each group, its tokens in order" if spec.causal else ""))
     return grouped, again, said
+
+
+def _as_run(lined: LineUp, records: list[Record]) -> None:
+    """`lined`'s rows and divergence at the run's own records, where the line-up read them regrouped: each such row
+    says its layout as the groups moved into the batch axis (its axes then named from the run, not the step)."""
+    for row in lined.rows:
+        if row.record is not None and row.record.tensor.shape != records[row.record.index].tensor.shape:
+            row.record = records[row.record.index]
+            row.layout = "regrouped, the groups moved into the batch axis" + (f": {row.layout}" if row.layout else "")
+            row.order, row.merged, row.split = None, False, None
+    d = lined.divergence
+    if d is not None and d.record is not None and d.record.tensor.shape != records[d.record.index].tensor.shape:
+        d.record = records[d.record.index]
 
 
 def _grouped_mask(grouping: Grouping, mask: torch.Tensor | None) -> tuple[bool, torch.Tensor | None]:

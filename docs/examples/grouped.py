@@ -1,6 +1,6 @@
 """Attention within groups of tokens the module makes itself (docs/trace.md, "Attention within groups the module
-makes"): Swin's window partition inside the module, on a 4×4 grid of tokens in raster order. `bug='scale'` scales
-the scores twice:
+makes"): Swin's window partition inside the module, on a 4×4 grid of tokens in raster order (`bug='scale'` scales
+the scores twice); Hiera's mask units, q, k and v cut into groups after the projection (MaskUnits, with --nq 12):
 
     attnscope trace docs/examples/grouped.py:WindowAttention --nq 16
     attnscope trace docs/examples/grouped.py:WindowAttention --init "bug='scale'" --nq 16
@@ -30,3 +30,22 @@ class WindowAttention(nn.Module):
         out = self.proj((attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, C))
         # the windows put back: [B·g·g, w·w, C] -> [B, H·W, C]
         return out.view(B, g, g, w, w, C).permute(0, 1, 3, 2, 4, 5).reshape(B, L, C)
+
+
+class MaskUnits(nn.Module):
+    """Hiera's mask unit attention: q, k and v cut into `units` groups after the fused projection, an axis of their
+    own beside the heads, token t in unit t % units."""
+
+    def __init__(self, dim=32, heads=4, units=3):
+        super().__init__()
+        self.heads, self.units = heads, units
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, -1, self.units, 3, self.heads, C // self.heads).permute(3, 0, 4, 2, 1, 5) \
+            .unbind(0)  # [B, heads, units, N / units, d] each
+        attn = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+        x = attn.softmax(dim=-1) @ v
+        return self.proj(x.transpose(1, 3).reshape(B, -1, C))

@@ -1,0 +1,214 @@
+"""Queries, keys or values the module pools along the tokens after their projection: Hiera's queries max-pooled over
+each unit (`q.view(B, heads, num_windows, q_stride, -1, head_dim).max(dim=3)`), MViTv2's pooled q, k and v (a
+strided pooling or convolution of each head, the class token joined back), Linformer's keys and values projected
+along the sequence (`einsum('bnd,nk->bkd', keys, proj_k)`). The scores then meet n_Q or n_K tokens that are no
+projection of the input's tokens, so no reference of four projections holds them.
+
+Read from the run, never from names: the tensor the line-up pairs with a role's projection (its `_feat` or `_split`
+step) is, on the way to the scores' operand of that role (flow.operands), made into one of the same layout whose
+token axis alone has another length, by an op that summarizes tokens (a pooling, a max, a mean, a sum, a product
+with a matrix of the module's). That tensor, the first of its final length on the way, is the role's pooled side:
+the reference's projections make what it pools (compared as `Q_feat`, `K_feat`, `V_feat`), and the reference then
+attends over the code's own pooled tensors (steps `Q_pooled`, `K_pooled`, `V_pooled`, heads merged, `[n_batch, n,
+n_head·d_head]`, pooledref.py), n_Q or n_K their length: a convention, with a note, and a mistake after it is named
+by experiment as in any other code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from attnscope.trace import Trace
+    from attnscope.usertrace.inputs import Inputs, ShapePlan
+    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.record import Record
+    from attnscope.usertrace.reference import Spec
+
+# ops that summarize tokens: a pooling, a max or mean over a unit, a product with a matrix along the sequence
+SUMMARIZES = ("pool", "max", "amax", "min", "amin", "mean", "sum", "einsum", "matmul", "bmm", "conv", "interpolate",
+              "linear", "logsumexp")
+TOKENS = {"Q": "n_Q", "K": "n_K", "V": "n_K"}
+
+
+@dataclass(frozen=True)
+class Pooled:
+    tensors: dict[str, torch.Tensor]  # role -> the code's pooled tensor, heads merged, [n_batch, n, n_head·d_head]
+    records: dict[str, Record]  # role -> the record holding it
+    before: dict[str, Record]  # role -> the tensor it was pooled from (the line-up pairs it with the projection)
+
+    def note(self, sizes: dict[str, int], n_input: int) -> str:
+        words = {"Q": "queries", "K": "keys", "V": "values"}
+        parts = "; ".join(f"your {words[role]} (line {self.records[role].line}: "
+                          f"{self.records[role].details.get('op', self.records[role].call)}), "
+                          f"{TOKENS[role]} = {sizes[TOKENS[role]]}" for role in "QKV" if role in self.records)
+        roles = " and ".join(words[role] for role in "QKV" if role in self.records)
+        steps = ", ".join(f"{role}_pooled" for role in "QKV" if role in self.records)
+        return (f"your code pools its {roles} along the tokens after their projection ({parts}, from the "
+                f"{n_input} tokens of the input): read as your code's own {roles}, a convention, not a mistake "
+                "(pooled attention: Hiera's, MViTv2's, Linformer's projected sequence); the reference's projections "
+                f"make what your code pools, compared as such, and the reference attends over your pooled {roles} "
+                f"from there ({steps})")
+
+
+def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = None) -> Pooled | None:
+    """The roles whose projection the code pools along the tokens before its scores (or its weighted sum) read
+    them; None where no role is so pooled. `parts`: role -> the projection the reference holds for it (a Linear, or
+    a fused one's rows), where the code never holds a role's projection alone."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import operands
+
+    found = operands(records)
+    if found is None or lined.trace is None:
+        return None
+    tensors, held, before = {}, {}, {}
+    parts = parts or {}
+    for role, operand in zip("QKV", found[:3], strict=True):
+        # the tensor the line-up pairs with the role's projection, equal or where it stands in the data flow (a
+        # mistake before the pooling: the values made by the keys' projection)
+        rows = [r for r in reversed(lined.rows) if r.reference in (f"{role}_split", f"{role}_feat")
+                and r.record is not None]
+        row = next((r for r in rows if r.status in ("equal", "permuted")), None) or next(
+            (r for r in reversed(rows) if r.status == "differs"), None)
+        if row is None or row.record is None or row.order is None:
+            read = _from_projection(records, lined.trace, role, operand, parts)  # a fused projection's part
+            if read is not None:
+                tensors[role], held[role], before[role] = read
+            continue
+        start = row.record
+        # the role's projection pooled wherever the code takes it (keys and values swapped at the attention: the
+        # keys' pooled tensor is still the keys', which the line-up then shows read as values)
+        ends = [records[i] for i in ((operand,) if role == "Q" else found[1:3])]
+        end = next((e for e in ends if start.index in ancestors(e, records) | {e.index}), None)
+        if end is None:
+            continue
+        on_path = ancestors(end, records) | {end.index}
+        step = lined.trace.step(row.reference)
+        axis = step.dims.index(TOKENS[role]) if TOKENS[role] in step.dims else None
+        if axis is None:
+            continue
+        n = int(step.shape[axis])
+        path = [r for r in records[start.index + 1:end.index + 1]
+                if r.index in on_path and start.index in ancestors(r, records)]
+        shorter = [r for r in path if _one_axis_other(start.tensor, r.tensor, n)]
+        if not shorter:
+            continue
+        final = _token_size(start.tensor, shorter[-1].tensor)
+        pooled = next(r for r in shorter if _token_size(start.tensor, r.tensor) == final)
+        if not any(word in r.func for r in path if r.index <= pooled.index for word in SUMMARIZES):
+            continue  # cut or laid out anew, no pooling: a mistake the line-up shows
+        from attnscope.usertrace.align import Layout
+
+        layout = Layout(row.order, row.merged, row.split)
+        if layout.split is not None and layout.split[0] == axis:
+            continue
+        shape = list(step.shape)
+        shape[axis] = final
+        try:
+            tensor = layout.undo(pooled.tensor, tuple(shape))
+        except RuntimeError:
+            continue
+        if "d_head" in step.dims:  # [n_batch, heads, n, d_head] -> [n_batch, n, heads·d_head]
+            tensor = tensor.transpose(1, 2).flatten(2)
+        tensors[role], held[role], before[role] = tensor.detach(), pooled, start
+    return Pooled(tensors, held, before) if tensors else None
+
+
+def _from_projection(records: list[Record], trace: Trace, role: str, operand: int, parts: dict[str, Any]
+                     ) -> tuple[torch.Tensor, Record, Record] | None:
+    """A role pooled where the code never holds its projection alone (keys and values pooled as one fused
+    projection's output, then split): the first tensor on the way from the projection to the operand that lays out
+    the projection's output with another number of tokens, made by an op that summarizes tokens, and of it the rows
+    the reference's projection for the role holds (`parts`: role -> its Linear or a fused one's rows); (that part,
+    `[n_batch, n, width]`; its record; the projection's). None where there is none."""
+    from attnscope.usertrace.align import ancestors, layouts
+    from attnscope.usertrace.flow import projection_above
+
+    projection = projection_above(records, operand)
+    name, part = parts.get(role.lower(), ("", None))
+    feat = trace.step(f"{role}_feat") if f"{role}_feat" in trace else None
+    if projection is None or part is None or feat is None or projection.tensor.dim() != 3 \
+            or str(name).split("[")[0] != str(projection.args[0][1]):
+        return None
+    b, n, width = (int(size) for size in projection.tensor.shape)
+    if n != int(feat.shape[1]):
+        return None
+    end = records[operand]
+    on_path = ancestors(end, records) | {end.index}
+    path = [r for r in records[projection.index + 1:end.index + 1]
+            if r.index in on_path and projection.index in ancestors(r, records)]
+    for r in path:
+        size = r.tensor.numel() // (b * width)
+        if not r.tensor.is_floating_point() or size == n or size * b * width != r.tensor.numel():
+            continue
+        found = layouts((b, size, width), tuple(r.tensor.shape))
+        if not found or not any(word in m.func for m in path if m.index <= r.index for word in SUMMARIZES):
+            continue
+        tensor = found[0].undo(r.tensor, (b, size, width))  # [n_batch, n', width]
+        rows = getattr(part, "rows", None)
+        tensor = tensor[..., list(rows)] if rows is not None else tensor
+        if int(tensor.shape[-1]) != int(feat.shape[-1]):
+            return None
+        return tensor.detach(), r, projection
+    return None
+
+
+def _one_axis_other(start: torch.Tensor, tensor: torch.Tensor, n: int) -> bool:
+    """`tensor` is `start`'s layout with one axis, of n tokens there, of another length."""
+    if not tensor.is_floating_point() or tensor.dim() != start.dim():
+        return False
+    other = [a for a in range(start.dim()) if start.shape[a] != tensor.shape[a]]
+    return len(other) == 1 and start.shape[other[0]] == n
+
+
+def _token_size(start: torch.Tensor, tensor: torch.Tensor) -> int:
+    axis = next(a for a in range(start.dim()) if start.shape[a] != tensor.shape[a])
+    return int(tensor.shape[axis])
+
+
+def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool, spec: Spec,
+         lined: LineUp) -> tuple[Inputs, LineUp, str] | None:
+    """(the inputs with n_Q or n_K the pooled length, the line-up with the reference attending over the code's
+    pooled tensors, a note), where the code pools a role after its projection and that line-up fits better than
+    `lined`; None otherwise (a mask, a causal or window rule, RoPE or a cache: positions the pooling leaves
+    undefined)."""
+    from attnscope.errors import AttnscopeError
+    from attnscope.usertrace.lineup import _better, line_up
+
+    if lined.divergence is None or spec.pooled is not None or inputs.mask is not None or spec.causal \
+            or spec.window or spec.rope_base is not None or inputs.cache is not None or spec.layout == "col":
+        return None
+    found = find(records, lined, _parts(module, records, shapes))
+    if found is None:
+        return None
+    sizes = dict(inputs.sizes)
+    n_input = int(sizes["n_Q"]) if "Q" in found.tensors else int(sizes["n_K"])
+    for role, tensor in found.tensors.items():
+        sizes[TOKENS[role]] = int(tensor.shape[-2])
+    if "K" in found.tensors and "V" in found.tensors and sizes["n_K"] != int(found.tensors["V"].shape[-2]):
+        return None
+    pooled = dataclasses.replace(inputs, sizes=sizes, notes=[])
+    try:
+        again = line_up(module, shapes, pooled, records, train, dataclasses.replace(spec, pooled=found.tensors))
+    except (AttnscopeError, RuntimeError, ValueError):
+        return None
+    if again.no_reference is not None or not _better(again, lined):
+        return None
+    return pooled, again, found.note(sizes, n_input)
+
+
+def _parts(module: Any, records: list[Record], shapes: ShapePlan) -> dict[str, Any]:
+    """role -> (name, the projection the reference holds for it under its likeliest reading: a Linear, or a fused
+    one's rows); empty where none is read."""
+    from attnscope.errors import UsageError
+    from attnscope.usertrace.reference import find_projections
+
+    try:
+        readings = find_projections(module, records, shapes.n_head, shapes.fixed.get("d_head"))
+    except UsageError:
+        return {}
+    return dict(readings[0].linears) if readings else {}

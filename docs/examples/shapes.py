@@ -1,0 +1,76 @@
+"""Inputs, queries, keys and values of other shapes than [n_batch, n, d_feat] (docs/trace.md, "An image, some
+tokens, pooled keys: other shapes from the one input"): SAM's image-encoder attention, which takes an image
+[B, H, W, C]; CaiT's class attention, whose queries are the class token alone; Linformer's keys and values
+projected along the sequence after their projections. `bug=` plants a mistake:
+
+    attnscope trace docs/examples/shapes.py:ImageAttention
+    attnscope trace docs/examples/shapes.py:ClassAttention --init "bug='twice'"
+    attnscope trace docs/examples/shapes.py:Linformer --nq 8
+"""
+
+import torch
+import torch.nn as nn
+
+
+class ImageAttention(nn.Module):
+    """SAM's `Attention` (segment_anything/modeling/image_encoder.py) without its relative positions."""
+
+    def __init__(self, dim=32, num_heads=4, bug=None):
+        super().__init__()
+        self.num_heads, self.scale, self.bug = num_heads, (dim // num_heads) ** -0.5, bug
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, H, W, _ = x.shape
+        qkv = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.reshape(3, B * self.num_heads, H * W, -1).unbind(0)  # [B·heads, H·W, d_head] each
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        x = (attn @ v).view(B, self.num_heads, H, W, -1)
+        x = x.reshape(B, H, W, -1) if self.bug == "merge" else x.permute(0, 2, 3, 1, 4).reshape(B, H, W, -1)
+        return self.proj(x)
+
+
+class ClassAttention(nn.Module):
+    """timm's CaiT `ClassAttn`: the queries from the class token, `self.q(x[:, 0])`."""
+
+    def __init__(self, dim=32, num_heads=4, bug=None):
+        super().__init__()
+        self.num_heads, self.scale, self.bug = num_heads, (dim // num_heads) ** -0.5, bug
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q = self.q(x[:, 0]).unsqueeze(1).reshape(B, 1, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
+        k = self.k(x).reshape(B, N, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
+        v = self.v(x).reshape(B, N, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        if self.bug == "twice":
+            attn = attn * self.scale
+        x_cls = (attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, 1, C)
+        return self.proj(x_cls)
+
+
+class Linformer(nn.Module):
+    """lucidrains' `LinformerSelfAttention`: keys and values projected along the sequence, n_K = k."""
+
+    def __init__(self, dim=32, seq_len=8, k=4, heads=4):
+        super().__init__()
+        self.k, self.heads, self.dim_head = k, heads, dim // heads
+        self.to_q = nn.Linear(dim, dim, bias=False)
+        self.to_k = nn.Linear(dim, dim, bias=False)
+        self.to_v = nn.Linear(dim, dim, bias=False)
+        self.proj_k = nn.Parameter(torch.randn(seq_len, k) / k ** 0.5)
+        self.proj_v = nn.Parameter(torch.randn(seq_len, k) / k ** 0.5)
+        self.to_out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        queries = self.to_q(x).reshape(b, n, self.heads, -1).transpose(1, 2)
+        keys = torch.einsum("bnd,nk->bkd", self.to_k(x), self.proj_k[:n])
+        values = torch.einsum("bnd,nk->bkd", self.to_v(x), self.proj_v[:n])
+        keys, values = (t.reshape(b, self.k, -1, self.dim_head).transpose(1, 2) for t in (keys, values))
+        dots = torch.einsum("bhnd,bhkd->bhnk", queries, keys) * self.dim_head ** -0.5
+        out = torch.einsum("bhnk,bhkd->bhnd", dots.softmax(dim=-1), values)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
