@@ -108,7 +108,7 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
         plan = _read_lengths(o, target, fn, plan, shapes, weighted, module, spec)
     plan.check_fed()
 
-    built = _built_with(kwargs)  # a config the __init__ read and did not keep: what the module declares is read there
+    built = _built_with(kwargs, target.obj if target.kind == "class" else None)  # what the __init__ read, not kept
     spec = _with_own_rope(dataclasses.replace(spec, built_with=built), module, plan, built, shapes.fixed.get("d_head"))
     plan, said, shapes = _read_roles(o, target, fn, plan, shapes, weighted, module, spec)
     notes += [said] if said else []
@@ -271,15 +271,20 @@ def weights_note(module: Any, turned: bool = False) -> str:
             "--d-feat sizes them), and which side of a matmul each stands on says how it projects")
 
 
-def _built_with(kwargs: dict[str, Any]) -> dict[str, Any]:
+def _built_with(kwargs: dict[str, Any], cls: Any = None) -> dict[str, Any]:
     """What the module's __init__ was given, as values to read what it declares from (declared.py: a RoPE base or
     share, a softcap, a scale): --init's configs
-    (`ModelArgs(rope_base=500000)`, `GPTJConfig()`) made again, dicts and numbers as they are."""
+    (`ModelArgs(rope_base=500000)`, `GPTJConfig()`) made again, dicts and numbers as they are; and the numbers its
+    __init__'s signature gives by default to what --init does not say (gemma_pytorch's `query_pre_attn_scalar: int =
+    ...`, read into `self.scaling` and not kept), as Python binds them (_init_defaults)."""
     import torch
 
     from attnscope.usertrace.initargs import ClassCall, build, has_calls
 
     made: dict[str, Any] = {}
+    for name, default in _init_defaults(cls).items():
+        if name not in kwargs and isinstance(default, (int, float)) and not isinstance(default, bool):
+            made[name] = default
     for name, value in kwargs.items():
         if isinstance(value, dict) and not has_calls(value):
             made[name] = value
@@ -292,6 +297,30 @@ def _built_with(kwargs: dict[str, Any]) -> dict[str, Any]:
             except Exception:  # noqa: BLE001 (a config that will not build twice says nothing)
                 continue
     return made
+
+
+def _init_defaults(cls: Any) -> dict[str, Any]:
+    """The defaults of a module class's __init__ parameters, and where it hands on **kwargs (a subclass's
+    `super().__init__(*args, **kwargs)`), its parents' in turn, the nearest first: what Python binds to a
+    parameter --init does not name. Nothing for torch's own classes."""
+    import inspect
+
+    import torch
+
+    found: dict[str, Any] = {}
+    for klass in getattr(cls, "__mro__", ()):
+        if klass in (torch.nn.Module, object) or "__init__" not in vars(klass):
+            continue
+        try:
+            params = inspect.signature(vars(klass)["__init__"]).parameters
+        except (TypeError, ValueError):  # a builtin's __init__ says no signature
+            break
+        for name, param in params.items():
+            if param.default is not inspect.Parameter.empty:
+                found.setdefault(name, param.default)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            break
+    return found
 
 
 def _with_own_rope(spec: Spec, module: Any, plan: Plan, made: dict[str, Any], d_head: int | None) -> Spec:

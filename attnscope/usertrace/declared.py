@@ -4,7 +4,8 @@ tanh(scores / C) before the mask), DBRX's `clip_qkv` (q, k and v clipped to ±c)
 `query_pre_attn_scalar` q, scale q^-0.5; Granite's `attention_multiplier` and Grok-1's `attn_output_multiplier`, the
 scale itself). Each is read from the module, its submodules, a config it keeps (an object or a dict, one level
 down), or the arguments its __init__ was given and did not keep (gpt-fast's `def __init__(self, config): self.n_head
-= config.n_head`, built from --init's `config=ModelArgs(...)`): `holders` walks them all, so every value is looked
+= config.n_head`, built from --init's `config=ModelArgs(...)`, and the defaults of its parameters --init does not
+set, runs/trace_setup._init_defaults): `holders` walks them all, so every value is looked
 for in the same places.
 
 The module's own value is the reference's: code that computes another (caps nothing, scales by 1/√d_head where
