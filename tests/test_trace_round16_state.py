@@ -135,6 +135,18 @@ def test_a_decode_step_of_a_held_cache_reads_its_head_count_first(runner):
     assert out["first_divergence"]["experiment"] == "scale.none", out["first_divergence"]
 
 
+def test_a_block_reads_its_head_count_from_the_attention_it_calls(runner):
+    """torchtune's TransformerSelfAttentionLayer says no head count; the attention it calls does (round 16b
+    tune_decode_noheads_ok: its prefill, which would have read the count, needs a mask of torchtune's own, and the
+    decode step was refused asking for --heads). One count all its submodules say is the module's."""
+    result, out = trace(runner, f"{STYLES}:CachedLayer", "--causal", "--cache", "3")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert out["params"]["sizes"]["n_head"] == 4, out["params"]["sizes"]
+    assert not any("read from a run of your code without the cache" in n for n in out["notes"]), out["notes"]
+    result, out = trace(runner, f"{STYLES}:CachedLayer", "--causal", "--cache", "3", "--init", "bug='no_scale'")
+    assert result.exit_code == 1 and out["first_divergence"]["experiment"] == "scale.none", out["first_divergence"]
+
+
 def test_a_count_of_positions_starts_where_the_module_was_built(runner):
     """A streaming offset moved by every call: each of trace's runs starts at position 0, as the first call does
     (before, the later runs turned their queries and keys from the positions the earlier ones had counted)."""

@@ -162,3 +162,15 @@ class StreamingRotary(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         self.offset += n
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class CachedLayer(nn.Module):
+    """torchtune's TransformerSelfAttentionLayer: a block that calls `self.attn` and says no head count of its own;
+    its attention does (CachedAttention's `h`)."""
+
+    def __init__(self, embed_dim=32, num_heads=4, bug=None):
+        super().__init__()
+        self.attn = CachedAttention(embed_dim, num_heads, bug=bug)
+
+    def forward(self, x):
+        return self.attn(x)

@@ -673,7 +673,8 @@ def _config_hint(target: Target, name: str) -> str:
 def head_count(module: Any, init: dict[str, Any], heads: int | None) -> int | None:
     """The module's number of heads: from its constructor arguments, else an attribute such as `n_head`,
     `num_heads` or Meta's `n_local_heads`, else a config object's (`--init "args=ModelArgs(n_heads=4)"`, a
-    `self.config`), else --heads. None where none says it: the caller asks for --heads, never runs with 0."""
+    `self.config`), else the one count its submodules say (a block calling `self.attn`), else --heads. None where
+    none says it: the caller asks for --heads, never runs with 0."""
     found = [(f"--init {k}", v) for k, v in init.items() if k in HEAD_NAMES and _count(v)]
     found += [(f"its attribute {k}", value) for k in HEAD_NAMES + LOCAL_HEAD_NAMES
               if _count(value := attribute(module, k))]
@@ -685,6 +686,12 @@ def head_count(module: Any, init: dict[str, Any], heads: int | None) -> int | No
         if isinstance(module, torch.nn.Module) else []
     if len(wrapped) == 1:  # the one nn.MultiheadAttention it wraps says it
         found.append((f"its {wrapped[0][0]}.num_heads", wrapped[0][1].num_heads))
+    if not found and isinstance(module, torch.nn.Module):  # the attention it wraps says it, one count in all
+        said = {(name, k): value for name, sub in module.named_modules() if name
+                for k in HEAD_NAMES + LOCAL_HEAD_NAMES if _count(value := attribute(sub, k))}
+        if len(set(said.values())) == 1:  # torchtune's layer calling self.attn, whose num_heads it is
+            (name, k), value = next(iter(said.items()))
+            found.append((f"its {name}.{k}", value))
     if heads is not None:
         for source, value in found[:1]:
             if value != heads:
