@@ -82,7 +82,9 @@ class RunSoFar:
         # a --mask file beside a mask parameter named for the causal rule: the file alone to `tried.mask`, the rule
         # to the causal one (_rule_beside)
         apart = asked.mask and asked.causal and tried.causal_mask() not in (None, tried.mask)
-        inputs = make_inputs(dataclasses.replace(asked, causal=None) if apart else asked, tried, self.shapes,
+        beside = tried.rule_beside and (asked.causal or asked.window)  # the key padding alone to tried.mask
+        inputs = make_inputs(dataclasses.replace(asked, causal=None, window=None) if beside else
+                             dataclasses.replace(asked, causal=None) if apart else asked, tried, self.shapes,
                              self.weighted,
                              guard=lambda sizes: guard(asked, self.spec, sizes, self.weighted is not None))
         inputs.cache_layout, inputs.empty_cache = self.cache_layout, self.empty_cache
@@ -136,13 +138,18 @@ class RunSoFar:
         # CLIP's causal_attention_mask, ModernBERT's sliding_window_mask: the rule's own
         if causal is not None and (asked.causal or asked.window) and not asked.mask:
             candidates = [self.plan.with_mask(causal), *(c for c in candidates if c.mask != causal)]
+        if causal is None and (asked.causal or asked.window) and padding_file(asked) and self.plan.other_masks:
+            # a key-padding file beside a rule, and two mask parameters (fairseq's, PatchTST's key_padding_mask
+            # beside attn_mask): each its part, the padding to the one that takes it, the rule to the other
+            candidates = [self.plan.with_rule_beside(m) for m in (*self.plan.other_masks, self.plan.mask)
+                          if m is not None] + candidates
         if asked.rope and self.plan.tables_optional:  # its own RoPE tables first (all of its code runs), else trace's
             candidates = [c for p in candidates for c in (p.with_own_tables(), p)]
         if self.plan.embeddings:  # position embeddings fed first (all of its code runs), in the input's shape, then
             # in a relative embedding's (ESPnet's pos_emb [1, 2n-1, d]), else left None
-            from attnscope.usertrace.feeds import RELATIVE
+            from attnscope.usertrace.feeds import embedding_forms
 
-            candidates += [c.with_embedding_form(form) for form in RELATIVE for c in candidates] \
+            candidates += [c.with_embedding_form(form) for form in embedding_forms(asked.layout) for c in candidates] \
                 + [c.without_embeddings() for c in candidates]
         unread: tuple[Plan, tuple[Any, ...]] | None = None  # the first run whose code read no op of its mask
         for tried in candidates:
@@ -156,6 +163,9 @@ class RunSoFar:
             made = made or ran
             if ran[2].failure is not None:
                 continue
+            if tried.rule_beside and not (ran[0].also_masked and tried.mask
+                                          and masking.reads(ran[2].records, tried.mask)):
+                continue  # the padding and the rule each read by the code, else none of them split so
             if ran[0].allowed is not None and tried.mask not in (None, causal) and not tried.self_attention \
                     and not masking.reads(ran[2].records, tried.mask):
                 unread = unread or (tried, ran)
@@ -258,6 +268,18 @@ class RunSoFar:
         self.cache_layout = kept[0]
         return None
 
+
+
+def padding_file(asked: TraceOptions) -> bool:
+    """Whether the --mask file is key padding alone: [n_batch, n_K] (rows that are not its columns, no cache), or
+    one of a single query row ([.., 1, n_K])."""
+    if not asked.mask:
+        return False
+    from attnscope import masks
+    from attnscope.tensors import load_tensor
+
+    shape = masks.normalize(load_tensor(asked.mask)).shape
+    return (len(shape) == 2 and shape[0] != shape[1] and not asked.cache) or (len(shape) >= 3 and shape[-2] == 1)
 
 
 def attempted(attempt: Any, asked: TraceOptions) -> tuple[Any, ...] | None:

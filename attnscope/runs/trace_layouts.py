@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
 from attnscope.runs.trace_attempt import RunSoFar, attempted, cache_parameters
+from attnscope.runs.trace_otherwise import alias_note, otherwise
 from attnscope.runs.trace_relative import equal_lengths, refused
 from attnscope.runs.trace_setup import (
     context_widths,
@@ -41,7 +42,8 @@ def first_run(r: RunSoFar) -> Made:
     made = _empty_cache(r, made)
     made = _one_input(r, made)
     for retry in (equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned, _at_held_widths,
-                  _time_first, _as_image, _joined_layout, _module_unbatched, _at_sliced_widths, refused):
+                  _time_first, _as_image, _joined_layout, _read_otherwise, _module_unbatched, _at_sliced_widths,
+                  refused):
         made = retry(r, made)
     _cache_notes(r, made)
     return made
@@ -177,7 +179,22 @@ def _with_memory(r: RunSoFar, ran: Made) -> Made:
                 inputs, fed, called, convention = made
                 break
             r.plan, r.shapes = alone, narrow
+        for memory in r.plan.memories() if called.failure is not None and r.o.nk is None else ():
+            # the memory handed x itself, self-attention (torchtune's `y`, which raises when None)
+            alone, r.plan = r.plan, r.plan.with_alias(memory)
+            made = attempted(r.attempt, r.o)
+            if made is not None and made[2].failure is None:
+                r.notes.append(alias_note(memory, r.plan.tensors[0], called.failure))
+                inputs, fed, called, convention = made
+                break
+            r.plan = alone
     return inputs, fed, called, convention
+
+
+def _read_otherwise(r: RunSoFar, ran: Made) -> Made:
+    """A parameter read as its use says where it raised on what trace gave it (trace_otherwise.py), each reading
+    tried time-first too."""
+    return otherwise(r, ran, then=(_time_first,))
 
 
 def _at_held_batches(r: RunSoFar, ran: Made) -> Made:

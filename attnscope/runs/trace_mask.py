@@ -31,7 +31,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
     import torch
 
     from attnscope import masks
-    from attnscope.usertrace import lengths, masking
+    from attnscope.usertrace import lengths, maskaxes, masking
     from attnscope.usertrace.call import call
 
     torch.manual_seed(o.seed)  # dropout in training mode draws the same for the same seed
@@ -60,6 +60,8 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
     failure = called.failure
     # the layout of the scores the mask meets where the code raised on it: the mask is tried laid out so first
     met = _met(failure, plan.mask, list(first.shape))
+    # ... or where it put axes of its own on the mask first (Transformer-XL's `attn_mask[:, :, :, None]`)
+    own_axes = maskaxes.met(failure, called.records, plan.mask, list(first.shape)) if met is None else None
     if failure is not None and plan.mask in failure.op and inputs.allowed.dim() < 4 and not o.mask:
         failed_at = failure.line
         # code that slices the mask as transformers' 4-D one (`attention_mask[:, :, :, :n_K]`): [n_batch, 1, n_Q, n_K];
@@ -104,7 +106,8 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         # more axes than out has: the first shape whose output has out's axes and is finite (else out's axes alone)
         why = _misfit(called, inputs, plan.mask) if grade else None
         chosen: tuple[Any, str, Any, Called, str] | None = None
-        laid = masking.laid_like(inputs.allowed, met, inputs.sizes, o.layout == "col") if met else None
+        laid = masking.laid_like(inputs.allowed, met, inputs.sizes, o.layout == "col") if met else \
+            maskaxes.laid(inputs.allowed, own_axes, inputs.sizes, o.layout == "col") if own_axes else None
         for form, words, padded in [*([laid] if laid is not None else []),
                                     *masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1), inputs.mask,
                                                   inputs.sizes.get("n_Q"))]:
@@ -141,7 +144,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
                 torch.manual_seed(o.seed)
                 called = call(target, fn, plan, inputs, module, o.max_memory,
                               masking.written(form, read.kind, dtype, read.line), fed)
-    apart = o.mask and o.causal and plan.causal_mask() not in (None, plan.mask)
+    apart = (o.mask and o.causal and plan.causal_mask() not in (None, plan.mask)) or plan.rule_beside
     if (keys_only or apart) and plan.other_masks and (o.causal or o.window) and called.failure is None:
         # the mask parameter takes key padding only (nn.MultiheadAttention's key_padding_mask), or the --mask file
         # beside a parameter named for the causal rule (CLIP's causal_attention_mask): the causal or window rule

@@ -55,10 +55,14 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
         for name, p in module.named_parameters():  # nn.Parameter weights used as x @ W, W @ x or F.linear(x, W)
             if p.dim() >= 2 and id(p) not in linears:  # 3: per-head stacks [n_head, d_head, d_in] (W @ x), kernels
                 linears[id(p)] = name
+    args, kwargs = arguments(plan, inputs, mask, fed)
+    grouped = {id(inputs.tensors[name]): name for name in plan.grouped if name in inputs.tensors}
+    for value in [*args, *kwargs.values()]:  # a memory handed as one group (plan.grouped): a view, its name kept
+        if isinstance(value, torch.Tensor) and value._base is not None and id(value._base) in grouped:
+            labels[id(value)] = grouped[id(value._base)]
     available = available_memory()
     budgets = [b for b in (int(available * MEMORY_SHARE) if available else None, max_memory) if b is not None]
     recorder = Recorder(target.path, labels, linears, min(budgets) if budgets else None)
-    args, kwargs = arguments(plan, inputs, mask, fed)
     # what the code is handed, as it was: code that changes an input in place (`q *= scale`, `mask.masked_fill_`)
     # gets it back unchanged after the call, so the reference (and the next call) read the inputs trace drew
     handed = [(t, t.clone()) for t in _tensors_in([*args, *kwargs.values()])]
@@ -98,6 +102,10 @@ def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple
     values.update({name: None for name in plan.nones})
     values.update({name: 0.0 for name in plan.zeros})
     values.update(plan.given)  # --forward's, as the user wrote them
+    first = values.get(plan.tensors[0]) if plan.tensors else None
+    values.update({name: first for name in plan.aliases})  # torchtune's `y`: x itself
+    values.update({name: [values[name]] * count for name, count in plan.listed.items()})  # `inputs` = [q, k, v]
+    values.update({name: values[name].unsqueeze(-3) for name in plan.grouped if name in values})  # one group
     args = [values.pop(name) for name in plan.order if name in plan.positional_only and name in values]
     return args, values
 

@@ -179,20 +179,37 @@ def _empty(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 # The shapes a relative position embedding takes, tried in turn where the code raises on the input's own (ESPnet's
 # RelPositionMultiHeadedAttention: pos_emb [1, 2·T-1, d], relative positions T-1 .. -(T-1)): form -> its dims
-RELATIVE = {"relative": ("1", "2·n_Q-1", "d_feat"), "relative, batched": ("n_batch", "2·n_Q-1", "d_feat"),
-            "one for the batch": ("1", "n_Q", "d_feat")}
+RELATIVE: dict[str, tuple[str, ...]] = {
+    "relative": ("1", "2·n_Q-1", "d_feat"), "relative, batched": ("n_batch", "2·n_Q-1", "d_feat"),
+    "one for the batch": ("1", "n_Q", "d_feat")}
+# ... and beside time-first inputs [n, n_batch, d]: Transformer-XL's r [klen, 1, d] (distances klen-1 .. 0, its
+# pos_emb of klen positions), XLNet's pos_emb [qlen + klen, n_batch, d] (distances klen .. -(qlen-1)), and one of
+# both signs, [2·T-1, 1, d]
+TIME_RELATIVE: dict[str, tuple[str, ...]] = {
+    "relative, time-first": ("n_Q", "1", "d_feat"), "relative, time-first, both ways": ("2·n_Q", "n_batch", "d_feat"),
+    "relative, time-first, one each": ("2·n_Q-1", "1", "d_feat")}
+# the distances each length of positions holds, for the note on the input
+DISTANCES = {"2·n_Q-1": "relative positions {m} .. -{m}", "2·n_Q": "relative positions {n} .. -{m}",
+             "n_Q": "distances {m} .. 0"}
+
+
+def embedding_forms(layout: str) -> dict[str, tuple[str, ...]]:
+    """The relative embedding forms tried for inputs in `layout` (none but the input's own in the others)."""
+    return RELATIVE if layout == "row" else TIME_RELATIVE if layout == "time" else {}
 
 
 def _embeddings(plan: Plan, inputs: Inputs, out: Feeds) -> None:
     """A random position embedding for each parameter that takes one (DETR's object_queries, SAM's key_pe): the
     shape of the input it is added to (x's, [n_batch, n, d_feat] or time-first), the memory's where its name says
-    the keys' side (left at its default None in self-attention, where no memory is fed)."""
+    the keys' side (left at its default None in self-attention, where no memory is fed); in a relative embedding's
+    form where the plan says one (RELATIVE, TIME_RELATIVE)."""
     import torch
 
     from attnscope.usertrace.inputs import role_dims
     from attnscope.usertrace.load import embedding_side
 
     by_role = {role: name for name, role in inputs.roles.items()}
+    forms = embedding_forms(inputs.layout)
     for i, name in enumerate(plan.embeddings):
         keys = embedding_side(name) == "n_K"
         if plan.self_attention and keys and name not in plan.embeddings_required:
@@ -202,12 +219,14 @@ def _embeddings(plan: Plan, inputs: Inputs, out: Feeds) -> None:
         generator = torch.Generator().manual_seed(1000 + i)
         dims = role_dims(role, inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
         shape, what = tuple(x.shape), "a random position embedding"
-        if plan.embedding_form in RELATIVE and inputs.layout == "row" and x.dim() == 3:
-            dims = RELATIVE[plan.embedding_form]
-            n_batch, n, width = x.shape
-            shape = (1 if dims[0] == "1" else n_batch, 2 * n - 1 if dims[1].startswith("2") else n, width)
-            what = f"a random {plan.embedding_form} position embedding" + (
-                f" (relative positions {n - 1} .. -{n - 1})" if dims[1].startswith("2") else "")
+        if plan.embedding_form in forms and x.dim() == 3:
+            dims = forms[plan.embedding_form]
+            n, n_batch = (x.shape[0], x.shape[1]) if inputs.layout == "time" else (x.shape[1], x.shape[0])
+            sizes = {"1": 1, "n_batch": n_batch, "n_Q": n, "2·n_Q-1": 2 * n - 1, "2·n_Q": 2 * n, "d_feat": x.shape[-1]}
+            shape = tuple(sizes[d] for d in dims)
+            length = next(d for d in dims if "n_Q" in d)
+            said = DISTANCES.get(length, "").format(n=n, m=n - 1)
+            what = f"a random {plan.embedding_form} position embedding" + (f" ({said})" if said else "")
         value = torch.randn(*shape, generator=generator, dtype=x.dtype)
         out.values[name] = value
         out.labels[id(value)] = name

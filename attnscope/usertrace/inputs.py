@@ -335,6 +335,11 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
         extra.update({"n_h": grid[0], "n_w": grid[1]})
         ops = {name: op if op.startswith("loaded") else f"{op.replace('n_Q', 'n_h, n_w')} (n_Q = n_h·n_w tokens "
                "in raster order)" for name, op in ops.items()}
+    for name, count in plan.listed.items():  # Music Transformer's `inputs` = [q, k, v]
+        ops[name] += f", handed as a list of {count}: [{', '.join([name] * count)}]"
+    for name in plan.grouped:  # Flamingo's media [b, t, m, d]
+        if name in ops:
+            ops[name] += ", handed as one group of its tokens: [n_batch, 1, n_K, d_feat]"
     inputs = Inputs({name: tensors[role] for name, role in roles.items()}, roles, reference_mask, sizes, ops, notes,
                     allowed, extra_names=extra, layout=o.layout, grid=grid)
     if o.cache:

@@ -124,6 +124,13 @@ class Plan:
     embedding_form: str = "input"
     lengths: str | None = None  # a parameter that may take sequence lengths (D2L's valid_lens); it is the mask
     # parameter once the code is seen to compare it with an arange over the keys (usertrace/lengths.py)
+    # read from the run where the first reading raised (runs/trace_otherwise.py): a parameter handed its input as a
+    # list of that many (Music Transformer's `inputs` = [q, k, v], indexed [0], [1], [2]); parameters defaulting to
+    # None handed the input itself (torchtune's `y`: self-attention, y is x, the same tensor)
+    listed: dict[str, int] = field(default_factory=dict)
+    aliases: list[str] = field(default_factory=list)
+    grouped: list[str] = field(default_factory=list)  # memories handed [n_batch, 1, n_K, d] (Flamingo's media)
+    rule_beside: bool = False  # a --mask file given alone to `mask`, the rule (--causal, --window) to another
 
     def unfed(self) -> str:
         found = ", ".join(self.tensors) if self.tensors else "none"
@@ -236,6 +243,37 @@ class Plan:
         """This plan with `name` fed as the memory of cross-attention (x for the queries, it for K and V)."""
         return dataclasses.replace(self, tensors=[*self.tensors, name],
                                    optional=[n for n in self.optional if n != name])
+
+    def with_alias(self, name: str) -> Plan:
+        """This plan with `name`, defaulting to None, handed the input itself (self-attention: torchtune's `y` is x)."""
+        return dataclasses.replace(self, aliases=[*self.aliases, name],
+                                   optional=[n for n in self.optional if n != name])
+
+    def as_list(self, name: str, count: int) -> Plan:
+        """This plan with the input `name` handed as a list of `count` (Music Transformer's `inputs` = [q, k, v])."""
+        return dataclasses.replace(self, listed={**self.listed, name: count})
+
+    def as_positions(self, name: str) -> Plan:
+        """This plan with the tensor parameter `name` given the new tokens' positions, arange(n_cache, n_cache + n_Q)
+        (mistral-src's `positions`), not an input."""
+        return dataclasses.replace(self, tensors=[n for n in self.tensors if n != name],
+                                   position_tensors=[*self.position_tensors, name])
+
+    def as_embedding(self, name: str) -> Plan:
+        """This plan with the tensor parameter `name` given a position embedding trace makes (Transformer-XL's `r`),
+        not an input."""
+        return dataclasses.replace(self, tensors=[n for n in self.tensors if n != name],
+                                   embeddings=[*self.embeddings, name],
+                                   embeddings_required=[*self.embeddings_required, name])
+
+    def as_grouped(self, name: str) -> Plan:
+        """This plan with the memory `name` handed as one group of its n_K tokens, [n_batch, 1, n_K, d_feat]
+        (Flamingo's media [b, t, m, d]: t images of m latents each)."""
+        return dataclasses.replace(self, grouped=[*self.grouped, name])
+
+    def with_rule_beside(self, name: str) -> Plan:
+        """This plan with a --mask file given alone to the mask parameter `name`, the rule to another beside it."""
+        return dataclasses.replace(self.with_mask(name), rule_beside=True)
 
 
 def parse_spec(spec: str) -> tuple[Path, str]:

@@ -52,6 +52,9 @@ WORDS = {
     "additive_min": "additive float, 0 = may attend, finfo.min = masked (transformers' 4-D masks)",
 }
 SUBTRACTS = ("sub", "__sub__", "sub_", "__isub__", "subtract")
+# masks merged into one (nn.MultiheadAttention's attn_mask | key_padding_mask): either side's polarity carried
+MERGING = ("__or__", "__ror__", "__ior__", "logical_or", "bitwise_or", "__and__", "__rand__", "__iand__",
+           "logical_and", "bitwise_and")
 SHAPED_ONLY = ("ones_like", "zeros_like", "full_like", "empty_like", "rand_like", "randn_like", "new_ones",
                "new_zeros", "new_full", "new_empty")
 
@@ -105,6 +108,9 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
         fill = next((filled[v] for kind, v in reads if kind == "rec" and v in filled), None)
         edited = (name == "where" and len(sources) == 3 and sources[0] is None and any(sources[1:])) or (
             name.startswith("masked_fill") and len(sources) > 1 and sources[0] is not None and sources[1] is None)
+        if name in MERGING and all(_boolean(a, records) for a in record.args if _is_tensor(a)):
+            derived[record.index] = found[0]  # another boolean mask merged in: no scores met yet
+            continue
         if edited:  # the mask as the data, cells of it replaced where the code's own condition says (Gemma 2's
             # window merged into the causal mask it is given: where(window, finfo.min, attention_mask),
             # attention_mask.masked_fill(far, finfo.min)): carried on
@@ -277,6 +283,14 @@ def _source(arg: Any, derived: dict[int, tuple[bool, bool]], label: str) -> tupl
     if kind == "kw":
         return _source(value[1], derived, label)
     return None
+
+
+def _boolean(arg: Any, records: list[Record]) -> bool:
+    """Whether the tensor argument `arg` (a record's) is boolean; True for the mask parameter's own (text)."""
+    import torch
+
+    kind, value = arg
+    return kind != "rec" or records[value].tensor.dtype == torch.bool
 
 
 def _is_tensor(arg: Any) -> bool:
