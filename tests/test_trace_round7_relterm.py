@@ -212,16 +212,30 @@ def test_relative_values_on_the_output_are_the_modules_own(runner):
     assert rows["attention"] == "equal" and rows["biased_scores"] == "equal" and rows["x"] == "equal"
 
 
-def test_a_term_that_cannot_be_placed_is_said_in_one_line_not_blamed_on_the_scale(runner):
+@pytest.mark.parametrize("name", ["RelKeyHeadGain", "RelKeyQueryGain"])
+def test_the_gain_on_the_content_scores_is_the_only_difference(name):
     torch.manual_seed(0)
-    m, x = styles.RelKeyHeadGain(), torch.randn(2, 5, 32)
+    m, x = getattr(styles, name)(), torch.randn(2, 5, 32)
     with torch.no_grad():
         plain = styles.RelKeyAttention()
         plain.load_state_dict({k: t for k, t in m.state_dict().items() if k != "gain"})
         assert not torch.allclose(m(x), plain(x), atol=1e-4)  # the gain counts
         m.gain.fill_(1.0)
         assert torch.allclose(m(x), plain(x), atol=1e-6)  # and is the only difference
+
+
+def test_a_learned_gain_a_head_beside_the_term_is_the_codes_own_scale(runner):
+    """One number a head on q · kᵀ before the term, the sum scaled after: a learned temperature a head times the
+    scale (usertrace/headscale.py), the term before the scale; both the code's own."""
     result, out = trace(runner, f"{STYLES}:RelKeyHeadGain")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert any(n.startswith("your code scales its scores by a learned temperature of its own") for n in out["notes"])
+    said = next(n for n in out["notes"] if n.startswith("your code adds a term of its own to its scores"))
+    assert "before the scale" in said
+
+
+def test_a_term_that_cannot_be_placed_is_said_in_one_line_not_blamed_on_the_scale(runner):
+    result, out = trace(runner, f"{STYLES}:RelKeyQueryGain")
     assert result.exit_code == 1
     first = out["first_divergence"]
     assert first["experiment"] is None and first["evidence"] is None

@@ -5,7 +5,9 @@ subclasses (one catalog mistake each).
 - RelKeyAttention: Shaw et al. (2018) as an einsum tutorial writes it: an nn.Embedding of clipped distances j − i,
   `q · kᵀ + einsum(q, rel_k)` before the scale (`* self.scale`).
 - RelKeyValueAttention: the same with Shaw et al.'s relative values, `attn · rel_v[j − i]` added to the output.
-- RelKeyHeadGain: the same with a learned gain per head on q · kᵀ (no option describes it).
+- RelKeyHeadGain: the same with a learned gain per head on q · kᵀ (a learned temperature a head, no option
+  describes it: read as the code's own scale).
+- RelKeyQueryGain: the same with a learned gain per head and query position on q · kᵀ (no one number a head).
 - XLRelAttention: Transformer-XL's relative attention, batch-first: a fused qkv projection, sinusoidal embeddings of
   the distances klen − 1 .. 0 through r_net, the u and v biases (r_w_bias, r_r_bias), `AC + BD` with BD moved by
   the zero-pad relative shift, scaled after; causal.
@@ -106,9 +108,25 @@ class RelKeyHeadGain(RelKeyAttention):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, _ = x.shape
         q, k, v = (layer(x).view(b, n, self.n_head, self.d_head).transpose(1, 2) for layer in (self.q, self.k, self.v))
-        scores = (q @ k.transpose(-2, -1)) * self.gain
+        scores = (q @ k.transpose(-2, -1)) * self.gained(n)
         scores += torch.einsum("bhqd,qkd->bhqk", q, self.relative(n, n))
         return self.o((self.weights(scores * self.scale) @ v).transpose(1, 2).reshape(b, n, -1))
+
+    def gained(self, n: int) -> torch.Tensor:
+        return self.gain  # [n_head, 1, 1]
+
+
+class RelKeyQueryGain(RelKeyHeadGain):
+    """A learned gain per head and query position on the content scores before the relative keys' term is added:
+    the content product is q · kᵀ times no one number a head, so the term cannot be told apart from it (said in one
+    line, not blamed on the scale)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gain = nn.Parameter(torch.rand(self.n_head, 16, 1) + 0.5)
+
+    def gained(self, n: int) -> torch.Tensor:
+        return self.gain[:, :n]  # [n_head, n_Q, 1]
 
 
 def sinusoid(pos: torch.Tensor, d_model: int) -> torch.Tensor:

@@ -349,6 +349,8 @@ def _softmax_axis(b: Base) -> Iterator[Trial]:
         yield Trial(replay(b, softmax_dim=axis), words)
         if _masked(b):  # masked with a large finite number (-1e9): a column masked whole is uniform, not NaN
             yield Trial(replay(b, softmax_dim=axis, mask="finite"), words)
+            # or one added to the scores (BERT's −10000): the column keeps its scores, normalized over the queries
+            yield Trial(replay(b, softmax_dim=axis, mask="added"), words)
 
 
 # --- masks ----------------------------------------------------------------------------------------------------

@@ -552,13 +552,22 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
     n_Q, n_K = sizes["n_Q"], sizes["n_K"]
     col = o.layout == "col"  # the column form's scores are [.., n_K, n_Q]: a file is given so, causal transposed
     loaded = masks.normalize(load_tensor(o.mask)) if o.mask else None
+    given = loaded  # what the code's mask parameter is given of the file
     if loaded is not None:
         scores = (*_leading(sizes, loaded if is_module else None), *((n_K, n_Q) if col else (n_Q, n_K)))
         padding = _key_padding(loaded, sizes, scores, col)
         if padding is not None and notes is not None:
             notes.append(f"--mask {o.mask}: [n_batch, n_K] = {list(loaded.shape)}, read as key padding "
                          f"{list(padding.shape)} (a key masked for every query of its sequence)")
-        loaded = loaded if padding is None else padding
+        windows = _per_window(loaded, sizes) if is_module and padding is None and not col else None
+        if windows is not None and notes is not None:
+            m = loaded.shape[0]
+            notes.append(f"--mask {o.mask}: [{m}, n_Q, n_K], one mask a window: n_batch = {sizes['n_batch']} holds "
+                         f"{sizes['n_batch'] // m} groups of {m} windows, the batch element b masked by the file's "
+                         f"row b mod {m} (Swin's shifted windows, added per window as `attn.view(B // nW, nW, ..) + "
+                         "mask`); your code is given the file as it is")
+        loaded = padding if padding is not None else windows if windows is not None else loaded
+        given = loaded if windows is None else given
         masks.check_broadcast(loaded, scores)
     if plan.mask is None:
         if loaded is not None and notes is not None:  # as --causal and --window: the reference's, the code's own
@@ -573,8 +582,19 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
     # [1, n_Q, n_K], the Annotated Transformer's `subsequent_mask` shape: it broadcasts against [n_batch, n_Q, n_K]
     # and [n_batch, n_head, n_Q, n_K] scores, and after the `mask.unsqueeze(1)` that code does for the heads.
     # (2-D inputs, one sequence, get the mask as it is: [1, ..] would add an axis to their scores)
-    allowed = masks.combine(built.unsqueeze(0) if built is not None and "n_batch" in sizes else built, loaded)
+    allowed = masks.combine(built.unsqueeze(0) if built is not None and "n_batch" in sizes else built, given)
     return loaded, allowed
+
+
+def _per_window(mask: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | None:
+    """A module's file `[m, n_Q, n_K]` with fewer rows than n_batch, a whole divisor of it (a mask per window,
+    Swin's `[nW, N, N]`, for a batch of n_batch / m images of m windows each, the window the fastest): the
+    reference's `[n_batch, 1, n_Q, n_K]`, row b the file's row b mod m; None for any other file."""
+    n_batch = sizes.get("n_batch")
+    m = int(mask.shape[0]) if mask.dim() == 3 else 0
+    if n_batch is None or not 1 < m < n_batch or n_batch % m or tuple(mask.shape[1:]) != (sizes["n_Q"], sizes["n_K"]):
+        return None
+    return mask.repeat(n_batch // m, 1, 1).unsqueeze(1)  # [m, n_Q, n_K] -> [n_batch, 1, n_Q, n_K], every head
 
 
 def _key_padding(mask: torch.Tensor, sizes: dict[str, int], scores: tuple[int, ...], col: bool

@@ -149,18 +149,48 @@ def _with_output_gate(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
 
 def _own_additions(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
                    spec: Spec | None, read_conventions: bool) -> LineUp:
-    """line_up before the code's additions to its output are read: the module's own bias or term on its scores."""
+    """line_up before the code's additions to its output are read: the module's own scale per head, and its bias
+    or term on its scores."""
+    first = _read(module, shapes, inputs, records, train, spec, read_conventions)
+    if not read_conventions or first.divergence is None or spec is None or spec.layout == "col":
+        return first
+    scaled = _with_head_scale(module, shapes, inputs, records, train, spec, first)
+    return scaled if scaled is not None else _own_bias_or_term(module, shapes, inputs, records, train, spec, first)
+
+
+def _with_head_scale(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool, spec: Spec,
+                     first: LineUp) -> LineUp | None:
+    """The line-up with the code's own scale per head (headscale.py: a learned temperature), and its bias or term on
+    top of it (Swin V2's position bias after its cosine scores' temperature), with a note, where that fits better
+    than `first`: further, or a mistake named there; None otherwise."""
+    from attnscope.usertrace import headscale
+
+    found = headscale.found(module, records, inputs, first)
+    if found is None:
+        return None
+    scaled = replace(spec, head_scale=found.factors)
+    again = _read(module, shapes, inputs, records, train, scaled, True)
+    if again.divergence is not None:
+        again = _own_bias_or_term(module, shapes, inputs, records, train, scaled, again)
+    if not _kept(again, first):
+        return None
+    again.notes.insert(0, found.note)
+    return again
+
+
+def _own_bias_or_term(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
+                      spec: Spec, first: LineUp) -> LineUp:
+    """The line-up with the module's own bias (ownbias.py) or term (ownterm.py) on its scores, where that fits
+    better than `first`."""
     from attnscope.usertrace.ownbias import own_bias
 
-    first = _read(module, shapes, inputs, records, train, spec, read_conventions)
-    if not read_conventions or first.divergence is None or spec is None or spec.position_bias is not None \
-            or spec.alibi or spec.layout == "col":
+    if spec.position_bias is not None or spec.alibi:
         return first
     own = own_bias(module, records, inputs)
     if own is None:
         return _with_term(module, shapes, inputs, records, train, spec, first)
     bias, said = own
-    again = _read(module, shapes, inputs, records, train, replace(spec, position_bias=bias), read_conventions)
+    again = _read(module, shapes, inputs, records, train, replace(spec, position_bias=bias), True)
     if not _kept(again, first):
         return first
     again.notes.insert(0, said)
@@ -212,13 +242,12 @@ def _spread_scale(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     from attnscope.usertrace.ownterm import d_head_of
 
     d_head = d_head_of(again.trace) if again.trace is not None else None
-    if products < 2 or spec.scale is not None or again.divergence is None or d_head is None \
-            or again.divergence.reference not in ("scores", "biased_scores"):
+    if products < 2 or spec.scale is not None or again.divergence is None or d_head is None:
         return None
     factor = 1 + products
     lined = _read(module, shapes, inputs, records, train, replace(spec, scale=(factor * d_head) ** -0.5), True)
-    if lined.no_reference is not None or (lined.divergence is not None and _reached(lined) <= _reached(again)):
-        return None  # neither clean nor further (a mistake beside the scale is named there)
+    if lined.no_reference is not None or not _better(lined, again):
+        return None  # neither clean nor further, nor a mistake elsewhere named only under it (values from the keys)
     lined.notes.insert(0, f"scale 1/√({factor}·d_head) = {(factor * d_head) ** -0.5:.6g}: your scores sum q · kᵀ and "
                        f"{products} relative terms, each divided by √({factor}·d_head) (DeBERTa's scale_factor, 1 + "
                        "the number of relative terms); the reference scales so too, a convention (--scale gives "
@@ -476,7 +505,7 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     """The reference run on the inputs; for a module, under each reading of its projections (a fused one can
     be split several ways), the one under which most steps find their equal. Last, which axis of each of the
     code's scores holds the keys, read from its data flow under that reading (scoreaxes.key_axes)."""
-    from attnscope.usertrace import outgate, outterm
+    from attnscope.usertrace import headscale, outgate, outterm
     from attnscope.usertrace import reference as ref
 
     Q, K, V = inputs.qkv()
@@ -537,6 +566,9 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
 
                 trace, reference = pooledref.combined(trace, projections, shapes.n_head, spec, module, records,
                                                       (Q, K, V))
+            if spec.head_scale is not None and not col:  # the code's own scale per head (headscale.py)
+                trace = headscale.scaled(trace, spec.head_scale, reference,
+                                         spec.scale if spec.scale is not None else cast(int, reference.d_head) ** -0.5)
             if spec.out_term is not None and not col:  # the code's own term on its output (outterm.py)
                 trace = outterm.folded(trace, spec.out_term, reference)
             if spec.out_gate is not None and not col:  # the code's own gate on its output (outgate.py)

@@ -10,6 +10,7 @@ transpose where it meets the scores is then the code's, `t5.transposed` by exper
 
 from __future__ import annotations
 
+from itertools import permutations
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,22 +52,54 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
     roots = [r for r in found if not any(p.index in _ancestors(r, records) for p in found)]
     if len(roots) != 1:
         return None
-    root = roots[0]
-    source = sorted(_params_of(root, records, learned))
+    root, met = _valued(roots[0], records, used)
+    source = sorted(_params_of(met or root, records, learned))
+    # its values changed after it is laid out (Swin V2's 16 · sigmoid): those the code adds
+    valued = f", with the values your code adds (line {met.line})" if met is not None else ""
     first = _first_made(root, records, n_Q, n_K)
     if first is not None:  # Swin's table gathered and viewed [N, N, nH] before the permute to [nH, N, N]
         record, bias = first
         made = record.label if record.names else f"{record.label} = {record.call}(..)"
         said = (f"your code makes a position bias of its own (line {record.line}: {made}, from {', '.join(source)}): "
                 f"the reference adds it to its scores as your module first makes it, {list(record.tensor.shape)}, "
-                f"its first axis of {n_Q} the queries', read {list(bias.shape)} (--position-bias FILE gives the "
-                "reference another)")
+                f"its first axis of {n_Q} the queries', read {list(bias.shape)}{valued} (--position-bias FILE gives "
+                "the reference another)")
         return bias, said
     made = root.label if root.names else str(root.details.get("op", root.label))
     said = (f"your code makes a position bias of its own (line {root.line}: {made}, from {', '.join(source)}): "
-            f"the reference adds it to its scores, {list(root.tensor.shape)} as your module first makes it "
+            f"the reference adds it to its scores, {list(root.tensor.shape)} as your module first makes it{valued} "
             "(--position-bias FILE gives the reference another)")
     return root.tensor.detach().float().clone(), said
+
+
+MOVES = ("view", "reshape", "permute", "transpose", "contiguous", "unsqueeze", "squeeze", "flatten", "unflatten",
+         "clone", "movedim", "swapaxes", "t", "T", "mT", "expand", "view_as", "reshape_as")
+SHAPES_ONLY = ("view", "reshape", "contiguous", "unsqueeze", "squeeze", "flatten", "unflatten", "clone", "view_as",
+               "reshape_as")
+
+
+def _valued(root: Record, records: list[Record], used: set[int]) -> tuple[Record, Record | None]:
+    """`root` with the values the code adds, and the tensor that holds them: where the bias is changed value by
+    value after it is first laid out `[.., n_Q, n_K]` (Swin V2's `16 · sigmoid(bias)`, a scale, a cap), on its way to
+    the scores, the tensor that meets them, as a Record standing where `root` does (its values viewed in root's
+    shape, root's parents), so the layout is still read from what the code first made; (`root`, None) where its
+    values are those added."""
+    from dataclasses import replace
+
+    met = next((records[u] for u in sorted(used) if u == root.index or root.index in _ancestors(records[u], records)),
+               None)
+    if met is None or met.index == root.index or met.tensor.numel() != root.tensor.numel():
+        return root, None
+    current, changed = met, False
+    while current.index != root.index:  # value by value, or a view that keeps root's layout: nothing moved
+        parents = [records[p] for p in current.parents if records[p].tensor.is_floating_point()
+                   and records[p].tensor.numel() == root.tensor.numel()]
+        if len(parents) != 1 or current.func in MOVES and current.func not in SHAPES_ONLY:
+            return root, None
+        changed, current = changed or current.func not in MOVES, parents[0]
+    if not changed:
+        return root, None
+    return replace(root, tensor=met.tensor.detach().reshape(root.tensor.shape)), met
 
 
 def _first_made(root: Record, records: list[Record], n_Q: int, n_K: int) -> tuple[Record, torch.Tensor] | None:
@@ -78,7 +111,7 @@ def _first_made(root: Record, records: list[Record], n_Q: int, n_K: int) -> tupl
     made before it, or its axes cannot be told apart."""
     earliest: tuple[Record, torch.Tensor] | None = None
     current = root
-    while True:
+    while current.func in MOVES:  # only what moves the values: before a change of values they are others
         same = [records[p] for p in current.parents if records[p].tensor.is_floating_point()
                 and records[p].tensor.numel() == root.tensor.numel()]
         if len(same) != 1:
@@ -87,10 +120,17 @@ def _first_made(root: Record, records: list[Record], n_Q: int, n_K: int) -> tupl
         read = _read(current.tensor, root.tensor, n_Q, n_K)
         if read is not None:
             earliest = (current, read)
-    if earliest is not None and earliest[0].tensor.shape == root.tensor.shape \
-            and torch.equal(earliest[1], root.tensor.detach().float()):
+    if earliest is None:
+        return None
+    values = root.tensor.detach().float()
+    moved = records[root.index].tensor.detach().float()  # root as made, before the values were changed after it
+    if earliest[0].tensor.shape == root.tensor.shape and torch.equal(earliest[1], moved):
         return None  # moved without a change of layout (a contiguous, a clone): `root` says it as well
-    return earliest
+    order = next((o for o in permutations(range(moved.dim())) if moved.permute(o).shape == earliest[1].shape
+                  and torch.equal(moved.permute(o), earliest[1])), None)
+    if order is None:
+        return earliest if torch.equal(values, moved) else None
+    return earliest[0], values.permute(order).contiguous()
 
 
 def _read(made: torch.Tensor, root: torch.Tensor, n_Q: int, n_K: int) -> torch.Tensor | None:
@@ -149,6 +189,6 @@ def _reaches(record: Record, records: list[Record], used: set[int]) -> bool:
 def _params_of(record: Record, records: list[Record], learned: set[str]) -> set[str]:
     """The parameters the record is computed from, by name."""
     found: set[str] = set()
-    for index in _ancestors(record, records) | {record.index}:
-        found |= {n for n in _names(records[index].args) if n in learned}
-    return found or {"a parameter"}
+    for index in _ancestors(record, records) | {record.index}:  # a parameter, or a layer holding one (an MLP's)
+        found |= {n for n in _names(records[index].args) if n in learned or f"{n}.weight" in learned}
+    return {n for n in found if not any(n.startswith(f"{o}.") for o in found)} or {"a parameter"}

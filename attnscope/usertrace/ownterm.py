@@ -60,7 +60,26 @@ def added_term(module: Any, records: list[Record], lined: Any) -> Term | Record 
         again = _found(module, records, trace, rows, own[1], own[2:])
         if isinstance(again, Term):
             return again
+    swapped = _swapped_content(trace, rows) if not isinstance(found, Term) else None
+    if swapped is not None:  # the code's scores read the tensor lined up with the values (k and v swapped)
+        again = _found(module, records, trace, {**rows, swapped[0]: rows[swapped[1]]}, *swapped[2:])
+        if isinstance(again, Term):
+            return again
     return found
+
+
+def _swapped_content(trace: Any, rows: dict[str, Any]
+                     ) -> tuple[str, str, torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
+    """Where the values are laid out as the keys are: the keys' step, the values', q · vᵀ in the reference's layout
+    (the content product of code whose scores read its values, keys and values swapped) and the queries and values
+    it is made from; None elsewhere."""
+    q_step = next((n for n in ("Q_rot", "Q_normed", "Q_split") if n in rows and n in trace), None)
+    k_step = next((n for n in ("K_rep", "K_cat", "K_rot", "K_normed", "K_split") if n in trace), None)
+    v_step = next((n for n in ("V_rep", "V_cat", "V_split") if n in rows and n in trace), None)
+    if q_step is None or k_step is None or v_step is None or trace[v_step].shape != trace[k_step].shape:
+        return None
+    queries, values = trace[q_step].double(), trace[v_step].double()
+    return k_step, v_step, queries @ values.transpose(-2, -1), (queries, values)
 
 
 def _found(module: Any, records: list[Record], trace: Any, rows: dict[str, Any], content: torch.Tensor,
@@ -90,9 +109,16 @@ def _found(module: Any, records: list[Record], trace: Any, rows: dict[str, Any],
                 continue
             unplaced = unplaced or record
             more = _more_terms(record, records, softmaxed, extra)
-            placed = _placed(x, y, more[-1] if more else record, content, records, trace, rows, own)
+            total = more[-1] if more else record
+            said = _sources(total, records, extra, up_x)  # what the term reads beside q · kᵀ
+            # the terms as the code adds them, each of the content's shape, else the sum less q · kᵀ
+            alike = all(tuple(t.tensor.shape) == tuple(x.tensor.shape) for t in more[:-1] if t is not None)
+            placed = _placed(x, y, total, content, records, trace, rows, own) if alike else None
             if placed is None:
-                continue
+                placed = _viewed(x, total, content, records)
+                if placed is None:
+                    continue
+                more = []  # the sum less q · kᵀ holds every term
             term, factor = placed
             if more and tuple(y.tensor.shape) == tuple(x.tensor.shape):  # scores = q · kᵀ + c2p + p2c
                 term = term + sum(_laid(t, x, content) for t in more[:-1] if t is not None)
@@ -100,7 +126,7 @@ def _found(module: Any, records: list[Record], trace: Any, rows: dict[str, Any],
                 continue
             before = math.isclose(factor, 1.0, rel_tol=1e-3)
             parts = [y, *(t for t in more[:-1] if t is not None)]
-            return Term(term.float(), before, record, _note(record, y, records, extra, before),
+            return Term(term.float(), before, record, _note(record, y, said, before),
                         _products(parts, records, q_side | k_side, extra))
     return unplaced
 
@@ -172,11 +198,41 @@ def _more_terms(record: Record, records: list[Record], softmaxed: set[int], extr
             continue
         other = records[given[1] if given[0] == total.index else given[0]]
         up = ancestors(other, records) | {other.index}
-        if total.index in up or tuple(other.tensor.shape) != tuple(total.tensor.shape) \
+        if total.index in up or not _broadcasts(tuple(other.tensor.shape), tuple(total.tensor.shape)) \
                 or not _own_source(up, records, extra):
             break
         total, found = r, [*found, other]
     return [*found, None, total] if found else []
+
+
+def _broadcasts(shape: tuple[int, ...], into: tuple[int, ...]) -> bool:
+    """Whether a tensor of `shape` broadcasts to `into` without widening it (SAM's rel_h[:, :, :, :, None])."""
+    return len(shape) <= len(into) and all(a in (1, b) for a, b in zip(shape[::-1], into[::-1], strict=False))
+
+
+RESHAPES = ("view", "reshape", "flatten", "unflatten", "contiguous", "view_as", "reshape_as", "clone")
+
+
+def _viewed(x: Record, total: Record, content: torch.Tensor, records: list[Record]
+            ) -> tuple[torch.Tensor, float] | None:
+    """The term where the code adds it to q · kᵀ viewed otherwise, values kept (SAM's and MViTv2's
+    `attn.view(B, q_h, q_w, k_h, k_w) + rel_h[..., None] + rel_w[..., None, :]`), or in parts broadcast along it:
+    `x`, the content operand, holds q · kᵀ in some layout (times 1, or the code's scale), or is a reshape of a
+    tensor that does; the sum `total` less `x`, read back through that reshape (a reshape keeps the values' order)
+    and that layout, is the term, whatever broadcast its parts were added with. None where `x` is no such tensor."""
+    if tuple(total.tensor.shape) != tuple(x.tensor.shape):
+        return None
+    shape, source = tuple(content.shape), x
+    while True:
+        for layout in layouts(shape, tuple(source.tensor.shape)):
+            factor = _factor(layout.undo(source.tensor, shape).double(), content)
+            if factor is not None:
+                summed = (total.tensor.double() - x.tensor.double()).reshape(source.tensor.shape)
+                return layout.undo(summed, shape), factor
+        given = _operands(source)
+        if source.func not in RESHAPES or len(given) != 1 or records[given[0]].tensor.numel() != x.tensor.numel():
+            return None
+        source = records[given[0]]
 
 
 def _laid(term: Record, like: Record, content: torch.Tensor) -> torch.Tensor:
@@ -319,12 +375,12 @@ def _sources(record: Record, records: list[Record], extra: set[str], beside: Any
     return ", ".join(sources[:3]) + (" and the positions" if positions else "")
 
 
-def _note(record: Record, term: Record, records: list[Record], extra: set[str], before: bool) -> str:
+def _note(record: Record, term: Record, sources: str, before: bool) -> str:
     where = "before the scale (the reference scales it with q · kᵀ)" if before else "after the scale"
     made = record.details.get("op", record.label)
     return (f"your code adds a term of its own to its scores (line {record.line}: {made}; {term.label} from your "
-            f"queries or keys and {_sources(record, records, extra)}, a relative-position term): the reference adds "
-            f"it too, {where}, as your run computes it; a convention, not a mistake")
+            f"queries or keys and {sources}, a relative-position term): the reference adds it too, {where}, as your "
+            "run computes it; a convention, not a mistake")
 
 
 OUTPUT_STEPS = ("x_raw", "x_rsh1", "x_rsh2", "x", "out")

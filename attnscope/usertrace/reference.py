@@ -134,6 +134,9 @@ class Spec:
     # queries, Linformer's keys projected along the sequence), role -> the code's own pooled tensor `[n_batch, n,
     # n_head·d_head]`, read from its run: the reference attends over them (steps Q_pooled, K_pooled, V_pooled)
     pooled: Any = field(default=None, compare=False)
+    # The code's own scale, one number per head (headscale.py: cosine attention's exp(logit_scale), a learned
+    # temperature), `[n_head]`, read from the code's run: each head's q · kᵀ times it, in place of `scale`
+    head_scale: Any = field(default=None, compare=False)
 
     def added(self, d_head: int) -> Any:
         """What the reference adds to its scaled scores: the position bias, the code's own term (scaled with the
@@ -179,6 +182,7 @@ class Spec:
                  "your own term on the output" if self.out_term is not None else "",
                  "your gate on the output" if self.out_gate is not None else "",
                  f"your pooled {', '.join(self.pooled)}" if self.pooled is not None else "",
+                 "your own scale per head" if self.head_scale is not None else "",
                  self.temperature.describe() if self.temperature is not None else "",
                  "attention sinks" if self.sinks is not None else ""]
         return ", ".join(p for p in parts if p)

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
 
 KEEP: Any = object()  # a replay argument left as the reference has it
+# an additive mask's large number (BERT's extended mask, −10000): added to the masked scores, it leaves them in a
+# column masked whole, which a softmax over another axis then normalizes as they are (−1e30 would erase them)
+ADDED = -1e4
 # Q_full, K_full: latent attention's heads, no-RoPE part and rotary part joined (usertrace/latentref.py)
 Q_NAMES = ("Q_full", "Q_tuned", "Q_rot", "Q_normed", "Q_split", "Q")
 K_NAMES = ("K_full", "K_rot", "K_normed", "K_split", "K")
@@ -74,6 +77,9 @@ class Base:
     gate_first: bool = False
     # The module's attention sinks (Spec.sinks, sinkcols.py), `[n_head]`: one more column in each softmax row, dropped
     sinks: torch.Tensor | None = None
+    # The code's own scale per head (Spec.head_scale, headscale.py), over the reference's `scale`: `[n_head, 1, 1]`,
+    # each head's scaled scores times it, whatever scale an experiment tries
+    head: torch.Tensor | None = None
 
     @property
     def n_Q(self) -> int:
@@ -162,6 +168,10 @@ def build(ctx: Context) -> Base | None:
         base.gate, base.gate_first = ctx.spec.out_gate.double(), ctx.spec.gate_before_merge
     if sunk and ctx.spec is not None:
         base.sinks = ctx.spec.sinks.detach().double().reshape(-1)
+    if ctx.spec is not None and ctx.spec.head_scale is not None and not col:
+        from attnscope.usertrace.headscale import replay_factor
+
+        base.head = replay_factor(ctx.spec.head_scale, scale)
     try:
         again = replay(base)
     except RuntimeError:  # shapes the replay does not know (an unbatched column form, ...)
@@ -224,7 +234,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     else:
         product = q @ k.transpose(-2, -1)  # [.., n_Q, d] @ [.., d, n_K] -> [.., n_Q, n_K]
     cap_at = b.softcap if softcap is KEEP else softcap
-    scores = product * s
+    scores = product * s if b.head is None else product * s * b.head  # the code's own scale per head kept
     out["scores"] = scores
     logits = scores
     if cap_at is not None and cap != "after mask":
@@ -245,6 +255,9 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     allowed = b.allowed if allowed is KEEP else allowed
     if allowed is not None and mask in ("fill", "zero", "finite", "zero, then after"):  # finite: -1e9, large negative
         logits = logits.masked_fill(~allowed, -math.inf if mask == "fill" else -1e30 if mask == "finite" else 0.0)
+    if allowed is not None and mask == "added":  # a large number added (BERT's (1 − mask) · −10000): scores kept,
+        # to float32's precision there, as code in float32 keeps them
+        logits = torch.where(allowed, logits, (logits.float() + ADDED).double())
     if before is not None:
         logits = logits.masked_fill(~before, -math.inf)
     if cap_at is not None and cap == "after mask":  # the mask's -inf (finfo.min) capped to -C: masked keys keep weight
