@@ -387,3 +387,29 @@ def test_layernorm_qk_norm_in_the_spec_the_state_dict_and_check():
     with torch.no_grad():
         module.q_norm.bias.add_(0.5)
     assert not all(c.passed for c in check.check_mha(module, trace, X, X, X, None, asked))
+
+
+def test_a_norm_after_rope_runs_on_the_rotated_heads():
+    """QkNorm(after_rope=True), nGPT's placement: the rotated heads normed, with weights a channel that turn with no
+    rotary pair (another output than the norm before RoPE); sdpa's weightless one gives the same numbers either way."""
+    torch.manual_seed(7)
+    late = MultiHeadAttention(32, 4, n_kv_head=2, rope=Rope(), causal=True,
+                              qk_norm=QkNorm("head", after_rope=True)).eval()
+    early = MultiHeadAttention(32, 4, n_kv_head=2, rope=Rope(), causal=True, qk_norm="head").eval()
+    with torch.no_grad():
+        late.q_norm.weight.normal_(1.0, 0.5)
+        late.k_norm.weight.normal_(1.0, 0.5)
+        early.load_state_dict(late.state_dict())
+        X = torch.randn(2, 6, 32)
+        trace, before = late(X), early(X)
+    names = [s.name for s in trace.steps]
+    assert names.index("Q_rot") < names.index("Q_normed") < names.index("scores")
+    _close(trace["K_normed"], F.rms_norm(trace["K_rot"], (8,), late.k_norm.weight, eps=1e-6))
+    _close(trace["Q_rot"].norm(dim=-1), trace["Q_split"].norm(dim=-1))  # rotated from the split heads, unnormed
+    assert not torch.allclose(trace["x"], before["x"], atol=1e-3)
+    assert "after RoPE" in late.spec.describe(8)
+    Q, K, V = torch.randn(2, 3, 5, 8) * 4, torch.randn(2, 3, 5, 8) * 4, torch.randn(2, 3, 5, 6)
+    either = [sdpa(Q, K, V, rope=Rope(), qk_norm=QkNorm(after_rope=after)) for after in (False, True)]
+    _close(either[0]["out"], either[1]["out"])
+    with pytest.raises(UsageError, match="after RoPE over the whole projection"):
+        QkNorm("proj", after_rope=True)

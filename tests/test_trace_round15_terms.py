@@ -260,3 +260,25 @@ def test_a_mask_a_window_is_the_references_for_each_window_of_the_batch(runner, 
     result, out = trace(runner, f"{STYLES}:GainedTable", "--init", "bug='mask_after_softmax'", *args)
     assert result.exit_code == 1, result.stdout + result.stderr
     assert out["first_divergence"]["experiment"] == "mask.after_softmax", out["first_divergence"]
+
+
+def test_a_learned_scale_of_one_number_is_the_catalogs_where_a_mistake_gives_it(runner):
+    """One learned scale for every head: a trained value is the code's own (a note, exit 0); one started at
+    d_model^-0.5 (PatchTST's lsa scale planted) is the catalog's scale.d_model, not a temperature of its own."""
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        for value in (0.3, None):
+            m = styles.LearnedScalarScale(value=value).double().eval()
+            q, k, v = (_heads(f(x), 4) for f in (m.W_Q, m.W_K, m.W_V))
+            want = m.to_out(_merged(F.scaled_dot_product_attention(q, k, v, scale=float(m.scale))))
+            assert torch.allclose(m(x), want, atol=1e-9)
+        wrong = styles.LearnedScalarScale(bug="scale_d_model").double().eval()  # its own start, m's weights
+        wrong.load_state_dict({**m.state_dict(), "scale": wrong.scale.detach()})
+        assert not torch.allclose(wrong(x), want, atol=1e-3)
+    for init in ("value=None", "value=0.3"):
+        result, out = trace(runner, f"{STYLES}:LearnedScalarScale", "--init", init)
+        assert result.exit_code == 0, result.stdout + result.stderr
+    assert any("0.3 in every head" in n for n in out["notes"]), out["notes"]
+    result, out = trace(runner, f"{STYLES}:LearnedScalarScale", "--init", "bug='scale_d_model'")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == "scale.d_model", out["first_divergence"]

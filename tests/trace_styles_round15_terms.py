@@ -471,3 +471,25 @@ class DisentangledEinsum(Disentangled):
         scores = (torch.einsum("bhid,bhjd->bhij", q, k) + c2p + p2c) / math.sqrt(3 * self.d)
         probs = _softmax(scores, self.bug)
         return self.out(_merge(torch.einsum("bhij,bhjd->bhid", probs, v), self.bug))
+
+
+class LearnedScalarScale(nn.Module):
+    """PatchTST's learnable scale (`lsa=True`): one parameter for every head, `(q @ k) * self.scale`, k already
+    transposed; `value` sets it (a trained model's), the plant starts it at d_model^-0.5 instead of d_head^-0.5."""
+
+    def __init__(self, d_model=32, n_heads=4, value=None, bug=None):
+        super().__init__()
+        self.n_heads, self.d = n_heads, d_model // n_heads
+        self.W_Q, self.W_K, self.W_V = (nn.Linear(d_model, d_model) for _ in range(3))
+        self.to_out = nn.Linear(d_model, d_model)
+        _trained(self, 9)
+        start = d_model ** -0.5 if bug == "scale_d_model" else self.d ** -0.5 if value is None else value
+        self.scale = nn.Parameter(torch.tensor(start))
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = self.W_Q(x).view(b, n, self.n_heads, self.d).transpose(1, 2)
+        k = self.W_K(x).view(b, n, self.n_heads, self.d).permute(0, 2, 3, 1)  # [B, H, D, n]
+        v = self.W_V(x).view(b, n, self.n_heads, self.d).transpose(1, 2)
+        attn = (torch.matmul(q, k) * self.scale).softmax(dim=-1)
+        return self.to_out(_merge(attn @ v, None))

@@ -255,7 +255,8 @@ def sdpa(
     q_name, k_name = names.Q, names.K
 
     offset = spec.offset(n_Q, n_K)
-    if spec.norm is not None:
+    late = spec.norm is not None and spec.norm.after_rope and rope is not None  # on the rotated heads (nGPT's)
+    if spec.norm is not None and not late:
         Q, K = normalize(trace, Q, K, spec.norm, (None, None), source=(q_name, k_name),
                          dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
         q_name, k_name = "Q_normed", "K_normed"
@@ -263,6 +264,10 @@ def sdpa(
         Q, K = rotate(trace, Q, K, rope, q_offset=offset, k_offset=0, source=(q_name, k_name),
                       dims=(trace.step(q_name).dims, trace.step(k_name).dims), d_name=names.d_K, n_keys=n_K)
         q_name, k_name = "Q_rot", "K_rot"
+    if late and spec.norm is not None:
+        Q, K = normalize(trace, Q, K, spec.norm, (None, None), source=(q_name, k_name),
+                         dims=(trace.step(q_name).dims, trace.step(k_name).dims), axis=(names.d_K, names.d_K))
+        q_name, k_name = "Q_normed", "K_normed"
     if spec.temperature is not None:
         Q = tune(trace, Q, spec.temperature, start=offset, source=q_name, dims=trace.step(q_name).dims)
         q_name = "Q_tuned"

@@ -3,7 +3,8 @@
 Four Linear layers, split into heads, SDPA in every head (through `attention.sdpa`, so the two never
 drift), merge, project. The variants are arguments: `n_kv_head` (grouped-query attention; 1 is
 multi-query), `d_head` decoupled from `d_feat / n_head` (Gemma), `qk_norm` (an RMSNorm of Q and K before RoPE,
-per head or over the whole projection, with learned weights `q_norm.weight` and `k_norm.weight`; qknorm.py),
+per head or over the whole projection, or per head after RoPE as nGPT's, with learned weights `q_norm.weight` and
+`k_norm.weight`; qknorm.py),
 `rope` (rotary embeddings after the split, transformers' `apply_rotary_pos_emb`), `causal`, `window` (and
 `window_side`), `chunk`, `softcap`, `alibi`, `scale`, `temperature` (Llama 4's per-query scale, after RoPE),
 `sinks` (a learned logit per head, the module's `sinks` parameter: GPT-OSS's), and a KV cache passed to
@@ -280,11 +281,10 @@ class MultiHeadAttention(nn.Module):
                  for name, _, _, n, count, axis in plan}  # [n_batch, heads, n, d_head]
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
-        if norm is not None and norm.over == "head":  # Qwen3, Gemma 3: each head over its own d_head
-            per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
-            q, k = stages.normalize(add, q, k, norm, self._norm_weights(), source=(q_name, k_name), dims=per_head,
-                                    axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"),
-                                    biases=self._norm_biases())
+        per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
+        late = norm is not None and norm.after_rope and spec.rope is not None  # nGPT's: on the rotated heads
+        if norm is not None and norm.over == "head" and not late:  # Qwen3, Gemma 3: each head over its own d_head
+            q, k = self._head_norm(add, q, k, norm, (q_name, k_name), per_head)
             q_name, k_name = "Q_normed", "K_normed"
         n_cache = cache[0].shape[-2] if cache is not None else 0
         n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
@@ -296,6 +296,9 @@ class MultiHeadAttention(nn.Module):
                                                                 ("n_batch", kv_axis, n_key, "d_head")),
                                  d_name="d_head", n_keys=n_K, tables=tables)
             q_name, k_name = "Q_rot", "K_rot"
+        if late and norm is not None:
+            q, k = self._head_norm(add, q, k, norm, (q_name, k_name), per_head)
+            q_name, k_name = "Q_normed", "K_normed"
         if spec.temperature is not None:
             q = stages.tune(add, q, spec.temperature, start=q_offset, source=q_name,
                             dims=("n_batch", "n_head", "n_Q", "d_head"))
@@ -306,6 +309,13 @@ class MultiHeadAttention(nn.Module):
         names = Names(Q=q_name, K=k_name, V=v_name, out="x_raw", d_K="d_head", d_V="d_head",
                       batch=("n_batch", "n_head"))
         return q, k, v, names
+
+    def _head_norm(self, add: Any, q: Tensor, k: Tensor, norm: Any, source: tuple[str, str],
+                   dims: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[Tensor, Tensor]:
+        """Steps `Q_normed`, `K_normed`: the qk-norm of each head over its own d_head, with the module's weights."""
+        return stages.normalize(add, q, k, norm, self._norm_weights(), source=source, dims=dims,
+                                axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"),
+                                biases=self._norm_biases())
 
     def _norm_weights(self) -> tuple[Tensor, Tensor]:
         return self.q_norm.weight, self.k_norm.weight

@@ -41,17 +41,34 @@ class Held(nn.Module):
 
 
 def read(module: nn.Module, records: list[Record], widths: set[int]) -> list[tuple[str, nn.Module]]:
-    """The module's own parameters that gain a normalized q or k, as norms, in the order the run uses them."""
-    own = {name: p for name, p in module.named_parameters(recurse=False) if p.dim() >= 1 and p.shape[-1] in widths}
+    """The module's own parameters that gain a normalized q or k, as norms, in the order the run uses them: the
+    parameter itself (`F.rms_norm(q, (d,)) * self.q_gain`), or a gain the code computes from one parameter alone
+    (nGPT's `(self.sqk * c).view(1, 1, n_head, d_head)`, one row a head; its q and k may share it)."""
+    every = dict(module.named_parameters(recurse=False))
+    own = {name: p for name, p in every.items() if p.dim() >= 1 and p.shape[-1] in widths}
     found: dict[str, nn.Module] = {}
     for r in records:
         if r.func not in MULS:
             continue
         named = [v for k, v in r.args if k == "text" and v in own]
-        normed = [records[v] for k, v in r.args if k == "rec"]
-        if len(named) != 1 or len(normed) != 1 or named[0] in found:
+        given = [v for k, v in r.args if k == "rec"]
+        made = [(_made_from(records[v], records, every), v) for v in given] if not named and len(given) == 2 else []
+        made = [(name, v) for name, v in made if name is not None]
+        if len(made) == 1:  # a gain computed from one parameter, the other operand the normed rows
+            name, v = made[0]
+            gain = records[v].tensor.detach()
+            normed = [records[u] for u in given if u != v]
+            if gain.dim() == 0 or len(normed) != 1 or gain.shape[-1] not in widths \
+                    or normed[0].tensor.numel() <= gain.numel() or len(found) >= 2:
+                continue
+            named, weight = [name if name not in found else f"{name} (again)"], gain.reshape(-1, gain.shape[-1])
+            weight = weight[0] if weight.shape[0] == 1 else weight
+        elif len(named) != 1 or len(given) != 1 or named[0] in found and len(found) >= 2:
             continue
-        weight, x = own[named[0]], normed[0].tensor
+        else:  # one gain for q and k both: the keys' named again
+            weight, normed = own[named[0]], [records[given[0]]]
+            named = [named[0] if named[0] not in found else f"{named[0]} (again)"]
+        x = normed[0].tensor
         form = _form(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else None
         if form is None or x.shape[-1] != weight.shape[-1]:
             continue
@@ -59,6 +76,31 @@ def read(module: nn.Module, records: list[Record], widths: set[int]) -> list[tup
         eps = _eps(normed[0], kind)
         found[named[0]] = Held(weight, _bias(r, records, own, weight), kind, eps, rms)
     return list(found.items())
+
+
+def _made_from(record: Record, records: list[Record], params: dict[str, Any]) -> str | None:
+    """The one parameter of the module's own a tensor is computed from alone, by ops that never grow it (a scale, a
+    view), numbers aside; None where it reads anything else (an input, another parameter, a projection's output)."""
+    from attnscope.usertrace.align import ancestors
+
+    up = ancestors(record, records) | {record.index}
+    mentioned: set[str] = set()
+    for index in up:
+        if records[index].tensor.numel() > record.tensor.numel() or not records[index].tensor.is_floating_point():
+            return None
+        mentioned |= {v for k, v in records[index].args if k == "text" and isinstance(v, str)}
+    named = {n for n in mentioned if n in params}
+    if len(named) != 1 or any(not _number(n) for n in mentioned - named):
+        return None
+    return named.pop()
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _form(x: torch.Tensor) -> tuple[str, float] | None:

@@ -752,19 +752,27 @@ def _swapped_before_norm(b: Base, rope: _Rope | None, words: str) -> Iterator[Tr
     reference's own keys before and after it, applied to the values, then rotated where the reference rotates; the
     values the keys as projected, unnormed."""
     from attnscope.usertrace.fusedsplit import refit_norm
+    from attnscope.usertrace.reference import late_norm
 
     unnormed, normed = b.ref.get("K_split"), b.ref.get("K_normed")
     if unnormed is None or normed is None or unnormed.shape != b.v_new.shape or b.raw_keys is not None:
         return
-    norm = refit_norm(unnormed, normed)
-    if norm is None:
+    late = rope is not None and late_norm(b.order, "K_normed")  # normed after the rotation (nGPT's gains)
+    norm = refit_norm(b.ref["K_rot"] if late else unnormed, normed)
+    if norm is None or rope is None and late:
         return
-    keys = norm(b.v_new)
-    rotated = _turn(rope)(keys, rope.k_pos) if rope is not None else keys
+    if late and rope is not None:
+        turned = _turn(rope)(b.v_new, rope.k_pos)
+        rotated = keys = norm(turned)
+    else:
+        keys = norm(b.v_new)
+        rotated = _turn(rope)(keys, rope.k_pos) if rope is not None else keys
     steps = replay(b, k_new=rotated, v_new=unnormed)
     steps["K_split"], steps["K_normed"] = b.v_new, keys
+    if late:
+        steps["K_rot"] = turned
     _feats_swapped(b, steps)
-    then = "normed and rotated" if rope is not None else "normed"
+    then = "rotated and normed" if late else "normed and rotated" if rope is not None else "normed"
     yield Trial(steps, f"{words}, each projected by the other's weights before the keys' norm (the values then {then} "
                 "as the keys are)")
 

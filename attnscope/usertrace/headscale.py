@@ -41,6 +41,11 @@ class HeadScale:
     record: Record  # the product that applies them
     note: str
 
+    @property
+    def same(self) -> bool:
+        """One number in every head (a learned scalar scale, or heads still at their initial value)."""
+        return bool(torch.allclose(self.factors, self.factors[0].expand_as(self.factors), rtol=1e-6, atol=0.0))
+
 
 def found(module: Any, records: list[Record], inputs: Inputs, lined: Any) -> HeadScale | None:
     """The code's own scale per head the line-up `lined` (lineup.LineUp) suggests, or None: where the line-up holds

@@ -41,7 +41,8 @@ _V = ("V_rep", "V_cat", "V_split", "V")
 FROM: dict[str, tuple[tuple[str, ...], ...]] = {
     "Q_pooled": (("Q_feat",),), "K_pooled": (("K_feat",),), "V_pooled": (("V_feat",),),
     "Q_split": (("Q_pooled", "Q_feat"),), "K_split": (("K_pooled", "K_feat"),), "V_split": (("V_pooled", "V_feat"),),
-    "Q_normed": (("Q_feat", "Q"),), "K_normed": (("K_feat", "K"),),  # over the projection, or each head after it
+    # over the projection, or each head after it; or the rotated heads (nGPT's: lined up after them)
+    "Q_normed": (("Q_rot", "Q_feat", "Q"),), "K_normed": (("K_rot", "K_feat", "K"),),
     "Q_rot": (("Q_normed", "Q_split", "Q"),), "K_rot": (("K_normed", "K_split", "K"),),
     "K_cat": (("K_rot", "K_normed", "K_split", "K"),),
     "V_cat": (("V_split", "V"),), "K_rep": (_K[1:],), "V_rep": (_V[1:],), "scores": (_Q, _K),
@@ -168,6 +169,9 @@ def _with_head_scale(module: Any, shapes: ShapePlan, inputs: Inputs, records: li
     found = headscale.found(module, records, inputs, first)
     if found is None:
         return None
+    said = first.divergence.experiment if first.divergence is not None else None
+    if said is not None and said != "scale.other" and found.same:
+        return None  # one number in every head that a mistake of the catalog gives (a learned scale set to 1/√d_model)
     scaled = replace(spec, head_scale=found.factors)
     again = _read(module, shapes, inputs, records, train, scaled, True)
     if again.divergence is not None:
@@ -766,6 +770,7 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
            skips: dict[str, torch.Tensor], keys: dict[int, int] | None = None) -> list[Aligned]:
     """Each step with the user's tensor equal to it; failing that, the tensor that stands where the step stands in
     the user's data flow (align.follow), or none: a tensor of the right shape elsewhere is not the step."""
+    from attnscope.usertrace import reference as ref
     from attnscope.usertrace.align import (
         ADDS_A_MASK,
         FUSED_WITH_SCORES,
@@ -787,7 +792,7 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
     claimed: set[int] = set()
     anchor = -1
     queries_only = _queries_only(records)
-    for name in (n for n in wanted if n in trace):
+    for name in (n for n in ref.in_run_order(wanted, [s.name for s in trace.steps]) if n in trace):
         step, skip = trace.step(name), skips.get(name)
         turned = scoreaxes.turned(keys or {}, step.dims)  # square scores held the other way round (data flow)
         match = best_equal(records, step.tensor, skip, turned)

@@ -45,8 +45,10 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     tries = [dataclasses.replace(spec, qk_norm=kind) for kind in ("head", "proj")]
     if rows is not None:  # before the norms' weights where the module holds none, after them where it does
         weightless = dataclasses.replace(spec, qk_norm=rows.over, qk_norm_gain=rows.gain, qk_norm_eps=rows.eps)
-        tries = tries + [weightless] if holds_norms(module) or _own_gains(module, records, lined) else \
-            [weightless, *tries]
+        gained = _own_gains(module, records, lined)
+        tries = tries + [weightless] if holds_norms(module) or gained else [weightless, *tries]
+        if gained and rownorms.after_rope(rows.record, records, lined.trace):  # gains on the rotated heads (nGPT's)
+            tries.append(dataclasses.replace(spec, qk_norm="head", qk_norm_after=True))
     for asked in tries:
         kind = asked.qk_norm
         try:
@@ -69,6 +71,11 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
                 after = _after_rope(rows.record, lined) if after is None else after
                 again.notes.append(f"{rows.words(after)}: read as its own convention, "
                                    f"and the reference applies it too{flag}")
+                return asked, again
+            if asked.qk_norm_after:
+                again.notes.append("your code normalizes q and k after RoPE, each rotated head over its d_head, with "
+                                   "gains of its own (qk-norm on the rotated heads, nGPT's): read as its own "
+                                   "convention, and the reference applies it too, after its rotation, with your gains")
                 return asked, again
             over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"
             again.notes.append(f"your code normalizes q and k before the scores (qk-norm over {over}): read as its "

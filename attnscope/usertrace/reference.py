@@ -48,6 +48,23 @@ MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_pooled", "K_pooled", "V_pooled", "
              "Q_normed", "K_normed", "Q_rot", "K_rot",
              "K_cat", "V_cat", "K_rep", "V_rep", "scores", "capped_scores", "biased_scores", "masked_scores",
              "attention", "x_raw", "x_rsh1", "x_rsh2", "gate", "x_gated", "x")
+def late_norm(order: list[str], name: str) -> bool:
+    """Whether `name` is a qk-norm's step (`Q_normed`, `K_normed`) the reference's run `order` makes after its
+    rotation (Spec.qk_norm_after: nGPT's norm on the rotated heads)."""
+    rotated = name.replace("_normed", "_rot")
+    return name.endswith("_normed") and name in order and rotated in order and order.index(name) > order.index(rotated)
+
+
+def in_run_order(wanted: tuple[str, ...], order: list[str]) -> tuple[str, ...]:
+    """`wanted` with a qk-norm the run makes after its rotation moved after the rotated steps, as the run has it."""
+    late = tuple(n for n in wanted if late_norm(order, n))
+    if not late or "K_rot" not in wanted:
+        return wanted
+    rest = [n for n in wanted if n not in late]
+    at = rest.index("K_rot") + 1
+    return (*rest[:at], *late, *rest[at:])
+
+
 SDPA_STEPS = ("Q_normed", "K_normed", "Q_rot", "K_rot", "K_rep", "V_rep", "scores", "capped_scores", "biased_scores",
               "masked_scores", "attention", "out")
 
@@ -69,6 +86,8 @@ class Spec:
     # the gain its unit rows carry (1, or 1/√width for rows of unit length) and its epsilon; None: the norms' own
     qk_norm_gain: float | None = None
     qk_norm_eps: float | None = None
+    # the qk-norm on the rotated heads (ownnorm.py: nGPT's gain per channel after RoPE, which turns with no pair)
+    qk_norm_after: bool = False
     # Llama 4's temperature tuning of the queries (variants/temperature.TemperatureTuning), read from the module's
     # declared floor_scale and attn_scale by experiment (tuning.py); None: none
     temperature: Any = None
@@ -153,8 +172,16 @@ class Spec:
 
         return AttentionSpec(causal=self.causal, window=self.window, window_side=cast("WindowSide", self.window_side),
                              alibi=self.alibi, rope=self.rope(), softcap=self.softcap,
-                             scale=self.scale, n_kv_head=n_kv_head, qk_norm=self.qk_norm,
+                             scale=self.scale, n_kv_head=n_kv_head, qk_norm=self._qk_norm(),
                              temperature=self.temperature, sinks=self.sinks is not None, clip_qkv=self.clip_qkv)
+
+    def _qk_norm(self) -> Any:
+        """The qk-norm as the reference's spec takes it: its placement, and after RoPE where the code norms there."""
+        if self.qk_norm is None or not self.qk_norm_after:
+            return self.qk_norm
+        from attnscope.variants.qknorm import QkNorm
+
+        return QkNorm(self.qk_norm, after_rope=True)
 
     def rope(self) -> Any:
         """attnscope's Rope for the reference, None without RoPE."""
@@ -174,7 +201,8 @@ class Spec:
         parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}{sides}" if self.window else "",
                  f"RoPE base {self.rope_base:g} ({self.rope_pairing}{self._rope_more()})" if self.rope_base else "",
                  f"after {self.cache} cached positions" if self.cache else "", "ALiBi" if self.alibi else "",
-                 f"qk-norm ({self.qk_norm})" if self.qk_norm else "", f"scale {self.scale:g}" if self.scale is not None
+                 f"qk-norm ({self.qk_norm}{', after RoPE' if self.qk_norm_after else ''})" if self.qk_norm else "",
+                 f"scale {self.scale:g}" if self.scale is not None
                  else "", f"softcap {self.softcap:g}" if self.softcap is not None else "",
                  clip_words(self.clip_qkv) if self.clip_qkv is not None else "",
                  "position bias" if self.position_bias is not None else "",

@@ -105,7 +105,10 @@ class Base:
         """A step before any rotation: `Q_normed`/`Q_split`/`Q` for "Q", likewise "K", "V"; the first laid out in
         heads as the rotated one is (a qk-norm over the whole projection, OLMo 2's, comes before the split: its
         `Q_normed` is `[n_batch, n, d_feat]` and `Q_split` the normed queries in heads)."""
-        found = [self.ref[c] for c in (f"{name}_normed", f"{name}_split", name) if c in self.ref]
+        from attnscope.usertrace.reference import late_norm
+
+        found = [self.ref[c] for c in (f"{name}_normed", f"{name}_split", name) if c in self.ref
+                 and not late_norm(self.order, c)]
         rotated = {"Q": self.q, "K": self.k_new, "V": self.v_new}.get(name)
         shaped = [t for t in found if rotated is not None and t.shape == rotated.shape]
         return (shaped or found)[0] if found else None
@@ -124,8 +127,8 @@ def build(ctx: Context) -> Base | None:
     col = ctx.spec is not None and ctx.spec.layout == "col"
     ref = {n: _row(trace[n].double(), n, col) for n in names if trace[n].is_floating_point()}
     # the first laid out in heads as the split is (a qk-norm over the projection, OLMo 2's, is [.., d_feat])
-    q_name = next((n for n in Q_NAMES if n in ref and _heads_like(ref, n, "Q_split")), None)
-    k_name = next((n for n in K_NAMES if n in ref and _heads_like(ref, n, "K_split")), None)
+    q_name = next((n for n in _placed(Q_NAMES, names) if n in ref and _heads_like(ref, n, "Q_split")), None)
+    k_name = next((n for n in _placed(K_NAMES, names) if n in ref and _heads_like(ref, n, "K_split")), None)
     v_name = next((n for n in V_NAMES if n in ref), None)
     if q_name is None or k_name is None or v_name is None or ref[q_name].dim() < 2:
         return None
@@ -179,6 +182,18 @@ def build(ctx: Context) -> Base | None:
     if not again or any(difference(again[n], base.ref[n]) > _tol(base.ref[n]) for n in again):
         return None  # the replay is not the reference here: no experiment can speak for it
     return base
+
+
+def _placed(names: tuple[str, ...], order: list[str]) -> tuple[str, ...]:
+    """`names`, the nearest the scores first, with a qk-norm made after the rotation before it."""
+    from attnscope.usertrace.reference import late_norm
+
+    late = [n for n in names if late_norm(order, n)]
+    if not late:
+        return names
+    rotated = late[0].replace("_normed", "_rot")
+    rest = [n for n in names if n != late[0]]
+    return (*rest[:rest.index(rotated)], late[0], *rest[rest.index(rotated):])
 
 
 def _heads_like(ref: dict[str, torch.Tensor], name: str, split: str) -> bool:

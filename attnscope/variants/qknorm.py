@@ -1,7 +1,9 @@
 """qk-norm: an RMSNorm (or a LayerNorm) of the queries and the keys before RoPE, as today's models keep their logits
 in range.
 
-Two placements, as checkpoints have them (`QkNorm.over`):
+Two placements, as checkpoints have them (`QkNorm.over`), and, per head, before RoPE or after it (`after_rope`:
+nGPT's `sqk · normalize(q)` on the rotated heads, its learned gain per channel turning with no pair; a norm without
+weights gives the same numbers either side, a rotation keeping each row's length):
 - `"head"` (Qwen3, Qwen3-MoE, Gemma 3): after the split into heads, over each head's own d_head coordinates,
   with one learned weight `[d_head]` that every head shares (transformers' `Qwen3Attention`:
   `q_norm = Qwen3RMSNorm(head_dim)`, applied to `q_proj(x).view(..., -1, head_dim)`).
@@ -45,6 +47,7 @@ class QkNorm:
     eps: float = 1e-6
     offset: bool = False
     kind: str = "rms"
+    after_rope: bool = False  # per head, on the rotated q and k (nGPT's); before RoPE otherwise
 
     def __post_init__(self) -> None:
         if self.over not in PLACES:
@@ -57,6 +60,9 @@ class QkNorm:
         if self.kind not in KINDS:
             raise UsageError(f"{{qk_norm}} kind {self.kind!r}: use 'rms' (RMSNorm: Qwen3, OLMo 2, Gemma 3) or 'layer' "
                              "(LayerNorm, a bias too: timm's qk_norm=True)", "qk_norm")
+        if self.after_rope and self.over != "head":
+            raise UsageError("{qk_norm} after RoPE over the whole projection: a norm after RoPE runs on the rotated "
+                             "heads, over each head's d_head; use 'head'", "qk_norm")
         if self.offset and self.kind == "layer":
             raise UsageError("{qk_norm} offset with kind 'layer': the (1 + w) weights are Gemma's RMSNorm; a "
                              "LayerNorm's weight is its own", "qk_norm")
@@ -71,4 +77,5 @@ class QkNorm:
 
     def describe(self) -> str:
         where = "per head over d_head" if self.over == "head" else "over the whole projection, before the split"
+        where += ", after RoPE" if self.after_rope else ""
         return f"qk-norm ({'LayerNorm' if self.layer else 'RMSNorm'} {where}{', (1 + w)' if self.offset else ''})"
