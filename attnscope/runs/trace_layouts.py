@@ -41,10 +41,12 @@ def first_run(r: RunSoFar) -> Made:
     made = _with_memory(r, made)
     made = _empty_cache(r, made)
     made = _one_input(r, made)
+    made = _unread_inputs(r, made)  # before the readings a failure asks for: a mask sized by the unread key's length
     for retry in (equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned, _at_held_widths,
                   _time_first, _as_image, _joined_layout, _read_otherwise, _module_unbatched, _at_sliced_widths,
                   refused):
         made = retry(r, made)
+    made = _unread_inputs(r, made)
     _cache_notes(r, made)
     return made
 
@@ -140,8 +142,10 @@ def _one_input(r: RunSoFar, ran: Made) -> Made:
     causal): one tensor handed to all three, the same object, n_K = n_Q, as --q alone hands it; kept where it runs,
     or gets further."""
     inputs, _, called, _ = ran
-    if called.failure is None or called.failure.op or len(r.plan.tensors) != 3 or r.o.q or r.o.one_input \
-            or r.module is None or (r.o.nk is not None and r.o.nq is not None and r.o.nk != r.o.nq):
+    if len(r.plan.tensors) != 3 or r.o.q or r.o.one_input or r.module is None \
+            or (r.o.nk is not None and r.o.nq is not None and r.o.nk != r.o.nq):
+        return ran
+    if called.failure is None or called.failure.op:
         return ran  # ran, or failed in a tensor op (scores transposed, n_Q ≠ n_K): a mistake, never a refusal
     n_Q = inputs.sizes.get("n_Q")
     asked = dataclasses.replace(r.o, one_input=True, nk=r.o.nk or r.o.nq or n_Q, nq=r.o.nq or n_Q)
@@ -156,6 +160,48 @@ def _one_input(r: RunSoFar, ran: Made) -> Made:
         r.notes.append(f"{names}: your code raised on three tensors ({where}{failed.message}) and runs on one, handed "
                        "to all three (the same tensor: self-attention, as --q alone gives it)")
     return made
+
+
+def _unread_inputs(r: RunSoFar, ran: Made) -> Made:
+    """Code of `forward(query, key, value)` that never read its key and value, its queries, keys and values all from
+    the first, as far as it ran (fairseq's MultiheadAttention with self_attention=True; or it raised at a mask
+    trace sized by the key's length): the reference reads that one too, handed to all three as one tensor, the same
+    object, as --q alone hands it; kept where it runs."""
+    from attnscope.usertrace.flow import from_first_only
+
+    inputs, _, called, _ = ran
+    if len(r.plan.tensors) != 3 or r.o.q or r.o.one_input or r.module is None \
+            or (r.o.nk is not None and r.o.nq is not None and r.o.nk != r.o.nq) \
+            or (called.failure is not None and not _failed_at_mask(r, called)) \
+            or not from_first_only(called.records, list(r.plan.tensors)):
+        return ran  # a failure elsewhere (the key's length used for the queries) is the code's to show
+    n_Q = inputs.sizes.get("n_Q")
+    asked = dataclasses.replace(r.o, one_input=True, nk=r.o.nk or r.o.nq or n_Q, nq=r.o.nq or n_Q)
+    made = attempted(r.attempt, asked)
+    if made is None or made[2].failure is not None:
+        return ran
+    r.o = asked
+    first, *rest = r.plan.tensors
+    r.notes.append(f"{', '.join(rest)}: your code never reads them (its queries, keys and values all come from "
+                   f"{first}: self-attention); it was handed one tensor for all three, the same object, as --q alone "
+                   "gives it")
+    return made
+
+
+def _failed_at_mask(r: RunSoFar, called: Any) -> bool:
+    """Whether the op the code raised at reads a mask parameter trace handed it (sized by the key's length)."""
+    from attnscope.usertrace.flow import inputs_of
+
+    masks = {m for m in (r.plan.mask, *r.plan.other_masks) if m}
+    if called.failure is None or not masks:
+        return False
+    reached = inputs_of(called.records, masks)
+    for kind, value in called.failure.args or []:
+        if kind == "kw":
+            kind, value = value[1]
+        if (kind == "text" and value in masks) or (kind == "rec" and reached.get(value)):
+            return True
+    return False
 
 
 def _with_memory(r: RunSoFar, ran: Made) -> Made:

@@ -230,6 +230,24 @@ def input_roles(records: list[Record], names: list[str]) -> dict[str, str] | Non
     return None
 
 
+def from_first_only(records: list[Record], names: list[str]) -> bool:
+    """Whether the scores' both operands and the pattern's partner all come from the first of the forward's tensor
+    parameters `names` alone, the others never read on their way (fairseq's MultiheadAttention with
+    self_attention=True projects q, k and v from `query` and ignores `key` and `value`); in a run that stopped
+    before its pattern, whether its ops read the first alone."""
+    if len(names) < 2:
+        return False
+    found, reached = operands(records), _inputs_of(records, set(names))
+    if found is None:  # a run that stopped before its pattern: no op of it read any but the first
+        return set().union(*reached.values()) == {names[0]}
+    return all(reached.get(side, set()) == {names[0]} for side in found[:3])
+
+
+def inputs_of(records: list[Record], names: set[str]) -> dict[int, set[str]]:
+    """For each record, the forward's parameters among `names` its value comes from."""
+    return _inputs_of(records, names)
+
+
 def projection_inputs(records: list[Record], names: list[str]) -> dict[str, set[str]]:
     """{Linear name: the forward's tensor parameters (`names`) its input comes from}, over every call of it."""
     reached = _inputs_of(records, set(names))
