@@ -142,13 +142,9 @@ def _one_input(r: RunSoFar, ran: Made) -> Made:
     causal): one tensor handed to all three, the same object, n_K = n_Q, as --q alone hands it; kept where it runs,
     or gets further."""
     inputs, _, called, _ = ran
-    if len(r.plan.tensors) != 3 or r.o.q or r.o.one_input or r.module is None \
-            or (r.o.nk is not None and r.o.nq is not None and r.o.nk != r.o.nq):
-        return ran
-    if called.failure is None or called.failure.op:
+    asked = _as_one_input(r, inputs)
+    if asked is None or called.failure is None or called.failure.op:
         return ran  # ran, or failed in a tensor op (scores transposed, n_Q ≠ n_K): a mistake, never a refusal
-    n_Q = inputs.sizes.get("n_Q")
-    asked = dataclasses.replace(r.o, one_input=True, nk=r.o.nk or r.o.nq or n_Q, nq=r.o.nq or n_Q)
     made = attempted(r.attempt, asked)
     if made is None or (made[2].failure is not None and made[2].failure.line == called.failure.line):
         return ran
@@ -170,13 +166,10 @@ def _unread_inputs(r: RunSoFar, ran: Made) -> Made:
     from attnscope.usertrace.flow import from_first_only
 
     inputs, _, called, _ = ran
-    if len(r.plan.tensors) != 3 or r.o.q or r.o.one_input or r.module is None \
-            or (r.o.nk is not None and r.o.nq is not None and r.o.nk != r.o.nq) \
-            or (called.failure is not None and not _failed_at_mask(r, called)) \
+    asked = _as_one_input(r, inputs)
+    if asked is None or (called.failure is not None and not _failed_at_mask(r, called)) \
             or not from_first_only(called.records, list(r.plan.tensors)):
         return ran  # a failure elsewhere (the key's length used for the queries) is the code's to show
-    n_Q = inputs.sizes.get("n_Q")
-    asked = dataclasses.replace(r.o, one_input=True, nk=r.o.nk or r.o.nq or n_Q, nq=r.o.nq or n_Q)
     made = attempted(r.attempt, asked)
     if made is None or made[2].failure is not None:
         return ran
@@ -186,6 +179,16 @@ def _unread_inputs(r: RunSoFar, ran: Made) -> Made:
                    f"{first}: self-attention); it was handed one tensor for all three, the same object, as --q alone "
                    "gives it")
     return made
+
+
+def _as_one_input(r: RunSoFar, inputs: Any) -> TraceOptions | None:
+    """The options that hand a module's forward(query, key, value) one tensor for all three, n_K = n_Q; None where
+    it takes other than three, the user gave --q, it has them already, or --nq and --nk differ."""
+    if len(r.plan.tensors) != 3 or r.o.q or r.o.one_input or r.module is None \
+            or (r.o.nk is not None and r.o.nq is not None and r.o.nk != r.o.nq):
+        return None
+    n_Q = inputs.sizes.get("n_Q")
+    return dataclasses.replace(r.o, one_input=True, nk=r.o.nk or r.o.nq or n_Q, nq=r.o.nq or n_Q)
 
 
 def _failed_at_mask(r: RunSoFar, called: Any) -> bool:
