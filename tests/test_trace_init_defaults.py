@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trace_command import trace, user_module
+from test_trace_command import user_module
+from tracecases import assert_named, assert_passes, case_ids, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_init_defaults.py")
 styles = user_module(STYLES)
@@ -26,34 +27,24 @@ PLANTED = [
 ]
 
 
-def _run(runner, target: str, init: str | None, options: tuple[str, ...]) -> tuple[int, dict]:
-    result, out = trace(runner, f"{STYLES}:{target}", *(("--init", init) if init else ()), *options)
-    assert out is not None, result.stdout + result.stderr
-    return result.exit_code, out
-
-
-@pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=[f"{c[0]}-{i}" for i, c in enumerate(CORRECT)])
+@pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=case_ids(CORRECT))
 def test_correct_styles_pass(runner, target, init, options):
-    code, out = _run(runner, target, init, options)
-    assert code == 0 and out["first_divergence"] is None, out["first_divergence"]
+    assert_passes(*run_case(runner, STYLES, target, init, options))
 
 
-@pytest.mark.parametrize(("target", "init", "options", "entry"), PLANTED,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(PLANTED)])
+@pytest.mark.parametrize(("target", "init", "options", "entry"), PLANTED, ids=case_ids(PLANTED))
 def test_planted_bugs_named_by_experiment(runner, target, init, options, entry):
-    code, out = _run(runner, target, init, options)
-    found = out["first_divergence"]
-    assert code == 1 and found is not None, out
-    assert found["experiment"] == entry and found["evidence"].startswith("by experiment"), found
+    assert_named(*run_case(runner, STYLES, target, init, options), entry)
 
 
 def test_the_defaults_read_are_said(runner):
-    _, out = _run(runner, "PreScaledWrapper", None, ("--causal",))
+    _, out = run_case(runner, STYLES, "PreScaledWrapper", None, ("--causal",))
     assert any("query_pre_attn_scalar = 12" in n for n in out["notes"]), out["notes"]
-    _, out = _run(runner, "CappedRotary", None, ("--causal", "--rope"))
+    _, out = run_case(runner, STYLES, "CappedRotary", None, ("--causal", "--rope"))
     said = " ".join(out["notes"])
     assert "RoPE base 500000" in said and "softcap 20, read from your module" in said, out["notes"]
-    _, out = _run(runner, "PreScaled", "query_pre_attn_scalar=24", ("--causal",))  # --init's value wins
+    # --init's value wins
+    _, out = run_case(runner, STYLES, "PreScaled", "query_pre_attn_scalar=24", ("--causal",))
     assert any("query_pre_attn_scalar = 24" in n for n in out["notes"]), out["notes"]
 
 

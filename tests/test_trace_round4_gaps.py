@@ -17,15 +17,15 @@ import torch
 import torch.nn.functional as F
 from test_trace_columns_weights import ALIGNED, _moved
 from test_trace_command import trace, user_module
+from tracecases import assert_passes, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round4_gaps.py")
 LLAMA = str(Path(__file__).resolve().parent.parent / "docs" / "examples" / "llama.py")
 
 
 def _clean(runner, target: str, *args: str) -> dict:
-    result, out = trace(runner, f"{STYLES}:{target}", *args)
-    assert result.exit_code == 0, result.stdout + result.stderr
-    assert out["first_divergence"] is None, out["first_divergence"]
+    code, out = run_case(runner, STYLES, target, options=args)
+    assert_passes(code, out)
     assert {row["status"] for row in out["alignment"]} <= ALIGNED, out["alignment"]
     return out
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from test_trace_columns_weights import ALIGNED
 from test_trace_command import trace, user_module
+from tracecases import assert_passes, run_case
 
 from attnscope.usertrace import normforms
 from attnscope.usertrace.align import row_spread
@@ -31,9 +32,8 @@ styles = user_module(STYLES)
 
 
 def _clean(runner, target: str, *args: str) -> dict:
-    result, out = trace(runner, f"{STYLES}:{target}", *args)
-    assert result.exit_code == 0, result.stdout + result.stderr
-    assert out["first_divergence"] is None, out["first_divergence"]
+    code, out = run_case(runner, STYLES, target, options=args)
+    assert_passes(code, out)
     assert {row["status"] for row in out["alignment"]} <= ALIGNED, out["alignment"]
     return out
 

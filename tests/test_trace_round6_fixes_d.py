@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from test_trace_columns_weights import ALIGNED
-from test_trace_command import trace, user_module
+from test_trace_command import user_module
+from tracecases import run_case
 
 from attnscope.usertrace.align import adds_a_bias
 from attnscope.usertrace.record import Record
@@ -30,10 +31,7 @@ BUGS = {"alibi_sign": ("alibi.sign", "biased_scores"), "slopes_from_0": ("alibi.
 
 
 def _run(runner, target: str, bug: str | None) -> tuple[int, dict]:
-    init = "bug=None" if bug is None else f"bug='{bug}'"
-    result, out = trace(runner, f"{STYLES}:{target}", "--init", init, "--causal", "--alibi")
-    assert out is not None, result.stdout + result.stderr
-    return result.exit_code, out
+    return run_case(runner, STYLES, target, "bug=None" if bug is None else f"bug='{bug}'", ("--causal", "--alibi"))
 
 
 @pytest.mark.parametrize("target", NAMES)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_trace_command import trace, user_module
+from test_trace_command import user_module
+from tracecases import assert_passes, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round7_catalog.py")
 styles = user_module(STYLES)
@@ -89,17 +90,9 @@ SAYS = {"scale.n": ("n_head = 4", "the number of heads"), "scale.other": ("--sca
         "softcap.untold": ("--softcap 2",), "softcap.value": ("caps the scores at 3, not 2",)}
 
 
-def _run(runner, target: str, init: str | None, options: tuple[str, ...]) -> tuple[int, dict]:
-    args = (*(("--init", init) if init else ()), *options)
-    result, out = trace(runner, f"{STYLES}:{target}", *args)
-    assert out is not None, result.stdout + result.stderr
-    return result.exit_code, out
-
-
 @pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=[c[0] for c in CORRECT])
 def test_correct_styles_pass(runner, target, init, options):
-    code, out = _run(runner, target, init, options)
-    assert code == 0 and out["first_divergence"] is None, out["first_divergence"]
+    assert_passes(*run_case(runner, STYLES, target, init, options))
 
 
 CASES = [(entry, *case) for entry, cases in PLANTED.items() for case in cases]
@@ -108,7 +101,7 @@ CASES = [(entry, *case) for entry, cases in PLANTED.items() for case in cases]
 @pytest.mark.parametrize(("entry", "target", "init", "options"), CASES,
                          ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES)])
 def test_planted_bug_named_by_experiment(runner, entry, target, init, options):
-    code, out = _run(runner, target, init, options)
+    code, out = run_case(runner, STYLES, target, init, options)
     assert code == 1, out
     found = out["first_divergence"]
     assert found["experiment"] == entry, found
@@ -126,11 +119,12 @@ def test_every_entry_planted_in_three_styles():
 def test_gemma2_window_merged_into_the_causal_mask(runner):
     """transformers 4.44's Gemma 2 sliding layer merges its window into the 4-D mask it is given: the layer gets the
     causal part alone (trace's mask never hides its window), passes, and its window off by one is named."""
-    code, out = _run(runner, "Gemma2Sliding", f"{GEMMA}, window=4", ("--rope", "--causal", "--window", "4"))
+    code, out = run_case(runner, STYLES, "Gemma2Sliding", f"{GEMMA}, window=4",
+                         ("--rope", "--causal", "--window", "4"))
     assert code == 0 and out["first_divergence"] is None, out["first_divergence"]
     assert any("takes the rest of the rule" in n for n in out["notes"]), out["notes"]
-    code, out = _run(runner, "Gemma2Sliding", f"{GEMMA}, window=4, bug='off_by_one'",
-                     ("--rope", "--causal", "--window", "4"))
+    code, out = run_case(runner, STYLES, "Gemma2Sliding", f"{GEMMA}, window=4, bug='off_by_one'",
+                         ("--rope", "--causal", "--window", "4"))
     assert code == 1 and out["first_divergence"]["experiment"] == "mask.off_by_one", out["first_divergence"]
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_trace_command import trace, user_module
+from test_trace_command import user_module
+from tracecases import assert_passes, case_ids, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round7_declared.py")
 styles = user_module(STYLES)
@@ -56,22 +57,15 @@ PLANTED = [  # (target, init, options, the catalog's entry; None: a divergence n
 ]
 
 
-def _run(runner, target: str, init: str | None, options: tuple[str, ...]) -> tuple[int, dict]:
-    result, out = trace(runner, f"{STYLES}:{target}", *(("--init", init) if init else ()), *options)
-    assert out is not None, result.stdout + result.stderr
-    return result.exit_code, out
-
-
-@pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=[f"{c[0]}-{i}" for i, c in enumerate(CORRECT)])
+@pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=case_ids(CORRECT))
 def test_correct_styles_pass(runner, target, init, options):
-    code, out = _run(runner, target, init, options)
-    assert code == 0 and out["first_divergence"] is None, out["first_divergence"]
+    assert_passes(*run_case(runner, STYLES, target, init, options))
 
 
 @pytest.mark.parametrize(("target", "init", "options", "entry"), PLANTED,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(PLANTED)])
 def test_planted_bugs_diverge_and_are_named_by_experiment(runner, target, init, options, entry):
-    code, out = _run(runner, target, init, options)
+    code, out = run_case(runner, STYLES, target, init, options)
     found = out["first_divergence"]
     assert code == 1 and found is not None, out
     assert found["experiment"] == entry, found
@@ -82,18 +76,18 @@ def test_planted_bugs_diverge_and_are_named_by_experiment(runner, target, init, 
 def test_square_scores_read_in_the_codes_orientation(runner):
     """Qᵀ K [n_Q, n_K]: the scores line up permuted (their keys' axis read from the product), the mask is handed as
     they are laid out, and a softmax down the queries is said in the code's own axes (dim=-2 of [.., n_Q, n_K])."""
-    code, out = _run(runner, "textbook_qtk", None, (*SQUARE, "--causal"))
+    code, out = run_case(runner, STYLES, "textbook_qtk", None, (*SQUARE, "--causal"))
     rows = {row["reference"]: row for row in out["alignment"]}
     assert rows["scores"]["status"] == "permuted" and rows["scores"]["layout"] == "as [n_Q, n_K]", rows["scores"]
     assert any("given [.., n_Q, n_K], as your scores are laid out" in n for n in out["notes"]), out["notes"]
-    code, out = _run(runner, "textbook_qtk_softmax_dim0", None, (*SQUARE, "--causal"))
+    code, out = run_case(runner, STYLES, "textbook_qtk_softmax_dim0", None, (*SQUARE, "--causal"))
     assert "dim=-2 where the keys' axis is dim=-1 of scores [.., n_Q, n_K]" in out["first_divergence"]["diagnosis"]
-    code, out = _run(runner, "textbook_ktq", None, (*SQUARE, "--causal"))  # the column form's own: as it is
+    code, out = run_case(runner, STYLES, "textbook_ktq", None, (*SQUARE, "--causal"))  # the column form's own
     assert not any("as your scores are laid out" in n for n in out["notes"]), out["notes"]
 
 
 def test_config_values_read_from_a_config_the_init_does_not_keep(runner):
-    code, out = _run(runner, "FastRotary", ROTARY, ("--causal", "--rope"))
+    code, out = run_case(runner, STYLES, "FastRotary", ROTARY, ("--causal", "--rope"))
     said = " ".join(out["notes"])
     assert "RoPE base 500000" in said and "softcap 2, read from your module" in said, out["notes"]
     assert "query_pre_attn_scalar = 24" in said, out["notes"]

@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import trace, user_module
+from tracecases import run_case
 
 STYLES = str(Path(__file__).resolve().parent.parent / "docs" / "examples" / "fed_styles.py")
 styles = user_module(STYLES)
@@ -32,9 +33,7 @@ X = torch.randn(2, 6, 32)
 
 
 def _run(runner, target: str, *args: str) -> tuple[int, dict]:
-    result, out = trace(runner, f"{STYLES}:{target}", *args)
-    assert out is not None, result.stdout + result.stderr
-    return result.exit_code, out
+    return run_case(runner, STYLES, target, options=args)
 
 
 def _heads(t: torch.Tensor, n: int) -> torch.Tensor:

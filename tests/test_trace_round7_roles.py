@@ -24,7 +24,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_columns_weights import ALIGNED
-from test_trace_command import trace, user_module
+from test_trace_command import user_module
+from tracecases import run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round7_roles.py")
 styles = user_module(STYLES)
@@ -49,9 +50,7 @@ def _keys() -> torch.Tensor:
 
 
 def _run(runner, target: str, *args: str) -> tuple[int, dict]:
-    result, out = trace(runner, f"{STYLES}:{target}", *args)
-    assert out is not None, result.stdout + result.stderr
-    return result.exit_code, out
+    return run_case(runner, STYLES, target, options=args)
 
 
 def _clean(code: int, out: dict) -> None:

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_columns_weights import ALIGNED
-from test_trace_command import trace, user_module
+from test_trace_command import user_module
+from tracecases import run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round7_scaleshare.py")
 styles = user_module(STYLES)
@@ -64,9 +65,7 @@ def test_styles_against_sdpa():
 
 
 def _run(runner, target: str, *args: str) -> tuple[int, dict]:
-    result, out = trace(runner, f"{STYLES}:{target}", *args)
-    assert out is not None, result.stdout + result.stderr
-    return result.exit_code, out
+    return run_case(runner, STYLES, target, options=args)
 
 
 @pytest.mark.parametrize("target", ["SpeechSelfAttention", "split_scale_attention", "FusedShares"])

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_trace_command import trace, user_module
+from test_trace_command import user_module
+from tracecases import assert_named, assert_passes, case_ids, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_unread_inputs.py")
 styles = user_module(STYLES)
@@ -25,31 +26,21 @@ PLANTED = [("FairseqSelf", "bug='no_scale'", (), "scale.none"),
            ("PackedFromQuery", "bug='kv_swapped'", ("--causal",), "kv.swapped")]
 
 
-def _run(runner, target, init, options):
-    result, out = trace(runner, f"{STYLES}:{target}", *(("--init", init) if init else ()), *options)
-    assert out is not None, result.stdout + result.stderr
-    return result.exit_code, out
-
-
-@pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=[f"{c[0]}-{i}" for i, c in enumerate(CORRECT)])
+@pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=case_ids(CORRECT))
 def test_correct_styles_pass_as_self_attention(runner, target, init, options):
-    code, out = _run(runner, target, init, options)
-    assert code == 0 and out["first_divergence"] is None, out["first_divergence"]
+    code, out = run_case(runner, STYLES, target, init, options)
+    assert_passes(code, out)
     assert any("your code never reads them" in n for n in out["notes"]), out["notes"]
 
 
-@pytest.mark.parametrize(("target", "init", "options", "entry"), PLANTED,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(PLANTED)])
+@pytest.mark.parametrize(("target", "init", "options", "entry"), PLANTED, ids=case_ids(PLANTED))
 def test_planted_bugs_named_by_experiment(runner, target, init, options, entry):
-    code, out = _run(runner, target, init, options)
-    found = out["first_divergence"]
-    assert code == 1 and found is not None, out
-    assert found["experiment"] == entry and found["evidence"].startswith("by experiment"), found
+    assert_named(*run_case(runner, STYLES, target, init, options), entry)
 
 
 def test_cross_attention_reads_its_key_and_value(runner):
     """The same class with self_attention=False reads key and value: three tensors, no note."""
-    code, out = _run(runner, "BatchFirstSelf", "self_attention=False", ("--nq", "5", "--nk", "7"))
+    code, out = run_case(runner, STYLES, "BatchFirstSelf", "self_attention=False", ("--nq", "5", "--nk", "7"))
     assert code == 0 and not any("never reads" in n for n in out["notes"]), out
 
 
