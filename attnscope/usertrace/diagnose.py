@@ -23,7 +23,7 @@ from attnscope.usertrace.diagnosis import Context, Diagnosis, close, equal_recor
 from attnscope.usertrace.scales import explain_ratio
 
 if TYPE_CHECKING:
-    from attnscope.usertrace.experiments import Experiment, Trial
+    from attnscope.usertrace.mistakes.entry import Experiment, Trial
     from attnscope.usertrace.rerun import Base, Reproduced
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
@@ -122,7 +122,8 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
     `absent`: the code never builds a tensor of `step`'s shape (online softmax over blocks of keys, flash-attention
     style, never holds the whole scores): where no mistake changes a tensor the code holds there, one that
     reproduces its output (and whatever steps it does hold) names the cause."""
-    from attnscope.usertrace.experiments import CATALOG, SAYS_RERUN
+    from attnscope.usertrace.experiments import CATALOG
+    from attnscope.usertrace.mistakes.entry import SAYS_RERUN
     from attnscope.usertrace.rerun import holds_step, reproduces
 
     best: tuple[Experiment, Reproduced, Trial] | None = None

@@ -1,0 +1,159 @@
+"""The catalog's key and value mistakes: K and V swapped (before or after a norm, joined with a cache), the values
+taken from the keys, key/value heads tiled instead of interleaved or grouped in the wrong order."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from attnscope.usertrace.mistakes.entry import Trial
+from attnscope.usertrace.mistakes.readback import user_out
+from attnscope.usertrace.mistakes.rotation import ReadRope, read_rope, rejoined, rope_turn
+from attnscope.usertrace.rerun import Base, replay
+
+
+def trials_swapped(b: Base) -> Iterator[Trial]:
+    if b.k_new.shape != b.v_new.shape:
+        return
+    words = ("keys and values swapped: {who} is what the reference computes with K in V's place and V in K's "
+             "(the scores read the values, the pattern multiplies the keys)")
+    rope = read_rope(b)
+    if b.raw_keys is not None and rope is not None:  # the code joins its cache before RoPE, then rotates the keys
+        yield from _joined_swaps(b, rope, words)
+        return
+    steps = replay(b, k_new=b.v_new, v_new=b.k_new)
+    _feats_swapped(b, steps)
+    yield Trial(steps, words)
+    if "K_pooled" in b.ref and "V_pooled" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
+        # swapped before the code pools them (pooled.py): the pooled ones the reference reads are the code's own
+        steps = replay(b)
+        steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]
+        yield Trial(steps, words + ", before your code pools them", fits=lambda _, r: r.held >= 2)  # both held
+    if b.cache is not None:  # swapped after the cache was joined: the cached keys and values swapped too
+        yield Trial(replay(b, k_new=b.v_new, v_new=b.k_new, swap_cache=True), words + ", after the cache was joined "
+                    "(the cached ones swapped as well)")
+    plain_k = b.plain("K")
+    if rope is not None and plain_k is not None:
+        rotated_v = rope_turn(rope)(b.v_new, rope.k_pos)  # the reference's own turn: its fraction, sign, table
+        steps = replay(b, k_new=rotated_v, v_new=plain_k)
+        _feats_swapped(b, steps)
+        yield Trial(steps, words + ", each projected by the other's weights and then rotated as the keys are")
+    yield from _swapped_before_norm(b, rope, words)
+
+
+def _feats_swapped(b: Base, steps: dict[str, torch.Tensor]) -> None:
+    """`steps` with K_feat and V_feat swapped, where the reference has both of one shape: the code's keys are the
+    value projection's output from the first step on (`k, v = self.v_proj(x), self.k_proj(x)`)."""
+    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
+        steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]
+
+
+def _swapped_before_norm(b: Base, rope: ReadRope | None, words: str) -> Iterator[Trial]:
+    """kv.swapped before a qk-norm (Qwen3's `k_norm(v_proj(x))`, `v = k_proj(x)`): the keys' norm, refit from the
+    reference's own keys before and after it, applied to the values, then rotated where the reference rotates; the
+    values the keys as projected, unnormed."""
+    from attnscope.usertrace.fusedsplit import refit_norm
+    from attnscope.usertrace.reference import late_norm
+
+    unnormed, normed = b.ref.get("K_split"), b.ref.get("K_normed")
+    if unnormed is None or normed is None or unnormed.shape != b.v_new.shape or b.raw_keys is not None:
+        return
+    late = rope is not None and late_norm(b.order, "K_normed")  # normed after the rotation (nGPT's gains)
+    norm = refit_norm(b.ref["K_rot"] if late else unnormed, normed)
+    if norm is None or rope is None and late:
+        return
+    if late and rope is not None:
+        turned = rope_turn(rope)(b.v_new, rope.k_pos)
+        rotated = keys = norm(turned)
+    else:
+        keys = norm(b.v_new)
+        rotated = rope_turn(rope)(keys, rope.k_pos) if rope is not None else keys
+    steps = replay(b, k_new=rotated, v_new=unnormed)
+    steps["K_split"], steps["K_normed"] = b.v_new, keys
+    if late:
+        steps["K_rot"] = turned
+    _feats_swapped(b, steps)
+    then = "rotated and normed" if late else "normed and rotated" if rope is not None else "normed"
+    yield Trial(steps, f"{words}, each projected by the other's weights before the keys' norm (the values then {then} "
+                "as the keys are)")
+
+
+def _joined_swaps(b: Base, rope: ReadRope, words: str) -> Iterator[Trial]:
+    """kv.swapped in code that joins its cache before RoPE: swapped before the join (the values rotated as keys), once
+    joined (the cached ones swapped as well), before the rotation or after it."""
+    plain_k = b.plain("K")
+    start = int(rope.k_pos[0]) - b.n_cache
+    turn = rope_turn(rope)
+    steps = rejoined(b, b.q, turn, keys=b.v_new, values=plain_k, start=start)
+    _feats_swapped(b, steps)
+    yield Trial(steps, words + ", before the cache was joined (the values then rotated as the keys are)")
+    for when, said in (("join", "before the rotation, so the values are rotated as the keys"),
+                       ("turned", "after the rotation")):
+        yield Trial(rejoined(b, b.q, turn, start=start, swapped=when), f"{words}, after the cache was joined (the "
+                    f"cached ones swapped as well) and {said}")
+
+
+def trials_values_from_keys(b: Base) -> Iterator[Trial]:
+    if b.k_new.shape[:-1] != b.v_new.shape[:-1]:
+        return
+    words = ("the values are the keys: {who} is what the reference computes with V = K{how}, as though the value "
+             "projection were the key one (`v = k`, or `self.k_proj(x)` twice)")
+    yield Trial(_keys_projected(b, replay(b, v_new=b.k_new)), words.replace("{how}", ""))
+    if "V_pooled" in b.ref:  # values pooled from the keys' projection (pooled.py): the pooled values the reference
+        # attends over are the code's own, so V_feat alone is the keys' projection
+        yield Trial(_keys_projected(b, replay(b)), words.replace("{how}", " before your code pools them"))
+    # the keys as code that splits the scale between q and k holds them (Whisper's k · d_head^-0.25)
+    yield Trial(replay(b, v_new=b.k_new * math.sqrt(b.scale)), words.replace(
+        "{how}", f" scaled as your keys are, K · √scale = K · {math.sqrt(b.scale):.4g} (the scale split between q "
+        "and k)"))
+    plain_k = b.plain("K")
+    if read_rope(b) is not None and plain_k is not None:
+        yield Trial(_keys_projected(b, replay(b, v_new=plain_k)), words.replace("{how}", " before RoPE"))
+    unnormed = b.ref.get("K_split")  # the keys as projected, before a qk-norm (Cohere's v from k_proj, unnormed)
+    if "K_normed" in b.ref and unnormed is not None and unnormed.shape == b.v_new.shape:
+        yield Trial(_keys_projected(b, replay(b, v_new=unnormed)), words.replace(
+            "{how}", " as projected, before the qk-norm"))
+
+
+def _keys_projected(b: Base, steps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`steps` with V_feat the keys' projection, K_feat (`v = self.k_proj(x)`: the values' projection is the keys'
+    already, so the code's values equal K_feat from the first step on, whatever is done to the keys after)."""
+    if "V_feat" in b.ref and "K_feat" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
+        steps["V_feat"] = b.ref["K_feat"]
+    return steps
+
+
+def trials_tiled(b: Base, repeated: bool) -> Iterator[Trial]:
+    if b.n_group < 2:
+        return
+    n_kv = b.k_new.shape[-3]
+    if repeated:
+        words = (f"key/value heads repeated in the wrong order: {{who}} is what the reference computes with the {n_kv} "
+                 f"key/value heads tiled (0, 1, ..., 0, 1, ...), as .repeat(1, {b.n_group}, 1, 1) does, where query "
+                 f"head h reads key/value head h // {b.n_group} (0, 0, ..., 1, 1, ...): "
+                 f"repeat_interleave({b.n_group}, dim=1), as transformers' repeat_kv")
+    else:
+        words = (f"query heads grouped in the wrong order: {{who}} is what the reference computes where query head h "
+                 f"reads key/value head h % {n_kv}, as a grouped einsum over q viewed as [n_batch, {b.n_group}, "
+                 f"{n_kv}, ...] (n_group before n_kv_head) computes; query heads h·{b.n_group} to "
+                 f"h·{b.n_group} + {b.n_group - 1} share key/value head h, so view q as [n_batch, n_kv_head, n_group, "
+                 "n_Q, d_head] (transformers' repeat_kv order)")
+    yield Trial(replay(b, repeat="tile"), words, fits=lambda b, r: _materializes_repeat(b) == repeated)
+    if not repeated:  # the grouped result merged back in its own order, [.., n_kv_head, n_group, ..]: the output
+        # projection then reads query head g·n_kv_head + kv at kv·n_group + g, as though q's heads were reordered
+        order = torch.arange(b.q.shape[-3]).view(b.n_group, n_kv).t().reshape(-1)
+        yield Trial(replay(b, q=b.q.index_select(-3, order)), words, fits=lambda b, r: not _materializes_repeat(b))
+
+
+def _materializes_repeat(b: Base) -> bool:
+    if "K_rep" not in b.ref:
+        return False
+    shape = sorted(user_out(b, "K_rep").shape)  # in any order: [.., n_head, n, d], or [.., n, n_head, d] repeated
+    records = b.ctx.records                 # before the transpose (Mistral's repeat_kv on dim=2)
+    return any(sorted(r.tensor.shape) == shape
+               and (r.func in ("repeat", "repeat_interleave", "expand", "index_select", "cat", "tile")
+                    or r.func in ("reshape", "view", "flatten") and r.parents
+                    and records[r.parents[0]].func == "expand")
+               for r in records)

@@ -1,0 +1,256 @@
+"""The catalog's RoPE mistakes: the other pairing, positions from 0 in a decode step, another base or fraction,
+never applied, untold, applied to the values."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from attnscope.usertrace.mistakes.entry import Trial
+from attnscope.usertrace.mistakes.rotation import ReadRope, read_rope, rejoined, rope_turn, rotate_pairs
+from attnscope.usertrace.rerun import Base, replay
+
+
+def _rotated(b: Base, rope: ReadRope, q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
+             base: float | None = None, pairing: str | None = None, table: str | None = None,
+             rotary: int | None = None, over: int | None = None) -> dict[str, torch.Tensor]:
+    """The reference run again with its queries and keys rotated another way (the rest as the reference's)."""
+    own = base is None and rotary is None and over is None  # the code's own table
+    freqs, angles = (rope.freqs, rope.angles) if own else (None, None)
+    base, pairing, rotary = base or rope.base, pairing or rope.pairing, rotary or rope.rotary
+
+    def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return rotate_pairs(x, positions, base, pairing, table, rotary, over, rope.sign, freqs, angles)
+
+    q = turn(rope.q, rope.q_pos if q_pos is None else q_pos)
+    k_pos = rope.k_pos if k_pos is None else k_pos
+    if b.raw_keys is not None:  # the code rotates the joined keys: the cached ones turn the same way
+        return rejoined(b, q, turn, start=int(k_pos[0]) - b.n_cache)
+    return replay(b, q=q, k_new=turn(rope.k, k_pos))
+
+
+PAIRS = {"half": "half-split, (i, i + d_head/2), as transformers' LLaMA rotate_half does",
+         "interleaved": "interleaved, (0, 1), (2, 3), ... (GPT-J, Meta's view_as_complex)"}
+
+
+TABLES = {"cat": "a half-split table (cat((freqs, freqs)), each angle on i and i + d_head/2)",
+          "interleave": "an interleaved table (freqs.repeat_interleave(2), each angle on 2i and 2i + 1)"}
+
+
+def trials_pairing(b: Base) -> Iterator[Trial]:
+    if "Q_pe_rot" in b.ref:  # latent attention (usertrace/latentref.py): its rotary parts alone turn
+        yield from _latent_pairing(b)
+        return
+    rope = read_rope(b)
+    if rope is None:
+        return
+    other = "interleaved" if rope.pairing == "half" else "half"
+    asked = b.ctx.spec is not None and b.ctx.spec.pairing_asked and b.ctx.spec.rope_pairing == "interleaved"
+    # only a flag the user gave is one to drop; else the one that asks for the code's pairing
+    hint = ("pass --rope-pairing interleaved" if other == "interleaved" else
+            "drop --rope-pairing interleaved (half-split is the default)" if asked else
+            "pass --rope-pairing half-split")
+    yield Trial(_rotated(b, rope, pairing=other), f"{{who}} pairs RoPE's coordinates {PAIRS[other]}, where the "
+                f"reference pairs them {PAIRS[rope.pairing]}; the two "
+                "agree only once the q and k weights' rows are permuted (transformers' convert_llama_weights_to_hf); "
+                f"if your weights are laid out for yours, {hint}")
+    for pairing, table in (("half", "interleave"), ("interleaved", "cat")):
+        yield Trial(_rotated(b, rope, pairing=pairing, table=table), f"RoPE's tables and pairing do not go together: "
+                    f"{{who}} equals the queries and keys rotated {PAIRS[pairing].split(',')[0]} with {TABLES[table]}, "
+                    f"so pair i turns by another pair's angle; the reference rotates {PAIRS[rope.pairing]}; build the "
+                    "cos/sin tables for the pairing your rotation uses")
+
+
+def _latent_pairing(b: Base) -> Iterator[Trial]:
+    """rope.pairing in latent attention: the rotary parts as the checkpoint holds them (Q_split's last d_rope
+    coordinates, KV_feat's past the latent) turned with the pairing the reference does not use, where they lie, and
+    joined to the no-RoPE parts (the rotated key part every head's), from position 0 (no cache)."""
+    spec = b.ctx.spec
+    if spec is None or spec.rope_base is None or b.cache is not None or not {"Q_split", "KV_feat", "KV_latent",
+                                                                            "Q_nope", "K_nope"} <= set(b.ref):
+        return
+    d_nope, d_latent = b.ref["Q_nope"].shape[-1], b.ref["KV_latent"].shape[-1]
+    q_pe = b.ref["Q_split"][..., d_nope:]  # [n_batch, n_head, n_Q, d_rope]
+    k_pe = b.ref["KV_feat"][..., d_latent:]  # [n_batch, n_K, d_rope]
+    n_head = b.ref["K_nope"].shape[-3]
+    for pairing in ("half", "interleaved"):
+        q_rot = rotate_pairs(q_pe, torch.arange(q_pe.shape[-2]), spec.rope_base, pairing)
+        k_rot = rotate_pairs(k_pe, torch.arange(k_pe.shape[-2]), spec.rope_base, pairing)  # [n_batch, n_K, d_rope]
+        shared = k_rot[:, None].expand(-1, n_head, -1, -1)
+        steps = replay(b, q=torch.cat([b.ref["Q_nope"], q_rot], dim=-1),
+                       k_new=torch.cat([b.ref["K_nope"], shared], dim=-1))
+        steps["Q_pe_rot"] = q_rot
+        yield Trial(steps, f"{{who}} turns the rotary parts {PAIRS[pairing]}, where the reference turns the "
+                    f"checkpoint's pairs {LATENT_PAIRS[pairing]}; if your weights are laid out for yours, pass "
+                    f"--rope-pairing {'half-split' if pairing == 'half' else 'interleaved'}")
+
+
+LATENT_PAIRS = {"half": "interleaved, as DeepSeek-V2/V3 do (as complex numbers, or gathered even then odd first)",
+                "interleaved": "half-split, as MiniCPM3 does"}
+
+
+def trials_positions(b: Base) -> Iterator[Trial]:
+    rope = read_rope(b)
+    if rope is None or not b.n_cache:
+        return
+    n = b.n_Q
+    if b.raw_keys is not None:  # the code rotates the joined keys: the cached ones at 0 .. n_cache − 1
+        yield from _joined_positions(b, rope)
+        return
+    for what, k_pos in (("queries", None), ("queries and keys", torch.arange(rope.k.shape[-2]))):
+        yield Trial(_rotated(b, rope, q_pos=torch.arange(n), k_pos=k_pos), f"positions not offset in a decode step: "
+                    f"{{who}} rotates the {n} new {what} at positions 0 to {n - 1}, but after {b.n_cache} cached "
+                    f"positions they sit at {b.n_cache} to {b.n_cache + n - 1}; add the cache's length to the "
+                    "positions (cos[start:start + n], freqs_cis[start_pos : start_pos + seqlen])")
+
+
+def _joined_positions(b: Base, rope: ReadRope) -> Iterator[Trial]:
+    """rope.positions where the code joins its cache before RoPE: the queries rotated from 0, or the joined keys
+    rotated from the cache's length (the offset a decode step adds given to the whole join, cached keys and all)."""
+    n, n_K, past = b.n_Q, b.n_K, b.n_cache
+    yield Trial(_rotated(b, rope, q_pos=torch.arange(n)), f"positions not offset in a decode step: {{who}} rotates "
+                f"the {n} new queries at positions 0 to {n - 1}, but after {past} cached positions they sit at {past} "
+                f"to {past + n - 1}, as the last {n} of the {n_K} joined keys do; rotate the queries with the table's "
+                f"last {n} rows (cos[n_K - n_Q:n_K])")
+    for what, q_pos in (("", None), (" and the queries with them", rope.q_pos + past)):
+        yield Trial(_rotated(b, rope, q_pos=q_pos, k_pos=rope.k_pos + past), f"positions offset twice in a decode "
+                    f"step: {{who}} rotates the {n_K} joined keys (the {past} cached ones and the {n_K - past} new) "
+                    f"at positions {past} to {past + n_K - 1}{what}, as though they all came after the cache; the "
+                    f"joined keys sit at 0 to {n_K - 1} (the table's first n_K rows, cos[:n_K])")
+
+
+def trials_base(b: Base) -> Iterator[Trial]:
+    from attnscope.usertrace.rotary import KNOWN_BASES
+
+    rope = read_rope(b)
+    if rope is None:
+        return
+    own = b.ctx.spec is not None and b.ctx.spec.base_from_module
+    for base in KNOWN_BASES:
+        if base == rope.base:
+            continue
+        if own:  # the module says its base, and rotates with another: a bug, whatever the model
+            words = (f"{{who}} rotates with RoPE base {base:g} where your module says {rope.base:g} (its rope_theta "
+                     f"or base): the base is not handed on to where the rotation's frequencies are made "
+                     f"(base ** (-2i / d_head) with base = {base:g}); pass the module's own")
+        else:
+            words = (f"{{who}} rotates with RoPE base {base:g} where the reference uses {rope.base:g}; if your model "
+                     f"was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
+        yield Trial(_rotated(b, rope, base=base), words)
+    yield from _scaled_base(b, rope, own)
+
+
+def _scaled_base(b: Base, rope: ReadRope, own: bool) -> Iterator[Trial]:
+    """rope.base under linear scaling: the queries and keys the code hands its scores turn at another known base's
+    frequencies over one factor (positions t / f), where the reference's base (over that factor, a convention) does
+    not give them."""
+    from dataclasses import replace
+
+    from attnscope.usertrace import ropefreqs
+    from attnscope.usertrace.rotary import KNOWN_BASES
+
+    if rope.freqs is not None or rope.angles is not None or rope.rotary is not None or b.n_cache:
+        return
+    read = ropefreqs.from_code(b.ctx.records, rope.q, rope.k, 0)
+    if read is None or read[0].sign != rope.sign or (read[1] == "interleaved") != (rope.pairing == "interleaved"):
+        return
+    table = read[0]
+    for base in (x for x in KNOWN_BASES if x != rope.base):
+        factor = ropefreqs.linear_factor(table, base, rope.q.shape[-1])
+        if factor is None:
+            continue
+        scaled = f"RoPE base {base:g}, positions scaled by 1/{factor:g} (its linear RoPE scaling),"
+        words = (f"{{who}} rotates with {scaled} where your module says base {rope.base:g} (its rope_theta or base): "
+                 "the base is not handed on to where the rotation's frequencies are made; pass the module's own"
+                 if own else f"{{who}} rotates with {scaled} where the reference uses base {rope.base:g}; if your "
+                 f"model was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
+        yield Trial(_rotated(b, replace(rope, freqs=table.freqs)), words)
+
+
+def trials_fraction(b: Base) -> Iterator[Trial]:
+    """A rotary fraction where the reference rotates all (or the other way round), and a fraction whose
+    frequencies are spread over the whole head instead of the rotated part."""
+    rope = read_rope(b)
+    if rope is None:
+        return
+    d = b.d_head
+    if rope.rotary is not None:
+        r = rope.rotary
+        yield Trial(_rotated(b, rope, over=d), f"RoPE's frequencies are spread over the whole head: {{who}} is what "
+                    f"the reference computes with the first {r} of d_head = {d} coordinates turning at base^(-2i / "
+                    f"{d}) where a rotary fraction turns them at base^(-2i / {r}) (GPT-NeoX's inv_freq over "
+                    "rotary_ndims)")
+        said = b.ctx.spec is not None and b.ctx.spec.fraction_from_module
+        yield Trial(_rotated(b, rope, rotary=d), f"RoPE rotates the whole head: {{who}} is what the reference computes "
+                    f"with all d_head = {d} coordinates rotated, where only the first {r} turn (a rotary fraction of "
+                    f"{r / d:g}) and the rest pass through" + (
+                        " (your module's config says so: its rotary_dim, rotary_pct or partial_rotary_factor); "
+                        "rotate the first rotary_dim coordinates of each head" if said else ""))
+        return
+    for share in (0.25, 0.5):
+        r = int(d * share)
+        if r >= 2 and r % 2 == 0:
+            yield Trial(_rotated(b, rope, rotary=r), f"RoPE rotates only part of each head: {{who}} is what the "
+                        f"reference computes with the first {r} of d_head = {d} coordinates rotated (a rotary "
+                        f"fraction of {share:g}, GPT-NeoX's rotary_pct) and the rest passed through, where the "
+                        "reference rotates all of them")
+            yield Trial(_rotated(b, rope, rotary=r, over=d), f"RoPE's frequencies are spread over the whole head: "
+                        f"{{who}} is what the reference computes with the first {r} of d_head = {d} coordinates "
+                        f"turning at base^(-2i / {d}) where a rotary fraction turns them at base^(-2i / {r}) "
+                        "(GPT-NeoX's inv_freq over rotary_ndims)")
+
+
+def trials_on_values(b: Base) -> Iterator[Trial]:
+    rope = read_rope(b)
+    if rope is None or b.v_new.shape[-1] % 2:
+        return
+    if b.raw_keys is not None:  # the joined values rotated with the joined keys
+        steps = rejoined(b, b.q, rope_turn(rope),
+                          start=int(rope.k_pos[0]) - b.n_cache, turn_values=True)
+    else:
+        steps = replay(b, v_new=rope_turn(rope)(b.v_new, rope.k_pos))
+    yield Trial(steps,
+                "RoPE applied to the "
+                "values: {who} is what the reference computes with V rotated as the keys are; RoPE rotates only the "
+                "queries and the keys (their dot products then depend on the distance i − j), the values are "
+                "taken as they are")
+
+
+def trials_not_applied(b: Base) -> Iterator[Trial]:
+    rope = read_rope(b)
+    if rope is not None:
+        steps = rejoined(b, rope.q, None) if b.raw_keys is not None else replay(b, q=rope.q, k_new=rope.k)
+        yield Trial(steps, f"RoPE is never applied: {{who}} is what the reference computes "
+                    f"with the queries and keys not rotated (the reference rotates them, --rope, base "
+                    f"{rope.base:g})")
+
+
+def trials_untold(b: Base) -> Iterator[Trial]:
+    from attnscope.usertrace import ropefreqs
+
+    spec = b.ctx.spec
+    if spec is None or spec.rope_base is not None or b.names["q"] not in ("Q_split", "Q", "Q_normed") or b.col \
+            or b.d_head % 2:
+        return
+    if b.names["k"] not in ("K_split", "K", "K_normed"):
+        return
+    q_pos = torch.arange(b.n_cache, b.n_cache + b.n_Q)
+    k_pos = torch.arange(b.n_cache, b.n_cache + b.k_new.shape[-2])
+    read = ropefreqs.from_code(b.ctx.records, b.q, b.k_new, b.n_cache) if not b.n_cache else None
+    if read is not None:  # RoPE of the code's own frequencies, read from the queries and keys it hands its scores
+        table, pairing = read
+        turn = "half" if pairing == "half-split" else "interleaved"
+        hint = " --rope-pairing interleaved" if turn == "interleaved" else ""
+        yield Trial(replay(b, q=rotate_pairs(b.q, q_pos, 10000.0, turn, sign=table.sign, freqs=table.freqs),
+                           k_new=rotate_pairs(b.k_new, k_pos, 10000.0, turn, sign=table.sign, freqs=table.freqs)),
+                    f"your code rotates q and k by RoPE ({table.words()}; pairing {pairing}), which the reference "
+                    f"was not told of: {{who}} is what the reference computes so rotated; describe it with "
+                    f"--rope{hint} (its frequencies are then read from your code)")
+    for pairing in ("half", "interleaved"):
+        hint = " --rope-pairing interleaved" if pairing == "interleaved" else ""
+        yield Trial(replay(b, q=rotate_pairs(b.q, q_pos, 10000.0, pairing),
+                           k_new=rotate_pairs(b.k_new, k_pos, 10000.0, pairing)),
+                    f"your code rotates q and k by RoPE (base 10000, pairing {PAIRS[pairing].split(',')[0]}), "
+                    f"which the reference was not told of: {{who}} is what the reference computes so rotated; "
+                    f"describe it with --rope{hint}")

@@ -1,0 +1,127 @@
+"""The reference's RoPE read back (base, pairing, positions, fraction, sign, tables) and run again on other
+tensors: what the RoPE mistakes and the key/value swaps before a rotation share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnscope.usertrace.rerun import Base, replay
+
+
+@dataclass
+class ReadRope:
+    base: float
+    pairing: str  # "half" or "interleaved"
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    q: torch.Tensor  # unrotated
+    k: torch.Tensor
+    rotary: int | None = None  # the coordinates that turn (a fraction of d_head), None: all
+    sign: int = 1  # -1: each pair turned by −θ (nanochat's), as the code was read to
+    freqs: tuple[float, ...] | None = None  # each pair's frequency, read from the code (ropefreqs.py); None: the base's
+    angles: torch.Tensor | None = None  # each position's pair's angle, read from the code (ropefreqs.Angles)
+
+
+def read_rope(b: Base) -> ReadRope | None:
+    """The reference's RoPE, read back: its base and pairing from the spec, the positions that give its Q_rot and
+    K_rot from the unrotated heads (None without RoPE, or where they do not)."""
+    spec = b.ctx.spec
+    if spec is None or spec.rope_base is None or "Q_rot" not in b.ref or "K_rot" not in b.ref:
+        return None
+    q, k = b.plain("Q"), b.plain("K")
+    if q is None or k is None or q.shape[-1] % 2:
+        return None
+    pairing = "interleaved" if spec.rope_pairing == "interleaved" else "half"
+    fraction = getattr(spec, "rope_fraction", None)
+    rotary = int(q.shape[-1] * fraction) if fraction else None
+    first = int(getattr(spec, "rope_start", 0) or 0)
+    sign = int(getattr(spec, "rope_sign", 1) or 1)
+    freqs = getattr(spec, "rope_freqs", None)
+    angles = getattr(spec, "rope_angles", None)
+    n_K, n_Q, n_new = b.n_K, b.n_Q, int(k.shape[-2])
+    q_pos = k_pos = None
+    for start in dict.fromkeys((b.n_cache + first, n_K - n_Q + first, first, 0)):
+        pos = torch.arange(start, start + n_Q)
+        if _near(rotate_pairs(q, pos, spec.rope_base, pairing, rotary=rotary, sign=sign, freqs=freqs, angles=angles),
+                 b.ref["Q_rot"]):
+            q_pos = pos
+            break
+    for start in dict.fromkeys((b.n_cache + first, first, 0)):
+        pos = torch.arange(start, start + n_new)
+        if _near(rotate_pairs(k, pos, spec.rope_base, pairing, rotary=rotary, sign=sign, freqs=freqs, angles=angles),
+                 b.ref["K_rot"]):
+            k_pos = pos
+            break
+    if q_pos is None or k_pos is None:
+        return None
+    return ReadRope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary, sign, freqs, angles)
+
+
+def rope_turn(rope: ReadRope) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """x `[.., n, d]` at `positions` rotated as the reference's RoPE turns them."""
+    return lambda x, positions: rotate_pairs(x, positions, rope.base, rope.pairing, rotary=rope.rotary, sign=rope.sign,
+                                        freqs=rope.freqs, angles=rope.angles)
+
+
+def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
+    from attnscope.usertrace.align import difference, tolerance
+
+    return tuple(mine.shape) == tuple(reference.shape) and difference(mine, reference) <= tolerance(reference.float())
+
+
+def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str, table: str | None = None,
+            rotary: int | None = None, over: int | None = None, sign: int = 1,
+            freqs: tuple[float, ...] | None = None, angles: torch.Tensor | None = None) -> torch.Tensor:
+    """x `[.., n, d]` rotated in float64: `pairing` "half" (rotate_half: i with i + r/2) or "interleaved" (2i with
+    2i + 1); `table` how the angles are laid along the coordinates ("cat": (θ, θ) as transformers' `cat((freqs,
+    freqs))`; "interleave": θ0, θ0, θ1, θ1, ... as `repeat_interleave(2)`), the pairing's own by default; only the
+    first `rotary` coordinates rotated (GPT-NeoX's rotary_pct), the rest passed through; `over`: the width the
+    frequencies are spread over (the rotated width, as GPT-NeoX's rotary_ndims, unless said); `sign` -1 turns each
+    pair by −θ (nanochat's); `freqs`: each pair's frequency, read from the code (ropefreqs.py), in place of the
+    base's; `angles`: each position's pair's angle `[n, d/2]` (ropefreqs.Angles), in place of both (positions past
+    the table turn by its rows taken cyclically: a trial that no code of the table's tokens reproduces)."""
+    x = x.double()
+    r = x.shape[-1] if rotary is None else rotary
+    inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / (over or r)) if freqs is None \
+        else torch.tensor(freqs, dtype=torch.float64)  # [r/2]
+    angle = sign * positions.double()[:, None] * inv_freq if angles is None \
+        else sign * angles.double()[positions.long() % angles.shape[0], : r // 2]  # [n, r/2]
+    table = table or ("cat" if pairing == "half" else "interleave")
+    theta = torch.cat((angle, angle), -1) if table == "cat" else angle.repeat_interleave(2, -1)  # [n, r]
+    part, rest = x[..., :r], x[..., r:]
+    if pairing == "half":
+        turned = torch.cat((-part[..., r // 2:], part[..., : r // 2]), dim=-1)
+    else:
+        turned = torch.stack((-part[..., 1::2], part[..., 0::2]), dim=-1).flatten(-2)
+    return torch.cat((part * theta.cos() + turned * theta.sin(), rest), dim=-1)
+
+
+def rejoined(b: Base, q: torch.Tensor, turn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, *,
+              keys: torch.Tensor | None = None, values: torch.Tensor | None = None, start: int = 0,
+              new_first: bool = False, swapped: str = "", turn_values: bool = False) -> dict[str, torch.Tensor]:
+    """The reference run again as code that joins its cache before RoPE does (rerun.Base.raw_keys): the cached keys
+    before RoPE joined with the new `keys` before it (the reference's unrotated ones by default), the join turned
+    at positions start .. start + n_K − 1 by `turn` (None: not rotated), the values joined likewise. `new_first`:
+    the new ones joined before the cached ones; `swapped` "join": keys and values swapped once joined, before the
+    rotation, "turned": after it; `turn_values`: the joined values rotated as the keys are."""
+    assert b.raw_keys is not None and b.cache is not None
+    keys = b.plain("K") if keys is None else keys
+    values = b.v_new if values is None else values
+    assert keys is not None
+    parts = [(b.raw_keys, keys), (b.cache[1], values)]
+    k_cat, v_cat = (torch.cat(p[::-1] if new_first else p, dim=-2) for p in parts)
+    positions = torch.arange(start, start + k_cat.shape[-2])
+    if swapped == "join":
+        k_cat, v_cat = v_cat, k_cat
+    if turn is not None:
+        k_cat = turn(k_cat, positions)
+        if turn_values:
+            v_cat = turn(v_cat, positions)
+    if swapped == "turned":
+        k_cat, v_cat = v_cat, k_cat
+    n_new = keys.shape[-2]
+    rows = slice(0, n_new) if new_first else slice(k_cat.shape[-2] - n_new, None)
+    return replay(b, q=q, k_new=k_cat[..., rows, :], v_new=v_cat[..., rows, :], joined=(k_cat, v_cat))

@@ -1,0 +1,295 @@
+"""The catalog's scale and softmax mistakes: scores not scaled, scaled twice or by another size, one share of a
+split scale left out, a number solved from the scores, the softmax over another axis."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from attnscope.usertrace.rerun import Base, Reproduced, replay
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.record import Record
+from attnscope.usertrace.mistakes.entry import Trial
+from attnscope.usertrace.mistakes.readback import back_row, has_mask, say_root, user_out
+
+
+def _d(b: Base) -> tuple[str, int]:
+    return ("d_head" if b.kind == "module" else "d_K"), b.d_head
+
+
+def _ours(b: Base) -> str:
+    """The reference's scale in words: its own 1/√d_head, or the user's --scale."""
+    told = b.ctx.spec is not None and b.ctx.spec.scale is not None
+    origin = b.ctx.spec.scale_from if b.ctx.spec is not None else None
+    name, d = _d(b)
+    if origin is not None:
+        return f"multiplied by {origin}"
+    return f"multiplied by --scale {b.scale:g}" if told else f"divided by √{name} = {say_root(d)}"
+
+
+def _scaled(b: Base, scale: float, how: str, fits: Callable[[Base, Reproduced], bool] | None = None,
+            named: bool = False) -> Iterator[Trial]:
+    """The reference rerun with the scores scaled by `scale`, said as `how`; `named`: `how` names the size the code
+    scaled by, which the words keep where scales.py would only give the ratio."""
+    if math.isclose(scale, b.scale, rel_tol=1e-9):
+        return
+    from attnscope.usertrace.scales import explain_ratio
+
+    ratio = scale / b.scale
+    known = explain_ratio("scores", ratio, b.ctx)
+    reproduced = f"{{who}} equals the reference's scores {how} instead of {_ours(b)}"
+    generic = "a scale differs" in known or (named and "your scores are multiplied by" in known)
+    if generic:
+        yield Trial(replay(b, scale=scale), reproduced, ratio, fits)
+    else:
+        yield Trial(replay(b, scale=scale), known, ratio, fits, detail=reproduced)
+
+
+def trials_scale_none(b: Base) -> Iterator[Trial]:
+    """No scale; or, where --scale gives the model's own (T5's 1), the usual 1/√d_head in its place."""
+    yield from _scaled(b, 1.0, "not scaled at all")
+    yield from _scale_default(b)
+
+
+def trials_scale_twice(b: Base) -> Iterator[Trial]:
+    yield from _scaled(b, b.scale * b.scale, f"scaled twice ({b.scale:.4g} · {b.scale:.4g})", fits=_right_before)
+    yield from _query_scaled_first(b)
+
+
+def _query_scaled_first(b: Base) -> Iterator[Trial]:
+    """The queries (or what they are projected from, without a bias) scaled by the scale before a kernel or code that
+    scales their scores again (fairseq's and OpenNMT's q · d_head^-0.5 handed to nn.MultiheadAttention): every
+    query step the reference has, from the projection on, times the scale, and the scores scaled twice. Where the
+    queries are normed (a norm takes a scale before it out again), those from the norm on (modded-nanogpt's
+    `norm(q) * attn_scale` handed to an attention that scales by it too); and, after a norm, from any later query
+    step on (the rotated queries scaled just before the attention: the speedrun's `q * attn_scale` after RoPE)."""
+    if math.isclose(b.scale, 1.0):
+        return
+    replayed = replay(b, q=b.q * b.scale)
+    queries = [name for name in b.order if name.startswith("Q") and name in b.ref]
+    starts = [0]
+    if "Q_normed" in queries:
+        first = queries.index("Q_normed")
+        starts = list(range(first, len(queries)))
+    for start in starts:
+        scaled = queries[start:]
+        steps = dict(replayed)
+        for name in scaled:
+            steps.setdefault(name, b.ref[name] * b.scale)
+        yield Trial(steps, f"the scores are scaled twice: {{who}} is the reference's queries already scaled "
+                    f"({_ours(b)}), and the attention then scales their scores again ({b.scale:.4g} · "
+                    f"{b.scale:.4g}); scale q once, or leave the scaling to the attention that does it",
+                    fits=_holds_scaled(steps, scaled))
+
+
+def _holds_scaled(steps: dict[str, torch.Tensor], queries: list[str]) -> Callable[[Base, Reproduced], bool]:
+    """Whether the code holds the scaled queries themselves (one of `queries`' steps as `steps` has it)."""
+    from attnscope.usertrace.rerun import record_holding
+
+    def held(b: Base, r: Reproduced) -> bool:
+        return any(record_holding(b.ctx.records, back_row(b, steps[name]), None, "", b.sums) is not None
+                   for name in queries)
+
+    return held
+
+
+def trials_scale_half(b: Base) -> Iterator[Trial]:
+    """One share of a split scale left out: code that scales q and k by √scale each (Whisper's d_head^-0.25 on both)
+    and forgets one of them scores by √scale. The share it kept is read from its tensors (q or k times √scale);
+    where it holds neither (`scores * d_head ** -0.25`) or both, the scores are said to be scaled by √scale, unless
+    a size of the run names that scale (scale.n's words then)."""
+    if not 0 < b.scale < 1 or b.q.dim() < 2:
+        return
+    half = math.sqrt(b.scale)
+    kept = _share(b, half)
+    name, d = _d(b)
+    told = b.ctx.spec is not None and (b.ctx.spec.scale is not None or b.ctx.spec.scale_from is not None)
+    if told:
+        said, whole = f"√{b.scale:.4g} = {half:.3g}", _ours(b)
+    else:
+        said, whole = f"{name}^-0.25 = {half:.3g}", f"scaled by {name}^-0.5 = {b.scale:.3g}"
+    if kept is None:
+        if any(math.isclose(half, 1 / math.sqrt(v), rel_tol=1e-6) or math.isclose(half, 1 / v, rel_tol=1e-6)
+               for _, v in _sizes(b)):
+            return  # a size of the run names this scale: scale.n's words
+        yield Trial(replay(b, scale=half), f"scores scaled by the square root of the scale: {{who}} equals the "
+                    f"reference's scores scaled by {said} where the reference's are {whole}, as when a scale split "
+                    f"between q and k ({said.split(' = ')[0]} each, Whisper's) is applied to one of them only; scale "
+                    f"the scores by {_whole(b, told, name)} in all", half / b.scale)
+        return
+    from attnscope.usertrace.diagnosis import label_of
+
+    role, record = kept
+    other = "keys" if role == "queries" else "queries"
+    yield Trial(replay(b, scale=half), f"one share of a split scale is missing: {{who}} equals the reference's "
+                f"scores scaled by {said} where the reference's are {whole}: {label_of(record)} takes the {role}' "
+                f"share, and the {other}' share of the scale is missing; scale {other[0]} by "
+                f"{said.split(' = ')[0]} as well (or the scores by the rest)", half / b.scale)
+
+
+def _share(b: Base, half: float) -> tuple[str, Record] | None:
+    """The queries or the keys the code scaled by `half` (one share of a split scale), and its tensor that holds them
+    (the rotated or the unrotated heads times `half`, in any layout); None where it holds both or neither."""
+    from attnscope.usertrace.rerun import record_holding
+
+    found = []
+    for role, names in (("queries", ("q", "Q")), ("keys", ("k_new", "K"))):
+        heads = [getattr(b, names[0]), b.plain(names[1])]
+        held = (record_holding(b.ctx.records, back_row(b, t * half), None, "", b.sums) for t in heads if t is not None)
+        record = next((r for r in held if r is not None), None)
+        if record is not None:
+            found.append((role, record))
+    return found[0] if len(found) == 1 else None
+
+
+def _whole(b: Base, told: bool, name: str) -> str:
+    return f"{b.scale:.4g}" if told else f"{name}^-0.5 (1/√{name})"
+
+
+def trials_scale_d(b: Base) -> Iterator[Trial]:
+    name, d = _d(b)
+    yield from _scaled(b, 1 / d, f"divided by {name} = {d}", fits=lambda b, r: not _right_before(b, r))
+
+
+def trials_scale_d_model(b: Base) -> Iterator[Trial]:
+    if b.kind != "module" or b.q.dim() < 4:
+        return
+    d_model = b.sizes.get("d_feat") or b.q.shape[-3] * b.d_head
+    yield from _scaled(b, 1 / math.sqrt(d_model), f"divided by √d_model = {say_root(d_model)}")
+
+
+# What each size the code may scale by is, in words (the reference's own d_head / d_K is scale.d_head's)
+SIZE_WORDS = {"n_Q": "the number of queries", "n_K": "the number of keys", "n_head": "the number of heads",
+              "n_kv_head": "the number of key/value heads", "n_group": "the query heads per key/value head",
+              "n_batch": "the batch size", "d_model": "the model's width", "n_head·d_head": "all heads' width",
+              "d_V": "the values' width", "n_cache": "the cached positions"}
+
+
+def _sizes(b: Base) -> list[tuple[str, int]]:
+    """Every size of the run the code could have scaled its scores by, save the reference's own d_head (d_K), each
+    value once with all the names it has here ("n_Q = n_K")."""
+    found: dict[str, int] = {"n_Q": b.n_Q, "n_K": b.n_K}
+    if b.q.dim() >= 3:
+        found["n_head"] = int(b.q.shape[-3])
+        if b.n_group > 1:
+            found["n_kv_head"] = int(b.k_new.shape[-3])
+            found["n_group"] = b.n_group
+    if b.q.dim() >= 4 or "n_batch" in b.sizes:
+        found["n_batch"] = int(b.sizes.get("n_batch") or b.q.shape[0])
+    if b.kind == "module" and b.q.dim() >= 3:
+        found["d_model"] = int(b.sizes.get("d_feat") or b.q.shape[-3] * b.d_head)
+        found["n_head·d_head"] = int(b.q.shape[-3] * b.d_head)
+    found["d_V"] = int(b.v_new.shape[-1])
+    found["n_cache"] = b.n_cache
+    by_value: dict[int, list[str]] = {}
+    for name, value in found.items():
+        if value > 1 and value != b.d_head:
+            by_value.setdefault(value, []).append(name)
+    return [(" = ".join(names), value) for value, names in by_value.items()]
+
+
+def _size_words(names: str, value: int, root: bool) -> str:
+    said = f"{' = '.join(f'√{n}' for n in names.split(' = '))} = {say_root(value)}" if root else f"{names} = {value}"
+    what = " and ".join(SIZE_WORDS[n] for n in names.split(" = ") if n in SIZE_WORDS)
+    return f"{said}, {what}," if what else said
+
+
+def trials_scale_n(b: Base) -> Iterator[Trial]:
+    """The scores divided by another size of the run than d_head (n_Q, n_K, n_head, d_model, d_V, ...), whole or
+    its root, in its place or on top of the reference's own scale."""
+    for names, value in _sizes(b):
+        for root in (True, False):
+            size = math.sqrt(value) if root else float(value)
+            said = _size_words(names, value, root)
+            yield from _scaled(b, 1 / size, f"divided by {said}", named=True)
+            yield from _scaled(b, b.scale / size, f"divided by {said} on top of the reference's scale", named=True)
+
+
+def trials_scale_other(b: Base) -> Iterator[Trial]:
+    """The scale the code used, solved from its tensors that are the reference's scores times a constant, where no
+    size of the run names it: rerun with that scale."""
+    from attnscope.usertrace.align import VERY_NEGATIVE, layouts
+
+    scores = user_out(b, "scores") if "scores" in b.ref else None
+    if scores is None:
+        return
+    tried: list[float] = []
+    for record in b.ctx.records:
+        user = record.tensor
+        if not user.is_floating_point() or user.numel() != scores.numel() or user.dim() < 2:
+            continue
+        for layout in layouts(tuple(scores.shape), tuple(user.shape))[:4]:
+            expected = layout.apply(scores, tuple(user.shape)).double()
+            mine = user.double()
+            kept = torch.isfinite(mine) & (mine > VERY_NEGATIVE) & torch.isfinite(expected)
+            e, u = expected[kept], mine[kept]
+            if e.numel() < 2 or float((e * e).sum()) == 0.0:
+                continue
+            ratio = float((u * e).sum() / (e * e).sum())
+            if not math.isfinite(ratio) or ratio <= 0 or math.isclose(ratio, 1.0, rel_tol=1e-4):
+                continue
+            if float((u - ratio * e).abs().max()) > 1e-4 * max(float(u.abs().max()), 1e-12):
+                continue
+            scale = float(f"{b.scale * ratio:.6g}")
+            if any(math.isclose(scale, t, rel_tol=1e-5) for t in tried) or _named_scale(b, scale):
+                continue
+            tried.append(scale)
+            yield Trial(replay(b, scale=scale), f"{{who}} equals the reference's scores multiplied by {scale:.6g} "
+                        f"instead of {_ours(b)}, and {scale:.6g} is no size of the run (nor its root): if it is your "
+                        f"model's scale, pass --scale {scale:.6g}, else fix the scale", ratio)
+
+
+def _named_scale(b: Base, scale: float) -> bool:
+    """Whether another scale entry tries `scale` already (1, √d_head's kin, a size of the run)."""
+    _, d = _d(b)
+    known = [1.0, b.scale * b.scale, 1 / d, math.sqrt(d), 1 / math.sqrt(d), math.sqrt(b.scale)]
+    for _, value in _sizes(b):
+        known += [1 / math.sqrt(value), 1 / value, b.scale / math.sqrt(value), b.scale / value]
+    if b.kind == "module" and b.q.dim() >= 4:
+        known.append(1 / math.sqrt(b.sizes.get("d_feat") or b.q.shape[-3] * b.d_head))
+    return any(math.isclose(scale, k, rel_tol=1e-5) for k in known)
+
+
+def trials_scale_multiplied(b: Base) -> Iterator[Trial]:
+    name, d = _d(b)
+    yield from _scaled(b, math.sqrt(d), f"multiplied by √{name} = {say_root(d)}")
+
+
+def _scale_default(b: Base) -> Iterator[Trial]:
+    """1/√d_head where --scale says the model's scale is another (T5's 1, Gemma 2's query_pre_attn_scalar)."""
+    if b.ctx.spec is None or b.ctx.spec.scale is None:
+        return
+    name, d = _d(b)
+    yield from _scaled(b, 1 / math.sqrt(d), f"divided by √{name} = {say_root(d)}")
+
+
+def _right_before(b: Base, r: Reproduced) -> bool:
+    """The user's code held the right scores before it scaled them again."""
+    from attnscope.usertrace.rerun import record_holding
+
+    return "scores" in b.ref and record_holding(b.ctx.records, user_out(b, "scores"), None, "", b.sums) is not None
+
+
+def trials_softmax_axis(b: Base) -> Iterator[Trial]:
+    from attnscope.usertrace.scoreaxes import keys_last
+
+    dims = b.dims["attention"] if not b.col else (*b.dims["attention"][:-2], "n_Q", "n_K")
+    # the code's own scores' layout, where the data flow says it (square scores Qᵀ K in the column form), else the
+    # layout's
+    keys_first = b.col if not b.ctx.keys else not keys_last(b.ctx.keys)
+    for axis in range(-2, -len(dims) - 1, -1):
+        where = dims[axis]
+        said = f"dim={axis}" if not keys_first else f"dim={-3 - axis if axis > -3 else axis}"
+        keys = "dim=-2 of scores [.., n_K, n_Q]" if keys_first else "dim=-1 of scores [.., n_Q, n_K]"
+        words = (f"the softmax ran over {where}, not over n_K ({said} where the keys' axis is {keys}): {{who}} "
+                 f"equals the reference's attention with the softmax over {where}, so it sums to 1 over {where} "
+                 "rather than over the keys")
+        yield Trial(replay(b, softmax_dim=axis), words)
+        if has_mask(b):  # masked with a large finite number (-1e9): a column masked whole is uniform, not NaN
+            yield Trial(replay(b, softmax_dim=axis, mask="finite"), words)
+            # or one added to the scores (BERT's −10000): the column keeps its scores, normalized over the queries
+            yield Trial(replay(b, softmax_dim=axis, mask="added"), words)
