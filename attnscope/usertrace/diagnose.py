@@ -23,8 +23,8 @@ from attnscope.usertrace.diagnosis import Context, Diagnosis, close, equal_recor
 from attnscope.usertrace.scales import explain_ratio
 
 if TYPE_CHECKING:
-    from attnscope.usertrace.mistakes.entry import Experiment, Trial
     from attnscope.usertrace.rerun import Base, Reproduced
+    from attnscope.usertrace.trials import Experiment, Trial
 
 ROLE_OF_STEP = {"Q_feat": "q", "K_feat": "k", "V_feat": "v", "x": "o"}
 # A step code may compute in one op with the one after it: a mask built with the bias in it (Baichuan's and MPT's
@@ -123,8 +123,8 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
     style, never holds the whole scores): where no mistake changes a tensor the code holds there, one that
     reproduces its output (and whatever steps it does hold) names the cause."""
     from attnscope.usertrace.experiments import CATALOG
-    from attnscope.usertrace.mistakes.entry import SAYS_RERUN
     from attnscope.usertrace.rerun import holds_step, reproduces
+    from attnscope.usertrace.trials import SAYS_RERUN
 
     best: tuple[Experiment, Reproduced, Trial] | None = None
     first = not holds_step(base, step)

@@ -10,7 +10,7 @@ The catalog in words, with an example of each message, is docs/trace.md's "The c
 
 from __future__ import annotations
 
-from attnscope.usertrace.mistakes.bias import (
+from attnscope.usertrace.biastrials import (
     trials_alibi_queries,
     trials_alibi_sign,
     trials_alibi_slopes,
@@ -22,10 +22,9 @@ from attnscope.usertrace.mistakes.bias import (
     trials_t5_after_softmax,
     trials_t5_transposed,
 )
-from attnscope.usertrace.mistakes.entry import Experiment
-from attnscope.usertrace.mistakes.heads import trials_merge, trials_merge_permuted, trials_split
-from attnscope.usertrace.mistakes.kv import trials_swapped, trials_tiled, trials_values_from_keys
-from attnscope.usertrace.mistakes.mask import (
+from attnscope.usertrace.headtrials import trials_merge, trials_merge_permuted, trials_split
+from attnscope.usertrace.kvtrials import trials_swapped, trials_tiled, trials_values_from_keys
+from attnscope.usertrace.masktrials import (
     trials_after_softmax,
     trials_no_window,
     trials_off_by_one,
@@ -35,7 +34,7 @@ from attnscope.usertrace.mistakes.mask import (
     trials_window_untold,
     trials_zero,
 )
-from attnscope.usertrace.mistakes.rope import (
+from attnscope.usertrace.ropetrials import (
     trials_base,
     trials_fraction,
     trials_not_applied,
@@ -44,8 +43,8 @@ from attnscope.usertrace.mistakes.rope import (
     trials_positions,
     trials_untold,
 )
-from attnscope.usertrace.mistakes.runtime import trials_cache_order, trials_dropout, trials_float16
-from attnscope.usertrace.mistakes.scale import (
+from attnscope.usertrace.runtrials import trials_cache_order, trials_dropout, trials_float16
+from attnscope.usertrace.scaletrials import (
     trials_scale_d,
     trials_scale_d_model,
     trials_scale_half,
@@ -56,6 +55,7 @@ from attnscope.usertrace.mistakes.scale import (
     trials_scale_twice,
     trials_softmax_axis,
 )
+from attnscope.usertrace.trials import Experiment
 
 CATALOG: tuple[Experiment, ...] = (
     Experiment("heads.split_without_permute", "heads", "heads split by a view without the transpose", trials_split),

@@ -13,8 +13,8 @@ from attnscope.usertrace.rerun import Base, Reproduced, replay
 if TYPE_CHECKING:
     from attnscope.spec import WindowSide
     from attnscope.usertrace.record import Record
-from attnscope.usertrace.mistakes.entry import Trial
-from attnscope.usertrace.mistakes.readback import blocks_computed, has_mask
+from attnscope.usertrace.trialreads import blocks_computed, has_mask
+from attnscope.usertrace.trials import Trial
 
 
 def trials_polarity(b: Base) -> Iterator[Trial]:

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import torch
 
-from attnscope.usertrace.mistakes.entry import Trial
-from attnscope.usertrace.mistakes.rotation import ReadRope, read_rope, rejoined, rope_turn, rotate_pairs
 from attnscope.usertrace.rerun import Base, replay
+from attnscope.usertrace.roperead import ReadRope, read_rope, rejoined, rope_turn, rotate_pairs
+from attnscope.usertrace.trials import Trial
 
 
 def _rotated(b: Base, rope: ReadRope, q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,

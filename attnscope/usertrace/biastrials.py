@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import torch
 
-from attnscope.usertrace.mistakes.entry import Trial
-from attnscope.usertrace.mistakes.readback import back_row, has_mask, user_out
 from attnscope.usertrace.rerun import Base, replay
+from attnscope.usertrace.trialreads import back_row, has_mask, user_out
+from attnscope.usertrace.trials import Trial
 
 
 def _alibi_parts(b: Base) -> tuple[torch.Tensor, int] | None:

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import torch
 
-from attnscope.usertrace.mistakes.entry import Trial
-from attnscope.usertrace.mistakes.readback import user_out
-from attnscope.usertrace.mistakes.rotation import ReadRope, read_rope, rejoined, rope_turn
 from attnscope.usertrace.rerun import Base, replay
+from attnscope.usertrace.roperead import ReadRope, read_rope, rejoined, rope_turn
+from attnscope.usertrace.trialreads import user_out
+from attnscope.usertrace.trials import Trial
 
 
 def trials_swapped(b: Base) -> Iterator[Trial]:

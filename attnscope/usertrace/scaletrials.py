@@ -13,8 +13,8 @@ from attnscope.usertrace.rerun import Base, Reproduced, replay
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
-from attnscope.usertrace.mistakes.entry import Trial
-from attnscope.usertrace.mistakes.readback import back_row, has_mask, say_root, user_out
+from attnscope.usertrace.trialreads import back_row, has_mask, say_root, user_out
+from attnscope.usertrace.trials import Trial
 
 
 def _d(b: Base) -> tuple[str, int]:

@@ -13,9 +13,9 @@ from attnscope.usertrace.rerun import Base, replay
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
-from attnscope.usertrace.mistakes.entry import Trial
-from attnscope.usertrace.mistakes.readback import back_row, block_at, user_out
-from attnscope.usertrace.mistakes.rotation import read_rope, rejoined, rope_turn
+from attnscope.usertrace.roperead import read_rope, rejoined, rope_turn
+from attnscope.usertrace.trialreads import back_row, block_at, user_out
+from attnscope.usertrace.trials import Trial
 
 
 def _join_dim(b: Base) -> str:

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import torch
 
-from attnscope.usertrace.mistakes.entry import Trial
-from attnscope.usertrace.mistakes.rotation import read_rope, rope_turn
 from attnscope.usertrace.rerun import Base, replay
+from attnscope.usertrace.roperead import read_rope, rope_turn
+from attnscope.usertrace.trials import Trial
 
 
 def trials_merge(b: Base) -> Iterator[Trial]:
