@@ -175,6 +175,7 @@ def test_words_of_both_polarities_in_one_place_say_none(tmp_path):
     path.write_text('"""mask: True = masked. mask: True = may attend."""\n')
     assert statedmask.read(path, None, "mask") is None
     path.write_text('"""mask: True = masked. mask: True = may attend."""\n\n\ndef helper(mask):\n'
-                    '    """mask: 1 for padding."""\n')
-    said = statedmask.read(path, None, "mask")
+                    '    """mask: 1 for padding."""\n\n\ndef attend(mask):\n    return helper(mask)\n')
+    said = statedmask.read(path, None, "mask", traced=("attend",))
     assert said is not None and said.kind == "masked" and said.line == 5
+    assert statedmask.read(path, None, "mask", traced=("elsewhere",)) is None  # a helper the target never calls

@@ -3,7 +3,7 @@ module with a scaled-dot-product helper and a comment on its masking line; a cor
 mask function, its docstring saying `True = masked`; a key-padding cross-attention that folds its heads into the
 batch, its docstring saying the padded keys are filled where the mask is False; and a `torch.where` module whose
 forward's docstring gives the HF-like "1 for tokens to attend, 0 for padding"; and functions on heads-last inputs
-whose words are those of a helper beside them that takes the same mask (flax's). Each comes right and with its mask
+whose words are those of the helper they call, which takes the same mask (flax's). Each comes right and with its mask
 read the other way round (`mask.polarity`); one more reads its mask as its words say but scales twice."""
 
 from __future__ import annotations
@@ -169,10 +169,8 @@ def heads_last_attention(query, key, value, mask=None):
 
 
 def heads_last_flipped(query, key, value, mask=None):
-    weights = torch.einsum("bqhd,bkhd->bhqk", query / query.shape[-1] ** 0.5, key)
-    if mask is not None:
-        weights = torch.where(mask, torch.finfo(weights.dtype).min, weights)
-    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(weights, dim=-1), value)
+    weights = attention_weights(query, key, None if mask is None else ~mask)
+    return torch.einsum("bhqk,bkhd->bqhd", weights, value)
 
 
 # --- words that say which value a large negative number is written at ---------------------------------------------

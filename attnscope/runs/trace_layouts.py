@@ -36,6 +36,7 @@ def first_run(r: RunSoFar) -> Made:
     """The code's first run under the options, its decode step's cache read first; where it raised, each reading
     that may let it run, in turn; the notes that say which was kept."""
     _decode_cache(r)
+    _causal_switch(r)
     made, said = r.in_layouts(r.o, r.attempt(r.o))
     r.notes += [said] if said else []
     made = _with_memory(r, made)
@@ -49,6 +50,48 @@ def first_run(r: RunSoFar) -> Made:
     made = _unread_inputs(r, made)
     _cache_notes(r, made)
     return made
+
+
+def _causal_switch(r: RunSoFar) -> None:
+    """Under --causal, a switch of the code's own (`is_causal=False`, `causal: bool = False`) given True where its
+    truth makes the code mask the future keys itself (usertrace/causalflag.py, by experiment), its mask parameters
+    None, so that the mask is made once, by the code. Not with a --mask file or --window, nor where the rule masks
+    nothing (a decode step of one query): there trace's mask goes where it went."""
+    import inspect
+
+    from attnscope import masks
+    from attnscope.spec import AttentionSpec
+    from attnscope.usertrace import causalflag
+
+    o = r.o
+    if not o.causal or o.window or o.mask or r.plan.switched is not None:
+        return
+    forward = r.module.forward if r.module is not None else r.fn  # as the plan was read (trace_setup.prepare)
+    names = causalflag.candidates(forward, r.plan, r.target.obj if r.target.kind == "function" else None)
+    if not names:
+        return
+    sizes: dict[str, int] = {}
+
+    def run(tried: Any) -> tuple[list[Any], bool]:
+        made = attempted(functools.partial(r.run_plan, tried=tried), o)
+        if made is None:
+            return [], True
+        sizes.update(made[0].sizes)
+        return made[2].records, made[2].failure is not None
+
+    found = causalflag.read(r.plan, names, run)
+    if found is None or "n_Q" not in sizes or "n_K" not in sizes:
+        return
+    rule, _ = masks.structural(AttentionSpec.asked(o.causal, None, o.cache), sizes["n_Q"], sizes["n_K"])
+    if rule is None or bool(rule.all()):
+        return  # one query of a decode step sees every key: the switch is not what the code needs
+    name, own = found
+    default = inspect.signature(forward).parameters[name].default
+    masked = [m for m in (r.plan.mask, *r.plan.other_masks) if m is not None]
+    bare = r.plan.without_masks()
+    r.plan = dataclasses.replace(bare, switched=name, optional=[n for n in bare.optional if n != name],
+                                 said={**bare.said, **dict.fromkeys(masked, ""),  # said in the switch's note
+                                       name: causalflag.note(name, default, own, masked)})
 
 
 def _decode_cache(r: RunSoFar) -> None:

@@ -101,6 +101,8 @@ def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple
     values.update(fed.values if fed is not None else {})
     values.update({name: None for name in plan.nones})
     values.update({name: 0.0 for name in plan.zeros})
+    if plan.switched is not None:  # the code's own causal switch, under --causal
+        values[plan.switched] = True
     values.update(plan.given)  # --forward's, as the user wrote them
     first = values.get(plan.tensors[0]) if plan.tensors else None
     values.update({name: first for name in plan.aliases})  # torchtune's `y`: x itself

@@ -131,6 +131,8 @@ class Plan:
     aliases: list[str] = field(default_factory=list)
     grouped: list[str] = field(default_factory=list)  # memories handed [n_batch, 1, n_K, d] (Flamingo's media)
     rule_beside: bool = False  # a --mask file given alone to `mask`, the rule (--causal, --window) to another
+    switched: str | None = None  # a switch of the code's own given True under --causal (causalflag.py: its truth
+    # makes the code mask the future keys itself)
 
     def unfed(self) -> str:
         found = ", ".join(self.tensors) if self.tensors else "none"

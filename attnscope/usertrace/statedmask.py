@@ -11,10 +11,12 @@ say, so that the run shows what the code does with it (experiments.py's `mask.po
 
 The nearest words decide: the comments on the applying line and the two above it, then the docstrings of the
 function and class holding that line, then those of the traced class and its forward (and of the classes of the file
-it inherits from, nearest first), then the file's docstring, then the docstrings of the file's other functions that
-take a parameter of the mask's name; a place whose words state both polarities states none. Only sentences
-that name a mask are read, and never one that names another of the forward's mask parameters, nor one of an
-additive mask ("-inf = masked", "0 = may attend" of a float bias), whose 0 is not False.
+it inherits from, nearest first), then the file's docstring, then the docstrings of the functions the traced target
+reaches (the methods of its classes, the functions of the file it calls or names, and theirs) that take a parameter
+of the mask's name, never a neighbour's it does not reach (a file of several styles states a convention for each);
+a place whose words state both polarities states none. Only sentences that name a mask are read, and never one that
+names another of the forward's mask parameters, nor one of an additive mask ("-inf = masked", "0 = may attend" of a
+float bias), whose 0 is not False.
 """
 
 from __future__ import annotations
@@ -99,11 +101,29 @@ def _places(tree: ast.Module, comments: dict[int, str], line: int | None, traced
         places.append([(d, n.lineno) for c in named for n in [c, *_forwards(c)] if (d := ast.get_docstring(n))])
     if (d := ast.get_docstring(tree)) is not None:
         places.append([(d, 1)])
-    # the file's other functions that take a parameter of the mask's name (flax's dot_product_attention_weights
-    # beside the dot_product_attention that calls it): what they say of it
-    places.append([(d, n.lineno) for n in holders if not isinstance(n, ast.ClassDef) and parameter in _names(n)
+    # the functions the traced target reaches that take a parameter of the mask's name (flax's
+    # dot_product_attention_weights, which the dot_product_attention traced calls; a method of its class): what
+    # they say of it. Never a neighbour the target does not reach: a file of several styles says each its own
+    places.append([(d, n.lineno) for n in _reached(tree, traced) if parameter in _names(n)
                    and (d := ast.get_docstring(n))])
     return places
+
+
+def _reached(tree: ast.Module, traced: tuple[str, ...]) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The functions of the file the traced target holds or names, in the file's order: the methods of its classes,
+    then, in turn, each function and class of the file's top level that those name (a call, `staticmethod(fill)`,
+    `inner = Core`), and what they name."""
+    tops = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    seen: dict[str, ast.AST] = {}
+    todo = [name for name in traced if name in tops]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen[name] = tops[name]
+        todo += [n.id for n in ast.walk(tops[name]) if isinstance(n, ast.Name) and n.id in tops and n.id not in seen]
+    held = [n for top in seen.values() for n in ast.walk(top) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return sorted(held, key=lambda n: n.lineno)
 
 
 def _names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
