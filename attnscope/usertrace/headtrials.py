@@ -137,6 +137,11 @@ def trials_split(b: Base) -> Iterator[Trial]:
             if rope is not None and role != "V" else plain
         wrong[role] = {change: turned, **views}
     yield from _split_trials(b, wrong)
+    if b.kind == "module":  # a time-first projection, keys viewed ready for q @ k, heads before the batch
+        from attnscope.usertrace import splitframes
+
+        for steps, words in splitframes.trials(b, turn if rope is not None else None):
+            yield Trial(steps, words)
 
 
 def _split_trials(b: Base, wrong: dict[str, dict[str, torch.Tensor]]) -> Iterator[Trial]:

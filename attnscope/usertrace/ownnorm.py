@@ -59,6 +59,12 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
             continue
         later = again.divergence is None or (again.divergence.reference in names
                                              and names.index(again.divergence.reference) > names.index(first))
+        if later and again.divergence is not None and diverged.experiment is not None \
+                and again.divergence.experiment is None:
+            # the first run's divergence named by experiment: a reading that diverges later, unnamed, lines up
+            # further only where it lines up that step (not where it merely loses sight of it: the split heads of a
+            # code whose view is the mistake, unseen beside a norm over the projection)
+            later = any(row.reference == first and row.status in ("equal", "permuted") for row in again.rows)
         # or the same step, or one only the reading has (its q normed, where the code norms after RoPE), where only
         # the reading lets an experiment of the catalog reproduce the code's tensors
         explained = again.divergence is not None and (again.divergence.reference == first

@@ -28,7 +28,10 @@ class FairseqAttention(nn.Module):
         tgt_len, bsz, embed_dim = query.size()
         q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         q = q * self.scaling
-        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)  # [B·H, T, d_head]
+        if self.bug == "split":  # the view straight to [B·H, T, d_head], without the transpose from [T, B·H, d_head]
+            q = q.contiguous().view(bsz * self.num_heads, tgt_len, self.head_dim)
+        else:
+            q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)  # [B·H, T, d_head]
         k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
         v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
         attn_weights = torch.bmm(q, k.transpose(1, 2))  # [B·H, T, S]
