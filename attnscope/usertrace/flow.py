@@ -111,6 +111,7 @@ def _flow(records: list[Record]) -> tuple[list[set[str]], set[str]] | None:
         return None
     left, right, value, after = operands
     made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+    made = {i: name for i, name in made.items() if not along_tokens(records, records[i], made)}
     linears_of = _ancestors(records, made)
     readers = {made[r.index] for r in records if r.index in made and after is not None
                and after in ancestors(r, records)}
@@ -190,6 +191,28 @@ def _recs(record: Record) -> list[int]:
     out = [i for kind, value in record.args for k, i in ([(kind, value)] if kind != "list" else value) if k == "rec"]
     out += [value[1][1] for kind, value in record.args if kind == "kw" and value[1][0] == "rec"]
     return out
+
+
+def along_tokens(records: list[Record], linear: Record, made: dict[int, str]) -> bool:
+    """Whether `linear` mixes the tokens of a projection's output rather than projecting features: it reads that
+    output laid out with the tokens last (`k.transpose(1, 2)`, [n_batch, width, n]) and writes the same layout with
+    n replaced (rtdl's and Linformer's `key_compression = nn.Linear(n_tokens, n_tokens · ratio)` over the sequence):
+    a pooling of the projected keys or values (pooled.py reads it), never one of q, k, v or o."""
+    if not linear.parents:
+        return False
+    read = records[linear.parents[0]].tensor
+    above = ancestors(linear, records)
+    for i in above:
+        if i not in made or i == linear.index:
+            continue
+        shape = tuple(records[i].tensor.shape)
+        if len(shape) < 2 or shape[-2] == shape[-1] or read.dim() != len(shape):
+            continue
+        n = shape[-2]
+        if sorted(read.shape) == sorted(shape) and read.shape[-1] == n \
+                and linear.tensor.numel() * n == read.numel() * linear.tensor.shape[-1]:
+            return True
+    return False
 
 
 def _ancestors(records: list[Record], made: dict[int, str]) -> dict[int, set[str]]:

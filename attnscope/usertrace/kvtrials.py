@@ -41,6 +41,40 @@ def trials_swapped(b: Base) -> Iterator[Trial]:
         _feats_swapped(b, steps)
         yield Trial(steps, words + ", each projected by the other's weights and then rotated as the keys are")
     yield from _swapped_before_norm(b, rope, words)
+    yield from _swapped_by_flow(b, rope, words)
+
+
+def _swapped_by_flow(b: Base, rope: ReadRope | None, words: str) -> Iterator[Trial]:
+    """kv.swapped where the reference read its K and V weights from the data flow, the scores' right operand made by
+    the projection that should make the values (`sdpa(q, v, k)` after RoPE, no names holding the weights): the
+    code's keys are the reference's K as projected, never rotated or normed, and its values the reference's V
+    normed and rotated as the keys are (in the order it does those), the heads grouped as the reference groups
+    them."""
+    from attnscope.usertrace.fusedsplit import refit_norm
+    from attnscope.usertrace.reference import late_norm
+
+    plain = b.ref.get("K_split")
+    if plain is None or plain.shape != b.v_new.shape or b.raw_keys is not None or b.names.get("v") != "V_split":
+        return
+    late = rope is not None and late_norm(b.order, "K_normed")
+    values = b.v_new
+    if "K_normed" in b.ref:
+        norm = refit_norm(b.ref["K_rot"] if late else plain, b.ref["K_normed"])
+        if norm is None:
+            return
+        values = norm(rope_turn(rope)(values, rope.k_pos)) if late and rope is not None else norm(values)
+    if rope is not None and not late:
+        values = rope_turn(rope)(values, rope.k_pos)
+    if values is b.v_new:  # neither rotated nor normed: the plain swap already
+        return
+    steps = replay(b, k_new=plain, v_new=values)
+    for name in ("K_normed", "K_rot"):
+        if name in b.ref and name != b.names["k"]:
+            steps[name] = plain
+    done = [n for n, held in (("rotated", rope is not None), ("normed", "K_normed" in b.ref)) if held]
+    never = "neither " + " nor ".join(done) if len(done) > 1 else f"never {done[0]}"
+    yield Trial(steps, f"{words}, after the keys were {' and '.join(done)}: the scores read a projection {never}, "
+                f"and the pattern multiplies the one {' and '.join(done)} as keys are")
 
 
 def _feats_swapped(b: Base, steps: dict[str, torch.Tensor]) -> None:

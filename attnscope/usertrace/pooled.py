@@ -24,6 +24,7 @@ import torch
 
 if TYPE_CHECKING:
     from attnscope.trace import Trace
+    from attnscope.usertrace.align import Layout
     from attnscope.usertrace.inputs import Inputs, ShapePlan
     from attnscope.usertrace.lineup import LineUp
     from attnscope.usertrace.record import Record
@@ -40,14 +41,19 @@ class Pooled:
     tensors: dict[str, torch.Tensor]  # role -> the code's pooled tensor, heads merged, [n_batch, n, n_head·d_head]
     records: dict[str, Record]  # role -> the record holding it
     before: dict[str, Record]  # role -> the tensor it was pooled from (the line-up pairs it with the projection)
+    # role -> (the Linear over the tokens the code holds for it and never calls, the one it pools the other role by)
+    siblings: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
     def note(self, sizes: dict[str, int], n_input: int) -> str:
         words = {"Q": "queries", "K": "keys", "V": "values"}
         parts = "; ".join(f"your {words[role]} (line {self.records[role].line}: "
                           f"{self.records[role].details.get('op', self.records[role].call)}), "
                           f"{TOKENS[role]} = {sizes[TOKENS[role]]}" for role in "QKV" if role in self.records)
-        roles = " and ".join(words[role] for role in "QKV" if role in self.records)
-        steps = ", ".join(f"{role}_pooled" for role in "QKV" if role in self.records)
+        parts += "".join(f"; your {words[role]} by {own}, which your code holds beside {other} and never calls, "
+                         f"{TOKENS[role]} = {sizes[TOKENS[role]]}" for role, (own, other) in self.siblings.items())
+        pooled = [role for role in "QKV" if role in self.records or role in self.siblings]
+        roles = " and ".join(words[role] for role in pooled)
+        steps = ", ".join(f"{role}_pooled" for role in pooled)
         return (f"your code pools its {roles} along the tokens after their projection ({parts}, from the "
                 f"{n_input} tokens of the input): read as your code's own {roles}, a convention, not a mistake "
                 "(pooled attention: Hiera's, MViTv2's, Linformer's projected sequence); the reference's projections "
@@ -106,16 +112,89 @@ def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = No
         layout = Layout(row.order, row.merged, row.split)
         if layout.split is not None and layout.split[0] == axis:
             continue
-        shape = list(step.shape)
-        shape[axis] = final
-        try:
-            tensor = layout.undo(pooled.tensor, tuple(shape))
-        except RuntimeError:
+        tensor = _merged(layout, pooled.tensor, step, axis, final)
+        if tensor is None:
             continue
-        if "d_head" in step.dims:  # [n_batch, heads, n, d_head] -> [n_batch, n, heads·d_head]
-            tensor = tensor.transpose(1, 2).flatten(2)
-        tensors[role], held[role], before[role] = tensor.detach(), pooled, start
+        tensors[role], held[role], before[role] = tensor, pooled, start
     return Pooled(tensors, held, before) if tensors else None
+
+
+def _by_sibling(module: Any, records: list[Record], lined: LineUp, found: Pooled) -> Pooled:
+    """`found` with the keys or the values pooled by a Linear over the tokens the module holds and never calls, of
+    the shape of the one the code pools the other role by (rtdl's `key_compression` and `value_compression`), where
+    the code pools that role with nothing (its values taken from the pooled keys: a mistake the line-up then shows):
+    the role's projection, as the line-up pairs it, laid out as the code lays the other's for its Linear, through
+    the unused one, laid back."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from attnscope.usertrace.align import Layout, ancestors
+    from attnscope.usertrace.flow import along_tokens, linears_of
+    from attnscope.usertrace.reference import mentioned
+
+    if lined.trace is None or not isinstance(module, nn.Module) or {"K", "V"} <= set(found.tensors):
+        return found
+    done = "K" if "K" in found.tensors else "V" if "V" in found.tensors else None
+    if done is None:
+        return found
+    role = "V" if done == "K" else "K"
+    made, _ = linears_of(records)
+    start = found.before[done]
+    mixing = [r for r in records[start.index + 1:found.records[done].index + 1]
+              if r.index in made and along_tokens(records, r, made) and start.index in ancestors(r, records)]
+    row = next((r for r in reversed(lined.rows) if r.reference in (f"{role}_split", f"{role}_feat")
+                and r.record is not None and r.status in ("equal", "permuted") and r.order is not None), None)
+    if len(mixing) != 1 or row is None or row.record is None or row.order is None \
+            or tuple(row.record.tensor.shape) != tuple(start.tensor.shape):
+        return found
+    linears = dict(module.named_modules())
+    used = linears.get(made[mixing[0].index])
+    spare = [name for name, m in linears.items() if isinstance(m, nn.Linear) and m is not used
+             and isinstance(used, nn.Linear) and m.weight.shape == used.weight.shape
+             and (m.bias is None) == (used.bias is None) and not mentioned(name, records)]
+    order = _order(start.tensor, records[mixing[0].parents[0]].tensor)
+    if len(spare) != 1 or order is None:
+        return found
+    sibling = linears[spare[0]]
+    back = [order.index(a) for a in range(len(order))]
+    with torch.no_grad():
+        pooled = F.linear(row.record.tensor.permute(order), sibling.weight, sibling.bias).permute(back)
+    step = lined.trace.step(row.reference)
+    axis = step.dims.index(TOKENS[role]) if TOKENS[role] in step.dims else None
+    if axis is None or not _one_axis_other(start.tensor, pooled, int(step.shape[axis])):
+        return found
+    tensor = _merged(Layout(row.order, row.merged, row.split), pooled, step, axis, _token_size(start.tensor, pooled))
+    if tensor is None:
+        return found
+    return dataclasses.replace(found, tensors={**found.tensors, role: tensor},
+                               siblings={role: (spare[0], made[mixing[0].index])})
+
+
+def _merged(layout: Layout, pooled: torch.Tensor, step: Any, axis: int, size: int) -> torch.Tensor | None:
+    """`pooled`, laid out as the code holds the role's step, in that step's layout with `size` tokens on `axis`,
+    heads merged: `[n_batch, n, n_head·d_head]`; None where the layout cannot be undone."""
+    shape = list(step.shape)
+    shape[axis] = size
+    try:
+        tensor = layout.undo(pooled, tuple(shape))
+    except RuntimeError:
+        return None
+    if "d_head" in step.dims:  # [n_batch, heads, n, d_head] -> [n_batch, n, heads·d_head]
+        tensor = tensor.transpose(1, 2).flatten(2)
+    return tensor.detach()
+
+
+def _order(start: torch.Tensor, read: torch.Tensor) -> list[int] | None:
+    """The permutation of `start`'s axes that gives `read` (`k.transpose(1, 2)`), or None."""
+    import itertools
+
+    if start.dim() != read.dim() or start.dim() > 5:
+        return None
+    for order in itertools.permutations(range(start.dim())):
+        laid = start.permute(order)
+        if laid.shape == read.shape and torch.equal(laid, read):
+            return list(order)
+    return None
 
 
 def _from_projection(records: list[Record], trace: Trace, role: str, operand: int, parts: dict[str, Any]
@@ -185,6 +264,7 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
     found = find(records, lined, _parts(module, records, shapes))
     if found is None:
         return None
+    found = _by_sibling(module, records, lined, found)
     sizes = dict(inputs.sizes)
     n_input = int(sizes["n_Q"]) if "Q" in found.tensors else int(sizes["n_K"])
     for role, tensor in found.tensors.items():

@@ -3,7 +3,7 @@
 - `NanochatAttention`: nanochat's `apply_rotary_emb`, `y1 = x1 * cos + x2 * sin; y2 = x1 * (-sin) + x2 * cos`, each
   pair turned by −θ, with its own tables as buffers, a weight-free `F.rms_norm` on q and k after RoPE and GQA by
   SDPA's `enable_gqa`. bug="tiled" repeats the key/value heads with `.repeat` (tiled, where query head h reads
-  key/value head h // 2).
+  key/value head h // 2); bug="kv_swapped" hands SDPA the values as keys and the rotated, normed keys as values.
 - `NanochatCosSin`: the same as nanochat's `CausalSelfAttention.forward(x, cos_sin, kv_cache)` takes it, RoPE's tables
   handed as one `(cos, sin)` pair, each [1, T, 1, head_dim / 2], which the model slices from its buffers.
 - `GptOssAttention`: transformers' GPT-OSS attention (models/gpt_oss, its `eager_attention_forward`): biases,
@@ -51,7 +51,7 @@ class NanochatAttention(nn.Module):
         cos, sin = self.cos[:, :T], self.sin[:, :T]
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = (t.transpose(1, 2) for t in ((q, v, k) if self.bug == "kv_swapped" else (q, k, v)))
         if self.bug == "tiled":
             k, v = k.repeat(1, self.n_head // self.n_kv_head, 1, 1), v.repeat(1, self.n_head // self.n_kv_head, 1, 1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.bug != "tiled")

@@ -74,3 +74,27 @@ class Linformer(nn.Module):
         dots = torch.einsum("bhnd,bhkd->bhnk", queries, keys) * self.dim_head ** -0.5
         out = torch.einsum("bhnk,bhkd->bhnd", dots.softmax(dim=-1), values)
         return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class CompressedLinear(nn.Module):
+    """rtdl's FT-Transformer with kv_compression_ratio: the projected keys and values each compressed along the
+    tokens by an nn.Linear of its own, n -> n / 2 (docs/trace.md, "Queries, keys or values pooled after their
+    projection"). bug="values_from_keys": the values are the compressed keys.
+
+        attnscope trace docs/examples/shapes.py:CompressedLinear --init "bug='values_from_keys'" --nq 8
+    """
+
+    def __init__(self, dim=32, heads=4, n_tokens=8, bug=None):
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.W_q, self.W_k, self.W_v, self.W_out = (nn.Linear(dim, dim) for _ in range(4))
+        self.key_compression = nn.Linear(n_tokens, n_tokens // 2, bias=False)
+        self.value_compression = nn.Linear(n_tokens, n_tokens // 2, bias=False)
+
+    def forward(self, x):
+        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)
+        k = self.key_compression(k.transpose(1, 2)).transpose(1, 2)  # [b, n / 2, dim]
+        v = k if self.bug == "values_from_keys" else self.value_compression(v.transpose(1, 2)).transpose(1, 2)
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
+        out = torch.softmax(q @ k.transpose(-2, -1) / k.size(-1) ** 0.5, dim=-1) @ v  # [b, heads, n, d_head]
+        return self.W_out(out.transpose(1, 2).flatten(2))
