@@ -98,6 +98,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         torch.manual_seed(o.seed)  # the same dropout draws as the first call
         mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)
         called = call(target, fn, plan, inputs, module, o.max_memory, mask, fed)
+    called, convention = _finite_reading(o, (target, fn, plan, inputs, module, fed), called, convention, dtype)
     grade = _grade(called, inputs, plan.mask) if called.failure is None else 0
     if (called.failure is not None or grade) and inputs.allowed.dtype == torch.bool:
         # code that takes its mask in another shape (key padding [n_batch, n_K], diffusers' [n_batch, 1, n_K], ...):
@@ -154,6 +155,50 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
         called = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
     return _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
+
+
+# a boolean mask, or one of 0/1 numbers, given the other way round
+OTHER_WAY = {"attend": "masked", "masked": "attend", "float01": "float10", "float10": "float01"}
+
+
+def _finite_reading(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
+                    convention: Convention, dtype: Any) -> tuple[Called, Convention]:
+    """Where the boolean mask, written as the code's ops were read, leaves every query a key and the code's output is
+    still not finite, or a query of its pattern saw no key (a polarity the data flow hid from trace: an inversion on
+    the way that its reading does not follow), the other reading of the mask, kept where the run then looks fed well
+    (fed_well), with a note: that run came from trace's feed failing, not from the code. Else the run as it was."""
+    import torch
+
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+
+    target, fn, plan, inputs, module, fed = run
+    allowed = inputs.allowed
+    other = OTHER_WAY.get(convention.kind)
+    if called.failure is not None or other is None or allowed is None or allowed.dtype != torch.bool \
+            or not bool(allowed.any(-1).all()) or fed_well(called):
+        return called, convention
+    torch.manual_seed(o.seed)
+    again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, other, dtype), fed)
+    if again.failure is not None or not fed_well(again):
+        return called, convention
+    inputs.notes.append(f"{plan.mask}: given {masking.WORDS[convention.kind]} as your code's ops were read, your "
+                        "code left a query no key (or its output not finite) although the mask leaves every query a "
+                        "key; given the other way round, it does not, and is read so")
+    return again, masking.Convention(other, convention.line, f"{convention.how or 'its ops'}, read the other way round")
+
+
+def fed_well(called: Called) -> bool:
+    """Whether a run given a mask that leaves every query a key looks so: every floating tensor the code returned is
+    finite, and no query of its pattern saw no key (masking.starved). Else the mask was given the wrong way round
+    for the code, and nothing is read off the run."""
+    import torch
+
+    from attnscope.usertrace import masking
+
+    found = called.result if isinstance(called.result, (tuple, list)) else [called.result]  # (out, weights)
+    return all(bool(torch.isfinite(t).all()) for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()) \
+        and masking.starved(called.records) is None
 
 
 def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
@@ -358,7 +403,7 @@ def _masks_alone(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Fee
     torch.manual_seed(o.seed)
     tried = call(target, fn, plan, inputs, module, o.max_memory,
                  masking.written(torch.ones_like(allowed), convention.kind, dtype, convention.line), fed)
-    return masking.masks_by_itself(tried.records) if tried.failure is None else None
+    return masking.masks_by_itself(tried.records) if tried.failure is None and fed_well(tried) else None
 
 
 def _given_beside(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds, Called], other: str,
@@ -444,7 +489,8 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     torch.manual_seed(o.seed)
     tried = call(target, fn, plan, inputs, module, o.max_memory,
                  masking.written(everything, convention.kind, dtype, convention.line), fed)
-    own = masking.masks_by_itself(tried.records) if tried.failure is None else None
+    # a mask that masks nothing leaves every query its keys: a query with none is trace's feed read the wrong way
+    own = masking.masks_by_itself(tried.records) if tried.failure is None and fed_well(tried) else None
     if own is None:
         return called
     rest = _rule_left_over(o, inputs, own)

@@ -23,6 +23,9 @@ from attnscope.usertrace.diagnosis import Context, Diagnosis, close, equal_recor
 from attnscope.usertrace.scales import explain_ratio
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from attnscope.usertrace.record import Record
     from attnscope.usertrace.rerun import Base, Reproduced
     from attnscope.usertrace.trials import Experiment, Trial
 
@@ -94,18 +97,29 @@ def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
 
     reference = ctx.reference[step]
     dims = ctx.reference.step(step).dims
+    unfed = _unfed(ctx)
     for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c), split_without_transpose,
                   merged_with_wrong_permute, on_values, wrong_mask, alibi):
-        found = whole(step, ctx, None)
+        found = whole(step, ctx, None) if unfed is None or whole is wrong_mask else None
         if found is not None:
             return found
-    checks = (float16_overflow, _missing_bias, _dropout, kernel_dropout, qk_norm, diagnose_rope, not_rotated,
-              repeat_order, own_mask, _mask_inverted, _mask_ignored, _softmax_axis, _ratio, untold)
+    checks: tuple[Callable[[str, Context, Match | None], Diagnosis | None], ...] = (
+        float16_overflow, _missing_bias, _dropout, kernel_dropout, qk_norm, diagnose_rope, not_rotated, repeat_order,
+        own_mask, _mask_inverted, _mask_ignored, _softmax_axis, _ratio, untold)
+    if unfed is not None:  # no cause is read off the numbers of queries that saw no key, but the mask's own
+        checks = (float16_overflow, _mask_inverted)
     for check in checks:
         for near in ranked[:1] if check in (_dropout, kernel_dropout) else ranked:
             found = check(step, ctx, near)
             if found is not None:
                 return found
+    if unfed is not None:
+        return Diagnosis(f"{label_of(unfed)} leaves queries no key (their weights all 0, or NaN) where the reference's "
+                         "mask leaves every query a key: your code masks every key of some queries (a mask it was "
+                         "handed read the other way round, or one of its own), and no cause is read off those "
+                         f"numbers; {step} is where your code and the reference part", unfed,
+                         evidence="not by experiment: no one mistake of trace's catalog, rerun on the reference, "
+                         "gives back your output")
     if not ranked:
         return Diagnosis(f"none of your tensors has {step}'s shape [{', '.join(dims)}] = {list(reference.shape)}, "
                          "or a layout of it")
@@ -114,6 +128,19 @@ def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
                      f"{near.max_abs_diff:.3g}); none of the usual causes fits: no mistake of trace's catalog, "
                      f"rerun on the reference, gives your tensors back, so {step} is where your code and the "
                      "reference part", near.record)
+
+
+def _unfed(ctx: Context) -> Record | None:
+    """The code's first pattern where some query saw no key (masking.starved: weights all 0 or NaN) where the
+    reference's attention leaves every query some weight; None otherwise."""
+    from attnscope.usertrace.masking import starved
+
+    if "attention" not in ctx.reference:
+        return None
+    mine = ctx.reference["attention"]
+    if bool(torch.isnan(mine).any()) or bool((mine == 0).all(-1).any()):
+        return None
+    return starved(ctx.records)
 
 
 def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | None:

@@ -48,6 +48,7 @@ WORDS = {
     "masked": "boolean, True = masked out (nn.MultiheadAttention's convention)",
     "additive": "additive float, 0 = may attend, -inf = masked",
     "float01": "float 0/1, 1 = may attend",
+    "float10": "float 0/1, 1 = masked out",
     "subtracted": "float, subtracted from the scores: 0 = may attend, +inf = masked",
     "additive_min": "additive float, 0 = may attend, finfo.min = masked (transformers' 4-D masks)",
 }
@@ -61,7 +62,7 @@ SHAPED_ONLY = ("ones_like", "zeros_like", "full_like", "empty_like", "rand_like"
 
 @dataclass
 class Convention:
-    kind: str  # attend | masked | additive | float01 | subtracted | additive_min
+    kind: str  # attend | masked | additive | float01 | float10 | subtracted | additive_min
     line: int | None = None
     how: str = ""  # the op that told it
     stated: str = ""  # where the code's own words give the other polarity (statedmask.py): 'line N: "..."'
@@ -81,6 +82,7 @@ class Convention:
                     f"{f' (line {self.line})' if self.line else ''}")
         reads = {"attend": "it masks where the mask is False", "masked": "it masks where the mask is True",
                  "additive": "it adds the mask to the scores", "float01": "it computes with the mask as numbers",
+                 "float10": "it computes with the mask as numbers, 1 where a key is masked",
                  "subtracted": "it subtracts the mask from the scores"}
         if self.compared:
             fill = "finfo.min" if self.kind == "additive_min" else "-inf"
@@ -94,6 +96,7 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
     derived: dict[int, tuple[bool, bool]] = {}  # record -> (inverted, made by arithmetic)
     compared: Convention | None = None  # a comparison only an additive mask's values answer (`mask < 0`)
     filled: dict[int, int] = {}  # record -> the line where cells of the mask were set to a large negative number
+    biased: dict[int, Convention] = {}  # record -> the polarity a `where(mask, number, number)` bias settled
     for record in records:
         sources = [_source(arg, derived, label) for arg in record.args]
         found = [s for s in sources if s is not None]
@@ -106,6 +109,7 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             continue
         reads = [arg[1][1] if arg[0] == "kw" else arg for arg in record.args]
         fill = next((filled[v] for kind, v in reads if kind == "rec" and v in filled), None)
+        bias = next((biased[v] for kind, v in reads if kind == "rec" and v in biased), None)
         edited = (name == "where" and len(sources) == 3 and sources[0] is None and any(sources[1:])) or (
             name.startswith("masked_fill") and len(sources) > 1 and sources[0] is not None and sources[1] is None)
         if name in MERGING and all(_boolean(a, records) for a in record.args if _is_tensor(a)):
@@ -127,6 +131,13 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
                               f"then {record.details.get('op', record.call)}")
         if fill is not None:
             filled[record.index] = fill
+        if bias is not None and others:  # a bias the code wrote from the mask by torch.where, now applied
+            return Convention(bias.kind, record.line, f"{bias.how}, then {record.details.get('op', record.call)}")
+        written_as = _where_bias(record, sources, inverted) if bias is None else bias
+        if written_as is not None:  # torch.where(mask, -inf, 0.0): a bias whose very negative side says the polarity
+            biased[record.index] = written_as
+            derived[record.index] = (inverted, True)
+            continue
         if others:  # the mask meets another tensor: this op applies it
             applied = _applied(record, inverted, arithmetic, others, _floated(record, sources, records))
             if compared is not None and applied.kind in ("attend", "masked"):
@@ -152,6 +163,25 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
         else:
             derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
     return _raised(failure, records, derived, label) or compared or Convention("attend")
+
+
+def _where_bias(record: Record, sources: list[tuple[bool, bool] | None], inverted: bool) -> Convention | None:
+    """The polarity `torch.where(mask, a, b)` settles where the mask (or what the code made of it) is its condition
+    and a and b are numbers, one of them very negative (-inf, finfo.min, -1e9): the mask's True is masked out where
+    the very negative number is written where the condition holds (`where(mask, -inf, 0.0)`), may attend where it is
+    written elsewhere (`where(mask, 0.0, -inf)`); None for any other op."""
+    if record.func != "where" or len(record.args) != 3 or sources[0] is None or any(sources[1:]):
+        return None
+    values = [_number(value) if kind == "text" else None for kind, value in record.args[1:]]
+    if any(v is None for v in values):
+        return None
+    low = [v is not None and v <= -1e4 for v in values]
+    if low[0] == low[1]:
+        return None
+    masked = low[0] != inverted
+    return Convention("masked" if masked else "attend", record.line,
+                      f"written into a bias, very negative where it is {masked} "
+                      f"(line {record.line}: {record.details.get('op', record.call)})")
 
 
 def _raised(failure: Failure | None, records: list[Record], derived: dict[int, tuple[bool, bool]], label: str
@@ -248,10 +278,12 @@ def _applied(record: Record, inverted: bool, arithmetic: bool, others: list[Any]
         return Convention("subtracted", record.line, op)
     if name in ADDS or name in ADDING:
         return Convention("additive", record.line, op)
-    if name == "scaled_dot_product_attention":
-        return Convention("attend", record.line, "F.scaled_dot_product_attention(attn_mask=...)")
+    if name == "scaled_dot_product_attention":  # `~mask` handed to SDPA: True = masked out, as the code reads it
+        return Convention("masked" if inverted else "attend", record.line,
+                          f"inverted, then {op}" if inverted else "F.scaled_dot_product_attention(attn_mask=...)")
     if name == "multi_head_attention_forward":
-        return Convention("masked", record.line, "nn.MultiheadAttention's attn_mask")
+        return Convention("attend" if inverted else "masked", record.line,
+                          f"inverted, then {op}" if inverted else "nn.MultiheadAttention's attn_mask")
     return Convention("attend")
 
 
@@ -334,6 +366,8 @@ def written(allowed: torch.Tensor, kind: str, dtype: torch.dtype, line: int | No
         return masks.to_additive(allowed).to(dtype)
     if kind == "float01":
         return allowed.to(dtype)
+    if kind == "float10":  # 0/1 numbers the other way round: `(1 - mask).bool()` handed to SDPA
+        return (~allowed).to(dtype)
     if kind == "subtracted":  # 0 where a key may be seen, +inf where not: scores - mask is -inf there
         return -masks.to_additive(allowed).to(dtype)
     return allowed
@@ -533,6 +567,21 @@ def masks_by_itself(records: list[Record]) -> Record | None:
             if bool((weights == 0).any()):
                 return r
     return after_softmax(records)
+
+
+def starved(records: list[Record]) -> Record | None:
+    """The first pattern (a softmax, a kernel's recomputed attention) with a query whose weights are all 0 or NaN: a
+    query that saw no key, which a mask leaving every query a key never makes (PyTorch's SDPA gives such a row zeros,
+    a plain softmax NaN); None where every row holds weight."""
+    import torch
+
+    for r in records:
+        if (r.func.split(".")[-1] in ("softmax", "_softmax") or r.label == "(attention)") \
+                and r.tensor.is_floating_point() and r.tensor.dim() >= 1 and r.tensor.shape[-1] > 0:
+            rows = r.tensor.detach()
+            if bool(torch.isnan(rows).any()) or bool((rows == 0).all(-1).any()):
+                return r
+    return None
 
 
 def after_softmax(records: list[Record]) -> Record | None:
