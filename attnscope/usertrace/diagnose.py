@@ -133,12 +133,9 @@ def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
 def _unfed(ctx: Context) -> Record | None:
     """The code's first pattern where some query saw no key (masking.starved: weights all 0 or NaN) where the
     reference's attention leaves every query some weight; None otherwise."""
-    from attnscope.usertrace.masking import starved
+    from attnscope.usertrace.masking import no_key, starved
 
-    if "attention" not in ctx.reference:
-        return None
-    mine = ctx.reference["attention"]
-    if bool(torch.isnan(mine).any()) or bool((mine == 0).all(-1).any()):
+    if "attention" not in ctx.reference or no_key(ctx.reference["attention"]):
         return None
     return starved(ctx.records)
 

@@ -71,7 +71,7 @@ def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
                 for i in range(1, rank + 1):
                     _settle(named, -i, out[child.index][-i])
                 continue
-            order = _permutation(record.tensor, child.tensor)
+            order = permutation(record.tensor, child.tensor)
             if order is not None:
                 for axis, source in enumerate(order):
                     _settle(named, source, out[child.index][axis])
@@ -118,7 +118,7 @@ def _from_parents(record: Record, dims: Dims, sources: list[tuple[Dims, torch.Te
     for parent_dims, parent in sources:
         if not any("|" in d for d in named):
             break
-        order = _permutation(parent, record.tensor)
+        order = permutation(parent, record.tensor)
         if order is not None:
             for axis, source in enumerate(order):
                 _settle(named, axis, parent_dims[source])
@@ -152,7 +152,7 @@ def _is(name: str, candidate: str) -> bool:
     return candidate in name.split("|")
 
 
-def _permutation(parent: torch.Tensor, tensor: torch.Tensor) -> tuple[int, ...] | None:
+def permutation(parent: torch.Tensor, tensor: torch.Tensor) -> tuple[int, ...] | None:
     """The axis order of `parent` that gives `tensor` (a transpose, a permute, .T), found by the numbers;
     None when it is not one, or when the identity would do (the names then follow by position)."""
     if parent.dim() != tensor.dim() or parent.dim() > 5 or parent.shape == tensor.shape and torch.equal(parent, tensor):

@@ -557,10 +557,10 @@ def masks_by_itself(records: list[Record]) -> Record | None:
     from attnscope.usertrace.sinkcols import joined_at
 
     # online softmax (chunked, flash-style) never calls one: each block's exp(scores − max) stands for the pattern
-    online = not any(r.func.split(".")[-1] in ("softmax", "_softmax") or r.label == "(attention)" for r in records)
+    online = not any(_pattern(r) for r in records)
     for r in records:
         name = r.func.split(".")[-1]
-        if (name in ("softmax", "_softmax") or r.label == "(attention)" or (online and name in ("exp", "exp_"))) \
+        if (_pattern(r) or (online and name in ("exp", "exp_"))) \
                 and r.tensor.is_floating_point() and bool((r.tensor == 0).any()):
             sink = joined_at(r, records) if name != "(attention)" else None  # a sink's column weighs no key
             weights = r.tensor if sink is None else r.tensor[..., 1:] if sink == 0 else r.tensor[..., :-1]
@@ -573,15 +573,27 @@ def starved(records: list[Record]) -> Record | None:
     """The first pattern (a softmax, a kernel's recomputed attention) with a query whose weights are all 0 or NaN: a
     query that saw no key, which a mask leaving every query a key never makes (PyTorch's SDPA gives such a row zeros,
     a plain softmax NaN); None where every row holds weight."""
+    for r in records:
+        if _pattern(r) and r.tensor.is_floating_point() and r.tensor.dim() >= 1 and r.tensor.shape[-1] > 0 \
+                and no_key(r.tensor.detach()):
+            return r
+    return None
+
+
+def no_key(weights: torch.Tensor) -> bool:
+    """Whether some query of `weights` [.., n_Q, n_K] saw no key: a NaN in them, or a row all 0."""
     import torch
 
-    for r in records:
-        if (r.func.split(".")[-1] in ("softmax", "_softmax") or r.label == "(attention)") \
-                and r.tensor.is_floating_point() and r.tensor.dim() >= 1 and r.tensor.shape[-1] > 0:
-            rows = r.tensor.detach()
-            if bool(torch.isnan(rows).any()) or bool((rows == 0).all(-1).any()):
-                return r
-    return None
+    return bool(torch.isnan(weights).any()) or bool((weights == 0).all(-1).any())
+
+
+def _softmax(record: Record) -> bool:
+    return record.func.split(".")[-1] in ("softmax", "_softmax")
+
+
+def _pattern(record: Record) -> bool:
+    """A pattern the code holds: a softmax's, or a kernel's recomputed attention."""
+    return _softmax(record) or record.label == "(attention)"
 
 
 def after_softmax(records: list[Record]) -> Record | None:
@@ -594,7 +606,7 @@ def after_softmax(records: list[Record]) -> Record | None:
 
     from attnscope.usertrace.dropouts import RANDOM
 
-    softmax = next((r for r in records if r.func.split(".")[-1] in ("softmax", "_softmax")), None)
+    softmax = next((r for r in records if _softmax(r)), None)
     if softmax is None or not softmax.tensor.is_floating_point() or bool((softmax.tensor == 0).any()):
         return None
     drawn: set[int] = set()  # records with a random op in their history (a dropout in eval() mode draws nothing)

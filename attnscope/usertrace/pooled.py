@@ -129,6 +129,7 @@ def _by_sibling(module: Any, records: list[Record], lined: LineUp, found: Pooled
     from torch import nn
 
     from attnscope.usertrace.align import Layout, ancestors
+    from attnscope.usertrace.dims import permutation
     from attnscope.usertrace.flow import along_tokens, linears_of
     from attnscope.usertrace.reference import mentioned
 
@@ -152,7 +153,8 @@ def _by_sibling(module: Any, records: list[Record], lined: LineUp, found: Pooled
     spare = [name for name, m in linears.items() if isinstance(m, nn.Linear) and m is not used
              and isinstance(used, nn.Linear) and m.weight.shape == used.weight.shape
              and (m.bias is None) == (used.bias is None) and not mentioned(name, records)]
-    order = _order(start.tensor, records[mixing[0].parents[0]].tensor)
+    read = records[mixing[0].parents[0]].tensor  # the projection laid out as the Linear reads it
+    order = list(range(read.dim())) if torch.equal(start.tensor, read) else permutation(start.tensor, read)
     if len(spare) != 1 or order is None:
         return found
     sibling = linears[spare[0]]
@@ -182,19 +184,6 @@ def _merged(layout: Layout, pooled: torch.Tensor, step: Any, axis: int, size: in
     if "d_head" in step.dims:  # [n_batch, heads, n, d_head] -> [n_batch, n, heads·d_head]
         tensor = tensor.transpose(1, 2).flatten(2)
     return tensor.detach()
-
-
-def _order(start: torch.Tensor, read: torch.Tensor) -> list[int] | None:
-    """The permutation of `start`'s axes that gives `read` (`k.transpose(1, 2)`), or None."""
-    import itertools
-
-    if start.dim() != read.dim() or start.dim() > 5:
-        return None
-    for order in itertools.permutations(range(start.dim())):
-        laid = start.permute(order)
-        if laid.shape == read.shape and torch.equal(laid, read):
-            return list(order)
-    return None
 
 
 def _from_projection(records: list[Record], trace: Trace, role: str, operand: int, parts: dict[str, Any]
