@@ -170,9 +170,19 @@ def sdpa_bytes(batch: int, n_Q: int, n_K: int, d_K: int, d_V: int, spec: Attenti
     tuned = batch * n_Q * d_K if spec.temperature is not None else 0  # Q_tuned
     # scores, [capped_scores], [biased_scores], [masked_scores], attention; alibi_bias is [1, n_Q, n_K]
     matrices = batch * n_Q * n_K * (2 + masked + softcap + alibi + bool(bias)) + (n_Q * n_K if alibi else 0) + bias
-    sinks = 1 + batch * n_Q if spec.sinks else 0  # sinks [1] (random inputs have one head), sink_weight [.., n_Q]
-    return (itemsize * (inputs + normed + rotated + tuned + matrices + sinks + batch * n_Q * d_V)
-            + _masks(n_Q, n_K, spec, user_mask, pad) + _scales(spec, n_Q))
+    # sinks: [1] (the inputs have one head), float32 as --sinks gives them; sink_weight [.., n_Q] a matrix's width
+    sinks = 4 if spec.sinks else 0
+    matrices += batch * n_Q if spec.sinks else 0
+    return (itemsize * (inputs + normed + rotated + tuned + batch * n_Q * d_V) + accumulated(itemsize) * matrices
+            + sinks + _masks(n_Q, n_K, spec, user_mask, pad) + _scales(spec, n_Q))
+
+
+def accumulated(itemsize: int) -> int:
+    """The bytes of an element of the scores, their biases, masked scores, the attention and the sinks' weight: a
+    half-precision run computes them in float32 (dot_product.accumulate_dtype, as PyTorch's math path
+    `_scaled_dot_product_attention_math` upcasts), any other in its own dtype. Counting them at 2 bytes made
+    `bench --dtype bfloat16` estimate half of what CUDA measured (docs/performance.md)."""
+    return 4 if itemsize == 2 else itemsize
 
 
 def _masks(n_Q: int, n_K: int, spec: AttentionSpec, user_mask: bool, pad: bool) -> int:
@@ -226,9 +236,10 @@ def mha_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     matrices = (batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi + bool(position_bias))
                 + (n_head * n_Q * n_K if alibi else 0) + position_bias)
     outputs = 2 * batch * n_Q * q_width + batch * n_Q * d_feat  # x_raw, x_rsh1, x
-    sinks = n_head + batch * n_head * n_Q if spec.sinks else 0  # the parameter [n_head], sink_weight
-    return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + matrices + outputs + sinks)
-            + _masks(n_Q, n_K, spec, user_mask, pad) + _scales(spec, n_Q))
+    sinks = n_head if spec.sinks else 0  # the parameter [n_head]; sink_weight [.., n_Q] is a matrix's width
+    matrices += batch * n_head * n_Q if spec.sinks else 0
+    return (itemsize * (weights + inputs + feats + rotated + tuned + cached + repeated + outputs + sinks)
+            + accumulated(itemsize) * matrices + _masks(n_Q, n_K, spec, user_mask, pad) + _scales(spec, n_Q))
 
 
 def kv_cache_bytes(batch: int, n_kv_head: int, n_K: int, d_K: int, d_V: int, itemsize: int) -> int:
@@ -267,5 +278,5 @@ def mla_bytes(batch: int, n_Q: int, n_K: int, d_feat: int, n_head: int, spec: At
     joined = batch * n_head * (n_Q + n_K) * d_K + batch * n_K * kv_width  # Q_full, K_full, KV_up
     matrices = batch * n_head * n_Q * n_K * (2 + masked + softcap + alibi) + (n_head * n_Q * n_K if alibi else 0)
     outputs = 2 * batch * n_Q * n_head * d_V + batch * n_Q * d_feat  # x_raw, x_rsh1, x
-    return itemsize * (weights + inputs + query_steps + gathered + feats + rotated + cached + joined + matrices
-                       + outputs) + _masks(n_Q, n_K, spec, user_mask, pad)
+    return (itemsize * (weights + inputs + query_steps + gathered + feats + rotated + cached + joined + outputs)
+            + accumulated(itemsize) * matrices + _masks(n_Q, n_K, spec, user_mask, pad))

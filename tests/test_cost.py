@@ -189,3 +189,38 @@ def test_the_rope_tables_hold_the_positions_before_key_0(monkeypatch, command, n
                                                                            **base))}[command]
     estimated, traced = _estimated_and_traced(monkeypatch, module, run, asked)
     assert estimated == traced
+
+
+HALF = [{"causal": causal, "alibi": alibi, "softcap": softcap, "rope": rope, "sinks": sinks, "pad": pad}
+        for causal in (None, "lower-right") for alibi in (False, True) for softcap in (None, 5.0)
+        for rope, sinks, pad in ((False, None, 0), (True, "random", 2))]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("options", HALF, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items() if v) or "plain")
+def test_half_precision_estimates_count_the_float32_scores(tmp_path, dtype, options):
+    """A half-precision run holds its scores, masked scores, attention and sink weights in float32 (as PyTorch's
+    math path upcasts); the estimate `bench --dtype bfloat16` prints counted them at 2 bytes, half of what CUDA
+    measured. Each estimate against the traced run's own bytes, on inputs of that dtype."""
+    from attnscope.runs import latent, mha, sdpa
+
+    files = {}
+    for name, shape in (("q", (2, 4, 8)), ("k", (2, 6, 8)), ("v", (2, 6, 5)), ("x", (2, 4, 16))):
+        files[name] = str(tmp_path / f"{name}.pt")
+        torch.save(torch.randn(*shape, generator=torch.Generator().manual_seed(len(name)), dtype=dtype), files[name])
+    flags = {"causal": options["causal"], "alibi": options["alibi"], "softcap": options["softcap"],
+             "rope": options["rope"], "pad": options["pad"], "sinks": options["sinks"]}
+    pad = bool(options["pad"])
+    asked = SdpaOptions(q=files["q"], k=files["k"], v=files["v"], **flags)
+    ran = run_sdpa(asked)
+    assert ran.trace["attention"].dtype == torch.float32
+    assert cost.sdpa_bytes(2, 4, 6, 8, 5, sdpa.prepare(asked), itemsize=2, pad=pad) == ran.peak_bytes
+    asked = MhaOptions(q=files["x"], d_feat=16, heads=4, **flags)
+    ran = run_mha(asked)
+    assert cost.mha_bytes(2, 4, 4, 16, 4, mha.prepare(asked), itemsize=2, pad=pad) == ran.peak_bytes
+    if options["sinks"] is None:  # latent attention takes no sinks
+        asked = MhaOptions(q=files["x"], d_feat=16, heads=2, kv_lora_rank=3, **flags)
+        ran = latent.run_latent(asked)
+        assert ran.trace["attention"].dtype == torch.float32
+        assert cost.mla_bytes(2, 4, 4, 16, 2, latent.prepare(asked)[1], itemsize=2, pad=pad,
+                              bias=asked.bias) == ran.peak_bytes

@@ -54,6 +54,21 @@ def eager_attentions(model, **inputs) -> tuple:
         model.set_attn_implementation(impl)
 
 
+def watched_padded(model) -> tuple:
+    """Two sequences of 9 tokens on the model's device, element 1 left-padded by 2, run plain and watched: the
+    watched logits must equal the plain ones bit for bit. Returns the ids, the mask and what was seen."""
+    device = next(model.parameters()).device
+    ids = torch.randint(1, 64, (2, 9), generator=torch.Generator().manual_seed(3)).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask).logits
+        with watch(model) as seen:
+            watched = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(plain, watched)
+    return ids, mask, seen
+
+
 CELLS = [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("gemma2", "eager"), ("mistral", "sdpa"),
          ("gpt_oss", "eager")]
 
@@ -61,24 +76,24 @@ CELLS = [("llama", "sdpa"), ("llama", "eager"), ("qwen3", "sdpa"), ("gemma2", "e
 @pytest.mark.parametrize(("family", "impl"), CELLS, ids=[f"{f}-{i}" for f, i in CELLS])
 def test_every_layer_equals_eager_and_outputs_are_untouched(family, impl):
     model = tiny(family, impl)
-    ids = torch.randint(1, 64, (2, 9), generator=torch.Generator().manual_seed(3))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0  # element 1 left-padded
-    with torch.no_grad():
-        plain = model(input_ids=ids, attention_mask=mask).logits
-        with watch(model) as seen:
-            watched = model(input_ids=ids, attention_mask=mask).logits
-    assert torch.equal(plain, watched)  # bit for bit
+    ids, mask, seen = watched_padded(model)
     assert model.config._attn_implementation == impl  # never switched to eager
+    assert_every_layer_is_eagers(model, ids, mask, seen, TOLERANCE)
+
+
+def assert_every_layer_is_eagers(model, ids, mask, seen, tolerance: float) -> None:
+    """Each watched layer's patterns, on the CPU in float32, against transformers' eager attentions on the model's
+    device and dtype (rows of padded queries left out: eager's and SDPA's fills differ, no pattern to read)."""
     eager = eager_attentions(model, input_ids=ids, attention_mask=mask)
     assert seen.layers == list(range(len(eager)))
     for layer, theirs in enumerate(eager):
+        theirs = theirs.float().cpu()
         for batch in range(2):
             ours = seen.patterns(layer, batch)
             assert ours.dtype == torch.float32 and ours.device.type == "cpu"
-            real = mask[batch].bool()  # padded queries' rows: eager's and SDPA's fills differ, no pattern to read
-            torch.testing.assert_close(ours[:, real], theirs[batch][:, real], atol=TOLERANCE, rtol=0)
-        torch.testing.assert_close(seen.pattern(layer, 1, batch=0), theirs[0, 1], atol=TOLERANCE, rtol=0)
+            real = mask[batch].bool().cpu()
+            torch.testing.assert_close(ours[:, real], theirs[batch][:, real], atol=tolerance, rtol=0)
+        torch.testing.assert_close(seen.pattern(layer, 1, batch=0), theirs[0, 1], atol=tolerance, rtol=0)
     assert all(c.passed for c in seen.check())
 
 
