@@ -3,8 +3,10 @@ module with a scaled-dot-product helper and a comment on its masking line; a cor
 mask function, its docstring saying `True = masked`; a key-padding cross-attention that folds its heads into the
 batch, its docstring saying the padded keys are filled where the mask is False; and a `torch.where` module whose
 forward's docstring gives the HF-like "1 for tokens to attend, 0 for padding"; and functions on heads-last inputs
-whose words are those of the helper they call, which takes the same mask (flax's). Each comes right and with its mask
-read the other way round (`mask.polarity`); one more reads its mask as its words say but scales twice."""
+whose words are those of the helper they call, which takes the same mask (flax's; the flipped one, which hands the
+helper its mask turned round, says so in its own words: the helper's words alone are said of what it is handed).
+Each comes right and with its mask read the other way round (`mask.polarity`); one more reads its mask as its words
+say but scales twice."""
 
 from __future__ import annotations
 
@@ -169,6 +171,8 @@ def heads_last_attention(query, key, value, mask=None):
 
 
 def heads_last_flipped(query, key, value, mask=None):
+    """Attention of query, key and value [batch, length, heads, depth]; mask as attention_weights takes it: False
+    means the weight is masked out."""
     weights = attention_weights(query, key, None if mask is None else ~mask)
     return torch.einsum("bhqk,bkhd->bqhd", weights, value)
 

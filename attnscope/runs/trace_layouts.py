@@ -55,8 +55,11 @@ def first_run(r: RunSoFar) -> Made:
 def _causal_switch(r: RunSoFar) -> None:
     """Under --causal, a switch of the code's own (`is_causal=False`, `causal: bool = False`) given True where its
     truth makes the code mask the future keys itself (usertrace/causalflag.py, by experiment), its mask parameters
-    None, so that the mask is made once, by the code. Not with a --mask file or --window, nor where the rule masks
-    nothing (a decode step of one query): there trace's mask goes where it went."""
+    None, so that the mask is made once, by the code; under --window, one whose truth makes the code build a sliding
+    window itself. Beside a --mask file, the mask parameter keeps the file alone, the rule the switch's, unless the
+    code raises with both and runs without the switch (SDPA refuses an attn_mask beside is_causal=True in some
+    versions: there trace's mask holds both and the switch keeps its default). Not where the rule masks nothing (a
+    decode step of one query), nor where the code raises with the switch True (_switch_raised)."""
     import inspect
 
     from attnscope import masks
@@ -64,34 +67,77 @@ def _causal_switch(r: RunSoFar) -> None:
     from attnscope.usertrace import causalflag
 
     o = r.o
-    if not o.causal or o.window or o.mask or r.plan.switched is not None:
+    if not (o.causal or o.window) or r.plan.switched is not None:
         return
     forward = r.module.forward if r.module is not None else r.fn  # as the plan was read (trace_setup.prepare)
     names = causalflag.candidates(forward, r.plan, r.target.obj if r.target.kind == "function" else None)
     if not names:
         return
     sizes: dict[str, int] = {}
+    failed: dict[str | None, Failure | None] = {}  # each switch tried (None: none) -> where the code raised with it
 
     def run(tried: Any) -> tuple[list[Any], bool]:
         made = attempted(functools.partial(r.run_plan, tried=tried), o)
+        failed[tried.switched] = made[2].failure if made is not None else None
         if made is None:
             return [], True
         sizes.update(made[0].sizes)
         return made[2].records, made[2].failure is not None
 
-    found = causalflag.read(r.plan, names, run)
+    band = o.window is not None
+    found = causalflag.read(r.plan, names, run, band)
+    if found is None:
+        _switch_raised(r, failed)
     if found is None or "n_Q" not in sizes or "n_K" not in sizes:
         return
-    rule, _ = masks.structural(AttentionSpec.asked(o.causal, None, o.cache), sizes["n_Q"], sizes["n_K"])
+    spec = AttentionSpec.asked(o.causal, o.window, o.cache, window_side=o.window_side)
+    rule, _ = masks.structural(spec, sizes["n_Q"], sizes["n_K"])
     if rule is None or bool(rule.all()):
         return  # one query of a decode step sees every key: the switch is not what the code needs
     name, own = found
     default = inspect.signature(forward).parameters[name].default
+    optional = [n for n in r.plan.optional if n != name]
     masked = [m for m in (r.plan.mask, *r.plan.other_masks) if m is not None]
+    if o.mask and r.plan.mask is not None:  # the file to the mask parameter, the rule to the switch
+        kept = dataclasses.replace(r.plan, switched=name, optional=optional,
+                                   said={**r.plan.said, name: causalflag.note(name, default, own, [], band,
+                                                                              r.plan.mask)})
+        if not run(kept)[1] or run(r.plan)[1]:  # it raises with both only where it raises without them too
+            r.plan = kept
+        return
     bare = r.plan.without_masks()
-    r.plan = dataclasses.replace(bare, switched=name, optional=[n for n in bare.optional if n != name],
+    r.plan = dataclasses.replace(bare, switched=name, optional=optional,
                                  said={**bare.said, **dict.fromkeys(masked, ""),  # said in the switch's note
-                                       name: causalflag.note(name, default, own, masked)})
+                                       name: causalflag.note(name, default, own, masked, band)})
+
+
+def _switch_raised(r: RunSoFar, failed: dict[str | None, Failure | None]) -> None:
+    """Refused where the code takes no mask, runs without one, and raises by a statement of its own (never in a torch
+    op it handed the value: a tensor parameter given True) with a switch of its own True (a forward whose
+    `is_causal=True` raises "not supported"): trace can give it the rule --causal (--window) asks for neither way,
+    and its own words say why."""
+    asked = f"--window {r.o.window}" if r.o.window else "--causal"
+    raised = [(name, f) for name, f in failed.items() if name is not None and f is not None and not f.op
+              and _raise_statement(r.target.path, f.line)]
+    if not raised or None not in failed or failed[None] is not None or r.plan.mask is not None or r.plan.other_masks:
+        return
+    name, failure = raised[0]
+    where = f" (line {failure.line})" if failure.line else ""
+    raise UsageError(f"{asked} asks for a mask your code applies, but {r.plan.signature} takes no mask and masks "
+                     f"nothing by itself, and with {name} = True it raised {failure.message}{where}; run it without "
+                     f"{asked}, or give it a way to mask")
+
+
+def _raise_statement(path: Any, line: int | None) -> bool:
+    """Whether `line` of the file at `path` holds a `raise` statement of the code's own."""
+    import ast
+    from pathlib import Path
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return False
+    return line is not None and any(isinstance(n, ast.Raise) and n.lineno == line for n in ast.walk(tree))
 
 
 def _decode_cache(r: RunSoFar) -> None:

@@ -146,6 +146,8 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
                 called = call(target, fn, plan, inputs, module, o.max_memory,
                               masking.written(form, read.kind, dtype, read.line), fed)
     apart = (o.mask and o.causal and plan.causal_mask() not in (None, plan.mask)) or plan.rule_beside
+    if plan.switched is not None:  # the rule is the code's own switch's (causalflag.py): the mask is the file alone
+        return _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
     if (keys_only or apart) and plan.other_masks and (o.causal or o.window) and called.failure is None:
         # the mask parameter takes key padding only (nn.MultiheadAttention's key_padding_mask), or the --mask file
         # beside a parameter named for the causal rule (CLIP's causal_attention_mask): the causal or window rule
@@ -165,8 +167,11 @@ def _finite_reading(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, 
                     convention: Convention, dtype: Any) -> tuple[Called, Convention]:
     """Where the boolean mask, written as the code's ops were read, leaves every query a key and the code's output is
     still not finite, or a query of its pattern saw no key (a polarity the data flow hid from trace: an inversion on
-    the way that its reading does not follow), the other reading of the mask, kept where the run then looks fed well
-    (fed_well), with a note: that run came from trace's feed failing, not from the code. Else the run as it was."""
+    the way that its reading does not follow), or its pattern keeps weight on a key the mask forbids while the zeros
+    it has fall on keys the mask allows (`scores + mask * -1e9`, the TensorFlow tutorial's 1 = masked, read as a bias
+    built from 1 = may attend), the other reading of the mask, kept where the run then looks fed well (fed_well) and,
+    in the last case, its pattern holds the mask (masking.holds), with a note: that run came from trace's feed
+    failing, not from the code. Else the run as it was."""
     import torch
 
     from attnscope.usertrace import masking
@@ -176,16 +181,22 @@ def _finite_reading(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, 
     allowed = inputs.allowed
     other = OTHER_WAY.get(convention.kind)
     if called.failure is not None or other is None or allowed is None or allowed.dtype != torch.bool \
-            or not bool(allowed.any(-1).all()) or fed_well(called):
+            or not bool(allowed.any(-1).all()):
+        return called, convention
+    starved = not fed_well(called)
+    if not starved and masking.holds(called.records, allowed, inputs.sizes) is not False:
         return called, convention
     torch.manual_seed(o.seed)
     again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, other, dtype), fed)
-    if again.failure is not None or not fed_well(again):
+    if again.failure is not None or not fed_well(again) or (
+            not starved and not masking.holds(again.records, allowed, inputs.sizes)):
         return called, convention
+    why = ("left a query no key (or its output not finite) although the mask leaves every query a key" if starved
+           else "kept weight on keys the mask forbids and gave none to keys it allows")
     inputs.notes.append(f"{plan.mask}: given {masking.WORDS[convention.kind]} as your code's ops were read, your "
-                        "code left a query no key (or its output not finite) although the mask leaves every query a "
-                        "key; given the other way round, it does not, and is read so")
-    return again, masking.Convention(other, convention.line, f"{convention.how or 'its ops'}, read the other way round")
+                        f"code {why}; given the other way round, it does not, and is read so")
+    how = "the bias it builds from the mask" if convention.how == "converted" else convention.how or "its ops"
+    return again, masking.Convention(other, convention.line, f"{how}, read the other way round")
 
 
 def fed_well(called: Called) -> bool:
@@ -216,7 +227,8 @@ def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inp
             or allowed.dtype != torch.bool or bool(allowed.all()) or inputs.also_masked or plan.mask is None:
         return called, convention
     traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
-    said = statedmask.read(target.path, convention.line, plan.mask, tuple(plan.other_masks), traced)
+    said = statedmask.read(target.path, convention.line, plan.mask, tuple(plan.other_masks), traced,
+                           masking.flow(called.records, plan.mask), convention.kind)
     if said is None or said.kind == convention.kind:
         return called, convention
     torch.manual_seed(o.seed)
@@ -225,7 +237,8 @@ def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inp
     if again.failure is not None:
         return called, convention
     words = said.words if len(said.words) <= 60 else said.words[:57] + "..."
-    return again, dataclasses.replace(convention, kind=said.kind, stated=f'line {said.line}: "{words}"')
+    turned = ", said of it turned round on its way there" if said.turned else ""
+    return again, dataclasses.replace(convention, kind=said.kind, stated=f'line {said.line}: "{words}"{turned}')
 
 
 def not_weights(tried: Plan, ran: tuple[Inputs, Feeds, Called, Convention | None],

@@ -59,9 +59,11 @@ def _boolish(p: inspect.Parameter) -> bool:
     return p.default is None and (not said or ("bool" in said and "Tensor" not in said))
 
 
-def read(plan: Plan, names: list[str], run: Runner) -> tuple[str, Record] | None:
+def read(plan: Plan, names: list[str], run: Runner, band: bool = False) -> tuple[str, Record] | None:
     """The first of `names` that is the code's causal switch, and the record of the weights it masks with it True,
-    by experiment (the module docstring); None where none is, or the code masks by itself at its defaults."""
+    by experiment (the module docstring); None where none is, or the code masks by itself at its defaults. With
+    `band` (--window), the switch is one whose truth masks a band along the diagonal instead (the code builds its
+    sliding window itself: every key past one diagonal and every key before another)."""
     import dataclasses
 
     from attnscope.usertrace.masking import masks_by_itself
@@ -73,15 +75,16 @@ def read(plan: Plan, names: list[str], run: Runner) -> tuple[str, Record] | None
     for name in names:
         records, failed = run(dataclasses.replace(bare, switched=name))
         own = masks_by_itself(records) if not failed else None
-        if own is not None and half_plane(own.tensor):
+        if own is not None and half_plane(own.tensor, band):
             return name, own
     return None
 
 
-def half_plane(weights: Any) -> bool:
+def half_plane(weights: Any, band: bool = False) -> bool:
     """Whether the cells of `weights` [.., a, b] at exactly 0 (and the rows of no key: NaN, or every weight alike) are
     one side of a diagonal, the same in every sequence and head: every cell j - i > d masked and none of the others,
-    or the other way round."""
+    or the other way round; with `band`, instead, both sides of a band along the diagonal (every cell j - i > d and
+    every cell j - i < e masked, none between: a sliding window)."""
     import torch
 
     if weights.dim() < 2 or weights.shape[-1] < 2:
@@ -102,12 +105,19 @@ def half_plane(weights: Any) -> bool:
             sides.append(bool(cells.all()))
         else:
             return False  # a diagonal half masked: no half-plane
-    return sum(x != y for x, y in zip(sides, sides[1:], strict=False)) == 1
+    turns = sum(x != y for x, y in zip(sides, sides[1:], strict=False))
+    return turns == 2 and sides[0] and sides[-1] if band else turns == 1
 
 
-def note(name: str, default: Any, own: Record, masks: list[str]) -> str:
-    """What the switch was given, and why."""
+def note(name: str, default: Any, own: Record, masks: list[str], band: bool = False, kept: str | None = None) -> str:
+    """What the switch was given, and why: with `band`, the window --window asks for; `kept`, the mask parameter
+    given the --mask file alone beside it (the rule the switch's, never given twice)."""
     given = f"; {', '.join(masks)} = None, so that the mask is made once, by your code" if masks else ""
-    return (f"{name} = True: with it your code masks by itself (line {own.line}: weights of exactly 0 on one side "
-            f"of a diagonal, none with {name} = {default!r}), the causal switch --causal asks for{given}; the "
-            "reference's causal mask is compared with your code's own")
+    given = (f"; {kept} was given the --mask file alone, so that the rule is made once, by your code" if kept
+             else given)
+    where = "outside a band along the diagonal" if band else "on one side of a diagonal"
+    asks = "the sliding window --window" if band else "the causal switch --causal"
+    rule = "window" if band else "causal"
+    return (f"{name} = True: with it your code masks by itself (line {own.line}: weights of exactly 0 {where}, none "
+            f"with {name} = {default!r}), {asks} asks for{given}; the reference's {rule} mask is compared with your "
+            "code's own")

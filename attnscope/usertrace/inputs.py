@@ -577,6 +577,7 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
     from attnscope.spec import AttentionSpec
 
     built, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache, window_side=o.window_side), n_Q, n_K)
+    built = None if plan.switched is not None else built  # the code's own switch makes the rule (causalflag.py)
     # [n_Q, n_K] -> [n_K, n_Q] for the column form
     built = built.transpose(0, 1) if built is not None and col else built
     # [1, n_Q, n_K], the Annotated Transformer's `subsequent_mask` shape: it broadcasts against [n_batch, n_Q, n_K]

@@ -148,14 +148,8 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             raised = _raised(failure, records, derived, label) if applied.line is None else None
             return raised or applied
         compared = compared or _compared_additive(record)
-        if name in INVERTING:
-            derived[record.index] = (not inverted, arithmetic)
-        elif name in COMPARING:
-            value = _literal(record.args[1]) if len(record.args) > 1 else None
-            flips = (value in (0, False)) == (name in ("__eq__", "eq"))
-            derived[record.index] = (inverted ^ flips, arithmetic)
-        elif name in BELOW or name in ABOVE:
-            derived[record.index] = (inverted ^ (name in BELOW), arithmetic)
+        if name in INVERTING + COMPARING + BELOW + ABOVE:
+            derived[record.index] = (inverted ^ _turns(record), arithmetic)
         elif name in ("scaled_dot_product_attention",):
             return Convention("attend", record.line, "F.scaled_dot_product_attention(attn_mask=...)")
         elif name == "multi_head_attention_forward":
@@ -163,6 +157,42 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
         else:
             derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
     return _raised(failure, records, derived, label) or compared or Convention("attend")
+
+
+def _turns(record: Record) -> bool:
+    """Whether an op of the mask alone turns its polarity round: `~mask`, `mask == 0`, `mask != 1`, `mask < 0.5`."""
+    name = record.func
+    if name in INVERTING:
+        return True
+    if name in COMPARING:
+        value = _literal(record.args[1]) if len(record.args) > 1 else None
+        return (value in (0, False)) == (name in ("__eq__", "eq"))
+    return name in BELOW
+
+
+def flow(records: list[Record], label: str) -> tuple[list[tuple[int, bool]], dict[str, bool]]:
+    """The mask parameter `label` followed through the ops of it alone (a view, a cast, an inversion, another
+    boolean mask merged in) to the ops that use it: each op that reads it, in the order run, with its line and
+    whether what it read was turned round (`~mask`, `mask == 0`, `1 - mask`); and each name the code gave what it
+    made of the mask, with the same. What the code's words say of a helper's parameter, or of a variable, is said of
+    the mask turned so (statedmask.py)."""
+    derived: dict[int, tuple[bool, bool]] = {}
+    uses: list[tuple[int, bool]] = []
+    names: dict[str, bool] = {}
+    for record in records:
+        sources = [_source(arg, derived, label) for arg in record.args]
+        found = [s for s in sources if s is not None]
+        if not found or record.func in SHAPED_ONLY:
+            continue
+        inverted = found[0][0]
+        uses.append((record.line, inverted))
+        others = [a for a, s in zip(record.args, sources, strict=True) if s is None and _is_tensor(a)]
+        if others and not (record.func in MERGING and all(_boolean(a, records) for a in others)):
+            continue  # it meets the scores (or another tensor): the mask goes no further
+        one = record.func == "__rsub__" and any(_literal(a) == 1 for a in record.args)  # `1 - mask`, of 0/1
+        derived[record.index] = (inverted ^ (_turns(record) or one), False)
+        names.update(dict.fromkeys(record.names, derived[record.index][0]))
+    return uses, names
 
 
 def _where_bias(record: Record, sources: list[tuple[bool, bool] | None], inverted: bool) -> Convention | None:
@@ -578,6 +608,29 @@ def starved(records: list[Record]) -> Record | None:
                 and no_key(r.tensor.detach()):
             return r
     return None
+
+
+def holds(records: list[Record], allowed: torch.Tensor | None, sizes: dict[str, int]) -> bool | None:
+    """Whether the code's first pattern (a softmax, a kernel's recomputed attention) [.., n_Q, n_K] gives no weight
+    to any key the mask `allowed` (True = may attend, [.., n_Q or 1, n_K]) forbids: True where it does not, False
+    where it keeps weight on such a key while some key the mask allows gets none (the mask applied the other way
+    round), None where that cannot be read (no pattern of those axes, a mask that forbids nothing, a batch it cannot
+    be laid on)."""
+    n_Q, n_K = sizes.get("n_Q"), sizes.get("n_K")
+    pattern = next((r.tensor for r in records if _pattern(r) and r.tensor.is_floating_point()), None)
+    if pattern is None or allowed is None or n_Q is None or n_K is None or pattern.dim() < 2 or allowed.dim() < 2 \
+            or tuple(pattern.shape[-2:]) != (n_Q, n_K) or allowed.shape[-1] != n_K \
+            or allowed.shape[-2] not in (1, n_Q) or bool(allowed.all()):
+        return None
+    grid = allowed.reshape(-1, allowed.shape[-2], n_K).expand(-1, n_Q, n_K)  # [1 or n_batch, n_Q, n_K]
+    if pattern.numel() % (grid.shape[0] * n_Q * n_K) or (grid.shape[0] > 1 and pattern.shape[0] % grid.shape[0]):
+        return None
+    weights = pattern.detach().reshape(grid.shape[0], -1, n_Q, n_K)  # batch-major: [n_batch, .., n_Q, n_K]
+    forbidden = ~grid[:, None].expand_as(weights)
+    none = (weights == 0) | weights.isnan()
+    if bool(none[forbidden].all()):
+        return True
+    return False if bool(none[~forbidden].any()) else None
 
 
 def no_key(weights: torch.Tensor) -> bool:

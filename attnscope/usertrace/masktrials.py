@@ -25,22 +25,41 @@ def trials_polarity(b: Base) -> Iterator[Trial]:
                     "allowed: True read as masked out where it means may attend, or the reverse "
                     "(nn.MultiheadAttention's attn_mask convention against the tutorials' "
                     "masked_fill(mask == 0, -1e9) and F.scaled_dot_product_attention's)")
+        apart = _padding_apart(b)
+        if apart is not None:  # the padding read the other way round beside a rule of the code's own (causalflag.py)
+            ruled, keys = apart
+            yield Trial(replay(b, allowed=ruled & ~keys), "the key padding is read the other way round: {who} is what "
+                        "the reference computes with the padding inverted beside the causal or window rule, every "
+                        "padded key seen and every other masked: True read as masked out where it means may attend, "
+                        "or the reverse (fairseq's key_padding_mask, 1 = a pad, against transformers' "
+                        "attention_mask, 1 = a real token)")
+
+
+def _padding_apart(b: Base) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The reference's mask as the causal or window rule and key padding (a --mask file's, or trace's) apart, each
+    as large as the mask (True = may attend), where it is their two together; None where it is not. The padding is
+    read off the reference's mask: the keys it masks wherever the rule lets them be seen."""
+    assert b.allowed is not None
+    rule = _rule(b)
+    if rule is None:
+        return None
+    ruled = rule.expand_as(b.allowed)
+    keys = ((b.allowed & ruled).any(-2, keepdim=True) | ~ruled.any(-2, keepdim=True)).expand_as(b.allowed)
+    if bool((~keys).any()) and bool(((keys & ruled) == b.allowed).all()):
+        return ruled, keys
+    return None
 
 
 def trials_after_softmax(b: Base) -> Iterator[Trial]:
     if not has_mask(b):
         return
     assert b.allowed is not None
-    # key padding (a --mask file's, or trace's) before the softmax, the causal or window rule after: code that
-    # applies its two masks apart (CLIP's attention_mask, then causal_attention_mask). The padding is read off the
-    # reference's mask: the keys it masks wherever the rule lets them be seen
+    # key padding before the softmax, the causal or window rule after: code that applies its two masks apart (CLIP's
+    # attention_mask, then causal_attention_mask)
     splits: list[tuple[torch.Tensor, torch.Tensor | None]] = [(b.allowed, None)]
-    rule = _rule(b)
-    if rule is not None:
-        ruled = rule.expand_as(b.allowed)
-        keys = ((b.allowed & ruled).any(-2, keepdim=True) | ~ruled.any(-2, keepdim=True)).expand_as(b.allowed)
-        if bool((~keys).any()) and bool(((keys & ruled) == b.allowed).all()):
-            splits.append((ruled, keys))
+    apart = _padding_apart(b)
+    if apart is not None:
+        splits.append(apart)
     for after, before in splits:
         part = "the mask" if before is None else "the causal or window rule (the key padding applied before it)"
         yield Trial(replay(b, mask="after", allowed=after, before=before), f"{part} is applied after the softmax: "

@@ -28,8 +28,9 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-_TRUE = r"true|ones?|non-?zeros?|(?<![\w.+\-])1(?!\w|\.\d)"  # a 1 or 0 that ends a sentence, never 1.5 or 0.1
-_FALSE = r"false|zeros?|(?<![\w.+\-])0(?!\w|\.\d)"
+# a 1 or 0 (or 1s, as fairseq's "padding elements are indicated by 1s"), never 1.5 or 0.1
+_TRUE = r"true|ones?|non-?zeros?|(?<![\w.+\-])1(?:s\b)?(?!\w|\.\d)"
+_FALSE = r"false|zeros?|(?<![\w.+\-])0(?:s\b)?(?!\w|\.\d)"
 # "not masked" before "masked": the first alternative that matches at a place wins
 _ATTEND = (r"not (?:be )?(?:masked|padd?(?:ed|ing)?|ignored|blocked|hidden)|non-?(?:masked|padd?(?:ed|ing)?)|unmasked"
            r"|(?:may|can|should|to|will)(?: be)? attend(?:ed)?|attend(?:ed|s|ing)?|keep|kept|valid|visible|allowed"
@@ -43,7 +44,8 @@ _JOIN = r"\s*(?:=|==|:|->|→|means?|for|where|when|if|indicates?|marks?|is|are|
 _VALUE_FIRST = re.compile(rf"\b(?P<value>{_TRUE}|{_FALSE}){_JOIN}(?:[\w`'*]+\s+){{0,6}}?(?:{_MEANING})\b", re.I)
 # what it means, then the value: "filled with -finfo.max where False", "positions to ignore are True"
 _MEANING_FIRST = re.compile(rf"\b(?:{_MEANING})\b(?:[^.;:\n]|\.(?=\S)){{0,40}}?\b"
-                            r"(?:where|when|if|is|are|=|set to|equal to)\s+(?:(?:the|its|a|this)\s+)?"
+                            r"(?:where|when|if|is|are|=|set to|equal to|(?:(?:is|are)\s+)?(?:indicated|marked|denoted"
+                            r"|represented) (?:by|with|as))\s+(?:(?:the|its|a|this)\s+)?"
                             rf"(?:\w*mask\w*\s+(?:is\s+|==\s*)?)?(?P<value>{_TRUE}|{_FALSE})\b", re.I)
 # a large negative value written where the mask has a value: "Write a very low value (indicating -inf) to the positions
 # where mask == 0" (Umar Jamil's transformer), "fill the scores with -1e9 where the mask is False": masked there
@@ -62,49 +64,100 @@ class Stated:
     kind: str  # "attend" (True = may attend) or "masked" (True = masked out)
     line: int
     words: str  # the sentence that says it
+    turned: bool = False  # said of what the code made of the mask turned round (a helper's parameter, a variable)
+
+
+# the mask followed through the code (masking.flow): each op that reads it (its line, whether what it read was
+# turned round), and each name the code gave what it made of it (with the same)
+Flow = tuple[list[tuple[int, bool]], dict[str, bool]]
 
 
 def read(path: Path, line: int | None, parameter: str, others: tuple[str, ...] = (),
-         traced: tuple[str, ...] = ()) -> Stated | None:
-    """The polarity the code's words give `parameter`'s mask, read nearest the line that applies it first."""
+         traced: tuple[str, ...] = (), flow: Flow | None = None, reads: str | None = None) -> Stated | None:
+    """The polarity the code's words give `parameter`'s mask, read nearest the line that applies it first. Words of
+    a helper's parameter that the mask reaches turned round (`fill(scores, ~mask)` into `def fill(scores, mask):
+    "True = masked"`), or of a variable that holds it turned round (`# pad: True = masked` over `pad = mask == 0`),
+    are said of the mask turned back. Words of a helper or a comment that agree with the ops' reading `reads` say
+    only that the helper keeps its own word, and the next place is read; the traced target's own words (its class's,
+    its forward's, the file's) decide either way, as words that disagree anywhere do."""
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source)
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return None
     comments = _comments(source)
-    for place in _places(tree, comments, line, traced, parameter):
+    uses, names = flow if flow is not None else ([], {})
+    own = _own_lines(tree, traced)
+    for place in _places(tree, comments, line, traced, parameter, uses):
         found: dict[str, Stated] = {}
-        for text, at in place:
+        mine = True  # whether every text that says something here is the traced target's own
+        for text, at, turned in place:
             for s in _statements(text, at, parameter, others):
-                found.setdefault(s.kind, s)
+                flip = bool(turned) if turned is not None else _named(s.words, text, parameter, names)
+                kind = {"attend": "masked", "masked": "attend"}[s.kind] if flip else s.kind
+                found.setdefault(kind, Stated(kind, s.line, s.words, flip))
+                mine = mine and turned is False and at in own
         if len(found) == 1:
             said = next(iter(found.values()))
-            return Stated(said.kind, _line_of(source, said.line, said.words), said.words)
+            if said.kind == reads and not mine:
+                continue  # a helper (a comment) that keeps its own word says nothing of the contract trace is under
+            return Stated(said.kind, _line_of(source, said.line, said.words), said.words, said.turned)
     return None  # where one place says both polarities, it says none: the next one is read
 
 
+def _own_lines(tree: ast.Module, traced: tuple[str, ...]) -> set[int]:
+    """The first lines of the traced target's own docstrings (its classes', their forwards', the function's) and
+    the file's: words there are the contract trace calls the code under."""
+    holders = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+    named = [n for n in holders if n.name in traced]
+    return {1, *(n.lineno for c in named for n in [c, *_forwards(c)])}
+
+
+def _named(words: str, text: str, parameter: str, names: dict[str, bool]) -> bool:
+    """Whether a comment's words are said of a variable holding the mask turned round: the sentence names one the
+    code gave what it made of the mask (`pad: True = masked`), and not the mask parameter itself."""
+    sentence = next((s for s in re.split(r"(?<=[.;])\s+|\n", text) if words in " ".join(s.split())), text)
+    said = set(re.findall(r"\w+", sentence))
+    if parameter in said:
+        return False
+    return any(names.get(name, False) for name in said)
+
+
 def _places(tree: ast.Module, comments: dict[int, str], line: int | None, traced: tuple[str, ...],
-            parameter: str) -> list[list[tuple[str, int]]]:
-    """The texts to read, nearest first: each a list of (text, its first line)."""
-    places: list[list[tuple[str, int]]] = []
+            parameter: str, uses: list[tuple[int, bool]]) -> list[list[tuple[str, int, bool | None]]]:
+    """The texts to read, nearest first: each a list of (text, its first line, whether what it speaks of holds the
+    mask turned round; None for a comment, which says by its names)."""
+    places: list[list[tuple[str, int, bool | None]]] = []
     holders = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+    own = {id(n) for n in holders if n.name in traced and n.col_offset == 0}
+    own |= {id(f) for n in holders if id(n) in own for f in _forwards(n)}
+
+    def turned(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+        """Whether the mask reached `node` (a function; a class's forward) turned round: the first op inside it that
+        reads the mask read it so. Never for the traced class or function, which trace hands the mask itself."""
+        if id(node) in own:
+            return False
+        if isinstance(node, ast.ClassDef):
+            return any(turned(f) for f in _forwards(node))
+        first, last = node.lineno, getattr(node, "end_lineno", None) or node.lineno
+        return next((inverted for at, inverted in uses if first <= at <= last), False)
+
     if line is not None:
         inner = [n for n in holders if n.lineno <= line <= (n.end_lineno or n.lineno)]
         function = max((n for n in inner if not isinstance(n, ast.ClassDef)), key=lambda n: n.lineno, default=None)
         top = function.lineno if function is not None else 1
-        places.append([(comments[i], i) for i in range(max(top, line - 2), line + 1) if i in comments])
+        places.append([(comments[i], i, None) for i in range(max(top, line - 2), line + 1) if i in comments])
         around = sorted(inner, key=lambda n: -n.lineno)
-        places.append([(d, n.lineno) for n in around if (d := ast.get_docstring(n))])
+        places.append([(d, n.lineno, turned(n)) for n in around if (d := ast.get_docstring(n))])
     for name in traced:  # the traced class and the classes it inherits from in the file, or the function
         named = [n for n in holders if n.name == name and n.col_offset == 0]
-        places.append([(d, n.lineno) for c in named for n in [c, *_forwards(c)] if (d := ast.get_docstring(n))])
+        places.append([(d, n.lineno, False) for c in named for n in [c, *_forwards(c)] if (d := ast.get_docstring(n))])
     if (d := ast.get_docstring(tree)) is not None:
-        places.append([(d, 1)])
+        places.append([(d, 1, False)])
     # the functions the traced target reaches that take a parameter of the mask's name (flax's
     # dot_product_attention_weights, which the dot_product_attention traced calls; a method of its class): what
     # they say of it. Never a neighbour the target does not reach: a file of several styles says each its own
-    places.append([(d, n.lineno) for n in _reached(tree, traced) if parameter in _names(n)
+    places.append([(d, n.lineno, turned(n)) for n in _reached(tree, traced) if parameter in _names(n)
                    and (d := ast.get_docstring(n))])
     return places
 
