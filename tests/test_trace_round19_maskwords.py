@@ -45,8 +45,8 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
         want = m.dense(merged(F.scaled_dot_product_attention(heads(m.wq(x)), heads(m.wk(x)), heads(m.wv(x)),
                                                              attn_mask=allowed)))
         assert torch.allclose(m(x, x, x, ~allowed), want, atol=1e-10)  # 1 = masked, added as mask * -1e9
-        for bug in ("kv_swapped", "scale_d_head"):
-            assert _changed(planted(styles.TfTutorialPort, m, bug, x, x, x, ~allowed), want), bug
+        for bug in ("kv_swapped", "scale_d_head", "polarity"):
+            assert _changed(planted(styles.TfTutorialPort, m, bug, x, x, x, (~allowed).double()), want), bug
 
         m = moved(styles.FairseqPadCausal(), 3)
         want = m.out_proj(merged(F.scaled_dot_product_attention(heads(m.q_proj(x)), heads(m.k_proj(x)),
@@ -90,7 +90,8 @@ def _args(rule, padding):
 
 
 CORRECT = [("HfEncoderHelper", "causal"), ("HfEncoderHelper", "padding"), ("TfTutorialPort", "causal"),
-           ("TfTutorialPort", "padding"), ("FairseqPadCausal", "both"), ("FairseqPadCausal", "causal"),
+           ("TfTutorialPort", "padding"), ("TfTutorialStated", "causal"), ("FairseqPadCausal", "both"),
+           ("FairseqPadCausal", "causal"),
            ("MistralOwnWindow", "window"), ("CommentedKeep", "causal"), ("CommentedKeep", "padding")]
 
 
@@ -100,7 +101,7 @@ def test_correct_code_passes_whatever_its_words_and_switches_say(runner, padding
     assert_passes(code, out)
     notes = out["notes"]
     assert not any("own words say" in n for n in notes), notes
-    if name == "TfTutorialPort":  # `mask * -1e9`: read by what its weights show, not as a bias from 1 = may attend
+    if name.startswith("TfTutorial"):  # `mask * -1e9`: read by what its weights show, not as a bias from 1 = may attend
         assert any(n.startswith("mask: boolean, True = masked out") for n in notes), notes
         assert any("kept weight on keys the mask forbids and gave none to keys it allows" in n for n in notes), notes
     if rule == "both":  # the switch True, the file alone to the mask parameter
@@ -118,6 +119,8 @@ PLANTS = [("HfEncoderHelper", "causal", "polarity", "mask.polarity"),
           ("HfEncoderHelper", "padding", "scale_twice", "scale.twice"),
           ("TfTutorialPort", "causal", "kv_swapped", "kv.swapped"),
           ("TfTutorialPort", "padding", "scale_d_head", "scale.d_head"),
+          ("TfTutorialStated", "causal", "polarity", "mask.polarity"),
+          ("TfTutorialStated", "padding", "polarity", "mask.polarity"),
           ("FairseqPadCausal", "both", "polarity", "mask.polarity"),
           ("FairseqPadCausal", "both", "on_queries", "mask.on_queries"),
           ("FairseqPadCausal", "both", "causal_off_by_one", "mask.off_by_one"),

@@ -80,10 +80,15 @@ class TfTutorialPort(nn.Module):
         if mask is not None:
             if self.bug == "on_queries":
                 mask = mask.transpose(-1, -2)
-            scaled_attention_logits += (mask * -1e9)
+            scaled_attention_logits += ((1 - mask) if self.bug == "polarity" else mask) * -1e9
         attention_weights = torch.softmax(scaled_attention_logits, dim=-1)
         output = torch.matmul(attention_weights, v).permute(0, 2, 1, 3)  # [b, n_Q, h, depth]
         return self.dense(output.reshape(batch_size, -1, self.num_heads * self.depth))
+
+
+class TfTutorialStated(TfTutorialPort):
+    """The same port, with the tutorial's words: the mask is 1 where a position is masked (the look-ahead mask, the
+    padding mask), added to the scaled logits times -1e9."""
 
 
 class FairseqPadCausal(nn.Module):

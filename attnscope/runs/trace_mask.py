@@ -161,6 +161,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
 
 # a boolean mask, or one of 0/1 numbers, given the other way round
 OTHER_WAY = {"attend": "masked", "masked": "attend", "float01": "float10", "float10": "float01"}
+POLARITY = {"attend": "attend", "masked": "masked", "float01": "attend", "float10": "masked"}  # what 1 (True) means
 
 
 def _finite_reading(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
@@ -223,22 +224,24 @@ def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inp
     from attnscope.usertrace.call import call
 
     allowed = inputs.allowed
-    if called.failure is not None or convention.kind not in ("attend", "masked") or allowed is None \
+    reads = POLARITY.get(convention.kind)  # 0/1 numbers as the boolean of their polarity: 1 = may attend, or masked
+    if called.failure is not None or reads is None or allowed is None \
             or allowed.dtype != torch.bool or bool(allowed.all()) or inputs.also_masked or plan.mask is None:
         return called, convention
     traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
     said = statedmask.read(target.path, convention.line, plan.mask, tuple(plan.other_masks), traced,
-                           masking.flow(called.records, plan.mask), convention.kind)
-    if said is None or said.kind == convention.kind:
+                           masking.flow(called.records, plan.mask), reads)
+    if said is None or said.kind == reads:
         return called, convention
+    kind = said.kind if reads == convention.kind else OTHER_WAY[convention.kind]
     torch.manual_seed(o.seed)
     dtype = next(iter(inputs.tensors.values())).dtype
-    again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, said.kind, dtype), fed)
+    again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, kind, dtype), fed)
     if again.failure is not None:
         return called, convention
     words = said.words if len(said.words) <= 60 else said.words[:57] + "..."
     turned = ", said of it turned round on its way there" if said.turned else ""
-    return again, dataclasses.replace(convention, kind=said.kind, stated=f'line {said.line}: "{words}"{turned}')
+    return again, dataclasses.replace(convention, kind=kind, stated=f'line {said.line}: "{words}"{turned}')
 
 
 def not_weights(tried: Plan, ran: tuple[Inputs, Feeds, Called, Convention | None],

@@ -71,7 +71,8 @@ class Convention:
     def note(self, parameter: str) -> str:
         where = f" (line {self.line}: {self.how})" if self.line else ""
         if self.stated:
-            opposite = f"it masks where the mask is {self.kind == 'attend'}"
+            opposite = f"it masks where the mask is {self.kind == 'attend'}" if self.kind in ("attend", "masked") \
+                else f"it masks where the mask is {1 if self.kind == 'float01' else 0}"
             return (f"{parameter}: given {WORDS[self.kind]}, as your code's own words say it is ({self.stated}); "
                     f"your code reads it the other way round: {opposite}{where}")
         if self.kind == "float01" and self.how == "converted":  # agrees(): OpenFold's inf * (mask - 1)
