@@ -152,6 +152,10 @@ class RunSoFar:
             candidates += [c.with_embedding_form(form) for form in embedding_forms(asked.layout) for c in candidates] \
                 + [c.without_embeddings() for c in candidates]
         unread: tuple[Plan, tuple[Any, ...]] | None = None  # the first run whose code read no op of its mask
+        if asked.mask:  # last, a mask per sequence folded with the heads, [n_batch·n_head, n_Q, n_K]: the 3-D
+            # attn_mask nn.MultiheadAttention takes (`attn_mask=~mask` beside its key_padding_mask), where no
+            # parameter runs on the mask in any other shape
+            candidates += [dataclasses.replace(c, heads_folded=True) for c in candidates]
         for tried in candidates:
             # the mask to the first mask parameter the code runs with (fairseq's key_padding_mask [n_batch, n_K]
             # for a padding file, where its attn_mask takes [n_Q, n_K]); in cross-attention, the first it reads

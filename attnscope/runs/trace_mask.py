@@ -111,7 +111,8 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
             maskaxes.laid(inputs.allowed, own_axes, inputs.sizes, o.layout == "col") if own_axes else None
         for form, words, padded in [*([laid] if laid is not None else []),
                                     *masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1), inputs.mask,
-                                                  inputs.sizes.get("n_Q"))]:
+                                                  inputs.sizes.get("n_Q"),
+                                                  inputs.sizes.get("n_head") if plan.heads_folded else None)]:
             ran: Called | None = None
             for kind in dict.fromkeys((convention.kind, "additive")):
                 torch.manual_seed(o.seed)

@@ -338,7 +338,7 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
     operand = dict(zip("qkv", found[:3], strict=True))
     first = {role: min((r for r in nearest_ancestors(records, operand[role]) if (order := read(r)) is not None
                         and set(order) <= set(chosen[role])), key=lambda r: r.index) for role in "kv"}
-    swapped = _named_swapped({role: words.said(records, first[role], operand[role], roles) for role in "kv"}, roles)
+    swapped = named_swapped({role: words.said(records, first[role], operand[role], roles) for role in "kv"}, roles)
     if swapped is None and zero is not None:
         swapped = _biased_swapped(zero, chosen["k"], chosen["v"])
     if swapped is not None:  # the words say k and v: the reference holds the rows by them, the code swaps them
@@ -352,7 +352,7 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
     return Solved(how + (swapped or ""), parts, swapped is not None)
 
 
-def _named_swapped(said: dict[str, words.Said | None], roles: str) -> str | None:
+def named_swapped(said: dict[str, words.Said | None], roles: str) -> str | None:
     """Where the code's words (words.said) give the part it uses as the keys to v, or the one it uses as the values
     to k: how the layout says so, for the reference's description; None where they agree with the use or say
     nothing."""

@@ -131,6 +131,7 @@ class Plan:
     aliases: list[str] = field(default_factory=list)
     grouped: list[str] = field(default_factory=list)  # memories handed [n_batch, 1, n_K, d] (Flamingo's media)
     rule_beside: bool = False  # a --mask file given alone to `mask`, the rule (--causal, --window) to another
+    heads_folded: bool = False  # a mask per sequence may go to `mask` as [n_batch·n_head, n_Q, n_K] (masking.forms)
     switched: str | None = None  # a switch of the code's own given True under --causal (causalflag.py: its truth
     # makes the code mask the future keys itself)
 

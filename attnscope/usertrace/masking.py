@@ -404,8 +404,8 @@ def written(allowed: torch.Tensor, kind: str, dtype: torch.dtype, line: int | No
     return allowed
 
 
-def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None, n_Q: int | None = None
-          ) -> list[tuple[torch.Tensor, str, torch.Tensor | None]]:
+def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None, n_Q: int | None = None,
+          n_head: int | None = None) -> list[tuple[torch.Tensor, str, torch.Tensor | None]]:
     """The same mask (True = may attend) in the other shapes code takes a mask in, each with its words and the
     keys trace pads itself (None: none), tried in turn where the code fails on the shape given first:
     transformers' 4-D `[n_batch, 1, n_Q, n_K]`, then the key-padding shapes, `[n_batch, n_K]` (flash-attn's and
@@ -416,7 +416,9 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     wrong axis shows; the code's own causal mask, if any, is what is compared with the reference's rule. Where the
     --mask file (`filed`, the reference's mask) is key padding, its padding is what those shapes carry. Key padding
     given `[.., 1, n_K]` is spread over the `n_Q` queries in the 4-D shape (BART's size check asks for
-    `[n_batch, 1, n_Q, n_K]`)."""
+    `[n_batch, 1, n_Q, n_K]`). Last, a mask that differs across the batch, `[n_batch·n_head, n_Q, n_K]` with the
+    heads inner (nn.MultiheadAttention's and F.multi_head_attention_forward's 3-D attn_mask, which take no other
+    shape of a mask per sequence), where `n_head` is known."""
     grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
     if n_Q is not None and grid.shape[-2] == 1:
         grid = grid.expand(grid.shape[0], n_Q, grid.shape[-1])
@@ -436,6 +438,8 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
             (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}", padded)]
     if grid.shape[0] == 1:
         out.append((grid[0], "[n_Q, n_K]", None))
+    elif n_head is not None:  # [n_batch, n_Q, n_K] -> [n_batch·n_head, n_Q, n_K], each sequence's heads side by side
+        out.append((wide.repeat_interleave(n_head, dim=0), "[n_batch·n_head, n_Q, n_K]", None))
     return out
 
 

@@ -22,6 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from attnscope import cost
+from attnscope.usertrace import weightrows
 from attnscope.usertrace.bindings import Binder, Statements
 from attnscope.usertrace.kernels import ATTENTION_KERNELS, KERNELS
 from attnscope.usertrace.kernels import hidden as kernel_steps
@@ -59,9 +60,9 @@ ELEMENTWISE = ("div", "true_divide", "mul", "add", "sub", "masked_fill", "masked
 
 # ops that hand a tensor's every value on, reshaped, laid out anew or cast: applied to a weight, what they make is
 # that weight as the code uses it
-WEIGHT_VIEWS = ("flatten", "view", "reshape", "type_as", "to", "contiguous", "float", "double", "half", "bfloat16",
-                "squeeze", "unsqueeze", "t", "transpose", "permute", "T", "mT", "clone", "detach", "view_as",
-                "reshape_as")
+WEIGHT_VIEWS = ("flatten", "unflatten", "view", "reshape", "type_as", "to", "contiguous", "float", "double", "half",
+                "bfloat16", "squeeze", "unsqueeze", "t", "transpose", "permute", "T", "mT", "clone", "detach",
+                "view_as", "reshape_as")
 
 
 # Tensor methods whose output holds the first tensor's values alone, the others lending only a dtype and a device
@@ -118,6 +119,7 @@ class Recorder(TorchFunctionMode):
         self._labels = dict(labels)  # id(tensor) -> input or parameter name
         self._linears = dict(linears)  # id(weight) -> the Linear's name in the module (or the parameter's)
         self._derived: dict[int, torch.Tensor] = {}  # id -> a weight as the code reshaped or cast it (WEIGHT_VIEWS)
+        self._rows: dict[int, weightrows.Origin] = {}  # id(weight) -> where its values lie in its parameter
         self._produced: dict[int, int] = {}  # id(result) -> its latest record
         self._changed: dict[int, int] = {}  # id(tensor) -> the in-place op that last changed it through a view of it
         self._alive: list[Any] = []  # keep results alive so their ids stay theirs
@@ -223,6 +225,10 @@ class Recorder(TorchFunctionMode):
             if style == "linear" and (used := next((self._derived[id(t)] for t in _tensors(args, kwargs)
                                                      if id(t) in self._derived), None)) is not None:
                 details["weight"] = used  # the weight as the code handed it (qkv_w.flatten(end_dim=1))
+            if style == "linear" and (made := next((self._produced[id(t)] for t in _tensors(args, kwargs)
+                                                    if id(t) in self._linears and id(t) in self._produced),
+                                                   None)) is not None:
+                details["weight_record"] = made  # the op that made that weight: rows cut (weightrows.py), a view
             if (bound := self.statements.bound(frames[0].f_lineno)) is not None:
                 details["bound"] = bound  # the names its statement binds, as written (words.py reads them)
             if first is not None and not parents:  # what an input (or a parameter) was: no record says its shape
@@ -241,6 +247,15 @@ class Recorder(TorchFunctionMode):
                 # a weight reshaped or cast whole (modded-nanogpt's F.linear(x, qkv_w.flatten(end_dim=1))): still
                 # that parameter's, read as the code uses it
                 self._linears[id(tensor)] = self._linears[id(first)]
+                self._derived[id(tensor)] = snapshot
+                self._rows.update(weightrows.whole(self._rows.get(id(first)), first, tensor, self._linears[id(first)]))
+            elif first is not None and id(first) in self._linears and tensor.numel() < first.numel() \
+                    and (held := weightrows.part(self._rows.get(id(first)), first, tensor,
+                                             self._linears[id(first)])) is not None:
+                # rows of a packed weight the code cuts itself (torch's _in_projection: in_proj_weight.chunk(3),
+                # [E:2 * E], split([dq, dk, dv]), a stacked [3, E, E] parameter's W[i]): a weight of its own, named
+                # by the rows of the parameter it holds (`in_proj_weight[32:64]`), read as the code uses it
+                self._linears[id(tensor)], self._rows[id(tensor)] = held
                 self._derived[id(tensor)] = snapshot
             # every frame of the user's binds names: `Q_split = split(Q_feat)` names what the helper returned;
             # a comprehension binds nothing itself, the statement around it does

@@ -308,10 +308,11 @@ def parameter_projections(module: nn.Module, records: list[Record], spare: bool 
         if r.style != "linear" or not r.args or r.args[0][0] != "text":
             continue
         name = r.args[0][1]
-        if name in params and name not in held and name not in out and params[name].dim() >= 2:
+        used = r.details.get("weight")  # as the code reshaped it (qkv_w [3, hdim, dim] flattened), else itself
+        cut = name not in params and f"{name}.weight" not in held and used is not None  # rows cut (weightrows.py)
+        if name not in out and (cut or name in params and name not in held and params[name].dim() >= 2):
             recipes[name] = (r.func == "matmul", LEFT in r.args,
                              next((a[1] for a in r.args if a[0] == "side" and a[1].startswith("kernel")), None))
-            used = r.details.get("weight")  # as the code reshaped it (qkv_w [3, hdim, dim] flattened), else itself
             weight = _as_linear(params[name].detach() if used is None else used, *recipes[name])
             if weight is not None:
                 out[name] = fused.Part(name, weight, _added_bias(r, records, params, weight.shape[0]))
@@ -320,7 +321,7 @@ def parameter_projections(module: nn.Module, records: list[Record], spare: bool 
     for name, p in params.items():  # a weight the code never used (Flax's value.kernel where it projects with
         # key.kernel twice), read as its sibling of the same shape and kind (key.kernel) is: a role of its own
         # where its name says one no other weight holds; else spare (unused.py reads its role from the flow)
-        used = next((u for u in out if params[u].shape == p.shape and _same_kind(u, name)), None)
+        used = next((u for u in out if u in params and params[u].shape == p.shape and _same_kind(u, name)), None)
         role = role_of(name)
         if name in out or name in held or used is None or mentioned(name, records):
             continue
@@ -485,7 +486,7 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
 
 def _find_projections(module: nn.Module, records: list[Record] | None, n_head: int | None, d_head: int | None,
                       inputs: dict[str, str] | None) -> list[Projections]:
-    from attnscope.usertrace import blockheads, flow, fused, identity, keybias, laterbias, perhead, unused
+    from attnscope.usertrace import blockheads, cutroles, flow, fused, identity, keybias, laterbias, perhead, unused
 
     if identity.is_holder(module):  # q, k, v given already projected, the heads split by the code (identity.py)
         return [Projections(identity.projections(module), "identity")]
@@ -530,6 +531,10 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
         biased = keybias.biased_swap(found_roles, modules, role_of)
         if biased is not None:  # no bias on the Linear used as V, one on K's: the keys' is the one left out
             found_roles, how = biased
+        said = cutroles.swapped(records, found_roles)
+        if said is not None:  # rows cut from a packed weight, named k and used as V: held by the words
+            found_roles = {**found_roles, "k": found_roles["v"], "v": found_roles["k"]}
+            how = f"{how}{said}"
         return [Projections({role: (name, modules[name]) for role, name in found_roles.items()}, how)]
     by_role: dict[str, list[tuple[str, nn.Linear]]] = {}
     for name, linear in linears:
@@ -635,8 +640,9 @@ def _by_inputs(records: list[Record], names: list[str], inputs: dict[str, str], 
     Where three Linear layers are named one of q, k, v each and the inputs say otherwise (`value =
     self.linear_keys(key)` used as the values), the names hold the weights: a swap is a mistake, which the line-up
     then shows and the catalog names. None where the flow does not say it."""
-    from attnscope.usertrace import flow
+    from attnscope.usertrace import cutroles, flow
 
+    said = None
     fed = flow.projection_inputs(records, list(inputs))
     by_role: dict[str, list[str]] = {}
     for name, params in fed.items():
@@ -652,6 +658,9 @@ def _by_inputs(records: list[Record], names: list[str], inputs: dict[str, str], 
         if len(keys) != 1 or len(values) != 1:
             return None
         by_role["k"], by_role["v"] = keys, values
+        said = cutroles.swapped(records, {"k": keys[0], "v": values[0]})
+        if said is not None:  # rows cut from a packed weight, named k and used as V: held by the words
+            by_role["k"], by_role["v"] = values, keys
     if any(len(by_role.get(role, [])) != 1 for role in "qkv"):
         return None
     found = {role: by_role[role][0] for role in "qkv"}
@@ -665,7 +674,7 @@ def _by_inputs(records: list[Record], names: list[str], inputs: dict[str, str], 
         used = ", ".join(f"{found[role]} on your {role.upper()} input" for role in "qkv"
                          if found[role] != named[role][0])
         return {**{role: named[role][0] for role in "qkv"}, "o": found["o"]}, f"name; your code uses {used}"
-    return found, how
+    return found, how if said is None else f"data flow, the memory's two projections by your code's words{said}"
 
 
 def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.Module | None = None,
