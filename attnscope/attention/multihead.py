@@ -92,6 +92,7 @@ class MultiHeadAttention(nn.Module):
         temperature: TemperatureTuning | None = None,
         qk_norm: str | QkNorm | None = None,
         d_kv_in: int | None = None,
+        d_v: int | None = None,
         fused: bool = False,
         page: Callable[..., Tensor] | None = None,
         d_feat_name: str = "d_feat",
@@ -109,11 +110,19 @@ class MultiHeadAttention(nn.Module):
         self.d_feat, self.n_head, self.n_kv_head = d_feat, n_head, n_kv_head
         self.d_kv_in = d_feat if d_kv_in is None else d_kv_in  # what K and V are read from (a context's width)
         self.d_head = d_feat // n_head if d_head is None else d_head
+        # each value head's width, d_V: d_head unless the values are narrower or wider than the keys (Perceiver IO's
+        # v_channels, DeepSeek's v_head_dim beside d_nope + d_rope); W_v writes n_kv_head·d_V, W_o reads n_head·d_V
+        self.d_v = self.d_head if d_v is None else d_v
+        if self.d_v <= 0:
+            raise UsageError(f"d_v ({self.d_v}) must be positive")
         self.n_group = n_head // n_kv_head  # query heads per key/value head
         # the names of the key/value heads' axis and of the projections' widths (stages.axes: the input's width is
         # `d_feat_name`, a model's d_model), and the qk-norm, typed
         self.d_feat_name = d_feat_name
         self.kv, self.wide_q, self.wide_kv = stages.axes(n_head, n_kv_head, self.d_head, d_feat, d_feat_name)
+        self.d_v_name = "d_head" if self.d_v == self.d_head else "d_V"  # the values' per-head axis
+        self.wide_v, self.wide_out = (self.wide_kv, self.wide_q) if self.d_v == self.d_head else \
+            (f"{self.kv}·d_V", d_feat_name if n_head * self.d_v == d_feat else "n_head·d_V")
         self.qk_norm = self.spec.norm
         if self.spec.rope is not None:
             self.spec.rope.check(self.d_head)
@@ -121,8 +130,8 @@ class MultiHeadAttention(nn.Module):
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.W_q = nn.Linear(d_feat, n_head * self.d_head, bias=bias, **factory)
         self.W_k = nn.Linear(self.d_kv_in, n_kv_head * self.d_head, bias=bias, **factory)
-        self.W_v = nn.Linear(self.d_kv_in, n_kv_head * self.d_head, bias=bias, **factory)
-        self.W_o = nn.Linear(n_head * self.d_head, d_feat, bias=bias if out_bias is None else out_bias, **factory)
+        self.W_v = nn.Linear(self.d_kv_in, n_kv_head * self.d_v, bias=bias, **factory)
+        self.W_o = nn.Linear(n_head * self.d_v, d_feat, bias=bias if out_bias is None else out_bias, **factory)
         # GPT-OSS's `sinks`: one logit per head, drawn after the projections so their seeded values stay the same
         self.sinks = nn.Parameter(torch.randn(n_head, **factory)) if self.spec.sinks else None
         norm = self.spec.norm
@@ -149,7 +158,7 @@ class MultiHeadAttention(nn.Module):
         if self.record:
             x_raw = attend(trace, Q_h, K_h, V_h, mask, names, spec, n_group=self.n_group, dropout_p=dropout_p,
                            position_bias=position_bias, sinks=self.sinks)
-            stages.merge(trace, x_raw, self.W_o, self.width("n_head"))
+            stages.merge(trace, x_raw, self.W_o, self.wide_out, self.d_v_name)
             return trace
         x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
         x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
@@ -210,7 +219,7 @@ class MultiHeadAttention(nn.Module):
         nothing comes out with its keys and values joined (`K_cat`, `V_cat`), ready for the next step."""
         empty = torch.zeros(n_batch, self.n_kv_head, 0, self.d_head, dtype=self.W_q.weight.dtype,
                             device=self.W_q.weight.device)  # W_q: a layer reading another's keys has no W_k
-        return empty, empty
+        return empty, empty.new_zeros(n_batch, self.n_kv_head, 0, self.d_v)
 
     def cache_after(self, trace: Trace) -> tuple[Tensor, Tensor]:
         """What the cache holds after a decode step: the keys as the attention read them (rotated and normed) and
@@ -267,7 +276,9 @@ class MultiHeadAttention(nn.Module):
         n_key = "n_K" if cache is None else "n_new"
         plan = (("Q", self.W_q, Q, "n_Q", self.n_head, "n_head"), ("K", self.W_k, K, n_key, self.n_kv_head, kv_axis),
                 ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
-        feats = {name: stages.project(add, name, W, x, ("n_batch", n, self.width(axis)),  # [n_batch, n, heads·d_head]
+        wide = {"Q": self.wide_q, "K": self.wide_kv, "V": self.wide_v}
+        d_of = {"Q": "d_head", "K": "d_head", "V": self.d_v_name}
+        feats = {name: stages.project(add, name, W, x, ("n_batch", n, wide[name]),  # [n_batch, n, heads·d_head]
                                       spec.clip_qkv) for name, W, x, n, _, axis in plan}
         norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
         if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
@@ -277,7 +288,7 @@ class MultiHeadAttention(nn.Module):
                 dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
                 names=("q_norm.weight", "k_norm.weight"), biases=self._norm_biases())
             made["Q"], made["K"] = "Q_normed", "K_normed"
-        split = {name: stages.split(add, name, feats[name], count, ("n_batch", axis, n, "d_head"), made[name])
+        split = {name: stages.split(add, name, feats[name], count, ("n_batch", axis, n, d_of[name]), made[name])
                  for name, _, _, n, count, axis in plan}  # [n_batch, heads, n, d_head]
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
@@ -306,7 +317,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             k, v = stages.join_cache(add, k, v, cache, kv_axis, (k_name, v_name))
             k_name, v_name = "K_cat", "V_cat"
-        names = Names(Q=q_name, K=k_name, V=v_name, out="x_raw", d_K="d_head", d_V="d_head",
+        names = Names(Q=q_name, K=k_name, V=v_name, out="x_raw", d_K="d_head", d_V=self.d_v_name,
                       batch=("n_batch", "n_head"))
         return q, k, v, names
 
@@ -372,6 +383,8 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             want = [Q.shape[0], self.n_kv_head, cache[0].shape[-2] if cache[0].dim() == 4 else -1, self.d_head]
             for name, t in zip(("K_cache", "V_cache"), cache, strict=True):
+                if name == "V_cache":
+                    want = [*want[:3], self.d_v]
                 if t.dim() != 4 or list(t.shape) != want:
                     raise UsageError(f"{name} is {list(t.shape)} but the cache is [n_batch, n_kv_head, n_cache, "
                                      f"d_head] = [{want[0]}, {want[1]}, n_cache, {want[3]}], the same for K and V")

@@ -465,10 +465,11 @@ def axes(n_head: int, n_kv_head: int, d_head: int, d_feat: int, width: str = "d_
                   for n, name in ((n_head, "n_head"), (n_kv_head, kv))))  # type: ignore[return-value]
 
 
-def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str) -> Tensor:
+def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str, d_name: str = "d_head") -> Tensor:
     """Steps `x_rsh1, x_rsh2, x`: the heads' outputs `[n_batch, n_head, n_Q, d_head]` side by side again
-    (`width`: the name of n_head·d_head) and through W_o."""
-    x_rsh1 = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", "d_head"),
+    (`width`: the name of n_head·d_head; `d_name`: the values' per-head axis, d_V where it is not d_head) and through
+    W_o."""
+    x_rsh1 = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", d_name),
                  "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
     n_batch, n_Q, n_head, d_head = x_rsh1.shape
     x_rsh2 = rec("x_rsh2", x_rsh1.view(n_batch, n_Q, n_head * d_head),  # [n_batch, n_Q, n_head·d_head]

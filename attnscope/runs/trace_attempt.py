@@ -212,7 +212,9 @@ class RunSoFar:
         self.plan = tried
         own = queries.find(ran[2].records, ran[0], self.weighted)  # Perceiver's latents: n_Q is theirs
         if own is not None:
-            queries.apply(ran[0], own)
+            if queries.apply(ran[0], own) and not own.keys:  # Perceiver IO's layernorm2(inputs) before key, value
+                prenorm.read(ran[2].records, ran[0], self.weighted, posembed.projections(
+                    self.weighted, ran[2].records, self.shapes.n_head, self.shapes.fixed.get("d_head")))
         else:  # DETR's q_proj(x + pos), k_proj(x + pos), v_proj(x)
             held = posembed.projections(self.weighted, ran[2].records, self.shapes.n_head,
                                         self.shapes.fixed.get("d_head")) \

@@ -596,8 +596,9 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
         merge_row(rows, trace, records)
     variants = f", {spec.describe()}" if spec.describe() else ""
     kv = f", n_kv_head={reference.n_kv_head}" if reference.n_kv_head != reference.n_head else ""
+    d_v = f", d_V={reference.d_v}" if reference.d_v != reference.d_head else ""  # values of their own width
     what = (f"attnscope MultiHeadAttention (d_feat={reference.d_feat}, n_head={shapes.n_head}{kv}, d_head="
-            f"{reference.d_head}, scores / √d_head{variants}) holding your weights: {projections.describe()}")
+            f"{reference.d_head}{d_v}, scores / √d_head{variants}) holding your weights: {projections.describe()}")
     if projections.matched_by == "identity":
         from attnscope.usertrace import identity
 

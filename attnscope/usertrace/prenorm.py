@@ -33,9 +33,12 @@ class Normed:
 
 def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[str, str]) -> None:
     """`inputs` with the normed tensors the projections the reference holds (`projections`, role -> name, as
-    posembed.projections reads them) read, where they read them."""
-    if module is None or inputs.own or inputs.layout not in ("row", "time") or inputs.cache is not None \
-            or not projections:
+    posembed.projections reads them) read, where they read them. Where the queries are the module's own (queries.py:
+    Perceiver's latents, whatever norm they had is in that tensor), the keys' and values' norm of the forward's input
+    (Perceiver IO's `layernorm2(inputs)`, a norm the queries' side does not share) is read the same way, their side."""
+    queries = set(inputs.own) == {"Q"} and inputs.own_from == "module"
+    if module is None or inputs.own and not queries or inputs.layout not in ("row", "time") \
+            or inputs.cache is not None or not projections:
         return
     # a fused projection's rows (`to_qkv[0:32]`): the one call of the layer that holds them
     names = {name.split("[")[0] for name in projections.values()}
@@ -51,7 +54,7 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
         if _normed(record, records, inputs.tensors, given, module):
             normed[given] = record
     found = Normed({}, {}, {})
-    for role in "QKV":
+    for role in "KV" if queries else "QKV":
         source = by_role.get(role) or (by_role.get("K") if role == "V" else None) or by_role.get("Q")
         if source is not None and source in normed:
             record = normed[source]
@@ -59,7 +62,7 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
                 else record.tensor.detach()
             found.line[role], found.said[role] = record.line, record.details.get("op", record.call)
     if found.tensors:
-        apply(inputs, found)
+        apply(inputs, found, queries)
 
 
 def _reads(call: Record, records: list[Record], given: str) -> bool:
@@ -106,10 +109,11 @@ def _normed(record: Record, records: list[Record], inputs: dict[str, torch.Tenso
     return False
 
 
-def apply(inputs: Inputs, normed: Normed) -> None:
-    """`inputs` with the normed tensors as the reference's inputs, and the note that says so."""
-    inputs.own = dict(normed.tensors)
-    inputs.own_from = "norm"
+def apply(inputs: Inputs, normed: Normed, queries: bool = False) -> None:
+    """`inputs` with the normed tensors as the reference's inputs, and the note that says so; `queries`: beside the
+    module's own queries, which stay as they are."""
+    inputs.own = {**inputs.own, **normed.tensors} if queries else dict(normed.tensors)
+    inputs.own_from = "module" if queries else "norm"
     words = {"Q": "queries'", "K": "keys'", "V": "values'"}
     said: dict[tuple[int, str], list[str]] = {}
     for role in sorted(normed.tensors, key="QKV".index):

@@ -691,16 +691,7 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
         raise UsageError(f"{names['k']} and {names['v']} must read the same features and {names['o']} write "
                          f"{names['q']}'s back: found {q.in_features}, {k.in_features}, {v.in_features} in, "
                          f"{o.out_features} out")
-    if q.out_features % n_head or o.in_features != q.out_features or k.out_features != v.out_features:
-        raise UsageError(f"{names['q']} writes {q.out_features} features, which {n_head} heads do not split "
-                         f"evenly, or {names['o']} reads {o.in_features}; a multi-head layout needs "
-                         "q.out = o.in = n_head·d_head")
-    d_head = q.out_features // n_head
-    if k.out_features % d_head:
-        raise UsageError(f"{names['k']} writes {k.out_features} features, not a whole number of heads of {d_head}")
-    n_kv_head = k.out_features // d_head
-    if n_head % n_kv_head:
-        raise UsageError(f"{n_head} query heads cannot share {n_kv_head} key/value heads evenly")
+    d_head, n_kv_head, d_v = head_widths(names, (q, k, v, o), n_head)
     if spec.rope_base is not None and d_head % 2:
         raise UsageError(f"RoPE rotates pairs of coordinates, so d_head must be even; it is {d_head}")
     qkv_bias = any(m.bias is not None for m in (q, k, v))
@@ -724,7 +715,8 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
     reference = MultiHeadAttention(d_feat, n_head, bias=qkv_bias, out_bias=o.bias is not None,
                                    d_head=d_head if d_head * n_head != d_feat else None, device=weight.device,
                                    dtype=weight.dtype, spec=attention,
-                                   d_kv_in=k.in_features if k.in_features != d_feat else None)
+                                   d_kv_in=k.in_features if k.in_features != d_feat else None,
+                                   d_v=d_v if d_v != d_head else None)
     if o.out_features != d_feat:  # the merge of heads other than d_feat wide, compared as it is: x = x_rsh2
         reference.W_o = nn.Linear(o.in_features, o.out_features, bias=False, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
@@ -751,6 +743,31 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
             if mine.bias is not None:  # a LayerNorm's (nn.LayerNorm(bias=False) has none: zeros)
                 mine.bias.copy_(_as_held(bias, mine.bias) if bias is not None else torch.zeros_like(mine.bias))
     return reference.eval()
+
+
+def head_widths(names: dict[str, str], linears: tuple[Any, Any, Any, Any], n_head: int) -> tuple[int, int, int]:
+    """(d_head, n_kv_head, d_V) from the projections' widths: q writes n_head·d_head (d_head = d_K, the queries' and
+    keys' per head), k n_kv_head·d_head, v n_kv_head·d_V and o reads n_head·d_V. The values may be as wide as the keys
+    or not (Perceiver IO's v_channels, DeepSeek's v_head_dim beside d_nope + d_rope); a layout these do not fit is
+    refused, naming the width that does not."""
+    q, k, v, o = linears
+    if q.out_features % n_head:
+        raise UsageError(f"{names['q']} writes {q.out_features} features, which {n_head} heads do not split evenly; "
+                         "a multi-head layout needs q.out = n_head·d_head")
+    d_head = q.out_features // n_head
+    if k.out_features % d_head:
+        raise UsageError(f"{names['k']} writes {k.out_features} features, not a whole number of heads of d_head = "
+                         f"{d_head} ({names['q']}'s {q.out_features} over {n_head} heads): queries and keys need one "
+                         "width per head")
+    n_kv_head = k.out_features // d_head
+    if n_head % n_kv_head:
+        raise UsageError(f"{n_head} query heads cannot share {n_kv_head} key/value heads evenly")
+    if v.out_features % n_kv_head or o.in_features % n_head \
+            or v.out_features // n_kv_head != o.in_features // n_head:
+        raise UsageError(f"{names['v']} writes {v.out_features} features and {names['o']} reads {o.in_features}: "
+                         f"not one value width per head over {n_kv_head} key/value heads and {n_head} query heads "
+                         "(a multi-head layout needs v.out = n_kv_head·d_V and o.in = n_head·d_V)")
+    return d_head, n_kv_head, v.out_features // n_kv_head
 
 
 def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head: int,
