@@ -89,6 +89,17 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
         for bug in ("scale_v", "no_scale", "softmax_axis", "merge_no_permute"):
             assert (_planted(styles.NaiveMla, a, bug, x) - want).abs().max() > 1e-2, bug
 
+        c = styles.CachedValues().double().eval()
+        cache = (torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64),
+                 torch.randn(2, 4, 3, 6, generator=g, dtype=torch.float64))
+        k = torch.cat((cache[0], heads(c.k_proj(x))), dim=2)
+        v = torch.cat((cache[1], heads(c.v_proj(x))), dim=2)
+        allowed = torch.arange(10)[None, :] <= torch.arange(3, 10)[:, None]  # query i sits at position 3 + i
+        want = c.o_proj(merged(F.scaled_dot_product_attention(heads(c.q_proj(x)), k, v, attn_mask=allowed)))
+        assert torch.allclose(c(x, cache), want, atol=1e-10)
+        for bug in ("scale_v", "upper_left"):
+            assert (_planted(styles.CachedValues, c, bug, x, cache) - want).abs().max() > 1e-2, bug
+
 
 @pytest.fixture(scope="module")
 def pad(tmp_path_factory):
@@ -97,7 +108,7 @@ def pad(tmp_path_factory):
 
 PADDED = ("--batch", "2", "--nk", "7", "--mask")
 CORRECT = [("LatentReader", None, PADDED), ("ContextCross", None, PADDED), ("WideValues", None, ("--rope", "--causal")),
-           ("NaiveMla", None, ("--rope", "--causal"))]
+           ("NaiveMla", None, ("--rope", "--causal")), ("CachedValues", None, ("--causal", "--cache", "3"))]
 
 
 @pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=case_ids(CORRECT))
@@ -119,7 +130,9 @@ PLANTS = [("LatentReader", "scale_v", PADDED, "scale.n"),
           ("WideValues", "merge_no_permute", ("--rope", "--causal"), "heads.merge_without_transpose"),
           ("NaiveMla", "scale_v", ("--rope", "--causal"), "scale.n"),
           ("NaiveMla", "no_scale", ("--rope", "--causal"), "scale.none"),
-          ("NaiveMla", "softmax_axis", ("--rope", "--causal"), "softmax.axis")]
+          ("NaiveMla", "softmax_axis", ("--rope", "--causal"), "softmax.axis"),
+          ("CachedValues", "scale_v", ("--causal", "--cache", "3"), "scale.n"),
+          ("CachedValues", "upper_left", ("--causal", "--cache", "3"), "mask.upper_left")]
 
 
 @pytest.mark.parametrize(("target", "bug", "options", "entry"), PLANTS, ids=case_ids(PLANTS))

@@ -19,6 +19,8 @@ other way round, a convention no run tells from a mistake, so `LatentReader`'s p
   from the latent (no absorbed weights, no cache): q of d_nope + d_rope per head, the latent through an RMSNorm and
   up-projected to d_nope + d_V per head, the rotary part shared by the heads and turned half-split, so d_K = d_nope
   + d_rope ≠ d_V; causal.
+- `CachedValues`: a decode step whose cache holds keys d_K wide and values d_V wide per head, joined to the new ones,
+  its causal band aligned to the last key by hand (`upper_left`: to the first).
 """
 
 import math
@@ -195,4 +197,32 @@ class NaiveMla(nn.Module):
         scores = scores.masked_fill(causal, float("-inf"))
         weights = F.softmax(scores, dim=-2 if self.bug == "softmax_axis" else -1, dtype=torch.float32)
         out = weights.to(q.dtype) @ value_states
+        return self.o_proj(_merged(out, self.bug))
+
+
+class CachedValues(nn.Module):
+    """A decode step's cache of keys and values of two widths (`past_key_value`, d_K and d_V per head), joined to the
+    new ones, the causal band aligned to the last key."""
+
+    def __init__(self, dim=32, num_heads=4, head_dim=8, v_head_dim=6, bug=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.v_head_dim, self.bug = num_heads, head_dim, v_head_dim, bug
+        self.q_proj = nn.Linear(dim, num_heads * head_dim)
+        self.k_proj = nn.Linear(dim, num_heads * head_dim)
+        self.v_proj = nn.Linear(dim, num_heads * v_head_dim)
+        self.o_proj = nn.Linear(num_heads * v_head_dim, dim)
+        _grown(self, 5)
+
+    def forward(self, x, past_key_value=None):
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.num_heads, self.v_head_dim).transpose(1, 2)
+        if past_key_value is not None:
+            k = torch.cat([past_key_value[0], k], dim=2)
+            v = torch.cat([past_key_value[1], v], dim=2)
+        n_k = k.shape[2]
+        allowed = torch.ones(n, n_k, dtype=torch.bool).tril(n_k - n if self.bug != "upper_left" else 0)
+        scale = self.v_head_dim ** -0.5 if self.bug == "scale_v" else None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
         return self.o_proj(_merged(out, self.bug))

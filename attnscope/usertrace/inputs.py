@@ -119,6 +119,10 @@ class ShapePlan:
                 k_width = projections.linears["k"][1].out_features if projections else q_width
                 if k_width != q_width and k_width % fixed["d_head"] == 0:
                     fixed["n_kv_head"] = k_width // fixed["d_head"]  # grouped-query attention
+                v_width = projections.linears["v"][1].out_features if projections else k_width
+                kv_heads = fixed.get("n_kv_head", n_head)
+                if v_width % kv_heads == 0 and v_width // kv_heads != fixed["d_head"]:
+                    fixed["d_V"] = v_width // kv_heads  # values of their own width per head (Perceiver IO's)
             kv_found = fixed.get("n_kv_head", n_head)
             if o.kv_heads is not None and o.kv_heads != kv_found:
                 raise UsageError(f"--kv-heads {o.kv_heads} but the module's key projection makes {kv_found} key/value "
@@ -343,7 +347,7 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
     inputs = Inputs({name: tensors[role] for name, role in roles.items()}, roles, reference_mask, sizes, ops, notes,
                     allowed, extra_names=extra, layout=o.layout, grid=grid)
     if o.cache:
-        inputs.cache = _cache(sizes, o.seed, tensors["Q"].dtype)
+        inputs.cache = _cache(sizes, o.seed, tensors["Q"].dtype, sizes.get("d_V") if is_module else None)
     return inputs
 
 
@@ -479,14 +483,16 @@ def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "
     return (*batch, *heads, *((d, n) if layout == "col" else (n, d)))
 
 
-def _cache(sizes: dict[str, int], seed: int, dtype: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _cache(sizes: dict[str, int], seed: int, dtype: Any, d_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A decode step's cache: random keys (taken as already rotated, as transformers' caches hold them) and
-    values, [n_batch, n_kv_head, n_cache, d_head], drawn after the inputs, as `mha --cache` draws them."""
+    values, [n_batch, n_kv_head, n_cache, d_head], drawn after the inputs, as `mha --cache` draws them; the values
+    `d_v` wide per head where the module's are not d_head wide."""
     import torch
 
     shape = (sizes["n_batch"], sizes.get("n_kv_head", sizes["n_head"]), sizes["n_cache"], sizes["d_head"])
     generator = torch.Generator().manual_seed(seed + 1)
-    return (torch.randn(shape, generator=generator).to(dtype), torch.randn(shape, generator=generator).to(dtype))
+    keys = torch.randn(shape, generator=generator).to(dtype)
+    return keys, torch.randn(*shape[:3], d_v or shape[3], generator=generator).to(dtype)
 
 
 def load_files(o: InputOptions, self_attention: bool) -> dict[str, torch.Tensor]:
