@@ -164,6 +164,11 @@ def test_the_reference_holds_d_v_as_sdpa_does():
         assert torch.allclose(trace["x"], ref.W_o(merged(out)), atol=1e-12)
     assert trace.step("V_split").dims[-1] == "d_V" and trace.step("K_split").dims[-1] == "d_head"
     assert trace.step("x_rsh1").dims[-1] == "d_V"
+    keys, values = ref.empty_cache(2)
+    assert values.shape[-1] == 5 and ref(x, ctx, ctx, cache=(keys, values))["V_cat"].shape[-1] == 5
+    with pytest.raises(UsageError, match=r"V_cache is \[2, 2, 0, 6\] but the cache is \[n_batch, n_kv_head, "
+                                         r"n_cache, d_V\]"):
+        ref(x, ctx, ctx, cache=(keys, keys))
 
 
 def _linears(q, k, v, o):

@@ -383,11 +383,12 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             want = [Q.shape[0], self.n_kv_head, cache[0].shape[-2] if cache[0].dim() == 4 else -1, self.d_head]
             for name, t in zip(("K_cache", "V_cache"), cache, strict=True):
-                if name == "V_cache":
-                    want = [*want[:3], self.d_v]
+                d = "d_V" if name == "V_cache" and self.d_v != self.d_head else "d_head"
+                want = [*want[:3], self.d_v if name == "V_cache" else self.d_head]
                 if t.dim() != 4 or list(t.shape) != want:
+                    same = "" if self.d_v != self.d_head else ", the same for K and V"
                     raise UsageError(f"{name} is {list(t.shape)} but the cache is [n_batch, n_kv_head, n_cache, "
-                                     f"d_head] = [{want[0]}, {want[1]}, n_cache, {want[3]}], the same for K and V")
+                                     f"{d}] = [{want[0]}, {want[1]}, n_cache, {want[3]}]{same}")
 
 
 def attend(rec: Recorder, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, names: Names, spec: AttentionSpec,
