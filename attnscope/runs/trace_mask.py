@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from attnscope.errors import UsageError
 from attnscope.spec import AttentionSpec
@@ -492,7 +492,10 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     """A code that masks by itself (a causal buffer, a tril of any diagonal, is_causal) and takes a mask as well
     gets one that masks nothing, so that trace's mask never hides the code's own: the reference's mask is then
     compared with the code's alone. Found by experiment: the code run with nothing masked still has weights of
-    exactly 0."""
+    exactly 0, or its scores still meet a boolean or 0/1 mask of the positions alone (masking.own_mask_op: GPT-Neo's
+    buffer multiplied into them, or filled with 0, which trace's rule would mask again). Where it masks the window's
+    far keys alone it takes the causal part from its caller (_rule_left_over); where it masks the causal part, the
+    window is its own to mask too."""
     import torch
 
     from attnscope.usertrace import masking
@@ -507,11 +510,17 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     tried = call(target, fn, plan, inputs, module, o.max_memory,
                  masking.written(everything, convention.kind, dtype, convention.line), fed)
     # a mask that masks nothing leaves every query its keys: a query with none is trace's feed read the wrong way
-    own = masking.masks_by_itself(tried.records) if tried.failure is None and fed_well(tried) else None
-    if own is None:
+    well = tried.failure is None and fed_well(tried)
+    own = masking.masks_by_itself(tried.records) if well else None
+    # a mask of its own whose weights keep no 0 (its scores multiplied by a causal buffer): fed the rule, the code
+    # would hide it under trace's mask
+    pattern = (inputs.sizes.get("n_Q", 0), inputs.sizes.get("n_K", 0))
+    applied = masking.own_mask_op(tried.records, set(inputs.tensors), plan.mask or "", pattern) \
+        if own is None and well else None
+    if own is None and applied is None:
         return called
-    rest = _rule_left_over(o, inputs, own)
-    if rest is not None:  # the code masks one part of the rule itself and merges it into the mask it is given
+    rest = _rule_left_over(o, inputs, own) if own is not None else None
+    if own is not None and rest is not None:  # it masks one part of the rule itself, merged into the mask it is given
         given, mine, theirs = rest
         torch.manual_seed(o.seed)
         again = call(target, fn, plan, inputs, module, o.max_memory,
@@ -523,18 +532,22 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
                                 f"given {theirs} alone, so that trace's mask never hides yours; the reference's mask "
                                 "is compared with the two together")
             return again
+    how = f"masks by itself (line {own.line}: weights of exactly 0" if own is not None else \
+        f"applies a mask of its own to its scores (line {cast('Record', applied).line}: a boolean or 0/1 tensor of " \
+        "the positions alone,"
     inputs.allowed = everything
-    inputs.notes.append(f"your code masks by itself (line {own.line}: weights of exactly 0 with nothing masked by "
-                        f"{plan.mask}): {plan.mask} was given a mask that masks nothing, so that trace's mask never "
-                        "hides yours; the reference's mask is compared with your code's own")
+    inputs.notes.append(f"your code {how} with nothing masked by {plan.mask}): {plan.mask} was given a mask that masks "
+                        "nothing, so that trace's mask never hides yours; the reference's mask is compared with your "
+                        "code's own")
     return tried
 
 
 def _rule_left_over(o: TraceOptions, inputs: Inputs, own: Record) -> tuple[Any, str, str] | None:
     """Where the rule is a sliding window (causal, on the left) and the code, given a mask that masks nothing,
-    masks one of its two parts alone (the window's far keys, which Gemma 2 merges into the causal mask it is given;
-    or the causal part, a window coming from the caller): the mask with the other part only (and any key padding),
-    with both parts in words; None otherwise (it masks both, or cells of neither part)."""
+    masks the window's far keys alone (Gemma 2 merges them into the causal mask it is given), or a band on both
+    sides: the causal mask only (and any key padding), with both parts in words; None otherwise (it masks both, the
+    causal part alone, a code whose window is missing (GPT-Neo's local layer without its band), or cells of neither
+    part)."""
     from attnscope import masks
 
     n_Q, n_K = inputs.sizes["n_Q"], inputs.sizes["n_K"]
@@ -551,8 +564,6 @@ def _rule_left_over(o: TraceOptions, inputs: Inputs, own: Record) -> tuple[Any, 
     on_future, on_far = bool((forbids & future).any()), bool((forbids & far).any())
     if on_far and not on_future:
         return allowed | far, f"the window's far keys ({o.window} or more back)", "the causal mask"
-    if on_future and not on_far:
-        return allowed | future, "the causal part", f"the window's far keys ({o.window} or more back)"
     if on_far and _band(forbids, far, future, o.window):
         return (allowed | far, f"a band on both sides (the window's far keys, {o.window} or more back, and the keys "
                 f"{o.window} or more ahead, which the causal mask hides too)", "the causal mask")

@@ -583,6 +583,57 @@ def masks_itself(records: list[Record]) -> Record | None:
     return None
 
 
+# the ops that apply a mask to the scores: a condition's where / masked_fill, a 0/1 product
+APPLIES = ("where", "masked_fill", "masked_fill_", "mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply")
+
+
+def own_mask_op(records: list[Record], inputs: set[str], label: str, pattern: tuple[int, int]) -> Record | None:
+    """The first op before the first softmax where the scores (a tensor computed from the forward's inputs, its last
+    two axes `pattern`'s, [n_Q, n_K], or turned) meet a mask of the code's own, whatever it fills them with: a
+    boolean or 0/1 tensor of the positions alone, over those two axes (a causal buffer's slice, a tril of ones;
+    computed from no input, not from the mask parameter `label`, no random draw), holding both values, through a
+    where, a masked_fill or a product that changes the scores (GPT-Neo's buffer multiplied in, `scores *
+    causal_mask`, where its weights keep no 0). None where there is none."""
+    import torch
+
+    from attnscope.usertrace.dropouts import RANDOM
+
+    data: set[int] = set()  # computed from the inputs
+    other: set[int] = set()  # from the mask parameter, or a random draw
+    for r in records:
+        if _pattern(r):
+            return None
+        texts = [v for k, v in r.args if k == "text"] + [v[1][1] for k, v in r.args if k == "kw" and v[1][0] == "text"]
+        parents = set(r.parents)
+        name = r.func.split(".")[-1]
+        if label in texts or other & parents or name in RANDOM:
+            other.add(r.index)
+            continue
+        if any(t in inputs for t in texts) or data & parents:
+            data.add(r.index)
+        axes = tuple(r.tensor.shape[-2:])
+        if name not in APPLIES or not r.tensor.is_floating_point() or axes not in (pattern, pattern[::-1]):
+            continue
+        scores = [records[i] for i in r.parents if i in data and records[i].tensor.is_floating_point()
+                  and records[i].tensor.shape == r.tensor.shape]
+        own = [records[i] for i in r.parents if i not in data and i not in other
+               and tuple(records[i].tensor.shape[-2:]) == axes and two_valued(records[i].tensor)]
+        if scores and own and not bool(torch.equal(scores[0].tensor, r.tensor)):
+            return r
+    return None
+
+
+def two_valued(tensor: torch.Tensor) -> bool:
+    """A boolean, or a tensor of 0s and 1s, holding both values over at least two axes: a mask."""
+    import torch
+
+    if tensor.dim() < 2 or tensor.is_complex():
+        return False
+    values = tensor.detach()
+    ones = values if values.dtype == torch.bool else values == 1
+    return bool(((values == 0) | ones).all()) and bool(ones.any()) and not bool(ones.all())
+
+
 def masks_by_itself(records: list[Record]) -> Record | None:
     """The code's pattern where it masks by itself (given a mask that masks nothing): the first softmax (or a
     kernel's recomputed attention) with weights of exactly 0, which only a mask makes (a causal buffer, a tril,

@@ -33,21 +33,39 @@ def trials_polarity(b: Base) -> Iterator[Trial]:
                         "padded key seen and every other masked: True read as masked out where it means may attend, "
                         "or the reverse (fairseq's key_padding_mask, 1 = a pad, against transformers' "
                         "attention_mask, 1 = a real token)")
+            # the rule read the other way round, the key padding beside it as it should be (`tril(ones(T, T, bool))`
+            # handed to nn.MultiheadAttention's attn_mask, True = not allowed, beside a key_padding_mask it applies
+            # well): the rule's complement on the keys left unpadded
+            yield Trial(replay(b, allowed=~ruled & keys), "the causal or window rule is read "
+                        "the other way round, the key padding beside it as it should be: {who} is what the "
+                        "reference computes with the rule inverted (each query seeing the keys it should not, a "
+                        "query that sees none left without any) and the padded keys still masked: a boolean "
+                        "`tril(ones(n_Q, n_K))` handed where True means masked out (nn.MultiheadAttention's "
+                        "attn_mask), or the reverse; hand it the rule's complement there (a causal one's is "
+                        "`triu(ones(n_Q, n_K, dtype=bool), diagonal=1)`)")
 
 
 def _padding_apart(b: Base) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The reference's mask as the causal or window rule and key padding (a --mask file's, or trace's) apart, each
-    as large as the mask (True = may attend), where it is their two together; None where it is not. The padding is
-    read off the reference's mask: the keys it masks wherever the rule lets them be seen."""
+    as large as the mask (True = may attend), where it is their two together and some key is padded; None where it
+    is not (_rule_and_keys)."""
     assert b.allowed is not None
-    rule = _rule(b)
-    if rule is None:
+    rule, keys = _rule_and_keys(b)
+    if rule is None or keys is None or bool(keys.all()):
         return None
-    ruled = rule.expand_as(b.allowed)
-    keys = ((b.allowed & ruled).any(-2, keepdim=True) | ~ruled.any(-2, keepdim=True)).expand_as(b.allowed)
-    if bool((~keys).any()) and bool(((keys & ruled) == b.allowed).all()):
-        return ruled, keys
-    return None
+    return rule.expand_as(b.allowed), keys.expand_as(b.allowed)
+
+
+def _rule_and_keys(b: Base) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The reference's causal or window rule [n_Q, n_K] and the keys its mask leaves unpadded [.., 1, n_K], where
+    its mask is the two together; (None, None) otherwise."""
+    rule = _rule(b)
+    if rule is None or b.allowed is None or rule.shape != b.allowed.shape[-2:]:
+        return None, None
+    keys = (b.allowed | ~rule).all(-2, keepdim=True)  # a key the rule lets some query see and none may see
+    if not bool(torch.equal((rule & keys).expand_as(b.allowed), b.allowed)):
+        return None, None
+    return rule, keys
 
 
 def trials_after_softmax(b: Base) -> Iterator[Trial]:
@@ -141,11 +159,9 @@ def _is_mul(record: Record) -> bool:
 
 def _zero_one(tensor: torch.Tensor, pattern: torch.Size) -> bool:
     """A mask of 0s and 1s, both held, over the pattern's last two axes."""
-    if tensor.dim() < 2 or tensor.shape[-2:] != pattern or tensor.is_complex():
-        return False
-    values = tensor.detach()
-    ones = values == 1
-    return bool(((values == 0) | ones).all()) and bool(ones.any()) and not bool(ones.all())
+    from attnscope.usertrace.masking import two_valued
+
+    return tensor.shape[-2:] == pattern and two_valued(tensor)
 
 
 def trials_off_by_one(b: Base) -> Iterator[Trial]:
@@ -255,6 +271,39 @@ def trials_on_queries(b: Base) -> Iterator[Trial]:
                 ":]`), not [n_batch, 1, n_K, 1]")
 
 
+def _band_moved(b: Base) -> Iterator[Trial]:
+    """A sliding window's band (a causal rule with a left edge) aligned to the other corner: the queries' positions
+    taken as 0..n_Q - 1 where they come after n_K - n_Q earlier keys (a window mask built from `arange(q_len)` in a
+    decode step, where its positions are cache_position's), or the reverse; the key padding the reference holds
+    kept. The causal rule alone is the caller's trial (trials_upper_left)."""
+    from attnscope import masks
+    from attnscope.spec import AttentionSpec
+
+    spec = b.ctx.spec
+    rule, keys = _rule_and_keys(b)
+    if spec is None or spec.window is None or spec.window_side != "left" or rule is None or keys is None \
+            or b.allowed is None:
+        return
+    align = spec.causal or "upper-left"
+    other = "upper-left" if align == "lower-right" else "lower-right"
+    moved, _ = masks.structural(AttentionSpec(causal=other, window=spec.window), b.n_Q, b.n_K)
+    if moved is None or bool(torch.equal(moved, rule)):
+        return
+    shift = b.n_K - b.n_Q
+    if other == "upper-left":
+        where = "in a decode step" if b.n_cache else f"where the {b.n_Q} queries are the last of {b.n_K} keys"
+        words = (f"the sliding window is aligned upper-left {where}: {{who}} is what the reference computes where "
+                 f"query i sees keys i − {spec.window - 1} to i, but the {b.n_Q} new queries come after {shift} "
+                 f"earlier keys, so query i sees keys {shift} + i − {spec.window - 1} to {shift} + i (lower-right): "
+                 "the mask built from the new queries' own indices (arange(n_Q)) where their positions are "
+                 "(cache_position, n_K − n_Q + arange(n_Q))")
+    else:
+        words = (f"the sliding window is aligned lower-right where --causal upper-left asks for the top-left corner: "
+                 f"{{who}} is what the reference computes where query i sees keys up to {shift} + i, where upper-left "
+                 "query i sees keys up to i; --causal lower-right if that alignment is meant")
+    yield Trial(replay(b, allowed=(moved & keys).expand_as(b.allowed)), words)
+
+
 def _rule(b: Base) -> torch.Tensor | None:
     """The reference's own causal or window mask [n_Q, n_K] (True = may attend), as its options say it."""
     from attnscope import masks
@@ -289,6 +338,9 @@ def trials_no_window(b: Base) -> Iterator[Trial]:
         return
     without = _window_rule(b, None, "left", spec.causal if side == "left" else None)
     freed = ~windowed if without is None else without & ~windowed  # the cells the window alone forbids
+    _, keys = _rule_and_keys(b)
+    if keys is not None:  # key padding beside the rule (trace's, or a --mask file's): the padded keys kept
+        freed = freed & keys
     changed = (b.allowed | freed).expand_as(b.allowed)
     if bool(torch.equal(changed, b.allowed)):
         return
@@ -360,6 +412,7 @@ def trials_upper_left(b: Base) -> Iterator[Trial]:
     if not has_mask(b) or b.n_Q == b.n_K:
         return
     assert b.allowed is not None
+    yield from _band_moved(b)
     shift = b.n_K - b.n_Q
     upper = torch.ones(b.n_Q, b.n_K, dtype=torch.bool).tril()  # query i sees keys 0..i
     lower = torch.ones(b.n_Q, b.n_K, dtype=torch.bool).tril(diagonal=shift)  # query i sees keys 0..shift + i

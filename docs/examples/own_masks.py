@@ -21,7 +21,8 @@ def merge(t):
 
 class Gpt2Attention(nn.Module):
     """transformers' GPT-2: the causal buffer `bias` applied with torch.where, then the additive attention_mask.
-    bug "after_softmax": the buffer applied to the weights after the softmax."""
+    bug "after_softmax": the buffer applied to the weights after the softmax; "multiplied": the scores multiplied by
+    the buffer (`w * causal`), whose weights keep no 0."""
 
     def __init__(self, n_embd=32, n_head=4, n_positions=16, bug=None):
         super().__init__()
@@ -35,7 +36,9 @@ class Gpt2Attention(nn.Module):
         q, k, v = (split(t, self.n_head) for t in self.c_attn(hidden_states).chunk(3, dim=-1))
         w = q @ k.transpose(-1, -2) / math.sqrt(v.shape[-1])
         causal = self.bias[:, :, :q.shape[-2], :k.shape[-2]]
-        if self.bug != "after_softmax":
+        if self.bug == "multiplied":
+            w = w * causal
+        elif self.bug != "after_softmax":
             w = torch.where(causal, w, torch.finfo(w.dtype).min)
         if attention_mask is not None:
             w = w + attention_mask
