@@ -78,14 +78,17 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
     for pairing, fraction, base in ((p, f, b) for p in pairings for f in fractions for b in bases):
         width = int(d * fraction) if fraction else d
         # the way each pair turns, +θ or −θ, read off its fastest pair (a turn of one radian a position)
-        sign = _direction(source, mine, pairing, width, (spec.cache or 0) + spec.rope_start, spec.rope_sign)
+        read = _direction(source, mine, pairing, width, (spec.cache or 0) + spec.rope_start, spec.rope_sign)
+        # the turn read, then the reference's own: heads split the wrong way make the code's rotated tensor no
+        # turn of the reference's heads, and what is read off it then says nothing of the direction
+        signs = [read] + ([spec.rope_sign] if read != spec.rope_sign else [])
         starts = [spec.rope_start]
         # in a decode step the cached keys hold their positions: a shift of the new ones is no convention
-        fitted = _first_position(source, mine, replace(spec, rope_base=base), pairing, width, sign) \
+        fitted = _first_position(source, mine, replace(spec, rope_base=base), pairing, width, read) \
             if not spec.cache else None
         if fitted is not None and fitted not in starts:
             starts.insert(0, fitted)
-        for start in starts:
+        for sign, start in ((s, t) for s in signs for t in starts):
             if (pairing, fraction, start, base, sign) in seen:
                 continue
             seen.add((pairing, fraction, start, base, sign))
@@ -128,8 +131,9 @@ def _angles(spec: Spec, trace: Trace, records: list[Record]) -> list[tuple[Spec,
 
     if spec.cache or spec.layout != "row":
         return []
-    q, k = (next((trace[s] for s in names if s in trace), None) for names in (("Q_normed", "Q_split"),
-                                                                             ("K_normed", "K_split")))
+    # the heads before RoPE: a norm over the whole projection (OLMo 2's) comes before the split, and is no heads
+    q, k = (next((trace[s] for s in names if s in trace and trace[s].shape == trace[names[1]].shape), None)
+            for names in (("Q_normed", "Q_split"), ("K_normed", "K_split")))
     if q is None or k is None or q.dim() < 3:
         return []
     read = ropefreqs.angles_from(records, q, k)

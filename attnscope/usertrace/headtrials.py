@@ -3,6 +3,7 @@ by a view without the transpose."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import torch
@@ -110,6 +111,8 @@ def trials_split(b: Base) -> Iterator[Trial]:
 
         for steps, words in fusedsplit.trials(b, turn if rope is not None else None):
             yield Trial(steps, words)
+    from attnscope.usertrace import splitframes
+
     wrong: dict[str, dict[str, torch.Tensor]] = {}  # role -> the replay's change, and the steps the view makes
     for role, change, name in (("Q", "q", "Q_rot"), ("K", "k_new", "K_rot"), ("V", "v_new", "")):
         feat, split = (f"{role}_feat", f"{role}_split") if b.kind == "module" else (role, role)
@@ -136,16 +139,21 @@ def trials_split(b: Base) -> Iterator[Trial]:
         turned = rope_turn(rope)(plain, rope.q_pos if role == "Q" else rope.k_pos) \
             if rope is not None and role != "V" else plain
         wrong[role] = {change: turned, **views}
+        # the norm of each head refit and applied after the view (a gain per head: Cohere's), or after RoPE
+        refit = None if normed is None or b.kind != "module" else \
+            splitframes.normed_heads(b, role, views[split], turn if rope is not None else None)
+        if refit is not None and (normed not in views or not torch.allclose(
+                refit[normed].double(), views[normed].double(), rtol=1e-4, atol=1e-5)):
+            wrong[role] = refit
     yield from _split_trials(b, wrong)
     if b.kind == "module":  # a time-first projection, keys viewed ready for q @ k, heads before the batch
-        from attnscope.usertrace import splitframes
-
         for steps, words in splitframes.trials(b, turn if rope is not None else None):
             yield Trial(steps, words)
 
 
 def _split_trials(b: Base, wrong: dict[str, dict[str, torch.Tensor]]) -> Iterator[Trial]:
-    runs = [[role] for role in wrong] + ([list(wrong)] if len(wrong) > 1 else [])
+    # one role alone, each pair (q and k viewed straight, v right), then all three
+    runs = [list(roles) for size in range(1, len(wrong) + 1) for roles in itertools.combinations(wrong, size)]
     for roles in runs:
         changes = {"Q": "q", "K": "k_new", "V": "v_new"}
         changed = {changes[r]: wrong[r][changes[r]] for r in roles}

@@ -41,6 +41,7 @@ def trials_swapped(b: Base) -> Iterator[Trial]:
         _feats_swapped(b, steps)
         yield Trial(steps, words + ", each projected by the other's weights and then rotated as the keys are")
     yield from _swapped_before_norm(b, rope, words)
+    yield from _swapped_before_proj_norm(b, rope, words)
     yield from _swapped_by_flow(b, rope, words)
 
 
@@ -57,7 +58,7 @@ def _swapped_by_flow(b: Base, rope: ReadRope | None, words: str) -> Iterator[Tri
     if plain is None or plain.shape != b.v_new.shape or b.raw_keys is not None or b.names.get("v") != "V_split":
         return
     late = rope is not None and late_norm(b.order, "K_normed")
-    values = b.v_new
+    values, norm = b.v_new, None
     if "K_normed" in b.ref:
         norm = refit_norm(b.ref["K_rot"] if late else plain, b.ref["K_normed"])
         if norm is None:
@@ -75,6 +76,12 @@ def _swapped_by_flow(b: Base, rope: ReadRope | None, words: str) -> Iterator[Tri
     never = "neither " + " nor ".join(done) if len(done) > 1 else f"never {done[0]}"
     yield Trial(steps, f"{words}, after the keys were {' and '.join(done)}: the scores read a projection {never}, "
                 f"and the pattern multiplies the one {' and '.join(done)} as keys are")
+    if norm is not None and rope is not None and not late:  # swapped between the norm and RoPE
+        steps = replay(b, k_new=rope_turn(rope)(plain, rope.k_pos), v_new=norm(b.v_new).to(b.v_new.dtype))
+        if "K_normed" != b.names["k"]:
+            steps["K_normed"] = plain
+        yield Trial(steps, f"{words}, after the keys were normed and before RoPE: the scores read a projection "
+                    "rotated and never normed, and the pattern multiplies the one normed as keys are")
 
 
 def _feats_swapped(b: Base, steps: dict[str, torch.Tensor]) -> None:
@@ -110,6 +117,38 @@ def _swapped_before_norm(b: Base, rope: ReadRope | None, words: str) -> Iterator
         steps["K_rot"] = turned
     _feats_swapped(b, steps)
     then = "rotated and normed" if late else "normed and rotated" if rope is not None else "normed"
+    yield Trial(steps, f"{words}, each projected by the other's weights before the keys' norm (the values then {then} "
+                "as the keys are)")
+
+
+def _swapped_before_proj_norm(b: Base, rope: ReadRope | None, words: str) -> Iterator[Trial]:
+    """kv.swapped before a qk-norm over the whole projection (OLMo 2's `k_norm(v_proj(x))`, `v = k_proj(x)`): the
+    keys' norm, refit from the reference's own projection before and after it, applied to the value projection's
+    output, then split and rotated as the keys are; the values the key projection's output, unnormed, split."""
+    from attnscope.usertrace.fusedsplit import refit_norm
+
+    feat, normed, split = b.ref.get("K_feat"), b.ref.get("K_normed"), b.ref.get("K_split")
+    values = b.ref.get("V_feat")
+    if feat is None or normed is None or split is None or values is None or b.raw_keys is not None \
+            or feat.dim() != 3 or normed.shape != feat.shape or values.shape != feat.shape or split.dim() != 4 \
+            or split.shape != b.v_new.shape:
+        return
+    norm = refit_norm(feat[:, None], normed[:, None])  # [n_batch, 1, n, width]: one gain per coordinate
+    if norm is None:
+        return
+    heads, d = int(split.shape[1]), int(split.shape[-1])
+
+    def heads_of(x: torch.Tensor) -> torch.Tensor:  # [n_batch, n, heads·d] -> [n_batch, heads, n, d]
+        return x.unflatten(-1, (heads, d)).transpose(1, 2)
+
+    keys_normed = norm(values[:, None])[:, 0].to(values.dtype)
+    keys = heads_of(keys_normed)
+    rotated = rope_turn(rope)(keys, rope.k_pos) if rope is not None else keys
+    steps = replay(b, k_new=rotated, v_new=heads_of(feat))
+    steps["K_normed"], steps["K_split"], steps["V_split"] = keys_normed, keys, heads_of(feat)
+    _feats_swapped(b, steps)
+    then = "normed over the whole projection, split and rotated" if rope is not None else \
+        "normed over the whole projection and split"
     yield Trial(steps, f"{words}, each projected by the other's weights before the keys' norm (the values then {then} "
                 "as the keys are)")
 

@@ -332,8 +332,8 @@ def _read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record],
             again = _cache_read(module, shapes, inputs, records, train, again)
         if _undoes(again, other, spec):
             continue  # read as the code's convention, then called a mistake by the rerun that undoes it: no reading
-        if again.no_reference is None and (_reached(again) > reached or _reached(again) == reached
-                                            and _better(again, best)):
+        if again.no_reference is None and (_reached(again) > reached and _sees(again, best)
+                                            or _reached(again) == reached and _better(again, best)):
             # the code's tensors say it, further on, or where a rerun then names the mistake at the same step
             best, best_said, reached = again, said, _reached(again)
             if again.divergence is None:
@@ -405,6 +405,18 @@ def takes_tables(module: Any) -> bool:
         return any(name in TABLE_NAMES for name in inspect.signature(module.forward).parameters)
     except (TypeError, ValueError, AttributeError):
         return False
+
+
+def _sees(other: LineUp, best: LineUp) -> bool:
+    """Whether `other`, diverging later, lines up the step where `best` diverged, or either leaves it unnamed: a
+    reading that merely loses sight of a step whose mistake `best` named by experiment (heads split the wrong way,
+    unseen under another pairing) goes no further."""
+    named = best.divergence is not None and best.divergence.experiment is not None
+    if not named or other.divergence is None or other.divergence.experiment is not None:
+        return True
+    assert best.divergence is not None
+    return any(row.reference == best.divergence.reference and row.status in ("equal", "permuted")
+               for row in other.rows)
 
 
 def _reached(lined: LineUp) -> int:

@@ -49,8 +49,11 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
         tries = tries + [weightless] if holds_norms(module) or gained else [weightless, *tries]
         if gained and rownorms.after_rope(rows.record, records, lined.trace):  # gains on the rotated heads (nGPT's)
             tries.append(dataclasses.replace(spec, qk_norm="head", qk_norm_after=True))
+    elif spec.rope_base is not None and holds_norms(module):
+        # a norm module with gains (and a bias) on the rotated heads: the same readings after the rotation
+        tries += [dataclasses.replace(spec, qk_norm="head", qk_norm_after=True)]
+    kept: tuple[Spec, LineUp] | None = None  # a reading that lines up further, its divergence unnamed
     for asked in tries:
-        kind = asked.qk_norm
         try:
             again = line_up(module, shapes, inputs, records, train, asked)
         except (AttnscopeError, RuntimeError, ValueError):
@@ -65,30 +68,44 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
             # further only where it lines up that step (not where it merely loses sight of it: the split heads of a
             # code whose view is the mistake, unseen beside a norm over the projection)
             later = any(row.reference == first and row.status in ("equal", "permuted") for row in again.rows)
-        # or the same step, or one only the reading has (its q normed, where the code norms after RoPE), where only
-        # the reading lets an experiment of the catalog reproduce the code's tensors
-        explained = again.divergence is not None and (again.divergence.reference == first
-                                                      or again.divergence.reference not in names) \
-            and again.divergence.experiment is not None and diverged.experiment is None
-        if later or explained:
-            if asked.qk_norm_gain is not None and rows is not None:
-                flag = f" (--qk-norm {kind} says so)" if rows.kind == "RMS" else ", with that gain"
-                after = rownorms.after_rope(rows.record, records, again.trace)
-                after = _after_rope(rows.record, lined) if after is None else after
-                again.notes.append(f"{rows.words(after)}: read as its own convention, "
-                                   f"and the reference applies it too{flag}")
-                return asked, again
-            if asked.qk_norm_after:
-                again.notes.append("your code normalizes q and k after RoPE, each rotated head over its d_head, with "
-                                   "gains of its own (qk-norm on the rotated heads, nGPT's): read as its own "
-                                   "convention, and the reference applies it too, after its rotation, with your gains")
-                return asked, again
-            over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"
-            again.notes.append(f"your code normalizes q and k before the scores (qk-norm over {over}): read as its "
-                               f"own convention, and the reference applies it too, with your norms' weights "
-                               f"(--qk-norm {kind} says so)")
-            return asked, again
-    return None
+        # or any step (the same, an earlier one the first run saw no further than by chance, one only the reading
+        # has: its q normed, where the code norms after RoPE) where only the reading lets an experiment of the
+        # catalog reproduce the code's tensors, its output included
+        explained = again.divergence is not None and again.divergence.experiment is not None \
+            and diverged.experiment is None
+        if not (later or explained):
+            continue
+        if again.divergence is None or again.divergence.experiment is not None:
+            return asked, _noted(asked, again, rows, records, lined)
+        # diverging later unnamed: kept unless a later reading (the norm after RoPE) lines up or names the mistake
+        kept = kept or (asked, again)
+    return None if kept is None else (kept[0], _noted(kept[0], kept[1], rows, records, lined))
+
+
+def _noted(asked: Spec, again: LineUp, rows: Any, records: list[Record], lined: LineUp) -> LineUp:
+    """`again` with the note that says which qk-norm reading the reference took."""
+    from attnscope.usertrace import rownorms
+
+    kind = asked.qk_norm
+    if asked.qk_norm_gain is not None and rows is not None:
+        flag = f" (--qk-norm {kind} says so)" if rows.kind == "RMS" else ", with that gain"
+        after = rownorms.after_rope(rows.record, records, again.trace)
+        after = _after_rope(rows.record, lined) if after is None else after
+        again.notes.append(f"{rows.words(after)}: read as its own convention, and the reference applies it too{flag}")
+    elif asked.qk_norm_after and rows is not None:
+        again.notes.append("your code normalizes q and k after RoPE, each rotated head over its d_head, with gains of "
+                           "its own (qk-norm on the rotated heads, nGPT's): read as its own convention, and the "
+                           "reference applies it too, after its rotation, with your gains")
+    elif asked.qk_norm_after:
+        again.notes.append("your code normalizes q and k after RoPE, each rotated head over its d_head (qk-norm on "
+                           "the rotated heads): read as its own convention, and the reference applies it too, after "
+                           "its rotation, with your norms' weights")
+    else:
+        over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"
+        again.notes.append(f"your code normalizes q and k before the scores (qk-norm over {over}): read as its own "
+                           "convention, and the reference applies it too, with your norms' weights "
+                           f"(--qk-norm {kind} says so)")
+    return again
 
 
 def _after_rope(record: Record, lined: LineUp) -> bool | None:

@@ -79,6 +79,9 @@ def _swapped_content(trace: Any, rows: dict[str, Any]
     if q_step is None or k_step is None or v_step is None or trace[v_step].shape != trace[k_step].shape:
         return None
     queries, values = trace[q_step].double(), trace[v_step].double()
+    if queries.dim() != values.dim() or queries.shape[:-2] != values.shape[:-2] \
+            or queries.shape[-1] != values.shape[-1]:
+        return None  # held in other layouts (grouped heads, a split the code does otherwise): no product to make
     return k_step, v_step, queries @ values.transpose(-2, -1), (queries, values)
 
 

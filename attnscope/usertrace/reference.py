@@ -519,6 +519,14 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
         used = ", ".join(f"{read[0][role]} as {role.upper()}" for role in ROLES if read[0][role] != named[role][0])
         return [Projections({role: (named[role][0], modules[named[role][0]]) for role in ROLES},
                             f"name; your code uses {used}")]
+    if read is not None and all(len(named[role]) == 1 for role in "qkv") and any(
+            read[0][role] != named[role][0] for role in "qkv") and read[0].get("o") in modules \
+            and read[0]["o"] not in (named[r][0] for r in "qkv"):
+        # the same where only q, k and v are named and the output projection is the flow's (`dense`, `proj`):
+        # k_proj's output rotated and multiplied by the pattern is a swap before RoPE, which no flow can tell
+        used = ", ".join(f"{read[0][role]} as {role.upper()}" for role in "qkv" if read[0][role] != named[role][0])
+        return [Projections({**{role: (named[role][0], modules[named[role][0]]) for role in "qkv"},
+                             "o": (read[0]["o"], modules[read[0]["o"]])}, f"name; your code uses {used}")]
     apart = _by_inputs(records, names, inputs, named) if read is None and inputs and len(inputs) > 1 else None
     if apart is not None:
         found_roles, how = apart
@@ -783,8 +791,8 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
     widths = {"q": d_head, "k": d_head} if spec.qk_norm == "head" else {"q": n_head * d_head, "k": n_kv_head * d_head}
     # per head, a weight row for each (Cohere's [n_head, d_head]) or one that every head shares
     rows = {"q": (1, n_head), "k": (1, n_kv_head)} if spec.qk_norm == "head" else {"q": (1,), "k": (1,)}
-    found = [(name, m) for name, m in module.named_modules()
-             if m is not module and not isinstance(m, nn.Linear)
+    found = [(name, m) for name, m in module.named_modules()  # a ModuleList of norms holds them, and is none
+             if m is not module and not isinstance(m, (nn.Linear, nn.ModuleList, nn.ModuleDict))
              and _gain(m, widths.values(), {*rows["q"], *rows["k"]}) is not None]
     if records:  # the norms the run used (their weights read by an op, or the module called on a tensor)
         found = [(name, m) for name, m in found if _used(name, m, records)] or found

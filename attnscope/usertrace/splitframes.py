@@ -2,7 +2,8 @@
 n, d_feat]` viewed straight as `[n_batch, n_head, n, d_head]`): a projection the code holds time-first, `[n, n_batch,
 d_feat]` (fairseq's), viewed straight as `[n_batch·n_head, n, d_head]` without its `.transpose(0, 1)`; keys viewed
 straight as `[n_batch, n_head, d_head, n]`, ready for `q @ k` without the transpose the permute would have made
-(PatchTST's `k_s`); heads in front of the batch, `[n_head·n_batch, n, d_head]`. One of q, k and v or all of them.
+(PatchTST's `k_s`); heads in front of the batch, `[n_head·n_batch, n, d_head]`. One of q, k and v, two of them (the
+third split right), or all three.
 
 The frames are read from what the code holds, not tried blindly: a source frame is the time-first one only where the
 code's inputs or tensors are laid time-first, and a frame of the heads only where the code holds a tensor of its shape
@@ -13,6 +14,7 @@ that frame, moves the axes back to the reference's `[n_batch, n_head, n, d_head]
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -50,16 +52,17 @@ def trials(b: Base, rotate: Rotate | None) -> Iterator[tuple[dict[str, torch.Ten
                 if source == "batch" and frame == HEADS:  # trials_split's own trial
                     continue
                 yield _trial(b, {role: (frame, steps)}, source)
-        if len(wrong) < 2:
-            continue
-        for frame in FRAMES:  # all three in one frame, or the keys laid ready for q @ k beside the others
-            ready = tuple({"n": "d", "d": "n"}.get(a, a) for a in frame)
-            for keys in dict.fromkeys((frame, ready)):
-                wanted = {role: keys if role == "K" else frame for role in wrong}
-                chosen = {role: m for role, f in wanted.items() for m in wrong[role] if m[0] == f}
-                if len(chosen) < len(wanted) or (source == "batch" and keys == frame == HEADS):
-                    continue
-                yield _trial(b, chosen, source)
+        # each pair, then all three, in one frame, or the keys laid ready for q @ k beside the others
+        groups = [roles for size in range(2, len(wrong) + 1) for roles in itertools.combinations(wrong, size)]
+        for roles in groups:
+            for frame in FRAMES:
+                ready = tuple({"n": "d", "d": "n"}.get(a, a) for a in frame)
+                for keys in dict.fromkeys((frame, ready)):
+                    wanted = {role: keys if role == "K" else frame for role in roles}
+                    chosen = {role: m for role, f in wanted.items() for m in wrong[role] if m[0] == f}
+                    if len(chosen) < len(wanted) or (source == "batch" and keys == frame == HEADS):
+                        continue
+                    yield _trial(b, chosen, source)
 
 
 def _role(b: Base, role: str, source: str, shapes: set[tuple[int, ...]], rotate: Rotate | None
@@ -90,6 +93,10 @@ def _role(b: Base, role: str, source: str, shapes: set[tuple[int, ...]], rotate:
         if head_norm and frame[-1] != "d":  # each head's row of d_head is no row of the view
             continue
         viewed = view_straight(projection, source, frame, sizes)
+        refit = normed_heads(b, role, viewed, rotate) if head_norm else None
+        if refit is not None:  # the norm after the view, or after RoPE: on the code's own heads
+            made.append((frame, refit))
+            continue
         steps = {split: viewed}
         plain = viewed
         if head_norm and normed is not None:  # the norm of each row of d_head, viewed the same way
@@ -98,6 +105,33 @@ def _role(b: Base, role: str, source: str, shapes: set[tuple[int, ...]], rotate:
         steps[change] = rotate(plain, role) if rotate is not None and role != "V" else plain
         made.append((frame, steps))
     return made
+
+
+def normed_heads(b: Base, role: str, viewed: torch.Tensor, rotate: Rotate | None) -> dict[str, torch.Tensor] | None:
+    """The steps the reference's per-head qk-norm and RoPE make from heads viewed the wrong way (`viewed`, `[n_batch,
+    n_head, n, d_head]`), in the order the reference does them (the norm before RoPE, or on the rotated heads), the
+    norm refit from the reference's own heads before and after it, its gain per head applying to the code's heads
+    as its norm would (Cohere's `[n_head, d_head]` weights); the change the replay takes under `CHANGES[role]`. None
+    where the reference norms no head of `role`'s, or the refit does not give its own norm back."""
+    from attnscope.usertrace.fusedsplit import refit_norm
+    from attnscope.usertrace.reference import late_norm
+
+    normed, split, rot = f"{role}_normed", f"{role}_split", f"{role}_rot"
+    if role == "V" or normed not in b.ref or b.ref[normed].shape != b.ref[split].shape:
+        return None
+    late = rotate is not None and late_norm(b.order, normed)
+    norm = refit_norm(b.ref[rot] if late else b.ref[split], b.ref[normed])
+    if norm is None or (late and rot not in b.ref):
+        return None
+    steps = {split: viewed}
+    if late and rotate is not None:
+        steps[rot] = rotate(viewed, role)
+        steps[normed] = norm(steps[rot]).to(viewed.dtype)
+        steps[CHANGES[role]] = steps[normed]
+        return steps
+    steps[normed] = norm(viewed).to(viewed.dtype)
+    steps[CHANGES[role]] = rotate(steps[normed], role) if rotate is not None else steps[normed]
+    return steps
 
 
 def view_straight(projection: torch.Tensor, source: str, frame: Frame, sizes: dict[str, int]
