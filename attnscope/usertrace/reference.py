@@ -519,12 +519,14 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
         used = ", ".join(f"{read[0][role]} as {role.upper()}" for role in ROLES if read[0][role] != named[role][0])
         return [Projections({role: (named[role][0], modules[named[role][0]]) for role in ROLES},
                             f"name; your code uses {used}")]
-    if read is not None and all(len(named[role]) == 1 for role in "qkv") and any(
-            read[0][role] != named[role][0] for role in "qkv") and read[0].get("o") in modules \
+    if read is not None and all(len(named[role]) == 1 for role in "qkv") and read[0]["q"] == named["q"][0] \
+            and (read[0]["k"], read[0]["v"]) == (named["v"][0], named["k"][0]) and read[0].get("o") in modules \
             and read[0]["o"] not in (named[r][0] for r in "qkv"):
-        # the same where only q, k and v are named and the output projection is the flow's (`dense`, `proj`):
-        # k_proj's output rotated and multiplied by the pattern is a swap before RoPE, which no flow can tell
-        used = ", ".join(f"{read[0][role]} as {role.upper()}" for role in "qkv" if read[0][role] != named[role][0])
+        # the same where only q, k and v are named, the output projection the flow's (`dense`, `proj`), and the
+        # keys and values are each other's: k_proj's output multiplied by the pattern and v_proj's rotated as keys
+        # is `k, v = v, k` before RoPE, which no flow can tell from correct code (minGPT's `k @ qᵀ`, the query and
+        # key weights' roles exchanged, stays the flow's reading: the transposed scores of a correct attention)
+        used = ", ".join(f"{read[0][role]} as {role.upper()}" for role in "kv")
         return [Projections({**{role: (named[role][0], modules[named[role][0]]) for role in "qkv"},
                              "o": (read[0]["o"], modules[read[0]["o"]])}, f"name; your code uses {used}")]
     apart = _by_inputs(records, names, inputs, named) if read is None and inputs and len(inputs) > 1 else None
