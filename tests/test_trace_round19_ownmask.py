@@ -10,6 +10,7 @@ F.scaled_dot_product_attention in float64, each plant shown to change its output
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,22 @@ def test_a_mask_of_its_own_is_never_hidden_under_the_rule(runner):
     assert code == 1
     assert any(n.startswith("your code applies a mask of its own to its scores (line ") for n in out["notes"]), \
         out["notes"]
+
+
+def test_a_mask_on_a_relative_term_is_not_a_mask_of_its_own(runner):
+    """Music Transformer multiplies its relative term q · Eᵀ (the queries and a table: no product of q and k) by a
+    0/1 mask of the positions and takes the causal rule from its caller: read as masking by itself (4545c63), it was
+    handed a mask that masks nothing, and the correct module was a false alarm (round 16b's music_raw_ok)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 32, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        m = moved(styles.RelativeTableMasked(), 3)
+        q, k, v = (heads(p(x)) for p in (m.Wq, m.Wk, m.Wv))
+        rel = torch.arange(7)[None, :] - torch.arange(7)[:, None]  # j - i
+        table = torch.einsum("bhld,md->bhlm", q, m.E[16 - 7:])  # row i, column m: distance m - 6
+        term = torch.where(rel <= 0, table.gather(-1, (rel + 6).clamp(0, 6).expand(2, 4, 7, 7)), 0.0)
+        want = m.fc(merged(F.scaled_dot_product_attention(q, k, v, attn_mask=term / math.sqrt(8) + torch.where(
+            rel <= 0, 0.0, -math.inf))))
+        assert torch.allclose(m(x, rel <= 0), want, atol=1e-10)
+    assert_passes(*run_case(runner, STYLES, "RelativeTableMasked", options=("--causal",)))
+    assert_named(*run_case(runner, STYLES, "RelativeTableMasked", "bug='axis'", ("--causal",)), "softmax.axis")

@@ -102,3 +102,31 @@ class LibraryMHA(nn.Module):
         out, _ = self.self_attn(src, src, src, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                                 need_weights=False)
         return out
+
+
+class RelativeTableMasked(nn.Module):
+    """Music Transformer's relative global attention (Huang et al.): q · Eᵀ of a learned table of relative distances,
+    multiplied by a 0/1 mask of the positions (no pair before the sequence) and skewed into [n_Q, n_K], added to the
+    scores; the causal rule is the caller's `mask` (True = may attend). The mask multiplied in is the relative term's,
+    not the scores': no mask of its own over the attention."""
+
+    def __init__(self, d=32, h=4, max_seq=16, bug=None):
+        super().__init__()
+        self.h, self.dh, self.max_seq, self.bug = h, d // h, max_seq, bug
+        self.Wq, self.Wk, self.Wv, self.fc = (nn.Linear(d, d) for _ in range(4))
+        self.E = nn.Parameter(torch.randn(max_seq, d // h) * 0.3)
+
+    def forward(self, x, mask=None):
+        b, n, _ = x.shape
+        q, k, v = (p(x).reshape(b, n, self.h, -1).permute(0, 2, 1, 3) for p in (self.Wq, self.Wk, self.Wv))
+        e = self.E[max(0, self.max_seq - n):, :]
+        qe = torch.einsum("bhld,md->bhlm", q, e)
+        keep = torch.arange(n)[None, :] >= (n - 1 - torch.arange(n))[:, None]  # pairs of real distances
+        qe = keep.to(qe.dtype) * qe
+        padded = nn.functional.pad(qe, [1, 0])  # skewing: [.., n, n + 1] read as [.., n + 1, n], first row dropped
+        srel = padded.reshape(b, self.h, n + 1, n)[:, :, 1:, :]
+        logits = (q @ k.transpose(-1, -2) + srel) / math.sqrt(self.dh)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, -1e9)
+        weights = logits.softmax(-1 if self.bug != "axis" else -2)
+        return self.fc((weights @ v).permute(0, 2, 1, 3).reshape(b, n, -1))

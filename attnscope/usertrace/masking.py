@@ -584,22 +584,27 @@ def masks_itself(records: list[Record]) -> Record | None:
 
 
 # the ops that apply a mask to the scores: a condition's where / masked_fill, a 0/1 product
+PRODUCTS = ("matmul", "__matmul__", "__rmatmul__", "bmm", "baddbmm", "mm", "einsum", "tensordot")  # q · kᵀ
 APPLIES = ("where", "masked_fill", "masked_fill_", "mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply")
 
 
 def own_mask_op(records: list[Record], inputs: set[str], label: str, pattern: tuple[int, int]) -> Record | None:
-    """The first op before the first softmax where the scores (a tensor computed from the forward's inputs, its last
-    two axes `pattern`'s, [n_Q, n_K], or turned) meet a mask of the code's own, whatever it fills them with: a
+    """The first op before the first softmax where the scores (a product of two tensors computed from the forward's
+    inputs, q · kᵀ, or what is made from one; its last two axes `pattern`'s, [n_Q, n_K], or turned) meet a mask of
+    the code's own, whatever it fills them with: a
     boolean or 0/1 tensor of the positions alone, over those two axes (a causal buffer's slice, a tril of ones;
     computed from no input, not from the mask parameter `label`, no random draw), holding both values, through a
     where, a masked_fill or a product that changes the scores (GPT-Neo's buffer multiplied in, `scores *
-    causal_mask`, where its weights keep no 0). None where there is none."""
+    causal_mask`, where its weights keep no 0). A term made from the queries alone is no scores: Music Transformer's
+    q · Eᵀ of its relative table, multiplied by a mask of the positions before it is skewed, leaves the causal rule
+    to the mask its caller gives. None where there is none."""
     import torch
 
     from attnscope.usertrace.dropouts import RANDOM
 
     data: set[int] = set()  # computed from the inputs
     other: set[int] = set()  # from the mask parameter, or a random draw
+    content: set[int] = set()  # from a product of two tensors computed from the inputs (q · kᵀ), or after one
     for r in records:
         if _pattern(r):
             return None
@@ -611,10 +616,12 @@ def own_mask_op(records: list[Record], inputs: set[str], label: str, pattern: tu
             continue
         if any(t in inputs for t in texts) or data & parents:
             data.add(r.index)
+        if content & parents or (name in PRODUCTS and len(data & parents) >= 2):
+            content.add(r.index)
         axes = tuple(r.tensor.shape[-2:])
         if name not in APPLIES or not r.tensor.is_floating_point() or axes not in (pattern, pattern[::-1]):
             continue
-        scores = [records[i] for i in r.parents if i in data and records[i].tensor.is_floating_point()
+        scores = [records[i] for i in r.parents if i in content and records[i].tensor.is_floating_point()
                   and records[i].tensor.shape == r.tensor.shape]
         own = [records[i] for i in r.parents if i not in data and i not in other
                and tuple(records[i].tensor.shape[-2:]) == axes and two_valued(records[i].tensor)]
