@@ -120,14 +120,17 @@ def test_effective_matrix_is_the_product_of_the_recurrence(per_channel):
 
 
 def test_against_transformers_recurrent_rule():
-    """M @ V against transformers' own `torch_recurrent_gated_delta_rule` on random inputs, with grouped heads."""
+    """M @ V against transformers' own `torch_recurrent_gated_delta_rule` on random inputs, with grouped heads: q and
+    k repeated per value head (`repeat_interleave`) before the kernel, as Qwen3NextGatedDeltaNet does in
+    transformers 5.17 (whose kernel takes equal heads only) and the kernel does itself in later ones."""
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
 
     torch.manual_seed(5)
     n, n_k, n_v, d_K, d_V = 9, 2, 4, 6, 5
     q, k = torch.randn(1, n, n_k, d_K), torch.randn(1, n, n_k, d_K)
     v, beta, g = torch.randn(1, n, n_v, d_V), torch.rand(1, n, n_v), -torch.rand(1, n, n_v)
-    theirs, _ = torch_recurrent_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    theirs, _ = torch_recurrent_gated_delta_rule(q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g,
+                                                 beta, use_qk_l2norm_in_kernel=True)
     qn = torch.nn.functional.normalize(q, dim=-1, eps=0).repeat_interleave(2, dim=2).transpose(1, 2) / math.sqrt(d_K)
     kn = torch.nn.functional.normalize(k, dim=-1, eps=0).repeat_interleave(2, dim=2).transpose(1, 2)
     M, _ = effective_matrix(qn, kn, g.transpose(1, 2), beta.transpose(1, 2), torch.zeros(1, n_v, d_K, 0))

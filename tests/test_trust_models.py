@@ -195,6 +195,16 @@ def test_reported_configs_are_one_message(family, path, value, command, words, f
         assert word in outcome.stderr
 
 
+
+def test_a_null_flag_is_read_as_transformers_reads_it(folders, tmp_path):
+    """A true/false field written as null (its default true) is false to the modeling code's `if config.flag:`:
+    head --check agrees with transformers' eager run (a long fuzz run found DeepSeek-V3's `rope_interleave` null
+    failing --check, read as its default; a config class that validates its fields refuses the null itself,
+    Llama 4's `use_qk_norm`, and that is one message)."""
+    target = _with(folders("deepseek_v3"), tmp_path / "m", ("rope_interleave",), None)
+    outcome = run_main("head", "--model", str(target), "--text", TEXT, "--check")
+    assert outcome.code == 0, (outcome.stdout, outcome.stderr)
+
 # --- item 23: MiniMax in anatomy -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("window", [None, 6])

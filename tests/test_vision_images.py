@@ -146,3 +146,28 @@ def test_query_needs_a_vision_tower(tmp_path):
     outcome = run_main("head", "--model", str(tmp_path / "gpt2"), "--text", "The cat sat.", "--query", "p(0,0)")
     assert_usage_error(outcome, "--query picks the row a vision tower's overlay draws", "model_type 'gpt2'",
                        "drop --query")
+
+
+def test_rgb_on_a_transformers_without_return_numpy(monkeypatch):
+    """transformers 5.17's `convert_to_rgb(image)` takes no `return_numpy` and hands back a PIL image (a long
+    property run on a machine with that transformers found every RGB conversion raising TypeError): the picture,
+    and Llama 4's tiles, are the same as through the newer signature."""
+    import numpy as np
+    from PIL import Image
+    from transformers import image_transforms
+
+    from attnscope.models.vision import llama4_tiles
+    from attnscope.models.vision.processor import to_rgb
+
+    pixels = torch.Generator().manual_seed(3)
+    picture = Image.fromarray(torch.randint(0, 256, (7, 9, 4), generator=pixels, dtype=torch.uint8).numpy(), "RGBA")
+    rgb, tiles = np.asarray(to_rgb(picture)), llama4_tiles._as_tensor(picture, True)
+    newer = image_transforms.convert_to_rgb
+
+    def older(image, input_data_format=None):  # the signature before return_numpy: a PIL image back
+        return Image.fromarray(np.asarray(newer(image, return_numpy=True)), "RGB")
+
+    monkeypatch.setattr(image_transforms, "convert_to_rgb", older)
+    assert np.array_equal(np.asarray(to_rgb(picture)), rgb)
+    assert torch.equal(llama4_tiles._as_tensor(picture, True), tiles)
+    assert not np.array_equal(rgb, np.asarray(picture)[..., :3])  # the transparency was composited, not dropped

@@ -112,6 +112,12 @@ class Config:
         return None if self.raw(*names) is None else self.integer(*names, minimum=minimum)
 
     def flag(self, *names: str, default: bool = False) -> bool:
+        """A true/false field; `default` where it is absent. One written as null is false, as transformers reads it:
+        the config keeps the None and the modeling code tests it (`if self.config.rope_interleave:`), so a null
+        DeepSeek-V3 `rope_interleave`, whose default is true, rotates half-split (a long fuzz run found --check
+        failing where attnscope read the null as the default)."""
+        if not self.has(*names) and any(name in self.data for name in names):
+            return False
         value = self.raw(*names, default=default)
         if not isinstance(value, bool):
             raise self._error(names, f"is {value!r}; it must be true or false")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.usertrace.align import ADDS_A_MASK  # diffusers' baddbmm(attention_mask, q, kᵀ, beta=1)
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +43,6 @@ ABOVE = ("__gt__", "gt", "__ge__", "ge")  # `mask > 0`: True where it is True
 ARITHMETIC = ("__rsub__", "sub", "__sub__", "mul", "__mul__", "__rmul__", "add", "__add__", "__radd__", "div",
               "__truediv__", "masked_fill", "where")
 ADDS = ("add", "__add__", "__radd__", "sub", "__sub__", "add_", "__iadd__", "sub_", "__isub__")  # fairseq's +=
-ADDING = ("baddbmm", "addbmm", "addmm")  # diffusers' baddbmm(attention_mask, q, kᵀ, beta=1): the mask added
 WORDS = {
     "attend": "boolean, True = may attend (F.scaled_dot_product_attention's convention)",
     "masked": "boolean, True = masked out (nn.MultiheadAttention's convention)",
@@ -223,7 +223,7 @@ def _raised(failure: Failure | None, records: list[Record], derived: dict[int, t
     named = [label, *(records[i].label for i in derived)]
     if failure is None or not any(n in failure.op for n in named) or "bool" not in failure.message.lower():
         return None
-    if any(f"{name}(" in failure.op for name in ADDING):  # baddbmm(mask, q, kᵀ): the mask is added
+    if any(f"{name}(" in failure.op for name in ADDS_A_MASK):  # baddbmm(mask, q, kᵀ): the mask is added
         return Convention("additive", failure.line, failure.op)
     if any(_subtracted(failure.op, n) for n in named):  # scores - mask: subtracted, +inf where blocked
         return Convention("subtracted", failure.line, failure.op)
@@ -307,7 +307,7 @@ def _applied(record: Record, inverted: bool, arithmetic: bool, others: list[Any]
         return Convention("masked", record.line, op)  # True = masked out (or additive 0) reads
     if name in SUBTRACTS and len(record.args) > 1 and record.args[0] in others:  # scores - mask
         return Convention("subtracted", record.line, op)
-    if name in ADDS or name in ADDING:
+    if name in ADDS or name in ADDS_A_MASK:
         return Convention("additive", record.line, op)
     if name == "scaled_dot_product_attention":  # `~mask` handed to SDPA: True = masked out, as the code reads it
         return Convention("masked" if inverted else "attend", record.line,

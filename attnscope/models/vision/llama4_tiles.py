@@ -198,9 +198,10 @@ def _as_tensor(picture: Image.Image, to_rgb: bool) -> torch.Tensor:
     image over white), `[n_channel, height, width]` uint8."""
     import numpy as np
     import torch
-    from transformers.image_transforms import convert_to_rgb
 
-    array = convert_to_rgb(picture, return_numpy=True) if to_rgb else np.array(picture)
+    from attnscope.models.vision.processor import rgb_array
+
+    array = rgb_array(picture) if to_rgb else np.array(picture)
     image = torch.from_numpy(np.asarray(array))  # [height, width, n_channel] or [height, width]
     image = image[None] if image.ndim == 2 else image.permute(2, 0, 1)  # [n_channel, height, width]
     return image.contiguous()

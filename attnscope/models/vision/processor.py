@@ -15,6 +15,7 @@ from attnscope.errors import UsageError
 from attnscope.models.jsonfile import load_json
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from PIL import Image
 
@@ -185,11 +186,23 @@ def to_rgb(image: Image.Image) -> Image.Image:
     alpha band, a palette's or a grey's tRNS) composited on white, any other converted by Pillow."""
     if image.mode == "RGB":
         return image
-    import numpy as np
     from PIL import Image as PILImage
+
+    return PILImage.fromarray(rgb_array(image), "RGB")
+
+
+def rgb_array(image: Image.Image) -> np.ndarray:
+    """transformers' `convert_to_rgb(image)` as a `[height, width, 3]` uint8 array, in the installed transformers'
+    own words: newer ones take `return_numpy=True` (a PIL result is deprecated there), older ones (5.17 and before)
+    have no such argument and hand back a PIL image."""
+    import inspect
+
+    import numpy as np
     from transformers.image_transforms import convert_to_rgb
 
-    return PILImage.fromarray(np.asarray(convert_to_rgb(image, return_numpy=True)), "RGB")
+    if "return_numpy" in inspect.signature(convert_to_rgb).parameters:
+        return np.asarray(convert_to_rgb(image, return_numpy=True))
+    return np.asarray(convert_to_rgb(image))
 
 
 def shown(pixels: Pixels) -> Image.Image:
