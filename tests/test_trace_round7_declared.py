@@ -4,7 +4,7 @@
   from the product that makes them (which input, or which projection's weight, each operand comes from), never from
   the shape, so `Qᵀ K` [n_Q, n_K] and `Kᵀ Q` [n_K, n_Q] both line up, and --causal is handed in the orientation of
   the code's scores. A softmax over the queries' axis is still `softmax.axis` by experiment; a mask laid over the
-  scores transposed is still a divergence.
+  scores transposed is still a divergence, mask.transposed by experiment.
 - A config --init hands an __init__ that does not keep it (gpt-fast's `__init__(self, config)` copying fields): its
   softcap, scale and RoPE base are read from it (usertrace/declared.py, the one place every declared value is read).
 
@@ -49,8 +49,8 @@ PLANTED = [  # (target, init, options, the catalog's entry; None: a divergence n
     ("textbook_ktq_softmax_dim1", None, (*SQUARE, "--causal"), "softmax.axis"),
     ("ColumnHeads", f"{HEADS}, bug='softmax_queries'", ("--layout", "col", "--causal"), "softmax.axis"),
     ("ColumnKeysFirst", f"{HEADS}, bug='softmax_queries'", ("--layout", "col"), "softmax.axis"),
-    ("textbook_qtk_mask_transposed", None, (*SQUARE, "--causal"), None),
-    ("ColumnKeysFirst", f"{HEADS}, bug='mask_transposed'", ("--layout", "col", "--causal"), None),
+    ("textbook_qtk_mask_transposed", None, (*SQUARE, "--causal"), "mask.transposed"),
+    ("ColumnKeysFirst", f"{HEADS}, bug='mask_transposed'", ("--layout", "col", "--causal"), "mask.transposed"),
     ("FastCapped", f"{CAPPED}, bug='no_softcap'", ("--causal",), "softcap.missing"),
     ("FastScaled", f"{SCALED}, bug='d_head'", ("--causal",), "scale.none"),
     ("FastRotary", f"{ROTARY}, bug='default_base'", ("--causal", "--rope"), "rope.base"),

@@ -153,10 +153,11 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         # the mask parameter takes key padding only (nn.MultiheadAttention's key_padding_mask), or the --mask file
         # beside a parameter named for the causal rule (CLIP's causal_attention_mask): the causal or window rule
         # goes to another one (its attn_mask [n_Q, n_K]), in the convention that one reads
-        called = _rule_beside(o, target, fn, plan, inputs, module, fed, called, convention)
+        called, plan, fed = _rule_beside(o, target, fn, plan, inputs, module, fed, called, convention)
     if not keys_only:  # key padding holds no causal or window rule that could hide the code's own
         called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
-        called = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
+        called, plan, fed = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
+    # the mask parameter's words read with the other one's mask kept beside it (the plan and feeds it ran with)
     return _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
 
 
@@ -227,7 +228,8 @@ def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inp
     allowed = inputs.allowed
     reads = POLARITY.get(convention.kind)  # 0/1 numbers as the boolean of their polarity: 1 = may attend, or masked
     if called.failure is not None or reads is None or allowed is None \
-            or allowed.dtype != torch.bool or bool(allowed.all()) or inputs.also_masked or plan.mask is None:
+            or allowed.dtype != torch.bool or bool(allowed.all()) or plan.mask is None \
+            or (inputs.also_masked and not o.mask):  # the rule's parameter, trace's padding beside it (its own words)
         return called, convention
     traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
     said = statedmask.read(target.path, convention.line, plan.mask, tuple(plan.other_masks), traced,
@@ -330,7 +332,8 @@ def _misfit(called: Called, inputs: Inputs, label: str) -> str | None:
 
 def _widened(records: list[Record], label: str, inputs: set[str]) -> str | None:
     """The first op where the mask (or what the code made of it) meets a tensor computed from the inputs (the
-    scores) and makes it larger: the mask broadcast into axes the scores do not have; None where it never does."""
+    scores) and makes it larger or gives it more axes: the mask broadcast into axes the scores do not have; None
+    where it never does."""
     derived: set[int] = set()
     computed: set[int] = set()  # records whose values come from the forward's inputs
     for r in records:
@@ -343,8 +346,10 @@ def _widened(records: list[Record], label: str, inputs: set[str]) -> str | None:
         if label not in texts and not derived & set(reads):
             continue
         others = [records[i].tensor for i in reads if i not in derived and i in computed]
-        if others and r.tensor.numel() > max(t.numel() for t in others) and r.tensor.dim() >= max(
-                t.dim() for t in others):
+        # larger, or of more axes (a mask of one sequence [1, n_Q, n_K] indexed as key padding, `[:, None, None, :]`,
+        # puts an axis of 1 before the scores' own)
+        if others and (r.tensor.numel() > max(t.numel() for t in others) or r.tensor.dim() > max(
+                t.dim() for t in others)) and r.tensor.dim() >= max(t.dim() for t in others):
             widest = max(others, key=lambda t: t.numel())
             return (f"the mask widened {list(widest.shape)} to {list(r.tensor.shape)} at line {r.line} "
                     f"({r.details.get('op', r.func)})")
@@ -369,11 +374,11 @@ def _grade(called: Called, inputs: Inputs, label: str) -> int:
 
 
 def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
-                 called: Called, convention: Convention) -> Called:
+                 called: Called, convention: Convention) -> tuple[Called, Plan, Feeds]:
     """The code called again with the causal or window rule, `[n_Q, n_K]`, given to the first other mask parameter
-    it runs with, beside the key padding `plan.mask` takes (the reference's mask holds both); `called` where none
-    runs, or where the code masks by itself (lucidrains' chunked attention, causal=True): the rule given too would
-    hide the code's own."""
+    it runs with, beside the key padding `plan.mask` takes (the reference's mask holds both), with the plan and
+    feeds it ran with; `called` (and those given) where none runs, or where the code masks by itself (lucidrains'
+    chunked attention, causal=True): the rule given too would hide the code's own."""
 
     from attnscope import masks
     from attnscope.spec import AttentionSpec
@@ -385,11 +390,11 @@ def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: I
                             f"by {plan.mask}): the {'causal' if o.causal else 'window'} rule was given to no other "
                             "mask parameter, so that trace's mask never hides yours; the reference's mask is compared "
                             "with your code's own")
-        return called
+        return called, plan, fed
     rule, _ = masks.structural(AttentionSpec.asked(o.causal, o.window, o.cache, window_side=o.window_side),
                                inputs.sizes["n_Q"], inputs.sizes["n_K"])
     if rule is None:
-        return called
+        return called, plan, fed
     dtype = next(iter(inputs.tensors.values())).dtype
     causal = plan.causal_mask()
     for other in sorted(plan.other_masks, key=lambda m: m != causal):  # one named for the rule first
@@ -399,8 +404,8 @@ def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: I
             inputs.notes.append(f"{other}: given the {'causal' if o.causal else 'window'} rule [n_Q, n_K] beside "
                                 f"{held} {plan.mask} takes, {masking.WORDS[ran[1]]}")
             inputs.also_masked.append(other)
-            return ran[0]
-    return called
+            return ran[0], ran[2], ran[3]
+    return called, plan, fed
 
 
 def _masks_alone(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
@@ -424,9 +429,10 @@ def _masks_alone(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Fee
 
 
 def _given_beside(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds, Called], other: str,
-                  mask: Any, dtype: Any) -> tuple[Called, str] | None:
+                  mask: Any, dtype: Any) -> tuple[Called, str, Plan, Feeds] | None:
     """The code called again with `mask` (True = may attend) given to the mask parameter `other` as well, as a
-    boolean, then in the convention the code reads it: (the call, that convention), None where it raises."""
+    boolean, then in the convention the code reads it: (the call, that convention, the plan and feeds it ran
+    with), None where it raises."""
     import torch
 
     from attnscope.usertrace import masking
@@ -444,17 +450,19 @@ def _given_beside(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Fe
             return None
         read = masking.detect(tried.records, None, other)
         if read.kind == kind or read.line is None:
-            return tried, kind
+            return tried, kind, beside, more
         kind, line = read.kind, read.line
     return None
 
 
 def _padding_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
-                    called: Called) -> Called:
+                    called: Called) -> tuple[Called, Plan, Feeds]:
     """Where the mask parameter took the rule (causal, a window) and the forward takes key padding as well
     (fairseq's key_padding_mask beside its attn_mask), the padding parameter gets keys of trace's own padded
-    (masking.padded_keys), the reference's mask padding the same keys, so that its branch runs and is compared;
-    `called` where the code does not run so, or nothing could be padded."""
+    (masking.padded_keys), the reference's mask padding the same keys, so that its branch runs and is compared,
+    written as the code's own words say where they give it the other polarity than its ops (_padding_as_stated);
+    with the plan and feeds it ran with. `called` (and those given) where the code does not run so, or nothing could
+    be padded."""
     import torch
 
     from attnscope import masks
@@ -464,13 +472,13 @@ def _padding_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs
     others = [m for m in plan.other_masks if "padding" in m.lower() and m not in inputs.also_masked]
     if called.failure is not None or not others or allowed is None or allowed.dtype != torch.bool \
             or o.mask or "n_batch" not in inputs.sizes:
-        return called
+        return called, plan, fed
     grid = allowed.reshape(-1, *allowed.shape[-2:])
     if grid.shape[0] != 1:
-        return called
+        return called, plan, fed
     keys, padded, _ = masking.padded_keys(grid.expand(inputs.sizes["n_batch"], *grid.shape[1:]))
     if padded is None:
-        return called
+        return called, plan, fed
     dtype = next(iter(inputs.tensors.values())).dtype
     other = others[0]
     # [n_batch, n_K] (fairseq's key_padding_mask), else [n_batch, 1, 1, n_K] (a 4-D additive attention_mask)
@@ -479,19 +487,56 @@ def _padding_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs
         if ran is not None:
             inputs.mask = masks.combine(inputs.mask, padded[:, None, None, :])
             which = ", ".join(str(int(k)) for k in torch.nonzero(~padded[0]).flatten())
+            stated = _padding_as_stated(o, (target, fn, inputs, module), ran, other, shaped, dtype)
+            kind = ran[1] if stated is None else stated[1]
             inputs.notes.append(f"{other}: keys {which} of the first sequence padded by trace ({words}), "
-                                f"{masking.WORDS[ran[1]]}, so that your code's padding runs; the reference's mask "
-                                "pads the same keys")
+                                f"{masking.WORDS[kind]}, so that your code's padding runs; the reference's mask "
+                                "pads the same keys" + ("" if stated is None else stated[2]))
             inputs.also_masked.append(other)
-            return ran[0]
-    return called
+            return (ran[0] if stated is None else stated[0]), ran[2], ran[3]
+    return called, plan, fed
+
+
+def _padding_as_stated(o: TraceOptions, run: tuple[Target, Any, Inputs, Any], ran: tuple[Called, str, Plan, Feeds],
+                       other: str, keys: Any, dtype: Any) -> tuple[Called, str, str] | None:
+    """Where the code's own words give the padding parameter `other` the other polarity than its ops read
+    (statedmask.py: "key_padding_mask: True marks a padding key" over a `masked_fill(~key_padding_mask, ..)`), the
+    code called again with trace's padded keys written as the words say, so that the run shows what the code does
+    with them: (the call, that convention, the words for the note); None where the words agree or say nothing."""
+    import torch
+
+    from attnscope.usertrace import masking, statedmask
+    from attnscope.usertrace.call import call
+
+    target, fn, inputs, module = run
+    tried, kind, beside, more = ran
+    reads = POLARITY.get(kind)
+    read = masking.detect(tried.records, None, other)
+    if reads is None or read.line is None:
+        return None
+    traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
+    others = tuple(m for m in (beside.mask, *beside.other_masks) if m is not None and m != other)
+    said = statedmask.read(target.path, read.line, other, others, traced, masking.flow(tried.records, other), reads)
+    if said is None or said.kind == reads:
+        return None
+    turned = OTHER_WAY[kind]
+    given = masking.written(keys, turned, dtype)
+    feeds = dataclasses.replace(more, values={**more.values, other: given}, labels={**more.labels, id(given): other})
+    torch.manual_seed(o.seed)
+    again = call(target, fn, beside, inputs, module, o.max_memory, tried.mask_given, feeds)
+    if again.failure is not None:
+        return None
+    words = said.words if len(said.words) <= 60 else said.words[:57] + "..."
+    return again, turned, (f""", as your code's own words say it is (line {said.line}: "{words}"); your code """
+                           f"reads it the other way round (line {read.line})")
 
 
 def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
               called: Called, convention: Convention) -> Called:
     """A code that masks by itself (a causal buffer, a tril of any diagonal, is_causal) and takes a mask as well
-    gets one that masks nothing, so that trace's mask never hides the code's own: the reference's mask is then
-    compared with the code's alone. Found by experiment: the code run with nothing masked still has weights of
+    gets one that masks nothing (the key padding alone, where the reference's mask pads keys no query may see: a
+    --mask file's), so that trace's mask never hides the code's own: the reference's mask is then compared with the
+    code's alone. Found by experiment: the code run with nothing masked still has weights of
     exactly 0, or its scores still meet a boolean or 0/1 mask of the positions alone (masking.own_mask_op: GPT-Neo's
     buffer multiplied into them, or filled with 0, which trace's rule would mask again). Where it masks the window's
     far keys alone it takes the causal part from its caller (_rule_left_over); where it masks the causal part, the
@@ -535,6 +580,18 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     how = f"masks by itself (line {own.line}: weights of exactly 0" if own is not None else \
         f"applies a mask of its own to its scores (line {cast('Record', applied).line}: a boolean or 0/1 tensor of " \
         "the positions alone,"
+    # the keys no query may see (a --mask file's padding) are no rule of the positions: they stay the caller's
+    keys = allowed.any(-2, keepdim=True).expand_as(allowed)
+    if not bool(keys.all()):
+        torch.manual_seed(o.seed)
+        padded = call(target, fn, plan, inputs, module, o.max_memory,
+                      masking.written(keys, convention.kind, dtype, convention.line), fed)
+        if padded.failure is None:
+            inputs.allowed = keys
+            inputs.notes.append(f"your code {how} with nothing masked by {plan.mask}): {plan.mask} was given the key "
+                                "padding alone, so that trace's mask never hides yours; the reference's mask is "
+                                "compared with your code's own and the padding")
+            return padded
     inputs.allowed = everything
     inputs.notes.append(f"your code {how} with nothing masked by {plan.mask}): {plan.mask} was given a mask that masks "
                         "nothing, so that trace's mask never hides yours; the reference's mask is compared with your "

@@ -63,15 +63,19 @@ def read(plan: Plan, names: list[str], run: Runner, band: bool = False) -> tuple
     """The first of `names` that is the code's causal switch, and the record of the weights it masks with it True,
     by experiment (the module docstring); None where none is, or the code masks by itself at its defaults. With
     `band` (--window), the switch is one whose truth masks a band along the diagonal instead (the code builds its
-    sliding window itself: every key past one diagonal and every key before another)."""
+    sliding window itself: every key past one diagonal and every key before another), read also where the code is
+    causal by itself at its defaults (a window that only the switch adds)."""
     import dataclasses
 
     from attnscope.usertrace.masking import masks_by_itself
 
     bare = plan.without_masks()
     records, failed = run(bare)
-    if not failed and masks_by_itself(records) is not None:
+    mine = masks_by_itself(records) if not failed else None
+    if mine is not None and not (band and half_plane(mine.tensor)):
         return None  # it masks at its defaults: the switch, if any, is not what it needs
+    # causal at its defaults and a switch for its window (`use_sliding_window=False`): with --window, the switch is
+    # still what it needs
     for name in names:
         records, failed = run(dataclasses.replace(bare, switched=name))
         own = masks_by_itself(records) if not failed else None

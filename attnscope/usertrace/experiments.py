@@ -24,6 +24,7 @@ from attnscope.usertrace.biastrials import (
 )
 from attnscope.usertrace.headtrials import trials_merge, trials_merge_permuted, trials_split
 from attnscope.usertrace.kvtrials import trials_swapped, trials_tiled, trials_values_from_keys
+from attnscope.usertrace.maskmirror import trials_transposed
 from attnscope.usertrace.masktrials import (
     trials_after_softmax,
     trials_no_window,
@@ -111,6 +112,8 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("mask.window_untold", "mask", "a window of the code's own the reference was not told of (--window)",
                trials_window_untold),
     Experiment("mask.on_queries", "mask", "a key-padding mask applied on the queries", trials_on_queries),
+    Experiment("mask.transposed", "mask", "the mask (or its causal rule) transposed: the queries' and keys' axes "
+               "exchanged", trials_transposed),
     Experiment("mask.upper_left", "mask", "is_causal=True (upper-left) in a decode step", trials_upper_left),
     Experiment("softmax.axis", "softmax", "the softmax over another axis than the keys", trials_softmax_axis),
     Experiment("heads.merge_without_transpose", "heads", "heads merged by a view before the permute", trials_merge),

@@ -131,7 +131,20 @@ def _say(mine: torch.Tensor, allowed: torch.Tensor) -> str:
         narrower = _window(mine, rel)
         return (f"the sliding window is narrower than the reference's {window}" + (f": {narrower}" if narrower else "")
                 + f" ({counts}); query i sees key j when j ≤ i and i − j < window")
-    return counts + _regions(extra, hidden, rel, i, j)
+    return counts + _regions(extra, hidden, rel, i, j) + _own_pattern(hidden, n_extra)
+
+
+def _own_pattern(hidden: torch.Tensor, n_extra: int) -> str:
+    """Where the code only masks more than the reference, the same cells in every sequence and head (Llama 4's
+    chunks under --causal alone, blocks, a pattern of its own): how to describe that pattern; else nothing."""
+    n_Q, n_K = hidden.shape[-2:]
+    cells = hidden.reshape(-1, n_Q, n_K)
+    if n_extra or not bool(cells.any()) or not bool((cells == cells[:1]).all()):
+        return ""
+    return ("; your code masks these by itself, the same cells in every sequence and head (chunks, blocks, a pattern "
+            "of its own that no --causal or --window says): where they are your model's, describe them with --mask "
+            "FILE, [n_Q, n_K], True = may attend, the rule's cells and yours together (Llama 4's chunked local "
+            "attention: `(j <= i) & (i // C == j // C)`)")
 
 
 def _two_sided(allowed: torch.Tensor, keys: torch.Tensor) -> bool:

@@ -209,6 +209,10 @@ def trials_off_by_one(b: Base) -> Iterator[Trial]:
                      + both.format(how="narrower"))]
     if keys is not None:  # the moved bands on the padded keys
         changes = changes[:2] + [(changed & keys, words) for changed, words in changes[2:]]
+    if band is None:  # a pattern the causal rule cuts (Llama 4's chunks, a --mask file's): its edge, its chunks moved
+        from attnscope.usertrace.maskblocks import changes as cut
+
+        changes += cut(allowed)
     computed = blocks_computed(b)
     if computed is not None:  # online softmax that skips blocks (lucidrains' causal chunks wholly in the future)
         changes += [(changed & computed, f"{words} (in the blocks your code computes; it skips the others)")
