@@ -43,21 +43,29 @@ class NormForm:
     how: str  # "its weight", "1 + its weight", "a gain of its own"
 
 
+def _over(p: torch.Tensor, width: int) -> bool:
+    """Whether a parameter spans a last axis of `width`, or `width` cells laid out over several axes (the
+    `[n_head, d_head]` weight of `nn.LayerNorm((n_head, d_head))`, one norm over the whole projection)."""
+    return p.dim() >= 1 and (p.shape[-1] == width or p.dim() > 1 and p.numel() == width)
+
+
 def weight_of(norm: nn.Module, width: int) -> torch.Tensor | None:
     """The norm's weight over a last axis of `width`: `weight`, else its only such parameter (`scale`, `gamma`,
-    `g`); 1-D `[width]`, or a row per head (`[n_head, width]`, `[n_head, 1, width]`)."""
+    `g`); 1-D `[width]`, a row per head (`[n_head, width]`, `[n_head, 1, width]`), or `width` cells over several
+    axes (`[n_head, d_head]` of a norm over the whole projection)."""
     weight = getattr(norm, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.dim() >= 1 and weight.shape[-1] == width:
+    if isinstance(weight, torch.Tensor) and _over(weight, width):
         return weight.detach()
-    found = [p for name, p in norm.named_parameters() if p.dim() >= 1 and p.shape[-1] == width
+    found = [p for name, p in norm.named_parameters() if _over(p, width)
              and "bias" not in name and "beta" not in name]
     return found[0].detach() if len(found) == 1 else None
 
 
 def shaped(norm: nn.Module, width: int) -> torch.Tensor | None:
     """The norm's largest parameter over a last axis of `width` (its weight, or a bias as wide: the layout a
-    probe takes, a row per head where it holds them), whatever it is called; None where it holds none."""
-    found = [p.detach() for p in norm.parameters() if p.dim() >= 1 and p.shape[-1] == width]
+    probe takes, a row per head where it holds them; `width` cells over several axes, a norm over them all),
+    whatever it is called; None where it holds none."""
+    found = [p.detach() for p in norm.parameters() if _over(p, width)]
     return max(found, key=lambda p: p.numel()) if found else None
 
 
@@ -80,23 +88,26 @@ def own_eps(norm: nn.Module) -> float | None:
 
 def read(norm: nn.Module, width: int) -> NormForm | None:
     """The form `norm` computes over a last axis of `width`, fitted on a probe laid out as its weight is (a row per
-    head where it holds one); None where none fits. The form's weight and bias are `[width]`, or `[rows, width]`
-    with a gain per head."""
+    head where it holds one; `width` cells over several axes, `nn.LayerNorm((n_head, d_head))`'s weight of a norm
+    over the whole projection, laid out so and normalized over them all); None where none fits. The form's weight
+    and bias are `[width]`, or `[rows, width]` with a gain per head."""
     weight, widest = weight_of(norm, width), shaped(norm, width)
-    layout = (1,) if widest is None else tuple(widest.shape[:-1]) or (1,)  # the heads' axes of its weight
     if weight is not None and widest is not None and weight.numel() != widest.numel():
         weight = None
+    whole = widest is not None and widest.shape[-1] != width  # one norm over cells laid out over several axes
+    layout = (1,) if widest is None or whole else tuple(widest.shape[:-1]) or (1,)  # the heads' axes of its weight
     probe = _probe(width, norm, layout)
     if probe is None:
         return None
+    laid = probe.reshape(len(probe), *widest.shape) if whole and widest is not None else probe
     try:
         with torch.no_grad():
-            out = norm(probe)
+            out = norm(laid)
     except Exception:  # the user's module, on a probe: any failure means no reading
         return None
-    if not isinstance(out, torch.Tensor) or out.shape != probe.shape or not out.is_floating_point():
+    if not isinstance(out, torch.Tensor) or out.shape != laid.shape or not out.is_floating_point():
         return None
-    heads = math.prod(layout)
+    heads = 1 if whole else math.prod(layout)
     x, y = probe.double().reshape(-1, heads * width), out.double().reshape(-1, heads * width)  # [rows, cells]
     if weight is not None:
         weight = weight.reshape(heads, width) if heads > 1 else weight.reshape(width)
