@@ -402,11 +402,12 @@ CASES = [(entry, style) for entry, (styles, _, _) in PLANTS.items() for style in
 def test_every_catalog_entry_is_planted_in_three_styles():
     from test_trace_round7_catalog import PLANTED  # the entries round 7 added, planted there
     from test_trace_round7_scaleshare import PLANTED as SHARES  # scale.half, in three styles of its own
+    from test_trace_round20_norms import PLANTED as NORMS  # qknorm.*, in styles of their own
 
     names = {experiment.name for experiment in CATALOG}
-    planted = set(PLANTS) | set(PLANTED) | set(SHARES)
+    planted = set(PLANTS) | set(PLANTED) | set(SHARES) | set(NORMS)
     assert names == planted, names ^ planted
-    assert all(len({target for target, _, _ in cases}) >= 3 for cases in SHARES.values())
+    assert all(len({target for target, _, _ in cases}) >= 3 for cases in (*SHARES.values(), *NORMS.values()))
     assert all(len(styles) >= 3 for styles, _, _ in PLANTS.values())
 
 

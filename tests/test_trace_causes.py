@@ -154,7 +154,8 @@ def test_a_mask_of_the_wrong_pattern_is_named_from_the_users_masked_scores(tmp_p
      "masked_scores", "adds ALiBi's bias"),
     (("--causal",), [(BIAS, "scores = scores + alibi_slopes(self.n_head).flip(0)[:, None, None] * torch.arange(T)")],
      "masked_scores", "which are not ALiBi's for 4 heads"),
-    (("--causal",), [(ROTATE, "q = self.q_norm(q)")], "scores", "qk-norm on one side only"),
+    # the norm on one side only: the module's norms read as its qk-norm, the keys' left out by experiment
+    (("--causal",), [(ROTATE, "q = self.q_norm(q)")], "K_normed", "the keys never normalized"),
     (("--causal", "--rope"), [(ROTATE, "q, k, v = rope(q), rope(k), rope(v)")], "x_raw", "RoPE applied to the values"),
     (("--causal",), [("q = self.q_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)",
                       "q = self.q_proj(x).view(B, self.n_head, T, self.d_head)")],

@@ -3,8 +3,9 @@ over the whole projection written by hand, `nn.LayerNorm((n_head, d_head))` (one
 2-D weight and bias), Llama 4's weightless L2 norm after RoPE and its NoPE layers, Gemma 3's `(1 + w)` RMSNorm with
 `query_pre_attn_scalar`, SD3's joint attention with a norm per stream, and a head count kept as `self.h` beside a
 KV cache. Styles of its own (tests/trace_styles_round20_norms.py), each checked against a float64 formula and
-F.scaled_dot_product_attention, each plant shown to change its output and named by experiment, or said to diverge
-with no cause guessed.
+F.scaled_dot_product_attention, each plant shown to change its output and named by experiment (the qk-norm's
+mistakes by the catalog's qknorm.* entries: a side never normalized, the norm on the other side of RoPE or over the
+other axis where --qk-norm says where, the values normalized too).
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
         assert torch.allclose(p(x), want, atol=1e-5)  # its norm computes in float32
         _changed(styles.ProjNormAttention, p, want, (x,), ("norm_late", "per_head", "norm_v", "no_k_norm",
                                                            "kv_swapped"))
+        half = styles.ProjNormAttention(half=True).double().eval()
+        half.load_state_dict(p.state_dict())
+        want = p.dense(_sdpa(_turned(q, "halves"), _turned(k, "halves"), _heads(p.value(x), 2)))
+        assert torch.allclose(half(x), want, atol=1e-5)
+        _changed(styles.ProjNormAttention, half, want, (x,), ("norm_late", "per_head", "norm_v", "no_k_norm"),
+                 half=True)
 
         h = styles.HeadGridNorm().double().eval()
         w, b = h.q_norm.weight.flatten(), h.q_norm.bias.flatten()  # one norm over all n_head·d_head cells
@@ -81,7 +88,7 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
         k = _heads(_layer(h.wk(x), h.k_norm.weight.flatten(), h.k_norm.bias.flatten()), 4)
         want = h.wo(_sdpa(_turned(q, "halves"), _turned(k, "halves"), _heads(h.wv(x), 4)))
         assert torch.allclose(h(x), want, atol=1e-10)
-        _changed(styles.HeadGridNorm, h, want, (x,), ("norm_late", "no_k_norm", "kv_swapped"))
+        _changed(styles.HeadGridNorm, h, want, (x,), ("norm_late", "no_k_norm", "kv_swapped", "per_head"))
 
         for rope in (True, False):
             m = styles.L2NormLayer(rope=rope).double().eval()
@@ -98,7 +105,8 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
         k = _turned(_rms(_heads(m.k_proj(x), 2), 1 + m.k_norm.weight), "halves")
         want = m.o_proj(_sdpa(q, k, _heads(m.v_proj(x), 2), scale=16 ** -0.5))  # query_pre_attn_scalar = 16
         assert torch.allclose(m(x), want, atol=1e-5)
-        _changed(styles.GemmaHeads, m, want, (x,), ("norm_late", "scale_dhead", "kv_swapped", "no_k_norm"))
+        _changed(styles.GemmaHeads, m, want, (x,), ("norm_late", "scale_dhead", "kv_swapped", "no_k_norm", "whole",
+                                                     "norm_v"))
 
         j = styles.JointNorms().double().eval()
         c = torch.randn(2, 5, 24, generator=g, dtype=torch.float64)
@@ -123,14 +131,15 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
         allowed = torch.ones(7, 10, dtype=torch.bool).tril(3)  # the new rows see the cache and up to themselves
         want = m.o(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed).transpose(1, 2).flatten(2))
         assert torch.allclose(m(x, past)[0], want, atol=1e-10)
-        _changed(styles.CachedHeads, m, want, (x, past), ("no_k_norm", "kv_swapped"))
+        _changed(styles.CachedHeads, m, want, (x, past), ("no_k_norm", "kv_swapped", "norm_v"))
 
 
 ROPE = ("--causal", "--rope")
 PROJ = (*ROPE, "--qk-norm", "proj")
+HALF = "half=True"
 GEMMA = (*ROPE, "--qk-norm", "head", "--scale", "0.25")  # query_pre_attn_scalar ** -0.5, the config's
 CACHE = (*ROPE, "--cache", "3", "--qk-norm", "head")
-CORRECT = [("ProjNormAttention", None, PROJ), ("ProjNormAttention", None, ROPE),
+CORRECT = [("ProjNormAttention", None, PROJ), ("ProjNormAttention", None, ROPE), ("ProjNormAttention", HALF, PROJ),
            ("HeadGridNorm", None, PROJ), ("HeadGridNorm", None, ROPE),
            ("L2NormLayer", None, ROPE), ("L2NormLayer", "rope=False", ("--causal",)),
            ("GemmaHeads", None, GEMMA), ("GemmaHeads", None, (*ROPE, "--scale", "0.25")),
@@ -151,15 +160,44 @@ def test_a_layer_norm_over_the_head_grid_is_the_projections_norm(runner):
     assert len(normed) == 2 and all(a["dims"][-1] == "d_feat" and a["max_abs_diff"] < 1e-4 for a in normed), normed
 
 
+# the catalog's qk-norm entries, each planted in three styles or more (test_trace_catalog counts them)
+PLANTED: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
+    "qknorm.missing": [("ProjNormAttention", f"{HALF}, bug='no_k_norm'", PROJ),
+                       ("HeadGridNorm", "bug='no_k_norm'", PROJ),
+                       ("L2NormLayer", "bug='no_k_norm'", ROPE),
+                       ("GemmaHeads", "bug='no_k_norm'", GEMMA),
+                       ("CachedHeads", "bug='no_k_norm'", CACHE)],
+    "qknorm.place": [("ProjNormAttention", "bug='norm_late'", PROJ),
+                     ("ProjNormAttention", f"{HALF}, bug='norm_late'", PROJ),
+                     ("HeadGridNorm", "bug='norm_late'", PROJ),
+                     ("GemmaHeads", "bug='norm_late'", GEMMA)],
+    "qknorm.axis": [("ProjNormAttention", "bug='per_head'", PROJ),
+                    ("ProjNormAttention", f"{HALF}, bug='per_head'", PROJ),
+                    ("HeadGridNorm", "bug='per_head'", PROJ),
+                    ("GemmaHeads", "bug='whole'", GEMMA)],
+    "qknorm.on_values": [("ProjNormAttention", f"{HALF}, bug='norm_v'", PROJ),
+                         ("L2NormLayer", "bug='norm_v'", ROPE),
+                         ("GemmaHeads", "bug='norm_v'", GEMMA),
+                         ("CachedHeads", "bug='norm_v'", CACHE)],
+}
 PLANTS = [("ProjNormAttention", "bug='kv_swapped'", PROJ, "kv.swapped"),
           ("HeadGridNorm", "bug='kv_swapped'", PROJ, "kv.swapped"),
           ("L2NormLayer", "bug='tiled'", ROPE, "gqa.tiled"),
           ("L2NormLayer", "bug='no_scale'", ROPE, "scale.none"),
           ("GemmaHeads", "bug='scale_dhead'", GEMMA, "scale.none"),
           ("GemmaHeads", "bug='kv_swapped'", GEMMA, "kv.swapped"),
-          ("CachedHeads", "bug='kv_swapped'", CACHE, "kv.swapped")]
+          ("CachedHeads", "bug='kv_swapped'", CACHE, "kv.swapped"),
+          *((target, init, options, entry) for entry, cases in PLANTED.items() for target, init, options in cases)]
 
 
 @pytest.mark.parametrize(("target", "init", "options", "entry"), PLANTS, ids=case_ids(PLANTS))
 def test_plants_are_named_by_experiment(runner, target, init, options, entry):
     assert_named(*run_case(runner, STYLES, target, init, options), entry)
+
+
+def test_a_norm_the_code_puts_after_rope_is_its_convention_where_no_flag_says_where(runner):
+    """qknorm.place and qknorm.axis name a norm's place only where --qk-norm told it: read from the code (no flag),
+    Llama 4's weightless norm after RoPE is the code's own."""
+    code, out = run_case(runner, STYLES, "L2NormLayer", None, ROPE)
+    assert_passes(code, out)
+    assert out["params"]["qk_norm_read"] == "head", out["params"]

@@ -3,22 +3,24 @@ for tests/test_trace_round20_norms.py. Each takes `bug=None`; the plants are lis
 
 - `ProjNormAttention`: OLMo 2's idiom written otherwise: Linear layers `query`, `key`, `value`, `dense`, a hand-written
   RMSNorm over the whole projection (computed in float32, its weight `scale`) before the head split, interleaved
-  RoPE by a complex product on `[b, n, h, d]`, GQA by `repeat_interleave`, an eager softmax. Plants: `norm_late`
-  (the norm over the whole rotated projection, after RoPE), `per_head` (each head's RMS, the projection's weight),
-  `norm_v` (the values normed too, by the keys' norm), `no_k_norm`, `kv_swapped`.
+  RoPE by a complex product on `[b, n, h, d]` (rotate_half with `half=True`), GQA by `repeat_interleave`, an eager
+  softmax. Plants: `norm_late` (the norm over the whole rotated projection, after RoPE), `per_head` (each head's
+  RMS, the projection's weight), `norm_v` (the values normed too, by the keys' norm), `no_k_norm`, `kv_swapped`.
 - `HeadGridNorm`: `nn.LayerNorm((n_head, d_head))` on `[b, n, h, d]` (one mean over the whole projection, a 2-D
-  weight and bias), then rotate_half RoPE on `[b, h, n, d]` and SDPA. Plants: `norm_late`, `no_k_norm`, `kv_swapped`.
+  weight and bias), then rotate_half RoPE on `[b, h, n, d]` and SDPA. Plants: `norm_late`, `no_k_norm`, `kv_swapped`,
+  `per_head` (`F.layer_norm` over d_head alone, the grid's weight and bias).
 - `L2NormLayer`: Llama 4's weightless qk L2 norm (`x * rsqrt(mean(x²) + eps)`) on the rotated heads, the layer with
   RoPE (`rope=True`) or a NoPE layer (no RoPE and no norm), `[b, n, h, d]` einsum scores, GQA. Plants: `no_k_norm`,
   `norm_v`, `tiled` (the key/value heads repeated with `.repeat`), `no_scale`.
 - `GemmaHeads`: Gemma 3's RMSNorm with `(1 + weight)` (float32) on q and k heads before rotate_half RoPE, scale
   `query_pre_attn_scalar ** -0.5` (a config's number, not d_head's), GQA through `enable_gqa`. Plants: `norm_late`,
-  `scale_dhead` (`d_head ** -0.5`), `kv_swapped`, `no_k_norm`.
+  `scale_dhead` (`d_head ** -0.5`), `kv_swapped`, `no_k_norm`, `whole` (each token's mean over every head's
+  coordinates, `mean((1, 3))`), `norm_v`.
 - `JointNorms`: SD3's MMDiT joint attention: image tokens and context tokens each projected, split into heads, an
   RMSNorm per head on q and k of each stream (`norm_q`, `norm_k`, `norm_added_q`, `norm_added_k`), joined along the
   sequence, SDPA, split back, each stream's output projection. Plants: `no_k_norm`, `norm_v`, `kv_swapped`.
 - `CachedHeads`: a head count kept as `self.h` (no `n_head`/`num_heads` anywhere), a per-head `nn.RMSNorm`, a KV
-  cache taken as `past_kv=(k, v)`. Plants: `no_k_norm`, `kv_swapped`.
+  cache taken as `past_kv=(k, v)`. Plants: `no_k_norm`, `kv_swapped`, `norm_v`.
 """
 
 import math
@@ -78,9 +80,9 @@ class ScaleRMSNorm(nn.Module):
 
 
 class ProjNormAttention(nn.Module):
-    def __init__(self, dim=32, heads=4, kv_heads=2, bug=None):
+    def __init__(self, dim=32, heads=4, kv_heads=2, half=False, bug=None):
         super().__init__()
-        self.bug, self.heads, self.kv_heads, self.head_dim = bug, heads, kv_heads, dim // heads
+        self.bug, self.half, self.heads, self.kv_heads, self.head_dim = bug, half, heads, kv_heads, dim // heads
         self.query = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.key = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.value = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
@@ -109,7 +111,10 @@ class ProjNormAttention(nn.Module):
         q = q.view(b, n, self.heads, self.head_dim)  # [b, n, h, d]
         k = k.view(b, n, self.kv_heads, self.head_dim)
         v = v.view(b, n, self.kv_heads, self.head_dim)
-        q, k = _complex_rope(q), _complex_rope(k)
+        if self.half:  # rotate_half on [b, h, n, d]
+            q, k = _half_rope(q.transpose(1, 2)).transpose(1, 2), _half_rope(k.transpose(1, 2)).transpose(1, 2)
+        else:
+            q, k = _complex_rope(q), _complex_rope(k)
         if self.bug == "norm_late":
             q = self.q_ln(q.flatten(2)).view(b, n, self.heads, self.head_dim)
             k = self.k_ln(k.flatten(2)).view(b, n, self.kv_heads, self.head_dim)
@@ -141,7 +146,10 @@ class HeadGridNorm(nn.Module):
         q = self.wq(x).view(b, n, self.n_heads, self.d)  # [b, n, h, d]
         k = keys(x).view(b, n, self.n_heads, self.d)
         v = values(x).view(b, n, self.n_heads, self.d)
-        if self.bug != "norm_late":
+        if self.bug == "per_head":  # each head's own mean and variance, the grid's weight and bias
+            q = F.layer_norm(q, (self.d,)) * self.q_norm.weight + self.q_norm.bias
+            k = F.layer_norm(k, (self.d,)) * self.k_norm.weight + self.k_norm.bias
+        elif self.bug != "norm_late":
             q = self.q_norm(q)
             k = k if self.bug == "no_k_norm" else self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, h, n, d]
@@ -225,6 +233,12 @@ class GemmaHeads(nn.Module):
         self.k_norm = GemmaRMSNorm(head_dim)
         _grown(self, 14)
 
+    @staticmethod
+    def _whole(t, norm):
+        x = t.float()  # [b, h, n, d]
+        x = x * torch.rsqrt(x.pow(2).mean((1, 3), keepdim=True) + norm.eps)
+        return (x * (1.0 + norm.weight.float())).type_as(t)
+
     def forward(self, hidden_states):
         b, n, _ = hidden_states.shape
         shape = (b, n, -1, self.head_dim)
@@ -232,9 +246,13 @@ class GemmaHeads(nn.Module):
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)  # [b, h, n, d]
         k = k_proj(hidden_states).view(shape).transpose(1, 2)
         v = v_proj(hidden_states).view(shape).transpose(1, 2)
-        if self.bug != "norm_late":
+        if self.bug == "whole":  # the mean taken over every head's coordinates of a token, not each head's
+            q, k = self._whole(q, self.q_norm), self._whole(k, self.k_norm)
+        elif self.bug != "norm_late":
             q = self.q_norm(q)
             k = k if self.bug == "no_k_norm" else self.k_norm(k)
+        if self.bug == "norm_v":
+            v = self.k_norm(v)
         q, k = _half_rope(q), _half_rope(k)
         if self.bug == "norm_late":
             q, k = self.q_norm(q), self.k_norm(k)
@@ -300,6 +318,8 @@ class CachedHeads(nn.Module):
             k, v = v, k
         q = self.qn(q)
         k = k if self.bug == "no_k_norm" else self.kn(k)
+        if self.bug == "norm_v":
+            v = self.kn(v)
         start = 0 if past_kv is None else past_kv[0].shape[2]
         q, k = _half_rope(q, start), _half_rope(k, start)
         if past_kv is not None:

@@ -35,6 +35,7 @@ from attnscope.usertrace.masktrials import (
     trials_window_untold,
     trials_zero,
 )
+from attnscope.usertrace.normtrials import trials_axis, trials_missing, trials_place, trials_values_normed
 from attnscope.usertrace.ropetrials import (
     trials_base,
     trials_fraction,
@@ -71,6 +72,13 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("rope.on_values", "RoPE", "the values rotated as the keys are", trials_on_values),
     Experiment("kv.swapped", "keys and values", "K and V swapped", trials_swapped),
     Experiment("kv.values_from_keys", "keys and values", "the values taken from the keys", trials_values_from_keys),
+    Experiment("qknorm.missing", "qk-norm", "q or k (or both) never normalized where the reference normalizes both",
+               trials_missing),
+    Experiment("qknorm.place", "qk-norm", "the qk-norm on the other side of RoPE (after it where the reference norms "
+               "before, or before it)", trials_place),
+    Experiment("qknorm.axis", "qk-norm", "the qk-norm over each head where the reference norms the whole projection, "
+               "or the other way round", trials_axis),
+    Experiment("qknorm.on_values", "qk-norm", "the values normalized by the keys' norm too", trials_values_normed),
     Experiment("cache.order", "cache", "the cache joined after the new keys", trials_cache_order),
     Experiment("gqa.tiled", "grouped-query", "key/value heads tiled (.repeat) instead of interleaved",
                lambda b: trials_tiled(b, True)),

@@ -86,6 +86,16 @@ def refit_norm(before: torch.Tensor, after: torch.Tensor) -> Norm | None:
     """The qk-norm the reference applied to `before` (`[.., n_head, n, d_head]`) to give `after`, as a function:
     RMSNorm (`x · rsqrt(mean(x²) + eps) · g`) or LayerNorm (`(x − mean) · rsqrt(var + eps) · g + b`) over the last
     axis, the gain (and bias) solved per head and coordinate; None where neither gives `after` back."""
+    parts = refit_parts(before, after)
+    if parts is None:
+        return None
+    unit, gain, bias = parts
+    return lambda x: unit(x.double()) * gain + bias
+
+
+def refit_parts(before: torch.Tensor, after: torch.Tensor) -> tuple[Norm, torch.Tensor, torch.Tensor] | None:
+    """refit_norm's norm in its parts: the unit norm over the last axis (RMSNorm's or LayerNorm's), and the gain and
+    bias `[1, heads, 1, d]` solved per head and coordinate."""
     before, after = before.double(), after.double()
     if before.dim() != 4 or before.shape != after.shape:
         return None
@@ -107,5 +117,5 @@ def refit_norm(before: torch.Tensor, after: torch.Tensor) -> Norm | None:
             gain = (u * after).sum((0, 2), keepdim=True) / u.pow(2).sum((0, 2), keepdim=True).clamp_min(1e-30)
             bias = torch.zeros_like(gain)
         if torch.allclose(u * gain + bias, after, rtol=1e-4, atol=1e-4 * float(after.abs().max())):
-            return lambda x, unit=unit, gain=gain, bias=bias: unit(x.double()) * gain + bias  # type: ignore[misc]
+            return unit, gain, bias
     return None

@@ -21,8 +21,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     reference is run again with a qk-norm over d_head ("head": timm's qk_norm=True, Qwen3) and over the projection
     ("proj": OLMo 2), with the module's own norms' weights (usertrace/reference.py's _qk_norms). A reading is kept
     only where its run lines up further than the first one did (no divergence, or a later one, or at the same step
-    one that an experiment of the catalog then reproduces): a norm on one side only, or of another kind, stays the
-    first run's diagnosis."""
+    one that an experiment of the catalog then reproduces): a norm on one side only is then qknorm.missing by
+    experiment, one of another kind stays the first run's diagnosis."""
     from attnscope.errors import AttnscopeError
     from attnscope.usertrace import rownorms
     from attnscope.usertrace.lineup import line_up
@@ -42,16 +42,17 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
                                                         and first not in ("Q_rot", "K_rot", "K_cat", "K_rep")
                                                         and not holds_norms(module) and rows is None):
         return None
-    tries = [dataclasses.replace(spec, qk_norm=kind) for kind in ("head", "proj")]
+    tries = [dataclasses.replace(spec, qk_norm=kind, qk_norm_read=True) for kind in ("head", "proj")]
     if rows is not None:  # before the norms' weights where the module holds none, after them where it does
-        weightless = dataclasses.replace(spec, qk_norm=rows.over, qk_norm_gain=rows.gain, qk_norm_eps=rows.eps)
+        weightless = dataclasses.replace(spec, qk_norm=rows.over, qk_norm_gain=rows.gain, qk_norm_eps=rows.eps,
+                                         qk_norm_read=True)
         gained = _own_gains(module, records, lined)
         tries = tries + [weightless] if holds_norms(module) or gained else [weightless, *tries]
         if gained and rownorms.after_rope(rows.record, records, lined.trace):  # gains on the rotated heads (nGPT's)
-            tries.append(dataclasses.replace(spec, qk_norm="head", qk_norm_after=True))
+            tries.append(dataclasses.replace(spec, qk_norm="head", qk_norm_after=True, qk_norm_read=True))
     elif spec.rope_base is not None and holds_norms(module):
         # a norm module with gains (and a bias) on the rotated heads: the same readings after the rotation
-        tries += [dataclasses.replace(spec, qk_norm="head", qk_norm_after=True)]
+        tries += [dataclasses.replace(spec, qk_norm="head", qk_norm_after=True, qk_norm_read=True)]
     kept: tuple[Spec, LineUp] | None = None  # a reading that lines up further, its divergence unnamed
     for asked in tries:
         try:

@@ -88,6 +88,9 @@ class Spec:
     qk_norm_eps: float | None = None
     # the qk-norm on the rotated heads (ownnorm.py: nGPT's gain per channel after RoPE, which turns with no pair)
     qk_norm_after: bool = False
+    # the qk-norm read from the code (ownnorm.py), not told by --qk-norm: its place beside RoPE and its axis are the
+    # code's convention, which no experiment then calls a mistake (normtrials.py)
+    qk_norm_read: bool = False
     # Llama 4's temperature tuning of the queries (variants/temperature.TemperatureTuning), read from the module's
     # declared floor_scale and attn_scale by experiment (tuning.py); None: none
     temperature: Any = None
@@ -797,7 +800,7 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
              if m is not module and not isinstance(m, (nn.Linear, nn.ModuleList, nn.ModuleDict))
              and _gain(m, widths.values(), {*rows["q"], *rows["k"]}) is not None]
     if records:  # the norms the run used (their weights read by an op, or the module called on a tensor)
-        found = [(name, m) for name, m in found if _used(name, m, records)] or found
+        found = _run_norms(found, records)
     if records and not found:  # gains the module holds itself, `F.rms_norm(q, (d,)) * self.q_gain` (baregains.py)
         from attnscope.usertrace import baregains
 
@@ -825,6 +828,21 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
         raise UsageError(f"your {q_name} is a {type(q_norm).__name__} and your {k_name} a {type(k_norm).__name__}; "
                          "the reference normalizes q and k with one kind of norm, LayerNorm or RMSNorm")
     return norms
+
+
+def _run_norms(found: list[tuple[str, Any]], records: list[Record]) -> list[tuple[str, Any]]:
+    """Of the norms `found`, those the run used, and beside them those of a role (q or k, by name) no used one holds:
+    a code that leaves one side unnormed (`k_norm` never called) still holds that side's norm, whose weights the
+    reference takes (else it reads one norm, and normalizes with unit weights). Two norms found and one used: both."""
+    used = [(name, m) for name, m in found if _used(name, m, records)]
+    if not used:
+        return found
+    if len(used) == 1 and len(found) == 2:
+        return found
+    held = {role_of(name.replace("norm", "")) for name, _ in used}
+    return used + [(name, m) for name, m in found if all(m is not u for _, u in used)
+                   and role_of(name.replace("norm", "")) in ("q", "k")
+                   and role_of(name.replace("norm", "")) not in held]
 
 
 def _used(name: str, norm: nn.Module, records: list[Record]) -> bool:
