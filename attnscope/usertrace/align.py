@@ -322,7 +322,8 @@ def candidates(records: list[Record], reference: torch.Tensor, name: str, skip: 
     (a recomputed step counts under its own), then named ones, the same layout, the nearest values, then the
     nearest in order to `anchor` (the user's tensor that matched the step before)."""
     tol = tolerance(reference)
-    found = [m for r in records for m in compare(r, reference, skip, tol=tol, turned=r.index in turned)[:1]]
+    found = [m for r in records if not r.details.get("unwritten")  # cells still memory's (blank.py)
+             for m in compare(r, reference, skip, tol=tol, turned=r.index in turned)[:1]]
     return sorted(found, key=lambda m: (m.record.index in used, not _named(m.record, name), not m.record.names,
                                         not m.layout.same, m.max_abs_diff, abs(m.record.index - anchor)))
 

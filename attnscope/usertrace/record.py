@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from attnscope import cost
 from attnscope.usertrace import weightrows
 from attnscope.usertrace.bindings import Binder, Statements
+from attnscope.usertrace.blank import Unwritten
 from attnscope.usertrace.kernels import ATTENTION_KERNELS, KERNELS
 from attnscope.usertrace.kernels import hidden as kernel_steps
 
@@ -121,6 +122,7 @@ class Recorder(TorchFunctionMode):
         self._derived: dict[int, torch.Tensor] = {}  # id -> a weight as the code reshaped or cast it (WEIGHT_VIEWS)
         self._rows: dict[int, weightrows.Origin] = {}  # id(weight) -> where its values lie in its parameter
         self._produced: dict[int, int] = {}  # id(result) -> its latest record
+        self._unwritten = Unwritten()  # uninitialised tensors' cells the code has not written yet
         self._changed: dict[int, int] = {}  # id(tensor) -> the in-place op that last changed it through a view of it
         self._alive: list[Any] = []  # keep results alive so their ids stay theirs
         self._budget, self._bytes = budget, 0
@@ -218,6 +220,11 @@ class Recorder(TorchFunctionMode):
                 details["same"] = "in place" if name.endswith("_") else "returns its input"
             if name == "dropout":
                 details.update(_dropout_details(args, kwargs))
+            self._unwritten.made(name, tensor)
+            if details.get("same") == "in place" or (name == "__setitem__" and out is None):
+                self._unwritten.written(name, args, tensor)
+            if self._unwritten.blank(tensor):
+                details["unwritten"] = True  # a step's stand-in never (align.candidates)
             if len(results) > 1:
                 details["part"] = position
             if asked:
