@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace.align import ancestors
 from attnscope.usertrace.kernels import ATTENTION_KERNELS
-from attnscope.usertrace.record import MATMULS, SOFTMAXES
+from attnscope.usertrace.record import LEFT, MATMULS, SOFTMAXES
 from attnscope.usertrace.scoreaxes import rows_from_right
 
 if TYPE_CHECKING:
@@ -194,25 +194,92 @@ def _recs(record: Record) -> list[int]:
 
 
 def along_tokens(records: list[Record], linear: Record, made: dict[int, str]) -> bool:
-    """Whether `linear` mixes the tokens of a projection's output rather than projecting features: it reads that
-    output laid out with the tokens last (`k.transpose(1, 2)`, [n_batch, width, n]) and writes the same layout with
-    n replaced (rtdl's and Linformer's `key_compression = nn.Linear(n_tokens, n_tokens · ratio)` over the sequence):
-    a pooling of the projected keys or values (pooled.py reads it), never one of q, k, v or o."""
-    if not linear.parents:
+    """Whether `linear` mixes the tokens of a projection's output rather than projecting features: the axis of what
+    it reads that its weight contracts (the record's `contracts`) is that output's token axis (the axis before the
+    features, or after them in the column form) where it reads the output itself, else as long as the tokens of a
+    projection's output it comes from (`made`: record -> Linear, itself no such pooling), those tokens not as many
+    as that output's features. rtdl's and Linformer's `key_compression = nn.Linear(n_tokens, k)` over
+    `k.transpose(1, 2)`, lucidrains' `einsum('bnd,nk->bkd', keys, proj_k)` with a Parameter `[seq_len, k]`, `E.t()
+    @ k`, after a fused projection cut apart too: a pooling of the projected keys or values (pooled.py reads it),
+    never one of q, k, v or o. The forward's input compressed so before the projections likewise (keyinputs.py)."""
+    read = next((records[value] for kind, value in linear.args[1:2] if kind == "rec"), None)
+    axis = linear.details.get("contracts")
+    size = _contracted_size(records, linear)
+    if size is None or axis is None:
         return False
-    read = records[linear.parents[0]].tensor
-    above = ancestors(linear, records)
+    above = ancestors(read, records) | {read.index} if read is not None else set()
+    if LEFT not in linear.args and not any(i in made for i in above):
+        # made from the forward's input alone, no projection on the way: its tokens, `[n_batch, n, d_feat]` as the
+        # first op read it, contracted (`nn.Linear(n, k)` over `x.transpose(1, 2)`, Linformer's E over x: an input
+        # compressed along the sequence before the key and value projections), where another projection reads
+        # that input's features (a module laid out `[n_batch, d_feat, n]` whose projections all read its first axis
+        # after a transpose projects features)
+        roots = [records[i].details.get("source_shape") for i in above if not records[i].parents] \
+            if read is not None else [linear.details.get("source_shape")]
+        widths = {_contracted_size(records, r) for r in records if r.index in made and r.index != linear.index}
+        return any(shape is not None and len(shape) == 3 and shape[-2] == size != shape[-1]
+                   and shape[-1] in widths for shape in roots)
+    if read is None:  # the column form's `W @ x` of the input: its features
+        return False
     for i in above:
-        if i not in made or i == linear.index:
+        if i not in made or i == linear.index or records[i].tensor.dim() < 2 \
+                or along_tokens(records, records[i], made):  # a pooling's output: its tokens are no projection's
             continue
-        shape = tuple(records[i].tensor.shape)
-        if len(shape) < 2 or shape[-2] == shape[-1] or read.dim() != len(shape):
-            continue
-        n = shape[-2]
-        if sorted(read.shape) == sorted(shape) and read.shape[-1] == n \
-                and linear.tensor.numel() * n == read.numel() * linear.tensor.shape[-1]:
+        shape = records[i].tensor.shape
+        tokens, features = (-1, -2) if LEFT in records[i].args else (-2, -1)
+        if i == read.index:  # the projection's output itself: the axis says it, whatever the sizes
+            return axis == tokens
+        if shape[tokens] == size != shape[features]:
             return True
     return False
+
+
+CUTS = ("chunk", "split", "unbind", "__getitem__", "narrow", "tensor_split", "select")  # ops that cut a tensor apart
+
+
+def keys_are_values(records: list[Record]) -> bool:
+    """Whether the scores' right operand and the pattern's partner hold the same numbers, each made from the whole
+    output of the projection above it, nothing cut from it on the way (the keys are the values: one projection for
+    both, Linformer's share_kv; a fused K/V projection's keys read twice are cut from it: `v = k` after the chunk)."""
+    import torch
+
+    found = _operands(records)
+    if found is None:
+        return False
+    keys, values = records[found[1]], records[found[2]]
+    if keys.tensor.shape != values.tensor.shape or not keys.tensor.is_floating_point() \
+            or not torch.equal(keys.tensor, values.tensor):
+        return False
+    made, _ = linears_of(records)
+    for end in (keys, values):
+        above = ancestors(end, records) | {end.index}
+        start = next((i for i in sorted(above, reverse=True) if i in made
+                      and not along_tokens(records, records[i], made)), None)
+        if start is None or any(records[i].func in CUTS for i in above if i > start
+                                and start in ancestors(records[i], records)):
+            return False
+    return True
+
+
+def _contracted_size(records: list[Record], linear: Record) -> int | None:
+    """How many entries a projection's weight contracts: the length of the axis of its input it contracts (the
+    record's `contracts`), the forward's input read as the first op saw it."""
+    axis = linear.details.get("contracts")
+    read = next((records[value] for kind, value in linear.args[1:2] if kind == "rec"), None)
+    shape = tuple(read.tensor.shape) if read is not None else linear.details.get("source_shape")
+    if axis is None or shape is None or not -len(shape) <= axis < 0:
+        return None
+    return int(shape[axis])
+
+
+def token_mixers(records: list[Record]) -> set[str]:
+    """The weights (Linear layers, parameters) every call of which mixes the tokens of a projection's output
+    (along_tokens): poolings of the keys or values along the sequence, never one of q, k, v or o."""
+    made, _ = linears_of(records)
+    mixing: dict[str, bool] = {}
+    for i, name in made.items():
+        mixing[name] = mixing.get(name, True) and along_tokens(records, records[i], made)
+    return {name for name, always in mixing.items() if always}
 
 
 def _ancestors(records: list[Record], made: dict[int, str]) -> dict[int, set[str]]:

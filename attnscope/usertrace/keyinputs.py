@@ -183,6 +183,7 @@ def _side(record: Record, records: list[Record], module: Any, x: torch.Tensor, n
         return None  # made by no weight of the module's and no pooling: x laid out anew or cut, no input side
     held = _held(module)
     up = sorted(ancestors(record, records) | {record.index})
+    held |= parameters  # the Linear layers over the input's tokens (_history)
     return [records[i] for i in up if any(_arg_text(a) in held for a in records[i].args)
             or any(word in records[i].func for word in POOLING)] or [record]
 
@@ -227,18 +228,23 @@ def _history(record: Record, records: list[Record], module: Any) -> tuple[set[st
     """The names the ops that made `record` read (inputs, parameters), and the module's parameters among them;
     a projection's call on the way makes it no input side (empty)."""
     from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import along_tokens, linears_of
 
     history = [records[i] for i in ancestors(record, records) | {record.index}]
-    if any(r.style == "linear" for r in history):
+    made, _ = linears_of(records)
+    # a weight over the input's tokens (a Linear over `x.transpose(1, 2)`, Linformer's E over x) is the module's
+    # own reduction of the sequence, no projection
+    mixers = {r.index for r in history if r.index in made and along_tokens(records, r, made)}
+    if any(r.style == "linear" and r.index not in mixers for r in history):
         return set(), set()
-    texts = set()
+    texts = {made[i] for i in mixers}
     for r in history:
         for kind, value in r.args:
             if kind == "kw":
                 kind, value = value[1]
             if kind == "text" and isinstance(value, str):
                 texts.add(value)
-    return texts, texts & _held(module)
+    return texts, texts & _held(module) | {made[i] for i in mixers}
 
 
 POOLING = ("pool", "interpolate", "mean", "conv", "sum")  # ops that summarize positions (a pooled memory)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
-from attnscope.usertrace.rerun import Base, replay
+from attnscope.usertrace.rerun import Base, record_holding, replay
 from attnscope.usertrace.roperead import ReadRope, read_rope, rejoined, rope_turn
 from attnscope.usertrace.trialreads import user_out
 from attnscope.usertrace.trials import Trial
@@ -23,11 +23,16 @@ def trials_swapped(b: Base) -> Iterator[Trial]:
     if b.raw_keys is not None and rope is not None:  # the code joins its cache before RoPE, then rotates the keys
         yield from _joined_swaps(b, rope, words)
         return
-    steps = replay(b, k_new=b.v_new, v_new=b.k_new)
-    _feats_swapped(b, steps)
-    yield Trial(steps, words)
-    if "K_pooled" in b.ref and "V_pooled" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape:
-        # swapped before the code pools them (pooled.py): the pooled ones the reference reads are the code's own
+    if not torch.equal(b.k_new, b.v_new):  # swapping one tensor with itself changes nothing: no mistake it shows
+        # (the values pooled from the keys' projection are the pooled keys: the swap before the pooling says it)
+        steps = replay(b, k_new=b.v_new, v_new=b.k_new)
+        _feats_swapped(b, steps)
+        yield Trial(steps, words)
+    if "K_pooled" in b.ref and "V_pooled" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape \
+            and _feeds_keys(b, b.ref["V_feat"]):
+        # swapped before the code pools them (pooled.py): the pooled ones the reference reads are the code's own;
+        # the code's keys are then made from the values' projection (a value part cut and never read, or read and
+        # thrown away, beside the keys pooled twice is no swap)
         steps = replay(b)
         steps["K_feat"], steps["V_feat"] = b.ref["V_feat"], b.ref["K_feat"]
         yield Trial(steps, words + ", before your code pools them", fits=lambda _, r: r.held >= 2)  # both held
@@ -43,6 +48,15 @@ def trials_swapped(b: Base) -> Iterator[Trial]:
     yield from _swapped_before_norm(b, rope, words)
     yield from _swapped_before_proj_norm(b, rope, words)
     yield from _swapped_by_flow(b, rope, words)
+
+
+def _feeds_keys(b: Base, step: torch.Tensor) -> bool:
+    """Whether a tensor of the code's holding `step` is one the scores' keys are made from."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import operands
+
+    held, found = record_holding(b.ctx.records, step, None, "", b.sums), operands(b.ctx.records)
+    return held is not None and found is not None and held.index in ancestors(b.ctx.records[found[1]], b.ctx.records)
 
 
 def _swapped_by_flow(b: Base, rope: ReadRope | None, words: str) -> Iterator[Trial]:

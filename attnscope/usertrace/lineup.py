@@ -848,6 +848,7 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
     if "alibi_bias" in trace:
         _shifted_rows(rows, trace)
     _not_from_later(rows, records)
+    _pooled_sources(rows, trace, records, paired)
     statuses = {row.reference: row.status for row in rows}
     held = {row.reference: row.record.index for row in rows if row.record is not None}
     # the scores with a bias added in the same op (BLOOM's alibi.baddbmm(q, kᵀ, beta=1), addmm): the biased or
@@ -892,6 +893,30 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
                 or fused or split or unnormalized or transposed:
             row.status, row.record, row.max_abs_diff, row.layout = "unseen", None, None, ""
     return rows
+
+
+def _pooled_sources(rows: list[Aligned], trace: Trace, records: list[Record], paired: dict[str, Record]) -> None:
+    """A pooled role's `_feat` step no tensor of the code equals, compared with what the code pooled (pooled.py): the
+    nearest tensor of the step's shape above the code's pooled one (a projection's output, or its part cut from a
+    fused one); the values pooled from the keys' projection differ there, never unseen nor paired with a tensor the
+    code never pools (an unused value chunk)."""
+    import torch
+
+    from attnscope.usertrace.align import ancestors
+
+    for i, row in enumerate(rows):
+        made = paired.get(f"{row.reference[:1]}_pooled")
+        if not row.reference.endswith("_feat") or made is None or row.status not in ("missing", *ALIGNED) \
+                or row.record is not None and row.record.index in ancestors(made, records):
+            continue
+        step = trace.step(row.reference).tensor
+        found = next((records[i] for i in sorted(ancestors(made, records), reverse=True)
+                      if records[i].tensor.shape == step.shape and records[i].tensor.is_floating_point()), None)
+        if found is None:
+            continue
+        diff = float((found.tensor.double() - step.double()).abs().max())
+        status = "equal" if torch.allclose(found.tensor.double(), step.double(), rtol=1e-4, atol=1e-5) else "differs"
+        rows[i] = Aligned(row.reference, row.dims, row.shape, found, "", diff, status, tuple(range(step.dim())))
 
 
 def _normalized(tensor: Any) -> bool:

@@ -43,6 +43,8 @@ class Pooled:
     before: dict[str, Record]  # role -> the tensor it was pooled from (the line-up pairs it with the projection)
     # role -> (the Linear over the tokens the code holds for it and never calls, the one it pools the other role by)
     siblings: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    # the roles whose own projection never reaches their operand, read where the code pools another's for them
+    borrowed: frozenset[str] = frozenset()
 
     def note(self, sizes: dict[str, int], n_input: int) -> str:
         words = {"Q": "queries", "K": "keys", "V": "values"}
@@ -71,7 +73,7 @@ def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = No
     found = operands(records)
     if found is None or lined.trace is None:
         return None
-    tensors, held, before = {}, {}, {}
+    tensors, held, before, borrowed = {}, {}, {}, set()
     parts = parts or {}
     for role, operand in zip("QKV", found[:3], strict=True):
         # the tensor the line-up pairs with the role's projection, equal or where it stands in the data flow (a
@@ -90,7 +92,11 @@ def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = No
         # keys' pooled tensor is still the keys', which the line-up then shows read as values)
         ends = [records[i] for i in ((operand,) if role == "Q" else found[1:3])]
         end = next((e for e in ends if start.index in ancestors(e, records) | {e.index}), None)
-        if end is None:
+        if end is None:  # the role's projection never reaches its operand: what the code pools there instead
+            read = _from_projection(records, lined.trace, role, operand, parts)
+            if read is not None:
+                tensors[role], held[role], before[role] = read
+                borrowed.add(role)
             continue
         on_path = ancestors(end, records) | {end.index}
         step = lined.trace.step(row.reference)
@@ -116,7 +122,7 @@ def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = No
         if tensor is None:
             continue
         tensors[role], held[role], before[role] = tensor, pooled, start
-    return Pooled(tensors, held, before) if tensors else None
+    return Pooled(tensors, held, before, borrowed=frozenset(borrowed)) if tensors else None
 
 
 def _by_sibling(module: Any, records: list[Record], lined: LineUp, found: Pooled) -> Pooled:
@@ -194,13 +200,21 @@ def _from_projection(records: list[Record], trace: Trace, role: str, operand: in
     the reference's projection for the role holds (`parts`: role -> its Linear or a fused one's rows); (that part,
     `[n_batch, n, width]`; its record; the projection's). None where there is none."""
     from attnscope.usertrace.align import ancestors, layouts
-    from attnscope.usertrace.flow import projection_above
+    from attnscope.usertrace.flow import along_tokens, linears_of
 
-    projection = projection_above(records, operand)
+    made, _ = linears_of(records)  # the projection nearest above the operand, no pooling by a weight of its own
+    above = sorted(ancestors(records[operand], records) | {operand}, reverse=True)
+    projection = next((records[i] for i in above if i in made and len(records[i].args) > 1
+                       and not along_tokens(records, records[i], made)), None)
     name, part = parts.get(role.lower(), ("", None))
     feat = trace.step(f"{role}_feat") if f"{role}_feat" in trace else None
-    if projection is None or part is None or feat is None or projection.tensor.dim() != 3 \
-            or str(name).split("[")[0] != str(projection.args[0][1]):
+    rows = getattr(part, "rows", None)
+    if projection is None or part is None or feat is None or projection.tensor.dim() != 3:
+        return None
+    if str(name).split("[")[0] != str(projection.args[0][1]) and (
+            rows is not None or int(projection.tensor.shape[-1]) != int(feat.shape[-1])):
+        # another role's whole projection pooled for this one (Linformer's values pooled from the keys'
+        # projection, `values = keys` before `proj_v`): the code's own pooled tensor, the line-up shows the rest
         return None
     b, n, width = (int(size) for size in projection.tensor.shape)
     if n != int(feat.shape[1]):
@@ -209,19 +223,22 @@ def _from_projection(records: list[Record], trace: Trace, role: str, operand: in
     on_path = ancestors(end, records) | {end.index}
     path = [r for r in records[projection.index + 1:end.index + 1]
             if r.index in on_path and projection.index in ancestors(r, records)]
-    for r in path:
-        size = r.tensor.numel() // (b * width)
-        if not r.tensor.is_floating_point() or size == n or size * b * width != r.tensor.numel():
-            continue
-        found = layouts((b, size, width), tuple(r.tensor.shape))
-        if not found or not any(word in m.func for m in path if m.index <= r.index for word in SUMMARIZES):
-            continue
-        tensor = found[0].undo(r.tensor, (b, size, width))  # [n_batch, n', width]
-        rows = getattr(part, "rows", None)
-        tensor = tensor[..., list(rows)] if rows is not None else tensor
-        if int(tensor.shape[-1]) != int(feat.shape[-1]):
-            return None
-        return tensor.detach(), r, projection
+    # the whole projection pooled, then its part cut (rows); or the part cut first, then pooled (a chunk of a fused
+    # qkv projection laid out with its tokens last for a Linear over the sequence)
+    for wide, cut in ((width, rows), (int(feat.shape[-1]), None)):
+        for r in path:
+            size = r.tensor.numel() // (b * wide)
+            if not r.tensor.is_floating_point() or size == n or size * b * wide != r.tensor.numel():
+                continue
+            # its axes laid out anew, the features perhaps viewed as heads, none merged with another
+            found = [layout for layout in layouts((b, size, wide), tuple(r.tensor.shape)) if not layout.merged]
+            if not found or not any(word in m.func for m in path if m.index <= r.index for word in SUMMARIZES):
+                continue
+            tensor = found[0].undo(r.tensor, (b, size, wide))  # [n_batch, n', width]
+            tensor = tensor[..., list(cut)] if cut is not None else tensor
+            if int(tensor.shape[-1]) != int(feat.shape[-1]):
+                break
+            return tensor.detach(), r, projection
     return None
 
 
@@ -253,7 +270,14 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
     found = find(records, lined, _parts(module, records, shapes))
     if found is None:
         return None
-    found = _by_sibling(module, records, lined, found)
+    if found.borrowed:  # a Linear over the tokens the code holds for that role and never calls comes first
+        own = Pooled({r: t for r, t in found.tensors.items() if r not in found.borrowed},
+                     {r: t for r, t in found.records.items() if r not in found.borrowed},
+                     {r: t for r, t in found.before.items() if r not in found.borrowed})
+        by_sibling = _by_sibling(module, records, lined, own) if own.tensors else own
+        found = by_sibling if by_sibling.siblings else found
+    else:
+        found = _by_sibling(module, records, lined, found)
     sizes = dict(inputs.sizes)
     n_input = int(sizes["n_Q"]) if "Q" in found.tensors else int(sizes["n_K"])
     for role, tensor in found.tensors.items():
@@ -265,7 +289,11 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
         again = line_up(module, shapes, pooled, records, train, dataclasses.replace(spec, pooled=found.tensors))
     except (AttnscopeError, RuntimeError, ValueError):
         return None
-    if again.no_reference is not None or not _better(again, lined):
+    # a reading that names the mistake by experiment where the first left it unnamed is kept at any step (the values
+    # pooled from the keys' projection: their V_feat differs, which only the pooled reading compares)
+    named = again.divergence is not None and again.divergence.experiment is not None \
+        and lined.divergence.experiment is None
+    if again.no_reference is not None or not (_better(again, lined) or named):
         return None
     return pooled, again, found.note(sizes, n_input)
 

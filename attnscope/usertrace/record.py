@@ -232,6 +232,9 @@ class Recorder(TorchFunctionMode):
             if style == "linear" and (used := next((self._derived[id(t)] for t in _tensors(args, kwargs)
                                                      if id(t) in self._derived), None)) is not None:
                 details["weight"] = used  # the weight as the code handed it (qkv_w.flatten(end_dim=1))
+            if style == "linear" and (axis := self._contracted(getattr(func, "__name__", ""), args, text_args)) \
+                    is not None:
+                details["contracts"] = axis  # the input's axis the weight contracts, from its end (flow.mixes_tokens)
             if style == "linear" and (made := next((self._produced[id(t)] for t in _tensors(args, kwargs)
                                                     if id(t) in self._linears and id(t) in self._produced),
                                                    None)) is not None:
@@ -321,6 +324,11 @@ class Recorder(TorchFunctionMode):
             others = [self._arg(a) for a in _tensors(args, {}) if a is not weight]
             described = [("text", self._linears[id(weight)]), others[0],
                          *([left] if isinstance(left, tuple) else [LEFT] if left else [])]
+            axis = self._contracted("einsum", args, described)
+            if axis is not None and axis != (-2 if LEFT in described else -1):
+                # the weight contracts another axis than a projection's features (Linformer's 'bnd,nk->bkd' mixes
+                # the tokens): written as the code wrote it, never as `x @ W`
+                described.append(("einsum", (args[0], _tensors(args, {})[0] is weight)))
         elif owner.startswith(("TensorBase.", "Tensor.")):
             style = "operator" if (name in OPERATORS and len(args) == 2) or (name in UNARY and len(args) == 1) \
                 else "method"
@@ -329,6 +337,27 @@ class Recorder(TorchFunctionMode):
             prefix = "F." if "nn" in module else "torch."
             style, name = "function", f"{prefix}{name}" if not name.startswith(("F.", "torch.")) else name
         return render_op(name, style, described, self._text), described, style, name
+
+    def _contracted(self, name: str, args: list[Any], described: list[tuple[str, Any]]) -> int | None:
+        """The axis of a projection's input its weight contracts, counted from the input's end: -1 for F.linear and
+        `x @ W`, -2 for the column form's `W @ x`, an einsum's by its contracted index (Linformer's 'bnd,nk->bkd':
+        -2); None where the einsum contracts more than one index of the input."""
+        if name != "einsum":
+            return -2 if LEFT in described else -1
+        operands = _tensors(args, {})
+        weights = [i for i, t in enumerate(operands) if id(t) in self._linears]
+        parts = str(args[0]).replace(" ", "").split("->")[0].split(",")
+        if len(weights) != 1 or len(parts) != 2:
+            return None
+        other, subscripts = parts[1 - weights[0]], parts[weights[0]]
+        given = operands[1 - weights[0]]
+        letters = other.split("...")
+        if len(letters) == 2:  # the leading axes `...` stands for: the letters after it count from the end
+            other = letters[0] + "." * (given.dim() - len(letters[0]) - len(letters[1])) + letters[1]
+        shared = [i for i, letter in enumerate(other) if letter != "." and letter in subscripts]
+        output = str(args[0]).split("->")[1]
+        contracted = [i for i in shared if other[i] not in output]
+        return contracted[0] - len(other) if len(contracted) == 1 else None
 
     def _einsum_weight(self, args: list[Any]) -> tuple[torch.Tensor, bool | tuple[str, str]] | None:
         """The weight of an einsum that projects with one (two operands, one of them a weight, one index of the
@@ -400,7 +429,11 @@ def render_op(name: str, style: str, args: list[tuple[str, Any]], text: Any) -> 
             return f"{value[0]}={one(value[1])}"
         return str(value)
 
-    parts = [one(a) for a in args]
+    written = next((value for kind, value in args if kind == "einsum"), None)
+    parts = [one(a) for a in args if a[0] != "einsum"]
+    if style == "linear" and written is not None:  # an einsum whose weight mixes the tokens, as the code wrote it
+        operands = (parts[0], parts[1]) if written[1] else (parts[1], parts[0])
+        return f"torch.einsum({written[0]!r}, {operands[0]}, {operands[1]})"
     if style == "recomputed":
         return name
     if style == "property":

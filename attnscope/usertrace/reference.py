@@ -283,6 +283,10 @@ class Projections:
         return f"{pairs} ({how})"
 
 
+SHARED_KV = ("data flow: one projection makes both your keys and your values, K = V (Linformer's share_kv), a "
+             "convention, not a mistake: your module holds no other projection for the values")
+
+
 def role_of(name: str) -> str | None:
     """`W_q` -> q, `out_proj` -> o, `to_out.0` -> o, `linears.2` -> None."""
     parts = name.lower().split(".")
@@ -498,6 +502,9 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
     linears = [(name, _as_called(name, m, records, params)) for name, m in module.named_modules()
                if isinstance(m, nn.Linear)]
     linears += parameter_projections(module, records)
+    # a weight the code mixes the projected tokens by (Linformer's proj_k, rtdl's key_compression): a pooling
+    mixers = flow.token_mixers(records)
+    linears = [(name, m) for name, m in linears if name not in mixers]
     # a bias the code adds once it has cut the output apart (q = q + self.q_bias after the chunk): laterbias.py
     linears = [(name, laterbias.added(name, m, records, params)) for name, m in linears]
     # one projection every head applies to its own slice, after the split (Persson's Linear(head_dim, head_dim))
@@ -581,6 +588,11 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
         if siblings is not None:
             return [Projections({**{role: (name, modules[name]) for role, name in siblings[0].items()},
                                  "o": (NONE, _identity(modules[lone["q"]]))}, f"{siblings[1]}; {NO_OUTPUT}")]
+    if shared is not None and shared["q"] != shared["k"] == shared["v"] and flow.keys_are_values(records):
+        # one projection's whole output for the keys and the values (Linformer's share_kv), no spare one beside it
+        return [Projections({"q": (shared["q"], modules[shared["q"]]), "k": (shared["k"], modules[shared["k"]]),
+                             "v": (shared["k"], modules[shared["k"]]), "o": (shared["o"], modules[shared["o"]])},
+                            SHARED_KV)]
     if shared is not None and shared["q"] != shared["k"] == shared["v"]:  # a fused K/V projection (to_kv)
         return [Projections({"q": (shared["q"], modules[shared["q"]]),
                              **{role: (part.name, part) for role, part in parts.items()},
