@@ -102,7 +102,8 @@ class RunSoFar:
         # tables in the form the code runs on (tableforms.py: one angle a pair, a share of each head, along its own
         # axes); where several run, the one under which it lines up further
         made = []
-        for form in tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"]):
+        for form in [*tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"]),
+                     *tableforms.holders(failed, tried.tables, width, d_head)]:
             inputs = make_inputs(asked, tried, self.shapes, self.weighted)
             inputs.cache_layout, inputs.empty_cache = self.cache_layout, self.empty_cache
             self.expanded(inputs)
@@ -311,9 +312,10 @@ def table_width(spec: Spec, plan: Plan, d_head: int | None) -> int | None:
 
 def _form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
     """The reference for code that runs on RoPE's tables in `form` (tableforms.py): a share of each head turned where
-    they are narrower than the head and laid out for a pairing; one angle a pair leaves the pairing to the code."""
+    they are narrower than the head and laid out for a pairing; one angle a pair leaves the pairing to the code, where
+    --rope-pairing does not ask for one (then checked)."""
     if form.pairs:
-        return dataclasses.replace(spec, pairing_asked=False)
+        return spec
     if form.width < d_head:
         return dataclasses.replace(spec, rope_fraction=form.width / d_head, fraction_from_module=True,
                                    pairing_asked=True)

@@ -15,6 +15,7 @@ from attnscope.usertrace.align import difference, tolerance
 if TYPE_CHECKING:
     from attnscope.trace import Trace
     from attnscope.usertrace.align import Match
+    from attnscope.usertrace.inputs import Inputs
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Projections, Spec
 
@@ -36,6 +37,7 @@ class Context:
     # give it back (rerun.reproduces), whatever inner tensor of the code holds the run's last step
     keys: dict[int, int] = field(default_factory=dict)  # record -> the axis holding the keys, where the data flow
     # says it (scoreaxes.key_axes): square scores held the other way round line up so
+    inputs: Inputs | None = None  # the run's inputs (Inputs.qkv(): the inputs as the reference reads them)
 
 
 @dataclass

@@ -54,6 +54,10 @@ class TableForm:
     width: int
     pairs: bool = False
     axes: tuple[int, int] | None = None
+    # what a parameter that takes the whole table is given, where the code runs on another form than its name says
+    # (tableforms.holders): "complex" [n_Q, d_head / 2] (Meta's freqs_cis), "complex, batched" [n_batch, n_Q,
+    # d_head / 2] (Llama 4's), "cos, sin" the pair (transformers' position_embeddings); "": as the name says
+    holds: str = ""
 
 
 def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "half-split",
@@ -131,6 +135,8 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     start = n_cache
     for name in plan.tables:
         kind = name.lower()
+        if form is not None and form.holds and kind in WHOLE_TABLES:  # the form the code was read to run on
+            kind = "position_embeddings" if form.holds == "cos, sin" else "freqs_cis"
         value: Any
         if form is not None and form.axes is not None:  # laid along the axes of the tensor the code turns
             shape = [1] * form.axes[0]
@@ -148,9 +154,12 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
                 start:start + n_Q]  # [n_Q, d_head / 2]
             if kind == "freqs_cis":
                 value, said = torch.polar(torch.ones_like(angle), angle), "e^(i·position·inv_freq)"
+                if form is not None and form.holds == "complex, batched":  # one table a sequence (Llama 4's)
+                    value = value.expand(sizes.get("n_batch", 1), *value.shape)
             else:  # llama2.c's two real tables, freqs_cis's real and imaginary parts
                 value, said = (angle.cos() if kind == "freqs_cos" else angle.sin()), f"{kind[-3:]}(position·inv_freq)"
-            out.steps.append((name, value, ("n_Q", "d_head/2"), f"input: {said}, positions {start} to "
+            out.steps.append((name, value, ("n_batch", "n_Q", "d_head/2")[3 - value.dim():], f"input: {said}, "
+                              f"positions {start} to "
                               f"{start + n_Q - 1}, base {rope_base:g} ({'Meta' if kind == 'freqs_cis' else 'llama2.c'}"
                               "'s precompute_freqs_cis)"))
         else:  # position_embeddings
@@ -162,6 +171,10 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         if not isinstance(value, tuple):
             out.labels[id(value)] = name
     return out
+
+
+# the parameters that take RoPE's whole table in one value (a complex table, or the pair (cos, sin))
+WHOLE_TABLES = ("freqs_cis", "position_embeddings")
 
 
 def _empty(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -202,6 +202,53 @@ def trials_values_from_keys(b: Base) -> Iterator[Trial]:
     if "K_normed" in b.ref and unnormed is not None and unnormed.shape == b.v_new.shape:
         yield Trial(_keys_projected(b, replay(b, v_new=unnormed)), words.replace(
             "{how}", " as projected, before the qk-norm"))
+    yield from _value_input_by_keys(b)
+
+
+def _value_input_by_keys(b: Base) -> Iterator[Trial]:
+    """The value input through the key projection (DistilBERT's `v = shape(self.k_lin(value))`): where the code
+    takes its keys and values from inputs of their own (`forward(query, key, value)`), V = K never holds, yet its
+    values are value · W_kᵀ + b_k, split into heads as the reference splits V_feat."""
+    made = _by_other_weights(b, "k", 2)
+    if made is None or b.names.get("v") != "V_split" or "V_pooled" in b.ref:
+        return
+    feat, name = made
+    heads = _heads_of(feat, b.v_new)
+    if heads is None:
+        return
+    steps = replay(b, v_new=heads)
+    steps["V_feat"] = feat
+    yield Trial(steps, f"the values made by the key projection: {{who}} is what the reference computes with the "
+                f"value input through {name} (V = value · W_kᵀ + b_k, `self.k_proj(value)`), the value projection "
+                "left unused; your keys and values come from inputs of their own, so V = K is not what it gives")
+
+
+def _by_other_weights(b: Base, role: str, index: int) -> tuple[torch.Tensor, str] | None:
+    """The reference's input `index` (0 Q, 1 K, 2 V, as it reads them) through the projection of `role` (its
+    weight and bias, float64), and that projection's name; None where that input is the one `role` reads already
+    (self-attention: one x), or no such projection of that width is held."""
+    projections, inputs = b.ctx.projections, b.ctx.inputs
+    if projections is None or inputs is None or role not in projections.linears:
+        return None
+    xs = inputs.qkv()
+    own = xs[1 if role == "k" else 2 if role == "v" else 0]
+    x = xs[index]
+    if x.dim() != 3 or x is own or (x.shape == own.shape and torch.equal(x, own)):
+        return None
+    name, linear = projections.linears[role]
+    weight, bias = getattr(linear, "weight", None), getattr(linear, "bias", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        return None
+    bias = bias.detach().double() if isinstance(bias, torch.Tensor) else None
+    return torch.nn.functional.linear(x.double(), weight.detach().double(), bias), name
+
+
+def _heads_of(feat: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+    """`feat` [n_batch, n, heads·d] split as `like` [n_batch, heads, n, d]; None where the sizes differ."""
+    if like.dim() != 4 or feat.dim() != 3 or feat.shape[-1] != like.shape[1] * like.shape[-1] \
+            or feat.shape[:2] != (like.shape[0], like.shape[2]):
+        return None
+    return feat.unflatten(-1, (int(like.shape[1]), int(like.shape[-1]))).transpose(1, 2)
 
 
 def _keys_projected(b: Base, steps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

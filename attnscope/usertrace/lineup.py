@@ -470,7 +470,7 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
     out.notes += _kernel_notes(records)
     kind = "module" if module is not None else "function"
     ctx = Context(kind, inputs.sizes, trace, records, reference_allowed(trace),
-                  train, projections, skips, spec, layout=inputs.layout, keys=keys)
+                  train, projections, skips, spec, layout=inputs.layout, keys=keys, inputs=inputs)
     for row in out.rows:  # rotated keys never made, the repeated ones rotated instead: same numbers, yet a mistake
         if row.reference == "K_rot" and row.status == "unseen" and after_repeat("K_rot", ctx) is not None:
             row.status = "missing"

@@ -50,9 +50,42 @@ def forms(failure: Failure, width: int | None, d_head: int, n_Q: int) -> list[Ta
     return kinds + laid
 
 
+def holders(failure: Failure, tables: list[str], width: int | None, d_head: int,
+            given: TableForm | None = None) -> list[TableForm]:
+    """The other forms of RoPE's whole table, where one parameter takes it (feeds.WHOLE_TABLES) and the code raised
+    on the form trace gave it first (`given`, else the one its name says): a complex table, one a sequence, or the
+    pair (cos, sin). Which one it runs on is read from its run on each (runs/trace_attempt.py): the op it raised on
+    says what it does with the value (`.to(..)`, `.real`, an index of three axes, `cos, sin = ..`), not its name."""
+    from attnscope.usertrace.feeds import WHOLE_TABLES
+
+    whole = [t for t in tables if t.lower() in WHOLE_TABLES]
+    if len(whole) != 1 or len(tables) != 1 or d_head % 2:
+        return []
+    fed = given.holds if given is not None and given.holds else \
+        "complex" if whole[0].lower() == "freqs_cis" else "cos, sin"
+    made = {"complex": TableForm(d_head // 2, pairs=True, holds="complex"),
+            "complex, batched": TableForm(d_head // 2, pairs=True, holds="complex, batched"),
+            "cos, sin": TableForm(width or d_head, holds="cos, sin")}
+    # a value used as a tensor (`'tuple' object has no attribute`) is tried as one first
+    order = ("complex, batched", "complex", "cos, sin") if "tuple" in failure.message else \
+        ("cos, sin", "complex, batched", "complex")
+    return [made[k] for k in order if k != fed]
+
+
+HELD = {"complex": "a complex table e^(i·position·inv_freq), [n_Q, d_head / 2] (Meta's freqs_cis)",
+        "complex, batched": "a complex table e^(i·position·inv_freq) for each sequence, [n_batch, n_Q, d_head / 2] "
+                            "(Llama 4's freqs_cis)",
+        "cos, sin": "the pair (cos, sin), each [n_batch, n_Q, d_head] (transformers' position_embeddings)"}
+
+
 def note(form: TableForm, failure: Failure, given: int, d_head: int, parameters: list[str]) -> str:
     """What was read: the tables the code runs on, and from what."""
     where = f" (line {failure.line})" if failure.line else ""
+    if form.holds:
+        pairing = "; its pairing is read from its rotated tensors" if form.pairs else ""
+        said = f"line {failure.line}: {failure.message}" if failure.line else failure.message
+        return (f"RoPE's table ({', '.join(parameters)}): your code runs on {HELD[form.holds]}, read from its run: it "
+                f"raised on the form trace gave it first ({said}) and runs on this one{pairing}")
     laid = ""
     if form.axes is not None:
         dims = ["1"] * form.axes[0]
