@@ -202,7 +202,7 @@ def rgb_array(image: Image.Image) -> np.ndarray:
 
     if "return_numpy" in inspect.signature(convert_to_rgb).parameters:
         return np.asarray(convert_to_rgb(image, return_numpy=True))
-    return np.asarray(convert_to_rgb(image))
+    return np.array(convert_to_rgb(image))  # a copy: an array over a PIL image is read-only
 
 
 def shown(pixels: Pixels) -> Image.Image:
