@@ -813,6 +813,10 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
              and _gain(m, widths.values(), {*rows["q"], *rows["k"]}) is not None]
     if records:  # the norms the run used (their weights read by an op, or the module called on a tensor)
         found = _run_norms(found, records)
+    if records and spec.qk_norm == "head":  # a norm per head, each on its own head's slice (headnorms.py)
+        from attnscope.usertrace import headnorms
+
+        found = headnorms.group(found, records, {*rows["q"], *rows["k"]} - {1}, d_head)
     if records and not found:  # gains the module holds itself, `F.rms_norm(q, (d,)) * self.q_gain` (baregains.py)
         from attnscope.usertrace import baregains
 

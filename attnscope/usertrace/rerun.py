@@ -207,8 +207,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
            softmax_dim: int = -1, after_softmax: torch.Tensor | None = None, multiplier: torch.Tensor | None = None,
            merge: str = "permute", half: bool = False, swap_cache: bool = False, softcap: Any = KEEP,
            cap: str = "capped", joined: tuple[torch.Tensor, torch.Tensor] | None = None,
-           before: torch.Tensor | None = None, dropped: dict[str, torch.Tensor] | None = None
-           ) -> dict[str, torch.Tensor]:
+           before: torch.Tensor | None = None, dropped: dict[str, torch.Tensor] | None = None,
+           zeroed: bool = False) -> dict[str, torch.Tensor]:
     """The reference's steps from its heads on, with the changes given: only the steps the reference has, in the
     row form. `softcap` C caps the scores as `cap` says: "capped" C · tanh(scores / C) (Gemma 2's), "after mask"
     the masked scores capped (-inf becomes -C), "no multiply" tanh(scores / C), "no divide" C · tanh(scores),
@@ -217,7 +217,9 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     `k_new` and `v_new`. `before` (True = may attend): a mask applied to the scores before the softmax, where `mask`
     applies `allowed` after it (a padding mask before, the causal rule after). `dropped`: a multiplier (a dropout's
     0 or 1/(1 − p) per entry) for a step after the attention (`x_raw` or `out`, `x_rsh2`, `x`), applied to it there
-    (a dropout on the output, before or after the output projection)."""
+    (a dropout on the output, before or after the output projection). `zeroed`: the weights the mask forbids set to 0
+    after the softmax, as the code's own op does there (ESPnet's `softmax(scores).masked_fill(mask, 0.0)`), whatever
+    axis the softmax ran over."""
     dropped = dropped or {}
     out: dict[str, torch.Tensor] = {}
     q = b.q if q is None else q
@@ -289,6 +291,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         attention = attention.masked_fill(torch.isneginf(logits).all(-1, keepdim=True), 0.0)
     if allowed is not None and mask in ("after", "zero, then after"):  # ESPnet's masked_fill(mask, 0.0) after it too
         attention = attention * allowed
+    if allowed is not None and zeroed:  # masked_fill, as the code's: a column of NaN (-inf over n_Q) is 0 too
+        attention = attention.masked_fill(~allowed, 0.0)
     if allowed is not None and mask == "added after":  # an additive mask (0 / -inf) added to the weights (CLIP's)
         attention = attention + torch.zeros_like(attention).masked_fill(~allowed, -math.inf)
     if after_softmax is not None:

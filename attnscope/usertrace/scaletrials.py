@@ -288,8 +288,19 @@ def trials_softmax_axis(b: Base) -> Iterator[Trial]:
         words = (f"the softmax ran over {where}, not over n_K ({said} where the keys' axis is {keys}): {{who}} "
                  f"equals the reference's attention with the softmax over {where}, so it sums to 1 over {where} "
                  "rather than over the keys")
-        yield Trial(replay(b, softmax_dim=axis), words)
-        if has_mask(b):  # masked with a large finite number (-1e9): a column masked whole is uniform, not NaN
-            yield Trial(replay(b, softmax_dim=axis, mask="finite"), words)
-            # or one added to the scores (BERT's −10000): the column keeps its scores, normalized over the queries
-            yield Trial(replay(b, softmax_dim=axis, mask="added"), words)
+        # the code's own zeroing of the masked weights after its softmax kept (ESPnet's masked_fill(mask, 0.0))
+        for zeroed in (False, True) if zeroes_after(b) else (False,):
+            yield Trial(replay(b, softmax_dim=axis, zeroed=zeroed), words)
+            if has_mask(b):  # masked with a large finite number (-1e9): a column masked whole is uniform, not NaN
+                yield Trial(replay(b, softmax_dim=axis, mask="finite", zeroed=zeroed), words)
+                # or one added to the scores (BERT's −10000): the column keeps its scores, normalized over the queries
+                yield Trial(replay(b, softmax_dim=axis, mask="added", zeroed=zeroed), words)
+
+
+def zeroes_after(b: Base) -> bool:
+    """Whether the code sets some of its weights to 0 after its softmax itself, with a mask given
+    (masking.after_softmax: ESPnet's and WeNet's `masked_fill(mask, 0.0)` on the softmax's output): the reruns of a
+    mistake before it keep that zeroing."""
+    from attnscope.usertrace.masking import after_softmax
+
+    return has_mask(b) and b.allowed is not None and after_softmax(b.ctx.records) is not None

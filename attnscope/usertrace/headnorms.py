@@ -1,0 +1,129 @@
+"""qk-norms held one per head, read from the data flow: each norm module normalizes one head's slice of q or k (a
+ModuleList of nn.LayerNorm(d_head) applied over `torch.split(q, 1, dim=1)` and joined by torch.cat, StableLM's
+StableLmLayerNormPerHead; norms in any container, called in a loop over `q[:, h]` or `q.unbind(1)`). Which head a norm
+normalizes is read from what it is given (the slice of an earlier tensor of the run, at that head's index on an axis
+as long as the heads), never from its place in the container. The norms of one such split, one for each head, are
+taken as one norm with a row of weights per head (`PerHead`), as the reference's qk-norm holds Cohere's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnscope.usertrace import normforms
+from attnscope.usertrace.record import Record
+
+DEPTH = 6  # how many ops back a norm's input is looked for as a head's slice (a split, a squeeze, a contiguous)
+
+
+class PerHead(nn.Module):
+    """The norms of one split as one norm over `[..., heads, width]`: head j through its own norm; `weight` (and
+    `bias`) `[heads, width]`, their rows stacked in head order."""
+
+    def __init__(self, norms: list[nn.Module], width: int) -> None:
+        super().__init__()
+        self.norms = norms  # a plain list: their parameters are read as the rows below, not registered twice
+        weights = [w for w in (normforms.weight_of(m, width) for m in norms) if w is not None]
+        biases = [b.detach() for b in (getattr(m, "bias", None) for m in norms) if isinstance(b, torch.Tensor)]
+        self.weight = nn.Parameter(torch.stack([w.reshape(width) for w in weights]).clone(), requires_grad=False) \
+            if len(weights) == len(norms) else None
+        self.bias = nn.Parameter(torch.stack([b.reshape(width) for b in biases]).clone(), requires_grad=False) \
+            if len(biases) == len(norms) else None
+        self.eps = normforms.own_eps(norms[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([norm(x[..., j, :]) for j, norm in enumerate(self.norms)], dim=-2)
+
+
+def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int],
+          width: int) -> list[tuple[str, Any]]:
+    """`found` with the norms that each normalize one head of one split (as many as the split has heads, one of
+    `counts`, each head once) replaced by one PerHead, named by the module above them, in the order the run first
+    uses them; containers whose every parameter is such a norm's dropped. Unchanged where no split is read so."""
+    splits: dict[tuple[int, int], dict[int, tuple[str, Any]]] = {}
+    first: dict[tuple[int, int], int] = {}
+    for name, norm in found:
+        if not isinstance(norm, nn.Module) or normforms.weight_of(norm, width) is None \
+                or any(True for _ in norm.children()):
+            continue
+        at = _head_of(name, norm, records, counts, width)
+        if at is None:
+            continue
+        source, axis, head, index = at
+        heads = splits.setdefault((source, axis), {})
+        if head in heads:  # two norms on one head: no reading
+            return found
+        heads[head] = (name, norm)
+        first[(source, axis)] = min(first.get((source, axis), index), index)
+    groups = [(key, heads) for key, heads in splits.items()
+              if len(heads) > 1 and sorted(heads) == list(range(len(heads))) and len(heads) in counts
+              and len({type(m) for _, m in heads.values()}) == 1]
+    if not groups:
+        return found
+    grouped = {id(m) for _, heads in groups for _, m in heads.values()}
+    params = {id(p) for _, heads in groups for _, m in heads.values() for p in m.parameters()}
+    kept = [(name, m) for name, m in found if id(m) not in grouped
+            and not (isinstance(m, nn.Module) and any(True for _ in m.parameters())
+                     and all(id(p) in params for p in m.parameters()))]
+    made = [(first[key], _above([n for n, _ in heads.values()]),
+             PerHead([heads[j][1] for j in range(len(heads))], width)) for key, heads in groups]
+    return kept + [(name, m) for _, name, m in sorted(made, key=lambda t: t[0])]
+
+
+def _head_of(name: str, norm: nn.Module, records: list[Record], counts: set[int],
+             width: int) -> tuple[int, int, int, int] | None:
+    """(the record split, its head axis, the head, the op's index) for the first op that reads the norm's weight
+    (or that the module's call made) on one head's slice of an earlier tensor; None where none is."""
+    held = {f"{name}.{p}" for p, _ in norm.named_parameters()}
+    for r in records:
+        texts = {v for k, v in r.args if k == "text"} | {v[1][1] for k, v in r.args if k == "kw"
+                                                          and isinstance(v, tuple) and len(v) == 2
+                                                          and isinstance(v[1], tuple) and v[1][0] == "text"}
+        if not texts & held:
+            continue
+        given = [records[v] for k, v in r.args if k == "rec"]
+        if not given or given[0].tensor.shape[-1] != width:
+            return None
+        return _sliced(given[0], records, counts, r.index)
+    return None
+
+
+def _sliced(x: Record, records: list[Record], counts: set[int], index: int) -> tuple[int, int, int, int] | None:
+    """Where `x` is one head of an ancestor (its slice at head j on an axis of a length in `counts`, kept or
+    dropped), nearest first."""
+    seen, frontier = {x.index}, [x.index]
+    for _ in range(DEPTH):
+        nxt = [p for i in frontier for p in records[i].parents if p not in seen]
+        for p in nxt:
+            seen.add(p)
+            whole = records[p].tensor
+            if not isinstance(whole, torch.Tensor) or whole.shape[-1] != x.tensor.shape[-1]:
+                continue
+            for axis in range(whole.dim() - 1):
+                if whole.shape[axis] not in counts:
+                    continue
+                for j in range(whole.shape[axis]):
+                    part = whole.select(axis, j)
+                    if _same(part, x.tensor) or _same(part.unsqueeze(axis), x.tensor):
+                        return p, axis, j, index
+        frontier = nxt
+    return None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.equal(a.detach(), b.detach()))
+
+
+def _above(names: list[str]) -> str:
+    """The module above the norms (`q_layernorm` of `q_layernorm.norms.0`, `.1`, ...): their common prefix less the
+    container's own name where that names no role."""
+    from attnscope.usertrace.reference import role_of
+
+    parts = names[0].split(".")
+    common = [p for i, p in enumerate(parts) if all(len(n.split(".")) > i and n.split(".")[i] == p for n in names)
+              and all(n.split(".")[:i] == parts[:i] for n in names)]
+    while len(common) > 1 and role_of(".".join(common).replace("norm", "")) is None:
+        common.pop()
+    return ".".join(common) or names[0]
