@@ -53,6 +53,18 @@ def _rows(held: torch.nn.Module) -> list[torch.nn.LayerNorm]:
     return rows
 
 
+def _heads(t: torch.Tensor) -> torch.Tensor:
+    return t.view(2, 5, 4, 8).transpose(1, 2)
+
+
+def _layer(weight: torch.Tensor, bias: torch.Tensor) -> torch.nn.LayerNorm:
+    norm = torch.nn.LayerNorm(weight.shape[0], eps=1e-5).double()
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+        norm.bias.copy_(bias)
+    return norm
+
+
 def _made(cls, bug: str = "") -> torch.nn.Module:
     return cls(bug=bug).double().eval()
 
@@ -84,6 +96,14 @@ def test_the_styles_are_attention():
     for bug in ("after_rope", "no_scale"):
         assert (_made(styles.StackedNorm, bug)(x) - want).abs().max() > 1e-3, bug
 
+    m = _made(styles.GainList)
+    q, k, v = (_heads(p(x)) for p in (m.q, m.k, m.v))
+    q = _normed(q, [_layer(w, b) for w, b in zip(m.q_gain, m.q_shift, strict=True)], 1)
+    k = _normed(k, [_layer(w, b) for w, b in zip(m.k_gain, m.k_shift, strict=True)], 1)
+    want = m.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 5, 32))
+    assert torch.allclose(m(x), want, atol=1e-10)
+    assert (_made(styles.GainList, "no_scale")(x) - want).abs().max() > 1e-3
+
 
 def test_the_norms_are_trained_and_differ_by_head():
     m = styles.SplitNorms()
@@ -96,7 +116,9 @@ CORRECT = [("SplitNorms", ("--rope", "--qk-norm", "head")),
            ("LoopedRMS", ("--qk-norm", "head")),
            ("LoopedRMS", ()),
            ("StackedNorm", ("--rope", "--causal", "--qk-norm", "head")),
-           ("StackedNorm", ("--rope", "--causal"))]
+           ("StackedNorm", ("--rope", "--causal")),
+           ("GainList", ("--qk-norm", "head")),
+           ("GainList", ())]
 
 
 @pytest.mark.parametrize(("name", "options"), CORRECT, ids=case_ids(CORRECT))
@@ -108,7 +130,8 @@ PLANTS = [("SplitNorms", "after_rope", ("--rope", "--qk-norm", "head"), "qknorm.
           ("SplitNorms", "tiled", ("--rope", "--qk-norm", "head"), "gqa.tiled"),
           ("LoopedRMS", "no_scale", ("--qk-norm", "head"), "scale.none"),
           ("StackedNorm", "after_rope", ("--rope", "--causal", "--qk-norm", "head"), "qknorm.place"),
-          ("StackedNorm", "no_scale", ("--rope", "--causal", "--qk-norm", "head"), "scale.none")]
+          ("StackedNorm", "no_scale", ("--rope", "--causal", "--qk-norm", "head"), "scale.none"),
+          ("GainList", "no_scale", ("--qk-norm", "head"), "scale.none")]
 
 
 @pytest.mark.parametrize(("name", "bug", "options", "cause"), PLANTS, ids=case_ids(PLANTS))

@@ -9,6 +9,8 @@ StableLM: a ModuleList of nn.LayerNorm(d_head), each head through its own). Weig
   not the heads'). `bug`: 'no_scale'.
 - StackedNorm: one module holding `[n_head, d_head]` weight and bias, applied head by head (`F.layer_norm(x[:, h],
   (d,), self.weight[h], self.bias[h])`) and stacked; RoPE. `bug`: 'after_rope', 'no_scale'.
+- GainList: no norm module, per-head gains and biases in nn.ParameterList passed to F.layer_norm in a loop over the
+  heads. `bug`: 'no_scale'.
 """
 
 from __future__ import annotations
@@ -137,3 +139,30 @@ class StackedNorm(nn.Module):
         mask = torch.ones(n, n, dtype=torch.bool).triu(1)
         out = scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class GainList(nn.Module):
+    """Per-head gains and biases as nn.ParameterList, no norm module: `F.layer_norm(q[:, h], (d,), w[h], b[h])` in a
+    loop over `[n_batch, n_head, n, d_head]`, stacked back. `bug`: 'no_scale'."""
+
+    def __init__(self, d_model: int = 32, n_head: int = 4, bug: str = "") -> None:
+        super().__init__()
+        self.h, self.d, self.bug = n_head, d_model // n_head, bug
+        self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.q_gain = nn.ParameterList([nn.Parameter(torch.ones(self.d)) for _ in range(n_head)])
+        self.q_shift = nn.ParameterList([nn.Parameter(torch.zeros(self.d)) for _ in range(n_head)])
+        self.k_gain = nn.ParameterList([nn.Parameter(torch.ones(self.d)) for _ in range(n_head)])
+        self.k_shift = nn.ParameterList([nn.Parameter(torch.zeros(self.d)) for _ in range(n_head)])
+        trained(self, 17)
+
+    def _normed(self, t: torch.Tensor, gains: nn.ParameterList, shifts: nn.ParameterList) -> torch.Tensor:
+        return torch.stack([F.layer_norm(t[:, h], (self.d,), gains[h], shifts[h], 1e-5) for h in range(self.h)], 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = (p(x).view(b, n, self.h, self.d).transpose(1, 2) for p in (self.q, self.k, self.v))
+        q, k = self._normed(q, self.q_gain, self.q_shift), self._normed(k, self.k_gain, self.k_shift)
+        scores = q @ k.transpose(-2, -1)
+        if self.bug != "no_scale":
+            scores = scores / self.d ** 0.5
+        return self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c))

@@ -2,8 +2,10 @@
 ModuleList of nn.LayerNorm(d_head) applied over `torch.split(q, 1, dim=1)` and joined by torch.cat, StableLM's
 StableLmLayerNormPerHead; norms in any container, called in a loop over `q[:, h]` or `q.unbind(1)`). Which head a norm
 normalizes is read from what it is given (the slice of an earlier tensor of the run, at that head's index on an axis
-as long as the heads), never from its place in the container. The norms of one such split, one for each head, are
-taken as one norm with a row of weights per head (`PerHead`), as the reference's qk-norm holds Cohere's."""
+as long as the heads), never from its place in the container. Gains with no norm module (an nn.ParameterList of
+per-head weights passed to F.layer_norm or F.rms_norm in a loop) are read so too, each op as the norm it computes.
+The norms of one such split, one for each head, are taken as one norm with a row of weights per head (`PerHead`), as
+the reference's qk-norm holds Cohere's."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from torch import nn
 from attnscope.usertrace import normforms
 from attnscope.usertrace.record import Record
 
+LISTS = (nn.ParameterList, nn.ParameterDict)  # parameters held, no norm computed: their ops read them
 DEPTH = 6  # how many ops back a norm's input is looked for as a head's slice (a split, a squeeze, a contiguous)
 
 
@@ -37,33 +40,40 @@ class PerHead(nn.Module):
         return torch.stack([norm(x[..., j, :]) for j, norm in enumerate(self.norms)], dim=-2)
 
 
-def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int],
-          width: int) -> list[tuple[str, Any]]:
+def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int], width: int,
+          module: nn.Module | None = None) -> list[tuple[str, Any]]:
     """`found` with the norms that each normalize one head of one split (as many as the split has heads, one of
     `counts`, each head once) replaced by one PerHead, named by the module above them, in the order the run first
-    uses them; containers whose every parameter is such a norm's dropped. Unchanged where no split is read so."""
+    uses them; containers whose every parameter is such a norm's dropped. The module's own 1-D parameters that an
+    F.layer_norm or F.rms_norm takes as its weight (an nn.ParameterList of gains a head, no norm module) are such
+    norms too. Unchanged where no split is read so."""
+    units = [(name, norm, r, {id(p) for p in norm.parameters()}) for name, norm in found
+             if isinstance(norm, nn.Module) and not isinstance(norm, LISTS)
+             and normforms.weight_of(norm, width) is not None and not any(True for _ in norm.children())
+             for r in (_first_use(name, norm, records),) if r is not None]
+    if module is not None:
+        units += _bare(module, records, width, [name for name, m in found if not isinstance(m, LISTS)])
+    sources = {id(norm): held for _, norm, _, held in units}
     splits: dict[tuple[int, int], dict[int, tuple[str, Any]]] = {}
     first: dict[tuple[int, int], int] = {}
-    for name, norm in found:
-        if not isinstance(norm, nn.Module) or normforms.weight_of(norm, width) is None \
-                or any(True for _ in norm.children()):
-            continue
-        at = _head_of(name, norm, records, counts, width)
+    for name, norm, r, _ in units:
+        given = [records[v] for k, v in r.args if k == "rec"]
+        at = _sliced(given[0], records, counts) if given and given[0].tensor.shape[-1] == width else None
         if at is None:
             continue
-        source, axis, head, index = at
+        source, axis, head = at
         heads = splits.setdefault((source, axis), {})
         if head in heads:  # two norms on one head: no reading
             return found
         heads[head] = (name, norm)
-        first[(source, axis)] = min(first.get((source, axis), index), index)
+        first[(source, axis)] = min(first.get((source, axis), r.index), r.index)
     groups = [(key, heads) for key, heads in splits.items()
               if len(heads) > 1 and sorted(heads) == list(range(len(heads))) and len(heads) in counts
               and len({type(m) for _, m in heads.values()}) == 1]
     if not groups:
         return found
     grouped = {id(m) for _, heads in groups for _, m in heads.values()}
-    params = {id(p) for _, heads in groups for _, m in heads.values() for p in m.parameters()}
+    params = {p for _, heads in groups for _, m in heads.values() for p in sources[id(m)]}
     kept = [(name, m) for name, m in found if id(m) not in grouped
             and not (isinstance(m, nn.Module) and any(True for _ in m.parameters())
                      and all(id(p) in params for p in m.parameters()))]
@@ -72,27 +82,56 @@ def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int],
     return kept + [(name, m) for _, name, m in sorted(made, key=lambda t: t[0])]
 
 
-def _head_of(name: str, norm: nn.Module, records: list[Record], counts: set[int],
-             width: int) -> tuple[int, int, int, int] | None:
-    """(the record split, its head axis, the head, the op's index) for the first op that reads the norm's weight
-    (or that the module's call made) on one head's slice of an earlier tensor; None where none is."""
+def _texts(r: Record) -> dict[str, str]:
+    """The names an op was given, by keyword (`weight`, `bias`, `eps=...` as said) or by place ("0", "1", ...)."""
+    out: dict[str, str] = {}
+    for i, (kind, value) in enumerate(r.args):
+        if kind == "text":
+            out[str(i)] = value
+        elif kind == "kw" and isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], tuple) \
+                and value[1][0] == "text":
+            out[value[0]] = value[1][1]
+    return out
+
+
+def _first_use(name: str, norm: nn.Module, records: list[Record]) -> Record | None:
+    """The first op that reads one of the norm's parameters (the module's call on one head's slice)."""
     held = {f"{name}.{p}" for p, _ in norm.named_parameters()}
+    return next((r for r in records if set(_texts(r).values()) & held), None)
+
+
+def _bare(module: nn.Module, records: list[Record], width: int,
+          held: list[str]) -> list[tuple[str, Any, Record, set[int]]]:
+    """The module's own 1-D parameters of `width` that an F.layer_norm or F.rms_norm takes as its weight (and bias),
+    outside every norm module `held`: each op as the norm module that computes it (its eps as the op says, else
+    the function's default), with the op."""
+    params = dict(module.named_parameters())
+    out: list[tuple[str, Any, Record, set[int]]] = []
     for r in records:
-        texts = {v for k, v in r.args if k == "text"} | {v[1][1] for k, v in r.args if k == "kw"
-                                                          and isinstance(v, tuple) and len(v) == 2
-                                                          and isinstance(v[1], tuple) and v[1][0] == "text"}
-        if not texts & held:
+        kind = r.func.split(".")[-1]
+        if kind not in ("layer_norm", "rms_norm"):
             continue
-        given = [records[v] for k, v in r.args if k == "rec"]
-        if not given or given[0].tensor.shape[-1] != width:
-            return None
-        return _sliced(given[0], records, counts, r.index)
-    return None
+        said = _texts(r)
+        weight, bias = params.get(said.get("weight", "")), params.get(said.get("bias", ""))
+        if weight is None or weight.dim() != 1 or weight.shape[0] != width \
+                or any(said["weight"].startswith(f"{h}.") for h in held):
+            continue
+        eps = next((float(v.split("=", 1)[1]) for v in said.values() if v.startswith("eps=")), None)
+        norm: nn.LayerNorm | nn.RMSNorm = nn.LayerNorm(width, eps=1e-5 if eps is None else eps,
+                                                       bias=bias is not None) \
+            if kind == "layer_norm" else nn.RMSNorm(width, eps=eps)
+        norm = norm.to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            norm.weight.copy_(weight)
+            if bias is not None and isinstance(norm, nn.LayerNorm):
+                norm.bias.copy_(bias)
+        out.append((said["weight"], norm, r, {id(weight)} | ({id(bias)} if bias is not None else set())))
+    return out
 
 
-def _sliced(x: Record, records: list[Record], counts: set[int], index: int) -> tuple[int, int, int, int] | None:
-    """Where `x` is one head of an ancestor (its slice at head j on an axis of a length in `counts`, kept or
-    dropped), nearest first."""
+def _sliced(x: Record, records: list[Record], counts: set[int]) -> tuple[int, int, int] | None:
+    """(the record split, its head axis, the head) where `x` is one head of an ancestor (its slice at head j on an
+    axis of a length in `counts`, kept or dropped), nearest first; None where it is none."""
     seen, frontier = {x.index}, [x.index]
     for _ in range(DEPTH):
         nxt = [p for i in frontier for p in records[i].parents if p not in seen]
@@ -107,7 +146,7 @@ def _sliced(x: Record, records: list[Record], counts: set[int], index: int) -> t
                 for j in range(whole.shape[axis]):
                     part = whole.select(axis, j)
                     if _same(part, x.tensor) or _same(part.unsqueeze(axis), x.tensor):
-                        return p, axis, j, index
+                        return p, axis, j
         frontier = nxt
     return None
 
