@@ -9,6 +9,7 @@ the reference's qk-norm holds Cohere's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,7 +42,8 @@ class PerHead(nn.Module):
 
 
 def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int], width: int,
-          module: nn.Module | None = None) -> list[tuple[str, Any]]:
+          module: nn.Module | None = None, role_of: Callable[[str], str | None] = lambda name: None
+          ) -> list[tuple[str, Any]]:
     """`found` with the norms that each normalize one head of one split (as many as the split has heads, one of
     `counts`, each head once) replaced by one PerHead, named by the module above them, in the order the run first
     uses them; containers whose every parameter is such a norm's dropped. The module's own 1-D parameters that an
@@ -77,7 +79,7 @@ def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int],
     kept = [(name, m) for name, m in found if id(m) not in grouped
             and not (isinstance(m, nn.Module) and any(True for _ in m.parameters())
                      and all(id(p) in params for p in m.parameters()))]
-    made = [(first[key], _above([n for n, _ in heads.values()]),
+    made = [(first[key], _above([n for n, _ in heads.values()], role_of),
              PerHead([heads[j][1] for j in range(len(heads))], width)) for key, heads in groups]
     return kept + [(name, m) for _, name, m in sorted(made, key=lambda t: t[0])]
 
@@ -155,11 +157,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a.detach(), b.detach()))
 
 
-def _above(names: list[str]) -> str:
+def _above(names: list[str], role_of: Callable[[str], str | None]) -> str:
     """The module above the norms (`q_layernorm` of `q_layernorm.norms.0`, `.1`, ...): their common prefix less the
-    container's own name where that names no role."""
-    from attnscope.usertrace.reference import role_of
-
+    container's own name where that names no role (`role_of`: reference.role_of, handed in so that neither
+    module imports the other)."""
     parts = names[0].split(".")
     common = [p for i, p in enumerate(parts) if all(len(n.split(".")) > i and n.split(".")[i] == p for n in names)
               and all(n.split(".")[:i] == parts[:i] for n in names)]

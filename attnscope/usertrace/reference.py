@@ -816,7 +816,7 @@ def _qk_norms(module: nn.Module, spec: Spec, n_head: int, n_kv_head: int, d_head
     if records and spec.qk_norm == "head":  # a norm per head, each on its own head's slice (headnorms.py)
         from attnscope.usertrace import headnorms
 
-        found = headnorms.group(found, records, {*rows["q"], *rows["k"]} - {1}, d_head, module)
+        found = headnorms.group(found, records, {*rows["q"], *rows["k"]} - {1}, d_head, module, role_of)
     if records and not found:  # gains the module holds itself, `F.rms_norm(q, (d,)) * self.q_gain` (baregains.py)
         from attnscope.usertrace import baregains
 
