@@ -550,10 +550,15 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     if called.failure is not None or allowed is None or allowed.dtype != torch.bool or bool(allowed.all()):
         return called
     dtype = next(iter(inputs.tensors.values())).dtype
+
+    def given(mask: Any) -> Called:
+        """The code run again, from the same seed, handed `mask` written in its own convention."""
+        torch.manual_seed(o.seed)
+        return call(target, fn, plan, inputs, module, o.max_memory,
+                    masking.written(mask, convention.kind, dtype, convention.line), fed)
+
     everything = torch.ones_like(allowed)
-    torch.manual_seed(o.seed)
-    tried = call(target, fn, plan, inputs, module, o.max_memory,
-                 masking.written(everything, convention.kind, dtype, convention.line), fed)
+    tried = given(everything)
     # a mask that masks nothing leaves every query its keys: a query with none is trace's feed read the wrong way
     well = tried.failure is None and fed_well(tried)
     own = masking.masks_by_itself(tried.records) if well else None
@@ -566,12 +571,10 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
         return called
     rest = _rule_left_over(o, inputs, own) if own is not None else None
     if own is not None and rest is not None:  # it masks one part of the rule itself, merged into the mask it is given
-        given, mine, theirs = rest
-        torch.manual_seed(o.seed)
-        again = call(target, fn, plan, inputs, module, o.max_memory,
-                     masking.written(given, convention.kind, dtype, convention.line), fed)
+        part, mine, theirs = rest
+        again = given(part)
         if again.failure is None:
-            inputs.allowed = given
+            inputs.allowed = part
             inputs.notes.append(f"your code masks {mine} by itself (line {own.line}: weights of exactly 0 with nothing "
                                 f"masked by {plan.mask}) and takes the rest of the rule from {plan.mask}: it was "
                                 f"given {theirs} alone, so that trace's mask never hides yours; the reference's mask "
@@ -583,9 +586,7 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     # the keys no query may see (a --mask file's padding) are no rule of the positions: they stay the caller's
     keys = allowed.any(-2, keepdim=True).expand_as(allowed)
     if not bool(keys.all()):
-        torch.manual_seed(o.seed)
-        padded = call(target, fn, plan, inputs, module, o.max_memory,
-                      masking.written(keys, convention.kind, dtype, convention.line), fed)
+        padded = given(keys)
         if padded.failure is None:
             inputs.allowed = keys
             inputs.notes.append(f"your code {how} with nothing masked by {plan.mask}): {plan.mask} was given the key "
