@@ -60,15 +60,18 @@ class Joined:
         assert q is not None and k is not None and v is not None
         return q, k, v
 
-    def note(self) -> str:
+    def note(self, each: str = "") -> str:
+        """The note; `each`: how each stream's own q, k and v were compared before the join (jointstreams.said),
+        where they were."""
         lines = sorted({self.q.line, self.k.line, self.v.line})
         at = ", ".join(str(line) for line in lines)
         streams = " + ".join(str(p) for p in self.parts)
+        rest = (f", and {each} (each stream's output projection is not compared)" if each else
+                " (each stream's projections, norms and output projection are not compared)")
         return (f"joint attention: your code joins {len(self.parts)} streams along the tokens ({streams} tokens; "
                 f"line{'s' if len(lines) > 1 else ''} {at}: {self.q.call}), each with projections of its own, "
                 "which no reference of four projections holds: the reference starts from your joined q, k and v "
-                "and is compared from there up to the merge of the heads (each stream's projections, norms and "
-                "output projection are not compared)")
+                f"and is compared from there up to the merge of the heads{rest}")
 
 
 def find(records: list[Record], params: dict[str, Any]) -> Joined | None:
@@ -141,10 +144,11 @@ def _axis(out: torch.Tensor, parts: list[torch.Tensor]) -> int | None:
 
 def _merged(t: torch.Tensor, axis: int, n_head: int) -> torch.Tensor | None:
     """A joined tensor as `[n_batch, n, n_head·d_head]`: `[n_batch, n_head, n, d_head]` (joined on axis 2),
-    `[n_batch, n, n_head, d_head]` and `[n_batch, n, n_head·d_head]` (on axis 1)."""
-    if t.dim() == 4 and axis == 2 and t.shape[1] == n_head:
+    `[n_batch, n, n_head, d_head]` and `[n_batch, n, n_head·d_head]` (on axis 1); keys and values of fewer heads
+    that n_head shares out (grouped-query) alike."""
+    if t.dim() == 4 and axis == 2 and n_head % t.shape[1] == 0:
         return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
-    if t.dim() == 4 and axis == 1 and t.shape[2] == n_head:
+    if t.dim() == 4 and axis == 1 and n_head % t.shape[2] == 0:
         return t.reshape(t.shape[0], t.shape[1], -1)
     if t.dim() == 3 and axis == 1 and t.shape[2] % n_head == 0:
         return t
@@ -257,6 +261,7 @@ class SplitFault:
     role: str  # "Q", "K" or "V"
     split: Record  # the code's tensor, [n_batch, n_head, n, d_head] read straight from the projection's output
     projection: Record  # the stream's projection output it was viewed from, [n_batch, n, n_head·d_head]
+    experiment: str = "heads.split_without_permute"
 
     def words(self) -> tuple[str, str]:
         """The diagnosis and the evidence."""

@@ -445,11 +445,13 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
     out.trace, out.spec = trace, spec
     out.n_kv_head = getattr(reference_module, "n_kv_head", None)
     out.joint = projections is not None and projections.joint
-    if out.joint and module is not None:  # a stream split into heads wrongly, before the join the reference reads
-        from attnscope.usertrace import joint
+    if out.joint and module is not None:  # a stream's own q, k or v wrong, before the join the reference reads
+        from attnscope.usertrace import joint, jointstreams
 
         joined = joint.find(records, dict(module.named_parameters()))
-        fault = joint.split_fault(records, joined, int(reference_module.n_head)) if joined is not None else None
+        n_head = int(reference_module.n_head)
+        fault = joint.split_fault(records, joined, n_head) or jointstreams.fault(records, joined, n_head) \
+            if joined is not None else None
         if fault is not None:
             return _split_fault(out, fault)
     if projections is not None and projections.note:
@@ -633,8 +635,9 @@ def _best_reading(best: tuple[Any, ...] | None, records: list[Record], inputs: I
 
 
 def _split_fault(out: LineUp, fault: Any) -> LineUp:
-    """The line-up of joint attention where a stream's heads were split without the transpose (joint.split_fault):
-    the divergence at that role's split, at the code's tensor, named by its experiment."""
+    """The line-up of joint attention where a stream's own q, k or v is wrong before the join (joint.split_fault: its
+    heads split without the transpose; jointstreams.fault): the divergence at that role's split, at the code's
+    tensor, named by its experiment."""
     from attnscope.usertrace.align import difference
 
     step = f"{fault.role}_split"
@@ -644,8 +647,9 @@ def _split_fault(out: LineUp, fault: Any) -> LineUp:
             False, None
         same = out.trace is not None and tuple(out.trace[step].shape) == tuple(fault.split.tensor.shape)
         row.max_abs_diff = difference(fault.split.tensor, out.trace[step]) if same and out.trace is not None else None
+        row.max_abs_diff = getattr(fault, "max_abs_diff", None) or row.max_abs_diff  # the stream's own, where said
     diagnosis, evidence = fault.words()
-    out.divergence = Divergence(step, fault.split, None, diagnosis, "heads.split_without_permute", evidence)
+    out.divergence = Divergence(step, fault.split, None, diagnosis, fault.experiment, evidence)
     return out
 
 
@@ -658,7 +662,7 @@ def _joint_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: li
     k, whichever lines up further. None where the joined tensors' layout is not read."""
     import torch
 
-    from attnscope.usertrace import fused, joint
+    from attnscope.usertrace import fused, joint, jointstreams
     from attnscope.usertrace import reference as ref
 
     n_head = joint.heads(joined, shapes.n_head)
@@ -668,7 +672,8 @@ def _joint_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: li
     Q, K, V = merged
     parts = {role: (f"(identity {role})", fused.Part(f"(identity {role})", torch.eye(
         int(t.shape[-1]), dtype=t.dtype, device=t.device), None)) for role, t in zip("qkvo", (Q, K, V, Q), strict=True)}
-    projections = ref.Projections(parts, "identity", joined.note(), joint=True)
+    note = joined.note(jointstreams.said(records, joined, n_head))
+    projections = ref.Projections(parts, "identity", note, joint=True)
     mask = inputs.mask if inputs.mask is not None and tuple(inputs.mask.shape[-2:]) == (joined.n, joined.n) else None
     wanted = tuple(s for s in ref.MHA_STEPS if not s.endswith("_feat"))
     best: tuple[Any, ...] | None = None
