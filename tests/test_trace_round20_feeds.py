@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
 from trace_round14_helpers import heads, merged, padding_file, planted
-from tracecases import assert_named, assert_passes, case_ids, run_case
+from tracecases import assert_named, assert_passes, plants_test, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round20_feeds.py")
 styles = user_module(STYLES)
@@ -109,9 +109,8 @@ ROPE_PLANTS = [("ComplexPerSequence", "bug='kv_swapped'", "kv.swapped"),
                ("PairUnderFreqsCis", "bug='scale_none'", "scale.none")]
 
 
-@pytest.mark.parametrize(("target", "init", "entry"), ROPE_PLANTS, ids=case_ids(ROPE_PLANTS))
-def test_rope_plants_are_named_by_experiment(runner, target, init, entry):
-    assert_named(*run_case(runner, STYLES, target, init, ROPE), entry)
+test_rope_plants_are_named_by_experiment = plants_test(STYLES, [(target, init, ROPE, entry)
+                                                                for target, init, entry in ROPE_PLANTS])
 
 
 def test_the_kv_styles_are_sdpa_and_the_plants_change_them():

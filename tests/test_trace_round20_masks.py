@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from test_trace_command import user_module
 from test_trace_round19_ownmask import _band, _changed
 from trace_round14_helpers import heads, merged, planted
-from tracecases import assert_named, assert_passes, case_ids, run_case
+from tracecases import assert_named, assert_passes, passing_test, plants_test, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round20_masks.py")
 styles = user_module(STYLES)
@@ -127,9 +127,7 @@ CORRECT = [("DistilSelfAttention", None, KEYS),
            ("OptionalWindow", None, ("--causal", "--window", "3", *PADDED))]
 
 
-@pytest.mark.parametrize(("name", "init", "options"), CORRECT, ids=case_ids(CORRECT))
-def test_correct_masks_pass(runner, files, name, init, options):
-    assert_passes(*run_case(runner, STYLES, name, init, _options(options, files)))
+test_correct_masks_pass = passing_test(STYLES, CORRECT, files="files")
 
 
 PLANTS = [("DistilSelfAttention", "bug='polarity'", KEYS, "mask.polarity"),
@@ -161,9 +159,7 @@ PLANTS = [("DistilSelfAttention", "bug='polarity'", KEYS, "mask.polarity"),
           ("OptionalWindow", "bug='window_off_by_one'", ("--causal", "--window", "3", *PADDED), "mask.off_by_one")]
 
 
-@pytest.mark.parametrize(("name", "init", "options", "cause"), PLANTS, ids=case_ids(PLANTS))
-def test_plants_are_named_by_experiment(runner, files, name, init, options, cause):
-    assert_named(*run_case(runner, STYLES, name, init, _options(options, files)), cause)
+test_plants_are_named_by_experiment = plants_test(STYLES, PLANTS, files="files")
 
 
 def test_a_key_padding_mask_of_one_sequence_never_widens_the_scores(runner):

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
 from trace_round14_helpers import planted as _planted
-from tracecases import assert_named, assert_passes, case_ids, run_case
+from tracecases import assert_passes, passing_test, plants_test, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round20_norms.py")
 styles = user_module(STYLES)
@@ -147,9 +146,7 @@ CORRECT = [("ProjNormAttention", None, PROJ), ("ProjNormAttention", None, ROPE),
            ("CachedHeads", "h=2", (*ROPE, "--cache", "3"))]
 
 
-@pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=case_ids(CORRECT))
-def test_correct_styles_pass(runner, target, init, options):
-    assert_passes(*run_case(runner, STYLES, target, init, options))
+test_correct_styles_pass = passing_test(STYLES, CORRECT)
 
 
 def test_a_layer_norm_over_the_head_grid_is_the_projections_norm(runner):
@@ -190,9 +187,7 @@ PLANTS = [("ProjNormAttention", "bug='kv_swapped'", PROJ, "kv.swapped"),
           *((target, init, options, entry) for entry, cases in PLANTED.items() for target, init, options in cases)]
 
 
-@pytest.mark.parametrize(("target", "init", "options", "entry"), PLANTS, ids=case_ids(PLANTS))
-def test_plants_are_named_by_experiment(runner, target, init, options, entry):
-    assert_named(*run_case(runner, STYLES, target, init, options), entry)
+test_plants_are_named_by_experiment = plants_test(STYLES, PLANTS)
 
 
 def test_a_norm_the_code_puts_after_rope_is_its_convention_where_no_flag_says_where(runner):

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
 from trace_round14_helpers import heads, merged
 from trace_round14_helpers import planted as _planted
-from tracecases import assert_named, assert_passes, case_ids, run_case
+from tracecases import assert_passes, passing_test, plants_test, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round20_seqreduce.py")
 styles = user_module(STYLES)
@@ -144,9 +143,7 @@ CORRECT = [("EinsumLinformer", None, LINFORMER),
            ("PooledKV", None, ("--nq", "8"))]
 
 
-@pytest.mark.parametrize(("target", "init", "options"), CORRECT, ids=case_ids(CORRECT))
-def test_correct_styles_pass(runner, target, init, options):
-    assert_passes(*run_case(runner, STYLES, target, init, options))
+test_correct_styles_pass = passing_test(STYLES, CORRECT)
 
 
 PLANTED = [("EinsumLinformer", "bug='scale_twice'", LINFORMER, "scale.twice"),
@@ -185,9 +182,7 @@ PLANTED = [("EinsumLinformer", "bug='scale_twice'", LINFORMER, "scale.twice"),
            ("PooledKV", "bug='merge_no_transpose'", ("--nq", "8"), "heads.merge_without_transpose")]
 
 
-@pytest.mark.parametrize(("target", "init", "options", "entry"), PLANTED, ids=case_ids(PLANTED))
-def test_planted_bugs_are_named_by_experiment(runner, target, init, options, entry):
-    assert_named(*run_case(runner, STYLES, target, init, options), entry)
+test_planted_bugs_are_named_by_experiment = plants_test(STYLES, PLANTED)
 
 
 def test_a_weight_over_the_sequence_is_a_pooling_not_a_projection(runner):

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, case_ids, run_case
+from tracecases import passing_test, plants_test
 
 from attnscope.usertrace import headnorms
 
@@ -121,9 +120,7 @@ CORRECT = [("SplitNorms", ("--rope", "--qk-norm", "head")),
            ("GainList", ())]
 
 
-@pytest.mark.parametrize(("name", "options"), CORRECT, ids=case_ids(CORRECT))
-def test_a_norm_per_head_passes(runner, name, options):
-    assert_passes(*run_case(runner, STYLES, name, None, options))
+test_a_norm_per_head_passes = passing_test(STYLES, [(name, None, options) for name, options in CORRECT])
 
 
 PLANTS = [("SplitNorms", "after_rope", ("--rope", "--qk-norm", "head"), "qknorm.place"),
@@ -134,9 +131,8 @@ PLANTS = [("SplitNorms", "after_rope", ("--rope", "--qk-norm", "head"), "qknorm.
           ("GainList", "no_scale", ("--qk-norm", "head"), "scale.none")]
 
 
-@pytest.mark.parametrize(("name", "bug", "options", "cause"), PLANTS, ids=case_ids(PLANTS))
-def test_plants_beside_a_norm_per_head_are_named(runner, name, bug, options, cause):
-    assert_named(*run_case(runner, STYLES, name, f"bug={bug!r}", options), cause)
+test_plants_beside_a_norm_per_head_are_named = plants_test(STYLES, [(name, f"bug={bug!r}", options, cause)
+                                                                    for name, bug, options, cause in PLANTS])
 
 
 def test_per_head_stacks_the_norms_in_head_order():
