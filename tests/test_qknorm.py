@@ -389,19 +389,24 @@ def test_layernorm_qk_norm_in_the_spec_the_state_dict_and_check():
     assert not all(c.passed for c in check.check_mha(module, trace, X, X, X, None, asked))
 
 
-def test_a_norm_after_rope_runs_on_the_rotated_heads():
-    """QkNorm(after_rope=True), nGPT's placement: the rotated heads normed, with weights a channel that turn with no
-    rotary pair (another output than the norm before RoPE); sdpa's weightless one gives the same numbers either way."""
-    torch.manual_seed(7)
-    late = MultiHeadAttention(32, 4, n_kv_head=2, rope=Rope(), causal=True,
-                              qk_norm=QkNorm("head", after_rope=True)).eval()
-    early = MultiHeadAttention(32, 4, n_kv_head=2, rope=Rope(), causal=True, qk_norm="head").eval()
+def _either_side(over: str, seed: int, **kw):
+    """A MultiHeadAttention with RoPE whose qk-norm (`over`, gains off 1) runs after the rotation, its run, and the
+    output of the same weights with the norm before it."""
+    torch.manual_seed(seed)
+    late = MultiHeadAttention(32, 4, rope=Rope(), causal=True, qk_norm=QkNorm(over, after_rope=True), **kw).eval()
+    early = MultiHeadAttention(32, 4, rope=Rope(), causal=True, qk_norm=over, **kw).eval()
     with torch.no_grad():
         late.q_norm.weight.normal_(1.0, 0.5)
         late.k_norm.weight.normal_(1.0, 0.5)
         early.load_state_dict(late.state_dict())
         X = torch.randn(2, 6, 32)
-        trace, before = late(X), early(X)
+        return late, late(X), early(X)
+
+
+def test_a_norm_after_rope_runs_on_the_rotated_heads():
+    """QkNorm(after_rope=True), nGPT's placement: the rotated heads normed, with weights a channel that turn with no
+    rotary pair (another output than the norm before RoPE); sdpa's weightless one gives the same numbers either way."""
+    late, trace, before = _either_side("head", 7, n_kv_head=2)
     names = [s.name for s in trace.steps]
     assert names.index("Q_rot") < names.index("Q_normed") < names.index("scores")
     _close(trace["K_normed"], F.rms_norm(trace["K_rot"], (8,), late.k_norm.weight, eps=1e-6))
@@ -411,5 +416,17 @@ def test_a_norm_after_rope_runs_on_the_rotated_heads():
     Q, K, V = torch.randn(2, 3, 5, 8) * 4, torch.randn(2, 3, 5, 8) * 4, torch.randn(2, 3, 5, 6)
     either = [sdpa(Q, K, V, rope=Rope(), qk_norm=QkNorm(after_rope=after)) for after in (False, True)]
     _close(either[0]["out"], either[1]["out"])
-    with pytest.raises(UsageError, match="after RoPE over the whole projection"):
-        QkNorm("proj", after_rope=True)
+
+
+def test_a_norm_over_the_projection_after_rope_runs_on_each_position_s_rotated_heads():
+    """QkNorm("proj", after_rope=True), OLMo 2's norm moved past the rotation: each position's rotated heads merged,
+    normed over every head's coordinates at once, split back (another output than before RoPE: the gains multiply
+    rotated coordinates)."""
+    late, trace, before = _either_side("proj", 8)
+    names = [s.name for s in trace.steps]
+    assert names.index("Q_rot") < names.index("Q_normed") < names.index("scores")
+    merged = trace["K_rot"].transpose(1, 2).flatten(2)  # [2, 6, 32]
+    want = F.rms_norm(merged, (32,), late.k_norm.weight, eps=1e-6).view(2, 6, 4, 8).transpose(1, 2)
+    _close(trace["K_normed"], want)
+    assert not torch.allclose(trace["x"], before["x"], atol=1e-3)
+    assert "after RoPE" in late.spec.describe(8)

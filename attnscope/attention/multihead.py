@@ -281,7 +281,8 @@ class MultiHeadAttention(nn.Module):
         feats = {name: stages.project(add, name, W, x, ("n_batch", n, wide[name]),  # [n_batch, n, heads·d_head]
                                       spec.clip_qkv) for name, W, x, n, _, axis in plan}
         norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
-        if norm is not None and norm.over == "proj":  # OLMo 2: one mean over every head's coordinates
+        late = norm is not None and norm.after_rope and spec.rope is not None  # nGPT's: on the rotated heads
+        if norm is not None and norm.over == "proj" and not late:  # OLMo 2: one mean over every head's coordinates
             widths = (self.width("n_head"), self.width(kv_axis))
             feats["Q"], feats["K"] = stages.normalize(
                 add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
@@ -293,7 +294,6 @@ class MultiHeadAttention(nn.Module):
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
         per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
-        late = norm is not None and norm.after_rope and spec.rope is not None  # nGPT's: on the rotated heads
         if norm is not None and norm.over == "head" and not late:  # Qwen3, Gemma 3: each head over its own d_head
             q, k = self._head_norm(add, q, k, norm, (q_name, k_name), per_head)
             q_name, k_name = "Q_normed", "K_normed"
@@ -307,7 +307,10 @@ class MultiHeadAttention(nn.Module):
                                                                 ("n_batch", kv_axis, n_key, "d_head")),
                                  d_name="d_head", n_keys=n_K, tables=tables)
             q_name, k_name = "Q_rot", "K_rot"
-        if late and norm is not None:
+        if late and norm is not None and norm.over == "proj":  # the rotated heads of a position normed at once
+            q, k = self._rotated_proj_norm(add, q, k, norm, (q_name, k_name), per_head)
+            q_name, k_name = "Q_normed", "K_normed"
+        elif late and norm is not None:
             q, k = self._head_norm(add, q, k, norm, (q_name, k_name), per_head)
             q_name, k_name = "Q_normed", "K_normed"
         if spec.temperature is not None:
@@ -327,6 +330,22 @@ class MultiHeadAttention(nn.Module):
         return stages.normalize(add, q, k, norm, self._norm_weights(), source=source, dims=dims,
                                 axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"),
                                 biases=self._norm_biases())
+
+    def _rotated_proj_norm(self, add: Any, q: Tensor, k: Tensor, norm: Any, source: tuple[str, str],
+                           dims: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[Tensor, Tensor]:
+        """Steps `Q_normed`, `K_normed` after RoPE over the whole projection (OLMo 2's norm moved past the rotation):
+        each position's rotated heads merged, normed at once (one mean over every head's coordinates), split back."""
+        normed = []
+        for step, x, weight, bias, src, shape, name in zip(
+                ("Q_normed", "K_normed"), (q, k), self._norm_weights(), self._norm_biases(), source, dims,
+                ("q_norm.weight", "k_norm.weight"), strict=True):
+            flat = merge_heads(x)  # [n_batch, heads, n, d_head] -> [n_batch, n, heads·d_head]
+            y = stages.split_heads(stages.qk_norm(flat, weight, bias, norm), x.shape[-3])  # -> [.., heads, n, d_head]
+            bias_name = None if bias is None else name.replace("weight", "bias")
+            normed.append(add(step, y, shape, stages.norm_op(norm, f"merge_heads({src})", "heads·d_head", name,
+                                                             bias_name),
+                              ("rms_norm", y.shape, True, 0), inputs=(src,)))
+        return normed[0], normed[1]
 
     def _norm_weights(self) -> tuple[Tensor, Tensor]:
         return self.q_norm.weight, self.k_norm.weight

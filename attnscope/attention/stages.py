@@ -137,7 +137,9 @@ def norm_op(norm: QkNorm, source: str, axis: str, weight: str | None, bias: str 
         return (f"{centred} * rsqrt(var({source}, dim=-1) + {norm.eps:g}){scaled}{shifted}: {where}"
                 f"{', unit weight' if weight is None else ''}")
     where = {"head": f"RMSNorm of each head over {axis}",
-             "proj": f"RMSNorm over the whole projection ({axis}), before the split"}[norm.over]
+             "proj": f"RMSNorm over the whole projection ({axis}), "
+                     f"{'each position of the rotated heads at once' if norm.after_rope else 'before the split'}"
+             }[norm.over]
     unit = ", unit weight" if weight is None else ""
     return f"{source} * rsqrt(mean({source}², dim=-1) + {norm.eps:g}){scaled}: {where}{unit}"
 

@@ -40,13 +40,13 @@ class Held(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def read(module: nn.Module, records: list[Record], widths: set[int]) -> list[tuple[str, nn.Module]]:
+def read(module: nn.Module, records: list[Record], widths: set[int]) -> list[tuple[str, Held]]:
     """The module's own parameters that gain a normalized q or k, as norms, in the order the run uses them: the
     parameter itself (`F.rms_norm(q, (d,)) * self.q_gain`), or a gain the code computes from one parameter alone
     (nGPT's `(self.sqk * c).view(1, 1, n_head, d_head)`, one row a head; its q and k may share it)."""
     every = dict(module.named_parameters(recurse=False))
     own = {name: p for name, p in every.items() if p.dim() >= 1 and p.shape[-1] in widths}
-    found: dict[str, nn.Module] = {}
+    found: dict[str, Held] = {}
     for r in records:
         if r.func not in MULS:
             continue
@@ -75,7 +75,32 @@ def read(module: nn.Module, records: list[Record], widths: set[int]) -> list[tup
         kind, rms = form
         eps = _eps(normed[0], kind)
         found[named[0]] = Held(weight, _bias(r, records, own, weight), kind, eps, rms)
+    if len(found) == 1:  # one side gained: the other's gain held, never read (its norm left out)
+        twin = _twin(every, records, *next(iter(found.items())))
+        found.update([twin] if twin is not None else [])
     return list(found.items())
+
+
+def _twin(every: dict[str, nn.Parameter], records: list[Record], name: str, held: Held) -> tuple[str, Held] | None:
+    """Where the run gains q or k alone, the other side's gain (`k = F.rms_norm(k, (d,)) * (1 + self.k_scale)` left
+    out, as a norm module held and never called is): the one parameter of the module's own shaped as the used gain's
+    and read by no op of the run, made a gain as the used one is made from its parameter (an elementwise `a · w + c`
+    fitted on the used pair: `w`, Gemma's `1 + w`, a constant scale), in the used norm's form. None where no such
+    parameter, or more than one, or no such map."""
+    source = every.get(name)
+    if source is None or source.numel() != held.weight.numel():
+        return None
+    unread = [n for n, p in every.items() if n != name and p.shape == source.shape
+              and not any(("text", n) in r.args for r in records)]
+    if len(unread) != 1:
+        return None
+    p, g = source.detach().double().reshape(-1), held.weight.detach().double().reshape(-1)
+    fit = torch.linalg.lstsq(torch.stack([p, torch.ones_like(p)], 1), g[:, None]).solution[:, 0]  # g = a · p + c
+    a, c = float(fit[0]), float(fit[1])
+    if not torch.allclose(a * p + c, g, rtol=1e-6, atol=1e-6 * max(1.0, float(g.abs().max()))):
+        return None
+    weight = (a * every[unread[0]].detach().double() + c).reshape(held.weight.shape).to(held.weight.dtype)
+    return unread[0], Held(weight, None, held.kind, held.eps, held.rms)
 
 
 def _made_from(record: Record, records: list[Record], params: dict[str, Any]) -> str | None:

@@ -146,6 +146,38 @@ def wanted(reference: Any, trace: Trace) -> tuple[str, ...]:
     return tuple(step for step in STEPS if step in trace and step not in (*gathered, "K_pe_rot"))
 
 
+def evidence(reference: Any, trace: Trace, records: list[Record], rows: list[Any]) -> int:
+    """What a form's line-up says of the rotary form beyond its aligned steps (lineup._best_reading's count), so that
+    a wrong rotation (positions, base, never applied) is read under the form the code turns its pairs in: the rotary
+    parts as views of the heads (Q_pe, K_pe in place) are held by every form's code and say nothing of the form; the
+    pairs gathered even then odd (rope_interleave's copies, left out of `wanted`) are held only by code that gathers
+    them (transformers 4's DeepSeek-V2 views them so before rotate_half); and a tensor of the code's that is the
+    form's Q_pe turned pair by pair with the form's pairing, one frequency a pair (whatever the base, from position 0
+    or after the cache), is the form's rotation."""
+    from attnscope.usertrace.align import best_equal
+
+    if not reference.latent.rope_interleave:
+        held = -sum(row.reference in ("Q_pe", "K_pe") and row.status in ("equal", "permuted") for row in rows)
+    else:
+        held = sum(best_equal(records, trace[name], None) is not None for name in ("Q_pe", "K_pe") if name in trace)
+    return held + _turned_so(reference, trace, records)
+
+
+def _turned_so(reference: Any, trace: Trace, records: list[Record]) -> int:
+    """1 where some tensor of the code's, of Q_pe's shape, is the form's Q_pe turned as the form pairs it."""
+    from attnscope.usertrace import ropefreqs
+
+    if "Q_pe" not in trace:
+        return 0
+    q_pe = trace["Q_pe"].double()
+    pairing = "half-split" if reference.latent.rope_interleave or reference.spec.rope.pairing == "half-split" \
+        else "interleaved"
+    firsts = dict.fromkeys((0, int(trace["K_cache"].shape[-2]) if "K_cache" in trace else 0))
+    return int(any(ropefreqs.read(q_pe, r.tensor.double(), pairing, q_pe.shape[-1], first) is not None
+                   for r in records if r.tensor.is_floating_point() and r.tensor.shape == q_pe.shape
+                   for first in firsts))
+
+
 def run(reference: Any, Q: torch.Tensor, mask: torch.Tensor | None,
         cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> Trace:
     """The reference on Q (after a cache of latents and rotated rotary parts: a decode step, latentcache.py)."""

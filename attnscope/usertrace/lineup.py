@@ -10,12 +10,15 @@ divergence.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from attnscope.errors import UsageError
 from attnscope.usertrace import scoreaxes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from attnscope.trace import Trace
@@ -45,6 +48,8 @@ FROM: dict[str, tuple[tuple[str, ...], ...]] = {
     "Q_normed": (("Q_rot", "Q_feat", "Q"),), "K_normed": (("K_rot", "K_feat", "K"),),
     "Q_rot": (("Q_normed", "Q_split", "Q"),), "K_rot": (("K_normed", "K_split", "K"),),
     "K_cat": (("K_rot", "K_normed", "K_split", "K"),),
+    # latent attention's rotated query part: from the code's heads (its Q_pe, a view, or a gathered copy of it)
+    "Q_pe_rot": (("Q_split",),),
     "V_cat": (("V_split", "V"),), "K_rep": (_K[1:],), "V_rep": (_V[1:],), "scores": (_Q, _K),
     "capped_scores": (("scores",),), "biased_scores": (("capped_scores", "scores"),),
     "masked_scores": (("biased_scores", "capped_scores", "scores"),),
@@ -621,14 +626,15 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     return trace, wanted, reference, projections, what, rows, skips, keys
 
 
-def _best_reading(best: tuple[Any, ...] | None, records: list[Record], inputs: Inputs, run: tuple[Any, ...]
-          ) -> tuple[Any, ...]:
+def _best_reading(best: tuple[Any, ...] | None, records: list[Record], inputs: Inputs, run: tuple[Any, ...],
+                  evidence: Callable[[list[Aligned]], int] | None = None) -> tuple[Any, ...]:
     """Of the best reading so far and `run` (trace, reference, projections, skips, wanted), the one under which more
-    steps find their equal, as (aligned, trace, reference, projections, rows, skips, wanted, keys)."""
+    steps find their equal, as (aligned, trace, reference, projections, rows, skips, wanted, keys); `evidence`
+    corrects the count from the rows (latentref.evidence: steps every form's code holds say nothing of the form)."""
     trace, reference, projections, skips, wanted = run
     keys = scoreaxes.key_axes(records, *projected_roles(projections, inputs))
     rows = _align(trace, wanted, records, skips, keys)
-    aligned = sum(row.status in ALIGNED for row in rows)
+    aligned = sum(row.status in ALIGNED for row in rows) + (evidence(rows) if evidence is not None else 0)
     if best is None or aligned > best[0]:
         return (aligned, trace, reference, projections, rows, skips, wanted, keys)
     return best
@@ -717,7 +723,8 @@ def _latent_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
         if held is not None:
             trace = latentcache.decoded(trace, int(held[0].shape[-2]))
         wanted = latentref.wanted(reference, trace)
-        best = _best_reading(best, records, inputs, (trace, reference, projections, _skips(trace), wanted))
+        best = _best_reading(best, records, inputs, (trace, reference, projections, _skips(trace), wanted),
+                             partial(latentref.evidence, reference, trace, records))
     if best is None:
         return None
     _, trace, reference, projections, rows, skips, wanted, keys = best

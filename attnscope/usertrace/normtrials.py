@@ -28,7 +28,7 @@ ROLES = {"Q": "queries", "K": "keys"}
 class _Side:
     """One of q and k as the reference norms it: its heads before the norm and RoPE `[.., heads, n, d]`, where the
     norm runs ("proj": over the whole projection before the split; "head": each head before RoPE; "late": each
-    rotated head), the norm's parts (the gain and bias `[1, heads, 1, d]`) and its positions."""
+    rotated head), the norm's parts (the gain and bias `[1, heads, 1, d]`), its positions and the axis it runs over."""
 
     name: str
     raw: torch.Tensor
@@ -37,6 +37,7 @@ class _Side:
     gain: torch.Tensor
     bias: torch.Tensor
     positions: torch.Tensor | None
+    over: str = "head"  # the axis the norm runs over: each head's d_head, or the whole projection ("proj")
 
     def normed(self, x: torch.Tensor, over: str) -> torch.Tensor:
         """x `[.., heads, n, d]` normalized over each head ("head") or over every head's coordinates at once
@@ -52,6 +53,7 @@ def _side(b: Base, name: str) -> _Side | None:
     from attnscope.usertrace.reference import late_norm
 
     normed, split, feat = (b.ref.get(f"{name}_{s}") for s in ("normed", "split", "feat"))
+    over = "head"
     if normed is None or split is None or split.dim() != 4 or b.names.get(name.lower()) not in (
             f"{name}_rot", f"{name}_normed", f"{name}_split"):
         return None
@@ -59,20 +61,31 @@ def _side(b: Base, name: str) -> _Side | None:
     rope = read_rope(b)
     positions = None if rope is None else (rope.q_pos if name == "Q" else rope.k_pos)
     if normed.dim() == 3 and feat is not None and feat.shape == normed.shape and feat.shape[-1] == heads * d:
-        parts = refit_parts(feat[:, None], normed[:, None])  # over the whole projection, OLMo 2's
-        raw, place = feat.unflatten(-1, (heads, d)).transpose(1, 2), "proj"
-        if parts is not None:
-            unit, gain, bias = parts
-            parts = unit, gain.reshape(heads, d)[None, :, None], bias.reshape(heads, d)[None, :, None]
+        parts = _over_projection(feat, normed, heads, d)  # over the whole projection, OLMo 2's
+        raw, place, over = feat.unflatten(-1, (heads, d)).transpose(1, 2), "proj", "proj"
     elif normed.shape != split.shape:
         return None
     elif late_norm(b.order, f"{name}_normed"):
         parts, raw, place = refit_parts(b.ref[f"{name}_rot"], normed), split, "late"
+        if parts is None:  # over the rotated projection, every head of a position at once (OLMo 2's, moved late)
+            parts = _over_projection(_flat(b.ref[f"{name}_rot"]), _flat(normed), heads, d)
+            over = "proj"
     else:
         parts, raw, place = refit_parts(split, normed), split, "head"
     if parts is None:
         return None
-    return _Side(name, raw.double(), place, *parts, positions)
+    return _Side(name, raw.double(), place, *parts, positions, over)
+
+
+def _over_projection(before: torch.Tensor, after: torch.Tensor, heads: int, d: int) -> tuple[Norm, torch.Tensor,
+                                                                                             torch.Tensor] | None:
+    """The norm's parts where it runs over the whole projection `[.., n, heads·d]`: the gain and bias per head and
+    coordinate `[1, heads, 1, d]`."""
+    parts = refit_parts(before[:, None], after[:, None])
+    if parts is None:
+        return None
+    unit, gain, bias = parts
+    return unit, gain.reshape(heads, d)[None, :, None], bias.reshape(heads, d)[None, :, None]
 
 
 def _sides(b: Base) -> tuple[_Side, _Side, ReadRope | None] | None:
@@ -142,7 +155,7 @@ def trials_place(b: Base) -> Iterator[Trial]:
     q, k, rope = found
     made = {}
     for side in (q, k):
-        over = "proj" if side.place == "proj" else "head"
+        over = side.over
         turned = _turned(side, rope, side.raw)
         if side.place == "late":
             early = side.normed(side.raw, over)
@@ -156,7 +169,7 @@ def trials_place(b: Base) -> Iterator[Trial]:
     words = ("the qk-norm applied {how}: {{who}} is what the reference computes with q and k normalized {how}, "
              "where it normalizes them {where}; {why}")
     why = ("with gains, the two orders differ: the norm's weights multiply the coordinates RoPE turns in pairs" +
-           (", and over the whole projection each row's mean runs across the rotated heads" if q.place == "proj"
+           (", and over the whole projection each row's mean runs across the rotated heads" if q.over == "proj"
             else ""))
     how, where = ("before RoPE", "after it (the rotated heads)") if before else ("after RoPE", "before it")
     for names in (("Q", "K"), ("K",), ("Q",)):
@@ -176,7 +189,7 @@ def trials_axis(b: Base) -> Iterator[Trial]:
     for side in (q, k):
         if side.raw.shape[-3] < 2:
             return
-        other = "head" if side.place == "proj" else "proj"
+        other = "head" if side.over == "proj" else "proj"
         if side.place == "late":
             out = side.normed(_turned(side, rope, side.raw), other)
             made[side.name] = (out, {f"{side.name}_normed": out})
@@ -187,7 +200,7 @@ def trials_axis(b: Base) -> Iterator[Trial]:
             held[f"{side.name}_split"] = normed
         made[side.name] = (_turned(side, rope, normed), held)
     wrong, right = ("each head's d_head", "the whole projection, every head's coordinates at once (--qk-norm proj, "
-                    "OLMo 2's)") if q.place == "proj" else ("the whole projection, every head's coordinates at "
+                    "OLMo 2's)") if q.over == "proj" else ("the whole projection, every head's coordinates at "
                                                            "once", "each head's d_head (--qk-norm head)")
     words = (f"the qk-norm over the wrong axis: {{who}} is what the reference computes with q and k normalized over "
              f"{wrong}, where it normalizes them over {right}")
@@ -202,7 +215,7 @@ def trials_values_normed(b: Base) -> Iterator[Trial]:
     if found is None or split is None or split.shape != found[1].raw.shape or b.names.get("v") != "V_split":
         return
     k = found[1]
-    values = k.normed(split, "proj" if k.place == "proj" else "head")
+    values = k.normed(split, k.over)
     steps = _run(b, {}, v_new=values)
     steps["V_split"] = values
     yield Trial(steps, "the values normalized too: {who} is what the reference computes with V normalized by the "

@@ -50,9 +50,12 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
         tries = tries + [weightless] if holds_norms(module) or gained else [weightless, *tries]
         if gained and rownorms.after_rope(rows.record, records, lined.trace):  # gains on the rotated heads (nGPT's)
             tries.append(dataclasses.replace(spec, qk_norm="head", qk_norm_after=True, qk_norm_read=True))
-    elif spec.rope_base is not None and holds_norms(module):
-        # a norm module with gains (and a bias) on the rotated heads: the same readings after the rotation
-        tries += [dataclasses.replace(spec, qk_norm="head", qk_norm_after=True, qk_norm_read=True)]
+    if spec.rope_base is not None and holds_norms(module):
+        # a norm module with gains (and a bias) on the rotated heads, or on the rotated projection (OLMo 2's norm
+        # after RoPE): the same readings after the rotation. A module norm that first makes rows of RMS 1 and then
+        # multiplies them by its gain (Meta's RMSNorm, Gemma's 1 + w) has its rows read above too
+        tries += [dataclasses.replace(spec, qk_norm=kind, qk_norm_after=True, qk_norm_read=True)
+                  for kind in ("head", "proj") if not any(t.qk_norm_after and t.qk_norm == kind for t in tries)]
     kept: tuple[Spec, LineUp] | None = None  # a reading that lines up further, its divergence unnamed
     for asked in tries:
         try:
@@ -77,14 +80,15 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
         if not (later or explained):
             continue
         if again.divergence is None or again.divergence.experiment is not None:
-            return asked, _noted(asked, again, rows, records, lined)
+            return asked, _noted(asked, again, rows, records, lined, holds_norms(module))
         # diverging later unnamed: kept unless a later reading (the norm after RoPE) lines up or names the mistake
         kept = kept or (asked, again)
-    return None if kept is None else (kept[0], _noted(kept[0], kept[1], rows, records, lined))
+    return None if kept is None else (kept[0], _noted(kept[0], kept[1], rows, records, lined, holds_norms(module)))
 
 
-def _noted(asked: Spec, again: LineUp, rows: Any, records: list[Record], lined: LineUp) -> LineUp:
-    """`again` with the note that says which qk-norm reading the reference took."""
+def _noted(asked: Spec, again: LineUp, rows: Any, records: list[Record], lined: LineUp, held: bool) -> LineUp:
+    """`again` with the note that says which qk-norm reading the reference took (`held`: the module holds norm
+    layers, whose weights the reference takes)."""
     from attnscope.usertrace import rownorms
 
     kind = asked.qk_norm
@@ -93,14 +97,16 @@ def _noted(asked: Spec, again: LineUp, rows: Any, records: list[Record], lined: 
         after = rownorms.after_rope(rows.record, records, again.trace)
         after = _after_rope(rows.record, lined) if after is None else after
         again.notes.append(f"{rows.words(after)}: read as its own convention, and the reference applies it too{flag}")
-    elif asked.qk_norm_after and rows is not None:
+    elif asked.qk_norm_after and rows is not None and not held:
         again.notes.append("your code normalizes q and k after RoPE, each rotated head over its d_head, with gains of "
                            "its own (qk-norm on the rotated heads, nGPT's): read as its own convention, and the "
                            "reference applies it too, after its rotation, with your gains")
     elif asked.qk_norm_after:
-        again.notes.append("your code normalizes q and k after RoPE, each rotated head over its d_head (qk-norm on "
-                           "the rotated heads): read as its own convention, and the reference applies it too, after "
-                           "its rotation, with your norms' weights")
+        over = "each rotated head over its d_head" if kind == "head" else \
+            "over the whole projection, every rotated head of a position at once"
+        again.notes.append(f"your code normalizes q and k after RoPE, {over} (qk-norm on the rotated heads): read as "
+                           "its own convention, and the reference applies it too, after its rotation, with your "
+                           "norms' weights")
     else:
         over = "d_head, each head's q and k" if kind == "head" else "the whole projection, q's and k's width"
         again.notes.append(f"your code normalizes q and k before the scores (qk-norm over {over}): read as its own "

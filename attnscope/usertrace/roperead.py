@@ -23,6 +23,9 @@ class ReadRope:
     sign: int = 1  # -1: each pair turned by −θ (nanochat's), as the code was read to
     freqs: tuple[float, ...] | None = None  # each pair's frequency, read from the code (ropefreqs.py); None: the base's
     angles: torch.Tensor | None = None  # each position's pair's angle, read from the code (ropefreqs.Angles)
+    # the coordinates before the part that turns, passed through: latent attention's no-RoPE part of each head
+    # (q and k are then Q_full and K_full unrotated, the rotary parts where the reference joins them)
+    lead: int = 0
 
 
 def read_rope(b: Base) -> ReadRope | None:
@@ -60,10 +63,66 @@ def read_rope(b: Base) -> ReadRope | None:
     return ReadRope(float(spec.rope_base), pairing, q_pos, k_pos, q, k, rotary, sign, freqs, angles)
 
 
+def read_turns(b: Base) -> ReadRope | None:
+    """The reference's RoPE read back as read_rope does, or in latent attention (latentref.py) its rotary parts'
+    (latent_rope): what the RoPE mistakes rerun."""
+    return read_rope(b) or latent_rope(b)
+
+
+# latent attention's steps the reading takes: the heads' no-RoPE and rotary parts, before and after the turn
+LATENT_PARTS = ("Q_nope", "Q_pe", "Q_pe_rot", "K_nope", "K_pe", "K_pe_rot", "Q_full", "K_full")
+
+
+def latent_rope(b: Base) -> ReadRope | None:
+    """Latent attention's RoPE, read back from its data flow: the part of each head that turns is the one Q_pe_rot
+    and K_pe_rot are made from (Q_pe, and the rotary key part every head shares), the no-RoPE part before it passes
+    through (`lead`); q and k are Q_full and K_full unrotated (the key part repeated for every head). The pairing
+    and positions are those that give the reference's rotated parts back (DeepSeek-V3's rope_interleave gathers the
+    pairs first and turns them half-split: its Q_pe is the gathered copy). None where they give none back, or where
+    the code joins its cache before RoPE (raw_keys)."""
+    if b.raw_keys is not None or not set(LATENT_PARTS) <= set(b.ref):
+        return None
+    q_nope, q_pe, k_nope, k_pe = (b.ref[n] for n in ("Q_nope", "Q_pe", "K_nope", "K_pe"))
+    if k_pe.dim() != 3 or q_pe.dim() != 4 or q_pe.shape[-1] % 2:
+        return None
+    shared = k_pe[:, None].expand(-1, k_nope.shape[-3], -1, -1)  # [n_batch, n_head, n_new, d_rope]
+    q, k = torch.cat([q_nope, q_pe], dim=-1), torch.cat([k_nope, shared], dim=-1)  # Q_full, K_full unrotated
+    if q.shape != b.q.shape or k.shape != b.k_new.shape:
+        return None
+    spec = b.ctx.spec
+    base = float(spec.rope_base) if spec is not None and spec.rope_base is not None else 10000.0  # latentref's
+    n_Q = int(q_pe.shape[-2])
+    for pairing in ("interleaved", "half"):
+        q_pos = _positions(q_pe, b.ref["Q_pe_rot"], (b.n_cache, b.n_K - n_Q, 0), base, pairing)
+        k_pos = _positions(k_pe, b.ref["K_pe_rot"], (b.n_cache, 0), base, pairing)
+        if q_pos is not None and k_pos is not None:
+            return ReadRope(base, pairing, q_pos, k_pos, q, k, lead=int(q_nope.shape[-1]))
+    return None
+
+
+def _positions(x: torch.Tensor, rotated: torch.Tensor, starts: tuple[int, ...], base: float,
+               pairing: str) -> torch.Tensor | None:
+    """The positions, from the first of `starts` that does, at which `x` turned so gives `rotated`; None if none."""
+    for start in dict.fromkeys(starts):
+        pos = torch.arange(start, start + x.shape[-2])
+        if _near(rotate_pairs(x, pos, base, pairing), rotated):
+            return pos
+    return None
+
+
+def turned(b: Base, rope: ReadRope, q: torch.Tensor, k: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The reference run again with the queries `q` and new keys `k` (turned another way), with latent attention's
+    rotary parts as they turned (Q_pe_rot, K_pe_rot: where the line-up may diverge)."""
+    steps = replay(b, q=q, k_new=k)
+    if rope.lead:
+        steps["Q_pe_rot"], steps["K_pe_rot"] = q[..., rope.lead:], k[:, 0, :, rope.lead:]
+    return steps
+
+
 def rope_turn(rope: ReadRope) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """x `[.., n, d]` at `positions` rotated as the reference's RoPE turns them."""
     return lambda x, positions: rotate_pairs(x, positions, rope.base, rope.pairing, rotary=rope.rotary, sign=rope.sign,
-                                        freqs=rope.freqs, angles=rope.angles)
+                                        freqs=rope.freqs, angles=rope.angles, lead=rope.lead)
 
 
 def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
@@ -74,7 +133,7 @@ def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
 
 def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str, table: str | None = None,
             rotary: int | None = None, over: int | None = None, sign: int = 1,
-            freqs: tuple[float, ...] | None = None, angles: torch.Tensor | None = None) -> torch.Tensor:
+            freqs: tuple[float, ...] | None = None, angles: torch.Tensor | None = None, lead: int = 0) -> torch.Tensor:
     """x `[.., n, d]` rotated in float64: `pairing` "half" (rotate_half: i with i + r/2) or "interleaved" (2i with
     2i + 1); `table` how the angles are laid along the coordinates ("cat": (θ, θ) as transformers' `cat((freqs,
     freqs))`; "interleave": θ0, θ0, θ1, θ1, ... as `repeat_interleave(2)`), the pairing's own by default; only the
@@ -82,8 +141,12 @@ def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, base: float, pairing:
     frequencies are spread over (the rotated width, as GPT-NeoX's rotary_ndims, unless said); `sign` -1 turns each
     pair by −θ (nanochat's); `freqs`: each pair's frequency, read from the code (ropefreqs.py), in place of the
     base's; `angles`: each position's pair's angle `[n, d/2]` (ropefreqs.Angles), in place of both (positions past
-    the table turn by its rows taken cyclically: a trial that no code of the table's tokens reproduces)."""
+    the table turn by its rows taken cyclically: a trial that no code of the table's tokens reproduces); `lead`: the
+    coordinates before the part that turns, passed through as they are (latent attention's no-RoPE part)."""
     x = x.double()
+    if lead:
+        turned_part = rotate_pairs(x[..., lead:], positions, base, pairing, table, rotary, over, sign, freqs, angles)
+        return torch.cat((x[..., :lead], turned_part), dim=-1)
     r = x.shape[-1] if rotary is None else rotary
     inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / (over or r)) if freqs is None \
         else torch.tensor(freqs, dtype=torch.float64)  # [r/2]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from attnscope.usertrace.rerun import Base, replay
-from attnscope.usertrace.roperead import ReadRope, read_rope, rejoined, rope_turn, rotate_pairs
+from attnscope.usertrace.roperead import ReadRope, read_rope, read_turns, rejoined, rope_turn, rotate_pairs, turned
 from attnscope.usertrace.trials import Trial
 
 
@@ -21,13 +21,13 @@ def _rotated(b: Base, rope: ReadRope, q_pos: torch.Tensor | None = None, k_pos: 
     base, pairing, rotary = base or rope.base, pairing or rope.pairing, rotary or rope.rotary
 
     def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return rotate_pairs(x, positions, base, pairing, table, rotary, over, rope.sign, freqs, angles)
+        return rotate_pairs(x, positions, base, pairing, table, rotary, over, rope.sign, freqs, angles, rope.lead)
 
     q = turn(rope.q, rope.q_pos if q_pos is None else q_pos)
     k_pos = rope.k_pos if k_pos is None else k_pos
     if b.raw_keys is not None:  # the code rotates the joined keys: the cached ones turn the same way
         return rejoined(b, q, turn, start=int(k_pos[0]) - b.n_cache)
-    return replay(b, q=q, k_new=turn(rope.k, k_pos))
+    return turned(b, rope, q, turn(rope.k, k_pos))
 
 
 PAIRS = {"half": "half-split, (i, i + d_head/2), as transformers' LLaMA rotate_half does",
@@ -91,7 +91,7 @@ LATENT_PAIRS = {"half": "interleaved, as DeepSeek-V2/V3 do (as complex numbers, 
 
 
 def trials_positions(b: Base) -> Iterator[Trial]:
-    rope = read_rope(b)
+    rope = read_turns(b)
     if rope is None or not b.n_cache:
         return
     n = b.n_Q
@@ -123,7 +123,7 @@ def _joined_positions(b: Base, rope: ReadRope) -> Iterator[Trial]:
 def trials_base(b: Base) -> Iterator[Trial]:
     from attnscope.usertrace.rotary import KNOWN_BASES
 
-    rope = read_rope(b)
+    rope = read_turns(b)
     if rope is None:
         return
     own = b.ctx.spec is not None and b.ctx.spec.base_from_module
@@ -150,7 +150,7 @@ def _scaled_base(b: Base, rope: ReadRope, own: bool) -> Iterator[Trial]:
     from attnscope.usertrace import ropefreqs
     from attnscope.usertrace.rotary import KNOWN_BASES
 
-    if rope.freqs is not None or rope.angles is not None or rope.rotary is not None or b.n_cache:
+    if rope.freqs is not None or rope.angles is not None or rope.rotary is not None or rope.lead or b.n_cache:
         return
     read = ropefreqs.from_code(b.ctx.records, rope.q, rope.k, 0)
     if read is None or read[0].sign != rope.sign or (read[1] == "interleaved") != (rope.pairing == "interleaved"):
@@ -218,11 +218,12 @@ def trials_on_values(b: Base) -> Iterator[Trial]:
 
 
 def trials_not_applied(b: Base) -> Iterator[Trial]:
-    rope = read_rope(b)
+    rope = read_turns(b)
     if rope is not None:
-        steps = rejoined(b, rope.q, None) if b.raw_keys is not None else replay(b, q=rope.q, k_new=rope.k)
+        steps = rejoined(b, rope.q, None) if b.raw_keys is not None else turned(b, rope, rope.q, rope.k)
+        what = "the rotary parts of the queries and keys" if rope.lead else "the queries and keys"
         yield Trial(steps, f"RoPE is never applied: {{who}} is what the reference computes "
-                    f"with the queries and keys not rotated (the reference rotates them, --rope, base "
+                    f"with {what} not rotated (the reference rotates them, --rope, base "
                     f"{rope.base:g})")
 
 

@@ -150,8 +150,8 @@ def on_values(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     if ctx.spec is None or ctx.spec.rope_base is None or step in ("Q_feat", "K_feat", "V_feat", "Q_rot", "K_rot"):
         return None
     for source in ("V_split", "V_rep", "V_cat"):
-        if source not in ctx.reference or ctx.reference[source].dim() < 2:
-            continue
+        if source not in ctx.reference or ctx.reference[source].dim() < 2 or ctx.reference[source].shape[-1] % 2:
+            continue  # values of an odd width (latent attention's d_V) have no pairs to turn
         v = ctx.reference[source].double()
         start = 0 if source == "V_cat" else _start("K_rot", ctx)  # the new values sit after the cache
         positions = torch.arange(start, start + v.shape[-2])

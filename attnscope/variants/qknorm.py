@@ -1,9 +1,10 @@
 """qk-norm: an RMSNorm (or a LayerNorm) of the queries and the keys before RoPE, as today's models keep their logits
 in range.
 
-Two placements, as checkpoints have them (`QkNorm.over`), and, per head, before RoPE or after it (`after_rope`:
-nGPT's `sqk · normalize(q)` on the rotated heads, its learned gain per channel turning with no pair; a norm without
-weights gives the same numbers either side, a rotation keeping each row's length):
+Two placements, as checkpoints have them (`QkNorm.over`), each before RoPE or after it (`after_rope`: nGPT's
+`sqk · normalize(q)` on the rotated heads, its learned gain per channel turning with no pair; over the projection,
+each position's rotated heads normed at once, OLMo 2's norm moved past the rotation, as code traced may have it; a
+norm without weights gives the same numbers either side, a rotation keeping each row's length):
 - `"head"` (Qwen3, Qwen3-MoE, Gemma 3): after the split into heads, over each head's own d_head coordinates,
   with one learned weight `[d_head]` that every head shares (transformers' `Qwen3Attention`:
   `q_norm = Qwen3RMSNorm(head_dim)`, applied to `q_proj(x).view(..., -1, head_dim)`).
@@ -47,7 +48,9 @@ class QkNorm:
     eps: float = 1e-6
     offset: bool = False
     kind: str = "rms"
-    after_rope: bool = False  # per head, on the rotated q and k (nGPT's); before RoPE otherwise
+    # on the rotated q and k (nGPT's, per head; over the whole projection, every rotated head at once, as OLMo 2's norm
+    # moved past the rotation); before RoPE otherwise
+    after_rope: bool = False
 
     def __post_init__(self) -> None:
         if self.over not in PLACES:
@@ -60,9 +63,6 @@ class QkNorm:
         if self.kind not in KINDS:
             raise UsageError(f"{{qk_norm}} kind {self.kind!r}: use 'rms' (RMSNorm: Qwen3, OLMo 2, Gemma 3) or 'layer' "
                              "(LayerNorm, a bias too: timm's qk_norm=True)", "qk_norm")
-        if self.after_rope and self.over != "head":
-            raise UsageError("{qk_norm} after RoPE over the whole projection: a norm after RoPE runs on the rotated "
-                             "heads, over each head's d_head; use 'head'", "qk_norm")
         if self.offset and self.kind == "layer":
             raise UsageError("{qk_norm} offset with kind 'layer': the (1 + w) weights are Gemma's RMSNorm; a "
                              "LayerNorm's weight is its own", "qk_norm")
