@@ -23,6 +23,7 @@ from attnscope.usertrace.biastrials import (
     trials_t5_transposed,
 )
 from attnscope.usertrace.headtrials import trials_merge, trials_merge_permuted, trials_split
+from attnscope.usertrace.keytrials import trials_keys_from_values
 from attnscope.usertrace.kvtrials import trials_swapped, trials_tiled, trials_values_from_keys
 from attnscope.usertrace.maskmirror import trials_transposed
 from attnscope.usertrace.masktrials import (
@@ -72,6 +73,8 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("rope.on_values", "RoPE", "the values rotated as the keys are", trials_on_values),
     Experiment("kv.swapped", "keys and values", "K and V swapped", trials_swapped),
     Experiment("kv.values_from_keys", "keys and values", "the values taken from the keys", trials_values_from_keys),
+    Experiment("kv.keys_from_values", "keys and values", "the keys taken from the values (the value projection "
+               "making the keys)", trials_keys_from_values),
     Experiment("qknorm.missing", "qk-norm", "q or k (or both) never normalized where the reference normalizes both",
                trials_missing),
     Experiment("qknorm.place", "qk-norm", "the qk-norm on the other side of RoPE (after it where the reference norms "

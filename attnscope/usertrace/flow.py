@@ -208,7 +208,7 @@ def along_tokens(records: list[Record], linear: Record, made: dict[int, str]) ->
     if size is None or axis is None:
         return False
     above = ancestors(read, records) | {read.index} if read is not None else set()
-    if LEFT not in linear.args and not any(i in made for i in above):
+    if not any(i in made for i in above):
         # made from the forward's input alone, no projection on the way: its tokens, `[n_batch, n, d_feat]` as the
         # first op read it, contracted (`nn.Linear(n, k)` over `x.transpose(1, 2)`, Linformer's E over x: an input
         # compressed along the sequence before the key and value projections), where another projection reads
@@ -247,8 +247,9 @@ def keys_are_values(records: list[Record]) -> bool:
     if found is None:
         return False
     keys, values = records[found[1]], records[found[2]]
-    if keys.tensor.shape != values.tensor.shape or not keys.tensor.is_floating_point() \
-            or not torch.equal(keys.tensor, values.tensor):
+    if not keys.tensor.is_floating_point() or keys.tensor.dim() < 2 or not any(
+            k.shape == values.tensor.shape and torch.equal(k, values.tensor)
+            for k in (keys.tensor, keys.tensor.transpose(-1, -2))):  # `q @ k.transpose(-1, -2)`, `v = k`
         return False
     made, _ = linears_of(records)
     for end in (keys, values):

@@ -447,8 +447,11 @@ def _file_sizes(o: InputOptions, self_attention: bool, is_module: bool) -> dict[
         found["n_Q" if self_attention else "n_K"] = int(shape[-1])
     batched = len(shape) == 4 or (len(shape) == 3 and (is_module or not o.heads))
     # a 2-D file of self-attention without a cache whose rows are not its columns is no [n_Q, n_K] pattern (n_Q = n_K
-    # there): key padding [n_batch, n_K], flash-attn's key_padding_mask and HF's 2-D attention_mask (_key_padding)
-    padding = len(shape) == 2 and self_attention and not o.cache and shape[0] != shape[-1]
+    # there): key padding [n_batch, n_K], flash-attn's key_padding_mask and HF's 2-D attention_mask (_key_padding);
+    # so is one of queries and keys given apart whose rows are not the queries' length (DistilBERT's
+    # forward(query, key, value, mask) with its mask [bs, k_length], transformers' `_prepare_4d_attention_mask`)
+    padding = len(shape) == 2 and not o.cache and shape[0] != shape[-1] and (
+        self_attention or (o.nq or 0) != shape[0])
     if o.batch is None and (batched or padding) and shape[0] > 1:
         found["n_batch"] = int(shape[0])
     return found
@@ -574,7 +577,7 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
                          "mask`); your code is given the file as it is")
         loaded = padding if padding is not None else windows if windows is not None else loaded
         given = loaded if windows is None else given
-        masks.check_broadcast(loaded, scores)
+        _fits(loaded, scores, sizes)
     if plan.mask is None:
         if loaded is not None and notes is not None:  # as --causal and --window: the reference's, the code's own
             notes.append(f"--mask {o.mask}: {plan.signature} takes no mask, so the file describes the reference "
@@ -591,6 +594,21 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
     # (2-D inputs, one sequence, get the mask as it is: [1, ..] would add an axis to their scores)
     allowed = masks.combine(built.unsqueeze(0) if built is not None and "n_batch" in sizes else built, given)
     return loaded, allowed
+
+
+def _fits(mask: torch.Tensor, scores: tuple[int, ...], sizes: dict[str, int]) -> None:
+    """masks.check_broadcast, its refusal saying the flag that reads a 2-D file as key padding [n_batch, n_K] where
+    its columns are the keys and its rows not the batch trace runs (--batch asked for another count)."""
+    from attnscope import masks
+
+    try:
+        masks.check_broadcast(mask, scores)
+    except UsageError as refused:
+        rows = int(mask.shape[0]) if mask.dim() == 2 else 0
+        if rows < 2 or int(mask.shape[-1]) != sizes["n_K"] or "n_batch" not in sizes:
+            raise
+        raise UsageError(f"{refused}; as key padding [n_batch, n_K] it takes --batch {rows} (n_batch is "
+                         f"{sizes['n_batch']})") from None
 
 
 def _per_window(mask: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | None:

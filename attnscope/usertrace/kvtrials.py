@@ -1,5 +1,6 @@
 """The catalog's key and value mistakes: K and V swapped (before or after a norm, joined with a cache), the values
-taken from the keys, key/value heads tiled instead of interleaved or grouped in the wrong order."""
+taken from the keys (the keys taken from the values: keytrials.py), key/value heads tiled instead of interleaved or
+grouped in the wrong order."""
 
 from __future__ import annotations
 
@@ -152,14 +153,14 @@ def _swapped_before_proj_norm(b: Base, rope: ReadRope | None, words: str) -> Ite
         return
     heads, d = int(split.shape[1]), int(split.shape[-1])
 
-    def heads_of(x: torch.Tensor) -> torch.Tensor:  # [n_batch, n, heads·d] -> [n_batch, heads, n, d]
+    def by_heads(x: torch.Tensor) -> torch.Tensor:  # [n_batch, n, heads·d] -> [n_batch, heads, n, d]
         return x.unflatten(-1, (heads, d)).transpose(1, 2)
 
     keys_normed = norm(values[:, None])[:, 0].to(values.dtype)
-    keys = heads_of(keys_normed)
+    keys = by_heads(keys_normed)
     rotated = rope_turn(rope)(keys, rope.k_pos) if rope is not None else keys
-    steps = replay(b, k_new=rotated, v_new=heads_of(feat))
-    steps["K_normed"], steps["K_split"], steps["V_split"] = keys_normed, keys, heads_of(feat)
+    steps = replay(b, k_new=rotated, v_new=by_heads(feat))
+    steps["K_normed"], steps["K_split"], steps["V_split"] = keys_normed, keys, by_heads(feat)
     _feats_swapped(b, steps)
     then = "normed over the whole projection, split and rotated" if rope is not None else \
         "normed over the whole projection and split"
@@ -209,11 +210,11 @@ def _value_input_by_keys(b: Base) -> Iterator[Trial]:
     """The value input through the key projection (DistilBERT's `v = shape(self.k_lin(value))`): where the code
     takes its keys and values from inputs of their own (`forward(query, key, value)`), V = K never holds, yet its
     values are value · W_kᵀ + b_k, split into heads as the reference splits V_feat."""
-    made = _by_other_weights(b, "k", 2)
+    made = by_other_weights(b, "k", 2)
     if made is None or b.names.get("v") != "V_split" or "V_pooled" in b.ref:
         return
     feat, name = made
-    heads = _heads_of(feat, b.v_new)
+    heads = heads_of(feat, b.v_new)
     if heads is None:
         return
     steps = replay(b, v_new=heads)
@@ -223,7 +224,7 @@ def _value_input_by_keys(b: Base) -> Iterator[Trial]:
                 "left unused; your keys and values come from inputs of their own, so V = K is not what it gives")
 
 
-def _by_other_weights(b: Base, role: str, index: int) -> tuple[torch.Tensor, str] | None:
+def by_other_weights(b: Base, role: str, index: int) -> tuple[torch.Tensor, str] | None:
     """The reference's input `index` (0 Q, 1 K, 2 V, as it reads them) through the projection of `role` (its
     weight and bias, float64), and that projection's name; None where that input is the one `role` reads already
     (self-attention: one x), or no such projection of that width is held."""
@@ -243,7 +244,7 @@ def _by_other_weights(b: Base, role: str, index: int) -> tuple[torch.Tensor, str
     return torch.nn.functional.linear(x.double(), weight.detach().double(), bias), name
 
 
-def _heads_of(feat: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+def heads_of(feat: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
     """`feat` [n_batch, n, heads·d] split as `like` [n_batch, heads, n, d]; None where the sizes differ."""
     if like.dim() != 4 or feat.dim() != 3 or feat.shape[-1] != like.shape[1] * like.shape[-1] \
             or feat.shape[:2] != (like.shape[0], like.shape[2]):

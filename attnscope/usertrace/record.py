@@ -40,6 +40,12 @@ KERNEL_IN = ("side", "kernel_in")  # a 3-D kernel [d_in, n_head, d_head] (Keras 
 KERNEL_OUT = ("side", "kernel_out")  # a 3-D output kernel [n_head, d_head, d_out]: no tensor
 
 
+def _read_right(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The tensor a projection written W @ x reads (its second), the weight on the left."""
+    tensors = list(_tensors(args, kwargs))
+    return tensors[1] if len(tensors) > 1 else None
+
+
 def kernel_side(out_axes: list[int], in_axes: list[int]) -> tuple[str, str]:
     """A kernel of any rank an einsum projects with: which of its axes make the output's features (in the output's
     order) and which the input's (in the input's order), as `kernel:2,1:0` (kernel_axes reads it back)."""
@@ -243,6 +249,9 @@ class Recorder(TorchFunctionMode):
                 details["bound"] = bound  # the names its statement binds, as written (words.py reads them)
             if first is not None and not parents:  # what an input (or a parameter) was: no record says its shape
                 details["source_shape"] = tuple(first.shape)
+            if style == "linear" and LEFT in text_args and (read := _read_right(args, kwargs)) is not None \
+                    and id(read) not in self._produced:  # `E.t() @ x` of the input: x's shape, not the weight's
+                details["source_shape"] = tuple(read.shape)
             self.records.append(Record(index, name, call, snapshot, frames[0].f_lineno, text_args, style, not shares,
                                        _flops(name, args, tensor), parents, details=details))
             self._produced[id(tensor)] = index

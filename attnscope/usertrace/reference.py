@@ -589,7 +589,15 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
             return [Projections({**{role: (name, modules[name]) for role, name in siblings[0].items()},
                                  "o": (NONE, _identity(modules[lone["q"]]))}, f"{siblings[1]}; {NO_OUTPUT}")]
     if shared is not None and shared["q"] != shared["k"] == shared["v"] and flow.keys_are_values(records):
-        # one projection's whole output for the keys and the values (Linformer's share_kv), no spare one beside it
+        # one projection's whole output for the keys and the values (Linformer's share_kv), no spare one beside it;
+        # beside one the code never uses (a value weight of another kind: a parameter beside Linear layers), that
+        # one is the values' and the code's `v = k` the mistake the line-up shows (kv.values_from_keys)
+        left = unused.left_value(module, records, modules[shared["k"]], thrown, mentioned)
+        if left is not None:
+            return [Projections({"q": (shared["q"], modules[shared["q"]]), "k": (shared["k"], modules[shared["k"]]),
+                                 "v": left, "o": (shared["o"], modules[shared["o"]])},
+                                f"data flow, with a weight your code never uses: {shared['k']} makes your K, V; "
+                                f"the reference holds {left[0]}, which fits as the values' projection, as V")]
         return [Projections({"q": (shared["q"], modules[shared["q"]]), "k": (shared["k"], modules[shared["k"]]),
                              "v": (shared["k"], modules[shared["k"]]), "o": (shared["o"], modules[shared["o"]])},
                             SHARED_KV)]

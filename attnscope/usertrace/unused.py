@@ -5,9 +5,9 @@ those are the projections of the roles it took: the reference holds them there, 
 code takes the keys' weight instead (the catalog's kv.values_from_keys names it by experiment).
 
 Which role each unused weight stands for: its name where it says one of the roles the writer took; else the
-writer keeps the role its own name says; else the writer keeps the first role of q, k, v it wrote, and the unused
-weights take the others in the order the module registers them (the usual slip writes the keys' projection where
-the values' was meant).
+writer keeps the role its own name says; else the writer and the unused weights take the roles it wrote in the order
+the module registers them (q, k, v as they are declared: an unused weight declared before the writer is the keys'
+where the writer makes keys and values, `k = self.c(x)` beside an unused `self.b`; after it, the values').
 
 A weight the code calls and then throws away (`v = self.Wv(x)` computed, and the pattern multiplied by `k`: its
 product reaches nothing the call returns) is unused as well: it never turns the weight that took its role into a
@@ -69,9 +69,15 @@ def sibling_reading(shared: dict[str, str], modules: dict[str, Any], spare: list
         if role in open_roles and list(named.values()).count(role) == 1:
             found[role] = sibling
             open_roles.remove(role)
-    keeps = role_of(writer) if role_of(writer) in open_roles else open_roles[0]
+    rest = [s for s in siblings if s not in found.values()]
+    if role_of(writer) in open_roles:
+        keeps = role_of(writer)
+    else:  # no name says it: the roles go in the order the module registers its weights, the writer's among them
+        order = list(modules)
+        ranked = sorted([writer, *rest], key=lambda n: order.index(n) if n in order else len(order))
+        keeps = open_roles[ranked.index(writer)]
     open_roles.remove(keeps)
-    for sibling, role in zip([s for s in siblings if s not in found.values()], open_roles, strict=True):
+    for sibling, role in zip(rest, open_roles, strict=True):
         found[role] = sibling
     found[keeps] = writer
     taken = ", ".join(f"{found[r]} as {r.upper()}" for r in roles if found[r] != writer)
@@ -80,3 +86,32 @@ def sibling_reading(shared: dict[str, str], modules: dict[str, Any], spare: list
            f"the reference holds {taken}, of {writer}'s shape, there"
            + (f" ({', '.join(ran)} runs, and nothing it makes reaches your output)" if ran else ""))
     return found, how
+
+
+def left_value(module: Any, records: list[Record], writer: Any, thrown: set[str], mentioned: Any
+               ) -> tuple[str, Any] | None:
+    """Where one projection makes both the keys and the values (`v = k`): the module's weight the code never uses
+    (or runs and throws the product of away) that fits as the values' projection beside it: an nn.Linear as wide as
+    the keys' `writer` ([out, in]), or a 2-D parameter outside every Linear of its shape (read as `x @ W`, [in, out],
+    else as F.linear holds it, [out, in]), whatever their kinds and names. A value projection left unused, never
+    a shared-KV design (which holds no such weight); None where there is none, or more than one."""
+    from torch import nn
+
+    from attnscope.usertrace import fused
+
+    out, into = writer.out_features, writer.in_features
+    found: list[tuple[str, Any]] = []
+    held: set[str] = set()
+    for name, m in module.named_modules():
+        if isinstance(m, nn.Linear):
+            held |= {f"{name}.{p}" for p, _ in m.named_parameters(recurse=False)}
+            if (m.out_features, m.in_features) == (out, into) and (not mentioned(name, records) or name in thrown):
+                found.append((name, m))
+    for name, p in module.named_parameters():
+        if name in held or p.dim() != 2 or mentioned(name, records):
+            continue
+        weight = p.detach().t() if tuple(p.shape) == (into, out) else p.detach() if tuple(p.shape) == (out, into) \
+            else None
+        if weight is not None:
+            found.append((name, fused.Part(name, weight, None)))
+    return found[0] if len(found) == 1 else None

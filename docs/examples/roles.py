@@ -57,7 +57,7 @@ class CrossOrSelf(nn.Module):
         bsz, tgt_len, _ = hidden_states.size()
         source = hidden_states if key_value_states is None else key_value_states
         q = split(self.q_proj(hidden_states) * self.scaling, self.num_heads)
-        k = split(self.k_proj(source), self.num_heads)
+        k = split(self.v_proj(source) if self.bug == "keys_from_values" else self.k_proj(source), self.num_heads)
         v = split(self.k_proj(source) if self.bug == "values_from_keys" else self.v_proj(source), self.num_heads)
         weights = q @ k.transpose(-1, -2)
         if attention_mask is not None:
