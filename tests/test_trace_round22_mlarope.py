@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, case_ids, run_case
+from tracecases import assert_named, case_ids, passing_test, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round22_mlarope.py")
 styles = user_module(STYLES)
@@ -122,9 +122,7 @@ CORRECT = [("CachedV2", INTERLEAVED),
            ("HalfSplitMLA", ("--causal", "--rope", "--cache", "3"))]
 
 
-@pytest.mark.parametrize(("name", "options"), CORRECT, ids=case_ids(CORRECT))
-def test_latent_attention_with_rope_passes(runner, name, options):
-    assert_passes(*run_case(runner, STYLES, name, None, options))
+test_latent_attention_with_rope_passes = passing_test(STYLES, [(name, None, options) for name, options in CORRECT])
 
 
 PLANTS = [("CachedV2", "no_rope", INTERLEAVED, "rope.not_applied"),

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, case_ids, run_case
+from tracecases import passing_test, plants_test
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round22_ropenorms.py")
 styles = user_module(STYLES)
@@ -129,9 +129,7 @@ CORRECT = [("MetaNormed", None, (*META, "--qk-norm", "head")),
            ("ComplexGemma", "late=True", META)]
 
 
-@pytest.mark.parametrize(("name", "init", "options"), CORRECT, ids=case_ids(CORRECT))
-def test_norms_either_side_of_the_rotation_pass(runner, name, init, options):
-    assert_passes(*run_case(runner, STYLES, name, init, options))
+test_norms_either_side_of_the_rotation_pass = passing_test(STYLES, CORRECT)
 
 
 PLANTS = [("MetaNormed", "bug='after_rope'", (*META, "--qk-norm", "head"), "qknorm.place"),
@@ -145,7 +143,4 @@ PLANTS = [("MetaNormed", "bug='after_rope'", (*META, "--qk-norm", "head"), "qkno
           ("ComplexGemma", "bug='no_k_norm'", (*META, "--qk-norm", "head"), "qknorm.missing"),
           ("ComplexGemma", "bug='no_k_norm', late=True", META, "qknorm.missing")]
 
-
-@pytest.mark.parametrize(("name", "init", "options", "cause"), PLANTS, ids=case_ids(PLANTS))
-def test_norm_mistakes_beside_the_rotation_are_named(runner, name, init, options, cause):
-    assert_named(*run_case(runner, STYLES, name, init, options), cause)
+test_norm_mistakes_beside_the_rotation_are_named = plants_test(STYLES, PLANTS)
