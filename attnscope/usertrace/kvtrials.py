@@ -285,9 +285,16 @@ def trials_tiled(b: Base, repeated: bool) -> Iterator[Trial]:
 def _materializes_repeat(b: Base) -> bool:
     if "K_rep" not in b.ref:
         return False
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import operands
+
     shape = sorted(user_out(b, "K_rep").shape)  # in any order: [.., n_head, n, d], or [.., n, n_head, d] repeated
     records = b.ctx.records                 # before the transpose (Mistral's repeat_kv on dim=2)
-    return any(sorted(r.tensor.shape) == shape
+    # an op on the queries' side alone is no repeat of the keys (a rotate_half's torch.cat of q, as wide as K_rep)
+    found = operands(records)
+    queries = set() if found is None else ancestors(records[found[0]], records) | {found[0]}
+    kv = set() if found is None else set().union(*(ancestors(records[i], records) | {i} for i in found[1:3]))
+    return any(sorted(r.tensor.shape) == shape and not (r.index in queries and r.index not in kv)
                and (r.func in ("repeat", "repeat_interleave", "expand", "index_select", "cat", "tile")
                     or r.func in ("reshape", "view", "flatten") and r.parents
                     and records[r.parents[0]].func == "expand")

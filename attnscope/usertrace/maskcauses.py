@@ -247,13 +247,89 @@ def alibi(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
                              f"ALiBi's slopes ({said}: 2^(-8 h / n_head)), which the reference was not told of; "
                              "describe it with --alibi (the steps before it line up)", record)
         expected = ", ".join(f"{m:.4g}" for m in standard.tolist())
+        masked = _mask_too(record, ctx) if told else None
+        if masked is not None:  # the slopes fit on the cells the code's own mask keeps, which are not the reference's
+            return Diagnosis(f"{label_of(record)} is not the reference's {step}: on the cells your code keeps it "
+                             f"holds a linear bias m_h · (j − i) with slopes {said} (ALiBi's for {n_head} heads: "
+                             f"{expected}), and its mask is not the reference's ({masked}); two deviations at once, "
+                             f"which no one mistake of trace's catalog reproduces: {step} is where your code and the "
+                             "reference part", record)
         return Diagnosis(f"{label_of(record)} adds a linear position bias m_h · (j − i) to the {step} with slopes "
                          f"{said}, which are not ALiBi's for {n_head} heads ({expected}: 2^(-8 h / n_head)); ALiBi is "
                          "wrong" + ("" if told else " (and the reference adds none: --alibi adds ALiBi's)"), record)
     if plain is not None:
+        added = _bias_added_after(plain, ctx.records)
+        if added is not None:  # the code does add a bias, later: never said missing
+            masked = _mask_too(plain, ctx)
+            return Diagnosis(f"{label_of(plain)} is the reference's {step} less ALiBi's bias; your code adds a bias "
+                             f"of its own after it ({label_of(added)}), and the sum is not the reference's {step}"
+                             f"{_cells_apart(added.tensor, ctx.reference[step])}"
+                             + (f", and your mask is not the reference's ({masked})" if masked else "")
+                             + "; no one mistake of trace's catalog, rerun on the reference, gives it back: "
+                             f"{step} is where your code and the reference part", added)
         return Diagnosis(f"{label_of(plain)} adds no position bias: it is the reference's {step} less ALiBi's bias "
                          "−m_h · (i − j), which --alibi told the reference to add; drop --alibi, or add ALiBi", plain)
     return None
+
+
+ADDS = ("add", "add_", "__add__", "__radd__", "__iadd__", "baddbmm")
+
+
+def _bias_added_after(plain: Record, records: list[Record]) -> Record | None:
+    """The first add after `plain` (the code's scores before any bias) of a tensor made from it and one that is
+    not, of its shape, whose other operand is no constant: the code's own bias; None where none."""
+    from attnscope.usertrace.align import ancestors
+
+    for record in records[plain.index + 1:]:
+        if record.func not in ADDS or tuple(record.tensor.shape) != tuple(plain.tensor.shape) \
+                or plain.index not in ancestors(record, records) | {record.index}:
+            continue
+        others = [records[v] for k, v in record.args if k == "rec"
+                  and plain.index not in ancestors(records[v], records) | {v}]
+        if any(o.tensor.is_floating_point() and o.tensor.numel() > 1 and float(o.tensor.double().std()) > 0
+               for o in others):
+            return record
+    return None
+
+
+def _cells_apart(mine: torch.Tensor, reference: torch.Tensor) -> str:
+    """Where `mine` and the reference's step part, against the diagonal: ' (it differs at N cells: ...)'."""
+    if tuple(mine.shape) != tuple(reference.shape):
+        return ""
+    a, b = mine.double(), reference.double()
+    apart = ~torch.isclose(a, b, rtol=1e-4, atol=1e-4) & ~(torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign()))
+    if not bool(apart.any()):
+        return ""
+    n_Q, n_K = apart.shape[-2:]
+    rel = (torch.arange(n_K)[None, :] - torch.arange(n_Q)[:, None] - (n_K - n_Q)).expand_as(apart)
+    where = [f"{int((apart & r).sum())} {name}" for name, r in
+             (("cells above the diagonal", rel > 0), ("on it", rel == 0), ("below it", rel < 0))
+             if bool((apart & r).any())]
+    return f" (they differ at {', '.join(where)})"
+
+
+def _mask_too(record: Record, ctx: Context) -> str | None:
+    """Where the pattern the code makes from `record` keeps other cells than the reference's pattern: those cells,
+    said as a wrong mask is (_say); None where they keep the same cells (or no pattern is found)."""
+    from attnscope.usertrace.align import ancestors
+
+    reference = ctx.reference["attention"] if "attention" in ctx.reference else None
+    if reference is None:
+        return None
+    shape = tuple(reference.shape)
+    softmaxes = [r.index for r in ctx.records[record.index + 1:] if "softmax" in r.func
+                 and record.index in ancestors(r, ctx.records)]
+    if not softmaxes:
+        return None
+    patterns = [r for r in ctx.records[softmaxes[0]:] if tuple(r.tensor.shape) == shape and r.tensor.is_floating_point()
+                and (r.index == softmaxes[0] or softmaxes[0] in ancestors(r, ctx.records))
+                and bool((r.tensor >= 0).all())]
+    if not patterns:
+        return None
+    mine, allowed = patterns[-1].tensor > 0, reference > 0
+    if bool(torch.equal(mine, allowed)):
+        return None
+    return _say(mine, allowed)
 
 
 def fit_slopes(user: torch.Tensor, reference: torch.Tensor, softmax: bool) -> torch.Tensor | None:

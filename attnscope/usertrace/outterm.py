@@ -60,8 +60,7 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
             continue
         others = [a for a in record.args if a != ("rec", mine[0])]
         up = set().union(*(ancestors(records[v], records) | {v} for k, v in others if k == "rec")) - before
-        if len(others) != 1 or made.index in up or (others[0][0] == "rec" and not _own_source(up, records, extra)) \
-                or (others[0][0] == "text" and others[0][1] not in extra):
+        if len(others) != 1 or made.index in up or (others[0][0] == "text" and others[0][1] not in extra):
             continue
         operand = records[mine[0]]
         layout = _layout_of(operand, held, shape)
@@ -70,9 +69,16 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
         term = layout.undo(record.tensor, shape).double() - layout.undo(operand.tensor, shape).double()
         if not bool(torch.isfinite(term).any()):
             continue
+        # the queries themselves added back, head by head (MViTv2's residual pooling, `x + q` after `attn @ v`)
+        queries = others[0][0] == "rec" and made.index not in ancestors(records[others[0][1]], records) \
+            and _the_queries(term, trace)
+        if others[0][0] == "rec" and not queries and not _own_source(up, records, extra):
+            continue
         # a query that sees no key (NaN in the code's pattern, its row left out of the comparison): no term there
         term = torch.where(torch.isfinite(term), term, 0.0)
-        return OutTerm(term.float(), _note(record, others[0], records, extra, before))
+        note = _queries_note(record, records[others[0][1]]) if queries \
+            else _note(record, others[0], records, extra, before)
+        return OutTerm(term.float(), note)
     return None
 
 
@@ -96,6 +102,22 @@ def _layout_of(operand: Record, held: torch.Tensor, shape: tuple[int, ...]) -> L
         if torch.equal(layout.undo(operand.tensor, shape).double(), held):
             return layout
     return None
+
+
+def _the_queries(term: torch.Tensor, trace: Trace) -> bool:
+    """Whether the term the code adds to its `attn @ v` is the reference's queries, head by head (its `Q_split`,
+    `[n_batch, n_head, n_Q, d_head]`, d_head as wide as the values')."""
+    if "Q_split" not in trace:
+        return False
+    queries = trace["Q_split"].double()
+    return tuple(queries.shape) == tuple(term.shape) and bool(torch.allclose(term, queries, rtol=1e-4, atol=1e-5))
+
+
+def _queries_note(record: Record, queries: Record) -> str:
+    made = record.details.get("op", record.label)
+    return (f"your code adds its queries, head by head, to the attention's output (line {record.line}: {made}; "
+            f"{queries.label} from line {queries.line}, as MViTv2's residual pooling adds its pooled queries): the "
+            "reference adds its own queries too, to its x_raw; a convention, not a mistake")
 
 
 def _note(record: Record, other: tuple[str, Any], records: list[Record], extra: set[str], before: set[int]) -> str:

@@ -12,11 +12,17 @@ the reference's projections make what it pools (compared as `Q_feat`, `K_feat`, 
 attends over the code's own pooled tensors (steps `Q_pooled`, `K_pooled`, `V_pooled`, heads merged, `[n_batch, n,
 n_head·d_head]`, pooledref.py), n_Q or n_K their length: a convention, with a note, and a mistake after it is named
 by experiment as in any other code.
+
+Each head's tokens a grid (MViTv2's `[B·heads, H, W, d]`, a Conv2d over `[B·heads, d, H, W]`): the token axis viewed
+as two, both pooled; the grid read from the role's layout or a rearranging of it on the way (_laid_out), the pooled
+one's sides from its shape (_regridded). A norm of each pooled token after it is part of it (_normed); a role pooled
+with its length kept (a stride-1 conv) counts beside one pooled to another length (_kept_length).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +79,7 @@ def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = No
     found = operands(records)
     if found is None or lined.trace is None:
         return None
-    tensors, held, before, borrowed = {}, {}, {}, set()
+    tensors, held, before, borrowed, kept = {}, {}, {}, set(), set()
     parts = parts or {}
     for role, operand in zip("QKV", found[:3], strict=True):
         # the tensor the line-up pairs with the role's projection, equal or where it stands in the data flow (a
@@ -98,31 +104,68 @@ def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = No
                 tensors[role], held[role], before[role] = read
                 borrowed.add(role)
             continue
-        on_path = ancestors(end, records) | {end.index}
-        step = lined.trace.step(row.reference)
-        axis = step.dims.index(TOKENS[role]) if TOKENS[role] in step.dims else None
-        if axis is None:
-            continue
-        n = int(step.shape[axis])
-        path = [r for r in records[start.index + 1:end.index + 1]
-                if r.index in on_path and start.index in ancestors(r, records)]
-        shorter = [r for r in path if _one_axis_other(start.tensor, r.tensor, n)]
-        if not shorter:
-            continue
-        final = _token_size(start.tensor, shorter[-1].tensor)
-        pooled = next(r for r in shorter if _token_size(start.tensor, r.tensor) == final)
-        if not any(word in r.func for r in path if r.index <= pooled.index for word in SUMMARIZES):
-            continue  # cut or laid out anew, no pooling: a mistake the line-up shows
-        from attnscope.usertrace.align import Layout
+        read = _pooled_from(start, end, records, row, lined.trace, role)
+        if read is not None:
+            tensors[role], held[role], before[role] = read
+            if tuple(read[0].shape) == tuple(lined.trace.step(f"{role}_feat").shape):
+                kept.add(role)
+    # a role pooled with its length kept (a convolution of stride 1) only beside one pooled to another length
+    return Pooled(tensors, held, before, borrowed=frozenset(borrowed)) if set(tensors) - kept else None
 
-        layout = Layout(row.order, row.merged, row.split)
-        if layout.split is not None and layout.split[0] == axis:
+
+def _pooled_from(start: Record, end: Record, records: list[Record], row: Any, trace: Trace, role: str
+                 ) -> tuple[torch.Tensor, Record, Record] | None:
+    """What the code pools `start` (laid out as `row` pairs it with the role's step) into on its way to `end`, the
+    role's operand: (it, heads merged, `[n_batch, n, n_head·d_head]`; its record; `start`); None where no pooling."""
+    from attnscope.usertrace.align import ancestors
+
+    on_path = ancestors(end, records) | {end.index}
+    step = trace.step(row.reference)
+    axis = step.dims.index(TOKENS[role]) if TOKENS[role] in step.dims else None
+    if axis is None or row.order is None:
+        return None
+    n = int(step.shape[axis])
+    path = [r for r in records[start.index + 1:end.index + 1]
+            if r.index in on_path and start.index in ancestors(r, records)]
+    # the pooling reads `start` as laid out by it, or by a rearranging of it on the way (the heads moved into the
+    # batch, the grid's sides apart: `[n_batch·n_head, d_head, n_h, n_w]` for a Conv2d), each in its own layout
+    for source, layout in _laid_out(start, path, row, step):
+        after = [r for r in path if r.index > source.index and source.index in ancestors(r, records)]
+        got = _grid_pooled(source, after, layout, tuple(step.shape), axis) \
+            if layout.split is not None and layout.split[0] == axis else _line_pooled(source, after, n, layout)
+        if got is None:
             continue
-        tensor = _merged(layout, pooled.tensor, step, axis, final)
-        if tensor is None:
-            continue
-        tensors[role], held[role], before[role] = tensor, pooled, start
-    return Pooled(tensors, held, before, borrowed=frozenset(borrowed)) if tensors else None
+        pooled, held, final = got
+        normed = _normed(pooled, after, held, step, axis, final)
+        if normed is not None:  # the pooled tensor through a norm of each token (MViTv2's LayerNorm of each head)
+            pooled, held = normed
+        tensor = _merged(held, pooled.tensor, step, axis, final)
+        if tensor is not None:
+            return tensor, pooled, start
+    return None
+
+
+def _laid_out(start: Record, path: list[Record], row: Any, step: Any) -> Iterator[tuple[Record, Layout]]:
+    """`start` in the layout the line-up read (`row`'s), then each rearranging of it on `path`, last first, in the
+    layout under which it holds the reference's step."""
+    from attnscope.usertrace.align import REARRANGING, Layout, layouts
+
+    yield start, Layout(row.order, row.merged, row.split)
+    shape, want = tuple(step.shape), step.tensor.double()
+    moved = [start.index]
+    for r in path:
+        if r.func in REARRANGING and r.tensor.numel() == start.tensor.numel() and r.args[:1] \
+                and r.args[0][0] == "rec" and r.args[0][1] in moved:
+            moved.append(r.index)
+    for r in reversed([r for r in path if r.index in moved]):
+        for layout in layouts(shape, tuple(r.tensor.shape)):
+            try:
+                held = layout.undo(r.tensor, shape).double()
+            except RuntimeError:
+                continue
+            if torch.allclose(held, want, rtol=1e-4, atol=1e-5):
+                yield r, layout
+                break
 
 
 def _by_sibling(module: Any, records: list[Record], lined: LineUp, found: Pooled) -> Pooled:
@@ -239,6 +282,136 @@ def _from_projection(records: list[Record], trace: Trace, role: str, operand: in
             if int(tensor.shape[-1]) != int(feat.shape[-1]):
                 break
             return tensor.detach(), r, projection
+    return None
+
+
+def _line_pooled(start: Record, path: list[Record], n: int, layout: Layout) -> tuple[Record, Layout, int] | None:
+    """The role's pooled tensor on `path` where its n tokens are one axis of the code's tensor `start`: the first
+    of the final length in `start`'s layout, after an op that summarizes tokens; or, where no length changes, the
+    first of `start`'s shape after a pooling or a convolution (MViTv2's stride-1 pooling of the queries). (it,
+    `layout`, its length)."""
+    shorter = [r for r in path if _one_axis_other(start.tensor, r.tensor, n)]
+    if shorter:
+        final = _token_size(start.tensor, shorter[-1].tensor)
+        pooled = next(r for r in shorter if _token_size(start.tensor, r.tensor) == final)
+        if not any(word in r.func for r in path if r.index <= pooled.index for word in SUMMARIZES):
+            return None  # cut or laid out anew, no pooling: a mistake the line-up shows
+    else:
+        kept, final = _kept_length(start, path), n
+        if kept is None:
+            return None
+        pooled = kept
+    return pooled, layout, final
+
+
+def _grid_pooled(start: Record, path: list[Record], layout: Layout, shape: tuple[int, ...], axis: int
+                 ) -> tuple[Record, Layout, int] | None:
+    """As _line_pooled, where the code holds the role's tokens as a grid (an image's [.., n_h, n_w, ..], `layout`
+    splitting the token axis in two) and pools both of its sides (a strided Conv2d): the first tensor on `path` that
+    lays out a grid of the final size as `start` lays out its own, after an op that summarizes tokens; (it, the
+    layout of its grid, its n_h·n_w)."""
+    from attnscope.usertrace.align import Layout
+
+    grids = [(r, grid) for r in path if r.tensor.is_floating_point() and r.tensor.dim() == start.tensor.dim()
+             and (grid := _regridded(layout, shape, axis, tuple(start.tensor.shape), tuple(r.tensor.shape)))]
+    changed = [(r, grid) for r, grid in grids if tuple(r.tensor.shape) != tuple(start.tensor.shape)]
+    if changed:
+        final = changed[-1][1]
+        pooled = next(r for r, grid in changed if grid == final)
+        if not any(word in r.func for r in path if r.index <= pooled.index for word in SUMMARIZES):
+            return None
+    else:
+        kept = _kept_length(start, path)
+        if kept is None or layout.split is None:
+            return None
+        pooled, final = kept, (layout.split[1], layout.split[2])
+    return pooled, Layout(layout.order, layout.merged, (axis, *final)), final[0] * final[1]
+
+
+def _regridded(layout: Layout, shape: tuple[int, ...], axis: int, before: tuple[int, ...], after: tuple[int, ...]
+               ) -> tuple[int, int] | None:
+    """The grid (a, b) under which `after` lays out the reference's step (`shape`, its token axis `axis` viewed as
+    a grid by `layout`) as `before` lays out the original grid: the same axes merged, the grid's two sides alone of
+    another size; None where there is none."""
+    def grouped(source: tuple[int, ...]) -> list[int] | None:
+        permuted = [source[i] for i in layout.order]
+        sizes, i = [], 0
+        for want in before:  # the permuted axes each of `before`'s axes merges, in order
+            size = 1
+            while i < len(permuted) and (size < want or (size == want and permuted[i] == 1 and want != 1)):
+                size, i = size * permuted[i], i + 1
+            if size != want:
+                return None
+            sizes.append(i)
+        return sizes if i == len(permuted) else None
+
+    if layout.split is None:
+        return None
+    source = layout.source(shape)
+    ends = grouped(source)
+    if ends is None:
+        return None
+    found = []
+    for a in range(1, int(shape[axis]) + 1):
+        for b in range(1, int(shape[axis]) + 1):
+            sized = (*source[:axis], a, b, *source[axis + 2:])
+            permuted = [sized[i] for i in layout.order]
+            made, lo = [], 0
+            for hi in ends:
+                size = 1
+                for d in permuted[lo:hi]:
+                    size *= d
+                made.append(size)
+                lo = hi
+            if tuple(made) == after:
+                found.append((a, b))
+    return found[0] if len(found) == 1 else None
+
+
+def _kept_length(start: Record, path: list[Record]) -> Record | None:
+    """The first tensor of `start`'s shape on `path` made by or after a pooling or a convolution: the role pooled
+    with its length kept (a stride of 1)."""
+    mixed = False
+    for r in path:
+        mixed = mixed or any(word in r.func for word in ("pool", "conv"))
+        if mixed and tuple(r.tensor.shape) == tuple(start.tensor.shape) and r.tensor.is_floating_point():
+            return r
+    return None
+
+
+def _normed(pooled: Record, path: list[Record], held: Layout, step: Any, axis: int, size: int
+            ) -> tuple[Record, Layout] | None:
+    """The norm the code applies to `pooled` (laid out by `held`) on the way, with nothing but rearranging ops
+    between (the heads' tokens flattened, then a LayerNorm), and the layout under which it holds the reference's
+    step: the layout of the norm's input, read by its values, which hold the pooled ones rearranged; None where
+    there is none."""
+    from attnscope.usertrace.align import REARRANGING, layouts
+
+    shape = list(step.shape)
+    shape[axis] = size
+    try:
+        want = held.undo(pooled.tensor, tuple(shape)).double()
+    except RuntimeError:
+        return None
+    chain, norm = [pooled.index], None
+    for r in path:
+        if r.index <= pooled.index or not r.args[:1] or r.args[0][0] != "rec" or r.args[0][1] != chain[-1] \
+                or r.tensor.numel() != pooled.tensor.numel():
+            continue
+        if "norm" in r.func:
+            norm = r
+        elif r.func not in REARRANGING:
+            break
+        chain.append(r.index)
+    if norm is None:
+        return None
+    given = next(r for r in path + [pooled] if r.index == norm.args[0][1])
+    for layout in layouts(tuple(shape), tuple(given.tensor.shape)):
+        try:
+            if torch.allclose(layout.undo(given.tensor, tuple(shape)).double(), want, rtol=1e-5, atol=1e-6):
+                return norm, layout
+        except RuntimeError:
+            continue
     return None
 
 

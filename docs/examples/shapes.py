@@ -98,3 +98,31 @@ class CompressedLinear(nn.Module):
         q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
         out = torch.softmax(q @ k.transpose(-2, -1) / k.size(-1) ** 0.5, dim=-1) @ v  # [b, heads, n, d_head]
         return self.W_out(out.transpose(1, 2).flatten(2))
+
+
+class PooledGrid(nn.Module):
+    """MViTv2-like pooling attention on an image [B, H, W, C]: a fused qkv, each head's q, k and v pooled by a
+    depthwise nn.Conv2d (q with stride 1, k and v with stride 2) and a LayerNorm, the pooled queries added back to
+    each head's output (residual pooling) (docs/trace.md, "Each head's tokens a grid, pooled on both sides").
+
+        attnscope trace docs/examples/shapes.py:PooledGrid --nq 36
+    """
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads, d = heads, dim // heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.pool_q, self.pool_k, self.pool_v = (nn.Conv2d(d, d, 3, s, 1, groups=d, bias=False) for s in (1, 2, 2))
+        self.norm_q, self.norm_k, self.norm_v = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+
+    def forward(self, x):
+        b, h, w, _ = x.shape
+        qkv = self.qkv(x).reshape(b, h, w, 3, self.heads, -1).permute(3, 0, 4, 1, 2, 5)
+        q, k, v = qkv.reshape(3, b * self.heads, h, w, -1).unbind(0)  # [b·heads, h, w, d_head]
+        q, k, v = (norm(pool(t.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)) for t, pool, norm in
+                   ((q, self.pool_q, self.norm_q), (k, self.pool_k, self.norm_k), (v, self.pool_v, self.norm_v)))
+        hq, wq = q.shape[1:3]
+        q, k, v = (t.flatten(1, 2) for t in (q, k, v))  # [b·heads, n, d_head]
+        out = torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1) @ v + q
+        out = out.view(b, self.heads, hq, wq, -1).permute(0, 2, 3, 1, 4).reshape(b, hq, wq, -1)
+        return self.proj(out)
