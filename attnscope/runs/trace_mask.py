@@ -234,6 +234,8 @@ def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inp
     traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
     said = statedmask.read(target.path, convention.line, plan.mask, tuple(plan.other_masks), traced,
                            masking.flow(called.records, plan.mask), reads)
+    if said is None and convention.kind in ("attend", "masked"):
+        return _as_defaulted(o, (target, fn, plan, inputs, module, fed), called, convention)
     if said is None or said.kind == reads:
         return called, convention
     kind = said.kind if reads == convention.kind else OTHER_WAY[convention.kind]
@@ -245,6 +247,33 @@ def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inp
     words = said.words if len(said.words) <= 60 else said.words[:57] + "..."
     turned = ", said of it turned round on its way there" if said.turned else ""
     return again, dataclasses.replace(convention, kind=kind, stated=f'line {said.line}: "{words}"{turned}')
+
+
+def _as_defaulted(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
+                  convention: Convention) -> tuple[Called, Convention]:
+    """Where the module's own default for its mask (`inputs.new_ones(batch, T)` when given none) would mask every
+    key under the polarity its ops read (defaultmask.py), the mask given the other way round, so that the run shows
+    what the code does with it; else the run as it was."""
+    import torch
+
+    from attnscope.usertrace import masking
+    from attnscope.usertrace.call import call
+    from attnscope.usertrace.defaultmask import default_masks_all
+
+    target, fn, plan, inputs, module, fed = run
+    torch.manual_seed(o.seed)
+    bare = call(target, fn, plan, inputs, module, o.max_memory, None, fed, quiet=True)
+    made = default_masks_all(bare.records, convention.line, convention.kind) if bare.failure is None else None
+    if made is None or inputs.allowed is None:
+        return called, convention
+    kind = OTHER_WAY[convention.kind]
+    torch.manual_seed(o.seed)
+    dtype = next(iter(inputs.tensors.values())).dtype
+    again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(inputs.allowed, kind, dtype), fed)
+    if again.failure is not None:
+        return called, convention
+    op = made.details.get("op", made.call)
+    return again, dataclasses.replace(convention, kind=kind, defaulted=f"line {made.line}: {op}")
 
 
 def not_weights(tried: Plan, ran: tuple[Inputs, Feeds, Called, Convention | None],

@@ -67,9 +67,15 @@ class Convention:
     how: str = ""  # the op that told it
     stated: str = ""  # where the code's own words give the other polarity (statedmask.py): 'line N: "..."'
     compared: bool = False  # read from a comparison with a number only an additive mask's values straddle
+    defaulted: str = ""  # where the module's own default mask gives the other polarity (defaultmask.py): 'line N: op'
 
     def note(self, parameter: str) -> str:
         where = f" (line {self.line}: {self.how})" if self.line else ""
+        if self.defaulted:
+            return (f"{parameter}: given {WORDS[self.kind]}, as your module's own default for it holds "
+                    f"({self.defaulted}, made when none is given: read the way your ops read it, it would mask every "
+                    "key); your code "
+                    f"reads it the other way round: it masks where the mask is {self.kind == 'attend'}{where}")
         if self.stated:
             opposite = f"it masks where the mask is {self.kind == 'attend'}" if self.kind in ("attend", "masked") \
                 else f"it masks where the mask is {1 if self.kind == 'float01' else 0}"
