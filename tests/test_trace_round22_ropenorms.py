@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import passing_test, plants_test
+from tracecases import assert_named, passing_test, plants_test, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round22_ropenorms.py")
 styles = user_module(STYLES)
@@ -93,6 +93,12 @@ def _complex_gemma(m, x, late=False):
     return m.proj(_merged(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
 
 
+def _wide_layer(m, x):
+    q, k, v = m.qkv(x).chunk(3, dim=-1)
+    q, k = (F.layer_norm(t, (24,), n.weight, n.bias, 1e-5) for t, n in ((q, m.norm_q), (k, m.norm_k)))
+    return m.out(_merged(F.scaled_dot_product_attention(_heads(q, 3), _heads(k, 3), _heads(v, 3))))
+
+
 FORMULAS = {"MetaNormed": _meta, "GemmaNormed": _gemma, "OlmoWhole": _olmo, "ComplexGemma": _complex_gemma}
 
 
@@ -106,6 +112,13 @@ def test_the_styles_are_attention_and_the_plants_change_it(name):
     for bug in ("after_rope", "no_k_norm") + (("no_norm",) if name == "MetaNormed" else ()):
         m = _made(cls, bug=bug)
         assert (m(x) - FORMULAS[name](m, x)).abs().max() > 1e-2, bug
+
+
+def test_the_whole_width_layer_norm_is_attention():
+    x = torch.randn(2, 5, 24, dtype=torch.float64)
+    m = _made(styles.WideLayerNormed)
+    assert torch.allclose(m(x), _wide_layer(m, x), atol=1e-5)
+    assert (m.norm_q.bias.abs().min() > 1e-4) and (m.norm_k.weight - 1).abs().min() > 1e-4
 
 
 def test_the_gains_are_trained():
@@ -126,7 +139,9 @@ CORRECT = [("MetaNormed", None, (*META, "--qk-norm", "head")),
            ("OlmoWhole", None, (*ROPE, "--qk-norm", "proj")),
            ("OlmoWhole", "late=True", ROPE),
            ("ComplexGemma", None, (*META, "--qk-norm", "head")),
-           ("ComplexGemma", "late=True", META)]
+           ("ComplexGemma", "late=True", META),
+           ("WideLayerNormed", None, ("--qk-norm", "proj")),
+           ("WideLayerNormed", None, ())]
 
 
 test_norms_either_side_of_the_rotation_pass = passing_test(STYLES, CORRECT)
@@ -144,3 +159,20 @@ PLANTS = [("MetaNormed", "bug='after_rope'", (*META, "--qk-norm", "head"), "qkno
           ("ComplexGemma", "bug='no_k_norm', late=True", META, "qknorm.missing")]
 
 test_norm_mistakes_beside_the_rotation_are_named = plants_test(STYLES, PLANTS)
+
+
+# --qk-norm telling the other axis than the code's: the module holds no norm of the flag's width, so the reference's
+# norm has unit weights; qknorm.axis takes the code's gains (and bias) from its own normed q and k
+OTHER_AXIS = [("OlmoWhole", None, (*ROPE, "--qk-norm", "head"), "qknorm.axis"),
+              ("WideLayerNormed", None, ("--qk-norm", "head"), "qknorm.axis"),
+              ("MetaNormed", None, (*META, "--qk-norm", "proj"), "qknorm.axis"),
+              ("GemmaNormed", None, (*ROPE, "--qk-norm", "proj"), "qknorm.axis"),
+              ("ComplexGemma", None, (*META, "--qk-norm", "proj"), "qknorm.axis")]
+
+test_the_flag_of_the_other_axis_is_named_by_experiment = plants_test(STYLES, OTHER_AXIS)
+
+
+def test_the_other_axis_says_the_gains_are_the_codes(runner):
+    code, out = run_case(runner, STYLES, "OlmoWhole", None, (*ROPE, "--qk-norm", "head"))
+    assert_named(code, out, "qknorm.axis")
+    assert "with your norms' gains" in out["first_divergence"]["diagnosis"], out["first_divergence"]

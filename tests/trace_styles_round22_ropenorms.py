@@ -14,6 +14,8 @@ whole projection, for tests/test_trace_round22_ropenorms.py. Weights moved off t
   projection; `bug`: 'after_rope', 'no_k_norm'.
 - ComplexGemma: Llama 4-like complex RoPE (interleaved, freqs_cis as a module buffer) with Gemma's (1 + w) norm,
   written in a functional style (F.rms_norm(x, (d,)) * (1 + w)); `late`, `bug` as above.
+- WideLayerNormed: a DiT-like block's attention without RoPE (one fused qkv Linear, nn.LayerNorm over the whole
+  projection on q and k, a gain and a bias each, before the heads are split with einsum-free views; bidirectional).
 """
 
 from __future__ import annotations
@@ -251,3 +253,25 @@ class ComplexGemma(nn.Module):
             q, k = self._norm(q, self.q_scale), (k if keep_k else self._norm(k, self.k_scale))
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+# --- a DiT-like attention: LayerNorm over the whole projection, no RoPE --------------------------------------------
+
+class WideLayerNormed(nn.Module):
+    def __init__(self, dim: int = 24, num_heads: int = 3) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.norm_q = nn.LayerNorm(dim, eps=1e-5)
+        self.norm_k = nn.LayerNorm(dim, eps=1e-5)
+        self.out = nn.Linear(dim, dim)
+        trained(self, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each [b, n, c]
+        q, k = self.norm_q(q), self.norm_k(k)
+        q, k, v = (t.reshape(b, n, self.num_heads, -1).permute(0, 2, 1, 3) for t in (q, k, v))  # [b, h, n, d]
+        attn = (q @ k.transpose(-2, -1)) * (c // self.num_heads) ** -0.5
+        out = attn.softmax(dim=-1) @ v  # [b, h, n, d]
+        return self.out(out.permute(0, 2, 1, 3).reshape(b, n, c))

@@ -12,7 +12,7 @@ them, and the attention replayed from there.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -180,32 +180,65 @@ def trials_place(b: Base) -> Iterator[Trial]:
 
 def trials_axis(b: Base) -> Iterator[Trial]:
     """The norm over the other axis: each head's d_head where the reference norms the whole projection (OLMo 2's),
-    or the whole projection where it norms each head (Qwen3's), with the reference's gains."""
+    or the whole projection where it norms each head (Qwen3's), with the reference's gains, or the code's where the
+    reference's are units (the module holds no norm of the told width: _own_parts)."""
     found = None if _read(b) else _sides(b)
     if found is None:
         return
     q, k, rope = found
-    made = {}
+    made, split_first = {}, {}
+    own = []  # the sides whose gains are the code's own, read from its normed tensor
     for side in (q, k):
         if side.raw.shape[-3] < 2:
             return
         other = "head" if side.over == "proj" else "proj"
+        unit = bool(torch.allclose(side.gain, torch.ones_like(side.gain)) and not side.bias.any())
+        if unit and (code := _own_parts(b, _turned(side, rope, side.raw) if side.place == "late" else side.raw,
+                                        other)):
+            side = replace(side, unit=code[0], gain=code[1], bias=code[2])
+            own.append(side.name)
         if side.place == "late":
             out = side.normed(_turned(side, rope, side.raw), other)
             made[side.name] = (out, {f"{side.name}_normed": out})
             continue
         normed = side.normed(side.raw, other)
         held = {f"{side.name}_normed": _flat(normed) if side.place == "proj" else normed}
-        if side.place == "proj":
+        if side.place == "proj":  # the code's heads split from its normed projection, or normed once split
             held[f"{side.name}_split"] = normed
+            split_first[side.name] = (_turned(side, rope, normed), {**held, f"{side.name}_split": side.raw})
         made[side.name] = (_turned(side, rope, normed), held)
     wrong, right = ("each head's d_head", "the whole projection, every head's coordinates at once (--qk-norm proj, "
                     "OLMo 2's)") if q.over == "proj" else ("the whole projection, every head's coordinates at "
                                                            "once", "each head's d_head (--qk-norm head)")
+    gains = "" if not own else (", with your norms' gains (read from your normed "
+                                f"{' and '.join(ROLES[n] for n in own)}: the reference holds no norm of that width)")
     words = (f"the qk-norm over the wrong axis: {{who}} is what the reference computes with q and k normalized over "
-             f"{wrong}, where it normalizes them over {right}")
-    for names in (("Q", "K"), ("K",), ("Q",)):
-        yield Trial(_run(b, {n: made[n] for n in names}), words)
+             f"{wrong}{gains}, where it normalizes them over {right}")
+    for ways in (made, {**made, **split_first}) if split_first else (made,):
+        for names in (("Q", "K"), ("K",), ("Q",)):
+            yield Trial(_run(b, {n: ways[n] for n in names}), words)
+
+
+def _own_parts(b: Base, before: torch.Tensor, over: str) -> tuple[Norm, torch.Tensor, torch.Tensor] | None:
+    """Where the reference's norm has unit weights (no norm of the told width in the module: `--qk-norm head` on a
+    norm over the whole projection, or the mirror), the code's own norm over `over` read from the data flow: the
+    latest tensor of the code's that is `before` `[n_batch, heads, n, d]` normalized over `over` (RMSNorm's or
+    LayerNorm's unit) times a gain and plus a bias per head and coordinate, held `[n_batch, n, heads·d]` or
+    `[n_batch, heads, n, d]` (or any view of them); its unit, gain and bias. None where no tensor is."""
+    if before.dim() != 4:
+        return None
+    n_batch, heads, n, d = before.shape
+    for record in reversed(b.ctx.records):  # the latest: a norm's gained rows, not its unit ones before the gain
+        t = record.tensor
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() != before.numel():
+            continue
+        t = t.detach().double()
+        for held in (t.reshape(n_batch, n, heads, d).transpose(1, 2), t.reshape(n_batch, heads, n, d)):
+            parts = _over_projection(_flat(before), _flat(held), heads, d) if over == "proj" else \
+                refit_parts(before, held)
+            if parts is not None:
+                return parts
+    return None
 
 
 def trials_values_normed(b: Base) -> Iterator[Trial]:
