@@ -577,7 +577,7 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
                          "mask`); your code is given the file as it is")
         loaded = padding if padding is not None else windows if windows is not None else loaded
         given = loaded if windows is None else given
-        _fits(loaded, scores, sizes)
+        _fits(loaded, scores, sizes, o, plan, is_module)
     if plan.mask is None:
         if loaded is not None and notes is not None:  # as --causal and --window: the reference's, the code's own
             notes.append(f"--mask {o.mask}: {plan.signature} takes no mask, so the file describes the reference "
@@ -596,19 +596,20 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
     return loaded, allowed
 
 
-def _fits(mask: torch.Tensor, scores: tuple[int, ...], sizes: dict[str, int]) -> None:
-    """masks.check_broadcast, its refusal saying the flag that reads a 2-D file as key padding [n_batch, n_K] where
-    its columns are the keys and its rows not the batch trace runs (--batch asked for another count)."""
+def _fits(mask: torch.Tensor, scores: tuple[int, ...], sizes: dict[str, int], o: InputOptions, plan: Plan,
+          is_module: bool) -> None:
+    """masks.check_broadcast, its refusal saying the flags that make the file fit, read from its shape
+    (maskfit.flags: its last axis n_K, its rows n_batch where it is key padding [n_batch, n_K])."""
     from attnscope import masks
+    from attnscope.usertrace import maskfit
 
     try:
         masks.check_broadcast(mask, scores)
     except UsageError as refused:
-        rows = int(mask.shape[0]) if mask.dim() == 2 else 0
-        if rows < 2 or int(mask.shape[-1]) != sizes["n_K"] or "n_batch" not in sizes:
+        fit = maskfit.flags(mask, sizes, o, plan, is_module)
+        if fit is None:
             raise
-        raise UsageError(f"{refused}; as key padding [n_batch, n_K] it takes --batch {rows} (n_batch is "
-                         f"{sizes['n_batch']})") from None
+        raise UsageError(f"{refused}; as {fit[0]} it takes {fit[1]}") from None
 
 
 def _per_window(mask: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | None:

@@ -1,0 +1,48 @@
+"""Which size flags would make a --mask file that does not fit the scores fit them: read from the file's own shape
+(its last axis the keys', its rows the batch's where it is key padding), so a refusal says the one flag to pass
+(`--nk 9`, `--batch 2`) instead of a shape to work out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.usertrace.inputs import InputOptions
+    from attnscope.usertrace.load import Plan
+
+
+def axes(shape: tuple[int, ...], sizes: dict[str, int]) -> tuple[str, ...] | None:
+    """The dims a file's axes stand for: a 2-D file is [n_Q, n_K] where its rows are the queries' count, else key
+    padding [n_batch, n_K] (as inputs._key_padding reads it); [n_batch, n_Q, n_K]; [n_batch, n_head, n_Q, n_K]."""
+    if len(shape) == 2:
+        return ("n_Q", "n_K") if shape[0] == sizes.get("n_Q") else ("n_batch", "n_K")
+    return {3: ("n_batch", "n_Q", "n_K"), 4: ("n_batch", "n_head", "n_Q", "n_K")}.get(len(shape))
+
+
+def flags(mask: torch.Tensor, sizes: dict[str, int], o: InputOptions, plan: Plan, is_module: bool
+          ) -> tuple[str, str] | None:
+    """(the file's reading, e.g. "key padding [n_batch, n_K]"; the flags that make it fit and the sizes they
+    replace, e.g. "--nk 9 (n_K is 6)"), or None where no size flag alone does (a heads' axis, sizes set by --q, --k
+    or --v files, the column layout, keys tied to the queries' count by a cache)."""
+    names = axes(tuple(int(s) for s in mask.shape), sizes)
+    if names is None or o.q or o.k or o.v or o.layout == "col":
+        return None
+    shaped = [(n, int(s)) for n, s in zip(names, mask.shape, strict=True) if s != 1]
+    if any(n not in sizes for n, _ in shaped):  # an axis the scores lack (2-D inputs: no batch)
+        return None
+    wanted = {n: s for n, s in shaped if s != sizes[n]}
+    # n_K has a flag of its own where the code takes its keys apart from its queries (another input, a memory)
+    keys_apart = not plan.self_attention or (is_module and bool(plan.memories()) and not o.cache)
+    if not wanted or "n_head" in wanted or ("n_K" in wanted and o.cache and not keys_apart):
+        return None
+    if "n_K" in wanted and not keys_apart:  # n_K = n_Q: the queries' count sets both
+        if wanted.get("n_Q", wanted["n_K"]) != wanted["n_K"]:
+            return None
+        wanted["n_Q"] = wanted.pop("n_K")
+    flag = {"n_batch": "--batch", "n_Q": "--nq", "n_K": "--nk"}
+    order = [n for n in ("n_Q", "n_K", "n_batch") if n in wanted]
+    reading = ("key padding " if names[0] == "n_batch" and len(names) == 2 else "") + f"[{', '.join(names)}]"
+    return reading, (" ".join(f"{flag[n]} {wanted[n]}" for n in order) + " ("
+                     + ", ".join(f"{n} is {sizes[n]}" for n in order) + ")")
