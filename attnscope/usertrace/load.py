@@ -45,6 +45,9 @@ POSITIONS_NAMES = ("input_pos", "input_positions", "cache_position")
 # index beside a cache word (`cache_idx`): where a cache written in place takes the new keys and values
 POSITIONS_WORDS = ("positions", "indices", "idxs")
 INDEX_WORDS = ("index", "idx")
+# The new tokens' positions as ids [1, n]: transformers' position_ids, which its model builds as
+# cache_position.unsqueeze(0) before calling the attention (an optional one the attention's rotary reads)
+POSITION_ID_WORDS = ("position", "positions", "pos")
 # RoPE's tables, as the code that passes them in writes them (--rope): LLMs-from-scratch's cos, sin
 # [n_pos, d_head]; Meta's freqs_cis [n, d_head / 2] complex; transformers' position_embeddings (cos, sin).
 # llama2.c's freqs_cos, freqs_sin: freqs_cis's real and imaginary parts, each [n, d_head / 2].
@@ -106,6 +109,7 @@ class Plan:
     # `cache` then gets K_cache alone
     positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
     position_tensors: list[str] = field(default_factory=list)  # get the new positions, arange(n_cache, n_cache + n)
+    position_ids: list[str] = field(default_factory=list)  # get them as ids [1, n], as transformers' model passes
     cache_held: bool = False  # the module holds its cache itself (heldcache.py): --cache N fills it
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     tables_optional: bool = False  # every one of them defaults to None: the module may make its own
@@ -576,6 +580,12 @@ def is_positions(name: str) -> bool:
         any(w in INDEX_WORDS for w in words) and any(w in (*cacheforms.CACHE_WORDS, "kv", "write") for w in words))
 
 
+def is_position_ids(name: str) -> bool:
+    """Named like the new tokens' position ids (`position_ids`, `pos_ids`): a position word beside `ids`."""
+    words = cacheforms.name_words(name)
+    return "ids" in words and any(w in POSITION_ID_WORDS for w in words) and not is_mask(name, None)
+
+
 def is_position_bias(name: str) -> bool:
     return any(word in name.lower() for word in POSITION_BIAS_WORDS)
 
@@ -625,6 +635,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             p.positions.append(name)
         elif is_positions(name) and (required or param.default is None):
             p.position_tensors.append(name)
+        elif is_position_ids(name) and param.default is None:  # optional: what the model would pass, never None
+            p.position_ids.append(name)
         elif (required or param.default is None) and is_embedding(name, param.annotation):
             p.embeddings.append(name)
             p.embeddings_required += [name] if required else []
