@@ -11,6 +11,7 @@ use live in attnscope.usertrace (load, inputs, call, lineup).
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from attnscope.errors import UsageError
 from attnscope.runs.trace_layouts import HeadsForCache, first_run
@@ -18,6 +19,9 @@ from attnscope.runs.trace_options import TraceOptions
 from attnscope.runs.trace_readings import read_run, recorded
 from attnscope.runs.trace_result import TraceRun, run_steps
 from attnscope.runs.trace_setup import prepare
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.load import Plan
 
 ONE_THREAD_ROWS = 64  # a run on at most this many rows (n_batch x tokens) of trace's own inputs: one torch thread
 
@@ -83,6 +87,7 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
     run = recorded(r, made)
     inputs, fed, called, _ = read_run(r, run, made)
     run.steps = run_steps(inputs, called.records, run.alignment, fed, r.plan)
+    _unfed_mask(r.o, r.plan, run)
     if r.o.save and called.failure is None and run.no_reference is None:
         from attnscope.tensors import save_tensors
         from attnscope.usertrace.saving import saved_steps
@@ -90,3 +95,20 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
         tensors, meta = saved_steps(run.alignment, inputs, r.target)
         run.saved = save_tensors(tensors, r.o.save, force=r.o.force, metadata=meta, option="--save")
     return run
+
+
+def _unfed_mask(o: TraceOptions, plan: Plan, run: TraceRun) -> None:
+    """Refused where a --mask file went to no argument of the code, a parameter defaulting to None that trace does
+    not read as a mask was left None, and the code diverges with no experiment of the catalog to say why: the
+    divergence is then the file's, not the code's (a key padding parameter named without "mask")."""
+    left = [n for n in plan.optional if n not in plan.given]
+    if not o.mask or plan.mask is not None or plan.other_masks or plan.lengths is not None or not left \
+            or run.divergence is None or run.divergence.experiment is not None:
+        return
+    from pathlib import Path
+
+    raise UsageError(f"--mask {Path(o.mask).name} was given to no argument of {plan.signature}: trace hands a mask "
+                     "to an argument named like a mask (mask, attn_mask, attention_mask, key_padding_mask, ...: "
+                     f"\"mask\" in its name), and {', '.join(left)} is not, so your code ran without it; name the "
+                     "argument that takes the mask with \"mask\" in it, or run without --mask")
+

@@ -23,9 +23,20 @@ import torch
 
 from attnscope.attention.stages import merge_heads
 from attnscope.usertrace import scoreaxes
-from attnscope.usertrace.align import PRE_SOFTMAX, SCALABLE, best_scaled, best_shifted, compare, difference, tolerance
+from attnscope.usertrace.align import (
+    PRE_SOFTMAX,
+    SCALABLE,
+    VERY_NEGATIVE,
+    best_scaled,
+    best_shifted,
+    compare,
+    difference,
+    tolerance,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from attnscope.usertrace.diagnosis import Context
     from attnscope.usertrace.record import Record
 
@@ -399,19 +410,22 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
             else b.ctx.records
         dims = ("n_K", "n_Q") if b.col else ("n_Q", "n_K")  # a step of the scores' family, the user's layout
         turned = scoreaxes.turned(b.ctx.keys, dims) if name in (*PRE_SOFTMAX, "attention") else frozenset()
-        found = record_holding(records, tensor, back, tol, b.sums, turned)
+        # a row the run masks whole is left out of the comparison only where the code's row is masked too
+        rows = (-2 if b.col else -1) if back is not None and name in (*PRE_SOFTMAX, "attention") else None
+        found = record_holding(records, tensor, back, tol, b.sums, turned, rows=rows)
         if found is None and name in PRE_SOFTMAX and name != b.last:
             # a constant per query row, which the softmax takes out, is a convention (BLOOM's ALiBi m_h · j, its
             # bias fused into the scores' product: the run's biased scores, the user's up to such a constant)
             shifted = best_shifted(b.ctx.records, tensor, -2 if b.col else -1, back)
-            found = shifted.record if shifted is not None else None
+            found = shifted.record if shifted is not None and (rows is None or back is None or _row_masked(
+                shifted.layout.undo(shifted.record.tensor, tuple(tensor.shape)), back, rows, _tol(tensor))) else None
         if found is None and name in SCALABLE:  # q or k with the scale applied early (ESM's q before RoPE)
             scaled = best_scaled(b.ctx.records, tensor, back)
             found = scaled.record if scaled is not None else None
         return found
 
     final = held(b.last) if b.ctx.returned is None else _gives_back(b, b.ctx.returned, steps[b.last], skips.get(b.last))
-    if final is None:
+    if final is None or not _masks_rows(skips, steps, held):
         return None
     at_step = held(step) if step in changed else None
     count, first = 0, None
@@ -423,6 +437,31 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
     return Reproduced(at_step or first or final, final, count, steps)
 
 
+def _masks_rows(skips: dict[str, torch.Tensor], steps: dict[str, torch.Tensor],
+                held: Callable[[str], Record | None]) -> bool:
+    """Whether the code masks the rows of queries the run masks whole (which the comparison leaves out): where it
+    computes the scores, its masked scores or its attention weights hold the run's with those rows masked (held
+    checks them); code whose scores are not seen (a fused kernel) is not asked. A rerun that masks rows the code
+    computes as ordinary ones gives nothing of the code back there."""
+    if "masked_scores" not in skips or "scores" not in steps or held("scores") is None:
+        return True
+    return any(name in skips and held(name) is not None for name in ("masked_scores", "attention"))
+
+
+def _row_masked(user: torch.Tensor, skip: torch.Tensor, axis: int, tol: float) -> bool:
+    """Whether each of `user`'s rows along `axis` that `skip` leaves out is masked whole: NaN, very negative (a
+    score), zero, or one value across the row (-1e9 everywhere, whose softmax is uniform)."""
+    user = user.double()
+    rows = skip.expand(user.shape).all(axis)
+    if not bool(rows.any()):
+        return True
+    low = (torch.isnan(user) | (user <= VERY_NEGATIVE)).all(axis)
+    zero = (user.abs() <= tol).all(axis)
+    spread = (user.amax(axis) - user.amin(axis)).abs()
+    flat = torch.isfinite(spread) & (spread <= tol)
+    return bool((low | zero | flat)[rows].all())
+
+
 def _gives_back(b: Base, returned: Record, tensor: torch.Tensor, skip: torch.Tensor | None) -> Record | None:
     """`returned` (what the code handed back, where the line-up diverged at it) where it holds the run's last step
     `tensor` in some layout, else None: an inner tensor of the code that holds it is not what the call returned."""
@@ -432,9 +471,10 @@ def _gives_back(b: Base, returned: Record, tensor: torch.Tensor, skip: torch.Ten
 
 
 def record_holding(records: list[Record], tensor: torch.Tensor, skip: torch.Tensor | None, tol: str,
-          sums: dict[int, float], turned: frozenset[int] = frozenset()) -> Record | None:
+          sums: dict[int, float], turned: frozenset[int] = frozenset(), rows: int | None = None) -> Record | None:
     """The user's tensor equal to `tensor` in some layout (an equal-size transpose is no layout, but where the data
-    flow says the record holds the last two axes the other way round: `turned`), the named and earliest first."""
+    flow says the record holds the last two axes the other way round: `turned`), the named and earliest first.
+    `rows` (an axis of `tensor`): the rows `skip` leaves out must be masked whole in the user's too (_row_masked)."""
     found = []
     numel, limits = tensor.numel(), {}
     total = float(tensor.sum()) if skip is None else math.nan  # a layout moves values, never changes their sum
@@ -449,7 +489,8 @@ def record_holding(records: list[Record], tensor: torch.Tensor, skip: torch.Tens
             if math.isfinite(theirs) and abs(theirs - total) > numel * limits[dtype]:
                 continue
         matches = compare(record, tensor, skip, tol=limits[dtype], turned=record.index in turned)
-        if matches and matches[0].equal:
+        if matches and matches[0].equal and (rows is None or skip is None or _row_masked(
+                matches[0].layout.undo(record.tensor, tuple(tensor.shape)), skip, rows, limits[dtype])):
             found.append(record)
     return min(found, key=lambda r: (not r.names, r.index)) if found else None
 
