@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-    from attnscope.usertrace.inputs import InputOptions
     from attnscope.usertrace.load import Plan
 
 
@@ -21,11 +20,12 @@ def axes(shape: tuple[int, ...], sizes: dict[str, int]) -> tuple[str, ...] | Non
     return {3: ("n_batch", "n_Q", "n_K"), 4: ("n_batch", "n_head", "n_Q", "n_K")}.get(len(shape))
 
 
-def flags(mask: torch.Tensor, sizes: dict[str, int], o: InputOptions, plan: Plan, is_module: bool
+def flags(mask: torch.Tensor, sizes: dict[str, int], o: Any, plan: Plan, is_module: bool
           ) -> tuple[str, str] | None:
     """(the file's reading, e.g. "key padding [n_batch, n_K]"; the flags that make it fit and the sizes they
     replace, e.g. "--nk 9 (n_K is 6)"), or None where no size flag alone does (a heads' axis, sizes set by --q, --k
-    or --v files, the column layout, keys tied to the queries' count by a cache)."""
+    or --v files, the column layout, keys tied to the queries' count by a cache). `o` is inputs.InputOptions, not
+    imported here: inputs imports this module."""
     names = axes(tuple(int(s) for s in mask.shape), sizes)
     if names is None or o.q or o.k or o.v or o.layout == "col":
         return None
