@@ -1,8 +1,10 @@
-"""`attnscope trace` feeds an optional position-ids argument (`position_ids=None`, `pos_ids=None`) the new tokens'
-positions, [1, n] from arange(n_cache, n_cache + n), as transformers' model does before calling its attention
-(`position_ids = cache_position.unsqueeze(0)`). Round 23's RecurrentGemma attention, whose rotary reads
-`position_ids.shape[0]`, was given None and raised: 'your code raised' on correct code. Styles of our own
-(tests/trace_styles_round23_positions.py), each checked against F.scaled_dot_product_attention in float64 with
+"""`attnscope trace` keeps an optional position-ids argument (`position_ids=None`, `pos_ids=None`) at its default,
+and where the code raises on None, runs it again given the new tokens' positions, [1, n] from arange(n_cache,
+n_cache + n), as transformers' model does before calling its attention (`position_ids = cache_position.unsqueeze(0)`).
+Round 23's RecurrentGemma attention, whose rotary reads `position_ids.shape[0]`, was given None and raised: 'your code
+raised' on correct code; its Qwen2-VL attention makes its own [3, b, n] ids from None and raised on [1, n] ids.
+Styles of our own (tests/trace_styles_round23_positions.py), each checked against F.scaled_dot_product_attention in
+float64 with
 RoPE written as complex products; each plant shown to change the output."""
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def test_the_styles_are_attention():
     planted = _made(styles.DecodeStep, "positions")(y, past, pos_ids=torch.arange(4, 7)[None])
     assert (planted - want).abs().max() > 1e-3
 
+    m = _made(styles.OwnIds)
+    q, k, v = (_heads(t, 4) for t in m.qkv(x).chunk(3, -1))
+    out = F.scaled_dot_product_attention(_rope(q), _rope(k), v, is_causal=True)
+    assert torch.allclose(m(x), m.o_proj(out.transpose(1, 2).reshape(2, 5, 32)), atol=1e-10)
+
 
 def test_position_ids_are_read_from_the_name():
     assert all(load.is_position_ids(n) for n in ("position_ids", "pos_ids", "positionIds", "text_position_ids"))
@@ -74,7 +81,8 @@ def test_position_ids_are_read_from_the_name():
 CORRECT = [("GriffinLike", None, ("--rope", "--causal")),
            ("GriffinLike", None, ("--rope", "--causal", "--rope-base", "10000")),
            ("LlamaLike", None, ("--rope", "--causal")),
-           ("DecodeStep", None, ("--rope", "--causal", "--cache", "4", "--nq", "3"))]
+           ("DecodeStep", None, ("--rope", "--causal", "--cache", "4", "--nq", "3")),
+           ("OwnIds", None, ("--rope", "--causal"))]
 
 
 test_optional_position_ids_pass = passing_test(STYLES, CORRECT)

@@ -121,3 +121,26 @@ class DecodeStep(nn.Module):
             k, v = torch.cat([past_key_value[0], k], 2), torch.cat([past_key_value[1], v], 2)
         mask = torch.arange(k.shape[2])[None, :] <= pos_ids[0][:, None]  # causal, the cached keys seen by all
         return self.wo(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, -1))
+
+
+class OwnIds(nn.Module):
+    """Qwen2-VL's way: forward(hidden_states, position_ids=None) makes its own multimodal ids [3, b, n] from None
+    (text alone: the three sections' rows alike) and takes their first row; ids [1, n] would break it."""
+
+    def __init__(self, hidden_size=32, num_heads=4, bug=None):
+        super().__init__()
+        self.h, self.d, self.bug = num_heads, hidden_size // num_heads, bug
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.o_proj = nn.Linear(hidden_size, hidden_size)
+        _trained(self, 4)
+
+    def forward(self, hidden_states, position_ids=None):
+        b, n, _ = hidden_states.shape
+        if position_ids is None:
+            position_ids = torch.arange(n)[None, None].expand(3, b, n)
+        q, k, v = self.qkv(hidden_states).view(b, n, 3, self.h, self.d).permute(2, 0, 3, 1, 4)
+        cos, sin = tables(position_ids[0], self.d, 10000.0)
+        cos, sin = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))

@@ -43,6 +43,7 @@ def first_run(r: RunSoFar) -> Made:
     made = _empty_cache(r, made)
     made = _one_input(r, made)
     made = _unread_inputs(r, made)  # before the readings a failure asks for: a mask sized by the unread key's length
+    made = _position_ids(r, made)
     for retry in (equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned, _at_held_widths,
                   _time_first, _as_image, _joined_layout, _read_otherwise, _module_unbatched, _at_sliced_widths,
                   refused):
@@ -327,6 +328,29 @@ def _with_memory(r: RunSoFar, ran: Made) -> Made:
                 break
             r.plan = alone
     return inputs, fed, called, convention
+
+
+def _position_ids(r: RunSoFar, ran: Made) -> Made:
+    """Optional position ids (`position_ids=None`) keep their default, as correct code may make its own from None
+    (Qwen2-VL's 3-row mrope ids); where the code raised, it is run again given the new tokens' positions as
+    transformers' model passes them, `position_ids = cache_position.unsqueeze(0)` [1, n_Q] (RecurrentGemma's rotary
+    reads `position_ids.shape[0]`), kept with a note where it then runs."""
+    called = ran[2]
+    later = r.plan.position_ids_later
+    if called.failure is None or not later:
+        return ran
+    kept = r.plan
+    r.plan = dataclasses.replace(kept, position_ids=[*kept.position_ids, *later], position_ids_later=[])
+    made = attempted(r.attempt, r.o)
+    if made is None or made[2].failure is not None:
+        r.plan = kept
+        return ran
+    where = f"line {called.failure.line}: " if called.failure.line else ""
+    span = f"{r.o.cache}, {r.o.cache} + n_Q" if r.o.cache else "n_Q"
+    r.notes.append(f"{', '.join(later)}: your code raised with {later[0]} = None ({where}{called.failure.message}) "
+                   f"and runs given the new tokens' positions, torch.arange({span})[None], as "
+                   "transformers' model passes them (position_ids = cache_position.unsqueeze(0))")
+    return made
 
 
 def _read_otherwise(r: RunSoFar, ran: Made) -> Made:

@@ -110,6 +110,9 @@ class Plan:
     positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
     position_tensors: list[str] = field(default_factory=list)  # get the new positions, arange(n_cache, n_cache + n)
     position_ids: list[str] = field(default_factory=list)  # get them as ids [1, n], as transformers' model passes
+    # optional position ids, left at their default (None) unless the code raises on it (Qwen2-VL makes its own
+    # 3-row mrope ids from None; RecurrentGemma's rotary reads position_ids.shape): then given them (position_ids)
+    position_ids_later: list[str] = field(default_factory=list)
     cache_held: bool = False  # the module holds its cache itself (heldcache.py): --cache N fills it
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     tables_optional: bool = False  # every one of them defaults to None: the module may make its own
@@ -635,8 +638,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             p.positions.append(name)
         elif is_positions(name) and (required or param.default is None):
             p.position_tensors.append(name)
-        elif is_position_ids(name) and param.default is None:  # optional: what the model would pass, never None
-            p.position_ids.append(name)
+        elif is_position_ids(name) and param.default is None:  # optional: its default, else what the model passes
+            p.position_ids_later.append(name)
         elif (required or param.default is None) and is_embedding(name, param.annotation):
             p.embeddings.append(name)
             p.embeddings_required += [name] if required else []
