@@ -448,3 +448,33 @@ def test_rope_parameters_left_out_run_as_transformers_runs_them(family, how, fol
     assert outcome.code == 0, outcome.stdout[-600:] + outcome.stderr
     checks = outcome.json()["check"]
     assert checks and all(c["passed"] for c in checks), checks
+
+
+@pytest.mark.parametrize("reads", [True, False])
+def test_gpt_oss_swiglu_as_the_installed_transformers_runs_it(reads, folders, monkeypatch):
+    """Seen on the device machine's transformers 5.17: `head --check` FAILed at layers 1 and 2 (2.8e-3) of a GPT-OSS
+    whose config.json sets swiglu_limit 1.5: 5.17's GptOssExperts keeps 1.702 and 7.0 whatever the config says, 5.24
+    reads the config. Both releases are run here (5.17's way by giving the installed experts its constants back), and
+    every layer's check passes against transformers' eager output_attentions in each."""
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    from attnscope.models.families import gpt_oss
+
+    if not reads:
+        made = modeling_gpt_oss.GptOssExperts.__init__
+
+        def as_5_17(self, config):
+            made(self, config)
+            self.alpha, self.limit = 1.702, 7.0
+
+        monkeypatch.setattr(modeling_gpt_oss.GptOssExperts, "__init__", as_5_17)
+    gpt_oss._experts_read_swiglu.cache_clear()
+    try:
+        source = folders("gpt_oss")
+        assert json.loads((source / "config.json").read_text())["swiglu_limit"] != 7.0
+        outcome = run_main("head", "--model", str(source), "--text", TEXT, "--all-layers", "--check", "--json")
+    finally:
+        gpt_oss._experts_read_swiglu.cache_clear()
+    assert outcome.code == 0, outcome.stdout[-600:] + outcome.stderr
+    checks = outcome.json()["check"]
+    assert len(checks) == 3 and all(c["passed"] for c in checks), checks

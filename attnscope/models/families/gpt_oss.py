@@ -28,7 +28,8 @@ What GPT-OSS changes (transformers' `GptOssAttention`, `GptOssMLP`):
   half-split rotation with `torch.chunk` halves, which is LLaMA's `rotate_half`;
 - the MLP is a mixture of experts: the router's top-k logits, softmaxed over those k, weigh the k experts each
   token goes to; an expert is a clamped SwiGLU, `(clamp(up, -limit, limit) + 1) · g · sigmoid(alpha · g)` with
-  `g = clamp(gate, max=limit)`, between two biased projections.
+  `g = clamp(gate, max=limit)`, between two biased projections (alpha and limit: config.json's `swiglu_alpha` and
+  `swiglu_limit` where the installed transformers reads them, as 5.24 does; 1.702 and 7.0 where it does not).
 A layer (`GptOssDecoderLayer`): `h = h + attention(RMSNorm(h))`, `h = h + moe(RMSNorm(h))`. The experts of the
 layers before L run exactly (their output feeds layer L), each read alone when a token is routed to it; they are
 not traced.
@@ -36,6 +37,7 @@ not traced.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
@@ -56,7 +58,27 @@ EXPERTS = "mlp.experts."
 EXPERT_WEIGHTS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
 # MXFP4's E2M1 values, indexed by a 4-bit code (transformers' integrations/mxfp4.py FP4_VALUES)
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+ALPHA, LIMIT = 1.702, 7.0  # GptOssExperts' constants before transformers read them from the config
 
+
+@cache
+def _experts_read_swiglu() -> bool:
+    """Whether the installed transformers' `GptOssExperts` takes `swiglu_alpha` and `swiglu_limit` from the config
+    (5.24 does) or keeps its own 1.702 and 7.0 whatever config.json says (5.17 and 4.x do): read from a one-expert
+    module made with other values, so that the run is the one the user's transformers runs. Asked only where a
+    config's values differ from the constants."""
+    try:
+        from transformers import GptOssConfig
+        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+    except ImportError:
+        return True
+    try:
+        probe = GptOssConfig(num_local_experts=1, hidden_size=2, intermediate_size=2, num_attention_heads=1,
+                             num_key_value_heads=1, head_dim=2, swiglu_alpha=0.625, swiglu_limit=3.25)
+        experts = GptOssExperts(probe)
+    except (TypeError, ValueError, AttributeError):
+        return True  # a release this probe does not fit: the config's values, as the current release reads them
+    return (getattr(experts, "alpha", None), getattr(experts, "limit", None)) == (0.625, 3.25)
 
 class GptOss(Llama):
     model_types = ("gpt_oss",)
@@ -71,8 +93,10 @@ class GptOss(Llama):
         self.d_ff = config.integer("intermediate_size")
         # the experts are read one at a time: one expert in float32, twice over (dequantized and multiplied)
         self.expert_reads = Experts(one=3 * self.d_model * self.d_ff + 2 * self.d_ff + self.d_model)
-        self.alpha = config.number("swiglu_alpha", default=1.702)
-        self.limit = config.number("swiglu_limit", default=7.0)
+        self.alpha = config.number("swiglu_alpha", default=ALPHA)
+        self.limit = config.number("swiglu_limit", default=LIMIT)
+        if (self.alpha, self.limit) != (ALPHA, LIMIT) and not _experts_read_swiglu():
+            self.alpha, self.limit = ALPHA, LIMIT  # the installed release runs its constants, whatever config says
 
     # --- where head h lives -------------------------------------------------------------------------------
 
