@@ -133,3 +133,20 @@ def test_a_mistake_in_one_stream_is_named_by_experiment(runner, target, bug, cau
     code, out = run_case(runner, STYLES, target, init, ("--nk", "5"))
     found = assert_named(code, out, cause)
     assert found["reference"] == step and " one stream" in found["diagnosis"], found
+
+
+# a stream of as many tokens as heads: its heads [B, L, H, D] (joined on dim 1) have the shape of [B, H, L, D], and
+# the straight view that makes them is the right one (joint.split_fault read it as heads split without the
+# transpose: a false alarm on the correct FunctionalJoint with 4 context tokens and 4 heads)
+SQUARE = [("FunctionalJoint", None, None), ("FunctionalJoint", "bug='ctx_knorm_missing'", "qknorm.missing"),
+          ("FunctionalJoint", "bug='ctx_kv_swapped'", "kv.swapped"), ("SD3Joint", None, None),
+          ("SD3Joint", "bug='ctx_v_knormed'", "qknorm.on_values")]
+
+
+@pytest.mark.parametrize(("target", "init", "cause"), SQUARE, ids=case_ids(SQUARE))
+def test_a_stream_of_as_many_tokens_as_heads(runner, target, init, cause):
+    code, out = run_case(runner, STYLES, target, init, ("--nq", "6", "--nk", "4"))
+    if cause is None:
+        assert_passes(code, out)
+    else:
+        assert_named(code, out, cause)

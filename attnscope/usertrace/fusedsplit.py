@@ -119,3 +119,27 @@ def refit_parts(before: torch.Tensor, after: torch.Tensor) -> tuple[Norm, torch.
         if torch.allclose(u * gain + bias, after, rtol=1e-4, atol=1e-4 * float(after.abs().max())):
             return unit, gain, bias
     return None
+
+
+def refit_over_projection(before: torch.Tensor, after: torch.Tensor, heads: int,
+                          d: int) -> tuple[Norm, torch.Tensor, torch.Tensor] | None:
+    """refit_parts where the norm runs over the whole projection `[.., n, heads·d]`, every head's coordinates at once
+    (OLMo 2's): its unit, and the gain and bias per head and coordinate `[1, heads, 1, d]`."""
+    parts = refit_parts(before[:, None], after[:, None])
+    if parts is None:
+        return None
+    unit, gain, bias = parts
+    return unit, gain.reshape(heads, d)[None, :, None], bias.reshape(heads, d)[None, :, None]
+
+
+def normed(unit: Norm, gain: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, over: str) -> torch.Tensor:
+    """x `[.., heads, n, d]` normalized by a refit norm's parts (the gain and bias per head and coordinate) over
+    each head ("head") or over every head's coordinates at once ("proj"), float64."""
+    if over == "head":
+        return unit(x.double()) * gain + bias
+    whole = unit(merged(x.double())).unflatten(-1, tuple(x.shape[-3::2])).transpose(-3, -2)  # [.., heads, n, d]
+    return whole * gain + bias
+
+
+def merged(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(-3, -2).flatten(-2)  # [.., heads, n, d] -> [.., n, heads·d]

@@ -280,12 +280,14 @@ def split_fault(records: list[Record], joined: Joined, n_head: int) -> SplitFaul
     """The first stream whose q, k or v the code splits into heads by viewing its projection's output `[n_batch, n,
     n_head·d_head]` straight as `[n_batch, n_head, n, d_head]` before the join: the reference starts from the joined
     tensors, so such a split is found here, by experiment (the straight view gives the code's tensor back exactly,
-    the view with the transpose does not); None where every stream's split reads its projection's tokens whole."""
+    the view with the transpose does not); None where every stream's split reads its projection's tokens whole.
+    Where a stream has as many tokens as heads, `[n_batch, n, n_head, d_head]` has the shape of `[n_batch, n_head,
+    n, d_head]`: the straight view is then the right one where the code holds the tokens on axis 1 (_tokens_axis)."""
     import torch
 
     from attnscope.usertrace.fused import nearest_ancestors
 
-    for role, cat in (("Q", joined.q), ("K", joined.k), ("V", joined.v)):
+    for role, cat, axis in zip("QKV", (joined.q, joined.k, joined.v), joined.axes, strict=True):
         for part in (records[i] for kind, value in cat.args if kind == "list" for k, i in value if k == "rec"):
             for r in nearest_ancestors(records, part.index):
                 made = next((records[p] for p in r.parents if records[p].style == "linear"), None)
@@ -293,6 +295,8 @@ def split_fault(records: list[Record], joined: Joined, n_head: int) -> SplitFaul
                 if made is None or t.dim() != 4 or t.shape[1] != n_head or made.tensor.dim() != 3 \
                         or made.tensor.numel() != t.numel() or made.tensor.shape[1] != t.shape[2]:
                     continue
+                if t.shape[1] == t.shape[2] and _tokens_axis(records, r, part, axis) == 1:
+                    break  # [n_batch, n, n_head, d_head] as the code holds it: the straight view is the right one
                 b, n, _ = made.tensor.shape
                 source = made.tensor.detach()
                 right = source.reshape(b, n, n_head, -1).transpose(1, 2)
@@ -300,6 +304,20 @@ def split_fault(records: list[Record], joined: Joined, n_head: int) -> SplitFaul
                     return SplitFault(role, r, made)
                 break
     return None
+
+
+SWAPS = ("transpose", "permute", "swapaxes", "swapdims", "movedim", "moveaxis", "mT", "t", "T")
+
+
+def _tokens_axis(records: list[Record], r: Record, part: Record, axis: int) -> int:
+    """The axis of `r` (4-D, made before the join) that holds the tokens: the join's `axis` (1 or 2) where no op
+    between them moves an axis (a norm, a cast or a view keeps the layout), else the other of the two."""
+    from attnscope.usertrace.align import ancestors
+
+    between = [i for i in ancestors(part, records) | {part.index}
+               if i > r.index and r.index in ancestors(records[i], records)]
+    moved = any(records[i].func.split(".")[-1] in SWAPS for i in between)
+    return 3 - axis if moved and axis in (1, 2) else axis
 
 
 def heads(joined: Joined, n_head: int | None) -> int | None:

@@ -27,15 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnscope.usertrace.align import REARRANGING
+from attnscope.usertrace.fusedsplit import merged, normed, refit_over_projection, refit_parts
+
 if TYPE_CHECKING:
     from attnscope.usertrace.joint import Joined
     from attnscope.usertrace.record import Record
 
 # ops that hand their input's values on, laid out anew, cast or indexed: the projection's heads as they are
-PLAIN = ("view", "reshape", "transpose", "permute", "movedim", "swapaxes", "flatten", "unflatten", "_unsafe_view",
-         "contiguous", "unsqueeze", "squeeze", "float", "to", "type_as", "clone", "half", "bfloat16", "double",
-         "__getitem__", "select", "unbind", "chunk", "split", "narrow", "tensor_split", "view_as", "reshape_as",
-         "t", "T", "mT", "detach")
+PLAIN = REARRANGING + ("__getitem__", "select", "unbind", "chunk", "split", "narrow", "tensor_split", "view_as",
+                       "reshape_as", "t", "T", "mT", "detach")
 ROLES = ("q", "k", "v")
 WORDS = {"q": "queries", "k": "keys", "v": "values"}
 
@@ -43,7 +44,7 @@ WORDS = {"q": "queries", "k": "keys", "v": "values"}
 @dataclass(frozen=True)
 class Norm:
     """A norm read from the values: the unit norm over the last axis, its gain and bias `[1, heads, 1, d]`, over each
-    head ("head") or over the whole projection ("proj", the heads flattened into one row)."""
+    head ("head") or over the whole projection ("proj", every head's coordinates at once)."""
 
     record: Record  # the code's tensor it made
     over: str
@@ -53,18 +54,11 @@ class Norm:
 
     def fits(self, heads: torch.Tensor) -> bool:
         """Whether it can normalize `heads` (as many heads and coordinates as those it was read on)."""
-        b, h, n, d = heads.shape
-        return tuple(self.gain.shape[1::2]) == ((h, d) if self.over == "head" else (1, h * d))
+        return tuple(self.gain.shape[1::2]) == tuple(heads.shape[1::2])
 
     def __call__(self, heads: torch.Tensor) -> torch.Tensor:
-        """heads `[n_batch, n_head, n, d_head]` normalized, float64."""
-        x = heads.double()
-        if self.over == "head":
-            return self.unit(x) * self.gain + self.bias
-        b, h, n, d = x.shape
-        flat = x.transpose(1, 2).reshape(b, 1, n, h * d)  # [n_batch, n_head, n, d_head] -> [n_batch, 1, n, d_feat]
-        out = self.unit(flat) * self.gain + self.bias
-        return out.reshape(b, n, h, d).transpose(1, 2)  # -> [n_batch, n_head, n, d_head]
+        """heads `[n_batch, n_head, n, d_head]` normalized, float64 (fusedsplit.normed)."""
+        return normed(self.unit, self.gain, self.bias, heads, self.over)
 
 
 @dataclass
@@ -215,17 +209,13 @@ def _heads(t: torch.Tensor, n_head: int, n: int) -> torch.Tensor | None:
 
 def _norm_of(heads: torch.Tensor, record: Record, n_head: int, n: int) -> Norm | None:
     """The norm over each head, or over the whole projection, that gives `record` back from `heads`; None if none."""
-    from attnscope.usertrace.fusedsplit import refit_parts
-
     after = _heads(record.tensor, n_head, n)
     if after is None or after.shape != heads.shape:
         return None
     found = refit_parts(heads, after)
     if found is not None:
         return Norm(record, "head", *found)
-    b, h, _, d = heads.shape
-    flat = [t.transpose(1, 2).reshape(b, 1, n, h * d) for t in (heads, after)]  # [n_batch, 1, n, d_feat]
-    found = refit_parts(*flat)
+    found = refit_over_projection(merged(heads), merged(after), *heads.shape[1::2])
     return Norm(record, "proj", *found) if found is not None else None
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from attnscope.usertrace.fusedsplit import Norm, refit_parts
+from attnscope.usertrace.fusedsplit import Norm, merged, normed, refit_over_projection, refit_parts
 from attnscope.usertrace.rerun import Base, replay
 from attnscope.usertrace.roperead import ReadRope, read_rope, rope_turn
 from attnscope.usertrace.trials import Trial
@@ -42,11 +42,7 @@ class _Side:
     def normed(self, x: torch.Tensor, over: str) -> torch.Tensor:
         """x `[.., heads, n, d]` normalized over each head ("head") or over every head's coordinates at once
         ("proj"), the reference's gain and bias per head and coordinate."""
-        if over == "head":
-            return self.unit(x.double()) * self.gain + self.bias
-        flat = x.double().transpose(-3, -2).flatten(-2)  # [.., n, heads·d]
-        whole = self.unit(flat).unflatten(-1, tuple(x.shape[-3::2])).transpose(-3, -2)  # [.., heads, n, d]
-        return whole * self.gain + self.bias
+        return normed(self.unit, self.gain, self.bias, x, over)
 
 
 def _side(b: Base, name: str) -> _Side | None:
@@ -61,31 +57,20 @@ def _side(b: Base, name: str) -> _Side | None:
     rope = read_rope(b)
     positions = None if rope is None else (rope.q_pos if name == "Q" else rope.k_pos)
     if normed.dim() == 3 and feat is not None and feat.shape == normed.shape and feat.shape[-1] == heads * d:
-        parts = _over_projection(feat, normed, heads, d)  # over the whole projection, OLMo 2's
+        parts = refit_over_projection(feat, normed, heads, d)  # over the whole projection, OLMo 2's
         raw, place, over = feat.unflatten(-1, (heads, d)).transpose(1, 2), "proj", "proj"
     elif normed.shape != split.shape:
         return None
     elif late_norm(b.order, f"{name}_normed"):
         parts, raw, place = refit_parts(b.ref[f"{name}_rot"], normed), split, "late"
         if parts is None:  # over the rotated projection, every head of a position at once (OLMo 2's, moved late)
-            parts = _over_projection(_flat(b.ref[f"{name}_rot"]), _flat(normed), heads, d)
+            parts = refit_over_projection(merged(b.ref[f"{name}_rot"]), merged(normed), heads, d)
             over = "proj"
     else:
         parts, raw, place = refit_parts(split, normed), split, "head"
     if parts is None:
         return None
     return _Side(name, raw.double(), place, *parts, positions, over)
-
-
-def _over_projection(before: torch.Tensor, after: torch.Tensor, heads: int, d: int) -> tuple[Norm, torch.Tensor,
-                                                                                             torch.Tensor] | None:
-    """The norm's parts where it runs over the whole projection `[.., n, heads·d]`: the gain and bias per head and
-    coordinate `[1, heads, 1, d]`."""
-    parts = refit_parts(before[:, None], after[:, None])
-    if parts is None:
-        return None
-    unit, gain, bias = parts
-    return unit, gain.reshape(heads, d)[None, :, None], bias.reshape(heads, d)[None, :, None]
 
 
 def _sides(b: Base) -> tuple[_Side, _Side, ReadRope | None] | None:
@@ -119,10 +104,6 @@ def _run(b: Base, made: dict[str, tuple[torch.Tensor, dict[str, torch.Tensor]]],
     return steps
 
 
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(-3, -2).flatten(-2)  # [.., heads, n, d] -> [.., n, heads·d]
-
-
 def trials_missing(b: Base) -> Iterator[Trial]:
     """A side never normalized: its heads only rotated, where the reference norms q and k both."""
     found = _sides(b)
@@ -132,7 +113,7 @@ def trials_missing(b: Base) -> Iterator[Trial]:
     made = {}
     for side in (q, k):
         turned = _turned(side, rope, side.raw)
-        held = {f"{side.name}_normed": _flat(side.raw) if side.place == "proj" else
+        held = {f"{side.name}_normed": merged(side.raw) if side.place == "proj" else
                 turned if side.place == "late" else side.raw, f"{side.name}_split": side.raw}
         if rope is not None:
             held[f"{side.name}_rot"] = turned
@@ -163,7 +144,7 @@ def trials_place(b: Base) -> Iterator[Trial]:
                                                            f"{side.name}_rot": _turned(side, rope, early)})
             continue
         late = side.normed(turned, over)
-        made[side.name] = (late, {f"{side.name}_normed": _flat(late) if over == "proj" else late,
+        made[side.name] = (late, {f"{side.name}_normed": merged(late) if over == "proj" else late,
                                   f"{side.name}_split": side.raw, f"{side.name}_rot": late})
     before = q.place == "late"
     words = ("the qk-norm applied {how}: {{who}} is what the reference computes with q and k normalized {how}, "
@@ -202,7 +183,7 @@ def trials_axis(b: Base) -> Iterator[Trial]:
             made[side.name] = (out, {f"{side.name}_normed": out})
             continue
         normed = side.normed(side.raw, other)
-        held = {f"{side.name}_normed": _flat(normed) if side.place == "proj" else normed}
+        held = {f"{side.name}_normed": merged(normed) if side.place == "proj" else normed}
         if side.place == "proj":  # the code's heads split from its normed projection, or normed once split
             held[f"{side.name}_split"] = normed
             split_first[side.name] = (_turned(side, rope, normed), {**held, f"{side.name}_split": side.raw})
@@ -234,7 +215,7 @@ def _own_parts(b: Base, before: torch.Tensor, over: str) -> tuple[Norm, torch.Te
             continue
         t = t.detach().double()
         for held in (t.reshape(n_batch, n, heads, d).transpose(1, 2), t.reshape(n_batch, heads, n, d)):
-            parts = _over_projection(_flat(before), _flat(held), heads, d) if over == "proj" else \
+            parts = refit_over_projection(merged(before), merged(held), heads, d) if over == "proj" else \
                 refit_parts(before, held)
             if parts is not None:
                 return parts
