@@ -32,7 +32,11 @@ def run_trace(o: TraceOptions) -> TraceRun:
     core (the trace tests' slowest style, 7.3-9.5 s on two threads against 5.5 s on one at a load of 8;
     docs/performance.md, tensors/threads.py). Your code and the reference run on the same count, so they sum alike."""
     from attnscope.tensors.threads import one_thread
+    from attnscope.usertrace.maskfit import unbatched_file
 
+    unbatched = unbatched_file(o)  # --batch 0 with a file of several sequences: said before anything is run
+    if unbatched is not None:
+        raise UsageError(unbatched)
     given = o.q or o.k or o.v
     rows = (o.batch or 2) * (max(o.nq or 0, o.nk or 0, 8) + o.cache)
     with one_thread(not given and rows <= ONE_THREAD_ROWS):

@@ -606,6 +606,9 @@ def _fits(mask: torch.Tensor, scores: tuple[int, ...], sizes: dict[str, int], o:
     try:
         masks.check_broadcast(mask, scores)
     except UsageError as refused:
+        unbatched = maskfit.unbatched(mask, sizes, o)
+        if unbatched is not None:  # --batch 0 against a file of several sequences: the flag to change
+            raise UsageError(unbatched) from None
         fit = maskfit.flags(mask, sizes, o, plan, is_module)
         if fit is None:
             raise

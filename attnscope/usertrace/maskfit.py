@@ -20,6 +20,42 @@ def axes(shape: tuple[int, ...], sizes: dict[str, int]) -> tuple[str, ...] | Non
     return {3: ("n_batch", "n_Q", "n_K"), 4: ("n_batch", "n_head", "n_Q", "n_K")}.get(len(shape))
 
 
+def unbatched(mask: torch.Tensor, sizes: dict[str, int], o: Any) -> str | None:
+    """The refusal where --batch 0 (2-D inputs, one sequence: no batch axis) meets a file that does not fit the
+    scores because it holds several sequences (key padding [n_batch, n_K], [n_batch, n_Q, n_K], ...): it names
+    --batch, the one flag to change, and the count the file holds; None otherwise."""
+    names = axes(tuple(int(s) for s in mask.shape), sizes)
+    if o.batch != 0 or "n_batch" in sizes or names is None or names[0] != "n_batch" or int(mask.shape[0]) == 1:
+        return None
+    return _unbatched_words(o, tuple(int(s) for s in mask.shape), names)
+
+
+def unbatched_file(o: Any) -> str | None:
+    """unbatched's refusal read from the options alone, before anything is run: --batch 0 with a --mask file whose
+    first axis can only be the batch's, several sequences (a 2-D file of rows other than --nq's count, not square:
+    key padding [n_batch, n_K]; a 4-D one [n_batch, n_head, n_Q, n_K]). None where it is not so, or where only the
+    run's sizes tell (a 3-D file may be per head; a 2-D one without --nq may be [n_Q, n_K])."""
+    if o.batch != 0 or not o.mask or o.q or o.k or o.v:
+        return None
+    from attnscope import masks
+    from attnscope.tensors import load_tensor
+
+    shape = tuple(int(s) for s in masks.normalize(load_tensor(o.mask)).shape)
+    padding = len(shape) == 2 and o.nq is not None and shape[0] not in (1, o.nq, shape[1])
+    if not padding and not (len(shape) == 4 and shape[0] > 1):
+        return None
+    return _unbatched_words(o, shape, ("n_batch", "n_K") if padding else ("n_batch", "n_head", "n_Q", "n_K"))
+
+
+def _unbatched_words(o: Any, shape: tuple[int, ...], names: tuple[str, ...]) -> str:
+    from pathlib import Path
+
+    reading = ("key padding " if len(names) == 2 else "") + f"[{', '.join(names)}]"
+    return (f"--batch 0 asks for 2-D inputs, one sequence with no batch axis, but --mask {Path(o.mask).name} of "
+            f"shape {list(shape)} is {reading} for {shape[0]} sequences: pass --batch {shape[0]}, or a mask of one "
+            "sequence ([n_Q, n_K], or [1, n_K] as key padding)")
+
+
 def flags(mask: torch.Tensor, sizes: dict[str, int], o: Any, plan: Plan, is_module: bool
           ) -> tuple[str, str] | None:
     """(the file's reading, e.g. "key padding [n_batch, n_K]"; the flags that make it fit and the sizes they
