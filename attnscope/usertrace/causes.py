@@ -178,18 +178,18 @@ def _repeated(user: torch.Tensor, near: Match, ctx: Context, shape: tuple[int, .
 
 def _why_not(record: Record, source: str, ctx: Context) -> str:
     """`record` against the reference's `source`: RoPE the reference was not told of, or how far apart."""
-    from attnscope.usertrace.rotary import KNOWN_BASES, rotate
+    from attnscope.usertrace.rotary import fit_base
 
     expected = ctx.reference[source].double()
     user = record.tensor.double()
     untold = ctx.spec is None or ctx.spec.rope_base is None
     if untold and "_cat" not in source and user.dim() >= 2:
         positions = torch.arange(user.shape[-2])
-        for base in KNOWN_BASES:
-            for pairing in ("half", "interleaved"):
-                if close(user, rotate(expected, positions, base, pairing)):
-                    return (f": it is {source} rotated by RoPE (base {base:g}), which the reference was not told of; "
-                            f"pass --rope" + (f" --rope-base {base:g}" if base != 10000.0 else ""))
+        for pairing in ("half", "interleaved"):
+            base = fit_base(expected, user, positions, pairing)  # any base, read from the turns, then checked
+            if base is not None:
+                return (f": it is {source} rotated by RoPE (base {base:g}), which the reference was not told of; "
+                        f"pass --rope" + (f" --rope-base {base:g}" if base != 10000.0 else ""))
     return f" (max |diff| {float((user - expected).abs().max()):.3g})"
 
 

@@ -185,10 +185,11 @@ def turned_by(source: torch.Tensor, mine: torch.Tensor, pairing: str) -> torch.T
     return angle
 
 
-def last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: str
+def last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: str, width: int | None = None
                 ) -> tuple[Any, torch.Tensor] | None:
     """The last record at or above record `index` whose tensor is `source` turned (turned_by), in any layout of its
-    shape, with its angle table; None where none is."""
+    shape, with its angle table; None where none is. `width`: only the first `width` coordinates are read (a rotary
+    fraction's part that turns)."""
     import math as _math
 
     from attnscope.usertrace.align import ancestors, layouts
@@ -204,7 +205,7 @@ def last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: s
                 mine = layout.undo(tensor.detach(), shape).double()
             except RuntimeError:
                 continue
-            table = turned_by(source, mine, pairing)
+            table = turned_by(source[..., :width], mine[..., :width], pairing)
             if table is not None:
                 return records[i], table
     return None
@@ -260,6 +261,28 @@ def _pair_indices(d: int, pairing: str) -> tuple[torch.Tensor, torch.Tensor]:
     return a, a + 1
 
 
+def scaled_base(table: Table, width: int) -> tuple[float, float] | None:
+    """(base, factor) where the table is a base's own frequencies over one factor, base^(−2i/width) / f for every
+    pair (linear RoPE scaling), both solved from the table (log f_i = −(2i/width)·log base − log f, least squares
+    weighted by each frequency), the base given with the fewest significant digits that keep the factor one for
+    every pair (linear_factor, which also says f); None where no base and factor give the table, or f is 1."""
+    freqs = torch.tensor(table.freqs, dtype=torch.float64)
+    exponent = 2 * torch.arange(len(table.freqs), dtype=torch.float64) / width
+    if len(table.freqs) < 3 or not bool((freqs > 0).all()):
+        return None
+    w, y = freqs, freqs.log()
+    x_mean, y_mean = float((w * exponent).sum() / w.sum()), float((w * y).sum() / w.sum())
+    slope = float((w * (exponent - x_mean) * (y - y_mean)).sum() / (w * (exponent - x_mean) ** 2).sum())
+    if not 0 < -slope < 700:
+        return None
+    solved = math.exp(-slope)
+    for base in [float(f"{solved:.{digits}g}") for digits in range(1, 9)] + [solved]:
+        factor = linear_factor(table, base, width)
+        if factor is not None:
+            return base, factor
+    return None
+
+
 def linear_factor(table: Table, base: float, width: int) -> float | None:
     """The factor f where the table is `base`'s own over f, every pair alike (linear RoPE scaling: positions t / f,
     transformers' `rope_scaling={"type": "linear", "factor": f}`); None where the pairs' ratios differ (another
@@ -271,6 +294,46 @@ def linear_factor(table: Table, base: float, width: int) -> float | None:
     nice = round(factor, 2)
     factor = nice if math.isclose(nice, factor, rel_tol=1e-4) else factor
     return None if math.isclose(factor, 1.0, rel_tol=1e-4) else factor
+
+
+def base_from(angles: torch.Tensor, positions: torch.Tensor, over: int) -> float | None:
+    """The base whose frequencies base^(−2i/over) turn pair i by `angles[t, i]` at `positions[t]` (`[n, pairs]`
+    radians, from turned_by), solved from them: each pair's frequency its mean turn from one position to the next (or
+    its angle over the position, where one position is read), log f_i = −(2i/over)·log base by least squares over
+    the pairs past the first (each weighted by its frequency: an angle's error is absolute); given with the fewest
+    significant digits that fit the angles as well as the solved base does. None where the angles are no base's
+    (a table of the code's own, positions scaled), by more than ANGLE_TOL."""
+    a, p = angles.double(), positions.double()
+    if a.dim() != 2 or a.shape[0] != p.shape[0] or a.shape[1] < 2:
+        return None
+    if a.shape[0] > 1:
+        steps = p[1:] - p[:-1]
+        if bool((steps == 0).any()):
+            return None
+        freqs = (_wrapped(a[1:] - a[:-1]) / steps[:, None]).mean(0).abs()
+    elif float(p[0]) != 0.0:
+        freqs = (a[0] / p[0]).abs()
+    else:
+        return None
+    exponent = 2 * torch.arange(a.shape[1], dtype=torch.float64) / over  # [pairs]
+    used = (exponent > 0) & (freqs > STILL)
+    if not bool(used.any()):
+        return None
+    w, x, y = freqs[used], exponent[used], freqs[used].log()
+    log_base = -float((w * x * y).sum() / (w * x * x).sum())
+    if not 0 < log_base < 700:
+        return None
+    sign = 1.0 if float((a * p[:, None]).sum()) >= 0 else -1.0
+
+    def miss(base: float) -> float:
+        return float(_wrapped(a - sign * p[:, None] * base ** -exponent[None]).abs().max())
+
+    solved = math.exp(log_base)
+    fit = miss(solved)
+    if fit > ANGLE_TOL:
+        return None
+    return next((nice for digits in range(1, 9) if miss(nice := float(f"{solved:.{digits}g}")) <= 2 * fit + 1e-9),
+                solved)
 
 
 def is_base(table: Table, base: float, width: int) -> bool:

@@ -73,6 +73,26 @@ def read_turns(b: Base) -> ReadRope | None:
 LATENT_PARTS = ("Q_nope", "Q_pe", "Q_pe_rot", "K_nope", "K_pe", "K_pe_rot", "Q_full", "K_full")
 
 
+def code_base(b: Base, rope: ReadRope) -> float | None:
+    """The base the code rotates its queries with (any base), read from its own rotated queries: the last tensor above
+    what it hands its scores (else above its last tensor) that is the reference's unrotated queries turned
+    (ropefreqs.last_turned, the rotated part alone), each pair's angle at the reference's query positions solved for
+    the base (ropefreqs.base_from, inv_freq_i = base^(−2i/r) over the rotated width r). None where none is read: no
+    such tensor, a table or angles of the code's own (no base), latent attention's rotary parts."""
+    from attnscope.usertrace import ropefreqs
+    from attnscope.usertrace.flow import operands
+
+    records = b.ctx.records
+    if not records or rope.lead or rope.freqs is not None or rope.angles is not None:
+        return None
+    handed = operands(records)
+    width = rope.rotary or int(rope.q.shape[-1])
+    pairing = "half-split" if rope.pairing == "half" else "interleaved"
+    # above the queries the scores read, else above the code's last tensor (a kernel given an input as it is)
+    found = ropefreqs.last_turned(records, handed[0] if handed else len(records) - 1, rope.q.double(), pairing, width)
+    return None if found is None else ropefreqs.base_from(found[1], rope.q_pos, width)
+
+
 def latent_rope(b: Base) -> ReadRope | None:
     """Latent attention's RoPE, read back from its data flow: the part of each head that turns is the one Q_pe_rot
     and K_pe_rot are made from (Q_pe, and the rotary key part every head shares), the no-RoPE part before it passes

@@ -3,12 +3,22 @@ never applied, untold, applied to the values."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
 
 from attnscope.usertrace.rerun import Base, replay
-from attnscope.usertrace.roperead import ReadRope, read_rope, read_turns, rejoined, rope_turn, rotate_pairs, turned
+from attnscope.usertrace.roperead import (
+    ReadRope,
+    code_base,
+    read_rope,
+    read_turns,
+    rejoined,
+    rope_turn,
+    rotate_pairs,
+    turned,
+)
 from attnscope.usertrace.trials import Trial
 
 
@@ -121,14 +131,17 @@ def _joined_positions(b: Base, rope: ReadRope) -> Iterator[Trial]:
 
 
 def trials_base(b: Base) -> Iterator[Trial]:
+    """Another base: the one the code's own rotated queries turn at (roperead.code_base, any base); where none is
+    read from them (latent attention's rotary parts), the usual ones (rotary.KNOWN_BASES)."""
     from attnscope.usertrace.rotary import KNOWN_BASES
 
     rope = read_turns(b)
     if rope is None:
         return
     own = b.ctx.spec is not None and b.ctx.spec.base_from_module
-    for base in KNOWN_BASES:
-        if base == rope.base:
+    read = code_base(b, rope)
+    for base in [read] if read is not None else KNOWN_BASES:
+        if math.isclose(base, rope.base, rel_tol=1e-9):
             continue
         if own:  # the module says its base, and rotates with another: a bug, whatever the model
             words = (f"{{who}} rotates with RoPE base {base:g} where your module says {rope.base:g} (its rope_theta "
@@ -142,13 +155,12 @@ def trials_base(b: Base) -> Iterator[Trial]:
 
 
 def _scaled_base(b: Base, rope: ReadRope, own: bool) -> Iterator[Trial]:
-    """rope.base under linear scaling: the queries and keys the code hands its scores turn at another known base's
-    frequencies over one factor (positions t / f), where the reference's base (over that factor, a convention) does
-    not give them."""
+    """rope.base under linear scaling: the queries and keys the code hands its scores turn at another base's
+    frequencies over one factor (positions t / f; both solved from the code's frequencies, ropefreqs.scaled_base),
+    where the reference's base (over that factor, a convention) does not give them."""
     from dataclasses import replace
 
     from attnscope.usertrace import ropefreqs
-    from attnscope.usertrace.rotary import KNOWN_BASES
 
     if rope.freqs is not None or rope.angles is not None or rope.rotary is not None or rope.lead or b.n_cache:
         return
@@ -156,10 +168,9 @@ def _scaled_base(b: Base, rope: ReadRope, own: bool) -> Iterator[Trial]:
     if read is None or read[0].sign != rope.sign or (read[1] == "interleaved") != (rope.pairing == "interleaved"):
         return
     table = read[0]
-    for base in (x for x in KNOWN_BASES if x != rope.base):
-        factor = ropefreqs.linear_factor(table, base, rope.q.shape[-1])
-        if factor is None:
-            continue
+    found = ropefreqs.scaled_base(table, rope.q.shape[-1])
+    if found is not None and not math.isclose(found[0], rope.base, rel_tol=1e-6):
+        base, factor = found
         scaled = f"RoPE base {base:g}, positions scaled by 1/{factor:g} (its linear RoPE scaling),"
         words = (f"{{who}} rotates with {scaled} where your module says base {rope.base:g} (its rope_theta or base): "
                  "the base is not handed on to where the rotation's frequencies are made; pass the module's own"

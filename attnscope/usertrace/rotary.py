@@ -198,26 +198,13 @@ def _start(step: str, ctx: Context) -> int:
 
 
 def fit_base(x: torch.Tensor, user: torch.Tensor, positions: torch.Tensor, pairing: str) -> float | None:
-    """The base under which `user` is `x` rotated: pair 1's angle at the first position past 0, then checked."""
-    d = x.shape[-1]
-    if d < 4:
+    """The base under which `user` is `x` rotated (`[.., n, d]` at `positions`): each pair's angle read
+    (ropefreqs.turned_by), the base solved from them (ropefreqs.base_from: any base, inv_freq_i = base^(−2i/d)),
+    then checked by rotating with it."""
+    from attnscope.usertrace import ropefreqs
+
+    if x.shape[-1] < 4 or x.shape != user.shape:
         return None
-    index = next((i for i, p in enumerate(positions.tolist()) if p > 0), None)
-    if index is None:
-        return None
-    first, second = (1, 1 + d // 2) if pairing == "half" else (2, 3)
-    a = torch.complex(x[..., index, first], x[..., index, second])
-    b = torch.complex(user[..., index, first], user[..., index, second])
-    usable = a.abs() > 1e-6
-    if not bool(usable.any()):
-        return None
-    angle = float(torch.angle(b[usable] / a[usable]).median()) / float(positions[index])
-    candidates = list(KNOWN_BASES)
-    if 0 < angle < 1:
-        fitted = angle ** (-d / 2)
-        if math.isfinite(fitted) and fitted > 1:
-            candidates.insert(0, float(f"{fitted:.3g}"))
-    for base in candidates:
-        if close(user, rotate(x, positions, base, pairing)):
-            return base
-    return None
+    angles = ropefreqs.turned_by(x.double(), user.double(), "half-split" if pairing == "half" else "interleaved")
+    base = None if angles is None else ropefreqs.base_from(angles, positions, x.shape[-1])
+    return base if base is not None and close(user, rotate(x, positions, base, pairing)) else None
