@@ -1,9 +1,10 @@
-"""A --mask file trace hands to no argument of the code (a key padding parameter named without "mask") is refused
-with one line, exit 2, where the code then diverges: before, such code ran unmasked and was named mask.on_queries
-"by experiment", the experiment's rerun masking whole query rows and its comparison leaving out the rows it masked
-while the code's were finite and ordinary. An experiment now gives a row it masks whole back only where the code
-masks that row too (rerun.reproduces). Styles of our own (tests/trace_styles_round22_unfedmask.py), each correct
-style checked against F.scaled_dot_product_attention in float64 with the padding as its boolean mask."""
+"""A --mask file trace hands to no argument of the code (a key padding parameter named without "mask", now read as
+the mask from its use: test_trace_round23_maskuse.py) was refused with one line, exit 2, where the code diverged:
+before, such code ran unmasked and was named mask.on_queries "by experiment", the experiment's rerun masking whole
+query rows and its comparison leaving out the rows it masked while the code's were finite and ordinary. An experiment
+now gives a row it masks whole back only where the code masks that row too (rerun.reproduces). Styles of our own
+(tests/trace_styles_round22_unfedmask.py), each correct style checked against F.scaled_dot_product_attention in
+float64 with the padding as its boolean mask."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_trace_command import trace, user_module
+from test_trace_command import user_module
 from tracecases import assert_named, assert_passes, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round22_unfedmask.py")
@@ -74,12 +75,12 @@ def test_a_mask_never_applied_is_not_read_as_on_the_queries(runner, files):
     assert code == 1 and out["first_divergence"]["experiment"] != "mask.on_queries", out["first_divergence"]
 
 
-def test_a_mask_given_to_no_argument_is_refused(runner, files):
-    result, out = trace(runner, f"{STYLES}:FusedPadded", "--nq", "7", "--batch", "2", "--mask", files["KEEP"])
-    said = " ".join(result.stderr.split())
-    assert result.exit_code == 2 and out is None, result.stdout
-    assert "--mask keep.npy was given to no argument of FusedPadded.forward(x, key_padding=None)" in said, said
-    assert "key_padding is not" in said
+def test_a_key_padding_named_without_mask_takes_the_file_by_its_use(runner, files):
+    """Refused by bfb7eb6 (exit 2); its masked_fill says it is the mask (usertrace/maskuse.py): the refusal is for an
+    argument the code does not apply as a mask (test_trace_round23_maskuse.py)."""
+    code, out = run_case(runner, STYLES, "FusedPadded", None, ("--nq", "7", "--batch", "2", "--mask", files["KEEP"]))
+    assert_passes(code, out)
+    assert any(n.startswith("key_padding: given the --mask file") for n in out["notes"]), out["notes"]
 
 
 def test_the_module_without_the_file_passes(runner):

@@ -103,16 +103,18 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
 
 def _unfed_mask(o: TraceOptions, plan: Plan, run: TraceRun) -> None:
     """Refused where a --mask file went to no argument of the code, a parameter defaulting to None that trace does
-    not read as a mask was left None, and the code diverges with no experiment of the catalog to say why: the
-    divergence is then the file's, not the code's (a key padding parameter named without "mask")."""
+    not read as a mask (by its name, or by its use: usertrace/maskuse.py) was left None, and the code diverges with
+    no experiment of the catalog to say why: the divergence is then the file's, not the code's."""
     left = [n for n in plan.optional if n not in plan.given]
-    if not o.mask or plan.mask is not None or plan.other_masks or plan.lengths is not None or not left \
+    if not o.mask or plan.mask is not None or plan.other_masks or plan.masks_at_default or plan.lengths is not None \
+            or not left \
             or run.divergence is None or run.divergence.experiment is not None:
         return
     from pathlib import Path
 
     raise UsageError(f"--mask {Path(o.mask).name} was given to no argument of {plan.signature}: trace hands a mask "
                      "to an argument named like a mask (mask, attn_mask, attention_mask, key_padding_mask, ...: "
-                     f"\"mask\" in its name), and {', '.join(left)} is not, so your code ran without it; name the "
-                     "argument that takes the mask with \"mask\" in it, or run without --mask")
-
+                     "\"mask\" in its name), else to one your code applies to its scores or weights when given it "
+                     f"(masked_fill, where, added to them, multiplying them), and {', '.join(left)} is neither, so "
+                     "your code ran without it; name the argument that takes the mask with \"mask\" in it, or run "
+                     "without --mask")

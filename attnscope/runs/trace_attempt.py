@@ -130,7 +130,7 @@ class RunSoFar:
         """The code run under `asked`: the plan, then each of its other mask parameters (the rule's own first),
         with its own RoPE tables and position embeddings first; the first run that reads its mask is kept
         (keep_run), else the first that ran, else the first run."""
-        from attnscope.usertrace import masking
+        from attnscope.usertrace import masking, maskuse
 
         made = None
         candidates = [self.plan] + [self.plan.with_mask(m) for m in self.plan.other_masks if asked.mask or asked.causal
@@ -144,6 +144,10 @@ class RunSoFar:
             # beside attn_mask): each its part, the padding to the one that takes it, the rule to the other
             candidates = [self.plan.with_rule_beside(m) for m in (*self.plan.other_masks, self.plan.mask)
                           if m is not None] + candidates
+        if asked.mask and self.plan.mask is None and not self.plan.other_masks and self.plan.lengths is None:
+            # no parameter named like a mask: each defaulting to None tried as the mask first (`key_padding=None`,
+            # `adj=None`), kept where the code applies it to its scores or weights (maskuse.py)
+            candidates = [self.plan.by_use(n) for n in self.plan.optional if n not in self.plan.given] + candidates
         if asked.rope and self.plan.tables_optional:  # its own RoPE tables first (all of its code runs), else trace's
             candidates = [c for p in candidates for c in (p.with_own_tables(), p)]
         if self.plan.embeddings:  # position embeddings fed first (all of its code runs), in the input's shape, then
@@ -165,9 +169,17 @@ class RunSoFar:
             # that reads the other one is then seen)
             ran = self.run_plan(asked, tried)
             tried, ran = not_weights(tried, ran, functools.partial(self.run_plan, asked))
-            made = made or ran
+            trial = tried.mask_by_use and not self.plan.mask_by_use  # a parameter tried as the mask by its use
+            made = made or (None if trial else ran)
             if ran[2].failure is not None:
                 continue
+            if trial:
+                use = maskuse.applied(ran[2].records, tried.mask) if tried.mask is not None else None
+                if use is None:
+                    continue
+                ran[0].notes.append(f"{tried.mask}: given the --mask file, as your code applies it to its scores or "
+                                    f"weights (line {use.line}: {use.details.get('op', use.call)}), though it is not "
+                                    "named like a mask")
             if tried.rule_beside and not (ran[0].also_masked and tried.mask
                                           and masking.reads(ran[2].records, tried.mask)):
                 continue  # the padding and the rule each read by the code, else none of them split so

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
@@ -27,8 +28,11 @@ from attnscope.runs.trace_setup import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from attnscope.runs.trace_attempt import Made
     from attnscope.runs.trace_options import TraceOptions
+    from attnscope.usertrace.load import Plan
     from attnscope.usertrace.record import Failure
 
 
@@ -46,7 +50,7 @@ def first_run(r: RunSoFar) -> Made:
     made = _position_ids(r, made)
     for retry in (equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned, _at_held_widths,
                   _time_first, _as_image, _joined_layout, _read_otherwise, _module_unbatched, _at_sliced_widths,
-                  refused):
+                  _masks_at_default, refused):
         made = retry(r, made)
     made = _unread_inputs(r, made)
     _cache_notes(r, made)
@@ -335,21 +339,58 @@ def _position_ids(r: RunSoFar, ran: Made) -> Made:
     (Qwen2-VL's 3-row mrope ids); where the code raised, it is run again given the new tokens' positions as
     transformers' model passes them, `position_ids = cache_position.unsqueeze(0)` [1, n_Q] (RecurrentGemma's rotary
     reads `position_ids.shape[0]`), kept with a note where it then runs."""
-    called = ran[2]
     later = r.plan.position_ids_later
-    if called.failure is None or not later:
+    if not later:
+        return ran
+    span = f"{r.o.cache}, {r.o.cache} + n_Q" if r.o.cache else "n_Q"
+    tried = dataclasses.replace(r.plan, position_ids=[*r.plan.position_ids, *later], position_ids_later=[])
+    return _where_raised(r, ran, tried, lambda where: (
+        f"{', '.join(later)}: your code raised with {later[0]} = None ({where}) and runs given the new tokens' "
+        f"positions, torch.arange({span})[None], as transformers' model passes them (position_ids = "
+        "cache_position.unsqueeze(0))"))
+
+
+def _masks_at_default(r: RunSoFar, ran: Made) -> Made:
+    """Mask parameters defaulting to None that the code raised on where trace handed them its mask (a --mask file of
+    the whole pattern given to an argument the code uses for another mask: TimeSformer's `mask`, the padding of its
+    regrouped sequences): the code run again with each at its default, the mask the reference's alone, kept with a
+    note where it then runs; the first failure where it raises at the default too."""
+    import inspect
+
+    plan = r.plan
+    given = [m for m in (plan.mask, *plan.other_masks) if m is not None]
+    forward = r.module.forward if r.module is not None else r.fn
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return ran
+    if ran[0].allowed is None or plan.mask is None \
+            or any(m not in parameters or parameters[m].default is not None for m in given):
+        return ran
+    what, held = (f"the --mask file {Path(r.o.mask).name}", "the file is the reference's mask alone") if r.o.mask \
+        else ("trace's mask", "the mask is the reference's alone")
+    them, their = ("them", "their") if len(given) > 1 else ("it", "its")
+    bare = plan.without_masks()
+    tried = dataclasses.replace(bare, masks_at_default=given, said={**bare.said, **dict.fromkeys(given, "")})
+    return _where_raised(r, ran, tried, lambda where: (
+        f"{', '.join(m + ' = None' for m in given)}: your code raised with {what} given to {plan.mask} ({where}) "
+        f"and runs with {them} at {their} default; {held}, compared with what your code does by itself"))
+
+
+def _where_raised(r: RunSoFar, ran: Made, tried: Plan, note: Callable[[str], str]) -> Made:
+    """`ran` where the code ran; else the code run again on `tried` (a parameter given otherwise than in `ran`),
+    kept with the note `note(where it raised)` where it then runs, the plan as it was and `ran` (its failure
+    reported as it is) where it raises again."""
+    failed = ran[2].failure
+    if failed is None:
         return ran
     kept = r.plan
-    r.plan = dataclasses.replace(kept, position_ids=[*kept.position_ids, *later], position_ids_later=[])
+    r.plan = tried
     made = attempted(r.attempt, r.o)
     if made is None or made[2].failure is not None:
         r.plan = kept
         return ran
-    where = f"line {called.failure.line}: " if called.failure.line else ""
-    span = f"{r.o.cache}, {r.o.cache} + n_Q" if r.o.cache else "n_Q"
-    r.notes.append(f"{', '.join(later)}: your code raised with {later[0]} = None ({where}{called.failure.message}) "
-                   f"and runs given the new tokens' positions, torch.arange({span})[None], as "
-                   "transformers' model passes them (position_ids = cache_position.unsqueeze(0))")
+    r.notes.append(note(f"line {failed.line}: {failed.message}" if failed.line else failed.message))
     return made
 
 

@@ -579,7 +579,8 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
         given = loaded if windows is None else given
         _fits(loaded, scores, sizes, o, plan, is_module)
     if plan.mask is None:
-        if loaded is not None and notes is not None:  # as --causal and --window: the reference's, the code's own
+        if loaded is not None and notes is not None and not plan.masks_at_default:  # as --causal and --window: the
+            # reference's, the code's own (a mask parameter left at its default says so in its own note)
             notes.append(f"--mask {o.mask}: {plan.signature} takes no mask, so the file describes the reference "
                          "alone, a mask your code is expected to apply by itself")
         return loaded, None

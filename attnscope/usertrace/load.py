@@ -139,6 +139,10 @@ class Plan:
     grouped: list[str] = field(default_factory=list)  # memories handed [n_batch, 1, n_K, d] (Flamingo's media)
     rule_beside: bool = False  # a --mask file given alone to `mask`, the rule (--causal, --window) to another
     heads_folded: bool = False  # a mask per sequence may go to `mask` as [n_batch·n_head, n_Q, n_K] (masking.forms)
+    # mask parameters left at their default (None) because the code raised on the mask trace handed them (TimeSformer's
+    # `mask`, the padding of its regrouped sequences): the mask is the reference's alone (trace_layouts)
+    masks_at_default: list[str] = field(default_factory=list)
+    mask_by_use: bool = False  # `mask` named otherwise (`key_padding`): kept where the code applies it (maskuse.py)
     switched: str | None = None  # a switch of the code's own given True under --causal (causalflag.py: its truth
     # makes the code mask the future keys itself)
 
@@ -175,6 +179,13 @@ class Plan:
         return dataclasses.replace(self, mask=name, other_masks=others,
                                    nones=[n for n in self.nones if n != name] + [m for m in others
                                                                                   if m not in self.nones])
+
+    def by_use(self, name: str) -> Plan:
+        """This plan with the mask given to `name`, a parameter defaulting to None that is not named like a mask
+        (`key_padding=None`, `adj=None`): the mask's only where the run shows the code applying it to its
+        scores or weights (maskuse.py)."""
+        return dataclasses.replace(self.with_mask(name), optional=[n for n in self.optional if n != name],
+                                   mask_by_use=True)
 
     def without_mask(self) -> Plan:
         """This plan with its mask parameter given None, the mask going to the next mask parameter (if any)."""
