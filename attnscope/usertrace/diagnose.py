@@ -164,6 +164,18 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
                     best = (experiment, found, trial)
         if best is not None:
             break
+    if best is None:  # divided attention: a mistake made in some of the code's pieces of the scores alone
+        from attnscope.usertrace.gathered import in_some_pieces, score_pieces
+
+        pieces = score_pieces(base.ctx.reference, base.ctx.records)
+        for experiment in CATALOG if len(pieces) > 1 else ():
+            for made in _trials(experiment, base):
+                for trial in in_some_pieces(base, made, pieces):
+                    found = reproduces(base, step, trial.steps, trial.tol, first)
+                    if found is None or (trial.fits is not None and not trial.fits(base, found)):
+                        continue
+                    if best is None or found.held > best[1].held:
+                        best = (experiment, found, trial)
     if best is None:
         return None
     experiment, found, trial = best

@@ -795,6 +795,7 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
            skips: dict[str, torch.Tensor], keys: dict[int, int] | None = None) -> list[Aligned]:
     """Each step with the user's tensor equal to it; failing that, the tensor that stands where the step stands in
     the user's data flow (align.follow), or none: a tensor of the right shape elsewhere is not the step."""
+    from attnscope.usertrace import gathered
     from attnscope.usertrace import reference as ref
     from attnscope.usertrace.align import (
         ADDS_A_MASK,
@@ -813,6 +814,7 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
     from attnscope.usertrace.record import SOFTMAXES
 
     rows: list[Aligned] = []
+    pieces = gathered.read(trace, records)  # divided attention: steps held in groups' pieces (gathered.py)
     paired: dict[str, Record] = {}  # step -> the user's tensor lined up with it
     claimed: set[int] = set()
     anchor = -1
@@ -821,6 +823,8 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         step, skip = trace.step(name), skips.get(name)
         turned = scoreaxes.turned(keys or {}, step.dims)  # square scores held the other way round (data flow)
         match = best_equal(records, step.tensor, skip, turned)
+        if match is None and pieces:
+            match = gathered.best_equal(records, step.tensor, skip, pieces)
         if match is None and name in PRE_SOFTMAX and "n_K" in step.dims:
             # a constant per query row before the softmax (MPT's ALiBi, m_h · (j − n + 1)): a convention
             match = best_shifted(records, step.tensor, step.dims.index("n_K"), skip, anchor)
@@ -857,6 +861,8 @@ def _align(trace: Trace, wanted: tuple[str, ...], records: list[Record],
         rows.append(Aligned(name, step.dims, list(step.shape), match.record, said,
                             match.max_abs_diff, status, match.layout.order, match.layout.merged,
                             match.layout.split))
+        if isinstance(match.layout, gathered.Gathered):  # no permutation undoes a gather
+            rows[-1].order = None
     if "alibi_bias" in trace:
         _shifted_rows(rows, trace)
     _not_from_later(rows, records)

@@ -152,6 +152,12 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
 
         after = headgroups.find(records, lined.trace)
         grouping = Grouping(after.index, after.n_batch, after.n_tokens, after.record) if after is not None else None
+    merged = None
+    if grouping is None and not inputs.own and lined.trace is not None:  # the same groups moved into the batch axis
+        from attnscope.usertrace.gathered import grouping as pieces  # ([(b h g), m, d]): read from its scores' pieces
+
+        merged = pieces(lined.trace, records)
+        grouping = Grouping(*merged) if merged is not None else None
     if grouping is None or (grouping.pads and (spec.causal or inputs.mask is not None)):
         return None
     # the causal rule within each group is the global one there only where each group keeps its tokens in order
@@ -184,6 +190,9 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     moved = ("it cuts its queries, keys and values into them after the projection, an axis of their own beside the "
              "heads, and merges the output back; the reference is run on the same groups, your tensors compared with "
              "the groups moved into the batch axis") if after is not None else \
+        ("it cuts its queries, keys and values into them after the projection, moves them into the batch axis and "
+         "puts the output back; the reference is run on the same groups, your tensors' rows and cells gathered from "
+         "its") if merged is not None else \
         ("it moves them into the batch axis, each group a sequence of its own, and folds the output back; the "
          "reference is run on the same groups")
     said = (f"your code attends within {grouping.words()}: {moved}"

@@ -396,6 +396,8 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
     if strict and step not in changed:  # the mistake leaves the diverging step as the reference has it
         return None
     skips = _skips(b, steps)
+    if b.last in skips and bool(skips[b.last].all()):  # a run that masks every query compares nothing
+        return None
 
     # identity projections (identity.py) make the output the merge of V: the run's last step is then held by what
     # the code computes from its scores, never by its own v (a rerun whose attention is the identity)

@@ -295,6 +295,9 @@ def trials_softmax_axis(b: Base) -> Iterator[Trial]:
                 yield Trial(replay(b, softmax_dim=axis, mask="finite", zeroed=zeroed), words)
                 # or one added to the scores (BERT's −10000): the column keeps its scores, normalized over the queries
                 yield Trial(replay(b, softmax_dim=axis, mask="added", zeroed=zeroed), words)
+    from attnscope.usertrace.gathered import softmax_in_pieces
+
+    yield from softmax_in_pieces(b)  # scores in groups' pieces (divided attention): over each piece's queries
 
 
 def zeroes_after(b: Base) -> bool:
