@@ -6,6 +6,7 @@ correct style is checked against a float64 formula with SDPA, each plant shown t
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,6 @@ def test_the_styles_are_their_formula_and_the_plants_change_them(name, bug):
 
 
 RUNS = [("TruncatedRope", ("--causal", "--scale", "0.12"), "2 rotated pairs", "2 of its 4 pairs do not turn"),
-        ("LinspaceComplex", ("--causal",), "4 rotated pairs", "interleaved"),
         ("PRope", (), "3 rotated pairs", "1 of its 4 pairs do not turn")]
 
 
@@ -90,6 +90,17 @@ def test_frequencies_no_base_gives_are_read_from_the_rotated_tensors(runner, nam
     said = [n for n in out["notes"] if n.startswith("RoPE as your code computes it")]
     assert said and f"it turns its {pairs} at frequencies of its own" in said[0] and also in said[0], out["notes"]
     assert "A convention, not a mistake" in said[0]
+
+
+def test_linspace_frequencies_of_four_pairs_are_a_base(runner):
+    """`base ** -linspace(0, 1, 4)` is base^(−2i/8·4/3): RoPE with base 10000^(4/3) (215443.5), and bd12b70 reads any
+    base from the angles, so the note names that base (float64) where it named frequencies of the code's own."""
+    result, out = trace(runner, f"{STYLES}:LinspaceComplex", "--rope", "--causal")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    said = [n for n in out["notes"] if n.startswith("RoPE as your code computes it")]
+    found = re.search(r"RoPE base ([0-9.e+]+) \(read from the angles", said[0]) if said else None
+    assert found and abs(float(found.group(1)) / 10000.0 ** (4 / 3) - 1) < 1e-4, out["notes"]
+    assert "interleaved" in said[0] and "A convention, not a mistake" in said[0]
 
 
 PLANTS = [("TruncatedRope", ("--causal", "--scale", "0.12"), "scale_twice", "scale.twice"),

@@ -99,8 +99,8 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
                             "then depends on j − i instead of i − j, a relative position all the same"
                             if sign == -1 else "it turns each pair by +θ")
             if base != spec.rope_base:
-                said.append(f"it rotates with RoPE base {base:g} (its rope_theta; neither --rope-base nor your "
-                            "module names another)")
+                said.append(f"it rotates with RoPE base {base:g} (read from the angles your code turns each pair by; "
+                            "neither --rope-base nor your module names another)")
             if pairing != spec.rope_pairing:
                 said.append(f"your code pairs RoPE's coordinates {PAIRING_WORDS[pairing]}")
             if fraction != spec.rope_fraction:
