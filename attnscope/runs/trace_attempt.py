@@ -220,7 +220,7 @@ class RunSoFar:
     def keep_run(self, tried: Plan, ran: tuple[Any, ...]) -> Made:
         """The run `attempt` keeps, its plan now the run's, its inputs as the run reads them (a module's own
         queries, position embeddings, a norm before its projections)."""
-        from attnscope.usertrace import joint, keyinputs, posembed, prenorm, queries
+        from attnscope.usertrace import joint, keyinputs, posembed, prenorm, qkinput, queries
 
         self.plan = tried
         own = queries.find(ran[2].records, ran[0], self.weighted)  # Perceiver's latents: n_Q is theirs
@@ -235,6 +235,8 @@ class RunSoFar:
             posembed.read(ran[2].records, ran[0], self.weighted, held, tried.embeddings)
             # vit-pytorch's x = self.norm(x) before to_qkv: the normed x is the projections' input
             prenorm.read(ran[2].records, ran[0], self.weighted, held)
+            # Wav2Vec2-Conformer's linear_q(rotated x), linear_k(rotated x), linear_v(x)
+            qkinput.read(ran[2].records, ran[0], self.weighted, held)
             # Segformer's keys and values from LayerNorm(Conv2d(x)): that tensor is their input, n_K its length
             reduced = keyinputs.find(ran[2].records, ran[0], self.weighted, held)
             if reduced is not None:

@@ -95,8 +95,6 @@ def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
     from attnscope.usertrace.maskcauses import alibi, wrong_mask
     from attnscope.usertrace.rotary import after_repeat, diagnose_rope, not_rotated, on_values, untold
 
-    reference = ctx.reference[step]
-    dims = ctx.reference.step(step).dims
     unfed = _unfed(ctx)
     for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c), split_without_transpose,
                   merged_with_wrong_permute, on_values, wrong_mask, alibi):
@@ -121,13 +119,31 @@ def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
                          evidence="not by experiment: no one mistake of trace's catalog, rerun on the reference, "
                          "gives back your output")
     if not ranked:
-        return Diagnosis(f"none of your tensors has {step}'s shape [{', '.join(dims)}] = {list(reference.shape)}, "
-                         "or a layout of it")
+        return _unplaced(step, ctx)
     near = ranked[0]
     return Diagnosis(f"{label_of(near.record)} has {step}'s shape but not its values (max |diff| "
                      f"{near.max_abs_diff:.3g}); none of the usual causes fits: no mistake of trace's catalog, "
                      f"rerun on the reference, gives your tensors back, so {step} is where your code and the "
                      "reference part", near.record)
+
+
+def _unplaced(step: str, ctx: Context) -> Diagnosis:
+    """The words where no tensor of the code's may stand for `step`: none of its shape at all, or, where some have
+    its shape (or a layout of it) but none stands where the step does in the data flow, the nearest of them and how
+    far it is (never "none has its shape" where one has)."""
+    from attnscope.usertrace.align import candidates
+
+    reference = ctx.reference[step]
+    shape = f"[{', '.join(ctx.reference.step(step).dims)}] = {list(reference.shape)}"
+    held = candidates(ctx.records, reference, step, ctx.skip.get(step))
+    if not held:
+        return Diagnosis(f"none of your tensors has {step}'s shape {shape}, or a layout of it")
+    near = min(held, key=lambda m: m.max_abs_diff)
+    others = f", nor do the {len(held) - 1} other tensors of that shape" if len(held) > 1 else ""
+    return Diagnosis(f"{label_of(near.record)} has {step}'s shape {shape} but not its values (max |diff| "
+                     f"{near.max_abs_diff:.3g}){others}, and none of them stands where {step} stands in your data "
+                     f"flow (made from the tensors lined up with the steps before it, not from those lined up with "
+                     f"later ones), so {step} is where your code and the reference part")
 
 
 def _unfed(ctx: Context) -> Record | None:
