@@ -344,7 +344,7 @@ def _position_ids(r: RunSoFar, ran: Made) -> Made:
         return ran
     span = f"{r.o.cache}, {r.o.cache} + n_Q" if r.o.cache else "n_Q"
     tried = dataclasses.replace(r.plan, position_ids=[*r.plan.position_ids, *later], position_ids_later=[])
-    return _where_raised(r, ran, tried, lambda where: (
+    return _where_raised(r, ran, tried, in_layouts=True, note=lambda where: (
         f"{', '.join(later)}: your code raised with {later[0]} = None ({where}) and runs given the new tokens' "
         f"positions, torch.arange({span})[None], as transformers' model passes them (position_ids = "
         "cache_position.unsqueeze(0))"))
@@ -377,20 +377,26 @@ def _masks_at_default(r: RunSoFar, ran: Made) -> Made:
         f"and runs with {them} at {their} default; {held}, compared with what your code does by itself"))
 
 
-def _where_raised(r: RunSoFar, ran: Made, tried: Plan, note: Callable[[str], str]) -> Made:
+def _where_raised(r: RunSoFar, ran: Made, tried: Plan, note: Callable[[str], str], in_layouts: bool = False) -> Made:
     """`ran` where the code ran; else the code run again on `tried` (a parameter given otherwise than in `ran`),
     kept with the note `note(where it raised)` where it then runs, the plan as it was and `ran` (its failure
-    reported as it is) where it raises again."""
+    reported as it is) where it raises again. `in_layouts`: a decode step's cache handed in each layout real code
+    keeps too where the run on `tried` raised (RunSoFar.in_layouts: the layout and the parameter are read together,
+    a DynamicCache's `update` met only once the position ids are given)."""
     failed = ran[2].failure
     if failed is None:
         return ran
     kept = r.plan
     r.plan = tried
     made = attempted(r.attempt, r.o)
+    said = None
+    if in_layouts and made is not None and made[2].failure is not None:
+        made, said = r.in_layouts(r.o, made)
     if made is None or made[2].failure is not None:
         r.plan = kept
         return ran
     r.notes.append(note(f"line {failed.line}: {failed.message}" if failed.line else failed.message))
+    r.notes += [said] if said else []
     return made
 
 
