@@ -75,6 +75,9 @@ class AttentionSpec:
     start: int = 0
     # q, k and v clipped after their projection, clamp(min, max) (DBRX's clip_qkv: (-c, c)); None: not clipped
     clip_qkv: tuple[float, float] | None = None
+    # q and k clipped after their qk-norm rather than after their projection (HF OLMoE's order: the norms' output
+    # clamped; v, which has no norm, after its projection still); only with clip_qkv and a qk-norm before RoPE
+    clip_after_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.qk_norm is not None:

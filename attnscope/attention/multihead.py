@@ -278,16 +278,19 @@ class MultiHeadAttention(nn.Module):
                 ("V", self.W_v, V, n_key, self.n_kv_head, kv_axis))
         wide = {"Q": self.wide_q, "K": self.wide_kv, "V": self.wide_v}
         d_of = {"Q": "d_head", "K": "d_head", "V": self.d_v_name}
-        feats = {name: stages.project(add, name, W, x, ("n_batch", n, wide[name]),  # [n_batch, n, heads·d_head]
-                                      spec.clip_qkv) for name, W, x, n, _, axis in plan}
-        norm, made = spec.norm, {name: f"{name}_feat" for name in feats}
+        norm = spec.norm
         late = norm is not None and norm.after_rope and spec.rope is not None  # nGPT's: on the rotated heads
+        normed_clip = spec.clip_qkv if spec.clip_after_norm and norm is not None and not late else None
+        feats = {name: stages.project(add, name, W, x, ("n_batch", n, wide[name]),  # [n_batch, n, heads·d_head]
+                                      None if normed_clip is not None and name != "V" else spec.clip_qkv)
+                 for name, W, x, n, _, axis in plan}
+        made = {name: f"{name}_feat" for name in feats}
         if norm is not None and norm.over == "proj" and not late:  # OLMo 2: one mean over every head's coordinates
             widths = (self.width("n_head"), self.width(kv_axis))
             feats["Q"], feats["K"] = stages.normalize(
                 add, feats["Q"], feats["K"], norm, self._norm_weights(), source=("Q_feat", "K_feat"),
                 dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
-                names=("q_norm.weight", "k_norm.weight"), biases=self._norm_biases())
+                names=("q_norm.weight", "k_norm.weight"), biases=self._norm_biases(), clip=normed_clip)
             made["Q"], made["K"] = "Q_normed", "K_normed"
         split = {name: stages.split(add, name, feats[name], count, ("n_batch", axis, n, d_of[name]), made[name])
                  for name, _, _, n, count, axis in plan}  # [n_batch, heads, n, d_head]
@@ -295,7 +298,7 @@ class MultiHeadAttention(nn.Module):
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
         per_head = (("n_batch", "n_head", "n_Q", "d_head"), ("n_batch", kv_axis, n_key, "d_head"))
         if norm is not None and norm.over == "head" and not late:  # Qwen3, Gemma 3: each head over its own d_head
-            q, k = self._head_norm(add, q, k, norm, (q_name, k_name), per_head)
+            q, k = self._head_norm(add, q, k, norm, (q_name, k_name), per_head, clip=normed_clip)
             q_name, k_name = "Q_normed", "K_normed"
         n_cache = cache[0].shape[-2] if cache is not None else 0
         n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
@@ -325,11 +328,13 @@ class MultiHeadAttention(nn.Module):
         return q, k, v, names
 
     def _head_norm(self, add: Any, q: Tensor, k: Tensor, norm: Any, source: tuple[str, str],
-                   dims: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[Tensor, Tensor]:
-        """Steps `Q_normed`, `K_normed`: the qk-norm of each head over its own d_head, with the module's weights."""
+                   dims: tuple[tuple[str, ...], tuple[str, ...]],
+                   clip: tuple[float, float] | None = None) -> tuple[Tensor, Tensor]:
+        """Steps `Q_normed`, `K_normed`: the qk-norm of each head over its own d_head, with the module's weights;
+        clipped to `clip` where given (clip_qkv after the norm)."""
         return stages.normalize(add, q, k, norm, self._norm_weights(), source=source, dims=dims,
                                 axis=("d_head", "d_head"), names=("q_norm.weight", "k_norm.weight"),
-                                biases=self._norm_biases())
+                                biases=self._norm_biases(), clip=clip)
 
     def _rotated_proj_norm(self, add: Any, q: Tensor, k: Tensor, norm: Any, source: tuple[str, str],
                            dims: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[Tensor, Tensor]:

@@ -92,17 +92,21 @@ def project_split(rec: Recorder, x: Tensor, W: tuple[nn.Linear, nn.Linear, nn.Li
 def normalize(rec: Recorder, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[Tensor | None, Tensor | None],
               *, source: tuple[str, str], dims: tuple[tuple[str, ...], tuple[str, ...]], axis: tuple[str, str],
               names: tuple[str | None, str | None] = (None, None),
-              biases: tuple[Tensor | None, Tensor | None] = (None, None)) -> tuple[Tensor, Tensor]:
+              biases: tuple[Tensor | None, Tensor | None] = (None, None),
+              clip: tuple[float, float] | None = None) -> tuple[Tensor, Tensor]:
     """Steps `Q_normed`, `K_normed`: the qk-norm of Q and K over their last axis (named `axis`, `qk_norm`: an
     RMSNorm, or a LayerNorm with `biases` too), with `weights` (None: unit weight) called `names` in the op
-    (`q_norm.weight`; a bias `q_norm.bias`)."""
+    (`q_norm.weight`; a bias `q_norm.bias`); clipped to `clip` (min, max) where given (HF OLMoE's clip_qkv, which
+    clamps the norms' output)."""
     normed = []
     for step, x, weight, bias, src, shape, over, name in zip(("Q_normed", "K_normed"), (Q, K), weights, biases,
                                                              source, dims, axis, names, strict=True):
         y = qk_norm(x, weight, bias, norm)
         bias_name = None if bias is None else (name.replace("weight", "bias") if name else "b")
-        normed.append(rec(step, y, shape, norm_op(norm, src, over, name, bias_name),
-                          ("rms_norm", y.shape, weight is not None, 0), inputs=(src,)))
+        op = norm_op(norm, src, over, name, bias_name)
+        if clip is not None:
+            y, op = y.clamp(min=clip[0], max=clip[1]), f"{op}.clamp({clip[0]:g}, {clip[1]:g})"
+        normed.append(rec(step, y, shape, op, ("rms_norm", y.shape, weight is not None, 0), inputs=(src,)))
     return normed[0], normed[1]
 
 

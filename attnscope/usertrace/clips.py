@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
+    from attnscope.usertrace.reference import Spec
 
 CLAMPS = ("clamp", "clip", "clamp_", "clip_")
 # what hands a projection's output on to the clamp unchanged in value (a fused output cut into q, k, v)
@@ -67,3 +68,59 @@ def note(bounds: tuple[float, float], line: int) -> str:
     said = f"±{high:g}" if low == -high else f"[{low:g}, {high:g}]"
     return (f"your code clips its projection's output to {said} (line {line}, read from the values it clamped; DBRX's "
             "clip_qkv): read as its own convention, the reference clips its Q_feat, K_feat and V_feat so")
+
+
+# ops that end a normalization (an RMSNorm's rsqrt, F.rms_norm, F.layer_norm, F.normalize's norm)
+NORMS = ("rsqrt", "rms_norm", "layer_norm", "normalize", "norm", "sqrt", "var", "std", "group_norm")
+# ops that rotate (RoPE's tables, the complex form): a clamp past them sits after RoPE, not after the norm
+TURNS = ("cos", "sin", "view_as_complex", "view_as_real", "polar")
+
+
+def after_norm(records: list[Record]) -> int | None:
+    """The line of the code's first clamp whose input is a norm's output rather than a projection's (HF OLMoE's
+    `q_norm(q_proj(x)).clamp_(...)`): its input is no projection's output reshaped or cut, and what it is made of
+    since the projection holds a normalization and no rotation. None where every clamp clips a projection's output
+    (DBRX's, OLMo's order) or where no clamp sits after a norm."""
+    for record in records:
+        if record.func not in CLAMPS:
+            continue
+        given = [value for kind, value in record.args if kind == "rec"]
+        if not given or _from_projection(given[0], records):
+            continue
+        made = _since_projection(given[0], records)
+        if made & set(NORMS) and not made & set(TURNS):
+            return record.line
+    return None
+
+
+def _since_projection(index: int, records: list[Record]) -> set[str]:
+    """The ops `records[index]` is made of, back to (not past) the projections."""
+    seen: set[int] = set()
+    todo, funcs = [index], set()
+    while todo:
+        at = todo.pop()
+        if at in seen or not 0 <= at < len(records):
+            continue
+        seen.add(at)
+        record = records[at]
+        if record.style == "linear":
+            continue
+        funcs.add(record.func)
+        todo.extend(record.parents)
+    return funcs
+
+
+def placed(records: list[Record], spec: Spec) -> tuple[Spec, str | None]:
+    """`spec` with q and k clipped after their qk-norm where the code's clamp sits there (after_norm), with the note
+    that says so; as it was where the code clips the projections' output, or has no qk-norm before RoPE."""
+    from dataclasses import replace
+
+    if spec.clip_qkv is None or spec.qk_norm is None or spec.qk_norm_after:
+        return spec, None
+    line = after_norm(records)
+    if line is None:
+        return spec, None
+    return replace(spec, clip_after_norm=True), (
+        f"your code clips q and k after their qk-norm (line {line}: the clamp's input is the norm's output, HF "
+        "OLMoE's order), v after its projection: read as its own convention, the reference clips its Q_normed and "
+        "K_normed so, and V_feat")

@@ -294,6 +294,8 @@ def _read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record],
         if clipped is not None:  # a clamp of the projections' output no config says (DBRX's qkv.clamp)
             spec = replace(spec, clip_qkv=clipped[0])
             own_notes.append(clips.note(*clipped))
+        spec, where = clips.placed(records, spec)  # after the qk-norm (HF OLMoE's clamp), not the projection
+        own_notes += [where] if where else []
     first = _line_up(module, shapes, inputs, records, train, spec)
     if said_base is not None:
         first.notes.insert(0, said_base)

@@ -129,6 +129,8 @@ class Spec:
     # q, k and v clipped after their projection, (min, max): DBRX's clip_qkv, read from the module's config
     # (declared.py), else from the code's own clamp of a projection's output (clips.py)
     clip_qkv: tuple[float, float] | None = None
+    # q and k clipped after their qk-norm (HF OLMoE's order), read from where the code's clamp sits (clips.py)
+    clip_after_norm: bool = False
     # the arguments the module's __init__ was given (runs/trace._built_with): a config it read and did not keep,
     # where what the module declares (declared.py: its RoPE base, softcap, scale) is read beside the module itself
     built_with: Any = field(default=None, compare=False)
@@ -176,7 +178,8 @@ class Spec:
         return AttentionSpec(causal=self.causal, window=self.window, window_side=cast("WindowSide", self.window_side),
                              alibi=self.alibi, rope=self.rope(), softcap=self.softcap,
                              scale=self.scale, n_kv_head=n_kv_head, qk_norm=self._qk_norm(),
-                             temperature=self.temperature, sinks=self.sinks is not None, clip_qkv=self.clip_qkv)
+                             temperature=self.temperature, sinks=self.sinks is not None, clip_qkv=self.clip_qkv,
+                             clip_after_norm=self.clip_after_norm)
 
     def _qk_norm(self) -> Any:
         """The qk-norm as the reference's spec takes it: its placement, and after RoPE where the code norms there."""
