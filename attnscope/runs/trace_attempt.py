@@ -241,6 +241,10 @@ class RunSoFar:
             reduced = keyinputs.find(ran[2].records, ran[0], self.weighted, held)
             if reduced is not None:
                 keyinputs.apply(ran[0], reduced)
+            # Idefics2's k_proj(torch.concat([context, latents], dim=-2)), the queries q_proj(latents)
+            joined = queries.input_keys(ran[2].records, ran[0])
+            if joined is not None:
+                queries.apply_input_keys(ran[0], joined)
             # CogVideoX's torch.cat([encoder_hidden_states, hidden_states], dim=1) before to_q, to_k, to_v
             joint.apply_joined(ran[2].records, ran[0])
         return cast("Made", ran)

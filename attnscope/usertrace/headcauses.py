@@ -41,12 +41,24 @@ def split_without_transpose(step: str, ctx: Context, near: Match | None) -> Diag
         if close(wrong, right):
             continue
         record = equal_record(ctx.records, wrong)
+        if record is not None and right.shape[1] == right.shape[2] and _swapped_to(ctx.records, record, right):
+            continue  # as many tokens as heads: [n_batch, n, n_head, d_head] before the code's own transpose
         if record is not None:
             return Diagnosis(f"heads split without the transpose: {label_of(record)} is {feat} [n_batch, {n}, "
                              f"d_feat] viewed straight as [n_batch, n_head, {n}, d_head], so each head holds a "
                              f"run of whole feature rows of several positions, not one slice of every position; "
                              f"view as [n_batch, {n}, n_head, d_head], then .transpose(1, 2)", record)
     return None
+
+
+def _swapped_to(records: list[Record], record: Record, right: torch.Tensor) -> bool:
+    """Whether the code swaps axes of `record` (a transpose, a permute: joint.SWAPS) into `right`, the reference's
+    split: with as many tokens as heads, `[n_batch, n, n_head, d_head]` has the shape of `[n_batch, n_head, n,
+    d_head]`, and the view before the code's own `.transpose(1, 2)` is the right one, not a split without it."""
+    from attnscope.usertrace.joint import SWAPS
+
+    return any(r.func.split(".")[-1] in SWAPS and record.index in r.parents and close(r.tensor, right)
+               for r in records[record.index + 1:])
 
 
 def merged_with_wrong_permute(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:

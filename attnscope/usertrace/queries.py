@@ -150,3 +150,81 @@ def apply(inputs: Inputs, queries: OwnQueries) -> bool:
                         f"{queries.projection}), not from the forward's input: read as cross-attention, n_Q = {n_Q} "
                         f"(their length), {keys}; the reference reads them as its inputs")
     return True
+
+
+def input_keys(records: list[Record], inputs: Inputs) -> OwnQueries | None:
+    """The keys' and values' input where their projections read the forward's inputs joined along the tokens with
+    what the query projection reads among them (Idefics2's perceiver `k_proj(torch.concat([context, latents],
+    dim=-2))`, lucidrains' `to_kv(torch.cat((x, latents), dim=-2))` with the latents an argument, either order, any
+    dim spelling): the queries stay the forward's own, the joined tensor is the reference's key (value) input, n_K
+    its length. Read from the data flow (the join's parts), never from names; None otherwise."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import operands, projection_above
+    from attnscope.usertrace.joint import JOINS
+
+    if inputs.own or inputs.layout != "row" or inputs.cache is not None or len(inputs.tensors) < 2:
+        return None
+    found = operands(records)
+    q_proj = projection_above(records, found[0]) if found is not None else None
+    if found is None or q_proj is None:
+        return None
+    read = q_proj.args[1]
+    names = set(inputs.tensors)
+    tensor = records[read[1]].tensor if read[0] == "rec" else inputs.tensors.get(str(read[1]))
+    if tensor is None:
+        return None
+    queries = OwnQueries(tensor, [], q_proj.line, str(q_proj.args[0][1]))
+    own = _texts(records, [read])  # the inputs the queries read: the join must hold another
+    for role, index in (("K", found[1]), ("V", found[2])):
+        proj = projection_above(records, index)
+        if proj is None or proj.args[1][0] != "rec":
+            return None
+        source = records[proj.args[1][1]]
+        joins = [records[i] for i in sorted(ancestors(source, records) | {source.index})
+                 if records[i].func.split(".")[-1] in JOINS]
+        for join in joins:
+            parts: list[tuple[str, Any]] = next((value for kind, value in join.args if kind == "list"), [])
+            if read not in parts or not (_texts(records, parts) & names) - own \
+                    or join.tensor.shape[-2] != source.tensor.shape[-2] or source.tensor.dim() != 3:
+                continue
+            queries.keys[role] = (source.tensor.detach(), join.line)
+            break
+        else:
+            return None
+    return queries
+
+
+def _texts(records: list[Record], parts: list[tuple[str, Any]]) -> set[str]:
+    """The names (inputs, parameters) `parts` ((kind, value) arguments) read, themselves or in their history."""
+    from attnscope.usertrace.align import ancestors
+
+    above = {i for kind, value in parts if kind == "rec" for i in ancestors(records[value], records) | {value}}
+    return {value for kind, value in parts if kind == "text"} | {
+        value for i in above for kind, value in records[i].args if kind == "text" and isinstance(value, str)}
+
+
+def apply_input_keys(inputs: Inputs, queries: OwnQueries) -> bool:
+    """`inputs` with the keys' and values' input the joined tensor (input_keys), n_K its length, and the note that
+    says so; False (nothing changed) where the values' length differs or the reference's mask does not fit n_K."""
+    n_K = int(queries.keys["K"][0].shape[-2])
+    mask = inputs.mask
+    if int(queries.keys["V"][0].shape[-2]) != n_K or mask is not None and mask.dim() >= 1 \
+            and mask.shape[-1] not in (1, n_K):
+        return False
+    n_input = inputs.sizes.get("n_K")
+    inputs.own = {role: t for role, (t, _) in queries.keys.items()}
+    given = next(t for name, t in inputs.tensors.items() if inputs.roles.get(name) == "Q")
+    swapped = queries.tensor is not given  # `forward(x, latents)`: the queries read the second input
+    if swapped:
+        inputs.own["Q"] = queries.tensor
+        inputs.sizes["n_Q"] = int(queries.tensor.shape[-2])
+    inputs.own_from = "keys"
+    inputs.sizes["n_K"] = n_K
+    inputs.notes.append(f"your keys and values are projected from your inputs joined along the tokens (line "
+                        f"{queries.keys['K'][1]}), the tensor your {queries.projection} reads for the queries among "
+                        f"them: n_K = {n_K} where your keys' input has {n_input}; a convention (a perceiver "
+                        "resampler's latents attending to themselves beside the context), not a mistake: the "
+                        "reference's key and value projections read the same joined tensor"
+                        + (f"; the queries are the input your {queries.projection} reads, n_Q = "
+                           f"{inputs.sizes['n_Q']}" if swapped else ""))
+    return True
