@@ -8,6 +8,7 @@ output."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -91,8 +92,10 @@ test_clips_in_either_place_pass = passing_test(STYLES, CORRECT)
 def test_the_clamps_place_is_read_from_its_input(runner, name, options, after_norm):
     code, out = run_case(runner, STYLES, name, None, options)
     assert code == 0
-    said = [n for n in out["notes"] if "clips q and k after their qk-norm" in n]
+    said = [n for n in out["notes"] if re.search(r"clips q and k to \S+ after their qk-norm", n)]
     assert bool(said) == after_norm, out["notes"]
+    if after_norm:  # one place said: not also the config's "after their projection"
+        assert not [n for n in out["notes"] if "clipped to" in n and "after their projection" in n], out["notes"]
 
 
 PLANTS = [("OlmoLike", "bug='no_scale'", ("--rope", "--causal", "--qk-norm", "proj"), "scale.none"),

@@ -120,7 +120,9 @@ def placed(records: list[Record], spec: Spec) -> tuple[Spec, str | None]:
     line = after_norm(records)
     if line is None:
         return spec, None
+    low, high = spec.clip_qkv
+    said = f"±{high:g}" if low == -high else f"[{low:g}, {high:g}]"
     return replace(spec, clip_after_norm=True), (
-        f"your code clips q and k after their qk-norm (line {line}: the clamp's input is the norm's output, HF "
-        "OLMoE's order), v after its projection: read as its own convention, the reference clips its Q_normed and "
-        "K_normed so, and V_feat")
+        f"your code clips q and k to {said} after their qk-norm (line {line}: the clamp's input is the norm's "
+        "output, HF OLMoE's order), v after its projection: read as its own convention, the reference clips its "
+        "Q_normed and K_normed so, and V_feat")

@@ -35,6 +35,7 @@ WIDTH_NAMES = ("rotary_dim", "rotary_ndims", "rotary_emb_dim", "rope_dim", "rota
 FRACTION_NAMES = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction", "rotary_fraction", "rope_fraction")
 SOFTCAP_NAMES = ("attn_logit_softcapping", "attn_logit_softcap", "attention_logit_softcapping", "attn_softcapping",
                  "attn_softcap", "attention_softcap", "logits_soft_cap", "softcap")
+DECLARED_CLIP = "q, k and v clipped to "  # how the note of a clip the config says begins
 # where a config says that q, k and v are clipped to ±c after their projection (DBRX's attn_config.clip_qkv)
 CLIP_NAMES = ("clip_qkv", "qkv_clip", "clamp_qkv", "qkv_clamp")
 # a config's name for the scale, and the scale it gives
@@ -197,6 +198,6 @@ def with_declared(module: Any, spec: Spec) -> tuple[Spec, list[str]]:
         if clip is not None:
             name, value = clip
             spec = replace(spec, clip_qkv=(-value, value))
-            notes.append(f"q, k and v clipped to ±{value:g} after their projection, read from your module (its "
+            notes.append(f"{DECLARED_CLIP}±{value:g} after their projection, read from your module (its "
                          f"{name} = {value:g}, DBRX's): the reference clips its Q_feat, K_feat and V_feat so")
     return spec, notes

@@ -287,7 +287,7 @@ def _read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record],
                      "--rope-base overrides it")
     own_notes: list[str] = []
     if spec is not None and module is not None:  # the softcap and scale the module's config says
-        from attnscope.usertrace.declared import with_declared
+        from attnscope.usertrace.declared import DECLARED_CLIP, with_declared
 
         spec, own_notes = with_declared(module, spec)
         clipped = clips.read(records) if spec.clip_qkv is None else None
@@ -295,7 +295,8 @@ def _read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record],
             spec = replace(spec, clip_qkv=clipped[0])
             own_notes.append(clips.note(*clipped))
         spec, where = clips.placed(records, spec)  # after the qk-norm (HF OLMoE's clamp), not the projection
-        own_notes += [where] if where else []
+        if where:  # said in place of the config's note, which puts the clip after the projection
+            own_notes = [n for n in own_notes if not n.startswith(DECLARED_CLIP)] + [where]
     first = _line_up(module, shapes, inputs, records, train, spec)
     if said_base is not None:
         first.notes.insert(0, said_base)
