@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnscope.usertrace.scoreaxes import MOVES
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -306,7 +308,7 @@ def split_fault(records: list[Record], joined: Joined, n_head: int) -> SplitFaul
     return None
 
 
-SWAPS = ("transpose", "permute", "swapaxes", "swapdims", "movedim", "moveaxis", "mT", "t", "T")
+SWAPS = (*MOVES, "moveaxis")  # the ops that move axes (scoreaxes.MOVES), torch.moveaxis among them
 
 
 def _tokens_axis(records: list[Record], r: Record, part: Record, axis: int) -> int:
