@@ -150,3 +150,19 @@ def test_a_stream_of_as_many_tokens_as_heads(runner, target, init, cause):
         assert_passes(code, out)
     else:
         assert_named(code, out, cause)
+
+
+# --nk given as long as --nq still feeds the optional second stream: the user asked for keys of that length, which
+# self-attention would take from the queries' own input (the joint path was left unfed and unchecked before)
+EQUAL = [("SD3Joint", None, None), ("FluxDouble", "bug='ctx_kv_swapped'", "kv.swapped"),
+         ("SD3Joint", "bug='ctx_knorm_missing'", "qknorm.missing")]
+
+
+@pytest.mark.parametrize(("target", "init", "cause"), EQUAL, ids=case_ids(EQUAL))
+def test_nk_as_long_as_nq_feeds_the_second_stream(runner, target, init, cause):
+    code, out = run_case(runner, STYLES, target, init, ("--nq", "5", "--nk", "5"))
+    if cause is None:
+        assert_passes(code, out)
+        assert any("each stream's q, k and v" in note for note in out["notes"]), out["notes"]
+    else:
+        assert_named(code, out, cause)

@@ -133,13 +133,13 @@ def _read_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: An
                 spec: Spec) -> tuple[Plan, str | None, Any]:
     """`plan` with its tensors in the order the code uses them (Q, K, V: usertrace/roles.py), read from a run
     without a mask, and a note where that changed anything; with an optional memory parameter (BART's
-    `key_value_states=None`) fed where keys of another length than the queries are asked for (--nk, --k) and the
+    `key_value_states=None`) fed where keys are asked for (--nk, even as long as --nq; --k) and the
     code takes its keys and values from it, at the width its key and value projections read (perceiver-pytorch's
     `to_kv = nn.Linear(context_dim, ..)` behind `context = default(context, x)`: each width the weights hold,
     `shapes` then with it as d_kv_in)."""
     from attnscope.usertrace import joint, roles
 
-    wants_memory = plan.self_attention and (o.k is not None or (o.nk is not None and o.nk != o.nq))
+    wants_memory = plan.self_attention and (o.k is not None or o.nk is not None)
     if wants_memory and module is not None and o.cache == 0:
         contexts = context_widths(weighted, shapes) if not o.k else [None]
         for memory in plan.memories():  # each parameter defaulting to None, kept where the K/V projections read it
