@@ -129,7 +129,7 @@ def _operands(records: list[Record]) -> tuple[int, int, int, int | None] | None:
     from pattern and V; None where no softmax reads a matmul's product."""
     for r in records:
         if r.func.endswith(ATTENTION_KERNELS):
-            given = _recs(r)
+            given = records_read(r)
             if len(given) >= 3:
                 return given[0], given[1], given[2], r.index
     softmax = next((r for r in records if r.func.split(".")[-1] in SOFTMAXES), None)
@@ -144,17 +144,17 @@ def operands_at(records: list[Record], softmax: Record) -> tuple[int, int, int, 
     and the record made from pattern and V; None where no matmul made its scores or reads its pattern."""
     above = ancestors(softmax, records)
     scores = [r for r in records if r.index in above and r.func.split(".")[-1] in MATMULS + ("einsum",)
-              and len(_recs(r)) >= 2]
+              and len(records_read(r)) >= 2]
     if not scores:
         return None
     for r in records[softmax.index + 1:]:
-        given = _recs(r)
+        given = records_read(r)
         if r.func.split(".")[-1] in MATMULS + ("einsum",) and len(given) >= 2:
             from_pattern = [softmax.index in ancestors(records[g], records) | {g} for g in given[-2:]]
             if from_pattern.count(True) == 1:
                 value = given[-2:][from_pattern.index(False)]
                 product = _content(records, scores, value)
-                left, right = _recs(product)[-2:]
+                left, right = records_read(product)[-2:]
                 if rows_from_right(product):  # einsum("aecd,abcd->acbe", key, query): the queries' axis is the right's
                     left, right = right, left
                 if from_pattern[1] and r.func.split(".")[-1] in MATMULS:
@@ -179,13 +179,13 @@ def _content(records: list[Record], scores: list[Record], value: int) -> Record:
     if not values:
         return scores[-1]
     for product in reversed(scores):
-        sides = [fed(i) for i in _recs(product)[-2:]]
+        sides = [fed(i) for i in records_read(product)[-2:]]
         if all(side & (values | other) for side, other in zip(sides, sides[::-1], strict=True)):
             return product
     return scores[-1]
 
 
-def _recs(record: Record) -> list[int]:
+def records_read(record: Record) -> list[int]:
     """The records an op read, in the order of its arguments (a list's in its order: `torch.einsum(eq, [q, k])`;
     keyword tensors after)."""
     out = [i for kind, value in record.args for k, i in ([(kind, value)] if kind != "list" else value) if k == "rec"]

@@ -343,7 +343,7 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
         swapped = _biased_swapped(zero, chosen["k"], chosen["v"])
     if swapped is not None:  # the words say k and v: the reference holds the rows by them, the code swaps them
         chosen["k"], chosen["v"] = chosen["v"], chosen["k"]
-    parts = {role: rows(name, linear.weight, linear.bias, torch.tensor(order), f"[{_ranges(order)}]")
+    parts = {role: rows(name, linear.weight, linear.bias, torch.tensor(order), f"[{row_ranges(order)}]")
              for role, order in chosen.items()}
     if swapped is not None:
         parts = {role: dataclasses.replace(part, by_words=role in "kv") for role, part in parts.items()}
@@ -424,7 +424,7 @@ def _runs(order: list[int]) -> list[list[int]]:
     return runs
 
 
-def _ranges(order: list[int]) -> str:
+def row_ranges(order: list[int]) -> str:
     """Rows as runs: `0:16, 48:64`."""
     runs = _runs(order)
     text = ", ".join(f"{a}:{b}" for a, b in runs)

@@ -115,10 +115,10 @@ def grouping(trace: Trace, records: list[Record]) -> tuple[torch.Tensor, int, in
     groups = sorted(next(iter(per_head.values())))
     if sorted(t for g in groups for t in g) != list(range(n)) or len({len(g) for g in groups}) != 1 or len(groups) < 2:
         return None
-    from attnscope.usertrace.flow import _recs
+    from attnscope.usertrace.flow import records_read
 
     index = torch.tensor([[b * n + t for t in g] for b in range(n_batch) for g in groups])
-    return index, n_batch, n, records[_recs(pieces[0][0])[0]]
+    return index, n_batch, n, records[records_read(pieces[0][0])[0]]
 
 
 def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Record, torch.Tensor]]]:
@@ -258,9 +258,9 @@ def _scores_piece(record: Record, records: list[Record], maps: dict[int, tuple[s
                   steps: dict[str, _Step]) -> tuple[tuple[int, ...], torch.Tensor] | None:
     """(the scores' shape, each cell's flat position in it) where `record` multiplies a piece of the queries by one
     of the keys and every sequence pairs one batch element's and head's; None otherwise."""
-    from attnscope.usertrace.flow import _recs
+    from attnscope.usertrace.flow import records_read
 
-    given = _recs(record)
+    given = records_read(record)
     if len(given) != 2:
         return None
     for g in given:

@@ -51,8 +51,8 @@ def found(module: Any, records: list[Record], inputs: Inputs, lined: Any) -> Hea
     """The code's own scale per head the line-up `lined` (lineup.LineUp) suggests, or None: where the line-up holds
     the code's queries and keys, no `--scale` was asked, and the code multiplies its content scores by a tensor of
     its own learned parameters whose product is the reference's q · kᵀ times one number per head."""
-    from attnscope.usertrace.ownbias import _reads
-    from attnscope.usertrace.ownterm import CONTENT_K, CONTENT_Q, _before_softmax, _extra_params, d_head_of
+    from attnscope.usertrace.ownbias import computed_from
+    from attnscope.usertrace.ownterm import CONTENT_K, CONTENT_Q, before_softmax, d_head_of, extra_params
 
     trace, spec = lined.trace, lined.spec
     if module is None or not isinstance(module, torch.nn.Module) or trace is None or spec is None \
@@ -72,10 +72,10 @@ def found(module: Any, records: list[Record], inputs: Inputs, lined: Any) -> Hea
     k_side = {r.index for n, r in paired.items() if n in CONTENT_K or n in ("V_split", "V")}
     if not q_side or not k_side:
         return None
-    own = _extra_params(module, records, paired)  # the module's parameters no projection holds
+    own = extra_params(module, records, paired)  # the module's parameters no projection holds
     learned = dict(module.named_parameters())
-    fed = _reads(records, set(inputs.tensors))
-    softmaxed = _before_softmax(records)
+    fed = computed_from(records, set(inputs.tensors))
+    softmaxed = before_softmax(records)
     for record in records:
         if (record.func not in MULS and record.func not in DIVS) or record.index not in softmaxed \
                 or not record.tensor.is_floating_point() or record.tensor.numel() != content.numel():
@@ -96,7 +96,7 @@ def _scaled_later(record: Record, records: list[Record], softmaxed: set[int]) ->
     """The number the code multiplies `record`'s scores by on their way to the softmax, after terms are added to
     them (`((q · kᵀ) * gain + q · rel) * scale`): each later product of them whose output is its input times one
     number, read off the two tensors; 1 where there is none. A view or an add goes on; anything else stops."""
-    from attnscope.usertrace.ownterm import ADDS, RESHAPES, _factor
+    from attnscope.usertrace.ownterm import ADDS, RESHAPES, factor_of
 
     total, current = 1.0, record
     for later in records[record.index + 1:]:
@@ -106,7 +106,7 @@ def _scaled_later(record: Record, records: list[Record], softmaxed: set[int]) ->
         if later.func in MULS or later.func in DIVS:
             if later.tensor.shape != current.tensor.shape:
                 break
-            ratio = _factor(later.tensor.double(), current.tensor.double())
+            ratio = factor_of(later.tensor.double(), current.tensor.double())
             if ratio is None:
                 break
             total *= ratio
@@ -145,7 +145,7 @@ def _factor_operand(record: Record, records: list[Record], q_side: set[int], k_s
     parameters (their names); None where `record` is no such product: one operand made from the code's queries and
     keys, the other (the divisor, for a division) from learned parameters of no projection alone."""
     from attnscope.usertrace.align import ancestors
-    from attnscope.usertrace.ownbias import _names
+    from attnscope.usertrace.ownbias import arg_names
 
     given = [(kind, value) for kind, value in record.args if kind in ("rec", "text")]
     if len(given) != 2:
@@ -166,7 +166,7 @@ def _factor_operand(record: Record, records: list[Record], q_side: set[int], k_s
         up = sides[other][1]
         if up & fed or up & q_side or up & k_side or records[value].tensor.numel() >= record.tensor.numel():
             return None  # computed from the inputs, or as large as the scores: no temperature
-        names = sorted({n for i in up for n in _names(records[i].args) if n in own and n in learned})
+        names = sorted({n for i in up for n in arg_names(records[i].args) if n in own and n in learned})
         if names:
             return ", ".join(names[:3])
     return None

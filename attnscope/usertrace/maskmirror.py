@@ -26,7 +26,7 @@ def trials_transposed(b: Base) -> Iterator[Trial]:
     """The whole mask transposed, where it is square; the rule alone mirrored (a band lo <= j - i <= hi turned into
     -hi <= j - i <= -lo, aligned as the reference aligns it), the key padding beside it kept. Each only where it
     changes the mask."""
-    from attnscope.usertrace.masktrials import _rule_and_keys
+    from attnscope.usertrace.masktrials import rule_and_keys
 
     if not has_mask(b):
         return
@@ -36,7 +36,7 @@ def trials_transposed(b: Base) -> Iterator[Trial]:
     changes: list[tuple[torch.Tensor, str]] = []
     if allowed.shape[-1] == allowed.shape[-2]:
         changes.append((allowed.transpose(-1, -2), _WHOLE))
-    rule, keys = _rule_and_keys(b)
+    rule, keys = rule_and_keys(b)
     if rule is not None and keys is not None:
         mirrored = _mirrored(rule)
         if mirrored is not None:

@@ -48,15 +48,15 @@ def trials_polarity(b: Base) -> Iterator[Trial]:
 def _padding_apart(b: Base) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The reference's mask as the causal or window rule and key padding (a --mask file's, or trace's) apart, each
     as large as the mask (True = may attend), where it is their two together and some key is padded; None where it
-    is not (_rule_and_keys)."""
+    is not (rule_and_keys)."""
     assert b.allowed is not None
-    rule, keys = _rule_and_keys(b)
+    rule, keys = rule_and_keys(b)
     if rule is None or keys is None or bool(keys.all()):
         return None
     return rule.expand_as(b.allowed), keys.expand_as(b.allowed)
 
 
-def _rule_and_keys(b: Base) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def rule_and_keys(b: Base) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The reference's causal or window rule [n_Q, n_K] and the keys its mask leaves unpadded [.., 1, n_K], where
     its mask is the two together; (None, None) otherwise."""
     rule = _rule(b)
@@ -284,7 +284,7 @@ def _band_moved(b: Base) -> Iterator[Trial]:
     from attnscope.spec import AttentionSpec
 
     spec = b.ctx.spec
-    rule, keys = _rule_and_keys(b)
+    rule, keys = rule_and_keys(b)
     if spec is None or spec.window is None or spec.window_side != "left" or rule is None or keys is None \
             or b.allowed is None:
         return
@@ -342,7 +342,7 @@ def trials_no_window(b: Base) -> Iterator[Trial]:
         return
     without = _window_rule(b, None, "left", spec.causal if side == "left" else None)
     freed = ~windowed if without is None else without & ~windowed  # the cells the window alone forbids
-    _, keys = _rule_and_keys(b)
+    _, keys = rule_and_keys(b)
     if keys is not None:  # key padding beside the rule (trace's, or a --mask file's): the padded keys kept
         freed = freed & keys
     changed = (b.allowed | freed).expand_as(b.allowed)

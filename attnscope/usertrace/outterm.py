@@ -38,7 +38,7 @@ class OutTerm:
 def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
     """The term the code adds to its `attn @ v` (the record the line-up `lined` pairs with x_raw), in the reference's
     x_raw layout, and the note that says it; None where the code adds none."""
-    from attnscope.usertrace.ownterm import _extra_params, _own_source
+    from attnscope.usertrace.ownterm import extra_params, own_source
 
     trace = lined.trace
     row = next((r for r in lined.rows if r.reference == "x_raw" and r.record is not None and r.order is not None
@@ -50,7 +50,7 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
     made = row.record
     held = Layout(row.order, row.merged, row.split).undo(made.tensor, shape).double()  # made, as x_raw lays it out
     paired = {r.reference: r.record for r in lined.rows if r.record is not None}
-    extra = _extra_params(module, records, paired)
+    extra = extra_params(module, records, paired)
     before = ancestors(pattern, records) | {pattern.index}  # the scores' own term is read there, not here
     for record, given, moved in downstream(made, records):
         if record.func not in ADDS or not record.tensor.is_floating_point():
@@ -72,7 +72,7 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
         # the queries themselves added back, head by head (MViTv2's residual pooling, `x + q` after `attn @ v`)
         queries = others[0][0] == "rec" and made.index not in ancestors(records[others[0][1]], records) \
             and _the_queries(term, trace)
-        if others[0][0] == "rec" and not queries and not _own_source(up, records, extra):
+        if others[0][0] == "rec" and not queries and not own_source(up, records, extra):
             continue
         # a query that sees no key (NaN in the code's pattern, its row left out of the comparison): no term there
         term = torch.where(torch.isfinite(term), term, 0.0)
@@ -121,13 +121,13 @@ def _queries_note(record: Record, queries: Record) -> str:
 
 
 def _note(record: Record, other: tuple[str, Any], records: list[Record], extra: set[str], before: set[int]) -> str:
-    from attnscope.usertrace.ownterm import _sources
+    from attnscope.usertrace.ownterm import source_words
 
     made = record.details.get("op", record.label)
     if other[0] == "rec":
         term = records[other[1]]
         reads = "your attention weights and " if any(i in before for i in ancestors(term, records)) else ""
-        said = f"{term.label} from {reads}{_sources(term, records, extra, before)}"
+        said = f"{term.label} from {reads}{source_words(term, records, extra, before)}"
     else:
         said = f"{other[1]}, a parameter of your own"
     return (f"your code adds a term of its own to the attention's output (line {record.line}: {made}; {said}, as "

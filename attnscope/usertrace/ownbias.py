@@ -31,8 +31,8 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
     n_Q, n_K = inputs.sizes.get("n_Q"), inputs.sizes.get("n_K")
     if not learned or n_Q is None or n_K is None:
         return None
-    fed = _reads(records, set(inputs.tensors))  # records computed from the inputs (their labels in the arguments)
-    from_params = _reads(records, learned)
+    fed = computed_from(records, set(inputs.tensors))  # computed from the inputs (their labels in the arguments)
+    from_params = computed_from(records, learned)
     used: set[int] = set()  # records outside the inputs' flow that meet it (added to the scores, the attention)
     for record in records:
         if record.index in fed:
@@ -153,25 +153,26 @@ def _read(made: torch.Tensor, root: torch.Tensor, n_Q: int, n_K: int) -> torch.T
         return None
 
 
-def _reads(records: list[Record], labels: set[str]) -> set[int]:
+def computed_from(records: list[Record], labels: set[str]) -> set[int]:
     """The records computed from a tensor labelled with one of `labels` (an input's name, a parameter's), directly
     or through other records."""
     out: set[int] = set()
     for record in records:
-        if any(p in out for p in record.parents) or _names(record.args) & labels:
+        if any(p in out for p in record.parents) or arg_names(record.args) & labels:
             out.add(record.index)
     return out
 
 
-def _names(args: list[tuple[str, Any]]) -> set[str]:
+def arg_names(args: list[tuple[str, Any]]) -> set[str]:
+    """The names an op's arguments give (a parameter's, an input's label), in lists and keywords too."""
     found: set[str] = set()
     for kind, value in args:
         if kind == "text" and isinstance(value, str):
             found.add(value)
         elif kind == "list":
-            found |= _names(value)
+            found |= arg_names(value)
         elif kind == "kw":
-            found |= _names([value[1]])
+            found |= arg_names([value[1]])
     return found
 
 
@@ -190,5 +191,5 @@ def _params_of(record: Record, records: list[Record], learned: set[str]) -> set[
     """The parameters the record is computed from, by name."""
     found: set[str] = set()
     for index in _ancestors(record, records) | {record.index}:  # a parameter, or a layer holding one (an MLP's)
-        found |= {n for n in _names(records[index].args) if n in learned or f"{n}.weight" in learned}
+        found |= {n for n in arg_names(records[index].args) if n in learned or f"{n}.weight" in learned}
     return {n for n in found if not any(n.startswith(f"{o}.") for o in found)} or {"a parameter"}

@@ -94,8 +94,8 @@ def _found(module: Any, records: list[Record], trace: Any, rows: dict[str, Any],
     k_side = {r.index for n, r in paired.items() if n in CONTENT_K}
     if not q_side or not k_side:
         return None
-    extra = _extra_params(module, records, paired)
-    softmaxed = _before_softmax(records)
+    extra = extra_params(module, records, paired)
+    softmaxed = before_softmax(records)
     unplaced = None
     for record in records:
         if record.func not in ADDS or record.index not in softmaxed or not record.tensor.is_floating_point() \
@@ -108,12 +108,12 @@ def _found(module: Any, records: list[Record], trace: Any, rows: dict[str, Any],
             up_x, up_y = ancestors(x, records) | {x.index}, ancestors(y, records) | {y.index}
             # a mask made from the scores (full_like(scores, -inf).triu(1)) reads them: no term
             if not (up_x & q_side and up_x & k_side) or not (up_y & (q_side | k_side)) or x.index in up_y \
-                    or not _own_source(up_y, records, extra):
+                    or not own_source(up_y, records, extra):
                 continue
             unplaced = unplaced or record
             more = _more_terms(record, records, softmaxed, extra)
             total = more[-1] if more else record
-            said = _sources(total, records, extra, up_x)  # what the term reads beside q · kᵀ
+            said = source_words(total, records, extra, up_x)  # what the term reads beside q · kᵀ
             # the terms as the code adds them, each of the content's shape, else the sum less q · kᵀ
             alike = all(tuple(t.tensor.shape) == tuple(x.tensor.shape) for t in more[:-1] if t is not None)
             placed = _placed(x, y, total, content, records, trace, rows, own) if alike else None
@@ -183,7 +183,7 @@ def _products(parts: list[Record], records: list[Record], sides: set[int], extra
             continue
         sides_of = [ancestors(records[g], records) | {g} for g in _operands(r)]
         if len(sides_of) == 2 and any(s & sides for s in sides_of) \
-                and any(_own_source(s, records, extra) and not s & sides for s in sides_of):
+                and any(own_source(s, records, extra) and not s & sides for s in sides_of):
             found += 1
     return max(found, 1)
 
@@ -202,7 +202,7 @@ def _more_terms(record: Record, records: list[Record], softmaxed: set[int], extr
         other = records[given[1] if given[0] == total.index else given[0]]
         up = ancestors(other, records) | {other.index}
         if total.index in up or not _broadcasts(tuple(other.tensor.shape), tuple(total.tensor.shape)) \
-                or not _own_source(up, records, extra):
+                or not own_source(up, records, extra):
             break
         total, found = r, [*found, other]
     return [*found, None, total] if found else []
@@ -228,7 +228,7 @@ def _viewed(x: Record, total: Record, content: torch.Tensor, records: list[Recor
     shape, source = tuple(content.shape), x
     while True:
         for layout in layouts(shape, tuple(source.tensor.shape)):
-            factor = _factor(layout.undo(source.tensor, shape).double(), content)
+            factor = factor_of(layout.undo(source.tensor, shape).double(), content)
             if factor is not None:
                 summed = (total.tensor.double() - x.tensor.double()).reshape(source.tensor.shape)
                 return layout.undo(summed, shape), factor
@@ -242,7 +242,7 @@ def _laid(term: Record, like: Record, content: torch.Tensor) -> torch.Tensor:
     """`term`, of `like`'s shape, in the reference's scores layout as `like` is."""
     shape = tuple(content.shape)
     for layout in layouts(shape, tuple(like.tensor.shape)):
-        if _factor(layout.undo(like.tensor, shape).double(), content) is not None:
+        if factor_of(layout.undo(like.tensor, shape).double(), content) is not None:
             return layout.undo(term.tensor, shape).double()
     return torch.zeros(shape, dtype=torch.float64)
 
@@ -256,14 +256,14 @@ def _placed(x: Record, y: Record, total: Record, content: torch.Tensor, records:
     shape = tuple(content.shape)
     for layout in layouts(shape, tuple(x.tensor.shape)):
         user = layout.undo(x.tensor, shape).double()
-        factor = _factor(user, content)
+        factor = factor_of(user, content)
         if factor is not None and tuple(y.tensor.shape) == tuple(x.tensor.shape):
             return layout.undo(y.tensor, shape).double(), factor
     biased = _biased_content(x, trace, records, rows, own)
     if biased is None:
         return None
     for layout in layouts(shape, tuple(total.tensor.shape)):
-        factor = _factor(layout.undo(x.tensor, shape).double(), biased)
+        factor = factor_of(layout.undo(x.tensor, shape).double(), biased)
         if factor is not None and math.isclose(factor, 1.0, rel_tol=1e-3):
             return layout.undo(total.tensor, shape).double() - content, 1.0
         if factor is not None:  # the queries scaled first (`q * scale`, the bias with them): the term after the scale
@@ -271,7 +271,7 @@ def _placed(x: Record, y: Record, total: Record, content: torch.Tensor, records:
     return None
 
 
-def _factor(user: torch.Tensor, expected: torch.Tensor) -> float | None:
+def factor_of(user: torch.Tensor, expected: torch.Tensor) -> float | None:
     """The number `user` is `expected` times, where it is one to tolerance; else None."""
     energy = float((expected * expected).sum())
     if not math.isfinite(energy) or energy == 0.0:
@@ -307,7 +307,7 @@ def _biased_content(x: Record, trace: Any, records: list[Record], rows: dict[str
                     continue
                 held = layout.undo(operand.tensor, shape).double()
                 factor = 1.0 if float((held - queries).abs().max()) <= tolerance(queries.float()) \
-                    else _factor(held, queries)  # the queries scaled first (NeMo-like `q * d_k ** -0.5`)
+                    else factor_of(held, queries)  # the queries scaled first (NeMo-like `q * d_k ** -0.5`)
                 if factor is not None:
                     return layout.undo(added.tensor, shape).double() / factor @ keys.transpose(-2, -1)
     return None
@@ -325,7 +325,7 @@ def _operands(record: Record) -> list[int]:
     return [value for kind, value in record.args if kind == "rec"]
 
 
-def _before_softmax(records: list[Record]) -> set[int]:
+def before_softmax(records: list[Record]) -> set[int]:
     """The records some softmax is computed from."""
     from attnscope.usertrace.record import SOFTMAXES
 
@@ -336,11 +336,11 @@ def _before_softmax(records: list[Record]) -> set[int]:
     return out
 
 
-def _extra_params(module: Any, records: list[Record], paired: dict[str, Record]) -> set[str]:
+def extra_params(module: Any, records: list[Record], paired: dict[str, Record]) -> set[str]:
     """The module's own tensors no projection holds (a table of relative embeddings, Transformer-XL's biases and its
     r_net), each by its parameter's name and its module's: the projections are the Linear layers (or weights) the
     code's queries, keys and values are made with, and the one its output is."""
-    from attnscope.usertrace.ownbias import _names
+    from attnscope.usertrace.ownbias import arg_names
 
     if module is None or not isinstance(module, torch.nn.Module):
         return set()
@@ -350,27 +350,27 @@ def _extra_params(module: Any, records: list[Record], paired: dict[str, Record])
         if record is None:
             continue
         made = {record.index} if step == "x" else ancestors(record, records) | {record.index}
-        projected |= {n for i in made if records[i].style == "linear" for n in _names(records[i].args)}
+        projected |= {n for i in made if records[i].style == "linear" for n in arg_names(records[i].args)}
     learned = {name for name, _ in module.named_parameters()
                if name not in projected and name.rsplit(".", 1)[0] not in projected}
     return learned | {name.rsplit(".", 1)[0] for name in learned if "." in name}
 
 
-def _own_source(up: set[int], records: list[Record], extra: set[str]) -> bool:
+def own_source(up: set[int], records: list[Record], extra: set[str]) -> bool:
     """Whether the records `up` read a tensor of the module's own no projection holds, or the positions (an
     arange)."""
-    from attnscope.usertrace.ownbias import _names
+    from attnscope.usertrace.ownbias import arg_names
 
-    return any(records[i].func == "arange" or _names(records[i].args) & extra for i in up)
+    return any(records[i].func == "arange" or arg_names(records[i].args) & extra for i in up)
 
 
-def _sources(record: Record, records: list[Record], extra: set[str], beside: Any = frozenset()) -> str:
+def source_words(record: Record, records: list[Record], extra: set[str], beside: Any = frozenset()) -> str:
     """The module's own tensors and the positions that `record` is computed from (where `beside` is not), in
     words."""
-    from attnscope.usertrace.ownbias import _names
+    from attnscope.usertrace.ownbias import arg_names
 
     up = (ancestors(record, records) | {record.index}) - beside
-    sources = sorted({n for i in up for n in _names(records[i].args) & extra})
+    sources = sorted({n for i in up for n in arg_names(records[i].args) & extra})
     sources = [n for n in sources if not any(n.startswith(o + ".") for o in sources)]
     positions = any(records[i].func == "arange" for i in up)
     if not sources:
@@ -402,7 +402,7 @@ def output_term(module: Any, records: list[Record], lined: Any) -> str | None:
     if pattern is None:
         return None
     paired = {row.reference: row.record for row in lined.rows if row.record is not None}
-    extra = _extra_params(module, records, paired)
+    extra = extra_params(module, records, paired)
     for record in records[pattern.index + 1:]:
         operands = [records[p] for p in _operands(record)]
         if record.func not in ADDS or len(operands) != 2:
@@ -412,10 +412,10 @@ def output_term(module: Any, records: list[Record], lined: Any) -> str | None:
             continue
         before = ancestors(pattern, records) | {pattern.index}  # the scores' own term is read there, not here
         ups = [up - before for up in ups]
-        own = [o for o, up in zip(operands, ups, strict=True) if _own_source(up, records, extra)]
+        own = [o for o, up in zip(operands, ups, strict=True) if own_source(up, records, extra)]
         if len(own) != 1:
             continue
-        made, said = record.details.get("op", record.label), _sources(own[0], records, extra, before)
+        made, said = record.details.get("op", record.label), source_words(own[0], records, extra, before)
         return (f"your code adds a term the reference has none of to the attention's output (line {record.line}: "
                 f"{made}; {own[0].label} from your attention weights and {said}, as "
                 "Shaw et al.'s relative values are): every step before it lines up, and the reference has no option "

@@ -435,7 +435,7 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
     `lined`; None otherwise (a mask, a causal or window rule, RoPE or a cache: positions the pooling leaves
     undefined)."""
     from attnscope.errors import AttnscopeError
-    from attnscope.usertrace.lineup import _better, line_up
+    from attnscope.usertrace.lineup import better_fit, line_up
 
     if lined.divergence is None or spec.pooled is not None or inputs.mask is not None or spec.causal \
             or spec.window or spec.rope_base is not None or inputs.cache is not None or spec.layout == "col":
@@ -466,7 +466,7 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
     # pooled from the keys' projection: their V_feat differs, which only the pooled reading compares)
     named = again.divergence is not None and again.divergence.experiment is not None \
         and lined.divergence.experiment is None
-    if again.no_reference is not None or not (_better(again, lined) or named):
+    if again.no_reference is not None or not (better_fit(again, lined) or named):
         return None
     return pooled, again, found.note(sizes, n_input)
 

@@ -70,7 +70,7 @@ def find(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
     found = Added({}, {}, {})
     for i, (short, role) in enumerate(ROLES.items()):
         given = by_role.get(role) or (by_role.get("K") if role == "V" else None) or by_role["Q"]
-        arg = _argument(kernel, i) if kernel is not None else _projected(records, projections.get(short))
+        arg = _argument(kernel, i) if kernel is not None else projection_input(records, projections.get(short))
         read = _sum_read(records, arg, given, inputs, {*_held(module), *fed}) if arg is not None else None
         if read is not None:
             tensor, found.lines[role], found.terms[role] = read
@@ -83,7 +83,7 @@ def find(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
     return found
 
 
-def _projected(records: list[Record], name: str | None) -> tuple[str, Any] | None:
+def projection_input(records: list[Record], name: str | None) -> tuple[str, Any] | None:
     """What the one call of projection `name` reads (an argument as records write it); None where it is called
     other than once."""
     calls = [r for r in records if r.style == "linear" and len(r.args) > 1 and r.args[0] == ("text", name)]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[str, str]) -> None:
     """`inputs` with T as the queries' and keys' input where the projections the reference holds (`projections`,
     role -> name, posembed.projections) read it so; nothing where the module's inputs are read already."""
-    from attnscope.usertrace.posembed import _projected
+    from attnscope.usertrace.posembed import projection_input
 
     if module is None or inputs.own or inputs.layout not in ("row", "time") or inputs.cache is not None:
         return
@@ -34,7 +34,7 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
         return  # self-attention only: one forward input every role reads
     x_name = next(iter(given))
     x = inputs.tensors[x_name]
-    q, k, v = (_projected(records, name) for name in names)
+    q, k, v = (projection_input(records, name) for name in names)
     if q is None or q != k or q[0] != "rec" or not _plain(v, records, x_name, x):
         return
     made = records[q[1]]

@@ -136,7 +136,7 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     the line-up on the groups fits better than `lined`; None otherwise (one self-attention input of batch-first
     rows, no causal or window rule, a boolean --mask file or none)."""
     from attnscope.errors import AttnscopeError
-    from attnscope.usertrace.lineup import _better, line_up
+    from attnscope.usertrace.lineup import better_fit, line_up
 
     if lined.divergence is None or len(inputs.tensors) != 1 or inputs.layout != "row" or inputs.cache is not None \
             or inputs.allowed is not None or spec.window:
@@ -177,7 +177,7 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
         again = line_up(module, shapes, grouped, regrouped, train, spec)
     except (AttnscopeError, RuntimeError, ValueError):
         return None
-    if again.no_reference is not None or not _better(again, lined):
+    if again.no_reference is not None or not better_fit(again, lined):
         return None
     d = again.divergence
     if d is not None and d.experiment is None and d.record is not None and "returned" in d.record.details \

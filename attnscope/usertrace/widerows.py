@@ -36,7 +36,7 @@ def narrowed(projections: Projections, records: list[Record]) -> Projections:
         if order is None or not isinstance(weight, torch.Tensor) or len(order) >= weight.shape[0]:
             continue
         part = fused.rows(name, weight, getattr(linear, "bias", None), torch.tensor(order),
-                          f"[{fused._ranges(order)}]")
+                          f"[{fused.row_ranges(order)}]")
         linears[role] = (part.name, part)
         said.append(f"{name} writes {weight.shape[0]} features, of which your {role} reads {len(order)} "
                     f"({part.name}): the reference's {role} projection holds those rows; the rest feed something "
