@@ -85,3 +85,14 @@ def test_a_correct_split_is_not_said_to_lack_the_transpose_with_as_many_queries_
     found = out["first_divergence"]
     assert code == 1 and found is not None, out
     assert "split without the transpose" not in found["diagnosis"], found
+
+
+def test_the_inputs_dims_follow_the_reading(runner):
+    """`forward(x, latents)`: the queries turn out to be the second input's projection, so its axis is n_Q, and the
+    context's own length (4 here, n_K = 4 + 6 joined) is neither n_Q nor n_K: the op table says its size, not the
+    argument position's n_Q."""
+    code, out = run_case(runner, STYLES, "PerceiverAttention", None, SIZES)
+    given = {step["name"]: step for step in out["steps"][:2]}
+    assert code == 0 and given["x"]["dims"] == ["n_batch", "4", "d_feat"], given
+    assert given["latents"]["dims"] == ["n_batch", "n_Q", "d_feat"], given
+    assert given["x"]["op"] == "input: torch.randn(n_batch, 4, d_feat)", given

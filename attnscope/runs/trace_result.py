@@ -109,7 +109,7 @@ def run_steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: F
     dims_of = {name: _input_dims(inputs, name, names) for name in inputs.tensors}
     dims_of = {name: dims if handed[name].dim() == len(dims) else (*dims[:-2], "n_h", "n_w", dims[-1])
                for name, dims in dims_of.items()}
-    steps = [UserStep(name, t, dims_of[name], f"input: {inputs.ops[name]}", allocates=True)
+    steps = [UserStep(name, t, dims_of[name], f"input: {_made(inputs, name, dims_of[name])}", allocates=True)
              for name, t in handed.items()]
     given = {name: (dims_of[name], t) for name, t in handed.items()}
     for name, tensor, dims, op in fed.steps:
@@ -147,7 +147,29 @@ def _input_dims(inputs: Inputs, name: str, names: AxisNames) -> tuple[str, ...]:
 
     dims = role_dims(inputs.side(name), inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
     tensor = inputs.tensors[name]
-    return dims if tensor.dim() == len(dims) else names.dims(tensor.shape)
+    if tensor.dim() != len(dims):
+        return names.dims(tensor.shape)
+    return tuple(_axis(dim, int(n), inputs.sizes) for dim, n in zip(dims, tensor.shape, strict=True))
+
+
+def _axis(dim: str, size: int, sizes: dict[str, int]) -> str:
+    """`dim` where the input's axis has its size; else the dims of its kind (a length, a width) that do, or the size
+    itself: a reading after the inputs were made (the queries a perceiver's latents, `forward(x, latents)`) moves
+    n_Q and n_K off the inputs' own lengths, and the context's length is then neither."""
+    if sizes.get(dim) == size:
+        return dim
+    kind = ("n_Q", "n_K") if dim in ("n_Q", "n_K") else tuple(name for name in sizes if name.startswith("d_"))
+    return "|".join(name for name in kind if sizes.get(name) == size) or str(size)
+
+
+def _made(inputs: Inputs, name: str, dims: tuple[str, ...]) -> str:
+    """How an input was made, with the dims the table gives it where a reading moved n_Q or n_K off its sizes."""
+    from attnscope.usertrace.inputs import role_dims
+
+    op = inputs.ops[name]
+    moved = dims != role_dims(inputs.side(name), inputs.sizes, "d_feat" in inputs.sizes, inputs.layout)
+    return f"torch.randn({', '.join(dims)})" if moved and op.startswith("torch.randn(") and len(dims) == \
+        inputs.tensors[name].dim() else op
 
 
 def _extra_names(inputs: Inputs) -> dict[str, int]:
