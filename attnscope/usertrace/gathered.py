@@ -103,7 +103,7 @@ def grouping(trace: Trace, records: list[Record]) -> tuple[torch.Tensor, int, in
     found: dict[tuple[int, int], set[tuple[int, ...]]] = {}
     for _, index in pieces:
         cells = index.reshape(-1, *index.shape[-2:])  # [sequences, m, k]
-        queries, keys = cells[:, :, 0] // n, cells[:, 0, :] % n  # flat (b, h, i) of each query; each key's token
+        queries, keys = _queries(cells, n), cells[:, 0, :] % n  # flat (b, h, i) of each query; each key's token
         for q, k in zip(queries.tolist(), keys.tolist(), strict=True):
             tokens = tuple(i % n for i in q)
             if sorted(tokens) != sorted(k) or len(set(tokens)) != len(tokens):
@@ -117,8 +117,15 @@ def grouping(trace: Trace, records: list[Record]) -> tuple[torch.Tensor, int, in
         return None
     from attnscope.usertrace.flow import records_read
 
-    index = torch.tensor([[b * n + t for t in g] for b in range(n_batch) for g in groups])
+    index = flat_groups(torch.tensor(groups).expand(n_batch, -1, -1), n)
     return index, n_batch, n, records[records_read(pieces[0][0])[0]]
+
+
+def flat_groups(tokens: torch.Tensor, n: int) -> torch.Tensor:
+    """Each group's tokens `[n_batch, n_group, .., n_in_group]` (a token t of n in its sequence) flat over the
+    batch, `b · n + t`, `[n_batch·n_group, n_in_group]`: regroup.Grouping's index."""
+    offset = torch.arange(tokens.shape[0]).reshape(-1, *[1] * (tokens.dim() - 1)) * n
+    return (tokens + offset).reshape(tokens.shape[0] * tokens.shape[1], -1)
 
 
 def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Record, torch.Tensor]]]:
@@ -306,8 +313,7 @@ def softmax_in_pieces(b: Base) -> Iterator[Trial]:
     shape = tuple(b.ref["attention"].shape)
     if not pieces or len(pieces) > 4 or "scores" not in b.ref or tuple(b.ref["scores"].shape) != shape:
         return
-    rows = torch.cat([index[..., 0].reshape(-1) // shape[-1] for _, index in pieces])
-    if len(set(rows.tolist())) != rows.numel() or rows.numel() != shape[0] * shape[1] * shape[2]:
+    if _piece_queries(pieces, shape) is None:
         return  # a query in two pieces, or in none
     steps = replay(b)
     logits = steps.get("masked_scores", steps["scores"]).reshape(-1)
@@ -318,13 +324,11 @@ def softmax_in_pieces(b: Base) -> Iterator[Trial]:
                 axis = -2 if i in chosen else -1
                 attention[index.reshape(-1)] = torch.softmax(logits[index], dim=axis).reshape(-1)
             attention = attention.reshape(shape)
-            lines = ", ".join(f"{pieces[i][0].label} {list(pieces[i][0].tensor.shape)} (line {pieces[i][0].line})"
-                              for i in chosen)
             yield Trial(replay(b, after_softmax=attention - steps["attention"]),
                         f"the softmax ran over the queries, not over the keys: {{who}} equals the reference's "
-                        f"attention with the softmax of your scores' pieces ({lines}: each group's queries against "
-                        "its keys, [.., n_Q, n_K] a group) over their queries' axis (dim=-2), so each group's "
-                        "weights sum to 1 over its queries rather than over its keys")
+                        f"attention with the softmax of your scores' pieces ({_said(pieces, chosen)}: each group's "
+                        "queries against its keys, [.., n_Q, n_K] a group) over their queries' axis (dim=-2), so each "
+                        "group's weights sum to 1 over its queries rather than over its keys")
 
 
 def in_some_pieces(b: Base, trial: Trial, pieces: list[tuple[Record, torch.Tensor]]) -> Iterator[Trial]:
@@ -344,9 +348,8 @@ def in_some_pieces(b: Base, trial: Trial, pieces: list[tuple[Record, torch.Tenso
     shape = tuple(changed.shape)
     if len(pieces) < 2 or len(pieces) > 4:
         return
-    rows = [index[..., 0].reshape(-1) // shape[-1] for _, index in pieces]  # each piece's queries, flat [b, h, n]
-    every = torch.cat(rows)
-    if len(set(every.tolist())) != every.numel() or every.numel() != shape[0] * shape[1] * shape[2]:
+    rows = _piece_queries(pieces, shape)
+    if rows is None:
         return
     reference = replay(b)
     plain = reference["attention"]
@@ -361,8 +364,28 @@ def in_some_pieces(b: Base, trial: Trial, pieces: list[tuple[Record, torch.Tenso
             for name in ("scores", "capped_scores", "biased_scores", "masked_scores"):  # the scores mixed alike
                 if name in trial.steps and name in steps and trial.steps[name].shape == steps[name].shape:
                     steps[name] = torch.where(held.reshape(*shape[:3], 1), trial.steps[name], reference[name])
-            where = ", ".join(f"{pieces[i][0].label} {list(pieces[i][0].tensor.shape)} (line {pieces[i][0].line})"
-                              for i in chosen)
-            yield Trial(steps, trial.words + f", in your scores' pieces {where} "
+            yield Trial(steps, trial.words + f", in your scores' pieces {_said(pieces, chosen)} "
                         "alone (the other pieces' queries as the reference computes them)", trial.ratio,
                         trial.fits, trial.tol, trial.detail)
+
+
+def _queries(index: torch.Tensor, n_k: int) -> torch.Tensor:
+    """The query of each row of a piece of the scores (its cells' flat positions in `[.., n_K]`, n_K = `n_k`): its
+    flat (batch, head, token), `[.., m]`."""
+    return index[..., 0] // n_k
+
+
+def _piece_queries(pieces: list[tuple[Record, torch.Tensor]], shape: tuple[int, ...]) -> list[torch.Tensor] | None:
+    """Each piece's queries, flat over the scores' `[n_batch, n_head, n_Q]` (`shape`, the scores'); None where a
+    query is in two pieces, or in none."""
+    rows = [_queries(index, shape[-1]).reshape(-1) for _, index in pieces]
+    every = torch.cat(rows)
+    if len(set(every.tolist())) != every.numel() or every.numel() != shape[0] * shape[1] * shape[2]:
+        return None
+    return rows
+
+
+def _said(pieces: list[tuple[Record, torch.Tensor]], chosen: tuple[int, ...]) -> str:
+    """The `chosen` pieces of the scores in words: each one's name, shape and line."""
+    return ", ".join(f"{pieces[i][0].label} {list(pieces[i][0].tensor.shape)} (line {pieces[i][0].line})"
+                     for i in chosen)

@@ -47,6 +47,7 @@ def find(records: list[Record], trace: Trace) -> HeadGroups | None:
     scores whose rows are the reference's Q_split rows, each once; None where there is none."""
     from attnscope.usertrace.align import ancestors, tolerance
     from attnscope.usertrace.flow import operands
+    from attnscope.usertrace.gathered import flat_groups
 
     found = operands(records)
     if found is None or "Q_split" not in trace or trace["Q_split"].dim() != 4:
@@ -70,8 +71,7 @@ def find(records: list[Record], trace: Trace) -> HeadGroups | None:
         head_axis, group_axis = read
         tokens = (places % n).movedim(group_axis, 1).select(head_axis + (head_axis < group_axis), 0)
         # [n_batch, groups, .., n_in_group] -> [n_batch·groups, n_in_group]: each group's tokens, flat over the batch
-        flat = tokens.reshape(n_batch * t.shape[group_axis], -1) + torch.arange(n_batch).repeat_interleave(
-            t.shape[group_axis])[:, None] * n
+        flat = flat_groups(tokens, n)
         return HeadGroups(flat, n_batch, n, records[index], group_axis, tuple(t.shape[:group_axis + 1]))
     return None
 

@@ -23,9 +23,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     only where its run lines up further than the first one did (no divergence, or a later one, or at the same step
     one that an experiment of the catalog then reproduces): a norm on one side only is then qknorm.missing by
     experiment, one of another kind stays the first run's diagnosis."""
-    from attnscope.errors import AttnscopeError
     from attnscope.usertrace import rownorms
-    from attnscope.usertrace.lineup import line_up
+    from attnscope.usertrace.relined import line_up_again
 
     diverged = lined.divergence
     if diverged is None:
@@ -58,11 +57,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
                   for kind in ("head", "proj") if not any(t.qk_norm_after and t.qk_norm == kind for t in tries)]
     kept: tuple[Spec, LineUp] | None = None  # a reading that lines up further, its divergence unnamed
     for asked in tries:
-        try:
-            again = line_up(module, shapes, inputs, records, train, asked)
-        except (AttnscopeError, RuntimeError, ValueError):
-            continue
-        if again.no_reference is not None:
+        again = line_up_again(module, shapes, inputs, records, train, asked)
+        if again is None:
             continue
         later = again.divergence is None or (again.divergence.reference in names
                                              and names.index(again.divergence.reference) > names.index(first))

@@ -119,14 +119,12 @@ def _pooled_from(start: Record, end: Record, records: list[Record], row: Any, tr
     role's operand: (it, heads merged, `[n_batch, n, n_head·d_head]`; its record; `start`); None where no pooling."""
     from attnscope.usertrace.align import ancestors
 
-    on_path = ancestors(end, records) | {end.index}
     step = trace.step(row.reference)
     axis = step.dims.index(TOKENS[role]) if TOKENS[role] in step.dims else None
     if axis is None or row.order is None:
         return None
     n = int(step.shape[axis])
-    path = [r for r in records[start.index + 1:end.index + 1]
-            if r.index in on_path and start.index in ancestors(r, records)]
+    path = _path(start, end, records)
     # the pooling reads `start` as laid out by it, or by a rearranging of it on the way (the heads moved into the
     # batch, the grid's sides apart: `[n_batch·n_head, d_head, n_h, n_w]` for a Conv2d), each in its own layout
     for source, layout in _laid_out(start, path, row, step):
@@ -262,10 +260,7 @@ def _from_projection(records: list[Record], trace: Trace, role: str, operand: in
     b, n, width = (int(size) for size in projection.tensor.shape)
     if n != int(feat.shape[1]):
         return None
-    end = records[operand]
-    on_path = ancestors(end, records) | {end.index}
-    path = [r for r in records[projection.index + 1:end.index + 1]
-            if r.index in on_path and projection.index in ancestors(r, records)]
+    path = _path(projection, records[operand], records)
     # the whole projection pooled, then its part cut (rows); or the part cut first, then pooled (a chunk of a fused
     # qkv projection laid out with its tokens last for a Linear over the sequence)
     for wide, cut in ((width, rows), (int(feat.shape[-1]), None)):
@@ -415,6 +410,16 @@ def _normed(pooled: Record, path: list[Record], held: Layout, step: Any, axis: i
     return None
 
 
+def _path(start: Record, end: Record, records: list[Record]) -> list[Record]:
+    """The records on the way from `start` to `end` in the data flow: made from `start`, `end` made from them, `end`
+    itself last."""
+    from attnscope.usertrace.align import ancestors
+
+    on_path = ancestors(end, records) | {end.index}
+    return [r for r in records[start.index + 1:end.index + 1]
+            if r.index in on_path and start.index in ancestors(r, records)]
+
+
 def _one_axis_other(start: torch.Tensor, tensor: torch.Tensor, n: int) -> bool:
     """`tensor` is `start`'s layout with one axis, of n tokens there, of another length."""
     if not tensor.is_floating_point() or tensor.dim() != start.dim():
@@ -434,8 +439,8 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
     pooled tensors, a note), where the code pools a role after its projection and that line-up fits better than
     `lined`; None otherwise (a mask, a causal or window rule, RoPE or a cache: positions the pooling leaves
     undefined)."""
-    from attnscope.errors import AttnscopeError
-    from attnscope.usertrace.lineup import better_fit, line_up
+    from attnscope.usertrace.lineup import better_fit
+    from attnscope.usertrace.relined import line_up_again
 
     if lined.divergence is None or spec.pooled is not None or inputs.mask is not None or spec.causal \
             or spec.window or spec.rope_base is not None or inputs.cache is not None or spec.layout == "col":
@@ -458,15 +463,14 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
     if "K" in found.tensors and "V" in found.tensors and sizes["n_K"] != int(found.tensors["V"].shape[-2]):
         return None
     pooled = dataclasses.replace(inputs, sizes=sizes, notes=[])
-    try:
-        again = line_up(module, shapes, pooled, records, train, dataclasses.replace(spec, pooled=found.tensors))
-    except (AttnscopeError, RuntimeError, ValueError):
+    again = line_up_again(module, shapes, pooled, records, train, dataclasses.replace(spec, pooled=found.tensors))
+    if again is None:
         return None
     # a reading that names the mistake by experiment where the first left it unnamed is kept at any step (the values
     # pooled from the keys' projection: their V_feat differs, which only the pooled reading compares)
     named = again.divergence is not None and again.divergence.experiment is not None \
         and lined.divergence.experiment is None
-    if again.no_reference is not None or not (better_fit(again, lined) or named):
+    if not (better_fit(again, lined) or named):
         return None
     return pooled, again, found.note(sizes, n_input)
 

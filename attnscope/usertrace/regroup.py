@@ -135,8 +135,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     """(the inputs as groups, the line-up on them, a note), where the code attends within groups it makes itself and
     the line-up on the groups fits better than `lined`; None otherwise (one self-attention input of batch-first
     rows, no causal or window rule, a boolean --mask file or none)."""
-    from attnscope.errors import AttnscopeError
-    from attnscope.usertrace.lineup import better_fit, line_up
+    from attnscope.usertrace.lineup import better_fit
+    from attnscope.usertrace.relined import line_up_again
 
     if lined.divergence is None or len(inputs.tensors) != 1 or inputs.layout != "row" or inputs.cache is not None \
             or inputs.allowed is not None or spec.window:
@@ -173,11 +173,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
                                   sizes={**inputs.sizes, "n_batch": n_group, "n_Q": size, "n_K": size})
     regrouped = after.regrouped(records) if after is not None else records
     regrouped = regrouped if grouping.pads else _returned_grouped(regrouped, grouping)  # padded: compared unfolded
-    try:
-        again = line_up(module, shapes, grouped, regrouped, train, spec)
-    except (AttnscopeError, RuntimeError, ValueError):
-        return None
-    if again.no_reference is not None or not better_fit(again, lined):
+    again = line_up_again(module, shapes, grouped, regrouped, train, spec)
+    if again is None or not better_fit(again, lined):
         return None
     d = again.divergence
     if d is not None and d.experiment is None and d.record is not None and "returned" in d.record.details \

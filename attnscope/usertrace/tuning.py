@@ -50,8 +50,7 @@ def declared_tuning(module: Any, built_with: dict[str, Any] | None) -> Any:
 def read(module: Any, shapes: Any, inputs: Any, records: list[Record], train: bool, spec: Spec,
          lined: LineUp) -> tuple[Spec, LineUp] | None:
     """(spec with the module's temperature tuning, its line-up, a note added) where it lines up further; else None."""
-    from attnscope.errors import AttnscopeError
-    from attnscope.usertrace.lineup import line_up
+    from attnscope.usertrace.relined import line_up_again
 
     if lined.divergence is None or spec.temperature is not None:
         return None
@@ -59,11 +58,8 @@ def read(module: Any, shapes: Any, inputs: Any, records: list[Record], train: bo
     if tuning is None:
         return None
     asked = dataclasses.replace(spec, temperature=tuning)
-    try:
-        again = line_up(module, shapes, inputs, records, train, asked)
-    except (AttnscopeError, RuntimeError, ValueError):
-        return None
-    if not further(lined, again):
+    again = line_up_again(module, shapes, inputs, records, train, asked)
+    if again is None or not further(lined, again):
         return None
     again.notes.append(f"your code scales each query by log1p(floor((i + 1) / {tuning.floor_scale:g})) · "
                        f"{tuning.attn_scale:g} + 1 at its position i (Llama 4's attention temperature tuning, its "
