@@ -490,15 +490,17 @@ def test_a_scale_given_with_scale_is_the_one_the_message_names(tmp_path, runner)
     assert "divided by √d_head = 2.83" in first["diagnosis"] and "not scaled" in first["diagnosis"], first
 
 
-def test_two_mistakes_at_once_are_not_guessed(tmp_path, runner):
-    """No one entry reproduces a scale and a mask mistake together: trace says none fits and where it parts."""
+def test_two_mistakes_at_once_are_named_both(tmp_path, runner):
+    """No one entry reproduces a scale and a mask mistake together; the two joined in one rerun do (pairs.py):
+    both are named, joined by "+" in the catalog's order."""
     body = source("bert", [(SCORES, "scores = q @ k.transpose(-2, -1) / math.sqrt(C)"),
                            (FILL, "scores = scores.masked_fill(~allowed, 0.0)")])
     path = write(tmp_path, body, "two.py")
     result, out = trace(runner, f"{path}:Attention", *ARGS["bert"], "--causal")
     assert result.exit_code == 1, result.output
     first = out["first_divergence"]
-    assert first["experiment"] is None, first
+    assert first["experiment"] == "scale.d_model+mask.filled_with_0", first
+    assert first["diagnosis"].startswith("two mistakes at once:") and first["evidence"].startswith("by experiment")
 
 
 COLUMNS = '''import math

@@ -70,6 +70,10 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
                 if found is not None:
                     found.step = after
                     break
+        if found is None and base is not None:  # two deviations at once, which no one entry reproduces
+            from attnscope.usertrace.pairs import by_pair
+
+            found = by_pair(step, base)
     if found is not None:
         return found
     found = _read_off(step, ctx, ranked)
@@ -168,11 +172,14 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
 
     best: tuple[Experiment, Reproduced, Trial] | None = None
     first = not holds_step(base, step)
+    keep = not base.tried  # each run and its changes, once, for pairs of mistakes (pairs.by_pair)
     for strict in (first, False) if first and absent else (first,):
         for experiment in CATALOG:
-            if strict and not experiment.can_change(base, step):
+            if strict and not experiment.can_change(base, step) and not keep:
                 continue
-            for trial in _trials(experiment, base):
+            for trial in _trials_kept(experiment, base, keep):
+                if strict and not experiment.can_change(base, step):
+                    continue
                 found = reproduces(base, step, trial.steps, trial.tol, strict)
                 if found is None or (trial.fits is not None and not trial.fits(base, found)):
                     continue
@@ -201,6 +208,22 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
     detail = f"{trial.detail.format(who=who)}; " if trial.detail else ""
     evidence = f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
     return Diagnosis(trial.words.format(who=who), found.record, trial.ratio, experiment.name, evidence)
+
+
+def _trials_kept(experiment: Experiment, base: Base, keep: bool) -> Iterator[Trial]:
+    """The experiment's runs; where `keep`, each kept on the base with the changes replay was given for it."""
+    from attnscope.usertrace.pairs import tried
+    from attnscope.usertrace.rerun import watching
+
+    if not keep:
+        yield from _trials(experiment, base)
+        return
+    with watching() as seen:
+        for trial in _trials(experiment, base):
+            found = tried(experiment, trial, seen)
+            if found is not None:
+                base.tried.append(found)
+            yield trial
 
 
 def _trials(experiment: Experiment, base: Base) -> Iterator[Trial]:

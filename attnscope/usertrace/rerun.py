@@ -16,8 +16,9 @@ the line-up diverged, which the mistake must change.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 import torch
 
@@ -35,7 +36,7 @@ from attnscope.usertrace.align import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from attnscope.usertrace.diagnosis import Context
     from attnscope.usertrace.record import Record
@@ -91,6 +92,9 @@ class Base:
     # The code's own scale per head (Spec.head_scale, headscale.py), over the reference's `scale`: `[n_head, 1, 1]`,
     # each head's scaled scores times it, whatever scale an experiment tries
     head: torch.Tensor | None = None
+    # The catalog's runs by_experiment made from here, each with its changes (pairs.Tried): two of them joined make
+    # one run with both mistakes (pairs.by_pair)
+    tried: list[Any] = field(default_factory=list)
 
     @property
     def n_Q(self) -> int:
@@ -212,6 +216,35 @@ def _heads_like(ref: dict[str, torch.Tensor], name: str, split: str) -> bool:
     return split not in ref or name == split or ref[name].shape == ref[split].shape
 
 
+P = ParamSpec("P")
+# the replays made while `watching` (pairs.py): each run's steps and the changes it was given, so that two mistakes'
+# changes of different arguments make one run with both
+_WATCHERS: list[list[tuple[dict[str, torch.Tensor], dict[str, Any]]]] = []
+
+
+@contextmanager
+def watching() -> Iterator[list[tuple[dict[str, torch.Tensor], dict[str, Any]]]]:
+    """Each replay made inside, with the changes it was given (`replay(b, **change)`), in order."""
+    seen: list[tuple[dict[str, torch.Tensor], dict[str, Any]]] = []
+    _WATCHERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _WATCHERS.remove(seen)
+
+
+def _watched(run: Callable[P, dict[str, torch.Tensor]]) -> Callable[P, dict[str, torch.Tensor]]:
+    def watched(*args: P.args, **change: P.kwargs) -> dict[str, torch.Tensor]:
+        steps = run(*args, **change)
+        for seen in _WATCHERS:
+            seen.append((steps, dict(change)))
+        return steps
+
+    watched.__doc__ = run.__doc__
+    return watched
+
+
+@_watched
 def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None = None,
            v_new: torch.Tensor | None = None, cat_order: str = "cache first", repeat: str = "interleave",
            scale: float | None = None, bias: Any = KEEP, allowed: Any = KEEP, mask: str = "fill",
