@@ -249,7 +249,7 @@ def merge_row(rows: list[Any], trace: Any, records: list[Record]) -> None:
     if made is None:
         return
     diff = float((made.tensor.double() - x.double()).abs().max())
-    if diff > tolerance(x) or row.record is None:
+    if diff > tolerance(x) or row.record is None or row.status not in ("equal", "permuted"):
         row.record, row.status, row.max_abs_diff, row.layout, row.order = made, "differs", diff, "", None
         row.merged, row.split = False, None
         if diff <= tolerance(x):

@@ -112,6 +112,10 @@ def line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record
         gated = _with_output_gate(module, shapes, inputs, records, train, spec, lined)
         if gated is not None:
             return gated
+    if read_conventions and spec is not None and spec.out_ops is None and lined.divergence is not None:
+        opened = _with_output_ops(module, shapes, inputs, records, train, spec, lined)
+        if opened is not None:
+            return opened
     said = output_term(module, records, lined) if read_conventions else None
     if said is not None and lined.divergence is not None:  # Shaw's relative values: said, never blamed elsewhere
         lined.divergence.diagnosis, lined.divergence.evidence = said, None
@@ -151,6 +155,34 @@ def _with_output_gate(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
         return None
     again.notes.insert(0, gate.note)
     return again
+
+
+def _with_output_ops(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
+                     spec: Spec, lined: LineUp) -> LineUp | None:
+    """The line-up compared up to the merge of the heads where the code applies ops of its own to its merged heads
+    before its output projection (outops.py: BitNet's sub-norm, LeViT's activation), with a note, where that fits
+    better than `lined`; None otherwise."""
+    from attnscope.usertrace import outops
+
+    if lined.divergence is None or lined.divergence.experiment is not None:
+        return None  # a mistake named by experiment (a dropout left on before the projection) stays named
+    o = lined.trace is not None and module is not None and spec.layout != "col" and _output_widths(lined)
+    note = outops.found(module, records, o) if o else None
+    if note is None:
+        return None
+    again = _own_additions(module, shapes, inputs, records, train, replace(spec, out_ops=note), True)
+    if again.no_reference is not None or not _better(again, lined):
+        return None
+    again.notes.insert(0, note)
+    return again
+
+
+def _output_widths(lined: LineUp) -> tuple[int, int] | None:
+    """The reference's output projection's (in, out) widths, from its merge and its x."""
+    trace = lined.trace
+    if trace is None or "x" not in trace or "x_rsh2" not in trace:
+        return None
+    return int(trace["x_rsh2"].shape[-1]), int(trace["x"].shape[-1])
 
 
 def _own_additions(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
@@ -488,7 +520,8 @@ def _line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Recor
     if first is None:
         # every step has its equal: what the code returns must hold the last of them too (a merge after it, a
         # reshape without the permute back, is no step of the reference's)
-        first, goes_on = _return_differs(out.rows, trace, records, skips, set(inputs.tensors), train)
+        first, goes_on = _return_differs(out.rows, trace, records, skips, set(inputs.tensors), train) \
+            if spec is None or spec.out_ops is None else (None, None)  # compared up to the merge (outops.py)
         if goes_on is not None:
             out.notes.append(goes_on)
         if first is None:
@@ -578,6 +611,10 @@ def _references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
             projections = valuegain.apply(projections, gain)
         if projections.matched_by != "identity":  # a projection the role reads some rows of (Qwen3-Next's q_proj)
             projections = widerows.narrowed(projections, records)
+        if spec.out_ops is not None and not col and "o" in projections.linears:  # ops on the merge (outops.py)
+            from attnscope.usertrace.outops import merged
+
+            projections = merged(projections, spec.out_ops)
         try:
             try:
                 reference = ref.build_mha(projections, shapes.n_head, spec, module, records)

@@ -104,6 +104,18 @@ def _run(b: Base, made: dict[str, tuple[torch.Tensor, dict[str, torch.Tensor]]],
     return steps
 
 
+def unrotated_sides(b: Base) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+    """Where the reference norms its rotated heads (Hunyuan's query_layernorm after RoPE), each side left unrotated
+    and then normed as the reference norms it, the other side as the reference's: (the side's role, the replay)."""
+    found = _sides(b)
+    if found is None or found[2] is None or found[0].place != "late" or found[1].place != "late":
+        return
+    for side in (found[1], found[0]):
+        late = side.normed(side.raw, side.over)
+        yield ROLES[side.name], _run(b, {side.name: (late, {f"{side.name}_rot": side.raw,
+                                                             f"{side.name}_normed": late})})
+
+
 def trials_missing(b: Base) -> Iterator[Trial]:
     """A side never normalized: its heads only rotated, where the reference norms q and k both."""
     found = _sides(b)

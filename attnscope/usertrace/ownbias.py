@@ -32,7 +32,8 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
     if not learned or n_Q is None or n_K is None:
         return None
     fed = computed_from(records, set(inputs.tensors))  # computed from the inputs (their labels in the arguments)
-    from_params = computed_from(records, learned)
+    from_params = computed_from(records, learned | {n.rsplit(".", 1)[0] for n in learned})  # a layer of its own (a
+    # Linear reading a one-hot of the distances, LayoutLMv3's rel_pos_bias) is labelled by its name
     used: set[int] = set()  # records outside the inputs' flow that meet it (added to the scores, the attention)
     for record in records:
         if record.index in fed:
@@ -50,6 +51,9 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
             continue
         found.append(record)
     roots = [r for r in found if not any(p.index in _ancestors(r, records) for p in found)]
+    summed = _summed(roots, found, records) if len(roots) > 1 else None
+    if summed is not None:  # parts the code sums (LayoutLMv3's 1-D and 2-D biases): their first sum holding them all
+        roots = [summed]
     if len(roots) != 1:
         return None
     root, met = _valued(roots[0], records, used)
@@ -72,6 +76,19 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
     return root.tensor.detach().float().clone(), said
 
 
+def _summed(parts: list[Record], found: list[Record], records: list[Record]) -> Record | None:
+    """The first tensor of `found` computed from every one of `parts` by adds alone (the biases a module sums, each
+    laid out by its own ops: LayoutLMv3's `rel_pos + rel_2d_pos`), the bias the code adds; None where none is."""
+    wanted = {p.index for p in parts}
+    for record in found:
+        up = _ancestors(record, records)
+        if wanted <= up and record.func in ADDS and all(records[p].func in ADDS + MOVES for p in up - wanted
+                                                       if wanted & _ancestors(records[p], records)):
+            return record
+    return None
+
+
+ADDS = ("add", "__add__", "__radd__", "add_", "__iadd__")
 MOVES = ("view", "reshape", "permute", "transpose", "contiguous", "unsqueeze", "squeeze", "flatten", "unflatten",
          "clone", "movedim", "swapaxes", "t", "T", "mT", "expand", "view_as", "reshape_as")
 SHAPES_ONLY = ("view", "reshape", "contiguous", "unsqueeze", "squeeze", "flatten", "unflatten", "clone", "view_as",
@@ -90,16 +107,43 @@ def _valued(root: Record, records: list[Record], used: set[int]) -> tuple[Record
                None)
     if met is None or met.index == root.index or met.tensor.numel() != root.tensor.numel():
         return root, None
-    current, changed = met, False
-    while current.index != root.index:  # value by value, or a view that keeps root's layout: nothing moved
+    current, changed, values = met, False, met.tensor.detach()
+    while current.index != root.index:  # value by value, or a move undone: the values laid out as root is
         parents = [records[p] for p in current.parents if records[p].tensor.is_floating_point()
                    and records[p].tensor.numel() == root.tensor.numel()]
-        if len(parents) != 1 or current.func in MOVES and current.func not in SHAPES_ONLY:
+        if len(parents) != 1:
             return root, None
+        if current.func in MOVES and current.func not in SHAPES_ONLY:  # a transpose after the values changed
+            undone = _undone(current, values, tuple(parents[0].tensor.shape))
+            if undone is None:
+                return root, None
+            values = undone
+        elif current.func in SHAPES_ONLY:
+            values = values.reshape(parents[0].tensor.shape)
         changed, current = changed or current.func not in MOVES, parents[0]
     if not changed:
         return root, None
-    return replace(root, tensor=met.tensor.detach().reshape(root.tensor.shape)), met
+    return replace(root, tensor=values.reshape(root.tensor.shape)), met
+
+
+def _undone(move: Record, values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """`values`, laid out as `move` made them, laid out again as its input (of `shape`) was: a transpose or permute
+    undone by its own axes, read from its arguments; None where they cannot be read."""
+    given = [v for kind, v in move.args if kind == "text"]
+    try:
+        axes = [int(v) for v in given]
+    except ValueError:
+        return None
+    if move.func in ("transpose", "swapaxes") and len(axes) == 2:
+        back = values.transpose(axes[0], axes[1])
+    elif move.func in ("t", "T", "mT") and not axes:
+        back = values.transpose(-1, -2)
+    elif move.func == "permute" and sorted(a % values.dim() for a in axes) == list(range(values.dim())):
+        axes = [a % values.dim() for a in axes]
+        back = values.permute(*[axes.index(i) for i in range(values.dim())])  # the inverse permutation
+    else:
+        return None
+    return back if tuple(back.shape) == shape else None
 
 
 def _first_made(root: Record, records: list[Record], n_Q: int, n_K: int) -> tuple[Record, torch.Tensor] | None:

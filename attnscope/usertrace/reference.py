@@ -151,6 +151,9 @@ class Spec:
     # multiplies its merged heads by it (steps gate, x_gated); `gate_before_merge`: the code gates attn @ v as it is
     out_gate: Any = field(default=None, compare=False)
     gate_before_merge: bool = False
+    # Ops of the code's own on its merged heads before the output projection (outops.py: BitNet's sub-norm, LeViT's
+    # activation), in words: the reference's output projection is the identity, compared up to the merge
+    out_ops: str | None = None
     # Attention sinks the module holds (sinkcols.py: GPT-OSS's `sinks`, one logit a head joined to each row of scores
     # and dropped after the softmax), `[n_head]`, read from the code's run; the reference holds them
     sinks: Any = field(default=None, compare=False)

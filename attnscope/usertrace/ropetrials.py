@@ -236,6 +236,20 @@ def trials_not_applied(b: Base) -> Iterator[Trial]:
         yield Trial(steps, f"RoPE is never applied: {{who}} is what the reference computes "
                     f"with {what} not rotated (the reference rotates them, --rope, base "
                     f"{rope.base:g})")
+        if rope.lead or b.raw_keys is not None:
+            return
+        from attnscope.usertrace.normtrials import unrotated_sides
+
+        turn = rope_turn(rope)  # one side rotated, the other left as projected (a rotation forgotten on one line)
+        sides = list(unrotated_sides(b)) or [  # a qk-norm on the rotated heads norms the unrotated side too
+            ("keys", turned(b, rope, turn(rope.q, rope.q_pos), rope.k)),
+            ("queries", turned(b, rope, rope.q, turn(rope.k, rope.k_pos)))]
+        for side, steps in sides:
+            other = "queries" if side == "keys" else "keys"
+            yield Trial(steps, f"RoPE is never applied to the {side}: {{who}} is what the reference "
+                        f"computes with the {other} rotated and the {side} not (the reference rotates both, --rope, "
+                        f"base {rope.base:g}; a rotation on one side alone makes the scores depend on each position, "
+                        "not on the distance i − j)")
 
 
 def trials_untold(b: Base) -> Iterator[Trial]:

@@ -1,0 +1,92 @@
+"""Ops of the code's own on its merged heads before the output projection: BitNet's `attn_sub_norm` (an RMSNorm over
+the merged heads), LeViT's `projection(activation(x))` (a Hardswish), any function of the merged heads alone.
+
+Read off the data flow: the output projection (the first Linear after the attention's `attn @ v` that reads it)
+reads a tensor made from the merge of the heads (the first tensor of the projection's input width the code makes
+from `attn @ v`, by rearranging alone) through ops that change values, and nothing else of the forward's inputs:
+no other projection (an output gate is outgate.py's), no input tensor (a residual). No reference holds such ops, so
+the reference's output projection is the identity and it is compared up to the merge of the heads, as for a module
+without an output projection (reference.merge_only): the steps up to the merge are compared, and a mistake there
+is named by experiment as in any other code.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from attnscope.usertrace.align import REARRANGING, ancestors
+from attnscope.usertrace.record import Record
+
+CASTS = ("to", "type_as", "float", "double", "half", "bfloat16", "clone", "detach")
+
+
+def found(module: Any, records: list[Record], o_width: tuple[int, int]) -> str | None:
+    """The note that says the code's own ops between its merged heads and its output projection (whose weight is
+    `o_width` = (in_features, out_features)); None where the projection reads the merge as it is, or reads
+    anything else of the inputs."""
+    from attnscope.usertrace.flow import operands
+
+    ops = operands(records)
+    if ops is None or ops[3] is None:
+        return None
+    av = ops[3]
+    below = {r.index for r in records if r.index > av and av in ancestors(r, records)}
+    out = next((r for r in records if r.index in below and r.style == "linear"), None)
+    if out is None or out.tensor.shape[-1] != o_width[1]:
+        return None
+    given = [i for i in out.parents if i in below or i == av]
+    if len(given) != 1 or records[given[0]].tensor.shape[-1] != o_width[0]:
+        return None
+    path = (ancestors(records[given[0]], records) | {given[0]}) & below
+    merged = next((r for r in records if r.index in path and r.tensor.shape[-1] == o_width[0]), None)
+    if merged is None:
+        return None
+    before = [records[i] for i in sorted(path) if i <= merged.index]
+    after = [records[i] for i in sorted(path) if i > merged.index]
+    changing = [r for r in after if r.func not in REARRANGING + CASTS]
+    if any(r.func not in REARRANGING + CASTS for r in before) or not changing:
+        return None
+    inputs = _forward_names(module)
+    for r in after:
+        if _reads_input(r, inputs):
+            return None
+        for p in r.parents:
+            if p not in path and p != merged.index and any(
+                    records[a].style == "linear" or _reads_input(records[a], inputs) or a == av or a in below
+                    for a in ancestors(records[p], records) | {p}):
+                return None  # a gate from a projection, a residual, the attention again: not the merge's alone
+    lines = sorted({r.line for r in changing})
+    funcs = ", ".join(dict.fromkeys(r.func for r in changing))
+    where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines))}"
+    return (f"your code applies ops of its own to its merged heads before its output projection ({where}: {funcs}; "
+            f"the projection at line {out.line} reads their result, made from the merge alone), as BitNet's sub-norm "
+            "and LeViT's activation do: no reference holds them, so its output projection is the identity and it is "
+            "compared up to the merge of the heads; a convention, not a mistake")
+
+
+def _forward_names(module: Any) -> set[str]:
+    try:
+        return {n for n in inspect.signature(module.forward).parameters if n != "self"}
+    except (TypeError, ValueError, AttributeError):
+        return set()
+
+
+def _reads_input(record: Record, names: set[str]) -> bool:
+    """Whether the op reads one of the forward's own arguments by name (an input tensor, not a record)."""
+    return any(kind == "text" and value in names for kind, value in record.args)
+
+
+def merged(found: Any, note: str) -> Any:
+    """`found` (reference.Projections) with an identity output projection over the merged heads' width (the width
+    the code's own projection reads: n_head·d_V, whatever d_V is), so that the reference is compared up to the
+    merge."""
+    import torch
+
+    from attnscope.usertrace import fused
+    from attnscope.usertrace.reference import Projections
+
+    _, o = found.linears["o"]
+    weight = o.weight
+    eye = fused.Part(fused.NONE, torch.eye(o.in_features, dtype=weight.dtype, device=weight.device), None)
+    return Projections({**found.linears, "o": (fused.NONE, eye)}, f"{found.matched_by}; {note}", found.note, True)
