@@ -8,7 +8,10 @@ input, with no Linear in its making; the value projection reads the input
 itself. T is then the queries' and keys' input side, a convention the code chooses (as a norm before the
 projections, prenorm.py, or a position embedding added to them, posembed.py): the reference's q and k projections
 read T (`Inputs.own`), its v projection the input, so a mistake after them is still named by experiment. Where the
-values read T too, or q and k read different tensors, nothing is read (no convention trace can tell from a mistake).
+values read T too and T is the input turned by position (each token's norm kept: RoPE on the input), T is still
+the queries' and keys' input side, and the values' the input, as RoPE leaves the values: the line-up then shows
+the values, and ropetrials' rope.on_values names it. Where the values read another T too, or q and k read different
+tensors, nothing is read (no convention trace can tell from a mistake).
 """
 
 from __future__ import annotations
@@ -35,19 +38,43 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
     x_name = next(iter(given))
     x = inputs.tensors[x_name]
     q, k, v = (projection_input(records, name) for name in names)
-    if q is None or q != k or q[0] != "rec" or not _plain(v, records, x_name, x):
+    if q is None or q != k or q[0] != "rec":
         return
     made = records[q[1]]
-    if not _made_from(made, records, inputs, x_name, x):
+    # the values' projection reading the queries' and keys' tensor too, where it is the input turned by position
+    # (RoPE on the input): the reference's values read the input, as RoPE leaves them; the line-up then shows it
+    turned = v == q and turned_by_position(made.tensor, x)
+    if not (turned or _plain(v, records, x_name, x)) or not _made_from(made, records, inputs, x_name, x):
         return
     tensor = made.tensor.detach()
     tensor = tensor.transpose(0, 1) if inputs.layout == "time" else tensor
     inputs.own = {"Q": tensor, "K": tensor}
     inputs.own_from = "position"
+    if turned:
+        inputs.notes.append(
+            f"your query, key and value projections read a tensor your module makes from its input alone "
+            f"({made.label}, line {made.line}), each token turned by its position with its norm kept (a rotation, "
+            "RoPE on the input): read as the queries' and keys' input side, a convention; the reference's value "
+            "projection reads the input as it is, as RoPE rotates only the queries and the keys")
+        return
     inputs.notes.append(
         f"your queries' and keys' projections read a tensor your module makes from its input alone ({made.label}, "
         f"line {made.line}), your values' projection the input as it is: read as the queries' and keys' input "
         "side, a convention, not a mistake: the reference's query and key projections read the same tensor")
+
+
+def turned_by_position(tensor: Any, x: Any) -> bool:
+    """Whether `tensor` is the input `x` `[n_batch, n, d_feat]` turned token by token with each token's norm kept,
+    and not `x` itself: a rotation by position (RoPE on the input, whatever its pairing or tables)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(x.shape) or x.dim() != 3 \
+            or not tensor.is_floating_point():
+        return False
+    t, y = tensor.detach().double(), x.detach().double()
+    if torch.allclose(t, y, rtol=1e-4, atol=1e-5):
+        return False
+    return torch.allclose(t.norm(dim=-1), y.norm(dim=-1), rtol=1e-4, atol=1e-5)
 
 
 def _plain(arg: tuple[str, Any] | None, records: list[Record], name: str, x: Any) -> bool:

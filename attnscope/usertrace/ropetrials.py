@@ -213,6 +213,7 @@ def trials_fraction(b: Base) -> Iterator[Trial]:
 
 
 def trials_on_values(b: Base) -> Iterator[Trial]:
+    yield from _values_from_turned_input(b)
     rope = read_rope(b)
     if rope is None or b.v_new.shape[-1] % 2:
         return
@@ -226,6 +227,30 @@ def trials_on_values(b: Base) -> Iterator[Trial]:
                 "values: {who} is what the reference computes with V rotated as the keys are; RoPE rotates only the "
                 "queries and the keys (their dot products then depend on the distance i − j), the values are "
                 "taken as they are")
+
+
+def _values_from_turned_input(b: Base) -> Iterator[Trial]:
+    """The values projected from the input turned by position that the queries' and keys' projections read
+    (qkinput.py: RoPE on the input), where the reference's values read the input as it is."""
+    from attnscope.usertrace.kvtrials import by_other_weights, heads_of
+    from attnscope.usertrace.qkinput import turned_by_position
+
+    inputs = b.ctx.inputs
+    if inputs is None or inputs.own_from != "position" or "Q" not in inputs.own or "V" in inputs.own:
+        return
+    xs = inputs.qkv()
+    if not turned_by_position(xs[0], xs[2]):
+        return
+    made = by_other_weights(b, "v", 0)
+    heads = heads_of(made[0], b.v_new) if made is not None else None
+    if made is None or heads is None:
+        return
+    steps = replay(b, v_new=heads)
+    steps["V_feat"] = made[0]
+    yield Trial(steps, f"RoPE applied to the values: {{who}} is what the reference computes with the values projected "
+                f"({made[1]}) from the input turned by position that your queries' and keys' projections read, where "
+                "the values are projected from the input as it is; RoPE rotates only the queries and the keys (their "
+                "dot products then depend on the distance i − j)")
 
 
 def trials_not_applied(b: Base) -> Iterator[Trial]:

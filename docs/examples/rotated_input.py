@@ -7,9 +7,9 @@ from torch import nn
 
 
 class RotaryInputAttention(nn.Module):
-    def __init__(self, dim=32, heads=4):
+    def __init__(self, dim=32, heads=4, bug=None):
         super().__init__()
-        self.heads, self.d = heads, dim // heads
+        self.heads, self.d, self.bug = heads, dim // heads, bug
         self.linear_q, self.linear_k, self.linear_v, self.linear_out = (nn.Linear(dim, dim) for _ in range(4))
 
     def forward(self, x):
@@ -20,6 +20,7 @@ class RotaryInputAttention(nn.Module):
         half = torch.cat([-h[..., self.d // 2:], h[..., : self.d // 2]], -1)
         turned = (h * angle.cos() + half * angle.sin()).view(b, n, dim)
         q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2)
-                   for t in (self.linear_q(turned), self.linear_k(turned), self.linear_v(x)))
+                   for t in (self.linear_q(turned), self.linear_k(turned),
+                             self.linear_v(turned if self.bug == "values_turned" else x)))
         attn = (q @ k.transpose(-1, -2) / self.d ** 0.5).softmax(dim=-1)
         return self.linear_out((attn @ v).transpose(1, 2).reshape(b, n, dim))
