@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 SUMMARIZES = ("pool", "max", "amax", "min", "amin", "mean", "sum", "einsum", "matmul", "bmm", "conv", "interpolate",
               "linear", "logsumexp")
 TOKENS = {"Q": "n_Q", "K": "n_K", "V": "n_K"}
+WORDS = {"Q": "queries", "K": "keys", "V": "values"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class Pooled:
     siblings: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     # the roles whose own projection never reaches their operand, read where the code pools another's for them
     borrowed: frozenset[str] = frozenset()
+    # role -> what the code pools for it, laid out as the reference's `{role}_feat` `[n_batch, n, d_feat]`, where that
+    # is another role's projection (the values pooled from the keys'): compared with `{role}_feat` (held_as)
+    fed: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def note(self, sizes: dict[str, int], n_input: int) -> str:
         words = {"Q": "queries", "K": "keys", "V": "values"}
@@ -73,13 +77,14 @@ def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = No
     """The roles whose projection the code pools along the tokens before its scores (or its weighted sum) read
     them; None where no role is so pooled. `parts`: role -> the projection the reference holds for it (a Linear, or
     a fused one's rows), where the code never holds a role's projection alone."""
-    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.align import Layout, ancestors
     from attnscope.usertrace.flow import operands
 
     found = operands(records)
     if found is None or lined.trace is None:
         return None
-    tensors, held, before, borrowed, kept = {}, {}, {}, set(), set()
+    tensors, held, before, borrowed, kept, fed = {}, {}, {}, set(), set(), {}
+    laid: dict[str, torch.Tensor] = {}  # role -> the tensor pooled for its own, laid out as its `_feat`
     parts = parts or {}
     for role, operand in zip("QKV", found[:3], strict=True):
         # the tensor the line-up pairs with the role's projection, equal or where it stands in the data flow (a
@@ -103,14 +108,84 @@ def find(records: list[Record], lined: LineUp, parts: dict[str, Any] | None = No
             if read is not None:
                 tensors[role], held[role], before[role] = read
                 borrowed.add(role)
+                continue
+            # or another role's projection pooled for it (the values pooled from the keys' projection, cut anew
+            # from a fused one into a grid), which the line-up then shows
+            other = _from_other_role(records, lined.trace, role, operand)
+            if other is not None:
+                (tensors[role], held[role], before[role]), fed[role] = other
             continue
         read = _pooled_from(start, end, records, row, lined.trace, role)
         if read is not None:
             tensors[role], held[role], before[role] = read
+            as_feat = _as_feat(start, Layout(row.order, row.merged, row.split), row.reference, lined.trace)
+            if as_feat is not None:
+                laid[role] = as_feat
             if tuple(read[0].shape) == tuple(lined.trace.step(f"{role}_feat").shape):
                 kept.add(role)
     # a role pooled with its length kept (a convolution of stride 1) only beside one pooled to another length
-    return Pooled(tensors, held, before, borrowed=frozenset(borrowed)) if set(tensors) - kept else None
+    # where a role pools another's projection, each role's pooled tensor laid out as its `_feat` (held_as)
+    fed = {**laid, **fed} if fed else {}
+    return Pooled(tensors, held, before, borrowed=frozenset(borrowed), fed=fed) if set(tensors) - kept else None
+
+
+def _from_other_role(records: list[Record], trace: Trace, role: str, operand: int
+                     ) -> tuple[tuple[torch.Tensor, Record, Record], torch.Tensor] | None:
+    """The role's operand pooled from a tensor that holds another role's projection (its `_split` or `_feat` step
+    in some layout) on the operand's way, the nearest the operand first: as `_pooled_from` reads it from there, and
+    that tensor laid out as the reference's `{role}_feat` `[n_batch, n, d_feat]`; None where no such tensor is on the
+    way."""
+    from types import SimpleNamespace
+
+    from attnscope.usertrace.align import ancestors, compare
+
+    end = records[operand]
+    steps = [f"{other}_{kind}" for other in "KVQ" if other != role for kind in ("split", "feat")
+             if f"{other}_{kind}" in trace and TOKENS[role] in trace.step(f"{other}_{kind}").dims]
+    for index in sorted(ancestors(end, records), reverse=True):
+        record = records[index]
+        if not record.tensor.is_floating_point():
+            continue
+        for name in steps:
+            want = trace[name]
+            if record.tensor.numel() != want.numel():
+                continue
+            match = next(iter(compare(record, want)), None)
+            if match is None or not match.equal:
+                continue
+            layout = match.layout
+            row = SimpleNamespace(reference=name, order=layout.order, merged=layout.merged, split=layout.split)
+            read = _pooled_from(record, end, records, row, trace, role)
+            as_feat = _as_feat(record, layout, name, trace) if read is not None else None
+            if read is not None and as_feat is not None:
+                return read, as_feat
+    return None
+
+
+def _as_feat(record: Record, layout: Layout, name: str, trace: Trace) -> torch.Tensor | None:
+    """`record`, which holds the reference's step `name` (a `_split` or `_feat`) in `layout`, as a `_feat`:
+    `[n_batch, n, n_head·d_head]`; None where the layout does not undo to that step's shape."""
+    try:
+        held = layout.undo(record.tensor.detach(), tuple(trace[name].shape))
+    except RuntimeError:
+        return None
+    return held.transpose(1, 2).flatten(2) if name.endswith("_split") and held.dim() == 4 else held  # heads merged
+
+
+def held_as(records: list[Record], found: Pooled) -> list[Record]:
+    """`records` with what the code pools for each role (`found.fed`, where one role pools another's projection: the
+    values pooled from the keys'), laid out as the reference's `{role}_feat`, as records of their own after them,
+    named as the tensors they lay out: the line-up compares what the code pools with the reference's projections,
+    which no layout of the code's grid (`[n_batch·n_head, n_h, n_w, d_head]`) states, each `_feat` meeting its own."""
+    from attnscope.usertrace.record import Record
+
+    extra: list[Record] = []
+    for role, tensor in found.fed.items():
+        source = found.before[role]
+        extra.append(Record(len(records) + len(extra), "reshape", "reshape", tensor, source.line,
+                            [("rec", source.index)], "method", False, 0, (source.index,), [source.label],
+                            {"op": f"what your code pools for its {WORDS[role]}, laid out as [n_batch, n, d_feat]"}))
+    return [*records, *extra]
 
 
 def _pooled_from(start: Record, end: Record, records: list[Record], row: Any, trace: Trace, role: str
@@ -463,7 +538,8 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
     if "K" in found.tensors and "V" in found.tensors and sizes["n_K"] != int(found.tensors["V"].shape[-2]):
         return None
     pooled = dataclasses.replace(inputs, sizes=sizes, notes=[])
-    again = line_up_again(module, shapes, pooled, records, train, dataclasses.replace(spec, pooled=found.tensors))
+    again = line_up_again(module, shapes, pooled, held_as(records, found), train,
+                          dataclasses.replace(spec, pooled=found.tensors))
     if again is None:
         return None
     # a reading that names the mistake by experiment where the first left it unnamed is kept at any step (the values

@@ -108,9 +108,9 @@ class PooledGrid(nn.Module):
         attnscope trace docs/examples/shapes.py:PooledGrid --nq 36
     """
 
-    def __init__(self, dim=32, heads=4):
+    def __init__(self, dim=32, heads=4, bug=None):
         super().__init__()
-        self.heads, d = heads, dim // heads
+        self.heads, d, self.bug = heads, dim // heads, bug
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.pool_q, self.pool_k, self.pool_v = (nn.Conv2d(d, d, 3, s, 1, groups=d, bias=False) for s in (1, 2, 2))
         self.norm_q, self.norm_k, self.norm_v = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
@@ -120,7 +120,7 @@ class PooledGrid(nn.Module):
         qkv = self.qkv(x).reshape(b, h, w, 3, self.heads, -1).permute(3, 0, 4, 1, 2, 5)
         q, k, v = qkv.reshape(3, b * self.heads, h, w, -1).unbind(0)  # [b·heads, h, w, d_head]
         q, k, v = (norm(pool(t.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)) for t, pool, norm in
-                   ((q, self.pool_q, self.norm_q), (k, self.pool_k, self.norm_k), (v, self.pool_v, self.norm_v)))
+                   ((q, self.pool_q, self.norm_q), (k, self.pool_k, self.norm_k), (k if self.bug else v, self.pool_v, self.norm_v)))
         hq, wq = q.shape[1:3]
         q, k, v = (t.flatten(1, 2) for t in (q, k, v))  # [b·heads, n, d_head]
         out = torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1) @ v + q
