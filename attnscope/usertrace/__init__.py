@@ -6,7 +6,9 @@
 - record.py: the `TorchFunctionMode` that records every tensor op with the user's line;
 - bindings.py: which name the user bound each result to (the assignment target, read with ast);
 - call.py: the call under the recorder, and the user's exception kept as theirs;
-- reference.py: the user's Linear weights copied into attnscope's `MultiHeadAttention`, or `sdpa`;
+- reference.py: the user's Linear weights copied into attnscope's `MultiHeadAttention`, or `sdpa` (refspec.py:
+  what it computes; linearweights.py: the code's weights by role; projections.py: which are q, k, v and o;
+  refbuild.py: the reference built and run);
 - align.py: whether a user tensor equals a reference step, in which layout;
 - lineup.py: each reference step's equal, and the first divergence;
 - diagnose.py: the common causes of a divergence, each computed from the numbers.

@@ -19,7 +19,7 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     """qk-norm read from the code, as RoPE's pairing and base are: where the reference without it diverges at the
     rotated q or k, the scores or after (anywhere, where the module holds a layer that could be a norm), the
     reference is run again with a qk-norm over d_head ("head": timm's qk_norm=True, Qwen3) and over the projection
-    ("proj": OLMo 2), with the module's own norms' weights (usertrace/reference.py's _qk_norms). A reading is kept
+    ("proj": OLMo 2), with the module's own norms' weights (usertrace/refbuild.py's _qk_norms). A reading is kept
     only where its run lines up further than the first one did (no divergence, or a later one, or at the same step
     one that an experiment of the catalog then reproduces): a norm on one side only is then qknorm.missing by
     experiment, one of another kind stays the first run's diagnosis."""
