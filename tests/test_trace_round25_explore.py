@@ -2,7 +2,8 @@
 F.scaled_dot_product_attention in float64 on its own weights, traced as a user would, and 3-4 plants each named by
 experiment. What they hold trace to:
 - ops of the code's own on its merged heads before the output projection (BitNet's attn_sub_norm, LeViT's Hardswish)
-  are a convention, compared up to the merge (usertrace/outops.py);
+  are a convention, compared up to the merge (usertrace/outops.py); on each head's output before the merge
+  (DiffTransformer's subln), the reference multiplies its heads' output by what they multiply the code's by;
 - a position bias summed from several parts (LayoutLMv3's 1-D and 2-D biases, each a Linear over a one-hot of the
   distances), scaled and then transposed on its way to the scores, is read as the module's own (ownbias.py);
 - RoPE forgotten on one side, also under a qk-norm of the rotated heads (Hunyuan's), is rope.not_applied by experiment.
@@ -71,13 +72,19 @@ def test_the_styles_are_attention():
     k = m.key_layernorm(_turn(_heads(m.k_proj(x), 2), 10000.0))
     out = F.scaled_dot_product_attention(q, k, _heads(m.v_proj(x), 2), is_causal=True, enable_gqa=True)
     torch.testing.assert_close(m(x), m.o_proj(_merge(out)))
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    m = styles.HeadSubNormAttention().double()
+    out = F.scaled_dot_product_attention(_heads(m.q_proj(x), 4), _heads(m.k_proj(x), 4), _heads(m.v_proj(x), 4))
+    normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * m.subln.weight
+    torch.testing.assert_close(m(x), m.out_proj(_merge(normed * 0.8)), rtol=1e-6, atol=1e-6)  # softmax in float32
 
 
 BUGS = {"LevitAttention": ("no_scale", "softmax_axis", "merge_no_transpose"),
         "VideoMAEAttention": ("values_from_keys", "scale_twice", "dropout_on"),
         "LayoutLMv3Attention": ("values_from_keys", "no_scale", "bias_transposed", "bias_after"),
         "BitNetAttention": ("rope_on_values", "gqa_tiled", "merge_no_transpose", "k_unrotated"),
-        "HunyuanAttention": ("split_no_transpose", "k_unnormed", "no_scale", "k_unrotated")}
+        "HunyuanAttention": ("split_no_transpose", "k_unnormed", "no_scale", "k_unrotated"),
+        "HeadSubNormAttention": ("no_scale", "values_from_keys", "merge_no_transpose")}
 
 
 @pytest.mark.parametrize("name", list(BUGS))
@@ -96,7 +103,7 @@ BITNET = ("--causal", "--rope", "--rope-base", "500000")
 HUNYUAN = ("--causal", "--rope")
 CORRECT = [("LevitAttention", None, LEVIT), ("VideoMAEAttention", None, ()), ("LayoutLMv3Attention", None, ()),
            ("LayoutLMv3Attention", None, ("--nq", "5", "--batch", "2")), ("BitNetAttention", None, BITNET),
-           ("HunyuanAttention", None, HUNYUAN)]
+           ("HunyuanAttention", None, HUNYUAN), ("HeadSubNormAttention", None, ())]
 test_correct_styles_pass = passing_test(STYLES, CORRECT)
 
 PLANTS = [("LevitAttention", "bug='no_scale'", LEVIT, "scale.none"),
@@ -116,7 +123,10 @@ PLANTS = [("LevitAttention", "bug='no_scale'", LEVIT, "scale.none"),
           ("HunyuanAttention", "bug='split_no_transpose'", HUNYUAN, "heads.split_without_permute"),
           ("HunyuanAttention", "bug='k_unnormed'", HUNYUAN, "qknorm.missing"),
           ("HunyuanAttention", "bug='no_scale'", HUNYUAN, "scale.none"),
-          ("HunyuanAttention", "bug='k_unrotated'", HUNYUAN, "rope.not_applied")]
+          ("HunyuanAttention", "bug='k_unrotated'", HUNYUAN, "rope.not_applied"),
+          ("HeadSubNormAttention", "bug='no_scale'", (), "scale.none"),
+          ("HeadSubNormAttention", "bug='values_from_keys'", (), "kv.values_from_keys"),
+          ("HeadSubNormAttention", "bug='merge_no_transpose'", (), "heads.merge_without_transpose")]
 test_plants_are_named_by_experiment = plants_test(STYLES, PLANTS)
 
 
@@ -124,6 +134,12 @@ test_plants_are_named_by_experiment = plants_test(STYLES, PLANTS)
 def test_the_note_says_the_ops_on_the_merge(runner, target, options):
     code, out = run_case(runner, STYLES, target, None, options)
     said = [n for n in out["notes"] if "ops of its own to its merged heads" in n]
+    assert code == 0 and said, out["notes"]
+
+
+def test_the_note_says_the_ops_on_each_head(runner):
+    code, out = run_case(runner, STYLES, "HeadSubNormAttention")
+    said = [n for n in out["notes"] if "ops of its own to each head's output" in n]
     assert code == 0 and said, out["notes"]
 
 

@@ -11,12 +11,15 @@ default and with bugs planted through `bug=...`.
   mask, then CogView's PB-Relax softmax: scores / alpha, minus their row max, times alpha.
 - `BitNetAttention` (HF BitNet): GQA with RoPE, an RMSNorm over the merged heads (`attn_sub_norm`) before o_proj.
 - `HunyuanAttention` (HF HunYuan v1): GQA, RoPE, then a per-head RMSNorm of q and k after the rotation, causal.
+- `HeadSubNormAttention` (torchscale's DiffTransformer, on one softmax): each head's output RMS-normed and scaled
+  by (1 − lambda_init) before the heads merge.
 Plants (`bug=`): LeViT's `no_scale`, `softmax_axis`, `merge_no_transpose`; VideoMAE's `values_from_keys`,
 `scale_twice` (q scaled before a product scaled again), `dropout_on` (F.dropout's default training=True);
 LayoutLMv3's `values_from_keys`, `no_scale`, `bias_transposed` (the summed bias transposed after its scale),
 `bias_after` (added to the weights); BitNet's `rope_on_values`, `gqa_tiled` (`.repeat` for repeat_kv),
 `merge_no_transpose`, `k_unrotated` (RoPE on the queries alone); Hunyuan's `split_no_transpose` (the keys viewed
-straight as heads), `k_unnormed`, `no_scale` (SDPA's scale=1), `k_unrotated` (its keys normed, never rotated).
+straight as heads), `k_unnormed`, `no_scale` (SDPA's scale=1), `k_unrotated` (its keys normed, never rotated);
+HeadSubNorm's `no_scale`, `values_from_keys`, `merge_no_transpose`.
 """
 
 from __future__ import annotations
@@ -318,3 +321,36 @@ class HunyuanAttention(nn.Module):
                                                      enable_gqa=True, scale=1.0 if self.bug == "no_scale" else None)
         attn_output = attn_output.transpose(1, 2).reshape(b, n, -1)
         return self.o_proj(attn_output)
+
+
+class HeadSubNormAttention(nn.Module):
+    """Each head's output RMS-normed over its d_head and scaled by (1 − lambda_init) before the heads merge, as
+    torchscale's DiffTransformer does to its (differential) attention, here on one softmax; separate projections."""
+
+    def __init__(self, embed_dim=32, num_heads=4, lambda_init=0.2, bug=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.lambda_init, self.bug = num_heads, embed_dim // num_heads, lambda_init, bug
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.subln = RmsNorm(self.head_dim, eps=1e-5)
+        _trained(self, 256)
+
+    def forward(self, x):
+        bsz, tgt_len, _ = x.shape
+        q = self.q_proj(x).view(bsz, tgt_len, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(bsz, tgt_len, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(bsz, tgt_len, self.num_heads, self.head_dim).transpose(1, 2)
+        if self.bug == "values_from_keys":
+            v = k
+        q = q * (1.0 if self.bug == "no_scale" else self.head_dim ** -0.5)
+        attn_weights = torch.matmul(q, k.transpose(-1, -2))  # [b, h, n, n]
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).type_as(attn_weights)
+        attn = torch.matmul(attn_weights, v)  # [b, h, n, d]
+        attn = self.subln(attn)
+        attn = attn * (1 - self.lambda_init)
+        if self.bug != "merge_no_transpose":
+            attn = attn.transpose(1, 2)
+        attn = attn.reshape(bsz, tgt_len, self.num_heads * self.head_dim)
+        return self.out_proj(attn)

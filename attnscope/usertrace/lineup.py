@@ -147,6 +147,10 @@ def _with_output_gate(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
     from attnscope.usertrace import outgate
 
     gate = outgate.found(records, lined) if module is not None and spec.layout != "col" else None
+    if gate is None and module is not None and spec.layout != "col":  # ops on each head's output (outops.py)
+        from attnscope.usertrace.outops import head_factor
+
+        gate = head_factor(module, records, lined)
     if gate is None:
         return None
     again = _own_additions(module, shapes, inputs, records, train,

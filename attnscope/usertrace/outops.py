@@ -18,6 +18,7 @@ from typing import Any
 from attnscope.usertrace.align import REARRANGING, ancestors
 from attnscope.usertrace.record import Record
 
+RANDOM = ("dropout", "rand", "bernoulli", "multinomial")
 CASTS = ("to", "type_as", "float", "double", "half", "bfloat16", "clone", "detach")
 
 
@@ -90,3 +91,71 @@ def merged(found: Any, note: str) -> Any:
     weight = o.weight
     eye = fused.Part(fused.NONE, torch.eye(o.in_features, dtype=weight.dtype, device=weight.device), None)
     return Projections({**found.linears, "o": (fused.NONE, eye)}, f"{found.matched_by}; {note}", found.note, True)
+
+
+def head_factor(module: Any, records: list[Record], lined: Any) -> Any:
+    """Ops of the code's own on each head's output before the heads merge (a norm of each head's `attn @ v`, a gain
+    on it), read from the merge alone as `found` reads them after it: their result divided by their input, as the
+    run computes them, in the reference's x_raw layout, as an output gate (outgate.OutGate) the reference multiplies
+    its heads' output by before the merge. Exact where the reference's x_raw is the code's `attn @ v`, and where a
+    mistake upstream is rerun it gives the code's tensors back only where that rerun gives back its `attn @ v`, so
+    nothing is explained away; the output projection is still compared. None where there are none."""
+    import torch
+
+    from attnscope.usertrace.flow import operands
+    from attnscope.usertrace.outgate import OutGate, _layout_of
+
+    trace = lined.trace
+    if lined.divergence is None or lined.divergence.experiment is not None:
+        return None  # a mistake named by experiment (a dropout left on the heads' output) stays named
+    ops = operands(records)
+    if trace is None or ops is None or ops[3] is None or "x_raw" not in trace or trace["x_raw"].dim() != 4:
+        return None
+    av, shape = ops[3], tuple(trace["x_raw"].shape)
+    below = {r.index for r in records if r.index > av and av in ancestors(r, records)}
+    out = next((r for r in records if r.index in below and r.style == "linear"), None)
+    if out is None:
+        return None
+    given = [i for i in out.parents if i in below or i == av]
+    if len(given) != 1:
+        return None
+    path = sorted((ancestors(records[given[0]], records) | {given[0]}) & below)
+    changing = [records[i] for i in path if records[i].func not in REARRANGING + CASTS]
+    if not changing or changing[-1].tensor.numel() != records[av].tensor.numel() or any(
+            word in records[a].func for r in changing for a in ancestors(r, records) | {r.index}
+            for word in RANDOM):
+        return None  # a dropout, by F.dropout or by hand: drawn at random, no op of the model's
+    first, last = changing[0], changing[-1]
+    width = records[given[0]].tensor.shape[-1]
+    merged = next((records[i] for i in path if records[i].tensor.shape[-1] == width), None)
+    if merged is None or last.index >= merged.index:  # ops on the merged heads: `found`'s
+        return None
+    start = next((p for p in first.parents if p == av or p in path), None)
+    if start is None or tuple(records[start].tensor.shape) != tuple(last.tensor.shape) or any(
+            records[i].func not in REARRANGING + CASTS for i in path if i > last.index):
+        return None
+    inputs = _forward_names(module)
+    for r in (records[i] for i in path if first.index <= i <= last.index):
+        if _reads_input(r, inputs) or any(p not in path and p != av and p != start and any(
+                records[a].style == "linear" or _reads_input(records[a], inputs) or a == av or a in below
+                for a in ancestors(records[p], records) | {p}) for p in r.parents):
+            return None
+    made = records[av].tensor.double()  # attn @ v as the code makes it, laid out as x_raw where its shape is
+    layout = _layout_of(records[start], made if tuple(made.shape) == shape else None, shape)
+    if layout is None or not layout.same and tuple(records[start].tensor.shape) == shape and layout.order != tuple(
+            range(4)):
+        return None
+    before = records[start].tensor.double()
+    if bool((before == 0).any()):
+        return None
+    factor = layout.undo(last.tensor.double() / before, shape)
+    if not bool(torch.isfinite(factor).all()):
+        return None
+    lines = sorted({r.line for r in changing})
+    funcs = ", ".join(dict.fromkeys(r.func for r in changing))
+    where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines))}"
+    note = (f"your code applies ops of its own to each head's output before the heads merge ({where}: {funcs}; "
+            "made from attn @ v alone, as a sub-norm of each head is): the reference multiplies its heads' output by "
+            "what they multiply yours by, as your run computes it, before the merge and the output projection; a "
+            "convention, not a mistake")
+    return OutGate(factor.float(), True, note)
