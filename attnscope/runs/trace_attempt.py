@@ -220,7 +220,7 @@ class RunSoFar:
     def keep_run(self, tried: Plan, ran: tuple[Any, ...]) -> Made:
         """The run `attempt` keeps, its plan now the run's, its inputs as the run reads them (a module's own
         queries, position embeddings, a norm before its projections)."""
-        from attnscope.usertrace import joint, keyinputs, posembed, prenorm, qkinput, queries
+        from attnscope.usertrace import joint, keyinputs, posembed, prefixkeys, prenorm, qkinput, queries
 
         self.plan = tried
         own = queries.find(ran[2].records, ran[0], self.weighted)  # Perceiver's latents: n_Q is theirs
@@ -245,6 +245,10 @@ class RunSoFar:
             joined = queries.input_keys(ran[2].records, ran[0])
             if joined is not None:
                 queries.apply_input_keys(ran[0], joined)
+            else:  # Perceiver AR's torch.cat((to_kv(context)[0], to_kv(x)[0]), dim=1): joined after the projection
+                parts = prefixkeys.find(ran[2].records, ran[0])
+                if parts is not None:
+                    prefixkeys.apply(ran[0], parts)
             # CogVideoX's torch.cat([encoder_hidden_states, hidden_states], dim=1) before to_q, to_k, to_v
             joint.apply_joined(ran[2].records, ran[0])
         return cast("Made", ran)

@@ -159,15 +159,15 @@ def input_keys(records: list[Record], inputs: Inputs) -> OwnQueries | None:
     dim spelling): the queries stay the forward's own, the joined tensor is the reference's key (value) input, n_K
     its length. Read from the data flow (the join's parts), never from names; None otherwise."""
     from attnscope.usertrace.align import ancestors
-    from attnscope.usertrace.flow import operands, projection_above
+    from attnscope.usertrace.flow import projection_above
     from attnscope.usertrace.joint import JOINS
 
     if inputs.own or inputs.layout != "row" or inputs.cache is not None or len(inputs.tensors) < 2:
         return None
-    found = operands(records)
-    q_proj = projection_above(records, found[0]) if found is not None else None
-    if found is None or q_proj is None:
+    projected = query_projection(records)
+    if projected is None:
         return None
+    found, q_proj = projected
     read = q_proj.args[1]
     names = set(inputs.tensors)
     tensor = records[read[1]].tensor if read[0] == "rec" else inputs.tensors.get(str(read[1]))
@@ -192,6 +192,16 @@ def input_keys(records: list[Record], inputs: Inputs) -> OwnQueries | None:
         else:
             return None
     return queries
+
+
+def query_projection(records: list[Record]) -> tuple[tuple[int, int, int, int | None], Record] | None:
+    """(the scores' operands, flow.operands, and the projection nearest above the queries'); None where either is
+    not seen."""
+    from attnscope.usertrace.flow import operands, projection_above
+
+    found = operands(records)
+    q_proj = projection_above(records, found[0]) if found is not None else None
+    return (found, q_proj) if found is not None and q_proj is not None else None
 
 
 def _texts(records: list[Record], parts: list[tuple[str, Any]]) -> set[str]:

@@ -33,7 +33,8 @@ def narrowed(projections: Projections, records: list[Record]) -> Projections:
         name, linear = linears[role]
         order = _rows(name, records, index)
         weight = getattr(linear, "weight", None)
-        if order is None or not isinstance(weight, torch.Tensor) or len(order) >= weight.shape[0]:
+        if order is None or not isinstance(weight, torch.Tensor) or len(order) >= weight.shape[0] \
+                or _all_read(name, records, role, order, weight.shape[0]):
             continue
         part = fused.rows(name, weight, getattr(linear, "bias", None), torch.tensor(order),
                           f"[{fused.row_ranges(order)}]")
@@ -46,6 +47,22 @@ def narrowed(projections: Projections, records: list[Record]) -> Projections:
     note = "; ".join(said)
     return dataclasses.replace(projections, linears=linears,
                                note=f"{projections.note}; {note}" if projections.note else note)
+
+
+def _all_read(name: str, records: list[Record], role: str, order: list[int], width: int) -> bool:
+    """Whether the role's tensors of every softmax together read all of `name`'s rows: heads processed a few at a
+    time (lucidrains' Perceiver AR's `q.split(max_heads, dim=1)`, a softmax a chunk), each chunk reading its heads'
+    rows, is the whole projection, not rows beside a gate."""
+    from attnscope.usertrace.flow import operands_at
+    from attnscope.usertrace.record import SOFTMAXES
+
+    read = set(order)
+    for softmax in (r for r in records if r.func.split(".")[-1] in SOFTMAXES):
+        found = operands_at(records, softmax)
+        index = found["qkv".index(role)] if found is not None else None
+        more = _rows(name, records, index) if index is not None else None
+        read |= set(more or ())
+    return len(read) >= width
 
 
 def _rows(name: str, records: list[Record], index: int) -> list[int] | None:
