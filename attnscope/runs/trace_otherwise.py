@@ -6,7 +6,9 @@ a note, before trace ever says "your code raised":
 - the one input taken apart as a list (`inputs[0]`, `inputs[1]`, `inputs[2]`; `q, k, v = qkv`): handed a list of
   it, query, key and value the same tensor (Music Transformer's `self.rga([x, x, x], mask)`);
 - a second tensor the code computes with as integers (`positions % W`, `table[pos]`): the tokens' positions,
-  arange(n_Q) (mistral-src's `positions`);
+  arange(n_Q) (mistral-src's `positions`), else one row of them for each sequence, [n_batch, n_Q] (Griffin's
+  `segment_pos`, asserted [b, t] before any use); a required position embedding trace made up too, where its
+  shapes all raised, and positions named so, given [n_Q], as rows;
 - a second tensor on the path of the op it raised in: a relative position embedding (Transformer-XL's
   `r` [klen, 1, d] time-first, XLNet's [qlen + klen, n_batch, d], ESPnet's [1, 2n-1, d]);
 - a memory read as four axes (`b, t, m = media.shape[:3]`): `[n_batch, n_t, n_m, d]`, its n_t·n_m keys the
@@ -37,7 +39,9 @@ def otherwise(r: RunSoFar, ran: Made, then: tuple[Retry, ...] = ()) -> Made:
     failed = called.failure
     if failed is None or r.o.q or r.o.cache or r.o.layout != "row":
         return ran
-    for name in paramuse.culprits(called.records, failed, list(r.plan.tensors), r.target.path):
+    invented = [n for n in r.plan.embeddings_required if n in r.plan.embeddings]  # shapes trace made up
+    names = [*r.plan.tensors, *invented, *r.plan.position_tensors]
+    for name in paramuse.culprits(called.records, failed, names, r.target.path):
         for plan, words in _readings(r, ran, name):
             kept = r.plan, r.o
             r.plan = plan
@@ -47,8 +51,9 @@ def otherwise(r: RunSoFar, ran: Made, then: tuple[Retry, ...] = ()) -> Made:
                 made = retry(r, made if made is not None else ran)
                 if made[2].failure is None:
                     break
-            if made is not None and made[2].failure is None and (name in r.plan.listed or name in r.plan.grouped
-                                                                 or paramuse.apart_from_keys(made[2].records, name)):
+            if made is not None and made[2].failure is None and (
+                    name in r.plan.listed or name in r.plan.grouped or paramuse.apart_from_keys(made[2].records, name)
+                    or (_as_positions(r.plan, name) and paramuse.keys_from(made[2].records, r.plan.tensors[0]))):
                 if name in r.plan.embeddings:  # the form it ran on
                     from attnscope.usertrace.feeds import embedding_forms
 
@@ -69,6 +74,15 @@ def _readings(r: RunSoFar, ran: Made, name: str) -> Iterator[tuple[Plan, str]]:
     called, plan = ran[2], r.plan
     records, failed = called.records, called.failure
     assert failed is not None
+    positions = [(plan.as_positions(name), "the tokens' positions, torch.arange(n_Q)"),
+                 (plan.as_positions(name, rows=True), "the tokens' positions, one row for each sequence, "
+                                                      "torch.arange(n_Q).repeat(n_batch, 1) [n_batch, n_Q]")]
+    if name in plan.embeddings:  # made up by trace in each of its shapes, all raised on
+        yield from positions
+        return
+    if name in plan.position_tensors:  # named so, and raised on as [n_Q]
+        yield positions[1]
+        return
     if plan.self_attention:
         count = paramuse.listed(records, failed, name, _source(r.fn))
         if count is not None:
@@ -79,9 +93,14 @@ def _readings(r: RunSoFar, ran: Made, name: str) -> Iterator[tuple[Plan, str]]:
     if paramuse.four_axes(failed, name, r.target.path):
         yield plan.as_grouped(name), "[n_batch, 1, n_K, d_feat], its n_K tokens one group (the same keys)"
         return
-    positions = plan.as_positions(name), "the tokens' positions, torch.arange(n_Q)"
-    embedding = plan.as_embedding(name), "a random position embedding"
-    yield from (positions, embedding) if paramuse.integers(records, failed, name) else (embedding, positions)
+    embedding = [(plan.as_embedding(name), "a random position embedding")]
+    yield from positions + embedding if paramuse.integers(records, failed, name) else embedding + positions
+
+
+def _as_positions(plan: Plan, name: str) -> bool:
+    """Whether the parameter `name` is given the tokens' positions in `plan` (their turns of the keys, RoPE's, read
+    from them as the code reads them)."""
+    return name in plan.position_tensors or name in plan.position_rows
 
 
 def _source(fn: Any) -> str:

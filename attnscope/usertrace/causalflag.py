@@ -46,8 +46,8 @@ def candidates(fn: Any, plan: Plan, source: Any = None) -> list[str]:
         return []
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     fed = {*plan.tensors, *plan.nones, *plan.zeros, *plan.given, *plan.positions, *plan.position_tensors,
-           *plan.position_ids, *plan.position_ids_later, *plan.tables, *plan.embeddings, *plan.listed,
-           *plan.aliases, *plan.grouped, *plan.other_masks}
+           *plan.position_rows, *plan.position_ids, *plan.position_ids_later, *plan.tables, *plan.embeddings,
+           *plan.listed, *plan.aliases, *plan.grouped, *plan.other_masks}
     fed |= {n for n in (plan.mask, plan.cache, plan.cache_values, plan.bias, plan.lengths) if n is not None}
     return [name for name, p in parameters.items() if name not in fed and name in read
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and _boolish(p)]

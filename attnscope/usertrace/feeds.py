@@ -114,6 +114,8 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         out.values[name] = n_cache
     for name in plan.position_tensors:  # gpt-fast's input_pos: the new tokens' positions, after the cached ones
         out.values[name] = torch.arange(n_cache, n_cache + sizes["n_Q"])
+    for name in plan.position_rows:  # one row for each sequence, [n_batch, n_Q] (Griffin's segment_pos)
+        out.values[name] = torch.arange(n_cache, n_cache + sizes["n_Q"]).repeat(sizes.get("n_batch", 1), 1)
     for name in plan.position_ids:  # transformers' model: position_ids = cache_position.unsqueeze(0)
         out.values[name] = torch.arange(n_cache, n_cache + sizes["n_Q"])[None]
     _embeddings(plan, inputs, out)

@@ -109,6 +109,8 @@ class Plan:
     # `cache` then gets K_cache alone
     positions: list[str] = field(default_factory=list)  # get the first new position (0, or --cache N)
     position_tensors: list[str] = field(default_factory=list)  # get the new positions, arange(n_cache, n_cache + n)
+    position_rows: list[str] = field(default_factory=list)  # get them for each sequence, [n_batch, n] (Griffin's
+    # segment_pos, asserted [b, t]): read from the run where the code raised on an input (runs/trace_otherwise.py)
     position_ids: list[str] = field(default_factory=list)  # get them as ids [1, n], as transformers' model passes
     # optional position ids, left at their default (None) unless the code raises on it (Qwen2-VL makes its own
     # 3-row mrope ids from None; RecurrentGemma's rotary reads position_ids.shape): then given them (position_ids)
@@ -274,11 +276,16 @@ class Plan:
         """This plan with the input `name` handed as a list of `count` (Music Transformer's `inputs` = [q, k, v])."""
         return dataclasses.replace(self, listed={**self.listed, name: count})
 
-    def as_positions(self, name: str) -> Plan:
+    def as_positions(self, name: str, rows: bool = False) -> Plan:
         """This plan with the tensor parameter `name` given the new tokens' positions, arange(n_cache, n_cache + n_Q)
-        (mistral-src's `positions`), not an input."""
+        (mistral-src's `positions`), not an input (nor a position embedding); `rows`: one row of them for each
+        sequence, [n_batch, n_Q] (Griffin's `segment_pos`)."""
         return dataclasses.replace(self, tensors=[n for n in self.tensors if n != name],
-                                   position_tensors=[*self.position_tensors, name])
+                                   embeddings=[n for n in self.embeddings if n != name],
+                                   embeddings_required=[n for n in self.embeddings_required if n != name],
+                                   position_tensors=[*(n for n in self.position_tensors if n != name),
+                                                     *([] if rows else [name])],
+                                   position_rows=[*self.position_rows, *([name] if rows else [])])
 
     def as_embedding(self, name: str) -> Plan:
         """This plan with the tensor parameter `name` given a position embedding trace makes (Transformer-XL's `r`),

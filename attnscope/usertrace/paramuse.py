@@ -9,6 +9,7 @@
   `positions[-1].item()`; an index into a table, `table[pos]`);
 - `apart_from_keys`: a parameter read so that none of the keys or values the pattern meets come from it (a position
   embedding or positions beside the attention's own inputs, never an input whose length differs by a mistake);
+- `keys_from`: the keys the pattern meets come from the input (positions turn them, RoPE's, but never make them);
 - `four_axes`: a parameter read as four axes where it had three (Flamingo's media `[b, t, m, d]`: `media.shape[3]`,
   `b, t, m, d = media.shape`).
 """
@@ -125,3 +126,12 @@ def apart_from_keys(records: list[Record], name: str) -> bool:
         return True
     made = derived(records, name)
     return not any(i in made for i in found[1:3])
+
+
+def keys_from(records: list[Record], name: str) -> bool:
+    """Whether the scores' right operand (the keys) comes from the parameter `name` in a run (True where the run
+    shows no scores matmul)."""
+    from attnscope.usertrace.flow import operands
+
+    found = operands(records)
+    return found is None or found[1] in derived(records, name)
