@@ -183,9 +183,11 @@ def _finite_reading(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, 
     target, fn, plan, inputs, module, fed = run
     allowed = inputs.allowed
     other = OTHER_WAY.get(convention.kind)
-    if called.failure is not None or other is None or allowed is None or allowed.dtype != torch.bool \
+    if called.failure is not None or allowed is None or allowed.dtype != torch.bool \
             or not bool(allowed.any(-1).all()):
         return called, convention
+    if other is None:  # a bias to add (0 / -inf, finfo.min) or subtract: the code's other forms
+        return _other_form(o, run, called, convention, dtype)
     starved = not fed_well(called)
     if not starved and masking.holds(called.records, allowed, inputs.sizes) is not False:
         return called, convention
@@ -200,6 +202,39 @@ def _finite_reading(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, 
                         f"code {why}; given the other way round, it does not, and is read so")
     how = "the bias it builds from the mask" if convention.how == "converted" else convention.how or "its ops"
     return again, masking.Convention(other, convention.line, f"{how}, read the other way round")
+
+
+def _other_form(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
+                convention: Convention, dtype: Any) -> tuple[Called, Convention]:
+    """Where the mask, given as the bias the code's ops were read to add, leaves every query a key and the code's
+    output is not finite or a query saw no key (HF Pix2Struct's `1 - mask` position bias, filled with finfo.min where
+    it is 1: 0 / -inf turns every kept key masked and the padded ones +inf), or the scores it softmaxes mask every key
+    of a query (maskforms.drowned: T5's `(1 - bias) * finfo.min`), the mask in the code's other forms
+    (maskforms.FORMS: 0/1 numbers, a boolean, another bias), the first whose run is fed well and whose pattern keeps
+    to the mask (maskforms.keeps_to), with a note. Else the run as it was."""
+    import torch
+
+    from attnscope.usertrace import maskforms, masking
+    from attnscope.usertrace.call import call
+
+    target, fn, plan, inputs, module, fed = run
+    allowed = inputs.allowed
+    if allowed is None or plan.mask is None or (fed_well(called) and not maskforms.drowned(called.records, plan.mask)):
+        return called, convention
+    for kind in maskforms.FORMS:
+        if kind == convention.kind:
+            continue
+        torch.manual_seed(o.seed)
+        again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, kind, dtype), fed)
+        if again.failure is not None or not fed_well(again) or maskforms.drowned(again.records, plan.mask) \
+                or not maskforms.keeps_to(again.records, allowed, inputs.sizes):
+            continue
+        inputs.notes.append(f"{plan.mask}: given {masking.WORDS[convention.kind]} as your code's ops were read, "
+                            "your code left a query no key (or its output not finite) although the mask leaves every "
+                            f"query a key; given {masking.WORDS[kind]}, it does not, and is read so")
+        how = "its use of the mask, found by experiment"
+        return again, masking.Convention(kind, convention.line, how)
+    return called, convention
 
 
 def fed_well(called: Called) -> bool:
