@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import UsageError
 from attnscope.runs.trace_attempt import RunSoFar, attempted, cache_parameters
 from attnscope.runs.trace_otherwise import alias_note, otherwise
-from attnscope.runs.trace_relative import equal_lengths, refused
+from attnscope.runs.trace_relative import equal_lengths, refused, tables_asked
 from attnscope.runs.trace_setup import (
     context_widths,
     held_widths,
@@ -50,7 +50,7 @@ def first_run(r: RunSoFar) -> Made:
     made = _position_ids(r, made)
     for retry in (equal_lengths, _at_held_batches, _unbatched, _in_columns, _weights_turned, _at_held_widths,
                   _time_first, _as_image, _joined_layout, _read_otherwise, _module_unbatched, _at_sliced_widths,
-                  _masks_at_default, refused):
+                  _masks_at_default, refused, tables_asked):
         made = retry(r, made)
     made = _unread_inputs(r, made)
     _cache_notes(r, made)

@@ -1,7 +1,9 @@
 """A position embedding trace invents for the code (ESPnet's `pos_emb`): where the code raised on each shape trace
 gave it (the input's own, then a relative embedding's, feeds.RELATIVE), the run again with keys as many as the
 queries, as a relative embedding over positions n-1 .. -(n-1) needs; where it still raises in an op that reads the
-embedding, one line saying which input to give, never "your code raised" on an input trace made up."""
+embedding, one line saying which input to give, never "your code raised" on an input trace made up. So with RoPE's
+tables left at their default None without --rope (Zamba2's position_embeddings=None): where the code raises on them,
+one line asking for --rope."""
 
 from __future__ import annotations
 
@@ -47,6 +49,21 @@ def refused(r: RunSoFar, ran: Made) -> Made:
                      "trace made for it (the input's shape [n_batch, n, d], a relative one's [1, 2n-1, d] and "
                      "[n_batch, 2n-1, d], one for the batch [1, n, d]); trace the module that makes it and calls "
                      "yours (ESPnet's encoder layer beside its pos_enc), or give it a default")
+
+
+def tables_asked(r: RunSoFar, ran: Made) -> Made:
+    """`ran`; a UsageError asking for --rope where the code raised with RoPE's tables None (their default, no --rope
+    given): the op or line it raised in reads them, or it met a None."""
+    from attnscope.usertrace import paramuse
+
+    failed, unasked = ran[2].failure, r.plan.tables_unasked
+    if failed is None or not unasked or not (paramuse.culprits(ran[2].records, failed, unasked, r.target.path)
+                                             or "NoneType" in failed.message):
+        return ran
+    where = f"line {failed.line}: " if failed.line else ""
+    raise UsageError(f"{r.plan.signature} takes RoPE's tables ({', '.join(unasked)}) and raised without them "
+                     f"({where}{failed.message}): add --rope (and --rope-base B) so that trace can make them and the "
+                     "reference rotates alike")
 
 
 def _reads(called: Called, names: list[str]) -> bool:

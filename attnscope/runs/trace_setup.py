@@ -86,6 +86,8 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     if o.rope:  # a parameter the code unpacks in two, (cos, sin) under a name of its own (nanochat's cos_sin)
         plan = plan.with_pairs(pairparams.unpacked_in_two(module.forward if module is not None else fn,
                                                           plan.tensors[1:] + plan.optional))
+    if not o.rope and plan.tables and plan.tables_optional:  # RoPE's tables defaulting to None, no --rope: the code
+        plan = plan.with_own_tables(rope=False)  # runs without them, else the run asks for --rope (tables_asked)
     if o.cache and plan.cache is None and module is not None and heldcache.places(module):
         plan = dataclasses.replace(plan, cache_held=True)  # a cache it holds itself, read from a run (heldcache.py)
     # what it holds before any run: the runs that read its roles move a count of positions it keeps (cache_pos)

@@ -118,6 +118,7 @@ class Plan:
     cache_held: bool = False  # the module holds its cache itself (heldcache.py): --cache N fills it
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     tables_optional: bool = False  # every one of them defaults to None: the module may make its own
+    tables_unasked: list[str] = field(default_factory=list)  # those given None without --rope (with_own_tables)
     bias: str | None = None  # a position bias: gets --position-bias's tensor, else None
     bias_required: bool = False  # the position bias has no default: --position-bias must give it
     order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
@@ -229,14 +230,17 @@ class Plan:
         optional = [n for n in self.order if n in self.optional or (not required and n == self.lengths)]
         return dataclasses.replace(self, tensors=tensors, optional=optional, lengths=None)
 
-    def with_own_tables(self) -> Plan:
-        """This plan with RoPE's tables given None (each defaults to None): the module makes its own, as transformers'
-        layers of 4.4x do from their rotary_emb."""
+    def with_own_tables(self, rope: bool = True) -> Plan:
+        """This plan with RoPE's tables given None (each defaults to None): under --rope (`rope`), the module makes
+        its own, as transformers' layers of 4.4x do from their rotary_emb; without it, the code runs without them
+        (Zamba2's position_embeddings=None, read only under its config's use_mem_rope), and where it raises so, the
+        run asks for --rope (runs/trace_relative.tables_asked)."""
         words = f"{', '.join(self.tables)} = None: your module makes RoPE's tables itself, and runs so (--forward " \
-                "gives them)"
+                "gives them)" if rope else f"{', '.join(self.tables)} = None, its default: your code runs without " \
+                "RoPE's tables, and the reference rotates nothing (--rope makes them and rotates alike)"
         said = {name: words if i == 0 else "" for i, name in enumerate(self.tables)}  # one note for them all
         return dataclasses.replace(self, tables=[], tables_optional=False, nones=[*self.nones, *self.tables],
-                                   said={**self.said, **said})
+                                   said={**self.said, **said}, tables_unasked=[] if rope else list(self.tables))
 
     def with_embedding_form(self, form: str) -> Plan:
         """This plan with its position embeddings shaped as `form` says (feeds.RELATIVE)."""

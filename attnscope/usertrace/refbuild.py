@@ -14,7 +14,6 @@ from torch import nn
 from attnscope.errors import UsageError
 from attnscope.trace import Trace
 from attnscope.usertrace import normforms
-from attnscope.usertrace.fused import NONE
 from attnscope.usertrace.linearweights import ROLES, mentioned, role_of
 from attnscope.usertrace.refspec import Spec
 
@@ -32,11 +31,11 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
     q, k, v, o = (found.linears[role][1] for role in ROLES)
     d_feat = q.in_features
     names = {role: found.linears[role][0] for role in ROLES}
-    merge = names["o"] == NONE  # no output projection: the identity over the merge, of the heads' width
-    if k.in_features != v.in_features or o.out_features != d_feat and not merge:  # K, V may read their own width
-        raise UsageError(f"{names['k']} and {names['v']} must read the same features and {names['o']} write "
-                         f"{names['q']}'s back: found {q.in_features}, {k.in_features}, {v.in_features} in, "
-                         f"{o.out_features} out")
+    # K, V may read their own width; the output projection may write another than the queries read (Zamba's
+    # shared block reads cat(hidden, embeddings), 2·d_model, and writes d_model back): held as it is, below
+    if k.in_features != v.in_features:
+        raise UsageError(f"{names['k']} and {names['v']} must read the same features: found {q.in_features}, "
+                         f"{k.in_features}, {v.in_features} in")
     d_head, n_kv_head, d_v = head_widths(names, (q, k, v, o), n_head)
     if spec.rope_base is not None and d_head % 2:
         raise UsageError(f"RoPE rotates pairs of coordinates, so d_head must be even; it is {d_head}")
@@ -63,8 +62,9 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
                                    dtype=weight.dtype, spec=attention,
                                    d_kv_in=k.in_features if k.in_features != d_feat else None,
                                    d_v=d_v if d_v != d_head else None)
-    if o.out_features != d_feat:  # the merge of heads other than d_feat wide, compared as it is: x = x_rsh2
-        reference.W_o = nn.Linear(o.in_features, o.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+    if o.out_features != d_feat:  # another width than d_feat (a merge's identity, Zamba's o_proj): held as it is
+        reference.W_o = nn.Linear(o.in_features, o.out_features, bias=o.bias is not None, device=weight.device,
+                                  dtype=weight.dtype)
     with torch.no_grad():
         for mine, theirs in ((reference.W_q, q), (reference.W_k, k), (reference.W_v, v), (reference.W_o, o)):
             mine.weight.copy_(theirs.weight)
