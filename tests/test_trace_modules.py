@@ -772,7 +772,8 @@ def test_heads_tiled_diverge_at_k_rep_named_and_later_steps_pair_with_their_own_
     first = out["first_divergence"]
     assert first["reference"] == "K_rep" and first["line"] == line_of(TILED, "k = k.repeat(")
     assert "key/value heads repeated in the wrong order" in first["diagnosis"], first
-    assert ("pass --rope" in first["diagnosis"]) == rope, first
+    # with RoPE untold, the tiling is named by experiment beside it (pairs.py), the RoPE said first with its flag
+    assert ("describe it with --rope" in first["diagnosis"]) == rope and first["experiment"] == "gqa.tiled", first
     lines = {row["reference"]: row["line"] for row in out["alignment"]}
     assert lines["V_rep"] == line_of(TILED, "v = v.repeat(")
     assert lines["scores"] == lines["attention"] == line_of(TILED, "w = torch.softmax(")

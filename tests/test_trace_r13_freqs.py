@@ -233,5 +233,8 @@ def test_a_mistake_beside_rope_untold_says_to_describe_the_rope_first(runner):
     result, out = trace(runner, f"{STYLES}:TruncatedRope", "--causal", "--scale", "0.12", "--init", "bug='off_by_one'")
     assert result.exit_code == 1, result.stdout + result.stderr
     said = out["first_divergence"]["diagnosis"]
-    assert said.startswith("your code rotates q and k by RoPE, which the reference was not told of"), said
-    assert "describe the RoPE with --rope" in said and "2 of its 4 pairs do not turn" in said
+    # the RoPE untold said first, and the band's mistake named by experiment beside it (pairs.py: rope.untold is
+    # no mistake of the code's)
+    assert said.startswith("your code rotates q and k by RoPE (") and "which the reference was not told of" in said
+    assert "describe it with --rope" in said and "2 of its 4 pairs do not turn" in said, said
+    assert out["first_divergence"]["experiment"] == "mask.off_by_one", out["first_divergence"]

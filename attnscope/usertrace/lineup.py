@@ -436,7 +436,12 @@ def _better(other: LineUp, first: LineUp) -> bool:
         return True
     if first.divergence is None or _reached(other) != _reached(first):
         return _reached(other) > _reached(first)
-    return other.divergence.experiment is not None and first.divergence.experiment is None
+    return _named(other.divergence.experiment) > _named(first.divergence.experiment)
+
+
+def _named(experiment: str | None) -> int:
+    """How well a divergence is explained: no entry, two mistakes at once (pairs.py: "a+b"), one entry."""
+    return 0 if experiment is None else 1 if "+" in experiment else 2
 
 
 def takes_tables(module: Any) -> bool:

@@ -7,7 +7,9 @@ the three entries whose run moves the reference closest to the code at the diver
 the code's there than the reference's do); the second is any other entry whose changes touch other arguments of the
 replay, and that either moves the reference closer at that step too or first changes another step.
 
-A pair is said in one of two ways. Where one of the two runs alone leaves the reference's output as it is (ALiBi's
+A pair is said in one of three ways. Where one of the two is an entry for what the code does and trace was not told
+of (rope.untold: no mistake of the code's), `experiment` is the other's name, the untold one said first. Where
+one of the two runs alone leaves the reference's output as it is (ALiBi's
 bias made symmetric, −m_h · |i − j|, under a causal mask that hides every key after the query), that one is a
 convention of the code, kept, and the other names the cause (`experiment` is its name). Where both change the
 output, both are mistakes, and `experiment` is their two names joined by "+", in the catalog's order
@@ -156,6 +158,14 @@ def _said(base: Base, found: Reproduced, first: Tried, second: Tried) -> Diagnos
     who = label_of(found.record) if found.record is not None else label_of(found.final)
     gives = label_of(found.final) if found.record is None or found.final is found.record else (
         f"{who} and {label_of(found.final)}")
+    untold = [t for t in pair if t.experiment.name.endswith(".untold") or t.experiment.name.endswith("_untold")]
+    if len(untold) == 1:  # what the code does and trace was not told of (--rope), and one mistake
+        told, cause = untold[0], pair[1] if untold[0] is pair[0] else pair[0]
+        text = (f"{told.trial.words.format(who=_who(base, told, found) or who)}; and with it described, "
+                f"{cause.trial.words.format(who=_who(base, cause, found) or who)}")
+        evidence = (f"by experiment: {cause.experiment.name} with {told.experiment.name} (no mistake of your code's: "
+                    f"trace was not told of it); {SAYS_RERUN.format(gives=gives)}")
+        return Diagnosis(text, found.record, cause.trial.ratio, cause.experiment.name, evidence)
     neutral = [t for t in pair if _neutral(base, t)]
     if len(neutral) == 1:  # a convention of the code's and one mistake
         kept = neutral[0]
