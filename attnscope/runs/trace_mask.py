@@ -238,15 +238,17 @@ def _other_form(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feed
 
 
 def fed_well(called: Called) -> bool:
-    """Whether a run given a mask that leaves every query a key looks so: every floating tensor the code returned is
-    finite, and no query of its pattern saw no key (masking.starved). Else the mask was given the wrong way round
-    for the code, and nothing is read off the run."""
+    """Whether a run given a mask that leaves every query a key looks so: no floating tensor the code returned holds
+    NaN or +inf, and no query of its pattern saw no key (masking.starved). Else the mask was given the wrong way round
+    for the code, and nothing is read off the run. -inf is allowed: masked scores the code returns beside its output
+    hold it where the mask is (OpenAI whisper's `qkv_attention` returns `qk` after `qk + mask`)."""
     import torch
 
     from attnscope.usertrace import masking
 
     found = called.result if isinstance(called.result, (tuple, list)) else [called.result]  # (out, weights)
-    return all(bool(torch.isfinite(t).all()) for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()) \
+    return not any(bool(torch.isnan(t).any() or torch.isposinf(t).any())
+                   for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()) \
         and masking.starved(called.records) is None
 
 

@@ -90,7 +90,8 @@ class Convention:
         reads = {"attend": "it masks where the mask is False", "masked": "it masks where the mask is True",
                  "additive": "it adds the mask to the scores", "float01": "it computes with the mask as numbers",
                  "float10": "it computes with the mask as numbers, 1 where a key is masked",
-                 "subtracted": "it subtracts the mask from the scores"}
+                 "subtracted": "it subtracts the mask from the scores",
+                 "additive_min": "it adds the mask to the scores"}
         if self.compared:
             fill = "finfo.min" if self.kind == "additive_min" else "-inf"
             reads[self.kind] = (f"it compares the mask with a number that tells an additive mask's 0 and {fill} "
