@@ -3,9 +3,10 @@ run the reference on the same inputs, line the two up and explain the first dive
 
 No terminal code: `run_trace` returns a `TraceRun` that attnscope.render.usertrace shows. The run's steps live
 beside this file: trace_setup (the target built, its forward planned), trace_attempt (the run so far, and how
-each run of the code is made), trace_mask (the mask as the code reads it), trace_layouts (the first run, and the
-readings where it raises), trace_readings (what a run that ran says), trace_result (the record); the pieces they
-use live in attnscope.usertrace (load, inputs, call, lineup).
+each run of the code is made), trace_mask (the mask as the code reads it), trace_maskranks (the mask in the code's
+other forms, once the first lines up), trace_layouts (the first run, and the readings where it raises),
+trace_readings (what a run that ran says), trace_result (the record); the pieces they use live in
+attnscope.usertrace (load, inputs, call, lineup).
 """
 
 from __future__ import annotations

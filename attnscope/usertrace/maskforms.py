@@ -35,10 +35,11 @@ def _pattern_from_mask(records: list[Record], label: str) -> tuple[Record | None
     return None, False
 
 
-def drowned(records: list[Record], label: str) -> bool:
+def drowned(records: list[Record], label: str, every: bool = False) -> bool:
     """Whether the scores the code's first pattern is computed from, made from the mask, hold a query whose every
     key is masked (very negative or NaN): the mask, as it was written, masked the keys it allows too (0 / -inf
-    turned into `(1 - bias) * finfo.min`: finfo.min on every kept key, -inf on the padded)."""
+    turned into `(1 - bias) * finfo.min`: finfo.min on every kept key, -inf on the padded). `every`: whether every
+    query is (a key padding applied on the queries drowns the padded queries alone)."""
     import torch
 
     from attnscope.usertrace.align import VERY_NEGATIVE
@@ -51,7 +52,8 @@ def drowned(records: list[Record], label: str) -> bool:
     if scores is None or not scores.tensor.is_floating_point() or scores.tensor.dim() < 2:
         return False
     low = torch.isnan(scores.tensor) | (scores.tensor <= VERY_NEGATIVE)
-    return bool(low.all(-1).any())
+    rows = low.all(-1)
+    return bool(rows.all() if every else rows.any())
 
 
 def keeps_to(records: list[Record], allowed: torch.Tensor, sizes: dict[str, int]) -> bool:

@@ -1,0 +1,118 @@
+"""A mask the code takes in more than one form: the shapes a mask is handed in (key padding `[n_batch, n_K]`, diffusers'
+`[n_batch, 1, n_K]`, HF's 4-D `[n_batch, 1, 1, n_K]`, a mask per query `[n_batch, n_Q, n_K]`, `[n_batch, 1, n_Q,
+n_K]`), the path the mask takes through the code's ops in a run (a branch on its rank: HF Pix2Struct's
+`if attention_mask.dim() == 2: ... attention_mask[:, None, None, :]`, BERT's get_extended_attention_mask), and
+whether two runs' outputs agree. runs/trace_maskranks.py gives the code each other form it takes once the first
+lines up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnscope.usertrace.call import Called
+    from attnscope.usertrace.record import Record
+
+
+def forms(allowed: torch.Tensor, sizes: dict[str, int]) -> list[tuple[torch.Tensor, str]]:
+    """The mask `allowed` (boolean, True = may attend, as the code was first given it) in the other shapes a mask is
+    handed in, each with its words; key padding's shapes only where the mask is key padding (the same for every
+    query of a sequence). None of the shape given, nor any where the sizes leave a shape ambiguous (n_batch equal
+    to n_Q or n_K: `[n_batch, n_K]` then reads as `[n_Q, n_K]`), nor a mask that differs across heads."""
+    grid = laid(allowed, sizes)
+    if grid is None:
+        return []
+    out: list[tuple[torch.Tensor, str]] = []
+    if bool((grid == grid[:, :1, :]).all()):  # key padding: no rule of the queries
+        keys = grid[:, 0, :]  # [n_batch, n_K]
+        out += [(keys, "[n_batch, n_K]"), (keys[:, None, :], "[n_batch, 1, n_K]"),
+                (keys[:, None, None, :], "[n_batch, 1, 1, n_K]")]
+    out += [(grid, "[n_batch, n_Q, n_K]"), (grid[:, None], "[n_batch, 1, n_Q, n_K]")]
+    return [(form, words) for form, words in out if tuple(form.shape) != tuple(allowed.shape)]
+
+
+def laid(allowed: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | None:
+    """The mask `allowed` (True = may attend) as `[n_batch, n_Q, n_K]`, from key padding `[n_batch, n_K]` (HF BERT's
+    2-D attention_mask) or a mask `[.., n_Q or 1, n_K]` of one head; None where it is neither, or the sizes leave
+    its axes ambiguous (n_batch equal to n_Q or n_K)."""
+    n_batch, n_Q, n_K = sizes.get("n_batch"), sizes.get("n_Q"), sizes.get("n_K")
+    if n_batch is None or n_Q is None or n_K is None or allowed.dim() < 2 or allowed.dim() > 4 \
+            or allowed.shape[-1] != n_K or (n_batch > 1 and n_batch in (n_Q, n_K)):
+        return None
+    keys = allowed.dim() == 2 and allowed.shape[0] == n_batch > 1
+    one = allowed[:, None, :] if keys else allowed  # [.., n_Q or 1, n_K]
+    if one.shape[-2] not in (1, n_Q) or (one.dim() == 4 and one.shape[1] != 1) or (
+            one.dim() > 2 and one.shape[0] not in (1, n_batch)):
+        return None
+    return one.reshape(-1, one.shape[-2], n_K).expand(n_batch, n_Q, n_K)
+
+
+def words(shape: tuple[int, ...], sizes: dict[str, int]) -> str:
+    """A mask's shape in dims: its first axis n_batch, its last n_K, the one before n_Q where it has that size."""
+    dims = ["1" if n == 1 else str(n) for n in shape]
+    if len(shape) >= 3 and shape[0] == sizes.get("n_batch") and shape[0] != 1:
+        dims[0] = "n_batch"
+    if len(shape) == 2 and shape[0] == sizes.get("n_batch") and shape[0] != 1:
+        dims[0] = "n_batch"
+    if shape and shape[-1] == sizes.get("n_K"):
+        dims[-1] = "n_K"
+    if len(shape) >= 3 and shape[-2] == sizes.get("n_Q") and shape[-2] != 1:
+        dims[-2] = "n_Q"
+    return f"[{', '.join(dims)}]"
+
+
+def path(records: list[Record], label: str) -> tuple[tuple[int, str], ...]:
+    """The ops the mask parameter `label` (and what the code made of it) passes through before the code's first
+    pattern (a softmax, a kernel's attention), as (line, op) in the order run: two forms of the mask that take
+    different paths meet a branch of the code's on the mask's shape."""
+    from attnscope.usertrace.masking import _pattern
+
+    derived: set[int] = set()
+    ops: list[tuple[int, str]] = []
+    for record in records:
+        if _pattern(record):
+            break
+        texts = [value for kind, value in record.args if kind == "text"] + [
+            value[1][1] for kind, value in record.args if kind == "kw" and value[1][0] == "text"]
+        if label in texts or derived & set(record.parents):
+            derived.add(record.index)
+            ops.append((record.line, record.func))
+    return tuple(ops)
+
+
+def shaped_alike(first: Called, other: Called) -> bool:
+    """Whether a run's output and first pattern have the first run's shapes: a form the code broadcasts into axes
+    of its own (a 4-D mask indexed `[:, None]` as a 3-D one would be) is none it takes."""
+    from attnscope.usertrace.masking import _pattern
+
+    def shapes(called: Called) -> tuple[Any, Any]:
+        out = _output(called.result)
+        pattern = next((r.tensor for r in called.records if _pattern(r)), None)
+        return (None if out is None else tuple(out.shape)), (None if pattern is None else tuple(pattern.shape))
+
+    return shapes(first) == shapes(other)
+
+
+def _output(result: Any) -> torch.Tensor | None:
+    """The first floating tensor a run returned (out, before any weights)."""
+    import torch
+
+    found = result if isinstance(result, (tuple, list)) else [result]
+    return next((t for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+
+
+def agree(first: Any, other: Any) -> bool:
+    """Whether two runs returned the same output: the first floating tensor of each (out, before any weights),
+    of one shape and equal up to float rounding."""
+    import torch
+
+    a, b = _output(first), _output(other)
+    if a is None or b is None or a.shape != b.shape:
+        return a is None and b is None
+    a, b = a.detach().double(), b.detach().double()
+    finite = a[torch.isfinite(a)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, scale), equal_nan=True))
