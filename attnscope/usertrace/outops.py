@@ -20,12 +20,15 @@ from attnscope.usertrace.record import Record
 
 RANDOM = ("dropout", "rand", "bernoulli", "multinomial")
 CASTS = ("to", "type_as", "float", "double", "half", "bfloat16", "clone", "detach")
+MOVES = ("split", "chunk", "unbind", "tensor_split", "cat", "concat", "concatenate", "stack")
 
 
-def found(module: Any, records: list[Record], o_width: tuple[int, int]) -> str | None:
+def found(module: Any, records: list[Record], o_width: tuple[int, int],
+          held: frozenset[int] = frozenset()) -> str | None:
     """The note that says the code's own ops between its merged heads and its output projection (whose weight is
     `o_width` = (in_features, out_features)); None where the projection reads the merge as it is, or reads
-    anything else of the inputs."""
+    anything else of the inputs. `held`: records before the merge that the reference computes too (the add of the
+    code's own term on its attention's output, the Set Transformer's `Q_ + A·V_`), no op of the code's own there."""
     from attnscope.usertrace.flow import operands
 
     ops = operands(records)
@@ -46,7 +49,11 @@ def found(module: Any, records: list[Record], o_width: tuple[int, int]) -> str |
     before = [records[i] for i in sorted(path) if i <= merged.index]
     after = [records[i] for i in sorted(path) if i > merged.index]
     changing = [r for r in after if r.func not in REARRANGING + CASTS]
-    if any(r.func not in REARRANGING + CASTS for r in before) or not changing:
+    # the heads taken out of the batch and joined along the features (`cat(o.split(n_batch, 0), -1)`) move values
+    # alone where every value of attn @ v reaches the merge
+    moved = [r for r in before if r.func not in REARRANGING + CASTS and r.index not in held]
+    if any(not _moved(r, path | {av}) for r in moved) or not changing or (
+            moved and merged.tensor.numel() != records[av].tensor.numel()):
         return None
     inputs = _forward_names(module)
     for r in after:
@@ -64,6 +71,12 @@ def found(module: Any, records: list[Record], o_width: tuple[int, int]) -> str |
             f"the projection at line {out.line} reads their result, made from the merge alone), as BitNet's sub-norm "
             "and LeViT's activation do: no reference holds them, so its output projection is the identity and it is "
             "compared up to the merge of the heads; a convention, not a mistake")
+
+
+def _moved(record: Record, path: set[int]) -> bool:
+    """Whether the op only moves values the path already holds: the heads taken out of the batch by `split` (or
+    `chunk`, `unbind`) and joined along the features by `cat` (or `stack`), every part from the path."""
+    return record.func in MOVES and bool(record.parents) and all(p in path for p in record.parents)
 
 
 def _forward_names(module: Any) -> set[str]:

@@ -33,6 +33,8 @@ TAIL = ("x_raw", "x_rsh1", "x_rsh2", "x")
 class OutTerm:
     tensor: torch.Tensor  # the term as the code adds it, in the reference's x_raw layout [n_batch, n_head, n_Q, d]
     note: str
+    index: int = -1  # the record of the code's add
+    queries: bool = False  # the term is the code's queries, head by head: a rerun that changes them adds them changed
 
 
 def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
@@ -47,7 +49,7 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
     if trace is None or row is None or pattern is None or "x_raw" not in trace:
         return None
     shape = tuple(trace["x_raw"].shape)
-    made = row.record
+    made = _attn_v(row.record, records)
     held = Layout(row.order, row.merged, row.split).undo(made.tensor, shape).double()  # made, as x_raw lays it out
     paired = {r.reference: r.record for r in lined.rows if r.record is not None}
     extra = extra_params(module, records, paired)
@@ -70,16 +72,42 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
         if not bool(torch.isfinite(term).any()):
             continue
         # the queries themselves added back, head by head (MViTv2's residual pooling, `x + q` after `attn @ v`)
+        # or, by the data flow, the very queries its scores read, where a mistake upstream (heads split the wrong
+        # way) makes them differ from the reference's: the reference adds its own queries, a rerun its changed ones
         queries = others[0][0] == "rec" and made.index not in ancestors(records[others[0][1]], records) \
-            and _the_queries(term, trace)
+            and (_the_queries(term, trace) or _scored_queries(others[0][1], records, trace, shape))
+        if queries and not _the_queries(term, trace):
+            term = trace["Q_split"].double()
         if others[0][0] == "rec" and not queries and not own_source(up, records, extra):
             continue
         # a query that sees no key (NaN in the code's pattern, its row left out of the comparison): no term there
         term = torch.where(torch.isfinite(term), term, 0.0)
         note = _queries_note(record, records[others[0][1]]) if queries \
             else _note(record, others[0], records, extra, before)
-        return OutTerm(term.float(), note)
+        return OutTerm(term.float(), note, record.index, queries)
     return None
+
+
+def _attn_v(paired: Record, records: list[Record]) -> Record:
+    """The code's `attn @ v`: the record the line-up paired with x_raw, or, where that is the code's add of a term
+    to it (its values then matching no step: a mistake upstream), the add's operand made from pattern and V."""
+    from attnscope.usertrace.flow import operands
+
+    ops = operands(records)
+    av = None if ops is None else ops[3]
+    if av is not None and paired.func in ADDS and av in paired.parents \
+            and tuple(records[av].tensor.shape) == tuple(paired.tensor.shape):
+        return records[av]
+    return paired
+
+
+def _scored_queries(index: int, records: list[Record], trace: Trace, shape: tuple[int, ...]) -> bool:
+    """Whether record `index` is the queries the code's scores read (their left operand, by the data flow) and the
+    reference's queries, head by head, are as wide as its x_raw."""
+    from attnscope.usertrace.flow import operands
+
+    ops = operands(records)
+    return ops is not None and ops[0] == index and "Q_split" in trace and tuple(trace["Q_split"].shape) == shape
 
 
 def downstream(made: Record, records: list[Record]) -> Iterator[tuple[Record, list[int], set[int]]]:

@@ -122,6 +122,9 @@ class Spec:
     # A term the code adds to its attention's output beside attn @ v (outterm.py: Shaw's relative values), taken from
     # the code's run in x_raw's layout `[n_batch, n_head, n_Q, d_V]`, added to the reference's x_raw
     out_term: Any = field(default=None, compare=False)
+    # ... and that term is the code's queries, head by head (the Set Transformer's `Q_ + A·V_`, MViTv2's `x + q`): a
+    # rerun that changes the queries the scores read adds them changed, as the code adds the very tensor it scores
+    out_queries: bool = False
     # An output gate the code multiplies its heads' output by before the output projection (outgate.py: OpenFold's
     # sigmoid(linear_g(q_x)), Qwen3-Next's gate), taken from the code's run in x_raw's layout; the reference
     # multiplies its merged heads by it (steps gate, x_gated); `gate_before_merge`: the code gates attn @ v as it is

@@ -83,6 +83,9 @@ class Base:
     pre_term: torch.Tensor | None = None
     # The code's own term on its attention's output (Spec.out_term, outterm.py), added to x_raw as the code adds it
     post_term: torch.Tensor | None = None
+    # ... the code's queries (Spec.out_queries), where the scores read them as they are split (q is Q_split): a replay
+    # that changes q adds the change too
+    post_queries: bool = False
     # The code's own output gate (Spec.out_gate, outgate.py), x_raw's layout: the merged heads multiplied by it (each
     # head's output before the merge where the code gates attn @ v as it is: `gate_first`)
     gate: torch.Tensor | None = None
@@ -182,6 +185,7 @@ def build(ctx: Context) -> Base | None:
         base.pre_term = ctx.spec.own_term.double()
     if ctx.spec is not None and ctx.spec.out_term is not None and not col:
         base.post_term = ctx.spec.out_term.double()
+        base.post_queries = ctx.spec.out_queries and q_name == "Q_split"
     if ctx.spec is not None and ctx.spec.out_gate is not None and not col:
         base.gate, base.gate_first = ctx.spec.out_gate.double(), ctx.spec.gate_before_merge
     if sunk and ctx.spec is not None:
@@ -347,6 +351,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     x = attention @ v  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
     if b.post_term is not None and tuple(b.post_term.shape) == tuple(x.shape):
         x = x + b.post_term  # the code's own term on its output, as its run made it
+        if b.post_queries and q is not b.q and tuple(q.shape) == tuple(x.shape):
+            x = x + (q - b.q)  # the code adds the queries it scores: the replay's, changed as the mistake changed them
     final = "x_raw" if "x_raw" in b.ref else "out"
     x = x * dropped[final] if final in dropped else x
     out[final] = x
