@@ -10,7 +10,8 @@ Replayed without a change it must give the reference's own steps back, else no e
 
 `reproduces(base, step, steps)` says whether a replayed run is what the user's code computed: its last step (the
 module's output, the function's `out`) equals one of the user's tensors to tolerance, and so does the step where
-the line-up diverged, which the mistake must change.
+the line-up diverged, which the mistake must change; and the agreement is evidence of the mistake (evidence.py: NaN
+met by NaN is nobody's).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from attnscope.usertrace.align import (
     difference,
     tolerance,
 )
+from attnscope.usertrace.evidence import evidenced
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -469,13 +471,17 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
     if final is None or not _masks_rows(skips, steps, held):
         return None
     at_step = held(step) if step in changed else None
-    count, first = 0, None
+    holding: dict[str, Record] = {}
     for name in changed:
         record = held(name)
         if record is not None:
-            count += 1
-            first = first or record
-    return Reproduced(at_step or first or final, final, count, steps)
+            holding[name] = record
+    first = next(iter(holding.values()), None)
+    # agreeing is not yet evidence: NaN met by NaN is no mistake's own (evidence.py)
+    if not evidenced(b.order, b.last, b.ref, steps, skips, {**holding, b.last: final},
+                     lambda ref, record: _tol(ref, record.tensor.dtype, tol)):
+        return None
+    return Reproduced(at_step or first or final, final, len(holding), steps)
 
 
 def _masks_rows(skips: dict[str, torch.Tensor], steps: dict[str, torch.Tensor],
