@@ -13,7 +13,6 @@ scale: √(d_feat / d_head) is the classic one). Else the closest tensor and how
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -168,18 +167,16 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
     reproduces its output (and whatever steps it does hold) names the cause."""
     from attnscope.usertrace.experiments import CATALOG
     from attnscope.usertrace.rerun import holds_step, reproduces
-    from attnscope.usertrace.trials import SAYS_RERUN
+    from attnscope.usertrace.trials import SAYS_RERUN, runs
 
     best: tuple[Experiment, Reproduced, Trial] | None = None
     first = not holds_step(base, step)
-    keep = not base.tried  # each run and its changes, once, for pairs of mistakes (pairs.by_pair)
     for strict in (first, False) if first and absent else (first,):
         for experiment in CATALOG:
-            if strict and not experiment.can_change(base, step) and not keep:
+            if strict and not experiment.can_change(base, step):
                 continue
-            for trial in _trials_kept(experiment, base, keep):
-                if strict and not experiment.can_change(base, step):
-                    continue
+            for run in runs(experiment, base):
+                trial = run.trial
                 found = reproduces(base, step, trial.steps, trial.tol, strict)
                 if found is None or (trial.fits is not None and not trial.fits(base, found)):
                     continue
@@ -192,8 +189,8 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
 
         pieces = score_pieces(base.ctx.reference, base.ctx.records)
         for experiment in CATALOG if len(pieces) > 1 else ():
-            for made in _trials(experiment, base):
-                for trial in in_some_pieces(base, made, pieces):
+            for made in runs(experiment, base):
+                for trial in in_some_pieces(base, made.trial, pieces):
                     found = reproduces(base, step, trial.steps, trial.tol, first)
                     if found is None or (trial.fits is not None and not trial.fits(base, found)):
                         continue
@@ -208,30 +205,6 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
     detail = f"{trial.detail.format(who=who)}; " if trial.detail else ""
     evidence = f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
     return Diagnosis(trial.words.format(who=who), found.record, trial.ratio, experiment.name, evidence)
-
-
-def _trials_kept(experiment: Experiment, base: Base, keep: bool) -> Iterator[Trial]:
-    """The experiment's runs; where `keep`, each kept on the base with the changes replay was given for it."""
-    from attnscope.usertrace.pairs import tried
-    from attnscope.usertrace.rerun import watching
-
-    if not keep:
-        yield from _trials(experiment, base)
-        return
-    with watching() as seen:
-        for trial in _trials(experiment, base):
-            found = tried(experiment, trial, seen)
-            if found is not None:
-                base.tried.append(found)
-            yield trial
-
-
-def _trials(experiment: Experiment, base: Base) -> Iterator[Trial]:
-    """The experiment's runs; one that does not apply to these shapes (a view that cannot be made) is none."""
-    try:
-        yield from experiment.trials(base)
-    except RuntimeError:
-        return
 
 
 # --- the causes ---------------------------------------------------------------------------------------

@@ -18,8 +18,7 @@ output, both are mistakes, and `experiment` is their two names joined by "+", in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,34 +27,19 @@ from attnscope.usertrace.diagnosis import Diagnosis, label_of
 
 if TYPE_CHECKING:
     from attnscope.usertrace.rerun import Base, Reproduced
-    from attnscope.usertrace.trials import Experiment, Trial
+    from attnscope.usertrace.trials import Run
 
 FIRSTS = 3  # the entries a pair may start from: those that move the reference closest to the code
-
-
-@dataclass(frozen=True)
-class Tried:
-    """One run of a catalog entry (by_experiment's), with the changes replay was given for it."""
-
-    experiment: Experiment
-    trial: Trial
-    change: dict[str, Any]
-
-
-def tried(experiment: Experiment, trial: Trial, seen: list[tuple[dict[str, torch.Tensor], dict[str, Any]]]) -> \
-        Tried | None:
-    """The trial with the changes of the replay that made its steps (rerun.watching's `seen`); None where its steps
-    are no one replay's as it returned them (a run rejoined or edited after it), which no pair can join."""
-    change = next((change for steps, change in reversed(seen) if steps is trial.steps), None)
-    return Tried(experiment, trial, change) if change else None
 
 
 def by_pair(step: str, base: Base) -> Diagnosis | None:
     """The pair of the catalog's entries whose joined run reproduces the code's tensors (module doc), or None."""
     from attnscope.usertrace.align import candidates
+    from attnscope.usertrace.experiments import CATALOG
     from attnscope.usertrace.rerun import replay, reproduces
+    from attnscope.usertrace.trials import runs
 
-    if base.col or step not in base.ref or not base.tried:
+    if base.col or step not in base.ref:
         return None
     reference = base.ref[step]
     tol = _tol(reference)
@@ -75,23 +59,24 @@ def by_pair(step: str, base: Base) -> Diagnosis | None:
 
     start = [agree(reference, user) for user in users]
 
-    def gain(t: Tried) -> int:
+    def gain(t: Run) -> int:
         """How many more cells of one of the code's tensors the entry's run gets right than the reference does."""
         at = t.trial.steps.get(step)
         return max(agree(at, user) - before for user, before in zip(users, start, strict=True)) if at is not None \
             else -1
 
-    runs = base.tried
-    gains = [gain(t) for t in runs]
-    starts = [_first_changed(base, t) for t in runs]
+    # every entry's runs: by_experiment's, and now those of the entries that could not change the step alone
+    made = [run for experiment in CATALOG for run in runs(experiment, base) if run.change]
+    gains = [gain(t) for t in made]
+    starts = [_first_changed(base, t) for t in made]
     firsts: list[int] = []
-    for i in sorted(range(len(runs)), key=lambda i: -gains[i]):
-        if gains[i] > 0 and all(runs[f].experiment != runs[i].experiment for f in firsts) and len(firsts) < FIRSTS:
+    for i in sorted(range(len(made)), key=lambda i: -gains[i]):
+        if gains[i] > 0 and all(made[f].experiment != made[i].experiment for f in firsts) and len(firsts) < FIRSTS:
             firsts.append(i)
-    best: tuple[tuple[int, int], Reproduced, Tried, Tried] | None = None
+    best: tuple[tuple[int, int], Reproduced, Run, Run] | None = None
     for f in firsts:
-        first = runs[f]
-        for i, second in enumerate(runs):
+        first = made[f]
+        for i, second in enumerate(made):
             if second.experiment == first.experiment or set(second.change) & set(first.change):
                 continue
             if gains[i] <= 0 and starts[i] == starts[f]:  # it moves nothing closer, and changes the same step first
@@ -116,41 +101,41 @@ def _tol(tensor: torch.Tensor) -> float:
     return tolerance(tensor.float())
 
 
-def _fits(base: Base, tried: Tried, steps: dict[str, torch.Tensor], tol: str) -> bool:
+def _fits(base: Base, run: Run, steps: dict[str, torch.Tensor], tol: str) -> bool:
     """Whether the code's own op fits the entry's words (Trial.fits), asked of the code's tensor that holds the
     first step this entry changes in the joined run (the mask's, not the scale's before it)."""
     from attnscope.usertrace.rerun import reproduces
 
-    if tried.trial.fits is None:
+    if run.trial.fits is None:
         return True
-    found = reproduces(base, _first_changed(base, tried) or base.last, steps, tol, strict=False)
-    return found is not None and tried.trial.fits(base, found)
+    found = reproduces(base, _first_changed(base, run) or base.last, steps, tol, strict=False)
+    return found is not None and run.trial.fits(base, found)
 
 
-def _who(base: Base, tried: Tried, found: Reproduced) -> str | None:
+def _who(base: Base, run: Run, found: Reproduced) -> str | None:
     """The code's tensor that holds the first step this entry changes in the joined run, in words."""
     from attnscope.usertrace.rerun import reproduces
 
-    at = reproduces(base, _first_changed(base, tried) or base.last, found.steps, tried.trial.tol, strict=False)
+    at = reproduces(base, _first_changed(base, run) or base.last, found.steps, run.trial.tol, strict=False)
     return label_of(at.record) if at is not None and at.record is not None else None
 
 
-def _first_changed(base: Base, tried: Tried) -> str | None:
-    steps = tried.trial.steps
+def _first_changed(base: Base, run: Run) -> str | None:
+    steps = run.trial.steps
     return next((n for n in base.order if n in steps and n in base.ref and tuple(steps[n].shape) ==
                  tuple(base.ref[n].shape) and difference(steps[n], base.ref[n]) > _tol(base.ref[n])), None)
 
 
-def _neutral(base: Base, tried: Tried) -> bool:
+def _neutral(base: Base, run: Run) -> bool:
     """Whether the entry's run alone leaves the reference's output as it is: a convention of the code's, no
     mistake, where the reference's other rules hide what it changes."""
-    last = tried.trial.steps.get(base.last)
+    last = run.trial.steps.get(base.last)
     reference = base.ref[base.last]
     return last is not None and tuple(last.shape) == tuple(reference.shape) and \
         difference(last, reference) <= _tol(reference)
 
 
-def _said(base: Base, found: Reproduced, first: Tried, second: Tried) -> Diagnosis:
+def _said(base: Base, found: Reproduced, first: Run, second: Run) -> Diagnosis:
     from attnscope.usertrace.experiments import CATALOG
     from attnscope.usertrace.trials import SAYS_RERUN
 

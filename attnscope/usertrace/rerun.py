@@ -97,9 +97,9 @@ class Base:
     # The code's own scale per head (Spec.head_scale, headscale.py), over the reference's `scale`: `[n_head, 1, 1]`,
     # each head's scaled scores times it, whatever scale an experiment tries
     head: torch.Tensor | None = None
-    # The catalog's runs by_experiment made from here, each with its changes (pairs.Tried): two of them joined make
-    # one run with both mistakes (pairs.by_pair)
-    tried: list[Any] = field(default_factory=list)
+    # The catalog's runs made from here, by entry name, each with its changes (trials.runs: made once, as by_experiment
+    # or a pair of mistakes first asks for them); two of them joined make one run with both mistakes (pairs.by_pair)
+    runs: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def n_Q(self) -> int:

@@ -1,14 +1,15 @@
 """What a catalog entry is (Experiment: a name, a group, a mistake in words, its trials), one run of it (Trial),
-and the steps each group of mistakes changes first."""
+the runs made on a base, each once (runs), and the steps each group of mistakes changes first."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from attnscope.usertrace.rerun import Base, Reproduced
+from attnscope.usertrace.rerun import Base, Reproduced, watching
 
 SAYS_RERUN = "the reference run again with this mistake gives back {gives} to tolerance"
 
@@ -38,6 +39,36 @@ class Experiment:
         starts = JOINED_FIRST.get(self.group, ()) if b.raw_keys is not None else ()
         first = [b.order.index(n) for n in (*FIRST.get(self.group, ()), *starts) if n in b.order]
         return not first or b.order.index(step) >= min(first)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One trial of a catalog entry as made on a base, with the changes replay was given for its steps
+    (rerun.watching): empty where its steps are no one replay's as it returned them (a run rejoined or edited after
+    it), which no pair of mistakes can join (pairs.by_pair)."""
+
+    experiment: Experiment
+    trial: Trial
+    change: dict[str, Any]
+
+
+def runs(experiment: Experiment, b: Base) -> list[Run]:
+    """The entry's trials on `b`, made the first time they are asked for and kept (Base.runs): by_experiment asks at
+    each step it tries, and pairs of mistakes join the runs it made. A trial that does not apply to these shapes (a
+    view that cannot be made: RuntimeError) ends the entry's runs."""
+    kept = b.runs.get(experiment.name)
+    if kept is not None:
+        return kept
+    made: list[Run] = []
+    with watching() as seen:
+        try:
+            for trial in experiment.trials(b):
+                change = next((change for steps, change in reversed(seen) if steps is trial.steps), None)
+                made.append(Run(experiment, trial, change or {}))
+        except RuntimeError:
+            pass
+    b.runs[experiment.name] = made
+    return made
 
 
 # The steps a group's mistakes change first (the earliest the reference holds); one before them they leave alone.
