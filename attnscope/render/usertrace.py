@@ -16,7 +16,7 @@ from attnscope.words import counted
 
 if TYPE_CHECKING:
     from attnscope.runs.trace import TraceRun
-    from attnscope.usertrace.lineup import Aligned
+    from attnscope.usertrace.lined import Aligned
 
 STATUS_STYLE = {"equal": "green", "permuted": "green", "unseen": "yellow", "differs": "bold red",
                 "missing": "bold red"}

@@ -183,8 +183,8 @@ def _why(name: str, row: DiffRow, a: SavedRun, loaded: dict[str, tuple[torch.Ten
     from attnscope.usertrace.align import candidates
     from attnscope.usertrace.diagnose import diagnose
     from attnscope.usertrace.diagnosis import Context
-    from attnscope.usertrace.lineup import reference_allowed
     from attnscope.usertrace.record import Record
+    from attnscope.usertrace.refruns import reference_allowed
 
     trace, records, sizes = Trace(), list[Record](), dict[str, int]()
     for step, (ta, tb) in loaded.items():

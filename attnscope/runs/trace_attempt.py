@@ -77,7 +77,8 @@ class RunSoFar:
         from attnscope.usertrace import heldcache, tableforms
         from attnscope.usertrace.feeds import feeds
         from attnscope.usertrace.inputs import make_inputs
-        from attnscope.usertrace.lineup import better_fit, line_up
+        from attnscope.usertrace.lineup import line_up
+        from attnscope.usertrace.ranking import better_fit
 
         # a --mask file beside a mask parameter named for the causal rule: the file alone to `tried.mask`, the rule
         # to the causal one (_rule_beside)

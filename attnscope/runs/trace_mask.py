@@ -346,8 +346,8 @@ def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
     them says (scoreaxes.py: which input, or which projection's weight, each operand comes from); None where the
     scores hold the keys first, the flow says nothing, or turning changes nothing."""
     from attnscope.usertrace import scoreaxes
-    from attnscope.usertrace.lineup import given_roles, projected_roles
     from attnscope.usertrace.reference import find_projections
+    from attnscope.usertrace.refruns import given_roles, projected_roles
 
     allowed = inputs.allowed
     if called.failure is not None or allowed is None or allowed.dim() < 2 \

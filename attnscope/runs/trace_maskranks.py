@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from attnscope.runs.trace_attempt import Made, RunSoFar
     from attnscope.runs.trace_result import TraceRun
     from attnscope.usertrace.call import Called
-    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.lined import LineUp
 
 
 def other_forms(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:

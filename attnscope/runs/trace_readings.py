@@ -18,7 +18,7 @@ from attnscope.runs.trace_setup import with_width
 if TYPE_CHECKING:
     from attnscope.runs.trace_attempt import Made
     from attnscope.runs.trace_options import TraceOptions
-    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.load import Plan
     from attnscope.usertrace.reference import Spec
 

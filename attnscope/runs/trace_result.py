@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from attnscope.runs.trace_options import TraceOptions
     from attnscope.usertrace.feeds import Feeds
     from attnscope.usertrace.inputs import Inputs
-    from attnscope.usertrace.lineup import Aligned, Divergence
+    from attnscope.usertrace.lined import Aligned, Divergence
     from attnscope.usertrace.load import Plan, Target
     from attnscope.usertrace.record import Failure, Record
     from attnscope.usertrace.reference import Spec

@@ -10,7 +10,9 @@
   what it computes; linearweights.py: the code's weights by role; projections.py: which are q, k, v and o;
   refbuild.py: the reference built and run);
 - align.py: whether a user tensor equals a reference step, in which layout;
-- lineup.py: each reference step's equal, and the first divergence;
+- lineup.py: each reference step's equal, and the first divergence (lined.py: what a line-up is; conventionread.py:
+  under the code's conventions; underspec.py: under one spec; refruns.py: the reference's run; alignsteps.py: the
+  steps lined up; firststep.py: the first divergence; ranking.py: which line-up fits better);
 - diagnose.py: the common causes of a divergence, each computed from the numbers.
 
 No terminal code here; attnscope.runs.trace ties it together and attnscope.render.usertrace shows it.

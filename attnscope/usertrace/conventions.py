@@ -44,9 +44,9 @@ def readings(spec: Spec, trace: Trace, rows: list[Any], records: list[Record],
              base_free: bool = False, scaled: Any = None) -> list[tuple[Spec, list[str]]]:
     """Other specs the code's tensors suggest, each with what it says of the code, the likeliest first; empty
     where no convention is in question (no RoPE, or its rotated tensors line up). `rows` are the line-up's
-    (lineup.Aligned; lineup imports this module, so it is not imported back). `base_free`: neither --rope-base
-    nor the module says the base, so the base the code rotates with is read too (its own choice). `scaled`: the
-    RoPE scaling the module declares (declared.own_scaling, a Rope), whose frequencies the code's must then be."""
+    (lined.Aligned). `base_free`: neither --rope-base nor the module says the base, so the base the code rotates
+    with is read too (its own choice). `scaled`: the RoPE scaling the module declares (declared.own_scaling, a
+    Rope), whose frequencies the code's must then be."""
     if spec.rope_base is None:  # a 2-D RoPE no flag describes is read all the same (a 1-D one is rope.untold)
         return _angles(spec, trace, records)
     by_step = {row.reference: row for row in rows}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from attnscope.usertrace.lineup import Aligned
+    from attnscope.usertrace.lined import Aligned
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.sizes import AxisNames
 

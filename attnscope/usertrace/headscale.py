@@ -48,7 +48,7 @@ class HeadScale:
 
 
 def found(module: Any, records: list[Record], inputs: Inputs, lined: Any) -> HeadScale | None:
-    """The code's own scale per head the line-up `lined` (lineup.LineUp) suggests, or None: where the line-up holds
+    """The code's own scale per head the line-up `lined` (lined.LineUp) suggests, or None: where the line-up holds
     the code's queries and keys, no `--scale` was asked, and the code multiplies its content scores by a tensor of
     its own learned parameters whose product is the reference's q · kᵀ times one number per head."""
     from attnscope.usertrace.ownbias import computed_from

@@ -61,7 +61,7 @@ def trials_merge_permuted(b: Base) -> Iterator[Trial]:
 
 
 def _returned_merge(b: Base) -> Iterator[Trial]:
-    """What a call returns, where it is the divergence (lineup._return_differs): the last step as the code holds it
+    """What a call returns, where it is the divergence (firststep.return_differs): the last step as the code holds it
     (`attn @ v`, [n_batch·n_head, n_Q, d_V] say) reshaped straight into the returned tensor's shape, the heads never
     moved behind the queries (xformers' BMHK output without its permute back)."""
     returned, last = b.ctx.returned, b.last

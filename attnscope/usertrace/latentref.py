@@ -147,7 +147,7 @@ def wanted(reference: Any, trace: Trace) -> tuple[str, ...]:
 
 
 def evidence(reference: Any, trace: Trace, records: list[Record], rows: list[Any]) -> int:
-    """What a form's line-up says of the rotary form beyond its aligned steps (lineup._best_reading's count), so that
+    """What a form's line-up says of the rotary form beyond its aligned steps (refruns._best_reading's count), so that
     a wrong rotation (positions, base, never applied) is read under the form the code turns its pairs in: the rotary
     parts as views of the heads (Q_pe, K_pe in place) are held by every form's code and say nothing of the form; the
     pairs gathered even then odd (rope_interleave's copies, left out of `wanted`) are held only by code that gathers

@@ -4,7 +4,7 @@ inverted or not applied).
 A wrong mask is found in the user's own masked scores: the tensor their code made by setting cells very negative
 (`-inf`, `-1e9`, `finfo.min`), its other cells the reference's scores. That tensor need not be the one lined up
 with `masked_scores`: where the mask is applied on the line after the scores, the line-up pairs `masked_scores`
-with the unmasked scores line (lineup.py), so every tensor of the scores' shape is read here. The user's allowed
+with the unmasked scores line (alignsteps.py), so every tensor of the scores' shape is read here. The user's allowed
 set is compared with the reference's cell by cell, and the cells that differ named by where they lie, relative
 to the reference's own diagonal (query i's last key, lower-right aligned or not):
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnscope.usertrace.inputs import Inputs
-    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Spec
 

@@ -40,9 +40,8 @@ class Term:
 
 
 def added_term(module: Any, records: list[Record], lined: Any) -> Term | Record | None:
-    """The Term the line-up `lined` (lineup.LineUp, read without importing it: lineup imports this module) says;
-    or, where the code adds such a term that cannot be placed (its content product found in no layout), the add
-    itself; None where the code adds none."""
+    """The Term the line-up `lined` (lined.LineUp) says; or, where the code adds such a term that cannot be placed
+    (its content product found in no layout), the add itself; None where the code adds none."""
     trace, spec = lined.trace, lined.spec
     if trace is None or spec is None or "scores" not in trace or spec.softcap is not None or spec.layout == "col":
         return None

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from attnscope.trace import Trace
     from attnscope.usertrace.align import Layout
     from attnscope.usertrace.inputs import Inputs, ShapePlan
-    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Spec
 
@@ -514,7 +514,7 @@ def read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], 
     pooled tensors, a note), where the code pools a role after its projection and that line-up fits better than
     `lined`; None otherwise (a mask, a causal or window rule, RoPE or a cache: positions the pooling leaves
     undefined)."""
-    from attnscope.usertrace.lineup import better_fit
+    from attnscope.usertrace.ranking import better_fit
     from attnscope.usertrace.relined import line_up_again
 
     if lined.divergence is None or spec.pooled is not None or inputs.mask is not None or spec.causal \

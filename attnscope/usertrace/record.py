@@ -178,7 +178,7 @@ class Recorder(TorchFunctionMode):
             index = self._produced.get(id(value))
             if index is not None and not self.records[index].names:
                 self.records[index].names.append(key)
-            if index is not None:  # what the call handed back, in order: the line-up compares it (lineup.py)
+            if index is not None:  # what the call handed back, in order: the line-up compares it (firststep.py)
                 self.records[index].details.setdefault("returned", position)
 
     # -- internals -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from attnscope.usertrace.inputs import Inputs
-    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Spec
 
@@ -135,7 +135,7 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     """(the inputs as groups, the line-up on them, a note), where the code attends within groups it makes itself and
     the line-up on the groups fits better than `lined`; None otherwise (one self-attention input of batch-first
     rows, no causal or window rule, a boolean --mask file or none)."""
-    from attnscope.usertrace.lineup import better_fit
+    from attnscope.usertrace.ranking import better_fit
     from attnscope.usertrace.relined import line_up_again
 
     if lined.divergence is None or len(inputs.tensors) != 1 or inputs.layout != "row" or inputs.cache is not None \

@@ -1,6 +1,6 @@
 """The line-up under another reading of the code (the code's own groups, its pooled tensors, a temperature, a
 qk-norm): `line_up` run again, None where that reading cannot be run or holds no reference. Each reading then says
-whether the line-up fits better (lineup.better_fit, tuning.further)."""
+whether the line-up fits better (ranking.better_fit, tuning.further)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnscope.usertrace.inputs import Inputs
-    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Spec
 

@@ -561,7 +561,7 @@ def _tol(tensor: torch.Tensor, dtype: torch.dtype = torch.float32, tol: str = ""
 
 def _skips(b: Base, steps: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per step from the masked scores on, the rows of queries that may see no key in this run (row form, each the
-    step's shape), left out of the comparison as the line-up leaves them out (lineup._skips)."""
+    step's shape), left out of the comparison as the line-up leaves them out (refruns.skipped_rows)."""
     masked = steps.get("masked_scores", b.ref.get("masked_scores"))
     if masked is None:
         return {}

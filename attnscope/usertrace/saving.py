@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnscope.usertrace.inputs import Inputs
-    from attnscope.usertrace.lineup import Aligned
+    from attnscope.usertrace.lined import Aligned
     from attnscope.usertrace.load import Target
 
 

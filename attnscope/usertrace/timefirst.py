@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnscope.usertrace.inputs import InputOptions, Inputs
-    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.record import Failure
 
 # the steps up to the scores: a time-first code fed batch-first mixes its batch into its sequence there at the latest

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.usertrace import declared
 
 if TYPE_CHECKING:
-    from attnscope.usertrace.lineup import LineUp
+    from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Spec
 
