@@ -78,6 +78,9 @@ class AttentionSpec:
     # q and k clipped after their qk-norm rather than after their projection (HF OLMoE's order: the norms' output
     # clamped; v, which has no norm, after its projection still); only with clip_qkv and a qk-norm before RoPE
     clip_after_norm: bool = False
+    # the values RMS-normed per head over d_V without weights, this eps (Gemma 3n's and Gemma 4's v_norm,
+    # `v · (mean(v², -1) + eps)^-½`); None: the values as projected
+    v_norm: float | None = None
 
     def __post_init__(self) -> None:
         if self.qk_norm is not None:
@@ -99,6 +102,8 @@ class AttentionSpec:
         if self.clip_qkv is not None and not self.clip_qkv[0] < self.clip_qkv[1]:
             raise UsageError(f"{{clip_qkv}} {self.clip_qkv}: clip q, k and v to (min, max), min below max (either "
                              "may be infinite: open on that side)", "clip_qkv")
+        if self.v_norm is not None and not (math.isfinite(self.v_norm) and self.v_norm >= 0):
+            raise UsageError(f"{{v_norm}} {self.v_norm}: the values' norm takes an eps of 0 or more", "v_norm")
         if self.scale is not None and not math.isfinite(self.scale):
             raise UsageError(f"{{scale}} {self.scale}: the scores' scale must be a finite number", "scale")
         if self.cache < 0:

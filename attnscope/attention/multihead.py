@@ -300,6 +300,9 @@ class MultiHeadAttention(nn.Module):
         if norm is not None and norm.over == "head" and not late:  # Qwen3, Gemma 3: each head over its own d_head
             q, k = self._head_norm(add, q, k, norm, (q_name, k_name), per_head, clip=normed_clip)
             q_name, k_name = "Q_normed", "K_normed"
+        if spec.v_norm is not None:  # Gemma 3n's v_norm: each value head RMS-normed, no weights
+            v = stages.value_norm(add, v, spec.v_norm, source=v_name, dims=("n_batch", kv_axis, n_key, d_of["V"]))
+            v_name = "V_normed"
         n_cache = cache[0].shape[-2] if cache is not None else 0
         n_Q, n_K = q.shape[-2], n_cache + k.shape[-2]
         # the new tokens sit after the cached ones whether or not the attention is causal

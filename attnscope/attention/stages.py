@@ -110,6 +110,15 @@ def normalize(rec: Recorder, Q: Tensor, K: Tensor, norm: QkNorm, weights: tuple[
     return normed[0], normed[1]
 
 
+def value_norm(rec: Recorder, V: Tensor, eps: float, *, source: str, dims: tuple[str, ...]) -> Tensor:
+    """Step `V_normed`: each value head RMS-normed over its d_V without weights, `v · (mean(v², -1) + eps)^-½` in
+    float32, cast back (Gemma 3n's `Gemma3nRMSNorm(head_dim, with_scale=False)`, Gemma 4's v_norm)."""
+    v32 = V.float()
+    y = (v32 * torch.pow(v32.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(V.dtype)  # [.., n, d_V]
+    return rec("V_normed", y, dims, f"{source} * (mean({source}², dim=-1) + {eps:g})^-½ (the values' RMSNorm, no "
+               "weights)", ("rms_norm", y.shape, False, 0), inputs=(source,))
+
+
 def qk_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, norm: QkNorm) -> Tensor:
     """The qk-norm of x over its last axis, in float32, cast back to x's dtype (`Olmo2RMSNorm`, `Gemma3RMSNorm`):
     an RMSNorm, `x · rsqrt(mean(x², -1) + eps) · w` (or `· (1 + w)`, Gemma's offsets); or a LayerNorm (kind

@@ -213,8 +213,8 @@ def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tup
 
 
 def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
-    """The code's own qk-norm, temperature tuning and groups of tokens, read by experiment where the line-up
-    diverges."""
+    """The code's own qk-norm, values' norm, temperature tuning and groups of tokens, read by experiment where the
+    line-up diverges."""
     from attnscope.usertrace import ownnorm, pooled, regroup, tuning
 
     inputs, fed, called, convention = ran
@@ -223,6 +223,12 @@ def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tu
         if own is not None:  # the code normalizes q and k itself: its convention, read by experiment
             r.spec, lined = own
             run.params["qk_norm_read"] = r.spec.qk_norm
+    if lined.divergence is not None and r.weighted is not None and r.o.layout != "col":
+        from attnscope.usertrace import valuenorm
+
+        normed = valuenorm.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
+        if normed is not None:  # the values normed per head without weights (Gemma 3n's v_norm): its convention
+            r.spec, lined = normed
     if lined.divergence is not None and r.weighted is not None and r.o.layout != "col":
         tuned = tuning.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
         if tuned is not None:  # Llama 4's temperature tuning, declared by the module: its convention

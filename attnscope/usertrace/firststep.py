@@ -43,6 +43,7 @@ def return_differs(rows: list[Aligned], trace: Trace, records: list[Record], ski
     then a norm) or dropping out in training mode, None and a note saying so. Ops on the last step alone (a scale,
     the projection twice) are no block: the return is then the divergence."""
     from attnscope.usertrace.align import REARRANGING, ancestors, compare, tolerance
+    from attnscope.usertrace.outterm import from_pattern
 
     final = next((row for row in reversed(rows) if row.reference in FINAL and row.status in ALIGNED
                   and row.record is not None), None)
@@ -65,8 +66,12 @@ def return_differs(rows: list[Aligned], trace: Trace, records: list[Record], ski
         between = [r for r in records if held < r.index <= record.index and (r.index in above or r is record)
                    and held in ancestors(r, records)]
         on_path = {r.index for r in between} | {held}
+        # a term made from the attention weights (Shaw's relative values, `attn · a_V`) is no block's: outterm.py's
+        pattern = next((row.record.index for row in rows if row.reference == "attention" and row.record is not None
+                        and row.status in ALIGNED), None)
         joined = next((r for r in between if r.func not in REARRANGING and (
-            _reads_input(r, given) or any(p not in on_path for p in r.parents)
+            _reads_input(r, given) or any(p not in on_path and not from_pattern(records[p], pattern, records)
+                                          for p in r.parents)
             or (train and r.func == "dropout"))), None)
         if joined is not None:  # a residual and a norm, a gate: a block goes on from the attention's output
             return None, (f"your code goes on after {final.reference}: your {record.label} (line {record.line}), "

@@ -101,9 +101,16 @@ def counted(found: list[tuple[Any, str, Any]], by: int) -> None:
 
 
 def restored(before: list[tuple[Place, torch.Tensor]], counts_before: list[tuple[Any, str, Any]]) -> None:
-    """The module's tensors and counts set back as `kept` and `counts` found them (copies: a run writes into them)."""
+    """The module's tensors and counts set back as `kept` and `counts` found them (copies: a run writes into them).
+    A tensor still of its kept shape is set back in place, so it stays the object the run's labels name (a fixed
+    table's buffer, Nezha's relative encodings, read by its name); one the code replaced by another shape, anew."""
     for (owner, name, _), old in before:
-        setattr(owner, name, old.clone())
+        now = getattr(owner, name, None)
+        if now is not None and now.shape == old.shape and now.dtype == old.dtype and now.device == old.device \
+                and not now.is_inference():
+            now.copy_(old)
+        else:
+            setattr(owner, name, old.clone())
     counted(counts_before, 0)
 
 

@@ -52,7 +52,7 @@ def found(module: Any, records: list[Record], lined: Any) -> OutTerm | None:
     made = _attn_v(row.record, records)
     held = Layout(row.order, row.merged, row.split).undo(made.tensor, shape).double()  # made, as x_raw lays it out
     paired = {r.reference: r.record for r in lined.rows if r.record is not None}
-    extra = extra_params(module, records, paired)
+    extra = extra_params(module, records, paired, buffers=True)
     before = ancestors(pattern, records) | {pattern.index}  # the scores' own term is read there, not here
     for record, given, moved in downstream(made, records):
         if record.func not in ADDS or not record.tensor.is_floating_point():
@@ -181,3 +181,9 @@ def folded(trace: Trace, term: torch.Tensor, reference: Any) -> Trace:
     with torch.no_grad():
         merge(out, x_raw, reference.W_o, reference.width("n_head"))
     return out
+
+
+def from_pattern(record: Record, pattern: int | None, records: list[Record]) -> bool:
+    """Whether `record` is computed from the attention weights (`pattern`, their record's index): a term of the
+    attention's own on its output (Shaw's `attn · a_V`), never a block's residual joined after it."""
+    return pattern is not None and (record.index == pattern or pattern in ancestors(record, records))

@@ -93,7 +93,7 @@ def _found(module: Any, records: list[Record], trace: Any, rows: dict[str, Any],
     k_side = {r.index for n, r in paired.items() if n in CONTENT_K}
     if not q_side or not k_side:
         return None
-    extra = extra_params(module, records, paired)
+    extra = extra_params(module, records, paired, buffers=True)
     softmaxed = before_softmax(records)
     unplaced = None
     for record in records:
@@ -335,10 +335,11 @@ def before_softmax(records: list[Record]) -> set[int]:
     return out
 
 
-def extra_params(module: Any, records: list[Record], paired: dict[str, Record]) -> set[str]:
+def extra_params(module: Any, records: list[Record], paired: dict[str, Record], buffers: bool = False) -> set[str]:
     """The module's own tensors no projection holds (a table of relative embeddings, Transformer-XL's biases and its
     r_net), each by its parameter's name and its module's: the projections are the Linear layers (or weights) the
-    code's queries, keys and values are made with, and the one its output is."""
+    code's queries, keys and values are made with, and the one its output is. With `buffers`, its buffers too (a
+    fixed table, Nezha's sinusoids of the clipped distances, is a term's table as a learned one is)."""
     from attnscope.usertrace.ownbias import arg_names
 
     if module is None or not isinstance(module, torch.nn.Module):
@@ -350,8 +351,8 @@ def extra_params(module: Any, records: list[Record], paired: dict[str, Record]) 
             continue
         made = {record.index} if step == "x" else ancestors(record, records) | {record.index}
         projected |= {n for i in made if records[i].style == "linear" for n in arg_names(records[i].args)}
-    learned = {name for name, _ in module.named_parameters()
-               if name not in projected and name.rsplit(".", 1)[0] not in projected}
+    held = [*module.named_parameters(), *(module.named_buffers() if buffers else ())]
+    learned = {name for name, _ in held if name not in projected and name.rsplit(".", 1)[0] not in projected}
     return learned | {name.rsplit(".", 1)[0] for name in learned if "." in name}
 
 
@@ -401,7 +402,7 @@ def output_term(module: Any, records: list[Record], lined: Any) -> str | None:
     if pattern is None:
         return None
     paired = {row.reference: row.record for row in lined.rows if row.record is not None}
-    extra = extra_params(module, records, paired)
+    extra = extra_params(module, records, paired, buffers=True)
     for record in records[pattern.index + 1:]:
         operands = [records[p] for p in _operands(record)]
         if record.func not in ADDS or len(operands) != 2:

@@ -20,10 +20,10 @@ def better_fit(other: LineUp, first: LineUp) -> bool:
         return True
     if first.divergence is None or steps_reached(other) != steps_reached(first):
         return steps_reached(other) > steps_reached(first)
-    return _named(other.divergence.experiment) > _named(first.divergence.experiment)
+    return explained(other.divergence.experiment) > explained(first.divergence.experiment)
 
 
-def _named(experiment: str | None) -> int:
+def explained(experiment: str | None) -> int:
     """How well a divergence is explained: no entry, two mistakes at once (pairs.py: "a+b"), one entry."""
     return 0 if experiment is None else 1 if "+" in experiment else 2
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 MHA_STEPS = ("Q_feat", "K_feat", "V_feat", "Q_pooled", "K_pooled", "V_pooled", "Q_split", "K_split", "V_split",
-             "Q_normed", "K_normed", "Q_rot", "K_rot",
+             "Q_normed", "K_normed", "V_normed", "Q_rot", "K_rot",
              "K_cat", "V_cat", "K_rep", "V_rep", "scores", "capped_scores", "biased_scores", "masked_scores",
              "attention", "x_raw", "x_rsh1", "x_rsh2", "gate", "x_gated", "x")
 def late_norm(order: list[str], name: str) -> bool:
@@ -67,6 +67,8 @@ class Spec:
     # the qk-norm read from the code (ownnorm.py), not told by --qk-norm: its place beside RoPE and its axis are the
     # code's convention, which no experiment then calls a mistake (normtrials.py)
     qk_norm_read: bool = False
+    # the values RMS-normed per head without weights, this eps, read from the code (valuenorm.py: Gemma 3n's v_norm)
+    v_norm: float | None = None
     # Llama 4's temperature tuning of the queries (variants/temperature.TemperatureTuning), read from the module's
     # declared floor_scale and attn_scale by experiment (tuning.py); None: none
     temperature: Any = None
@@ -161,7 +163,7 @@ class Spec:
                              alibi=self.alibi, rope=self.rope(), softcap=self.softcap,
                              scale=self.scale, n_kv_head=n_kv_head, qk_norm=self._qk_norm(),
                              temperature=self.temperature, sinks=self.sinks is not None, clip_qkv=self.clip_qkv,
-                             clip_after_norm=self.clip_after_norm)
+                             clip_after_norm=self.clip_after_norm, v_norm=self.v_norm)
 
     def _qk_norm(self) -> Any:
         """The qk-norm as the reference's spec takes it: its placement, and after RoPE where the code norms there."""
@@ -190,6 +192,7 @@ class Spec:
                  f"RoPE base {self.rope_base:g} ({self.rope_pairing}{self._rope_more()})" if self.rope_base else "",
                  f"after {self.cache} cached positions" if self.cache else "", "ALiBi" if self.alibi else "",
                  f"qk-norm ({self.qk_norm}{', after RoPE' if self.qk_norm_after else ''})" if self.qk_norm else "",
+                 "values RMS-normed" if self.v_norm is not None else "",
                  f"scale {self.scale:g}" if self.scale is not None
                  else "", f"softcap {self.softcap:g}" if self.softcap is not None else "",
                  clip_words(self.clip_qkv) if self.clip_qkv is not None else "",

@@ -50,7 +50,7 @@ ADDED = -1e4
 # Q_full, K_full: latent attention's heads, no-RoPE part and rotary part joined (usertrace/latentref.py)
 Q_NAMES = ("Q_full", "Q_tuned", "Q_rot", "Q_normed", "Q_split", "Q")
 K_NAMES = ("K_full", "K_rot", "K_normed", "K_split", "K")
-V_NAMES = ("V_split", "V")
+V_NAMES = ("V_normed", "V_split", "V")
 
 
 @dataclass
