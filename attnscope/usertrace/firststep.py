@@ -67,10 +67,11 @@ def return_differs(rows: list[Aligned], trace: Trace, records: list[Record], ski
                    and held in ancestors(r, records)]
         on_path = {r.index for r in between} | {held}
         # a term made from the attention weights (Shaw's relative values, `attn · a_V`) is no block's: outterm.py's
-        pattern = next((row.record.index for row in rows if row.reference == "attention" and row.record is not None
-                        and row.status in ALIGNED), None)
+        pattern, output = (next((row.record.index for row in rows if row.reference == name
+                                 and row.record is not None and row.status in ALIGNED), None)
+                           for name in ("attention", "x_raw"))
         joined = next((r for r in between if r.func not in REARRANGING and (
-            _reads_input(r, given) or any(p not in on_path and not from_pattern(records[p], pattern, records)
+            _reads_input(r, given) or any(p not in on_path and not from_pattern(records[p], pattern, records, output)
                                           for p in r.parents)
             or (train and r.func == "dropout"))), None)
         if joined is not None:  # a residual and a norm, a gate: a block goes on from the attention's output

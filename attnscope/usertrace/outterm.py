@@ -183,7 +183,13 @@ def folded(trace: Trace, term: torch.Tensor, reference: Any) -> Trace:
     return out
 
 
-def from_pattern(record: Record, pattern: int | None, records: list[Record]) -> bool:
-    """Whether `record` is computed from the attention weights (`pattern`, their record's index): a term of the
-    attention's own on its output (Shaw's `attn · a_V`), never a block's residual joined after it."""
-    return pattern is not None and (record.index == pattern or pattern in ancestors(record, records))
+def from_pattern(record: Record, pattern: int | None, records: list[Record], output: int | None = None) -> bool:
+    """Whether `record` is computed from the attention weights (`pattern`, their record's index) and not from the
+    attention's output (`output`, the record of `attn @ v`): a term of the attention's own on its output (Shaw's
+    `attn · a_V`), never a block's residual joined after it; a layer on the output (the Set Transformer's
+    `relu(fc_o(O))` added to O) reads the pattern through the output and is the block's."""
+    if pattern is None:
+        return False
+    above = ancestors(record, records)
+    return (record.index == pattern or pattern in above) and (
+        output is None or (record.index != output and output not in above))
