@@ -64,9 +64,14 @@ class RunSoFar:
     mode: str = ""  # ", eval() mode" or ", training mode" for a module, in the header
 
     def expanded(self, inputs: Inputs) -> None:
-        """MLA's decode step: the cache as the keys and values the reference's latents expand into."""
+        """A dict cache's layer keys (keyedcache.slots); MLA's decode step: the cache as the keys and values the
+        reference's latents expand into."""
         from attnscope.usertrace import latentcache
 
+        if inputs.cache is not None and self.cache_layout.startswith("dict·"):  # keyedcache.py: the layer's keys
+            from attnscope.usertrace.keyedcache import slots
+
+            inputs.cache_slots = slots(self.module)
         if self.latent_maker is not None and inputs.cache is not None:
             inputs.cache, inputs.latent_cache = latentcache.cache_for(self.latent_maker, int(inputs.cache[0].shape[0]),
                                                                       inputs.cache[0].dtype)
@@ -263,20 +268,28 @@ class RunSoFar:
         if made[2].failure is None or made[0].cache is None or self.plan.cache is None:
             return made, None
         failed = made[2].failure
+        unfed: list[Any] = []
         found = self.cache_forms(asked, made, cachelayouts.others(
-            failed, made[0].cache, apart=self.plan.cache_values is not None, n_new=made[0].sizes.get("n_Q", 0)))
+            failed, made[0].cache, apart=self.plan.cache_values is not None, n_new=made[0].sizes.get("n_Q", 0)),
+            unfed)
+        if found is None and unfed and self.plan.cache is not None and failed.message.startswith("KeyError"):
+            from attnscope.usertrace.keyedcache import unfed as unfed_words
+
+            raise UsageError(unfed_words(self.plan.cache, unfed))  # keys of a dict cache trace cannot answer
         if found is None:
             return made, None
         again, heads = found
         return again, cachelayouts.note(self.cache_layout, failed, cache_parameters(self.plan)) + heads
 
-    def cache_forms(self, asked: TraceOptions, made: tuple[Any, ...], layouts: list[str]
-                    ) -> tuple[tuple[Any, ...], str] | None:
+    def cache_forms(self, asked: TraceOptions, made: tuple[Any, ...], layouts: list[str],
+                    unfed: list[Any] | None = None) -> tuple[tuple[Any, ...], str] | None:
         """The code run on its cache handed in each of `layouts` in turn, first with the key/value heads the op it
         raised on says, where it says a count other than trace's (cachelayouts.heads_met: the new keys it writes into
         the cache hold them; a fused projection's GQA says none before a run): the first run that runs, and the
-        words of the heads read (""), its layout and heads kept; None where none runs."""
+        words of the heads read (""), its layout and heads kept; None where none runs. `unfed` gets the keys a dict
+        cache could not answer where the code raised on them (keyedcache.py)."""
         from attnscope.usertrace import cachelayouts
+        from attnscope.usertrace.keyedcache import Keyed
 
         kept = self.cache_layout, self.shapes
         heads = cachelayouts.heads_met(made[2].failure, made[0].sizes)
@@ -291,6 +304,10 @@ class RunSoFar:
                 if again is not None and again[2].failure is None:
                     return again, "" if count is None else (
                         f"; n_kv_head = {count}, read from the new keys your code writes into it (line {failed.line})")
+                given = again[1].values.get(self.plan.cache) if again is not None else None
+                if unfed is not None and isinstance(given, Keyed) and again is not None \
+                        and again[2].failure.message.startswith("KeyError"):
+                    unfed += [key for key in given.unanswered if key not in unfed]
                 met = cachelayouts.heads_met(again[2].failure, again[0].sizes) if again is not None else None
                 if again is not None and count is None and met and all(c != met for c, _ in counts):
                     counts.append((met, again[2].failure))  # the heads the op met: tried next

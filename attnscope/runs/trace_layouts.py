@@ -632,8 +632,13 @@ def _cache_notes(r: RunSoFar, ran: Made) -> None:
                                       if r.own_cache is not None else "cache"))
     if inputs.cache is not None and r.plan.cache is not None:  # two parameters, or a dict's keys (cacheforms.py)
         from attnscope.usertrace.cacheforms import note as form_note
+        from attnscope.usertrace.keyedcache import Keyed
+        from attnscope.usertrace.keyedcache import words as keyed_words
 
         given = fed.values.get(r.plan.cache)
+        if isinstance(given, Keyed):  # a dict read by keys of its own (keyedcache.py: XLM's "slen", layer_id)
+            r.notes.append(keyed_words(r.plan.cache, given.asked, given.layer_slots))
+            return
         said = form_note(cache_parameters(r.plan), list(getattr(given, "asked", [])),
                          "" if r.cache_layout != "bhnd" else cachelayouts.words(r.cache_layout))  # else noted
         r.notes += [said] if said else []

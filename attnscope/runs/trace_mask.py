@@ -465,6 +465,8 @@ def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: I
     causal = plan.causal_mask()
     for other in sorted(plan.other_masks, key=lambda m: m != causal):  # one named for the rule first
         ran = _given_beside(o, (target, fn, plan, inputs, module, fed, called), other, rule, dtype)
+        if ran is not None and masking.weighs(ran[0].records, other) is not None:
+            continue  # multiplied into the softmax's output (XLM's head_mask): a weight per head, no mask of scores
         if ran is not None:
             held = "the --mask file" if o.mask and other == causal else "the key padding"
             inputs.notes.append(f"{other}: given the {'causal' if o.causal else 'window'} rule [n_Q, n_K] beside "

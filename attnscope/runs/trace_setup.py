@@ -112,8 +112,18 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
 
     built = _built_with(kwargs, target.obj if target.kind == "class" else None)  # what the __init__ read, not kept
     spec = _with_own_rope(dataclasses.replace(spec, built_with=built), module, plan, built, shapes.fixed.get("d_head"))
-    plan, said, shapes = _read_roles(o, target, fn, plan, shapes, weighted, module, spec)
+    decode = bool(o.cache) and module is not None and plan.cache is not None and len(plan.tensors) == 3 and not o.q
+    # a decode step of forward(query, key, value, .., cache) (CTRL's forward(v, k, q, mask, layer_past)): the roles
+    # read as without a cache, then self-attention's one input handed to all three
+    plan, said, shapes = _read_roles(dataclasses.replace(o, cache=0) if decode else o, target, fn, plan, shapes,
+                                     weighted, module, spec)
     notes += [said] if said else []
+    if decode and _three_roles(o, target, fn, plan, shapes, weighted, module, spec):
+        first, *rest = plan.tensors
+        plan = plan.decoded_alone()
+        notes.append(f"{', '.join(rest)}: handed {first}'s tensor, the new tokens (--cache {o.cache} runs a decode "
+                     f"step of self-attention, its keys and values from the same input as its queries, the cached "
+                     f"ones from {plan.cache})")
     return RunSoFar(o, split, target, spec, init, module, kwargs, label, notes, fn, plan, pristine, weighted, shapes,
                     built)
 
@@ -161,6 +171,20 @@ def _read_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: An
         return (*roles.read(plan, []), shapes) if len(plan.tensors) in (2, 3) else (plan, None, shapes)
     records = _probe(o, target, fn, plan, shapes, weighted, module, spec)
     return (*roles.read(plan, records or []), shapes)
+
+
+def _three_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: Any, weighted: Any, module: Any,
+                 spec: Spec) -> bool:
+    """Whether the three tensor parameters are the queries', the keys' and the values' inputs, in that order, as
+    their names or a run without a cache say (never a fourth input of another kind: vLLM's slot_mapping)."""
+    from attnscope.usertrace import roles
+    from attnscope.usertrace.flow import input_roles
+
+    said = roles.by_names(plan.tensors)
+    if said is None:
+        records = _probe(dataclasses.replace(o, cache=0), target, fn, plan, shapes, weighted, module, spec)
+        said = input_roles(records, list(plan.tensors)) if records is not None else None
+    return said is not None and [said.get(n) for n in plan.tensors] == list(roles.ORDER)
 
 
 def memory_note(memory: str, n_K: str, failed: Failure | None = None) -> str:

@@ -44,11 +44,14 @@ OBJECT = "Cache"  # transformers' Cache object (hfcache.py): update(k, v, layer_
 # [n_batch, max_len, n_kv_head, d_head], `k_cache.index_copy_(1, kv_write_indices, xk)`; gpt-fast's KVCache): each
 # base layout as long as the cached and the new positions together, n_K, the new ones zero
 ROOM = "room·"
+# the pair in a dict the code reads by keys of its own (keyedcache.py: HF XLM's {"slen": n, layer_id: (k, v)})
+KEYED = "dict·"
 # layout -> its keys' dims (its values': dims_of)
 DIMS = BASES | {key: (*BASES[base][:-2], "d_head", "n_cache") for key, base in TRANSPOSED.items()} \
     | {STACKED + base: ("2", *dims) for base, dims in BASES.items()} | {OBJECT: BASES["bhnd"]} \
     | {FUSED + base: (*dims[:-1], "2·d_head") for base, dims in BASES.items()} \
-    | {ROOM + base: tuple("n_K" if d == "n_cache" else d for d in dims) for base, dims in BASES.items()}
+    | {ROOM + base: tuple("n_K" if d == "n_cache" else d for d in dims) for base, dims in BASES.items()} \
+    | {KEYED + base: dims for base, dims in BASES.items()}
 # the layouts handed as a pair, which code that takes its keys and values as two parameters may keep
 PAIRED = (*BASES, *TRANSPOSED, *(ROOM + base for base in BASES))
 
@@ -74,6 +77,8 @@ def words(layout: str) -> str:
     if layout.startswith(ROOM):
         return (f"[{', '.join(DIMS[layout])}], room for the cached and the new positions together (n_K = n_cache + "
                 "n_Q), written in place at the new positions and read whole")
+    if layout.startswith(KEYED):
+        return f"{words(layout.removeprefix(KEYED))} in a dict your code reads by keys of its own"
     base = layout.removeprefix(STACKED)
     said = BASE_WORDS[base] if base == layout else f"keys and values stacked in one tensor, {BASE_WORDS[base]}"
     return f"[{', '.join(DIMS[layout])}] ({said})"
@@ -95,7 +100,7 @@ def held(tensor: torch.Tensor, layout: str, keys: bool = True, n_new: int = 0) -
     if layout in TRANSPOSED:
         values = held(tensor, TRANSPOSED[layout])
         return values.transpose(-1, -2).contiguous() if keys else values
-    base = layout.removeprefix(STACKED).removeprefix(FUSED)
+    base = layout.removeprefix(STACKED).removeprefix(FUSED).removeprefix(KEYED)
     if base == "bnhd":
         return tensor.transpose(1, 2).contiguous()
     if base == "nbhd":
@@ -105,14 +110,20 @@ def held(tensor: torch.Tensor, layout: str, keys: bool = True, n_new: int = 0) -
     return tensor
 
 
-def handed(parts: tuple[torch.Tensor, ...], layout: str) -> Any:
+def handed(parts: tuple[torch.Tensor, ...], layout: str, layer_slots: dict[int, str] | None = None) -> Any:
     """What the code's cache parameter gets, from `(K_cache, V_cache)` laid out as `layout` (`held`): the pair (which
-    answers a dict's keys too: cacheforms.Handed), one tensor stacking them or joining them on the last axis, or
-    transformers' Cache object holding them."""
+    answers a dict's keys too: cacheforms.Handed), one tensor stacking them or joining them on the last axis,
+    transformers' Cache object holding them, or a dict answering the keys the code reads (keyedcache.py: its layer's
+    pair under the module's own index, `layer_slots`, and the cached length)."""
     import torch
 
     from attnscope.usertrace.cacheforms import Handed
 
+    if layout.startswith(KEYED):
+        from attnscope.usertrace.keyedcache import Keyed
+
+        n_cache = int(parts[0].shape[BASES[layout.removeprefix(KEYED)].index("n_cache")])
+        return Keyed((parts[0], parts[1]), n_cache, layer_slots or {})
     if layout == OBJECT:
         from attnscope.usertrace.hfcache import HandedCache
 
@@ -146,7 +157,10 @@ def others(failure: Failure | None, cache: tuple[torch.Tensor, torch.Tensor], ap
         shape = _shape(cache, layout, n_new)
         return any(len(s) == len(shape) and sum(a != b for a, b in zip(s, shape, strict=True)) <= 1 for s in met)
 
-    return sorted(tried, key=lambda layout: (layout.startswith(ROOM), not meets(layout)))
+    keyed = failure is not None and failure.message.startswith(("KeyError", "TypeError: tuple indices"))
+    # a key the pair cannot answer (XLM's cache["slen"]): the dict first
+    return sorted(tried, key=lambda layout: (layout.startswith(ROOM), keyed != layout.startswith(KEYED),
+                                             not meets(layout)))
 
 
 def heads_met(failure: Failure | None, sizes: dict[str, int]) -> int | None:

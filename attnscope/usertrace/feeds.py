@@ -92,7 +92,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
             parts = tuple(held(t, layout, keys=i == 0, n_new=sizes["n_Q"]) for i, t in enumerate(cache))
             apart = plan.cache_values is not None  # two parameters, the keys and the values (cacheforms.py)
             # the pair (answering a dict's keys too), one tensor stacking or joining it, or a Cache object
-            given = parts if apart else handed(parts, inputs.cache_layout)
+            given = parts if apart else handed(parts, inputs.cache_layout, inputs.cache_slots)
             out.values[plan.cache] = given[0] if apart else given
             if apart:
                 out.values[str(plan.cache_values)] = given[1]

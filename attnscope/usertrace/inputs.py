@@ -230,6 +230,7 @@ class Inputs:
     # a run without a decode step whose code cannot run with its cache None (gemma_pytorch's kv_cache, written in
     # place): handed one of no cached positions, in `cache_layout` (feeds.py); the reference reads none
     empty_cache: bool = False
+    cache_slots: dict[int, str] = field(default_factory=dict)  # a dict cache's layer keys (keyedcache.slots)
     # multi-head latent attention's (latentcache.py): the latents and rotary parts `cache` was expanded from, which
     # the reference reads instead
     latent_cache: tuple[torch.Tensor, torch.Tensor] | None = None

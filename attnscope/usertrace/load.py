@@ -276,6 +276,13 @@ class Plan:
         return dataclasses.replace(self, aliases=[*self.aliases, name],
                                    optional=[n for n in self.optional if n != name])
 
+    def decoded_alone(self) -> Plan:
+        """This plan of `forward(query, key, value, .., cache)` for a decode step: the queries' parameter the one
+        input, the key's and the value's handed it too (CTRL's `forward(v, k, q, mask, layer_past)`, which its block
+        calls with the same normed x three times): the new tokens beside the cache, as self-attention reads them."""
+        first, *rest = self.tensors
+        return dataclasses.replace(self, tensors=[first], aliases=[*self.aliases, *rest])
+
     def as_list(self, name: str, count: int) -> Plan:
         """This plan with the input `name` handed as a list of `count` (Music Transformer's `inputs` = [q, k, v])."""
         return dataclasses.replace(self, listed={**self.listed, name: count})

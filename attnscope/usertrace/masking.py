@@ -415,7 +415,9 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
           n_head: int | None = None) -> list[tuple[torch.Tensor, str, torch.Tensor | None]]:
     """The same mask (True = may attend) in the other shapes code takes a mask in, each with its words and the
     keys trace pads itself (None: none), tried in turn where the code fails on the shape given first:
-    transformers' 4-D `[n_batch, 1, n_Q, n_K]`, then the key-padding shapes, `[n_batch, n_K]` (flash-attn's and
+    transformers' 4-D `[n_batch, 1, n_Q, n_K]`, then `[n_batch, n_Q, n_K]` (HF XLM's causal mask, read as `(bs,
+    qlen, klen)` where `mask.dim() == 3`: a whole mask, its rule in it, before key padding that cannot carry the
+    rule; after it where the mask is key padding), then the key-padding shapes, `[n_batch, n_K]` (flash-attn's and
     nn.MultiheadAttention's key_padding_mask, HF BERT's 2-D attention_mask that the code extends itself),
     `[n_batch, 1, n_K]` (diffusers' attention_mask) and `[n_batch, 1, 1, n_K]`, then `[n_Q, n_K]`. A rule that
     depends on the query (causal, a window) cannot be written as key padding: those shapes then pad one key of
@@ -433,6 +435,8 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     wide = grid.expand(n_batch, n_Q, n_K) if grid.shape[0] == 1 else grid
     out: list[tuple[torch.Tensor, str, torch.Tensor | None]] = [(wide.unsqueeze(1), "[n_batch, 1, n_Q, n_K]", None)]
     padding = bool((wide == wide[:, :1, :]).all())
+    whole = (wide, "[n_batch, n_Q, n_K]", None)
+    out += [] if padding else [whole]  # a rule no key padding carries: the whole mask first
     filed_keys = file_padding(filed, n_batch, n_K)
     if padding:
         keys, padded, said = wide[:, 0, :], None, ""
@@ -443,6 +447,7 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     out += [(keys, f"[n_batch, n_K] key padding{said}", padded),
             (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}", padded),
             (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}", padded)]
+    out += [whole] if padding else []
     if grid.shape[0] == 1:
         out.append((grid[0], "[n_Q, n_K]", None))
     elif n_head is not None:  # [n_batch, n_Q, n_K] -> [n_batch·n_head, n_Q, n_K], each sequence's heads side by side
