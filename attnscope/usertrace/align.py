@@ -106,6 +106,12 @@ def tolerance(reference: torch.Tensor) -> float:
     return atol + rtol * scale
 
 
+def _exchanged(order: tuple[int, ...]) -> tuple[int, ...]:
+    """A permutation with the last two axes of its source exchanged wherever they stand."""
+    last, before = len(order) - 1, len(order) - 2
+    return tuple(before if i == last else last if i == before else i for i in order)
+
+
 def layouts(reference_shape: tuple[int, ...], user_shape: tuple[int, ...], *, swaps: bool = False) -> list[Layout]:
     """Every layout that turns the reference's shape into the user's, the same one first. Without `swaps`,
     axes of equal size keep their order (swapping them is a transpose, not a layout)."""
@@ -194,9 +200,11 @@ def compare(record: Record, reference: torch.Tensor, skip: torch.Tensor | None =
     user = record.tensor
     found = layouts(tuple(reference.shape), tuple(user.shape), swaps=swaps)
     rank = reference.dim()
-    if turned and rank >= 2 and tuple(user.shape) == tuple(reference.shape):
-        swapped = (*range(rank - 2), rank - 1, rank - 2)
-        found = [Layout(swapped, False)] + [f for f in found if f.order != swapped]
+    if turned and rank >= 2 and reference.shape[-1] == reference.shape[-2]:
+        # each layout with the last two axes exchanged, first (their heads merged into the batch too: guided-
+        # diffusion's [n_batch·n_head, n_Q, n_K] from einsum("bct,bcs->bts"), the column form's keys first)
+        swapped = [Layout(_exchanged(f.order), f.merged, f.split) for f in found]
+        found = swapped + [f for f in found if f not in swapped]
     for layout in found:
         expected = layout.apply(reference, tuple(user.shape))
         skipped = layout.apply(skip.expand(reference.shape), tuple(user.shape)) if skip is not None else None

@@ -39,7 +39,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     import torch
 
     from attnscope.cost import available_memory
-    from attnscope.usertrace import flex, load, perhead
+    from attnscope.usertrace import flex, load, perhead, pointwise
     from attnscope.usertrace.record import Failure, Recorder, RecordingTooLarge
 
     labels = {id(t): name for name, t in inputs.handed().items()}
@@ -51,7 +51,8 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     if module is not None:
         labels.update({id(p): name for name, p in module.named_parameters()})
         labels.update({id(b): name for name, b in module.named_buffers()})
-        linears = {id(m.weight): name for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+        linears = {id(m.weight): name for name, m in module.named_modules()
+                   if isinstance(m, torch.nn.Linear) or pointwise.is_pointwise(m)}  # a 1x1 Conv1d: a Linear
         for name, p in module.named_parameters():  # nn.Parameter weights used as x @ W, W @ x or F.linear(x, W)
             if p.dim() >= 2 and id(p) not in linears:  # 3: per-head stacks [n_head, d_head, d_in] (W @ x), kernels
                 linears[id(p)] = name

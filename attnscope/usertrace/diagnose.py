@@ -235,8 +235,11 @@ def _missing_bias(step: str, ctx: Context, near: Match | None) -> Diagnosis | No
     name, linear = ctx.projections.linears[role]
     if linear.bias is None:
         return None
-    expected = near.layout.apply(ctx.reference[step], tuple(near.record.tensor.shape))
-    without = near.layout.apply(ctx.reference[step] - linear.bias.detach(), tuple(near.record.tensor.shape))
+    bias, reference = linear.bias.detach(), ctx.reference[step]
+    if reference.shape[-1] != bias.numel() and reference.dim() > 1 and reference.shape[-2] == bias.numel():
+        bias = bias[:, None]  # the column form's step, [.., d, n]: the bias a column
+    expected = near.layout.apply(reference, tuple(near.record.tensor.shape))
+    without = near.layout.apply(reference - bias, tuple(near.record.tensor.shape))
     if close(near.record.tensor, without) and not close(near.record.tensor, expected):
         return Diagnosis(f"{label_of(near.record)} lacks {name}'s bias: it equals {step} minus {name}.bias "
                          f"(the weight applied, the bias never added)", near.record)

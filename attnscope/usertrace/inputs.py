@@ -153,24 +153,27 @@ def _projections(module: Any, n_head: int | None = None, d_head: int | None = No
 
 
 def _fused_width(module: Any) -> int | None:
-    from torch import nn
-
     from attnscope.usertrace import fused
+    from attnscope.usertrace.linearweights import linears
 
-    found = fused.fused_linear([(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear)])
+    found = fused.fused_linear(linears(module))
     return found[1].out_features if found is not None else None
 
 
 def module_width(module: Any) -> int | None:
-    """d_feat: what the query projection reads (else the first Linear layer)."""
-    from torch import nn
+    """d_feat: what the query projection reads (else the first Linear layer, a pointwise Conv1d too)."""
+    from attnscope.usertrace import pointwise
+    from attnscope.usertrace.linearweights import linears as linear_layers
 
     projections = _projections(module)
     if projections is not None:
         return int(projections.linears["q"][1].in_features)
-    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    linears = [m for _, m in linear_layers(module)]  # a 1x1 Conv1d reads its channels as a Linear its features
     if linears:
         return linears[0].in_features
+    kernel = pointwise.kernel_width(module)  # F.conv1d kernels [d_out, d_in, 1] alone: what they read
+    if kernel is not None:
+        return kernel
     kernel = _kernel_width(module)  # 3-D kernels beside 2-D biases of [n_head, d_head] (Flax's DenseGeneral)
     if kernel is not None:
         return kernel
@@ -190,8 +193,11 @@ def linear_widths(module: Any) -> list[int]:
     (their sizes leave the width open)."""
     from torch import nn
 
+    from attnscope.usertrace import pointwise
+
     read = [w for m in module.modules() for w in ((m.embed_dim, m.kdim, m.vdim) if isinstance(m, nn.MultiheadAttention)
-                                                 else (m.in_features,) if isinstance(m, nn.Linear) else ())]
+                                                 else (m.in_features,) if isinstance(m, nn.Linear)
+                                                 else (m.in_channels,) if pointwise.is_pointwise(m) else ())]
     return list(dict.fromkeys(int(w) for w in read))
 
 
@@ -210,8 +216,8 @@ def kernel_heads(module: Any) -> tuple[int, int] | None:
     """(n_head, d_head) of 3-D kernels that disagree on their first axis (EinsumDense's [d_feat, n_head, d_head] and
     [n_head, d_head, d_feat]): the one adjacent pair of sizes they all hold in the same order; None otherwise."""
     kernels = [tuple(p.shape) for p in module.parameters() if p.dim() == 3]
-    if len(kernels) < 2 or len({k[0] for k in kernels}) == 1:
-        return None
+    if len(kernels) < 2 or len({k[0] for k in kernels}) == 1 or all(k[-1] == 1 for k in kernels):
+        return None  # every kernel [d_out, d_in, 1]: pointwise Conv1d kernels (pointwise.py), no heads of theirs
     common = set.intersection(*({k[0:2], k[1:3]} for k in kernels))
     return (int(common.copy().pop()[0]), int(common.pop()[1])) if len(common) == 1 else None
 

@@ -50,7 +50,7 @@ def parameter_projections(module: nn.Module, records: list[Record], spare: bool 
     from attnscope.usertrace.record import LEFT
 
     params = dict(module.named_parameters())
-    held = {f"{name}.weight" for name, m in module.named_modules() if isinstance(m, nn.Linear)}
+    held = {f"{name}.weight" for name, _ in linears(module)}  # nn.Linear, and 1x1 Conv1d layers
     out: dict[str, Any] = {}
     recipes: dict[str, tuple[bool, bool, str | None]] = {}
     for r in records:
@@ -85,6 +85,23 @@ def parameter_projections(module: nn.Module, records: list[Record], spare: bool 
                 out[name] = part
                 said.add(role)
     return list((spare_out if spare else out).items())
+
+
+def pointwise_layers(module: Any) -> list[tuple[str, Any]]:
+    """The module's pointwise Conv1d layers, each as the Linear it is (fused.Part: its weight `[d_out, d_in]`, its
+    bias), by its name in the module."""
+    from attnscope.usertrace.fused import Part
+    from attnscope.usertrace.pointwise import as_matrix, is_pointwise
+
+    return [(name, Part(name, as_matrix(m.weight), m.bias.detach().clone() if m.bias is not None else None))
+            for name, m in module.named_modules() if is_pointwise(m)]
+
+
+def linears(module: Any) -> list[tuple[str, Any]]:
+    """The module's nn.Linear layers and its pointwise Conv1d layers read as Linear ones, in registration order."""
+    pointwise = dict(pointwise_layers(module))
+    return [(name, pointwise.get(name, m)) for name, m in module.named_modules()
+            if isinstance(m, nn.Linear) or name in pointwise]
 
 
 def mentioned(name: str, records: list[Record]) -> bool:

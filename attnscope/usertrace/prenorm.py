@@ -37,7 +37,7 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
     Perceiver's latents, whatever norm they had is in that tensor), the keys' and values' norm of the forward's input
     (Perceiver IO's `layernorm2(inputs)`, a norm the queries' side does not share) is read the same way, their side."""
     queries = set(inputs.own) == {"Q"} and inputs.own_from == "module"
-    if module is None or inputs.own and not queries or inputs.layout not in ("row", "time") \
+    if module is None or inputs.own and not queries or inputs.layout not in ("row", "time", "col") \
             or inputs.cache is not None or not projections:
         return
     # a fused projection's rows (`to_qkv[0:32]`): the one call of the layer that holds them
@@ -60,9 +60,22 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
             record = normed[source]
             found.tensors[role] = record.tensor.detach().transpose(0, 1) if inputs.layout == "time" \
                 else record.tensor.detach()
-            found.line[role], found.said[role] = record.line, record.details.get("op", record.call)
+            said = _norm_under_cast(record, records)  # GroupNorm32's `super().forward(x.float()).type(x.dtype)`
+            found.line[role], found.said[role] = said.line, said.details.get("op", said.call)
     if found.tensors:
         apply(inputs, found, queries)
+
+
+CASTS = ("type", "to", "float", "half", "bfloat16", "double", "type_as")  # a dtype handed back, the values kept
+
+
+def _norm_under_cast(record: Record, records: list[Record]) -> Record:
+    """The norm op a cast of its output hands on (guided-diffusion's and Stable Diffusion's GroupNorm32: computed in
+    float32, `.type(x.dtype)` after it), so that the note writes the norm; else the record itself."""
+    seen = record
+    while seen.func in CASTS and seen.parents and records[seen.parents[0]].tensor.shape == seen.tensor.shape:
+        seen = records[seen.parents[0]]
+    return seen if seen.func in NORMS else record
 
 
 def _reads(call: Record, records: list[Record], given: str) -> bool:

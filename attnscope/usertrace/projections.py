@@ -15,6 +15,7 @@ from torch import nn
 from attnscope.errors import UsageError
 from attnscope.usertrace.fused import NONE
 from attnscope.usertrace.linearweights import ROLES, as_called, mentioned, parameter_projections, role_of
+from attnscope.usertrace.linearweights import linears as linear_layers
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
@@ -67,8 +68,8 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
         return [Projections(identity.projections(module), "identity")]
     records = records or []
     params = dict(module.named_parameters())
-    linears = [(name, as_called(name, m, records, params)) for name, m in module.named_modules()
-               if isinstance(m, nn.Linear)]
+    # nn.Linear layers, and pointwise Conv1d ones read as the Linear they are (pointwise.py)
+    linears = [(name, as_called(name, m, records, params)) for name, m in linear_layers(module)]
     linears += parameter_projections(module, records)
     # a weight the code mixes the projected tokens by (Linformer's proj_k, rtdl's key_compression): a pooling
     mixers = flow.token_mixers(records)

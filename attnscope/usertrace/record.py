@@ -22,7 +22,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from attnscope import cost
-from attnscope.usertrace import weightrows
+from attnscope.usertrace import pointwise, weightrows
 from attnscope.usertrace.bindings import Binder, Statements
 from attnscope.usertrace.blank import Unwritten
 from attnscope.usertrace.kernels import ATTENTION_KERNELS, KERNELS
@@ -253,7 +253,8 @@ class Recorder(TorchFunctionMode):
                     and id(read) not in self._produced:  # `E.t() @ x` of the input: x's shape, not the weight's
                 details["source_shape"] = tuple(read.shape)
             self.records.append(Record(index, name, call, snapshot, frames[0].f_lineno, text_args, style, not shares,
-                                       _flops(name, args, tensor), parents, details=details))
+                                       _flops("conv1d" if getattr(func, "__name__", "") == "conv1d" else name, args,
+                                              tensor), parents, details=details))
             self._produced[id(tensor)] = index
             if details.get("same") == "in place" or (name == "__setitem__" and out is None):
                 # `scores.view(..).masked_fill_(..)` changes scores too: what later reads scores comes from this op
@@ -312,6 +313,15 @@ class Recorder(TorchFunctionMode):
             # computed from parameters (BEiT's cat(q_bias, zeros, v_bias)) too, and every argument by keyword
             described = [("text", self._linears[id(weight)]), self._arg(x),
                          *([("kw", ("bias", self._arg(bias)))] if isinstance(bias, torch.Tensor) else [])]
+        elif name == "conv1d" and (conv := pointwise.conv_args(args, kwargs)) is not None \
+                and id(conv[1]) in self._linears:
+            # a pointwise Conv1d over [n_batch, d_in, n] (guided-diffusion's qkv, proj_out): W[:, :, 0] @ x + b, the
+            # column form's projection, its weight read as [d_out, d_in] (pointwise.py)
+            x, weight, bias = conv
+            self._derived.setdefault(id(weight), pointwise.as_matrix(weight))
+            name, style = "matmul", "linear"
+            described = [("text", self._linears[id(weight)]), self._arg(x), LEFT,
+                         *([("kw", ("bias", self._arg(bias)))] if bias is not None else [])]
         elif name == "addmm" and len(args) >= 3 and id(args[2]) in self._linears and id(args[1]) not in self._linears:
             # torch.addmm(b, x, W): GPT-2's Conv1D, x @ W + b with W [d_in, d_out], b its bias
             name, style = "matmul", "linear"
@@ -527,6 +537,8 @@ def _dropout_details(args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _flops(name: str, args: list[Any], out: torch.Tensor) -> int:
     shape = tuple(out.shape)
+    if name == "conv1d" and (conv := pointwise.conv_args(args, {})) is not None:
+        return cost.linear_flops(shape, int(conv[1].shape[1]), conv[2] is not None)  # a pointwise Conv1d
     if name in MATMULS and args and isinstance(args[0], torch.Tensor) and args[0].dim():
         return cost.matmul_flops(shape, int(args[0].shape[-1]))
     if name == "linear" and len(args) > 1 and isinstance(args[1], torch.Tensor):

@@ -144,6 +144,9 @@ def _best_reading(best: tuple[Any, ...] | None, records: list[Record], inputs: I
     trace, reference, projections, skips, wanted = run
     keys = scoreaxes.key_axes(records, *projected_roles(projections, inputs))
     rows = align_steps(trace, wanted, records, skips, keys)
+    if not keys and inputs.layout == "col":  # q and k cut from one fused output: the tensors lined up as Q and K say
+        keys = scoreaxes.key_axes(records, *scoreaxes.lined_roles(rows))
+        rows = align_steps(trace, wanted, records, skips, keys) if keys else rows
     aligned = sum(row.status in ALIGNED for row in rows) + (evidence(rows) if evidence is not None else 0)
     if best is None or aligned > best[0]:
         return (aligned, trace, reference, projections, rows, skips, wanted, keys)

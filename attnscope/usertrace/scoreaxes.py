@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 # ops that move axes; those that keep every axis in place are read off the shapes (elementwise, softmax, masks)
 MOVES = ("transpose", "swapaxes", "swapdims", "mT", "T", "t", "permute", "movedim")
 PRODUCTS = (*MATMULS, "einsum")
+RECORD = "record "  # an origin that is one of the code's tensors (lined_roles), no input's or weight's label
 Labels = tuple[str | None, ...]  # per axis of a tensor: "q", "k", or None
 
 
@@ -55,6 +56,20 @@ def key_axes(records: list[Record], query: Iterable[str], key: Iterable[str]) ->
     return found
 
 
+def lined_roles(rows: Iterable[object]) -> tuple[set[str], set[str]]:
+    """What the code's queries and keys are, where their projection cannot say (rows of one fused weight make both:
+    guided-diffusion's `qkv` conv, split per head): the code's tensors the line-up found equal to the queries and the
+    keys (`rows`: lineup.Aligned, the reference's Q and K steps lined up before any axis of the scores was read)."""
+    found: dict[str, set[str]] = {"Q": set(), "K": set()}
+    for row in rows:
+        step, record = getattr(row, "reference", ""), getattr(row, "record", None)
+        role = step.split("_")[0]
+        if role in found and step.endswith(("_feat", "_split")) and record is not None \
+                and getattr(row, "status", "") in ("equal", "permuted"):
+            found[role].add(f"{RECORD}{record.index}")
+    return found["Q"], found["K"]
+
+
 def turned(keys: dict[int, int], dims: tuple[str, ...]) -> frozenset[int]:
     """The records of `keys` that hold a step of `dims` (queries and keys its last two axes) with those two axes
     the other way round: the step's layout with them swapped is theirs."""
@@ -74,7 +89,7 @@ def _origins(records: list[Record]) -> dict[int, set[str]]:
     """For each record, the labels of the inputs and weights it is computed from."""
     out: dict[int, set[str]] = {}
     for r in records:
-        found = {str(v) for k, v in _read(r) if k == "text"}
+        found = {str(v) for k, v in _read(r) if k == "text"} | {f"{RECORD}{r.index}"}
         for p in r.parents:
             found |= out.get(p, set())
         out[r.index] = found
