@@ -245,10 +245,9 @@ def fed_well(called: Called) -> bool:
     import torch
 
     from attnscope.usertrace import masking
+    from attnscope.usertrace.maskranks import returned
 
-    found = called.result if isinstance(called.result, (tuple, list)) else [called.result]  # (out, weights)
-    return not any(bool(torch.isnan(t).any() or torch.isposinf(t).any())
-                   for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()) \
+    return not any(bool(torch.isnan(t).any() or torch.isposinf(t).any()) for t in returned(called.result)) \
         and masking.starved(called.records) is None
 
 

@@ -22,7 +22,7 @@ def _pattern_from_mask(records: list[Record], label: str) -> tuple[Record | None
     """The code's first pattern (a softmax, a kernel's recomputed attention), and whether it is computed from the
     mask parameter `label` through any ops (a position bias the mask is added to, then `1 - bias`): the mask is
     applied before the softmax."""
-    from attnscope.usertrace.masking import _pattern
+    from attnscope.usertrace.masking import is_pattern
 
     derived: set[int] = set()
     for record in records:
@@ -30,7 +30,7 @@ def _pattern_from_mask(records: list[Record], label: str) -> tuple[Record | None
             value[1][1] for kind, value in record.args if kind == "kw" and value[1][0] == "text"]
         if label in texts or derived & set(record.parents):
             derived.add(record.index)
-        if _pattern(record):
+        if is_pattern(record):
             return record, record.index in derived
     return None, False
 

@@ -618,7 +618,7 @@ def own_mask_op(records: list[Record], inputs: set[str], label: str, pattern: tu
     other: set[int] = set()  # from the mask parameter, or a random draw
     content: set[int] = set()  # from a product of two tensors computed from the inputs (q · kᵀ), or after one
     for r in records:
-        if _pattern(r):
+        if is_pattern(r):
             return None
         texts = [v for k, v in r.args if k == "text"] + [v[1][1] for k, v in r.args if k == "kw" and v[1][0] == "text"]
         parents = set(r.parents)
@@ -662,10 +662,10 @@ def masks_by_itself(records: list[Record]) -> Record | None:
     from attnscope.usertrace.sinkcols import joined_at
 
     # online softmax (chunked, flash-style) never calls one: each block's exp(scores − max) stands for the pattern
-    online = not any(_pattern(r) for r in records)
+    online = not any(is_pattern(r) for r in records)
     for r in records:
         name = r.func.split(".")[-1]
-        if (_pattern(r) or (online and name in ("exp", "exp_"))) \
+        if (is_pattern(r) or (online and name in ("exp", "exp_"))) \
                 and r.tensor.is_floating_point() and bool((r.tensor == 0).any()):
             sink = joined_at(r, records) if name != "(attention)" else None  # a sink's column weighs no key
             weights = r.tensor if sink is None else r.tensor[..., 1:] if sink == 0 else r.tensor[..., :-1]
@@ -679,7 +679,7 @@ def starved(records: list[Record]) -> Record | None:
     query that saw no key, which a mask leaving every query a key never makes (PyTorch's SDPA gives such a row zeros,
     a plain softmax NaN); None where every row holds weight."""
     for r in records:
-        if _pattern(r) and r.tensor.is_floating_point() and r.tensor.dim() >= 1 and r.tensor.shape[-1] > 0 \
+        if is_pattern(r) and r.tensor.is_floating_point() and r.tensor.dim() >= 1 and r.tensor.shape[-1] > 0 \
                 and no_key(r.tensor.detach()):
             return r
     return None
@@ -692,7 +692,7 @@ def holds(records: list[Record], allowed: torch.Tensor | None, sizes: dict[str, 
     round), None where that cannot be read (no pattern of those axes, a mask that forbids nothing, a batch it cannot
     be laid on)."""
     n_Q, n_K = sizes.get("n_Q"), sizes.get("n_K")
-    pattern = next((r.tensor for r in records if _pattern(r) and r.tensor.is_floating_point()), None)
+    pattern = next((r.tensor for r in records if is_pattern(r) and r.tensor.is_floating_point()), None)
     if pattern is None or allowed is None or n_Q is None or n_K is None or pattern.dim() < 2 or allowed.dim() < 2 \
             or tuple(pattern.shape[-2:]) != (n_Q, n_K) or allowed.shape[-1] != n_K \
             or allowed.shape[-2] not in (1, n_Q) or bool(allowed.all()):
@@ -719,7 +719,7 @@ def _softmax(record: Record) -> bool:
     return record.func.split(".")[-1] in ("softmax", "_softmax")
 
 
-def _pattern(record: Record) -> bool:
+def is_pattern(record: Record) -> bool:
     """A pattern the code holds: a softmax's, or a kernel's recomputed attention."""
     return _softmax(record) or record.label == "(attention)"
 

@@ -53,9 +53,7 @@ def laid(allowed: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | None:
 def words(shape: tuple[int, ...], sizes: dict[str, int]) -> str:
     """A mask's shape in dims: its first axis n_batch, its last n_K, the one before n_Q where it has that size."""
     dims = ["1" if n == 1 else str(n) for n in shape]
-    if len(shape) >= 3 and shape[0] == sizes.get("n_batch") and shape[0] != 1:
-        dims[0] = "n_batch"
-    if len(shape) == 2 and shape[0] == sizes.get("n_batch") and shape[0] != 1:
+    if len(shape) >= 2 and shape[0] == sizes.get("n_batch") and shape[0] != 1:
         dims[0] = "n_batch"
     if shape and shape[-1] == sizes.get("n_K"):
         dims[-1] = "n_K"
@@ -68,12 +66,12 @@ def path(records: list[Record], label: str) -> tuple[tuple[int, str], ...]:
     """The ops the mask parameter `label` (and what the code made of it) passes through before the code's first
     pattern (a softmax, a kernel's attention), as (line, op) in the order run: two forms of the mask that take
     different paths meet a branch of the code's on the mask's shape."""
-    from attnscope.usertrace.masking import _pattern
+    from attnscope.usertrace.masking import is_pattern
 
     derived: set[int] = set()
     ops: list[tuple[int, str]] = []
     for record in records:
-        if _pattern(record):
+        if is_pattern(record):
             break
         texts = [value for kind, value in record.args if kind == "text"] + [
             value[1][1] for kind, value in record.args if kind == "kw" and value[1][0] == "text"]
@@ -86,22 +84,27 @@ def path(records: list[Record], label: str) -> tuple[tuple[int, str], ...]:
 def shaped_alike(first: Called, other: Called) -> bool:
     """Whether a run's output and first pattern have the first run's shapes: a form the code broadcasts into axes
     of its own (a 4-D mask indexed `[:, None]` as a 3-D one would be) is none it takes."""
-    from attnscope.usertrace.masking import _pattern
+    from attnscope.usertrace.masking import is_pattern
 
     def shapes(called: Called) -> tuple[Any, Any]:
         out = _output(called.result)
-        pattern = next((r.tensor for r in called.records if _pattern(r)), None)
+        pattern = next((r.tensor for r in called.records if is_pattern(r)), None)
         return (None if out is None else tuple(out.shape)), (None if pattern is None else tuple(pattern.shape))
 
     return shapes(first) == shapes(other)
 
 
-def _output(result: Any) -> torch.Tensor | None:
-    """The first floating tensor a run returned (out, before any weights)."""
+def returned(result: Any) -> list[torch.Tensor]:
+    """The floating tensors a run returned, in order (out, then any weights: `(out, weights)`)."""
     import torch
 
     found = result if isinstance(result, (tuple, list)) else [result]
-    return next((t for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+    return [t for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _output(result: Any) -> torch.Tensor | None:
+    """The first floating tensor a run returned (out, before any weights)."""
+    return next(iter(returned(result)), None)
 
 
 def agree(first: Any, other: Any) -> bool:

@@ -137,7 +137,7 @@ def projections(heads: Heads, modules: dict[str, Any], names: list[str], role_of
     for role in ROLES:
         parts = [modules[roles[role]] for roles in chosen]
         names_of = [roles[role] for roles in chosen]
-        name = f"{_pattern(names_of)} ({len(parts)} heads stacked{_order(names_of)})"
+        name = f"{is_pattern(names_of)} ({len(parts)} heads stacked{_order(names_of)})"
         out[role] = (name, _stack(name, parts))
     if heads.o is None:  # no output projection: the identity over the merge, its columns in the heads' order
         from attnscope.usertrace.fused import NONE
@@ -186,7 +186,7 @@ def _digits(name: str) -> tuple[str, ...]:
     return tuple(part for part in name.split(".") if part.isdigit())
 
 
-def _pattern(names: list[str]) -> str:
+def is_pattern(names: list[str]) -> str:
     """`heads.*.query` for heads.0.query, heads.1.query, ...: where the names differ, a star."""
     split = [n.split(".") for n in names]
     if len({len(s) for s in split}) != 1:
