@@ -279,3 +279,10 @@ def test_grouped_query_attention_aligns_with_its_kv_heads_named(tmp_path):
     assert run.params["sizes"]["n_kv_head"] == 2
     k = next(s for s in run.steps if s.name == "k")
     assert k.dims == ("n_batch", "n_kv_head", "n_K", "d_head")
+
+
+def test_a_width_of_zero_leaves_sizes_to_choose():
+    """A module built with a width of 0 (`--init "d=0"`): 0 times any size is 0, which once made every size
+    clash and the search never end; the zero names no axis and the sizes are chosen as without it."""
+    sizes = choose_sizes({"d_feat": 0, "n_head": 4}, ["n_batch", "n_Q"], {})
+    assert sizes == choose_sizes({"n_head": 4}, ["n_batch", "n_Q"], {}) | {"d_feat": 0}

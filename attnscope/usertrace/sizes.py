@@ -34,6 +34,7 @@ def choose_sizes(fixed: dict[str, int], wanted: list[str], given: dict[str, int 
 
 
 def _free(size: int, taken: list[int]) -> bool:
+    taken = [t for t in taken if t > 0]  # a width of 0 (a module built with d=0) names no axis: 0·size is no clash
     products = {a * b for a, b in combinations(taken, 2)}
     used = set(taken) | products | {1}
     return size not in used and all(size * t not in used for t in taken)
