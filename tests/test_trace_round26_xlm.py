@@ -141,9 +141,10 @@ def test_the_three_inputs_get_the_new_tokens(runner):
 
 @pytest.fixture()
 def unanswerable(tmp_path):
-    """The keyed layer reading a key that says nothing trace can feed."""
+    """The keyed layer reading a key whose value it takes as a tensor (`.size(2)`) under a name that says neither keys
+    nor values: no number of positions (the number handed has no size) nor a tensor trace can feed."""
     path = tmp_path / "keyed_other.py"
-    path.write_text(Path(STYLES).read_text().replace('cache["length"]', 'cache["zork"]'))
+    path.write_text(Path(STYLES).read_text().replace('cache["length"]', 'cache["zork"].size(2)'))
     return str(path)
 
 

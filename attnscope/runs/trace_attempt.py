@@ -272,7 +272,8 @@ class RunSoFar:
         found = self.cache_forms(asked, made, cachelayouts.others(
             failed, made[0].cache, apart=self.plan.cache_values is not None, n_new=made[0].sizes.get("n_Q", 0)),
             unfed)
-        if found is None and unfed and self.plan.cache is not None and failed.message.startswith("KeyError"):
+        named = any(isinstance(key, str) for path in unfed for key in path)  # the code reads its cache by names
+        if found is None and unfed and self.plan.cache is not None and (named or failed.message.startswith("KeyError")):
             from attnscope.usertrace.keyedcache import unfed as unfed_words
 
             raise UsageError(unfed_words(self.plan.cache, unfed))  # keys of a dict cache trace cannot answer
@@ -306,8 +307,10 @@ class RunSoFar:
                         f"; n_kv_head = {count}, read from the new keys your code writes into it (line {failed.line})")
                 given = again[1].values.get(self.plan.cache) if again is not None else None
                 if unfed is not None and isinstance(given, Keyed) and again is not None \
-                        and again[2].failure.message.startswith("KeyError"):
-                    unfed += [key for key in given.unanswered if key not in unfed]
+                        and again[2].failure.message.startswith(("KeyError", "TypeError", "AttributeError")):
+                    # a probe the code raised on as an int (keyedcache.Probe): a key it reads as something else
+                    raised = again[2].failure.message
+                    unfed += [key for key in given.unfed("'int'" in raised) if key not in unfed]
                 met = cachelayouts.heads_met(again[2].failure, again[0].sizes) if again is not None else None
                 if again is not None and count is None and met and all(c != met for c, _ in counts):
                     counts.append((met, again[2].failure))  # the heads the op met: tried next

@@ -637,7 +637,7 @@ def _cache_notes(r: RunSoFar, ran: Made) -> None:
 
         given = fed.values.get(r.plan.cache)
         if isinstance(given, Keyed):  # a dict read by keys of its own (keyedcache.py: XLM's "slen", layer_id)
-            r.notes.append(keyed_words(r.plan.cache, given.asked, given.layer_slots))
+            r.notes.append(keyed_words(r.plan.cache, given))
             return
         said = form_note(cache_parameters(r.plan), list(getattr(given, "asked", [])),
                          "" if r.cache_layout != "bhnd" else cachelayouts.words(r.cache_layout))  # else noted

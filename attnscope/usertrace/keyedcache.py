@@ -1,20 +1,24 @@
 """A decode step's cache as a dict the code reads by keys of its own: HF XLM's `cache`, `{"slen": n_cached,
 layer_id: (k, v)}`, read as `klen = cache["slen"] + qlen`, `if self.layer_id in cache: k_, v_ =
-cache[self.layer_id]` and written back `cache[self.layer_id] = (k, v)` (fairseq's incremental state keyed by a
-module's own id is the same habit).
+cache[self.layer_id]` and written back `cache[self.layer_id] = (k, v)`; fairseq's incremental state, a dict under a
+key of the module's own (`incremental_state[self._state_key]`) holding `{"prev_key": .., "prev_value": ..}`.
 
 Code that raises on the pair `(K_cache, V_cache)` (a KeyError on a key the pair cannot answer, a tuple given a
-key) is handed a dict that answers, from the keys the code itself reads:
+key) is handed a dict that answers, from the keys the code itself reads and what it does with what it gets:
 
-- a key naming keys or values (`k`, `past_value`: cacheforms.role): that tensor;
+- a key naming keys or values (`k`, `past_value`, `prev_key`: cacheforms.role): that tensor;
 - a key that is the value of one of the module's own index attributes (`self.layer_id`, `self.layer_idx`, an int
   under a `layer`, `id`, `idx` or `index` word): that layer's pair `(K_cache, V_cache)`, in the layout tried;
-- a word that says a length or a position (`slen`, `seq_len`, `offset`, `n_cached`, `start_pos`): the number of
-  cached positions, n_cache;
+- any other word (`slen`, `n_past`, `cur_len`, `t`, `attn_state`): a `Probe`, the number of cached positions,
+  n_cache, as an int that notes what the code does with it: taken as a number (added to positions, compared,
+  used to slice), it is the cached length; read by keys (`saved["prev_key"]`), it is a dict of its own that answers
+  them as the cache does. No name is read for a length: the code's use says it.
 
-and raises KeyError on any other key, which is kept (`unanswered`) so that trace can say in one line what it could
-not feed. What the code writes (`cache[layer_id] = (k, v)`) is kept apart (`written`), never read back: trace calls
-the code many times with the same inputs, and every call starts from the same cache (hfcache.py's never grows either).
+A key naming a mask or a padding (fairseq's `prev_key_padding_mask`) is none the cache holds. Any other key raises
+KeyError and is kept (`unanswered`), as is a probe the code neither took as a number nor read by keys where its run
+failed, so that trace can say in one line what it could not feed. What the code writes (`cache[layer_id] = (k,
+v)`) is kept apart (`written`), never read back: trace calls the code many times with the same inputs, and every
+call starts from the same cache (hfcache.py's never grows either).
 """
 
 from __future__ import annotations
@@ -24,15 +28,8 @@ from typing import Any
 from attnscope.usertrace.cacheforms import name_words, role
 
 PREFIX = "dict·"  # cachelayouts' layout prefix: the pair, laid out as the base layout, in such a dict
-LENGTH_WORDS = ("len", "length", "slen", "seqlen", "klen", "offset", "pos", "position", "positions", "start",
-                "cached", "count", "size", "step", "steps", "seen", "cur", "num", "total", "tokens")
 INDEX_WORDS = ("layer", "id", "idx", "index")
-
-
-def says_length(key: str) -> bool:
-    """Whether a key's words say a count of positions (`slen`, `seq_len`, `n_cached`, `start_pos`), not a tensor."""
-    words = name_words(key)
-    return any(w in LENGTH_WORDS or w.endswith("len") for w in words) and role(key) is None
+NOT_HELD = ("mask", "padding", "pad")  # a key naming one of these holds none of the cache (prev_key_padding_mask)
 
 
 def slots(module: Any) -> dict[int, str]:
@@ -50,26 +47,32 @@ def slots(module: Any) -> dict[int, str]:
     return found
 
 
-class Keyed(dict):  # type: ignore[type-arg]
-    """A dict answering the keys the code reads (the module docstring's rules); `asked` keeps the keys it answered,
-    in order, `unanswered` those it could not."""
+class Answering:
+    """The answers of a dict cache and of the dicts nested in it (the module docstring's rules); `asked` keeps the
+    keys answered, in order, `unanswered` those it could not, `written` what the code wrote."""
 
-    def __init__(self, parts: tuple[Any, Any], n_cache: int, layer_slots: dict[int, str]) -> None:
-        super().__init__()
+    parts: tuple[Any, Any]
+    n_cache: int
+    layer_slots: dict[int, str]
+    asked: list[Any]
+    unanswered: list[Any]
+    written: dict[Any, Any]
+    probes: dict[Any, Probe]
+
+    def _start(self, parts: tuple[Any, Any], n_cache: int, layer_slots: dict[int, str]) -> None:
         self.parts, self.n_cache, self.layer_slots = parts, n_cache, layer_slots
-        self.asked: list[Any] = []
-        self.unanswered: list[Any] = []
-        self.written: dict[Any, Any] = {}
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.written[key] = value
+        self.asked, self.unanswered, self.written, self.probes = [], [], {}, {}
 
     def _answer(self, key: Any) -> tuple[bool, Any]:
         if isinstance(key, str):
+            if any(w in NOT_HELD for w in name_words(key)):
+                return False, None
             which = role(key)
             if which is not None:
                 return True, self.parts[which]
-            return (True, self.n_cache) if says_length(key) else (False, None)
+            if key not in self.probes:
+                self.probes[key] = Probe(self.n_cache, self.parts)
+            return True, self.probes[key]
         if isinstance(key, int) and not isinstance(key, bool) and key in self.layer_slots:
             return True, tuple(self.parts)
         return False, None
@@ -81,6 +84,93 @@ class Keyed(dict):  # type: ignore[type-arg]
         elif not found and key not in self.unanswered:
             self.unanswered.append(key)
         return found, value
+
+    def unfed(self, probes: bool = True) -> list[tuple[Any, ...]]:
+        """The keys the code read that nothing answered as it used them, each as its path of keys: those it could
+        not answer, and (`probes`: where the code raised on an int) probes it neither took as a number nor read by
+        keys; and those of the dicts nested in it."""
+        out = [(key,) for key in self.unanswered]
+        for key, probe in self.probes.items():
+            if probes and not probe.as_number and not probe.asked:
+                out.append((key,))
+            out += [(key, *inner) for inner in probe.unfed(probes)]
+        return out
+
+    def said(self, parameter: str) -> list[str]:
+        """What each key the code read got, in words (`cache['n_past'] the number of cached positions`)."""
+        out = []
+        for key in self.asked:
+            probe = self.probes.get(key)
+            if probe is not None and probe.asked and not probe.as_number:
+                out += probe.said(f"{parameter}[{key!r}]")
+            elif isinstance(key, str):
+                which = role(key)
+                out.append(f"{parameter}[{key!r}] the cached {'keys' if which == 0 else 'values'}" if which is not None
+                           else f"{parameter}[{key!r}] the number of cached positions")
+            else:
+                out.append(f"{parameter}[{key}] (your module's {self.layer_slots.get(key, 'index')}) the pair "
+                           "(K_cache, V_cache)")
+        return out
+
+
+def _noted(name: str) -> Any:
+    """An int method that notes the probe was taken as a number, then does what int does."""
+    method = getattr(int, name)
+
+    def noted(self: Probe, *args: Any) -> Any:
+        self.as_number = True
+        return method(self, *args)
+
+    noted.__name__ = name
+    return noted
+
+
+class Probe(int, Answering):
+    """The value of a key the code reads that names no tensor: n_cache, an int that notes whether the code takes it
+    as a number (`as_number`: arithmetic, a comparison, an index) and answers keys as the cache does where the code
+    reads it as a dict of its own (fairseq's `{"prev_key": .., "prev_value": ..}`)."""
+
+    def __new__(cls, n_cache: int, parts: tuple[Any, Any]) -> Probe:
+        made = super().__new__(cls, n_cache)
+        made._start(parts, n_cache, {})
+        made.as_number = False
+        return made
+
+    as_number: bool
+    __hash__ = int.__hash__
+
+    def __getitem__(self, key: Any) -> Any:
+        found, value = self._read(key)
+        if not found:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.written[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return self._read(key)[0]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        found, value = self._read(key)
+        return value if found else default
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__", "__mod__", "__neg__",
+              "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__index__", "__int__", "__float__"):
+    setattr(Probe, _name, _noted(_name))
+Probe.__name__ = Probe.__qualname__ = "int"  # what the code was handed, in its errors
+
+
+class Keyed(dict, Answering):  # type: ignore[type-arg]
+    """A dict answering the keys the code reads (the module docstring's rules)."""
+
+    def __init__(self, parts: tuple[Any, Any], n_cache: int, layer_slots: dict[int, str]) -> None:
+        super().__init__()
+        self._start(parts, n_cache, layer_slots)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.written[key] = value
 
     def __missing__(self, key: Any) -> Any:
         found, value = self._read(key)
@@ -101,25 +191,17 @@ class Keyed(dict):  # type: ignore[type-arg]
 Keyed.__name__ = Keyed.__qualname__ = "dict"  # what the code was handed, in its errors
 
 
-def words(parameter: str, asked: list[Any], layer_slots: dict[int, str]) -> str:
+def words(parameter: str, given: Keyed) -> str:
     """The note of a dict cache the code ran on: each key it read and what it got."""
-    said = []
-    for key in asked:
-        if isinstance(key, str):
-            which = role(key)
-            said.append(f"{parameter}[{key!r}] the cached {'keys' if which == 0 else 'values'}" if which is not None
-                        else f"{parameter}[{key!r}] the number of cached positions")
-        else:
-            said.append(f"{parameter}[{key}] (your module's {layer_slots.get(key, 'index')}) the pair (K_cache, "
-                        "V_cache)")
-    return (f"{parameter}: your code reads its cache as a dict keyed its own way, {', '.join(said)}; it is handed "
-            "one that holds them. A convention, not a mistake: the reference reads the same keys and values")
+    return (f"{parameter}: your code reads its cache as a dict keyed its own way, {', '.join(given.said(parameter))}; "
+            "it is handed one that holds them. A convention, not a mistake: the reference reads the same keys and "
+            "values")
 
 
-def unfed(parameter: str, keys: list[Any]) -> str:
-    """One line for a dict cache whose keys trace could not answer."""
-    shown = ", ".join(f"{parameter}[{k!r}]" for k in keys)
+def unfed(parameter: str, keys: list[tuple[Any, ...]]) -> str:
+    """One line for a dict cache whose keys trace could not answer (each a path of keys, `Answering.unfed`)."""
+    shown = ", ".join(parameter + "".join(f"[{k!r}]" for k in path) for path in keys)
     return (f"--cache: your code reads {shown} from its cache, which trace cannot feed: it answers a key naming keys "
             "or values, a key that is your module's own layer index (an int attribute such as layer_id) with that "
-            "layer's (keys, values), and a key naming a length or a position (slen, offset) with the number of "
-            "cached positions")
+            "layer's (keys, values), and any other key with the number of cached positions, where your code takes "
+            "it as a number, or with a dict answering the same, where it reads it by keys")

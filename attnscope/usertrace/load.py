@@ -36,7 +36,8 @@ MASK_WORDS = ("mask",)
 POSITION_BIAS_WORDS = ("position_bias", "pos_bias", "rel_bias", "relative_bias")
 DROPOUT_WORDS = ("dropout",)
 # A decode step's parameters (--cache N): the cached keys and values, and the position of the first new token.
-CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past", "past_kv", "past")
+CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past", "past_kv", "past",
+               "incremental_state")  # fairseq's: a dict of dicts (keyedcache.py)
 POSITION_NAMES = ("start_pos", "pos", "offset", "position_offset", "past_length", "past_len", "n_past",
                   "cache_len", "start_position", "seqlen_offset")
 # The new tokens' positions as a tensor [n]: gpt-fast's and torchtune's input_pos, transformers' cache_position

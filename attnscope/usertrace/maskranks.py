@@ -62,14 +62,15 @@ def words(shape: tuple[int, ...], sizes: dict[str, int]) -> str:
     return f"[{', '.join(dims)}]"
 
 
-def path(records: list[Record], label: str) -> tuple[tuple[int, str], ...]:
+def path(records: list[Record], label: str) -> tuple[tuple[int, str, Any], ...]:
     """The ops the mask parameter `label` (and what the code made of it) passes through before the code's first
-    pattern (a softmax, a kernel's attention), as (line, op) in the order run: two forms of the mask that take
-    different paths meet a branch of the code's on the mask's shape."""
+    pattern (a softmax, a kernel's attention), as (line, op, where in a helper file beside the traced one it ran:
+    userfolder.py) in the order run: two forms of the mask that take different paths meet a branch of the code's on
+    the mask's shape, in the traced file or in a helper of the user's folder it calls."""
     from attnscope.usertrace.masking import is_pattern
 
     derived: set[int] = set()
-    ops: list[tuple[int, str]] = []
+    ops: list[tuple[int, str, Any]] = []
     for record in records:
         if is_pattern(record):
             break
@@ -77,7 +78,7 @@ def path(records: list[Record], label: str) -> tuple[tuple[int, str], ...]:
             value[1][1] for kind, value in record.args if kind == "kw" and value[1][0] == "text"]
         if label in texts or derived & set(record.parents):
             derived.add(record.index)
-            ops.append((record.line, record.func))
+            ops.append((record.line, record.func, record.details.get("helper")))
     return tuple(ops)
 
 

@@ -27,6 +27,7 @@ from attnscope.usertrace.bindings import Binder, Statements
 from attnscope.usertrace.blank import Unwritten
 from attnscope.usertrace.kernels import ATTENTION_KERNELS, KERNELS
 from attnscope.usertrace.kernels import hidden as kernel_steps
+from attnscope.usertrace.userfolder import Folder
 
 COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 OPERATORS = {"matmul": "@", "__matmul__": "@", "div": "/", "true_divide": "/", "__truediv__": "/", "mul": "*",
@@ -120,6 +121,8 @@ class Recorder(TorchFunctionMode):
     def __init__(self, path: Path, labels: dict[int, str], linears: dict[int, str], budget: int | None) -> None:
         super().__init__()
         self.path = str(path)
+        self._folder = Folder(self.path)  # helper files beside it (userfolder.py)
+        self._helper: tuple[str, int] | None = None  # where in such a helper the op being recorded ran
         self.statements = Statements(path)
         self.records: list[Record] = []
         self.failure: Failure | None = None
@@ -186,10 +189,12 @@ class Recorder(TorchFunctionMode):
         """The frames of the user's file on the stack, innermost first (a helper of theirs, then forward)."""
         frames: list[FrameType] = []
         frame: FrameType | None = sys._getframe(2)
+        caller = frame
         while frame is not None:
             if frame.f_code.co_filename == self.path:
                 frames.append(frame)
             frame = frame.f_back
+        self._helper = self._folder.helper_at(caller) if frames else None
         return frames
 
     def _record(self, func: Any, args: list[Any], kwargs: dict[str, Any], out: Any, frames: list[FrameType]) -> None:
@@ -235,6 +240,8 @@ class Recorder(TorchFunctionMode):
                 details["part"] = position
             if asked:
                 details["kernel"] = asked
+            if self._helper is not None:
+                details["helper"] = self._helper  # (file, line) of a helper file beside the traced one it ran in
             if style == "linear" and (used := next((self._derived[id(t)] for t in _tensors(args, kwargs)
                                                      if id(t) in self._derived), None)) is not None:
                 details["weight"] = used  # the weight as the code handed it (qkv_w.flatten(end_dim=1))
