@@ -1,6 +1,6 @@
 """The line-up under another reading of the code (the code's own groups, its pooled tensors, a temperature, a
 qk-norm): `line_up` run again, None where that reading cannot be run or holds no reference. Each reading then says
-whether the line-up fits better (ranking.better_fit, tuning.further)."""
+whether the line-up fits better (ranking.better_fit)."""
 
 from __future__ import annotations
 

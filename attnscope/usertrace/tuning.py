@@ -2,8 +2,8 @@
 `floor_scale` and an `attn_scale` (Llama4TextConfig's names, on a config it keeps or was built with, or on itself;
 `attn_temperature_tuning` not False), and the reference without it diverges, the reference is run again with each
 query scaled by `log1p(floor((p + 1) / floor_scale)) · attn_scale + 1` (variants/temperature.py). The reading is
-kept only where that run lines up further (`further`): Llama 4's RoPE layers, which declare the same numbers and do
-not tune, stay as they were.
+kept only where that run lines up further (ranking.better_fit, its divergence placed in the first run's steps):
+Llama 4's RoPE layers, which declare the same numbers and do not tune, stay as they were.
 """
 
 from __future__ import annotations
@@ -17,21 +17,6 @@ if TYPE_CHECKING:
     from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Spec
-
-
-def further(first: LineUp, again: LineUp) -> bool:
-    """Whether `again` lines up further than `first`: no divergence, a later one, or at the same step one that an
-    experiment of the catalog reproduces where the first run's had none."""
-    diverged = first.divergence
-    if diverged is None or again.no_reference is not None:
-        return False
-    names = [row.reference for row in first.rows]
-    if again.divergence is None:
-        return True
-    step = again.divergence.reference
-    if step in names and diverged.reference in names and names.index(step) > names.index(diverged.reference):
-        return True
-    return step == diverged.reference and again.divergence.experiment is not None and diverged.experiment is None
 
 
 def declared_tuning(module: Any, built_with: dict[str, Any] | None) -> Any:
@@ -50,6 +35,7 @@ def declared_tuning(module: Any, built_with: dict[str, Any] | None) -> Any:
 def read(module: Any, shapes: Any, inputs: Any, records: list[Record], train: bool, spec: Spec,
          lined: LineUp) -> tuple[Spec, LineUp] | None:
     """(spec with the module's temperature tuning, its line-up, a note added) where it lines up further; else None."""
+    from attnscope.usertrace.ranking import better_fit, named
     from attnscope.usertrace.relined import line_up_again
 
     if lined.divergence is None or spec.temperature is not None:
@@ -59,7 +45,9 @@ def read(module: Any, shapes: Any, inputs: Any, records: list[Record], train: bo
         return None
     asked = dataclasses.replace(spec, temperature=tuning)
     again = line_up_again(module, shapes, inputs, records, train, asked)
-    if again is None or not further(lined, again):
+    # the tuned reference holds steps of its own (attn_scales, the tuned queries): placed in the first run's steps
+    steps = [row.reference for row in lined.rows]
+    if again is None or not better_fit(again, lined, steps=steps, grade=named):
         return None
     again.notes.append(f"your code scales each query by log1p(floor((i + 1) / {tuning.floor_scale:g})) · "
                        f"{tuning.attn_scale:g} + 1 at its position i (Llama 4's attention temperature tuning, its "
