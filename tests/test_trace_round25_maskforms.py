@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from _trace_ref import sdpa
 from test_trace_command import user_module
 from tracecases import passing_test, plants_test, run_case
 
@@ -38,14 +38,6 @@ def _keep() -> torch.Tensor:
     return keep
 
 
-def _sdpa(q, k, v, heads, allowed, scale=None):
-    """[B, N, D] each: F.scaled_dot_product_attention with the boolean mask `allowed` [B, 1, N, N], heads merged."""
-    B, N, D = q.shape
-    q, k, v = (t.reshape(B, N, heads, -1).transpose(1, 2) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
-    return out.transpose(1, 2).reshape(B, N, D)
-
-
 def test_the_styles_are_masked_attention():
     torch.manual_seed(0)
     keep = _keep()
@@ -54,14 +46,14 @@ def test_the_styles_are_masked_attention():
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     m = styles.GPTMergedKeep().double()
     q, k, v = m.c_attn(x).split(32, dim=2)
-    want = m.c_proj(_sdpa(q, k, v, 4, causal))
+    want = m.c_proj(sdpa(q, k, v, 4, causal))
     torch.testing.assert_close(m(x, attention_mask=padding.double()), want)
     m = styles.T5ZeroBias().double()
-    want = m.o(_sdpa(m.q(x), m.k(x), m.v(x), 4, padding, scale=1.0))
+    want = m.o(sdpa(m.q(x), m.k(x), m.v(x), 4, padding, scale=1.0))
     torch.testing.assert_close(m(x, mask=padding.double()), want)
     x = torch.randn(2, 7, 24, dtype=torch.float64)
     m = styles.SummedKeep().double()
-    want = m.to_out(_sdpa(m.to_q(x), m.to_k(x), m.to_v(x), 3, causal))
+    want = m.to_out(sdpa(m.to_q(x), m.to_k(x), m.to_v(x), 3, causal))
     torch.testing.assert_close(m(x, pad_mask=padding.double()), want)
 
 

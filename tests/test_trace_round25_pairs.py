@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from _trace_ref import sdpa
 from test_trace_command import user_module
 from tracecases import passing_test, plants_test, run_case
 
@@ -28,23 +28,17 @@ def _alibi_causal(heads: int, n: int) -> torch.Tensor:
     return bias.masked_fill(j > i, float("-inf"))
 
 
-def _sdpa(x, q, k, v, heads):
-    b, n, _ = x.shape
-    q, k, v = (t.view(b, n, heads, -1).transpose(1, 2) for t in (q, k, v))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=_alibi_causal(heads, n)).transpose(1, 2).reshape(b, n, -1)
-
-
 def test_the_styles_are_causal_alibi_attention():
     torch.manual_seed(0)
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     m = styles.XAttend().double()
-    torch.testing.assert_close(m(x), m.to_out(_sdpa(x, m.to_q(x), m.to_k(x), m.to_v(x), 4)))
+    torch.testing.assert_close(m(x), m.to_out(sdpa(m.to_q(x), m.to_k(x), m.to_v(x), 4, _alibi_causal(4, x.shape[1]))))
     m = styles.MosaicBlock().double()
-    torch.testing.assert_close(m(x), m.out_proj(_sdpa(x, *m.Wqkv(x).chunk(3, -1), 4)))
+    torch.testing.assert_close(m(x), m.out_proj(sdpa(*m.Wqkv(x).chunk(3, -1), 4, _alibi_causal(4, x.shape[1]))))
     m = styles.BaddbmmAlibi().double()
     fused = m.query_key_value(x).view(2, 7, 4, 3, 4)
     q, k, v = (fused[..., i, :].reshape(2, 7, 16) for i in range(3))
-    torch.testing.assert_close(m(x), m.dense(_sdpa(x, q, k, v, 4)))
+    torch.testing.assert_close(m(x), m.dense(sdpa(q, k, v, 4, _alibi_causal(4, x.shape[1]))))
 
 
 PLANTS = [("XAttend", "bug='causal_wide'", ALIBI, "mask.off_by_one"),

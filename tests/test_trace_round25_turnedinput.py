@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _trace_ref import sdpa
 from test_trace_command import user_module
 from tracecases import passing_test, plants_test, run_case
 
@@ -35,26 +36,20 @@ def _turned(x: torch.Tensor, heads: int, pairing: str) -> torch.Tensor:
     return torch.stack([a * cos - b * sin, b * cos + a * sin], -1).reshape(B, N, D)
 
 
-def _sdpa(q, k, v, heads):
-    B, N, D = q.shape
-    q, k, v = (t.view(B, N, heads, -1).transpose(1, 2) for t in (q, k, v))
-    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, D)
-
-
 def test_the_styles_are_attention_over_the_turned_input():
     torch.manual_seed(0)
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     m = styles.ConformerRotary().double()
     t = _turned(x, 2, "half")
-    torch.testing.assert_close(m(x), m.linear_out(_sdpa(m.linear_q(t), m.linear_k(t), m.linear_v(x), 2)))
+    torch.testing.assert_close(m(x), m.linear_out(sdpa(m.linear_q(t), m.linear_k(t), m.linear_v(x), 2)))
     m = styles.ComplexTurned().double()
     t = _turned(x, 4, "adjacent")
-    out = _sdpa(F.linear(t, m.wq), F.linear(t, m.wk), F.linear(x, m.wv, m.bv), 4)
+    out = sdpa(F.linear(t, m.wq), F.linear(t, m.wk), F.linear(x, m.wv, m.bv), 4)
     torch.testing.assert_close(m(x), F.linear(out, m.wo))
     x = torch.randn(2, 7, 24, dtype=torch.float64)
     m = styles.RoFormerTurned().double()
     t = _turned(x, 3, "adjacent")
-    torch.testing.assert_close(m(x), m.dense(_sdpa(m.query(t), m.key(t), m.value(x), 3)))
+    torch.testing.assert_close(m(x), m.dense(sdpa(m.query(t), m.key(t), m.value(x), 3)))
 
 
 PLANTS = [("ConformerRotary", "bug='values_turned'", (), "rope.on_values"),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _trace_ref import sdpa
 from test_trace_command import trace, user_module
 from tracecases import assert_passes, passing_test, plants_test, run_case
 
@@ -22,30 +23,22 @@ styles = user_module(STYLES)
 ZSCALE = ("--scale", "0.3535533905932738")  # (head_dim / 2) ** -0.5, head_dim = 16
 
 
-def _sdpa(q, k, v, heads, scale=None):
-    """Causal multi-head attention of [B, N, heads·d] projections, merged back to [B, N, heads·d]."""
-    B, N, _ = q.shape
-    q, k, v = (t.reshape(B, N, heads, -1).transpose(1, 2) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    return out.transpose(1, 2).reshape(B, N, -1)
-
-
 def test_the_styles_are_attention():
     torch.manual_seed(0)
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     m = styles.SharedBlockAttention().double()
     mask = torch.full((7, 7), float("-inf"), dtype=torch.float64).triu(1)[None, None]
-    expected = m.o_proj(_sdpa(m.q_proj(x), m.k_proj(x), m.v_proj(x), 2, scale=8 ** -0.5))
+    expected = m.o_proj(sdpa(m.q_proj(x), m.k_proj(x), m.v_proj(x), 2, scale=8 ** -0.5, causal=True))
     torch.testing.assert_close(m(x, mask), expected)
     assert expected.shape[-1] == 16  # o_proj writes half of what q_proj reads
     x = torch.randn(2, 7, 24, dtype=torch.float64)
     m = styles.NoPEGatedLayer().double()
     q, k, v = m.qkv(x).chunk(3, -1)
     causal = torch.ones(7, 7, dtype=torch.bool).tril()
-    torch.testing.assert_close(m(x, attn_mask=causal), m.proj(_sdpa(q, k, v, 3)))
+    torch.testing.assert_close(m(x, attn_mask=causal), m.proj(sdpa(q, k, v, 3, causal=True)))
     x = torch.randn(2, 7, 12, dtype=torch.float64)
     m = styles.OptionalFreqsAttention().double()
-    torch.testing.assert_close(m(x, mask=causal), m.to_out(_sdpa(m.to_q(x), m.to_k(x), m.to_v(x), 2)))
+    torch.testing.assert_close(m(x, mask=causal), m.to_out(sdpa(m.to_q(x), m.to_k(x), m.to_v(x), 2, causal=True)))
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     m = styles.EinsumOutDim().double()
     B, N, _ = x.shape
@@ -69,7 +62,7 @@ def test_the_adapter_styles_are_attention_over_the_summed_weights():
     q_ad, k_ad, v_ad = m.adapters[m.layer]
     q, k, v = (x @ _folded(p, *ad).T for p, ad in ((m.q_proj, q_ad), (m.k_proj, k_ad), (m.v_proj, v_ad)))
     torch.testing.assert_close(m(x, torch.full((7, 7), float("-inf"), dtype=torch.float64).triu(1)[None, None]),
-                               m.o_proj(_sdpa(q, k, v, 2, scale=8 ** -0.5)))
+                               m.o_proj(sdpa(q, k, v, 2, scale=8 ** -0.5, causal=True)))
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     m = styles.PeftLoraAttention().double().eval()
     causal = torch.full((7, 7), float("-inf"), dtype=torch.float64).triu(1)
@@ -77,12 +70,12 @@ def test_the_adapter_styles_are_attention_over_the_summed_weights():
                  m.q_proj.base_layer.bias)
     v = F.linear(x, _folded(m.v_proj.base_layer, m.v_proj.lora_A, m.v_proj.lora_B, factor=3.0),
                  m.v_proj.base_layer.bias)
-    torch.testing.assert_close(m(x, causal), m.out_proj(_sdpa(q, m.k_proj(x), v, 4)))
+    torch.testing.assert_close(m(x, causal), m.out_proj(sdpa(q, m.k_proj(x), v, 4, causal=True)))
     x = torch.randn(2, 7, 24, dtype=torch.float64)
     m = styles.AdapterFirstAttention().double()
     k = F.linear(x, _folded(m.wk, m.k_down, m.k_up), m.k_up.weight @ m.k_down.bias + m.k_up.bias)
     mask = torch.ones(7, 7, dtype=torch.bool).tril()
-    torch.testing.assert_close(m(x, mask), m.wo(_sdpa(m.wq(x), k, m.wv(x), 3)))
+    torch.testing.assert_close(m(x, mask), m.wo(sdpa(m.wq(x), k, m.wv(x), 3, causal=True)))
 
 
 CORRECT = [("SharedBlockAttention", None, ("--causal", *ZSCALE)),

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _trace_ref import sdpa
 from test_trace_command import user_module
-from test_trace_round25_maskforms import _keep, _sdpa, files  # noqa: F401  (files: the key padding [2, 7] fixture)
+from test_trace_round25_maskforms import _keep, files  # noqa: F401  (files: the key padding [2, 7] fixture)
 from tracecases import assert_named, passing_test, plants_test, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round26_maskrank.py")
@@ -27,16 +28,16 @@ def test_the_styles_are_masked_attention_in_every_form():
     per_query = allowed.expand(2, 1, 7, 7)
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     m = styles.Pix2StructVisionLike().double()
-    want = m.output(_sdpa(m.query(x), m.key(x), m.value(x), 4, allowed, scale=1.0))
+    want = m.output(sdpa(m.query(x), m.key(x), m.value(x), 4, allowed, scale=1.0))
     for mask in (keep.double(), allowed.double(), per_query.double()):
         torch.testing.assert_close(m(x, attention_mask=mask)[0], want)
     x = torch.randn(2, 7, 24, dtype=torch.float64)
     m = styles.BertExtendingSelfAttention().double()
-    want = m.dense(_sdpa(m.query(x), m.key(x), m.value(x), 3, allowed))
+    want = m.dense(sdpa(m.query(x), m.key(x), m.value(x), 3, allowed))
     for mask in (keep.double(), keep[:, None, :].double(), per_query[:, 0].double()):
         torch.testing.assert_close(m(x, attention_mask=mask), want)
     m = styles.DiffusersLikeAttention().double()
-    want = m.to_out[0](_sdpa(m.to_q(x), m.to_k(x), m.to_v(x), 3, allowed))
+    want = m.to_out[0](sdpa(m.to_q(x), m.to_k(x), m.to_v(x), 3, allowed))
     bias = torch.zeros(2, 1, 7, dtype=torch.float64).masked_fill(~keep[:, None, :], float("-inf"))
     for mask in (keep.double(), bias, bias.expand(2, 7, 7)):
         torch.testing.assert_close(m(x, attention_mask=mask), want)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from _trace_ref import sdpa
 from test_trace_command import user_module
 from tracecases import passing_test, plants_test, run_case
 
@@ -46,14 +46,6 @@ def files(tmp_path):
     return paths
 
 
-def _sdpa(q, k, v, heads, allowed, scale=None):
-    """[B, N, D] each: F.scaled_dot_product_attention with the boolean mask `allowed` [B, 1, N, N], heads merged."""
-    B, N, D = q.shape
-    q, k, v = (t.reshape(B, N, heads, -1).transpose(1, 2) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
-    return out.transpose(1, 2).reshape(B, N, D)
-
-
 def test_the_styles_are_masked_attention():
     torch.manual_seed(0)
     pads = _pads()
@@ -61,13 +53,13 @@ def test_the_styles_are_masked_attention():
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     m = styles.VisionBiasAttention().double()
     keep = pads["RIGHT"][:, None, None, :]
-    torch.testing.assert_close(m(x, pads["RIGHT"].double()), m.output(_sdpa(m.query(x), m.key(x), m.value(x), 4,
+    torch.testing.assert_close(m(x, pads["RIGHT"].double()), m.output(sdpa(m.query(x), m.key(x), m.value(x), 4,
                                                                               keep, scale=1.0)))
     m = styles.LeftPaddedDecoder().double()
     q, k, v = m.c_attn(x).split(32, dim=2)
     for name in ("RIGHT", "LEFT"):
         allowed = pads[name][:, None, None, :] & causal
-        got, want = m(x, pads[name][:, None, None, :].double()), m.c_proj(_sdpa(q, k, v, 4, allowed))
+        got, want = m(x, pads[name][:, None, None, :].double()), m.c_proj(sdpa(q, k, v, 4, allowed))
         seen = allowed.any(-1)[:, 0, :]  # [B, N]: the queries that see a key
         torch.testing.assert_close(got[seen], want[seen])
         assert bool(got[~seen].isnan().all())  # a query that sees no key: NaN, the code's own softmax of -inf
@@ -77,7 +69,7 @@ def test_the_styles_are_masked_attention():
     m = styles.FoldedHeadsAttention().double()
     allowed = pads["RIGHT"][:, None, None, :] & causal
     mask = torch.zeros(2, 1, 7, 7, dtype=torch.float64).masked_fill(~allowed, -math.inf)
-    torch.testing.assert_close(m(x, mask), m.out_proj(_sdpa(m.q_proj(x), m.k_proj(x), m.v_proj(x), 4, allowed)))
+    torch.testing.assert_close(m(x, mask), m.out_proj(sdpa(m.q_proj(x), m.k_proj(x), m.v_proj(x), 4, allowed)))
 
 
 CAUSAL = ("--causal", "--batch", "2", "--nq", "7", "--mask", "RIGHT")

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _trace_ref import sdpa
 from test_trace_command import user_module
-from test_trace_round25_maskforms import _keep, _sdpa, files  # noqa: F401  (files: the key padding [2, 7] fixture)
+from test_trace_round25_maskforms import _keep, files  # noqa: F401  (files: the key padding [2, 7] fixture)
 from test_trace_round26_xlm import _causal, _heads, _merged
 from tracecases import assert_named, passing_test, plants_test, run_case
 
@@ -83,7 +84,7 @@ def test_the_sibling_mask_layer_is_masked_attention_in_each_form():
     keep = _keep()
     m = sibling.SiblingMaskAttention().double()
     x = torch.randn(2, 7, 24, dtype=torch.float64)
-    want = m.o_proj(_sdpa(m.q_proj(x), m.k_proj(x), m.v_proj(x), 3, keep[:, None, None, :]))
+    want = m.o_proj(sdpa(m.q_proj(x), m.k_proj(x), m.v_proj(x), 3, keep[:, None, None, :]))
     for mask in (keep, keep[:, None, :], keep[:, None, :].expand(2, 7, 7)):
         torch.testing.assert_close(m(x, attention_mask=mask.double()), want)
 

@@ -10,15 +10,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _trained(module: nn.Module) -> nn.Module:
-    """Weights moved off their initial values, as a trained model's are."""
-    g = torch.Generator().manual_seed(23)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g) + 0.01)
-    return module
+from _trace_ref import trained
 
 
 def _merge(out, bug):
@@ -38,7 +30,7 @@ class GPTMergedKeep(nn.Module):
         self.n_head, self.bug = n_head, bug
         self.register_buffer("bias", torch.tril(torch.ones(n_ctx, n_ctx)).view(1, 1, n_ctx, n_ctx))
         self.c_attn, self.c_proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
-        _trained(self)
+        trained(self, 23)
 
     def forward(self, x, attention_mask=None):
         B, N, C = x.shape
@@ -63,7 +55,7 @@ class T5ZeroBias(nn.Module):
         super().__init__()
         self.n_heads, self.bug = n_heads, bug
         self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
-        _trained(self)
+        trained(self, 23)
 
     def forward(self, hidden_states, mask=None):
         B, N, D = hidden_states.shape
@@ -90,7 +82,7 @@ class SummedKeep(nn.Module):
         self.register_buffer("causal", torch.tril(torch.ones(max_len, max_len)), persistent=False)
         self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim) for _ in range(3))
         self.to_out = nn.Linear(dim, dim)
-        _trained(self)
+        trained(self, 23)
 
     def forward(self, x, pad_mask=None):
         B, N, D = x.shape

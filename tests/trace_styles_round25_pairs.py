@@ -11,15 +11,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _trained(module: nn.Module) -> nn.Module:
-    """Weights moved off their initial values, as a trained model's are."""
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g) + 0.01)
-    return module
+from _trace_ref import trained
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -44,7 +36,7 @@ class XAttend(nn.Module):
         self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
         self.to_out = nn.Linear(dim, dim)
         self.register_buffer("slopes", alibi_slopes(heads).view(heads, 1, 1), persistent=False)
-        _trained(self)
+        trained(self, 5)
 
     def forward(self, x):
         b, n, _ = x.shape
@@ -83,7 +75,7 @@ class MosaicBlock(nn.Module):
         self.heads, self.bug = heads, bug
         self.Wqkv = nn.Linear(dim, 3 * dim)
         self.out_proj = nn.Linear(dim, dim)
-        _trained(self)
+        trained(self, 5)
 
     def forward(self, x):
         return mosaic_attention(x, self.Wqkv, self.out_proj, self.heads, self.bug)
@@ -100,7 +92,7 @@ class BaddbmmAlibi(nn.Module):
         self.dense = nn.Linear(dim, dim)
         tri = torch.triu if bug == "causal_triu" else torch.tril
         self.register_buffer("causal", tri(torch.ones(max_len, max_len, dtype=torch.bool)), persistent=False)
-        _trained(self)
+        trained(self, 5)
 
     def forward(self, x):
         b, n, dim = x.shape

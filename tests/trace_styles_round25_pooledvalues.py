@@ -7,15 +7,7 @@ d, H, W]. The image comes in as [B, H, W, C]."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _trained(module: nn.Module) -> nn.Module:
-    """Weights moved off their initial values, as a trained model's are."""
-    g = torch.Generator().manual_seed(23)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g) + 0.01)
-    return module
+from _trace_ref import trained
 
 
 def _pool(x, pool, norm=None):
@@ -35,7 +27,7 @@ class MViTv2Attention(nn.Module):
         self.pool_k = nn.Conv2d(d, d, 3, stride=stride_kv, padding=1, groups=d, bias=False)
         self.pool_v = nn.Conv2d(d, d, 3, stride=stride_kv, padding=1, groups=d, bias=False)
         self.norm_k, self.norm_v = nn.LayerNorm(d), nn.LayerNorm(d)
-        _trained(self)
+        trained(self, 23)
 
     def forward(self, x):
         B, H, W, _ = x.shape
@@ -60,7 +52,7 @@ class MViTv1Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.proj = nn.Linear(dim, dim)
         self.pool = nn.MaxPool2d(3, stride=2, padding=1)
-        _trained(self)
+        trained(self, 23)
 
     def forward(self, x):
         B, H, W, C = x.shape
@@ -97,7 +89,7 @@ class AvgPooledAttention(nn.Module):
         self.b_qkv = nn.Parameter(0.1 * torch.randn(3 * dim))
         self.w_out = nn.Parameter(torch.randn(dim, dim) / dim ** 0.5)
         self.b_out = nn.Parameter(0.1 * torch.randn(dim))
-        _trained(self)
+        trained(self, 23)
 
     def forward(self, x):
         return pooled_attention(x, self.w_qkv, self.b_qkv, self.w_out, self.b_out, self.heads, bug=self.bug)

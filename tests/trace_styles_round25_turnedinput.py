@@ -9,15 +9,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _trained(module: nn.Module) -> nn.Module:
-    """Weights moved off their initial values, as a trained model's are."""
-    g = torch.Generator().manual_seed(17)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g) + 0.01)
-    return module
+from _trace_ref import trained
 
 
 def _attend(q, k, v, heads):
@@ -42,7 +34,7 @@ class ConformerRotary(nn.Module):
         self.register_buffer("cos_cached", emb.cos()[:, None, :], persistent=False)
         self.register_buffer("sin_cached", emb.sin()[:, None, :], persistent=False)
         self.linear_q, self.linear_k, self.linear_v, self.linear_out = (nn.Linear(hidden, hidden) for _ in range(4))
-        _trained(self)
+        trained(self, 17)
 
     def forward(self, hidden_states):
         B, N, D = hidden_states.shape
@@ -65,7 +57,7 @@ class ComplexTurned(nn.Module):
         self.heads, self.bug = heads, bug
         self.wq, self.wk, self.wv, self.wo = (nn.Parameter(torch.randn(dim, dim) / math.sqrt(dim)) for _ in range(4))
         self.bv = nn.Parameter(0.1 * torch.randn(dim))
-        _trained(self)
+        trained(self, 17)
 
     def forward(self, x):
         B, N, D = x.shape
@@ -88,7 +80,7 @@ class RoFormerTurned(nn.Module):
         super().__init__()
         self.heads, self.bug = heads, bug
         self.query, self.key, self.value, self.dense = (nn.Linear(hidden, hidden) for _ in range(4))
-        _trained(self)
+        trained(self, 17)
 
     def forward(self, hidden_states):
         B, N, D = hidden_states.shape

@@ -20,16 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-
-
-def _trained(module: nn.Module, seed: int = 26) -> nn.Module:
-    """Weights moved off their initial values, as a trained model's are (norm gains off 1, biases off 0)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g) + 0.02)
-    return module
-
+from _trace_ref import trained
 
 # ---------------------------------------------------------------------------------------------- HF Gemma3n
 
@@ -138,7 +129,7 @@ class Gemma3nTextAttention(nn.Module):
         self.v_norm = Gemma3nRMSNorm(dim=config.head_dim, eps=config.rms_norm_eps, with_scale=False)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size,
                                 bias=config.attention_bias)
-        _trained(self)
+        trained(self, 26, shift=0.02)
 
     def forward(self, hidden_states, position_embeddings, attention_mask, cache=None, shared_kv_states=None,
                 **kwargs):
@@ -224,7 +215,7 @@ class MultiHeadedAttention(nn.Module):
         if max_relative_positions > 0:
             vocab_size = max_relative_positions * 2 + 1
             self.relative_positions_embeddings = nn.Embedding(vocab_size, self.dim_per_head)
-        _trained(self)
+        trained(self, 26, shift=0.02)
 
     def forward(self, key, value, query, mask=None, layer_cache=None, attn_type=None):
         batch_size = key.size(0)
@@ -349,7 +340,7 @@ class MultiHeadAttention(nn.Module):
         self.W_k = nn.Linear(key_size, num_hiddens, bias=bias)
         self.W_v = nn.Linear(value_size, num_hiddens, bias=bias)
         self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias)
-        _trained(self)
+        trained(self, 26, shift=0.02)
 
     def forward(self, queries, keys, values, valid_lens):
         # Shape of queries, keys, or values: (batch_size, no. of queries or key-value pairs, num_hiddens)
@@ -451,7 +442,7 @@ class NezhaSelfAttention(nn.Module):
             max_relative_position=config.max_relative_position,
         )
         self.is_decoder = config.is_decoder
-        _trained(self)
+        trained(self, 26, shift=0.02)
 
     def transpose_for_scores(self, x):
         new_x_shape = x.size()[:-1] + (self.num_attention_heads, self.attention_head_size)

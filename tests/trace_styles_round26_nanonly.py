@@ -20,15 +20,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _trained(module: nn.Module, seed: int = 26) -> nn.Module:
-    """Weights moved off their initial values, as a trained model's are."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g) + 0.01)
-    return module
+from _trace_ref import trained
 
 
 def _merge(out, bug):
@@ -48,7 +40,7 @@ class VisionBiasAttention(nn.Module):
         self.n_heads, self.key_value_proj_dim, self.bug = num_heads, hidden_size // num_heads, bug
         self.query, self.key, self.value, self.output = (nn.Linear(hidden_size, hidden_size, bias=False)
                                                          for _ in range(4))
-        _trained(self)
+        trained(self, 26)
 
     def forward(self, hidden_states, attention_mask=None):
         batch_size, seq_length = hidden_states.shape[:2]
@@ -87,7 +79,7 @@ class LeftPaddedDecoder(nn.Module):
         self.n_head, self.bug = n_head, bug
         self.c_attn, self.c_proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
         self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
-        _trained(self, seed=27)
+        trained(self, 27)
 
     def forward(self, x, pad_mask=None):
         B, T, C = x.size()
@@ -113,7 +105,7 @@ class FoldedHeadsAttention(nn.Module):
         self.num_heads, self.head_dim, self.bug = num_heads, embed_dim // num_heads, bug
         self.scale = self.head_dim ** -0.5
         self.k_proj, self.v_proj, self.q_proj, self.out_proj = (nn.Linear(embed_dim, embed_dim) for _ in range(4))
-        _trained(self, seed=28)
+        trained(self, 28)
 
     def _shape(self, tensor, seq_len, bsz):
         return tensor.view(bsz, seq_len, self.num_heads, self.head_dim).transpose(1, 2).contiguous()

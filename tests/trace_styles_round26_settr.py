@@ -10,15 +10,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _trained(module: nn.Module) -> nn.Module:
-    """Weights moved off their initial values (norm weights off 1, biases off 0), as a trained model's are."""
-    g = torch.Generator().manual_seed(26)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g) + 0.02)
-    return module
+from _trace_ref import trained
 
 
 def fold(x, heads, bug=None):
@@ -40,7 +32,7 @@ class SetMAB(nn.Module):
         self.ff = nn.Linear(dim, dim)
         self.ln0 = nn.LayerNorm(dim) if ln else nn.Identity()
         self.ln1 = nn.LayerNorm(dim) if ln else nn.Identity()
-        _trained(self)
+        trained(self, 26, 0.1, 0.02)
 
     def forward(self, x, y):
         q, k, v = self.to_q(x), self.to_k(y), self.to_v(y)
@@ -77,7 +69,7 @@ class HeadAxisMAB(nn.Module):
         self.fc_q, self.fc_k, self.fc_v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.fc_o = nn.Linear(dim, dim)
         self.norms = nn.ModuleList([nn.LayerNorm(dim), nn.LayerNorm(dim)]) if ln else None
-        _trained(self)
+        trained(self, 26, 0.1, 0.02)
 
     def forward(self, X):
         B, N, D = X.shape
@@ -113,7 +105,7 @@ class NormedOut(nn.Module):
         self.ff = nn.Linear(dim, dim)
         self.ln0, self.ln1 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.dim = dim
-        _trained(self)
+        trained(self, 26, 0.1, 0.02)
 
     def forward(self, x):
         qh, kh, vh = (fold(f(x), self.heads, self.bug) for f in (self.to_q, self.to_k, self.to_v))

@@ -12,15 +12,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def _trained(module: nn.Module) -> nn.Module:
-    """Weights moved off their initial values, as a trained model's are."""
-    g = torch.Generator().manual_seed(26)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g) + 0.01)
-    return module
+from _trace_ref import trained
 
 
 class KeyedCacheLayer(nn.Module):
@@ -37,7 +29,7 @@ class KeyedCacheLayer(nn.Module):
         self.heads, self.bug = heads, bug
         self.query, self.key, self.value = (nn.Linear(width, width) for _ in range(3))
         self.proj = nn.Linear(width, width)
-        _trained(self)
+        trained(self, 26)
 
     def forward(self, hidden, mask, cache=None, head_mask=None):
         bs, qlen, width = hidden.shape
@@ -80,7 +72,7 @@ class PaddingOnly(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
-        _trained(self)
+        trained(self, 26)
 
     def forward(self, x, mask, head_mask=None):
         b, n, c = x.shape
@@ -103,7 +95,7 @@ class ThreeInputLayer(nn.Module):
         self.num_heads, self.bug = num_heads, bug
         self.w_value, self.w_key, self.w_query = (nn.Linear(d_model, d_model) for _ in range(3))
         self.dense = nn.Linear(d_model, d_model)
-        _trained(self)
+        trained(self, 26)
 
     def forward(self, value, key, query, attention_mask, past=None):
         bs, n, d_model = query.shape
