@@ -50,10 +50,11 @@ def by_pair(step: str, base: Base) -> Diagnosis | None:
         return None
 
     def agree(tensor: torch.Tensor, user: torch.Tensor) -> int:
-        """How many of the step's cells equal the code's: the same number, or both masked."""
+        """How many of the step's cells equal the code's: the same number, both masked, or the same infinity (a
+        float16 product past 65504)."""
         if tuple(tensor.shape) != tuple(user.shape):
             return -1
-        both = (tensor <= VERY_NEGATIVE) & (user <= VERY_NEGATIVE)
+        both = (tensor <= VERY_NEGATIVE) & (user <= VERY_NEGATIVE) | torch.isinf(tensor) & (tensor == user)
         same = torch.isfinite(tensor) & torch.isfinite(user) & ((tensor - user).abs() <= tol)
         return int((both | same).sum())
 
