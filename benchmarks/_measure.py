@@ -28,13 +28,15 @@ class Sample:
     peak_mib: float
 
 
-def run_once(argv: list[str], env: dict[str, str] | None = None) -> Sample:
+def run_once(argv: list[str], env: dict[str, str] | None = None, codes: tuple[int, ...] = (0,)) -> Sample:
+    """One run of `argv` in a fresh process; `codes`: the exit codes it may end with (`attnscope trace` exits 1 where
+    it names a mistake)."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     stderr = proc.stderr.read().decode() if proc.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
+    if os.waitstatus_to_exitcode(status) not in codes:
         raise SystemExit(f"benchmark command failed: {' '.join(argv)}\n{stderr}")
     return Sample(elapsed, usage.ru_maxrss / 1024)  # ru_maxrss is KiB on Linux
 
