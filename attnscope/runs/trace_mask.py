@@ -62,7 +62,8 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
     met = _met(failure, plan.mask, list(first.shape))
     # ... or where it put axes of its own on the mask first (Transformer-XL's `attn_mask[:, :, :, None]`)
     own_axes = maskaxes.met(failure, called.records, plan.mask, list(first.shape)) if met is None else None
-    if failure is not None and plan.mask in failure.op and inputs.allowed.dim() < 4 and not o.mask:
+    if failure is not None and _on_mask(failure, called.records, plan.mask) and inputs.allowed.dim() < 4 \
+            and not o.mask:
         failed_at = failure.line
         # code that slices the mask as transformers' 4-D one (`attention_mask[:, :, :, :n_K]`): [n_batch, 1, n_Q, n_K];
         # in a decode step, one over all n_K positions whose last n_Q rows are the new queries' (OLMo's
@@ -77,7 +78,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
             if tried.failure is None:
                 break
         fits = [r for r in sliced if r[2].failure is None] or [
-            r for r in sliced if r[2].failure is not None and plan.mask not in r[2].failure.op]
+            r for r in sliced if r[2].failure is not None and not _on_mask(r[2].failure, r[2].records, plan.mask)]
         if fits:
             wide, words, tried, wide_first = fits[0]
             inputs.allowed, called, failure, first = wide, tried, tried.failure, wide_first
@@ -146,6 +147,9 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
                 torch.manual_seed(o.seed)
                 called = call(target, fn, plan, inputs, module, o.max_memory,
                               masking.written(form, read.kind, dtype, read.line), fed)
+            # the form read again in the shape the code runs on (T5's `(1 - bias) * finfo.min` over [n_batch, n_K])
+            called, convention = _finite_reading(o, (target, fn, plan, inputs, module, fed), called, convention,
+                                                 dtype)
     apart = (o.mask and o.causal and plan.causal_mask() not in (None, plan.mask)) or plan.rule_beside
     if plan.switched is not None:  # the rule is the code's own switch's (causalflag.py): the mask is the file alone
         return _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
@@ -168,35 +172,39 @@ POLARITY = {"attend": "attend", "masked": "masked", "float01": "attend", "float1
 
 def _finite_reading(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
                     convention: Convention, dtype: Any) -> tuple[Called, Convention]:
-    """Where the boolean mask, written as the code's ops were read, leaves every query a key and the code's output is
-    still not finite, or a query of its pattern saw no key (a polarity the data flow hid from trace: an inversion on
-    the way that its reading does not follow), or its pattern keeps weight on a key the mask forbids while the zeros
-    it has fall on keys the mask allows (`scores + mask * -1e9`, the TensorFlow tutorial's 1 = masked, read as a bias
-    built from 1 = may attend), the other reading of the mask, kept where the run then looks fed well (fed_well) and,
-    in the last case, its pattern holds the mask (masking.holds), with a note: that run came from trace's feed
-    failing, not from the code. Else the run as it was."""
+    """Where the boolean mask, written as the code's ops were read, leaves a query a key and the code's output is still
+    not finite there, or that query of its pattern saw no key (a polarity the data flow hid from trace: an inversion on
+    the way that its reading does not follow), or its pattern keeps weight on a key the mask forbids while the zeros it
+    has fall on keys the mask allows (`scores + mask * -1e9`, the TensorFlow tutorial's 1 = masked, read as a bias built
+    from 1 = may attend), the other reading of the mask, kept where the run then looks fed well (fed_well) and, in the
+    last case, its pattern holds the mask (masking.holds), with a note: that run came from trace's feed failing, not
+    from the code. Else the run as it was. A query the mask leaves no key is read in none of these (maskrows.keyless):
+    what the code makes of it is its convention (NaN under -inf, uniform under finfo.min)."""
     import torch
 
     from attnscope.usertrace import masking
     from attnscope.usertrace.call import call
+    from attnscope.usertrace.maskrows import keyless
 
     target, fn, plan, inputs, module, fed = run
     allowed = inputs.allowed
     other = OTHER_WAY.get(convention.kind)
-    if called.failure is not None or allowed is None or allowed.dtype != torch.bool \
-            or not bool(allowed.any(-1).all()):
+    if called.failure is not None or allowed is None or allowed.dtype != torch.bool:
+        return called, convention
+    rows = keyless(allowed, inputs.sizes)  # queries left no key: their rows are the code's convention, not read
+    if rows is None and not bool(allowed.any(-1).all()):  # some are, and where they lie cannot be read
         return called, convention
     if other is None:  # a bias to add (0 / -inf, finfo.min) or subtract: the code's other forms
-        return _other_form(o, run, called, convention, dtype)
-    starved = not fed_well(called)
+        return _other_form(o, run, called, convention, dtype, rows)
+    starved = not fed_well(called, rows)
     if not starved and masking.holds(called.records, allowed, inputs.sizes) is not False:
         return called, convention
     torch.manual_seed(o.seed)
     again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, other, dtype), fed)
-    if again.failure is not None or not fed_well(again) or (
+    if again.failure is not None or not fed_well(again, rows) or (
             not starved and not masking.holds(again.records, allowed, inputs.sizes)):
         return called, convention
-    why = ("left a query no key (or its output not finite) although the mask leaves every query a key" if starved
+    why = ("left a query no key (or its output not finite) although the mask leaves it a key" if starved
            else "kept weight on keys the mask forbids and gave none to keys it allows")
     inputs.notes.append(f"{plan.mask}: given {masking.WORDS[convention.kind]} as your code's ops were read, your "
                         f"code {why}; given the other way round, it does not, and is read so")
@@ -205,13 +213,14 @@ def _finite_reading(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, 
 
 
 def _other_form(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
-                convention: Convention, dtype: Any) -> tuple[Called, Convention]:
+                convention: Convention, dtype: Any, rows: Any = None) -> tuple[Called, Convention]:
     """Where the mask, given as the bias the code's ops were read to add, leaves every query a key and the code's
     output is not finite or a query saw no key (HF Pix2Struct's `1 - mask` position bias, filled with finfo.min where
     it is 1: 0 / -inf turns every kept key masked and the padded ones +inf), or the scores it softmaxes mask every key
     of a query (maskforms.drowned: T5's `(1 - bias) * finfo.min`), the mask in the code's other forms
     (maskforms.FORMS: 0/1 numbers, a boolean, another bias), the first whose run is fed well and whose pattern keeps
-    to the mask (maskforms.keeps_to), with a note. Else the run as it was."""
+    to the mask (maskforms.keeps_to), with a note. Else the run as it was. `rows`: the queries the mask leaves no key
+    (maskrows.keyless), read in none of these."""
     import torch
 
     from attnscope.usertrace import maskforms, masking
@@ -219,36 +228,38 @@ def _other_form(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feed
 
     target, fn, plan, inputs, module, fed = run
     allowed = inputs.allowed
-    if allowed is None or plan.mask is None or (fed_well(called) and not maskforms.drowned(called.records, plan.mask)):
+    if allowed is None or plan.mask is None or (
+            fed_well(called, rows) and not maskforms.drowned(called.records, plan.mask, rows=rows)):
         return called, convention
     for kind in maskforms.FORMS:
         if kind == convention.kind:
             continue
         torch.manual_seed(o.seed)
         again = call(target, fn, plan, inputs, module, o.max_memory, masking.written(allowed, kind, dtype), fed)
-        if again.failure is not None or not fed_well(again) or maskforms.drowned(again.records, plan.mask) \
+        if again.failure is not None or not fed_well(again, rows) or maskforms.drowned(again.records, plan.mask,
+                                                                                    rows=rows) \
                 or not maskforms.keeps_to(again.records, allowed, inputs.sizes):
             continue
         inputs.notes.append(f"{plan.mask}: given {masking.WORDS[convention.kind]} as your code's ops were read, "
-                            "your code left a query no key (or its output not finite) although the mask leaves every "
-                            f"query a key; given {masking.WORDS[kind]}, it does not, and is read so")
+                            "your code left a query no key (or its output not finite) although the mask leaves it "
+                            f"a key; given {masking.WORDS[kind]}, it does not, and is read so")
         how = "its use of the mask, found by experiment"
         return again, masking.Convention(kind, convention.line, how)
     return called, convention
 
 
-def fed_well(called: Called) -> bool:
-    """Whether a run given a mask that leaves every query a key looks so: no floating tensor the code returned holds
-    NaN or +inf, and no query of its pattern saw no key (masking.starved). Else the mask was given the wrong way round
-    for the code, and nothing is read off the run. -inf is allowed: masked scores the code returns beside its output
-    hold it where the mask is (OpenAI whisper's `qkv_attention` returns `qk` after `qk + mask`)."""
-    import torch
-
+def fed_well(called: Called, rows: Any = None) -> bool:
+    """Whether a run given a mask looks so on every query the mask leaves a key: no floating tensor the code returned
+    holds NaN or +inf, and no query of its pattern saw no key (masking.starved). Else the mask was given the wrong way
+    round for the code, and nothing is read off the run. -inf is allowed: masked scores the code returns beside its
+    output hold it where the mask is (OpenAI whisper's `qkv_attention` returns `qk` after `qk + mask`). `rows`
+    [n_batch, n_Q]: the queries the mask leaves no key (maskrows.keyless), not read: what the code makes of them is
+    its convention (NaN under -inf, a uniform row under finfo.min)."""
     from attnscope.usertrace import masking
     from attnscope.usertrace.maskranks import returned
+    from attnscope.usertrace.maskrows import finite
 
-    return not any(bool(torch.isnan(t).any() or torch.isposinf(t).any()) for t in returned(called.result)) \
-        and masking.starved(called.records) is None
+    return all(finite(t, rows) for t in returned(called.result)) and masking.starved(called.records, rows) is None
 
 
 def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
@@ -361,6 +372,21 @@ def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
         roles = projected_roles(read[0], inputs) if read else roles
     keys_last = scoreaxes.keys_last(scoreaxes.key_axes(called.records, *roles))
     return allowed.transpose(-1, -2) if keys_last else None
+
+
+def _on_mask(failure: Failure | None, records: list[Record], label: str) -> bool:
+    """Whether the code raised on its mask: in an op that names the mask parameter `label`, or one that reads what
+    the code cut out of it (CTRL's `scores += mask[ns - nd:ns, :ns] * -1e4`, GPT-2's causal square sliced by the
+    past and new tokens: the op names the scores alone)."""
+    from attnscope.usertrace.paramuse import derived
+
+    if failure is None:
+        return False
+    if label in failure.op:
+        return True
+    made = derived(records, label)
+    cut = any(r.index in made and r.func == "__getitem__" for r in records)
+    return cut and any(kind == "rec" and value in made for kind, value in failure.args)
 
 
 def _met(failure: Failure | None, label: str, given: list[int]) -> list[int] | None:

@@ -64,7 +64,8 @@ def other_forms(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[M
 
 def _given(r: RunSoFar, ran: Made, form: Any) -> tuple[Called, str] | None:
     """The code run on the mask `form` (True = may attend): in the convention it was read in, where that run is fed
-    well, masks no query's every key (maskforms.drowned) and keeps to the mask (or whether it does cannot be read);
+    well, masks no query's every key (maskforms.drowned) and keeps to the mask (or whether it does cannot be read),
+    a query the mask leaves no key read in none of these (maskrows.keyless: its row is the code's convention);
     else the first other convention (maskforms.FORMS) whose run does (HF's 2-D 0/1 mask beside its 4-D bias); else
     the run in the convention read, where it is fed well and some query keeps a key (the form's own mistake: a key
     padding applied on the queries drowns the padded queries' rows alone); None where the code raises on every one,
@@ -75,12 +76,14 @@ def _given(r: RunSoFar, ran: Made, form: Any) -> tuple[Called, str] | None:
     from attnscope.usertrace import heldcache, maskforms, masking
     from attnscope.usertrace.call import call
     from attnscope.usertrace.maskranks import laid, shaped_alike
+    from attnscope.usertrace.maskrows import keyless
 
     inputs, fed, first, convention = ran
     assert convention is not None
     plan, o = r.plan, r.o
     label = plan.mask or "mask"
     grid = laid(inputs.allowed, inputs.sizes) if inputs.allowed is not None else None  # [n_batch, n_Q, n_K]
+    rows = keyless(form, inputs.sizes)  # queries the mask leaves no key: their rows are the code's, not read
     dtype = next(iter(inputs.tensors.values())).dtype
     kinds = [convention.kind, *(k for k in maskforms.FORMS if k != convention.kind)]
     fallback: tuple[Called, str] | None = None
@@ -93,13 +96,13 @@ def _given(r: RunSoFar, ran: Made, form: Any) -> tuple[Called, str] | None:
             heldcache.fill(r.own_cache, inputs.cache, inputs.sizes["n_Q"])
         torch.manual_seed(o.seed)
         tried = call(r.target, r.fn, plan, inputs, r.module, o.max_memory, mask, fed)
-        if tried.failure is not None or not fed_well(tried) or not shaped_alike(first, tried):
+        if tried.failure is not None or not fed_well(tried, rows) or not shaped_alike(first, tried):
             continue
-        drowned = maskforms.drowned(tried.records, label)  # every key of a query very negative
+        drowned = maskforms.drowned(tried.records, label, rows=rows)  # every key of a query very negative
         held = masking.holds(tried.records, grid, inputs.sizes)
         if not drowned and (held is True or (i == 0 and held is None)):
             return tried, kind
-        if i == 0 and not maskforms.drowned(tried.records, label, every=True):
+        if i == 0 and not maskforms.drowned(tried.records, label, every=True, rows=rows):
             fallback = tried, kind  # the convention read, whatever it holds: the form's own mistake, unless another
             # keeps to the mask (every query drowned: a convention of the form's own, none of them kept)
     return fallback

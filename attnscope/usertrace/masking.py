@@ -495,7 +495,9 @@ def sliced_forms(allowed: torch.Tensor, n_batch: int, n_cache: int | None) -> li
     `[n_batch, 1, n_Q, n_K]`; in a decode step (`n_cache` keys before the n_Q new ones), also `[n_batch, 1, n_K, n_K]`,
     a mask over every position whose last n_Q rows are the new queries' (code that cuts
     `mask[:, :, n_K - n_Q:n_K, :n_K]` out of its model's mask), the rows before them causal (position i sees
-    keys 0 to i), as a model's mask over the whole sequence holds them. Each with its words."""
+    keys 0 to i), as a model's mask over the whole sequence holds them; where every sequence has the same mask, that
+    square alone, `[n_K, n_K]` (HF CTRL's `mask[ns - nd:ns, :ns]` of `triu(ones(past + seq, past + seq), 1)`). Each
+    with its words."""
     import torch
 
     n_Q, n_K = allowed.shape[-2:]
@@ -507,6 +509,9 @@ def sliced_forms(allowed: torch.Tensor, n_batch: int, n_cache: int | None) -> li
         out.append((whole[:, None].expand(n_batch, 1, n_K, n_K),
                     f"[n_batch, 1, n_K, n_K], a mask over all {n_K} positions whose last {n_Q} rows are the new "
                     "queries'"))
+        if bool((whole == whole[:1]).all()):
+            out.append((whole[0], f"[n_K, n_K], a mask over all {n_K} positions whose last {n_Q} rows are the new "
+                                  "queries'"))
     return out
 
 
@@ -674,14 +679,22 @@ def masks_by_itself(records: list[Record]) -> Record | None:
     return after_softmax(records)
 
 
-def starved(records: list[Record]) -> Record | None:
+def starved(records: list[Record], rows: torch.Tensor | None = None) -> Record | None:
     """The first pattern (a softmax, a kernel's recomputed attention) with a query whose weights are all 0 or NaN: a
     query that saw no key, which a mask leaving every query a key never makes (PyTorch's SDPA gives such a row zeros,
-    a plain softmax NaN); None where every row holds weight."""
+    a plain softmax NaN); None where every row holds weight. `rows` [n_batch, n_Q]: queries the mask leaves no key
+    (maskrows.keyless), whose rows are the code's convention and not read."""
+    import torch
+
+    from attnscope.usertrace.maskrows import rows_kept
+
     for r in records:
-        if is_pattern(r) and r.tensor.is_floating_point() and r.tensor.dim() >= 1 and r.tensor.shape[-1] > 0 \
-                and no_key(r.tensor.detach()):
-            return r
+        if is_pattern(r) and r.tensor.is_floating_point() and r.tensor.dim() >= 1 and r.tensor.shape[-1] > 0:
+            w = r.tensor.detach()
+            if rows is None and no_key(w):
+                return r
+            if rows is not None and bool(rows_kept(torch.isnan(w).any(-1) | (w == 0).all(-1), rows).any()):
+                return r
     return None
 
 
@@ -693,6 +706,9 @@ def holds(records: list[Record], allowed: torch.Tensor | None, sizes: dict[str, 
     be laid on)."""
     n_Q, n_K = sizes.get("n_Q"), sizes.get("n_K")
     pattern = next((r.tensor for r in records if is_pattern(r) and r.tensor.is_floating_point()), None)
+    if allowed is not None and n_Q is not None and n_K is not None and allowed.dim() >= 2 \
+            and allowed.shape[-2] == n_K > n_Q:  # a mask over every position (sliced_forms): the new queries' rows
+        allowed = allowed[..., n_K - n_Q:, :]
     if pattern is None or allowed is None or n_Q is None or n_K is None or pattern.dim() < 2 or allowed.dim() < 2 \
             or tuple(pattern.shape[-2:]) != (n_Q, n_K) or allowed.shape[-1] != n_K \
             or allowed.shape[-2] not in (1, n_Q) or bool(allowed.all()):
@@ -702,10 +718,14 @@ def holds(records: list[Record], allowed: torch.Tensor | None, sizes: dict[str, 
         return None
     weights = pattern.detach().reshape(grid.shape[0], -1, n_Q, n_K)  # batch-major: [n_batch, .., n_Q, n_K]
     forbidden = ~grid[:, None].expand_as(weights)
+    # a query the mask leaves no key is read nowhere: its row is the code's convention (NaN, uniform, zeros)
+    read = grid.any(-1)[:, None, :, None].expand_as(weights)
     none = (weights == 0) | weights.isnan()
-    if bool(none[forbidden].all()):
+    if not bool((forbidden & read).any()):
+        return None
+    if bool(none[forbidden & read].all()):
         return True
-    return False if bool(none[~forbidden].any()) else None
+    return False if bool(none[~forbidden & read].any()) else None
 
 
 def no_key(weights: torch.Tensor) -> bool:
