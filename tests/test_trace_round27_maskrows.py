@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _trace_ref import sdpa as _sdpa
 from test_trace_command import user_module
-from test_trace_round25_maskforms import _keep, _sdpa
+from test_trace_round25_maskforms import _keep
 from tracecases import passing_test, plants_test
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round27_maskrows.py")
