@@ -482,7 +482,7 @@ def _in_columns(r: RunSoFar, ran: Made) -> Made:
             failed = called.failure
             r.o, (inputs, fed, called, convention) = found
             r.spec = dataclasses.replace(r.spec, layout="col")
-            r.notes.append(_column_note(failed, r.o, r.weighted is not None))
+            r.notes.append(_column_note(failed, r.o, r.weighted is not None, called.records))
     return inputs, fed, called, convention
 
 
@@ -579,26 +579,50 @@ def _time_first(r: RunSoFar, ran: Made) -> Made:
 def _as_image(r: RunSoFar, ran: Made) -> Made:
     """A module that takes its one input as an image, `[n_batch, n_h, n_w, d_feat]` (SAM's image encoder: `B, H, W, _
     = x.shape`; ViTDet's), that raised on `[n_batch, n, d_feat]` before any op of its own (or unpacking four sizes
-    from three): the same tokens handed so, n_h·n_w of them in raster order, the reference's n_Q."""
+    from three): the same tokens handed so, n_h·n_w of them in raster order, the reference's n_Q. A module that
+    projects with pointwise Conv2d layers takes a feature map, `[n_batch, d_feat, n_h, n_w]` (latent-diffusion's
+    AttnBlock): the column form's tokens handed so, tried first."""
+    from attnscope.usertrace import pointwise
+
     inputs, fed, called, convention = ran
     failed = called.failure
     if failed is None or r.weighted is None or not r.plan.self_attention or len(r.plan.tensors) != 1 or r.o.q \
-            or r.o.layout != "row" or r.o.cache or r.o.grid is not None or r.o.batch == 0:
+            or r.o.layout not in ("row", "col") or r.o.cache or r.o.grid is not None or r.o.batch == 0:
         return ran
-    if called.records and "expected 4" not in failed.message:
+    maps = pointwise.on_maps(r.weighted)
+    if called.records and "expected 4" not in failed.message and not maps:
         return ran
-    made = attempted(r.attempt, dataclasses.replace(r.o, grid=(0, 0)))
-    if made is None or made[2].failure is not None or made[0].grid is None:
-        return ran
-    r.o = dataclasses.replace(r.o, grid=made[0].grid)  # the image it ran on, kept for every later run
-    r.notes.append(image_note(made[0].grid, failed))
-    return made
+    tries = [dataclasses.replace(r.o, layout="col", grid=(0, 0))] if maps and (
+        r.o.layout == "col" or columns_possible(r.o, r.weighted)) else []
+    tries += [dataclasses.replace(r.o, grid=(0, 0))] if r.o.layout == "row" else []
+    if not maps and r.o.layout == "row" and columns_possible(r.o, None):
+        # a map, channels first, that the code lays as rows itself for its nn.Linear layers (diffusers' early
+        # AttentionBlock: a GroupNorm over [B, C, H, W], then `.view(B, C, H·W).transpose(1, 2)`)
+        tries.append(dataclasses.replace(r.o, layout="col", grid=(0, 0)))
+    for asked in tries:
+        made = attempted(r.attempt, asked)
+        if made is None or made[2].failure is not None or made[0].grid is None:
+            continue
+        if asked.layout != r.o.layout:  # the column form, read as _in_columns reads it
+            r.spec = dataclasses.replace(r.spec, layout="col")
+            r.notes.append(_column_note(failed, asked, True, made[2].records, maps))
+        r.o = dataclasses.replace(asked, grid=made[0].grid)  # the image it ran on, kept for every later run
+        r.notes.append(image_note(made[0].grid, failed, asked.layout == "col", maps))
+        return made
+    return ran
 
 
-def image_note(grid: tuple[int, int], failed: Failure | None = None) -> str:
-    """The note for a module read as taking its input as an image."""
+def image_note(grid: tuple[int, int], failed: Failure | None = None, columns: bool = False,
+               convs: bool = True) -> str:
+    """The note for a module read as taking its input as an image (`columns`: a feature map, channels first; `convs`:
+    its projections pointwise Conv2d layers)."""
     where = f" (line {failed.line}: {failed.message}, on [n_batch, n, d_feat])" if failed is not None and failed.line \
-        else ""
+        and not columns else ""
+    if columns:
+        how = " (its projections pointwise Conv2d layers)" if convs else ""
+        return (f"your module takes its input as a feature map, [n_batch, d_feat, n_h, n_w] = [.., .., {grid[0]}, "
+                f"{grid[1]}]{how}: it is handed one, its n_h·n_w positions in raster order the reference's n_Q = "
+                f"{grid[0] * grid[1]} tokens; a convention, not a mistake")
     return (f"your module takes its input as an image, [n_batch, n_h, n_w, d_feat] = [.., {grid[0]}, {grid[1]}, ..]"
             f"{where}: it is handed one, its n_h·n_w tokens in raster order the reference's n_Q = {grid[0] * grid[1]} "
             "(a --q file [n_batch, n_h, n_w, d_feat] says the same); a convention, not a mistake")
@@ -679,13 +703,17 @@ def column_form(o: TraceOptions, attempt: Any) -> tuple[TraceOptions, tuple[Any,
     return None
 
 
-def _column_note(failed: Failure, o: TraceOptions, weighted: bool) -> str:
-    """The note for code read as the column convention."""
+def _column_note(failed: Failure, o: TraceOptions, weighted: bool, records: list[Any], w_x: bool = True) -> str:
+    """The note for code read as the column convention; its scores as `records`, the run on columns, computes them
+    (scoreform.said); `w_x`: its weights project as `W @ x` (not code that lays the columns as rows itself for its
+    nn.Linear layers)."""
+    from attnscope.usertrace import scoreform
+
     where = f"line {failed.line}: " if failed.line else ""
     shape = ("[n_batch, d_feat, n]" if weighted else "[n_batch, d, n]") if o.batch != 0 else (
         "[d_feat, n]" if weighted else "[d, n]")
+    said = f"{'W @ x, ' if weighted and w_x else ''}{scoreform.said(records)}"
     return (f"your code failed on rows [.., n, d] ({where}{failed.message}) and runs on columns {shape}, one token a "
-            f"column: read as the column convention ({'W @ x, ' if weighted else ''}scores Kᵀ Q [.., n_K, n_Q], "
-            "softmax over the keys, dim "
-            "-2), a convention, not a mistake; the reference is the row form's on your inputs transposed, its steps "
-            "transposed back (--layout col says it)")
+            f"column: read as the column convention ({said}), a convention, not a mistake; the reference is the row "
+            "form's on your inputs transposed, its steps transposed back"
+            + (" (--layout col says it)" if w_x else " (your nn.Linear layers read the rows your code lays out)"))

@@ -203,7 +203,8 @@ def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tup
         if found is not None and col_lined is not None and col_lined.divergence is None \
                 and col_lined.no_reference is None:
             r.o, (inputs, fed, called, convention), r.spec, lined = found[0], found[1], col_spec, col_lined
-            run.notes[:] = r.first_notes + inputs.notes + plan_notes(r.plan, inputs) + [_lined_note(r.o)]
+            run.notes[:] = [*r.first_notes, *inputs.notes, *plan_notes(r.plan, inputs),
+                            _lined_note(r.o, called.records)]
             if convention is not None:
                 run.notes.append(convention.note(r.plan.mask or "mask"))
             run.header = run_header(r.target, r.label, r.plan, inputs, r.mode, r.spec)
@@ -298,12 +299,15 @@ def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
                          "rotates so")
 
 
-def _lined_note(o: TraceOptions) -> str:
-    """The note for code that runs on rows but lines up only on columns."""
+def _lined_note(o: TraceOptions, records: list[Any]) -> str:
+    """The note for code that runs on rows but lines up only on columns; its scores as `records`, the run on
+    columns, computes them (scoreform.said)."""
+    from attnscope.usertrace import scoreform
+
     shape = "[n_batch, d, n]" if o.batch != 0 else "[d, n]"
     return ("your code runs on rows [.., n, d] but lines up with the reference only on columns "
-            f"{shape}, one token a column: read as the column convention (scores Kᵀ Q [.., n_K, n_Q], softmax over "
-            "the keys, dim -2), a convention, not a mistake (--layout col says it)")
+            f"{shape}, one token a column: read as the column convention ({scoreform.said(records)}), a convention, "
+            "not a mistake (--layout col says it)")
 
 
 def _with_own_fraction(spec: Spec, module: Any, plan: Plan, d_head: int | None, made: dict[str, Any]) -> Spec:

@@ -107,7 +107,8 @@ def run_steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: F
     names = AxisNames(inputs.sizes, _extra_names(inputs))
     handed = inputs.handed()  # as the code is handed them: an image [n_batch, n_h, n_w, d_feat] where it takes one
     dims_of = {name: _input_dims(inputs, name, names) for name in inputs.tensors}
-    dims_of = {name: dims if handed[name].dim() == len(dims) else (*dims[:-2], "n_h", "n_w", dims[-1])
+    dims_of = {name: dims if handed[name].dim() == len(dims) else (*dims[:-1], "n_h", "n_w")
+               if inputs.layout == "col" else (*dims[:-2], "n_h", "n_w", dims[-1])  # a feature map, channels first
                for name, dims in dims_of.items()}
     steps = [UserStep(name, t, dims_of[name], f"input: {_made(inputs, name, dims_of[name])}", allocates=True)
              for name, t in handed.items()]

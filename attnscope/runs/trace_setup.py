@@ -392,10 +392,15 @@ def _weighted(o: TraceOptions, module: Any, plan: Plan, target: Target) -> Any:
 
 
 def reads_rows(module: Any) -> bool:
-    """Whether the module projects with nn.Linear layers (they read the last axis: one token a row)."""
+    """Whether the module projects with nn.Linear layers alone (they read the last axis: one token a row). One that
+    holds a pointwise convolution beside them (q, k, v 1x1 convs over [n_batch, d_feat, n], an nn.Linear over the
+    tokens it lays as rows) takes columns: its Linear layers read what it turned, and it may run on either form."""
     from torch import nn
 
-    return module is not None and any(isinstance(m, nn.Linear) for m in module.modules())
+    from attnscope.usertrace import pointwise
+
+    layers = list(module.modules()) if module is not None else []
+    return any(isinstance(m, nn.Linear) for m in layers) and not any(pointwise.is_pointwise(m) for m in layers)
 
 
 def widths(module: Any, shapes: Any) -> list[int | None]:

@@ -24,6 +24,7 @@ from attnscope.usertrace.align import ancestors
 from attnscope.usertrace.kernels import ATTENTION_KERNELS
 from attnscope.usertrace.record import LEFT, MATMULS, SOFTMAXES
 from attnscope.usertrace.scoreaxes import rows_from_right
+from attnscope.usertrace.scoreform import keys_left
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
@@ -155,14 +156,22 @@ def operands_at(records: list[Record], softmax: Record) -> tuple[int, int, int, 
                 value = given[-2:][from_pattern.index(False)]
                 product = _content(records, scores, value)
                 left, right = records_read(product)[-2:]
-                if rows_from_right(product):  # einsum("aecd,abcd->acbe", key, query): the queries' axis is the right's
-                    left, right = right, left
-                if from_pattern[1] and r.func.split(".")[-1] in MATMULS:
-                    # V @ pattern: the column form (one token a column), whose scores are Kᵀ Q, so the queries are
-                    # the right operand and the keys the left
+                if _keys_left(records, product, r, from_pattern[1]):
                     left, right = right, left
                 return left, right, value, r.index
     return None
+
+
+def _keys_left(records: list[Record], product: Record, value_product: Record, pattern_right: bool) -> bool:
+    """Whether the scores' left operand holds the keys: the operand whose tokens the product with the values
+    contracts (scoreaxes.keys_left: the pattern followed through its transposes, `bmm(v, w_.permute(0, 2, 1))` after
+    `bmm(q, k)`); where the axes cannot be followed, an einsum whose output's rows are its right operand's
+    (`einsum("aecd,abcd->acbe", key, query)`) or `V @ pattern`, the column form's `Kᵀ Q`."""
+    read = keys_left(records, product, value_product)
+    if read is not None:
+        return read
+    rows_right = rows_from_right(product)
+    return rows_right != (pattern_right and value_product.func.split(".")[-1] in MATMULS)
 
 
 def _content(records: list[Record], scores: list[Record], value: int) -> Record:

@@ -246,7 +246,8 @@ class Inputs:
     own: dict[str, torch.Tensor] = field(default_factory=dict)  # Q (K, V): the module's own inputs (Perceiver's
     # latents; keys joined to them), read from the run (usertrace/queries.py)
     own_from: str = "module"  # "position": `own` holds the inputs plus a position embedding (usertrace/posembed.py)
-    # (n_h, n_w): the one input is handed to the code as an image `[n_batch, n_h, n_w, d_feat]`, its tokens the
+    # (n_h, n_w): the one input is handed to the code as an image `[n_batch, n_h, n_w, d_feat]` (in the column form a
+    # feature map `[n_batch, d_feat, n_h, n_w]`: latent-diffusion's AttnBlock), its tokens the
     # reference's n_Q = n_h·n_w in raster order (`tensors` holds them as the reference reads them); None: as it is
     grid: tuple[int, int] | None = None
     # handed(): each input's view, by the input's id, with the input it views
@@ -260,8 +261,8 @@ class Inputs:
         out = {}
         for name, t in self.tensors.items():
             if self.roles[name] == "Q" and t.dim() == 3:
-                if id(t) not in self.views or self.views[id(t)][0] is not t:
-                    self.views[id(t)] = (t, t.unflatten(-2, self.grid))
+                if id(t) not in self.views or self.views[id(t)][0] is not t:  # columns: a map [.., d_feat, n_h, n_w]
+                    self.views[id(t)] = (t, t.unflatten(-1 if self.layout == "col" else -2, self.grid))
                 t = self.views[id(t)][1]
             out[name] = t
         return out
@@ -316,7 +317,7 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
         if guard is not None:
             guard(sizes)
     else:
-        if o.grid is not None and is_module and self_attention and o.layout == "row":
+        if o.grid is not None and is_module and self_attention and o.layout in ("row", "col"):
             grid, batch = (o.grid, o.batch) if o.grid[0] * o.grid[1] > 0 else image_grid(o, shapes)
             o = dataclasses.replace(o, nq=grid[0] * grid[1], batch=batch)
         sizes = _choose(o, plan, shapes, is_module)

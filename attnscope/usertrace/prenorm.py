@@ -50,8 +50,8 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
         read = {c.args[1][1] if c.args[1][0] == "rec" else -1 for c in calls if _reads(c, records, given)}
         if len(read) != 1 or -1 in read:
             continue  # no projection reads it, or one reads it normed and another as it is
-        record = records[next(iter(read))]
-        if _normed(record, records, inputs.tensors, given, module):
+        record = _laid_out(records[next(iter(read))], records)
+        if _normed(record, records, inputs.handed(), given, module):  # an image or a feature map as handed
             normed[given] = record
     found = Normed({}, {}, {})
     for role in "KV" if queries else "QKV":
@@ -59,7 +59,7 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
         if source is not None and source in normed:
             record = normed[source]
             found.tensors[role] = record.tensor.detach().transpose(0, 1) if inputs.layout == "time" \
-                else record.tensor.detach()
+                else record.tensor.detach().reshape(inputs.tensors[source].shape)  # a map's positions as tokens
             said = _norm_under_cast(record, records)  # GroupNorm32's `super().forward(x.float()).type(x.dtype)`
             found.line[role], found.said[role] = said.line, said.details.get("op", said.call)
     if found.tensors:
@@ -67,6 +67,19 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
 
 
 CASTS = ("type", "to", "float", "half", "bfloat16", "double", "type_as")  # a dtype handed back, the values kept
+# ops that lay a tensor's values out again, none changed (a map laid as rows: `.view(b, c, h*w).transpose(1, 2)`)
+LAYOUTS = ("view", "reshape", "flatten", "transpose", "permute", "contiguous", "movedim", "swapaxes", "unflatten")
+
+
+def _laid_out(record: Record, records: list[Record]) -> Record:
+    """The tensor a projection reads, before the code laid it out again for the projection (diffusers' early
+    AttentionBlock: its GroupNorm's map `[B, C, H, W]` viewed `[B, C, H·W]` and transposed to rows); the record
+    itself where no op of one tensor that moves values alone made it."""
+    seen = record
+    while seen.func.split(".")[-1] in LAYOUTS and len(seen.parents) == 1 \
+            and records[seen.parents[0]].tensor.numel() == seen.tensor.numel():
+        seen = records[seen.parents[0]]
+    return seen if seen is not record and seen.func.split(".")[-1] in NORMS else record
 
 
 def _norm_under_cast(record: Record, records: list[Record]) -> Record:

@@ -260,8 +260,8 @@ class Recorder(TorchFunctionMode):
                     and id(read) not in self._produced:  # `E.t() @ x` of the input: x's shape, not the weight's
                 details["source_shape"] = tuple(read.shape)
             self.records.append(Record(index, name, call, snapshot, frames[0].f_lineno, text_args, style, not shares,
-                                       _flops("conv1d" if getattr(func, "__name__", "") == "conv1d" else name, args,
-                                              tensor), parents, details=details))
+                                       _flops(getattr(func, "__name__", "") if getattr(func, "__name__", "") in
+                                              pointwise.FUNCS else name, args, tensor), parents, details=details))
             self._produced[id(tensor)] = index
             if details.get("same") == "in place" or (name == "__setitem__" and out is None):
                 # `scores.view(..).masked_fill_(..)` changes scores too: what later reads scores comes from this op
@@ -320,10 +320,11 @@ class Recorder(TorchFunctionMode):
             # computed from parameters (BEiT's cat(q_bias, zeros, v_bias)) too, and every argument by keyword
             described = [("text", self._linears[id(weight)]), self._arg(x),
                          *([("kw", ("bias", self._arg(bias)))] if isinstance(bias, torch.Tensor) else [])]
-        elif name == "conv1d" and (conv := pointwise.conv_args(args, kwargs)) is not None \
-                and id(conv[1]) in self._linears:
-            # a pointwise Conv1d over [n_batch, d_in, n] (guided-diffusion's qkv, proj_out): W[:, :, 0] @ x + b, the
-            # column form's projection, its weight read as [d_out, d_in] (pointwise.py)
+        elif name in pointwise.FUNCS and (conv := pointwise.conv_args(args, kwargs, pointwise.FUNCS[name])) \
+                is not None and id(conv[1]) in self._linears:
+            # a pointwise Conv1d over [n_batch, d_in, n] (guided-diffusion's qkv, proj_out), a Conv2d over a map
+            # [n_batch, d_in, n_h, n_w] (latent-diffusion's q, k, v): W[:, :, 0] @ x + b, the column form's
+            # projection, its weight read as [d_out, d_in] (pointwise.py)
             x, weight, bias = conv
             self._derived.setdefault(id(weight), pointwise.as_matrix(weight))
             name, style = "matmul", "linear"
@@ -544,8 +545,8 @@ def _dropout_details(args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _flops(name: str, args: list[Any], out: torch.Tensor) -> int:
     shape = tuple(out.shape)
-    if name == "conv1d" and (conv := pointwise.conv_args(args, {})) is not None:
-        return cost.linear_flops(shape, int(conv[1].shape[1]), conv[2] is not None)  # a pointwise Conv1d
+    if name in pointwise.FUNCS and (conv := pointwise.conv_args(args, {}, pointwise.FUNCS[name])) is not None:
+        return cost.linear_flops(shape, int(conv[1].shape[1]), conv[2] is not None)  # a pointwise convolution
     if name in MATMULS and args and isinstance(args[0], torch.Tensor) and args[0].dim():
         return cost.matmul_flops(shape, int(args[0].shape[-1]))
     if name == "linear" and len(args) > 1 and isinstance(args[1], torch.Tensor):

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 # ops that move axes; those that keep every axis in place are read off the shapes (elementwise, softmax, masks)
 MOVES = ("transpose", "swapaxes", "swapdims", "mT", "T", "t", "permute", "movedim")
 PRODUCTS = (*MATMULS, "einsum")
+KERNEL_STEPS = {"(scores)", "(masked_scores)", "(attention)"}  # a kernel's recomputed steps of [.., n_Q, n_K]
 RECORD = "record "  # an origin that is one of the code's tensors (lined_roles), no input's or weight's label
 Labels = tuple[str | None, ...]  # per axis of a tensor: "q", "k", or None
 
@@ -35,13 +36,15 @@ def key_axes(records: list[Record], query: Iterable[str], key: Iterable[str]) ->
     flow says nothing (no product of the two, a fused kernel) or where the code contracts the pattern with the
     values over the queries' axis."""
     query, key = set(query), set(key)
+    # what a fused kernel recomputes (kernels.py: SDPA's scores and weights, never materialized) is `Q Kᵀ`, the keys
+    # last, whatever form the code around it takes (column-form code that lays its heads as rows for the kernel)
+    found: dict[int, int] = {r.index: -1 for r in records if r.style == "recomputed" and KERNEL_STEPS & set(r.names)}
     if not query or not key or query & key:
-        return {}
+        return found
     origins = _origins(records)
     by_index = {r.index: r for r in records}
-    found: dict[int, int] = {}
     for softmax in (r for r in records if r.func.split(".")[-1] in SOFTMAXES):
-        product = _product_above(softmax, by_index)
+        product = product_above(softmax, by_index)
         if product is None:
             continue
         labels = _product_labels(product, origins, query, key)
@@ -100,7 +103,7 @@ def _read(record: Record) -> list[tuple[str, object]]:
     return [value[1] if kind == "kw" else (kind, value) for kind, value in record.args]
 
 
-def _product_above(softmax: Record, by_index: dict[int, Record]) -> Record | None:
+def product_above(softmax: Record, by_index: dict[int, Record]) -> Record | None:
     """The nearest product of two tensors the softmax is computed from (the scores'), through ops of one tensor
     argument or elementwise ones; None where there is none."""
     seen, todo = set(), list(softmax.parents)
@@ -111,13 +114,13 @@ def _product_above(softmax: Record, by_index: dict[int, Record]) -> Record | Non
             continue
         seen.add(index)
         r = by_index[index]
-        if r.func.split(".")[-1] in PRODUCTS and r.style != "linear" and len(_operands(r)) == 2:
+        if r.func.split(".")[-1] in PRODUCTS and r.style != "linear" and len(operands(r)) == 2:
             return r
         todo += list(r.parents)
     return None
 
 
-def _operands(r: Record) -> list[tuple[str, object]]:
+def operands(r: Record) -> list[tuple[str, object]]:
     """The product's two tensor operands, as ("rec", index) or ("text", label)."""
     tensors = [(k, v) for k, v in _read(r) if k == "rec" or (k == "text" and not _literal(v))]
     if r.func.split(".")[-1] == "einsum":
@@ -142,7 +145,7 @@ def _role(operand: tuple[str, object], origins: dict[int, set[str]], query: set[
 def _product_labels(product: Record, origins: dict[int, set[str]], query: set[str], key: set[str]) -> Labels | None:
     """The product's axes: the one each operand keeps labelled by its role; None where the roles are not one of
     each, or the kept axes cannot be read."""
-    pair = _operands(product)
+    pair = operands(product)
     roles = [_role(o, origins, query, key) for o in pair]
     if sorted(r or "" for r in roles) != ["k", "q"]:
         return None
@@ -151,7 +154,7 @@ def _product_labels(product: Record, origins: dict[int, set[str]], query: set[st
         if rank < 2:
             return None
         return (*([None] * (rank - 2)), roles[0], roles[1])  # left's rows, right's columns
-    spec = _equation(product)
+    spec = equation(product)
     if spec is None:
         return None
     ins, out = spec
@@ -170,7 +173,7 @@ def rows_from_right(r: Record) -> bool:
     operand is then its second."""
     if r.func.split(".")[-1] != "einsum":
         return False
-    spec = _equation(r)
+    spec = equation(r)
     if spec is None or len(spec[0]) != 2 or len(spec[1]) < 2:
         return False
     (left, right), out = spec
@@ -178,7 +181,7 @@ def rows_from_right(r: Record) -> bool:
     return row in right and row not in left and column in left and column not in right
 
 
-def _equation(r: Record) -> tuple[list[str], str] | None:
+def equation(r: Record) -> tuple[list[str], str] | None:
     text = next((str(v) for k, v in _read(r) if k == "text" and "->" in str(v)), None)
     if text is None:
         return None
@@ -192,7 +195,15 @@ def _follow(records: list[Record], product: Record, labels: Labels) -> dict[int,
     """The labels of every tensor made from the product axis by axis, up to the product with the values; None
     where that product contracts the pattern over the queries' axis (the code's own reading of the axes is not
     the data flow's)."""
+    held, contracted = walk(records, product, labels)
+    return None if "q" in contracted.values() else held
+
+
+def walk(records: list[Record], product: Record, labels: Labels) -> tuple[dict[int, Labels], dict[int, str | None]]:
+    """The labels of every tensor made from the product axis by axis, and for each later product that reads one of
+    them, the label of the axis it contracts."""
     held: dict[int, Labels] = {product.index: labels}
+    contracted: dict[int, str | None] = {}
     by_index = {r.index: r for r in records}
     for r in records:
         if r.index <= product.index:
@@ -202,26 +213,24 @@ def _follow(records: list[Record], product: Record, labels: Labels) -> dict[int,
             continue
         name = r.func.split(".")[-1]
         if name in PRODUCTS:
-            contracted = _contracted(r, held)
-            if contracted == "q":
-                return None
+            contracted[r.index] = _contracted(r, held)
             continue
         mine = _moved(r, held[parents[0]]) if name in MOVES else _kept(r, {p: held[p] for p in parents}, by_index)
         if mine is not None:
             held[r.index] = mine
-    return held
+    return held, contracted
 
 
 def _contracted(r: Record, held: dict[int, Labels]) -> str | None:
     """The label of the axis a product contracts its labelled operand over."""
-    pair = _operands(r)
+    pair = operands(r)
     for position, (kind, value) in enumerate(pair):
         if kind != "rec" or value not in held:
             continue
         labels = held[int(value)]  # type: ignore[call-overload]
         if r.func.split(".")[-1] != "einsum":
             return labels[-1] if position == 0 else labels[-2] if len(labels) >= 2 else None
-        spec = _equation(r)
+        spec = equation(r)
         if spec is None or len(spec[0]) != 2 or len(spec[0][position]) != len(labels):
             return None
         gone = [labels[i] for i, letter in enumerate(spec[0][position]) if letter not in spec[1]]
