@@ -288,6 +288,7 @@ def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
         run.reference_attention = lined.trace["attention"]
     run.no_reference = lined.no_reference
     run.notes += lined.notes
+    _after_merge(r, run, ran, lined)
     fraction = r.spec.rope_fraction if r.spec.fraction_from_module else None
     if r.sliced:
         run.notes += r.sliced
@@ -297,6 +298,29 @@ def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
                          f"{d_head} coordinates (a rotary fraction of {fraction:g}), read from your "
                          "module's config (its rotary_dim, rotary_pct or partial_rotary_factor); the reference "
                          "rotates so")
+
+
+def _after_merge(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
+    """Where every step lined up, the code's ops after its merge followed to what it returns (usertrace/aftermerge.py):
+    replayed on the reference's tensor (not in training mode, nor for a module that keeps a cache between runs), a
+    note where that gives the return value back, else the difference after the merge."""
+    from attnscope.usertrace.aftermerge import after_merge
+    from attnscope.usertrace.call import call
+
+    inputs, fed, called, _ = ran
+    if lined.divergence is not None or lined.no_reference is not None or called.failure is not None:
+        return
+
+    def rerun(index: int, tensor: Any) -> Any:
+        return call(r.target, r.fn, r.plan, inputs, r.module, r.o.max_memory, called.mask_given, fed, quiet=True,
+                    swap=(index, tensor))
+
+    replay = rerun if not r.o.train and r.own_cache is None else None
+    note, differs = after_merge(called.records, lined, set(inputs.tensors), replay)
+    if note is not None:
+        run.notes.append(note)
+    if differs is not None:
+        run.divergence = lined.divergence = differs
 
 
 def _lined_note(o: TraceOptions, records: list[Any]) -> str:

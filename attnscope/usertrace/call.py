@@ -29,13 +29,16 @@ class Called:
     source: str | None  # the user's traceback line, `File "x.py", line 9, in forward: ...`
     result: Any
     mask_given: Any = None  # what the mask parameter was given, in the convention the code reads
+    swapped: bool = False  # the op `swap` named ran, its result replaced
 
 
 def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_memory: int | None = None,
-         mask: Any = None, fed: Feeds | None = None, quiet: bool = False) -> Called:
+         mask: Any = None, fed: Feeds | None = None, quiet: bool = False, swap: tuple[int, Any] | None = None
+         ) -> Called:
     """Call the user's callable with the inputs, `mask` (in the convention its code reads) for its mask
     parameter and `fed` for the others (a cache, a start position, RoPE's tables); `quiet`: its prints dropped (a
-    run that only reads the code's data flow)."""
+    run that only reads the code's data flow); `swap` (record, tensor): that op's result replaced by the tensor, the
+    rest of the code run on it (Called.swapped says whether it was)."""
     import torch
 
     from attnscope.cost import available_memory
@@ -64,6 +67,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     available = available_memory()
     budgets = [b for b in (int(available * MEMORY_SHARE) if available else None, max_memory) if b is not None]
     recorder = Recorder(target.path, labels, linears, min(budgets) if budgets else None)
+    recorder.swap = swap
     # what the code is handed, as it was: code that changes an input in place (`q *= scale`, `mask.masked_fill_`)
     # gets it back unchanged after the call, so the reference (and the next call) read the inputs trace drew
     handed = [(t, t.clone()) for t in _tensors_in([*args, *kwargs.values()])]
@@ -92,7 +96,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     for record in recorder.records:
         record.details["op"] = recorder.op_text(record)
     records = perhead.stacked(recorder.records) if failure is None else recorder.records
-    return Called(records, failure, source, result, mask)
+    return Called(records, failure, source, result, mask, recorder.swapped)
 
 
 def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple[list[Any], dict[str, Any]]:

@@ -136,6 +136,8 @@ class Recorder(TorchFunctionMode):
         self._alive: list[Any] = []  # keep results alive so their ids stay theirs
         self._budget, self._bytes = budget, 0
         self._binder = Binder(self.statements, self._bind)
+        self.swap: tuple[int, torch.Tensor] | None = None  # (record, tensor): the op's result replaced (aftermerge.py)
+        self.swapped = False
 
     # -- the mode ------------------------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -153,8 +155,18 @@ class Recorder(TorchFunctionMode):
                                        _one_line(exc), exc, name, described)
             raise
         if frames:
+            out = self._swapped(out)
             self._record(func, list(args), kwargs, out, frames)
         return out
+
+    def _swapped(self, out: Any) -> Any:
+        """`out`, or the tensor `swap` hands the code in its place where this op is the record it names (the same
+        shape): the rest of the code then runs on it (aftermerge.py replays the code's ops after its merge so)."""
+        if self.swap is None or len(self.records) != self.swap[0] or not isinstance(out, torch.Tensor) \
+                or tuple(out.shape) != tuple(self.swap[1].shape):
+            return out
+        self.swapped = True
+        return self.swap[1].to(dtype=out.dtype, device=out.device).clone()
 
     def whole(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A function torch writes in Python, called by the user's code (flex.py: flex_attention,

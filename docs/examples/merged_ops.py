@@ -6,9 +6,10 @@ from torch import nn
 
 
 class SubNormAttention(nn.Module):
-    def __init__(self, hidden_size=32, num_heads=4, scale_twice=False):
+    def __init__(self, hidden_size=32, num_heads=4, scale_twice=False, norm_dropped=False):
         super().__init__()
-        self.num_heads, self.head_dim, self.scale_twice = num_heads, hidden_size // num_heads, scale_twice
+        self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
+        self.scale_twice, self.norm_dropped = scale_twice, norm_dropped
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=False)
         self.k_proj = nn.Linear(hidden_size, hidden_size, bias=False)
         self.v_proj = nn.Linear(hidden_size, hidden_size, bias=False)
@@ -24,5 +25,5 @@ class SubNormAttention(nn.Module):
         if self.scale_twice:
             scores = scores * self.head_dim ** -0.5
         out = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, -1)  # [b, n, h·d]
-        out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-6) * self.sub_norm_weight  # the sub-norm
-        return self.o_proj(out)
+        normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-6) * self.sub_norm_weight  # the sub-norm
+        return self.o_proj(out if self.norm_dropped else normed)

@@ -1,0 +1,203 @@
+"""What the code does after the merge of its heads, up to what it returns: the Set Transformer's `ln0`,
+`O + relu(fc_o(O))` and `ln1`, BitNet's sub-norm before `o_proj`, a gate on the merged heads, a block's residual
+`x + attn`. No reference holds those ops, so the line-up ends at the merge (or at the output projection where it
+finds one); this module carries the comparison on to the module's return value.
+
+- `replayed`: the code's own ops, run again from the tensor the reference's last step is lined up with (the merge,
+  or the output projection's output), that tensor replaced by the reference's own (call.call's `swap`): each op on
+  the way to what the code returns is compared with the code's first run to tolerance, the return value too. A
+  correct module is so confirmed end to end; an op whose result differs from the code's own is where a difference
+  after the merge first appears.
+- `unreached`: read off the data flow, an op that changes values, computed from the merged heads, whose result
+  reaches nothing the module returns (`h = self.ln0(o)` then `o` used on; `F.relu(h)` whose result is dropped;
+  `gated = o * sigmoid(g)` then `o_proj(o)`): code computes it for nothing, so the output is not what it was written
+  to be.
+- `added_twice`: an input of the forward added on the way from the merge to the return by two adds (`h = x + attn`,
+  then `h + x`): the residual taken twice.
+
+Each is said as a difference after the merge, at the op and the line where it first appears; no catalog mistake is
+named, none having been rerun.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from attnscope.usertrace.align import REARRANGING, ancestors, compare, tolerance
+from attnscope.usertrace.firststep import FINAL
+from attnscope.usertrace.lined import ALIGNED, Divergence
+from attnscope.usertrace.outops import CASTS, RANDOM
+
+if TYPE_CHECKING:
+    from attnscope.usertrace.lined import Aligned, LineUp
+    from attnscope.usertrace.record import Record
+
+ADDS = ("add", "__add__", "__radd__", "add_", "__iadd__")
+KEEPING = REARRANGING + CASTS + ("dropout", "clone", "detach", "identity")
+
+
+def start(rows: list[Aligned]) -> Aligned | None:
+    """The last step the line-up found in the code, where it is the module's output or its merge (x, x_rsh2)."""
+    return next((row for row in reversed(rows) if row.reference in FINAL and row.status in ALIGNED
+                 and row.record is not None), None)
+
+
+def merge(rows: list[Aligned]) -> Record | None:
+    """The code's merge of the heads (the tensor x_rsh2 is lined up with), else the start."""
+    row = next((r for r in rows if r.reference == "x_rsh2" and r.status in ALIGNED and r.record is not None), None)
+    row = row or start(rows)
+    return row.record if row is not None else None
+
+
+def _returned(records: list[Record]) -> list[Record]:
+    return [r for r in records if "returned" in r.details and r.tensor.is_floating_point()]
+
+
+def _below(records: list[Record], top: Record) -> list[Record]:
+    """The records computed from `top`, in the order the code ran them."""
+    return [r for r in records if r.index > top.index and top.index in ancestors(r, records)]
+
+
+def _live(records: list[Record]) -> set[int]:
+    """The records what the call returns is made from (and those it returns)."""
+    live: set[int] = set()
+    for r in _returned(records):
+        live |= ancestors(r, records) | {r.index}
+    return live
+
+
+def _where(record: Record) -> str:
+    return f"line {record.line} ({record.details.get('op', record.call)})"
+
+
+def unreached(records: list[Record], top: Record) -> Divergence | None:
+    """A value-changing op computed from the merged heads `top` whose result reaches nothing the call returns, where
+    the call returns something made from `top` (else None)."""
+    below, live = _below(records, top), _live(records)
+    if not live & {r.index for r in below}:
+        return None
+    dead = {r.index for r in below if r.index not in live}
+    read = {p for r in records for p in r.parents}
+    for r in below:  # where the dropped result is made: the last op of a chain that changes values, nothing reads
+        if r.index not in dead or r.index in read or not r.tensor.is_floating_point():
+            continue
+        chain = [records[i] for i in sorted((ancestors(r, records) & dead) | {r.index})]
+        if not any(c.func not in KEEPING and not any(w in c.func for w in RANDOM)
+                   and c.tensor.numel() == top.tensor.numel() for c in chain):
+            continue
+        return Divergence(
+            "x", r, None,
+            f"the difference is after the merge of the heads: your code computes {r.label} at {_where(r)} from "
+            f"the merged heads (your {top.label}, line {top.line}), and its result reaches nothing your module "
+            "returns, so what it returns is not made from it; the reference's steps up to the merge are equal to "
+            "yours, and no mistake of the catalog was rerun for this")
+    return None
+
+
+def added_twice(records: list[Record], top: Record, given: set[str]) -> Divergence | None:
+    """An input of the call (by its label in `given`) added twice on the way from `top` to what the call returns."""
+    live = _live(records)
+    seen: dict[str, Record] = {}
+    for r in _below(records, top):
+        if r.index not in live or r.func not in ADDS:
+            continue
+        for kind, value in r.args:
+            if kind != "text" or value not in given:
+                continue
+            if value in seen:
+                first = seen[value]
+                return Divergence(
+                    "x", r, None,
+                    f"the difference is after the merge of the heads: your code adds its input {value} to the "
+                    f"attention's output at {_where(first)} and again at {_where(r)}, on the way to what your "
+                    "module returns (the residual taken twice); the reference's steps up to the merge are equal to "
+                    "yours, and no mistake of the catalog was rerun for this")
+            seen[value] = r
+    return None
+
+
+def replayed(records: list[Record], lined: LineUp, rerun: Callable[[int, torch.Tensor], Any]
+             ) -> tuple[str | None, Divergence | None]:
+    """The code's ops after the reference's last step, run again on the reference's tensor (`rerun(index, tensor)`:
+    the code's run with that record's result replaced, as call.Called), each compared with the code's first run:
+    a note saying the module's return value was so confirmed, or the divergence at the first op that differs.
+    (None, None) where the code returns that step itself, or where the run again is not the same run."""
+    row = start(lined.rows)
+    if row is None or row.record is None or lined.trace is None or row.reference not in lined.trace:
+        return None, None
+    top, step = row.record, lined.trace[row.reference]
+    path = [r for r in _below(records, top) if r.index in _live(records)]
+    back = [r for r in path if "returned" in r.details]
+    if not back:
+        return None, None
+    matches = [m for m in compare(top, step) if m.equal]
+    if not matches:
+        return None, None
+    again = rerun(top.index, matches[0].layout.apply(step.double(), tuple(top.tensor.shape)))
+    ran = getattr(again, "records", None)
+    if again is None or not getattr(again, "swapped", False) or getattr(again, "failure", None) is not None \
+            or ran is None or len(ran) != len(records) \
+            or any((a.func, a.line) != (b.func, b.line) for a, b in zip(ran, records, strict=True)) \
+            or any(_differs(a, b) for a, b in zip(ran[:top.index], records, strict=False)):
+        return None, None  # another run than the first (a module that keeps state between calls): nothing to say
+    worst = 0.0
+    for r in path:
+        diff = _difference(r, ran[r.index])
+        if diff is None:
+            return None, None
+        if diff > (tolerance(r.tensor) if r.tensor.is_floating_point() else 0.0):
+            return None, Divergence(
+                "x", r, None,
+                f"the difference is after the merge of the heads: your ops from your {top.label} (line {top.line}, "
+                f"equal to the reference's {row.reference}) to what your module returns, run again on the "
+                f"reference's {row.reference}, first differ from your run at {_where(r)} (max |diff| {diff:.1e}); "
+                "no mistake of the catalog was rerun for this")
+        worst = max(worst, diff)
+    lines = sorted({r.line for r in path})
+    funcs = ", ".join(dict.fromkeys(r.func for r in path if r.func not in REARRANGING))
+    span = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
+    return (f"after {row.reference}: your ops from your {top.label} (line {top.line}) to what your module returns "
+            f"({span}: {funcs}) were run again on the reference's {row.reference}, and give what your module "
+            f"returns (max |diff| {worst:.1e}): your output is compared end to end"), None
+
+
+def _difference(mine: Record, again: Record) -> float | None:
+    """The max |diff| of a record and the same op's in the run again (inf where their infinities differ); None
+    where their shapes differ."""
+    a, b = mine.tensor, again.tensor
+    if a.shape != b.shape:
+        return None
+    if not a.is_floating_point() or not b.is_floating_point():
+        return 0.0 if torch.equal(a, b) else math.inf
+    a, b = a.double(), b.double()
+    if any(not torch.equal(f(a), f(b)) for f in (torch.isnan, torch.isposinf, torch.isneginf)):
+        return math.inf
+    finite = torch.isfinite(a)
+    return float((a - b)[finite].abs().max()) if bool(finite.any()) else 0.0
+
+
+def _differs(again: Record, mine: Record) -> bool:
+    diff = _difference(mine, again)
+    return diff is None or (mine.tensor.is_floating_point() and diff > tolerance(mine.tensor)) or diff == math.inf
+
+
+def after_merge(records: list[Record], lined: LineUp, given: set[str],
+                rerun: Callable[[int, torch.Tensor], Any] | None) -> tuple[str | None, Divergence | None]:
+    """Where every step lined up: a note that the module's output was confirmed after the merge, or the difference
+    after the merge (unreached, added_twice, replayed, in that order). (None, None) where nothing follows."""
+    if lined.divergence is not None or lined.trace is None or not lined.rows:
+        return None, None
+    top = merge(lined.rows)
+    if top is None:
+        return None, None
+    found = unreached(records, top) or added_twice(records, top, given)
+    note, differs = (None, found) if found is not None else \
+        replayed(records, lined, rerun) if rerun is not None else (None, None)
+    row = start(lined.rows)
+    if differs is not None and row is not None:
+        differs.reference = row.reference
+    return note, differs
