@@ -100,7 +100,7 @@ def _causal_switch(r: RunSoFar) -> None:
     if rule is None or bool(rule.all()):
         return  # one query of a decode step sees every key: the switch is not what the code needs
     name, own = found
-    default = inspect.signature(forward).parameters[name].default
+    default = False if name in r.plan.flags else inspect.signature(forward).parameters[name].default
     optional = [n for n in r.plan.optional if n != name]
     masked = [m for m in (r.plan.mask, *r.plan.other_masks) if m is not None]
     if o.mask and r.plan.mask is not None:  # the file to the mask parameter, the rule to the switch

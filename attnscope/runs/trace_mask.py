@@ -55,8 +55,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         inputs.allowed, first = turned, masking.written(turned, given, dtype) if given == "attend" else turned.to(dtype)
         torch.manual_seed(o.seed)
         called = call(target, fn, plan, inputs, module, o.max_memory, first, fed)
-        inputs.notes.append(f"{plan.mask}: given [.., n_Q, n_K], as your scores are laid out (the queries' axis "
-                            "first, read from the product that makes them), not the column form's [.., n_K, n_Q]")
+        inputs.notes.append(_turned_note(plan.mask))
     failure = called.failure
     # the layout of the scores the mask meets where the code raised on it: the mask is tried laid out so first
     met = _met(failure, plan.mask, list(first.shape))
@@ -99,6 +98,13 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         torch.manual_seed(o.seed)  # the same dropout draws as the first call
         mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)
         called = call(target, fn, plan, inputs, module, o.max_memory, mask, fed)
+        turned = _scores_turned(called, inputs, module) if o.layout == "col" and turned is None else None
+        if turned is not None:  # as above, where the code ran only on the mask written as it reads it (1 - mask)
+            inputs.allowed = turned
+            torch.manual_seed(o.seed)
+            called = call(target, fn, plan, inputs, module, o.max_memory,
+                          masking.written(turned, convention.kind, dtype, convention.line), fed)
+            inputs.notes.append(_turned_note(plan.mask))
     called, convention = _finite_reading(o, (target, fn, plan, inputs, module, fed), called, convention, dtype)
     grade = _grade(called, inputs, plan.mask) if called.failure is None else 0
     if (called.failure is not None or grade) and inputs.allowed.dtype == torch.bool:
@@ -361,7 +367,8 @@ def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
 
     allowed = inputs.allowed
     if called.failure is not None or allowed is None or allowed.dim() < 2 \
-            or allowed.shape[-1] != allowed.shape[-2] or bool((allowed == allowed.transpose(-1, -2)).all()):
+            or 1 not in allowed.shape[-2:] and allowed.shape[-1] != allowed.shape[-2] \
+            or bool((allowed == allowed.transpose(-1, -2)).all()):
         return None
     roles = given_roles(inputs)
     if module is not None:
@@ -387,6 +394,11 @@ def _on_mask(failure: Failure | None, records: list[Record], label: str) -> bool
     made = derived(records, label)
     cut = any(r.index in made and r.func == "__getitem__" for r in records)
     return cut and any(kind == "rec" and value in made for kind, value in failure.args)
+
+
+def _turned_note(name: str) -> str:
+    return (f"{name}: given [.., n_Q, n_K], as your scores are laid out (the queries' axis first, read from the "
+            "product that makes them), not the column form's [.., n_K, n_Q]")
 
 
 def _met(failure: Failure | None, label: str, given: list[int]) -> list[int] | None:

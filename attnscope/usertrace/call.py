@@ -106,6 +106,7 @@ def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple
     values.update(fed.values if fed is not None else {})
     values.update({name: None for name in plan.nones})
     values.update({name: 0.0 for name in plan.zeros})
+    values.update(dict.fromkeys(plan.flags, False))  # required flags (flags.py): the output alone
     if plan.switched is not None:  # the code's own causal switch, under --causal
         values[plan.switched] = True
     values.update(plan.given)  # --forward's, as the user wrote them

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 def candidates(fn: Any, plan: Plan, source: Any = None) -> list[str]:
     """The forward's parameters that may be a switch: defaulting to False, or to None where annotated a bool (or
-    not at all), given nothing by trace, and read in the forward's own source (`source`'s, a function's that trace
+    not at all), or a flag without a default (flags.py: given False), given nothing else by trace, and read in the
+    forward's own source (`source`'s, a function's that trace
     holds the weights of)."""
     import ast
     import textwrap
@@ -50,7 +51,7 @@ def candidates(fn: Any, plan: Plan, source: Any = None) -> list[str]:
            *plan.listed, *plan.aliases, *plan.grouped, *plan.other_masks}
     fed |= {n for n in (plan.mask, plan.cache, plan.cache_values, plan.bias, plan.lengths) if n is not None}
     return [name for name, p in parameters.items() if name not in fed and name in read
-            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and _boolish(p)]
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and (_boolish(p) or name in plan.flags)]
 
 
 def _boolish(p: inspect.Parameter) -> bool:

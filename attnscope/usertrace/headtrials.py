@@ -20,6 +20,11 @@ def trials_merge(b: Base) -> Iterator[Trial]:
                     "with x_raw [n_batch, n_head, n_Q, d_head] viewed as [n_batch, n_Q, d_feat] without first moving "
                     "n_head behind n_Q (view before permute), so each row mixes the positions of one head; "
                     ".permute(0, 2, 1, 3).contiguous() before the view")
+        if b.col:  # the column form's merge of heads held [n_batch, n_head, n_Q, d_head] (SqueezeBert's)
+            yield Trial(replay(b, merge="column view"), "heads merged in the wrong order: {who} is what the reference "
+                        "computes with x_raw [n_batch, n_head, n_Q, d_head] viewed as [n_batch, d_feat, n_Q] without "
+                        "first moving d_head in front of n_Q (view before permute), so each column mixes the "
+                        "positions of one head; .permute(0, 1, 3, 2).contiguous() before the view")
         n_batch, n_Q = b.ref["x_raw"].shape[0], b.ref["x_raw"].shape[2]
         if n_batch != n_Q and any(tuple(r.tensor.shape[:2]) == (n_Q, n_batch) for r in b.ctx.records
                                   if r.tensor.dim() == 3):  # time-first code (usertrace/timefirst.py)

@@ -602,6 +602,15 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
     # and [n_batch, n_head, n_Q, n_K] scores, and after the `mask.unsqueeze(1)` that code does for the heads.
     # (2-D inputs, one sequence, get the mask as it is: [1, ..] would add an axis to their scores)
     allowed = masks.combine(built.unsqueeze(0) if built is not None and "n_batch" in sizes else built, given)
+    if allowed is None and plan.mask_open:  # a required mask the code cannot run on None: one that masks nothing
+        import torch
+
+        allowed = torch.ones(*((1,) if "n_batch" in sizes else ()), *((n_K, n_Q) if col else (n_Q, n_K)),
+                             dtype=torch.bool)
+        if notes is not None:
+            notes.append(f"{plan.mask}: given a mask that masks nothing, [.., {'n_K, n_Q' if col else 'n_Q, n_K'}] "
+                         "all True: your code takes it with no default and reads it without a test for None "
+                         "(--mask FILE, --causal or --window give another)")
     return loaded, allowed
 
 

@@ -147,6 +147,9 @@ class Plan:
     # `mask`, the padding of its regrouped sequences): the mask is the reference's alone (trace_layouts)
     masks_at_default: list[str] = field(default_factory=list)
     mask_by_use: bool = False  # `mask` named otherwise (`key_padding`): kept where the code applies it (maskuse.py)
+    flags: list[str] = field(default_factory=list)  # required parameters the code reads as flags (flags.py): False
+    mask_open: bool = False  # a required mask the code cannot run on None (flags.mask_needed): where no mask is
+    # asked for, given one that masks nothing
     switched: str | None = None  # a switch of the code's own given True under --causal (causalflag.py: its truth
     # makes the code mask the future keys itself)
 

@@ -377,8 +377,11 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
 
 def _merged(x: torch.Tensor, merge: str, out: dict[str, torch.Tensor], keep: bool) -> torch.Tensor:
     """x_raw `[n_batch, n_head, n_Q, d_head]` merged to `[n_batch, n_Q, n_head·d_head]` as `merge` says: with the
-    permute (x_rsh1 kept in `out` where `keep`), a view without it, or viewed straight as time-first."""
+    permute (x_rsh1 kept in `out` where `keep`), a view without it ("view"; "column view": viewed as the column
+    form's `[n_batch, n_head·d_head, n_Q]`, d_head never moved in front of n_Q), or viewed straight as time-first."""
     n_batch, n_head, n_Q, d = x.shape
+    if merge == "column view":  # SqueezeBert's transpose_output without its permute(0, 1, 3, 2)
+        return x.reshape(n_batch, n_head * d, n_Q).transpose(-2, -1)
     x_rsh1 = x.permute(0, 2, 1, 3)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]
     if keep and merge == "permute":
         out["x_rsh1"] = x_rsh1
