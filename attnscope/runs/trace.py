@@ -107,6 +107,8 @@ def _unfed_mask(o: TraceOptions, plan: Plan, run: TraceRun) -> None:
     not read as a mask (by its name, or by its use: usertrace/maskuse.py) was left None, and the code diverges with
     no experiment of the catalog to say why: the divergence is then the file's, not the code's."""
     left = [n for n in plan.optional if n not in plan.given]
+    if o.mask and plan.refused is not None and run.divergence is not None and run.divergence.experiment is None:
+        _refused(o.mask, plan.refused)
     if not o.mask or plan.mask is not None or plan.other_masks or plan.masks_at_default or plan.lengths is not None \
             or not left \
             or run.divergence is None or run.divergence.experiment is not None:
@@ -119,3 +121,16 @@ def _unfed_mask(o: TraceOptions, plan: Plan, run: TraceRun) -> None:
                      f"(masked_fill, where, added to them, multiplying them), and {', '.join(left)} is neither, so "
                      "your code ran without it; name the argument that takes the mask with \"mask\" in it, or run "
                      "without --mask")
+
+
+def _refused(file: str, refused: tuple[str, tuple[tuple[int, ...], ...], str]) -> None:
+    """The --mask file's parameter named, where the code raised on the mask in every shape trace handed it and, run
+    without it, does not compute what the reference computes with it: the shapes tried, and where the code raised."""
+    from pathlib import Path
+
+    name, shapes, why = refused
+    tried = ", ".join(str(list(shape)) for shape in shapes) or "none"
+    raise UsageError(f"--mask {Path(file).name}: trace gave {name} the mask as {tried}, and your code raised on each "
+                     f"({why}); without it your code does not compute what the reference computes with the mask: "
+                     f"{name} takes the mask in none of the shapes trace writes it in (key padding, per query, "
+                     "4-D, the heads folded into the batch); run without --mask")

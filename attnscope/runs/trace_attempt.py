@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from attnscope.usertrace.latentcache import LatentCache
     from attnscope.usertrace.load import Plan, Target
     from attnscope.usertrace.masking import Convention
+    from attnscope.usertrace.record import Failure
     from attnscope.usertrace.reference import Spec
 
     # a run: its inputs, what was fed, the call, the mask's reading
@@ -62,6 +63,9 @@ class RunSoFar:
     latent_maker: LatentCache | None = None  # multi-head latent attention's decode step (latentcache.py)
     first_notes: list[str] = field(default_factory=list)  # the module's notes, before those of its inputs
     mode: str = ""  # ", eval() mode" or ", training mode" for a module, in the header
+    # a --mask file's parameter the code raised on in every shape (refused_mask): its name, the shapes, the failure;
+    # run without it only once every other reading has failed too (trace_layouts.first_run)
+    refusal: tuple[str, tuple[tuple[int, ...], ...], Failure] | None = None
 
     def expanded(self, inputs: Inputs) -> None:
         """A dict cache's layer keys (keyedcache.slots); MLA's decode step: the cache as the keys and values the
@@ -163,6 +167,7 @@ class RunSoFar:
             candidates += [c.with_embedding_form(form) for form in embedding_forms(asked.layout) for c in candidates] \
                 + [c.without_embeddings() for c in candidates]
         unread: tuple[Plan, tuple[Any, ...]] | None = None  # the first run whose code read no op of its mask
+        handed: dict[str, list[tuple[int, ...]]] = {}  # mask parameter -> the shapes it was handed, in order
         if asked.mask:  # last, a mask per sequence folded with the heads, [n_batch·n_head, n_Q, n_K]: the 3-D
             # attn_mask nn.MultiheadAttention takes (`attn_mask=~mask` beside its key_padding_mask), where no
             # parameter runs on the mask in any other shape
@@ -175,6 +180,9 @@ class RunSoFar:
             # that reads the other one is then seen)
             ran = self.run_plan(asked, tried)
             tried, ran = not_weights(tried, ran, functools.partial(self.run_plan, asked))
+            if tried.mask is not None:
+                handed.setdefault(tried.mask, []).extend(s for s in ran[0].masks_handed
+                                                         if s not in handed.get(tried.mask, []))
             trial = tried.mask_by_use and not self.plan.mask_by_use  # a parameter tried as the mask by its use
             made = made or (None if trial else ran)
             if ran[2].failure is not None:
@@ -197,9 +205,9 @@ class RunSoFar:
         if unread is not None:
             return self.keep_run(*unread)
         assert made is not None
-        return self.refused_mask(asked, made)
+        return self.refused_mask(asked, made, handed)
 
-    def refused_mask(self, asked: TraceOptions, made: Made) -> Made:
+    def refused_mask(self, asked: TraceOptions, made: Made, handed: dict[str, list[tuple[int, ...]]]) -> Made:
         """`made`, or where the code refuses its mask itself, an assert or a raise on the line that reads its mask
         parameter (AudioCraft's `assert attn_mask is None` where its own causal=True makes the mask), the code run
         with no mask at all, its mask parameters None: kept where it runs (the code masks by itself, or not, and the
@@ -213,6 +221,17 @@ class RunSoFar:
             else None  # an assert or a raise of its own; a tensor op that fails on the mask is read by its shapes
         if failed is None or named is None:
             return made
+        if asked.mask:  # a file the code must apply: it may raise on it for reading its input otherwise (fairseq's
+            # time-first `bsz`), so every reading is tried before the code is run without it (trace_layouts.first_run)
+            self.refusal = named, tuple(handed.get(named, ())), failed
+            return made
+        return self.run_bare(asked, made, (named, (), failed))
+
+    def run_bare(self, asked: TraceOptions, made: Made, refusal: tuple[str, tuple[tuple[int, ...], ...], Failure]
+                 ) -> Made:
+        """The code run with no mask at all, its mask parameters None, where it refused the parameter `refusal` names:
+        kept where it runs, returned where it gets further than `made`; the plan says which shapes it refused."""
+        named, shapes, failed = refusal
         bare = self.plan.without_masks()
         ran = self.run_plan(asked, bare)
         again = ran[2].failure
@@ -220,7 +239,8 @@ class RunSoFar:
             return made
         said = (f"{named} = None: your code raised on the mask trace gave it (line {failed.line}: {failed.message}) "
                 "and runs without one; the reference's mask is compared with what your code does without it")
-        bare = dataclasses.replace(bare, said={**bare.said, named: said})
+        bare = dataclasses.replace(bare, said={**bare.said, named: said}, refused=(
+            named, shapes, f"line {failed.line}: {failed.message}"))
         return self.keep_run(bare, ran) if again is None else ran
 
     def keep_run(self, tried: Plan, ran: tuple[Any, ...]) -> Made:

@@ -52,6 +52,8 @@ def first_run(r: RunSoFar) -> Made:
                   _time_first, _as_image, _joined_layout, _read_otherwise, _module_unbatched, _at_sliced_widths,
                   _masks_at_default, refused, tables_asked):
         made = retry(r, made)
+    if r.refusal is not None and made[2].failure is not None and made[2].failure.line == r.refusal[2].line:
+        made = r.run_bare(r.o, made, r.refusal)  # a --mask file's parameter refused in every reading: run without it
     made = _unread_inputs(r, made)
     _cache_notes(r, made)
     return made
@@ -372,6 +374,10 @@ def _masks_at_default(r: RunSoFar, ran: Made) -> Made:
     them, their = ("them", "their") if len(given) > 1 else ("it", "its")
     bare = plan.without_masks()
     tried = dataclasses.replace(bare, masks_at_default=given, said={**bare.said, **dict.fromkeys(given, "")})
+    failed = ran[2].failure
+    if r.refusal is not None and failed is not None and failed.line == r.refusal[2].line:  # a check of the code's own
+        why = f"line {failed.line}: {failed.message}"
+        tried = dataclasses.replace(tried, refused=(r.refusal[0], r.refusal[1], why))
     return _where_raised(r, ran, tried, lambda where: (
         f"{', '.join(m + ' = None' for m in given)}: your code raised with {what} given to {plan.mask} ({where}) "
         f"and runs with {them} at {their} default; {held}, compared with what your code does by itself"))

@@ -6,6 +6,7 @@ experiment. runs/trace_attempt.py calls `masked_call` for every run of the code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,7 +32,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
     import torch
 
     from attnscope import masks
-    from attnscope.usertrace import lengths, maskaxes, masking
+    from attnscope.usertrace import lengths, maskaxes, masking, maskwant
     from attnscope.usertrace.call import call
 
     torch.manual_seed(o.seed)  # dropout in training mode draws the same for the same seed
@@ -114,8 +115,8 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         # more axes than out has: the first shape whose output has out's axes and is finite (else out's axes alone)
         why = _misfit(called, inputs, plan.mask) if grade else None
         chosen: tuple[Any, str, Any, Called, str] | None = None
-        laid = masking.laid_like(inputs.allowed, met, inputs.sizes, o.layout == "col") if met else \
-            maskaxes.laid(inputs.allowed, own_axes, inputs.sizes, o.layout == "col") if own_axes else None
+        laid = maskwant.laid(inputs.allowed, failure, met, target.path, first, inputs.sizes, o.layout == "col") \
+            if not own_axes else maskaxes.laid(inputs.allowed, own_axes, inputs.sizes, o.layout == "col")
         for form, words, padded in [*([laid] if laid is not None else []),
                                     *masking.forms(inputs.allowed, inputs.sizes.get("n_batch", 1), inputs.mask,
                                                   inputs.sizes.get("n_Q"),
@@ -134,6 +135,9 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
             if not grade:
                 break
         if chosen is not None:
+            chosen = maskwant.in_fold_order(chosen, functools.partial(_with_tensors, o, (target, fn, plan, inputs,
+                                                                                          module, fed)),
+                                            inputs.tensors, inputs.sizes.get("n_batch", 1))
             form, words, padded, called, kind = chosen
             inputs.allowed = form
             keys_only = "key padding" in words
@@ -169,6 +173,18 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         called, plan, fed = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
     # the mask parameter's words read with the other one's mask kept beside it (the plan and feeds it ran with)
     return _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
+
+
+def _with_tensors(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], tensors: dict[str, Any],
+                  mask: Any) -> Called:
+    """The code called on `tensors` in place of its inputs' and `mask`, from the same seed."""
+    import torch
+
+    from attnscope.usertrace.call import call
+
+    target, fn, plan, inputs, module, fed = run
+    torch.manual_seed(o.seed)
+    return call(target, fn, plan, dataclasses.replace(inputs, tensors=tensors), module, o.max_memory, mask, fed)
 
 
 # a boolean mask, or one of 0/1 numbers, given the other way round

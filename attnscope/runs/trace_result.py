@@ -133,11 +133,15 @@ def run_steps(inputs: Inputs, records: list[Record], rows: list[Aligned], fed: F
 def _mask_dims(shape: tuple[int, ...], sizes: dict[str, int], names: AxisNames, layout: str) -> tuple[str, ...]:
     """The mask's dims: its last two axes are n_Q and n_K (n_K and n_Q in the column layout) where they have
     those sizes (in self-attention they share one), a broadcast axis of 1 stays 1 (a padding mask
-    [n_batch, 1, 1, n_K])."""
+    [n_batch, 1, 1, n_K]); a first axis of n_batch·n_head's size, of three, holds the heads folded into the batch
+    (HF ProphetNet's `[n_batch·n_head, 1, n_K]`)."""
     dims = list(names.dims(shape))
     for axis, name in ((-2, "n_K"), (-1, "n_Q")) if layout == "col" else ((-2, "n_Q"), (-1, "n_K")):
         if len(shape) >= -axis and shape[axis] == sizes.get(name) and shape[axis] != 1:
             dims[axis] = name
+    n_batch, n_head = sizes.get("n_batch", 1), sizes.get("n_head", 1)
+    if len(shape) == 3 and n_head > 1 and shape[0] == n_batch * n_head:  # the heads folded into the batch
+        dims[0] = "n_batch·n_head"
     return tuple(dims)
 
 

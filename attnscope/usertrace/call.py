@@ -48,6 +48,8 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     labels = {id(t): name for name, t in inputs.handed().items()}
     if mask is not None:
         labels[id(mask)] = plan.mask or "mask"
+        if hasattr(mask, "shape") and tuple(mask.shape) not in inputs.masks_handed:
+            inputs.masks_handed.append(tuple(mask.shape))
     if fed is not None:
         labels.update(fed.labels)
     linears: dict[int, str] = {}

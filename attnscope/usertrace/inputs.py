@@ -243,6 +243,7 @@ class Inputs:
     extra_names: dict[str, int] = field(default_factory=dict)
     layout: str = "row"
     also_masked: list[str] = field(default_factory=list)  # mask parameters given a rule beside `mask`'s (not None)
+    masks_handed: list[tuple[int, ...]] = field(default_factory=list)  # the shapes `mask` was handed in, in order
     own: dict[str, torch.Tensor] = field(default_factory=dict)  # Q (K, V): the module's own inputs (Perceiver's
     # latents; keys joined to them), read from the run (usertrace/queries.py)
     own_from: str = "module"  # "position": `own` holds the inputs plus a position embedding (usertrace/posembed.py)

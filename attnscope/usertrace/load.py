@@ -146,6 +146,9 @@ class Plan:
     # mask parameters left at their default (None) because the code raised on the mask trace handed them (TimeSformer's
     # `mask`, the padding of its regrouped sequences): the mask is the reference's alone (trace_layouts)
     masks_at_default: list[str] = field(default_factory=list)
+    # the mask parameter the code raised on in every shape trace handed it, run None so (refused_mask): its name,
+    # those shapes, and where and how the code raised
+    refused: tuple[str, tuple[tuple[int, ...], ...], str] | None = None
     mask_by_use: bool = False  # `mask` named otherwise (`key_padding`): kept where the code applies it (maskuse.py)
     flags: list[str] = field(default_factory=list)  # required parameters the code reads as flags (flags.py): False
     mask_open: bool = False  # a required mask the code cannot run on None (flags.mask_needed): where no mask is

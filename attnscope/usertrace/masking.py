@@ -427,7 +427,7 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     given `[.., 1, n_K]` is spread over the `n_Q` queries in the 4-D shape (BART's size check asks for
     `[n_batch, 1, n_Q, n_K]`). Last, a mask that differs across the batch, `[n_batch·n_head, n_Q, n_K]` with the
     heads inner (nn.MultiheadAttention's and F.multi_head_attention_forward's 3-D attn_mask, which take no other
-    shape of a mask per sequence), where `n_head` is known."""
+    shape of a mask per sequence), where `n_head` is known; key padding `[n_batch·n_head, 1, n_K]` before it."""
     grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
     if n_Q is not None and grid.shape[-2] == 1:
         grid = grid.expand(grid.shape[0], n_Q, grid.shape[-1])
@@ -451,6 +451,8 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     if grid.shape[0] == 1:
         out.append((grid[0], "[n_Q, n_K]", None))
     elif n_head is not None:  # [n_batch, n_Q, n_K] -> [n_batch·n_head, n_Q, n_K], each sequence's heads side by side
+        if padding:  # key padding as diffusers' prepare_attention_mask folds it, [n_batch·n_head, 1, n_K], first
+            out.append((wide[:, :1].repeat_interleave(n_head, dim=0), "[n_batch·n_head, 1, n_K]", None))
         out.append((wide.repeat_interleave(n_head, dim=0), "[n_batch·n_head, n_Q, n_K]", None))
     return out
 
