@@ -106,6 +106,15 @@ def tolerance(reference: torch.Tensor) -> float:
     return atol + rtol * scale
 
 
+def held_tolerance(reference: torch.Tensor, user: torch.Tensor) -> float:
+    """The tolerance `user` is judged by: the reference's, or that of the reference in the user's dtype where the
+    code computed it in a coarser one (float16, bfloat16), as torch.testing.assert_close takes the tolerances of the
+    coarser dtype: a tensor the code computes in float16 holds the step to float16's rounding."""
+    if user.dtype in (torch.float16, torch.bfloat16) and reference.dtype not in (torch.float16, torch.bfloat16):
+        return max(tolerance(reference), tolerance(reference.to(user.dtype)))
+    return tolerance(reference)
+
+
 def _exchanged(order: tuple[int, ...]) -> tuple[int, ...]:
     """A permutation with the last two axes of its source exchanged wherever they stand."""
     last, before = len(order) - 1, len(order) - 2
@@ -217,9 +226,8 @@ def best_equal(records: list[Record], reference: torch.Tensor, skip: torch.Tenso
     """The user's tensor equal to `reference`: same layout before another, a named one before an unnamed
     one, the earliest of those (the op that made it, not a later copy). `turned`: the records that hold the last
     two axes the other way round (compare)."""
-    tol = tolerance(reference)
-    equal = [m for r in records for m in compare(r, reference, skip, tol=tol, turned=r.index in turned)[:1]
-             if m.equal]
+    equal = [m for r in records for m in compare(r, reference, skip, tol=held_tolerance(reference, r.tensor),
+                                                 turned=r.index in turned)[:1] if m.equal]
     if not equal:
         return None
     return min(equal, key=lambda m: (not m.layout.same, not m.record.names, m.record.index))

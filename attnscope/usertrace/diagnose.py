@@ -47,10 +47,11 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
     """The catalog's experiments first (by_experiment); where none reproduces the user's tensors, the causes read
     off the diverging step's numbers, saying so."""
     from attnscope.tensors.threads import one_thread
+    from attnscope.usertrace.halfprec import in_code_dtype
     from attnscope.usertrace.rerun import build
 
     with one_thread():  # the reruns are many small ops: threads only add their hand-offs
-        base = build(ctx)
+        base = in_code_dtype(build(ctx))  # float16 attention: every rerun in the code's dtypes (halfprec.py)
         # no tensor of the step's shape at all (online softmax in blocks never builds the whole scores): the causes
         # are found by the output alone, and the partial tensors the code holds
         found = by_experiment(step, base, absent=not ranked) if base is not None else None

@@ -97,6 +97,9 @@ class Base:
     # The code's own scale per head (Spec.head_scale, headscale.py), over the reference's `scale`: `[n_head, 1, 1]`,
     # each head's scaled scores times it, whatever scale an experiment tries
     head: torch.Tensor | None = None
+    # The dtypes the code computes its attention in where it runs it in float16 or bfloat16 (halfprec.in_code_dtype:
+    # q, k_new and v_new are then the code's own heads): every replay computes in them unless told otherwise
+    precision: dict[str, torch.dtype] | None = None
     # The catalog's runs made from here, by entry name, each with its changes (trials.runs: made once, as by_experiment
     # or a pair of mistakes first asks for them); two of them joined make one run with both mistakes (pairs.by_pair)
     runs: dict[str, list[Any]] = field(default_factory=dict)
@@ -200,9 +203,18 @@ def build(ctx: Context) -> Base | None:
         again = replay(base)
     except RuntimeError:  # shapes the replay does not know (an unbatched column form, ...)
         return None
-    if not again or any(difference(again[n], base.ref[n]) > _tol(base.ref[n]) for n in again):
+    if not again or not (_gives_reference(base, again) or _gives_reference(base, replay(base, precision=SINGLE))):
         return None  # the replay is not the reference here: no experiment can speak for it
     return base
+
+
+# the reference's attention as trace computes it, in float32: where its scores run large (thousands), their float32
+# rounding, which the softmax turns into the weights', parts it from the float64 replay though both are right
+SINGLE = {"product": torch.float32, "scores": torch.float32, "attention": torch.float32}
+
+
+def _gives_reference(base: Base, again: dict[str, torch.Tensor]) -> bool:
+    return all(difference(again[n], base.ref[n]) <= _tol(base.ref[n]) for n in again)
 
 
 def _placed(names: tuple[str, ...], order: list[str]) -> tuple[str, ...]:
@@ -258,7 +270,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
            merge: str = "permute", half: bool = False, swap_cache: bool = False, softcap: Any = KEEP,
            cap: str = "capped", joined: tuple[torch.Tensor, torch.Tensor] | None = None,
            before: torch.Tensor | None = None, dropped: dict[str, torch.Tensor] | None = None,
-           zeroed: bool = False) -> dict[str, torch.Tensor]:
+           zeroed: bool = False, precision: dict[str, torch.dtype] | None = None) -> dict[str, torch.Tensor]:
     """The reference's steps from its heads on, with the changes given: only the steps the reference has, in the
     row form. `softcap` C caps the scores as `cap` says: "capped" C · tanh(scores / C) (Gemma 2's), "after mask"
     the masked scores capped (-inf becomes -C), "no multiply" tanh(scores / C), "no divide" C · tanh(scores),
@@ -269,8 +281,11 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     0 or 1/(1 − p) per entry) for a step after the attention (`x_raw` or `out`, `x_rsh2`, `x`), applied to it there
     (a dropout on the output, before or after the output projection). `zeroed`: the weights the mask forbids set to 0
     after the softmax, as the code's own op does there (ESPnet's `softmax(scores).masked_fill(mask, 0.0)`), whatever
-    axis the softmax ran over."""
+    axis the softmax ran over. `precision`: the dtype the code computes each of q @ kᵀ ("product"), the
+    scaled scores ("scores") and the softmax and its weighted sum of the values ("attention") in, as code that runs
+    its attention in float16 does (halfprec.py); a step it leaves out is computed in float64."""
     dropped = dropped or {}
+    precision = b.precision if precision is None else precision
     out: dict[str, torch.Tensor] = {}
     q = b.q if q is None else q
     k = b.k_new if k_new is None else k_new
@@ -296,12 +311,16 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
             k, v = (t.repeat(*([1] * (t.dim() - 3)), b.n_group, 1, 1) for t in (k, v))
         out["K_rep"], out["V_rep"] = k, v
     s = b.scale if scale is None else scale
+    if precision:  # [.., n, d] each, in the code's dtype where the code computes q @ kᵀ in it
+        q, k = q.to(precision.get("product", q.dtype)), k.to(precision.get("product", k.dtype))
     if half:  # q @ kᵀ in float16, as the user's code computes it: past 65504 it is inf
         product = (q.half() @ k.half().transpose(-2, -1)).double()  # [.., n_Q, d] @ [.., d, n_K] -> [.., n_Q, n_K]
     else:
         product = q @ k.transpose(-2, -1)  # [.., n_Q, d] @ [.., d, n_K] -> [.., n_Q, n_K]
     cap_at = b.softcap if softcap is KEEP else softcap
-    scores = product * s if b.head is None else product * s * b.head  # the code's own scale per head kept
+    if precision:
+        product = product.to(precision.get("scores", torch.float64))
+    scores = product * s if b.head is None else product * s * b.head.to(product.dtype)  # the code's own per head
     out["scores"] = scores
     logits = scores
     if cap_at is not None and cap != "after mask":
@@ -314,14 +333,15 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if cap != "after mask":
         out["capped_scores"] = logits  # a run without the cap: the scores as they are, where the reference caps
     bias = b.bias if bias is KEEP else bias
-    logits = logits + bias if bias is not None else logits
+    logits = logits + bias.to(logits.dtype) if bias is not None else logits
     if b.pre_term is not None and s != b.scale:  # the code's own term, added before the scale, scaled with it
         logits = logits + b.pre_term * (s - b.scale)
     if "biased_scores" in b.ref:
         out["biased_scores"] = logits
     allowed = b.allowed if allowed is KEEP else allowed
     if allowed is not None and mask in ("fill", "zero", "finite", "zero, then after"):  # finite: -1e9, large negative
-        logits = logits.masked_fill(~allowed, -math.inf if mask == "fill" else -1e30 if mask == "finite" else 0.0)
+        logits = logits.masked_fill(~allowed, -math.inf if mask == "fill" else
+                                   max(-1e30, torch.finfo(logits.dtype).min) if mask == "finite" else 0.0)
     if allowed is not None and mask == "added":  # a large number added (BERT's (1 − mask) · −10000): scores kept,
         # to float32's precision there, as code in float32 keeps them
         logits = torch.where(allowed, logits, (logits.float() + ADDED).double())
@@ -332,6 +352,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         out["capped_scores"] = logits
     if "masked_scores" in b.ref:
         out["masked_scores"] = logits
+    if precision:
+        logits, v = logits.to(precision.get("attention", torch.float64)), v.to(precision.get("attention", v.dtype))
     if b.sinks is not None and softmax_dim == -1 and logits.dim() >= 3:  # one more column, a logit a head, dropped
         column = b.sinks.reshape(-1, 1, 1).expand(*logits.shape[:-1], 1)
         attention = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
@@ -350,7 +372,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if multiplier is not None:
         attention = attention * multiplier
     out["attention"] = attention
-    x = attention @ v  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
+    x = (attention @ v).double()  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
     if b.post_term is not None and tuple(b.post_term.shape) == tuple(x.shape):
         x = x + b.post_term  # the code's own term on its output, as its run made it
         if b.post_queries and q is not b.q and tuple(q.shape) == tuple(x.shape):
@@ -372,7 +394,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         if "x" in b.ref and b.w_o is not None:
             out["x"] = torch.nn.functional.linear(merged, *b.w_o)  # [n_batch, n_Q, d_feat]
             out["x"] = out["x"] * dropped["x"] if "x" in dropped else out["x"]
-    return {n: t for n, t in out.items() if n in b.ref}
+    return {n: t.double() for n, t in out.items() if n in b.ref}
 
 
 def _merged(x: torch.Tensor, merge: str, out: dict[str, torch.Tensor], keep: bool) -> torch.Tensor:
@@ -427,11 +449,12 @@ def holds_step(b: Base, step: str) -> bool:
 
 
 def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = "",
-               strict: bool = True) -> Reproduced | None:
+               strict: bool = True, evidence: bool = True) -> Reproduced | None:
     """Whether the replayed `steps` are the user's: the mistake changes `step` (where the line-up diverged) and
     the run's last step, and the user's code holds that last step (and the changed steps it materializes) to
     tolerance; not `strict` (the user holds the reference's `step` after all), `step` may be left as it is.
-    `tol` "float16": compared within float16's tolerance (an experiment computed in float16)."""
+    `tol` "float16": compared within float16's tolerance (an experiment computed in float16). Without `evidence`,
+    a run that gives the code's tensors back is enough (no mistake asked of it: the reference in the code's dtype)."""
     if b.last not in steps or (strict and step not in steps):
         return None
     changed = [n for n in b.order if n in steps and n in b.ref and tuple(steps[n].shape) == tuple(b.ref[n].shape)
@@ -481,7 +504,7 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
             holding[name] = record
     first = next(iter(holding.values()), None)
     # agreeing is not yet evidence: NaN met by NaN is no mistake's own (evidence.py)
-    if not evidenced(b.order, b.last, b.ref, steps, skips, {**holding, b.last: final},
+    if evidence and not evidenced(b.order, b.last, b.ref, steps, skips, {**holding, b.last: final},
                      lambda ref, record: _tol(ref, record.tensor.dtype, tol)):
         return None
     return Reproduced(at_step or first or final, final, len(holding), steps)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from attnscope.usertrace.halfprec import own_heads
 from attnscope.usertrace.rerun import Base, replay
 
 if TYPE_CHECKING:
@@ -48,7 +49,10 @@ def trials_cache_order(b: Base) -> Iterator[Trial]:
 def trials_float16(b: Base) -> Iterator[Trial]:
     if not any(r.tensor.dtype in (torch.float16, torch.bfloat16) for r in b.ctx.records):
         return
-    steps = replay(b, half=True)
+    # from the code's own heads where it holds them (its projections run in float16: their rounding carried in, so
+    # the scores that pass 65504 are the code's own)
+    q, k, _ = own_heads(b)
+    steps = replay(b, half=True, q=q, k_new=k)
     if bool(torch.isinf(steps["scores"]).any()):
         yield Trial(steps, "float16 overflows: {who} is what the reference computes with q @ kᵀ computed in float16, "
                     f"whose largest number is {torch.finfo(torch.float16).max:.6g}: "

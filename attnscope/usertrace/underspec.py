@@ -28,6 +28,7 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     from attnscope.usertrace.align import candidates, compare
     from attnscope.usertrace.diagnose import diagnose
     from attnscope.usertrace.diagnosis import Context
+    from attnscope.usertrace.halfprec import rounding_only
     from attnscope.usertrace.rotary import after_repeat
 
     spec = spec or ref.Spec()
@@ -96,6 +97,10 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     if first.record is not None:  # the tensor where the step stands in your data flow (align_steps) is the likeliest
         chosen = first.record.index
         ranked.sort(key=lambda m: m.record.index != chosen)
+    rounded = rounding_only(ctx, first.reference)
+    if rounded is not None:  # the code's float16 by design: its rounding, not a mistake (halfprec.py)
+        out.notes.append(rounded)
+        return out
     found = diagnose(first.reference, ctx, ranked)
     later = next((row for row in out.rows if row.reference == found.step), None) if found.step else None
     if later is not None:  # the code never holds the first step (it masks before it scales): the later one diverges
