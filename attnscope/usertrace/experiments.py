@@ -37,6 +37,7 @@ from attnscope.usertrace.masktrials import (
     trials_zero,
 )
 from attnscope.usertrace.normtrials import trials_axis, trials_missing, trials_place, trials_values_normed
+from attnscope.usertrace.patterntrials import trials_pattern_transposed
 from attnscope.usertrace.ropetrials import (
     trials_base,
     trials_fraction,
@@ -127,6 +128,8 @@ CATALOG: tuple[Experiment, ...] = (
                "exchanged", trials_transposed),
     Experiment("mask.upper_left", "mask", "is_causal=True (upper-left) in a decode step", trials_upper_left),
     Experiment("softmax.axis", "softmax", "the softmax over another axis than the keys", trials_softmax_axis),
+    Experiment("pattern.transposed", "pattern", "the attention weights transposed before they meet the values "
+               "(`attn.transpose(-2, -1) @ v`, n_Q = n_K)", trials_pattern_transposed),
     Experiment("heads.merge_without_transpose", "heads", "heads merged by a view before the permute", trials_merge),
     Experiment("heads.merge_wrong_permute", "heads", "heads merged after another permute than (0, 2, 1, 3)",
                trials_merge_permuted),

@@ -270,7 +270,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
            merge: str = "permute", half: bool = False, swap_cache: bool = False, softcap: Any = KEEP,
            cap: str = "capped", joined: tuple[torch.Tensor, torch.Tensor] | None = None,
            before: torch.Tensor | None = None, dropped: dict[str, torch.Tensor] | None = None,
-           zeroed: bool = False, precision: dict[str, torch.dtype] | None = None) -> dict[str, torch.Tensor]:
+           zeroed: bool = False, precision: dict[str, torch.dtype] | None = None,
+           weights_t: bool = False) -> dict[str, torch.Tensor]:
     """The reference's steps from its heads on, with the changes given: only the steps the reference has, in the
     row form. `softcap` C caps the scores as `cap` says: "capped" C · tanh(scores / C) (Gemma 2's), "after mask"
     the masked scores capped (-inf becomes -C), "no multiply" tanh(scores / C), "no divide" C · tanh(scores),
@@ -283,7 +284,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     after the softmax, as the code's own op does there (ESPnet's `softmax(scores).masked_fill(mask, 0.0)`), whatever
     axis the softmax ran over. `precision`: the dtype the code computes each of q @ kᵀ ("product"), the
     scaled scores ("scores") and the softmax and its weighted sum of the values ("attention") in, as code that runs
-    its attention in float16 does (halfprec.py); a step it leaves out is computed in float64."""
+    its attention in float16 does (halfprec.py); a step it leaves out is computed in float64. `weights_t`: the
+    weights transposed before they meet the values (`attn.transpose(-2, -1) @ v`, square scores alone)."""
     dropped = dropped or {}
     precision = b.precision if precision is None else precision
     out: dict[str, torch.Tensor] = {}
@@ -372,7 +374,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if multiplier is not None:
         attention = attention * multiplier
     out["attention"] = attention
-    x = (attention @ v).double()  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
+    pattern = attention.transpose(-2, -1) if weights_t else attention  # [.., n_K, n_Q] where n_Q = n_K
+    x = (pattern @ v).double()  # [.., n_Q, n_K] @ [.., n_K, d_V] -> [.., n_Q, d_V]
     if b.post_term is not None and tuple(b.post_term.shape) == tuple(x.shape):
         x = x + b.post_term  # the code's own term on its output, as its run made it
         if b.post_queries and q is not b.q and tuple(q.shape) == tuple(x.shape):

@@ -80,7 +80,7 @@ FIRST = {"scale": ("scores", "Q_feat", "Q_split", "Q_rot", "Q"),
          "cache": ("K_cat", "V_cat"),
          "grouped-query": ("K_rep", "V_rep", "scores"), "RoPE": ("Q_split", "K_split", "Q_rot", "K_rot", "scores"),
          "ALiBi": ("biased_scores",), "T5 bias": ("biased_scores",), "precision": ("scores",),
-         "dropout": ("attention",),
+         "dropout": ("attention",), "pattern": ("scores", "attention"),
          "qk-norm": ("Q_normed", "K_normed", "Q_split", "K_split", "Q_rot", "K_rot", "V_split", "scores"),
          "heads": ("Q_split", "K_split", "V_split", "x_rsh2", "Q_feat", "K_feat", "V_feat")}
 
