@@ -27,7 +27,7 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     """The options checked, the target built and its forward planned: the run so far, before any run of it."""
     import torch
 
-    from attnscope.usertrace import flags, headcount, heldcache, identity, load, pairparams
+    from attnscope.usertrace import flags, headcount, heldcache, identity, load, maskroles, pairparams
     from attnscope.usertrace.inputs import ShapePlan
 
     check_numbers(o, texts=("target", "init", "forward"))
@@ -83,6 +83,7 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
                      f"{target.name}.forward" if module is not None and target.kind != "function" else target.name,
                      o.train)
     plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
+    plan = maskroles.with_masks(plan, module.forward if module is not None else fn)  # a required `keep` it adds
     plan = flags.as_flags(plan, module.forward if module is not None else fn)  # output_attentions with no default
     if o.rope:  # a parameter the code unpacks in two, (cos, sin) under a name of its own (nanochat's cos_sin)
         plan = plan.with_pairs(pairparams.unpacked_in_two(module.forward if module is not None else fn,

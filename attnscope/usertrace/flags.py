@@ -61,17 +61,16 @@ def mask_needed(fn: Any, name: str) -> bool:
     """Whether the forward `fn` takes its mask parameter `name` with no default and reads it only as a tensor (HF
     SqueezeBert's `attention_score + attention_mask`, no `if attention_mask is not None`): None, trace's mask where
     none is asked for, is then a value it cannot run on, and a mask that masks nothing is what its callers hand
-    it. Not where the code tests it for None or its truth, or hands it on to another call (that may)."""
+    it; the helpers of the user's own it hands the mask to are read too (maskroles.needed). Not where the code tests
+    it for None or its truth, or hands it on to a call that is not the user's (that may)."""
     try:
         if inspect.signature(fn).parameters[name].default is not inspect.Parameter.empty:
             return False
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (TypeError, ValueError, KeyError, OSError, SyntaxError):
+    except (TypeError, ValueError, KeyError):
         return False
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    kinds = [_use(n, parents) for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-             and n.id == name]
-    return bool(kinds) and set(kinds) == {"value"}
+    from attnscope.usertrace import maskroles
+
+    return maskroles.needed(fn, name)
 
 
 def note(names: list[str]) -> str:
