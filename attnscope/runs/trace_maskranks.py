@@ -75,8 +75,8 @@ def _given(r: RunSoFar, ran: Made, form: Any) -> tuple[Called, str] | None:
     from attnscope.runs.trace_mask import fed_well
     from attnscope.usertrace import heldcache, maskforms, masking
     from attnscope.usertrace.call import call
-    from attnscope.usertrace.maskranks import laid, shaped_alike
-    from attnscope.usertrace.maskrows import keyless
+    from attnscope.usertrace.maskranks import shaped_alike
+    from attnscope.usertrace.maskrows import keyless, laid
 
     inputs, fed, first, convention = ran
     assert convention is not None

@@ -90,7 +90,7 @@ def keeps_to(records: list[Record], allowed: torch.Tensor, sizes: dict[str, int]
     import torch
 
     from attnscope.usertrace import masking
-    from attnscope.usertrace.maskranks import laid
+    from attnscope.usertrace.maskrows import laid
 
     grid = laid(allowed, sizes) if allowed.dtype == torch.bool else None  # key padding [n_batch, n_K] laid out too
     return bool(masking.holds(records, grid if grid is not None else allowed, sizes))

@@ -13,12 +13,27 @@ if TYPE_CHECKING:
     import torch
 
 
+def laid(allowed: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | None:
+    """The mask `allowed` (True = may attend) as `[n_batch, n_Q, n_K]`, from key padding `[n_batch, n_K]` (HF BERT's
+    2-D attention_mask) or a mask `[.., n_Q or 1, n_K]` of one head; None where it is neither, or the sizes leave
+    its axes ambiguous (n_batch equal to n_Q or n_K)."""
+    n_batch, n_Q, n_K = sizes.get("n_batch"), sizes.get("n_Q"), sizes.get("n_K")
+    if n_batch is None or n_Q is None or n_K is None or allowed.dim() < 2 or allowed.dim() > 4 \
+            or allowed.shape[-1] != n_K or (n_batch > 1 and n_batch in (n_Q, n_K)):
+        return None
+    keys = allowed.dim() == 2 and allowed.shape[0] == n_batch > 1
+    one = allowed[:, None, :] if keys else allowed  # [.., n_Q or 1, n_K]
+    if one.shape[-2] not in (1, n_Q) or (one.dim() == 4 and one.shape[1] != 1) or (
+            one.dim() > 2 and one.shape[0] not in (1, n_batch)):
+        return None
+    return one.reshape(-1, one.shape[-2], n_K).expand(n_batch, n_Q, n_K)
+
+
 def keyless(allowed: torch.Tensor | None, sizes: dict[str, int]) -> torch.Tensor | None:
-    """`[n_batch, n_Q]`, True where the mask `allowed` (True = may attend, in any shape maskranks.laid reads) leaves
+    """`[n_batch, n_Q]`, True where the mask `allowed` (True = may attend, in any shape laid reads) leaves
     the query no key; None where it leaves every query one, or its axes cannot be read."""
     import torch
 
-    from attnscope.usertrace.maskranks import laid
 
     if allowed is None or allowed.dtype != torch.bool or bool(allowed.any(-1).all()):
         return None
