@@ -75,7 +75,7 @@ class ShapePlan:
 
     @staticmethod
     def make(o: InputOptions, module: Any, init: dict[str, Any]) -> ShapePlan:
-        from attnscope.usertrace import load, perhead
+        from attnscope.usertrace import gatedwidth, load, perhead
 
         if module is None:
             fixed = {"n_head": o.heads} if o.heads else {}
@@ -100,15 +100,18 @@ class ShapePlan:
         hint = load.head_size(module, init)
         if n_head is None and hint:  # Meta's Attention keeps head_dim: n_head is the query width over it
             found = _projections(module, None, hint)
-            width = found.linears["q"][1].out_features if found else None
-            n_head = width // hint if width and width % hint == 0 else None
+            out = found.linears.get("o") if found else None
+            n_head = gatedwidth.head_count(found.linears["q"][1].out_features, found.linears["k"][1].out_features,
+                                           out[1].in_features if out else None, hint) if found else None
         fixed, extra = {"d_feat": d_feat}, {}
         if n_head:
             fixed["n_head"] = n_head
             projections = _projections(module, n_head, hint or (d_feat // n_head if d_feat % n_head == 0 else None))
             kernels = kernel_heads(module) if projections is None else None  # Keras' [d_feat, n_head, d_head]
             per_head = perhead.head_width(module, n_head, d_feat) if projections is None else None
-            q_width = projections.linears["q"][1].out_features if projections else \
+            q_width = gatedwidth.query_width(projections.linears["q"][1].out_features,
+                                             projections.linears["k"][1].out_features, n_head, hint) \
+                if projections else \
                 n_head * per_head if per_head else \
                 kernels[0] * kernels[1] if kernels is not None and kernels[0] == n_head else \
                 n_head * hint if hint else d_feat  # the head width the module says (a function's d_head=10)

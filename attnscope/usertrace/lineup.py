@@ -87,6 +87,9 @@ def _with_output_gate(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
     from attnscope.usertrace import outgate
 
     gate = outgate.found(records, lined) if module is not None and spec.layout != "col" else None
+    if gate is not None and gate.mixes_tokens:  # another token's factor (gatetokens.py): said, not read
+        lined.notes.append(gate.note)
+        return None
     if gate is None and module is not None and spec.layout != "col":  # ops on each head's output (outops.py)
         from attnscope.usertrace.outops import head_factor
 

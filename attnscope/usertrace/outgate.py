@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnscope.usertrace import gatetokens
 from attnscope.usertrace.align import Layout, ancestors, layouts
 from attnscope.usertrace.outterm import downstream
 
@@ -36,6 +37,7 @@ class OutGate:
     tensor: torch.Tensor  # the gate as the code multiplies by it, in the reference's x_raw layout
     before_merge: bool  # the code gates each head's output as attn @ v lays it out, before the heads merge
     note: str
+    mixes_tokens: bool = False  # the code's gate gives query n another token's factor (gatetokens.py): not read
 
 
 def found(records: list[Record], lined: Any) -> OutGate | None:
@@ -71,6 +73,9 @@ def found(records: list[Record], lined: Any) -> OutGate | None:
         layout = _layout_of(operand, held, shape)
         if layout is None:
             return None
+        tok = gatetokens.tokens(gate, records, shape[2])
+        if tok is not None and not gatetokens.own_tokens(layout.undo(tok.expand(operand.tensor.shape), shape)):
+            return OutGate(factor, False, _mixing(record, gate), True)  # a mistake of the code, not read
         tensor = layout.undo(factor, shape).double()
         if not bool(torch.isfinite(tensor).all()):
             return None
@@ -88,6 +93,13 @@ def _layout_of(operand: Record, held: torch.Tensor | None, shape: tuple[int, ...
             if torch.equal(layout.undo(operand.tensor, shape).double(), held):
                 return layout
     return next((layout for layout in found if layout.order == HEADS_LAST), found[0] if found else None)
+
+
+def _mixing(record: Record, gate: Record) -> str:
+    return (f"your code gates its attention's output (line {record.line}) with {gate.label} (line {gate.line}), "
+            "computed from your input, but in another layout than the output it multiplies: query n's output is "
+            "multiplied by a factor made from another token's input (a gate laid out [n_batch, n_Q, n_head·d_head] "
+            "read as [n_batch, n_head, n_Q, d_head], say); the reference does not take that gate as a convention")
 
 
 def _note(record: Record, gate: Record) -> str:
