@@ -6,7 +6,8 @@ order of registration (minGPT registers `key, query, value`):
   `Q Kᵀ`: Shaw's `q · rel_kᵀ`, DeBERTa's `q · pos_keyᵀ`), the one both of whose sides are made by projections of
   what the values' projection (or the other side's) reads;
 - V is the one multiplied by the pattern (the matmul with an operand that comes from the softmax);
-- O the Linear that reads what that matmul made.
+- O the Linear that reads what that matmul made (never one the run does not call, or calls on something else: LUKE's
+  entity queries idle without entities, a gate on x; with none, the module is compared up to the merge).
 A fused kernel (`F.scaled_dot_product_attention(q, k, v)`) says the three by the order of its arguments.
 Where the flow allows several readings (a tensor that comes from two projections), names break the tie, then
 the order of registration. A Linear whose output reaches two of Q, K and V (x-transformers' and vit-pytorch's
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace.align import ancestors
 from attnscope.usertrace.kernels import ATTENTION_KERNELS
+from attnscope.usertrace.linearweights import mentioned
 from attnscope.usertrace.record import LEFT, MATMULS, SOFTMAXES
 from attnscope.usertrace.scoreaxes import rows_from_right
 from attnscope.usertrace.scoreform import keys_left
@@ -48,9 +50,13 @@ def roles(records: list[Record], names: list[str], role_of: Any) -> tuple[dict[s
     if flow is None:
         return None
     sources, readers = flow
+    # no Linear reads what the pattern made: O is never one the run did not call, nor one it called on something
+    # else (LUKE's entity queries, held and idle without entities; a gate on x); only a weight the code multiplies
+    # some other way (`out @ self.W_o`) is left to the names and the order
+    outputs = readers or {n for n in names if mentioned(n, records) and n not in called(records)}
     fitting = [chosen for chosen in itertools.permutations(names, 4)
                if all(name in found for name, found in zip(chosen, sources, strict=False))
-               and (not readers or chosen[3] in readers) and chosen[3] not in set().union(*sources)]
+               and chosen[3] in outputs and chosen[3] not in set().union(*sources)]
     if not fitting:
         return None
     how = ""
@@ -101,7 +107,14 @@ def without_output(records: list[Record], names: list[str]) -> dict[str, str] | 
     if flow is None or any(len(found) != 1 for found in flow[0]) or flow[1]:
         return None
     found = dict(zip("qkv", (next(iter(s)) for s in flow[0]), strict=True))
+    if any(mentioned(n, records) and n not in called(records) for n in names if n not in found.values()):
+        return None  # a weight the code multiplies some other way (`out @ self.W_o`) may be its output projection
     return found if len(set(found.values())) == 3 else None
+
+
+def called(records: list[Record]) -> set[str]:
+    """The Linear layers the run called (by name)."""
+    return {r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
 
 
 def _flow(records: list[Record]) -> tuple[list[set[str]], set[str]] | None:

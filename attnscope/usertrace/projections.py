@@ -126,6 +126,19 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
             found_roles = {**found_roles, "k": found_roles["v"], "v": found_roles["k"]}
             how = f"{how}{said}"
         return [Projections({role: (name, modules[name]) for role, name in found_roles.items()}, how)]
+    # before the names and the order: a Linear the run never calls, or calls on something other than the merge
+    # (an out_proj behind a flag that is off), is no output projection
+    alone = flow.without_output(records, names)
+    if alone is not None:  # no output projection (HF's BertSelfAttention): the reference's is the identity, so its
+        # x is the merge (of any width: n_head·d_head need not be d_feat)
+        how = "data flow"
+        if all(len(named[role]) == 1 for role in "qkv") and any(alone[role] != named[role][0] for role in "qkv"):
+            # three named one role each, used in others: a swap, held by the names as with an output projection
+            how = "name; your code uses " + ", ".join(f"{alone[role]} as {role.upper()}" for role in "qkv"
+                                                      if alone[role] != named[role][0])
+            alone = {role: named[role][0] for role in "qkv"}
+        return [Projections({**{role: (name, modules[name]) for role, name in alone.items()},
+                             "o": (NONE, _identity(modules[alone["q"]]))}, f"{how}; {NO_OUTPUT}")]
     by_role: dict[str, list[tuple[str, nn.Linear]]] = {}
     for name, linear in linears:
         role = role_of(name)
@@ -190,17 +203,6 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
             return candidates
     if len(linears) == 4:
         return [Projections(dict(zip(ROLES, linears, strict=True)), "registration order")]
-    alone = flow.without_output(records, names)
-    if alone is not None:  # no output projection (HF's BertSelfAttention): the reference's is the identity, so its
-        # x is the merge (of any width: n_head·d_head need not be d_feat)
-        how = "data flow"
-        if all(len(named[role]) == 1 for role in "qkv") and any(alone[role] != named[role][0] for role in "qkv"):
-            # three named one role each, used in others: a swap, held by the names as with an output projection
-            how = "name; your code uses " + ", ".join(f"{alone[role]} as {role.upper()}" for role in "qkv"
-                                                      if alone[role] != named[role][0])
-            alone = {role: named[role][0] for role in "qkv"}
-        return [Projections({**{role: (name, modules[name]) for role, name in alone.items()},
-                             "o": (NONE, _identity(modules[alone["q"]]))}, f"{how}; {NO_OUTPUT}")]
     listed = ", ".join(f"{n} [{m.in_features} → {m.out_features}]" for n, m in linears) or "none"
     raise UsageError(f"no reference for {type(module).__name__}: trace copies q, k, v and output projections (four "
                      "Linear layers named like W_q/q_proj/query and W_o/out_proj, or exactly four in that order; a "
