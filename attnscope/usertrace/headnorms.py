@@ -1,11 +1,12 @@
 """qk-norms held one per head, read from the data flow: each norm module normalizes one head's slice of q or k (a
 ModuleList of nn.LayerNorm(d_head) applied over `torch.split(q, 1, dim=1)` and joined by torch.cat, StableLM's
-StableLmLayerNormPerHead; norms in any container, called in a loop over `q[:, h]` or `q.unbind(1)`). Which head a norm
-normalizes is read from what it is given (the slice of an earlier tensor of the run, at that head's index on an axis
-as long as the heads), never from its place in the container. Gains with no norm module (an nn.ParameterList of
-per-head weights passed to F.layer_norm or F.rms_norm in a loop) are read so too, each op as the norm it computes.
-The norms of one such split, one for each head, are taken as one norm with a row of weights per head (`PerHead`), as
-the reference's qk-norm holds Cohere's."""
+StableLmLayerNormPerHead; norms in any container, called in a loop over `q[:, h]` or `q.unbind(1)`). Which head a
+norm normalizes is read from what it is given (the slice of an earlier tensor of the run, at that head's index on an
+axis as long as the heads), never from its place in the container where it is called. Gains with no norm module (an
+nn.ParameterList of per-head weights passed to F.layer_norm or F.rms_norm in a loop) are read so too, each op as the
+norm it computes. The norms of one such split, one for each head, are taken as one norm with a row of weights per
+head (`PerHead`), as the reference's qk-norm holds Cohere's. A list of norms never called (a side left unnormed) is
+read by its order."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int],
     `counts`, each head once) replaced by one PerHead, named by the module above them, in the order the run first
     uses them; containers whose every parameter is such a norm's dropped. The module's own 1-D parameters that an
     F.layer_norm or F.rms_norm takes as its weight (an nn.ParameterList of gains a head, no norm module) are such
-    norms too. Unchanged where no split is read so."""
+    norms too. Norms held in one list and never called, one for each head, are a PerHead by their index (`_idle`).
+    Unchanged where no split is read so."""
     units = [(name, norm, r, {id(p) for p in norm.parameters()}) for name, norm in found
              if isinstance(norm, nn.Module) and not isinstance(norm, LISTS)
              and normforms.weight_of(norm, width) is not None and not any(True for _ in norm.children())
@@ -72,6 +74,12 @@ def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int],
     groups = [(key, heads) for key, heads in splits.items()
               if len(heads) > 1 and sorted(heads) == list(range(len(heads))) and len(heads) in counts
               and len({type(m) for _, m in heads.values()}) == 1]
+    used = {id(m) for _, m, _, _ in units}
+    idle = _idle([(name, m) for name, m in found if id(m) not in used], records, counts, width)
+    for j, heads in enumerate(idle):  # never called: held in a list, a norm per head at its index
+        first[(-1, j)] = len(records) + j
+        sources.update({id(m): {id(p) for p in m.parameters()} for _, m in heads.values()})
+        groups.append(((-1, j), heads))
     if not groups:
         return found
     grouped = {id(m) for _, heads in groups for _, m in heads.values()}
@@ -82,6 +90,25 @@ def group(found: list[tuple[str, Any]], records: list[Record], counts: set[int],
     made = [(first[key], _above([n for n, _ in heads.values()], role_of),
              PerHead([heads[j][1] for j in range(len(heads))], width)) for key, heads in groups]
     return kept + [(name, m) for _, name, m in sorted(made, key=lambda t: t[0])]
+
+
+def _idle(found: list[tuple[str, Any]], records: list[Record], counts: set[int],
+          width: int) -> list[dict[int, tuple[str, Any]]]:
+    """The norms no op of the run reads, held in one container (`k_layernorm.norms.0`, `.1`: StableLM's
+    StableLmLayerNormPerHead whose forward is never called), as many as one of `counts` (n_head or n_kv_head), one
+    of a type, indexed 0, 1, ...: a norm per head, head j the one at index j (no data flow to read it from; the
+    list's order is the one its forward would zip with the heads). Each container's norms by head."""
+    held: dict[str, dict[int, tuple[str, Any]]] = {}
+    for name, norm in found:
+        above, _, index = name.rpartition(".")
+        if not above or not index.isdigit() or not isinstance(norm, nn.Module) or isinstance(norm, LISTS) \
+                or any(True for _ in norm.children()) or normforms.weight_of(norm, width) is None \
+                or _first_use(name, norm, records) is not None:
+            continue
+        held.setdefault(above, {})[int(index)] = (name, norm)
+    return [heads for heads in held.values()
+            if len(heads) > 1 and sorted(heads) == list(range(len(heads))) and len(heads) in counts
+            and len({type(m) for _, m in heads.values()}) == 1]
 
 
 def _texts(r: Record) -> dict[str, str]:

@@ -176,10 +176,17 @@ def _run_norms(found: list[tuple[str, Any]], records: list[Record]) -> list[tupl
         return found
     if len(used) == 1 and len(found) == 2:
         return found
-    held = {role_of(name.replace("norm", "")) for name, _ in used}
+    held = {_norm_role(name) for name, _ in used}
     return used + [(name, m) for name, m in found if all(m is not u for _, u in used)
-                   and role_of(name.replace("norm", "")) in ("q", "k")
-                   and role_of(name.replace("norm", "")) not in held]
+                   and _norm_role(name) in ("q", "k") and _norm_role(name) not in held]
+
+
+def _norm_role(name: str) -> str | None:
+    """q or k as a norm's name says, or the nearest module above it whose name does (`k_layernorm.norms.1`:
+    StableLM's norm per head held in its StableLmLayerNormPerHead's list)."""
+    parts = name.split(".")
+    return next((role for i in range(len(parts), 0, -1)
+                 for role in (role_of(".".join(parts[:i]).replace("norm", "")),) if role is not None), None)
 
 
 def _used(name: str, norm: nn.Module, records: list[Record]) -> bool:
