@@ -136,7 +136,7 @@ def _angles(spec: Spec, trace: Trace, records: list[Record]) -> list[tuple[Spec,
             for names in (("Q_normed", "Q_split"), ("K_normed", "K_split")))
     if q is None or k is None or q.dim() < 3:
         return []
-    read = ropefreqs.angles_from(records, q, k)
+    read = ropefreqs.angles_from(records, q, k, trace.get("V_split"))
     if read is None:
         return []
     return [(replace(spec, rope_base=spec.rope_base or DEFAULT_BASE, rope_pairing=read.pairing, rope_fraction=None,

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace.conventionread import read_line_up
-from attnscope.usertrace.ranking import better_fit, explained, steps_reached
+from attnscope.usertrace.ranking import better_fit, explained, sized_over_solved, steps_reached
 
 if TYPE_CHECKING:
     from attnscope.usertrace.inputs import Inputs, ShapePlan
@@ -235,8 +235,10 @@ def _spread_scale(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     if products < 2 or spec.scale is not None or again.divergence is None or d_head is None:
         return None
     factor = 1 + products
-    lined = read_line_up(module, shapes, inputs, records, train, replace(spec, scale=(factor * d_head) ** -0.5), True)
-    if lined.no_reference is not None or not better_fit(lined, again):
+    scale = (factor * d_head) ** -0.5
+    spread = replace(spec, scale=scale, scale_from=f"1/√({factor}·d_head) = {scale:.6g} (DeBERTa's scale_factor)")
+    lined = read_line_up(module, shapes, inputs, records, train, spread, True)
+    if lined.no_reference is not None or not (better_fit(lined, again) or sized_over_solved(lined, again)):
         return None  # neither clean nor further, nor a mistake elsewhere named only under it (values from the keys)
     lined.notes.insert(0, f"scale 1/√({factor}·d_head) = {(factor * d_head) ** -0.5:.6g}: your scores sum q · kᵀ and "
                        f"{products} relative terms, each divided by √({factor}·d_head) (DeBERTa's scale_factor, 1 + "

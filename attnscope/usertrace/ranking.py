@@ -76,3 +76,12 @@ def reached(lined: LineUp, steps: Sequence[str] | None = None) -> int | None:
     if at in names:
         return names.index(at)
     return 0 if steps is None else None
+
+
+def sized_over_solved(other: LineUp, first: LineUp) -> bool:
+    """Whether `other` (under the code's own scale, DeBERTa's 1/√(3·d_head)) names at the same step a size in
+    d_head's place (√(3·d_model): scale.d_model, scale.n) where `first` only solved a number (scale.other), whose
+    advice (pass --scale) would hide the bug."""
+    a, b = other.divergence, first.divergence
+    return a is not None and b is not None and a.reference == b.reference and b.experiment == "scale.other" \
+        and a.experiment is not None and a.experiment.startswith("scale.") and a.experiment != "scale.other"

@@ -138,13 +138,15 @@ class Angles:
                 f"pairs {self.pairing}")
 
 
-def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor) -> Angles | None:
+def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> Angles | None:
     """The angle table under which the last tensor above the queries the code hands its scores that is a rotation
     of the reference's unrotated `q` (`[.., n, d]`, in any layout, perhaps scaled), and the same for the keys `k`,
     are those rotated, where both share it, some pair turns, and no 1-D position gives it; None otherwise. The keys
     are looked for above the scores' right operand, else above the pattern's partner: code that hands its rotated
     keys to the pattern and its values to the scores (`sdpa(q, v, k)`) still rotates them with the queries' table,
-    and the swap is a mistake the catalog names (kv.swapped), never a RoPE the reference cannot be told of."""
+    and the swap is a mistake the catalog names (kv.swapped), never a RoPE the reference cannot be told of. So is
+    code that swaps the projections before RoPE (Pixtral's `key_states = v_proj(x)` rotated as keys): its scores'
+    keys are a rotation of the reference's unrotated values `v`, by the queries' table."""
     from attnscope.usertrace.flow import operands
 
     handed = operands(records)
@@ -152,16 +154,25 @@ def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor) -> Angles 
         return None
     for pairing in ("half-split", "interleaved"):
         turned = last_turned(records, handed[0], q.double(), pairing) or own_turn(records, handed[0], q.shape, pairing)
-        # the keys' operand, else the values' (code that swaps k and v)
-        keys = next((found for index in handed[1:3] if (found := last_turned(records, index, k.double(), pairing)
-                                                          or own_turn(records, index, k.shape, pairing)) is not None),
-                    None)
+        # the keys' operand, else the values' (code that swaps k and v after RoPE), else the keys' operand turned
+        # from the values (swapped before RoPE)
+        tried = [(index, k) for index in handed[1:3]] + ([(handed[1], v)] if v is not None and v.shape == k.shape
+                                                          else [])
+        keys = next((found for index, unturned in tried
+                     if (found := last_turned(records, index, unturned.double(), pairing)
+                         or own_turn(records, index, unturned.shape, pairing)) is not None
+                     and not _differs(found[1], turned)), None)
         tables = [found[1] if found is not None else None for found in (turned, keys)]
         if tables[0] is None or tables[1] is None or float(tables[0].abs().max()) < STILL \
                 or float(_wrapped(tables[0] - tables[1]).abs().max()) > ANGLE_TOL or _even(tables[0]):
             continue
         return Angles(tables[0], pairing)
     return None
+
+
+def _differs(table: torch.Tensor, turned: tuple[Any, torch.Tensor] | None) -> bool:
+    """Whether an angle table read for the keys is not the queries' (`turned`, where read)."""
+    return turned is not None and float(_wrapped(turned[1] - table).abs().max()) > ANGLE_TOL
 
 
 def turned_by(source: torch.Tensor, mine: torch.Tensor, pairing: str) -> torch.Tensor | None:

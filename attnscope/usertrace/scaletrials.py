@@ -150,16 +150,47 @@ def _whole(b: Base, told: bool, name: str) -> str:
     return f"{b.scale:.4g}" if told else f"{name}^-0.5 (1/√{name})"
 
 
+def own_factor(b: Base) -> int | None:
+    """The whole factor k ≥ 2 the reference's own scale carries, 1/√(k · d_head) (DeBERTa's scale_factor, 1 + its
+    relative terms; a scale read from the module or given with --scale), where it carries one: the sizes a mistake
+    puts in d_head's place carry it too (√(k · d_model))."""
+    _, d = _d(b)
+    if not 0 < b.scale < 1 or d < 1:
+        return None
+    k = 1 / (b.scale * b.scale * d)
+    return round(k) if round(k) >= 2 and math.isclose(k, round(k), rel_tol=1e-6) else None
+
+
+def _factored(b: Base, size: str, value: int, root: bool) -> tuple[float, str]:
+    """The scale with `size` in d_head's place in the reference's own 1/√(k · d_head), and its words."""
+    k = own_factor(b)
+    assert k is not None
+    first, *same = size.split(" = ")  # "n_Q = n_K": one value with two names
+    said = f"√({k}·{first}) = {say_root(k * value)}" if root else f"{k}·{first} = {k * value}"
+    also = f" (= {' = '.join(same)})" if same else ""
+    return (1 / math.sqrt(k * value) if root else 1 / (k * value)), (
+        f"divided by {said} (your scale's own factor {k}, with {first}{also} in d_head's place)")
+
+
 def trials_scale_d(b: Base) -> Iterator[Trial]:
     name, d = _d(b)
     yield from _scaled(b, 1 / d, f"divided by {name} = {d}", fits=lambda b, r: not _right_before(b, r))
+    if own_factor(b) is not None:
+        scale, said = _factored(b, name, d, False)
+        yield from _scaled(b, scale, said, fits=lambda b, r: not _right_before(b, r), named=True)
+
+
+def _d_model(b: Base) -> int:
+    return int(b.sizes.get("d_feat") or b.q.shape[-3] * b.d_head)
 
 
 def trials_scale_d_model(b: Base) -> Iterator[Trial]:
     if b.kind != "module" or b.q.dim() < 4:
         return
-    d_model = b.sizes.get("d_feat") or b.q.shape[-3] * b.d_head
+    d_model = _d_model(b)
     yield from _scaled(b, 1 / math.sqrt(d_model), f"divided by √d_model = {say_root(d_model)}")
+    if own_factor(b) is not None:  # DeBERTa's √(3 · d_head) with the model's width for the head's
+        yield from _scaled(b, *_factored(b, "d_model", d_model, True), named=True)
 
 
 # What each size the code may scale by is, in words (the reference's own d_head / d_K is scale.d_head's)
@@ -207,6 +238,8 @@ def trials_scale_n(b: Base) -> Iterator[Trial]:
             said = _size_words(names, value, root)
             yield from _scaled(b, 1 / size, f"divided by {said}", named=True)
             yield from _scaled(b, b.scale / size, f"divided by {said} on top of the reference's scale", named=True)
+            if own_factor(b) is not None:
+                yield from _scaled(b, *_factored(b, names, value, root), named=True)
 
 
 def trials_scale_other(b: Base) -> Iterator[Trial]:
@@ -250,7 +283,11 @@ def _named_scale(b: Base, scale: float) -> bool:
     for _, value in _sizes(b):
         known += [1 / math.sqrt(value), 1 / value, b.scale / math.sqrt(value), b.scale / value]
     if b.kind == "module" and b.q.dim() >= 4:
-        known.append(1 / math.sqrt(b.sizes.get("d_feat") or b.q.shape[-3] * b.d_head))
+        known.append(1 / math.sqrt(_d_model(b)))
+    k = own_factor(b)
+    if k is not None:  # the sizes with the scale's own factor (scale.d_model's, scale.n's and scale.d_head's)
+        values = [v for _, v in _sizes(b)] + [d] + ([_d_model(b)] if b.kind == "module" and b.q.dim() >= 4 else [])
+        known += [1 / math.sqrt(k * v) for v in values] + [1 / (k * v) for v in values]
     return any(math.isclose(scale, k, rel_tol=1e-5) for k in known)
 
 
