@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace.align import ancestors
 from attnscope.usertrace.kernels import ATTENTION_KERNELS
-from attnscope.usertrace.linearweights import mentioned
-from attnscope.usertrace.record import LEFT, MATMULS, SOFTMAXES
+from attnscope.usertrace.record import LEFT, MATMULS, SOFTMAXES, mentioned
 from attnscope.usertrace.scoreaxes import rows_from_right
 from attnscope.usertrace.scoreform import keys_left
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from attnscope.usertrace.record import mentioned
+
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
 
@@ -102,11 +104,6 @@ def linears(module: Any) -> list[tuple[str, Any]]:
     pointwise = dict(pointwise_layers(module))
     return [(name, pointwise.get(name, m)) for name, m in module.named_modules()
             if isinstance(m, nn.Linear) or name in pointwise]
-
-
-def mentioned(name: str, records: list[Record]) -> bool:
-    """Whether any op the code ran read the weight `name` (an nn.Linear by its name, a parameter)."""
-    return any(("text", name) in r.args or ("kw", ("weight", ("text", name))) in r.args for r in records)
 
 
 def _same_kind(used: str, name: str) -> bool:

@@ -608,3 +608,8 @@ def _returned(result: Any, key: str = "return") -> list[tuple[str, torch.Tensor]
     if isinstance(result, (tuple, list)):
         return [(f"{key}[{i}]", v) for i, v in enumerate(result) if isinstance(v, torch.Tensor)]
     return []
+
+
+def mentioned(name: str, records: list[Record]) -> bool:
+    """Whether any op the code ran read the weight `name` (an nn.Linear by its name, a parameter)."""
+    return any(("text", name) in r.args or ("kw", ("weight", ("text", name))) in r.args for r in records)
