@@ -37,9 +37,10 @@ def read(fn: Any, name: str) -> set[str]:
 
 
 def role(fn: Any, name: str) -> str | None:
-    """"mask" where the code combines `name` with its scores and never projects it; None otherwise."""
+    """"mask" where the code combines `name` with its scores and never projects it, nor unpacks it into several
+    tensors (nanochat's `cos, sin = cos_sin`, RoPE's tables multiplied into q and k); None otherwise."""
     found = read(fn, name)
-    return "mask" if "mask" in found and "input" not in found else None
+    return "mask" if "mask" in found and not found & {"input", "unpacked"} else None
 
 
 def needed(fn: Any, name: str) -> bool:
@@ -92,7 +93,12 @@ def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
                 found |= _read(helper, param, depth - 1, home)
             else:  # a layer of torch's (`self.k_proj(context)`) projects it; another's call may test it
                 found.add("input" if isinstance(call, ast.Call) and _is_layer(call.func) and helper is None else "on")
-        elif kind != "kept":
+        elif kind == "kept":
+            top, parent = _climb(node, parents)
+            if isinstance(parent, ast.Assign) and parent.value is top \
+                    and any(isinstance(t, (ast.Tuple, ast.List)) for t in parent.targets):
+                found.add("unpacked")  # `cos, sin = cos_sin`: several tensors, RoPE's tables, never one mask
+        else:
             found.add(kind)
     return found
 
