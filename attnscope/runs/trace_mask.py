@@ -374,11 +374,12 @@ def not_weights(tried: Plan, ran: tuple[Inputs, Feeds, Called, Convention | None
 
 def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
     """The mask (True = may attend) the column form hands as `[.., n_K, n_Q]`, turned to `[.., n_Q, n_K]`, where the
-    code's scores are square and hold the keys' axis last (`Qᵀ K`), as the roles the line-up reads say (scoreform:
-    the operand whose tokens the product with the values contracts is the keys', so a fused 1x1 Conv1d cut in three
-    is read as well as three projections), else the data flow of the product that makes them (scoreaxes.py: which
-    input, or which projection's weight, each operand comes from); None where the scores hold the keys first, neither
-    says, or turning changes nothing."""
+    code's scores are square and hold the keys' axis last (`Qᵀ K`), as the data flow of the product that makes them
+    says (scoreaxes.py: which input, or which projection's weight, each operand comes from), else where the queries
+    and the keys come from one projection the roles the line-up reads (scoreform: the operand whose tokens the
+    product with the values contracts is the keys', so a fused 1x1 Conv1d cut in three is read as well as three
+    projections; only there, since a plant that meets the values with the pattern transposed misleads it); None where
+    the scores hold the keys first, neither says, or turning changes nothing."""
     from attnscope.usertrace import scoreaxes, scoreform
     from attnscope.usertrace.reference import find_projections
     from attnscope.usertrace.refruns import given_roles, projected_roles
@@ -388,9 +389,6 @@ def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
             or 1 not in allowed.shape[-2:] and allowed.shape[-1] != allowed.shape[-2] \
             or bool((allowed == allowed.transpose(-1, -2)).all()):
         return None
-    laid = scoreform.written(called.records)  # the roles the line-up reads: which operand the values' product contracts
-    if laid is not None:
-        return allowed.transpose(-1, -2) if laid[1].endswith("n_K]") else None
     roles = given_roles(inputs)
     if module is not None:
         try:
@@ -398,7 +396,12 @@ def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
         except UsageError:
             read = []
         roles = projected_roles(read[0], inputs) if read else roles
-    keys_last = scoreaxes.keys_last(scoreaxes.key_axes(called.records, *roles))
+    query, key = (set(r) for r in roles)
+    if not query or not key or {n.split("[")[0] for n in query} & {n.split("[")[0] for n in key}:
+        # q and k cut from one fused projection (`qkv[0:32]`, `qkv[32:64]`), which the data flow cannot tell apart:
+        laid = scoreform.written(called.records)  # the roles the line-up reads
+        return allowed.transpose(-1, -2) if laid is not None and laid[1].endswith("n_K]") else None
+    keys_last = scoreaxes.keys_last(scoreaxes.key_axes(called.records, query, key))
     return allowed.transpose(-1, -2) if keys_last else None
 
 
