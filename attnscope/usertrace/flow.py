@@ -125,10 +125,10 @@ def _flow(records: list[Record]) -> tuple[list[set[str]], set[str]] | None:
     left, right, value, after = operands
     made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
     made = {i: name for i, name in made.items() if not along_tokens(records, records[i], made)}
-    linears_of = _ancestors(records, made)
+    nearest = _nearest(records, made)
     readers = {made[r.index] for r in records if r.index in made and after is not None
                and after in ancestors(r, records)}
-    return [linears_of[left], linears_of[right], linears_of[value]], readers
+    return [nearest[left], nearest[right], nearest[value]], readers
 
 
 def operands(records: list[Record]) -> tuple[int, int, int, int | None] | None:
@@ -312,6 +312,17 @@ def _ancestors(records: list[Record], made: dict[int, str]) -> dict[int, set[str
         for p in r.parents:
             found |= out.get(p, set())
         out[r.index] = found
+    return out
+
+
+def _nearest(records: list[Record], made: dict[int, str]) -> dict[int, set[str]]:
+    """For each record, the Linear layers nearest above it: those its value comes from with no other Linear between
+    (itself, for a Linear's output). A layer further up feeds a role's projection and makes no role itself (PVT-v2's
+    linear mode: `sr`, a 1x1 conv over the pooled map, before the fused `kv`; keys made from the projected queries
+    still come from the key projection, the query one above it)."""
+    out: dict[int, set[str]] = {}
+    for r in records:  # in order: a record's parents come before it
+        out[r.index] = {made[r.index]} if r.index in made else set().union(*(out.get(p, set()) for p in r.parents))
     return out
 
 

@@ -55,12 +55,13 @@ def find(records: list[Record], inputs: Inputs, module: Any, held: dict[str, str
         return None
     (q_call, q_in), (k_call, k_in), (v_call, v_in) = reads  # type: ignore[misc]
     x, names = inputs.tensors[given], set(inputs.tensors)
+    roles = _roles(records, (q_call, k_call, v_call))
     if q_in[0] == "rec" and k_in == ("text", given) and v_in == ("text", given):  # CaiT's self.q(x[:, 0])
-        return _selected(records, records[q_in[1]], records[q_call], module, x, names)
+        return _selected(records, records[q_in[1]], records[q_call], module, x, names, roles)
     if k_in[0] != "rec" or v_in[0] != "rec":
         return None
     keys, values = records[k_in[1]], records[v_in[1]]
-    made = {"K": _side(keys, records, module, x, names), "V": _side(values, records, module, x, names)}
+    made = {"K": _side(keys, records, module, x, names, roles), "V": _side(values, records, module, x, names, roles)}
     if made["K"] is None or made["V"] is None or keys.tensor.shape[-2] != values.tensor.shape[-2]:
         return None
     chosen = {"K": keys, "V": values}
@@ -69,7 +70,7 @@ def find(records: list[Record], inputs: Inputs, module: Any, held: dict[str, str
         if queries is None or queries.tensor.shape != x.shape:
             return None
         if not _same(queries.tensor, x):  # x split and joined back as it is reads as x
-            q_made = _side(queries, records, module, x, names)
+            q_made = _side(queries, records, module, x, names, roles)
             if q_made is None:
                 return None
             made["Q"], chosen["Q"] = q_made, queries
@@ -120,14 +121,14 @@ def apply(inputs: Inputs, found: KeyInput) -> bool:
     return True
 
 
-def _selected(records: list[Record], record: Record, call: Record, module: Any, x: torch.Tensor, names: set[str]
-              ) -> KeyInput | None:
+def _selected(records: list[Record], record: Record, call: Record, module: Any, x: torch.Tensor, names: set[str],
+              roles: frozenset[str] | None) -> KeyInput | None:
     """The queries' input side where the query projection reads some of the input's tokens, or a summary of them, and
     the key and value projections the input itself: CaiT's class attention `self.q(x[:, 0])`, a Perceiver-AR-like
     last token `x[:, -1:]`, a pooled token `x.mean(1, keepdim=True)`; `[n_batch, n_Q, d_feat]` (one token selected
     away, `[n_batch, d_feat]`, as one), n_Q fewer than the input's tokens. None where no projection is on the way
     from the input alone to it."""
-    texts, _ = _history(record, records, module)
+    texts, _ = _history(record, records, module, roles)
     t = record.tensor
     if texts & names != names or len(names) != 1 or not t.is_floating_point() or t.shape[0] != x.shape[0] \
             or t.shape[-1] != x.shape[-1] or x.dim() != 3:
@@ -169,14 +170,14 @@ def _apply_selected(inputs: Inputs, found: KeyInput) -> bool:
     return True
 
 
-def _side(record: Record, records: list[Record], module: Any, x: torch.Tensor, names: set[str]) \
-        -> list[Record] | None:
+def _side(record: Record, records: list[Record], module: Any, x: torch.Tensor, names: set[str],
+          roles: frozenset[str] | None) -> list[Record] | None:
     """The ops of the module's weights or the poolings that made `record`, a tensor a projection reads, from the
     input x alone (`record` itself where none is needed: a tensor equal to x's rows); None where `record` is no
     input side (x laid out anew or cut, a projection on the way, another input read)."""
     from attnscope.usertrace.align import ancestors
 
-    texts, parameters = _history(record, records, module)
+    texts, parameters = _history(record, records, module, roles)
     if len(texts & names) != 1 or not _batched(record.tensor, x):
         return None
     if not parameters and (record.tensor.shape[-2] == x.shape[-2] or not _pooled(record, records)):
@@ -224,9 +225,25 @@ def _projected(records: list[Record], index: int) -> tuple[int, tuple[str, Any]]
     return call.index, call.args[1]
 
 
-def _history(record: Record, records: list[Record], module: Any) -> tuple[set[str], set[str]]:
+def _roles(records: list[Record], calls: tuple[int, ...]) -> frozenset[str] | None:
+    """The layers that make Q, K and V (their calls `calls`, projection_above); None where one of those calls mixes
+    the tokens of a projection's output (Linformer's `einsum('bnd,nk->bkd', to_k(x), proj_k)`, flow.along_tokens):
+    the feature projection is then above it, and every layer on the way counts as one."""
+    from attnscope.usertrace.flow import along_tokens, linears_of
+
+    made, _ = linears_of(records)
+    if any(c in made and along_tokens(records, records[c], made) for c in calls):
+        return None
+    return frozenset(str(records[c].args[0][1]) for c in calls)
+
+
+def _history(record: Record, records: list[Record], module: Any, roles: frozenset[str] | None
+             ) -> tuple[set[str], set[str]]:
     """The names the ops that made `record` read (inputs, parameters), and the module's parameters among them;
-    a projection's call on the way makes it no input side (empty)."""
+    a call of a role's projection on the way (`roles`: the layers that make Q, K and V, flow.operands) makes it no
+    input side (empty): keys made from the projected queries are a mistake, no convention. Another layer on the way,
+    one that makes no role (PVT-v2's linear mode: `sr`, a 1x1 Conv2d over the pooled map, then LayerNorm and GELU
+    before the Linear k and v), is the module's own op on the input side, as a strided Conv2d is."""
     from attnscope.usertrace.align import ancestors
     from attnscope.usertrace.flow import along_tokens, linears_of
 
@@ -235,8 +252,10 @@ def _history(record: Record, records: list[Record], module: Any) -> tuple[set[st
     # a weight over the input's tokens (a Linear over `x.transpose(1, 2)`, Linformer's E over x) is the module's
     # own reduction of the sequence, no projection
     mixers = {r.index for r in history if r.index in made and along_tokens(records, r, made)}
-    if any(r.style == "linear" and r.index not in mixers for r in history):
+    if any(r.style == "linear" and r.index not in mixers and (roles is None or made.get(r.index) in roles)
+           for r in history):
         return set(), set()
+    mixers |= {r.index for r in history if r.style == "linear" and r.index in made}
     texts = {made[i] for i in mixers}
     for r in history:
         for kind, value in r.args:
