@@ -381,6 +381,7 @@ def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
     projections; only there, since a plant that meets the values with the pattern transposed misleads it); None where
     the scores hold the keys first, neither says, or turning changes nothing."""
     from attnscope.usertrace import scoreaxes, scoreform
+    from attnscope.usertrace.cutnames import one_layer
     from attnscope.usertrace.reference import find_projections
     from attnscope.usertrace.refruns import given_roles, projected_roles
 
@@ -397,7 +398,7 @@ def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
             read = []
         roles = projected_roles(read[0], inputs) if read else roles
     query, key = (set(r) for r in roles)
-    if not query or not key or {n.split("[")[0] for n in query} & {n.split("[")[0] for n in key}:
+    if not query or not key or one_layer(query, key):
         # q and k cut from one fused projection (`qkv[0:32]`, `qkv[32:64]`), which the data flow cannot tell apart:
         laid = scoreform.written(called.records)  # the roles the line-up reads
         return allowed.transpose(-1, -2) if laid is not None and laid[1].endswith("n_K]") else None

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from attnscope.usertrace.cutnames import layer_of
 from attnscope.usertrace.rerun import Base, replay
 
 Norm = Callable[[torch.Tensor], torch.Tensor]
@@ -76,7 +77,7 @@ def _fused_rows(b: Base) -> dict[str, tuple[int, ...]] | None:
     if found is None:
         return None
     parts: dict[str, Any] = {role: found.linears.get(role, (None, None))[1] for role in "qkv"}
-    names = {getattr(p, "name", "").split("[")[0] for p in parts.values()}
+    names = {layer_of(getattr(p, "name", "")) for p in parts.values()}
     if any(getattr(p, "rows", None) is None for p in parts.values()) or len(names) != 1:
         return None
     return {role.upper(): tuple(part.rows) for role, part in parts.items()}

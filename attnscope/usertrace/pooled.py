@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnscope.usertrace.cutnames import layer_of
+
 if TYPE_CHECKING:
     from attnscope.trace import Trace
     from attnscope.usertrace.align import Layout
@@ -327,7 +329,7 @@ def _from_projection(records: list[Record], trace: Trace, role: str, operand: in
     rows = getattr(part, "rows", None)
     if projection is None or part is None or feat is None or projection.tensor.dim() != 3:
         return None
-    if str(name).split("[")[0] != str(projection.args[0][1]) and (
+    if layer_of(str(name)) != str(projection.args[0][1]) and (
             rows is not None or int(projection.tensor.shape[-1]) != int(feat.shape[-1])):
         # another role's whole projection pooled for this one (Linformer's values pooled from the keys'
         # projection, `values = keys` before `proj_v`): the code's own pooled tensor, the line-up shows the rest

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnscope.usertrace.cutnames import layer_of
+
 if TYPE_CHECKING:
     import torch
 
@@ -78,7 +80,7 @@ def _joined(records: list[Record], index: int, queries: tuple[tuple[str, Any], s
         projections = [projection_above(records, value) for _, value in listed]
         if any(p is None or p.args[0][0] != "text" for p in projections):
             continue
-        names_of = {str(p.args[0][1]).split("[")[0] for p in projections if p is not None}
+        names_of = {layer_of(str(p.args[0][1])) for p in projections if p is not None}
         reads = [p.args[1] for p in projections if p is not None]
         tensors = [_tensor(records, arg, names) for arg in reads]
         if len(names_of) != 1 or queried not in reads or any(t is None or t.dim() != 3 for t in tensors):

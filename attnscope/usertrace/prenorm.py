@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnscope.usertrace.cutnames import layer_of
+
 if TYPE_CHECKING:
     import torch
 
@@ -41,10 +43,10 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
             or inputs.cache is not None or not projections:
         return
     # a fused projection's rows (`to_qkv[0:32]`): the one call of the layer that holds them
-    names = {name.split("[")[0] for name in projections.values()}
+    names = {layer_of(name) for name in projections.values()}
     by_role = {role: name for name, role in inputs.roles.items()}
     calls = [r for r in records if r.style == "linear" and len(r.args) > 1 and r.args[0][0] == "text"
-             and r.args[0][1] in names and r.args[0][1] != projections.get("o", "").split("[")[0]]
+             and r.args[0][1] in names and r.args[0][1] != layer_of(projections.get("o", ""))]
     normed: dict[str, Record] = {}  # forward input -> the norm of it every projection reads
     for given in dict.fromkeys(by_role.values()):
         read = {c.args[1][1] if c.args[1][0] == "rec" else -1 for c in calls if _reads(c, records, given)}
