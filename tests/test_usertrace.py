@@ -64,6 +64,23 @@ def _classes(tmp_path):
     return load.own_classes(load.import_file(load.parse_spec(f"{path}:GPTConfig")[0]))
 
 
+def test_init_calls_a_transformers_config_the_file_imports(tmp_path):
+    """HF code copied as it is builds from transformers' own config (`GraniteAttention(config: GraniteConfig)`): a
+    PretrainedConfig subclass the file imports may be called; transformers' other classes may not."""
+    from transformers import GraniteConfig
+
+    from attnscope.usertrace.initargs import build, parse_init
+
+    path = _write(tmp_path, "from transformers import GraniteConfig, GraniteModel, PretrainedConfig\n")
+    classes = load.own_classes(load.import_file(load.parse_spec(f"{path}:GraniteConfig")[0]))
+    assert set(classes) == {"GraniteConfig"}, classes
+    built = build(parse_init("config=GraniteConfig(hidden_size=64, num_attention_heads=4, attention_multiplier=0.1)",
+                             classes, "user_code.py"))["config"]
+    assert isinstance(built, GraniteConfig) and built.hidden_size == 64 and built.attention_multiplier == 0.1
+    with pytest.raises(UsageError, match="GraniteModel is not one of its classes"):
+        parse_init("model=GraniteModel(1)", classes, "user_code.py")
+
+
 def test_init_calls_the_files_own_classes_with_literal_arguments(tmp_path):
     from attnscope.usertrace.initargs import ClassCall, build, parse_init
 

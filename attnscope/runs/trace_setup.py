@@ -84,6 +84,7 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
                      o.train)
     plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
     plan = maskroles.with_masks(plan, module.forward if module is not None else fn)  # a required `keep` it adds
+    plan = maskroles.with_residuals(plan, module.forward if module is not None else fn)  # `shortcut + proj(out)`
     plan = flags.as_flags(plan, module.forward if module is not None else fn)  # output_attentions with no default
     if o.rope:  # a parameter the code unpacks in two, (cos, sin) under a name of its own (nanochat's cos_sin)
         plan = plan.with_pairs(pairparams.unpacked_in_two(module.forward if module is not None else fn,

@@ -3,10 +3,11 @@
 A value is a Python literal (numbers, strings, True/False/None, tuples, lists, sets, dicts: what
 `ast.literal_eval` reads), or a call of a class defined in the user's own file, with such values as its
 arguments: `--init "config=GPTConfig(n_embd=64, n_head=4)"` builds nanoGPT's config dataclass, as
-`CausalSelfAttention(config)` wants it. Nothing else is evaluated: no names (but a called class's), no
-attribute access (`torch.float32`), no calls of functions or of classes from elsewhere (`nn.Linear`,
-`__import__`), no operators (`1 + 1`). The classes are called when the module is built (load.construct),
-as the user's code, under the same guard.
+`CausalSelfAttention(config)` wants it; a transformers model config the file imports is such a class too
+(`--init "config=GraniteConfig(hidden_size=64, ...)"` for HF's `GraniteAttention(config)`: load.own_classes).
+Nothing else is evaluated: no names (but a called class's), no attribute access (`torch.float32`), no calls of
+functions or of classes from elsewhere (`nn.Linear`, `__import__`), no operators (`1 + 1`). The classes are called
+when the module is built (load.construct), as the user's code, under the same guard.
 
 Text a parser cannot take safely is refused in one line (exit 2): longer than MAX_CHARS (`1+1+...` with
 20,000 terms overflows the parser's recursion), not encodable as UTF-8 (an invalid byte on the command
@@ -134,7 +135,7 @@ class _Reader:
     def _refusal(self, node: ast.expr, where: str) -> str:
         """Say what in the value is not allowed: a call of something else, a name, an attribute, an operator."""
         allowed = ("is not a Python literal (numbers, strings, True/False/None, tuples, lists, dicts) or a call "
-                   f"of a class {self.file} defines")
+                   f"of a class {self.file} defines or a transformers config class it imports)")
         defined = f" ({self.file} defines {', '.join(sorted(self.classes))})" if self.classes else ""
         for part in ast.walk(node):
             if isinstance(part, ast.Call):

@@ -502,11 +502,20 @@ def defined_here(module: ModuleType) -> str:
 
 
 def own_classes(module: ModuleType | None) -> dict[str, type]:
-    """The classes the file itself defines, by name: the only ones --init may call."""
+    """The classes --init may call, by name: those the file itself defines, and the model configs of transformers'
+    own it imports (`from transformers import GraniteConfig`: a PretrainedConfig subclass, data that transformers'
+    code builds, as `GraniteAttention(config)` wants it); no other class of elsewhere."""
     if module is None:
         return {}
-    return {n: v for n, v in vars(module).items()
-            if inspect.isclass(v) and getattr(v, "__module__", None) == module.__name__}
+    found = {n: v for n, v in vars(module).items()
+             if inspect.isclass(v) and getattr(v, "__module__", None) == module.__name__}
+    imported = {n: v for n, v in vars(module).items() if n not in found and inspect.isclass(v)
+                and str(getattr(v, "__module__", "")).startswith("transformers.")}
+    if imported:
+        from transformers import PretrainedConfig
+
+        found |= {n: v for n, v in imported.items() if issubclass(v, PretrainedConfig) and v is not PretrainedConfig}
+    return found
 
 
 def parse_init(text: str | None, target: Target | None = None) -> dict[str, Any]:

@@ -18,14 +18,13 @@ import os
 import textwrap
 from typing import TYPE_CHECKING, Any
 
+from attnscope.usertrace.astreads import PRODUCTS, called, climb, derived, is_layer, module_call
+from attnscope.usertrace.offscores import added_to, off_scores
+
 if TYPE_CHECKING:
     from attnscope.usertrace.load import Plan
 
-PRODUCTS = ("matmul", "bmm", "einsum", "linear", "mm", "conv1d", "conv2d", "baddbmm")
 COMBINED = (ast.Add, ast.Sub, ast.Mult)
-SAME_MASK = ("bool", "float", "double", "half", "long", "int", "to", "type", "unsqueeze", "view", "reshape", "expand",
-             "expand_as", "logical_not", "transpose", "permute", "squeeze", "contiguous", "flatten", "type_as")
-MODULES = ("torch", "math", "np", "numpy", "float", "int", "F")
 DEPTH = 3  # helpers followed: the forward's, theirs, and theirs
 
 
@@ -64,6 +63,34 @@ def with_masks(plan: Plan, fn: Any) -> Plan:
                                said={**plan.said, found: said})
 
 
+def with_residuals(plan: Plan, fn: Any) -> Plan:
+    """`plan` with each required tensor after the input that the code only adds to (or multiplies into) what it
+    returns (a residual `shortcut + self.proj(out)`, never projected, never combined with the scores), or only adds
+    to the input before projecting it (a position embedding under any name), handed a random tensor shaped as the
+    input, as a position embedding is, no longer a second input (the memory of a cross-attention), with a note."""
+    if not plan.tensors:
+        return plan
+    uses = {n: read(fn, n) for n in plan.tensors[1:]}
+    returned = [n for n, found in uses.items() if found and found <= {"residual", "test"} and "residual" in found]
+    # DETR's `q = self.q_proj(tgt + query_embed)` with `v = self.v_proj(tgt)`: added to the input before its
+    # projections, never projected alone: the input's position embedding, whatever its name
+    added = [n for n, found in uses.items() if found and found <= {"added", "residual", "test"} and "added" in found
+             and added_to(fn, n, plan.tensors[0])]
+    found = returned + added
+    if not found:
+        return plan
+    said = {n: f"{n}: your code only combines it with what it returns (added or multiplied), never projects it and "
+               "never combines it with its scores: read as a residual, given a random tensor shaped as the input, "
+               "not a second input"
+            for n in returned}
+    said |= {n: f"{n}: your code adds it to {plan.tensors[0]} before projecting them, never projects it alone and "
+                "never combines it with its scores: read as a position embedding, given a random tensor shaped as "
+                "the input, not a second input" for n in added}
+    return dataclasses.replace(plan, tensors=[n for n in plan.tensors if n not in found],
+                               embeddings=[*plan.embeddings, *found],
+                               embeddings_required=[*plan.embeddings_required, *found], said={**plan.said, **said})
+
+
 def _home(fn: Any) -> str | None:
     try:
         path = inspect.getsourcefile(fn)
@@ -78,23 +105,23 @@ def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
     except (TypeError, ValueError, OSError, SyntaxError):
         return set()
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    names = _derived(tree, name)
+    names = derived(tree, name)
     found: set[str] = set()
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names):
             continue
-        kind = _use(node, parents)
+        kind = _use(node, parents, depth == DEPTH)
         if kind == "on":
-            top, call = _climb(node, parents)
+            top, call = climb(node, parents)
             top, call = (call, parents.get(call)) if isinstance(call, ast.keyword) else (top, call)
             helper = _helper(fn, call, home) if depth > 0 and isinstance(call, ast.Call) else None
             param = _param(helper, call, top) if helper is not None and isinstance(call, ast.Call) else None
             if param is not None:
                 found |= _read(helper, param, depth - 1, home)
             else:  # a layer of torch's (`self.k_proj(context)`) projects it; another's call may test it
-                found.add("input" if isinstance(call, ast.Call) and _is_layer(call.func) and helper is None else "on")
+                found.add("input" if isinstance(call, ast.Call) and is_layer(call.func) and helper is None else "on")
         elif kind == "kept":
-            top, parent = _climb(node, parents)
+            top, parent = climb(node, parents)
             if isinstance(parent, ast.Assign) and parent.value is top \
                     and any(isinstance(t, (ast.Tuple, ast.List)) for t in parent.targets):
                 found.add("unpacked")  # `cos, sin = cos_sin`: several tensors, RoPE's tables, never one mask
@@ -103,70 +130,10 @@ def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
     return found
 
 
-def _derived(tree: ast.AST, name: str) -> set[str]:
-    """`name` and the names the code makes of it alone, to a fixed point: an assignment whose value reaches it through
-    steps that only reshape, cast, compare or scale it by constants (`neg = (1.0 - pad[:, None]) * -1e4`), never one
-    that combines it with another tensor (the scores) or hands it to a call."""
-    names = {name}
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    grown = True
-    while grown:
-        grown = False
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names):
-                continue
-            top, parent = _climb(node, parents)
-            if isinstance(parent, ast.Assign) and parent.value is top:
-                for target in parent.targets:
-                    for n in ast.walk(target):
-                        if isinstance(n, ast.Name) and n.id not in names:
-                            names.add(n.id)
-                            grown = True
-    return names
-
-
-def _climb(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> tuple[ast.AST, ast.AST | None]:
-    """From a read of the mask up through the steps that keep it the mask alone (SAME_MASK's methods, an index, a
-    comparison other than a test for None, `~`, `-`, a choice between two forms, an operation with constants): the
-    outermost such expression and its parent."""
-    parent = parents.get(node)
-    while parent is not None:
-        if isinstance(parent, ast.UnaryOp) and not isinstance(parent.op, ast.Not) \
-                or isinstance(parent, ast.Subscript) and parent.value is node \
-                or isinstance(parent, ast.Compare) and not _none_test(parent) \
-                or isinstance(parent, ast.IfExp) and parent.test is not node \
-                or isinstance(parent, ast.BinOp) and not isinstance(parent.op, ast.MatMult) \
-                and _constant(parent.right if parent.left is node else parent.left):
-            node, parent = parent, parents.get(parent)
-        elif isinstance(parent, ast.Attribute) and parent.attr in SAME_MASK:
-            node, parent = parent, parents.get(parent)
-            if isinstance(parent, ast.Call) and parent.func is node:
-                node, parent = parent, parents.get(parent)
-        else:
-            break
-    return node, parent
-
-
-def _constant(node: ast.AST) -> bool:
-    """An expression of constants alone: numbers, `torch.finfo(x.dtype).min`, `float("-inf")`, `math.inf` (a tensor's
-    name only under .dtype, .device or .shape)."""
-    parents = {child: n for n in ast.walk(node) for child in ast.iter_child_nodes(n)}
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name) and n.id not in MODULES:
-            above = parents.get(n)
-            if not (isinstance(above, ast.Attribute) and above.attr in ("dtype", "device", "shape")):
-                return False
-    return True
-
-
-def _is_layer(func: ast.AST) -> bool:
-    """`self.k_proj(...)`, `self.qkv(...)`: a call of one of the module's own layers."""
-    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
-
-
-def _use(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
-    """How one read of the parameter (or a name made of it) reads it."""
-    node, parent = _climb(node, parents)
+def _use(node: ast.AST, parents: dict[ast.AST, ast.AST], forward: bool = True) -> str:
+    """How one read of the parameter (or a name made of it) reads it; `forward`: read in the forward itself, not in
+    a helper it hands the parameter to (what a helper returns goes back to its caller)."""
+    node, parent = climb(node, parents)
     if parent is None:
         return "value"
     if isinstance(parent, (ast.If, ast.IfExp, ast.While, ast.Assert)) and parent.test is node \
@@ -175,11 +142,14 @@ def _use(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
         return "test"
     if isinstance(parent, (ast.BinOp, ast.AugAssign)):
         op = parent.op
+        off = off_scores(node, parent, parents, forward) if isinstance(op, COMBINED) else None
+        if off is not None:  # a position added to the input ("added"), a residual to the output: no mask
+            return off
         return "input" if isinstance(op, ast.MatMult) else "mask" if isinstance(op, COMBINED) else "value"
     if isinstance(parent, ast.keyword):
         call = parents.get(parent)
         if isinstance(call, ast.Call):
-            if parent.arg in ("mask", "condition") and _called(call) in ("masked_fill", "masked_fill_", "where"):
+            if parent.arg in ("mask", "condition") and called(call) in ("masked_fill", "masked_fill_", "where"):
                 return "mask"
             return _in_call(call, node, parent.arg)
     if isinstance(parent, ast.Call):
@@ -192,11 +162,11 @@ def _use(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
 
 
 def _in_call(call: ast.Call, node: ast.AST, keyword: str | None) -> str:
-    name = _called(call)
-    if _is_layer(call.func) and name not in ("masked_fill", "where"):
+    name = called(call)
+    if is_layer(call.func) and name not in ("masked_fill", "where"):
         return "on" if keyword is not None or node in call.args else "value"
     if name in ("masked_fill", "masked_fill_"):
-        method = isinstance(call.func, ast.Attribute) and not _module_call(call.func)
+        method = isinstance(call.func, ast.Attribute) and not module_call(call.func)
         index = call.args.index(node) if node in call.args else -1
         return "mask" if (method and index == 0) or (not method and index == 1) else "value"
     if name == "where":
@@ -206,26 +176,12 @@ def _in_call(call: ast.Call, node: ast.AST, keyword: str | None) -> str:
     return "on"  # handed on: to a helper (followed where it is the user's) or to a library's call (that may test it)
 
 
-def _called(call: ast.Call) -> str:
-    func = call.func
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-
-
-def _module_call(func: ast.Attribute) -> bool:
-    """`torch.masked_fill(...)`, `F.linear(...)`: a library's function, not a tensor's method."""
-    return isinstance(func.value, ast.Name) and func.value.id in ("torch", "F", "nn", "functional")
-
-
-def _none_test(node: ast.Compare) -> bool:
-    return all(isinstance(o, ast.Constant) and (o.value is None or isinstance(o.value, bool)) for o in node.comparators)
-
-
 def _helper(fn: Any, call: ast.Call, home: str | None) -> Any:
     """The user's own function or method `call` calls (defined in the forward's folder); None otherwise."""
     func, found = call.func, None
     if isinstance(func, ast.Name):
         found = getattr(getattr(fn, "__func__", fn), "__globals__", {}).get(func.id)
-    elif _is_layer(func) and hasattr(fn, "__self__"):
+    elif is_layer(func) and hasattr(fn, "__self__"):
         found = getattr(fn.__self__, func.attr, None)  # type: ignore[attr-defined]
         found = getattr(found, "forward", found) if not inspect.ismethod(found) else found
     if home is None or not (inspect.isfunction(found) or inspect.ismethod(found)):

@@ -77,7 +77,7 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     if first is None:
         # every step has its equal: what the code returns must hold the last of them too (a merge after it, a
         # reshape without the permute back, is no step of the reference's)
-        first, goes_on = return_differs(out.rows, trace, records, skips, set(inputs.tensors), train) \
+        first, goes_on = return_differs(out.rows, trace, records, skips, set(inputs.tensors) | _handed(module), train) \
             if spec is None or spec.out_ops is None else (None, None)  # compared up to the merge (outops.py)
         if goes_on is not None:
             out.notes.append(goes_on)
@@ -152,3 +152,13 @@ def _kernel_notes(records: list[Record]) -> list[str]:
                          "materializing them; they are recomputed from its arguments to line up, named in "
                          "parentheses, (scores), and its output is compared as it is")
     return notes
+
+
+def _handed(module: Any) -> set[str]:
+    """The names of the forward's parameters: every tensor the code is handed (a residual fed as an embedding too)."""
+    import inspect
+
+    try:
+        return set(inspect.signature(module.forward).parameters) if module is not None else set()
+    except (TypeError, ValueError):
+        return set()

@@ -1,0 +1,152 @@
+"""Whether a parameter the code adds to (or multiplies by) another tensor is off the scores: a residual added to
+what the module returns (`shortcut + self.proj(out)`), a position embedding added to the input before its projections
+(`self.q_proj(tgt + query_embed)`), rather than a mask combined with the scores. Read from the forward's AST: the
+other operand is no attention weights (nothing a softmax made, elementwise) and the combination's value reaches no
+softmax, every path from it ending in a projection or the return. Any other path (a helper's call, a library's
+function that may take the scores) is left on the scores (maskroles.py reads a mask there)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Any
+
+from attnscope.usertrace.astreads import PRODUCTS, called, derived, is_layer
+
+
+def off_scores(node: ast.AST, combined: ast.BinOp | ast.AugAssign, parents: dict[ast.AST, ast.AST], forward: bool
+               ) -> str | None:
+    """Where `combined`, the parameter's read `node` added to (or multiplied by) another tensor, goes where it is off
+    the scores: its other operand is no attention weights (nothing a softmax made), and its result reaches no
+    softmax: "added" where it is projected on some path (DETR's `self.q_proj(tgt + query_pos)`), "residual" where it
+    is only returned (`residual + self.o_proj(out)`). None (on the scores, as before) on any other path: a helper's
+    call, a library's function that may take the scores, and the return of a helper (`forward` False: the user's
+    function the forward hands the parameter to, `def add(scores, bias): return scores + bias`), whose caller may
+    take what it returns to the scores."""
+    root: ast.AST = combined
+    while root in parents:
+        root = parents[root]
+    weights = _softmaxed(root)
+    other = combined.target if isinstance(combined, ast.AugAssign) else \
+        combined.right if combined.left is node else combined.left
+    if _weighs(other, weights) or _softmax_in(other):
+        return None
+    ends: set[str] = set()
+    if isinstance(combined, ast.AugAssign):
+        off = _names_off({n.id for n in ast.walk(combined.target) if isinstance(n, ast.Name)}, root, parents, ends)
+    else:
+        off = _flows_off(combined, root, parents, set(), ends)
+    if not off or "returned" in ends and not forward:
+        return None
+    return "added" if "projected" in ends else "residual"
+
+
+SOFTMAX_CALLS = ("softmax", "log_softmax", "exp", "exp_", "scaled_dot_product_attention", "masked_fill",
+                 "masked_fill_", "where", "sigmoid")
+PASSING = ("torch", "F", "math")  # a library's elementwise function passes the value on (`torch.tanh(x + pos)`)
+
+
+def _softmax_in(expr: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and called(n) in SOFTMAX_CALLS for n in ast.walk(expr))
+
+
+def _softmaxed(root: ast.AST) -> set[str]:
+    """The names bound to what a softmax made, and to what is made of them, to a fixed point (the weights)."""
+    names: set[str] = set()
+    grown = True
+    while grown:
+        grown = False
+        for node in ast.walk(root):
+            if isinstance(node, ast.Assign) and (_softmax_in(node.value) or _weighs(node.value, names)):
+                for n in (t for target in node.targets for t in ast.walk(target)):
+                    if isinstance(n, ast.Name) and n.id not in names:
+                        names.add(n.id)
+                        grown = True
+    return names
+
+
+def _weighs(expr: ast.AST, names: set[str]) -> bool:
+    """Whether `expr` holds the weights (a name of `names`) elementwise: not through a product (`a @ v`, a matmul,
+    an einsum, a layer's call), which makes the attention's output of them."""
+    inside = {child: node for node in ast.walk(expr) for child in ast.iter_child_nodes(node)}
+    for n in ast.walk(expr):
+        if not (isinstance(n, ast.Name) and n.id in names):
+            continue
+        parent = inside.get(n)
+        while parent is not None:
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.MatMult) \
+                    or isinstance(parent, ast.Call) and (called(parent) in PRODUCTS or is_layer(parent.func)):
+                break
+            parent = inside.get(parent)
+        else:
+            return True
+    return False
+
+
+def _flows_off(expr: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST], seen: set[str], ends: set[str]
+               ) -> bool:
+    """Whether the value of `expr` reaches no softmax: every path from it ends in a layer's call or a `@` (a
+    projection: "projected" added to `ends`) or the return ("returned")."""
+    node, parent = expr, parents.get(expr)
+    while parent is not None:
+        if isinstance(parent, ast.Call):
+            if node is parent.func:  # never: a value is not called
+                return False
+            name = called(parent)
+            if name in SOFTMAX_CALLS:
+                return False
+            if is_layer(parent.func):
+                ends.add("projected")
+                return True
+            func = parent.func
+            library = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in PASSING
+            if not library:
+                return False  # a helper's or another call: it may take the scores
+        elif isinstance(parent, ast.Attribute):
+            if parent.attr in SOFTMAX_CALLS:
+                return False
+        elif isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.MatMult):
+            ends.add("projected")
+            return True
+        elif isinstance(parent, ast.Return):
+            ends.add("returned")
+            return True
+        elif isinstance(parent, ast.Assign):
+            return _names_off({n.id for t in parent.targets for n in ast.walk(t) if isinstance(n, ast.Name)},
+                              root, parents, ends, seen)
+        elif isinstance(parent, ast.stmt):
+            return False
+        node, parent = parent, parents.get(parent)
+    return False
+
+
+def _names_off(names: set[str], root: ast.AST, parents: dict[ast.AST, ast.AST], ends: set[str],
+               seen: set[str] | None = None) -> bool:
+    """`_flows_off` for every read of the names the value is bound to."""
+    seen = set() if seen is None else seen
+    fresh = names - seen
+    seen |= fresh
+    reads = [n for n in ast.walk(root) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in fresh]
+    return all(_flows_off(n, root, parents, seen, ends) for n in reads)
+
+
+def added_to(fn: Any, name: str, first: str) -> bool:
+    """Whether every `+` in the forward that reads `name` (or a name made of it alone) has `first` (the forward's
+    input, or a name made of it alone) on its other side."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (TypeError, ValueError, OSError, SyntaxError):
+        return False
+    mine, theirs = derived(tree, name), derived(tree, first)
+    seen = False
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)):
+            continue
+        sides = [{n.id for n in ast.walk(side) if isinstance(n, ast.Name)} for side in (node.left, node.right)]
+        for one, other in (sides, sides[::-1]):
+            if one & mine:
+                if not other & theirs:
+                    return False
+                seen = True
+    return seen
