@@ -42,13 +42,15 @@ def test_the_styles_are_sdpa_and_the_plants_change_them():
         want = qe.proj(_sdpa(qe.q(x + r), qe.k(x + r), qe.v(x)))
         assert torch.allclose(qe(x, r), want, atol=1e-10)
         assert (_planted(styles.QueryEmbed, qe, "softmax_axis", x, r) - want).abs().max() > 1e-2
+        sl = styles.SoftmaxLayer().double().eval()
+        assert torch.allclose(sl(x, additive), sl.proj(_sdpa(sl.q(x), sl.k(x), sl.v(x), causal)), atol=1e-10)
         mp = styles.MemoryPlusPos().double().eval()
         m, p = (torch.randn(2, 9, 32, generator=g, dtype=torch.float64) for _ in range(2))
         assert torch.allclose(mp(x, m, p), mp.proj(_sdpa(mp.q(x), mp.k(m + p), mp.v(m))), atol=1e-10)
 
 
 CORRECT = [("ShortcutBlock", None, ("--causal",)), ("ShortcutBlock", None, ()), ("ReturnedResidual", None, ()),
-           ("QueryEmbed", None, ())]
+           ("QueryEmbed", None, ()), ("SoftmaxLayer", None, ("--causal",))]
 
 test_correct_styles_pass = passing_test(STYLES, CORRECT)
 
@@ -105,11 +107,15 @@ def test_how_an_added_parameter_is_read():
     to its caller, which may take it to the scores (a mask, as before)."""
     from attnscope.usertrace import maskroles
 
-    assert maskroles.read(styles.ShortcutBlock.forward, "shortcut") == {"residual"}
-    assert maskroles.role(styles.ShortcutBlock.forward, "attn_mask") == "mask"
-    assert maskroles.read(styles.ReturnedResidual.forward, "residual") == {"residual"}
-    assert maskroles.read(styles.QueryEmbed.forward, "query_embed") == {"added"}
-    assert "input" in maskroles.read(styles.MemoryPlusPos.forward, "memory")
+    assert maskroles.read(styles.ShortcutBlock().forward, "shortcut") == {"residual"}
+    assert maskroles.role(styles.ShortcutBlock().forward, "attn_mask") == "mask"
+    assert maskroles.read(styles.ReturnedResidual().forward, "residual") == {"residual"}
+    assert maskroles.read(styles.QueryEmbed().forward, "query_embed") == {"added"}
+    assert "input" in maskroles.read(styles.MemoryPlusPos().forward, "memory")
+    # a layer it cannot tell (no module at hand) may be a softmax: the sum stays on the scores
+    assert maskroles.read(styles.QueryEmbed.forward, "query_embed") == {"mask"}
+    # the module's nn.Softmax is a softmax, its nn.Dropout passes the value on (vit-pytorch's self.attend)
+    assert maskroles.role(styles.SoftmaxLayer().forward, "bias") == "mask"
     assert maskroles.role(_scores_through_helper, "bias") == "mask"
     assert maskroles.role(_weights_scaled, "keep") == "mask"
     assert maskroles.role(_output_scaled, "gain") is None

@@ -6,6 +6,7 @@ combines with its scores, under a name that says nothing of its role.
 - `ReturnedResidual`: `forward(x, residual)`, `out = self.o(..)`, then `out = out + residual`, `return out`.
 - `QueryEmbed`: DETR's self-attention with the position embedding named `query_embed`: `qk = tgt + query_embed`,
   q and k projected from it, v from `tgt` alone.
+- `SoftmaxLayer`: vit-pytorch's `self.attend = nn.Softmax(dim=-1)` over `self.drop(dots + bias)`: the bias is the mask.
 - `MemoryPlusPos`: DETR's cross-attention, for contrast: `self.k(memory + pos)`, `self.v(memory)`: memory is the
   keys' input (projected alone), never a residual.
 """
@@ -82,4 +83,15 @@ class MemoryPlusPos(_Heads):
         q = self.split(self.q(tgt))
         k, v = self.split(self.k(memory + pos)), self.split(self.v(memory))
         attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(dim=-1)
+        return self.proj(self.merge(attn @ v))
+
+
+class SoftmaxLayer(_Heads):
+    def __init__(self, dim=32, heads=4):
+        super().__init__(dim, heads, 44)
+        self.attend, self.drop = nn.Softmax(dim=-1), nn.Dropout(0.0)
+
+    def forward(self, x, bias):
+        q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(self.v(x))
+        attn = self.attend(self.drop(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 + bias))
         return self.proj(self.merge(attn @ v))

@@ -110,7 +110,7 @@ def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names):
             continue
-        kind = _use(node, parents, depth == DEPTH)
+        kind = _use(node, parents, depth == DEPTH, getattr(fn, "__self__", None))
         if kind == "on":
             top, call = climb(node, parents)
             top, call = (call, parents.get(call)) if isinstance(call, ast.keyword) else (top, call)
@@ -130,9 +130,10 @@ def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
     return found
 
 
-def _use(node: ast.AST, parents: dict[ast.AST, ast.AST], forward: bool = True) -> str:
+def _use(node: ast.AST, parents: dict[ast.AST, ast.AST], forward: bool = True, owner: Any = None) -> str:
     """How one read of the parameter (or a name made of it) reads it; `forward`: read in the forward itself, not in
-    a helper it hands the parameter to (what a helper returns goes back to its caller)."""
+    a helper it hands the parameter to (what a helper returns goes back to its caller); `owner`: the module whose
+    layers it calls."""
     node, parent = climb(node, parents)
     if parent is None:
         return "value"
@@ -142,7 +143,7 @@ def _use(node: ast.AST, parents: dict[ast.AST, ast.AST], forward: bool = True) -
         return "test"
     if isinstance(parent, (ast.BinOp, ast.AugAssign)):
         op = parent.op
-        off = off_scores(node, parent, parents, forward) if isinstance(op, COMBINED) else None
+        off = off_scores(node, parent, parents, forward, owner) if isinstance(op, COMBINED) else None
         if off is not None:  # a position added to the input ("added"), a residual to the output: no mask
             return off
         return "input" if isinstance(op, ast.MatMult) else "mask" if isinstance(op, COMBINED) else "value"

@@ -15,15 +15,17 @@ from typing import Any
 from attnscope.usertrace.astreads import PRODUCTS, called, derived, is_layer
 
 
-def off_scores(node: ast.AST, combined: ast.BinOp | ast.AugAssign, parents: dict[ast.AST, ast.AST], forward: bool
-               ) -> str | None:
+def off_scores(node: ast.AST, combined: ast.BinOp | ast.AugAssign, parents: dict[ast.AST, ast.AST], forward: bool,
+               owner: Any = None) -> str | None:
     """Where `combined`, the parameter's read `node` added to (or multiplied by) another tensor, goes where it is off
     the scores: its other operand is no attention weights (nothing a softmax made), and its result reaches no
     softmax: "added" where it is projected on some path (DETR's `self.q_proj(tgt + query_pos)`), "residual" where it
     is only returned (`residual + self.o_proj(out)`). None (on the scores, as before) on any other path: a helper's
     call, a library's function that may take the scores, and the return of a helper (`forward` False: the user's
     function the forward hands the parameter to, `def add(scores, bias): return scores + bias`), whose caller may
-    take what it returns to the scores."""
+    take what it returns to the scores. `owner`: the module whose layers the code calls (`self.attend(dots)` is an
+    nn.Softmax, `self.drop(..)` passes the value on, `self.q_proj(..)` projects it); a layer it cannot tell keeps the
+    sum on the scores."""
     root: ast.AST = combined
     while root in parents:
         root = parents[root]
@@ -34,9 +36,10 @@ def off_scores(node: ast.AST, combined: ast.BinOp | ast.AugAssign, parents: dict
         return None
     ends: set[str] = set()
     if isinstance(combined, ast.AugAssign):
-        off = _names_off({n.id for n in ast.walk(combined.target) if isinstance(n, ast.Name)}, root, parents, ends)
+        off = _names_off({n.id for n in ast.walk(combined.target) if isinstance(n, ast.Name)}, root, parents, ends,
+                         owner)
     else:
-        off = _flows_off(combined, root, parents, set(), ends)
+        off = _flows_off(combined, root, parents, set(), ends, owner)
     if not off or "returned" in ends and not forward:
         return None
     return "added" if "projected" in ends else "residual"
@@ -84,8 +87,24 @@ def _weighs(expr: ast.AST, names: set[str]) -> bool:
     return False
 
 
-def _flows_off(expr: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST], seen: set[str], ends: set[str]
-               ) -> bool:
+def _layer(owner: Any, func: ast.AST) -> str | None:
+    """What the module's own layer `self.<name>` does to what it reads: "softmax" (nn.Softmax, nn.LogSoftmax),
+    "projects" (nn.Linear, a convolution, GPT-2's Conv1D), "passes" (torch's other layers: dropout, a norm, an
+    activation, the identity); None where it cannot tell (a layer of the user's own, no module at hand)."""
+    from torch import nn
+
+    layer = getattr(owner, func.attr, None) if isinstance(func, ast.Attribute) else None
+    if not isinstance(layer, nn.Module):
+        return None
+    if isinstance(layer, (nn.Softmax, nn.LogSoftmax, nn.Softmin)):
+        return "softmax"
+    if isinstance(layer, (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd)) or type(layer).__name__ == "Conv1D":
+        return "projects"
+    return "passes" if type(layer).__module__.startswith("torch.nn.") else None
+
+
+def _flows_off(expr: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST], seen: set[str], ends: set[str],
+               owner: Any = None) -> bool:
     """Whether the value of `expr` reaches no softmax: every path from it ends in a layer's call or a `@` (a
     projection: "projected" added to `ends`) or the return ("returned")."""
     node, parent = expr, parents.get(expr)
@@ -97,8 +116,14 @@ def _flows_off(expr: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST], se
             if name in SOFTMAX_CALLS:
                 return False
             if is_layer(parent.func):
-                ends.add("projected")
-                return True
+                kind = _layer(owner, parent.func)
+                if kind == "projects":
+                    ends.add("projected")
+                    return True
+                if kind != "passes":
+                    return False  # a softmax, or a layer that may be one
+                node, parent = parent, parents.get(parent)
+                continue
             func = parent.func
             library = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in PASSING
             if not library:
@@ -114,21 +139,21 @@ def _flows_off(expr: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST], se
             return True
         elif isinstance(parent, ast.Assign):
             return _names_off({n.id for t in parent.targets for n in ast.walk(t) if isinstance(n, ast.Name)},
-                              root, parents, ends, seen)
+                              root, parents, ends, owner, seen)
         elif isinstance(parent, ast.stmt):
             return False
         node, parent = parent, parents.get(parent)
     return False
 
 
-def _names_off(names: set[str], root: ast.AST, parents: dict[ast.AST, ast.AST], ends: set[str],
+def _names_off(names: set[str], root: ast.AST, parents: dict[ast.AST, ast.AST], ends: set[str], owner: Any = None,
                seen: set[str] | None = None) -> bool:
     """`_flows_off` for every read of the names the value is bound to."""
     seen = set() if seen is None else seen
     fresh = names - seen
     seen |= fresh
     reads = [n for n in ast.walk(root) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in fresh]
-    return all(_flows_off(n, root, parents, seen, ends) for n in reads)
+    return all(_flows_off(n, root, parents, seen, ends, owner) for n in reads)
 
 
 def added_to(fn: Any, name: str, first: str) -> bool:
