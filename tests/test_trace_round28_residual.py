@@ -119,3 +119,32 @@ def test_how_an_added_parameter_is_read():
     assert maskroles.role(_scores_through_helper, "bias") == "mask"
     assert maskroles.role(_weights_scaled, "keep") == "mask"
     assert maskroles.role(_output_scaled, "gain") is None
+
+
+def _rotated_keys(q, k, v):
+    cos, sin = torch.ones(q.shape[-1]), torch.zeros(q.shape[-1])
+    d = q.shape[-1]  # q read before it is rotated: another value, whose reads say nothing of the sum's
+    q, k = q * cos + q.flip(-1) * sin, k * cos + k.flip(-1) * sin
+    return F.scaled_dot_product_attention(q, k, v, scale=d ** -0.5)
+
+
+def _angles_from_steps(x, step):
+    inv = 1.0 / 10000.0 ** (torch.arange(0, x.shape[-1], 2) / x.shape[-1])
+    angles = step.float()[..., None] * inv
+    cos = angles.cos().repeat_interleave(2, dim=-1)
+
+    def turn(u):
+        return u * cos
+
+    q = turn(x)
+    return (q @ x.transpose(-1, -2)).softmax(-1) @ x
+
+
+def test_rotated_inputs_and_positions_are_no_masks():
+    """Keys rotated by RoPE's tables and handed to SDPA as its key (round 24's ntk_attention), and steps made into
+    RoPE's angles (round 25's StepRotaryAttention), were read as masks since 5b58727: neither is."""
+    from attnscope.usertrace import maskroles
+
+    assert maskroles.role(_rotated_keys, "k") is None and "added" in maskroles.read(_rotated_keys, "k")
+    assert maskroles.read(_angles_from_steps, "step") == {"angles"}
+    assert maskroles.role(_angles_from_steps, "step") is None

@@ -20,12 +20,13 @@ def off_scores(node: ast.AST, combined: ast.BinOp | ast.AugAssign, parents: dict
     """Where `combined`, the parameter's read `node` added to (or multiplied by) another tensor, goes where it is off
     the scores: its other operand is no attention weights (nothing a softmax made), and its result reaches no
     softmax: "added" where it is projected on some path (DETR's `self.q_proj(tgt + query_pos)`), "residual" where it
-    is only returned (`residual + self.o_proj(out)`). None (on the scores, as before) on any other path: a helper's
-    call, a library's function that may take the scores, and the return of a helper (`forward` False: the user's
-    function the forward hands the parameter to, `def add(scores, bias): return scores + bias`), whose caller may
-    take what it returns to the scores. `owner`: the module whose layers the code calls (`self.attend(dots)` is an
-    nn.Softmax, `self.drop(..)` passes the value on, `self.q_proj(..)` projects it); a layer it cannot tell keeps the
-    sum on the scores."""
+    is only returned (`residual + self.o_proj(out)`), "angles" where it only makes RoPE's angles (`step[..., None]
+    * inv_freq`, then `.cos()`, `.sin()`: positions, no mask). None (on the scores, as before) on any other path: a
+    helper's call, a library's function that may take the scores, and the return of a helper (`forward` False: the
+    user's function the forward hands the parameter to, `def add(scores, bias): return scores + bias`), whose caller
+    may take what it returns to the scores. `owner`: the module whose layers the code calls (`self.attend(dots)` is
+    an nn.Softmax, `self.drop(..)` passes the value on, `self.q_proj(..)` projects it); a layer it cannot tell keeps
+    the sum on the scores."""
     root: ast.AST = combined
     while root in parents:
         root = parents[root]
@@ -37,12 +38,12 @@ def off_scores(node: ast.AST, combined: ast.BinOp | ast.AugAssign, parents: dict
     ends: set[str] = set()
     if isinstance(combined, ast.AugAssign):
         off = _names_off({n.id for n in ast.walk(combined.target) if isinstance(n, ast.Name)}, root, parents, ends,
-                         owner)
+                         owner, _end(combined))
     else:
         off = _flows_off(combined, root, parents, set(), ends, owner)
     if not off or "returned" in ends and not forward:
         return None
-    return "added" if "projected" in ends else "residual"
+    return "added" if "projected" in ends else "residual" if "returned" in ends else "angles"
 
 
 SOFTMAX_CALLS = ("softmax", "log_softmax", "exp", "exp_", "scaled_dot_product_attention", "masked_fill",
@@ -103,6 +104,26 @@ def _layer(owner: Any, func: ast.AST) -> str | None:
     return "passes" if type(layer).__module__.startswith("torch.nn.") else None
 
 
+ANGLES = ("cos", "sin", "polar")  # RoPE's tables made of angles: what meets them is positions, never a mask
+
+
+def _nested(node: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether `node` sits in a function defined inside the forward (or a lambda), not in the forward itself."""
+    defs = 0
+    while node in parents:
+        node = parents[node]
+        defs += isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+    return defs > 1
+
+
+def _operand(call: ast.Call, node: ast.AST) -> bool:
+    """Whether `node` is the query, the key or the value of an attention kernel's call (its first three positional
+    arguments, or `query=`, `key=`, `value=`), not its mask."""
+    if node in call.args[:3]:
+        return True
+    return any(k.value is node and k.arg in ("query", "key", "value") for k in call.keywords)
+
+
 def _flows_off(expr: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST], seen: set[str], ends: set[str],
                owner: Any = None) -> bool:
     """Whether the value of `expr` reaches no softmax: every path from it ends in a layer's call or a `@` (a
@@ -110,9 +131,16 @@ def _flows_off(expr: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST], se
     node, parent = expr, parents.get(expr)
     while parent is not None:
         if isinstance(parent, ast.Call):
-            if node is parent.func:  # never: a value is not called
-                return False
+            if node is parent.func:  # a method of the value's (`.float()`, `.repeat_interleave(2)`): passed on
+                node, parent = parent, parents.get(parent)
+                continue
             name = called(parent)
+            if name in ANGLES:
+                ends.add("angles")
+                return True
+            if name == "scaled_dot_product_attention" and _operand(parent, node):
+                ends.add("projected")  # handed as q, k or v: multiplied into the scores, as `@` is
+                return True
             if name in SOFTMAX_CALLS:
                 return False
             if is_layer(parent.func):
@@ -131,29 +159,43 @@ def _flows_off(expr: ast.AST, root: ast.AST, parents: dict[ast.AST, ast.AST], se
         elif isinstance(parent, ast.Attribute):
             if parent.attr in SOFTMAX_CALLS:
                 return False
+            if parent.attr in ANGLES:
+                ends.add("angles")
+                return True
+            if parent.attr in PRODUCTS:
+                ends.add("projected")
+                return True
         elif isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.MatMult):
             ends.add("projected")
             return True
         elif isinstance(parent, ast.Return):
+            if _nested(parent, root, parents):
+                return False  # a function's own within the forward (a closure): its caller takes the value on
             ends.add("returned")
             return True
         elif isinstance(parent, ast.Assign):
             return _names_off({n.id for t in parent.targets for n in ast.walk(t) if isinstance(n, ast.Name)},
-                              root, parents, ends, owner, seen)
+                              root, parents, ends, owner, _end(parent), seen)
         elif isinstance(parent, ast.stmt):
             return False
         node, parent = parent, parents.get(parent)
     return False
 
 
-def _names_off(names: set[str], root: ast.AST, parents: dict[ast.AST, ast.AST], ends: set[str], owner: Any = None,
-               seen: set[str] | None = None) -> bool:
-    """`_flows_off` for every read of the names the value is bound to."""
+def _names_off(names: set[str], root: ast.AST, parents: dict[ast.AST, ast.AST], ends: set[str], owner: Any,
+               after: tuple[int, int], seen: set[str] | None = None) -> bool:
+    """`_flows_off` for every read of the names the value is bound to, after the statement that binds them (`after`:
+    where it ends; a name read before is another value: `d = q.shape[-1]` before `q, k = rotated(q), rotated(k)`)."""
     seen = set() if seen is None else seen
     fresh = names - seen
     seen |= fresh
-    reads = [n for n in ast.walk(root) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in fresh]
+    reads = [n for n in ast.walk(root) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in fresh
+             and (n.lineno, n.col_offset) >= after]
     return all(_flows_off(n, root, parents, seen, ends, owner) for n in reads)
+
+
+def _end(node: ast.AST) -> tuple[int, int]:
+    return getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0
 
 
 def added_to(fn: Any, name: str, first: str) -> bool:
