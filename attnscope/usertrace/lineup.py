@@ -140,8 +140,39 @@ def _own_additions(module: Any, shapes: ShapePlan, inputs: Inputs, records: list
     first = read_line_up(module, shapes, inputs, records, train, spec, read_conventions)
     if not read_conventions or first.divergence is None or spec is None or spec.layout == "col":
         return first
+    if spec.head_mix is None:
+        mixed = _with_head_mix(module, shapes, inputs, records, train, spec, first)
+        if mixed is not None:
+            return mixed
     scaled = _with_head_scale(module, shapes, inputs, records, train, spec, first)
     return scaled if scaled is not None else _own_bias_or_term(module, shapes, inputs, records, train, spec, first)
+
+
+def _with_head_mix(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool, spec: Spec,
+                   first: LineUp) -> LineUp | None:
+    """The line-up with the reference mixing its heads' scores and weights as the code does (headmix.py: talking
+    heads), with a note, where that fits better than `first`; where it does not, `first` with its divergence after
+    the mixing said so (never a mask or a scale misread); None where the code mixes no heads."""
+    from attnscope.usertrace import headmix
+
+    found = headmix.found(records, first)
+    if found is None:
+        return None
+    again = read_line_up(module, shapes, inputs, records, train, replace(spec, head_mix=found.matrices), True)
+    if again.divergence is not None and again.divergence.experiment is None:
+        again = _own_bias_or_term(module, shapes, inputs, records, train, replace(spec, head_mix=found.matrices),
+                                  again)
+    if _kept(again, first) or (again.no_reference is None and again.divergence is None):
+        again.notes.insert(0, found.note())
+        return again
+    div = first.divergence
+    assert div is not None
+    if div.experiment is None and div.reference in (headmix.AFTER_PRE if found.pre else headmix.AFTER_PRE[3:]):
+        names = [row.reference for row in first.rows]
+        before = first.rows[:names.index(div.reference)] if div.reference in names else []
+        equal = [row.reference for row in before if row.status in ("equal", "permuted")]
+        div.diagnosis, div.evidence = found.words(equal[-1] if equal else None), None
+    return first
 
 
 def _with_head_scale(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool, spec: Spec,

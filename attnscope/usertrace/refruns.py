@@ -102,6 +102,10 @@ def references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Rec
             if spec.head_scale is not None and not col:  # the code's own scale per head (headscale.py)
                 trace = headscale.scaled(trace, spec.head_scale, reference,
                                          spec.scale if spec.scale is not None else cast(int, reference.d_head) ** -0.5)
+            if spec.head_mix is not None and not col:  # the code mixes its heads (headmix.py: talking heads)
+                from attnscope.usertrace.headmix import mixed
+
+                trace = mixed(trace, spec.head_mix, reference)
             if spec.out_term is not None and not col:  # the code's own term on its output (outterm.py)
                 trace = outterm.folded(trace, spec.out_term, reference)
             if spec.out_gate is not None and not col:  # the code's own gate on its output (outgate.py)

@@ -145,6 +145,10 @@ class Spec:
     # The code's own scale, one number per head (headscale.py: cosine attention's exp(logit_scale), a learned
     # temperature), `[n_head]`, read from the code's run: each head's q · kᵀ times it, in place of `scale`
     head_scale: Any = field(default=None, compare=False)
+    # The code's mixing of its heads (headmix.py: talking-heads attention), (pre, post): [n_head, n_head + 1] matrices
+    # read from the code's run, out[k] = Σ_h M[k, h] · in[h] + M[k, -1] (a Conv2d's or Linear's bias), over the scores
+    # before the bias and the mask and over the weights after the softmax (either None)
+    head_mix: Any = field(default=None, compare=False)
 
     def added(self, d_head: int) -> Any:
         """What the reference adds to its scaled scores: the position bias, the code's own term (scaled with the
@@ -202,6 +206,7 @@ class Spec:
                  "your gate on the output" if self.out_gate is not None else "",
                  f"your pooled {', '.join(self.pooled)}" if self.pooled is not None else "",
                  "your own scale per head" if self.head_scale is not None else "",
+                 "your heads mixed" if self.head_mix is not None else "",
                  self.temperature.describe() if self.temperature is not None else "",
                  "attention sinks" if self.sinks is not None else ""]
         return ", ".join(p for p in parts if p)

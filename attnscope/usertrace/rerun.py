@@ -36,6 +36,7 @@ from attnscope.usertrace.align import (
     tolerance,
 )
 from attnscope.usertrace.evidence import evidenced
+from attnscope.usertrace.headmix import mix
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -97,6 +98,10 @@ class Base:
     # The code's own scale per head (Spec.head_scale, headscale.py), over the reference's `scale`: `[n_head, 1, 1]`,
     # each head's scaled scores times it, whatever scale an experiment tries
     head: torch.Tensor | None = None
+    # The code's mixing of its heads (Spec.head_mix, headmix.py), [n_head, n_head + 1] each: the scores mixed before the
+    # bias and the mask, the weights after the softmax
+    mix_pre: torch.Tensor | None = None
+    mix_post: torch.Tensor | None = None
     # The dtypes the code computes its attention in where it runs it in float16 or bfloat16 (halfprec.in_code_dtype:
     # q, k_new and v_new are then the code's own heads): every replay computes in them unless told otherwise
     precision: dict[str, torch.dtype] | None = None
@@ -199,6 +204,11 @@ def build(ctx: Context) -> Base | None:
         from attnscope.usertrace.headscale import replay_factor
 
         base.head = replay_factor(ctx.spec.head_scale, scale)
+    if ctx.spec is not None and ctx.spec.head_mix is not None and not col:
+        base.mix_pre, base.mix_post = (None if m is None else m.double() for m in ctx.spec.head_mix)
+        if base.mix_pre is not None and base.bias is not None:  # the bias the code adds to its mixed scores
+            logits = ref["capped_scores"] if softcap is not None else ref["scores"]
+            base.bias = base.bias + logits - mix(logits, base.mix_pre, -3)
     try:
         again = replay(base)
     except RuntimeError:  # shapes the replay does not know (an unbatched column form, ...)
@@ -334,6 +344,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
             out["scores"] = product
     if cap != "after mask":
         out["capped_scores"] = logits  # a run without the cap: the scores as they are, where the reference caps
+    if b.mix_pre is not None:  # the code's heads mixed before its mask (headmix.py)
+        logits = mix(logits, b.mix_pre, -3)
     bias = b.bias if bias is KEEP else bias
     logits = logits + bias.to(logits.dtype) if bias is not None else logits
     if b.pre_term is not None and s != b.scale:  # the code's own term, added before the scale, scaled with it
@@ -369,6 +381,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         attention = attention.masked_fill(~allowed, 0.0)
     if allowed is not None and mask == "added after":  # an additive mask (0 / -inf) added to the weights (CLIP's)
         attention = attention + torch.zeros_like(attention).masked_fill(~allowed, -math.inf)
+    if b.mix_post is not None:  # the code's weights mixed across its heads after its softmax (headmix.py)
+        attention = mix(attention, b.mix_post, -3)
     if after_softmax is not None:
         attention = attention + after_softmax
     if multiplier is not None:

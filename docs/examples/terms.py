@@ -5,8 +5,11 @@
   relative index, and Swin's shifted-window mask [nW, N, N] added per window (`attn.view(B // nW, nW, ..)`).
 - DecomposedRelPos: Segment Anything's attention (MViTv2's decomposed relative positions), its tokens a 3 × 3 grid:
   `q · R_h` and `q · R_w` added to the scores viewed [B·H, qh, qw, kh, kw].
+- TalkingHeads: talking-heads attention as x-transformers writes it: the logits mixed across the heads by a 1x1
+  Conv2d before the softmax, the weights by another after it, causal by `triu(j - i + 1)`.
 
-`bug=` plants a mistake: "kv_swapped", "bias_transposed", "softmax_axis" (CosineWindow); "no_scale" (both).
+`bug=` plants a mistake: "kv_swapped", "bias_transposed", "softmax_axis" (CosineWindow); "no_scale" (the first
+two); "causal_diagonal" (TalkingHeads: `triu(j - i)`, each query loses its own key).
 """
 
 import math
@@ -77,3 +80,24 @@ class DecomposedRelPos(nn.Module):
         attn = (attn.view(-1, g, g, g, g) + rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).view(-1, N, N)
         x = (attn.softmax(dim=-1) @ v).view(B, self.num_heads, N, -1).permute(0, 2, 1, 3).reshape(B, N, C)
         return self.proj(x)
+
+
+class TalkingHeads(nn.Module):
+    def __init__(self, dim=32, heads=4, bug=None):
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.to_qkv = nn.Linear(dim, dim * 3, bias=False)
+        self.pre_softmax_talking_heads = nn.Conv2d(heads, heads, 1, bias=False)
+        self.post_softmax_talking_heads = nn.Conv2d(heads, heads, 1, bias=False)
+        self.to_out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = self.to_qkv(x).reshape(B, N, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        dots = torch.einsum("b h i d, b h j d -> b h i j", q, k) * q.shape[-1] ** -0.5
+        dots = self.pre_softmax_talking_heads(dots)
+        causal_mask = torch.ones(N, N, dtype=torch.bool).triu(0 if self.bug == "causal_diagonal" else 1)
+        dots = dots.masked_fill(causal_mask, -torch.finfo(dots.dtype).max)
+        attn = self.post_softmax_talking_heads(dots.softmax(dim=-1))
+        out = torch.einsum("b h i j, b h j d -> b h i d", attn, v)
+        return self.to_out(out.permute(0, 2, 1, 3).reshape(B, N, C))
