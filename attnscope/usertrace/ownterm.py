@@ -59,6 +59,11 @@ def added_term(module: Any, records: list[Record], lined: Any) -> Term | Record 
         again = _found(module, records, trace, rows, own[1], own[2:])
         if isinstance(again, Term):
             return again
+    split = _split_content(lined, trace, records) if not isinstance(found, Term) else None
+    if split is not None:  # a fused projection's queries split otherwise, the term made from them: theirs
+        again = _found(module, records, trace, {**rows, **split[0]}, split[1], None)
+        if isinstance(again, Term):
+            return again
     swapped = _swapped_content(trace, rows) if not isinstance(found, Term) else None
     if swapped is not None:  # the code's scores read the tensor lined up with the values (k and v swapped)
         again = _found(module, records, trace, {**rows, swapped[0]: rows[swapped[1]]}, *swapped[2:])
@@ -153,6 +158,28 @@ def _own_content(lined: Any, trace: Any, records: list[Record], rows: dict[str, 
         return None
     queries = row.record.tensor.double()
     return q_step, queries @ keys.transpose(-2, -1), queries, keys
+
+
+def _split_content(lined: Any, trace: Any, records: list[Record]) -> tuple[dict[str, Any], torch.Tensor] | None:
+    """Where the line-up diverges at the queries and no step of the code lines up with them (a fused projection split
+    otherwise, SAM's qkv permuted without moving the heads before the tokens): the code's queries and keys as rows,
+    and its own q · kᵀ in the reference's layout (ownsplit.py); None elsewhere."""
+    from types import SimpleNamespace
+
+    from attnscope.usertrace.ownsplit import own_product
+
+    divergence = lined.divergence
+    if divergence is None or divergence.reference not in ("Q_feat", "Q_split") or "Q_split" not in trace:
+        return None
+    softmaxed = before_softmax(records)
+    for record in records:
+        if record.func not in ADDS or record.index not in softmaxed or not record.tensor.is_floating_point():
+            continue
+        found = own_product(records, trace, record)
+        if found is not None:
+            queries, keys, content = found
+            return {"Q_split": SimpleNamespace(record=queries), "K_split": SimpleNamespace(record=keys)}, content
+    return None
 
 
 def _own_keys(records: list[Record], rows: dict[str, Any], trace: Any, k_step: str, queries: Record

@@ -76,6 +76,9 @@ WEIGHT_VIEWS = ("flatten", "unflatten", "view", "reshape", "type_as", "to", "con
 # Tensor methods whose output holds the first tensor's values alone, the others lending only a dtype and a device
 # (Flux's QKNorm returns `q.to(v), k.to(v)`): v is no parent of the queries they make
 DTYPE_ONLY = ("to", "type_as")
+# Tensor methods that lay out the first tensor's values in the shape of the second, which lends no values: SAM's
+# `decomposed_rel_pos.reshape_as(attn_weights)` is made from the queries and the tables, not from the scores
+SHAPE_ONLY = ("reshape_as", "view_as", "expand_as")
 
 
 class RecordingTooLarge(Exception):
@@ -218,7 +221,9 @@ class Recorder(TorchFunctionMode):
             return
         _, text_args, style, call = self._describe(func, args, kwargs)
         name = call.removeprefix("F.").removeprefix("torch.")
-        parents = tuple(max(self._produced[id(t)], self._changed.get(id(t), -1)) for t in _tensors(args, kwargs)
+        given = _tensors(args, kwargs)
+        given = given[:1] if name in SHAPE_ONLY else given
+        parents = tuple(max(self._produced[id(t)], self._changed.get(id(t), -1)) for t in given
                         if id(t) in self._produced)
         if name in DTYPE_ONLY and parents:  # `q.to(v)`, `x.type_as(y)`: y lends its dtype and device, no values
             parents = parents[:1]

@@ -9,7 +9,7 @@
   Conv2d before the softmax, the weights by another after it, causal by `triu(j - i + 1)`.
 
 `bug=` plants a mistake: "kv_swapped", "bias_transposed", "softmax_axis" (CosineWindow); "no_scale" (the first
-two); "causal_diagonal" (TalkingHeads: `triu(j - i)`, each query loses its own key).
+two); "split_no_permute" (DecomposedRelPos); "causal_diagonal" (TalkingHeads: `triu(j - i)`: no own key).
 """
 
 import math
@@ -70,7 +70,7 @@ class DecomposedRelPos(nn.Module):
     def forward(self, x):
         B, N, C = x.shape
         g = self.grid
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, -1).permute(*SPLIT_ORDER[self.bug == "split_no_permute"])
         q, k, v = qkv.reshape(3, B * self.num_heads, N, -1).unbind(0)  # [B·H, N, d] each
         attn = q @ k.transpose(-2, -1) if self.bug == "no_scale" else (q * self.scale) @ k.transpose(-2, -1)
         rel = torch.arange(g)[:, None] - torch.arange(g)[None, :] + g - 1  # [g, g]
@@ -101,3 +101,7 @@ class TalkingHeads(nn.Module):
         attn = self.post_softmax_talking_heads(dots.softmax(dim=-1))
         out = torch.einsum("b h i j, b h j d -> b h i d", attn, v)
         return self.to_out(out.permute(0, 2, 1, 3).reshape(B, N, C))
+
+
+# the permute of DecomposedRelPos's fused qkv [B, N, 3, H, d]: the heads moved before the tokens, or (the plant) not
+SPLIT_ORDER = {False: (2, 0, 3, 1, 4), True: (2, 0, 1, 3, 4)}
