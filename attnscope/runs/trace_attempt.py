@@ -113,7 +113,7 @@ class RunSoFar:
         # axes); where several run, the one under which it lines up further
         made = []
         for form in [*tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"]),
-                     *tableforms.holders(failed, tried.tables, width, d_head)]:
+                     *tableforms.holders(failed, tried.tables, width, d_head, read=tuple(tried.read_tables))]:
             inputs = make_inputs(asked, tried, self.shapes, self.weighted)
             inputs.cache_layout, inputs.empty_cache = self.cache_layout, self.empty_cache
             self.expanded(inputs)

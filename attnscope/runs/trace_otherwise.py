@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from attnscope.errors import AttnscopeError, UsageError
 from attnscope.runs.trace_attempt import attempted
+from attnscope.usertrace import tableforms as tables
 
 if TYPE_CHECKING:
     from attnscope.runs.trace_attempt import Made, RunSoFar
@@ -52,8 +54,10 @@ def otherwise(r: RunSoFar, ran: Made, then: tuple[Retry, ...] = ()) -> Made:
                 if made[2].failure is None:
                     break
             if made is not None and made[2].failure is None and (
-                    name in r.plan.listed or name in r.plan.grouped or paramuse.apart_from_keys(made[2].records, name)
-                    or (_as_positions(r.plan, name) and paramuse.keys_from(made[2].records, r.plan.tensors[0]))):
+                    name in r.plan.listed or name in r.plan.grouped or name in r.plan.read_tables
+                    or paramuse.apart_from_keys(made[2].records, name)
+                    or (_as_positions(r.plan, name) and paramuse.keys_from(made[2].records, r.plan.tensors[0])
+                        and not paramuse.turns(made[2].records, None, name, r.plan.tensors[0]))):
                 if name in r.plan.embeddings:  # the form it ran on
                     from attnscope.usertrace.feeds import embedding_forms
 
@@ -64,6 +68,10 @@ def otherwise(r: RunSoFar, ran: Made, then: tuple[Retry, ...] = ()) -> Made:
                 return made
             r.plan, r.o = kept
             del r.notes[notes:]
+        if _table(r, ran, name):  # RoPE's table by its use, in no form trace knows: never positions by accident
+            if r.spec.rope_base is None:
+                raise UsageError(tables.unasked(name, failed))
+            raise AttnscopeError(tables.unread(name, failed))
     return ran
 
 
@@ -77,6 +85,10 @@ def _readings(r: RunSoFar, ran: Made, name: str) -> Iterator[tuple[Plan, str]]:
     positions = [(plan.as_positions(name), "the tokens' positions, torch.arange(n_Q)"),
                  (plan.as_positions(name, rows=True), "the tokens' positions, one row for each sequence, "
                                                       "torch.arange(n_Q).repeat(n_batch, 1) [n_batch, n_Q]")]
+    if _table(r, ran, name):  # multiplied into the features as it is: RoPE's table, in the form the code runs on
+        if r.spec.rope_base is not None:
+            yield plan.as_table(name), "RoPE's table"
+        return
     if name in plan.embeddings:  # made up by trace in each of its shapes, all raised on
         yield from positions
         return
@@ -95,6 +107,17 @@ def _readings(r: RunSoFar, ran: Made, name: str) -> Iterator[tuple[Plan, str]]:
         return
     embedding = [(plan.as_embedding(name), "a random position embedding")]
     yield from positions + embedding if paramuse.integers(records, failed, name) else embedding + positions
+
+
+def _table(r: RunSoFar, ran: Made, name: str) -> bool:
+    """Whether the code multiplies the parameter `name`'s values as given into its queries or keys (paramuse.turns):
+    RoPE's table, never positions nor an embedding; never the keys or values of `forward(query, key, value)`, whose
+    keys meet the queries as they are in the scores."""
+    from attnscope.usertrace import paramuse
+
+    called, given = ran[2], r.plan.tensors
+    return bool(given) and name != given[0] and not (len(given) == 3 and name in given) and paramuse.turns(
+        called.records, called.failure, name, r.plan.tensors[0])
 
 
 def _as_positions(plan: Plan, name: str) -> bool:

@@ -139,10 +139,17 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     start = n_cache
     for name in plan.tables:
         kind = name.lower()
-        if form is not None and form.holds and kind in WHOLE_TABLES:  # the form the code was read to run on
+        if form is not None and form.holds and (kind in WHOLE_TABLES or name in plan.read_tables):  # the form the
+            # code was read to run on
             kind = "position_embeddings" if form.holds == "cos, sin" else "freqs_cis"
         value: Any
-        if form is not None and form.axes is not None:  # laid along the axes of the tensor the code turns
+        if form is not None and form.holds.startswith("matrices"):  # 2x2 rotation matrices (Flux's pe)
+            from attnscope.usertrace.rotations import MATRICES, rotations
+
+            value = rotations(cos[start:start + n_Q], sin[start:start + n_Q], form.holds, sizes.get("n_batch", 1))
+            out.steps.append((name, value, MATRICES[form.holds], "input: [[cos, -sin], [sin, cos]] of "
+                              f"position·inv_freq, positions {start} to {start + n_Q - 1}, base {rope_base:g}"))
+        elif form is not None and form.axes is not None:  # laid along the axes of the tensor the code turns
             shape = [1] * form.axes[0]
             shape[form.axes[1]], shape[-1] = n_Q, width
             laid = (cos[start:start + n_Q].reshape(shape), sin[start:start + n_Q].reshape(shape))

@@ -120,6 +120,7 @@ class Plan:
     tables: list[str] = field(default_factory=list)  # get RoPE's tables (--rope)
     tables_optional: bool = False  # every one of them defaults to None: the module may make its own
     tables_unasked: list[str] = field(default_factory=list)  # those given None without --rope (with_own_tables)
+    read_tables: list[str] = field(default_factory=list)  # of them, those read as tables by their use (as_table)
     bias: str | None = None  # a position bias: gets --position-bias's tensor, else None
     bias_required: bool = False  # the position bias has no default: --position-bias must give it
     order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
@@ -267,6 +268,15 @@ class Plan:
         return dataclasses.replace(self, tensors=[n for n in self.tensors if n not in names],
                                    optional=[n for n in self.optional if n not in names],
                                    tables=[*self.tables, *names], tables_optional=not required)
+
+    def as_table(self, name: str) -> Plan:
+        """This plan with the tensor parameter `name` given RoPE's whole table (under --rope): a parameter whose
+        values the code multiplies into its queries and keys (paramuse.turns: Flux's `pe`), whatever its name; the
+        form it runs on is read from its run (tableforms.holders)."""
+        return dataclasses.replace(self, tensors=[n for n in self.tensors if n != name],
+                                   embeddings=[n for n in self.embeddings if n != name],
+                                   embeddings_required=[n for n in self.embeddings_required if n != name],
+                                   tables=[*self.tables, name], tables_optional=False, read_tables=[name])
 
     def check_fed(self) -> None:
         """Refused in one line where trace cannot feed the inputs the signature asks for."""

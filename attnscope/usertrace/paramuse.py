@@ -135,3 +135,39 @@ def keys_from(records: list[Record], name: str) -> bool:
 
     found = operands(records)
     return found is None or found[1] in derived(records, name)
+
+
+# ops that move or pick a tensor's values without computing new ones: what code does to a table before it turns by it
+MOVES = ("__getitem__", "view", "reshape", "unsqueeze", "squeeze", "float", "to", "type_as", "double", "half",
+         "expand", "expand_as", "permute", "transpose", "contiguous", "flatten", "unflatten", "clone", "select",
+         "narrow", "unbind", "chunk", "split", "movedim", "swapaxes", "detach", "broadcast_to", "view_as", "real",
+         "imag", "view_as_real", "view_as_complex", "bfloat16")
+# ops that multiply two operands: where a table of values meets the features it turns
+PRODUCTS = ("mul", "__mul__", "__rmul__", "mul_", "matmul", "__matmul__", "einsum", "bmm", "addcmul")
+
+
+def as_read(records: list[Record], name: str) -> set[int]:
+    """The records that hold the parameter `name`'s values as given, only moved or picked (a view, an index, a
+    cast): `pe[..., 0]`, never `pe * inv_freq` or `pe.cos()`."""
+    found: set[int] = set()
+    for record in records:
+        if record.func in MOVES and record.args and _reads(record.args[0], name, found):
+            found.add(record.index)
+    return found
+
+
+def turns(records: list[Record], failure: Failure | None, name: str, first: str) -> bool:
+    """Whether the code multiplies the parameter `name`'s values, as given, into a tensor made from its input `first`
+    (Flux's `freqs_cis[..., 0] * xq_[..., 0]`, a rotation matrix `pe @ pairs`): a table of RoPE's values, never
+    positions (positions are turned into angles, compared or used as indices before they meet the features) nor an
+    embedding (projected first). In the run's records, or the op it raised in."""
+    held = as_read(records, name)
+    made = derived(records, first)
+    ops = [(r.func, r.args) for r in records] + ([(failure.func, failure.args)] if failure is not None else [])
+    for func, args in ops:
+        if func.rsplit(".", 1)[-1] not in PRODUCTS:  # a failure's op may be written in full (`torch.einsum`)
+            continue
+        if any(_reads(a, name, held) for a in args) and any(_reads(a, first, made - held) for a in args
+                                                            if not _reads(a, name, held)):
+            return True
+    return False

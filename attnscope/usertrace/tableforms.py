@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnscope.usertrace.feeds import TableForm
+from attnscope.usertrace.rotations import MATRICES
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Failure
@@ -51,31 +52,33 @@ def forms(failure: Failure, width: int | None, d_head: int, n_Q: int) -> list[Ta
 
 
 def holders(failure: Failure, tables: list[str], width: int | None, d_head: int,
-            given: TableForm | None = None) -> list[TableForm]:
+            given: TableForm | None = None, read: tuple[str, ...] = ()) -> list[TableForm]:
     """The other forms of RoPE's whole table, where one parameter takes it (feeds.WHOLE_TABLES) and the code raised
-    on the form trace gave it first (`given`, else the one its name says): a complex table, one a sequence, or the
-    pair (cos, sin). Which one it runs on is read from its run on each (runs/trace_attempt.py): the op it raised on
-    says what it does with the value (`.to(..)`, `.real`, an index of three axes, `cos, sin = ..`), not its name."""
+    on the form trace gave it first (`given`, else the one its name says), or a parameter `read` as the table by its
+    use (paramuse.turns): a complex table, one a sequence, the pair (cos, sin), or 2x2 rotation matrices (MATRICES).
+    Which one it runs on is read from its run on each (runs/trace_attempt.py): the op it raised on says what it does
+    with the value (`.to(..)`, `.real`, an index of three axes, `cos, sin = ..`), not its name."""
     from attnscope.usertrace.feeds import WHOLE_TABLES
 
-    whole = [t for t in tables if t.lower() in WHOLE_TABLES]
+    whole = [t for t in tables if t.lower() in WHOLE_TABLES or t in read]
     if len(whole) != 1 or len(tables) != 1 or d_head % 2:
         return []
     fed = given.holds if given is not None and given.holds else \
         "complex" if whole[0].lower() == "freqs_cis" else "cos, sin"
-    made = {"complex": TableForm(d_head // 2, pairs=True, holds="complex"),
-            "complex, batched": TableForm(d_head // 2, pairs=True, holds="complex, batched"),
-            "cos, sin": TableForm(width or d_head, holds="cos, sin")}
+    made = {k: TableForm(width or d_head, holds=k) if k == "cos, sin" else TableForm(d_head // 2, pairs=True, holds=k)
+            for k in HELD}
     # a value used as a tensor (`'tuple' object has no attribute`) is tried as one first
-    order = ("complex, batched", "complex", "cos, sin") if "tuple" in failure.message else \
-        ("cos, sin", "complex, batched", "complex")
+    order = [*MATRICES, "complex, batched", "complex", "cos, sin"] if "tuple" in failure.message else \
+        ["cos, sin", "complex, batched", "complex", *MATRICES]
     return [made[k] for k in order if k != fed]
 
 
 HELD = {"complex": "a complex table e^(i·position·inv_freq), [n_Q, d_head / 2] (Meta's freqs_cis)",
         "complex, batched": "a complex table e^(i·position·inv_freq) for each sequence, [n_batch, n_Q, d_head / 2] "
                             "(Llama 4's freqs_cis)",
-        "cos, sin": "the pair (cos, sin), each [n_batch, n_Q, d_head] (transformers' position_embeddings)"}
+        "cos, sin": "the pair (cos, sin), each [n_batch, n_Q, d_head] (transformers' position_embeddings)",
+        **{k: f"2x2 rotation matrices [[cos, -sin], [sin, cos]] for each pair, [{', '.join(dims)}]"
+           + (" (Flux's pe)" if k == "matrices" else "") for k, dims in MATRICES.items()}}
 
 
 def note(form: TableForm, failure: Failure, given: int, d_head: int, parameters: list[str]) -> str:
@@ -103,3 +106,23 @@ def note(form: TableForm, failure: Failure, given: int, d_head: int, parameters:
                 f"on tables {form.width} wide{laid}; the reference rotates so")
     return (f"RoPE's tables ({names}){laid}: read from your code, which raised on the first ones{where} and runs on "
             "these")
+
+
+def _raised(failure: Failure) -> str:
+    return f"line {failure.line}: {failure.message}" if failure.line else failure.message
+
+
+def unasked(name: str, failure: Failure) -> str:
+    """The line for a parameter the code multiplies into its queries or keys as it is (RoPE's table) without --rope."""
+    return (f"{name}: your code multiplies it into its queries or keys as it is, as RoPE's table, and raised on the "
+            f"input trace gave it ({_raised(failure)}); add --rope (and --rope-base B, --rope-pairing P) and trace "
+            "makes the table in the form your code runs on, never positions or an embedding in its place")
+
+
+def unread(name: str, failure: Failure) -> str:
+    """The line for RoPE's table (read by its use) in none of the forms trace knows."""
+    tried = "; ".join(HELD.values())
+    return (f"{name}: your code multiplies it into its queries or keys as it is, as RoPE's table, and runs on none "
+            f"of the forms trace knows (it raised on the input trace gave it first: {_raised(failure)}; tried: "
+            f"{tried}; and tables [n_Q, d_head] laid for a pairing); trace gives it no positions or embedding in "
+            "its place")
