@@ -52,7 +52,8 @@ def roles(records: list[Record], names: list[str], role_of: Any) -> tuple[dict[s
     # no Linear reads what the pattern made: O is never one the run did not call, nor one it called on something
     # else (LUKE's entity queries, held and idle without entities; a gate on x); only a weight the code multiplies
     # some other way (`out @ self.W_o`) is left to the names and the order
-    outputs = readers or {n for n in names if mentioned(n, records) and n not in called(records)}
+    ran = called(records)
+    outputs = readers or {n for n in names if mentioned(n, records) and n not in ran}
     fitting = [chosen for chosen in itertools.permutations(names, 4)
                if all(name in found for name, found in zip(chosen, sources, strict=False))
                and chosen[3] in outputs and chosen[3] not in set().union(*sources)]
@@ -106,14 +107,20 @@ def without_output(records: list[Record], names: list[str]) -> dict[str, str] | 
     if flow is None or any(len(found) != 1 for found in flow[0]) or flow[1]:
         return None
     found = dict(zip("qkv", (next(iter(s)) for s in flow[0]), strict=True))
-    if any(mentioned(n, records) and n not in called(records) for n in names if n not in found.values()):
+    ran = called(records)
+    if any(mentioned(n, records) and n not in ran for n in names if n not in found.values()):
         return None  # a weight the code multiplies some other way (`out @ self.W_o`) may be its output projection
     return found if len(set(found.values())) == 3 else None
 
 
+def made_by(records: list[Record]) -> dict[int, str]:
+    """{record: the name of the Linear (or projection weight) whose output it is}, for each projection's call."""
+    return {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+
+
 def called(records: list[Record]) -> set[str]:
     """The Linear layers the run called (by name)."""
-    return {r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+    return set(made_by(records).values())
 
 
 def _flow(records: list[Record]) -> tuple[list[set[str]], set[str]] | None:
@@ -123,7 +130,7 @@ def _flow(records: list[Record]) -> tuple[list[set[str]], set[str]] | None:
     if operands is None:
         return None
     left, right, value, after = operands
-    made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+    made = made_by(records)
     made = {i: name for i, name in made.items() if not along_tokens(records, records[i], made)}
     nearest = _nearest(records, made)
     readers = {made[r.index] for r in records if r.index in made and after is not None
@@ -328,7 +335,7 @@ def _nearest(records: list[Record], made: dict[int, str]) -> dict[int, set[str]]
 
 def linears_of(records: list[Record]) -> tuple[dict[int, str], dict[int, set[str]]]:
     """{record: the Linear it is the output of}, and for each record the Linear layers its value comes from."""
-    made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+    made = made_by(records)
     return made, _ancestors(records, made)
 
 

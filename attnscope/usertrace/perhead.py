@@ -43,12 +43,12 @@ def find(records: list[Record]) -> Heads | None:
     """The heads of code that computes them one at a time (two or more softmaxes, each with projections of its
     own), in the order its merge lays them out; None for any other code."""
     from attnscope.usertrace.align import ancestors
-    from attnscope.usertrace.flow import operands_at
+    from attnscope.usertrace.flow import made_by, operands_at
 
     softmaxes = [r for r in records if r.func.split(".")[-1] in SOFTMAXES and "stacked" not in r.details]
     if len(softmaxes) < 2:
         return None
-    made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+    made = made_by(records)
     sources = _sources(records, made)
     heads: list[tuple[dict[str, str], int]] = []
     for softmax in softmaxes:
@@ -211,10 +211,12 @@ def stacked(records: list[Record]) -> list[Record]:
     """`records`, and after them each op every head of per-head code runs alike stacked along a head axis (before
     the tensor's last two: `[n_batch, n_Q, d_head]` -> `[n_batch, n_head, n_Q, d_head]`), in the heads' order,
     marked `stacked` with the func the heads ran; as they are for any other code."""
+    from attnscope.usertrace.flow import made_by
+
     heads = find(records)
     if heads is None:
         return records
-    made = {r.index: r.args[0][1] for r in records if r.style == "linear" and r.args and r.args[0][0] == "text"}
+    made = made_by(records)
     owner = {name: h for h, roles in enumerate(heads.roles) for name in roles.values()}
     of: dict[int, set[int]] = {}
     per_head: list[list[Record]] = [[] for _ in heads.roles]
