@@ -57,7 +57,7 @@ KvHeads = Annotated[int | None, typer.Option("--kv-heads", min=1, help="n_kv_hea
 
 def trace(
     target: Annotated[str, typer.Argument(metavar="FILE.py:NAME", help="An nn.Module class (or instance) or a function in a Python file. The file is imported: this runs its code.", show_default=False)],
-    init: Annotated[str | None, typer.Option("--init", metavar="ARGS", help="Keyword arguments for the class, as Python literals, or calls of the file's own classes with such arguments: \"d_feat=200, n_head=5\", \"config=GPTConfig(n_embd=64, n_head=4)\" (read with ast, never eval).")] = None,
+    init: Annotated[str | None, typer.Option("--init", metavar="ARGS", help="Keyword arguments for the class, as Python literals, or calls of the file's own classes (and of a transformers config it imports) with such arguments: \"d_feat=200, n_head=5\", \"config=GPTConfig(n_embd=64, n_head=4)\" (read with ast, never eval).")] = None,
     forward: Annotated[str | None, typer.Option("--forward", metavar="ARGS", help="More keyword arguments for the forward, read as --init is: \"start_pos=0\", \"use_cache=False\"; trace still feeds the inputs and the mask.")] = None,
     train: Annotated[bool, typer.Option("--train", help="Run the module in training mode (dropout on, random); by default it runs in eval() mode.")] = False,
     batch: Annotated[int | None, typer.Option("--batch", min=0, help="n_batch; 0: 2-D inputs \\[n, d], one sequence.  \\[default: chosen so every dim differs; 2-D where your code fails on batched inputs]", show_default=False)] = None,

@@ -135,7 +135,7 @@ class _Reader:
     def _refusal(self, node: ast.expr, where: str) -> str:
         """Say what in the value is not allowed: a call of something else, a name, an attribute, an operator."""
         allowed = ("is not a Python literal (numbers, strings, True/False/None, tuples, lists, dicts) or a call "
-                   f"of a class {self.file} defines or a transformers config class it imports)")
+                   f"of a class {self.file} defines or a transformers config class it imports")
         defined = f" ({self.file} defines {', '.join(sorted(self.classes))})" if self.classes else ""
         for part in ast.walk(node):
             if isinstance(part, ast.Call):
