@@ -77,8 +77,14 @@ def test_init_calls_a_transformers_config_the_file_imports(tmp_path):
     built = build(parse_init("config=GraniteConfig(hidden_size=64, num_attention_heads=4, attention_multiplier=0.1)",
                              classes, "user_code.py"))["config"]
     assert isinstance(built, GraniteConfig) and built.hidden_size == 64 and built.attention_multiplier == 0.1
-    with pytest.raises(UsageError, match="GraniteModel is not one of its classes"):
+    refused = re.escape("GraniteModel is not one of its classes (it imports GraniteConfig)")
+    with pytest.raises(UsageError, match=refused):
         parse_init("model=GraniteModel(1)", classes, "user_code.py")
+    # the refusal says which callable classes the file defines and which it imports
+    path = _write(tmp_path, "from transformers import GraniteConfig\nclass Mine:\n    pass\n")
+    classes = load.own_classes(load.import_file(load.parse_spec(f"{path}:Mine")[0]))
+    with pytest.raises(UsageError, match=re.escape("(user_code.py defines Mine; it imports GraniteConfig)")):
+        parse_init("x=Other(1)", classes, "user_code.py")
 
 
 def test_init_calls_the_files_own_classes_with_literal_arguments(tmp_path):

@@ -136,7 +136,7 @@ class _Reader:
         """Say what in the value is not allowed: a call of something else, a name, an attribute, an operator."""
         allowed = ("is not a Python literal (numbers, strings, True/False/None, tuples, lists, dicts) or a call "
                    f"of a class {self.file} defines or a transformers config class it imports")
-        defined = f" ({self.file} defines {', '.join(sorted(self.classes))})" if self.classes else ""
+        defined = _callable(self.file, self.classes)
         for part in ast.walk(node):
             if isinstance(part, ast.Call):
                 func = _source(part.func)
@@ -149,6 +149,15 @@ class _Reader:
             if isinstance(part, ast.Attribute):
                 return f"{self.option}: {_quote(where)} {allowed}: attribute access ({_source(part)}) is not allowed"
         return f"{self.option}: {_quote(where)} {allowed}"
+
+
+def _callable(file: str, classes: dict[str, type]) -> str:
+    """' (model.py defines A, B; it imports GraniteConfig)': what --init may call, each where it comes from."""
+    imported = sorted(n for n, c in classes.items() if str(getattr(c, "__module__", "")).startswith("transformers."))
+    own = sorted(n for n in classes if n not in imported)
+    parts = ([f"{file} defines {', '.join(own)}"] if own else []) + ([f"it imports {', '.join(imported)}"]
+                                                                     if imported else [])
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _source(node: ast.AST) -> str:
