@@ -81,7 +81,8 @@ def check_options(o: TraceOptions, target: Target) -> Spec:
     bias = load_tensor(o.position_bias)
     if bias is not None and not bias.is_floating_point():
         raise UsageError(f"--position-bias {o.position_bias}: a {str(bias.dtype).removeprefix('torch.')} tensor; "
-                         "the bias added to the scores is a float tensor [.., n_Q, n_K]")
+                         "give a float tensor: an additive bias [.., n_Q, n_K] or a relative key table "
+                         "[n_Q, n_K, d_head]")
     if o.layout not in ("row", "col", "time", "bthd", "tbhd"):
         raise UsageError(f"--layout {o.layout}: use row or col")
     if o.layout == "col" and (o.rope or o.kv_heads):  # as sdpa refuses variants in the column layout

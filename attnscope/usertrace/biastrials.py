@@ -93,7 +93,15 @@ def _t5(b: Base) -> bool:
 
 
 def trials_t5_transposed(b: Base) -> Iterator[Trial]:
-    if _t5(b) and b.n_Q == b.n_K:
+    if _t5(b) and b.n_Q == b.n_K and b.table is not None:  # a relative key table (keytable.py) read as P[j, i]
+        from attnscope.usertrace.keytable import term
+
+        assert b.bias is not None
+        turned = b.bias + (term(b.q, b.table.transpose(0, 1)) - term(b.q, b.table)) * b.scale
+        yield Trial(replay(b, bias=turned), "the relative key table is transposed: {who} is what the reference "
+                    "computes with q_i · P[j, i] added to score (i, j) where Shaw's relative keys (SpeechT5's "
+                    "position_bias) add q_i · P[i, j], the table's first axis the queries' and its second the keys'")
+    elif _t5(b) and b.n_Q == b.n_K:
         assert b.bias is not None
         yield Trial(replay(b, bias=b.bias.transpose(-1, -2)), "the position bias is transposed: {who} is what the "
                     "reference computes with bias[j, i] added to score (i, j) where T5 adds bias[i, j] (its "

@@ -242,11 +242,15 @@ def run_mha(reference: nn.Module, Q: torch.Tensor, K: torch.Tensor, V: torch.Ten
 def run_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,
              spec: Spec = Spec()) -> Trace:
     from attnscope.attention.dot_product import sdpa
+    from attnscope.usertrace.keytable import run_keyed
 
     gqa = Q.dim() >= 3 and K.dim() >= 3 and Q.shape[-3] != K.shape[-3]
-    with torch.no_grad():
-        return sdpa(Q, K, V, mask, enable_gqa=gqa, spec=spec.attention(),
-                    position_bias=spec.added(Q.shape[-1]), sinks=spec.sinks)
+
+    def run(bias: torch.Tensor | None) -> Trace:
+        with torch.no_grad():
+            return sdpa(Q, K, V, mask, enable_gqa=gqa, spec=spec.attention(), position_bias=bias, sinks=spec.sinks)
+
+    return run_keyed(run, spec, Q.shape[-1])
 
 
 def run_columns(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor | None,

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from attnscope.errors import UsageError
-from attnscope.usertrace import scoreaxes
+from attnscope.usertrace import keytable, scoreaxes
 from attnscope.usertrace.alignsteps import align_steps
 from attnscope.usertrace.lined import ALIGNED
 
@@ -93,7 +93,8 @@ def references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Rec
                 if wider is None:
                     raise
                 projections, reference = wider, ref.build_mha(wider, shapes.n_head, spec, module, records)
-            trace = ref.run_mha(reference, Q, K, V, mask, inputs.cache, spec.added(cast(int, reference.d_head)))
+            trace = keytable.run_keyed(partial(ref.run_mha, reference, Q, K, V, mask, inputs.cache), spec,
+                                       cast(int, reference.d_head))
             if spec.pooled is not None and not col:  # the code's own pooled q, k or v (pooled.py)
                 from attnscope.usertrace import pooledref
 
@@ -184,7 +185,8 @@ def _joint_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: li
     for reading in (replace(spec, qk_norm=None), *((spec,) if spec.qk_norm else ())):
         try:
             reference = ref.build_mha(projections, n_head, reading, module if reading.qk_norm else None)
-            trace = ref.run_mha(reference, Q, K, V, mask, None, reading.added(cast(int, reference.d_head)))
+            trace = keytable.run_keyed(partial(ref.run_mha, reference, Q, K, V, mask, None), reading,
+                                       cast(int, reference.d_head))
         except UsageError:
             continue
         best = _best_reading(best, records, inputs, (trace, reference, projections, skipped_rows(trace), wanted))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 import torch
 
 from attnscope.attention.stages import merge_heads
+from attnscope.errors import UsageError
 from attnscope.usertrace import scoreaxes
 from attnscope.usertrace.align import (
     PRE_SOFTMAX,
@@ -105,6 +106,9 @@ class Base:
     # The dtypes the code computes its attention in where it runs it in float16 or bfloat16 (halfprec.in_code_dtype:
     # q, k_new and v_new are then the code's own heads): every replay computes in them unless told otherwise
     precision: dict[str, torch.dtype] | None = None
+    # A relative key table `[n_Q, n_K, d_head]` (--position-bias, keytable.py) whose term q_i · P[i, j] · scale `bias`
+    # holds: a replay that changes the queries recomputes the term from them
+    table: torch.Tensor | None = None
     # The catalog's runs made from here, by entry name, each with its changes (trials.runs: made once, as by_experiment
     # or a pair of mistakes first asks for them); two of them joined make one run with both mistakes (pairs.by_pair)
     runs: dict[str, list[Any]] = field(default_factory=dict)
@@ -191,6 +195,8 @@ def build(ctx: Context) -> Base | None:
         from attnscope.usertrace.cachekeys import rotated_back
 
         base.raw_keys = rotated_back(cache[0], ctx.spec)
+    if ctx.spec is not None and base.bias is not None and not col:
+        base.table = _table(ctx.spec, ref, q)
     if ctx.spec is not None and ctx.spec.own_term is not None and ctx.spec.term_before_scale and not col:
         base.pre_term = ctx.spec.own_term.double()
     if ctx.spec is not None and ctx.spec.out_term is not None and not col:
@@ -216,6 +222,17 @@ def build(ctx: Context) -> Base | None:
     if not again or not (_gives_reference(base, again) or _gives_reference(base, replay(base, precision=SINGLE))):
         return None  # the replay is not the reference here: no experiment can speak for it
     return base
+
+
+def _table(spec: Any, ref: dict[str, torch.Tensor], q: torch.Tensor) -> torch.Tensor | None:
+    """--position-bias as a relative key table (keytable.py) for these scores, float64; None where it is none."""
+    from attnscope.usertrace.keytable import table_of
+
+    try:
+        table = table_of(spec.position_bias, tuple(ref["scores"].shape), int(q.shape[-1]))
+    except UsageError:
+        return None
+    return None if table is None else table.double()
 
 
 # the reference's attention as trace computes it, in float32: where its scores run large (thousands), their float32
@@ -304,6 +321,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     v = b.v_new if v_new is None else v_new
     if q is not b.q:
         out[b.names["q"]] = q
+    asked_q = q
     if k is not b.k_new:
         out[b.names["k"]] = k
     if v is not b.v_new:
@@ -346,6 +364,10 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
         out["capped_scores"] = logits  # a run without the cap: the scores as they are, where the reference caps
     if b.mix_pre is not None:  # the code's heads mixed before its mask (headmix.py)
         logits = mix(logits, b.mix_pre, -3)
+    if bias is KEEP and b.table is not None and asked_q is not b.q:  # the key table's term from the queries changed
+        from attnscope.usertrace.keytable import keyed_bias
+
+        bias = keyed_bias(b.bias, b.table, b.q, asked_q.double(), b.scale)
     bias = b.bias if bias is KEEP else bias
     logits = logits + bias.to(logits.dtype) if bias is not None else logits
     if b.pre_term is not None and s != b.scale:  # the code's own term, added before the scale, scaled with it

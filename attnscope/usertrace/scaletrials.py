@@ -47,6 +47,11 @@ def _scaled(b: Base, scale: float, how: str, fits: Callable[[Base, Reproduced], 
         yield Trial(replay(b, scale=scale), reproduced, ratio, fits)
     else:
         yield Trial(replay(b, scale=scale), known, ratio, fits, detail=reproduced)
+    if b.table is not None and b.bias is not None:  # a key table's term scaled with q · kᵀ (Shaw's `(qkᵀ + S) · s`)
+        from attnscope.usertrace.keytable import term
+
+        with_term = replay(b, scale=scale, bias=b.bias + term(b.q, b.table) * (scale - b.scale))
+        yield Trial(with_term, reproduced if generic else known, ratio, fits, detail="" if generic else reproduced)
 
 
 def trials_scale_none(b: Base) -> Iterator[Trial]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
-from attnscope.usertrace import scoreaxes
+from attnscope.usertrace import keytable, scoreaxes
 from attnscope.usertrace.alignsteps import align_steps, query_side
 from attnscope.usertrace.firststep import anchor, before_later, return_differs, scaled_again, split_in_flow
 from attnscope.usertrace.lined import ALIGNED, Divergence, LineUp
@@ -53,6 +53,9 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
             return _split_fault(out, fault)
     if projections is not None and projections.note:
         out.notes.append(projections.note)
+    keyed = keytable.note(spec, trace)
+    if keyed is not None:
+        out.notes.append(keyed)
     if train:
         from attnscope.usertrace.dropouts import with_users_dropout
 
