@@ -153,7 +153,7 @@ class _Reader:
 
 def _callable(file: str, classes: dict[str, type]) -> str:
     """' (model.py defines A, B; it imports GraniteConfig)': what --init may call, each where it comes from."""
-    imported = sorted(n for n, c in classes.items() if str(getattr(c, "__module__", "")).startswith("transformers."))
+    imported = sorted(n for n, c in classes.items() if "_attnscope_user_" not in str(getattr(c, "__module__", "")))
     own = sorted(n for n in classes if n not in imported)
     parts = ([f"{file} defines {', '.join(own)}"] if own else []) + ([f"it imports {', '.join(imported)}"]
                                                                      if imported else [])

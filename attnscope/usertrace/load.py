@@ -4,7 +4,9 @@ what its signature asks for.
 Importing the file runs its top-level code, as `python FILE.py` would (but not its `__main__` block).
 Only the one named `.py` file is imported, under `_attnscope_user_<hash>` (importlib's
 `spec_from_file_location`), so a file called `torch.py` cannot shadow the real torch. Its folder is
-appended to `sys.path` while it runs, so `import helpers` beside it still works.
+appended to `sys.path` while it runs, so `import helpers` beside it still works. A file that imports
+relatively from its package (`from .config import ModelArgs`) is imported as a module of that package
+(package.py), so its relative imports resolve.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib.machinery
 import importlib.util
 import inspect
 import io
@@ -29,6 +32,7 @@ from typing import Any
 from attnscope.errors import AttnscopeError, UsageError
 from attnscope.usertrace import cacheforms
 from attnscope.usertrace.initargs import build
+from attnscope.usertrace.package import Package, package_of
 
 MASK_WORDS = ("mask",)
 # A bias added to the scores: a position bias (T5's `position_bias`) gets --position-bias's tensor; any other (xformers'
@@ -359,14 +363,14 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def user_code(path: Path, quiet: bool = False) -> Iterator[None]:
-    """While the user's code runs: its folder on sys.path (last, so it shadows nothing), its prints on stderr
-    (dropped where `quiet`), so that stdout holds only attnscope's output (`--json` stays one JSON object), and
-    SIGINT noted, so that a KeyboardInterrupt their code raises itself is told from Ctrl-C (`users`)."""
-    folder = str(path.parent)
-    added = folder not in sys.path
-    if added:
-        sys.path.append(folder)
+def user_code(path: Path, quiet: bool = False, root: Path | None = None) -> Iterator[None]:
+    """While the user's code runs: its folder on sys.path (last, so it shadows nothing), and `root`, the folder
+    that holds its package where it imports relatively (package.py); its prints on stderr (dropped where `quiet`),
+    so that stdout holds only attnscope's output (`--json` stays one JSON object), and SIGINT noted, so that a
+    KeyboardInterrupt their code raises itself is told from Ctrl-C (`users`)."""
+    folders = [f for f in dict.fromkeys([str(path.parent)] + ([str(root)] if root is not None else []))
+               if f not in sys.path]
+    sys.path.extend(folders)
     main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
     before = signal.getsignal(signal.SIGINT) if main else None  # None: set outside Python, not to be replaced
     if before is not None:
@@ -378,8 +382,9 @@ def user_code(path: Path, quiet: bool = False) -> Iterator[None]:
     finally:
         if before is not None:
             signal.signal(signal.SIGINT, before)
-        if added and folder in sys.path:
-            sys.path.remove(folder)
+        for folder in folders:
+            if folder in sys.path:
+                sys.path.remove(folder)
 
 
 class _Prints:
@@ -413,13 +418,16 @@ class _Prints:
 
 def import_file(path: Path) -> ModuleType:
     name = f"_attnscope_user_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    package = _package(path)
+    if package is not None:  # its relative imports resolve in its package: `__package__` is the package's name
+        name = f"{package.name}.{name}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise UsageError(f"{path}: cannot be imported as a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look their module up here
     try:
-        with user_code(path):
+        with user_code(path, root=package.root if package is not None else None):
             spec.loader.exec_module(module)
     except SyntaxError as exc:  # in the file, or in a module of the user's it imports
         sys.modules.pop(name, None)
@@ -430,6 +438,30 @@ def import_file(path: Path) -> ModuleType:
             raise
         raise UserCodeError(f"{where(exc, path)}: importing {path.name} raised {one_line(exc)}") from None
     return module
+
+
+def _package(path: Path) -> Package | None:
+    """The package the file imports relatively from (package.py), checked to be the one `import` finds: a package of
+    the same name installed or earlier on sys.path would hand the file its modules, not the ones beside it."""
+    try:
+        source = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    package = package_of(path, source)
+    if package is None:
+        return None
+    top = package.name.split(".")[0]
+    mine = (package.root / top).resolve()
+    held = sys.modules.get(top)
+    places = list(getattr(held, "__path__", []) or []) if held is not None else None
+    if places is None:
+        found = importlib.machinery.PathFinder.find_spec(top, sys.path + [str(package.root)])
+        places = list(found.submodule_search_locations or []) if found is not None else []
+    if places and all(Path(p).resolve() != mine for p in places):
+        raise UsageError(f"{path.name} imports relatively from its package {top} ({mine}), but `import {top}` "
+                         f"finds {places[0]}: run trace on a copy whose imports are absolute, or from an "
+                         f"environment where {top} is the package in {package.root}")
+    return package
 
 
 def _syntax_error(exc: SyntaxError, path: Path) -> str:
@@ -512,13 +544,16 @@ def defined_here(module: ModuleType) -> str:
 
 
 def own_classes(module: ModuleType | None) -> dict[str, type]:
-    """The classes --init may call, by name: those the file itself defines, and the model configs of transformers'
-    own it imports (`from transformers import GraniteConfig`: a PretrainedConfig subclass, data that transformers'
-    code builds, as `GraniteAttention(config)` wants it); no other class of elsewhere."""
+    """The classes --init may call, by name: those the file itself defines, those of the package it imports
+    relatively from (`from .config import ModelArgs`: the user's own code, package.py), and the model configs of
+    transformers' own it imports (`from transformers import GraniteConfig`: a PretrainedConfig subclass, data that
+    transformers' code builds, as `GraniteAttention(config)` wants it); no other class of elsewhere."""
     if module is None:
         return {}
-    found = {n: v for n, v in vars(module).items()
-             if inspect.isclass(v) and getattr(v, "__module__", None) == module.__name__}
+    top = module.__name__.split(".")[0] + "." if "." in module.__name__ else None
+    found = {n: v for n, v in vars(module).items() if inspect.isclass(v) and (
+        getattr(v, "__module__", None) == module.__name__
+        or (top is not None and str(getattr(v, "__module__", "")).startswith(top)))}
     imported = {n: v for n, v in vars(module).items() if n not in found and inspect.isclass(v)
                 and str(getattr(v, "__module__", "")).startswith("transformers.")}
     if imported:
