@@ -11,7 +11,6 @@ import torch
 
 from attnscope.usertrace.rerun import Base, record_holding, replay
 from attnscope.usertrace.roperead import ReadRope, read_rope, rejoined, rope_turn
-from attnscope.usertrace.trialreads import user_out
 from attnscope.usertrace.trials import Trial
 
 
@@ -261,41 +260,25 @@ def _keys_projected(b: Base, steps: dict[str, torch.Tensor]) -> dict[str, torch.
 
 
 def trials_tiled(b: Base, repeated: bool) -> Iterator[Trial]:
+    """gqa.tiled (`repeated`) or gqa.group_order: the same rerun, the heads tiled; which one the code's data flow
+    says (kvrepeat.py): the keys or values widened to the query heads by an op of the code's (the layout is that
+    op's, gqa.tiled), or never (the queries grouped against unrepeated keys, gqa.group_order)."""
+    from attnscope.usertrace.kvrepeat import kv_repeat, tiled_words
+
     if b.n_group < 2:
         return
     n_kv = b.k_new.shape[-3]
+    rep = kv_repeat(b)
     if repeated:
-        words = (f"key/value heads repeated in the wrong order: {{who}} is what the reference computes with the {n_kv} "
-                 f"key/value heads tiled (0, 1, ..., 0, 1, ...), as .repeat(1, {b.n_group}, 1, 1) does, where query "
-                 f"head h reads key/value head h // {b.n_group} (0, 0, ..., 1, 1, ...): "
-                 f"repeat_interleave({b.n_group}, dim=1), as transformers' repeat_kv")
+        words = tiled_words(b, rep)
     else:
         words = (f"query heads grouped in the wrong order: {{who}} is what the reference computes where query head h "
                  f"reads key/value head h % {n_kv}, as a grouped einsum over q viewed as [n_batch, {b.n_group}, "
                  f"{n_kv}, ...] (n_group before n_kv_head) computes; query heads h·{b.n_group} to "
                  f"h·{b.n_group} + {b.n_group - 1} share key/value head h, so view q as [n_batch, n_kv_head, n_group, "
                  "n_Q, d_head] (transformers' repeat_kv order)")
-    yield Trial(replay(b, repeat="tile"), words, fits=lambda b, r: _materializes_repeat(b) == repeated)
+    yield Trial(replay(b, repeat="tile"), words, fits=lambda b, r: (rep is not None) == repeated)
     if not repeated:  # the grouped result merged back in its own order, [.., n_kv_head, n_group, ..]: the output
         # projection then reads query head g·n_kv_head + kv at kv·n_group + g, as though q's heads were reordered
         order = torch.arange(b.q.shape[-3]).view(b.n_group, n_kv).t().reshape(-1)
-        yield Trial(replay(b, q=b.q.index_select(-3, order)), words, fits=lambda b, r: not _materializes_repeat(b))
-
-
-def _materializes_repeat(b: Base) -> bool:
-    if "K_rep" not in b.ref:
-        return False
-    from attnscope.usertrace.align import ancestors
-    from attnscope.usertrace.flow import operands
-
-    shape = sorted(user_out(b, "K_rep").shape)  # in any order: [.., n_head, n, d], or [.., n, n_head, d] repeated
-    records = b.ctx.records                 # before the transpose (Mistral's repeat_kv on dim=2)
-    # an op on the queries' side alone is no repeat of the keys (a rotate_half's torch.cat of q, as wide as K_rep)
-    found = operands(records)
-    queries = set() if found is None else ancestors(records[found[0]], records) | {found[0]}
-    kv = set() if found is None else set().union(*(ancestors(records[i], records) | {i} for i in found[1:3]))
-    return any(sorted(r.tensor.shape) == shape and not (r.index in queries and r.index not in kv)
-               and (r.func in ("repeat", "repeat_interleave", "expand", "index_select", "cat", "tile")
-                    or r.func in ("reshape", "view", "flatten") and r.parents
-                    and records[r.parents[0]].func == "expand")
-               for r in records)
+        yield Trial(replay(b, q=b.q.index_select(-3, order)), words, fits=lambda b, r: rep is None)
