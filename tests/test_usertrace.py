@@ -309,3 +309,26 @@ def test_a_width_of_zero_leaves_sizes_to_choose():
     clash and the search never end; the zero names no axis and the sizes are chosen as without it."""
     sizes = choose_sizes({"d_feat": 0, "n_head": 4}, ["n_batch", "n_Q"], {})
     assert sizes == choose_sizes({"n_head": 4}, ["n_batch", "n_Q"], {}) | {"d_feat": 0}
+
+
+def test_a_cast_to_anothers_dtype_takes_no_values_from_it(tmp_path):
+    """`self.rel.to(q)`, `w.type_as(q)`: q lends a dtype and a device. A parameter cast so has no parent (before,
+    q was recorded as the parent of the cast parameter, as if the table were made from the queries)."""
+    from attnscope.usertrace.record import Recorder
+
+    path = tmp_path / "cast_code.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        def attend(x, rel, gain):
+            q = x * 2
+            bias = rel.to(q)
+            g = gain.type_as(q)
+            return q @ q.transpose(0, 1) + bias * g
+        """))
+    module = load.import_file(path)
+    x, rel, gain = torch.randn(4, 4), torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64)
+    recorder = Recorder(path, {id(x): "x", id(rel): "rel", id(gain): "gain"}, {}, None)
+    with recorder:
+        module.attend(x, rel, gain)
+    parents = {r.call: r.parents for r in recorder.records}
+    assert parents["to"] == () and parents["type_as"] == (), parents

@@ -222,11 +222,11 @@ class Recorder(TorchFunctionMode):
         _, text_args, style, call = self._describe(func, args, kwargs)
         name = call.removeprefix("F.").removeprefix("torch.")
         given = _tensors(args, kwargs)
-        given = given[:1] if name in SHAPE_ONLY else given
+        # `q.to(v)`, `x.type_as(y)`, `t.reshape_as(s)`: the second lends a dtype, a device or a shape, no values; a
+        # parameter cast to an input's dtype (`self.rel.to(x)`) has no parent, not x
+        given = given[:1] if name in SHAPE_ONLY or name in DTYPE_ONLY else given
         parents = tuple(max(self._produced[id(t)], self._changed.get(id(t), -1)) for t in given
                         if id(t) in self._produced)
-        if name in DTYPE_ONLY and parents:  # `q.to(v)`, `x.type_as(y)`: y lends its dtype and device, no values
-            parents = parents[:1]
         first = next(iter(_tensors(args, kwargs)), None)
         asked: dict[str, Any] = {}
         if name in KERNELS:  # what it computes without materializing: recomputed, marked so, before its output
