@@ -279,6 +279,8 @@ def _joint_width(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[
 
 def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
     """The line-up and its words into `run`."""
+    from attnscope.usertrace.declared import declared_share
+
     inputs, fed, called, convention = ran
     run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
     if lined.joint:  # streams joined along the tokens: one attention over all of them, whatever the inputs' kinds
@@ -290,14 +292,19 @@ def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
     run.notes += lined.notes
     _after_merge(r, run, ran, lined)
     fraction = r.spec.rope_fraction if r.spec.fraction_from_module else None
+    d_head = inputs.sizes.get("d_head") or 0
+    share = declared_share(r.weighted, d_head, r.built) if r.spec.fraction_from_module else None
+    disagree = share.disagreement(d_head) if share is not None else None
+    if disagree is not None:  # the config's share against the module's attribute: the config's is the reference's
+        run.notes.append(disagree)
     if r.sliced:
         run.notes += r.sliced
-    elif fraction is not None and lined.spec is not None and lined.spec.rope_fraction == fraction:
-        d_head = inputs.sizes.get("d_head") or 0
+    elif fraction is not None and lined.spec is not None and lined.spec.rope_fraction == fraction \
+            and disagree is None:
+        where = share.said if share is not None else "its rotary_dim, rotary_pct or partial_rotary_factor"
         run.notes.append(f"RoPE: it rotates the first {int(d_head * fraction)} of each head's "
                          f"{d_head} coordinates (a rotary fraction of {fraction:g}), read from your "
-                         "module's config (its rotary_dim, rotary_pct or partial_rotary_factor); the reference "
-                         "rotates so")
+                         f"module ({where}); the reference rotates so")
 
 
 def _after_merge(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
@@ -339,9 +346,8 @@ def _with_own_fraction(spec: Spec, module: Any, plan: Plan, d_head: int | None, 
     partial_rotary_factor), where --rope asks for RoPE and the module was given no tables by trace (those it was are
     read before the call, _with_own_rope); as the base read from its rope_theta, code that rotates another share
     then has a bug, named by experiment."""
-    from attnscope.usertrace.conventions import own_fraction
+    from attnscope.usertrace.declared import with_share
 
     if spec.rope_base is None or spec.rope_fraction is not None or plan.tables:
         return spec
-    fraction = own_fraction(module, d_head, made)
-    return spec if fraction is None else dataclasses.replace(spec, rope_fraction=fraction, fraction_from_module=True)
+    return with_share(spec, module, d_head, made)

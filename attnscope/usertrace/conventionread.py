@@ -39,6 +39,10 @@ def read_line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[R
         declared = spec.rope_base
         said_base = (f"RoPE base {declared:g}, read from your module (its rope_theta or base, or its config's); "
                      "--rope-base overrides it")
+        if module is not None:  # its config's base against the module's own attribute: the config's is the reference's
+            from attnscope.usertrace.declared import base_disagreement
+
+            said_base = base_disagreement(module, spec.built_with) or said_base
     own_notes: list[str] = []
     if spec is not None and module is not None:  # the softcap and scale the module's config says
         from attnscope.usertrace.declared import DECLARED_CLIP, with_declared

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +33,7 @@ BASE_NAMES = ("rope_theta", "rope_base", "rotary_base", "rotary_emb_base", "rope
 # rotary_emb_fraction)
 WIDTH_NAMES = ("rotary_dim", "rotary_ndims", "rotary_emb_dim", "rope_dim", "rotary_dims")
 FRACTION_NAMES = ("partial_rotary_factor", "rotary_pct", "rotary_emb_fraction", "rotary_fraction", "rope_fraction")
+SCALING_NAMES = ("rope_scaling", "rope_parameters")  # transformers' 4.x and 5.x names for a RoPE scaling's dict
 SOFTCAP_NAMES = ("attn_logit_softcapping", "attn_logit_softcap", "attention_logit_softcapping", "attn_softcapping",
                  "attn_softcap", "attention_softcap", "logits_soft_cap", "softcap")
 DECLARED_CLIP = "q, k and v clipped to "  # how the note of a clip the config says begins
@@ -55,9 +56,14 @@ def holders(module: Any, built_with: dict[str, Any] | None = None) -> Iterator[t
         return
     for in_config, held_by in [(False, vars(sub)) for sub in module.modules()] + [(True, built_with or {})]:
         yield in_config, held_by
-        yield from ((True, v if isinstance(v, dict) else vars(v)) for v in held_by.values()
-                    if isinstance(v, dict) or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type))
-                                               and not callable(v)))
+        for held in (v if isinstance(v, dict) else vars(v) for v in held_by.values()
+                     if isinstance(v, dict) or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type))
+                                                and not callable(v))):
+            yield True, held
+            # transformers 5 keeps a config's rope_theta and partial_rotary_factor in its rope_parameters (4.x's
+            # rope_scaling): a flat dict of them is the config's too; one dict per layer type (Gemma 3's) says none
+            yield from ((True, rope) for rope in (held.get(name) for name in SCALING_NAMES)
+                        if isinstance(rope, dict) and not any(isinstance(x, dict) for x in rope.values()))
 
 
 def _numbers(module: Any, names: tuple[str, ...], built_with: dict[str, Any] | None,
@@ -73,14 +79,39 @@ def _numbers(module: Any, names: tuple[str, ...], built_with: dict[str, Any] | N
 def own_base(module: Any, built_with: dict[str, Any] | None = None) -> float | None:
     """The RoPE base the module says it uses (a number above 1 under one of BASE_NAMES, wherever `holders` looks). A
     config's name (`rope_theta`) outranks a generic one (a rotary submodule's `base`), which may be a default the
-    config's value never reached; None where none says one, or where two of the same rank say different ones."""
-    found: dict[int, set[float]] = {}
-    for _, name, value in _numbers(module, BASE_NAMES, built_with, above=1):
-        found.setdefault(BASE_NAMES.index(name), set()).add(value)
+    config's value never reached; under one name, a config's value outranks the module's own attribute, which its
+    code may have set otherwise (base_disagreement says so). None where none says one, or where two configs (or,
+    with no config, two attributes) of the same rank say different ones."""
+    said = _said_base(module, built_with)
+    return said[0] if said is not None else _inv_freq_base(module)
+
+
+def _said_base(module: Any, built_with: dict[str, Any] | None) -> tuple[float, str, list[str]] | None:
+    """(the base, where it is said, the module's own attributes that say another) per own_base's ranking."""
+    found: dict[int, dict[bool, dict[float, str]]] = {}
+    for in_config, name, value in _numbers(module, BASE_NAMES, built_with, above=1):
+        found.setdefault(BASE_NAMES.index(name), {}).setdefault(in_config, {}).setdefault(value, name)
     if not found:
-        return _inv_freq_base(module)
+        return None
     best = found[min(found)]
-    return next(iter(best)) if len(best) == 1 else None
+    config, own = best.get(True, {}), best.get(False, {})
+    chosen = config or own
+    if len(chosen) != 1:
+        return None
+    (value, name), = chosen.items()
+    return value, name, [f"{n} = {v:g}" for v, n in own.items() if v != value] if config else []
+
+
+def base_disagreement(module: Any, built_with: dict[str, Any] | None = None) -> str | None:
+    """Words for a module whose own attribute says another RoPE base than its config: the config's is the
+    reference's (own_base); None where they agree."""
+    said = _said_base(module, built_with)
+    if said is None or not said[2]:
+        return None
+    value, name, others = said
+    return (f"your module's config says RoPE base {value:g} (its {name}) and the module itself says another (its "
+            f"{', '.join(others)}): declared values that disagree; the config's, what the checkpoint was made with, "
+            "is the reference's, and code that rotates with another base has a bug, named by experiment")
 
 
 def _inv_freq_base(module: Any) -> float | None:
@@ -109,9 +140,6 @@ def _inv_freq_base(module: Any) -> float | None:
     return next(iter(bases)) if len(bases) == 1 else None
 
 
-SCALING_NAMES = ("rope_scaling", "rope_parameters")  # transformers' 4.x and 5.x names for a RoPE scaling's dict
-
-
 def own_scaling(module: Any, built_with: dict[str, Any] | None = None) -> Any:
     """The RoPE the module's config declares beside its base, as attnscope's Rope (variants/rope.py): its scaling dict
     (`rope_scaling={"type": "linear", ...}`, `rope_parameters={"rope_type": "llama3", ...}`) and its
@@ -137,24 +165,73 @@ def own_scaling(module: Any, built_with: dict[str, Any] | None = None) -> Any:
         return None
 
 
-def own_fraction(module: Any, d_head: int | None, built_with: dict[str, Any] | None = None) -> float | None:
-    """The share of each head RoPE turns, where the module says it is less than all of it: a width under WIDTH_NAMES
-    over d_head, or a fraction under FRACTION_NAMES, wherever `holders` looks; None where none says one, where they
-    disagree, or where it is the whole head."""
+@dataclass(frozen=True)
+class Share:
+    """The share of each head the module says RoPE turns (declared_share): `fraction` 1.0 for the whole head;
+    `said`, where it is said ("its config's partial_rotary_factor = 0.5"); `overruled`, the module's own attributes
+    that say another share where its config says one (the config's is the reference's), else empty."""
+
+    fraction: float
+    said: str
+    overruled: tuple[str, ...] = ()
+
+    def disagreement(self, d_head: int) -> str | None:
+        """A note's words where the config and the module's attributes disagree; None where they do not."""
+        if not self.overruled:
+            return None
+        rotated = f"the first {int(self.fraction * d_head)}" if self.fraction < 1 else "all"
+        return (f"RoPE's rotated share: your module's config says {rotated} of each head's {d_head} coordinates "
+                f"({self.said}) and the module itself says another ({', '.join(self.overruled)}): declared values "
+                "that disagree; the config's, what the checkpoint was made with, is the reference's, and code that "
+                "rotates another share has a bug, named by experiment (rope.fraction)")
+
+
+def declared_share(module: Any, d_head: int | None, built_with: dict[str, Any] | None = None) -> Share | None:
+    """The share of each head RoPE turns as the module says it: a width under WIDTH_NAMES over d_head, or a fraction
+    under FRACTION_NAMES, wherever `holders` looks. A config's (one the module keeps, its rope_parameters, or one its
+    __init__ was given) outranks the module's own attribute, which its code derives from it and normally agrees with:
+    where they disagree, the config's is kept and the attribute named (Share.overruled). None where none says one,
+    or where two configs (or, with no config, two attributes) disagree."""
     if not d_head:
         return None
-    found: set[float] = set()
-    for _, name, value in _numbers(module, (*WIDTH_NAMES, *FRACTION_NAMES), built_with):
+    found: dict[bool, dict[float, list[str]]] = {True: {}, False: {}}
+    for in_config, name, value in _numbers(module, (*WIDTH_NAMES, *FRACTION_NAMES), built_with):
         share = value / d_head if name in WIDTH_NAMES else value
         width = int(share * d_head)
         if share < 1 and width >= 2 and width % 2 == 0:
-            found.add(width / d_head)
+            share = width / d_head
         elif share >= 1:
-            found.add(1.0)
-    if len(found) != 1:
+            share = 1.0
+        else:
+            continue
+        said = f"{name} = {int(value) if name in WIDTH_NAMES else f'{value:g}'}"
+        if said not in found[in_config].setdefault(share, []):
+            found[in_config][share].append(said)
+    config, own = found[True], found[False]
+    chosen = config or own
+    if len(chosen) != 1:
         return None
-    share = next(iter(found))
-    return share if share < 1 else None
+    (share, names), = chosen.items()
+    overruled = tuple(f"its {n}" for s, ns in own.items() if s != share for n in ns) if config else ()
+    return Share(share, ("its config's " if config else "its ") + ", ".join(names), overruled)
+
+
+def own_fraction(module: Any, d_head: int | None, built_with: dict[str, Any] | None = None) -> float | None:
+    """The share of each head RoPE turns, where the module says it is less than all of it (declared_share); None
+    where none says one, where they disagree, or where it is the whole head."""
+    share = declared_share(module, d_head, built_with)
+    return share.fraction if share is not None and share.fraction < 1 else None
+
+
+def with_share(spec: Spec, module: Any, d_head: int | None, built_with: dict[str, Any] | None) -> Spec:
+    """`spec` rotating the share of each head the module says (declared_share), as the module's own: code that rotates
+    another share then has a bug, named by experiment. The whole head said alone is left to the code (a share it
+    rotates is read as its convention, as where none is said); said by a config against the module's attribute,
+    the whole head is the reference's."""
+    share = declared_share(module, d_head, built_with)
+    if share is None or (share.fraction >= 1 and not share.overruled):
+        return spec
+    return replace(spec, rope_fraction=share.fraction if share.fraction < 1 else None, fraction_from_module=True)
 
 
 def own_value(module: Any, names: tuple[str, ...] | list[str],
@@ -173,6 +250,16 @@ def own_value(module: Any, names: tuple[str, ...] | list[str],
     return None
 
 
+def _disagreeing(module: Any, name: str, value: float, built_with: dict[str, Any] | None) -> str:
+    """Words for the module's own attributes under `name` that say another value than its config's `value`
+    (own_value's choice, which then is the config's); empty where none does."""
+    others = sorted({v for in_config, _, v in _numbers(module, (name,), built_with) if not in_config and v != value})
+    if not others:
+        return ""
+    return (f"; the module itself says another (its {', '.join(f'{name} = {v:g}' for v in others)}): declared values "
+            "that disagree, and the config's, what the checkpoint was made with, is the reference's")
+
+
 def with_declared(module: Any, spec: Spec) -> tuple[Spec, list[str]]:
     """`spec` with the softcap and the scale the module declares (or the config its __init__ was given,
     `spec.built_with`), where the options said none; with a note for each one read."""
@@ -183,7 +270,8 @@ def with_declared(module: Any, spec: Spec) -> tuple[Spec, list[str]]:
             name, value = cap
             spec = replace(spec, softcap=value, softcap_from_module=True)
             notes.append(f"softcap {value:g}, read from your module (its {name}): the reference caps the scores, "
-                         f"{value:g} · tanh(scores / {value:g}), before the mask; --softcap overrides it")
+                         f"{value:g} · tanh(scores / {value:g}), before the mask; --softcap overrides it"
+                         + _disagreeing(module, name, value, spec.built_with))
     if spec.scale is None and spec.layout != "col":
         said = own_value(module, list(SCALE_NAMES), spec.built_with)
         if said is not None:
@@ -192,12 +280,13 @@ def with_declared(module: Any, spec: Spec) -> tuple[Spec, list[str]]:
             scale = to_scale(value)
             spec = replace(spec, scale=scale, scale_from=f"{how} = {scale:.6g} (your module's {name} = {value:g})")
             notes.append(f"scale {scale:.6g} = {how}, read from your module (its {name} = {value:g}); --scale "
-                         "overrides it")
+                         "overrides it" + _disagreeing(module, name, value, spec.built_with))
     if spec.clip_qkv is None:
         clip = own_value(module, CLIP_NAMES, spec.built_with)
         if clip is not None:
             name, value = clip
             spec = replace(spec, clip_qkv=(-value, value))
             notes.append(f"{DECLARED_CLIP}±{value:g} after their projection, read from your module (its "
-                         f"{name} = {value:g}, DBRX's): the reference clips its Q_feat, K_feat and V_feat so")
+                         f"{name} = {value:g}, DBRX's): the reference clips its Q_feat, K_feat and V_feat so"
+                         + _disagreeing(module, name, value, spec.built_with))
     return spec, notes

@@ -24,6 +24,7 @@ other base or positions stay bugs); a table read for the queries that the keys d
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,11 +202,20 @@ def last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: s
     """The last record at or above record `index` whose tensor is `source` turned (turned_by), in any layout of its
     shape, with its angle table; None where none is. `width`: only the first `width` coordinates are read (a rotary
     fraction's part that turns)."""
+    for record, mine in laid_above(records, index, tuple(source.shape)):
+        table = turned_by(source[..., :width], mine[..., :width], pairing)
+        if table is not None:
+            return record, table
+    return None
+
+
+def laid_above(records: list[Any], index: int, shape: tuple[int, ...]) -> Iterator[tuple[Any, torch.Tensor]]:
+    """Each record at or above record `index`, the last first, whose float tensor holds as many numbers as `shape`,
+    laid out as `shape` (float64) in each layout its shape allows."""
     import math as _math
 
     from attnscope.usertrace.align import ancestors, layouts
 
-    shape = tuple(source.shape)
     for i in sorted(ancestors(records[index], records) | {index}, reverse=True):
         tensor = records[i].tensor
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() \
@@ -213,13 +223,9 @@ def last_turned(records: list[Any], index: int, source: torch.Tensor, pairing: s
             continue
         for layout in layouts(shape, tuple(tensor.shape)):
             try:
-                mine = layout.undo(tensor.detach(), shape).double()
+                yield records[i], layout.undo(tensor.detach(), shape).double()
             except RuntimeError:
                 continue
-            table = turned_by(source[..., :width], mine[..., :width], pairing)
-            if table is not None:
-                return records[i], table
-    return None
 
 
 OWN_TRIES = 8  # the tensors above an operand, and the tensors above each, that own_turn looks at (the nearest)

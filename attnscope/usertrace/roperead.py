@@ -93,6 +93,29 @@ def code_base(b: Base, rope: ReadRope) -> float | None:
     return None if found is None else ropefreqs.base_from(found[1], rope.q_pos, width)
 
 
+def code_share(b: Base, rope: ReadRope) -> int | None:
+    """How many leading coordinates of each head the code turns, read from its own rotated queries: the last tensor
+    above what it hands its scores (else above its last tensor) that is the reference's unrotated queries with a
+    leading part changed and the rest equal (a rotary fraction's pass-through), the changed part's width rounded up
+    to a pair; None where no such tensor is (the whole head turned, or the queries changed otherwise)."""
+    from attnscope.usertrace.align import tolerance
+    from attnscope.usertrace.flow import operands
+    from attnscope.usertrace.ropefreqs import laid_above
+
+    records = b.ctx.records
+    if not records or rope.lead:
+        return None
+    handed = operands(records)
+    source = rope.q.double()
+    tol = tolerance(source)
+    for _, mine in laid_above(records, handed[0] if handed else len(records) - 1, tuple(source.shape)):
+        changed = ((mine - source).abs() > tol).flatten(0, -2).any(0)  # [d_head]
+        if bool(changed.any()) and not bool(changed.all()):
+            width = int(torch.nonzero(changed).max()) + 1
+            return width + width % 2
+    return None
+
+
 def latent_rope(b: Base) -> ReadRope | None:
     """Latent attention's RoPE, read back from its data flow: the part of each head that turns is the one Q_pe_rot
     and K_pe_rot are made from (Q_pe, and the rotary key part every head shares), the no-RoPE part before it passes

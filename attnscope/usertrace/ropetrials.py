@@ -12,6 +12,7 @@ from attnscope.usertrace.rerun import Base, replay
 from attnscope.usertrace.roperead import (
     ReadRope,
     code_base,
+    code_share,
     read_rope,
     read_turns,
     rejoined,
@@ -198,18 +199,36 @@ def trials_fraction(b: Base) -> Iterator[Trial]:
                     f"{r / d:g}) and the rest pass through" + (
                         " (your module's config says so: its rotary_dim, rotary_pct or partial_rotary_factor); "
                         "rotate the first rotary_dim coordinates of each head" if said else ""))
+        if said:  # the share the module says, and code that rotates a share of another size (its own, read)
+            for w in _other_shares(b, rope, r):
+                yield Trial(_rotated(b, rope, rotary=w), f"RoPE rotates a share of another size: {{who}} is what the "
+                            f"reference computes with the first {w} of d_head = {d} coordinates rotated (a rotary "
+                            f"fraction of {w / d:g}), where your module says the first {r} (a rotary fraction of "
+                            f"{r / d:g}: its rotary_dim, rotary_pct or partial_rotary_factor, or its config's); "
+                            "rotate the share it says")
         return
-    for share in (0.25, 0.5):
-        r = int(d * share)
+    said = b.ctx.spec is not None and b.ctx.spec.fraction_from_module  # the config says the whole head turns
+    for r in _other_shares(b, rope, d) if said else dict.fromkeys(int(d * share) for share in (0.25, 0.5)):
+        share = r / d
         if r >= 2 and r % 2 == 0:
             yield Trial(_rotated(b, rope, rotary=r), f"RoPE rotates only part of each head: {{who}} is what the "
                         f"reference computes with the first {r} of d_head = {d} coordinates rotated (a rotary "
                         f"fraction of {share:g}, GPT-NeoX's rotary_pct) and the rest passed through, where the "
-                        "reference rotates all of them")
+                        + ("reference rotates all of them" if not said else "the whole head turns (your module's "
+                           "config says so; the module's own rotary attribute says otherwise)"))
             yield Trial(_rotated(b, rope, rotary=r, over=d), f"RoPE's frequencies are spread over the whole head: "
                         f"{{who}} is what the reference computes with the first {r} of d_head = {d} coordinates "
                         f"turning at base^(-2i / {d}) where a rotary fraction turns them at base^(-2i / {r}) "
                         "(GPT-NeoX's inv_freq over rotary_ndims)")
+
+
+def _other_shares(b: Base, rope: ReadRope, said: int) -> list[int]:
+    """The widths to try where the module says `said` coordinates of each head turn: the one the code turns, read
+    from its rotated queries (roperead.code_share), else every even width."""
+    read = code_share(b, rope)
+    if read is not None:
+        return [read] if read != said and read < b.d_head else []
+    return [w for w in range(2, b.d_head, 2) if w != said]
 
 
 def trials_on_values(b: Base) -> Iterator[Trial]:
