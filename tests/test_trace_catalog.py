@@ -405,12 +405,13 @@ def test_every_catalog_entry_is_planted_in_three_styles():
     from test_trace_round7_scaleshare import PLANTED as SHARES  # scale.half, in three styles of its own
     from test_trace_round20_norms import PLANTED as NORMS  # qknorm.*, in styles of their own
     from test_trace_round22_kvroles import PLANTED as KEYS  # kv.keys_from_values, in styles of its own
+    from test_trace_round29_alibifeed import PLANTED as AFTER  # alibi.after_softmax, in styles of its own
 
     names = {experiment.name for experiment in CATALOG}
-    planted = set(PLANTS) | set(PLANTED) | set(SHARES) | set(NORMS) | set(KEYS)
+    planted = set(PLANTS) | set(PLANTED) | set(SHARES) | set(NORMS) | set(KEYS) | set(AFTER)
     assert names == planted, names ^ planted
     assert all(len({target for target, _, _ in cases}) >= 3
-               for cases in (*SHARES.values(), *NORMS.values(), *KEYS.values()))
+               for cases in (*SHARES.values(), *NORMS.values(), *KEYS.values(), *AFTER.values()))
     assert all(len(styles) >= 3 for styles, _, _ in PLANTS.values())
 
 

@@ -57,6 +57,7 @@ class RunSoFar:
     built: dict[str, Any]  # a config the __init__ read and did not keep
     sliced: list[str] = field(default_factory=list)  # the note, where RoPE's tables were made in the code's form
     table_form: list[TableForm] = field(default_factory=list)  # that form (tableforms.py), once read
+    alibi_form: list[str] = field(default_factory=list)  # the layout ALiBi's handed bias runs in (alibifeed.py)
     cache_layout: str = "bhnd"  # how the code keeps a decode step's cache (cachelayouts.py): trace's own, else read
     empty_cache: bool = False  # no decode step, and code that cannot run with its cache None: handed an empty one
     own_cache: Held | None = None  # a cache the module holds itself, where it does: filled before each run
@@ -89,6 +90,10 @@ class RunSoFar:
         from attnscope.usertrace.lineup import line_up
         from attnscope.usertrace.ranking import better_fit
 
+        if tried.alibi_form:  # ALiBi's bias handed in: in the layout the code was read to run on, else each in turn
+            if not self.alibi_form:
+                return self._alibi_read(asked, tried)
+            tried = dataclasses.replace(tried, alibi_form=self.alibi_form[0])
         # a --mask file beside a mask parameter named for the causal rule: the file alone to `tried.mask`, the rule
         # to the causal one (_rule_beside)
         apart = asked.mask and asked.causal and tried.causal_mask() not in (None, tried.mask)
@@ -135,6 +140,38 @@ class RunSoFar:
         self.table_form[:] = [form]
         self.sliced[:] = [tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
         return again
+
+    def _alibi_read(self, asked: TraceOptions, tried: Plan) -> Made:
+        """The code run with ALiBi's bias handed in each layout (alibifeed.FORMS); of those it runs on, the first
+        under which it lines up all the way, else the one under which it lines up furthest; with a note of it. None
+        run: the first's run, and none kept."""
+        from attnscope.usertrace import alibifeed
+        from attnscope.usertrace.lineup import line_up
+        from attnscope.usertrace.ranking import better_fit
+
+        made: list[tuple[str, Made]] = []
+        first: Made | None = None
+        for form in alibifeed.FORMS:
+            self.alibi_form[:] = [form]
+            ran = self.run_plan(asked, tried)
+            first = first or ran
+            if ran[2].failure is None:
+                made.append((form, ran))
+        if not made:  # none read: a later run (another mask parameter, another reading) tries them again
+            self.alibi_form[:] = []
+            assert first is not None
+            return first
+        best, fit = 0, None
+        for i, (_, tried_ran) in enumerate(made if len(made) > 1 and self.weighted is not None else []):
+            other = line_up(self.weighted, self.shapes, tried_ran[0], tried_ran[2].records, asked.train, self.spec)
+            if fit is None or better_fit(other, fit):
+                best, fit = i, other
+            if fit.divergence is None:  # the first layout that lines up all the way (a one-row layout before rows)
+                break
+        form, ran = made[best]
+        self.alibi_form[:] = [form]
+        self.notes.append(alibifeed.note(str(tried.alibi), form))
+        return ran
 
     def attempt(self, asked: TraceOptions) -> Made:
         """The code run under `asked`: the plan, then each of its other mask parameters (the rule's own first),

@@ -27,7 +27,7 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     """The options checked, the target built and its forward planned: the run so far, before any run of it."""
     import torch
 
-    from attnscope.usertrace import flags, headcount, heldcache, identity, load, maskroles, pairparams
+    from attnscope.usertrace import alibifeed, flags, headcount, heldcache, identity, load, maskroles, pairparams
     from attnscope.usertrace.inputs import ShapePlan
 
     check_numbers(o, texts=("target", "init", "forward"))
@@ -83,6 +83,8 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
                      f"{target.name}.forward" if module is not None and target.kind != "function" else target.name,
                      o.train)
     plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
+    if o.alibi:  # ALiBi's bias handed in: the reference's, in the code's layout (alibifeed.py)
+        plan = alibifeed.told(plan, module.forward if module is not None else fn)
     plan = maskroles.with_masks(plan, module.forward if module is not None else fn)  # a required `keep` it adds
     plan = maskroles.with_residuals(plan, module.forward if module is not None else fn)  # `shortcut + proj(out)`
     plan = flags.as_flags(plan, module.forward if module is not None else fn)  # output_attentions with no default

@@ -88,6 +88,22 @@ def trials_alibi_queries(b: Base) -> Iterator[Trial]:
                     "(BLOOM's): keys after the query are pushed down as those before are")
 
 
+def trials_alibi_after_softmax(b: Base) -> Iterator[Trial]:
+    """ALiBi's bias added to the attention weights: the reference's, or, as a model hands it in (alibifeed.py), one
+    row for every query, m_h · (j − n_K + 1); after the softmax a constant per row no longer cancels, so both are
+    tried."""
+    parts = _alibi_parts(b)
+    if parts is None:
+        return
+    assert b.bias is not None
+    slopes = parts[0]
+    row = -slopes[:, None, None] * (b.n_K - 1 - torch.arange(b.n_K, dtype=torch.float64))[None, None, :]
+    for bias, how in ((b.bias, "−m_h · (i − j)"), (row.to(b.bias), "m_h · (j − n_K + 1), one row for every query")):
+        yield Trial(replay(b, bias=None, after_softmax=bias), "ALiBi's bias is added after the softmax: {who} is what "
+                    f"the reference computes with ALiBi's bias ({how}) added to the attention weights, not to the "
+                    "scores; ALiBi adds it to the scores before the softmax")
+
+
 def _t5(b: Base) -> bool:
     return b.ctx.spec is not None and b.ctx.spec.position_bias is not None and b.bias is not None
 

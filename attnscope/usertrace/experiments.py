@@ -11,6 +11,7 @@ The catalog in words, with an example of each message, is docs/trace.md's "The c
 from __future__ import annotations
 
 from attnscope.usertrace.biastrials import (
+    trials_alibi_after_softmax,
     trials_alibi_queries,
     trials_alibi_sign,
     trials_alibi_slopes,
@@ -114,6 +115,7 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("alibi.sign", "ALiBi", "ALiBi's bias with its sign flipped", trials_alibi_sign),
     Experiment("alibi.slopes", "ALiBi", "other slopes than 2^(-8 h / n_head)", trials_alibi_slopes),
     Experiment("alibi.query_positions", "ALiBi", "a bias symmetric in i and j", trials_alibi_queries),
+    Experiment("alibi.after_softmax", "ALiBi", "ALiBi's bias added after the softmax", trials_alibi_after_softmax),
     Experiment("t5.transposed", "T5 bias", "the position bias transposed", trials_t5_transposed),
     Experiment("t5.after_softmax", "T5 bias", "the position bias added after the softmax", trials_t5_after_softmax),
     Experiment("mask.polarity", "mask", "the mask read the other way round", trials_polarity),

@@ -14,6 +14,8 @@ RoPE's tables (--rope), each in the form the code that passes them in writes it.
 - `freqs_cos`, `freqs_sin`: `[n_Q, d_head / 2]`, the real and imaginary parts of `freqs_cis`, as llama2.c's
   `precompute_freqs_cis` makes them and its `Transformer.forward` slices them (`freqs_cos[:seqlen]`);
 - a position bias (`position_bias`, T5's): --position-bias's tensor, `[.., n_Q, n_K]` as the file holds it;
+- ALiBi's bias handed in (BLOOM's `alibi`; under --alibi MPT's `position_bias`, llm-foundry's `attn_bias`): the
+  reference's ALiBi in the layout the code reads (alibifeed.py);
 - `position_embeddings`: `(cos, sin)`, each `[n_batch, n_Q, d_head]` for the new positions, as transformers'
   `LlamaRotaryEmbedding` hands them to `LlamaAttention.forward`.
 The tables use the reference's base (--rope-base, else the module's own rope_theta), so what they cannot tell apart
@@ -72,8 +74,9 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     sizes = inputs.sizes
     if plan.bias is not None:
         if position_bias is None and plan.bias_required:
-            raise UsageError(f"{plan.bias}: your code adds a position bias to the scores; give the one it is meant to "
-                             "add with --position-bias FILE ([.., n_Q, n_K], T5's)")
+            raise UsageError(f"{plan.bias}: your code adds a position bias to the scores; give the one it is meant "
+                             "to add with --position-bias FILE ([.., n_Q, n_K], T5's), or pass --alibi where it is "
+                             "ALiBi's")
         out.values[plan.bias] = position_bias
         if position_bias is not None:
             bias = position_bias.to(next(iter(inputs.tensors.values())).dtype)
@@ -81,6 +84,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
             out.steps.append((plan.bias, bias, (*("?",) * (bias.dim() - 2), "n_Q", "n_K"),
                               "input: --position-bias, added to the scores"))
             out.labels[id(bias)] = plan.bias
+    _alibi(plan, inputs, out)
     n_cache = sizes.get("n_cache", 0)
     if plan.cache is not None:
         out.values[plan.cache] = inputs.cache
@@ -186,6 +190,19 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
 
 # the parameters that take RoPE's whole table in one value (a complex table, or the pair (cos, sin))
 WHOLE_TABLES = ("freqs_cis", "position_embeddings")
+
+
+def _alibi(plan: Plan, inputs: Inputs, out: Feeds) -> None:
+    """ALiBi's bias handed in by the model (BLOOM's `alibi`), in the plan's layout (alibifeed.py)."""
+    from attnscope.usertrace import alibifeed
+
+    if plan.alibi is None:
+        return
+    given = alibifeed.feed(plan, inputs.sizes, next(iter(inputs.tensors.values())).dtype)
+    out.values[plan.alibi] = None if given is None else given[0]
+    if given is not None:
+        out.steps.append((plan.alibi, *given))
+        out.labels[id(given[0])] = plan.alibi
 
 
 def _empty(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -38,6 +38,8 @@ MASK_WORDS = ("mask",)
 # A bias added to the scores: a position bias (T5's `position_bias`) gets --position-bias's tensor; any other (xformers'
 # `attn_bias`, an additive mask) is fed as a mask is, in the convention its code reads.
 POSITION_BIAS_WORDS = ("position_bias", "pos_bias", "rel_bias", "relative_bias")
+# ALiBi's bias handed in by the model (BLOOM's `alibi`): --alibi's, in the layout the code reads (alibifeed.py)
+ALIBI_WORDS = ("alibi",)
 DROPOUT_WORDS = ("dropout",)
 # A decode step's parameters (--cache N): the cached keys and values, and the position of the first new token.
 CACHE_NAMES = ("cache", "kv_cache", "past_key_value", "past_key_values", "layer_past", "past_kv", "past",
@@ -127,6 +129,9 @@ class Plan:
     read_tables: list[str] = field(default_factory=list)  # of them, those read as tables by their use (as_table)
     bias: str | None = None  # a position bias: gets --position-bias's tensor, else None
     bias_required: bool = False  # the position bias has no default: --position-bias must give it
+    alibi: str | None = None  # ALiBi's bias handed in by the model (BLOOM's `alibi`): --alibi's (alibifeed.py)
+    alibi_required: bool = False  # it has no default: refused without --alibi
+    alibi_form: str = ""  # the layout it is given in (alibifeed.FORMS), under --alibi; "" without
     order: list[str] = field(default_factory=list)  # every parameter, in the signature's order
     optional: list[str] = field(default_factory=list)  # others defaulting to None: a memory's candidates
     given: dict[str, Any] = field(default_factory=dict)  # --forward's arguments, built: given as they are
@@ -679,6 +684,11 @@ def is_position_ids(name: str) -> bool:
     return "ids" in words and any(w in POSITION_ID_WORDS for w in words) and not is_mask(name, None)
 
 
+def is_alibi(name: str) -> bool:
+    """Named for ALiBi (`alibi`, `alibi_bias`, `alibi_tensor`)."""
+    return any(word in name.lower() for word in ALIBI_WORDS)
+
+
 def is_position_bias(name: str) -> bool:
     return any(word in name.lower() for word in POSITION_BIAS_WORDS)
 
@@ -716,7 +726,9 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
         p.order.append(name)
         required = param.default is param.empty
         lower = name.lower()
-        if is_position_bias(name) and p.bias is None and (required or param.default is None):
+        if is_alibi(name) and p.alibi is None and (required or param.default is None):
+            p.alibi, p.alibi_required = name, required
+        elif is_position_bias(name) and p.bias is None and (required or param.default is None):
             p.bias, p.bias_required = name, required
         elif is_mask(name, None if param.default is param.empty else param.default):
             masks.append(name)

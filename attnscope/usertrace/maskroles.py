@@ -19,7 +19,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace.astreads import PRODUCTS, called, climb, derived, is_layer, module_call
-from attnscope.usertrace.offscores import added_to, off_scores
+from attnscope.usertrace.offscores import added_to, off_scores, returned_off
 
 if TYPE_CHECKING:
     from attnscope.usertrace.load import Plan
@@ -117,7 +117,12 @@ def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
             helper = _helper(fn, call, home) if depth > 0 and isinstance(call, ast.Call) else None
             param = _param(helper, call, top) if helper is not None and isinstance(call, ast.Call) else None
             if param is not None:
-                found |= _read(helper, param, depth - 1, home)
+                inner = _read(helper, param, depth - 1, home)
+                if "returned" in inner and call is not None:  # off the scores in the helper, then returned:
+                    # where its caller takes it (BLOOM's dropout_add(out, residual, ...), then returned)
+                    inner.discard("returned")
+                    inner.add(returned_off(call, parents, depth == DEPTH, getattr(fn, "__self__", None)) or "mask")
+                found |= inner
             else:  # a layer of torch's (`self.k_proj(context)`) projects it; another's call may test it
                 found.add("input" if isinstance(call, ast.Call) and is_layer(call.func) and helper is None else "on")
         elif kind == "kept":

@@ -41,9 +41,28 @@ def off_scores(node: ast.AST, combined: ast.BinOp | ast.AugAssign, parents: dict
                          owner, _end(combined))
     else:
         off = _flows_off(combined, root, parents, set(), ends, owner)
-    if not off or "returned" in ends and not forward:
+    return _kind(off, ends, forward)
+
+
+def _kind(off: bool, ends: set[str], forward: bool) -> str | None:
+    """What a value off the scores is, by where its paths end; "returned" where a helper returns it (its caller
+    says where it goes: returned_off)."""
+    if not off:
         return None
+    if "returned" in ends and not forward:
+        return "returned"
     return "added" if "projected" in ends else "residual" if "returned" in ends else "angles"
+
+
+def returned_off(call: ast.AST, parents: dict[ast.AST, ast.AST], forward: bool, owner: Any = None) -> str | None:
+    """Where the value a helper returned off the scores goes in its caller (`call`, the helper's call there):
+    BLOOM's `dropout_add(out, residual, p, training)`, `out = dropout(x); return residual + out`, then returned by
+    the forward, is a residual. None where it may reach the scores."""
+    root: ast.AST = call
+    while root in parents:
+        root = parents[root]
+    ends: set[str] = set()
+    return _kind(_flows_off(call, root, parents, set(), ends, owner), ends, forward)
 
 
 SOFTMAX_CALLS = ("softmax", "log_softmax", "exp", "exp_", "scaled_dot_product_attention", "masked_fill",
