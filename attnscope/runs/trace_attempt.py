@@ -84,7 +84,7 @@ class RunSoFar:
     def run_plan(self, asked: TraceOptions, tried: Plan) -> Made:
         """The code run on `tried` under `asked`; where it raised on RoPE's tables, on tables in the form it runs
         on (tableforms.py), the spec and the note of that form kept."""
-        from attnscope.usertrace import heldcache, tableforms
+        from attnscope.usertrace import heldcache, tableforms, tablelayouts
         from attnscope.usertrace.feeds import feeds
         from attnscope.usertrace.inputs import make_inputs
         from attnscope.usertrace.lineup import line_up
@@ -115,10 +115,14 @@ class RunSoFar:
         if failed is None or not tried.tables or not d_head or self.table_form or self.spec.rope_base is None:
             return ran
         # tables in the form the code runs on (tableforms.py: one angle a pair, a share of each head, along its own
-        # axes); where several run, the one under which it lines up further
+        # axes; tablelayouts.py: the pair's order and layout); where several run, the first under which it lines up
+        # whole, else the one under which it lines up furthest
+        found = tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"])
+        forms = tablelayouts.variants([*found, *tablelayouts.halves(failed, d_head, found)], tried,
+                                      asked.rope_pairing is not None) \
+            + tableforms.holders(failed, tried.tables, width, d_head, read=tuple(tried.read_tables))
         made = []
-        for form in [*tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"]),
-                     *tableforms.holders(failed, tried.tables, width, d_head, read=tuple(tried.read_tables))]:
+        for form in forms:
             inputs = make_inputs(asked, tried, self.shapes, self.weighted)
             inputs.cache_layout, inputs.empty_cache = self.cache_layout, self.empty_cache
             self.expanded(inputs)
@@ -127,18 +131,20 @@ class RunSoFar:
                 heldcache.fill(self.own_cache, inputs.cache, inputs.sizes["n_Q"])
             again = (inputs, fed, *masked_call(asked, self.target, self.fn, tried, inputs, self.module, fed))
             if again[2].failure is None:
-                made.append((form, _form_spec(self.spec, form, d_head), again))
+                made.append((form, form_spec(self.spec, form, d_head), again))
         if not made:
             return ran
         if len(made) > 1 and self.weighted is not None:
             fits = [line_up(self.weighted, self.shapes, m[2][0], m[2][2].records, asked.train, m[1]) for m in made]
             best = 0
-            for i in range(1, len(made)):
-                best = i if better_fit(fits[i], fits[best]) else best
+            for i in range(1, len(made)):  # ties keep the likelier, earlier form
+                best = i if fits[best].divergence is not None and better_fit(fits[i], fits[best]) else best
             made = [made[best]]
         form, self.spec, again = made[0]
         self.table_form[:] = [form]
-        self.sliced[:] = [tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
+        named = form.swapped or form.layout or (form.pairs and 2 * form.width < d_head)
+        self.sliced[:] = [tablelayouts.note(form, tried.tables, width or d_head, d_head, failed) if named else
+                          tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
         return again
 
     def _alibi_read(self, asked: TraceOptions, tried: Plan) -> Made:
@@ -410,12 +416,16 @@ def table_width(spec: Spec, plan: Plan, d_head: int | None) -> int | None:
     return int(d_head * spec.rope_fraction)
 
 
-def _form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
+def form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
     """The reference for code that runs on RoPE's tables in `form` (tableforms.py): a share of each head turned where
     they are narrower than the head and laid out for a pairing; one angle a pair leaves the pairing to the code, where
     --rope-pairing does not ask for one (then checked)."""
-    if form.pairs:
-        return spec
+    if form.pairs:  # GPT-J's half-width tables over its rotary_dim: that share turned
+        share = 2 * form.width
+        return spec if share >= d_head else dataclasses.replace(spec, rope_fraction=share / d_head,
+                                                                fraction_from_module=True)
+    if form.layout:  # the pair laid out for another pairing (Cohere's interleaved tables): the reference pairs so
+        spec = dataclasses.replace(spec, rope_pairing=form.layout)
     if form.width < d_head:
         return dataclasses.replace(spec, rope_fraction=form.width / d_head, fraction_from_module=True,
                                    pairing_asked=True)

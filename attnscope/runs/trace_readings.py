@@ -14,6 +14,7 @@ from attnscope.runs.trace_layouts import column_form, columns_possible
 from attnscope.runs.trace_maskranks import other_forms
 from attnscope.runs.trace_result import TraceRun, run_header, run_params
 from attnscope.runs.trace_setup import with_width
+from attnscope.runs.trace_tables import other_layouts
 
 if TYPE_CHECKING:
     from attnscope.runs.trace_attempt import Made
@@ -73,6 +74,7 @@ def read_run(r: RunSoFar, run: TraceRun, ran: Made) -> Made:
     ran, lined = _lined_up(r, run, ran)
     for reading in (_kv_heads, _time_first_reading, _column_reading, _own_conventions, _joint_width):
         ran, lined = reading(r, run, ran, lined)
+    ran, lined = other_layouts(r, run, ran, lined, again)  # RoPE's pair sin first, or interleaved (trace_tables)
     ran, lined = other_forms(r, run, ran, lined)  # a mask the code takes in other forms: each given (trace_maskranks)
     _said(r, run, ran, lined)
     return ran

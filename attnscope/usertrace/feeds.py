@@ -60,6 +60,11 @@ class TableForm:
     # (tableforms.holders): "complex" [n_Q, d_head / 2] (Meta's freqs_cis), "complex, batched" [n_batch, n_Q,
     # d_head / 2] (Llama 4's), "cos, sin" the pair (transformers' position_embeddings); "": as the name says
     holds: str = ""
+    # the pair's layout over its share (tablelayouts.py): "interleaved" for `repeat_interleave(freqs, 2)` (Cohere's),
+    # "" for the reference's pairing (half-split, `cat((freqs, freqs))`); `swapped`: the pair handed (sin, cos), as
+    # GPT-J's `sin, cos = position_embeddings` takes it
+    layout: str = ""
+    swapped: bool = False
 
 
 def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "half-split",
@@ -134,10 +139,12 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     if not d_head:  # never tables of width 0: the head count is what is missing
         raise UsageError("cannot tell d_head, so RoPE's tables cannot be made; pass --heads")
     if form is not None and form.pairs:  # one angle a pair, the frequencies over the whole head
-        angle = torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(d_head)
-        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)  # [n_pos, d_head / 2]
+        share = min(2 * form.width, d_head)  # the share it turns, the whole head or GPT-J's rotary_dim
+        angle = torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(share)
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)  # [n_pos, share / 2]
     else:
         d_head = (form.width if form is not None else rope_width) or d_head  # the share the code rotates
+        pairing = form.layout or pairing if form is not None else pairing
         cos, sin = Rope(rope_base, pairing=pairing).cos_sin(n_pos, d_head, dtype)  # [n_pos, d_head]
     width = cos.shape[-1]
     start = n_cache
@@ -157,8 +164,9 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
             shape = [1] * form.axes[0]
             shape[form.axes[1]], shape[-1] = n_Q, width
             laid = (cos[start:start + n_Q].reshape(shape), sin[start:start + n_Q].reshape(shape))
-            value = laid if kind not in ("cos", "sin") else laid[0] if kind == "cos" else laid[1]
-            for i, part in enumerate(laid if isinstance(value, tuple) else ()):
+            value = (laid[::-1] if form.swapped else laid) if kind not in ("cos", "sin") else \
+                laid[0] if kind == "cos" else laid[1]
+            for i, part in enumerate(value if isinstance(value, tuple) else ()):
                 out.labels[id(part)] = f"{name}[{i}]"
         elif kind in ("cos", "sin"):
             value = cos if kind == "cos" else sin
@@ -180,6 +188,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         else:  # position_embeddings
             batch = (sizes.get("n_batch", 1), n_Q, width)
             value = (cos[start:start + n_Q].expand(batch), sin[start:start + n_Q].expand(batch))
+            value = value[::-1] if form is not None and form.swapped else value
             for i, part in enumerate(value):
                 out.labels[id(part)] = f"{name}[{i}]"
         out.values[name] = value
