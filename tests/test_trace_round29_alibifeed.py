@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import trace, user_module
-from tracecases import assert_passes, passing_test, plants_test, run_case
+from tracecases import assert_named, assert_passes, passing_test, plants_test, run_case
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round29_alibifeed.py")
 styles = user_module(STYLES)
@@ -134,3 +134,35 @@ def test_transformers_own_alibi_attention_in_its_file(runner, model, target, ini
     code, out = run_case(runner, path, target, init, OPTIONS)
     assert_passes(code, out)
     assert any(f"as {layout}" in note for note in out["notes"]), out["notes"]
+
+
+def test_a_bias_the_module_makes_itself_is_its_own(runner):
+    """llm-foundry's module that makes ALiBi where the caller hands none: under --alibi its `attn_bias` is left to
+    it (its own bias, compared as it makes it), so a sign flipped in its own builder is named, not hidden by a bias
+    trace handed in. Checked first against float64 SDPA with ALiBi."""
+    x = torch.randn(2, N, 32, dtype=torch.float64)
+    m = styles.FoundryOwn().double()
+    heads = (lambda t: t.view(2, N, N_HEAD, 8).transpose(1, 2))  # noqa: E731
+    want = m.out_proj(expected(heads(m.q_proj(x)), heads(m.k_proj(x)), heads(m.v_proj(x)))
+                      .transpose(1, 2).reshape(2, N, 32))
+    assert torch.allclose(m(x), want, atol=1e-10)
+    assert (styles.FoundryOwn(bug="own_sign").double()(x) - want).abs().max() > 1e-3
+    code, out = run_case(runner, STYLES, "FoundryOwn", None, OPTIONS)
+    assert_passes(code, out)
+    code, out = run_case(runner, STYLES, "FoundryOwn", "bug='own_sign'", OPTIONS)
+    assert_named(code, out, "alibi.sign")
+
+
+def test_an_alibi_the_forward_tests_for_none_is_given_none(runner):
+    """Falcon's `alibi` has no default but the forward asks `alibi is None` (its RoPE models pass None): without
+    --alibi it gets None, no refusal; a mistake beside it is named as anywhere."""
+    x = torch.randn(2, N, 32, dtype=torch.float64)
+    m = styles.FalconLike().double()
+    q, k, v = m.query_key_value(x).view(2, N, 3, N_HEAD, 8).unbind(2)
+    want = m.dense(F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
+                   .transpose(1, 2).reshape(2, N, 32))
+    assert torch.allclose(m(x, None, causal_additive(N)), want, atol=1e-10)
+    code, out = run_case(runner, STYLES, "FalconLike", None, ("--causal",))
+    assert_passes(code, out)
+    code, out = run_case(runner, STYLES, "FalconLike", "bug='no_scale'", ("--causal",))
+    assert_named(code, out, "scale.none")

@@ -144,3 +144,44 @@ class FoundryLike(nn.Module):
             attn_weight = attn_weight + attn_bias
         out = attn_weight.matmul(v).permute(0, 2, 1, 3).reshape(b, s_q, d)
         return self.out_proj(out)
+
+
+class FoundryOwn(FoundryLike):
+    """llm-foundry's attention as its module makes ALiBi itself where the caller hands none (`if attn_bias is None:
+    attn_bias = self._attn_bias(...)`, as MPTModel._attn_bias does): the bias is the code's own, compared as its
+    code makes it, so a mistake in its making is named. `bug`: 'own_sign' (the slopes negated in its builder)."""
+
+    def forward(self, x, attn_bias=None, is_causal=True):
+        if attn_bias is None:
+            n = x.shape[1]
+            m = torch.tensor([2.0 ** (-8 * (h + 1) / self.n_heads) for h in range(self.n_heads)], dtype=x.dtype)
+            attn_bias = (torch.arange(1 - n, 1, dtype=x.dtype).view(1, 1, 1, n) * m.view(1, -1, 1, 1))
+            if self.bug == "own_sign":
+                attn_bias = -attn_bias
+        return super().forward(x, attn_bias, is_causal)
+
+
+class FalconLike(nn.Module):
+    """Falcon's `alibi`: positional without a default, None in its RoPE models, which the forward tests for
+    (`if alibi is None:` plain scaled scores, else the bias added): run without --alibi, it is given None."""
+
+    def __init__(self, hidden=32, n_head=4, bug=""):
+        super().__init__()
+        self.num_heads, self.head_dim, self.bug = n_head, hidden // n_head, bug
+        self.query_key_value = nn.Linear(hidden, 3 * hidden)
+        self.dense = nn.Linear(hidden, hidden)
+        trained(self, 37)
+
+    def forward(self, hidden_states, alibi, attention_mask=None):
+        b, n, c = hidden_states.shape
+        q, k, v = self.query_key_value(hidden_states).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-1, -2)
+        if self.bug != "no_scale":
+            scores = scores / math.sqrt(self.head_dim)
+        if alibi is not None:
+            scores = scores + alibi.view(b, self.num_heads, 1, -1)
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        out = F.softmax(scores, dim=-1) @ v
+        return self.dense(out.transpose(1, 2).reshape(b, n, c))

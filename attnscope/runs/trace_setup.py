@@ -85,6 +85,8 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     plan = load.forward_args(o.forward, target, plan, module.forward if module is not None else fn)
     if o.alibi:  # ALiBi's bias handed in: the reference's, in the code's layout (alibifeed.py)
         plan = alibifeed.told(plan, module.forward if module is not None else fn)
+    else:  # Falcon's `alibi`, None where its model uses RoPE
+        plan = alibifeed.untold(plan, module.forward if module is not None else fn)
     plan = maskroles.with_masks(plan, module.forward if module is not None else fn)  # a required `keep` it adds
     plan = maskroles.with_residuals(plan, module.forward if module is not None else fn)  # `shortcut + proj(out)`
     plan = flags.as_flags(plan, module.forward if module is not None else fn)  # output_attentions with no default

@@ -46,16 +46,28 @@ def told(plan: Plan, fn: Any = None) -> Plan:
     plan has no ALiBi parameter of its own; the first layout to try set (runs/trace_attempt.py reads the one the
     code runs on)."""
     if plan.alibi is not None:
+        if _builds_own(fn, plan.alibi):
+            return plan
         return dataclasses.replace(plan, alibi_form=plan.alibi_form or FIRST)
     used = [n for n in plan.tensors[1:] if fn is not None and _on_scores(fn, n)]
     if plan.bias is None and used:
         return dataclasses.replace(plan, alibi=used[0], alibi_required=True, alibi_form=FIRST,
                                    tensors=[n for n in plan.tensors if n != used[0]])
     if plan.bias is not None:
+        if _builds_own(fn, plan.bias):
+            return plan
         return dataclasses.replace(plan, alibi=plan.bias, alibi_required=plan.bias_required, bias=None,
                                    bias_required=False, alibi_form=FIRST)
-    biased = [m for m in ([plan.mask] if plan.mask else []) + plan.other_masks
-              if any(w in m.lower() for w in BIAS_WORDS) and "mask" not in m.lower()]
+    named = [m for m in ([plan.mask] if plan.mask else []) + plan.other_masks
+             if any(w in m.lower() for w in BIAS_WORDS) and "mask" not in m.lower()]
+    own = [m for m in named if _builds_own(fn, m)]
+    if own:  # the module makes ALiBi itself where it gets none: it gets None, and its own bias is compared
+        others = [m for m in plan.other_masks if m not in own]
+        mask = plan.mask if plan.mask not in own else (others[0] if others else None)
+        plan = dataclasses.replace(plan, mask=mask, other_masks=[m for m in others if m != mask],
+                                   nones=[*(n for n in plan.nones if n != mask), *(m for m in own
+                                                                                   if m not in plan.nones)])
+    biased = [m for m in named if m not in own]
     if not biased:
         return plan
     name = biased[0]
@@ -66,21 +78,67 @@ def told(plan: Plan, fn: Any = None) -> Plan:
                                nones=[n for n in plan.nones if n != name and n != mask])
 
 
-def _on_scores(fn: Any, name: str) -> bool:
-    """Whether the code adds `name` to its scores (maskroles.role) or calls `name.baddbmm(q, kᵀ)` /
-    `torch.baddbmm(name, q, kᵀ)` (BLOOM's scores with the bias in one op)."""
+def _builds_own(fn: Any, name: str) -> bool:
+    """Whether `name` has a default and the forward makes its own bias when it is left out: an assignment to it
+    that does not read it (llm-foundry's `if attn_bias is None: attn_bias = self._attn_bias(...)`, the module's own
+    ALiBi, which is then the code's to compare, and a mistake in it is named). A reassignment that reads it
+    (MPT's `position_bias = position_bias[:, :, -n_K:]`) is no bias of its own."""
+    import inspect
+
+    if fn is None:
+        return False
+    try:
+        parameter = inspect.signature(fn).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        return False
+    tree = _tree(fn)
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and not any(
+                isinstance(n, ast.Name) and n.id == name for n in ast.walk(value)):
+            return True
+    return False
+
+
+def _checks_none(fn: Any, name: str) -> bool:
+    """Whether the forward asks `name is None` (or `is not None`): None is then a value it takes, its own switch
+    (Falcon's `alibi`, positional without a default, None in its RoPE models: `if alibi is None:` rotates)."""
+    tree = _tree(fn) if fn is not None else None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(n, ast.Name) and n.id == name for n in sides) and any(
+                    isinstance(n, ast.Constant) and n.value is None for n in sides):
+                return True
+    return False
+
+
+def _tree(fn: Any) -> ast.AST | None:
     import inspect
     import textwrap
 
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (TypeError, ValueError, OSError, SyntaxError):
+        return None
+
+
+def _on_scores(fn: Any, name: str) -> bool:
+    """Whether the code adds `name` to its scores (maskroles.role) or calls `name.baddbmm(q, kᵀ)` /
+    `torch.baddbmm(name, q, kᵀ)` (BLOOM's scores with the bias in one op)."""
     from attnscope.usertrace import maskroles
 
     if maskroles.role(fn, name) == "mask":
         return True
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (TypeError, ValueError, OSError, SyntaxError):
-        return False
-    for node in ast.walk(tree):
+    tree = _tree(fn)
+    for node in ast.walk(tree) if tree is not None else ():
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr in ADDED_IN_ONE_OP):
             continue
@@ -96,6 +154,14 @@ ADDED_IN_ONE_OP = ("baddbmm", "addbmm", "addmm")
 
 def _library(value: ast.AST) -> bool:
     return isinstance(value, ast.Name) and value.id in ("torch", "F")
+
+
+def untold(plan: Plan, fn: Any = None) -> Plan:
+    """`plan` without --alibi: an ALiBi parameter without a default that the forward tests for None (Falcon's
+    `alibi`, None in its RoPE models) is given None, its own switch, and not refused."""
+    if plan.alibi is not None and plan.alibi_required and _checks_none(fn, plan.alibi):
+        return dataclasses.replace(plan, alibi_required=False)
+    return plan
 
 
 def refusal(plan: Plan) -> str | None:
