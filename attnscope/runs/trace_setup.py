@@ -27,7 +27,17 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     """The options checked, the target built and its forward planned: the run so far, before any run of it."""
     import torch
 
-    from attnscope.usertrace import alibifeed, flags, headcount, heldcache, identity, load, maskroles, pairparams
+    from attnscope.usertrace import (
+        alibifeed,
+        emptyparams,
+        flags,
+        headcount,
+        heldcache,
+        identity,
+        load,
+        maskroles,
+        pairparams,
+    )
     from attnscope.usertrace.inputs import ShapePlan
 
     check_numbers(o, texts=("target", "init", "forward"))
@@ -45,11 +55,14 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
         if width:  # its projections, about four d_feat x d_feat matrices, before its __init__ allocates them
             guard_memory(4 * width * width * 4, o.max_memory, what=f"a module {width} wide needs",
                          advice="choose a smaller width")
-        module, kwargs = load.construct(target, init, o.d_feat, o.heads)
+        module, kwargs, blank = load.construct(target, init, o.d_feat, o.heads)
         label = f"{target.name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     else:
-        module, kwargs, label = (target.obj if target.kind == "module" else None), {}, target.name
+        module, kwargs, label, blank = (target.obj if target.kind == "module" else None), {}, target.name, {}
     notes: list[str] = []
+    filled = emptyparams.fill(module, blank, o.seed) if isinstance(module, torch.nn.Module) else []
+    if filled:  # GPT-OSS's sinks, torch.empty in __init__: whatever memory held, another each run
+        notes.append(emptyparams.note(filled))
     if target.kind == "function":  # its weights as arguments (W_q, W_k, ...): traced as a module holding them
         from attnscope.usertrace.weightargs import holding
 
@@ -92,7 +105,7 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     plan = flags.as_flags(plan, module.forward if module is not None else fn)  # output_attentions with no default
     if o.rope:  # a parameter the code unpacks in two, (cos, sin) under a name of its own (nanochat's cos_sin)
         plan = plan.with_pairs(pairparams.unpacked_in_two(module.forward if module is not None else fn,
-                                                          plan.tensors[1:] + plan.optional))
+                                                          plan.tensors[1:] + plan.optional + plan.embeddings))
     if not o.rope and plan.tables and plan.tables_optional:  # RoPE's tables defaulting to None, no --rope: the code
         plan = plan.with_own_tables(rope=False)  # runs without them, else the run asks for --rope (tables_asked)
     if o.cache and plan.cache is None and module is not None and heldcache.places(module):

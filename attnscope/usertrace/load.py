@@ -269,13 +269,18 @@ class Plan:
 
     def with_pairs(self, names: list[str]) -> Plan:
         """This plan with `names` given RoPE's `(cos, sin)`: parameters the code unpacks in two (pairparams.py,
-        nanochat's `cos_sin`), read so under --rope."""
-        names = [n for n in names if n in self.tensors or n in self.optional]
+        nanochat's `cos_sin`; Gemma 3's `position_embeddings: torch.Tensor = None`, annotated as one tensor and read
+        as a position embedding until its `cos, sin = position_embeddings` says it is a pair), read so under
+        --rope."""
+        names = [n for n in names if n in self.tensors or n in self.optional or n in self.embeddings]
         if not names:
             return self
-        required = any(n in self.tensors for n in names) or bool(self.tables and not self.tables_optional)
+        required = any(n in self.tensors or n in self.embeddings_required for n in names) \
+            or bool(self.tables and not self.tables_optional)
         return dataclasses.replace(self, tensors=[n for n in self.tensors if n not in names],
                                    optional=[n for n in self.optional if n not in names],
+                                   embeddings=[n for n in self.embeddings if n not in names],
+                                   embeddings_required=[n for n in self.embeddings_required if n not in names],
                                    tables=[*self.tables, *names], tables_optional=not required)
 
     def as_table(self, name: str) -> Plan:
@@ -782,9 +787,10 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
 
 
 def construct(target: Target, init: dict[str, Any], d_feat: int | None,
-              heads: int | None) -> tuple[Any, dict[str, Any]]:
+              heads: int | None) -> tuple[Any, dict[str, Any], dict[int, tuple[int, ...]]]:
     """Build the module from --init, filling a required width / head count from --d-feat / --heads.
-    Returns the module and the arguments it was built with."""
+    Returns the module, the arguments it was built with, and the memory its __init__ left uninitialised
+    (emptyparams.py)."""
     cls = target.obj
     try:
         params = inspect.signature(cls).parameters
@@ -805,8 +811,11 @@ def construct(target: Target, init: dict[str, Any], d_feat: int | None,
             option = " (or --d-feat)" if name in D_FEAT_NAMES else " (or --heads)" if name in HEAD_NAMES else ""
             raise UsageError(f"{target.name}{inspect.signature(cls)} needs {name}: give it with --init "
                              f"\"{name}=...\"{option}{_config_hint(target, name)}")
+    from attnscope.usertrace.emptyparams import Watch
+
+    watch = Watch()
     try:
-        with user_code(target.path):
+        with user_code(target.path), watch:
             module = cls(**{k: build(v) for k, v in kwargs.items()})
     except BaseException as exc:  # sys.exit() in their __init__ included: theirs, one line, exit 1
         if not users(exc):
@@ -814,7 +823,7 @@ def construct(target: Target, init: dict[str, Any], d_feat: int | None,
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise UserCodeError(f"{target.name}({_short(args)}) failed at {where(exc, target.path)}: {one_line(exc)}") \
             from None
-    return module, kwargs
+    return module, kwargs, watch.blank
 
 
 def _short(text: str, limit: int = 120) -> str:
