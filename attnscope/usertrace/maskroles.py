@@ -99,6 +99,13 @@ def _home(fn: Any) -> str | None:
     return os.path.dirname(os.path.abspath(path)) if path else None
 
 
+def _product(node: ast.AST) -> bool:
+    """`q @ kᵀ`, `torch.matmul(q, k)`, `q.bmm(k)`, an einsum: the scores' product, as the expression is written."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return True
+    return isinstance(node, ast.Call) and called(node) in PRODUCTS
+
+
 def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
@@ -119,9 +126,13 @@ def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
             if param is not None:
                 inner = _read(helper, param, depth - 1, home)
                 if "returned" in inner and call is not None:  # off the scores in the helper, then returned:
-                    # where its caller takes it (BLOOM's dropout_add(out, residual, ...), then returned)
+                    # where its caller takes it (BLOOM's dropout_add(out, residual, ...), then returned); handed in
+                    # beside the scores' product (`_added(q @ kᵀ, bias)`), it is added to the scores: a mask's use
                     inner.discard("returned")
-                    inner.add(returned_off(call, parents, depth == DEPTH, getattr(fn, "__self__", None)) or "mask")
+                    beside = [a for a in [*call.args, *(k.value for k in call.keywords)] if a is not top] \
+                        if isinstance(call, ast.Call) else []
+                    inner.add("mask" if any(_product(a) for a in beside) else
+                              returned_off(call, parents, depth == DEPTH, getattr(fn, "__self__", None)) or "mask")
                 found |= inner
             else:  # a layer of torch's (`self.k_proj(context)`) projects it; another's call may test it
                 found.add("input" if isinstance(call, ast.Call) and is_layer(call.func) and helper is None else "on")
