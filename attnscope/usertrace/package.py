@@ -19,7 +19,11 @@ from pathlib import Path
 class Package:
     name: str  # dotted: "mymodel.layers"
     root: Path  # the folder that holds its top package, put on sys.path while the file is imported
-    depth: int  # how many packages deep the file lies (1: in `mymodel`)
+
+    @property
+    def depth(self) -> int:
+        """How many packages deep the file lies (1: in `mymodel`)."""
+        return self.name.count(".") + 1
 
 
 def relative_imports(source: str) -> int:
@@ -46,4 +50,4 @@ def package_of(path: Path, source: str) -> Package | None:
         folder = folder.parent
     if not parts:
         return None
-    return Package(".".join(parts), folder, len(parts))
+    return Package(".".join(parts), folder)
