@@ -23,6 +23,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
+from attnscope.usertrace.astreads import source_tree
 
 if TYPE_CHECKING:
     import torch
@@ -121,13 +122,7 @@ def _checks_none(fn: Any, name: str) -> bool:
 
 
 def _tree(fn: Any) -> ast.AST | None:
-    import inspect
-    import textwrap
-
-    try:
-        return ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (TypeError, ValueError, OSError, SyntaxError):
-        return None
+    return source_tree(fn)
 
 
 def _on_scores(fn: Any, name: str) -> bool:

@@ -1,15 +1,42 @@
 """Reading how a forward's source uses one of its parameters, by its AST: the names the code makes of it alone, the
 steps that keep it what it is (a cast, a reshape, a comparison, an operation with constants), the calls it meets
-(a layer of the module's own, a library's function). maskroles.py and offscores.py read roles with these."""
+(a layer of the module's own, a library's function). maskroles.py and offscores.py read roles with these;
+`source_tree` is the one parse of a forward's source that the readers share."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import inspect
+import textwrap
+from typing import Any
 
 PRODUCTS = ("matmul", "bmm", "einsum", "linear", "mm", "conv1d", "conv2d", "baddbmm")
 SAME_MASK = ("bool", "float", "double", "half", "long", "int", "to", "type", "unsqueeze", "view", "reshape", "expand",
              "expand_as", "logical_not", "transpose", "permute", "squeeze", "contiguous", "flatten", "type_as")
 MODULES = ("torch", "math", "np", "numpy", "float", "int", "F")
+
+
+def source_tree(fn: Any) -> ast.Module | None:
+    """The AST of `fn`'s source (a function, a bound method, a class), parsed once a run and shared by every reader
+    (none reads it to change it); None where the source cannot be read or parsed."""
+    fn = getattr(fn, "__func__", fn)  # a bound method's function: the cache never holds a module's weights
+    try:
+        return _parsed(fn)
+    except TypeError:  # unhashable: parse it uncached
+        return _parse(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(fn: Any) -> ast.Module | None:
+    return _parse(fn)
+
+
+def _parse(fn: Any) -> ast.Module | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (TypeError, ValueError, OSError, SyntaxError):
+        return None
 
 
 def derived(tree: ast.AST, name: str) -> set[str]:

@@ -38,12 +38,15 @@ def candidates(fn: Any, plan: Plan, source: Any = None) -> list[str]:
     forward's own source (`source`'s, a function's that trace
     holds the weights of)."""
     import ast
-    import textwrap
+
+    from attnscope.usertrace.astreads import source_tree
 
     try:
         parameters = inspect.signature(fn).parameters
-        tree = ast.parse(textwrap.dedent(inspect.getsource(source or fn)))
-    except (TypeError, ValueError, OSError, SyntaxError):
+    except (TypeError, ValueError):
+        return []
+    tree = source_tree(source or fn)
+    if tree is None:
         return []
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     fed = {*plan.tensors, *plan.nones, *plan.zeros, *plan.given, *plan.positions, *plan.position_tensors,

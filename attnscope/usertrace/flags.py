@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import ast
 import inspect
-import textwrap
 from typing import TYPE_CHECKING, Any
+
+from attnscope.usertrace.astreads import source_tree
 
 if TYPE_CHECKING:
     from attnscope.usertrace.load import Plan
@@ -32,9 +33,8 @@ TESTS = (ast.If, ast.While, ast.IfExp, ast.Assert)
 def read(fn: Any, names: list[str]) -> list[str]:
     """Of the required parameters `names` (the first of them the input, never a flag), those the forward `fn` reads
     as a flag (the module docstring); none where its source cannot be read."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (TypeError, ValueError, OSError, SyntaxError):
+    tree = source_tree(fn)
+    if tree is None:
         return []
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     uses: dict[str, list[str]] = {name: [] for name in names[1:]}

@@ -15,10 +15,9 @@ import ast
 import dataclasses
 import inspect
 import os
-import textwrap
 from typing import TYPE_CHECKING, Any
 
-from attnscope.usertrace.astreads import PRODUCTS, called, climb, derived, is_layer, module_call
+from attnscope.usertrace.astreads import PRODUCTS, called, climb, derived, is_layer, module_call, source_tree
 from attnscope.usertrace.offscores import added_to, off_scores, returned_off
 
 if TYPE_CHECKING:
@@ -107,9 +106,8 @@ def _product(node: ast.AST) -> bool:
 
 
 def _read(fn: Any, name: str, depth: int, home: str | None) -> set[str]:
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (TypeError, ValueError, OSError, SyntaxError):
+    tree = source_tree(fn)
+    if tree is None:
         return set()
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     names = derived(tree, name)

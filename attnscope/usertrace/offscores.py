@@ -8,11 +8,9 @@ function that may take the scores) is left on the scores (maskroles.py reads a m
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
 from typing import Any
 
-from attnscope.usertrace.astreads import PRODUCTS, called, derived, is_layer
+from attnscope.usertrace.astreads import PRODUCTS, called, derived, is_layer, source_tree
 
 
 def off_scores(node: ast.AST, combined: ast.BinOp | ast.AugAssign, parents: dict[ast.AST, ast.AST], forward: bool,
@@ -220,9 +218,8 @@ def _end(node: ast.AST) -> tuple[int, int]:
 def added_to(fn: Any, name: str, first: str) -> bool:
     """Whether every `+` in the forward that reads `name` (or a name made of it alone) has `first` (the forward's
     input, or a name made of it alone) on its other side."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (TypeError, ValueError, OSError, SyntaxError):
+    tree = source_tree(fn)
+    if tree is None:
         return False
     mine, theirs = derived(tree, name), derived(tree, first)
     seen = False
