@@ -282,28 +282,41 @@ def test_llama_style_gqa_with_rope_aligns_and_is_transformers_llama_attention(tm
         assert torch.equal(repeat_kv(k_rot, 4), k_rot.repeat_interleave(4, dim=1))
 
 
-@pytest.mark.parametrize(("old", "new", "step", "words"), [
-    ("""    rotated = torch.cat((-x2, x1), dim=-1)
-    x_rotated = (x * cos) + (rotated * sin)""", """    x1, x2 = x[..., 0::2], x[..., 1::2]
+# the tables' first halves turning the pairs (2i, 2i + 1): the code lays its half-split tables out interleaved
+# itself (GLM's), a convention unless --rope-pairing half-split says its weights are laid out for half-split pairs
+INTERLEAVED = """    x1, x2 = x[..., 0::2], x[..., 1::2]
     c, s = cos[..., : head_dim // 2], sin[..., : head_dim // 2]
-    x_rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)""",
-     "Q_rot", "pairs RoPE's coordinates interleaved"),
+    x_rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)"""
+HALF_SPLIT_TURN = """    rotated = torch.cat((-x2, x1), dim=-1)
+    x_rotated = (x * cos) + (rotated * sin)"""
+
+
+@pytest.mark.parametrize(("old", "new", "step", "words", "asked"), [
+    (HALF_SPLIT_TURN, INTERLEAVED, "Q_rot", "pairs RoPE's coordinates interleaved", ("--rope-pairing", "half-split")),
     ("""        keys = apply_rope(keys, cos, sin)
         queries = apply_rope(queries, cos, sin)
         keys = keys.repeat_interleave(self.group_size, dim=1)""",
      """        keys = keys.repeat_interleave(self.group_size, dim=1)
         keys = apply_rope(keys, cos, sin)
-        queries = apply_rope(queries, cos, sin)""", "K_rot", "RoPE applied after the head repeat"),
+        queries = apply_rope(queries, cos, sin)""", "K_rot", "RoPE applied after the head repeat", ()),
     ("keys = keys.repeat_interleave(self.group_size, dim=1)", "keys = keys.repeat(1, self.group_size, 1, 1)",
-     "K_rep", "key/value heads repeated in the wrong order"),
+     "K_rep", "key/value heads repeated in the wrong order", ()),
 ])
-def test_llama_style_planted_bugs_are_named(tmp_path, runner, old, new, step, words):
+def test_llama_style_planted_bugs_are_named(tmp_path, runner, old, new, step, words, asked):
     body = scratch(old, new)
     path = write(tmp_path, body)
-    result, out = trace(runner, f"{path}:GroupedQueryAttention", *SCRATCH)
+    result, out = trace(runner, f"{path}:GroupedQueryAttention", *SCRATCH, *asked)
     assert result.exit_code == 1, result.output
     first = out["first_divergence"]
     assert first["reference"] == step and words in first["diagnosis"], first
+
+
+def test_llama_style_that_lays_its_tables_out_interleaved_passes(tmp_path, runner):
+    """The same interleaved turn of the tables' first halves, no pairing asked: the code's convention (GLM's)."""
+    path = write(tmp_path, scratch(HALF_SPLIT_TURN, INTERLEAVED))
+    result, out = trace(runner, f"{path}:GroupedQueryAttention", *SCRATCH)
+    assert result.exit_code == 0 and out["first_divergence"] is None, out["first_divergence"]
+    assert any("which your code lays out interleaved itself" in n for n in out["notes"]), out["notes"]
 
 
 # A LLaMA-style layer that makes its own RoPE tables from rope_theta, and takes a KV cache and the position of the

@@ -119,7 +119,7 @@ class RunSoFar:
         # whole, else the one under which it lines up furthest
         found = tableforms.forms(failed, width, d_head, inputs.sizes["n_Q"])
         forms = tablelayouts.variants([*found, *tablelayouts.halves(failed, d_head, found)], tried,
-                                      asked.rope_pairing is not None) \
+                                      asked.rope_pairing) \
             + tableforms.holders(failed, tried.tables, width, d_head, read=tuple(tried.read_tables))
         made = []
         for form in forms:
@@ -142,7 +142,7 @@ class RunSoFar:
             made = [made[best]]
         form, self.spec, again = made[0]
         self.table_form[:] = [form]
-        named = form.swapped or form.layout or (form.pairs and 2 * form.width < d_head)
+        named = form.swapped or form.layout or form.turned or (form.pairs and 2 * form.width < d_head)
         self.sliced[:] = [tablelayouts.note(form, tried.tables, width or d_head, d_head, failed) if named else
                           tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
         return again
@@ -424,8 +424,9 @@ def form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
         share = 2 * form.width
         return spec if share >= d_head else dataclasses.replace(spec, rope_fraction=share / d_head,
                                                                 fraction_from_module=True)
-    if form.layout:  # the pair laid out for another pairing (Cohere's interleaved tables): the reference pairs so
-        spec = dataclasses.replace(spec, rope_pairing=form.layout)
+    if form.layout or form.turned:  # the pair laid out for another pairing (Cohere's interleaved tables), or
+        # half-split ones the code lays out for the one it turns in (GLM's): the reference pairs so
+        spec = dataclasses.replace(spec, rope_pairing=form.layout or form.turned)
     if form.width < d_head:
         return dataclasses.replace(spec, rope_fraction=form.width / d_head, fraction_from_module=True,
                                    pairing_asked=True)

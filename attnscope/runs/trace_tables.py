@@ -33,7 +33,7 @@ def other_layouts(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp,
         return ran, lined
     given = r.table_form[0] if r.table_form else TableForm(table_width(r.spec, r.plan, d_head) or d_head)
     base = TableForm(given.width, given.pairs, holds=given.holds)
-    forms = [f for f in tablelayouts.variants([base], r.plan, r.o.rope_pairing is not None) if f != given]
+    forms = [f for f in tablelayouts.variants([base], r.plan, r.o.rope_pairing) if f != given]
     if not forms:
         return ran, lined
     kept: tuple[Any, ...] = (r.spec, list(r.table_form), list(r.sliced), _words(run), ran, lined)

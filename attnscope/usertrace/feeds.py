@@ -65,6 +65,10 @@ class TableForm:
     # GPT-J's `sin, cos = position_embeddings` takes it
     layout: str = ""
     swapped: bool = False
+    # the pairing the code turns the pair in where it lays the tables out itself: "interleaved" for code that takes
+    # the first half of `cat((freqs, freqs))` tables and repeat_interleaves it (GLM's, Helium's apply_rotary_pos_emb):
+    # the tables are made half-split, and the reference pairs interleaved (tablelayouts.py)
+    turned: str = ""
 
 
 def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "half-split",
@@ -144,7 +148,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)  # [n_pos, share / 2]
     else:
         d_head = (form.width if form is not None else rope_width) or d_head  # the share the code rotates
-        pairing = form.layout or pairing if form is not None else pairing
+        pairing = form.layout or ("half-split" if form.turned else pairing) if form is not None else pairing
         cos, sin = Rope(rope_base, pairing=pairing).cos_sin(n_pos, d_head, dtype)  # [n_pos, d_head]
     width = cos.shape[-1]
     start = n_cache

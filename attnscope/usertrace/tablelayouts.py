@@ -5,6 +5,9 @@ from the op the code raised on:
   (their `_get_embed_positions` splits one sincos table, sin first);
 - the layout over the share turned: half-split, `cat((freqs, freqs))` (LLaMA's), or interleaved,
   `repeat_interleave(freqs, 2)` (Cohere's), each angle on the pair the code's own rotation turns;
+- half-split, turned interleaved by code that lays the tables out itself (GLM's, GLM-4's and Helium's
+  `cos[..., : cos.shape[-1] // 2].repeat_interleave(2)`, then an interleaved rotate_half), over the whole head or
+  the share the tables are wide (GLM's partial_rotary_factor);
 - half the share, one angle a pair, that the code expands itself (GPT-J's `repeat_interleave(sin, 2, 3)` over its
   rotary_dim): feeds.TableForm.pairs, narrower than d_head / 2 where a share of each head turns.
 
@@ -40,28 +43,43 @@ def halves(failure: Failure, d_head: int, known: list[TableForm]) -> list[TableF
     return [f for f in made if f not in known]
 
 
-def variants(forms: list[TableForm], plan: Plan, pairing_asked: bool) -> list[TableForm]:
+def variants(forms: list[TableForm], plan: Plan, asked: str | None) -> list[TableForm]:
     """Each form, then, where one parameter takes the pair (its model's rotary module chose its form), in the other
-    layout (where --rope-pairing does not fix it) and in the other order: likeliest first, the forms' own order kept.
-    Tables apart (`cos`, `sin` [n_pos, d_head], LLMs-from-scratch's) keep their one form: a rotation that pairs
-    otherwise than they are laid is the code's mistake (rope.pairing)."""
+    layout (where --rope-pairing, `asked`, does not fix it) and in the other order: likeliest first, the forms' own
+    order kept. Tables apart (`cos`, `sin` [n_pos, d_head], LLMs-from-scratch's) keep their one layout: a rotation
+    that pairs otherwise than they are laid is the code's mistake (rope.pairing). Either may be laid half-split and
+    turned interleaved by code that lays them out itself (`converted`)."""
     out: list[TableForm] = []
     for form in forms:
         laid = [form]
         if not paired(plan) or form.holds not in ("", "cos, sin"):  # `cos`, `sin` apart: LLMs-from-scratch's form
-            out += [form] if form not in out else []
+            out += [f for f in (form, *converted(form, asked)) if f not in out]
             continue
-        if not form.pairs and not pairing_asked:
+        # before Cohere's layout: halved by such code, interleaved tables turn two pairs alike, which a frequency table
+        # read from the code (a module that says no base) could take for its own
+        laid += converted(form, asked)
+        if not form.pairs and asked is None:
             laid.append(TableForm(form.width, axes=form.axes, holds=form.holds, layout="interleaved"))
-        laid += [TableForm(f.width, f.pairs, f.axes, f.holds, f.layout, swapped=True) for f in laid]
+        laid += [TableForm(f.width, f.pairs, f.axes, f.holds, f.layout, swapped=True, turned=f.turned) for f in laid]
         out += [f for f in laid if f not in out]
     return out
 
 
-def relaid(width: int, plan: Plan, pairing_asked: bool) -> list[TableForm]:
+def converted(form: TableForm, asked: str | None) -> list[TableForm]:
+    """`form` laid half-split, `cat((freqs, freqs))`, and turned interleaved by the code, which lays the tables out
+    itself: it takes the first half of each, one angle a pair, and repeat_interleaves it (GLM's, GLM-4's and Helium's
+    apply_rotary_pos_emb), over the tables' width (the share of each head it turns). The rotation it makes of them
+    is read: a convention where --rope-pairing does not ask for half-split. Empty for tables of one angle a pair, or
+    laid out already."""
+    if form.pairs or form.layout or form.turned or form.holds not in ("", "cos, sin") or asked == "half-split":
+        return []
+    return [TableForm(form.width, axes=form.axes, holds=form.holds, turned="interleaved")]
+
+
+def relaid(width: int, plan: Plan, asked: str | None) -> list[TableForm]:
     """The other forms of tables `width` wide the code ran on but does not line up with (Cohere's interleaved ones
     turned by its own rotate_half of x[..., ::2] and x[..., 1::2])."""
-    return variants([TableForm(width)], plan, pairing_asked)[1:]
+    return variants([TableForm(width)], plan, asked)[1:]
 
 
 def note(form: TableForm, names: list[str], given: int, d_head: int, failure: Failure | None) -> str:
@@ -71,6 +89,9 @@ def note(form: TableForm, names: list[str], given: int, d_head: int, failure: Fa
         laid = f"one angle a pair, {form.width} wide (your code expands them itself)"
     elif form.layout == "interleaved":
         laid = f"interleaved, repeat_interleave(freqs, 2) (Cohere's), {form.width} wide"
+    elif form.turned:
+        laid = (f"half-split, cat((freqs, freqs)), {form.width} wide, which your code lays out {form.turned} itself "
+                "(the first half of each, repeat_interleave(2): GLM's and Helium's apply_rotary_pos_emb)")
     else:
         laid = f"half-split, cat((freqs, freqs)), {form.width} wide"
     share = 2 * form.width if form.pairs else form.width
@@ -79,6 +100,6 @@ def note(form: TableForm, names: list[str], given: int, d_head: int, failure: Fa
            failure.line else f"it raised on tables {given} wide" if failure is not None else
            "its rotated queries and keys line up with the reference under this form and not under trace's first")
     pairing = "; its pairing is read from its rotated tensors" if form.pairs else \
-        f"; the reference rotates {'interleaved' if form.layout else 'half-split'}"
+        f"; the reference rotates {'interleaved' if form.layout or form.turned else 'half-split'}"
     return (f"RoPE's tables ({', '.join(names)}): given as {order}, {laid}{turned}, read from your code's run: {why}"
             f"{pairing}")
