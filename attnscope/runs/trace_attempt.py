@@ -67,6 +67,9 @@ class RunSoFar:
     # a --mask file's parameter the code raised on in every shape (refused_mask): its name, the shapes, the failure;
     # run without it only once every other reading has failed too (trace_layouts.first_run)
     refusal: tuple[str, tuple[tuple[int, ...], ...], Failure] | None = None
+    # mask parameters left at their default where the code raised with trace's mask (trace_layouts._masks_at_default):
+    # the plan with them, the options it raised under, the note that said so, where it raised (trace_remask.py)
+    masked: tuple[Plan, TraceOptions, str, str] | None = None
 
     def expanded(self, inputs: Inputs) -> None:
         """A dict cache's layer keys (keyedcache.slots); MLA's decode step: the cache as the keys and values the

@@ -16,6 +16,7 @@ from attnscope.errors import UsageError
 from attnscope.runs.trace_attempt import RunSoFar, attempted, cache_parameters
 from attnscope.runs.trace_otherwise import alias_note, otherwise
 from attnscope.runs.trace_relative import equal_lengths, refused, tables_asked
+from attnscope.runs.trace_remask import masked_again
 from attnscope.runs.trace_setup import (
     context_widths,
     held_widths,
@@ -55,6 +56,7 @@ def first_run(r: RunSoFar) -> Made:
     if r.refusal is not None and made[2].failure is not None and made[2].failure.line == r.refusal[2].line:
         made = r.run_bare(r.o, made, r.refusal)  # a --mask file's parameter refused in every reading: run without it
     made = _unread_inputs(r, made)
+    made = masked_again(r, made)  # masks left at their default, given again under the options read since
     _cache_notes(r, made)
     return made
 
@@ -270,21 +272,36 @@ def _unread_inputs(r: RunSoFar, ran: Made) -> Made:
     if made is None or made[2].failure is not None:
         return ran
     r.o = asked
-    first, *rest = r.plan.tensors
-    r.notes.append(f"{', '.join(rest)}: your code never reads them (its queries, keys and values all come from "
-                   f"{first}: self-attention); it was handed one tensor for all three, the same object, as --q alone "
-                   "gives it")
+    r.notes.append(_unread_note(r))
     return made
 
 
-def _as_one_input(r: RunSoFar, inputs: Any) -> TraceOptions | None:
-    """The options that hand a module's forward(query, key, value) one tensor for all three, n_K = n_Q; None where
-    it takes other than three, the user gave --q, it has them already, or --nq and --nk differ."""
-    if len(r.plan.tensors) != 3 or r.o.q or r.o.one_input or r.module is None \
-            or (r.o.nk is not None and r.o.nq is not None and r.o.nk != r.o.nq):
+def _unread_note(r: RunSoFar) -> str:
+    """The note for a forward(query, key, value) handed one tensor for all three, as it reads the first alone."""
+    first, *rest = r.plan.tensors
+    return (f"{', '.join(rest)}: your code never reads them (its queries, keys and values all come from {first}: "
+            "self-attention); it was handed one tensor for all three, the same object, as --q alone gives it")
+
+
+def _as_one_input(r: RunSoFar, inputs: Any, asked: TraceOptions | None = None) -> TraceOptions | None:
+    """The options (`asked`, r.o where not given) that hand a module's forward(query, key, value) one tensor for all
+    three, n_K = n_Q; None where it takes other than three, the user gave --q, it has them already, or --nq and --nk
+    differ."""
+    o = r.o if asked is None else asked
+    if len(r.plan.tensors) != 3 or o.q or o.one_input or r.module is None \
+            or (o.nk is not None and o.nq is not None and o.nk != o.nq):
         return None
-    n_Q = inputs.sizes.get("n_Q")
-    return dataclasses.replace(r.o, one_input=True, nk=r.o.nk or r.o.nq or n_Q, nq=r.o.nq or n_Q)
+    n_Q = inputs.sizes.get("n_K" if o.mask else "n_Q")  # a --mask file's keys: the one tensor's tokens
+    return dataclasses.replace(o, one_input=True, nk=o.nk or o.nq or n_Q, nq=o.nq or n_Q)
+
+
+def _unread_at_mask(r: RunSoFar, called: Any) -> bool:
+    """Whether the code raised at a mask trace handed it, sized by the key's length, with its queries, keys and
+    values all read from the first tensor (`from_first_only`) as far as it ran."""
+    from attnscope.usertrace.flow import from_first_only
+
+    return called.failure is not None and _failed_at_mask(r, called) \
+        and from_first_only(called.records, list(r.plan.tensors))
 
 
 def _failed_at_mask(r: RunSoFar, called: Any) -> bool:
@@ -378,9 +395,13 @@ def _masks_at_default(r: RunSoFar, ran: Made) -> Made:
     if r.refusal is not None and failed is not None and failed.line == r.refusal[2].line:  # a check of the code's own
         why = f"line {failed.line}: {failed.message}"
         tried = dataclasses.replace(tried, refused=(r.refusal[0], r.refusal[1], why))
-    return _where_raised(r, ran, tried, lambda where: (
+    made = _where_raised(r, ran, tried, lambda where: (
         f"{', '.join(m + ' = None' for m in given)}: your code raised with {what} given to {plan.mask} ({where}) "
         f"and runs with {them} at {their} default; {held}, compared with what your code does by itself"))
+    if r.plan is tried:  # given again under a convention read later (trace_remask.py)
+        r.masked = (plan, r.o, r.notes[-1], f"line {failed.line}: {failed.message}" if failed and failed.line
+                    else failed.message if failed else "")
+    return made
 
 
 def _where_raised(r: RunSoFar, ran: Made, tried: Plan, note: Callable[[str], str], in_layouts: bool = False) -> Made:
@@ -568,6 +589,10 @@ def _time_first(r: RunSoFar, ran: Made) -> Made:
         # [n_batch, n, d]: the same inputs fed [n, n_batch, d], read as that convention (its cache too, in turn)
         for time_o in timefirst.asked(r.o, inputs):
             made = attempted(r.attempt, time_o)
+            one = _as_one_input(r, inputs, time_o) if made is not None and _unread_at_mask(r, made[2]) else None
+            if one is not None:  # the readings met: a mask sized by the key it never reads, on time-first inputs
+                tried = attempted(r.attempt, one)
+                time_o, made = (one, tried) if tried is not None and tried[2].failure is None else (time_o, made)
             merged = timefirst.viewed_width(made[2].failure, made[0].sizes, r.o) if made is not None else None
             if merged is not None:  # heads merged into a width of the code's own (Megatron's [sq, b, hp]): hp / np
                 time_o = dataclasses.replace(time_o, dk=merged[0], dv=merged[0])
@@ -577,7 +602,8 @@ def _time_first(r: RunSoFar, ran: Made) -> Made:
             if made is not None and made[2].failure is None:
                 failed = called.failure
                 r.o, (inputs, fed, called, convention) = time_o, made
-                r.notes += [timefirst.note(failed, r.weighted is not None, r.o.layout)] + ([said] if said else [])
+                r.notes += [timefirst.note(failed, r.weighted is not None, r.o.layout)] + ([said] if said else []) \
+                    + ([_unread_note(r)] if r.o.one_input and one is not None else [])
                 break
     return inputs, fed, called, convention
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.runs.trace_attempt import RunSoFar, attempted
 from attnscope.runs.trace_layouts import column_form, columns_possible
 from attnscope.runs.trace_maskranks import other_forms
+from attnscope.runs.trace_remask import given_again, lined_again, said_anew, with_masks
 from attnscope.runs.trace_result import TraceRun, run_header, run_params
 from attnscope.runs.trace_setup import with_width
 from attnscope.runs.trace_tables import other_layouts
@@ -74,6 +75,7 @@ def read_run(r: RunSoFar, run: TraceRun, ran: Made) -> Made:
     ran, lined = _lined_up(r, run, ran)
     for reading in (_kv_heads, _time_first_reading, _column_reading, _own_conventions, _joint_width):
         ran, lined = reading(r, run, ran, lined)
+        ran, lined = lined_again(r, run, ran, lined)  # masks left at their default, given under a convention read
     ran, lined = other_layouts(r, run, ran, lined, again)  # RoPE's pair sin first, or interleaved (trace_tables)
     ran, lined = other_forms(r, run, ran, lined)  # a mask the code takes in other forms: each given (trace_maskranks)
     _said(r, run, ran, lined)
@@ -149,7 +151,6 @@ def _kv_heads(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Mad
 def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
     """Time-first code that runs on batch-first inputs too: the reading under which it lines up further."""
     from attnscope.usertrace import timefirst
-    from attnscope.usertrace.inputs import plan_notes
     from attnscope.usertrace.lineup import line_up
 
     inputs, fed, called, convention = ran
@@ -159,7 +160,8 @@ def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) ->
         # (where --batch equals --nq the two readings share one shape: tried on a batch of another size)
         apart = timefirst.apart(r.o, inputs, r.shapes.extra.values())
         for time_o in timefirst.asked(r.o if apart is None else dataclasses.replace(r.o, batch=apart), inputs):
-            made = attempted(r.attempt, time_o)
+            full = with_masks(r, time_o)  # masks the code raised on before: given again, read so where it runs
+            made = full if full is not None else attempted(r.attempt, time_o)
             tried = line_up(r.weighted, r.shapes, made[0], made[2].records, r.o.train, r.spec) \
                 if made is not None and made[2].failure is None else None
             if made is not None and tried is not None and timefirst.better(tried, lined):
@@ -167,15 +169,12 @@ def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) ->
         if made is not None and tried is not None and timefirst.better(tried, lined):
             batch = r.o.batch
             r.o, (inputs, fed, called, convention), lined = time_o, made, tried
+            if full is not None and made is full:
+                given_again(r, r.first_notes)
             r.first_notes.append(timefirst.note(None, r.weighted is not None, r.o.layout))
             if apart is not None:
                 r.first_notes.append(timefirst.apart_note(batch, apart))
-            run.notes[:] = r.first_notes + inputs.notes + plan_notes(r.plan, inputs)
-            if convention is not None:
-                run.notes.append(convention.note(r.plan.mask or "mask"))
-            run.header = run_header(r.target, r.label, r.plan, inputs, r.mode, r.spec)
-            run.header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
-            run.params, run.failure, run.failure_source = run_params(r.o, r.target, r.kwargs, inputs), None, None
+            said_anew(r, run, made)
     return (inputs, fed, called, convention), lined
 
 
