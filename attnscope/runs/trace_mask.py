@@ -172,7 +172,33 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
         called, plan, fed = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
     # the mask parameter's words read with the other one's mask kept beside it (the plan and feeds it ran with)
-    return _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
+    called, convention = _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
+    return _alibi_merged(o, (target, fn, plan, inputs, module, fed), called, convention)
+
+
+def _alibi_merged(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], called: Called,
+                  convention: Convention) -> tuple[Called, Convention]:
+    """Under --alibi, code with no ALiBi parameter of its own that adds its mask to its scores, and builds no
+    position bias itself: the mask handed with ALiBi's bias merged into it (alibimask.py), as Baichuan's model hands
+    it, with a note. Else the run as it was."""
+    from attnscope.usertrace import alibimask
+
+    target, fn, plan, inputs, module, fed = run
+    given = called.mask_given
+    if not o.alibi or plan.alibi is not None or plan.bias is not None or plan.mask is None or given is None \
+            or called.failure is not None:
+        return called, convention
+    found = alibimask.merged(called.records, plan.mask, given, convention.kind, inputs.sizes,
+                             functools.partial(_with_tensors, o, run, inputs.tensors))
+    if found is None:
+        return called, convention
+    again = _with_tensors(o, run, inputs.tensors, found[0])
+    if again.failure is not None:
+        return called, convention
+    inputs.notes.append(alibimask.note(plan.mask, found[1], convention.line))
+    fed.steps.append(("alibi", found[0], found[1], f"input: ALiBi's bias (--alibi) merged into {plan.mask} (see the "
+                                                   "note)"))
+    return again, convention
 
 
 def _with_tensors(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Feeds], tensors: dict[str, Any],
