@@ -1,12 +1,12 @@
 """`attnscope trace --causal --alibi` on attention whose model hands it ALiBi merged into its one additive mask argument
 (round 30's Baichuan-13B: `_gen_alibi_mask` builds `m_h · j` plus -inf above the diagonal, the attention adds it to its
 scores; traced alone, trace handed it a plain 0/-inf mask and then said "your attn_weights adds no position bias", a
-false alarm; issue #41). Where the module takes no ALiBi parameter, builds no position bias itself and adds its mask
-to its scores, the mask is handed ALiBi's bias merged into it, laid out as the scores it meets ([n_head, n_Q, n_K],
-[n_batch, n_head, n_Q, n_K], [n_batch·n_head, n_Q, n_K]), with a note. Styles of our own
-(tests/trace_styles_round30_alibimask.py), each checked first against a float64 formula of ALiBi attention; plants
-in the module's code named by experiment; a module that builds its own ALiBi beside its mask keeps it (its sign
-flipped is named)."""
+false alarm; issue #41). Where the module takes no ALiBi parameter, builds no position bias itself and adds its mask to
+its scores, the mask is handed ALiBi's bias merged into it, laid out as the scores it meets ([n_head, n_Q, n_K],
+[n_batch, n_head, n_Q, n_K], [n_batch·n_head, n_Q, n_K]; SDPA's attn_mask as its float form), with a note. Styles of our
+own (tests/trace_styles_round30_alibimask.py), each checked first against a float64 formula of ALiBi attention; plants
+in the module's code named by experiment; a module that builds its own ALiBi beside its mask keeps it (its sign flipped
+is named)."""
 
 from __future__ import annotations
 
@@ -70,20 +70,24 @@ def reference(name: str, x: torch.Tensor) -> torch.Tensor:
         q, out = m.q_proj(x), m.o_proj
         k, v = (heads(p(x), 2).repeat_interleave(2, dim=1).transpose(1, 2).reshape(b, N, -1)
                 for p in (m.k_proj, m.v_proj))
+    elif name == "KernelMask":
+        q, k, v = m.W_pack(x).chunk(3, dim=-1)
+        out = m.o_proj
     else:
         q, k, v = m.to_qkv(x).chunk(3, dim=-1)
         out = m.to_out
     return out(formula(heads(q, N_HEAD), heads(k, N_HEAD), heads(v, N_HEAD)).transpose(1, 2).reshape(b, N, D))
 
 
-NAMES = ("HeadsMask", "FoldedMask", "GroupedMask")
+NAMES = ("HeadsMask", "FoldedMask", "GroupedMask", "KernelMask")
 CORRECT = [(name, None, OPTIONS) for name in NAMES]
 PLANTS = [("HeadsMask", "bug='no_scale'", OPTIONS, "scale.none"),
           ("HeadsMask", "bug='heads'", OPTIONS, "alibi.slopes"),
           ("FoldedMask", "bug='no_scale'", OPTIONS, "scale.none"),
           ("FoldedMask", "bug='axis'", OPTIONS, "softmax.axis"),
           ("GroupedMask", "bug='no_scale'", OPTIONS, "scale.none"),
-          ("GroupedMask", "bug='kv'", OPTIONS, "kv.swapped")]
+          ("GroupedMask", "bug='kv'", OPTIONS, "kv.swapped"),
+          ("KernelMask", "bug='no_scale'", OPTIONS, "scale.none")]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -102,7 +106,8 @@ test_plants_are_named_by_experiment = plants_test(STYLES, PLANTS)
 
 @pytest.mark.parametrize(("name", "layout"), [("HeadsMask", "[n_head, n_Q, n_K]"),
                                               ("FoldedMask", "[n_batch·n_head, n_Q, n_K]"),
-                                              ("GroupedMask", "[n_batch, n_head, n_Q, n_K]")])
+                                              ("GroupedMask", "[n_batch, n_head, n_Q, n_K]"),
+                                              ("KernelMask", "[n_head, n_Q, n_K]")])
 def test_a_note_says_alibi_was_merged_into_the_mask(runner, name, layout):
     code, out = run_case(runner, STYLES, name, None, OPTIONS)
     assert_passes(code, out)

@@ -12,6 +12,8 @@ moved off their initial values.
 - GroupedMask: Llama-style grouped-query attention (2 key/value heads for 4 query heads, repeat_kv), the 4-D mask
   sliced `attention_mask[:, :, :, :n_K]` and added to `[n_batch, n_head, n_Q, n_K]` scores. `bug`: 'no_scale',
   'kv' (keys and values from each other's projection).
+- KernelMask: Baichuan2-style fused W_pack, `F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)`,
+  the merged mask `[n_head, n_Q, n_K]` added inside the kernel. `bug`: 'no_scale' (`scale=1.0`).
 - OwnAlibi: builds ALiBi itself (`m_h · j` from its own slopes) and adds it beside the additive mask argument it
   takes: trace leaves its bias to it. `bug`: 'own_sign' (its slopes negated).
 """
@@ -132,6 +134,24 @@ class GroupedMask(nn.Module):
         attn_output = torch.matmul(attn_weights, value_states)
         attn_output = attn_output.transpose(1, 2).contiguous().reshape(bsz, q_len, -1)
         return self.o_proj(attn_output)
+
+
+class KernelMask(nn.Module):
+    def __init__(self, hidden_size=32, num_heads=4, bug=""):
+        super().__init__()
+        self.num_heads, self.head_dim, self.bug = num_heads, hidden_size // num_heads, bug
+        self.W_pack = nn.Linear(hidden_size, 3 * hidden_size, bias=False)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        trained(self, 305)
+
+    def forward(self, hidden_states, attention_mask=None):
+        bsz, q_len, hidden = hidden_states.size()
+        proj = self.W_pack(hidden_states).unflatten(-1, (3, hidden)).unsqueeze(0).transpose(0, -2).squeeze(-2)
+        query_states, key_states, value_states = (
+            p.view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2) for p in proj)
+        attn_output = F.scaled_dot_product_attention(query_states, key_states, value_states, attn_mask=attention_mask,
+                                                     scale=1.0 if self.bug == "no_scale" else None)
+        return self.o_proj(attn_output.transpose(1, 2).reshape(bsz, q_len, hidden))
 
 
 class OwnAlibi(nn.Module):

@@ -195,6 +195,8 @@ def _alibi_merged(o: TraceOptions, run: tuple[Target, Any, Plan, Inputs, Any, Fe
     again = _with_tensors(o, run, inputs.tensors, found[0])
     if again.failure is not None:
         return called, convention
+    convention = convention if convention.kind in alibimask.ADDITIVE else dataclasses.replace(convention,
+                                                                                              kind="additive")
     inputs.notes.append(alibimask.note(plan.mask, found[1], convention.line))
     fed.steps.append(("alibi", found[0], found[1], f"input: ALiBi's bias (--alibi) merged into {plan.mask} (see the "
                                                    "note)"))

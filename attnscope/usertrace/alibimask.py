@@ -3,20 +3,22 @@ position bias of its own and adds its mask argument to its scores (Baichuan-13B'
 the mask its model's `_gen_alibi_mask` builds: `m_h · j` plus -inf above the diagonal, [n_head, n, n]) is handed
 ALiBi's bias and the mask merged, one additive tensor, as such a model hands it.
 
-Read from the run with the mask alone (0 / -inf, as the code reads it): the op that adds the mask to the scores says
-how the scores are laid out, `[n_batch, n_head, n_Q, n_K]` (the bias then `[n_head, n_Q, n_K]`, or `[n_batch, n_head,
-n_Q, n_K]` where the mask holds the batch), `[n_batch, n_kv_head, n_group, n_Q, n_K]` (grouped heads) or
-`[n_batch·n_head, n_Q, n_K]` (heads folded into the batch, each sequence's side by side). A position bias of the
-code's own is found by experiment: the scores it softmaxes, less the product of q and k times the scale that fits them
-best, keep a term the same in every sequence and not zero (its own ALiBi, merged into the mask or not): the code is
-then left as it is, its bias compared with the reference's, and a mistake in it named.
+Read from the run with the mask alone (0 / -inf, as the code reads it): the op that adds the mask to the scores says how
+the scores are laid out, `[n_batch, n_head, n_Q, n_K]` (the bias then `[n_head, n_Q, n_K]`, or `[n_batch, n_head, n_Q,
+n_K]` where the mask holds the batch), `[n_batch, n_kv_head, n_group, n_Q, n_K]` (grouped heads) or `[n_batch·n_head,
+n_Q, n_K]` (heads folded into the batch, each sequence's side by side); a mask handed to
+`F.scaled_dot_product_attention` as `attn_mask` meets the scores the kernel makes (its float form then given). A
+position bias of the code's own is found by experiment: the scores it softmaxes, less the product of q and k times the
+scale that fits them best, keep a term the same in every sequence and not zero (its own ALiBi, merged into the mask or
+not): the code is then left as it is, its bias compared with the reference's, and a mistake in it named.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from attnscope.usertrace.kernels import ATTENTION_KERNELS
 from attnscope.usertrace.masking import ADDS
 
 if TYPE_CHECKING:
@@ -34,24 +36,29 @@ PURE_PRODUCTS = ("matmul", "__matmul__", "__rmatmul__", "bmm", "mm", "einsum")
 
 def merged(records: list[Record], label: str, given: torch.Tensor, kind: str, sizes: dict[str, int],
            rerun: Callable[[torch.Tensor], Called]) -> tuple[torch.Tensor, tuple[str, ...]] | None:
-    """The mask `given` (additive, as the code reads it; `records` the run on it) with ALiBi's bias added, laid out as
-    the scores it meets, and its dims; None where the code does not add it to its scores, adds a position bias of
-    its own (read from `rerun`, the code run on a mask that masks nothing), or its scores are laid out in no way read
-    here."""
+    """The mask `given` (additive, as the code reads it, or a boolean a kernel takes as `attn_mask`, written as its 0 /
+    -inf; `records` the run on it) with ALiBi's bias added, laid out as the scores it meets, and its dims; None where
+    the code does not add it to its scores, adds a position bias of its own (read from `rerun`, the code run on a mask
+    that masks nothing), or its scores are laid out in no way read here."""
     import torch
 
+    from attnscope import masks
     from attnscope.variants import alibi
 
+    added = _added(records, label)
+    nothing = torch.zeros_like(given) if given.is_floating_point() else torch.ones_like(given)  # masks nothing
+    if added is not None and added.label == "(scores)" and given.dtype == torch.bool and kind == "attend":
+        # a kernel's boolean attn_mask (SDPA's): its float form, 0 / -inf, is added to the scores as well
+        given, kind = masks.to_additive(given).to(added.tensor.dtype), "additive"
     if kind not in ADDITIVE or not given.is_floating_point():
         return None
-    added = _added(records, label)
     n_head, n_Q, n_K, n_batch = sizes.get("n_head", 0), sizes.get("n_Q", 0), sizes.get("n_K", 0), \
         sizes.get("n_batch", 1)
     laid = _laid(alibi.bias(n_head, n_Q, n_K, n_K - n_Q).double(), tuple(added.tensor.shape), n_batch) \
         if added is not None and n_head > 0 and n_Q and n_K else None
     if laid is None:
         return None
-    bare = rerun(torch.zeros_like(given))
+    bare = rerun(nothing)
     if bare.failure is not None or own_bias(bare.records, n_batch):
         return None
     bias, dims = laid
@@ -68,12 +75,17 @@ def merged(records: list[Record], label: str, given: torch.Tensor, kind: str, si
 
 def _added(records: list[Record], label: str) -> Record | None:
     """The op that adds the mask (or a tensor made of it alone) to the scores: an add whose other operand is a
-    record of the code's, not made of the mask, holding the scores' last two axes."""
+    record of the code's, not made of the mask, holding the scores' last two axes; for an attention kernel given it
+    as `attn_mask` (SDPA's), the scores recomputed beside the kernel."""
     from attnscope.usertrace.paramuse import derived
 
     made = derived(records, label)
     by_index = {r.index: r for r in records}
     for record in records:
+        if record.func in ATTENTION_KERNELS and any(_reads_mask(a, label, made) for a in record.args[3:]):
+            # F.scaled_dot_product_attention(q, k, v, attn_mask=mask): its scores as recomputed beside it
+            return next((r for r in records if r.label == "(scores)" and r.index < record.index
+                         and set(r.parents) == set(record.parents)), None)
         if record.func not in ADDS or record.tensor.dim() < 3:
             continue
         operands = [a for a in record.args if a[0] in ("rec", "text")]
@@ -82,6 +94,14 @@ def _added(records: list[Record], label: str) -> Record | None:
         if mine and other and other[0] is not None and other[0].tensor.shape[-2:] == record.tensor.shape[-2:]:
             return record
     return None
+
+
+def _reads_mask(arg: tuple[str, Any], label: str, made: set[int]) -> bool:
+    """Whether a kernel's argument (positional or `attn_mask=`) is the mask or a tensor made of it."""
+    kind, value = arg
+    if kind == "kw":
+        return value[0] == "attn_mask" and _reads_mask(value[1], label, made)
+    return kind == "text" and value == label or kind == "rec" and value in made
 
 
 def _laid(bias: torch.Tensor, scores: tuple[int, ...], n_batch: int) -> tuple[torch.Tensor, tuple[str, ...]] | None:
@@ -108,8 +128,13 @@ def own_bias(records: list[Record], n_batch: int) -> bool:
 
     by_index = {r.index: r for r in records}
     pattern = next((r for r in records if is_pattern(r) and r.parents), None)
-    scores = by_index.get(pattern.parents[0]) if pattern is not None else None
-    product = _product(scores, by_index) if scores is not None else None
+    if pattern is not None and pattern.label == "(attention)":  # a kernel's, recomputed: its scores before the mask
+        scores = next((r for r in records if r.label == "(masked_scores)" and r.parents == pattern.parents), None)
+        plain = next((r for r in records if r.label == "(scores)" and r.parents == pattern.parents), None)
+        product = plain.tensor if plain is not None else None
+    else:
+        scores = by_index.get(pattern.parents[0]) if pattern is not None else None
+        product = _product(scores, by_index) if scores is not None else None
     if scores is None or product is None or product.numel() != scores.tensor.numel() \
             or n_batch < 2 or product.numel() % n_batch:
         return False
