@@ -135,6 +135,9 @@ class RunSoFar:
             again = (inputs, fed, *masked_call(asked, self.target, self.fn, tried, inputs, self.module, fed))
             if again[2].failure is None:
                 made.append((form, form_spec(self.spec, form, d_head), again))
+            narrower = tableforms.narrower(again[2].failure, form) if again[2].failure is not None else None
+            if narrower is not None and narrower not in forms:  # DeepSeek-V2's freqs_cis over its rotary part alone
+                forms.append(narrower)
         if not made:
             return ran
         if len(made) > 1 and self.weighted is not None:
@@ -145,7 +148,8 @@ class RunSoFar:
             made = [made[best]]
         form, self.spec, again = made[0]
         self.table_form[:] = [form]
-        named = form.swapped or form.layout or form.turned or (form.pairs and 2 * form.width < d_head)
+        named = (form.swapped or form.layout or form.turned or (form.pairs and 2 * form.width < d_head)) \
+            and form.holds in ("", "cos, sin")  # a complex table, matrices: tableforms.note says what it holds
         self.sliced[:] = [tablelayouts.note(form, tried.tables, width or d_head, d_head, failed) if named else
                           tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
         return again
@@ -430,7 +434,8 @@ def form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
     if form.layout or form.turned:  # the pair laid out for another pairing (Cohere's interleaved tables), or
         # half-split ones the code lays out for the one it turns in (GLM's): the reference pairs so
         spec = dataclasses.replace(spec, rope_pairing=form.layout or form.turned)
+    read = spec.pairing_read or not spec.pairing_asked  # the tables', not --rope-pairing's
     if form.width < d_head:
         return dataclasses.replace(spec, rope_fraction=form.width / d_head, fraction_from_module=True,
-                                   pairing_asked=True)
-    return dataclasses.replace(spec, pairing_asked=True)
+                                   pairing_asked=True, pairing_read=read)
+    return dataclasses.replace(spec, pairing_asked=True, pairing_read=read)

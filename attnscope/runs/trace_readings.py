@@ -116,7 +116,9 @@ def _lined_up(r: RunSoFar, run: TraceRun, ran: Made) -> tuple[Made, LineUp]:
     # real tables laid out for one pairing (not freqs_cis nor llama2.c's freqs_cos, freqs_sin: one angle a pair)
     if any(name.lower() not in load.PAIR_TABLES for name in r.plan.tables) \
             and not (r.table_form and r.table_form[0].pairs):
-        r.spec = dataclasses.replace(r.spec, pairing_asked=True)  # the code pairs as they are laid out, or errs
+        # the code pairs as they are laid out, or errs (read, where --rope-pairing did not ask: refspec.pairing_read)
+        r.spec = dataclasses.replace(r.spec, pairing_asked=True, pairing_read=r.spec.pairing_read or
+                                     not r.spec.pairing_asked)
     r.spec = _with_own_fraction(r.spec, r.weighted, r.plan, inputs.sizes.get("d_head"), r.built)
     sunk = sinkcols.read(r.module, called.records, inputs.sizes.get("n_head"))
     if sunk is not None:  # attention sinks the module holds, joined to its scores (GPT-OSS's): its convention

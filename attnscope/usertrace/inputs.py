@@ -107,6 +107,8 @@ class ShapePlan:
         if n_head:
             fixed["n_head"] = n_head
             projections = _projections(module, n_head, hint or (d_feat // n_head if d_feat % n_head == 0 else None))
+            if projections and projections.linears["q"][1].in_features != d_feat:
+                projections = None  # a reading whose queries read no input (MLA's q_b_proj, fed by q_a_proj)
             kernels = kernel_heads(module) if projections is None else None  # Keras' [d_feat, n_head, d_head]
             per_head = perhead.head_width(module, n_head, d_feat) if projections is None else None
             q_width = gatedwidth.query_width(projections.linears["q"][1].out_features,
@@ -166,11 +168,13 @@ def _fused_width(module: Any) -> int | None:
 def module_width(module: Any) -> int | None:
     """d_feat: what the query projection reads (else the first Linear layer, a pointwise Conv1d too)."""
     from attnscope.usertrace import pointwise
+    from attnscope.usertrace.inputwidth import fed_width
     from attnscope.usertrace.linearweights import linears as linear_layers
 
     projections = _projections(module)
-    if projections is not None:
-        return int(projections.linears["q"][1].in_features)
+    if projections is not None:  # what the query projection reads, or what the layers feeding it do (MLA's q_a_proj)
+        name, layer = projections.linears["q"]
+        return fed_width(module, name, int(layer.in_features), int(layer.out_features))
     linears = [m for _, m in linear_layers(module)]  # a 1x1 Conv1d reads its channels as a Linear its features
     if linears:
         return linears[0].in_features

@@ -78,6 +78,26 @@ def _eps(norm: nn.Module | None) -> float:
     return 1e-6
 
 
+def _mscale(module: nn.Module, spec: Spec, d_K: int) -> tuple[float, str] | None:
+    """The scores' scale DeepSeek-V2/V3's config declares with a yarn RoPE (`softmax_scale = d_K^-0.5 · mscale²`,
+    mscale = 0.1 · mscale_all_dim · ln(factor) + 1, its rope_parameters' or rope_scaling's), with how it was read;
+    None where the options or the module's own scale said one, or its config says no such factor."""
+    import math
+
+    from attnscope.usertrace.declared import own_value
+
+    if spec.scale is not None:
+        return None
+    found = own_value(module, ("mscale_all_dim",), spec.built_with)
+    factor = own_value(module, ("factor",), spec.built_with)
+    if found is None or factor is None or factor[1] <= 1:
+        return None
+    mscale = 0.1 * found[1] * math.log(factor[1]) + 1.0
+    scale = d_K ** -0.5 * mscale * mscale
+    return scale, (f"scores scaled by d_K^-0.5 · mscale² = {scale:.6g} (mscale {mscale:.6g}: your config's "
+                   f"mscale_all_dim = {found[1]:g}, factor = {factor[1]:g}, DeepSeek's yarn_get_mscale)")
+
+
 def candidates(module: nn.Module, records: list[Record], n_head: int, spec: Spec) -> list[tuple[Any, Projections]]:
     """LatentAttention holding the module's weights, once per rotary form DeepSeek writes, with how its layers were
     read; none where the data flow is not MLA's or the widths do not make one."""
@@ -106,13 +126,17 @@ def candidates(module: nn.Module, records: list[Record], n_head: int, spec: Spec
     kv_norm = _norm(module, records, d_latent, found["kv_a"])
     q_norm = _norm(module, records, q_lora, found["q_a"]) if q_lora else None
     base = spec.rope_base if spec.rope_base is not None else 10000.0
+    scaled = _mscale(module, spec, d_K)
     out = []
     forms = [(False, "interleaved"), (True, "half-split"), (False, "half-split")]
-    if spec.pairing_asked:  # --rope-pairing: interleaved is the checkpoint's pairs, turned in place or gathered
+    if spec.pairing_read:  # tables laid out for a pairing: the pairs turn so, gathered first or not
+        forms = [form for form in forms if form[1] == spec.rope_pairing]
+    elif spec.pairing_asked:  # --rope-pairing: interleaved is the checkpoint's pairs, turned in place or gathered
         forms = forms[:2] if spec.rope_pairing == "interleaved" else forms[2:]
     for interleave, pairing in forms:
         latent = Latent(d_latent, d_nope, d_rope, d_V, q_lora_rank=q_lora, rope_interleave=interleave)
-        attention = replace(spec.attention(n_head), rope=Rope(base, pairing=pairing), latent=latent, n_kv_head=None)
+        attention = replace(spec.attention(n_head), rope=Rope(base, pairing=pairing), latent=latent, n_kv_head=None,
+                            **({"scale": scaled[0]} if scaled else {}))
         reference = LatentAttention(kv_a.in_features, n_head, spec=attention, bias=kv_a.bias is not None,
                                     dtype=kv_a.weight.dtype, device=kv_a.weight.device)
         with torch.no_grad():
@@ -131,7 +155,7 @@ def candidates(module: nn.Module, records: list[Record], n_head: int, spec: Spec
                     mine.eps = _eps(norm[1])
         form = {"interleaved": "DeepSeek-V2's interleaved pairs", "half-split": "half-split"}[pairing]
         form = "DeepSeek-V3's rope_interleave (pairs gathered, turned half-split)" if interleave else form
-        form = f"RoPE base {base:g}, {form}"
+        form = f"RoPE base {base:g}, {form}" + (f"; {scaled[1]}" if scaled else "")
         said = None if spec.pairing_asked or pairing == "interleaved" or interleave else HALF_SPLIT
         out.append((reference.eval(), Projections({role: (name, linear[role]) for role, name in found.items()},
                                                   f"data flow; the rotary part as {form}", said)))

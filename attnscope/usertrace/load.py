@@ -747,6 +747,8 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
             p.position_tensors.append(name)
         elif is_position_ids(name) and param.default is None:  # optional: its default, else what the model passes
             p.position_ids_later.append(name)
+        elif is_position_ids(name) and required:  # Mistral 4's `position_ids: torch.Tensor`: what the model passes
+            p.position_ids.append(name)
         elif (required or param.default is None) and is_embedding(name, param.annotation):
             p.embeddings.append(name)
             p.embeddings_required += [name] if required else []

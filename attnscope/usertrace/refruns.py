@@ -231,9 +231,11 @@ def _latent_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
     L = reference.latent
     rest = replace(spec, rope_base=None).describe()  # the rotary form is said with the layers' reading
     variants = f", {rest}" if rest else ""
+    declared = spec.scale is None and reference.spec.scale is not None  # DeepSeek's mscale (latentref._mscale)
+    scaled = f"scores · {reference.spec.scale:.6g}" if declared else "scores / √d_K"
     what = (f"attnscope LatentAttention (multi-head latent attention: d_feat={reference.d_feat}, n_head="
             f"{reference.n_head}, kv_lora_rank={L.kv_lora_rank}, q_lora_rank={L.q_lora_rank}, d_nope="
-            f"{L.qk_nope_head_dim}, d_rope={L.qk_rope_head_dim}, d_V={L.v_head_dim}, scores / √d_K{variants}) "
+            f"{L.qk_nope_head_dim}, d_rope={L.qk_rope_head_dim}, d_V={L.v_head_dim}, {scaled}{variants}) "
             f"holding your weights: {projections.describe()}")
     return trace, wanted, reference, projections, what, rows, skips, keys
 

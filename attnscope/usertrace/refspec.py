@@ -91,6 +91,9 @@ class Spec:
     # frequencies read from the code are what it gives: the reference's Rope, its attention factor with it
     rope_declared: Any = field(default=None, compare=False)
     pairing_asked: bool = False
+    # the pairing fixed by the tables the code runs on (runs/trace_attempt.form_spec), not by --rope-pairing: it says
+    # how pairs turn, not whether the code gathers them first (DeepSeek-V3's rope_interleave, latentref.py)
+    pairing_read: bool = False
     base_from_module: bool = False  # rope_base is the module's own (its rope_theta), read where --rope-base said none
     fraction_from_module: bool = False  # rope_fraction is the module's config's (rotary_dim, partial_rotary_factor)
     # What the user typed rather than left to a default: --rope-base B (even 10000) and --causal ALIGN (even

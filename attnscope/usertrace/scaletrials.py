@@ -234,9 +234,25 @@ def _size_words(names: str, value: int, root: bool) -> str:
     return f"{said}, {what}," if what else said
 
 
+def _parts(b: Base) -> list[tuple[str, int]]:
+    """The parts of a latent attention's head (its Q_nope and Q_pe: d_nope and d_rope, whose sum is d_K), where the
+    reference has them; none otherwise."""
+    found = [(name, int(b.ref[step].shape[-1])) for name, step in (("d_nope", "Q_nope"), ("d_rope", "Q_pe"))
+             if step in b.ref]
+    return found if len(found) == 2 and sum(v for _, v in found) == b.d_head else []
+
+
+PART_WORDS = {"d_nope": "the heads' no-RoPE part alone (qk_nope_head_dim)",
+              "d_rope": "the heads' rotary part alone (qk_rope_head_dim)"}
+
+
 def trials_scale_n(b: Base) -> Iterator[Trial]:
     """The scores divided by another size of the run than d_head (n_Q, n_K, n_head, d_model, d_V, ...), whole or
-    its root, in its place or on top of the reference's own scale."""
+    its root, in its place or on top of the reference's own scale; in latent attention, by the root of one part of
+    the head in place of √d_K (in a scale the module declares around it too: DeepSeek's mscale²)."""
+    for name, value in _parts(b):
+        yield from _scaled(b, b.scale * math.sqrt(b.d_head / value), f"divided by √{name} = {say_root(value)}, "
+                           f"{PART_WORDS[name]}, where √d_K = √(d_nope + d_rope) belongs", named=True)
     for names, value in _sizes(b):
         for root in (True, False):
             size = math.sqrt(value) if root else float(value)

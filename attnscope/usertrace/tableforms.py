@@ -7,7 +7,10 @@ the rest: its last axis is the width it turns by, its positions' axis where the 
   freqs_cis holds them (feeds.TableForm.pairs). The code pairs its coordinates as it will, and that pairing is read
   from its rotated tensors;
 - a share of the head, the rest passed through (StableLM's `q[..., :rotary_ndims] * cos`): a rotary fraction, tables
-  laid out for a pairing over that share.
+  laid out for a pairing over that share;
+- tables the code slices before it turns (DeepSeek-V3's `apply_rotary_pos_emb_interleave`: `cos[..., :d / 2]`, one
+  angle a pair, on the even and odd coordinates of its d_rope-wide rotary part): as wide as make the slice meet what
+  it turns (d_rope, where the tables trace gave first were d_head wide).
 Where half the head could be either, both are made, and the one under which the code lines up further is kept
 (runs/trace.py). Tables that broadcast only along the code's own axes (nanochat's [1, T, 1, d_head / 2] for q
 [n_batch, T, n_head, d_head]) are laid so.
@@ -38,6 +41,9 @@ def forms(failure: Failure, width: int | None, d_head: int, n_Q: int) -> list[Ta
     if turned < 2 or turned % 2 or turned > d_head:
         return []
     kinds = []
+    sliced = _sliced(failure, given, d_head)
+    if sliced is not None:
+        kinds.append(TableForm(sliced))
     if 2 * turned == d_head:
         kinds.append(TableForm(turned, pairs=True))
     if turned < given:
@@ -49,6 +55,36 @@ def forms(failure: Failure, width: int | None, d_head: int, n_Q: int) -> list[Ta
     if at is not None and len(other) > 2 and turned == given:  # as wide as they were, along other axes
         laid.insert(0, TableForm(turned, axes=(len(other), at)))
     return kinds + laid
+
+
+def _met(failure: Failure, given: int) -> tuple[int, int] | None:
+    """(the tables' width as the op met them, the width of what it turns there); None where not two shapes met."""
+    if len(failure.shapes) != 2 or not all(failure.shapes):
+        return None
+    a, b = failure.shapes
+    other = a if len(a) > len(b) else b if len(b) > len(a) else (a if a[-1] != given else b)
+    return (b if other is a else a)[-1], other[-1]
+
+
+def _sliced(failure: Failure, given: int, d_head: int) -> int | None:
+    """Where the code keeps a share of the tables it is handed (DeepSeek-V3's `cos[..., : cos.shape[-1] // 2]`, one
+    angle a pair for the even and odd coordinates it turns): the width that makes the share meet what it turns,
+    that share's inverse wider; None where the tables met the op as wide as they were given."""
+    met = _met(failure, given)
+    if met is None or not 0 < met[0] < given or given % met[0]:
+        return None
+    width = met[1] * (given // met[0])
+    return width if width <= d_head and width % 2 == 0 else None
+
+
+def narrower(failure: Failure, form: TableForm) -> TableForm | None:
+    """`form` of a whole table (a complex one, Meta's freqs_cis) as narrow as what the code turns with it, where it
+    raised so: DeepSeek-V2's q_pe of d_rope / 2 complex numbers against a table of d_head / 2, its rotary part being
+    no share of the head trace read. None where the op met no narrower tensor."""
+    met = _met(failure, form.width)
+    if not form.holds or met is None or met[0] != form.width or not 0 < met[1] < form.width:
+        return None
+    return TableForm(met[1], form.pairs, form.axes, form.holds, form.layout, form.swapped)
 
 
 def holders(failure: Failure, tables: list[str], width: int | None, d_head: int,
@@ -87,8 +123,10 @@ def note(form: TableForm, failure: Failure, given: int, d_head: int, parameters:
     if form.holds:
         pairing = "; its pairing is read from its rotated tensors" if form.pairs else ""
         said = f"line {failure.line}: {failure.message}" if failure.line else failure.message
-        return (f"RoPE's table ({', '.join(parameters)}): your code runs on {HELD[form.holds]}, read from its run: it "
-                f"raised on the form trace gave it first ({said}) and runs on this one{pairing}")
+        share = f", {form.width} angles for the first {2 * form.width} of each head's {d_head} coordinates" \
+            if form.pairs and 2 * form.width < d_head else ""
+        return (f"RoPE's table ({', '.join(parameters)}): your code runs on {HELD[form.holds]}{share}, read from its "
+                f"run: it raised on the form trace gave it first ({said}) and runs on this one{pairing}")
     laid = ""
     if form.axes is not None:
         dims = ["1"] * form.axes[0]
@@ -100,6 +138,11 @@ def note(form: TableForm, failure: Failure, given: int, d_head: int, parameters:
                 f"angle a pair, {form.width} = d_head / 2 wide with the frequencies over the whole head (as freqs_cis "
                 f"holds them: GPT-OSS's and nanochat's){laid}; read from your code, which raised on tables {given} "
                 f"wide{where} and runs on these; its pairing is read from its rotated tensors")
+    if form.width == _sliced(failure, given, d_head):
+        seen, turned = _met(failure, given) or (0, 0)
+        return (f"RoPE's tables ({names}): {form.width} wide, read from your code, which keeps a share of the tables "
+                f"it is handed: it raised on tables {given} wide{where}, their share ({seen} wide) meeting what it "
+                f"turns ({turned} wide), and runs on these")
     if form.width < d_head:
         return (f"RoPE: it rotates the first {form.width} of each head's {d_head} coordinates (a rotary fraction of "
                 f"{form.width / d_head:g}), read from your code, which raised on tables {given} wide{where} and runs "

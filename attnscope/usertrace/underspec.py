@@ -6,6 +6,7 @@ dropout in training mode.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import UsageError
@@ -71,6 +72,10 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
                          "a uniform average or NaN; those rows are left out of the comparison")
     out.notes += _kernel_notes(records)
     kind = "module" if module is not None else "function"
+    own = getattr(getattr(reference_module, "spec", None), "scale", None)
+    if spec is not None and spec.scale is None and own is not None:  # the scale the module declares, read with its
+        # reference (latentref._mscale: DeepSeek's mscale²): the experiments rerun that reference
+        spec = dataclasses.replace(spec, scale=own, scale_from=f"the scale your module declares, {own:.6g}")
     ctx = Context(kind, inputs.sizes, trace, records, reference_allowed(trace),
                   train, projections, skips, spec, layout=inputs.layout, keys=keys, inputs=inputs)
     for row in out.rows:  # rotated keys never made, the repeated ones rotated instead: same numbers, yet a mistake
