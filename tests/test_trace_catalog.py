@@ -406,12 +406,13 @@ def test_every_catalog_entry_is_planted_in_three_styles():
     from test_trace_round20_norms import PLANTED as NORMS  # qknorm.*, in styles of their own
     from test_trace_round22_kvroles import PLANTED as KEYS  # kv.keys_from_values, in styles of its own
     from test_trace_round29_alibifeed import PLANTED as AFTER  # alibi.after_softmax, in styles of its own
+    from test_trace_round30_qorder import PLANTED as QUERIES  # gqa.query_order, heads.split_transposed
 
     names = {experiment.name for experiment in CATALOG}
-    planted = set(PLANTS) | set(PLANTED) | set(SHARES) | set(NORMS) | set(KEYS) | set(AFTER)
+    planted = set(PLANTS) | set(PLANTED) | set(SHARES) | set(NORMS) | set(KEYS) | set(AFTER) | set(QUERIES)
     assert names == planted, names ^ planted
     assert all(len({target for target, _, _ in cases}) >= 3
-               for cases in (*SHARES.values(), *NORMS.values(), *KEYS.values(), *AFTER.values()))
+               for cases in (*SHARES.values(), *NORMS.values(), *KEYS.values(), *AFTER.values(), *QUERIES.values()))
     assert all(len(styles) >= 3 for styles, _, _ in PLANTS.values())
 
 

@@ -376,13 +376,14 @@ def _with_own_rope(spec: Spec, module: Any, plan: Plan, made: dict[str, Any], d_
     its config says it rotates (StableLM's partial_rotary_factor), so that the tables trace makes are as wide as
     that share and of that base. Code that rotates with another base or share is then a bug, named by experiment."""
     from attnscope.usertrace.conventions import DEFAULT_BASE, own_base
-    from attnscope.usertrace.declared import with_share
+    from attnscope.usertrace.declared import base_where, with_share
 
     if spec.rope_base is None:
         return spec
     declared = own_base(module, made)
     if declared is not None and not spec.base_asked and spec.rope_base == DEFAULT_BASE and declared != DEFAULT_BASE:
-        spec = dataclasses.replace(spec, rope_base=declared, base_from_module=True)
+        spec = dataclasses.replace(spec, rope_base=declared, base_from_module=True,
+                                   base_where=base_where(module, made) or "")
     return with_share(spec, module, d_head, made) if plan.tables and spec.rope_fraction is None else spec
 
 

@@ -34,11 +34,14 @@ def read_line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[R
     if spec is not None and declared is not None and default and declared != spec.rope_base \
             and not takes_tables(module):
         # the module's own rope_theta, where --rope-base said none
-        spec = replace(spec, rope_base=declared, base_from_module=True)
+        from attnscope.usertrace.declared import base_where
+
+        spec = replace(spec, rope_base=declared, base_from_module=True,
+                       base_where=base_where(module, spec.built_with) or "")
     if spec is not None and spec.base_from_module and spec.rope_base is not None:  # read here or by the caller
         declared = spec.rope_base
-        said_base = (f"RoPE base {declared:g}, read from your module (its rope_theta or base, or its config's); "
-                     "--rope-base overrides it")
+        said_where = spec.base_where or "its rope_theta or base, or its config's"
+        said_base = f"RoPE base {declared:g}, read from your module ({said_where}); --rope-base overrides it"
         if module is not None:  # its config's base against the module's own attribute: the config's is the reference's
             from attnscope.usertrace.declared import base_disagreement
 

@@ -52,17 +52,28 @@ def holders(module: Any, built_with: dict[str, Any] | None = None) -> Iterator[t
     and of each submodule (False), the objects and dicts they hold one level down (True), and the arguments it was
     built with (`built_with`, runs/trace._built_with: a config its __init__ read and did not keep) with what they
     hold one level down (True)."""
+    for in_config, _, held in _labelled(module, built_with):
+        yield in_config, held
+
+
+def _labelled(module: Any, built_with: dict[str, Any] | None) -> Iterator[tuple[bool, str, dict[str, Any]]]:
+    """holders' places, each with how the module reaches it (`self.config`, `self.rotary_emb`, `config` its
+    __init__ was given, `self.config.rope_parameters`): where a value was read, in words."""
     if module is None or not isinstance(module, torch.nn.Module):
         return
-    for in_config, held_by in [(False, vars(sub)) for sub in module.modules()] + [(True, built_with or {})]:
-        yield in_config, held_by
-        for held in (v if isinstance(v, dict) else vars(v) for v in held_by.values()
-                     if isinstance(v, dict) or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type))
-                                                and not callable(v))):
-            yield True, held
+    places = [(False, "self" + (f".{name}" if name else ""), vars(sub)) for name, sub in module.named_modules()]
+    for in_config, at, held_by in places + [(True, "", built_with or {})]:
+        yield in_config, at, held_by
+        for key, v in held_by.items():
+            if not (isinstance(v, dict) or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type))
+                                            and not callable(v))):
+                continue
+            held = v if isinstance(v, dict) else vars(v)
+            inner = f"{at}.{key}" if at else key
+            yield True, inner, held
             # transformers 5 keeps a config's rope_theta and partial_rotary_factor in its rope_parameters (4.x's
             # rope_scaling): a flat dict of them is the config's too; one dict per layer type (Gemma 3's) says none
-            yield from ((True, rope) for rope in (held.get(name) for name in SCALING_NAMES)
+            yield from ((True, f"{inner}.{name}", rope) for name, rope in ((n, held.get(n)) for n in SCALING_NAMES)
                         if isinstance(rope, dict) and not any(isinstance(x, dict) for x in rope.values()))
 
 
@@ -112,6 +123,31 @@ def base_disagreement(module: Any, built_with: dict[str, Any] | None = None) -> 
     return (f"your module's config says RoPE base {value:g} (its {name}) and the module itself says another (its "
             f"{', '.join(others)}): declared values that disagree; the config's, what the checkpoint was made with, "
             "is the reference's, and code that rotates with another base has a bug, named by experiment")
+
+
+def base_where(module: Any, built_with: dict[str, Any] | None = None) -> str | None:
+    """Where own_base read the module's RoPE base, in words: `its config's rope_theta: self.config.rope_theta`,
+    `its config's rope_parameters: self.config.rope_parameters['rope_theta']`, `its attribute
+    self.rotary_emb.base`, `the rope_base of the config its __init__ was given: config.rope_base`, or the inv_freq its
+    rotary embedding holds; None where it says none."""
+    said = _said_base(module, built_with)
+    if said is None:
+        return "the inv_freq its rotary embedding holds" if _inv_freq_base(module) is not None else None
+    value, name, _ = said
+    found = [(in_config, at) for in_config, at, held in _labelled(module, built_with)
+             if isinstance(held.get(name), (int, float)) and float(held[name]) == value]
+    if not found:
+        return None
+    in_config, at = max(found, key=lambda f: f[0])  # a config's before the module's own attribute (own_base's rank)
+    where = f"{at}.{name}" if at else name
+    if not in_config:
+        return f"its attribute {where}"
+    if not at:
+        return f"the {name} its __init__ was given"
+    if not at.startswith("self"):
+        return f"the {name} of the {at.split('.')[0]} its __init__ was given: {where}"
+    kind = next((n for n in SCALING_NAMES if at.endswith(f".{n}")), None)
+    return f"its config's {kind}: {at}['{name}']" if kind else f"its config's {name}: {where}"
 
 
 def _inv_freq_base(module: Any) -> float | None:

@@ -39,6 +39,7 @@ from attnscope.usertrace.masktrials import (
 )
 from attnscope.usertrace.normtrials import trials_axis, trials_missing, trials_place, trials_values_normed
 from attnscope.usertrace.patterntrials import trials_pattern_transposed
+from attnscope.usertrace.queryorder import trials_query_order, trials_split_transposed
 from attnscope.usertrace.ropetrials import (
     trials_base,
     trials_fraction,
@@ -90,6 +91,11 @@ CATALOG: tuple[Experiment, ...] = (
                lambda b: trials_tiled(b, True)),
     Experiment("gqa.group_order", "grouped-query", "a grouped einsum with the query heads in the wrong order",
                lambda b: trials_tiled(b, False)),
+    Experiment("gqa.query_order", "query heads", "the query heads laid in another order than the checkpoint's (q "
+               "viewed [.., n_group, n_kv_head, ..] for [.., n_kv_head, n_group, ..], then flattened)",
+               trials_query_order),
+    Experiment("heads.split_transposed", "query heads", "the queries' projection split (d_head, n_head) for (n_head, "
+               "d_head): view(.., d, h).transpose for view(.., h, d)", trials_split_transposed),
     Experiment("scale.none", "scale", "scores not scaled (or 1/√d_head where --scale gives the model's own)",
                trials_scale_none),
     Experiment("scale.twice", "scale", "scores scaled twice", trials_scale_twice),

@@ -335,6 +335,8 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
         return None
     if len(set().union(*map(set, chosen.values()))) != sum(map(len, chosen.values())):
         return None
+    if d_head and "q" in chosen:  # the query heads in the order of their rows: an order of the code's is its own
+        chosen["q"] = heads_in_row_order(chosen["q"], d_head)  # (gqa.query_order), no layout of the checkpoint
     operand = dict(zip("qkv", found[:3], strict=True))
     first = {role: min((r for r in nearest_ancestors(records, operand[role]) if (order := read(r)) is not None
                         and set(order) <= set(chosen[role])), key=lambda r: r.index) for role in "kv"}
@@ -350,6 +352,17 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
     said = "q, k and v" if roles == "qkv" else "k and v"
     how = f"its rows read from your code's own {said}, each value looked up in the projection's output"
     return Solved(how + (swapped or ""), parts, swapped is not None)
+
+
+def heads_in_row_order(order: list[int], d_head: int) -> list[int]:
+    """`order`'s heads (each d_head rows, in the order read) sorted by their first row: every checkpoint's layout
+    (q | k | v, per head, per KV group, packed) holds a role's heads in the order of its rows, each head's rows
+    together; code that reads them in another order (q's per-group block moved group-first) or strews a head over
+    the rows (q split (d_head, n_head)) lays its heads out wrong: the rows in their own order then."""
+    heads = [order[i:i + d_head] for i in range(0, len(order), d_head)]
+    if any(sorted(head) != list(range(min(head), min(head) + d_head)) for head in heads):
+        return sorted(order)  # a head's features strewn over the rows (q split (d_head, n_head)): no layout either
+    return [row for head in sorted(heads, key=min) for row in head]
 
 
 def named_swapped(said: dict[str, words.Said | None], roles: str) -> str | None:

@@ -95,6 +95,7 @@ class Spec:
     # how pairs turn, not whether the code gathers them first (DeepSeek-V3's rope_interleave, latentref.py)
     pairing_read: bool = False
     base_from_module: bool = False  # rope_base is the module's own (its rope_theta), read where --rope-base said none
+    base_where: str = ""  # where the module says rope_base, in words (declared.base_where)
     fraction_from_module: bool = False  # rope_fraction is the module's config's (rotary_dim, partial_rotary_factor)
     # What the user typed rather than left to a default: --rope-base B (even 10000) and --causal ALIGN (even
     # upper-left). An asked value is the reference's; the code's own base or alignment is then a bug, not a convention

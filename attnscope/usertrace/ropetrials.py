@@ -140,19 +140,25 @@ def trials_base(b: Base) -> Iterator[Trial]:
     if rope is None:
         return
     own = b.ctx.spec is not None and b.ctx.spec.base_from_module
+    where = _where(b)
     read = code_base(b, rope)
     for base in [read] if read is not None else KNOWN_BASES:
         if math.isclose(base, rope.base, rel_tol=1e-9):
             continue
         if own:  # the module says its base, and rotates with another: a bug, whatever the model
-            words = (f"{{who}} rotates with RoPE base {base:g} where your module says {rope.base:g} (its rope_theta "
-                     f"or base): the base is not handed on to where the rotation's frequencies are made "
+            words = (f"{{who}} rotates with RoPE base {base:g} where your module says {rope.base:g} ({where}): the "
+                     f"base is not handed on to where the rotation's frequencies are made "
                      f"(base ** (-2i / d_head) with base = {base:g}); pass the module's own")
         else:
             words = (f"{{who}} rotates with RoPE base {base:g} where the reference uses {rope.base:g}; if your model "
                      f"was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
         yield Trial(_rotated(b, rope, base=base), words)
     yield from _scaled_base(b, rope, own)
+
+
+def _where(b: Base) -> str:
+    """Where the module says the reference's RoPE base (its config's rope_theta, its attribute ...), in words."""
+    return (b.ctx.spec.base_where if b.ctx.spec is not None else "") or "its rope_theta or base"
 
 
 def _scaled_base(b: Base, rope: ReadRope, own: bool) -> Iterator[Trial]:
@@ -173,7 +179,7 @@ def _scaled_base(b: Base, rope: ReadRope, own: bool) -> Iterator[Trial]:
     if found is not None and not math.isclose(found[0], rope.base, rel_tol=1e-6):
         base, factor = found
         scaled = f"RoPE base {base:g}, positions scaled by 1/{factor:g} (its linear RoPE scaling),"
-        words = (f"{{who}} rotates with {scaled} where your module says base {rope.base:g} (its rope_theta or base): "
+        words = (f"{{who}} rotates with {scaled} where your module says base {rope.base:g} ({_where(b)}): "
                  "the base is not handed on to where the rotation's frequencies are made; pass the module's own"
                  if own else f"{{who}} rotates with {scaled} where the reference uses base {rope.base:g}; if your "
                  f"model was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
