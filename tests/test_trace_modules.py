@@ -293,12 +293,6 @@ HALF_SPLIT_TURN = """    rotated = torch.cat((-x2, x1), dim=-1)
 
 @pytest.mark.parametrize(("old", "new", "step", "words", "asked"), [
     (HALF_SPLIT_TURN, INTERLEAVED, "Q_rot", "pairs RoPE's coordinates interleaved", ("--rope-pairing", "half-split")),
-    ("""        keys = apply_rope(keys, cos, sin)
-        queries = apply_rope(queries, cos, sin)
-        keys = keys.repeat_interleave(self.group_size, dim=1)""",
-     """        keys = keys.repeat_interleave(self.group_size, dim=1)
-        keys = apply_rope(keys, cos, sin)
-        queries = apply_rope(queries, cos, sin)""", "K_rot", "RoPE applied after the head repeat", ()),
     ("keys = keys.repeat_interleave(self.group_size, dim=1)", "keys = keys.repeat(1, self.group_size, 1, 1)",
      "K_rep", "key/value heads repeated in the wrong order", ()),
 ])
@@ -309,6 +303,19 @@ def test_llama_style_planted_bugs_are_named(tmp_path, runner, old, new, step, wo
     assert result.exit_code == 1, result.output
     first = out["first_divergence"]
     assert first["reference"] == step and words in first["diagnosis"], first
+
+
+def test_llama_style_that_rotates_after_the_head_repeat_passes(tmp_path, runner):
+    """Keys repeated for the query heads, then rotated (lit-gpt's order): RoPE turns every head alike, so the numbers
+    are the reference's; a note, exit 0."""
+    path = write(tmp_path, scratch("""        keys = apply_rope(keys, cos, sin)
+        queries = apply_rope(queries, cos, sin)
+        keys = keys.repeat_interleave(self.group_size, dim=1)""", """        keys = keys.repeat_interleave(self.group_size, dim=1)
+        keys = apply_rope(keys, cos, sin)
+        queries = apply_rope(queries, cos, sin)"""))
+    result, out = trace(runner, f"{path}:GroupedQueryAttention", *SCRATCH)
+    assert result.exit_code == 0 and out["first_divergence"] is None, out["first_divergence"]
+    assert any("RoPE after the head repeat" in n and "not a mistake" in n for n in out["notes"]), out["notes"]
 
 
 def test_llama_style_that_lays_its_tables_out_interleaved_passes(tmp_path, runner):

@@ -97,10 +97,10 @@ def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
         split_without_transpose,
     )
     from attnscope.usertrace.maskcauses import alibi, wrong_mask
-    from attnscope.usertrace.rotary import after_repeat, diagnose_rope, not_rotated, on_values, untold
+    from attnscope.usertrace.rotary import diagnose_rope, not_rotated, on_values, untold
 
     unfed = _unfed(ctx)
-    for whole in (_transposed, _merged_before_permute, lambda s, c, _: after_repeat(s, c), split_without_transpose,
+    for whole in (_transposed, _merged_before_permute, split_without_transpose,
                   merged_with_wrong_permute, on_values, wrong_mask, alibi):
         found = whole(step, ctx, None) if unfed is None or whole is wrong_mask else None
         if found is not None:

@@ -12,8 +12,9 @@ never makes (another base, positions from 0, the other pairing).
 - positions in a decode step: new tokens at n_cache + i, not i;
 - not rotated at all;
 - RoPE applied to the values too: a user tensor is V_split (or V_rep) rotated as the keys are;
-- RoPE after the head repeat: keys repeated for the query heads first, rotated after (the numbers agree with
-  rotating first, at n_group times the work; transformers' LlamaAttention rotates, caches, then `repeat_kv`s).
+- RoPE after the head repeat is no mistake: keys repeated for the query heads first, rotated after (lit-gpt's
+  `CausalSelfAttention` of 2023 expands k and v, then `apply_rope`s) give the numbers rotating first gives, at
+  n_group times the rotation's work (transformers' LlamaAttention rotates, caches, then `repeat_kv`s): a note.
 """
 
 from __future__ import annotations
@@ -164,11 +165,12 @@ def on_values(step: str, ctx: Context, near: Match | None) -> Diagnosis | None:
     return None
 
 
-def after_repeat(step: str, ctx: Context) -> Diagnosis | None:
-    """At K_rot: no rotated, unrepeated keys, but the repeated keys rotated after the repeat are there."""
+def after_repeat(ctx: Context) -> str | None:
+    """The note for keys the code rotates after the head repeat (no rotated, unrepeated keys, but the repeated keys
+    rotated after the repeat are there): RoPE turns every head alike, so the order changes no number."""
     from attnscope.usertrace.align import best_equal
 
-    if step != "K_rot" or "K_rep" not in ctx.reference or "K_split" not in ctx.reference:
+    if "K_rep" not in ctx.reference or "K_split" not in ctx.reference:
         return None
     n_group = ctx.reference["K_rep"].shape[-3] // ctx.reference["K_split"].shape[-3]
     repeated = ctx.reference["K_split"].repeat_interleave(n_group, dim=-3)  # unrotated, repeated
@@ -177,13 +179,10 @@ def after_repeat(step: str, ctx: Context) -> Diagnosis | None:
     if before is None or rotated is None or rotated.record.index < before.record.index:
         return None
     repeats, rotates = label_of(before.record), label_of(rotated.record)
-    return Diagnosis(f"RoPE applied after the head repeat: {repeats} repeats the unrotated keys for the "
-                     f"{n_group} query heads of each key/value head, and {rotates} rotates them after; "
-                     "the numbers agree with rotating first (it equals K_rep), but each key is rotated "
-                     f"{n_group} times over and a cache filled before the rotation holds unrotated keys. Rotate "
-                     "K_split first and repeat after, as transformers' LlamaAttention does (apply_rotary_pos_emb, "
-                     "then repeat_kv)",
-                     rotated.record)
+    return (f"RoPE after the head repeat: {repeats} repeats the unrotated keys for the {n_group} query heads of "
+            f"each key/value head and {rotates} rotates them after (lit-gpt's order); RoPE turns every head "
+            f"alike, so the numbers are the reference's (it equals K_rep), at {n_group} times the rotation's work: "
+            "a convention, not a mistake (transformers' LlamaAttention rotates, then repeat_kv's)")
 
 
 def _start(step: str, ctx: Context) -> int:

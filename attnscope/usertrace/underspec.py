@@ -78,9 +78,10 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
         spec = dataclasses.replace(spec, scale=own, scale_from=f"the scale your module declares, {own:.6g}")
     ctx = Context(kind, inputs.sizes, trace, records, reference_allowed(trace),
                   train, projections, skips, spec, layout=inputs.layout, keys=keys, inputs=inputs)
-    for row in out.rows:  # rotated keys never made, the repeated ones rotated instead: same numbers, yet a mistake
-        if row.reference == "K_rot" and row.status == "unseen" and after_repeat("K_rot", ctx) is not None:
-            row.status = "missing"
+    for row in out.rows:  # rotated keys never made, the repeated ones rotated instead: the same numbers, a note
+        repeated_first = row.reference == "K_rot" and row.status == "unseen" and after_repeat(ctx)
+        if repeated_first:
+            out.notes.append(repeated_first)
     first = next((row for row in out.rows if row.status in ("differs", "missing")), None)
     if first is None:
         # every step has its equal: what the code returns must hold the last of them too (a merge after it, a
