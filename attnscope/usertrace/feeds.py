@@ -144,12 +144,12 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         raise UsageError("cannot tell d_head, so RoPE's tables cannot be made; pass --heads")
     if form is not None and form.pairs:  # one angle a pair, the frequencies over the whole head
         share = min(2 * form.width, d_head)  # the share it turns, the whole head or GPT-J's rotary_dim
-        turned = share
+        freq_width = share  # the width the frequencies are spread over
         angle = torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(share)
         cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)  # [n_pos, share / 2]
     else:
         d_head = (form.width if form is not None else rope_width) or d_head  # the share the code rotates
-        turned = d_head
+        freq_width = d_head
         pairing = form.layout or ("half-split" if form.turned else pairing) if form is not None else pairing
         cos, sin = Rope(rope_base, pairing=pairing).cos_sin(n_pos, d_head, dtype)  # [n_pos, d_head]
     width = cos.shape[-1]
@@ -179,7 +179,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
             out.steps.append((name, value, ("n_K", "d_head"), f"input: {kind}(position · inv_freq), positions 0 to "
                               f"{n_pos - 1}, base {rope_base:g}, {pairing}"))
         elif kind in PAIR_TABLES:
-            angle = (torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(turned))[
+            angle = (torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(freq_width))[
                 start:start + n_Q]  # [n_Q, d_head / 2], or the share the code turns
             if kind == "freqs_cis":
                 value, said = torch.polar(torch.ones_like(angle), angle), "e^(i·position·inv_freq)"

@@ -18,6 +18,7 @@ kept (runs/trace_attempt.run_plan), said in a note (`note`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from attnscope.usertrace.feeds import TableForm
@@ -60,7 +61,7 @@ def variants(forms: list[TableForm], plan: Plan, asked: str | None) -> list[Tabl
         laid += converted(form, asked)
         if not form.pairs and asked is None:
             laid.append(TableForm(form.width, axes=form.axes, holds=form.holds, layout="interleaved"))
-        laid += [TableForm(f.width, f.pairs, f.axes, f.holds, f.layout, swapped=True, turned=f.turned) for f in laid]
+        laid += [dataclasses.replace(f, swapped=True) for f in laid]
         out += [f for f in laid if f not in out]
     return out
 
@@ -74,12 +75,6 @@ def converted(form: TableForm, asked: str | None) -> list[TableForm]:
     if form.pairs or form.layout or form.turned or form.holds not in ("", "cos, sin") or asked == "half-split":
         return []
     return [TableForm(form.width, axes=form.axes, holds=form.holds, turned="interleaved")]
-
-
-def relaid(width: int, plan: Plan, asked: str | None) -> list[TableForm]:
-    """The other forms of tables `width` wide the code ran on but does not line up with (Cohere's interleaved ones
-    turned by its own rotate_half of x[..., ::2] and x[..., 1::2])."""
-    return variants([TableForm(width)], plan, asked)[1:]
 
 
 def note(form: TableForm, names: list[str], given: int, d_head: int, failure: Failure | None) -> str:
