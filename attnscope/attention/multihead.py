@@ -249,7 +249,8 @@ class MultiHeadAttention(nn.Module):
         g = head // self.n_group  # transformers' repeat_kv order
         sinks = None if self.sinks is None else self.sinks[head : head + 1]  # [1]
         # one query head over its own key/value head: no grouping left
-        slope = float(alibi_.slopes(self.n_head)[head]) if self.spec.alibi else None  # its own, of n_head
+        given = self.spec.alibi_slopes
+        slope = (given[head] if given else float(alibi_.slopes(self.n_head)[head])) if self.spec.alibi else None
         spec = self.spec.after_stages().one_head(slope)
         return HeadInputs(q[:, head : head + 1], k[:, g : g + 1], v[:, g : g + 1], spec, sinks)  # [n_batch, 1, n, d]
 

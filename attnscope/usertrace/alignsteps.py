@@ -150,6 +150,11 @@ def align_steps(trace: Trace, wanted: tuple[str, ...], records: list[Record],
                           and any(adds_a_bias(by_index[n]) for n in below.get("biased_scores", ()) if n in by_index))
         # never materialized: the step computed from it is found (GQA's scores from K never repeated)
         skipped = row.status == "missing" and row.reference in ("K_rep", "V_rep") and derived in (*ALIGNED, "differs")
+        # ... or the values' step is lost with it where the weights it is read with already differ (Falcon's
+        # multi-query values, broadcast by the matmul: x_raw missing because the attention before it differs)
+        skipped = skipped or (row.status == "missing" and row.reference == "V_rep" and derived == "missing"
+                              and statuses.get("V_split") in ALIGNED
+                              and statuses.get("attention") not in (*ALIGNED, ""))
         # the tensor the step computed from it holds as it is, read here with an axis split (per-head weight
         # stacks make Q_split at once: Q_feat never exists whole)
         split = row.status == "permuted" and row.split is not None and row.record is not None and derived == "equal" \

@@ -1,8 +1,8 @@
 """The line-up under the conventions the user's code shows (read_line_up): the module's own RoPE base, the softcap,
 scale and clip its config says, a causal mask aligned lower-right where queries and keys differ in length, each
-reading of conventions.py (RoPE's pairing, base, fraction, positions), and a cache of keys before RoPE. A reading is
-kept where it lines up further, or where a rerun then names the mistake at the same step (ranking.py), and is said in
-a note.
+reading of conventions.py (RoPE's pairing, base, fraction, positions), ALiBi added before the scale (alibiorder.py:
+Falcon's order), and a cache of keys before RoPE. A reading is kept where it lines up further, or where a rerun then
+names the mistake at the same step (ranking.py), and is said in a note.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from attnscope.usertrace.ranking import better_fit, sees, steps_reached
+from attnscope.usertrace.ranking import better_fit, explained, sees, steps_reached
 from attnscope.usertrace.underspec import line_up_under
 
 if TYPE_CHECKING:
@@ -107,6 +107,8 @@ def read_line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[R
             best, best_said, reached = again, said, steps_reached(again)
             if again.divergence is None:
                 break
+    if best.divergence is not None:  # ALiBi added before the scale (alibiorder.py: Falcon's order)
+        best = _alibi_read(module, shapes, inputs, records, train, best)
     if best.divergence is not None and spec.cache:
         best = _cache_read(module, shapes, inputs, records, train, best)
     if said_base is not None and best is not first:
@@ -138,6 +140,33 @@ def _cache_read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Re
     return again
 
 
+def _alibi_read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,
+                best: LineUp) -> LineUp:
+    """The line-up with ALiBi's slopes times the scale (alibiorder.py: the code adds the bias before it scales),
+    with a note, where that lines up further or names the mistake without undoing itself; `best` otherwise."""
+    from attnscope.usertrace import alibiorder
+
+    spec = best.spec
+    other = alibiorder.reading(spec, best) if spec is not None else None
+    if other is None or spec is None:
+        return best
+    again = line_up_under(module, shapes, inputs, records, train, other)
+    if again.no_reference is not None or _undoes(again, other, spec):
+        return best
+    assert best.divergence is not None
+    reached, before = steps_reached(best), best.divergence.experiment
+    # a mistake named by experiment under the reading (its rerun with these slopes gives the code's tensors back:
+    # the scale applied twice as well, ALiBi's sign flipped) where the first line-up named none, or could only fit
+    # other slopes (ALiBi's times minus the scale, for the sign) where the reading diverges no sooner
+    named = again.divergence is not None and explained(again.divergence.experiment) == 2 \
+        and (before is None or before == "alibi.slopes" and steps_reached(again) >= reached)
+    if not (steps_reached(again) > reached and sees(again, best)
+            or steps_reached(again) == reached and better_fit(again, best) or named):
+        return best
+    again.notes.insert(0, alibiorder.note(again, again.divergence is None))
+    return again
+
+
 def _undoes(lined: LineUp, reading: Spec, spec: Spec) -> bool:
     """Whether the divergence under a reading is named by the experiment that changes back what the reading changed
     (the pairing read as interleaved, then `rope.pairing` by experiment): the reading contradicts itself."""
@@ -145,7 +174,8 @@ def _undoes(lined: LineUp, reading: Spec, spec: Spec) -> bool:
     changed = {"rope.pairing": reading.rope_pairing != spec.rope_pairing,
                "rope.base": reading.rope_base != spec.rope_base,
                "rope.fraction": reading.rope_fraction != spec.rope_fraction,
-               "rope.positions": reading.rope_start != spec.rope_start}
+               "rope.positions": reading.rope_start != spec.rope_start,
+               "alibi.slopes": reading.alibi_slopes != spec.alibi_slopes}
     return bool(experiment is not None and changed.get(experiment))
 
 

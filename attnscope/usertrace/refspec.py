@@ -56,6 +56,9 @@ class Spec:
     layout: str = "row"  # "col": a function's inputs [.., d, n], out = V softmax(Kᵀ Q) (textbook.sdpa_columns)
     rope_pairing: str = "half-split"  # or "interleaved": GPT-J's and Meta's view_as_complex pairs (2i, 2i + 1)
     alibi: bool = False  # ALiBi's per-head bias on the scores (BLOOM's)
+    # ALiBi's slopes where they are not 2^(-8 h / n_head): ALiBi's times the scale, read from code that adds the bias
+    # before it scales (alibiorder.py: Falcon's (q · kᵀ + alibi) / √d_head); None: ALiBi's own
+    alibi_slopes: tuple[float, ...] | None = None
     qk_norm: str | None = None  # qk-norm: "head" (over d_head, timm's qk_norm, Qwen3) or "proj" (OLMo 2); its kind
     # (RMSNorm or LayerNorm), weights and eps are the user's norms' (build_mha)
     # a qk-norm without weights read from the code's rows (rownorms.py: Llama 4's L2Norm, F.rms_norm, F.normalize):
@@ -168,7 +171,8 @@ class Spec:
         from attnscope.spec import AttentionSpec
 
         return AttentionSpec(causal=self.causal, window=self.window, window_side=cast("WindowSide", self.window_side),
-                             alibi=self.alibi, rope=self.rope(), softcap=self.softcap,
+                             alibi=self.alibi, alibi_slopes=self.alibi_slopes, rope=self.rope(),
+                             softcap=self.softcap,
                              scale=self.scale, n_kv_head=n_kv_head, qk_norm=self._qk_norm(),
                              temperature=self.temperature, sinks=self.sinks is not None, clip_qkv=self.clip_qkv,
                              clip_after_norm=self.clip_after_norm, v_norm=self.v_norm)
@@ -198,7 +202,7 @@ class Spec:
         sides = " both sides" if self.window_side == "both" else ""
         parts = [f"causal {self.causal}" if self.causal else "", f"window {self.window}{sides}" if self.window else "",
                  f"RoPE base {self.rope_base:g} ({self.rope_pairing}{self._rope_more()})" if self.rope_base else "",
-                 f"after {self.cache} cached positions" if self.cache else "", "ALiBi" if self.alibi else "",
+                 f"after {self.cache} cached positions" if self.cache else "", self._alibi_words(),
                  f"qk-norm ({self.qk_norm}{', after RoPE' if self.qk_norm_after else ''})" if self.qk_norm else "",
                  "values RMS-normed" if self.v_norm is not None else "",
                  f"scale {self.scale:g}" if self.scale is not None
@@ -214,6 +218,11 @@ class Spec:
                  self.temperature.describe() if self.temperature is not None else "",
                  "attention sinks" if self.sinks is not None else ""]
         return ", ".join(p for p in parts if p)
+
+    def _alibi_words(self) -> str:
+        if not self.alibi:
+            return ""
+        return "ALiBi" if self.alibi_slopes is None else "ALiBi, its slopes times the scale"
 
     def _rope_more(self) -> str:
         more = [f"{self.rope_fraction:g} of each head" if self.rope_fraction else "",

@@ -63,6 +63,11 @@ def trials_scale_none(b: Base) -> Iterator[Trial]:
 def trials_scale_twice(b: Base) -> Iterator[Trial]:
     yield from _scaled(b, b.scale * b.scale, f"scaled twice ({b.scale:.4g} · {b.scale:.4g})", fits=_right_before)
     yield from _query_scaled_first(b)
+    if b.bias is not None and isinstance(b.bias, torch.Tensor) and not math.isclose(b.scale, 1.0):
+        # the biased scores scaled again, the bias with them (Falcon's `(q · kᵀ + alibi) · s`, then · s once more)
+        yield Trial(replay(b, scale=b.scale * b.scale, bias=b.bias * b.scale), "the scores are scaled twice: {who} "
+                    f"is the reference's biased scores scaled again, the bias with them ({b.scale:.4g} · "
+                    f"{b.scale:.4g}); scale them once")
 
 
 def _query_scaled_first(b: Base) -> Iterator[Trial]:
