@@ -56,6 +56,9 @@ class RunSoFar:
     shapes: ShapePlan
     built: dict[str, Any]  # a config the __init__ read and did not keep
     sliced: list[str] = field(default_factory=list)  # the note, where RoPE's tables were made in the code's form
+    # the notes of conventions read from the code into the spec (its qk-norm, its values' norm, a temperature): said
+    # whatever line-up a later reading keeps, as the spec keeps them in force
+    read_notes: list[str] = field(default_factory=list)
     table_form: list[TableForm] = field(default_factory=list)  # that form (tableforms.py), once read
     alibi_form: list[str] = field(default_factory=list)  # the layout ALiBi's handed bias runs in (alibifeed.py)
     cache_layout: str = "bhnd"  # how the code keeps a decode step's cache (cachelayouts.py): trace's own, else read

@@ -68,6 +68,7 @@ def again(r: RunSoFar, run: TraceRun) -> Made:
 def read_run(r: RunSoFar, run: TraceRun, ran: Made) -> Made:
     """What the code reads as once it ran, each reading kept where it lines up further; the line-up with the
     reference, and its words, into `run`."""
+    from attnscope.usertrace import idlenorms
 
     ran = _heads_read(r, run, ran)
     if ran[2].failure is not None:
@@ -79,6 +80,7 @@ def read_run(r: RunSoFar, run: TraceRun, ran: Made) -> Made:
     ran, lined = other_layouts(r, run, ran, lined, again)  # RoPE's pair sin first, or interleaved (trace_tables)
     ran, lined = other_forms(r, run, ran, lined)  # a mask the code takes in other forms: each given (trace_maskranks)
     _said(r, run, ran, lined)
+    run.notes += idlenorms.notes(r.module, ran[2], r.spec, ran[0].sizes.get("d_head"))  # v_norm held, never called
     return ran
 
 
@@ -225,6 +227,7 @@ def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tu
     if lined.divergence is not None and r.o.qk_norm is None and r.weighted is not None and r.o.layout != "col":
         own = ownnorm.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
         if own is not None:  # the code normalizes q and k itself: its convention, read by experiment
+            r.read_notes += [note for note in own[1].notes if note not in lined.notes]
             r.spec, lined = own
             run.params["qk_norm_read"] = r.spec.qk_norm
     if lined.divergence is not None and r.weighted is not None and r.o.layout != "col":
@@ -232,10 +235,12 @@ def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tu
 
         normed = valuenorm.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
         if normed is not None:  # the values normed per head without weights (Gemma 3n's v_norm): its convention
+            r.read_notes += [note for note in normed[1].notes if note not in lined.notes]
             r.spec, lined = normed
     if lined.divergence is not None and r.weighted is not None and r.o.layout != "col":
         tuned = tuning.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
         if tuned is not None:  # Llama 4's temperature tuning, declared by the module: its convention
+            r.read_notes += [note for note in tuned[1].notes if note not in lined.notes]
             r.spec, lined = tuned
     if lined.divergence is not None and r.weighted is not None:
         grouped = regroup.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined)
@@ -292,7 +297,7 @@ def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
     if lined.trace is not None and "attention" in lined.trace:  # the page draws it beside the user's
         run.reference_attention = lined.trace["attention"]
     run.no_reference = lined.no_reference
-    run.notes += lined.notes
+    run.notes += lined.notes + [note for note in r.read_notes if note not in lined.notes]
     _after_merge(r, run, ran, lined)
     fraction = r.spec.rope_fraction if r.spec.fraction_from_module else None
     d_head = inputs.sizes.get("d_head") or 0

@@ -30,6 +30,7 @@ class Called:
     result: Any
     mask_given: Any = None  # what the mask parameter was given, in the convention the code reads
     swapped: bool = False  # the op `swap` named ran, its result replaced
+    entered: frozenset[int] = frozenset()  # the id of each nn.Module whose forward the call entered (idlenorms.py)
 
 
 def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_memory: int | None = None,
@@ -74,6 +75,8 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     # gets it back unchanged after the call, so the reference (and the next call) read the inputs trace drew
     handed = [(t, t.clone()) for t in _tensors_in([*args, *kwargs.values()])]
     result, failure, source = None, None, None
+    entered: set[int] = set()  # the modules the code calls, by a forward hook removed after the call
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, _: entered.add(id(m)))
     try:
         places: list[Any] = [vars(target.module)] if target.module is not None else []
         places += list(module.modules()) if isinstance(module, torch.nn.Module) else []
@@ -90,6 +93,8 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
         if failure is None:  # not a tensor op: the user's own raise, an assert, a typo
             failure = Failure("", load.user_line(exc, target.path), [], load.one_line(exc), exc)
         source = traceback_line(exc, target)
+    finally:
+        hook.remove()
     recorder.finish(result)
     with torch.no_grad():
         for tensor, kept in handed:
@@ -98,7 +103,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     for record in recorder.records:
         record.details["op"] = recorder.op_text(record)
     records = perhead.stacked(recorder.records) if failure is None else recorder.records
-    return Called(records, failure, source, result, mask, recorder.swapped)
+    return Called(records, failure, source, result, mask, recorder.swapped, frozenset(entered))
 
 
 def arguments(plan: Plan, inputs: Inputs, mask: Any, fed: Feeds | None) -> tuple[list[Any], dict[str, Any]]:

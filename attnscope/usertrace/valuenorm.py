@@ -4,11 +4,13 @@ with_scale=False)` on `[B, T, H, D]`, Gemma 4's): a convention, as a qk-norm is 
 Read from the rows, then by experiment: where the line-up diverges at the keys' repeat, the values or after them,
 and the code's output was computed from a tensor whose rows over the values' d_head all have an RMS of 1 (and which
 the queries' and keys' steps are not made from), the reference is run again with its values so normed (`V_normed`, after
-`V_split`), each usual eps in turn; a run that lines up further, or names the mistake, is kept with a note. A norm
-with weights (the keys' `k_norm` applied to the values, a copy-paste) gives rows of another RMS, and stays the
-code's to answer for (`qknorm.on_values` by experiment); so do values normed where the keys' own norm is weightless
-too (Llama 4's L2Norm on q, k and, by mistake, v): the two compute the same numbers, and the keys' norm is the
-code's, so no values' norm is read there.
+`V_split`), each usual eps in turn; a run that lines up further, or names the mistake, is kept with a note. Where it
+diverges before the values (the keys' norm left out, the norms after RoPE), the same, from such a tensor made from the
+code's own lined-up values alone: every experiment rerun there needs the values normed as the code norms them to give
+its output back. A norm with weights (the keys' `k_norm` applied to the values, a copy-paste) gives rows of another
+RMS, and stays the code's to answer for (`qknorm.on_values` by experiment); so do values normed where the keys' own
+norm is weightless too (Llama 4's L2Norm on q, k and, by mistake, v): the two compute the same numbers, and the keys'
+norm is the code's, so no values' norm is read there.
 """
 
 from __future__ import annotations
@@ -43,8 +45,13 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     # a weightless norm on the keys too (Llama 4's L2Norm): the values through it compute what a norm of their own
     # would, and the code's keys' norm on its values is qknorm.on_values, the mistake, never read away as this
     if diverged is None or spec.v_norm is not None or spec.qk_norm_gain is not None or diverged.record is None \
-            or diverged.reference not in AT_VALUES \
             or lined.trace is None or "V_split" not in lined.trace:
+        return None
+    # a divergence before the values (a side's qk-norm left out, the norms after RoPE): the values' norm stands
+    # behind none of it, yet every experiment rerun there must norm the values as the code does to give its output
+    # back; read there only from a tensor made from the code's own lined-up values
+    values = None if diverged.reference in AT_VALUES else _lined_values(lined)
+    if diverged.reference not in AT_VALUES and values is None:
         return None
     d_v = int(lined.trace["V_split"].shape[-1])
     qk = set()
@@ -53,7 +60,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
             qk |= ancestors(row.record, records) | {row.record.index}
     out = records[-1]  # the values' way ends in the output, whatever step the line-up diverged at
     up = ancestors(diverged.record, records) | ancestors(out, records) | {diverged.record.index, out.index}
-    normed = next((records[i] for i in sorted(up) if i not in qk and _unit_rows(records[i], d_v)), None)
+    normed = next((records[i] for i in sorted(up) if i not in qk and _unit_rows(records[i], d_v)
+                   and (values is None or values in ancestors(records[i], records))), None)
     if normed is None:
         return None
     names = [row.reference for row in lined.rows]
@@ -71,6 +79,17 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
                 f"{d_v} to an RMS of 1 without weights (an RMSNorm without scale, Gemma 3n's v_norm; eps {eps:g}): "
                 "read as its own convention, and the reference norms its values so too (V_normed)")
             return asked, again
+    return None
+
+
+def _lined_values(lined: LineUp) -> int | None:
+    """The index of the code's tensor that lines up with the reference's values (`V_split`, else `V_feat`); None
+    where neither does."""
+    rows = {row.reference: row for row in lined.rows}
+    for step in ("V_split", "V_feat"):
+        row = rows.get(step)
+        if row is not None and row.record is not None and row.status in ("equal", "permuted"):
+            return int(row.record.index)
     return None
 
 
