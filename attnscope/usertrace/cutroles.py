@@ -5,12 +5,16 @@ w[E:2 * E])`, or the place of the cut along a packed axis of 3 (`chunk(3)[1]`, `
 The data flow reads each cut's role from its use (the scores' right operand is K, what the pattern multiplies V), and
 weights alone cannot tell a layout from a swap. The words can, as for a fused projection's output (words.py): rows the
 code names k and then uses as the values (`k, v = v, k` after the projections, `attn @ k`) are k and v swapped; the
-reference then holds the rows by the words and the catalog names the swap by experiment."""
+reference then holds the rows by the words and the catalog names the swap by experiment. Where the words agree with
+the use and the rows run in another order than q, k, v (`w_q, w_v, w_k = in_proj_weight.chunk(3)`), that order is a
+layout of the weights, said in a note (order_note) as for a fused projection's output (fused.rows_note); stronger
+where the packed weight is PyTorch's own `in_proj_weight`, whose order q | k | v is documented (DOCUMENTED)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace import words
 
@@ -35,6 +39,40 @@ def swapped(records: list[Record], found: dict[str, str]) -> str | None:
             return None
         said[role] = words.said(records, cut, index, "qkv")
     return named_swapped(said, "qkv")
+
+
+# packed parameters whose row order is documented: nn.MultiheadAttention's, which F.multi_head_attention_forward
+# (its `_in_projection_packed`: "packed along dimension 0, in q, k, v order") cuts `w_q, w_k, w_v = w.chunk(3)`
+DOCUMENTED = {"in_proj_weight": "PyTorch's packed q | k | v parameter (nn.MultiheadAttention's, which "
+                                "F.multi_head_attention_forward cuts w_q, w_k, w_v = in_proj_weight.chunk(3))"}
+_CUT = re.compile(r"(.+)\[(\d+)(?::(\d+))?\]")
+
+
+def order_note(linears: dict[str, tuple[str, Any]]) -> str | None:
+    """Where q, k and v are all rows the code cut from one packed parameter (weightrows.py names each cut by its rows,
+    `in_proj_weight[64:128]`, `W[1]`) in another order than q, k, v: the note saying that layout; None otherwise."""
+    from attnscope.usertrace.fused import rows_note
+
+    cuts = {role: _CUT.fullmatch(linears[role][0]) for role in "qkv" if role in linears}
+    if len(cuts) < 3 or any(m is None for m in cuts.values()):
+        return None
+    bases = {m[1] for m in cuts.values() if m is not None}
+    if len(bases) != 1:
+        return None
+    base = bases.pop()
+    held = {role: list(range(int(m[2]), int(m[3]) if m[3] else int(m[2]) + 1))
+            for role, m in cuts.items() if m is not None}
+    leaf = base.rsplit(".", 1)[-1]
+    documented = leaf in DOCUMENTED and all(m is not None and m[3] for m in cuts.values())  # runs of rows, not [i]
+    said = rows_note(base, held, codegen=not documented)
+    if said is None or not documented:
+        return said
+    order = ", ".join(sorted(held, key=lambda role: held[role][0]))
+    return (f"{base}'s rows hold {order}, as your code reads them; but {leaf} is {DOCUMENTED[leaf]}: weights "
+            "nn.MultiheadAttention saved, loaded into your module, would be read in another order (k and v "
+            "swapped where yours hold q, v, k). Your code agrees with itself (each part used as it is named), and "
+            "trained in this layout it is right, so trace names no mistake: check the order your weights were "
+            "saved in")
 
 
 def _cut(records: list[Record], name: str) -> Record | None:

@@ -6,7 +6,7 @@ and the last one lined up before it (anchor).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace.alignsteps import parents
 from attnscope.usertrace.lined import ALIGNED
@@ -34,14 +34,17 @@ def anchor(rows: list[Aligned]) -> int:
 
 
 def return_differs(rows: list[Aligned], trace: Trace, records: list[Record], skips: dict[str, torch.Tensor],
-                   given: set[str], train: bool) -> tuple[Aligned | None, str | None]:
+                   given: set[str], train: bool, params: dict[str, Any] | None = None
+                   ) -> tuple[Aligned | None, str | None]:
     """The last step, lined up with what the code returned, where the line-up found that step inside the code (its
     `attn @ v`) but the tensor the call hands back holds it in no layout (`out.reshape(B, M, H, K)` with the permute
     back forgotten): the row, now at the returned tensor and `differs`. None where a returned tensor holds it, or
     where nothing returned has its size (the code returns something else: its weights alone, a cache); and where the
     code goes on from the last step as a block does, joining another tensor to it (a residual of its input `given`,
     then a norm) or dropping out in training mode, None and a note saying so. Ops on the last step alone (a scale,
-    the projection twice) are no block: the return is then the divergence."""
+    the projection twice) are no block: the return is then the divergence; a learned per-channel gain of the
+    module's own (LayerScale's, `params`), confirmed by experiment, is a convention and a note (outgain.py)."""
+    from attnscope.usertrace import outgain
     from attnscope.usertrace.align import REARRANGING, ancestors, compare, tolerance
     from attnscope.usertrace.outterm import from_pattern
 
@@ -60,6 +63,9 @@ def return_differs(rows: list[Aligned], trace: Trace, records: list[Record], ski
         if record.index == final.record.index or any(m.equal for m in compare(record, step, skip, tol=tol)):
             return None, None
     record = returned[0]
+    gain = outgain.read(final.record, record, records, params or {}, step, skip, final.reference)
+    if gain is not None:
+        return None, gain
     held = final.record.index
     above = ancestors(record, records)
     if held in above:

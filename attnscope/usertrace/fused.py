@@ -64,6 +64,7 @@ class Part:
         return int(self.weight.shape[0])
 
 
+USED_SWAPPED = "which your code then uses the other way round"  # a reading held by the words, against the use
 NONE = "(none)"  # the name of the identity a module without an output projection is held by (its merge compared)
 
 
@@ -80,7 +81,12 @@ def order_note(name: str, parts: dict[str, Part]) -> str | None:
     the order is q, k, v."""
     if any(part.by_words for part in parts.values()):
         return None  # the rows as the code names them, used the other way round: a swap, named by experiment
-    held = {role: list(part.rows) for role, part in parts.items() if role in "qkv" and part.rows is not None}
+    return rows_note(name, {role: list(part.rows) for role, part in parts.items()
+                            if role in "qkv" and part.rows is not None})
+
+
+def rows_note(name: str, held: dict[str, list[int]], codegen: bool = True) -> str | None:
+    """order_note's words for the rows each role holds of the packed weight `name`; None where they are q, k, v."""
     order = sorted(held, key=lambda role: min(held[role]))
     if len(order) < 2 or order == sorted(order, key="qkv".index):
         return None
@@ -89,9 +95,9 @@ def order_note(name: str, parts: dict[str, Part]) -> str | None:
     blocks = f" in each of its {count} blocks" if count > 1 else ""
     written = sorted(order, key="qkv".index)
     moved = [role for role, other in zip(written, order, strict=True) if role != other]
-    codegen = " (CodeGen's checkpoint writes q, v, k)" if order == ["q", "v", "k"] else ""
+    known = " (CodeGen's checkpoint writes q, v, k)" if codegen and order == ["q", "v", "k"] else ""
     return (f"{name}'s rows hold {', '.join(order)}{blocks}, as your code reads them: a layout of your weights"
-            f"{codegen}, not a mistake; weights written {', '.join(written)} would be read with "
+            f"{known}, not a mistake; weights written {', '.join(written)} would be read with "
             f"{' and '.join(moved)} swapped")
 
 
@@ -378,7 +384,7 @@ def named_swapped(said: dict[str, words.Said | None], roles: str) -> str | None:
     indices = ", ".join(map(str, range(len(roles))))
     how = f"as the packed axis's index gives them ({', '.join(roles)}: {indices})" \
         if all(s.by_index for s in found) else "as your code names them"
-    return f"; k and v {how} at line {lines}, which your code then uses the other way round"
+    return f"; k and v {how} at line {lines}, {USED_SWAPPED}"
 
 
 def _biased_swapped(zero: Zero, k: list[int], v: list[int]) -> str | None:
@@ -387,7 +393,7 @@ def _biased_swapped(zero: Zero, k: list[int], v: list[int]) -> str | None:
     if not (bool(zero.zero[v].all()) and bool(zero.learned[k].all())):
         return None
     return (f"; k and v as your bias gives them (line {zero.line}: {zero.what}, the keys' bias a constant zero, "
-            "as a softmax cancels it, the values' a learned one), which your code then uses the other way round")
+            f"as a softmax cancels it, the values' a learned one), {USED_SWAPPED}")
 
 
 def nearest_ancestors(records: list[Record], index: int, limit: int = 64) -> list[Record]:

@@ -49,10 +49,14 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
     exactly four Linear layers in registration order. `inputs`: the forward's tensor parameters by role (Q, K,
     V), where it takes them apart: each projection's role is then the role of the input it reads. A projection
     applied to each head's slice (blockheads.py) is held block-diagonal, said in the reading's note."""
-    from attnscope.usertrace import blockheads
+    from attnscope.usertrace import blockheads, cutroles, fused
 
     found = _find_projections(module, records, n_head, d_head, inputs)
     for projections in found:
+        cut = None if fused.USED_SWAPPED in projections.matched_by else cutroles.order_note(projections.linears)
+        if cut is not None and "'s rows hold" not in (projections.note or ""):
+            # q, k, v cut from one packed parameter in another order than q, k, v (cutroles.py)
+            projections.note = f"{projections.note}; {cut}" if projections.note else cut
         said = blockheads.note(projections.linears)
         if said is not None:
             projections.note = f"{projections.note}; {said}" if projections.note else said

@@ -86,7 +86,9 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     if first is None:
         # every step has its equal: what the code returns must hold the last of them too (a merge after it, a
         # reshape without the permute back, is no step of the reference's)
-        first, goes_on = return_differs(out.rows, trace, records, skips, set(inputs.tensors) | _handed(module), train) \
+        params = dict(module.named_parameters()) if hasattr(module, "named_parameters") else {}  # a function: none
+        first, goes_on = return_differs(out.rows, trace, records, skips, set(inputs.tensors) | _handed(module), train,
+                                       params) \
             if spec is None or spec.out_ops is None else (None, None)  # compared up to the merge (outops.py)
         if goes_on is not None:
             out.notes.append(goes_on)
