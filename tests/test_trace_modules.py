@@ -308,11 +308,13 @@ def test_llama_style_planted_bugs_are_named(tmp_path, runner, old, new, step, wo
 def test_llama_style_that_rotates_after_the_head_repeat_passes(tmp_path, runner):
     """Keys repeated for the query heads, then rotated (lit-gpt's order): RoPE turns every head alike, so the numbers
     are the reference's; a note, exit 0."""
-    path = write(tmp_path, scratch("""        keys = apply_rope(keys, cos, sin)
+    rotate_first = """        keys = apply_rope(keys, cos, sin)
         queries = apply_rope(queries, cos, sin)
-        keys = keys.repeat_interleave(self.group_size, dim=1)""", """        keys = keys.repeat_interleave(self.group_size, dim=1)
+        keys = keys.repeat_interleave(self.group_size, dim=1)"""
+    repeat_first = """        keys = keys.repeat_interleave(self.group_size, dim=1)
         keys = apply_rope(keys, cos, sin)
-        queries = apply_rope(queries, cos, sin)"""))
+        queries = apply_rope(queries, cos, sin)"""
+    path = write(tmp_path, scratch(rotate_first, repeat_first))
     result, out = trace(runner, f"{path}:GroupedQueryAttention", *SCRATCH)
     assert result.exit_code == 0 and out["first_divergence"] is None, out["first_divergence"]
     assert any("RoPE after the head repeat" in n and "not a mistake" in n for n in out["notes"]), out["notes"]

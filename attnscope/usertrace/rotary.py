@@ -101,9 +101,40 @@ def not_rotated(step: str, ctx: Context, near: Match | None) -> Diagnosis | None
                          f"{ctx.spec.rope_base:g}): the {what} turn by other angles or at another scale (another "
                          "base, scaling, attention factor or positions), so RoPE is applied, not as the reference "
                          "applies it", turned)
+    changed = _changed_otherwise(step, ctx, ctx.reference[source])
+    if changed is not None:  # the scores read something else: neither the unrotated tensor nor any pair-wise turn
+        return Diagnosis(f"{label_of(changed)} is what your code hands the scores as its {what}: neither {source} "
+                         f"nor {source} turned pair by pair by one table of angles (a RoPE, in either pairing): your "
+                         f"code changes the {what}, but in a way trace reads as no RoPE (--rope, base "
+                         f"{ctx.spec.rope_base:g}): a pair's two coordinates turned by different angles, say, or "
+                         "angles that differ from head to head", changed)
     return Diagnosis(f"{label_of(near.record)} is {source} not rotated, and no tensor of yours is {source} rotated: "
                      f"RoPE is never applied to the {what} (the reference rotates them, --rope, base "
                      f"{ctx.spec.rope_base:g})", near.record)
+
+
+def _changed_otherwise(step: str, ctx: Context, source: torch.Tensor) -> Any:
+    """The nearest tensor at or above what the code hands its scores (the queries for Q_rot, the keys for K_rot)
+    that holds as many numbers as `source`, where in no layout is it `source` or `source` times one number (code
+    that scales q before the product): the code changed the unrotated tensor, not by a rotation (_turned_otherwise
+    is asked first); None where that tensor is `source` (RoPE never applied) or none is found."""
+    from attnscope.usertrace import ropefreqs
+    from attnscope.usertrace.flow import operands
+
+    handed = operands(ctx.records)
+    if handed is None:
+        return None
+    x = source.double()
+    nearest = None
+    for record, mine in ropefreqs.laid_above(ctx.records, handed[0] if step == "Q_rot" else handed[1],
+                                             tuple(source.shape)):
+        if nearest is not None and record is not nearest:
+            return nearest  # every layout of the nearest tensor tried: none is the unrotated source
+        nearest = record
+        ratio = float((mine * x).sum() / (x * x).sum().clamp_min(1e-300))
+        if close(mine, ratio * x):
+            return None
+    return nearest
 
 
 def _turned_otherwise(step: str, ctx: Context, source: torch.Tensor) -> Any:
