@@ -218,8 +218,8 @@ class AttentionSpec:
 
     def after_latent(self) -> AttentionSpec:
         """What is left for the scores once MLA's heads are made: the rotary parts rotated, the latent expanded
-        into every head's keys and values."""
-        return replace(self, rope=None, latent=None)
+        into every head's keys and values, the queries tuned (a temperature)."""
+        return replace(self, rope=None, latent=None, temperature=None)
 
     def one_head(self, alibi_slope: float | None = None) -> AttentionSpec:
         """One query head over its own key/value head (no grouping left), keeping its own ALiBi slope where the
@@ -340,7 +340,8 @@ class Latent:
     part: d_K = d_nope + d_rope; its value is `v_head_dim` (d_V). Queries go through a latent of
     `q_lora_rank` (d_Q_latent) when it is set, else one projection. `rope_interleave` (DeepSeek-V3's config
     flag): the rotary coordinates are stored as interleaved pairs and rotated half-split after gathering the
-    even then the odd ones, as transformers' `apply_rotary_pos_emb_interleave` does."""
+    even then the odd ones, as transformers' `apply_rotary_pos_emb_interleave` does. `rotary=False`: the shared part
+    is not turned at all (Kimi Linear's MLA layers, NoPE: no RoPE is given, and d_rope is the shared part's width)."""
 
     kv_lora_rank: int
     qk_nope_head_dim: int
@@ -348,6 +349,7 @@ class Latent:
     v_head_dim: int
     q_lora_rank: int | None = None
     rope_interleave: bool = False
+    rotary: bool = True
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "q_lora_rank"):
@@ -356,7 +358,7 @@ class Latent:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{{{name}}} {value!r}: it must be a whole number of at least 1", name)
-        if self.qk_rope_head_dim % 2:
+        if self.qk_rope_head_dim % 2 and self.rotary:
             raise UsageError(f"{{qk_rope_head_dim}} {self.qk_rope_head_dim}: RoPE turns pairs of coordinates, so "
                              "the rotary part must be even (DeepSeek-V3 uses 64)", "qk_rope_head_dim")
 
@@ -370,8 +372,10 @@ class Latent:
         if spec.n_kv_head is not None:
             raise UsageError(f"{{n_kv_head}} {spec.n_kv_head} with {{latent}}: latent attention expands a key and a "
                              "value for every head from one latent; drop {n_kv_head}", "n_kv_head", "latent")
-        if spec.rope is None:
+        if spec.rope is None and self.rotary:
             raise UsageError("{latent} rotates its Q_pe and K_pe parts; give {rope}", "latent", "rope")
+        if spec.rope is not None and not self.rotary:
+            raise UsageError("{latent} with rotary=False turns no part (NoPE); drop {rope}", "latent", "rope")
         if spec.sinks:
             raise UsageError("{sinks} with {latent}: latent attention (DeepSeek-V2/V3) has no attention sinks, and "
                              "LatentAttention owns no sink values; drop one", "sinks", "latent")
@@ -391,5 +395,6 @@ class Latent:
 
     def describe(self) -> str:
         query = f"query latent {self.q_lora_rank}, " if self.q_lora_rank is not None else ""
-        return (f"MLA ({query}KV latent {self.kv_lora_rank} + RoPE part {self.qk_rope_head_dim}; "
+        shared = "RoPE part" if self.rotary else "unturned shared part"
+        return (f"MLA ({query}KV latent {self.kv_lora_rank} + {shared} {self.qk_rope_head_dim}; "
                 f"d_K {self.d_K} = {self.qk_nope_head_dim} + {self.qk_rope_head_dim}, d_V {self.v_head_dim})")

@@ -125,19 +125,20 @@ class LatentAttention(nn.Module):
                 raise UsageError("{latent} is missing: give the sizes as Latent(kv_lora_rank, qk_nope_head_dim, "
                                  "qk_rope_head_dim, v_head_dim)", "latent")
             spec = AttentionSpec(causal=causal, window=window, softcap=softcap, alibi=alibi, scale=scale,
-                                 rope=Rope() if rope is None else rope, latent=latent)
+                                 rope=Rope() if rope is None and latent.rotary else rope, latent=latent)
         else:
             resolve_spec(spec, latent=latent, scale=scale, causal=causal, window=window, softcap=softcap,
                          alibi=alibi, rope=rope)
             if spec.latent is None:
                 raise UsageError("spec=AttentionSpec(...) has no {latent}: latent attention needs its sizes", "latent")
-        assert spec.latent is not None and spec.rope is not None  # AttentionSpec checked the rope is there
+        assert spec.latent is not None  # AttentionSpec checked a rope is there where the latent rotates
         self.spec, self.latent = spec, spec.latent
         if d_feat <= 0 or n_head <= 0:
             raise UsageError(f"d_feat ({d_feat}) and n_head ({n_head}) must be positive")
         if not 0.0 <= dropout_p < 1.0:
             raise UsageError(f"dropout_p = {dropout_p} must be in [0, 1)")
-        _check_rope(spec.rope, spec.latent)
+        if spec.rope is not None:
+            _check_rope(spec.rope, spec.latent)
         self.d_feat, self.n_head, self.dropout_p, self.record = d_feat, n_head, dropout_p, record
         L, factory = spec.latent, {"device": device, "dtype": dtype}
         norm: dict[str, Any] = factory
@@ -219,11 +220,13 @@ class LatentAttention(nn.Module):
         return trace
 
     def rope_tables(self, X: Tensor, n_new: int, cache: tuple[Tensor, ...] | None,
-                    offset: int | None = None) -> stages.RopeTables:
+                    offset: int | None = None) -> stages.RopeTables | None:
         """The rotary parts' cos and sin for this call (stages.rope_tables), made before the attention in every path
         (a page's, the module's own steps, one head's inputs), as transformers' model makes position_embeddings
         before its layers: the queries of X from position `offset` (after a cache: n_cache), the `n_new` new keys
-        after the cache; `offset` by default where the module's spec places them."""
+        after the cache; `offset` by default where the module's spec places them. None where nothing turns (NoPE)."""
+        if self.spec.rope is None:
+            return None
         return stages.call_tables(self.spec, X, n_new, cache, self.latent.qk_rope_head_dim, "d_rope", offset)
 
     def empty_cache(self, n_batch: int = 1) -> tuple[Tensor, Tensor]:
@@ -255,7 +258,7 @@ class LatentAttention(nn.Module):
         return HeadInputs(q[:, one], k[:, one], v[:, one], self._sdpa_spec(self.spec))  # [n_batch, 1, n, d]
 
     def _heads(self, add: Any, Q: Tensor, K: Tensor, cache: tuple[Tensor, Tensor] | None,
-               spec: AttentionSpec, tables: stages.RopeTables) -> tuple[Tensor, Tensor, Tensor]:
+               spec: AttentionSpec, tables: stages.RopeTables | None) -> tuple[Tensor, Tensor, Tensor]:
         """The per-head Q_full, K_full and V_split the attention reads, in transformers' order: the query, the
         latent and the rotary key part, the rotation (by `tables`, made before: `rope_tables`), the cache, then the
         expansion of the latent."""
@@ -276,12 +279,13 @@ class LatentAttention(nn.Module):
         n_cache = cache[0].shape[-2] if cache is not None else 0
         n_Q, n_K = Q.shape[1], n_cache + K.shape[1]
         q_offset = n_cache if cache is not None else spec.offset(n_Q, n_K)
-        assert spec.rope is not None
-        Q_pe_rot, K_pe_rot = rotate(
-            lambda name, *args, **kwargs: add(PE_NAMES.get(name, name), *args, **kwargs), Q_pe, K_pe, spec.rope,
-            q_offset=q_offset, k_offset=n_cache, source=("Q_pe", "K_pe"),
-            dims=(("n_batch", "n_head", "n_Q", "d_rope"), ("n_batch", n_key, "d_rope")), d_name="d_rope", n_keys=n_K,
-            tables=tables)
+        Q_pe_rot, K_pe_rot = Q_pe, K_pe  # NoPE (rotary=False): the shared part as it is
+        if spec.rope is not None:
+            Q_pe_rot, K_pe_rot = rotate(
+                lambda name, *args, **kwargs: add(PE_NAMES.get(name, name), *args, **kwargs), Q_pe, K_pe, spec.rope,
+                q_offset=q_offset, k_offset=n_cache, source=("Q_pe", "K_pe"),
+                dims=(("n_batch", "n_head", "n_Q", "d_rope"), ("n_batch", n_key, "d_rope")), d_name="d_rope",
+                n_keys=n_K, tables=tables)
         if cache is not None:
             cached = add("KV_latent_cache", cache[0].to(latent.dtype), ("n_batch", "n_cache", "d_latent"),
                          "input: cached KV_latent (normed, as transformers' cache holds it)")
@@ -295,6 +299,9 @@ class LatentAttention(nn.Module):
         pe_name = "K_pe_rot" if cache is None else "K_pe_cat"
         Q_full = add("Q_full", torch.cat([Q_nope, Q_pe_rot], dim=-1), ("n_batch", "n_head", "n_Q", "d_K"),
                      "torch.cat([Q_nope, Q_pe_rot], dim=-1)")  # [n_batch, n_head, n_Q, d_K]
+        if spec.temperature is not None:  # each query scaled by its position's factor (Mistral 4's, after the cat)
+            Q_full = stages.tune(add, Q_full, spec.temperature, start=q_offset, source="Q_full",
+                                 dims=("n_batch", "n_head", "n_Q", "d_K"))
         KV_up = add("KV_up", stages.wide(self.kv_b_proj, latent), ("n_batch", "n_K", "n_head·(d_nope+d_V)"),
                     f"kv_b_proj({latent_name})", _linear_flops(self.kv_b_proj, latent))  # [n_batch, n_K, n_head·(..)]
         per_head = split_heads(KV_up, n_head)  # [n_batch, n_head, n_K, d_nope + d_V], a view

@@ -158,7 +158,8 @@ def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) ->
     from attnscope.usertrace.lineup import line_up
 
     inputs, fed, called, convention = ran
-    if timefirst.early(lined) and timefirst.possible(r.o, inputs) and not _grouped(r, ran, lined):
+    if timefirst.early(lined) and timefirst.possible(r.o, inputs) and not _grouped(r, ran, lined) \
+            and not _tuned(r, ran, lined):
         # time-first code that runs on batch-first inputs too (it then attends across the batch): the reading
         # under which it lines up further is kept (usertrace/timefirst.py)
         # (where --batch equals --nq the two readings share one shape: tried on a batch of another size)
@@ -190,6 +191,17 @@ def _grouped(r: RunSoFar, ran: Made, lined: LineUp) -> bool:
     inputs, _, called, _ = ran
     return r.weighted is not None and regroup.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec,
                                                    lined) is not None
+
+
+def _tuned(r: RunSoFar, ran: Made, lined: LineUp) -> bool:
+    """Whether the code, as it ran, scales its queries by the temperature it declares (tuning.py: Mistral 4's
+    `get_llama_4_attn_scale`, which a time-first reading of few positions may leave at 1): read so later, never as
+    time-first."""
+    from attnscope.usertrace import tuning
+
+    inputs, _, called, _ = ran
+    return r.weighted is not None and lined.divergence is not None and \
+        tuning.tuned_queries(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec)
 
 
 def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:

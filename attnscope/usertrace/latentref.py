@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from attnscope.usertrace.reference import Projections, Spec
 
 STEPS = ("Q_latent", "Q_latent_normed", "Q_feat", "Q_split", "Q_nope", "Q_pe", "KV_feat", "KV_latent", "K_pe",
-         "Q_pe_rot", "K_pe_rot", "Q_full", "KV_up", "K_nope", "V_split", "K_full", "K_cat", "V_cat", "scores",
-         "masked_scores", "attention", "x_raw", "x_rsh1", "x_rsh2", "x")  # K_cat, V_cat: a decode step's
+         "Q_pe_rot", "K_pe_rot", "Q_full", "Q_tuned", "KV_up", "K_nope", "V_split", "K_full", "K_cat", "V_cat",
+         "scores", "masked_scores", "attention", "x_raw", "x_rsh1", "x_rsh2", "x")  # K_cat, V_cat: a decode step's
 
 HALF_SPLIT = ("your code turns its rotary parts half-split, (i, i + d_rope/2) (MiniCPM3's form), and the reference "
               "so; DeepSeek-V2/V3's checkpoints hold interleaved pairs, which their code turns as complex numbers or "
@@ -133,10 +133,13 @@ def candidates(module: nn.Module, records: list[Record], n_head: int, spec: Spec
         forms = [form for form in forms if form[1] == spec.rope_pairing]
     elif spec.pairing_asked:  # --rope-pairing: interleaved is the checkpoint's pairs, turned in place or gathered
         forms = forms[:2] if spec.rope_pairing == "interleaved" else forms[2:]
+    if spec.rope_base is None:  # no RoPE asked: the shared key part as it is (Kimi Linear's NoPE MLA)
+        forms = [(False, "")]
     for interleave, pairing in forms:
-        latent = Latent(d_latent, d_nope, d_rope, d_V, q_lora_rank=q_lora, rope_interleave=interleave)
-        attention = replace(spec.attention(n_head), rope=Rope(base, pairing=pairing), latent=latent, n_kv_head=None,
-                            **({"scale": scaled[0]} if scaled else {}))
+        latent = Latent(d_latent, d_nope, d_rope, d_V, q_lora_rank=q_lora, rope_interleave=interleave,
+                        rotary=bool(pairing))
+        attention = replace(spec.attention(n_head), rope=Rope(base, pairing=pairing) if pairing else None,
+                            latent=latent, n_kv_head=None, **({"scale": scaled[0]} if scaled else {}))
         reference = LatentAttention(kv_a.in_features, n_head, spec=attention, bias=kv_a.bias is not None,
                                     dtype=kv_a.weight.dtype, device=kv_a.weight.device)
         with torch.no_grad():
@@ -153,10 +156,11 @@ def candidates(module: nn.Module, records: list[Record], n_head: int, spec: Spec
                     weight: torch.Tensor = norm[1].weight  # type: ignore[assignment]  # _norm found a 1-D weight
                     mine.weight.copy_(weight)
                     mine.eps = _eps(norm[1])
-        form = {"interleaved": "DeepSeek-V2's interleaved pairs", "half-split": "half-split"}[pairing]
+        form = {"interleaved": "DeepSeek-V2's interleaved pairs", "half-split": "half-split", "": ""}[pairing]
         form = "DeepSeek-V3's rope_interleave (pairs gathered, turned half-split)" if interleave else form
-        form = f"RoPE base {base:g}, {form}" + (f"; {scaled[1]}" if scaled else "")
-        said = None if spec.pairing_asked or pairing == "interleaved" or interleave else HALF_SPLIT
+        form = f"RoPE base {base:g}, {form}" if pairing else "it is, unturned (no --rope: NoPE)"
+        form += f"; {scaled[1]}" if scaled else ""
+        said = None if spec.pairing_asked or pairing != "half-split" or interleave else HALF_SPLIT
         out.append((reference.eval(), Projections({role: (name, linear[role]) for role, name in found.items()},
                                                   f"data flow; the rotary part as {form}", said)))
     return out
@@ -191,7 +195,7 @@ def _turned_so(reference: Any, trace: Trace, records: list[Record]) -> int:
     """1 where some tensor of the code's, of Q_pe's shape, is the form's Q_pe turned as the form pairs it."""
     from attnscope.usertrace import ropefreqs
 
-    if "Q_pe" not in trace:
+    if "Q_pe" not in trace or reference.spec.rope is None:
         return 0
     q_pe = trace["Q_pe"].double()
     pairing = "half-split" if reference.latent.rope_interleave or reference.spec.rope.pairing == "half-split" \

@@ -419,7 +419,8 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     qlen, klen)` where `mask.dim() == 3`: a whole mask, its rule in it, before key padding that cannot carry the
     rule; after it where the mask is key padding), then the key-padding shapes, `[n_batch, n_K]` (flash-attn's and
     nn.MultiheadAttention's key_padding_mask, HF BERT's 2-D attention_mask that the code extends itself),
-    `[n_batch, 1, n_K]` (diffusers' attention_mask) and `[n_batch, 1, 1, n_K]`, then `[n_Q, n_K]`. A rule that
+    `[n_batch, 1, n_K]` (diffusers' attention_mask) and `[n_batch, 1, 1, n_K]`, then `[n_Q, n_K]` (a mask the same
+    for every sequence: before key padding, as the whole mask, where it holds a rule). A rule that
     depends on the query (causal, a window) cannot be written as key padding: those shapes then pad one key of
     trace's own (`padded`), which the reference's mask must then pad as well, so that a mask applied along the
     wrong axis shows; the code's own causal mask, if any, is what is compared with the reference's rule. Where the
@@ -436,7 +437,10 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     out: list[tuple[torch.Tensor, str, torch.Tensor | None]] = [(wide.unsqueeze(1), "[n_batch, 1, n_Q, n_K]", None)]
     padding = bool((wide == wide[:, :1, :]).all())
     whole = (wide, "[n_batch, n_Q, n_K]", None)
-    out += [] if padding else [whole]  # a rule no key padding carries: the whole mask first
+    # a rule no key padding carries: the whole mask first, and where it is one for every sequence, [n_Q, n_K] too
+    # (DeepSeek's model hands its layers `torch.full((s, s), -inf).triu_(1)`, added as `scores + mask.unsqueeze(1)`)
+    one = [(grid[0], "[n_Q, n_K]", None)] if grid.shape[0] == 1 else []
+    out += [] if padding else [whole, *one]
     filed_keys = file_padding(filed, n_batch, n_K)
     if padding:
         keys, padded, said = wide[:, 0, :], None, ""
@@ -447,10 +451,9 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     out += [(keys, f"[n_batch, n_K] key padding{said}", padded),
             (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}", padded),
             (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}", padded)]
-    out += [whole] if padding else []
-    if grid.shape[0] == 1:
-        out.append((grid[0], "[n_Q, n_K]", None))
-    elif n_head is not None:  # [n_batch, n_Q, n_K] -> [n_batch·n_head, n_Q, n_K], each sequence's heads side by side
+    out += [whole, *one] if padding else []
+    if grid.shape[0] != 1 and n_head is not None:
+        # [n_batch, n_Q, n_K] -> [n_batch·n_head, n_Q, n_K], each sequence's heads side by side
         if padding:  # key padding as diffusers' prepare_attention_mask folds it, [n_batch·n_head, 1, n_K], first
             out.append((wide[:, :1].repeat_interleave(n_head, dim=0), "[n_batch·n_head, 1, n_K]", None))
         out.append((wide.repeat_interleave(n_head, dim=0), "[n_batch·n_head, n_Q, n_K]", None))

@@ -208,7 +208,7 @@ def _latent_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
         ] | None:
     """`references` for multi-head latent attention (usertrace/latentref.py): attnscope's LatentAttention holding
     the module's weights, under the rotary form that lines up best; None where none can be built."""
-    from attnscope.usertrace import latentcache, latentref
+    from attnscope.usertrace import latentcache, latentgains, latentref
 
     if shapes.n_head is None or (inputs.cache is not None and inputs.latent_cache is None) or spec.layout == "col":
         return None
@@ -220,6 +220,11 @@ def _latent_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
             trace = latentref.run(reference, Q, inputs.mask, held)
         except UsageError:
             continue
+        gains = latentgains.read(reference, trace, records) if held is None else {}
+        if gains:  # LoRA outputs the code multiplies by numbers of its own: folded into the reference's weights
+            projections = replace(projections, note="; ".join(filter(None, (projections.note,
+                                                                            latentgains.fold(reference, gains)))))
+            trace = latentref.run(reference, Q, inputs.mask, held)
         if held is not None:
             trace = latentcache.decoded(trace, int(held[0].shape[-2]))
         wanted = latentref.wanted(reference, trace)

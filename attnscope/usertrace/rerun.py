@@ -50,7 +50,7 @@ KEEP: Any = object()  # a replay argument left as the reference has it
 # column masked whole, which a softmax over another axis then normalizes as they are (−1e30 would erase them)
 ADDED = -1e4
 # Q_full, K_full: latent attention's heads, no-RoPE part and rotary part joined (usertrace/latentref.py)
-Q_NAMES = ("Q_full", "Q_tuned", "Q_rot", "Q_normed", "Q_split", "Q")
+Q_NAMES = ("Q_tuned", "Q_full", "Q_rot", "Q_normed", "Q_split", "Q")  # latent attention tunes its Q_full
 K_NAMES = ("K_full", "K_rot", "K_normed", "K_split", "K")
 V_NAMES = ("V_normed", "V_split", "V")
 

@@ -7,6 +7,8 @@ after "Scalable-Softmax", arXiv 2501.19399):
 with p_i the query's position (i after any cached positions). The factor is exactly 1 for the first
 floor_scale − 1 positions (Llama 4: floor_scale 8192, attn_scale 0.1), so a short text shows it only with a
 small floor_scale. Steps: `attn_scales` `[n_Q]` and `Q_tuned` (Q's shape), after RoPE where a layer has it.
+`shift` is the 1 added to the position: Mistral 4's `get_llama_4_attn_scale` adds none, `log(1 + floor(p /
+original_max_position_embeddings)) · llama_4_scaling_beta + 1` (shift 0).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class TemperatureTuning:
 
     floor_scale: float = 8192.0
     attn_scale: float = 0.1
+    shift: int = 1  # added to the position before the floor (Llama 4: 1; Mistral 4: 0)
 
     def __post_init__(self) -> None:
         floor = self.floor_scale
@@ -44,13 +47,16 @@ class TemperatureTuning:
         import torch
 
         positions = torch.arange(n_Q, device=device) + start  # [n_Q]
-        return torch.log1p(torch.floor((positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+        return torch.log1p(torch.floor((positions.float() + self.shift) / self.floor_scale)) * self.attn_scale + 1.0
 
     def op(self, start: int) -> str:
         """The op of the `attn_scales` step."""
         position = "i" if start == 0 else f"(i + {start})"
-        return (f"log1p(floor(({position} + 1) / {self.floor_scale:g})) * {self.attn_scale:g} + 1 "
+        position = f"({position} + {self.shift})" if self.shift else position
+        return (f"log1p(floor({position} / {self.floor_scale:g})) * {self.attn_scale:g} + 1 "
                 "(Llama 4's temperature tuning, its NoPE layers)")
 
     def describe(self) -> str:
-        return f"temperature tuning (floor_scale {self.floor_scale:g}, attn_scale {self.attn_scale:g})"
+        shift = "" if self.shift == 1 else f", floor((i + {self.shift}) / floor_scale)" if self.shift else \
+            ", floor(i / floor_scale): the position not shifted"
+        return f"temperature tuning (floor_scale {self.floor_scale:g}, attn_scale {self.attn_scale:g}{shift})"
