@@ -130,8 +130,8 @@ def test_cli_json_save_and_all_heads(runner, built, tmp_path):
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["model"]["latent"] == {"kv_lora_rank": 16, "qk_nope_head_dim": 10, "qk_rope_head_dim": 8,
-                                          "v_head_dim": 12, "q_lora_rank": 24, "rope_interleave": True, "d_K": 18,
-                                          "d_V": 12}
+                                          "v_head_dim": 12, "q_lora_rank": 24, "rope_interleave": True, "rotary": True,
+                                          "d_K": 18, "d_V": 12}
     assert payload["layer_attention"]["latent"]["d_K"] == 18
     assert [s["name"] for s in payload["steps"]] == ["X", "Q_nope", "Q_pe", "KV_latent", "K_pe", "Q_pe_rot",
                                                      "K_pe_rot", "Q_full", "K_nope", "V", "K_full", "scores",
