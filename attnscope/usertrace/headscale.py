@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnscope.usertrace.align import layouts, tolerance
+from attnscope.usertrace.record import MULTIPLIES
 
 if TYPE_CHECKING:
     from attnscope.trace import Trace
     from attnscope.usertrace.inputs import Inputs
     from attnscope.usertrace.record import Record
 
-MULS = ("mul", "__mul__", "__rmul__", "mul_", "__imul__")
 DIVS = ("div", "__truediv__", "true_divide", "div_", "__itruediv__")
 ALIGNED = ("equal", "permuted")
 REFOLDED = ("scores", "biased_scores", "masked_scores", "attention", "x_raw")
@@ -77,7 +77,7 @@ def found(module: Any, records: list[Record], inputs: Inputs, lined: Any) -> Hea
     fed = computed_from(records, set(inputs.tensors))
     softmaxed = before_softmax(records)
     for record in records:
-        if (record.func not in MULS and record.func not in DIVS) or record.index not in softmaxed \
+        if (record.func not in MULTIPLIES and record.func not in DIVS) or record.index not in softmaxed \
                 or not record.tensor.is_floating_point() or record.tensor.numel() != content.numel():
             continue
         factor = _factor_operand(record, records, q_side, k_side, fed, own, learned)
@@ -103,7 +103,7 @@ def _scaled_later(record: Record, records: list[Record], softmaxed: set[int]) ->
         given = [v for kind, v in later.args if kind == "rec"]
         if current.index not in given or later.index not in softmaxed:
             continue
-        if later.func in MULS or later.func in DIVS:
+        if later.func in MULTIPLIES or later.func in DIVS:
             if later.tensor.shape != current.tensor.shape:
                 break
             ratio = factor_of(later.tensor.double(), current.tensor.double())

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnscope.usertrace.valuegain import MULTIPLIES
+from attnscope.usertrace.record import MULTIPLIES
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record

@@ -22,12 +22,12 @@ import torch
 from attnscope.usertrace import gatetokens
 from attnscope.usertrace.align import Layout, ancestors, layouts
 from attnscope.usertrace.outterm import downstream
+from attnscope.usertrace.record import MULTIPLIES
 
 if TYPE_CHECKING:
     from attnscope.trace import Trace
     from attnscope.usertrace.record import Record
 
-MULTIPLIES = ("mul", "__mul__", "__rmul__", "mul_", "__imul__")
 HEADS_LAST = (0, 2, 1, 3)  # x_raw [n_batch, n_head, n_Q, d_head] as [n_batch, n_Q, n_head, d_head]
 TAIL = ("x_rsh2", "x")
 

@@ -60,6 +60,7 @@ def kernel_axes(side: str) -> tuple[list[int], list[int]] | None:
     _, out, given = side.split(":")
     return [int(a) for a in out.split(",")], [int(a) for a in given.split(",")]
 MATMULS = ("matmul", "__matmul__", "bmm", "mm", "baddbmm")
+MULTIPLIES = ("mul", "__mul__", "__rmul__", "mul_", "__imul__")  # a product, in place (`x *= g`) or not
 SOFTMAXES = ("softmax", "log_softmax", "_softmax")
 ELEMENTWISE = ("div", "true_divide", "mul", "add", "sub", "masked_fill", "masked_fill_", "exp", "sqrt", "rsqrt",
                "tanh", "where", "div_", "mul_", "add_", "sub_", "__truediv__", "__mul__", "__add__", "__sub__",

@@ -11,6 +11,7 @@ Llama 4's RoPE layers, which declare the same numbers and do not tune, stay as t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace import declared
@@ -44,7 +45,6 @@ def read(module: Any, shapes: Any, inputs: Any, records: list[Record], train: bo
          lined: LineUp) -> tuple[Spec, LineUp] | None:
     """(spec with the module's temperature tuning, its line-up, a note added) where it lines up further; else None."""
     from attnscope.usertrace.ranking import better_fit, named
-    from attnscope.usertrace.relined import line_up_again
 
     if lined.divergence is None or spec.temperature is not None:
         return None
@@ -54,10 +54,8 @@ def read(module: Any, shapes: Any, inputs: Any, records: list[Record], train: bo
     best = None
     # the tuned reference holds steps of its own (attn_scales, the tuned queries): placed in the first run's steps
     steps = [row.reference for row in lined.rows]
-    for shift in (1, 0):  # the position plus 1 (Llama 4) or as it is (Mistral 4): by experiment
-        asked = dataclasses.replace(spec, temperature=dataclasses.replace(found[0], shift=shift))
-        again = line_up_again(module, shapes, inputs, records, train, asked)
-        if again is not None and better_fit(again, best[1] if best else lined, steps=steps, grade=named):
+    for asked, again in _tuned_runs(module, shapes, inputs, records, train, spec, found[0]):
+        if better_fit(again, best[1] if best else lined, steps=steps, grade=named):
             best = asked, again
     if best is None:
         return None
@@ -74,14 +72,22 @@ def tuned_queries(module: Any, shapes: Any, inputs: Any, records: list[Record], 
     """Whether some tensor of the code's is the queries tuned by the temperature the module declares (either shift):
     the code tunes its queries on these inputs, whatever follows."""
     from attnscope.usertrace.lined import ALIGNED
-    from attnscope.usertrace.relined import line_up_again
 
     found = declared_tuning(module, spec.built_with) if spec.temperature is None else None
     if found is None:
         return False
+    return any(any(row.reference == "Q_tuned" and row.status in ALIGNED for row in again.rows)
+               for _, again in _tuned_runs(module, shapes, inputs, records, train, spec, found[0]))
+
+
+def _tuned_runs(module: Any, shapes: Any, inputs: Any, records: list[Record], train: bool, spec: Spec,
+                tuning: Any) -> Iterator[tuple[Spec, LineUp]]:
+    """(the spec tuned so, its line-up) with the position plus 1 (Llama 4), then as it is (Mistral 4): which one the
+    code's numbers fit is read by experiment; a run that builds no reference is left out."""
+    from attnscope.usertrace.relined import line_up_again
+
     for shift in (1, 0):
-        asked = dataclasses.replace(spec, temperature=dataclasses.replace(found[0], shift=shift))
+        asked = dataclasses.replace(spec, temperature=dataclasses.replace(tuning, shift=shift))
         again = line_up_again(module, shapes, inputs, records, train, asked)
-        if again is not None and any(row.reference == "Q_tuned" and row.status in ALIGNED for row in again.rows):
-            return True
-    return False
+        if again is not None:
+            yield asked, again

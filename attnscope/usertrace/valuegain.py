@@ -13,11 +13,11 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+from attnscope.usertrace.record import MULTIPLIES
+
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
     from attnscope.usertrace.reference import Projections
-
-MULTIPLIES = ("mul", "__mul__", "__rmul__", "mul_", "__imul__")
 
 
 @dataclasses.dataclass
