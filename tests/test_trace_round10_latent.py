@@ -147,6 +147,34 @@ def test_planted_bugs_in_mla_are_named_by_experiment(target: str, args: tuple[st
     assert first["evidence"].startswith("by experiment")
 
 
+@pytest.mark.parametrize("lost", ["unseen", "missing"])
+def test_a_mistake_shows_at_the_first_step_its_rerun_changes_that_the_code_holds(monkeypatch, lost: str) -> None:
+    """Where the line-up loses sight of the rotated query part (its row unseen or missing: seen once on another
+    machine, where the divergence then went to Q_full and the diagnosis to the joined query on line 168), the
+    mistake named by experiment is placed where its rerun first changes a tensor the code holds: the q_pe that
+    rotate_half turns, on line 161."""
+    from attnscope.usertrace import underspec
+
+    references = underspec.references
+
+    def losing_sight(*args, **kwargs):
+        built = references(*args, **kwargs)
+        row = next(r for r in built[5] if r.reference == "Q_pe_rot")
+        row.status, row.record, row.max_abs_diff, row.layout = lost, None, None, ""
+        return built
+
+    monkeypatch.setattr(underspec, "references", losing_sight)
+    result, out = trace(CliRunner(), _target("HubV2RotateHalf"), *BUGS[5][1])
+    first = out["first_divergence"]
+    assert result.exit_code == 1 and (first["reference"], first["experiment"]) == ("Q_pe_rot", "rope.pairing"), \
+        result.output
+    assert first["line"] == 161 and first["diagnosis"].startswith("your q_pe (line 161) turns the rotary parts")
+    row = next(r for r in out["alignment"] if r["reference"] == "Q_pe_rot")
+    # a missing first step keeps its status, the tensor the diagnosis speaks of shown on its row (as before)
+    assert row["status"] == ("differs" if lost == "unseen" else lost) and row["line"] == 161 \
+        and row["max_abs_diff"] > 0.1
+
+
 def test_half_split_rotary_parts_are_a_convention_unless_the_pairing_is_asked() -> None:
     args = ("--init", "config=MLAConfig(q_lora_rank=10)", "--causal", "--rope")
     result, out = trace(CliRunner(), _target("HubV3NoInterleave"), *args)

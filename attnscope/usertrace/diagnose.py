@@ -200,12 +200,18 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
     if best is None:
         return None
     experiment, found, trial = best
-    who = label_of(found.record) if found.record is not None else label_of(found.final)
-    gives = label_of(found.final) if found.record is None or found.final is found.record else (
-        f"{who} and {label_of(found.final)}")
-    detail = f"{trial.detail.format(who=who)}; " if trial.detail else ""
-    evidence = f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
-    return Diagnosis(trial.words.format(who=who), found.record, trial.ratio, experiment.name, evidence)
+    final, chosen = found.final, trial
+
+    def words(record: Record | None) -> tuple[str, str]:
+        """The mistake said of the code's `record` (its output where None), and the evidence."""
+        who = label_of(record) if record is not None else label_of(final)
+        gives = label_of(final) if record is None or final is record else f"{who} and {label_of(final)}"
+        detail = f"{chosen.detail.format(who=who)}; " if chosen.detail else ""
+        return chosen.words.format(who=who), f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
+
+    text, evidence = words(found.record)
+    earlier = found.earliest if found.earliest is not None and found.earliest[0] != step else None
+    return Diagnosis(text, found.record, trial.ratio, experiment.name, evidence, earlier=earlier, reword=words)
 
 
 # --- the causes ---------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import torch
 from attnscope.usertrace.align import difference, tolerance
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from attnscope.trace import Trace
     from attnscope.usertrace.align import Match
     from attnscope.usertrace.inputs import Inputs
@@ -50,6 +52,11 @@ class Diagnosis:
     # the later step the experiment reproduced the divergence at, where the code never holds the line-up's first
     # (diagnose.HELD_LATER: code that masks before it scales never holds the scaled scores unmasked); None: that one
     step: str | None = None
+    # an earlier step the experiment's rerun changed that the code holds, with the code's tensor: where the line-up
+    # lost sight of it (unseen, missing), the mistake shows there first (underspec._shown_earlier)
+    earlier: tuple[str, Record] | None = None
+    # the words and the evidence said of another tensor of the code's (the earlier one): by_experiment's own phrasing
+    reword: Callable[[Record | None], tuple[str, str]] | None = field(default=None, repr=False, compare=False)
 
 
 def label_of(record: Record) -> str:

@@ -479,6 +479,7 @@ class Reproduced:
     final: Record
     held: int
     steps: dict[str, torch.Tensor]
+    earliest: tuple[str, Record] | None = None  # the first step the mistake changed that the user holds, its tensor
 
 
 def holds_step(b: Base, step: str) -> bool:
@@ -546,7 +547,7 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
     if evidence and not evidenced(b.order, b.last, b.ref, steps, skips, {**holding, b.last: final},
                      lambda ref, record: _tol(ref, record.tensor.dtype, tol)):
         return None
-    return Reproduced(at_step or first or final, final, len(holding), steps)
+    return Reproduced(at_step or first or final, final, len(holding), steps, next(iter(holding.items()), None))
 
 
 def _masks_rows(skips: dict[str, torch.Tensor], steps: dict[str, torch.Tensor],
