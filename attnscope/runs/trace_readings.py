@@ -300,8 +300,10 @@ def _joint_width(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[
 def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
     """The line-up and its words into `run`."""
     from attnscope.usertrace.declared import declared_share
+    from attnscope.usertrace.lined import shown_earlier
 
     inputs, fed, called, convention = ran
+    shown_earlier(lined)  # the reading chosen: its mistake placed where it first shows (lined.py)
     run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
     if lined.joint:  # streams joined along the tokens: one attention over all of them, whatever the inputs' kinds
         run.header[1] = run.header[1].replace(": cross-attention,", ": joint attention,", 1).replace(

@@ -42,6 +42,10 @@ class Divergence:
     diagnosis: str
     experiment: str | None = None  # the catalog entry whose rerun reproduced the user's tensors (experiments.py)
     evidence: str | None = None  # what that rerun reproduced, in words
+    # an earlier step the experiment's rerun changed that the code holds, where the line-up found no tensor for it:
+    # (step, the code's tensor, the diagnosis and evidence said of that tensor); placed there once the reading is
+    # chosen (shown_earlier), never while readings are compared by how far they line up
+    earlier: tuple[str, Record, str, str] | None = None
 
 
 @dataclass
@@ -55,3 +59,29 @@ class LineUp:
     n_kv_head: int | None = None  # the reference's key/value heads (read from the weights once the code ran)
     spec: Spec | None = None  # what the reference computed: the options' spec, or a convention read from the code
     joint: bool = False  # the reference starts from the code's q, k, v joined from streams (joint.py)
+
+
+def shown_earlier(lined: LineUp) -> None:
+    """The divergence moved to the earlier step its experiment's rerun changed and the code holds (Divergence.earlier),
+    where the line-up still has no tensor for that step (unseen, missing): the mistake shows there first, said of the
+    code's tensor there (DeepSeek-V2's q_pe turned half-split, not the query it is joined into)."""
+    from attnscope.usertrace.align import compare
+
+    d = lined.divergence
+    if d is None or d.earlier is None or lined.trace is None:
+        return
+    name, record, text, evidence = d.earlier
+    names = [row.reference for row in lined.rows]
+    if name not in names or d.reference not in names or names.index(name) >= names.index(d.reference):
+        return
+    row = lined.rows[names.index(name)]
+    if row.status not in ("unseen", "missing"):
+        return
+    shown = compare(record, lined.trace[name], None)[:1]  # a step before the divergence: before any masked rows
+    if not shown:
+        return
+    step = lined.trace.step(name)
+    row.status, row.record, row.max_abs_diff = "differs", record, shown[0].max_abs_diff
+    row.layout = shown[0].layout.describe(step.dims, tuple(record.tensor.shape))
+    row.order, row.merged, row.split = shown[0].layout.order, shown[0].layout.merged, shown[0].layout.split
+    d.reference, d.record, d.ratio, d.diagnosis, d.evidence = name, record, None, text, evidence

@@ -120,12 +120,9 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
         first = later
         first.status = "differs"
         tensor, skip = trace[first.reference], skips.get(first.reference)
-    earlier = _shown_earlier(out.rows, first, found) if later is None else None
-    if earlier is not None:  # the mistake shows first at a step the line-up lost sight of: there it diverges
-        first = earlier
-        tensor, skip = trace[first.reference], skips.get(first.reference)
     out.divergence = Divergence(first.reference, found.record or first.record, found.ratio, found.text,
-                                found.experiment, found.evidence)
+                                found.experiment, found.evidence,
+                                _earlier(out.rows, first, found) if later is None else None)
     shown = compare(found.record, tensor, skip)[:1] if found.record is not None else []
     if found.record is not None and shown:  # the row shows the tensor the diagnosis speaks of
         step = trace.step(first.reference)
@@ -135,21 +132,17 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     return out
 
 
-def _shown_earlier(rows: list[Any], first: Any, found: Any) -> Any:
-    """The row before `first` whose step the named mistake's rerun changes and the code holds (Diagnosis.earlier),
-    where the line-up found no tensor for it (unseen, missing): the mistake shows there first, at the code's tensor,
-    and the diagnosis is said of that tensor (DeepSeek-V2's q_pe turned half-split, not the query it is joined
-    into). None otherwise."""
+def _earlier(rows: list[Any], first: Any, found: Any) -> tuple[str, Any, str, str] | None:
+    """The step before `first` whose step the named mistake's rerun changes and the code holds (Diagnosis.earlier),
+    where the line-up found no tensor for it (unseen, missing), with the words said of the code's tensor there:
+    lined.shown_earlier moves the divergence there once the reading is chosen. None otherwise."""
     if found.earlier is None or found.reword is None:
         return None
     name, record = found.earlier
     row = next((r for r in rows if r.reference == name), None)
     if row is None or row is first or rows.index(row) > rows.index(first) or row.status not in ("unseen", "missing"):
         return None
-    row.status, row.record = "differs", record
-    found.record = record
-    found.text, found.evidence = found.reword(record)
-    return row
+    return (name, record, *found.reword(record))
 
 
 def _split_fault(out: LineUp, fault: Any) -> LineUp:
