@@ -132,14 +132,15 @@ def test_transformers_classes_pass_in_place(runner, moved, model, target, config
 
 
 # (style, options)
-STYLED = [("GainedMLA", ("--rope", "--causal")), ("NopeMLA", ("--causal",)), ("TunedMLA", ("--rope", "--causal")),
+STYLED = [("GainedMLA", ("--rope", "--causal")), ("GainedInPlaceMLA", ("--rope", "--causal")),
+          ("NopeMLA", ("--causal",)), ("TunedMLA", ("--rope", "--causal")),
           ("MaskArg", ("--rope", "--rope-pairing", "interleaved", "--causal"))]
 
 
 def _style_reference(name, m, x):
     if name == "MaskArg":
         return _formula(x, _Renamed(m), m.nope, m.rope_dim, m.v_dim, m.n_heads, pairing="interleaved")
-    if name == "GainedMLA":
+    if name in ("GainedMLA", "GainedInPlaceMLA"):
         return _formula(x, m, m.nope, m.rope, m.v_dim, m.heads, pairing="half", q_gain=m.mla_scale_q_lora,
                         kv_gain=m.mla_scale_kv_lora)
     if name == "TunedMLA":

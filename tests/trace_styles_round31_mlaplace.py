@@ -109,6 +109,22 @@ class GainedMLA(_Latent):
         return self.attend(torch.cat((q_pass, q_rot), dim=-1), k, v)
 
 
+class GainedInPlaceMLA(GainedMLA):
+    """LongCat-Flash's gains multiplied in place: the whole query before its split, the normed latent."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        b, s, _ = hidden_states.shape
+        q = self.queries(hidden_states)
+        q *= self.mla_scale_q_lora
+        q_pass, q_rot = torch.split(q, [self.nope, self.rope], dim=-1)
+        kv_pass, k_rot = torch.split(self.kv_a_proj_with_mqa(hidden_states), [self.rank, self.rope], dim=-1)
+        k_pass = self.kv_a_layernorm(kv_pass)
+        k_pass *= self.mla_scale_kv_lora
+        q_rot, k_rot = half_split(q_rot), half_split(k_rot.view(b, 1, s, self.rope))
+        k, v = self.expand(k_pass, k_rot)
+        return self.attend(torch.cat((q_pass, q_rot), dim=-1), k, v)
+
+
 class NopeMLA(_Latent):
     def __init__(self, bug: str = "") -> None:
         super().__init__(24, 3, None, 8, 6, 4, 6, bug, 42)
