@@ -110,6 +110,22 @@ def test_transformers_falcon_attention_with_alibi_exits_0_with_the_note(runner):
     assert "a convention, not a mistake" in said, said
 
 
+def test_falcons_order_with_a_scale_of_its_own_is_said_with_that_scale(runner):
+    """--scale 0.3 where the code scales its biased scores by 0.3: the note names that scale, not 1/√d."""
+    x = torch.randn(B, N, D, generator=torch.Generator().manual_seed(312), dtype=torch.float64)
+    with torch.no_grad():
+        m = styles.FalconOwn(scale=0.3).double().eval()
+        qkv = m.query_key_value(x).view(B, N, H, 3, D // H)
+        q, k, v = (qkv[..., i, :].transpose(1, 2) for i in range(3))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=_biased_mask(0.3), scale=0.3)
+        assert torch.allclose(m(x), m.dense(out.transpose(1, 2).flatten(-2)), atol=1e-10)
+    code, out = run_case(runner, STYLES, "FalconOwn", "scale=0.3", (*OPTIONS, "--scale", "0.3"))
+    assert code == 0 and out["first_divergence"] is None, out["first_divergence"]
+    said = " ".join(out["notes"])
+    assert "ALiBi added before the scale 0.3 (Falcon's order" in said and "the same as slopes × 0.3 after it" in said
+    assert "1/√d" not in said, said
+
+
 def test_wrong_slopes_in_falcons_order_are_said_as_the_code_holds_them(runner):
     """The scale is no part of the slopes a mistake is said with: the reading is given up (alibi.slopes undoes it),
     and the first line-up's fitted slopes are those after the scale, 2^(-8 h / n_head) from h = 0 over √d_head."""

@@ -37,9 +37,10 @@ def geometric_slopes(n_head: int, first: int = 1) -> torch.Tensor:
 
 
 class FalconOwn(nn.Module):
-    def __init__(self, dim=32, heads=4, bug=""):
+    def __init__(self, dim=32, heads=4, bug="", scale=None):
         super().__init__()
         self.h, self.d, self.bug = heads, dim // heads, bug
+        self.scale = 1 / math.sqrt(self.d) if scale is None else scale  # a scale of its own: --scale says it
         self.query_key_value = nn.Linear(dim, 3 * dim)
         self.dense = nn.Linear(dim, dim)
         slopes = geometric_slopes(heads, 0 if bug == "slopes_from_0" else 1)
@@ -58,7 +59,7 @@ class FalconOwn(nn.Module):
             q = q / math.sqrt(self.d)
         pos = torch.arange(n)
         alibi = self.slopes[:, None, None] * (pos[None, :] - pos[:, None])  # m_h · (j − i), [h, n, n]
-        scores = (q @ k.transpose(-1, -2) + alibi) / math.sqrt(self.d)  # Falcon's order: bias, then the scale
+        scores = (q @ k.transpose(-1, -2) + alibi) * self.scale  # Falcon's order: bias, then the scale
         scores = scores.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
         probs = F.softmax(scores, dim=-1)
         return self.dense((probs @ v).transpose(1, 2).reshape(b, n, self.h * self.d))

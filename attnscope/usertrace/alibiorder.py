@@ -49,12 +49,15 @@ def note(lined: LineUp, clean: bool) -> str:
     scores = rows.get("scores")
     slopes = ", ".join(f"{m:.4g}" for m in (lined.spec.alibi_slopes or ())[:4]) if lined.spec is not None else ""
     more = ", ..." if lined.spec is not None and len(lined.spec.alibi_slopes or ()) > 4 else ""
+    scale = lined.spec.scale if lined.spec is not None else None  # --scale, or the module's own: the reference's
+    named = "the 1/√d scale" if scale is None else f"the scale {scale:.4g}"
     if clean and scores is not None and scores.status in ALIGNED:  # scaled first, then a bias times the scale
-        said = (f"ALiBi's slopes times the 1/√d scale, added after it ({f'line {line}, ' if line else ''}slopes "
+        said = (f"ALiBi's slopes times {named}, added after it ({f'line {line}, ' if line else ''}slopes "
                 f"{slopes}{more}): the same numbers as ALiBi added before the scale (Falcon's order)")
     else:
         at = f", line {line}" if line else ""
-        said = (f"ALiBi added before the 1/√d scale (Falcon's order{at}): the same as slopes/√d after it (slopes "
+        times = "slopes/√d" if scale is None else f"slopes × {scale:.4g}"
+        said = (f"ALiBi added before {named} (Falcon's order{at}): the same as {times} after it (slopes "
                 f"{slopes}{more}, ALiBi's times the scale)")
     if not clean:
         return said + "; read from your scores, and the reference biased so: the divergence below is another matter"
