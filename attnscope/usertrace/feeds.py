@@ -13,11 +13,14 @@ RoPE's tables (--rope), each in the form the code that passes them in writes it.
   `Transformer.forward` (`freqs_cis[start_pos : start_pos + seqlen]`);
 - `freqs_cos`, `freqs_sin`: `[n_Q, d_head / 2]`, the real and imaginary parts of `freqs_cis`, as llama2.c's
   `precompute_freqs_cis` makes them and its `Transformer.forward` slices them (`freqs_cos[:seqlen]`);
+- `rotary_pos_emb`: the angles position · inv_freq, `[n_Q, d_head / 2]`, as Qwen2-VL's VisionRotaryEmbedding makes
+  them for its vision tower (which takes their cos and sin);
 - a position bias (`position_bias`, T5's): --position-bias's tensor, `[.., n_Q, n_K]` as the file holds it;
 - ALiBi's bias handed in (BLOOM's `alibi`; under --alibi MPT's `position_bias`, llm-foundry's `attn_bias`): the
   reference's ALiBi in the layout the code reads (alibifeed.py);
 - `position_embeddings`: `(cos, sin)`, each `[n_batch, n_Q, d_head]` for the new positions, as transformers'
-  `LlamaRotaryEmbedding` hands them to `LlamaAttention.forward`.
+  `LlamaRotaryEmbedding` hands them to `LlamaAttention.forward` (`[n_Q, d_head]` where the inputs have no batch
+  axis: Qwen2-VL's vision tower).
 The tables use the reference's base (--rope-base, else the module's own rope_theta), so what they cannot tell apart
 is the user's pairing and slicing, which is what the diagnoses look at. Where the code rotates a share of each head
 (StableLM's partial_rotary_factor), they are as wide as that share, as its model hands them.
@@ -181,18 +184,21 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         elif kind in PAIR_TABLES:
             angle = (torch.arange(n_pos, dtype=torch.float32)[:, None] * Rope(rope_base).inv_freq(freq_width))[
                 start:start + n_Q]  # [n_Q, d_head / 2], or the share the code turns
+            source = {"freqs_cis": "Meta's precompute_freqs_cis", "rotary_pos_emb": "Qwen2-VL's VisionRotaryEmbedding"
+                      }.get(kind, "llama2.c's precompute_freqs_cis")
             if kind == "freqs_cis":
                 value, said = torch.polar(torch.ones_like(angle), angle), "e^(i·position·inv_freq)"
                 if form is not None and form.holds == "complex, batched":  # one table a sequence (Llama 4's)
                     value = value.expand(sizes.get("n_batch", 1), *value.shape)
+            elif kind == "rotary_pos_emb":  # the angles themselves, the code takes their cos and sin
+                value, said = angle.to(dtype), "position·inv_freq"
             else:  # llama2.c's two real tables, freqs_cis's real and imaginary parts
                 value, said = (angle.cos() if kind == "freqs_cos" else angle.sin()), f"{kind[-3:]}(position·inv_freq)"
             out.steps.append((name, value, ("n_batch", "n_Q", "d_head/2")[3 - value.dim():], f"input: {said}, "
-                              f"positions {start} to "
-                              f"{start + n_Q - 1}, base {rope_base:g} ({'Meta' if kind == 'freqs_cis' else 'llama2.c'}"
-                              "'s precompute_freqs_cis)"))
+                              f"positions {start} to {start + n_Q - 1}, base {rope_base:g} ({source})"))
         else:  # position_embeddings
-            batch = (sizes.get("n_batch", 1), n_Q, width)
+            # [n_batch, n_Q, width]; without a batch axis (--batch 0: Qwen2-VL's vision tower, [seq, dim]) [n_Q, width]
+            batch = (sizes["n_batch"], n_Q, width) if "n_batch" in sizes else (n_Q, width)
             value = (cos[start:start + n_Q].expand(batch), sin[start:start + n_Q].expand(batch))
             value = value[::-1] if form is not None and form.swapped else value
             for i, part in enumerate(value):

@@ -58,9 +58,10 @@ POSITION_ID_WORDS = ("position", "positions", "pos")
 # RoPE's tables, as the code that passes them in writes them (--rope): LLMs-from-scratch's cos, sin
 # [n_pos, d_head]; Meta's freqs_cis [n, d_head / 2] complex; transformers' position_embeddings (cos, sin).
 # llama2.c's freqs_cos, freqs_sin: freqs_cis's real and imaginary parts, each [n, d_head / 2].
-TABLE_NAMES = ("cos", "sin", "freqs_cis", "freqs_cos", "freqs_sin", "position_embeddings")
+# rotary_pos_emb: the angles position · inv_freq, [n_Q, d_head / 2], as Qwen2-VL's and GLM-4V's vision towers take them
+TABLE_NAMES = ("cos", "sin", "freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_emb", "position_embeddings")
 # Those of one angle a pair, laid out for no pairing: the code pairs its coordinates as it will
-PAIR_TABLES = ("freqs_cis", "freqs_cos", "freqs_sin")
+PAIR_TABLES = ("freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_emb")
 # Constructor arguments filled from --d-feat / --heads when --init does not give them.
 D_FEAT_NAMES = ("d_feat", "d_model", "embed_dim", "hidden_size", "dim", "d_embed", "n_embd", "model_dim",
                 "emb_dim", "hidden_dim", "d", "n_feat", "size")
@@ -613,6 +614,7 @@ def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
         if name in params and params[name].kind == params[name].POSITIONAL_ONLY:
             raise UsageError(f"--forward {name}=...: {name} is positional-only in {plan.signature}")
     built = {k: guarded(target, f"--forward {k}={v!r}", functools.partial(build, v)) for k, v in values.items()}
+    built = {k: _as_tensor(v) if k in params and _says_tensor(params[k].annotation) else v for k, v in built.items()}
     optional = [n for n in plan.optional if n not in built]
     for masked in [m for m in (plan.mask, *plan.other_masks) if m in built]:  # --forward's value, never trace's mask
         plan = plan.without_mask() if masked == plan.mask else dataclasses.replace(
@@ -621,6 +623,33 @@ def forward_args(text: str | None, target: Target, plan: Plan, fn: Any) -> Plan:
     return dataclasses.replace(plan, given=built, tensors=tensors, optional=optional, lengths=lengths,
                                nones=[n for n in plan.nones if n not in built],
                                embeddings=[n for n in plan.embeddings if n not in built])
+
+
+def _says_tensor(annotation: Any) -> bool:
+    """Whether a parameter is annotated as one tensor (`cu_seqlens: torch.Tensor`, `Optional[torch.LongTensor]`,
+    `"torch.Tensor | None"`), not a container of them."""
+    if annotation is inspect.Parameter.empty:
+        return False
+    said = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", None) or str(annotation)
+    return "Tensor" in said and not any(w in said.lower() for w in ("tuple", "list", "sequence", "dict", "iterable"))
+
+
+def _as_tensor(value: Any) -> Any:
+    """A list or tuple of numbers (nested or not) as a tensor, as the model hands it (Qwen2-VL's `cu_seqlens`, which
+    its code subtracts: `cu_seqlens[1:] - cu_seqlens[:-1]`); anything else as it is."""
+    import torch
+
+    def numbers(v: Any) -> bool:
+        if isinstance(v, (list, tuple)):
+            return len(v) > 0 and all(numbers(x) for x in v)
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not isinstance(value, (list, tuple)) or not numbers(value):
+        return value
+    try:
+        return torch.tensor(value)
+    except (TypeError, ValueError):  # ragged: as given
+        return value
 
 
 def names_parameter(path: Path, line: int | None, names: list[str]) -> str | None:
