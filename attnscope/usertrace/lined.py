@@ -63,8 +63,11 @@ class LineUp:
 
 def shown_earlier(lined: LineUp) -> None:
     """The divergence moved to the earlier step its experiment's rerun changed and the code holds (Divergence.earlier),
-    where the line-up still has no tensor for that step (unseen, missing): the mistake shows there first, said of the
-    code's tensor there (DeepSeek-V2's q_pe turned half-split, not the query it is joined into)."""
+    where the line-up still has no tensor for that step (unseen, missing) and the divergence's step is computed from
+    it directly: the mistake shows there first, said of the code's tensor there (DeepSeek-V2's q_pe turned
+    half-split, not the query it is joined into)."""
+    import re
+
     from attnscope.usertrace.align import compare
 
     d = lined.divergence
@@ -75,7 +78,11 @@ def shown_earlier(lined: LineUp) -> None:
     if name not in names or d.reference not in names or names.index(name) >= names.index(d.reference):
         return
     row = lined.rows[names.index(name)]
-    if row.status not in ("unseen", "missing"):
+    # the step the divergence is computed from directly, in the reference's run (latent attention's Q_full joins
+    # Q_nope and Q_pe_rot): a mistake further up is said where the line-up found it, as before
+    step = lined.trace.step(d.reference)
+    direct = name in step.inputs or re.search(rf"\b{re.escape(name)}\b", step.op) is not None  # its op names it
+    if row.status not in ("unseen", "missing") or not direct:
         return
     shown = compare(record, lined.trace[name], None)[:1]  # a step before the divergence: before any masked rows
     if not shown:

@@ -142,6 +142,8 @@ def _earlier(rows: list[Any], first: Any, found: Any) -> tuple[str, Any, str, st
     row = next((r for r in rows if r.reference == name), None)
     if row is None or row is first or rows.index(row) > rows.index(first) or row.status not in ("unseen", "missing"):
         return None
+    if record is (found.record or first.record):  # the same tensor of the code's holds both: the line-up's step
+        return None  # stands (Idefics2's values from the keys: V_split at its k, not V_feat at the same k)
     return (name, record, *found.reword(record))
 
 
