@@ -200,14 +200,14 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
     if best is None:
         return None
     experiment, found, trial = best
-    final, chosen = found.final, trial
+    final = found.final
 
     def words(record: Record | None) -> tuple[str, str]:
         """The mistake said of the code's `record` (its output where None), and the evidence."""
         who = label_of(record) if record is not None else label_of(final)
         gives = label_of(final) if record is None or final is record else f"{who} and {label_of(final)}"
-        detail = f"{chosen.detail.format(who=who)}; " if chosen.detail else ""
-        return chosen.words.format(who=who), f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
+        detail = f"{trial.detail.format(who=who)}; " if trial.detail else ""
+        return trial.words.format(who=who), f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
 
     text, evidence = words(found.record)
     earlier = found.earliest if found.earliest is not None and found.earliest[0] != step else None

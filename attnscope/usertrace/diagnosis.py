@@ -53,7 +53,7 @@ class Diagnosis:
     # (diagnose.HELD_LATER: code that masks before it scales never holds the scaled scores unmasked); None: that one
     step: str | None = None
     # an earlier step the experiment's rerun changed that the code holds, with the code's tensor: where the line-up
-    # lost sight of it (unseen, missing), the mistake shows there first (underspec._shown_earlier)
+    # lost sight of it (unseen, missing), the mistake shows there first (underspec._earlier, lined.shown_earlier)
     earlier: tuple[str, Record] | None = None
     # the words and the evidence said of another tensor of the code's (the earlier one): by_experiment's own phrasing
     reword: Callable[[Record | None], tuple[str, str]] | None = field(default=None, repr=False, compare=False)
