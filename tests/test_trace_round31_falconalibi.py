@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 import transformers
 from test_trace_command import user_module
 from tracecases import assert_named, passing_test, plants_test, run_case
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+from attnscope.cli import app
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round31_falconalibi.py")
 FALCON = str(Path(transformers.__file__).parent / "models" / "falcon" / "modeling_falcon.py")
@@ -144,3 +147,12 @@ def test_wrong_slopes_in_transformers_falcon_are_said_at_the_biased_scores(runne
     found = assert_named(code, out, "alibi.slopes")
     assert found["reference"] == "biased_scores", found
     assert [row["status"] for row in out["alignment"] if row["reference"] == "V_rep"] == ["unseen"], out["alignment"]
+
+
+@pytest.mark.parametrize("scale", ["0", "-1"])
+def test_a_scale_that_is_not_positive_is_refused_in_one_line(runner, scale):
+    """--scale 0 or below: one line and exit 2 (the experiments divide by the scale and take its root: it was an
+    internal error, ZeroDivisionError or a math domain error)."""
+    result = runner.invoke(app, ["trace", f"{STYLES}:FalconOwn", *OPTIONS, "--scale", scale])
+    assert result.exit_code == 2, result.output
+    assert "must be positive" in result.output and "Traceback" not in result.output and "--debug" not in result.output

@@ -69,6 +69,8 @@ def check_options(o: TraceOptions, target: Target) -> Spec:
         raise UsageError("--alibi and --position-bias are two position biases; give one")
     if o.scale is not None and not math.isfinite(o.scale):
         raise UsageError(f"--scale {o.scale}: give a finite number")
+    if o.scale is not None and o.scale <= 0:  # the experiments divide by it and take its root (kvtrials, scales)
+        raise UsageError(f"--scale {o.scale:g}: the scores' scale must be positive (1/√d_head = 0.125 for d_head 64)")
     if o.layout == "col" and (o.alibi or o.position_bias or o.qk_norm or o.scale is not None
                               or o.softcap is not None):
         raise UsageError("--layout col traces the textbook column form, out = V softmax(Kᵀ Q / √d_K); --alibi, "
