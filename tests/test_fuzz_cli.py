@@ -396,6 +396,13 @@ def trace_argv(draw, targets: Path, out: Path):
         argv += ["--cache", _pick(draw, ["2", "3"], ["-1"])] if _sometimes(draw, 4) else []
     argv += ["--window", _pick(draw, ["2", "3"], ["0"])] if _sometimes(draw, 6) else []
     argv += ["--train"] if _sometimes(draw, 5) else []
+    # the reference's own terms: a scale (bad: not positive, not finite, past float32's range), a cap, ALiBi
+    argv += ["--scale", _pick(draw, ["0.25", "1"], ["0", "-1", "nan", "1e-300", "1e300"])] if _sometimes(draw, 6) \
+        else []
+    argv += ["--softcap", _pick(draw, ["30"], ["0", "inf"])] if _sometimes(draw, 8) else []
+    argv += ["--alibi"] if _sometimes(draw, 8) else []
+    if name in ("Attention", "InterleavedAttention") and _sometimes(draw, 4):
+        argv += ["--rope-pairing", draw(st.sampled_from(["half-split", "interleaved"]))]
     for flag, good, bad in (("--seed", ["0", "3"], [str(2**64), "-1"]), ("--batch", ["1", "2"], [str(10**12), "0"]),
                             ("--nq", ["3", "5"], [str(2**64)])):
         argv += [flag, _pick(draw, good, bad, odds=3)] if _sometimes(draw, 6) else []

@@ -156,7 +156,9 @@ def test_a_mask_of_the_wrong_pattern_is_named_from_the_users_masked_scores(tmp_p
      "masked_scores", "which are not ALiBi's for 4 heads"),
     # the norm on one side only: the module's norms read as its qk-norm, the keys' left out by experiment
     (("--causal",), [(ROTATE, "q = self.q_norm(q)")], "K_normed", "the keys never normalized"),
-    (("--causal", "--rope"), [(ROTATE, "q, k, v = rope(q), rope(k), rope(v)")], "x_raw", "RoPE applied to the values"),
+    # the values' split is paired with the v the code rotates: the divergence is said at its rotation
+    (("--causal", "--rope"), [(ROTATE, "q, k, v = rope(q), rope(k), rope(v)")], "V_split",
+     "RoPE applied to the values"),
     (("--causal",), [("q = self.q_proj(x).view(B, T, self.n_head, self.d_head).transpose(1, 2)",
                       "q = self.q_proj(x).view(B, self.n_head, T, self.d_head)")],
      "Q_split", "heads split without the transpose: your q"),

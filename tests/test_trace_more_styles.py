@@ -155,7 +155,7 @@ BUGS = [
     ("GroupedMatmul", "group_order", "gqa.group_order", "scores"),
     ("ThetaAttention", "forgot_base", "rope.base", "Q_rot"),
     ("ThetaAttention", "scale_d_model", "scale.d_model", "scores"),
-    ("ThetaAttention", "rope_on_v", "rope.on_values", "x_raw"),
+    ("ThetaAttention", "rope_on_v", "rope.on_values", "V_split"),
     ("CachedDecode", "cache_order", "cache.order", "K_cat"),
     ("CachedDecode", "upper_left", "mask.upper_left", "masked_scores"),
     ("CachedDecode", "kv_swapped", "kv.swapped", "scores"),

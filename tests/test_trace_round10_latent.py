@@ -143,16 +143,16 @@ def test_planted_bugs_in_mla_are_named_by_experiment(target: str, args: tuple[st
     result, out = trace(CliRunner(), _target(target), *args)
     assert result.exit_code == 1, result.output
     first = out["first_divergence"]
-    assert (first["reference"], first["experiment"]) == (step, entry)
+    assert (first["reference"], first["experiment"]) == (step, entry), (out["alignment"], out["notes"], first)
     assert first["evidence"].startswith("by experiment")
 
 
-@pytest.mark.parametrize("lost", ["unseen", "missing"])
+@pytest.mark.parametrize("lost", ["unseen", "missing", "equal", "permuted"])
 def test_a_mistake_shows_at_the_first_step_its_rerun_changes_that_the_code_holds(monkeypatch, lost: str) -> None:
-    """Where the line-up loses sight of the rotated query part (its row unseen or missing: seen once on another
-    machine, where the divergence then went to Q_full and the diagnosis to the joined query on line 168), the
-    mistake named by experiment is placed where its rerun first changes a tensor the code holds: the q_pe that
-    rotate_half turns, on line 161."""
+    """Where the line-up loses sight of the rotated query part (its row unseen or missing, or paired with another
+    tensor of the code's: seen on another machine, where the divergence then went to Q_full and the diagnosis to
+    the joined query on line 168), the mistake named by experiment is placed where its rerun first changes a tensor
+    the code holds on the way to the joined query: the q_pe that rotate_half turns, on line 161."""
     from attnscope.usertrace import underspec
 
     references = underspec.references
@@ -160,7 +160,8 @@ def test_a_mistake_shows_at_the_first_step_its_rerun_changes_that_the_code_holds
     def losing_sight(*args, **kwargs):
         built = references(*args, **kwargs)
         row = next(r for r in built[5] if r.reference == "Q_pe_rot")
-        row.status, row.record, row.max_abs_diff, row.layout = lost, None, None, ""
+        other = next(r for r in built[5] if r.reference == "Q_pe").record if lost in ("equal", "permuted") else None
+        row.status, row.record, row.max_abs_diff, row.layout = lost, other, None if other is None else 0.0, ""
         return built
 
     monkeypatch.setattr(underspec, "references", losing_sight)
@@ -171,7 +172,7 @@ def test_a_mistake_shows_at_the_first_step_its_rerun_changes_that_the_code_holds
     assert first["line"] == 161 and first["diagnosis"].startswith("your q_pe (line 161) turns the rotary parts")
     row = next(r for r in out["alignment"] if r["reference"] == "Q_pe_rot")
     # a missing first step keeps its status, the tensor the diagnosis speaks of shown on its row (as before)
-    assert row["status"] == ("differs" if lost == "unseen" else lost) and row["line"] == 161 \
+    assert row["status"] == ("missing" if lost == "missing" else "differs") and row["line"] == 161 \
         and row["max_abs_diff"] > 0.1
 
 

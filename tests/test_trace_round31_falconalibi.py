@@ -15,9 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from test_trace_command import user_module
+from test_trace_command import trace, user_module
 from tracecases import assert_named, passing_test, plants_test, run_case
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+from typer.testing import CliRunner
 
 from attnscope.cli import app
 
@@ -156,3 +157,19 @@ def test_a_scale_that_is_not_positive_is_refused_in_one_line(runner, scale):
     result = runner.invoke(app, ["trace", f"{STYLES}:FalconOwn", *OPTIONS, "--scale", scale])
     assert result.exit_code == 2, result.output
     assert "must be positive" in result.output and "Traceback" not in result.output and "--debug" not in result.output
+
+
+@pytest.mark.parametrize("scale", ["1e-300", "1e300"])
+def test_a_scale_past_float32s_range_is_refused_in_one_line(runner, scale):
+    """--scale 1e300 or 1e-300: one line and exit 2 (the experiments square it: inf or 0 in float64, an overflow or
+    a division by zero inside them, an internal error before)."""
+    result = runner.invoke(app, ["trace", f"{STYLES}:FalconOwn", *OPTIONS, "--scale", scale])
+    assert result.exit_code == 2, result.output
+    assert "float32's range" in result.output and "Traceback" not in result.output \
+        and "--debug" not in result.output
+
+
+def test_a_scale_at_the_edge_of_float32s_range_is_traced() -> None:
+    """--scale 3e38 is float32's: the scores' ratio is said as a number (its square, 9e76, names no root)."""
+    result, out = trace(CliRunner(), f"{STYLES}:FalconOwn", *OPTIONS, "--scale", "3e38")
+    assert result.exit_code == 1 and out["first_divergence"]["reference"] == "scores", result.output

@@ -71,6 +71,10 @@ def check_options(o: TraceOptions, target: Target) -> Spec:
         raise UsageError(f"--scale {o.scale}: give a finite number")
     if o.scale is not None and o.scale <= 0:  # the experiments divide by it and take its root (kvtrials, scales)
         raise UsageError(f"--scale {o.scale:g}: the scores' scale must be positive (1/√d_head = 0.125 for d_head 64)")
+    if o.scale is not None and not 1.2e-38 <= o.scale <= 3.4e38:  # float32's normal range: the experiments square
+        # it and divide by it (scaletrials), and the scores hold it
+        raise UsageError(f"--scale {o.scale:g}: the scores' scale must lie in float32's range, 1.2e-38 to 3.4e38 "
+                         "(1/√d_head = 0.125 for d_head 64)")
     if o.layout == "col" and (o.alibi or o.position_bias or o.qk_norm or o.scale is not None
                               or o.softcap is not None):
         raise UsageError("--layout col traces the textbook column form, out = V softmax(Kᵀ Q / √d_K); --alibi, "

@@ -303,7 +303,7 @@ def _said(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
     from attnscope.usertrace.lined import shown_earlier
 
     inputs, fed, called, convention = ran
-    shown_earlier(lined)  # the reading chosen: its mistake placed where it first shows (lined.py)
+    shown_earlier(lined, called.records)  # the reading chosen: its mistake placed where it first shows (lined.py)
     run.reference, run.alignment, run.divergence = lined.reference, lined.rows, lined.divergence
     if lined.joint:  # streams joined along the tokens: one attention over all of them, whatever the inputs' kinds
         run.header[1] = run.header[1].replace(": cross-attention,", ": joint attention,", 1).replace(

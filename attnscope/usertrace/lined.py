@@ -61,14 +61,18 @@ class LineUp:
     joint: bool = False  # the reference starts from the code's q, k, v joined from streams (joint.py)
 
 
-def shown_earlier(lined: LineUp) -> None:
+def shown_earlier(lined: LineUp, records: list[Record] | None = None) -> None:
     """The divergence moved to the earlier step its experiment's rerun changed and the code holds (Divergence.earlier),
     where the line-up still has no tensor for that step (unseen, missing) and the divergence's step is computed from
     it directly: the mistake shows there first, said of the code's tensor there (DeepSeek-V2's q_pe turned
-    half-split, not the query it is joined into)."""
+    half-split, not the query it is joined into). Where the line-up paired that step with another tensor of the
+    code's (equal or permuted), it moves only where that tensor is one the rerun's is computed from, and the
+    rerun's one the divergence's is computed from (`records`): a tensor before the step's own, on the way to it,
+    is not the step, whatever its numbers (a correct tensor of the code's that it never uses, Idefics2's values
+    from the keys beside its unused v, stays the line-up's)."""
     import re
 
-    from attnscope.usertrace.align import compare
+    from attnscope.usertrace.align import ancestors, compare
 
     d = lined.divergence
     if d is None or d.earlier is None or lined.trace is None:
@@ -82,7 +86,11 @@ def shown_earlier(lined: LineUp) -> None:
     # Q_nope and Q_pe_rot): a mistake further up is said where the line-up found it, as before
     step = lined.trace.step(d.reference)
     direct = name in step.inputs or re.search(rf"\b{re.escape(name)}\b", step.op) is not None  # its op names it
-    if row.status not in ("unseen", "missing") or not direct:
+    if not direct or row.status not in ("unseen", "missing", *ALIGNED):
+        return
+    if row.status in ALIGNED and (records is None or d.record is None or row.record is None
+                                  or record.index not in ancestors(d.record, records)
+                                  or row.record.index not in ancestors(record, records)):
         return
     shown = compare(record, lined.trace[name], None)[:1]  # a step before the divergence: before any masked rows
     if not shown:

@@ -68,6 +68,8 @@ def _root(n: int) -> str:
 
 
 def _factor(x: float) -> str:
+    if not math.isfinite(x * x):  # a --scale of 1e300 against the code's: no root to name
+        return f"{x:.4g}"
     square = round(x * x)
     if square > 1 and math.isclose(x * x, square, rel_tol=1e-4) and not math.isclose(x, round(x), rel_tol=1e-4):
         return f"√{square} ≈ {x:.4g}"

@@ -35,8 +35,8 @@ def _scaled(b: Base, scale: float, how: str, fits: Callable[[Base, Reproduced], 
             named: bool = False) -> Iterator[Trial]:
     """The reference rerun with the scores scaled by `scale`, said as `how`; `named`: `how` names the size the code
     scaled by, which the words keep where scales.py would only give the ratio."""
-    if math.isclose(scale, b.scale, rel_tol=1e-9):
-        return
+    if math.isclose(scale, b.scale, rel_tol=1e-9) or not (math.isfinite(scale / b.scale) and scale > 0):
+        return  # the same scale; or a --scale so far out (1e-300) that twice it is 0 in float64: no trial to run
     from attnscope.usertrace.scales import explain_ratio
 
     ratio = scale / b.scale

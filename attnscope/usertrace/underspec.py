@@ -134,13 +134,15 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
 
 def _earlier(rows: list[Any], first: Any, found: Any) -> tuple[str, Any, str, str] | None:
     """The step before `first` whose step the named mistake's rerun changes and the code holds (Diagnosis.earlier),
-    where the line-up found no tensor for it (unseen, missing), with the words said of the code's tensor there:
-    lined.shown_earlier moves the divergence there once the reading is chosen. None otherwise."""
+    where the line-up found no tensor for it (unseen, missing) or paired it with another tensor of the code's, with
+    the words said of the code's tensor there: lined.shown_earlier moves the divergence there once the reading is
+    chosen (where that tensor is on the way to the divergence's). None otherwise."""
     if found.earlier is None or found.reword is None:
         return None
     name, record = found.earlier
     row = next((r for r in rows if r.reference == name), None)
-    if row is None or row is first or rows.index(row) > rows.index(first) or row.status not in ("unseen", "missing"):
+    if row is None or row is first or rows.index(row) > rows.index(first) \
+            or row.status not in ("unseen", "missing", *ALIGNED) or row.record is record:
         return None
     if record is (found.record or first.record):  # the same tensor of the code's holds both: the line-up's step
         return None  # stands (Idefics2's values from the keys: V_split at its k, not V_feat at the same k)
