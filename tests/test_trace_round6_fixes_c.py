@@ -102,7 +102,7 @@ def test_normed_partial_rotary_lines_up(runner):
 
 
 @pytest.mark.parametrize(("bug", "step", "entry"), [
-    ("rope_on_v", "x_raw", "rope.on_values"),
+    ("rope_on_v", "V_split", "rope.on_values"),  # said at the rotated v (lined.shown_earlier)
     ("scale_none", "scores", "scale.none"),
     ("axis", "attention", "softmax.axis"),
 ])
@@ -188,7 +188,7 @@ def test_attend_pair_lines_up(runner):
 def test_dropout_in_a_function_is_named_by_experiment(runner):
     result, out = trace(runner, f"{STYLES}:attend_pair_dropout", *FN)
     assert result.exit_code == 1, result.stdout + result.stderr
-    assert _first(out) == ("out", "dropout.left_on")
+    assert _first(out) == ("attention", "dropout.left_on")  # at the dropped weights (line 131), not the output
     assert out["first_divergence"]["evidence"].startswith("by experiment")
     text = json.dumps(out)  # a function has no eval(): the message says trace runs it for inference
     assert "runs your function for inference" in text and "eval() mode" not in text
