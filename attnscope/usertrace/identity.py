@@ -133,8 +133,9 @@ def projections(module: Any) -> dict[str, tuple[str, Any]]:
 
 
 def describe(d_feat: int, n_head: int, d_head: int, variants: str) -> str:
-    """The reference, in words, for code whose projections are the identity."""
-    return (f"attnscope MultiHeadAttention (d_feat={d_feat}, n_head={n_head}, d_head={d_head}, scores / √d_head"
+    """The reference, in words, for code whose projections are the identity (`variants` leads with its scale's
+    words, `, scores / √d_head` or none)."""
+    return (f"attnscope MultiHeadAttention (d_feat={d_feat}, n_head={n_head}, d_head={d_head}"
             f"{variants}) with identity projections: your q, k and v split into heads as they are, compared up to "
             "the merge of the heads (x: no output projection)")
 

@@ -132,11 +132,11 @@ def references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Rec
     kv = f", n_kv_head={reference.n_kv_head}" if reference.n_kv_head != reference.n_head else ""
     d_v = f", d_V={reference.d_v}" if reference.d_v != reference.d_head else ""  # values of their own width
     what = (f"attnscope MultiHeadAttention (d_feat={reference.d_feat}, n_head={shapes.n_head}{kv}, d_head="
-            f"{reference.d_head}{d_v}, scores / √d_head{variants}) holding your weights: {projections.describe()}")
+            f"{reference.d_head}{d_v}{_unscaled(spec)}{variants}) holding your weights: {projections.describe()}")
     if projections.matched_by == "identity":
         from attnscope.usertrace import identity
 
-        what = identity.describe(reference.d_feat, shapes.n_head, reference.d_head, variants)
+        what = identity.describe(reference.d_feat, shapes.n_head, reference.d_head, f"{_unscaled(spec)}{variants}")
     what += "; in the column form, your inputs transposed in and its steps transposed out" if col else ""
     return trace, wanted, reference, projections, what, rows, skips, keys
 
@@ -197,7 +197,7 @@ def _joint_reference(module: Any, shapes: ShapePlan, inputs: Inputs, records: li
     rest = replace(spec, qk_norm=None).describe() if reference.spec.norm is None else spec.describe()
     own = "; qk-norm: each stream's own, before the join" if spec.qk_norm and reference.spec.norm is None else ""
     kv = f", n_kv_head={reference.n_kv_head}" if reference.n_kv_head != n_head else ""
-    what = (f"attnscope MultiHeadAttention (n_head={n_head}{kv}, d_head={reference.d_head}, scores / √d_head"
+    what = (f"attnscope MultiHeadAttention (n_head={n_head}{kv}, d_head={reference.d_head}{_unscaled(spec)}"
             f"{', ' + rest if rest else ''}) with identity projections on your joined q, k and v ({joined.n} tokens), "
             f"compared up to the merge of the heads{own}")
     return trace, wanted, reference, projections, what, rows, skips, keys
@@ -300,3 +300,9 @@ def skipped_rows(trace: Trace) -> dict[str, torch.Tensor]:
             # [kept.., 1, ..]: broadcasts over the step
             skips[step.name] = rows.reshape(*rows.shape, *[1] * (len(step.dims) - len(kept)))
     return skips
+
+
+def _unscaled(spec: Spec) -> str:
+    """The reference's scale in its words: `, scores / √d_head`, or nothing where --scale (or the module's config)
+    gives another, which the spec's words say (`scale 0.12`): not both."""
+    return ", scores / √d_head" if spec.scale is None else ""
