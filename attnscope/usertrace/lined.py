@@ -88,7 +88,11 @@ def shown_earlier(lined: LineUp, records: list[Record] | None = None) -> None:
     direct = name in step.inputs or re.search(rf"\b{re.escape(name)}\b", step.op) is not None  # its op names it
     if not direct or row.status not in ("unseen", "missing", *ALIGNED):
         return
+    # an aligned row gives way only to a tensor made from its own on the way to the divergence's; never for a
+    # scale's mistake, said at the scores where the reference scales: code may scale its q first as its own
+    # convention (Swin's `q = q * self.scale`), and the q it scaled is then not where it went wrong
     if row.status in ALIGNED and (records is None or d.record is None or row.record is None
+                                  or (d.experiment or "").startswith("scale.")
                                   or record.index not in ancestors(d.record, records)
                                   or row.record.index not in ancestors(record, records)):
         return

@@ -142,14 +142,10 @@ def _earlier(rows: list[Any], first: Any, found: Any) -> tuple[str, Any, str, st
     name, record = found.earlier
     row = next((r for r in rows if r.reference == name), None)
     if row is None or row is first or rows.index(row) > rows.index(first) \
-            or row.status not in ("unseen", "missing", *ALIGNED) or row.record is record:
+            or row.status not in ("unseen", "missing", *ALIGNED):
         return None
     if record is (found.record or first.record):  # the same tensor of the code's holds both: the line-up's step
         return None  # stands (Idefics2's values from the keys: V_split at its k, not V_feat at the same k)
-    if row.status in ALIGNED and (found.experiment or "").startswith("scale."):
-        # a scale's mistake is said at the scores, where the reference scales: code may scale its q first as its own
-        # convention (Swin's `q = q * self.scale`), and the q it scaled is then not where it went wrong
-        return None
     return (name, record, *found.reword(record))
 
 
