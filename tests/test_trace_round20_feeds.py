@@ -124,19 +124,19 @@ def test_the_kv_styles_are_sdpa_and_the_plants_change_them():
                                              attn_mask=keep[:, None, None, :])
         want = m.out_lin(merged(out))
         assert torch.allclose(m(xq, xk, xv, keep.long()), want, atol=1e-10)
-        _changed(styles.DistilLike, m, want, (xq, xk, xv, keep.long()), ("values_from_keys",))
+        _changed(styles.DistilLike, m, want, (xq, xk, xv, keep.long()), ("values_from_keys",) + INPUTS)
 
         c = styles.BartLikeCross().double().eval()
         want = c.out_proj(merged(F.scaled_dot_product_attention(heads(c.q_proj(xq)), heads(c.k_proj(xk)),
                                                                 heads(c.v_proj(xv)))))
         assert torch.allclose(c(xq, xk, xv), want, atol=1e-10)
-        _changed(styles.BartLikeCross, c, want, (xq, xk, xv), ("values_from_keys",))
+        _changed(styles.BartLikeCross, c, want, (xq, xk, xv), ("values_from_keys",) + INPUTS)
 
         lq = styles.LinearQKV().double().eval()
         want = lq.to_out(merged(F.scaled_dot_product_attention(heads(lq.to_q(xq)), heads(lq.to_k(xk)),
                                                                heads(lq.to_v(xv)))))
         assert torch.allclose(lq(xq, xk, xv), want, atol=1e-10)
-        _changed(styles.LinearQKV, lq, want, (xq, xk, xv), ("values_from_keys",))
+        _changed(styles.LinearQKV, lq, want, (xq, xk, xv), ("values_from_keys",) + INPUTS)
 
 
 def _kv_options(tmp_path, target):
@@ -146,6 +146,11 @@ def _kv_options(tmp_path, target):
 
 
 KV = ["DistilLike", "BartLikeCross", "LinearQKV"]
+# round 33: each projection right, fed the other's input (`self.k_proj(value)`), and the entry and words that say it
+INPUT_PLANTS = {"inputs_swapped": ("kv.swapped", "keys and values swapped at their inputs"),
+                "keys_from_value": ("kv.keys_from_values", "the keys made from the value input"),
+                "values_from_key": ("kv.values_from_keys", "the values made from the key input")}
+INPUTS = tuple(INPUT_PLANTS)
 
 
 @pytest.mark.parametrize("target", KV)
@@ -159,3 +164,14 @@ def test_values_made_by_the_key_projection_are_named(runner, tmp_path, target):
     found = assert_named(code, out, "kv.values_from_keys")
     said = found["diagnosis"]
     assert "the values made by the key projection" in said and "value input through" in said, found
+
+
+@pytest.mark.parametrize("bug", INPUTS)
+@pytest.mark.parametrize("target", KV)
+def test_a_projection_fed_the_other_input_is_named(runner, tmp_path, target, bug):
+    """`self.k_proj(value)`, `self.v_proj(key)` or both, in three styles: named by the experiment that feeds the
+    reference's own projection the other input, where the keys and values come from inputs of their own."""
+    code, out = run_case(runner, STYLES, target, f"bug='{bug}'", _kv_options(tmp_path, target))
+    entry, words = INPUT_PLANTS[bug]
+    found = assert_named(code, out, entry)
+    assert words in found["diagnosis"], found

@@ -1,7 +1,8 @@
 """Styles for tests/test_trace_round20_feeds.py (round 20's feeds): RoPE's whole table handed in one parameter in
 another form than its name says (a complex table under `position_embeddings`, one a sequence or one for all; the
 pair (cos, sin) under `freqs_cis`), and the values made by the key projection where the keys and values come from
-inputs of their own (`forward(query, key, value)`). `bug=` plants a mistake."""
+inputs of their own (`forward(query, key, value)`), or each projection fed the other's input. `bug=` plants a
+mistake."""
 
 from __future__ import annotations
 
@@ -112,6 +113,14 @@ class PairUnderFreqsCis(nn.Module):
         return self.proj(torch.einsum("bhqk,bhkd->bqhd", weights, v).reshape(b, n, -1))
 
 
+def _fed(bug, key, value):
+    """What the key projection and the value projection read: the key and value inputs, or one in the other's place
+    (round 33's plants: 'inputs_swapped' `k_proj(value)` and `v_proj(key)`, 'keys_from_value' `k_proj(value)`,
+    'values_from_key' `v_proj(key)`)."""
+    return {"inputs_swapped": (value, key), "keys_from_value": (value, value),
+            "values_from_key": (key, key)}.get(bug, (key, value))
+
+
 class DistilLike(nn.Module):
     """DistilBERT-like: `forward(query, key, value, mask)`, mask [b, n_K] (1 = keep), filled with finfo.min."""
 
@@ -131,6 +140,7 @@ class DistilLike(nn.Module):
         def shape(x):
             return x.view(bs, -1, self.heads, self.d).transpose(1, 2)
 
+        key, value = _fed(self.bug, key, value)
         q = shape(self.q_lin(query)) / math.sqrt(self.d)
         k = shape(self.k_lin(key))
         v = shape(self.k_lin(value)) if self.bug == "values_from_keys" else shape(self.v_lin(value))
@@ -162,6 +172,7 @@ class BartLikeCross(nn.Module):
         bsz, tgt_len, _ = hidden_states.size()
         src_len = key_states.size(1)
         query = self._shape(self.q_proj(hidden_states) * self.scaling, tgt_len, bsz)
+        key_states, value_states = _fed(self.bug, key_states, value_states)
         keys = self._shape(self.k_proj(key_states), src_len, bsz)
         values = self._shape((self.k_proj if self.bug == "values_from_keys" else self.v_proj)(value_states),
                              src_len, bsz)
@@ -185,6 +196,7 @@ class LinearQKV(nn.Module):
         _moved(self, 16)
 
     def forward(self, q, k, v, attn_mask: torch.Tensor | None = None):
+        k, v = _fed(self.bug, k, v)
         q, k = self.to_q(q), self.to_k(k)
         v = self.to_k(v) if self.bug == "values_from_keys" else self.to_v(v)
         q, k, v = (t.unflatten(-1, (self.h, -1)).transpose(1, 2) for t in (q, k, v))

@@ -395,6 +395,10 @@ def not_weights(tried: Plan, ran: tuple[Inputs, Feeds, Called, Convention | None
         return tried, ran
     if other.mask is None and masking.masks_itself(again[2].records) is None and "head" not in tried.mask.lower():
         return tried, ran
+    if "head" not in tried.mask.lower() and ("causal" in tried.mask.lower() or masking.tested(called.records,
+                                                                                              tried.mask)):
+        return tried, ran  # a mask by its name or its use (`causal_attention_mask == 0`): the weights it multiplies
+        # after the softmax are mask.after_softmax, no head_mask's weights
     said = (f"{tried.mask}: your code multiplies its attention weights by it after the softmax (line {line}), a "
             f"weight per head and no mask, so it was given None (--forward \"{tried.mask}=...\" gives it a value)")
     return dataclasses.replace(other, said={**other.said, tried.mask: said}), again
@@ -726,7 +730,7 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     applied = masking.own_mask_op(tried.records, set(inputs.tensors), plan.mask or "", pattern) \
         if own is None and well else None
     if own is None and applied is None:
-        return called
+        return _unapplied(tried, called, module, pattern, plan.mask or "", inputs, given) if well else called
     rest = _rule_left_over(o, inputs, own) if own is not None else None
     if own is not None and rest is not None:  # it masks one part of the rule itself, merged into the mask it is given
         part, mine, theirs = rest
@@ -756,6 +760,36 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
                         "nothing, so that trace's mask never hides yours; the reference's mask is compared with your "
                         "code's own")
     return tried
+
+
+def _unapplied(tried: Called, called: Called, module: Any, pattern: tuple[int, int], label: str, inputs: Inputs,
+               given: Callable[[Any], Called]) -> Called:
+    """`called` as it is, unless the code reads a mask of its own module's (a causal buffer's slice) and never uses
+    it (masking.unapplied_own_mask: CodeGen's `self.causal_mask[...]` with the `torch.where` that applies it left
+    out): its mask parameter, meant for the caller's padding, then gets what masks no position (the key padding
+    alone, where a --mask file pads keys), so that trace's rule never stands in for the step the code left out; the
+    line-up then shows it missing."""
+    import torch
+
+    from attnscope.usertrace import masking
+
+    buffers = {name for name, _ in module.named_buffers()} if hasattr(module, "named_buffers") else set()
+    unused = masking.unapplied_own_mask(tried.records, buffers, pattern) if buffers else None
+    if unused is None or inputs.allowed is None:
+        return called
+    allowed = inputs.allowed
+    keys = allowed.any(-2, keepdim=True).expand_as(allowed)
+    fed = keys if not bool(keys.all()) else torch.ones_like(allowed)
+    again = given(fed)
+    if again.failure is not None:
+        return called
+    inputs.allowed = fed
+    op = unused.details.get("op", unused.call)
+    inputs.notes.append(f"your code reads a mask of its own (line {unused.line}: {op}, a boolean or 0/1 tensor of "
+                        f"the positions alone) and never applies it: {label} was given "
+                        f"{'the key padding alone' if fed is keys else 'a mask that masks nothing'}, so that trace's "
+                        "rule never stands in for yours; the reference's mask is compared with what your code does")
+    return again
 
 
 def _rule_left_over(o: TraceOptions, inputs: Inputs, own: Record) -> tuple[Any, str, str] | None:

@@ -45,11 +45,17 @@ def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
     the keys' n_K) and tensor."""
     resolved: dict[int, Dims] = {}
     for row in rows:
-        if row.record is not None and row.status in ("equal", "permuted") and row.record.index not in resolved:
-            found = _from_step(row.dims, tuple(row.shape), tuple(row.record.tensor.shape), row.order, row.merged,
-                               row.split)
-            if found is not None:
-                resolved[row.record.index] = found
+        if row.record is None or row.status not in ("equal", "permuted"):
+            continue
+        held = resolved.get(row.record.index)
+        if held is not None and len(set(held)) == len(held):
+            continue
+        found = _from_step(row.dims, tuple(row.shape), tuple(row.record.tensor.shape), row.order, row.merged,
+                           row.split)
+        if found is not None and (held is None or len(set(found)) == len(found)):
+            # a later step's names where the first one's split an axis in two of one name (Q_feat's d_feat as
+            # [d_feat, d_feat] on Keras' [n_batch, n_Q, n_head, d_head], which Q_split names)
+            resolved[row.record.index] = found
     out: dict[int, Dims] = {}
     for record in records:
         dims = resolved.get(record.index) or _grouped(names.dims(record.tensor.shape), record.tensor.shape, names)

@@ -10,6 +10,8 @@ The catalog in words, with an example of each message, is docs/trace.md's "The c
 
 from __future__ import annotations
 
+from itertools import chain
+
 from attnscope.usertrace.biastrials import (
     trials_alibi_after_softmax,
     trials_alibi_queries,
@@ -24,6 +26,7 @@ from attnscope.usertrace.biastrials import (
     trials_t5_transposed,
 )
 from attnscope.usertrace.headtrials import trials_merge, trials_merge_permuted, trials_split
+from attnscope.usertrace.inputtrials import inputs_swapped, keys_from_value_input, values_from_key_input
 from attnscope.usertrace.keytrials import trials_keys_from_values
 from attnscope.usertrace.kvtrials import trials_swapped, trials_tiled, trials_values_from_keys
 from attnscope.usertrace.maskmirror import trials_transposed
@@ -33,6 +36,7 @@ from attnscope.usertrace.masktrials import (
     trials_off_by_one,
     trials_on_queries,
     trials_polarity,
+    trials_unmasked,
     trials_upper_left,
     trials_window_untold,
     trials_zero,
@@ -74,10 +78,13 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("rope.not_applied", "RoPE", "queries and keys never rotated", trials_not_applied),
     Experiment("rope.untold", "RoPE", "RoPE the reference was not told of (--rope)", trials_untold),
     Experiment("rope.on_values", "RoPE", "the values rotated as the keys are", trials_on_values),
-    Experiment("kv.swapped", "keys and values", "K and V swapped", trials_swapped),
-    Experiment("kv.values_from_keys", "keys and values", "the values taken from the keys", trials_values_from_keys),
+    Experiment("kv.swapped", "keys and values", "K and V swapped (the projections' roles, or their inputs)",
+               lambda b: chain(trials_swapped(b), inputs_swapped(b))),
+    Experiment("kv.values_from_keys", "keys and values", "the values taken from the keys (or the key input)",
+               lambda b: chain(trials_values_from_keys(b), values_from_key_input(b))),
     Experiment("kv.keys_from_values", "keys and values", "the keys taken from the values (the value projection "
-               "making the keys)", trials_keys_from_values),
+               "making the keys, or the key projection fed the value input)",
+               lambda b: chain(trials_keys_from_values(b), keys_from_value_input(b))),
     Experiment("qknorm.missing", "qk-norm", "q or k (or both) never normalized where the reference normalizes both",
                trials_missing),
     Experiment("qknorm.place", "qk-norm", "the qk-norm on the other side of RoPE (after it where the reference norms "
@@ -130,6 +137,8 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("mask.filled_with_0", "mask", "masked scores filled with 0", lambda b: trials_zero(b, False)),
     Experiment("mask.off_by_one", "mask", "the causal band one key wider or narrower", trials_off_by_one),
     Experiment("mask.no_window", "mask", "the rule's sliding window left out (its causal mask kept)", trials_no_window),
+    Experiment("mask.not_applied", "mask", "the mask never applied (a mask the code builds, slices or is given, "
+               "left out)", trials_unmasked),
     Experiment("mask.window_untold", "mask", "a window of the code's own the reference was not told of (--window)",
                trials_window_untold),
     Experiment("mask.on_queries", "mask", "a key-padding mask applied on the queries", trials_on_queries),

@@ -24,15 +24,16 @@ ROLE_WORDS = {
     "q": {"q", "query", "queries", "wq"},
     "k": {"k", "key", "keys", "wk"},
     "v": {"v", "value", "values", "wv"},
-    "o": {"o", "out", "output", "wo", "dense"},
+    "o": {"o", "out", "output", "wo"},
 }
+LAYER_WORDS = {"dense"}  # a layer's own word: o alone (BERT's output.dense), else noise (Keras' _key_dense)
 NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weight", "in", "attn", "attention",
          "self", "l", "dense_layer", "c"}
 WEIGHT_WORDS = {"kernel", "weight", "w", "bias"}  # a projection's tensor in its module (Flax's query.kernel)
 
 
 def role_of(name: str) -> str | None:
-    """`W_q` -> q, `out_proj` -> o, `to_out.0` -> o, `linears.2` -> None."""
+    """`W_q` -> q, `out_proj` -> o, `to_out.0` -> o, `dense` -> o, `_key_dense` -> k, `linears.2` -> None."""
     parts = name.lower().split(".")
     while parts and (parts[-1].isdigit() or parts[-1] in WEIGHT_WORDS):  # query.kernel, heads.0, W_q.weight
         parts.pop()
@@ -40,6 +41,8 @@ def role_of(name: str) -> str | None:
         return None
     words = [w for w in re.split(r"[_\-]", parts[-1]) if w and w not in NOISE]
     found = {role for role, vocabulary in ROLE_WORDS.items() if any(w in vocabulary for w in words)}
+    if not found and any(w in LAYER_WORDS for w in words):
+        found = {"o"}
     return found.pop() if len(found) == 1 else None
 
 

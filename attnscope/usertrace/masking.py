@@ -590,6 +590,27 @@ def weighs(records: list[Record], label: str, failure: Failure | None = None) ->
     return None
 
 
+TESTS = COMPARING + ("__lt__", "lt", "__le__", "le", "__gt__", "gt", "__ge__", "ge", "logical_not", "__invert__",
+                     "bitwise_not", "bool")
+
+
+def tested(records: list[Record], label: str) -> bool:
+    """Whether the code compares the parameter `label` (or what it made of it alone) before it meets another tensor
+    (`causal_attention_mask == 0`, `~mask`, `mask.bool()`): a mask's cells read as may-attend or not, where a
+    head_mask is a weight it multiplies by as it is."""
+    derived: set[int] = set()
+    for r in records:
+        reads = [value[1] if kind == "kw" else (kind, value) for kind, value in r.args]
+        if not any(k == "text" and v == label or k == "rec" and v in derived for k, v in reads):
+            continue
+        if any(k == "rec" and v not in derived for k, v in reads):
+            return False
+        if r.func.split(".")[-1] in TESTS:
+            return True
+        derived.add(r.index)
+    return False
+
+
 def masks_itself(records: list[Record]) -> Record | None:
     """The code's own masking of its scores where it was given no mask: weights of exactly 0 (masks_by_itself), or
     a `where` / `masked_fill` before the first softmax (a mask filled with a value other than -inf included)."""
@@ -648,6 +669,21 @@ def own_mask_op(records: list[Record], inputs: set[str], label: str, pattern: tu
         own = [records[i] for i in r.parents if i not in data and i not in other
                and tuple(records[i].tensor.shape[-2:]) == axes and two_valued(records[i].tensor)]
         if scores and own and not bool(torch.equal(scores[0].tensor, r.tensor)):
+            return r
+    return None
+
+
+def unapplied_own_mask(records: list[Record], buffers: set[str], pattern: tuple[int, int]) -> Record | None:
+    """A mask the code reads from a buffer of its own module and then never uses: the first op reading the buffer
+    by its name (CodeGen's `self.causal_mask[:, :, k - q:k, :k]`, GPT-2's `self.bias[...]`) whose result is a
+    boolean or 0/1 tensor holding both values over the scores' two last axes `pattern` ([n_Q, n_K], or turned), and
+    which no later op reads: the code meant to mask by itself and left the step out. None where there is none."""
+    read = {p for r in records for p in r.parents}
+    for r in records:
+        names = {v for k, v in r.args if k == "text"}
+        if not names & buffers or r.index in read:
+            continue
+        if tuple(r.tensor.shape[-2:]) in (pattern, pattern[::-1]) and two_valued(r.tensor):
             return r
     return None
 

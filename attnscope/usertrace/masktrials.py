@@ -1,5 +1,5 @@
-"""The catalog's mask mistakes: polarity, after the softmax, multiplied or filled with 0, the causal band off by
-one, a window left out or untold, key padding on the queries, upper-left is_causal in a decode step."""
+"""The catalog's mask mistakes: not applied, polarity, after the softmax, multiplied or filled with 0, the causal
+band off by one, a window left out or untold, key padding on the queries, upper-left is_causal in a decode step."""
 
 from __future__ import annotations
 
@@ -43,6 +43,17 @@ def trials_polarity(b: Base) -> Iterator[Trial]:
                         "`tril(ones(n_Q, n_K))` handed where True means masked out (nn.MultiheadAttention's "
                         "attn_mask), or the reverse; hand it the rule's complement there (a causal one's is "
                         "`triu(ones(n_Q, n_K, dtype=bool), diagonal=1)`)")
+
+
+def trials_unmasked(b: Base) -> Iterator[Trial]:
+    """The mask left out altogether: the reference's scores softmaxed as they are (code that builds or slices its
+    causal mask and never applies it, CodeGen's `torch.where(causal_mask, ...)` left out; a mask argument it never
+    reads)."""
+    if has_mask(b):
+        assert b.allowed is not None
+        yield Trial(replay(b, allowed=None), f"the mask is not applied: {{who}} is what the reference computes with "
+                    f"no mask at all, the {int((~b.allowed).sum())} positions the mask forbids keeping their scores; "
+                    "apply it to the scores before the softmax (masked_fill(~mask, -inf))")
 
 
 def _padding_apart(b: Base) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -27,10 +27,14 @@ ORDER = ("Q", "K", "V")
 
 def by_names(names: list[str]) -> dict[str, str] | None:
     """{parameter: role} where each tensor parameter is named for a role of its own (`query`, `k`, `values`):
-    three for Q, K and V, or two for Q and K (or V); None otherwise."""
+    three for Q, K and V, or two for Q and K (or V); None otherwise. Of three, one may be named for none where the
+    other two name two roles (BART's `forward(hidden_states, key_states, value_states)`): it has the role left."""
     from attnscope.usertrace.reference import role_of
 
     roles = [role_of(name) for name in names]
+    if len(names) == 3 and roles.count(None) == 1 and len({r for r in roles if r is not None} - {"o"}) == 2:
+        left = ({"q", "k", "v"} - set(roles)).pop()
+        roles = [left if role is None else role for role in roles]
     if any(role is None or role == "o" for role in roles) or len(set(roles)) != len(roles):
         return None
     said = {name: str(role).upper() for name, role in zip(names, roles, strict=True)}

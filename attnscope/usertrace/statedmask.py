@@ -9,9 +9,10 @@ is True where a key may be attended"), the docstring of the function or class ar
 state one polarity and the ops read the other, the module contradicts itself, and the mask is given as its words
 say, so that the run shows what the code does with it (experiments.py's `mask.polarity` names it).
 
-The nearest words decide: the comments on the applying line and the two above it, then the docstrings of the
-function and class holding that line, then those of the traced class and its forward (and of the classes of the file
-it inherits from, nearest first), then the file's docstring, then the docstrings of the functions the traced target
+The nearest words decide: the comments on the applying line and the two above it, then the other comments above it
+in its function, then the docstrings of the function and class holding that line, then those of the traced class and
+its forward (and of the classes of the file it inherits from, nearest first), then the file's docstring, then the
+docstrings of the functions the traced target
 reaches (the methods of its classes, the functions of the file it calls or names, and theirs) that take a parameter
 of the mask's name, never a neighbour's it does not reach (a file of several styles states a convention for each);
 a place whose words state both polarities states none. Only sentences that name a mask are read, and never one that
@@ -34,10 +35,10 @@ _FALSE = r"false|zeros?|(?<![\w.+\-])0(?:s\b)?(?!\w|\.\d)"
 # "not masked" before "masked": the first alternative that matches at a place wins
 _ATTEND = (r"not (?:be )?(?:masked|padd?(?:ed|ing)?|ignored|blocked|hidden)|non-?(?:masked|padd?(?:ed|ing)?)|unmasked"
            r"|(?:may|can|should|to|will)(?: be)? attend(?:ed)?|attend(?:ed|s|ing)?|keep|kept|valid|visible|allowed"
-           r"|take part|participates?|real tokens?|seen|unpadded")
+           r"|take part|participates?|real tokens?|seen|unpadded|(?<!no )attention")
 _MASKED = (r"masked(?: out)?|mask(?:ed)? out|ignored?|padd?(?:ed|ing)?|pad|blocked|hidden|excluded|disallowed"
            r"|not allowed|cannot (?:be )?attend(?:ed)?|can ?not attend|(?:not|never) attend(?:ed)?|prevented|filled"
-           r"|invalid|dropped|removed")
+           r"|invalid|dropped|removed|no attention")  # Keras': "1 indicates attention and 0 indicates no attention"
 _MEANING = rf"(?P<attend>{_ATTEND})|(?P<masked>{_MASKED})"
 _JOIN = r"\s*(?:=|==|:|->|→|means?|for|where|when|if|indicates?|marks?|is|are|denotes?|at|as)\s*"
 # a value, then up to six words, then what it means: "True = masked", "1 for tokens that are not masked"
@@ -65,6 +66,7 @@ class Stated:
     line: int
     words: str  # the sentence that says it
     turned: bool = False  # said of what the code made of the mask turned round (a helper's parameter, a variable)
+    named: bool = False  # said in a sentence that names the mask parameter itself, not a mask in general
 
 
 # the mask followed through the code (masking.flow): each op that reads it (its line, whether what it read was
@@ -90,13 +92,19 @@ def read(path: Path, line: int | None, parameter: str, others: tuple[str, ...] =
     own = _own_lines(tree, traced)
     for place in _places(tree, comments, line, traced, parameter, uses):
         found: dict[str, Stated] = {}
+        named: dict[str, Stated] = {}  # said in sentences that name the parameter: these outrank a mask in general
         mine = True  # whether every text that says something here is the traced target's own
         for text, at, turned in place:
             for s in _statements(text, at, parameter, others):
                 flip = bool(turned) if turned is not None else _named(s.words, text, parameter, names)
                 kind = {"attend": "masked", "masked": "attend"}[s.kind] if flip else s.kind
                 found.setdefault(kind, Stated(kind, s.line, s.words, flip))
+                if s.named:
+                    named.setdefault(kind, found[kind] if found[kind].words == s.words else
+                                     Stated(kind, s.line, s.words, flip))
                 mine = mine and turned is False and at in own
+        if len(named) == 1:  # "key_padding_mask: True marks a padded key" beside "a boolean mask ..., True = may
+            found = named  # attend" the module builds of it (a file's header)
         if len(found) == 1:
             said = next(iter(found.values()))
             if said.kind == reads and not mine:
@@ -147,12 +155,15 @@ def _places(tree: ast.Module, comments: dict[int, str], line: int | None, traced
         function = max((n for n in inner if not isinstance(n, ast.ClassDef)), key=lambda n: n.lineno, default=None)
         top = function.lineno if function is not None else 1
         places.append([(comments[i], i, None) for i in range(max(top, line - 2), line + 1) if i in comments])
+        # then the comments above those in the same function (Keras' "attention_mask: [B, T, S], 1 = attend" at
+        # the top of _masked_softmax), nearest first
+        places.append([(comments[i], i, None) for i in range(line - 3, top - 1, -1) if i in comments])
         around = sorted(inner, key=lambda n: -n.lineno)
         places.append([(d, n.lineno, turned(n)) for n in around if (d := ast.get_docstring(n))])
     for name in traced:  # the traced class and the classes it inherits from in the file, or the function
         named = [n for n in holders if n.name == name and n.col_offset == 0]
         places.append([(d, n.lineno, False) for c in named for n in [c, *_forwards(c)] if (d := ast.get_docstring(n))])
-    if (d := ast.get_docstring(tree)) is not None:
+    if (d := ast.get_docstring(tree) or _header(comments)) is not None:
         places.append([(d, 1, False)])
     # the functions the traced target reaches that take a parameter of the mask's name (flax's
     # dot_product_attention_weights, which the dot_product_attention traced calls; a method of its class): what
@@ -199,6 +210,15 @@ def _forwards(node: ast.AST) -> list[ast.FunctionDef]:
     return [n for n in body if isinstance(n, ast.FunctionDef) and n.name in ("forward", "__call__")]
 
 
+def _header(comments: dict[int, str]) -> str | None:
+    """The comment lines a file opens with, from its first line on, as one text: a file's words where it has no
+    docstring (`# key_padding_mask: [B, T], True marks a padded key.`); None where its first line is no comment."""
+    lines: list[str] = []
+    while len(lines) + 1 in comments:
+        lines.append(comments[len(lines) + 1])
+    return "\n".join(lines) or None
+
+
 def _comments(source: str) -> dict[int, str]:
     found: dict[int, str] = {}
     try:
@@ -222,11 +242,12 @@ def _statements(text: str, at: int, parameter: str, others: tuple[str, ...]) -> 
             continue
         if _ADDITIVE.search(sentence):
             continue
+        own = parameter.lower() in names and parameter.lower() not in ("mask", "masks")
         for match in [*_VALUE_FIRST.finditer(sentence), *_MEANING_FIRST.finditer(sentence)]:
             true = re.fullmatch(_TRUE, match.group("value"), re.I) is not None
             attend = match.group("attend") is not None
-            said.append(Stated("attend" if true == attend else "masked", at, match.group(0)))
+            said.append(Stated("attend" if true == attend else "masked", at, match.group(0), named=own))
         for match in _LOW_FIRST.finditer(sentence):  # the value where the low one is written is the masked one
             true = re.fullmatch(_TRUE, match.group("value"), re.I) is not None
-            said.append(Stated("masked" if true else "attend", at, match.group(0)))
+            said.append(Stated("masked" if true else "attend", at, match.group(0), named=own))
     return said

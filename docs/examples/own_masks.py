@@ -20,9 +20,9 @@ def merge(t):
 
 
 class Gpt2Attention(nn.Module):
-    """transformers' GPT-2: the causal buffer `bias` applied with torch.where, then the additive attention_mask.
-    bug "after_softmax": the buffer applied to the weights after the softmax; "multiplied": the scores multiplied by
-    the buffer (`w * causal`), whose weights keep no 0."""
+    """transformers' GPT-2: the causal buffer `bias` applied with torch.where, then the additive attention_mask. bug
+    "after_softmax": the buffer applied to the weights after the softmax; "multiplied": the scores times the buffer
+    (`w * causal`), its weights keeping no 0; "unapplied": the buffer sliced, the torch.where left out."""
 
     def __init__(self, n_embd=32, n_head=4, n_positions=16, bug=None):
         super().__init__()
@@ -38,7 +38,7 @@ class Gpt2Attention(nn.Module):
         causal = self.bias[:, :, :q.shape[-2], :k.shape[-2]]
         if self.bug == "multiplied":
             w = w * causal
-        elif self.bug != "after_softmax":
+        elif self.bug not in ("after_softmax", "unapplied"):
             w = torch.where(causal, w, torch.finfo(w.dtype).min)
         if attention_mask is not None:
             w = w + attention_mask
