@@ -198,6 +198,10 @@ class RunSoFar:
         made = None
         candidates = [self.plan] + [self.plan.with_mask(m) for m in self.plan.other_masks if asked.mask or asked.causal
                                or asked.window]
+        if not self.plan.self_attention and asked.mask and not asked.causal and not asked.window:
+            # cross-attention's key padding: to the memory's own mask parameter first (BLIP's, BERT's
+            # encoder_attention_mask beside attention_mask), which keeps it by its name (the loop below)
+            candidates.sort(key=lambda c: not (c.mask is not None and _memorys(c.mask)))
         causal = self.plan.causal_mask(window=bool(asked.window))
         # CLIP's causal_attention_mask, ModernBERT's sliding_window_mask: the rule's own
         if causal is not None and (asked.causal or asked.window) and not asked.mask:
@@ -252,6 +256,14 @@ class RunSoFar:
                 continue  # the padding and the rule each read by the code, else none of them split so
             if ran[0].allowed is not None and tried.mask not in (None, causal) and not tried.self_attention \
                     and not masking.reads(ran[2].records, tried.mask):
+                if _memorys(tried.mask) and any(not _memorys(m) for m in self.plan.other_masks):
+                    # the memory's own mask parameter beside the queries' (BLIP's, BERT's encoder_attention_mask
+                    # beside attention_mask): the memory's padding is its, by its name, read or not; code that
+                    # applies the queries' mask to the memory's keys instead then shows the padding unapplied
+                    ran[0].notes.append(f"{tried.mask}: given the key padding of the memory, as its name says, "
+                                        "though your code never reads it; your other mask parameters were given "
+                                        "None")
+                    return self.keep_run(tried, ran)
                 unread = unread or (tried, ran)
                 continue
             return self.keep_run(tried, ran)
@@ -442,3 +454,10 @@ def form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
         return dataclasses.replace(spec, rope_fraction=form.width / d_head, fraction_from_module=True,
                                    pairing_asked=True, pairing_read=read)
     return dataclasses.replace(spec, pairing_asked=True, pairing_read=read)
+
+
+def _memorys(name: str) -> bool:
+    """Whether a mask parameter is named for a memory's keys (`encoder_attention_mask`, `memory_key_padding_mask`,
+    `encoder_mask`), not the queries' own sequence."""
+    words = set(name.lower().split("_"))
+    return bool(words & {"encoder", "memory", "enc", "context", "cross"}) and bool(words & {"mask", "padding"})

@@ -199,6 +199,8 @@ def trials_fraction(b: Base) -> Iterator[Trial]:
                     f"the reference computes with the first {r} of d_head = {d} coordinates turning at base^(-2i / "
                     f"{d}) where a rotary fraction turns them at base^(-2i / {r}) (GPT-NeoX's inv_freq over "
                     "rotary_ndims)")
+        if not rope.lead and r < d:
+            yield _last_share(b, rope, r)
         said = b.ctx.spec is not None and b.ctx.spec.fraction_from_module
         yield Trial(_rotated(b, rope, rotary=d), f"RoPE rotates the whole head: {{who}} is what the reference computes "
                     f"with all d_head = {d} coordinates rotated, where only the first {r} turn (a rotary fraction of "
@@ -226,6 +228,25 @@ def trials_fraction(b: Base) -> Iterator[Trial]:
                         f"{{who}} is what the reference computes with the first {r} of d_head = {d} coordinates "
                         f"turning at base^(-2i / {d}) where a rotary fraction turns them at base^(-2i / {r}) "
                         "(GPT-NeoX's inv_freq over rotary_ndims)")
+
+
+def _last_share(b: Base, rope: ReadRope, r: int) -> Trial:
+    """The rotary share taken from the end of each head (`q[..., -rotary_ndims:]` turned, the first d_head − r
+    passed through) where a rotary fraction turns the first r (GPT-NeoX's, StableLM's `q[..., :rotary_ndims]`): the
+    same tables and pairing, on the other coordinates."""
+    d = b.d_head
+
+    def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return rotate_pairs(x, positions, rope.base, rope.pairing, None, None, None, rope.sign, rope.freqs, rope.angles,
+                            lead=d - r)
+
+    if b.raw_keys is not None:
+        steps = rejoined(b, turn(rope.q, rope.q_pos), turn, start=int(rope.k_pos[0]) - b.n_cache)
+    else:
+        steps = turned(b, rope, turn(rope.q, rope.q_pos), turn(rope.k, rope.k_pos))
+    return Trial(steps, f"RoPE rotates the wrong share of each head: {{who}} is what the reference computes with the "
+                 f"last {r} of d_head = {d} coordinates rotated and the first {d - r} passed through, where a rotary "
+                 f"fraction turns the first {r} (`x[..., :rotary_ndims]`) and passes the rest through")
 
 
 def _other_shares(b: Base, rope: ReadRope, said: int) -> list[int]:

@@ -91,7 +91,8 @@ def holders(failure: Failure, tables: list[str], width: int | None, d_head: int,
             given: TableForm | None = None, read: tuple[str, ...] = ()) -> list[TableForm]:
     """The other forms of RoPE's whole table, where one parameter takes it (feeds.WHOLE_TABLES) and the code raised
     on the form trace gave it first (`given`, else the one its name says), or a parameter `read` as the table by its
-    use (paramuse.turns): a complex table, one a sequence, the pair (cos, sin), or 2x2 rotation matrices (MATRICES).
+    use (paramuse.turns): a complex table, one a sequence, one as real numbers (gpt-fast's), the pair (cos, sin), or 2x2
+    rotation matrices (MATRICES).
     Which one it runs on is read from its run on each (runs/trace_attempt.py): the op it raised on says what it does
     with the value (`.to(..)`, `.real`, an index of three axes, `cos, sin = ..`), not its name."""
     from attnscope.usertrace.feeds import WHOLE_TABLES
@@ -104,14 +105,16 @@ def holders(failure: Failure, tables: list[str], width: int | None, d_head: int,
     made = {k: TableForm(width or d_head, holds=k) if k == "cos, sin" else TableForm(d_head // 2, pairs=True, holds=k)
             for k in HELD}
     # a value used as a tensor (`'tuple' object has no attribute`) is tried as one first
-    order = [*MATRICES, "complex, batched", "complex", "cos, sin"] if "tuple" in failure.message else \
-        ["cos, sin", "complex, batched", "complex", *MATRICES]
+    order = [*MATRICES, "complex, batched", "complex", "real", "cos, sin"] if "tuple" in failure.message else \
+        ["cos, sin", "complex, batched", "complex", "real", *MATRICES]
     return [made[k] for k in order if k != fed]
 
 
 HELD = {"complex": "a complex table e^(i·position·inv_freq), [n_Q, d_head / 2] (Meta's freqs_cis)",
         "complex, batched": "a complex table e^(i·position·inv_freq) for each sequence, [n_batch, n_Q, d_head / 2] "
                             "(Llama 4's freqs_cis)",
+        "real": "a complex table e^(i·position·inv_freq) as real numbers, its cos and sin on a last axis of 2, "
+                "[n_Q, d_head / 2, 2] (gpt-fast's freqs_cis, torch.view_as_real's form)",
         "cos, sin": "the pair (cos, sin), each [n_batch, n_Q, d_head] (transformers' position_embeddings)",
         **{k: f"2x2 rotation matrices [[cos, -sin], [sin, cos]] for each pair, [{', '.join(dims)}]"
            + (" (Flux's pe)" if k == "matrices" else "") for k, dims in MATRICES.items()}}
