@@ -114,3 +114,14 @@ def test_a_files_opening_comments_state_the_padding_polarity(runner, tmp_path):
                          _options(tmp_path, "CausalSDPAttention"))
     assert_named(code, out, "mask.polarity")
     assert any("True marks a padded" in note for note in out["notes"]), out["notes"]
+
+
+def test_keras_words_for_its_mask_are_read():
+    """Keras' docstring: "1 indicates attention and 0 indicates no attention" says True = may attend; "attention"
+    before a value is the weights' word, not a meaning."""
+    from attnscope.usertrace.statedmask import _statements
+
+    said = _statements("The boolean mask specifies which query elements can attend to which key elements, 1 "
+                       "indicates attention and 0 indicates no attention.", 1, "attention_mask", ())
+    assert {s.kind for s in said} == {"attend"} and len(said) == 2, said
+    assert not _statements("attention weights are 0 where the mask is set", 1, "mask", ())

@@ -35,14 +35,17 @@ _FALSE = r"false|zeros?|(?<![\w.+\-])0(?:s\b)?(?!\w|\.\d)"
 # "not masked" before "masked": the first alternative that matches at a place wins
 _ATTEND = (r"not (?:be )?(?:masked|padd?(?:ed|ing)?|ignored|blocked|hidden)|non-?(?:masked|padd?(?:ed|ing)?)|unmasked"
            r"|(?:may|can|should|to|will)(?: be)? attend(?:ed)?|attend(?:ed|s|ing)?|keep|kept|valid|visible|allowed"
-           r"|take part|participates?|real tokens?|seen|unpadded|(?<!no )attention")
+           r"|take part|participates?|real tokens?|seen|unpadded")
 _MASKED = (r"masked(?: out)?|mask(?:ed)? out|ignored?|padd?(?:ed|ing)?|pad|blocked|hidden|excluded|disallowed"
            r"|not allowed|cannot (?:be )?attend(?:ed)?|can ?not attend|(?:not|never) attend(?:ed)?|prevented|filled"
-           r"|invalid|dropped|removed|no attention")  # Keras': "1 indicates attention and 0 indicates no attention"
+           r"|invalid|dropped|removed")
 _MEANING = rf"(?P<attend>{_ATTEND})|(?P<masked>{_MASKED})"
+# after a value only, "attention" says what the value means (Keras': "1 indicates attention and 0 indicates no
+# attention"); before one it is the weights' word ("attention weights are 0 where ...")
+_VALUE_MEANING = rf"(?P<attend>{_ATTEND}|(?<!no )attention)|(?P<masked>{_MASKED}|no attention)"
 _JOIN = r"\s*(?:=|==|:|->|→|means?|for|where|when|if|indicates?|marks?|is|are|denotes?|at|as)\s*"
 # a value, then up to six words, then what it means: "True = masked", "1 for tokens that are not masked"
-_VALUE_FIRST = re.compile(rf"\b(?P<value>{_TRUE}|{_FALSE}){_JOIN}(?:[\w`'*]+\s+){{0,6}}?(?:{_MEANING})\b", re.I)
+_VALUE_FIRST = re.compile(rf"\b(?P<value>{_TRUE}|{_FALSE}){_JOIN}(?:[\w`'*]+\s+){{0,6}}?(?:{_VALUE_MEANING})\b", re.I)
 # what it means, then the value: "filled with -finfo.max where False", "positions to ignore are True"
 _MEANING_FIRST = re.compile(rf"\b(?:{_MEANING})\b(?:[^.;:\n]|\.(?=\S)){{0,40}}?\b"
                             r"(?:where|when|if|is|are|=|set to|equal to|(?:(?:is|are)\s+)?(?:indicated|marked|denoted"
