@@ -152,7 +152,7 @@ class RunSoFar:
         form, self.spec, again = made[0]
         self.table_form[:] = [form]
         named = (form.swapped or form.layout or form.turned or (form.pairs and 2 * form.width < d_head)) \
-            and form.holds in ("", "cos, sin")  # a complex table, matrices: tableforms.note says what it holds
+            and form.holds in ("", "cos, sin", "cos, sin, shared")  # a complex table, matrices: tableforms.note
         self.sliced[:] = [tablelayouts.note(form, tried.tables, width or d_head, d_head, failed) if named else
                           tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
         return again
@@ -266,11 +266,35 @@ class RunSoFar:
                     return self.keep_run(tried, ran)
                 unread = unread or (tried, ran)
                 continue
+            if asked.rope and tried.tables_unasked == [] and not tried.tables and self.plan.tables:
+                tried, ran = self._own_tables_rotate(asked, tried, ran)
             return self.keep_run(tried, ran)
         if unread is not None:
             return self.keep_run(*unread)
         assert made is not None
         return self.refused_mask(asked, made, handed)
+
+    def _own_tables_rotate(self, asked: TraceOptions, tried: Plan, ran: Made) -> tuple[Plan, Made]:
+        """(plan, run) of the code given RoPE's tables by trace, where it ran given None (its own tables, as
+        transformers' 4.4x layers make them) and lines up better given them: Qwen-1's `rotary_pos_emb_list=None`
+        skips RoPE altogether, which is no table of its own (given None it never rotates: rope.not_applied). Else
+        the run given None, as it is."""
+        from attnscope.usertrace.lineup import line_up
+        from attnscope.usertrace.ranking import better_fit
+
+        if self.weighted is None:
+            return tried, ran
+        given = dataclasses.replace(tried, tables=list(self.plan.tables), tables_optional=True,
+                                    nones=[n for n in tried.nones if n not in self.plan.tables],
+                                    said={k: v for k, v in tried.said.items() if k not in self.plan.tables})
+        other = self.run_plan(asked, given)
+        if other[2].failure is not None:
+            return tried, ran
+        mine = line_up(self.weighted, self.shapes, ran[0], ran[2].records, asked.train, self.spec)
+        if mine.divergence is None or "rope.not_applied" not in str(mine.divergence.experiment).split("+"):
+            return tried, ran  # tables of its own, of another base or pairing, are its to answer for
+        theirs = line_up(self.weighted, self.shapes, other[0], other[2].records, asked.train, self.spec)
+        return (given, other) if better_fit(theirs, mine) else (tried, ran)
 
     def refused_mask(self, asked: TraceOptions, made: Made, handed: dict[str, list[tuple[int, ...]]]) -> Made:
         """`made`, or where the code refuses its mask itself, an assert or a raise on the line that reads its mask

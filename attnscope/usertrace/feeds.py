@@ -161,7 +161,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
         kind = name.lower()
         if form is not None and form.holds and (kind in WHOLE_TABLES or name in plan.read_tables):  # the form the
             # code was read to run on
-            kind = "position_embeddings" if form.holds == "cos, sin" else "freqs_cis"
+            kind = "position_embeddings" if form.holds.startswith("cos, sin") else "freqs_cis"
         value: Any
         if form is not None and form.holds.startswith("matrices"):  # 2x2 rotation matrices (Flux's pe)
             from attnscope.usertrace.rotations import MATRICES, rotations
@@ -177,6 +177,15 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
                 laid[0] if kind == "cos" else laid[1]
             for i, part in enumerate(value if isinstance(value, tuple) else ()):
                 out.labels[id(part)] = f"{name}[{i}]"
+        elif kind == "rotary_pos_emb_list":  # Qwen-1's: [(cos, sin)], each [1, n_Q, 1, width], sliced to the last
+            # cur_len positions and turned as rotate_half turns them
+            pair = tuple(t[start:start + n_Q][None, :, None, :] for t in (cos, sin))
+            value = [pair]
+            for i, part in enumerate(pair):
+                out.labels[id(part)] = f"{name}[0][{i}]"
+            out.steps.append((name, pair[0], ("1", "n_Q", "1", "d_head"), f"input: [(cos, sin)] of position · "
+                              f"inv_freq, positions {start} to {start + n_Q - 1}, base {rope_base:g}, {pairing} "
+                              "(Qwen-1's rotary_pos_emb_list)"))
         elif kind in ("cos", "sin"):
             value = cos if kind == "cos" else sin
             out.steps.append((name, value, ("n_K", "d_head"), f"input: {kind}(position · inv_freq), positions 0 to "
@@ -202,7 +211,8 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
                               f"positions {start} to {start + n_Q - 1}, base {rope_base:g} ({source})"))
         else:  # position_embeddings
             # [n_batch, n_Q, width]; without a batch axis (--batch 0: Qwen2-VL's vision tower, [seq, dim]) [n_Q, width]
-            batch = (sizes["n_batch"], n_Q, width) if "n_batch" in sizes else (n_Q, width)
+            batch = (sizes["n_batch"], n_Q, width) if "n_batch" in sizes and not (
+                form is not None and form.holds == "cos, sin, shared") else (n_Q, width)
             value = (cos[start:start + n_Q].expand(batch), sin[start:start + n_Q].expand(batch))
             value = value[::-1] if form is not None and form.swapped else value
             for i, part in enumerate(value):

@@ -59,7 +59,8 @@ POSITION_ID_WORDS = ("position", "positions", "pos")
 # [n_pos, d_head]; Meta's freqs_cis [n, d_head / 2] complex; transformers' position_embeddings (cos, sin).
 # llama2.c's freqs_cos, freqs_sin: freqs_cis's real and imaginary parts, each [n, d_head / 2].
 # rotary_pos_emb: the angles position · inv_freq, [n_Q, d_head / 2], as Qwen2-VL's and GLM-4V's vision towers take them
-TABLE_NAMES = ("cos", "sin", "freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_emb", "position_embeddings")
+TABLE_NAMES = ("cos", "sin", "freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_emb", "position_embeddings",
+               "rotary_pos_emb_list")  # the last Qwen-1's: a list of one pair (cos, sin), each [1, n, 1, d_head]
 # Those of one angle a pair, laid out for no pairing: the code pairs its coordinates as it will
 PAIR_TABLES = ("freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_emb")
 # Constructor arguments filled from --d-feat / --heads when --init does not give them.

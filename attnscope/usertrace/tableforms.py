@@ -102,11 +102,12 @@ def holders(failure: Failure, tables: list[str], width: int | None, d_head: int,
         return []
     fed = given.holds if given is not None and given.holds else \
         "complex" if whole[0].lower() == "freqs_cis" else "cos, sin"
-    made = {k: TableForm(width or d_head, holds=k) if k == "cos, sin" else TableForm(d_head // 2, pairs=True, holds=k)
-            for k in HELD}
+    made = {k: TableForm(width or d_head, holds=k) if k.startswith("cos, sin") else
+            TableForm(d_head // 2, pairs=True, holds=k) for k in HELD}
     # a value used as a tensor (`'tuple' object has no attribute`) is tried as one first
-    order = [*MATRICES, "complex, batched", "complex", "real", "cos, sin"] if "tuple" in failure.message else \
-        ["cos, sin", "complex, batched", "complex", "real", *MATRICES]
+    order = [*MATRICES, "complex, batched", "complex", "real", "cos, sin", "cos, sin, shared"] \
+        if "tuple" in failure.message else \
+        ["cos, sin", "cos, sin, shared", "complex, batched", "complex", "real", *MATRICES]
     return [made[k] for k in order if k != fed]
 
 
@@ -116,6 +117,8 @@ HELD = {"complex": "a complex table e^(i·position·inv_freq), [n_Q, d_head / 2]
         "real": "a complex table e^(i·position·inv_freq) as real numbers, its cos and sin on a last axis of 2, "
                 "[n_Q, d_head / 2, 2] (gpt-fast's freqs_cis, torch.view_as_real's form)",
         "cos, sin": "the pair (cos, sin), each [n_batch, n_Q, d_head] (transformers' position_embeddings)",
+        "cos, sin, shared": "the pair (cos, sin), each [n_Q, d_head], one for all sequences (transformers' Pixtral "
+                            "and vision towers, unsqueezed at 0)",
         **{k: f"2x2 rotation matrices [[cos, -sin], [sin, cos]] for each pair, [{', '.join(dims)}]"
            + (" (Flux's pe)" if k == "matrices" else "") for k, dims in MATRICES.items()}}
 

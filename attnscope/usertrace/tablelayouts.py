@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from attnscope.usertrace.record import Failure
 
 
+# the forms a pair of tables takes: as the parameter's name says, and (cos, sin) with or without a batch axis
+PAIRED = ("", "cos, sin", "cos, sin, shared")
+
 def paired(plan: Plan) -> bool:
     """Whether one parameter takes the pair (cos, sin) in a tuple (transformers' position_embeddings): its order is
     then the module's to choose."""
@@ -53,7 +56,7 @@ def variants(forms: list[TableForm], plan: Plan, asked: str | None) -> list[Tabl
     out: list[TableForm] = []
     for form in forms:
         laid = [form]
-        if not paired(plan) or form.holds not in ("", "cos, sin"):  # `cos`, `sin` apart: LLMs-from-scratch's form
+        if not paired(plan) or form.holds not in PAIRED:  # `cos`, `sin` apart: LLMs-from-scratch's form
             out += [f for f in (form, *converted(form, asked)) if f not in out]
             continue
         # before Cohere's layout: halved by such code, interleaved tables turn two pairs alike, which a frequency table
@@ -72,7 +75,7 @@ def converted(form: TableForm, asked: str | None) -> list[TableForm]:
     apply_rotary_pos_emb), over the tables' width (the share of each head it turns). The rotation it makes of them
     is read: a convention where --rope-pairing does not ask for half-split. Empty for tables of one angle a pair, or
     laid out already."""
-    if form.pairs or form.layout or form.turned or form.holds not in ("", "cos, sin") or asked == "half-split":
+    if form.pairs or form.layout or form.turned or form.holds not in PAIRED or asked == "half-split":
         return []
     return [TableForm(form.width, axes=form.axes, holds=form.holds, turned="interleaved")]
 
