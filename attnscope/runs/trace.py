@@ -105,13 +105,16 @@ def _run_trace(o: TraceOptions, split: bool) -> TraceRun:
 def _unfed_mask(o: TraceOptions, plan: Plan, run: TraceRun) -> None:
     """Refused where a --mask file went to no argument of the code, a parameter defaulting to None that trace does
     not read as a mask (by its name, or by its use: usertrace/maskuse.py) was left None, and the code diverges with
-    no experiment of the catalog to say why: the divergence is then the file's, not the code's."""
+    no experiment of the catalog to say why, or only `mask.not_applied` (the file applied by nothing): the divergence
+    is then the file's, not the code's."""
     left = [n for n in plan.optional if n not in plan.given]
-    if o.mask and plan.refused is not None and run.divergence is not None and run.divergence.experiment is None:
+    # the mask never applied (mask.not_applied) is the file's own story where no argument took it, no cause
+    unexplained = run.divergence is not None and (run.divergence.experiment is None or "mask.not_applied" in
+                                                  run.divergence.experiment.split("+"))
+    if o.mask and plan.refused is not None and unexplained:
         _refused(o.mask, plan.refused)
     if not o.mask or plan.mask is not None or plan.other_masks or plan.masks_at_default or plan.lengths is not None \
-            or not left \
-            or run.divergence is None or run.divergence.experiment is not None:
+            or not left or not unexplained:
         return
     from pathlib import Path
 
