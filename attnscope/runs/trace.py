@@ -109,8 +109,8 @@ def _unfed_mask(o: TraceOptions, plan: Plan, run: TraceRun) -> None:
     is then the file's, not the code's."""
     left = [n for n in plan.optional if n not in plan.given]
     # the mask never applied (mask.not_applied) is the file's own story where no argument took it, no cause
-    unexplained = run.divergence is not None and (run.divergence.experiment is None or "mask.not_applied" in
-                                                  run.divergence.experiment.split("+"))
+    unexplained = run.divergence is not None and (run.divergence.experiment is None
+                                                  or run.divergence.names("mask.not_applied"))
     if o.mask and plan.refused is not None and unexplained:
         _refused(o.mask, plan.refused)
     if not o.mask or plan.mask is not None or plan.other_masks or plan.masks_at_default or plan.lengths is not None \

@@ -152,7 +152,7 @@ class RunSoFar:
         form, self.spec, again = made[0]
         self.table_form[:] = [form]
         named = (form.swapped or form.layout or form.turned or (form.pairs and 2 * form.width < d_head)) \
-            and form.holds in ("", "cos, sin", "cos, sin, shared")  # a complex table, matrices: tableforms.note
+            and form.holds in tablelayouts.PAIRED  # a complex table, matrices: tableforms.note says what it holds
         self.sliced[:] = [tablelayouts.note(form, tried.tables, width or d_head, d_head, failed) if named else
                           tableforms.note(form, failed, width or d_head, d_head, tried.tables)]
         return again
@@ -291,7 +291,7 @@ class RunSoFar:
         if other[2].failure is not None:
             return tried, ran
         mine = line_up(self.weighted, self.shapes, ran[0], ran[2].records, asked.train, self.spec)
-        if mine.divergence is None or "rope.not_applied" not in str(mine.divergence.experiment).split("+"):
+        if mine.divergence is None or not mine.divergence.names("rope.not_applied"):
             return tried, ran  # tables of its own, of another base or pairing, are its to answer for
         theirs = line_up(self.weighted, self.shapes, other[0], other[2].records, asked.train, self.spec)
         return (given, other) if better_fit(theirs, mine) else (tried, ran)

@@ -29,7 +29,7 @@ def other_layouts(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp,
 
     d_head = ran[0].sizes.get("d_head")
     if lined.divergence is None or not r.plan.tables or r.spec.rope_base is None or r.weighted is None or not d_head \
-            or any(f.holds not in ("", "cos, sin", "cos, sin, shared") or f.axes is not None for f in r.table_form):
+            or any(f.holds not in tablelayouts.PAIRED or f.axes is not None for f in r.table_form):
         return ran, lined
     given = r.table_form[0] if r.table_form else TableForm(table_width(r.spec, r.plan, d_head) or d_head)
     base = TableForm(given.width, given.pairs, holds=given.holds)

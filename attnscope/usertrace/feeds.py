@@ -195,19 +195,19 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
                 start:start + n_Q]  # [n_Q, d_head / 2], or the share the code turns
             source = {"freqs_cis": "Meta's precompute_freqs_cis", "rotary_pos_emb": "Qwen2-VL's VisionRotaryEmbedding"
                       }.get(kind, "llama2.c's precompute_freqs_cis")
+            axes: tuple[str, ...] | None = None  # the table's dims where its form says them, else by its rank
             if kind == "freqs_cis":
                 value, said = torch.polar(torch.ones_like(angle), angle), "e^(i·position·inv_freq)"
                 if form is not None and form.holds == "complex, batched":  # one table a sequence (Llama 4's)
                     value = value.expand(sizes.get("n_batch", 1), *value.shape)
                 if form is not None and form.holds == "real":  # gpt-fast's: stack([cos, sin], -1), [n_Q, d / 2, 2]
                     value, said = torch.view_as_real(value).to(dtype), "e^(i·position·inv_freq) as (cos, sin)"
+                    axes = ("n_Q", "d_head/2", "2")
             elif kind == "rotary_pos_emb":  # the angles themselves, the code takes their cos and sin
                 value, said = angle.to(dtype), "position·inv_freq"
             else:  # llama2.c's two real tables, freqs_cis's real and imaginary parts
                 value, said = (angle.cos() if kind == "freqs_cos" else angle.sin()), f"{kind[-3:]}(position·inv_freq)"
-            dims = ("n_Q", "d_head/2", "2") if form is not None and form.holds == "real" else \
-                ("n_batch", "n_Q", "d_head/2")[3 - value.dim():]
-            out.steps.append((name, value, dims, f"input: {said}, "
+            out.steps.append((name, value, axes or ("n_batch", "n_Q", "d_head/2")[3 - value.dim():], f"input: {said}, "
                               f"positions {start} to {start + n_Q - 1}, base {rope_base:g} ({source})"))
         else:  # position_embeddings
             # [n_batch, n_Q, width]; without a batch axis (--batch 0: Qwen2-VL's vision tower, [seq, dim]) [n_Q, width]

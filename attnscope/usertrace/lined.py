@@ -47,6 +47,10 @@ class Divergence:
     # chosen (shown_earlier), never while readings are compared by how far they line up
     earlier: tuple[str, Record, str, str] | None = None
 
+    def names(self, entry: str) -> bool:
+        """Whether the experiment that explains it is `entry`, alone or one of two ("rope.not_applied+scale.d_head")."""
+        return self.experiment is not None and entry in self.experiment.split("+")
+
 
 @dataclass
 class LineUp:

@@ -25,14 +25,16 @@ from attnscope.usertrace.trials import Trial
 
 def _rotated(b: Base, rope: ReadRope, q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
              base: float | None = None, pairing: str | None = None, table: str | None = None,
-             rotary: int | None = None, over: int | None = None) -> dict[str, torch.Tensor]:
-    """The reference run again with its queries and keys rotated another way (the rest as the reference's)."""
+             rotary: int | None = None, over: int | None = None, lead: int | None = None) -> dict[str, torch.Tensor]:
+    """The reference run again with its queries and keys rotated another way (the rest as the reference's); `lead`:
+    the coordinates before the part that turns, passed through (the reference's own where not given)."""
     own = base is None and rotary is None and over is None  # the code's own table
     freqs, angles = (rope.freqs, rope.angles) if own else (None, None)
     base, pairing, rotary = base or rope.base, pairing or rope.pairing, rotary or rope.rotary
 
     def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return rotate_pairs(x, positions, base, pairing, table, rotary, over, rope.sign, freqs, angles, rope.lead)
+        return rotate_pairs(x, positions, base, pairing, table, rotary, over, rope.sign, freqs, angles,
+                            rope.lead if lead is None else lead)
 
     q = turn(rope.q, rope.q_pos if q_pos is None else q_pos)
     k_pos = rope.k_pos if k_pos is None else k_pos
@@ -235,18 +237,10 @@ def _last_share(b: Base, rope: ReadRope, r: int) -> Trial:
     passed through) where a rotary fraction turns the first r (GPT-NeoX's, StableLM's `q[..., :rotary_ndims]`): the
     same tables and pairing, on the other coordinates."""
     d = b.d_head
-
-    def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return rotate_pairs(x, positions, rope.base, rope.pairing, None, None, None, rope.sign, rope.freqs, rope.angles,
-                            lead=d - r)
-
-    if b.raw_keys is not None:
-        steps = rejoined(b, turn(rope.q, rope.q_pos), turn, start=int(rope.k_pos[0]) - b.n_cache)
-    else:
-        steps = turned(b, rope, turn(rope.q, rope.q_pos), turn(rope.k, rope.k_pos))
-    return Trial(steps, f"RoPE rotates the wrong share of each head: {{who}} is what the reference computes with the "
-                 f"last {r} of d_head = {d} coordinates rotated and the first {d - r} passed through, where a rotary "
-                 f"fraction turns the first {r} (`x[..., :rotary_ndims]`) and passes the rest through")
+    return Trial(_rotated(b, rope, lead=d - r), f"RoPE rotates the wrong share of each head: {{who}} is what the "
+                 f"reference computes with the last {r} of d_head = {d} coordinates rotated and the first {d - r} "
+                 f"passed through, where a rotary fraction turns the first {r} (`x[..., :rotary_ndims]`) and passes "
+                 "the rest through")
 
 
 def _other_shares(b: Base, rope: ReadRope, said: int) -> list[int]:
