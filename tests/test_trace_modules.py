@@ -159,7 +159,7 @@ def test_fused_projections_split_by_their_recorded_parts_or_per_head(tmp_path, r
 
 @pytest.mark.parametrize(("init", "message"), [
     ("config=GPTConfig(n_embd=64, n_head=torch.float32)", "attribute access (torch.float32) is not allowed"),
-    ("config=nn.Linear(2, 3)", "is called through an attribute"),
+    ("config=nn.Transformer(2, 3)", "is called through an attribute"),
     ("config=dataclass(n_embd=64)", "dataclass is not one of its classes (model.py defines CausalSelfAttention, "
                                     "GPTConfig)"),
     ("config=GPTConfig(n_embd=64, n_head=5)", "AssertionError"),

@@ -104,7 +104,7 @@ def test_init_calls_the_files_own_classes_with_literal_arguments(tmp_path):
 @pytest.mark.parametrize(("text", "message"), [
     ("config=helper(1)", "helper is not one of its classes (user_code.py defines GPTConfig, Rope)"),
     ("config=Imported(2, 3)", "Imported is not one of its classes"),
-    ("config=nn.Linear(2, 3)", "is called through an attribute"),
+    ("config=nn.Transformer(2, 3)", "is called through an attribute"),
     ("config=GPTConfig(n_embd=torch.float32)", "attribute access (torch.float32) is not allowed"),
     ("config=GPTConfig(n_embd=x)", "is not a Python literal"),
     ("config=GPTConfig(*[1])", "* and ** are not allowed"),

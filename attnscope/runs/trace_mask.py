@@ -94,7 +94,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
     convention = masking.detect(called.records, called.failure, plan.mask)
     keys_only = False  # the mask given is key padding, [n_batch, .., n_K]: no rule of the queries to hide the code's
     if convention.kind == given or (given == "additive" and convention.line is None):
-        convention = masking.Convention(given, convention.line, convention.how)
+        convention = masking.Convention(given, convention.line, convention.how, unread=convention.unread)
     else:
         torch.manual_seed(o.seed)  # the same dropout draws as the first call
         mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)

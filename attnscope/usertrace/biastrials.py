@@ -126,10 +126,17 @@ def trials_t5_transposed(b: Base) -> Iterator[Trial]:
 
 def trials_t5_after_softmax(b: Base) -> Iterator[Trial]:
     if _t5(b):
-        yield Trial(replay(b, bias=None, after_softmax=b.bias), "the position bias is added after the softmax: {who} "
-                    "is what the reference computes with the bias added to the attention weights, not to the "
-                    "scores; T5 "
-                    "adds position_bias to the scores before the softmax")
+        words = ("the position bias is added after the softmax: {who} is what the reference computes with the bias "
+                 "added to the attention weights, not to the scores; T5 adds position_bias to the scores before the "
+                 "softmax")
+        yield Trial(replay(b, bias=None, after_softmax=b.bias), words)
+        if has_mask(b):  # the masked weights set to 0 again after it, as code that fills them twice does (CPM-Ant's
+            # masked_fill(mask, 0) after the softmax, a no-op where the bias comes first)
+            assert b.bias is not None and b.allowed is not None
+            kept = torch.where(b.allowed, b.bias, torch.zeros_like(b.bias))
+            yield Trial(replay(b, bias=None, after_softmax=kept, zeroed=True), words.replace(
+                "to the attention weights, not", "to the attention weights (the masked ones then set to 0, as your "
+                "code does), not"))
 
 
 def _cap_origin(b: Base) -> str:

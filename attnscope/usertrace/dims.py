@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from attnscope.usertrace.sizes import AxisNames
 
 MATMULS = ("matmul", "__matmul__", "bmm", "mm", "einsum")
+VIEWS = ("view", "reshape", "_unsafe_view", "unflatten", "unsqueeze")
+HEAD_WIDTHS = ("d_head", "d_K", "d_V", "d_Q")
 Dims = tuple[str, ...]
 
 
@@ -59,9 +61,11 @@ def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
     out: dict[int, Dims] = {}
     for record in records:
         dims = resolved.get(record.index) or _grouped(names.dims(record.tensor.shape), record.tensor.shape, names)
+        sources = [(out[p], records[p].tensor) for p in record.parents if p in out]
+        sources += [inputs[a[1]] for a in record.args if a[0] == "text" and a[1] in inputs]
+        if record.index not in resolved and record.func in VIEWS and len(sources) == 1:
+            dims = _viewed(dims, tuple(record.tensor.shape), *sources[0])
         if any("|" in d for d in dims):
-            sources = [(out[p], records[p].tensor) for p in record.parents if p in out]
-            sources += [inputs[a[1]] for a in record.args if a[0] == "text" and a[1] in inputs]
             dims = _from_parents(record, dims, sources)
         out[record.index] = dims
     for record in reversed(records):  # and back from the children: the view a transpose of it was lined up
@@ -83,6 +87,28 @@ def name_records(records: list[Record], rows: list[Aligned], names: AxisNames,
                     _settle(named, source, out[child.index][axis])
         out[record.index] = tuple(named)
     return out
+
+
+def _viewed(dims: Dims, shape: tuple[int, ...], parent_dims: Dims, parent: torch.Tensor) -> Dims:
+    """A view's dims from its parent's where sizes alone would name them by coincidence: the same sizes but for
+    axes of 1 (gpt-fast's `freqs_cis.view(1, n, 1, d / 2, 2)` of `[n, d_head/2, 2]`) keep the parent's names; a
+    head's width cut into its rotary pairs (`x.reshape(*x.shape[:-1], -1, 2)`, Meta's and gpt-fast's) is
+    `d_head/2, 2`, or `2, d_head/2` for the halves, never a product of head counts that happens to be as wide."""
+    if len(parent_dims) != parent.dim():
+        return dims
+    kept = [i for i, n in enumerate(shape) if n != 1]
+    held = [i for i, n in enumerate(parent.shape) if n != 1]
+    if len(shape) > parent.dim() and [shape[i] for i in kept] == [parent.shape[i] for i in held]:
+        named = ["1"] * len(shape)
+        for i, j in zip(kept, held, strict=True):
+            named[i] = parent_dims[j]
+        return tuple(named) if all(d and "|" not in d for d in named) else dims
+    width, last = int(parent.shape[-1]) if parent.dim() else 0, parent_dims[-1] if parent_dims else ""
+    if len(shape) == parent.dim() + 1 and tuple(shape[:-2]) == tuple(parent.shape[:-1]) and width % 2 == 0 \
+            and last in HEAD_WIDTHS and tuple(shape[-2:]) in ((width // 2, 2), (2, width // 2)):
+        pair = (f"{last}/2", "2") if shape[-1] == 2 else ("2", f"{last}/2")
+        return (*parent_dims[:-1], *pair)
+    return dims
 
 
 def _from_step(dims: Dims, shape: tuple[int, ...], user_shape: tuple[int, ...], order: tuple[int, ...] | None,

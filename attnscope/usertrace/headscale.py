@@ -87,18 +87,23 @@ def found(module: Any, records: list[Record], inputs: Inputs, lined: Any) -> Hea
         if factors is None:  # the code's scores are not the reference's (keys and values swapped): its own numbers
             factors = _held(record, records, learned, int(content.shape[axis]))
         if factors is not None:  # times a number the code scales its sum by later (after its own term is added)
-            factors = factors * _scaled_later(record, records, softmaxed)
-            return HeadScale(factors, record, _note(record, factor, factors, d_head, spec))
+            later, lines = _scaled_later(record, records, softmaxed)
+            if later != 1.0:  # said in the note, so a constant on top of the temperature is seen (Swin V2's /√d)
+                said = " = 1/√d_head, on top of the temperature" if math.isclose(later, d_head ** -0.5, rel_tol=1e-4) \
+                    else ""
+                factor = f"{factor}; then times {later:.4g}{said} at line {', '.join(map(str, lines))}"
+            return HeadScale(factors * later, record, _note(record, factor, factors * later, d_head, spec))
     return None
 
 
-def _scaled_later(record: Record, records: list[Record], softmaxed: set[int]) -> float:
+def _scaled_later(record: Record, records: list[Record], softmaxed: set[int]) -> tuple[float, list[int]]:
     """The number the code multiplies `record`'s scores by on their way to the softmax, after terms are added to
     them (`((q · kᵀ) * gain + q · rel) * scale`): each later product of them whose output is its input times one
-    number, read off the two tensors; 1 where there is none. A view or an add goes on; anything else stops."""
+    number, read off the two tensors; 1 where there is none. A view or an add goes on; anything else stops. With
+    the lines of those products."""
     from attnscope.usertrace.ownterm import ADDS, RESHAPES, factor_of
 
-    total, current = 1.0, record
+    total, current, lines = 1.0, record, []
     for later in records[record.index + 1:]:
         given = [v for kind, v in later.args if kind == "rec"]
         if current.index not in given or later.index not in softmaxed:
@@ -110,10 +115,11 @@ def _scaled_later(record: Record, records: list[Record], softmaxed: set[int]) ->
             if ratio is None:
                 break
             total *= ratio
+            lines.append(later.line)
         elif later.func not in ADDS and later.func not in RESHAPES:
             break
         current = later
-    return total
+    return total, lines
 
 
 def _held(record: Record, records: list[Record], learned: dict[str, Any], n_head: int) -> torch.Tensor | None:

@@ -5,9 +5,12 @@ A value is a Python literal (numbers, strings, True/False/None, tuples, lists, s
 arguments: `--init "config=GPTConfig(n_embd=64, n_head=4)"` builds nanoGPT's config dataclass, as
 `CausalSelfAttention(config)` wants it; a transformers model config the file imports is such a class too
 (`--init "config=GraniteConfig(hidden_size=64, ...)"` for HF's `GraniteAttention(config)`: load.own_classes).
-Nothing else is evaluated: no names (but a called class's), no attribute access (`torch.float32`), no calls of
-functions or of classes from elsewhere (`nn.Linear`, `__import__`), no operators (`1 + 1`). The classes are called
-when the module is built (load.construct), as the user's code, under the same guard.
+A value may also be a layer of torch.nn, `nn.Linear(64, 64, bias=False)` (or `torch.nn.Linear`, or `Linear` alone),
+one of TORCH_LAYERS, for a constructor that takes its projections as modules (torchtune's `MultiHeadAttention(
+q_proj=..., k_proj=..., ...)`, built by its `llama3` builders): these run PyTorch's code alone.
+Nothing else is evaluated: no names (but a called class's), no other attribute access (`torch.float32`), no calls of
+functions or of classes from elsewhere (`__import__`), no operators (`1 + 1`). The classes are called when the module
+is built (load.construct), as the user's code, under the same guard.
 
 Text a parser cannot take safely is refused in one line (exit 2): longer than MAX_CHARS (`1+1+...` with
 20,000 terms overflows the parser's recursion), not encodable as UTF-8 (an invalid byte on the command
@@ -20,15 +23,22 @@ line), nested too deep (100,000 unary minus signs run the parser out of memory).
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from attnscope.errors import UsageError
 
 MAX_CHARS = 10_000
 SHOWN = 60  # how much of a value a message quotes
 EXAMPLE = '--init "d_feat=200, n_head=5"'
+# torch.nn layers a value may build (a constructor given its projections as modules, torchtune's)
+TORCH_LAYERS = ("Linear", "LayerNorm", "RMSNorm", "Identity", "Dropout", "Embedding", "Conv1d", "Conv2d", "GELU",
+                "SiLU", "ReLU")
+MAX_LAYER_NUMBERS = 1 << 26  # the integers a layer's call is given, multiplied: its weight's size at most
 
 
 @dataclass(frozen=True)
@@ -124,20 +134,32 @@ class _Reader:
 
     def _call(self, node: ast.Call, where: str) -> ClassCall:
         name = node.func.id if isinstance(node.func, ast.Name) else None
-        if name is None or name not in self.classes:
+        cls = self.classes.get(name) if name is not None else None
+        cls = cls if cls is not None else _torch_layer(node.func)
+        if cls is None:
             raise UsageError(self._refusal(node, where))
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise UsageError(f"{self.option}: {_quote(where)}: * and ** are not allowed in a call; give each argument")
         args = tuple(self.value(a, where) for a in node.args)
         kwargs = tuple((str(k.arg), self.value(k.value, where)) for k in node.keywords)
-        return ClassCall(self.classes[name], args, kwargs, _source(node))
+        if cls is not self.classes.get(name or ""):  # a torch.nn layer: its weight within memory, said before it is
+            sizes = [v for v in (*args, *(v for _, v in kwargs)) if isinstance(v, int) and not isinstance(v, bool)]
+            if math.prod(abs(v) for v in sizes if v) > MAX_LAYER_NUMBERS:
+                raise UsageError(f"{self.option}: {_quote(_source(node))} would hold more than {MAX_LAYER_NUMBERS:,} "
+                                 "numbers; trace needs no more than a few thousand features, e.g. nn.Linear(64, 64)")
+        return ClassCall(cls, args, kwargs, _source(node))
 
     def _refusal(self, node: ast.expr, where: str) -> str:
         """Say what in the value is not allowed: a call of something else, a name, an attribute, an operator."""
         allowed = ("is not a Python literal (numbers, strings, True/False/None, tuples, lists, dicts) or a call "
-                   f"of a class {self.file} defines or a transformers config class it imports")
+                   f"of a class {self.file} defines, a transformers config class it imports or a torch.nn layer "
+                   "(nn.Linear(64, 64))")
         defined = _callable(self.file, self.classes)
+        layers = {id(n) for part in ast.walk(node) if isinstance(part, ast.Call) and _torch_layer(part.func)
+                  for n in ast.walk(part.func)}  # nn.Linear(...): allowed, its attribute too
         for part in ast.walk(node):
+            if id(part) in layers or isinstance(part, ast.Call) and id(part.func) in layers:
+                continue
             if isinstance(part, ast.Call):
                 func = _source(part.func)
                 if isinstance(part.func, ast.Attribute):
@@ -149,6 +171,21 @@ class _Reader:
             if isinstance(part, ast.Attribute):
                 return f"{self.option}: {_quote(where)} {allowed}: attribute access ({_source(part)}) is not allowed"
         return f"{self.option}: {_quote(where)} {allowed}"
+
+
+def _torch_layer(func: ast.expr) -> type | None:
+    """The torch.nn layer class `func` names (`nn.Linear`, `torch.nn.Linear`, `Linear`), or None."""
+    path = []
+    while isinstance(func, ast.Attribute):
+        path.append(func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name):
+        return None
+    path = [func.id, *reversed(path)]
+    if path[-1] not in TORCH_LAYERS or path[:-1] not in ([], ["nn"], ["torch", "nn"]):
+        return None
+    layer = getattr(torch.nn, path[-1], None)
+    return layer if isinstance(layer, type) else None
 
 
 def _callable(file: str, classes: dict[str, type]) -> str:

@@ -29,6 +29,7 @@ ROLE_WORDS = {
 LAYER_WORDS = {"dense"}  # a layer's own word: o alone (BERT's output.dense), else noise (Keras' _key_dense)
 NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weight", "in", "attn", "attention",
          "self", "l", "dense_layer", "c"}
+GLUED = ("to", "proj", "projection", "linear", "lin", "fc")  # a projection's words a role's may be glued to
 WEIGHT_WORDS = {"kernel", "weight", "w", "bias"}  # a projection's tensor in its module (Flax's query.kernel)
 
 
@@ -39,11 +40,24 @@ def role_of(name: str) -> str | None:
         parts.pop()
     if not parts:
         return None
-    words = [w for w in re.split(r"[_\-]", parts[-1]) if w and w not in NOISE]
+    words = [_unglued(w) for w in re.split(r"[_\-]", parts[-1]) if w and w not in NOISE]
     found = {role for role, vocabulary in ROLE_WORDS.items() if any(w in vocabulary for w in words)}
     if not found and any(w in LAYER_WORDS for w in words):
         found = {"o"}
     return found.pop() if len(found) == 1 else None
+
+
+def _unglued(word: str) -> str:
+    """A role's word written glued to a projection's (Peter Bloem's `tokeys`, `toqueries`; `qproj`, `keylinear`):
+    the role's word; any other word as it is."""
+    if any(word in vocabulary for vocabulary in ROLE_WORDS.values()):
+        return word
+    for glue in GLUED:
+        for rest in (word[len(glue):] if word.startswith(glue) else "", word[:-len(glue)] if word.endswith(glue)
+                     else ""):
+            if any(rest in vocabulary for vocabulary in ROLE_WORDS.values()):
+                return rest
+    return word
 
 
 def parameter_projections(module: nn.Module, records: list[Record], spare: bool = False) -> list[tuple[str, Any]]:

@@ -866,7 +866,14 @@ def _config_hint(target: Target, name: str) -> str:
     """For `__init__(self, config)`: a class of the file that looks like its config, to call in --init."""
     configs = [n for n, c in own_classes(target.module).items()
                if dataclasses.is_dataclass(c) or n.lower().endswith(("config", "args", "params"))]
-    return f", e.g. --init \"{name}={configs[0]}(...)\" with {configs[0]}'s fields as literals" if configs else ""
+    if configs:
+        return f", e.g. --init \"{name}={configs[0]}(...)\" with {configs[0]}'s fields as literals"
+    from attnscope.usertrace.linearweights import role_of
+
+    if role_of(name) is not None or any(w in name.lower() for w in ("proj", "linear", "dense")):
+        # a projection given as a module (torchtune's MultiHeadAttention(q_proj=..., output_proj=...))
+        return f", a torch.nn layer: --init \"{name}=nn.Linear(64, 64, bias=False)\" with its widths"
+    return ""
 
 
 def head_count(module: Any, init: dict[str, Any], heads: int | None) -> int | None:

@@ -68,9 +68,12 @@ class Convention:
     stated: str = ""  # where the code's own words give the other polarity (statedmask.py): 'line N: "..."'
     compared: bool = False  # read from a comparison with a number only an additive mask's values straddle
     defaulted: str = ""  # where the module's own default mask gives the other polarity (defaultmask.py): 'line N: op'
+    unread: bool = False  # no op of the run read the mask: the kind is the default, not the code's
 
     def note(self, parameter: str) -> str:
         where = f" (line {self.line}: {self.how})" if self.line else ""
+        if self.unread:  # BLIP's cross branch that never reads its encoder_attention_mask: no reading to report
+            return f"{parameter}: given {WORDS[self.kind]}; no op of your code's run reads it"
         if self.defaulted:
             return (f"{parameter}: given {WORDS[self.kind]}, as your module's own default for it holds "
                     f"({self.defaulted}, made when none is given: read the way your ops read it, it would mask every "
@@ -105,11 +108,13 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
     compared: Convention | None = None  # a comparison only an additive mask's values answer (`mask < 0`)
     filled: dict[int, int] = {}  # record -> the line where cells of the mask were set to a large negative number
     biased: dict[int, Convention] = {}  # record -> the polarity a `where(mask, number, number)` bias settled
+    read = False
     for record in records:
         sources = [_source(arg, derived, label) for arg in record.args]
         found = [s for s in sources if s is not None]
         if not found:
             continue
+        read = True
         inverted, arithmetic = found[0]
         others = [a for a, s in zip(record.args, sources, strict=True) if s is None and _is_tensor(a)]
         name = record.func
@@ -164,7 +169,7 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             return Convention("masked", record.line, "nn.MultiheadAttention's attn_mask")
         else:
             derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
-    return _raised(failure, records, derived, label) or compared or Convention("attend")
+    return _raised(failure, records, derived, label) or compared or Convention("attend", unread=not read)
 
 
 def _turns(record: Record) -> bool:

@@ -175,6 +175,15 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
         if siblings is not None:
             return [Projections({**{role: (name, modules[name]) for role, name in siblings[0].items()},
                                  "o": (NONE, _identity(modules[lone["q"]]))}, f"{siblings[1]}; {NO_OUTPUT}")]
+        if len(set(lone.values())) == 1:  # q, k and v from one fused Linear and no output projection (Swin V2's
+            # window attention without its proj, a block whose projection lives in the next module): each way of
+            # splitting it, the reference's output the identity, so its x is the merge of the heads
+            name = lone["q"]
+            return [Projections({**{role: (part.name, part) for role, part in parts.items()},
+                                 "o": (NONE, _identity(parts["v"]))}, f"a fused projection, {how}; {NO_OUTPUT}",
+                                fused.order_note(name, parts))
+                    for how, parts in fused.split_layouts(name, modules[name], records, n_head, d_head,
+                                                          keybias.zero_rows(module, records, name))]
     if shared is not None and shared["q"] != shared["k"] == shared["v"] and flow.keys_are_values(records):
         # one projection's whole output for the keys and the values (Linformer's share_kv), no spare one beside it;
         # beside one the code never uses (a value weight of another kind: a parameter beside Linear layers), that

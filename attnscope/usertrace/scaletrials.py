@@ -63,6 +63,13 @@ def trials_scale_none(b: Base) -> Iterator[Trial]:
 def trials_scale_twice(b: Base) -> Iterator[Trial]:
     yield from _scaled(b, b.scale * b.scale, f"scaled twice ({b.scale:.4g} · {b.scale:.4g})", fits=_right_before)
     yield from _query_scaled_first(b)
+    name, d = _d(b)
+    own = d ** -0.5 if d else None
+    if own is not None and b.ctx.spec is not None and b.ctx.spec.scale is not None \
+            and not math.isclose(b.scale, own, rel_tol=1e-6):
+        # --scale the model's whole scale (Falcon-H1's key_multiplier / √d_head), and the code's own 1/√d_head on the
+        # queries before a kernel that scales by it (HF's eager_attention_forward given `scaling`)
+        yield from _query_scaled_first(b, own, f"multiplied by 1/√{name} = {own:.4g}")
     if b.bias is not None and isinstance(b.bias, torch.Tensor) and not math.isclose(b.scale, 1.0):
         # the biased scores scaled again, the bias with them (Falcon's `(q · kᵀ + alibi) · s`, then · s once more)
         yield Trial(replay(b, scale=b.scale * b.scale, bias=b.bias * b.scale), "the scores are scaled twice: {who} "
@@ -70,16 +77,17 @@ def trials_scale_twice(b: Base) -> Iterator[Trial]:
                     f"{b.scale:.4g}); scale them once")
 
 
-def _query_scaled_first(b: Base) -> Iterator[Trial]:
+def _query_scaled_first(b: Base, factor: float | None = None, said: str | None = None) -> Iterator[Trial]:
     """The queries (or what they are projected from, without a bias) scaled by the scale before a kernel or code that
     scales their scores again (fairseq's and OpenNMT's q · d_head^-0.5 handed to nn.MultiheadAttention): every
     query step the reference has, from the projection on, times the scale, and the scores scaled twice. Where the
     queries are normed (a norm takes a scale before it out again), those from the norm on (modded-nanogpt's
     `norm(q) * attn_scale` handed to an attention that scales by it too); and, after a norm, from any later query
     step on (the rotated queries scaled just before the attention: the speedrun's `q * attn_scale` after RoPE)."""
-    if math.isclose(b.scale, 1.0):
+    factor = b.scale if factor is None else factor  # the queries' own (1/√d_head where --scale is the model's)
+    if math.isclose(b.scale, 1.0) or math.isclose(factor, 1.0):
         return
-    replayed = replay(b, q=b.q * b.scale)
+    replayed = replay(b, q=b.q * factor)
     queries = [name for name in b.order if name.startswith("Q") and name in b.ref]
     starts = [0]
     if "Q_normed" in queries:
@@ -89,9 +97,9 @@ def _query_scaled_first(b: Base) -> Iterator[Trial]:
         scaled = queries[start:]
         steps = dict(replayed)
         for name in scaled:
-            steps.setdefault(name, b.ref[name] * b.scale)
+            steps.setdefault(name, b.ref[name] * factor)
         yield Trial(steps, f"the scores are scaled twice: {{who}} is the reference's queries already scaled "
-                    f"({_ours(b)}), and the attention then scales their scores again ({b.scale:.4g} · "
+                    f"({said or _ours(b)}), and the attention then scales their scores again ({factor:.4g} · "
                     f"{b.scale:.4g}); scale q once, or leave the scaling to the attention that does it",
                     fits=_holds_scaled(steps, scaled))
 

@@ -55,6 +55,8 @@ class AxisNames:
         for name, size in self.sizes.items():
             self.singles.setdefault(size, []).append(name)
         for (a, x), (b, y) in combinations(self.sizes.items(), 2):
+            if {a, b} == {"n_head", "n_kv_head"}:
+                continue  # no tensor is as wide as one head count times the other (8 of gpt-fast's pairs is d_head/2)
             if x != y or a != b:
                 self.products.setdefault(x * y, []).append(f"{a}·{b}")
         for name, size in self.extra.items():
