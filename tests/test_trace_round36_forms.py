@@ -208,3 +208,65 @@ def test_the_queries_scaled_by_the_heads_root_under_a_models_scale(runner):
     assert_passes(*run_case(runner, STYLES, "KeyMultiplied", None, scale))
     found = assert_named(*run_case(runner, STYLES, "KeyMultiplied", "bug='queries_prescaled'", scale), "scale.twice")
     assert "queries already scaled (multiplied by 1/√d_head = 0.2887)" in found["diagnosis"], found
+
+
+# --- held-out round 38: FSMT's forward(query, key) that never reads its key, and its key_padding_mask ---
+
+
+def _fsmt_pad(tmp_path):
+    keep = np.ones((2, 9), dtype=bool)
+    keep[1, 6:] = False
+    np.save(tmp_path / "pad.npy", keep)
+    return keep, ("--batch", "2", "--nq", "9", "--mask", str(tmp_path / "pad.npy"))
+
+
+def test_fsmt_is_its_formula_and_its_plant_changes_it(tmp_path):
+    keep, _ = _fsmt_pad(tmp_path)
+    g = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        m = styles.FsmtAttention().double().eval()
+        x = torch.randn(9, 2, 32, generator=g, dtype=torch.float64)  # time-first
+        xb = x.transpose(0, 1)
+        q, k, v = (p(xb).unflatten(-1, (4, 8)).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj))
+        allowed = torch.from_numpy(keep)[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed).transpose(1, 2).flatten(2)
+        want = m.out_proj(out).transpose(0, 1)
+        padded = ~torch.from_numpy(keep)
+        assert torch.allclose(m(x, torch.randn_like(x), padded)[0], want, atol=1e-10)
+        wrong = planted(styles.FsmtAttention, m, "padding_after_softmax", x, x, padded)[0]
+        assert (wrong - want).abs().max() > 1e-3
+
+
+def test_a_key_never_read_and_the_padding_to_the_parameter_named_for_it(runner, tmp_path):
+    _, options = _fsmt_pad(tmp_path)
+    code, out = run_case(runner, STYLES, "FsmtAttention", None, options)
+    assert_passes(code, out)
+    assert any(n.startswith("key: your code never reads it (its queries, keys and values all come from query") and
+               "handed one tensor for both" in n for n in out["notes"]), out["notes"]
+    assert any(n.startswith("key_padding_mask:") for n in out["notes"]), out["notes"]
+    assert_named(*run_case(runner, STYLES, "FsmtAttention", "bug='padding_after_softmax'", options),
+                 "mask.after_softmax")
+
+
+def test_labml_is_its_formula_and_its_plant_changes_it():
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        m = styles.LabmlAttention().double().eval()
+        x = torch.randn(7, 3, 32, generator=g, dtype=torch.float64)  # time-first
+        xb = x.transpose(0, 1)
+        q, k, v = (p(xb).unflatten(-1, (4, 8)).transpose(1, 2) for p in (m.query, m.key, m.value))
+        want = m.output(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2))
+        causal = torch.ones(7, 7, dtype=torch.bool).tril()[:, :, None]  # [seq_q, seq_k, 1]
+        assert torch.allclose(m(query=x, key=x, value=x, mask=causal), want.transpose(0, 1), atol=1e-10)
+        plant = styles.LabmlAttention(bug="softmax_last").double().eval()
+        plant.load_state_dict(m.state_dict())
+        wrong = plant(query=x, key=x, value=x, mask=causal)  # a cell all heads mask is 0/0 over the heads: NaN
+        assert not torch.allclose(wrong, want.transpose(0, 1), atol=1e-3)
+
+
+def test_a_time_first_mask_with_the_batch_after_the_keys(runner):
+    code, out = run_case(runner, STYLES, "LabmlAttention", None, ("--causal",))
+    assert_passes(code, out)  # it asserts [seq_q, seq_k, batch]: a form trace tries last, where it ran unmasked
+    assert any(n.startswith("mask: your code raised on a [.., n_Q, n_K] mask and runs on one shaped [n_Q, n_K, ")
+               for n in out["notes"]), out["notes"]
+    assert_named(*run_case(runner, STYLES, "LabmlAttention", "bug='softmax_last'", ("--causal",)), "softmax.axis")

@@ -189,3 +189,81 @@ class KeyMultiplied(nn.Module):
         weights = torch.softmax(torch.matmul(query, key.transpose(2, 3)) * self.scaling, dim=-1)
         out = torch.matmul(weights, value).transpose(1, 2).contiguous()
         return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1))
+
+
+class FsmtAttention(nn.Module):
+    """FSMT's (fairseq's) `Attention.forward(query, key, key_padding_mask, attn_mask)`, time-first: in self-attention
+    its keys and values come from `query`, `key` never read; `key_padding_mask` True = padded, beside an additive
+    `attn_mask`. 'padding_after_softmax' fills the padded weights with 0 after the softmax."""
+
+    def __init__(self, embed_dim=32, num_heads=4, bug=None):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.head_dim, self.bug = embed_dim, num_heads, embed_dim // num_heads, bug
+        self.scaling = self.head_dim ** -0.5
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        _moved(self, 41)
+
+    def forward(self, query, key, key_padding_mask=None, attn_mask=None):
+        tgt_len, bsz, embed_dim = query.size()
+        key_states = self.k_proj(query).view(-1, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+        value_states = self.v_proj(query).view(-1, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+        query_states = self.q_proj(query) * self.scaling
+        query_states = query_states.view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        key_states = key_states.reshape(bsz * self.num_heads, -1, self.head_dim)
+        value_states = value_states.reshape(bsz * self.num_heads, -1, self.head_dim)
+        src_len = key_states.size(1)
+        attn_weights = torch.bmm(query_states, key_states.transpose(1, 2))
+        if attn_mask is not None:
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + attn_mask
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        padded = key_padding_mask.unsqueeze(1).unsqueeze(2) if key_padding_mask is not None else None
+        if padded is not None and self.bug != "padding_after_softmax":
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len)
+            attn_weights = attn_weights.masked_fill(padded, torch.finfo(attn_weights.dtype).min)
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        attn_weights = F.softmax(attn_weights, dim=-1)
+        if padded is not None and self.bug == "padding_after_softmax":
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len).masked_fill(padded, 0.0)
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        attn_output = torch.bmm(attn_weights, value_states)
+        attn_output = attn_output.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        return self.out_proj(attn_output), None
+
+
+class LabmlAttention(nn.Module):
+    """labml.ai's `MultiHeadAttention(query=, key=, value=, mask=)`: time-first `[seq, batch, d_model]`, scores
+    einsum'd `ibhd,jbhd->ijbh`, softmax over dim=1, its mask `[seq_q, seq_k, batch]` checked by asserts.
+    'softmax_last' normalizes over the heads' axis."""
+
+    def __init__(self, heads=4, d_model=32, bug=None):
+        super().__init__()
+        self.heads, self.d_k, self.bug = heads, d_model // heads, bug
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+        self.value = nn.Linear(d_model, d_model)
+        self.output = nn.Linear(d_model, d_model)
+        self.scale = 1 / math.sqrt(self.d_k)
+        _moved(self, 42)
+
+    def prepare_mask(self, mask, query_shape, key_shape):
+        assert mask.shape[0] == 1 or mask.shape[0] == query_shape[0]
+        assert mask.shape[1] == key_shape[0]
+        assert mask.shape[2] == 1 or mask.shape[2] == query_shape[1]
+        return mask.unsqueeze(-1)
+
+    def forward(self, *, query, key, value, mask=None):
+        seq_len, batch_size, _ = query.shape
+        if mask is not None:
+            mask = self.prepare_mask(mask, query.shape, key.shape)
+        query = self.query(query).view(seq_len, batch_size, self.heads, self.d_k)
+        key = self.key(key).view(*key.shape[:-1], self.heads, self.d_k)
+        value = self.value(value).view(*value.shape[:-1], self.heads, self.d_k)
+        scores = torch.einsum("ibhd,jbhd->ijbh", query, key) * self.scale
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, float("-inf"))
+        attn = torch.softmax(scores, dim=-1 if self.bug == "softmax_last" else 1)
+        x = torch.einsum("ijbh,jbhd->ibhd", attn, value).reshape(seq_len, batch_size, -1)
+        return self.output(x)

@@ -198,6 +198,10 @@ class RunSoFar:
         made = None
         candidates = [self.plan] + [self.plan.with_mask(m) for m in self.plan.other_masks if asked.mask or asked.causal
                                or asked.window]
+        if asked.mask and not asked.causal and not asked.window and padding_file(asked):
+            # a key-padding file beside a parameter named for it (FSMT's and fairseq's key_padding_mask beside their
+            # attn_mask, which an additive [n_batch, 1, 1, n_K] would run with too): that one first, by its name
+            candidates.sort(key=lambda c: not (c.mask is not None and _paddings(c.mask)))
         if not self.plan.self_attention and asked.mask and not asked.causal and not asked.window:
             # cross-attention's key padding: to the memory's own mask parameter first (BLIP's, BERT's
             # encoder_attention_mask beside attention_mask), which keeps it by its name (the loop below)
@@ -478,6 +482,12 @@ def form_spec(spec: Spec, form: Any, d_head: int) -> Spec:
         return dataclasses.replace(spec, rope_fraction=form.width / d_head, fraction_from_module=True,
                                    pairing_asked=True, pairing_read=read)
     return dataclasses.replace(spec, pairing_asked=True, pairing_read=read)
+
+
+def _paddings(name: str) -> bool:
+    """Whether a mask parameter is named for key padding (`key_padding_mask`, `padding_mask`, `src_pad_mask`)."""
+    words = set(name.lower().split("_"))
+    return bool(words & {"padding", "pad"}) and "mask" in words
 
 
 def _memorys(name: str) -> bool:

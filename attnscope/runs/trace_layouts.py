@@ -279,16 +279,17 @@ def _unread_inputs(r: RunSoFar, ran: Made) -> Made:
 def _unread_note(r: RunSoFar) -> str:
     """The note for a forward(query, key, value) handed one tensor for all three, as it reads the first alone."""
     first, *rest = r.plan.tensors
-    return (f"{', '.join(rest)}: your code never reads them (its queries, keys and values all come from {first}: "
-            "self-attention); it was handed one tensor for all three, the same object, as --q alone gives it")
+    them, every = ("them", "all three") if len(rest) > 1 else ("it", "both")
+    return (f"{', '.join(rest)}: your code never reads {them} (its queries, keys and values all come from {first}: "
+            f"self-attention); it was handed one tensor for {every}, the same object, as --q alone gives it")
 
 
 def _as_one_input(r: RunSoFar, inputs: Any, asked: TraceOptions | None = None) -> TraceOptions | None:
     """The options (`asked`, r.o where not given) that hand a module's forward(query, key, value) one tensor for all
-    three, n_K = n_Q; None where it takes other than three, the user gave --q, it has them already, or --nq and --nk
-    differ."""
+    three (or forward(query, key) one for both: FSMT's), n_K = n_Q; None where it takes other than two or three, the
+    user gave --q, it has them already, or --nq and --nk differ."""
     o = r.o if asked is None else asked
-    if len(r.plan.tensors) != 3 or o.q or o.one_input or r.module is None \
+    if len(r.plan.tensors) not in (2, 3) or o.q or o.one_input or r.module is None \
             or (o.nk is not None and o.nq is not None and o.nk != o.nq):
         return None
     n_Q = inputs.sizes.get("n_K" if o.mask else "n_Q")  # a --mask file's keys: the one tensor's tokens

@@ -433,7 +433,9 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     given `[.., 1, n_K]` is spread over the `n_Q` queries in the 4-D shape (BART's size check asks for
     `[n_batch, 1, n_Q, n_K]`). Last, a mask that differs across the batch, `[n_batch·n_head, n_Q, n_K]` with the
     heads inner (nn.MultiheadAttention's and F.multi_head_attention_forward's 3-D attn_mask, which take no other
-    shape of a mask per sequence), where `n_head` is known; key padding `[n_batch·n_head, 1, n_K]` before it."""
+    shape of a mask per sequence), where `n_head` is known; key padding `[n_batch·n_head, 1, n_K]` before it. Then the
+    batch after the keys, `[n_Q, n_K, n_batch]` (and `[n_Q, n_K, 1]` for a mask the same for every sequence), as
+    time-first code takes it (labml's)."""
     grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
     if n_Q is not None and grid.shape[-2] == 1:
         grid = grid.expand(grid.shape[0], n_Q, grid.shape[-1])
@@ -462,6 +464,11 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
         if padding:  # key padding as diffusers' prepare_attention_mask folds it, [n_batch·n_head, 1, n_K], first
             out.append((wide[:, :1].repeat_interleave(n_head, dim=0), "[n_batch·n_head, 1, n_K]", None))
         out.append((wide.repeat_interleave(n_head, dim=0), "[n_batch·n_head, n_Q, n_K]", None))
+    # last, the batch after the keys, time-first code's (labml's `[seq_len_q, seq_len_k, batch_size]`, its scores
+    # einsum'd `ijbh`): the batch's own axis, then one for every sequence
+    out.append((wide.permute(1, 2, 0), "[n_Q, n_K, n_batch] (time-first)", None))
+    if grid.shape[0] == 1:
+        out.append((grid[0][..., None], "[n_Q, n_K, 1] (time-first)", None))
     return out
 
 
