@@ -108,6 +108,9 @@ def test_projections_given_as_torch_layers_in_init(runner):
     (LAYERS.replace("nn.Linear(32, 32, bias=False)", "nn.Linear(32, torch.float32)", 1),
      "attribute access (torch.float32) is not allowed"),
     (LAYERS.replace("nn.Linear(32, 32, bias=False)", "nn.Transformer(32)", 1), "is called through an attribute"),
+    (LAYERS.replace("nn.Linear(32, 32, bias=False)", "nn.Linear(-3, 32)", 1), "is given a negative size"),
+    (LAYERS.replace("nn.Linear(32, 32, bias=False)", "nn.Linear(32)", 1),
+     "nn.Linear(32): missing a required argument: 'out_features'"),
 ])
 def test_init_refuses_what_no_layer_is_in_one_line(init, message):
     from cli_main import run_main

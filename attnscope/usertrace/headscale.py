@@ -92,7 +92,8 @@ def found(module: Any, records: list[Record], inputs: Inputs, lined: Any) -> Hea
                 said = " = 1/√d_head, on top of the temperature" if math.isclose(later, d_head ** -0.5, rel_tol=1e-4) \
                     else ""
                 factor = f"{factor}; then times {later:.4g}{said} at line {', '.join(map(str, lines))}"
-            return HeadScale(factors * later, record, _note(record, factor, factors * later, d_head, spec))
+            factors = factors * later
+            return HeadScale(factors, record, _note(record, factor, factors, d_head, spec))
     return None
 
 

@@ -23,12 +23,11 @@ line), nested too deep (100,000 unary minus signs run the parser out of memory).
 from __future__ import annotations
 
 import ast
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from attnscope.errors import UsageError
 
@@ -134,16 +133,23 @@ class _Reader:
 
     def _call(self, node: ast.Call, where: str) -> ClassCall:
         name = node.func.id if isinstance(node.func, ast.Name) else None
-        cls = self.classes.get(name) if name is not None else None
-        cls = cls if cls is not None else _torch_layer(node.func)
+        own = self.classes.get(name) if name is not None else None
+        cls = own if own is not None else _torch_layer(node.func)
         if cls is None:
             raise UsageError(self._refusal(node, where))
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise UsageError(f"{self.option}: {_quote(where)}: * and ** are not allowed in a call; give each argument")
         args = tuple(self.value(a, where) for a in node.args)
         kwargs = tuple((str(k.arg), self.value(k.value, where)) for k in node.keywords)
-        if cls is not self.classes.get(name or ""):  # a torch.nn layer: its weight within memory, said before it is
+        if own is None:  # a torch.nn layer: its weight within memory, said before it is
             sizes = [v for v in (*args, *(v for _, v in kwargs)) if isinstance(v, int) and not isinstance(v, bool)]
+            if any(v < 0 for v in sizes):
+                raise UsageError(f"{self.option}: {_quote(_source(node))} is given a negative size; give widths of 1 "
+                                 "or more, e.g. nn.Linear(64, 64)")
+            try:
+                inspect.signature(cls).bind(*args, **dict(kwargs))
+            except TypeError as exc:
+                raise UsageError(f"{self.option}: {_quote(_source(node))}: {exc}; e.g. nn.Linear(64, 64)") from None
             if math.prod(abs(v) for v in sizes if v) > MAX_LAYER_NUMBERS:
                 raise UsageError(f"{self.option}: {_quote(_source(node))} would hold more than {MAX_LAYER_NUMBERS:,} "
                                  "numbers; trace needs no more than a few thousand features, e.g. nn.Linear(64, 64)")
@@ -184,6 +190,8 @@ def _torch_layer(func: ast.expr) -> type | None:
     path = [func.id, *reversed(path)]
     if path[-1] not in TORCH_LAYERS or path[:-1] not in ([], ["nn"], ["torch", "nn"]):
         return None
+    import torch  # here, not at the top: reading --init's text needs no torch
+
     layer = getattr(torch.nn, path[-1], None)
     return layer if isinstance(layer, type) else None
 

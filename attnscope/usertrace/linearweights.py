@@ -26,6 +26,7 @@ ROLE_WORDS = {
     "v": {"v", "value", "values", "wv"},
     "o": {"o", "out", "output", "wo"},
 }
+ANY_ROLE = set().union(*ROLE_WORDS.values())  # every role's words
 LAYER_WORDS = {"dense"}  # a layer's own word: o alone (BERT's output.dense), else noise (Keras' _key_dense)
 NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weight", "in", "attn", "attention",
          "self", "l", "dense_layer", "c"}
@@ -50,12 +51,12 @@ def role_of(name: str) -> str | None:
 def _unglued(word: str) -> str:
     """A role's word written glued to a projection's (Peter Bloem's `tokeys`, `toqueries`; `qproj`, `keylinear`):
     the role's word; any other word as it is."""
-    if any(word in vocabulary for vocabulary in ROLE_WORDS.values()):
+    if word in ANY_ROLE:
         return word
     for glue in GLUED:
         for rest in (word[len(glue):] if word.startswith(glue) else "", word[:-len(glue)] if word.endswith(glue)
                      else ""):
-            if any(rest in vocabulary for vocabulary in ROLE_WORDS.values()):
+            if rest in ANY_ROLE:
                 return rest
     return word
 
