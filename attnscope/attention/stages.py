@@ -67,9 +67,16 @@ def project(rec: Recorder, name: str, W: nn.Linear, x: Tensor, dims: tuple[str, 
     return rec(f"{name}_feat", feat, dims, op, ("linear", feat.shape, x.shape[-1], W.bias is not None), inputs=(name,))
 
 
-def split(rec: Recorder, name: str, feat: Tensor, n_head: int, dims: tuple[str, ...], source: str) -> Tensor:
+def split(rec: Recorder, name: str, feat: Tensor, n_head: int, dims: tuple[str, ...], source: str,
+          strided: bool = False) -> Tensor:
     """Step `{name}_split` (`Q_split`): the projection `source` split into `n_head` heads, a view; `dims` names
-    `[n_batch, heads, n, d_head]`."""
+    `[n_batch, heads, n, d_head]`. `strided`: each head made of every n_head-th feature, `view(n_batch, -1, d_head,
+    heads)` then moved (SuperGlue's checkpoint lays its heads so)."""
+    if strided:
+        n_batch, n, width = feat.shape
+        return rec(f"{name}_split", feat.view(n_batch, n, width // n_head, n_head).permute(0, 3, 1, 2), dims,
+                   f"{source}.view(n_batch, -1, d_head, {dims[1]}).permute(0, 3, 1, 2)", allocates=False,
+                   inputs=(source,))
     return rec(f"{name}_split", split_heads(feat, n_head), dims,  # -> [n_batch, heads, n, d_head]
                f"{source}.view(n_batch, -1, {dims[1]}, d_head).permute(0, 2, 1, 3)", allocates=False,
                inputs=(source,))
@@ -480,12 +487,17 @@ def axes(n_head: int, n_kv_head: int, d_head: int, d_feat: int, width: str = "d_
                   for n, name in ((n_head, "n_head"), (n_kv_head, kv))))  # type: ignore[return-value]
 
 
-def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str, d_name: str = "d_head") -> Tensor:
+def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str, d_name: str = "d_head",
+          strided: bool = False) -> Tensor:
     """Steps `x_rsh1, x_rsh2, x`: the heads' outputs `[n_batch, n_head, n_Q, d_head]` side by side again
     (`width`: the name of n_head·d_head; `d_name`: the values' per-head axis, d_V where it is not d_head) and through
-    W_o."""
-    x_rsh1 = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", d_name),
-                 "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
+    W_o. `strided`: merged as a strided split laid them, head the fastest (`[n_batch, n_Q, d_head, n_head]`)."""
+    if strided:
+        x_rsh1 = rec("x_rsh1", x_raw.permute(0, 2, 3, 1).contiguous(), ("n_batch", "n_Q", d_name, "n_head"),
+                     "x_raw.permute(0, 2, 3, 1).contiguous()", inputs=("x_raw",))
+    else:
+        x_rsh1 = rec("x_rsh1", heads_last(x_raw), ("n_batch", "n_Q", "n_head", d_name),
+                     "x_raw.permute(0, 2, 1, 3).contiguous()", inputs=("x_raw",))
     n_batch, n_Q, n_head, d_head = x_rsh1.shape
     x_rsh2 = rec("x_rsh2", x_rsh1.view(n_batch, n_Q, n_head * d_head),  # [n_batch, n_Q, n_head·d_head]
                  ("n_batch", "n_Q", width), f"x_rsh1.view(n_batch, -1, {width})", allocates=False,

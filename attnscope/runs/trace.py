@@ -113,6 +113,8 @@ def _unfed_mask(o: TraceOptions, plan: Plan, run: TraceRun) -> None:
                                                   or run.divergence.names("mask.not_applied"))
     if o.mask and plan.refused is not None and unexplained:
         _refused(o.mask, plan.refused)
+    if not o.mask and (o.causal or o.window) and plan.refused is not None and unexplained:
+        _refused_rule(o, plan.refused)  # trace's own mask, raised on in every shape: never mask.not_applied by default
     if not o.mask or plan.mask is not None or plan.other_masks or plan.masks_at_default or plan.lengths is not None \
             or not left or not unexplained:
         return
@@ -124,6 +126,21 @@ def _unfed_mask(o: TraceOptions, plan: Plan, run: TraceRun) -> None:
                      f"(masked_fill, where, added to them, multiplying them), and {', '.join(left)} is neither, so "
                      "your code ran without it; name the argument that takes the mask with \"mask\" in it, or run "
                      "without --mask")
+
+
+def _refused_rule(o: TraceOptions, refused: tuple[str, tuple[tuple[int, ...], ...], str]) -> None:
+    """As _refused, for the mask trace makes of --causal or --window: the code raised on it in every shape trace
+    handed it (labml's `assert mask.shape[0] == 1 or mask.shape[0] == query.shape[0]`, a form of its own), and run
+    without it does not compute what the reference computes with it. No cause is named: the code was never run with
+    the mask, so its masking was never seen."""
+    name, shapes, why = refused
+    rule = "--causal" if o.causal else f"--window {o.window}"
+    tried = ", ".join(str(list(shape)) for shape in shapes)
+    given = f" (as {tried})" if tried else ""
+    raise UsageError(f"{rule}: your code raised on the mask trace handed to {name}{given} ({why}); run without it, "
+                     f"it does not compute what the reference computes with the mask, so its masking cannot be "
+                     f"traced: write the mask as {name} reads it to a file and pass --mask FILE, or run without "
+                     f"{rule.split()[0]}")
 
 
 def _refused(file: str, refused: tuple[str, tuple[tuple[int, ...], ...], str]) -> None:

@@ -60,6 +60,10 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     else:
         module, kwargs, label, blank = (target.obj if target.kind == "module" else None), {}, target.name, {}
     notes: list[str] = []
+    if target.unscripted:
+        from attnscope.usertrace.scripted import note
+
+        notes.append(note(list(target.unscripted)))
     filled = emptyparams.fill(module, blank, o.seed) if isinstance(module, torch.nn.Module) else []
     if filled:  # GPT-OSS's sinks, torch.empty in __init__: whatever memory held, another each run
         notes.append(emptyparams.note(filled))

@@ -10,7 +10,10 @@ The first reference step without an equal is the divergence.
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import permutations
 from typing import TYPE_CHECKING
@@ -99,11 +102,33 @@ class Match:
         return self.max_abs_diff <= self.tolerance
 
 
-def tolerance(reference: torch.Tensor) -> float:
-    atol, rtol = TOLERANCES.get(reference.dtype, TOLERANCES[torch.float32])
-    finite = reference[torch.isfinite(reference)]
+def tolerance(reference: torch.Tensor, dtype: torch.dtype | None = None) -> float:
+    """atol + rtol · the largest finite |value| of `reference` cast to `dtype` (its own by default), by that dtype
+    (TOLERANCES). A trace asks it of the same tensors thousands of times (each rerun's steps against each record): the
+    answer is kept while the tensor lives and is not written to (its version counter)."""
+    dtype = reference.dtype if dtype is None else dtype
+    key = (id(reference), dtype)
+    kept = _TOLERANCES_SEEN.get(key)
+    if kept is not None and kept[0]() is reference and kept[1] == reference._version:
+        return kept[2]
+    atol, rtol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    cast = reference.to(dtype)
+    finite = cast[torch.isfinite(cast)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
-    return atol + rtol * scale
+    value = atol + rtol * scale
+    if len(_TOLERANCES_SEEN) < _TOLERANCES_KEPT:
+        _TOLERANCES_SEEN[key] = (weakref.ref(reference, _forgotten(key)), reference._version, value)
+    return value
+
+
+def _forgotten(key: tuple[int, torch.dtype]) -> Callable[[weakref.ref], None]:
+    """The callback that drops tolerance's kept answer once its tensor dies (its id may then be another's)."""
+    return lambda _: _TOLERANCES_SEEN.pop(key, None) and None
+
+
+# tolerance's answers by (id(tensor), dtype): (a weak reference to it, its version, the tolerance), dropped when it dies
+_TOLERANCES_SEEN: dict[tuple[int, torch.dtype], tuple[weakref.ref, int, float]] = {}
+_TOLERANCES_KEPT = 65536
 
 
 def held_tolerance(reference: torch.Tensor, user: torch.Tensor) -> float:
@@ -111,7 +136,7 @@ def held_tolerance(reference: torch.Tensor, user: torch.Tensor) -> float:
     code computed it in a coarser one (float16, bfloat16), as torch.testing.assert_close takes the tolerances of the
     coarser dtype: a tensor the code computes in float16 holds the step to float16's rounding."""
     if user.dtype in (torch.float16, torch.bfloat16) and reference.dtype not in (torch.float16, torch.bfloat16):
-        return max(tolerance(reference), tolerance(reference.to(user.dtype)))
+        return max(tolerance(reference), tolerance(reference, user.dtype))
     return tolerance(reference)
 
 
@@ -124,13 +149,19 @@ def _exchanged(order: tuple[int, ...]) -> tuple[int, ...]:
 def layouts(reference_shape: tuple[int, ...], user_shape: tuple[int, ...], *, swaps: bool = False) -> list[Layout]:
     """Every layout that turns the reference's shape into the user's, the same one first. Without `swaps`,
     axes of equal size keep their order (swapping them is a transpose, not a layout)."""
+    return list(_layouts(tuple(int(n) for n in reference_shape), tuple(int(n) for n in user_shape), swaps))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layouts(reference_shape: tuple[int, ...], user_shape: tuple[int, ...], swaps: bool) -> tuple[Layout, ...]:
+    """layouts, once per pair of shapes (a trace compares the same shapes thousands of times)."""
     if math.prod(reference_shape) != math.prod(user_shape) or len(reference_shape) > MAX_PERMUTED_RANK:
-        return [Layout(tuple(range(len(reference_shape))), False)] if reference_shape == user_shape else []
+        return (Layout(tuple(range(len(reference_shape))), False),) if reference_shape == user_shape else ()
     found = _permuted(reference_shape, user_shape, swaps, None)
     if not found and len(user_shape) > len(reference_shape) - 1 and len(reference_shape) < MAX_PERMUTED_RANK:
         for split in _splits(reference_shape, user_shape):
             found += _permuted(Layout((), False, split).source(reference_shape), user_shape, swaps, split)
-    return found
+    return tuple(found)
 
 
 def _permuted(source: tuple[int, ...], user_shape: tuple[int, ...], swaps: bool,
@@ -189,6 +220,11 @@ def difference(user: torch.Tensor, expected: torch.Tensor, skip: torch.Tensor | 
     written as -1e9), NaN by NaN or ±inf (an inf the reference's identity output projection turned into NaN, inf · 0,
     where the code has none), and `skip` (broadcast to `expected`) left out."""
     user, expected = user.double(), expected.double()
+    plain_diff = (user - expected).abs() if skip is None else None
+    if plain_diff is not None and plain_diff.numel():
+        plain = float(plain_diff.max())
+        if math.isfinite(plain):  # nothing infinite or NaN on either side (max carries a NaN through): no rule applies
+            return plain
     masked = torch.isneginf(expected)
     agree = (masked & (user <= VERY_NEGATIVE)) | (torch.isnan(expected) & ~torch.isfinite(user)) | (
         torch.isinf(expected) & (user == expected))
@@ -449,7 +485,7 @@ def rearranged_wrongly(records: list[Record], start: Record, upto: Record, refer
         made.add(record.index)
         if record.index not in before:
             continue
-        tol = max(tolerance(reference), tolerance(reference.to(record.tensor.dtype)))  # after a cast, its precision
+        tol = max(tolerance(reference), tolerance(reference, record.tensor.dtype))  # after a cast, its precision
         matches = compare(record, reference, skip, swaps=True, tol=tol)
         if matches and not any(m.equal for m in matches):
             return matches[0]

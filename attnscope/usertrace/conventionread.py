@@ -92,9 +92,14 @@ def read_line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[R
                                   "i: the reference run so lines up further) where --causal upper-left asks query i "
                                   "to see keys 0 to i; as asked, that is the divergence below (--causal lower-right "
                                   "if the alignment is meant)")
+    first, spec, strided = _strided_read(module, shapes, inputs, records, train, spec, first)
+    if strided is not None and (first.divergence is None or first.trace is None):
+        first.notes[:0] = [strided, *([said_base] if said_base is not None else []), *own_notes]
+        return first
     best, best_said, reached = first, None, steps_reached(first)
     base_free = default and declared is None
     scaled = own_scaling(module, spec.built_with)
+    assert first.trace is not None  # a line-up that diverged was run
     for other, said in conventions.readings(spec, first.trace, first.rows, records, base_free, scaled):
         again = line_up_under(module, shapes, inputs, records, train, other)
         if again.divergence is not None and spec.cache:  # RoPE read so, and a cache of keys before RoPE
@@ -111,15 +116,35 @@ def read_line_up(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[R
         best = _alibi_read(module, shapes, inputs, records, train, best)
     if best.divergence is not None and spec.cache:
         best = _cache_read(module, shapes, inputs, records, train, best)
-    if said_base is not None and best is not first:
+    fresh = best is not first or strided is not None  # a line-up other than the first one, whose notes it lacks
+    if said_base is not None and fresh:
         best.notes.insert(0, said_base)
-    if best is not first:
+    if fresh:
         best.notes[:0] = own_notes
     if best_said is not None:  # a convention read from the code: said, whether or not a later step diverges
         line = next((row.record.line for row in best.rows
                      if row.reference in ("Q_rot", "K_rot") and row.record is not None), None)
         best.notes.insert(0, conventions.note(best_said, line, clean=best.divergence is None))
+    if strided is not None:
+        best.notes.insert(0, strided)
     return best
+
+
+def _strided_read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool, spec: Spec,
+                  first: LineUp) -> tuple[LineUp, Spec, str | None]:
+    """The line-up with the heads split strided (stridedheads.py: each head every n_head-th feature, the queries',
+    keys' and values' alike), where that lines up every split and goes further: it, its spec and its note; `first`,
+    `spec` and None otherwise."""
+    from attnscope.usertrace import stridedheads
+
+    for other in stridedheads.readings(spec, first, records, inputs.sizes):
+        again = line_up_under(module, shapes, inputs, records, train, other)
+        if stridedheads.kept(again) and (steps_reached(again) > steps_reached(first) or better_fit(again, first)):
+            line = next((row.record.line for row in again.rows
+                         if row.reference == "Q_split" and row.record is not None), None)
+            assert other.strided_heads is not None
+            return again, other, stridedheads.note(other.strided_heads, line, again.divergence is None)
+    return first, spec, None
 
 
 def _cache_read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,

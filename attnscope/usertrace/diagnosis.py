@@ -69,7 +69,8 @@ def in_reference_layout(near: Match, step: str, ctx: Context) -> torch.Tensor:
 
 
 def close(user: torch.Tensor, expected: torch.Tensor) -> bool:
-    return tuple(user.shape) == tuple(expected.shape) and difference(user, expected) <= tolerance(expected.float())
+    return tuple(user.shape) == tuple(expected.shape) and \
+        difference(user, expected) <= tolerance(expected, torch.float32)
 
 
 def equal_record(records: list[Record], expected: torch.Tensor) -> Record | None:

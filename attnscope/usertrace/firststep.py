@@ -59,7 +59,7 @@ def return_differs(rows: list[Aligned], trace: Trace, records: list[Record], ski
         return None, None
     skip = skips.get(final.reference)
     for record in returned:
-        tol = max(tolerance(step), tolerance(step.to(record.tensor.dtype)))  # a result cast back to half precision
+        tol = max(tolerance(step), tolerance(step, record.tensor.dtype))  # a result cast back to half precision
         if record.index == final.record.index or any(m.equal for m in compare(record, step, skip, tol=tol)):
             return None, None
     record = returned[0]

@@ -88,7 +88,7 @@ def shared_without_output(records: list[Record], names: list[str]) -> dict[str, 
     """{q, k, v: Linear name} where one Linear writes two or all three of q, k, v and none reads what the pattern
     made (HF's BertSelfAttention with `self.key(x)` written for the values, its `value` Linear never called); None
     otherwise."""
-    if not records or not 2 <= len(names) <= MAX_LINEARS:
+    if not records or not 1 <= len(names) <= MAX_LINEARS:  # one: a fused qkv alone (LayoutLMv2's qkv_linear)
         return None
     flow = _flow(records)
     if flow is None or any(len(found) != 1 for found in flow[0]) or flow[1]:

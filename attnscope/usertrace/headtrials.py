@@ -39,30 +39,45 @@ def trials_merge_permuted(b: Base) -> Iterator[Trial]:
     """x_raw `[n_batch, n_head, n_Q, d_head]` permuted another way than (0, 2, 1, 3) before the view to `[n_batch,
     n_Q, d_feat]` (einops' `'b h n d -> b n (d h)'`: the head index the fastest), the output projection reading it
     so."""
-    if "x_rsh2" not in b.ref or "x_raw" not in b.ref or b.ref["x_raw"].dim() != 4 or b.col:
-        return
+    if "x_rsh2" not in b.ref or "x_raw" not in b.ref or b.ref["x_raw"].dim() != 4 or (b.col and not b.strided_merge):
+        return  # the column form's merge is its own (SqueezeBert's), but for a strided split's (SuperGlue's)
     dims = ("n_batch", "n_head", "n_Q", "d_head")
-    for order in ((0, 2, 3, 1), (0, 1, 3, 2), (0, 3, 1, 2), (0, 3, 2, 1)):
-        steps = replay(b)
-        x_raw = steps.get("x_raw")
-        if x_raw is None or x_raw.dim() != 4:
+    # under a strided split merged the same way round (stridedheads.py), the reference's is (0, 2, 3, 1): head-major
+    orders = ((0, 2, 1, 3), (0, 1, 3, 2), (0, 3, 1, 2), (0, 3, 2, 1)) if b.strided_merge else \
+        ((0, 2, 3, 1), (0, 1, 3, 2), (0, 3, 1, 2), (0, 3, 2, 1))
+    for order in orders:
+        steps = merged_as(b, replay(b), order)
+        if steps is None:
             return
-        n_batch, n_head, n_Q, d = x_raw.shape
-        merged = x_raw.permute(order).reshape(n_batch, n_Q, n_head * d)
-        steps.pop("x_rsh1", None)
-        steps["x_rsh2"] = merged
-        if b.gate is not None and "x_gated" in steps:  # the code's output gate (outgate.py), where it gates
-            merged = (x_raw * b.gate).permute(order).reshape(n_batch, n_Q, n_head * d) if b.gate_first \
-                else merged * steps["gate"]
-            steps["x_gated"] = merged
-        if "x" in steps and b.w_o is not None:
-            steps["x"] = torch.nn.functional.linear(merged, *b.w_o)
         became = ", ".join(dims[a] for a in order)
+        fix = (".permute(0, 2, 3, 1) gives [n_batch, n_Q, d_head, n_head], the order your projections' features "
+               "were split in (strided), then .reshape") if b.strided_merge else (
+            ".permute(0, 2, 1, 3) (or .transpose(1, 2), einops' 'b h n d -> b n (h d)') gives [n_batch, n_Q, n_head, "
+            "d_head], then .reshape")
         yield Trial(steps, f"heads merged with the wrong permute: {{who}} is what the reference computes with x_raw "
                     f"[n_batch, n_head, n_Q, d_head] permuted {order} to [{became}], then viewed as [n_batch, n_Q, "
-                    "d_feat], so each row holds the heads' features in another order than the output projection "
-                    "reads; .permute(0, 2, 1, 3) (or .transpose(1, 2), einops' 'b h n d -> b n (h d)') gives "
-                    "[n_batch, n_Q, n_head, d_head], then .reshape")
+                    f"d_feat], so each row holds the heads' features in another order than the output projection "
+                    f"reads; {fix}")
+
+
+def merged_as(b: Base, steps: dict[str, torch.Tensor], order: tuple[int, ...]) -> dict[str, torch.Tensor] | None:
+    """A replay's `steps` with its x_raw `[n_batch, n_head, n_Q, d_head]` permuted by `order` before the view to
+    `[n_batch, n_Q, d_feat]`, and what follows the merge (the code's output gate, the output projection) again from
+    there; None where the replay has no such x_raw."""
+    x_raw = steps.get("x_raw")
+    if x_raw is None or x_raw.dim() != 4:
+        return None
+    n_batch, n_head, n_Q, d = x_raw.shape
+    merged = x_raw.permute(order).reshape(n_batch, n_Q, n_head * d)
+    steps.pop("x_rsh1", None)
+    steps["x_rsh2"] = merged
+    if b.gate is not None and "x_gated" in steps:  # the code's output gate (outgate.py), where it gates
+        merged = (x_raw * b.gate).permute(order).reshape(n_batch, n_Q, n_head * d) if b.gate_first \
+            else merged * steps["gate"]
+        steps["x_gated"] = merged
+    if "x" in steps and b.w_o is not None:
+        steps["x"] = torch.nn.functional.linear(merged, *b.w_o)
+    return steps
 
 
 def _returned_merge(b: Base) -> Iterator[Trial]:

@@ -119,6 +119,9 @@ class ShapePlan:
                 n_head * hint if hint else d_feat  # the head width the module says (a function's d_head=10)
             if projections and projections.linears["k"][1].in_features != d_feat:  # K, V read a context's width
                 fixed["d_kv_in"] = projections.linears["k"][1].in_features
+            v_in = _values_width(module, projections)
+            if v_in is not None:
+                fixed["d_v_in"] = v_in  # MobileBERT's values: the full hidden_size beside the bottleneck's q and k
             if q_width % n_head == 0:
                 fixed["d_head"] = q_width // n_head
                 k_width = projections.linears["k"][1].out_features if projections else q_width
@@ -155,6 +158,24 @@ def _projections(module: Any, n_head: int | None = None, d_head: int | None = No
         return find_projections(module, None, n_head, d_head)[0]
     except UsageError:
         return None
+
+
+def _values_width(module: Any, projections: Projections | None) -> int | None:
+    """The width the values' projection reads where it is not the keys' (MobileBERT's `value` reads hidden_size, its
+    `query` and `key` true_hidden_size; nn.MultiheadAttention's vdim beside kdim): from the projections found, or,
+    before any run (a module without an output projection is read from its run's data flow), from one Linear named
+    for each of q, k and v. None where the values read the keys' width."""
+    from attnscope.usertrace.linearweights import linears, role_of
+
+    if projections is not None:
+        k, v = projections.linears["k"][1], projections.linears["v"][1]
+    else:
+        named = {role: [m for name, m in linears(module) if role_of(name) == role] for role in "qkv"}
+        if any(len(held) != 1 for held in named.values()):
+            return None
+        k, v = named["k"][0], named["v"][0]
+    k_in, v_in = getattr(k, "in_features", None), getattr(v, "in_features", None)
+    return int(v_in) if k_in is not None and v_in is not None and v_in != k_in else None
 
 
 def _fused_width(module: Any) -> int | None:
@@ -488,7 +509,8 @@ def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "
     n = "n_Q" if role == "Q" else "n_K"
     d = "d_V" if role == "V" else "d_K"
     if is_module:
-        d = "d_kv_in" if role != "Q" and "d_kv_in" in sizes else "d_feat"
+        d = "d_v_in" if role == "V" and "d_v_in" in sizes else \
+            "d_kv_in" if role != "Q" and "d_kv_in" in sizes else "d_feat"
     heads: tuple[str, ...] = ()
     if not is_module and "n_head" in sizes:
         heads = ("n_kv_head",) if role != "Q" and "n_kv_head" in sizes else ("n_head",)
@@ -535,9 +557,12 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
     for name, t in (("--q", Q), ("--k", K), ("--v", V)):
-        width = shapes.fixed.get("d_kv_in" if name != "--q" and "d_kv_in" in shapes.fixed else "d_feat")
+        wide = "d_v_in" if name == "--v" and "d_v_in" in shapes.fixed else \
+            "d_kv_in" if name != "--q" and "d_kv_in" in shapes.fixed else "d_feat"
+        width = shapes.fixed.get(wide)
         if module is not None and (t.dim() != 3 or t.shape[-1] != width):
-            dim = "d_feat" if width == shapes.fixed.get("d_feat") else "d_kv_in: its keys read a context"
+            dim = "d_feat" if width == shapes.fixed.get("d_feat") else \
+                "d_v_in: its values read another width" if wide == "d_v_in" else "d_kv_in: its keys read a context"
             raise UsageError(f"{name} is {list(t.shape)} but the module takes [n_batch, n, {width}] ({dim})")
         if module is None and t.dim() < 2:
             raise UsageError(f"{name} is {list(t.shape)}; attention inputs are [.., n, d]")

@@ -213,7 +213,7 @@ def _value_input_by_keys(b: Base) -> Iterator[Trial]:
     if made is None or b.names.get("v") != "V_split" or "V_pooled" in b.ref:
         return
     feat, name = made
-    heads = heads_of(feat, b.v_new)
+    heads = heads_of(feat, b.v_new, b.strided_split)
     if heads is None:
         return
     steps = replay(b, v_new=heads)
@@ -230,7 +230,9 @@ def by_other_weights(b: Base, role: str, index: int) -> tuple[torch.Tensor, str]
     projections, inputs = b.ctx.projections, b.ctx.inputs
     if projections is None or inputs is None or role not in projections.linears:
         return None
-    xs = inputs.qkv()
+    xs: tuple[torch.Tensor, ...] = inputs.qkv()
+    if inputs.layout == "col":  # [n_batch, d, n] as the code takes them -> the reference's rows [n_batch, n, d]
+        xs = tuple(t.transpose(-1, -2) if t.dim() == 3 else t for t in xs)
     own = xs[1 if role == "k" else 2 if role == "v" else 0]
     x = xs[index]
     if x.dim() != 3 or x is own or (x.shape == own.shape and torch.equal(x, own)):
@@ -243,11 +245,14 @@ def by_other_weights(b: Base, role: str, index: int) -> tuple[torch.Tensor, str]
     return torch.nn.functional.linear(x.double(), weight.detach().double(), bias), name
 
 
-def heads_of(feat: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
-    """`feat` [n_batch, n, heads·d] split as `like` [n_batch, heads, n, d]; None where the sizes differ."""
+def heads_of(feat: torch.Tensor, like: torch.Tensor, strided: bool = False) -> torch.Tensor | None:
+    """`feat` [n_batch, n, heads·d] split as `like` [n_batch, heads, n, d]; None where the sizes differ. `strided`:
+    each head every heads-th feature, as the reference splits under stridedheads.py's reading."""
     if like.dim() != 4 or feat.dim() != 3 or feat.shape[-1] != like.shape[1] * like.shape[-1] \
             or feat.shape[:2] != (like.shape[0], like.shape[2]):
         return None
+    if strided:  # [n_batch, n, d, heads] -> [n_batch, heads, n, d]
+        return feat.unflatten(-1, (int(like.shape[-1]), int(like.shape[1]))).permute(0, 3, 1, 2)
     return feat.unflatten(-1, (int(like.shape[1]), int(like.shape[-1]))).transpose(1, 2)
 
 

@@ -140,12 +140,38 @@ def _own_additions(module: Any, shapes: ShapePlan, inputs: Inputs, records: list
     first = read_line_up(module, shapes, inputs, records, train, spec, read_conventions)
     if not read_conventions or first.divergence is None or spec is None or spec.layout == "col":
         return first
+    if spec.q_gain is None and module is not None:
+        gained = _with_query_gain(module, shapes, inputs, records, train, spec, first)
+        if gained is not None:
+            return gained
     if spec.head_mix is None:
         mixed = _with_head_mix(module, shapes, inputs, records, train, spec, first)
         if mixed is not None:
             return mixed
     scaled = _with_head_scale(module, shapes, inputs, records, train, spec, first)
     return scaled if scaled is not None else _own_bias_or_term(module, shapes, inputs, records, train, spec, first)
+
+
+def _with_query_gain(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool, spec: Spec,
+                     first: LineUp) -> LineUp | None:
+    """The line-up with the code's own gain per coordinate on its queries (querygain.py: TimesFM's per-dimension
+    scale) held by the reference's query projection, the scale beside it 1 (the gain is the whole scale) or the
+    reference's own, whichever fits better than `first`, with a note; None where the code has no such gain or
+    neither fits better."""
+    from attnscope.usertrace import querygain
+
+    found = querygain.find(records, dict(module.named_parameters()))
+    if found is None:
+        return None
+    for scale in ((1.0, None) if spec.scale is None else (spec.scale,)):
+        said = "1 (the gain on your queries is then your module's whole scale, TimesFM's)" \
+            if spec.scale is None and scale == 1.0 else spec.scale_from
+        again = _own_additions(module, shapes, inputs, records, train,
+                               replace(spec, q_gain=found, scale=scale, scale_from=said), True)
+        if again.no_reference is None and (again.divergence is None or _kept(again, first)):
+            again.notes.insert(0, querygain.note(found, scale != 1.0))
+            return again
+    return None
 
 
 def _with_head_mix(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool, spec: Spec,

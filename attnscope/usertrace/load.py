@@ -37,7 +37,7 @@ from attnscope.usertrace.package import Package, package_of
 MASK_WORDS = ("mask",)
 # A bias added to the scores: a position bias (T5's `position_bias`) gets --position-bias's tensor; any other (xformers'
 # `attn_bias`, an additive mask) is fed as a mask is, in the convention its code reads.
-POSITION_BIAS_WORDS = ("position_bias", "pos_bias", "rel_bias", "relative_bias")
+POSITION_BIAS_WORDS = ("position_bias", "pos_bias", "rel_bias", "relative_bias", "rel_pos")  # rel_pos: LayoutLMv2's
 # ALiBi's bias handed in by the model (BLOOM's `alibi`): --alibi's, in the layout the code reads (alibifeed.py)
 ALIBI_WORDS = ("alibi",)
 DROPOUT_WORDS = ("dropout",)
@@ -96,6 +96,7 @@ class Target:
     obj: Any
     kind: str  # "class", "module" or "function"
     module: ModuleType | None = None  # the imported file
+    unscripted: tuple[str, ...] = ()  # its TorchScript functions, run as their Python originals (scripted.py)
 
 
 class UserCodeError(AttnscopeError):
@@ -523,8 +524,11 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 def find(spec: str) -> Target:
     import torch
 
+    from attnscope.usertrace.scripted import unscripted
+
     path, name = parse_spec(spec)
     module = import_file(path)
+    python = tuple(unscripted(module))  # before the name is looked up: a ScriptFunction named itself is its original
     obj: Any = module
     for part in name.split("."):
         try:
@@ -540,11 +544,11 @@ def find(spec: str) -> Target:
         if not issubclass(obj, torch.nn.Module):
             raise UsageError(f"{name} is a class but not a torch.nn.Module; trace takes an nn.Module class or a "
                              "function (query, key, value, mask=None)")
-        return Target(path, name, obj, "class", module)
+        return Target(path, name, obj, "class", module, python)
     if isinstance(obj, torch.nn.Module):
-        return Target(path, name, obj, "module", module)
+        return Target(path, name, obj, "module", module, python)
     if inspect.isfunction(obj):
-        return Target(path, name, obj, "function", module)
+        return Target(path, name, obj, "function", module, python)
     raise UsageError(f"{name} is a {type(obj).__name__}; trace takes an nn.Module class or a function")
 
 

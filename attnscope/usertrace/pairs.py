@@ -99,7 +99,7 @@ def by_pair(step: str, base: Base) -> Diagnosis | None:
 
 def _tol(tensor: torch.Tensor) -> float:
     """A reference step's tolerance: float32's, as the reruns compare it (rerun.reproduces)."""
-    return tolerance(tensor.float())
+    return tolerance(tensor, torch.float32)
 
 
 def _fits(base: Base, run: Run, steps: dict[str, torch.Tensor], tol: str) -> bool:

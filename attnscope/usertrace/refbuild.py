@@ -31,11 +31,9 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
     q, k, v, o = (found.linears[role][1] for role in ROLES)
     d_feat = q.in_features
     names = {role: found.linears[role][0] for role in ROLES}
-    # K, V may read their own width; the output projection may write another than the queries read (Zamba's
+    # K and V may each read their own width (a context's; MobileBERT's values the full hidden_size beside its
+    # bottlenecked queries and keys); the output projection may write another than the queries read (Zamba's
     # shared block reads cat(hidden, embeddings), 2·d_model, and writes d_model back): held as it is, below
-    if k.in_features != v.in_features:
-        raise UsageError(f"{names['k']} and {names['v']} must read the same features: found {q.in_features}, "
-                         f"{k.in_features}, {v.in_features} in")
     d_head, n_kv_head, d_v = head_widths(names, (q, k, v, o), n_head)
     if spec.rope_base is not None and d_head % 2:
         raise UsageError(f"RoPE rotates pairs of coordinates, so d_head must be even; it is {d_head}")
@@ -61,6 +59,7 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
                                    d_head=d_head if d_head * n_head != d_feat else None, device=weight.device,
                                    dtype=weight.dtype, spec=attention,
                                    d_kv_in=k.in_features if k.in_features != d_feat else None,
+                                   d_v_in=v.in_features if v.in_features != k.in_features else None,
                                    d_v=d_v if d_v != d_head else None)
     if o.out_features != d_feat:  # another width than d_feat (a merge's identity, Zamba's o_proj): held as it is
         reference.W_o = nn.Linear(o.in_features, o.out_features, bias=o.bias is not None, device=weight.device,
@@ -88,6 +87,7 @@ def build_mha(found: Projections, n_head: int, spec: Spec = Spec(), module: nn.M
             mine.weight.copy_(_as_held(theirs, mine.weight))
             if mine.bias is not None:  # a LayerNorm's (nn.LayerNorm(bias=False) has none: zeros)
                 mine.bias.copy_(_as_held(bias, mine.bias) if bias is not None else torch.zeros_like(mine.bias))
+    reference.strided_heads = spec.strided_heads
     return reference.eval()
 
 

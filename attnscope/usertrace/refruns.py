@@ -79,6 +79,13 @@ def references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Rec
                                              inputs.own}):
         if gain is not None and projections.matched_by != "identity":
             projections = valuegain.apply(projections, gain)
+        if spec.q_gain is not None and projections.matched_by != "identity" and not col:  # querygain.py
+            from attnscope.usertrace import querygain
+
+            gained = querygain.apply(projections, spec.q_gain)
+            if gained is None:
+                continue
+            projections = gained
         if projections.matched_by != "identity":  # a projection the role reads some rows of (Qwen3-Next's q_proj)
             projections = widerows.narrowed(projections, records)
         if spec.out_ops is not None and not col and "o" in projections.linears:  # ops on the merge (outops.py)

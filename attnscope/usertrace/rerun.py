@@ -112,6 +112,10 @@ class Base:
     # The catalog's runs made from here, by entry name, each with its changes (trials.runs: made once, as by_experiment
     # or a pair of mistakes first asks for them); two of them joined make one run with both mistakes (pairs.by_pair)
     runs: dict[str, list[Any]] = field(default_factory=dict)
+    # The heads merged back as a strided split laid them, head the fastest (Spec.strided_heads "split and merge",
+    # stridedheads.py: SuperGlue's checkpoint layout): every replay's merge so
+    strided_merge: bool = False
+    strided_split: bool = False  # heads split strided too (Spec.strided_heads): a trial that splits features so
 
     @property
     def n_Q(self) -> int:
@@ -191,6 +195,8 @@ def build(ctx: Context) -> Base | None:
     base = Base(ctx, names, {n: trace.step(n).dims for n in names}, ref, q, k_new, v_new,
                 {"q": q_name, "k": k_name, "v": v_name}, cache, n_group, scale, bias, allowed, w_o, col, ctx.kind,
                 dict(ctx.sizes), softcap)
+    base.strided_merge = ctx.spec is not None and ctx.spec.strided_heads == "split and merge"
+    base.strided_split = ctx.spec is not None and ctx.spec.strided_heads is not None
     if cache is not None and ctx.spec is not None and ctx.spec.cache_before_rope:
         from attnscope.usertrace.cachekeys import rotated_back
 
@@ -421,14 +427,14 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     out[final] = x
     gate = b.gate if b.gate is not None and tuple(b.gate.shape) == tuple(x.shape) else None
     if final == "x_raw" and x.dim() == 4:
-        merged = _merged(x, merge, out, "x_rsh1" in b.ref)
+        merged = _merged(x, merge, out, "x_rsh1" in b.ref, b.strided_merge)
         merged = merged * dropped["x_rsh2"] if "x_rsh2" in dropped else merged
         if "x_rsh2" in b.ref:
             out["x_rsh2"] = merged
         if gate is not None:  # the heads' output times the code's gate (outgate.py), as the code gates it
             out["gate"] = merge_heads(gate)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, d_feat]
             # before the merge where the code gates attn @ v as it is (the merge, right or wrong, after the gate)
-            merged = _merged(x * gate, merge, {}, False) if b.gate_first else merged * out["gate"]
+            merged = _merged(x * gate, merge, {}, False, b.strided_merge) if b.gate_first else merged * out["gate"]
             out["x_gated"] = merged
         if "x" in b.ref and b.w_o is not None:
             out["x"] = torch.nn.functional.linear(merged, *b.w_o)  # [n_batch, n_Q, d_feat]
@@ -436,11 +442,18 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     return {n: t.double() for n, t in out.items() if n in b.ref}
 
 
-def _merged(x: torch.Tensor, merge: str, out: dict[str, torch.Tensor], keep: bool) -> torch.Tensor:
+def _merged(x: torch.Tensor, merge: str, out: dict[str, torch.Tensor], keep: bool, strided: bool = False
+            ) -> torch.Tensor:
     """x_raw `[n_batch, n_head, n_Q, d_head]` merged to `[n_batch, n_Q, n_head·d_head]` as `merge` says: with the
     permute (x_rsh1 kept in `out` where `keep`), a view without it ("view"; "column view": viewed as the column
-    form's `[n_batch, n_head·d_head, n_Q]`, d_head never moved in front of n_Q), or viewed straight as time-first."""
+    form's `[n_batch, n_head·d_head, n_Q]`, d_head never moved in front of n_Q), or viewed straight as time-first.
+    `strided`: the permute lays the head the fastest, `[n_batch, n_Q, d_head, n_head]` (a strided split's merge)."""
     n_batch, n_head, n_Q, d = x.shape
+    if strided and merge == "permute":
+        x_rsh1 = x.permute(0, 2, 3, 1)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, d_head, n_head]
+        if keep:
+            out["x_rsh1"] = x_rsh1
+        return x_rsh1.reshape(n_batch, n_Q, n_head * d)
     if merge == "column view":  # SqueezeBert's transpose_output without its permute(0, 1, 3, 2)
         return x.reshape(n_batch, n_head * d, n_Q).transpose(-2, -1)
     x_rsh1 = x.permute(0, 2, 1, 3)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, n_head, d_head]
@@ -617,11 +630,11 @@ def _sum(record: Record, sums: dict[int, float]) -> float:
 
 def _tol(tensor: torch.Tensor, dtype: torch.dtype = torch.float32, tol: str = "") -> float:
     """float32's tolerance at least (the reference's own), the user's dtype's where coarser, float16's when asked."""
-    wanted = [tolerance(tensor.float())]
+    wanted = [tolerance(tensor, torch.float32)]
     if dtype in (torch.float16, torch.bfloat16):
-        wanted.append(tolerance(tensor.to(dtype)))
+        wanted.append(tolerance(tensor, dtype))
     if tol == "float16":
-        wanted.append(tolerance(tensor.half()))
+        wanted.append(tolerance(tensor, torch.float16))
     return max(wanted)
 
 

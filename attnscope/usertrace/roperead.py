@@ -171,7 +171,8 @@ def rope_turn(rope: ReadRope) -> Callable[[torch.Tensor, torch.Tensor], torch.Te
 def _near(mine: torch.Tensor, reference: torch.Tensor) -> bool:
     from attnscope.usertrace.align import difference, tolerance
 
-    return tuple(mine.shape) == tuple(reference.shape) and difference(mine, reference) <= tolerance(reference.float())
+    return tuple(mine.shape) == tuple(reference.shape) and difference(mine, reference) <= \
+        tolerance(reference, torch.float32)
 
 
 def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str, table: str | None = None,

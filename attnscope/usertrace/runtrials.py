@@ -153,7 +153,7 @@ def _dropped(b: Base, record: Record, before: Record) -> tuple[str, torch.Tensor
             continue
         step = user_out(b, name) if name == "attention" else b.ref[name]
         # to the tolerance of the user's dtype (a function's reference runs in float64)
-        tol = tolerance(step.to(before.tensor.dtype)) if before.tensor.is_floating_point() else None
+        tol = tolerance(step, before.tensor.dtype) if before.tensor.is_floating_point() else None
         match = next(iter(compare(before, step, b.ctx.skip.get(name), tol=tol)), None)
         if match is None or not match.equal:
             continue

@@ -49,7 +49,7 @@ def block_at(block: torch.Tensor, scores: torch.Tensor) -> tuple[int, int] | Non
     if block.shape[:-2] != scores.shape[:-2] or block.shape[-2] > scores.shape[-2] \
             or block.shape[-1] > scores.shape[-1] or scores.shape[-2] * scores.shape[-1] > 1 << 16:
         return None
-    tol = tolerance(scores.float())
+    tol = tolerance(scores, torch.float32)
     a, c = block.shape[-2:]
     for i in range(scores.shape[-2] - a + 1):
         for j in range(scores.shape[-1] - c + 1):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace.record import MULTIPLIES
@@ -35,9 +36,24 @@ def find(records: list[Record], params: dict[str, Any]) -> Gain | None:
     found = flow.operands(records)
     if found is None:
         return None
+    read = gains_up(records, found[2], lambda record, others: _scalar(others, records, params))
+    gains = [Gain(value, words, line) for value, words, line in read or ()]
+    if not gains:
+        return None
+    total = math.prod(g.value for g in gains)
+    return Gain(total, " · ".join(g.what for g in gains), gains[0].line)
+
+
+def gains_up(records: list[Record], start: int, read: Callable[[Record, list[tuple[str, Any]]], Any]
+             ) -> list[tuple[Any, str, int]] | None:
+    """Walking up from record `start` to the projection (a Linear's call) it comes from, one input at a time, each
+    multiplication `read` reads a gain in (given the record and its other operands; None: no gain), as (the gain, its
+    words, its line); None where the way branches (two operands from the projections) or reaches no projection."""
+    from attnscope.usertrace import flow
+
     made, from_linears = flow.linears_of(records)
-    gains: list[Gain] = []
-    index, seen = found[2], set()
+    gains: list[tuple[Any, str, int]] = []
+    index, seen = start, set()
     while index not in made and index not in seen:
         seen.add(index)
         record = records[index]
@@ -46,15 +62,11 @@ def find(records: list[Record], params: dict[str, Any]) -> Gain | None:
         if len(path) != 1:
             return None
         if record.func in MULTIPLIES:
-            others = [arg for arg in record.args if arg != ("rec", path[0])]
-            scalar = _scalar(others, records, params)
-            if scalar is not None:
-                gains.append(Gain(scalar[0], scalar[1], record.line))
+            found = read(record, [arg for arg in record.args if arg != ("rec", path[0])])
+            if found is not None:
+                gains.append((found[0], found[1], record.line))
         index = path[0]
-    if not gains or index not in made:
-        return None
-    total = math.prod(g.value for g in gains)
-    return Gain(total, " · ".join(g.what for g in gains), gains[0].line)
+    return gains if index in made else None
 
 
 def _scalar(others: list[tuple[str, Any]], records: list[Record], params: dict[str, Any]) -> tuple[float, str] | None:
