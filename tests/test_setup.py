@@ -105,7 +105,8 @@ def test_extras_hold_what_the_tests_use_and_no_more():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {extra: sorted(re.split(r"[<>=]", d)[0] for d in deps) for extra, deps in
              project["optional-dependencies"].items()}
-    assert names["test"] == ["accelerate", "hypothesis", "playwright", "pytest"]  # accelerate: transformers' GGUF route
+    # accelerate: transformers' GGUF route; pytest-xdist: README's test command runs the suite on every core
+    assert names["test"] == ["accelerate", "hypothesis", "playwright", "pytest", "pytest-xdist"]
     runtime = {re.split(r"[<>=]", d)[0] for d in project["dependencies"]}
     assert runtime == {"torch", "typer", "rich", "transformers", "safetensors", "huggingface_hub", "numpy", "gguf",
                        "pillow"}
