@@ -100,9 +100,9 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.fused = fused  # unrecorded: PyTorch's fused kernel (attnscope bench races it), not eager's order
-        # heads made of every n_head-th feature, "split" (view(.., d_head, n_head)) or "split and merge" (merged back
-        # so too): a checkpoint's layout trace reads from code (usertrace/stridedheads.py); None: BERT's split
-        self.strided_heads: str | None = None
+        # heads made of every n_head-th feature (view(.., d_head, n_head)) and merged back so: a checkpoint's layout
+        # trace reads from code (usertrace/stridedheads.py); False: BERT's split and merge
+        self.strided_heads = False
         self.page = page  # a family page's attention method, run on self-attention (llama.py's attend)
         self.spec = resolve_spec(spec, n_kv_head=n_kv_head, scale=scale, causal=causal, window=window,
                                  window_side=window_side, softcap=softcap, alibi=alibi, rope=rope, sinks=sinks,
@@ -166,11 +166,10 @@ class MultiHeadAttention(nn.Module):
         if self.record:
             x_raw = attend(trace, Q_h, K_h, V_h, mask, names, spec, n_group=self.n_group, dropout_p=dropout_p,
                            position_bias=position_bias, sinks=self.sinks)
-            stages.merge(trace, x_raw, self.W_o, self.wide_out, self.d_v_name,
-                         self.strided_heads == "split and merge")
+            stages.merge(trace, x_raw, self.W_o, self.wide_out, self.d_v_name, self.strided_heads)
             return trace
         x_raw = self._fused(Q_h, K_h, V_h, mask, dropout_p, spec, position_bias)  # [n_batch, n_head, n_Q, d_head]
-        if self.strided_heads == "split and merge":  # head the fastest, as a strided split laid the features
+        if self.strided_heads:  # head the fastest, as a strided split laid the features
             x = self.W_o(x_raw.permute(0, 2, 3, 1).flatten(-2))  # [n_batch, n_Q, d_feat]
         else:
             x = self.W_o(merge_heads(x_raw))  # [n_batch, n_Q, d_feat]
@@ -306,7 +305,7 @@ class MultiHeadAttention(nn.Module):
                 names=("q_norm.weight", "k_norm.weight"), biases=self._norm_biases(), clip=normed_clip)
             made["Q"], made["K"] = "Q_normed", "K_normed"
         split = {name: stages.split(add, name, feats[name], count, ("n_batch", axis, n, d_of[name]), made[name],
-                                    self.strided_heads is not None)
+                                    self.strided_heads)
                  for name, _, _, n, count, axis in plan}  # [n_batch, heads, n, d_head]
         q, k, v = split["Q"], split["K"], split["V"]
         q_name, k_name, v_name = "Q_split", "K_split", "V_split"

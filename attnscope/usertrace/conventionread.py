@@ -137,14 +137,14 @@ def _strided_read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     `spec` and None otherwise."""
     from attnscope.usertrace import stridedheads
 
-    for other in stridedheads.readings(spec, first, records, inputs.sizes):
-        again = line_up_under(module, shapes, inputs, records, train, other)
-        if stridedheads.kept(again) and (steps_reached(again) > steps_reached(first) or better_fit(again, first)):
-            line = next((row.record.line for row in again.rows
-                         if row.reference == "Q_split" and row.record is not None), None)
-            assert other.strided_heads is not None
-            return again, other, stridedheads.note(other.strided_heads, line, again.divergence is None)
-    return first, spec, None
+    other = stridedheads.reading(spec, first, records, inputs.sizes)
+    if other is None:
+        return first, spec, None
+    again = line_up_under(module, shapes, inputs, records, train, other)
+    if not stridedheads.kept(again) or not (steps_reached(again) > steps_reached(first) or better_fit(again, first)):
+        return first, spec, None
+    line = next((row.record.line for row in again.rows if row.reference == "Q_split" and row.record is not None), None)
+    return again, other, stridedheads.note(line, again.divergence is None)
 
 
 def _cache_read(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Record], train: bool,

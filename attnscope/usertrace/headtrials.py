@@ -39,19 +39,19 @@ def trials_merge_permuted(b: Base) -> Iterator[Trial]:
     """x_raw `[n_batch, n_head, n_Q, d_head]` permuted another way than (0, 2, 1, 3) before the view to `[n_batch,
     n_Q, d_feat]` (einops' `'b h n d -> b n (d h)'`: the head index the fastest), the output projection reading it
     so."""
-    if "x_rsh2" not in b.ref or "x_raw" not in b.ref or b.ref["x_raw"].dim() != 4 or (b.col and not b.strided_merge):
+    if "x_rsh2" not in b.ref or "x_raw" not in b.ref or b.ref["x_raw"].dim() != 4 or (b.col and not b.strided):
         return  # the column form's merge is its own (SqueezeBert's), but for a strided split's (SuperGlue's)
     dims = ("n_batch", "n_head", "n_Q", "d_head")
     # under a strided split merged the same way round (stridedheads.py), the reference's is (0, 2, 3, 1): head-major
-    orders = ((0, 2, 1, 3), (0, 1, 3, 2), (0, 3, 1, 2), (0, 3, 2, 1)) if b.strided_merge else \
+    orders = ((0, 2, 1, 3), (0, 1, 3, 2), (0, 3, 1, 2), (0, 3, 2, 1)) if b.strided else \
         ((0, 2, 3, 1), (0, 1, 3, 2), (0, 3, 1, 2), (0, 3, 2, 1))
     for order in orders:
-        steps = merged_as(b, replay(b), order)
+        steps = _merged_as(b, replay(b), order)
         if steps is None:
             return
         became = ", ".join(dims[a] for a in order)
         fix = (".permute(0, 2, 3, 1) gives [n_batch, n_Q, d_head, n_head], the order your projections' features "
-               "were split in (strided), then .reshape") if b.strided_merge else (
+               "were split in (strided), then .reshape") if b.strided else (
             ".permute(0, 2, 1, 3) (or .transpose(1, 2), einops' 'b h n d -> b n (h d)') gives [n_batch, n_Q, n_head, "
             "d_head], then .reshape")
         yield Trial(steps, f"heads merged with the wrong permute: {{who}} is what the reference computes with x_raw "
@@ -60,7 +60,7 @@ def trials_merge_permuted(b: Base) -> Iterator[Trial]:
                     f"reads; {fix}")
 
 
-def merged_as(b: Base, steps: dict[str, torch.Tensor], order: tuple[int, ...]) -> dict[str, torch.Tensor] | None:
+def _merged_as(b: Base, steps: dict[str, torch.Tensor], order: tuple[int, ...]) -> dict[str, torch.Tensor] | None:
     """A replay's `steps` with its x_raw `[n_batch, n_head, n_Q, d_head]` permuted by `order` before the view to
     `[n_batch, n_Q, d_feat]`, and what follows the merge (the code's output gate, the output projection) again from
     there; None where the replay has no such x_raw."""

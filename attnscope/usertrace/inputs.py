@@ -509,8 +509,7 @@ def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "
     n = "n_Q" if role == "Q" else "n_K"
     d = "d_V" if role == "V" else "d_K"
     if is_module:
-        d = "d_v_in" if role == "V" and "d_v_in" in sizes else \
-            "d_kv_in" if role != "Q" and "d_kv_in" in sizes else "d_feat"
+        d = input_width(role, sizes)
     heads: tuple[str, ...] = ()
     if not is_module and "n_head" in sizes:
         heads = ("n_kv_head",) if role != "Q" and "n_kv_head" in sizes else ("n_head",)
@@ -522,6 +521,14 @@ def role_dims(role: str, sizes: dict[str, int], is_module: bool, layout: str = "
     if layout == "tbhd" and batch and heads:  # time-first, the heads split (Megatron's core attention [s, b, np, hn])
         return (n, "n_batch", *heads, d)
     return (*batch, *heads, *((d, n) if layout == "col" else (n, d)))
+
+
+def input_width(role: str, sizes: dict[str, int]) -> str:
+    """The dim a module's input of `role` (Q, K or V) is wide by: d_feat, the keys' and values' d_kv_in where they
+    read a context of its own width, the values' d_v_in where they read another width than the keys (MobileBERT's)."""
+    if role == "V" and "d_v_in" in sizes:
+        return "d_v_in"
+    return "d_kv_in" if role != "Q" and "d_kv_in" in sizes else "d_feat"
 
 
 def _cache(sizes: dict[str, int], seed: int, dtype: Any, d_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -557,8 +564,7 @@ def _from_files(loaded: dict[str, torch.Tensor], shapes: ShapePlan, module: Any,
 
     Q, K, V = loaded["Q"], loaded["K"], loaded["V"]
     for name, t in (("--q", Q), ("--k", K), ("--v", V)):
-        wide = "d_v_in" if name == "--v" and "d_v_in" in shapes.fixed else \
-            "d_kv_in" if name != "--q" and "d_kv_in" in shapes.fixed else "d_feat"
+        wide = input_width(name[-1].upper(), shapes.fixed)
         width = shapes.fixed.get(wide)
         if module is not None and (t.dim() != 3 or t.shape[-1] != width):
             dim = "d_feat" if width == shapes.fixed.get("d_feat") else \

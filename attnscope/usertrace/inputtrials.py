@@ -61,7 +61,7 @@ def _keys_from(b: Base, index: int) -> tuple[torch.Tensor, torch.Tensor, str] | 
     made = by_other_weights(b, "k", index)
     if made is None:
         return None
-    heads = heads_of(made[0], b.k_new, b.strided_split)
+    heads = heads_of(made[0], b.k_new, b.strided)
     if heads is None:
         return None
     heads = heads.to(b.k_new.dtype)
@@ -76,5 +76,5 @@ def _values_from(b: Base, index: int) -> tuple[torch.Tensor, torch.Tensor, str] 
     made = by_other_weights(b, "v", index)
     if made is None:
         return None
-    heads = heads_of(made[0], b.v_new, b.strided_split)
+    heads = heads_of(made[0], b.v_new, b.strided)
     return None if heads is None else (made[0], heads.to(b.v_new.dtype), made[1])

@@ -61,7 +61,7 @@ def _key_input_by_values(b: Base, rope: ReadRope | None) -> Iterator[Trial]:
     if made is None or "K_normed" in b.ref or "K_pooled" in b.ref:
         return
     feat, name = made
-    heads = heads_of(feat, b.k_new, b.strided_split)
+    heads = heads_of(feat, b.k_new, b.strided)
     if heads is None:
         return
     heads = heads.to(b.k_new.dtype)

@@ -213,7 +213,7 @@ def _value_input_by_keys(b: Base) -> Iterator[Trial]:
     if made is None or b.names.get("v") != "V_split" or "V_pooled" in b.ref:
         return
     feat, name = made
-    heads = heads_of(feat, b.v_new, b.strided_split)
+    heads = heads_of(feat, b.v_new, b.strided)
     if heads is None:
         return
     steps = replay(b, v_new=heads)

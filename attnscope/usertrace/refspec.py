@@ -156,9 +156,9 @@ class Spec:
     # read from the code's run, out[k] = Σ_h M[k, h] · in[h] + M[k, -1] (a Conv2d's or Linear's bias), over the scores
     # before the bias and the mask and over the weights after the softmax (either None)
     head_mix: Any = field(default=None, compare=False)
-    # heads made of every n_head-th feature (view(.., d_head, n_head)), "split" or "split and merge" (merged back so
-    # too): the checkpoint's layout of SuperGlue's heads, read from the code (stridedheads.py); None: BERT's split
-    strided_heads: str | None = None
+    # heads made of every n_head-th feature (view(.., d_head, n_head)) and merged back so: the checkpoint's layout of
+    # SuperGlue's heads, read from the code (stridedheads.py); False: BERT's split
+    strided_heads: bool = False
     # The code's learned gain per coordinate on its queries (querygain.QueryGain: TimesFM's per-dimension scale), read
     # from its run: held by the reference's query projection, each head's rows times it
     q_gain: Any = field(default=None, compare=False)
@@ -223,7 +223,7 @@ class Spec:
                  "your heads mixed" if self.head_mix is not None else "",
                  self.temperature.describe() if self.temperature is not None else "",
                  "attention sinks" if self.sinks is not None else "",
-                 f"heads strided ({self.strided_heads})" if self.strided_heads is not None else "",
+                 "heads strided (split and merge)" if self.strided_heads else "",
                  "your gain per coordinate on the queries" if self.q_gain is not None else ""]
         return ", ".join(p for p in parts if p)
 

@@ -112,10 +112,9 @@ class Base:
     # The catalog's runs made from here, by entry name, each with its changes (trials.runs: made once, as by_experiment
     # or a pair of mistakes first asks for them); two of them joined make one run with both mistakes (pairs.by_pair)
     runs: dict[str, list[Any]] = field(default_factory=dict)
-    # The heads merged back as a strided split laid them, head the fastest (Spec.strided_heads "split and merge",
-    # stridedheads.py: SuperGlue's checkpoint layout): every replay's merge so
-    strided_merge: bool = False
-    strided_split: bool = False  # heads split strided too (Spec.strided_heads): a trial that splits features so
+    # The heads split strided and merged back so, head the fastest (Spec.strided_heads, stridedheads.py: SuperGlue's
+    # checkpoint layout): every replay's merge so, and a trial's split of features
+    strided: bool = False
 
     @property
     def n_Q(self) -> int:
@@ -195,8 +194,7 @@ def build(ctx: Context) -> Base | None:
     base = Base(ctx, names, {n: trace.step(n).dims for n in names}, ref, q, k_new, v_new,
                 {"q": q_name, "k": k_name, "v": v_name}, cache, n_group, scale, bias, allowed, w_o, col, ctx.kind,
                 dict(ctx.sizes), softcap)
-    base.strided_merge = ctx.spec is not None and ctx.spec.strided_heads == "split and merge"
-    base.strided_split = ctx.spec is not None and ctx.spec.strided_heads is not None
+    base.strided = ctx.spec is not None and ctx.spec.strided_heads
     if cache is not None and ctx.spec is not None and ctx.spec.cache_before_rope:
         from attnscope.usertrace.cachekeys import rotated_back
 
@@ -427,14 +425,14 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     out[final] = x
     gate = b.gate if b.gate is not None and tuple(b.gate.shape) == tuple(x.shape) else None
     if final == "x_raw" and x.dim() == 4:
-        merged = _merged(x, merge, out, "x_rsh1" in b.ref, b.strided_merge)
+        merged = _merged(x, merge, out, "x_rsh1" in b.ref, b.strided)
         merged = merged * dropped["x_rsh2"] if "x_rsh2" in dropped else merged
         if "x_rsh2" in b.ref:
             out["x_rsh2"] = merged
         if gate is not None:  # the heads' output times the code's gate (outgate.py), as the code gates it
             out["gate"] = merge_heads(gate)  # [n_batch, n_head, n_Q, d_head] -> [n_batch, n_Q, d_feat]
             # before the merge where the code gates attn @ v as it is (the merge, right or wrong, after the gate)
-            merged = _merged(x * gate, merge, {}, False, b.strided_merge) if b.gate_first else merged * out["gate"]
+            merged = _merged(x * gate, merge, {}, False, b.strided) if b.gate_first else merged * out["gate"]
             out["x_gated"] = merged
         if "x" in b.ref and b.w_o is not None:
             out["x"] = torch.nn.functional.linear(merged, *b.w_o)  # [n_batch, n_Q, d_feat]

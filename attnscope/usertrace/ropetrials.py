@@ -282,7 +282,7 @@ def _values_from_turned_input(b: Base) -> Iterator[Trial]:
     if not turned_by_position(xs[0], xs[2]):
         return
     made = by_other_weights(b, "v", 0)
-    heads = heads_of(made[0], b.v_new, b.strided_split) if made is not None else None
+    heads = heads_of(made[0], b.v_new, b.strided) if made is not None else None
     if made is None or heads is None:
         return
     steps = replay(b, v_new=heads)
