@@ -38,11 +38,11 @@ def test_matrix_products_keep_the_threads(two_threads, monkeypatch) -> None:
     seen: list[int] = []
     original = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), original(n)))
-    x, weight = torch.randn(7, 1024), torch.randn(4096, 1024)
+    x, weight = torch.randn(7, 256), torch.randn(1024, 256)  # below rowsplit's PARTS_FROM: one product
     outside = F.linear(x, weight), x @ weight.T, torch.mm(x, weight.T)
     with weights_on_all_threads(7):
         for product in (lambda: F.linear(x, weight), lambda: x @ weight.T, lambda: torch.mm(x, weight.T),
-                        lambda: torch.nn.Linear(1024, 64)(x), lambda: x[None] @ weight.T):
+                        lambda: torch.nn.Linear(256, 64)(x), lambda: x[None] @ weight.T):
             seen.clear()
             product()
             assert seen == [2, 1]  # the product on torch's two threads, then back to one

@@ -510,17 +510,36 @@ def merge(rec: Recorder, x_raw: Tensor, W_o: nn.Linear, width: str, d_name: str 
 
 def wide(product: Callable[..., Tensor], *args: Any) -> Tensor:
     """`product(*args)`, a product with weights (a Linear, `F.linear`), on the threads torch had where a short
-    text's forward runs the rest on one (tensors/weight_threads.py's hook in force, `HOOKS[-1]`): the sums split as
-    they always did, so every number stays the same. Written here, not through `weight_threads.product_threads`
-    (the value norms' context manager), so a page's attention enters no file of threads (issue 45's count)."""
+    text's forward runs the rest on one (tensors/weight_threads.py's hook in force, `HOOKS[-1]`). A plain Linear's
+    or F.linear's product big enough goes as parts of the weight's rows side by side, one torch thread each
+    (tensors/rowsplit.py: each number a one-thread sum); any other runs whole on those threads, its sums split as
+    they always did. Written here, not through `weight_threads.product_threads` (the value norms' context manager),
+    so a page's attention on a tiny model enters no file of threads (issue 45's count)."""
     hooks = weight_threads.HOOKS
     if not hooks:
         return product(*args)
+    linear = _as_linear(product, args)
+    rowsplit = weight_threads.rowsplit
+    if linear is not None and linear[0].numel() * linear[1].shape[0] >= rowsplit.PARTS_FROM:  # rows x numbers
+        parts = rowsplit.linear_in_parts(hooks[-1].threads, *linear)  # the weight's rows in parts, where worth it
+        if parts is not None:
+            return parts
     torch.set_num_threads(hooks[-1].threads)
     try:
         return product(*args)
     finally:
         torch.set_num_threads(1)
+
+
+def _as_linear(product: Callable[..., Tensor], args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """`product(*args)` as F.linear's (input, weight, bias): a plain `nn.Linear` without hooks, or F.linear itself
+    given its tensors by position; None for anything else."""
+    if type(product) is torch.nn.Linear and len(args) == 1 and not (product._forward_hooks
+                                                                   or product._forward_pre_hooks):
+        return args[0], product.weight, product.bias
+    if product is torch.nn.functional.linear and 2 <= len(args) <= 3:
+        return args
+    return None
 
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:

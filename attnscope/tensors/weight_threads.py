@@ -8,10 +8,13 @@ the second thread and waits for it, which on a machine running anything else cos
 (the 1.1B LLaMA's 16 layers at 73 tokens, 2 CPUs at a load average of 10: 20.7 s on two threads, 12.2 s so;
 docs/performance.md, issue 44 goal 1). `weights_on_all_threads()` runs every operation on one thread except the
 products with a matrix (`F.linear`, and `matmul`, `@`, `mm`, `addmm` with a 2-D operand: a weight), which run on
-the threads torch had. A stretch that sets its own products' threads (attention/stages.py's `wide`, around the
+the threads torch had: an `F.linear` with enough work as parts of its weight's rows, side by side on one torch
+thread each (rowsplit.py: MKL's own split of a skinny product gains little), any other product whole on torch's
+threads. A stretch that sets its own products' threads (attention/stages.py's `wide`, around the
 projections of a traced attention) runs `unhooked()`, without the per-op hook.
 
-Every number stays what the same operations give on torch's threads: a matrix product's thread count changes how
+Every number stays what the same operations give on torch's threads (an `F.linear` in parts: on one thread, the
+same bits wherever MKL's two threads split the output, rowsplit.py): a matrix product's thread count changes how
 it splits its sums (one thread against two: up to 1.1e-4 on a random [73, 2048] x [2048, 5632], entries about 45),
 so those keep theirs, whatever their size; an element-wise operation, a softmax or a norm over a row computes each
 output the same way on any number of threads, and so does a batch of products (`bmm`, `@` of two batched operands:
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from attnscope.tensors import rowsplit
 from attnscope.tensors.threads import one_thread
 
 SHORT = 256  # a pass over at most this many tokens runs its small operations on one thread
@@ -50,6 +54,10 @@ class _WeightsWide(TorchFunctionMode):
         if func not in PRODUCTS or not any(isinstance(a, torch.Tensor) and a.dim() == 2
                                            for a in (*args, *kwargs.values())):
             return func(*args, **kwargs)
+        if func is F.linear:  # a weight's rows in parts, one thread each (rowsplit.py), where that is worth it
+            parts = rowsplit.linear_in_parts(self.threads, *args, **kwargs)
+            if parts is not None:
+                return parts
         torch.set_num_threads(self.threads)
         try:
             return func(*args, **kwargs)
