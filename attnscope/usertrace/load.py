@@ -812,6 +812,12 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
         p.lengths = p.tensors.pop()
     if p.lengths is not None and (masks or len(p.tensors) not in (1, 2, 3)):  # the code has a mask parameter
         p = p.lengths_dropped(signature.parameters[p.lengths].default is inspect.Parameter.empty)
+    # a bias beside masks named so (Graphormer's `attn_bias` beside key_padding_mask and attn_mask): what the code
+    # adds to the scores besides its masks, a position bias (--position-bias), not one more place for the mask
+    biases = [m for m in masks if "bias" in m.lower() and "mask" not in m.lower()]
+    if p.bias is None and biases and any("mask" in m.lower() for m in masks):
+        masks.remove(biases[0])
+        p.bias, p.bias_required = biases[0], signature.parameters[biases[0]].default is inspect.Parameter.empty
     # CLIP's causal_attention_mask, ModernBERT's sliding_window_mask: --causal's, --window's alone
     plain = [m for m in masks if not says_causal(m) and not says_window(m)] or masks
     preferred = [m for m in plain if m.lower() in ("mask", "attn_mask", "attention_mask")] or [
