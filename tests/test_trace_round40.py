@@ -116,3 +116,24 @@ def test_a_relative_key_table_handed_in_as_an_embedding_takes_the_position_bias(
     assert_passes(code, out)
     assert next(s for s in out["steps"] if s["name"] == "bbox_pos_emb")["shape"] == [6, 6, 8]
     assert_named(*run_case(runner, STYLES, "BoxKeys", "bug='box_transposed'", options), "t5.transposed")
+
+
+def test_time_first_code_that_permutes_before_adding_the_position(runner):
+    """The position added after the code's own permute (Mask2Former's `hidden_states.permute(1, 0, 2)`): the sum is
+    still read as the input plus a position, laid back as the input, so the code is read time-first and lines up."""
+    g = torch.Generator().manual_seed(7)
+    m = styles.PermutedPos().double().eval()
+    x, pos = (torch.randn(6, 2, 32, generator=g, dtype=torch.float64) for _ in range(2))
+    with torch.no_grad():
+        b = (x + pos).transpose(0, 1)
+        q, k = (p(b).unflatten(-1, (4, 8)).transpose(1, 2) for p in (m.q_proj, m.k_proj))
+        v = m.v_proj(x.transpose(0, 1)).unflatten(-1, (4, 8)).transpose(1, 2)
+        heads = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        want = m.out_proj(heads.transpose(1, 2).reshape(2, 6, 32)).transpose(0, 1)
+        assert torch.allclose(m(x, pos), want, atol=1e-10)
+        assert (planted(styles.PermutedPos, m, "no_scale", x, pos) - want).abs().max() > 1e-3
+    code, out = run_case(runner, STYLES, "PermutedPos", None, ("--batch", "2", "--nq", "6"))
+    assert_passes(code, out)
+    assert any("time-first" in n for n in out["notes"]), out["notes"]
+    assert_named(*run_case(runner, STYLES, "PermutedPos", "bug='no_scale'", ("--batch", "2", "--nq", "6")),
+                 "scale.none")

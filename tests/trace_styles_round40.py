@@ -120,3 +120,41 @@ class BoxKeys(nn.Module):
             scores = scores + attention_mask
         context = torch.matmul(nn.Softmax(dim=-1)(scores), v).permute(0, 2, 1, 3).contiguous()
         return context.view(*context.size()[:-2], self.heads * self.size)
+
+
+class PermutedPos(nn.Module):
+    """Mask2Former's attention as transformers writes it: its inputs time-first `[t, b, d]`, permuted to batch-first
+    first thing (`hidden_states.permute(1, 0, 2)`, the position embedding likewise), the position added to what the
+    queries and keys read, not the values (`q_proj(x + pos) * scaling`, `k_proj(x + pos)`, `v_proj(x)`), heads folded
+    `[b·h, t, d_k]` for `bmm`; the output permuted back. 'no_scale' leaves the queries unscaled."""
+
+    def __init__(self, embed_dim=32, num_heads=4, bug=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.bug = num_heads, embed_dim // num_heads, bug
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        _moved(self, 43)
+
+    def _shape(self, tensor, seq_len, batch_size):
+        return tensor.view(batch_size, seq_len, self.num_heads, self.head_dim).transpose(1, 2).contiguous()
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: torch.Tensor | None = None):
+        hidden_states = hidden_states.permute(1, 0, 2)
+        position_embeddings = position_embeddings.permute(1, 0, 2)
+        batch_size, target_len, embed_dim = hidden_states.size()
+        original = hidden_states
+        hidden_states = hidden_states + position_embeddings
+        query_states = self.q_proj(hidden_states) * (1.0 if self.bug == "no_scale" else self.scaling)
+        key_states = self._shape(self.k_proj(hidden_states), -1, batch_size)
+        value_states = self._shape(self.v_proj(original), -1, batch_size)
+        proj_shape = (batch_size * self.num_heads, -1, self.head_dim)
+        query_states = self._shape(query_states, target_len, batch_size).view(*proj_shape)
+        key_states, value_states = key_states.view(*proj_shape), value_states.view(*proj_shape)
+        attn_weights = F.softmax(torch.bmm(query_states, key_states.transpose(1, 2)), dim=-1)
+        attn_output = torch.bmm(attn_weights, value_states)
+        attn_output = attn_output.view(batch_size, self.num_heads, target_len, self.head_dim).transpose(1, 2)
+        attn_output = self.out_proj(attn_output.reshape(batch_size, target_len, embed_dim))
+        return attn_output.permute(1, 0, 2)

@@ -110,19 +110,34 @@ def _sum_read(records: list[Record], arg: tuple[str, Any], given: str, inputs: I
         return None
     added = records[arg[1]]
     x = inputs.tensors[given]
-    if added.func not in ADDS or tuple(added.tensor.shape) != tuple(x.shape) or len(added.args) != 2:
+    if added.func not in ADDS or added.tensor.dim() != x.dim() or len(added.args) != 2:
         return None
     sides = [_reads(records, side, inputs, ancestors) for side in added.args]
-    plain = [i for i, (tensor, texts) in enumerate(sides) if texts is not None and texts & set(inputs.tensors) ==
-             {given} and tensor is not None and tensor.shape == x.shape and bool((tensor == x).all())]
+    plain = [(i, order) for i, (tensor, texts) in enumerate(sides) if texts is not None
+             and texts & set(inputs.tensors) == {given} and tensor is not None
+             and (order := _laid_as(tensor, x)) is not None]
     if len(plain) != 1:
         return None
-    tensor, term = sides[1 - plain[0]]
-    kind, value = added.args[1 - plain[0]]
+    (side, order), = plain
+    tensor, term = sides[1 - side]
+    kind, value = added.args[1 - side]
     if term is None or term & set(inputs.roles) or (tensor is None and value not in held):
         return None  # a term from an input attended over, or a number: no position embedding
     text = str(value) if kind == "text" else records[value].label
-    return added.tensor.detach(), added.line, text
+    return added.tensor.detach().permute(order), added.line, text
+
+
+def _laid_as(tensor: torch.Tensor, x: torch.Tensor) -> tuple[int, ...] | None:
+    """The order of `tensor`'s axes that gives the forward input `x` back, its own first (Mask2Former's time-first
+    code permutes its inputs, `hidden_states.permute(1, 0, 2)`, before it adds the position); None where none
+    does."""
+    from itertools import permutations
+
+    for order in permutations(range(tensor.dim())):
+        laid = tensor.permute(order)
+        if laid.shape == x.shape and bool((laid == x).all()):
+            return order
+    return None
 
 
 def _held(module: Any) -> set[str]:
