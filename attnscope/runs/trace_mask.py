@@ -117,9 +117,12 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         chosen: tuple[Any, str, Any, Called, str] | None = None
         laid = maskwant.laid(inputs.allowed, failure, met, target.path, first, inputs.sizes, o.layout == "col") \
             if not own_axes else maskaxes.laid(inputs.allowed, own_axes, inputs.sizes, o.layout == "col")
-        # the other shapes, from the mask as rows [.., n_Q, n_K]: the column form's scores may be Q Kᵀ all the same
-        # (VITS: Conv1d projections [n_batch, d, n], heads turned to [.., n, d_head] before the scores)
-        rows = inputs.allowed.transpose(-1, -2) if o.layout == "col" else inputs.allowed
+        # the other shapes, from the mask as rows [.., n_Q, n_K] where the column form's scores may be Q Kᵀ all the
+        # same (VITS: Conv1d projections [n_batch, d, n], heads turned to [.., n, d_head] before the scores): where
+        # n_Q ≠ n_K, so that the shapes alone say which the code runs on (square scores: _scores_turned reads them)
+        sizes = inputs.sizes
+        rows = inputs.allowed.transpose(-1, -2) if o.layout == "col" and sizes.get("n_Q") != sizes.get("n_K") \
+            else inputs.allowed
         for form, words, padded in [*([laid] if laid is not None else []),
                                     *masking.forms(rows, inputs.sizes.get("n_batch", 1), inputs.mask,
                                                   inputs.sizes.get("n_Q"),

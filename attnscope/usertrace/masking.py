@@ -482,8 +482,6 @@ def laid_like(allowed: torch.Tensor, met: list[int], sizes: dict[str, int], col:
     n_batch, n_Q, n_K = sizes.get("n_batch", 1), sizes["n_Q"], sizes["n_K"]
     grid = allowed.transpose(-1, -2) if col else allowed  # [.., n_Q, n_K]
     grid = grid.reshape(-1, *grid.shape[-2:])  # [1 or n_batch, n_Q, n_K]
-    if grid.shape[-2] == 1 and grid.shape[-1] == n_K:  # key padding, the same for every query
-        grid = grid.expand(grid.shape[0], n_Q, n_K)
     if tuple(grid.shape[-2:]) != (n_Q, n_K) or grid.shape[0] not in (1, n_batch) or len(met) < 2:
         return None
     places: dict[str, int] = {}
