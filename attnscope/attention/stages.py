@@ -520,7 +520,9 @@ def wide(product: Callable[..., Tensor], *args: Any) -> Tensor:
         return product(*args)
     linear = _as_linear(product, args)
     rowsplit = weight_threads.rowsplit
-    if linear is not None and linear[0].numel() * linear[1].shape[0] >= rowsplit.PARTS_FROM:  # rows x numbers
+    # rowsplit.worth_parts' count of work (rows x the weight's numbers) asked here first: a tiny model's attention
+    # enters no file of threads (issue 45's count); the rest of its checks there
+    if linear is not None and linear[0].numel() * linear[1].shape[0] >= rowsplit.PARTS_FROM:
         parts = rowsplit.linear_in_parts(hooks[-1].threads, *linear)  # the weight's rows in parts, where worth it
         if parts is not None:
             return parts

@@ -104,12 +104,8 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
         plan = alibifeed.told(plan, module.forward if module is not None else fn)
     else:  # Falcon's `alibi`, None where its model uses RoPE
         plan = alibifeed.untold(plan, module.forward if module is not None else fn)
-    if o.position_bias and plan.bias is None and len(plan.embeddings_required) == 1:
-        # --position-bias and no parameter named for it: the one position embedding the code cannot run without
-        # takes the file (BROS' `bbox_pos_emb`, a relative key table it views [n, n, n_batch, d_head])
-        name = plan.embeddings_required[0]
-        plan = dataclasses.replace(plan, bias=name, bias_required=True, embeddings_required=[],
-                                   embeddings=[e for e in plan.embeddings if e != name])
+    if o.position_bias:  # no parameter named for it: the one position embedding the code cannot run without
+        plan = plan.with_embedding_as_bias()
     plan = maskroles.with_masks(plan, module.forward if module is not None else fn)  # a required `keep` it adds
     plan = maskroles.with_residuals(plan, module.forward if module is not None else fn)  # `shortcut + proj(out)`
     plan = flags.as_flags(plan, module.forward if module is not None else fn)  # output_attentions with no default

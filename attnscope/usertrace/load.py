@@ -266,6 +266,15 @@ class Plan:
         """This plan with its position embeddings shaped as `form` says (feeds.RELATIVE)."""
         return dataclasses.replace(self, embedding_form=form)
 
+    def with_embedding_as_bias(self) -> Plan:
+        """This plan with its one required position embedding given the position bias (--position-bias), where no
+        parameter is named for one: BROS' `bbox_pos_emb`, a relative key table it views [n, n, n_batch, d_head]."""
+        if self.bias is not None or len(self.embeddings_required) != 1:
+            return self
+        name = self.embeddings_required[0]
+        return dataclasses.replace(self, bias=name, bias_required=True, embeddings_required=[],
+                                   embeddings=[e for e in self.embeddings if e != name])
+
     def without_embeddings(self) -> Plan:
         """This plan with its position embeddings given None (their default), where the code runs on no other."""
         return dataclasses.replace(self, embeddings=[], nones=[*self.nones, *self.embeddings])

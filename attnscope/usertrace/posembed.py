@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from attnscope.usertrace.align import Layout
     from attnscope.usertrace.inputs import Inputs
     from attnscope.usertrace.record import Record
 
@@ -113,31 +114,29 @@ def _sum_read(records: list[Record], arg: tuple[str, Any], given: str, inputs: I
     if added.func not in ADDS or added.tensor.dim() != x.dim() or len(added.args) != 2:
         return None
     sides = [_reads(records, side, inputs, ancestors) for side in added.args]
-    plain = [(i, order) for i, (tensor, texts) in enumerate(sides) if texts is not None
+    plain = [(i, layout) for i, (tensor, texts) in enumerate(sides) if texts is not None
              and texts & set(inputs.tensors) == {given} and tensor is not None
-             and (order := _laid_as(tensor, x)) is not None]
+             and (layout := _laid_as(tensor, x)) is not None]
     if len(plain) != 1:
         return None
-    (side, order), = plain
+    (side, layout), = plain
     tensor, term = sides[1 - side]
     kind, value = added.args[1 - side]
     if term is None or term & set(inputs.roles) or (tensor is None and value not in held):
         return None  # a term from an input attended over, or a number: no position embedding
     text = str(value) if kind == "text" else records[value].label
-    return added.tensor.detach().permute(order), added.line, text
+    return layout.undo(added.tensor.detach(), tuple(x.shape)), added.line, text
 
 
-def _laid_as(tensor: torch.Tensor, x: torch.Tensor) -> tuple[int, ...] | None:
-    """The order of `tensor`'s axes that gives the forward input `x` back, its own first (Mask2Former's time-first
-    code permutes its inputs, `hidden_states.permute(1, 0, 2)`, before it adds the position); None where none
-    does."""
-    from itertools import permutations
+def _laid_as(tensor: torch.Tensor, x: torch.Tensor) -> Layout | None:
+    """How `tensor` lays out the forward input `x`, a permutation of its axes (the same one first: Mask2Former's
+    time-first code permutes its inputs, `hidden_states.permute(1, 0, 2)`, before it adds the position), as the
+    line-up reads layouts (align.layouts); None where none gives `x` back."""
+    from attnscope.usertrace.align import layouts
 
-    for order in permutations(range(tensor.dim())):
-        laid = tensor.permute(order)
-        if laid.shape == x.shape and bool((laid == x).all()):
-            return order
-    return None
+    return next((layout for layout in layouts(tuple(x.shape), tuple(tensor.shape), swaps=True)
+                 if not layout.merged and layout.split is None
+                 and bool((layout.undo(tensor, tuple(x.shape)) == x).all())), None)
 
 
 def _held(module: Any) -> set[str]:
