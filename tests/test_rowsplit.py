@@ -10,7 +10,8 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from fuzz import fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_weight_threads import two_threads  # noqa: F401  (the fixture: torch on two threads)
 from tiny_models import SENTENCE, build
@@ -115,7 +116,7 @@ def test_an_error_in_the_parts_is_raised_and_the_pool_still_works() -> None:
     torch.testing.assert_close(linear_in_parts(2, x, weight), F.linear(x, weight), rtol=1e-6, atol=1e-4)
 
 
-@settings(max_examples=25, deadline=None)
+@fuzz_settings(25)  # ATTNSCOPE_FUZZ_EXAMPLES=N for a long run
 @given(rows=st.integers(1, 9), d_in=st.integers(1, 70), d_out=st.integers(1, 90), threads=st.integers(2, 5),
        with_bias=st.booleans(), batch=st.booleans())
 def test_any_shape_in_parts_is_the_product(rows, d_in, d_out, threads, with_bias, batch) -> None:
