@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from test_trace_command import user_module
 from tracecases import assert_named, assert_passes, run_case
 
-from attnscope.usertrace.align import candidates
+from attnscope.usertrace.align import best_equal, best_scaled, best_shifted, candidates
 from attnscope.usertrace.blank import Unwritten
 from attnscope.usertrace.record import Record
 
@@ -81,3 +81,34 @@ def test_cells_written_by_index(index, whole):
     cells.made("empty", other := torch.empty(3))
     cells.written("fill_", [other, 0.0], other)
     assert not cells.blank(other)
+
+
+def test_a_blank_tensor_equal_to_a_step_is_no_stand_in_either():
+    """Freed memory may hold a tensor of the reference's own (the same shape, computed a moment before): a
+    `new_empty` result, or a slice of it, whose cells are not yet written then equals a step exactly. It stands for
+    none, whether equal, equal times a number, or shifted by a constant per row (a CI run of the MLA tests, under
+    load: Q_pe_rot lined up with `key_states[..., d_nope:]` before its copy_, the divergence then named at K_full)."""
+    reference = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0))
+    blank = Record(0, "__getitem__", "__getitem__", reference.clone(), 1, [], "operator", False, 0, (),
+                   details={"unwritten": True})
+    assert best_equal([blank], reference, None) is None
+    assert best_scaled([blank], reference * 0.5) is None
+    assert best_shifted([blank], reference + torch.arange(3.0)[None, :, None], -1) is None
+    written = Record(1, "copy_", "copy_", reference.clone(), 2, [], "method", False, 0, (0,))
+    assert best_equal([blank, written], reference, None).record.index == 1
+
+
+def test_cells_of_a_view():
+    """A view of an uninitialised tensor is blank where the cells it covers are; a write through a view writes
+    those cells alone (DeepSeek-V2's key_states[..., :d_nope].copy_(k_nope), then key_states[..., d_nope:])."""
+    made = torch.empty(2, 4, 9, 12)
+    cells = Unwritten()
+    cells.made("new_empty", made)
+    nope, rope = made[..., :8], made[..., 8:]
+    assert cells.blank(nope) and cells.blank(rope)
+    cells.written("copy_", [nope], nope.copy_(torch.zeros(2, 4, 9, 8)))
+    assert not cells.blank(made[..., :8]) and cells.blank(made[..., 8:]) and cells.blank(made)
+    cells.written("__setitem__", [rope, (Ellipsis, slice(0, 2)), 0.0], rope)
+    assert cells.blank(made[..., 10:]) and not cells.blank(made[..., 8:10])
+    cells.written("copy_", [made[..., 10:]], made[..., 10:])
+    assert not cells.blank(made) and not cells.blank(made.transpose(1, 2))

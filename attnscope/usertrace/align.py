@@ -257,13 +257,21 @@ def compare(record: Record, reference: torch.Tensor, skip: torch.Tensor | None =
     return sorted(matches, key=lambda m: (not m.equal, not m.layout.same, m.max_abs_diff))
 
 
+def stands(record: Record) -> bool:
+    """Whether `record` may stand for a step: never a snapshot some of whose cells still hold whatever memory held
+    (blank.py: `new_empty`'s result, or a slice of it, before the code writes it), which may hold a freed tensor's
+    values, the reference's own among them, and so equal a step by chance."""
+    return not record.details.get("unwritten")
+
+
 def best_equal(records: list[Record], reference: torch.Tensor, skip: torch.Tensor | None,
                turned: frozenset[int] = frozenset()) -> Match | None:
     """The user's tensor equal to `reference`: same layout before another, a named one before an unnamed
     one, the earliest of those (the op that made it, not a later copy). `turned`: the records that hold the last
     two axes the other way round (compare)."""
-    equal = [m for r in records for m in compare(r, reference, skip, tol=held_tolerance(reference, r.tensor),
-                                                 turned=r.index in turned)[:1] if m.equal]
+    equal = [m for r in records if stands(r)
+             for m in compare(r, reference, skip, tol=held_tolerance(reference, r.tensor), turned=r.index in turned)[:1]
+             if m.equal]
     if not equal:
         return None
     return min(equal, key=lambda m: (not m.layout.same, not m.record.names, m.record.index))
@@ -302,7 +310,7 @@ def best_shifted(records: list[Record], reference: torch.Tensor, axis: int, skip
     tol = tolerance(reference)
     found = []
     for record in records:
-        if record.index <= after or not record.tensor.is_floating_point() \
+        if record.index <= after or not stands(record) or not record.tensor.is_floating_point() \
                 or record.tensor.numel() != reference.numel():
             continue
         for layout in layouts(tuple(reference.shape), tuple(record.tensor.shape)):
@@ -338,7 +346,7 @@ def best_scaled(records: list[Record], reference: torch.Tensor, skip: torch.Tens
     total = float(expected.sum())
     found = []
     for record in records:
-        if record.index in claimed or not record.tensor.is_floating_point() \
+        if record.index in claimed or not stands(record) or not record.tensor.is_floating_point() \
                 or record.tensor.numel() != reference.numel():
             continue
         if skip is None:  # a layout keeps the sums: Σu² = c² Σe² and Σu = c Σe, whatever the layout
@@ -374,7 +382,7 @@ def candidates(records: list[Record], reference: torch.Tensor, name: str, skip: 
     (a recomputed step counts under its own), then named ones, the same layout, the nearest values, then the
     nearest in order to `anchor` (the user's tensor that matched the step before)."""
     tol = tolerance(reference)
-    found = [m for r in records if not r.details.get("unwritten")  # cells still memory's (blank.py)
+    found = [m for r in records if stands(r)
              for m in compare(r, reference, skip, tol=tol, turned=r.index in turned)[:1]]
     return sorted(found, key=lambda m: (m.record.index in used, not _named(m.record, name), not m.record.names,
                                         not m.layout.same, m.max_abs_diff, abs(m.record.index - anchor)))
@@ -438,7 +446,8 @@ def follow(records: list[Record], reference: torch.Tensor, name: str, after: lis
     for record in records:
         # diffusers' baddbmm(mask, q, kᵀ) adds the mask as it makes the scores: one op stands for both steps
         adds = name in FUSED_WITH_SCORES and record.func in ADDS_A_MASK and record in after
-        if (record.index in claimed or record.index <= max(r.index for r in after)) and not adds:
+        if ((record.index in claimed or record.index <= max(r.index for r in after)) and not adds) \
+                or not stands(record):
             continue
         if makes is not None and record.func not in makes and record.func not in PASSING:
             continue

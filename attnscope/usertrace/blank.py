@@ -25,12 +25,10 @@ class Unwritten:
 
     def written(self, name: str, args: list[Any], tensor: torch.Tensor) -> None:
         """`tensor` changed in place: by `tensor[index] = value` the cells of `index`, by any other in-place op
-        (`copy_`, `fill_`, `zero_`) all of them. A write through a view of it counts as writing it whole."""
-        cells = self._cells.get(id(tensor))
+        (`copy_`, `fill_`, `zero_`) all of them; through a view, the cells the view covers (DeepSeek-V2's
+        `key_states[..., :d_nope].copy_(k_nope)` writes the no-RoPE part alone)."""
+        cells = self._cells_of(tensor)
         if cells is None:
-            base = tensor._base
-            if base is not None and id(base) in self._cells:
-                self._cells[id(base)].fill_(False)
             return
         if name == "__setitem__" and len(args) > 1:
             try:
@@ -41,6 +39,26 @@ class Unwritten:
             cells.fill_(False)
 
     def blank(self, tensor: torch.Tensor) -> bool:
-        """Whether some cell of `tensor` still holds what memory held."""
-        cells = self._cells.get(id(tensor))
+        """Whether some cell of `tensor` (or of the uninitialised tensor it is a view of, where it covers them)
+        still holds what memory held."""
+        cells = self._cells_of(tensor)
         return cells is not None and bool(cells.any())
+
+    def _cells_of(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The unwritten-cell flags `tensor` covers: its own, else, for a view of a noted tensor, a view of that
+        tensor's flags laid out as the view lies in its memory (the whole tensor's where that cannot be read: a view
+        of another dtype, a base not laid out contiguously). None where it is neither."""
+        cells = self._cells.get(id(tensor))
+        if cells is not None:
+            return cells
+        base = tensor._base
+        whole = self._cells.get(id(base)) if base is not None else None
+        if whole is None or base is None:
+            return None
+        if tensor.dtype != base.dtype or not base.is_contiguous():
+            return whole
+        try:
+            offset = tensor.storage_offset() - base.storage_offset()
+            return whole.as_strided(tuple(tensor.shape), tensor.stride(), offset)
+        except RuntimeError:
+            return whole
