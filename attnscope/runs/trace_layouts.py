@@ -85,17 +85,21 @@ def _causal_switch(r: RunSoFar) -> None:
     sizes: dict[str, int] = {}
     failed: dict[str | None, Failure | None] = {}  # each switch tried (None: none) -> where the code raised with it
 
+    plain: list[Any] = []  # the records of the run without a switch
+
     def run(tried: Any) -> tuple[list[Any], bool]:
         made = attempted(functools.partial(r.run_plan, tried=tried), o)
         failed[tried.switched] = made[2].failure if made is not None else None
         if made is None:
             return [], True
         sizes.update(made[0].sizes)
+        if tried.switched is None:
+            plain[:] = made[2].records
         return made[2].records, made[2].failure is not None
 
     band = o.window is not None
     found = causalflag.read(r.plan, names, run, band)
-    if found is None:
+    if found is None and not _masks_its_own(r, plain, sizes):
         _switch_raised(r, failed)
     if found is None or "n_Q" not in sizes or "n_K" not in sizes:
         return
@@ -118,6 +122,22 @@ def _causal_switch(r: RunSoFar) -> None:
     r.plan = dataclasses.replace(bare, switched=name, optional=optional,
                                  said={**bare.said, **dict.fromkeys(masked, ""),  # said in the switch's note
                                        name: causalflag.note(name, default, own, masked, band)})
+
+
+def _masks_its_own(r: RunSoFar, records: list[Any], sizes: dict[str, int]) -> bool:
+    """Whether the code, run without a switch, applies a mask of its own to its scores, weights of 0 or not (a
+    block-causal tril multiplied in, Jukebox's `w * mask` without its `- 1e9 * (1 - mask)`): the rule is then
+    compared with what the code makes of it, never refused as a mask the code cannot apply."""
+    from attnscope.usertrace import masking
+
+    if not records or "n_Q" not in sizes or "n_K" not in sizes:
+        return False
+    if masking.masks_itself(records) is not None:
+        return True
+    # the pattern's axes, or those of a block's pattern where the code attends within blocks (Jukebox's block_attn)
+    softmaxed = [tuple(x.tensor.shape[-2:]) for x in records if masking.is_pattern(x)][:1]
+    return any(masking.own_mask_op(records, set(r.plan.tensors), r.plan.mask or "", pattern) is not None
+               for pattern in dict.fromkeys([(sizes["n_Q"], sizes["n_K"]), *softmaxed]))
 
 
 def _switch_raised(r: RunSoFar, failed: dict[str | None, Failure | None]) -> None:

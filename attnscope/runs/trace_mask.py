@@ -563,13 +563,18 @@ def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: I
         return called, plan, fed
     dtype = next(iter(inputs.tensors.values())).dtype
     causal = plan.causal_mask()
+    n_batch = inputs.sizes.get("n_batch", 1)
+    # [n_Q, n_K], else the 4-D shape transformers' callers build (CLIP's and OWL-ViT's causal_attention_mask from
+    # _create_4d_causal_attention_mask, [n_batch, 1, n_Q, n_K], which their size check asks for)
+    shapes = ((rule, "[n_Q, n_K]"), (rule.expand(n_batch, 1, *rule.shape), "[n_batch, 1, n_Q, n_K]"))
     for other in sorted(plan.other_masks, key=lambda m: m != causal):  # one named for the rule first
-        ran = _given_beside(o, (target, fn, plan, inputs, module, fed, called), other, rule, dtype)
+        ran, words = next(((ran, words) for shaped, words in shapes if (ran := _given_beside(
+            o, (target, fn, plan, inputs, module, fed, called), other, shaped, dtype)) is not None), (None, ""))
         if ran is not None and masking.weighs(ran[0].records, other) is not None:
             continue  # multiplied into the softmax's output (XLM's head_mask): a weight per head, no mask of scores
         if ran is not None:
             held = "the --mask file" if o.mask and other == causal else "the key padding"
-            inputs.notes.append(f"{other}: given the {'causal' if o.causal else 'window'} rule [n_Q, n_K] beside "
+            inputs.notes.append(f"{other}: given the {'causal' if o.causal else 'window'} rule {words} beside "
                                 f"{held} {plan.mask} takes, {masking.WORDS[ran[1]]}")
             inputs.also_masked.append(other)
             return ran[0], ran[2], ran[3]

@@ -179,12 +179,17 @@ def _read_roles(o: TraceOptions, target: Target, fn: Any, plan: Plan, shapes: An
 
     wants_memory = plan.self_attention and (o.k is not None or o.nk is not None)
     if wants_memory and module is not None and o.cache == 0:
-        contexts = context_widths(weighted, shapes) if not o.k else [None]
+        pairs: list[tuple[int | None, int | None]] = [
+            (None, context) for context in (context_widths(weighted, shapes) if not o.k else [None])]
+        if not o.k and o.d_feat is None and "d_kv_in" not in shapes.fixed:
+            # the queries' width read off another layer than the queries' own (TrOCR's k_proj = Linear(kdim, ..),
+            # made before its q_proj): each other width the weights hold as d_feat, beside each as the memory's
+            pairs += [(width, context) for width, context in held_widths(weighted, shapes, True) if width is not None]
         for memory in plan.memories():  # each parameter defaulting to None, kept where the K/V projections read it
             tried = plan.with_memory(memory)
-            for context in contexts:
-                widened = shapes if context is None else \
-                    dataclasses.replace(shapes, fixed=shapes.fixed | {"d_kv_in": context})
+            for width, context in pairs:
+                widened = dataclasses.replace(shapes, fixed=shapes.fixed | ({} if width is None else {"d_feat": width})
+                                              | ({} if context is None else {"d_kv_in": context}))
                 records = _probe(o, target, fn, tried, widened, weighted, module, spec)
                 if records is not None and roles.uses_memory(tried, records):
                     return tried, memory_note(memory, "the --k file" if o.k else str(o.nk)), widened

@@ -310,6 +310,8 @@ def with_declared(module: Any, spec: Spec) -> tuple[Spec, list[str]]:
                          + _disagreeing(module, name, value, spec.built_with))
     if spec.scale is None and spec.layout != "col":
         said = own_value(module, list(SCALE_NAMES), spec.built_with)
+        if said is not None and _made_a_width(module, said[0]):
+            said = None  # Jukebox's attention_multiplier: a width's factor, `int(config.attention_multiplier * ...)`
         if said is not None:
             name, value = said
             to_scale, how = SCALE_NAMES[name]
@@ -326,3 +328,32 @@ def with_declared(module: Any, spec: Spec) -> tuple[Spec, list[str]]:
                          f"{name} = {value:g}, DBRX's): the reference clips its Q_feat, K_feat and V_feat so"
                          + _disagreeing(module, name, value, spec.built_with))
     return spec, notes
+
+
+WIDTH_CALLS = frozenset({"int", "round", "floor", "ceil"})  # what turns a product into a count of features
+
+
+def _made_a_width(module: Any, name: str) -> bool:
+    """Whether the code of the module (or of a submodule) turns the value under `name` into a width, as a factor
+    inside `int(...)`, `round(...)`, `math.floor`/`ceil` (Jukebox's `hidden_dim = int(config.attention_multiplier *
+    self.embed_dim)`, the projections' width, where Granite's same name is the scores' scale): then no scale."""
+    import ast
+
+    from attnscope.usertrace.astreads import source_tree
+
+    seen: set[type] = set()
+    for sub in module.modules() if isinstance(module, torch.nn.Module) else ():
+        for cls in type(sub).__mro__:
+            if cls in seen or cls.__module__.split(".")[0] == "torch" or cls is object:
+                continue
+            seen.add(cls)
+            tree = source_tree(cls)
+            for call in ast.walk(tree) if tree is not None else ():
+                if not isinstance(call, ast.Call):
+                    continue
+                callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+                if callee in WIDTH_CALLS and any(
+                        (isinstance(n, ast.Name) and n.id == name) or (isinstance(n, ast.Attribute) and n.attr == name)
+                        for arg in call.args for n in ast.walk(arg)):
+                    return True
+    return False
