@@ -339,7 +339,7 @@ def _made_a_width(module: Any, name: str) -> bool:
     self.embed_dim)`, the projections' width, where Granite's same name is the scores' scale): then no scale."""
     import ast
 
-    from attnscope.usertrace.astreads import source_tree
+    from attnscope.usertrace.astreads import called, source_tree
 
     seen: set[type] = set()
     for sub in module.modules() if isinstance(module, torch.nn.Module) else ():
@@ -349,10 +349,7 @@ def _made_a_width(module: Any, name: str) -> bool:
             seen.add(cls)
             tree = source_tree(cls)
             for call in ast.walk(tree) if tree is not None else ():
-                if not isinstance(call, ast.Call):
-                    continue
-                callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
-                if callee in WIDTH_CALLS and any(
+                if isinstance(call, ast.Call) and called(call) in WIDTH_CALLS and any(
                         (isinstance(n, ast.Name) and n.id == name) or (isinstance(n, ast.Attribute) and n.attr == name)
                         for arg in call.args for n in ast.walk(arg)):
                     return True
