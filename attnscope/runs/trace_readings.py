@@ -345,7 +345,8 @@ def _after_merge(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> None:
                     swap=(index, tensor))
 
     replay = rerun if not r.o.train and r.own_cache is None else None
-    note, differs = after_merge(called.records, lined, set(inputs.tensors), replay)
+    inference = None if r.o.train else "function" if r.module is None or r.target.kind == "function" else "module"
+    note, differs = after_merge(called.records, lined, set(inputs.tensors), replay, inference)
     if note is not None:
         run.notes.append(note)
     if differs is not None:

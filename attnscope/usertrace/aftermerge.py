@@ -14,9 +14,13 @@ finds one); this module carries the comparison on to the module's return value.
   to be.
 - `added_twice`: an input of the forward added on the way from the merge to the return by two adds (`h = x + attn`,
   then `h + x`): the residual taken twice.
+- `dropped_on`: a dropout that zeroed part of what it was given on the way from the merge to the return, though the
+  code runs for inference (MMCV's `F.dropout(out, self.proj_drop.p)`, whose `training` defaults to True): the
+  module's output is drawn at random. The replay would not see it (the code run again draws the same mask from the
+  same seed), so it is read off the run, as dropouts.drops reads any dropout, and named `dropout.left_on`.
 
 Each is said as a difference after the merge, at the op and the line where it first appears; no catalog mistake is
-named, none having been rerun.
+named, none having been rerun, but for the dropout, whose mask is read from its own two tensors.
 """
 
 from __future__ import annotations
@@ -120,6 +124,66 @@ def added_twice(records: list[Record], top: Record, given: set[str]) -> Divergen
     return None
 
 
+def dropped_on(records: list[Record], tops: list[Record], kind: str, steps: dict[str, torch.Tensor]
+               ) -> Divergence | None:
+    """A dropout on the way from one of `tops` (the merge, the last step lined up: a fused kernel's merge is a
+    record of its own beside its output) to what the call returns that zeroed entries of its input, though the call
+    ran for inference (`kind`: "module", run in eval() mode, or "function"): dropouts.drops' first such, named
+    dropout.left_on. By experiment where its input holds a step of the reference's (`steps`: x, the merge, the
+    heads' output): that step, laid out as the input, times the mask the dropout drew (read off its input and
+    output, as runtrials.trials_dropout reads one before the merge) is its result; otherwise said from the run, no
+    entry named. None where there is none."""
+    from attnscope.usertrace.dropouts import drops
+
+    live = _live(records)
+    for drop in drops(records):
+        record = drop.record
+        top = next((t for t in tops if t.index in ancestors(record, records)), None)
+        if top is None or record.index not in live:
+            continue
+        before, after = drop.before.tensor.detach(), record.tensor.detach()
+        zeroed = float(((after == 0) & (before != 0)).double().mean())
+        p = f"p = {drop.p:.3g}, " if math.isfinite(drop.p) else ""
+        how = "own dropout (a keep-mask drawn at random)" if drop.own else "dropout"
+        runs = "your module runs in eval() mode" if kind == "module" else "trace runs your function for inference"
+        fix = ("draw it only when training (`if self.training`), as F.dropout(..., training=self.training) does"
+               if drop.own else "F.dropout's training argument defaults to True: " + (
+                   "pass training=self.training (or use nn.Dropout)" if kind == "module" else
+                   "pass it a training flag (training=False at inference)"))
+        said = (f"dropout is active although {runs}: line {record.line}'s {how} ({p}{zeroed:.1%} of your "
+                f"{drop.before.label} zeroed, the rest scaled by 1/(1 − p)) is applied after the merge of the heads, "
+                f"on the way from your {top.label} (line {top.line}) to what your module returns, so its output is "
+                f"drawn at random; the reference's steps up to there are equal to yours; {fix}")
+        held = _held_step(drop.before, after, steps)
+        if held is None:
+            return Divergence("x", record, None, said + "; no mistake of the catalog was rerun for this")
+        name, diff = held
+        return Divergence("x", record, None, said, "dropout.left_on",
+                          f"by experiment: your {record.label} (line {record.line}) is the reference's {name} times "
+                          f"the mask line {record.line} drew (read off its input and output; max |diff| {diff:.1e})")
+    return None
+
+
+def _held_step(before: Record, after: torch.Tensor, steps: dict[str, torch.Tensor]) -> tuple[str, float] | None:
+    """The reference step (x, the merge, the heads' output) that `before`, a dropout's input, holds, where that step
+    laid out as `before` times the dropout's mask (0 where `after` zeroed an entry, after / before elsewhere) is
+    `after` to tolerance: its name and that max |diff|; None where no step so gives it."""
+    kept = before.tensor.detach().double()
+    mask = torch.where(kept != 0, after.double() / kept.where(kept != 0, torch.ones_like(kept)), 0.0)
+    for name in ("x", "x_rsh2", "x_raw", "out"):
+        step = steps.get(name)
+        if step is None:
+            continue
+        for match in compare(before, step):
+            if not match.equal:
+                continue
+            laid = match.layout.apply(step.double(), tuple(kept.shape))
+            diff = float((laid * mask - after.double()).abs().max())
+            if diff <= tolerance(after):
+                return name, diff
+    return None
+
+
 def replayed(records: list[Record], lined: LineUp, rerun: Callable[[int, torch.Tensor], Any]
              ) -> tuple[str | None, Divergence | None]:
     """The code's ops after the reference's last step, run again on the reference's tensor (`rerun(index, tensor)`:
@@ -186,15 +250,21 @@ def _differs(again: Record, mine: Record) -> bool:
 
 
 def after_merge(records: list[Record], lined: LineUp, given: set[str],
-                rerun: Callable[[int, torch.Tensor], Any] | None) -> tuple[str | None, Divergence | None]:
+                rerun: Callable[[int, torch.Tensor], Any] | None, inference: str | None = None
+                ) -> tuple[str | None, Divergence | None]:
     """Where every step lined up: a note that the module's output was confirmed after the merge, or the difference
-    after the merge (unreached, added_twice, replayed, in that order). (None, None) where nothing follows."""
+    after the merge (unreached, added_twice, dropped_on where the call ran for inference, `inference` its kind,
+    replayed, in that order). (None, None) where nothing follows."""
     if lined.divergence is not None or lined.trace is None or not lined.rows:
         return None, None
     top = merge(lined.rows)
     if top is None:
         return None, None
-    found = unreached(records, top) or added_twice(records, top, given)
+    found = unreached(records, top) or added_twice(records, top, given) \
+        or (dropped_on(records, [top] + [row.record for row in [start(lined.rows)] if row is not None
+                                         and row.record is not None], inference, {
+                                             name: lined.trace[name] for name in ("x", "x_rsh2", "x_raw", "out")
+                                             if name in lined.trace}) if inference is not None else None)
     note, differs = (None, found) if found is not None else \
         replayed(records, lined, rerun) if rerun is not None else (None, None)
     row = start(lined.rows)

@@ -26,7 +26,12 @@ from attnscope.usertrace.biastrials import (
     trials_t5_transposed,
 )
 from attnscope.usertrace.headtrials import trials_merge, trials_merge_permuted, trials_split
-from attnscope.usertrace.inputtrials import inputs_swapped, keys_from_value_input, values_from_key_input
+from attnscope.usertrace.inputtrials import (
+    inputs_swapped,
+    keys_from_value_input,
+    projections_swapped,
+    values_from_key_input,
+)
 from attnscope.usertrace.keytrials import trials_keys_from_values
 from attnscope.usertrace.kvtrials import trials_swapped, trials_tiled, trials_values_from_keys
 from attnscope.usertrace.maskmirror import trials_transposed
@@ -79,7 +84,7 @@ CATALOG: tuple[Experiment, ...] = (
     Experiment("rope.untold", "RoPE", "RoPE the reference was not told of (--rope)", trials_untold),
     Experiment("rope.on_values", "RoPE", "the values rotated as the keys are", trials_on_values),
     Experiment("kv.swapped", "keys and values", "K and V swapped (the projections' roles, or their inputs)",
-               lambda b: chain(trials_swapped(b), inputs_swapped(b))),
+               lambda b: chain(trials_swapped(b), inputs_swapped(b), projections_swapped(b))),
     Experiment("kv.values_from_keys", "keys and values", "the values taken from the keys (or the key input)",
                lambda b: chain(trials_values_from_keys(b), values_from_key_input(b))),
     Experiment("kv.keys_from_values", "keys and values", "the keys taken from the values (the value projection "

@@ -31,6 +31,28 @@ def inputs_swapped(b: Base) -> Iterator[Trial]:
                 "other's")
 
 
+def projections_swapped(b: Base) -> Iterator[Trial]:
+    """kv.swapped at the projections where the keys' and values' inputs differ (a position added to what the keys
+    read, not the values: Mask2Former's `k_proj(x + pos)`, `v_proj(x)`): K = key · W_vᵀ + b_v and V = value · W_kᵀ
+    + b_k, each input where it belongs and each projection the other's. Where the two inputs are one x,
+    kvtrials.trials_swapped's swap of the reference's own K and V is the same run, and this gives nothing."""
+    made_k, made_v = by_other_weights(b, "v", 1), by_other_weights(b, "k", 2)
+    if made_k is None or made_v is None or b.raw_keys is not None \
+            or any(name in b.ref for name in ("K_normed", "K_pooled", "V_normed", "V_pooled")):
+        return
+    keys, values = heads_of(made_k[0], b.k_new, b.strided), heads_of(made_v[0], b.v_new, b.strided)
+    if keys is None or values is None:
+        return
+    rope = read_rope(b)
+    keys = keys.to(b.k_new.dtype)
+    steps = replay(b, k_new=rope_turn(rope)(keys, rope.k_pos) if rope is not None else keys,
+                   v_new=values.to(b.v_new.dtype))
+    steps["K_feat"], steps["V_feat"] = made_k[0], made_v[0]
+    yield Trial(steps, f"keys and values swapped at their projections: {{who}} is what the reference computes with "
+                f"the keys made by the value projection and the values by the key projection, each from its own "
+                f"input (`self.{made_k[1]}(...)` for the keys, `self.{made_v[1]}(...)` for the values)")
+
+
 def keys_from_value_input(b: Base) -> Iterator[Trial]:
     """kv.keys_from_values at the inputs: K = value · W_kᵀ + b_k, the values as they are."""
     keys = _keys_from(b, 2)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 ADDS = ("add", "__add__", "__radd__")
 ROLES = {"q": "Q", "k": "K", "v": "V"}
+MOVES = ("transpose", "permute", "movedim", "swapaxes", "contiguous", "t")  # ops that move a sum's axes alone
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Added:
     tensors: dict[str, torch.Tensor]  # role (Q, K, V) -> what its projection reads, [n_batch, n, d]
     lines: dict[str, int]  # role -> the add's line
     terms: dict[str, str]  # role -> what was added, as the code writes it
+    moved: bool = False  # the values' projection read the sum, the keys' their input alone: given to the keys
 
 
 def projections(module: Any, records: list[Record], n_head: int | None, d_head: int | None) -> dict[str, str]:
@@ -76,11 +78,18 @@ def find(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
         if read is not None:
             tensor, found.lines[role], found.terms[role] = read
             found.tensors[role] = tensor.transpose(0, 1) if inputs.layout == "time" else tensor  # [n_batch, n, d]
+    if "V" in found.tensors and "K" not in found.tensors and "Q" in found.tensors:
+        # values given a position the keys were not: no convention does that (DETR's, MMCV's and SAM's add it to
+        # what the queries and keys read), so the reference's keys read that sum and its values the input alone,
+        # and code whose keys and values are swapped is named so by experiment (kv.swapped)
+        found.tensors["K"], found.lines["K"], found.terms["K"] = (
+            found.tensors.pop("V"), found.lines.pop("V"), found.terms.pop("V"))
+        found.moved = True
     if not found.tensors.keys() & {"Q", "K"}:
         return None
     if "V" in found.tensors and ("K" not in found.tensors or found.lines["V"] != found.lines["K"]
                                  or not bool((found.tensors["V"] == found.tensors["K"]).all())):
-        return None  # values given a position the keys were not: no convention trace can tell from a mistake
+        return None  # values given a position, the keys another: no convention trace can tell from a mistake
     return found
 
 
@@ -110,6 +119,8 @@ def _sum_read(records: list[Record], arg: tuple[str, Any], given: str, inputs: I
     if arg[0] != "rec":
         return None
     added = records[arg[1]]
+    while added.func in MOVES and len(added.parents) == 1:  # the sum moved to the kernel's layout first (MMCV's
+        added = records[added.parents[0]]  # batch_first `query = query + query_pos`, then `query.transpose(0, 1)`)
     x = inputs.tensors[given]
     if added.func not in ADDS or added.tensor.dim() != x.dim() or len(added.args) != 2:
         return None
@@ -161,12 +172,18 @@ def apply(inputs: Inputs, added: Added) -> None:
     """`inputs` with what the projections read as the reference's inputs, and the note that says so."""
     inputs.own = dict(added.tensors)
     inputs.own_from = "position"
-    words = {"Q": "queries'", "K": "keys'", "V": "values'"}
+    words = {"Q": "queries'", "K": "values'" if added.moved else "keys'", "V": "values'"}  # moved: as the code reads
     sums: dict[tuple[int, str], list[str]] = {}
     for role in sorted(added.tensors, key="QKV".index):
         sums.setdefault((added.lines[role], added.terms[role]), []).append(words[role])
     said = "; ".join(f"the {' and '.join(roles)} + {term} (line {line})" for (line, term), roles in sums.items())
     plain = [words[r] for r in "QKV" if r not in added.tensors]
     alone = f", the {' and '.join(plain)} your input alone" if plain else ""
+    if added.moved:
+        inputs.notes.append(f"your projections read your input plus a position embedding no input makes: {said}, "
+                            "the keys' your input alone; the reference's queries and keys read those sums and its "
+                            "values your input, as a position is added to what the queries and keys read (DETR's, "
+                            "MMCV's), never to the values alone")
+        return
     inputs.notes.append(f"your projections read your input plus a position embedding no input makes: {said}{alone}; "
                         "the reference's projections read the same sums")
