@@ -37,6 +37,7 @@ from attnscope.usertrace.lined import ALIGNED, Divergence
 from attnscope.usertrace.outops import CASTS, RANDOM
 
 if TYPE_CHECKING:
+    from attnscope.trace import Trace
     from attnscope.usertrace.lined import Aligned, LineUp
     from attnscope.usertrace.record import Record
 
@@ -124,8 +125,7 @@ def added_twice(records: list[Record], top: Record, given: set[str]) -> Divergen
     return None
 
 
-def dropped_on(records: list[Record], tops: list[Record], kind: str, steps: dict[str, torch.Tensor]
-               ) -> Divergence | None:
+def dropped_on(records: list[Record], tops: list[Record], kind: str, steps: Trace) -> Divergence | None:
     """A dropout on the way from one of `tops` (the merge, the last step lined up: a fused kernel's merge is a
     record of its own beside its output) to what the call returns that zeroed entries of its input, though the call
     ran for inference (`kind`: "module", run in eval() mode, or "function"): dropouts.drops' first such, named
@@ -164,16 +164,18 @@ def dropped_on(records: list[Record], tops: list[Record], kind: str, steps: dict
     return None
 
 
-def _held_step(before: Record, after: torch.Tensor, steps: dict[str, torch.Tensor]) -> tuple[str, float] | None:
+def _held_step(before: Record, after: torch.Tensor, steps: Trace) -> tuple[str, float] | None:
     """The reference step (x, the merge, the heads' output) that `before`, a dropout's input, holds, where that step
     laid out as `before` times the dropout's mask (0 where `after` zeroed an entry, after / before elsewhere) is
     `after` to tolerance: its name and that max |diff|; None where no step so gives it."""
+    from attnscope.usertrace.dropouts import multiplier
+
     kept = before.tensor.detach().double()
-    mask = torch.where(kept != 0, after.double() / kept.where(kept != 0, torch.ones_like(kept)), 0.0)
+    mask = multiplier(kept, after.double())
     for name in ("x", "x_rsh2", "x_raw", "out"):
-        step = steps.get(name)
-        if step is None:
+        if name not in steps:
             continue
+        step = steps[name]
         for match in compare(before, step):
             if not match.equal:
                 continue
@@ -260,14 +262,12 @@ def after_merge(records: list[Record], lined: LineUp, given: set[str],
     top = merge(lined.rows)
     if top is None:
         return None, None
+    row = start(lined.rows)
+    tops = [top] + ([row.record] if row is not None and row.record is not None else [])
     found = unreached(records, top) or added_twice(records, top, given) \
-        or (dropped_on(records, [top] + [row.record for row in [start(lined.rows)] if row is not None
-                                         and row.record is not None], inference, {
-                                             name: lined.trace[name] for name in ("x", "x_rsh2", "x_raw", "out")
-                                             if name in lined.trace}) if inference is not None else None)
+        or (dropped_on(records, tops, inference, lined.trace) if inference is not None else None)
     note, differs = (None, found) if found is not None else \
         replayed(records, lined, rerun) if rerun is not None else (None, None)
-    row = start(lined.rows)
     if differs is not None and row is not None:
         differs.reference = row.reference
     return note, differs

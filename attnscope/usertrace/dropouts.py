@@ -77,6 +77,12 @@ def drops(records: list[Record]) -> list[Drop]:
     return found + sorted(own.values(), key=lambda d: (d.record.index, -d.before.index))
 
 
+def multiplier(kept: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """The mask a dropout drew, read off its input `kept` and its result `after`: after / kept where kept is not 0,
+    0 elsewhere."""
+    return torch.where(kept != 0, after / kept.where(kept != 0, torch.ones_like(kept)), 0.0)
+
+
 def _kept_scale(before: torch.Tensor, after: torch.Tensor) -> float | None:
     """The one scale `after` holds `before`'s kept entries at, where it is `before` with some of its nonzero entries
     zeroed and every other scaled alike (to float32's tolerance); None otherwise."""

@@ -71,6 +71,7 @@ def trials_dropout(b: Base) -> Iterator[Trial]:
     in by hand, flax's and haiku's ports): the mask it drew, read from its two tensors, applied to the reference
     step its input holds."""
     from attnscope.usertrace.dropouts import drops
+    from attnscope.usertrace.dropouts import multiplier as read_mask
 
     for drop in drops(b.ctx.records):
         record = drop.record
@@ -78,7 +79,7 @@ def trials_dropout(b: Base) -> Iterator[Trial]:
         if found is None:
             continue
         name, after, kept = found
-        multiplier = torch.where(kept != 0, after / kept.where(kept != 0, torch.ones_like(kept)), 0.0)
+        multiplier = read_mask(kept, after)
         zeroed = float(((after == 0) & (kept != 0)).double().mean())
         runs = "the module runs in eval() mode" if b.kind == "module" else "trace runs your function for inference"
         if drop.own:
