@@ -17,6 +17,8 @@ from _trace_ref import sdpa
 from test_trace_command import user_module
 from tracecases import assert_named, assert_passes, plants_test, run_case
 
+from attnscope.usertrace.inputs import input_seed
+
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round27_fp16prec.py")
 styles = user_module(STYLES)
 OWN = ("--scale", repr(1 / math.sqrt(32)))  # MAB divides by √dim_V
@@ -71,8 +73,7 @@ def test_overflow_counts_the_codes_infs(runner):
     m = styles.HalfProjections(big=300.0)
     code, out = run_case(runner, STYLES, "HalfProjections", "big=300.0")
     found = assert_named(code, out, "float16.overflow")
-    torch.manual_seed(0)  # trace's input: torch.randn(n_batch, n_Q, d_feat), seeded 0 once the module is made
-    x = torch.randn(3, 7, 32)
+    x = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(input_seed(0)))  # trace's input at --seed 0
     q, k = m._heads(x, m.q_proj), m._heads(x, m.k_proj)
     assert f"{int(torch.isinf(q @ k.transpose(-1, -2)).sum())} scores passed it" in found["diagnosis"]
 

@@ -72,7 +72,8 @@ def run_style(name: str, x: torch.Tensor, bug: str = "", pad: torch.Tensor | Non
 
 
 CORRECT = [("SeqFirstMHA", "self_attn=True", CAUSAL), ("SeqFirstMHA", None, CAUSAL), ("PackedMHA", None, CAUSAL),
-           ("PackedMHA", "batch_first=False", CAUSAL), ("CoreSBH", None, CAUSAL)]
+           ("PackedMHA", "batch_first=False", CAUSAL), ("CoreSBH", None, CAUSAL),
+           ("CoreSBH", "bug='qvk_layout'", CAUSAL)]
 PLANTS = [("SeqFirstMHA", "self_attn=True, bug='scaled_twice'", CAUSAL, "scale.twice"),
           ("SeqFirstMHA", "self_attn=True, bug='pad_zero'", CAUSAL, "mask.filled_with_0"),
           ("SeqFirstMHA", "self_attn=True, bug='kv_swapped'", CAUSAL, "kv.swapped"),
@@ -99,6 +100,21 @@ def test_the_styles_are_sdpa_in_their_own_mask_convention(name):
 
 
 test_correct_styles_pass = passing_test(STYLES, CORRECT)
+
+
+def test_a_per_head_order_its_split_names_is_a_layout(runner):
+    """Each head's rows laid q | v | k and split under those names (CodeGen's order): the module is SDPA on the
+    weights read so, and trace says the layout, not kv.swapped; the same split with the names and the uses crossed
+    (`key_layer, value_layer = value_layer, key_layer`) is the swap."""
+    m = styles.CoreSBH(bug="qvk_layout").double()
+    x = torch.randn(N, B, D, dtype=torch.float64)
+    q, v, k = m.query_key_value(x).view(N, B, N_HEAD, 3, D // N_HEAD).unbind(3)
+    want = m.dense(merged(F.scaled_dot_product_attention(*(split(t.reshape(N, B, D)) for t in (q, k, v)),
+                                                         is_causal=True)))
+    assert torch.allclose(m(x, ~keep(None)), want, atol=1e-10)
+    code, out = run_case(runner, STYLES, "CoreSBH", "bug='qvk_layout'", CAUSAL)
+    assert_passes(code, out)
+    assert any("rows hold q, v, k in each of its 4 blocks" in note for note in out["notes"]), out["notes"]
 test_plants_are_named_by_experiment = plants_test(STYLES, PLANTS)
 
 

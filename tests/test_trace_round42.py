@@ -6,7 +6,11 @@ dropout.left_on, by experiment where the dropout's input holds a step of the ref
 wrapper adds its position embedding and then turns the sum time-first for nn.MultiheadAttention: the sum is now
 read through that transpose (correct code had Q_feat unseen). Keys and values swapped where only the keys read a
 position (at nn.MultiheadAttention's arguments, or DETR's projections each fed its own input) are named kv.swapped.
-Each style is checked against a float64 formula, each plant shown to change its output."""
+Megatron-LM's grouped-query attention, its fused query_key_value laid out per group and drawn with `normal_`, was
+refused as correct code twice over: trace drew its inputs from the stream the module's __init__ had drawn its
+weights from (W = 0.02·x, so the fused output held values made twice, symmetric), and one value two outputs hold by
+chance stopped the rows being read by value. Each style is checked against a float64 formula, each plant shown to
+change its output."""
 
 from __future__ import annotations
 
@@ -55,6 +59,19 @@ def test_the_styles_are_their_formulas_and_the_plants_change_them():
         wrong.load_state_dict(m.state_dict())
         assert (wrong(x, object_queries=pos)[0] - want).abs().max() > 1e-3
 
+        torch.manual_seed(0)
+        m = styles.MegatronGQA().double().eval()
+        xt = torch.randn(7, 2, 64, generator=g, dtype=torch.float64)  # [s, b, h]
+        fused = (xt @ m.qkv_weight.T).unflatten(-1, (2, 4, 16))  # per group: 2 query heads, a key, a value
+        q = fused[..., :2, :].flatten(2, 3).permute(1, 2, 0, 3)
+        k, v = (fused[..., i, :].repeat_interleave(2, dim=2).permute(1, 2, 0, 3) for i in (2, 3))
+        causal = torch.ones(7, 7, dtype=torch.bool).tril()
+        want = (sdpa(q, k, v, attn_mask=causal).permute(2, 0, 1, 3).reshape(7, 2, 64)) @ m.dense_weight.T
+        assert torch.allclose(m(xt, ~causal), want, atol=1e-10)
+        wrong = styles.MegatronGQA(bug="kv_tiled").double().eval()
+        wrong.load_state_dict(m.state_dict())
+        assert (wrong(xt, ~causal) - want).abs().max() > 1e-4
+
         m = styles.KeepMaskAttention().double().eval()
         q, k, v = (p(x).unflatten(-1, (4, 8)).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj))
         want = m.out_proj(sdpa(q, k, v).transpose(1, 2).reshape(2, 7, 32))
@@ -81,3 +98,29 @@ def test_keys_and_values_swapped_where_only_the_keys_read_a_position(runner, tar
     assert_passes(code, out)
     assert any("position embedding no input makes" in n for n in out["notes"]), out["notes"]
     assert_named(*run_case(runner, STYLES, target, f"bug='{bug}'", options), "kv.swapped")
+
+
+def test_grouped_query_megatron_drawn_with_normal_is_read_per_group(runner):
+    options = ("--causal",)
+    code, out = run_case(runner, STYLES, "MegatronGQA", None, options)
+    assert_passes(code, out)
+    assert "its rows read from your code's own q, k and v" in out["reference"], out["reference"]
+    assert_named(*run_case(runner, STYLES, "MegatronGQA", "bug='kv_tiled'", options), "gqa.tiled")
+
+
+def test_a_value_two_outputs_hold_by_chance_is_placed_where_it_fits():
+    from attnscope.usertrace.fused import row_order
+    from attnscope.usertrace.valueindex import ValueIndex, tie_placings
+
+    g = torch.Generator().manual_seed(7)
+    output = torch.randn(5, 12, generator=g)  # [tokens, rows]
+    output[3, 10] = output[1, 2]  # one value made twice
+    assert ValueIndex.of(output) is None
+    lookup, ties = ValueIndex.of_few_ties(output)
+    part = output[:, 8:12].T  # rows 8..11 read as [rows, tokens]
+    source = lookup.positions(part)
+    orders = [row_order(placed % 12, placed // 12) for placed in tie_placings(source, ties)]
+    assert [8, 9, 10, 11] in orders
+    many = output.clone()
+    many[:, 0] = many[:, 1]  # a column made twice: a structure, not a chance
+    assert ValueIndex.of_few_ties(many) is None

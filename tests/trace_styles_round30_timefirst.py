@@ -12,7 +12,9 @@ its masks in its own convention (issue #41). Weights moved off their initial val
   `[n, n_batch, C]`). (Its packed chunks' order is read from their use, so a k/v swap there is a convention.)
 - CoreSBH: a Megatron-like core, hidden states `[s, b, h]`, a fused QKV viewed `[s, b, np, 3·hn]`, a boolean
   attention_mask `[b, 1, s, s]` True = masked, filled with -inf before the softmax. `bug`: 'merge' (context
-  `[b, np, s, hn]` viewed as `[s, b, h]` without its permute), 'kv_swapped', 'softmax_axis'.
+  `[b, np, s, hn]` viewed as `[s, b, h]` without its permute), 'kv_swapped' (the parts named key and value, each
+  used as the other), 'softmax_axis'; 'qvk_layout' is correct code whose checkpoint lays each head q | v | k and
+  whose split names them so (CodeGen's order).
 """
 
 from __future__ import annotations
@@ -129,10 +131,12 @@ class CoreSBH(nn.Module):
     def forward(self, hidden_states, attention_mask):
         sq, b, h = hidden_states.shape
         mixed = self.query_key_value(hidden_states).view(sq, b, self.np, 3 * self.hn)
-        if self.bug == "kv_swapped":
+        if self.bug == "qvk_layout":  # a checkpoint laid q | v | k per head (CodeGen's order), named so: correct
             query_layer, value_layer, key_layer = torch.split(mixed, self.hn, dim=3)
         else:
             query_layer, key_layer, value_layer = torch.split(mixed, self.hn, dim=3)
+        if self.bug == "kv_swapped":  # the parts named key and value, each used as the other
+            key_layer, value_layer = value_layer, key_layer
         sk = key_layer.size(0)
         q = query_layer.reshape(sq, b * self.np, self.hn)
         k = key_layer.reshape(sk, b * self.np, self.hn)

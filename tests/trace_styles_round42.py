@@ -133,3 +133,52 @@ class DetrSelfAttention(nn.Module):
         attn_output = attn_output.view(batch_size, self.num_heads, target_len, self.head_dim).transpose(1, 2)
         attn_output = attn_output.reshape(batch_size, target_len, embed_dim)
         return self.out_proj(attn_output), attn_probs
+
+
+class MegatronGQA(nn.Module):
+    """Megatron-LM's legacy ParallelAttention with group_query_attention (one tensor-parallel rank): time-first
+    `[s, b, h]`, one fused `query_key_value` laid out per group (each group's query heads, then its key, then its
+    value: `view(s, b, ng, (np // ng + 2) * hn)` and `torch.split(.., [np // ng * hn, hn, hn], dim=3)`), its weights
+    drawn as Megatron's init_method does, `normal_(std=0.02)` on the global generator (no qkv bias); the key/value heads
+    `repeat_interleave`d, `baddbmm(beta=0, alpha=1/norm_factor)` over the heads folded into the batch, the mask True
+    where masked, filled with -10000. 'kv_tiled' repeats the key/value heads with `.repeat` (tiled)."""
+
+    def __init__(self, hidden_size=64, num_attention_heads=4, num_query_groups=2, bug=None):
+        super().__init__()
+        self.np, self.ng, self.hn = num_attention_heads, num_query_groups, hidden_size // num_attention_heads
+        self.bug = bug
+        self.norm_factor = self.hn ** 0.5
+        width = (self.np + 2 * self.ng) * self.hn
+        self.qkv_weight = nn.Parameter(torch.empty(width, hidden_size))  # add_qkv_bias=False, as LLaMA-style configs
+        self.dense_weight = nn.Parameter(torch.empty(hidden_size, self.np * self.hn))
+        for p in (self.qkv_weight, self.dense_weight):
+            torch.nn.init.normal_(p, mean=0.0, std=0.02)
+
+    def _expand_kv(self, layer):
+        if self.bug == "kv_tiled":
+            return layer.repeat(1, 1, self.np // self.ng, 1)
+        return layer.repeat_interleave(self.np // self.ng, dim=2)
+
+    def forward(self, hidden_states, attention_mask):
+        mixed_x_layer = F.linear(hidden_states, self.qkv_weight)
+        new_tensor_shape = mixed_x_layer.size()[:-1] + (self.ng, (self.np // self.ng + 2) * self.hn)
+        mixed_x_layer = mixed_x_layer.view(*new_tensor_shape)
+        query_layer, key_layer, value_layer = torch.split(
+            mixed_x_layer, [self.np // self.ng * self.hn, self.hn, self.hn], dim=3)
+        query_layer = query_layer.reshape(query_layer.size(0), query_layer.size(1), -1, self.hn)
+        key_layer, value_layer = self._expand_kv(key_layer), self._expand_kv(value_layer)
+        sq, b, np_, hn = query_layer.shape
+        sk = key_layer.size(0)
+        query_layer = query_layer.reshape(sq, b * np_, -1)
+        key_layer = key_layer.view(sk, b * np_, -1)
+        buffer = torch.empty(b * np_, sq, sk, dtype=query_layer.dtype, device=query_layer.device)
+        scores = torch.baddbmm(buffer, query_layer.transpose(0, 1), key_layer.transpose(0, 1).transpose(1, 2),
+                               beta=0.0, alpha=1.0 / self.norm_factor)
+        scores = scores.view(b, np_, sq, sk)
+        scores = scores.masked_fill(attention_mask, -10000.0)
+        probs = torch.nn.Softmax(dim=-1)(scores)
+        value_layer = value_layer.view(sk, b * np_, -1)
+        context = torch.bmm(probs.view(b * np_, sq, -1), value_layer.transpose(0, 1))
+        context = context.view(b, np_, sq, hn).permute(2, 0, 1, 3).contiguous()
+        context = context.view(sq, b, np_ * hn)
+        return F.linear(context, self.dense_weight)

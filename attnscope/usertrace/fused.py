@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from attnscope.usertrace import words
-from attnscope.usertrace.valueindex import ValueIndex
+from attnscope.usertrace.valueindex import ValueIndex, tie_placings
 
 if TYPE_CHECKING:
     from attnscope.usertrace.keybias import Zero
@@ -297,12 +297,14 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
     `[.., 3, n_head, d_head]` as flash-attn's Wqkv, Falcon's `[n_head + 2, d_head]`), the rows in the order the
     code's heads read them are the layout. Heads a K/V tensor repeats are read once (first appearance: the key/
     value heads in order). None where a role's tensor mixes tokens into its heads (a view that breaks the
-    tokens apart is a bug to report, not a layout) or the roles do not share the rows out. The roles may come in
-    any order (CodeGen's blocks hold q | v | k): order_note says one other than q, k, v. Where the code's own
-    words (words.said) name the part it uses as the keys v, or the values' k (`k, v = v, k` after the split,
-    `attn @ k`, a packed axis indexed 2 for the keys), k and v are held by the words: the code swaps them. Where
-    the words say nothing against the use, the bias may: the rows the code uses as its values fed a constant zero
-    (`zero`, keybias.py) and its keys' a learned bias are the keys' and the values' rows read the other way round."""
+    tokens apart is a bug to report, not a layout) or the roles do not share the rows out. A few values the output
+    holds twice by chance (two float32 sums that round alike) are tried at either place; more is no reading. The
+    roles may come in any order (CodeGen's blocks hold q | v | k): order_note says one other than q, k, v. Where
+    the code's own words (words.said) name the part it uses as the keys v, or the values' k (`k, v = v, k` after
+    the split, `attn @ k`, a packed axis indexed 2 for the keys), k and v are held by the words: the code swaps
+    them. Where the words say nothing against the use, the bias may: the rows the code uses as its values fed a
+    constant zero (`zero`, keybias.py) and its keys' a learned bias are the keys' and the values' rows read the
+    other way round."""
     from attnscope.usertrace.flow import operands
 
     found = operands(records)
@@ -311,9 +313,10 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
         return None
     output = made[0].tensor.detach()
     width = int(output.shape[-1])
-    lookup = ValueIndex.of(output)
-    if lookup is None:  # a value made twice: rows cannot be told by value
+    indexed = ValueIndex.of_few_ties(output)
+    if indexed is None:  # values made twice, more than by chance: rows cannot be told by value
         return None
+    lookup, ties = indexed
 
     def read(record: Record) -> list[int] | None:
         tensor = record.tensor
@@ -321,7 +324,13 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
                 or record.index == made[0].index:
             return None
         source = lookup.positions(tensor.detach())
-        return None if source is None else row_order(source % width, source // width)
+        if source is None:
+            return None
+        for placed in tie_placings(source, ties):  # a value two outputs hold by chance: from the place that fits
+            order = row_order(placed % width, placed // width)
+            if order is not None:
+                return order
+        return None
 
     per_role: dict[str, list[list[int]]] = {}
     for role, index in zip("qkv", found[:3], strict=True):

@@ -356,7 +356,7 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
         if guard is not None:
             guard(sizes)
         dtype = next(iter(module.parameters()), torch.empty(0)).dtype if is_module else torch.float32
-        generator = torch.Generator().manual_seed(o.seed)
+        generator = torch.Generator().manual_seed(input_seed(o.seed))
         tensors = {role: torch.randn(*(sizes[d] for d in role_dims(role, sizes, is_module, o.layout)),
                                      generator=generator, dtype=dtype)
                    for role in ROLES[len(plan.tensors)]}
@@ -386,6 +386,18 @@ def make_inputs(o: InputOptions, plan: Plan, shapes: ShapePlan, module: Any,
     if o.cache:
         inputs.cache = _cache(sizes, o.seed, tensors["Q"].dtype, sizes.get("d_V") if is_module else None)
     return inputs
+
+
+# The inputs' stream, apart from the module's: trace builds the module under torch.manual_seed(seed), and a module
+# whose __init__ draws with normal_ (Megatron's `init.normal_(std=0.02)`, an nn.Embedding) would otherwise hold the
+# very numbers of the inputs, scaled (W = 0.02·x: scores symmetric, a fused output's values made twice, so that no
+# reader could tell its rows by value); the same for a function's weights, drawn from the seed (weightargs.py)
+INPUT_STREAM = 104729
+
+
+def input_seed(seed: int) -> int:
+    """The seed of the random inputs for trace's --seed `seed`."""
+    return seed + INPUT_STREAM
 
 
 def image_grid(o: InputOptions, shapes: ShapePlan) -> tuple[tuple[int, int], int | None]:

@@ -6,8 +6,9 @@ rows moved. Split so in the queries', keys' and values' projections all, it is a
 splits so too, and merges its heads back the same way round, head the fastest); the queries alone split so is the
 catalog's `heads.split_transposed`.
 
-Asked only where the line-up diverges at a split and the code holds a tensor laid `[.., d_head, n_head, ..]`; kept
-only where the queries' and keys' splits then line up and the line-up goes further (conventionread.py)."""
+Asked only where the line-up diverges at a split (or at the values' projection, which a strided view of values made
+from the wrong input may be paired with first) and the code holds a tensor laid `[.., d_head, n_head, ..]`; kept only
+where the queries' and keys' splits then line up and the line-up goes further (conventionread.py)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ SPLITS = ("Q_split", "K_split", "V_split")
 
 def reading(spec: Spec, first: LineUp, records: list[Record], sizes: dict[str, int]) -> Spec | None:
     """The spec to line up again under, heads split strided and merged back so (merged head-major instead, they read
-    as heads.merge_wrong_permute), where `first` diverges at a split and the code holds a tensor laid with d_head
-    before n_head; None otherwise."""
+    as heads.merge_wrong_permute), where `first` diverges at a split (or at V_feat) and the code holds a tensor laid
+    with d_head before n_head; None otherwise."""
     n_head, d_head = sizes.get("n_head"), sizes.get("d_head")
     div = first.divergence
-    if spec.strided_heads or div is None or div.reference not in SPLITS or not n_head or not d_head \
+    if spec.strided_heads or div is None or div.reference not in (*SPLITS, "V_feat") or not n_head or not d_head \
             or n_head < 2 or d_head < 2 or spec.pooled is not None:
         return None
     laid = any(tuple(r.tensor.shape[i:i + 2]) == (d_head, n_head) for r in records
