@@ -146,7 +146,8 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             filled[record.index] = fill
         if bias is not None and others:  # a bias the code wrote from the mask by torch.where, now applied
             return Convention(bias.kind, record.line, f"{bias.how}, then {record.details.get('op', record.call)}")
-        written_as = _where_bias(record, sources, inverted) if bias is None else bias
+        written_as = (_where_bias(record, sources, inverted) or _filled_bias(record, sources, inverted)) \
+            if bias is None else bias
         if written_as is not None:  # torch.where(mask, -inf, 0.0): a bias whose very negative side says the polarity
             biased[record.index] = written_as
             derived[record.index] = (inverted, True)
@@ -219,6 +220,34 @@ def _where_bias(record: Record, sources: list[tuple[bool, bool] | None], inverte
     if any(v is None for v in values):
         return None
     low = [v is not None and v <= -1e4 for v in values]
+    if low[0] == low[1]:
+        return None
+    masked = low[0] != inverted
+    return Convention("masked" if masked else "attend", record.line,
+                      f"written into a bias, very negative where it is {masked} "
+                      f"(line {record.line}: {record.details.get('op', record.call)})")
+
+
+def _filled_bias(record: Record, sources: list[tuple[bool, bool] | None], inverted: bool) -> Convention | None:
+    """The polarity `bias.masked_fill(mask, value)` settles where the mask is the condition and `bias` a tensor of
+    one number the code made (not the scores), the two then the bias's only values, one of them very negative:
+    phi-1's MixFormer `torch.full((b, s), -10000.0).masked_fill_(key_padding_mask, 0.0)` writes 0 where the mask is
+    True, so True may attend; `torch.zeros(..).masked_fill(mask, -inf)` writes the very negative number there, so
+    True is masked out. None for any other op (a fill of the scores themselves is the mask applied)."""
+    import torch
+
+    if not record.func.startswith("masked_fill") or len(record.args) < 3 or sources[0] is not None \
+            or sources[1] is None or record.args[2][0] != "text":
+        return None
+    value = _number(record.args[2][1])
+    tensor = record.tensor
+    if value is None or not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        return None
+    distinct = torch.unique(tensor)
+    others = distinct[distinct != value] if not math.isnan(value) else distinct
+    if distinct.numel() > 2 or others.numel() != 1:
+        return None
+    low = [value <= -1e4, float(others[0]) <= -1e4]
     if low[0] == low[1]:
         return None
     masked = low[0] != inverted

@@ -13,13 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace.align import ancestors
 from attnscope.usertrace.kernels import ATTENTION_KERNELS
-from attnscope.usertrace.masking import MERGING
+from attnscope.usertrace.masking import MERGING, SHAPED_ONLY
 from attnscope.usertrace.record import MATMULS, SOFTMAXES
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
 
 PRODUCTS = (*MATMULS, "einsum")
+# the ops that write a mask into a tensor the code made, as a bias: choose a number by it, or fill it where it says
+WRITING = ("masked_fill", "masked_fill_", "where")
+CONSTANTS = ("full", "zeros", "ones", "empty", "tensor")
 # the ops that apply a mask to the scores or the weights: fill them, choose between them, add (or subtract) it, multiply
 APPLYING = ("masked_fill", "masked_fill_", "__setitem__", "where", "add", "add_", "__add__", "__radd__", "__iadd__",
             "sub", "sub_", "__sub__", "__isub__", "subtract", "mul", "mul_", "__mul__", "__rmul__", "__imul__",
@@ -54,6 +57,9 @@ def applied(records: list[Record], label: str) -> Record | None:
         if record.func in MERGING and all(records[i].tensor.dtype == torch.bool for i in others):
             derived.add(record.index)  # a mask of the code's own merged in: no scores met yet
             continue
+        if record.func in WRITING and all(_constant(records[i]) for i in others):
+            derived.add(record.index)  # a bias written from it into a tensor of one number (phi-1.5's MixFormer:
+            continue  # full((b, s), -10000.0).masked_fill_(key_padding_mask, 0.0)), then met by the scores
         if record.func not in APPLYING:
             return None
         for other in others:
@@ -62,6 +68,13 @@ def applied(records: list[Record], label: str) -> Record | None:
                 return record
         return None
     return None
+
+
+def _constant(record: Record) -> bool:
+    """Whether the code made `record` as a tensor of one number, of no input (torch.full, zeros, ones, new_full,
+    zeros_like: a shape at most taken from another tensor)."""
+    return record.func.split(".")[-1] in CONSTANTS and not any(kind == "rec" for kind, _ in record.args) \
+        or record.func.split(".")[-1] in SHAPED_ONLY
 
 
 def _reads(arg: Any, label: str, derived: set[int]) -> bool:
