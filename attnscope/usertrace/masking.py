@@ -145,7 +145,8 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
         if fill is not None:
             filled[record.index] = fill
         if bias is not None and others:  # a bias the code wrote from the mask by torch.where, now applied
-            return Convention(bias.kind, record.line, f"{bias.how}, then {record.details.get('op', record.call)}")
+            applying = _short(record.details.get("op", record.call))
+            return Convention(bias.kind, record.line, f"{bias.how}, then {applying}")
         written_as = (_where_bias(record, sources, inverted) or _filled_bias(record, sources, inverted)) \
             if bias is None else bias
         if written_as is not None:  # torch.where(mask, -inf, 0.0): a bias whose very negative side says the polarity
@@ -226,6 +227,12 @@ def _where_bias(record: Record, sources: list[tuple[bool, bool] | None], inverte
     return Convention("masked" if masked else "attend", record.line,
                       f"written into a bias, very negative where it is {masked} "
                       f"(line {record.line}: {record.details.get('op', record.call)})")
+
+
+def _short(op: str, most: int = 60) -> str:
+    """An op's text to quote after another's: its call with the arguments left out where they run long
+    (`F.multi_head_attention_forward(...)`, whose sixteen arguments say nothing of the mask)."""
+    return op if len(op) <= most or "(" not in op else op.split("(", 1)[0] + "(...)"
 
 
 def _filled_bias(record: Record, sources: list[tuple[bool, bool] | None], inverted: bool) -> Convention | None:
