@@ -220,7 +220,13 @@ def _where_bias(record: Record, sources: list[tuple[bool, bool] | None], inverte
     values = [_number(value) if kind == "text" else None for kind, value in record.args[1:]]
     if any(v is None for v in values):
         return None
-    low = [v is not None and v <= -1e4 for v in values]
+    return _bias_read(record, [v is not None and v <= -1e4 for v in values], inverted)
+
+
+def _bias_read(record: Record, low: list[bool], inverted: bool) -> Convention | None:
+    """The polarity of a bias the code wrote from its mask (`record`), where `low` says whether the number written
+    where the mask's condition holds, and the one written elsewhere, is very negative: masked where the very negative
+    one is written; None where both or neither is."""
     if low[0] == low[1]:
         return None
     masked = low[0] != inverted
@@ -254,13 +260,7 @@ def _filled_bias(record: Record, sources: list[tuple[bool, bool] | None], invert
     others = distinct[distinct != value] if not math.isnan(value) else distinct
     if distinct.numel() > 2 or others.numel() != 1:
         return None
-    low = [value <= -1e4, float(others[0]) <= -1e4]
-    if low[0] == low[1]:
-        return None
-    masked = low[0] != inverted
-    return Convention("masked" if masked else "attend", record.line,
-                      f"written into a bias, very negative where it is {masked} "
-                      f"(line {record.line}: {record.details.get('op', record.call)})")
+    return _bias_read(record, [value <= -1e4, float(others[0]) <= -1e4], inverted)
 
 
 def _raised(failure: Failure | None, records: list[Record], derived: dict[int, tuple[bool, bool]], label: str

@@ -73,8 +73,8 @@ def applied(records: list[Record], label: str) -> Record | None:
 def _constant(record: Record) -> bool:
     """Whether the code made `record` as a tensor of one number, of no input (torch.full, zeros, ones, new_full,
     zeros_like: a shape at most taken from another tensor)."""
-    return record.func.split(".")[-1] in CONSTANTS and not any(kind == "rec" for kind, _ in record.args) \
-        or record.func.split(".")[-1] in SHAPED_ONLY
+    name = record.func.split(".")[-1]
+    return name in SHAPED_ONLY or (name in CONSTANTS and not any(kind == "rec" for kind, _ in record.args))
 
 
 def _reads(arg: Any, label: str, derived: set[int]) -> bool:
