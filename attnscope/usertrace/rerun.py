@@ -302,7 +302,7 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
            cap: str = "capped", joined: tuple[torch.Tensor, torch.Tensor] | None = None,
            before: torch.Tensor | None = None, dropped: dict[str, torch.Tensor] | None = None,
            zeroed: bool = False, precision: dict[str, torch.dtype] | None = None,
-           weights_t: bool = False) -> dict[str, torch.Tensor]:
+           weights_t: bool = False, masked_as: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The reference's steps from its heads on, with the changes given: only the steps the reference has, in the
     row form. `softcap` C caps the scores as `cap` says: "capped" C · tanh(scores / C) (Gemma 2's), "after mask"
     the masked scores capped (-inf becomes -C), "no multiply" tanh(scores / C), "no divide" C · tanh(scores),
@@ -316,7 +316,9 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     axis the softmax ran over. `precision`: the dtype the code computes each of q @ kᵀ ("product"), the
     scaled scores ("scores") and the softmax and its weighted sum of the values ("attention") in, as code that runs
     its attention in float16 does (halfprec.py); a step it leaves out is computed in float64. `weights_t`: the
-    weights transposed before they meet the values (`attn.transpose(-2, -1) @ v`, square scores alone)."""
+    weights transposed before they meet the values (`attn.transpose(-2, -1) @ v`, square scores alone).
+    `masked_as` (mask "own"): the masked cells' scores as the code's own masked scores hold them (GPT-2's first
+    code: −10000 for the causal rule and −10000 more for padding, −20000 where both mask)."""
     dropped = dropped or {}
     precision = b.precision if precision is None else precision
     out: dict[str, torch.Tensor] = {}
@@ -385,6 +387,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if allowed is not None and mask == "added":  # a large number added (BERT's (1 − mask) · −10000): scores kept,
         # to float32's precision there, as code in float32 keeps them
         logits = torch.where(allowed, logits, (logits.float() + ADDED).double())
+    if allowed is not None and mask == "own" and masked_as is not None:
+        logits = torch.where(allowed, logits, masked_as.to(logits.dtype))
     if before is not None:
         logits = logits.masked_fill(~before, -math.inf)
     if cap_at is not None and cap == "after mask":  # the mask's -inf (finfo.min) capped to -C: masked keys keep weight

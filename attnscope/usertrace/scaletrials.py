@@ -352,6 +352,7 @@ def trials_softmax_axis(b: Base) -> Iterator[Trial]:
     # the code's own scores' layout, where the data flow says it (square scores Qᵀ K in the column form), else the
     # layout's
     keys_first = b.col if not b.ctx.keys else not keys_last(b.ctx.keys)
+    own = code_masked(b) if has_mask(b) else None
     for axis in range(-2, -len(dims) - 1, -1):
         where = dims[axis]
         said = f"dim={axis}" if not keys_first else f"dim={-3 - axis if axis > -3 else axis}"
@@ -366,9 +367,31 @@ def trials_softmax_axis(b: Base) -> Iterator[Trial]:
                 yield Trial(replay(b, softmax_dim=axis, mask="finite", zeroed=zeroed), words)
                 # or one added to the scores (BERT's −10000): the column keeps its scores, normalized over the queries
                 yield Trial(replay(b, softmax_dim=axis, mask="added", zeroed=zeroed), words)
+                if own is not None:  # or its own finite numbers there: two biases added, −20000 where both mask
+                    yield Trial(replay(b, softmax_dim=axis, mask="own", masked_as=own, zeroed=zeroed), words)
     from attnscope.usertrace.gathered import softmax_in_pieces
 
     yield from softmax_in_pieces(b)  # scores in groups' pieces (divided attention): over each piece's queries
+
+
+def code_masked(b: Base) -> torch.Tensor | None:
+    """The code's own masked scores in the reference's row form, where the code holds them and masks with finite
+    numbers (old GPT-2's causal −10000 and padding −10000 added, −20000 where both mask: a rerun that masks with one
+    number cannot give back a softmax over another axis of those); None elsewhere."""
+    from attnscope.usertrace.align import compare
+    from attnscope.usertrace.rerun import _tol, record_holding
+
+    wanted = user_out(b, "masked_scores")
+    record = record_holding(b.ctx.records, wanted, None, "", b.sums)
+    if record is None or b.allowed is None:
+        return None
+    matches = compare(record, wanted, None, tol=_tol(wanted, record.tensor.dtype))
+    if not matches:
+        return None
+    own = back_row(b, matches[0].layout.undo(record.tensor, tuple(wanted.shape)).double())
+    if own.shape != b.allowed.shape or not bool(torch.isfinite(own[~b.allowed]).all()):
+        return None
+    return own
 
 
 def zeroes_after(b: Base) -> bool:
