@@ -116,7 +116,7 @@ def _lined_up(r: RunSoFar, run: TraceRun, ran: Made) -> tuple[Made, LineUp]:
 
     inputs, fed, called, convention = ran
     # real tables laid out for one pairing (not freqs_cis nor llama2.c's freqs_cos, freqs_sin: one angle a pair)
-    if any(name.lower() not in load.PAIR_TABLES for name in r.plan.tables) \
+    if any(load.table_kind(name) not in load.PAIR_TABLES for name in r.plan.tables) \
             and not (r.table_form and r.table_form[0].pairs):
         # the code pairs as they are laid out, or errs (read, where --rope-pairing did not ask: refspec.pairing_read)
         r.spec = dataclasses.replace(r.spec, pairing_asked=True, pairing_read=r.spec.pairing_read or

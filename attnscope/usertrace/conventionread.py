@@ -208,9 +208,9 @@ def takes_tables(module: Any) -> bool:
     """Whether the module's forward takes RoPE's tables (trace makes them with the reference's base)."""
     import inspect
 
-    from attnscope.usertrace.load import TABLE_NAMES
+    from attnscope.usertrace.load import table_kind
 
     try:
-        return any(name in TABLE_NAMES for name in inspect.signature(module.forward).parameters)
+        return any(table_kind(name) is not None for name in inspect.signature(module.forward).parameters)
     except (TypeError, ValueError, AttributeError):
         return False

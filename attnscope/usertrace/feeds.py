@@ -137,7 +137,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     _embeddings(plan, inputs, out)
     if not plan.tables or rope_base is None:
         return out
-    from attnscope.usertrace.load import PAIR_TABLES
+    from attnscope.usertrace.load import PAIR_TABLES, table_kind
     from attnscope.variants.rope import Rope
 
     d_head = sizes.get("d_head", sizes.get("d_K", 0))
@@ -158,7 +158,7 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
     width = cos.shape[-1]
     start = n_cache
     for name in plan.tables:
-        kind = name.lower()
+        kind = table_kind(name) or name.lower()
         if form is not None and form.holds and (kind in WHOLE_TABLES or name in plan.read_tables):  # the form the
             # code was read to run on
             kind = "position_embeddings" if form.holds.startswith("cos, sin") else "freqs_cis"

@@ -63,6 +63,23 @@ TABLE_NAMES = ("cos", "sin", "freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_
                "rotary_pos_emb_list")  # the last Qwen-1's: a list of one pair (cos, sin), each [1, n, 1, d_head]
 # Those of one angle a pair, laid out for no pairing: the code pairs its coordinates as it will
 PAIR_TABLES = ("freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_emb")
+
+
+def table_kind(name: str) -> str | None:
+    """Which of TABLE_NAMES a parameter named `name` is, lower case; also the names other code gives them: `cis`
+    as a word is Meta's complex table (lingua's `freq_cis`, minimind's `pos_cis`), as is a complex one of
+    frequencies (Umar Jamil's `freqs_complex`); frequencies' `cos` or `sin` llama2.c's two real tables (`freq_cos`).
+    None where the name is no table's."""
+    lower = name.lower()
+    if lower in TABLE_NAMES:
+        return lower
+    words = lower.split("_")
+    freqs = any(w.startswith("freq") for w in words)
+    if "cis" in words or (freqs and "complex" in words):
+        return "freqs_cis"
+    if freqs and len(words) > 1 and words[-1] in ("cos", "sin"):
+        return f"freqs_{words[-1]}"
+    return None
 # Constructor arguments filled from --d-feat / --heads when --init does not give them.
 D_FEAT_NAMES = ("d_feat", "d_model", "embed_dim", "hidden_size", "dim", "d_embed", "n_embd", "model_dim",
                 "emb_dim", "hidden_dim", "d", "n_feat", "size")
@@ -691,7 +708,7 @@ def is_embedding(name: str, annotation: Any = None) -> bool:
     """Named like a position embedding added to an input (EMBEDDING_WORDS, a word of the name); `position_embeddings`
     only where annotated as one tensor (transformers' RoPE tables are a tuple, `(cos, sin)`)."""
     lower = name.lower()
-    if lower in TABLE_NAMES and lower != "position_embeddings":  # cos, sin, freqs_cis: RoPE's, whatever their type
+    if table_kind(name) not in (None, "position_embeddings"):  # cos, sin, freqs_cis: RoPE's, whatever their type
         return False
     if lower == "position_embeddings":
         said = str(annotation)
@@ -795,7 +812,7 @@ def plan(fn: Any, label: str, train: bool) -> Plan:
         elif (required or param.default is None) and is_embedding(name, param.annotation):
             p.embeddings.append(name)
             p.embeddings_required += [name] if required else []
-        elif lower in TABLE_NAMES and (required or param.default is None):
+        elif table_kind(name) is not None and (required or param.default is None):
             p.tables_optional = not required and (p.tables_optional or not p.tables)
             p.tables.append(name)
         elif is_dropout(name):

@@ -96,12 +96,13 @@ def holders(failure: Failure, tables: list[str], width: int | None, d_head: int,
     Which one it runs on is read from its run on each (runs/trace_attempt.py): the op it raised on says what it does
     with the value (`.to(..)`, `.real`, an index of three axes, `cos, sin = ..`), not its name."""
     from attnscope.usertrace.feeds import WHOLE_TABLES
+    from attnscope.usertrace.load import table_kind
 
-    whole = [t for t in tables if t.lower() in WHOLE_TABLES or t in read]
+    whole = [t for t in tables if table_kind(t) in WHOLE_TABLES or t in read]
     if len(whole) != 1 or len(tables) != 1 or d_head % 2:
         return []
     fed = given.holds if given is not None and given.holds else \
-        "complex" if whole[0].lower() == "freqs_cis" else "cos, sin"
+        "complex" if table_kind(whole[0]) == "freqs_cis" else "cos, sin"
     made = {k: TableForm(width or d_head, holds=k) if k.startswith("cos, sin") else
             TableForm(d_head // 2, pairs=True, holds=k) for k in HELD}
     # a value used as a tensor (`'tuple' object has no attribute`) is tried as one first

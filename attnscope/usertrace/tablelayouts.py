@@ -34,9 +34,9 @@ PAIRED = ("", "cos, sin", "cos, sin, shared")
 def paired(plan: Plan) -> bool:
     """Whether one parameter takes the pair (cos, sin) in a tuple (transformers' position_embeddings): its order is
     then the module's to choose."""
-    from attnscope.usertrace.load import PAIR_TABLES
+    from attnscope.usertrace.load import PAIR_TABLES, table_kind
 
-    return len(plan.tables) == 1 and plan.tables[0].lower() not in ("cos", "sin", *PAIR_TABLES)
+    return len(plan.tables) == 1 and table_kind(plan.tables[0]) not in ("cos", "sin", *PAIR_TABLES)
 
 
 def halves(failure: Failure, d_head: int, known: list[TableForm]) -> list[TableForm]:
