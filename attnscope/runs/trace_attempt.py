@@ -281,9 +281,10 @@ class RunSoFar:
     def _own_tables_rotate(self, asked: TraceOptions, tried: Plan, ran: Made) -> tuple[Plan, Made]:
         """(plan, run) of the code given RoPE's tables by trace, where it ran given None (its own tables, as
         transformers' 4.4x layers make them) and lines up better given them: Qwen-1's `rotary_pos_emb_list=None`
-        skips RoPE altogether, which is no table of its own (given None it never rotates: rope.not_applied). Else
-        the run given None, as it is."""
+        skips RoPE altogether, which is no table of its own (given None it never rotates: rope.not_applied), and
+        LightGlue's `if position_embeddings is not None`. Else the run given None, as it is."""
         from attnscope.usertrace.lineup import line_up
+        from attnscope.usertrace.maskranks import agree
         from attnscope.usertrace.ranking import better_fit
 
         if self.weighted is None:
@@ -297,6 +298,10 @@ class RunSoFar:
         mine = line_up(self.weighted, self.shapes, ran[0], ran[2].records, asked.train, self.spec)
         if mine.divergence is None or not mine.divergence.names("rope.not_applied"):
             return tried, ran  # tables of its own, of another base or pairing, are its to answer for
+        if not agree(ran[2].result, other[2].result):  # given None it rotates nothing, given trace's tables its
+            # output changes: they are its RoPE, in whatever form of the pair it reads (LightGlue's interleaved cos
+            # and sin, which trace_tables.other_layouts reads once the run is kept), never its own tables
+            return given, other
         theirs = line_up(self.weighted, self.shapes, other[0], other[2].records, asked.train, self.spec)
         return (given, other) if better_fit(theirs, mine) else (tried, ran)
 

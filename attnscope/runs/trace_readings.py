@@ -164,6 +164,7 @@ def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) ->
         # under which it lines up further is kept (usertrace/timefirst.py)
         # (where --batch equals --nq the two readings share one shape: tried on a batch of another size)
         apart = timefirst.apart(r.o, inputs, r.shapes.extra.values())
+        plan = r.plan  # an attempt keeps its plan (keep_run): the first run's again where this reading is not kept
         for time_o in timefirst.asked(r.o if apart is None else dataclasses.replace(r.o, batch=apart), inputs):
             full = with_masks(r, time_o)  # masks the code raised on before: given again, read so where it runs
             made = full if full is not None else attempted(r.attempt, time_o)
@@ -180,6 +181,8 @@ def _time_first_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) ->
             if apart is not None:
                 r.first_notes.append(timefirst.apart_note(batch, apart))
             said_anew(r, run, made)
+        else:
+            r.plan = plan
     return (inputs, fed, called, convention), lined
 
 
@@ -213,6 +216,7 @@ def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tup
     if lined.divergence is not None and columns_possible(r.o, r.weighted):
         # code that runs on rows too (weightless self-attention: Xᵀ X is [d, d] on rows) yet lines up only on
         # columns: the column convention, read from what it computes
+        plan = r.plan  # as in _time_first_reading: the first run's plan again where columns are not kept
         found = column_form(r.o, r.attempt)
         col_spec = dataclasses.replace(r.spec, layout="col")
         col_lined = line_up(r.weighted, r.shapes, found[1][0], found[1][2].records, r.o.train, col_spec) \
@@ -227,6 +231,8 @@ def _column_reading(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tup
             run.header = run_header(r.target, r.label, r.plan, inputs, r.mode, r.spec)
             run.header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
             run.params = run_params(r.o, r.target, r.kwargs, inputs)
+        else:
+            r.plan = plan
     return (inputs, fed, called, convention), lined
 
 
