@@ -5,12 +5,22 @@ nothing and given trace's tables returns another output, the tables are its RoPE
 (trace_attempt._own_tables_rotate), and the pair's interleaved layout is then read from its run
 (trace_tables.other_layouts), which needed the first run's plan kept after the time-first and column readings
 tried theirs and were not kept. Checked against F.scaled_dot_product_attention in float64, on queries and keys
-turned by a float64 formula of adjacent pairs."""
+turned by a float64 formula of adjacent pairs.
+
+torchaudio's wav2vec2 takes an additive mask of -10000 [B, 1, L, L] and each row's max out before its softmax. With
+such a --mask file the reference's masked scores are finite (-10000 + score): its allowed cells were read as those
+that are not -inf, so no experiment could stand for the reference and none ran; the tolerance was the -10000's
+(1.0 at float32's 1e-4), so a wrong tensor lined up as the masked scores. A masked score is now any very negative
+one, on either side (rerun.build, align.difference), the tolerance that of the cells kept (align.tolerance); the mask
+added after the softmax is rerun with its own numbers (masktrials._finite_mask); and a softmax over the queries is
+rerun on what the code's softmax took (scaletrials.code_masked: the rows' max taken out). Checked against
+F.scaled_dot_product_attention in float64 with the additive mask."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,3 +78,44 @@ def test_tables_defaulting_to_none_that_the_code_needs_are_given_and_their_layou
 @pytest.mark.parametrize(("bug", "entry"), [("rope_on_values", "rope.on_values"), ("ignored", "rope.not_applied")])
 def test_the_plants_are_named(runner, bug, entry):
     assert_named(*run_case(runner, STYLES, "LightGlue", f"{INIT}, bug={bug!r}", ("--rope",)), entry)
+
+
+WAV_PLANTS = [("mask_after_softmax", "mask.after_softmax"), ("softmax_queries", "softmax.axis"),
+              ("scale_both", "scale.twice"), ("merge", "heads.merge_without_transpose")]
+M = 9
+
+
+def _additive() -> torch.Tensor:
+    """[B, 1, M, M]: -10000.0 at padded keys (the last 3 of the first sequence, the last of the second)."""
+    keep = torch.ones(B, M, dtype=torch.bool)
+    keep[0, 6:] = False
+    keep[1, 8:] = False
+    return ((~keep).double() * -10000.0)[:, None, None, :].expand(B, 1, M, M).contiguous()
+
+
+@pytest.mark.parametrize("bug", [None, *(p[0] for p in WAV_PLANTS)])
+def test_wav2vec2_is_sdpa_and_the_plants_change_it(bug):
+    m = styles.Wav2Vec2().double()
+    x = torch.randn(B, M, D, generator=torch.Generator().manual_seed(442), dtype=torch.float64)
+    q, k, v = (t.view(B, M, H, DH).transpose(1, 2) for t in (m.q_proj(x), m.k_proj(x), m.v_proj(x)))
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=_additive())
+    want = m.out_proj(o.transpose(1, 2).reshape(B, M, D))
+    with torch.no_grad():
+        got = styles.Wav2Vec2(bug=bug).double()(x, _additive())[0]
+        assert (got - want).abs().max() < 1e-10 if bug is None else (got - want).abs().max() > 1e-3
+
+
+@pytest.fixture()
+def additive(tmp_path):
+    path = tmp_path / "mask.npy"
+    np.save(path, _additive().float().numpy())
+    return ("--batch", str(B), "--nq", str(M), "--mask", str(path))
+
+
+def test_wav2vec2_with_an_additive_mask_of_minus_10000_passes(runner, additive):
+    assert_passes(*run_case(runner, STYLES, "Wav2Vec2", "embed_dim=32, num_heads=4", additive))
+
+
+@pytest.mark.parametrize(("bug", "entry"), WAV_PLANTS)
+def test_wav2vec2_plants_are_named(runner, additive, bug, entry):
+    assert_named(*run_case(runner, STYLES, "Wav2Vec2", f"embed_dim=32, num_heads=4, bug={bug!r}", additive), entry)

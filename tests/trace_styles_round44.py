@@ -3,7 +3,12 @@
 `position_embeddings=None` by default, and when None the code rotates nothing (LightGlue's keypoint encoding is
 the caller's); its `rotate_half` pairs adjacent coordinates, so the pair is laid out interleaved
 (`repeat_interleave(2)`). `bug=` plants a mistake: 'rope_on_values' (the values turned too: rope.on_values),
-'ignored' (the tables never used: rope.not_applied)."""
+'ignored' (the tables never used: rope.not_applied). Wav2Vec2 is torchaudio's wav2vec2 `SelfAttention` (0.13, before
+it called F.scaled_dot_product_attention): the keys split as `[B, nH, Hd, L]`, q scaled before the product, the
+Transformer's additive mask `[B, 1, L, L]` (-10000.0 at padded keys) added in place, each row's max taken out before
+the softmax. `bug=`: 'mask_after_softmax' (mask.after_softmax), 'softmax_queries' (`softmax(dim=2)`:
+softmax.axis), 'scale_both' (k scaled too: scale.twice), 'merge' (`[B, nH, L, Hd]` reshaped straight:
+heads.merge_without_transpose)."""
 
 from __future__ import annotations
 
@@ -46,3 +51,42 @@ class LightGlue(hf.LightGlueAttention):
                                                                attention_mask, scaling=self.scaling)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
+
+
+class Wav2Vec2(nn.Module):
+    def __init__(self, embed_dim=32, num_heads=4, dropout=0.0, bug=None):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.bug = embed_dim, num_heads, bug
+        self.head_dim = embed_dim // num_heads
+        self.dropout = torch.nn.Dropout(dropout)
+        self.scaling = self.head_dim**-0.5
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        _moved(self, 442)
+
+    def forward(self, x, attention_mask=None, position_bias=None, key_padding_mask=None):
+        batch_size, length, embed_dim = x.size()
+        if attention_mask is not None:
+            shape_ = (batch_size, 1, length, length)
+            if attention_mask.size() != shape_:
+                raise ValueError(f"The expected attention mask shape is {shape_}. Found {attention_mask.size()}.")
+        shape = (batch_size, length, self.num_heads, self.head_dim)
+        q = self.q_proj(x).view(*shape).transpose(2, 1)  # B, nH, L, Hd
+        k = self.k_proj(x).view(*shape).permute(0, 2, 3, 1)  # B, nH, Hd, L
+        v = self.v_proj(x).view(*shape).transpose(2, 1)  # B, nH, L, Hd
+        weights = (self.scaling * q) @ (self.scaling * k if self.bug == "scale_both" else k)  # B, nH, L, L
+        if attention_mask is not None and self.bug != "mask_after_softmax":
+            weights += attention_mask
+        # subtracting a constant value from the tensor won't change the output of softmax
+        weights = weights - weights.max(dim=-1, keepdim=True)[0]
+        weights = torch.nn.functional.softmax(weights, dim=2 if self.bug == "softmax_queries" else -1)
+        if attention_mask is not None and self.bug == "mask_after_softmax":
+            weights += attention_mask
+        weights = self.dropout(weights)
+        output = weights @ v  # B, nH, L, Hd
+        if self.bug != "merge":
+            output = output.transpose(2, 1)
+        output = output.reshape(batch_size, length, embed_dim)
+        return self.out_proj(output), None

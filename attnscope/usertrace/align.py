@@ -115,10 +115,25 @@ def tolerance(reference: torch.Tensor, dtype: torch.dtype | None = None) -> floa
     cast = reference.to(dtype)
     finite = cast[torch.isfinite(cast)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
+    if scale >= -VERY_NEGATIVE and filled(cast) is not None:  # scores masked by a large number added (−10000 +
+        # score): the kept cells' scale (difference meets the masked cells by their sign)
+        small = finite[finite > VERY_NEGATIVE]
+        scale = float(small.abs().max()) if small.numel() else 0.0
     value = atol + rtol * scale
     if len(_TOLERANCES_SEEN) < _TOLERANCES_KEPT:
         _TOLERANCES_SEEN[key] = (weakref.ref(reference, _forgotten(key)), reference._version, value)
     return value
+
+
+def filled(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The cells of `tensor` masked by a large finite number (BERT's −10000 + score, −1e9), where it looks like masked
+    scores: some cells very negative, the others small beside them (under −VERY_NEGATIVE / 10); None elsewhere (a
+    float16 run's scores in the ten thousands are numbers, not a mask)."""
+    low = tensor <= VERY_NEGATIVE
+    if not bool(low.any()):
+        return None
+    rest = tensor[~low & torch.isfinite(tensor)]
+    return low if not rest.numel() or float(rest.abs().max()) < -VERY_NEGATIVE / 10 else None
 
 
 def _forgotten(key: tuple[int, torch.dtype]) -> Callable[[weakref.ref], None]:
@@ -223,9 +238,13 @@ def difference(user: torch.Tensor, expected: torch.Tensor, skip: torch.Tensor | 
     plain_diff = (user - expected).abs() if skip is None else None
     if plain_diff is not None and plain_diff.numel():
         plain = float(plain_diff.max())
-        if math.isfinite(plain):  # nothing infinite or NaN on either side (max carries a NaN through): no rule applies
+        # nothing infinite or NaN on either side (max carries a NaN through), nothing masked: no rule applies
+        if math.isfinite(plain) and filled(expected) is None:
             return plain
-    masked = torch.isneginf(expected)
+    fills = filled(expected)
+    # a masked score: -inf, or a large number added (BERT's −10000 + score, the mask given so), met by any very
+    # negative user value
+    masked = torch.isneginf(expected) if fills is None else torch.isneginf(expected) | fills
     agree = (masked & (user <= VERY_NEGATIVE)) | (torch.isnan(expected) & ~torch.isfinite(user)) | (
         torch.isinf(expected) & (user == expected))
     if skip is not None:
@@ -306,8 +325,9 @@ def best_shifted(records: list[Record], reference: torch.Tensor, axis: int, skip
                  after: int = -1) -> Match | None:
     """The user's tensor (made after record `after`) equal to `reference` plus a constant per query row, in some
     layout, the named and earliest first: a step before the softmax that a convention shifts row by row (the
-    softmax takes it out), never a divergence. None where there is none."""
-    tol = tolerance(reference)
+    softmax takes it out), never a divergence. None where there is none. The tolerance is the kept cells': a mask
+    written as a large number added (BERT's −10000 + score) would make it 1 at float32's 1e-4."""
+    tol = tolerance(torch.where(torch.isfinite(reference) & (reference > VERY_NEGATIVE), reference, 0.0))
     found = []
     for record in records:
         if record.index <= after or not stands(record) or not record.tensor.is_floating_point() \

@@ -99,6 +99,23 @@ def trials_after_softmax(b: Base) -> Iterator[Trial]:
                     "{who} is what the reference computes with the unmasked scores softmaxed and the additive mask "
                     "(0 / -inf) then added to the weights, so every masked weight is -inf and the output NaN; add the "
                     "mask to the scores before the softmax")
+    added = _finite_mask(b)
+    if added is not None:  # a --mask file of BERT's −10000, added as it is: the weights −10000 where masked
+        yield Trial(replay(b, allowed=None, after_softmax=added), "the mask is added after the softmax: {who} is what "
+                    "the reference computes with the unmasked scores softmaxed and the additive mask then added to "
+                    "the weights, so every masked weight is very negative; add the mask to the scores before the "
+                    "softmax")
+
+
+def _finite_mask(b: Base) -> torch.Tensor | None:
+    """The additive mask the reference's masked scores hold, where it is finite (a --mask file of BERT's −10000, the
+    code's own convention): masked scores − scores, 0 where the mask allows; None where it masks with −inf."""
+    if b.allowed is None or "scores" not in b.ref or "masked_scores" not in b.ref or b.softcap is not None:
+        return None
+    masked, scores = b.ref["masked_scores"], b.ref["scores"]
+    if masked.shape != scores.shape or not bool(torch.isfinite(masked).all()):
+        return None
+    return torch.where(b.allowed, 0.0, masked - scores)
 
 
 def trials_zero(b: Base, multiplied: bool) -> Iterator[Trial]:

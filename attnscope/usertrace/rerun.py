@@ -34,6 +34,7 @@ from attnscope.usertrace.align import (
     best_shifted,
     compare,
     difference,
+    filled,
     tolerance,
 )
 from attnscope.usertrace.evidence import evidenced
@@ -184,7 +185,11 @@ def build(ctx: Context) -> Base | None:
             ref["biased_scores"] = ref["biased_scores"] + shift
             if "masked_scores" in ref:
                 ref["masked_scores"] = ref["masked_scores"] + shift
-    allowed = ~torch.isneginf(ref["masked_scores"]) if "masked_scores" in ref else None
+    # masked: -inf, or a large number added (a --mask file of BERT's −10000, the code's own convention)
+    allowed = None
+    if "masked_scores" in ref:
+        masked, fills = torch.isneginf(ref["masked_scores"]), filled(ref["masked_scores"])
+        allowed = ~masked if fills is None else ~(masked | fills)
     w_o = None
     if ctx.projections is not None and "o" in ctx.projections.linears:
         out = ctx.projections.linears["o"][1]
@@ -317,8 +322,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     scaled scores ("scores") and the softmax and its weighted sum of the values ("attention") in, as code that runs
     its attention in float16 does (halfprec.py); a step it leaves out is computed in float64. `weights_t`: the
     weights transposed before they meet the values (`attn.transpose(-2, -1) @ v`, square scores alone).
-    `masked_as` (mask "own"): the masked cells' scores as the code's own masked scores hold them (GPT-2's first
-    code: −10000 for the causal rule and −10000 more for padding, −20000 where both mask)."""
+    `masked_as` (mask "own"): the scores as the code's softmax takes them (scaletrials.code_masked: GPT-2's first
+    code's −10000 for the causal rule and −10000 more for padding, −20000 where both mask; a row's max taken out)."""
     dropped = dropped or {}
     precision = b.precision if precision is None else precision
     out: dict[str, torch.Tensor] = {}
@@ -387,8 +392,8 @@ def replay(b: Base, *, q: torch.Tensor | None = None, k_new: torch.Tensor | None
     if allowed is not None and mask == "added":  # a large number added (BERT's (1 − mask) · −10000): scores kept,
         # to float32's precision there, as code in float32 keeps them
         logits = torch.where(allowed, logits, (logits.float() + ADDED).double())
-    if allowed is not None and mask == "own" and masked_as is not None:
-        logits = torch.where(allowed, logits, masked_as.to(logits.dtype))
+    if mask == "own" and masked_as is not None:  # the code's own, as its softmax takes them
+        logits = masked_as.to(logits.dtype)
     if before is not None:
         logits = logits.masked_fill(~before, -math.inf)
     if cap_at is not None and cap == "after mask":  # the mask's -inf (finfo.min) capped to -C: masked keys keep weight

@@ -375,21 +375,31 @@ def trials_softmax_axis(b: Base) -> Iterator[Trial]:
 
 
 def code_masked(b: Base) -> torch.Tensor | None:
-    """The code's own masked scores in the reference's row form, where the code holds them and masks with finite
-    numbers (old GPT-2's causal −10000 and padding −10000 added, −20000 where both mask: a rerun that masks with one
-    number cannot give back a softmax over another axis of those); None elsewhere."""
-    from attnscope.usertrace.align import compare
+    """What the code's softmax takes, in the reference's row form, where it is the reference's masked scores with
+    the masked cells finite (old GPT-2's causal −10000 and padding −10000 added, −20000 where both mask), or up to a
+    constant per query row (torchaudio's wav2vec2 takes each row's max out first): a softmax over another axis of
+    those is not one of the reference's masked scores; None elsewhere."""
+    from attnscope.usertrace.align import compare, row_spread, tolerance
     from attnscope.usertrace.rerun import _tol, record_holding
 
+    if b.allowed is None:
+        return None
     wanted = user_out(b, "masked_scores")
-    record = record_holding(b.ctx.records, wanted, None, "", b.sums)
-    if record is None or b.allowed is None:
+    kept = torch.where(b.allowed, b.ref["masked_scores"], 0.0)
+    for fed in (r for r in b.ctx.records if r.func in ("softmax", "_softmax") and r.args and r.args[0][0] == "rec"):
+        given = b.ctx.records[fed.args[0][1]].tensor  # what the softmax took, where laid out as the scores are
+        if tuple(given.shape) != tuple(wanted.shape) or not given.is_floating_point():
+            continue
+        theirs = back_row(b, given.double())
+        spread = row_spread(theirs, b.ref["masked_scores"], -1)
+        if spread is not None and spread <= tolerance(kept, given.dtype) and bool(torch.isfinite(theirs).all()):
+            return theirs
+    record = record_holding(b.ctx.records, wanted, None, "", b.sums)  # else the masked scores the code holds
+    if record is None:
         return None
     matches = compare(record, wanted, None, tol=_tol(wanted, record.tensor.dtype))
-    if not matches:
-        return None
-    own = back_row(b, matches[0].layout.undo(record.tensor, tuple(wanted.shape)).double())
-    if own.shape != b.allowed.shape or not bool(torch.isfinite(own[~b.allowed]).all()):
+    own = back_row(b, matches[0].layout.undo(record.tensor, tuple(wanted.shape)).double()) if matches else None
+    if own is None or own.shape != b.allowed.shape or not bool(torch.isfinite(own[~b.allowed]).all()):
         return None
     return own
 
