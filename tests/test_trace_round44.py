@@ -14,7 +14,11 @@ that are not -inf, so no experiment could stand for the reference and none ran; 
 one, on either side (rerun.build, align.difference), the tolerance that of the cells kept (align.tolerance); the mask
 added after the softmax is rerun with its own numbers (masktrials._finite_mask); and a softmax over the queries is
 rerun on what the code's softmax took (scaletrials.code_masked: the rows' max taken out). Checked against
-F.scaled_dot_product_attention in float64 with the additive mask."""
+F.scaled_dot_product_attention in float64 with the additive mask.
+
+timm's MultiQueryAttentionV2 runs on a feature map read as columns, its weights laid out [b, n, h, m]: a dropout left
+on was read only in the columns' layout of the attention, so the rerun never ran (runtrials._dropped now also tries
+the row form's there)."""
 
 from __future__ import annotations
 
@@ -119,3 +123,18 @@ def test_wav2vec2_with_an_additive_mask_of_minus_10000_passes(runner, additive):
 @pytest.mark.parametrize(("bug", "entry"), WAV_PLANTS)
 def test_wav2vec2_plants_are_named(runner, additive, bug, entry):
     assert_named(*run_case(runner, STYLES, "Wav2Vec2", f"embed_dim=32, num_heads=4, bug={bug!r}", additive), entry)
+
+
+def test_mqav2_is_sdpa_and_its_dropout_left_on_is_named(runner):
+    m = styles.MQAv2().double().eval()
+    x = torch.randn(B, D, 2, 5, generator=torch.Generator().manual_seed(443), dtype=torch.float64)
+    tokens = x.flatten(2).transpose(1, 2)  # [B, 10, D], raster order
+    q = torch.einsum("bnd,hkd->bhnk", tokens, m.query_proj)
+    k, v = (tokens @ w for w in (m.key_proj, m.value_proj))
+    o = F.scaled_dot_product_attention(q, k[:, None].expand_as(q), v[:, None].expand_as(q))
+    want = torch.einsum("bhnv,dhv->bdn", o, m.out_proj).reshape(B, D, 2, 5)
+    with torch.no_grad():
+        assert (m(x) - want).abs().max() < 1e-10
+    init = "dim=32, num_heads=4, key_dim=8, value_dim=8, attn_drop=0.1"
+    assert_passes(*run_case(runner, STYLES, "MQAv2", init, ()))
+    assert_named(*run_case(runner, STYLES, "MQAv2", f"{init}, bug='dropout_on'", ()), "dropout.left_on")

@@ -8,11 +8,15 @@ it called F.scaled_dot_product_attention): the keys split as `[B, nH, Hd, L]`, q
 Transformer's additive mask `[B, 1, L, L]` (-10000.0 at padded keys) added in place, each row's max taken out before
 the softmax. `bug=`: 'mask_after_softmax' (mask.after_softmax), 'softmax_queries' (`softmax(dim=2)`:
 softmax.axis), 'scale_both' (k scaled too: scale.twice), 'merge' (`[B, nH, L, Hd]` reshaped straight:
-heads.merge_without_transpose)."""
+heads.merge_without_transpose). MQAv2 is timm's `MultiQueryAttentionV2` (MobileNetV4): an NCHW feature map, the
+projections raw Parameters applied by einsum ('bnd,hkd->bnhk', one key head 'bmd,dk->bmk', 'bnhv,dhv->bdn'), the
+weights laid out `[b, n, h, m]`. `bug='dropout_on'`: `F.dropout(attn, p)`, whose training defaults to True
+(dropout.left_on)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import LightGlueConfig  # noqa: F401  (the config --init builds)
 from transformers.models.lightglue import modeling_lightglue as hf
@@ -90,3 +94,37 @@ class Wav2Vec2(nn.Module):
             output = output.transpose(2, 1)
         output = output.reshape(batch_size, length, embed_dim)
         return self.out_proj(output), None
+
+
+class MQAv2(nn.Module):
+    def __init__(self, dim=32, num_heads=4, key_dim=8, value_dim=8, attn_drop=0.1, bug=None):
+        super().__init__()
+        self.num_heads, self.key_dim, self.value_dim, self.bug = num_heads, key_dim, value_dim, bug
+        self.scale = key_dim ** -0.5
+        self.query_proj = nn.Parameter(torch.randn([num_heads, key_dim, dim]))
+        self.key_proj = nn.Parameter(torch.randn([dim, key_dim]))
+        self.value_proj = nn.Parameter(torch.randn([dim, value_dim]))
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.out_proj = nn.Parameter(torch.randn([dim, num_heads, value_dim]))
+        self.proj_drop = nn.Dropout(0.0)
+        _moved(self, 443)
+
+    def _reshape_input(self, t):
+        s = t.shape
+        return t.reshape(s[0], s[1], -1).transpose(1, 2)
+
+    def forward(self, x, m=None):
+        b, _, h, w = x.shape
+        m = m if m is not None else x
+        reshaped_x = self._reshape_input(x)
+        reshaped_m = self._reshape_input(m)
+        q = torch.einsum("bnd,hkd->bnhk", reshaped_x, self.query_proj)
+        k = torch.einsum("bmd,dk->bmk", reshaped_m, self.key_proj)
+        attn = torch.einsum("bnhk,bmk->bnhm", q, k) * self.scale
+        attn = attn.softmax(dim=-1)
+        attn = F.dropout(attn, self.attn_drop.p) if self.bug == "dropout_on" else self.attn_drop(attn)
+        v = torch.einsum("bmd,dv->bmv", reshaped_m, self.value_proj)
+        o = torch.einsum("bnhm,bmv->bnhv", attn, v)
+        result = torch.einsum("bnhv,dhv->bdn", o, self.out_proj)
+        result = self.proj_drop(result)
+        return result.reshape(b, -1, h, w)

@@ -152,15 +152,19 @@ def _dropped(b: Base, record: Record, before: Record) -> tuple[str, torch.Tensor
     for name in DROPPED_AT:
         if name not in b.ref:
             continue
-        step = user_out(b, name) if name == "attention" else b.ref[name]
-        # to the tolerance of the user's dtype (a function's reference runs in float64)
-        tol = tolerance(step, before.tensor.dtype) if before.tensor.is_floating_point() else None
-        match = next(iter(compare(before, step, b.ctx.skip.get(name), tol=tol)), None)
-        if match is None or not match.equal:
-            continue
-        shape = tuple(step.shape)
-        after, kept = (match.layout.undo(t.double(), shape) for t in (record.tensor, before.tensor))
-        if name == "attention":
-            after, kept = back_row(b, after), back_row(b, kept)
-        return name, after, kept
+        # the attention in the code's layout; in the column form also the row form's, where the code's weights are
+        # [.., n_Q, .., n_K] all the same (timm's einsum 'bnhk,bmk->bnhm' on a feature map read as columns)
+        forms = [(user_out(b, name), True), *([(b.ref[name], False)] if b.col else [])] if name == "attention" \
+            else [(b.ref[name], False)]
+        for step, turned in forms:
+            # to the tolerance of the user's dtype (a function's reference runs in float64)
+            tol = tolerance(step, before.tensor.dtype) if before.tensor.is_floating_point() else None
+            match = next(iter(compare(before, step, b.ctx.skip.get(name), tol=tol)), None)
+            if match is None or not match.equal:
+                continue
+            shape = tuple(step.shape)
+            after, kept = (match.layout.undo(t.double(), shape) for t in (record.tensor, before.tensor))
+            if turned:
+                after, kept = back_row(b, after), back_row(b, kept)
+            return name, after, kept
     return None
