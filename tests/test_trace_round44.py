@@ -18,7 +18,10 @@ F.scaled_dot_product_attention in float64 with the additive mask.
 
 timm's MultiQueryAttentionV2 runs on a feature map read as columns, its weights laid out [b, n, h, m]: a dropout left
 on was read only in the columns' layout of the attention, so the rerun never ran (runtrials._dropped now also tries
-the row form's there)."""
+the row form's there). timm's MultiQueryAttention2d with kv_stride downsamples its keys and values, each by a
+strided depthwise Conv2d and a BatchNorm2d of its own: on a feature map those maps were never read as the keys' and
+values' input side, so the reference wanted n_K = n_Q and nothing lined up (keyinputs._maps); and its query map
+reshaped straight to [b, h, n, k] is heads.split_without_permute in the column form (headtrials.trials_split)."""
 
 from __future__ import annotations
 
@@ -138,3 +141,34 @@ def test_mqav2_is_sdpa_and_its_dropout_left_on_is_named(runner):
     init = "dim=32, num_heads=4, key_dim=8, value_dim=8, attn_drop=0.1"
     assert_passes(*run_case(runner, STYLES, "MQAv2", init, ()))
     assert_named(*run_case(runner, STYLES, "MQAv2", f"{init}, bug='dropout_on'", ()), "dropout.left_on")
+
+
+MQA2D_INIT = "dim=32, num_heads=4, key_dim=8, value_dim=8, kv_stride=2"
+
+
+def test_mqa2d_is_sdpa_and_its_plants_change_it():
+    m = styles.MQA2d().double().eval()
+    x = torch.randn(B, D, 4, 6, generator=torch.Generator().manual_seed(444), dtype=torch.float64)
+    with torch.no_grad():
+        q = m.query.proj(x).flatten(2).view(B, H, DH, 24).transpose(-1, -2)  # [B, H, 24, DH]
+        k = m.key.proj(m.key.norm(m.key.down_conv(x))).flatten(2).transpose(1, 2)  # [B, 6, DH]: 2 x 3 positions
+        v = m.value.proj(m.value.norm(m.value.down_conv(x))).flatten(2).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k[:, None].expand(B, H, 6, DH), v[:, None].expand(B, H, 6, DH))
+        want = m.output.proj(o.transpose(1, 2).reshape(B, 4, 6, D).permute(0, 3, 1, 2))
+        assert (m(x) - want).abs().max() < 1e-10
+        for bug in ("query_straight", "scaled_twice"):
+            assert (styles.MQA2d(bug=bug).double().eval()(x) - want).abs().max() > 1e-3, bug
+
+
+def test_mqa2d_keys_and_values_read_from_maps_of_their_own(runner):
+    code, out = run_case(runner, STYLES, "MQA2d", MQA2D_INIT, ("--nq", "24"))
+    assert_passes(code, out)
+    said = [n for n in out["notes"] if n.startswith("your key and value projections (key.proj and value.proj) each "
+                                                     "read a tensor your module makes from its input")]
+    assert said and "n_K = 6 where the input has 24" in said[0], out["notes"]
+
+
+@pytest.mark.parametrize(("bug", "entry"), [("query_straight", "heads.split_without_permute"),
+                                            ("scaled_twice", "scale.twice")])
+def test_mqa2d_plants_are_named(runner, bug, entry):
+    assert_named(*run_case(runner, STYLES, "MQA2d", f"{MQA2D_INIT}, bug={bug!r}", ("--nq", "24")), entry)

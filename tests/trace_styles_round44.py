@@ -11,7 +11,11 @@ softmax.axis), 'scale_both' (k scaled too: scale.twice), 'merge' (`[B, nH, L, Hd
 heads.merge_without_transpose). MQAv2 is timm's `MultiQueryAttentionV2` (MobileNetV4): an NCHW feature map, the
 projections raw Parameters applied by einsum ('bnd,hkd->bnhk', one key head 'bmd,dk->bmk', 'bnhv,dhv->bdn'), the
 weights laid out `[b, n, h, m]`. `bug='dropout_on'`: `F.dropout(attn, p)`, whose training defaults to True
-(dropout.left_on)."""
+(dropout.left_on). MQA2d is timm's `MultiQueryAttention2d` (MobileNetV4 hybrid) with kv_stride=2: 1x1 Conv2d
+projections of an NCHW map, one key and one value head, each of k and v downsampled by its own strided depthwise
+Conv2d and BatchNorm2d first, SDPA broadcasting the one key/value head. `bug=`: 'query_straight' (the projected
+query `[b, h·k, H, W]` reshaped straight to `[b, h, n, k]`, its transpose(-1, -2) left out:
+heads.split_without_permute), 'scaled_twice' (q scaled before SDPA scales it: scale.twice)."""
 
 from __future__ import annotations
 
@@ -128,3 +132,52 @@ class MQAv2(nn.Module):
         result = torch.einsum("bnhv,dhv->bdn", o, self.out_proj)
         result = self.proj_drop(result)
         return result.reshape(b, -1, h, w)
+
+
+class MQA2d(nn.Module):
+    def __init__(self, dim=32, num_heads=4, key_dim=8, value_dim=8, kv_stride=2, dw_kernel_size=3, bug=None):
+        super().__init__()
+        self.num_heads, self.key_dim, self.value_dim, self.bug = num_heads, key_dim, value_dim, bug
+        self.scale = key_dim ** -0.5
+        pad = ((kv_stride - 1) + (dw_kernel_size - 1)) // 2  # timm's get_padding
+        self.query = nn.Sequential()
+        self.query.add_module("proj", nn.Conv2d(dim, num_heads * key_dim, 1, bias=False))
+        for role, width in (("key", key_dim), ("value", value_dim)):
+            branch = nn.Sequential()
+            branch.add_module("down_conv", nn.Conv2d(dim, dim, dw_kernel_size, stride=kv_stride, padding=pad,
+                                                     groups=dim))
+            branch.add_module("norm", nn.BatchNorm2d(dim))
+            branch.add_module("proj", nn.Conv2d(dim, width, 1, bias=False))
+            setattr(self, role, branch)
+        self.output = nn.Sequential()
+        self.output.add_module("proj", nn.Conv2d(value_dim * num_heads, dim, 1, bias=False))
+        _moved(self, 444)
+        g = torch.Generator().manual_seed(445)
+        for norm in (self.key.norm, self.value.norm):  # running statistics of a trained model
+            norm.running_mean.copy_(torch.randn(dim, generator=g) * 0.1)
+            norm.running_var.copy_(torch.rand(dim, generator=g) + 0.5)
+
+    def _reshape_input(self, t):
+        s = t.shape
+        return t.reshape(s[0], s[1], -1).transpose(1, 2).unsqueeze(1).contiguous()
+
+    def _reshape_projected_query(self, t, num_heads, key_dim):
+        s = t.shape
+        if self.bug == "query_straight":
+            return t.reshape(s[0], num_heads, -1, key_dim).contiguous()
+        return t.reshape(s[0], num_heads, key_dim, -1).transpose(-1, -2).contiguous()
+
+    def _reshape_output(self, t, num_heads, h_px, w_px):
+        s = t.shape
+        feat_dim = s[-1] * num_heads
+        return t.transpose(1, 2).reshape(s[0], h_px, w_px, feat_dim).permute(0, 3, 1, 2).contiguous()
+
+    def forward(self, x, attn_mask=None):
+        B, C, H, W = x.shape
+        q = self._reshape_projected_query(self.query(x), self.num_heads, self.key_dim)
+        k = self._reshape_input(self.key(x))
+        v = self._reshape_input(self.value(x))
+        if self.bug == "scaled_twice":
+            q = q * self.scale
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        return self.output(self._reshape_output(o, self.num_heads, H, W))

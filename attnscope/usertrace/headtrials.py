@@ -147,8 +147,10 @@ def trials_split(b: Base) -> Iterator[Trial]:
             # a norm over the whole projection (OLMo 2's), before the split: the view takes the normed projection
             views = {split: b.ref[normed].reshape(shape)}
         else:
-            # [n_batch, n, d_feat] read as [n_batch, n_head, n, d_head]; a function's [n_batch, n, n_head, d] so too
-            source = b.ref[feat] if b.kind == "module" else b.ref[feat].transpose(1, 2).contiguous()
+            # [n_batch, n, d_feat] read as [n_batch, n_head, n, d_head]; a function's [n_batch, n, n_head, d] so too,
+            # and a module's in the column form, [n_batch, d_feat, n] (timm's MultiQueryAttention2d's map without its
+            # transpose(-1, -2))
+            source = b.ref[feat] if b.kind == "module" and not b.col else b.ref[feat].transpose(1, 2).contiguous()
             viewed = source.reshape(shape)
             # a norm of each head's d_head (Persimmon's q_layernorm on [n_batch, n, n_head, d_head] before the view,
             # SD3's norm_q after it): the view keeps each row of d_head whole, so the norm and the view give the
@@ -192,6 +194,12 @@ def _split_trials(b: Base, wrong: dict[str, dict[str, torch.Tensor]]) -> Iterato
                         f"1, 3) (or .transpose(1, 2)) to [n_batch, n_head, {n}, {d}] before the reshape")
             continue
         also = f" ({' and '.join(f'{r}_feat' for r in roles[1:])} split the same way)" if len(roles) > 1 else ""
+        if b.col:  # a map's channels first: [n_batch, d_feat, n] viewed as [n_batch, n_head, n, d_head]
+            yield Trial(steps, f"heads split without the transpose: {{who}} is {roles[0]}_feat [n_batch, d_feat, "
+                        f"{n}] (your columns, a map's channels first) viewed straight as [n_batch, n_head, {n}, "
+                        f"d_head]{also}, so each head's rows mix its channels and positions; view as [n_batch, "
+                        f"n_head, d_head, {n}], then .transpose(-1, -2)")
+            continue
         yield Trial(steps, f"heads split without the transpose: {{who}} is {roles[0]}_feat [n_batch, {n}, d_feat] "
                     f"viewed straight as [n_batch, n_head, {n}, d_head]{also}, so each head holds a run of whole "
                     f"feature rows of several positions, not one slice of every position; view as [n_batch, {n}, "

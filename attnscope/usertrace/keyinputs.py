@@ -43,7 +43,8 @@ def find(records: list[Record], inputs: Inputs, module: Any, held: dict[str, str
     posembed.projections): each role's tensor is the one its projection reads (keys and values swapped in the code
     then stay a mistake of the projections, as the reference finds it)."""
     from attnscope.usertrace.flow import operands
-    if module is None or inputs.own or inputs.layout != "row" or inputs.cache is not None \
+    mapped = inputs.layout == "col" and inputs.grid is not None  # a feature map [n_batch, d_feat, n_h, n_w]
+    if module is None or inputs.own or inputs.layout != "row" and not mapped or inputs.cache is not None \
             or set(inputs.roles.values()) != {"Q"} or len(inputs.roles) != 1:
         return None
     given = next(iter(inputs.roles))
@@ -56,6 +57,8 @@ def find(records: list[Record], inputs: Inputs, module: Any, held: dict[str, str
     (q_call, q_in), (k_call, k_in), (v_call, v_in) = reads  # type: ignore[misc]
     x, names = inputs.tensors[given], set(inputs.tensors)
     roles = _roles(records, (q_call, k_call, v_call))
+    if mapped:
+        return _maps(records, inputs, module, given, roles, (q_call, k_call, v_call), (q_in, k_in, v_in))
     if q_in[0] == "rec" and k_in == ("text", given) and v_in == ("text", given):  # CaiT's self.q(x[:, 0])
         return _selected(records, records[q_in[1]], records[q_call], module, x, names, roles)
     if k_in[0] != "rec" or v_in[0] != "rec":
@@ -84,12 +87,46 @@ def find(records: list[Record], inputs: Inputs, module: Any, held: dict[str, str
                     {role: ops for role, ops in made.items() if ops}, _kept(keys, records, x))
 
 
+def _maps(records: list[Record], inputs: Inputs, module: Any, given: str, roles: frozenset[str] | None,
+          calls: tuple[int, int, int], reads: tuple[tuple[str, Any], ...]) -> KeyInput | None:
+    """A feature map's keys and values read from maps the module makes from it, where the queries read the map
+    itself (timm's MobileNetV4 MultiQueryAttention2d with kv_stride: a strided depthwise Conv2d and a BatchNorm2d for
+    each of k and v before its 1x1 Conv2d): each `[n_batch, d_feat, n_h', n_w']`, its positions in raster order the
+    role's tokens, in the column form's `[n_batch, d_feat, n_K]`. None where they are not so made."""
+    q_in, k_in, v_in = reads
+    if q_in != ("text", given) or k_in[0] != "rec" or v_in[0] != "rec":
+        return None
+    x = inputs.handed()[given]
+    chosen = {"K": records[k_in[1]], "V": records[v_in[1]]}
+    made: dict[str, list[Record]] = {}
+    for role, record in chosen.items():
+        t = record.tensor
+        if not t.is_floating_point() or t.dim() != 4 or x.dim() != 4 or t.shape[:2] != x.shape[:2]:
+            return None
+        texts, parameters = _history(record, records, module, roles)
+        if texts & set(inputs.tensors) != {given} or not parameters:
+            return None  # made by no weight of the module's: the map laid out anew or cut, no input side
+        held = _held(module) | parameters
+        up = sorted(_ancestors(record, records) | {record.index})
+        made[role] = [records[i] for i in up if any(_arg_text(a) in held for a in records[i].args)] or [record]
+    if chosen["K"].tensor.shape[2:] != chosen["V"].tensor.shape[2:]:
+        return None
+    projections = tuple(dict.fromkeys(str(records[c].args[0][1]) for c in calls[1:]))
+    return KeyInput({role: r.tensor.detach().flatten(2) for role, r in chosen.items()}, chosen, projections, made)
+
+
+def _ancestors(record: Record, records: list[Record]) -> set[int]:
+    from attnscope.usertrace.align import ancestors
+
+    return ancestors(record, records)
+
+
 def apply(inputs: Inputs, found: KeyInput) -> bool:
     """`inputs` with the tensors as the reference's key and value (and query) inputs, n_K their length, and the note
     that says so; False (nothing changed) where the reference's mask does not fit that length."""
     if "K" not in found.tensors:
         return _apply_selected(inputs, found)
-    n_K = int(found.tensors["K"].shape[-2])
+    n_K = int(found.tensors["K"].shape[-1 if inputs.layout == "col" else -2])
     mask = inputs.mask
     if mask is not None and mask.dim() >= 1 and mask.shape[-1] not in (1, n_K):
         return False
