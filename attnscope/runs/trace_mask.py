@@ -572,6 +572,8 @@ def _rule_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: I
             o, (target, fn, plan, inputs, module, fed, called), other, shaped, dtype)) is not None), (None, ""))
         if ran is not None and masking.weighs(ran[0].records, other) is not None:
             continue  # multiplied into the softmax's output (XLM's head_mask): a weight per head, no mask of scores
+        if ran is not None and not masking.reads(ran[0].records, other):
+            continue  # never read (a layer_head_mask the code keeps for its signature): the rule would be lost
         if ran is not None:
             held = "the --mask file" if o.mask and other == causal else "the key padding"
             inputs.notes.append(f"{other}: given the {'causal' if o.causal else 'window'} rule {words} beside "
