@@ -115,9 +115,10 @@ def tolerance(reference: torch.Tensor, dtype: torch.dtype | None = None) -> floa
     cast = reference.to(dtype)
     finite = cast[torch.isfinite(cast)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
-    if scale >= -VERY_NEGATIVE and filled(cast) is not None:  # scores masked by a large number added (−10000 +
-        # score): the kept cells' scale (difference meets the masked cells by their sign)
-        small = finite[finite > VERY_NEGATIVE]
+    fills = filled(cast) if scale >= -VERY_NEGATIVE else None
+    if fills is not None:  # scores masked by a large number added (−10000 + score): the kept cells' scale (difference
+        # meets the masked cells by their sign)
+        small = cast[~fills & torch.isfinite(cast)]
         scale = float(small.abs().max()) if small.numel() else 0.0
     value = atol + rtol * scale
     if len(_TOLERANCES_SEEN) < _TOLERANCES_KEPT:
@@ -236,12 +237,12 @@ def difference(user: torch.Tensor, expected: torch.Tensor, skip: torch.Tensor | 
     where the code has none), and `skip` (broadcast to `expected`) left out."""
     user, expected = user.double(), expected.double()
     plain_diff = (user - expected).abs() if skip is None else None
+    fills = filled(expected)
     if plain_diff is not None and plain_diff.numel():
         plain = float(plain_diff.max())
         # nothing infinite or NaN on either side (max carries a NaN through), nothing masked: no rule applies
-        if math.isfinite(plain) and filled(expected) is None:
+        if math.isfinite(plain) and fills is None:
             return plain
-    fills = filled(expected)
     # a masked score: -inf, or a large number added (BERT's −10000 + score, the mask given so), met by any very
     # negative user value
     masked = torch.isneginf(expected) if fills is None else torch.isneginf(expected) | fills

@@ -106,19 +106,11 @@ def _maps(records: list[Record], inputs: Inputs, module: Any, given: str, roles:
         texts, parameters = _history(record, records, module, roles)
         if texts & set(inputs.tensors) != {given} or not parameters:
             return None  # made by no weight of the module's: the map laid out anew or cut, no input side
-        held = _held(module) | parameters
-        up = sorted(_ancestors(record, records) | {record.index})
-        made[role] = [records[i] for i in up if any(_arg_text(a) in held for a in records[i].args)] or [record]
+        made[role] = _making(record, records, module, parameters)
     if chosen["K"].tensor.shape[2:] != chosen["V"].tensor.shape[2:]:
         return None
     projections = tuple(dict.fromkeys(str(records[c].args[0][1]) for c in calls[1:]))
     return KeyInput({role: r.tensor.detach().flatten(2) for role, r in chosen.items()}, chosen, projections, made)
-
-
-def _ancestors(record: Record, records: list[Record]) -> set[int]:
-    from attnscope.usertrace.align import ancestors
-
-    return ancestors(record, records)
 
 
 def apply(inputs: Inputs, found: KeyInput) -> bool:
@@ -212,16 +204,21 @@ def _side(record: Record, records: list[Record], module: Any, x: torch.Tensor, n
     """The ops of the module's weights or the poolings that made `record`, a tensor a projection reads, from the
     input x alone (`record` itself where none is needed: a tensor equal to x's rows); None where `record` is no
     input side (x laid out anew or cut, a projection on the way, another input read)."""
-    from attnscope.usertrace.align import ancestors
-
     texts, parameters = _history(record, records, module, roles)
     if len(texts & names) != 1 or not _batched(record.tensor, x):
         return None
     if not parameters and (record.tensor.shape[-2] == x.shape[-2] or not _pooled(record, records)):
         return None  # made by no weight of the module's and no pooling: x laid out anew or cut, no input side
-    held = _held(module)
+    return _making(record, records, module, parameters)
+
+
+def _making(record: Record, records: list[Record], module: Any, parameters: set[str]) -> list[Record]:
+    """The ops that made `record` with the module's weights (`parameters`: also the Linear layers over the input's
+    tokens, _history) or a pooling; `record` itself where none did."""
+    from attnscope.usertrace.align import ancestors
+
+    held = _held(module) | parameters
     up = sorted(ancestors(record, records) | {record.index})
-    held |= parameters  # the Linear layers over the input's tokens (_history)
     return [records[i] for i in up if any(_arg_text(a) in held for a in records[i].args)
             or any(word in records[i].func for word in POOLING)] or [record]
 

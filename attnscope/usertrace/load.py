@@ -63,23 +63,6 @@ TABLE_NAMES = ("cos", "sin", "freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_
                "rotary_pos_emb_list")  # the last Qwen-1's: a list of one pair (cos, sin), each [1, n, 1, d_head]
 # Those of one angle a pair, laid out for no pairing: the code pairs its coordinates as it will
 PAIR_TABLES = ("freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_emb")
-
-
-def table_kind(name: str) -> str | None:
-    """Which of TABLE_NAMES a parameter named `name` is, lower case; also the names other code gives them: `cis`
-    as a word is Meta's complex table (lingua's `freq_cis`, minimind's `pos_cis`), as is a complex one of
-    frequencies (Umar Jamil's `freqs_complex`); frequencies' `cos` or `sin` llama2.c's two real tables (`freq_cos`).
-    None where the name is no table's."""
-    lower = name.lower()
-    if lower in TABLE_NAMES:
-        return lower
-    words = lower.split("_")
-    freqs = any(w.startswith("freq") for w in words)
-    if "cis" in words or (freqs and "complex" in words):
-        return "freqs_cis"
-    if freqs and len(words) > 1 and words[-1] in ("cos", "sin"):
-        return f"freqs_{words[-1]}"
-    return None
 # Constructor arguments filled from --d-feat / --heads when --init does not give them.
 D_FEAT_NAMES = ("d_feat", "d_model", "embed_dim", "hidden_size", "dim", "d_embed", "n_embd", "model_dim",
                 "emb_dim", "hidden_dim", "d", "n_feat", "size")
@@ -694,6 +677,23 @@ def names_parameter(path: Path, line: int | None, names: list[str]) -> str | Non
         return None
     text = " ".join(linecache.getline(str(path), n) for n in range(max(1, line - 2), line + 1))
     return next((name for name in names if re.search(rf"\b{re.escape(name)}\b", text)), None)
+
+
+def table_kind(name: str) -> str | None:
+    """Which of TABLE_NAMES a parameter named `name` is, lower case; also the names other code gives them: `cis`
+    as a word is Meta's complex table (lingua's `freq_cis`, minimind's `pos_cis`), as is a complex one of
+    frequencies (Umar Jamil's `freqs_complex`); frequencies' `cos` or `sin` llama2.c's two real tables (`freq_cos`).
+    None where the name is no table's."""
+    lower = name.lower()
+    if lower in TABLE_NAMES:
+        return lower
+    words = lower.split("_")
+    freqs = any(w.startswith("freq") for w in words)
+    if "cis" in words or (freqs and "complex" in words):
+        return "freqs_cis"
+    if freqs and len(words) > 1 and words[-1] in ("cos", "sin"):
+        return f"freqs_{words[-1]}"
+    return None
 
 
 def is_mask(name: str, default: Any = None) -> bool:

@@ -379,8 +379,7 @@ def code_masked(b: Base) -> torch.Tensor | None:
     the masked cells finite (old GPT-2's causal −10000 and padding −10000 added, −20000 where both mask), or up to a
     constant per query row (torchaudio's wav2vec2 takes each row's max out first): a softmax over another axis of
     those is not one of the reference's masked scores; None elsewhere."""
-    from attnscope.usertrace.align import compare, row_spread, tolerance
-    from attnscope.usertrace.rerun import _tol, record_holding
+    from attnscope.usertrace.align import best_equal, row_spread, tolerance
 
     if b.allowed is None:
         return None
@@ -394,12 +393,11 @@ def code_masked(b: Base) -> torch.Tensor | None:
         spread = row_spread(theirs, b.ref["masked_scores"], -1)
         if spread is not None and spread <= tolerance(kept, given.dtype) and bool(torch.isfinite(theirs).all()):
             return theirs
-    record = record_holding(b.ctx.records, wanted, None, "", b.sums)  # else the masked scores the code holds
-    if record is None:
+    held = best_equal(b.ctx.records, wanted, None)  # else the masked scores the code holds
+    if held is None:
         return None
-    matches = compare(record, wanted, None, tol=_tol(wanted, record.tensor.dtype))
-    own = back_row(b, matches[0].layout.undo(record.tensor, tuple(wanted.shape)).double()) if matches else None
-    if own is None or own.shape != b.allowed.shape or not bool(torch.isfinite(own[~b.allowed]).all()):
+    own = back_row(b, held.layout.undo(held.record.tensor, tuple(wanted.shape)).double())
+    if own.shape != b.allowed.shape or not bool(torch.isfinite(own[~b.allowed]).all()):
         return None
     return own
 
