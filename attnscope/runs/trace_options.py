@@ -31,7 +31,6 @@ class TraceOptions(InputOptions):
     force: bool = False
     rope_pairing: str | None = None  # "half-split" (default) or "interleaved" (Meta's view_as_complex, GPT-J)
     alibi: bool = False  # the reference adds ALiBi's bias (BLOOM's)
-    position_bias: str | None = None  # a file: a float tensor the reference adds to the scores (T5's)
     qk_norm: str | None = None  # "head" or "proj": the reference's RMSNorm of Q and K, the user's norm weights
     scale: float | None = None  # the scores' scale, for 1/sqrt(d_head)
     softcap: float | None = None  # the scores capped, C · tanh(scores / C), before the mask (Gemma 2's 50)

@@ -91,6 +91,9 @@ def feeds(plan: Plan, inputs: Inputs, rope_base: float | None, pairing: str = "h
                              "ALiBi's")
         out.values[plan.bias] = position_bias
         if position_bias is not None:
+            from attnscope.usertrace import biasfile
+
+            biasfile.check(position_bias, sizes)  # before the code meets it
             bias = position_bias.to(next(iter(inputs.tensors.values())).dtype)
             out.values[plan.bias] = bias
             out.steps.append((plan.bias, bias, (*("?",) * (bias.dim() - 2), "n_Q", "n_K"),

@@ -46,6 +46,8 @@ class InputOptions:
     k: str | None = None
     v: str | None = None
     mask: str | None = None
+    # a file: a float tensor the reference adds to the scores (T5's), or a relative key table (biasfile.py)
+    position_bias: str | None = None
     causal: str | None = None
     window: int | None = None
     window_side: str = "left"  # "both": |i - j| <= window // 2, no causal mask (a bidirectional local window)
@@ -484,12 +486,17 @@ def _file_sizes(o: InputOptions, self_attention: bool, is_module: bool) -> dict[
     not the queries' (query, key and value given apart), else n_Q (self-attention without a cache); n_batch its
     first axis, for a 4-D file (a 3-D one before a module's or a function's headless scores), and for a 2-D file
     of self-attention whose rows are not its columns (key padding [n_batch, n_K]). An axis of 1 is shared and says
-    nothing."""
-    if not o.mask or o.q:
+    nothing. Then those a --position-bias file says that the mask's do not (biasfile.sizes)."""
+    if o.q or not (o.mask or o.position_bias):
         return {}
     from attnscope import masks
     from attnscope.tensors import load_tensor
+    from attnscope.usertrace import biasfile
 
+    biased = biasfile.sizes(tuple(int(s) for s in load_tensor(o.position_bias).shape), self_attention, o.cache,
+                            o.batch is not None) if o.position_bias else {}
+    if not o.mask:
+        return biased
     shape = masks.normalize(load_tensor(o.mask)).shape
     found: dict[str, int] = {}
     if shape and shape[-1] > 1 and not o.cache:
@@ -503,7 +510,7 @@ def _file_sizes(o: InputOptions, self_attention: bool, is_module: bool) -> dict[
         self_attention or (o.nq or 0) != shape[0])
     if o.batch is None and (batched or padding) and shape[0] > 1:
         found["n_batch"] = int(shape[0])
-    return found
+    return biased | found  # the mask's sizes first
 
 
 def _group(fixed: dict[str, int], extra: dict[str, int]) -> tuple[int, ...]:
