@@ -48,9 +48,13 @@ def trials_alibi_slopes(b: Base) -> Iterator[Trial]:
     slopes, offset = parts
     n_head = slopes.numel()
     said = ", ".join(f"{m:.4g}" for m in slopes.tolist())
+    pow2 = n_head & (n_head - 1) == 0
     others = [("in reverse head order", slopes.flip(0)),
               ("2^(-8 h / n_head) counted from h = 0", torch.tensor([2 ** (-8 * h / n_head) for h in range(n_head)],
                                                                       dtype=torch.float64)),
+              *([] if pow2 else [(f"2^(-8 h / n_head), h = 1 to {n_head}: the rule for a power of 2 heads",
+                                  torch.tensor([2 ** (-8 * (h + 1) / n_head) for h in range(n_head)],
+                                               dtype=torch.float64))]),
               ("2^(-h), without the 8 / n_head", torch.tensor([2.0 ** -(h + 1) for h in range(n_head)],
                                                                dtype=torch.float64)),
               ("all 1", torch.ones(n_head, dtype=torch.float64))]
@@ -60,7 +64,17 @@ def trials_alibi_slopes(b: Base) -> Iterator[Trial]:
         mine = ", ".join(f"{x:.4g}" for x in m.tolist())
         yield Trial(replay(b, bias=_alibi_bias(b, m, offset)), f"ALiBi's slopes are wrong: {{who}} is what the "
                     f"reference computes with slopes {mine} ({how}), which are not ALiBi's for {n_head} heads "
-                    f"({said}: 2^(-8 h / n_head), h = 1 to n_head)")
+                    f"({said}: {_rule(n_head)})")
+
+
+def _rule(n_head: int) -> str:
+    """ALiBi's slopes in words, as BLOOM's build_alibi_tensor makes them: 2^(-8 h / n) for a power of 2 heads, else
+    those of the power of 2 below, then every other slope of the power of 2 above."""
+    if n_head & (n_head - 1) == 0:
+        return "2^(-8 h / n_head), h = 1 to n_head"
+    m = 1 << (n_head.bit_length() - 1)
+    return (f"2^(-8 h / {m}), h = 1 to {m}, {m} the power of 2 below n_head, then 2^(-4 h / {m}) for odd h = 1 "
+            f"to {2 * (n_head - m) - 1}")
 
 
 def _fit(b: Base, offset: int) -> torch.Tensor | None:

@@ -75,13 +75,28 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
 
             found = by_pair(step, base)
     if found is not None:
-        return found
+        return _shown_at_likeliest(found, ranked)
     found = _read_off(step, ctx, ranked)
     if base is not None and found.evidence is None and "none of the usual causes fits" not in found.text:
         # no tensor of the step's shape (online softmax over blocks): no numbers of it to read off
         read = f"read off {step}'s numbers alone; " if ranked else "your output differs, and "
         found.evidence = f"not by experiment: {read}no one mistake of trace's catalog, rerun on the reference, gives " \
             "back your output"
+    return found
+
+
+def _shown_at_likeliest(found: Diagnosis, ranked: list[Match]) -> Diagnosis:
+    """`found`, said of the likeliest tensor for the step (ranked first: where the step stands in the code's data
+    flow) where that holds the very numbers of the tensor the experiment found, the earliest: of two tensors alike
+    (`value_states = self.k_proj(x)` beside `key_states = self.k_proj(x)`), the one the code goes on from."""
+    near = ranked[0].record if ranked else None
+    if near is None or found.record is None or near is found.record or found.reword is None or found.step:
+        return found
+    mine, theirs = found.record.tensor, near.tensor
+    if mine.shape != theirs.shape or mine.dtype != theirs.dtype or not torch.equal(mine, theirs):
+        return found
+    found.text, found.evidence = found.reword(near)
+    found.record = near
     return found
 
 
@@ -207,7 +222,7 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
         who = label_of(record) if record is not None else label_of(final)
         gives = label_of(final) if record is None or final is record else f"{who} and {label_of(final)}"
         detail = f"{trial.detail.format(who=who)}; " if trial.detail else ""
-        return trial.words.format(who=who), f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
+        return trial.said(step).format(who=who), f"by experiment: {detail}{SAYS_RERUN.format(gives=gives)}"
 
     text, evidence = words(found.record)
     earlier = found.earliest if found.earliest is not None and found.earliest[0] != step else None

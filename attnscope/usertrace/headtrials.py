@@ -3,6 +3,7 @@ by a view without the transpose."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 
@@ -183,24 +184,32 @@ def _split_trials(b: Base, wrong: dict[str, dict[str, torch.Tensor]]) -> Iterato
         if b.kind != "module":  # a function's split is its q itself, or what RoPE then turns
             splits = {name: t for name, t in splits.items() if b.names[changes[name][0]] != name}
         steps = {**replay(b, **changed), **splits}  # type: ignore[arg-type]
-        n = "n_Q" if roles[0] == "Q" else "n_K"
-        if b.kind != "module":
-            d = "d_V" if roles[0] == "V" else "d_K"
-            also = f" ({' and '.join(roles[1:])} split the same way)" if len(roles) > 1 else ""
-            yield Trial(steps, f"heads split without the transpose: {{who}} is what the reference computes with "
-                        f"{roles[0]} as your code takes it, [n_batch, {n}, n_head, {d}], reshaped straight to "
-                        f"[n_batch·n_head, {n}, {d}] or viewed as [n_batch, n_head, {n}, {d}]{also}, so each head "
-                        f"holds a run of positions of several heads, not one head of every position; .permute(0, 2, "
-                        f"1, 3) (or .transpose(1, 2)) to [n_batch, n_head, {n}, {d}] before the reshape")
-            continue
-        also = f" ({' and '.join(f'{r}_feat' for r in roles[1:])} split the same way)" if len(roles) > 1 else ""
-        if b.col:  # a map's channels first: [n_batch, d_feat, n] viewed as [n_batch, n_head, n, d_head]
-            yield Trial(steps, f"heads split without the transpose: {{who}} is {roles[0]}_feat [n_batch, d_feat, "
-                        f"{n}] (your columns, a map's channels first) viewed straight as [n_batch, n_head, {n}, "
-                        f"d_head]{also}, so each head's rows mix its channels and positions; view as [n_batch, "
-                        f"n_head, d_head, {n}], then .transpose(-1, -2)")
-            continue
-        yield Trial(steps, f"heads split without the transpose: {{who}} is {roles[0]}_feat [n_batch, {n}, d_feat] "
-                    f"viewed straight as [n_batch, n_head, {n}, d_head]{also}, so each head holds a run of whole "
-                    f"feature rows of several positions, not one slice of every position; view as [n_batch, {n}, "
-                    "n_head, d_head], then .transpose(1, 2)")
+        yield Trial(steps, _split_words(b, roles), lead=functools.partial(_split_led, b, roles))
+
+
+def _split_led(b: Base, roles: list[str], step: str) -> str:
+    """_split_words with the diverged step's role named first (Whisper's keys split before its queries)."""
+    first = step[:1]
+    return _split_words(b, [first, *(r for r in roles if r != first)] if first in roles else roles)
+
+
+def _split_words(b: Base, roles: list[str]) -> str:
+    n = "n_Q" if roles[0] == "Q" else "n_K"
+    if b.kind != "module":
+        d = "d_V" if roles[0] == "V" else "d_K"
+        also = f" ({' and '.join(roles[1:])} split the same way)" if len(roles) > 1 else ""
+        return (f"heads split without the transpose: {{who}} is what the reference computes with "
+                f"{roles[0]} as your code takes it, [n_batch, {n}, n_head, {d}], reshaped straight to "
+                f"[n_batch·n_head, {n}, {d}] or viewed as [n_batch, n_head, {n}, {d}]{also}, so each head "
+                f"holds a run of positions of several heads, not one head of every position; .permute(0, 2, "
+                f"1, 3) (or .transpose(1, 2)) to [n_batch, n_head, {n}, {d}] before the reshape")
+    also = f" ({' and '.join(f'{r}_feat' for r in roles[1:])} split the same way)" if len(roles) > 1 else ""
+    if b.col:  # a map's channels first: [n_batch, d_feat, n] viewed as [n_batch, n_head, n, d_head]
+        return (f"heads split without the transpose: {{who}} is {roles[0]}_feat [n_batch, d_feat, "
+                f"{n}] (your columns, a map's channels first) viewed straight as [n_batch, n_head, {n}, "
+                f"d_head]{also}, so each head's rows mix its channels and positions; view as [n_batch, "
+                f"n_head, d_head, {n}], then .transpose(-1, -2)")
+    return (f"heads split without the transpose: {{who}} is {roles[0]}_feat [n_batch, {n}, d_feat] "
+            f"viewed straight as [n_batch, n_head, {n}, d_head]{also}, so each head holds a run of whole "
+            f"feature rows of several positions, not one slice of every position; view as [n_batch, {n}, "
+            "n_head, d_head], then .transpose(1, 2)")

@@ -25,6 +25,13 @@ class Trial:
     fits: Callable[[Base, Reproduced], bool] | None = None
     tol: str = ""
     detail: str = ""  # what the rerun changed, where the words name the mistake otherwise (a scale's ratio)
+    # the words led by the reference step where the code diverged ("K_split": the keys' split named first, where the
+    # mistake is made in several roles alike); None: `words` wherever it diverged
+    lead: Callable[[str], str] | None = None
+
+    def said(self, step: str | None) -> str:
+        """The words, led by the diverged `step` where they can be."""
+        return self.lead(step) if self.lead is not None and step is not None else self.words
 
 
 @dataclass(frozen=True)
