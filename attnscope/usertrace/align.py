@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 TOLERANCES = {torch.float64: (1e-10, 1e-7), torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 2e-3),
               torch.bfloat16: (2e-2, 2e-2)}
 VERY_NEGATIVE = -1e3  # a user's masked score: -1e9, BERT's -10000 + score or -inf all stand for the reference's -inf
+# a user's value past any number attention computes: what a finite fill (finfo.min) becomes where the reference's -inf
+# makes inf or NaN (finfo.min times a value, then summed: GPTBigCode's weights filled after the softmax)
+OVERFLOWED = 1e30
 MAX_PERMUTED_RANK = 6
 
 
@@ -234,7 +237,8 @@ def _merges_into(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
 def difference(user: torch.Tensor, expected: torch.Tensor, skip: torch.Tensor | None = None) -> float:
     """max |user - expected|, with -inf in `expected` met by any very negative user value (a masked score
     written as -1e9), NaN by NaN or ±inf (an inf the reference's identity output projection turned into NaN, inf · 0,
-    where the code has none), and `skip` (broadcast to `expected`) left out."""
+    where the code has none) or by a value past OVERFLOWED, ±inf by an inf or such a value of its sign (the code's
+    finite fill where the reference has -inf, carried on), and `skip` (broadcast to `expected`) left out."""
     user, expected = user.double(), expected.double()
     plain_diff = (user - expected).abs() if skip is None else None
     fills = filled(expected)
@@ -246,8 +250,9 @@ def difference(user: torch.Tensor, expected: torch.Tensor, skip: torch.Tensor | 
     # a masked score: -inf, or a large number added (BERT's −10000 + score, the mask given so), met by any very
     # negative user value
     masked = torch.isneginf(expected) if fills is None else torch.isneginf(expected) | fills
-    agree = (masked & (user <= VERY_NEGATIVE)) | (torch.isnan(expected) & ~torch.isfinite(user)) | (
-        torch.isinf(expected) & (user == expected))
+    huge = ~torch.isfinite(user) | (user.abs() >= OVERFLOWED)
+    agree = (masked & (user <= VERY_NEGATIVE)) | (torch.isnan(expected) & huge) | (
+        torch.isinf(expected) & ((user == expected) | (huge & (user.sign() == expected.sign()))))
     if skip is not None:
         agree = agree | skip
     diff = torch.where(agree, torch.zeros_like(user), (user - expected).abs())

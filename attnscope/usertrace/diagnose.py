@@ -43,9 +43,9 @@ FUSED_AFTER = {"biased_scores": ("masked_scores",), "Q_normed": ("Q_rot",), "K_n
 HELD_LATER = {"scores": ("biased_scores", "masked_scores")}
 
 
-def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
+def diagnose(step: str, ctx: Context, ranked: list[Match], others: frozenset[int] = frozenset()) -> Diagnosis:
     """The catalog's experiments first (by_experiment); where none reproduces the user's tensors, the causes read
-    off the diverging step's numbers, saying so."""
+    off the diverging step's numbers, saying so. `others`: the code's tensors the line-up holds for other steps."""
     from attnscope.tensors.threads import one_thread
     from attnscope.usertrace.halfprec import in_code_dtype
     from attnscope.usertrace.rerun import build
@@ -75,7 +75,7 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
 
             found = by_pair(step, base)
     if found is not None:
-        return _shown_at_likeliest(found, ranked)
+        return _shown_at_likeliest(found, ranked, others)
     found = _read_off(step, ctx, ranked)
     if base is not None and found.evidence is None and "none of the usual causes fits" not in found.text:
         # no tensor of the step's shape (online softmax over blocks): no numbers of it to read off
@@ -85,12 +85,15 @@ def diagnose(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:
     return found
 
 
-def _shown_at_likeliest(found: Diagnosis, ranked: list[Match]) -> Diagnosis:
+def _shown_at_likeliest(found: Diagnosis, ranked: list[Match], others: frozenset[int]) -> Diagnosis:
     """`found`, said of the likeliest tensor for the step (ranked first: where the step stands in the code's data
-    flow) where that holds the very numbers of the tensor the experiment found, the earliest: of two tensors alike
-    (`value_states = self.k_proj(x)` beside `key_states = self.k_proj(x)`), the one the code goes on from."""
+    flow), where the tensor the experiment found, the earliest of the same numbers, is one the line-up holds for
+    another step (`others`) and the likeliest holds those very numbers: of `value_states = self.k_proj(x)` beside
+    `key_states = self.k_proj(x)`, the values are shown at value_states, not at the keys' tensor."""
     near = ranked[0].record if ranked else None
-    if near is None or found.record is None or near is found.record or found.reword is None or found.step:
+    if near is None or found.record is None or near is found.record or found.reword is None or found.step \
+            or found.record.index not in others or near.index in others \
+            or (_named(found.record) and not _named(near)):  # a tensor the code names before a nameless one
         return found
     mine, theirs = found.record.tensor, near.tensor
     if mine.shape != theirs.shape or mine.dtype != theirs.dtype or not torch.equal(mine, theirs):
@@ -98,6 +101,11 @@ def _shown_at_likeliest(found: Diagnosis, ranked: list[Match]) -> Diagnosis:
     found.text, found.evidence = found.reword(near)
     found.record = near
     return found
+
+
+def _named(record: Record) -> bool:
+    """Whether the code gave the tensor a name of its own (not trace's `#15`)."""
+    return any(not name.startswith("#") for name in record.names)
 
 
 def _read_off(step: str, ctx: Context, ranked: list[Match]) -> Diagnosis:

@@ -199,7 +199,11 @@ def trials_values_from_keys(b: Base) -> Iterator[Trial]:
     if read_rope(b) is not None and plain_k is not None:
         yield Trial(_keys_projected(b, replay(b, v_new=plain_k)), words.replace("{how}", " before RoPE"))
     unnormed = b.ref.get("K_split")  # the keys as projected, before a qk-norm (Cohere's v from k_proj, unnormed)
-    if "K_normed" in b.ref and unnormed is not None and unnormed.shape == b.v_new.shape:
+    feat, normed = b.ref.get("K_feat"), b.ref.get("K_normed")
+    if feat is not None and normed is not None and normed.shape == feat.shape:  # OLMo 2's norm over the whole
+        # projection, before the split: K_split is split from the normed keys; the projection's, split as V is
+        unnormed = heads_of(feat, b.v_new, b.strided)
+    if normed is not None and unnormed is not None and unnormed.shape == b.v_new.shape:
         yield Trial(_keys_projected(b, replay(b, v_new=unnormed)), words.replace(
             "{how}", " as projected, before the qk-norm"))
     yield from _value_input_by_keys(b)

@@ -95,6 +95,12 @@ def trials_after_softmax(b: Base) -> Iterator[Trial]:
                     "{who} is what the reference computes with the unmasked scores softmaxed and the masked weights "
                     "then set to 0, so each row no longer sums to 1 and the allowed keys keep the weight the masked "
                     "ones took from them; mask the scores (masked_fill(~mask, -inf)) before the softmax")
+        # the masked weights filled after the softmax with a finite number (GPTBigCode's torch.where(mask, w,
+        # finfo.min) moved below it): the same numbers as the -inf added, the code's own op in the words
+        yield Trial(replay(b, mask="added after", allowed=after, before=before), f"{part} is applied after the "
+                    "softmax: {who} is what the reference computes with the unmasked scores softmaxed and the masked "
+                    "weights then filled with a very negative number, as your code fills them, so the output is inf "
+                    "or NaN; fill the scores before the softmax", fits=_filled_after)
         yield Trial(replay(b, mask="added after", allowed=after, before=before), f"{part} is added after the softmax: "
                     "{who} is what the reference computes with the unmasked scores softmaxed and the additive mask "
                     "(0 / -inf) then added to the weights, so every masked weight is -inf and the output NaN; add the "
@@ -105,6 +111,18 @@ def trials_after_softmax(b: Base) -> Iterator[Trial]:
                     "the reference computes with the unmasked scores softmaxed and the additive mask then added to "
                     "the weights, so every masked weight is very negative; add the mask to the scores before the "
                     "softmax")
+
+
+def _filled_after(b: Base, r: Reproduced) -> bool:
+    """Whether the code fills some of its softmax's weights with a very negative number (`torch.where(mask, w,
+    finfo.min)`, `masked_fill`), not adds a mask to them."""
+    from attnscope.usertrace.align import VERY_NEGATIVE
+    from attnscope.usertrace.record import SOFTMAXES
+
+    records = b.ctx.records
+    return any(rec.func in ("where", "masked_fill", "masked_fill_") and bool((rec.tensor <= VERY_NEGATIVE).any())
+               and any(0 <= i < len(records) and records[i].func in SOFTMAXES for i in rec.parents)
+               for rec in records if rec.tensor.is_floating_point())
 
 
 def _finite_mask(b: Base) -> torch.Tensor | None:
