@@ -67,8 +67,10 @@ PAIR_TABLES = ("freqs_cis", "freqs_cos", "freqs_sin", "rotary_pos_emb")
 D_FEAT_NAMES = ("d_feat", "d_model", "embed_dim", "hidden_size", "dim", "d_embed", "n_embd", "model_dim",
                 "emb_dim", "hidden_dim", "d", "n_feat", "size")
 HEAD_NAMES = ("n_head", "n_heads", "num_heads", "heads", "h", "nhead", "num_attention_heads", "head_count")
-LOCAL_HEAD_NAMES = ("n_local_heads", "num_local_heads", "n_q_heads", "num_q_heads")  # Meta's, tensor-parallel
-HEAD_DIM_NAMES = ("head_dim", "d_head", "head_size", "d_k", "dim_head", "attention_head_size")
+# Meta's, tensor-parallel; Megatron-LM's and ChatGLM's num_attention_heads_per_partition
+LOCAL_HEAD_NAMES = ("n_local_heads", "num_local_heads", "n_q_heads", "num_q_heads", "num_attention_heads_per_partition")
+HEAD_DIM_NAMES = ("head_dim", "d_head", "head_size", "d_k", "dim_head", "attention_head_size",
+                  "hidden_size_per_attention_head")  # the last Megatron-LM's and ChatGLM's
 CONFIG_NAMES = ("config", "args", "params", "cfg")  # where a module keeps the config it was built from
 # What a memory parameter of cross-attention is called when it defaults to None (Stable Diffusion's
 # `forward(x, context=None)`, `context = default(context, x)`): fed when the keys read another width than the queries.
