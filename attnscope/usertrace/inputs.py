@@ -493,8 +493,8 @@ def _file_sizes(o: InputOptions, self_attention: bool, is_module: bool) -> dict[
     from attnscope.tensors import load_tensor
     from attnscope.usertrace import biasfile
 
-    biased = biasfile.sizes(tuple(int(s) for s in load_tensor(o.position_bias).shape), self_attention, o.cache,
-                            o.batch is not None) if o.position_bias else {}
+    biased = biasfile.sizes(tuple(int(s) for s in load_tensor(o.position_bias, meta=True).shape), self_attention,
+                            o.cache, o.batch is not None) if o.position_bias else {}  # its header: the shape alone
     if not o.mask:
         return biased
     shape = masks.normalize(load_tensor(o.mask)).shape

@@ -96,12 +96,13 @@ def trials_after_softmax(b: Base) -> Iterator[Trial]:
                     "then set to 0, so each row no longer sums to 1 and the allowed keys keep the weight the masked "
                     "ones took from them; mask the scores (masked_fill(~mask, -inf)) before the softmax")
         # the masked weights filled after the softmax with a finite number (GPTBigCode's torch.where(mask, w,
-        # finfo.min) moved below it): the same numbers as the -inf added, the code's own op in the words
-        yield Trial(replay(b, mask="added after", allowed=after, before=before), f"{part} is applied after the "
-                    "softmax: {who} is what the reference computes with the unmasked scores softmaxed and the masked "
-                    "weights then filled with a very negative number, as your code fills them, so the output is inf "
-                    "or NaN; fill the scores before the softmax", fits=_filled_after)
-        yield Trial(replay(b, mask="added after", allowed=after, before=before), f"{part} is added after the softmax: "
+        # finfo.min) moved below it): the same numbers as the -inf added, one rerun, the code's own op in the words
+        minus_inf = replay(b, mask="added after", allowed=after, before=before)
+        yield Trial(minus_inf, f"{part} is applied after the softmax: {{who}} is what the reference computes with the "
+                    "unmasked scores softmaxed and the masked weights then filled with a very negative number, as your "
+                    "code fills them, so the output is inf or NaN; fill the scores before the softmax",
+                    fits=_filled_after)
+        yield Trial(minus_inf, f"{part} is added after the softmax: "
                     "{who} is what the reference computes with the unmasked scores softmaxed and the additive mask "
                     "(0 / -inf) then added to the weights, so every masked weight is -inf and the output NaN; add the "
                     "mask to the scores before the softmax")
@@ -120,9 +121,9 @@ def _filled_after(b: Base, r: Reproduced) -> bool:
     from attnscope.usertrace.record import SOFTMAXES
 
     records = b.ctx.records
-    return any(rec.func in ("where", "masked_fill", "masked_fill_") and bool((rec.tensor <= VERY_NEGATIVE).any())
+    return any(rec.func in ("where", "masked_fill", "masked_fill_") and rec.tensor.is_floating_point()
                and any(0 <= i < len(records) and records[i].func in SOFTMAXES for i in rec.parents)
-               for rec in records if rec.tensor.is_floating_point())
+               and bool((rec.tensor <= VERY_NEGATIVE).any()) for rec in records)
 
 
 def _finite_mask(b: Base) -> torch.Tensor | None:

@@ -112,8 +112,7 @@ def line_up_under(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[
     if rounded is not None:  # the code's float16 by design: its rounding, not a mistake (halfprec.py)
         out.notes.append(rounded)
         return out
-    found = diagnose(first.reference, ctx, ranked, frozenset(
-        row.record.index for row in out.rows if row is not first and row.record is not None and row.status in ALIGNED))
+    found = diagnose(first.reference, ctx, ranked, used)  # `used`: the tensors the line-up holds for other steps
     later = next((row for row in out.rows if row.reference == found.step), None) if found.step else None
     if later is not None:  # the code never holds the first step (it masks before it scales): the later one diverges
         first.status, first.record, first.max_abs_diff, first.layout = "unseen", None, None, ""
