@@ -175,7 +175,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         # goes to another one (its attn_mask [n_Q, n_K]), in the convention that one reads
         called, plan, fed = _rule_beside(o, target, fn, plan, inputs, module, fed, called, convention)
     if not keys_only:  # key padding holds no causal or window rule that could hide the code's own
-        called = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
+        called, convention = _own_mask(o, target, fn, plan, inputs, module, fed, called, convention)
         called, plan, fed = _padding_beside(o, target, fn, plan, inputs, module, fed, called)
     # the mask parameter's words read with the other one's mask kept beside it (the plan and feeds it ran with)
     called, convention = _as_stated(o, target, fn, plan, inputs, module, fed, called, convention)
@@ -707,7 +707,7 @@ def _padding_as_stated(o: TraceOptions, run: tuple[Target, Any, Inputs, Any], ra
 
 
 def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, fed: Feeds,
-              called: Called, convention: Convention) -> Called:
+              called: Called, convention: Convention) -> tuple[Called, Convention]:
     """A code that masks by itself (a causal buffer, a tril of any diagonal, is_causal) and takes a mask as well
     gets one that masks nothing (the key padding alone, where the reference's mask pads keys no query may see: a
     --mask file's), so that trace's mask never hides the code's own: the reference's mask is then compared with the
@@ -715,7 +715,8 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     exactly 0, or its scores still meet a boolean or 0/1 mask of the positions alone (masking.own_mask_op: GPT-Neo's
     buffer multiplied into them, or filled with 0, which trace's rule would mask again). Where it masks the window's
     far keys alone it takes the causal part from its caller (_rule_left_over); where it masks the causal part, the
-    window is its own to mask too."""
+    window is its own to mask too; where it masks by itself only on a mask given as key padding (_keys_form), it is
+    given the key padding in that shape, in the convention that run kept to."""
     import torch
 
     from attnscope.usertrace import masking
@@ -723,14 +724,14 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
 
     allowed = inputs.allowed
     if called.failure is not None or allowed is None or allowed.dtype != torch.bool or bool(allowed.all()):
-        return called
+        return called, convention
     dtype = next(iter(inputs.tensors.values())).dtype
 
-    def given(mask: Any) -> Called:
-        """The code run again, from the same seed, handed `mask` written in its own convention."""
+    def given(mask: Any, kind: str | None = None) -> Called:
+        """The code run again, from the same seed, handed `mask` written in its own convention (or `kind`)."""
         torch.manual_seed(o.seed)
         return call(target, fn, plan, inputs, module, o.max_memory,
-                    masking.written(mask, convention.kind, dtype, convention.line), fed)
+                    masking.written(mask, kind or convention.kind, dtype, convention.line), fed)
 
     everything = torch.ones_like(allowed)
     tried = given(everything)
@@ -742,9 +743,18 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
     pattern = (inputs.sizes.get("n_Q", 0), inputs.sizes.get("n_K", 0))
     applied = masking.own_mask_op(tried.records, set(inputs.tensors), plan.mask or "", pattern) \
         if own is None and well else None
+    flat = _keys_form(o, inputs, called, given, convention.kind, plan.mask or "mask") \
+        if own is None and applied is None else None
+    if flat is not None:  # its own rule on another branch, reached by the key padding's shape alone
+        allowed, everything, tried, own, kind = flat
+        if kind != convention.kind:  # at the op that run's reading ends at
+            read = masking.detect(tried.records, None, plan.mask or "mask")
+            convention = masking.Convention(kind, read.line, "given key padding [n_batch, n_K], found by experiment")
+            given = functools.partial(given, kind=kind)
     if own is None and applied is None:
-        return _unapplied(tried, called, module, pattern, plan.mask or "", inputs, given) if well else called
-    rest = _rule_left_over(o, inputs, own) if own is not None else None
+        return (_unapplied(tried, called, module, pattern, plan.mask or "", inputs, given) if well else called,
+                convention)
+    rest = _rule_left_over(o, inputs, own) if own is not None and flat is None else None
     if own is not None and rest is not None:  # it masks one part of the rule itself, merged into the mask it is given
         part, mine, theirs = rest
         again = given(part)
@@ -754,12 +764,12 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
                                 f"masked by {plan.mask}) and takes the rest of the rule from {plan.mask}: it was "
                                 f"given {theirs} alone, so that trace's mask never hides yours; the reference's mask "
                                 "is compared with the two together")
-            return again
+            return again, convention
     how = f"masks by itself (line {own.line}: weights of exactly 0" if own is not None else \
         f"applies a mask of its own to its scores (line {cast('Record', applied).line}: a boolean or 0/1 tensor of " \
         "the positions alone,"
     # the keys no query may see (a --mask file's padding) are no rule of the positions: they stay the caller's
-    keys = allowed.any(-2, keepdim=True).expand_as(allowed)
+    keys = allowed if flat is not None else allowed.any(-2, keepdim=True).expand_as(allowed)
     if not bool(keys.all()):
         padded = given(keys)
         if padded.failure is None:
@@ -767,12 +777,52 @@ def _own_mask(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inpu
             inputs.notes.append(f"your code {how} with nothing masked by {plan.mask}): {plan.mask} was given the key "
                                 "padding alone, so that trace's mask never hides yours; the reference's mask is "
                                 "compared with your code's own and the padding")
-            return padded
+            return padded, convention
     inputs.allowed = everything
     inputs.notes.append(f"your code {how} with nothing masked by {plan.mask}): {plan.mask} was given a mask that masks "
                         "nothing, so that trace's mask never hides yours; the reference's mask is compared with your "
                         "code's own")
-    return tried
+    return tried, convention
+
+
+def _keys_form(o: TraceOptions, inputs: Inputs, called: Called, given: Callable[..., Called], kind: str,
+               label: str) -> tuple[Any, Any, Called, Record, str] | None:
+    """Where the code, handed a mask that masks nothing in the shape it was first given, masks nothing by itself,
+    but handed one as key padding `[n_batch, n_K]` does (transformers' Mistral and Llama before 4.48:
+    `_prepare_4d_causal_attention_mask_with_cache_position` passes a 4-D mask through as it is and builds the causal
+    rule, and the sliding window, from a 2-D one of 0/1): the key padding the reference's mask holds, `[n_batch,
+    n_K]`, the mask that masks nothing in that shape, the code's run on it, its pattern and the convention it was
+    written in (`kind`, the one read, first; then maskforms.FORMS), so that the code's own rule, which the first
+    form never runs, is the one compared; None where the first mask is already key padding, its axes cannot be
+    read (maskrows.laid), or in no convention the code runs on key padding, reads it into the first run's shapes,
+    and masks by itself with no query left every key."""
+    import torch
+
+    from attnscope.usertrace import maskforms, masking
+    from attnscope.usertrace.maskranks import shaped_alike
+    from attnscope.usertrace.maskrows import laid
+
+    allowed = inputs.allowed
+    grid = laid(allowed, inputs.sizes) if allowed is not None and o.layout == "row" else None
+    if allowed is None or grid is None or allowed.dim() == 2 or bool((grid == grid[:, :1, :]).all()):
+        return None  # key padding already, or no rule of the queries in it
+    keys = grid.any(-2)  # [n_batch, n_K]: the keys some query may see
+    nothing = torch.ones_like(keys)
+    raised = 0
+    for each in (kind, *(k for k in maskforms.FORMS if k != kind)):
+        try:
+            tried = given(nothing, kind=each)
+        except UsageError:
+            continue
+        raised += tried.failure is not None
+        if raised >= 2:  # key padding's shape, not a convention, is what the code raises on (a 4-D mask's code)
+            return None
+        if tried.failure is not None or not fed_well(tried) or not shaped_alike(called, tried):
+            continue
+        own = masking.masks_by_itself(tried.records)
+        if own is not None and not maskforms.drowned(tried.records, label):
+            return keys, nothing, tried, own, each
+    return None
 
 
 def _unapplied(tried: Called, called: Called, module: Any, pattern: tuple[int, int], label: str, inputs: Inputs,

@@ -19,12 +19,13 @@ if TYPE_CHECKING:
 
 def other_forms(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
     """Where the run lines up and its mask is one trace can write in other shapes (maskranks.forms: key padding
-    `[n_batch, n_K]`, `[n_batch, 1, n_K]`, 4-D, a mask per query), the code given the mask in each other shape it
-    takes (one it runs on, fed well, in the convention it was read in, else the first other that keeps to the mask:
-    HF's 2-D 0/1 beside a 4-D bias) and takes along another path than the first (maskranks.path: a branch on the
-    mask's shape); the first whose output differs from the first run's and whose line-up diverges is kept, its
-    divergence saying the form. Else the run as it was. Forms the code raises on are none it takes. Not tried where
-    another mask parameter was given a part of the mask beside this one (the plan and feeds of that run are its own)."""
+    `[n_batch, n_K]`, `[n_batch, 1, n_K]`, 4-D, a mask per query), the code given the mask in each other shape it takes
+    (one it runs on, fed well, in the convention it was read in, else the first other that keeps to the mask: HF's 2-D
+    0/1 beside a 4-D bias) and takes along another path than the first (maskranks.path: a branch on the mask's shape),
+    keeping the rule the code applied by itself in the first run (maskranks.keeps_own); the first whose output differs
+    from the first run's and whose line-up diverges is kept, its divergence saying the form. Else the run as it was.
+    Forms the code raises on are none it takes. Not tried where another mask parameter was given a part of the mask
+    beside this one (the plan and feeds of that run are its own)."""
     import torch
 
     from attnscope.usertrace import masking, maskranks
@@ -44,7 +45,8 @@ def other_forms(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[M
         if tried is None:
             continue
         again, kind = tried
-        if maskranks.path(again.records, plan.mask) == first or maskranks.agree(called.result, again.result):
+        if maskranks.path(again.records, plan.mask) == first or maskranks.agree(called.result, again.result) \
+                or not maskranks.keeps_own(called, again, allowed, inputs.sizes):
             continue
         other = line_up(r.weighted, r.shapes, inputs, again.records, r.o.train, r.spec)
         if other.divergence is None or other.no_reference is not None:

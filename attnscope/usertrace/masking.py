@@ -153,6 +153,11 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             biased[record.index] = written_as
             derived[record.index] = (inverted, True)
             continue
+        if others and name in ADDS and _compared_after(record, records):  # a sum compared with a number (HF's
+            # `(causal_mask + attention_mask[:, None, None, :]) == 0`): the mask merged into the code's own, not yet
+            # applied to the scores
+            derived[record.index] = (inverted, True)
+            continue
         if others:  # the mask meets another tensor: this op applies it
             applied = _applied(record, inverted, arithmetic, others, _floated(record, sources, records))
             if compared is not None and applied.kind in ("attend", "masked"):
@@ -172,6 +177,16 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
         else:
             derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
     return _raised(failure, records, derived, label) or compared or Convention("attend", unread=not read)
+
+
+def _compared_after(record: Record, records: list[Record]) -> bool:
+    """Whether a later op compares the tensor `record` made with a number (`== 0`, `!= 0`): a sum the code turns
+    into a boolean of its own, as transformers' `padding_mask = causal_mask + attention_mask; padding_mask == 0`."""
+    for later in records[records.index(record) + 1:]:
+        if later.func in COMPARING and later.args and later.args[0] == ("rec", record.index) \
+                and len(later.args) > 1 and _literal(later.args[1]) is not None:
+            return True
+    return False
 
 
 def _turns(record: Record) -> bool:

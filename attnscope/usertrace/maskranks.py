@@ -106,3 +106,33 @@ def agree(first: Any, other: Any) -> bool:
     finite = a[torch.isfinite(a)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
     return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, scale), equal_nan=True))
+
+
+def keeps_own(first: Called, other: Called, allowed: torch.Tensor, sizes: dict[str, int]) -> bool:
+    """Whether a run on another form of the mask still hides the keys the code hid by itself in the first run:
+    the cells of the first pattern of weight 0 in every head that the mask `allowed` lets a query see (a causal
+    rule the code builds from a 2-D mask, as transformers' Mistral does, and takes as it is in a 4-D one), of
+    weight 0 in the other run's pattern too. A form that loses them is one the code takes from a caller who hands it
+    the rule as well: no form of this mask."""
+    from attnscope.usertrace.maskrows import laid
+
+    grid = laid(allowed, sizes)
+    n_Q, n_K = sizes.get("n_Q"), sizes.get("n_K")
+    if grid is None or n_Q is None or n_K is None:
+        return True
+    weights = [_weights(run, grid.shape[0], n_Q, n_K) for run in (first, other)]
+    if weights[0] is None or weights[1] is None:
+        return True
+    own = (weights[0] == 0).all(1) & grid  # [n_batch, n_Q, n_K]: zero in every head where the mask allows
+    return bool((weights[1] == 0).all(1)[own].all())
+
+
+def _weights(called: Called, n_batch: int, n_Q: int, n_K: int) -> torch.Tensor | None:
+    """The run's first pattern as `[n_batch, .., n_Q, n_K]`, batch-major; None where it has no such pattern."""
+    from attnscope.usertrace.masking import is_pattern
+
+    pattern = next((r.tensor for r in called.records if is_pattern(r) and r.tensor.is_floating_point()), None)
+    if pattern is None or pattern.dim() < 2 or tuple(pattern.shape[-2:]) != (n_Q, n_K) \
+            or pattern.numel() % (n_batch * n_Q * n_K):
+        return None
+    return pattern.detach().reshape(n_batch, -1, n_Q, n_K)
