@@ -42,14 +42,35 @@ class Table:
     freqs: tuple[float, ...]
     sign: int
 
+    def base(self) -> float | None:
+        """The base whose frequencies these are, base^(−2i/d) for pair i of the d = 2·pairs coordinates rotated
+        (LlamaRotaryEmbedding's inv_freq over its rotary width), to 1e-3; None where no base gives them."""
+        n = len(self.freqs)
+        if n < 2 or any(f <= 0.0 for f in self.freqs) or not math.isclose(self.freqs[0], 1.0, rel_tol=1e-3):
+            return None
+        base = self.freqs[1] ** (-n)  # f_1 = base^(−2/d), d = 2n
+        if not all(math.isclose(f, base ** (-i / n), rel_tol=1e-3) for i, f in enumerate(self.freqs)):
+            return None
+        return base
+
     def words(self) -> str:
         still = [i for i, f in enumerate(self.freqs) if f == 0.0]
         moving = [f for f in self.freqs if f != 0.0]
         shown = ", ".join(f"{f:.3g}" for f in moving[:4]) + (", ..." if len(moving) > 4 else "")
+        base = self.base()
+        if base is not None:
+            return (f"it turns its {len(moving)} rotated pairs at frequencies {shown} radians a position: "
+                    f"base {base_words(base)}, base^(−2i/d)")
         rest = f"; {len(still)} of its {len(self.freqs)} pairs do not turn at all (frequency 0, pairs " \
                f"{_spans(still)})" if still else ""
         return (f"it turns its {len(moving)} rotated pairs at frequencies of its own, {shown} radians a position, "
                 f"which no RoPE base gives (base^(−2i/d)){rest}")
+
+
+def base_words(base: float) -> str:
+    """A base read from frequencies, as a user writes it: 2000000, not 2e+06 (its own digits where it has some)."""
+    whole = round(base)
+    return str(whole) if abs(base - whole) <= 1e-3 * base else f"{base:.6g}"
 
 
 def pair_turns(source: torch.Tensor, mine: torch.Tensor, pairing: str, width: int, pair: int) -> torch.Tensor:
@@ -110,15 +131,34 @@ def _read_any(tensor: Any, reference: torch.Tensor, pairing: str, first: int) ->
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         return None
     shape = tuple(reference.shape)
-    for layout in layouts(shape, tuple(tensor.shape)):
-        try:
-            mine = layout.undo(tensor, shape).double()
-        except RuntimeError:
-            continue
-        table = read(reference.double(), mine, pairing, shape[-1], first)
-        if table is not None:
-            return table
+    for each in _unrepeated(tensor, reference):
+        for layout in layouts(shape, tuple(each.shape)):
+            try:
+                mine = layout.undo(each, shape).double()
+            except RuntimeError:
+                continue
+            table = read(reference.double(), mine, pairing, shape[-1], first)
+            if table is not None:
+                return table
     return None
+
+
+def _unrepeated(tensor: torch.Tensor, reference: torch.Tensor) -> list[torch.Tensor]:
+    """`tensor`, and where it holds a whole number n_group > 1 of the reference's (keys handed the scores repeated
+    for grouped-query attention, `[.., n_head, n, d]` against `[.., n_kv_head, n, d]`), each axis that could be the
+    heads' taken once a group: the first of each group of n_group (transformers' repeat_kv) and the first n_kv_head
+    (the heads tiled)."""
+    import torch
+
+    if tensor.numel() <= reference.numel() or tensor.numel() % reference.numel():
+        return [tensor]
+    group = tensor.numel() // reference.numel()
+    out = [tensor]
+    for axis in range(tensor.dim() - 1):  # never the last: a head's coordinates
+        n = int(tensor.shape[axis])
+        if n % group == 0 and n > group - 1:
+            out += [tensor.index_select(axis, torch.arange(0, n, group)), tensor.narrow(axis, 0, n // group)]
+    return out
 
 
 @dataclass(frozen=True)

@@ -332,7 +332,10 @@ def trials_untold(b: Base) -> Iterator[Trial]:
     if read is not None:  # RoPE of the code's own frequencies, read from the queries and keys it hands its scores
         table, pairing = read
         turn = "half" if pairing == "half-split" else "interleaved"
-        hint = " --rope-pairing interleaved" if turn == "interleaved" else ""
+        base = table.base()
+        other = base is not None and not math.isclose(base, 10000.0, rel_tol=1e-3)
+        hint = (" --rope-pairing interleaved" if turn == "interleaved" else "") + (
+            f" --rope-base {ropefreqs.base_words(base)}" if base is not None and other else "")
         yield Trial(replay(b, q=rotate_pairs(b.q, q_pos, 10000.0, turn, sign=table.sign, freqs=table.freqs),
                            k_new=rotate_pairs(b.k_new, k_pos, 10000.0, turn, sign=table.sign, freqs=table.freqs)),
                     f"your code rotates q and k by RoPE ({table.words()}; pairing {pairing}), which the reference "

@@ -387,19 +387,33 @@ def code_masked(b: Base) -> torch.Tensor | None:
     kept = torch.where(b.allowed, b.ref["masked_scores"], 0.0)
     for fed in (r for r in b.ctx.records if r.func in ("softmax", "_softmax") and r.args and r.args[0][0] == "rec"):
         given = b.ctx.records[fed.args[0][1]].tensor  # what the softmax took, where laid out as the scores are
+        if given.dim() == 3 and len(wanted.shape) == 4 and given.numel() == wanted.numel() \
+                and tuple(given.shape[-2:]) == tuple(wanted.shape[-2:]):  # heads in the batch (CLIP's, BART's bmm)
+            given = given.reshape(wanted.shape)
         if tuple(given.shape) != tuple(wanted.shape) or not given.is_floating_point():
             continue
         theirs = back_row(b, given.double())
         spread = row_spread(theirs, b.ref["masked_scores"], -1)
-        if spread is not None and spread <= tolerance(kept, given.dtype) and bool(torch.isfinite(theirs).all()):
+        if spread is not None and spread <= tolerance(kept, given.dtype) and _finite_masked(theirs, b.allowed):
             return theirs
     held = best_equal(b.ctx.records, wanted, None)  # else the masked scores the code holds
     if held is None:
         return None
     own = back_row(b, held.layout.undo(held.record.tensor, tuple(wanted.shape)).double())
-    if own.shape != b.allowed.shape or not bool(torch.isfinite(own[~b.allowed]).all()):
+    if own.shape != b.allowed.shape or not _finite_masked(own, b.allowed):
         return None
     return own
+
+
+def _finite_masked(scores: torch.Tensor, allowed: torch.Tensor) -> bool:
+    """Whether the code's masked scores hold finite numbers in the masked cells, some or all of them (CLIP's causal
+    and padding masks, finfo.min each, added: −inf where both mask, finfo.min where one does), and nothing else
+    there that is no number: every allowed cell finite."""
+    if scores.shape != allowed.shape:
+        return bool(torch.isfinite(scores).all())
+    masked = scores[~allowed]
+    return bool(torch.isfinite(scores[allowed]).all()) and not bool(masked.isnan().any()) \
+        and bool(torch.isfinite(masked).any() or masked.numel() == 0)
 
 
 def zeroes_after(b: Base) -> bool:

@@ -8,6 +8,7 @@ holds the module's own sinks (attention/sinks.py), a convention the module holds
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,14 +53,20 @@ def sink_column(join: Record, by_index: dict[int, Record], n_head: int | None = 
     widths = [int(p.tensor.shape[-1]) if p.tensor.dim() == tensor.dim() else -1 for p in parts]
     if sorted(widths)[0] != 1 or sum(widths) != int(tensor.shape[-1]) or widths[0] == widths[1]:
         return None
-    column = parts[widths.index(1)].tensor[..., 0]  # [.., n_head, n_Q]
-    heads = int(column.shape[-2])
-    if n_head is not None and heads != n_head:
-        return None
-    per_head = column.detach().movedim(-2, 0).reshape(heads, -1)
-    if not torch.equal(per_head, per_head[:, :1].expand_as(per_head)):
-        return None
-    return per_head[:, 0]
+    column = parts[widths.index(1)].tensor[..., 0].detach()  # [.., n_head, n_Q]
+    # the heads on one axis, else on the last few before the queries' (GPT-OSS's reference `S.reshape(n_kv_head,
+    # q_mult, 1, 1)`: a KV head's group of query heads on an axis of its own), the fewest axes that hold them
+    leading = column.shape[:-1]
+    for k in range(1, len(leading) + 1):
+        heads = math.prod(leading[-k:])
+        if n_head is not None and heads != n_head:
+            continue
+        per_head = column.reshape(*leading[:-k], heads, column.shape[-1]).movedim(-2, 0).reshape(heads, -1)
+        if torch.equal(per_head, per_head[:, :1].expand_as(per_head)):
+            return per_head[:, 0]
+        if n_head is not None:
+            return None
+    return None
 
 
 def joined_at(softmax: Record, records: list[Record]) -> int | None:

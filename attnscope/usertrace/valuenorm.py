@@ -58,11 +58,12 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     for row in lined.rows:
         if row.reference in QK_STEPS and row.record is not None and row.status in ("equal", "permuted"):
             qk |= ancestors(row.record, records) | {row.record.index}
+    qk |= _weighs(records)  # the keys normed (a value projection's rows used as keys: kv.keys_from_values)
     out = records[-1]  # the values' way ends in the output, whatever step the line-up diverged at
     up = ancestors(diverged.record, records) | ancestors(out, records) | {diverged.record.index, out.index}
     normed = next((records[i] for i in sorted(up) if i not in qk and _unit_rows(records[i], d_v)
                    and (values is None or values in ancestors(records[i], records))), None)
-    if normed is None:
+    if normed is None or _keys_gain(normed, records, qk):
         return None
     names = [row.reference for row in lined.rows]
     first = names.index(diverged.reference) if diverged.reference in names else -1
@@ -80,6 +81,42 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
                 "read as its own convention, and the reference norms its values so too (V_normed)")
             return asked, again
     return None
+
+
+def _keys_gain(normed: Record, records: list[Record], qk: set[int]) -> bool:
+    """Whether the gain the code multiplies the normed rows by (the op reading them, and what it reads beside them:
+    Qwen3-Next's `x * (1 + self.weight)`) is a parameter the queries' or keys' side reads as well: their own norm,
+    called on the values (qknorm.on_values), whose weights of 1 (or 1 + 0) only make it look weightless. What the
+    queries' and keys' side made (the pattern the values meet) is no gain of the values'."""
+    def texts(record: Record) -> set[str]:
+        return {value for kind, value in record.args if kind == "text" and "." in value}
+
+    from attnscope.usertrace.align import ancestors
+
+    before = ancestors(normed, records) | {normed.index}
+    mine: set[str] = set()
+    for child in (r for r in records if normed.index in r.parents):
+        beside = set().union(*({p} | ancestors(records[p], records) for p in child.parents)) - before - qk
+        beside |= {p for i in beside for p in records[i].parents}  # the parameter as read (a cast the keys' made)
+        mine |= texts(child).union(*(texts(records[i]) for i in beside))
+    theirs = set().union(*(texts(records[i]) for i in qk)) if qk else set()
+    return bool(mine & theirs)
+
+
+def _weighs(records: list[Record]) -> set[int]:
+    """What the code's first pattern is computed from, the queries' and keys' side: a softmax's ancestors, a
+    kernel's recomputed pattern's first two operands' (F.scaled_dot_product_attention's query and key) and theirs.
+    The values meet the weights after it, so none of theirs is here."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.masking import is_pattern
+
+    pattern = next((r for r in records if is_pattern(r)), None)
+    if pattern is None:
+        return set()
+    if pattern.label != "(attention)":
+        return ancestors(pattern, records) | {pattern.index}
+    sides = pattern.parents[:2]  # (query, key): the kernel's tensors in the order it was handed them
+    return set(sides).union(*(ancestors(records[i], records) for i in sides))
 
 
 def _lined_values(lined: LineUp) -> int | None:

@@ -69,8 +69,8 @@ def _rows(name: str, records: list[Record], index: int) -> list[int] | None:
     """The rows of `name`'s output that the code's tensor `index` (or the nearest tensor it is made from that holds
     the projection's values as they are) reads, in its heads' order; None where no such tensor reads fewer rows
     than the projection makes, or the projection ran more than once."""
-    from attnscope.usertrace.fused import nearest_ancestors, row_order
-    from attnscope.usertrace.valueindex import ValueIndex
+    from attnscope.usertrace.fused import row_order
+    from attnscope.usertrace.valueindex import ValueIndex, tie_placings
 
     made = [r for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)]
     if len(made) != 1 or not made[0].tensor.is_floating_point():
@@ -79,21 +79,49 @@ def _rows(name: str, records: list[Record], index: int) -> list[int] | None:
     if records[index].tensor.numel() >= output.numel() or made[0].index not in _above(records, index):
         return None
     width = int(output.shape[-1])
-    lookup = ValueIndex.of(output)
-    if lookup is None:  # a value made twice: rows cannot be told by value
+    indexed = ValueIndex.of_few_ties(output)  # a few values two sums round alike by chance (fused.solve_rows)
+    if indexed is None:  # values made twice, more than by chance: rows cannot be told by value
         return None
-    for record in nearest_ancestors(records, index):
+    lookup, ties = indexed
+
+    def read(record: Record) -> list[int] | None:
         tensor = record.tensor
         if record.index == made[0].index or not tensor.is_floating_point() or tensor.dtype != output.dtype \
                 or tensor.numel() == 0 or tensor.numel() >= output.numel():
-            continue
+            return None
         source = lookup.positions(tensor.detach())
         if source is None:
-            continue
-        order = row_order(source % width, source // width)
-        if order is not None and len(order) < width:
-            return order
-    return None
+            return None
+        for placed in tie_placings(source, ties):  # a tied value from the place that fits
+            order = row_order(placed % width, placed // width)
+            if order is not None and len(order) < width:
+                return order
+        return None
+
+    # the nearest such tensor on each way back from the role's (breadth first, at most 64 looked at): partial RoPE
+    # without a norm before it reads a head's rotated coordinates from one slice of the projection's output and the
+    # rest from another (Qwen3-Next's q_rot and q_pass), the role's rows the two together
+    found: list[list[int]] = []
+    seen, ahead, looked = {index}, [index], 0
+    while ahead and looked < 64:
+        following = []
+        for i in ahead:
+            looked += 1
+            order = read(records[i])
+            if order is not None:
+                found.append(order)
+                continue
+            following += [p for p in records[i].parents if p not in seen and p != made[0].index]
+            seen.update(following)
+        ahead = following
+    # a slice of one of them read on another way (rotate_half's halves of the rotated slice) adds nothing
+    sets = [set(order) for order in found]
+    kept = [order for i, order in enumerate(found)
+            if not any(sets[i] < other or (sets[i] == other and j < i) for j, other in enumerate(sets))]
+    if len(kept) <= 1:
+        return kept[0] if kept else None
+    rows = set().union(*kept)
+    return sorted(rows) if sum(map(len, kept)) == len(rows) and len(rows) < width else kept[0]
 
 
 def _above(records: list[Record], index: int) -> set[int]:
