@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import transformers
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, run_case
+from tracecases import assert_named, assert_passes, run_case, saved
 from transformers.models.qwen2_vl import modeling_qwen2_vl as hf
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round32_qwen2vl.py")
@@ -35,9 +34,7 @@ def _blocks() -> torch.Tensor:
 
 @pytest.fixture
 def mask_file(tmp_path):
-    path = tmp_path / "blocks.npy"
-    np.save(path, _blocks().numpy())  # True = may attend
-    return str(path)
+    return saved(tmp_path, "blocks.npy", _blocks())  # True = may attend
 
 
 def _angles(width: int) -> torch.Tensor:
@@ -108,8 +105,6 @@ def test_transformers_vision_attention_passes_in_place(runner, tmp_path, cuts):
     init = f"config=Qwen2VLVisionConfig(embed_dim={D}, num_heads={H})"
     options = ["--batch", "0", "--nq", str(N), "--rope", "--forward", f"cu_seqlens={cuts}"]
     if len(cuts) > 2:
-        path = tmp_path / "blocks.npy"
-        np.save(path, _blocks().numpy())
-        options += ["--mask", str(path)]
+        options += ["--mask", saved(tmp_path, "blocks.npy", _blocks())]
     code, out = run_case(runner, HF, "VisionAttention", init, options)
     assert_passes(code, out)

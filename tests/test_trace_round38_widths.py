@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_trace_command import user_module
 from trace_round14_helpers import planted
-from tracecases import assert_named, assert_passes, run_case
+from tracecases import assert_named, assert_passes, run_case, saved
 
 HERE = Path(__file__).resolve().parent
 STYLES = str(HERE / "trace_styles_round38_widths.py")
@@ -28,9 +28,7 @@ styles = user_module(STYLES)
 def padding(tmp_path):
     keep = np.ones((2, 9), dtype=bool)
     keep[1, 6:] = False
-    path = tmp_path / "pad.npy"
-    np.save(path, keep)
-    return str(path)
+    return saved(tmp_path, "pad.npy", keep)
 
 
 def _inputs(g):

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, case_ids, run_case
+from tracecases import assert_named, assert_passes, case_ids, run_case, saved
 
 HERE = Path(__file__).resolve().parent
 STYLES = str(HERE / "trace_styles_round43.py")
@@ -76,9 +76,7 @@ def test_the_styles_are_sdpa_and_the_plants_change_them(name):
 def padding(tmp_path):
     keep = np.ones((B, N), dtype=bool)
     keep[1, 5:] = False
-    path = tmp_path / "pad.npy"
-    np.save(path, keep)
-    return ("--batch", str(B), "--nq", str(N), "--mask", str(path))
+    return ("--batch", str(B), "--nq", str(N), "--mask", saved(tmp_path, "pad.npy", keep))
 
 
 def _options(name: str, padding: tuple[str, ...]) -> tuple[str, ...]:

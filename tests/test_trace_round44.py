@@ -27,12 +27,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, run_case
+from tracecases import assert_named, assert_passes, run_case, saved
 from transformers import LightGlueConfig
 
 HERE = Path(__file__).resolve().parent
@@ -114,9 +113,7 @@ def test_wav2vec2_is_sdpa_and_the_plants_change_it(bug):
 
 @pytest.fixture()
 def additive(tmp_path):
-    path = tmp_path / "mask.npy"
-    np.save(path, _additive().float().numpy())
-    return ("--batch", str(B), "--nq", str(M), "--mask", str(path))
+    return ("--batch", str(B), "--nq", str(M), "--mask", saved(tmp_path, "mask.npy", _additive().float()))
 
 
 def test_wav2vec2_with_an_additive_mask_of_minus_10000_passes(runner, additive):

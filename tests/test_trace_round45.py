@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, run_case
+from tracecases import assert_named, assert_passes, run_case, saved
 
 HERE = Path(__file__).resolve().parent
 STYLES = str(HERE / "trace_styles_round45.py")
@@ -44,9 +43,7 @@ def test_the_style_is_sdpa_and_the_plant_changes_it(bug):
 
 @pytest.fixture()
 def options(tmp_path):
-    path = tmp_path / "pad.npy"
-    np.save(path, _keep().numpy())
-    return ("--causal", "--batch", str(B), "--nq", str(N), "--mask", str(path))
+    return ("--causal", "--batch", str(B), "--nq", str(N), "--mask", saved(tmp_path, "pad.npy", _keep()))
 
 
 def test_an_unread_mask_parameter_is_given_no_part_of_the_mask(runner, options):

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, run_case
+from tracecases import assert_named, assert_passes, run_case, saved
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round49_idefics.py")
 styles = user_module(STYLES)
@@ -55,9 +55,7 @@ def test_the_style_is_its_formula_and_the_plant_changes_it():
 
 @pytest.fixture()
 def images(tmp_path):
-    path = tmp_path / "images.npy"
-    np.save(path, IMAGES)
-    return str(path)
+    return saved(tmp_path, "images.npy", IMAGES)
 
 
 def test_keys_taken_from_the_values_and_normed_are_named(runner, images):

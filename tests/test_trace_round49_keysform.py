@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_trace_command import user_module
-from tracecases import assert_named, assert_passes, run_case
+from tracecases import assert_named, assert_passes, run_case, saved
 
 STYLES = str(Path(__file__).resolve().parent / "trace_styles_round49_keysform.py")
 styles = user_module(STYLES)
@@ -63,9 +63,7 @@ def test_the_style_is_its_formula_and_the_plants_change_it():
 
 @pytest.fixture()
 def padding(tmp_path):
-    path = tmp_path / "padding.npy"
-    np.save(path, PADDING)
-    return str(path)
+    return saved(tmp_path, "padding.npy", PADDING)
 
 
 def test_the_code_builds_its_rule_from_key_padding_and_lines_up(runner, padding):

@@ -14,7 +14,9 @@ and a round's two usual tests, one case a row, made by `passing_test` and `plant
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import numpy as np
 import pytest
 from test_trace_command import trace
 
@@ -72,3 +74,10 @@ def _placed(request, files: str | None, options: Sequence[str]) -> tuple[str, ..
         return tuple(options)
     paths = request.getfixturevalue(files)
     return tuple(paths.get(o, o) for o in options)
+
+
+def saved(tmp_path: Path, name: str, array) -> str:
+    """`array` (numpy, or a torch tensor on the CPU) saved as `tmp_path/name` for --mask or --bias: the path."""
+    path = tmp_path / name
+    np.save(path, array if isinstance(array, np.ndarray) else array.numpy())
+    return str(path)

@@ -809,7 +809,7 @@ def _keys_form(o: TraceOptions, inputs: Inputs, called: Called, given: Callable[
     keys = grid.any(-2)  # [n_batch, n_K]: the keys some query may see
     nothing = torch.ones_like(keys)
     raised = 0
-    for each in (kind, *(k for k in maskforms.FORMS if k != kind)):
+    for each in maskforms.in_turn(kind):
         try:
             tried = given(nothing, kind=each)
         except UsageError:

@@ -87,7 +87,7 @@ def _given(r: RunSoFar, ran: Made, form: Any) -> tuple[Called, str] | None:
     grid = laid(inputs.allowed, inputs.sizes) if inputs.allowed is not None else None  # [n_batch, n_Q, n_K]
     rows = keyless(form, inputs.sizes)  # queries the mask leaves no key: their rows are the code's, not read
     dtype = next(iter(inputs.tensors.values())).dtype
-    kinds = [convention.kind, *(k for k in maskforms.FORMS if k != convention.kind)]
+    kinds = maskforms.in_turn(convention.kind)
     fallback: tuple[Called, str] | None = None
     for i, kind in enumerate(kinds):
         try:

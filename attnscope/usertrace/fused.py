@@ -405,14 +405,18 @@ def _biased_swapped(zero: Zero, k: list[int], v: list[int]) -> str | None:
             f"as a softmax cancels it, the values' a learned one), {USED_SWAPPED}")
 
 
-def nearest_ancestors(records: list[Record], index: int, limit: int = 64) -> list[Record]:
-    """`records[index]` and what it was computed from, nearest first (breadth first), at most `limit`."""
+def nearest_ancestors(records: list[Record], index: int, limit: int = 64, stop: Callable[[Record], bool] | None = None,
+                      avoid: frozenset[int] = frozenset()) -> list[Record]:
+    """`records[index]` and what it was computed from, nearest first (breadth first), at most `limit`; a record
+    `stop` holds for is kept but what it was made from is not followed, and the records `avoid` names never."""
     out: list[Record] = []
-    seen, frontier = {index}, [index]
+    seen, frontier = {index, *avoid}, [index]
     while frontier and len(out) < limit:
         following = []
         for i in frontier:
             out.append(records[i])
+            if len(out) >= limit or (stop is not None and stop(records[i])):
+                continue
             for p in records[i].parents:
                 if p not in seen:
                     seen.add(p)

@@ -23,6 +23,11 @@ MASK_VALUES = (-1e4, -65504.0)
 SPREAD = 1e3
 
 
+
+def in_turn(first: str) -> tuple[str, ...]:
+    """The conventions to try a mask in: `first` (the one read from the code), then the others of FORMS."""
+    return (first, *(k for k in FORMS if k != first))
+
 def _pattern_from_mask(records: list[Record], label: str) -> tuple[Record | None, bool]:
     """The code's first pattern (a softmax, a kernel's recomputed attention), and whether it is computed from the
     mask parameter `label` through any ops (a position bias the mask is added to, then `1 - bias`): the mask is

@@ -69,7 +69,7 @@ def _rows(name: str, records: list[Record], index: int) -> list[int] | None:
     """The rows of `name`'s output that the code's tensor `index` (or the nearest tensor it is made from that holds
     the projection's values as they are) reads, in its heads' order; None where no such tensor reads fewer rows
     than the projection makes, or the projection ran more than once."""
-    from attnscope.usertrace.fused import row_order
+    from attnscope.usertrace.fused import nearest_ancestors, row_order
     from attnscope.usertrace.valueindex import ValueIndex, tie_placings
 
     made = [r for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)]
@@ -102,18 +102,14 @@ def _rows(name: str, records: list[Record], index: int) -> list[int] | None:
     # without a norm before it reads a head's rotated coordinates from one slice of the projection's output and the
     # rest from another (Qwen3-Next's q_rot and q_pass), the role's rows the two together
     found: list[list[int]] = []
-    seen, ahead, looked = {index}, [index], 0
-    while ahead and looked < 64:
-        following = []
-        for i in ahead:
-            looked += 1
-            order = read(records[i])
-            if order is not None:
-                found.append(order)
-                continue
-            following += [p for p in records[i].parents if p not in seen and p != made[0].index]
-            seen.update(following)
-        ahead = following
+
+    def reads(record: Record) -> bool:
+        order = read(record)
+        if order is not None:
+            found.append(order)
+        return order is not None
+
+    nearest_ancestors(records, index, stop=reads, avoid=frozenset({made[0].index}))
     # a slice of one of them read on another way (rotate_half's halves of the rotated slice) adds nothing
     sets = [set(order) for order in found]
     kept = [order for i, order in enumerate(found)
