@@ -315,7 +315,7 @@ class RunSoFar:
 
         failed = made[2].failure
         masks = [m for m in (self.plan.mask, *self.plan.other_masks) if m is not None]
-        named = names_parameter(self.target.path, failed.line, masks) if failed is not None and not failed.op \
+        named = names_parameter(self.target.source, failed.line, masks) if failed is not None and not failed.op \
             else None  # an assert or a raise of its own; a tensor op that fails on the mask is read by its shapes
         if failed is None or named is None:
             return made

@@ -147,7 +147,7 @@ def _switch_raised(r: RunSoFar, failed: dict[str | None, Failure | None]) -> Non
     and its own words say why."""
     asked = f"--window {r.o.window}" if r.o.window else "--causal"
     raised = [(name, f) for name, f in failed.items() if name is not None and f is not None and not f.op
-              and _raise_statement(r.target.path, f.line)]
+              and _raise_statement(r.target.source, f.line)]
     if not raised or None not in failed or failed[None] is not None or r.plan.mask is not None or r.plan.other_masks:
         return
     name, failure = raised[0]
@@ -237,7 +237,8 @@ def _empty_cache(r: RunSoFar, ran: Made) -> Made:
     if called.failure is None or r.o.cache or r.plan.cache is None or r.module is None:
         return ran
     failed = called.failure
-    if failed.line is not None and names_parameter(r.target.path, failed.line, list(cache_parameters(r.plan))) is None:
+    if failed.line is not None and names_parameter(r.target.source, failed.line,
+                                                   list(cache_parameters(r.plan))) is None:
         return ran  # it raised elsewhere than where it reads its cache
     empty = (inputs.tensors[next(iter(inputs.tensors))].new_zeros(1, 1, 1, 1),) * 2  # the layouts in order
     layouts = ["bhnd", *cachelayouts.others(None, empty, apart=r.plan.cache_values is not None, n_new=1)]

@@ -115,7 +115,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         # more axes than out has: the first shape whose output has out's axes and is finite (else out's axes alone)
         why = _misfit(called, inputs, plan.mask) if grade else None
         chosen: tuple[Any, str, Any, Called, str] | None = None
-        laid = maskwant.laid(inputs.allowed, failure, met, target.path, first, inputs.sizes, o.layout == "col") \
+        laid = maskwant.laid(inputs.allowed, failure, met, target.source, first, inputs.sizes, o.layout == "col") \
             if not own_axes else maskaxes.laid(inputs.allowed, own_axes, inputs.sizes, o.layout == "col")
         # the other shapes, from the mask as rows [.., n_Q, n_K] where the column form's scores may be Q Kᵀ all the
         # same (VITS: Conv1d projections [n_batch, d, n], heads turned to [.., n, d_head] before the scores): where
@@ -335,7 +335,7 @@ def _as_stated(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: Inp
             or (inputs.also_masked and not o.mask):  # the rule's parameter, trace's padding beside it (its own words)
         return called, convention
     traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
-    said = statedmask.read(target.path, convention.line, plan.mask, tuple(plan.other_masks), traced,
+    said = statedmask.read(target.source, convention.line, plan.mask, tuple(plan.other_masks), traced,
                            masking.flow(called.records, plan.mask), reads)
     if said is None and convention.kind in ("attend", "masked"):
         return _as_defaulted(o, (target, fn, plan, inputs, module, fed), called, convention)
@@ -691,7 +691,7 @@ def _padding_as_stated(o: TraceOptions, run: tuple[Target, Any, Inputs, Any], ra
         return None
     traced = tuple(c.__name__ for c in type(module).__mro__) if module is not None else (target.name.split(".")[-1],)
     others = tuple(m for m in (beside.mask, *beside.other_masks) if m is not None and m != other)
-    said = statedmask.read(target.path, read.line, other, others, traced, masking.flow(tried.records, other), reads)
+    said = statedmask.read(target.source, read.line, other, others, traced, masking.flow(tried.records, other), reads)
     if said is None or said.kind == reads:
         return None
     turned = OTHER_WAY[kind]

@@ -43,7 +43,7 @@ def otherwise(r: RunSoFar, ran: Made, then: tuple[Retry, ...] = ()) -> Made:
         return ran
     invented = [n for n in r.plan.embeddings_required if n in r.plan.embeddings]  # shapes trace made up
     names = [*r.plan.tensors, *invented, *r.plan.position_tensors]
-    for name in paramuse.culprits(called.records, failed, names, r.target.path):
+    for name in paramuse.culprits(called.records, failed, names, r.target.source):
         for plan, words in _readings(r, ran, name):
             kept = r.plan, r.o
             r.plan = plan
@@ -102,7 +102,7 @@ def _readings(r: RunSoFar, ran: Made, name: str) -> Iterator[tuple[Plan, str]]:
         return
     if name == plan.tensors[0]:
         return
-    if paramuse.four_axes(failed, name, r.target.path):
+    if paramuse.four_axes(failed, name, r.target.source):
         yield plan.as_grouped(name), "[n_batch, 1, n_K, d_feat], its n_K tokens one group (the same keys)"
         return
     embedding = [(plan.as_embedding(name), "a random position embedding")]

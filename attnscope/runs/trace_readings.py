@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from attnscope.runs.trace_attempt import Made
     from attnscope.runs.trace_options import TraceOptions
     from attnscope.usertrace.lined import LineUp
-    from attnscope.usertrace.load import Plan
+    from attnscope.usertrace.load import Plan, Target
     from attnscope.usertrace.reference import Spec
 
 
@@ -34,6 +34,8 @@ def recorded(r: RunSoFar, ran: Made) -> TraceRun:
     if r.o.nk is not None and r.o.nk != r.o.nq and keys_of_own_queries(r.o, r.plan, r.module is not None) and not (
             called.failure is None and "Q" in inputs.own and inputs.own_from == "module"):
         raise nk_refused(r.o, r.plan, True)  # --nk for a one-input forward whose queries are not its own after all
+    if r.target.code is not None and written_elsewhere(r.target) not in r.notes:
+        r.notes.insert(0, written_elsewhere(r.target))
     r.first_notes = list(r.notes)  # the module's, before those of its inputs (a second run makes them again)
     r.notes += inputs.notes + plan_notes(r.plan, inputs)
     if convention is not None and (called.failure is None or convention.line is not None):
@@ -45,9 +47,21 @@ def recorded(r: RunSoFar, ran: Made) -> TraceRun:
     run = TraceRun(header, run_params(r.o, r.target, r.kwargs, inputs), [], notes=r.notes, failure=called.failure,
                    failure_source=called.source, split_heads=r.split if identity.read(r.module) else None)
     if not called.records:
-        run.notes.append(f"no tensor operation ran from {r.target.path.name}: only ops called from that file are "
+        run.notes.append(f"no tensor operation ran from {r.target.source.name}: only ops called from that file are "
                          "recorded (torch functions, Tensor methods and operators)")
     return run
+
+
+def written_elsewhere(target: Target) -> str:
+    """The note for a target whose code is written in another file than the one named (load.Target.code)."""
+    import os
+
+    assert target.code is not None
+    where = os.path.relpath(target.code, target.path.parent) if target.code.is_relative_to(target.path.parent) \
+        else str(target.code)
+    what = f"{target.name} is" if target.kind == "function" else f"{target.name}'s forward is"
+    return (f"{what} written in {where}, not in {target.path.name}: its ops are recorded there, and the lines shown "
+            "are that file's")
 
 
 def again(r: RunSoFar, run: TraceRun) -> Made:

@@ -57,7 +57,7 @@ def tables_asked(r: RunSoFar, ran: Made) -> Made:
     from attnscope.usertrace import paramuse
 
     failed, unasked = ran[2].failure, r.plan.tables_unasked
-    if failed is None or not unasked or not (paramuse.culprits(ran[2].records, failed, unasked, r.target.path)
+    if failed is None or not unasked or not (paramuse.culprits(ran[2].records, failed, unasked, r.target.source)
                                              or "NoneType" in failed.message):
         return ran
     where = f"line {failed.line}: " if failed.line else ""

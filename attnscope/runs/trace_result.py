@@ -73,7 +73,8 @@ def run_header(target: Target, label: str, plan: Plan, inputs: Inputs, mode: str
 
 def run_params(o: TraceOptions, target: Target, kwargs: dict[str, Any], inputs: Inputs) -> dict[str, Any]:
     files = {role: spec for role, spec in (("Q", o.q), ("K", o.k), ("V", o.v)) if spec}
-    return {"target": o.target, "file": str(target.path), "name": target.name, "kind": target.kind,
+    return {"target": o.target, "file": str(target.path), "code_file": str(target.source), "name": target.name,
+            "kind": target.kind,
             "init": {k: _jsonable(v) for k, v in kwargs.items()}, "train": o.train, "sizes": dict(inputs.sizes),
             "seed": o.seed, "inputs": files or "random", "mask": o.mask, "causal": causal_used(o), "window": o.window,
             "rope": o.rope, "rope_base": (o.rope_base or ROPE_BASE) if o.rope else None,

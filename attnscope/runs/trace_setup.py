@@ -37,6 +37,7 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
         load,
         maskroles,
         pairparams,
+        unitgains,
     )
     from attnscope.usertrace.inputs import ShapePlan
 
@@ -67,6 +68,9 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     filled = emptyparams.fill(module, blank, o.seed) if isinstance(module, torch.nn.Module) else []
     if filled:  # GPT-OSS's sinks, torch.empty in __init__: whatever memory held, another each run
         notes.append(emptyparams.note(filled))
+    moved = unitgains.move(module, o.seed) if isinstance(module, torch.nn.Module) else []
+    if moved:  # Qwen3's q_norm and k_norm at 1: blind to where they sit against RoPE
+        notes.append(unitgains.note(moved))
     if target.kind == "function":  # its weights as arguments (W_q, W_k, ...): traced as a module holding them
         from attnscope.usertrace.weightargs import holding
 

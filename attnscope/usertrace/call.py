@@ -69,7 +69,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
             labels[id(value)] = grouped[id(value._base)]
     available = available_memory()
     budgets = [b for b in (int(available * MEMORY_SHARE) if available else None, max_memory) if b is not None]
-    recorder = Recorder(target.path, labels, linears, min(budgets) if budgets else None)
+    recorder = Recorder(target.source, labels, linears, min(budgets) if budgets else None)
     recorder.swap = swap
     # what the code is handed, as it was: code that changes an input in place (`q *= scale`, `mask.masked_fill_`)
     # gets it back unchanged after the call, so the reference (and the next call) read the inputs trace drew
@@ -91,7 +91,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
             raise
         failure = recorder.failure if recorder.failure and recorder.failure.exception is exc else None
         if failure is None:  # not a tensor op: the user's own raise, an assert, a typo
-            failure = Failure("", load.user_line(exc, target.path), [], load.one_line(exc), exc)
+            failure = Failure("", load.user_line(exc, target.source), [], load.one_line(exc), exc)
         source = traceback_line(exc, target)
     finally:
         hook.remove()
@@ -140,8 +140,8 @@ def _tensors_in(values: list[Any]) -> list[Any]:
 
 def traceback_line(exc: BaseException, target: Target) -> str | None:
     """The last frame of the traceback in the user's file, as one line."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(target.path)]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(target.source)]
     if not frames:
         return None
     f = frames[-1]
-    return f'File "{target.path.name}", line {f.lineno}, in {f.name}: {(f.line or "").strip()}'
+    return f'File "{target.source.name}", line {f.lineno}, in {f.name}: {(f.line or "").strip()}'

@@ -28,6 +28,12 @@ def trials_swapped(b: Base) -> Iterator[Trial]:
         steps = replay(b, k_new=b.v_new, v_new=b.k_new)
         _feats_swapped(b, steps)
         yield Trial(steps, words)
+        gain = _key_gain(b)
+        if gain is not None:  # the keys' own factor goes with them into the values, off the scores
+            steps = replay(b, k_new=b.v_new, v_new=b.k_new * gain, scale=b.scale / gain)
+            _feats_swapped(b, steps)
+            yield Trial(steps, f"{words}, the factor your code gives its keys ({gain:.4g}, a share of the scale "
+                        "the reference puts on the scores) going with them into the values")
     if "K_pooled" in b.ref and "V_pooled" in b.ref and b.ref["V_feat"].shape == b.ref["K_feat"].shape \
             and _feeds_keys(b, b.ref["V_feat"]):
         # swapped before the code pools them (pooled.py): the pooled ones the reference reads are the code's own;
@@ -48,6 +54,22 @@ def trials_swapped(b: Base) -> Iterator[Trial]:
     yield from _swapped_before_norm(b, rope, words)
     yield from _swapped_before_proj_norm(b, rope, words)
     yield from _swapped_by_flow(b, rope, words)
+
+
+def _key_gain(b: Base) -> float | None:
+    """The number the code multiplies its keys by itself where the reference's scale holds it (Falcon-H1's
+    `key_multiplier` beside `--scale`, which the line-up reads as a share of the scale on K_rot): the code's tensor
+    equal to the reference's keys (rotated, or as split) times a number other than 1 (align.best_scaled); None where
+    the code holds none."""
+    from attnscope.usertrace.align import best_scaled
+
+    for name in dict.fromkeys((b.names["k"], "K_split")):
+        if name in b.ref:
+            found = best_scaled(b.ctx.records, b.ref[name])
+            if found is not None and found.factor is not None and math.isfinite(found.factor) \
+                    and found.factor != 0.0 and abs(found.factor - 1.0) > 1e-6:
+                return float(found.factor)
+    return None
 
 
 def _feeds_keys(b: Base, step: torch.Tensor) -> bool:

@@ -268,6 +268,9 @@ def _with_term(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Rec
             first.divergence.diagnosis, first.divergence.evidence = unplaced(found, records), None
         return first
     with_term = replace(spec, own_term=found.tensor, term_before_scale=found.before_scale)
+    if found.width is not None and spec.scale is None:  # the scores contract over the joined width
+        with_term = replace(with_term, scale=found.width ** -0.5,
+                            scale_from=f"1/√{found.width}: the width your scores contract over")
     again = read_line_up(module, shapes, inputs, records, train, with_term, True)
     spread = _spread_scale(module, shapes, inputs, records, train, with_term, again, found.products)
     if spread is not None:

@@ -99,6 +99,13 @@ class Target:
     kind: str  # "class", "module" or "function"
     module: ModuleType | None = None  # the imported file
     unscripted: tuple[str, ...] = ()  # its TorchScript functions, run as their Python originals (scripted.py)
+    code: Path | None = None  # the file its forward is written in, where not `path` (a class of the file's own that
+    # inherits it from one beside it, a name imported): the ops are recorded, and lines read, from that file
+
+    @property
+    def source(self) -> Path:
+        """The file whose lines the ops are recorded at: `code`, else the file named."""
+        return self.code if self.code is not None else self.path
 
 
 class UserCodeError(AttnscopeError):
@@ -555,12 +562,32 @@ def find(spec: str) -> Target:
         if not issubclass(obj, torch.nn.Module):
             raise UsageError(f"{name} is a class but not a torch.nn.Module; trace takes an nn.Module class or a "
                              "function (query, key, value, mask=None)")
-        return Target(path, name, obj, "class", module, python)
+        return Target(path, name, obj, "class", module, python, _written_in(obj.forward, path))
     if isinstance(obj, torch.nn.Module):
-        return Target(path, name, obj, "module", module, python)
+        return Target(path, name, obj, "module", module, python, _written_in(type(obj).forward, path))
     if inspect.isfunction(obj):
-        return Target(path, name, obj, "function", module, python)
+        return Target(path, name, obj, "function", module, python, _written_in(obj, path))
     raise UsageError(f"{name} is a {type(obj).__name__}; trace takes an nn.Module class or a function")
+
+
+def _written_in(fn: Any, path: Path) -> Path | None:
+    """The Python file `fn` (a forward, or the function traced) is written in, where that is not `path`: a class
+    of the file's own that inherits its forward from a file beside it, or a name the file imports (`from
+    styles import Attention`; `Attention = nn.MultiheadAttention`), whose ops run there, as `inspect.getsourcefile`
+    finds it; None where it is `path`, or no source file holds it (a module with no forward of its own)."""
+    import torch
+
+    fn = inspect.unwrap(fn)
+    if fn is torch.nn.Module.forward or getattr(fn, "__name__", "") == "_forward_unimplemented":
+        return None
+    try:
+        found = inspect.getsourcefile(fn)
+    except TypeError:  # a builtin, a C extension's
+        return None
+    if found is None:
+        return None
+    written = Path(found).resolve()
+    return written if written != path and written.suffix == ".py" and written.is_file() else None
 
 
 def defined_here(module: ModuleType) -> str:

@@ -37,6 +37,8 @@ class Term:
     record: Record  # the add
     note: str
     products: int = 1  # the products of queries or keys with a table it sums (DeBERTa's c2p and p2c: 2)
+    width: int | None = None  # the width the scores contract over, where the queries and keys join parts of their
+    # own per head (headparts.py: Conditional DETR's): the reference's scale is 1/√width unless --scale says one
 
 
 def added_term(module: Any, records: list[Record], lined: Any) -> Term | Record | None:
@@ -69,6 +71,12 @@ def added_term(module: Any, records: list[Record], lined: Any) -> Term | Record 
         again = _found(module, records, trace, {**rows, swapped[0]: rows[swapped[1]]}, *swapped[2:])
         if isinstance(again, Term):
             return again
+    if found is None:  # no term added: parts of the code's own joined to its queries and keys per head
+        from attnscope.usertrace.headparts import joined
+
+        parts = joined(records, trace, before_softmax(records))
+        if parts is not None:
+            return Term(parts.term.float(), True, parts.record, parts.note, 1, parts.width)
     return found
 
 

@@ -51,7 +51,7 @@ def saved_steps(rows: list[Aligned], inputs: Inputs, target: Target) -> tuple[di
         except RuntimeError:
             continue
         tensors[row.reference] = tensor
-        meta[row.reference] = {"dims": list(row.dims), "op": f"{target.path.name} line {record.line}: "
+        meta[row.reference] = {"dims": list(row.dims), "op": f"{target.source.name} line {record.line}: "
                                f"{record.details.get('op', record.call)}", "user": record.label,
                                "status": row.status, "recomputed": "recomputed" in record.details}
     return tensors, meta
