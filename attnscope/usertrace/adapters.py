@@ -42,38 +42,50 @@ def _made_by(records: list[Record], name: str) -> list[Record]:
 
 def _adapter(name: str, linear: Any, records: list[Record],
              held: dict[str, Any]) -> tuple[Any, tuple[list[str], float]] | None:
+    """The projection `name` held with its adapter folded in, and the adapter's chain; None where some call of it
+    has no adapter added, or calls differ in theirs (a projection called twice, each call with its adapter called
+    again: Zamba2's keys' projection and adapter, called for the keys and, in code that copied a line, the values)."""
     from attnscope.usertrace.fused import Part
 
     made = _made_by(records, name)
     weight = getattr(linear, "weight", None)
-    if len(made) != 1 or not isinstance(weight, torch.Tensor):
+    if not made or not isinstance(weight, torch.Tensor):
         return None
-    projection = made[0]
+    chains = [_added(projection, records, held, name, len(made)) for projection in made]
+    chain = chains[0]
+    if chain is None or any(c != chain for c in chains[1:]):
+        return None
+    names, factor = chain
+    total, bias = _product([held[n] for n in names])
+    total, bias = total * factor, bias * factor
+    if total.shape != weight.shape:
+        return None
+    own = getattr(linear, "bias", None)
+    summed = bias if own is None else bias + own.detach()
+    return Part(name, weight.detach() + total.to(weight.dtype), summed.to(weight.dtype)), chain
+
+
+def _added(projection: Record, records: list[Record], held: dict[str, Any], name: str,
+           calls: int) -> tuple[list[str], float] | None:
+    """The chain of Linear layers whose output the code adds to this call of the projection (_chain)."""
     for record in records[projection.index + 1:]:
         if record.func not in ADDS or len(record.args) != 2 or ("rec", projection.index) not in record.args:
             continue
         other = [v for k, v in record.args if k == "rec" and v != projection.index]
         if len(other) != 1 or tuple(records[other[0]].tensor.shape) != tuple(projection.tensor.shape):
             continue
-        chain = _chain(records, other[0], projection.args[1], held, name)
-        if chain is None:
-            continue
-        names, factor = chain
-        total, bias = _product([held[n] for n in names])
-        total, bias = total * factor, bias * factor
-        if total.shape != weight.shape:
-            continue
-        own = getattr(linear, "bias", None)
-        summed = bias if own is None else bias + own.detach()
-        return Part(name, weight.detach() + total.to(weight.dtype), summed.to(weight.dtype)), chain
+        chain = _chain(records, other[0], projection.args[1], held, name, calls)
+        if chain is not None:
+            return chain
     return None
 
 
 def _chain(records: list[Record], index: int, source: tuple[str, Any], held: dict[str, Any],
-           name: str) -> tuple[list[str], float] | None:
+           name: str, calls: int = 1) -> tuple[list[str], float] | None:
     """The names of the Linear layers that made records[index] from `source`, one after another, first applied
     first, and the number the code scales their product by (peft's `lora_B(lora_A(dropout(x))) * scaling`); a
-    dropout that changed nothing (eval mode) is passed through. None where anything else lies between."""
+    dropout that changed nothing (eval mode) is passed through. None where anything else lies between, or a layer
+    runs another number of times than the projection (`calls`)."""
     chain: list[str] = []
     factor = 1.0
     while True:
@@ -90,7 +102,7 @@ def _chain(records: list[Record], index: int, source: tuple[str, Any], held: dic
         if record.style != "linear" or len(record.args) < 2 or record.args[0][0] != "text":
             return None
         layer = record.args[0][1]
-        if layer not in held or layer == name or layer in chain or len(_made_by(records, layer)) != 1:
+        if layer not in held or layer == name or layer in chain or len(_made_by(records, layer)) != calls:
             return None
         chain.append(layer)
         if record.args[1] == source or _unchanged(records, record.args[1], source):

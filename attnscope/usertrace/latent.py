@@ -31,6 +31,12 @@ def expansion(records: list[Record]) -> tuple[str, str, int] | None:
         return None
     _, right, value, _ = found
     made, linears = flow.linears_of(records)
+    keys = ancestors(records[right], records) | {right}
+    users: dict[int, set[int]] = {}  # each record's consumers on the keys' way
+    for r in records:
+        if r.index in keys:
+            for p in r.parents:
+                users.setdefault(p, set()).add(r.index)
     for record in records:
         up = made.get(record.index)
         if up is None or up not in linears[right] or up not in linears[value]:
@@ -39,8 +45,11 @@ def expansion(records: list[Record]) -> tuple[str, str, int] | None:
         feeding = set().union(*(linears[p] for p in fed)) - {up} if fed else set()
         into = set().union(*(ancestors(records[p], records) | {p} for p in fed)) if fed else set()
         for latent in sorted(feeding, key=lambda name: min(i for i, n in made.items() if n == name)):
-            past = [i for i in ancestors(records[right], records)
-                    if latent in linears[i] and up not in linears[i] and i not in into]
+            # read past the expansion: on the keys' way through something other than a call of it (MLA's k_pe,
+            # split from the latent's output and rotated); a second call of a LoRA adapter's down-projection, whose
+            # every use is its up-projection (Zamba2's adapters on the keys and the values), is none
+            past = [i for i in keys - {right} if latent in linears[i] and up not in linears[i] and i not in into
+                    and any(made.get(u) != up for u in users.get(i, ()))]
             if past:
                 width = max((records[p].tensor.shape[-1] for p in fed if records[p].tensor.dim()), default=0)
                 return latent, up, int(width)

@@ -148,6 +148,7 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
         role = role_of(name)
         if role:
             by_role.setdefault(role, []).append((name, linear))
+    by_role = {role: _one_by_name(held, records) for role, held in by_role.items()}
     if all(len(by_role.get(role, [])) == 1 for role in ROLES):
         return [Projections({role: by_role[role][0] for role in ROLES}, "name")]
     inner = fused.inner_mha(module)
@@ -222,6 +223,22 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
                      "fused q/k/v Linear such as nanoGPT's c_attn with its output projection; a fused k/v "
                      "Linear such as x-transformers' to_kv beside a q one; or an "
                      f"nn.MultiheadAttention) into attnscope's MultiHeadAttention; its Linear layers are {listed}")
+
+
+def _one_by_name(held: list[tuple[str, Any]], records: list[Record] | None) -> list[tuple[str, Any]]:
+    """The Linear layers named for one role, narrowed to one where the names alone leave several: the one the run
+    called, else the one of full rank where the rest are low-rank (LoRA adapters left unfolded, `linear_v_adapter`
+    [64 -> 4] and [4 -> 64] beside v_proj [64 -> 64], in code that never calls v_proj); `held` as it is otherwise."""
+    if len(held) < 2:
+        return held
+    called = [(n, m) for n, m in held if records is not None and mentioned(n, records)]
+    if len(called) == 1:
+        return called
+    weights = [getattr(m, "weight", None) for _, m in held]
+    ranks = [min(w.shape) if isinstance(w, torch.Tensor) and w.dim() == 2 else 0 for w in weights]
+    top = max(ranks)
+    full = [h for h, rank in zip(held, ranks, strict=True) if rank == top]
+    return full if len(full) == 1 and sorted(ranks)[-2] < top else held
 
 
 def merge_only(found: Projections) -> Projections | None:

@@ -10,8 +10,10 @@ projections, prenorm.py, or a position embedding added to them, posembed.py): th
 read T (`Inputs.own`), its v projection the input, so a mistake after them is still named by experiment. Where the
 values read T too and T is the input turned by position (each token's norm kept: RoPE on the input), T is still
 the queries' and keys' input side, and the values' the input, as RoPE leaves the values: the line-up then shows
-the values, and ropetrials' rope.on_values names it. Where the values read another T too, or q and k read different
-tensors, nothing is read (no convention trace can tell from a mistake).
+the values, and ropetrials' rope.on_values names it. Where the queries read T turned by position and the keys the
+input itself (the values the input or T), T is still the queries' and keys' input side (RoPE never turns the queries
+alone), and the line-up shows the keys apart. Where the values read another T too, or q and k read different tensors
+otherwise, nothing is read (no convention trace can tell from a mistake).
 """
 
 from __future__ import annotations
@@ -38,9 +40,12 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
     x_name = next(iter(given))
     x = inputs.tensors[x_name]
     q, k, v = (projection_input(records, name) for name in names)
-    if q is None or q != k or q[0] != "rec":
+    if q is None or q[0] != "rec":
         return
     made = records[q[1]]
+    if q != k:  # the keys read another tensor: only where the queries' is the input turned by position
+        _keys_apart(made, [a for a in (k, v) if a != q], records, inputs, x_name, x)
+        return
     # the values' projection reading the queries' and keys' tensor too, where it is the input turned by position
     # (RoPE on the input): the reference's values read the input, as RoPE leaves them; the line-up then shows it
     turned = v == q and turned_by_position(made.tensor, x)
@@ -61,6 +66,27 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
         f"your queries' and keys' projections read a tensor your module makes from its input alone ({made.label}, "
         f"line {made.line}), your values' projection the input as it is: read as the queries' and keys' input "
         "side, a convention, not a mistake: the reference's query and key projections read the same tensor")
+
+
+def _keys_apart(made: Record, others: list[Any], records: list[Record], inputs: Inputs, x_name: str,
+               x: Any) -> None:
+    """The queries read T, the input turned by position (RoPE on the input), and the keys the input as it is (with
+    the values, or the values reading T: Wav2Vec2-Conformer's rotary with `linear_k(value_states)` and
+    `linear_v(query_key_states)`): T is still the queries' and keys' input side, as no convention rotates the
+    queries alone, so the line-up shows where the keys part from it and the catalog names the swap of the inputs
+    (kv.swapped) by experiment; nothing where the keys read anything else."""
+    if not turned_by_position(made.tensor, x) or not all(_plain(a, records, x_name, x) for a in others) \
+            or not _made_from(made, records, inputs, x_name, x):
+        return
+    tensor = made.tensor.detach()
+    inputs.own = {"Q": tensor.transpose(0, 1) if inputs.layout == "time" else tensor}
+    inputs.own["K"] = inputs.own["Q"]
+    inputs.own_from = "position"
+    inputs.notes.append(
+        f"your query projection reads a tensor your module makes from its input alone ({made.label}, line "
+        f"{made.line}), each token turned by its position with its norm kept (a rotation, RoPE on the input), and "
+        "your key projection the input as it is: read as the queries' and keys' input side, as RoPE rotates the "
+        "queries and the keys alike; the reference's key projection reads that tensor too")
 
 
 def turned_by_position(tensor: Any, x: Any) -> bool:
