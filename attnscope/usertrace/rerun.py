@@ -508,6 +508,25 @@ def holds_step(b: Base, step: str) -> bool:
     return step in b.ref and record_holding(b.ctx.records, _back(b.ref[step], b.col), None, "", b.sums) is not None
 
 
+def _from_scores(b: Base) -> set[int]:
+    """The code's records made from a tensor of the scores' size, a softmax or an exp (scores taken in blocks of
+    rows, an online softmax) or a fused kernel, themselves included: those that may hold the attention's output.
+    Every record where the reference has no scores."""
+    from attnscope.usertrace.kernels import KERNELS
+    from attnscope.usertrace.record import SOFTMAXES
+
+    if "scores" not in b.ref:
+        return {r.index for r in b.ctx.records}
+    numel = b.ref["scores"].numel()
+    made: set[int] = set()
+    for r in b.ctx.records:  # in order: a record's parents come before it
+        if (r.tensor.is_floating_point() and r.tensor.numel() == numel) or r.func in KERNELS \
+                or r.func.split(".")[-1] in (*SOFTMAXES, "exp", "exp_", "logsumexp") or r.style == "recomputed" \
+                or any(p in made for p in r.parents):
+            made.add(r.index)
+    return made
+
+
 def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = "",
                strict: bool = True, evidence: bool = True) -> Reproduced | None:
     """Whether the replayed `steps` are the user's: the mistake changes `step` (where the line-up diverged) and
@@ -531,12 +550,16 @@ def reproduces(b: Base, step: str, steps: dict[str, torch.Tensor], tol: str = ""
     identity = b.ctx.projections is not None and b.ctx.projections.matched_by == "identity"
     scored = next((r.index for r in b.ctx.records if "scores" in b.ref and r.tensor.is_floating_point()
                    and r.tensor.numel() == b.ref["scores"].numel()), None) if identity else None
+    # the run's output is held only by a tensor of the code's made from its scores (or a kernel's): a rerun whose
+    # weights leave each query its own value alone (a window of 1) gives the values back, which the code holds
+    # before it ever scores (GIT's V split at its transpose_for_scores), no evidence of the mask
+    scored_from = _from_scores(b)
 
     def held(name: str) -> Record | None:
         skip = skips.get(name)
         tensor, back = _back(steps[name], b.col), _back(skip, b.col) if skip is not None else None
         records = [r for r in b.ctx.records if r.index > scored] if name == b.last and scored is not None \
-            else b.ctx.records
+            else [r for r in b.ctx.records if r.index in scored_from] if name == b.last else b.ctx.records
         dims = ("n_K", "n_Q") if b.col else ("n_Q", "n_K")  # a step of the scores' family, the user's layout
         turned = scoreaxes.turned(b.ctx.keys, dims) if name in (*PRE_SOFTMAX, "attention") else frozenset()
         # a row the run masks whole is left out of the comparison only where the code's row is masked too
