@@ -46,6 +46,11 @@ def recorded(r: RunSoFar, ran: Made) -> TraceRun:
     header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
     run = TraceRun(header, run_params(r.o, r.target, r.kwargs, inputs), [], notes=r.notes, failure=called.failure,
                    failure_source=called.source, split_heads=r.split if identity.read(r.module) else None)
+    from attnscope.usertrace import normfold
+
+    normed = normfold.note(called.records)
+    if normed is not None:  # LeViT's Linear then BatchNorm1d, read as one projection
+        run.notes.append(normed)
     if not called.records:
         run.notes.append(f"no tensor operation ran from {r.target.source.name}: only ops called from that file are "
                          "recorded (torch functions, Tensor methods and operators)")

@@ -43,7 +43,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     import torch
 
     from attnscope.cost import available_memory
-    from attnscope.usertrace import flex, load, perhead, pointwise
+    from attnscope.usertrace import flex, load, normfold, perhead, pointwise
     from attnscope.usertrace.record import Failure, Recorder, RecordingTooLarge
 
     labels = {id(t): name for name, t in inputs.handed().items()}
@@ -103,6 +103,7 @@ def call(target: Target, fn: Any, plan: Plan, inputs: Inputs, module: Any, max_m
     for record in recorder.records:
         record.details["op"] = recorder.op_text(record)
     records = perhead.stacked(recorder.records) if failure is None else recorder.records
+    records = normfold.merged(records)  # LeViT's Linear then BatchNorm1d: one projection (normfold.py)
     return Called(records, failure, source, result, mask, recorder.swapped, frozenset(entered))
 
 

@@ -65,7 +65,18 @@ def find_projections(module: nn.Module, records: list[Record] | None = None, n_h
 
 def _find_projections(module: nn.Module, records: list[Record] | None, n_head: int | None, d_head: int | None,
                       inputs: dict[str, str] | None) -> list[Projections]:
-    from attnscope.usertrace import blockheads, cutroles, flow, fused, identity, keybias, laterbias, perhead, unused
+    from attnscope.usertrace import (
+        blockheads,
+        cutroles,
+        flow,
+        fused,
+        identity,
+        keybias,
+        laterbias,
+        normfold,
+        perhead,
+        unused,
+    )
     from attnscope.usertrace.adapters import fold
 
     if identity.is_holder(module):  # q, k, v given already projected, the heads split by the code (identity.py)
@@ -81,6 +92,8 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
     # a bias the code adds once it has cut the output apart (q = q + self.q_bias after the chunk): laterbias.py
     linears = [(name, laterbias.added(name, m, records, params)) for name, m in linears]
     linears = fold(linears, records)  # LoRA's q_proj(x) + B(A(x)): one weight W + W_B·W_A (adapters.py)
+    if records is not None:  # a Linear then an eval-mode BatchNorm1d (LeViT's MLPLayerWithBN): one projection
+        linears = [(name, normfold.folded(name, m, records)) for name, m in linears]
     # one projection every head applies to its own slice, after the split (Persson's Linear(head_dim, head_dim))
     linears = [(name, blockheads.spread(name, m, records, n_head)) for name, m in linears]
     modules, names = dict(linears), [name for name, _ in linears]
