@@ -510,7 +510,8 @@ def holds_step(b: Base, step: str) -> bool:
 
 def _from_scores(b: Base) -> set[int]:
     """The code's records made from a tensor of the scores' size, a softmax or an exp (scores taken in blocks of
-    rows, an online softmax) or a fused kernel, themselves included: those that may hold the attention's output.
+    rows, an online softmax) or a fused kernel, themselves included, and what the code returns (a head's attention
+    `torch.vmap`ped, whose inner ops no record holds): those that may hold the attention's output.
     Every record where the reference has no scores."""
     from attnscope.usertrace.kernels import KERNELS
     from attnscope.usertrace.record import SOFTMAXES
@@ -522,7 +523,7 @@ def _from_scores(b: Base) -> set[int]:
     for r in b.ctx.records:  # in order: a record's parents come before it
         if (r.tensor.is_floating_point() and r.tensor.numel() == numel) or r.func in KERNELS \
                 or r.func.split(".")[-1] in (*SOFTMAXES, "exp", "exp_", "logsumexp") or r.style == "recomputed" \
-                or any(p in made for p in r.parents):
+                or r.details.get("returned") is not None or any(p in made for p in r.parents):
             made.add(r.index)
     return made
 
