@@ -129,6 +129,18 @@ def tolerance(reference: torch.Tensor, dtype: torch.dtype | None = None) -> floa
     return value
 
 
+def factor_of(user: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """The number `user` is `expected` times, where it is one to tolerance; else None."""
+    energy = float((expected * expected).sum())
+    if not math.isfinite(energy) or energy == 0.0:
+        return None
+    factor = float((user * expected).sum()) / energy
+    if not math.isfinite(factor) or abs(factor) < 1e-6:
+        return None
+    off = float((user - factor * expected).abs().max())
+    return factor if off <= tolerance((expected * factor).float()) else None
+
+
 def filled(tensor: torch.Tensor) -> torch.Tensor | None:
     """The cells of `tensor` masked by a large finite number (BERT's −10000 + score, −1e9), where it looks like masked
     scores: some cells very negative, the others small beside them (under −VERY_NEGATIVE / 10); None elsewhere (a

@@ -14,12 +14,11 @@ says one, is `1/√D`, as the code's scores contract over D.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from attnscope.usertrace.align import tolerance
+from attnscope.usertrace.align import factor_of
 from attnscope.usertrace.record import Record
 
 PRODUCTS = ("matmul", "__matmul__", "__rmatmul__", "bmm")
@@ -98,15 +97,9 @@ def _own_part(held: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor
     are times theirs, and whether the reference's come first; None where neither `d_head` columns at the start nor
     at the end hold the reference times a number."""
     d_head, width = int(reference.shape[-1]), int(held.shape[-1])
-    energy = float((reference * reference).sum())
-    if not math.isfinite(energy) or energy == 0.0:
-        return None
     for first in (True, False):
         content = held[..., :d_head] if first else held[..., width - d_head:]
-        factor = float((content * reference).sum()) / energy
-        if not math.isfinite(factor) or abs(factor) < 1e-6:
-            continue
-        if float((content - factor * reference).abs().max()) <= tolerance((reference * factor).float()):
-            own = held[..., d_head:] if first else held[..., : width - d_head]
-            return own, factor, first
+        factor = factor_of(content, reference)
+        if factor is not None:
+            return (held[..., d_head:] if first else held[..., : width - d_head]), factor, first
     return None

@@ -102,7 +102,8 @@ def _scaled_later(record: Record, records: list[Record], softmaxed: set[int]) ->
     them (`((q · kᵀ) * gain + q · rel) * scale`): each later product of them whose output is its input times one
     number, read off the two tensors; 1 where there is none. A view or an add goes on; anything else stops. With
     the lines of those products."""
-    from attnscope.usertrace.ownterm import ADDS, RESHAPES, factor_of
+    from attnscope.usertrace.align import factor_of
+    from attnscope.usertrace.ownterm import ADDS, RESHAPES
 
     total, current, lines = 1.0, record, []
     for later in records[record.index + 1:]:

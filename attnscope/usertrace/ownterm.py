@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnscope.usertrace.align import ancestors, layouts, tolerance
+from attnscope.usertrace.align import ancestors, factor_of, layouts, tolerance
 
 if TYPE_CHECKING:
     from attnscope.usertrace.record import Record
@@ -303,18 +303,6 @@ def _placed(x: Record, y: Record, total: Record, content: torch.Tensor, records:
         if factor is not None:  # the queries scaled first (`q * scale`, the bias with them): the term after the scale
             return layout.undo(total.tensor, shape).double() - factor * content, factor
     return None
-
-
-def factor_of(user: torch.Tensor, expected: torch.Tensor) -> float | None:
-    """The number `user` is `expected` times, where it is one to tolerance; else None."""
-    energy = float((expected * expected).sum())
-    if not math.isfinite(energy) or energy == 0.0:
-        return None
-    factor = float((user * expected).sum()) / energy
-    if not math.isfinite(factor) or abs(factor) < 1e-6:
-        return None
-    off = float((user - factor * expected).abs().max())
-    return factor if off <= tolerance((expected * factor).float()) else None
 
 
 def _biased_content(x: Record, trace: Any, records: list[Record], rows: dict[str, Any],

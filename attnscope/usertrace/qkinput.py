@@ -51,10 +51,7 @@ def read(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
     turned = v == q and turned_by_position(made.tensor, x)
     if not (turned or _plain(v, records, x_name, x)) or not _made_from(made, records, inputs, x_name, x):
         return
-    tensor = made.tensor.detach()
-    tensor = tensor.transpose(0, 1) if inputs.layout == "time" else tensor
-    inputs.own = {"Q": tensor, "K": tensor}
-    inputs.own_from = "position"
+    _held_as_qk(made, inputs)
     if turned:
         inputs.notes.append(
             f"your query, key and value projections read a tensor your module makes from its input alone "
@@ -78,15 +75,20 @@ def _keys_apart(made: Record, others: list[Any], records: list[Record], inputs: 
     if not turned_by_position(made.tensor, x) or not all(_plain(a, records, x_name, x) for a in others) \
             or not _made_from(made, records, inputs, x_name, x):
         return
-    tensor = made.tensor.detach()
-    inputs.own = {"Q": tensor.transpose(0, 1) if inputs.layout == "time" else tensor}
-    inputs.own["K"] = inputs.own["Q"]
-    inputs.own_from = "position"
+    _held_as_qk(made, inputs)
     inputs.notes.append(
         f"your query projection reads a tensor your module makes from its input alone ({made.label}, line "
         f"{made.line}), each token turned by its position with its norm kept (a rotation, RoPE on the input), and "
         "your key projection the input as it is: read as the queries' and keys' input side, as RoPE rotates the "
         "queries and the keys alike; the reference's key projection reads that tensor too")
+
+
+def _held_as_qk(made: Record, inputs: Inputs) -> None:
+    """`made`'s tensor as the queries' and keys' input (batch-first, as the reference reads its inputs)."""
+    tensor = made.tensor.detach()
+    tensor = tensor.transpose(0, 1) if inputs.layout == "time" else tensor
+    inputs.own = {"Q": tensor, "K": tensor}
+    inputs.own_from = "position"
 
 
 def turned_by_position(tensor: Any, x: Any) -> bool:
