@@ -14,6 +14,8 @@ import torch.nn.functional as F
 import trace_styles_elsewhere_base as base
 from tracecases import assert_named, assert_passes, run_case
 
+from attnscope.cli import app
+
 HERE = Path(__file__).parent
 STYLES = str(HERE / "trace_styles_elsewhere.py")
 BASE = str((HERE / "trace_styles_elsewhere_base.py").resolve())
@@ -71,3 +73,12 @@ def test_a_plant_in_the_inherited_forward_is_named_at_its_own_line(runner, bug, 
     found = assert_named(*run_case(runner, STYLES, "Attention", f"bug={bug!r}", ("--causal",)), entry)
     lines = Path(BASE).read_text().splitlines()
     assert found["line"] is not None and ("scores" in lines[found["line"] - 1] or "softmax" in lines[found["line"] - 1])
+
+
+def test_an_inherited_init_that_raises_is_placed_in_its_own_file(runner):
+    result = runner.invoke(app, ["trace", f"{STYLES}:Attention", "--init", "width=-3"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    lines = Path(BASE).read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "nn.Linear(width, 3 * width)" in text)
+    assert f"failed at trace_styles_elsewhere_base.py:{line}: RuntimeError" in said, said

@@ -519,9 +519,12 @@ def users(exc: BaseException) -> bool:
     return not isinstance(exc, AttnscopeError)
 
 
-def where(exc: BaseException, path: Path) -> str:
-    """`file.py:LINE`, the last frame of the traceback inside the user's file (else just the file)."""
+def where(exc: BaseException, path: Path, code: Path | None = None) -> str:
+    """`file.py:LINE`, the last frame of the traceback inside the user's file, or inside `code`, the file the
+    target's code is written in (Target.code: an inherited `__init__` fails there); else just the file."""
     line = user_line(exc, path)
+    if not line and code is not None and (line := user_line(exc, code)):
+        return f"{code.name}:{line}"
     return f"{path.name}:{line}" if line else path.name
 
 
@@ -918,7 +921,8 @@ def construct(target: Target, init: dict[str, Any], d_feat: int | None,
         if not users(exc):
             raise
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-        raise UserCodeError(f"{target.name}({_short(args)}) failed at {where(exc, target.path)}: {one_line(exc)}") \
+        raise UserCodeError(f"{target.name}({_short(args)}) failed at {where(exc, target.path, target.code)}: "
+                            f"{one_line(exc)}") \
             from None
     return module, kwargs, watch.blank
 
@@ -1032,7 +1036,7 @@ def guarded(target: Target, what: str, fn: Callable[[], Any]) -> Any:
     except BaseException as exc:
         if not users(exc):
             raise
-        raise UserCodeError(f"{where(exc, target.path)}: {what} raised {one_line(exc)}") from None
+        raise UserCodeError(f"{where(exc, target.path, target.code)}: {what} raised {one_line(exc)}") from None
 
 
 def width_hint(init: dict[str, Any], d_feat: int | None) -> int | None:
