@@ -20,6 +20,7 @@ from attnscope.runs.trace_tables import other_layouts
 if TYPE_CHECKING:
     from attnscope.runs.trace_attempt import Made
     from attnscope.runs.trace_options import TraceOptions
+    from attnscope.usertrace.inputs import Inputs
     from attnscope.usertrace.lined import LineUp
     from attnscope.usertrace.load import Plan, Target
     from attnscope.usertrace.reference import Spec
@@ -299,6 +300,18 @@ def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tu
             run.header = run_header(r.target, r.label, r.plan, inputs, r.mode, r.spec)
             run.header[-1] += "" if r.o.q else f"  seed={r.o.seed}"
             run.params["sizes"] = dict(inputs.sizes)
+    if lined.divergence is not None and r.weighted is not None:
+        from attnscope.usertrace import unitmask
+        from attnscope.usertrace.call import call
+
+        def probe(other: Inputs) -> list[Any] | None:  # the code run again on other inputs: its records
+            again = call(r.target, r.fn, r.plan, other, r.module, r.o.max_memory, called.mask_given, fed, quiet=True)
+            return again.records if again.failure is None else None
+
+        units = unitmask.read(r.weighted, r.shapes, inputs, called.records, r.o.train, r.spec, lined, probe)
+        if units is not None:  # units whose queries are not their keys (Hiera's pooled mask units): their mask
+            inputs, lined = units[0], units[1]  # the reference's
+            run.notes.append(units[2])
     return (inputs, fed, called, convention), lined
 
 

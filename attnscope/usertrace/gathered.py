@@ -25,6 +25,7 @@ softmax.axis); any entry made in some of the pieces alone where none reproduces 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,10 +116,29 @@ def grouping(trace: Trace, records: list[Record]) -> tuple[torch.Tensor, int, in
     groups = sorted(next(iter(per_head.values())))
     if sorted(t for g in groups for t in g) != list(range(n)) or len({len(g) for g in groups}) != 1 or len(groups) < 2:
         return None
-    from attnscope.usertrace.flow import records_read
 
     index = flat_groups(torch.tensor(groups).expand(n_batch, -1, -1), n)
-    return index, n_batch, n, records[records_read(pieces[0][0])[0]]
+    return index, n_batch, n, records[operands_of(pieces[0][0])[0]]
+
+
+def pattern(trace: Trace, records: list[Record]) -> tuple[torch.Tensor, Record] | None:
+    """The mask the code's pieces of the scores make, where each query's keys are some of them alone (mask units
+    beside pooled queries: a unit's queries against its own keys): (True where a piece pairs a query with a key,
+    `[n_batch, n_Q, n_K]`, the same in every head; the first piece); None where a query is in two pieces or in none,
+    the heads differ, or every query meets every key."""
+    pieces = score_pieces(trace, records)
+    if not pieces or "scores" not in trace:
+        return None
+    shape = tuple(trace["scores"].shape)
+    if _piece_queries(pieces, shape) is None:
+        return None
+    held = torch.zeros(math.prod(shape), dtype=torch.bool)
+    for _, index in pieces:
+        held[index.reshape(-1)] = True
+    held = held.reshape(shape)
+    if bool(held.all()) or not bool(held.any(-1).all()) or bool((held != held[:, :1]).any()):
+        return None
+    return held[:, 0], pieces[0][0]
 
 
 def flat_groups(tokens: torch.Tensor, n: int) -> torch.Tensor:
@@ -136,7 +156,8 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
     # the tensors that may be pieces: of a step's width, in no layout of it (the common run has none: nothing more)
     candidates = [r for r in records if r.tensor.is_floating_point() and r.tensor.dim() >= 2 and any(
         r.tensor.shape[-1] == shape[-1] and not layouts(shape, tuple(r.tensor.shape)) for shape in shapes.values())]
-    if not candidates:
+    scores = tuple(trace["scores"].shape) if "scores" in trace else None
+    if not candidates and not any(_unlaid(record, scores) for record in records):
         return {}, []
     steps = {name: step for name in shapes if (step := _Step(trace[name])).distinct}
     maps: dict[int, tuple[str, torch.Tensor, bool] | None] = {}  # record -> (step, flat row over [b, h, n], turned)
@@ -153,11 +174,9 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
         index = found[1][..., None] * d + torch.arange(d)
         out.setdefault(record.index, {})[steps[found[0]].shape] = (
             index, "each row the step's row at its (batch, head, token)")
-    if not out:  # no piece of the heads' rows: no product of them is a piece of the scores either
-        return {}, []
     roots = []
     for record in records:
-        if record.func.split(".")[-1] not in MATMUL_FUNCS or maps.get(record.index) is not None:
+        if not _product(record) or maps.get(record.index) is not None or (not out and not _unlaid(record, scores)):
             continue
         piece = _scores_piece(record, records, maps, steps)
         if piece is None:
@@ -166,14 +185,38 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
         # the tensors made from it elementwise (scaled, masked, softmaxed), no reduction over it (a block's max)
         made = [later for later in records[record.index:] if tuple(later.tensor.shape) == tuple(record.tensor.shape)
                 and later.tensor.is_floating_point() and later.func.split(".")[-1] not in REDUCTIONS
-                and (later is record or record.index in ancestors(later, records))]
-        if not any(later.func.split(".")[-1] in SOFTMAXES for later in made):
+                and (later is record or record.index in ancestors(later, records)
+                     or (later.func == "recomputed" and later.parents == record.parents))]  # one kernel's steps
+        if not any(later.func.split(".")[-1] in SOFTMAXES or later.names[:1] == ["(attention)"] for later in made):
             continue  # a piece the code never normalizes whole (online softmax's blocks of keys) holds no query's row
         roots.append((record, index))
         words = "each cell the step's cell at its query's and key's (batch, head, token)"
         for later in made:
             out.setdefault(later.index, {})[shape] = (index, words)
     return out, roots
+
+
+def _product(record: Record) -> bool:
+    """Whether `record` is a product of two operands, or the scores a kernel computes without materializing them
+    (F.scaled_dot_product_attention's, recomputed: kernels.py)."""
+    return record.func.split(".")[-1] in MATMUL_FUNCS \
+        or (record.func == "recomputed" and record.names[:1] == ["(scores)"])
+
+
+def operands_of(record: Record) -> list[int]:
+    """The records a product reads, in order: a recomputed kernel's scores read the kernel's query and key (its
+    first two parents)."""
+    from attnscope.usertrace.flow import records_read
+
+    return list(record.parents[:2]) if record.func == "recomputed" else records_read(record)
+
+
+def _unlaid(record: Record, scores: tuple[int, ...] | None) -> bool:
+    """Whether `record` is a product smaller than the scores `scores` and in no layout of them: a piece of the scores
+    whose operands may be layouts of the steps, not pieces, where its batch axes pair each group's queries with its
+    own keys (Hiera's mask units beside pooled queries, `[B, heads, units, q, d] @ [B, heads, units, d, k]`)."""
+    return scores is not None and _product(record) and record.tensor.dim() >= 3 \
+        and record.tensor.numel() < math.prod(scores) and not layouts(scores, tuple(record.tensor.shape))
 
 
 def best_equal(records: list[Record], reference: torch.Tensor, skip: torch.Tensor | None,
@@ -265,9 +308,7 @@ def _scores_piece(record: Record, records: list[Record], maps: dict[int, tuple[s
                   steps: dict[str, _Step]) -> tuple[tuple[int, ...], torch.Tensor] | None:
     """(the scores' shape, each cell's flat position in it) where `record` multiplies a piece of the queries by one
     of the keys and every sequence pairs one batch element's and head's; None otherwise."""
-    from attnscope.usertrace.flow import records_read
-
-    given = records_read(record)
+    given = operands_of(record)
     if len(given) != 2:
         return None
     for g in given:

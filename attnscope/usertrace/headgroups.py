@@ -55,6 +55,8 @@ def find(records: list[Record], trace: Trace) -> HeadGroups | None:
     reference = trace["Q_split"].double()  # [n_batch, n_head, n, d_head]
     n_batch, n_head, n, d = reference.shape
     left = records[found[0]]
+    if left.tensor.numel() != reference.numel():  # queries pooled inside each group on the way: unitmask.py's
+        return None
     tol = tolerance(trace["Q_split"])
     for index in sorted(ancestors(left, records) | {left.index}, reverse=True):
         t = records[index].tensor

@@ -26,6 +26,7 @@ def trials_merge(b: Base) -> Iterator[Trial]:
                         "computes with x_raw [n_batch, n_head, n_Q, d_head] viewed as [n_batch, d_feat, n_Q] without "
                         "first moving d_head in front of n_Q (view before permute), so each column mixes the "
                         "positions of one head; .permute(0, 1, 3, 2).contiguous() before the view")
+        yield from _held_merge(b)
         n_batch, n_Q = b.ref["x_raw"].shape[0], b.ref["x_raw"].shape[2]
         if n_batch != n_Q and any(tuple(r.tensor.shape[:2]) == (n_Q, n_batch) for r in b.ctx.records
                                   if r.tensor.dim() == 3):  # time-first code (usertrace/timefirst.py)
@@ -61,11 +62,13 @@ def trials_merge_permuted(b: Base) -> Iterator[Trial]:
                     f"reads; {fix}")
 
 
-def _merged_as(b: Base, steps: dict[str, torch.Tensor], order: tuple[int, ...]) -> dict[str, torch.Tensor] | None:
-    """A replay's `steps` with its x_raw `[n_batch, n_head, n_Q, d_head]` permuted by `order` before the view to
-    `[n_batch, n_Q, d_feat]`, and what follows the merge (the code's output gate, the output projection) again from
-    there; None where the replay has no such x_raw."""
-    x_raw = steps.get("x_raw")
+def _merged_as(b: Base, steps: dict[str, torch.Tensor], order: tuple[int, ...],
+               x_raw: torch.Tensor | None = None) -> dict[str, torch.Tensor] | None:
+    """A replay's `steps` with its x_raw `[n_batch, n_head, n_Q, d_head]` (or `x_raw`, its values as the code lays
+    them out before the view) permuted by `order` before the view to `[n_batch, n_Q, d_feat]`, and what follows the
+    merge (the code's output gate, the output projection) again from there; None where the replay has no such
+    x_raw."""
+    x_raw = steps.get("x_raw") if x_raw is None else x_raw
     if x_raw is None or x_raw.dim() != 4:
         return None
     n_batch, n_head, n_Q, d = x_raw.shape
@@ -79,6 +82,32 @@ def _merged_as(b: Base, steps: dict[str, torch.Tensor], order: tuple[int, ...]) 
     if "x" in steps and b.w_o is not None:
         steps["x"] = torch.nn.functional.linear(merged, *b.w_o)
     return steps
+
+
+def _held_merge(b: Base) -> Iterator[Trial]:
+    """x_raw as the code holds it, where that is no plain `[n_batch, n_head, n_Q, d_head]` nor its heads in the batch
+    (Hiera's `[B, heads, units, tokens_per_unit, d]`, whose `.transpose(1, 3)` puts the tokens back in order before
+    the reshape), reshaped straight to `[n_batch, n_Q, d_feat]` without that permute: the view-before-permute
+    mistake in the code's own layout."""
+    from attnscope.usertrace.align import compare
+    from attnscope.usertrace.rerun import record_holding
+
+    right = b.ref["x_raw"]
+    inner = record_holding(b.ctx.records, right, None, "", b.sums)
+    if inner is None or b.col or b.gate is not None or inner.tensor.dim() <= right.dim():
+        return  # (a gate on the merge: the code's gate is read on the reference's merge alone)
+    held = compare(inner, right)[0].layout
+    n_batch, n_head, n_Q, d = right.shape
+    steps = replay(b)
+    x_raw = steps["x_raw"]
+    made = _merged_as(b, steps, (0, 1, 2, 3), held.apply(x_raw, tuple(inner.tensor.shape)).reshape(x_raw.shape))
+    if made is None:
+        return
+    yield Trial(made, f"heads merged in the wrong order: {{who}} is what the reference computes with x_raw as your "
+                f"code holds it ({inner.label}, line {inner.line}, {list(inner.tensor.shape)}) reshaped straight to "
+                f"[n_batch, n_Q, d_feat] = {[n_batch, n_Q, n_head * d]}, without first moving its axes into [n_batch, "
+                "n_Q, n_head, d_head] (view before permute), so each row mixes positions and heads; permute it so "
+                "before the reshape, as the split's permute is undone")
 
 
 def _returned_merge(b: Base) -> Iterator[Trial]:

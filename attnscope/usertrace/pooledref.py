@@ -16,11 +16,13 @@ if TYPE_CHECKING:
 
 
 def combined(trace: Trace, projections: Projections, n_head: int, spec: Spec, module: Any, records: list[Record],
-             inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> tuple[Trace, Any]:
+             inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+             mask: torch.Tensor | None = None) -> tuple[Trace, Any]:
     """The reference over the code's pooled tensors (`spec.pooled`): its projections' steps (`Q_feat`, `K_feat`,
     `V_feat`: what the code pools), the pooled ones as the code made them (`*_pooled`), and the rest of the attention
     from there, run with identity projections on them (keys and values both, where either is pooled: they read one
-    width); and the module that ran it."""
+    width), under `mask` where it fits the pooled lengths (unitmask.py's units: each pooled query's own keys); and the
+    module that ran it."""
     from attnscope.trace import Trace
     from attnscope.usertrace import fused
     from attnscope.usertrace import reference as ref
@@ -39,7 +41,8 @@ def combined(trace: Trace, projections: Projections, n_head: int, spec: Spec, mo
             f"(your {role}_pooled)", torch.eye(width, dtype=given[role].dtype, device=given[role].device), None))
     reference = ref.build_mha(ref.Projections(parts, projections.matched_by, projections.note), n_head,
                               dataclasses.replace(spec, pooled=None), module, records)
-    after = ref.run_mha(reference, given["Q"], given["K"], given["V"], None, None,
+    pooled_mask = fitting(mask, int(given["Q"].shape[-2]), int(given["K"].shape[-2]))
+    after = ref.run_mha(reference, given["Q"], given["K"], given["V"], pooled_mask, None,
                         spec.added(cast(int, reference.d_head)))
     out = Trace(notes=list(trace.notes))
     lengths = {"n_Q": int(after["Q_feat"].shape[-2]), "n_K": int(after["K_feat"].shape[-2])}
@@ -58,3 +61,12 @@ def combined(trace: Trace, projections: Projections, n_head: int, spec: Spec, mo
         if not step.name.endswith("_feat"):
             out.add_step(step)
     return out, reference
+
+
+def fitting(mask: torch.Tensor | None, n_q: int, n_k: int) -> torch.Tensor | None:
+    """`mask` where it fits n_Q queries and n_K keys (`[.., n_Q, n_K]`, or a key padding `[.., 1, n_K]`), else None:
+    a mask of the pooled tokens says nothing of those before the pooling, nor the other way round."""
+    if mask is None or mask.dim() == 0:
+        return mask
+    fits = mask.shape[-1] in (1, n_k) and (mask.dim() < 2 or mask.shape[-2] in (1, n_q))
+    return mask if fits else None

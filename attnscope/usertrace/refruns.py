@@ -34,7 +34,7 @@ def references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Rec
     """The reference run on the inputs; for a module, under each reading of its projections (a fused one can
     be split several ways), the one under which most steps find their equal. Last, which axis of each of the
     code's scores holds the keys, read from its data flow under that reading (scoreaxes.key_axes)."""
-    from attnscope.usertrace import headscale, outgate, outterm
+    from attnscope.usertrace import headscale, outgate, outterm, pooledref
     from attnscope.usertrace import reference as ref
 
     Q, K, V = inputs.qkv()
@@ -100,13 +100,12 @@ def references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Rec
                 if wider is None:
                     raise
                 projections, reference = wider, ref.build_mha(wider, shapes.n_head, spec, module, records)
-            trace = keytable.run_keyed(partial(ref.run_mha, reference, Q, K, V, mask, inputs.cache), spec,
+            before = mask if spec.pooled is None or col else pooledref.fitting(mask, Q.shape[-2], K.shape[-2])
+            trace = keytable.run_keyed(partial(ref.run_mha, reference, Q, K, V, before, inputs.cache), spec,
                                        cast(int, reference.d_head))
             if spec.pooled is not None and not col:  # the code's own pooled q, k or v (pooled.py)
-                from attnscope.usertrace import pooledref
-
                 trace, reference = pooledref.combined(trace, projections, shapes.n_head, spec, module, records,
-                                                      (Q, K, V))
+                                                      (Q, K, V), mask)
             if spec.head_scale is not None and not col:  # the code's own scale per head (headscale.py)
                 trace = headscale.scaled(trace, spec.head_scale, reference,
                                          spec.scale if spec.scale is not None else cast(int, reference.d_head) ** -0.5)

@@ -49,3 +49,25 @@ class MaskUnits(nn.Module):
         attn = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
         x = attn.softmax(dim=-1) @ v
         return self.proj(x.transpose(1, 3).reshape(B, -1, C))
+
+
+class PooledUnits(nn.Module):
+    """Hiera's mask unit attention at a stage transition: each unit's queries max-pooled over `q_stride` inside it,
+    its keys and values not, so a unit's few queries meet its own tokens alone; the width grows (dim -> dim_out)."""
+
+    def __init__(self, dim=16, dim_out=32, heads=4, units=5, q_stride=2, bug=None):
+        super().__init__()
+        self.heads, self.units, self.q_stride, self.dim_out, self.bug = heads, units, q_stride, dim_out, bug
+        self.qkv = nn.Linear(dim, 3 * dim_out)
+        self.proj = nn.Linear(dim_out, dim_out)
+
+    def forward(self, x):
+        B, N, _ = x.shape
+        d = self.dim_out // self.heads
+        q, k, v = self.qkv(x).reshape(B, -1, self.units, 3, self.heads, d).permute(3, 0, 4, 2, 1, 5).unbind(0)
+        if self.bug == "shifted":  # each unit's queries against the next unit's keys and values
+            k, v = k.roll(1, dims=2), v.roll(1, dims=2)
+        q = q.view(B, self.heads, self.units, self.q_stride, -1, d).max(dim=3).values  # [B, heads, units, n / 2, d]
+        attn = (q * d ** -0.5) @ k.transpose(-1, -2)
+        x = attn.softmax(dim=-1) @ v
+        return self.proj(x.transpose(1, 3).reshape(B, -1, self.dim_out))
