@@ -104,15 +104,17 @@ def trials_alibi_queries(b: Base) -> Iterator[Trial]:
 
 def trials_alibi_after_softmax(b: Base) -> Iterator[Trial]:
     """ALiBi's bias added to the attention weights: the reference's, or, as a model hands it in (alibifeed.py), one
-    row for every query, m_h · (j − n_K + 1); after the softmax a constant per row no longer cancels, so both are
-    tried."""
+    row for every query, m_h · (j − n_K + 1), or symmetric, −m_h · |i − j| (Jais' AlibiPositionEmbeddingLayer); after
+    the softmax a constant per row no longer cancels, nor do the cells a causal mask hides, so each is tried."""
     parts = _alibi_parts(b)
     if parts is None:
         return
     assert b.bias is not None
-    slopes = parts[0]
+    slopes, offset = parts
     row = -slopes[:, None, None] * (b.n_K - 1 - torch.arange(b.n_K, dtype=torch.float64))[None, None, :]
-    for bias, how in ((b.bias, "−m_h · (i − j)"), (row.to(b.bias), "m_h · (j − n_K + 1), one row for every query")):
+    symmetric = _alibi_bias(b, slopes, offset, symmetric=True)
+    for bias, how in ((b.bias, "−m_h · (i − j)"), (row.to(b.bias), "m_h · (j − n_K + 1), one row for every query"),
+                      (symmetric.to(b.bias), "−m_h · |i − j|, symmetric in i and j")):
         yield Trial(replay(b, bias=None, after_softmax=bias), "ALiBi's bias is added after the softmax: {who} is what "
                     f"the reference computes with ALiBi's bias ({how}) added to the attention weights, not to the "
                     "scores; ALiBi adds it to the scores before the softmax")
