@@ -50,3 +50,42 @@ class SymmetricAlibi(nn.Module):
         return self.c_proj(out)
 
 
+
+
+class OffsetBiasedAttention(nn.Module):
+    """LeViT's attention (models/levit/modeling_levit.py, LevitAttention, its BatchNorms left out): a learned bias
+    per head and per offset between two points of a 3×3 grid (`attention_biases[:, attention_bias_idxs]`) added to
+    the scaled scores, values twice as wide as the keys, and a Hardswish on the merged heads before the projection.
+    bug='after_softmax' adds the bias to the softmaxed weights."""
+
+    def __init__(self, hidden_size=32, key_dim=8, num_heads=4, attention_ratio=2, resolution=3, bug=None):
+        super().__init__()
+        self.num_heads, self.key_dim, self.ratio, self.bug = num_heads, key_dim, attention_ratio, bug
+        self.scale = key_dim ** -0.5
+        self.out_dim = attention_ratio * key_dim * num_heads
+        self.qkv = nn.Linear(hidden_size, self.out_dim + 2 * key_dim * num_heads)
+        self.activation = nn.Hardswish()
+        self.projection = nn.Linear(self.out_dim, hidden_size)
+        points = [(x, y) for x in range(resolution) for y in range(resolution)]
+        offsets, indices = {}, []
+        for p1 in points:
+            for p2 in points:
+                offset = (abs(p1[0] - p2[0]), abs(p1[1] - p2[1]))
+                indices.append(offsets.setdefault(offset, len(offsets)))
+        self.attention_biases = nn.Parameter(0.7 * torch.randn(num_heads, len(offsets)))
+        self.register_buffer("attention_bias_idxs", torch.tensor(indices).view(len(points), len(points)),
+                             persistent=False)
+
+    def forward(self, hidden_state):
+        B, N, _ = hidden_state.shape
+        q, k, v = self.qkv(hidden_state).view(B, N, self.num_heads, -1).split(
+            [self.key_dim, self.key_dim, self.ratio * self.key_dim], dim=3)
+        q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+        biases = self.attention_biases[:, self.attention_bias_idxs]
+        attention = q @ k.transpose(-2, -1) * self.scale
+        if self.bug == "after_softmax":
+            attention = attention.softmax(dim=-1) + biases
+        else:
+            attention = (attention + biases).softmax(dim=-1)
+        out = (attention @ v).transpose(1, 2).reshape(B, N, self.out_dim)
+        return self.projection(self.activation(out))
