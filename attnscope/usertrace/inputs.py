@@ -641,10 +641,12 @@ def _masks(o: InputOptions, plan: Plan, sizes: dict[str, int], notes: list[str] 
                          f"{sizes['n_batch'] // m} groups of {m} windows, the batch element b masked by the file's "
                          f"row b mod {m} (Swin's shifted windows, added per window as `attn.view(B // nW, nW, ..) + "
                          "mask`); your code is given the file as it is")
-        rows = _per_sequence(loaded, sizes, scores) if is_module and padding is None and windows is None \
-            and not col else None
+        # (the column form's file [n_batch, n_K, n_Q]: a feature map's module, MobileViT's unfolding)
+        rows = _per_sequence(loaded, sizes, scores, col) if is_module and padding is None and windows is None \
+            else None
         if rows is not None and notes is not None:
-            notes.append(f"--mask {o.mask}: [n_batch, n_Q, n_K] = {list(loaded.shape)}, one mask a sequence, read "
+            notes.append(f"--mask {o.mask}: [n_batch, {'n_K, n_Q' if col else 'n_Q, n_K'}] = {list(loaded.shape)}, "
+                         "one mask a sequence, read "
                          f"as {list(rows.shape)} (every head); your code is given the file as it is")
         loaded = padding if padding is not None else windows if windows is not None else \
             rows if rows is not None else loaded
@@ -708,15 +710,16 @@ def _per_window(mask: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | Non
     return mask.repeat(n_batch // m, 1, 1).unsqueeze(1)  # [m, n_Q, n_K] -> [n_batch, 1, n_Q, n_K], every head
 
 
-def _per_sequence(mask: torch.Tensor, sizes: dict[str, int], scores: tuple[int, ...]) -> torch.Tensor | None:
-    """A module's 3-D file [n_batch, n_Q, n_K] that does not broadcast from the right as [n_head, n_Q, n_K] (CPM-Ant's
-    and the Annotated Transformer's `[batch, len_q, len_k]` mask, which the code unsqueezes for the heads itself): the
-    reference's [n_batch, 1, n_Q, n_K]; None for any other file."""
+def _per_sequence(mask: torch.Tensor, sizes: dict[str, int], scores: tuple[int, ...],
+                  col: bool = False) -> torch.Tensor | None:
+    """A module's 3-D file [n_batch, n_Q, n_K] (`col`: the column form's [n_batch, n_K, n_Q]) that does not broadcast
+    from the right as [n_head, n_Q, n_K] (CPM-Ant's and the Annotated Transformer's `[batch, len_q, len_k]` mask, which
+    the code unsqueezes for the heads itself): the reference's [n_batch, 1, n_Q, n_K]; None for any other file."""
     from attnscope.cost import broadcast_shapes
 
     n_batch = sizes.get("n_batch")
-    if mask.dim() != 3 or n_batch is None or len(scores) != 4 \
-            or tuple(mask.shape) != (n_batch, sizes["n_Q"], sizes["n_K"]):
+    lengths = (sizes["n_K"], sizes["n_Q"]) if col else (sizes["n_Q"], sizes["n_K"])
+    if mask.dim() != 3 or n_batch is None or len(scores) != 4 or tuple(mask.shape) != (n_batch, *lengths):
         return None
     try:
         if broadcast_shapes(tuple(mask.shape), scores) == scores:

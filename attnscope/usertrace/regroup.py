@@ -138,10 +138,16 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     from attnscope.usertrace.ranking import better_fit
     from attnscope.usertrace.relined import line_up_again
 
-    if lined.divergence is None or len(inputs.tensors) != 1 or inputs.layout != "row" or inputs.cache is not None \
-            or inputs.allowed is not None or spec.window:
+    # a feature map in the column form (MobileViT's [B, C, H, W], unfolded into [B·P, N, C]): its rows regrouped
+    col = inputs.layout == "col" and spec.layout == "col"
+    if lined.divergence is None or len(inputs.tensors) != 1 or (inputs.layout != "row" and not col) \
+            or inputs.cache is not None or inputs.allowed is not None or spec.window:
         return None
     name, x = next(iter(inputs.tensors.items()))
+    if col:  # [n_batch, d_feat, n] -> the rows [n_batch, n, d_feat] the groups are made of, run in the row form
+        x, spec = x.transpose(1, 2), dataclasses.replace(spec, layout="row")
+        if x.dim() != 3:
+            return None
     grouping = find(records, x) if not inputs.own else None
     normed = normed_source(records, x, name) if grouping is None and not inputs.own else None
     if normed is not None:  # SAM's block: its norm1, partitioned into windows (padded), is what it attends over
@@ -170,9 +176,10 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
     n_group, size = grouping.index.shape
     side = x if grouping.source is None else grouping.source.tensor.reshape(x.shape)
     grouped = dataclasses.replace(inputs, tensors={name: grouping.group(side)}, mask=mask, notes=[], grid=None,
-                                  sizes={**inputs.sizes, "n_batch": n_group, "n_Q": size, "n_K": size})
+                                  layout="row", sizes={**inputs.sizes, "n_batch": n_group, "n_Q": size, "n_K": size})
     regrouped = after.regrouped(records) if after is not None else records
-    regrouped = regrouped if grouping.pads else _returned_grouped(regrouped, grouping)  # padded: compared unfolded
+    # padded: compared unfolded
+    regrouped = regrouped if grouping.pads else _returned_grouped(regrouped, grouping, int(x.shape[-1]) if col else 0)
     again = line_up_again(module, shapes, grouped, regrouped, train, spec)
     if again is None or not better_fit(again, lined):
         return None
@@ -224,6 +231,8 @@ def _grouped_mask(grouping: Grouping, mask: torch.Tensor | None) -> tuple[bool, 
     if mask.dtype != torch.bool:
         return False, None
     L = grouping.n_tokens
+    if mask.dim() == 3 and mask.shape[0] > 1 and bool((mask == mask[:1]).all()):
+        mask = mask[:1]  # read as a mask a head where n_batch = n_head (inputs._per_sequence), each the same
     try:
         full = torch.broadcast_to(mask, (grouping.n_batch, 1, L, L))[:, 0]  # [n_batch, n_Q, n_K]
     except RuntimeError:
@@ -236,14 +245,19 @@ def _grouped_mask(grouping: Grouping, mask: torch.Tensor | None) -> tuple[bool, 
     return True, None if bool(inner.all()) else inner[:, None]
 
 
-def _returned_grouped(records: list[Record], grouping: Grouping) -> list[Record]:
+def _returned_grouped(records: list[Record], grouping: Grouping, width: int = 0) -> list[Record]:
     """The run's records, what the code returned in the input's layout `[n_batch, n_tokens, ..]` regrouped as the
     code's unfolding laid its input (its fold undone), so that it is compared with the reference's output on the
-    groups."""
+    groups. `width`: the features of a feature map returned as the code takes it, `[n_batch, width, n_h, n_w]` or
+    `[n_batch, width, n_tokens]` (the column form), read as its rows first."""
     shape = (grouping.n_batch, grouping.n_tokens)
     out = []
     for record in records:
-        if "returned" in record.details and tuple(record.tensor.shape[:2]) == shape and record.tensor.dim() >= 3:
-            record = dataclasses.replace(record, tensor=grouping.group(record.tensor))
+        t = record.tensor
+        if "returned" in record.details and width and t.dim() >= 3 and tuple(t.shape[:2]) == (shape[0], width) \
+                and t[0, 0].numel() == shape[1]:
+            t = t.flatten(2).transpose(1, 2)  # [n_batch, width, ..] -> its rows [n_batch, n_tokens, width]
+        if "returned" in record.details and tuple(t.shape[:2]) == shape and t.dim() >= 3:
+            record = dataclasses.replace(record, tensor=grouping.group(t))
         out.append(record)
     return out

@@ -1,0 +1,54 @@
+"""Held-out round 55 (T5, BLOOM, DETR, BLIP, MobileViT, Qwen2-VL vision, Molmo, Pegasus-X): findings in styles
+written afresh.
+
+MobileViT takes a feature map `[B, C, H, W]` and unfolds it into `[B·P, N, C]` itself. trace read the map in the
+column form, and the regrouping reading (regroup.py) asked for rows, so correct code got exit 1 ("Q_feat ... not its
+values"). The column form's map is now read as its rows for the regrouping, the groups run in the row form, and what
+the code returns (a map again) compared as its rows, regrouped. A --mask file [n_batch, n, n] for such a module was
+refused in the column form ("does not broadcast"), so the map was never tried and the user's code was blamed for the
+row input trace made up; it is now read as one mask a sequence there too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from trace_styles_round55 import UnfoldedPixels
+from tracecases import assert_named, assert_passes, run_case, saved
+
+STYLES = str(Path(__file__).parent / "trace_styles_round55.py")
+H, W, P = 4, 6, 2
+
+
+def _same_pixel() -> np.ndarray:
+    """True where two positions of the 4×6 map sit at the same place of their 2×2 patches."""
+    rows, cols = np.divmod(np.arange(H * W), W)
+    place = (rows % P) * P + cols % P
+    return place[:, None] == place[None, :]
+
+
+def test_the_style_is_its_formula_and_the_plant_changes_it():
+    torch.manual_seed(0)
+    m = UnfoldedPixels().double().eval()
+    x = torch.randn(2, 16, H, W, dtype=torch.float64)
+    rows = x.flatten(2).transpose(1, 2)  # [B, 24, 16], raster order
+    q, k, v = (t.view(2, H * W, 2, 8).transpose(1, 2) for t in m.qkv_proj(rows).view(2, H * W, 3, 16).unbind(2))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(_same_pixel()))
+    want = m.out_proj(out.transpose(1, 2).reshape(2, H * W, 16)).transpose(1, 2).reshape(2, 16, H, W)
+    got = m(x)
+    assert (got - want).abs().max() < 1e-10
+    planted = UnfoldedPixels(bug="kv_swapped").double().eval()
+    planted.load_state_dict(m.state_dict())
+    assert (planted(x) - got).abs().max() > 1e-3
+
+
+def test_a_feature_map_unfolded_into_the_batch_is_read_as_groups(runner, tmp_path):
+    code, out = run_case(runner, STYLES, "UnfoldedPixels", None, ("--nq", str(H * W)))
+    assert_passes(code, out)
+    assert any("attends within groups of 6 tokens" in note for note in out["notes"]), out["notes"]
+    assert_named(*run_case(runner, STYLES, "UnfoldedPixels", "bug='kv_swapped'", ("--nq", str(H * W))), "kv.swapped")
+    mask = saved(tmp_path, "pixels.npy", np.broadcast_to(_same_pixel(), (2, H * W, H * W)).copy())
+    options = ("--nq", str(H * W), "--batch", "2", "--mask", mask)
+    assert_passes(*run_case(runner, STYLES, "UnfoldedPixels", None, options))
