@@ -6,7 +6,13 @@ column form, and the regrouping reading (regroup.py) asked for rows, so correct 
 values"). The column form's map is now read as its rows for the regrouping, the groups run in the row form, and what
 the code returns (a map again) compared as its rows, regrouped. A --mask file [n_batch, n, n] for such a module was
 refused in the column form ("does not broadcast"), so the map was never tried and the user's code was blamed for the
-row input trace made up; it is now read as one mask a sequence there too."""
+row input trace made up; it is now read as one mask a sequence there too.
+
+DETR's inline in_proj with the values' block of rows copied from the keys' (`in_proj_weight[E:2E]` twice) was read as
+one fused K/V projection split in halves under GQA. The rows no slice reads, as many as the writer's, are now the
+values' projection (unused.left_rows), the keys' input side is read from the call that reaches the keys
+(posembed.projection_input), and kv.values_from_keys is named by experiment: the value input through the keys'
+rows."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from trace_styles_round55 import UnfoldedPixels
+from trace_styles_round55 import InlineInProj, UnfoldedPixels
 from tracecases import assert_named, assert_passes, run_case, saved
 
 STYLES = str(Path(__file__).parent / "trace_styles_round55.py")
@@ -52,3 +58,24 @@ def test_a_feature_map_unfolded_into_the_batch_is_read_as_groups(runner, tmp_pat
     mask = saved(tmp_path, "pixels.npy", np.broadcast_to(_same_pixel(), (2, H * W, H * W)).copy())
     options = ("--nq", str(H * W), "--batch", "2", "--mask", mask)
     assert_passes(*run_case(runner, STYLES, "UnfoldedPixels", None, options))
+
+
+def test_the_inline_in_proj_is_torchs_attention_and_the_plant_changes_it():
+    torch.manual_seed(0)
+    m = InlineInProj().double().eval()
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).double().eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(m.in_proj_weight)
+        mha.in_proj_bias.copy_(m.in_proj_bias)
+        mha.out_proj.load_state_dict(m.out_proj.state_dict())
+    tgt, pos = torch.randn(2, 7, 32, dtype=torch.float64), torch.randn(2, 7, 32, dtype=torch.float64)
+    got = m(tgt, pos)
+    assert (got - mha(tgt + pos, tgt + pos, tgt, need_weights=False)[0]).abs().max() < 1e-10
+    planted = InlineInProj(bug="v_rows_of_k").double().eval()
+    planted.load_state_dict(m.state_dict())
+    assert (planted(tgt, pos) - got).abs().max() > 1e-3
+
+
+def test_the_values_block_taken_from_the_keys_rows_is_named(runner):
+    assert_passes(*run_case(runner, STYLES, "InlineInProj", None, ()))
+    assert_named(*run_case(runner, STYLES, "InlineInProj", "bug='v_rows_of_k'", ()), "kv.values_from_keys")

@@ -37,3 +37,32 @@ class UnfoldedPixels(nn.Module):
         patches = self.attention(patches)
         patches = patches.reshape(B, p * p, N, C).permute(0, 3, 1, 2).reshape(B, C * p * p, N)
         return F.fold(patches, output_size=(H, W), kernel_size=p, stride=p)
+
+
+class InlineInProj(nn.Module):
+    """DETR's decoder self-attention with torch's in_proj written out (the `multi_head_attention_forward` copies of
+    DETR-era code): `q = k = tgt + query_pos`, the values `tgt`, each projected by its block of rows of one
+    `in_proj_weight`, batch-first. bug='v_rows_of_k' takes the values' block from the keys' rows, `[E:2E]`, copied
+    with the key block's slice."""
+
+    def __init__(self, d_model=32, nhead=4, bug=None):
+        super().__init__()
+        self.d_model, self.nhead, self.bug = d_model, nhead, bug
+        self.in_proj_weight = nn.Parameter(torch.randn(3 * d_model, d_model) * d_model ** -0.5)
+        self.in_proj_bias = nn.Parameter(0.1 * torch.randn(3 * d_model))
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, tgt, query_pos=None):
+        E, bsz, tgt_len = self.d_model, tgt.shape[0], tgt.shape[1]
+        head_dim = E // self.nhead
+        q = k = tgt if query_pos is None else tgt + query_pos
+        q = F.linear(q, self.in_proj_weight[:E], self.in_proj_bias[:E])
+        k = F.linear(k, self.in_proj_weight[E:2 * E], self.in_proj_bias[E:2 * E])
+        start = E if self.bug == "v_rows_of_k" else 2 * E
+        v = F.linear(tgt, self.in_proj_weight[start:start + E], self.in_proj_bias[start:start + E])
+        q = q * head_dim ** -0.5
+        q, k, v = (t.reshape(bsz, tgt_len, self.nhead, head_dim).transpose(1, 2).reshape(bsz * self.nhead, tgt_len,
+                                                                                          head_dim) for t in (q, k, v))
+        weights = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
+        out = torch.bmm(weights, v).reshape(bsz, self.nhead, tgt_len, head_dim).transpose(1, 2).reshape(bsz, tgt_len, E)
+        return self.out_proj(out)

@@ -259,6 +259,8 @@ def by_other_weights(b: Base, role: str, index: int) -> tuple[torch.Tensor, str]
     xs: tuple[torch.Tensor, ...] = inputs.qkv()
     if inputs.layout == "col":  # [n_batch, d, n] as the code takes them -> the reference's rows [n_batch, n, d]
         xs = tuple(t.transpose(-1, -2) if t.dim() == 3 else t for t in xs)
+    # a role's input side of the code's own (qkinput.py: DETR's `q = k = tgt + query_pos` beside the values' tgt)
+    xs = tuple((inputs.own or {}).get(r, t) for r, t in zip("QKV", xs, strict=True))
     own = xs[1 if role == "k" else 2 if role == "v" else 0]
     x = xs[index]
     if x.dim() != 3 or x is own or (x.shape == own.shape and torch.equal(x, own)):

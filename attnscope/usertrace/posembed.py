@@ -73,7 +73,7 @@ def find(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
     found = Added({}, {}, {})
     for i, (short, role) in enumerate(ROLES.items()):
         given = by_role.get(role) or (by_role.get("K") if role == "V" else None) or by_role["Q"]
-        arg = _argument(kernel, i) if kernel is not None else projection_input(records, projections.get(short))
+        arg = _argument(kernel, i) if kernel is not None else projection_input(records, projections.get(short), i)
         read = _sum_read(records, arg, given, inputs, {*_held(module), *fed}) if arg is not None else None
         if read is not None:
             tensor, found.lines[role], found.terms[role] = read
@@ -93,10 +93,19 @@ def find(records: list[Record], inputs: Inputs, module: Any, projections: dict[s
     return found
 
 
-def projection_input(records: list[Record], name: str | None) -> tuple[str, Any] | None:
+def projection_input(records: list[Record], name: str | None, role: int | None = None) -> tuple[str, Any] | None:
     """What the one call of projection `name` reads (an argument as records write it); None where it is called
-    other than once."""
+    other than once. `role` (0 q, 1 k, 2 v): of a projection called more than once (DETR's value block with the key
+    block's rows, `in_proj_weight[E:2E]` for both), the one call that reaches that role's operand of the attention."""
+    from attnscope.usertrace.align import ancestors
+    from attnscope.usertrace.flow import operands
+
     calls = [r for r in records if r.style == "linear" and len(r.args) > 1 and r.args[0] == ("text", name)]
+    found = operands(records) if len(calls) > 1 and role is not None else None
+    at = found[role] if found is not None and role is not None else None
+    if at is not None:
+        above = ancestors(records[at], records) | {at}
+        calls = [r for r in calls if r.index in above]
     return calls[0].args[1] if name is not None and len(calls) == 1 else None
 
 

@@ -211,6 +211,13 @@ def _find_projections(module: nn.Module, records: list[Record] | None, n_head: i
         return [Projections({"q": (shared["q"], modules[shared["q"]]), "k": (shared["k"], modules[shared["k"]]),
                              "v": (shared["k"], modules[shared["k"]]), "o": (shared["o"], modules[shared["o"]])},
                             SHARED_KV)]
+    rows = unused.left_rows(module, names, modules[shared["k"]]) \
+        if shared is not None and shared["q"] != shared["k"] == shared["v"] else None
+    if shared is not None and rows is not None:  # one block of a parameter's rows for K and V, the next one unread
+        return [Projections({"q": (shared["q"], modules[shared["q"]]), "k": (shared["k"], modules[shared["k"]]),
+                             "v": rows, "o": (shared["o"], modules[shared["o"]])},
+                            f"data flow, with rows your code never reads: {shared['k']} makes your K, V; the "
+                            f"reference holds {rows[0]}, the rows left, which fit as the values' projection, as V")]
     if shared is not None and shared["q"] != shared["k"] == shared["v"]:  # a fused K/V projection (to_kv)
         return [Projections({"q": (shared["q"], modules[shared["q"]]),
                              **{role: (part.name, part) for role, part in parts.items()},

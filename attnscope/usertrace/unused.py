@@ -115,3 +115,47 @@ def left_value(module: Any, records: list[Record], writer: Any, thrown: set[str]
         if weight is not None:
             found.append((name, fused.Part(name, weight, None)))
     return found[0] if len(found) == 1 else None
+
+
+def left_rows(module: Any, names: list[str], writer: Any) -> tuple[str, Any] | None:
+    """Where one slice of a parameter's rows makes both the keys and the values (DETR's inline in_proj with the
+    value block's `in_proj_weight[E:2E]` copied from the key block's): the block of that parameter's rows no
+    projection reads, as many as the writer's, as the values' projection (its bias the same rows of the 1-D
+    parameter the writer's bias is cut from); None where no one such block is left. `names`: the projections the
+    code reads, rows cut from a parameter named `P[a:b]` (weightrows.py); `writer`: the keys' and values' one."""
+    import re
+
+    import torch
+
+    from attnscope.usertrace import fused
+
+    cut = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
+    found = cut.match(getattr(writer, "name", None) or "")  # a Part cut from a parameter (an nn.Linear is none)
+    params = dict(module.named_parameters())
+    if found is None or found.group(1) not in params or params[found.group(1)].dim() != 2:
+        return None
+    parent, size = found.group(1), int(found.group(3)) - int(found.group(2))
+    rows = params[parent].shape[0]
+    read = torch.zeros(rows, dtype=torch.bool)
+    for name in names:
+        m = cut.match(name)
+        if m is not None and m.group(1) == parent:
+            read[int(m.group(2)):int(m.group(3))] = True
+    left = [i for i in range(rows) if not read[i]]
+    if len(left) != size or left != list(range(left[0], left[0] + size)):
+        return None
+    start, end = left[0], left[0] + size
+    weight = params[parent].detach()[start:end]
+    if tuple(weight.shape) != tuple(writer.weight.shape):
+        return None
+    bias = None
+    if writer.bias is not None:  # the same rows of the 1-D parameter the writer's bias is cut from
+        a = int(found.group(2))
+        owner = next((p for p in params.values() if p.dim() == 1 and p.numel() == rows
+                      and bool((p.detach()[a:a + size] == writer.bias).all())), None)
+        if owner is None:
+            return None
+        bias = owner.detach()[start:end]
+    name = f"{parent}[{start}:{end}]"
+    return name, fused.Part(name, weight, bias)
+
