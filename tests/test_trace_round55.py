@@ -12,7 +12,11 @@ DETR's inline in_proj with the values' block of rows copied from the keys' (`in_
 one fused K/V projection split in halves under GQA. The rows no slice reads, as many as the writer's, are now the
 values' projection (unused.left_rows), the keys' input side is read from the call that reaches the keys
 (posembed.projection_input), and kv.values_from_keys is named by experiment: the value input through the keys'
-rows."""
+rows.
+
+Qwen2-VL's 2-D vision rotary applied to the queries alone gave no RoPE reading at all (the angle table was read only
+where the queries and keys turn alike), so rope.not_applied had nothing to try. The table is now read from the
+queries where the keys are left as projected, and the keys' missing turn is named."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from trace_styles_round55 import InlineInProj, UnfoldedPixels
+from trace_styles_round55 import AxialRotary, InlineInProj, UnfoldedPixels
 from tracecases import assert_named, assert_passes, run_case, saved
 
 STYLES = str(Path(__file__).parent / "trace_styles_round55.py")
@@ -79,3 +83,33 @@ def test_the_inline_in_proj_is_torchs_attention_and_the_plant_changes_it():
 def test_the_values_block_taken_from_the_keys_rows_is_named(runner):
     assert_passes(*run_case(runner, STYLES, "InlineInProj", None, ()))
     assert_named(*run_case(runner, STYLES, "InlineInProj", "bug='v_rows_of_k'", ()), "kv.values_from_keys")
+
+
+def _turned(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """x `[.., N, d]` with its pairs (i, i + d/2) turned by `angles` `[N, d/2]`, written with complex numbers."""
+    half = x.shape[-1] // 2
+    z = torch.complex(x[..., :half], x[..., half:]) * torch.polar(torch.ones_like(angles), angles)
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
+def test_the_axial_rotary_is_its_formula_and_the_plant_changes_it():
+    torch.manual_seed(0)
+    m = AxialRotary().double().eval()
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    freqs = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    rows, cols = torch.arange(12) // 4, torch.arange(12) % 4
+    angles = torch.cat([rows[:, None] * freqs[::2], cols[:, None] * freqs[1::2]], dim=-1)
+    q, k, v = (p(x).view(2, 12, 4, 8).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj))
+    out = F.scaled_dot_product_attention(_turned(q, angles), _turned(k, angles), v)
+    got = m(x)
+    assert (got - m.o_proj(out.transpose(1, 2).reshape(2, 12, 32))).abs().max() < 1e-10
+    planted = AxialRotary(bug="keys_unrotated").double().eval()
+    planted.load_state_dict(m.state_dict())
+    assert (planted(x) - got).abs().max() > 1e-3
+
+
+def test_a_2d_rotary_left_off_the_keys_is_named(runner):
+    assert_passes(*run_case(runner, STYLES, "AxialRotary", None, ("--nq", "12")))
+    found = assert_named(*run_case(runner, STYLES, "AxialRotary", "bug='keys_unrotated'", ("--nq", "12")),
+                         "rope.not_applied")
+    assert "--rope" not in found["diagnosis"], found

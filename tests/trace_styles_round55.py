@@ -66,3 +66,36 @@ class InlineInProj(nn.Module):
         weights = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
         out = torch.bmm(weights, v).reshape(bsz, self.nhead, tgt_len, head_dim).transpose(1, 2).reshape(bsz, tgt_len, E)
         return self.out_proj(out)
+
+
+class AxialRotary(nn.Module):
+    """A 2-D rotary on a 3×4 grid of patches, as Pixtral's vision encoder lays it out (half of the pairs turned by
+    the patch's row, the other half by its column, `rotate_half` over cos and sin repeated), q, k, v and o Linear
+    layers, F.scaled_dot_product_attention. bug='keys_unrotated' turns the queries alone."""
+
+    def __init__(self, dim=32, heads=4, grid=(3, 4), bug=None):
+        super().__init__()
+        self.heads, self.grid, self.bug = heads, grid, bug
+        self.q_proj, self.k_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.v_proj, self.o_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    @staticmethod
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    def forward(self, patches):
+        B, N, C = patches.shape
+        d = C // self.heads
+        freqs = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        rows, cols = torch.arange(N) // self.grid[1], torch.arange(N) % self.grid[1]
+        angles = torch.cat([rows[:, None] * freqs[::2], cols[:, None] * freqs[1::2]], dim=-1)  # [N, d / 2]
+        emb = torch.cat([angles, angles], dim=-1).to(patches.dtype)
+        cos, sin = emb.cos(), emb.sin()
+        q, k, v = (p(patches).view(B, N, self.heads, d).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        q = q * cos + self.rotate_half(q) * sin
+        if self.bug != "keys_unrotated":
+            k = k * cos + self.rotate_half(k) * sin
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(B, N, C))

@@ -182,7 +182,8 @@ class Angles:
 def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> Angles | None:
     """The angle table under which the last tensor above the queries the code hands its scores that is a rotation
     of the reference's unrotated `q` (`[.., n, d]`, in any layout, perhaps scaled), and the same for the keys `k`,
-    are those rotated, where both share it, some pair turns, and no 1-D position gives it; None otherwise. The keys
+    are those rotated, where both share it (or the keys are left as they are: a mistake, rope.not_applied), some
+    pair turns, and no 1-D position gives it; None otherwise. The keys
     are looked for above the scores' right operand, else above the pattern's partner: code that hands its rotated
     keys to the pattern and its values to the scores (`sdpa(q, v, k)`) still rotates them with the queries' table,
     and the swap is a mistake the catalog names (kv.swapped), never a RoPE the reference cannot be told of. So is
@@ -203,12 +204,39 @@ def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor, v: torch.T
                      if (found := last_turned(records, index, unturned.double(), pairing)
                          or own_turn(records, index, unturned.shape, pairing)) is not None
                      and not _differs(found[1], turned)), None)
+        if keys is None and turned is not None and _still(records, handed[1], k):
+            keys = turned  # the keys left unrotated beside the queries' table: the catalog's rope.not_applied
         tables = [found[1] if found is not None else None for found in (turned, keys)]
         if tables[0] is None or tables[1] is None or float(tables[0].abs().max()) < STILL \
                 or float(_wrapped(tables[0] - tables[1]).abs().max()) > ANGLE_TOL or _even(tables[0]):
             continue
         return Angles(tables[0], pairing)
     return None
+
+
+def _still(records: list[Any], index: int, k: torch.Tensor) -> bool:
+    """Whether the scores' keys (record `index`) are the reference's unrotated keys `k` as they are: code that turns
+    its queries by a table of its own and leaves its keys out (Qwen2-VL's vision rotary applied to q alone), whose
+    table is then read from the queries, the keys' missing turn a mistake the catalog names."""
+    import math as _math
+
+    from attnscope.usertrace.align import REARRANGING, layouts
+
+    want = k.double()
+    record = records[index]
+    while True:  # the operand itself, or what it only lays out anew (`k.transpose(-1, -2)`)
+        tensor = record.tensor
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() == _math.prod(k.shape):
+            for layout in layouts(tuple(k.shape), tuple(tensor.shape), swaps=True):
+                try:
+                    held = layout.undo(tensor.detach(), tuple(k.shape)).double()
+                except RuntimeError:
+                    continue
+                if torch.allclose(held, want, rtol=1e-4, atol=1e-5 * max(float(want.abs().max()), 1.0)):
+                    return True
+        if record.func not in REARRANGING or len(record.parents) != 1:
+            return False
+        record = records[record.parents[0]]
 
 
 def _differs(table: torch.Tensor, turned: tuple[Any, torch.Tensor] | None) -> bool:

@@ -298,9 +298,11 @@ def trials_not_applied(b: Base) -> Iterator[Trial]:
     if rope is not None:
         steps = rejoined(b, rope.q, None) if b.raw_keys is not None else turned(b, rope, rope.q, rope.k)
         what = "the rotary parts of the queries and keys" if rope.lead else "the queries and keys"
+        spec = b.ctx.spec
+        how = "by the angles your code turns its queries by (its own table)" \
+            if spec is not None and spec.rope_angles is not None else f"--rope, base {rope.base:g}"
         yield Trial(steps, f"RoPE is never applied: {{who}} is what the reference computes "
-                    f"with {what} not rotated (the reference rotates them, --rope, base "
-                    f"{rope.base:g})")
+                    f"with {what} not rotated (the reference rotates them, {how})")
         if rope.lead or b.raw_keys is not None:
             return
         from attnscope.usertrace.normtrials import unrotated_sides
@@ -312,9 +314,9 @@ def trials_not_applied(b: Base) -> Iterator[Trial]:
         for side, steps in sides:
             other = "queries" if side == "keys" else "keys"
             yield Trial(steps, f"RoPE is never applied to the {side}: {{who}} is what the reference "
-                        f"computes with the {other} rotated and the {side} not (the reference rotates both, --rope, "
-                        f"base {rope.base:g}; a rotation on one side alone makes the scores depend on each position, "
-                        "not on the distance i − j)")
+                        f"computes with the {other} rotated and the {side} not (the reference rotates both, {how}; "
+                        "a rotation on one side alone makes the scores depend on each position, not on the distance "
+                        "i − j)")
 
 
 def trials_untold(b: Base) -> Iterator[Trial]:
