@@ -16,7 +16,12 @@ rows.
 
 Qwen2-VL's 2-D vision rotary applied to the queries alone gave no RoPE reading at all (the angle table was read only
 where the queries and keys turn alike), so rope.not_applied had nothing to try. The table is now read from the
-queries where the keys are left as projected, and the keys' missing turn is named."""
+queries where the keys are left as projected, and the keys' missing turn is named.
+
+Pegasus-X's local scores are two einsums, the block queries against the global keys ('BHNKF,BHGF->BHNKG', the keys
+broadcast over the blocks) and against their own block, joined along the keys' axis by torch.cat before one softmax:
+no piece of the scores was read there, so a softmax over the queries went unnamed. An einsum's cells are now paired
+by its equation, and products joined along the keys' axis are one piece (gathered._einsum_cells, _joined)."""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from trace_styles_round55 import AxialRotary, InlineInProj, UnfoldedPixels
+from trace_styles_round55 import AxialRotary, GlobalBlocks, InlineInProj, UnfoldedPixels
 from tracecases import assert_named, assert_passes, run_case, saved
 
 STYLES = str(Path(__file__).parent / "trace_styles_round55.py")
@@ -113,3 +118,33 @@ def test_a_2d_rotary_left_off_the_keys_is_named(runner):
     found = assert_named(*run_case(runner, STYLES, "AxialRotary", "bug='keys_unrotated'", ("--nq", "12")),
                          "rope.not_applied")
     assert "--rope" not in found["diagnosis"], found
+
+
+def _global_blocks(n: int = 14, n_global: int = 2, block: int = 4) -> np.ndarray:
+    """True where a token may attend: the global tokens to all, the others to the global tokens and their block."""
+    keep = np.zeros((n, n), dtype=bool)
+    keep[:n_global] = True
+    keep[:, :n_global] = True
+    for start in range(n_global, n, block):
+        keep[start:start + block, start:start + block] = True
+    return keep
+
+
+def test_the_global_blocks_are_their_mask_and_the_plant_changes_it():
+    torch.manual_seed(0)
+    m = GlobalBlocks().double().eval()
+    x = torch.randn(2, 14, 32, dtype=torch.float64)
+    q, k, v = (p(x).view(2, 14, 4, 8).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(_global_blocks()))
+    got = m(x)
+    assert (got - m.out_proj(out.transpose(1, 2).reshape(2, 14, 32))).abs().max() < 1e-10
+    planted = GlobalBlocks(bug="softmax_dim").double().eval()
+    planted.load_state_dict(m.state_dict())
+    assert (planted(x) - got).abs().max() > 1e-3
+
+
+def test_a_softmax_over_the_queries_of_pieces_joined_along_the_keys_is_named(runner, tmp_path):
+    mask = saved(tmp_path, "global_blocks.npy", np.broadcast_to(_global_blocks(), (3, 14, 14)).copy())
+    options = ("--mask", mask, "--batch", "3", "--nq", "14")
+    assert_passes(*run_case(runner, STYLES, "GlobalBlocks", None, options))
+    assert_named(*run_case(runner, STYLES, "GlobalBlocks", "bug='softmax_dim'", options), "softmax.axis")

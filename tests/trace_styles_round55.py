@@ -99,3 +99,34 @@ class AxialRotary(nn.Module):
             k = k * cos + self.rotate_half(k) * sin
         out = F.scaled_dot_product_attention(q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, N, C))
+
+
+class GlobalBlocks(nn.Module):
+    """Pegasus-X's global-local attention (models/pegasus_x/modeling_pegasus_x.py) on one sequence whose first
+    `n_global` tokens are its global tokens: those attend to every token; the rest, in blocks of `block`, attend to
+    the global tokens and to their own block, their scores two einsums joined along the keys' axis by torch.cat
+    before one softmax. bug='softmax_dim' takes both softmaxes over the queries' axis."""
+
+    def __init__(self, dim=32, heads=4, n_global=2, block=4, bug=None):
+        super().__init__()
+        self.heads, self.n_global, self.block, self.bug = heads, n_global, block, bug
+        self.q_proj, self.k_proj = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.v_proj, self.out_proj = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim)
+
+    def forward(self, hidden_states):
+        B, N, C = hidden_states.shape
+        H, d, G = self.heads, C // self.heads, self.n_global
+        q, k, v = (p(hidden_states).view(B, N, H, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q = q * d ** -0.5
+        axis = -2 if self.bug == "softmax_dim" else -1
+        global_probs = torch.einsum("BHGF,BHXF->BHGX", q[:, :, :G], k).softmax(dim=axis)
+        global_out = torch.einsum("BHGX,BHXF->BHGF", global_probs, v)
+        nb = (N - G) // self.block
+        local_q, local_k, local_v = (t[:, :, G:].reshape(B, H, nb, self.block, d) for t in (q, k, v))
+        to_global = torch.einsum("BHNKF,BHGF->BHNKG", local_q, k[:, :, :G])
+        to_local = torch.einsum("BHNKF,BHNXF->BHNKX", local_q, local_k)
+        probs = torch.cat([to_global, to_local], dim=-1).softmax(dim=axis)
+        local_out = torch.einsum("BHNKG,BHGF->BHNKF", probs[..., :G], v[:, :, :G]) \
+            + torch.einsum("BHNKX,BHNXF->BHNKF", probs[..., G:], local_v)
+        out = torch.cat([global_out, local_out.reshape(B, H, N - G, d)], dim=2)
+        return self.out_proj(out.transpose(1, 2).reshape(B, N, C))

@@ -175,10 +175,15 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
         out.setdefault(record.index, {})[steps[found[0]].shape] = (
             index, "each row the step's row at its (batch, head, token)")
     roots = []
+    parts: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # products no softmax normalizes whole
+    words = "each cell the step's cell at its query's and key's (batch, head, token)"
     for record in records:
-        if not _product(record) or maps.get(record.index) is not None or (not out and not _unlaid(record, scores)):
+        if record.func.split(".")[-1] == "cat":  # products joined along the keys' axis, then softmaxed (Pegasus-X's
+            piece = _joined(record, parts)  # block queries against the global keys and against their own block's)
+        elif not _product(record) or maps.get(record.index) is not None or (not out and not _unlaid(record, scores)):
             continue
-        piece = _scores_piece(record, records, maps, steps)
+        else:
+            piece = _scores_piece(record, records, maps, steps)
         if piece is None:
             continue
         shape, index = piece
@@ -188,12 +193,64 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
                 and (later is record or record.index in ancestors(later, records)
                      or (later.func == "recomputed" and later.parents == record.parents))]  # one kernel's steps
         if not any(later.func.split(".")[-1] in SOFTMAXES or later.names[:1] == ["(attention)"] for later in made):
-            continue  # a piece the code never normalizes whole (online softmax's blocks of keys) holds no query's row
+            parts[record.index] = piece  # a piece the code never normalizes whole (online softmax's blocks of keys)
+            continue  # holds no query's row, unless joined to others before a softmax
         roots.append((record, index))
-        words = "each cell the step's cell at its query's and key's (batch, head, token)"
         for later in made:
             out.setdefault(later.index, {})[shape] = (index, words)
     return out, roots
+
+
+def _einsum_cells(record: Record, q_rows: torch.Tensor, k_rows: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each cell's query row and key row, laid out as an einsum's output (`'BHNKF,BHGF->BHNKG'`: the block queries
+    against keys shared by every block), where `record` is an einsum contracting the last label of both operands;
+    None otherwise (a matmul: its last two axes pair them)."""
+    eq = next((v for kind, v in record.args if kind == "text" and isinstance(v, str) and "->" in v), None)
+    if record.func.split(".")[-1] != "einsum" or eq is None or "..." in eq:
+        return None
+    ins, out = eq.replace(" ", "").strip("'\"").split("->")  # the equation as records write it, quoted
+    sides = ins.split(",")
+    if len(sides) != 2 or not sides[0] or sides[0][-1] != sides[1][-1] or sides[0][-1] in out:
+        return None
+
+    def laid(rows: torch.Tensor, labels: str) -> torch.Tensor | None:
+        if rows.dim() != len(labels) or set(labels) - set(out) or len(set(labels)) != len(labels):
+            return None
+        moved = rows.permute([labels.index(c) for c in out if c in labels])
+        return moved.reshape([rows.shape[labels.index(c)] if c in labels else 1 for c in out])
+
+    q, k = laid(q_rows, sides[0][:-1]), laid(k_rows, sides[1][:-1])
+    if q is None or k is None:
+        return None
+    try:
+        return torch.broadcast_tensors(q, k)  # type: ignore[return-value]
+    except RuntimeError:
+        return None
+
+
+def _joined(record: Record, parts: dict[int, tuple[tuple[int, ...], torch.Tensor]]
+            ) -> tuple[tuple[int, ...], torch.Tensor] | None:
+    """(the scores' shape, each cell's flat position in it) where `record` joins pieces of the scores (`parts`) along
+    its last axis, the keys' (`torch.cat([local2global, local2local], dim=-1)`), each cell once; None otherwise."""
+    import re
+
+    listed = next((value for kind, value in record.args if kind == "list"), None)
+    dims = [int(m.group(1)) for kind, value in record.args if kind == "text" and isinstance(value, str)
+            and (m := re.fullmatch(r"(?:dim=)?(-?\d+)", value.strip()))]
+    t = record.tensor
+    if not listed or len(dims) != 1 or dims[0] not in (-1, t.dim() - 1) or any(k != "rec" for k, _ in listed):
+        return None
+    joined = [parts.get(i) for _, i in listed]
+    if any(j is None for j in joined) or len({j[0] for j in joined if j is not None}) != 1:
+        return None
+    index = torch.cat([j[1] for j in joined if j is not None], dim=-1)
+    rows = index.reshape(-1, index.shape[-1]).sort(dim=-1).values
+    if tuple(index.shape) != tuple(t.shape) or bool((rows[:, 1:] == rows[:, :-1]).any()):
+        return None
+    first = joined[0]
+    assert first is not None
+    return first[0], index
 
 
 def _product(record: Record) -> bool:
@@ -324,13 +381,17 @@ def _scores_piece(record: Record, records: list[Record], maps: dict[int, tuple[s
     if steps[q_name].shape[:2] != steps[k_name].shape[:2]:
         return None
     out = record.tensor
-    if out.dim() < 2 or tuple(out.shape[-2:]) != (q_rows.shape[-1], k_rows.shape[-1]):
-        return None
-    try:
-        q_rows, k_rows = q_rows[..., :, None], k_rows[..., None, :]
-        q_rows, k_rows = torch.broadcast_tensors(q_rows, k_rows)
-    except RuntimeError:
-        return None
+    paired = _einsum_cells(record, q_rows, k_rows)
+    if paired is not None:  # an einsum that broadcasts one side (Pegasus-X's 'BHNKF,BHGF->BHNKG')
+        q_rows, k_rows = paired
+    else:
+        if out.dim() < 2 or tuple(out.shape[-2:]) != (q_rows.shape[-1], k_rows.shape[-1]):
+            return None
+        try:
+            q_rows, k_rows = q_rows[..., :, None], k_rows[..., None, :]
+            q_rows, k_rows = torch.broadcast_tensors(q_rows, k_rows)
+        except RuntimeError:
+            return None
     if tuple(q_rows.shape) != tuple(out.shape) or not bool((q_rows // n_q == k_rows // n_k).all()):
         return None
     shape = (*steps[q_name].shape[:3], n_k)
