@@ -21,7 +21,10 @@ queries where the keys are left as projected, and the keys' missing turn is name
 Pegasus-X's local scores are two einsums, the block queries against the global keys ('BHNKF,BHGF->BHNKG', the keys
 broadcast over the blocks) and against their own block, joined along the keys' axis by torch.cat before one softmax:
 no piece of the scores was read there, so a softmax over the queries went unnamed. An einsum's cells are now paired
-by its equation, and products joined along the keys' axis are one piece (gathered._einsum_cells, _joined)."""
+by its equation, and products joined along the keys' axis are one piece (gathered._einsum_cells, _joined). BigBird's
+(round 54) joins products scaled and masked after them, one viewed back from a bmm, in more than four pieces: a
+piece is followed through its elementwise ops and its views, and the softmax over the queries is tried in up to
+eight pieces at once."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from trace_styles_round55 import AxialRotary, GlobalBlocks, InlineInProj, UnfoldedPixels
+from trace_styles_round55 import AxialRotary, GlobalBlocks, InlineInProj, ManyBlocks, UnfoldedPixels
 from tracecases import assert_named, assert_passes, run_case, saved
 
 STYLES = str(Path(__file__).parent / "trace_styles_round55.py")
@@ -148,3 +151,23 @@ def test_a_softmax_over_the_queries_of_pieces_joined_along_the_keys_is_named(run
     options = ("--mask", mask, "--batch", "3", "--nq", "14")
     assert_passes(*run_case(runner, STYLES, "GlobalBlocks", None, options))
     assert_named(*run_case(runner, STYLES, "GlobalBlocks", "bug='softmax_dim'", options), "softmax.axis")
+
+
+def test_the_many_blocks_are_their_mask_and_the_plant_changes_it():
+    torch.manual_seed(0)
+    m = ManyBlocks().double().eval()
+    x = torch.randn(2, 14, 32, dtype=torch.float64)
+    q, k, v = (p(x).view(2, 14, 4, 8).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(_global_blocks(block=2)))
+    got = m(x)
+    assert (got - m.out_proj(out.transpose(1, 2).reshape(2, 14, 32))).abs().max() < 1e-10
+    planted = ManyBlocks(bug="softmax_dim").double().eval()
+    planted.load_state_dict(m.state_dict())
+    assert (planted(x) - got).abs().max() > 1e-3
+
+
+def test_a_softmax_over_the_queries_of_many_blocks_is_named(runner, tmp_path):
+    mask = saved(tmp_path, "blocks.npy", np.broadcast_to(_global_blocks(block=2), (3, 14, 14)).copy())
+    options = ("--mask", mask, "--batch", "3", "--nq", "14")
+    assert_passes(*run_case(runner, STYLES, "ManyBlocks", None, options))
+    assert_named(*run_case(runner, STYLES, "ManyBlocks", "bug='softmax_dim'", options), "softmax.axis")

@@ -130,3 +130,32 @@ class GlobalBlocks(nn.Module):
             + torch.einsum("BHNKX,BHNXF->BHNKF", probs[..., G:], local_v)
         out = torch.cat([global_out, local_out.reshape(B, H, N - G, d)], dim=2)
         return self.out_proj(out.transpose(1, 2).reshape(B, N, C))
+
+
+class ManyBlocks(nn.Module):
+    """GlobalBlocks written block by block, as BigBird's block-sparse attention is (its first, middle and last
+    blocks each scored and softmaxed apart): each block of queries against the global keys by a bmm viewed back (its
+    torch_bmm_nd) and against its own block by a matmul, both scaled after the product, joined along the keys' axis
+    and softmaxed; the global queries apart. bug='softmax_dim' takes every softmax over the queries' axis."""
+
+    def __init__(self, dim=32, heads=4, n_global=2, block=2, bug=None):
+        super().__init__()
+        self.heads, self.n_global, self.block, self.bug = heads, n_global, block, bug
+        self.q_proj, self.k_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.v_proj, self.out_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, hidden_states):
+        B, N, C = hidden_states.shape
+        H, d, G = self.heads, C // self.heads, self.n_global
+        q, k, v = (p(hidden_states).view(B, N, H, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        axis, scale = (-2 if self.bug == "softmax_dim" else -1), d ** -0.5
+        outs = [((q[:, :, :G] @ k.transpose(-1, -2)) * scale).softmax(dim=axis) @ v]
+        for start in range(G, N, self.block):
+            qb, kb, vb = (t[:, :, start:start + self.block] for t in (q, k, v))
+            to_global = torch.bmm(qb.reshape(B * H, -1, d), k[:, :, :G].reshape(B * H, G, d).transpose(1, 2))
+            to_global = to_global.view(B, H, -1, G) * scale
+            to_block = (qb @ kb.transpose(-1, -2)) * scale
+            probs = torch.cat([to_global, to_block], dim=-1).softmax(dim=axis)
+            outs.append(probs[..., :G] @ v[:, :, :G] + probs[..., G:] @ vb)
+        out = torch.cat(outs, dim=2)
+        return self.out_proj(out.transpose(1, 2).reshape(B, N, C))

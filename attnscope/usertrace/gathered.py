@@ -47,7 +47,9 @@ HEAD_STEPS = ("Q_split", "Q_normed", "Q_rot", "K_split", "K_normed", "K_rot", "K
 QUERIES, KEYS = ("Q_split", "Q_normed", "Q_rot"), ("K_split", "K_normed", "K_rot", "K_rep")
 MATMUL_FUNCS = ("matmul", "__matmul__", "bmm", "einsum")
 REDUCTIONS = ("max", "amax", "min", "amin", "sum", "mean", "logsumexp", "norm")
+VIEWS = ("view", "reshape", "_unsafe_view", "flatten", "unflatten")  # a product read anew in its own order
 MAX_ROWS = 2048  # a step's rows compared with each other once: n_batch · n_head · n at most
+MAX_PIECES = 8  # the pieces of the scores a softmax over the queries is tried in, every one of them at once
 
 
 @dataclass
@@ -178,8 +180,12 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
     parts: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # products no softmax normalizes whole
     words = "each cell the step's cell at its query's and key's (batch, head, token)"
     for record in records:
-        if record.func.split(".")[-1] == "cat":  # products joined along the keys' axis, then softmaxed (Pegasus-X's
-            piece = _joined(record, parts)  # block queries against the global keys and against their own block's)
+        func = record.func.split(".")[-1]
+        if func == "cat":  # products joined along the keys' axis, then softmaxed (Pegasus-X's block queries
+            piece = _joined(record, parts)  # against the global keys and against their own block's)
+        elif func in VIEWS and len(record.parents) == 1 and record.parents[0] in parts:  # a product viewed back
+            shape, index = parts[record.parents[0]]  # from its bmm's [b·h·blocks, q, k] (BigBird's torch_bmm_nd)
+            piece = (shape, index.reshape(record.tensor.shape)) if index.numel() == record.tensor.numel() else None
         elif not _product(record) or maps.get(record.index) is not None or (not out and not _unlaid(record, scores)):
             continue
         else:
@@ -193,8 +199,9 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
                 and (later is record or record.index in ancestors(later, records)
                      or (later.func == "recomputed" and later.parents == record.parents))]  # one kernel's steps
         if not any(later.func.split(".")[-1] in SOFTMAXES or later.names[:1] == ["(attention)"] for later in made):
-            parts[record.index] = piece  # a piece the code never normalizes whole (online softmax's blocks of keys)
-            continue  # holds no query's row, unless joined to others before a softmax
+            for later in made:  # a piece the code never normalizes whole (online softmax's blocks of keys) holds
+                parts[later.index] = piece  # no query's row, unless joined to others (scaled, masked) before one
+            continue
         roots.append((record, index))
         for later in made:
             out.setdefault(later.index, {})[shape] = (index, words)
@@ -413,13 +420,15 @@ def softmax_in_pieces(b: Base) -> Iterator[Trial]:
         return
     pieces = score_pieces(b.ctx.reference, b.ctx.records)
     shape = tuple(b.ref["attention"].shape)
-    if not pieces or len(pieces) > 4 or "scores" not in b.ref or tuple(b.ref["scores"].shape) != shape:
+    if not pieces or len(pieces) > MAX_PIECES or "scores" not in b.ref or tuple(b.ref["scores"].shape) != shape:
         return
     if _piece_queries(pieces, shape) is None:
         return  # a query in two pieces, or in none
     steps = replay(b)
     logits = steps.get("masked_scores", steps["scores"]).reshape(-1)
-    for count in range(len(pieces), 0, -1):
+    # every piece, then (where they are few) some of them: BigBird's five kinds of block each softmaxed apart
+    counts = range(len(pieces), 0, -1) if len(pieces) <= 4 else (len(pieces),)
+    for count in counts:
         for chosen in combinations(range(len(pieces)), count):
             attention = torch.zeros(shape, dtype=logits.dtype).reshape(-1)
             for i, (_, index) in enumerate(pieces):
