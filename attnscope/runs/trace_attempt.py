@@ -219,8 +219,11 @@ class RunSoFar:
             # no parameter named like a mask: each defaulting to None tried as the mask first (`key_padding=None`,
             # `adj=None`), kept where the code applies it to its scores or weights (maskuse.py)
             candidates = [self.plan.by_use(n) for n in self.plan.optional if n not in self.plan.given] + candidates
-        if asked.rope and self.plan.tables_optional:  # its own RoPE tables first (all of its code runs), else trace's
-            candidates = [c for p in candidates for c in (p.with_own_tables(), p)]
+        if asked.rope and self.plan.tables_optional:  # its own RoPE tables first (all of its code runs), made from
+            # positions where it reads them (a 4.4x layer's rotary_emb(value, position_ids)), else trace's
+            candidates = [c for p in candidates for c in (
+                p.with_own_tables(), *([p.with_own_tables().with_positions_given()] if p.position_ids_later else []),
+                p)]
         if self.plan.embeddings:  # position embeddings fed first (all of its code runs), in the input's shape, then
             # in a relative embedding's (ESPnet's pos_emb [1, 2n-1, d]), else left None
             from attnscope.usertrace.feeds import embedding_forms

@@ -214,6 +214,14 @@ def _scaled(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list
         own = replace(scaled, base=base, pairing=pairing) if factor is None and table.sign == 1 else None
         found.append((replace(spec, rope_pairing=pairing, rope_sign=table.sign, rope_freqs=table.freqs,
                               rope_declared=own), said))
+    if not found and declared is not None and spec.rope_sign == 1:
+        # the scaling the module declares, where the code's rotation gives it in no pairing or at another base (a
+        # pairing or a base slipped under it): the reference turns as declared, the slip a mistake the catalog
+        # names under the same scaling
+        found.append((replace(spec, rope_freqs=tuple(float(f) for f in declared),
+                              rope_declared=replace(scaled, base=base, pairing=spec.rope_pairing)),
+                      [f"your module declares rope_scaling ({scaled.kind}): the reference turns its pairs at the "
+                       f"frequencies that gives base {base:g} (your rotated tensors turn otherwise)"]))
     return found
 
 

@@ -271,6 +271,17 @@ class Plan:
         return dataclasses.replace(self, tables=[], tables_optional=False, nones=[*self.nones, *self.tables],
                                    said={**self.said, **said}, tables_unasked=[] if rope else list(self.tables))
 
+    def with_positions_given(self) -> Plan:
+        """This plan with its optional position ids given the new tokens' positions, as transformers' model passes
+        them (`position_ids = cache_position.unsqueeze(0)`): a 4.4x layer that makes RoPE's tables itself from its
+        rotary_emb reads them (`position_ids.shape[0]`), and raises given None."""
+        later = self.position_ids_later
+        words = (f"{', '.join(later)}: given the new tokens' positions, torch.arange(n_Q)[None], as transformers' "
+                 "model passes them (position_ids = cache_position.unsqueeze(0)), which your module makes RoPE's "
+                 "tables from")
+        return dataclasses.replace(self, position_ids=[*self.position_ids, *later], position_ids_later=[],
+                                   said={**self.said, later[0]: words})
+
     def with_embedding_form(self, form: str) -> Plan:
         """This plan with its position embeddings shaped as `form` says (feeds.RELATIVE)."""
         return dataclasses.replace(self, embedding_form=form)

@@ -25,11 +25,13 @@ from attnscope.usertrace.trials import Trial
 
 def _rotated(b: Base, rope: ReadRope, q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
              base: float | None = None, pairing: str | None = None, table: str | None = None,
-             rotary: int | None = None, over: int | None = None, lead: int | None = None) -> dict[str, torch.Tensor]:
+             rotary: int | None = None, over: int | None = None, lead: int | None = None,
+             freqs: tuple[float, ...] | None = None) -> dict[str, torch.Tensor]:
     """The reference run again with its queries and keys rotated another way (the rest as the reference's); `lead`:
-    the coordinates before the part that turns, passed through (the reference's own where not given)."""
-    own = base is None and rotary is None and over is None  # the code's own table
-    freqs, angles = (rope.freqs, rope.angles) if own else (None, None)
+    the coordinates before the part that turns, passed through (the reference's own where not given); `freqs`: each
+    pair's frequency (another base under the scaling the module declares)."""
+    own = base is None and rotary is None and over is None and freqs is None  # the code's own table
+    freqs, angles = (rope.freqs, rope.angles) if own else (freqs, None)
     base, pairing, rotary = base or rope.base, pairing or rope.pairing, rotary or rope.rotary
 
     def turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -155,7 +157,33 @@ def trials_base(b: Base) -> Iterator[Trial]:
             words = (f"{{who}} rotates with RoPE base {base:g} where the reference uses {rope.base:g}; if your model "
                      f"was trained with rope_theta = {base:g}, pass --rope-base {base:g}, else fix the base")
         yield Trial(_rotated(b, rope, base=base), words)
+    yield from _declared_base(b, rope, own)
     yield from _scaled_base(b, rope, own)
+
+
+def _declared_base(b: Base, rope: ReadRope, own: bool) -> Iterator[Trial]:
+    """rope.base under the RoPE scaling the module declares (llama3's, yarn's: spec.rope_declared): the usual bases'
+    frequencies as that scaling moves them, where the reference turns at the declared ones."""
+    from dataclasses import replace
+
+    from attnscope.errors import AttnscopeError
+    from attnscope.usertrace.rotary import KNOWN_BASES
+
+    declared = b.ctx.spec.rope_declared if b.ctx.spec is not None else None
+    if declared is None or rope.angles is not None or rope.rotary is not None or rope.lead:
+        return
+    d, n = int(rope.q.shape[-1]), int(max(int(rope.q_pos.max()), int(rope.k_pos.max())) + 1)
+    for base in KNOWN_BASES:
+        if math.isclose(base, rope.base, rel_tol=1e-9):
+            continue
+        try:
+            freqs = tuple(float(f) for f in replace(declared, base=base).inv_freq(d, n))
+        except AttnscopeError:
+            continue
+        said = f"your module says {rope.base:g} ({_where(b)})" if own else f"the reference uses {rope.base:g}"
+        yield Trial(_rotated(b, rope, freqs=freqs), f"{{who}} rotates with RoPE base {base:g} under its rope_scaling "
+                    f"({declared.kind}), where {said}: the base is not handed on to where the scaled frequencies are "
+                    "made; pass the model's own")
 
 
 def _where(b: Base) -> str:
