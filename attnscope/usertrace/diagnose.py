@@ -209,7 +209,8 @@ def by_experiment(step: str, base: Base, absent: bool = False) -> Diagnosis | No
         if best is not None:
             break
     if best is None:  # divided attention: a mistake made in some of the code's pieces of the scores alone
-        from attnscope.usertrace.gathered import in_some_pieces, score_pieces
+        from attnscope.usertrace.gathered import score_pieces
+        from attnscope.usertrace.piecetrials import in_some_pieces
 
         pieces = score_pieces(base.ctx.reference, base.ctx.records)
         for experiment in CATALOG if len(pieces) > 1 else ():

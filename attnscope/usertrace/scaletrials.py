@@ -369,7 +369,7 @@ def trials_softmax_axis(b: Base) -> Iterator[Trial]:
                 yield Trial(replay(b, softmax_dim=axis, mask="added", zeroed=zeroed), words)
                 if own is not None:  # or its own finite numbers there: two biases added, −20000 where both mask
                     yield Trial(replay(b, softmax_dim=axis, mask="own", masked_as=own, zeroed=zeroed), words)
-    from attnscope.usertrace.gathered import softmax_in_pieces
+    from attnscope.usertrace.piecetrials import softmax_in_pieces
 
     yield from softmax_in_pieces(b)  # scores in groups' pieces (divided attention): over each piece's queries
 

@@ -79,7 +79,7 @@ def _made_from(pieces: list[tuple[Record, torch.Tensor]], records: list[Record],
     sequence moved at a time, a query's row in its pieces' left operand changed where the token is one of its own;
     None where that cannot be read (the run differs in its ops, an operand broadcast, too many runs)."""
     from attnscope.usertrace.align import tolerance
-    from attnscope.usertrace.gathered import operands_of
+    from attnscope.usertrace.scorepieces import operands_of
 
     n_batch, n_head, n_q, n_k = shape
     name, x = next(iter(inputs.tensors.items()))
