@@ -183,6 +183,7 @@ def operands_of(record: Record) -> list[int]:
 def unlaid(record: Record, scores: tuple[int, ...] | None) -> bool:
     """Whether `record` is a product smaller than the scores `scores` and in no layout of them: a piece of the scores
     whose operands may be layouts of the steps, not pieces, where its batch axes pair each group's queries with its
-    own keys (Hiera's mask units beside pooled queries, `[B, heads, units, q, d] @ [B, heads, units, d, k]`)."""
-    return scores is not None and is_product(record) and record.tensor.dim() >= 3 \
+    own keys (Hiera's mask units beside pooled queries, `[B, heads, units, q, d] @ [B, heads, units, d, k]`): an axis
+    more than the scores have (groups moved into the batch axis, `[B·W, heads, h, h]`, are regroup.py's)."""
+    return scores is not None and is_product(record) and record.tensor.dim() > len(scores) \
         and record.tensor.numel() < math.prod(scores) and not layouts(scores, tuple(record.tensor.shape))
