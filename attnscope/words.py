@@ -12,3 +12,14 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     if plural is None:
         plural = noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s"
     return f"{n:,} {plural}"
+
+
+def run_of(noun: str, indices: list[int]) -> str:
+    """Positions in words, `noun` the plural ("tokens", "keys"): "tokens 0, 5, … 15 (5 apart)" for an even step
+    wider than 1 over more than two, "tokens 3 to 7" for a run, else the first six listed ("tokens 0, 2, 3, …")."""
+    step = {b - a for a, b in zip(indices[:-1], indices[1:], strict=True)}
+    if len(step) == 1 and len(indices) > 2 and next(iter(step)) > 1:
+        return f"{noun} {indices[0]}, {indices[1]}, … {indices[-1]} ({step.pop()} apart)"
+    if step == {1}:
+        return f"{noun} {indices[0]} to {indices[-1]}"
+    return f"{noun} {', '.join(str(i) for i in indices[:6])}{', …' if len(indices) > 6 else ''}"

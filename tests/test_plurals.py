@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from cli_main import run_main
 
-from attnscope.words import counted
+from attnscope.usertrace.weightrows import cut_rows
+from attnscope.words import counted, run_of
 
 
 def test_counted_says_one_and_many():
@@ -27,3 +28,16 @@ def test_sdpa_header_with_one_padded_key():
     outcome = run_main("sdpa", "--batch", "1", "--nq", "2", "--nk", "3", "--pad", "1", "--heatmap")
     assert outcome.code == 0, outcome.stderr
     assert "last 1 key padded" in outcome.stdout and "[2 queries x 3 keys]" in outcome.stdout
+
+
+def test_positions_read_as_a_step_a_run_or_a_list():
+    assert run_of("tokens", [0, 5, 10, 15]) == "tokens 0, 5, … 15 (5 apart)"
+    assert run_of("keys", [3, 4, 5, 6, 7]) == "keys 3 to 7"
+    assert run_of("keys", [0, 2, 3, 9, 10, 11, 12]) == "keys 0, 2, 3, 9, 10, 11, …"
+    assert run_of("tokens", [0, 4]) == "tokens 0, 4"
+
+
+def test_a_cut_weights_name_gives_back_its_parameter_and_rows():
+    assert cut_rows("attn.in_proj_weight[32:64]") == ("attn.in_proj_weight", 32, 64, True)
+    assert cut_rows("W[1]") == ("W", 1, 2, False)
+    assert cut_rows("q_proj") is None

@@ -31,6 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from trace_styles_round55 import AxialRotary, GlobalBlocks, InlineInProj, ManyBlocks, UnfoldedPixels
@@ -133,41 +134,26 @@ def _global_blocks(n: int = 14, n_global: int = 2, block: int = 4) -> np.ndarray
     return keep
 
 
-def test_the_global_blocks_are_their_mask_and_the_plant_changes_it():
+BLOCKED = [(GlobalBlocks, 4), (ManyBlocks, 2)]  # the style and the size of its blocks
+
+
+@pytest.mark.parametrize(("style", "block"), BLOCKED)
+def test_the_blocks_are_their_mask_and_the_plant_changes_it(style, block):
     torch.manual_seed(0)
-    m = GlobalBlocks().double().eval()
+    m = style().double().eval()
     x = torch.randn(2, 14, 32, dtype=torch.float64)
     q, k, v = (p(x).view(2, 14, 4, 8).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(_global_blocks()))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(_global_blocks(block=block)))
     got = m(x)
     assert (got - m.out_proj(out.transpose(1, 2).reshape(2, 14, 32))).abs().max() < 1e-10
-    planted = GlobalBlocks(bug="softmax_dim").double().eval()
+    planted = style(bug="softmax_dim").double().eval()
     planted.load_state_dict(m.state_dict())
     assert (planted(x) - got).abs().max() > 1e-3
 
 
-def test_a_softmax_over_the_queries_of_pieces_joined_along_the_keys_is_named(runner, tmp_path):
-    mask = saved(tmp_path, "global_blocks.npy", np.broadcast_to(_global_blocks(), (3, 14, 14)).copy())
+@pytest.mark.parametrize(("style", "block"), BLOCKED)
+def test_a_softmax_over_the_queries_of_pieces_of_the_scores_is_named(runner, tmp_path, style, block):
+    mask = saved(tmp_path, "blocks.npy", np.broadcast_to(_global_blocks(block=block), (3, 14, 14)).copy())
     options = ("--mask", mask, "--batch", "3", "--nq", "14")
-    assert_passes(*run_case(runner, STYLES, "GlobalBlocks", None, options))
-    assert_named(*run_case(runner, STYLES, "GlobalBlocks", "bug='softmax_dim'", options), "softmax.axis")
-
-
-def test_the_many_blocks_are_their_mask_and_the_plant_changes_it():
-    torch.manual_seed(0)
-    m = ManyBlocks().double().eval()
-    x = torch.randn(2, 14, 32, dtype=torch.float64)
-    q, k, v = (p(x).view(2, 14, 4, 8).transpose(1, 2) for p in (m.q_proj, m.k_proj, m.v_proj))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(_global_blocks(block=2)))
-    got = m(x)
-    assert (got - m.out_proj(out.transpose(1, 2).reshape(2, 14, 32))).abs().max() < 1e-10
-    planted = ManyBlocks(bug="softmax_dim").double().eval()
-    planted.load_state_dict(m.state_dict())
-    assert (planted(x) - got).abs().max() > 1e-3
-
-
-def test_a_softmax_over_the_queries_of_many_blocks_is_named(runner, tmp_path):
-    mask = saved(tmp_path, "blocks.npy", np.broadcast_to(_global_blocks(block=2), (3, 14, 14)).copy())
-    options = ("--mask", mask, "--batch", "3", "--nq", "14")
-    assert_passes(*run_case(runner, STYLES, "ManyBlocks", None, options))
-    assert_named(*run_case(runner, STYLES, "ManyBlocks", "bug='softmax_dim'", options), "softmax.axis")
+    assert_passes(*run_case(runner, STYLES, style.__name__, None, options))
+    assert_named(*run_case(runner, STYLES, style.__name__, "bug='softmax_dim'", options), "softmax.axis")

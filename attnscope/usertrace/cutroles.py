@@ -13,7 +13,6 @@ where the packed weight is PyTorch's own `in_proj_weight`, whose order q | k | v
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
 from attnscope.usertrace import words
@@ -45,25 +44,24 @@ def swapped(records: list[Record], found: dict[str, str]) -> str | None:
 # (its `_in_projection_packed`: "packed along dimension 0, in q, k, v order") cuts `w_q, w_k, w_v = w.chunk(3)`
 DOCUMENTED = {"in_proj_weight": "PyTorch's packed q | k | v parameter (nn.MultiheadAttention's, which "
                                 "F.multi_head_attention_forward cuts w_q, w_k, w_v = in_proj_weight.chunk(3))"}
-_CUT = re.compile(r"(.+)\[(\d+)(?::(\d+))?\]")
 
 
 def order_note(linears: dict[str, tuple[str, Any]]) -> str | None:
     """Where q, k and v are all rows the code cut from one packed parameter (weightrows.py names each cut by its rows,
     `in_proj_weight[64:128]`, `W[1]`) in another order than q, k, v: the note saying that layout; None otherwise."""
     from attnscope.usertrace.fused import rows_note
+    from attnscope.usertrace.weightrows import cut_rows
 
-    cuts = {role: _CUT.fullmatch(linears[role][0]) for role in "qkv" if role in linears}
-    if len(cuts) < 3 or any(m is None for m in cuts.values()):
+    cuts = {role: cut_rows(linears[role][0]) for role in "qkv" if role in linears}
+    if len(cuts) < 3 or any(c is None for c in cuts.values()):
         return None
-    bases = {m[1] for m in cuts.values() if m is not None}
+    bases = {c[0] for c in cuts.values() if c is not None}
     if len(bases) != 1:
         return None
     base = bases.pop()
-    held = {role: list(range(int(m[2]), int(m[3]) if m[3] else int(m[2]) + 1))
-            for role, m in cuts.items() if m is not None}
+    held = {role: list(range(c[1], c[2])) for role, c in cuts.items() if c is not None}
     leaf = base.rsplit(".", 1)[-1]
-    documented = leaf in DOCUMENTED and all(m is not None and m[3] for m in cuts.values())  # runs of rows, not [i]
+    documented = leaf in DOCUMENTED and all(c is not None and c[3] for c in cuts.values())  # runs of rows, not [i]
     said = rows_note(base, held, codegen=not documented)
     if said is None or not documented:
         return said

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnscope.words import run_of
+
 if TYPE_CHECKING:
     from attnscope.usertrace.inputs import Inputs
     from attnscope.usertrace.lined import LineUp
@@ -66,11 +68,7 @@ class Grouping:
         n_group, size = self.index.shape
         first = self.index[0][self.index[0] >= 0] % self.n_tokens
         padded = f"; {self.pads // self.n_batch} tokens of zeros pad each sequence's" if self.pads else ""
-        step = {int(b) - int(a) for a, b in zip(first[:-1], first[1:], strict=True)}
-        held = (f"tokens {int(first[0])}, {int(first[1])}, … {int(first[-1])} ({step.pop()} apart)"
-                if len(step) == 1 and len(first) > 2 and next(iter(step)) > 1 else
-                f"tokens {int(first[0])} to {int(first[-1])}" if step == {1} else
-                f"tokens {', '.join(str(int(t)) for t in first[:6])}{', …' if len(first) > 6 else ''}")
+        held = run_of("tokens", [int(t) for t in first])
         normed = f" of your {self.source.label} (line {self.source.line})" if self.source is not None else ""
         return (f"groups of {size} tokens{normed} ({n_group // self.n_batch} a sequence; the first holds {held}"
                 f"{padded}), made at line {self.record.line} ({self.record.details.get('op', self.record.call)})")

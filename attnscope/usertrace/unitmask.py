@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnscope.words import run_of
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -118,10 +120,7 @@ def _words(mask: torch.Tensor) -> str:
     first = mask[0]  # [n_Q, n_K]
     keys = first[0].nonzero().flatten().tolist()
     sharing = int((first == first[0]).all(-1).sum())
-    step = {b - a for a, b in zip(keys[:-1], keys[1:], strict=True)}
-    held = (f"keys {keys[0]}, {keys[1]}, … {keys[-1]} ({step.pop()} apart)" if len(step) == 1 and len(keys) > 2
-            and next(iter(step)) > 1 else f"keys {keys[0]} to {keys[-1]}" if step == {1} else
-            f"keys {', '.join(str(k) for k in keys[:6])}{', …' if len(keys) > 6 else ''}")
+    held = run_of("keys", keys)
     counts = sorted({int(n) for n in first.sum(-1).tolist()})
     each = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
     more = f" and {sharing - 1} more" if sharing > 1 else ""

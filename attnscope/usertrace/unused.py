@@ -123,24 +123,22 @@ def left_rows(module: Any, names: list[str], writer: Any) -> tuple[str, Any] | N
     projection reads, as many as the writer's, as the values' projection (its bias the same rows of the 1-D
     parameter the writer's bias is cut from); None where no one such block is left. `names`: the projections the
     code reads, rows cut from a parameter named `P[a:b]` (weightrows.py); `writer`: the keys' and values' one."""
-    import re
-
     import torch
 
     from attnscope.usertrace import fused
+    from attnscope.usertrace.weightrows import cut_rows
 
-    cut = re.compile(r"^(.*)\[(\d+):(\d+)\]$")
-    found = cut.match(getattr(writer, "name", None) or "")  # a Part cut from a parameter (an nn.Linear is none)
+    found = cut_rows(getattr(writer, "name", None) or "")  # a Part cut from a parameter (an nn.Linear is none)
     params = dict(module.named_parameters())
-    if found is None or found.group(1) not in params or params[found.group(1)].dim() != 2:
+    if found is None or not found[3] or found[0] not in params or params[found[0]].dim() != 2:
         return None
-    parent, size = found.group(1), int(found.group(3)) - int(found.group(2))
+    parent, a, size = found[0], found[1], found[2] - found[1]
     rows = params[parent].shape[0]
     read = torch.zeros(rows, dtype=torch.bool)
     for name in names:
-        m = cut.match(name)
-        if m is not None and m.group(1) == parent:
-            read[int(m.group(2)):int(m.group(3))] = True
+        held = cut_rows(name)
+        if held is not None and held[0] == parent:
+            read[held[1]:held[2]] = True
     left = [i for i in range(rows) if not read[i]]
     if len(left) != size or left != list(range(left[0], left[0] + size)):
         return None
@@ -150,7 +148,6 @@ def left_rows(module: Any, names: list[str], writer: Any) -> tuple[str, Any] | N
         return None
     bias = None
     if writer.bias is not None:  # the same rows of the 1-D parameter the writer's bias is cut from
-        a = int(found.group(2))
         owner = next((p for p in params.values() if p.dim() == 1 and p.numel() == rows
                       and bool((p.detach()[a:a + size] == writer.bias).all())), None)
         if owner is None:

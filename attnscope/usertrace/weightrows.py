@@ -12,9 +12,23 @@ that is no run of whole rows (a column, a strided slice) stays an ordinary op.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import torch
+
+_CUT = re.compile(r"(.+)\[(\d+)(?::(\d+))?\]")
+
+
+def cut_rows(name: str) -> tuple[str, int, int, bool] | None:
+    """The parameter and rows a cut's name says (`part` names them): `in_proj_weight[32:64]` -> ("in_proj_weight",
+    32, 64, True), `W[1]` -> ("W", 1, 2, False), the last saying whether the name is a run of rows (an index drops
+    the axis); None for a name that is no cut's (an nn.Linear's)."""
+    found = _CUT.fullmatch(name)
+    if found is None:
+        return None
+    first = int(found[2])
+    return found[1], first, int(found[3]) if found[3] else first + 1, found[3] is not None
 
 
 class Origin(NamedTuple):
