@@ -292,14 +292,15 @@ def test_column_layout_heatmap_has_queries_as_rows(runner):
     assert "transposed" in payload["heatmap"]["title"]
 
 
-def test_tensor_values_in_json_are_finite_and_parse_as_the_plain_encoder_writes_them(capsys):
-    """`numbers` (a tensor's values, written compactly by json's C encoder) parses to what json.dumps of the
-    cleaned lists gives; a tensor holding NaN or Infinity still becomes null where they were."""
+def test_tensor_values_in_json_are_finite_and_read_back_as_the_tensors_values(capsys):
+    """`numbers` (a tensor's values, written compactly: a float32 tensor's by jsonfloats.py, every digit that tells
+    its float32) parses back to the tensor's values exactly; a tensor holding NaN or Infinity still becomes null
+    where they were."""
     import json
 
     import torch
 
-    from attnscope.render.console import clean, emit_json, numbers
+    from attnscope.render.console import emit_json, numbers
 
     finite = torch.randn(2, 3, 4)
     broken = torch.tensor([[1.0, float("nan")], [float("-inf"), 2.5]])
@@ -307,10 +308,10 @@ def test_tensor_values_in_json_are_finite_and_parse_as_the_plain_encoder_writes_
                "e": "text", "f": float("inf")}
     emit_json(payload)
     out = capsys.readouterr().out
-    assert json.loads(out) == json.loads(json.dumps(clean({"a": finite.tolist(), "b": broken.tolist(),
-                                                           "c": [finite[0].tolist(), {"d": 3.0}], "e": "text",
-                                                           "f": None})))
-    assert json.loads(out)["b"] == [[1.0, None], [None, 2.5]]
+    got = json.loads(out)
+    assert torch.equal(torch.tensor(got["a"]), finite) and torch.equal(torch.tensor(got["c"][0]), finite[0])
+    assert {k: got[k] for k in "bef"} == {"b": [[1.0, None], [None, 2.5]], "e": "text", "f": None}
+    assert got["c"][1] == {"d": 3.0}
     assert "NaN" not in out and "Infinity" not in out
 
 

@@ -366,7 +366,7 @@ def test_readme_says_what_the_tool_shows_of_smollm2s_layer_18_head_6():
     assert outcome.code == 0, outcome.stderr
     data = outcome.json()
     head, ids = data["heads"][6], data["token_ids"]
-    A = torch.tensor(head["attention"], dtype=torch.float64)  # [n_tokens, n_tokens]
+    A = torch.tensor(head["attention"], dtype=torch.float32).double()  # [n_tokens, n_tokens], the float32 weights
     first = float(A[:, 0].mean())
     repeated = [float(A[i, [j + 1 for j in range(i) if ids[j] == ids[i]]].sum())
                 for i in range(len(ids)) if ids[i] in ids[:i]]

@@ -98,12 +98,26 @@ def emit_json(payload: dict[str, Any]) -> None:
 
     text = json.dumps(clean(payload, aside), indent=2, allow_nan=False)
     if arrays:
-        text = re.sub(f'"{nonce}:([0-9]+)"', lambda m: json.dumps(arrays[int(m.group(1))], allow_nan=False), text)
+        text = re.sub(f'"{nonce}:([0-9]+)"', lambda m: _array_text(arrays[int(m.group(1))]), text)
     sys.stdout.write(text + "\n")
 
 
+def _array_text(values: Numbers) -> str:
+    """One tensor's values as JSON: a float32 (float16, bfloat16) tensor's by numpy at once (jsonfloats.py, a
+    third of the time json's encoder takes: every digit that tells the value, not the float64 repr of it), any
+    other's by json's C encoder."""
+    if values.source is None:
+        return json.dumps(values, allow_nan=False)
+    from attnscope.render.jsonfloats import float_text
+
+    return float_text(values.source.detach().cpu().double().numpy())
+
+
 class Numbers(list):  # type: ignore[type-arg]
-    """A tensor's values as nested lists, every one finite: `clean` passes it whole, emit_json writes it compactly."""
+    """A tensor's values as nested lists, every one finite: `clean` passes it whole, emit_json writes it compactly.
+    `source`: the float32, float16 or bfloat16 tensor they were read from, which emit_json formats at once."""
+
+    source: Tensor | None = None
 
 
 def numbers(tensor: Tensor) -> list[Any]:
@@ -116,7 +130,10 @@ def numbers(tensor: Tensor) -> list[Any]:
         return clean(values)
     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
         return clean(values)  # type: ignore[no-any-return]
-    return Numbers(values)
+    held = Numbers(values)
+    if tensor.dtype in (torch.float32, torch.float16, torch.bfloat16) and tensor.numel():
+        held.source = tensor
+    return held
 
 
 def error(message: str) -> None:
