@@ -39,6 +39,8 @@ class Grouping:
     n_tokens: int
     record: Record  # the regrouped input, as the code made it
     source: Record | None = None  # the tensor whose rows the code regroups, where it is not the input (a norm of it)
+    left: tuple[int, ...] = ()  # the tokens each sequence keeps out of every group (TimeSformer's cls token)
+    normed: Record | None = None  # a norm of the groups the projections read (TimeSformer's temporal_layernorm)
 
     @property
     def pads(self) -> int:
@@ -54,9 +56,20 @@ class Grouping:
         index = torch.where(self.index < 0, flat.shape[0] - 1, self.index)
         return flat[index.reshape(-1)].reshape(*self.index.shape, *tensor.shape[2:])
 
+    def group_kept(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`group`, of a tensor that holds each sequence's tokens but those left out of every group
+        (`[n_batch, n_tokens - len(left), ..]`, as TimeSformer returns its patches without its cls token)."""
+        rank = torch.full((self.n_tokens,), -1, dtype=torch.long)
+        kept = [t for t in range(self.n_tokens) if t not in self.left]
+        rank[kept] = torch.arange(len(kept))
+        at = self.index.clamp(min=0)
+        index = torch.where(self.index < 0, -1, at // self.n_tokens * len(kept) + rank[at % self.n_tokens])
+        return dataclasses.replace(self, index=index, n_tokens=len(kept), left=()).group(tensor)
+
     def pattern(self) -> torch.Tensor:
-        """The mask the grouping is, `[n_batch, n_tokens, n_tokens]`: True where two tokens share a group."""
-        label = torch.empty(self.n_batch * self.n_tokens, dtype=torch.long)
+        """The mask the grouping is, `[n_batch, n_tokens, n_tokens]`: True where two tokens share a group (a token
+        left out of every group: with itself alone)."""
+        label = torch.arange(self.n_batch * self.n_tokens) + self.index.shape[0]  # each its own, but grouped ones
         groups = torch.arange(self.index.shape[0]).repeat_interleave(self.index.shape[1])
         kept = self.index.reshape(-1) >= 0
         label[self.index.reshape(-1)[kept]] = groups[kept]
@@ -70,8 +83,11 @@ class Grouping:
         padded = f"; {self.pads // self.n_batch} tokens of zeros pad each sequence's" if self.pads else ""
         held = run_of("tokens", [int(t) for t in first])
         normed = f" of your {self.source.label} (line {self.source.line})" if self.source is not None else ""
+        left = f"; {run_of('tokens', list(self.left))} of each sequence set aside, in no group" \
+            if len(self.left) > 1 else f"; token {self.left[0]} of each sequence set aside, in no group" \
+            if self.left else ""
         return (f"groups of {size} tokens{normed} ({n_group // self.n_batch} a sequence; the first holds {held}"
-                f"{padded}), made at line {self.record.line} ({self.record.details.get('op', self.record.call)})")
+                f"{padded}{left}), made at line {self.record.line} ({self.record.details.get('op', self.record.call)})")
 
 
 def find(records: list[Record], x: torch.Tensor, source: Record | None = None) -> Grouping | None:
@@ -90,12 +106,15 @@ def find(records: list[Record], x: torch.Tensor, source: Record | None = None) -
     where[zero] = -1  # a padded token
     for record in records:
         t = record.tensor
-        if not t.is_floating_point() or t.dim() < 3 or t.shape[-1] != width or t.numel() < x.numel() \
+        if not t.is_floating_point() or t.dim() < 3 or t.shape[-1] != width or 2 * t.numel() <= x.numel() \
                 or t.dtype != x.dtype or t.shape[0] <= n_batch or (source is not None and record.index <= source.index):
             continue
         found = [where.get(tuple(row.tolist())) for row in t.reshape(-1, width)]
         kept = [i for i in found if i is not None and i >= 0]
-        if any(i is None for i in found) or len(set(kept)) != len(kept) or len(kept) != len(rows):
+        if any(i is None for i in found) or len(set(kept)) != len(kept):
+            continue
+        left = _left_out(set(range(len(rows))) - set(kept), n_batch, n_tokens)
+        if left is None:
             continue
         index = torch.tensor(found).reshape(t.shape[0], -1)
         if index.shape[1] < 2:  # one token a group: time-first code's transpose of a batch of one, no attention
@@ -104,7 +123,48 @@ def find(records: list[Record], x: torch.Tensor, source: Record | None = None) -
         first = sequence.max(dim=1, keepdim=True).values
         if bool(((sequence != first) & (sequence >= 0)).any()) or bool((first < 0).any()):  # a group across
             continue  # sequences, or of padding alone
-        return Grouping(index, n_batch, n_tokens, record, source)
+        return Grouping(index, n_batch, n_tokens, record, source, left)
+    return None
+
+
+def _left_out(missing: set[int], n_batch: int, n_tokens: int) -> tuple[int, ...] | None:
+    """The tokens each sequence keeps out of the groups, where the rows no group holds (`missing`, flat positions)
+    are the same tokens of every sequence, fewer than half of them (a cls token set aside: `x[:, 1:]` regrouped);
+    None where they are not."""
+    tokens = sorted({i % n_tokens for i in missing})
+    if len(missing) != len(tokens) * n_batch or 2 * len(tokens) >= n_tokens:
+        return None
+    return tuple(tokens)
+
+
+def normed_after(records: list[Record], grouping: Grouping, module: Any) -> Record | None:
+    """A norm of the groups, made after the code regrouped its input, that a projection reads (TimeSformer's
+    `temporal_layernorm(temporal_embedding)` on `[B·H·W, T, C]`): an op of torch's norms on the groups, or what a
+    norm submodule of the module's gives back on them; None where the projections read the groups as they are.
+    A norm of each token (its features alone) is the same whether before or after the regrouping, so the
+    reference's projections read it as their input side, as prenorm.py reads a norm of the input."""
+    from attnscope.usertrace.prenorm import NORMS
+
+    made = grouping.record
+    for call in records[made.index + 1:]:
+        if call.style != "linear" or len(call.args) < 2 or call.args[1][0] != "rec":
+            continue
+        read = records[call.args[1][1]]
+        if read.index == made.index or read.tensor.shape != made.tensor.shape:
+            continue
+        if read.func in NORMS and made.index in read.parents:
+            return read
+        with torch.no_grad():
+            for name, sub in module.named_modules() if module is not None else ():
+                if not name or "norm" not in type(sub).__name__.lower():
+                    continue
+                try:
+                    out = sub(made.tensor)
+                except Exception:  # noqa: BLE001 - a submodule that does not take the groups is no norm of them
+                    continue
+                if isinstance(out, torch.Tensor) and out.shape == read.tensor.shape \
+                        and torch.allclose(out.to(read.tensor.dtype), read.tensor, atol=1e-6, rtol=1e-5):
+                    return read
     return None
 
 
@@ -146,8 +206,9 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
         x, spec = x.transpose(1, 2), dataclasses.replace(spec, layout="row")
         if x.dim() != 3:
             return None
-    grouping = find(records, x) if not inputs.own else None
-    normed = normed_source(records, x, name) if grouping is None and not inputs.own else None
+    free = not inputs.own or inputs.own_from == "norm"  # a norm of x the projections read (prenorm.py): regrouped
+    grouping = find(records, x) if free else None
+    normed = normed_source(records, x, name) if grouping is None and free else None
     if normed is not None:  # SAM's block: its norm1, partitioned into windows (padded), is what it attends over
         grouping = find(records, x, normed)
     after = None
@@ -173,7 +234,11 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
         return None
     n_group, size = grouping.index.shape
     side = x if grouping.source is None else grouping.source.tensor.reshape(x.shape)
-    grouped = dataclasses.replace(inputs, tensors={name: grouping.group(side)}, mask=mask, notes=[], grid=None,
+    grouping.normed = normed_after(records, grouping, module) if grouping.source is None else None
+    held = grouping.group(side) if grouping.normed is None else \
+        grouping.normed.tensor.reshape(*grouping.index.shape, x.shape[-1])  # the groups normed, as the code's own
+    own = {} if inputs.own_from == "norm" else inputs.own  # the norm regrouped is now the input side itself
+    grouped = dataclasses.replace(inputs, tensors={name: held}, own=own, mask=mask, notes=[], grid=None,
                                   layout="row", sizes={**inputs.sizes, "n_batch": n_group, "n_Q": size, "n_K": size})
     regrouped = after.regrouped(records) if after is not None else records
     # padded: compared unfolded
@@ -199,9 +264,12 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
          "reference is run on the same groups")
     said = (f"your code attends within {grouping.words()}: {moved}"
             + (", the norm your code regroups read as their input side" if grouping.source is not None else "")
+            + (f", the norm of their tokens your projections read (line {grouping.normed.line}) read as their input "
+               "side" if grouping.normed is not None else "")
             + (", its padded tokens zeros (your code attends to them too), and what your code returns compared in "
                "groups, before the fold" if grouping.pads else
                " (the --mask file allows no pair across them, and is read within each)" if inputs.mask is not None
+               else " (the tokens set aside neither attend nor are compared)" if grouping.left
                else " (a --mask [n_batch, n_Q, n_K] True where two tokens share a group says the same)")
             + (", the causal rule within each group, its tokens in order" if spec.causal else ""))
     return grouped, again, said
@@ -257,5 +325,8 @@ def _returned_grouped(records: list[Record], grouping: Grouping, width: int = 0)
             t = t.flatten(2).transpose(1, 2)  # [n_batch, width, ..] -> its rows [n_batch, n_tokens, width]
         if "returned" in record.details and tuple(t.shape[:2]) == shape and t.dim() >= 3:
             record = dataclasses.replace(record, tensor=grouping.group(t))
+        elif "returned" in record.details and grouping.left and t.dim() >= 3 \
+                and tuple(t.shape[:2]) == (shape[0], shape[1] - len(grouping.left)):  # returned without them
+            record = dataclasses.replace(record, tensor=grouping.group_kept(t))
         out.append(record)
     return out
