@@ -15,6 +15,8 @@ repr writes `1500000000.0`). Float64 tensors keep json's own writer, whose repr 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 CHUNK = 1 << 15  # numbers formatted at once: the character grids stay about a MiB
@@ -110,14 +112,15 @@ def _texts(values: np.ndarray, grid: np.ndarray) -> None:
 def float_text(values: np.ndarray) -> str:
     """`values` (float64 holding float32-exact values, at least one axis, none empty, all finite) as the JSON text
     of its nested lists, separated as json.dumps separates them (`[[0.5, 0.25], [1.0, 0.0]]`). Taken in chunks of
-    CHUNK numbers, so the grids stay small whatever the tensor's size."""
+    CHUNK numbers, so the grids stay small whatever the tensor's size, on up to four threads where there are several
+    (numpy lets go of the GIL in its loops: two cores take 0.4 s where one takes 0.65 for 2.7M numbers)."""
     shape = values.shape
     flat = values.reshape(-1)
     n, depth = flat.size, len(shape)
     spans = [int(np.prod(shape[k:])) for k in range(depth)]  # numbers under one list of each depth
     width = len(_TEMPLATE)
-    pieces = []
-    for start in range(0, n, CHUNK):
+
+    def chunk_text(start: int) -> bytes:
         chunk = flat[start:start + CHUNK]
         size = chunk.size
         rows = np.empty((2 * depth + 2 + width, size), dtype=np.uint8)  # one a column of the text
@@ -129,5 +132,13 @@ def float_text(values: np.ndarray) -> str:
         rows[-2:] = np.array([[ord(",")], [ord(" ")]], dtype=np.uint8)
         if start + size == n:
             rows[-2:, -1] = 0
-        pieces.append(rows.T.tobytes().translate(None, b"\0"))
-    return b"".join(pieces).decode("ascii")
+        return rows.T.tobytes().translate(None, b"\0")
+
+    starts = range(0, n, CHUNK)
+    workers = min(4, os.cpu_count() or 1, len(starts))
+    if workers < 2:
+        return b"".join(map(chunk_text, starts)).decode("ascii")
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        return b"".join(pool.map(chunk_text, starts)).decode("ascii")
