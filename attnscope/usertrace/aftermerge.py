@@ -226,8 +226,9 @@ def replayed(records: list[Record], lined: LineUp, rerun: Callable[[int, torch.T
     lines = sorted({r.line for r in path})
     funcs = ", ".join(dict.fromkeys(r.func for r in path if r.func not in REARRANGING))
     span = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
+    span += f": {funcs}" if funcs else ": views alone"
     return (f"after {row.reference}: your ops from your {top.label} (line {top.line}) to what your module returns "
-            f"({span}: {funcs}) were run again on the reference's {row.reference}, and give what your module "
+            f"({span}) were run again on the reference's {row.reference}, and give what your module "
             f"returns (max |diff| {worst:.1e}): your output is compared end to end"), None
 
 
