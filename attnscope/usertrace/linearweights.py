@@ -113,7 +113,7 @@ def pointwise_layers(module: Any) -> list[tuple[str, Any]]:
     from attnscope.usertrace.fused import Part
     from attnscope.usertrace.pointwise import as_matrix, is_pointwise
 
-    return [(name, Part(name, as_matrix(m.weight), m.bias.detach().clone() if m.bias is not None else None))
+    return [(name, Part(name, as_matrix(m.weight, m.groups), m.bias.detach().clone() if m.bias is not None else None))
             for name, m in module.named_modules() if is_pointwise(m)]
 
 

@@ -343,8 +343,8 @@ class Recorder(TorchFunctionMode):
             # a pointwise Conv1d over [n_batch, d_in, n] (guided-diffusion's qkv, proj_out), a Conv2d over a map
             # [n_batch, d_in, n_h, n_w] (latent-diffusion's q, k, v): W[:, :, 0] @ x + b, the column form's
             # projection, its weight read as [d_out, d_in] (pointwise.py)
-            x, weight, bias = conv
-            self._derived.setdefault(id(weight), pointwise.as_matrix(weight))
+            x, weight, bias, groups = conv
+            self._derived.setdefault(id(weight), pointwise.as_matrix(weight, groups))
             name, style = "matmul", "linear"
             described = [("text", self._linears[id(weight)]), self._arg(x), LEFT,
                          *([("kw", ("bias", self._arg(bias)))] if bias is not None else [])]
