@@ -7,7 +7,12 @@ frames folded back to `[B, P·T, C]` (the class token not returned). bug='no_sca
 bug='frames_softmax' takes the softmax over the queries.
 
 NormedThenFramed: the same attention with the norm taken before the regrouping (every token its own norm) and the
-class token kept in front of the result unchanged. bug='kv_swapped' swaps the keys' and values' thirds."""
+class token kept in front of the result unchanged. bug='kv_swapped' swaps the keys' and values' thirds.
+
+HeadsBesideConv: ConvBERT-like mixed attention: self-attention heads (no output projection) and as many heads of a
+pointwise feature branch, joined along the heads' axis by torch.cat and merged by one view after it, so no tensor
+holds the attention heads merged alone. bug='merge_permute' permutes the heads' output (0, 2, 3, 1) and reshapes it
+to [B, n, heads, d] before the cat (the merge in another order)."""
 
 import torch
 import torch.nn.functional as F
@@ -64,3 +69,23 @@ class NormedThenFramed(FramesOfEachPatch):
         normed = F.layer_norm(x, (c,), self.norm.weight, self.norm.bias)
         out = self.attn(normed[:, 1:].reshape(b, patches, self.frames, c).flatten(0, 1))
         return torch.cat([x[:, :1], out.reshape(b, patches * self.frames, c)], dim=1)
+
+
+class HeadsBesideConv(nn.Module):
+    def __init__(self, dim=24, heads=4, bug=None):
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.query, self.key, self.value = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.branch = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        d = c // self.heads
+        q, k, v = (p(x).view(b, n, self.heads, d).transpose(1, 2) for p in (self.query, self.key, self.value))
+        out = torch.matmul(torch.softmax(q @ k.transpose(-1, -2) / d ** 0.5, dim=-1), v)  # [b, h, n, d]
+        if self.bug == "merge_permute":
+            out = out.permute(0, 2, 3, 1).contiguous().reshape(b, n, self.heads, d)
+        else:
+            out = out.permute(0, 2, 1, 3).contiguous()
+        side = torch.tanh(self.branch(x)).view(b, n, self.heads, d)
+        return torch.cat([out, side], dim=2).view(b, n, 2 * c)

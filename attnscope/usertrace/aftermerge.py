@@ -223,6 +223,9 @@ def replayed(records: list[Record], lined: LineUp, rerun: Callable[[int, torch.T
                 f"reference's {row.reference}, first differ from your run at {_where(r)} (max |diff| {diff:.1e}); "
                 "no mistake of the catalog was rerun for this")
         worst = max(worst, diff)
+    merged = _merged_out_of_order(path, back[-1], lined.trace)
+    if merged is not None:
+        return None, merged
     lines = sorted({r.line for r in path})
     funcs = ", ".join(dict.fromkeys(r.func for r in path if r.func not in REARRANGING))
     span = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}"
@@ -230,6 +233,58 @@ def replayed(records: list[Record], lined: LineUp, rerun: Callable[[int, torch.T
     return (f"after {row.reference}: your ops from your {top.label} (line {top.line}) to what your module returns "
             f"({span}) were run again on the reference's {row.reference}, and give what your module "
             f"returns (max |diff| {worst:.1e}): your output is compared end to end"), None
+
+
+JOINING = ("cat", "concat", "concatenate")
+# the heads' output x_raw [B, H, n, d] laid out by a permute before its reshape to [B, n, H·d]: the reference's order,
+# then the mistakes the catalog names for it (heads.merge_without_transpose: no permute; the rest another permute)
+MERGES = {(0, 2, 1, 3): None, (0, 1, 2, 3): "heads.merge_without_transpose", (0, 2, 3, 1): "heads.merge_wrong_permute",
+          (0, 1, 3, 2): "heads.merge_wrong_permute", (0, 3, 1, 2): "heads.merge_wrong_permute",
+          (0, 3, 2, 1): "heads.merge_wrong_permute"}
+
+
+def _merged_out_of_order(path: list[Record], returned: Record, steps: Trace) -> Divergence | None:
+    """Where the code only moves and joins values from x on (views, permutes, torch.cat with other features:
+    ConvBERT's attention heads beside its convolution's, merged by one view after the cat), the merge of the heads
+    is among those ops, and the replay runs the code's own merge: what the module returns must then hold x, its
+    features in the reference's order, as a block of its last axis. Where it holds x_raw merged in another order
+    instead (permuted (0, 2, 3, 1) before the reshape), that is the mistake, named by this experiment: each merge
+    the catalog knows, compared with every block of the return. None where the return holds x, or the ops change
+    values, or no merge of x_raw is found."""
+    if any(r.func not in KEEPING + JOINING for r in path) or "x" not in steps or "x_raw" not in steps:
+        return None
+    x, raw, out = steps["x"].double(), steps["x_raw"].double(), returned.tensor.detach().double()
+    if x.dim() != 3 or raw.dim() != 4 or out.dim() < 3 or tuple(out.shape[:2]) != tuple(x.shape[:2]) \
+            or (raw.shape[0], raw.shape[2]) != tuple(x.shape[:2]) or raw.shape[1] * raw.shape[3] != x.shape[-1]:
+        return None
+    rows = out.reshape(*x.shape[:2], -1)
+    width = x.shape[-1]
+
+    def block(tensor: torch.Tensor) -> int | None:  # the offset of the block of `rows` that is `tensor`
+        limit = tolerance(tensor)
+        for at in range(rows.shape[-1] - width + 1):
+            if float((rows[..., at:at + width] - tensor).abs().max()) <= limit:
+                return at
+        return None
+
+    if block(x) is not None:
+        return None
+    for order, entry in MERGES.items():
+        made = raw.permute(*order).reshape(x.shape)
+        at = block(made) if entry is not None else None
+        if at is None:
+            continue
+        how = "with no permute" if order == (0, 1, 2, 3) else f"permuted {order}"
+        return Divergence(
+            "x", returned, None,
+            f"your code merges its heads after the attention, in the ops that lead to what it returns (line "
+            f"{returned.line}), and merges them in another order than the reference's: features {at} to "
+            f"{at + width - 1} of what your module returns are x_raw [n_batch, n_head, n_Q, d_head] {how} before its "
+            "reshape to [n_batch, n_Q, n_head·d_head], where the reference permutes (0, 2, 1, 3): "
+            ".permute(0, 2, 1, 3) before the reshape",
+            entry, f"by experiment: the reference's x_raw merged {how} is features {at} to {at + width - 1} of what "
+            "your module returns, to tolerance, and the reference's x is no block of it")
+    return None
 
 
 def _difference(mine: Record, again: Record) -> float | None:
