@@ -182,6 +182,10 @@ def test_fuzzed_config_is_one_message(family, folders, tmp_path_factory):
     # and by stop 48's: GPT-OSS's sliding layers with no window (transformers' sliding mask refuses it)
     ("gpt_oss", ("sliding_window",), None, "check", ["sliding_window is missing"]),
     ("gpt_oss", ("sliding_window",), None, "head", ["sliding_window is missing"]),
+    # and by stop 81's (ATTNSCOPE_FUZZ_EXAMPLES=1000): llama3 scaling's original context past float32, an
+    # OverflowError in the frequencies
+    ("llama4", ("rope_parameters", "original_max_position_embeddings"), 1e308, "head",
+     ["original_max_position_embeddings is 1e+308", "2^53"]),
 ])
 def test_reported_configs_are_one_message(family, path, value, command, words, folders, tmp_path):
     """The two the issue names: Kimi Linear's malformed linear_attn_config (an AttributeError before) and

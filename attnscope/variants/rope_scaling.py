@@ -99,11 +99,20 @@ def parse(kind: str, parameters: Mapping[str, Any], source: str, max_positions: 
     return values
 
 
+MOST = 2**53  # the largest whole number float64 holds exactly: a length or size beyond it is no model's
+
+
 def whole(value: Any, name: str) -> int:
+    """A whole number from 1 to MOST (a float that is one, 4096.0, read as it): a count of tokens or of features.
+    Beyond MOST (1e308 in a config) it would overflow the float32 arithmetic of the frequencies that read it."""
+    given = value
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} is {value!r}; it must be a whole number of at least 1")
+        raise UsageError(f"{name} is {given!r}; it must be a whole number of at least 1")
+    if value > MOST:
+        raise UsageError(f"{name} is {given!r}; it must be a whole number from 1 to 2^53 ({MOST:,}), a length or "
+                         "size a model can have")
     return value
 
 
