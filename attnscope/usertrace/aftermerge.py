@@ -236,9 +236,9 @@ def replayed(records: list[Record], lined: LineUp, rerun: Callable[[int, torch.T
 
 
 JOINING = ("cat", "concat", "concatenate")
-# the heads' output x_raw [B, H, n, d] laid out by a permute before its reshape to [B, n, H·d]: the reference's order,
-# then the mistakes the catalog names for it (heads.merge_without_transpose: no permute; the rest another permute)
-MERGES = {(0, 2, 1, 3): None, (0, 1, 2, 3): "heads.merge_without_transpose", (0, 2, 3, 1): "heads.merge_wrong_permute",
+# the heads' output x_raw [B, H, n, d] laid out by a permute other than the reference's (0, 2, 1, 3) before its reshape
+# to [B, n, H·d]: the mistake the catalog names for it (heads.merge_without_transpose: no permute)
+MERGES = {(0, 1, 2, 3): "heads.merge_without_transpose", (0, 2, 3, 1): "heads.merge_wrong_permute",
           (0, 1, 3, 2): "heads.merge_wrong_permute", (0, 3, 1, 2): "heads.merge_wrong_permute",
           (0, 3, 2, 1): "heads.merge_wrong_permute"}
 
@@ -270,8 +270,7 @@ def _merged_out_of_order(path: list[Record], returned: Record, steps: Trace) -> 
     if block(x) is not None:
         return None
     for order, entry in MERGES.items():
-        made = raw.permute(*order).reshape(x.shape)
-        at = block(made) if entry is not None else None
+        at = block(raw.permute(*order).reshape(x.shape))
         if at is None:
             continue
         how = "with no permute" if order == (0, 1, 2, 3) else f"permuted {order}"

@@ -5,10 +5,10 @@ feature map `[n_batch, d_in, n_h, n_w]` (latent-diffusion's and taming-transform
 computes the same at each of its n_h·n_w positions, the map's tokens in raster order. Grouped (SqueezeBERT's
 `nn.Conv1d(d, d, 1, groups=4)`), each group of output channels reads its own group of input channels: still each token
 alone, the Linear whose weight is block-diagonal, one block a group. A depthwise one (one channel a group) scales
-each channel: no projection. `conv_args` reads such a call (kernel size 1,
-stride 1, no padding, no dilation, any groups); record.py records it as that projection, its weight `[d_out, d_in]`
-and its bias, and linearweights.linears holds such a layer as the Linear it is, so the reference holds it so. A
-convolution of any other kind mixes or skips tokens and stays an op of the code's."""
+each channel: no projection. `conv_args` reads such a call (kernel size 1, stride 1, no padding, no dilation, groups
+of more than one channel); record.py records it as that projection, its weight `[d_out, d_in]` and its bias, and
+linearweights.linears holds such a layer as the Linear it is, so the reference holds it so. A convolution of any
+other kind mixes or skips tokens and stays an op of the code's."""
 
 from __future__ import annotations
 

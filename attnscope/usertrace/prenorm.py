@@ -109,7 +109,6 @@ def _reads(call: Record, records: list[Record], given: str) -> bool:
 def _normed(record: Record, records: list[Record], inputs: dict[str, torch.Tensor], given: str, module: Any) -> bool:
     """Whether `record` is a norm of the forward input `given` (x) and of no other tensor input: an op of torch's
     norms on it, or the output of one of the module's norm submodules run on it."""
-    import torch
 
     from attnscope.usertrace.align import ancestors
 
@@ -122,17 +121,23 @@ def _normed(record: Record, records: list[Record], inputs: dict[str, torch.Tenso
     texts = {t for r in history for k, t in r.args if k == "text" and isinstance(t, str)}
     if texts & set(inputs) != {given}:
         return False
-    if record.func in NORMS:
-        return True
+    return record.func in NORMS or by_norm_module(module, x, record.tensor)
+
+
+def by_norm_module(module: Any, x: torch.Tensor, made: torch.Tensor) -> bool:
+    """Whether one of `module`'s norm submodules (a class named like a norm: nn.LayerNorm, an RMSNorm of the file's)
+    gives back `made` when run on `x`."""
+    import torch
+
     with torch.no_grad():
-        for name, sub in module.named_modules():
+        for name, sub in module.named_modules() if module is not None else ():
             if name and "norm" in type(sub).__name__.lower():
                 try:
                     out = sub(x.to(next(sub.parameters(), x).dtype))
                 except Exception:  # noqa: BLE001 - a submodule that does not take x is no norm of it
                     continue
-                if isinstance(out, torch.Tensor) and out.shape == record.tensor.shape \
-                        and torch.allclose(out.to(record.tensor.dtype), record.tensor, atol=1e-6, rtol=1e-5):
+                if isinstance(out, torch.Tensor) and out.shape == made.shape \
+                        and torch.allclose(out.to(made.dtype), made, atol=1e-6, rtol=1e-5):
                     return True
     return False
 

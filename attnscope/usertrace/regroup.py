@@ -40,7 +40,6 @@ class Grouping:
     record: Record  # the regrouped input, as the code made it
     source: Record | None = None  # the tensor whose rows the code regroups, where it is not the input (a norm of it)
     left: tuple[int, ...] = ()  # the tokens each sequence keeps out of every group (TimeSformer's cls token)
-    normed: Record | None = None  # a norm of the groups the projections read (TimeSformer's temporal_layernorm)
 
     @property
     def pads(self) -> int:
@@ -143,7 +142,7 @@ def normed_after(records: list[Record], grouping: Grouping, module: Any) -> Reco
     norm submodule of the module's gives back on them; None where the projections read the groups as they are.
     A norm of each token (its features alone) is the same whether before or after the regrouping, so the
     reference's projections read it as their input side, as prenorm.py reads a norm of the input."""
-    from attnscope.usertrace.prenorm import NORMS
+    from attnscope.usertrace.prenorm import NORMS, by_norm_module
 
     made = grouping.record
     for call in records[made.index + 1:]:
@@ -152,19 +151,8 @@ def normed_after(records: list[Record], grouping: Grouping, module: Any) -> Reco
         read = records[call.args[1][1]]
         if read.index == made.index or read.tensor.shape != made.tensor.shape:
             continue
-        if read.func in NORMS and made.index in read.parents:
+        if (read.func in NORMS and made.index in read.parents) or by_norm_module(module, made.tensor, read.tensor):
             return read
-        with torch.no_grad():
-            for name, sub in module.named_modules() if module is not None else ():
-                if not name or "norm" not in type(sub).__name__.lower():
-                    continue
-                try:
-                    out = sub(made.tensor)
-                except Exception:  # noqa: BLE001 - a submodule that does not take the groups is no norm of them
-                    continue
-                if isinstance(out, torch.Tensor) and out.shape == read.tensor.shape \
-                        and torch.allclose(out.to(read.tensor.dtype), read.tensor, atol=1e-6, rtol=1e-5):
-                    return read
     return None
 
 
@@ -234,9 +222,9 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
         return None
     n_group, size = grouping.index.shape
     side = x if grouping.source is None else grouping.source.tensor.reshape(x.shape)
-    grouping.normed = normed_after(records, grouping, module) if grouping.source is None else None
-    held = grouping.group(side) if grouping.normed is None else \
-        grouping.normed.tensor.reshape(*grouping.index.shape, x.shape[-1])  # the groups normed, as the code's own
+    normed = normed_after(records, grouping, module) if grouping.source is None else None
+    held = grouping.group(side) if normed is None else \
+        normed.tensor.reshape(*grouping.index.shape, x.shape[-1])  # the groups normed, as the code's own
     own = {} if inputs.own_from == "norm" else inputs.own  # the norm regrouped is now the input side itself
     grouped = dataclasses.replace(inputs, tensors={name: held}, own=own, mask=mask, notes=[], grid=None,
                                   layout="row", sizes={**inputs.sizes, "n_batch": n_group, "n_Q": size, "n_K": size})
@@ -264,8 +252,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
          "reference is run on the same groups")
     said = (f"your code attends within {grouping.words()}: {moved}"
             + (", the norm your code regroups read as their input side" if grouping.source is not None else "")
-            + (f", the norm of their tokens your projections read (line {grouping.normed.line}) read as their input "
-               "side" if grouping.normed is not None else "")
+            + (f", the norm of their tokens your projections read (line {normed.line}) read as their input "
+               "side" if normed is not None else "")
             + (", its padded tokens zeros (your code attends to them too), and what your code returns compared in "
                "groups, before the fold" if grouping.pads else
                " (the --mask file allows no pair across them, and is read within each)" if inputs.mask is not None
