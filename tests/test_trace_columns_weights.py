@@ -223,3 +223,47 @@ def test_the_projection_is_written_as_the_code_writes_it(runner):
     ops = [step["op"] for step in out["steps"]]
     assert any(op.endswith("W_q @ x") for op in ops), ops
     assert math.isfinite(out["alignment"][-1]["max_abs_diff"])
+
+
+def _padding(tmp_path: Path) -> tuple[str, torch.Tensor]:
+    import numpy as np
+
+    keys = torch.ones(2, 6, dtype=torch.bool)
+    keys[1, 4:] = False  # the second sequence's last two keys padded
+    path = tmp_path / "padding.npy"
+    np.save(path, keys.numpy())
+    return str(path), keys
+
+
+def test_key_padding_for_square_column_scores_is_handed_along_the_keys(runner, tmp_path):
+    """Square scores turned to rows (Qᵀ K [.., n_Q, n_K]) in code that indexes its key padding itself: the
+    padding is handed as [n_batch, n_K] along the keys, where the mask handed whole ([.., n_K, n_Q]) raised. It
+    once was read along the queries' axis of the column mask, padding nothing: a false 'mask not applied'."""
+    file, keys = _padding(tmp_path)
+    out = _traced(runner, f"{STYLES}:PaddedColumns", "--batch", "2", "--nq", "6", "--mask", file)
+    assert any("[n_batch, n_K] key padding" in note for note in out["notes"]), out["notes"]
+    m = _moved(user_module(STYLES).PaddedColumns())
+    with torch.no_grad():
+        x = torch.randn(2, 16, 6, dtype=torch.float64)
+        m = m.double()
+        rows = x.transpose(-2, -1)
+        q, k, v = (F.linear(rows, w).view(2, 6, 2, 8).transpose(1, 2) for w in (m.W_q, m.W_k, m.W_v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keys[:, None, None, :])
+        expected = F.linear(y.transpose(1, 2).reshape(2, 6, 16), m.W_o).transpose(-2, -1)
+        torch.testing.assert_close(m(x, keys), expected)
+
+
+@pytest.mark.parametrize(("bug", "entry"), [("keys_from_values", "kv.keys_from_values"),
+                                            ("on_queries", "mask.on_queries")])
+def test_plants_beside_key_padding_in_columns_are_named(runner, tmp_path, bug, entry):
+    file, keys = _padding(tmp_path)
+    planted = _moved(user_module(STYLES).PaddedColumns(bug=bug)).double()
+    right = user_module(STYLES).PaddedColumns().double()
+    right.load_state_dict(planted.state_dict())
+    x = torch.randn(2, 16, 6, dtype=torch.float64)
+    with torch.no_grad():
+        assert (planted(x, keys) - right(x, keys)).abs().max() > 1e-3
+    result, out = trace(runner, f"{STYLES}:PaddedColumns", "--init", f"bug='{bug}'", "--batch", "2", "--nq", "6",
+                        "--mask", file)
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert out["first_divergence"]["experiment"] == entry, out["first_divergence"]

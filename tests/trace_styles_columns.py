@@ -134,3 +134,27 @@ class EinsumColumns(nn.Module):
         s = s if self.bug == "no_scale" else s / math.sqrt(q.shape[-2])
         y = torch.einsum("bhck,bhkq->bhcq", v, s.softmax(dim=-2)).flatten(1, 2)  # [b, h·c, n_Q]
         return torch.einsum("ed,bdn->ben", self.W_o, y)
+
+
+class PaddedColumns(nn.Module):
+    """Columns in, the heads' scores turned to rows: x [n_batch, d, n], weights [d, d] used as W @ x, the heads
+    [n_batch, n_head, d_head, n], scores Qᵀ K [n_batch, n_head, n_Q, n_K] softmaxed over the keys (dim -1), and key
+    padding [n_batch, n_K] (True = may attend) indexed by the code itself (`mask[:, None, None, :]`)."""
+
+    def __init__(self, d=16, heads=2, bug=""):
+        super().__init__()
+        self.W_q, self.W_k, self.W_v, self.W_o = (_weight(d, d) for _ in range(4))
+        self.heads, self.bug = heads, bug
+
+    def forward(self, x, mask=None):
+        B, d, n = x.shape
+        d_head = d // self.heads
+        q = (self.W_q @ x).view(B, self.heads, d_head, n)
+        k = ((self.W_v if self.bug == "keys_from_values" else self.W_k) @ x).view(B, self.heads, d_head, n)
+        v = (self.W_v @ x).view(B, self.heads, d_head, n)
+        s = q.transpose(-2, -1) @ k / math.sqrt(d_head)  # [B, H, n_Q, n_K]
+        if mask is not None:
+            padded = ~mask[:, None, :, None] if self.bug == "on_queries" else ~mask[:, None, None, :]
+            s = s.masked_fill(padded, -1e9)
+        a = s.softmax(-1)
+        return self.W_o @ (v @ a.transpose(-2, -1)).reshape(B, d, n)  # [B, d, n_Q]

@@ -120,13 +120,17 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         # the other shapes, from the mask as rows [.., n_Q, n_K] where the column form's scores may be Q Kᵀ all the
         # same (VITS: Conv1d projections [n_batch, d, n], heads turned to [.., n, d_head] before the scores): where
         # n_Q ≠ n_K, so that the shapes alone say which the code runs on (square scores: _scores_turned reads them)
-        sizes = inputs.sizes
-        rows = inputs.allowed.transpose(-1, -2) if o.layout == "col" and sizes.get("n_Q") != sizes.get("n_K") \
-            else inputs.allowed
+        # key padding is read from the mask as rows whatever the scores' orientation: its keys are the rows' last axis
+        sizes, col = inputs.sizes, o.layout == "col"
+        as_rows = inputs.allowed.transpose(-1, -2) if col else inputs.allowed
+        rows = as_rows if sizes.get("n_Q") != sizes.get("n_K") else inputs.allowed
+        filed = inputs.mask.transpose(-1, -2) if col and inputs.mask is not None and inputs.mask.dim() >= 2 \
+            else inputs.mask
         for form, words, padded in [*([laid] if laid is not None else []),
-                                    *masking.forms(rows, inputs.sizes.get("n_batch", 1), inputs.mask,
+                                    *masking.forms(rows, inputs.sizes.get("n_batch", 1), filed,
                                                   inputs.sizes.get("n_Q"),
-                                                  inputs.sizes.get("n_head") if plan.heads_folded else None)]:
+                                                  inputs.sizes.get("n_head") if plan.heads_folded else None,
+                                                  as_rows if rows is not as_rows else None)]:
             ran: Called | None = None
             for kind in dict.fromkeys((convention.kind, "additive")):
                 torch.manual_seed(o.seed)
@@ -148,7 +152,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
             inputs.allowed = form
             keys_only = "key padding" in words
             if padded is not None:  # the key trace padded, padded in the reference's mask too: [n_batch, 1, 1, n_K]
-                inputs.mask = masks.combine(inputs.mask, padded[:, None, None, :])
+                inputs.mask = masks.combine(inputs.mask, padded[:, None, :, None] if col else padded[:, None, None, :])
             axes = "n_K, n_Q" if o.layout == "col" else "n_Q, n_K"
             inputs.notes.append(f"{plan.mask}: your code raised on a [.., {axes}] mask and runs on one shaped {words}, "
                                 "which it was given" if why is None else
@@ -648,7 +652,8 @@ def _padding_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs
     if called.failure is not None or not others or allowed is None or allowed.dtype != torch.bool \
             or o.mask or "n_batch" not in inputs.sizes:
         return called, plan, fed
-    grid = allowed.reshape(-1, *allowed.shape[-2:])
+    col = o.layout == "col"  # the mask [.., n_K, n_Q]: its keys are its rows'
+    grid = (allowed.transpose(-1, -2) if col else allowed).reshape(-1, *allowed.shape[-2:][::-1 if col else 1])
     if grid.shape[0] != 1:
         return called, plan, fed
     keys, padded, _ = masking.padded_keys(grid.expand(inputs.sizes["n_batch"], *grid.shape[1:]))
@@ -660,7 +665,7 @@ def _padding_beside(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs
     for shaped, words in ((keys, "[n_batch, n_K]"), (keys[:, None, None, :], "[n_batch, 1, 1, n_K]")):
         ran = _given_beside(o, (target, fn, plan, inputs, module, fed, called), other, shaped, dtype)
         if ran is not None:
-            inputs.mask = masks.combine(inputs.mask, padded[:, None, None, :])
+            inputs.mask = masks.combine(inputs.mask, padded[:, None, :, None] if col else padded[:, None, None, :])
             which = ", ".join(str(int(k)) for k in torch.nonzero(~padded[0]).flatten())
             stated = _padding_as_stated(o, (target, fn, inputs, module), ran, other, shaped, dtype)
             kind = ran[1] if stated is None else stated[1]

@@ -468,7 +468,8 @@ def written(allowed: torch.Tensor, kind: str, dtype: torch.dtype, line: int | No
 
 
 def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None, n_Q: int | None = None,
-          n_head: int | None = None) -> list[tuple[torch.Tensor, str, torch.Tensor | None]]:
+          n_head: int | None = None, keyed: torch.Tensor | None = None
+          ) -> list[tuple[torch.Tensor, str, torch.Tensor | None]]:
     """The same mask (True = may attend) in the other shapes code takes a mask in, each with its words and the
     keys trace pads itself (None: none), tried in turn where the code fails on the shape given first:
     transformers' 4-D `[n_batch, 1, n_Q, n_K]`, then `[n_batch, n_Q, n_K]` (HF XLM's causal mask, read as `(bs,
@@ -486,7 +487,12 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     heads inner (nn.MultiheadAttention's and F.multi_head_attention_forward's 3-D attn_mask, which take no other
     shape of a mask per sequence), where `n_head` is known; key padding `[n_batch·n_head, 1, n_K]` before it. Then the
     batch after the keys, `[n_Q, n_K, n_batch]` (and `[n_Q, n_K, 1]` for a mask the same for every sequence), as
-    time-first code takes it (labml's)."""
+    time-first code takes it (labml's).
+
+    `keyed` is the mask as rows `[.., n_Q, n_K]` for the key-padding shapes, where `allowed` is laid out otherwise
+    (the column form's square `[.., n_K, n_Q]`, handed whole as it stands): the keys are those of its last axis, and
+    `filed` is then laid out as `keyed` is."""
+    n_Q_given = n_Q
     grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
     if n_Q is not None and grid.shape[-2] == 1:
         grid = grid.expand(grid.shape[0], n_Q, grid.shape[-1])
@@ -494,18 +500,20 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     wide = grid.expand(n_batch, n_Q, n_K) if grid.shape[0] == 1 else grid
     out: list[tuple[torch.Tensor, str, torch.Tensor | None]] = [(wide.unsqueeze(1), "[n_batch, 1, n_Q, n_K]", None)]
     padding = bool((wide == wide[:, :1, :]).all())
+    by_keys = wide if keyed is None else _wide(keyed, n_batch, n_Q_given)
+    padding_keys = padding if keyed is None else bool((by_keys == by_keys[:, :1, :]).all())
     whole = (wide, "[n_batch, n_Q, n_K]", None)
     # a rule no key padding carries: the whole mask first, and where it is one for every sequence, [n_Q, n_K] too
     # (DeepSeek's model hands its layers `torch.full((s, s), -inf).triu_(1)`, added as `scores + mask.unsqueeze(1)`)
     one = [(grid[0], "[n_Q, n_K]", None)] if grid.shape[0] == 1 else []
     out += [] if padding else [whole, *one]
     filed_keys = file_padding(filed, n_batch, n_K)
-    if padding:
-        keys, padded, said = wide[:, 0, :], None, ""
+    if padding_keys:
+        keys, padded, said = by_keys[:, 0, :], None, ""
     elif filed_keys is not None:  # the file's padding; the rule (causal, a window) is the code's own to apply
         keys, padded, said = filed_keys, None, ", the --mask file's (a causal or window rule is no key padding)"
     else:
-        keys, padded, said = padded_keys(wide)
+        keys, padded, said = padded_keys(by_keys)
     out += [(keys, f"[n_batch, n_K] key padding{said}", padded),
             (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}", padded),
             (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}", padded)]
@@ -581,6 +589,14 @@ def sliced_forms(allowed: torch.Tensor, n_batch: int, n_cache: int | None) -> li
             out.append((whole[0], f"[n_K, n_K], a mask over all {n_K} positions whose last {n_Q} rows are the new "
                                   "queries'"))
     return out
+
+
+def _wide(allowed: torch.Tensor, n_batch: int, n_Q: int | None) -> torch.Tensor:
+    """The mask [.., n_Q, n_K] as `[n_batch, n_Q, n_K]`."""
+    grid = allowed.reshape(-1, *allowed.shape[-2:])
+    if n_Q is not None and grid.shape[-2] == 1:
+        grid = grid.expand(grid.shape[0], n_Q, grid.shape[-1])
+    return grid.expand(n_batch, *grid.shape[-2:]) if grid.shape[0] == 1 else grid
 
 
 def file_padding(filed: torch.Tensor | None, n_batch: int, n_K: int) -> torch.Tensor | None:
