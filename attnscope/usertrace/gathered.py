@@ -88,10 +88,12 @@ def read(trace: Trace, records: list[Record]) -> Gathers:
     return _scan(trace, records)[0]
 
 
-def score_pieces(trace: Trace, records: list[Record]) -> list[tuple[Record, torch.Tensor]]:
+def score_pieces(trace: Trace, records: list[Record], keys: tuple[str, ...] = KEYS
+                 ) -> list[tuple[Record, torch.Tensor]]:
     """The code's products of a piece of the queries and one of the keys (its scores in pieces), each with the flat
-    positions of its cells in the reference's scores."""
-    return _scan(trace, records)[1]
+    positions of its cells in the reference's scores; `keys`, the steps that may stand as the keys (the values' too,
+    to place cells where the code took its keys from its values)."""
+    return _scan(trace, records, keys)[1]
 
 
 def grouping(trace: Trace, records: list[Record]) -> tuple[torch.Tensor, int, int, Record] | None:
@@ -154,10 +156,11 @@ def flat_groups(tokens: torch.Tensor, n: int) -> torch.Tensor:
     return (tokens + offset).reshape(tokens.shape[0] * tokens.shape[1], -1)
 
 
-def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Record, torch.Tensor]]]:
+def _scan(trace: Trace, records: list[Record], keys: tuple[str, ...] = KEYS
+          ) -> tuple[Gathers, list[tuple[Record, torch.Tensor]]]:
     shapes = {name: tuple(trace[name].shape) for name in HEAD_STEPS if name in trace and trace[name].dim() == 4
               and trace[name].shape[0] * trace[name].shape[1] * trace[name].shape[2] <= MAX_ROWS}
-    if not any(n in shapes for n in QUERIES) or not any(n in shapes for n in KEYS):
+    if not any(n in shapes for n in QUERIES) or not any(n in shapes for n in keys):
         return {}, []
     # the tensors that may be pieces: of a step's width, in no layout of it (the common run has none: nothing more)
     candidates = [r for r in records if r.tensor.is_floating_point() and r.tensor.dim() >= 2 and any(
@@ -168,13 +171,16 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
     steps = {name: step for name in shapes if (step := Step(trace[name])).distinct}
     maps: dict[int, tuple[str, torch.Tensor, bool] | None] = {}  # record -> (step, flat row over [b, h, n], turned)
     out: Gathers = {}
+    neighbours = False  # keys gathered for each query, a row in several queries' sets (NAT's neighbourhoods)
     for record in candidates:
         t = record.tensor
         found = maps[record.index] = rows_of(t, steps)
         # a piece holds each of its rows once: rows repeated are a repeat (keys rotated after the head repeat), no
         # piece of the step (a shared key repeated in every group is read as a product's operand alone)
-        if found is None or found[2] or layouts(steps[found[0]].shape, tuple(t.shape)) \
-                or found[1].unique().numel() != found[1].numel():
+        if found is None or found[2] or layouts(steps[found[0]].shape, tuple(t.shape)):
+            continue
+        if found[1].unique().numel() != found[1].numel():
+            neighbours = neighbours or (found[0] in keys and t.dim() > len(steps[found[0]].shape))
             continue
         d = steps[found[0]].d
         index = found[1][..., None] * d + torch.arange(d)
@@ -190,10 +196,11 @@ def _scan(trace: Trace, records: list[Record]) -> tuple[Gathers, list[tuple[Reco
         elif func in VIEWS and len(record.parents) == 1 and record.parents[0] in parts:  # a product viewed back
             shape, index = parts[record.parents[0]]  # from its bmm's [b·h·blocks, q, k] (BigBird's torch_bmm_nd)
             piece = (shape, index.reshape(record.tensor.shape)) if index.numel() == record.tensor.numel() else None
-        elif not is_product(record) or maps.get(record.index) is not None or (not out and not unlaid(record, scores)):
+        elif not is_product(record) or maps.get(record.index) is not None \
+                or (not out and not neighbours and not unlaid(record, scores)):
             continue
         else:
-            piece = scores_piece(record, records, maps, steps)
+            piece = scores_piece(record, records, maps, steps, keys)
         if piece is None:
             continue
         shape, index = piece

@@ -236,6 +236,10 @@ def _own_bias_or_term(module: Any, shapes: ShapePlan, inputs: Inputs, records: l
     if spec.position_bias is not None or spec.alibi:
         return first
     own = own_bias(module, records, inputs)
+    if own is None:  # a bias added to the scores in pieces (NAT's per-neighbour rpb): scattered to its cells
+        from attnscope.usertrace.piecebias import piece_bias
+
+        own = piece_bias(module, records, inputs, first.trace)
     if own is None:
         return _with_term(module, shapes, inputs, records, train, spec, first)
     bias, said = own

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 QUERIES, KEYS = ("Q_split", "Q_normed", "Q_rot"), ("K_split", "K_normed", "K_rot", "K_rep")
 MATMUL_FUNCS = ("matmul", "__matmul__", "bmm", "einsum")
-VIEWS = ("view", "reshape", "_unsafe_view", "flatten", "unflatten")  # a product read anew in its own order
+# a product read anew in its own order (`(q.unsqueeze(-2) @ k_near.mT).squeeze(-2)`: a row of one per query)
+VIEWS = ("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze")
 MAX_ROWS = 2048  # a step's rows compared with each other once: n_batch · n_head · n at most
 
 
@@ -75,9 +76,9 @@ def _matched(user: torch.Tensor, step: Step) -> torch.Tensor | None:
 
 
 def scores_piece(record: Record, records: list[Record], maps: dict[int, tuple[str, torch.Tensor, bool] | None],
-                  steps: dict[str, Step]) -> tuple[tuple[int, ...], torch.Tensor] | None:
+                  steps: dict[str, Step], keys: tuple[str, ...] = KEYS) -> tuple[tuple[int, ...], torch.Tensor] | None:
     """(the scores' shape, each cell's flat position in it) where `record` multiplies a piece of the queries by one
-    of the keys and every sequence pairs one batch element's and head's; None otherwise."""
+    of the keys (of a step of `keys`) and every sequence pairs one batch element's and head's; None otherwise."""
     given = operands_of(record)
     if len(given) != 2:
         return None
@@ -88,7 +89,7 @@ def scores_piece(record: Record, records: list[Record], maps: dict[int, tuple[st
     if left is None or right is None:
         return None
     (q_name, q_rows, q_turned), (k_name, k_rows, _) = left, right
-    if q_name not in QUERIES or k_name not in KEYS or q_turned:
+    if q_name not in QUERIES or k_name not in keys or q_turned:
         return None
     n_q, n_k = steps[q_name].shape[-2], steps[k_name].shape[-2]
     if steps[q_name].shape[:2] != steps[k_name].shape[:2]:
