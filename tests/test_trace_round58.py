@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from trace_styles_round58 import GroupedPointwise
+from trace_styles_round58 import GroupedPointwise, MaskedOnes, PBRelax, PerHeadWidths
 from tracecases import assert_named, assert_passes, run_case, saved
 
 from attnscope.usertrace.pointwise import as_matrix
@@ -52,3 +52,86 @@ def test_grouped_pointwise_projections_are_read_as_linears(runner, tmp_path):
     assert_passes(*run_case(runner, STYLES, "GroupedPointwise", None, options))
     assert_named(*run_case(runner, STYLES, "GroupedPointwise", "bug='scale_by_width'", options), "scale.d_model")
     assert_named(*run_case(runner, STYLES, "GroupedPointwise", "bug='query_softmax'", options), "softmax.axis")
+
+
+def _efficient(bug: str = "") -> torch.nn.Module:
+    torch.manual_seed(0)
+    m = PerHeadWidths(bug=bug)
+    with torch.no_grad():  # off their init values, the table too (a trained one is not 0)
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return m.double().eval()  # eval() caches the table's lookup, as the module does
+
+
+def test_the_per_head_widths_style_is_its_formula_and_the_plants_change_it():
+    m = _efficient()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    rows = m.qkv(x).view(2, 9, 4, 16)  # per head: 4 of q, 4 of k, 8 of v
+    q, k, v = (rows[..., a:b].transpose(1, 2) for a, b in ((0, 4), (4, 8), (8, 16)))
+    cells = [(i, j) for i in range(3) for j in range(3)]
+    offsets = sorted({(abs(a[0] - b[0]), abs(a[1] - b[1])) for a in cells for b in cells})
+    bias = torch.stack([torch.stack([m.table[:, offsets.index((abs(a[0] - b[0]), abs(a[1] - b[1])))]
+                                     for b in cells], -1) for a in cells], -2)  # [heads, 9, 9], written out
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.detach())
+    with torch.no_grad():
+        assert (m(x) - m.proj(out.transpose(1, 2).reshape(2, 9, 32))).abs().max() < 1e-10
+        for plant in ("bias_after_softmax", "split_without_permute"):
+            planted = _efficient(plant)
+            assert (planted(x) - m(x)).abs().max() > 1e-3
+
+
+def test_heads_of_their_own_widths_cut_from_one_fused_projection(runner):
+    """EfficientFormer (round 58: correct code refused, 'qkv[48:104] writes 56 features, not a whole number of
+    heads'): the fused output viewed per head and split [key_dim, key_dim, value_dim] is read per head (the split of
+    the view, fused.recorded_splits), d_head from the code's queries where d_feat / n_head says otherwise (solve_rows);
+    its zero table is filled (zerotables.py) and its cached lookup read as its own bias (ownbias.cached)."""
+    code, out = run_case(runner, STYLES, "PerHeadWidths", None, ("--nq", "9"))
+    assert_passes(code, out)
+    assert out["params"]["sizes"]["d_head"] == 4, out["params"]["sizes"]
+    assert any(note.startswith("table: your module's __init__ leaves it all 0") for note in out["notes"]), out["notes"]
+    notes = out["notes"]
+    assert any("position bias of its own" in note and "of table's values" in note for note in notes), notes
+    assert_named(*run_case(runner, STYLES, "PerHeadWidths", "bug='bias_after_softmax'", ("--nq", "9")),
+                 "t5.after_softmax")
+    assert_named(*run_case(runner, STYLES, "PerHeadWidths", "bug='split_without_permute'", ("--nq", "9")),
+                 "heads.split_without_permute")
+
+
+def test_a_mask_multiplied_as_one_minus_it_is_named(runner):
+    """CTRL's mask is 1 where a key is masked; the plant `scores * (1 - mask)` (round 58 #31) was read as a mask of
+    1 = may attend turned into numbers, so the scores multiplied by the masked cells read as 'the mask is not
+    applied'. What multiplies the scores keeps where it is 1: the mask's 1 is masked out (masking.detect), and the
+    multiplied mask is named by experiment."""
+    torch.manual_seed(0)
+    m = MaskedOnes().double().eval()
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    masked = torch.ones(6, 6, dtype=torch.float64).triu(1)
+    q, k, v = (w(x).view(2, 6, 4, 8).transpose(1, 2) for w in (m.Wq, m.Wk, m.Wv))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.no_grad():
+        assert (m(x, masked) - m.dense(out.transpose(1, 2).reshape(2, 6, 32))).abs().max() < 1e-6  # e^-1e4 = 0
+        planted = MaskedOnes(bug="multiplied").double().eval()
+        planted.load_state_dict(m.state_dict())
+        assert (planted(x, masked) - m(x, masked)).abs().max() > 1e-3
+    assert_passes(*run_case(runner, STYLES, "MaskedOnes", None, ("--causal", "--nq", "6")))
+    assert_named(*run_case(runner, STYLES, "MaskedOnes", "bug='multiplied'", ("--causal", "--nq", "6")),
+                 "mask.multiplied")
+
+
+def test_a_softmax_over_the_queries_after_the_max_taken_out_is_named(runner):
+    """LayoutLMv3's CogView softmax over the queries (round 58 #23): each query's max taken out by hand changes a
+    softmax over the queries, so the rerun on the reference's scores could not give it back; the code's own softmax
+    input, the reference's scores up to a constant per query row, is softmaxed over the other axis
+    (scaletrials.code_shifted)."""
+    torch.manual_seed(0)
+    m = PBRelax().double().eval()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    q, k, v = (f(x).view(2, 7, 4, 8).transpose(1, 2) for f in (m.query, m.key, m.value))
+    with torch.no_grad():
+        expected = m.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 7, 32))
+        assert (m(x) - expected).abs().max() < 1e-10
+        planted = PBRelax(bug="softmax_queries").double().eval()
+        planted.load_state_dict(m.state_dict())
+        assert (planted(x) - m(x)).abs().max() > 1e-3
+    assert_passes(*run_case(runner, STYLES, "PBRelax", None, ("--nq", "7")))
+    assert_named(*run_case(runner, STYLES, "PBRelax", "bug='softmax_queries'", ("--nq", "7")), "softmax.axis")

@@ -98,7 +98,17 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
     else:
         torch.manual_seed(o.seed)  # the same dropout draws as the first call
         mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)
+        raised = called.failure is not None
         called = call(target, fn, plan, inputs, module, o.max_memory, mask, fed)
+        if raised and convention.kind == "float01" and called.failure is None:
+            # read from the op a boolean raised in (`1 - mask`): the run on numbers says what the code does with
+            # them; `scores * (1 - mask)` keeps where the mask is 0 (masking.detect: 1 = masked out)
+            again = masking.detect(called.records, None, plan.mask)
+            if again.kind == "float10":
+                convention = again
+                torch.manual_seed(o.seed)
+                mask = masking.written(inputs.allowed, convention.kind, dtype, convention.line)
+                called = call(target, fn, plan, inputs, module, o.max_memory, mask, fed)
         turned = _scores_turned(called, inputs, module) if o.layout == "col" and turned is None else None
         if turned is not None:  # as above, where the code ran only on the mask written as it reads it (1 - mask)
             inputs.allowed = turned

@@ -316,18 +316,29 @@ def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tu
 
 
 def _joint_width(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
-    """Joint attention: the head width is the joined q's; the dims named again with it."""
+    """The head width the reference's queries have where the module's widths suggested another: joint attention's
+    joined q; a fused projection cut per head into widths of their own (EfficientFormer's [key_dim | key_dim |
+    value_dim], d_feat / n_head none of them). The dims named again with it."""
     from attnscope.usertrace.lineup import line_up
 
     inputs, fed, called, convention = ran
-    width = int(lined.trace["Q_split"].shape[-1]) if lined.joint and lined.trace is not None \
-        and "Q_split" in lined.trace else None
-    if width is not None and inputs.sizes.get("d_head") != width:
+    steps = lined.trace if lined.trace is not None and "Q_split" in lined.trace and "K_split" in lined.trace \
+        and "V_split" in lined.trace else None
+    width = int(steps["Q_split"].shape[-1]) if steps is not None else None
+    own_widths = steps is not None and not lined.joint and r.o.layout != "col" \
+        and int(steps["V_split"].shape[-1]) != width and "d_V" not in inputs.sizes  # values of a width of their own
+    if width is not None and inputs.sizes.get("d_head") != width and (lined.joint or own_widths):
         # joint attention: the head width is the joined q's, not a width one stream's projections suggested
         # (Flux's fused qkv read as one query projection, 96 / 4 = 24): the dims named again with it
+        assert steps is not None
         r.shapes.fixed["d_head"] = width
         r.shapes.fixed.pop("n_kv_head", None)
+        r.shapes.fixed.pop("d_V", None)
         r.shapes.extra.pop("3·d_head", None)
+        if not lined.joint and int(steps["V_split"].shape[-1]) != width:
+            r.shapes.fixed["d_V"] = int(steps["V_split"].shape[-1])
+        if not lined.joint and int(steps["K_split"].shape[1]) != int(steps["Q_split"].shape[1]):
+            r.shapes.fixed["n_kv_head"] = int(steps["K_split"].shape[1])
         made = again(r, run)
         if made[2].failure is None:
             inputs, fed, called, convention = made

@@ -38,6 +38,7 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
         maskroles,
         pairparams,
         unitgains,
+        zerotables,
     )
     from attnscope.usertrace.inputs import ShapePlan
 
@@ -68,6 +69,9 @@ def prepare(o: TraceOptions, split: bool) -> RunSoFar:
     filled = emptyparams.fill(module, blank, o.seed) if isinstance(module, torch.nn.Module) else []
     if filled:  # GPT-OSS's sinks, torch.empty in __init__: whatever memory held, another each run
         notes.append(emptyparams.note(filled))
+    tables = zerotables.fill(module, o.seed) if isinstance(module, torch.nn.Module) else []
+    if tables:  # EfficientFormer's attention_biases, torch.zeros until training: blind to where it is added
+        notes.append(zerotables.note(tables))
     moved = unitgains.move(module, o.seed) if isinstance(module, torch.nn.Module) else []
     if moved:  # Qwen3's q_norm and k_norm at 1: blind to where they sit against RoPE
         notes.append(unitgains.note(moved))

@@ -215,6 +215,17 @@ def split_layouts(name: str, linear: nn.Linear, records: list[Record], n_head: i
     for sizes, line in recorded_splits(name, records, width):
         layouts.append((f"split as its output is split at line {line}",
                         blocks(name, linear, "qkv", [0, sizes[0], sizes[0] + sizes[1], width])))
+    for sizes, line in recorded_splits(name, records, width, per_group=True):
+        # each head's (or group's) rows cut by the split (EfficientFormer's `reshape(B, N, H, -1).split([kd, kd, d_v],
+        # dim=3)`): [width / Σ sizes, Σ sizes], q, k and v its columns
+        grid = torch.arange(width).view(width // sum(sizes), sum(sizes))
+        cuts = [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
+        groups = width // sum(sizes)
+        parts = {role: rows(name, weight, bias, grid[:, cuts[i]:cuts[i + 1]].reshape(-1), f"[per group, part {i}]")
+                 for i, role in enumerate("qkv")}
+        widths = " + ".join(map(str, sizes))
+        layouts.append((f"split as its output is split at line {line}, in each of {groups} groups of rows (a head's, "
+                        f"or a key/value group's) [{widths}]", parts))
     if n_head and d_head and width > n_head * d_head and (width - n_head * d_head) % 2 == 0 \
             and width != 3 * n_head * d_head:  # grouped-query: q's n_head heads, then k's and v's fewer
         q, kv = n_head * d_head, (width - n_head * d_head) // 2
@@ -237,11 +248,17 @@ def _same_rows(a: dict[str, Part], b: dict[str, Part]) -> bool:
                                         for r in a)
 
 
-def recorded_splits(name: str, records: list[Record], width: int, count: int = 3) -> list[tuple[tuple[int, ...], int]]:
+def recorded_splits(name: str, records: list[Record], width: int, count: int = 3, per_group: bool = False
+                    ) -> list[tuple[tuple[int, ...], int]]:
     """The sizes (along the last axis) of the `count` parts the fused projection's output was split into, read
-    off the recorded parts: `.split(64, dim=2)`, `.split([64, 16, 16], dim=-1)`, `.chunk(3, -1)`, `.chunk(2, -1)`."""
+    off the recorded parts: `.split(64, dim=2)`, `.split([64, 16, 16], dim=-1)`, `.chunk(3, -1)`, `.chunk(2, -1)`;
+    `per_group`: those of a view of the output whose last axis is a whole divisor of its width, narrower (the output
+    viewed per head, `reshape(B, N, H, -1)`, then split)."""
     found = []
     made = {r.index for r in records if r.style == "linear" and r.args and r.args[0] == ("text", name)}
+    if per_group:
+        made = {r.index for r in records if r.func in ("view", "reshape") and len(r.parents) == 1
+                and r.parents[0] in made and 0 < r.tensor.shape[-1] < width and width % r.tensor.shape[-1] == 0}
     for i, first in enumerate(records):
         if first.details.get("part") != 0 or first.parents[:1] == () or first.parents[0] not in made:
             continue
@@ -252,7 +269,8 @@ def recorded_splits(name: str, records: list[Record], width: int, count: int = 3
                 break
             parts.append(r)
         sizes = tuple(int(r.tensor.shape[-1]) for r in parts)
-        if len(sizes) == count and sum(sizes) == width and all(r.tensor.shape[:-1] == whole.shape[:-1] for r in parts):
+        if len(sizes) == count and sum(sizes) == whole.shape[-1] \
+                and all(r.tensor.shape[:-1] == whole.shape[:-1] for r in parts):
             found.append((sizes, first.line))
     return found
 
@@ -347,7 +365,12 @@ def solve_rows(name: str, linear: nn.Linear, records: list[Record], d_head: int 
             return None
         chosen[role] = max(fitting, key=len)
     if d_head and any(len(order) % d_head for order in chosen.values()):
-        return None
+        # d_head as the module's widths suggested (d_feat / n_head) where the code's heads are narrower or wider
+        # (EfficientFormer's key_dim of 8 beside d_feat 48 over 4 heads): the width its queries hand the scores
+        own = int(records[found[0]].tensor.shape[-1])
+        if own == d_head or any(len(chosen[role]) % own for role in chosen if role in "qk"):
+            return None
+        d_head = own
     if len(set().union(*map(set, chosen.values()))) != sum(map(len, chosen.values())):
         return None
     if d_head and "q" in chosen:  # the query heads in the order of their rows: an order of the code's is its own

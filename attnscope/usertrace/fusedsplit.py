@@ -34,41 +34,87 @@ def trials(b: Base, rotate: Callable[[torch.Tensor, str], torch.Tensor] | None) 
     if any(t is None or t.dim() != 3 for t in feats.values()) or any(t is None or t.dim() != 4
                                                                       for t in splits.values()):
         return
-    d_head = int(splits["Q"].shape[-1])  # type: ignore[union-attr]
     n_batch, n, _ = feats["Q"].shape  # type: ignore[union-attr]
-    width = 1 + max(max(rows) for rows in parts.values())
-    if width % d_head or any(int(feats[r].shape[-2]) != n for r in "KV"):  # type: ignore[union-attr]
+    if any(int(feats[r].shape[-2]) != n for r in "KV"):  # type: ignore[union-attr]
         return
+    width = 1 + max(max(rows) for rows in parts.values())
     fused = torch.zeros(n_batch, n, width, dtype=torch.float64)
     for role, rows in parts.items():
         fused[..., list(rows)] = feats[role].double()  # type: ignore[union-attr]
+    for wrong, words in (_by_heads(fused, parts, splits), _per_group(fused, parts, splits)):
+        if wrong is None:
+            continue
+        steps = _rest(b, wrong, splits, rotate)
+        if steps is not None:
+            yield steps, words
+
+
+def _by_heads(fused: torch.Tensor, parts: dict[str, tuple[int, ...]], splits: dict[str, Any]
+              ) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """OpenELM's: the roles in blocks, the output reshaped straight to `[n_batch, heads, n, d_head]` and split by
+    heads on axis 1."""
+    n_batch, n, width = fused.shape
+    d_head = int(splits["Q"].shape[-1])
+    if width % d_head:
+        return None, ""
     straight = fused.reshape(n_batch, width // d_head, n, d_head)  # the reshape without the transpose
     order = sorted(parts, key=lambda role: min(parts[role]))  # the roles in the fused weight's order
     heads = [len(parts[role]) // d_head for role in order]
-    wrong = dict(zip(order, torch.split(straight, heads, dim=1), strict=True))
+    total = " + ".join(f"{h}" for h in heads)
+    return dict(zip(order, torch.split(straight, heads, dim=1), strict=True)), (
+        f"heads split without the transpose: {{who}} is the fused projection's output [n_batch, n, {width}] reshaped "
+        f"straight to [n_batch, {total}, n, d_head] and split by heads on axis 1, so each head holds a run of whole "
+        "feature rows of several positions, queries, keys and values mixed, not one head of every position; reshape "
+        f"to [n_batch, n, {total}, d_head], then .transpose(1, 2), before the split")
+
+
+def _per_group(fused: torch.Tensor, parts: dict[str, tuple[int, ...]], splits: dict[str, Any]
+               ) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """EfficientFormer's: each head's rows hold its q, k and v side by side (`[n_head, d_q + d_k + d_v]`), the output
+    reshaped straight to `[n_batch, n_head, n, d_q + d_k + d_v]` and split along the last axis."""
+    n_batch, n, width = fused.shape
+    heads = int(splits["Q"].shape[1])
+    if heads < 2 or width % heads or any(int(splits[role].shape[1]) != heads for role in "KV"):
+        return None, ""
+    group = width // heads
+    grid = torch.arange(width).view(heads, group)
+    columns: dict[str, list[int]] = {}
+    for role, rows in parts.items():
+        within = sorted({r % group for r in rows})
+        if sorted(rows) != sorted(grid[:, within].reshape(-1).tolist()) or list(rows) != grid[:, within].reshape(
+                -1).tolist():
+            return None, ""  # not each head's own columns, in head order
+        columns[role] = within
+    straight = fused.reshape(n_batch, heads, n, group)
+    sizes = " + ".join(str(len(columns[role])) for role in sorted(columns, key=lambda r: columns[r][0]))
+    return {role: straight[..., cols] for role, cols in columns.items()}, (
+        f"heads split without the transpose: {{who}} is the fused projection's output [n_batch, n, {width}] reshaped "
+        f"straight to [n_batch, {heads}, n, {sizes}] before the split, so each head holds a run of whole feature rows "
+        f"of several positions, not one head of every position; reshape to [n_batch, n, {heads}, {sizes}], then "
+        ".transpose(1, 2)")
+
+
+def _rest(b: Base, wrong: dict[str, torch.Tensor], splits: dict[str, Any],
+          rotate: Callable[[torch.Tensor, str], torch.Tensor] | None) -> dict | None:
+    """The reference run on from the heads `wrong` (by role) split wrong: its norms, RoPE and the attention."""
     steps: dict[str, torch.Tensor] = {}
     changed: dict[str, torch.Tensor] = {}
     for role, change in (("Q", "q"), ("K", "k_new"), ("V", "v_new")):
         x = wrong[role]
-        if tuple(x.shape) != tuple(splits[role].shape):  # type: ignore[union-attr]
-            return
+        if tuple(x.shape) != tuple(splits[role].shape):
+            return None
+        n_batch, _, n, _ = x.shape
         steps[f"{role}_split"] = x
         steps[f"{role}_feat"] = x.transpose(1, 2).reshape(n_batch, n, -1)
         if f"{role}_normed" in b.ref:
-            norm = refit_norm(splits[role], b.ref[f"{role}_normed"])  # type: ignore[arg-type]
+            norm = refit_norm(splits[role], b.ref[f"{role}_normed"])
             if norm is None:
-                return
+                return None
             x = steps[f"{role}_normed"] = norm(x)
         if rotate is not None and role != "V":
             x = rotate(x, role)
         changed[change] = x
-    steps = {**replay(b, **changed), **steps}  # type: ignore[arg-type]
-    total = " + ".join(f"{h}" for h in heads)
-    yield steps, (f"heads split without the transpose: {{who}} is the fused projection's output [n_batch, n, "
-                  f"{width}] reshaped straight to [n_batch, {total}, n, d_head] and split by heads on axis 1, so each "
-                  "head holds a run of whole feature rows of several positions, queries, keys and values mixed, not "
-                  f"one head of every position; reshape to [n_batch, n, {total}, d_head], then .transpose(1, 2), "
-                  "before the split")
+    return {**replay(b, **changed), **steps}  # type: ignore[arg-type]
 
 
 def _fused_rows(b: Base) -> dict[str, tuple[int, ...]] | None:

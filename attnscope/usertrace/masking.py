@@ -108,6 +108,7 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
     compared: Convention | None = None  # a comparison only an additive mask's values answer (`mask < 0`)
     filled: dict[int, int] = {}  # record -> the line where cells of the mask were set to a large negative number
     biased: dict[int, Convention] = {}  # record -> the polarity a `where(mask, number, number)` bias settled
+    kept: set[int] = set()  # records that are `1 - mask` of the mask as given (0/1 turned round, nothing more)
     read = False
     for record in records:
         sources = [_source(arg, derived, label) for arg in record.args]
@@ -158,6 +159,12 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             # applied to the scores
             derived[record.index] = (inverted, True)
             continue
+        if others and name in MULTIPLIES and any(kind == "rec" and v in kept for kind, v in reads):
+            # `scores * (1 - mask)`: what multiplies the scores keeps where it is 1, so the mask's 1 is masked out
+            # (CTRL's `triu(ones, 1)`): the mask as the code's own arithmetic reads it, multiplied in (a mistake the
+            # catalog names, mask.multiplied, by experiment)
+            return Convention("float10", record.line, f"1 - mask multiplies the scores "
+                                                      f"({_short(record.details.get('op', record.call))})")
         if others:  # the mask meets another tensor: this op applies it
             applied = _applied(record, inverted, arithmetic, others, _floated(record, sources, records))
             if compared is not None and applied.kind in ("attend", "masked"):
@@ -176,6 +183,8 @@ def detect(records: list[Record], failure: Failure | None, label: str) -> Conven
             return Convention("masked", record.line, "nn.MultiheadAttention's attn_mask")
         else:
             derived[record.index] = (inverted, arithmetic or name in ARITHMETIC)
+            if name == "__rsub__" and not arithmetic and any(_literal(a) == 1 for a in record.args):
+                kept.add(record.index)
     return _raised(failure, records, derived, label) or compared or Convention("attend", unread=not read)
 
 

@@ -34,6 +34,8 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
     fed = computed_from(records, set(inputs.tensors))  # computed from the inputs (their labels in the arguments)
     from_params = computed_from(records, learned | {n.rsplit(".", 1)[0] for n in learned})  # a layer of its own (a
     # Linear reading a one-hot of the distances, LayoutLMv3's rel_pos_bias) is labelled by its name
+    copies = cached(module, records, fed)
+    from_params |= _made_from(records, set(copies))
     used: set[int] = set()  # records outside the inputs' flow that meet it (added to the scores, the attention)
     for record in records:
         if record.index in fed:
@@ -50,6 +52,8 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
         if bool(((values == 0) | (values == 1) | (values <= VERY_NEGATIVE)).all()):  # a mask, not a bias
             continue
         found.append(record)
+    if not found:  # a copy the module keeps, read by the op that adds it (LeViT's attention_bias_cache)
+        return _kept_copy(module, records, fed, n_Q, n_K)
     roots = [r for r in found if not any(p.index in _ancestors(r, records) for p in found)]
     summed = _summed(roots, found, records) if len(roots) > 1 else None
     if summed is not None:  # parts the code sums (LayoutLMv3's 1-D and 2-D biases): their first sum holding them all
@@ -57,7 +61,7 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
     if len(roots) != 1:
         return None
     root, met = _valued(roots[0], records, used)
-    source = sorted(_params_of(met or root, records, learned))
+    source = sorted(_params_of(met or root, records, learned, copies))
     # its values changed after it is laid out (Swin V2's 16 · sigmoid): those the code adds
     valued = f", with the values your code adds (line {met.line})" if met is not None else ""
     first = _first_made(root, records, n_Q, n_K)
@@ -197,6 +201,72 @@ def _read(made: torch.Tensor, root: torch.Tensor, n_Q: int, n_K: int) -> torch.T
         return None
 
 
+def cached(module: torch.nn.Module, records: list[Record], fed: set[int]) -> dict[int, str]:
+    """The records that read a tensor the run never made, no input flowing into them, whose every value is one of a
+    learned parameter's: a copy of it the module keeps (EfficientFormer's `self.ab`, its `attention_biases` gathered
+    by `attention_bias_idxs` once, in a `train()` override, outside the forward; `self.ab.to(device)` reads it), by
+    the parameter's name."""
+    tables = _tables(module)
+    found: dict[int, str] = {}
+    for record in records:
+        t = record.tensor
+        if record.index in fed or not t.is_floating_point() or t.dim() < 2 or record.parents \
+                or not any(kind == "text" and str(value).startswith("tensor[") for kind, value in record.args):
+            continue
+        name = _copied(t, tables)
+        if name is not None:
+            found[record.index] = name
+    return found
+
+
+def _tables(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The module's floating parameters, flat, float64; one of a single value throughout (all 0, all 1) is no table
+    whose values say where a copy comes from."""
+    return [(name, p.detach().reshape(-1).to(torch.float64)) for name, p in module.named_parameters()
+            if p.is_floating_point() and p.numel() > 1 and p.device.type != "meta"
+            and bool((p != p.reshape(-1)[0]).any())]
+
+
+def _copied(tensor: torch.Tensor, tables: list[tuple[str, torch.Tensor]]) -> str | None:
+    """The parameter every value of `tensor` is one of (a gather of it), by name; None where none is."""
+    values = tensor.detach().reshape(-1).to(torch.float64)
+    if values.unique().numel() < 2:
+        return None
+    return next((name for name, p in tables if bool(torch.isin(values, p).all())), None)
+
+
+def _kept_copy(module: torch.nn.Module, records: list[Record], fed: set[int], n_Q: int, n_K: int
+               ) -> tuple[torch.Tensor, str] | None:
+    """The bias where the code adds to its scores a tensor the run never made, `[.., n_Q, n_K]`, that holds a
+    parameter's values (a cache the module keeps of its table gathered: LeViT's `attention_bias_cache`, read as it
+    is in eval mode), with its note; None where it adds none, or more than one."""
+    tables = _tables(module)
+    found = []
+    for record in records:
+        if record.index not in fed or record.func not in ADDS:
+            continue
+        for t in record.details.get("foreign", []):
+            name = _copied(t, tables) if t.dim() <= 4 and tuple(t.shape[-2:]) == (n_Q, n_K) else None
+            if name is not None:
+                found.append((record, t, name))
+    if len(found) != 1:
+        return None
+    record, bias, name = found[0]
+    said = (f"your code makes a position bias of its own (line {record.line}: the tensor {record.label} adds, a copy "
+            f"your module keeps of {name}'s values): the reference adds it to its scores, {list(bias.shape)} "
+            "(--position-bias FILE gives the reference another)")
+    return bias.float().clone(), said
+
+
+def _made_from(records: list[Record], seeds: set[int]) -> set[int]:
+    """`seeds` and the records computed from them."""
+    out = set(seeds)
+    for record in records:
+        if any(p in out for p in record.parents):
+            out.add(record.index)
+    return out
+
+
 def computed_from(records: list[Record], labels: set[str]) -> set[int]:
     """The records computed from a tensor labelled with one of `labels` (an input's name, a parameter's), directly
     or through other records."""
@@ -231,9 +301,13 @@ def _reaches(record: Record, records: list[Record], used: set[int]) -> bool:
     return any(record.index in _ancestors(records[u], records) for u in used)
 
 
-def _params_of(record: Record, records: list[Record], learned: set[str]) -> set[str]:
-    """The parameters the record is computed from, by name."""
+def _params_of(record: Record, records: list[Record], learned: set[str], copies: dict[int, str] | None = None
+               ) -> set[str]:
+    """The parameters the record is computed from, by name (`copies`: records of a copy the module keeps, by the
+    parameter they copy)."""
     found: set[str] = set()
     for index in _ancestors(record, records) | {record.index}:  # a parameter, or a layer holding one (an MLP's)
         found |= {n for n in arg_names(records[index].args) if n in learned or f"{n}.weight" in learned}
+        if copies and index in copies:
+            found.add(copies[index])
     return {n for n in found if not any(n.startswith(f"{o}.") for o in found)} or {"a parameter"}

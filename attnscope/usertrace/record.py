@@ -82,6 +82,9 @@ DTYPE_ONLY = ("to", "type_as")
 SHAPE_ONLY = ("reshape_as", "view_as", "expand_as")
 
 
+FOREIGN_MOST = 1 << 20  # values kept of a tensor the run never made: a bias table's, never an input's
+
+
 class RecordingTooLarge(Exception):
     """The snapshots would pass the memory budget; raised through the user's code, turned into a ResourceError."""
 
@@ -229,6 +232,12 @@ class Recorder(TorchFunctionMode):
         parents = tuple(max(self._produced[id(t)], self._changed.get(id(t), -1)) for t in given
                         if id(t) in self._produced)
         first = next(iter(_tensors(args, kwargs)), None)
+        # float tensors the run never made and no label names (a module's cached copy of a parameter, LeViT's
+        # attention_bias_cache): their values, which no record holds (ownbias.cached reads them)
+        foreign = [t.detach().clone() for t in given if id(t) not in self._produced and id(t) not in self._labels
+                   and t.is_floating_point() and t.dim() >= 2 and t.numel() <= FOREIGN_MOST]
+        for snapshot in foreign:
+            self._keep(snapshot)
         asked: dict[str, Any] = {}
         if name in KERNELS:  # what it computes without materializing: recomputed, marked so, before its output
             hidden, asked = kernel_steps(name, func, tuple(args), kwargs, out)
@@ -256,6 +265,8 @@ class Recorder(TorchFunctionMode):
                 details["unwritten"] = True  # a step's stand-in never (align.candidates)
             if len(results) > 1:
                 details["part"] = position
+            if foreign:
+                details["foreign"] = foreign
             if asked:
                 details["kernel"] = asked
             if self._helper is not None:

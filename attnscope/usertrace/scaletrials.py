@@ -352,7 +352,7 @@ def trials_softmax_axis(b: Base) -> Iterator[Trial]:
     # the code's own scores' layout, where the data flow says it (square scores Qᵀ K in the column form), else the
     # layout's
     keys_first = b.col if not b.ctx.keys else not keys_last(b.ctx.keys)
-    own = code_masked(b) if has_mask(b) else None
+    own = code_masked(b) if has_mask(b) else code_shifted(b)
     for axis in range(-2, -len(dims) - 1, -1):
         where = dims[axis]
         said = f"dim={axis}" if not keys_first else f"dim={-3 - axis if axis > -3 else axis}"
@@ -369,6 +369,8 @@ def trials_softmax_axis(b: Base) -> Iterator[Trial]:
                 yield Trial(replay(b, softmax_dim=axis, mask="added", zeroed=zeroed), words)
                 if own is not None:  # or its own finite numbers there: two biases added, −20000 where both mask
                     yield Trial(replay(b, softmax_dim=axis, mask="own", masked_as=own, zeroed=zeroed), words)
+            elif own is not None:  # the scores as its softmax takes them, each query's max taken out (CogView's)
+                yield Trial(replay(b, softmax_dim=axis, mask="own", masked_as=own, zeroed=zeroed), words)
     from attnscope.usertrace.piecetrials import softmax_in_pieces
 
     yield from softmax_in_pieces(b)  # scores in groups' pieces (divided attention): over each piece's queries
@@ -385,16 +387,9 @@ def code_masked(b: Base) -> torch.Tensor | None:
         return None
     wanted = user_out(b, "masked_scores")
     kept = torch.where(b.allowed, b.ref["masked_scores"], 0.0)
-    for fed in (r for r in b.ctx.records if r.func in ("softmax", "_softmax") and r.args and r.args[0][0] == "rec"):
-        given = b.ctx.records[fed.args[0][1]].tensor  # what the softmax took, where laid out as the scores are
-        if given.dim() == 3 and len(wanted.shape) == 4 and given.numel() == wanted.numel() \
-                and tuple(given.shape[-2:]) == tuple(wanted.shape[-2:]):  # heads in the batch (CLIP's, BART's bmm)
-            given = given.reshape(wanted.shape)
-        if tuple(given.shape) != tuple(wanted.shape) or not given.is_floating_point():
-            continue
-        theirs = back_row(b, given.double())
+    for theirs, dtype in _softmax_inputs(b, wanted):
         spread = row_spread(theirs, b.ref["masked_scores"], -1)
-        if spread is not None and spread <= tolerance(kept, given.dtype) and _finite_masked(theirs, b.allowed):
+        if spread is not None and spread <= tolerance(kept, dtype) and _finite_masked(theirs, b.allowed):
             return theirs
     held = best_equal(b.ctx.records, wanted, None)  # else the masked scores the code holds
     if held is None:
@@ -403,6 +398,38 @@ def code_masked(b: Base) -> torch.Tensor | None:
     if own.shape != b.allowed.shape or not _finite_masked(own, b.allowed):
         return None
     return own
+
+
+def _softmax_inputs(b: Base, wanted: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.dtype]]:
+    """What each of the code's softmaxes takes, laid out as `wanted` (a step of the scores in the code's layout),
+    in the reference's row form, float64, with its own dtype."""
+    for fed in (r for r in b.ctx.records if r.func in ("softmax", "_softmax") and r.args and r.args[0][0] == "rec"):
+        given = b.ctx.records[fed.args[0][1]].tensor  # what the softmax took, where laid out as the scores are
+        if given.dim() == 3 and len(wanted.shape) == 4 and given.numel() == wanted.numel() \
+                and tuple(given.shape[-2:]) == tuple(wanted.shape[-2:]):  # heads in the batch (CLIP's, BART's bmm)
+            given = given.reshape(wanted.shape)
+        if tuple(given.shape) != tuple(wanted.shape) or not given.is_floating_point():
+            continue
+        yield back_row(b, given.double()), given.dtype
+
+
+def code_shifted(b: Base) -> torch.Tensor | None:
+    """What the code's softmax takes, in the reference's row form, where it is the reference's scores (biased, where
+    the reference adds a bias) up to a constant per query row and not equal to them: each row's max taken out by
+    hand before the softmax (CogView's PB-relax in LayoutLMv3, `(s / α − max(s / α)) · α`), which a softmax over the
+    keys ignores and one over another axis does not. None elsewhere."""
+    from attnscope.usertrace.align import row_spread, tolerance
+
+    step = next((s for s in ("biased_scores", "scores") if s in b.ref), None)
+    if step is None:
+        return None
+    wanted, reference = user_out(b, step), b.ref[step]
+    for theirs, dtype in _softmax_inputs(b, wanted):
+        spread = row_spread(theirs, reference, -1)
+        tol = tolerance(reference, dtype)
+        if spread is not None and spread <= tol and float((theirs - reference.double()).abs().max()) > tol:
+            return theirs
+    return None
 
 
 def _finite_masked(scores: torch.Tensor, allowed: torch.Tensor) -> bool:
