@@ -230,7 +230,8 @@ def read(module: Any, shapes: Any, inputs: Inputs, records: list[Record], train:
                                   layout="row", sizes={**inputs.sizes, "n_batch": n_group, "n_Q": size, "n_K": size})
     regrouped = after.regrouped(records) if after is not None else records
     # padded: compared unfolded
-    regrouped = regrouped if grouping.pads else _returned_grouped(regrouped, grouping, int(x.shape[-1]) if col else 0)
+    regrouped = regrouped if grouping.pads else _returned_grouped(regrouped, grouping, int(x.shape[-1]) if col else 0,
+                                                                  inputs.grid is not None)
     again = line_up_again(module, shapes, grouped, regrouped, train, spec)
     if again is None or not better_fit(again, lined):
         return None
@@ -299,15 +300,20 @@ def _grouped_mask(grouping: Grouping, mask: torch.Tensor | None) -> tuple[bool, 
     return True, None if bool(inner.all()) else inner[:, None]
 
 
-def _returned_grouped(records: list[Record], grouping: Grouping, width: int = 0) -> list[Record]:
+def _returned_grouped(records: list[Record], grouping: Grouping, width: int = 0, image: bool = False) -> list[Record]:
     """The run's records, what the code returned in the input's layout `[n_batch, n_tokens, ..]` regrouped as the
     code's unfolding laid its input (its fold undone), so that it is compared with the reference's output on the
     groups. `width`: the features of a feature map returned as the code takes it, `[n_batch, width, n_h, n_w]` or
-    `[n_batch, width, n_tokens]` (the column form), read as its rows first."""
+    `[n_batch, width, n_tokens]` (the column form), read as its rows first; `image`: the input handed as an image
+    `[n_batch, n_h, n_w, d_feat]`, a return laid out so (timm's Swin block, Florence-2's windows) read as its rows
+    in raster order first."""
     shape = (grouping.n_batch, grouping.n_tokens)
     out = []
     for record in records:
         t = record.tensor
+        if "returned" in record.details and image and t.dim() == 4 and t.shape[0] == shape[0] \
+                and t.shape[1] * t.shape[2] == shape[1] and 1 not in tuple(t.shape[1:3]):
+            t = t.flatten(1, 2)  # [n_batch, n_h, n_w, d] -> [n_batch, n_tokens, d], raster order
         if "returned" in record.details and width and t.dim() >= 3 and tuple(t.shape[:2]) == (shape[0], width) \
                 and t[0, 0].numel() == shape[1]:
             t = t.flatten(2).transpose(1, 2)  # [n_batch, width, ..] -> its rows [n_batch, n_tokens, width]
