@@ -14,15 +14,47 @@ from attnscope.usertrace.trials import Trial
 
 
 def _alibi_parts(b: Base) -> tuple[torch.Tensor, int] | None:
-    """The reference's ALiBi slopes and the position of query 0, where it adds ALiBi."""
+    """The reference's ALiBi slopes and the position of query 0, where it adds ALiBi (--alibi, or a --position-bias
+    file that is ALiBi with its own slopes: _filed_alibi)."""
     from attnscope.variants import alibi
 
     spec = b.ctx.spec
-    if spec is None or not spec.alibi or "alibi_bias" not in b.ref or b.q.dim() < 3 or b.bias is None:
+    if spec is None or b.q.dim() < 3 or b.bias is None:
         return None
     n_head = b.q.shape[-3]
     slopes = alibi.slopes(n_head).double()
-    return slopes, b.n_K - b.n_Q
+    if spec.alibi and "alibi_bias" in b.ref:
+        return slopes, b.n_K - b.n_Q
+    if _filed_alibi(b, slopes) is not None:
+        return slopes, b.n_K - b.n_Q
+    return None
+
+
+def _filed_alibi(b: Base, slopes: torch.Tensor) -> bool | None:
+    """Whether the --position-bias file the reference adds is ALiBi written symmetric, −m_h · |i − j| (JinaBERT's
+    and MosaicBERT's bidirectional form, for which --alibi has no word), with ALiBi's slopes: True; False where it is
+    −m_h · (i − j); None where it is neither (a bias of its own)."""
+    spec = b.ctx.spec
+    if spec is None or spec.position_bias is None or b.bias is None or b.bias.shape[-1] != b.n_K:
+        return None
+    held = b.bias.double().reshape(-1, *b.bias.shape[-2:])
+    if held.shape[0] != slopes.numel() and held.shape[0] % slopes.numel():
+        return None
+    offset = b.n_K - b.n_Q
+    for symmetric in (True, False):
+        made = _alibi_bias(b, slopes, offset, symmetric).to(held.dtype)
+        if made.shape == held.shape[-3:] or held.shape[0] % made.shape[0] == 0:
+            tiled = made.repeat(held.shape[0] // made.shape[0], 1, 1)
+            if tiled.shape == held.shape and torch.allclose(tiled, held, atol=1e-5 * max(1.0, float(made.abs().max()))):
+                return symmetric
+    return None
+
+
+def _symmetric(b: Base) -> bool:
+    """Whether the ALiBi the reference adds is written symmetric (a --position-bias file of −m_h · |i − j|)."""
+    from attnscope.variants import alibi
+
+    return b.q.dim() >= 3 and bool(_filed_alibi(b, alibi.slopes(b.q.shape[-3]).double()))
 
 
 def _alibi_bias(b: Base, slopes: torch.Tensor, offset: int, symmetric: bool = False) -> torch.Tensor:
@@ -58,11 +90,13 @@ def trials_alibi_slopes(b: Base) -> Iterator[Trial]:
               ("2^(-h), without the 8 / n_head", torch.tensor([2.0 ** -(h + 1) for h in range(n_head)],
                                                                dtype=torch.float64)),
               ("all 1", torch.ones(n_head, dtype=torch.float64))]
-    for how, m in [*others, ("fitted from your scores", _fit(b, offset))]:
+    symmetric = _symmetric(b)
+    for how, m in [*others, ("fitted from your scores", None if symmetric else _fit(b, offset))]:
         if m is None or torch.allclose(m, slopes):
             continue
         mine = ", ".join(f"{x:.4g}" for x in m.tolist())
-        yield Trial(replay(b, bias=_alibi_bias(b, m, offset)), f"ALiBi's slopes are wrong: {{who}} is what the "
+        bias = _alibi_bias(b, m, offset, symmetric).to(b.bias.dtype if b.bias is not None else torch.float64)
+        yield Trial(replay(b, bias=bias), f"ALiBi's slopes are wrong: {{who}} is what the "
                     f"reference computes with slopes {mine} ({how}), which are not ALiBi's for {n_head} heads "
                     f"({said}: {_rule(n_head)})")
 
@@ -94,7 +128,7 @@ def _fit(b: Base, offset: int) -> torch.Tensor | None:
 
 def trials_alibi_queries(b: Base) -> Iterator[Trial]:
     parts = _alibi_parts(b)
-    if parts is not None:
+    if parts is not None and not _symmetric(b):
         slopes, offset = parts
         yield Trial(replay(b, bias=_alibi_bias(b, slopes, offset, symmetric=True)), "ALiBi's query positions: {who} "
                     "is what the reference computes with the bias −m_h · |i − j|, symmetric in the query and key "
@@ -113,8 +147,11 @@ def trials_alibi_after_softmax(b: Base) -> Iterator[Trial]:
     slopes, offset = parts
     row = -slopes[:, None, None] * (b.n_K - 1 - torch.arange(b.n_K, dtype=torch.float64))[None, None, :]
     symmetric = _alibi_bias(b, slopes, offset, symmetric=True)
-    for bias, how in ((b.bias, "−m_h · (i − j)"), (row.to(b.bias), "m_h · (j − n_K + 1), one row for every query"),
-                      (symmetric.to(b.bias), "−m_h · |i − j|, symmetric in i and j")):
+    forms = ((b.bias, "−m_h · |i − j|, symmetric in i and j, as your --position-bias file holds it"),) \
+        if _symmetric(b) else ((b.bias, "−m_h · (i − j)"),
+                               (row.to(b.bias), "m_h · (j − n_K + 1), one row for every query"),
+                               (symmetric.to(b.bias), "−m_h · |i − j|, symmetric in i and j"))
+    for bias, how in forms:
         yield Trial(replay(b, bias=None, after_softmax=bias), "ALiBi's bias is added after the softmax: {who} is what "
                     f"the reference computes with ALiBi's bias ({how}) added to the attention weights, not to the "
                     "scores; ALiBi adds it to the scores before the softmax")

@@ -305,9 +305,28 @@ def trials_scale_other(b: Base) -> Iterator[Trial]:
             if any(math.isclose(scale, t, rel_tol=1e-5) for t in tried) or _named_scale(b, scale):
                 continue
             tried.append(scale)
+            split = _split_width(b, scale)
+            if split is not None:  # Nemotron-H's `(hidden_size // num_heads) ** -0.5` beside its own head_dim
+                yield Trial(replay(b, scale=scale), f"{{who}} equals the reference's scores multiplied by {scale:.6g} "
+                            f"= 1/√(d_feat / n_head) = 1/√{split}, instead of {_ours(b)}: the head width d_feat / "
+                            f"n_head would be, where your heads are {_d(b)[1]} wide (a head_dim set apart from "
+                            "hidden_size / num_heads); scale by the heads' own width", ratio)
+                continue
             yield Trial(replay(b, scale=scale), f"{{who}} equals the reference's scores multiplied by {scale:.6g} "
                         f"instead of {_ours(b)}, and {scale:.6g} is no size of the run (nor its root): if it is your "
                         f"model's scale, pass --scale {scale:.6g}, else fix the scale", ratio)
+
+
+def _split_width(b: Base, scale: float) -> int | None:
+    """d_feat / n_head where `scale` is 1/√ of it and it is not the heads' own width d_head (a module whose head_dim
+    is set apart from hidden_size / num_heads); None otherwise."""
+    if b.kind != "module" or b.q.dim() < 4:
+        return None
+    d_model, n_head, d = _d_model(b), int(b.q.shape[-3]), _d(b)[1]
+    if d_model % n_head or d_model // n_head == d:
+        return None
+    width = d_model // n_head
+    return width if math.isclose(scale, 1 / math.sqrt(width), rel_tol=1e-4) else None
 
 
 def _named_scale(b: Base, scale: float) -> bool:
