@@ -141,17 +141,14 @@ def trials_alibi_after_softmax(b: Base) -> Iterator[Trial]:
     row for every query, m_h · (j − n_K + 1), or symmetric, −m_h · |i − j| (Jais' AlibiPositionEmbeddingLayer); after
     the softmax a constant per row no longer cancels, nor do the cells a causal mask hides, so each is tried."""
     parts = _alibi_parts(b)
-    if parts is None:
+    if parts is None or b.ctx.spec is None or not b.ctx.spec.alibi:  # a --position-bias file: t5.after_softmax's
         return
     assert b.bias is not None
     slopes, offset = parts
     row = -slopes[:, None, None] * (b.n_K - 1 - torch.arange(b.n_K, dtype=torch.float64))[None, None, :]
     symmetric = _alibi_bias(b, slopes, offset, symmetric=True)
-    forms = ((b.bias, "−m_h · |i − j|, symmetric in i and j, as your --position-bias file holds it"),) \
-        if _symmetric(b) else ((b.bias, "−m_h · (i − j)"),
-                               (row.to(b.bias), "m_h · (j − n_K + 1), one row for every query"),
-                               (symmetric.to(b.bias), "−m_h · |i − j|, symmetric in i and j"))
-    for bias, how in forms:
+    for bias, how in ((b.bias, "−m_h · (i − j)"), (row.to(b.bias), "m_h · (j − n_K + 1), one row for every query"),
+                      (symmetric.to(b.bias), "−m_h · |i − j|, symmetric in i and j")):
         yield Trial(replay(b, bias=None, after_softmax=bias), "ALiBi's bias is added after the softmax: {who} is what "
                     f"the reference computes with ALiBi's bias ({how}) added to the attention weights, not to the "
                     "scores; ALiBi adds it to the scores before the softmax")
