@@ -94,7 +94,7 @@ def read_run(r: RunSoFar, run: TraceRun, ran: Made) -> Made:
     if ran[2].failure is not None:
         return ran
     ran, lined = _lined_up(r, run, ran)
-    for reading in (_kv_heads, _time_first_reading, _column_reading, _own_conventions, _joint_width):
+    for reading in (_kv_heads, _time_first_reading, _column_reading, _own_conventions, _head_width):
         ran, lined = reading(r, run, ran, lined)
         ran, lined = lined_again(r, run, ran, lined)  # masks left at their default, given under a convention read
     ran, lined = other_layouts(r, run, ran, lined, again)  # RoPE's pair sin first, or interleaved (trace_tables)
@@ -315,7 +315,7 @@ def _own_conventions(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tu
     return (inputs, fed, called, convention), lined
 
 
-def _joint_width(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
+def _head_width(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[Made, LineUp]:
     """The head width the reference's queries have where the module's widths suggested another: joint attention's
     joined q; a fused projection cut per head into widths of their own (EfficientFormer's [key_dim | key_dim |
     value_dim], d_feat / n_head none of them). The dims named again with it."""
@@ -328,8 +328,8 @@ def _joint_width(r: RunSoFar, run: TraceRun, ran: Made, lined: LineUp) -> tuple[
     own_widths = steps is not None and not lined.joint and r.o.layout != "col" \
         and int(steps["V_split"].shape[-1]) != width and "d_V" not in inputs.sizes  # values of a width of their own
     if width is not None and inputs.sizes.get("d_head") != width and (lined.joint or own_widths):
-        # joint attention: the head width is the joined q's, not a width one stream's projections suggested
-        # (Flux's fused qkv read as one query projection, 96 / 4 = 24): the dims named again with it
+        # the head width the reference's queries have, not one the module's widths suggested (Flux's fused qkv read
+        # as one query projection, 96 / 4 = 24; EfficientFormer's key_dim beside d_feat / n_head): dims named again
         assert steps is not None
         r.shapes.fixed["d_head"] = width
         r.shapes.fixed.pop("n_kv_head", None)

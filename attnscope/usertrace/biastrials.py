@@ -13,9 +13,9 @@ from attnscope.usertrace.trialreads import back_row, has_mask, user_out
 from attnscope.usertrace.trials import Trial
 
 
-def _alibi_parts(b: Base) -> tuple[torch.Tensor, int] | None:
-    """The reference's ALiBi slopes and the position of query 0, where it adds ALiBi (--alibi, or a --position-bias
-    file that is ALiBi with its own slopes: _filed_alibi)."""
+def _alibi_parts(b: Base) -> tuple[torch.Tensor, int, bool] | None:
+    """The reference's ALiBi slopes, the position of query 0, and whether it is written symmetric, where it adds ALiBi
+    (--alibi, or a --position-bias file that is ALiBi with its own slopes: _filed_alibi)."""
     from attnscope.variants import alibi
 
     spec = b.ctx.spec
@@ -24,10 +24,9 @@ def _alibi_parts(b: Base) -> tuple[torch.Tensor, int] | None:
     n_head = b.q.shape[-3]
     slopes = alibi.slopes(n_head).double()
     if spec.alibi and "alibi_bias" in b.ref:
-        return slopes, b.n_K - b.n_Q
-    if _filed_alibi(b, slopes) is not None:
-        return slopes, b.n_K - b.n_Q
-    return None
+        return slopes, b.n_K - b.n_Q, False
+    filed = _filed_alibi(b, slopes)
+    return None if filed is None else (slopes, b.n_K - b.n_Q, filed)
 
 
 def _filed_alibi(b: Base, slopes: torch.Tensor) -> bool | None:
@@ -50,13 +49,6 @@ def _filed_alibi(b: Base, slopes: torch.Tensor) -> bool | None:
     return None
 
 
-def _symmetric(b: Base) -> bool:
-    """Whether the ALiBi the reference adds is written symmetric (a --position-bias file of −m_h · |i − j|)."""
-    from attnscope.variants import alibi
-
-    return b.q.dim() >= 3 and bool(_filed_alibi(b, alibi.slopes(b.q.shape[-3]).double()))
-
-
 def _alibi_bias(b: Base, slopes: torch.Tensor, offset: int, symmetric: bool = False) -> torch.Tensor:
     i = torch.arange(b.n_Q, dtype=torch.float64)[:, None] + offset
     j = torch.arange(b.n_K, dtype=torch.float64)[None, :]
@@ -77,7 +69,7 @@ def trials_alibi_slopes(b: Base) -> Iterator[Trial]:
     parts = _alibi_parts(b)
     if parts is None:
         return
-    slopes, offset = parts
+    slopes, offset, symmetric = parts
     n_head = slopes.numel()
     said = ", ".join(f"{m:.4g}" for m in slopes.tolist())
     pow2 = n_head & (n_head - 1) == 0
@@ -90,7 +82,6 @@ def trials_alibi_slopes(b: Base) -> Iterator[Trial]:
               ("2^(-h), without the 8 / n_head", torch.tensor([2.0 ** -(h + 1) for h in range(n_head)],
                                                                dtype=torch.float64)),
               ("all 1", torch.ones(n_head, dtype=torch.float64))]
-    symmetric = _symmetric(b)
     for how, m in [*others, ("fitted from your scores", None if symmetric else _fit(b, offset))]:
         if m is None or torch.allclose(m, slopes):
             continue
@@ -128,8 +119,8 @@ def _fit(b: Base, offset: int) -> torch.Tensor | None:
 
 def trials_alibi_queries(b: Base) -> Iterator[Trial]:
     parts = _alibi_parts(b)
-    if parts is not None and not _symmetric(b):
-        slopes, offset = parts
+    if parts is not None and not parts[2]:
+        slopes, offset, _ = parts
         yield Trial(replay(b, bias=_alibi_bias(b, slopes, offset, symmetric=True)), "ALiBi's query positions: {who} "
                     "is what the reference computes with the bias −m_h · |i − j|, symmetric in the query and key "
                     "positions, where ALiBi adds −m_h · (i − j) = m_h · (j − i), a constant per query row plus m_h · j "
@@ -144,7 +135,7 @@ def trials_alibi_after_softmax(b: Base) -> Iterator[Trial]:
     if parts is None or b.ctx.spec is None or not b.ctx.spec.alibi:  # a --position-bias file: t5.after_softmax's
         return
     assert b.bias is not None
-    slopes, offset = parts
+    slopes, offset, _ = parts
     row = -slopes[:, None, None] * (b.n_K - 1 - torch.arange(b.n_K, dtype=torch.float64))[None, None, :]
     symmetric = _alibi_bias(b, slopes, offset, symmetric=True)
     for bias, how in ((b.bias, "−m_h · (i − j)"), (row.to(b.bias), "m_h · (j − n_K + 1), one row for every query"),

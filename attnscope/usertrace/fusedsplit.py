@@ -81,8 +81,7 @@ def _per_group(fused: torch.Tensor, parts: dict[str, tuple[int, ...]], splits: d
     columns: dict[str, list[int]] = {}
     for role, rows in parts.items():
         within = sorted({r % group for r in rows})
-        if sorted(rows) != sorted(grid[:, within].reshape(-1).tolist()) or list(rows) != grid[:, within].reshape(
-                -1).tolist():
+        if list(rows) != grid[:, within].reshape(-1).tolist():
             return None, ""  # not each head's own columns, in head order
         columns[role] = within
     straight = fused.reshape(n_batch, heads, n, group)

@@ -501,20 +501,18 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     `keyed` is the mask as rows `[.., n_Q, n_K]` for the key-padding shapes, where `allowed` is laid out otherwise
     (the column form's square `[.., n_K, n_Q]`, handed whole as it stands): the keys are those of its last axis, and
     `filed` is then laid out as `keyed` is."""
-    n_Q_given = n_Q
-    grid = allowed.reshape(-1, *allowed.shape[-2:])  # [1 or n_batch, n_Q, n_K]
-    if n_Q is not None and grid.shape[-2] == 1:
-        grid = grid.expand(grid.shape[0], n_Q, grid.shape[-1])
-    n_Q, n_K = grid.shape[-2:]
-    wide = grid.expand(n_batch, n_Q, n_K) if grid.shape[0] == 1 else grid
+    keyed_wide = None if keyed is None else _wide(keyed, n_batch, n_Q)
+    single = allowed.reshape(-1, *allowed.shape[-2:]).shape[0] == 1  # one mask for every sequence
+    wide = _wide(allowed, n_batch, n_Q)  # [n_batch, n_Q, n_K]
+    n_Q, n_K = wide.shape[-2:]
     out: list[tuple[torch.Tensor, str, torch.Tensor | None]] = [(wide.unsqueeze(1), "[n_batch, 1, n_Q, n_K]", None)]
     padding = bool((wide == wide[:, :1, :]).all())
-    by_keys = wide if keyed is None else _wide(keyed, n_batch, n_Q_given)
-    padding_keys = padding if keyed is None else bool((by_keys == by_keys[:, :1, :]).all())
+    by_keys = wide if keyed_wide is None else keyed_wide
+    padding_keys = padding if keyed_wide is None else bool((by_keys == by_keys[:, :1, :]).all())
     whole = (wide, "[n_batch, n_Q, n_K]", None)
     # a rule no key padding carries: the whole mask first, and where it is one for every sequence, [n_Q, n_K] too
     # (DeepSeek's model hands its layers `torch.full((s, s), -inf).triu_(1)`, added as `scores + mask.unsqueeze(1)`)
-    one = [(grid[0], "[n_Q, n_K]", None)] if grid.shape[0] == 1 else []
+    one = [(wide[0], "[n_Q, n_K]", None)] if single else []
     out += [] if padding else [whole, *one]
     filed_keys = file_padding(filed, n_batch, n_K)
     if padding_keys:
@@ -527,7 +525,7 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
             (keys[:, None, :], f"[n_batch, 1, n_K] key padding{said}", padded),
             (keys[:, None, None, :], f"[n_batch, 1, 1, n_K] key padding{said}", padded)]
     out += [whole, *one] if padding else []
-    if grid.shape[0] != 1 and n_head is not None:
+    if not single and n_head is not None:
         # [n_batch, n_Q, n_K] -> [n_batch·n_head, n_Q, n_K], each sequence's heads side by side
         if padding:  # key padding as diffusers' prepare_attention_mask folds it, [n_batch·n_head, 1, n_K], first
             out.append((wide[:, :1].repeat_interleave(n_head, dim=0), "[n_batch·n_head, 1, n_K]", None))
@@ -535,8 +533,8 @@ def forms(allowed: torch.Tensor, n_batch: int, filed: torch.Tensor | None = None
     # last, the batch after the keys, time-first code's (labml's `[seq_len_q, seq_len_k, batch_size]`, its scores
     # einsum'd `ijbh`): the batch's own axis, then one for every sequence
     out.append((wide.permute(1, 2, 0), "[n_Q, n_K, n_batch] (time-first)", None))
-    if grid.shape[0] == 1:
-        out.append((grid[0][..., None], "[n_Q, n_K, 1] (time-first)", None))
+    if single:
+        out.append((wide[0][..., None], "[n_Q, n_K, 1] (time-first)", None))
     return out
 
 

@@ -34,7 +34,8 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
     fed = computed_from(records, set(inputs.tensors))  # computed from the inputs (their labels in the arguments)
     from_params = computed_from(records, learned | {n.rsplit(".", 1)[0] for n in learned})  # a layer of its own (a
     # Linear reading a one-hot of the distances, LayoutLMv3's rel_pos_bias) is labelled by its name
-    copies = cached(module, records, fed)
+    tables = _tables(module)
+    copies = cached(records, fed, tables)
     from_params |= _made_from(records, set(copies))
     used: set[int] = set()  # records outside the inputs' flow that meet it (added to the scores, the attention)
     for record in records:
@@ -53,7 +54,7 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
             continue
         found.append(record)
     if not found:  # a copy the module keeps, read by the op that adds it (LeViT's attention_bias_cache)
-        return _kept_copy(module, records, fed, n_Q, n_K)
+        return _kept_copy(records, fed, tables, n_Q, n_K)
     roots = [r for r in found if not any(p.index in _ancestors(r, records) for p in found)]
     summed = _summed(roots, found, records) if len(roots) > 1 else None
     if summed is not None:  # parts the code sums (LayoutLMv3's 1-D and 2-D biases): their first sum holding them all
@@ -61,7 +62,7 @@ def own_bias(module: Any, records: list[Record], inputs: Inputs) -> tuple[torch.
     if len(roots) != 1:
         return None
     root, met = _valued(roots[0], records, used)
-    source = sorted(_params_of(met or root, records, learned, copies))
+    source = sorted(params_of(met or root, records, learned, copies))
     # its values changed after it is laid out (Swin V2's 16 · sigmoid): those the code adds
     valued = f", with the values your code adds (line {met.line})" if met is not None else ""
     first = _first_made(root, records, n_Q, n_K)
@@ -201,12 +202,11 @@ def _read(made: torch.Tensor, root: torch.Tensor, n_Q: int, n_K: int) -> torch.T
         return None
 
 
-def cached(module: torch.nn.Module, records: list[Record], fed: set[int]) -> dict[int, str]:
+def cached(records: list[Record], fed: set[int], tables: list[tuple[str, torch.Tensor]]) -> dict[int, str]:
     """The records that read a tensor the run never made, no input flowing into them, whose every value is one of a
     learned parameter's: a copy of it the module keeps (EfficientFormer's `self.ab`, its `attention_biases` gathered
     by `attention_bias_idxs` once, in a `train()` override, outside the forward; `self.ab.to(device)` reads it), by
-    the parameter's name."""
-    tables = _tables(module)
+    the parameter's name (`tables`: the module's parameters, _tables)."""
     found: dict[int, str] = {}
     for record in records:
         t = record.tensor
@@ -235,12 +235,11 @@ def _copied(tensor: torch.Tensor, tables: list[tuple[str, torch.Tensor]]) -> str
     return next((name for name, p in tables if bool(torch.isin(values, p).all())), None)
 
 
-def _kept_copy(module: torch.nn.Module, records: list[Record], fed: set[int], n_Q: int, n_K: int
+def _kept_copy(records: list[Record], fed: set[int], tables: list[tuple[str, torch.Tensor]], n_Q: int, n_K: int
                ) -> tuple[torch.Tensor, str] | None:
     """The bias where the code adds to its scores a tensor the run never made, `[.., n_Q, n_K]`, that holds a
     parameter's values (a cache the module keeps of its table gathered: LeViT's `attention_bias_cache`, read as it
     is in eval mode), with its note; None where it adds none, or more than one."""
-    tables = _tables(module)
     found = []
     for record in records:
         if record.index not in fed or record.func not in ADDS:
@@ -301,7 +300,7 @@ def _reaches(record: Record, records: list[Record], used: set[int]) -> bool:
     return any(record.index in _ancestors(records[u], records) for u in used)
 
 
-def _params_of(record: Record, records: list[Record], learned: set[str], copies: dict[int, str] | None = None
+def params_of(record: Record, records: list[Record], learned: set[str], copies: dict[int, str] | None = None
                ) -> set[str]:
     """The parameters the record is computed from, by name (`copies`: records of a copy the module keeps, by the
     parameter they copy)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnscope.usertrace.ownbias import ADDS, computed_from
+from attnscope.usertrace.ownbias import ADDS, computed_from, params_of
 from attnscope.usertrace.scorepieces import KEYS
 
 VALUES = ("V_split", "V_rep")
@@ -65,9 +65,9 @@ def piece_bias(module: Any, records: list[Record], inputs: Inputs, trace: Trace 
     out = dense.reshape(shape)
     if bool((out == 0).all()):
         return None
-    source = sorted({n for n in learned if n in _names(made, records)})
+    source = sorted(params_of(made, records, learned))
     said = (f"your code adds a position bias of its own to its scores in pieces (line {made.line}: "
-            f"{made.label}, {list(made.tensor.shape)}{', from ' + ', '.join(source) if source else ''}): the "
+            f"{made.label}, {list(made.tensor.shape)}, from {', '.join(source)}): the "
             f"reference adds it at the cells of {list(shape)} your pieces stand for, 0 in those no piece scores "
             "(--position-bias FILE gives the reference another)")
     return out.float(), said
@@ -115,13 +115,3 @@ def _added(record: Record, records: list[Record], cells: torch.Tensor, fed: set[
             continue
     return None
 
-
-def _names(record: Record, records: list[Record]) -> set[str]:
-    """The parameter names the record is computed from (its ancestors' arguments)."""
-    from attnscope.usertrace.align import ancestors
-    from attnscope.usertrace.ownbias import arg_names
-
-    names: set[str] = arg_names(record.args)
-    for index in ancestors(record, records):
-        names |= arg_names(records[index].args)
-    return names

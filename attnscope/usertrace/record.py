@@ -233,7 +233,7 @@ class Recorder(TorchFunctionMode):
                         if id(t) in self._produced)
         first = next(iter(_tensors(args, kwargs)), None)
         # float tensors the run never made and no label names (a module's cached copy of a parameter, LeViT's
-        # attention_bias_cache): their values, which no record holds (ownbias.cached reads them)
+        # attention_bias_cache): their values, which no record holds (ownbias._kept_copy reads them)
         foreign = [t.detach().clone() for t in given if id(t) not in self._produced and id(t) not in self._labels
                    and t.is_floating_point() and t.dim() >= 2 and t.numel() <= FOREIGN_MOST]
         for snapshot in foreign:
