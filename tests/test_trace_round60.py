@@ -65,6 +65,14 @@ def test_symmetric_alibi_given_as_a_file_runs_alibis_trials(runner, tmp_path):
     assert_named(*run_case(runner, STYLES, "SymmetricAlibi", "bug='sign'", options), "alibi.sign")
 
 
+def test_symmetric_alibi_under_alibi_says_how_to_tell_it(runner):
+    """The same correct code traced under --alibi (BLOOM's −m_h · (i − j)) is alibi.query_positions; with no causal
+    mask that is a bidirectional encoder's own ALiBi, and the message names the option that describes it."""
+    found = assert_named(*run_case(runner, STYLES, "SymmetricAlibi", None, ("--nq", "7", "--alibi")),
+                         "alibi.query_positions")
+    assert "--position-bias FILE" in found["diagnosis"] and "−m_h · |i − j|" in found["diagnosis"], found
+
+
 def test_a_scale_of_the_width_hidden_size_over_the_heads_says_so(runner):
     """Nemotron-H's head_dim is set apart from hidden_size / num_heads; a scale of (hidden_size // num_heads) ** -0.5
     (round 60) read '0.288675 is no size of the run': it is 1/√(d_feat / n_head), which the message now says."""

@@ -124,7 +124,18 @@ def trials_alibi_queries(b: Base) -> Iterator[Trial]:
         yield Trial(replay(b, bias=_alibi_bias(b, slopes, offset, symmetric=True)), "ALiBi's query positions: {who} "
                     "is what the reference computes with the bias −m_h · |i − j|, symmetric in the query and key "
                     "positions, where ALiBi adds −m_h · (i − j) = m_h · (j − i), a constant per query row plus m_h · j "
-                    "(BLOOM's): keys after the query are pushed down as those before are")
+                    "(BLOOM's): keys after the query are pushed down as those before are" + _symmetric_hint(b))
+
+
+def _symmetric_hint(b: Base) -> str:
+    """Where no causal mask hides the keys after the query, the symmetric form is a bidirectional encoder's own
+    ALiBi (JinaBERT's, MosaicBERT's), which --alibi does not describe: how to tell trace that it is meant."""
+    spec = b.ctx.spec
+    if spec is None or spec.causal:
+        return ""
+    return ("; if your model means it (a bidirectional encoder's ALiBi, JinaBERT's or MosaicBERT's), give it in "
+            "place of --alibi as --position-bias FILE, a .npy of −m_h · |i − j| shaped [n_head, n_Q, n_K] "
+            "(docs/trace.md, 'ALiBi written symmetric')")
 
 
 def trials_alibi_after_softmax(b: Base) -> Iterator[Trial]:
