@@ -404,6 +404,17 @@ def readers(records: list[Record]) -> set[str]:
     return flow[1] if flow is not None else set()
 
 
+def before_any_pattern(records: list[Record], name: str) -> bool:
+    """Whether the run called the Linear `name` and every call of it reads only what no softmax, exp or attention
+    kernel made: a branch beside the attention (ConvBERT's `conv_out_layer` over the module's input), never an
+    output projection."""
+    patterns = {r.index for r in records if r.func.split(".")[-1] in (*SOFTMAXES, *EXPONENTS)
+                or r.func.endswith(ATTENTION_KERNELS)}
+    made = made_by(records)
+    calls = [r for r in records if made.get(r.index) == name] if patterns else []
+    return bool(calls) and all(not ancestors(r, records) & patterns for r in calls)
+
+
 def _inputs_of(records: list[Record], names: set[str]) -> dict[int, set[str]]:
     """For each record, the forward's tensor parameters among `names` its value comes from."""
     out: dict[int, set[str]] = {}

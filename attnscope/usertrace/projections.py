@@ -261,17 +261,25 @@ def _one_by_name(held: list[tuple[str, Any]], records: list[Record] | None) -> l
     return full if len(full) == 1 and sorted(ranks)[-2] < top else held
 
 
-def merge_only(found: Projections) -> Projections | None:
+def merge_only(found: Projections, records: list[Record] | None = None) -> Projections | None:
     """`found` with an identity output projection where its own reads more features than the heads write: the merge
     of the heads joined with other features before it (Flux's single-stream block, PaLM's and GPT-J's parallel
-    blocks: `linear2(cat(attention, mlp(x)))`), so that the reference is compared up to the merge. None otherwise."""
+    blocks: `linear2(cat(attention, mlp(x)))`), or a Linear named like one that the run calls on something the
+    pattern did not make (ConvBERT's `conv_out_layer`, over the module's input for its convolution branch), so that
+    the reference is compared up to the merge. None otherwise."""
+    from attnscope.usertrace import flow
+
     (_, q), (name, o) = found.linears["q"], found.linears["o"]
     if o.in_features <= q.out_features:
         return None
+    apart = records is not None and flow.before_any_pattern(records, name)
+    why = (f"your {name} reads {o.in_features} features, none of them made by the attention (a branch of its own): "
+           "your code has no output projection" if apart else
+           f"your {name} reads {o.in_features} features, the {q.out_features} of the merged heads beside others (an "
+           "MLP's, as in a parallel block)")
     return Projections({**found.linears, "o": (NONE, _identity(q))},
-                       f"{found.matched_by}; your {name} reads {o.in_features} features, the {q.out_features} of the "
-                       "merged heads beside others (an MLP's, as in a parallel block), so the reference's output "
-                       "projection is the identity and it is compared up to the merge of the heads", found.note, True)
+                       f"{found.matched_by}; {why}, so the reference's output projection is the identity and it is "
+                       "compared up to the merge of the heads", found.note, True)
 
 
 NO_OUTPUT = "your code has no output projection, so the reference's is the identity and it is compared up to the " \

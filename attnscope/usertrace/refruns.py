@@ -96,7 +96,7 @@ def references(module: Any, shapes: ShapePlan, inputs: Inputs, records: list[Rec
             try:
                 reference = ref.build_mha(projections, shapes.n_head, spec, module, records)
             except UsageError:  # an output projection reading the merge beside an MLP's features (a parallel block)
-                wider = ref.merge_only(projections)
+                wider = ref.merge_only(projections, records)
                 if wider is None:
                     raise
                 projections, reference = wider, ref.build_mha(wider, shapes.n_head, spec, module, records)
