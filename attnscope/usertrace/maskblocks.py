@@ -1,6 +1,7 @@
 """mask.off_by_one's changes for a mask that is no band: a pattern the causal rule cuts (Llama 4's chunked local
 attention, `j <= i` within blocks of C positions; a causal mask beside blocks or global tokens of a --mask file),
-its causal edge moved by one key, and its blocks' boundaries moved by one position."""
+its causal edge moved by one key, and its blocks' boundaries moved by one position; and a prefix LM's (GIT's, `j <= i
+or j < P`), its causal edge moved after the prefix."""
 
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ def changes(allowed: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
         return []
     grid = cells[0]
     rel = torch.arange(n_K)[None, :] - torch.arange(n_Q)[:, None]  # j - i
+    prefix = _prefix(grid, rel)
+    if prefix is not None:  # a prefix LM: the causal edge moved in the rows after the prefix, the prefix kept
+        seen, later = torch.arange(n_K)[None, :] < prefix, torch.arange(n_Q)[:, None] >= prefix
+        return [(changed.expand_as(allowed), words) for changed, words in (
+            (grid | ((rel == 1) & later), f"the causal edge is off by 1 after your mask's prefix of {prefix} "
+             "positions (seen by all, among themselves both ways): each later query also sees the next key after it; "
+             "{who} is what the reference computes with `j <= i + 1` where `j <= i` is meant"),
+            ((rel <= -1) | seen, f"the causal edge is off by one the other way after your mask's prefix of {prefix} "
+             "positions (seen by all, among themselves both ways): no later query may see its own key; {who} is "
+             "what the reference computes with `j < i` where `j <= i` is meant (`triu(..., diagonal=0)` for a "
+             "future mask that is `triu(..., diagonal=1)`)"))]
     sym = grid | grid.T
     if bool(sym.all()) or not bool(torch.equal(sym & (rel <= 0), grid)):
         return []  # the causal rule alone (masktrials' own changes), or no pattern the rule cuts
@@ -40,6 +52,15 @@ def changes(allowed: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
                           f"== (j + {shift}) // {chunk}` where `i // {chunk} == j // {chunk}` is meant: a chunk "
                           "starts at a multiple of its size, position 0 the first chunk's first)"))
     return [(changed.expand_as(allowed), words) for changed, words in found]
+
+
+def _prefix(grid: torch.Tensor, rel: torch.Tensor) -> int | None:
+    """The length P of a prefix LM's prefix where `grid` [n, n] is `j <= i or j < P` (GIT's image tokens, a prefix
+    LM's prompt: the first P positions see each other both ways, every later one sees them and the keys up to
+    itself), 1 < P < n; None otherwise."""
+    n = grid.shape[-1]
+    j = torch.arange(n)[None, :]
+    return next((p for p in range(2, n) if bool(torch.equal((rel <= 0) | (j < p), grid))), None)
 
 
 def _chunk(sym: torch.Tensor) -> int | None:
