@@ -125,6 +125,7 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
         # more axes than out has: the first shape whose output has out's axes and is finite (else out's axes alone)
         why = _misfit(called, inputs, plan.mask) if grade else None
         chosen: tuple[Any, str, Any, Called, str] | None = None
+        past: tuple[Any, Called] | None = None  # the first shape the code raises on further along, not on its mask
         laid = maskwant.laid(inputs.allowed, failure, met, target.source, first, inputs.sizes, o.layout == "col") \
             if not own_axes else maskaxes.laid(inputs.allowed, own_axes, inputs.sizes, o.layout == "col")
         # the other shapes, from the mask as rows [.., n_Q, n_K] where the column form's scores may be Q Kᵀ all the
@@ -147,6 +148,8 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
                 ran = call(target, fn, plan, inputs, module, o.max_memory, masking.written(form, kind, dtype), fed)
                 if ran.failure is None:
                     break
+            if ran is not None and past is None and _raised_past(ran, called, plan.mask):
+                past = form, ran
             if ran is None or ran.failure is not None:
                 continue
             better = _grade(ran, inputs, plan.mask) if grade else 0
@@ -154,6 +157,11 @@ def masked_call(o: TraceOptions, target: Target, fn: Any, plan: Plan, inputs: In
                 chosen, grade = (form, words, padded, ran, kind), better
             if not grade:
                 break
+        if chosen is None and past is not None:
+            # no shape the code runs on, but one it gets past its mask with (Conditional DETR's `bsz, src_len =
+            # mask.size()` before a second parameter it raises on): that failure is the one the readings of the
+            # other parameters take up (trace_otherwise.py), each run trying the mask's shapes again
+            inputs.allowed, called = past
         if chosen is not None:
             chosen = maskwant.in_fold_order(chosen, functools.partial(_with_tensors, o, (target, fn, plan, inputs,
                                                                                           module, fed)),
@@ -456,6 +464,13 @@ def _scores_turned(called: Called, inputs: Inputs, module: Any) -> Any:
         return allowed.transpose(-1, -2) if laid is not None and laid[1].endswith("n_K]") else None
     keys_last = scoreaxes.keys_last(scoreaxes.key_axes(called.records, query, key))
     return allowed.transpose(-1, -2) if keys_last else None
+
+
+def _raised_past(ran: Called, first: Called, label: str) -> bool:
+    """Whether `ran` raised elsewhere than `first` did, and not on the mask `label`: past the mask, on another line."""
+    failed, before = ran.failure, first.failure
+    return failed is not None and before is not None and failed.line != before.line \
+        and not _on_mask(failed, ran.records, label)
 
 
 def _on_mask(failure: Failure | None, records: list[Record], label: str) -> bool:
