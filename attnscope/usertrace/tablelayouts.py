@@ -99,5 +99,8 @@ def note(form: TableForm, names: list[str], given: int, d_head: int, failure: Fa
            "its rotated queries and keys line up with the reference under this form and not under trace's first")
     pairing = "; its pairing is read from its rotated tensors" if form.pairs else \
         f"; the reference rotates {'interleaved' if form.layout or form.turned else 'half-split'}"
+    read = failure is None and not form.pairs and bool(form.layout or form.turned)  # interleaved, read off the run
+    told = ("; where your model pairs half-split (LLaMA's rotate_half), --rope-pairing half-split says so and this "
+            "rotation is then named a mistake (rope.pairing)") if read else ""
     return (f"RoPE's tables ({', '.join(names)}): given as {order}, {laid}{turned}, read from your code's run: {why}"
-            f"{pairing}")
+            f"{pairing}{told}")
