@@ -196,7 +196,7 @@ def _undoes(lined: LineUp, reading: Spec, spec: Spec) -> bool:
     """Whether the divergence under a reading is named by the experiment that changes back what the reading changed
     (the pairing read as interleaved, then `rope.pairing` by experiment): the reading contradicts itself."""
     experiment = lined.divergence.experiment if lined.divergence is not None else None
-    changed = {"rope.pairing": reading.rope_pairing != spec.rope_pairing,
+    changed = {"rope.pairing": reading.rope_pairing != spec.rope_pairing and not reading.rope_tables,
                "rope.base": reading.rope_base != spec.rope_base,
                "rope.fraction": reading.rope_fraction != spec.rope_fraction,
                "rope.positions": reading.rope_start != spec.rope_start,

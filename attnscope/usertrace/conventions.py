@@ -137,10 +137,16 @@ def _angles(spec: Spec, trace: Trace, records: list[Record]) -> list[tuple[Spec,
     if q is None or k is None or q.dim() < 3:
         return []
     read = ropefreqs.angles_from(records, q, k, trace.get("V_split"))
-    if read is None:
-        return []
+    said, own = (read.words(), False) if read is not None else ("", True)
+    if read is None:  # no rotation of the reference's heads: the angles of the code's own tables, where it has them
+        from attnscope.usertrace import owntables
+
+        tables = owntables.angles_from_tables(records, q.shape[-2], q.shape[-1])
+        if tables is None:
+            return []
+        read, said = tables[0], owntables.words(tables[1])
     return [(replace(spec, rope_base=spec.rope_base or DEFAULT_BASE, rope_pairing=read.pairing, rope_fraction=None,
-                     rope_start=0, rope_sign=1, rope_freqs=None, rope_angles=read.table), [read.words()])]
+                     rope_start=0, rope_sign=1, rope_freqs=None, rope_angles=read.table, rope_tables=own), [said])]
 
 
 def _tables(spec: Spec, source: torch.Tensor, mine: torch.Tensor, pairings: list[str],

@@ -90,6 +90,9 @@ class Spec:
     # the angle each token's pair turns by `[n, d_head/2]`, read from the code where no one 1-D position gives it
     # (ropefreqs.Angles: 2-D or axial RoPE, a prefix kept unrotated); None: position · frequency
     rope_angles: Any = field(default=None, compare=False)
+    # rope_angles and the pairing read from the code's own cos and sin tables (owntables.py), not from its rotation:
+    # a rotation of the other pairing is then a mistake the reading does not undo (conventionread._undoes)
+    rope_tables: bool = False
     # the RoPE scaling the module declares (declared.own_scaling: yarn's, llama3's, ...) at rope_base, where the
     # frequencies read from the code are what it gives: the reference's Rope, its attention factor with it
     rope_declared: Any = field(default=None, compare=False)
