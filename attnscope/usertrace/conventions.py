@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnscope.usertrace import owntables
+
 # what the module declares (its rope_theta, rotary_pct, ...), read in one place with its softcap and scale
 from attnscope.usertrace.declared import own_base as own_base
 from attnscope.usertrace.declared import own_fraction as own_fraction
@@ -139,8 +141,6 @@ def _angles(spec: Spec, trace: Trace, records: list[Record]) -> list[tuple[Spec,
     read = ropefreqs.angles_from(records, q, k, trace.get("V_split"))
     said, own = (read.words(), False) if read is not None else ("", True)
     if read is None:  # no rotation of the reference's heads: the angles of the code's own tables, where it has them
-        from attnscope.usertrace import owntables
-
         tables = owntables.angles_from_tables(records, q.shape[-2], q.shape[-1])
         if tables is None:
             return []
@@ -237,7 +237,8 @@ def note(said: list[str], line: int | None, clean: bool = True) -> str:
     where = f" (line {line})" if line else ""
     pairing = any("pairs RoPE's coordinates" in s for s in said)
     if not clean:
-        return (f"RoPE as your code computes it{where}: " + "; ".join(said) + ". Read from your rotated tensors, and "
+        source = "your code's tables" if any(s.startswith(owntables.SAID) for s in said) else "your rotated tensors"
+        return (f"RoPE as your code computes it{where}: " + "; ".join(said) + f". Read from {source}, and "
                 "the reference rotated so: the divergence below is another matter")
     return (f"RoPE as your code computes it{where}: " + "; ".join(said) + ". A convention, not a mistake: the "
             "reference was rotated so, and every step lines up" + (

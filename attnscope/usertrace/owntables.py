@@ -81,7 +81,10 @@ def _angles(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, str] | 
     return None
 
 
+SAID = "RoPE's angles read from your code's own cos and sin tables"  # how words() starts (conventions.note)
+
+
 def words(line: int) -> str:
     """What the reading says of the code."""
-    return (f"RoPE's angles read from your code's own cos and sin tables (line {line}), each token's pairs turned "
-            "by angles of its own (a 2-D or axial RoPE), in the pairing the tables are laid out for")
+    return (f"{SAID} (line {line}), each token's pairs turned by angles of its own (a 2-D or axial RoPE), in the "
+            "pairing the tables are laid out for")
