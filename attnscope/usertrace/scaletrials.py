@@ -358,10 +358,41 @@ def _scale_default(b: Base) -> Iterator[Trial]:
 
 
 def _right_before(b: Base, r: Reproduced) -> bool:
-    """The user's code held the right scores before it scaled them again."""
+    """The user's code held the right scores before it scaled them again, or scales by the reference's own scale
+    twice (scales_twice): where d_head is a square, twice 1/√d_head is 1/d_head, and the code says which it did."""
     from attnscope.usertrace.rerun import record_holding
 
-    return "scores" in b.ref and record_holding(b.ctx.records, user_out(b, "scores"), None, "", b.sums) is not None
+    return "scores" in b.ref and record_holding(b.ctx.records, user_out(b, "scores"), None, "", b.sums) is not None \
+        or scales_twice(b)
+
+
+SCALINGS = {"mul": 1, "__mul__": 1, "__rmul__": 1, "multiply": 1, "mul_": 1, "__imul__": 1,
+            "div": -1, "__truediv__": -1, "divide": -1, "div_": -1, "__itruediv__": -1}
+
+
+def scales_twice(b: Base) -> bool:
+    """Whether the code multiplies by the reference's scale (or divides by its inverse) in two ops before its
+    softmax, each by a number written in the code (Hiera's `(query * self.scale) @ key.mT` then `* self.scale`
+    again, on scores its windows gather, where no tensor of the code holds the reference's scores whole)."""
+    from attnscope.usertrace.record import SOFTMAXES
+
+    softmax = next((r.index for r in b.ctx.records if r.func.split(".")[-1] in SOFTMAXES), None)
+    if softmax is None or not b.scale:
+        return False
+    count = 0
+    for r in b.ctx.records[:softmax]:
+        power = SCALINGS.get(r.func)
+        if power is None:
+            continue
+        for kind, value in r.args:
+            try:
+                number = float(value) if kind == "text" else None
+            except ValueError:
+                number = None
+            if number and math.isclose(number ** power, b.scale, rel_tol=1e-5):
+                count += 1
+                break
+    return count >= 2
 
 
 def trials_softmax_axis(b: Base) -> Iterator[Trial]:
