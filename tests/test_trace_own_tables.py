@@ -29,10 +29,10 @@ def _turned(x: torch.Tensor, angles: torch.Tensor, pairing: str) -> torch.Tensor
     return out
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "half"])
-def test_the_style_is_sdpa_with_2d_rope_and_the_plant_changes_it(layout):
+@pytest.mark.parametrize(("layout", "heads_after"), [("interleaved", False), ("half", False), ("half", True)])
+def test_the_style_is_sdpa_with_2d_rope_and_the_plant_changes_it(layout, heads_after):
     torch.manual_seed(0)
-    m = GridRopeAttention(layout=layout).double().eval()
+    m = GridRopeAttention(layout=layout, heads_after=heads_after).double().eval()
     x = torch.randn(2, 10, 64, dtype=torch.float64)
     rows, cols = torch.meshgrid(torch.arange(3), torch.arange(3), indexing="ij")
     grid = torch.cat([rows.reshape(-1, 1) * m.bands, cols.reshape(-1, 1) * m.bands], -1).double()
@@ -43,14 +43,15 @@ def test_the_style_is_sdpa_with_2d_rope_and_the_plant_changes_it(layout):
         out = F.scaled_dot_product_attention(_turned(q, angles, pairing), _turned(k, angles, pairing), v)
         want = m.proj(out.transpose(1, 2).reshape(2, 10, 64))
         assert (m(x) - want).abs().max() < 1e-10
-        planted = GridRopeAttention(layout=layout, bug="other_rotation").double().eval()
+        planted = GridRopeAttention(layout=layout, bug="other_rotation", heads_after=heads_after).double().eval()
         planted.load_state_dict(m.state_dict())
         assert (planted(x) - m(x)).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "half"])
-def test_tables_of_one_pairing_rotated_with_the_other_are_rope_pairing(runner, layout):
-    assert_passes(*run_case(runner, STYLES, "GridRopeAttention", f"layout='{layout}'", ("--nq", "10")))
-    found = assert_named(*run_case(runner, STYLES, "GridRopeAttention", f"layout='{layout}', bug='other_rotation'",
+@pytest.mark.parametrize(("layout", "heads_after"), [("interleaved", False), ("half", False), ("half", True)])
+def test_tables_of_one_pairing_rotated_with_the_other_are_rope_pairing(runner, layout, heads_after):
+    init = f"layout='{layout}', heads_after={heads_after}"
+    assert_passes(*run_case(runner, STYLES, "GridRopeAttention", init, ("--nq", "10")))
+    found = assert_named(*run_case(runner, STYLES, "GridRopeAttention", f"{init}, bug='other_rotation'",
                                    ("--nq", "10")), "rope.pairing")
     assert "RoPE's tables and pairing do not go together" in found["diagnosis"], found

@@ -3,7 +3,8 @@ sin and cos of a patch grid's rows and columns, each angle laid for one pairing,
 apply_rot_embed_cat to the patch tokens, the cls token kept aside). `layout` "interleaved" lays each angle twice in a
 row (repeat_interleave(2)) and rotates 2i with 2i + 1 (timm's rot); "half" lays the angles once in each half and
 rotates i with i + d/2 (transformers' rotate_half). Plant `other_rotation`: the tables of one pairing with the other
-pairing's rotation."""
+pairing's rotation. `heads_after`: q and k turned as `[b, n, heads, d]`, the tables unsqueezed to `[n, 1, d]`
+(Qwen2-VL's and GLM-4V's vision rotary)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class GridRopeAttention(nn.Module):
     def __init__(self, dim: int = 64, num_heads: int = 4, grid: int = 3, layout: str = "interleaved",
-                 bug: str | None = None):
+                 bug: str | None = None, heads_after: bool = False):
         super().__init__()
+        self.heads_after = heads_after
         self.num_heads, self.head_dim, self.grid, self.layout, self.bug = num_heads, dim // num_heads, grid, layout, bug
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -45,8 +47,13 @@ class GridRopeAttention(nn.Module):
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         emb = self.rope()
-        q = torch.cat([q[:, :, :1], self._turn(q[:, :, 1:], emb)], dim=2)
-        k = torch.cat([k[:, :, :1], self._turn(k[:, :, 1:], emb)], dim=2)
+        if self.heads_after:  # [b, n, heads, d], each token's row of the tables over its heads
+            q, k, emb = q.transpose(1, 2), k.transpose(1, 2), emb.unsqueeze(-2)
+            q = torch.cat([q[:, :1], self._turn(q[:, 1:], emb)], dim=1).transpose(1, 2)
+            k = torch.cat([k[:, :1], self._turn(k[:, 1:], emb)], dim=1).transpose(1, 2)
+        else:
+            q = torch.cat([q[:, :, :1], self._turn(q[:, :, 1:], emb)], dim=2)
+            k = torch.cat([k[:, :, :1], self._turn(k[:, :, 1:], emb)], dim=2)
         attn = (q * self.head_dim ** -0.5) @ k.transpose(-2, -1)
         out = attn.softmax(dim=-1) @ v
         return self.proj(out.transpose(1, 2).reshape(b, n, c))

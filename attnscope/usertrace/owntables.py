@@ -12,7 +12,6 @@ token, registers, kept aside as EVA-02 keeps them) by no angle."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,10 +62,14 @@ def _operand_pairs(record: Any) -> list[tuple[int, int]]:
 
 
 def _table_shaped(tensor: Any, n: int, d: int) -> bool:
-    """A float tensor `[.., n_t, d]`, 2 <= n_t <= n, its leading axes all 1: one row a token, shared by every batch
-    and head."""
-    return isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.dim() >= 2 \
-        and tensor.shape[-1] == d and 2 <= tensor.shape[-2] <= n and math.prod(tensor.shape[:-2]) == 1
+    """A float tensor of n_t rows of `d`, 2 <= n_t <= n, its other axes all 1 (`[n_t, d]`, `[1, 1, n_t, d]`, or
+    `[n_t, 1, d]` for heads laid after the tokens, as Qwen2-VL's and GLM-4V's vision rotary unsqueeze it): one row
+    a token, shared by every batch and head."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() < 2 \
+            or tensor.shape[-1] != d:
+        return False
+    wide = [size for size in tensor.shape[:-1] if size != 1]
+    return len(wide) == 1 and 2 <= wide[0] <= n
 
 
 def _angles(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, str] | None:
