@@ -542,9 +542,9 @@ def laid_like(allowed: torch.Tensor, met: list[int], sizes: dict[str, int], col:
               ) -> tuple[torch.Tensor, str, None] | None:
     """The same mask (True = may attend) laid out as the scores it meets in the code, `met` (the shape its op
     raised on: GPT-BigCode's multi-query scores `[n_batch, n_Q, n_head, n_K]` take `[n_batch, n_Q, 1, n_K]`): the
-    batch on their first axis where it has n_batch's size, the queries and the keys where their sizes are (the
-    queries' first in the row layout, the keys' in the column layout, where the two share a size), 1 on every other
-    axis (heads); None where the scores have no axis of the queries' or the keys' size."""
+    batch on their first axis where it has n_batch's size, the keys (the queries, in the column layout) on the last
+    axis of their size and the others on the nearest axis of theirs before it, 1 on every other axis (heads); None
+    where the scores have no axis of the queries' or the keys' size."""
     n_batch, n_Q, n_K = sizes.get("n_batch", 1), sizes["n_Q"], sizes["n_K"]
     grid = allowed.transpose(-1, -2) if col else allowed  # [.., n_Q, n_K]
     grid = grid.reshape(-1, *grid.shape[-2:])  # [1 or n_batch, n_Q, n_K]
@@ -553,11 +553,15 @@ def laid_like(allowed: torch.Tensor, met: list[int], sizes: dict[str, int], col:
     places: dict[str, int] = {}
     if "n_batch" in sizes and met[0] == n_batch and len(met) > 2:
         places["b"] = 0
-    for role, size in (("k", n_K), ("q", n_Q)) if col else (("q", n_Q), ("k", n_K)):
+    # the last axis first (the keys', the queries' in the column layout), then the other nearest before it: where the
+    # heads have the queries' size too, [n_batch, n_head, n_Q, n_K] (transformers') puts the queries by the keys
+    last: int | None = None
+    for role, size in (("q", n_Q), ("k", n_K)) if col else (("k", n_K), ("q", n_Q)):
         free = [i for i, m in enumerate(met) if m == size and i not in places.values()]
-        if not free:
+        nearest = [i for i in free if last is None or i < last] or free
+        if not nearest:
             return None
-        places[role] = free[0]
+        places[role] = last = nearest[-1]
     if "b" not in places:
         if grid.shape[0] > 1 and not bool((grid == grid[:1]).all()):
             return None  # a mask that differs across the batch, and no batch axis to carry it
