@@ -4,11 +4,13 @@
 turns each coordinate by an angle of another pair, which the catalog's rope.pairing names once the reference turns
 by the tables' own angles, in the pairing their layout says.
 
-A pair of the code's tensors `[.., n_t, d_head]` (leading axes of size 1), both above the scores' queries and keys,
-is read as the tables where `cos² + sin² = 1` in every cell and each angle is laid out as one pairing lays it: twice
-in a row (repeat_interleave: the interleaved pairing, 2i with 2i + 1) or once in each half (cat((θ, θ)): half-split,
-i with i + d_head/2). Tables of fewer tokens than the queries turn the last n_t of them, the ones before them (a cls
-token, registers, kept aside as EVA-02 keeps them) by no angle."""
+Two of the code's tensors of n_t rows of d_head (its other axes 1: `[n_t, d]`, `[1, 1, n_t, d]`, `[n_t, 1, d]`),
+each multiplied into what the scores' queries are made from, the one (cos) into the heads as they are and the other
+(sin) into their turned copy, are read as the tables where `cos² + sin² = 1` in every cell and each angle is laid
+out as one pairing lays it: twice in a row (repeat_interleave: the interleaved pairing, 2i with 2i + 1) or once in
+each half (cat((θ, θ)): half-split, i with i + d_head/2). Tables of fewer tokens than the queries turn the last n_t
+of them, the ones before them (a cls token, registers, kept aside as EVA-02 keeps them) by no angle; tables that
+move every pair evenly from token to token are a 1-D RoPE, left to the readings by base."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def angles_from_tables(records: list[Any], n: int, d: int) -> tuple[Angles, int]
     they are applied on; None where the code multiplies no such pair into what its queries are made from."""
     from attnscope.usertrace.align import ancestors
     from attnscope.usertrace.flow import operands
-    from attnscope.usertrace.ropefreqs import STILL, Angles, _even
+    from attnscope.usertrace.ropefreqs import STILL, Angles, one_position
 
     handed = operands(records)
     if handed is None or d % 2 or n < 2:
@@ -46,7 +48,7 @@ def angles_from_tables(records: list[Any], n: int, d: int) -> tuple[Angles, int]
                 continue
             table, pairing = read
             whole = torch.cat((torch.zeros(n - table.shape[0], d // 2, dtype=torch.float64), table))
-            if float(whole.abs().max()) < STILL or _even(whole):
+            if float(whole.abs().max()) < STILL or one_position(whole):
                 continue
             return Angles(whole, pairing), cos.line
     return None

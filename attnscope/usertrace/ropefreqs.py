@@ -208,7 +208,7 @@ def angles_from(records: list[Any], q: torch.Tensor, k: torch.Tensor, v: torch.T
             keys = turned  # the keys left unrotated beside the queries' table: the catalog's rope.not_applied
         tables = [found[1] if found is not None else None for found in (turned, keys)]
         if tables[0] is None or tables[1] is None or float(tables[0].abs().max()) < STILL \
-                or float(_wrapped(tables[0] - tables[1]).abs().max()) > ANGLE_TOL or _even(tables[0]):
+                or float(_wrapped(tables[0] - tables[1]).abs().max()) > ANGLE_TOL or one_position(tables[0]):
             continue
         return Angles(tables[0], pairing)
     return None
@@ -332,7 +332,7 @@ def own_turn(records: list[Any], index: int, shape: torch.Size, pairing: str) ->
     return None
 
 
-def _even(table: torch.Tensor) -> bool:
+def one_position(table: torch.Tensor) -> bool:
     """Whether every pair turns by the same angle from each token to the next (a 1-D RoPE, from any position)."""
     steps = _wrapped(table[1:] - table[:-1])  # [n - 1, d/2]
     return bool((steps - steps[:1]).abs().max() <= ANGLE_TOL)
