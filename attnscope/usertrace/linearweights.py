@@ -32,6 +32,9 @@ NOISE = {"w", "proj", "projection", "linear", "lin", "to", "fc", "layer", "weigh
          "self", "l", "dense_layer", "c"}
 GLUED = ("to", "proj", "projection", "linear", "lin", "fc")  # a projection's words a role's may be glued to
 WEIGHT_WORDS = {"kernel", "weight", "w", "bias"}  # a projection's tensor in its module (Flax's query.kernel)
+# a projection of the positions, never of the tokens' q, k or v, whatever role word its name holds beside (transformers'
+# ParakeetEncoderAttention's `relative_k_proj`, Transformer-XL's `r_net`, wav2vec2-conformer's `linear_pos`)
+POSITION_WORDS = {"relative", "rel", "pos", "position", "positional", "r"}
 
 
 def role_of(name: str) -> str | None:
@@ -42,6 +45,8 @@ def role_of(name: str) -> str | None:
     if not parts:
         return None
     words = [_unglued(w) for w in re.split(r"[_\-]", parts[-1]) if w and w not in NOISE]
+    if any(w in POSITION_WORDS for w in words):  # a projection of the positions (Parakeet's relative_k_proj)
+        return None
     found = {role for role, vocabulary in ROLE_WORDS.items() if any(w in vocabulary for w in words)}
     if not found and any(w in LAYER_WORDS for w in words):
         found = {"o"}
