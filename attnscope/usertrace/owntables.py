@@ -41,8 +41,9 @@ def angles_from_tables(records: list[Any], n: int, d: int) -> tuple[Angles, int]
     for cos, x in applied:
         for sin, turned in applied:
             # cos multiplies the heads as they are, sin their turned copy, made from them (rotate_half, rot)
-            if sin.index == cos.index or x.index not in ancestors(turned, records):
-                continue
+            if sin.index == cos.index or sin.tensor.numel() != cos.tensor.numel() \
+                    or x.index not in ancestors(turned, records):
+                continue  # a per-head gain [n_head, d_head] beside the tables is no table of theirs
             read = _angles(cos.tensor.detach().double().reshape(-1, d), sin.tensor.detach().double().reshape(-1, d))
             if read is None:
                 continue
